@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Map layouts shared by every Sluice program and by the Go agent.
+ *
+ * These structs are an ABI: the agent writes them, the datapath reads them,
+ * and pinned maps outlive both. Fields are fixed width with explicit padding
+ * (padding is hashed as part of a key, so the agent always zeroes it), and
+ * every field says its byte order. Go types are generated from these by
+ * bpf2go (-type), never copied by hand.
+ */
+#ifndef SLUICE_STRUCTS_H
+#define SLUICE_STRUCTS_H
+
+#include "common.h"
+
+/*
+ * sluice_services: key -> struct lb4_service.
+ *
+ * One service frontend <vip, port, proto> owns count+1 entries: slot 0 (the
+ * master) holds the backend count and the service id; slots 1..count hold
+ * backend ids. The agent writes backends, then slots, then slot 0, so a
+ * reader never sees a slot that names a backend that does not exist yet.
+ */
+struct lb4_key {
+	__be32 vip;   /* network order */
+	__be16 port;  /* network order */
+	__u8 proto;   /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad0;
+	__u16 slot;   /* host order; 0 = master entry */
+	__u16 pad1;
+};
+
+struct lb4_service {
+	__u32 backend_id; /* host order; slots >= 1 only */
+	__u32 count;      /* host order; slot 0 only: number of backend slots */
+	__u32 rev_nat_id; /* host order; service id, key of sluice_rev_nat */
+	__u8 flags;       /* SVC_F_* (slot 0 only) */
+	__u8 pad[3];
+};
+
+/* sluice_backends: __u32 backend id (host order) -> struct lb4_backend. */
+struct lb4_backend {
+	__be32 addr; /* network order */
+	__be16 port; /* network order */
+	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 flags;  /* reserved, zero */
+};
+
+/* sluice_rev_nat: __u32 service id (host order) -> struct lb4_rev_nat. */
+struct lb4_rev_nat {
+	__be32 vip;  /* network order */
+	__be16 port; /* network order */
+	__u16 pad;
+};
+
+/*
+ * sluice_conntrack (LRU): struct ct4_key -> struct ct4_entry.
+ *
+ * The per-packet path keeps two entries per translated flow: CT_FORWARD keyed
+ * by the client's tuple to the VIP (saddr=client, daddr=VIP), whose nat_*
+ * fields name the backend; and CT_REVERSE keyed by the reply's tuple
+ * (saddr=backend, daddr=client), whose nat_* fields name the VIP.
+ */
+struct ct4_key {
+	__be32 saddr; /* network order */
+	__be32 daddr; /* network order */
+	__be16 sport; /* network order */
+	__be16 dport; /* network order */
+	__u8 proto;   /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 dir;     /* CT_FORWARD or CT_REVERSE */
+	__u16 pad;
+};
+
+struct ct4_entry {
+	__u64 last_seen;  /* bpf_ktime_get_ns() of the last packet */
+	__be32 nat_addr;  /* network order: backend (forward) or VIP (reverse) */
+	__be16 nat_port;  /* network order */
+	__u8 flags;       /* CT_F_* */
+	__u8 pad;
+	__u32 backend_id; /* host order */
+	__u32 rev_nat_id; /* host order */
+};
+
+/*
+ * sluice_sock_rev (LRU): struct sock_rev_key -> struct sock_rev_entry.
+ * Written by connect4/sendmsg4, read by recvmsg4/getpeername4 so that a socket
+ * translated to a backend still reports the VIP as its peer.
+ */
+struct sock_rev_key {
+	__u64 cookie; /* bpf_get_socket_cookie() */
+	__be32 addr;  /* network order: backend address */
+	__be16 port;  /* network order: backend port */
+	__u16 pad;
+};
+
+struct sock_rev_entry {
+	__be32 vip;       /* network order */
+	__be16 port;      /* network order */
+	__u16 pad;
+	__u32 rev_nat_id; /* host order */
+};
+
+#endif /* SLUICE_STRUCTS_H */

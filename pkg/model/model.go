@@ -1,0 +1,115 @@
+// Package model is Sluice's desired state: which service frontends exist and
+// which backends each of them balances over. Sources (manifest files, the
+// Kubernetes API) produce it; the reconciler turns it into map writes. It
+// imports neither Kubernetes nor eBPF packages, so both sides can be tested
+// on their own.
+package model
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+)
+
+// Protocol is an IP protocol number as the datapath sees it.
+type Protocol uint8
+
+const (
+	TCP Protocol = 6
+	UDP Protocol = 17
+)
+
+func (p Protocol) String() string {
+	switch p {
+	case TCP:
+		return "TCP"
+	case UDP:
+		return "UDP"
+	}
+	return fmt.Sprintf("proto(%d)", uint8(p))
+}
+
+// L4Addr is an <address, port, protocol> tuple: a frontend or a backend.
+type L4Addr struct {
+	Addr  netip.Addr
+	Port  uint16
+	Proto Protocol
+}
+
+func (a L4Addr) String() string {
+	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(a.Addr, a.Port), a.Proto)
+}
+
+// Less orders L4Addrs by address, port, then protocol.
+func (a L4Addr) Less(b L4Addr) bool {
+	if c := a.Addr.Compare(b.Addr); c != 0 {
+		return c < 0
+	}
+	if a.Port != b.Port {
+		return a.Port < b.Port
+	}
+	return a.Proto < b.Proto
+}
+
+// ServicePortName names one port of a Service, as kube-proxy does.
+type ServicePortName struct {
+	Namespace string
+	Name      string
+	Port      string // the ServicePort's name; may be empty for a single-port Service
+}
+
+func (n ServicePortName) String() string {
+	if n.Port == "" {
+		return n.Namespace + "/" + n.Name
+	}
+	return n.Namespace + "/" + n.Name + ":" + n.Port
+}
+
+// FrontendKind says how traffic reaches a frontend.
+type FrontendKind uint8
+
+const (
+	ClusterIP FrontendKind = iota
+	NodePort
+	ExternalIP
+	LoadBalancer
+)
+
+// Backend is one endpoint a frontend may send traffic to.
+type Backend struct {
+	L4Addr
+	NodeName    string // the node the endpoint runs on, if known
+	Terminating bool   // serving but terminating: used only when no backend is ready
+}
+
+// Service is one frontend and the backends it balances over.
+type Service struct {
+	Name     ServicePortName
+	Kind     FrontendKind
+	Frontend L4Addr
+	// Backends is sorted by L4Addr and holds no duplicates. Empty means the
+	// service exists and refuses new connections.
+	Backends []Backend
+}
+
+// State is the whole desired state, keyed by frontend.
+type State struct {
+	Services map[L4Addr]*Service
+}
+
+// NewState returns an empty State.
+func NewState() *State { return &State{Services: map[L4Addr]*Service{}} }
+
+// SortBackends sorts backends by address and removes duplicates, keeping the
+// first of each.
+func SortBackends(bs []Backend) []Backend {
+	sort.SliceStable(bs, func(i, j int) bool { return bs[i].L4Addr.Less(bs[j].L4Addr) })
+	out := bs[:0]
+	for i, b := range bs {
+		if i > 0 && b.L4Addr == out[len(out)-1].L4Addr {
+			continue
+		}
+		out = append(out, b)
+	}
+	return out
+}

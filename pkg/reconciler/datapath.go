@@ -1,0 +1,52 @@
+package reconciler
+
+import "github.com/sluice-lb/sluice/pkg/model"
+
+// ServiceID identifies a service frontend in the datapath (the key of the
+// reverse-NAT map). BackendID identifies a backend. Zero is never a valid id.
+type (
+	ServiceID uint32
+	BackendID uint32
+)
+
+// Master is the slot-0 entry of a service frontend.
+type Master struct {
+	ID    ServiceID
+	Count uint32 // number of backend slots, 1..Count
+	Flags uint8
+}
+
+// KernelState is what the pinned maps hold, read back on start so that ids
+// survive an agent restart and only differences are written.
+type KernelState struct {
+	Masters  map[model.L4Addr]Master
+	Slots    map[model.L4Addr]map[uint32]BackendID // frontend -> slot (>=1) -> backend
+	Backends map[BackendID]model.L4Addr
+	RevNat   map[ServiceID]model.L4Addr
+}
+
+// Datapath is the set of map operations the reconciler needs. pkg/datapath
+// implements it over the pinned BPF maps; tests use an in-memory fake. Every
+// operation is idempotent.
+type Datapath interface {
+	UpsertBackend(id BackendID, b model.L4Addr) error
+	DeleteBackend(id BackendID) error
+	UpsertRevNat(id ServiceID, frontend model.L4Addr) error
+	DeleteRevNat(id ServiceID) error
+	// UpsertSlot writes slot >= 1 of a frontend.
+	UpsertSlot(frontend model.L4Addr, slot uint32, backend BackendID) error
+	// UpsertMaster writes slot 0 of a frontend.
+	UpsertMaster(frontend model.L4Addr, m Master) error
+	// DeleteSlot deletes slot (0 = the master) of a frontend.
+	DeleteSlot(frontend model.L4Addr, slot uint32) error
+	// Dump reads the current contents of the service, backend and
+	// reverse-NAT maps.
+	Dump() (*KernelState, error)
+	// Capacity returns the maximum number of services (reverse-NAT entries),
+	// backends, and service map entries (masters plus slots).
+	Capacity() (services, backends, serviceEntries int)
+	// FlushConntrack removes per-packet conntrack entries that point at
+	// backend (used for UDP when a backend goes away, so stale flows
+	// re-balance instead of black-holing).
+	FlushConntrack(backend model.L4Addr) error
+}
