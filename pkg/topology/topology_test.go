@@ -1,0 +1,220 @@
+package topology
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces)")
+	}
+}
+
+func TestLBTopologyCarriesTrafficAndCleansUp(t *testing.T) {
+	requireRoot(t)
+	topo, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = topo.Close() })
+
+	lb, err := topo.BuildLB(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{lb.Client.Name, lb.Node.Name, lb.Backends[0].Name, lb.Backends[1].Name}
+	for _, n := range names {
+		if !strings.HasPrefix(n, topo.Prefix()) {
+			t.Errorf("namespace %q lacks the run's prefix %q", n, topo.Prefix())
+		}
+		if _, err := os.Stat(filepath.Join(netnsDir, n)); err != nil {
+			t.Errorf("namespace %s not visible: %v", n, err)
+		}
+	}
+
+	for i, be := range lb.Backends {
+		if _, err := be.ServeHTTP(net.JoinHostPort(lb.BackendAddrs[i].String(), "8080"), be.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := lb.Backends[0].ServeTCPEcho(lb.BackendAddrs[0].String()+":9000", "tcp-a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lb.Backends[1].ServeUDPEcho(lb.BackendAddrs[1].String()+":5353", "udp-b"); err != nil {
+		t.Fatal(err)
+	}
+
+	// The node reaches each backend over its veth.
+	hc := lb.Node.HTTPClient(3 * time.Second)
+	for i, be := range lb.Backends {
+		got, err := WhoAnswered(hc, "http://"+lb.BackendAddrs[i].String()+":8080/")
+		if err != nil {
+			t.Fatalf("GET backend %d from node: %v", i+1, err)
+		}
+		if got != be.Name {
+			t.Errorf("backend %d answered as %q, want %q", i+1, got, be.Name)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := lb.Node.DialContext(ctx, "tcp4", lb.BackendAddrs[0].String()+":9000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	r := bufio.NewReader(c)
+	for _, msg := range []string{"one", "two"} {
+		if _, err := c.Write([]byte(msg + "\n")); err != nil {
+			t.Fatal(err)
+		}
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "tcp-a " + msg + "\n"; line != want {
+			t.Errorf("tcp echo = %q, want %q", line, want)
+		}
+	}
+
+	u, err := lb.Node.DialContext(ctx, "udp4", lb.BackendAddrs[1].String()+":5353")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	u.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := u.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 100)
+	k, err := u.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(buf[:k]); got != "udp-b ping" {
+		t.Errorf("udp echo = %q, want %q", got, "udp-b ping")
+	}
+
+	// The client reaches backends only through a service: it has no route
+	// to the backend subnets, and none to the host.
+	if _, err := lb.Client.DialContext(ctx, "tcp4", lb.BackendAddrs[0].String()+":9000"); err == nil {
+		t.Errorf("client reached a backend directly; it should have no route there")
+	}
+
+	// Commands run through nsenter see the namespace's devices.
+	out, err := lb.Node.Command(ctx, "cat", "/proc/self/net/dev").Output()
+	if err != nil {
+		t.Fatalf("nsenter: %v", err)
+	}
+	for _, dev := range append([]string{lb.NodeDev}, lb.NodeBackendDevs...) {
+		if !strings.Contains(string(out), dev+":") {
+			t.Errorf("node's /proc/net/dev lacks %s:\n%s", dev, out)
+		}
+	}
+
+	c.Close()
+	u.Close()
+	if err := topo.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	for _, n := range names {
+		if _, err := os.Stat(filepath.Join(netnsDir, n)); !os.IsNotExist(err) {
+			t.Errorf("namespace %s still present after Close (stat: %v)", n, err)
+		}
+	}
+}
+
+func TestDoRestoresThreadNamespace(t *testing.T) {
+	requireRoot(t)
+	topo := NewT(t)
+	ns, err := topo.AddNS("solo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.Readlink("/proc/thread-self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inside string
+	if err := ns.Do(func() error {
+		inside, err = os.Readlink("/proc/thread-self/ns/net")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if inside == before {
+		t.Fatalf("Do ran in the caller's namespace %s", inside)
+	}
+	// No thread of the process is left in the test namespace: look from
+	// many goroutines, which land on arbitrary threads.
+	done := make(chan string)
+	for range 20 {
+		go func() {
+			now, _ := os.Readlink("/proc/thread-self/ns/net")
+			done <- now
+		}()
+	}
+	for range 20 {
+		if now := <-done; now == inside {
+			t.Fatal("a thread was left in the test namespace")
+		}
+	}
+}
+
+func TestCgroupPutsChildAndCleansUp(t *testing.T) {
+	requireRoot(t)
+	mount := "/sys/fs/cgroup/unified"
+	if _, err := os.Stat(filepath.Join(mount, "cgroup.procs")); err != nil {
+		mount = "/sys/fs/cgroup"
+		if _, err := os.Stat(filepath.Join(mount, "cgroup.controllers")); err != nil {
+			t.Skip("no cgroup v2 mount found")
+		}
+	}
+	topo, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = topo.Close() })
+	cg, err := topo.AddCgroup(mount, "cg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sh", "-c", "cat /proc/self/cgroup; sleep 60")
+	cg.Put(cmd)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var line string
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "0::") {
+			line = sc.Text()
+			break
+		}
+	}
+	if want := "/" + filepath.Base(cg.Path); !strings.HasSuffix(line, want) {
+		t.Errorf("child's cgroup v2 line %q does not end in %s", line, want)
+	}
+	// Close kills what is left in the cgroup (the sleep) and removes it.
+	if err := topo.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	if _, err := os.Stat(cg.Path); !os.IsNotExist(err) {
+		t.Errorf("cgroup %s still present (stat: %v)", cg.Path, err)
+	}
+}
