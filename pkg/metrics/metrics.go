@@ -1,0 +1,200 @@
+// Package metrics holds Sluice's Prometheus metrics: how long a sync takes,
+// how long a change in the API takes to reach the maps (the same measure as
+// kube-proxy's network_programming_duration_seconds), how much is programmed
+// and how full the fixed-size BPF maps are. The agent and the sources record
+// into one Metrics; Handler serves it.
+//
+// Fill ratios are computed at scrape time from the last programmed state and
+// the datapath's capacities, so a scrape never touches the BPF maps.
+package metrics
+
+import (
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+const namespace = "sluice"
+
+// Capacity reports the maximum number of services (reverse-NAT entries),
+// backends and service map entries (masters plus slots); it has the shape of
+// reconciler.Datapath's Capacity method.
+type Capacity func() (services, backends, serviceEntries int)
+
+// Metrics is the set of metrics one agent exports. The zero value is not
+// usable; call New.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	// SyncDuration is how long one sync (desired state to map writes) took.
+	SyncDuration prometheus.Histogram
+	// NetworkProgrammingDuration is the time from the last change of an
+	// object (an EndpointSlice's endpoints.kubernetes.io/last-change-trigger-time
+	// annotation) to the map write that made it effective.
+	NetworkProgrammingDuration prometheus.Histogram
+	// SyncErrors counts syncs that failed (and will be retried).
+	SyncErrors prometheus.Counter
+	// Syncs counts syncs by result.
+	Syncs *prometheus.CounterVec
+
+	mu       sync.Mutex
+	counts   Counts
+	capacity Capacity
+}
+
+// Counts is what a programmed state holds, in the units of the BPF maps.
+type Counts struct {
+	Services       int // frontends: one reverse-NAT entry each
+	Backends       int // distinct backend addresses
+	ServiceEntries int // service map entries: one master plus one slot per backend
+}
+
+// CountState counts what programming s takes.
+func CountState(s *model.State) Counts {
+	var c Counts
+	backends := map[model.L4Addr]struct{}{}
+	for _, svc := range s.Services {
+		c.Services++
+		c.ServiceEntries += 1 + len(svc.Backends)
+		for _, b := range svc.Backends {
+			backends[b.L4Addr] = struct{}{}
+		}
+	}
+	c.Backends = len(backends)
+	return c
+}
+
+// New returns Metrics registered in a new registry, together with the Go
+// runtime and process collectors.
+func New() *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		SyncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace,
+			Name:      "sync_duration_seconds",
+			Help:      "Time one sync of the desired state to the BPF maps took.",
+			Buckets:   prometheus.ExponentialBuckets(0.0001, 2, 18), // 100µs .. ~13s
+		}),
+		NetworkProgrammingDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace,
+			Name:      "network_programming_duration_seconds",
+			Help:      "Time from an EndpointSlice's last change (its last-change-trigger-time annotation) to the map write that applied it.",
+			Buckets: append(prometheus.ExponentialBuckets(0.001, 2, 15), // 1ms .. ~16s
+				30, 60, 120, 300),
+		}),
+		SyncErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "sync_errors_total",
+			Help:      "Syncs that failed and were retried.",
+		}),
+		Syncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "syncs_total",
+			Help:      "Syncs by result.",
+		}, []string{"result"}),
+	}
+	m.Registry.MustRegister(
+		m.SyncDuration,
+		m.NetworkProgrammingDuration,
+		m.SyncErrors,
+		m.Syncs,
+		stateCollector{m},
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// ObserveSync records one sync that took d and ended with err.
+func (m *Metrics) ObserveSync(d time.Duration, err error) {
+	m.SyncDuration.Observe(d.Seconds())
+	if err != nil {
+		m.SyncErrors.Inc()
+		m.Syncs.WithLabelValues("error").Inc()
+		return
+	}
+	m.Syncs.WithLabelValues("success").Inc()
+}
+
+// ObserveProgrammed records, for each trigger time, the latency from it to
+// now: the moment its change reached the maps.
+func (m *Metrics) ObserveProgrammed(now time.Time, triggers []time.Time) {
+	for _, t := range triggers {
+		if t.IsZero() || t.After(now) {
+			continue // a skewed clock must not record a negative latency
+		}
+		m.NetworkProgrammingDuration.Observe(now.Sub(t).Seconds())
+	}
+}
+
+// SetProgrammed records the state that is now in the maps.
+func (m *Metrics) SetProgrammed(s *model.State) {
+	c := CountState(s)
+	m.mu.Lock()
+	m.counts = c
+	m.mu.Unlock()
+}
+
+// SetCapacity sets where fill ratios get the maps' sizes from. Until it is
+// set, no fill ratio is exported.
+func (m *Metrics) SetCapacity(c Capacity) {
+	m.mu.Lock()
+	m.capacity = c
+	m.mu.Unlock()
+}
+
+// Handler serves the registry in the Prometheus exposition format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+}
+
+var (
+	servicesDesc = prometheus.NewDesc(namespace+"_services",
+		"Service frontends programmed.", nil, nil)
+	backendsDesc = prometheus.NewDesc(namespace+"_backends",
+		"Distinct backends programmed.", nil, nil)
+	fillDesc = prometheus.NewDesc(namespace+"_map_fill_ratio",
+		"Fraction of a BPF map's capacity in use.", []string{"map"}, nil)
+)
+
+// stateCollector exports the programmed counts and fill ratios at scrape
+// time.
+type stateCollector struct{ m *Metrics }
+
+func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- servicesDesc
+	ch <- backendsDesc
+	ch <- fillDesc
+}
+
+func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
+	c.m.mu.Lock()
+	counts, capacity := c.m.counts, c.m.capacity
+	c.m.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(servicesDesc, prometheus.GaugeValue, float64(counts.Services))
+	ch <- prometheus.MustNewConstMetric(backendsDesc, prometheus.GaugeValue, float64(counts.Backends))
+	if capacity == nil {
+		return
+	}
+	services, backends, entries := capacity()
+	for _, f := range []struct {
+		name      string
+		used, max int
+	}{
+		{"rev_nat", counts.Services, services},
+		{"backends", counts.Backends, backends},
+		{"services", counts.ServiceEntries, entries},
+	} {
+		if f.max <= 0 {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(fillDesc, prometheus.GaugeValue,
+			float64(f.used)/float64(f.max), f.name)
+	}
+}

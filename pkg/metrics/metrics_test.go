@@ -1,0 +1,83 @@
+package metrics
+
+import (
+	"errors"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+func l4(addr string, port uint16) model.L4Addr {
+	return model.L4Addr{Addr: netip.MustParseAddr(addr), Port: port, Proto: model.TCP}
+}
+
+func TestCountsAndFillRatio(t *testing.T) {
+	m := New()
+	s := model.NewState()
+	shared := model.Backend{L4Addr: l4("10.0.0.1", 80)}
+	s.Services[l4("10.96.0.1", 80)] = &model.Service{Frontend: l4("10.96.0.1", 80),
+		Backends: []model.Backend{shared, {L4Addr: l4("10.0.0.2", 80)}}}
+	s.Services[l4("10.96.0.2", 80)] = &model.Service{Frontend: l4("10.96.0.2", 80),
+		Backends: []model.Backend{shared}}
+	s.Services[l4("10.96.0.3", 80)] = &model.Service{Frontend: l4("10.96.0.3", 80)}
+
+	if got, want := CountState(s), (Counts{Services: 3, Backends: 2, ServiceEntries: 6}); got != want {
+		t.Fatalf("CountState = %+v, want %+v", got, want)
+	}
+	m.SetProgrammed(s)
+	m.SetCapacity(func() (int, int, int) { return 100, 10, 60 })
+
+	want := `
+# HELP sluice_backends Distinct backends programmed.
+# TYPE sluice_backends gauge
+sluice_backends 2
+# HELP sluice_map_fill_ratio Fraction of a BPF map's capacity in use.
+# TYPE sluice_map_fill_ratio gauge
+sluice_map_fill_ratio{map="backends"} 0.2
+sluice_map_fill_ratio{map="rev_nat"} 0.03
+sluice_map_fill_ratio{map="services"} 0.1
+# HELP sluice_services Service frontends programmed.
+# TYPE sluice_services gauge
+sluice_services 3
+`
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want),
+		"sluice_backends", "sluice_services", "sluice_map_fill_ratio"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSyncAndProgrammingLatency(t *testing.T) {
+	m := New()
+	m.ObserveSync(3*time.Millisecond, nil)
+	m.ObserveSync(time.Millisecond, errors.New("map full"))
+	if got := testutil.ToFloat64(m.SyncErrors); got != 1 {
+		t.Errorf("sync errors = %v, want 1", got)
+	}
+	if got := testutil.CollectAndCount(m.SyncDuration); got != 1 {
+		t.Errorf("sync duration series = %d, want 1", got)
+	}
+
+	now := time.Now()
+	// A trigger in the future (clock skew) and a zero one are not recorded.
+	m.ObserveProgrammed(now, []time.Time{now.Add(-1500 * time.Millisecond), now.Add(time.Second), {}})
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body := rec.Body.String()
+	for _, line := range []string{
+		"sluice_network_programming_duration_seconds_count 1",
+		"sluice_network_programming_duration_seconds_sum 1.5",
+		`sluice_syncs_total{result="error"} 1`,
+		`sluice_syncs_total{result="success"} 1`,
+		"go_goroutines ",
+	} {
+		if !strings.Contains(body, line) {
+			t.Errorf("scrape lacks %q", line)
+		}
+	}
+}
