@@ -1,0 +1,298 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// recorder logs the calls the agent makes, in order.
+type recorder struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (r *recorder) add(format string, args ...any) {
+	r.mu.Lock()
+	r.calls = append(r.calls, fmt.Sprintf(format, args...))
+	r.mu.Unlock()
+}
+
+func (r *recorder) list() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.calls)
+}
+
+type fakeDatapath struct{ *recorder }
+
+func (d fakeDatapath) AttachCgroup(p string) error     { d.add("attach-cgroup %s", p); return nil }
+func (d fakeDatapath) AttachDevices(ds []string) error { d.add("attach-devices %v", ds); return nil }
+func (d fakeDatapath) Close() error                    { d.add("close"); return nil }
+
+type fakeReconciler struct {
+	*recorder
+	restoreErr error
+	mu         sync.Mutex
+	failures   int           // Apply fails this many times first
+	gate       chan struct{} // if set, Apply waits on it
+	applied    []*model.State
+	inSync     bool
+}
+
+func (r *fakeReconciler) Restore() error { r.add("restore"); return r.restoreErr }
+
+func (r *fakeReconciler) Apply(s *model.State) error {
+	if r.gate != nil {
+		<-r.gate
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.add("apply %d", len(s.Services))
+	if r.failures > 0 {
+		r.failures--
+		r.inSync = false
+		return errors.New("map full")
+	}
+	r.applied = append(r.applied, s)
+	r.inSync = true
+	return nil
+}
+
+func (r *fakeReconciler) InSync() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.inSync
+}
+
+func (r *fakeReconciler) appliedStates() []*model.State {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.applied)
+}
+
+// chanSource hands over every state sent on its channel.
+type chanSource struct {
+	states chan *model.State
+	err    error // returned when states is closed
+}
+
+func (s chanSource) Run(ctx context.Context, apply func(*model.State)) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case st, ok := <-s.states:
+			if !ok {
+				return s.err
+			}
+			apply(st)
+		}
+	}
+}
+
+func stateWith(n int) *model.State {
+	s := model.NewState()
+	for i := range n {
+		fe := model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, 0, byte(i + 1)}), Port: 80, Proto: model.TCP}
+		s.Services[fe] = &model.Service{Frontend: fe}
+	}
+	return s
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+type harness struct {
+	rec    *recorder
+	recon  *fakeReconciler
+	agent  *Agent
+	src    chanSource
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func start(t *testing.T, cfg Config, recon *fakeReconciler, srcErr error) *harness {
+	t.Helper()
+	h := &harness{rec: recon.recorder, recon: recon, src: chanSource{states: make(chan *model.State), err: srcErr}}
+	if cfg.RetryMin == 0 {
+		cfg.RetryMin, cfg.RetryMax = time.Millisecond, 4*time.Millisecond
+	}
+	h.agent = New(cfg, fakeDatapath{recon.recorder}, recon, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	h.done = make(chan error, 1)
+	go func() { h.done <- h.agent.Run(ctx, h.src) }()
+	t.Cleanup(func() {
+		cancel()
+		<-h.done
+	})
+	return h
+}
+
+func (h *harness) stop(t *testing.T) error {
+	t.Helper()
+	h.cancel()
+	select {
+	case err := <-h.done:
+		h.done <- err // for the cleanup
+		return err
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after cancel")
+		return nil
+	}
+}
+
+func TestRunRestoresThenAttachesThenApplies(t *testing.T) {
+	recon := &fakeReconciler{recorder: &recorder{}}
+	h := start(t, Config{Cgroup: "/sys/fs/cgroup/test", Devices: []string{"eth0", "eth1"}}, recon, nil)
+
+	eventually(t, "attach", func() bool { return len(h.rec.list()) >= 3 })
+	if err := h.agent.Ready(); err == nil {
+		t.Fatal("ready before any desired state was received")
+	}
+	h.src.states <- stateWith(2)
+	eventually(t, "ready", func() bool { return h.agent.Ready() == nil })
+
+	if err := h.stop(t); err != nil {
+		t.Fatalf("Run after cancel = %v, want nil", err)
+	}
+	want := []string{"restore", "attach-cgroup /sys/fs/cgroup/test", "attach-devices [eth0 eth1]", "apply 2", "close"}
+	if got := h.rec.list(); !slices.Equal(got, want) {
+		t.Errorf("calls = %q\nwant    %q", got, want)
+	}
+}
+
+func TestSocketLBOffSkipsCgroup(t *testing.T) {
+	recon := &fakeReconciler{recorder: &recorder{}}
+	h := start(t, Config{}, recon, nil)
+	h.src.states <- stateWith(1)
+	eventually(t, "ready", func() bool { return h.agent.Ready() == nil })
+	h.stop(t)
+	for _, c := range h.rec.list() {
+		if c != "restore" && c != "apply 1" && c != "close" {
+			t.Errorf("unexpected call %q with no cgroup and no devices", c)
+		}
+	}
+}
+
+func TestFailedApplyIsRetriedUntilItSucceeds(t *testing.T) {
+	recon := &fakeReconciler{recorder: &recorder{}, failures: 3}
+	h := start(t, Config{}, recon, nil)
+	h.src.states <- stateWith(1)
+	eventually(t, "a failed apply to show in Ready", func() bool {
+		err := h.agent.Ready()
+		return err != nil && strings.Contains(err.Error(), "map full")
+	})
+	eventually(t, "ready after retries", func() bool { return h.agent.Ready() == nil })
+	applies := 0
+	for _, c := range h.rec.list() {
+		if c == "apply 1" {
+			applies++
+		}
+	}
+	if applies != 4 {
+		t.Errorf("Apply called %d times, want 4 (3 failures, 1 success)", applies)
+	}
+	if got := recon.appliedStates(); len(got) != 1 || len(got[0].Services) != 1 {
+		t.Errorf("applied states = %v", got)
+	}
+}
+
+func TestBurstFoldsIntoNewestState(t *testing.T) {
+	gate := make(chan struct{})
+	recon := &fakeReconciler{recorder: &recorder{}, gate: gate}
+	h := start(t, Config{}, recon, nil)
+
+	h.src.states <- stateWith(1)
+	// The first apply is now blocked on the gate; these pile up behind it.
+	for n := 2; n <= 6; n++ {
+		h.src.states <- stateWith(n)
+	}
+	if err := h.agent.Ready(); err == nil {
+		t.Fatal("ready while an apply is still pending")
+	}
+	close(gate)
+	eventually(t, "ready", func() bool { return h.agent.Ready() == nil })
+	got := recon.appliedStates()
+	if last := got[len(got)-1]; len(last.Services) != 6 {
+		t.Errorf("last applied state has %d services, want the newest (6)", len(last.Services))
+	}
+	if len(got) > 3 {
+		t.Errorf("%d applies for a burst of 6 states; want them folded (<= 3)", len(got))
+	}
+}
+
+func TestNewerStateMakesItNotReadyUntilApplied(t *testing.T) {
+	recon := &fakeReconciler{recorder: &recorder{}}
+	h := start(t, Config{}, recon, nil)
+	h.src.states <- stateWith(1)
+	eventually(t, "ready", func() bool { return h.agent.Ready() == nil })
+
+	recon.mu.Lock()
+	recon.failures = 1000 // every later apply fails
+	recon.mu.Unlock()
+	h.src.states <- stateWith(2)
+	eventually(t, "not ready", func() bool { return h.agent.Ready() != nil })
+	// It stays not ready while the newest state cannot be applied.
+	time.Sleep(20 * time.Millisecond)
+	if h.agent.Ready() == nil {
+		t.Fatal("ready although the newest desired state was never applied")
+	}
+}
+
+func TestRestoreFailureStopsBeforeAttaching(t *testing.T) {
+	recon := &fakeReconciler{recorder: &recorder{}, restoreErr: errors.New("bad pin")}
+	a := New(Config{Cgroup: "/cg", Devices: []string{"eth0"}}, fakeDatapath{recon.recorder}, recon, slog.New(slog.DiscardHandler))
+	err := a.Run(context.Background(), chanSource{states: make(chan *model.State)})
+	if err == nil || !strings.Contains(err.Error(), "bad pin") {
+		t.Fatalf("Run = %v, want the restore error", err)
+	}
+	if got, want := recon.list(), []string{"restore", "close"}; !slices.Equal(got, want) {
+		t.Errorf("calls = %q, want %q", got, want)
+	}
+}
+
+func TestSourceErrorEndsRun(t *testing.T) {
+	recon := &fakeReconciler{recorder: &recorder{}}
+	h := start(t, Config{}, recon, errors.New("watch failed"))
+	close(h.src.states)
+	select {
+	case err := <-h.done:
+		h.done <- err
+		if err == nil || !strings.Contains(err.Error(), "watch failed") {
+			t.Fatalf("Run = %v, want the source's error", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after the source failed")
+	}
+}
+
+func TestResyncReappliesNewestState(t *testing.T) {
+	recon := &fakeReconciler{recorder: &recorder{}}
+	h := start(t, Config{Resync: 5 * time.Millisecond}, recon, nil)
+	h.src.states <- stateWith(3)
+	eventually(t, "several re-applies", func() bool { return len(recon.appliedStates()) >= 3 })
+	for _, s := range recon.appliedStates() {
+		if len(s.Services) != 3 {
+			t.Fatalf("resync applied a state with %d services, want 3", len(s.Services))
+		}
+	}
+}
