@@ -1,0 +1,397 @@
+// Package k8s translates Kubernetes Service and EndpointSlice objects into
+// Sluice's desired-state model. It is the one place that knows the API's
+// semantics, so the manifest source and the Kubernetes informer source feed
+// the reconciler through the same code path.
+//
+// The rules follow kube-proxy (pkg/proxy/servicechangetracker.go and
+// endpointschangetracker.go): every EndpointSlice labelled
+// kubernetes.io/service-name belongs to that Service and all of them are
+// merged; a Service port is matched to an EndpointSlice port by name (the
+// slice's port number is the already resolved targetPort); only ready
+// endpoints are used, unless none is ready, in which case endpoints that are
+// serving and terminating are used (KEP-1669), so a rolling update that
+// briefly leaves no ready pod keeps draining instead of refusing. Headless
+// and ExternalName Services, and those that ask for another proxy through
+// the service.kubernetes.io/service-proxy-name label, are skipped.
+//
+// Sluice's datapath is IPv4 only for now: IPv6 frontends and IPv6
+// EndpointSlices are skipped, not errors.
+package k8s
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+const (
+	// LabelServiceProxyName names the proxy that should implement a Service;
+	// a Service with another proxy's name is left alone.
+	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+	// DefaultProxyName is Options.ProxyName when it is empty.
+	DefaultProxyName = "sluice"
+)
+
+// Options are the per-node settings the translation needs.
+type Options struct {
+	NodeName  string // this node's name (used by policies that prefer local endpoints)
+	ProxyName string // the value of service.kubernetes.io/service-proxy-name served; default "sluice"
+}
+
+func (o Options) proxyName() string {
+	if o.ProxyName == "" {
+		return DefaultProxyName
+	}
+	return o.ProxyName
+}
+
+// Reasons ServiceToModel gives for skipping a Service.
+const (
+	SkipHeadless     = "headless"
+	SkipExternalName = "ExternalName"
+	SkipNoClusterIP  = "no cluster IP allocated"
+	SkipIPv6         = "IPv6 family not served"
+)
+
+// ServiceNameOfSlice returns the Service an EndpointSlice belongs to, from
+// its kubernetes.io/service-name label.
+func ServiceNameOfSlice(es *discoveryv1.EndpointSlice) (types.NamespacedName, bool) {
+	if es == nil {
+		return types.NamespacedName{}, false
+	}
+	name, ok := es.Labels[discoveryv1.LabelServiceName]
+	if !ok || name == "" {
+		return types.NamespacedName{}, false
+	}
+	return types.NamespacedName{Namespace: es.Namespace, Name: name}, true
+}
+
+// ServiceToModel returns one model.Service per (ClusterIP frontend,
+// ServicePort), with the backends taken from eps (slices of other
+// Services are ignored). skipped != "" means the Service is deliberately not
+// served (headless, ExternalName, another proxy's, IPv6 only); it is not an
+// error. The result is sorted by frontend.
+func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Options) (svcs []*model.Service, skipped string, err error) {
+	if svc == nil {
+		return nil, "", errors.New("nil Service")
+	}
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return nil, SkipExternalName, nil
+	}
+	if p, ok := svc.Labels[LabelServiceProxyName]; ok && p != opts.proxyName() {
+		return nil, LabelServiceProxyName + "=" + p, nil
+	}
+	if _, ok := svc.Labels[corev1.IsHeadlessService]; ok {
+		return nil, SkipHeadless, nil
+	}
+	if svc.Spec.ClusterIP == corev1.ClusterIPNone || (len(svc.Spec.ClusterIPs) > 0 && svc.Spec.ClusterIPs[0] == corev1.ClusterIPNone) {
+		return nil, SkipHeadless, nil
+	}
+	if err := ValidateService(svc); err != nil {
+		return nil, "", err
+	}
+
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	if len(ips) == 0 {
+		return nil, SkipNoClusterIP, nil
+	}
+	var vips []netip.Addr
+	for _, s := range ips {
+		ip, _ := netip.ParseAddr(s) // validated above
+		if ip.Is4() {
+			vips = append(vips, ip)
+		}
+	}
+	if len(vips) == 0 {
+		return nil, SkipIPv6, nil
+	}
+
+	// The slices of this Service, IPv4 only, validated.
+	var mine []*discoveryv1.EndpointSlice
+	for _, es := range eps {
+		nn, ok := ServiceNameOfSlice(es)
+		if !ok || nn.Namespace != svc.Namespace || nn.Name != svc.Name {
+			continue
+		}
+		if es.AddressType != discoveryv1.AddressTypeIPv4 {
+			continue
+		}
+		if err := ValidateEndpointSlice(es); err != nil {
+			return nil, "", fmt.Errorf("service %q: %w", objName(svc.Namespace, svc.Name), err)
+		}
+		mine = append(mine, es)
+	}
+
+	for _, sp := range svc.Spec.Ports {
+		proto, _ := protocolOf(sp.Protocol) // validated above
+		backends := backendsFor(sp.Name, cmp.Or(sp.Protocol, corev1.ProtocolTCP), proto, mine)
+		for _, vip := range vips {
+			svcs = append(svcs, &model.Service{
+				Name:     model.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: sp.Name},
+				Kind:     model.ClusterIP,
+				Frontend: model.L4Addr{Addr: vip, Port: uint16(sp.Port), Proto: proto},
+				Backends: slices.Clone(backends),
+			})
+		}
+	}
+	slices.SortFunc(svcs, func(a, b *model.Service) int {
+		if a.Frontend.Less(b.Frontend) {
+			return -1
+		}
+		if b.Frontend.Less(a.Frontend) {
+			return 1
+		}
+		return 0
+	})
+	return svcs, "", nil
+}
+
+// backendsFor merges the endpoints of all slices for the Service port named
+// portName: ready ones, or if none is ready, the serving and terminating
+// ones. Endpoints listed by several slices are counted once; a ready
+// duplicate wins over a non-ready one.
+func backendsFor(portName string, kproto corev1.Protocol, proto model.Protocol, slices []*discoveryv1.EndpointSlice) []model.Backend {
+	type cand struct {
+		b           model.Backend
+		ready       bool
+		serving     bool
+		terminating bool
+	}
+	seen := map[model.L4Addr]int{}
+	var cands []cand
+	for _, es := range slices {
+		for _, ep := range es.Ports {
+			if ptrOr(ep.Name, "") != portName || ptrOr(ep.Protocol, corev1.ProtocolTCP) != kproto || ep.Port == nil {
+				continue
+			}
+			for _, e := range es.Endpoints {
+				if len(e.Addresses) == 0 {
+					continue
+				}
+				// Like kube-proxy, only the first address is used: the API
+				// says the others are fungible copies of it.
+				ip, err := netip.ParseAddr(e.Addresses[0])
+				if err != nil || !ip.Is4() {
+					continue
+				}
+				c := cand{
+					b: model.Backend{
+						L4Addr:   model.L4Addr{Addr: ip, Port: uint16(*ep.Port), Proto: proto},
+						NodeName: ptrOr(e.NodeName, ""),
+					},
+					ready:       ptrOr(e.Conditions.Ready, true),
+					serving:     ptrOr(e.Conditions.Serving, ptrOr(e.Conditions.Ready, true)),
+					terminating: ptrOr(e.Conditions.Terminating, false),
+				}
+				if i, dup := seen[c.b.L4Addr]; dup {
+					if c.ready && !cands[i].ready {
+						cands[i] = c
+					}
+					continue
+				}
+				seen[c.b.L4Addr] = len(cands)
+				cands = append(cands, c)
+			}
+		}
+	}
+	var ready, fallback []model.Backend
+	for _, c := range cands {
+		switch {
+		case c.ready:
+			ready = append(ready, c.b)
+		case c.serving && c.terminating:
+			b := c.b
+			b.Terminating = true
+			fallback = append(fallback, b)
+		}
+	}
+	if len(ready) > 0 {
+		return model.SortBackends(ready)
+	}
+	return model.SortBackends(fallback)
+}
+
+// ValidateService checks the fields Sluice relies on. Errors name the
+// object and, where it applies, the port.
+func ValidateService(svc *corev1.Service) error {
+	if svc == nil {
+		return errors.New("nil Service")
+	}
+	name := objName(svc.Namespace, svc.Name)
+	fail := func(format string, a ...any) error {
+		return fmt.Errorf("service %q: %s", name, fmt.Sprintf(format, a...))
+	}
+	if svc.Name == "" {
+		return fail("metadata.name is empty")
+	}
+	if svc.Namespace == "" {
+		return fail("metadata.namespace is empty")
+	}
+	switch svc.Spec.Type {
+	case "", corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer, corev1.ServiceTypeExternalName:
+	default:
+		return fail("unknown type %q", svc.Spec.Type)
+	}
+	if ip := svc.Spec.ClusterIP; ip != "" && ip != corev1.ClusterIPNone {
+		if _, err := netip.ParseAddr(ip); err != nil {
+			return fail("invalid clusterIP %q", ip)
+		}
+	}
+	for _, ip := range svc.Spec.ClusterIPs {
+		if ip == corev1.ClusterIPNone {
+			continue
+		}
+		if _, err := netip.ParseAddr(ip); err != nil {
+			return fail("invalid clusterIPs entry %q", ip)
+		}
+	}
+	if len(svc.Spec.ClusterIPs) > 0 && svc.Spec.ClusterIP != "" && svc.Spec.ClusterIPs[0] != svc.Spec.ClusterIP {
+		return fail("clusterIP %q is not clusterIPs[0] %q", svc.Spec.ClusterIP, svc.Spec.ClusterIPs[0])
+	}
+	for _, ip := range svc.Spec.ExternalIPs {
+		if _, err := netip.ParseAddr(ip); err != nil {
+			return fail("invalid externalIPs entry %q", ip)
+		}
+	}
+	names := map[string]bool{}
+	type pp struct {
+		port  int32
+		proto corev1.Protocol
+	}
+	seen := map[pp]bool{}
+	for i, sp := range svc.Spec.Ports {
+		portID := "port " + strconv.Quote(sp.Name)
+		if sp.Name == "" {
+			portID = "ports[" + strconv.Itoa(i) + "]"
+			if len(svc.Spec.Ports) > 1 {
+				return fail("%s: name is required when a Service has several ports", portID)
+			}
+		}
+		if names[sp.Name] {
+			return fail("%s: duplicate port name", portID)
+		}
+		names[sp.Name] = true
+		if _, err := protocolOf(sp.Protocol); err != nil {
+			return fail("%s: %v", portID, err)
+		}
+		if sp.Port < 1 || sp.Port > 65535 {
+			return fail("%s: port %d out of range", portID, sp.Port)
+		}
+		proto := cmp.Or(sp.Protocol, corev1.ProtocolTCP)
+		if seen[pp{sp.Port, proto}] {
+			return fail("%s: duplicate port %d/%s", portID, sp.Port, proto)
+		}
+		seen[pp{sp.Port, proto}] = true
+		if sp.NodePort < 0 || sp.NodePort > 65535 {
+			return fail("%s: nodePort %d out of range", portID, sp.NodePort)
+		}
+		if sp.TargetPort.Type == 0 && sp.TargetPort.IntVal != 0 && (sp.TargetPort.IntVal < 1 || sp.TargetPort.IntVal > 65535) {
+			return fail("%s: targetPort %d out of range", portID, sp.TargetPort.IntVal)
+		}
+	}
+	return nil
+}
+
+// ValidateEndpointSlice checks the fields Sluice relies on. Errors name the
+// object and, where it applies, the port or endpoint.
+func ValidateEndpointSlice(es *discoveryv1.EndpointSlice) error {
+	if es == nil {
+		return errors.New("nil EndpointSlice")
+	}
+	name := objName(es.Namespace, es.Name)
+	fail := func(format string, a ...any) error {
+		return fmt.Errorf("endpointslice %q: %s", name, fmt.Sprintf(format, a...))
+	}
+	if es.Name == "" {
+		return fail("metadata.name is empty")
+	}
+	if es.Namespace == "" {
+		return fail("metadata.namespace is empty")
+	}
+	if v, ok := es.Labels[discoveryv1.LabelServiceName]; ok && v == "" {
+		return fail("label %s is empty", discoveryv1.LabelServiceName)
+	}
+	switch es.AddressType {
+	case discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6, discoveryv1.AddressTypeFQDN:
+	default:
+		return fail("unknown addressType %q", es.AddressType)
+	}
+	names := map[string]bool{}
+	for i, p := range es.Ports {
+		n := ptrOr(p.Name, "")
+		portID := "port " + strconv.Quote(n)
+		if n == "" {
+			portID = "ports[" + strconv.Itoa(i) + "]"
+		}
+		if names[n] {
+			return fail("%s: duplicate port name", portID)
+		}
+		names[n] = true
+		if p.Protocol != nil {
+			if _, err := protocolOf(*p.Protocol); err != nil && *p.Protocol != corev1.ProtocolSCTP {
+				return fail("%s: %v", portID, err)
+			}
+		}
+		if p.Port != nil && (*p.Port < 1 || *p.Port > 65535) {
+			return fail("%s: port %d out of range", portID, *p.Port)
+		}
+	}
+	for i, e := range es.Endpoints {
+		if len(e.Addresses) == 0 {
+			return fail("endpoints[%d]: no addresses", i)
+		}
+		for _, a := range e.Addresses {
+			switch es.AddressType {
+			case discoveryv1.AddressTypeIPv4:
+				if ip, err := netip.ParseAddr(a); err != nil || !ip.Is4() {
+					return fail("endpoints[%d]: invalid IPv4 address %q", i, a)
+				}
+			case discoveryv1.AddressTypeIPv6:
+				if ip, err := netip.ParseAddr(a); err != nil || !ip.Is6() || ip.Is4In6() {
+					return fail("endpoints[%d]: invalid IPv6 address %q", i, a)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// protocolOf maps a Kubernetes protocol to the datapath's; empty means TCP,
+// as the API defaults it.
+func protocolOf(p corev1.Protocol) (model.Protocol, error) {
+	switch p {
+	case "", corev1.ProtocolTCP:
+		return model.TCP, nil
+	case corev1.ProtocolUDP:
+		return model.UDP, nil
+	case corev1.ProtocolSCTP:
+		return 0, errors.New("protocol SCTP is not supported")
+	}
+	return 0, fmt.Errorf("unknown protocol %q", p)
+}
+
+func objName(ns, name string) string {
+	if ns == "" {
+		return name
+	}
+	return ns + "/" + name
+}
+
+func ptrOr[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}

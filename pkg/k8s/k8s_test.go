@@ -1,0 +1,222 @@
+package k8s
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+func service(name string, ips []string, ports ...corev1.ServicePort) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec:       corev1.ServiceSpec{ClusterIPs: ips, Ports: ports},
+	}
+}
+
+func sport(name string, port int32, proto corev1.Protocol) corev1.ServicePort {
+	return corev1.ServicePort{Name: name, Port: port, Protocol: proto}
+}
+
+type ep struct {
+	addr                      string
+	ready, serving, terminate *bool
+	node                      string
+}
+
+func slice(name, svc string, ports []discoveryv1.EndpointPort, eps ...ep) *discoveryv1.EndpointSlice {
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       ports,
+	}
+	for _, e := range eps {
+		x := discoveryv1.Endpoint{Addresses: []string{e.addr}, Conditions: discoveryv1.EndpointConditions{Ready: e.ready, Serving: e.serving, Terminating: e.terminate}}
+		if e.node != "" {
+			x.NodeName = ptr(e.node)
+		}
+		es.Endpoints = append(es.Endpoints, x)
+	}
+	return es
+}
+
+func eport(name string, port int32, proto corev1.Protocol) discoveryv1.EndpointPort {
+	return discoveryv1.EndpointPort{Name: ptr(name), Port: ptr(port), Protocol: ptr(proto)}
+}
+
+// render prints services compactly: "frontend name -> b1,b2".
+func render(svcs []*model.Service) string {
+	var sb strings.Builder
+	for _, s := range svcs {
+		fmt.Fprintf(&sb, "%s %s ->", s.Frontend, s.Name)
+		for _, b := range s.Backends {
+			fmt.Fprintf(&sb, " %s", b.L4Addr)
+			if b.Terminating {
+				sb.WriteString("(term)")
+			}
+			if b.NodeName != "" {
+				fmt.Fprintf(&sb, "@%s", b.NodeName)
+			}
+		}
+		sb.WriteString("\n")
+	}
+	return sb.String()
+}
+
+func TestServiceToModel(t *testing.T) {
+	web := service("web", []string{"10.96.0.10"}, sport("http", 80, corev1.ProtocolTCP), sport("dns", 53, corev1.ProtocolUDP))
+	tests := []struct {
+		name   string
+		svc    *corev1.Service
+		slices []*discoveryv1.EndpointSlice
+		want   string
+		skip   string
+	}{
+		{
+			name: "ports matched by name, merged and deduplicated across slices",
+			svc:  web,
+			slices: []*discoveryv1.EndpointSlice{
+				slice("web-a", "web", []discoveryv1.EndpointPort{eport("http", 8080, corev1.ProtocolTCP), eport("dns", 5353, corev1.ProtocolUDP)},
+					ep{addr: "10.0.0.2", node: "n1"}, ep{addr: "10.0.0.1", ready: ptr(true)}),
+				slice("web-b", "web", []discoveryv1.EndpointPort{eport("http", 8080, corev1.ProtocolTCP)},
+					ep{addr: "10.0.0.2"}, ep{addr: "10.0.0.3", ready: ptr(false)}),
+				slice("other", "other", []discoveryv1.EndpointPort{eport("http", 8080, corev1.ProtocolTCP)}, ep{addr: "10.9.9.9"}),
+			},
+			want: "10.96.0.10:53/UDP default/web:dns -> 10.0.0.1:5353/UDP 10.0.0.2:5353/UDP@n1\n" +
+				"10.96.0.10:80/TCP default/web:http -> 10.0.0.1:8080/TCP 10.0.0.2:8080/TCP@n1\n",
+		},
+		{
+			name: "terminating serving endpoints used only when none is ready",
+			svc:  service("t", []string{"10.96.0.11"}, sport("", 80, "")),
+			slices: []*discoveryv1.EndpointSlice{
+				slice("t-a", "t", []discoveryv1.EndpointPort{eport("", 8080, corev1.ProtocolTCP)},
+					ep{addr: "10.0.0.1", ready: ptr(false), serving: ptr(true), terminate: ptr(true)},
+					ep{addr: "10.0.0.2", ready: ptr(false), serving: ptr(false), terminate: ptr(true)},
+					ep{addr: "10.0.0.3", ready: ptr(false)}),
+			},
+			want: "10.96.0.11:80/TCP default/t -> 10.0.0.1:8080/TCP(term)\n",
+		},
+		{
+			name: "no endpoints: service exists with no backends",
+			svc:  service("e", []string{"10.96.0.12"}, sport("", 80, "")),
+			want: "10.96.0.12:80/TCP default/e ->\n",
+		},
+		{
+			name: "dual stack: IPv4 frontend only; IPv6 slices ignored",
+			svc:  service("d", []string{"fd00::1", "10.96.0.13"}, sport("", 80, "")),
+			slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
+				s := slice("d6", "d", []discoveryv1.EndpointPort{eport("", 80, corev1.ProtocolTCP)}, ep{addr: "fd00::5"})
+				s.AddressType = discoveryv1.AddressTypeIPv6
+				return s
+			}(), slice("d4", "d", []discoveryv1.EndpointPort{eport("", 80, corev1.ProtocolTCP)}, ep{addr: "10.0.0.5"})},
+			want: "10.96.0.13:80/TCP default/d -> 10.0.0.5:80/TCP\n",
+		},
+		{name: "IPv6 only", svc: service("v6", []string{"fd00::1"}, sport("", 80, "")), skip: SkipIPv6},
+		{name: "headless", svc: service("h", []string{"None"}, sport("", 80, "")), skip: SkipHeadless},
+		{name: "external name", svc: func() *corev1.Service {
+			s := service("x", nil)
+			s.Spec.Type = corev1.ServiceTypeExternalName
+			return s
+		}(), skip: SkipExternalName},
+		{name: "other proxy", svc: func() *corev1.Service {
+			s := service("o", []string{"10.96.0.14"}, sport("", 80, ""))
+			s.Labels = map[string]string{LabelServiceProxyName: "other"}
+			return s
+		}(), skip: "service.kubernetes.io/service-proxy-name=other"},
+		{name: "our proxy name", svc: func() *corev1.Service {
+			s := service("o", []string{"10.96.0.14"}, sport("", 80, ""))
+			s.Labels = map[string]string{LabelServiceProxyName: "sluice"}
+			return s
+		}(), want: "10.96.0.14:80/TCP default/o ->\n"},
+		{name: "clusterIP fallback", svc: func() *corev1.Service {
+			s := service("c", nil, sport("", 80, ""))
+			s.Spec.ClusterIP = "10.96.0.15"
+			return s
+		}(), want: "10.96.0.15:80/TCP default/c ->\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, skip, err := ServiceToModel(tc.svc, tc.slices, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if skip != tc.skip {
+				t.Fatalf("skipped = %q, want %q", skip, tc.skip)
+			}
+			if r := render(got); r != tc.want {
+				t.Errorf("got\n%s\nwant\n%s", r, tc.want)
+			}
+		})
+	}
+}
+
+func TestValidate(t *testing.T) {
+	svcTests := []struct {
+		name string
+		svc  *corev1.Service
+		want string
+	}{
+		{"ok", service("a", []string{"10.96.0.1"}, sport("http", 80, "TCP")), ""},
+		{"port out of range", service("a", []string{"10.96.0.1"}, sport("http", 70000, "TCP")), `service "default/a": port "http": port 70000 out of range`},
+		{"zero port", service("a", []string{"10.96.0.1"}, sport("", 0, "TCP")), `service "default/a": ports[0]: port 0 out of range`},
+		{"sctp", service("a", []string{"10.96.0.1"}, sport("s", 80, "SCTP")), `service "default/a": port "s": protocol SCTP is not supported`},
+		{"unknown protocol", service("a", []string{"10.96.0.1"}, sport("s", 80, "ICMP")), `service "default/a": port "s": unknown protocol "ICMP"`},
+		{"bad ip", service("a", []string{"10.96.0.300"}, sport("", 80, "")), `service "default/a": invalid clusterIPs entry "10.96.0.300"`},
+		{"no name", service("", []string{"10.96.0.1"}), `service "default/": metadata.name is empty`},
+		{"unnamed multi", service("a", []string{"10.96.0.1"}, sport("", 80, ""), sport("b", 81, "")), `service "default/a": ports[0]: name is required when a Service has several ports`},
+	}
+	for _, tc := range svcTests {
+		t.Run("service/"+tc.name, func(t *testing.T) {
+			err := ValidateService(tc.svc)
+			if got := fmt.Sprint(err); (err == nil && tc.want != "") || (err != nil && got != tc.want) {
+				t.Errorf("ValidateService = %v, want %q", err, tc.want)
+			}
+		})
+	}
+	good := []discoveryv1.EndpointPort{eport("http", 8080, "TCP")}
+	esTests := []struct {
+		name string
+		es   *discoveryv1.EndpointSlice
+		want string
+	}{
+		{"ok", slice("s", "a", good, ep{addr: "10.0.0.1"}), ""},
+		{"bad ip", slice("s", "a", good, ep{addr: "10.0.0.256"}), `endpointslice "default/s": endpoints[0]: invalid IPv4 address "10.0.0.256"`},
+		{"v6 in v4 slice", slice("s", "a", good, ep{addr: "fd00::1"}), `endpointslice "default/s": endpoints[0]: invalid IPv4 address "fd00::1"`},
+		{"port", slice("s", "a", []discoveryv1.EndpointPort{eport("http", 0, "TCP")}), `endpointslice "default/s": port "http": port 0 out of range`},
+		{"proto", slice("s", "a", []discoveryv1.EndpointPort{eport("http", 80, "FOO")}), `endpointslice "default/s": port "http": unknown protocol "FOO"`},
+		{"no name", slice("", "a", good), `endpointslice "default/": metadata.name is empty`},
+	}
+	for _, tc := range esTests {
+		t.Run("slice/"+tc.name, func(t *testing.T) {
+			err := ValidateEndpointSlice(tc.es)
+			if got := fmt.Sprint(err); (err == nil && tc.want != "") || (err != nil && got != tc.want) {
+				t.Errorf("ValidateEndpointSlice = %v, want %q", err, tc.want)
+			}
+		})
+	}
+	// ServiceToModel reports validation errors.
+	if _, _, err := ServiceToModel(service("a", []string{"10.96.0.1"}, sport("s", 80, "SCTP")), nil, Options{}); err == nil {
+		t.Error("ServiceToModel accepted SCTP")
+	}
+}
+
+func TestServiceNameOfSlice(t *testing.T) {
+	nn, ok := ServiceNameOfSlice(slice("s", "web", nil))
+	if !ok || nn.String() != "default/web" {
+		t.Errorf("got %v %v", nn, ok)
+	}
+	es := slice("s", "web", nil)
+	es.Labels = nil
+	if _, ok := ServiceNameOfSlice(es); ok {
+		t.Error("unlabelled slice has a service")
+	}
+	_ = netip.Addr{}
+}
