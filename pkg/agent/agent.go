@@ -54,6 +54,12 @@ type Reconciler interface {
 	InSync() bool
 }
 
+// Observer is told about every apply; pkg/metrics.Metrics is one.
+type Observer interface {
+	ObserveSync(d time.Duration, err error)
+	SetProgrammed(s *model.State)
+}
+
 // Config says where the agent attaches and how it retries.
 type Config struct {
 	// Cgroup is the cgroup v2 directory for socket load balancing; empty
@@ -67,6 +73,8 @@ type Config struct {
 	// Resync re-applies the newest state this often, repairing maps
 	// changed behind the agent's back. Zero disables it.
 	Resync time.Duration
+	// Observer, if set, records every apply.
+	Observer Observer
 }
 
 // Agent drives one datapath from one source.
@@ -213,7 +221,14 @@ func (a *Agent) applyNewest() error {
 	}
 	start := time.Now()
 	err := a.rec.Apply(s)
+	took := time.Since(start)
 	inSync := err == nil && a.rec.InSync()
+	if a.cfg.Observer != nil {
+		a.cfg.Observer.ObserveSync(took, err)
+		if err == nil {
+			a.cfg.Observer.SetProgrammed(s)
+		}
+	}
 
 	a.mu.Lock()
 	a.lastErr = err
@@ -230,6 +245,6 @@ func (a *Agent) applyNewest() error {
 		return fmt.Errorf("generation %d applied but the reconciler reports the datapath out of sync", n)
 	}
 	a.log.Info("desired state applied", "generation", n, "services", len(s.Services),
-		"took", time.Since(start).Round(time.Microsecond))
+		"took", took.Round(time.Microsecond))
 	return nil
 }

@@ -285,6 +285,41 @@ func TestSourceErrorEndsRun(t *testing.T) {
 	}
 }
 
+type countingObserver struct {
+	mu              sync.Mutex
+	syncs, failures int
+	programmed      int // services in the last programmed state
+}
+
+func (o *countingObserver) ObserveSync(_ time.Duration, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.syncs++
+	if err != nil {
+		o.failures++
+	}
+}
+
+func (o *countingObserver) SetProgrammed(s *model.State) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.programmed = len(s.Services)
+}
+
+func TestObserverSeesEveryApply(t *testing.T) {
+	obs := &countingObserver{}
+	recon := &fakeReconciler{recorder: &recorder{}, failures: 2}
+	h := start(t, Config{Observer: obs}, recon, nil)
+	h.src.states <- stateWith(4)
+	eventually(t, "ready", func() bool { return h.agent.Ready() == nil })
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if obs.syncs != 3 || obs.failures != 2 || obs.programmed != 4 {
+		t.Errorf("observer saw %d syncs, %d failures, %d services programmed; want 3, 2, 4",
+			obs.syncs, obs.failures, obs.programmed)
+	}
+}
+
 func TestResyncReappliesNewestState(t *testing.T) {
 	recon := &fakeReconciler{recorder: &recorder{}}
 	h := start(t, Config{Resync: 5 * time.Millisecond}, recon, nil)
