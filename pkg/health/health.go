@@ -9,14 +9,9 @@
 package health
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
-	"time"
 )
 
 // ReadyFunc returns nil when the agent is ready, else why it is not.
@@ -37,33 +32,4 @@ func Handler(ready ReadyFunc) http.Handler {
 		io.WriteString(w, "ok\n")
 	})
 	return mux
-}
-
-// Serve listens on addr and serves Handler(ready) until ctx is done.
-func Serve(ctx context.Context, addr string, ready ReadyFunc, log *slog.Logger) error {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("health listener on %s: %w", addr, err)
-	}
-	return ServeListener(ctx, l, ready, log)
-}
-
-// ServeListener serves Handler(ready) on l until ctx is done.
-func ServeListener(ctx context.Context, l net.Listener, ready ReadyFunc, log *slog.Logger) error {
-	srv := &http.Server{Handler: Handler(ready), ReadHeaderTimeout: 5 * time.Second}
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	}()
-	log.Info("serving health endpoints", "addr", l.Addr().String())
-	err := srv.Serve(l)
-	<-stopped
-	if errors.Is(err, http.ErrServerClosed) {
-		return nil
-	}
-	return fmt.Errorf("health server: %w", err)
 }

@@ -1,17 +1,12 @@
 package health
 
 import (
-	"context"
 	"errors"
-	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 )
 
 func TestReadyzFollowsReadyFunc(t *testing.T) {
@@ -40,35 +35,5 @@ func TestReadyzFollowsReadyFunc(t *testing.T) {
 	}
 	if code, _ := get("/nothing"); code != http.StatusNotFound {
 		t.Errorf("/nothing = %d, want 404", code)
-	}
-}
-
-func TestServeStopsWithContext(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- ServeListener(ctx, l, func() error { return nil }, slog.New(slog.DiscardHandler))
-	}()
-	resp, err := http.Get("http://" + l.Addr().String() + "/readyz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || string(body) != "ok\n" {
-		t.Errorf("GET /readyz = %d %q", resp.StatusCode, body)
-	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("Serve returned %v after cancel, want nil", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Serve did not return after cancel")
 	}
 }
