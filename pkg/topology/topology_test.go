@@ -2,12 +2,16 @@ package topology
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"errors"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -217,4 +221,55 @@ func TestCgroupPutsChildAndCleansUp(t *testing.T) {
 	if _, err := os.Stat(cg.Path); !os.IsNotExist(err) {
 		t.Errorf("cgroup %s still present (stat: %v)", cg.Path, err)
 	}
+}
+
+func TestProcessRunsInNamespaceAndStops(t *testing.T) {
+	requireRoot(t)
+	topo := NewT(t)
+	ns, err := topo.AddNS("proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.AddAddr("lo", netip.MustParsePrefix("192.0.2.7/32")); err != nil {
+		t.Fatal(err)
+	}
+	var out syncBuffer
+	p, err := ns.Start(&out, nil, "sh", "-c", `cat /proc/net/fib_trie; trap "exit 3" TERM; while :; do sleep 0.05; done`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(out.String(), "192.0.2.7") {
+		if time.Now().After(deadline) {
+			t.Fatalf("child did not see the namespace's address; output:\n%s", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	err = p.Stop(5 * time.Second)
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 3 {
+		t.Fatalf("Stop = %v, want exit status 3 from the TERM trap", err)
+	}
+	select {
+	case <-p.Exited():
+	default:
+		t.Fatal("Exited not closed after Stop")
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

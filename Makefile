@@ -1,0 +1,59 @@
+# Sluice developer entry points. `make` alone lists them.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+export GOTOOLCHAIN := local
+export PATH := /usr/local/go/bin:$(PATH)
+GO ?= go
+
+# Files `make generate` writes (bpf2go output), checked by check-generate.
+GENERATED := pkg/datapath/*_bpfel.go pkg/datapath/*_bpfel.o
+# Tools the tests and generation need (installed by .ci/run on Debian).
+TOOLS := clang-19 llvm-strip-19 bpftool nsenter ip iptables nft git
+
+.PHONY: help
+help: ## Show the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: generate
+generate: ## Rebuild BPF objects and their Go bindings (clang-19)
+	$(GO) generate ./pkg/datapath
+
+.PHONY: check-generate
+check-generate: generate ## Fail if the committed generated files are stale
+	@if ! git diff --exit-code --stat -- $(GENERATED); then \
+		echo "generated files differ from the committed ones: run 'make generate' and commit"; exit 1; fi
+	@untracked=$$(git ls-files --others --exclude-standard -- pkg/datapath/ | grep -E '_bpfel\.(go|o)$$' || true); \
+	if [ -n "$$untracked" ]; then echo "generated files not committed: $$untracked"; exit 1; fi
+
+.PHONY: build
+build: ## Build bin/sluice and bin/sluicectl (static, no clang needed)
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/sluice ./cmd/sluice
+	CGO_ENABLED=0 $(GO) build -trimpath -o bin/sluicectl ./cmd/sluicectl
+
+.PHONY: deps
+deps: ## Check that the tools, privileges and mounts the tests need are there
+	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then echo "missing tools:$$missing (see .ci/run for the Debian packages)"; exit 1; fi
+	@[ "$$(id -u)" = 0 ] || { echo "the tests need root (BPF, network namespaces, cgroups)"; exit 1; }
+	@grep -qs ' /sys/fs/bpf bpf ' /proc/mounts || { echo "bpffs is not mounted at /sys/fs/bpf: mount -t bpf bpf /sys/fs/bpf"; exit 1; }
+	@grep -qs ' cgroup2 ' /proc/mounts || { echo "no cgroup2 mount (needed for socket load balancing tests)"; exit 1; }
+	@$(GO) version
+
+.PHONY: test
+test: deps check-generate ## Vet and run every test (as root: BPF, netns, cgroups)
+	$(GO) vet ./...
+	$(GO) test -count=1 -p 1 ./...
+
+.PHONY: demo
+demo: build ## Show ClusterIP load balancing in throwaway network namespaces
+	$(GO) run ./test/demo --sluice bin/sluice
+
+.PHONY: bench
+bench: ## Run the benchmark suite
+	$(GO) run ./test/bench
+
+.PHONY: clean
+clean: ## Remove build output
+	rm -rf bin
