@@ -1,0 +1,518 @@
+// Package fakedp is an in-memory reconciler.Datapath for tests.
+//
+// It behaves like the pinned BPF maps (upserts of new keys fail when a map
+// is full, every operation is idempotent) and, after every single
+// operation, checks the invariants a concurrent datapath reader relies on:
+//
+//   - every master's slots 1..count exist (and so name existing backends),
+//   - every slot names an existing backend,
+//   - every master's service id has a rev_nat entry.
+//
+// The checks are incremental (each operation checks only what it can
+// break), so a fake holding 10,000 services stays fast. Violations are
+// recorded, not fatal: tests assert Violations() is empty. Errors can be
+// injected per operation with Fail.
+package fakedp
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// OpKind names a Datapath operation.
+type OpKind string
+
+const (
+	OpUpsertBackend  OpKind = "UpsertBackend"
+	OpDeleteBackend  OpKind = "DeleteBackend"
+	OpUpsertRevNat   OpKind = "UpsertRevNat"
+	OpDeleteRevNat   OpKind = "DeleteRevNat"
+	OpUpsertSlot     OpKind = "UpsertSlot"
+	OpUpsertMaster   OpKind = "UpsertMaster"
+	OpDeleteSlot     OpKind = "DeleteSlot"
+	OpFlushConntrack OpKind = "FlushConntrack"
+)
+
+// Op is one operation, as passed to Fail and recorded in Ops.
+type Op struct {
+	Kind     OpKind
+	Frontend model.L4Addr // slots and masters
+	Slot     uint32       // UpsertSlot, DeleteSlot (0 = master)
+	Backend  reconciler.BackendID
+	Service  reconciler.ServiceID
+	Addr     model.L4Addr // UpsertBackend, UpsertRevNat, FlushConntrack
+	Master   reconciler.Master
+}
+
+func (o Op) String() string {
+	switch o.Kind {
+	case OpUpsertBackend:
+		return fmt.Sprintf("%s %d %s", o.Kind, o.Backend, o.Addr)
+	case OpDeleteBackend:
+		return fmt.Sprintf("%s %d", o.Kind, o.Backend)
+	case OpUpsertRevNat:
+		return fmt.Sprintf("%s %d %s", o.Kind, o.Service, o.Addr)
+	case OpDeleteRevNat:
+		return fmt.Sprintf("%s %d", o.Kind, o.Service)
+	case OpUpsertSlot:
+		return fmt.Sprintf("%s %s[%d]=%d", o.Kind, o.Frontend, o.Slot, o.Backend)
+	case OpUpsertMaster:
+		return fmt.Sprintf("%s %s id=%d count=%d flags=%#x", o.Kind, o.Frontend, o.Master.ID, o.Master.Count, o.Master.Flags)
+	case OpDeleteSlot:
+		return fmt.Sprintf("%s %s[%d]", o.Kind, o.Frontend, o.Slot)
+	case OpFlushConntrack:
+		return fmt.Sprintf("%s %s", o.Kind, o.Addr)
+	}
+	return string(o.Kind)
+}
+
+// ErrFull is returned when an upsert would add a key to a full map (the
+// kernel returns E2BIG).
+var ErrFull = errors.New("map full")
+
+// Fake is an in-memory Datapath. The zero value is not usable; call New.
+type Fake struct {
+	mu sync.Mutex
+
+	masters  map[model.L4Addr]reconciler.Master
+	slots    map[model.L4Addr]map[uint32]reconciler.BackendID
+	backends map[reconciler.BackendID]model.L4Addr
+	revNat   map[reconciler.ServiceID]model.L4Addr
+	nslots   int
+
+	slotRefs   map[reconciler.BackendID]int // slots naming a backend
+	masterRefs map[reconciler.ServiceID]int // masters naming a service id
+
+	maxServices, maxBackends, maxEntries int
+
+	// Fail, if set, is called before every operation; a non-nil error is
+	// returned and the operation is not applied.
+	Fail func(Op) error
+
+	// Record, if true, appends every successful operation to Ops.
+	Record bool
+	Ops    []Op
+
+	counts     map[OpKind]int
+	flushed    []model.L4Addr
+	violations []string
+	dumps      int
+}
+
+// New returns an empty fake with the given capacities (services = rev_nat
+// entries, backends, service map entries = masters plus slots).
+func New(services, backends, serviceEntries int) *Fake {
+	return &Fake{
+		masters:     map[model.L4Addr]reconciler.Master{},
+		slots:       map[model.L4Addr]map[uint32]reconciler.BackendID{},
+		backends:    map[reconciler.BackendID]model.L4Addr{},
+		revNat:      map[reconciler.ServiceID]model.L4Addr{},
+		slotRefs:    map[reconciler.BackendID]int{},
+		masterRefs:  map[reconciler.ServiceID]int{},
+		maxServices: services, maxBackends: backends, maxEntries: serviceEntries,
+		counts: map[OpKind]int{},
+	}
+}
+
+var _ reconciler.Datapath = (*Fake)(nil)
+
+func (f *Fake) begin(op Op) error {
+	if f.Fail != nil {
+		if err := f.Fail(op); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (f *Fake) done(op Op) {
+	f.counts[op.Kind]++
+	if f.Record {
+		f.Ops = append(f.Ops, op)
+	}
+}
+
+func (f *Fake) violate(op Op, format string, a ...any) {
+	f.violations = append(f.violations, fmt.Sprintf("after %s: %s", op, fmt.Sprintf(format, a...)))
+}
+
+func (f *Fake) UpsertBackend(id reconciler.BackendID, b model.L4Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op := Op{Kind: OpUpsertBackend, Backend: id, Addr: b}
+	if err := f.begin(op); err != nil {
+		return err
+	}
+	if id == 0 {
+		f.violate(op, "backend id 0")
+	}
+	if _, ok := f.backends[id]; !ok && len(f.backends) >= f.maxBackends {
+		return fmt.Errorf("backends: %w", ErrFull)
+	}
+	f.backends[id] = b
+	f.done(op)
+	return nil
+}
+
+func (f *Fake) DeleteBackend(id reconciler.BackendID) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op := Op{Kind: OpDeleteBackend, Backend: id}
+	if err := f.begin(op); err != nil {
+		return err
+	}
+	delete(f.backends, id)
+	if f.slotRefs[id] > 0 {
+		f.violate(op, "backend %d deleted while %d slots name it", id, f.slotRefs[id])
+	}
+	f.done(op)
+	return nil
+}
+
+func (f *Fake) UpsertRevNat(id reconciler.ServiceID, fe model.L4Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op := Op{Kind: OpUpsertRevNat, Service: id, Addr: fe}
+	if err := f.begin(op); err != nil {
+		return err
+	}
+	if id == 0 {
+		f.violate(op, "service id 0")
+	}
+	if _, ok := f.revNat[id]; !ok && len(f.revNat) >= f.maxServices {
+		return fmt.Errorf("rev_nat: %w", ErrFull)
+	}
+	f.revNat[id] = fe
+	f.done(op)
+	return nil
+}
+
+func (f *Fake) DeleteRevNat(id reconciler.ServiceID) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op := Op{Kind: OpDeleteRevNat, Service: id}
+	if err := f.begin(op); err != nil {
+		return err
+	}
+	delete(f.revNat, id)
+	if f.masterRefs[id] > 0 {
+		f.violate(op, "rev_nat %d deleted while a master names it", id)
+	}
+	f.done(op)
+	return nil
+}
+
+func (f *Fake) entries() int { return len(f.masters) + f.nslots }
+
+func (f *Fake) UpsertSlot(fe model.L4Addr, slot uint32, id reconciler.BackendID) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op := Op{Kind: OpUpsertSlot, Frontend: fe, Slot: slot, Backend: id}
+	if err := f.begin(op); err != nil {
+		return err
+	}
+	if slot == 0 {
+		return errors.New("UpsertSlot: slot 0 is the master")
+	}
+	s := f.slots[fe]
+	old, exists := s[slot]
+	if !exists && f.entries() >= f.maxEntries {
+		return fmt.Errorf("services: %w", ErrFull)
+	}
+	if s == nil {
+		s = map[uint32]reconciler.BackendID{}
+		f.slots[fe] = s
+	}
+	if exists {
+		f.unref(old)
+	} else {
+		f.nslots++
+	}
+	s[slot] = id
+	f.slotRefs[id]++
+	if _, ok := f.backends[id]; !ok {
+		f.violate(op, "slot names backend %d, which does not exist", id)
+	}
+	f.done(op)
+	return nil
+}
+
+func (f *Fake) unref(id reconciler.BackendID) {
+	if f.slotRefs[id]--; f.slotRefs[id] <= 0 {
+		delete(f.slotRefs, id)
+	}
+}
+
+func (f *Fake) UpsertMaster(fe model.L4Addr, m reconciler.Master) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op := Op{Kind: OpUpsertMaster, Frontend: fe, Master: m}
+	if err := f.begin(op); err != nil {
+		return err
+	}
+	old, exists := f.masters[fe]
+	if !exists && f.entries() >= f.maxEntries {
+		return fmt.Errorf("services: %w", ErrFull)
+	}
+	if exists {
+		if f.masterRefs[old.ID]--; f.masterRefs[old.ID] <= 0 {
+			delete(f.masterRefs, old.ID)
+		}
+	}
+	f.masters[fe] = m
+	f.masterRefs[m.ID]++
+	if m.ID == 0 {
+		f.violate(op, "service id 0")
+	}
+	if _, ok := f.revNat[m.ID]; !ok {
+		f.violate(op, "master names service %d, which has no rev_nat entry", m.ID)
+	}
+	for s := uint32(1); s <= m.Count; s++ {
+		if _, ok := f.slots[fe][s]; !ok {
+			f.violate(op, "master count %d but slot %d does not exist", m.Count, s)
+			break
+		}
+	}
+	f.done(op)
+	return nil
+}
+
+func (f *Fake) DeleteSlot(fe model.L4Addr, slot uint32) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op := Op{Kind: OpDeleteSlot, Frontend: fe, Slot: slot}
+	if err := f.begin(op); err != nil {
+		return err
+	}
+	if slot == 0 {
+		if m, ok := f.masters[fe]; ok {
+			delete(f.masters, fe)
+			if f.masterRefs[m.ID]--; f.masterRefs[m.ID] <= 0 {
+				delete(f.masterRefs, m.ID)
+			}
+		}
+	} else if id, ok := f.slots[fe][slot]; ok {
+		delete(f.slots[fe], slot)
+		if len(f.slots[fe]) == 0 {
+			delete(f.slots, fe)
+		}
+		f.nslots--
+		f.unref(id)
+		if m, ok := f.masters[fe]; ok && m.Count >= slot {
+			f.violate(op, "slot %d deleted while the master counts %d", slot, m.Count)
+		}
+	}
+	f.done(op)
+	return nil
+}
+
+func (f *Fake) FlushConntrack(b model.L4Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op := Op{Kind: OpFlushConntrack, Addr: b}
+	if err := f.begin(op); err != nil {
+		return err
+	}
+	f.flushed = append(f.flushed, b)
+	f.done(op)
+	return nil
+}
+
+// Dump returns a copy of the maps.
+func (f *Fake) Dump() (*reconciler.KernelState, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.dumps++
+	ks := &reconciler.KernelState{
+		Masters:  maps.Clone(f.masters),
+		Slots:    map[model.L4Addr]map[uint32]reconciler.BackendID{},
+		Backends: maps.Clone(f.backends),
+		RevNat:   maps.Clone(f.revNat),
+	}
+	for fe, s := range f.slots {
+		ks.Slots[fe] = maps.Clone(s)
+	}
+	return ks, nil
+}
+
+// Capacity returns the capacities given to New.
+func (f *Fake) Capacity() (services, backends, serviceEntries int) {
+	return f.maxServices, f.maxBackends, f.maxEntries
+}
+
+// Seed replaces the maps' contents, without checks or counting: a kernel
+// state left by an earlier agent, strays and all.
+func (f *Fake) Seed(ks *reconciler.KernelState) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.masters = maps.Clone(ks.Masters)
+	f.backends = maps.Clone(ks.Backends)
+	f.revNat = maps.Clone(ks.RevNat)
+	f.slots = map[model.L4Addr]map[uint32]reconciler.BackendID{}
+	f.slotRefs = map[reconciler.BackendID]int{}
+	f.masterRefs = map[reconciler.ServiceID]int{}
+	f.nslots = 0
+	for fe, s := range ks.Slots {
+		c := map[uint32]reconciler.BackendID{}
+		for n, id := range s {
+			if n == 0 {
+				continue
+			}
+			c[n] = id
+			f.slotRefs[id]++
+			f.nslots++
+		}
+		f.slots[fe] = c
+	}
+	for _, m := range f.masters {
+		f.masterRefs[m.ID]++
+	}
+	if f.masters == nil {
+		f.masters = map[model.L4Addr]reconciler.Master{}
+	}
+	if f.backends == nil {
+		f.backends = map[reconciler.BackendID]model.L4Addr{}
+	}
+	if f.revNat == nil {
+		f.revNat = map[reconciler.ServiceID]model.L4Addr{}
+	}
+}
+
+// Violations returns the invariant violations seen so far.
+func (f *Fake) Violations() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.violations)
+}
+
+// Check verifies the invariants over the whole state (not only what the
+// last operation touched) and returns the violations found.
+func (f *Fake) Check() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var v []string
+	for fe, m := range f.masters {
+		for s := uint32(1); s <= m.Count; s++ {
+			if _, ok := f.slots[fe][s]; !ok {
+				v = append(v, fmt.Sprintf("%s: master count %d, slot %d missing", fe, m.Count, s))
+			}
+		}
+		if _, ok := f.revNat[m.ID]; !ok {
+			v = append(v, fmt.Sprintf("%s: master names service %d without rev_nat", fe, m.ID))
+		}
+	}
+	for fe, s := range f.slots {
+		for n, id := range s {
+			if _, ok := f.backends[id]; !ok {
+				v = append(v, fmt.Sprintf("%s[%d]: names missing backend %d", fe, n, id))
+			}
+		}
+	}
+	slices.Sort(v)
+	return v
+}
+
+// Count returns how many operations of kind succeeded.
+func (f *Fake) Count(kind OpKind) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.counts[kind]
+}
+
+// Writes returns how many map-changing operations succeeded (conntrack
+// flushes excluded).
+func (f *Fake) Writes() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for k, c := range f.counts {
+		if k != OpFlushConntrack {
+			n += c
+		}
+	}
+	return n
+}
+
+// ResetCounts zeroes the operation counts and the recorded Ops and flushes.
+func (f *Fake) ResetCounts() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.counts = map[OpKind]int{}
+	f.Ops = nil
+	f.flushed = nil
+}
+
+// Flushed returns the backends whose conntrack entries were flushed.
+func (f *Fake) Flushed() []model.L4Addr {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.flushed)
+}
+
+// Sizes returns the number of rev_nat entries, backends and service map
+// entries (masters plus slots).
+func (f *Fake) Sizes() (services, backends, serviceEntries int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.revNat), len(f.backends), f.entries()
+}
+
+// String dumps the maps as sorted text, one entry a line, for golden
+// files: the service map (masters and slots, with the backend each slot
+// names), the backends, and rev_nat.
+func (f *Fake) String() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var sb strings.Builder
+	fes := map[model.L4Addr]bool{}
+	for fe := range f.masters {
+		fes[fe] = true
+	}
+	for fe := range f.slots {
+		fes[fe] = true
+	}
+	sb.WriteString("services:\n")
+	for _, fe := range slices.SortedFunc(maps.Keys(fes), cmpL4) {
+		if m, ok := f.masters[fe]; ok {
+			fmt.Fprintf(&sb, "  %s [0] id=%d count=%d flags=%#x\n", fe, m.ID, m.Count, m.Flags)
+		} else {
+			fmt.Fprintf(&sb, "  %s [0] (no master)\n", fe)
+		}
+		for _, s := range slices.Sorted(maps.Keys(f.slots[fe])) {
+			id := f.slots[fe][s]
+			b, ok := f.backends[id]
+			desc := b.String()
+			if !ok {
+				desc = "(missing)"
+			}
+			fmt.Fprintf(&sb, "  %s [%d] backend=%d %s\n", fe, s, id, desc)
+		}
+	}
+	sb.WriteString("backends:\n")
+	for _, id := range slices.Sorted(maps.Keys(f.backends)) {
+		fmt.Fprintf(&sb, "  %d %s\n", id, f.backends[id])
+	}
+	sb.WriteString("rev_nat:\n")
+	for _, id := range slices.Sorted(maps.Keys(f.revNat)) {
+		fmt.Fprintf(&sb, "  %d %s\n", id, f.revNat[id])
+	}
+	return sb.String()
+}
+
+func cmpL4(a, b model.L4Addr) int {
+	if c := a.Addr.Compare(b.Addr); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.Port, b.Port); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Proto, b.Proto)
+}

@@ -1,0 +1,739 @@
+// Package reconciler turns Sluice's desired state (pkg/model) into ordered,
+// idempotent, minimal writes to the datapath's maps.
+//
+// The reconciler keeps a view of what the maps hold: it is read back from
+// the kernel by Restore and updated after every write that succeeded, never
+// before, so after a failed write the view is still the truth and the next
+// Apply retries exactly what is missing. Apply diffs the desired state
+// against that view, not against the previous desired state.
+//
+// Writes are made before breaks, so that the datapath, reading concurrently,
+// never follows a slot to a backend that does not exist or a master to a
+// slot that does not exist. For each frontend that changes:
+//
+//	upsert new backends -> upsert rev_nat -> write slots 1..m ->
+//	write the master (slot 0) with count m -> delete slots m+1..old
+//
+// A frontend that goes away loses its master first, then its slots. Only
+// after all frontends are done are backends nobody names deleted, and the
+// rev_nat entries of removed services (replies of flows still in conntrack
+// need them until then). An emptied service keeps its master with count 0,
+// so the datapath refuses connections to the VIP instead of letting them
+// leak to whatever would answer it.
+//
+// Slots are reused in place: a backend that stays keeps its slot, a new one
+// fills a hole, and when a service shrinks the backends above the new count
+// move down into the holes. Changing one endpoint of a service therefore
+// writes one slot and the master, whatever the size of the service.
+//
+// Ids come from free lists (lowest first, never 0); Restore marks the ids
+// found in the pinned maps as used, so an agent restart keeps every id and
+// applying the same state again writes nothing.
+package reconciler
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// ErrCapacity is wrapped by errors about a service that does not fit in the
+// datapath's maps.
+var ErrCapacity = errors.New("datapath map capacity exceeded")
+
+// Stats says how much is programmed, and how much fits.
+type Stats struct {
+	Services       int // frontends with a master entry
+	Backends       int // backend entries
+	ServiceEntries int // masters plus slots
+	RevNat         int // reverse-NAT entries
+
+	MaxServices       int
+	MaxBackends       int
+	MaxServiceEntries int
+
+	// Writes counts the datapath operations issued (upserts, deletes and
+	// conntrack flushes), successful or not, since New.
+	Writes uint64
+}
+
+// frontendView is what the maps hold for one frontend.
+type frontendView struct {
+	hasMaster bool
+	master    Master
+	slots     map[uint32]BackendID // slot >= 1 -> backend
+}
+
+// Reconciler programs a Datapath. Its methods are safe for concurrent use.
+type Reconciler struct {
+	mu  sync.Mutex
+	dp  Datapath
+	log *slog.Logger
+
+	// The view of the kernel's maps.
+	frontends map[model.L4Addr]*frontendView
+	backends  map[BackendID]model.L4Addr
+	revNat    map[ServiceID]model.L4Addr
+	entries   int               // masters plus slots
+	slotRefs  map[BackendID]int // slots (of any frontend, within count or not) naming a backend id
+	masterRef map[ServiceID]int // masters naming a service id
+
+	// The id each backend address and each frontend is (to be) programmed
+	// under. An id named here is reserved even before its entry is written.
+	backendOf map[model.L4Addr]BackendID
+	serviceOf map[model.L4Addr]ServiceID
+
+	svcIDs *idAllocator
+	beIDs  *idAllocator
+
+	// UDP backends that left a service and whose conntrack entries still
+	// need flushing (kept across Applies until a flush succeeds).
+	pendingFlush map[model.L4Addr]bool
+
+	inSync bool
+	dirty  bool // reservations may need releasing (after Restore or a failure)
+	writes uint64
+}
+
+// New returns a Reconciler with an empty view. Call Restore before the
+// first Apply when the maps may already hold entries (pinned maps).
+func New(dp Datapath, log *slog.Logger) *Reconciler {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	r := &Reconciler{dp: dp, log: log}
+	r.reset()
+	return r
+}
+
+func (r *Reconciler) reset() {
+	r.frontends = map[model.L4Addr]*frontendView{}
+	r.backends = map[BackendID]model.L4Addr{}
+	r.revNat = map[ServiceID]model.L4Addr{}
+	r.entries = 0
+	r.slotRefs = map[BackendID]int{}
+	r.masterRef = map[ServiceID]int{}
+	r.backendOf = map[model.L4Addr]BackendID{}
+	r.serviceOf = map[model.L4Addr]ServiceID{}
+	r.svcIDs = newIDAllocator()
+	r.beIDs = newIDAllocator()
+	r.pendingFlush = map[model.L4Addr]bool{}
+	r.inSync = false
+}
+
+// Restore replaces the view with the contents of the datapath's maps and
+// rebuilds the id allocators from them, so that ids survive an agent
+// restart. Entries nobody wants (strays) are deleted by the next Apply.
+func (r *Reconciler) Restore() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ks, err := r.dp.Dump()
+	if err != nil {
+		return fmt.Errorf("restore: dump datapath maps: %w", err)
+	}
+	r.reset()
+	for id, addr := range ks.Backends {
+		r.backends[id] = addr
+		r.beIDs.markUsed(uint32(id))
+	}
+	for id, fe := range ks.RevNat {
+		r.revNat[id] = fe
+		r.svcIDs.markUsed(uint32(id))
+	}
+	for fe, m := range ks.Masters {
+		v := r.frontend(fe)
+		v.hasMaster, v.master = true, m
+		r.entries++
+		r.masterRef[m.ID]++
+		r.svcIDs.markUsed(uint32(m.ID))
+	}
+	for fe, slots := range ks.Slots {
+		v := r.frontend(fe)
+		for s, id := range slots {
+			if s == 0 {
+				continue
+			}
+			v.slots[s] = id
+			r.entries++
+			r.slotRefs[id]++
+			r.beIDs.markUsed(uint32(id))
+		}
+	}
+	// Choose the id each frontend and backend address is known by. A
+	// master's id wins over a rev_nat entry naming the same frontend; of
+	// several ids for one backend address (strays), the most named, then the
+	// lowest, wins. The losers are rewritten and deleted by the next Apply.
+	for _, fe := range sortedKeys(r.frontends) {
+		if v := r.frontends[fe]; v.hasMaster && r.masterRef[v.master.ID] == 1 {
+			r.serviceOf[fe] = v.master.ID
+		}
+	}
+	for _, id := range sortedKeys(r.revNat) {
+		fe := r.revNat[id]
+		if _, ok := r.serviceOf[fe]; !ok && r.masterRef[id] == 0 {
+			r.serviceOf[fe] = id
+		}
+	}
+	for _, id := range sortedKeys(r.backends) {
+		a := r.backends[id]
+		cur, ok := r.backendOf[a]
+		if !ok || r.slotRefs[id] > r.slotRefs[cur] {
+			r.backendOf[a] = id
+		}
+	}
+	r.dirty = true
+	r.log.Info("Restored datapath state", "frontends", len(ks.Masters), "backends", len(r.backends), "rev_nat", len(r.revNat))
+	return nil
+}
+
+func (r *Reconciler) frontend(fe model.L4Addr) *frontendView {
+	v := r.frontends[fe]
+	if v == nil {
+		v = &frontendView{slots: map[uint32]BackendID{}}
+		r.frontends[fe] = v
+	}
+	return v
+}
+
+func (r *Reconciler) isReal(id BackendID) bool {
+	_, ok := r.backends[id]
+	return ok
+}
+
+// InSync reports whether the last Apply programmed everything it was asked
+// to.
+func (r *Reconciler) InSync() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.inSync
+}
+
+// Stats returns what is programmed and the datapath's capacities.
+func (r *Reconciler) Stats() Stats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := Stats{RevNat: len(r.revNat), ServiceEntries: r.entries, Writes: r.writes}
+	for _, v := range r.frontends {
+		if v.hasMaster {
+			s.Services++
+		}
+	}
+	s.Backends = len(r.backends)
+	s.MaxServices, s.MaxBackends, s.MaxServiceEntries = r.dp.Capacity()
+	return s
+}
+
+// desiredFrontend is one frontend of the desired state, with its backends.
+type desiredFrontend struct {
+	svc   *model.Service
+	addrs []model.L4Addr // sorted, unique
+}
+
+// Apply programs st. It writes only what differs from the view, and returns
+// a joined error naming every service that could not be (fully) programmed;
+// all the others are programmed regardless.
+func (r *Reconciler) Apply(st *model.State) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	capSvc, capBe, capEnt := r.dp.Capacity()
+	var errs []error
+
+	desired := map[model.L4Addr]*desiredFrontend{}
+	wantBackend := map[model.L4Addr]bool{}
+	if st != nil {
+		for fe, svc := range st.Services {
+			if svc == nil {
+				continue
+			}
+			d := &desiredFrontend{svc: svc}
+			for _, b := range svc.Backends {
+				d.addrs = append(d.addrs, b.L4Addr)
+			}
+			slices.SortFunc(d.addrs, cmpL4)
+			d.addrs = slices.Compact(d.addrs)
+			desired[fe] = d
+			for _, a := range d.addrs {
+				wantBackend[a] = true
+			}
+		}
+	}
+
+	// Phase 1: frontends nobody wants any more: master, then slots. This
+	// also frees room in the maps for what comes next.
+	var gone []model.L4Addr
+	for fe := range r.frontends {
+		if _, ok := desired[fe]; !ok {
+			gone = append(gone, fe)
+		}
+	}
+	slices.SortFunc(gone, cmpL4)
+	for _, fe := range gone {
+		if err := r.removeFrontend(fe); err != nil {
+			errs = append(errs, fmt.Errorf("remove frontend %s: %w", fe, err))
+		}
+	}
+	// Backends nobody names and nobody wants can go now (more room).
+	if err := r.deleteUnusedBackends(wantBackend); err != nil {
+		errs = append(errs, err)
+	}
+
+	// Phase 2: frontends to add or change, in a stable order.
+	var changed []model.L4Addr
+	for fe, d := range desired {
+		if !r.inSyncFrontend(fe, d) {
+			changed = append(changed, fe)
+		}
+	}
+	slices.SortFunc(changed, cmpL4)
+	for _, fe := range changed {
+		d := desired[fe]
+		if err := r.programFrontend(fe, d, capSvc, capBe, capEnt); err != nil {
+			errs = append(errs, fmt.Errorf("service %s (%s): %w", d.svc.Name, fe, err))
+		}
+	}
+
+	// Phase 3: backends nobody names, rev_nat of removed services, and
+	// conntrack of UDP backends that left a service.
+	if err := r.deleteUnusedBackends(wantBackend); err != nil {
+		errs = append(errs, err)
+	}
+	var unusedRevNat []ServiceID
+	for id, fe := range r.revNat {
+		if r.masterRef[id] > 0 {
+			continue
+		}
+		if _, want := desired[fe]; want && r.serviceOf[fe] == id {
+			continue // programming it failed before its master; reuse
+		}
+		unusedRevNat = append(unusedRevNat, id)
+	}
+	slices.Sort(unusedRevNat)
+	for _, id := range unusedRevNat {
+		fe := r.revNat[id]
+		r.writes++
+		if err := r.dp.DeleteRevNat(id); err != nil {
+			errs = append(errs, fmt.Errorf("delete rev_nat %d (%s): %w", id, fe, err))
+			continue
+		}
+		delete(r.revNat, id)
+		if r.serviceOf[fe] == id {
+			delete(r.serviceOf, fe)
+		}
+		r.maybeReleaseService(id, fe)
+	}
+	for _, a := range sortedKeys(r.pendingFlush) {
+		r.writes++
+		if err := r.dp.FlushConntrack(a); err != nil {
+			errs = append(errs, fmt.Errorf("flush conntrack of backend %s: %w", a, err))
+			continue
+		}
+		delete(r.pendingFlush, a)
+	}
+
+	// Ids reserved for writes that failed, or for frontends and backends
+	// that are gone, are freed. Only failures and Restore leave such
+	// reservations behind, so the scan is skipped otherwise.
+	if len(errs) > 0 || r.dirty {
+		r.releaseReservations(desired, wantBackend)
+		r.dirty = len(errs) > 0
+	}
+
+	err := errors.Join(errs...)
+	r.inSync = err == nil
+	return err
+}
+
+// inSyncFrontend reports whether fe is programmed exactly as d asks.
+func (r *Reconciler) inSyncFrontend(fe model.L4Addr, d *desiredFrontend) bool {
+	v := r.frontends[fe]
+	if v == nil || !v.hasMaster {
+		return false
+	}
+	sid, ok := r.serviceOf[fe]
+	if !ok || v.master.ID != sid || v.master.Count != uint32(len(d.addrs)) || v.master.Flags != masterFlags(d.svc) {
+		return false
+	}
+	if a, ok := r.revNat[sid]; !ok || a != fe || r.masterRef[sid] != 1 {
+		return false
+	}
+	if len(v.slots) != len(d.addrs) {
+		return false
+	}
+	for _, a := range d.addrs {
+		id, ok := r.backendOf[a]
+		if !ok || !r.isReal(id) {
+			return false
+		}
+	}
+	// Every slot 1..m must hold a wanted backend, each exactly once.
+	seen := make(map[BackendID]bool, len(d.addrs))
+	for s := uint32(1); s <= uint32(len(d.addrs)); s++ {
+		id, ok := v.slots[s]
+		a, real := r.backends[id]
+		if !ok || seen[id] || !real || !wantsAddr(d, a) || r.backendOf[a] != id {
+			return false
+		}
+		seen[id] = true
+	}
+	return true
+}
+
+func wantsAddr(d *desiredFrontend, a model.L4Addr) bool {
+	_, ok := slices.BinarySearchFunc(d.addrs, a, cmpL4)
+	return ok
+}
+
+// masterFlags returns the SVC_F_* flags of a frontend's master. None are
+// defined yet; NodePort and traffic policies will set some.
+func masterFlags(*model.Service) uint8 { return 0 }
+
+// programFrontend brings one frontend to its desired programming, in
+// make-before-break order, stopping at the first failed write (the view
+// then says how far it got).
+func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capSvc, capBe, capEnt int) error {
+	v := r.frontends[fe]
+	m := uint32(len(d.addrs))
+
+	// Capacity: what this frontend adds at its peak, before its old slots
+	// go. Checked before any write, so a service that does not fit keeps
+	// its previous programming.
+	sid, haveSID := r.serviceOf[fe]
+	needSvc := 0
+	if !haveSID {
+		needSvc = 1
+	} else if _, ok := r.revNat[sid]; !ok {
+		needSvc = 1
+	}
+	needBe := 0
+	for _, a := range d.addrs {
+		if id, ok := r.backendOf[a]; !ok || !r.isReal(id) {
+			needBe++
+		}
+	}
+	needEnt := 0
+	for s := uint32(0); s <= m; s++ {
+		if v == nil {
+			needEnt++
+		} else if s == 0 && !v.hasMaster {
+			needEnt++
+		} else if _, ok := v.slots[s]; s > 0 && !ok {
+			needEnt++
+		}
+	}
+	var short []string
+	if len(r.revNat)+needSvc > capSvc {
+		short = append(short, fmt.Sprintf("services: %d in use of %d", len(r.revNat), capSvc))
+	}
+	if nb := len(r.backends); nb+needBe > capBe {
+		short = append(short, fmt.Sprintf("%d new backends: %d in use of %d", needBe, nb, capBe))
+	}
+	if r.entries+needEnt > capEnt {
+		short = append(short, fmt.Sprintf("%d new service entries: %d in use of %d", needEnt, r.entries, capEnt))
+	}
+	if len(short) > 0 {
+		return fmt.Errorf("%w (%s); previous programming kept", ErrCapacity, joinStrings(short))
+	}
+
+	if !haveSID {
+		sid = ServiceID(r.svcIDs.alloc())
+		r.serviceOf[fe] = sid
+	}
+
+	// Backends this frontend names now (within its count), to flush the
+	// UDP ones that leave it once it no longer names them.
+	var before []model.L4Addr
+	if v != nil && v.hasMaster {
+		for s := uint32(1); s <= v.master.Count; s++ {
+			if id, ok := v.slots[s]; ok && r.isReal(id) {
+				before = append(before, r.backends[id])
+			}
+		}
+	}
+
+	// 1. Backends.
+	ids := make([]BackendID, len(d.addrs))
+	for i, a := range d.addrs {
+		id, ok := r.backendOf[a]
+		if !ok {
+			id = BackendID(r.beIDs.alloc())
+			r.backendOf[a] = id
+		}
+		ids[i] = id
+		if cur, ok := r.backends[id]; ok && cur == a {
+			continue
+		}
+		r.writes++
+		if err := r.dp.UpsertBackend(id, a); err != nil {
+			return fmt.Errorf("upsert backend %d (%s): %w", id, a, err)
+		}
+		r.backends[id] = a
+	}
+
+	// 2. Reverse NAT.
+	if cur, ok := r.revNat[sid]; !ok || cur != fe {
+		r.writes++
+		if err := r.dp.UpsertRevNat(sid, fe); err != nil {
+			return fmt.Errorf("upsert rev_nat %d: %w", sid, err)
+		}
+		r.revNat[sid] = fe
+	}
+
+	// 3. Slots 1..m: keep the wanted backends where they are, fill the
+	// holes with the others.
+	v = r.frontend(fe)
+	want := make(map[BackendID]bool, len(ids))
+	for _, id := range ids {
+		want[id] = true
+	}
+	kept := make(map[BackendID]bool, len(ids))
+	var holes []uint32
+	for s := uint32(1); s <= m; s++ {
+		id, ok := v.slots[s]
+		if ok && want[id] && !kept[id] {
+			kept[id] = true
+			continue
+		}
+		holes = append(holes, s)
+	}
+	h := 0
+	for _, id := range ids {
+		if kept[id] {
+			continue
+		}
+		s := holes[h]
+		h++
+		r.writes++
+		if err := r.dp.UpsertSlot(fe, s, id); err != nil {
+			return fmt.Errorf("upsert slot %d: %w", s, err)
+		}
+		r.setSlot(v, s, id)
+	}
+
+	// 4. The master.
+	wantM := Master{ID: sid, Count: m, Flags: masterFlags(d.svc)}
+	if !v.hasMaster || v.master != wantM {
+		r.writes++
+		if err := r.dp.UpsertMaster(fe, wantM); err != nil {
+			return fmt.Errorf("upsert master: %w", err)
+		}
+		if v.hasMaster {
+			r.masterRef[v.master.ID]--
+			r.maybeReleaseService(v.master.ID, fe)
+		} else {
+			r.entries++
+		}
+		v.hasMaster, v.master = true, wantM
+		r.masterRef[sid]++
+	}
+	// From here on no new connection can pick a backend that left: flush
+	// the conntrack entries of the UDP ones so their flows re-balance.
+	for _, a := range before {
+		if a.Proto == model.UDP && !wantsAddr(d, a) {
+			r.pendingFlush[a] = true
+		}
+	}
+
+	// 5. Slots above the new count.
+	var extra []uint32
+	for s := range v.slots {
+		if s > m {
+			extra = append(extra, s)
+		}
+	}
+	slices.Sort(extra)
+	for i := len(extra) - 1; i >= 0; i-- {
+		s := extra[i]
+		r.writes++
+		if err := r.dp.DeleteSlot(fe, s); err != nil {
+			return fmt.Errorf("delete slot %d: %w", s, err)
+		}
+		r.deleteSlot(v, s)
+	}
+	return nil
+}
+
+// removeFrontend deletes a frontend nobody wants: master first, then its
+// slots. Its rev_nat entry goes at the end of Apply.
+func (r *Reconciler) removeFrontend(fe model.L4Addr) error {
+	v := r.frontends[fe]
+	var named []model.L4Addr
+	if v.hasMaster {
+		for s := uint32(1); s <= v.master.Count; s++ {
+			if id, ok := v.slots[s]; ok && r.isReal(id) {
+				named = append(named, r.backends[id])
+			}
+		}
+		r.writes++
+		if err := r.dp.DeleteSlot(fe, 0); err != nil {
+			return fmt.Errorf("delete master: %w", err)
+		}
+		v.hasMaster = false
+		r.entries--
+		r.masterRef[v.master.ID]--
+		r.maybeReleaseService(v.master.ID, fe)
+		for _, a := range named {
+			if a.Proto == model.UDP {
+				r.pendingFlush[a] = true
+			}
+		}
+	}
+	for _, s := range sortedKeys(v.slots) {
+		r.writes++
+		if err := r.dp.DeleteSlot(fe, s); err != nil {
+			return fmt.Errorf("delete slot %d: %w", s, err)
+		}
+		r.deleteSlot(v, s)
+	}
+	delete(r.frontends, fe)
+	return nil
+}
+
+// releaseReservations drops the ids chosen for frontends and backend
+// addresses that neither the maps hold nor the desired state wants.
+func (r *Reconciler) releaseReservations(desired map[model.L4Addr]*desiredFrontend, want map[model.L4Addr]bool) {
+	for fe, id := range r.serviceOf {
+		if _, ok := desired[fe]; ok {
+			continue
+		}
+		if _, ok := r.frontends[fe]; ok {
+			continue
+		}
+		if cur, ok := r.revNat[id]; ok && cur == fe {
+			continue
+		}
+		delete(r.serviceOf, fe)
+		r.maybeReleaseService(id, fe)
+	}
+	for a, id := range r.backendOf {
+		if _, ok := r.backends[id]; ok || want[a] || r.slotRefs[id] > 0 {
+			continue
+		}
+		delete(r.backendOf, a)
+		r.maybeReleaseBackend(id, a)
+	}
+}
+
+// deleteUnusedBackends deletes backend entries no slot names, unless the
+// desired state wants their address under that id.
+func (r *Reconciler) deleteUnusedBackends(want map[model.L4Addr]bool) error {
+	var errs []error
+	for _, id := range sortedKeys(r.backends) {
+		a := r.backends[id]
+		if r.slotRefs[id] > 0 || (want[a] && r.backendOf[a] == id) {
+			continue
+		}
+		r.writes++
+		if err := r.dp.DeleteBackend(id); err != nil {
+			errs = append(errs, fmt.Errorf("delete backend %d (%s): %w", id, a, err))
+			continue
+		}
+		delete(r.backends, id)
+		if r.backendOf[a] == id {
+			delete(r.backendOf, a)
+		}
+		r.maybeReleaseBackend(id, a)
+	}
+	return errors.Join(errs...)
+}
+
+func (r *Reconciler) setSlot(v *frontendView, s uint32, id BackendID) {
+	if old, ok := v.slots[s]; ok {
+		r.unref(old)
+	} else {
+		r.entries++
+	}
+	v.slots[s] = id
+	r.slotRefs[id]++
+}
+
+func (r *Reconciler) deleteSlot(v *frontendView, s uint32) {
+	old, ok := v.slots[s]
+	if !ok {
+		return
+	}
+	delete(v.slots, s)
+	r.entries--
+	r.unref(old)
+}
+
+func (r *Reconciler) unref(id BackendID) {
+	if r.slotRefs[id]--; r.slotRefs[id] <= 0 {
+		delete(r.slotRefs, id)
+		if _, real := r.backends[id]; !real {
+			// A stray slot named an id the backend map does not hold.
+			r.beIDs.release(uint32(id))
+		}
+	}
+}
+
+// maybeReleaseService frees a service id once nothing holds or reserves it.
+func (r *Reconciler) maybeReleaseService(id ServiceID, fe model.L4Addr) {
+	if _, ok := r.revNat[id]; ok || r.masterRef[id] > 0 {
+		return
+	}
+	delete(r.masterRef, id)
+	if r.serviceOf[fe] == id {
+		return
+	}
+	r.svcIDs.release(uint32(id))
+}
+
+// maybeReleaseBackend frees a backend id once nothing holds or reserves it.
+func (r *Reconciler) maybeReleaseBackend(id BackendID, a model.L4Addr) {
+	if _, ok := r.backends[id]; ok || r.slotRefs[id] > 0 || r.backendOf[a] == id {
+		return
+	}
+	r.beIDs.release(uint32(id))
+}
+
+func joinStrings(s []string) string {
+	out := ""
+	for i, x := range s {
+		if i > 0 {
+			out += "; "
+		}
+		out += x
+	}
+	return out
+}
+
+func cmpL4(a, b model.L4Addr) int {
+	if a.Less(b) {
+		return -1
+	}
+	if b.Less(a) {
+		return 1
+	}
+	return 0
+}
+
+func sortedKeys[K interface {
+	comparable
+}, V any](m map[K]V) []K {
+	keys := make([]K, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b K) int { return compareKeys(a, b) })
+	return keys
+}
+
+func compareKeys[K comparable](a, b K) int {
+	switch x := any(a).(type) {
+	case model.L4Addr:
+		return cmpL4(x, any(b).(model.L4Addr))
+	case uint32:
+		return cmp.Compare(x, any(b).(uint32))
+	case ServiceID:
+		return cmp.Compare(x, any(b).(ServiceID))
+	case BackendID:
+		return cmp.Compare(x, any(b).(BackendID))
+	}
+	panic(fmt.Sprintf("sortedKeys: unsupported key type %T", a))
+}

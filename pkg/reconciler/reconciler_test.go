@@ -1,0 +1,514 @@
+package reconciler_test
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
+)
+
+// vip returns frontend i: 10.96.x.y:80/TCP.
+func vip(i int) model.L4Addr {
+	return model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Port: 80, Proto: model.TCP}
+}
+
+// be returns backend j of service i: 10.(i>>8).(i).j:8080/TCP.
+func be(i, j int, proto model.Protocol) model.Backend {
+	return model.Backend{L4Addr: model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, byte(1 + i>>8), byte(i), byte(j)}), Port: 8080, Proto: proto}}
+}
+
+func svc(fe model.L4Addr, name string, bs ...model.Backend) *model.Service {
+	return &model.Service{
+		Name:     model.ServicePortName{Namespace: "default", Name: name},
+		Frontend: fe, Backends: model.SortBackends(slices.Clone(bs)),
+	}
+}
+
+func state(svcs ...*model.Service) *model.State {
+	st := model.NewState()
+	for _, s := range svcs {
+		st.Services[s.Frontend] = s
+	}
+	return st
+}
+
+// bigState is n services with k backends each.
+func bigState(n, k int) *model.State {
+	st := model.NewState()
+	for i := range n {
+		var bs []model.Backend
+		for j := range k {
+			bs = append(bs, be(i, j+1, model.TCP))
+		}
+		st.Services[vip(i)] = svc(vip(i), fmt.Sprintf("svc-%d", i), bs...)
+	}
+	return st
+}
+
+func newFake(t testing.TB) *fakedp.Fake {
+	f := fakedp.New(1<<16, 1<<20, 1<<20)
+	t.Cleanup(func() {
+		for _, v := range f.Violations() {
+			t.Errorf("invariant violated: %s", v)
+		}
+		for _, v := range f.Check() {
+			t.Errorf("final state: %s", v)
+		}
+	})
+	return f
+}
+
+func mustApply(t testing.TB, r *reconciler.Reconciler, st *model.State) {
+	t.Helper()
+	if err := r.Apply(st); err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	if !r.InSync() {
+		t.Fatal("not in sync after a successful Apply")
+	}
+}
+
+// programmed reads back what the fake holds as frontend -> sorted backends.
+func programmed(t testing.TB, f *fakedp.Fake) map[model.L4Addr][]model.L4Addr {
+	t.Helper()
+	ks, _ := f.Dump()
+	out := map[model.L4Addr][]model.L4Addr{}
+	for fe, m := range ks.Masters {
+		bs := []model.L4Addr{}
+		for s := uint32(1); s <= m.Count; s++ {
+			bs = append(bs, ks.Backends[ks.Slots[fe][s]])
+		}
+		slices.SortFunc(bs, func(a, b model.L4Addr) int {
+			if a.Less(b) {
+				return -1
+			}
+			if b.Less(a) {
+				return 1
+			}
+			return 0
+		})
+		out[fe] = bs
+		if len(ks.Slots[fe]) != int(m.Count) {
+			t.Errorf("%s: %d slots for count %d", fe, len(ks.Slots[fe]), m.Count)
+		}
+	}
+	return out
+}
+
+func checkProgrammed(t testing.TB, f *fakedp.Fake, st *model.State) {
+	t.Helper()
+	got := programmed(t, f)
+	if len(got) != len(st.Services) {
+		t.Errorf("%d frontends programmed, want %d", len(got), len(st.Services))
+	}
+	for fe, s := range st.Services {
+		var want []model.L4Addr
+		for _, b := range s.Backends {
+			want = append(want, b.L4Addr)
+		}
+		if !slices.Equal(got[fe], want) && !(len(got[fe]) == 0 && len(want) == 0) {
+			t.Errorf("%s: programmed %v, want %v", fe, got[fe], want)
+		}
+	}
+	ks, _ := f.Dump()
+	// No unreferenced backends or rev_nat entries are left behind.
+	named := map[reconciler.BackendID]bool{}
+	for _, s := range ks.Slots {
+		for _, id := range s {
+			named[id] = true
+		}
+	}
+	for id := range ks.Backends {
+		if !named[id] {
+			t.Errorf("backend %d (%s) left behind", id, ks.Backends[id])
+		}
+	}
+	ids := map[reconciler.ServiceID]bool{}
+	for _, m := range ks.Masters {
+		ids[m.ID] = true
+	}
+	for id := range ks.RevNat {
+		if !ids[id] {
+			t.Errorf("rev_nat %d left behind", id)
+		}
+	}
+}
+
+func TestLifecycle(t *testing.T) {
+	f := newFake(t)
+	f.Record = true
+	r := reconciler.New(f, nil)
+	a, b := vip(1), vip(2)
+
+	steps := []struct {
+		name string
+		st   *model.State
+	}{
+		{"add", state(svc(a, "a", be(1, 1, model.TCP), be(1, 2, model.TCP)), svc(b, "b", be(2, 1, model.TCP)))},
+		{"grow", state(svc(a, "a", be(1, 1, model.TCP), be(1, 2, model.TCP), be(1, 3, model.TCP)), svc(b, "b", be(2, 1, model.TCP)))},
+		{"shrink", state(svc(a, "a", be(1, 3, model.TCP)), svc(b, "b", be(2, 1, model.TCP)))},
+		{"share backend", state(svc(a, "a", be(1, 3, model.TCP)), svc(b, "b", be(2, 1, model.TCP), be(1, 3, model.TCP)))},
+		{"empty", state(svc(a, "a"), svc(b, "b", be(1, 3, model.TCP)))},
+		{"remove", state(svc(b, "b", be(1, 3, model.TCP)))},
+		{"remove all", state()},
+	}
+	for _, s := range steps {
+		mustApply(t, r, s.st)
+		checkProgrammed(t, f, s.st)
+		if t.Failed() {
+			t.Fatalf("after step %q:\n%s", s.name, f)
+		}
+		// Applying again writes nothing.
+		f.ResetCounts()
+		mustApply(t, r, s.st)
+		if n := f.Writes(); n != 0 {
+			t.Fatalf("step %q: re-apply wrote %d entries: %v", s.name, n, f.Ops)
+		}
+	}
+	if s := f.String(); s != "services:\nbackends:\nrev_nat:\n" {
+		t.Errorf("not empty at the end:\n%s", s)
+	}
+}
+
+func TestEmptiedServiceKeepsMaster(t *testing.T) {
+	f := newFake(t)
+	r := reconciler.New(f, nil)
+	a := vip(1)
+	mustApply(t, r, state(svc(a, "a", be(1, 1, model.TCP))))
+	mustApply(t, r, state(svc(a, "a")))
+	ks, _ := f.Dump()
+	m, ok := ks.Masters[a]
+	if !ok || m.Count != 0 {
+		t.Fatalf("master = %+v, %v; want count 0", m, ok)
+	}
+	if _, ok := ks.RevNat[m.ID]; !ok {
+		t.Fatal("rev_nat of emptied service deleted")
+	}
+	if len(ks.Backends) != 0 || len(ks.Slots[a]) != 0 {
+		t.Fatalf("leftovers:\n%s", f)
+	}
+}
+
+func TestOrder(t *testing.T) {
+	f := newFake(t)
+	f.Record = true
+	r := reconciler.New(f, nil)
+	a := vip(1)
+	mustApply(t, r, state(svc(a, "a", be(1, 1, model.TCP), be(1, 2, model.TCP))))
+	got := opsString(f.Ops)
+	want := `UpsertBackend 1 10.1.1.1:8080/TCP
+UpsertBackend 2 10.1.1.2:8080/TCP
+UpsertRevNat 1 10.96.0.1:80/TCP
+UpsertSlot 10.96.0.1:80/TCP[1]=1
+UpsertSlot 10.96.0.1:80/TCP[2]=2
+UpsertMaster 10.96.0.1:80/TCP id=1 count=2 flags=0x0
+`
+	if got != want {
+		t.Errorf("add ops:\n%s\nwant:\n%s", got, want)
+	}
+
+	// Replace backend 1 by 3 and drop 2: new backend, slot, master, extra
+	// slot, then the backends nobody names.
+	f.ResetCounts()
+	mustApply(t, r, state(svc(a, "a", be(1, 3, model.TCP))))
+	got = opsString(f.Ops)
+	want = `UpsertBackend 3 10.1.1.3:8080/TCP
+UpsertSlot 10.96.0.1:80/TCP[1]=3
+UpsertMaster 10.96.0.1:80/TCP id=1 count=1 flags=0x0
+DeleteSlot 10.96.0.1:80/TCP[2]
+DeleteBackend 1
+DeleteBackend 2
+`
+	if got != want {
+		t.Errorf("change ops:\n%s\nwant:\n%s", got, want)
+	}
+
+	// Remove: master, slots, then backends and rev_nat.
+	f.ResetCounts()
+	mustApply(t, r, state())
+	got = opsString(f.Ops)
+	want = `DeleteSlot 10.96.0.1:80/TCP[0]
+DeleteSlot 10.96.0.1:80/TCP[1]
+DeleteBackend 3
+DeleteRevNat 1
+`
+	if got != want {
+		t.Errorf("remove ops:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func opsString(ops []fakedp.Op) string {
+	var sb strings.Builder
+	for _, o := range ops {
+		sb.WriteString(o.String() + "\n")
+	}
+	return sb.String()
+}
+
+func TestSlotsReusedInPlace(t *testing.T) {
+	f := newFake(t)
+	f.Record = true
+	r := reconciler.New(f, nil)
+	a := vip(1)
+	var bs []model.Backend
+	for j := 1; j <= 10; j++ {
+		bs = append(bs, be(1, j, model.TCP))
+	}
+	mustApply(t, r, state(svc(a, "a", bs...)))
+	// Drop backend 3: backend 10 moves from slot 10 into slot 3.
+	f.ResetCounts()
+	mustApply(t, r, state(svc(a, "a", slices.Delete(slices.Clone(bs), 2, 3)...)))
+	want := `UpsertSlot 10.96.0.1:80/TCP[3]=10
+UpsertMaster 10.96.0.1:80/TCP id=1 count=9 flags=0x0
+DeleteSlot 10.96.0.1:80/TCP[10]
+DeleteBackend 3
+`
+	if got := opsString(f.Ops); got != want {
+		t.Errorf("ops:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func TestMinimalWritesAtScale(t *testing.T) {
+	if testing.Short() {
+		t.Skip("10,000 services")
+	}
+	f := newFake(t)
+	r := reconciler.New(f, nil)
+	st := bigState(10000, 10)
+	mustApply(t, r, st)
+	if sv, bk, en := f.Sizes(); sv != 10000 || bk != 100000 || en != 110000 {
+		t.Fatalf("sizes %d %d %d", sv, bk, en)
+	}
+
+	// One more service: its 3 backends, rev_nat, 3 slots, master.
+	f.ResetCounts()
+	extra := vip(20000)
+	st.Services[extra] = svc(extra, "extra", be(20000, 1, model.TCP), be(20000, 2, model.TCP), be(20000, 3, model.TCP))
+	mustApply(t, r, st)
+	if n := f.Writes(); n != 8 {
+		t.Errorf("adding one service wrote %d entries, want 8", n)
+	}
+
+	// One endpoint of one service replaced: backend, slot, delete backend.
+	f.ResetCounts()
+	s := st.Services[vip(42)]
+	s.Backends = model.SortBackends(append(slices.Clone(s.Backends[1:]), be(42, 99, model.TCP)))
+	mustApply(t, r, st)
+	if n := f.Writes(); n != 3 {
+		t.Errorf("replacing one endpoint wrote %d entries, want 3", n)
+	}
+	checkProgrammed(t, f, st)
+}
+
+func TestRestartRestore(t *testing.T) {
+	f := newFake(t)
+	r := reconciler.New(f, nil)
+	st := bigState(50, 3)
+	// Share a backend across two services, and leave some id holes.
+	st.Services[vip(1)].Backends = model.SortBackends(append(slices.Clone(st.Services[vip(1)].Backends), be(2, 1, model.TCP)))
+	mustApply(t, r, st)
+	delete(st.Services, vip(10))
+	mustApply(t, r, st)
+	before := f.String()
+
+	f.ResetCounts()
+	r2 := reconciler.New(f, nil)
+	if err := r2.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	mustApply(t, r2, st)
+	if n := f.Writes(); n != 0 {
+		t.Fatalf("apply after restore wrote %d entries", n)
+	}
+	if after := f.String(); after != before {
+		t.Fatalf("state changed across restart:\n%s\nvs\n%s", before, after)
+	}
+	// New ids fill the holes and never collide with restored ones.
+	st.Services[vip(10)] = svc(vip(10), "again", be(10, 1, model.TCP))
+	mustApply(t, r2, st)
+	checkProgrammed(t, f, st)
+	ks, _ := f.Dump()
+	if id := ks.Masters[vip(10)].ID; id != 11 {
+		t.Errorf("re-added service got id %d, want the freed 11", id)
+	}
+}
+
+func TestRestoreRemovesStrays(t *testing.T) {
+	f := newFake(t)
+	a, b := vip(1), vip(2)
+	ba, bb := be(1, 1, model.TCP).L4Addr, be(2, 1, model.TCP).L4Addr
+	f.Seed(&reconciler.KernelState{
+		Masters: map[model.L4Addr]reconciler.Master{
+			a: {ID: 7, Count: 1},
+			b: {ID: 8, Count: 2}, // stray: not wanted
+		},
+		Slots: map[model.L4Addr]map[uint32]reconciler.BackendID{
+			a:      {1: 3, 5: 4}, // slot 5 above the count: stray
+			b:      {1: 4, 2: 3},
+			vip(3): {1: 3}, // slots without a master
+		},
+		Backends: map[reconciler.BackendID]model.L4Addr{3: ba, 4: bb, 9: bb},
+		RevNat:   map[reconciler.ServiceID]model.L4Addr{7: a, 8: b, 12: vip(4)},
+	})
+	r := reconciler.New(f, nil)
+	if err := r.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	st := state(svc(a, "a", be(1, 1, model.TCP)))
+	mustApply(t, r, st)
+	want := `services:
+  10.96.0.1:80/TCP [0] id=7 count=1 flags=0x0
+  10.96.0.1:80/TCP [1] backend=3 10.1.1.1:8080/TCP
+backends:
+  3 10.1.1.1:8080/TCP
+rev_nat:
+  7 10.96.0.1:80/TCP
+`
+	if got := f.String(); got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+}
+
+func TestCapacity(t *testing.T) {
+	f := fakedp.New(3, 4, 8)
+	r := reconciler.New(f, nil)
+	a, b, c := vip(1), vip(2), vip(3)
+	st := state(svc(a, "a", be(1, 1, model.TCP), be(1, 2, model.TCP)), svc(b, "b", be(2, 1, model.TCP)))
+	mustApply(t, r, st)
+	before := f.String()
+
+	// c needs 3 backends; only 1 is free.
+	st2 := state(st.Services[a], st.Services[b], svc(c, "c", be(3, 1, model.TCP), be(3, 2, model.TCP), be(3, 3, model.TCP)))
+	err := r.Apply(st2)
+	if !errors.Is(err, reconciler.ErrCapacity) || !strings.Contains(err.Error(), "default/c") {
+		t.Fatalf("err = %v, want a capacity error naming default/c", err)
+	}
+	if r.InSync() {
+		t.Error("InSync after a failed Apply")
+	}
+	if got := f.String(); got != before {
+		t.Errorf("a service that did not fit disturbed the others:\n%s", got)
+	}
+
+	// Growing b past the backends capacity keeps b's old programming.
+	st3 := state(st.Services[a], svc(b, "b", be(2, 1, model.TCP), be(1, 1, model.TCP), be(1, 2, model.TCP), be(2, 2, model.TCP), be(2, 3, model.TCP)))
+	err = r.Apply(st3)
+	if !errors.Is(err, reconciler.ErrCapacity) || !strings.Contains(err.Error(), "default/b") {
+		t.Fatalf("err = %v, want a capacity error naming default/b", err)
+	}
+	if got := f.String(); got != before {
+		t.Errorf("b's programming changed:\n%s", got)
+	}
+
+	// Removing a frees room for c.
+	st4 := state(st.Services[b], svc(c, "c", be(3, 1, model.TCP), be(3, 2, model.TCP), be(3, 3, model.TCP)))
+	mustApply(t, r, st4)
+	checkProgrammed(t, f, st4)
+	if v := f.Violations(); len(v) > 0 {
+		t.Fatal(v)
+	}
+	stats := r.Stats()
+	if stats.Services != 2 || stats.Backends != 4 || stats.ServiceEntries != 6 || stats.MaxBackends != 4 {
+		t.Errorf("stats = %+v", stats)
+	}
+}
+
+func TestWriteFailureAndRecovery(t *testing.T) {
+	for _, kind := range []fakedp.OpKind{fakedp.OpUpsertBackend, fakedp.OpUpsertRevNat, fakedp.OpUpsertSlot, fakedp.OpUpsertMaster, fakedp.OpDeleteSlot, fakedp.OpDeleteBackend, fakedp.OpDeleteRevNat} {
+		for nth := 1; nth <= 3; nth++ {
+			t.Run(fmt.Sprintf("%s#%d", kind, nth), func(t *testing.T) {
+				f := newFake(t)
+				r := reconciler.New(f, nil)
+				st1 := bigState(4, 3)
+				mustApply(t, r, st1)
+				// Target: service 1 changes, service 2 goes, service 9 comes.
+				st2 := bigState(4, 3)
+				st2.Services[vip(1)].Backends = []model.Backend{be(1, 7, model.TCP), be(1, 8, model.TCP)}
+				delete(st2.Services, vip(2))
+				st2.Services[vip(9)] = svc(vip(9), "svc-9", be(9, 1, model.TCP), be(1, 8, model.TCP))
+
+				seen := 0
+				f.Fail = func(op fakedp.Op) error {
+					if op.Kind == kind {
+						if seen++; seen == nth {
+							return errors.New("injected")
+						}
+					}
+					return nil
+				}
+				err := r.Apply(st2)
+				if seen < nth {
+					if err != nil {
+						t.Fatalf("no failure injected, yet: %v", err)
+					}
+					return
+				}
+				if err == nil || !strings.Contains(err.Error(), "injected") {
+					t.Fatalf("err = %v", err)
+				}
+				if r.InSync() {
+					t.Error("InSync after a failed write")
+				}
+				f.Fail = nil
+				mustApply(t, r, st2)
+				checkProgrammed(t, f, st2)
+				// And the view is truthful: a fresh reconciler agrees.
+				f.ResetCounts()
+				r2 := reconciler.New(f, nil)
+				if err := r2.Restore(); err != nil {
+					t.Fatal(err)
+				}
+				mustApply(t, r2, st2)
+				if n := f.Writes(); n != 0 {
+					t.Errorf("restored reconciler wrote %d entries", n)
+				}
+			})
+		}
+	}
+}
+
+func TestUDPFlush(t *testing.T) {
+	f := newFake(t)
+	r := reconciler.New(f, nil)
+	u := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: model.UDP}
+	b1, b2, b3 := be(5, 1, model.UDP), be(5, 2, model.UDP), be(5, 3, model.UDP)
+	mustApply(t, r, state(svc(u, "dns", b1, b2, b3)))
+	if fl := f.Flushed(); len(fl) != 0 {
+		t.Fatalf("flushed %v on add", fl)
+	}
+	mustApply(t, r, state(svc(u, "dns", b1, b3)))
+	if fl := f.Flushed(); !slices.Equal(fl, []model.L4Addr{b2.L4Addr}) {
+		t.Fatalf("flushed %v, want %v", fl, b2.L4Addr)
+	}
+	// A failed flush is retried by the next Apply.
+	f.ResetCounts()
+	f.Fail = func(op fakedp.Op) error {
+		if op.Kind == fakedp.OpFlushConntrack {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	if err := r.Apply(state()); err == nil {
+		t.Fatal("flush error not reported")
+	}
+	f.Fail = nil
+	mustApply(t, r, state())
+	fl := f.Flushed()
+	slices.SortFunc(fl, func(a, b model.L4Addr) int { return a.Addr.Compare(b.Addr) })
+	if !slices.Equal(fl, []model.L4Addr{b1.L4Addr, b3.L4Addr}) {
+		t.Fatalf("flushed %v after removal", fl)
+	}
+	// TCP backends are never flushed.
+	f.ResetCounts()
+	mustApply(t, r, state(svc(vip(1), "t", be(1, 1, model.TCP))))
+	mustApply(t, r, state())
+	if fl := f.Flushed(); len(fl) != 0 {
+		t.Fatalf("flushed TCP %v", fl)
+	}
+}
