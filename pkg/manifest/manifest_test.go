@@ -1,0 +1,227 @@
+package manifest
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sluice-lb/sluice/pkg/k8s"
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// render prints a state compactly, one frontend a line, sorted.
+func render(st *model.State) string {
+	var lines []string
+	for fe, s := range st.Services {
+		l := fmt.Sprintf("%s %s ->", fe, s.Name)
+		for _, b := range s.Backends {
+			l += " " + b.L4Addr.String()
+		}
+		lines = append(lines, l)
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+const svcA = `apiVersion: v1
+kind: Service
+metadata: {name: a, namespace: ns}
+spec:
+  clusterIP: 10.96.0.1
+  ports: [{name: http, port: 80, protocol: TCP}]
+`
+
+const sliceA = `apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: a-1
+  namespace: ns
+  labels: {kubernetes.io/service-name: a}
+addressType: IPv4
+endpoints:
+- addresses: [10.0.0.1]
+ports: [{name: http, port: 8080, protocol: TCP}]
+`
+
+func TestLoadTestdata(t *testing.T) {
+	res, err := Load("testdata/cluster", k8s.Options{NodeName: "node-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Errors) != 0 {
+		t.Fatalf("errors: %v", res.Errors)
+	}
+	want := `10.96.0.10:53/TCP kube-system/kube-dns:dns-tcp -> 10.244.0.3:53/TCP 10.244.0.4:53/TCP
+10.96.0.10:53/UDP kube-system/kube-dns:dns -> 10.244.0.3:53/UDP 10.244.0.4:53/UDP
+10.96.12.34:80/TCP shop/web:http -> 10.244.1.5:8080/TCP 10.244.2.7:8080/TCP 10.244.3.2:8080/TCP
+10.96.12.34:9090/TCP shop/web:metrics -> 10.244.1.5:9090/TCP 10.244.2.7:9090/TCP 10.244.3.2:9090/TCP
+10.96.77.7:443/TCP default/legacy -> 192.168.10.20:8443/TCP 192.168.10.21:8443/TCP
+10.96.77.8:50051/TCP default/draining:grpc -> 10.244.5.1:50051/TCP
+10.96.77.9:80/UDP default/empty ->`
+	if got := render(res.State); got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+	if res.Services != 8 || res.Slices != 5 {
+		t.Errorf("counted %d services, %d slices", res.Services, res.Slices)
+	}
+	if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "01-services.yaml: document 6: ignoring apps/v1 Deployment") {
+		t.Errorf("warnings: %q", res.Warnings)
+	}
+	if len(res.Skipped) != 3 {
+		t.Errorf("skipped: %q", res.Skipped)
+	}
+}
+
+func TestLoadBadInput(t *testing.T) {
+	tests := []struct {
+		name    string
+		content string
+		want    string // substring of the only error
+	}{
+		{"invalid IP", strings.Replace(sliceA, "10.0.0.1", "10.0.0.999", 1),
+			`f.yaml: document 1: EndpointSlice ns/a-1: endpointslice "ns/a-1": endpoints[0]: invalid IPv4 address "10.0.0.999"`},
+		{"port out of range", strings.Replace(svcA, "port: 80", "port: 70000", 1),
+			`f.yaml: document 1: Service ns/a: service "ns/a": port "http": port 70000 out of range`},
+		{"unknown protocol", strings.Replace(svcA, "protocol: TCP", "protocol: ICMP", 1),
+			`service "ns/a": port "http": unknown protocol "ICMP"`},
+		{"SCTP", strings.Replace(svcA, "protocol: TCP", "protocol: SCTP", 1),
+			`service "ns/a": port "http": protocol SCTP is not supported`},
+		{"malformed YAML", svcA + "---\nkind: [unclosed\n", `f.yaml: document 2: malformed YAML`},
+		{"wrong type", strings.Replace(svcA, "port: 80", "port: eighty", 1), `f.yaml: document 1: Service ns/a: json: cannot unmarshal`},
+		{"duplicate", svcA + "---\n" + svcA, `f.yaml: document 2: Service ns/a: already defined in`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeFile(t, dir, "f.yaml", tc.content)
+			res, err := Load(dir, k8s.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Errors) != 1 || !strings.Contains(res.Errors[0].Error(), tc.want) {
+				t.Fatalf("errors = %v, want one containing %q", res.Errors, tc.want)
+			}
+		})
+	}
+}
+
+func TestLastGoodRetention(t *testing.T) {
+	dir := t.TempDir()
+	p := writeFile(t, dir, "a.yaml", svcA+"---\n"+sliceA)
+	writeFile(t, dir, "b.yaml", strings.NewReplacer("name: a,", "name: b,", "10.96.0.1", "10.96.0.2").Replace(svcA))
+	l := newLoader(k8s.Options{})
+	load := func() *Result {
+		t.Helper()
+		res, err := l.load(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	good := `10.96.0.1:80/TCP ns/a:http -> 10.0.0.1:8080/TCP
+10.96.0.2:80/TCP ns/b:http ->`
+	if got := render(load().State); got != good {
+		t.Fatalf("got\n%s", got)
+	}
+
+	// A bad version of the slice keeps the last good one; the Service in
+	// the same file still changes.
+	writeFile(t, dir, "a.yaml", strings.Replace(svcA, "port: 80", "port: 81", 1)+"---\n"+strings.Replace(sliceA, "10.0.0.1", "bogus", 1))
+	res := load()
+	if len(res.Errors) != 1 || !strings.Contains(res.Errors[0].Error(), "keeping the last good version") {
+		t.Fatalf("errors: %v", res.Errors)
+	}
+	want := `10.96.0.1:81/TCP ns/a:http -> 10.0.0.1:8080/TCP
+10.96.0.2:80/TCP ns/b:http ->`
+	if got := render(res.State); got != want {
+		t.Fatalf("bad slice: got\n%s\nwant\n%s", got, want)
+	}
+
+	// A document that cannot be parsed keeps everything the file had.
+	writeFile(t, dir, "a.yaml", "kind: Service\n  bad: [indent\n")
+	res = load()
+	if len(res.Errors) != 1 || !strings.Contains(res.Errors[0].Error(), "a.yaml: document 1: malformed YAML") {
+		t.Fatalf("errors: %v", res.Errors)
+	}
+	if got := render(res.State); got != want {
+		t.Fatalf("malformed file: got\n%s\nwant\n%s", got, want)
+	}
+
+	// Fixed: the new content applies.
+	writeFile(t, dir, "a.yaml", svcA)
+	res = load()
+	if len(res.Errors) != 0 {
+		t.Fatal(res.Errors)
+	}
+	if got := render(res.State); got != "10.96.0.1:80/TCP ns/a:http ->\n10.96.0.2:80/TCP ns/b:http ->" {
+		t.Fatalf("fixed: got\n%s", got)
+	}
+
+	// A new object that is bad from the start is left out.
+	writeFile(t, dir, "c.yaml", strings.NewReplacer("name: a,", "name: c,", "10.96.0.1", "10.96.0.300").Replace(svcA))
+	res = load()
+	if len(res.Errors) != 1 || strings.Contains(res.Errors[0].Error(), "keeping") {
+		t.Fatalf("errors: %v", res.Errors)
+	}
+	if len(res.State.Services) != 2 {
+		t.Fatalf("got\n%s", render(res.State))
+	}
+
+	// Removing a file removes its objects: that is not an error.
+	os.Remove(p)
+	os.Remove(filepath.Join(dir, "c.yaml"))
+	res = load()
+	if len(res.Errors) != 0 || render(res.State) != "10.96.0.2:80/TCP ns/b:http ->" {
+		t.Fatalf("after removal: %v\n%s", res.Errors, render(res.State))
+	}
+}
+
+func TestLoadSingleFileAndJSONList(t *testing.T) {
+	dir := t.TempDir()
+	p := writeFile(t, dir, "all.json", `{"apiVersion":"v1","kind":"List","items":[
+ {"apiVersion":"v1","kind":"Service","metadata":{"name":"a","namespace":"ns"},
+  "spec":{"clusterIP":"10.96.0.1","ports":[{"name":"http","port":80,"targetPort":8080}]}},
+ {"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{"name":"a-1","namespace":"ns","labels":{"kubernetes.io/service-name":"a"}},
+  "addressType":"IPv4","endpoints":[{"addresses":["10.0.0.1"]},{"addresses":["10.0.0.2"],"conditions":{"ready":false}}],
+  "ports":[{"name":"http","port":8080}]},
+ {"apiVersion":"discovery.k8s.io/v1beta1","kind":"EndpointSlice","metadata":{"name":"old"}}
+]}`)
+	writeFile(t, dir, "ignored.txt", "not a manifest")
+	for _, path := range []string{p, dir} {
+		res, err := Load(path, k8s.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Errors) != 0 {
+			t.Fatal(res.Errors)
+		}
+		if got := render(res.State); got != "10.96.0.1:80/TCP ns/a:http -> 10.0.0.1:8080/TCP" {
+			t.Errorf("%s: got %s", path, got)
+		}
+		if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "items[2]: ignoring discovery.k8s.io/v1beta1 EndpointSlice") {
+			t.Errorf("warnings %q", res.Warnings)
+		}
+	}
+	if _, err := Load(filepath.Join(dir, "missing"), k8s.Options{}); err == nil {
+		t.Error("missing path: no error")
+	}
+}
+
+func TestSplitDocuments(t *testing.T) {
+	docs := splitDocuments("x.yaml", []byte("---\na: 1\n--- \nb: 2\n---\n# only a comment\n"))
+	if len(docs) != 4 || string(docs[1]) != "a: 1\n" || string(docs[2]) != "b: 2\n" || !isBlank(docs[3]) || !isBlank(docs[0]) {
+		t.Errorf("docs = %q", docs)
+	}
+}

@@ -1,0 +1,142 @@
+package manifest
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/sluice-lb/sluice/pkg/k8s"
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// DefaultDebounce is how long Source waits after a file event for more
+// before reloading: editors and `kubectl get -o yaml >` write in bursts.
+const DefaultDebounce = 100 * time.Millisecond
+
+// Source watches manifest files and hands the complete desired state to
+// apply at start and after every change.
+type Source struct {
+	path     string
+	opts     k8s.Options
+	log      *slog.Logger
+	loader   *loader
+	debounce time.Duration
+
+	logged map[string]bool // errors and warnings logged, not repeated while they persist
+}
+
+// NewSource returns a Source for path, a file or a directory.
+func NewSource(path string, opts k8s.Options, log *slog.Logger) *Source {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Source{path: path, opts: opts, log: log, loader: newLoader(opts), debounce: DefaultDebounce}
+}
+
+// Run loads the manifests, calls apply with the desired state, and does so
+// again after every change of the files, until ctx is done. It watches the
+// directory (or, for a single file, its parent directory, so that an
+// editor's write-to-temporary-then-rename is seen). It returns an error
+// only if the path cannot be read or watched at start.
+func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
+	fi, err := os.Stat(s.path)
+	if err != nil {
+		return fmt.Errorf("manifest source: %w", err)
+	}
+	dir, file := s.path, ""
+	if !fi.IsDir() {
+		dir, file = filepath.Dir(s.path), filepath.Base(s.path)
+	}
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("manifest source: watch: %w", err)
+	}
+	defer w.Close()
+	if err := w.Add(dir); err != nil {
+		return fmt.Errorf("manifest source: watch %s: %w", dir, err)
+	}
+
+	if err := s.reload(apply); err != nil {
+		return err
+	}
+
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return nil
+			}
+			name := filepath.Base(ev.Name)
+			if file != "" && name != file {
+				continue
+			}
+			if file == "" && !isManifest(name) {
+				continue
+			}
+			if ev.Op == fsnotify.Chmod {
+				continue
+			}
+			timer.Reset(s.debounce)
+		case err, ok := <-w.Errors:
+			if !ok {
+				return nil
+			}
+			// An overflow loses events: reload to be sure.
+			s.log.Warn("Manifest watch error; reloading", "path", s.path, "error", err)
+			timer.Reset(s.debounce)
+		case <-timer.C:
+			if err := s.reload(apply); err != nil {
+				// The path went away: keep the last state programmed
+				// and wait for it to come back.
+				s.log.Error("Reload manifests", "path", s.path, "error", err)
+			}
+		}
+	}
+}
+
+// reload loads the manifests and calls apply. Errors and warnings are
+// logged when they first appear, not again while they persist.
+func (s *Source) reload(apply func(*model.State)) error {
+	res, err := s.loader.load(s.path)
+	if err != nil {
+		return fmt.Errorf("manifest source: %w", err)
+	}
+	seen := map[string]bool{}
+	for _, e := range errorStrings(res.Errors) {
+		seen[e] = true
+		if !s.logged[e] {
+			s.log.Warn("Bad manifest", "error", e)
+		}
+	}
+	for _, w := range res.Warnings {
+		seen[w] = true
+		if !s.logged[w] {
+			s.log.Warn("Manifest object ignored", "reason", w)
+		}
+	}
+	for _, w := range res.Skipped {
+		seen[w] = true
+		if !s.logged[w] {
+			s.log.Info("Service not served", "reason", w)
+		}
+	}
+	for e := range s.logged {
+		if !seen[e] {
+			s.log.Debug("Manifest message no longer applies", "message", e)
+		}
+	}
+	s.logged = seen
+	s.log.Info("Loaded manifests", "path", s.path, "services", res.Services, "endpointslices", res.Slices,
+		"frontends", len(res.State.Services), "errors", len(res.Errors), "ignored", len(res.Warnings), "skipped", len(res.Skipped))
+	apply(res.State)
+	return nil
+}
