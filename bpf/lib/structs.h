@@ -100,4 +100,45 @@ struct sock_rev_entry {
 	__u32 rev_nat_id; /* host order */
 };
 
+/*
+ * sluice_metrics (per-CPU array): __u32 reason (host order) -> __u64 count.
+ * Append new reasons before METRIC_MAX, never renumber: the agent maps each
+ * value to a stable metric label.
+ */
+enum metric_reason {
+	METRIC_SOCK_XLATE = 0,		/* connect4/sendmsg4 translated VIP -> backend */
+	METRIC_SOCK_NO_BACKEND,		/* connect4/sendmsg4 refused: service has no backends */
+	METRIC_SOCK_REV_XLATE,		/* recvmsg4/getpeername4 translated backend -> VIP */
+	METRIC_SOCK_BACKEND_MISSING,	/* slot names a backend that is not in sluice_backends */
+	METRIC_TC_DNAT_NEW,		/* new flow to a VIP, backend selected */
+	METRIC_TC_DNAT_CT,		/* flow to a VIP, backend reused from conntrack */
+	METRIC_TC_REV_NAT,		/* reply rewritten back to the VIP */
+	METRIC_TC_NO_BACKEND,		/* ICMP port unreachable sent for a service with no backends */
+	METRIC_TC_BACKEND_MISSING,	/* dropped: slot names a backend that is not in sluice_backends */
+	METRIC_TC_MALFORMED,		/* IPv4 packet too short or inconsistent: passed untouched */
+	METRIC_TC_FRAGMENT,		/* non-first IPv4 fragment: passed untouched */
+	METRIC_TC_CT_FULL,		/* conntrack update failed: packet translated without state */
+	METRIC_TC_REWRITE_ERR,		/* a helper failed while rewriting: dropped */
+	METRIC_MAX,
+};
+
+/*
+ * sluice_affinity (LRU): struct lb4_affinity_key -> struct lb4_affinity.
+ * Keeps an unconnected UDP socket that sends to a VIP over and over on the
+ * backend it got first (sendmsg4 is called per datagram). Re-selected when
+ * the backend id no longer exists.
+ */
+struct lb4_affinity_key {
+	__u64 cookie; /* bpf_get_socket_cookie() */
+	__be32 vip;   /* network order */
+	__be16 port;  /* network order */
+	__u8 proto;   /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;
+};
+
+struct lb4_affinity {
+	__u32 backend_id; /* host order */
+	__u32 pad;
+};
+
 #endif /* SLUICE_STRUCTS_H */

@@ -1,0 +1,70 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Includes, constants and small helpers shared by every Sluice program.
+ *
+ * Only UAPI headers and libbpf's helper headers are used (no vmlinux.h), so
+ * the objects build the same on any machine with clang and libbpf-dev.
+ * Per-node knobs are `volatile const` globals set by the agent before load,
+ * never #ifdefs: one object serves every node.
+ */
+#ifndef SLUICE_COMMON_H
+#define SLUICE_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+/*
+ * <linux/icmp.h> pulls in <linux/if.h>, which includes the C library's
+ * <sys/socket.h>: not available to a BPF target. It only needs IFNAMSIZ
+ * from it, so provide that and skip <linux/if.h>.
+ */
+#define _LINUX_IF_H
+#define IFNAMSIZ	16
+#include <linux/icmp.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+/* errno values returned to user space (linux/errno.h is not a UAPI header). */
+#define EPERM		1
+#define ECONNREFUSED	111
+
+/* ct4_key.dir */
+#define CT_FORWARD	0
+#define CT_REVERSE	1
+
+/* lb4_service.flags (slot 0). None defined yet; reserved for policies. */
+#define SVC_F_NONE	0
+
+/* ct4_entry.flags. None defined yet. */
+#define CT_F_NONE	0
+
+/* IPv4 fragment bits of iphdr.frag_off (host order). */
+#define IP_MF		0x2000
+#define IP_OFFSET	0x1fff
+
+#define NSEC_PER_SEC	1000000000ULL
+
+/*
+ * Conntrack idle timeouts, set by the agent before load. An entry whose
+ * last_seen is older than its timeout is treated as absent (the LRU map
+ * reclaims it later).
+ */
+volatile const __u64 ct_timeout_tcp_ns = 6ULL * 3600 * NSEC_PER_SEC;
+volatile const __u64 ct_timeout_udp_ns = 60ULL * NSEC_PER_SEC;
+
+/* Fold a 32-bit one's complement sum into the 16-bit Internet checksum. */
+static __always_inline __u16 csum_fold(__u32 csum)
+{
+	csum = (csum & 0xffff) + (csum >> 16);
+	csum = (csum & 0xffff) + (csum >> 16);
+	return (__u16)~csum;
+}
+
+#endif /* SLUICE_COMMON_H */

@@ -1,0 +1,75 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Address and port rewrites with incremental checksum updates.
+ *
+ * The IPv4 header checksum covers the addresses; the TCP/UDP checksum covers
+ * the ports and, through the pseudo-header, the addresses too
+ * (BPF_F_PSEUDO_HDR). A UDP checksum of zero means "none" and must stay
+ * zero: BPF_F_MARK_MANGLED_0 makes the kernel leave it alone, and write
+ * 0xffff should an update ever produce zero.
+ */
+#ifndef SLUICE_CSUM_H
+#define SLUICE_CSUM_H
+
+#include "common.h"
+#include "parse.h"
+
+#define IP_SADDR_OFF	offsetof(struct iphdr, saddr)
+#define IP_DADDR_OFF	offsetof(struct iphdr, daddr)
+#define IP_CSUM_OFF	offsetof(struct iphdr, check)
+#define L4_SPORT_OFF	0	/* same for TCP and UDP */
+#define L4_DPORT_OFF	2
+
+/*
+ * rewrite_l4addr - replace one <address, port> of @p's packet.
+ * @to_dst: rewrite the destination if true, else the source.
+ *
+ * Returns 0 or a negative error from a helper (the packet may then be half
+ * rewritten: callers drop it).
+ */
+static __always_inline int rewrite_l4addr(struct __sk_buff *skb,
+					  const struct pkt4 *p, bool to_dst,
+					  __be32 new_addr, __be16 new_port)
+{
+	__be32 old_addr = to_dst ? p->daddr : p->saddr;
+	__be16 old_port = to_dst ? p->dport : p->sport;
+	__u32 addr_off = p->l3_off + (to_dst ? IP_DADDR_OFF : IP_SADDR_OFF);
+	__u32 port_off = p->l4_off + (to_dst ? L4_DPORT_OFF : L4_SPORT_OFF);
+	__u64 l4_flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	int err;
+
+	if (old_addr != new_addr) {
+		err = bpf_l4_csum_replace(skb, p->csum_off, old_addr, new_addr,
+					  l4_flags | BPF_F_PSEUDO_HDR |
+						  sizeof(new_addr));
+		if (err < 0)
+			return err;
+		err = bpf_l3_csum_replace(skb, p->l3_off + IP_CSUM_OFF,
+					  old_addr, new_addr, sizeof(new_addr));
+		if (err < 0)
+			return err;
+		err = bpf_skb_store_bytes(skb, addr_off, &new_addr,
+					  sizeof(new_addr), 0);
+		if (err < 0)
+			return err;
+	}
+	if (old_port != new_port) {
+		err = bpf_l4_csum_replace(skb, p->csum_off, old_port, new_port,
+					  l4_flags | sizeof(new_port));
+		if (err < 0)
+			return err;
+		err = bpf_skb_store_bytes(skb, port_off, &new_port,
+					  sizeof(new_port), 0);
+		if (err < 0)
+			return err;
+	}
+	return 0;
+}
+
+/* csum_buf - the Internet checksum of @len bytes at @buf (len % 4 == 0). */
+static __always_inline __u16 csum_buf(void *buf, __u32 len)
+{
+	return csum_fold((__u32)bpf_csum_diff(NULL, 0, buf, len, 0));
+}
+
+#endif /* SLUICE_CSUM_H */

@@ -1,0 +1,95 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Ethernet/IPv4/TCP/UDP parsing for the tc programs.
+ *
+ * Headers are copied with bpf_skb_load_bytes rather than read through
+ * direct packet pointers: it works on non-linear skbs, every read is bounds
+ * checked by the kernel, and the offsets it yields stay valid across the
+ * helpers that rewrite the packet (which invalidate packet pointers).
+ */
+#ifndef SLUICE_PARSE_H
+#define SLUICE_PARSE_H
+
+#include "common.h"
+
+enum parse_result {
+	PARSE_OK,		/* IPv4 TCP/UDP with a full L4 header: translatable */
+	PARSE_PASS,		/* not for us: other ethertype or protocol */
+	PARSE_MALFORMED,	/* IPv4 but truncated or inconsistent */
+	PARSE_FRAGMENT,		/* non-first fragment: carries no ports */
+};
+
+/* What the programs need of a parsed IPv4 TCP/UDP packet. */
+struct pkt4 {
+	__u32 l3_off;	/* offset of the IPv4 header */
+	__u32 l4_off;	/* offset of the TCP/UDP header (after IP options) */
+	__u32 csum_off;	/* offset of the TCP/UDP checksum field */
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 ihl_len;	/* IPv4 header length in bytes, 20..60 */
+};
+
+/*
+ * parse_ipv4 - parse the Ethernet, IPv4 and L4 port headers of @skb.
+ *
+ * The whole L4 header (20 bytes for TCP, 8 for UDP) must be inside both the
+ * IPv4 total length and the skb, so the rewrites that follow never touch
+ * bytes beyond the packet. A truncated packet (tot_len beyond the skb) is
+ * PARSE_MALFORMED; the stack drops it after we pass it untouched.
+ */
+static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
+						    struct pkt4 *p)
+{
+	struct ethhdr eth;
+	struct iphdr ip;
+	__u32 ihl_len, tot_len, l4_min;
+	__be16 ports[2];
+
+	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
+		return PARSE_PASS;
+	if (eth.h_proto != bpf_htons(ETH_P_IP))
+		return PARSE_PASS;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+		return PARSE_MALFORMED;
+	if (ip.version != 4 || ip.ihl < 5)
+		return PARSE_MALFORMED;
+
+	ihl_len = ip.ihl * 4;
+	tot_len = bpf_ntohs(ip.tot_len);
+	if (tot_len < ihl_len || ETH_HLEN + tot_len > skb->len)
+		return PARSE_MALFORMED;
+
+	if (ip.protocol == IPPROTO_TCP)
+		l4_min = sizeof(struct tcphdr);
+	else if (ip.protocol == IPPROTO_UDP)
+		l4_min = sizeof(struct udphdr);
+	else
+		return PARSE_PASS;
+
+	/* Only the first fragment has the L4 header. */
+	if (bpf_ntohs(ip.frag_off) & IP_OFFSET)
+		return PARSE_FRAGMENT;
+	if (tot_len < ihl_len + l4_min)
+		return PARSE_MALFORMED;
+
+	p->l3_off = ETH_HLEN;
+	p->l4_off = ETH_HLEN + ihl_len;
+	if (bpf_skb_load_bytes(skb, p->l4_off, ports, sizeof(ports)) < 0)
+		return PARSE_MALFORMED;
+
+	p->csum_off = p->l4_off + (ip.protocol == IPPROTO_TCP ?
+				   offsetof(struct tcphdr, check) :
+				   offsetof(struct udphdr, check));
+	p->saddr = ip.saddr;
+	p->daddr = ip.daddr;
+	p->sport = ports[0];
+	p->dport = ports[1];
+	p->proto = ip.protocol;
+	p->ihl_len = ihl_len;
+	return PARSE_OK;
+}
+
+#endif /* SLUICE_PARSE_H */

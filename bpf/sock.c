@@ -1,0 +1,165 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * Socket-level ClusterIP load balancing (cgroup sock_addr hooks).
+ *
+ * connect4 and sendmsg4 rewrite a VIP:port destination to a backend before
+ * any packet exists, so traffic from this node's sockets needs no per-packet
+ * NAT at all. Each translation is remembered in sluice_sock_rev under the
+ * socket's cookie and the backend, so that recvmsg4 and getpeername4 can
+ * show the VIP again: the application never sees a backend address.
+ *
+ * A service with no backends refuses at once: connect() and sendto() fail
+ * with ECONNREFUSED (bpf_set_retval, allowed for connect4 and sendmsg4
+ * since Linux 5.18) instead of timing out.
+ */
+#include "lib/common.h"
+#include "lib/maps.h"
+#include "lib/metrics.h"
+#include "lib/lb.h"
+
+#define SYS_REJECT	0
+#define SYS_PROCEED	1
+
+/*
+ * select_affine_backend - the backend an unconnected UDP socket used for
+ * this frontend before, while it exists; otherwise a fresh selection that
+ * the socket then keeps.
+ */
+static __always_inline struct lb4_backend *
+select_affine_backend(struct bpf_sock_addr *ctx, __be32 vip, __be16 port,
+		      __u8 proto, const struct lb4_service *svc)
+{
+	struct lb4_affinity_key key = {
+		.cookie = bpf_get_socket_cookie(ctx),
+		.vip = vip,
+		.port = port,
+		.proto = proto,
+	};
+	struct lb4_affinity aff = {};
+	struct lb4_affinity *cur;
+	struct lb4_backend *be;
+
+	cur = bpf_map_lookup_elem(&sluice_affinity, &key);
+	if (cur) {
+		be = lookup_backend(cur->backend_id);
+		if (be)
+			return be;
+	}
+	be = select_backend(vip, port, proto, svc, &aff.backend_id);
+	if (be)
+		bpf_map_update_elem(&sluice_affinity, &key, &aff, BPF_ANY);
+	return be;
+}
+
+/*
+ * sock4_xlate_fwd - rewrite a VIP destination of @ctx to a backend.
+ * @affine: keep the socket's previous backend (per-datagram sendmsg4).
+ *
+ * Returns 0 (translated or not a service) or -ECONNREFUSED.
+ */
+static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx,
+					   bool affine)
+{
+	__u8 proto = ctx->protocol;
+	__be32 vip = ctx->user_ip4;
+	__be16 port = (__be16)ctx->user_port;
+	struct lb4_service *svc;
+	struct lb4_backend *be;
+	struct sock_rev_key rkey = {};
+	struct sock_rev_entry rval = {};
+	__u32 backend_id = 0;
+
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return 0;
+	svc = lookup_service(vip, port, proto);
+	if (!svc)
+		return 0;
+	if (svc->count == 0) {
+		metric_inc(METRIC_SOCK_NO_BACKEND);
+		return -ECONNREFUSED;
+	}
+
+	if (affine)
+		be = select_affine_backend(ctx, vip, port, proto, svc);
+	else
+		be = select_backend(vip, port, proto, svc, &backend_id);
+	if (!be) {
+		/* Transient (agent mid-update): leave the VIP in place. */
+		metric_inc(METRIC_SOCK_BACKEND_MISSING);
+		return 0;
+	}
+
+	rkey.cookie = bpf_get_socket_cookie(ctx);
+	rkey.addr = be->addr;
+	rkey.port = be->port;
+	rval.vip = vip;
+	rval.port = port;
+	rval.rev_nat_id = svc->rev_nat_id;
+	/* If this fails the socket still works; only its peer name shows
+	 * the backend.
+	 */
+	bpf_map_update_elem(&sluice_sock_rev, &rkey, &rval, BPF_ANY);
+
+	ctx->user_ip4 = be->addr;
+	ctx->user_port = (__u32)be->port;
+	metric_inc(METRIC_SOCK_XLATE);
+	return 0;
+}
+
+/* sock4_xlate_rev - show the VIP instead of a backend the socket was sent to. */
+static __always_inline void sock4_xlate_rev(struct bpf_sock_addr *ctx)
+{
+	struct sock_rev_key key = {
+		.cookie = bpf_get_socket_cookie(ctx),
+		.addr = ctx->user_ip4,
+		.port = (__be16)ctx->user_port,
+	};
+	struct sock_rev_entry *e;
+
+	e = bpf_map_lookup_elem(&sluice_sock_rev, &key);
+	if (!e)
+		return;
+	ctx->user_ip4 = e->vip;
+	ctx->user_port = (__u32)e->port;
+	metric_inc(METRIC_SOCK_REV_XLATE);
+}
+
+SEC("cgroup/connect4")
+int sluice_connect4(struct bpf_sock_addr *ctx)
+{
+	int err = sock4_xlate_fwd(ctx, false);
+
+	if (err < 0) {
+		bpf_set_retval(err);
+		return SYS_REJECT;
+	}
+	return SYS_PROCEED;
+}
+
+SEC("cgroup/sendmsg4")
+int sluice_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	int err = sock4_xlate_fwd(ctx, true);
+
+	if (err < 0) {
+		bpf_set_retval(err);
+		return SYS_REJECT;
+	}
+	return SYS_PROCEED;
+}
+
+SEC("cgroup/recvmsg4")
+int sluice_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	sock4_xlate_rev(ctx);
+	return SYS_PROCEED;
+}
+
+SEC("cgroup/getpeername4")
+int sluice_getpeer4(struct bpf_sock_addr *ctx)
+{
+	sock4_xlate_rev(ctx);
+	return SYS_PROCEED;
+}
+
+char __license[] SEC("license") = "Dual BSD/GPL";

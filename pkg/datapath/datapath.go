@@ -1,0 +1,290 @@
+// Package datapath loads Sluice's BPF programs, owns its pinned maps and
+// attaches the programs to cgroups and network devices. It is the only
+// package in Sluice that imports cilium/ebpf.
+//
+// Everything the kernel holds outlives the agent: maps are pinned under
+// BPFFS/sluice/ and links under BPFFS/sluice/links/, so an agent that exits
+// or restarts leaves traffic alone. Open reuses pinned maps (their contents
+// are the state the reconciler restores from), and the Attach methods
+// replace the programs behind pinned links in place. Only Cleanup removes
+// anything.
+//
+// Two objects are built from bpf/: sock.c (cgroup connect4, sendmsg4,
+// recvmsg4, getpeername4) and tc.c (tc ingress and egress). Both declare
+// every map with pinning by name, so whichever loads first creates the
+// pins and the other one reuses them.
+//
+// The package returns errors with context and never logs.
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/cilium/ebpf"
+)
+
+// Config sizes the maps and sets per-node datapath settings.
+type Config struct {
+	// BPFFS is the bpffs mount, default "/sys/fs/bpf". Maps are pinned in
+	// BPFFS/sluice/ and links in BPFFS/sluice/links/.
+	BPFFS string
+
+	// Map sizes; 0 means the default. MaxServices sizes sluice_rev_nat
+	// (65536), MaxBackends sluice_backends (262144), MaxServiceEntries
+	// sluice_services, masters plus slots (1<<20), MaxConntrack
+	// sluice_conntrack (262144), MaxSockRev sluice_sock_rev and
+	// sluice_affinity (262144).
+	MaxServices, MaxBackends, MaxServiceEntries, MaxConntrack, MaxSockRev int
+
+	// Idle timeouts of per-packet conntrack entries; 0 means the default
+	// (6h for TCP, 60s for UDP).
+	CTTimeoutTCP, CTTimeoutUDP time.Duration
+}
+
+// Defaults for Config's zero values.
+const (
+	DefaultBPFFS             = "/sys/fs/bpf"
+	DefaultMaxServices       = 65536
+	DefaultMaxBackends       = 262144
+	DefaultMaxServiceEntries = 1 << 20
+	DefaultMaxConntrack      = 262144
+	DefaultMaxSockRev        = 262144
+	DefaultCTTimeoutTCP      = 6 * time.Hour
+	DefaultCTTimeoutUDP      = 60 * time.Second
+)
+
+// Pinned map names (also their file names under BPFFS/sluice/).
+const (
+	mapServices  = "sluice_services"
+	mapBackends  = "sluice_backends"
+	mapRevNat    = "sluice_rev_nat"
+	mapConntrack = "sluice_conntrack"
+	mapSockRev   = "sluice_sock_rev"
+	mapAffinity  = "sluice_affinity"
+	mapMetrics   = "sluice_metrics"
+)
+
+func (c Config) withDefaults() Config {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if c.BPFFS == "" {
+		c.BPFFS = DefaultBPFFS
+	}
+	def(&c.MaxServices, DefaultMaxServices)
+	def(&c.MaxBackends, DefaultMaxBackends)
+	def(&c.MaxServiceEntries, DefaultMaxServiceEntries)
+	def(&c.MaxConntrack, DefaultMaxConntrack)
+	def(&c.MaxSockRev, DefaultMaxSockRev)
+	if c.CTTimeoutTCP == 0 {
+		c.CTTimeoutTCP = DefaultCTTimeoutTCP
+	}
+	if c.CTTimeoutUDP == 0 {
+		c.CTTimeoutUDP = DefaultCTTimeoutUDP
+	}
+	return c
+}
+
+// maxEntries returns the configured size of each sized map.
+func (c Config) maxEntries() map[string]int {
+	return map[string]int{
+		mapServices:  c.MaxServiceEntries,
+		mapBackends:  c.MaxBackends,
+		mapRevNat:    c.MaxServices,
+		mapConntrack: c.MaxConntrack,
+		mapSockRev:   c.MaxSockRev,
+		mapAffinity:  c.MaxSockRev,
+	}
+}
+
+// Datapath is the loaded programs and the maps they share.
+type Datapath struct {
+	cfg  Config
+	dir  string // BPFFS/sluice
+	sock sockObjects
+	tc   tcObjects
+	maps *Maps
+}
+
+// Open loads the programs and creates the pinned maps, or reuses them if
+// an earlier agent pinned them. A pinned map whose type, key, value or size
+// differ from what this agent wants is an error: resizing would drop the
+// state that keeps traffic flowing, so it takes an explicit Cleanup.
+func Open(cfg Config) (*Datapath, error) {
+	cfg = cfg.withDefaults()
+	for name, n := range cfg.maxEntries() {
+		if n < 0 || n > 1<<30 {
+			return nil, fmt.Errorf("size of %s: %d out of range", name, n)
+		}
+	}
+	dir := filepath.Join(cfg.BPFFS, "sluice")
+	if err := os.MkdirAll(filepath.Join(dir, "links"), 0o700); err != nil {
+		return nil, fmt.Errorf("create pin directory: %w", err)
+	}
+
+	sockSpec, err := loadSock()
+	if err != nil {
+		return nil, err
+	}
+	tcSpec, err := loadTc()
+	if err != nil {
+		return nil, err
+	}
+	for _, spec := range []*ebpf.CollectionSpec{sockSpec, tcSpec} {
+		if err := configure(spec, cfg); err != nil {
+			return nil, err
+		}
+		if err := checkPinned(spec, dir); err != nil {
+			return nil, err
+		}
+	}
+
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}
+	d := &Datapath{cfg: cfg, dir: dir}
+	if err := sockSpec.LoadAndAssign(&d.sock, opts); err != nil {
+		return nil, fmt.Errorf("load socket programs: %w", verifierDetail(err))
+	}
+	if err := tcSpec.LoadAndAssign(&d.tc, opts); err != nil {
+		d.sock.Close()
+		return nil, fmt.Errorf("load tc programs: %w", verifierDetail(err))
+	}
+	d.maps = &Maps{
+		services:  d.sock.SluiceServices,
+		backends:  d.sock.SluiceBackends,
+		revNat:    d.sock.SluiceRevNat,
+		conntrack: d.sock.SluiceConntrack,
+		sockRev:   d.sock.SluiceSockRev,
+		affinity:  d.sock.SluiceAffinity,
+		metrics:   d.sock.SluiceMetrics,
+		cfg:       cfg,
+	}
+	return d, nil
+}
+
+// configure sizes the maps and sets the per-node constants of spec.
+func configure(spec *ebpf.CollectionSpec, cfg Config) error {
+	for name, n := range cfg.maxEntries() {
+		ms, ok := spec.Maps[name]
+		if !ok {
+			return fmt.Errorf("map %s missing from BPF object", name)
+		}
+		ms.MaxEntries = uint32(n)
+	}
+	if ms, ok := spec.Maps[mapMetrics]; !ok || int(ms.MaxEntries) != len(metricNames) {
+		return fmt.Errorf("map %s: BPF object has a different set of reasons than this agent (rebuild with go generate)", mapMetrics)
+	}
+	vars := map[string]uint64{
+		"ct_timeout_tcp_ns": uint64(cfg.CTTimeoutTCP.Nanoseconds()),
+		"ct_timeout_udp_ns": uint64(cfg.CTTimeoutUDP.Nanoseconds()),
+	}
+	for name, v := range vars {
+		vs, ok := spec.Variables[name]
+		if !ok {
+			return fmt.Errorf("variable %s missing from BPF object", name)
+		}
+		if err := vs.Set(v); err != nil {
+			return fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// checkPinned reports a pinned map that the load would refuse to reuse,
+// with the reason spelled out.
+func checkPinned(spec *ebpf.CollectionSpec, dir string) error {
+	for name, ms := range spec.Maps {
+		if ms.Pinning != ebpf.PinByName {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		m, err := ebpf.LoadPinnedMap(path, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("open pinned map %s: %w", path, err)
+		}
+		info, err := m.Info()
+		m.Close()
+		if err != nil {
+			return fmt.Errorf("info of pinned map %s: %w", path, err)
+		}
+		switch {
+		case info.Type != ms.Type:
+			return fmt.Errorf("pinned map %s has type %s, want %s: remove it with Cleanup", path, info.Type, ms.Type)
+		case info.KeySize != ms.KeySize || info.ValueSize != ms.ValueSize:
+			return fmt.Errorf("pinned map %s has key/value size %d/%d, want %d/%d: remove it with Cleanup",
+				path, info.KeySize, info.ValueSize, ms.KeySize, ms.ValueSize)
+		case info.MaxEntries != ms.MaxEntries:
+			return fmt.Errorf("pinned map %s has max_entries %d, configured %d: restore the old size or remove it with Cleanup",
+				path, info.MaxEntries, ms.MaxEntries)
+		}
+	}
+	return nil
+}
+
+// verifierDetail makes a verifier rejection carry the end of its log.
+func verifierDetail(err error) error {
+	var ve *ebpf.VerifierError
+	if errors.As(err, &ve) {
+		return fmt.Errorf("%w\n%+v", err, ve)
+	}
+	return err
+}
+
+// Maps returns the map operations the reconciler drives.
+func (d *Datapath) Maps() *Maps { return d.maps }
+
+// TCIngress is the program attached to device ingress.
+func (d *Datapath) TCIngress() *ebpf.Program { return d.tc.SluiceIngress }
+
+// TCEgress is the program attached to device egress.
+func (d *Datapath) TCEgress() *ebpf.Program { return d.tc.SluiceEgress }
+
+// Close releases the agent's file descriptors. Pins and links stay, so
+// traffic keeps flowing while no agent runs.
+func (d *Datapath) Close() error {
+	return errors.Join(d.sock.Close(), d.tc.Close())
+}
+
+// metricNames labels the reasons of enum metric_reason (bpf/lib/structs.h),
+// in order. Open refuses an object whose sluice_metrics size differs.
+var metricNames = []string{
+	"sock_xlate",
+	"sock_no_backend",
+	"sock_rev_xlate",
+	"sock_backend_missing",
+	"tc_dnat_new",
+	"tc_dnat_ct",
+	"tc_rev_nat",
+	"tc_no_backend",
+	"tc_backend_missing",
+	"tc_malformed",
+	"tc_fragment",
+	"tc_ct_full",
+	"tc_rewrite_err",
+}
+
+// Counters returns the datapath outcome counters, summed over CPUs, by
+// reason.
+func (d *Datapath) Counters() (map[string]uint64, error) {
+	out := make(map[string]uint64, len(metricNames))
+	var perCPU []uint64
+	for i, name := range metricNames {
+		if err := d.maps.metrics.Lookup(uint32(i), &perCPU); err != nil {
+			return nil, fmt.Errorf("read counter %s: %w", name, err)
+		}
+		var sum uint64
+		for _, v := range perCPU {
+			sum += v
+		}
+		out[name] = sum
+	}
+	return out, nil
+}

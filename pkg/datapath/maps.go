@@ -1,0 +1,298 @@
+package datapath
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// Maps is the reconciler's view of the pinned maps: every write is a single
+// idempotent map update or delete; the ordering between them (backends,
+// then slots, then the master) is the reconciler's job.
+//
+// Keys are built from zeroed structs so that their padding, which the
+// kernel hashes too, is always zero. Addresses and ports are stored in
+// network byte order, ids and slots in host order, as bpf/lib/structs.h
+// says.
+type Maps struct {
+	services, backends, revNat, conntrack, sockRev, affinity, metrics *ebpf.Map
+
+	cfg Config
+}
+
+var _ reconciler.Datapath = (*Maps)(nil)
+
+const (
+	ctForward = 0
+	ctReverse = 1
+)
+
+// be32 returns the uint32 whose in-memory bytes are a's, in network order.
+func be32(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.NativeEndian.Uint32(b[:])
+}
+
+// be16 returns the uint16 whose in-memory bytes are port in network order.
+func be16(port uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], port)
+	return binary.NativeEndian.Uint16(b[:])
+}
+
+func addrFromBE32(v uint32) netip.Addr {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], v)
+	return netip.AddrFrom4(b)
+}
+
+func portFromBE16(v uint16) uint16 {
+	var b [2]byte
+	binary.NativeEndian.PutUint16(b[:], v)
+	return binary.BigEndian.Uint16(b[:])
+}
+
+// checkL4 validates an L4Addr for the IPv4 datapath.
+func checkL4(a model.L4Addr) (model.L4Addr, error) {
+	a.Addr = a.Addr.Unmap()
+	if !a.Addr.Is4() {
+		return a, fmt.Errorf("%s: not an IPv4 address", a)
+	}
+	if a.Proto != model.TCP && a.Proto != model.UDP {
+		return a, fmt.Errorf("%s: protocol not supported", a)
+	}
+	return a, nil
+}
+
+func serviceKey(fe model.L4Addr, slot uint32) (sockLb4Key, error) {
+	fe, err := checkL4(fe)
+	if err != nil {
+		return sockLb4Key{}, fmt.Errorf("frontend %w", err)
+	}
+	if slot > 0xffff {
+		return sockLb4Key{}, fmt.Errorf("frontend %s: slot %d out of range", fe, slot)
+	}
+	return sockLb4Key{
+		Vip:   be32(fe.Addr),
+		Port:  be16(fe.Port),
+		Proto: uint8(fe.Proto),
+		Slot:  uint16(slot),
+	}, nil
+}
+
+func idOK(kind string, id uint32) error {
+	if id == 0 {
+		return fmt.Errorf("%s id 0 is reserved", kind)
+	}
+	return nil
+}
+
+// deleteIgnoringMissing makes deletes idempotent.
+func deleteIgnoringMissing(m *ebpf.Map, key any) error {
+	if err := m.Delete(key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	return nil
+}
+
+// UpsertBackend writes backend id -> b.
+func (m *Maps) UpsertBackend(id reconciler.BackendID, b model.L4Addr) error {
+	if err := idOK("backend", uint32(id)); err != nil {
+		return err
+	}
+	b, err := checkL4(b)
+	if err != nil {
+		return fmt.Errorf("upsert backend %d: %w", id, err)
+	}
+	v := sockLb4Backend{Addr: be32(b.Addr), Port: be16(b.Port), Proto: uint8(b.Proto)}
+	if err := m.backends.Put(uint32(id), &v); err != nil {
+		return fmt.Errorf("upsert backend %d (%s): %w", id, b, err)
+	}
+	return nil
+}
+
+// DeleteBackend deletes backend id; deleting a missing backend succeeds.
+func (m *Maps) DeleteBackend(id reconciler.BackendID) error {
+	if err := deleteIgnoringMissing(m.backends, uint32(id)); err != nil {
+		return fmt.Errorf("delete backend %d: %w", id, err)
+	}
+	return nil
+}
+
+// UpsertRevNat writes service id -> frontend address and port. The
+// protocol is not stored (struct lb4_rev_nat has no field for it).
+func (m *Maps) UpsertRevNat(id reconciler.ServiceID, fe model.L4Addr) error {
+	if err := idOK("service", uint32(id)); err != nil {
+		return err
+	}
+	fe, err := checkL4(fe)
+	if err != nil {
+		return fmt.Errorf("upsert rev-nat %d: %w", id, err)
+	}
+	v := sockLb4RevNat{Vip: be32(fe.Addr), Port: be16(fe.Port)}
+	if err := m.revNat.Put(uint32(id), &v); err != nil {
+		return fmt.Errorf("upsert rev-nat %d (%s): %w", id, fe, err)
+	}
+	return nil
+}
+
+// DeleteRevNat deletes service id's reverse-NAT entry.
+func (m *Maps) DeleteRevNat(id reconciler.ServiceID) error {
+	if err := deleteIgnoringMissing(m.revNat, uint32(id)); err != nil {
+		return fmt.Errorf("delete rev-nat %d: %w", id, err)
+	}
+	return nil
+}
+
+// UpsertSlot writes slot >= 1 of a frontend.
+func (m *Maps) UpsertSlot(fe model.L4Addr, slot uint32, backend reconciler.BackendID) error {
+	if slot == 0 {
+		return fmt.Errorf("upsert slot of %s: slot 0 is the master, use UpsertMaster", fe)
+	}
+	if err := idOK("backend", uint32(backend)); err != nil {
+		return err
+	}
+	k, err := serviceKey(fe, slot)
+	if err != nil {
+		return fmt.Errorf("upsert slot: %w", err)
+	}
+	v := sockLb4Service{BackendId: uint32(backend)}
+	if err := m.services.Put(&k, &v); err != nil {
+		return fmt.Errorf("upsert slot %d of %s: %w", slot, fe, err)
+	}
+	return nil
+}
+
+// UpsertMaster writes slot 0 of a frontend.
+func (m *Maps) UpsertMaster(fe model.L4Addr, ms reconciler.Master) error {
+	if err := idOK("service", uint32(ms.ID)); err != nil {
+		return err
+	}
+	if ms.Count > 0xffff {
+		return fmt.Errorf("upsert master of %s: %d backends, at most 65535", fe, ms.Count)
+	}
+	k, err := serviceKey(fe, 0)
+	if err != nil {
+		return fmt.Errorf("upsert master: %w", err)
+	}
+	v := sockLb4Service{Count: ms.Count, RevNatId: uint32(ms.ID), Flags: ms.Flags}
+	if err := m.services.Put(&k, &v); err != nil {
+		return fmt.Errorf("upsert master of %s: %w", fe, err)
+	}
+	return nil
+}
+
+// DeleteSlot deletes slot (0 = the master) of a frontend.
+func (m *Maps) DeleteSlot(fe model.L4Addr, slot uint32) error {
+	k, err := serviceKey(fe, slot)
+	if err != nil {
+		return fmt.Errorf("delete slot: %w", err)
+	}
+	if err := deleteIgnoringMissing(m.services, &k); err != nil {
+		return fmt.Errorf("delete slot %d of %s: %w", slot, fe, err)
+	}
+	return nil
+}
+
+// Dump reads the service, backend and reverse-NAT maps back. Reverse-NAT
+// entries carry no protocol; Dump takes it from the master that names the
+// service id (so it is 0 for a service id no master names).
+func (m *Maps) Dump() (*reconciler.KernelState, error) {
+	ks := &reconciler.KernelState{
+		Masters:  map[model.L4Addr]reconciler.Master{},
+		Slots:    map[model.L4Addr]map[uint32]reconciler.BackendID{},
+		Backends: map[reconciler.BackendID]model.L4Addr{},
+		RevNat:   map[reconciler.ServiceID]model.L4Addr{},
+	}
+	protoOf := map[reconciler.ServiceID]model.Protocol{}
+
+	var sk sockLb4Key
+	var sv sockLb4Service
+	it := m.services.Iterate()
+	for it.Next(&sk, &sv) {
+		fe := model.L4Addr{Addr: addrFromBE32(sk.Vip), Port: portFromBE16(sk.Port), Proto: model.Protocol(sk.Proto)}
+		if sk.Slot == 0 {
+			id := reconciler.ServiceID(sv.RevNatId)
+			ks.Masters[fe] = reconciler.Master{ID: id, Count: sv.Count, Flags: sv.Flags}
+			protoOf[id] = fe.Proto
+			continue
+		}
+		if ks.Slots[fe] == nil {
+			ks.Slots[fe] = map[uint32]reconciler.BackendID{}
+		}
+		ks.Slots[fe][uint32(sk.Slot)] = reconciler.BackendID(sv.BackendId)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("dump %s: %w", mapServices, err)
+	}
+
+	var bk uint32
+	var bv sockLb4Backend
+	it = m.backends.Iterate()
+	for it.Next(&bk, &bv) {
+		ks.Backends[reconciler.BackendID(bk)] = model.L4Addr{
+			Addr: addrFromBE32(bv.Addr), Port: portFromBE16(bv.Port), Proto: model.Protocol(bv.Proto),
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("dump %s: %w", mapBackends, err)
+	}
+
+	var rk uint32
+	var rv sockLb4RevNat
+	it = m.revNat.Iterate()
+	for it.Next(&rk, &rv) {
+		id := reconciler.ServiceID(rk)
+		ks.RevNat[id] = model.L4Addr{Addr: addrFromBE32(rv.Vip), Port: portFromBE16(rv.Port), Proto: protoOf[id]}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("dump %s: %w", mapRevNat, err)
+	}
+	return ks, nil
+}
+
+// Capacity returns the sizes of sluice_rev_nat, sluice_backends and
+// sluice_services.
+func (m *Maps) Capacity() (services, backends, serviceEntries int) {
+	return m.cfg.MaxServices, m.cfg.MaxBackends, m.cfg.MaxServiceEntries
+}
+
+// FlushConntrack deletes the per-packet conntrack entries of flows
+// translated to backend: forward entries that name it and reverse entries
+// keyed by its replies. The next packet of such a flow selects again.
+func (m *Maps) FlushConntrack(backend model.L4Addr) error {
+	b, err := checkL4(backend)
+	if err != nil {
+		return fmt.Errorf("flush conntrack: %w", err)
+	}
+	addr, port, proto := be32(b.Addr), be16(b.Port), uint8(b.Proto)
+
+	var doomed []sockCt4Key
+	var k sockCt4Key
+	var v sockCt4Entry
+	it := m.conntrack.Iterate()
+	for it.Next(&k, &v) {
+		if k.Proto != proto {
+			continue
+		}
+		if (k.Dir == ctForward && v.NatAddr == addr && v.NatPort == port) ||
+			(k.Dir == ctReverse && k.Saddr == addr && k.Sport == port) {
+			doomed = append(doomed, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("flush conntrack of %s: %w", b, err)
+	}
+	for i := range doomed {
+		if err := deleteIgnoringMissing(m.conntrack, &doomed[i]); err != nil {
+			return fmt.Errorf("flush conntrack of %s: %w", b, err)
+		}
+	}
+	return nil
+}
