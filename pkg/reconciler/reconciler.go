@@ -38,6 +38,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 )
@@ -97,7 +98,10 @@ type Reconciler struct {
 
 	inSync bool
 	dirty  bool // reservations may need releasing (after Restore or a failure)
-	writes uint64
+
+	refreshEvery time.Duration
+	lastRead     time.Time // when the view was last read from the maps
+	writes       uint64
 }
 
 // New returns a Reconciler with an empty view. Call Restore before the
@@ -106,8 +110,9 @@ func New(dp Datapath, log *slog.Logger) *Reconciler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Reconciler{dp: dp, log: log}
+	r := &Reconciler{dp: dp, log: log, refreshEvery: DefaultRefreshInterval}
 	r.reset()
+	r.lastRead = time.Now()
 	return r
 }
 
@@ -137,6 +142,42 @@ func (r *Reconciler) Restore() error {
 		return fmt.Errorf("restore: dump datapath maps: %w", err)
 	}
 	r.reset()
+	r.loadKernel(ks)
+	r.log.Info("Restored datapath state", "frontends", len(ks.Masters), "backends", len(r.backends), "rev_nat", len(r.revNat))
+	return nil
+}
+
+// SetRefreshInterval makes Apply re-read the maps (as Restore does) when
+// more than d has passed since they were last read, so that entries changed
+// or deleted behind the reconciler's back are repaired by the next Apply
+// (the agent's periodic resync). Zero disables it; the default is
+// DefaultRefreshInterval.
+func (r *Reconciler) SetRefreshInterval(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.refreshEvery = d
+}
+
+// DefaultRefreshInterval is how often Apply re-reads the maps by default.
+const DefaultRefreshInterval = 5 * time.Minute
+
+// refresh re-reads the maps into the view, keeping what is not in them
+// (pending conntrack flushes).
+func (r *Reconciler) refresh() error {
+	ks, err := r.dp.Dump()
+	if err != nil {
+		return fmt.Errorf("refresh: dump datapath maps: %w", err)
+	}
+	flush, writes, inSync := r.pendingFlush, r.writes, r.inSync
+	r.reset()
+	r.loadKernel(ks)
+	r.pendingFlush, r.writes, r.inSync = flush, writes, inSync
+	return nil
+}
+
+// loadKernel fills the (reset) view from a dump of the maps.
+func (r *Reconciler) loadKernel(ks *KernelState) {
+	r.lastRead = time.Now()
 	for id, addr := range ks.Backends {
 		r.backends[id] = addr
 		r.beIDs.markUsed(uint32(id))
@@ -187,8 +228,6 @@ func (r *Reconciler) Restore() error {
 		}
 	}
 	r.dirty = true
-	r.log.Info("Restored datapath state", "frontends", len(ks.Masters), "backends", len(r.backends), "rev_nat", len(r.revNat))
-	return nil
 }
 
 func (r *Reconciler) frontend(fe model.L4Addr) *frontendView {
@@ -243,6 +282,11 @@ func (r *Reconciler) Apply(st *model.State) error {
 
 	capSvc, capBe, capEnt := r.dp.Capacity()
 	var errs []error
+	if r.refreshEvery > 0 && time.Since(r.lastRead) > r.refreshEvery {
+		if err := r.refresh(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 
 	desired := map[model.L4Addr]*desiredFrontend{}
 	wantBackend := map[model.L4Addr]bool{}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
@@ -510,5 +511,31 @@ func TestUDPFlush(t *testing.T) {
 	mustApply(t, r, state())
 	if fl := f.Flushed(); len(fl) != 0 {
 		t.Fatalf("flushed TCP %v", fl)
+	}
+}
+
+func TestRefreshRepairsTampering(t *testing.T) {
+	f := newFake(t)
+	r := reconciler.New(f, nil)
+	st := bigState(3, 2)
+	mustApply(t, r, st)
+	want := f.String()
+
+	// Someone deletes a master and a backend's slots behind our back.
+	ks, _ := f.Dump()
+	delete(ks.Masters, vip(1))
+	delete(ks.Slots, vip(1))
+	ks.Backends[77] = be(9, 9, model.UDP).L4Addr
+	f.Seed(ks)
+
+	mustApply(t, r, st) // within the refresh interval: the view is trusted
+	if f.String() == want {
+		t.Fatal("tampering repaired without a refresh?")
+	}
+	r.SetRefreshInterval(time.Nanosecond)
+	time.Sleep(time.Millisecond)
+	mustApply(t, r, st)
+	if got := f.String(); got != want {
+		t.Fatalf("not repaired:\n%s\nwant\n%s", got, want)
 	}
 }
