@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"image/png"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-lb/sluice/test/bench/harness"
+	"github.com/sluice-lb/sluice/test/bench/load"
+	"github.com/sluice-lb/sluice/test/bench/report"
+)
+
+func TestMain(m *testing.M) {
+	load.ChildMain() // the test binary also serves as server and client child
+	os.Exit(m.Run())
+}
+
+// TestQuick runs the whole benchmark at a tiny size (10 services x 2
+// endpoints, a few hundred connections per run) and checks that every mode
+// really carried connections, programmed and updated, and that the report
+// files are written and parse. It asserts no timings.
+func TestQuick(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces, iptables, BPF)")
+	}
+	for _, tool := range []string{"ip", "iptables-nft-restore", "iptables-legacy-restore", "nft"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s not installed (apt-get install iproute2 iptables nftables): %v", tool, err)
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := harness.ConfigFromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Services = []int{10}
+	cfg.Endpoints = 2
+	cfg.Rounds = 2
+	cfg.RunTime = 2 * time.Second
+	cfg.MaxConns = 200
+	cfg.Workers = 2
+	cfg.ProbeSample = 8
+	cfg.TestRunRepeat = 1000
+	cfg.ProgTimeout = 30 * time.Second
+	cfg.TimeLimit = 5 * time.Minute
+	cfg.OutDir = t.TempDir()
+	cfg.Stamp = "quick"
+	cfg.Self = self
+	cfg.SluiceBin = sluiceForTest(t)
+	if cfg.SluiceBin == "" {
+		cfg.Modes = slices.DeleteFunc(cfg.Modes, func(m string) bool { return m == harness.ModeSluice })
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	res, err := harness.Run(ctx, cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := report.Write(cfg.OutDir, cfg.Stamp, res)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if len(res.Points) != 1 || res.Points[0].Skipped != "" {
+		t.Fatalf("point: %+v", res.Points)
+	}
+	p := res.Points[0]
+	for m, why := range p.Failed {
+		t.Errorf("mode %s failed: %s", m, why)
+	}
+	want := append([]string{harness.ModeFloor}, cfg.Modes...)
+	if strings.Join(p.Modes, ",") != strings.Join(want, ",") {
+		t.Errorf("modes run %v, want %v", p.Modes, want)
+	}
+	seen := map[string]int{}
+	for _, c := range p.Conn {
+		seen[c.Mode]++
+		for i, r := range c.Rounds {
+			if r.Conns == 0 || r.Errors != 0 {
+				t.Errorf("%s %s %s round %d: %d connections, %d errors (%s)", c.Layer, c.Target, c.Mode, i, r.Conns, r.Errors, r.FirstError)
+			}
+		}
+		if len(c.Rounds) != cfg.Rounds {
+			t.Errorf("%s %s %s: %d rounds, want %d", c.Layer, c.Target, c.Mode, len(c.Rounds), cfg.Rounds)
+		}
+	}
+	for _, m := range p.Modes {
+		if seen[m] != 4 { // 2 layers x 2 targets
+			t.Errorf("mode %s measured in %d layer/target combinations, want 4", m, seen[m])
+		}
+	}
+	for _, ps := range p.Prog {
+		if ps.InitialResult != "ok" || len(ps.InitialS) == 0 || ps.UpdateResult != "ok" || len(ps.UpdateS) != cfg.Rounds {
+			t.Errorf("programming %s: initial %s (%d), update %s (%d)", ps.Mode, ps.InitialResult, len(ps.InitialS), ps.UpdateResult, len(ps.UpdateS))
+		}
+	}
+	if len(p.Prog) != len(cfg.Modes) {
+		t.Errorf("programming measured for %d modes, want %d", len(p.Prog), len(cfg.Modes))
+	}
+
+	// The report files exist and parse.
+	var back harness.Results
+	js, err := os.ReadFile(filepath.Join(cfg.OutDir, "quick.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(js, &back); err != nil {
+		t.Fatalf("results JSON: %v", err)
+	}
+	if len(back.Points) != 1 || len(back.Points[0].Conn) != len(p.Conn) {
+		t.Errorf("results JSON round trip lost data")
+	}
+	md, err := os.ReadFile(filepath.Join(cfg.OutDir, "quick.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range p.Modes {
+		if !strings.Contains(string(md), "| 10 | "+m+" |") {
+			t.Errorf("report has no row for %s", m)
+		}
+	}
+	pngs := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, ".png") {
+			pngs++
+			checkPNG(t, f)
+		}
+	}
+	if pngs != 5 {
+		t.Errorf("%d plots written, want 5 (%v)", pngs, files)
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
+}
+
+func checkPNG(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if b := img.Bounds(); b.Dx() < 100 || b.Dy() < 100 {
+		t.Errorf("%s: %v too small", path, b)
+	}
+}
+
+// sluiceForTest builds cmd/sluice for the sluice mode. Without a
+// cmd/sluice in the tree the mode is left out.
+func sluiceForTest(t *testing.T) string {
+	if _, err := os.Stat("../../cmd/sluice/main.go"); err != nil || os.Getenv("BENCH_NO_SLUICE") != "" {
+		t.Logf("no cmd/sluice: sluice mode left out")
+		return ""
+	}
+	bin := filepath.Join(t.TempDir(), "sluice")
+	out, err := exec.Command("go", "build", "-o", bin, "../../cmd/sluice").CombinedOutput()
+	if err != nil {
+		t.Fatalf("build cmd/sluice: %v\n%s", err, out)
+	}
+	return bin
+}

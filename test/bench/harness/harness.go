@@ -1,0 +1,663 @@
+// Package harness runs the Sluice benchmark (issue #5): for each service
+// count N it builds one client -> node -> backend namespace triple per mode,
+// programs N kube-proxy-shaped services into each, and measures new
+// connections per second and latency through the node (per-packet path) and
+// from the node itself (socket layer), programming time from empty and for
+// one endpoint change, and memory. Modes are measured interleaved (A B C A B
+// C ...), and every figure is a median over rounds with its spread; ratios
+// are taken against the direct-to-backend floor of the same round.
+package harness
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sluice-lb/sluice/test/bench/load"
+	"github.com/sluice-lb/sluice/test/bench/rules"
+	"github.com/sluice-lb/sluice/test/bench/topo"
+)
+
+// Config is what a run measures. ConfigFromEnv reads it from BENCH_*.
+type Config struct {
+	Services      []int         `json:"services"`
+	Endpoints     int           `json:"endpoints"`
+	Rounds        int           `json:"rounds"`
+	RunTime       time.Duration `json:"run_time"`     // one client run
+	MaxConns      int           `json:"max_conns"`    // per client run
+	Workers       int           `json:"workers"`      // concurrent connections per client run
+	Modes         []string      `json:"modes"`        // besides the floor, which always runs
+	TimeLimit     time.Duration `json:"time_limit"`   // the whole run; later N are skipped past it
+	ProgTimeout   time.Duration `json:"prog_timeout"` // one programming step of one mode
+	ProbeSample   int           `json:"probe_sample"` // services probed for "all answering"
+	TestRunRepeat int           `json:"test_run_repeat"`
+	OutDir        string        `json:"-"`
+	Stamp         string        `json:"stamp"`
+	SluiceBin     string        `json:"-"`
+	Self          string        `json:"-"` // binary that serves the child roles
+}
+
+// AllModes is every mode the harness knows, floor excluded.
+var AllModes = []string{ModeIptNft, ModeIptLeg, ModeNft, ModeSluice}
+
+// ConfigFromEnv reads the BENCH_* environment.
+func ConfigFromEnv() (Config, error) {
+	c := Config{
+		Services:      []int{100, 1000, 10000, 30000},
+		Endpoints:     10,
+		Rounds:        3,
+		RunTime:       2 * time.Second,
+		MaxConns:      200000,
+		Workers:       4,
+		Modes:         AllModes,
+		TimeLimit:     45 * time.Minute,
+		ProgTimeout:   120 * time.Second,
+		ProbeSample:   32,
+		TestRunRepeat: 1000000,
+		OutDir:        "test/bench/results",
+		Stamp:         time.Now().UTC().Format("2006-01-02T150405Z"),
+	}
+	var err error
+	get := func(k string, f func(string) error) {
+		if v := os.Getenv(k); v != "" && err == nil {
+			if e := f(v); e != nil {
+				err = fmt.Errorf("%s=%q: %w", k, v, e)
+			}
+		}
+	}
+	atoi := func(p *int) func(string) error {
+		return func(v string) error { n, e := strconv.Atoi(v); *p = n; return e }
+	}
+	dur := func(p *time.Duration) func(string) error {
+		return func(v string) error { d, e := time.ParseDuration(v); *p = d; return e }
+	}
+	get("BENCH_SERVICES", func(v string) error {
+		c.Services = nil
+		for _, s := range strings.Split(v, ",") {
+			n, e := strconv.Atoi(strings.TrimSpace(strings.ReplaceAll(s, "_", "")))
+			if e != nil {
+				return e
+			}
+			c.Services = append(c.Services, n)
+		}
+		return nil
+	})
+	get("BENCH_ENDPOINTS", atoi(&c.Endpoints))
+	get("BENCH_ROUNDS", atoi(&c.Rounds))
+	get("BENCH_RUN_TIME", dur(&c.RunTime))
+	get("BENCH_MAX_CONNS", atoi(&c.MaxConns))
+	get("BENCH_WORKERS", atoi(&c.Workers))
+	get("BENCH_TIME_LIMIT", dur(&c.TimeLimit))
+	get("BENCH_PROG_TIMEOUT", dur(&c.ProgTimeout))
+	get("BENCH_PROBE_SAMPLE", atoi(&c.ProbeSample))
+	get("BENCH_TEST_RUN_REPEAT", atoi(&c.TestRunRepeat))
+	get("BENCH_OUT", func(v string) error { c.OutDir = v; return nil })
+	get("BENCH_SLUICE", func(v string) error { c.SluiceBin = v; return nil })
+	get("BENCH_MODES", func(v string) error {
+		c.Modes = nil
+		for _, m := range strings.Split(v, ",") {
+			m = strings.TrimSpace(m)
+			if m == ModeFloor || m == "" {
+				continue
+			}
+			if !slices.Contains(append(AllModes, ModeKubeProx), m) {
+				return fmt.Errorf("unknown mode %q", m)
+			}
+			c.Modes = append(c.Modes, m)
+		}
+		return nil
+	})
+	return c, err
+}
+
+// runner holds one run's state.
+type runner struct {
+	cfg  Config
+	log  *slog.Logger
+	res  *Results
+	rng  *rand.Rand
+	dead time.Time
+	tmp  string
+}
+
+// Run measures everything in cfg and returns the results (also on error,
+// as far as they got).
+func Run(ctx context.Context, cfg Config, log *slog.Logger) (*Results, error) {
+	topo.CleanupStale()
+	tmp, err := os.MkdirTemp("", "sluice-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	r := &runner{
+		cfg:  cfg,
+		log:  log,
+		rng:  rand.New(rand.NewPCG(1, uint64(time.Now().UnixNano()))),
+		dead: time.Now().Add(cfg.TimeLimit),
+		tmp:  tmp,
+		res:  &Results{Started: time.Now().UTC(), Config: cfg, Machine: describeMachine()},
+	}
+	r.res.Settings = []string{
+		"client and node netns: net.ipv4.ip_local_port_range=1024 65535, net.ipv4.tcp_tw_reuse=1",
+		"backend netns: net.core.somaxconn=4096, net.ipv4.tcp_max_syn_backlog=4096",
+		"node netns: net.ipv4.ip_forward=1",
+		fmt.Sprintf("client source addresses: %d (%s..)", topo.ClientSources, topo.ClientAddr),
+		"nf_conntrack_max is global (not settable per netns); left at " + readTrim("/proc/sys/net/netfilter/nf_conntrack_max") + ", counted per netns",
+	}
+	defer func() { r.res.Finished = time.Now().UTC() }()
+	for _, n := range cfg.Services {
+		if err := ctx.Err(); err != nil {
+			return r.res, err
+		}
+		p := Point{Services: n, Endpoints: cfg.Endpoints}
+		if time.Now().After(r.dead) {
+			p.Skipped = fmt.Sprintf("time limit %s reached", cfg.TimeLimit)
+			r.res.Points = append(r.res.Points, p)
+			continue
+		}
+		log.Info("point", "services", n, "endpoints", cfg.Endpoints)
+		if err := r.point(ctx, &p); err != nil {
+			p.Skipped = err.Error()
+			log.Error("point failed", "services", n, "err", err)
+		}
+		r.res.Points = append(r.res.Points, p)
+		if ctx.Err() != nil {
+			return r.res, ctx.Err()
+		}
+	}
+	return r.res, nil
+}
+
+// env is one mode's namespaces, backend server and datapath.
+type env struct {
+	name   string
+	tri    *topo.Triple
+	server *exec.Cmd
+	m      mode
+	failed string
+}
+
+func (e *env) close() {
+	if e.m != nil {
+		e.m.close()
+	}
+	if e.server != nil && e.server.Process != nil {
+		_ = e.server.Process.Kill()
+		_ = e.server.Wait()
+	}
+	if e.tri != nil {
+		e.tri.Cleanup()
+	}
+}
+
+func (r *runner) newEnv(ctx context.Context, name string, n int) (*env, error) {
+	tri, err := topo.New(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	e := &env{name: name, tri: tri}
+	if e.server, err = r.startServer(ctx, tri.Backend); err != nil {
+		e.close()
+		return nil, err
+	}
+	dir := filepath.Join(r.tmp, fmt.Sprintf("%s-%d", name, n))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		e.close()
+		return nil, err
+	}
+	cgName := fmt.Sprintf("sluice-bench-%d-%s-%d", os.Getpid(), name, n)
+	switch name {
+	case ModeFloor:
+		e.m = floorMode{}
+	case ModeIptNft, ModeIptLeg:
+		cg, err := newMemcg(cgName)
+		if err != nil {
+			r.note("memory: " + err.Error())
+		}
+		e.m = &iptMode{ns: tri.Node, variant: strings.TrimPrefix(name, "iptables-"), bound: r.cfg.ProgTimeout, cg: cg, tmp: dir}
+	case ModeNft:
+		cg, err := newMemcg(cgName)
+		if err != nil {
+			r.note("memory: " + err.Error())
+		}
+		e.m = &nftMode{ns: tri.Node, bound: r.cfg.ProgTimeout, cg: cg, tmp: dir}
+	case ModeSluice:
+		m, err := newSluiceMode(r, tri, dir, cgName)
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		e.m = m
+	default:
+		e.close()
+		return nil, fmt.Errorf("mode %s not available", name)
+	}
+	return e, nil
+}
+
+func (r *runner) note(s string) {
+	if !slices.Contains(r.res.Notes, s) {
+		r.res.Notes = append(r.res.Notes, s)
+	}
+}
+
+func (r *runner) startServer(ctx context.Context, ns string) (*exec.Cmd, error) {
+	cmd := exec.Command("ip", "netns", "exec", ns, r.cfg.Self)
+	cmd.Env = append(os.Environ(), load.RoleEnv+"=server", "SLUICE_BENCH_LISTEN=0.0.0.0:"+strconv.Itoa(rules.BackendPort))
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start server in %s: %w", ns, err)
+	}
+	ready := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		if sc.Scan() && sc.Text() == "ready" {
+			ready <- nil
+			for sc.Scan() {
+			}
+			return
+		}
+		ready <- errors.New("server exited before ready")
+	}()
+	select {
+	case err = <-ready:
+	case <-time.After(10 * time.Second):
+		err = errors.New("server not ready after 10s")
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, fmt.Errorf("server in %s: %w", ns, err)
+	}
+	return cmd, nil
+}
+
+// runClient runs one client child in ns (and cgroup, if set).
+func (r *runner) runClient(ctx context.Context, ns, cgroup string, cc load.ClientConfig) (load.ClientResult, error) {
+	ctx, cancel := context.WithTimeout(ctx, cc.Duration+30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, r.cfg.Self)
+	cmd.Env = append(os.Environ(), load.RoleEnv+"=client")
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
+	if cgroup != "" {
+		f, err := os.Open(cgroup)
+		if err != nil {
+			return load.ClientResult{}, err
+		}
+		defer f.Close()
+		cmd.SysProcAttr.UseCgroupFD = true
+		cmd.SysProcAttr.CgroupFD = int(f.Fd())
+	}
+	in, _ := json.Marshal(cc)
+	cmd.Stdin = strings.NewReader(string(in))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return load.ClientResult{}, fmt.Errorf("client in %s: %w: %s", ns, err, strings.TrimSpace(stderr.String()))
+	}
+	var res load.ClientResult
+	if err := json.Unmarshal(out, &res); err != nil {
+		return res, fmt.Errorf("client output %q: %w", out, err)
+	}
+	return res, nil
+}
+
+// point measures one service count.
+func (r *runner) point(ctx context.Context, p *Point) error {
+	n := p.Services
+	svcs, err := rules.Layout(n, r.cfg.Endpoints)
+	if err != nil {
+		return err
+	}
+	p.Failed = map[string]string{}
+	var envs []*env
+	defer func() {
+		for _, e := range envs {
+			e.close()
+		}
+	}()
+	for _, name := range append([]string{ModeFloor}, r.cfg.Modes...) {
+		e, err := r.newEnv(ctx, name, n)
+		if err != nil {
+			if name == ModeFloor {
+				return err
+			}
+			p.Failed[name] = err.Error()
+			r.log.Warn("mode unavailable", "mode", name, "err", err)
+			continue
+		}
+		envs = append(envs, e)
+		p.Modes = append(p.Modes, name)
+	}
+
+	r.programInitial(ctx, p, envs, svcs)
+	for _, e := range envs {
+		if e.failed != "" {
+			continue
+		}
+		for _, s := range e.tri.ConntrackSysctls() {
+			r.note("node netns (modes with conntrack): " + s)
+		}
+		p.Mem = append(p.Mem, MemStat{Mode: e.name, memStat: e.m.memory()})
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	r.connections(ctx, p, envs, svcs)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	r.updates(ctx, p, envs, svcs)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	p.TestRun = r.testRun(ctx, svcs)
+	for _, e := range envs {
+		if e.failed != "" {
+			p.Failed[e.name] = e.failed
+		}
+	}
+	return nil
+}
+
+// probeSet is the services probed for "all answering": the last one (the
+// last rule in KUBE-SERVICES), the first, and a random sample.
+func (r *runner) probeSet(svcs []rules.Service) []netip.AddrPort {
+	set := []netip.AddrPort{svcs[len(svcs)-1].VIPPort(), svcs[0].VIPPort()}
+	for i := 0; i < r.cfg.ProbeSample-2 && i < len(svcs)-2; i++ {
+		set = append(set, svcs[r.rng.IntN(len(svcs))].VIPPort())
+	}
+	return set
+}
+
+// waitAnswering returns when every target answered once, from ns.
+func waitAnswering(ctx context.Context, ns string, targets []netip.AddrPort, t0 time.Time, bound time.Duration) (time.Duration, error) {
+	var el time.Duration
+	err := topo.InNetns(ns, func() error {
+		pending := slices.Clone(targets)
+		var lastErr error
+		for {
+			next := pending[:0]
+			for _, t := range pending {
+				if err := load.Ping(t, 500*time.Millisecond); err != nil {
+					next = append(next, t)
+					lastErr = err
+				}
+			}
+			pending = next
+			if len(pending) == 0 {
+				el = time.Since(t0)
+				return nil
+			}
+			if time.Since(t0) > bound {
+				return fmt.Errorf("%w (%d of %d not answering: %v)", errTimeout{bound}, len(pending), len(targets), lastErr)
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+	return el, err
+}
+
+// waitBackend returns when a connection to vip from ns lands on want.
+func waitBackend(ctx context.Context, ns string, vip netip.AddrPort, want netip.Addr, t0 time.Time, bound time.Duration) (time.Duration, error) {
+	var el time.Duration
+	err := topo.InNetns(ns, func() error {
+		for {
+			if who, err := load.Who(vip, 500*time.Millisecond); err == nil && who == want {
+				el = time.Since(t0)
+				return nil
+			}
+			if time.Since(t0) > bound {
+				return errTimeout{bound}
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+		}
+	})
+	return el, err
+}
+
+func describeErr(err error) string {
+	var te errTimeout
+	if errors.As(err, &te) {
+		return te.Error()
+	}
+	return err.Error()
+}
+
+func (r *runner) programInitial(ctx context.Context, p *Point, envs []*env, svcs []rules.Service) {
+	probes := r.probeSet(svcs)
+	stats := map[string]*ProgStat{}
+	for _, e := range envs {
+		if e.name == ModeFloor {
+			continue
+		}
+		stats[e.name] = &ProgStat{Mode: e.name, InitialResult: "ok"}
+	}
+	for round := 0; round < r.cfg.Rounds; round++ {
+		for _, e := range envs {
+			st := stats[e.name]
+			if st == nil || e.failed != "" || ctx.Err() != nil {
+				continue
+			}
+			last := round == r.cfg.Rounds-1
+			if round > 0 {
+				// Repeat only cheap programming: a slow one is measured once.
+				if len(st.InitialS) > 0 && st.InitialS[len(st.InitialS)-1] > 20 || time.Now().After(r.dead) {
+					continue
+				}
+				if err := e.m.reset(ctx); err != nil {
+					e.failed = "reset: " + describeErr(err)
+					continue
+				}
+			}
+			t0 := time.Now()
+			err := e.m.program(ctx, svcs)
+			var el time.Duration
+			if err == nil {
+				el, err = waitAnswering(ctx, e.tri.Client, probes, t0, r.cfg.ProgTimeout)
+			}
+			if err != nil {
+				st.InitialResult = describeErr(err)
+				e.failed = "initial programming: " + st.InitialResult
+				r.log.Warn("programming failed", "mode", e.name, "services", p.Services, "err", err)
+				continue
+			}
+			st.InitialS = append(st.InitialS, el.Seconds())
+			r.log.Info("programmed", "mode", e.name, "services", p.Services, "seconds", el.Seconds())
+			_ = last
+		}
+	}
+	for _, e := range envs {
+		if st := stats[e.name]; st != nil {
+			st.Initial = stat(st.InitialS)
+			p.Prog = append(p.Prog, *st)
+		}
+	}
+}
+
+func (r *runner) updates(ctx context.Context, p *Point, envs []*env, svcs []rules.Service) {
+	cur := rules.Clone(svcs)
+	idx := map[string]int{}
+	for i := range p.Prog {
+		idx[p.Prog[i].Mode] = i
+		if p.Prog[i].UpdateResult == "" {
+			p.Prog[i].UpdateResult = "ok"
+		}
+	}
+	for round := 0; round < r.cfg.Rounds && !time.Now().After(r.dead); round++ {
+		k := r.rng.IntN(len(cur))
+		next := rules.Clone(cur)
+		spare := rules.SpareBackend(p.Services%1000*16 + round)
+		next[k].Endpoints[0] = spare
+		for _, e := range envs {
+			i, ok := idx[e.name]
+			if !ok || e.failed != "" || ctx.Err() != nil {
+				continue
+			}
+			st := &p.Prog[i]
+			t0 := time.Now()
+			err := e.m.update(ctx, next, cur[k], next[k])
+			var el time.Duration
+			if err == nil {
+				el, err = waitBackend(ctx, e.tri.Client, next[k].VIPPort(), spare.Addr(), t0, r.cfg.ProgTimeout)
+			}
+			if err != nil {
+				st.UpdateResult = describeErr(err)
+				e.failed = "update: " + st.UpdateResult
+				continue
+			}
+			st.UpdateS = append(st.UpdateS, el.Seconds())
+		}
+		cur = next
+	}
+	for i := range p.Prog {
+		p.Prog[i].Update = stat(p.Prog[i].UpdateS)
+	}
+}
+
+func (r *runner) connections(ctx context.Context, p *Point, envs []*env, svcs []rules.Service) {
+	type key struct{ layer, target, mode string }
+	stats := map[key]*ConnStat{}
+	var order []key
+	last := svcs[len(svcs)-1]
+	vips := func(target string) []string {
+		if target == "last" {
+			return []string{last.VIPPort().String()}
+		}
+		out := make([]string, len(svcs))
+		for i, s := range svcs {
+			out[i] = s.VIPPort().String()
+		}
+		return out
+	}
+	direct := func(target string) []string {
+		if target == "last" {
+			var out []string
+			for _, ep := range last.Endpoints {
+				out = append(out, ep.String())
+			}
+			return out
+		}
+		out := make([]string, len(svcs))
+		for i, s := range svcs {
+			out[i] = s.Endpoints[r.rng.IntN(len(s.Endpoints))].String()
+		}
+		return out
+	}
+	for round := 0; round < r.cfg.Rounds; round++ {
+		for _, layer := range []string{"packet", "socket"} {
+			for _, target := range []string{"random", "last"} {
+				floorCPS, floorP99 := 0.0, 0.0
+				for _, e := range envs {
+					if e.failed != "" || ctx.Err() != nil || time.Now().After(r.dead.Add(r.cfg.RunTime*10)) {
+						continue
+					}
+					k := key{layer, target, e.name}
+					st := stats[k]
+					if st == nil {
+						st = &ConnStat{Layer: layer, Target: target, Mode: e.name}
+						stats[k] = st
+						order = append(order, k)
+					}
+					cc := load.ClientConfig{
+						Workers:  r.cfg.Workers,
+						Duration: r.cfg.RunTime,
+						MaxConns: r.cfg.MaxConns,
+					}
+					if e.name == ModeFloor {
+						cc.Targets = direct(target)
+					} else {
+						cc.Targets = vips(target)
+					}
+					ns, cg := e.tri.Client, ""
+					if layer == "packet" {
+						cc.Sources = topo.ClientSourceAddrs()
+					} else {
+						ns, cg = e.tri.Node, e.m.socketCgroup()
+					}
+					res, err := r.runClient(ctx, ns, cg, cc)
+					if err != nil {
+						res.Errors++
+						res.FirstError = err.Error()
+					}
+					st.Rounds = append(st.Rounds, res)
+					r.log.Info("conns", "services", p.Services, "layer", layer, "target", target, "mode", e.name,
+						"conns_per_s", int(res.ConnsPerS), "p50_us", int(res.P50us), "p99_us", int(res.P99us), "errors", res.Errors)
+					if e.name == ModeFloor {
+						floorCPS, floorP99 = res.ConnsPerS, res.P99us
+					}
+					_ = floorCPS
+					_ = floorP99
+				}
+			}
+		}
+	}
+	for _, k := range order {
+		st := stats[k]
+		var cps, p50, p99, rc, rp []float64
+		floor := stats[key{k.layer, k.target, ModeFloor}]
+		for i, rr := range st.Rounds {
+			st.Errors += rr.Errors
+			if rr.Conns == 0 {
+				continue
+			}
+			cps = append(cps, rr.ConnsPerS)
+			p50 = append(p50, rr.P50us)
+			p99 = append(p99, rr.P99us)
+			if floor != nil && i < len(floor.Rounds) && floor.Rounds[i].Conns > 0 {
+				rc = append(rc, rr.ConnsPerS/floor.Rounds[i].ConnsPerS)
+				rp = append(rp, rr.P99us/floor.Rounds[i].P99us)
+			}
+		}
+		st.ConnsPerS, st.P50us, st.P99us = stat(cps), stat(p50), stat(p99)
+		st.RatioConnsPerS, st.RatioP99 = stat(rc).Median, stat(rp).Median
+		p.Conn = append(p.Conn, *st)
+	}
+}
+
+func stat(v []float64) Stat {
+	if len(v) == 0 {
+		return Stat{}
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	m := s[len(s)/2]
+	if len(s)%2 == 0 {
+		m = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return Stat{Median: m, Min: s[0], Max: s[len(s)-1]}
+}
+
+func readTrim(p string) string {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(b))
+}

@@ -1,0 +1,198 @@
+package harness
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sluice-lb/sluice/test/bench/rules"
+	"github.com/sluice-lb/sluice/test/bench/topo"
+)
+
+// Mode names.
+const (
+	ModeFloor    = "direct"
+	ModeIptNft   = "iptables-nft"
+	ModeIptLeg   = "iptables-legacy"
+	ModeNft      = "nftables"
+	ModeSluice   = "sluice"
+	ModeKubeProx = "kube-proxy"
+)
+
+// errTimeout marks a programming step that ran into its bound.
+type errTimeout struct{ bound time.Duration }
+
+func (e errTimeout) Error() string { return fmt.Sprintf("timeout > %s", e.bound) }
+
+// mode is one way of making VIPs reach backends in a triple's node namespace.
+type mode interface {
+	// program loads svcs into an empty datapath; it returns once the
+	// programming command returned (an agent may still be working).
+	program(ctx context.Context, svcs []rules.Service) error
+	// update moves the datapath from old to new, where only service k
+	// differs.
+	update(ctx context.Context, all []rules.Service, old, new rules.Service) error
+	// reset empties the datapath.
+	reset(ctx context.Context) error
+	// memory reports what the mode's state costs.
+	memory() memStat
+	// socketCgroup is the cgroup v2 directory a node-local client must run
+	// in for the mode to apply to it; "" when any process is covered.
+	socketCgroup() string
+	close()
+}
+
+type memStat struct {
+	KernelBytes int64  `json:"kernel_bytes,omitempty"` // ruleset or BPF map memory
+	AgentRSS    int64  `json:"agent_rss_bytes,omitempty"`
+	How         string `json:"how"`
+}
+
+// floor programs nothing: clients connect to backends directly.
+type floorMode struct{}
+
+func (floorMode) program(context.Context, []rules.Service) error { return nil }
+func (floorMode) update(context.Context, []rules.Service, rules.Service, rules.Service) error {
+	return errors.ErrUnsupported
+}
+func (floorMode) reset(context.Context) error { return nil }
+func (floorMode) memory() memStat             { return memStat{How: "no state"} }
+func (floorMode) socketCgroup() string        { return "" }
+func (floorMode) close()                      {}
+
+// runBounded runs argv in namespace ns under `timeout`, inside cg if set,
+// feeding it stdin.
+func runBounded(ctx context.Context, ns string, bound time.Duration, cg *memcg, stdin []byte, argv ...string) error {
+	full := append([]string{"ip", "netns", "exec", ns, "timeout", "--kill-after=5", fmt.Sprintf("%.0f", bound.Seconds())}, argv...)
+	full = cg.wrap(full)
+	cmd := exec.CommandContext(ctx, full[0], full[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{}
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && (ee.ExitCode() == 124 || ee.ExitCode() == 137) {
+		return errTimeout{bound}
+	}
+	if err != nil {
+		msg := strings.TrimSpace(errb.String())
+		if len(msg) > 400 {
+			msg = msg[:400] + "..."
+		}
+		return fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, msg)
+	}
+	return nil
+}
+
+// iptMode is kube-proxy-shaped iptables rules, loaded with iptables-restore
+// --noflush as kube-proxy does, through the nft or the legacy backend.
+type iptMode struct {
+	ns      string
+	variant string // "nft" or "legacy"
+	bound   time.Duration
+	cg      *memcg
+	tmp     string
+}
+
+func (m *iptMode) bin(tool string) string { return tool + "-" + m.variant + "-restore" }
+
+func (m *iptMode) restore(ctx context.Context, data []byte) error {
+	f := filepath.Join(m.tmp, "rules.iptables")
+	if err := os.WriteFile(f, data, 0o644); err != nil {
+		return err
+	}
+	return runBounded(ctx, m.ns, m.bound, m.cg, nil, m.bin("iptables"), "-w", "60", "--noflush", f)
+}
+
+func (m *iptMode) program(ctx context.Context, svcs []rules.Service) error {
+	return m.restore(ctx, rules.IptablesRestore(svcs, rules.IptablesOptions{Jumps: true}))
+}
+
+func (m *iptMode) update(ctx context.Context, all []rules.Service, old, new rules.Service) error {
+	// kube-proxy's full sync: every chain rewritten, stale SEP chains deleted.
+	var stale []string
+	keep := map[string]bool{}
+	for _, ep := range new.Endpoints {
+		keep[rules.SepChain(new, ep)] = true
+	}
+	for _, ep := range old.Endpoints {
+		if c := rules.SepChain(old, ep); !keep[c] {
+			stale = append(stale, c)
+		}
+	}
+	return m.restore(ctx, rules.IptablesRestore(all, rules.IptablesOptions{Stale: stale}))
+}
+
+func (m *iptMode) reset(ctx context.Context) error {
+	bin := "iptables-" + m.variant
+	for _, t := range []string{"nat", "filter"} {
+		for _, op := range []string{"-F", "-X"} {
+			if err := runBounded(ctx, m.ns, m.bound, nil, nil, bin, "-w", "60", "-t", t, op); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (m *iptMode) memory() memStat {
+	b, err := m.cg.kernelBytes()
+	if err != nil {
+		return memStat{How: "unavailable: " + err.Error()}
+	}
+	return memStat{KernelBytes: b, How: "kernel memory charged to the memory cgroup iptables-restore ran in"}
+}
+func (m *iptMode) socketCgroup() string { return "" }
+func (m *iptMode) close()               { m.cg.remove() }
+
+// nftMode is a kube-proxy-shaped nftables ruleset (kube-proxy's nftables
+// mode): the full table in one transaction, endpoint changes as small
+// transactions.
+type nftMode struct {
+	ns    string
+	bound time.Duration
+	cg    *memcg
+	tmp   string
+}
+
+func (m *nftMode) apply(ctx context.Context, data []byte) error {
+	f := filepath.Join(m.tmp, "rules.nft")
+	if err := os.WriteFile(f, data, 0o644); err != nil {
+		return err
+	}
+	return runBounded(ctx, m.ns, m.bound, m.cg, nil, "nft", "-f", f)
+}
+
+func (m *nftMode) program(ctx context.Context, svcs []rules.Service) error {
+	return m.apply(ctx, rules.NftRuleset(svcs))
+}
+
+func (m *nftMode) update(ctx context.Context, _ []rules.Service, old, new rules.Service) error {
+	return m.apply(ctx, rules.NftEndpointChange(old, new))
+}
+
+func (m *nftMode) reset(ctx context.Context) error {
+	return runBounded(ctx, m.ns, m.bound, nil, nil, "nft", "delete", "table", "ip", rules.NftTable)
+}
+
+func (m *nftMode) memory() memStat {
+	b, err := m.cg.kernelBytes()
+	if err != nil {
+		return memStat{How: "unavailable: " + err.Error()}
+	}
+	return memStat{KernelBytes: b, How: "kernel memory charged to the memory cgroup nft ran in"}
+}
+func (m *nftMode) socketCgroup() string { return "" }
+func (m *nftMode) close()               { m.cg.remove() }
+
+var _ = topo.Prefix

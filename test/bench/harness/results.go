@@ -1,0 +1,93 @@
+package harness
+
+import (
+	"time"
+
+	"github.com/sluice-lb/sluice/test/bench/load"
+)
+
+// Results is everything one benchmark run measured; it is written as
+// results/<date>.json and rendered as <date>.md and PNG plots.
+type Results struct {
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+	Config   Config    `json:"config"`
+	Machine  Machine   `json:"machine"`
+	Settings []string  `json:"settings"` // sysctls and similar that the run set
+	Notes    []string  `json:"notes"`
+	Points   []Point   `json:"points"`
+}
+
+// Machine describes where the run happened.
+type Machine struct {
+	Kernel   string            `json:"kernel"`
+	CPU      string            `json:"cpu"`
+	CPUs     int               `json:"cpus"`
+	MemBytes int64             `json:"mem_bytes"`
+	Go       string            `json:"go"`
+	Tools    map[string]string `json:"tools"`
+	Load     string            `json:"loadavg_at_start"`
+}
+
+// Point is everything measured at one service count.
+type Point struct {
+	Services  int               `json:"services"`
+	Endpoints int               `json:"endpoints"`
+	Skipped   string            `json:"skipped,omitempty"`
+	Modes     []string          `json:"modes"`
+	Failed    map[string]string `json:"failed,omitempty"` // mode -> why it was dropped at this N
+	Conn      []ConnStat        `json:"conn"`
+	Prog      []ProgStat        `json:"prog"`
+	Mem       []MemStat         `json:"mem"`
+	TestRun   *TestRunStat      `json:"bpf_test_run,omitempty"`
+}
+
+// ConnStat is one mode's connection figures for a layer and a target set.
+type ConnStat struct {
+	Layer  string              `json:"layer"`  // "packet" (client in its own netns) or "socket" (client on the node)
+	Target string              `json:"target"` // "random" or "last"
+	Mode   string              `json:"mode"`
+	Rounds []load.ClientResult `json:"rounds"`
+	// Medians over rounds, with min..max spread.
+	ConnsPerS Stat `json:"conns_per_s"`
+	P50us     Stat `json:"p50_us"`
+	P99us     Stat `json:"p99_us"`
+	// Medians over rounds of the per-round ratio to the floor (direct).
+	RatioConnsPerS float64 `json:"ratio_conns_per_s,omitempty"`
+	RatioP99       float64 `json:"ratio_p99,omitempty"`
+	Errors         int     `json:"errors"`
+}
+
+// Stat is a median with its spread.
+type Stat struct {
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+}
+
+// ProgStat is one mode's programming times.
+type ProgStat struct {
+	Mode string `json:"mode"`
+	// Initial: from an empty datapath to all sampled services answering.
+	InitialS      []float64 `json:"initial_s"`
+	Initial       Stat      `json:"initial"`
+	InitialResult string    `json:"initial_result"` // "ok", "timeout > X s", or an error
+	// Update: one endpoint changed in the source until a client reaches it.
+	UpdateS      []float64 `json:"update_s"`
+	Update       Stat      `json:"update"`
+	UpdateResult string    `json:"update_result"`
+}
+
+// MemStat is one mode's memory at N.
+type MemStat struct {
+	Mode string `json:"mode"`
+	memStat
+}
+
+// TestRunStat is the tc program's cost per packet via BPF_PROG_TEST_RUN.
+type TestRunStat struct {
+	Repeat      int       `json:"repeat"`
+	NsPerPacket []float64 `json:"ns_per_packet"`
+	Median      Stat      `json:"median"`
+	Result      string    `json:"result"`
+}

@@ -1,0 +1,127 @@
+package report
+
+import (
+	"bytes"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/sluice-lb/sluice/test/bench/harness"
+)
+
+// Markdown renders the run as a report with tables and ratios.
+func Markdown(res *harness.Results, stamp string) []byte {
+	var b bytes.Buffer
+	c := res.Config
+	fmt.Fprintf(&b, "# Sluice benchmark %s\n\n", stamp)
+	fmt.Fprintf(&b, "Started %s, finished %s (%s).\n\n", res.Started.Format("2006-01-02 15:04:05Z"),
+		res.Finished.Format("15:04:05Z"), res.Finished.Sub(res.Started).Round(1e9))
+	b.WriteString("## Machine\n\n")
+	m := res.Machine
+	fmt.Fprintf(&b, "- kernel %s, %d CPUs (%s), %.1f GiB memory, %s\n", m.Kernel, m.CPUs, m.CPU, float64(m.MemBytes)/(1<<30), m.Go)
+	fmt.Fprintf(&b, "- load average at start: %s (the machine is shared: figures are medians of interleaved rounds, compare ratios rather than absolutes)\n", m.Load)
+	var tools []string
+	for k, v := range m.Tools {
+		tools = append(tools, k+": "+v)
+	}
+	sort.Strings(tools)
+	fmt.Fprintf(&b, "- tools: %s\n\n", strings.Join(tools, "; "))
+	b.WriteString("## Method\n\n")
+	fmt.Fprintf(&b, "- services N = %v, %d endpoints each, port 80 -> 8080/TCP; %d rounds, modes interleaved within each round\n", c.Services, c.Endpoints, c.Rounds)
+	fmt.Fprintf(&b, "- one client run: %s or %d connections, %d concurrent workers; a connection is connect, 1-byte request, 1-byte reply, close (latency covers all of it)\n", c.RunTime, c.MaxConns, c.Workers)
+	b.WriteString("- per-packet layer: client netns -> node netns (the rules, or Sluice's tc program on the node's client-facing veth) -> backend netns; socket layer: the client runs in the node netns itself (iptables/nftables OUTPUT hooks, Sluice's cgroup connect4)\n")
+	b.WriteString("- targets: `random` = a VIP picked at random per connection among all N; `last` = the VIP whose rule is last in KUBE-SERVICES. `direct` (the floor) connects to a backend of the same service(s) with no rules at all\n")
+	b.WriteString("- ratios are per round against `direct` of the same round, then the median: conns/s ratio < 1 and p99 ratio > 1 mean slower than the floor\n")
+	fmt.Fprintf(&b, "- programming: `initial` = from an empty datapath to %d sampled services (first, last, random) all answering; `update` = one endpoint of one service moved to a new address in the source until a client connection lands on it; each step bounded by %s\n", c.ProbeSample, c.ProgTimeout)
+	b.WriteString("- iptables: kube-proxy-shaped ruleset (KUBE-SERVICES -> KUBE-SVC-* with statistic random 1/(n-i) -> KUBE-SEP-* DNAT, KUBE-MARK-MASQ, KUBE-POSTROUTING, filter KUBE-FORWARD etc.), loaded with `iptables-restore --noflush`; an update rewrites the full table as kube-proxy's full sync does\n")
+	b.WriteString("- nftables: kube-proxy-shaped (service-ips verdict map keyed by daddr . l4proto . dport, per-service numgen vmap, per-endpoint DNAT chains); initial load is one `nft -f` transaction, an update is the small transaction kube-proxy sends\n")
+	b.WriteString("- the real kube-proxy is not run: kube-proxy-shaped rules stand in for it\n\n")
+	b.WriteString("### What the run set\n\n")
+	for _, s := range res.Settings {
+		fmt.Fprintf(&b, "- %s\n", s)
+	}
+	for _, s := range res.Notes {
+		fmt.Fprintf(&b, "- %s\n", s)
+	}
+	b.WriteString("\n")
+
+	for _, layer := range []string{"packet", "socket"} {
+		for _, target := range []string{"random", "last"} {
+			fmt.Fprintf(&b, "## New connections, %s layer, %s VIP\n\n", layer, target)
+			b.WriteString("| N | mode | conns/s median (min-max) | x direct | p50 us | p99 us median (min-max) | p99 x direct | errors |\n")
+			b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|\n")
+			for _, p := range res.Points {
+				for _, cs := range p.Conn {
+					if cs.Layer != layer || cs.Target != target {
+						continue
+					}
+					ratio, rp99 := "1", "1"
+					if cs.Mode != harness.ModeFloor {
+						ratio, rp99 = fmt.Sprintf("%.2f", cs.RatioConnsPerS), fmt.Sprintf("%.2f", cs.RatioP99)
+					}
+					fmt.Fprintf(&b, "| %d | %s | %.0f (%.0f-%.0f) | %s | %.0f | %.0f (%.0f-%.0f) | %s | %d |\n",
+						p.Services, cs.Mode, cs.ConnsPerS.Median, cs.ConnsPerS.Min, cs.ConnsPerS.Max, ratio,
+						cs.P50us.Median, cs.P99us.Median, cs.P99us.Min, cs.P99us.Max, rp99, cs.Errors)
+				}
+			}
+			b.WriteString("\n")
+		}
+	}
+
+	b.WriteString("## Programming time\n\n")
+	b.WriteString("| N | mode | initial s median (min-max) | initial | update ms median (min-max) | update |\n")
+	b.WriteString("|---:|---|---:|---|---:|---|\n")
+	for _, p := range res.Points {
+		for _, ps := range p.Prog {
+			ini, upd := "-", "-"
+			if len(ps.InitialS) > 0 {
+				ini = fmt.Sprintf("%.3f (%.3f-%.3f) n=%d", ps.Initial.Median, ps.Initial.Min, ps.Initial.Max, len(ps.InitialS))
+			}
+			if len(ps.UpdateS) > 0 {
+				upd = fmt.Sprintf("%.1f (%.1f-%.1f) n=%d", ps.Update.Median*1e3, ps.Update.Min*1e3, ps.Update.Max*1e3, len(ps.UpdateS))
+			}
+			fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s |\n", p.Services, ps.Mode, ini, ps.InitialResult, upd, ps.UpdateResult)
+		}
+	}
+	b.WriteString("\n## Memory\n\n")
+	b.WriteString("| N | mode | kernel MiB | agent RSS MiB | how |\n|---:|---|---:|---:|---|\n")
+	for _, p := range res.Points {
+		for _, ms := range p.Mem {
+			if ms.Mode == harness.ModeFloor {
+				continue
+			}
+			fmt.Fprintf(&b, "| %d | %s | %.1f | %.1f | %s |\n", p.Services, ms.Mode, float64(ms.KernelBytes)/(1<<20), float64(ms.AgentRSS)/(1<<20), ms.How)
+		}
+	}
+	b.WriteString("\n## tc program per packet (BPF_PROG_TEST_RUN)\n\n")
+	b.WriteString("| N | ns/packet median (min-max) | repeat | result |\n|---:|---:|---:|---|\n")
+	for _, p := range res.Points {
+		if tr := p.TestRun; tr != nil {
+			fmt.Fprintf(&b, "| %d | %.1f (%.1f-%.1f) | %d | %s |\n", p.Services, tr.Median.Median, tr.Median.Min, tr.Median.Max, tr.Repeat, tr.Result)
+		} else {
+			fmt.Fprintf(&b, "| %d | - | - | not measured |\n", p.Services)
+		}
+	}
+	var skipped []string
+	for _, p := range res.Points {
+		if p.Skipped != "" {
+			skipped = append(skipped, fmt.Sprintf("- N=%d skipped: %s", p.Services, p.Skipped))
+		}
+		var fm []string
+		for k := range p.Failed {
+			fm = append(fm, k)
+		}
+		sort.Strings(fm)
+		for _, k := range fm {
+			skipped = append(skipped, fmt.Sprintf("- N=%d %s: %s", p.Services, k, p.Failed[k]))
+		}
+	}
+	if len(skipped) > 0 {
+		b.WriteString("\n## Skipped and failed\n\n" + strings.Join(skipped, "\n") + "\n")
+	}
+	b.WriteString("\n## Plots\n\n")
+	for _, f := range plotFiles {
+		fmt.Fprintf(&b, "![%s](%s-%s.png)\n", f.title, stamp, f.suffix)
+	}
+	return b.Bytes()
+}
