@@ -276,7 +276,7 @@ func TestTCBackendChange(t *testing.T) {
 func TestTCConntrackTimeout(t *testing.T) {
 	requireRoot(t)
 	cfg := smallConfig(testPinDir(t))
-	cfg.CTTimeoutUDP = 50 * time.Millisecond
+	cfg.CTTimeoutUDP = 500 * time.Millisecond
 	d := openTest(t, cfg)
 	m := d.Maps()
 	a, b := testBackend{31, l4("10.1.3.1", 5353, model.UDP)}, testBackend{32, l4("10.1.3.2", 5353, model.UDP)}
@@ -299,7 +299,7 @@ func TestTCConntrackTimeout(t *testing.T) {
 	if got := dstOf(); got != "10.1.3.1" {
 		t.Fatalf("live flow moved to %s", got)
 	}
-	time.Sleep(120 * time.Millisecond)
+	time.Sleep(1200 * time.Millisecond)
 	if got := dstOf(); got != "10.1.3.2" {
 		t.Fatalf("idle flow still sent to %s after its timeout", got)
 	}

@@ -1,0 +1,116 @@
+package datapath
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// TestMapsDumpRoundTrip: what the reconciler writes, Dump reads back, and
+// a new Open over the same pins sees the same state.
+func TestMapsDumpRoundTrip(t *testing.T) {
+	requireRoot(t)
+	bpffs := testPinDir(t)
+	d := openTest(t, smallConfig(bpffs))
+	m := d.Maps()
+	fe := l4("10.96.1.1", 443, model.TCP)
+	feU := l4("10.96.1.1", 443, model.UDP)
+	b1, b2 := testBackend{7, l4("10.2.0.1", 8443, model.TCP)}, testBackend{8, l4("10.2.0.2", 8443, model.TCP)}
+	addService(t, m, 5, fe, b1, b2)
+	addService(t, m, 6, feU)
+
+	want := &reconciler.KernelState{
+		Masters: map[model.L4Addr]reconciler.Master{
+			fe:  {ID: 5, Count: 2},
+			feU: {ID: 6, Count: 0},
+		},
+		Slots:    map[model.L4Addr]map[uint32]reconciler.BackendID{fe: {1: 7, 2: 8}},
+		Backends: map[reconciler.BackendID]model.L4Addr{7: b1.addr, 8: b2.addr},
+		RevNat:   map[reconciler.ServiceID]model.L4Addr{5: fe, 6: feU},
+	}
+	got, err := m.Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Dump\n got %+v\nwant %+v", got, want)
+	}
+
+	// Idempotent deletes, including of things that are not there.
+	for range 2 {
+		if err := m.DeleteSlot(fe, 2); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.DeleteBackend(8); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.DeleteRevNat(99); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.UpsertMaster(fe, reconciler.Master{ID: 5, Count: 1}); err != nil {
+		t.Fatal(err)
+	}
+	delete(want.Slots[fe], 2)
+	delete(want.Backends, 8)
+	want.Masters[fe] = reconciler.Master{ID: 5, Count: 1}
+
+	// A restarted agent finds the same state in the pinned maps.
+	d2 := openTest(t, smallConfig(bpffs))
+	got, err = d2.Maps().Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Dump after re-Open\n got %+v\nwant %+v", got, want)
+	}
+
+	s, b, e := m.Capacity()
+	if s != 256 || b != 1024 || e != 4096 {
+		t.Errorf("Capacity() = %d, %d, %d; want 256, 1024, 4096", s, b, e)
+	}
+}
+
+func TestMapsRejectInvalid(t *testing.T) {
+	d := newTestDatapath(t)
+	m := d.Maps()
+	v6 := model.L4Addr{Addr: l4("10.0.0.1", 1, model.TCP).Addr, Port: 1, Proto: 1}
+	for name, err := range map[string]error{
+		"ipv6 backend":   m.UpsertBackend(1, l4("fd00::1", 80, model.TCP)),
+		"icmp frontend":  m.UpsertMaster(v6, reconciler.Master{ID: 1}),
+		"backend id 0":   m.UpsertBackend(0, l4("10.0.0.1", 80, model.TCP)),
+		"service id 0":   m.UpsertRevNat(0, l4("10.0.0.1", 80, model.TCP)),
+		"slot 0 as slot": m.UpsertSlot(l4("10.0.0.1", 80, model.TCP), 0, 1),
+		"slot too large": m.UpsertSlot(l4("10.0.0.1", 80, model.TCP), 1<<16, 1),
+	} {
+		if err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	// An IPv4-mapped IPv6 address is an IPv4 address.
+	if err := m.UpsertBackend(1, l4("::ffff:10.0.0.1", 80, model.TCP)); err != nil {
+		t.Errorf("IPv4-mapped backend: %v", err)
+	}
+}
+
+// TestOpenPinnedSizeMismatch: reusing pins with another size is refused
+// with an error that names the map and both sizes.
+func TestOpenPinnedSizeMismatch(t *testing.T) {
+	requireRoot(t)
+	bpffs := testPinDir(t)
+	d := openTest(t, smallConfig(bpffs))
+	d.Close()
+	cfg := smallConfig(bpffs)
+	cfg.MaxConntrack = 8192
+	d2, err := Open(cfg)
+	if err == nil {
+		d2.Close()
+		t.Fatal("Open with a different conntrack size over existing pins succeeded")
+	}
+	if msg := err.Error(); !strings.Contains(msg, "sluice_conntrack") || !strings.Contains(msg, "4096") || !strings.Contains(msg, "8192") {
+		t.Errorf("error does not say which map and sizes: %v", err)
+	}
+}
