@@ -68,6 +68,11 @@ type frontendView struct {
 	hasMaster bool
 	master    Master
 	slots     map[uint32]BackendID // slot >= 1 -> backend
+
+	// synced says the frontend was last fully programmed with
+	// syncedAddrs and nothing touched it since (a fast path for Apply).
+	synced      bool
+	syncedAddrs []model.L4Addr
 }
 
 // Reconciler programs a Datapath. Its methods are safe for concurrent use.
@@ -83,6 +88,12 @@ type Reconciler struct {
 	entries   int               // masters plus slots
 	slotRefs  map[BackendID]int // slots (of any frontend, within count or not) naming a backend id
 	masterRef map[ServiceID]int // masters naming a service id
+
+	// Entries that may have lost their last user: backends no slot names,
+	// rev_nat entries no master names. Only these are considered for
+	// deletion, so a small change costs little however much is programmed.
+	backendCand map[BackendID]bool
+	revNatCand  map[ServiceID]bool
 
 	// The id each backend address and each frontend is (to be) programmed
 	// under. An id named here is reserved even before its entry is written.
@@ -123,6 +134,8 @@ func (r *Reconciler) reset() {
 	r.entries = 0
 	r.slotRefs = map[BackendID]int{}
 	r.masterRef = map[ServiceID]int{}
+	r.backendCand = map[BackendID]bool{}
+	r.revNatCand = map[ServiceID]bool{}
 	r.backendOf = map[model.L4Addr]BackendID{}
 	r.serviceOf = map[model.L4Addr]ServiceID{}
 	r.svcIDs = newIDAllocator()
@@ -227,6 +240,16 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 			r.backendOf[a] = id
 		}
 	}
+	for id := range r.backends {
+		if r.slotRefs[id] == 0 {
+			r.backendCand[id] = true
+		}
+	}
+	for id := range r.revNat {
+		if r.masterRef[id] == 0 {
+			r.revNatCand[id] = true
+		}
+	}
 	r.dirty = true
 }
 
@@ -269,13 +292,29 @@ func (r *Reconciler) Stats() Stats {
 
 // desiredFrontend is one frontend of the desired state, with its backends.
 type desiredFrontend struct {
+	fe    model.L4Addr
 	svc   *model.Service
 	addrs []model.L4Addr // sorted, unique
+}
+
+func newDesired(fe model.L4Addr, svc *model.Service) *desiredFrontend {
+	d := &desiredFrontend{fe: fe, svc: svc, addrs: make([]model.L4Addr, 0, len(svc.Backends))}
+	for _, b := range svc.Backends {
+		d.addrs = append(d.addrs, b.L4Addr)
+	}
+	slices.SortFunc(d.addrs, cmpL4)
+	d.addrs = slices.Compact(d.addrs)
+	return d
 }
 
 // Apply programs st. It writes only what differs from the view, and returns
 // a joined error naming every service that could not be (fully) programmed;
 // all the others are programmed regardless.
+//
+// Its cost is one comparison per desired frontend plus work proportional
+// to what changed: frontends remember the backends they were last
+// programmed with, and only backends and rev_nat entries that lost their
+// last user are considered for deletion.
 func (r *Reconciler) Apply(st *model.State) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -287,32 +326,36 @@ func (r *Reconciler) Apply(st *model.State) error {
 			errs = append(errs, err)
 		}
 	}
-
-	desired := map[model.L4Addr]*desiredFrontend{}
-	wantBackend := map[model.L4Addr]bool{}
+	var services map[model.L4Addr]*model.Service
 	if st != nil {
-		for fe, svc := range st.Services {
-			if svc == nil {
-				continue
-			}
-			d := &desiredFrontend{svc: svc}
-			for _, b := range svc.Backends {
-				d.addrs = append(d.addrs, b.L4Addr)
-			}
-			slices.SortFunc(d.addrs, cmpL4)
-			d.addrs = slices.Compact(d.addrs)
-			desired[fe] = d
-			for _, a := range d.addrs {
-				wantBackend[a] = true
-			}
+		services = st.Services
+	}
+
+	// Which frontends need work, and the backends they want. (Frontends in
+	// sync name all their backends already.)
+	var changed []*desiredFrontend
+	wantBackend := map[model.L4Addr]bool{}
+	for fe, svc := range services {
+		if svc == nil || r.fastInSync(fe, svc) {
+			continue
+		}
+		d := newDesired(fe, svc)
+		if r.inSyncFrontend(fe, d) {
+			r.markSynced(fe, d)
+			continue
+		}
+		changed = append(changed, d)
+		for _, a := range d.addrs {
+			wantBackend[a] = true
 		}
 	}
+	slices.SortFunc(changed, func(a, b *desiredFrontend) int { return cmpL4(a.fe, b.fe) })
 
 	// Phase 1: frontends nobody wants any more: master, then slots. This
 	// also frees room in the maps for what comes next.
 	var gone []model.L4Addr
 	for fe := range r.frontends {
-		if _, ok := desired[fe]; !ok {
+		if services[fe] == nil {
 			gone = append(gone, fe)
 		}
 	}
@@ -328,18 +371,12 @@ func (r *Reconciler) Apply(st *model.State) error {
 	}
 
 	// Phase 2: frontends to add or change, in a stable order.
-	var changed []model.L4Addr
-	for fe, d := range desired {
-		if !r.inSyncFrontend(fe, d) {
-			changed = append(changed, fe)
+	for _, d := range changed {
+		if err := r.programFrontend(d.fe, d, capSvc, capBe, capEnt); err != nil {
+			errs = append(errs, fmt.Errorf("service %s (%s): %w", d.svc.Name, d.fe, err))
+			continue
 		}
-	}
-	slices.SortFunc(changed, cmpL4)
-	for _, fe := range changed {
-		d := desired[fe]
-		if err := r.programFrontend(fe, d, capSvc, capBe, capEnt); err != nil {
-			errs = append(errs, fmt.Errorf("service %s (%s): %w", d.svc.Name, fe, err))
-		}
+		r.markSynced(d.fe, d)
 	}
 
 	// Phase 3: backends nobody names, rev_nat of removed services, and
@@ -347,29 +384,8 @@ func (r *Reconciler) Apply(st *model.State) error {
 	if err := r.deleteUnusedBackends(wantBackend); err != nil {
 		errs = append(errs, err)
 	}
-	var unusedRevNat []ServiceID
-	for id, fe := range r.revNat {
-		if r.masterRef[id] > 0 {
-			continue
-		}
-		if _, want := desired[fe]; want && r.serviceOf[fe] == id {
-			continue // programming it failed before its master; reuse
-		}
-		unusedRevNat = append(unusedRevNat, id)
-	}
-	slices.Sort(unusedRevNat)
-	for _, id := range unusedRevNat {
-		fe := r.revNat[id]
-		r.writes++
-		if err := r.dp.DeleteRevNat(id); err != nil {
-			errs = append(errs, fmt.Errorf("delete rev_nat %d (%s): %w", id, fe, err))
-			continue
-		}
-		delete(r.revNat, id)
-		if r.serviceOf[fe] == id {
-			delete(r.serviceOf, fe)
-		}
-		r.maybeReleaseService(id, fe)
+	if err := r.deleteUnusedRevNat(services); err != nil {
+		errs = append(errs, err)
 	}
 	for _, a := range sortedKeys(r.pendingFlush) {
 		r.writes++
@@ -384,13 +400,62 @@ func (r *Reconciler) Apply(st *model.State) error {
 	// that are gone, are freed. Only failures and Restore leave such
 	// reservations behind, so the scan is skipped otherwise.
 	if len(errs) > 0 || r.dirty {
-		r.releaseReservations(desired, wantBackend)
+		r.releaseReservations(services, wantBackend)
 		r.dirty = len(errs) > 0
 	}
 
 	err := errors.Join(errs...)
 	r.inSync = err == nil
 	return err
+}
+
+// fastInSync reports whether fe was fully programmed with exactly svc's
+// backends, and nothing touched it since.
+func (r *Reconciler) fastInSync(fe model.L4Addr, svc *model.Service) bool {
+	v := r.frontends[fe]
+	if v == nil || !v.synced || len(v.syncedAddrs) != len(svc.Backends) || v.master.Flags != masterFlags(svc) {
+		return false
+	}
+	for i, b := range svc.Backends {
+		if b.L4Addr != v.syncedAddrs[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *Reconciler) markSynced(fe model.L4Addr, d *desiredFrontend) {
+	if v := r.frontends[fe]; v != nil {
+		v.synced, v.syncedAddrs = true, d.addrs
+	}
+}
+
+// deleteUnusedRevNat deletes the rev_nat entries of services no master
+// names, unless a desired frontend is being programmed under that id.
+func (r *Reconciler) deleteUnusedRevNat(services map[model.L4Addr]*model.Service) error {
+	var errs []error
+	for _, id := range sortedKeys(r.revNatCand) {
+		fe, ok := r.revNat[id]
+		if !ok || r.masterRef[id] > 0 {
+			delete(r.revNatCand, id)
+			continue
+		}
+		if services[fe] != nil && r.serviceOf[fe] == id {
+			continue // its master failed to be written; reused next time
+		}
+		r.writes++
+		if err := r.dp.DeleteRevNat(id); err != nil {
+			errs = append(errs, fmt.Errorf("delete rev_nat %d (%s): %w", id, fe, err))
+			continue
+		}
+		delete(r.revNat, id)
+		delete(r.revNatCand, id)
+		if r.serviceOf[fe] == id {
+			delete(r.serviceOf, fe)
+		}
+		r.maybeReleaseService(id, fe)
+	}
+	return errors.Join(errs...)
 }
 
 // inSyncFrontend reports whether fe is programmed exactly as d asks.
@@ -488,6 +553,9 @@ func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capSvc
 		sid = ServiceID(r.svcIDs.alloc())
 		r.serviceOf[fe] = sid
 	}
+	if v != nil {
+		v.synced = false
+	}
 
 	// Backends this frontend names now (within its count), to flush the
 	// UDP ones that leave it once it no longer names them.
@@ -517,6 +585,7 @@ func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capSvc
 			return fmt.Errorf("upsert backend %d (%s): %w", id, a, err)
 		}
 		r.backends[id] = a
+		r.backendCand[id] = true // until a slot names it
 	}
 
 	// 2. Reverse NAT.
@@ -526,6 +595,7 @@ func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capSvc
 			return fmt.Errorf("upsert rev_nat %d: %w", sid, err)
 		}
 		r.revNat[sid] = fe
+		r.revNatCand[sid] = true // until a master names it
 	}
 
 	// 3. Slots 1..m: keep the wanted backends where they are, fill the
@@ -568,6 +638,7 @@ func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capSvc
 		}
 		if v.hasMaster {
 			r.masterRef[v.master.ID]--
+			r.revNatCand[v.master.ID] = true
 			r.maybeReleaseService(v.master.ID, fe)
 		} else {
 			r.entries++
@@ -617,9 +688,10 @@ func (r *Reconciler) removeFrontend(fe model.L4Addr) error {
 		if err := r.dp.DeleteSlot(fe, 0); err != nil {
 			return fmt.Errorf("delete master: %w", err)
 		}
-		v.hasMaster = false
+		v.hasMaster, v.synced = false, false
 		r.entries--
 		r.masterRef[v.master.ID]--
+		r.revNatCand[v.master.ID] = true
 		r.maybeReleaseService(v.master.ID, fe)
 		for _, a := range named {
 			if a.Proto == model.UDP {
@@ -640,9 +712,9 @@ func (r *Reconciler) removeFrontend(fe model.L4Addr) error {
 
 // releaseReservations drops the ids chosen for frontends and backend
 // addresses that neither the maps hold nor the desired state wants.
-func (r *Reconciler) releaseReservations(desired map[model.L4Addr]*desiredFrontend, want map[model.L4Addr]bool) {
+func (r *Reconciler) releaseReservations(services map[model.L4Addr]*model.Service, want map[model.L4Addr]bool) {
 	for fe, id := range r.serviceOf {
-		if _, ok := desired[fe]; ok {
+		if services[fe] != nil {
 			continue
 		}
 		if _, ok := r.frontends[fe]; ok {
@@ -663,13 +735,18 @@ func (r *Reconciler) releaseReservations(desired map[model.L4Addr]*desiredFronte
 	}
 }
 
-// deleteUnusedBackends deletes backend entries no slot names, unless the
-// desired state wants their address under that id.
+// deleteUnusedBackends deletes the backend entries that lost their last
+// slot (or never got one), unless a frontend being programmed wants their
+// address under that id.
 func (r *Reconciler) deleteUnusedBackends(want map[model.L4Addr]bool) error {
 	var errs []error
-	for _, id := range sortedKeys(r.backends) {
-		a := r.backends[id]
-		if r.slotRefs[id] > 0 || (want[a] && r.backendOf[a] == id) {
+	for _, id := range sortedKeys(r.backendCand) {
+		a, ok := r.backends[id]
+		if !ok || r.slotRefs[id] > 0 {
+			delete(r.backendCand, id)
+			continue
+		}
+		if want[a] && r.backendOf[a] == id {
 			continue
 		}
 		r.writes++
@@ -678,6 +755,7 @@ func (r *Reconciler) deleteUnusedBackends(want map[model.L4Addr]bool) error {
 			continue
 		}
 		delete(r.backends, id)
+		delete(r.backendCand, id)
 		if r.backendOf[a] == id {
 			delete(r.backendOf, a)
 		}
@@ -709,6 +787,7 @@ func (r *Reconciler) deleteSlot(v *frontendView, s uint32) {
 func (r *Reconciler) unref(id BackendID) {
 	if r.slotRefs[id]--; r.slotRefs[id] <= 0 {
 		delete(r.slotRefs, id)
+		r.backendCand[id] = true
 		if _, real := r.backends[id]; !real {
 			// A stray slot named an id the backend map does not hold.
 			r.beIDs.release(uint32(id))
