@@ -11,8 +11,8 @@ ENV CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN go build -trimpath -ldflags="-s -w" -o /out/sluice ./cmd/sluice
-RUN go build -trimpath -ldflags="-s -w" -o /out/sluicectl ./cmd/sluicectl
+RUN go build -ldflags="-s -w" -o /out/sluice ./cmd/sluice
+RUN go build -ldflags="-s -w" -o /out/sluicectl ./cmd/sluicectl
 
 FROM gcr.io/distroless/static-debian12
 COPY --from=build /out/sluice /out/sluicectl /usr/local/bin/

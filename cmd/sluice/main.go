@@ -1,0 +1,243 @@
+// Command sluice is the Sluice agent: it programs the eBPF datapath on this
+// node from a source of desired state (a manifest file, or the Kubernetes
+// API) and keeps it in sync.
+//
+//	sluice --manifests services.yaml [--devices eth0] ...
+//	sluice cleanup [--bpffs /sys/fs/bpf]
+//
+// The agent can stop and restart at any time without touching traffic: the
+// programs and maps stay pinned under <bpffs>/sluice/. `sluice cleanup`
+// removes them.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sluice-lb/sluice/pkg/agent"
+	"github.com/sluice-lb/sluice/pkg/datapath"
+	"github.com/sluice-lb/sluice/pkg/health"
+	"github.com/sluice-lb/sluice/pkg/k8s"
+	"github.com/sluice-lb/sluice/pkg/manifest"
+	"github.com/sluice-lb/sluice/pkg/metrics"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	if len(args) > 0 && args[0] == "cleanup" {
+		return runCleanup(args[1:])
+	}
+	fs := flag.NewFlagSet("sluice", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage:\n  sluice --manifests PATH [flags]\n  sluice --kubeconfig PATH [flags]\n  sluice cleanup [--bpffs DIR]\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	var (
+		manifests   = fs.String("manifests", "", "read Services and EndpointSlices from this YAML file (or directory), watching it for changes")
+		devices     = fs.String("devices", "", "comma-separated devices to attach the tc programs to (ingress and egress)")
+		cgroup      = fs.String("cgroup", "", "cgroup v2 directory for socket load balancing (default: the cgroup2 root)")
+		socketLB    = fs.Bool("socket-lb", true, "translate at the socket layer (cgroup connect4/sendmsg4/recvmsg4/getpeername4)")
+		bpffs       = fs.String("bpffs", datapath.DefaultBPFFS, "bpffs mount; state is pinned under <bpffs>/sluice/")
+		healthAddr  = fs.String("health-addr", ":10256", "address for /healthz and /readyz (empty: off)")
+		metricsAddr = fs.String("metrics-addr", ":10249", "address for Prometheus /metrics (empty: off)")
+		logLevel    = fs.String("log-level", "info", "debug, info, warn or error")
+		nodeName    = fs.String("node-name", "", "this node's name (default: the host name)")
+		proxyName   = fs.String("proxy-name", "", "serve Services labelled service.kubernetes.io/service-proxy-name=NAME (default: unlabelled ones)")
+		resync      = fs.Duration("resync-interval", time.Minute, "re-apply the desired state this often, repairing drift (0: never)")
+		dpCfg       datapath.Config
+	)
+	fs.IntVar(&dpCfg.MaxServices, "max-services", datapath.DefaultMaxServices, "size of sluice_rev_nat: service frontends")
+	fs.IntVar(&dpCfg.MaxBackends, "max-backends", datapath.DefaultMaxBackends, "size of sluice_backends: distinct backends")
+	fs.IntVar(&dpCfg.MaxServiceEntries, "max-service-entries", datapath.DefaultMaxServiceEntries, "size of sluice_services: frontends plus backend slots")
+	fs.IntVar(&dpCfg.MaxConntrack, "max-conntrack", datapath.DefaultMaxConntrack, "size of sluice_conntrack (LRU): per-packet flows")
+	fs.IntVar(&dpCfg.MaxSockRev, "max-sock-rev", datapath.DefaultMaxSockRev, "size of sluice_sock_rev (LRU): translated sockets")
+	kube := addKubeFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "sluice: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+
+	log, err := newLogger(*logLevel)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sluice: %v\n", err)
+		return 2
+	}
+	if *nodeName == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			log.Error("no --node-name and no host name", "err", err)
+			return 2
+		}
+		*nodeName = strings.ToLower(h)
+	}
+	opts := k8s.Options{NodeName: *nodeName, ProxyName: *proxyName}
+
+	if (*manifests == "") == !kube.enabled() {
+		log.Error("give exactly one source: --manifests PATH or --kubeconfig PATH")
+		return 2
+	}
+	var src agent.Source
+	if *manifests != "" {
+		src = manifest.NewSource(*manifests, opts, log.With("source", "manifests"))
+	} else if src, err = kube.source(opts, log); err != nil {
+		log.Error("Kubernetes source", "err", err)
+		return 1
+	}
+
+	cfg := agent.Config{Devices: splitList(*devices), Resync: *resync}
+	if *socketLB {
+		cfg.Cgroup = *cgroup
+		if cfg.Cgroup == "" {
+			if cfg.Cgroup, err = datapath.CgroupV2Mount(); err != nil {
+				log.Error("socket load balancing needs a cgroup v2 mount (or --socket-lb=false)", "err", err)
+				return 1
+			}
+		}
+	}
+	dpCfg.BPFFS = *bpffs
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := runAgent(ctx, cfg, dpCfg, src, *healthAddr, *metricsAddr, log); err != nil {
+		log.Error("agent failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// runAgent opens the datapath and runs the agent, serving health and
+// metrics beside it, until ctx is done or something fails.
+func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, src agent.Source, healthAddr, metricsAddr string, log *slog.Logger) error {
+	// Listen before touching the datapath, so a taken port fails fast.
+	var healthL, metricsL net.Listener
+	var err error
+	if healthAddr != "" {
+		if healthL, err = net.Listen("tcp", healthAddr); err != nil {
+			return fmt.Errorf("health listener: %w", err)
+		}
+	}
+	if metricsAddr != "" {
+		if metricsL, err = net.Listen("tcp", metricsAddr); err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+	}
+
+	dp, err := datapath.Open(dpCfg)
+	if err != nil {
+		return fmt.Errorf("open datapath: %w", err)
+	}
+	m := metrics.New()
+	m.SetCapacity(dp.Maps().Capacity)
+	cfg.Observer = m
+	a := agent.New(cfg, dp, reconciler.New(dp.Maps(), log.With("component", "reconciler")), log)
+
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	served := make(chan struct{}, 2)
+	serve := func(name string, fn func() error) {
+		go func() {
+			defer func() { served <- struct{}{} }()
+			if err := fn(); err != nil {
+				cancel(fmt.Errorf("%s server: %w", name, err))
+			}
+		}()
+	}
+	servers := 0
+	if healthL != nil {
+		servers++
+		serve("health", func() error { return serveHTTP(ctx, healthL, health.Handler(a.Ready), log) })
+	}
+	if metricsL != nil {
+		servers++
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", m.Handler())
+		serve("metrics", func() error { return serveHTTP(ctx, metricsL, mux, log) })
+	}
+	runErr := a.Run(ctx, src)
+	cancel(nil)
+	for range servers {
+		<-served
+	}
+	if cause := context.Cause(ctx); runErr == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return runErr
+}
+
+// serveHTTP serves h on l until ctx is done.
+func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, log *slog.Logger) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	log.Info("serving HTTP", "addr", l.Addr().String())
+	err := srv.Serve(l)
+	<-stopped
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+func runCleanup(args []string) int {
+	fs := flag.NewFlagSet("sluice cleanup", flag.ContinueOnError)
+	bpffs := fs.String("bpffs", datapath.DefaultBPFFS, "bpffs mount the agent pinned under")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: sluice cleanup [--bpffs DIR]\n\nRemoves every program, link and map Sluice pinned under <bpffs>/sluice/;\ntraffic to services stops being translated.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if err := datapath.Cleanup(*bpffs); err != nil {
+		fmt.Fprintf(os.Stderr, "sluice cleanup: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func newLogger(level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}

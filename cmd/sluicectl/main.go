@@ -1,0 +1,133 @@
+// Command sluicectl inspects what the Sluice datapath holds on this node,
+// read straight from the pinned maps (no agent needs to run):
+//
+//	sluicectl services   service frontends and the backends in their slots
+//	sluicectl counters   datapath outcome counters, by reason
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/sluice-lb/sluice/pkg/datapath"
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("sluicectl", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	bpffs := fs.String("bpffs", datapath.DefaultBPFFS, "bpffs mount the agent pinned under")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: sluicectl [--bpffs DIR] services|counters\n\n"+
+			"  services  service frontends -> backends, from the pinned maps\n"+
+			"  counters  datapath outcome counters, summed over CPUs\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return 2
+	}
+	cmd := fs.Arg(0)
+	if cmd != "services" && cmd != "counters" {
+		fmt.Fprintf(stderr, "sluicectl: unknown command %q\n", cmd)
+		fs.Usage()
+		return 2
+	}
+	// Opening would create fresh maps where there are none; an inspection
+	// tool must not, so look first.
+	if _, err := os.Stat(filepath.Join(*bpffs, "sluice", "sluice_services")); err != nil {
+		fmt.Fprintf(stderr, "sluicectl: no Sluice datapath pinned under %s: %v\n", *bpffs, err)
+		return 1
+	}
+	dp, err := datapath.Open(datapath.Config{BPFFS: *bpffs})
+	if err != nil {
+		fmt.Fprintf(stderr, "sluicectl: %v\n", err)
+		return 1
+	}
+	defer dp.Close()
+
+	switch cmd {
+	case "services":
+		ks, err := dp.Maps().Dump()
+		if err != nil {
+			fmt.Fprintf(stderr, "sluicectl: read maps: %v\n", err)
+			return 1
+		}
+		writeServices(stdout, ks)
+	case "counters":
+		c, err := dp.Counters()
+		if err != nil {
+			fmt.Fprintf(stderr, "sluicectl: read counters: %v\n", err)
+			return 1
+		}
+		writeCounters(stdout, c)
+	}
+	return 0
+}
+
+// writeServices prints one line per frontend, its backends in slot order.
+func writeServices(w io.Writer, ks *reconciler.KernelState) {
+	fes := make([]model.L4Addr, 0, len(ks.Masters))
+	for fe := range ks.Masters {
+		fes = append(fes, fe)
+	}
+	sort.Slice(fes, func(i, j int) bool { return fes[i].Less(fes[j]) })
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "FRONTEND\tID\tCOUNT\tBACKENDS")
+	for _, fe := range fes {
+		m := ks.Masters[fe]
+		slots := ks.Slots[fe]
+		nums := make([]uint32, 0, len(slots))
+		for s := range slots {
+			nums = append(nums, s)
+		}
+		slices.Sort(nums)
+		var bs []string
+		for _, s := range nums {
+			id := slots[s]
+			if b, ok := ks.Backends[id]; ok {
+				bs = append(bs, fmt.Sprintf("%s:%d", b.Addr, b.Port))
+			} else {
+				bs = append(bs, fmt.Sprintf("<missing backend %d>", id))
+			}
+		}
+		if len(bs) == 0 {
+			bs = []string{"(none: connections refused)"}
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", fe, m.ID, m.Count, strings.Join(bs, " "))
+	}
+	tw.Flush()
+}
+
+func writeCounters(w io.Writer, c map[string]uint64) {
+	names := make([]string, 0, len(c))
+	for n := range c {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "REASON\tCOUNT")
+	for _, n := range names {
+		fmt.Fprintf(tw, "%s\t%d\n", n, c[n])
+	}
+	tw.Flush()
+}

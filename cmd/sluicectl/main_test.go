@@ -1,0 +1,55 @@
+package main
+
+import (
+	"bytes"
+	"net/netip"
+	"testing"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+func TestWriteServicesListsBackendsInSlotOrder(t *testing.T) {
+	fe := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: model.TCP}
+	empty := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.9"), Port: 53, Proto: model.UDP}
+	b := func(s string) model.L4Addr {
+		return model.L4Addr{Addr: netip.MustParseAddr(s), Port: 8080, Proto: model.TCP}
+	}
+	ks := &reconciler.KernelState{
+		Masters: map[model.L4Addr]reconciler.Master{
+			fe:    {ID: 7, Count: 3},
+			empty: {ID: 2, Count: 0},
+		},
+		Slots: map[model.L4Addr]map[uint32]reconciler.BackendID{
+			fe: {2: 11, 1: 12, 3: 99},
+		},
+		Backends: map[reconciler.BackendID]model.L4Addr{11: b("10.1.1.2"), 12: b("10.1.2.2")},
+	}
+	var out bytes.Buffer
+	writeServices(&out, ks)
+	want := "FRONTEND           ID  COUNT  BACKENDS\n" +
+		"10.96.0.9:53/UDP   2   0      (none: connections refused)\n" +
+		"10.96.0.10:80/TCP  7   3      10.1.2.2:8080 10.1.1.2:8080 <missing backend 99>\n"
+	if out.String() != want {
+		t.Errorf("got:\n%s\nwant:\n%s", out.String(), want)
+	}
+}
+
+func TestWriteCountersSorted(t *testing.T) {
+	var out bytes.Buffer
+	writeCounters(&out, map[string]uint64{"tc_rev_nat": 5, "sock_xlate": 12})
+	want := "REASON      COUNT\nsock_xlate  12\ntc_rev_nat  5\n"
+	if out.String() != want {
+		t.Errorf("got:\n%s\nwant:\n%s", out.String(), want)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"frobnicate"}, &stdout, &stderr); code != 2 {
+		t.Errorf("unknown command exit = %d, want 2", code)
+	}
+	if code := run([]string{"--bpffs", t.TempDir(), "services"}, &stdout, &stderr); code != 1 {
+		t.Errorf("no pinned datapath: exit = %d, want 1 (stderr %q)", code, stderr.String())
+	}
+}

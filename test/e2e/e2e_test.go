@@ -1,0 +1,602 @@
+// Package e2e proves ClusterIP load balancing end to end without a cluster:
+// the real sluice binary, built by the test, runs in a node namespace with a
+// manifest file as its source, and real clients and servers in other
+// namespaces exchange real traffic through it.
+//
+//	client ns --veth--> node ns (sluice: tc on eth0, socket LB on a test
+//	                    cgroup, pins under a per-test bpffs dir)
+//	                    --veth--> backend1..3 ns (HTTP, TCP echo, UDP echo)
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluice-lb/sluice/pkg/datapath"
+	"github.com/sluice-lb/sluice/pkg/topology"
+	"github.com/sluice-lb/sluice/test/e2e/harness"
+)
+
+// helperEnv makes the test binary act as a client program instead of
+// running tests: the socket LB test starts it inside the node namespace and
+// the test cgroup.
+const helperEnv = "SLUICE_E2E_HELPER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		os.Exit(helperMain(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+// helperMain sends n HTTP/1.0 GETs to addr, each on a new connection, and
+// prints "<backend> <peer address>" per request; the peer address is what
+// the socket reports (getpeername), which socket LB keeps as the VIP.
+func helperMain(args []string) int {
+	if len(args) != 2 {
+		fmt.Fprintln(os.Stderr, "helper: want ADDR COUNT")
+		return 2
+	}
+	var n int
+	fmt.Sscan(args[1], &n)
+	for i := 0; i < n; i++ {
+		c, err := net.DialTimeout("tcp4", args[0], 3*time.Second)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "helper: dial %s: %v\n", args[0], err)
+			return 1
+		}
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: e2e\r\n\r\n")
+		body, err := io.ReadAll(c)
+		c.Close()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "helper: read: %v\n", err)
+			return 1
+		}
+		lines := strings.Split(strings.TrimSpace(string(body)), "\n")
+		fmt.Printf("%s %s\n", strings.TrimSpace(lines[len(lines)-1]), c.RemoteAddr())
+	}
+	return 0
+}
+
+func requirePrivileges(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: BPF, network namespaces, cgroups")
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs("/sys/fs/bpf", &st); err != nil || st.Type != 0xcafe4a11 { // BPF_FS_MAGIC
+		t.Skip("bpffs not mounted at /sys/fs/bpf")
+	}
+	if _, err := exec.LookPath("nsenter"); err != nil {
+		t.Skip("nsenter not installed")
+	}
+}
+
+const (
+	webVIP   = "10.96.0.10:80"   // TCP HTTP, 3 backends on :8080
+	dnsVIP   = "10.96.0.11:53"   // UDP, named targetPort "dns" -> :5353
+	echoVIP  = "10.96.0.12:9000" // TCP line echo, 3 backends on :9000, later 2
+	drainVIP = "10.96.0.13:80"   // TCP HTTP, 3 backends, later none
+)
+
+// brokenService is malformed (its clusterIP is no address): the agent must
+// report it and apply everything else.
+const brokenService = `apiVersion: v1
+kind: Service
+metadata:
+  name: broken
+  namespace: default
+spec:
+  clusterIP: 10.96.0.300
+  ports:
+  - name: http
+    protocol: TCP
+    port: 80
+    targetPort: 8080
+`
+
+type env struct {
+	lb       *topology.LB
+	agent    *harness.Agent
+	manifest string
+	cgroup   string // the socket LB cgroup the agent attaches to
+	backends []string // backend i's name, as its servers answer
+	addrs    []string // backend i's address
+}
+
+// write renders the manifest with echo's and drain's endpoints as given.
+func (e *env) write(t *testing.T, echo, drain []string) {
+	t.Helper()
+	all := e.addrs
+	svcs := []harness.Service{
+		{Name: "web", ClusterIP: "10.96.0.10", Endpoints: all,
+			Ports: []harness.Port{{Name: "http", Protocol: "TCP", Port: 80, TargetPort: "8080", EndpointPort: 8080}}},
+		{Name: "dns", ClusterIP: "10.96.0.11", Endpoints: all,
+			Ports: []harness.Port{{Name: "dns", Protocol: "UDP", Port: 53, TargetPort: "dns", EndpointPort: 5353}}},
+		{Name: "echo", ClusterIP: "10.96.0.12", Endpoints: echo,
+			Ports: []harness.Port{{Name: "echo", Protocol: "TCP", Port: 9000, TargetPort: "9000", EndpointPort: 9000}}},
+		{Name: "drain", ClusterIP: "10.96.0.13", Endpoints: drain,
+			Ports: []harness.Port{{Name: "http", Protocol: "TCP", Port: 80, TargetPort: "8080", EndpointPort: 8080}}},
+	}
+	docs := []string{brokenService}
+	for _, s := range svcs {
+		docs = append(docs, s.YAML())
+	}
+	if err := harness.WriteFile(e.manifest, harness.Manifest(docs...)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitServices polls `sluicectl services` until the line of frontend
+// satisfies ok, and returns the whole dump.
+func (e *env) waitServices(t *testing.T, frontend string, ok func(line string) bool) string {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	var dump string
+	var err error
+	for time.Now().Before(deadline) {
+		if dump, err = e.agent.Services(t.Context()); err == nil {
+			for _, l := range strings.Split(dump, "\n") {
+				if strings.HasPrefix(l, frontend+"/") && ok(l) {
+					return dump
+				}
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("frontend %s never reached the wanted state; last dump (err %v):\n%s", frontend, err, dump)
+	return ""
+}
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	requirePrivileges(t)
+	bins, err := harness.Build(t.Context(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cgMount, err := datapath.CgroupV2Mount()
+	if err != nil {
+		t.Skipf("no cgroup v2 mount: %v", err)
+	}
+
+	topo := topology.NewT(t)
+	lb, err := topo.BuildLB(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{lb: lb, manifest: filepath.Join(t.TempDir(), "services.yaml")}
+	for i, be := range lb.Backends {
+		name := fmt.Sprintf("backend-%d", i+1)
+		addr := lb.BackendAddrs[i].String()
+		e.backends = append(e.backends, name)
+		e.addrs = append(e.addrs, addr)
+		if _, err := be.ServeHTTP(addr+":8080", name); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := be.ServeTCPEcho(addr+":9000", name); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := be.ServeUDPEcho(addr+":5353", name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cg, err := topo.AddCgroup(cgMount, "sluice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.cgroup = cg.Path
+	e.write(t, e.addrs, e.addrs)
+
+	e.agent = harness.NewAgent(bins, lb.Node, harness.AgentConfig{
+		Manifests: e.manifest,
+		Devices:   []string{lb.NodeDev},
+		Cgroup:    cg.Path,
+		BPFFS:     filepath.Join("/sys/fs/bpf", topo.Prefix()+"e2e"),
+	})
+	// Cleanups run last-registered first: the log dump, then agent stop and
+	// `sluice cleanup`, then (registered by NewT) the topology.
+	t.Cleanup(func() {
+		if err := e.agent.Stop(); err != nil {
+			t.Logf("agent stop: %v", err)
+		}
+		if err := e.agent.Cleanup(context.Background()); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent log:\n%s", e.agent.Log)
+		}
+	})
+	if err := e.agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.agent.WaitReady(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// get makes one HTTP request to vip from the client namespace, on a new
+// connection, and returns which backend answered.
+func (e *env) get(vip string) (string, error) {
+	return topology.WhoAnswered(e.lb.Client.HTTPClient(3*time.Second), "http://"+vip+"/")
+}
+
+// spread makes n requests to vip from the client, w at a time, and counts
+// answers per backend; it fails the test on any error.
+func (e *env) spread(t *testing.T, vip string, n int) map[string]int {
+	t.Helper()
+	var mu sync.Mutex
+	counts := map[string]int{}
+	var errs []error
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Go(func() {
+			for next.Add(1) <= int64(n) {
+				who, err := e.get(vip)
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, err)
+				} else {
+					counts[who]++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("%d of %d requests to %s failed; first: %v", len(errs), n, vip, errs[0])
+	}
+	return counts
+}
+
+// echoConn is a TCP connection to the echo service and the backend it
+// reached.
+type echoConn struct {
+	net.Conn
+	r       *bufio.Reader
+	backend string
+}
+
+func (e *env) dialEcho(t *testing.T) *echoConn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	c, err := e.lb.Client.DialContext(ctx, "tcp4", echoVIP)
+	if err != nil {
+		t.Fatalf("dial %s: %v", echoVIP, err)
+	}
+	ec := &echoConn{Conn: c, r: bufio.NewReader(c)}
+	who, err := ec.say("hello")
+	if err != nil {
+		c.Close()
+		t.Fatalf("first line on %s: %v", echoVIP, err)
+	}
+	ec.backend = who
+	return ec
+}
+
+// say sends msg and returns the backend named in the echo.
+func (c *echoConn) say(msg string) (string, error) {
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := fmt.Fprintf(c, "%s\n", msg); err != nil {
+		return "", err
+	}
+	line, err := c.r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	who, got, _ := strings.Cut(strings.TrimSpace(line), " ")
+	if got != msg {
+		return "", fmt.Errorf("echo %q for %q", line, msg)
+	}
+	return who, nil
+}
+
+func TestClusterIPEndToEnd(t *testing.T) {
+	e := setup(t)
+
+	t.Run("ReadyAndProgrammed", func(t *testing.T) {
+		if err := e.agent.Ready(); err != nil {
+			t.Fatal(err)
+		}
+		dump, err := e.agent.Services(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, fe := range []string{webVIP + "/TCP", dnsVIP + "/UDP", echoVIP + "/TCP", drainVIP + "/TCP"} {
+			if !strings.Contains(dump, fe) {
+				t.Errorf("frontend %s not programmed:\n%s", fe, dump)
+			}
+		}
+	})
+
+	t.Run("MalformedObjectReportedRestApplied", func(t *testing.T) {
+		// The rest was applied: ReadyAndProgrammed saw all four frontends.
+		deadline := time.Now().Add(5 * time.Second)
+		for !strings.Contains(e.agent.Log.String(), "broken") {
+			if time.Now().After(deadline) {
+				t.Fatalf("the agent never reported the malformed Service default/broken")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if dump, _ := e.agent.Services(t.Context()); strings.Contains(dump, "10.96.0.300") {
+			t.Errorf("malformed Service programmed:\n%s", dump)
+		}
+	})
+
+	t.Run("TCPSpreadsUniformly", func(t *testing.T) {
+		// 600 connections over 3 backends: each count is Binomial(600,
+		// 1/3), mean 200, standard deviation sqrt(600*1/3*2/3) = 11.5.
+		// [130, 270] is mean +- 70, i.e. +- 6 standard deviations: a fair
+		// picker falls outside with probability about 3 * 2e-9, while a
+		// picker that skips a backend (0), favours one (e.g. 1/2 -> 300)
+		// or never picks the last slot fails it.
+		const n = 600
+		counts := e.spread(t, webVIP, n)
+		t.Logf("distribution over %d connections: %v", n, counts)
+		total := 0
+		for _, b := range e.backends {
+			total += counts[b]
+			if c := counts[b]; c < 130 || c > 270 {
+				t.Errorf("%s answered %d of %d connections, want 130..270", b, c, n)
+			}
+		}
+		if total != n {
+			t.Errorf("answers from unknown backends: %v", counts)
+		}
+	})
+
+	t.Run("UDPNamedTargetPort", func(t *testing.T) {
+		// Each datagram on a new socket is a new flow and a new pick. With
+		// 60 flows a backend is missed with probability 3 * (2/3)^60 < 1e-10.
+		seen := map[string]int{}
+		for i := range 60 {
+			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+			c, err := e.lb.Client.DialContext(ctx, "udp4", dnsVIP)
+			cancel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.SetDeadline(time.Now().Add(3 * time.Second))
+			msg := fmt.Sprintf("q%d", i)
+			if _, err := c.Write([]byte(msg)); err != nil {
+				t.Fatal(err)
+			}
+			buf := make([]byte, 512)
+			// A connected UDP socket only accepts datagrams from the VIP:
+			// an answer proves the reply was reverse-translated.
+			k, err := c.Read(buf)
+			c.Close()
+			if err != nil {
+				t.Fatalf("datagram %d to %s: %v", i, dnsVIP, err)
+			}
+			who, got, _ := strings.Cut(string(buf[:k]), " ")
+			if got != msg {
+				t.Fatalf("reply %q to %q", buf[:k], msg)
+			}
+			seen[who]++
+		}
+		t.Logf("UDP distribution: %v", seen)
+		for _, b := range e.backends {
+			if seen[b] == 0 {
+				t.Errorf("%s never answered on %s: %v", b, dnsVIP, seen)
+			}
+		}
+	})
+
+	var keep *echoConn // an established connection that outlives later changes
+	t.Run("RemovedBackendKeepsEstablishedConnection", func(t *testing.T) {
+		removed := e.backends[2]
+		// Open connections until one reaches the backend to remove; 50
+		// misses in a row happen with probability (2/3)^50 < 2e-9.
+		var onRemoved *echoConn
+		var others []*echoConn
+		for i := 0; i < 50 && onRemoved == nil; i++ {
+			c := e.dialEcho(t)
+			if c.backend == removed {
+				onRemoved = c
+			} else {
+				others = append(others, c)
+			}
+		}
+		if onRemoved == nil {
+			t.Fatalf("no connection reached %s", removed)
+		}
+		defer onRemoved.Close()
+		for _, c := range others[1:] {
+			c.Close()
+		}
+		keep = others[0]
+
+		e.write(t, e.addrs[:2], e.addrs)
+		e.waitServices(t, echoVIP, func(l string) bool {
+			return !strings.Contains(l, e.addrs[2]) && strings.Count(l, ":9000") == 3 // frontend + 2 backends
+		})
+		for i := range 60 {
+			c := e.dialEcho(t)
+			c.Close()
+			if c.backend == removed {
+				t.Fatalf("new connection %d reached removed backend %s", i, removed)
+			}
+		}
+		if who, err := onRemoved.say("still there"); err != nil || who != removed {
+			t.Errorf("established connection to %s after its removal: backend %q, err %v", removed, who, err)
+		}
+	})
+
+	t.Run("EmptiedServiceRefusesFast", func(t *testing.T) {
+		if _, err := e.get(drainVIP); err != nil {
+			t.Fatalf("drain service before emptying: %v", err)
+		}
+		e.write(t, e.addrs[:2], nil)
+		e.waitServices(t, drainVIP, func(l string) bool { return strings.Contains(l, "(none") })
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		start := time.Now()
+		c, err := e.lb.Client.DialContext(ctx, "tcp4", drainVIP)
+		took := time.Since(start)
+		if err == nil {
+			c.Close()
+			t.Fatalf("connected to %s, which has no endpoints", drainVIP)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("connect to emptied service: %v, want connection refused or reset", err)
+		}
+		if took > time.Second {
+			t.Errorf("connect took %v to fail, want a fast refusal, not a timeout", took)
+		}
+		if t.Failed() {
+			counters, _ := e.agent.Counters(t.Context())
+			t.Logf("datapath counters:\n%s", counters)
+		}
+	})
+
+	t.Run("SocketLBFromNodeCgroup", func(t *testing.T) {
+		// A process outside the cgroup gets no translation: the node has
+		// no route to the service range at all.
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		defer cancel()
+		if c, err := e.lb.Node.DialContext(ctx, "tcp4", webVIP); err == nil {
+			c.Close()
+			t.Fatalf("a socket outside the cgroup reached %s", webVIP)
+		}
+		self, err := os.Executable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := e.lb.Node.Command(t.Context(), self, webVIP, "60")
+		cmd.Env = append(os.Environ(), helperEnv+"=1")
+		dir, err := os.Open(e.cgroup)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer dir.Close()
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(dir.Fd())}
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("client in the node's cgroup: %v\n%s", err, stderr.String())
+		}
+		seen := map[string]int{}
+		for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			who, peer, _ := strings.Cut(l, " ")
+			if peer != webVIP {
+				t.Errorf("socket reports peer %q, want the VIP %s (getpeername translation)", peer, webVIP)
+			}
+			seen[who]++
+		}
+		t.Logf("socket LB distribution: %v", seen)
+		for _, b := range e.backends {
+			if seen[b] == 0 { // missed with probability 3*(2/3)^60 < 1e-10
+				t.Errorf("%s never answered through socket LB: %v", b, seen)
+			}
+		}
+	})
+
+	t.Run("SurvivesAgentStopAndRestart", func(t *testing.T) {
+		if keep == nil {
+			t.Skip("no established connection from the earlier subtest")
+		}
+		before, err := e.agent.Services(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Traffic runs throughout the stop and the restart.
+		var ok, failed atomic.Int64
+		var firstErr atomic.Value
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := e.get(webVIP); err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				} else {
+					ok.Add(1)
+				}
+			}
+		})
+
+		if err := e.agent.Stop(); err != nil {
+			t.Fatalf("agent did not exit cleanly on SIGTERM: %v", err)
+		}
+		down := ok.Load()
+		time.Sleep(500 * time.Millisecond)
+		if ok.Load() == down {
+			t.Errorf("no request succeeded while the agent was stopped")
+		}
+		if who, err := keep.say("agent down"); err != nil || who != keep.backend {
+			t.Errorf("established connection while the agent is down: %q %v", who, err)
+		}
+		if _, err := os.Stat(filepath.Join(e.agent.BPFFS, "sluice", "sluice_services")); err != nil {
+			t.Errorf("pins gone after SIGTERM: %v", err)
+		}
+
+		if err := e.agent.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.agent.WaitReady(30 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		close(stop)
+		wg.Wait()
+		after, err := e.agent.Services(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after != before {
+			t.Errorf("restart changed the datapath:\nbefore:\n%s\nafter:\n%s", before, after)
+		}
+		if n := failed.Load(); n > 0 {
+			t.Errorf("%d of %d requests failed across stop and restart; first: %v", n, n+ok.Load(), firstErr.Load())
+		}
+		if who, err := keep.say("agent back"); err != nil || who != keep.backend {
+			t.Errorf("established connection after restart: %q %v", who, err)
+		}
+		keep.Close()
+	})
+
+	t.Run("CleanupRemovesEverything", func(t *testing.T) {
+		if err := e.agent.Stop(); err != nil {
+			t.Fatalf("agent stop: %v", err)
+		}
+		if err := e.agent.Cleanup(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(e.agent.BPFFS); !os.IsNotExist(err) {
+			t.Errorf("%s still present after cleanup (stat: %v)", e.agent.BPFFS, err)
+		}
+		// Untranslated, the VIP leads nowhere: the node has no route for it.
+		if who, err := e.get(webVIP); err == nil {
+			t.Errorf("%s still answered (by %s) after cleanup", webVIP, who)
+		}
+		if out, err := exec.Command("bpftool", "cgroup", "show", e.cgroup).CombinedOutput(); err == nil && strings.TrimSpace(string(out)) != "" {
+			t.Errorf("programs still attached to %s:\n%s", e.cgroup, out)
+		}
+	})
+}
