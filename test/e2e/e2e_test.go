@@ -113,7 +113,7 @@ type env struct {
 	lb       *topology.LB
 	agent    *harness.Agent
 	manifest string
-	cgroup   string // the socket LB cgroup the agent attaches to
+	cgroup   string   // the socket LB cgroup the agent attaches to
 	backends []string // backend i's name, as its servers answer
 	addrs    []string // backend i's address
 }
