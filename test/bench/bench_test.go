@@ -51,7 +51,7 @@ func TestQuick(t *testing.T) {
 	cfg.MaxConns = 200
 	cfg.Workers = 2
 	cfg.ProbeSample = 8
-	cfg.TestRunRepeat = 1000
+	cfg.TestRunCalls = 1000
 	cfg.ProgTimeout = 30 * time.Second
 	cfg.TimeLimit = 5 * time.Minute
 	cfg.OutDir = t.TempDir()
@@ -109,6 +109,17 @@ func TestQuick(t *testing.T) {
 	}
 	if len(p.Prog) != len(cfg.Modes) {
 		t.Errorf("programming measured for %d modes, want %d", len(p.Prog), len(cfg.Modes))
+	}
+
+	if cfg.SluiceBin != "" {
+		if p.TestRun == nil || p.TestRun.Result != "ok" || p.TestRun.NewFlowNs.Median <= 0 {
+			t.Errorf("BPF_PROG_TEST_RUN of the tc program: %+v", p.TestRun)
+		}
+		for _, ms := range p.Mem {
+			if ms.Mode == harness.ModeSluice && (ms.KernelBytes <= 0 || ms.AgentRSS <= 0) {
+				t.Errorf("sluice memory not read: %+v", ms)
+			}
+		}
 	}
 
 	// The report files exist and parse.

@@ -33,21 +33,21 @@ import (
 
 // Config is what a run measures. ConfigFromEnv reads it from BENCH_*.
 type Config struct {
-	Services      []int         `json:"services"`
-	Endpoints     int           `json:"endpoints"`
-	Rounds        int           `json:"rounds"`
-	RunTime       time.Duration `json:"run_time"`     // one client run
-	MaxConns      int           `json:"max_conns"`    // per client run
-	Workers       int           `json:"workers"`      // concurrent connections per client run
-	Modes         []string      `json:"modes"`        // besides the floor, which always runs
-	TimeLimit     time.Duration `json:"time_limit"`   // the whole run; later N are skipped past it
-	ProgTimeout   time.Duration `json:"prog_timeout"` // one programming step of one mode
-	ProbeSample   int           `json:"probe_sample"` // services probed for "all answering"
-	TestRunRepeat int           `json:"test_run_repeat"`
-	OutDir        string        `json:"-"`
-	Stamp         string        `json:"stamp"`
-	SluiceBin     string        `json:"-"`
-	Self          string        `json:"-"` // binary that serves the child roles
+	Services     []int         `json:"services"`
+	Endpoints    int           `json:"endpoints"`
+	Rounds       int           `json:"rounds"`
+	RunTime      time.Duration `json:"run_time"`       // one client run
+	MaxConns     int           `json:"max_conns"`      // per client run
+	Workers      int           `json:"workers"`        // concurrent connections per client run
+	Modes        []string      `json:"modes"`          // besides the floor, which always runs
+	TimeLimit    time.Duration `json:"time_limit"`     // the whole run; later N are skipped past it
+	ProgTimeout  time.Duration `json:"prog_timeout"`   // one programming step of one mode
+	ProbeSample  int           `json:"probe_sample"`   // services probed for "all answering"
+	TestRunCalls int           `json:"test_run_calls"` // BPF_PROG_TEST_RUN single runs per figure
+	OutDir       string        `json:"-"`
+	Stamp        string        `json:"stamp"`
+	SluiceBin    string        `json:"-"`
+	Self         string        `json:"-"` // binary that serves the child roles
 }
 
 // AllModes is every mode the harness knows, floor excluded.
@@ -56,19 +56,19 @@ var AllModes = []string{ModeIptNft, ModeIptLeg, ModeNft, ModeSluice}
 // ConfigFromEnv reads the BENCH_* environment.
 func ConfigFromEnv() (Config, error) {
 	c := Config{
-		Services:      []int{100, 1000, 10000, 30000},
-		Endpoints:     10,
-		Rounds:        3,
-		RunTime:       2 * time.Second,
-		MaxConns:      200000,
-		Workers:       4,
-		Modes:         AllModes,
-		TimeLimit:     45 * time.Minute,
-		ProgTimeout:   120 * time.Second,
-		ProbeSample:   32,
-		TestRunRepeat: 1000000,
-		OutDir:        "test/bench/results",
-		Stamp:         time.Now().UTC().Format("2006-01-02T150405Z"),
+		Services:     []int{100, 1000, 10000, 30000},
+		Endpoints:    10,
+		Rounds:       3,
+		RunTime:      2 * time.Second,
+		MaxConns:     200000,
+		Workers:      4,
+		Modes:        AllModes,
+		TimeLimit:    45 * time.Minute,
+		ProgTimeout:  120 * time.Second,
+		ProbeSample:  32,
+		TestRunCalls: 20000,
+		OutDir:       "test/bench/results",
+		Stamp:        time.Now().UTC().Format("2006-01-02T150405Z"),
 	}
 	var err error
 	get := func(k string, f func(string) error) {
@@ -103,7 +103,7 @@ func ConfigFromEnv() (Config, error) {
 	get("BENCH_TIME_LIMIT", dur(&c.TimeLimit))
 	get("BENCH_PROG_TIMEOUT", dur(&c.ProgTimeout))
 	get("BENCH_PROBE_SAMPLE", atoi(&c.ProbeSample))
-	get("BENCH_TEST_RUN_REPEAT", atoi(&c.TestRunRepeat))
+	get("BENCH_TEST_RUN_CALLS", atoi(&c.TestRunCalls))
 	get("BENCH_OUT", func(v string) error { c.OutDir = v; return nil })
 	get("BENCH_SLUICE", func(v string) error { c.SluiceBin = v; return nil })
 	get("BENCH_MODES", func(v string) error {

@@ -84,10 +84,12 @@ type MemStat struct {
 	memStat
 }
 
-// TestRunStat is the tc program's cost per packet via BPF_PROG_TEST_RUN.
+// TestRunStat is the tc ingress program's cost per packet through
+// BPF_PROG_TEST_RUN (see harness.testRun for what is timed).
 type TestRunStat struct {
-	Repeat      int       `json:"repeat"`
-	NsPerPacket []float64 `json:"ns_per_packet"`
-	Median      Stat      `json:"median"`
-	Result      string    `json:"result"`
+	Calls         int     `json:"calls"`   // single runs per figure
+	ApplyS        float64 `json:"apply_s"` // reconciler Apply of all N services into empty maps
+	NewFlowNs     Stat    `json:"new_flow_ns"`
+	EstablishedNs Stat    `json:"established_ns"`
+	Result        string  `json:"result"`
 }

@@ -125,7 +125,7 @@ func Plots(dir, stamp string, res *harness.Results) ([]string, error) {
 
 const (
 	width, height            = 1000, 600
-	left, right, top, bottom = 90, 230, 50, 60
+	left, right, top, bottom = 90, 230, 64, 60
 )
 
 // chart draws a line chart with a log10 N axis.
@@ -209,7 +209,7 @@ func chart(path, title, ylabel string, logY bool, ss []series) error {
 			drawText(img, left-8-textWidth(l, 2), py(y)-7, l, black, 2)
 		}
 	}
-	drawText(img, 5, top-18, ylabel, black, 2)
+	drawText(img, 5, top-20, ylabel, black, 2)
 	line(img, left, top, left, top+ph, black, 2, false)
 	line(img, left, top+ph, left+pw, top+ph, black, 2, false)
 
