@@ -51,7 +51,7 @@ test: deps check-generate ## Vet and run every test (as root: BPF, netns, cgroup
 
 .PHONY: demo
 demo: build ## Show ClusterIP load balancing in throwaway network namespaces
-	$(GO) run ./test/demo --sluice bin/sluice
+	$(GO) run ./test/demo --bin bin
 
 .PHONY: bench
 bench: ## Run the benchmark suite
