@@ -406,26 +406,25 @@ func TestClusterIPEndToEnd(t *testing.T) {
 	var keep *echoConn // an established connection that outlives later changes
 	t.Run("RemovedBackendKeepsEstablishedConnection", func(t *testing.T) {
 		removed := e.backends[2]
-		// Open connections until one reaches the backend to remove; 50
-		// misses in a row happen with probability (2/3)^50 < 2e-9.
+		// Open connections until one reaches the backend to remove and one
+		// another backend; 50 tries fail with probability < 2 * (2/3)^50,
+		// about 3e-9.
 		var onRemoved *echoConn
-		var others []*echoConn
-		for i := 0; i < 50 && onRemoved == nil; i++ {
+		for i := 0; i < 50 && (onRemoved == nil || keep == nil); i++ {
 			c := e.dialEcho(t)
-			if c.backend == removed {
+			switch {
+			case c.backend == removed && onRemoved == nil:
 				onRemoved = c
-			} else {
-				others = append(others, c)
+			case c.backend != removed && keep == nil:
+				keep = c
+			default:
+				c.Close()
 			}
 		}
-		if onRemoved == nil {
-			t.Fatalf("no connection reached %s", removed)
+		if onRemoved == nil || keep == nil {
+			t.Fatalf("50 connections did not reach both %s and another backend", removed)
 		}
 		defer onRemoved.Close()
-		for _, c := range others[1:] {
-			c.Close()
-		}
-		keep = others[0]
 
 		e.write(t, e.addrs[:2], e.addrs)
 		e.waitServices(t, echoVIP, func(l string) bool {
