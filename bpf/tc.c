@@ -81,8 +81,11 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	if (!svc)
 		return TC_ACT_OK;
 	if (svc->count == 0) {
-		metric_inc(METRIC_TC_NO_BACKEND);
-		return reply_port_unreachable(skb, p);
+		int ret = reply_port_unreachable(skb, p);
+
+		metric_inc(ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR :
+						METRIC_TC_NO_BACKEND);
+		return ret;
 	}
 
 	ct_key_of(&key, p, CT_FORWARD);

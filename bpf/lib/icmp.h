@@ -9,11 +9,19 @@
  * a connected UDP socket, just as if the VIP had refused the port itself.
  *
  *   in:  eth | IPv4 C->V (+options) | TCP/UDP ... payload
- *   out: eth (MACs swapped) | IPv4 V->C | ICMP 3/3 | IPv4 C->V (+options) | 8 bytes of L4
+ *   out: eth (MACs swapped) | IPv4 V->C | ICMP 3/3 | IPv4 C->V (+options) | L4 header
  *
  * The tail is trimmed to the quote with bpf_skb_change_tail, room for the
  * new IPv4 and ICMP headers is made after the MAC header with
  * bpf_skb_adjust_room, so the quoted bytes never move or get copied back.
+ *
+ * The quote is the whole fixed L4 header (20 bytes for TCP, 8 for UDP),
+ * more than the 8 bytes RFC 792 asks for, as RFC 1812 allows. It has to be:
+ * a TCP segment sent by a local stack over a veth (a pod) arrives with
+ * CHECKSUM_PARTIAL, and the kernel refuses to trim such an skb before the
+ * end of its L4 checksum field. That offload state stays on the reply; the
+ * veth peer's stack trusts it, and it never reaches a physical NIC
+ * (PARTIAL skbs only come from a local stack).
  */
 #ifndef SLUICE_ICMP_H
 #define SLUICE_ICMP_H
@@ -22,8 +30,7 @@
 #include "csum.h"
 #include "parse.h"
 
-#define ICMP_QUOTE_L4	8
-#define ICMP_QUOTE_MAX	(60 + ICMP_QUOTE_L4)
+#define ICMP_QUOTE_MAX	(60 + sizeof(struct tcphdr))
 #define ICMP_ERR_TTL	64
 
 struct icmp_err_hdr {
@@ -55,10 +62,12 @@ static __always_inline int reply_port_unreachable(struct __sk_buff *skb,
 
 	/* ihl_len is a multiple of 4 in 20..60 (parse_ipv4). Mask it in asm,
 	 * where clang cannot fold the mask away, so that the verifier sees
-	 * 8..68 as the bound of the variable-size load below.
+	 * 8..80 as the bound of the variable-size load below. parse_ipv4
+	 * checked that the whole L4 header is in the packet.
 	 */
 	asm volatile("%0 &= 0x3c" : "+r"(quote_len));
-	quote_len += ICMP_QUOTE_L4;
+	quote_len += p->proto == IPPROTO_TCP ? sizeof(struct tcphdr) :
+					       sizeof(struct udphdr);
 
 	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
 		return TC_ACT_SHOT;

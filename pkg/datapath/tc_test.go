@@ -394,8 +394,14 @@ func TestTCNoBackendICMP(t *testing.T) {
 			if verdict != tcActRedirect {
 				t.Fatalf("verdict %d, want TC_ACT_REDIRECT (%d)", verdict, tcActRedirect)
 			}
+			// The quote: the original IPv4 header and the whole
+			// fixed L4 header (at least the 8 bytes RFC 792 asks).
 			ihl := 20 + len(p.ipOpts)
-			quote := in[14 : 14+ihl+8]
+			l4len := 8
+			if p.proto == 6 {
+				l4len = 20
+			}
+			quote := in[14 : 14+ihl+l4len]
 			if want := 14 + 20 + 8 + len(quote); len(out) != want {
 				t.Fatalf("reply is %d bytes, want %d: %x", len(out), want, out)
 			}
