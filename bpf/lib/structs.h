@@ -141,4 +141,16 @@ struct lb4_affinity {
 	__u32 pad;
 };
 
+/* The layouts above are an ABI: a size change must be deliberate. */
+_Static_assert(sizeof(struct lb4_key) == 12, "lb4_key size");
+_Static_assert(sizeof(struct lb4_service) == 16, "lb4_service size");
+_Static_assert(sizeof(struct lb4_backend) == 8, "lb4_backend size");
+_Static_assert(sizeof(struct lb4_rev_nat) == 8, "lb4_rev_nat size");
+_Static_assert(sizeof(struct ct4_key) == 16, "ct4_key size");
+_Static_assert(sizeof(struct ct4_entry) == 24, "ct4_entry size");
+_Static_assert(sizeof(struct sock_rev_key) == 16, "sock_rev_key size");
+_Static_assert(sizeof(struct sock_rev_entry) == 12, "sock_rev_entry size");
+_Static_assert(sizeof(struct lb4_affinity_key) == 16, "lb4_affinity_key size");
+_Static_assert(sizeof(struct lb4_affinity) == 8, "lb4_affinity size");
+
 #endif /* SLUICE_STRUCTS_H */
