@@ -1,0 +1,48 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+)
+
+func TestCommandLineErrorsExitTwo(t *testing.T) {
+	manifest := filepath.Join(t.TempDir(), "m.yaml")
+	if err := os.WriteFile(manifest, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"no source", []string{"--health-addr", ""}},
+		{"two sources", []string{"--manifests", manifest, "--kubeconfig", "/nonexistent"}},
+		{"bad log level", []string{"--manifests", manifest, "--log-level", "loud"}},
+		{"stray argument", []string{"--manifests", manifest, "extra"}},
+		{"unknown flag", []string{"--frobnicate"}},
+		{"cleanup unknown flag", []string{"cleanup", "--frobnicate"}},
+	} {
+		if code := run(tc.args); code != 2 {
+			t.Errorf("%s: sluice %q exited %d, want 2", tc.name, tc.args, code)
+		}
+	}
+}
+
+func TestHelpExitsZero(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"cleanup", "--help"}} {
+		if code := run(args); code != 0 {
+			t.Errorf("sluice %q exited %d, want 0", args, code)
+		}
+	}
+}
+
+func TestSplitList(t *testing.T) {
+	got := splitList(" eth0, ,eth1,")
+	if want := []string{"eth0", "eth1"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("splitList = %q, want %q", got, want)
+	}
+	if got := splitList(""); got != nil {
+		t.Errorf("splitList(\"\") = %q, want nil", got)
+	}
+}
