@@ -159,6 +159,30 @@ func TestAttachDetach(t *testing.T) {
 	defer d2.Close()
 	attach(d2)
 	expectAttached(d2)
+	// Moving the socket programs to another cgroup attaches them there
+	// before detaching them from the old one, behind the same pins.
+	cg2 := newTestCgroup(t)
+	if err := d2.AttachCgroup(cg2); err != nil {
+		t.Fatalf("AttachCgroup to a second cgroup: %v", err)
+	}
+	cg2f, err := os.Open(cg2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg2f.Close()
+	for _, cp := range cgroupProgs {
+		if got := attachedIDs(t, int(cgf.Fd()), cp.attach); len(got) != 0 {
+			t.Errorf("old cgroup still has %s programs %v", cp.name, got)
+		}
+		if got, want := attachedIDs(t, int(cg2f.Fd()), cp.attach), []ebpf.ProgramID{progID(t, cp.prog(d2))}; !slices.Equal(got, want) {
+			t.Errorf("new cgroup %s programs %v, want %v", cp.name, got, want)
+		}
+	}
+	if err := d2.AttachCgroup(cg); err != nil {
+		t.Fatal(err)
+	}
+	expectAttached(d2)
+
 	pins, _ := os.ReadDir(filepath.Join(bpffs, "sluice", "links"))
 	if len(pins) != 4+4 {
 		t.Errorf("%d pinned links, want 8 (4 tcx, 4 cgroup): %v", len(pins), pins)
