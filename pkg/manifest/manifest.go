@@ -14,13 +14,17 @@ package manifest
 import (
 	"bytes"
 	"cmp"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -80,6 +84,8 @@ type loader struct {
 	opts     k8s.Options
 	lastGood map[objKey]*object
 	byFile   map[string][]*object // what each file contributed last time
+	cache    map[string]*fileResult
+	parsed   atomic.Int64 // files parsed (not served from cache), for tests
 }
 
 func newLoader(opts k8s.Options) *loader {
@@ -126,13 +132,53 @@ func (l *loader) load(path string) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read manifests: %w", err)
 	}
+
+	// Parse the files whose content changed since the last load (all of
+	// them the first time), in parallel; reuse the outcome of the others.
+	results := make([]*fileResult, len(paths))
+	var todo []int
+	datas := make([][]byte, len(paths))
+	for i, file := range paths {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			// Unreadable (e.g. removed between listing and reading):
+			// keep what it contributed last time.
+			results[i] = &fileResult{objs: l.byFile[file], errs: []error{fmt.Errorf("%s: %w", file, err)}}
+			continue
+		}
+		sum := sha256.Sum256(data)
+		if c, ok := l.cache[file]; ok && c.sum == sum {
+			results[i] = c
+			continue
+		}
+		datas[i] = data
+		todo = append(todo, i)
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	for _, i := range todo {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			results[i] = l.parseFile(paths[i], datas[i])
+			results[i].sum = sha256.Sum256(datas[i])
+		}()
+	}
+	wg.Wait()
+
 	res := &Result{}
 	effective := map[objKey]*object{}
 	newByFile := map[string][]*object{}
-
-	for _, file := range paths {
-		objs := l.loadFile(file, res)
-		for _, o := range objs {
+	newCache := map[string]*fileResult{}
+	for i, file := range paths {
+		fr := results[i]
+		if fr.sum != ([32]byte{}) {
+			newCache[file] = fr
+		}
+		res.Warnings = append(res.Warnings, fr.warns...)
+		res.Errors = append(res.Errors, fr.errs...)
+		for _, o := range fr.objs {
 			if prev, dup := effective[o.key]; dup {
 				res.Errors = append(res.Errors, fmt.Errorf("%s: %s: already defined in %s; ignored", o.where(), o.key, prev.where()))
 				continue
@@ -142,6 +188,7 @@ func (l *loader) load(path string) (*Result, error) {
 		}
 	}
 	l.byFile = newByFile
+	l.cache = newCache
 	for k, o := range effective {
 		l.lastGood[k] = o
 	}
@@ -155,44 +202,49 @@ func (l *loader) load(path string) (*Result, error) {
 	return res, nil
 }
 
-// loadFile returns the objects file contributes: the good ones it holds
+// fileResult is the outcome of parsing one file, cached by content.
+type fileResult struct {
+	sum   [32]byte // sha256 of the content; zero if the file could not be read
+	objs  []*object
+	warns []string
+	errs  []error
+}
+
+// parseFile returns the objects a file contributes: the good ones it holds
 // now, last-good versions of bad ones, and, if a document could not be
-// parsed, what the file contributed last time that is not redefined.
-func (l *loader) loadFile(file string, res *Result) []*object {
-	data, err := os.ReadFile(file)
-	if err != nil {
-		res.Errors = append(res.Errors, fmt.Errorf("%s: %w", file, err))
-		return l.byFile[file]
-	}
-	var out []*object
+// parsed, what the file contributed last time that is not redefined. It
+// only reads the loader's state, so files can be parsed in parallel.
+func (l *loader) parseFile(file string, data []byte) *fileResult {
+	l.parsed.Add(1)
+	fr := &fileResult{}
 	seen := map[objKey]*object{}
 	lost := false
 	for i, doc := range splitDocuments(file, data) {
 		idx := i + 1
 		objs, warns, errs, broken := l.decodeDocument(file, idx, doc)
 		for _, w := range warns {
-			res.Warnings = append(res.Warnings, fmt.Sprintf("%s: document %d: %s", file, idx, w))
+			fr.warns = append(fr.warns, fmt.Sprintf("%s: document %d: %s", file, idx, w))
 		}
-		res.Errors = append(res.Errors, errs...)
+		fr.errs = append(fr.errs, errs...)
 		lost = lost || broken
 		for _, o := range objs {
 			if prev, dup := seen[o.key]; dup {
-				res.Errors = append(res.Errors, fmt.Errorf("%s: document %d: %s: already defined in %s; ignored", file, idx, o.key, prev.where()))
+				fr.errs = append(fr.errs, fmt.Errorf("%s: document %d: %s: already defined in %s; ignored", file, idx, o.key, prev.where()))
 				continue
 			}
 			seen[o.key] = o
-			out = append(out, o)
+			fr.objs = append(fr.objs, o)
 		}
 	}
 	if lost {
 		for _, o := range l.byFile[file] {
 			if _, ok := seen[o.key]; !ok {
 				seen[o.key] = o
-				out = append(out, o)
+				fr.objs = append(fr.objs, o)
 			}
 		}
 	}
-	return out
+	return fr
 }
 
 // splitDocuments splits a YAML stream at "---" lines. A JSON file is one

@@ -1,0 +1,118 @@
+package manifest
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-lb/sluice/pkg/k8s"
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// states collects what Run hands to apply.
+type states struct {
+	mu  sync.Mutex
+	got []*model.State
+	ch  chan struct{}
+}
+
+func newStates() *states { return &states{ch: make(chan struct{}, 100)} }
+
+func (s *states) apply(st *model.State) {
+	s.mu.Lock()
+	s.got = append(s.got, st)
+	s.mu.Unlock()
+	s.ch <- struct{}{}
+}
+
+// waitFor waits until the latest state renders as want.
+func (s *states) waitFor(t *testing.T, want string) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		s.mu.Lock()
+		var last string
+		if n := len(s.got); n > 0 {
+			last = render(s.got[n-1])
+		}
+		s.mu.Unlock()
+		if last == want {
+			return
+		}
+		select {
+		case <-s.ch:
+		case <-deadline:
+			t.Fatalf("timed out; last state:\n%s\nwant:\n%s", last, want)
+		}
+	}
+}
+
+func runSource(t *testing.T, path string, st *states) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	src := NewSource(path, k8s.Options{}, slog.New(slog.DiscardHandler))
+	src.debounce = 20 * time.Millisecond
+	go func() { done <- src.Run(ctx, st.apply) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+}
+
+func TestSourceWatchesDirectory(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "a.yaml", svcA)
+	st := newStates()
+	runSource(t, dir, st)
+	st.waitFor(t, "10.96.0.1:80/TCP ns/a:http ->")
+
+	// A new file.
+	writeFile(t, dir, "slice.yaml", sliceA)
+	st.waitFor(t, "10.96.0.1:80/TCP ns/a:http -> 10.0.0.1:8080/TCP")
+
+	// An editor's atomic save: write a temporary file, rename it over.
+	tmp := writeFile(t, dir, ".slice.yaml.swp", strings.Replace(sliceA, "10.0.0.1", "10.0.0.2", 1))
+	if err := os.Rename(tmp, filepath.Join(dir, "slice.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	st.waitFor(t, "10.96.0.1:80/TCP ns/a:http -> 10.0.0.2:8080/TCP")
+
+	// A bad edit keeps the last good slice.
+	writeFile(t, dir, "slice.yaml", strings.Replace(sliceA, "10.0.0.1", "nope", 1))
+	time.Sleep(200 * time.Millisecond)
+	st.waitFor(t, "10.96.0.1:80/TCP ns/a:http -> 10.0.0.2:8080/TCP")
+
+	// Deleting the file deletes its objects.
+	os.Remove(filepath.Join(dir, "slice.yaml"))
+	st.waitFor(t, "10.96.0.1:80/TCP ns/a:http ->")
+}
+
+func TestSourceWatchesFile(t *testing.T) {
+	dir := t.TempDir()
+	p := writeFile(t, dir, "one.yaml", svcA+"---\n"+sliceA)
+	writeFile(t, dir, "other.yaml", strings.NewReplacer("name: a,", "name: b,", "10.96.0.1", "10.96.0.2").Replace(svcA))
+	st := newStates()
+	runSource(t, p, st)
+	st.waitFor(t, "10.96.0.1:80/TCP ns/a:http -> 10.0.0.1:8080/TCP")
+
+	tmp := writeFile(t, dir, "one.yaml.tmp", svcA)
+	if err := os.Rename(tmp, p); err != nil {
+		t.Fatal(err)
+	}
+	st.waitFor(t, "10.96.0.1:80/TCP ns/a:http ->")
+}
+
+func TestSourceMissingPath(t *testing.T) {
+	src := NewSource(filepath.Join(t.TempDir(), "nope"), k8s.Options{}, nil)
+	if err := src.Run(context.Background(), func(*model.State) {}); err == nil {
+		t.Fatal("no error for a missing path")
+	}
+}
