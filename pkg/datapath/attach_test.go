@@ -159,6 +159,22 @@ func TestAttachDetach(t *testing.T) {
 	defer d2.Close()
 	attach(d2)
 	expectAttached(d2)
+	// A device deleted and created again under the same name has a new
+	// ifindex: its stale pinned links are replaced.
+	if err := netlink.LinkDel(devs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "sl-a"}, PeerName: "sl-b"}); err != nil {
+		t.Fatal(err)
+	}
+	for i, name := range []string{"sl-a", "sl-b"} {
+		if devs[i], err = netlink.LinkByName(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	attach(d2)
+	expectAttached(d2)
+
 	// Moving the socket programs to another cgroup attaches them there
 	// before detaching them from the old one, behind the same pins.
 	cg2 := newTestCgroup(t)
