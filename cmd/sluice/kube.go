@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/k8s"
+	"github.com/sluice-lb/sluice/pkg/metrics"
 )
 
 type kubeFlags struct {
@@ -25,7 +26,8 @@ func addKubeFlags(fs *flag.FlagSet) *kubeFlags {
 // enabled reports whether the Kubernetes source was asked for.
 func (k *kubeFlags) enabled() bool { return *k.kubeconfig != "" }
 
-// source returns the Kubernetes source.
-func (k *kubeFlags) source(opts k8s.Options, log *slog.Logger) (agent.Source, error) {
+// source returns the Kubernetes source. m is the agent's metrics registry,
+// for the source's own metrics (network programming latency).
+func (k *kubeFlags) source(opts k8s.Options, m *metrics.Metrics, log *slog.Logger) (agent.Source, error) {
 	return nil, errors.New("the Kubernetes source is not built into this binary yet")
 }

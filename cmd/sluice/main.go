@@ -96,10 +96,11 @@ func run(args []string) int {
 		log.Error("give exactly one source: --manifests PATH or --kubeconfig PATH")
 		return 2
 	}
+	m := metrics.New()
 	var src agent.Source
 	if *manifests != "" {
 		src = manifest.NewSource(*manifests, opts, log.With("source", "manifests"))
-	} else if src, err = kube.source(opts, log); err != nil {
+	} else if src, err = kube.source(opts, m, log); err != nil {
 		log.Error("Kubernetes source", "err", err)
 		return 1
 	}
@@ -118,7 +119,7 @@ func run(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := runAgent(ctx, cfg, dpCfg, src, *healthAddr, *metricsAddr, log); err != nil {
+	if err := runAgent(ctx, cfg, dpCfg, src, m, *healthAddr, *metricsAddr, log); err != nil {
 		log.Error("agent failed", "err", err)
 		return 1
 	}
@@ -127,7 +128,7 @@ func run(args []string) int {
 
 // runAgent opens the datapath and runs the agent, serving health and
 // metrics beside it, until ctx is done or something fails.
-func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, src agent.Source, healthAddr, metricsAddr string, log *slog.Logger) error {
+func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, src agent.Source, m *metrics.Metrics, healthAddr, metricsAddr string, log *slog.Logger) error {
 	// Listen before touching the datapath, so a taken port fails fast.
 	var healthL, metricsL net.Listener
 	var err error
@@ -146,7 +147,6 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, src 
 	if err != nil {
 		return fmt.Errorf("open datapath: %w", err)
 	}
-	m := metrics.New()
 	m.SetCapacity(dp.Maps().Capacity)
 	cfg.Observer = m
 	a := agent.New(cfg, dp, reconciler.New(dp.Maps(), log.With("component", "reconciler")), log)
