@@ -271,6 +271,10 @@ var metricNames = []string{
 	"tc_rewrite_err",
 }
 
+// CounterNames returns the reasons Counters reports, in a stable order (for
+// declaring metrics before the first scrape).
+func CounterNames() []string { return append([]string(nil), metricNames...) }
+
 // Counters returns the datapath outcome counters, summed over CPUs, by
 // reason.
 func (d *Datapath) Counters() (map[string]uint64, error) {
