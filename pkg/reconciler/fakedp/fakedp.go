@@ -97,6 +97,10 @@ type Fake struct {
 	// returned and the operation is not applied.
 	Fail func(Op) error
 
+	// CheckAll, if true, also runs the full Check after every successful
+	// operation (slow for big states; the incremental checks always run).
+	CheckAll bool
+
 	// Record, if true, appends every successful operation to Ops.
 	Record bool
 	Ops    []Op
@@ -134,6 +138,11 @@ func (f *Fake) begin(op Op) error {
 }
 
 func (f *Fake) done(op Op) {
+	if f.CheckAll {
+		for _, v := range f.check() {
+			f.violate(op, "%s", v)
+		}
+	}
 	f.counts[op.Kind]++
 	if f.Record {
 		f.Ops = append(f.Ops, op)
@@ -398,6 +407,10 @@ func (f *Fake) Violations() []string {
 func (f *Fake) Check() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.check()
+}
+
+func (f *Fake) check() []string {
 	var v []string
 	for fe, m := range f.masters {
 		for s := uint32(1); s <= m.Count; s++ {
