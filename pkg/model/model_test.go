@@ -1,0 +1,67 @@
+package model
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+)
+
+func addr(s string, port uint16, p Protocol) L4Addr {
+	return L4Addr{Addr: netip.MustParseAddr(s), Port: port, Proto: p}
+}
+
+func TestL4AddrLessAndString(t *testing.T) {
+	ordered := []L4Addr{
+		addr("10.0.0.1", 53, TCP),
+		addr("10.0.0.1", 53, UDP),
+		addr("10.0.0.1", 80, TCP),
+		addr("10.0.0.2", 1, TCP),
+		addr("10.0.1.0", 1, TCP),
+	}
+	for i := range ordered {
+		for j := range ordered {
+			if got := ordered[i].Less(ordered[j]); got != (i < j) {
+				t.Errorf("%s < %s = %v", ordered[i], ordered[j], got)
+			}
+		}
+	}
+	if s := addr("10.0.0.1", 53, UDP).String(); s != "10.0.0.1:53/UDP" {
+		t.Errorf("String = %q", s)
+	}
+	if s := Protocol(132).String(); s != "proto(132)" {
+		t.Errorf("String = %q", s)
+	}
+}
+
+func TestSortBackends(t *testing.T) {
+	bs := []Backend{
+		{L4Addr: addr("10.0.0.3", 80, TCP)},
+		{L4Addr: addr("10.0.0.1", 80, TCP), NodeName: "first"},
+		{L4Addr: addr("10.0.0.2", 80, TCP)},
+		{L4Addr: addr("10.0.0.1", 80, TCP), NodeName: "second"},
+	}
+	got := SortBackends(bs)
+	want := []Backend{
+		{L4Addr: addr("10.0.0.1", 80, TCP), NodeName: "first"},
+		{L4Addr: addr("10.0.0.2", 80, TCP)},
+		{L4Addr: addr("10.0.0.3", 80, TCP)},
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+	if got := SortBackends(nil); len(got) != 0 {
+		t.Errorf("nil: %v", got)
+	}
+}
+
+func TestServicePortName(t *testing.T) {
+	if s := (ServicePortName{Namespace: "ns", Name: "web", Port: "http"}).String(); s != "ns/web:http" {
+		t.Error(s)
+	}
+	if s := (ServicePortName{Namespace: "ns", Name: "web"}).String(); s != "ns/web" {
+		t.Error(s)
+	}
+	if st := NewState(); st.Services == nil || len(st.Services) != 0 {
+		t.Error("NewState")
+	}
+}
