@@ -192,7 +192,7 @@ func backendsFor(portName string, kproto corev1.Protocol, proto model.Protocol, 
 						NodeName: ptrOr(e.NodeName, ""),
 					},
 					ready:       ptrOr(e.Conditions.Ready, true),
-					serving:     ptrOr(e.Conditions.Serving, ptrOr(e.Conditions.Ready, true)),
+					serving:     ptrOr(e.Conditions.Serving, true),
 					terminating: ptrOr(e.Conditions.Terminating, false),
 				}
 				if i, dup := seen[c.b.L4Addr]; dup {

@@ -100,9 +100,11 @@ func TestServiceToModel(t *testing.T) {
 				slice("t-a", "t", []discoveryv1.EndpointPort{eport("", 8080, corev1.ProtocolTCP)},
 					ep{addr: "10.0.0.1", ready: ptr(false), serving: ptr(true), terminate: ptr(true)},
 					ep{addr: "10.0.0.2", ready: ptr(false), serving: ptr(false), terminate: ptr(true)},
-					ep{addr: "10.0.0.3", ready: ptr(false)}),
+					ep{addr: "10.0.0.3", ready: ptr(false)},
+					// serving unset counts as serving, as kube-proxy reads it
+					ep{addr: "10.0.0.4", ready: ptr(false), terminate: ptr(true)}),
 			},
-			want: "10.96.0.11:80/TCP default/t -> 10.0.0.1:8080/TCP(term)\n",
+			want: "10.96.0.11:80/TCP default/t -> 10.0.0.1:8080/TCP(term) 10.0.0.4:8080/TCP(term)\n",
 		},
 		{
 			name: "no endpoints: service exists with no backends",
