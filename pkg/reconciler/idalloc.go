@@ -1,29 +1,43 @@
 package reconciler
 
-import "container/heap"
-
-// idAllocator hands out ids >= 1, lowest free id first, so ids stay dense
-// and an id freed by a removed service is the next one reused. Ids restored
-// from the kernel are marked used and never handed out twice.
+// idAllocator hands out ids >= 1 from a free list.
+//
+// A freed id is not handed out again at once: it waits in a FIFO queue
+// until quarantine other ids have been freed after it, and until then new
+// ids come from the top of the range. The datapath keeps backend and
+// service ids in places the reconciler does not clean up (conntrack
+// entries, per-socket affinity), so an id reused within seconds for
+// another address could steer a live flow to the wrong backend; the
+// quarantine makes that need many changes in between, while keeping ids
+// dense (at most quarantine above the number in use). Ids restored from
+// the kernel are marked used and never handed out twice; the holes between
+// them are free.
 type idAllocator struct {
-	next uint32 // every id >= next is free
-	free idHeap // ids < next that are free (may hold stale entries; see alloc)
-	used map[uint32]bool
+	next       uint32 // every id >= next is free
+	free       []uint32
+	head       int // free[head:] is the queue, oldest first
+	used       map[uint32]bool
+	quarantine int
 }
 
-func newIDAllocator() *idAllocator {
-	return &idAllocator{next: 1, used: map[uint32]bool{}}
+func newIDAllocator(quarantine int) *idAllocator {
+	return &idAllocator{next: 1, used: map[uint32]bool{}, quarantine: quarantine}
 }
 
 func (a *idAllocator) alloc() uint32 {
-	for a.free.Len() > 0 {
-		id := heap.Pop(&a.free).(uint32)
+	for len(a.free)-a.head > a.quarantine {
+		id := a.free[a.head]
+		a.head++
+		if a.head > 1024 && a.head*2 > len(a.free) {
+			a.free = append([]uint32(nil), a.free[a.head:]...)
+			a.head = 0
+		}
 		if !a.used[id] {
 			a.used[id] = true
 			return id
 		}
 	}
-	for a.used[a.next] {
+	for a.used[a.next] || a.next == 0 {
 		a.next++
 	}
 	id := a.next
@@ -39,11 +53,11 @@ func (a *idAllocator) markUsed(id uint32) {
 	}
 	a.used[id] = true
 	if id >= a.next {
-		// The ids between next and id become holes to fill first. Only
-		// track them when that is cheap; otherwise they are skipped.
+		// The ids between next and id become holes to reuse. Only track
+		// them when that is cheap; otherwise they are skipped.
 		if id-a.next <= 1<<16 {
 			for h := a.next; h < id; h++ {
-				heap.Push(&a.free, h)
+				a.free = append(a.free, h)
 			}
 		}
 		a.next = id + 1
@@ -55,20 +69,5 @@ func (a *idAllocator) release(id uint32) {
 		return
 	}
 	delete(a.used, id)
-	heap.Push(&a.free, id)
-}
-
-func (a *idAllocator) inUse(id uint32) bool { return a.used[id] }
-
-type idHeap []uint32
-
-func (h idHeap) Len() int           { return len(h) }
-func (h idHeap) Less(i, j int) bool { return h[i] < h[j] }
-func (h idHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *idHeap) Push(x any)        { *h = append(*h, x.(uint32)) }
-func (h *idHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+	a.free = append(a.free, id)
 }

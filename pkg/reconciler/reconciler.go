@@ -26,9 +26,10 @@
 // move down into the holes. Changing one endpoint of a service therefore
 // writes one slot and the master, whatever the size of the service.
 //
-// Ids come from free lists (lowest first, never 0); Restore marks the ids
-// found in the pinned maps as used, so an agent restart keeps every id and
-// applying the same state again writes nothing.
+// Ids come from free lists (never 0, and a freed id only after a
+// quarantine, because conntrack and socket affinity entries still name
+// it); Restore marks the ids found in the pinned maps as used, so an agent
+// restart keeps every id and applying the same state again writes nothing.
 package reconciler
 
 import (
@@ -46,6 +47,13 @@ import (
 // ErrCapacity is wrapped by errors about a service that does not fit in the
 // datapath's maps.
 var ErrCapacity = errors.New("datapath map capacity exceeded")
+
+// How many ids must be freed after an id before it is handed out again
+// (see idAllocator).
+const (
+	ServiceIDQuarantine = 256
+	BackendIDQuarantine = 1024
+)
 
 // Stats says how much is programmed, and how much fits.
 type Stats struct {
@@ -138,8 +146,8 @@ func (r *Reconciler) reset() {
 	r.revNatCand = map[ServiceID]bool{}
 	r.backendOf = map[model.L4Addr]BackendID{}
 	r.serviceOf = map[model.L4Addr]ServiceID{}
-	r.svcIDs = newIDAllocator()
-	r.beIDs = newIDAllocator()
+	r.svcIDs = newIDAllocator(ServiceIDQuarantine)
+	r.beIDs = newIDAllocator(BackendIDQuarantine)
 	r.pendingFlush = map[model.L4Addr]bool{}
 	r.inSync = false
 }

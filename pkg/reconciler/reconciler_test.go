@@ -335,13 +335,36 @@ func TestRestartRestore(t *testing.T) {
 	if after := f.String(); after != before {
 		t.Fatalf("state changed across restart:\n%s\nvs\n%s", before, after)
 	}
-	// New ids fill the holes and never collide with restored ones.
+	// New ids never collide with restored ones, and the id freed just
+	// before the restart is not handed out again at once.
 	st.Services[vip(10)] = svc(vip(10), "again", be(10, 1, model.TCP))
 	mustApply(t, r2, st)
 	checkProgrammed(t, f, st)
 	ks, _ := f.Dump()
-	if id := ks.Masters[vip(10)].ID; id != 11 {
-		t.Errorf("re-added service got id %d, want the freed 11", id)
+	if id := ks.Masters[vip(10)].ID; id != 51 {
+		t.Errorf("re-added service got id %d, want 51 (11 is in quarantine)", id)
+	}
+}
+
+func TestIDQuarantine(t *testing.T) {
+	f := newFake(t)
+	f.CheckAll = false
+	r := reconciler.New(f, nil)
+	// Churn one backend of one service many times: a freed id comes back
+	// only after BackendIDQuarantine others were freed, and ids stay dense.
+	a := vip(1)
+	seen := map[reconciler.BackendID]int{}
+	for i := range 3 * reconciler.BackendIDQuarantine {
+		mustApply(t, r, state(svc(a, "a", be(1, 1+i%200, model.TCP))))
+		ks, _ := f.Dump()
+		id := ks.Slots[a][1]
+		if last, ok := seen[id]; ok && i-last < reconciler.BackendIDQuarantine {
+			t.Fatalf("backend id %d reused after %d changes", id, i-last)
+		}
+		seen[id] = i
+		if id > reconciler.BackendIDQuarantine+2 {
+			t.Fatalf("backend id %d: ids not dense", id)
+		}
 	}
 }
 
