@@ -50,7 +50,8 @@ struct lb4_backend {
 struct lb4_rev_nat {
 	__be32 vip;  /* network order */
 	__be16 port; /* network order */
-	__u16 pad;
+	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;
 };
 
 /*

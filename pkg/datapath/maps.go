@@ -125,8 +125,7 @@ func (m *Maps) DeleteBackend(id reconciler.BackendID) error {
 	return nil
 }
 
-// UpsertRevNat writes service id -> frontend address and port. The
-// protocol is not stored (struct lb4_rev_nat has no field for it).
+// UpsertRevNat writes service id -> frontend address, port and protocol.
 func (m *Maps) UpsertRevNat(id reconciler.ServiceID, fe model.L4Addr) error {
 	if err := idOK("service", uint32(id)); err != nil {
 		return err
@@ -135,7 +134,7 @@ func (m *Maps) UpsertRevNat(id reconciler.ServiceID, fe model.L4Addr) error {
 	if err != nil {
 		return fmt.Errorf("upsert rev-nat %d: %w", id, err)
 	}
-	v := sockLb4RevNat{Vip: be32(fe.Addr), Port: be16(fe.Port)}
+	v := sockLb4RevNat{Vip: be32(fe.Addr), Port: be16(fe.Port), Proto: uint8(fe.Proto)}
 	if err := m.revNat.Put(uint32(id), &v); err != nil {
 		return fmt.Errorf("upsert rev-nat %d (%s): %w", id, fe, err)
 	}
@@ -200,9 +199,7 @@ func (m *Maps) DeleteSlot(fe model.L4Addr, slot uint32) error {
 	return nil
 }
 
-// Dump reads the service, backend and reverse-NAT maps back. Reverse-NAT
-// entries carry no protocol; Dump takes it from the master that names the
-// service id (so it is 0 for a service id no master names).
+// Dump reads the service, backend and reverse-NAT maps back.
 func (m *Maps) Dump() (*reconciler.KernelState, error) {
 	ks := &reconciler.KernelState{
 		Masters:  map[model.L4Addr]reconciler.Master{},
@@ -210,7 +207,6 @@ func (m *Maps) Dump() (*reconciler.KernelState, error) {
 		Backends: map[reconciler.BackendID]model.L4Addr{},
 		RevNat:   map[reconciler.ServiceID]model.L4Addr{},
 	}
-	protoOf := map[reconciler.ServiceID]model.Protocol{}
 
 	var sk sockLb4Key
 	var sv sockLb4Service
@@ -220,7 +216,6 @@ func (m *Maps) Dump() (*reconciler.KernelState, error) {
 		if sk.Slot == 0 {
 			id := reconciler.ServiceID(sv.RevNatId)
 			ks.Masters[fe] = reconciler.Master{ID: id, Count: sv.Count, Flags: sv.Flags}
-			protoOf[id] = fe.Proto
 			continue
 		}
 		if ks.Slots[fe] == nil {
@@ -249,7 +244,7 @@ func (m *Maps) Dump() (*reconciler.KernelState, error) {
 	it = m.revNat.Iterate()
 	for it.Next(&rk, &rv) {
 		id := reconciler.ServiceID(rk)
-		ks.RevNat[id] = model.L4Addr{Addr: addrFromBE32(rv.Vip), Port: portFromBE16(rv.Port), Proto: protoOf[id]}
+		ks.RevNat[id] = model.L4Addr{Addr: addrFromBE32(rv.Vip), Port: portFromBE16(rv.Port), Proto: model.Protocol(rv.Proto)}
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("dump %s: %w", mapRevNat, err)

@@ -21,6 +21,11 @@ func TestMapsDumpRoundTrip(t *testing.T) {
 	b1, b2 := testBackend{7, l4("10.2.0.1", 8443, model.TCP)}, testBackend{8, l4("10.2.0.2", 8443, model.TCP)}
 	addService(t, m, 5, fe, b1, b2)
 	addService(t, m, 6, feU)
+	// A reverse-NAT entry no master names (yet) keeps its protocol too.
+	orphan := l4("10.96.1.2", 53, model.UDP)
+	if err := m.UpsertRevNat(9, orphan); err != nil {
+		t.Fatal(err)
+	}
 
 	want := &reconciler.KernelState{
 		Masters: map[model.L4Addr]reconciler.Master{
@@ -29,7 +34,7 @@ func TestMapsDumpRoundTrip(t *testing.T) {
 		},
 		Slots:    map[model.L4Addr]map[uint32]reconciler.BackendID{fe: {1: 7, 2: 8}},
 		Backends: map[reconciler.BackendID]model.L4Addr{7: b1.addr, 8: b2.addr},
-		RevNat:   map[reconciler.ServiceID]model.L4Addr{5: fe, 6: feU},
+		RevNat:   map[reconciler.ServiceID]model.L4Addr{5: fe, 6: feU, 9: orphan},
 	}
 	got, err := m.Dump()
 	if err != nil {

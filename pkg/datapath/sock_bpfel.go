@@ -69,10 +69,11 @@ type sockLb4Key struct {
 }
 
 type sockLb4RevNat struct {
-	_    structs.HostLayout
-	Vip  uint32
-	Port uint16
-	Pad  uint16
+	_     structs.HostLayout
+	Vip   uint32
+	Port  uint16
+	Proto uint8
+	Pad   uint8
 }
 
 type sockLb4Service struct {
