@@ -42,6 +42,7 @@ type Config struct {
 	Modes        []string      `json:"modes"`          // besides the floor, which always runs
 	TimeLimit    time.Duration `json:"time_limit"`     // the whole run; later N are skipped past it
 	ProgTimeout  time.Duration `json:"prog_timeout"`   // one programming step of one mode
+	LoadTimeout  time.Duration `json:"load_timeout"`   // an initial load past ProgTimeout may finish until then, so connections can still be measured
 	ProbeSample  int           `json:"probe_sample"`   // services probed for "all answering"
 	TestRunCalls int           `json:"test_run_calls"` // BPF_PROG_TEST_RUN single runs per figure
 	OutDir       string        `json:"-"`
@@ -102,6 +103,7 @@ func ConfigFromEnv() (Config, error) {
 	get("BENCH_WORKERS", atoi(&c.Workers))
 	get("BENCH_TIME_LIMIT", dur(&c.TimeLimit))
 	get("BENCH_PROG_TIMEOUT", dur(&c.ProgTimeout))
+	get("BENCH_LOAD_TIMEOUT", dur(&c.LoadTimeout))
 	get("BENCH_PROBE_SAMPLE", atoi(&c.ProbeSample))
 	get("BENCH_TEST_RUN_CALLS", atoi(&c.TestRunCalls))
 	get("BENCH_OUT", func(v string) error { c.OutDir = v; return nil })
@@ -158,6 +160,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) (*Results, error) {
 		"nf_conntrack_max is global (not settable per netns); left at " + readTrim("/proc/sys/net/netfilter/nf_conntrack_max") + ", counted per netns",
 	}
 	defer func() { r.res.Finished = time.Now().UTC() }()
+	if slices.Contains(cfg.Modes, ModeSluice) {
+		if _, err := r.sluiceBinary(); err != nil {
+			r.note("sluice mode unavailable: " + err.Error())
+		}
+	}
 	for _, n := range cfg.Services {
 		if err := ctx.Err(); err != nil {
 			return r.res, err
@@ -227,13 +234,13 @@ func (r *runner) newEnv(ctx context.Context, name string, n int) (*env, error) {
 		if err != nil {
 			r.note("memory: " + err.Error())
 		}
-		e.m = &iptMode{ns: tri.Node, variant: strings.TrimPrefix(name, "iptables-"), bound: r.cfg.ProgTimeout, cg: cg, tmp: dir}
+		e.m = &iptMode{ns: tri.Node, variant: strings.TrimPrefix(name, "iptables-"), bound: r.cfg.ProgTimeout, loadBound: r.loadBound(), cg: cg, tmp: dir}
 	case ModeNft:
 		cg, err := newMemcg(cgName)
 		if err != nil {
 			r.note("memory: " + err.Error())
 		}
-		e.m = &nftMode{ns: tri.Node, bound: r.cfg.ProgTimeout, cg: cg, tmp: dir}
+		e.m = &nftMode{ns: tri.Node, bound: r.cfg.ProgTimeout, loadBound: r.loadBound(), cg: cg, tmp: dir}
 	case ModeSluice:
 		m, err := newSluiceMode(r, tri, dir, cgName)
 		if err != nil {
@@ -381,6 +388,10 @@ func (r *runner) point(ctx context.Context, p *Point) error {
 	return nil
 }
 
+// loadBound bounds an initial load: LoadTimeout, but never less than
+// ProgTimeout.
+func (r *runner) loadBound() time.Duration { return max(r.cfg.LoadTimeout, r.cfg.ProgTimeout) }
+
 // probeSet is the services probed for "all answering": the last one (the
 // last rule in KUBE-SERVICES), the first, and a random sample.
 func (r *runner) probeSet(svcs []rules.Service) []netip.AddrPort {
@@ -468,7 +479,7 @@ func (r *runner) programInitial(ctx context.Context, p *Point, envs []*env, svcs
 			last := round == r.cfg.Rounds-1
 			if round > 0 {
 				// Repeat only cheap programming: a slow one is measured once.
-				if len(st.InitialS) > 0 && st.InitialS[len(st.InitialS)-1] > 20 || time.Now().After(r.dead) {
+				if len(st.InitialS) == 0 || st.InitialS[len(st.InitialS)-1] > 20 || time.Now().After(r.dead) {
 					continue
 				}
 				if err := e.m.reset(ctx); err != nil {
@@ -480,7 +491,7 @@ func (r *runner) programInitial(ctx context.Context, p *Point, envs []*env, svcs
 			err := e.m.program(ctx, svcs)
 			var el time.Duration
 			if err == nil {
-				el, err = waitAnswering(ctx, e.tri.Client, probes, t0, r.cfg.ProgTimeout)
+				el, err = waitAnswering(ctx, e.tri.Client, probes, t0, r.loadBound())
 			}
 			if err != nil {
 				st.InitialResult = describeErr(err)
@@ -488,7 +499,21 @@ func (r *runner) programInitial(ctx context.Context, p *Point, envs []*env, svcs
 				r.log.Warn("programming failed", "mode", e.name, "services", p.Services, "err", err)
 				continue
 			}
+			if el > r.cfg.ProgTimeout {
+				// Over the bound: record it as such, but the rules are in,
+				// so the connection figures can still be taken.
+				st.InitialResult = errTimeout{r.cfg.ProgTimeout}.Error()
+				st.LoadedAfterS = el.Seconds()
+				r.log.Warn("programming over its bound", "mode", e.name, "services", p.Services, "seconds", el.Seconds())
+				continue
+			}
 			st.InitialS = append(st.InitialS, el.Seconds())
+			if sm, ok := e.m.(*sluiceMode); ok {
+				if src, apply, ok := sm.lastSync(t0); ok {
+					st.InitialSourceS = append(st.InitialSourceS, src)
+					st.InitialApplyS = append(st.InitialApplyS, apply)
+				}
+			}
 			r.log.Info("programmed", "mode", e.name, "services", p.Services, "seconds", el.Seconds())
 			_ = last
 		}
@@ -533,6 +558,12 @@ func (r *runner) updates(ctx context.Context, p *Point, envs []*env, svcs []rule
 				continue
 			}
 			st.UpdateS = append(st.UpdateS, el.Seconds())
+			if sm, ok := e.m.(*sluiceMode); ok {
+				if src, apply, ok := sm.lastSync(t0); ok {
+					st.UpdateSourceS = append(st.UpdateSourceS, src)
+					st.UpdateApplyS = append(st.UpdateApplyS, apply)
+				}
+			}
 		}
 		cur = next
 	}

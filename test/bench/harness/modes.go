@@ -29,7 +29,7 @@ const (
 // errTimeout marks a programming step that ran into its bound.
 type errTimeout struct{ bound time.Duration }
 
-func (e errTimeout) Error() string { return fmt.Sprintf("timeout > %s", e.bound) }
+func (e errTimeout) Error() string { return fmt.Sprintf("timeout > %.0f s", e.bound.Seconds()) }
 
 // mode is one way of making VIPs reach backends in a triple's node namespace.
 type mode interface {
@@ -97,25 +97,26 @@ func runBounded(ctx context.Context, ns string, bound time.Duration, cg *memcg, 
 // iptMode is kube-proxy-shaped iptables rules, loaded with iptables-restore
 // --noflush as kube-proxy does, through the nft or the legacy backend.
 type iptMode struct {
-	ns      string
-	variant string // "nft" or "legacy"
-	bound   time.Duration
-	cg      *memcg
-	tmp     string
+	ns        string
+	variant   string        // "nft" or "legacy"
+	bound     time.Duration // updates
+	loadBound time.Duration // the initial load
+	cg        *memcg
+	tmp       string
 }
 
 func (m *iptMode) bin(tool string) string { return tool + "-" + m.variant + "-restore" }
 
-func (m *iptMode) restore(ctx context.Context, data []byte) error {
+func (m *iptMode) restore(ctx context.Context, data []byte, bound time.Duration) error {
 	f := filepath.Join(m.tmp, "rules.iptables")
 	if err := os.WriteFile(f, data, 0o644); err != nil {
 		return err
 	}
-	return runBounded(ctx, m.ns, m.bound, m.cg, nil, m.bin("iptables"), "-w", "60", "--noflush", f)
+	return runBounded(ctx, m.ns, bound, m.cg, nil, m.bin("iptables"), "-w", "60", "--noflush", f)
 }
 
 func (m *iptMode) program(ctx context.Context, svcs []rules.Service) error {
-	return m.restore(ctx, rules.IptablesRestore(svcs, rules.IptablesOptions{Jumps: true}))
+	return m.restore(ctx, rules.IptablesRestore(svcs, rules.IptablesOptions{Jumps: true}), m.loadBound)
 }
 
 func (m *iptMode) update(ctx context.Context, all []rules.Service, old, new rules.Service) error {
@@ -130,7 +131,7 @@ func (m *iptMode) update(ctx context.Context, all []rules.Service, old, new rule
 			stale = append(stale, c)
 		}
 	}
-	return m.restore(ctx, rules.IptablesRestore(all, rules.IptablesOptions{Stale: stale}))
+	return m.restore(ctx, rules.IptablesRestore(all, rules.IptablesOptions{Stale: stale}), m.bound)
 }
 
 func (m *iptMode) reset(ctx context.Context) error {
@@ -159,26 +160,27 @@ func (m *iptMode) close()               { m.cg.remove() }
 // mode): the full table in one transaction, endpoint changes as small
 // transactions.
 type nftMode struct {
-	ns    string
-	bound time.Duration
-	cg    *memcg
-	tmp   string
+	ns        string
+	bound     time.Duration // updates
+	loadBound time.Duration // the initial load
+	cg        *memcg
+	tmp       string
 }
 
-func (m *nftMode) apply(ctx context.Context, data []byte) error {
+func (m *nftMode) apply(ctx context.Context, data []byte, bound time.Duration) error {
 	f := filepath.Join(m.tmp, "rules.nft")
 	if err := os.WriteFile(f, data, 0o644); err != nil {
 		return err
 	}
-	return runBounded(ctx, m.ns, m.bound, m.cg, nil, "nft", "-f", f)
+	return runBounded(ctx, m.ns, bound, m.cg, nil, "nft", "-f", f)
 }
 
 func (m *nftMode) program(ctx context.Context, svcs []rules.Service) error {
-	return m.apply(ctx, rules.NftRuleset(svcs))
+	return m.apply(ctx, rules.NftRuleset(svcs), m.loadBound)
 }
 
 func (m *nftMode) update(ctx context.Context, _ []rules.Service, old, new rules.Service) error {
-	return m.apply(ctx, rules.NftEndpointChange(old, new))
+	return m.apply(ctx, rules.NftEndpointChange(old, new), m.bound)
 }
 
 func (m *nftMode) reset(ctx context.Context) error {

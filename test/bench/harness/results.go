@@ -72,10 +72,20 @@ type ProgStat struct {
 	InitialS      []float64 `json:"initial_s"`
 	Initial       Stat      `json:"initial"`
 	InitialResult string    `json:"initial_result"` // "ok", "timeout > X s", or an error
+	// LoadedAfterS is when a load that ran past the bound finished, so
+	// that connections could still be measured (0: it did not, or no need).
+	LoadedAfterS float64 `json:"loaded_after_s,omitempty"`
 	// Update: one endpoint changed in the source until a client reaches it.
 	UpdateS      []float64 `json:"update_s"`
 	Update       Stat      `json:"update"`
 	UpdateResult string    `json:"update_result"`
+	// Sluice only, from the agent's log: the manifest source's share
+	// (debounce, parse, translate; from the file write) and the
+	// reconciler's Apply, per step.
+	InitialSourceS []float64 `json:"initial_source_s,omitempty"`
+	InitialApplyS  []float64 `json:"initial_apply_s,omitempty"`
+	UpdateSourceS  []float64 `json:"update_source_s,omitempty"`
+	UpdateApplyS   []float64 `json:"update_apply_s,omitempty"`
 }
 
 // MemStat is one mode's memory at N.

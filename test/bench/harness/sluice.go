@@ -10,10 +10,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/sluice-lb/sluice/test/bench/rules"
 	"github.com/sluice-lb/sluice/test/bench/topo"
@@ -45,13 +48,21 @@ func (r *runner) sluiceBinary() (string, error) {
 	}
 	root := filepath.Dir(strings.TrimSpace(string(gomod)))
 	bin := filepath.Join(r.tmp, "sluice")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/sluice")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build cmd/sluice: %w: %s", err, out)
+	// A few tries: a build cache shared with concurrent builds has been
+	// seen to fail transiently.
+	var lastErr error
+	for try := 0; try < 3; try++ {
+		cmd := exec.Command("go", "build", "-o", bin, "./cmd/sluice")
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		if err == nil {
+			r.cfg.SluiceBin = bin
+			return bin, nil
+		}
+		lastErr = fmt.Errorf("build cmd/sluice: %w: %s", err, out)
+		time.Sleep(time.Second)
 	}
-	r.cfg.SluiceBin = bin
-	return bin, nil
+	return "", lastErr
 }
 
 func cgroup2Mount() (string, error) {
@@ -165,7 +176,7 @@ func (m *sluiceMode) program(ctx context.Context, svcs []rules.Service) error {
 		"--health-addr", "", "--metrics-addr", "",
 		"--node-name", "bench-node",
 		"--resync-interval", "0",
-		"--log-level", "warn",
+		"--log-level", "info", // the sync lines give the source/apply breakdown
 	}, m.capacity...)
 	cmd := exec.Command("nsenter", args...)
 	logf, err := os.OpenFile(m.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -254,6 +265,7 @@ func (m *sluiceMode) memory() memStat {
 	}
 	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fdinfo", pid))
 	seen := map[string]bool{}
+	var parts []string
 	for _, fd := range fds {
 		f, err := os.Open(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, fd.Name()))
 		if err != nil {
@@ -275,12 +287,57 @@ func (m *sluiceMode) memory() memStat {
 		if id != "" && !seen[id] {
 			seen[id] = true
 			st.KernelBytes += memlock
+			name := "map " + id
+			if n, err := strconv.ParseUint(id, 10, 32); err == nil {
+				if mp, err := ebpf.NewMapFromID(ebpf.MapID(n)); err == nil {
+					if info, err := mp.Info(); err == nil && info.Name != "" {
+						name = info.Name
+					}
+					mp.Close()
+				}
+			}
+			parts = append(parts, fmt.Sprintf("%s %.1f", name, float64(memlock)/(1<<20)))
 		}
 	}
+	sort.Strings(parts)
+	st.How += " (MiB: " + strings.Join(parts, ", ") + ")"
 	return st
 }
 
 func (m *sluiceMode) socketCgroup() string { return m.cgroup }
+
+// lastSync reads the agent's log for the first sync after t0: when the
+// manifest source finished loading (relative to t0: debounce plus parse and
+// translation) and how long the reconciler's Apply took.
+func (m *sluiceMode) lastSync(t0 time.Time) (sourceS, applyS float64, ok bool) {
+	b, err := os.ReadFile(m.logPath)
+	if err != nil {
+		return 0, 0, false
+	}
+	var loaded time.Time
+	for _, l := range strings.Split(string(b), "\n") {
+		ts, _, _ := strings.Cut(strings.TrimPrefix(l, "time="), " ")
+		t, err := time.Parse(time.RFC3339Nano, ts)
+		if err != nil || t.Add(time.Millisecond).Before(t0) {
+			continue
+		}
+		switch {
+		case strings.Contains(l, "msg=\"Loaded manifests\"") && loaded.IsZero():
+			loaded = t
+		case strings.Contains(l, "msg=\"desired state applied\"") && !loaded.IsZero():
+			_, took, found := strings.Cut(l, " took=")
+			if !found {
+				return 0, 0, false
+			}
+			d, err := time.ParseDuration(strings.Fields(took)[0])
+			if err != nil {
+				return 0, 0, false
+			}
+			return max(0, loaded.Sub(t0).Seconds()), d.Seconds(), true
+		}
+	}
+	return 0, 0, false
+}
 
 func (m *sluiceMode) close() {
 	m.stopAgent()

@@ -3,6 +3,7 @@ package report
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -77,11 +78,29 @@ func Markdown(res *harness.Results, stamp string) []byte {
 			if len(ps.InitialS) > 0 {
 				ini = fmt.Sprintf("%.3f (%.3f-%.3f) n=%d", ps.Initial.Median, ps.Initial.Min, ps.Initial.Max, len(ps.InitialS))
 			}
+			if ps.LoadedAfterS > 0 {
+				ini = fmt.Sprintf("(loaded after %.0f s)", ps.LoadedAfterS)
+			}
 			if len(ps.UpdateS) > 0 {
 				upd = fmt.Sprintf("%.1f (%.1f-%.1f) n=%d", ps.Update.Median*1e3, ps.Update.Min*1e3, ps.Update.Max*1e3, len(ps.UpdateS))
 			}
 			fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s |\n", p.Services, ps.Mode, ini, ps.InitialResult, upd, ps.UpdateResult)
 		}
+	}
+	var bd []string
+	for _, p := range res.Points {
+		for _, ps := range p.Prog {
+			if len(ps.InitialSourceS)+len(ps.UpdateSourceS) == 0 {
+				continue
+			}
+			bd = append(bd, fmt.Sprintf("| %d | %s | %.3f | %.3f | %.1f | %.1f |", p.Services, ps.Mode,
+				median(ps.InitialSourceS), median(ps.InitialApplyS), median(ps.UpdateSourceS)*1e3, median(ps.UpdateApplyS)*1e3))
+		}
+	}
+	if len(bd) > 0 {
+		b.WriteString("\nWhere Sluice's time goes (from the agent's log; medians): `source` = from writing the manifest file (initial: from starting the agent) until the manifest source had loaded and translated it (includes its 100 ms debounce on updates); `apply` = the reconciler writing the maps. The rest of the total is the agent's start (BPF load, attach) and the probe.\n\n")
+		b.WriteString("| N | mode | initial source s | initial apply s | update source ms | update apply ms |\n|---:|---|---:|---:|---:|---:|\n")
+		b.WriteString(strings.Join(bd, "\n") + "\n")
 	}
 	b.WriteString("\n## Memory\n\n")
 	b.WriteString("| N | mode | kernel MiB | agent RSS MiB | how |\n|---:|---|---:|---:|---|\n")
@@ -127,4 +146,16 @@ func Markdown(res *harness.Results, stamp string) []byte {
 		fmt.Fprintf(&b, "![%s](%s-%s.png)\n", f.title, stamp, f.suffix)
 	}
 	return b.Bytes()
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 0 {
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return s[len(s)/2]
 }
