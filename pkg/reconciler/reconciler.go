@@ -81,6 +81,8 @@ type frontendView struct {
 	// syncedAddrs and nothing touched it since (a fast path for Apply).
 	synced      bool
 	syncedAddrs []model.L4Addr
+
+	name model.ServicePortName // who it was programmed for; empty if restored
 }
 
 // Reconciler programs a Datapath. Its methods are safe for concurrent use.
@@ -369,8 +371,13 @@ func (r *Reconciler) Apply(st *model.State) error {
 	}
 	slices.SortFunc(gone, cmpL4)
 	for _, fe := range gone {
+		name := r.frontends[fe].name
 		if err := r.removeFrontend(fe); err != nil {
-			errs = append(errs, fmt.Errorf("remove frontend %s: %w", fe, err))
+			if name != (model.ServicePortName{}) {
+				errs = append(errs, fmt.Errorf("service %s (%s): remove: %w", name, fe, err))
+			} else {
+				errs = append(errs, fmt.Errorf("remove frontend %s: %w", fe, err))
+			}
 		}
 	}
 	// Backends nobody names and nobody wants can go now (more room).
@@ -434,7 +441,7 @@ func (r *Reconciler) fastInSync(fe model.L4Addr, svc *model.Service) bool {
 
 func (r *Reconciler) markSynced(fe model.L4Addr, d *desiredFrontend) {
 	if v := r.frontends[fe]; v != nil {
-		v.synced, v.syncedAddrs = true, d.addrs
+		v.synced, v.syncedAddrs, v.name = true, d.addrs, d.svc.Name
 	}
 }
 

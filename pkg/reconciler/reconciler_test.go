@@ -481,6 +481,9 @@ func TestWriteFailureAndRecovery(t *testing.T) {
 				if err == nil || !strings.Contains(err.Error(), "injected") {
 					t.Fatalf("err = %v", err)
 				}
+				if kind != fakedp.OpDeleteBackend && kind != fakedp.OpDeleteRevNat && !strings.Contains(err.Error(), "service default/svc-") {
+					t.Errorf("error names no service: %v", err)
+				}
 				if r.InSync() {
 					t.Error("InSync after a failed write")
 				}
