@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/sluice-lb/sluice/test/bench/rules"
-	"github.com/sluice-lb/sluice/test/bench/topo"
 )
 
 // Mode names.
@@ -196,5 +195,3 @@ func (m *nftMode) memory() memStat {
 }
 func (m *nftMode) socketCgroup() string { return "" }
 func (m *nftMode) close()               { m.cg.remove() }
-
-var _ = topo.Prefix

@@ -3,7 +3,8 @@
 // (connect, 1-byte request, reply, close) as fast as a few workers can,
 // recording each connection's latency. Both run as child processes of the
 // benchmark (re-executions of its own binary) placed in the namespace, and
-// for the socket-layer runs the cgroup, they measure from.
+// for the socket-layer runs the cgroup (the parent starts them in it with
+// CLONE_INTO_CGROUP), they measure from.
 package load
 
 import (
@@ -17,7 +18,6 @@ import (
 	"net/netip"
 	"os"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 )
@@ -80,7 +80,6 @@ type ClientConfig struct {
 	Workers     int           `json:"workers"`      // concurrent connections
 	Duration    time.Duration `json:"duration"`     // stop after this long
 	MaxConns    int           `json:"max_conns"`    // and after this many connections
-	Cgroup      string        `json:"cgroup"`       // cgroup v2 directory to join first, if set
 	DialTimeout time.Duration `json:"dial_timeout"` // per connection
 }
 
@@ -97,11 +96,6 @@ type ClientResult struct {
 
 // RunClient runs the client described by cfg.
 func RunClient(cfg ClientConfig) (ClientResult, error) {
-	if cfg.Cgroup != "" {
-		if err := os.WriteFile(cfg.Cgroup+"/cgroup.procs", []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-			return ClientResult{}, fmt.Errorf("join cgroup %s: %w", cfg.Cgroup, err)
-		}
-	}
 	if len(cfg.Targets) == 0 {
 		return ClientResult{}, errors.New("no targets")
 	}

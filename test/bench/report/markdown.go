@@ -28,7 +28,7 @@ func Markdown(res *harness.Results, stamp string) []byte {
 	sort.Strings(tools)
 	fmt.Fprintf(&b, "- tools: %s\n\n", strings.Join(tools, "; "))
 	b.WriteString("## Method\n\n")
-	fmt.Fprintf(&b, "- services N = %v, %d endpoints each, port 80 -> 8080/TCP; %d rounds, modes interleaved within each round\n", c.Services, c.Endpoints, c.Rounds)
+	fmt.Fprintf(&b, "- services N = %v, %d endpoints each, port 80 -> 8080/TCP; %d rounds; within a round the modes take turns (A B C, next round C B A)\n", c.Services, c.Endpoints, c.Rounds)
 	fmt.Fprintf(&b, "- one client run: %s or %d connections, %d concurrent workers; a connection is connect, 1-byte request, 1-byte reply, close (latency covers all of it)\n", c.RunTime, c.MaxConns, c.Workers)
 	b.WriteString("- per-packet layer: client netns -> node netns (the rules, or Sluice's tc program on the node's client-facing veth) -> backend netns; socket layer: the client runs in the node netns itself (iptables/nftables OUTPUT hooks, Sluice's cgroup connect4)\n")
 	b.WriteString("- targets: `random` = a VIP picked at random per connection among all N; `last` = the VIP whose rule is last in KUBE-SERVICES. `direct` (the floor) connects to a backend of the same service(s) with no rules at all\n")

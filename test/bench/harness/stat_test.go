@@ -1,0 +1,57 @@
+package harness
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sluice-lb/sluice/test/bench/load"
+)
+
+func TestStat(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want Stat
+	}{
+		{nil, Stat{}},
+		{[]float64{3}, Stat{3, 3, 3}},
+		{[]float64{5, 1, 3}, Stat{3, 1, 5}},
+		{[]float64{4, 1, 3, 2}, Stat{2.5, 1, 4}},
+	} {
+		if got := stat(c.in); got != c.want {
+			t.Errorf("stat(%v) = %+v, want %+v", c.in, got, c.want)
+		}
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	var d []time.Duration
+	for i := 1; i <= 100; i++ {
+		d = append(d, time.Duration(i))
+	}
+	if p := load.Percentile(d, 0.5); p != 50 {
+		t.Errorf("p50 = %d", p)
+	}
+	if p := load.Percentile(d, 0.99); p != 99 {
+		t.Errorf("p99 = %d", p)
+	}
+	if p := load.Percentile(d[:1], 0.99); p != 1 {
+		t.Errorf("p99 of one = %d", p)
+	}
+}
+
+func TestConfigFromEnv(t *testing.T) {
+	t.Setenv("BENCH_SERVICES", "100, 1_000")
+	t.Setenv("BENCH_MODES", "direct,nftables,sluice")
+	t.Setenv("BENCH_PROG_TIMEOUT", "5s")
+	c, err := ConfigFromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Services) != 2 || c.Services[1] != 1000 || len(c.Modes) != 2 || c.Modes[0] != ModeNft || c.ProgTimeout != 5*time.Second {
+		t.Errorf("config %+v", c)
+	}
+	t.Setenv("BENCH_MODES", "ipvs")
+	if _, err := ConfigFromEnv(); err == nil {
+		t.Error("unknown mode accepted")
+	}
+}
