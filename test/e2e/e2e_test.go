@@ -327,6 +327,18 @@ func TestClusterIPEndToEnd(t *testing.T) {
 				t.Errorf("frontend %s not programmed:\n%s", fe, dump)
 			}
 		}
+		if _, err := e.agent.Get(e.agent.HealthAddr, "/healthz"); err != nil {
+			t.Errorf("/healthz: %v", err)
+		}
+		m, err := e.agent.Metrics()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"\nsluice_services 4\n", "\nsluice_backends 9\n", `sluice_syncs_total{result="success"}`} {
+			if !strings.Contains(m, want) {
+				t.Errorf("/metrics lacks %q", strings.TrimSpace(want))
+			}
+		}
 	})
 
 	t.Run("MalformedObjectReportedRestApplied", func(t *testing.T) {

@@ -81,8 +81,9 @@ type Agent struct {
 	NS    *topology.NS
 	BPFFS string
 	Args  []string // the agent's full argument list
-	// HealthAddr is where /readyz is served inside NS.
-	HealthAddr string
+	// HealthAddr and MetricsAddr are where /readyz and /metrics are
+	// served inside NS.
+	HealthAddr, MetricsAddr string
 
 	Log  *Buffer
 	proc *topology.Process
@@ -99,12 +100,12 @@ type AgentConfig struct {
 
 // NewAgent prepares (does not start) an agent in ns.
 func NewAgent(bin Binaries, ns *topology.NS, cfg AgentConfig) *Agent {
-	a := &Agent{Bin: bin, NS: ns, BPFFS: cfg.BPFFS, HealthAddr: "127.0.0.1:10256", Log: &Buffer{}}
+	a := &Agent{Bin: bin, NS: ns, BPFFS: cfg.BPFFS, HealthAddr: "127.0.0.1:10256", MetricsAddr: "127.0.0.1:10249", Log: &Buffer{}}
 	a.Args = []string{
 		"--manifests", cfg.Manifests,
 		"--bpffs", cfg.BPFFS,
 		"--health-addr", a.HealthAddr,
-		"--metrics-addr", "127.0.0.1:10249",
+		"--metrics-addr", a.MetricsAddr,
 		"--node-name", "node",
 		"--log-level", "debug",
 	}
@@ -149,18 +150,30 @@ func (a *Agent) Stop() error {
 
 // Ready returns nil if /readyz answers 200, else what it answered.
 func (a *Agent) Ready() error {
+	_, err := a.Get(a.HealthAddr, "/readyz")
+	return err
+}
+
+// Metrics returns the agent's Prometheus exposition.
+func (a *Agent) Metrics() (string, error) {
+	return a.Get(a.MetricsAddr, "/metrics")
+}
+
+// Get fetches path from addr inside the agent's namespace; anything but
+// 200 is an error.
+func (a *Agent) Get(addr, path string) (string, error) {
 	c := a.NS.HTTPClient(2 * time.Second)
-	resp, err := c.Get("http://" + a.HealthAddr + "/readyz")
+	resp, err := c.Get("http://" + addr + path)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer resp.Body.Close()
 	var body bytes.Buffer
 	body.ReadFrom(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("/readyz: %s: %s", resp.Status, strings.TrimSpace(body.String()))
+		return "", fmt.Errorf("%s: %s: %s", path, resp.Status, strings.TrimSpace(body.String()))
 	}
-	return nil
+	return body.String(), nil
 }
 
 // WaitReady polls /readyz until it answers 200, the agent exits, or timeout.
