@@ -3,6 +3,7 @@
 // backend, at several service counts (issue #5). Run it as root:
 //
 //	BENCH_SERVICES=100,1000 go run ./test/bench
+//	go run ./test/bench render test/bench/results/<date>.json  # redo .md and plots
 //
 // It writes test/bench/results/<date>.json, <date>.md and PNG plots. See
 // test/bench/README.md for every knob; BENCH_TIME_LIMIT bounds the run.
@@ -10,10 +11,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/sluice-lb/sluice/test/bench/harness"
@@ -24,6 +28,14 @@ import (
 func main() {
 	load.ChildMain() // the benchmark's own children (servers, clients) exit here
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if len(os.Args) == 3 && os.Args[1] == "render" {
+		// Re-render the Markdown and plots of an earlier run from its JSON.
+		if err := render(os.Args[2]); err != nil {
+			log.Error("render", "err", err)
+			os.Exit(1)
+		}
+		return
+	}
 	cfg, err := harness.ConfigFromEnv()
 	if err != nil {
 		log.Error("config", "err", err)
@@ -50,4 +62,20 @@ func main() {
 		log.Error("run", "err", runErr)
 		os.Exit(1)
 	}
+}
+
+func render(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var res harness.Results
+	if err := json.Unmarshal(b, &res); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	files, err := report.Write(filepath.Dir(path), strings.TrimSuffix(filepath.Base(path), ".json"), &res)
+	for _, f := range files {
+		fmt.Println(f)
+	}
+	return err
 }

@@ -14,11 +14,11 @@ import (
 )
 
 var plotFiles = []struct{ suffix, title string }{
-	{"conns-packet", "new connections/s vs N, per-packet path (client netns via node), random VIP"},
-	{"conns-socket", "new connections/s vs N, socket layer (client on the node), random VIP"},
-	{"p99-packet", "p99 connection latency vs N, per-packet path, random VIP"},
-	{"p99-socket", "p99 connection latency vs N, socket layer, random VIP"},
-	{"prog", "programming time vs N (initial: solid, one endpoint change: dashed)"},
+	{"conns-packet", "new conns/s, per-packet path, random VIP"},
+	{"conns-socket", "new conns/s, socket layer, random VIP"},
+	{"p99-packet", "p99 conn latency, per-packet path, random VIP"},
+	{"p99-socket", "p99 conn latency, socket layer, random VIP"},
+	{"prog", "programming time (solid: initial, dashed: 1 endpoint change)"},
 }
 
 // series is one line: a point per N with its min..max spread.
@@ -96,7 +96,7 @@ func Plots(dir, stamp string, res *harness.Results) ([]string, error) {
 			for _, p := range res.Points {
 				for _, ps := range p.Prog {
 					if ini[ps.Mode] == nil {
-						ini[ps.Mode] = &series{name: ps.Mode + " initial", colorIdx: modeColor(ps.Mode)}
+						ini[ps.Mode] = &series{name: ps.Mode + " init", colorIdx: modeColor(ps.Mode)}
 						upd[ps.Mode] = &series{name: ps.Mode + " update", colorIdx: modeColor(ps.Mode), dashed: true}
 						order = append(order, ps.Mode)
 					}
@@ -124,8 +124,8 @@ func Plots(dir, stamp string, res *harness.Results) ([]string, error) {
 }
 
 const (
-	width, height            = 1000, 600
-	left, right, top, bottom = 90, 230, 64, 60
+	width, height            = 1100, 600
+	left, right, top, bottom = 90, 310, 64, 60
 )
 
 // chart draws a line chart with a log10 N axis.
@@ -135,7 +135,7 @@ func chart(path, title, ylabel string, logY bool, ss []series) error {
 	grey := color.RGBA{200, 200, 200, 255}
 	black := color.RGBA{0, 0, 0, 255}
 	pw, ph := width-left-right, height-top-bottom
-	drawText(img, left, 15, title, black, 2)
+	drawText(img, max(5, (width-textWidth(title, 2))/2), 15, title, black, 2)
 
 	var xs, ys []float64
 	for _, s := range ss {
@@ -215,12 +215,13 @@ func chart(path, title, ylabel string, logY bool, ss []series) error {
 
 	for i, s := range ss {
 		c := palette[s.colorIdx%len(palette)]
+		off := (i - len(ss)/2) * 3 // spread bars of different series apart
 		for j := range s.xs {
-			x := px(s.xs[j])
+			x := px(s.xs[j]) + off
 			line(img, x, py(s.lo[j]), x, py(s.hi[j]), c, 1, false)
 			fill(img, image.Rect(x-4, py(s.ys[j])-4, x+5, py(s.ys[j])+5), c)
 			if j > 0 {
-				line(img, px(s.xs[j-1]), py(s.ys[j-1]), x, py(s.ys[j]), c, 2, s.dashed)
+				line(img, px(s.xs[j-1])+off, py(s.ys[j-1]), x, py(s.ys[j]), c, 2, s.dashed)
 			}
 		}
 		ly := top + 10 + i*22
