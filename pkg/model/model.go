@@ -90,6 +90,16 @@ type Service struct {
 	// Backends is sorted by L4Addr and holds no duplicates. Empty means the
 	// service exists and refuses new connections.
 	Backends []Backend
+
+	// North-south settings (NodePort, ExternalIP and LoadBalancer kinds).
+	// ExternalLocal is externalTrafficPolicy: Local: Backends holds only
+	// this node's endpoints, the client's source is preserved, and with no
+	// backend the traffic is dropped. SourceRanges, if any, are the only
+	// sources allowed (loadBalancerSourceRanges). HealthCheckNodePort, if
+	// non-zero, is where this node reports its local endpoint count.
+	ExternalLocal       bool
+	SourceRanges        []netip.Prefix
+	HealthCheckNodePort uint16
 }
 
 // State is the whole desired state, keyed by frontend.

@@ -513,9 +513,8 @@ func wantsAddr(d *desiredFrontend, a model.L4Addr) bool {
 	return ok
 }
 
-// masterFlags returns the SVC_F_* flags of a frontend's master. None are
-// defined yet; NodePort and traffic policies will set some.
-func masterFlags(*model.Service) uint8 { return 0 }
+// masterFlags returns the SVC_F_* flags of a frontend's master.
+func masterFlags(svc *model.Service) uint8 { return MasterFlags(svc) }
 
 // programFrontend brings one frontend to its desired programming, in
 // make-before-break order, stopping at the first failed write (the view

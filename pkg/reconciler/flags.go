@@ -1,0 +1,32 @@
+package reconciler
+
+import "github.com/sluice-lb/sluice/pkg/model"
+
+// Flags of a frontend's master entry (Master.Flags): the values of enum
+// svc_flags in bpf/lib/structs.h (pkg/datapath tests that they match).
+const (
+	// FlagExternal marks NodePort, ExternalIP and LoadBalancer frontends:
+	// flows to a backend on another node are source-NATed.
+	FlagExternal uint8 = 1
+	// FlagLocal is externalTrafficPolicy Local: never source-NATed, and
+	// dropped when the frontend has no (local) backend.
+	FlagLocal uint8 = 2
+	// FlagSourceRanges makes the datapath check the source against the
+	// frontend's loadBalancerSourceRanges.
+	FlagSourceRanges uint8 = 4
+)
+
+// MasterFlags returns the flags of svc's master entry.
+func MasterFlags(svc *model.Service) uint8 {
+	if svc == nil || svc.Kind == model.ClusterIP {
+		return 0
+	}
+	f := FlagExternal
+	if svc.ExternalLocal {
+		f |= FlagLocal
+	}
+	if len(svc.SourceRanges) > 0 {
+		f |= FlagSourceRanges
+	}
+	return f
+}

@@ -1,0 +1,49 @@
+package reconciler_test
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// TestMasterFlags: the north-south settings of a Service reach its master
+// entry, and changing only them rewrites the master.
+func TestMasterFlags(t *testing.T) {
+	f := newFake(t)
+	r := reconciler.New(f, nil)
+	np := model.L4Addr{Addr: netip.MustParseAddr("192.168.1.1"), Port: 30080, Proto: model.TCP}
+	s := svc(np, "web", be(1, 1, model.TCP))
+	s.Kind = model.NodePort
+	cip := svc(vip(1), "web", be(1, 1, model.TCP))
+
+	for _, c := range []struct {
+		name  string
+		set   func()
+		flags uint8
+	}{
+		{"NodePort", func() {}, reconciler.FlagExternal},
+		{"Local", func() { s.ExternalLocal = true }, reconciler.FlagExternal | reconciler.FlagLocal},
+		{"source ranges", func() {
+			s.Kind = model.LoadBalancer
+			s.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+		}, reconciler.FlagExternal | reconciler.FlagLocal | reconciler.FlagSourceRanges},
+		{"Cluster again", func() { s.ExternalLocal, s.SourceRanges = false, nil }, reconciler.FlagExternal},
+	} {
+		c.set()
+		if err := r.Apply(state(s, cip)); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		ks, err := f.Dump()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ks.Masters[np].Flags; got != c.flags {
+			t.Errorf("%s: master flags %#x, want %#x", c.name, got, c.flags)
+		}
+		if got := ks.Masters[vip(1)].Flags; got != 0 {
+			t.Errorf("%s: ClusterIP master flags %#x, want 0", c.name, got)
+		}
+	}
+}
