@@ -22,6 +22,7 @@ type Cgroup struct {
 // AddCgroup creates "<mount>/<prefix><name>" under a cgroup v2 mount. On
 // close, processes still in it are killed and the directory is removed.
 func (t *Topology) AddCgroup(mount, name string) (*Cgroup, error) {
+	_ = SweepStale(mount) // cgroups of killed runs (empty: their processes died with them)
 	p := filepath.Join(mount, t.prefix+name)
 	if err := os.Mkdir(p, 0o755); err != nil {
 		return nil, fmt.Errorf("create cgroup: %w", err)

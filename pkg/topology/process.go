@@ -27,6 +27,9 @@ type Process struct {
 func (n *NS) Start(out io.Writer, cg *Cgroup, name string, args ...string) (*Process, error) {
 	cmd := n.Command(context.Background(), name, args...)
 	cmd.Stdout, cmd.Stderr = out, out
+	// If this process is killed before it can clean up, the child gets
+	// SIGTERM rather than living on in a namespace nobody will remove.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	if cg != nil {
 		cg.Put(cmd)
 	}

@@ -17,6 +17,7 @@ package topology
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -141,10 +142,32 @@ func (t *Topology) Veth(a *NS, aDev string, b *NS, bDev string) error {
 // sweepStale deletes namespaces left behind by runs of this package whose
 // process no longer exists (killed before they could clean up).
 func sweepStale() {
-	entries, err := os.ReadDir(netnsDir)
-	if err != nil {
-		return
+	for _, name := range staleNames(netnsDir) {
+		_ = unmountAndRemove(filepath.Join(netnsDir, name))
 	}
+}
+
+// SweepStale removes the entries of dir (recursively) named by runs of this
+// package whose process no longer exists: per-run bpffs directories or
+// cgroups left behind by a run that was killed.
+func SweepStale(dir string) error {
+	var errs []error
+	for _, name := range staleNames(dir) {
+		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// staleNames lists the entries of dir named "sl-<pid>-..." whose pid is
+// not a running process.
+func staleNames(dir string) []string {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var stale []string
 	for _, e := range entries {
 		name := e.Name()
 		if !strings.HasPrefix(name, namePrefix) {
@@ -155,12 +178,12 @@ func sweepStale() {
 			continue
 		}
 		pid, err := strconv.Atoi(pidStr)
-		if err != nil || pid <= 0 || pid == os.Getpid() {
+		if err != nil || pid <= 0 || pid > math.MaxInt32 || pid == os.Getpid() {
 			continue
 		}
-		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
-			continue // alive (or not ours to judge)
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			stale = append(stale, name)
 		}
-		_ = unmountAndRemove(filepath.Join(netnsDir, name))
 	}
+	return stale
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -272,4 +273,28 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+func TestSweepStaleRemovesOnlyDeadRuns(t *testing.T) {
+	dir := t.TempDir()
+	// A pid that cannot be running: above the kernel's PID_MAX_LIMIT (2^22).
+	dead := filepath.Join(dir, "sl-4194305-1-e2e")
+	mine := filepath.Join(dir, fmt.Sprintf("sl-%d-1-e2e", os.Getpid()))
+	other := filepath.Join(dir, "unrelated")
+	for _, d := range []string{dead, mine, other} {
+		if err := os.MkdirAll(filepath.Join(d, "sluice"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := SweepStale(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dead); !os.IsNotExist(err) {
+		t.Errorf("stale %s not removed (stat: %v)", dead, err)
+	}
+	for _, d := range []string{mine, other} {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("%s removed: %v", d, err)
+		}
+	}
 }

@@ -98,8 +98,10 @@ type AgentConfig struct {
 	Extra     []string
 }
 
-// NewAgent prepares (does not start) an agent in ns.
+// NewAgent prepares (does not start) an agent in ns. Per-run directories
+// next to cfg.BPFFS left by killed runs are removed first.
 func NewAgent(bin Binaries, ns *topology.NS, cfg AgentConfig) *Agent {
+	_ = topology.SweepStale(filepath.Dir(cfg.BPFFS))
 	a := &Agent{Bin: bin, NS: ns, BPFFS: cfg.BPFFS, HealthAddr: "127.0.0.1:10256", MetricsAddr: "127.0.0.1:10249", Log: &Buffer{}}
 	a.Args = []string{
 		"--manifests", cfg.Manifests,
