@@ -214,7 +214,7 @@ func (a *Agent) applyLoop(ctx context.Context) {
 
 func (a *Agent) applyNewest() error {
 	a.mu.Lock()
-	s, n := a.desired, a.desiredN
+	s, n, prev := a.desired, a.desiredN, a.appliedN
 	a.mu.Unlock()
 	if s == nil {
 		return nil
@@ -244,7 +244,11 @@ func (a *Agent) applyNewest() error {
 	if !inSync {
 		return fmt.Errorf("generation %d applied but the reconciler reports the datapath out of sync", n)
 	}
-	a.log.Info("desired state applied", "generation", n, "services", len(s.Services),
-		"took", took.Round(time.Microsecond))
+	level := slog.LevelInfo
+	if n == prev {
+		level = slog.LevelDebug // a resync of a state already applied
+	}
+	a.log.Log(context.Background(), level, "desired state applied", "generation", n,
+		"services", len(s.Services), "took", took.Round(time.Microsecond))
 	return nil
 }
