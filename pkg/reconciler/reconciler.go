@@ -38,6 +38,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -560,7 +561,7 @@ func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capSvc
 		short = append(short, fmt.Sprintf("%d new service entries: %d in use of %d", needEnt, r.entries, capEnt))
 	}
 	if len(short) > 0 {
-		return fmt.Errorf("%w (%s); previous programming kept", ErrCapacity, joinStrings(short))
+		return fmt.Errorf("%w (%s); previous programming kept", ErrCapacity, strings.Join(short, "; "))
 	}
 
 	if !haveSID {
@@ -827,17 +828,6 @@ func (r *Reconciler) maybeReleaseBackend(id BackendID, a model.L4Addr) {
 		return
 	}
 	r.beIDs.release(uint32(id))
-}
-
-func joinStrings(s []string) string {
-	out := ""
-	for i, x := range s {
-		if i > 0 {
-			out += "; "
-		}
-		out += x
-	}
-	return out
 }
 
 func cmpL4(a, b model.L4Addr) int {
