@@ -39,7 +39,32 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(helperMain(os.Args[1:]))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	bins      harness.Binaries
+	buildErr  error
+)
+
+// binaries builds sluice and sluicectl once for all tests of the package.
+func binaries(t *testing.T) harness.Binaries {
+	t.Helper()
+	buildOnce.Do(func() {
+		if binDir, buildErr = os.MkdirTemp("", "sluice-e2e-bin-"); buildErr == nil {
+			bins, buildErr = harness.Build(context.Background(), binDir)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return bins
 }
 
 // helperMain sends n HTTP/1.0 GETs to addr, each on a new connection, and
@@ -165,10 +190,7 @@ func (e *env) waitServices(t *testing.T, frontend string, ok func(line string) b
 func setup(t *testing.T) *env {
 	t.Helper()
 	requirePrivileges(t)
-	bins, err := harness.Build(t.Context(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	bins := binaries(t)
 	cgMount, err := datapath.CgroupV2Mount()
 	if err != nil {
 		t.Skipf("no cgroup v2 mount: %v", err)
@@ -610,4 +632,87 @@ func TestClusterIPEndToEnd(t *testing.T) {
 			t.Errorf("programs still attached to %s:\n%s", e.cgroup, out)
 		}
 	})
+}
+
+// TestReadyzFollowsDesiredState: /readyz is 200 only while the maps match the
+// newest desired state. A state that does not fit the maps (more frontends
+// than --max-services) cannot be applied: the agent keeps retrying and is
+// not ready; once the file is fixed it is ready again.
+func TestReadyzFollowsDesiredState(t *testing.T) {
+	requirePrivileges(t)
+	bins := binaries(t)
+	topo := topology.NewT(t)
+	lb, err := topo.BuildLB(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest := filepath.Join(t.TempDir(), "services.yaml")
+	write := func(n int) {
+		var docs []string
+		for i := 1; i <= n; i++ {
+			docs = append(docs, harness.Service{
+				Name: fmt.Sprintf("svc%d", i), ClusterIP: fmt.Sprintf("10.96.1.%d", i),
+				Endpoints: []string{lb.BackendAddrs[0].String()},
+				Ports:     []harness.Port{{Name: "http", Protocol: "TCP", Port: 80, TargetPort: "8080", EndpointPort: 8080}},
+			}.YAML())
+		}
+		if err := harness.WriteFile(manifest, harness.Manifest(docs...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(2)
+	agent := harness.NewAgent(bins, lb.Node, harness.AgentConfig{
+		Manifests: manifest,
+		BPFFS:     filepath.Join("/sys/fs/bpf", topo.Prefix()+"readyz"),
+		Extra:     []string{"--max-services", "3"},
+	})
+	t.Cleanup(func() {
+		agent.Stop()
+		if err := agent.Cleanup(context.Background()); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent log:\n%s", agent.Log)
+		}
+	})
+	if err := agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := agent.WaitReady(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	write(4) // one more frontend than sluice_rev_nat holds
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := agent.Ready()
+		if err != nil && strings.Contains(err.Error(), "503") {
+			t.Logf("while the state does not fit: %v", err)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz never turned 503 for a desired state that cannot be applied (last: %v)", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// It stays not ready: the agent retries, it does not give up and claim
+	// success.
+	time.Sleep(time.Second)
+	if err := agent.Ready(); err == nil {
+		t.Fatal("/readyz is 200 although the newest desired state was never applied")
+	}
+
+	write(3)
+	if err := agent.WaitReady(15 * time.Second); err != nil {
+		t.Fatalf("not ready again after the manifest was fixed: %v", err)
+	}
+	m, err := agent.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(m, "\nsluice_services 3\n") {
+		t.Errorf("/metrics does not report 3 programmed frontends")
+	}
 }
