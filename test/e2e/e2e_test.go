@@ -366,7 +366,7 @@ func TestClusterIPEndToEnd(t *testing.T) {
 	t.Run("MalformedObjectReportedRestApplied", func(t *testing.T) {
 		// The rest was applied: ReadyAndProgrammed saw all four frontends.
 		deadline := time.Now().Add(5 * time.Second)
-		for !strings.Contains(e.agent.Log.String(), "broken") {
+		for !strings.Contains(e.agent.Log.String(), "default/broken") {
 			if time.Now().After(deadline) {
 				t.Fatalf("the agent never reported the malformed Service default/broken")
 			}
