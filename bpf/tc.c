@@ -9,6 +9,17 @@
  * service without backends is answered with ICMP port unreachable.
  * Egress: replies leaving towards the client get their source rewritten
  * back to the VIP. Everything else passes untouched.
+ *
+ * North-south (NodePort, ExternalIP and LoadBalancer frontends, flagged
+ * SVC_F_EXTERNAL): a new flow whose backend is reached through one of the
+ * node's devices (another node) is DNATed and SNATed to this node's
+ * address on that device, with a source port reserved for the flow (see
+ * ct_create_snat), and redirected to the next hop; its replies come back
+ * to this node, are rewritten to <frontend -> client> and redirected to
+ * the client. A backend on this node gets DNAT only; its replies are
+ * rewritten at egress like ClusterIP ones. externalTrafficPolicy Local
+ * (SVC_F_LOCAL) never SNATs, and drops when there is no local endpoint;
+ * loadBalancerSourceRanges (SVC_F_SRC_RANGES) drop sources outside them.
  */
 #include "lib/common.h"
 #include "lib/maps.h"
@@ -18,6 +29,7 @@
 #include "lib/lb.h"
 #include "lib/conntrack.h"
 #include "lib/icmp.h"
+#include "lib/nat.h"
 
 /*
  * parse_or_pass - parse @skb; returns true if it is a translatable packet,
@@ -42,47 +54,92 @@ static __always_inline bool parse_or_pass(struct __sk_buff *skb,
 
 /*
  * rev_nat - if @p is a reply of a translated flow, rewrite its source back
- * to the VIP. Returns a TC verdict, or -1 if @p is not such a reply.
+ * to the frontend (and, for a source-NATed flow, its destination back to
+ * the client, then send it to the client). Returns a TC verdict, or -1 if
+ * @p is not such a reply.
  */
 static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
 				   __u64 now)
 {
 	struct ct4_key key = {};
 	struct ct4_entry *e;
+	__be32 fe_addr, client;
+	__be16 fe_port, cport;
+	struct fib4 f = {};
 
 	ct_key_of(&key, p, CT_REVERSE);
 	e = ct_lookup(&key, now);
 	if (!e)
 		return -1;
-	if (rewrite_l4addr(skb, p, false, e->nat_addr, e->nat_port) < 0) {
+	ct_track_tcp(p, &key, e);
+	fe_addr = e->nat_addr;
+	fe_port = e->nat_port;
+	if (!(e->flags & CT_F_SNAT)) {
+		if (rewrite_l4addr(skb, p, false, fe_addr, fe_port) < 0) {
+			metric_inc(METRIC_TC_REWRITE_ERR);
+			return TC_ACT_SHOT;
+		}
+		metric_inc(METRIC_TC_REV_NAT);
+		return TC_ACT_OK;
+	}
+
+	/* <B -> N:sp> becomes <F -> C>. */
+	client = e->snat_addr;
+	cport = e->snat_port;
+	if (rewrite_l4addr(skb, p, false, fe_addr, fe_port) < 0 ||
+	    rewrite_l4addr(skb, p, true, client, cport) < 0) {
 		metric_inc(METRIC_TC_REWRITE_ERR);
 		return TC_ACT_SHOT;
 	}
+	if (fib4_lookup(skb, skb->ifindex, fe_addr, client, &f) < 0) {
+		metric_inc(METRIC_TC_FIB_ERR);
+		return TC_ACT_SHOT;
+	}
 	metric_inc(METRIC_TC_REV_NAT);
-	return TC_ACT_OK;
+	return redirect_fib(skb, &f);
 }
 
 /*
- * lb4_dnat - translate a packet to a service to one of its backends.
- * Returns a TC verdict.
+ * lb4_dnat - translate a packet to a service to one of its backends (and,
+ * for an external flow to a remote backend, source-NAT it and send it to
+ * the backend's node). Returns a TC verdict.
  */
 static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 				    __u64 now)
 {
 	struct lb4_service *svc;
 	struct lb4_backend *be;
+	struct node_dev *dev;
 	struct ct4_key key = {};
 	struct ct4_entry *fwd;
+	struct fib4 f = {};
 	__u32 backend_id = 0;
-	__be32 nat_addr;
-	__be16 nat_port;
+	__be32 nat_addr, snat_addr = 0;
+	__be16 nat_port, snat_port = 0;
+	bool snat = false, have_fib = false;
+	enum svc_flags flags;
+	int err;
 
 	svc = lookup_service(p->daddr, p->dport, p->proto);
 	if (!svc)
 		return TC_ACT_OK;
+	flags = svc->flags;
+	if ((flags & SVC_F_SRC_RANGES) &&
+	    !source_allowed(p->daddr, p->dport, p->proto, p->saddr)) {
+		metric_inc(METRIC_TC_SRC_RANGE_DENY);
+		return TC_ACT_SHOT;
+	}
 	if (svc->count == 0) {
-		int ret = reply_port_unreachable(skb, p);
+		int ret;
 
+		if (flags & SVC_F_LOCAL) {
+			/* kube-proxy drops too: an external load balancer
+			 * health-checks nodes and stops sending here.
+			 */
+			metric_inc(METRIC_TC_LOCAL_NO_BACKEND);
+			return TC_ACT_SHOT;
+		}
+		ret = reply_port_unreachable(skb, p);
 		metric_inc(ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR :
 						METRIC_TC_NO_BACKEND);
 		return ret;
@@ -101,10 +158,20 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 		    be->port != fwd->nat_port)
 			fwd = NULL;
 	}
+	/* A new connection on the tuple of a closed one starts afresh. */
+	if (fwd && p->proto == IPPROTO_TCP && ct_closed(fwd) &&
+	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		fwd = NULL;
 
 	if (fwd) {
 		nat_addr = fwd->nat_addr;
 		nat_port = fwd->nat_port;
+		if (fwd->flags & CT_F_SNAT) {
+			snat = true;
+			snat_addr = fwd->snat_addr;
+			snat_port = fwd->snat_port;
+		}
+		ct_track_tcp(p, &key, fwd);
 		if (ct_refresh_reverse(p, fwd, now) < 0)
 			metric_inc(METRIC_TC_CT_FULL);
 		metric_inc(METRIC_TC_DNAT_CT);
@@ -117,16 +184,44 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 		}
 		nat_addr = be->addr;
 		nat_port = be->port;
-		if (ct_create(p, be, backend_id, svc->rev_nat_id, now) < 0)
-			metric_inc(METRIC_TC_CT_FULL);
-		metric_inc(METRIC_TC_DNAT_NEW);
+		/* Remote backend: its route leaves through a node device. */
+		if ((flags & (SVC_F_EXTERNAL | SVC_F_LOCAL)) == SVC_F_EXTERNAL &&
+		    !fib4_lookup(skb, skb->ifindex, p->saddr, nat_addr, &f) &&
+		    (dev = node_dev_of(f.ifindex))) {
+			snat = true;
+			have_fib = true;
+			snat_addr = dev->addr;
+			err = ct_create_snat(p, be, backend_id, svc->rev_nat_id,
+					     snat_addr, now, &snat_port);
+			if (err) {
+				/* Without its reply entry the flow cannot
+				 * work: refuse it rather than half-NAT it.
+				 */
+				metric_inc(err > 0 ? METRIC_TC_SNAT_EXHAUSTED :
+						       METRIC_TC_CT_FULL);
+				return TC_ACT_SHOT;
+			}
+			metric_inc(METRIC_TC_SNAT_NEW);
+		} else {
+			if (ct_create(p, be, backend_id, svc->rev_nat_id, now) < 0)
+				metric_inc(METRIC_TC_CT_FULL);
+			metric_inc(METRIC_TC_DNAT_NEW);
+		}
 	}
 
-	if (rewrite_l4addr(skb, p, true, nat_addr, nat_port) < 0) {
+	if (rewrite_l4addr(skb, p, true, nat_addr, nat_port) < 0 ||
+	    (snat && rewrite_l4addr(skb, p, false, snat_addr, snat_port) < 0)) {
 		metric_inc(METRIC_TC_REWRITE_ERR);
 		return TC_ACT_SHOT;
 	}
-	return TC_ACT_OK;
+	if (!snat)
+		return TC_ACT_OK;
+	if (!have_fib &&
+	    fib4_lookup(skb, skb->ifindex, snat_addr, nat_addr, &f) < 0) {
+		metric_inc(METRIC_TC_FIB_ERR);
+		return TC_ACT_SHOT;
+	}
+	return redirect_fib(skb, &f);
 }
 
 SEC("tc")

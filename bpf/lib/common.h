@@ -39,11 +39,21 @@
 #define CT_FORWARD	0
 #define CT_REVERSE	1
 
-/* lb4_service.flags (slot 0). None defined yet; reserved for policies. */
-#define SVC_F_NONE	0
+/* lb4_service.flags (slot 0): enum svc_flags in structs.h. */
 
-/* ct4_entry.flags. None defined yet. */
-#define CT_F_NONE	0
+/* ct4_entry.flags */
+#define CT_F_SNAT	0x01	/* source-NATed flow to a remote backend */
+#define CT_F_FIN_FWD	0x02	/* TCP FIN seen from the client */
+#define CT_F_FIN_REV	0x04	/* TCP FIN seen from the backend */
+#define CT_F_RST	0x08	/* TCP RST seen either way */
+
+/* TCP header flag bits (byte 13 of the header). */
+#define TCP_FLAG_FIN	0x01
+#define TCP_FLAG_SYN	0x02
+#define TCP_FLAG_RST	0x04
+#define TCP_FLAG_ACK	0x10
+
+#define AF_INET		2
 
 /* IPv4 fragment bits of iphdr.frag_off (host order). */
 #define IP_MF		0x2000
@@ -58,6 +68,16 @@
  */
 volatile const __u64 ct_timeout_tcp_ns = 6ULL * 3600 * NSEC_PER_SEC;
 volatile const __u64 ct_timeout_udp_ns = 60ULL * NSEC_PER_SEC;
+/* A TCP flow that saw a RST, or a FIN both ways, lives this much longer. */
+volatile const __u64 ct_timeout_close_ns = 10ULL * NSEC_PER_SEC;
+
+/*
+ * Source ports for SNAT to the node's address, host order, inclusive. The
+ * default stays above the kernel's default ephemeral range (32768-60999),
+ * so the node's own connections do not compete for them.
+ */
+volatile const __u16 snat_port_min = 61000;
+volatile const __u16 snat_port_max = 65535;
 
 /* Fold a 32-bit one's complement sum into the 16-bit Internet checksum. */
 static __always_inline __u16 csum_fold(__u32 csum)

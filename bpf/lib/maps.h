@@ -85,4 +85,23 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sluice_metrics SEC(".maps");
 
+/* Key: __u32 ifindex. Value: struct node_dev. Written by the agent on attach. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct node_dev);
+	__uint(max_entries, 64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice_devices SEC(".maps");
+
+/* Key: struct src_range_key. Value: __u8 (1). Written by the agent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct src_range_key);
+	__type(value, __u8);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice_src_ranges SEC(".maps");
+
 #endif /* SLUICE_MAPS_H */

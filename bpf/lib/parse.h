@@ -30,6 +30,7 @@ struct pkt4 {
 	__be16 dport;
 	__u8 proto;
 	__u8 ihl_len;	/* IPv4 header length in bytes, 20..60 */
+	__u8 tcp_flags;	/* byte 13 of the TCP header (FIN, SYN, RST, ACK...); 0 for UDP */
 };
 
 /*
@@ -83,6 +84,9 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 	p->csum_off = p->l4_off + (ip.protocol == IPPROTO_TCP ?
 				   offsetof(struct tcphdr, check) :
 				   offsetof(struct udphdr, check));
+	if (ip.protocol == IPPROTO_TCP &&
+	    bpf_skb_load_bytes(skb, p->l4_off + 13, &p->tcp_flags, 1) < 0)
+		return PARSE_MALFORMED;
 	p->saddr = ip.saddr;
 	p->daddr = ip.daddr;
 	p->sport = ports[0];

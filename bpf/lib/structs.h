@@ -58,9 +58,15 @@ struct lb4_rev_nat {
  * sluice_conntrack (LRU): struct ct4_key -> struct ct4_entry.
  *
  * The per-packet path keeps two entries per translated flow: CT_FORWARD keyed
- * by the client's tuple to the VIP (saddr=client, daddr=VIP), whose nat_*
- * fields name the backend; and CT_REVERSE keyed by the reply's tuple
- * (saddr=backend, daddr=client), whose nat_* fields name the VIP.
+ * by the client's tuple to the frontend (saddr=client, daddr=frontend),
+ * whose nat_* fields name the backend; and CT_REVERSE keyed by the reply's
+ * tuple as it arrives, whose nat_* fields name the frontend.
+ *
+ * A flow to a backend on another node (CT_F_SNAT) is also source-NATed to
+ * this node's address and a port reserved for it: the forward entry's
+ * snat_* fields name that <node, port>, the reverse entry is keyed by
+ * <backend -> node:port> (which is what makes the port reserved: it is
+ * inserted with BPF_NOEXIST) and its snat_* fields name the client.
  */
 struct ct4_key {
 	__be32 saddr; /* network order */
@@ -74,12 +80,15 @@ struct ct4_key {
 
 struct ct4_entry {
 	__u64 last_seen;  /* bpf_ktime_get_ns() of the last packet */
-	__be32 nat_addr;  /* network order: backend (forward) or VIP (reverse) */
+	__be32 nat_addr;  /* network order: backend (forward) or frontend (reverse) */
 	__be16 nat_port;  /* network order */
 	__u8 flags;       /* CT_F_* */
 	__u8 pad;
 	__u32 backend_id; /* host order */
 	__u32 rev_nat_id; /* host order */
+	__be32 snat_addr; /* network order, CT_F_SNAT: node (forward) or client (reverse) */
+	__be16 snat_port; /* network order, CT_F_SNAT */
+	__u16 pad2;
 };
 
 /*
@@ -120,6 +129,13 @@ enum metric_reason {
 	METRIC_TC_FRAGMENT,		/* non-first IPv4 fragment: passed untouched */
 	METRIC_TC_CT_FULL,		/* conntrack update failed: packet translated without state */
 	METRIC_TC_REWRITE_ERR,		/* a helper failed while rewriting: dropped */
+	METRIC_TC_SNAT_NEW,		/* new external flow to a remote backend: DNAT and SNAT */
+	METRIC_TC_SNAT_EXHAUSTED,	/* no free SNAT source port for a new flow: dropped */
+	METRIC_TC_FIB_ERR,		/* no route or neighbour for a redirected packet: dropped */
+	METRIC_TC_LOCAL_NO_BACKEND,	/* externalTrafficPolicy Local, no local endpoint: dropped */
+	METRIC_TC_SRC_RANGE_DENY,	/* source not in loadBalancerSourceRanges: dropped */
+	METRIC_XDP_FWD,			/* XDP: external flow translated and transmitted */
+	METRIC_XDP_REV,			/* XDP: reply of an external flow translated and transmitted */
 	METRIC_MAX,
 };
 
@@ -142,16 +158,51 @@ struct lb4_affinity {
 	__u32 pad;
 };
 
+/*
+ * sluice_devices: __u32 ifindex (host order) -> struct node_dev.
+ * The devices the agent attached to (the node's external devices). A
+ * backend whose route leaves through one of them is on another node: an
+ * external flow to it is source-NATed to that device's address.
+ */
+struct node_dev {
+	__be32 addr;  /* network order: the node's address on the device */
+	__u32 flags;  /* reserved, zero */
+};
+
+/*
+ * sluice_src_ranges (LPM trie): struct src_range_key -> __u8 (1).
+ * loadBalancerSourceRanges of a frontend with SVC_F_SRC_RANGES: a source
+ * that matches no prefix of its frontend is dropped. prefixlen counts the
+ * 64 bits of frontend (vip, port, proto, pad) plus the prefix's own bits.
+ */
+struct src_range_key {
+	__u32 prefixlen; /* host order: 64 + prefix bits */
+	__be32 vip;      /* network order */
+	__be16 port;     /* network order */
+	__u8 proto;      /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;
+	__be32 saddr;    /* network order: the allowed prefix */
+};
+
+/* Flags of a frontend's master entry (lb4_service.flags). */
+enum svc_flags {
+	SVC_F_EXTERNAL = 1,	/* NodePort, ExternalIP or LoadBalancer frontend */
+	SVC_F_LOCAL = 2,	/* externalTrafficPolicy Local: no SNAT; drop without local endpoints */
+	SVC_F_SRC_RANGES = 4,	/* check the source against sluice_src_ranges */
+};
+
 /* The layouts above are an ABI: a size change must be deliberate. */
 _Static_assert(sizeof(struct lb4_key) == 12, "lb4_key size");
 _Static_assert(sizeof(struct lb4_service) == 16, "lb4_service size");
 _Static_assert(sizeof(struct lb4_backend) == 8, "lb4_backend size");
 _Static_assert(sizeof(struct lb4_rev_nat) == 8, "lb4_rev_nat size");
 _Static_assert(sizeof(struct ct4_key) == 16, "ct4_key size");
-_Static_assert(sizeof(struct ct4_entry) == 24, "ct4_entry size");
+_Static_assert(sizeof(struct ct4_entry) == 32, "ct4_entry size");
 _Static_assert(sizeof(struct sock_rev_key) == 16, "sock_rev_key size");
 _Static_assert(sizeof(struct sock_rev_entry) == 12, "sock_rev_entry size");
 _Static_assert(sizeof(struct lb4_affinity_key) == 16, "lb4_affinity_key size");
 _Static_assert(sizeof(struct lb4_affinity) == 8, "lb4_affinity size");
+_Static_assert(sizeof(struct node_dev) == 8, "node_dev size");
+_Static_assert(sizeof(struct src_range_key) == 16, "src_range_key size");
 
 #endif /* SLUICE_STRUCTS_H */

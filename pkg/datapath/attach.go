@@ -83,7 +83,9 @@ func (d *Datapath) AttachCgroup(path string) error {
 }
 
 // AttachDevices attaches the tc programs to ingress and egress of each
-// device (names in the caller's network namespace). It is idempotent.
+// device (names in the caller's network namespace) and records each as a
+// node device (sluice_devices) with the address external flows leaving
+// through it are source-NATed to. It is idempotent.
 func (d *Datapath) AttachDevices(devs []string) error {
 	for _, dev := range devs {
 		iface, err := net.InterfaceByName(dev)
@@ -109,6 +111,13 @@ func (d *Datapath) AttachDevices(devs []string) error {
 			if err != nil {
 				return err
 			}
+		}
+		addr, err := deviceAddr(dev, d.cfg.NodeIPs)
+		if err != nil {
+			return err
+		}
+		if err := d.maps.setNodeDevice(iface.Index, addr); err != nil {
+			return fmt.Errorf("record node device %s: %w", dev, err)
 		}
 	}
 	return nil

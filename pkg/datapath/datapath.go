@@ -20,6 +20,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -41,8 +42,19 @@ type Config struct {
 	MaxServices, MaxBackends, MaxServiceEntries, MaxConntrack, MaxSockRev int
 
 	// Idle timeouts of per-packet conntrack entries; 0 means the default
-	// (6h for TCP, 60s for UDP).
-	CTTimeoutTCP, CTTimeoutUDP time.Duration
+	// (6h for TCP, 60s for UDP). CTTimeoutClose is how long a TCP flow
+	// lives after a RST or a FIN each way (default 10s).
+	CTTimeoutTCP, CTTimeoutUDP, CTTimeoutClose time.Duration
+
+	// SNATPortMin and SNATPortMax bound the source ports external flows
+	// to remote backends are source-NATed to (default 61000-65535, above
+	// the kernel's default ephemeral range).
+	SNATPortMin, SNATPortMax uint16
+
+	// NodeIPs are this node's addresses. On a device that holds one of
+	// them, external flows to remote backends are source-NATed to it;
+	// otherwise to the device's first IPv4 address.
+	NodeIPs []netip.Addr
 }
 
 // Defaults for Config's zero values.
@@ -55,6 +67,9 @@ const (
 	DefaultMaxSockRev        = 262144
 	DefaultCTTimeoutTCP      = 6 * time.Hour
 	DefaultCTTimeoutUDP      = 60 * time.Second
+	DefaultCTTimeoutClose    = 10 * time.Second
+	DefaultSNATPortMin       = 61000
+	DefaultSNATPortMax       = 65535
 )
 
 // Pinned map names (also their file names under BPFFS/sluice/).
@@ -66,6 +81,8 @@ const (
 	mapSockRev   = "sluice_sock_rev"
 	mapAffinity  = "sluice_affinity"
 	mapMetrics   = "sluice_metrics"
+	mapDevices   = "sluice_devices"
+	mapSrcRanges = "sluice_src_ranges"
 )
 
 func (c Config) withDefaults() Config {
@@ -87,6 +104,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.CTTimeoutUDP == 0 {
 		c.CTTimeoutUDP = DefaultCTTimeoutUDP
+	}
+	if c.CTTimeoutClose == 0 {
+		c.CTTimeoutClose = DefaultCTTimeoutClose
+	}
+	if c.SNATPortMin == 0 && c.SNATPortMax == 0 {
+		c.SNATPortMin, c.SNATPortMax = DefaultSNATPortMin, DefaultSNATPortMax
 	}
 	return c
 }
@@ -122,6 +145,9 @@ func Open(cfg Config) (*Datapath, error) {
 		if n < 0 || n > 1<<30 {
 			return nil, fmt.Errorf("size of %s: %d out of range", name, n)
 		}
+	}
+	if cfg.SNATPortMin == 0 || cfg.SNATPortMax < cfg.SNATPortMin {
+		return nil, fmt.Errorf("SNAT port range %d-%d is empty", cfg.SNATPortMin, cfg.SNATPortMax)
 	}
 	dir := filepath.Join(cfg.BPFFS, "sluice")
 	if err := os.MkdirAll(filepath.Join(dir, "links"), 0o700); err != nil {
@@ -162,6 +188,8 @@ func Open(cfg Config) (*Datapath, error) {
 		sockRev:   d.sock.SluiceSockRev,
 		affinity:  d.sock.SluiceAffinity,
 		metrics:   d.sock.SluiceMetrics,
+		devices:   d.sock.SluiceDevices,
+		srcRanges: d.sock.SluiceSrcRanges,
 		cfg:       cfg,
 	}
 	return d, nil
@@ -179,9 +207,12 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 	if ms, ok := spec.Maps[mapMetrics]; !ok || int(ms.MaxEntries) != len(metricNames) {
 		return fmt.Errorf("map %s: BPF object has a different set of reasons than this agent (rebuild with go generate)", mapMetrics)
 	}
-	vars := map[string]uint64{
-		"ct_timeout_tcp_ns": uint64(cfg.CTTimeoutTCP.Nanoseconds()),
-		"ct_timeout_udp_ns": uint64(cfg.CTTimeoutUDP.Nanoseconds()),
+	vars := map[string]any{
+		"ct_timeout_tcp_ns":   uint64(cfg.CTTimeoutTCP.Nanoseconds()),
+		"ct_timeout_udp_ns":   uint64(cfg.CTTimeoutUDP.Nanoseconds()),
+		"ct_timeout_close_ns": uint64(cfg.CTTimeoutClose.Nanoseconds()),
+		"snat_port_min":       cfg.SNATPortMin,
+		"snat_port_max":       cfg.SNATPortMax,
 	}
 	for name, v := range vars {
 		vs, ok := spec.Variables[name]
@@ -269,6 +300,13 @@ var metricNames = []string{
 	"tc_fragment",
 	"tc_ct_full",
 	"tc_rewrite_err",
+	"tc_snat_new",
+	"tc_snat_exhausted",
+	"tc_fib_err",
+	"tc_local_no_backend",
+	"tc_src_range_deny",
+	"xdp_fwd",
+	"xdp_rev",
 }
 
 // CounterNames returns the reasons Counters reports, in a stable order (for

@@ -114,6 +114,7 @@ type pkt struct {
 	payload        []byte
 	udpNoCsum      bool // UDP checksum 0: "no checksum"
 	etherType      uint16
+	tcpFlags       uint8 // TCP flags byte; 0 means SYN
 }
 
 var (
@@ -191,6 +192,9 @@ func (p pkt) bytes() []byte {
 		binary.BigEndian.PutUint32(l4b[4:], 0x01020304) // seq
 		l4b[12] = 5 << 4
 		l4b[13] = 0x02 // SYN
+		if p.tcpFlags != 0 {
+			l4b[13] = p.tcpFlags
+		}
 		binary.BigEndian.PutUint16(l4b[14:], 64240)
 		l4b = append(l4b, p.payload...)
 	case 17:

@@ -22,6 +22,7 @@ import (
 // says.
 type Maps struct {
 	services, backends, revNat, conntrack, sockRev, affinity, metrics *ebpf.Map
+	devices, srcRanges                                                *ebpf.Map
 
 	cfg Config
 }

@@ -22,6 +22,9 @@ type sockCt4Entry struct {
 	Pad       uint8
 	BackendId uint32
 	RevNatId  uint32
+	SnatAddr  uint32
+	SnatPort  uint16
+	Pad2      uint16
 }
 
 type sockCt4Key struct {
@@ -85,6 +88,12 @@ type sockLb4Service struct {
 	Pad       [3]uint8
 }
 
+type sockNodeDev struct {
+	_     structs.HostLayout
+	Addr  uint32
+	Flags uint32
+}
+
 type sockSockRevEntry struct {
 	_        structs.HostLayout
 	Vip      uint32
@@ -101,23 +110,38 @@ type sockSockRevKey struct {
 	Pad    uint16
 }
 
+type sockSrcRangeKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Vip       uint32
+	Port      uint16
+	Proto     uint8
+	Pad       uint8
+	Saddr     uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sockMapSluiceAffinity  = "sluice_affinity"
-	sockMapSluiceBackends  = "sluice_backends"
-	sockMapSluiceConntrack = "sluice_conntrack"
-	sockMapSluiceMetrics   = "sluice_metrics"
-	sockMapSluiceRevNat    = "sluice_rev_nat"
-	sockMapSluiceServices  = "sluice_services"
-	sockMapSluiceSockRev   = "sluice_sock_rev"
-	sockProgSluiceConnect4 = "sluice_connect4"
-	sockProgSluiceGetpeer4 = "sluice_getpeer4"
-	sockProgSluiceRecvmsg4 = "sluice_recvmsg4"
-	sockProgSluiceSendmsg4 = "sluice_sendmsg4"
-	sockVarCtTimeoutTcpNs  = "ct_timeout_tcp_ns"
-	sockVarCtTimeoutUdpNs  = "ct_timeout_udp_ns"
+	sockMapSluiceAffinity   = "sluice_affinity"
+	sockMapSluiceBackends   = "sluice_backends"
+	sockMapSluiceConntrack  = "sluice_conntrack"
+	sockMapSluiceDevices    = "sluice_devices"
+	sockMapSluiceMetrics    = "sluice_metrics"
+	sockMapSluiceRevNat     = "sluice_rev_nat"
+	sockMapSluiceServices   = "sluice_services"
+	sockMapSluiceSockRev    = "sluice_sock_rev"
+	sockMapSluiceSrcRanges  = "sluice_src_ranges"
+	sockProgSluiceConnect4  = "sluice_connect4"
+	sockProgSluiceGetpeer4  = "sluice_getpeer4"
+	sockProgSluiceRecvmsg4  = "sluice_recvmsg4"
+	sockProgSluiceSendmsg4  = "sluice_sendmsg4"
+	sockVarCtTimeoutCloseNs = "ct_timeout_close_ns"
+	sockVarCtTimeoutTcpNs   = "ct_timeout_tcp_ns"
+	sockVarCtTimeoutUdpNs   = "ct_timeout_udp_ns"
+	sockVarSnatPortMax      = "snat_port_max"
+	sockVarSnatPortMin      = "snat_port_min"
 )
 
 // loadSock returns the embedded CollectionSpec for sock.
@@ -175,18 +199,23 @@ type sockMapSpecs struct {
 	SluiceAffinity  *ebpf.MapSpec `ebpf:"sluice_affinity"`
 	SluiceBackends  *ebpf.MapSpec `ebpf:"sluice_backends"`
 	SluiceConntrack *ebpf.MapSpec `ebpf:"sluice_conntrack"`
+	SluiceDevices   *ebpf.MapSpec `ebpf:"sluice_devices"`
 	SluiceMetrics   *ebpf.MapSpec `ebpf:"sluice_metrics"`
 	SluiceRevNat    *ebpf.MapSpec `ebpf:"sluice_rev_nat"`
 	SluiceServices  *ebpf.MapSpec `ebpf:"sluice_services"`
 	SluiceSockRev   *ebpf.MapSpec `ebpf:"sluice_sock_rev"`
+	SluiceSrcRanges *ebpf.MapSpec `ebpf:"sluice_src_ranges"`
 }
 
 // sockVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockVariableSpecs struct {
-	CtTimeoutTcpNs *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
-	CtTimeoutUdpNs *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
+	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
+	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
 
 // sockObjects contains all objects after they have been loaded into the kernel.
@@ -212,10 +241,12 @@ type sockMaps struct {
 	SluiceAffinity  *ebpf.Map `ebpf:"sluice_affinity"`
 	SluiceBackends  *ebpf.Map `ebpf:"sluice_backends"`
 	SluiceConntrack *ebpf.Map `ebpf:"sluice_conntrack"`
+	SluiceDevices   *ebpf.Map `ebpf:"sluice_devices"`
 	SluiceMetrics   *ebpf.Map `ebpf:"sluice_metrics"`
 	SluiceRevNat    *ebpf.Map `ebpf:"sluice_rev_nat"`
 	SluiceServices  *ebpf.Map `ebpf:"sluice_services"`
 	SluiceSockRev   *ebpf.Map `ebpf:"sluice_sock_rev"`
+	SluiceSrcRanges *ebpf.Map `ebpf:"sluice_src_ranges"`
 }
 
 func (m *sockMaps) Close() error {
@@ -223,10 +254,12 @@ func (m *sockMaps) Close() error {
 		m.SluiceAffinity,
 		m.SluiceBackends,
 		m.SluiceConntrack,
+		m.SluiceDevices,
 		m.SluiceMetrics,
 		m.SluiceRevNat,
 		m.SluiceServices,
 		m.SluiceSockRev,
+		m.SluiceSrcRanges,
 	)
 }
 
@@ -234,8 +267,11 @@ func (m *sockMaps) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockVariables struct {
-	CtTimeoutTcpNs *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
-	CtTimeoutUdpNs *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
+	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
+	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
 }
 
 // sockPrograms contains all programs after they have been loaded into the kernel.

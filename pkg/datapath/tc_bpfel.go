@@ -16,17 +16,22 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	tcMapSluiceAffinity  = "sluice_affinity"
-	tcMapSluiceBackends  = "sluice_backends"
-	tcMapSluiceConntrack = "sluice_conntrack"
-	tcMapSluiceMetrics   = "sluice_metrics"
-	tcMapSluiceRevNat    = "sluice_rev_nat"
-	tcMapSluiceServices  = "sluice_services"
-	tcMapSluiceSockRev   = "sluice_sock_rev"
-	tcProgSluiceEgress   = "sluice_egress"
-	tcProgSluiceIngress  = "sluice_ingress"
-	tcVarCtTimeoutTcpNs  = "ct_timeout_tcp_ns"
-	tcVarCtTimeoutUdpNs  = "ct_timeout_udp_ns"
+	tcMapSluiceAffinity   = "sluice_affinity"
+	tcMapSluiceBackends   = "sluice_backends"
+	tcMapSluiceConntrack  = "sluice_conntrack"
+	tcMapSluiceDevices    = "sluice_devices"
+	tcMapSluiceMetrics    = "sluice_metrics"
+	tcMapSluiceRevNat     = "sluice_rev_nat"
+	tcMapSluiceServices   = "sluice_services"
+	tcMapSluiceSockRev    = "sluice_sock_rev"
+	tcMapSluiceSrcRanges  = "sluice_src_ranges"
+	tcProgSluiceEgress    = "sluice_egress"
+	tcProgSluiceIngress   = "sluice_ingress"
+	tcVarCtTimeoutCloseNs = "ct_timeout_close_ns"
+	tcVarCtTimeoutTcpNs   = "ct_timeout_tcp_ns"
+	tcVarCtTimeoutUdpNs   = "ct_timeout_udp_ns"
+	tcVarSnatPortMax      = "snat_port_max"
+	tcVarSnatPortMin      = "snat_port_min"
 )
 
 // loadTc returns the embedded CollectionSpec for tc.
@@ -82,18 +87,23 @@ type tcMapSpecs struct {
 	SluiceAffinity  *ebpf.MapSpec `ebpf:"sluice_affinity"`
 	SluiceBackends  *ebpf.MapSpec `ebpf:"sluice_backends"`
 	SluiceConntrack *ebpf.MapSpec `ebpf:"sluice_conntrack"`
+	SluiceDevices   *ebpf.MapSpec `ebpf:"sluice_devices"`
 	SluiceMetrics   *ebpf.MapSpec `ebpf:"sluice_metrics"`
 	SluiceRevNat    *ebpf.MapSpec `ebpf:"sluice_rev_nat"`
 	SluiceServices  *ebpf.MapSpec `ebpf:"sluice_services"`
 	SluiceSockRev   *ebpf.MapSpec `ebpf:"sluice_sock_rev"`
+	SluiceSrcRanges *ebpf.MapSpec `ebpf:"sluice_src_ranges"`
 }
 
 // tcVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcVariableSpecs struct {
-	CtTimeoutTcpNs *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
-	CtTimeoutUdpNs *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
+	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
+	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
 
 // tcObjects contains all objects after they have been loaded into the kernel.
@@ -119,10 +129,12 @@ type tcMaps struct {
 	SluiceAffinity  *ebpf.Map `ebpf:"sluice_affinity"`
 	SluiceBackends  *ebpf.Map `ebpf:"sluice_backends"`
 	SluiceConntrack *ebpf.Map `ebpf:"sluice_conntrack"`
+	SluiceDevices   *ebpf.Map `ebpf:"sluice_devices"`
 	SluiceMetrics   *ebpf.Map `ebpf:"sluice_metrics"`
 	SluiceRevNat    *ebpf.Map `ebpf:"sluice_rev_nat"`
 	SluiceServices  *ebpf.Map `ebpf:"sluice_services"`
 	SluiceSockRev   *ebpf.Map `ebpf:"sluice_sock_rev"`
+	SluiceSrcRanges *ebpf.Map `ebpf:"sluice_src_ranges"`
 }
 
 func (m *tcMaps) Close() error {
@@ -130,10 +142,12 @@ func (m *tcMaps) Close() error {
 		m.SluiceAffinity,
 		m.SluiceBackends,
 		m.SluiceConntrack,
+		m.SluiceDevices,
 		m.SluiceMetrics,
 		m.SluiceRevNat,
 		m.SluiceServices,
 		m.SluiceSockRev,
+		m.SluiceSrcRanges,
 	)
 }
 
@@ -141,8 +155,11 @@ func (m *tcMaps) Close() error {
 //
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcVariables struct {
-	CtTimeoutTcpNs *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
-	CtTimeoutUdpNs *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
+	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
+	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
 }
 
 // tcPrograms contains all programs after they have been loaded into the kernel.

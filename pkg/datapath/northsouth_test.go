@@ -1,0 +1,396 @@
+package datapath
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// Packet tables for north-south traffic (NodePort, ExternalIP and
+// LoadBalancer frontends) through BPF_PROG_TEST_RUN. They run in a network
+// namespace of their own that looks like a node: eth0 (192.168.1.1/24) is
+// the node device, the other node (192.168.1.2) routes the remote pod range
+// 10.2.0.0/16, and pod0 holds the local pod range 10.1.0.0/24. Neighbours
+// are static, so bpf_fib_lookup resolves next-hop MACs and the expected
+// packets are exact.
+
+var (
+	nodeEthMAC  = net.HardwareAddr{0x02, 0, 0, 0, 0x01, 0x01}
+	node2MAC    = net.HardwareAddr{0x02, 0, 0, 0, 0x02, 0x01}
+	nsClientMAC = net.HardwareAddr(clientMAC[:])
+)
+
+const (
+	nsNodeIP   = "192.168.1.1"
+	nsNode2IP  = "192.168.1.2"
+	nsClientIP = "192.168.1.50"
+)
+
+// nodeNetns builds the node namespace described above, enters it for the
+// rest of the test, and returns it and eth0's ifindex. (Subtests run on
+// goroutines of their own: they must enterNetns again.)
+func nodeNetns(t *testing.T) (netns.NsHandle, int) {
+	t.Helper()
+	ns := newTestNetns(t)
+	enterNetns(t, ns)
+	if err := os.WriteFile("/proc/sys/net/ipv4/conf/all/forwarding", []byte("1"), 0); err != nil {
+		t.Fatalf("enable forwarding: %v", err)
+	}
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0", HardwareAddr: nodeEthMAC}, PeerName: "wire0"}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatalf("add veth: %v", err)
+	}
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "pod0"}, PeerName: "pod0peer"}); err != nil {
+		t.Fatalf("add veth: %v", err)
+	}
+	must := func(err error, what string) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	eth0, err := netlink.LinkByName("eth0")
+	must(err, "eth0")
+	for _, name := range []string{"eth0", "wire0", "pod0", "pod0peer"} {
+		l, err := netlink.LinkByName(name)
+		must(err, name)
+		must(netlink.LinkSetUp(l), "up "+name)
+	}
+	pod0, err := netlink.LinkByName("pod0")
+	must(err, "pod0")
+	addr, _ := netlink.ParseAddr(nsNodeIP + "/24")
+	must(netlink.AddrAdd(eth0, addr), "address eth0")
+	_, podNet, _ := net.ParseCIDR("10.1.0.0/24")
+	must(netlink.RouteAdd(&netlink.Route{LinkIndex: pod0.Attrs().Index, Dst: podNet}), "route to local pods")
+	_, remote, _ := net.ParseCIDR("10.2.0.0/16")
+	must(netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: remote, Gw: net.ParseIP(nsNode2IP)}), "route to remote pods")
+	_, far, _ := net.ParseCIDR("172.16.0.0/12") // clients beyond a router
+	must(netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: far, Gw: net.ParseIP(nsClientIP)}), "route to far clients")
+	for ip, mac := range map[string]net.HardwareAddr{nsNode2IP: node2MAC, nsClientIP: nsClientMAC} {
+		must(netlink.NeighAdd(&netlink.Neigh{LinkIndex: eth0.Attrs().Index, Family: netlink.FAMILY_V4,
+			State: netlink.NUD_PERMANENT, IP: net.ParseIP(ip), HardwareAddr: mac}), "neighbour "+ip)
+	}
+	return ns, eth0.Attrs().Index
+}
+
+// skbCtx is the head of struct __sk_buff, up to ifindex: BPF_PROG_TEST_RUN
+// runs the program as if the packet had arrived on that device.
+type skbCtx struct {
+	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTci, VlanProto, Priority, IngressIfindex, Ifindex uint32
+}
+
+func runOn(t *testing.T, prog *ebpf.Program, ifindex int, in []byte) (uint32, []byte) {
+	t.Helper()
+	opts := ebpf.RunOptions{
+		Data:    append([]byte(nil), in...),
+		DataOut: make([]byte, len(in)+256),
+		Context: skbCtx{Ifindex: uint32(ifindex)},
+	}
+	ret, err := prog.Run(&opts)
+	if err != nil {
+		t.Fatalf("BPF_PROG_TEST_RUN: %v", err)
+	}
+	return ret, opts.DataOut
+}
+
+// addExternal writes a frontend like addService, with master flags.
+func addExternal(t *testing.T, m *Maps, id reconciler.ServiceID, fe model.L4Addr, flags uint8, bes ...testBackend) {
+	t.Helper()
+	addService(t, m, id, fe, bes...)
+	if err := m.UpsertMaster(fe, reconciler.Master{ID: id, Count: uint32(len(bes)), Flags: flags}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// snatPortOf returns the SNAT port of the forward conntrack entry of the
+// flow <client:cport -> fe>, failing if the flow is not source-NATed.
+func snatPortOf(t *testing.T, m *Maps, client string, cport uint16, fe model.L4Addr) uint16 {
+	t.Helper()
+	k := sockCt4Key{
+		Saddr: be32(netip.MustParseAddr(client)), Daddr: be32(fe.Addr),
+		Sport: be16(cport), Dport: be16(fe.Port), Proto: uint8(fe.Proto), Dir: ctForward,
+	}
+	var v sockCt4Entry
+	if err := m.conntrack.Lookup(&k, &v); err != nil {
+		t.Fatalf("forward conntrack entry of %s:%d -> %s: %v", client, cport, fe, err)
+	}
+	if v.Flags&ctFlagSNAT == 0 || addrFromBE32(v.SnatAddr).String() != nsNodeIP {
+		t.Fatalf("flow %s:%d -> %s not source-NATed to %s: %+v", client, cport, fe, nsNodeIP, v)
+	}
+	return portFromBE16(v.SnatPort)
+}
+
+func expectPacket(t *testing.T, name string, verdict, wantVerdict uint32, out []byte, want pkt) {
+	t.Helper()
+	if verdict != wantVerdict {
+		t.Fatalf("%s: verdict %d, want %d", name, verdict, wantVerdict)
+	}
+	w := want.bytes()
+	if !bytes.Equal(out, w) {
+		t.Fatalf("%s: output packet\n got %x\nwant %x", name, out, w)
+	}
+	checkChecksums(t, out)
+}
+
+func macOf(h net.HardwareAddr) (m [6]byte) { copy(m[:], h); return }
+
+var (
+	npRemote = l4(nsNodeIP, 30080, model.TCP)
+	npLocal  = l4(nsNodeIP, 30081, model.TCP)
+	npUDP    = l4(nsNodeIP, 30053, model.UDP)
+	npEmpty  = l4(nsNodeIP, 30082, model.TCP)
+	lbRanges = l4("192.168.1.200", 80, model.TCP)
+	extIP    = l4("192.168.1.201", 80, model.TCP)
+	beRemote = testBackend{1, l4("10.2.0.7", 8080, model.TCP)}
+	beLocal  = testBackend{2, l4("10.1.0.7", 8080, model.TCP)}
+	beRemU   = testBackend{3, l4("10.2.0.8", 5353, model.UDP)}
+)
+
+func TestNorthSouthPacketTable(t *testing.T) {
+	requireRoot(t)
+	ns, ifindex := nodeNetns(t)
+	d := openTest(t, smallConfig(testPinDir(t)))
+	m := d.Maps()
+	if err := d.AttachDevices([]string{"eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	ext := reconciler.FlagExternal
+	addExternal(t, m, 1, npRemote, ext, beRemote)
+	addExternal(t, m, 2, npLocal, ext, beLocal)
+	addExternal(t, m, 3, npUDP, ext, beRemU)
+	addExternal(t, m, 4, npEmpty, ext|reconciler.FlagLocal)
+	addExternal(t, m, 5, extIP, ext|reconciler.FlagLocal, beRemote) // Local: never SNAT
+	st := model.NewState()
+	st.Services[lbRanges] = &model.Service{Kind: model.LoadBalancer, Frontend: lbRanges,
+		SourceRanges: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/28"), netip.MustParsePrefix("172.16.0.0/12")}}
+	if err := m.AddSourceRanges(st); err != nil {
+		t.Fatal(err)
+	}
+	addExternal(t, m, 6, lbRanges, ext|reconciler.FlagSourceRanges, beLocal)
+	ing, eg := d.TCIngress(), d.TCEgress()
+
+	client := func(sport uint16, fe model.L4Addr) pkt {
+		p := pkt{srcMAC: clientMAC, dstMAC: macOf(nodeEthMAC), src: nsClientIP, dst: fe.Addr.String(),
+			sport: sport, dport: fe.Port, proto: uint8(fe.Proto)}
+		if fe.Proto == model.UDP {
+			p.payload = []byte("nodeport datagram")
+		}
+		return p
+	}
+
+	t.Run("tcp_remote_dnat_snat_redirect", func(t *testing.T) {
+		enterNetns(t, ns)
+		in := client(40000, npRemote)
+		verdict, out := runOn(t, ing, ifindex, in.bytes())
+		sp := snatPortOf(t, m, nsClientIP, 40000, npRemote)
+		if sp < DefaultSNATPortMin {
+			t.Fatalf("SNAT port %d outside %d-%d", sp, DefaultSNATPortMin, DefaultSNATPortMax)
+		}
+		want := in
+		want.srcMAC, want.dstMAC = macOf(nodeEthMAC), macOf(node2MAC)
+		want.src, want.sport = nsNodeIP, sp
+		want.dst, want.dport = "10.2.0.7", 8080
+		expectPacket(t, "forward", verdict, tcActRedirect, out, want)
+
+		// Same flow again: same port, same rewrite.
+		verdict, out = runOn(t, ing, ifindex, in.bytes())
+		expectPacket(t, "forward again", verdict, tcActRedirect, out, want)
+
+		// The reply arrives from the other node and goes back to the client.
+		reply := pkt{srcMAC: macOf(node2MAC), dstMAC: macOf(nodeEthMAC), src: "10.2.0.7", sport: 8080,
+			dst: nsNodeIP, dport: sp, proto: 6, tcpFlags: 0x12}
+		verdict, out = runOn(t, ing, ifindex, reply.bytes())
+		back := reply
+		back.srcMAC, back.dstMAC = macOf(nodeEthMAC), clientMAC
+		back.src, back.sport = nsNodeIP, 30080
+		back.dst, back.dport = nsClientIP, 40000
+		expectPacket(t, "reply", verdict, tcActRedirect, out, back)
+	})
+
+	t.Run("udp_remote_dnat_snat_redirect", func(t *testing.T) {
+		enterNetns(t, ns)
+		in := client(5300, npUDP)
+		verdict, out := runOn(t, ing, ifindex, in.bytes())
+		sp := snatPortOf(t, m, nsClientIP, 5300, npUDP)
+		want := in
+		want.srcMAC, want.dstMAC = macOf(nodeEthMAC), macOf(node2MAC)
+		want.src, want.sport = nsNodeIP, sp
+		want.dst, want.dport = "10.2.0.8", 5353
+		expectPacket(t, "forward", verdict, tcActRedirect, out, want)
+		reply := pkt{srcMAC: macOf(node2MAC), dstMAC: macOf(nodeEthMAC), src: "10.2.0.8", sport: 5353,
+			dst: nsNodeIP, dport: sp, proto: 17, payload: []byte("answer")}
+		verdict, out = runOn(t, ing, ifindex, reply.bytes())
+		back := reply
+		back.srcMAC, back.dstMAC = macOf(nodeEthMAC), clientMAC
+		back.src, back.sport = nsNodeIP, 30053
+		back.dst, back.dport = nsClientIP, 5300
+		expectPacket(t, "reply", verdict, tcActRedirect, out, back)
+	})
+
+	t.Run("tcp_local_dnat_only", func(t *testing.T) {
+		enterNetns(t, ns)
+		in := client(40001, npLocal)
+		verdict, out := runOn(t, ing, ifindex, in.bytes())
+		want := in
+		want.dst, want.dport = "10.1.0.7", 8080
+		expectPacket(t, "forward", verdict, tcActOK, out, want)
+		// The pod's reply leaves through eth0: egress restores the frontend.
+		reply := pkt{srcMAC: macOf(nodeEthMAC), dstMAC: clientMAC, src: "10.1.0.7", sport: 8080,
+			dst: nsClientIP, dport: 40001, proto: 6, tcpFlags: 0x12}
+		verdict, out = runOn(t, eg, ifindex, reply.bytes())
+		back := reply
+		back.src, back.sport = nsNodeIP, 30081
+		expectPacket(t, "reply", verdict, tcActOK, out, back)
+	})
+
+	t.Run("local_policy_remote_backend_no_snat", func(t *testing.T) {
+		enterNetns(t, ns)
+		in := client(40002, extIP)
+		verdict, out := runOn(t, ing, ifindex, in.bytes())
+		want := in
+		want.dst, want.dport = "10.2.0.7", 8080
+		expectPacket(t, "forward", verdict, tcActOK, out, want)
+	})
+
+	t.Run("local_policy_no_backend_drops", func(t *testing.T) {
+		enterNetns(t, ns)
+		verdict, _ := runOn(t, ing, ifindex, client(40003, npEmpty).bytes())
+		if verdict != tcActShot {
+			t.Fatalf("verdict %d, want drop (%d)", verdict, tcActShot)
+		}
+	})
+
+	t.Run("source_ranges", func(t *testing.T) {
+		enterNetns(t, ns)
+		allowed := client(40004, lbRanges)
+		allowed.src = "192.168.1.5"
+		verdict, out := runOn(t, ing, ifindex, allowed.bytes())
+		want := allowed
+		want.dst, want.dport = "10.1.0.7", 8080
+		expectPacket(t, "allowed", verdict, tcActOK, out, want)
+		other := allowed
+		other.src = "172.20.1.1"
+		want = other
+		want.dst, want.dport = "10.1.0.7", 8080
+		verdict, out = runOn(t, ing, ifindex, other.bytes())
+		expectPacket(t, "allowed by second range", verdict, tcActOK, out, want)
+		denied := client(40005, lbRanges) // 192.168.1.50 is outside 192.168.1.0/28
+		if verdict, _ := runOn(t, ing, ifindex, denied.bytes()); verdict != tcActShot {
+			t.Fatalf("denied source: verdict %d, want drop", verdict)
+		}
+		// Pruning to a state without the service removes its ranges.
+		if err := m.PruneSourceRanges(model.NewState()); err != nil {
+			t.Fatal(err)
+		}
+		if verdict, _ := runOn(t, ing, ifindex, allowed.bytes()); verdict != tcActShot {
+			t.Fatalf("after prune: verdict %d, want drop (flag still set, no ranges)", verdict)
+		}
+	})
+
+	cs, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, reason := range []string{"tc_snat_new", "tc_local_no_backend", "tc_src_range_deny", "tc_rev_nat"} {
+		if cs[reason] == 0 {
+			t.Errorf("counter %s is 0; counters: %v", reason, cs)
+		}
+	}
+}
+
+// TestNorthSouthSNATPorts: many clients through one node to one remote
+// backend each get a port of their own; once the range is used up, new
+// flows are refused rather than given a port in use; and ports of flows
+// that closed come back after the close timeout (LRU aside, through
+// GCConntrack).
+func TestNorthSouthSNATPorts(t *testing.T) {
+	requireRoot(t)
+	_, ifindex := nodeNetns(t)
+	cfg := smallConfig(testPinDir(t))
+	// As many ports as a new flow tries (SNAT_TRIES): every free port is
+	// found, so the test is exact.
+	cfg.SNATPortMin, cfg.SNATPortMax = 62000, 62031
+	cfg.CTTimeoutClose = 50 * time.Millisecond
+	d := openTest(t, cfg)
+	m := d.Maps()
+	if err := d.AttachDevices([]string{"eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	addExternal(t, m, 1, npRemote, reconciler.FlagExternal, beRemote)
+	ing := d.TCIngress()
+
+	syn := func(client string, sport uint16) pkt {
+		return pkt{srcMAC: clientMAC, dstMAC: macOf(nodeEthMAC), src: client, dst: nsNodeIP, sport: sport, dport: 30080, proto: 6}
+	}
+	used := map[uint16]string{}
+	// 32 clients, two of them sharing a source port: every flow a port.
+	for i := range 32 {
+		client := fmt.Sprintf("172.16.%d.%d", i/200, 1+i%200)
+		sport := uint16(40000 + i)
+		if i == 31 {
+			client, sport = "172.16.0.2", 40000 // same port as client 0, another address
+		}
+		verdict, out := runOn(t, ing, ifindex, syn(client, sport).bytes())
+		if verdict != tcActRedirect {
+			t.Fatalf("flow %d: verdict %d", i, verdict)
+		}
+		sp := binary.BigEndian.Uint16(out[14+20:])
+		if sp < 62000 || sp > 62031 {
+			t.Fatalf("flow %d: SNAT port %d outside the range", i, sp)
+		}
+		if prev, dup := used[sp]; dup {
+			t.Fatalf("flow %d (%s:%d) got port %d, already used by %s", i, client, sport, sp, prev)
+		}
+		used[sp] = fmt.Sprintf("%s:%d", client, sport)
+	}
+	// The range is full: a 33rd flow is dropped (bounded tries), not
+	// given a port in use.
+	if verdict, _ := runOn(t, ing, ifindex, syn("172.31.0.1", 50000).bytes()); verdict != tcActShot {
+		t.Fatalf("flow beyond the range: verdict %d, want drop", verdict)
+	}
+	cs, _ := d.Counters()
+	if cs["tc_snat_exhausted"] == 0 {
+		t.Errorf("tc_snat_exhausted is 0: %v", cs)
+	}
+
+	// Close client 0's flow: FIN from the client, FIN from the backend.
+	sp0 := snatPortOf(t, m, "172.16.0.1", 40000, npRemote)
+	fin := syn("172.16.0.1", 40000)
+	fin.tcpFlags = 0x11
+	if v, _ := runOn(t, ing, ifindex, fin.bytes()); v != tcActRedirect {
+		t.Fatalf("client FIN: verdict %d", v)
+	}
+	rfin := pkt{srcMAC: macOf(node2MAC), dstMAC: macOf(nodeEthMAC), src: "10.2.0.7", sport: 8080,
+		dst: nsNodeIP, dport: sp0, proto: 6, tcpFlags: 0x11}
+	if v, _ := runOn(t, ing, ifindex, rfin.bytes()); v != tcActRedirect {
+		t.Fatalf("backend FIN: verdict %d", v)
+	}
+	time.Sleep(100 * time.Millisecond)
+	n, err := m.GCConntrack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Fatalf("GCConntrack deleted %d entries, want the 2 of the closed flow", n)
+	}
+	// Its port is free again: a new flow gets exactly it.
+	verdict, out := runOn(t, ing, ifindex, syn("172.31.0.1", 50000).bytes())
+	if verdict != tcActRedirect {
+		t.Fatalf("new flow after close: verdict %d", verdict)
+	}
+	if sp := binary.BigEndian.Uint16(out[14+20:]); sp != sp0 {
+		t.Fatalf("new flow got port %d, want the freed %d", sp, sp0)
+	}
+}
