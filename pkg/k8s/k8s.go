@@ -45,6 +45,9 @@ const (
 type Options struct {
 	NodeName  string // this node's name (used by policies that prefer local endpoints)
 	ProxyName string // the value of service.kubernetes.io/service-proxy-name served; default "sluice"
+	// NodeIPs are this node's addresses: NodePorts are served on each
+	// (none without them). See northsouth.go.
+	NodeIPs []netip.Addr
 }
 
 func (o Options) proxyName() string {
@@ -76,7 +79,8 @@ func ServiceNameOfSlice(es *discoveryv1.EndpointSlice) (types.NamespacedName, bo
 }
 
 // ServiceToModel returns one model.Service per (ClusterIP frontend,
-// ServicePort), with the backends taken from eps (slices of other
+// ServicePort), plus the NodePort, ExternalIP and LoadBalancer frontends of
+// each ServicePort (northsouth.go), with the backends taken from eps (slices of other
 // Services are ignored). skipped != "" means the Service is deliberately not
 // served (headless, ExternalName, another proxy's, IPv6 only); it is not an
 // error. The result is sorted by frontend.
@@ -145,6 +149,7 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 				Backends: slices.Clone(backends),
 			})
 		}
+		svcs = append(svcs, northSouth(svc, sp, proto, backends, mine, opts)...)
 	}
 	slices.SortFunc(svcs, func(a, b *model.Service) int {
 		if a.Frontend.Less(b.Frontend) {

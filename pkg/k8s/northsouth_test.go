@@ -1,0 +1,137 @@
+package k8s
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+func renderNS(svcs []*model.Service) string {
+	kinds := map[model.FrontendKind]string{model.ClusterIP: "ClusterIP", model.NodePort: "NodePort", model.ExternalIP: "ExternalIP", model.LoadBalancer: "LoadBalancer"}
+	var sb strings.Builder
+	for _, s := range svcs {
+		fmt.Fprintf(&sb, "%s %s", kinds[s.Kind], s.Frontend)
+		if s.ExternalLocal {
+			sb.WriteString(" local")
+		}
+		if s.HealthCheckNodePort != 0 {
+			fmt.Fprintf(&sb, " hc=%d", s.HealthCheckNodePort)
+		}
+		if len(s.SourceRanges) > 0 {
+			fmt.Fprintf(&sb, " ranges=%v", s.SourceRanges)
+		}
+		sb.WriteString(" ->")
+		for _, b := range s.Backends {
+			fmt.Fprintf(&sb, " %s", b.Addr)
+		}
+		sb.WriteString("\n")
+	}
+	return sb.String()
+}
+
+func TestNorthSouthFrontends(t *testing.T) {
+	opts := Options{NodeName: "node-a", NodeIPs: []netip.Addr{netip.MustParseAddr("192.168.1.1"), netip.MustParseAddr("192.168.2.1")}}
+	p := sport("http", 80, corev1.ProtocolTCP)
+	p.NodePort = 30080
+	eps := []*discoveryv1.EndpointSlice{slice("web-1", "web", []discoveryv1.EndpointPort{eport("http", 8080, corev1.ProtocolTCP)},
+		ep{addr: "10.1.0.1", node: "node-a"},
+		ep{addr: "10.2.0.1", node: "node-b"},
+		ep{addr: "10.1.0.2", node: "node-a", ready: ptr(false), serving: ptr(true), terminate: ptr(true)},
+	)}
+
+	for _, c := range []struct {
+		name string
+		mod  func(*corev1.Service)
+		opts Options
+		want string
+	}{
+		{"NodePort cluster", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort }, opts, `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
+NodePort 192.168.1.1:30080/TCP -> 10.1.0.1 10.2.0.1
+NodePort 192.168.2.1:30080/TCP -> 10.1.0.1 10.2.0.1
+`},
+		{"NodePort local", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		}, opts, `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
+NodePort 192.168.1.1:30080/TCP local -> 10.1.0.1
+NodePort 192.168.2.1:30080/TCP local -> 10.1.0.1
+`},
+		{"NodePort local on a node without endpoints", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		}, Options{NodeName: "node-c", NodeIPs: opts.NodeIPs[:1]}, `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
+NodePort 192.168.1.1:30080/TCP local ->
+`},
+		{"no node IPs, no NodePort", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort }, Options{NodeName: "node-a"}, `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
+`},
+		{"ClusterIP with externalIPs", func(s *corev1.Service) {
+			s.Spec.ExternalIPs = []string{"203.0.113.7", "2001:db8::1"}
+		}, opts, `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
+ExternalIP 203.0.113.7:80/TCP -> 10.1.0.1 10.2.0.1
+`},
+		{"LoadBalancer local with ranges and health check", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeLoadBalancer
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			s.Spec.HealthCheckNodePort = 32000
+			s.Spec.LoadBalancerSourceRanges = []string{"198.51.100.0/24", "10.0.0.0/8", "10.0.0.0/8", "bogus"}
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.10"}, {Hostname: "lb.example"}}
+		}, Options{NodeName: "node-a", NodeIPs: opts.NodeIPs[:1]}, `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
+NodePort 192.168.1.1:30080/TCP local hc=32000 -> 10.1.0.1
+LoadBalancer 198.51.100.10:80/TCP local hc=32000 ranges=[10.0.0.0/8 198.51.100.0/24] -> 10.1.0.1
+`},
+		{"LoadBalancer open to all", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeLoadBalancer
+			s.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/8", "0.0.0.0/0"}
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.10"}}
+		}, Options{NodeName: "node-a"}, `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
+LoadBalancer 198.51.100.10:80/TCP -> 10.1.0.1 10.2.0.1
+`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			svc := service("web", []string{"10.96.0.1"}, p)
+			c.mod(svc)
+			got, skipped, err := ServiceToModel(svc, eps, c.opts)
+			if err != nil || skipped != "" {
+				t.Fatalf("ServiceToModel: %v %q", err, skipped)
+			}
+			if g, w := renderNS(got), strings.TrimPrefix(c.want, "\n"); g != w {
+				t.Fatalf("got\n%s\nwant\n%s", g, w)
+			}
+		})
+	}
+}
+
+// Local endpoints fall back to serving-and-terminating ones on this node,
+// even when other nodes have ready endpoints (kube-proxy's rule for Local).
+func TestNorthSouthLocalTerminatingFallback(t *testing.T) {
+	p := sport("http", 80, corev1.ProtocolTCP)
+	p.NodePort = 30080
+	svc := service("web", []string{"10.96.0.1"}, p)
+	svc.Spec.Type = corev1.ServiceTypeNodePort
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	eps := []*discoveryv1.EndpointSlice{slice("web-1", "web", []discoveryv1.EndpointPort{eport("http", 8080, corev1.ProtocolTCP)},
+		ep{addr: "10.2.0.1", node: "node-b"},
+		ep{addr: "10.1.0.2", node: "node-a", ready: ptr(false), serving: ptr(true), terminate: ptr(true)},
+	)}
+	got, _, err := ServiceToModel(svc, eps, Options{NodeName: "node-a", NodeIPs: []netip.Addr{netip.MustParseAddr("192.168.1.1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "ClusterIP 10.96.0.1:80/TCP -> 10.2.0.1\nNodePort 192.168.1.1:30080/TCP local -> 10.1.0.2\n"
+	if g := renderNS(got); g != want {
+		t.Fatalf("got\n%s\nwant\n%s", g, want)
+	}
+}
