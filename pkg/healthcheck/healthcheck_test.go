@@ -1,0 +1,80 @@
+package healthcheck
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"testing"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+func freePort(t *testing.T) uint16 {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return uint16(l.Addr().(*net.TCPAddr).Port)
+}
+
+func get(t *testing.T, p uint16) (int, status) {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var st status
+	if err := json.Unmarshal(body, &st); err != nil {
+		t.Fatalf("body %q: %v", body, err)
+	}
+	return resp.StatusCode, st
+}
+
+func TestServer(t *testing.T) {
+	hc := freePort(t)
+	s := New("127.0.0.1", slog.New(slog.DiscardHandler))
+	t.Cleanup(s.Close)
+	be := func(a string) model.Backend {
+		return model.Backend{L4Addr: model.L4Addr{Addr: netip.MustParseAddr(a), Port: 8080, Proto: model.TCP}}
+	}
+	svc := func(fe string, port uint16, bs ...model.Backend) *model.Service {
+		return &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "web", Port: "http"},
+			Kind: model.LoadBalancer, Frontend: model.L4Addr{Addr: netip.MustParseAddr(fe), Port: port, Proto: model.TCP},
+			Backends: bs, ExternalLocal: true, HealthCheckNodePort: hc}
+	}
+	st := model.NewState()
+	for _, s := range []*model.Service{svc("192.168.1.1", 30080, be("10.1.0.1"), be("10.1.0.2")), svc("198.51.100.1", 80, be("10.1.0.1"), be("10.1.0.2"))} {
+		st.Services[s.Frontend] = s
+	}
+	if err := s.Sync(st); err != nil {
+		t.Fatal(err)
+	}
+	code, body := get(t, hc)
+	if code != 200 || body.LocalEndpoints != 2 || body.Service.Name != "web" || body.Service.Namespace != "default" || !body.ServiceProxyHealthy {
+		t.Fatalf("with local endpoints: %d %+v", code, body)
+	}
+
+	for _, s := range st.Services {
+		s.Backends = nil
+	}
+	if err := s.Sync(st); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get(t, hc); code != 503 || body.LocalEndpoints != 0 {
+		t.Fatalf("without local endpoints: %d %+v", code, body)
+	}
+
+	if err := s.Sync(model.NewState()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", hc)); err == nil {
+		t.Fatal("health check port still served after its Service went away")
+	}
+}
