@@ -1,0 +1,109 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+type runLog struct {
+	mu    sync.Mutex
+	times []time.Time
+	kinds []bool
+}
+
+func (l *runLog) add(periodic bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.times = append(l.times, time.Now())
+	l.kinds = append(l.kinds, periodic)
+}
+
+func (l *runLog) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.times)
+}
+
+func startRunner(t *testing.T, r *runner) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Loop(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestRunnerFoldsBurstWithinMinInterval(t *testing.T) {
+	var log runLog
+	const minInterval = 200 * time.Millisecond
+	r := newRunner(func(p bool) error { log.add(p); return nil }, minInterval, time.Hour)
+	startRunner(t, r)
+
+	r.Request()
+	waitFor(t, "first run", time.Second, func() bool { return log.len() == 1 })
+	for range 100 {
+		r.Request()
+		time.Sleep(time.Millisecond)
+	}
+	waitFor(t, "second run", 2*time.Second, func() bool { return log.len() == 2 })
+	time.Sleep(3 * minInterval)
+	if n := log.len(); n != 2 {
+		t.Fatalf("100 requests in a burst ran %d times after the first, want 1", n-1)
+	}
+	if gap := log.times[1].Sub(log.times[0]); gap < minInterval {
+		t.Errorf("runs %v apart, want >= %v", gap, minInterval)
+	}
+	if log.kinds[0] || log.kinds[1] {
+		t.Errorf("requested runs reported as periodic: %v", log.kinds)
+	}
+}
+
+func TestRunnerRunsPeriodically(t *testing.T) {
+	var log runLog
+	r := newRunner(func(p bool) error { log.add(p); return nil }, 0, 100*time.Millisecond)
+	startRunner(t, r)
+	r.Request()
+	waitFor(t, "three runs", 2*time.Second, func() bool { return log.len() >= 3 })
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	if log.kinds[0] || !log.kinds[1] || !log.kinds[2] {
+		t.Errorf("periodic flags = %v, want [false true true ...]", log.kinds)
+	}
+}
+
+func TestRunnerRetriesWithBackoff(t *testing.T) {
+	var log runLog
+	r := newRunner(func(p bool) error {
+		log.add(p)
+		if log.len() <= 2 {
+			return errors.New("map full")
+		}
+		return nil
+	}, 0, time.Hour)
+	startRunner(t, r)
+	r.Request()
+	// Runs at 0, +500ms (first backoff), +1.5s (second, doubled).
+	waitFor(t, "two retries", 4*time.Second, func() bool { return log.len() == 3 })
+	log.mu.Lock()
+	first, second := log.times[1].Sub(log.times[0]), log.times[2].Sub(log.times[1])
+	log.mu.Unlock()
+	if first < initialBackoff || second < 2*initialBackoff {
+		t.Errorf("retry gaps %v, %v; want >= %v, %v", first, second, initialBackoff, 2*initialBackoff)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if n := log.len(); n != 3 {
+		t.Errorf("ran %d times; a success must stop the retries", n)
+	}
+}

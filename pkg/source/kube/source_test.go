@@ -1,0 +1,244 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/sluice-lb/sluice/pkg/k8s"
+	"github.com/sluice-lb/sluice/pkg/metrics"
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+const node = "node-a"
+
+func service(name, vip string, port int32) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeClusterIP, ClusterIP: vip, ClusterIPs: []string{vip},
+			Ports: []corev1.ServicePort{{Name: "http", Port: port, Protocol: corev1.ProtocolTCP,
+				TargetPort: intstr.FromString("http")}},
+		},
+	}
+}
+
+func slice(svc, name string, port int32, ips ...string) *discoveryv1.EndpointSlice {
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name,
+			Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: new("http"), Port: new(port), Protocol: new(corev1.ProtocolTCP)}},
+	}
+	for _, ip := range ips {
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{ip},
+			Conditions: discoveryv1.EndpointConditions{Ready: new(true)}})
+	}
+	return es
+}
+
+// recorder is a sync func that records every state it is handed.
+type recorder struct {
+	mu     sync.Mutex
+	states []*model.State
+	fail   int // fail this many syncs first
+}
+
+func (r *recorder) sync(st *model.State) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fail > 0 {
+		r.fail--
+		return errors.New("injected")
+	}
+	r.states = append(r.states, st)
+	return nil
+}
+
+func (r *recorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.states)
+}
+
+func (r *recorder) last() *model.State {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.states) == 0 {
+		return nil
+	}
+	return r.states[len(r.states)-1]
+}
+
+// backendsOf returns the backends of frontend vip:port as "ip:port" strings.
+func backendsOf(st *model.State, vip string, port uint16) ([]string, bool) {
+	if st == nil {
+		return nil, false
+	}
+	svc, ok := st.Services[model.L4Addr{Addr: netip.MustParseAddr(vip), Port: port, Proto: model.TCP}]
+	if !ok {
+		return nil, false
+	}
+	out := []string{}
+	for _, b := range svc.Backends {
+		out = append(out, netip.AddrPortFrom(b.Addr, b.Port).String())
+	}
+	return out, true
+}
+
+func run(t *testing.T, cfg Config, rec *recorder) *Source {
+	t.Helper()
+	cfg.NodeName = node
+	cfg.Translate = Translator(k8s.Options{NodeName: node})
+	if cfg.SyncPeriod == 0 {
+		cfg.SyncPeriod = time.Hour
+	}
+	src, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.RunSync(ctx, rec.sync) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("RunSync: %v", err)
+		}
+	})
+	return src
+}
+
+func TestNothingProgrammedBeforeCachesSync(t *testing.T) {
+	client := fake.NewClientset(service("web", "10.96.0.10", 80), slice("web", "web-1", 8080, "10.0.0.1"))
+	release := make(chan struct{})
+	// The EndpointSlice list hangs until released: the Service cache syncs,
+	// the slice cache does not.
+	client.PrependReactor("list", "endpointslices", func(k8stesting.Action) (bool, runtime.Object, error) {
+		<-release
+		return false, nil, nil
+	})
+	rec := &recorder{}
+	src := run(t, Config{Client: client}, rec)
+	time.Sleep(300 * time.Millisecond)
+	if n := rec.count(); n != 0 || src.Synced() {
+		close(release)
+		t.Fatalf("synced %d times (Synced=%v) before the EndpointSlice cache synced", n, src.Synced())
+	}
+	close(release)
+	waitFor(t, "first sync", 5*time.Second, func() bool { return rec.count() == 1 })
+	if got, _ := backendsOf(rec.last(), "10.96.0.10", 80); fmt.Sprint(got) != "[10.0.0.1:8080]" {
+		t.Errorf("first sync backends = %v, want [10.0.0.1:8080]: it must hold the full initial list", got)
+	}
+	if !src.Synced() {
+		t.Error("Synced() = false after the first sync")
+	}
+}
+
+func TestBurstFoldedIntoNetChange(t *testing.T) {
+	client := fake.NewClientset()
+	rec := &recorder{}
+	const minSync = 500 * time.Millisecond
+	run(t, Config{Client: client, MinSyncPeriod: minSync}, rec)
+	waitFor(t, "initial (empty) sync", 5*time.Second, func() bool { return rec.count() == 1 })
+
+	ctx := context.Background()
+	start := time.Now()
+	// A service that comes and goes within the burst costs nothing.
+	if _, err := client.CoreV1().Services("default").Create(ctx, service("flash", "10.96.0.99", 80), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Services("default").Create(ctx, service("web", "10.96.0.10", 80), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	es := slice("web", "web-1", 8080, "10.0.0.1")
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, es, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 2; i <= 20; i++ {
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{fmt.Sprintf("10.0.0.%d", i)},
+			Conditions: discoveryv1.EndpointConditions{Ready: new(true)}})
+		es.ResourceVersion = fmt.Sprint(i)
+		if _, err := client.DiscoveryV1().EndpointSlices("default").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := client.CoreV1().Services("default").Delete(ctx, "flash", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if time.Since(start) > minSync/2 {
+		t.Skip("the burst took too long to be inside one min sync period on this machine")
+	}
+	waitFor(t, "20 backends", 5*time.Second, func() bool {
+		got, _ := backendsOf(rec.last(), "10.96.0.10", 80)
+		return len(got) == 20
+	})
+	time.Sleep(2 * minSync)
+	// The first event ran a sync at once (the last was long ago); the rest
+	// of the burst folded into at most one more.
+	if n := rec.count() - 1; n > 2 {
+		t.Errorf("a burst of 23 changes took %d syncs, want <= 2", n)
+	}
+	if _, ok := backendsOf(rec.last(), "10.96.0.99", 80); ok {
+		t.Error("the service deleted within the burst is programmed")
+	}
+}
+
+func TestSyncErrorRetriedAndMetrics(t *testing.T) {
+	trigger := time.Now().Add(-2 * time.Second)
+	es := slice("web", "web-1", 8080, "10.0.0.1")
+	es.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: trigger.Format(time.RFC3339Nano)}
+	client := fake.NewClientset(service("web", "10.96.0.10", 80), es)
+	m := metrics.New()
+	rec := &recorder{fail: 1}
+	src := run(t, Config{Client: client, Metrics: m}, rec)
+	waitFor(t, "a sync after the failed one", 5*time.Second, func() bool { return rec.count() == 1 })
+	if got := testutil.ToFloat64(m.SyncErrors); got != 1 {
+		t.Errorf("sync errors = %v, want 1", got)
+	}
+	if !src.Synced() {
+		t.Error("not Synced after a successful retry")
+	}
+	// The trigger time of the change survived the failed sync: its latency
+	// is counted once, when it was really programmed, and is >= 2s.
+	if n := testutil.CollectAndCount(m.NetworkProgrammingDuration); n != 1 {
+		t.Fatalf("programming latency series = %d", n)
+	}
+	body := scrape(t, m)
+	if !containsLine(body, "sluice_network_programming_duration_seconds_count 1") {
+		t.Errorf("want one programming latency sample:\n%s", body)
+	}
+	if !containsLine(body, `sluice_network_programming_duration_seconds_bucket{le="1.024"} 0`) {
+		t.Errorf("programming latency below the 2s the change waited:\n%s", body)
+	}
+	if !containsLine(body, "sluice_services 1") || !containsLine(body, "sluice_backends 1") {
+		t.Errorf("programmed counts missing:\n%s", body)
+	}
+}
+
+func TestNodeObjectIsWatched(t *testing.T) {
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "other"}})
+	rec := &recorder{}
+	src := run(t, Config{Client: client}, rec)
+	waitFor(t, "first sync", 5*time.Second, func() bool { return rec.count() == 1 })
+	src.tracker.mu.Lock()
+	got := src.tracker.node
+	src.tracker.mu.Unlock()
+	if got == nil || got.Name != node {
+		t.Fatalf("tracked node = %v, want %s", got, node)
+	}
+}
