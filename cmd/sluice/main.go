@@ -27,6 +27,7 @@ import (
 	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/pkg/health"
+	"github.com/sluice-lb/sluice/pkg/healthcheck"
 	"github.com/sluice-lb/sluice/pkg/k8s"
 	"github.com/sluice-lb/sluice/pkg/manifest"
 	"github.com/sluice-lb/sluice/pkg/metrics"
@@ -58,6 +59,9 @@ func run(args []string) int {
 		nodeName    = fs.String("node-name", "", "this node's name (default: the host name)")
 		proxyName   = fs.String("proxy-name", "", "serve Services labelled service.kubernetes.io/service-proxy-name=NAME (default: unlabelled ones)")
 		resync      = fs.Duration("resync-interval", time.Minute, "re-apply the desired state this often, repairing drift (0: never)")
+		nodeIPs     = fs.String("node-ip", "", "comma-separated IPv4 addresses of this node: NodePorts are served on them, and external flows to other nodes' backends are source-NATed to them (also makes --devices default to the devices holding them)")
+		ctGC        = fs.Duration("conntrack-gc-interval", 30*time.Second, "delete expired per-packet conntrack entries this often (0: only the LRU reclaims them)")
+		healthCheck = fs.Bool("health-check-node-ports", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local")
 		dpCfg       datapath.Config
 	)
 	fs.IntVar(&dpCfg.MaxServices, "max-services", datapath.DefaultMaxServices, "size of sluice_rev_nat: service frontends")
@@ -91,6 +95,11 @@ func run(args []string) int {
 		*nodeName = strings.ToLower(h)
 	}
 	opts := k8s.Options{NodeName: *nodeName, ProxyName: *proxyName}
+	if opts.NodeIPs, err = parseNodeIPs(*nodeIPs); err != nil {
+		log.Error("bad flag", "err", err)
+		return 2
+	}
+	dpCfg.NodeIPs = opts.NodeIPs
 
 	if (*manifests == "") == !kube.enabled() {
 		log.Error("give exactly one source: --manifests PATH or --kubeconfig PATH")
@@ -106,6 +115,13 @@ func run(args []string) int {
 	}
 
 	cfg := agent.Config{Devices: splitList(*devices), Resync: *resync}
+	if len(cfg.Devices) == 0 && len(opts.NodeIPs) > 0 {
+		if cfg.Devices, err = datapath.DevicesOf(opts.NodeIPs); err != nil {
+			log.Error("find the devices of --node-ip", "err", err)
+			return 1
+		}
+		log.Info("devices holding the node addresses", "devices", cfg.Devices)
+	}
 	if *socketLB {
 		cfg.Cgroup = *cgroup
 		if cfg.Cgroup == "" {
@@ -119,7 +135,8 @@ func run(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := runAgent(ctx, cfg, dpCfg, src, m, *healthAddr, *metricsAddr, log); err != nil {
+	ns := northSouthConfig{gcEvery: *ctGC, hc: *healthCheck}
+	if err := runAgent(ctx, cfg, dpCfg, ns, src, m, *healthAddr, *metricsAddr, log); err != nil {
 		log.Error("agent failed", "err", err)
 		return 1
 	}
@@ -128,7 +145,7 @@ func run(args []string) int {
 
 // runAgent opens the datapath and runs the agent, serving health and
 // metrics beside it, until ctx is done or something fails.
-func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, src agent.Source, m *metrics.Metrics, healthAddr, metricsAddr string, log *slog.Logger) error {
+func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns northSouthConfig, src agent.Source, m *metrics.Metrics, healthAddr, metricsAddr string, log *slog.Logger) error {
 	// Listen before touching the datapath, so a taken port fails fast.
 	var healthL, metricsL net.Listener
 	var err error
@@ -149,7 +166,12 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, src 
 	}
 	m.SetCapacity(dp.Maps().Capacity)
 	cfg.Observer = m
-	a := agent.New(cfg, dp, reconciler.New(dp.Maps(), log.With("component", "reconciler")), log)
+	rec := &northSouthReconciler{Reconciler: reconciler.New(dp.Maps(), log.With("component", "reconciler")), maps: dp.Maps(), log: log}
+	if ns.hc {
+		rec.hc = healthcheck.New("", log.With("component", "healthcheck"))
+		defer rec.hc.Close()
+	}
+	a := agent.New(cfg, dp, rec, log)
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -172,6 +194,9 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, src 
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", m.Handler())
 		serve("metrics", func() error { return serveHTTP(ctx, metricsL, mux, log) })
+	}
+	if ns.gcEvery > 0 {
+		go runConntrackGC(ctx, dp.Maps(), ns.gcEvery, log.With("component", "conntrack-gc"))
 	}
 	runErr := a.Run(ctx, src)
 	cancel(nil)

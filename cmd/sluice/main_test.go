@@ -20,6 +20,8 @@ func TestCommandLineErrorsExitTwo(t *testing.T) {
 		{"two sources", []string{"--manifests", manifest, "--kubeconfig", "/nonexistent"}},
 		{"bad log level", []string{"--manifests", manifest, "--log-level", "loud"}},
 		{"stray argument", []string{"--manifests", manifest, "extra"}},
+		{"bad node IP", []string{"--manifests", manifest, "--node-ip", "192.168.1.300"}},
+		{"IPv6 node IP", []string{"--manifests", manifest, "--node-ip", "2001:db8::1"}},
 		{"unknown flag", []string{"--frobnicate"}},
 		{"cleanup unknown flag", []string{"cleanup", "--frobnicate"}},
 	} {
