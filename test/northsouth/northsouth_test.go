@@ -1,0 +1,467 @@
+// Package northsouth proves NodePort, ExternalIP and LoadBalancer traffic
+// end to end across two nodes, each running its own sluice agent, with real
+// clients and servers in network namespaces:
+//
+//	client  10.0.0.2 ─┐                 ┌─ node-a 192.168.1.1 (eth0) ── pod-a 10.1.0.2
+//	client2 10.0.2.2 ─┼── router ───────┤
+//	                  │  (routes pods,  └─ node-b 192.168.2.1 (eth0) ── pod-b 10.2.0.2
+//	                  │   ExternalIP and LB IPs to node-a)
+//
+// Each agent reads the same manifest (Services and EndpointSlices with
+// nodeName) with its own --node-name and --node-ip, attaches tc to the
+// device holding its node IP, and pins under a bpffs directory of its own.
+// Addresses exist only inside the namespaces.
+package northsouth
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-lb/sluice/pkg/datapath"
+	"github.com/sluice-lb/sluice/pkg/topology"
+	"github.com/sluice-lb/sluice/test/e2e/harness"
+)
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	bins      harness.Binaries
+	buildErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+func binaries(t *testing.T) harness.Binaries {
+	t.Helper()
+	buildOnce.Do(func() {
+		if binDir, buildErr = os.MkdirTemp("", "sluice-ns-bin-"); buildErr == nil {
+			bins, buildErr = harness.Build(context.Background(), binDir)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return bins
+}
+
+const manifest = `
+apiVersion: v1
+kind: Service
+metadata: {name: web-a, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.1
+  ports:
+  - {name: tcp, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30001}
+  - {name: udp, port: 53, protocol: UDP, targetPort: 5353, nodePort: 30001}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web-b, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.2
+  externalIPs: [203.0.113.10]
+  ports:
+  - {name: tcp, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30002}
+  - {name: udp, port: 53, protocol: UDP, targetPort: 5353, nodePort: 30002}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web-local, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.3
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32100
+  loadBalancerSourceRanges: [10.0.0.0/24]
+  ports:
+  - {name: tcp, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30003}
+status:
+  loadBalancer:
+    ingress: [{ip: 198.51.100.10}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-a-1, namespace: default, labels: {kubernetes.io/service-name: web-a}}
+addressType: IPv4
+ports: [{name: tcp, port: 8080, protocol: TCP}, {name: udp, port: 5353, protocol: UDP}]
+endpoints:
+- {addresses: [10.1.0.2], conditions: {ready: true}, nodeName: node-a}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-b-1, namespace: default, labels: {kubernetes.io/service-name: web-b}}
+addressType: IPv4
+ports: [{name: tcp, port: 8080, protocol: TCP}, {name: udp, port: 5353, protocol: UDP}]
+endpoints:
+- {addresses: [10.2.0.2], conditions: {ready: true}, nodeName: node-b}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-local-1, namespace: default, labels: {kubernetes.io/service-name: web-local}}
+addressType: IPv4
+ports: [{name: tcp, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: [10.1.0.2], conditions: {ready: true}, nodeName: node-a}
+`
+
+type cluster struct {
+	client, client2, nodeA, nodeB, podA, podB *topology.NS
+	agents                                    []*harness.Agent
+}
+
+func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+func ip(s string) netip.Addr    { return netip.MustParseAddr(s) }
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// build creates the topology, starts the servers and both agents with
+// extra agent arguments, and waits for them to be ready.
+func build(t *testing.T, extra ...string) *cluster {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: network namespaces and BPF")
+	}
+	b := binaries(t)
+	topo := topology.NewT(t)
+	var c cluster
+	router := addNS(t, topo, "router")
+	c.client, c.client2 = addNS(t, topo, "client"), addNS(t, topo, "client2")
+	c.nodeA, c.nodeB = addNS(t, topo, "node-a"), addNS(t, topo, "node-b")
+	c.podA, c.podB = addNS(t, topo, "pod-a"), addNS(t, topo, "pod-b")
+
+	link := func(a *topology.NS, aDev, aAddr string, b *topology.NS, bDev, bAddr string) {
+		must(t, topo.Veth(a, aDev, b, bDev))
+		must(t, a.AddAddr(aDev, pfx(aAddr)))
+		must(t, b.AddAddr(bDev, pfx(bAddr)))
+	}
+	link(router, "c1", "10.0.0.1/24", c.client, "eth0", "10.0.0.2/24")
+	link(router, "c2", "10.0.2.1/24", c.client2, "eth0", "10.0.2.2/24")
+	link(router, "na", "192.168.1.254/24", c.nodeA, "eth0", "192.168.1.1/24")
+	link(router, "nb", "192.168.2.254/24", c.nodeB, "eth0", "192.168.2.1/24")
+	link(c.nodeA, "pa", "10.1.0.1/24", c.podA, "eth0", "10.1.0.2/24")
+	link(c.nodeB, "pb", "10.2.0.1/24", c.podB, "eth0", "10.2.0.2/24")
+	def := pfx("0.0.0.0/0")
+	must(t, c.client.AddRoute(def, ip("10.0.0.1")))
+	must(t, c.client2.AddRoute(def, ip("10.0.2.1")))
+	must(t, c.nodeA.AddRoute(def, ip("192.168.1.254")))
+	must(t, c.nodeB.AddRoute(def, ip("192.168.2.254")))
+	must(t, c.podA.AddRoute(def, ip("10.1.0.1")))
+	must(t, c.podB.AddRoute(def, ip("10.2.0.1")))
+	must(t, router.AddRoute(pfx("10.1.0.0/24"), ip("192.168.1.1")))
+	must(t, router.AddRoute(pfx("10.2.0.0/24"), ip("192.168.2.1")))
+	must(t, router.AddRoute(pfx("203.0.113.10/32"), ip("192.168.1.1")))
+	must(t, router.AddRoute(pfx("198.51.100.10/32"), ip("192.168.1.1")))
+	for _, n := range []*topology.NS{router, c.nodeA, c.nodeB} {
+		must(t, n.Sysctl("net/ipv4/ip_forward", "1"))
+	}
+
+	for _, p := range []struct {
+		ns   *topology.NS
+		name string
+	}{{c.podA, "pod-a"}, {c.podB, "pod-b"}} {
+		serveWhoami(t, p.ns, p.name)
+	}
+
+	dir := t.TempDir()
+	mf := filepath.Join(dir, "cluster.yaml")
+	must(t, harness.WriteFile(mf, manifest))
+	for _, n := range []struct {
+		ns         *topology.NS
+		name, addr string
+	}{{c.nodeA, "node-a", "192.168.1.1"}, {c.nodeB, "node-b", "192.168.2.1"}} {
+		bpffs := filepath.Join(datapath.DefaultBPFFS, topo.Prefix()+n.name)
+		a := harness.NewAgent(b, n.ns, harness.AgentConfig{
+			Manifests: mf, BPFFS: bpffs,
+			Extra: append([]string{"--node-name", n.name, "--node-ip", n.addr}, extra...),
+		})
+		t.Cleanup(func() {
+			if err := a.Stop(); err != nil {
+				t.Errorf("stop agent %s: %v", n.name, err)
+			}
+			if err := a.Cleanup(context.Background()); err != nil {
+				t.Errorf("cleanup agent %s: %v", n.name, err)
+			}
+			if t.Failed() {
+				t.Logf("agent %s log:\n%s", n.name, a.Log.String())
+			}
+		})
+		must(t, a.Start())
+		if err := a.WaitReady(30 * time.Second); err != nil {
+			t.Fatalf("agent %s: %v\n%s", n.name, err, a.Log.String())
+		}
+		c.agents = append(c.agents, a)
+	}
+	return &c
+}
+
+func addNS(t *testing.T, topo *topology.Topology, name string) *topology.NS {
+	t.Helper()
+	ns, err := topo.AddNS(name)
+	must(t, err)
+	return ns
+}
+
+// serveWhoami serves TCP :8080 and UDP :5353 in ns, answering each line or
+// datagram with "<name> <peer address>": the backend's view of the client.
+func serveWhoami(t *testing.T, ns *topology.NS, name string) {
+	t.Helper()
+	l, err := ns.Listen("tcp4", ":8080")
+	must(t, err)
+	pc, err := ns.ListenPacket("udp4", ":5353")
+	must(t, err)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { l.Close(); pc.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				sc := bufio.NewScanner(c)
+				for sc.Scan() {
+					if _, err := fmt.Fprintf(c, "%s %s\n", name, c.RemoteAddr()); err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	wg.Go(func() {
+		buf := make([]byte, 2048)
+		for {
+			_, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo([]byte(fmt.Sprintf("%s %s", name, from)), from)
+		}
+	})
+}
+
+// askTCP connects from ns to addr, sends a line and returns the answer:
+// "<backend> <address:port the backend saw>".
+func askTCP(ns *topology.NS, addr string, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c, err := ns.DialContext(ctx, "tcp4", addr)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout))
+	if _, err := fmt.Fprintf(c, "hello\n"); err != nil {
+		return "", err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(line), nil
+}
+
+func askUDP(ns *topology.NS, addr string, timeout time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c, err := ns.DialContext(ctx, "udp4", addr)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	buf := make([]byte, 2048)
+	var lastErr error
+	for range 5 { // datagrams may be lost while neighbours resolve
+		c.SetDeadline(time.Now().Add(timeout / 5))
+		if _, err := c.Write([]byte("hello")); err != nil {
+			return "", err
+		}
+		n, err := c.Read(buf)
+		if err == nil {
+			return string(buf[:n]), nil
+		}
+		lastErr = err
+	}
+	return "", lastErr
+}
+
+// seenFrom returns the address part of the peer a backend reported.
+func seenFrom(answer string) string {
+	_, peer, _ := strings.Cut(answer, " ")
+	host, _, _ := net.SplitHostPort(peer)
+	return host
+}
+
+func expectAnswer(t *testing.T, what, answer string, err error, backend, from string) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if !strings.HasPrefix(answer, backend+" ") || seenFrom(answer) != from {
+		t.Fatalf("%s: answered %q, want %s seeing the client as %s", what, answer, backend, from)
+	}
+}
+
+// modes are the --xdp settings every test runs with.
+var modes = []string{"off"}
+
+func forEachMode(t *testing.T, fn func(t *testing.T, c *cluster)) {
+	for _, mode := range modes {
+		t.Run("xdp="+mode, func(t *testing.T) {
+			var extra []string
+			if mode != "off" {
+				extra = append(extra, "--xdp="+mode)
+			}
+			fn(t, build(t, extra...))
+		})
+	}
+}
+
+func TestNodePort(t *testing.T) {
+	forEachMode(t, func(t *testing.T, c *cluster) {
+		const to = 5 * time.Second
+		// Local backend: DNAT only, the pod sees the client.
+		a, err := askTCP(c.client, "192.168.1.1:30001", to)
+		expectAnswer(t, "TCP node-a -> local pod", a, err, "pod-a", "10.0.0.2")
+		a, err = askUDP(c.client, "192.168.1.1:30001", to)
+		expectAnswer(t, "UDP node-a -> local pod", a, err, "pod-a", "10.0.0.2")
+		// Remote backend: DNAT and SNAT, the pod sees the node.
+		a, err = askTCP(c.client, "192.168.1.1:30002", to)
+		expectAnswer(t, "TCP node-a -> pod on node-b", a, err, "pod-b", "192.168.1.1")
+		a, err = askUDP(c.client, "192.168.1.1:30002", to)
+		expectAnswer(t, "UDP node-a -> pod on node-b", a, err, "pod-b", "192.168.1.1")
+		a, err = askTCP(c.client, "192.168.2.1:30001", to)
+		expectAnswer(t, "TCP node-b -> pod on node-a", a, err, "pod-a", "192.168.2.1")
+		a, err = askUDP(c.client, "192.168.2.1:30001", to)
+		expectAnswer(t, "UDP node-b -> pod on node-a", a, err, "pod-a", "192.168.2.1")
+		a, err = askTCP(c.client, "192.168.2.1:30002", to)
+		expectAnswer(t, "TCP node-b -> local pod", a, err, "pod-b", "10.0.0.2")
+	})
+}
+
+func TestExternalIPAndLoadBalancer(t *testing.T) {
+	forEachMode(t, func(t *testing.T, c *cluster) {
+		const to = 5 * time.Second
+		a, err := askTCP(c.client, "203.0.113.10:80", to)
+		expectAnswer(t, "TCP ExternalIP -> pod on node-b", a, err, "pod-b", "192.168.1.1")
+		a, err = askUDP(c.client, "203.0.113.10:53", to)
+		expectAnswer(t, "UDP ExternalIP -> pod on node-b", a, err, "pod-b", "192.168.1.1")
+		// LoadBalancer IP, externalTrafficPolicy Local, source ranges
+		// 10.0.0.0/24: client is allowed and seen as itself.
+		a, err = askTCP(c.client, "198.51.100.10:80", to)
+		expectAnswer(t, "TCP LB IP (Local, allowed source)", a, err, "pod-a", "10.0.0.2")
+		if a, err := askTCP(c.client2, "198.51.100.10:80", time.Second); err == nil {
+			t.Fatalf("client2 outside loadBalancerSourceRanges got an answer: %q", a)
+		}
+	})
+}
+
+func TestExternalTrafficPolicyLocal(t *testing.T) {
+	forEachMode(t, func(t *testing.T, c *cluster) {
+		a, err := askTCP(c.client, "192.168.1.1:30003", 5*time.Second)
+		expectAnswer(t, "Local NodePort on the endpoint's node", a, err, "pod-a", "10.0.0.2")
+		if a, err := askTCP(c.client, "192.168.2.1:30003", time.Second); err == nil {
+			t.Fatalf("Local NodePort on a node without endpoints answered %q", a)
+		}
+		for _, n := range []struct {
+			addr  string
+			code  int
+			count int
+		}{{"192.168.1.1", 200, 1}, {"192.168.2.1", 503, 0}} {
+			resp, err := c.client.HTTPClient(5*time.Second).Get("http://" + n.addr + ":32100/")
+			if err != nil {
+				t.Fatalf("health check %s: %v", n.addr, err)
+			}
+			var body struct {
+				LocalEndpoints int `json:"localEndpoints"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&body)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != n.code || body.LocalEndpoints != n.count {
+				t.Fatalf("health check %s: %d %+v (%v), want %d with %d local endpoints", n.addr, resp.StatusCode, body, err, n.code, n.count)
+			}
+		}
+	})
+}
+
+// TestManyClientsOneRemoteBackend: many connections open at the same time
+// through one node to one remote backend: every one is answered (no reset,
+// no tuple collision), each from a source port of its own, and each keeps
+// working until all have been answered.
+func TestManyClientsOneRemoteBackend(t *testing.T) {
+	forEachMode(t, func(t *testing.T, c *cluster) {
+		const n = 200
+		answers := make([]string, n)
+		errs := make([]error, n)
+		var answered, wg sync.WaitGroup
+		release := make(chan struct{})
+		answered.Add(n)
+		for i := range n {
+			wg.Go(func() {
+				var once sync.Once
+				defer once.Do(answered.Done)
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				conn, err := c.client.DialContext(ctx, "tcp4", "192.168.1.1:30002")
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				defer conn.Close()
+				conn.SetDeadline(time.Now().Add(20 * time.Second))
+				r := bufio.NewReader(conn)
+				ask := func() (string, error) {
+					if _, err := fmt.Fprintf(conn, "hello\n"); err != nil {
+						return "", err
+					}
+					line, err := r.ReadString('\n')
+					return strings.TrimSpace(line), err
+				}
+				if answers[i], errs[i] = ask(); errs[i] != nil {
+					return
+				}
+				once.Do(answered.Done)
+				<-release // all connections are open now
+				var again string
+				if again, errs[i] = ask(); errs[i] == nil && again != answers[i] {
+					errs[i] = fmt.Errorf("second answer %q differs from the first %q", again, answers[i])
+				}
+			})
+		}
+		answered.Wait()
+		close(release)
+		wg.Wait()
+		ports := map[string]int{}
+		for i := range n {
+			expectAnswer(t, fmt.Sprintf("connection %d", i), answers[i], errs[i], "pod-b", "192.168.1.1")
+			_, peer, _ := strings.Cut(answers[i], " ")
+			if j, dup := ports[peer]; dup {
+				t.Fatalf("connections %d and %d reached the backend from the same %s", j, i, peer)
+			}
+			ports[peer] = i
+		}
+	})
+}
