@@ -391,7 +391,7 @@ func TestExternalTrafficPolicyLocal(t *testing.T) {
 			code  int
 			count int
 		}{{"192.168.1.1", 200, 1}, {"192.168.2.1", 503, 0}} {
-			resp, err := c.client.HTTPClient(5*time.Second).Get("http://" + n.addr + ":32100/")
+			resp, err := c.client.HTTPClient(5 * time.Second).Get("http://" + n.addr + ":32100/")
 			if err != nil {
 				t.Fatalf("health check %s: %v", n.addr, err)
 			}
