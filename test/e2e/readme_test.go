@@ -1,0 +1,44 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sluice-lb/sluice/pkg/k8s"
+	"github.com/sluice-lb/sluice/pkg/manifest"
+)
+
+// TestReadmeManifestLoads keeps the README's example manifest true: it loads
+// without errors into one frontend with two backends.
+func TestReadmeManifestLoads(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join(moduleRootDir(t), "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(readme), "```yaml\n")
+	if !ok {
+		t.Fatal("README has no ```yaml example")
+	}
+	example, _, _ := strings.Cut(rest, "```")
+	path := filepath.Join(t.TempDir(), "services.yaml")
+	if err := os.WriteFile(path, []byte(example), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := manifest.Load(path, k8s.Options{NodeName: "node"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Errors) > 0 || len(res.Warnings) > 0 {
+		t.Fatalf("README example: errors %v, warnings %v", res.Errors, res.Warnings)
+	}
+	if len(res.State.Services) != 1 {
+		t.Fatalf("README example gives %d frontends, want 1", len(res.State.Services))
+	}
+	for fe, svc := range res.State.Services {
+		if fe.String() != "10.96.0.10:80/TCP" || len(svc.Backends) != 2 {
+			t.Errorf("README example: %s with %d backends, want 10.96.0.10:80/TCP with 2", fe, len(svc.Backends))
+		}
+	}
+}
