@@ -6,28 +6,77 @@ package main
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/k8s"
 	"github.com/sluice-lb/sluice/pkg/metrics"
+	"github.com/sluice-lb/sluice/pkg/source/kube"
 )
 
 type kubeFlags struct {
-	kubeconfig *string
+	kubeconfig    *string
+	inCluster     *bool
+	minSyncPeriod *time.Duration
+	syncPeriod    *time.Duration
+	apiQPS        *float64
 }
 
 func addKubeFlags(fs *flag.FlagSet) *kubeFlags {
 	return &kubeFlags{
 		kubeconfig: fs.String("kubeconfig", "", "watch the Kubernetes API with this kubeconfig"),
+		inCluster: fs.Bool("in-cluster", false,
+			"watch the Kubernetes API with the pod's service account (in-cluster config), as the DaemonSet does"),
+		minSyncPeriod: fs.Duration("min-sync-period", time.Second,
+			"Kubernetes source: shortest time between two syncs; changes arriving faster are folded into one"),
+		syncPeriod: fs.Duration("sync-period", 30*time.Second,
+			"Kubernetes source: longest time between two syncs (a full sync runs at least this often)"),
+		apiQPS: fs.Float64("kube-api-qps", 20, "Kubernetes source: client queries per second (burst: twice that)"),
 	}
 }
 
 // enabled reports whether the Kubernetes source was asked for.
-func (k *kubeFlags) enabled() bool { return *k.kubeconfig != "" }
+func (k *kubeFlags) enabled() bool { return *k.kubeconfig != "" || *k.inCluster }
 
 // source returns the Kubernetes source. m is the agent's metrics registry,
 // for the source's own metrics (network programming latency).
 func (k *kubeFlags) source(opts k8s.Options, m *metrics.Metrics, log *slog.Logger) (agent.Source, error) {
-	return nil, errors.New("the Kubernetes source is not built into this binary yet")
+	var cfg *rest.Config
+	var err error
+	switch {
+	case *k.kubeconfig != "" && *k.inCluster:
+		return nil, errors.New("give --kubeconfig or --in-cluster, not both")
+	case *k.inCluster:
+		cfg, err = rest.InClusterConfig()
+	default:
+		cfg, err = clientcmd.BuildConfigFromFlags("", *k.kubeconfig)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("client config: %w", err)
+	}
+	cfg.UserAgent = "sluice/" + opts.NodeName
+	cfg.QPS = float32(*k.apiQPS)
+	cfg.Burst = int(2 * *k.apiQPS)
+	// Watches stream protobuf: cheaper than JSON for EndpointSlices at scale.
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	return kube.New(kube.Config{
+		Client:        client,
+		NodeName:      opts.NodeName,
+		Translate:     kube.Translator(opts),
+		MinSyncPeriod: *k.minSyncPeriod,
+		SyncPeriod:    *k.syncPeriod,
+		Metrics:       m,
+		Logger:        log,
+	})
 }

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -22,4 +23,18 @@ func containsLine(body, line string) bool {
 		}
 	}
 	return false
+}
+
+func histogramCount(t *testing.T, m *metrics.Metrics) int {
+	t.Helper()
+	for _, l := range strings.Split(scrape(t, m), "\n") {
+		if v, ok := strings.CutPrefix(l, "sluice_network_programming_duration_seconds_count "); ok {
+			var n int
+			if _, err := fmt.Sscan(v, &n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	return 0
 }

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -69,11 +70,26 @@ type Source struct {
 	runner  *runner
 	synced  atomic.Bool // the caches synced and the first sync succeeded
 
-	// Owned by the sync goroutine: trigger times of changes whose sync
-	// failed, recorded when a later sync succeeds.
-	unprogrammed []time.Time
-	state        *model.State
+	// Owned by the sync goroutine: the last state built, and whether
+	// handing it over failed (a retry must hand it over again).
+	state  *model.State
+	failed bool
+
+	// handed lists the states handed over whose programming has not been
+	// reported yet, oldest first, with the trigger times of the changes
+	// each one brought. When the agent reports a state programmed, it and
+	// every older state are done: a newer state holds all older changes.
+	handedMu sync.Mutex
+	handed   []handedState
 }
+
+type handedState struct {
+	state    *model.State
+	triggers []time.Time
+}
+
+// maxHanded bounds handed when nobody reports programmed states.
+const maxHanded = 64
 
 // New returns a Source. It does not talk to the API server until Run.
 func New(cfg Config) (*Source, error) {
@@ -95,7 +111,49 @@ func New(cfg Config) (*Source, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Source{cfg: cfg, log: cfg.Logger.With("source", "kube"), tracker: newTracker()}, nil
+	s := &Source{cfg: cfg, log: cfg.Logger.With("source", "kube"), tracker: newTracker()}
+	if cfg.Metrics != nil {
+		cfg.Metrics.OnProgrammed(s.programmed)
+	}
+	return s, nil
+}
+
+// handOver records that st, carrying the changes of triggers, was handed
+// to the caller.
+func (s *Source) handOver(st *model.State, triggers []time.Time) {
+	s.handedMu.Lock()
+	defer s.handedMu.Unlock()
+	if n := len(s.handed); n > 0 && s.handed[n-1].state == st {
+		s.handed[n-1].triggers = append(s.handed[n-1].triggers, triggers...)
+		return
+	}
+	s.handed = append(s.handed, handedState{st, triggers})
+	if len(s.handed) > maxHanded {
+		s.handed = s.handed[len(s.handed)-maxHanded:]
+	}
+}
+
+// programmed is called (through metrics.OnProgrammed) when st reached the
+// maps: the changes of st and of every state handed before it are live.
+func (s *Source) programmed(st *model.State) {
+	now := time.Now()
+	s.handedMu.Lock()
+	i := len(s.handed) - 1
+	for ; i >= 0 && s.handed[i].state != st; i-- {
+	}
+	if i < 0 {
+		s.handedMu.Unlock()
+		return // not ours, or already reported
+	}
+	var triggers []time.Time
+	for _, h := range s.handed[:i+1] {
+		triggers = append(triggers, h.triggers...)
+	}
+	// Keep st itself (with no triggers left) so a re-apply of it is
+	// recognised and costs nothing.
+	s.handed = append([]handedState{{state: st}}, s.handed[i+1:]...)
+	s.handedMu.Unlock()
+	s.cfg.Metrics.ObserveProgrammed(now, triggers)
 }
 
 // Synced reports whether the caches have synced and the first sync has
@@ -103,16 +161,26 @@ func New(cfg Config) (*Source, error) {
 func (s *Source) Synced() bool { return s.synced.Load() }
 
 // Run satisfies the agent's Source interface: apply is called with every
-// new desired state and is assumed to have handled its own errors.
+// new desired state and must not block; the agent applies it, retries
+// failures, and records sync metrics (its Observer). The network
+// programming latency is recorded when the agent reports the state
+// programmed (metrics.Metrics.SetProgrammed).
 func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
-	return s.RunSync(ctx, func(st *model.State) error { apply(st); return nil })
+	return s.run(ctx, func(st *model.State) error { apply(st); return nil }, false)
 }
 
 // RunSync watches the API until ctx is done, calling sync with the desired
 // state after every folded change and at least every SyncPeriod. A sync that
 // fails is retried with backoff. It returns nil when ctx is done, or an error
 // if the informers could not be set up.
+//
+// With Config.Metrics set, RunSync records what the agent's Observer would:
+// sync durations and errors, and the programmed state.
 func (s *Source) RunSync(ctx context.Context, sync func(*model.State) error) error {
+	return s.run(ctx, sync, true)
+}
+
+func (s *Source) run(ctx context.Context, sync func(*model.State) error, observe bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -126,7 +194,7 @@ func (s *Source) RunSync(ctx context.Context, sync func(*model.State) error) err
 	defer factory.Shutdown()
 	defer cancel()
 
-	s.runner = newRunner(func(periodic bool) error { return s.syncOnce(sync, periodic) },
+	s.runner = newRunner(func(periodic bool) error { return s.syncOnce(sync, periodic, observe) },
 		s.cfg.MinSyncPeriod, s.cfg.SyncPeriod)
 
 	svcReg, err := factory.Core().V1().Services().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -239,7 +307,7 @@ func (s *Source) onNode(obj any, deleted bool) {
 // syncOnce translates what changed and hands the state to sync. periodic
 // says no change is pending: the state is handed over anyway, so the
 // reconciler re-checks the maps against it.
-func (s *Source) syncOnce(sync func(*model.State) error, periodic bool) error {
+func (s *Source) syncOnce(sync func(*model.State) error, periodic, observe bool) error {
 	start := time.Now()
 	pc := s.tracker.take()
 	changed := 0
@@ -269,9 +337,8 @@ func (s *Source) syncOnce(sync func(*model.State) error, periodic bool) error {
 			s.tracker.translated[key] = out
 		}
 	}
-	triggers := append(s.unprogrammed, pc.triggers...)
-	s.unprogrammed = nil
-	if changed == 0 && !periodic && s.state != nil && s.synced.Load() {
+	triggers := pc.triggers
+	if changed == 0 && !periodic && !s.failed && s.state != nil {
 		return nil // net change: none
 	}
 	if changed > 0 || s.state == nil {
@@ -281,18 +348,25 @@ func (s *Source) syncOnce(sync func(*model.State) error, periodic bool) error {
 			s.log.Warn("frontend claimed twice", "conflict", c)
 		}
 	}
+	m := s.cfg.Metrics
+	if !observe {
+		m = nil // the caller records syncs
+	}
+	// Handed over before sync returns: the agent may report the state
+	// programmed before apply returns. After a failed RunSync sync, the
+	// triggers wait in handed for a later state to be programmed.
+	s.handOver(s.state, triggers)
 	err := sync(s.state)
-	if m := s.cfg.Metrics; m != nil {
+	if m != nil {
 		m.ObserveSync(time.Since(start), err)
 	}
+	s.failed = err != nil
 	if err != nil {
-		s.unprogrammed = triggers
 		s.log.Error("sync failed; retrying", "err", err)
 		return err
 	}
-	if m := s.cfg.Metrics; m != nil {
+	if m != nil {
 		m.SetProgrammed(s.state)
-		m.ObserveProgrammed(time.Now(), triggers)
 	}
 	if !s.synced.Swap(true) {
 		s.log.Info("first sync done", "services", len(s.state.Services))

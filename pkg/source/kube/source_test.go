@@ -242,3 +242,46 @@ func TestNodeObjectIsWatched(t *testing.T) {
 		t.Fatalf("tracked node = %v, want %s", got, node)
 	}
 }
+
+// In the agent, apply only queues the state; the agent applies it later and
+// reports it programmed through metrics.SetProgrammed. The latency is taken
+// then, not at hand-over.
+func TestProgrammingLatencyTakenWhenAgentReportsProgrammed(t *testing.T) {
+	trigger := time.Now().Add(-time.Second)
+	es := slice("web", "web-1", 8080, "10.0.0.1")
+	es.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: trigger.Format(time.RFC3339Nano)}
+	client := fake.NewClientset(service("web", "10.96.0.10", 80), es)
+	m := metrics.New()
+	src, err := New(Config{Client: client, NodeName: node, Translate: Translator(k8s.Options{NodeName: node}),
+		SyncPeriod: time.Hour, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handed := make(chan *model.State, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- src.Run(ctx, func(st *model.State) { handed <- st }) }()
+	defer func() { cancel(); <-done }()
+
+	var st *model.State
+	select {
+	case st = <-handed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no state handed over")
+	}
+	if n := histogramCount(t, m); n != 0 {
+		t.Fatalf("latency recorded at hand-over (%d samples), before programming", n)
+	}
+	time.Sleep(500 * time.Millisecond) // the agent is slow to apply
+	m.SetProgrammed(st)
+	if n := histogramCount(t, m); n != 1 {
+		t.Fatalf("latency samples = %d after the state was programmed, want 1", n)
+	}
+	if !containsLine(scrape(t, m), `sluice_network_programming_duration_seconds_bucket{le="1.024"} 0`) {
+		t.Error("latency does not include the time until programming (>= 1.5s)")
+	}
+	m.SetProgrammed(st) // a resync of the same state records nothing more
+	if n := histogramCount(t, m); n != 1 {
+		t.Fatalf("latency samples = %d after a re-apply, want 1", n)
+	}
+}
