@@ -389,7 +389,16 @@ func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
 	st := model.NewState()
 	slicesOf := map[types.NamespacedName][]*discoveryv1.EndpointSlice{}
 	var svcs []*object
+	all := make([]*object, 0, len(objs))
 	for _, o := range objs {
+		all = append(all, o)
+	}
+	// Sorted, so that results (which endpoint's nodeName wins among
+	// duplicates, the order of warnings) do not depend on map order.
+	slices.SortFunc(all, func(a, b *object) int {
+		return cmp.Or(cmp.Compare(a.key.Kind, b.key.Kind), cmp.Compare(a.key.Namespace, b.key.Namespace), cmp.Compare(a.key.Name, b.key.Name))
+	})
+	for _, o := range all {
 		switch {
 		case o.svc != nil:
 			svcs = append(svcs, o)
@@ -403,9 +412,6 @@ func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
 			}
 		}
 	}
-	slices.SortFunc(svcs, func(a, b *object) int {
-		return cmp.Or(cmp.Compare(a.key.Namespace, b.key.Namespace), cmp.Compare(a.key.Name, b.key.Name))
-	})
 	owner := map[model.L4Addr]*object{}
 	for _, o := range svcs {
 		nn := o.key.NamespacedName
