@@ -85,7 +85,9 @@ func (d *Datapath) AttachCgroup(path string) error {
 // AttachDevices attaches the tc programs to ingress and egress of each
 // device (names in the caller's network namespace) and records each as a
 // node device (sluice_devices) with the address external flows leaving
-// through it are source-NATed to. It is idempotent.
+// through it are source-NATed to; with Config.XDP native or generic it
+// also attaches the XDP program (and with off, detaches one an earlier
+// agent attached). It is idempotent.
 func (d *Datapath) AttachDevices(devs []string) error {
 	for _, dev := range devs {
 		iface, err := net.InterfaceByName(dev)
@@ -111,6 +113,9 @@ func (d *Datapath) AttachDevices(devs []string) error {
 			if err != nil {
 				return err
 			}
+		}
+		if err := d.attachXDP(dev, iface.Index); err != nil {
+			return err
 		}
 		addr, err := deviceAddr(dev, d.cfg.NodeIPs)
 		if err != nil {
@@ -150,6 +155,60 @@ func (d *Datapath) attachTCX(dev string, ifindex int, dir string, attach ebpf.At
 	}
 	if err := replacePinned(old, l, pin); err != nil {
 		return fmt.Errorf("pin tcx %s link of %s: %w", dir, dev, err)
+	}
+	return nil
+}
+
+// attachXDP attaches the XDP program to dev in the configured mode, pinned
+// as xdp_<mode>_<dev>, and removes an attachment in the other mode (the
+// kernel allows one mode at a time, so a mode change detaches first).
+func (d *Datapath) attachXDP(dev string, ifindex int) error {
+	for _, m := range []XDPMode{XDPNative, XDPGeneric} {
+		if m == d.cfg.XDP {
+			continue
+		}
+		pin := d.linkPin("xdp_" + string(m) + "_" + dev)
+		old, err := loadPinnedLink(pin)
+		if err != nil {
+			return fmt.Errorf("detach XDP (%s) from %s: %w", m, dev, err)
+		}
+		if old != nil {
+			_ = old.Unpin()
+			old.Close()
+		}
+	}
+	if d.cfg.XDP == XDPOff || d.cfg.XDP == "" {
+		return nil
+	}
+	flags := link.XDPGenericMode
+	if d.cfg.XDP == XDPNative {
+		flags = link.XDPDriverMode
+	}
+	pin := d.linkPin("xdp_" + string(d.cfg.XDP) + "_" + dev)
+	old, err := loadPinnedLink(pin)
+	if err != nil {
+		return fmt.Errorf("attach XDP to %s: %w", dev, err)
+	}
+	if old != nil {
+		info, err := old.Info()
+		if err == nil && info.XDP() != nil && int(info.XDP().Ifindex) == ifindex {
+			err = old.Update(d.xdp.SluiceXdp)
+			old.Close()
+			if err != nil {
+				return fmt.Errorf("update XDP link of %s: %w", dev, err)
+			}
+			return nil
+		}
+		// The device was re-created: the old link is dead.
+		_ = old.Unpin()
+		old.Close()
+	}
+	l, err := link.AttachXDP(link.XDPOptions{Program: d.xdp.SluiceXdp, Interface: ifindex, Flags: flags})
+	if err != nil {
+		return fmt.Errorf("attach XDP (%s) to %s: %w", d.cfg.XDP, dev, err)
+	}
+	if err := replacePinned(nil, l, pin); err != nil {
+		return fmt.Errorf("pin XDP link of %s: %w", dev, err)
 	}
 	return nil
 }

@@ -9,10 +9,11 @@
 // replace the programs behind pinned links in place. Only Cleanup removes
 // anything.
 //
-// Two objects are built from bpf/: sock.c (cgroup connect4, sendmsg4,
-// recvmsg4, getpeername4) and tc.c (tc ingress and egress). Both declare
-// every map with pinning by name, so whichever loads first creates the
-// pins and the other one reuses them.
+// Three objects are built from bpf/: sock.c (cgroup connect4, sendmsg4,
+// recvmsg4, getpeername4), tc.c (tc ingress and egress) and xdp.c (the XDP
+// fast path for north-south flows to remote backends). All declare every
+// map with pinning by name, so whichever loads first creates the pins and
+// the others reuse them.
 //
 // The package returns errors with context and never logs.
 package datapath
@@ -51,10 +52,34 @@ type Config struct {
 	// the kernel's default ephemeral range).
 	SNATPortMin, SNATPortMax uint16
 
+	// XDP is how the XDP fast path is attached to the devices: XDPOff
+	// (the default), XDPGeneric or XDPNative.
+	XDP XDPMode
+
 	// NodeIPs are this node's addresses. On a device that holds one of
 	// them, external flows to remote backends are source-NATed to it;
 	// otherwise to the device's first IPv4 address.
 	NodeIPs []netip.Addr
+}
+
+// XDPMode says whether and how the XDP program is attached.
+type XDPMode string
+
+const (
+	XDPOff     XDPMode = "off"
+	XDPGeneric XDPMode = "generic" // in the stack, after the skb exists: any device
+	XDPNative  XDPMode = "native"  // in the driver: the device must support it
+)
+
+// ParseXDPMode parses "off", "generic" or "native" (empty is off).
+func ParseXDPMode(s string) (XDPMode, error) {
+	switch m := XDPMode(s); m {
+	case "", XDPOff:
+		return XDPOff, nil
+	case XDPGeneric, XDPNative:
+		return m, nil
+	}
+	return "", fmt.Errorf("XDP mode %q: want native, generic or off", s)
 }
 
 // Defaults for Config's zero values.
@@ -132,6 +157,7 @@ type Datapath struct {
 	dir  string // BPFFS/sluice
 	sock sockObjects
 	tc   tcObjects
+	xdp  xdpObjects
 	maps *Maps
 }
 
@@ -162,7 +188,14 @@ func Open(cfg Config) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, spec := range []*ebpf.CollectionSpec{sockSpec, tcSpec} {
+	xdpSpec, err := loadXdp()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.XDP, err = ParseXDPMode(string(cfg.XDP)); err != nil {
+		return nil, err
+	}
+	for _, spec := range []*ebpf.CollectionSpec{sockSpec, tcSpec, xdpSpec} {
 		if err := configure(spec, cfg); err != nil {
 			return nil, err
 		}
@@ -179,6 +212,11 @@ func Open(cfg Config) (*Datapath, error) {
 	if err := tcSpec.LoadAndAssign(&d.tc, opts); err != nil {
 		d.sock.Close()
 		return nil, fmt.Errorf("load tc programs: %w", verifierDetail(err))
+	}
+	if err := xdpSpec.LoadAndAssign(&d.xdp, opts); err != nil {
+		d.sock.Close()
+		d.tc.Close()
+		return nil, fmt.Errorf("load XDP program: %w", verifierDetail(err))
 	}
 	d.maps = &Maps{
 		services:  d.sock.SluiceServices,
@@ -275,13 +313,16 @@ func (d *Datapath) Maps() *Maps { return d.maps }
 // TCIngress is the program attached to device ingress.
 func (d *Datapath) TCIngress() *ebpf.Program { return d.tc.SluiceIngress }
 
+// XDP is the program attached to the devices in XDP mode.
+func (d *Datapath) XDP() *ebpf.Program { return d.xdp.SluiceXdp }
+
 // TCEgress is the program attached to device egress.
 func (d *Datapath) TCEgress() *ebpf.Program { return d.tc.SluiceEgress }
 
 // Close releases the agent's file descriptors. Pins and links stay, so
 // traffic keeps flowing while no agent runs.
 func (d *Datapath) Close() error {
-	return errors.Join(d.sock.Close(), d.tc.Close())
+	return errors.Join(d.sock.Close(), d.tc.Close(), d.xdp.Close())
 }
 
 // metricNames labels the reasons of enum metric_reason (bpf/lib/structs.h),

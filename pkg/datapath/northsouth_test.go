@@ -394,3 +394,158 @@ func TestNorthSouthSNATPorts(t *testing.T) {
 		t.Fatalf("new flow got port %d, want the freed %d", sp, sp0)
 	}
 }
+
+const (
+	xdpDrop = 1
+	xdpPass = 2
+	xdpTx   = 3
+)
+
+// xdpCtx is struct xdp_md for BPF_PROG_TEST_RUN: the packet arrives on
+// IngressIfindex.
+type xdpCtx struct {
+	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
+}
+
+func runXDP(t *testing.T, prog *ebpf.Program, ifindex int, in []byte) (uint32, []byte) {
+	t.Helper()
+	opts := ebpf.RunOptions{
+		Data:    append([]byte(nil), in...),
+		DataOut: make([]byte, len(in)+256),
+		Context: xdpCtx{DataEnd: uint32(len(in)), IngressIfindex: uint32(ifindex)},
+	}
+	ret, err := prog.Run(&opts)
+	if err != nil {
+		t.Fatalf("BPF_PROG_TEST_RUN (XDP): %v", err)
+	}
+	return ret, opts.DataOut
+}
+
+// TestXDPPacketTable: the XDP fast path rewrites external flows to remote
+// backends and their replies exactly like tc and transmits them itself;
+// everything else passes untouched to tc.
+func TestXDPPacketTable(t *testing.T) {
+	requireRoot(t)
+	_, ifindex := nodeNetns(t)
+	d := openTest(t, smallConfig(testPinDir(t)))
+	m := d.Maps()
+	if err := d.AttachDevices([]string{"eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	ext := reconciler.FlagExternal
+	addExternal(t, m, 1, npRemote, ext, beRemote)
+	addExternal(t, m, 2, npLocal, ext, beLocal)
+	addExternal(t, m, 3, npUDP, ext, beRemU)
+	addExternal(t, m, 5, extIP, ext|reconciler.FlagLocal, beRemote)
+	st := model.NewState()
+	lbRemote := l4("192.168.1.202", 80, model.TCP)
+	st.Services[lbRemote] = &model.Service{Kind: model.LoadBalancer, Frontend: lbRemote,
+		SourceRanges: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/28")}}
+	if err := m.AddSourceRanges(st); err != nil {
+		t.Fatal(err)
+	}
+	addExternal(t, m, 6, lbRemote, ext|reconciler.FlagSourceRanges, beRemote)
+	xdp, ing := d.XDP(), d.TCIngress()
+
+	client := func(sport uint16, fe model.L4Addr) pkt {
+		p := pkt{srcMAC: clientMAC, dstMAC: macOf(nodeEthMAC), src: nsClientIP, dst: fe.Addr.String(),
+			sport: sport, dport: fe.Port, proto: uint8(fe.Proto)}
+		if fe.Proto == model.UDP {
+			p.payload = []byte("nodeport datagram")
+		}
+		return p
+	}
+	toRemote := func(in pkt, sp uint16, be testBackend) pkt {
+		in.srcMAC, in.dstMAC = macOf(nodeEthMAC), macOf(node2MAC)
+		in.src, in.sport = nsNodeIP, sp
+		in.dst, in.dport = be.addr.Addr.String(), be.addr.Port
+		return in
+	}
+	replyFrom := func(be testBackend, sp uint16, flags uint8) pkt {
+		p := pkt{srcMAC: macOf(node2MAC), dstMAC: macOf(nodeEthMAC), src: be.addr.Addr.String(), sport: be.addr.Port,
+			dst: nsNodeIP, dport: sp, proto: uint8(be.addr.Proto), tcpFlags: flags}
+		if be.addr.Proto == model.UDP {
+			p.payload = []byte("answer")
+		}
+		return p
+	}
+	toClient := func(r pkt, fe model.L4Addr, cport uint16) pkt {
+		r.srcMAC, r.dstMAC = macOf(nodeEthMAC), clientMAC
+		r.src, r.sport = fe.Addr.String(), fe.Port
+		r.dst, r.dport = nsClientIP, cport
+		return r
+	}
+
+	// TCP: SYN, reply, and the rest of the flow, all in XDP.
+	in := client(41000, npRemote)
+	verdict, out := runXDP(t, xdp, ifindex, in.bytes())
+	sp := snatPortOf(t, m, nsClientIP, 41000, npRemote)
+	expectPacket(t, "tcp forward", verdict, xdpTx, out, toRemote(in, sp, beRemote))
+	r := replyFrom(beRemote, sp, 0x12)
+	verdict, out = runXDP(t, xdp, ifindex, r.bytes())
+	expectPacket(t, "tcp reply", verdict, xdpTx, out, toClient(r, npRemote, 41000))
+	ack := in
+	ack.tcpFlags = 0x10
+	ack.payload = []byte("GET / HTTP/1.0\r\n\r\n")
+	verdict, out = runXDP(t, xdp, ifindex, ack.bytes())
+	expectPacket(t, "tcp data", verdict, xdpTx, out, toRemote(ack, sp, beRemote))
+
+	// UDP, with a checksum and without one.
+	u := client(5400, npUDP)
+	verdict, out = runXDP(t, xdp, ifindex, u.bytes())
+	usp := snatPortOf(t, m, nsClientIP, 5400, npUDP)
+	expectPacket(t, "udp forward", verdict, xdpTx, out, toRemote(u, usp, beRemU))
+	ur := replyFrom(beRemU, usp, 0)
+	verdict, out = runXDP(t, xdp, ifindex, ur.bytes())
+	expectPacket(t, "udp reply", verdict, xdpTx, out, toClient(ur, npUDP, 5400))
+	u0 := u
+	u0.udpNoCsum = true
+	verdict, out = runXDP(t, xdp, ifindex, u0.bytes())
+	expectPacket(t, "udp forward, no checksum", verdict, xdpTx, out, toRemote(u0, usp, beRemU))
+
+	// A flow tc started (say the neighbour was unresolved) continues in
+	// XDP on the same reservation.
+	in2 := client(41001, npRemote)
+	if v, _ := runOn(t, ing, ifindex, in2.bytes()); v != tcActRedirect {
+		t.Fatalf("tc start: verdict %d", v)
+	}
+	sp2 := snatPortOf(t, m, nsClientIP, 41001, npRemote)
+	in2.tcpFlags = 0x10
+	verdict, out = runXDP(t, xdp, ifindex, in2.bytes())
+	expectPacket(t, "tc-started flow in XDP", verdict, xdpTx, out, toRemote(in2, sp2, beRemote))
+
+	// Source ranges: allowed goes through XDP, denied is dropped there.
+	allowed := client(41002, lbRemote)
+	allowed.src = "192.168.1.5"
+	verdict, out = runXDP(t, xdp, ifindex, allowed.bytes())
+	asp := snatPortOf(t, m, "192.168.1.5", 41002, lbRemote)
+	expectPacket(t, "allowed source", verdict, xdpTx, out, toRemote(allowed, asp, beRemote))
+	if v, _ := runXDP(t, xdp, ifindex, client(41003, lbRemote).bytes()); v != xdpDrop {
+		t.Fatalf("denied source: verdict %d, want XDP_DROP", v)
+	}
+
+	// Left to tc, untouched.
+	withOpts := client(41004, npRemote)
+	withOpts.ipOpts = []byte{1, 1, 1, 0}
+	for name, p := range map[string]pkt{
+		"local backend":       client(41005, npLocal),
+		"Local policy":        client(41006, extIP),
+		"not a service":       client(41007, l4(nsNodeIP, 22, model.TCP)),
+		"IP options":          withOpts,
+		"reply of no flow":    replyFrom(beRemote, 61999, 0x12),
+		"ClusterIP-like port": client(41008, l4(nsNodeIP, 30099, model.TCP)),
+	} {
+		b := p.bytes()
+		verdict, out := runXDP(t, xdp, ifindex, b)
+		if verdict != xdpPass || !bytes.Equal(out[:len(b)], b) {
+			t.Errorf("%s: verdict %d (want XDP_PASS), output changed: %v", name, verdict, !bytes.Equal(out[:len(b)], b))
+		}
+	}
+	cs, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs["xdp_fwd"] == 0 || cs["xdp_rev"] == 0 {
+		t.Errorf("XDP counters zero: %v", cs)
+	}
+}

@@ -1,0 +1,274 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * XDP fast path for north-south flows to remote backends.
+ *
+ * On the node's devices, before any skb exists: a packet of a NodePort,
+ * ExternalIP or LoadBalancer flow whose backend is on another node is
+ * DNATed and SNATed (the same conntrack entries and SNAT port reservation
+ * as the tc path, see ct_create_snat), and a reply of such a flow is
+ * rewritten back to <frontend -> client>; both are sent straight to their
+ * next hop (bpf_fib_lookup, then XDP_TX out of the same device or
+ * bpf_redirect to another). Everything else, and anything this path cannot
+ * finish (IP options, fragments, an unresolved neighbour, a local backend,
+ * a full table), is XDP_PASSed untouched to the tc program, which handles
+ * every case; the two share sluice_conntrack, so a flow may start in tc and
+ * continue here.
+ *
+ * Checksums are updated incrementally (RFC 1624). Packets from the wire
+ * carry complete checksums; a packet a local stack handed over a veth with
+ * CHECKSUM_PARTIAL would not, which is why Sluice attaches XDP only to the
+ * node's external devices.
+ */
+#include "lib/common.h"
+#include "lib/maps.h"
+#include "lib/metrics.h"
+#include "lib/lb.h"
+#include "lib/conntrack.h"
+#include "lib/nat.h"
+
+/* csum_replace32 - RFC 1624 update of checksum @check for a 32-bit field. */
+static __always_inline __u16 csum_replace32(__u16 check, __u32 from, __u32 to)
+{
+	__u32 sum = (__u16)~check;
+
+	sum += (__u16)~(__u16)from + (__u16)~(__u16)(from >> 16);
+	sum += (__u16)to + (__u16)(to >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+static __always_inline __u16 csum_replace16(__u16 check, __u16 from, __u16 to)
+{
+	__u32 sum = (__u16)~check;
+
+	sum += (__u16)~from + to;
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/* A parsed packet, with pointers into it for the rewrite. */
+struct xpkt {
+	struct pkt4 p;
+	struct ethhdr *eth;
+	struct iphdr *ip;
+	__be16 *ports;	/* [0] source, [1] destination */
+	__u16 *l4csum;
+};
+
+/*
+ * xdp_parse - IPv4 TCP/UDP without options or fragmentation, whole L4
+ * header present. Returns false for anything else (left to tc).
+ */
+static __always_inline bool xdp_parse(struct xdp_md *ctx, struct xpkt *x)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip;
+	__u32 tot_len;
+
+	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return false;
+	ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > end || ip->version != 4 || ip->ihl != 5)
+		return false;
+	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+		return false;
+	/* (A frame shorter than tot_len is the stack's to drop: only the
+	 * headers are rewritten, and they are bounds-checked below.)
+	 */
+	tot_len = bpf_ntohs(ip->tot_len);
+	if (ip->protocol == IPPROTO_TCP) {
+		struct tcphdr *th = (void *)(ip + 1);
+
+		if ((void *)(th + 1) > end || tot_len < sizeof(*ip) + sizeof(*th))
+			return false;
+		x->l4csum = (__u16 *)&th->check;
+		x->p.tcp_flags = ((__u8 *)th)[13];
+	} else if (ip->protocol == IPPROTO_UDP) {
+		struct udphdr *uh = (void *)(ip + 1);
+
+		if ((void *)(uh + 1) > end || tot_len < sizeof(*ip) + sizeof(*uh))
+			return false;
+		x->l4csum = (__u16 *)&uh->check;
+	} else {
+		return false;
+	}
+	x->eth = eth;
+	x->ip = ip;
+	x->ports = (void *)(ip + 1);
+	x->p.saddr = ip->saddr;
+	x->p.daddr = ip->daddr;
+	x->p.sport = x->ports[0];
+	x->p.dport = x->ports[1];
+	x->p.proto = ip->protocol;
+	x->p.ihl_len = sizeof(*ip);
+	return true;
+}
+
+/* xdp_rewrite - set both L4 addresses of @x, fixing the checksums. */
+static __always_inline void xdp_rewrite(struct xpkt *x, __be32 saddr,
+					__be16 sport, __be32 daddr,
+					__be16 dport)
+{
+	struct iphdr *ip = x->ip;
+	__u16 c = *x->l4csum;
+
+	ip->check = csum_replace32(csum_replace32(ip->check, ip->saddr, saddr),
+				   ip->daddr, daddr);
+	/* A UDP checksum of zero means none: it stays zero. */
+	if (!(x->p.proto == IPPROTO_UDP && c == 0)) {
+		c = csum_replace32(c, ip->saddr, saddr);
+		c = csum_replace32(c, ip->daddr, daddr);
+		c = csum_replace16(c, x->ports[0], sport);
+		c = csum_replace16(c, x->ports[1], dport);
+		if (x->p.proto == IPPROTO_UDP && c == 0)
+			c = 0xffff;
+		*x->l4csum = c;
+	}
+	ip->saddr = saddr;
+	ip->daddr = daddr;
+	x->ports[0] = sport;
+	x->ports[1] = dport;
+}
+
+/*
+ * xdp_send - send the rewritten packet to the next hop @f names: XDP_TX
+ * if that is out of the device it came in on, else a redirect. Returns -1
+ * if the neighbour is not resolved (the caller passes the packet to tc
+ * before rewriting it, so this is checked first).
+ */
+static __always_inline int xdp_send(struct xdp_md *ctx, struct xpkt *x,
+				    const struct fib4 *f)
+{
+	__builtin_memcpy(x->eth->h_dest, f->dmac, ETH_ALEN);
+	__builtin_memcpy(x->eth->h_source, f->smac, ETH_ALEN);
+	if (f->ifindex == ctx->ingress_ifindex)
+		return XDP_TX;
+	return bpf_redirect(f->ifindex, 0);
+}
+
+/* xdp_rev - the reply of a source-NATed flow. -1: not one. */
+static __always_inline int xdp_rev(struct xdp_md *ctx, struct xpkt *x,
+				   __u64 now)
+{
+	struct ct4_key key = {};
+	struct ct4_entry *e;
+	struct fib4 f = {};
+	__be32 fe_addr, client;
+	__be16 fe_port, cport;
+
+	ct_key_of(&key, &x->p, CT_REVERSE);
+	e = bpf_map_lookup_elem(&sluice_conntrack, &key);
+	if (!e || !(e->flags & CT_F_SNAT) || ct_expired(e, key.proto, now))
+		return -1;
+	fe_addr = e->nat_addr;
+	fe_port = e->nat_port;
+	client = e->snat_addr;
+	cport = e->snat_port;
+	if (fib4_lookup(ctx, ctx->ingress_ifindex, fe_addr, client, &f) < 0 ||
+	    !f.have_neigh)
+		return XDP_PASS;
+	e->last_seen = now;
+	ct_track_tcp(&x->p, &key, e);
+	xdp_rewrite(x, fe_addr, fe_port, client, cport);
+	metric_inc(METRIC_XDP_REV);
+	return xdp_send(ctx, x, &f);
+}
+
+/* xdp_fwd - a packet to an external frontend with a remote backend. */
+static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xpkt *x,
+				   __u64 now)
+{
+	const struct pkt4 *p = &x->p;
+	struct lb4_service *svc;
+	struct lb4_backend *be;
+	struct node_dev *dev;
+	struct ct4_key key = {};
+	struct ct4_entry *fwd;
+	struct fib4 f = {};
+	__u32 backend_id = 0;
+	__be32 nat_addr, snat_addr;
+	__be16 nat_port, snat_port = 0;
+	__u8 flags;
+
+	svc = lookup_service(p->daddr, p->dport, p->proto);
+	if (!svc)
+		return XDP_PASS;
+	flags = svc->flags;
+	if ((flags & (SVC_F_EXTERNAL | SVC_F_LOCAL)) != SVC_F_EXTERNAL ||
+	    svc->count == 0)
+		return XDP_PASS;
+	if ((flags & SVC_F_SRC_RANGES) &&
+	    !source_allowed(p->daddr, p->dport, p->proto, p->saddr)) {
+		metric_inc(METRIC_TC_SRC_RANGE_DENY);
+		return XDP_DROP;
+	}
+
+	ct_key_of(&key, p, CT_FORWARD);
+	fwd = ct_lookup(&key, now);
+	if (fwd) {
+		if (!(fwd->flags & CT_F_SNAT))
+			return XDP_PASS;
+		if (p->proto == IPPROTO_UDP) {
+			be = lookup_backend(fwd->backend_id);
+			if (!be || be->addr != fwd->nat_addr ||
+			    be->port != fwd->nat_port)
+				return XDP_PASS; /* tc re-balances */
+		}
+		if (p->proto == IPPROTO_TCP && ct_closed(fwd) &&
+		    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+			return XDP_PASS; /* tc starts it afresh */
+		nat_addr = fwd->nat_addr;
+		nat_port = fwd->nat_port;
+		snat_addr = fwd->snat_addr;
+		snat_port = fwd->snat_port;
+		if (fib4_lookup(ctx, ctx->ingress_ifindex, snat_addr, nat_addr, &f) < 0 ||
+		    !f.have_neigh)
+			return XDP_PASS;
+		ct_track_tcp(p, &key, fwd);
+		if (ct_refresh_reverse(p, fwd, now) < 0)
+			metric_inc(METRIC_TC_CT_FULL);
+	} else {
+		be = select_backend(p->daddr, p->dport, p->proto, svc,
+				    &backend_id);
+		if (!be)
+			return XDP_PASS;
+		nat_addr = be->addr;
+		nat_port = be->port;
+		if (fib4_lookup(ctx, ctx->ingress_ifindex, p->saddr, nat_addr, &f) < 0 ||
+		    !f.have_neigh)
+			return XDP_PASS;
+		dev = node_dev_of(f.ifindex);
+		if (!dev)
+			return XDP_PASS; /* local backend: tc DNATs */
+		snat_addr = dev->addr;
+		if (ct_create_snat(p, be, backend_id, svc->rev_nat_id,
+				   snat_addr, now, &snat_port))
+			return XDP_PASS; /* tc counts and drops */
+		metric_inc(METRIC_TC_SNAT_NEW);
+	}
+	xdp_rewrite(x, snat_addr, snat_port, nat_addr, nat_port);
+	metric_inc(METRIC_XDP_FWD);
+	return xdp_send(ctx, x, &f);
+}
+
+SEC("xdp")
+int sluice_xdp(struct xdp_md *ctx)
+{
+	struct xpkt x = {};
+	__u64 now;
+	int ret;
+
+	if (!xdp_parse(ctx, &x))
+		return XDP_PASS;
+	now = bpf_ktime_get_ns();
+	ret = xdp_rev(ctx, &x, now);
+	if (ret >= 0)
+		return ret;
+	return xdp_fwd(ctx, &x, now);
+}
+
+char __license[] SEC("license") = "Dual BSD/GPL";
