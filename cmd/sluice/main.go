@@ -61,6 +61,7 @@ func run(args []string) int {
 		resync      = fs.Duration("resync-interval", time.Minute, "re-apply the desired state this often, repairing drift (0: never)")
 		nodeIPs     = fs.String("node-ip", "", "comma-separated IPv4 addresses of this node: NodePorts are served on them, and external flows to other nodes' backends are source-NATed to them (also makes --devices default to the devices holding them)")
 		ctGC        = fs.Duration("conntrack-gc-interval", 30*time.Second, "delete expired per-packet conntrack entries this often (0: only the LRU reclaims them)")
+		xdpMode     = fs.String("xdp", "off", "XDP fast path for NodePort/ExternalIP/LoadBalancer traffic to other nodes' backends on --devices: native, generic or off")
 		healthCheck = fs.Bool("health-check-node-ports", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local")
 		dpCfg       datapath.Config
 	)
@@ -100,6 +101,10 @@ func run(args []string) int {
 		return 2
 	}
 	dpCfg.NodeIPs = opts.NodeIPs
+	if dpCfg.XDP, err = datapath.ParseXDPMode(*xdpMode); err != nil {
+		log.Error("bad flag", "err", fmt.Errorf("--xdp: %w", err))
+		return 2
+	}
 
 	if (*manifests == "") == !kube.enabled() {
 		log.Error("give exactly one source: --manifests PATH or --kubeconfig PATH")
