@@ -1,0 +1,221 @@
+package kube
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+
+	"github.com/sluice-lb/sluice/test/kube/kubeenv"
+)
+
+// deployObjects reads every object of deploy/*.yaml.
+func deployObjects(t *testing.T) []*unstructured.Unstructured {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join("..", "..", "deploy", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no deploy/*.yaml (%v)", err)
+	}
+	var objs []*unstructured.Unstructured
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
+		for {
+			var u unstructured.Unstructured
+			if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			if len(u.Object) == 0 {
+				continue
+			}
+			objs = append(objs, &u)
+		}
+	}
+	return objs
+}
+
+// apply creates (or with dryRun, validates creating) objs on the apiserver
+// as it would for kubectl apply --server-side: every field is checked
+// against the schema, unknown fields are errors, and admission runs.
+func apply(t *testing.T, cfg *rest.Config, objs []*unstructured.Unstructured, dryRun bool) {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	disco := kubeenv.Discovery(t, cfg)
+	groups, err := restmapper.GetAPIGroupResources(disco)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDiscoveryRESTMapper(groups)
+	opts := metav1.PatchOptions{FieldManager: "sluice-test", FieldValidation: "Strict", Force: new(true)}
+	if dryRun {
+		opts.DryRun = []string{metav1.DryRunAll}
+	}
+	for _, u := range objs {
+		gvk := u.GroupVersionKind()
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			t.Errorf("%s %s: %v", gvk, u.GetName(), err)
+			continue
+		}
+		body, err := u.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
+		if m.Scope.Name() == "namespace" {
+			ri = dyn.Resource(m.Resource).Namespace(u.GetNamespace())
+		}
+		if _, err := ri.Patch(context.Background(), u.GetName(), "application/apply-patch+yaml", body, opts); err != nil {
+			t.Errorf("apply %s %s/%s: %v", gvk.Kind, u.GetNamespace(), u.GetName(), err)
+		}
+	}
+}
+
+// The manifests are valid for the real apiserver: a server-side dry run
+// with strict field validation and admission (the priority class must
+// exist, the DaemonSet must pass its validation).
+func TestDeployManifestsServerSideDryRun(t *testing.T) {
+	env := startEnv(t)
+	objs := deployObjects(t)
+	var kinds []string
+	for _, u := range objs {
+		kinds = append(kinds, u.GetKind())
+	}
+	for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet"} {
+		if !slices.Contains(kinds, k) {
+			t.Errorf("deploy/ has no %s (has %v)", k, kinds)
+		}
+	}
+	apply(t, env.Config, objs, true)
+
+	// Dry run means nothing was stored.
+	if _, err := env.Client.AppsV1().DaemonSets("kube-system").Get(context.Background(), "sluice", metav1.GetOptions{}); err == nil {
+		t.Error("a dry run stored the DaemonSet")
+	}
+}
+
+// The DaemonSet asks for what a node proxy needs and no more.
+func TestDeployDaemonSetShape(t *testing.T) {
+	var ds appsv1.DaemonSet
+	for _, u := range deployObjects(t) {
+		if u.GetKind() == "DaemonSet" {
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &ds); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	spec := ds.Spec.Template.Spec
+	if !spec.HostNetwork {
+		t.Error("not hostNetwork")
+	}
+	if spec.PriorityClassName != "system-node-critical" {
+		t.Errorf("priorityClassName = %q", spec.PriorityClassName)
+	}
+	if !slices.ContainsFunc(spec.Tolerations, func(tol corev1.Toleration) bool {
+		return tol.Operator == corev1.TolerationOpExists && tol.Key == "" && tol.Effect == ""
+	}) {
+		t.Errorf("does not tolerate every taint: %v", spec.Tolerations)
+	}
+	if len(spec.Containers) != 1 {
+		t.Fatalf("%d containers", len(spec.Containers))
+	}
+	c := spec.Containers[0]
+	sc := c.SecurityContext
+	if sc == nil || sc.Privileged == nil || *sc.Privileged {
+		t.Error("container is (or may be) privileged; capabilities should do")
+	}
+	if sc != nil && sc.Capabilities != nil {
+		for _, cap := range []corev1.Capability{"BPF", "NET_ADMIN", "SYS_ADMIN", "PERFMON", "SYS_RESOURCE"} {
+			if !slices.Contains(sc.Capabilities.Add, cap) {
+				t.Errorf("capability %s not added", cap)
+			}
+		}
+	}
+	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
+		t.Error("no /readyz readiness probe")
+	}
+	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" {
+		t.Error("no /healthz liveness probe")
+	}
+	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" }) {
+		t.Error("no metrics port")
+	}
+	mounts := map[string]string{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			mounts[v.Name] = v.HostPath.Path
+		}
+	}
+	if mounts["bpffs"] != "/sys/fs/bpf" || mounts["cgroup2"] != "/sys/fs/cgroup" {
+		t.Errorf("hostPath volumes = %v, want bpffs and cgroup2", mounts)
+	}
+	if !slices.Contains(c.Args, "--in-cluster") {
+		t.Errorf("args %v lack --in-cluster", c.Args)
+	}
+}
+
+// The ClusterRole is enough for the source: apply the manifests for real,
+// get a token for the sluice ServiceAccount, and run the source as it.
+func TestDeployRBACSufficesForTheSource(t *testing.T) {
+	env := startEnv(t)
+	var objs []*unstructured.Unstructured
+	for _, u := range deployObjects(t) {
+		if u.GetKind() != "DaemonSet" { // no kubelet here to run it
+			objs = append(objs, u)
+		}
+	}
+	apply(t, env.Config, objs, false)
+	if t.Failed() {
+		return
+	}
+	tr, err := env.Client.CoreV1().ServiceAccounts("kube-system").CreateToken(context.Background(), "sluice",
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: new(int64(3600))}},
+		metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.AnonymousClientConfig(env.Config)
+	cfg.BearerToken = tr.Status.Token
+
+	dp := newFake()
+	p := startProxy(t, cfg, dp, proxyOpts{})
+	web := createService(t, env.Client, "default", "web", nil, svcPort("http", 80, "http"))
+	createSlice(t, env.Client, makeSlice("default", "web", "web-a", slicePorts{"http": 8080}, ready("10.0.1.1")))
+	wantProgrammed(t, dp, map[string][]string{fe(web, 80): {be("10.0.1.1", 8080)}})
+	if !p.src.Synced() {
+		t.Error("not synced")
+	}
+
+	// And it may not do more than read: writing a Service is forbidden.
+	limited := kubeenv.Clientset(t, cfg)
+	_, err = limited.CoreV1().Services("default").Create(context.Background(),
+		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "x"}, Spec: corev1.ServiceSpec{
+			Ports: []corev1.ServicePort{{Port: 1}}}}, metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("creating a Service as sluice: %v, want forbidden", err)
+	}
+}

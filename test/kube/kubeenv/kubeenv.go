@@ -1,0 +1,477 @@
+// Package kubeenv starts a real etcd and kube-apiserver on loopback for a
+// test, and tears them down with t.Cleanup, even when the test fails.
+//
+// The binaries are the pinned ones test/kube/tools builds (kube-apiserver
+// v1.36.3 and etcd v3.6.8, the version that kube-apiserver pins), cached by
+// version under $XDG_CACHE_HOME/sluice (or ~/.cache/sluice): the first run on
+// a fresh machine builds them, which takes minutes; later runs start in
+// about three seconds. SLUICE_KUBE_BIN names a directory that holds them
+// instead.
+//
+// There is no kubelet, no controller manager and no scheduler: tests create
+// the objects those would (a Node and its addresses, EndpointSlices) by
+// hand. Clients authenticate with a static token in system:masters.
+package kubeenv
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// AdvertiseAddress is what the apiserver advertises for the default/kubernetes
+// Service: it rejects loopback, so this is an address from TEST-NET-1
+// (RFC 5737) that exists nowhere. Nothing is ever sent to it.
+const AdvertiseAddress = "192.0.2.1"
+
+// ServiceCIDR is the range ClusterIPs are allocated from.
+const ServiceCIDR = "10.96.0.0/16"
+
+// Env is one etcd plus one kube-apiserver.
+type Env struct {
+	// Client talks to the apiserver as a cluster admin.
+	Client kubernetes.Interface
+	// Config is the rest config behind Client.
+	Config *rest.Config
+	// Kubeconfig is the path of a kubeconfig file for the same identity.
+	Kubeconfig string
+	// URL is the apiserver's https address.
+	URL string
+	// Dir holds the data, certificates and logs; it is removed at cleanup.
+	Dir string
+
+	t         testing.TB
+	bin       string
+	token     string
+	apiArgs   []string
+	mu        sync.Mutex
+	etcd, api *proc
+	apiStarts int
+	extras    []*proc
+}
+
+// proc is a child process and the channel that closes when it exits.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+	log  string
+}
+
+// BinDir returns the directory holding kube-apiserver, kube-proxy and etcd,
+// building them first if they are missing.
+func BinDir(t testing.TB) string {
+	t.Helper()
+	binDirOnce.Do(func() { binDir, binDirErr = buildBinaries() })
+	if binDirErr != nil {
+		t.Fatalf("kube binaries: %v", binDirErr)
+	}
+	return binDir
+}
+
+var (
+	binDirOnce sync.Once
+	binDir     string
+	binDirErr  error
+)
+
+func buildBinaries() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("cannot locate kubeenv source")
+	}
+	script := filepath.Join(filepath.Dir(file), "..", "tools", "build.sh")
+	cmd := exec.Command("bash", script)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	start := time.Now()
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("%s: %w\n%s", script, err, errb.String())
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		fmt.Fprintf(os.Stderr, "kubeenv: built kube binaries in %v\n%s", d.Round(time.Second), errb.String())
+	}
+	return strings.TrimSpace(out.String()), nil
+}
+
+// Start starts etcd and kube-apiserver and waits until the apiserver is
+// ready. Everything is stopped and removed when the test ends.
+func Start(t testing.TB) *Env {
+	t.Helper()
+	bin := BinDir(t)
+	dir, err := os.MkdirTemp("", "kubeenv-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &Env{t: t, bin: bin, Dir: dir}
+	t.Cleanup(e.cleanup)
+
+	ports := freePorts(t, 3)
+	etcdClient := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	etcdPeer := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
+	e.etcd = e.start("etcd", filepath.Join(bin, "etcd"),
+		"--name=kubeenv",
+		"--data-dir="+filepath.Join(dir, "etcd"),
+		"--listen-client-urls="+etcdClient,
+		"--advertise-client-urls="+etcdClient,
+		"--listen-peer-urls="+etcdPeer,
+		"--initial-advertise-peer-urls="+etcdPeer,
+		"--initial-cluster=kubeenv="+etcdPeer,
+		"--log-level=warn",
+		"--unsafe-no-fsync", // test data: durability across power loss is moot
+	)
+	waitHTTP(t, e.etcd, etcdClient+"/health", nil, 30*time.Second)
+
+	tokenBytes := make([]byte, 16)
+	rand.Read(tokenBytes)
+	e.token = hex.EncodeToString(tokenBytes)
+	tokenFile := filepath.Join(dir, "tokens.csv")
+	writeFile(t, tokenFile, []byte(e.token+`,admin,admin,"system:masters"`+"\n"))
+	saKey := filepath.Join(dir, "sa.key")
+	writeFile(t, saKey, rsaKeyPEM(t))
+
+	e.URL = fmt.Sprintf("https://127.0.0.1:%d", ports[2])
+	e.apiArgs = []string{
+		"--etcd-servers=" + etcdClient,
+		"--bind-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", ports[2]),
+		"--advertise-address=" + AdvertiseAddress,
+		"--cert-dir=" + filepath.Join(dir, "certs"),
+		"--token-auth-file=" + tokenFile,
+		"--authorization-mode=RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc",
+		"--service-account-key-file=" + saKey,
+		"--service-account-signing-key-file=" + saKey,
+		"--service-cluster-ip-range=" + ServiceCIDR,
+		"--enable-priority-and-fairness=false",
+		"--profiling=false",
+		"--v=0",
+	}
+	e.StartAPIServer()
+
+	e.Config = &rest.Config{
+		Host:            e.URL,
+		BearerToken:     e.token,
+		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
+		QPS:             1000,
+		Burst:           1000,
+	}
+	if e.Client, err = kubernetes.NewForConfig(e.Config); err != nil {
+		t.Fatal(err)
+	}
+	e.Kubeconfig = filepath.Join(dir, "kubeconfig")
+	writeFile(t, e.Kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: kubeenv
+  cluster:
+    server: %s
+    insecure-skip-tls-verify: true
+users:
+- name: admin
+  user:
+    token: %s
+contexts:
+- name: kubeenv
+  context: {cluster: kubeenv, user: admin}
+current-context: kubeenv
+`, e.URL, e.token)))
+	return e
+}
+
+// StartAPIServer starts the apiserver (again, after StopAPIServer) on the
+// same port and data, and waits until it is ready.
+func (e *Env) StartAPIServer() {
+	e.t.Helper()
+	e.mu.Lock()
+	if e.api != nil {
+		e.mu.Unlock()
+		e.t.Fatal("apiserver already running")
+	}
+	e.apiStarts++
+	api := e.start(fmt.Sprintf("kube-apiserver.%d", e.apiStarts), filepath.Join(e.bin, "kube-apiserver"), e.apiArgs...)
+	e.api = api
+	e.mu.Unlock()
+	start := time.Now()
+	waitHTTP(e.t, api, e.URL+"/readyz", http.Header{"Authorization": {"Bearer " + e.token}}, 60*time.Second)
+	e.t.Logf("kube-apiserver ready in %v", time.Since(start).Round(10*time.Millisecond))
+}
+
+// StopAPIServer stops the apiserver, leaving etcd and its data: clients see
+// an API outage.
+func (e *Env) StopAPIServer() {
+	e.t.Helper()
+	e.mu.Lock()
+	api := e.api
+	e.api = nil
+	e.mu.Unlock()
+	if api == nil {
+		e.t.Fatal("apiserver not running")
+	}
+	api.stop()
+}
+
+// StartExtraAPIServer starts a second kube-apiserver over the same etcd, as
+// in a highly available control plane, and returns a client for it. It runs
+// until the test ends. Tests use it to change objects while the first
+// apiserver, the one the proxy watches, is down.
+func (e *Env) StartExtraAPIServer() kubernetes.Interface {
+	e.t.Helper()
+	port := freePorts(e.t, 1)[0]
+	args := make([]string, 0, len(e.apiArgs))
+	for _, a := range e.apiArgs {
+		switch {
+		case strings.HasPrefix(a, "--secure-port="):
+			a = fmt.Sprintf("--secure-port=%d", port)
+		case strings.HasPrefix(a, "--cert-dir="):
+			a = "--cert-dir=" + filepath.Join(e.Dir, fmt.Sprintf("certs-extra-%d", port))
+		}
+		args = append(args, a)
+	}
+	p := e.start(fmt.Sprintf("kube-apiserver-extra-%d", port), filepath.Join(e.bin, "kube-apiserver"), args...)
+	e.mu.Lock()
+	e.extras = append(e.extras, p)
+	e.mu.Unlock()
+	url := fmt.Sprintf("https://127.0.0.1:%d", port)
+	waitHTTP(e.t, p, url+"/readyz", http.Header{"Authorization": {"Bearer " + e.token}}, 60*time.Second)
+	cfg := rest.CopyConfig(e.Config)
+	cfg.Host = url
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
+// CreateNode creates a Node with an InternalIP, as a kubelet would, and
+// returns it.
+func (e *Env) CreateNode(ctx context.Context, name, internalIP string) *corev1.Node {
+	e.t.Helper()
+	n, err := e.Client.CoreV1().Nodes().Create(ctx, &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelHostname: name}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatalf("create node %s: %v", name, err)
+	}
+	n.Status.Addresses = []corev1.NodeAddress{
+		{Type: corev1.NodeInternalIP, Address: internalIP},
+		{Type: corev1.NodeHostName, Address: name},
+	}
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(), Reason: "KubeletReady"}}
+	n, err = e.Client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+	if err != nil {
+		e.t.Fatalf("set node %s addresses: %v", name, err)
+	}
+	return n
+}
+
+// start runs a binary with a scrubbed environment, its output in a log file
+// under Dir, in its own process group, killed if the test binary dies.
+func (e *Env) start(name, path string, args ...string) *proc {
+	e.t.Helper()
+	logPath := filepath.Join(e.Dir, name+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(path, args...)
+	cmd.Dir = e.Dir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = scrubbedEnv()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		e.t.Fatalf("start %s: %v", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{}), log: logPath}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	return p
+}
+
+// scrubbedEnv is the environment without variables that the children read as
+// configuration: etcd treats every ETCD_* variable as a flag and refuses to
+// start when one conflicts with a command-line flag.
+func scrubbedEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "ETCD_") || strings.HasPrefix(k, "ETCDCTL_") || k == "KUBECONFIG" {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
+}
+
+// stop terminates the process group, politely first.
+func (p *proc) stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (e *Env) cleanup() {
+	e.mu.Lock()
+	api, etcd, extras := e.api, e.etcd, e.extras
+	e.api, e.extras = nil, nil
+	e.mu.Unlock()
+	if api != nil {
+		api.stop()
+	}
+	for _, p := range extras {
+		p.stop()
+	}
+	if etcd != nil {
+		etcd.stop()
+	}
+	if e.t.Failed() {
+		for _, name := range []string{"etcd.log", fmt.Sprintf("kube-apiserver.%d.log", e.apiStarts)} {
+			e.t.Logf("--- tail of %s ---\n%s", name, tail(filepath.Join(e.Dir, name), 40))
+		}
+	}
+	os.RemoveAll(e.Dir)
+}
+
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// waitHTTP polls url until it answers 200, the process exits, or timeout.
+func waitHTTP(t testing.TB, p *proc, url string, h http.Header, timeout time.Duration) {
+	t.Helper()
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	defer client.CloseIdleConnections()
+	deadline := time.Now().Add(timeout)
+	var last string
+	for time.Now().Before(deadline) {
+		if p.exited() {
+			t.Fatalf("%s exited: %v\n%s", p.name, p.err, tail(p.log, 40))
+		}
+		req, _ := http.NewRequest("GET", url, nil)
+		req.Header = h
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+			last = resp.Status
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s not ready at %s after %v (last: %s)\n%s", p.name, url, timeout, last, tail(p.log, 40))
+}
+
+// freePorts returns n distinct free loopback ports. They are free when
+// returned; another process could take one before it is bound, which on a
+// test machine is rare enough.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports
+}
+
+func rsaKeyPEM(t testing.TB) []byte {
+	t.Helper()
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})
+}
+
+func writeFile(t testing.TB, path string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Discovery returns a discovery client for cfg.
+func Discovery(t testing.TB, cfg *rest.Config) discovery.DiscoveryInterface {
+	t.Helper()
+	d, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// Clientset returns a typed client for cfg.
+func Clientset(t testing.TB, cfg *rest.Config) kubernetes.Interface {
+	t.Helper()
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}

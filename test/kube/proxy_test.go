@@ -1,0 +1,195 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/sluice-lb/sluice/pkg/k8s"
+	"github.com/sluice-lb/sluice/pkg/metrics"
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
+	"github.com/sluice-lb/sluice/pkg/source/kube"
+	"github.com/sluice-lb/sluice/test/kube/kubeenv"
+)
+
+const nodeName = "node-a"
+
+func startEnv(t *testing.T) *kubeenv.Env {
+	t.Helper()
+	if os.Getenv("SLUICE_SKIP_KUBE") != "" {
+		t.Skip("SLUICE_SKIP_KUBE set")
+	}
+	return kubeenv.Start(t)
+}
+
+// proxy is the Kubernetes source and the reconciler run in-process over a
+// datapath, as cmd/sluice runs them, minus the BPF programs.
+type proxy struct {
+	src     *kube.Source
+	rec     *reconciler.Reconciler
+	metrics *metrics.Metrics
+	applies atomic.Int64
+	cancel  context.CancelFunc
+	done    chan error
+}
+
+type proxyOpts struct {
+	minSync, sync time.Duration
+}
+
+// startProxy restores a reconciler from dp and runs a kube source against
+// cfg until the test ends (or stop).
+func startProxy(t *testing.T, cfg *rest.Config, dp reconciler.Datapath, o proxyOpts) *proxy {
+	t.Helper()
+	if o.sync == 0 {
+		o.sync = time.Minute
+	}
+	cfg = rest.CopyConfig(cfg)
+	// Fail fast while the apiserver is down, so relists resume quickly.
+	cfg.Timeout = 5 * time.Second
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	p := &proxy{metrics: metrics.New(), done: make(chan error, 1)}
+	p.rec = reconciler.New(dp, log.With("component", "reconciler"))
+	if err := p.rec.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	p.metrics.SetCapacity(dp.Capacity)
+	p.src, err = kube.New(kube.Config{
+		Client:        client,
+		NodeName:      nodeName,
+		Translate:     kube.Translator(k8s.Options{NodeName: nodeName}),
+		MinSyncPeriod: o.minSync,
+		SyncPeriod:    o.sync,
+		Metrics:       p.metrics,
+		Logger:        log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel = cancel
+	go func() {
+		p.done <- p.src.RunSync(ctx, func(st *model.State) error {
+			p.applies.Add(1)
+			return p.rec.Apply(st)
+		})
+	}()
+	t.Cleanup(p.stop)
+	return p
+}
+
+func (p *proxy) stop() {
+	if p.cancel == nil {
+		return
+	}
+	p.cancel()
+	<-p.done
+	p.cancel = nil
+}
+
+// testWriter sends log lines to t.Log, so they show only on failure (or -v).
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimRight(string(b), "\n"))
+	return len(b), nil
+}
+
+// programmed reads the datapath back: frontend -> its backends, in slot
+// order, as the BPF program would walk them.
+func programmed(t *testing.T, dp reconciler.Datapath) map[string][]string {
+	t.Helper()
+	ks, err := dp.Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]string{}
+	for fe, m := range ks.Masters {
+		bs := []string{}
+		for slot := uint32(1); slot <= m.Count; slot++ {
+			id, ok := ks.Slots[fe][slot]
+			if !ok {
+				t.Fatalf("%s: slot %d of %d missing", fe, slot, m.Count)
+			}
+			b, ok := ks.Backends[id]
+			if !ok {
+				t.Fatalf("%s: slot %d names missing backend %d", fe, slot, id)
+			}
+			bs = append(bs, b.String())
+		}
+		slices.Sort(bs)
+		out[fe.String()] = bs
+	}
+	return out
+}
+
+func dumpView(v map[string][]string) string {
+	var sb strings.Builder
+	for _, fe := range slices.Sorted(maps.Keys(v)) {
+		fmt.Fprintf(&sb, "%s -> %v\n", fe, v[fe])
+	}
+	return sb.String()
+}
+
+// eventually polls check until it returns nil or timeout passes.
+func eventually(t *testing.T, what string, timeout time.Duration, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s: %v", timeout, what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// wantProgrammed waits until the datapath holds exactly want for the
+// frontends named in want, and none of the frontends in gone.
+func wantProgrammed(t *testing.T, dp reconciler.Datapath, want map[string][]string, gone ...string) {
+	t.Helper()
+	eventually(t, "datapath state", 30*time.Second, func() error {
+		got := programmed(t, dp)
+		for fe, bs := range want {
+			slices.Sort(bs)
+			if g, ok := got[fe]; !ok || !slices.Equal(g, bs) {
+				return fmt.Errorf("%s -> %v, want %v; datapath:\n%s", fe, g, bs, dumpView(got))
+			}
+		}
+		for _, fe := range gone {
+			if _, ok := got[fe]; ok {
+				return fmt.Errorf("%s still programmed; datapath:\n%s", fe, dumpView(got))
+			}
+		}
+		return nil
+	})
+}
+
+func newFake() *fakedp.Fake { return fakedp.New(1000, 1000, 10000) }
+
+func checkFake(t *testing.T, dp *fakedp.Fake) {
+	t.Helper()
+	if v := dp.Violations(); len(v) > 0 {
+		t.Errorf("datapath invariants violated:\n%s", strings.Join(v, "\n"))
+	}
+}
