@@ -116,3 +116,64 @@ func TestSourceMissingPath(t *testing.T) {
 		t.Fatal("no error for a missing path")
 	}
 }
+
+// records collects log records' messages and attributes.
+type records struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (h *records) Enabled(context.Context, slog.Level) bool { return true }
+func (h *records) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	line := r.Message
+	r.Attrs(func(a slog.Attr) bool {
+		line += " " + a.String()
+		return true
+	})
+	h.msgs = append(h.msgs, line)
+	return nil
+}
+func (h *records) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *records) WithGroup(string) slog.Handler      { return h }
+
+func (h *records) count(substr string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, m := range h.msgs {
+		if strings.HasPrefix(m, "Bad manifest") && strings.Contains(m, substr) {
+			n++
+		}
+	}
+	return n
+}
+
+func TestSourceLogsEachErrorOnce(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "bad.yaml", strings.Replace(svcA, "port: 80", "port: 70000", 1))
+	writeFile(t, dir, "b.yaml", strings.NewReplacer("name: a,", "name: b,", "10.96.0.1", "10.96.0.2").Replace(svcA))
+	h := &records{}
+	src := NewSource(dir, k8s.Options{}, slog.New(h))
+	applied := 0
+	for range 3 { // three reloads, as three unrelated changes would cause
+		if err := src.reload(func(*model.State) { applied++ }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if applied != 3 {
+		t.Errorf("applied %d times", applied)
+	}
+	if n := h.count("port 70000 out of range"); n != 1 {
+		t.Errorf("error logged %d times, want once:\n%s", n, strings.Join(h.msgs, "\n"))
+	}
+	// Fixed, then broken again: logged again.
+	writeFile(t, dir, "bad.yaml", svcA)
+	src.reload(func(*model.State) {})
+	writeFile(t, dir, "bad.yaml", strings.Replace(svcA, "port: 80", "port: 70000", 1))
+	src.reload(func(*model.State) {})
+	if n := h.count("port 70000 out of range"); n != 2 {
+		t.Errorf("error logged %d times, want twice", n)
+	}
+}

@@ -331,6 +331,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 	defer r.mu.Unlock()
 
 	capSvc, capBe, capEnt := r.dp.Capacity()
+	writes0 := r.writes
 	var errs []error
 	if r.refreshEvery > 0 && time.Since(r.lastRead) > r.refreshEvery {
 		if err := r.refresh(); err != nil {
@@ -422,6 +423,10 @@ func (r *Reconciler) Apply(st *model.State) error {
 
 	err := errors.Join(errs...)
 	r.inSync = err == nil
+	if len(changed) > 0 || len(gone) > 0 || err != nil {
+		r.log.Debug("Applied desired state", "frontends", len(services), "changed", len(changed),
+			"removed", len(gone), "writes", r.writes-writes0, "errors", len(errs))
+	}
 	return err
 }
 
