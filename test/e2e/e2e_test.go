@@ -40,31 +40,8 @@ func TestMain(m *testing.M) {
 		os.Exit(helperMain(os.Args[1:]))
 	}
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	harness.RemoveShared()
 	os.Exit(code)
-}
-
-var (
-	buildOnce sync.Once
-	binDir    string
-	bins      harness.Binaries
-	buildErr  error
-)
-
-// binaries builds sluice and sluicectl once for all tests of the package.
-func binaries(t *testing.T) harness.Binaries {
-	t.Helper()
-	buildOnce.Do(func() {
-		if binDir, buildErr = os.MkdirTemp("", "sluice-e2e-bin-"); buildErr == nil {
-			bins, buildErr = harness.Build(context.Background(), binDir)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return bins
 }
 
 // helperMain sends n HTTP/1.0 GETs to addr, each on a new connection, and
@@ -190,7 +167,7 @@ func (e *env) waitServices(t *testing.T, frontend string, ok func(line string) b
 func setup(t *testing.T) *env {
 	t.Helper()
 	requirePrivileges(t)
-	bins := binaries(t)
+	bins := harness.Shared(t)
 	cgMount, err := datapath.CgroupV2Mount()
 	if err != nil {
 		t.Skipf("no cgroup v2 mount: %v", err)
@@ -640,7 +617,7 @@ func TestClusterIPEndToEnd(t *testing.T) {
 // not ready; once the file is fixed it is ready again.
 func TestReadyzFollowsDesiredState(t *testing.T) {
 	requirePrivileges(t)
-	bins := binaries(t)
+	bins := harness.Shared(t)
 	topo := topology.NewT(t)
 	lb, err := topo.BuildLB(1)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/sluice-lb/sluice/pkg/topology"
@@ -54,6 +55,35 @@ func moduleRoot(ctx context.Context) (string, error) {
 		return "", errors.New("not inside the sluice module")
 	}
 	return filepath.Dir(mod), nil
+}
+
+var shared struct {
+	once sync.Once
+	dir  string
+	bins Binaries
+	err  error
+}
+
+// Shared builds the binaries once per test process, into a directory that
+// RemoveShared deletes (call it from TestMain after m.Run).
+func Shared(t testing.TB) Binaries {
+	t.Helper()
+	shared.once.Do(func() {
+		if shared.dir, shared.err = os.MkdirTemp("", "sluice-bin-"); shared.err == nil {
+			shared.bins, shared.err = Build(context.Background(), shared.dir)
+		}
+	})
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	return shared.bins
+}
+
+// RemoveShared deletes what Shared built.
+func RemoveShared() {
+	if shared.dir != "" {
+		os.RemoveAll(shared.dir)
+	}
 }
 
 // WriteFile replaces path atomically (write a temporary file, rename), so a
