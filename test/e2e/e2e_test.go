@@ -533,7 +533,8 @@ func TestClusterIPEndToEnd(t *testing.T) {
 		}
 		// Traffic runs throughout the stop and the restart.
 		var ok, failed atomic.Int64
-		var firstErr atomic.Value
+		var errMu sync.Mutex
+		var firstErr error
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		wg.Go(func() {
@@ -545,20 +546,32 @@ func TestClusterIPEndToEnd(t *testing.T) {
 				}
 				if _, err := e.get(webVIP); err != nil {
 					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err)
+					errMu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					errMu.Unlock()
 				} else {
 					ok.Add(1)
 				}
 			}
 		})
+		stopTraffic := sync.OnceFunc(func() {
+			close(stop)
+			wg.Wait()
+		})
+		defer stopTraffic()
 
 		if err := e.agent.Stop(); err != nil {
 			t.Fatalf("agent did not exit cleanly on SIGTERM: %v", err)
 		}
+		// Requests go on succeeding while no agent runs.
 		down := ok.Load()
-		time.Sleep(500 * time.Millisecond)
-		if ok.Load() == down {
-			t.Errorf("no request succeeded while the agent was stopped")
+		for deadline := time.Now().Add(10 * time.Second); ok.Load() < down+20; {
+			if time.Now().After(deadline) {
+				t.Fatalf("only %d requests succeeded in 10s while the agent was stopped (%d failed)", ok.Load()-down, failed.Load())
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
 		if who, err := keep.say("agent down"); err != nil || who != keep.backend {
 			t.Errorf("established connection while the agent is down: %q %v", who, err)
@@ -573,8 +586,7 @@ func TestClusterIPEndToEnd(t *testing.T) {
 		if err := e.agent.WaitReady(30 * time.Second); err != nil {
 			t.Fatal(err)
 		}
-		close(stop)
-		wg.Wait()
+		stopTraffic()
 		after, err := e.agent.Services(t.Context())
 		if err != nil {
 			t.Fatal(err)
@@ -583,7 +595,7 @@ func TestClusterIPEndToEnd(t *testing.T) {
 			t.Errorf("restart changed the datapath:\nbefore:\n%s\nafter:\n%s", before, after)
 		}
 		if n := failed.Load(); n > 0 {
-			t.Errorf("%d of %d requests failed across stop and restart; first: %v", n, n+ok.Load(), firstErr.Load())
+			t.Errorf("%d of %d requests failed across stop and restart; first: %v", n, n+ok.Load(), firstErr)
 		}
 		if who, err := keep.say("agent back"); err != nil || who != keep.backend {
 			t.Errorf("established connection after restart: %q %v", who, err)
