@@ -558,6 +558,9 @@ func (r *runner) updates(ctx context.Context, p *Point, envs []*env, svcs []rule
 		idx[p.Prog[i].Mode] = i
 		if p.Prog[i].UpdateResult == "" {
 			p.Prog[i].UpdateResult = "ok"
+			if p.Prog[i].InitialResult != "ok" && p.Prog[i].LoadedAfterS == 0 {
+				p.Prog[i].UpdateResult = "not run: no initial load"
+			}
 		}
 	}
 	for round := 0; round < r.cfg.Rounds && !time.Now().After(r.dead); round++ {

@@ -310,6 +310,16 @@ func (m *sluiceMode) socketCgroup() string { return m.cgroup }
 // manifest source finished loading (relative to t0: debounce plus parse and
 // translation) and how long the reconciler's Apply took.
 func (m *sluiceMode) lastSync(t0 time.Time) (sourceS, applyS float64, ok bool) {
+	// The agent logs the sync after its map writes, which the probe may
+	// already have seen: give the line a moment to appear.
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if sourceS, applyS, ok = m.parseSync(t0); ok || time.Now().After(deadline) {
+			return sourceS, applyS, ok
+		}
+	}
+}
+
+func (m *sluiceMode) parseSync(t0 time.Time) (sourceS, applyS float64, ok bool) {
 	b, err := os.ReadFile(m.logPath)
 	if err != nil {
 		return 0, 0, false

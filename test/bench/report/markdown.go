@@ -93,8 +93,9 @@ func Markdown(res *harness.Results, stamp string) []byte {
 			if len(ps.InitialSourceS)+len(ps.UpdateSourceS) == 0 {
 				continue
 			}
-			bd = append(bd, fmt.Sprintf("| %d | %s | %.3f | %.3f | %.1f | %.1f |", p.Services, ps.Mode,
-				median(ps.InitialSourceS), median(ps.InitialApplyS), median(ps.UpdateSourceS)*1e3, median(ps.UpdateApplyS)*1e3))
+			bd = append(bd, fmt.Sprintf("| %d | %s | %s | %s | %s | %s |", p.Services, ps.Mode,
+				medianOr(ps.InitialSourceS, 1, "%.3f"), medianOr(ps.InitialApplyS, 1, "%.3f"),
+				medianOr(ps.UpdateSourceS, 1e3, "%.1f"), medianOr(ps.UpdateApplyS, 1e3, "%.1f")))
 		}
 	}
 	if len(bd) > 0 {
@@ -158,4 +159,12 @@ func median(v []float64) float64 {
 		return (s[len(s)/2-1] + s[len(s)/2]) / 2
 	}
 	return s[len(s)/2]
+}
+
+// medianOr formats the median of v times scale, or "-" for no samples.
+func medianOr(v []float64, scale float64, format string) string {
+	if len(v) == 0 {
+		return "-"
+	}
+	return fmt.Sprintf(format, median(v)*scale)
 }
