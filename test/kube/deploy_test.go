@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -60,6 +61,13 @@ func deployObjects(t *testing.T) []*unstructured.Unstructured {
 // against the schema, unknown fields are errors, and admission runs.
 func apply(t *testing.T, cfg *rest.Config, objs []*unstructured.Unstructured, dryRun bool) {
 	t.Helper()
+	for _, err := range tryApply(t, cfg, objs, dryRun) {
+		t.Error(err)
+	}
+}
+
+func tryApply(t *testing.T, cfg *rest.Config, objs []*unstructured.Unstructured, dryRun bool) (errs []error) {
+	t.Helper()
 	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +86,7 @@ func apply(t *testing.T, cfg *rest.Config, objs []*unstructured.Unstructured, dr
 		gvk := u.GroupVersionKind()
 		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 		if err != nil {
-			t.Errorf("%s %s: %v", gvk, u.GetName(), err)
+			errs = append(errs, fmt.Errorf("%s %s: %w", gvk, u.GetName(), err))
 			continue
 		}
 		body, err := u.MarshalJSON()
@@ -90,9 +98,10 @@ func apply(t *testing.T, cfg *rest.Config, objs []*unstructured.Unstructured, dr
 			ri = dyn.Resource(m.Resource).Namespace(u.GetNamespace())
 		}
 		if _, err := ri.Patch(context.Background(), u.GetName(), "application/apply-patch+yaml", body, opts); err != nil {
-			t.Errorf("apply %s %s/%s: %v", gvk.Kind, u.GetNamespace(), u.GetName(), err)
+			errs = append(errs, fmt.Errorf("apply %s %s/%s: %w", gvk.Kind, u.GetNamespace(), u.GetName(), err))
 		}
 	}
+	return errs
 }
 
 // The manifests are valid for the real apiserver: a server-side dry run
@@ -111,6 +120,23 @@ func TestDeployManifestsServerSideDryRun(t *testing.T) {
 		}
 	}
 	apply(t, env.Config, objs, true)
+
+	// The dry run does catch schema errors: a misspelt field and a bad
+	// capability type fail.
+	for _, u := range objs {
+		if u.GetKind() != "DaemonSet" {
+			continue
+		}
+		bad := u.DeepCopy()
+		if err := unstructured.SetNestedField(bad.Object, true, "spec", "template", "spec", "hostNetwrk"); err != nil {
+			t.Fatal(err)
+		}
+		if errs := tryApply(t, env.Config, []*unstructured.Unstructured{bad}, true); len(errs) == 0 {
+			t.Error("a DaemonSet with an unknown field passed the dry run")
+		} else {
+			t.Logf("misspelt field rejected: %v", errs[0])
+		}
+	}
 
 	// Dry run means nothing was stored.
 	if _, err := env.Client.AppsV1().DaemonSets("kube-system").Get(context.Background(), "sluice", metav1.GetOptions{}); err == nil {

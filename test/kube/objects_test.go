@@ -13,9 +13,18 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// svcPort is a ServicePort with a named targetPort.
+// svcPort is a ServicePort; target is a port name or number.
 func svcPort(name string, port int32, target string) corev1.ServicePort {
-	return corev1.ServicePort{Name: name, Port: port, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromString(target)}
+	return corev1.ServicePort{Name: name, Port: port, Protocol: corev1.ProtocolTCP, TargetPort: intstr.Parse(target)}
+}
+
+func createNamespace(t *testing.T, c kubernetes.Interface, name string) {
+	t.Helper()
+	_, err := c.CoreV1().Namespaces().Create(context.Background(),
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create namespace %s: %v", name, err)
+	}
 }
 
 func createService(t *testing.T, c kubernetes.Interface, ns, name string, mutate func(*corev1.Service), ports ...corev1.ServicePort) *corev1.Service {

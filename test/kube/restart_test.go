@@ -20,6 +20,7 @@ func TestRestartWaitsForCachesAndKeepsMaps(t *testing.T) {
 	web := createService(t, c, "default", "web", nil, svcPort("http", 80, "http"), svcPort("grpc", 9000, "grpc"))
 	createSlice(t, c, makeSlice("default", "web", "web-a", slicePorts{"http": 8080, "grpc": 9090},
 		ready("10.0.1.1"), ready("10.0.1.2"), ready("10.0.1.3")))
+	createNamespace(t, c, "db")
 	db := createService(t, c, "db", "pg", nil, svcPort("pg", 5432, "pg"))
 	wantProgrammed(t, dp, map[string][]string{
 		fe(web, 80):   {be("10.0.1.1", 8080), be("10.0.1.2", 8080), be("10.0.1.3", 8080)},

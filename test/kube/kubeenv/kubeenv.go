@@ -169,6 +169,11 @@ func Start(t testing.TB) *Env {
 		"--service-account-signing-key-file=" + saKey,
 		"--service-cluster-ip-range=" + ServiceCIDR,
 		"--enable-priority-and-fairness=false",
+		// The endpoints of default/kubernetes stay empty: a stopping
+		// apiserver would otherwise remove its own endpoint and a
+		// starting one put it back, changing the state under tests that
+		// restart it.
+		"--endpoint-reconciler-type=none",
 		"--profiling=false",
 		"--v=0",
 	}
