@@ -521,6 +521,25 @@ func TestClusterIPEndToEnd(t *testing.T) {
 				t.Errorf("%s never answered through socket LB: %v", b, seen)
 			}
 		}
+
+		// The datapath counted both paths: the 60 connects translated at
+		// the socket, and the earlier per-packet translations.
+		dump, err := e.agent.Counters(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		counters := map[string]int{}
+		for _, l := range strings.Split(dump, "\n") {
+			var name string
+			var n int
+			if _, err := fmt.Sscan(l, &name, &n); err == nil {
+				counters[name] = n
+			}
+		}
+		if counters["sock_xlate"] < 60 || counters["tc_dnat_new"] < 600 {
+			t.Errorf("sluicectl counters: sock_xlate %d (want >= 60), tc_dnat_new %d (want >= 600):\n%s",
+				counters["sock_xlate"], counters["tc_dnat_new"], dump)
+		}
 	})
 
 	t.Run("SurvivesAgentStopAndRestart", func(t *testing.T) {
