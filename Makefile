@@ -44,8 +44,13 @@ deps: ## Check that the tools, privileges and mounts the tests need are there
 	@grep -qs ' cgroup2 ' /proc/mounts || { echo "no cgroup2 mount (needed for socket load balancing tests)"; exit 1; }
 	@$(GO) version
 
+.PHONY: kube-bin
+kube-bin: ## Build (once; cached) the kube-apiserver and etcd that test/kube runs
+	@if [ -n "$${SLUICE_SKIP_KUBE:-}" ]; then echo "SLUICE_SKIP_KUBE set: not building kube binaries"; \
+	else echo "kube binaries in $$(bash test/kube/tools/build.sh)"; fi
+
 .PHONY: test
-test: deps check-generate ## Vet and run every test (as root: BPF, netns, cgroups)
+test: deps check-generate kube-bin ## Vet and run every test (as root: BPF, netns, cgroups)
 	$(GO) vet ./...
 	$(GO) test -count=1 -p 1 ./...
 
