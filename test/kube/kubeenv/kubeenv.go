@@ -72,6 +72,7 @@ type Env struct {
 	etcd, api *proc
 	apiStarts int
 	extras    []*proc
+	opts      Options
 }
 
 // proc is a child process and the channel that closes when it exits.
@@ -119,16 +120,33 @@ func buildBinaries() (string, error) {
 	return strings.TrimSpace(out.String()), nil
 }
 
+// Options change where the control plane runs.
+type Options struct {
+	// NetNS, if set, is the path of a network namespace (/run/netns/NAME)
+	// to run etcd and the apiserver in, through nsenter: their loopback is
+	// then that namespace's, so an agent in the same namespace reaches the
+	// apiserver at 127.0.0.1 without any route to the host.
+	NetNS string
+	// Dial connects from inside NetNS; the Env's own clients use it.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
 // Start starts etcd and kube-apiserver and waits until the apiserver is
 // ready. Everything is stopped and removed when the test ends.
-func Start(t testing.TB) *Env {
+func Start(t testing.TB) *Env { t.Helper(); return StartWith(t, Options{}) }
+
+// StartWith is Start with options.
+func StartWith(t testing.TB, o Options) *Env {
 	t.Helper()
+	if (o.NetNS == "") != (o.Dial == nil) {
+		t.Fatal("kubeenv: NetNS and Dial go together")
+	}
 	bin := BinDir(t)
 	dir, err := os.MkdirTemp("", "kubeenv-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &Env{t: t, bin: bin, Dir: dir}
+	e := &Env{t: t, bin: bin, Dir: dir, opts: o}
 	t.Cleanup(e.cleanup)
 
 	ports := freePorts(t, 3)
@@ -145,7 +163,7 @@ func Start(t testing.TB) *Env {
 		"--log-level=warn",
 		"--unsafe-no-fsync", // test data: durability across power loss is moot
 	)
-	waitHTTP(t, e.etcd, etcdClient+"/health", nil, 30*time.Second)
+	e.waitHTTP(e.etcd, etcdClient+"/health", nil, 30*time.Second)
 
 	tokenBytes := make([]byte, 16)
 	rand.Read(tokenBytes)
@@ -185,6 +203,7 @@ func Start(t testing.TB) *Env {
 		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
 		QPS:             1000,
 		Burst:           1000,
+		Dial:            o.Dial,
 	}
 	if e.Client, err = kubernetes.NewForConfig(e.Config); err != nil {
 		t.Fatal(err)
@@ -223,7 +242,7 @@ func (e *Env) StartAPIServer() {
 	e.api = api
 	e.mu.Unlock()
 	start := time.Now()
-	waitHTTP(e.t, api, e.URL+"/readyz", http.Header{"Authorization": {"Bearer " + e.token}}, 60*time.Second)
+	e.waitHTTP(api, e.URL+"/readyz", http.Header{"Authorization": {"Bearer " + e.token}}, 60*time.Second)
 	e.t.Logf("kube-apiserver ready in %v", time.Since(start).Round(10*time.Millisecond))
 }
 
@@ -263,7 +282,7 @@ func (e *Env) StartExtraAPIServer() kubernetes.Interface {
 	e.extras = append(e.extras, p)
 	e.mu.Unlock()
 	url := fmt.Sprintf("https://127.0.0.1:%d", port)
-	waitHTTP(e.t, p, url+"/readyz", http.Header{"Authorization": {"Bearer " + e.token}}, 60*time.Second)
+	e.waitHTTP(p, url+"/readyz", http.Header{"Authorization": {"Bearer " + e.token}}, 60*time.Second)
 	cfg := rest.CopyConfig(e.Config)
 	cfg.Host = url
 	c, err := kubernetes.NewForConfig(cfg)
@@ -307,6 +326,11 @@ func (e *Env) start(name, path string, args ...string) *proc {
 	}
 	defer logf.Close()
 	cmd := exec.Command(path, args...)
+	if e.opts.NetNS != "" {
+		// nsenter execs the binary: the pid, process group and death
+		// signal stay those of the control plane process.
+		cmd = exec.Command("nsenter", append([]string{"--net=" + e.opts.NetNS, "--", path}, args...)...)
+	}
 	cmd.Dir = e.Dir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = scrubbedEnv()
@@ -394,10 +418,11 @@ func tail(path string, n int) string {
 }
 
 // waitHTTP polls url until it answers 200, the process exits, or timeout.
-func waitHTTP(t testing.TB, p *proc, url string, h http.Header, timeout time.Duration) {
+func (e *Env) waitHTTP(p *proc, url string, h http.Header, timeout time.Duration) {
+	t := e.t
 	t.Helper()
 	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DialContext: e.opts.Dial}}
 	defer client.CloseIdleConnections()
 	deadline := time.Now().Add(timeout)
 	var last string

@@ -1,0 +1,241 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sluice-lb/sluice/pkg/topology"
+	"github.com/sluice-lb/sluice/test/e2e/harness"
+	"github.com/sluice-lb/sluice/test/kube/kubeenv"
+)
+
+// trafficEnv is the real thing, in throwaway namespaces: etcd and
+// kube-apiserver run in the node namespace, the real `sluice --kubeconfig`
+// agent runs there too with its tc programs on the node's client-facing
+// device, backends serve HTTP in their own namespaces, and the client
+// connects to ClusterIPs the apiserver allocated.
+type trafficEnv struct {
+	kube     *kubeenv.Env
+	lb       *topology.LB
+	agent    *harness.Agent
+	backends []string // backend names, as their servers answer
+	addrs    []string // backend addresses
+}
+
+func setupTraffic(t *testing.T) *trafficEnv {
+	t.Helper()
+	if os.Getenv("SLUICE_SKIP_KUBE") != "" {
+		t.Skip("SLUICE_SKIP_KUBE set")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: BPF, network namespaces")
+	}
+	kubeenv.BinDir(t) // build (or find) the control plane before the namespaces exist
+	bins := harness.Shared(t)
+	topo := topology.NewT(t)
+	lb, err := topo.BuildLB(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &trafficEnv{lb: lb}
+	for i, be := range lb.Backends {
+		name := fmt.Sprintf("backend-%d", i+1)
+		addr := lb.BackendAddrs[i].String()
+		e.backends = append(e.backends, name)
+		e.addrs = append(e.addrs, addr)
+		if _, err := be.ServeHTTP(addr+":8080", name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Registered after the topology: stopped before it is torn down.
+	e.kube = kubeenv.StartWith(t, kubeenv.Options{NetNS: lb.Node.Path, Dial: lb.Node.DialContext})
+	e.kube.CreateNode(context.Background(), "node", lb.NodeAddr.String())
+
+	e.agent = harness.NewAgent(bins, lb.Node, harness.AgentConfig{
+		Devices: []string{lb.NodeDev},
+		BPFFS:   filepath.Join("/sys/fs/bpf", topo.Prefix()+"kube"),
+		Extra:   []string{"--kubeconfig", e.kube.Kubeconfig, "--min-sync-period", "100ms"},
+	})
+	t.Cleanup(func() {
+		if err := e.agent.Stop(); err != nil {
+			t.Logf("agent stop: %v", err)
+		}
+		if err := e.agent.Cleanup(context.Background()); err != nil {
+			t.Errorf("sluice cleanup: %v", err)
+		}
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent log:\n%s", e.agent.Log)
+		}
+	})
+	if err := e.agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.agent.WaitReady(60 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// get makes one request to vip on a new connection and returns which
+// backend answered.
+func (e *trafficEnv) get(vip string, timeout time.Duration) (string, error) {
+	return topology.WhoAnswered(e.lb.Client.HTTPClient(timeout), "http://"+vip+"/")
+}
+
+// answers makes n requests and counts the answers per backend, failing the
+// test on any error.
+func (e *trafficEnv) answers(t *testing.T, vip string, n int) map[string]int {
+	t.Helper()
+	seen := map[string]int{}
+	for range n {
+		who, err := e.get(vip, 3*time.Second)
+		if err != nil {
+			t.Fatalf("GET %s: %v", vip, err)
+		}
+		seen[who]++
+	}
+	return seen
+}
+
+func (e *trafficEnv) webService(t *testing.T, backends ...int) (*corev1.Service, string) {
+	t.Helper()
+	c := e.kube.Client
+	svc := createService(t, c, "default", "web", nil, svcPort("http", 80, "http"))
+	var eps []ep
+	for _, i := range backends {
+		eps = append(eps, ready(e.addrs[i]))
+	}
+	createSlice(t, c, makeSlice("default", "web", "web-a", slicePorts{"http": 8080}, eps...))
+	return svc, svc.Spec.ClusterIP + ":80"
+}
+
+// A Service created in the API answers through its VIP; scaled down, new
+// connections stop reaching the removed endpoint; deleted, it stops
+// answering.
+func TestTrafficFollowsTheAPI(t *testing.T) {
+	e := setupTraffic(t)
+	c := e.kube.Client
+	_, vip := e.webService(t, 0, 1, 2)
+
+	start := time.Now()
+	eventually(t, "the new service to answer on "+vip, 30*time.Second, func() error {
+		_, err := e.get(vip, time.Second)
+		return err
+	})
+	t.Logf("service answered %v after it was created", time.Since(start).Round(time.Millisecond))
+	// 60 connections over 3 backends: each is missed with probability
+	// (2/3)^60 < 1e-10.
+	seen := e.answers(t, vip, 60)
+	for _, b := range e.backends {
+		if seen[b] == 0 {
+			t.Errorf("%s never answered: %v", b, seen)
+		}
+	}
+
+	updateSlice(t, c, "default", "web-a", ready(e.addrs[0]), ready(e.addrs[1]))
+	removed := e.backends[2]
+	eventually(t, removed+" to get no new connections", 30*time.Second, func() error {
+		if n := e.answers(t, vip, 30)[removed]; n > 0 {
+			return fmt.Errorf("%s still answered %d of 30", removed, n)
+		}
+		return nil
+	})
+	if n := e.answers(t, vip, 60)[removed]; n > 0 {
+		t.Errorf("after scale-down %s answered %d of 60 new connections", removed, n)
+	}
+
+	if err := c.CoreV1().Services("default").Delete(context.Background(), "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the deleted service to stop answering", 30*time.Second, func() error {
+		if who, err := e.get(vip, 500*time.Millisecond); err == nil {
+			return fmt.Errorf("%s still answered", who)
+		}
+		return nil
+	})
+	for range 5 {
+		if who, err := e.get(vip, 500*time.Millisecond); err == nil {
+			t.Fatalf("deleted service answered from %s", who)
+		}
+	}
+}
+
+// Restarting the agent under load: not one connection attempt fails, and
+// the maps are the same before and after.
+func TestTrafficSurvivesAgentRestart(t *testing.T) {
+	e := setupTraffic(t)
+	_, vip := e.webService(t, 0, 1, 2)
+	eventually(t, "the service to answer", 30*time.Second, func() error {
+		_, err := e.get(vip, time.Second)
+		return err
+	})
+	before, err := e.agent.Services(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var ok, failed atomic.Int64
+	var firstErr atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := e.get(vip, 3*time.Second); err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				} else {
+					ok.Add(1)
+				}
+			}
+		})
+	}
+	time.Sleep(500 * time.Millisecond)
+	if err := e.agent.Stop(); err != nil {
+		t.Errorf("agent stop: %v", err)
+	}
+	time.Sleep(time.Second) // traffic with no agent at all
+	if err := e.agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.agent.WaitReady(60 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	t.Logf("%d requests across the restart, %d failed", ok.Load(), failed.Load())
+	if n := failed.Load(); n > 0 {
+		t.Errorf("%d connection attempts failed across the restart; first: %v", n, firstErr.Load())
+	}
+	if ok.Load() < 10 {
+		t.Errorf("only %d requests made: the test proves nothing", ok.Load())
+	}
+	after, err := e.agent.Services(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != before {
+		t.Errorf("maps changed across the restart:\n%s\nwere:\n%s", after, before)
+	}
+	if !strings.Contains(after, vip) {
+		t.Errorf("%s not in the maps:\n%s", vip, after)
+	}
+}
