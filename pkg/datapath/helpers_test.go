@@ -18,7 +18,7 @@ import (
 // Maps API, and a from-scratch packet builder whose checksums are computed
 // independently of the kernel's incremental updates.
 
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: loads BPF programs, creates network namespaces and cgroups")
@@ -33,7 +33,7 @@ func randomSuffix() string {
 
 // testPinDir returns a fresh directory on bpffs, removed with everything
 // under it when the test ends.
-func testPinDir(t *testing.T) string {
+func testPinDir(t testing.TB) string {
 	t.Helper()
 	dir := filepath.Join(DefaultBPFFS, "sluice-test-"+randomSuffix())
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -55,7 +55,7 @@ func smallConfig(bpffs string) Config {
 	}
 }
 
-func openTest(t *testing.T, cfg Config) *Datapath {
+func openTest(t testing.TB, cfg Config) *Datapath {
 	t.Helper()
 	d, err := Open(cfg)
 	if err != nil {
@@ -82,7 +82,7 @@ type testBackend struct {
 
 // addService writes a service the way the reconciler does: backends, then
 // slots, then the reverse-NAT entry and the master.
-func addService(t *testing.T, m *Maps, id reconciler.ServiceID, fe model.L4Addr, bes ...testBackend) {
+func addService(t testing.TB, m *Maps, id reconciler.ServiceID, fe model.L4Addr, bes ...testBackend) {
 	t.Helper()
 	for _, b := range bes {
 		if err := m.UpsertBackend(b.id, b.addr); err != nil {

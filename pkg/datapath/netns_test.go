@@ -15,7 +15,7 @@ import (
 
 // newTestNetns creates a network namespace named uniquely for this run,
 // deleted when the test ends (even if it fails).
-func newTestNetns(t *testing.T) netns.NsHandle {
+func newTestNetns(t testing.TB) netns.NsHandle {
 	t.Helper()
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -48,7 +48,7 @@ func newTestNetns(t *testing.T) netns.NsHandle {
 // thread into ns until the test ends. Sockets and netlink requests made
 // from this goroutine then happen inside ns. Subtests run on goroutines of
 // their own and must call it again.
-func enterNetns(t *testing.T, ns netns.NsHandle) {
+func enterNetns(t testing.TB, ns netns.NsHandle) {
 	t.Helper()
 	runtime.LockOSThread()
 	orig, err := netns.Get()

@@ -41,7 +41,7 @@ const (
 // nodeNetns builds the node namespace described above, enters it for the
 // rest of the test, and returns it and eth0's ifindex. (Subtests run on
 // goroutines of their own: they must enterNetns again.)
-func nodeNetns(t *testing.T) (netns.NsHandle, int) {
+func nodeNetns(t testing.TB) (netns.NsHandle, int) {
 	t.Helper()
 	ns := newTestNetns(t)
 	enterNetns(t, ns)
@@ -106,7 +106,7 @@ func runOn(t *testing.T, prog *ebpf.Program, ifindex int, in []byte) (uint32, []
 }
 
 // addExternal writes a frontend like addService, with master flags.
-func addExternal(t *testing.T, m *Maps, id reconciler.ServiceID, fe model.L4Addr, flags uint8, bes ...testBackend) {
+func addExternal(t testing.TB, m *Maps, id reconciler.ServiceID, fe model.L4Addr, flags uint8, bes ...testBackend) {
 	t.Helper()
 	addService(t, m, id, fe, bes...)
 	if err := m.UpsertMaster(fe, reconciler.Master{ID: id, Count: uint32(len(bes)), Flags: flags}); err != nil {
@@ -116,7 +116,7 @@ func addExternal(t *testing.T, m *Maps, id reconciler.ServiceID, fe model.L4Addr
 
 // snatPortOf returns the SNAT port of the forward conntrack entry of the
 // flow <client:cport -> fe>, failing if the flow is not source-NATed.
-func snatPortOf(t *testing.T, m *Maps, client string, cport uint16, fe model.L4Addr) uint16 {
+func snatPortOf(t testing.TB, m *Maps, client string, cport uint16, fe model.L4Addr) uint16 {
 	t.Helper()
 	k := sockCt4Key{
 		Saddr: be32(netip.MustParseAddr(client)), Daddr: be32(fe.Addr),
