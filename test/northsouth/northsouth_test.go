@@ -45,12 +45,39 @@ var (
 	buildErr  error
 )
 
+// helperEnv makes the test binary a client instead: the hairpin test runs
+// it in a pod namespace and in node-a's socket load balancing cgroup.
+const helperEnv = "SLUICE_NS_HELPER"
+
 func TestMain(m *testing.M) {
+	if addr := os.Getenv(helperEnv); addr != "" {
+		os.Exit(helperMain(addr))
+	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)
 	}
 	os.Exit(code)
+}
+
+// helperMain connects to addr, sends a line and prints
+// "<answer>|<peer address the socket reports>".
+func helperMain(addr string) int {
+	c, err := net.DialTimeout("tcp4", addr, 5*time.Second)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "hello\n")
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Printf("%s|%s\n", strings.TrimSpace(line), c.RemoteAddr())
+	return 0
 }
 
 func binaries(t *testing.T) harness.Binaries {
@@ -132,6 +159,7 @@ type cluster struct {
 	client, client2, nodeA, nodeB, podA, podB *topology.NS
 	agents                                    []*harness.Agent
 	xdp                                       string
+	podCgroup                                 *topology.Cgroup // node-a's socket LB cgroup
 }
 
 // counter returns a datapath counter of agent i (0: node-a, 1: node-b).
@@ -240,6 +268,11 @@ func build(t *testing.T, extra ...string) *cluster {
 		serveWhoami(t, p.ns, p.name)
 	}
 
+	cgMount, err := datapath.CgroupV2Mount()
+	must(t, err)
+	c.podCgroup, err = topo.AddCgroup(cgMount, "pods-a")
+	must(t, err)
+
 	dir := t.TempDir()
 	mf := filepath.Join(dir, "cluster.yaml")
 	must(t, harness.WriteFile(mf, manifest))
@@ -248,10 +281,14 @@ func build(t *testing.T, extra ...string) *cluster {
 		name, addr string
 	}{{c.nodeA, "node-a", "192.168.1.1"}, {c.nodeB, "node-b", "192.168.2.1"}} {
 		bpffs := filepath.Join(datapath.DefaultBPFFS, topo.Prefix()+n.name)
-		a := harness.NewAgent(b, n.ns, harness.AgentConfig{
+		cfg := harness.AgentConfig{
 			Manifests: mf, BPFFS: bpffs,
 			Extra: append([]string{"--node-name", n.name, "--node-ip", n.addr}, extra...),
-		})
+		}
+		if n.name == "node-a" {
+			cfg.Cgroup = c.podCgroup.Path // socket load balancing for node-a's pods
+		}
+		a := harness.NewAgent(b, n.ns, cfg)
 		t.Cleanup(func() {
 			defer func() {
 				if err := a.Stop(); err != nil {
@@ -590,5 +627,31 @@ func TestManyClientsOneRemoteBackend(t *testing.T) {
 			ports[peer] = i
 		}
 		c.expectXDP(t, 0)
+	})
+}
+
+// TestHairpin: a pod that reaches its own Service, through the ClusterIP
+// or through a NodePort of its own node, is sent to itself and gets its
+// reply from the address it dialled. The socket hooks translate the
+// connection before any packet exists, so it never leaves the pod and
+// needs no hairpin mode anywhere.
+func TestHairpin(t *testing.T) {
+	forEachMode(t, func(t *testing.T, c *cluster) {
+		exe, err := os.Executable()
+		must(t, err)
+		for _, addr := range []string{"10.96.0.1:80", "192.168.1.1:30001"} {
+			cmd := c.podA.Command(context.Background(), exe)
+			cmd.Env = append(os.Environ(), helperEnv+"="+addr)
+			c.podCgroup.Put(cmd)
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("pod-a -> %s: %v", addr, err)
+			}
+			answer, peer, _ := strings.Cut(strings.TrimSpace(string(out)), "|")
+			expectAnswer(t, "pod-a -> "+addr, answer, nil, "pod-a", "10.1.0.2")
+			if peer != addr {
+				t.Errorf("pod-a -> %s: the socket reports its peer as %s", addr, peer)
+			}
+		}
 	})
 }
