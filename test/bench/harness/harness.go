@@ -671,6 +671,12 @@ func (r *runner) connections(ctx context.Context, p *Point, envs []*env, svcs []
 						res.FirstError = err.Error()
 					}
 					st.Rounds = append(st.Rounds, res)
+					if n, ok := conntrackCount(e.tri.Node); ok && n > p.ConntrackPeak[e.name] {
+						if p.ConntrackPeak == nil {
+							p.ConntrackPeak = map[string]int{}
+						}
+						p.ConntrackPeak[e.name] = n
+					}
 					r.log.Info("conns", "services", p.Services, "layer", layer, "target", target, "mode", e.name,
 						"conns_per_s", int(res.ConnsPerS), "p50_us", int(res.P50us), "p99_us", int(res.P99us), "errors", res.Errors)
 				}
@@ -719,4 +725,19 @@ func readTrim(p string) string {
 		return "?"
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// conntrackCount reads the node namespace's conntrack entry count; false
+// where conntrack is not in use there.
+func conntrackCount(ns string) (int, bool) {
+	var n int
+	err := topo.InNetns(ns, func() error {
+		b, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_count")
+		if err != nil {
+			return err
+		}
+		n, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err
+	})
+	return n, err == nil && n > 0
 }

@@ -40,6 +40,9 @@ type Point struct {
 	Prog      []ProgStat        `json:"prog"`
 	Mem       []MemStat         `json:"mem"`
 	TestRun   *TestRunStat      `json:"bpf_test_run,omitempty"`
+	// ConntrackPeak is the largest nf_conntrack_count seen in a mode's
+	// node namespace after a client run (against nf_conntrack_max).
+	ConntrackPeak map[string]int `json:"conntrack_peak,omitempty"`
 }
 
 // ConnStat is one mode's connection figures for a layer and a target set.

@@ -44,6 +44,47 @@ func Markdown(res *harness.Results, stamp string) []byte {
 	for _, s := range res.Notes {
 		fmt.Fprintf(&b, "- %s\n", s)
 	}
+	for _, p := range res.Points {
+		if len(p.ConntrackPeak) == 0 {
+			continue
+		}
+		var parts []string
+		for _, m := range p.Modes {
+			if v, ok := p.ConntrackPeak[m]; ok {
+				parts = append(parts, fmt.Sprintf("%s %d", m, v))
+			}
+		}
+		fmt.Fprintf(&b, "- N=%d: peak nf_conntrack_count in the node netns after a client run: %s\n", p.Services, strings.Join(parts, ", "))
+	}
+	b.WriteString("\n")
+
+	b.WriteString("## Summary: new connections vs direct\n\n")
+	b.WriteString("Each cell: conns/s as a fraction of `direct` / p99 latency as a multiple of `direct` (medians of per-round ratios). Below 1 / above 1 = slower than the floor.\n\n")
+	b.WriteString("| N | mode | packet, random VIP | packet, last VIP | socket, random VIP | socket, last VIP |\n|---:|---|---:|---:|---:|---:|\n")
+	for _, p := range res.Points {
+		for _, mode := range p.Modes {
+			if mode == harness.ModeFloor {
+				continue
+			}
+			cells := []string{}
+			any := false
+			for _, layer := range []string{"packet", "socket"} {
+				for _, target := range []string{"random", "last"} {
+					cell := "-"
+					for _, cs := range p.Conn {
+						if cs.Layer == layer && cs.Target == target && cs.Mode == mode && cs.RatioConnsPerS > 0 {
+							cell = fmt.Sprintf("%.2f / %.2f", cs.RatioConnsPerS, cs.RatioP99)
+							any = true
+						}
+					}
+					cells = append(cells, cell)
+				}
+			}
+			if any {
+				fmt.Fprintf(&b, "| %d | %s | %s |\n", p.Services, mode, strings.Join(cells, " | "))
+			}
+		}
+	}
 	b.WriteString("\n")
 
 	for _, layer := range []string{"packet", "socket"} {
