@@ -107,6 +107,11 @@ func TestQuick(t *testing.T) {
 			t.Errorf("programming %s: initial %s (%d), update %s (%d)", ps.Mode, ps.InitialResult, len(ps.InitialS), ps.UpdateResult, len(ps.UpdateS))
 		}
 	}
+	for _, m := range cfg.Modes {
+		if v := p.Verified[m]; !strings.HasPrefix(v, "all 10 services answered") {
+			t.Errorf("%s: sweep of all services: %q", m, v)
+		}
+	}
 	if len(p.Prog) != len(cfg.Modes) {
 		t.Errorf("programming measured for %d modes, want %d", len(p.Prog), len(cfg.Modes))
 	}

@@ -387,6 +387,18 @@ func (r *runner) point(ctx context.Context, p *Point) error {
 		if e.failed != "" {
 			continue
 		}
+		if e.name != ModeFloor {
+			// Untimed: every one of the N services answers, not just the
+			// sampled ones the programming time waited for.
+			bad, first := sweep(ctx, e.tri.Client, svcs)
+			if p.Verified == nil {
+				p.Verified = map[string]string{}
+			}
+			p.Verified[e.name] = fmt.Sprintf("all %d services answered", len(svcs))
+			if bad > 0 {
+				p.Verified[e.name] = fmt.Sprintf("%d+ of %d services did not answer (first: %s)", bad, len(svcs), first)
+			}
+		}
 		for _, s := range e.tri.ConntrackSysctls() {
 			r.note("node netns (modes with conntrack): " + s)
 		}
@@ -740,4 +752,28 @@ func conntrackCount(ns string) (int, bool) {
 		return err
 	})
 	return n, err == nil && n > 0
+}
+
+// sweep connects once to every service from ns, giving up after 20
+// failures; it returns the failures and the first error.
+func sweep(ctx context.Context, ns string, svcs []rules.Service) (bad int, first string) {
+	err := topo.InNetns(ns, func() error {
+		for _, s := range svcs {
+			if ctx.Err() != nil || bad >= 20 {
+				break
+			}
+			err := load.Ping(s.VIPPort(), time.Second)
+			if err != nil && load.Ping(s.VIPPort(), time.Second) != nil { // one retry: a lost SYN is not a missing service
+				bad++
+				if first == "" {
+					first = fmt.Sprintf("%s: %v", s.VIPPort(), err)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return len(svcs), err.Error()
+	}
+	return bad, first
 }

@@ -43,6 +43,9 @@ type Point struct {
 	// ConntrackPeak is the largest nf_conntrack_count seen in a mode's
 	// node namespace after a client run (against nf_conntrack_max).
 	ConntrackPeak map[string]int `json:"conntrack_peak,omitempty"`
+	// Verified says, per mode, whether every one of the N services answered
+	// a connection after the initial programming (untimed).
+	Verified map[string]string `json:"verified,omitempty"`
 }
 
 // ConnStat is one mode's connection figures for a layer and a target set.

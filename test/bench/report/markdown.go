@@ -144,6 +144,17 @@ func Markdown(res *harness.Results, stamp string) []byte {
 		b.WriteString("| N | mode | initial source s | initial apply s | update source ms | update apply ms |\n|---:|---|---:|---:|---:|---:|\n")
 		b.WriteString(strings.Join(bd, "\n") + "\n")
 	}
+	var ver []string
+	for _, p := range res.Points {
+		for _, m := range p.Modes {
+			if v, ok := p.Verified[m]; ok {
+				ver = append(ver, fmt.Sprintf("- N=%d %s: %s", p.Services, m, v))
+			}
+		}
+	}
+	if len(ver) > 0 {
+		b.WriteString("\nAfter the initial programming (untimed), one connection to every service:\n\n" + strings.Join(ver, "\n") + "\n")
+	}
 	b.WriteString("\n## Memory\n\n")
 	b.WriteString("| N | mode | kernel MiB | agent RSS MiB | how |\n|---:|---|---:|---:|---|\n")
 	for _, p := range res.Points {
