@@ -27,7 +27,7 @@ if ((${#missing[@]} == 0)); then
 fi
 
 export GOTOOLCHAIN=local
-export GOFLAGS=-mod=readonly
+export GOFLAGS="-mod=readonly -buildvcs=false"
 mkdir -p "$bin"
 tmp=$(mktemp -d "$bin/.build.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
