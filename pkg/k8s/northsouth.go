@@ -115,3 +115,26 @@ func localSlices(in []*discoveryv1.EndpointSlice, node string) []*discoveryv1.En
 	}
 	return out
 }
+
+// NodeIPs returns the IPv4 addresses of node that NodePorts are served on
+// when --node-ip is not given: its InternalIP addresses, then its
+// ExternalIP ones, without duplicates.
+func NodeIPs(node *corev1.Node) []netip.Addr {
+	if node == nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, t := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP} {
+		for _, a := range node.Status.Addresses {
+			if a.Type != t {
+				continue
+			}
+			ip, err := netip.ParseAddr(a.Address)
+			if err != nil || !ip.Unmap().Is4() || slices.Contains(out, ip.Unmap()) {
+				continue
+			}
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out
+}

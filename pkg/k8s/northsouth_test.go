@@ -135,3 +135,21 @@ func TestNorthSouthLocalTerminatingFallback(t *testing.T) {
 		t.Fatalf("got\n%s\nwant\n%s", g, want)
 	}
 }
+
+func TestNodeIPs(t *testing.T) {
+	node := &corev1.Node{Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+		{Type: corev1.NodeHostName, Address: "node-a"},
+		{Type: corev1.NodeExternalIP, Address: "203.0.113.5"},
+		{Type: corev1.NodeInternalIP, Address: "192.168.1.1"},
+		{Type: corev1.NodeInternalIP, Address: "fd00::1"},
+		{Type: corev1.NodeExternalIP, Address: "192.168.1.1"},
+	}}}
+	got := NodeIPs(node)
+	want := []netip.Addr{netip.MustParseAddr("192.168.1.1"), netip.MustParseAddr("203.0.113.5")}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("NodeIPs = %v, want %v", got, want)
+	}
+	if NodeIPs(nil) != nil {
+		t.Fatal("NodeIPs(nil) != nil")
+	}
+}
