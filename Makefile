@@ -12,8 +12,11 @@ GO ?= go
 
 # Files `make generate` writes (bpf2go output), checked by check-generate.
 GENERATED := pkg/datapath/*_bpfel.go pkg/datapath/*_bpfel.o
-# Tools the tests and generation need (installed by .ci/run on Debian).
+# Tools the tests and generation need, and the Debian packages that hold
+# them: `make deps` (and so `make test`) installs whatever is missing.
 TOOLS := clang-19 llvm-strip-19 bpftool nsenter ip iptables nft git
+DEB_PACKAGES := ca-certificates git make gcc libc6-dev clang-19 llvm-19 \
+	libbpf-dev linux-libc-dev bpftool iproute2 util-linux kmod iptables nftables
 
 .PHONY: help
 help: ## Show the targets
@@ -36,12 +39,16 @@ build: ## Build bin/sluice and bin/sluicectl (static, no clang needed)
 	$(GO) build -o bin/sluicectl ./cmd/sluicectl
 
 .PHONY: deps
-deps: ## Check that the tools, privileges and mounts the tests need are there
-	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
-	if [ -n "$$missing" ]; then echo "missing tools:$$missing (see .ci/run for the Debian packages)"; exit 1; fi
+deps: ## Install (Debian, as root) or check the tools and mounts the tests need
 	@[ "$$(id -u)" = 0 ] || { echo "the tests need root (BPF, network namespaces, cgroups)"; exit 1; }
-	@grep -qs ' /sys/fs/bpf bpf ' /proc/mounts || { echo "bpffs is not mounted at /sys/fs/bpf: mount -t bpf bpf /sys/fs/bpf"; exit 1; }
-	@grep -qs ' cgroup2 ' /proc/mounts || { echo "no cgroup2 mount (needed for socket load balancing tests)"; exit 1; }
+	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+		command -v apt-get >/dev/null || { echo "missing tools:$$missing (Debian packages: $(DEB_PACKAGES))"; exit 1; }; \
+		echo "installing$$missing: apt-get install $(DEB_PACKAGES)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEB_PACKAGES) >/dev/null; \
+	fi
+	@grep -qs ' /sys/fs/bpf bpf ' /proc/mounts || { mkdir -p /sys/fs/bpf && mount -t bpf bpf /sys/fs/bpf; }
+	@grep -qs ' cgroup2 ' /proc/mounts || { mkdir -p /run/sluice-cgroup2 && mount -t cgroup2 none /run/sluice-cgroup2; }
 	@$(GO) version
 
 .PHONY: kube-bin
