@@ -4,12 +4,15 @@ package main
 // flags and client setup live in one file.
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -47,6 +50,39 @@ func (k *kubeFlags) enabled() bool { return *k.kubeconfig != "" || *k.inCluster 
 // source returns the Kubernetes source. m is the agent's metrics registry,
 // for the source's own metrics (network programming latency).
 func (k *kubeFlags) source(opts k8s.Options, m *metrics.Metrics, log *slog.Logger) (agent.Source, error) {
+	client, err := k.client(opts.NodeName)
+	if err != nil {
+		return nil, err
+	}
+	return kube.New(kube.Config{
+		Client:        client,
+		NodeName:      opts.NodeName,
+		Translate:     kube.Translator(opts),
+		MinSyncPeriod: *k.minSyncPeriod,
+		SyncPeriod:    *k.syncPeriod,
+		Metrics:       m,
+		Logger:        log,
+	})
+}
+
+// nodeIPs reads this node's addresses from its Node object (for NodePorts
+// when --node-ip is not given).
+func (k *kubeFlags) nodeIPs(nodeName string) ([]netip.Addr, error) {
+	client, err := k.client(nodeName)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	node, err := client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("get node %s: %w", nodeName, err)
+	}
+	return k8s.NodeIPs(node), nil
+}
+
+// client returns a Kubernetes client for --kubeconfig or --in-cluster.
+func (k *kubeFlags) client(nodeName string) (*kubernetes.Clientset, error) {
 	var cfg *rest.Config
 	var err error
 	switch {
@@ -60,7 +96,7 @@ func (k *kubeFlags) source(opts k8s.Options, m *metrics.Metrics, log *slog.Logge
 	if err != nil {
 		return nil, fmt.Errorf("client config: %w", err)
 	}
-	cfg.UserAgent = "sluice/" + opts.NodeName
+	cfg.UserAgent = "sluice/" + nodeName
 	cfg.QPS = float32(*k.apiQPS)
 	cfg.Burst = int(2 * *k.apiQPS)
 	// Watches stream protobuf: cheaper than JSON for EndpointSlices at scale.
@@ -70,13 +106,5 @@ func (k *kubeFlags) source(opts k8s.Options, m *metrics.Metrics, log *slog.Logge
 	if err != nil {
 		return nil, fmt.Errorf("client: %w", err)
 	}
-	return kube.New(kube.Config{
-		Client:        client,
-		NodeName:      opts.NodeName,
-		Translate:     kube.Translator(opts),
-		MinSyncPeriod: *k.minSyncPeriod,
-		SyncPeriod:    *k.syncPeriod,
-		Metrics:       m,
-		Logger:        log,
-	})
+	return client, nil
 }

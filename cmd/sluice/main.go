@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -110,15 +111,15 @@ func run(args []string) int {
 		log.Error("give exactly one source: --manifests PATH or --kubeconfig PATH")
 		return 2
 	}
-	m := metrics.New()
-	var src agent.Source
-	if *manifests != "" {
-		src = manifest.NewSource(*manifests, opts, log.With("source", "manifests"))
-	} else if src, err = kube.source(opts, m, log); err != nil {
-		log.Error("Kubernetes source", "err", err)
-		return 1
+	if len(opts.NodeIPs) == 0 && kube.enabled() && *kube.kubeconfig != "" != *kube.inCluster {
+		// Without them only NodePorts are missing: warn, do not fail.
+		if opts.NodeIPs, err = kube.nodeIPs(opts.NodeName); err != nil {
+			log.Warn("no --node-ip and no node addresses from the Node object: NodePorts not served", "err", err)
+		} else {
+			log.Info("node addresses from the Node object", "node", opts.NodeName, "addresses", opts.NodeIPs)
+		}
+		dpCfg.NodeIPs = opts.NodeIPs
 	}
-
 	cfg := agent.Config{Devices: splitList(*devices), Resync: *resync}
 	if len(cfg.Devices) == 0 && len(opts.NodeIPs) > 0 {
 		if cfg.Devices, err = datapath.DevicesOf(opts.NodeIPs); err != nil {
@@ -126,6 +127,27 @@ func run(args []string) int {
 			return 1
 		}
 		log.Info("devices holding the node addresses", "devices", cfg.Devices)
+	}
+	// NodePorts answer on every address of the node's devices, as well as
+	// on the node IPs (which stay the preferred SNAT addresses).
+	devAddrs, err := datapath.AddressesOf(cfg.Devices)
+	if err != nil {
+		log.Error("addresses of the devices", "err", err)
+		return 1
+	}
+	for _, a := range devAddrs {
+		if !slices.Contains(opts.NodeIPs, a) {
+			opts.NodeIPs = append(opts.NodeIPs, a)
+		}
+	}
+
+	m := metrics.New()
+	var src agent.Source
+	if *manifests != "" {
+		src = manifest.NewSource(*manifests, opts, log.With("source", "manifests"))
+	} else if src, err = kube.source(opts, m, log); err != nil {
+		log.Error("Kubernetes source", "err", err)
+		return 1
 	}
 	if *socketLB {
 		cfg.Cgroup = *cgroup

@@ -217,3 +217,26 @@ func (m *Maps) GCConntrack() (int, error) {
 	}
 	return n, nil
 }
+
+// AddressesOf returns the global IPv4 addresses of devs (in the caller's
+// network namespace), in device order: where NodePorts answer.
+func AddressesOf(devs []string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for _, dev := range devs {
+		l, err := netlink.LinkByName(dev)
+		if err != nil {
+			return nil, fmt.Errorf("device %s: %w", dev, err)
+		}
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+		if err != nil {
+			return nil, fmt.Errorf("addresses of %s: %w", dev, err)
+		}
+		for _, a := range addrs {
+			ip, ok := netip.AddrFromSlice(a.IP.To4())
+			if ok && ip.IsGlobalUnicast() && !slices.Contains(out, ip) {
+				out = append(out, ip)
+			}
+		}
+	}
+	return out, nil
+}

@@ -315,6 +315,19 @@ func TestNorthSouthPacketTable(t *testing.T) {
 // flows are refused rather than given a port in use; and ports of flows
 // that closed come back after the close timeout (LRU aside, through
 // GCConntrack).
+func TestDevicesAndAddresses(t *testing.T) {
+	requireRoot(t)
+	nodeNetns(t)
+	devs, err := DevicesOf([]netip.Addr{netip.MustParseAddr(nsNodeIP)})
+	if err != nil || fmt.Sprint(devs) != "[eth0]" {
+		t.Fatalf("DevicesOf(%s) = %v, %v; want [eth0]", nsNodeIP, devs, err)
+	}
+	addrs, err := AddressesOf([]string{"eth0", "pod0"})
+	if err != nil || fmt.Sprint(addrs) != "["+nsNodeIP+"]" {
+		t.Fatalf("AddressesOf(eth0, pod0) = %v, %v; want [%s]", addrs, err, nsNodeIP)
+	}
+}
+
 func TestNorthSouthSNATPorts(t *testing.T) {
 	requireRoot(t)
 	_, ifindex := nodeNetns(t)

@@ -225,6 +225,7 @@ func build(t *testing.T, extra ...string) *cluster {
 	link(router, "c1", "10.0.0.1/24", c.client, "eth0", "10.0.0.2/24")
 	link(router, "c2", "10.0.2.1/24", c.client2, "eth0", "10.0.2.2/24")
 	link(router, "na", "192.168.1.254/24", c.nodeA, "eth0", "192.168.1.1/24")
+	must(t, c.nodeA.AddAddr("eth0", pfx("192.168.1.11/24"))) // a second address: NodePorts answer there too
 	link(router, "nb", "192.168.2.254/24", c.nodeB, "eth0", "192.168.2.1/24")
 	link(c.nodeA, "pa", "10.1.0.1/24", c.podA, "eth0", "10.1.0.2/24")
 	link(c.nodeB, "pb", "10.2.0.1/24", c.podB, "eth0", "10.2.0.2/24")
@@ -511,6 +512,8 @@ func TestNodePort(t *testing.T) {
 		expectAnswer(t, "TCP node-a -> pod on node-b", a, err, "pod-b", "192.168.1.1")
 		a, err = askUDP(c.client, "192.168.1.1:30002", to)
 		expectAnswer(t, "UDP node-a -> pod on node-b", a, err, "pod-b", "192.168.1.1")
+		a, err = askTCP(c.client, "192.168.1.11:30002", to)
+		expectAnswer(t, "TCP node-a's second address -> pod on node-b", a, err, "pod-b", "192.168.1.1")
 		a, err = askTCP(c.client, "192.168.2.1:30001", to)
 		expectAnswer(t, "TCP node-b -> pod on node-a", a, err, "pod-a", "192.168.2.1")
 		a, err = askUDP(c.client, "192.168.2.1:30001", to)
