@@ -44,34 +44,80 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// helperMain sends n HTTP/1.0 GETs to addr, each on a new connection, and
-// prints "<backend> <peer address>" per request; the peer address is what
-// the socket reports (getpeername), which socket LB keeps as the VIP.
+// helperMain runs a client inside whatever namespace and cgroup it was
+// started in, printing "<backend> <peer address>" per exchange:
+//
+//	tcp ADDR N  N HTTP/1.0 GETs, each on a new connection; the peer is what
+//	            the socket reports (getpeername)
+//	udp ADDR N  N datagrams, each from a new unconnected socket (sendmsg);
+//	            the peer is the source recvfrom reports
+//
+// Socket load balancing must keep the VIP as the peer in both.
 func helperMain(args []string) int {
-	if len(args) != 2 {
-		fmt.Fprintln(os.Stderr, "helper: want ADDR COUNT")
+	if len(args) != 3 {
+		fmt.Fprintln(os.Stderr, "helper: want tcp|udp ADDR COUNT")
 		return 2
 	}
+	mode, addr := args[0], args[1]
 	var n int
-	fmt.Sscan(args[1], &n)
+	fmt.Sscan(args[2], &n)
 	for i := 0; i < n; i++ {
-		c, err := net.DialTimeout("tcp4", args[0], 3*time.Second)
+		var who, peer string
+		var err error
+		if mode == "udp" {
+			who, peer, err = helperUDP(addr, fmt.Sprintf("q%d", i))
+		} else {
+			who, peer, err = helperTCP(addr)
+		}
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "helper: dial %s: %v\n", args[0], err)
+			fmt.Fprintf(os.Stderr, "helper: %s %s: %v\n", mode, addr, err)
 			return 1
 		}
-		c.SetDeadline(time.Now().Add(3 * time.Second))
-		fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: e2e\r\n\r\n")
-		body, err := io.ReadAll(c)
-		c.Close()
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "helper: read: %v\n", err)
-			return 1
-		}
-		lines := strings.Split(strings.TrimSpace(string(body)), "\n")
-		fmt.Printf("%s %s\n", strings.TrimSpace(lines[len(lines)-1]), c.RemoteAddr())
+		fmt.Printf("%s %s\n", who, peer)
 	}
 	return 0
+}
+
+func helperTCP(addr string) (who, peer string, err error) {
+	c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
+	if err != nil {
+		return "", "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: e2e\r\n\r\n")
+	body, err := io.ReadAll(c)
+	if err != nil {
+		return "", "", err
+	}
+	lines := strings.Split(strings.TrimSpace(string(body)), "\n")
+	return strings.TrimSpace(lines[len(lines)-1]), c.RemoteAddr().String(), nil
+}
+
+func helperUDP(addr, msg string) (who, peer string, err error) {
+	to, err := net.ResolveUDPAddr("udp4", addr)
+	if err != nil {
+		return "", "", err
+	}
+	pc, err := net.ListenUDP("udp4", nil)
+	if err != nil {
+		return "", "", err
+	}
+	defer pc.Close()
+	pc.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := pc.WriteTo([]byte(msg), to); err != nil {
+		return "", "", err
+	}
+	buf := make([]byte, 512)
+	k, from, err := pc.ReadFrom(buf)
+	if err != nil {
+		return "", "", err
+	}
+	who, got, _ := strings.Cut(string(buf[:k]), " ")
+	if got != msg {
+		return "", "", fmt.Errorf("reply %q to %q", buf[:k], msg)
+	}
+	return who, from.String(), nil
 }
 
 func requirePrivileges(t *testing.T) {
@@ -310,6 +356,49 @@ func (c *echoConn) say(msg string) (string, error) {
 	return who, nil
 }
 
+// counters returns `sluicectl counters` as a map.
+func (e *env) counters(t *testing.T) map[string]int {
+	t.Helper()
+	dump, err := e.agent.Counters(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	counters := map[string]int{}
+	for _, l := range strings.Split(dump, "\n") {
+		var name string
+		var n int
+		if _, err := fmt.Sscan(l, &name, &n); err == nil {
+			counters[name] = n
+		}
+	}
+	return counters
+}
+
+// runInCgroup runs the helper client (see helperMain) in the node namespace
+// and the agent's cgroup and returns its output lines.
+func (e *env) runInCgroup(t *testing.T, mode, vip string, n int) []string {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := e.lb.Node.Command(t.Context(), self, mode, vip, fmt.Sprint(n))
+	cmd.Env = append(os.Environ(), helperEnv+"=1")
+	dir, err := os.Open(e.cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(dir.Fd())}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s client in the node's cgroup: %v\n%s", mode, err, stderr.String())
+	}
+	return strings.Split(strings.TrimSpace(string(out)), "\n")
+}
+
 func TestClusterIPEndToEnd(t *testing.T) {
 	e := setup(t)
 
@@ -373,6 +462,10 @@ func TestClusterIPEndToEnd(t *testing.T) {
 		}
 		if total != n {
 			t.Errorf("answers from unknown backends: %v", counts)
+		}
+		// Every connection was a new per-packet translation.
+		if got := e.counters(t)["tc_dnat_new"]; got < n {
+			t.Errorf("sluicectl counters: tc_dnat_new %d, want >= %d", got, n)
 		}
 	})
 
@@ -489,56 +582,31 @@ func TestClusterIPEndToEnd(t *testing.T) {
 			c.Close()
 			t.Fatalf("a socket outside the cgroup reached %s", webVIP)
 		}
-		self, err := os.Executable()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := e.lb.Node.Command(t.Context(), self, webVIP, "60")
-		cmd.Env = append(os.Environ(), helperEnv+"=1")
-		dir, err := os.Open(e.cgroup)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer dir.Close()
-		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(dir.Fd())}
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("client in the node's cgroup: %v\n%s", err, stderr.String())
-		}
-		seen := map[string]int{}
-		for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-			who, peer, _ := strings.Cut(l, " ")
-			if peer != webVIP {
-				t.Errorf("socket reports peer %q, want the VIP %s (getpeername translation)", peer, webVIP)
+		// A client process started in the node namespace and the cgroup
+		// reaches every backend through the VIP, over TCP (connect4,
+		// getpeername4) and over UDP (sendmsg4, recvmsg4), and sees the
+		// VIP as its peer. Each of 60 exchanges picks anew: a backend is
+		// missed with probability 3*(2/3)^60 < 1e-10.
+		for _, c := range []struct{ mode, vip string }{{"tcp", webVIP}, {"udp", dnsVIP}} {
+			seen := map[string]int{}
+			for _, l := range e.runInCgroup(t, c.mode, c.vip, 60) {
+				who, peer, _ := strings.Cut(l, " ")
+				if peer != c.vip {
+					t.Errorf("%s socket reports peer %q, want the VIP %s", c.mode, peer, c.vip)
+				}
+				seen[who]++
 			}
-			seen[who]++
-		}
-		t.Logf("socket LB distribution: %v", seen)
-		for _, b := range e.backends {
-			if seen[b] == 0 { // missed with probability 3*(2/3)^60 < 1e-10
-				t.Errorf("%s never answered through socket LB: %v", b, seen)
+			t.Logf("socket LB %s distribution: %v", c.mode, seen)
+			for _, b := range e.backends {
+				if seen[b] == 0 {
+					t.Errorf("%s never answered %s through socket LB: %v", b, c.mode, seen)
+				}
 			}
 		}
 
-		// The datapath counted both paths: the 60 connects translated at
-		// the socket, and the earlier per-packet translations.
-		dump, err := e.agent.Counters(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		counters := map[string]int{}
-		for _, l := range strings.Split(dump, "\n") {
-			var name string
-			var n int
-			if _, err := fmt.Sscan(l, &name, &n); err == nil {
-				counters[name] = n
-			}
-		}
-		if counters["sock_xlate"] < 60 || counters["tc_dnat_new"] < 600 {
-			t.Errorf("sluicectl counters: sock_xlate %d (want >= 60), tc_dnat_new %d (want >= 600):\n%s",
-				counters["sock_xlate"], counters["tc_dnat_new"], dump)
+		// The socket programs counted every exchange they translated.
+		if n := e.counters(t)["sock_xlate"]; n < 120 {
+			t.Errorf("sluicectl counters: sock_xlate %d, want >= 120", n)
 		}
 	})
 
