@@ -175,6 +175,8 @@ func (a *Agent) Ready() error {
 		return fmt.Errorf("applying desired state failed (retrying): %w", a.lastErr)
 	case a.appliedN != a.desiredN:
 		return errors.New("applying the newest desired state")
+	case a.lastErr != nil:
+		return fmt.Errorf("re-applying the desired state failed (retrying): %w", a.lastErr)
 	case !a.inSync:
 		return errors.New("reconciler reports the datapath out of sync")
 	}
@@ -222,6 +224,9 @@ func (a *Agent) applyNewest() error {
 	start := time.Now()
 	err := a.rec.Apply(s)
 	took := time.Since(start)
+	// A failed apply may leave the maps half way: the reconciler says
+	// whether they still match (a failed resync of the applied state
+	// makes the agent not ready until a retry succeeds).
 	inSync := err == nil && a.rec.InSync()
 	if a.cfg.Observer != nil {
 		a.cfg.Observer.ObserveSync(took, err)
@@ -232,9 +237,9 @@ func (a *Agent) applyNewest() error {
 
 	a.mu.Lock()
 	a.lastErr = err
+	a.inSync = inSync
 	if err == nil {
 		a.appliedN = n
-		a.inSync = inSync
 	}
 	a.mu.Unlock()
 

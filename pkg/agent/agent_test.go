@@ -320,6 +320,22 @@ func TestObserverSeesEveryApply(t *testing.T) {
 	}
 }
 
+func TestFailedResyncMakesItNotReadyUntilRepaired(t *testing.T) {
+	recon := &fakeReconciler{recorder: &recorder{}}
+	h := start(t, Config{Resync: 5 * time.Millisecond}, recon, nil)
+	h.src.states <- stateWith(1)
+	eventually(t, "ready", func() bool { return h.agent.Ready() == nil })
+
+	recon.mu.Lock()
+	recon.failures = 3 // the next resyncs fail (the maps were tampered with)
+	recon.mu.Unlock()
+	eventually(t, "not ready after a failed resync", func() bool {
+		err := h.agent.Ready()
+		return err != nil && strings.Contains(err.Error(), "map full")
+	})
+	eventually(t, "ready again once a resync succeeds", func() bool { return h.agent.Ready() == nil })
+}
+
 func TestResyncReappliesNewestState(t *testing.T) {
 	recon := &fakeReconciler{recorder: &recorder{}}
 	h := start(t, Config{Resync: 5 * time.Millisecond}, recon, nil)
