@@ -29,6 +29,8 @@ import (
 var (
 	nodeEthMAC  = net.HardwareAddr{0x02, 0, 0, 0, 0x01, 0x01}
 	node2MAC    = net.HardwareAddr{0x02, 0, 0, 0, 0x02, 0x01}
+	nodeEth1MAC = net.HardwareAddr{0x02, 0, 0, 0, 0x01, 0x02}
+	node3MAC    = net.HardwareAddr{0x02, 0, 0, 0, 0x03, 0x01}
 	nsClientMAC = net.HardwareAddr(clientMAC[:])
 )
 
@@ -52,6 +54,11 @@ func nodeNetns(t testing.TB) (netns.NsHandle, int) {
 	if err := netlink.LinkAdd(veth); err != nil {
 		t.Fatalf("add veth: %v", err)
 	}
+	// eth1 (192.168.3.1/24): a second node device, towards node 3
+	// (192.168.3.2), which routes 10.3.0.0/16.
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth1", HardwareAddr: nodeEth1MAC}, PeerName: "wire1"}); err != nil {
+		t.Fatalf("add veth: %v", err)
+	}
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "pod0"}, PeerName: "pod0peer"}); err != nil {
 		t.Fatalf("add veth: %v", err)
 	}
@@ -63,7 +70,7 @@ func nodeNetns(t testing.TB) (netns.NsHandle, int) {
 	}
 	eth0, err := netlink.LinkByName("eth0")
 	must(err, "eth0")
-	for _, name := range []string{"eth0", "wire0", "pod0", "pod0peer"} {
+	for _, name := range []string{"eth0", "wire0", "eth1", "wire1", "pod0", "pod0peer"} {
 		l, err := netlink.LinkByName(name)
 		must(err, name)
 		must(netlink.LinkSetUp(l), "up "+name)
@@ -76,6 +83,14 @@ func nodeNetns(t testing.TB) (netns.NsHandle, int) {
 	must(netlink.RouteAdd(&netlink.Route{LinkIndex: pod0.Attrs().Index, Dst: podNet}), "route to local pods")
 	_, remote, _ := net.ParseCIDR("10.2.0.0/16")
 	must(netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: remote, Gw: net.ParseIP(nsNode2IP)}), "route to remote pods")
+	eth1, err := netlink.LinkByName("eth1")
+	must(err, "eth1")
+	addr1, _ := netlink.ParseAddr("192.168.3.1/24")
+	must(netlink.AddrAdd(eth1, addr1), "address eth1")
+	_, remote3, _ := net.ParseCIDR("10.3.0.0/16")
+	must(netlink.RouteAdd(&netlink.Route{LinkIndex: eth1.Attrs().Index, Dst: remote3, Gw: net.ParseIP("192.168.3.2")}), "route to node 3's pods")
+	must(netlink.NeighAdd(&netlink.Neigh{LinkIndex: eth1.Attrs().Index, Family: netlink.FAMILY_V4,
+		State: netlink.NUD_PERMANENT, IP: net.ParseIP("192.168.3.2"), HardwareAddr: node3MAC}), "neighbour 192.168.3.2")
 	_, far, _ := net.ParseCIDR("172.16.0.0/12") // clients beyond a router
 	must(netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: far, Gw: net.ParseIP(nsClientIP)}), "route to far clients")
 	for ip, mac := range map[string]net.HardwareAddr{nsNode2IP: node2MAC, nsClientIP: nsClientMAC} {
@@ -458,6 +473,12 @@ func TestXDPPacketTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	addExternal(t, m, 6, lbRemote, ext|reconciler.FlagSourceRanges, beRemote)
+	if err := d.AttachDevices([]string{"eth0", "eth1"}); err != nil {
+		t.Fatal(err)
+	}
+	npNode3 := l4(nsNodeIP, 30083, model.TCP)
+	beNode3 := testBackend{7, l4("10.3.0.7", 8080, model.TCP)}
+	addExternal(t, m, 7, npNode3, ext, beNode3)
 	xdp, ing := d.XDP(), d.TCIngress()
 
 	client := func(sport uint16, fe model.L4Addr) pkt {
@@ -526,6 +547,32 @@ func TestXDPPacketTable(t *testing.T) {
 	in2.tcpFlags = 0x10
 	verdict, out = runXDP(t, xdp, ifindex, in2.bytes())
 	expectPacket(t, "tc-started flow in XDP", verdict, xdpTx, out, toRemote(in2, sp2, beRemote))
+
+	// A backend behind the other device: redirected there, source-NATed
+	// to that device's address; tc does the same.
+	for i, prog := range []*ebpf.Program{xdp, ing} {
+		in3 := client(uint16(41010+i), npNode3)
+		var verdict uint32
+		var out []byte
+		want := uint32(4) // XDP_REDIRECT
+		if prog == ing {
+			verdict, out = runOn(t, prog, ifindex, in3.bytes())
+			want = tcActRedirect
+		} else {
+			verdict, out = runXDP(t, prog, ifindex, in3.bytes())
+		}
+		k := sockCt4Key{Saddr: be32(netip.MustParseAddr(nsClientIP)), Daddr: be32(npNode3.Addr),
+			Sport: be16(in3.sport), Dport: be16(npNode3.Port), Proto: 6, Dir: ctForward}
+		var v sockCt4Entry
+		if err := m.conntrack.Lookup(&k, &v); err != nil {
+			t.Fatalf("forward entry via eth1: %v", err)
+		}
+		w := in3
+		w.srcMAC, w.dstMAC = macOf(nodeEth1MAC), macOf(node3MAC)
+		w.src, w.sport = "192.168.3.1", portFromBE16(v.SnatPort)
+		w.dst, w.dport = "10.3.0.7", 8080
+		expectPacket(t, fmt.Sprintf("redirect to eth1 (prog %d)", i), verdict, want, out, w)
+	}
 
 	// Source ranges: allowed goes through XDP, denied is dropped there.
 	allowed := client(41002, lbRemote)
