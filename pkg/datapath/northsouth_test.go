@@ -7,11 +7,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -607,5 +610,77 @@ func TestXDPPacketTable(t *testing.T) {
 	}
 	if cs["xdp_fwd"] == 0 || cs["xdp_rev"] == 0 {
 		t.Errorf("XDP counters zero: %v", cs)
+	}
+}
+
+// TestAttachXDPModes: the XDP program follows Config.XDP across agent
+// restarts: generic, then native (the generic attachment goes), then off
+// (nothing left); Cleanup removes whatever is attached.
+func TestAttachXDPModes(t *testing.T) {
+	requireRoot(t)
+	nodeNetns(t)
+	bpffs := testPinDir(t)
+	pins := func() []string {
+		es, _ := os.ReadDir(filepath.Join(bpffs, "sluice", "links"))
+		var out []string
+		for _, e := range es {
+			if strings.HasPrefix(e.Name(), "xdp_") {
+				out = append(out, e.Name())
+			}
+		}
+		return out
+	}
+	attached := func() uint32 {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if x := l.Attrs().Xdp; x != nil && x.Attached {
+			return x.AttachMode
+		}
+		return 0
+	}
+	for _, c := range []struct {
+		mode XDPMode
+		pins string
+		att  uint32
+	}{
+		{XDPGeneric, "[xdp_generic_eth0]", nl.XDP_ATTACHED_SKB},
+		{XDPNative, "[xdp_native_eth0]", nl.XDP_ATTACHED_DRV},
+		{XDPNative, "[xdp_native_eth0]", nl.XDP_ATTACHED_DRV}, // again: updated in place
+		{XDPOff, "[]", 0},
+	} {
+		cfg := smallConfig(bpffs)
+		cfg.XDP = c.mode
+		d, err := Open(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = d.AttachDevices([]string{"eth0"})
+		d.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", c.mode, err)
+		}
+		if got := fmt.Sprint(pins()); got != c.pins {
+			t.Errorf("%s: pinned XDP links %s, want %s", c.mode, got, c.pins)
+		}
+		if got := attached(); got != c.att {
+			t.Errorf("%s: eth0 XDP attach mode %d, want %d", c.mode, got, c.att)
+		}
+	}
+	cfg := smallConfig(bpffs)
+	cfg.XDP = XDPGeneric
+	d := openTest(t, cfg)
+	if err := d.AttachDevices([]string{"eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Cleanup(bpffs); err != nil {
+		t.Fatal(err)
+	}
+	if got := attached(); got != 0 {
+		t.Errorf("after Cleanup: eth0 XDP attach mode %d", got)
+	}
+	if _, err := ParseXDPMode("fast"); err == nil {
+		t.Error(`ParseXDPMode("fast") succeeded`)
 	}
 }
