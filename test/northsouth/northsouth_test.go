@@ -255,10 +255,11 @@ func build(t *testing.T, extra ...string) *cluster {
 	// Packets from a real wire carry complete checksums; a local stack
 	// sending over a veth leaves them to "hardware" (CHECKSUM_PARTIAL),
 	// which the receiving stack trusts but which an XDP frame, having no
-	// skb, loses. The hosts outside the nodes (clients, pods) compute
-	// theirs in software, as a NIC would have by the time a packet
-	// reaches another machine.
-	for _, n := range []*topology.NS{c.client, c.client2, c.podA, c.podB} {
+	// skb, loses. Every host's eth0 (clients, pods, and the nodes, whose
+	// own connections leave through eth0 too) computes checksums in
+	// software, as a NIC would have by the time a packet reaches another
+	// machine.
+	for _, n := range []*topology.NS{c.client, c.client2, c.podA, c.podB, c.nodeA, c.nodeB} {
 		must(t, n.Do(func() error { return ethtoolSet("eth0", ethtoolSTXCSUM, 0) }))
 	}
 
@@ -654,6 +655,36 @@ func TestHairpin(t *testing.T) {
 			expectAnswer(t, "pod-a -> "+addr, answer, nil, "pod-a", "10.1.0.2")
 			if peer != addr {
 				t.Errorf("pod-a -> %s: the socket reports its peer as %s", addr, peer)
+			}
+		}
+	})
+}
+
+// TestFromNode: ExternalIPs, LoadBalancer IPs and NodePorts answer to a
+// process on the node itself: socket load balancing translates its
+// connect() straight to a backend, local or remote, and the socket still
+// reports the address it dialled.
+func TestFromNode(t *testing.T) {
+	forEachMode(t, func(t *testing.T, c *cluster) {
+		exe, err := os.Executable()
+		must(t, err)
+		for _, x := range []struct{ addr, backend, from string }{
+			{"203.0.113.10:80", "pod-b", "192.168.1.1"},   // ExternalIP, remote backend
+			{"198.51.100.10:80", "pod-a", "10.1.0.1"},     // LB IP, local backend
+			{"192.168.2.1:30001", "pod-a", "192.168.2.1"}, // another node's NodePort: node-b SNATs back
+			{"192.168.1.1:30002", "pod-b", "192.168.1.1"}, // own NodePort, remote backend
+		} {
+			cmd := c.nodeA.Command(context.Background(), exe)
+			cmd.Env = append(os.Environ(), helperEnv+"="+x.addr)
+			c.podCgroup.Put(cmd)
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("node-a -> %s: %v", x.addr, err)
+			}
+			answer, peer, _ := strings.Cut(strings.TrimSpace(string(out)), "|")
+			expectAnswer(t, "node-a -> "+x.addr, answer, nil, x.backend, x.from)
+			if peer != x.addr {
+				t.Errorf("node-a -> %s: the socket reports its peer as %s", x.addr, peer)
 			}
 		}
 	})
