@@ -235,7 +235,9 @@ func TestProcessRunsInNamespaceAndStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out syncBuffer
-	p, err := ns.Start(&out, nil, "sh", "-c", `cat /proc/net/fib_trie; trap "exit 3" TERM; while :; do sleep 0.05; done`)
+	// The trap is set before anything is printed, so once the address shows
+	// up, SIGTERM reaches the trap and not the default action.
+	p, err := ns.Start(&out, nil, "sh", "-c", `trap "exit 3" TERM; cat /proc/net/fib_trie; while :; do sleep 0.05; done`)
 	if err != nil {
 		t.Fatal(err)
 	}
