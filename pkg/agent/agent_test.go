@@ -327,7 +327,7 @@ func TestFailedResyncMakesItNotReadyUntilRepaired(t *testing.T) {
 	eventually(t, "ready", func() bool { return h.agent.Ready() == nil })
 
 	recon.mu.Lock()
-	recon.failures = 3 // the next resyncs fail (the maps were tampered with)
+	recon.failures = 50 // the next resyncs fail for a while (~200ms of retries)
 	recon.mu.Unlock()
 	eventually(t, "not ready after a failed resync", func() bool {
 		err := h.agent.Ready()
