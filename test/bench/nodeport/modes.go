@@ -15,11 +15,11 @@ import (
 
 // The modes. Each runs on a node of its own for the whole run.
 const (
-	modeNative = "xdp-native"
+	modeNative  = "xdp-native"
 	modeGeneric = "xdp-generic"
-	modeTC     = "tc"
-	modeNft    = "iptables-nft"
-	modeLegacy = "iptables-legacy"
+	modeTC      = "tc"
+	modeNft     = "iptables-nft"
+	modeLegacy  = "iptables-legacy"
 )
 
 var allModes = []string{modeNative, modeGeneric, modeTC, modeNft, modeLegacy}

@@ -89,7 +89,7 @@ func buildLab(modes []string) (_ *lab, err error) {
 		func() error { return l.be.AddRoute(pfx("0.0.0.0/0"), netip.MustParseAddr("10.99.3.1")) },
 		// Every endpoint address is local to the backend: one listener
 		// answers for all of them.
-		func() error { return run(l.be, "ip", "route", "add", "local", backendNet, "dev", "lo") },
+		func() error { return inNS(l.be, "ip", "route", "add", "local", backendNet, "dev", "lo") },
 		func() error { return l.router.AddRoute(pfx(backendNet), netip.MustParseAddr("10.99.3.2")) },
 		func() error { return l.router.Sysctl("net/ipv4/ip_forward", "1") },
 		func() error { return l.gen.Sysctl("net/ipv4/ip_local_port_range", "1024 65535") },
@@ -178,14 +178,14 @@ func buildLab(modes []string) (_ *lab, err error) {
 	// The UDP load is counted and dropped as it arrives at the backend
 	// (rx_packets of its eth0, then a tc drop), so no receiver competes
 	// for the CPU and no port-unreachable goes back.
-	if err := run(l.be, "tc", "qdisc", "add", "dev", "eth0", "clsact"); err != nil {
+	if err := inNS(l.be, "tc", "qdisc", "add", "dev", "eth0", "clsact"); err != nil {
 		return nil, err
 	}
 	flower := []string{"filter", "add", "dev", "eth0", "ingress", "protocol", "ip", "flower", "ip_proto", "udp", "dst_port", strconv.Itoa(udpPort), "action", "drop"}
 	u32 := []string{"filter", "add", "dev", "eth0", "ingress", "protocol", "ip", "u32", "match", "ip", "protocol", "17", "0xff", "match", "ip", "dport", strconv.Itoa(udpPort), "0xffff", "action", "drop"}
-	if err := run(l.be, "tc", flower...); err == nil {
+	if err := inNS(l.be, "tc", flower...); err == nil {
 		l.udpDropAtBackend = "tc flower drop on the backend's eth0 ingress"
-	} else if err := run(l.be, "tc", u32...); err == nil {
+	} else if err := inNS(l.be, "tc", u32...); err == nil {
 		l.udpDropAtBackend = "tc u32 drop on the backend's eth0 ingress"
 	} else {
 		return nil, fmt.Errorf("no tc filter to drop the UDP load at the backend: %w", err)
@@ -231,7 +231,7 @@ func (l *lab) backendRxPackets() (uint64, error) {
 	return n, err
 }
 
-func run(ns *topology.NS, name string, args ...string) error {
+func inNS(ns *topology.NS, name string, args ...string) error {
 	out, err := ns.Command(context.Background(), name, args...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%s %s in %s: %w: %s", name, strings.Join(args, " "), ns.Name, err, strings.TrimSpace(string(out)))
