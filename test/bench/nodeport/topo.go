@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
@@ -37,7 +36,6 @@ type lab struct {
 	gen, router, be  *topology.NS
 	nodes            []*node
 	settings         []string
-	udpDropAtBackend string // how the backend discards the UDP load
 	xdpLinks         []link.Link
 	xdpPass          *ebpf.Program
 }
@@ -175,22 +173,22 @@ func buildLab(modes []string) (_ *lab, err error) {
 	}
 	l.settings = append(l.settings, "native XDP_PASS program on the generator's and the router's ends of every node link (all modes), so native XDP_TX/redirect frames are delivered")
 
-	// The UDP load is counted and dropped as it arrives at the backend
-	// (rx_packets of its eth0, then a tc drop), so no receiver competes
-	// for the CPU and no port-unreachable goes back.
-	if err := inNS(l.be, "tc", "qdisc", "add", "dev", "eth0", "clsact"); err != nil {
-		return nil, err
+	// The UDP load is counted and dropped as it arrives at the backend, by
+	// an nftables rule at the start of prerouting (no conntrack there), so
+	// no receiver competes for the CPU and no port-unreachable goes back.
+	// (tc actions are not available on every kernel build.)
+	cmd := l.be.Command(context.Background(), "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(fmt.Sprintf(`table ip sink {
+	chain pre {
+		type filter hook prerouting priority -400; policy accept;
+		udp dport %d counter drop
 	}
-	flower := []string{"filter", "add", "dev", "eth0", "ingress", "protocol", "ip", "flower", "ip_proto", "udp", "dst_port", strconv.Itoa(udpPort), "action", "drop"}
-	u32 := []string{"filter", "add", "dev", "eth0", "ingress", "protocol", "ip", "u32", "match", "ip", "protocol", "17", "0xff", "match", "ip", "dport", strconv.Itoa(udpPort), "0xffff", "action", "drop"}
-	if err := inNS(l.be, "tc", flower...); err == nil {
-		l.udpDropAtBackend = "tc flower drop on the backend's eth0 ingress"
-	} else if err := inNS(l.be, "tc", u32...); err == nil {
-		l.udpDropAtBackend = "tc u32 drop on the backend's eth0 ingress"
-	} else {
-		return nil, fmt.Errorf("no tc filter to drop the UDP load at the backend: %w", err)
+}
+`, udpPort))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("nft sink in the backend: %w: %s", err, out)
 	}
-	l.settings = append(l.settings, "UDP received = rx_packets delta of the backend's eth0 over the round (+200ms drain); then "+l.udpDropAtBackend)
+	l.settings = append(l.settings, fmt.Sprintf("UDP received = packets counted by an nftables rule (prerouting, priority -400: before conntrack, which the backend does not load anyway) that drops UDP to port %d in the backend netns, over the round plus a 200ms drain", udpPort))
 	return l, nil
 }
 
@@ -204,31 +202,19 @@ func (l *lab) close() error {
 	return l.topo.Close()
 }
 
-// backendRxPackets reads rx_packets of the backend's eth0.
+// backendRxPackets returns the packets the backend's UDP sink counted.
 func (l *lab) backendRxPackets() (uint64, error) {
-	var n uint64
-	err := l.be.Do(func() error {
-		f, err := os.Open("/proc/thread-self/net/dev")
-		if err != nil {
-			return err
+	out, err := l.be.Command(context.Background(), "nft", "list", "chain", "ip", "sink", "pre").CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("nft list chain in the backend: %w: %s", err, out)
+	}
+	f := strings.Fields(string(out))
+	for i := range f[:max(len(f)-1, 0)] {
+		if f[i] == "packets" {
+			return strconv.ParseUint(f[i+1], 10, 64)
 		}
-		defer f.Close()
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			dev, rest, ok := strings.Cut(sc.Text(), ":")
-			if !ok || strings.TrimSpace(dev) != "eth0" {
-				continue
-			}
-			fields := strings.Fields(rest)
-			if len(fields) < 2 {
-				break
-			}
-			n, err = strconv.ParseUint(fields[1], 10, 64)
-			return err
-		}
-		return fmt.Errorf("no eth0 in the backend's /proc/net/dev")
-	})
-	return n, err
+	}
+	return 0, fmt.Errorf("no packet counter in %q", out)
 }
 
 func inNS(ns *topology.NS, name string, args ...string) error {
