@@ -1,0 +1,243 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+// result is what a run measured; it is written as JSON and rendered as
+// Markdown.
+type result struct {
+	Started  time.Time    `json:"started"`
+	Finished time.Time    `json:"finished"`
+	Machine  machine      `json:"machine"`
+	Config   config       `json:"config"`
+	Target   string       `json:"target"`
+	Settings []string     `json:"settings"`
+	Caveats  []string     `json:"caveats"`
+	Modes    []*modeStats `json:"modes"`
+	// Ratios are medians of per-round ratios: mode / base of the same
+	// round, for base tc and iptables-nft.
+	Ratios  []ratio      `json:"ratios"`
+	ProgRun []progResult `json:"prog_run"`
+}
+
+type machine struct {
+	CPUs   int    `json:"nproc"`
+	CPU    string `json:"cpu"`
+	Kernel string `json:"kernel"`
+	Go     string `json:"go"`
+	Load   string `json:"loadavg_at_start"`
+}
+
+type modeStats struct {
+	Mode           string            `json:"mode"`
+	ProgramSeconds float64           `json:"program_seconds"` // until the target answered (agents) or iptables-restore took
+	UDP            []udpResult       `json:"udp_rounds"`
+	TCP            []tcpResult       `json:"tcp_rounds"`
+	UDPRecvPPS     spread            `json:"udp_recv_pps"`
+	UDPSentPPS     spread            `json:"udp_sent_pps"`
+	TCPConnsPerSec spread            `json:"tcp_conns_per_sec"`
+	Counters       map[string]uint64 `json:"counters,omitempty"`
+}
+
+// spread is the median and range of per-round values.
+type spread struct {
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+}
+
+type ratio struct {
+	Mode string  `json:"mode"`
+	Base string  `json:"base"`
+	UDP  *spread `json:"udp_recv_pps,omitempty"`
+	TCP  *spread `json:"tcp_conns_per_sec,omitempty"`
+}
+
+func newResult(cfg config) *result {
+	r := &result{Started: time.Now().UTC(), Config: cfg}
+	r.Machine = machine{CPUs: runtime.NumCPU(), Kernel: readTrim("/proc/sys/kernel/osrelease"), Go: runtime.Version(),
+		Load: readTrim("/proc/loadavg")}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "model name"); ok {
+				r.Machine.CPU = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	for _, m := range cfg.Modes {
+		r.Modes = append(r.Modes, &modeStats{Mode: m})
+	}
+	r.Caveats = []string{
+		fmt.Sprintf("%d CPUs shared with the generator, the backend and other users of the machine: the generator competes with the datapath for CPU, so absolute pps/conns/s are a floor set by the whole system, not the datapath's capacity; compare the ratios", runtime.NumCPU()),
+		"veth links, not NICs: native XDP on veth is the veth driver's XDP (frames redirected into the peer's NAPI), not a NIC driver's; generic XDP runs after the skb is built",
+		"every node forwards to the remote backend through a router namespace; the tc and XDP programs see the same packets as iptables would, but only the iptables nodes run netfilter/conntrack",
+		"UDP pps is counted where the packets arrive at the backend (an nftables counter in its prerouting); what the generator could not send or the node dropped is not counted: sent pps is reported beside it, and on veth the sender's own CPU also carries the receive-side softirq work of the next hops",
+		"TCP conns/s includes the generator's and the backend's socket work (connect, 1 byte each way, reset) and a setns per connect; it is dominated by the end hosts and shows datapath differences much less than UDP pps",
+		"BPF_PROG_TEST_RUN runs on the node's loopback without a real device (no driver, no veth transmit); it measures the programs alone on an established flow with the agent's N services in the maps (hash lookups: independent of N)",
+	}
+	return r
+}
+
+func (r *result) modeResult(mode string) *modeStats {
+	for _, m := range r.Modes {
+		if m.Mode == mode {
+			return m
+		}
+	}
+	m := &modeStats{Mode: mode}
+	r.Modes = append(r.Modes, m)
+	return m
+}
+
+func spreadOf(xs []float64) spread {
+	if len(xs) == 0 {
+		return spread{}
+	}
+	return spread{Median: median(xs), Min: slices.Min(xs), Max: slices.Max(xs)}
+}
+
+func (r *result) finish() {
+	r.Finished = time.Now().UTC()
+	udp := func(m *modeStats) []float64 {
+		var xs []float64
+		for _, u := range m.UDP {
+			xs = append(xs, u.RecvPPS)
+		}
+		return xs
+	}
+	tcp := func(m *modeStats) []float64 {
+		var xs []float64
+		for _, t := range m.TCP {
+			xs = append(xs, t.ConnsPerSec)
+		}
+		return xs
+	}
+	for _, m := range r.Modes {
+		m.UDPRecvPPS = spreadOf(udp(m))
+		var sent []float64
+		for _, u := range m.UDP {
+			sent = append(sent, u.SentPPS)
+		}
+		m.UDPSentPPS = spreadOf(sent)
+		m.TCPConnsPerSec = spreadOf(tcp(m))
+	}
+	perRound := func(a, b []float64) *spread {
+		var xs []float64
+		for i := range min(len(a), len(b)) {
+			if b[i] > 0 {
+				xs = append(xs, a[i]/b[i])
+			}
+		}
+		if len(xs) == 0 {
+			return nil
+		}
+		s := spreadOf(xs)
+		return &s
+	}
+	for _, base := range []string{modeTC, modeNft} {
+		var b *modeStats
+		for _, m := range r.Modes {
+			if m.Mode == base {
+				b = m
+			}
+		}
+		if b == nil {
+			continue
+		}
+		for _, m := range r.Modes {
+			if m == b {
+				continue
+			}
+			r.Ratios = append(r.Ratios, ratio{Mode: m.Mode, Base: base, UDP: perRound(udp(m), udp(b)), TCP: perRound(tcp(m), tcp(b))})
+		}
+	}
+}
+
+// writeReport writes nodeport-<stamp>.json and .md into dir.
+func writeReport(dir, stamp string, r *result) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	js, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	jp, mp := outPath(dir, stamp, "json"), outPath(dir, stamp, "md")
+	if err := os.WriteFile(jp, append(js, '\n'), 0o644); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(mp, []byte(markdown(stamp, r)), 0o644); err != nil {
+		return nil, err
+	}
+	return []string{jp, mp}, nil
+}
+
+func markdown(stamp string, r *result) string {
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	p("# NodePort to a remote backend: XDP vs tc vs iptables, %s\n\n", stamp)
+	p("Started %s, finished %s (%s). `go run ./test/bench/nodeport` (issue #4).\n\n",
+		r.Started.Format("2006-01-02 15:04:05Z"), r.Finished.Format("15:04:05Z"), r.Finished.Sub(r.Started).Round(time.Second))
+	p("## Machine\n\n- %d CPUs (%s), kernel %s, %s\n- load average at start: %s\n\n", r.Machine.CPUs, r.Machine.CPU, r.Machine.Kernel, r.Machine.Go, r.Machine.Load)
+	c := r.Config
+	p("## Method\n\n")
+	p("- N = %d NodePort services, %d endpoints each, all on another node (DNAT + SNAT); target: %s\n", c.Services, c.Endpoints, r.Target)
+	p("- topology: generator netns -> node netns (one per mode, same shape) -> router netns -> backend netns, veth links; all modes stay programmed for the whole run\n")
+	p("- %d rounds; in each, every mode in the order %s for UDP, then again for TCP; %s per measurement\n", c.Rounds, strings.Join(c.Modes, ", "), c.Duration)
+	p("- UDP: %d sender goroutines x %d connected sockets (source ports), %d-byte payload, plain write() loops; pps received at the backend\n", c.UDPSenders, c.UDPFlows, c.UDPPayload)
+	p("- TCP: %d concurrent loops of connect, 1 byte each way, close with RST (no TIME_WAIT)\n", c.TCPWorkers)
+	p("- ratios: per round mode / base, then the median (min-max over rounds)\n")
+	p("- per packet: BPF_PROG_TEST_RUN, tc and XDP programs interleaved packet by packet, %d packets each, median of 20 batch means\n\n", c.ProgIters)
+	p("### What the run set\n\n")
+	for _, s := range r.Settings {
+		p("- %s\n", s)
+	}
+	p("\n## Live traffic (medians, min-max over rounds)\n\n")
+	p("| mode | UDP pps received | UDP pps sent | TCP conns/s | programmed in (agent: start to target answering; iptables: restore) |\n|---|---|---|---|---|\n")
+	for _, m := range r.Modes {
+		p("| %s | %s | %s | %s | %.2fs |\n", m.Mode, fmtSpread(m.UDPRecvPPS, "%.0f"), fmtSpread(m.UDPSentPPS, "%.0f"), fmtSpread(m.TCPConnsPerSec, "%.0f"), m.ProgramSeconds)
+	}
+	p("\n## Ratios\n\n| mode | vs | UDP pps received | TCP conns/s |\n|---|---|---|---|\n")
+	for _, x := range r.Ratios {
+		p("| %s | %s | %s | %s |\n", x.Mode, x.Base, fmtRatio(x.UDP), fmtRatio(x.TCP))
+	}
+	if len(r.ProgRun) > 0 {
+		p("\n## Per packet (BPF_PROG_TEST_RUN, N = %d)\n\n| packet | tc ns/pkt | XDP ns/pkt | XDP / tc | verdicts (tc, XDP) |\n|---|---|---|---|---|\n", c.Services)
+		for _, x := range r.ProgRun {
+			p("| %s | %.0f | %.0f | %.2f | %d, %d |\n", x.Packet, x.TCNs, x.XDPNs, x.XDPOverTC, x.TCVerdict, x.XDPVerdict)
+		}
+	}
+	var ctrs []string
+	for _, m := range r.Modes {
+		if len(m.Counters) > 0 {
+			ctrs = append(ctrs, fmt.Sprintf("%s: xdp_fwd=%d xdp_rev=%d", m.Mode, m.Counters["xdp_fwd"], m.Counters["xdp_rev"]))
+		}
+	}
+	if len(ctrs) > 0 {
+		p("\nSluice counters at the end (XDP modes must show xdp_fwd > 0: the fast path, not the tc fallback, forwarded): %s\n", strings.Join(ctrs, "; "))
+	}
+	p("\n## Caveats\n\n")
+	for _, s := range r.Caveats {
+		p("- %s\n", s)
+	}
+	return b.String()
+}
+
+func fmtSpread(s spread, f string) string {
+	return fmt.Sprintf(f+" ("+f+"-"+f+")", s.Median, s.Min, s.Max)
+}
+
+func fmtRatio(s *spread) string {
+	if s == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fx (%.2f-%.2f)", s.Median, s.Min, s.Max)
+}
