@@ -21,9 +21,47 @@
 #define SYS_PROCEED	1
 
 /*
+ * lookup_affine_backend - the backend of an affinity entry, if it is still
+ * one of this service's backends.
+ * @master: the service's slot 0.
+ *
+ * The backend id alone is not enough: once a backend leaves the service
+ * its id is freed and, after a quarantine, handed out again, possibly for
+ * another service's backend. Say a socket's entry names id 7, 10.0.1.5:53
+ * of the DNS service; the endpoint goes away, and later id 7 is reused for
+ * 10.0.9.9:8125 of a metrics service. Followed blindly, the socket's DNS
+ * queries would go to the metrics backend. So the entry is followed only
+ * while the slot it was chosen from is still within the service's count and
+ * still names the id, and the id still names the address and port it did.
+ * A service that shrinks moves backends down into holes, so a few sockets
+ * then select again needlessly: a fresh backend of their own service.
+ *
+ * Returns the backend, or NULL if the socket must select again.
+ */
+static __always_inline struct lb4_backend *
+lookup_affine_backend(const struct lb4_affinity *aff, __be32 vip,
+		      __be16 port, __u8 proto,
+		      const struct lb4_service *master)
+{
+	struct lb4_service *slot;
+	struct lb4_backend *be;
+
+	if (aff->slot == 0 || aff->slot > master->count)
+		return NULL;
+	slot = lookup_slot(vip, port, proto, aff->slot);
+	if (!slot || slot->backend_id != aff->backend_id)
+		return NULL;
+	be = lookup_backend(aff->backend_id);
+	if (!be || be->addr != aff->addr || be->port != aff->port)
+		return NULL;
+	return be;
+}
+
+/*
  * select_affine_backend - the backend an unconnected UDP socket used for
- * this frontend before, while it exists; otherwise a fresh selection that
- * the socket then keeps.
+ * this frontend before, while it is still one of the service's backends
+ * (lookup_affine_backend); otherwise a fresh selection that the socket then
+ * keeps.
  */
 static __always_inline struct lb4_backend *
 select_affine_backend(struct bpf_sock_addr *ctx, __be32 vip, __be16 port,
@@ -41,13 +79,17 @@ select_affine_backend(struct bpf_sock_addr *ctx, __be32 vip, __be16 port,
 
 	cur = bpf_map_lookup_elem(&sluice_affinity, &key);
 	if (cur) {
-		be = lookup_backend(cur->backend_id);
+		be = lookup_affine_backend(cur, vip, port, proto, svc);
 		if (be)
 			return be;
 	}
-	be = select_backend(vip, port, proto, svc, &aff.backend_id);
-	if (be)
+	be = select_backend_slot(vip, port, proto, svc, &aff.backend_id,
+				 &aff.slot);
+	if (be) {
+		aff.addr = be->addr;
+		aff.port = be->port;
 		bpf_map_update_elem(&sluice_affinity, &key, &aff, BPF_ANY);
+	}
 	return be;
 }
 

@@ -142,8 +142,11 @@ enum metric_reason {
 /*
  * sluice_affinity (LRU): struct lb4_affinity_key -> struct lb4_affinity.
  * Keeps an unconnected UDP socket that sends to a VIP over and over on the
- * backend it got first (sendmsg4 is called per datagram). Re-selected when
- * the backend id no longer exists.
+ * backend it got first (sendmsg4 is called per datagram). The entry is
+ * followed only while the slot it was chosen from still names the backend
+ * id and that id still names the same address and port: ids are reused
+ * (after a quarantine) for other backends, possibly of other services.
+ * Otherwise the socket selects again.
  */
 struct lb4_affinity_key {
 	__u64 cookie; /* bpf_get_socket_cookie() */
@@ -155,7 +158,9 @@ struct lb4_affinity_key {
 
 struct lb4_affinity {
 	__u32 backend_id; /* host order */
-	__u32 pad;
+	__be32 addr;      /* network order: the backend's address when chosen */
+	__be16 port;      /* network order: the backend's port when chosen */
+	__u16 slot;       /* host order: the service slot (>= 1) it was chosen from */
 };
 
 /*
@@ -201,7 +206,7 @@ _Static_assert(sizeof(struct ct4_entry) == 32, "ct4_entry size");
 _Static_assert(sizeof(struct sock_rev_key) == 16, "sock_rev_key size");
 _Static_assert(sizeof(struct sock_rev_entry) == 12, "sock_rev_entry size");
 _Static_assert(sizeof(struct lb4_affinity_key) == 16, "lb4_affinity_key size");
-_Static_assert(sizeof(struct lb4_affinity) == 8, "lb4_affinity size");
+_Static_assert(sizeof(struct lb4_affinity) == 12, "lb4_affinity size");
 _Static_assert(sizeof(struct node_dev) == 8, "node_dev size");
 _Static_assert(sizeof(struct src_range_key) == 16, "src_range_key size");
 

@@ -31,7 +31,7 @@ func TestABISizes(t *testing.T) {
 		want := map[string]uintptr{
 			"lb4_key": 12, "lb4_service": 16, "lb4_backend": 8, "lb4_rev_nat": 8,
 			"ct4_key": 16, "ct4_entry": 32, "sock_rev_key": 16, "sock_rev_entry": 12,
-			"lb4_affinity_key": 16, "lb4_affinity": 8, "node_dev": 8, "src_range_key": 16,
+			"lb4_affinity_key": 16, "lb4_affinity": 12, "node_dev": 8, "src_range_key": 16,
 		}[name]
 		if got != want {
 			t.Errorf("struct %s is %d bytes in Go, %d in C", name, got, want)

@@ -41,7 +41,9 @@ type sockCt4Key struct {
 type sockLb4Affinity struct {
 	_         structs.HostLayout
 	BackendId uint32
-	Pad       uint32
+	Addr      uint32
+	Port      uint16
+	Slot      uint16
 }
 
 type sockLb4AffinityKey struct {

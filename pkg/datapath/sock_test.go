@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // Socket LB with real sockets. The socket programs are attached to a
@@ -24,7 +25,11 @@ var (
 	sockVIPUDP   = l4("10.96.0.21", 53, model.UDP)
 	sockVIPEmpty = l4("10.96.0.22", 80, model.TCP)
 	sockVIPEmptU = l4("10.96.0.22", 53, model.UDP)
-	sockBackends = []string{"10.200.0.2", "10.200.0.3"}
+	sockVIPAff   = l4("10.96.0.23", 53, model.UDP)
+	sockVIPOther = l4("10.96.0.24", 53, model.UDP)
+	// A backend of sockVIPOther only: sockVIPAff must never reach it.
+	sockOtherBackend = "10.200.0.4"
+	sockBackends     = []string{"10.200.0.2", "10.200.0.3"}
 )
 
 // startBackends runs a TCP server (port 8080) and a UDP echo server (port
@@ -135,7 +140,7 @@ func TestSockLB(t *testing.T) {
 	if err := netlink.LinkSetUp(lo); err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range sockBackends {
+	for _, a := range append(sockBackends, sockOtherBackend) {
 		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: netlink.NewIPNet(net.ParseIP(a))}); err != nil {
 			t.Fatalf("add %s: %v", a, err)
 		}
@@ -149,6 +154,8 @@ func TestSockLB(t *testing.T) {
 		testBackend{3, l4(sockBackends[0], 5353, model.UDP)}, testBackend{4, l4(sockBackends[1], 5353, model.UDP)})
 	addService(t, m, 3, sockVIPEmpty)
 	addService(t, m, 4, sockVIPEmptU)
+	affBackends := []testBackend{{5, l4(sockBackends[0], 5353, model.UDP)}, {6, l4(sockBackends[1], 5353, model.UDP)}}
+	addService(t, m, 5, sockVIPAff, affBackends...)
 
 	// Each subtest runs on a goroutine of its own: enter the netns again
 	// there so that its sockets are created inside it.
@@ -225,6 +232,106 @@ func TestSockLB(t *testing.T) {
 				t.Errorf("datagram %d answered by %q, the first by %q: the socket lost its backend", i, msg, first)
 			}
 		}
+	})
+
+	// An unconnected UDP socket keeps its backend only while that backend
+	// is still one of its service's: not when it left the service, and
+	// not when its id was freed and reused for another service's backend.
+	t.Run("udp_unconnected_affinity_revalidated", func(t *testing.T) {
+		enterNetns(t, ns)
+		otherPC, err := net.ListenPacket("udp4", sockOtherBackend+":5353")
+		if err != nil {
+			t.Fatalf("listen: %v", err)
+		}
+		t.Cleanup(func() { otherPC.Close() })
+		go func() {
+			buf := make([]byte, 1500)
+			for {
+				n, from, err := otherPC.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				otherPC.WriteTo([]byte("backend "+sockOtherBackend+" got "+string(buf[:n])), from)
+			}
+		}()
+
+		// send sends one datagram on fd to sockVIPAff and returns the
+		// index in affBackends of the backend that answered.
+		send := func(fd int) int {
+			t.Helper()
+			if err := unix.Sendto(fd, []byte("hi"), 0, sockaddr(sockVIPAff)); err != nil {
+				t.Fatalf("sendto %s: %v", sockVIPAff, err)
+			}
+			msg, from := recvFrom(t, fd)
+			if from != apOf(sockVIPAff) {
+				t.Errorf("recvfrom reports %s, want the VIP %s", from, apOf(sockVIPAff))
+			}
+			for i, b := range affBackends {
+				if strings.HasPrefix(msg, "backend "+b.addr.Addr.String()+" ") {
+					return i
+				}
+			}
+			t.Fatalf("reply %q: not from a backend of %s", msg, sockVIPAff)
+			return -1
+		}
+		// keepOnly shrinks sockVIPAff to affBackends[i] in slot 1, the
+		// way the reconciler does: slot, master, then the old slot.
+		keepOnly := func(i int) {
+			t.Helper()
+			if err := m.UpsertSlot(sockVIPAff, 1, affBackends[i].id); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.UpsertMaster(sockVIPAff, reconciler.Master{ID: 5, Count: 1}); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.DeleteSlot(sockVIPAff, 2); err != nil {
+				t.Fatal(err)
+			}
+		}
+		restore := func() {
+			t.Helper()
+			addService(t, m, 5, sockVIPAff, affBackends...)
+		}
+
+		// 1. The backend leaves the service but its id stays (another
+		// service still names the same address): the address matches,
+		// the slot no longer does.
+		fd := newSocket(t, unix.SOCK_DGRAM)
+		first := send(fd)
+		if again := send(fd); again != first {
+			t.Fatalf("second datagram went to backend %d, the first to %d", again, first)
+		}
+		keepOnly(1 - first)
+		for range 5 {
+			if got := send(fd); got != 1-first {
+				t.Fatalf("backend %s left the service, the socket still reaches it", affBackends[first].addr)
+			}
+		}
+		restore()
+
+		// 2. The backend leaves the service, its id is freed and reused
+		// for a backend of another service, at another address.
+		fd = newSocket(t, unix.SOCK_DGRAM)
+		first = send(fd)
+		id := affBackends[first].id
+		keepOnly(1 - first)
+		if err := m.DeleteBackend(id); err != nil {
+			t.Fatal(err)
+		}
+		addService(t, m, 6, sockVIPOther, testBackend{id, l4(sockOtherBackend, 5353, model.UDP)})
+		for range 5 {
+			if got := send(fd); got != 1-first {
+				t.Fatalf("datagram answered by backend %d, want %s", got, affBackends[1-first].addr)
+			}
+		}
+		// Put the id back as it was, for whoever runs after.
+		if err := m.DeleteSlot(sockVIPOther, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.DeleteSlot(sockVIPOther, 1); err != nil {
+			t.Fatal(err)
+		}
+		restore()
 	})
 
 	t.Run("no_backends_refused", func(t *testing.T) {
