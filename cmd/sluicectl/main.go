@@ -1,5 +1,6 @@
 // Command sluicectl inspects what the Sluice datapath holds on this node,
-// read straight from the pinned maps (no agent needs to run):
+// read straight from the pinned maps (no agent needs to run). It opens them
+// read-only (datapath.OpenPinned), whatever sizes the agent gave them:
 //
 //	sluicectl services   service frontends and the backends in their slots
 //	sluicectl counters   datapath outcome counters, by reason
@@ -11,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -52,13 +52,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	// Opening would create fresh maps where there are none; an inspection
-	// tool must not, so look first.
-	if _, err := os.Stat(filepath.Join(*bpffs, "sluice", "sluice_services")); err != nil {
+	// Read-only: loads no programs, creates nothing, and reads pins of
+	// whatever sizes the agent was configured with.
+	dp, err := datapath.OpenPinned(*bpffs)
+	if errors.Is(err, os.ErrNotExist) {
 		fmt.Fprintf(stderr, "sluicectl: no Sluice datapath pinned under %s: %v\n", *bpffs, err)
 		return 1
 	}
-	dp, err := datapath.Open(datapath.Config{BPFFS: *bpffs})
 	if err != nil {
 		fmt.Fprintf(stderr, "sluicectl: %v\n", err)
 		return 1
@@ -67,7 +67,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	switch cmd {
 	case "services":
-		ks, err := dp.Maps().Dump()
+		ks, err := dp.Dump()
 		if err != nil {
 			fmt.Fprintf(stderr, "sluicectl: read maps: %v\n", err)
 			return 1

@@ -2,8 +2,15 @@ package main
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/sluice-lb/sluice/pkg/datapath"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
@@ -51,5 +58,60 @@ func TestUsageErrors(t *testing.T) {
 	}
 	if code := run([]string{"--bpffs", t.TempDir(), "services"}, &stdout, &stderr); code != 1 {
 		t.Errorf("no pinned datapath: exit = %d, want 1 (stderr %q)", code, stderr.String())
+	}
+}
+
+// TestReadsPinsOfAnySize: an agent started with small --max-* sizes pins
+// small maps; sluicectl, which knows no sizes, still lists them, and does
+// not change them.
+func TestReadsPinsOfAnySize(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates pinned BPF maps")
+	}
+	var b [6]byte
+	rand.Read(b[:])
+	bpffs := filepath.Join(datapath.DefaultBPFFS, "sluicectl-test-"+hex.EncodeToString(b[:]))
+	if err := os.Mkdir(bpffs, 0o700); err != nil {
+		t.Fatalf("create pin dir: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(bpffs) })
+
+	dp, err := datapath.Open(datapath.Config{
+		BPFFS: bpffs, MaxServices: 64, MaxBackends: 128, MaxServiceEntries: 256, MaxConntrack: 256, MaxSockRev: 128,
+	})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	fe := model.L4Addr{Addr: netip.MustParseAddr("10.96.3.1"), Port: 80, Proto: model.TCP}
+	be := model.L4Addr{Addr: netip.MustParseAddr("10.3.0.1"), Port: 8080, Proto: model.TCP}
+	m := dp.Maps()
+	for _, err := range []error{
+		m.UpsertBackend(1, be), m.UpsertSlot(fe, 1, 1), m.UpsertRevNat(2, fe),
+		m.UpsertMaster(fe, reconciler.Master{ID: 2, Count: 1}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	dp.Close()
+
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"--bpffs", bpffs, "services"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("services: exit %d, stderr %q", code, stderr.String())
+	}
+	want := "FRONTEND          ID  COUNT  BACKENDS\n" +
+		"10.96.3.1:80/TCP  2   1      10.3.0.1:8080\n"
+	if stdout.String() != want {
+		t.Errorf("services got:\n%s\nwant:\n%s", stdout.String(), want)
+	}
+
+	stdout.Reset()
+	if code := run([]string{"--bpffs", bpffs, "counters"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("counters: exit %d, stderr %q", code, stderr.String())
+	}
+	for _, n := range datapath.CounterNames() {
+		if !strings.Contains(stdout.String(), "\n"+n+" ") {
+			t.Errorf("counters output has no %s:\n%s", n, stdout.String())
+		}
 	}
 }

@@ -7,7 +7,7 @@
 // or restarts leaves traffic alone. Open reuses pinned maps (their contents
 // are the state the reconciler restores from), and the Attach methods
 // replace the programs behind pinned links in place. Only Cleanup removes
-// anything.
+// anything. OpenPinned is the operators' read-only view of the same pins.
 //
 // Three objects are built from bpf/: sock.c (cgroup connect4, sendmsg4,
 // recvmsg4, getpeername4), tc.c (tc ingress and egress) and xdp.c (the XDP
@@ -357,10 +357,16 @@ func CounterNames() []string { return append([]string(nil), metricNames...) }
 // Counters returns the datapath outcome counters, summed over CPUs, by
 // reason.
 func (d *Datapath) Counters() (map[string]uint64, error) {
-	out := make(map[string]uint64, len(metricNames))
+	return readCounters(d.maps.metrics, len(metricNames))
+}
+
+// readCounters sums the first n reasons of sluice_metrics over CPUs.
+func readCounters(metrics *ebpf.Map, n int) (map[string]uint64, error) {
+	n = min(n, len(metricNames))
+	out := make(map[string]uint64, n)
 	var perCPU []uint64
-	for i, name := range metricNames {
-		if err := d.maps.metrics.Lookup(uint32(i), &perCPU); err != nil {
+	for i, name := range metricNames[:n] {
+		if err := metrics.Lookup(uint32(i), &perCPU); err != nil {
 			return nil, fmt.Errorf("read counter %s: %w", name, err)
 		}
 		var sum uint64

@@ -202,6 +202,12 @@ func (m *Maps) DeleteSlot(fe model.L4Addr, slot uint32) error {
 
 // Dump reads the service, backend and reverse-NAT maps back.
 func (m *Maps) Dump() (*reconciler.KernelState, error) {
+	return dumpState(m.services, m.backends, m.revNat)
+}
+
+// dumpState reads the service, backend and reverse-NAT maps into a
+// KernelState (shared by Maps and the read-only Pinned).
+func dumpState(services, backends, revNat *ebpf.Map) (*reconciler.KernelState, error) {
 	ks := &reconciler.KernelState{
 		Masters:  map[model.L4Addr]reconciler.Master{},
 		Slots:    map[model.L4Addr]map[uint32]reconciler.BackendID{},
@@ -211,7 +217,7 @@ func (m *Maps) Dump() (*reconciler.KernelState, error) {
 
 	var sk sockLb4Key
 	var sv sockLb4Service
-	it := m.services.Iterate()
+	it := services.Iterate()
 	for it.Next(&sk, &sv) {
 		fe := model.L4Addr{Addr: addrFromBE32(sk.Vip), Port: portFromBE16(sk.Port), Proto: model.Protocol(sk.Proto)}
 		if sk.Slot == 0 {
@@ -230,7 +236,7 @@ func (m *Maps) Dump() (*reconciler.KernelState, error) {
 
 	var bk uint32
 	var bv sockLb4Backend
-	it = m.backends.Iterate()
+	it = backends.Iterate()
 	for it.Next(&bk, &bv) {
 		ks.Backends[reconciler.BackendID(bk)] = model.L4Addr{
 			Addr: addrFromBE32(bv.Addr), Port: portFromBE16(bv.Port), Proto: model.Protocol(bv.Proto),
@@ -242,7 +248,7 @@ func (m *Maps) Dump() (*reconciler.KernelState, error) {
 
 	var rk uint32
 	var rv sockLb4RevNat
-	it = m.revNat.Iterate()
+	it = revNat.Iterate()
 	for it.Next(&rk, &rv) {
 		id := reconciler.ServiceID(rk)
 		ks.RevNat[id] = model.L4Addr{Addr: addrFromBE32(rv.Vip), Port: portFromBE16(rv.Port), Proto: model.Protocol(rv.Proto)}

@@ -1,0 +1,107 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// Pinned is a read-only view of the maps an agent pinned, for operators'
+// tools (sluicectl). Unlike Open it loads no programs, creates nothing and
+// accepts pinned maps of any size: an inspection must work whatever
+// --max-* sizes the agent was started with. Types, key and value sizes are
+// still checked against this build's BPF objects, so that a layout this
+// build does not know is an error rather than garbage.
+type Pinned struct {
+	services, backends, revNat, metrics *ebpf.Map
+	reasons                             int // counters this build and the pin both know
+}
+
+// OpenPinned opens the maps pinned under bpffs/sluice read-only. A missing
+// pin is an error wrapping os.ErrNotExist.
+func OpenPinned(bpffs string) (*Pinned, error) {
+	if bpffs == "" {
+		bpffs = DefaultBPFFS
+	}
+	dir := filepath.Join(bpffs, "sluice")
+	spec, err := loadSock()
+	if err != nil {
+		return nil, err
+	}
+	p := &Pinned{}
+	for _, x := range []struct {
+		name string
+		m    **ebpf.Map
+	}{
+		{mapServices, &p.services},
+		{mapBackends, &p.backends},
+		{mapRevNat, &p.revNat},
+		{mapMetrics, &p.metrics},
+	} {
+		m, err := openPinnedMap(dir, x.name, spec.Maps[x.name])
+		if err != nil {
+			p.Close()
+			return nil, err
+		}
+		*x.m = m
+	}
+	info, err := p.metrics.Info()
+	if err != nil {
+		p.Close()
+		return nil, fmt.Errorf("info of pinned map %s: %w", mapMetrics, err)
+	}
+	// An agent built with fewer or more reasons than this tool: show the
+	// ones both know.
+	p.reasons = min(int(info.MaxEntries), len(metricNames))
+	return p, nil
+}
+
+// openPinnedMap opens dir/name read-only and checks it against ms, except
+// for its size.
+func openPinnedMap(dir, name string, ms *ebpf.MapSpec) (*ebpf.Map, error) {
+	if ms == nil {
+		return nil, fmt.Errorf("map %s missing from BPF object", name)
+	}
+	path := filepath.Join(dir, name)
+	m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("open pinned map %s: %w", path, err)
+	}
+	info, err := m.Info()
+	if err != nil {
+		m.Close()
+		return nil, fmt.Errorf("info of pinned map %s: %w", path, err)
+	}
+	if info.Type != ms.Type || info.KeySize != ms.KeySize || info.ValueSize != ms.ValueSize {
+		m.Close()
+		return nil, fmt.Errorf("pinned map %s is %s with key/value size %d/%d, this build reads %s with %d/%d",
+			path, info.Type, info.KeySize, info.ValueSize, ms.Type, ms.KeySize, ms.ValueSize)
+	}
+	return m, nil
+}
+
+// Dump reads the service, backend and reverse-NAT maps.
+func (p *Pinned) Dump() (*reconciler.KernelState, error) {
+	return dumpState(p.services, p.backends, p.revNat)
+}
+
+// Counters returns the datapath outcome counters, summed over CPUs, by
+// reason.
+func (p *Pinned) Counters() (map[string]uint64, error) {
+	return readCounters(p.metrics, p.reasons)
+}
+
+// Close releases the maps' file descriptors; the pins stay.
+func (p *Pinned) Close() error {
+	var errs []error
+	for _, m := range []*ebpf.Map{p.services, p.backends, p.revNat, p.metrics} {
+		if m != nil {
+			errs = append(errs, m.Close())
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,74 @@
+package datapath
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// TestOpenPinnedAnySize: pins made with sizes other than the defaults,
+// which Open with the defaults refuses, are read by OpenPinned as they are,
+// without writing to them.
+func TestOpenPinnedAnySize(t *testing.T) {
+	requireRoot(t)
+	bpffs := testPinDir(t)
+	d := openTest(t, smallConfig(bpffs))
+	fe := l4("10.96.2.1", 80, model.TCP)
+	b := testBackend{3, l4("10.2.1.1", 8080, model.TCP)}
+	addService(t, d.Maps(), 4, fe, b)
+	want, err := d.Maps().Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+
+	if d2, err := Open(Config{BPFFS: bpffs}); err == nil {
+		d2.Close()
+		t.Fatal("Open with default sizes accepted pins made with small ones; this test no longer shows anything")
+	}
+
+	p, err := OpenPinned(bpffs)
+	if err != nil {
+		t.Fatalf("OpenPinned: %v", err)
+	}
+	defer p.Close()
+	got, err := p.Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Pinned.Dump\n got %+v\nwant %+v", got, want)
+	}
+	cs, err := p.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range CounterNames() {
+		if _, ok := cs[n]; !ok {
+			t.Errorf("Counters() has no %s: %v", n, cs)
+		}
+	}
+	if err := p.backends.Put(uint32(9), &sockLb4Backend{}); err == nil {
+		t.Error("a write through Pinned succeeded; want the maps opened read-only")
+	}
+	if ks, _ := p.Dump(); !reflect.DeepEqual(ks, want) {
+		t.Errorf("state changed under Pinned: %+v", ks)
+	}
+}
+
+// TestOpenPinnedMissing: nothing pinned is os.ErrNotExist, and nothing is
+// created.
+func TestOpenPinnedMissing(t *testing.T) {
+	requireRoot(t)
+	bpffs := testPinDir(t)
+	if _, err := OpenPinned(bpffs); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("OpenPinned of an empty bpffs: %v, want os.ErrNotExist", err)
+	}
+	if _, err := os.Stat(filepath.Join(bpffs, "sluice")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("OpenPinned created %s/sluice (stat: %v)", bpffs, err)
+	}
+}
