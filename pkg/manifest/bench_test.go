@@ -1,6 +1,8 @@
 package manifest
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -115,6 +117,138 @@ func TestLoadAtScale(t *testing.T) {
 		}
 	}
 	if !found {
+		t.Error("the change was not loaded")
+	}
+}
+
+// writeList writes n Services with k endpoints each as one JSON List, the
+// way test/bench's harness hands them to the agent, and returns the file's
+// content with endpoint 1 of service `change` replaced (one endpoint
+// change).
+func writeList(tb testing.TB, p string, n, k, change int) (orig, changed []byte) {
+	tb.Helper()
+	type obj = map[string]any
+	items := make([]obj, 0, 2*n)
+	for i := range n {
+		name := fmt.Sprintf("svc-%d", i)
+		items = append(items, obj{
+			"apiVersion": "v1", "kind": "Service",
+			"metadata": obj{"namespace": "bench", "name": name},
+			"spec": obj{
+				"type": "ClusterIP", "clusterIP": fmt.Sprintf("10.96.%d.%d", i>>8, i&0xff),
+				"clusterIPs": []string{fmt.Sprintf("10.96.%d.%d", i>>8, i&0xff)},
+				"ports":      []obj{{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}},
+			},
+		})
+		eps := make([]obj, 0, k)
+		for j := range k {
+			eps = append(eps, obj{"addresses": []string{fmt.Sprintf("10.%d.%d.%d", 1+i>>8, i&0xff, j+1)},
+				"conditions": obj{"ready": true, "serving": true, "terminating": false}})
+		}
+		items = append(items, obj{
+			"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+			"metadata":    obj{"namespace": "bench", "name": name + "-bench", "labels": obj{"kubernetes.io/service-name": name}},
+			"addressType": "IPv4",
+			"endpoints":   eps,
+			"ports":       []obj{{"name": "http", "port": 8080, "protocol": "TCP"}},
+		})
+	}
+	orig, err := json.Marshal(obj{"apiVersion": "v1", "kind": "List", "items": items})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	from := fmt.Sprintf(`"10.%d.%d.1"`, 1+change>>8, change&0xff)
+	to := fmt.Sprintf(`"10.%d.%d.99"`, 1+change>>8, change&0xff)
+	changed = bytes.Replace(orig, []byte(from), []byte(to), 1)
+	if bytes.Equal(orig, changed) {
+		tb.Fatal("no endpoint to change")
+	}
+	if err := os.WriteFile(p, orig, 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	return orig, changed
+}
+
+// BenchmarkLoadList is the shape test/bench measures: N Services x 10
+// endpoints in ONE JSON List file, loaded from nothing ("initial") and
+// then reloaded after one endpoint of one Service changed (what the agent
+// does for every edit of the file).
+func BenchmarkLoadList(b *testing.B) {
+	for _, n := range []int{1000, 10000, 30000} {
+		b.Run(fmt.Sprintf("%dk", n/1000), func(b *testing.B) {
+			p := filepath.Join(b.TempDir(), "services.json")
+			orig, changed := writeList(b, p, n, 10, n/2)
+			b.Run("initial", func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					res, err := newLoader(k8s.Options{}).load(p)
+					if err != nil || len(res.Errors) > 0 || len(res.State.Services) != n {
+						b.Fatalf("%v %v", err, res.Errors)
+					}
+				}
+			})
+			b.Run("one-endpoint-change", func(b *testing.B) {
+				if err := os.WriteFile(p, orig, 0o644); err != nil {
+					b.Fatal(err)
+				}
+				l := newLoader(k8s.Options{})
+				if _, err := l.load(p); err != nil {
+					b.Fatal(err)
+				}
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					data := changed
+					if i%2 == 1 {
+						data = orig
+					}
+					i++
+					b.StopTimer()
+					if err := os.WriteFile(p, data, 0o644); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+					res, err := l.load(p)
+					if err != nil || len(res.Errors) > 0 || len(res.State.Services) != n {
+						b.Fatalf("%v %v", err, res.Errors)
+					}
+				}
+			})
+		})
+	}
+}
+
+// TestListEditDecodesOnlyTheChange: in one file holding a List, editing one
+// item decodes that item only, and the result is what a fresh load gives.
+func TestListEditDecodesOnlyTheChange(t *testing.T) {
+	const n = 200
+	p := filepath.Join(t.TempDir(), "services.json")
+	_, changed := writeList(t, p, n, 10, 42)
+	l := newLoader(k8s.Options{})
+	if _, err := l.load(p); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.decoded.Load(); got != 2*n {
+		t.Fatalf("decoded %d objects, want %d", got, 2*n)
+	}
+	if err := os.WriteFile(p, changed, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := l.load(p)
+	if err != nil || len(res.Errors) > 0 {
+		t.Fatal(err, res.Errors)
+	}
+	if got := l.decoded.Load(); got != 2*n+1 {
+		t.Errorf("the edit decoded %d objects, want 1", got-2*n)
+	}
+	fresh, err := Load(p, k8s.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := render(res.State), render(fresh.State); got != want {
+		t.Errorf("incremental load differs from a fresh one:\n%s\nwant\n%s", got, want)
+	}
+	if !strings.Contains(render(res.State), "10.1.42.99:8080/TCP") {
 		t.Error("the change was not loaded")
 	}
 }
