@@ -17,8 +17,8 @@
 #include "lib/metrics.h"
 #include "lib/lb.h"
 
-#define SYS_REJECT	0
-#define SYS_PROCEED	1
+#define SYS_REJECT  0
+#define SYS_PROCEED 1
 
 /*
  * lookup_affine_backend - the backend of an affinity entry, if it is still
@@ -39,9 +39,8 @@
  * Returns the backend, or NULL if the socket must select again.
  */
 static __always_inline struct lb4_backend *
-lookup_affine_backend(const struct lb4_affinity *aff, __be32 vip,
-		      __be16 port, __u8 proto,
-		      const struct lb4_service *master)
+lookup_affine_backend(const struct lb4_affinity *aff, __be32 vip, __be16 port,
+		      __u8 proto, const struct lb4_service *master)
 {
 	struct lb4_service *slot;
 	struct lb4_backend *be;
@@ -148,7 +147,7 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx,
 	return 0;
 }
 
-/* sock4_xlate_rev - show the VIP instead of a backend the socket was sent to. */
+/* sock4_xlate_rev - show the VIP, not the backend the socket was sent to. */
 static __always_inline void sock4_xlate_rev(struct bpf_sock_addr *ctx)
 {
 	struct sock_rev_key key = {

@@ -35,8 +35,7 @@
  * parse_or_pass - parse @skb; returns true if it is a translatable packet,
  * counting the reason when it is not.
  */
-static __always_inline bool parse_or_pass(struct __sk_buff *skb,
-					  struct pkt4 *p)
+static __always_inline bool parse_or_pass(struct __sk_buff *skb, struct pkt4 *p)
 {
 	switch (parse_ipv4(skb, p)) {
 	case PARSE_OK:
@@ -185,7 +184,7 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 		nat_addr = be->addr;
 		nat_port = be->port;
 		/* Remote backend: its route leaves through a node device. */
-		if ((flags & (SVC_F_EXTERNAL | SVC_F_LOCAL)) == SVC_F_EXTERNAL &&
+		if ((flags & SVC_F_EXTERNAL) && !(flags & SVC_F_LOCAL) &&
 		    !fib4_lookup(skb, skb->ifindex, p->saddr, nat_addr, &f) &&
 		    (dev = node_dev_of(f.ifindex))) {
 			snat = true;
@@ -198,12 +197,14 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 				 * work: refuse it rather than half-NAT it.
 				 */
 				metric_inc(err > 0 ? METRIC_TC_SNAT_EXHAUSTED :
-						       METRIC_TC_CT_FULL);
+						     METRIC_TC_CT_FULL);
 				return TC_ACT_SHOT;
 			}
 			metric_inc(METRIC_TC_SNAT_NEW);
 		} else {
-			if (ct_create(p, be, backend_id, svc->rev_nat_id, now) < 0)
+			err = ct_create(p, be, backend_id, svc->rev_nat_id,
+					now);
+			if (err < 0)
 				metric_inc(METRIC_TC_CT_FULL);
 			metric_inc(METRIC_TC_DNAT_NEW);
 		}

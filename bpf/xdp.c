@@ -53,7 +53,7 @@ struct xpkt {
 	struct pkt4 p;
 	struct ethhdr *eth;
 	struct iphdr *ip;
-	__be16 *ports;	/* [0] source, [1] destination */
+	__be16 *ports; /* [0] source, [1] destination */
 	__u16 *l4csum;
 };
 
@@ -83,14 +83,16 @@ static __always_inline bool xdp_parse(struct xdp_md *ctx, struct xpkt *x)
 	if (ip->protocol == IPPROTO_TCP) {
 		struct tcphdr *th = (void *)(ip + 1);
 
-		if ((void *)(th + 1) > end || tot_len < sizeof(*ip) + sizeof(*th))
+		if ((void *)(th + 1) > end ||
+		    tot_len < sizeof(*ip) + sizeof(*th))
 			return false;
 		x->l4csum = (__u16 *)&th->check;
 		x->p.tcp_flags = ((__u8 *)th)[13];
 	} else if (ip->protocol == IPPROTO_UDP) {
 		struct udphdr *uh = (void *)(ip + 1);
 
-		if ((void *)(uh + 1) > end || tot_len < sizeof(*ip) + sizeof(*uh))
+		if ((void *)(uh + 1) > end ||
+		    tot_len < sizeof(*ip) + sizeof(*uh))
 			return false;
 		x->l4csum = (__u16 *)&uh->check;
 	} else {
@@ -219,13 +221,15 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xpkt *x,
 				return XDP_PASS; /* tc re-balances */
 		}
 		if (p->proto == IPPROTO_TCP && ct_closed(fwd) &&
-		    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) ==
+			    TCP_FLAG_SYN)
 			return XDP_PASS; /* tc starts it afresh */
 		nat_addr = fwd->nat_addr;
 		nat_port = fwd->nat_port;
 		snat_addr = fwd->snat_addr;
 		snat_port = fwd->snat_port;
-		if (fib4_lookup(ctx, ctx->ingress_ifindex, snat_addr, nat_addr, &f) < 0 ||
+		if (fib4_lookup(ctx, ctx->ingress_ifindex, snat_addr, nat_addr,
+				&f) < 0 ||
 		    !f.have_neigh)
 			return XDP_PASS;
 		ct_track_tcp(p, &key, fwd);
@@ -238,7 +242,8 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xpkt *x,
 			return XDP_PASS;
 		nat_addr = be->addr;
 		nat_port = be->port;
-		if (fib4_lookup(ctx, ctx->ingress_ifindex, p->saddr, nat_addr, &f) < 0 ||
+		if (fib4_lookup(ctx, ctx->ingress_ifindex, p->saddr, nat_addr,
+				&f) < 0 ||
 		    !f.have_neigh)
 			return XDP_PASS;
 		dev = node_dev_of(f.ifindex);

@@ -25,41 +25,41 @@
  * from it, so provide that and skip <linux/if.h>.
  */
 #define _LINUX_IF_H
-#define IFNAMSIZ	16
+#define IFNAMSIZ 16
 #include <linux/icmp.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
 /* errno values returned to user space (linux/errno.h is not a UAPI header). */
-#define EPERM		1
-#define ECONNREFUSED	111
+#define EPERM	     1
+#define ECONNREFUSED 111
 
 /* ct4_key.dir */
-#define CT_FORWARD	0
-#define CT_REVERSE	1
+#define CT_FORWARD 0
+#define CT_REVERSE 1
 
 /* lb4_service.flags (slot 0): enum svc_flags in structs.h. */
 
 /* ct4_entry.flags */
-#define CT_F_SNAT	0x01	/* source-NATed flow to a remote backend */
-#define CT_F_FIN_FWD	0x02	/* TCP FIN seen from the client */
-#define CT_F_FIN_REV	0x04	/* TCP FIN seen from the backend */
-#define CT_F_RST	0x08	/* TCP RST seen either way */
+#define CT_F_SNAT    0x01 /* source-NATed flow to a remote backend */
+#define CT_F_FIN_FWD 0x02 /* TCP FIN seen from the client */
+#define CT_F_FIN_REV 0x04 /* TCP FIN seen from the backend */
+#define CT_F_RST     0x08 /* TCP RST seen either way */
 
 /* TCP header flag bits (byte 13 of the header). */
-#define TCP_FLAG_FIN	0x01
-#define TCP_FLAG_SYN	0x02
-#define TCP_FLAG_RST	0x04
-#define TCP_FLAG_ACK	0x10
+#define TCP_FLAG_FIN 0x01
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_RST 0x04
+#define TCP_FLAG_ACK 0x10
 
-#define AF_INET		2
+#define AF_INET 2
 
 /* IPv4 fragment bits of iphdr.frag_off (host order). */
-#define IP_MF		0x2000
-#define IP_OFFSET	0x1fff
+#define IP_MF	  0x2000
+#define IP_OFFSET 0x1fff
 
-#define NSEC_PER_SEC	1000000000ULL
+#define NSEC_PER_SEC 1000000000ULL
 
 /*
  * Conntrack idle timeouts, set by the agent before load. An entry whose

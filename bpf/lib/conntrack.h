@@ -27,8 +27,8 @@ static __always_inline __u64 ct_timeout(__u8 proto)
 }
 
 /* ct_key_of - the conntrack key of @p's packet as it is on the wire. */
-static __always_inline void ct_key_of(struct ct4_key *key,
-				      const struct pkt4 *p, __u8 dir)
+static __always_inline void ct_key_of(struct ct4_key *key, const struct pkt4 *p,
+				      __u8 dir)
 {
 	key->saddr = p->saddr;
 	key->daddr = p->daddr;
@@ -87,7 +87,7 @@ static __always_inline void ct_peer_key(struct ct4_key *peer,
 	peer->proto = key->proto;
 	peer->pad = 0;
 	if (key->dir == CT_FORWARD) {
-		/* <C -> F> names B (and N:sp): the reply is <B -> N:sp or C>. */
+		/* <C -> F> names B (and N:sp): the reply, <B -> N:sp or C>. */
 		peer->dir = CT_REVERSE;
 		peer->saddr = e->nat_addr;
 		peer->sport = e->nat_port;
@@ -179,7 +179,7 @@ static __always_inline int ct_create(const struct pkt4 *p,
  * Returns the reserved port (network order) in @port, and 0; 1 if every
  * try found a live flow; or a negative map update error.
  */
-#define SNAT_TRIES	32
+#define SNAT_TRIES 32
 
 static __always_inline int ct_create_snat(const struct pkt4 *p,
 					  const struct lb4_backend *be,
@@ -245,9 +245,8 @@ static __always_inline int ct_create_snat(const struct pkt4 *p,
  * alive, re-creating it if the LRU evicted it or it expired while the
  * client kept sending.
  */
-static __always_inline int ct_refresh_reverse(const struct pkt4 *p,
-					      const struct ct4_entry *fwd,
-					      __u64 now)
+static __always_inline int
+ct_refresh_reverse(const struct pkt4 *p, const struct ct4_entry *fwd, __u64 now)
 {
 	struct ct4_key key = {
 		.saddr = fwd->nat_addr,
@@ -281,7 +280,8 @@ static __always_inline int ct_refresh_reverse(const struct pkt4 *p,
 	 * by now: take it back only if it is still free.
 	 */
 	return bpf_map_update_elem(&sluice_conntrack, &key, &e,
-				   (fwd->flags & CT_F_SNAT) ? BPF_NOEXIST : BPF_ANY);
+				   (fwd->flags & CT_F_SNAT) ? BPF_NOEXIST :
+							      BPF_ANY);
 }
 
 #endif /* SLUICE_CONNTRACK_H */

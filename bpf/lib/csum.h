@@ -14,11 +14,11 @@
 #include "common.h"
 #include "parse.h"
 
-#define IP_SADDR_OFF	offsetof(struct iphdr, saddr)
-#define IP_DADDR_OFF	offsetof(struct iphdr, daddr)
-#define IP_CSUM_OFF	offsetof(struct iphdr, check)
-#define L4_SPORT_OFF	0	/* same for TCP and UDP */
-#define L4_DPORT_OFF	2
+#define IP_SADDR_OFF offsetof(struct iphdr, saddr)
+#define IP_DADDR_OFF offsetof(struct iphdr, daddr)
+#define IP_CSUM_OFF  offsetof(struct iphdr, check)
+#define L4_SPORT_OFF 0 /* same for TCP and UDP */
+#define L4_DPORT_OFF 2
 
 /*
  * rewrite_l4addr - replace one <address, port> of @p's packet.

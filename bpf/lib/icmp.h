@@ -30,8 +30,8 @@
 #include "csum.h"
 #include "parse.h"
 
-#define ICMP_QUOTE_MAX	(60 + sizeof(struct tcphdr))
-#define ICMP_ERR_TTL	64
+#define ICMP_QUOTE_MAX (60 + sizeof(struct tcphdr))
+#define ICMP_ERR_TTL   64
 
 struct icmp_err_hdr {
 	struct iphdr ip;

@@ -34,8 +34,8 @@ static __always_inline struct lb4_backend *lookup_backend(__u32 backend_id)
 }
 
 /* lookup_slot - slot @slot (>= 1) of a frontend, or NULL. */
-static __always_inline struct lb4_service *
-lookup_slot(__be32 vip, __be16 port, __u8 proto, __u16 slot)
+static __always_inline struct lb4_service *lookup_slot(__be32 vip, __be16 port,
+						       __u8 proto, __u16 slot)
 {
 	struct lb4_key key = {
 		.vip = vip,

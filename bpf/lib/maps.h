@@ -85,7 +85,7 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sluice_metrics SEC(".maps");
 
-/* Key: __u32 ifindex. Value: struct node_dev. Written by the agent on attach. */
+/* Key: __u32 ifindex. Value: struct node_dev. The agent writes it on attach. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32);

@@ -20,11 +20,11 @@
 #include "maps.h"
 
 struct fib4 {
-	__u32 ifindex;		/* egress device */
-	__be32 nexthop;		/* gateway, or the destination itself */
+	__u32 ifindex;	/* egress device */
+	__be32 nexthop; /* gateway, or the destination itself */
 	__u8 smac[ETH_ALEN];
 	__u8 dmac[ETH_ALEN];
-	bool have_neigh;	/* dmac is valid */
+	bool have_neigh; /* dmac is valid */
 };
 
 /*

@@ -13,24 +13,24 @@
 #include "common.h"
 
 enum parse_result {
-	PARSE_OK,		/* IPv4 TCP/UDP with a full L4 header: translatable */
-	PARSE_PASS,		/* not for us: other ethertype or protocol */
-	PARSE_MALFORMED,	/* IPv4 but truncated or inconsistent */
-	PARSE_FRAGMENT,		/* non-first fragment: carries no ports */
+	PARSE_OK,	 /* IPv4 TCP/UDP with a full L4 header: translatable */
+	PARSE_PASS,	 /* not for us: other ethertype or protocol */
+	PARSE_MALFORMED, /* IPv4 but truncated or inconsistent */
+	PARSE_FRAGMENT,	 /* non-first fragment: carries no ports */
 };
 
 /* What the programs need of a parsed IPv4 TCP/UDP packet. */
 struct pkt4 {
 	__u32 l3_off;	/* offset of the IPv4 header */
 	__u32 l4_off;	/* offset of the TCP/UDP header (after IP options) */
-	__u32 csum_off;	/* offset of the TCP/UDP checksum field */
+	__u32 csum_off; /* offset of the TCP/UDP checksum field */
 	__be32 saddr;
 	__be32 daddr;
 	__be16 sport;
 	__be16 dport;
 	__u8 proto;
 	__u8 ihl_len;	/* IPv4 header length in bytes, 20..60 */
-	__u8 tcp_flags;	/* byte 13 of the TCP header (FIN, SYN, RST, ACK...); 0 for UDP */
+	__u8 tcp_flags; /* byte 13 of the TCP header (flags); 0 for UDP */
 };
 
 /*
@@ -82,8 +82,8 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 		return PARSE_MALFORMED;
 
 	p->csum_off = p->l4_off + (ip.protocol == IPPROTO_TCP ?
-				   offsetof(struct tcphdr, check) :
-				   offsetof(struct udphdr, check));
+					   offsetof(struct tcphdr, check) :
+					   offsetof(struct udphdr, check));
 	if (ip.protocol == IPPROTO_TCP &&
 	    bpf_skb_load_bytes(skb, p->l4_off + 13, &p->tcp_flags, 1) < 0)
 		return PARSE_MALFORMED;

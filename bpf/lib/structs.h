@@ -22,19 +22,19 @@
  * reader never sees a slot that names a backend that does not exist yet.
  */
 struct lb4_key {
-	__be32 vip;   /* network order */
-	__be16 port;  /* network order */
-	__u8 proto;   /* IPPROTO_TCP or IPPROTO_UDP */
+	__be32 vip;  /* network order */
+	__be16 port; /* network order */
+	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
 	__u8 pad0;
-	__u16 slot;   /* host order; 0 = master entry */
+	__u16 slot; /* host order; 0 = master entry */
 	__u16 pad1;
 };
 
 struct lb4_service {
 	__u32 backend_id; /* host order; slots >= 1 only */
-	__u32 count;      /* host order; slot 0 only: number of backend slots */
+	__u32 count;	  /* host order; slot 0 only: number of backend slots */
 	__u32 rev_nat_id; /* host order; service id, key of sluice_rev_nat */
-	__u8 flags;       /* SVC_F_* (slot 0 only) */
+	__u8 flags;	  /* SVC_F_* (slot 0 only) */
 	__u8 pad[3];
 };
 
@@ -79,14 +79,14 @@ struct ct4_key {
 };
 
 struct ct4_entry {
-	__u64 last_seen;  /* bpf_ktime_get_ns() of the last packet */
-	__be32 nat_addr;  /* network order: backend (forward) or frontend (reverse) */
-	__be16 nat_port;  /* network order */
-	__u8 flags;       /* CT_F_* */
+	__u64 last_seen; /* bpf_ktime_get_ns() of the last packet */
+	__be32 nat_addr; /* network order: backend (fwd) or frontend (rev) */
+	__be16 nat_port; /* network order */
+	__u8 flags;	 /* CT_F_* */
 	__u8 pad;
 	__u32 backend_id; /* host order */
 	__u32 rev_nat_id; /* host order */
-	__be32 snat_addr; /* network order, CT_F_SNAT: node (forward) or client (reverse) */
+	__be32 snat_addr; /* network order, CT_F_SNAT: node or client */
 	__be16 snat_port; /* network order, CT_F_SNAT */
 	__u16 pad2;
 };
@@ -104,8 +104,8 @@ struct sock_rev_key {
 };
 
 struct sock_rev_entry {
-	__be32 vip;       /* network order */
-	__be16 port;      /* network order */
+	__be32 vip;  /* network order */
+	__be16 port; /* network order */
 	__u16 pad;
 	__u32 rev_nat_id; /* host order */
 };
@@ -116,26 +116,46 @@ struct sock_rev_entry {
  * value to a stable metric label.
  */
 enum metric_reason {
-	METRIC_SOCK_XLATE = 0,		/* connect4/sendmsg4 translated VIP -> backend */
-	METRIC_SOCK_NO_BACKEND,		/* connect4/sendmsg4 refused: service has no backends */
-	METRIC_SOCK_REV_XLATE,		/* recvmsg4/getpeername4 translated backend -> VIP */
-	METRIC_SOCK_BACKEND_MISSING,	/* slot names a backend that is not in sluice_backends */
-	METRIC_TC_DNAT_NEW,		/* new flow to a VIP, backend selected */
-	METRIC_TC_DNAT_CT,		/* flow to a VIP, backend reused from conntrack */
-	METRIC_TC_REV_NAT,		/* reply rewritten back to the VIP */
-	METRIC_TC_NO_BACKEND,		/* ICMP port unreachable sent for a service with no backends */
-	METRIC_TC_BACKEND_MISSING,	/* dropped: slot names a backend that is not in sluice_backends */
-	METRIC_TC_MALFORMED,		/* IPv4 packet too short or inconsistent: passed untouched */
-	METRIC_TC_FRAGMENT,		/* non-first IPv4 fragment: passed untouched */
-	METRIC_TC_CT_FULL,		/* conntrack update failed: packet translated without state */
-	METRIC_TC_REWRITE_ERR,		/* a helper failed while rewriting: dropped */
-	METRIC_TC_SNAT_NEW,		/* new external flow to a remote backend: DNAT and SNAT */
-	METRIC_TC_SNAT_EXHAUSTED,	/* no free SNAT source port for a new flow: dropped */
-	METRIC_TC_FIB_ERR,		/* no route or neighbour for a redirected packet: dropped */
-	METRIC_TC_LOCAL_NO_BACKEND,	/* externalTrafficPolicy Local, no local endpoint: dropped */
-	METRIC_TC_SRC_RANGE_DENY,	/* source not in loadBalancerSourceRanges: dropped */
-	METRIC_XDP_FWD,			/* XDP: external flow translated and transmitted */
-	METRIC_XDP_REV,			/* XDP: reply of an external flow translated and transmitted */
+	/* connect4/sendmsg4 translated VIP -> backend */
+	METRIC_SOCK_XLATE = 0,
+	/* connect4/sendmsg4 refused: service has no backends */
+	METRIC_SOCK_NO_BACKEND,
+	/* recvmsg4/getpeername4 translated backend -> VIP */
+	METRIC_SOCK_REV_XLATE,
+	/* slot names a backend that is not in sluice_backends */
+	METRIC_SOCK_BACKEND_MISSING,
+	/* new flow to a VIP, backend selected */
+	METRIC_TC_DNAT_NEW,
+	/* flow to a VIP, backend reused from conntrack */
+	METRIC_TC_DNAT_CT,
+	/* reply rewritten back to the VIP */
+	METRIC_TC_REV_NAT,
+	/* ICMP port unreachable sent for a service with no backends */
+	METRIC_TC_NO_BACKEND,
+	/* dropped: slot names a backend that is not in sluice_backends */
+	METRIC_TC_BACKEND_MISSING,
+	/* IPv4 packet too short or inconsistent: passed untouched */
+	METRIC_TC_MALFORMED,
+	/* non-first IPv4 fragment: passed untouched */
+	METRIC_TC_FRAGMENT,
+	/* conntrack update failed: packet translated without state */
+	METRIC_TC_CT_FULL,
+	/* a helper failed while rewriting: dropped */
+	METRIC_TC_REWRITE_ERR,
+	/* new external flow to a remote backend: DNAT and SNAT */
+	METRIC_TC_SNAT_NEW,
+	/* no free SNAT source port for a new flow: dropped */
+	METRIC_TC_SNAT_EXHAUSTED,
+	/* no route or neighbour for a redirected packet: dropped */
+	METRIC_TC_FIB_ERR,
+	/* externalTrafficPolicy Local, no local endpoint: dropped */
+	METRIC_TC_LOCAL_NO_BACKEND,
+	/* source not in loadBalancerSourceRanges: dropped */
+	METRIC_TC_SRC_RANGE_DENY,
+	/* XDP: external flow translated and transmitted */
+	METRIC_XDP_FWD,
+	/* XDP: reply of an external flow translated and transmitted */
+	METRIC_XDP_REV,
 	METRIC_MAX,
 };
 
@@ -158,9 +178,9 @@ struct lb4_affinity_key {
 
 struct lb4_affinity {
 	__u32 backend_id; /* host order */
-	__be32 addr;      /* network order: the backend's address when chosen */
-	__be16 port;      /* network order: the backend's port when chosen */
-	__u16 slot;       /* host order: the service slot (>= 1) it was chosen from */
+	__be32 addr;	  /* network order: the backend's address when chosen */
+	__be16 port;	  /* network order: the backend's port when chosen */
+	__u16 slot;	  /* host order: the slot (>= 1) it came from */
 };
 
 /*
@@ -170,8 +190,8 @@ struct lb4_affinity {
  * external flow to it is source-NATed to that device's address.
  */
 struct node_dev {
-	__be32 addr;  /* network order: the node's address on the device */
-	__u32 flags;  /* reserved, zero */
+	__be32 addr; /* network order: the node's address on the device */
+	__u32 flags; /* reserved, zero */
 };
 
 /*
@@ -182,18 +202,21 @@ struct node_dev {
  */
 struct src_range_key {
 	__u32 prefixlen; /* host order: 64 + prefix bits */
-	__be32 vip;      /* network order */
-	__be16 port;     /* network order */
-	__u8 proto;      /* IPPROTO_TCP or IPPROTO_UDP */
+	__be32 vip;	 /* network order */
+	__be16 port;	 /* network order */
+	__u8 proto;	 /* IPPROTO_TCP or IPPROTO_UDP */
 	__u8 pad;
-	__be32 saddr;    /* network order: the allowed prefix */
+	__be32 saddr; /* network order: the allowed prefix */
 };
 
 /* Flags of a frontend's master entry (lb4_service.flags). */
 enum svc_flags {
-	SVC_F_EXTERNAL = 1,	/* NodePort, ExternalIP or LoadBalancer frontend */
-	SVC_F_LOCAL = 2,	/* externalTrafficPolicy Local: no SNAT; drop without local endpoints */
-	SVC_F_SRC_RANGES = 4,	/* check the source against sluice_src_ranges */
+	/* NodePort, ExternalIP or LoadBalancer frontend */
+	SVC_F_EXTERNAL = 1,
+	/* externalTrafficPolicy Local: no SNAT; drop without local endpoints */
+	SVC_F_LOCAL = 2,
+	/* check the source against sluice_src_ranges */
+	SVC_F_SRC_RANGES = 4,
 };
 
 /* The layouts above are an ABI: a size change must be deliberate. */
