@@ -241,6 +241,9 @@ func TestListEditDecodesOnlyTheChange(t *testing.T) {
 	if got := l.decoded.Load(); got != 2*n+1 {
 		t.Errorf("the edit decoded %d objects, want 1", got-2*n)
 	}
+	if l.translated != n+1 {
+		t.Errorf("the edit translated %d Services, want 1", l.translated-n)
+	}
 	fresh, err := Load(p, k8s.Options{})
 	if err != nil {
 		t.Fatal(err)

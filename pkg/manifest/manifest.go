@@ -88,19 +88,33 @@ func (o *object) where() string { return fmt.Sprintf("%s: document %d", o.file, 
 // dominates: a one-endpoint edit of a single file holding 30,000 Services
 // decodes one EndpointSlice instead of 60,000 objects.
 type loader struct {
-	opts     k8s.Options
-	lastGood map[objKey]*object
-	byFile   map[string][]*object // what each file contributed last time
-	cache    map[string]*fileResult
-	units    map[unitSum]*unit // what the last load decoded, by content
-	seed     maphash.Seed
-	parsed   atomic.Int64 // files parsed (not served from cache), for tests
-	decoded  atomic.Int64 // objects decoded (not served from units), for tests
+	opts       k8s.Options
+	lastGood   map[objKey]*object
+	byFile     map[string][]*object // what each file contributed last time
+	cache      map[string]*fileResult
+	units      map[unitSum]*unit // what the last load decoded, by content
+	trans      map[types.NamespacedName]*translation
+	seed       maphash.Seed
+	parsed     atomic.Int64 // files parsed (not served from cache), for tests
+	decoded    atomic.Int64 // objects decoded (not served from units), for tests
+	translated int          // Services translated (not served from trans), for tests
 }
 
 func newLoader(opts k8s.Options) *loader {
 	return &loader{opts: opts, lastGood: map[objKey]*object{}, byFile: map[string][]*object{},
-		units: map[unitSum]*unit{}, seed: maphash.MakeSeed()}
+		units: map[unitSum]*unit{}, trans: map[types.NamespacedName]*translation{}, seed: maphash.MakeSeed()}
+}
+
+// translation is what k8s.ServiceToModel made of a Service and its slices
+// at the last load. Decoded objects are shared between loads and never
+// modified, so the same pointers mean the same input, and the result is
+// reused: a change translates only the Services it touches.
+type translation struct {
+	svc     *corev1.Service
+	slices  []*discoveryv1.EndpointSlice
+	ms      []*model.Service
+	skipped string
+	err     error
 }
 
 // unitSum identifies content: a 64-bit keyed hash and the length. The
@@ -112,7 +126,7 @@ type unitSum struct {
 }
 
 func (l *loader) sum(data []byte) unitSum {
-	return unitSum{maphash.Bytes(l.seed, data), len(data)}
+	return unitSum{hash: maphash.Bytes(l.seed, data), n: len(data)}
 }
 
 // unit is the outcome of decoding one object's bytes, when it is not an
@@ -122,7 +136,7 @@ type unit struct {
 	key    objKey
 	svc    *corev1.Service
 	slice  *discoveryv1.EndpointSlice
-	ignore string // not served: "apiVersion Kind", reported as a warning
+	ignore string  // not served: "apiVersion Kind", reported as a warning
 	last   *object // the object it was decoded as (nil if ignored)
 }
 
@@ -492,19 +506,18 @@ func isBlank(doc []byte) bool {
 
 // translate builds the desired state from the objects in effect.
 func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
-	st := model.NewState()
-	slicesOf := map[types.NamespacedName][]*discoveryv1.EndpointSlice{}
-	var svcs []*object
-	all := make([]*object, 0, len(objs))
-	for _, o := range objs {
-		all = append(all, o)
-	}
 	// Sorted, so that results (which endpoint's nodeName wins among
-	// duplicates, the order of warnings) do not depend on map order.
-	slices.SortFunc(all, func(a, b *object) int {
-		return cmp.Or(cmp.Compare(a.key.Kind, b.key.Kind), cmp.Compare(a.key.Namespace, b.key.Namespace), cmp.Compare(a.key.Name, b.key.Name))
-	})
-	for _, o := range all {
+	// duplicates, which Service owns a contested frontend, the order of
+	// warnings) do not depend on map order. Only what the order matters
+	// for is sorted: the Services, each Service's slices, and the slices
+	// without a Service.
+	byName := func(a, b *object) int {
+		return cmp.Or(cmp.Compare(a.key.Namespace, b.key.Namespace), cmp.Compare(a.key.Name, b.key.Name))
+	}
+	svcs := make([]*object, 0, len(objs)/2)
+	slicesOf := make(map[types.NamespacedName][]*object, len(objs)/2)
+	var orphans []*object
+	for _, o := range objs {
 		switch {
 		case o.svc != nil:
 			svcs = append(svcs, o)
@@ -512,16 +525,39 @@ func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
 		case o.slice != nil:
 			res.Slices++
 			if nn, ok := k8s.ServiceNameOfSlice(o.slice); ok {
-				slicesOf[nn] = append(slicesOf[nn], o.slice)
+				slicesOf[nn] = append(slicesOf[nn], o)
 			} else {
-				res.Warnings = append(res.Warnings, fmt.Sprintf("%s: %s has no %s label; ignored", o.where(), o.key, discoveryv1.LabelServiceName))
+				orphans = append(orphans, o)
 			}
 		}
 	}
-	owner := map[model.L4Addr]*object{}
+	slices.SortFunc(orphans, byName)
+	for _, o := range orphans {
+		res.Warnings = append(res.Warnings, fmt.Sprintf("%s: %s has no %s label; ignored", o.where(), o.key, discoveryv1.LabelServiceName))
+	}
+	slices.SortFunc(svcs, byName)
+	st := &model.State{Services: make(map[model.L4Addr]*model.Service, len(l.trans))}
+	var eps []*discoveryv1.EndpointSlice
+	owner := make(map[model.L4Addr]*object, len(svcs))
+	trans := make(map[types.NamespacedName]*translation, len(svcs))
 	for _, o := range svcs {
 		nn := o.key.NamespacedName
-		ms, skipped, err := k8s.ServiceToModel(o.svc, slicesOf[nn], l.opts)
+		mine := slicesOf[nn]
+		if len(mine) > 1 {
+			slices.SortFunc(mine, byName)
+		}
+		eps = eps[:0]
+		for _, so := range mine {
+			eps = append(eps, so.slice)
+		}
+		t := l.trans[nn]
+		if t == nil || t.svc != o.svc || !slices.Equal(t.slices, eps) {
+			t = &translation{svc: o.svc, slices: slices.Clone(eps)}
+			t.ms, t.skipped, t.err = k8s.ServiceToModel(o.svc, t.slices, l.opts)
+			l.translated++
+		}
+		trans[nn] = t
+		ms, skipped, err := t.ms, t.skipped, t.err
 		if err != nil {
 			res.Errors = append(res.Errors, fmt.Errorf("%s: %w", o.where(), err))
 			continue
@@ -540,6 +576,7 @@ func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
 			st.Services[m.Frontend] = m
 		}
 	}
+	l.trans = trans
 	return st
 }
 
