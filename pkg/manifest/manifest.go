@@ -123,6 +123,17 @@ type translation struct {
 type unitSum struct {
 	hash uint64
 	n    int
+	// item says the bytes are an item of a JSON List, which only JSON
+	// decodes: the same bytes as a whole document may be YAML.
+	item bool
+}
+
+func rawItems(items []json.RawMessage) [][]byte {
+	out := make([][]byte, len(items))
+	for i, it := range items {
+		out[i] = it
+	}
+	return out
 }
 
 func (l *loader) sum(data []byte) unitSum {
@@ -365,7 +376,18 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 	}
 	var tm typeMeta
 	js := doc
-	if !isJSONObject(doc) || json.Unmarshal(doc, &tm) != nil {
+	var items [][]byte // a JSON List's items, split without decoding them
+	jsonOK := false
+	if isJSONObject(doc) {
+		if rest, its, ok := splitJSONList(doc); ok && json.Unmarshal(rest, &tm) == nil {
+			items, jsonOK = its, true
+		} else {
+			tm = typeMeta{}
+			jsonOK = json.Unmarshal(doc, &tm) == nil
+			items = rawItems(tm.Items)
+		}
+	}
+	if !jsonOK {
 		var err error
 		if js, err = yaml.YAMLToJSON(doc); err != nil {
 			return nil, nil, []error{fmt.Errorf("%s: document %d: malformed YAML: %w", file, idx, err)}, true
@@ -377,11 +399,13 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 		if err := json.Unmarshal(js, &tm); err != nil {
 			return nil, nil, []error{fmt.Errorf("%s: document %d: not an object: %w", file, idx, err)}, true
 		}
+		items = rawItems(tm.Items)
 	}
 	if tm.Kind == "List" || strings.HasSuffix(tm.Kind, "List") && tm.Items != nil {
-		for j, item := range tm.Items {
+		for j, item := range items {
 			prefix := fmt.Sprintf("items[%d]: ", j)
 			isum := l.sum(item)
+			isum.item = true
 			if u := l.units[isum]; u != nil {
 				o, w := l.fromUnit(fr, isum, u, file, idx, prefix)
 				if w != "" {

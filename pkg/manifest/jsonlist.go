@@ -1,0 +1,167 @@
+package manifest
+
+import "bytes"
+
+// splitJSONList finds, without decoding them, the elements of the "items"
+// array of doc, a JSON object (a List, as kubectl get -o json prints it),
+// so that only elements whose bytes changed are decoded. It returns doc
+// with that array emptied (for the caller to decode the rest) and the
+// elements. ok is false if doc is not shaped so, or not plainly: no
+// "items" member, a key with escapes or in another case (the decoder
+// matches keys case-insensitively), several "items", or anything out of
+// place; the caller then decodes doc as a whole, with the decoder's error
+// messages. The elements themselves are not validated here: each is
+// decoded (and so validated) on its own, or was before.
+func splitJSONList(doc []byte) (rest []byte, items [][]byte, ok bool) {
+	i := skipSpace(doc, 0)
+	if i >= len(doc) || doc[i] != '{' {
+		return nil, nil, false
+	}
+	i++
+	arr := -1 // where the items array starts, once found
+	var arrEnd int
+	for {
+		i = skipSpace(doc, i)
+		if i < len(doc) && doc[i] == '}' && arr < 0 {
+			return nil, nil, false // no items
+		}
+		if i >= len(doc) || doc[i] != '"' {
+			return nil, nil, false
+		}
+		end, ok := skipString(doc, i)
+		if !ok {
+			return nil, nil, false
+		}
+		key := doc[i+1 : end-1]
+		if bytes.IndexByte(key, '\\') >= 0 {
+			return nil, nil, false
+		}
+		i = skipSpace(doc, end)
+		if i >= len(doc) || doc[i] != ':' {
+			return nil, nil, false
+		}
+		i = skipSpace(doc, i+1)
+		if bytes.EqualFold(key, []byte("items")) {
+			if arr >= 0 || string(key) != "items" || i >= len(doc) || doc[i] != '[' {
+				return nil, nil, false
+			}
+			arr = i
+			i++
+			for first := true; ; first = false {
+				i = skipSpace(doc, i)
+				if i >= len(doc) {
+					return nil, nil, false
+				}
+				if doc[i] == ']' {
+					i++
+					break
+				}
+				if !first {
+					if doc[i] != ',' {
+						return nil, nil, false
+					}
+					i = skipSpace(doc, i+1)
+				}
+				start := i
+				if i, ok = skipValue(doc, i); !ok {
+					return nil, nil, false
+				}
+				items = append(items, doc[start:i:i])
+			}
+			arrEnd = i
+		} else if i, ok = skipValue(doc, i); !ok {
+			return nil, nil, false
+		}
+		i = skipSpace(doc, i)
+		if i >= len(doc) {
+			return nil, nil, false
+		}
+		if doc[i] == ',' {
+			i++
+			continue
+		}
+		if doc[i] != '}' {
+			return nil, nil, false
+		}
+		break
+	}
+	if arr < 0 {
+		return nil, nil, false
+	}
+	rest = make([]byte, 0, len(doc)-(arrEnd-arr)+2)
+	rest = append(rest, doc[:arr]...)
+	rest = append(rest, "[]"...)
+	rest = append(rest, doc[arrEnd:]...)
+	return rest, items, true
+}
+
+func skipSpace(doc []byte, i int) int {
+	for i < len(doc) && (doc[i] == ' ' || doc[i] == '\t' || doc[i] == '\n' || doc[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipString returns the index after the string starting at doc[i] ('"').
+func skipString(doc []byte, i int) (int, bool) {
+	i++
+	for {
+		j := bytes.IndexByte(doc[i:], '"')
+		if j < 0 {
+			return 0, false
+		}
+		i += j
+		// The quote is escaped if an odd number of backslashes precede it.
+		n := 0
+		for k := i - 1; k >= 0 && doc[k] == '\\'; k-- {
+			n++
+		}
+		i++
+		if n%2 == 0 {
+			return i, true
+		}
+	}
+}
+
+// skipValue returns the index after the value starting at doc[i]: a
+// string, an object or array (by bracket depth), or a literal.
+func skipValue(doc []byte, i int) (int, bool) {
+	if i >= len(doc) {
+		return 0, false
+	}
+	switch doc[i] {
+	case '"':
+		return skipString(doc, i)
+	case '{', '[':
+		depth := 0
+		for i < len(doc) {
+			switch doc[i] {
+			case '"':
+				end, ok := skipString(doc, i)
+				if !ok {
+					return 0, false
+				}
+				i = end
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1, true
+				}
+			}
+			i++
+		}
+		return 0, false
+	}
+	start := i
+	for i < len(doc) {
+		switch doc[i] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			return i, i > start
+		}
+		i++
+	}
+	return i, i > start
+}
