@@ -1,6 +1,10 @@
 package datapath
 
 import (
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -117,5 +121,40 @@ func TestOpenPinnedSizeMismatch(t *testing.T) {
 	}
 	if msg := err.Error(); !strings.Contains(msg, "sluice_conntrack") || !strings.Contains(msg, "4096") || !strings.Contains(msg, "8192") {
 		t.Errorf("error does not say which map and sizes: %v", err)
+	}
+}
+
+// BenchmarkMapsApply programs n services x 10 backends from empty maps
+// through the production reconciler (the agent's first apply), and then
+// changes one endpoint of one service.
+func BenchmarkMapsApply(b *testing.B) {
+	requireRoot(b)
+	for _, n := range []int{1000, 10000, 30000} {
+		st := model.NewState()
+		for i := range n {
+			fe := model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Port: 80, Proto: model.TCP}
+			s := &model.Service{Name: model.ServicePortName{Namespace: "bench", Name: fmt.Sprint("svc-", i)}, Frontend: fe}
+			for j := range 10 {
+				s.Backends = append(s.Backends, model.Backend{L4Addr: model.L4Addr{
+					Addr: netip.AddrFrom4([4]byte{10, byte(1 + i>>8), byte(i), byte(j + 1)}), Port: 8080, Proto: model.TCP}})
+			}
+			st.Services[fe] = s
+		}
+		cfg := smallConfig(testPinDir(b))
+		cfg.MaxServices, cfg.MaxBackends, cfg.MaxServiceEntries = n+n/4, 11*n+64, 12*n
+		b.Run(fmt.Sprintf("initial-%dk", n/1000), func(b *testing.B) {
+			for b.Loop() {
+				b.StopTimer()
+				d := openTest(b, cfg)
+				b.StartTimer()
+				if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				d.Close()
+				os.RemoveAll(filepath.Join(cfg.BPFFS, "sluice"))
+				b.StartTimer()
+			}
+		})
 	}
 }

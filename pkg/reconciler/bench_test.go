@@ -1,6 +1,7 @@
 package reconciler_test
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -26,6 +27,20 @@ func BenchmarkApply(b *testing.B) {
 			}
 		}
 	})
+	// The initial program must grow linearly with the number of services.
+	for _, n := range []int{1000, 30000} {
+		b.Run(fmt.Sprintf("initial-%dk", n/1000), func(b *testing.B) {
+			st := bigState(n, k)
+			b.ReportAllocs()
+			for b.Loop() {
+				f := fakedp.New(1<<16, 1<<20, 1<<20)
+				r := reconciler.New(f, nil)
+				if err := r.Apply(st); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 	b.Run("one-endpoint-change", func(b *testing.B) {
 		st := bigState(n, k)
 		f := fakedp.New(1<<16, 1<<20, 1<<20)

@@ -16,12 +16,54 @@ type idAllocator struct {
 	next       uint32 // every id >= next is free
 	free       []uint32
 	head       int // free[head:] is the queue, oldest first
-	used       map[uint32]bool
+	used       idSet
 	quarantine int
 }
 
 func newIDAllocator(quarantine int) *idAllocator {
-	return &idAllocator{next: 1, used: map[uint32]bool{}, quarantine: quarantine}
+	return &idAllocator{next: 1, quarantine: quarantine}
+}
+
+// idSet is a set of ids: a bitmap for the dense low range the allocator
+// hands out, a map for the rare large ids found in the kernel.
+type idSet struct {
+	bits []uint64
+	high map[uint32]bool
+}
+
+const idSetDense = 1 << 24 // ids below this go in the bitmap (at most 2 MiB)
+
+func (s *idSet) has(id uint32) bool {
+	if id < idSetDense {
+		w := id / 64
+		return int(w) < len(s.bits) && s.bits[w]&(1<<(id%64)) != 0
+	}
+	return s.high[id]
+}
+
+func (s *idSet) add(id uint32) {
+	if id < idSetDense {
+		w := int(id / 64)
+		if w >= len(s.bits) {
+			s.bits = append(s.bits, make([]uint64, max(w+1-len(s.bits), len(s.bits)))...)
+		}
+		s.bits[w] |= 1 << (id % 64)
+		return
+	}
+	if s.high == nil {
+		s.high = map[uint32]bool{}
+	}
+	s.high[id] = true
+}
+
+func (s *idSet) remove(id uint32) {
+	if id < idSetDense {
+		if w := int(id / 64); w < len(s.bits) {
+			s.bits[w] &^= 1 << (id % 64)
+		}
+		return
+	}
+	delete(s.high, id)
 }
 
 func (a *idAllocator) alloc() uint32 {
@@ -32,26 +74,26 @@ func (a *idAllocator) alloc() uint32 {
 			a.free = append([]uint32(nil), a.free[a.head:]...)
 			a.head = 0
 		}
-		if !a.used[id] {
-			a.used[id] = true
+		if !a.used.has(id) {
+			a.used.add(id)
 			return id
 		}
 	}
-	for a.used[a.next] || a.next == 0 {
+	for a.used.has(a.next) || a.next == 0 {
 		a.next++
 	}
 	id := a.next
 	a.next++
-	a.used[id] = true
+	a.used.add(id)
 	return id
 }
 
 // markUsed records an id found in the kernel.
 func (a *idAllocator) markUsed(id uint32) {
-	if id == 0 || a.used[id] {
+	if id == 0 || a.used.has(id) {
 		return
 	}
-	a.used[id] = true
+	a.used.add(id)
 	if id >= a.next {
 		// The ids between next and id become holes to reuse. Only track
 		// them when that is cheap; otherwise they are skipped.
@@ -65,9 +107,9 @@ func (a *idAllocator) markUsed(id uint32) {
 }
 
 func (a *idAllocator) release(id uint32) {
-	if !a.used[id] {
+	if !a.used.has(id) {
 		return
 	}
-	delete(a.used, id)
+	a.used.remove(id)
 	a.free = append(a.free, id)
 }

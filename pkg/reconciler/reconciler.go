@@ -76,7 +76,7 @@ type Stats struct {
 type frontendView struct {
 	hasMaster bool
 	master    Master
-	slots     map[uint32]BackendID // slot >= 1 -> backend
+	slots     slotMap // slot >= 1 -> backend
 
 	// synced says the frontend was last fully programmed with
 	// syncedAddrs and nothing touched it since (a fast path for Apply).
@@ -223,7 +223,7 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 			if s == 0 {
 				continue
 			}
-			v.slots[s] = id
+			v.slots.put(s, id)
 			r.entries++
 			r.slotRefs[id]++
 			r.beIDs.markUsed(uint32(id))
@@ -267,7 +267,7 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 func (r *Reconciler) frontend(fe model.L4Addr) *frontendView {
 	v := r.frontends[fe]
 	if v == nil {
-		v = &frontendView{slots: map[uint32]BackendID{}}
+		v = &frontendView{}
 		r.frontends[fe] = v
 	}
 	return v
@@ -362,6 +362,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 		}
 	}
 	slices.SortFunc(changed, func(a, b *desiredFrontend) int { return cmpL4(a.fe, b.fe) })
+	r.presize(changed)
 
 	// Phase 1: frontends nobody wants any more: master, then slots. This
 	// also frees room in the maps for what comes next.
@@ -430,6 +431,31 @@ func (r *Reconciler) Apply(st *model.State) error {
 	return err
 }
 
+// presize makes room in the view's maps for a first program (empty
+// maps), so that programming 30,000 frontends does not rehash them a dozen
+// times over.
+func (r *Reconciler) presize(changed []*desiredFrontend) {
+	if len(r.frontends) != 0 || len(changed) < 64 {
+		return
+	}
+	nb := 0
+	for _, d := range changed {
+		nb += len(d.addrs)
+	}
+	nf := len(changed)
+	if len(r.backends) == 0 && len(r.slotRefs) == 0 && len(r.backendOf) == 0 {
+		r.backends = make(map[BackendID]model.L4Addr, nb)
+		r.slotRefs = make(map[BackendID]int, nb)
+		r.backendOf = make(map[model.L4Addr]BackendID, nb)
+	}
+	if len(r.revNat) == 0 && len(r.masterRef) == 0 && len(r.serviceOf) == 0 {
+		r.revNat = make(map[ServiceID]model.L4Addr, nf)
+		r.masterRef = make(map[ServiceID]int, nf)
+		r.serviceOf = make(map[model.L4Addr]ServiceID, nf)
+	}
+	r.frontends = make(map[model.L4Addr]*frontendView, nf)
+}
+
 // fastInSync reports whether fe was fully programmed with exactly svc's
 // backends, and nothing touched it since.
 func (r *Reconciler) fastInSync(fe model.L4Addr, svc *model.Service) bool {
@@ -492,7 +518,7 @@ func (r *Reconciler) inSyncFrontend(fe model.L4Addr, d *desiredFrontend) bool {
 	if a, ok := r.revNat[sid]; !ok || a != fe || r.masterRef[sid] != 1 {
 		return false
 	}
-	if len(v.slots) != len(d.addrs) {
+	if v.slots.n != len(d.addrs) {
 		return false
 	}
 	for _, a := range d.addrs {
@@ -504,7 +530,7 @@ func (r *Reconciler) inSyncFrontend(fe model.L4Addr, d *desiredFrontend) bool {
 	// Every slot 1..m must hold a wanted backend, each exactly once.
 	seen := make(map[BackendID]bool, len(d.addrs))
 	for s := uint32(1); s <= uint32(len(d.addrs)); s++ {
-		id, ok := v.slots[s]
+		id, ok := v.slots.get(s)
 		a, real := r.backends[id]
 		if !ok || seen[id] || !real || !wantsAddr(d, a) || r.backendOf[a] != id {
 			return false
@@ -551,7 +577,7 @@ func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capSvc
 			needEnt++
 		} else if s == 0 && !v.hasMaster {
 			needEnt++
-		} else if _, ok := v.slots[s]; s > 0 && !ok {
+		} else if _, ok := v.slots.get(s); s > 0 && !ok {
 			needEnt++
 		}
 	}
@@ -582,7 +608,7 @@ func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capSvc
 	var before []model.L4Addr
 	if v != nil && v.hasMaster {
 		for s := uint32(1); s <= v.master.Count; s++ {
-			if id, ok := v.slots[s]; ok && r.isReal(id) {
+			if id, ok := v.slots.get(s); ok && r.isReal(id) {
 				before = append(before, r.backends[id])
 			}
 		}
@@ -628,7 +654,7 @@ func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capSvc
 	kept := make(map[BackendID]bool, len(ids))
 	var holes []uint32
 	for s := uint32(1); s <= m; s++ {
-		id, ok := v.slots[s]
+		id, ok := v.slots.get(s)
 		if ok && want[id] && !kept[id] {
 			kept[id] = true
 			continue
@@ -675,13 +701,7 @@ func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capSvc
 	}
 
 	// 5. Slots above the new count.
-	var extra []uint32
-	for s := range v.slots {
-		if s > m {
-			extra = append(extra, s)
-		}
-	}
-	slices.Sort(extra)
+	extra := v.slots.keys(m + 1)
 	for i := len(extra) - 1; i >= 0; i-- {
 		s := extra[i]
 		r.writes++
@@ -700,7 +720,7 @@ func (r *Reconciler) removeFrontend(fe model.L4Addr) error {
 	var named []model.L4Addr
 	if v.hasMaster {
 		for s := uint32(1); s <= v.master.Count; s++ {
-			if id, ok := v.slots[s]; ok && r.isReal(id) {
+			if id, ok := v.slots.get(s); ok && r.isReal(id) {
 				named = append(named, r.backends[id])
 			}
 		}
@@ -719,7 +739,7 @@ func (r *Reconciler) removeFrontend(fe model.L4Addr) error {
 			}
 		}
 	}
-	for _, s := range sortedKeys(v.slots) {
+	for _, s := range v.slots.keys(1) {
 		r.writes++
 		if err := r.dp.DeleteSlot(fe, s); err != nil {
 			return fmt.Errorf("delete slot %d: %w", s, err)
@@ -785,21 +805,22 @@ func (r *Reconciler) deleteUnusedBackends(want map[model.L4Addr]bool) error {
 }
 
 func (r *Reconciler) setSlot(v *frontendView, s uint32, id BackendID) {
-	if old, ok := v.slots[s]; ok {
+	if old, ok := v.slots.get(s); ok {
 		r.unref(old)
 	} else {
 		r.entries++
 	}
-	v.slots[s] = id
+	v.slots.put(s, id)
 	r.slotRefs[id]++
+	delete(r.backendCand, id) // named: not a candidate for deletion
 }
 
 func (r *Reconciler) deleteSlot(v *frontendView, s uint32) {
-	old, ok := v.slots[s]
+	old, ok := v.slots.get(s)
 	if !ok {
 		return
 	}
-	delete(v.slots, s)
+	v.slots.del(s)
 	r.entries--
 	r.unref(old)
 }
@@ -868,4 +889,57 @@ func compareKeys[K comparable](a, b K) int {
 		return cmp.Compare(x, any(b).(BackendID))
 	}
 	panic(fmt.Sprintf("sortedKeys: unsupported key type %T", a))
+}
+
+// slotMap holds a frontend's slots, indexed by slot number: slots are
+// dense (1..count), so a slice beats a map per frontend, in memory and in
+// the time to fill it.
+type slotMap struct {
+	ids []slotEntry
+	n   int // slots present
+}
+
+type slotEntry struct {
+	id BackendID
+	ok bool
+}
+
+func (m *slotMap) get(s uint32) (BackendID, bool) {
+	if int64(s) >= int64(len(m.ids)) {
+		return 0, false
+	}
+	e := m.ids[s]
+	return e.id, e.ok
+}
+
+func (m *slotMap) put(s uint32, id BackendID) {
+	if old := len(m.ids); int64(s) >= int64(old) {
+		m.ids = slices.Grow(m.ids, int(s)+1-old)[:s+1]
+		clear(m.ids[old:])
+	}
+	if !m.ids[s].ok {
+		m.n++
+	}
+	m.ids[s] = slotEntry{id, true}
+}
+
+func (m *slotMap) del(s uint32) {
+	if int64(s) < int64(len(m.ids)) && m.ids[s].ok {
+		m.ids[s] = slotEntry{}
+		m.n--
+	}
+	for len(m.ids) > 0 && !m.ids[len(m.ids)-1].ok {
+		m.ids = m.ids[:len(m.ids)-1]
+	}
+}
+
+// keys returns the slots >= from that are present, in order.
+func (m *slotMap) keys(from uint32) []uint32 {
+	var out []uint32
+	for s := int(from); s < len(m.ids); s++ {
+		if m.ids[s].ok {
+			out = append(out, uint32(s))
+		}
+	}
+	return out
 }
