@@ -193,6 +193,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) (res *result, err er
 		}
 		for _, n := range l.nodes {
 			if isSluice(n.mode) {
+				log.Info("starting the agent", "mode", n.mode)
 				if err := l.startSluice(n, bins, mf); err != nil {
 					return nil, err
 				}
@@ -210,12 +211,14 @@ func run(ctx context.Context, cfg config, log *slog.Logger) (res *result, err er
 		if ruleset == nil {
 			ruleset = iptablesRestore(svcs)
 		}
-		d, err := loadIptables(ctx, n, ruleset)
+		log.Info("loading rules", "mode", n.mode)
+		d, how, err := loadIptables(ctx, n, ruleset, cfg.Services, tmp)
 		if err != nil {
 			return nil, err
 		}
 		res.modeResult(n.mode).ProgramSeconds = d.Seconds()
-		log.Info("rules loaded", "mode", n.mode, "took", d.Round(time.Millisecond))
+		res.modeResult(n.mode).LoadedWith = how
+		log.Info("rules loaded", "mode", n.mode, "took", d.Round(time.Millisecond), "with", how)
 	}
 	if ruleset != nil {
 		res.Settings = append(res.Settings, fmt.Sprintf("iptables: kube-proxy-shaped nat+filter ruleset (%d bytes, iptables-restore --noflush into the fresh node netns): KUBE-SERVICES (one rule per ClusterIP:port, then --dst-type LOCAL -j KUBE-NODEPORTS), KUBE-NODEPORTS -> KUBE-EXT-* (KUBE-MARK-MASQ) -> KUBE-SVC-* (statistic random 1/(n-i)) -> KUBE-SEP-* (DNAT), KUBE-POSTROUTING MASQUERADE --random-fully; filter KUBE-FORWARD etc.", len(ruleset)))

@@ -32,12 +32,12 @@ import (
 // so the backend is remote and its replies come back through the same node.
 // Nothing is routed to or from the host.
 type lab struct {
-	topo             *topology.Topology
-	gen, router, be  *topology.NS
-	nodes            []*node
-	settings         []string
-	xdpLinks         []link.Link
-	xdpPass          *ebpf.Program
+	topo            *topology.Topology
+	gen, router, be *topology.NS
+	nodes           []*node
+	settings        []string
+	xdpLinks        []link.Link
+	xdpPass         *ebpf.Program
 }
 
 // node is the NodePort node of one mode.
