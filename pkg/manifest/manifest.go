@@ -94,6 +94,7 @@ type loader struct {
 	cache      map[string]*fileResult
 	units      map[unitSum]*unit // what the last load decoded, by content
 	trans      map[types.NamespacedName]*translation
+	order      []types.NamespacedName // the Services of trans, sorted
 	seed       maphash.Seed
 	parsed     atomic.Int64 // files parsed (not served from cache), for tests
 	decoded    atomic.Int64 // objects decoded (not served from units), for tests
@@ -228,7 +229,7 @@ func (l *loader) load(path string) (*Result, error) {
 	wg.Wait()
 
 	res := &Result{}
-	effective := map[objKey]*object{}
+	effective := make(map[objKey]*object, len(l.lastGood))
 	newByFile := map[string][]*object{}
 	newCache := map[string]*fileResult{}
 	units := make(map[unitSum]*unit, len(l.units))
@@ -254,14 +255,9 @@ func (l *loader) load(path string) (*Result, error) {
 	l.byFile = newByFile
 	l.cache = newCache
 	l.units = units
-	for k, o := range effective {
-		l.lastGood[k] = o
-	}
-	for k := range l.lastGood {
-		if _, ok := effective[k]; !ok {
-			delete(l.lastGood, k) // deleted on purpose: forget it
-		}
-	}
+	// What is in effect is the last good version of each object; objects
+	// no longer defined are forgotten (deleted on purpose).
+	l.lastGood = effective
 
 	res.State = l.translate(effective, res)
 	return res, nil
@@ -365,7 +361,7 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 	}
 	sum := l.sum(doc)
 	if u := l.units[sum]; u != nil {
-		o, w := l.fromUnit(fr, sum, u, file, idx, "")
+		o, w := l.fromUnit(fr, sum, u, file, idx, -1)
 		if w != "" {
 			warns = append(warns, w)
 		}
@@ -402,35 +398,29 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 		items = rawItems(tm.Items)
 	}
 	if tm.Kind == "List" || strings.HasSuffix(tm.Kind, "List") && tm.Items != nil {
+		outs := make([]itemOutcome, len(items))
+		var todo []int
 		for j, item := range items {
-			prefix := fmt.Sprintf("items[%d]: ", j)
 			isum := l.sum(item)
 			isum.item = true
 			if u := l.units[isum]; u != nil {
-				o, w := l.fromUnit(fr, isum, u, file, idx, prefix)
-				if w != "" {
-					warns = append(warns, w)
-				}
-				if o != nil {
-					objs = append(objs, o)
-				}
+				outs[j].o, outs[j].w = l.fromUnit(fr, isum, u, file, idx, j)
 				continue
 			}
-			var itm typeMeta
-			if err := json.Unmarshal(item, &itm); err != nil {
-				errs = append(errs, fmt.Errorf("%s: document %d: items[%d]: not an object: %w", file, idx, j, err))
-				broken = true
-				continue
+			outs[j].sum = isum
+			todo = append(todo, j)
+		}
+		l.decodeItems(fr, file, idx, items, todo, outs)
+		for _, out := range outs {
+			if out.w != "" {
+				warns = append(warns, out.w)
 			}
-			o, w, err := l.decodeObject(fr, isum, file, idx, prefix, itm, item)
-			if w != "" {
-				warns = append(warns, w)
+			if out.err != nil {
+				errs = append(errs, out.err)
 			}
-			if err != nil {
-				errs = append(errs, err)
-			}
-			if o != nil {
-				objs = append(objs, o)
+			broken = broken || out.broken
+			if out.o != nil {
+				objs = append(objs, out.o)
 			}
 		}
 		return objs, warns, errs, broken
@@ -448,6 +438,31 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 	return objs, warns, errs, false
 }
 
+// itemOutcome is what one item of a List contributes.
+type itemOutcome struct {
+	sum    unitSum
+	o      *object
+	w      string
+	err    error
+	broken bool
+}
+
+// decodeItems decodes the items todo names. (Decoding them in parallel
+// gained nothing measurable on a busy 2-core machine: GC and allocation
+// dominate.)
+func (l *loader) decodeItems(fr *fileResult, file string, idx int, items [][]byte, todo []int, outs []itemOutcome) {
+	for _, j := range todo {
+		out := &outs[j]
+		var itm typeMeta
+		if err := json.Unmarshal(items[j], &itm); err != nil {
+			out.err = fmt.Errorf("%s: document %d: items[%d]: not an object: %w", file, idx, j, err)
+			out.broken = true
+			continue
+		}
+		out.o, out.w, out.err = l.decodeObject(fr, out.sum, file, idx, fmt.Sprintf("items[%d]: ", j), itm, items[j])
+	}
+}
+
 // isJSONObject reports whether doc looks like a JSON object (it may still
 // be YAML's flow style, which the JSON decoder then rejects).
 func isJSONObject(doc []byte) bool {
@@ -456,10 +471,14 @@ func isJSONObject(doc []byte) bool {
 }
 
 // fromUnit returns the object (or warning) of bytes decoded before.
-func (l *loader) fromUnit(fr *fileResult, sum unitSum, u *unit, file string, idx int, prefix string) (*object, string) {
+// item is the index in a List, or -1 for a whole document.
+func (l *loader) fromUnit(fr *fileResult, sum unitSum, u *unit, file string, idx, item int) (*object, string) {
 	fr.units = append(fr.units, sumUnit{sum, u})
 	if u.ignore != "" {
-		return nil, prefix + "ignoring " + u.ignore
+		if item >= 0 {
+			return nil, fmt.Sprintf("items[%d]: ignoring %s", item, u.ignore)
+		}
+		return nil, "ignoring " + u.ignore
 	}
 	if o := u.last; o.file == file && o.doc == idx {
 		return o, ""
@@ -541,11 +560,15 @@ func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
 	svcs := make([]*object, 0, len(objs)/2)
 	slicesOf := make(map[types.NamespacedName][]*object, len(objs)/2)
 	var orphans []*object
+	same := true // the same Services as last time: their order is known
 	for _, o := range objs {
 		switch {
 		case o.svc != nil:
 			svcs = append(svcs, o)
 			res.Services++
+			if same {
+				_, same = l.trans[o.key.NamespacedName]
+			}
 		case o.slice != nil:
 			res.Slices++
 			if nn, ok := k8s.ServiceNameOfSlice(o.slice); ok {
@@ -559,7 +582,23 @@ func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
 	for _, o := range orphans {
 		res.Warnings = append(res.Warnings, fmt.Sprintf("%s: %s has no %s label; ignored", o.where(), o.key, discoveryv1.LabelServiceName))
 	}
-	slices.SortFunc(svcs, byName)
+	if same && len(svcs) == len(l.order) {
+		// Sorting 30,000 names costs more than putting them back in the
+		// order they had.
+		byNN := make(map[types.NamespacedName]*object, len(svcs))
+		for _, o := range svcs {
+			byNN[o.key.NamespacedName] = o
+		}
+		for i, nn := range l.order {
+			svcs[i] = byNN[nn]
+		}
+	} else {
+		slices.SortFunc(svcs, byName)
+		l.order = make([]types.NamespacedName, len(svcs))
+		for i, o := range svcs {
+			l.order[i] = o.key.NamespacedName
+		}
+	}
 	st := &model.State{Services: make(map[model.L4Addr]*model.Service, len(l.trans))}
 	var eps []*discoveryv1.EndpointSlice
 	owner := make(map[model.L4Addr]*object, len(svcs))
