@@ -203,6 +203,22 @@ func run(ctx context.Context, cfg config, log *slog.Logger) (res *result, err er
 			"sluice: cmd/sluice per node, --devices eth0,eth1 --node-ip <eth0> --socket-lb=false --resync-interval 0 --conntrack-gc-interval 0 --health-check-node-ports=false; map sizes at their defaults; its own pin directory under /sys/fs/bpf",
 			"sluice: endpoints carry nodeName node-b, the agent runs as node-a: every backend is remote, flows are DNATed and SNATed to the node's eth1 address")
 	}
+	// The agents program concurrently; each is ready when the target
+	// answers through its node. The rule sets load after that, one after
+	// the other, so neither's programming time includes the other's.
+	for _, n := range l.nodes {
+		if n.agent == nil {
+			continue
+		}
+		if err := n.agent.WaitReady(cfg.ReadyTimout); err != nil {
+			return nil, fmt.Errorf("agent %s: %w\n%s", n.mode, err, tail(n.agent.Log.String(), 2000))
+		}
+		if err := l.waitTarget(ctx, n, nodePort, cfg.ReadyTimout); err != nil {
+			return nil, err
+		}
+		res.modeResult(n.mode).ProgramSeconds = time.Since(start).Seconds()
+		log.Info("mode ready", "mode", n.mode, "since the agents started", time.Since(start).Round(time.Millisecond))
+	}
 	var ruleset []byte
 	for _, n := range l.nodes {
 		if isSluice(n.mode) {
@@ -219,39 +235,13 @@ func run(ctx context.Context, cfg config, log *slog.Logger) (res *result, err er
 		res.modeResult(n.mode).ProgramSeconds = d.Seconds()
 		res.modeResult(n.mode).LoadedWith = how
 		log.Info("rules loaded", "mode", n.mode, "took", d.Round(time.Millisecond), "with", how)
+		if err := l.waitTarget(ctx, n, nodePort, cfg.ReadyTimout); err != nil {
+			return nil, err
+		}
 	}
 	if ruleset != nil {
 		res.Settings = append(res.Settings, fmt.Sprintf("iptables: kube-proxy-shaped nat+filter ruleset (%d bytes, iptables-restore --noflush into the fresh node netns): KUBE-SERVICES (one rule per ClusterIP:port, then --dst-type LOCAL -j KUBE-NODEPORTS), KUBE-NODEPORTS -> KUBE-EXT-* (KUBE-MARK-MASQ) -> KUBE-SVC-* (statistic random 1/(n-i)) -> KUBE-SEP-* (DNAT), KUBE-POSTROUTING MASQUERADE --random-fully; filter KUBE-FORWARD etc.", len(ruleset)))
 	}
-	// Ready = the target answers through the node; the agents are also
-	// asked for /readyz first.
-	for _, n := range l.nodes {
-		if n.agent != nil {
-			if err := n.agent.WaitReady(cfg.ReadyTimout); err != nil {
-				return nil, fmt.Errorf("agent %s: %w\n%s", n.mode, err, tail(n.agent.Log.String(), 2000))
-			}
-		}
-		dst := fmt.Sprintf("%s:%d", n.addr, nodePort)
-		deadline := time.Now().Add(cfg.ReadyTimout)
-		for {
-			err := oneConn(ctx, l.gen, dst)
-			if err == nil {
-				break
-			}
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			if time.Now().After(deadline) {
-				return nil, fmt.Errorf("%s: target NodePort %s does not answer after %v: %w", n.mode, dst, cfg.ReadyTimout, err)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-		if n.agent != nil {
-			res.modeResult(n.mode).ProgramSeconds = time.Since(start).Seconds()
-		}
-		log.Info("mode ready", "mode", n.mode, "since start", time.Since(start).Round(time.Millisecond))
-	}
-
 	for r := range cfg.Rounds {
 		for _, n := range l.nodes {
 			u, err := l.udpLoad(ctx, n, nodePort, cfg.UDPSenders, cfg.UDPFlows, cfg.UDPPayload, cfg.Duration)
@@ -295,6 +285,26 @@ func run(ctx context.Context, cfg config, log *slog.Logger) (res *result, err er
 	}
 	res.finish()
 	return res, nil
+}
+
+// waitTarget waits until a TCP connection to the target NodePort through n
+// completes.
+func (l *lab) waitTarget(ctx context.Context, n *node, nodePort int, timeout time.Duration) error {
+	dst := fmt.Sprintf("%s:%d", n.addr, nodePort)
+	deadline := time.Now().Add(timeout)
+	for {
+		err := oneConn(ctx, l.gen, dst)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: target NodePort %s does not answer after %v: %w", n.mode, dst, timeout, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func tail(s string, n int) string {
