@@ -75,6 +75,10 @@ type object struct {
 	slice *discoveryv1.EndpointSlice
 	file  string
 	doc   int // 1-based document index in file
+	// owner is the Service an EndpointSlice names, if it names one
+	// (k8s.ServiceNameOfSlice), found once when it is decoded.
+	owner    types.NamespacedName
+	hasOwner bool
 }
 
 func (o *object) where() string { return fmt.Sprintf("%s: document %d", o.file, o.doc) }
@@ -94,7 +98,6 @@ type loader struct {
 	cache      map[string]*fileResult
 	units      map[unitSum]*unit // what the last load decoded, by content
 	trans      map[types.NamespacedName]*translation
-	order      []types.NamespacedName // the Services of trans, sorted
 	seed       maphash.Seed
 	parsed     atomic.Int64 // files parsed (not served from cache), for tests
 	decoded    atomic.Int64 // objects decoded (not served from units), for tests
@@ -116,6 +119,7 @@ type translation struct {
 	ms      []*model.Service
 	skipped string
 	err     error
+	pos     int // the Service's place among the Services, sorted by name
 }
 
 // unitSum identifies content: a 64-bit keyed hash and the length. The
@@ -483,7 +487,8 @@ func (l *loader) fromUnit(fr *fileResult, sum unitSum, u *unit, file string, idx
 	if o := u.last; o.file == file && o.doc == idx {
 		return o, ""
 	}
-	return &object{key: u.key, svc: u.svc, slice: u.slice, file: file, doc: idx}, ""
+	last := u.last
+	return &object{key: u.key, svc: u.svc, slice: u.slice, file: file, doc: idx, owner: last.owner, hasOwner: last.hasOwner}, ""
 }
 
 // decodeObject decodes and validates one object. On error it returns the
@@ -524,6 +529,7 @@ func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx int,
 		if err = json.Unmarshal(js, o.slice); err == nil {
 			o.slice.Namespace = key.Namespace
 			err = k8s.ValidateEndpointSlice(o.slice)
+			o.owner, o.hasOwner = k8s.ServiceNameOfSlice(o.slice)
 		}
 	}
 	if err == nil {
@@ -561,18 +567,21 @@ func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
 	slicesOf := make(map[types.NamespacedName][]*object, len(objs)/2)
 	var orphans []*object
 	same := true // the same Services as last time: their order is known
+	var prev []*translation
 	for _, o := range objs {
 		switch {
 		case o.svc != nil:
 			svcs = append(svcs, o)
 			res.Services++
 			if same {
-				_, same = l.trans[o.key.NamespacedName]
+				t := l.trans[o.key.NamespacedName]
+				same = t != nil
+				prev = append(prev, t)
 			}
 		case o.slice != nil:
 			res.Slices++
-			if nn, ok := k8s.ServiceNameOfSlice(o.slice); ok {
-				slicesOf[nn] = append(slicesOf[nn], o)
+			if o.hasOwner {
+				slicesOf[o.owner] = append(slicesOf[o.owner], o)
 			} else {
 				orphans = append(orphans, o)
 			}
@@ -582,28 +591,23 @@ func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
 	for _, o := range orphans {
 		res.Warnings = append(res.Warnings, fmt.Sprintf("%s: %s has no %s label; ignored", o.where(), o.key, discoveryv1.LabelServiceName))
 	}
-	if same && len(svcs) == len(l.order) {
-		// Sorting 30,000 names costs more than putting them back in the
-		// order they had.
-		byNN := make(map[types.NamespacedName]*object, len(svcs))
-		for _, o := range svcs {
-			byNN[o.key.NamespacedName] = o
+	trans := l.trans
+	if same = same && len(svcs) == len(l.trans); same {
+		// Sorting 30,000 names costs more than putting them back where
+		// they were, and the translations are updated in place.
+		sorted := make([]*object, len(svcs))
+		for i, o := range svcs {
+			sorted[prev[i].pos] = o
 		}
-		for i, nn := range l.order {
-			svcs[i] = byNN[nn]
-		}
+		svcs = sorted
 	} else {
 		slices.SortFunc(svcs, byName)
-		l.order = make([]types.NamespacedName, len(svcs))
-		for i, o := range svcs {
-			l.order[i] = o.key.NamespacedName
-		}
+		trans = make(map[types.NamespacedName]*translation, len(svcs))
 	}
 	st := &model.State{Services: make(map[model.L4Addr]*model.Service, len(l.trans))}
 	var eps []*discoveryv1.EndpointSlice
 	owner := make(map[model.L4Addr]*object, len(svcs))
-	trans := make(map[types.NamespacedName]*translation, len(svcs))
-	for _, o := range svcs {
+	for i, o := range svcs {
 		nn := o.key.NamespacedName
 		mine := slicesOf[nn]
 		if len(mine) > 1 {
@@ -619,6 +623,7 @@ func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
 			t.ms, t.skipped, t.err = k8s.ServiceToModel(o.svc, t.slices, l.opts)
 			l.translated++
 		}
+		t.pos = i
 		trans[nn] = t
 		ms, skipped, err := t.ms, t.skipped, t.err
 		if err != nil {
