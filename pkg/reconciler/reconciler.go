@@ -347,8 +347,16 @@ func (r *Reconciler) Apply(st *model.State) error {
 	// sync name all their backends already.)
 	var changed []*desiredFrontend
 	wantBackend := map[model.L4Addr]bool{}
+	known := 0 // desired frontends the view has
 	for fe, svc := range services {
-		if svc == nil || r.fastInSync(fe, svc) {
+		if svc == nil {
+			continue
+		}
+		v := r.frontends[fe]
+		if v != nil {
+			known++
+		}
+		if r.fastInSync(v, svc) {
 			continue
 		}
 		d := newDesired(fe, svc)
@@ -367,9 +375,11 @@ func (r *Reconciler) Apply(st *model.State) error {
 	// Phase 1: frontends nobody wants any more: master, then slots. This
 	// also frees room in the maps for what comes next.
 	var gone []model.L4Addr
-	for fe := range r.frontends {
-		if services[fe] == nil {
-			gone = append(gone, fe)
+	if known < len(r.frontends) { // else every frontend of the view is wanted
+		for fe := range r.frontends {
+			if services[fe] == nil {
+				gone = append(gone, fe)
+			}
 		}
 	}
 	slices.SortFunc(gone, cmpL4)
@@ -456,10 +466,9 @@ func (r *Reconciler) presize(changed []*desiredFrontend) {
 	r.frontends = make(map[model.L4Addr]*frontendView, nf)
 }
 
-// fastInSync reports whether fe was fully programmed with exactly svc's
+// fastInSync reports whether v (nil if unknown) was fully programmed with exactly svc's
 // backends, and nothing touched it since.
-func (r *Reconciler) fastInSync(fe model.L4Addr, svc *model.Service) bool {
-	v := r.frontends[fe]
+func (r *Reconciler) fastInSync(v *frontendView, svc *model.Service) bool {
 	if v == nil || !v.synced || len(v.syncedAddrs) != len(svc.Backends) || v.master.Flags != masterFlags(svc) {
 		return false
 	}
