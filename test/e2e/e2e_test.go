@@ -247,33 +247,14 @@ func setup(t *testing.T) *env {
 	e.cgroup = cg.Path
 	e.write(t, e.addrs, e.addrs)
 
-	e.agent = harness.NewAgent(bins, lb.Node, harness.AgentConfig{
+	// Stopped and cleaned up (by StartAgent's cleanup) before the topology
+	// registered by NewT is torn down.
+	e.agent = harness.StartAgent(t, bins, lb.Node, harness.AgentConfig{
 		Manifests: e.manifest,
 		Devices:   []string{lb.NodeDev},
 		Cgroup:    cg.Path,
 		BPFFS:     filepath.Join("/sys/fs/bpf", topo.Prefix()+"e2e"),
-	})
-	// Cleanups run last-registered first: the log dump, then agent stop and
-	// `sluice cleanup`, then (registered by NewT) the topology.
-	t.Cleanup(func() {
-		if err := e.agent.Stop(); err != nil {
-			t.Logf("agent stop: %v", err)
-		}
-		if err := e.agent.Cleanup(context.Background()); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("agent log:\n%s", e.agent.Log)
-		}
-	})
-	if err := e.agent.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.agent.WaitReady(30 * time.Second); err != nil {
-		t.Fatal(err)
-	}
+	}, 30*time.Second)
 	return e
 }
 
@@ -738,28 +719,11 @@ func TestReadyzFollowsDesiredState(t *testing.T) {
 		}
 	}
 	write(2)
-	agent := harness.NewAgent(bins, lb.Node, harness.AgentConfig{
+	agent := harness.StartAgent(t, bins, lb.Node, harness.AgentConfig{
 		Manifests: manifest,
 		BPFFS:     filepath.Join("/sys/fs/bpf", topo.Prefix()+"readyz"),
 		Extra:     []string{"--max-services", "3"},
-	})
-	t.Cleanup(func() {
-		agent.Stop()
-		if err := agent.Cleanup(context.Background()); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("agent log:\n%s", agent.Log)
-		}
-	})
-	if err := agent.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := agent.WaitReady(30 * time.Second); err != nil {
-		t.Fatal(err)
-	}
+	}, 30*time.Second)
 
 	write(4) // one more frontend than sluice_rev_nat holds
 	deadline := time.Now().Add(10 * time.Second)

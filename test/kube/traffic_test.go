@@ -61,30 +61,11 @@ func setupTraffic(t *testing.T) *trafficEnv {
 	e.kube = kubeenv.StartWith(t, kubeenv.Options{NetNS: lb.Node.Path, Dial: lb.Node.DialContext})
 	e.kube.CreateNode(context.Background(), "node", lb.NodeAddr.String())
 
-	e.agent = harness.NewAgent(bins, lb.Node, harness.AgentConfig{
+	e.agent = harness.StartAgent(t, bins, lb.Node, harness.AgentConfig{
 		Devices: []string{lb.NodeDev},
 		BPFFS:   filepath.Join("/sys/fs/bpf", topo.Prefix()+"kube"),
 		Extra:   []string{"--kubeconfig", e.kube.Kubeconfig, "--min-sync-period", "100ms"},
-	})
-	t.Cleanup(func() {
-		if err := e.agent.Stop(); err != nil {
-			t.Logf("agent stop: %v", err)
-		}
-		if err := e.agent.Cleanup(context.Background()); err != nil {
-			t.Errorf("sluice cleanup: %v", err)
-		}
-	})
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("agent log:\n%s", e.agent.Log)
-		}
-	})
-	if err := e.agent.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.agent.WaitReady(60 * time.Second); err != nil {
-		t.Fatal(err)
-	}
+	}, 60*time.Second)
 	return e
 }
 

@@ -290,25 +290,7 @@ func build(t *testing.T, extra ...string) *cluster {
 		if n.name == "node-a" {
 			cfg.Cgroup = c.podCgroup.Path // socket load balancing for node-a's pods
 		}
-		a := harness.NewAgent(b, n.ns, cfg)
-		t.Cleanup(func() {
-			defer func() {
-				if err := a.Stop(); err != nil {
-					t.Errorf("stop agent %s: %v", n.name, err)
-				}
-				if err := a.Cleanup(context.Background()); err != nil {
-					t.Errorf("cleanup agent %s: %v", n.name, err)
-				}
-			}()
-			if t.Failed() {
-				counters, err := a.Counters(context.Background())
-				t.Logf("agent %s counters (%v):\n%s\nlog:\n%s", n.name, err, counters, a.Log.String())
-			}
-		})
-		must(t, a.Start())
-		if err := a.WaitReady(30 * time.Second); err != nil {
-			t.Fatalf("agent %s: %v\n%s", n.name, err, a.Log.String())
-		}
+		a := harness.StartAgent(t, b, n.ns, cfg, 30*time.Second)
 		c.agents = append(c.agents, a)
 	}
 	// Registered last, so it runs before the agents are stopped.

@@ -153,6 +153,36 @@ func NewAgent(bin Binaries, ns *topology.NS, cfg AgentConfig) *Agent {
 	return a
 }
 
+// StartAgent prepares, starts and waits (up to ready) for an agent in ns,
+// and registers its teardown with t: on failure the agent's counters and
+// log are dumped; then it is stopped (it must exit cleanly on SIGTERM) and
+// `sluice cleanup` removes what it installed. Cleanups run last-registered
+// first, so a caller's own cleanups registered afterwards run while the
+// agent is still up.
+func StartAgent(t testing.TB, bin Binaries, ns *topology.NS, cfg AgentConfig, ready time.Duration) *Agent {
+	t.Helper()
+	a := NewAgent(bin, ns, cfg)
+	t.Cleanup(func() {
+		if t.Failed() {
+			counters, err := a.Counters(context.Background())
+			t.Logf("agent in %s: counters (%v):\n%s\nlog:\n%s", ns.Name, err, counters, a.Log.String())
+		}
+		if err := a.Stop(); err != nil {
+			t.Errorf("stop agent in %s: %v", ns.Name, err)
+		}
+		if err := a.Cleanup(context.Background()); err != nil {
+			t.Errorf("cleanup agent in %s: %v", ns.Name, err)
+		}
+	})
+	if err := a.Start(); err != nil {
+		t.Fatalf("start agent in %s: %v", ns.Name, err)
+	}
+	if err := a.WaitReady(ready); err != nil {
+		t.Fatalf("agent in %s: %v\n%s", ns.Name, err, a.Log.String())
+	}
+	return a
+}
+
 // Start starts the agent. Its output accumulates in Log.
 func (a *Agent) Start() error {
 	if a.proc != nil {
