@@ -26,12 +26,10 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/pkg/topology"
@@ -260,7 +258,7 @@ func build(t *testing.T, extra ...string) *cluster {
 	// software, as a NIC would have by the time a packet reaches another
 	// machine.
 	for _, n := range []*topology.NS{c.client, c.client2, c.podA, c.podB, c.nodeA, c.nodeB} {
-		must(t, n.Do(func() error { return ethtoolSet("eth0", ethtoolSTXCSUM, 0) }))
+		must(t, n.Do(func() error { return topology.SetTxChecksumOffload("eth0", false) }))
 	}
 
 	for _, p := range []struct {
@@ -331,30 +329,6 @@ func attachXDPPass(t *testing.T, ns *topology.NS, dev string) {
 		t.Cleanup(func() { l.Close() })
 		return nil
 	}))
-}
-
-const ethtoolSTXCSUM = 0x17 // set TX checksum offload
-
-// ethtoolSet sets a feature of dev (in the calling thread's namespace)
-// with a legacy ethtool ioctl (no ethtool binary needed).
-func ethtoolSet(dev string, cmd, value uint32) error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	val := struct{ cmd, data uint32 }{cmd, value}
-	var ifr struct {
-		name [unix.IFNAMSIZ]byte
-		data unsafe.Pointer
-		_    [16]byte
-	}
-	copy(ifr.name[:], dev)
-	ifr.data = unsafe.Pointer(&val)
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); errno != 0 {
-		return fmt.Errorf("ethtool %#x=%d on %s: %w", cmd, value, dev, errno)
-	}
-	return nil
 }
 
 func addNS(t *testing.T, topo *topology.Topology, name string) *topology.NS {

@@ -8,12 +8,10 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/pkg/topology"
 )
@@ -130,11 +128,11 @@ func buildLab(modes []string) (_ *lab, err error) {
 	// which an XDP frame, having no skb, loses. The hosts that originate
 	// traffic (generator, backend) compute checksums in software.
 	for _, n := range l.nodes {
-		if err := l.gen.Do(func() error { return ethtoolSet(n.genDev, ethtoolSTXCSUM, 0) }); err != nil {
+		if err := l.gen.Do(func() error { return topology.SetTxChecksumOffload(n.genDev, false) }); err != nil {
 			return nil, err
 		}
 	}
-	if err := l.be.Do(func() error { return ethtoolSet("eth0", ethtoolSTXCSUM, 0) }); err != nil {
+	if err := l.be.Do(func() error { return topology.SetTxChecksumOffload("eth0", false) }); err != nil {
 		return nil, err
 	}
 	l.settings = append(l.settings, "tx checksum offload off on the generator's and the backend's veths (complete checksums, as from a wire)")
@@ -231,28 +229,4 @@ func readTrim(path string) string {
 		return "?"
 	}
 	return strings.TrimSpace(string(b))
-}
-
-const ethtoolSTXCSUM = 0x17 // set TX checksum offload
-
-// ethtoolSet sets a feature of dev (in the calling thread's namespace)
-// with a legacy ethtool ioctl (no ethtool binary needed).
-func ethtoolSet(dev string, cmd, value uint32) error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	val := struct{ cmd, data uint32 }{cmd, value}
-	var ifr struct {
-		name [unix.IFNAMSIZ]byte
-		data unsafe.Pointer
-		_    [16]byte
-	}
-	copy(ifr.name[:], dev)
-	ifr.data = unsafe.Pointer(&val)
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); errno != 0 {
-		return fmt.Errorf("ethtool %#x=%d on %s: %w", cmd, value, dev, errno)
-	}
-	return nil
 }
