@@ -2,8 +2,9 @@
 /*
  * Includes, constants and small helpers shared by every Sluice program.
  *
- * Only UAPI headers and libbpf's helper headers are used (no vmlinux.h), so
- * the objects build the same on any machine with clang and libbpf-dev.
+ * Only UAPI headers and libbpf's helper headers are used (no vmlinux.h),
+ * vendored in bpf/include (update.sh) and built with -nostdinc, so the
+ * objects build the same on any machine with the pinned clang.
  * Per-node knobs are `volatile const` globals set by the agent before load,
  * never #ifdefs: one object serves every node.
  */
@@ -19,13 +20,6 @@
 #include <linux/ip.h>
 #include <linux/tcp.h>
 #include <linux/udp.h>
-/*
- * <linux/icmp.h> pulls in <linux/if.h>, which includes the C library's
- * <sys/socket.h>: not available to a BPF target. It only needs IFNAMSIZ
- * from it, so provide that and skip <linux/if.h>.
- */
-#define _LINUX_IF_H
-#define IFNAMSIZ 16
 #include <linux/icmp.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
