@@ -12,7 +12,8 @@
  * with ECONNREFUSED (bpf_set_retval, allowed for connect4 and sendmsg4
  * since Linux 5.18) instead of timing out.
  */
-#include "lib/common.h"
+#include "lib/consts.h"
+#include "lib/config.h"
 #include "lib/maps.h"
 #include "lib/metrics.h"
 #include "lib/lb.h"

@@ -17,8 +17,10 @@
 #ifndef SLUICE_CONNTRACK_H
 #define SLUICE_CONNTRACK_H
 
-#include "common.h"
+#include "consts.h"
+#include "config.h"
 #include "maps.h"
+#include "lb.h"
 #include "parse.h"
 
 static __always_inline __u64 ct_timeout(__u8 proto)
@@ -44,6 +46,32 @@ static __always_inline bool ct_closed(const struct ct4_entry *e)
 	return (e->flags & CT_F_RST) ||
 	       (e->flags & (CT_F_FIN_FWD | CT_F_FIN_REV)) ==
 		       (CT_F_FIN_FWD | CT_F_FIN_REV);
+}
+
+/*
+ * ct_fwd_usable - whether the live forward entry @fwd still decides where
+ * @p, a packet of its flow, goes. tc and XDP both follow this rule, so a
+ * flow may move between them.
+ *
+ * A UDP "flow" has no end: once its backend is gone (or its id reused for
+ * another address), it is re-balanced rather than sent into the void. TCP
+ * keeps its backend, as kube-proxy keeps established connections; but a new
+ * connection (a pure SYN) on the tuple of a closed one starts afresh.
+ */
+static __always_inline bool ct_fwd_usable(const struct ct4_entry *fwd,
+					  const struct pkt4 *p)
+{
+	const struct lb4_backend *be;
+
+	if (p->proto == IPPROTO_UDP) {
+		be = lookup_backend(fwd->backend_id);
+		return be && be->addr == fwd->nat_addr &&
+		       be->port == fwd->nat_port;
+	}
+	if (p->proto == IPPROTO_TCP && ct_closed(fwd) &&
+	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		return false;
+	return true;
 }
 
 /* ct_expired - whether @e (of protocol @proto) is dead at @now. */

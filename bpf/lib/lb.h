@@ -11,7 +11,7 @@
 #ifndef SLUICE_LB_H
 #define SLUICE_LB_H
 
-#include "common.h"
+#include "consts.h"
 #include "maps.h"
 
 /* lookup_service - the master entry of a frontend, or NULL if not a service. */

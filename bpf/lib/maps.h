@@ -9,7 +9,7 @@
 #ifndef SLUICE_MAPS_H
 #define SLUICE_MAPS_H
 
-#include "common.h"
+#include "consts.h"
 #include "structs.h"
 
 /* Key: struct lb4_key. Value: struct lb4_service. Written by the agent. */

@@ -16,7 +16,7 @@
 #ifndef SLUICE_NAT_H
 #define SLUICE_NAT_H
 
-#include "common.h"
+#include "consts.h"
 #include "maps.h"
 
 struct fib4 {

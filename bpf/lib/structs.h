@@ -11,7 +11,7 @@
 #ifndef SLUICE_STRUCTS_H
 #define SLUICE_STRUCTS_H
 
-#include "common.h"
+#include "consts.h"
 
 /*
  * sluice_services: key -> struct lb4_service.

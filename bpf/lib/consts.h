@@ -1,15 +1,14 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * Includes, constants and small helpers shared by every Sluice program.
+ * Includes and constants shared by every Sluice program.
  *
  * Only UAPI headers and libbpf's helper headers are used (no vmlinux.h),
  * vendored in bpf/include (update.sh) and built with -nostdinc, so the
- * objects build the same on any machine with the pinned clang.
- * Per-node knobs are `volatile const` globals set by the agent before load,
- * never #ifdefs: one object serves every node.
+ * objects build the same on any machine with the pinned clang. Per-node
+ * settings are not constants: they are in config.h.
  */
-#ifndef SLUICE_COMMON_H
-#define SLUICE_COMMON_H
+#ifndef SLUICE_CONSTS_H
+#define SLUICE_CONSTS_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -55,30 +54,4 @@
 
 #define NSEC_PER_SEC 1000000000ULL
 
-/*
- * Conntrack idle timeouts, set by the agent before load. An entry whose
- * last_seen is older than its timeout is treated as absent (the LRU map
- * reclaims it later).
- */
-volatile const __u64 ct_timeout_tcp_ns = 6ULL * 3600 * NSEC_PER_SEC;
-volatile const __u64 ct_timeout_udp_ns = 60ULL * NSEC_PER_SEC;
-/* A TCP flow that saw a RST, or a FIN both ways, lives this much longer. */
-volatile const __u64 ct_timeout_close_ns = 10ULL * NSEC_PER_SEC;
-
-/*
- * Source ports for SNAT to the node's address, host order, inclusive. The
- * default stays above the kernel's default ephemeral range (32768-60999),
- * so the node's own connections do not compete for them.
- */
-volatile const __u16 snat_port_min = 61000;
-volatile const __u16 snat_port_max = 65535;
-
-/* Fold a 32-bit one's complement sum into the 16-bit Internet checksum. */
-static __always_inline __u16 csum_fold(__u32 csum)
-{
-	csum = (csum & 0xffff) + (csum >> 16);
-	csum = (csum & 0xffff) + (csum >> 16);
-	return (__u16)~csum;
-}
-
-#endif /* SLUICE_COMMON_H */
+#endif /* SLUICE_CONSTS_H */
