@@ -3,7 +3,7 @@
  * Per-node settings: `volatile const` globals (.rodata) that the agent sets
  * before load (pkg/datapath configure), never #ifdefs, so one object serves
  * every node. The values here are the defaults, the same as pkg/datapath's
- * Default*.
+ * Default* (TestConfigDefaults checks that they agree).
  */
 #ifndef SLUICE_CONFIG_H
 #define SLUICE_CONFIG_H

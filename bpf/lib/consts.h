@@ -28,17 +28,11 @@
 #define EPERM	     1
 #define ECONNREFUSED 111
 
-/* ct4_key.dir */
-#define CT_FORWARD 0
-#define CT_REVERSE 1
-
-/* lb4_service.flags (slot 0): enum svc_flags in structs.h. */
-
-/* ct4_entry.flags */
-#define CT_F_SNAT    0x01 /* source-NATed flow to a remote backend */
-#define CT_F_FIN_FWD 0x02 /* TCP FIN seen from the client */
-#define CT_F_FIN_REV 0x04 /* TCP FIN seen from the backend */
-#define CT_F_RST     0x08 /* TCP RST seen either way */
+/*
+ * The values stored in maps (conntrack directions and flags, service
+ * flags, metric reasons) are enums in structs.h: they are part of the ABI
+ * with the agent, which gets them from the BTF.
+ */
 
 /* TCP header flag bits (byte 13 of the header). */
 #define TCP_FLAG_FIN 0x01

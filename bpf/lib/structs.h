@@ -6,7 +6,10 @@
  * and pinned maps outlive both. Fields are fixed width with explicit padding
  * (padding is hashed as part of a key, so the agent always zeroes it), and
  * every field says its byte order. Go types are generated from these by
- * bpf2go (-type), never copied by hand.
+ * bpf2go (-type), never copied by hand; so are the values of the enums
+ * here, which is why flag and reason families are enums and not #defines
+ * (see BTF_EXPORT at the end).
+
  */
 #ifndef SLUICE_STRUCTS_H
 #define SLUICE_STRUCTS_H
@@ -34,7 +37,7 @@ struct lb4_service {
 	__u32 backend_id; /* host order; slots >= 1 only */
 	__u32 count;	  /* host order; slot 0 only: number of backend slots */
 	__u32 rev_nat_id; /* host order; service id, key of sluice_rev_nat */
-	__u8 flags;	  /* SVC_F_* (slot 0 only) */
+	__u8 flags;	  /* enum svc_flags (slot 0 only) */
 	__u8 pad[3];
 };
 
@@ -74,21 +77,39 @@ struct ct4_key {
 	__be16 sport; /* network order */
 	__be16 dport; /* network order */
 	__u8 proto;   /* IPPROTO_TCP or IPPROTO_UDP */
-	__u8 dir;     /* CT_FORWARD or CT_REVERSE */
+	__u8 dir;     /* enum ct_dir */
 	__u16 pad;
+};
+
+/* ct4_key.dir */
+enum ct_dir {
+	CT_FORWARD = 0,
+	CT_REVERSE = 1,
 };
 
 struct ct4_entry {
 	__u64 last_seen; /* bpf_ktime_get_ns() of the last packet */
 	__be32 nat_addr; /* network order: backend (fwd) or frontend (rev) */
 	__be16 nat_port; /* network order */
-	__u8 flags;	 /* CT_F_* */
+	__u8 flags;	 /* enum ct_flags */
 	__u8 pad;
 	__u32 backend_id; /* host order */
 	__u32 rev_nat_id; /* host order */
 	__be32 snat_addr; /* network order, CT_F_SNAT: node or client */
 	__be16 snat_port; /* network order, CT_F_SNAT */
 	__u16 pad2;
+};
+
+/* ct4_entry.flags */
+enum ct_flags {
+	/* source-NATed flow to a remote backend */
+	CT_F_SNAT = 0x01,
+	/* TCP FIN seen from the client */
+	CT_F_FIN_FWD = 0x02,
+	/* TCP FIN seen from the backend */
+	CT_F_FIN_REV = 0x04,
+	/* TCP RST seen either way */
+	CT_F_RST = 0x08,
 };
 
 /*
@@ -112,8 +133,10 @@ struct sock_rev_entry {
 
 /*
  * sluice_metrics (per-CPU array): __u32 reason (host order) -> __u64 count.
- * Append new reasons before METRIC_MAX, never renumber: the agent maps each
- * value to a stable metric label.
+ * Append new reasons before METRIC_MAX, never renumber: pinned counters
+ * outlive the agent. The agent labels each reason with its name,
+ * lower-cased, without METRIC_ (METRIC_TC_DNAT_NEW counts as tc_dnat_new),
+ * taken from the BTF: a new reason needs nothing on the Go side.
  */
 enum metric_reason {
 	/* connect4/sendmsg4 translated VIP -> backend */
@@ -218,6 +241,23 @@ enum svc_flags {
 	/* check the source against sluice_src_ranges */
 	SVC_F_SRC_RANGES = 4,
 };
+
+/*
+ * BTF_EXPORT - put @type in the object's BTF although no map or global
+ * names it, so that bpf2go -type can generate it for Go. The enums above
+ * are stored in narrower fields or used as plain integers, which clang
+ * does not describe in BTF. The pointer is placed in a section of its own,
+ * which neither the kernel nor cilium/ebpf loads (in .bss it would make
+ * every object create a map for it).
+ */
+#define BTF_EXPORT(type, name)          \
+	const type *__btf_export_##name \
+		__attribute__((used, section(".sluice.btf")))
+
+BTF_EXPORT(enum ct_dir, ct_dir);
+BTF_EXPORT(enum ct_flags, ct_flags);
+BTF_EXPORT(enum svc_flags, svc_flags);
+BTF_EXPORT(enum metric_reason, metric_reason);
 
 /* The layouts above are an ABI: a size change must be deliberate. */
 _Static_assert(sizeof(struct lb4_key) == 12, "lb4_key size");

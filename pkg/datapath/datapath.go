@@ -24,6 +24,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -242,7 +243,7 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		}
 		ms.MaxEntries = uint32(n)
 	}
-	if ms, ok := spec.Maps[mapMetrics]; !ok || int(ms.MaxEntries) != len(metricNames) {
+	if ms, ok := spec.Maps[mapMetrics]; !ok || int(ms.MaxEntries) != len(metricNames()) {
 		return fmt.Errorf("map %s: BPF object has a different set of reasons than this agent (rebuild with go generate)", mapMetrics)
 	}
 	vars := map[string]any{
@@ -325,47 +326,23 @@ func (d *Datapath) Close() error {
 	return errors.Join(d.sock.Close(), d.tc.Close(), d.xdp.Close())
 }
 
-// metricNames labels the reasons of enum metric_reason (bpf/lib/structs.h),
-// in order. Open refuses an object whose sluice_metrics size differs.
-var metricNames = []string{
-	"sock_xlate",
-	"sock_no_backend",
-	"sock_rev_xlate",
-	"sock_backend_missing",
-	"tc_dnat_new",
-	"tc_dnat_ct",
-	"tc_rev_nat",
-	"tc_no_backend",
-	"tc_backend_missing",
-	"tc_malformed",
-	"tc_fragment",
-	"tc_ct_full",
-	"tc_rewrite_err",
-	"tc_snat_new",
-	"tc_snat_exhausted",
-	"tc_fib_err",
-	"tc_local_no_backend",
-	"tc_src_range_deny",
-	"xdp_fwd",
-	"xdp_rev",
-}
-
 // CounterNames returns the reasons Counters reports, in a stable order (for
 // declaring metrics before the first scrape).
-func CounterNames() []string { return append([]string(nil), metricNames...) }
+func CounterNames() []string { return slices.Clone(metricNames()) }
 
 // Counters returns the datapath outcome counters, summed over CPUs, by
 // reason.
 func (d *Datapath) Counters() (map[string]uint64, error) {
-	return readCounters(d.maps.metrics, len(metricNames))
+	return readCounters(d.maps.metrics, len(metricNames()))
 }
 
 // readCounters sums the first n reasons of sluice_metrics over CPUs.
 func readCounters(metrics *ebpf.Map, n int) (map[string]uint64, error) {
-	n = min(n, len(metricNames))
+	names := metricNames()
+	n = min(n, len(names))
 	out := make(map[string]uint64, n)
 	var perCPU []uint64
-	for i, name := range metricNames[:n] {
+	for i, name := range names[:n] {
 		if err := metrics.Lookup(uint32(i), &perCPU); err != nil {
 			return nil, fmt.Errorf("read counter %s: %w", name, err)
 		}

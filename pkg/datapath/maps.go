@@ -29,11 +29,6 @@ type Maps struct {
 
 var _ reconciler.Datapath = (*Maps)(nil)
 
-const (
-	ctForward = 0
-	ctReverse = 1
-)
-
 // be32 returns the uint32 whose in-memory bytes are a's, in network order.
 func be32(a netip.Addr) uint32 {
 	b := a.As4()

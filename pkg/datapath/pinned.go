@@ -56,7 +56,7 @@ func OpenPinned(bpffs string) (*Pinned, error) {
 	}
 	// An agent built with fewer or more reasons than this tool: show the
 	// ones both know.
-	p.reasons = min(int(info.MaxEntries), len(metricNames))
+	p.reasons = min(int(info.MaxEntries), len(metricNames()))
 	return p, nil
 }
 

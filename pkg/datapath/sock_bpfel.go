@@ -38,6 +38,22 @@ type sockCt4Key struct {
 	Pad   uint16
 }
 
+type sockCtDir uint32
+
+const (
+	sockCtDirCT_FORWARD sockCtDir = 0
+	sockCtDirCT_REVERSE sockCtDir = 1
+)
+
+type sockCtFlags uint32
+
+const (
+	sockCtFlagsCT_F_SNAT    sockCtFlags = 1
+	sockCtFlagsCT_F_FIN_FWD sockCtFlags = 2
+	sockCtFlagsCT_F_FIN_REV sockCtFlags = 4
+	sockCtFlagsCT_F_RST     sockCtFlags = 8
+)
+
 type sockLb4Affinity struct {
 	_         structs.HostLayout
 	BackendId uint32
@@ -90,6 +106,32 @@ type sockLb4Service struct {
 	Pad       [3]uint8
 }
 
+type sockMetricReason uint32
+
+const (
+	sockMetricReasonMETRIC_SOCK_XLATE           sockMetricReason = 0
+	sockMetricReasonMETRIC_SOCK_NO_BACKEND      sockMetricReason = 1
+	sockMetricReasonMETRIC_SOCK_REV_XLATE       sockMetricReason = 2
+	sockMetricReasonMETRIC_SOCK_BACKEND_MISSING sockMetricReason = 3
+	sockMetricReasonMETRIC_TC_DNAT_NEW          sockMetricReason = 4
+	sockMetricReasonMETRIC_TC_DNAT_CT           sockMetricReason = 5
+	sockMetricReasonMETRIC_TC_REV_NAT           sockMetricReason = 6
+	sockMetricReasonMETRIC_TC_NO_BACKEND        sockMetricReason = 7
+	sockMetricReasonMETRIC_TC_BACKEND_MISSING   sockMetricReason = 8
+	sockMetricReasonMETRIC_TC_MALFORMED         sockMetricReason = 9
+	sockMetricReasonMETRIC_TC_FRAGMENT          sockMetricReason = 10
+	sockMetricReasonMETRIC_TC_CT_FULL           sockMetricReason = 11
+	sockMetricReasonMETRIC_TC_REWRITE_ERR       sockMetricReason = 12
+	sockMetricReasonMETRIC_TC_SNAT_NEW          sockMetricReason = 13
+	sockMetricReasonMETRIC_TC_SNAT_EXHAUSTED    sockMetricReason = 14
+	sockMetricReasonMETRIC_TC_FIB_ERR           sockMetricReason = 15
+	sockMetricReasonMETRIC_TC_LOCAL_NO_BACKEND  sockMetricReason = 16
+	sockMetricReasonMETRIC_TC_SRC_RANGE_DENY    sockMetricReason = 17
+	sockMetricReasonMETRIC_XDP_FWD              sockMetricReason = 18
+	sockMetricReasonMETRIC_XDP_REV              sockMetricReason = 19
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 20
+)
+
 type sockNodeDev struct {
 	_     structs.HostLayout
 	Addr  uint32
@@ -121,6 +163,14 @@ type sockSrcRangeKey struct {
 	Pad       uint8
 	Saddr     uint32
 }
+
+type sockSvcFlags uint32
+
+const (
+	sockSvcFlagsSVC_F_EXTERNAL   sockSvcFlags = 1
+	sockSvcFlagsSVC_F_LOCAL      sockSvcFlags = 2
+	sockSvcFlagsSVC_F_SRC_RANGES sockSvcFlags = 4
+)
 
 // Names of all BPF objects in the ELF.
 //
