@@ -82,7 +82,7 @@ static __always_inline int xdp_rev(struct xdp_md *ctx, struct xdp_pkt4 *x,
 	__be16 fe_port, cport;
 
 	ct_key_of(&key, &x->p, CT_REVERSE);
-	e = bpf_map_lookup_elem(&sluice_conntrack, &key);
+	e = bpf_map_lookup_elem(&sluice_conntrack_v1, &key);
 	if (!e || !(e->flags & CT_F_SNAT) || ct_expired(e, key.proto, now))
 		return -1;
 	fe_addr = e->nat_addr;

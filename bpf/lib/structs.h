@@ -5,7 +5,10 @@
  * These structs are an ABI: the agent writes them, the datapath reads them,
  * and pinned maps outlive both. Fields are fixed width with explicit padding
  * (padding is hashed as part of a key, so the agent always zeroes it), and
- * every field says its byte order. Go types are generated from these by
+ * every field says its byte order. Each map's name in maps.h carries the
+ * version of its layout (sluice_services_v1): a change of a key or value
+ * here bumps it, with a conversion in pkg/datapath (pins.go), so that an
+ * upgrade keeps the pinned state. Go types are generated from these by
  * bpf2go (-type), never copied by hand; so are the values of the enums
  * here, which is why flag and reason families are enums and not #defines
  * (see BTF_EXPORT at the end).
@@ -17,7 +20,7 @@
 #include "consts.h"
 
 /*
- * sluice_services: key -> struct lb4_service.
+ * sluice_services_v1: key -> struct lb4_service.
  *
  * One service frontend <vip, port, proto> owns count+1 entries: slot 0 (the
  * master) holds the backend count and the service id; slots 1..count hold
@@ -36,12 +39,12 @@ struct lb4_key {
 struct lb4_service {
 	__u32 backend_id; /* host order; slots >= 1 only */
 	__u32 count;	  /* host order; slot 0 only: number of backend slots */
-	__u32 rev_nat_id; /* host order; service id, key of sluice_rev_nat */
+	__u32 rev_nat_id; /* host order; service id, key of sluice_rev_nat_v1 */
 	__u8 flags;	  /* enum svc_flags (slot 0 only) */
 	__u8 pad[3];
 };
 
-/* sluice_backends: __u32 backend id (host order) -> struct lb4_backend. */
+/* sluice_backends_v1: __u32 backend id (host order) -> struct lb4_backend. */
 struct lb4_backend {
 	__be32 addr; /* network order */
 	__be16 port; /* network order */
@@ -49,7 +52,7 @@ struct lb4_backend {
 	__u8 flags;  /* reserved, zero */
 };
 
-/* sluice_rev_nat: __u32 service id (host order) -> struct lb4_rev_nat. */
+/* sluice_rev_nat_v1: __u32 service id (host order) -> struct lb4_rev_nat. */
 struct lb4_rev_nat {
 	__be32 vip;  /* network order */
 	__be16 port; /* network order */
@@ -58,7 +61,7 @@ struct lb4_rev_nat {
 };
 
 /*
- * sluice_conntrack (LRU): struct ct4_key -> struct ct4_entry.
+ * sluice_conntrack_v1 (LRU): struct ct4_key -> struct ct4_entry.
  *
  * The per-packet path keeps two entries per translated flow: CT_FORWARD keyed
  * by the client's tuple to the frontend (saddr=client, daddr=frontend),
@@ -113,7 +116,7 @@ enum ct_flags {
 };
 
 /*
- * sluice_sock_rev (LRU): struct sock_rev_key -> struct sock_rev_entry.
+ * sluice_sock_rev_v1 (LRU): struct sock_rev_key -> struct sock_rev_entry.
  * Written by connect4/sendmsg4, read by recvmsg4/getpeername4 so that a socket
  * translated to a backend still reports the VIP as its peer.
  */
@@ -132,7 +135,7 @@ struct sock_rev_entry {
 };
 
 /*
- * sluice_metrics (per-CPU array): __u32 reason (host order) -> __u64 count.
+ * sluice_metrics_v1 (per-CPU array): __u32 reason (host order) -> __u64 count.
  * Append new reasons before METRIC_MAX, never renumber: pinned counters
  * outlive the agent. The agent labels each reason with its name,
  * lower-cased, without METRIC_ (METRIC_TC_DNAT_NEW counts as tc_dnat_new),
@@ -183,15 +186,24 @@ enum metric_reason {
 };
 
 /*
- * sluice_affinity (LRU): struct lb4_affinity_key -> struct lb4_affinity.
- * Keeps an unconnected UDP socket that sends to a VIP over and over on the
- * backend it got first (sendmsg4 is called per datagram). The entry is
- * followed only while the slot it was chosen from still names the backend
- * id and that id still names the same address and port: ids are reused
- * (after a quarantine) for other backends, possibly of other services.
- * Otherwise the socket selects again.
+ * sluice_metrics has room for this many reasons, so that appending one
+ * changes no map layout.
  */
-struct lb4_affinity_key {
+#define METRIC_SLOTS 256
+_Static_assert(METRIC_MAX <= METRIC_SLOTS, "sluice_metrics too small");
+
+/*
+ * sluice_udp_stick_v1 (LRU): struct sock_udp_stick_key -> struct
+ * sock_udp_stick. Keeps an unconnected UDP socket that sends to a VIP over
+ * and over on the backend it got first (sendmsg4 is called per datagram):
+ * per-socket stickiness, not Kubernetes sessionAffinity (which is per
+ * client address, with a timeout). The entry is followed only while the
+ * slot it was chosen from still names the backend id and that id still
+ * names the same address and port: ids are reused (after a quarantine) for
+ * other backends, possibly of other services. Otherwise the socket selects
+ * again.
+ */
+struct sock_udp_stick_key {
 	__u64 cookie; /* bpf_get_socket_cookie() */
 	__be32 vip;   /* network order */
 	__be16 port;  /* network order */
@@ -199,7 +211,7 @@ struct lb4_affinity_key {
 	__u8 pad;
 };
 
-struct lb4_affinity {
+struct sock_udp_stick {
 	__u32 backend_id; /* host order */
 	__be32 addr;	  /* network order: the backend's address when chosen */
 	__be16 port;	  /* network order: the backend's port when chosen */
@@ -207,7 +219,7 @@ struct lb4_affinity {
 };
 
 /*
- * sluice_devices: __u32 ifindex (host order) -> struct node_dev.
+ * sluice_devices_v1: __u32 ifindex (host order) -> struct node_dev.
  * The devices the agent attached to (the node's external devices). A
  * backend whose route leaves through one of them is on another node: an
  * external flow to it is source-NATed to that device's address.
@@ -218,7 +230,7 @@ struct node_dev {
 };
 
 /*
- * sluice_src_ranges (LPM trie): struct src_range_key -> __u8 (1).
+ * sluice_src_ranges_v1 (LPM trie): struct src_range_key -> __u8 (1).
  * loadBalancerSourceRanges of a frontend with SVC_F_SRC_RANGES: a source
  * that matches no prefix of its frontend is dropped. prefixlen counts the
  * 64 bits of frontend (vip, port, proto, pad) plus the prefix's own bits.
@@ -268,8 +280,9 @@ _Static_assert(sizeof(struct ct4_key) == 16, "ct4_key size");
 _Static_assert(sizeof(struct ct4_entry) == 32, "ct4_entry size");
 _Static_assert(sizeof(struct sock_rev_key) == 16, "sock_rev_key size");
 _Static_assert(sizeof(struct sock_rev_entry) == 12, "sock_rev_entry size");
-_Static_assert(sizeof(struct lb4_affinity_key) == 16, "lb4_affinity_key size");
-_Static_assert(sizeof(struct lb4_affinity) == 12, "lb4_affinity size");
+_Static_assert(sizeof(struct sock_udp_stick_key) == 16,
+	       "sock_udp_stick_key size");
+_Static_assert(sizeof(struct sock_udp_stick) == 12, "sock_udp_stick size");
 _Static_assert(sizeof(struct node_dev) == 8, "node_dev size");
 _Static_assert(sizeof(struct src_range_key) == 16, "src_range_key size");
 

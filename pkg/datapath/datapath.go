@@ -40,7 +40,7 @@ type Config struct {
 	// (65536), MaxBackends sluice_backends (262144), MaxServiceEntries
 	// sluice_services, masters plus slots (1<<20), MaxConntrack
 	// sluice_conntrack (262144), MaxSockRev sluice_sock_rev and
-	// sluice_affinity (262144).
+	// sluice_udp_stick (262144).
 	MaxServices, MaxBackends, MaxServiceEntries, MaxConntrack, MaxSockRev int
 
 	// Idle timeouts of per-packet conntrack entries; 0 means the default
@@ -98,19 +98,6 @@ const (
 	DefaultSNATPortMax       = 65535
 )
 
-// Pinned map names (also their file names under BPFFS/sluice/).
-const (
-	mapServices  = "sluice_services"
-	mapBackends  = "sluice_backends"
-	mapRevNat    = "sluice_rev_nat"
-	mapConntrack = "sluice_conntrack"
-	mapSockRev   = "sluice_sock_rev"
-	mapAffinity  = "sluice_affinity"
-	mapMetrics   = "sluice_metrics"
-	mapDevices   = "sluice_devices"
-	mapSrcRanges = "sluice_src_ranges"
-)
-
 func (c Config) withDefaults() Config {
 	def := func(v *int, d int) {
 		if *v == 0 {
@@ -148,7 +135,7 @@ func (c Config) maxEntries() map[string]int {
 		mapRevNat:    c.MaxServices,
 		mapConntrack: c.MaxConntrack,
 		mapSockRev:   c.MaxSockRev,
-		mapAffinity:  c.MaxSockRev,
+		mapUDPStick:  c.MaxSockRev,
 	}
 }
 
@@ -163,9 +150,11 @@ type Datapath struct {
 }
 
 // Open loads the programs and creates the pinned maps, or reuses them if
-// an earlier agent pinned them. A pinned map whose type, key, value or size
-// differ from what this agent wants is an error: resizing would drop the
-// state that keeps traffic flowing, so it takes an explicit Cleanup.
+// an earlier agent pinned them; maps the previous release pinned under
+// other names or layouts are migrated first (pins.go). A pinned map whose
+// type, key, value or size differ from what this agent wants is an error:
+// resizing would drop the state that keeps traffic flowing, so it takes an
+// explicit Cleanup.
 func Open(cfg Config) (*Datapath, error) {
 	cfg = cfg.withDefaults()
 	for name, n := range cfg.maxEntries() {
@@ -200,6 +189,12 @@ func Open(cfg Config) (*Datapath, error) {
 		if err := configure(spec, cfg); err != nil {
 			return nil, err
 		}
+	}
+	// The objects declare every map alike (TestObjectsShareMaps).
+	if err := migratePins(dir, sockSpec); err != nil {
+		return nil, err
+	}
+	for _, spec := range []*ebpf.CollectionSpec{sockSpec, tcSpec, xdpSpec} {
 		if err := checkPinned(spec, dir); err != nil {
 			return nil, err
 		}
@@ -220,15 +215,15 @@ func Open(cfg Config) (*Datapath, error) {
 		return nil, fmt.Errorf("load XDP program: %w", verifierDetail(err))
 	}
 	d.maps = &Maps{
-		services:  d.sock.SluiceServices,
-		backends:  d.sock.SluiceBackends,
-		revNat:    d.sock.SluiceRevNat,
-		conntrack: d.sock.SluiceConntrack,
-		sockRev:   d.sock.SluiceSockRev,
-		affinity:  d.sock.SluiceAffinity,
-		metrics:   d.sock.SluiceMetrics,
-		devices:   d.sock.SluiceDevices,
-		srcRanges: d.sock.SluiceSrcRanges,
+		services:  d.sock.SluiceServicesV1,
+		backends:  d.sock.SluiceBackendsV1,
+		revNat:    d.sock.SluiceRevNatV1,
+		conntrack: d.sock.SluiceConntrackV1,
+		sockRev:   d.sock.SluiceSockRevV1,
+		udpStick:  d.sock.SluiceUdpStickV1,
+		metrics:   d.sock.SluiceMetricsV1,
+		devices:   d.sock.SluiceDevicesV1,
+		srcRanges: d.sock.SluiceSrcRangesV1,
 		cfg:       cfg,
 	}
 	return d, nil
@@ -243,8 +238,8 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		}
 		ms.MaxEntries = uint32(n)
 	}
-	if ms, ok := spec.Maps[mapMetrics]; !ok || int(ms.MaxEntries) != len(metricNames()) {
-		return fmt.Errorf("map %s: BPF object has a different set of reasons than this agent (rebuild with go generate)", mapMetrics)
+	if ms, ok := spec.Maps[mapMetrics]; !ok || int(ms.MaxEntries) < len(metricNames()) {
+		return fmt.Errorf("map %s: missing from BPF object, or without room for its %d reasons", mapMetrics, len(metricNames()))
 	}
 	vars := map[string]any{
 		"ct_timeout_tcp_ns":   uint64(cfg.CTTimeoutTCP.Nanoseconds()),

@@ -21,7 +21,7 @@ import (
 // network byte order, ids and slots in host order, as bpf/lib/structs.h
 // says.
 type Maps struct {
-	services, backends, revNat, conntrack, sockRev, affinity, metrics *ebpf.Map
+	services, backends, revNat, conntrack, sockRev, udpStick, metrics *ebpf.Map
 	devices, srcRanges                                                *ebpf.Map
 
 	cfg Config
