@@ -12,7 +12,8 @@
  * finish (IP options, fragments, an unresolved neighbour, a local backend,
  * a full table), is XDP_PASSed untouched to the tc program, which handles
  * every case; the two share sluice_conntrack, so a flow may start in tc and
- * continue here.
+ * continue here. XDP counts its outcomes under reasons of its own
+ * (METRIC_XDP_*), so that a counter names the hook that saw the packet.
  *
  * Checksums are updated incrementally (RFC 1624). Packets from the wire
  * carry complete checksums; a packet a local stack handed over a veth with
@@ -124,7 +125,7 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
 		return XDP_PASS;
 	if ((flags & SVC_F_SRC_RANGES) &&
 	    !source_allowed(p->daddr, p->dport, p->proto, p->saddr)) {
-		metric_inc(METRIC_TC_SRC_RANGE_DENY);
+		metric_inc(METRIC_XDP_SRC_RANGE_DENY);
 		return XDP_DROP;
 	}
 
@@ -146,7 +147,7 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
 			return XDP_PASS;
 		ct_track_tcp(p, &key, fwd);
 		if (ct_refresh_reverse(p, fwd, now) < 0)
-			metric_inc(METRIC_TC_CT_FULL);
+			metric_inc(METRIC_XDP_CT_FULL);
 	} else {
 		be = select_backend(p->daddr, p->dport, p->proto, svc,
 				    &backend_id);
@@ -165,7 +166,7 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
 		if (ct_create_snat(p, be, backend_id, svc->rev_nat_id,
 				   snat_addr, now, &snat_port))
 			return XDP_PASS; /* tc counts and drops */
-		metric_inc(METRIC_TC_SNAT_NEW);
+		metric_inc(METRIC_XDP_SNAT_NEW);
 	}
 	xdp_rewrite(x, snat_addr, snat_port, nat_addr, nat_port);
 	metric_inc(METRIC_XDP_FWD);

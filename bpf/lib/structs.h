@@ -182,6 +182,12 @@ enum metric_reason {
 	METRIC_XDP_FWD,
 	/* XDP: reply of an external flow translated and transmitted */
 	METRIC_XDP_REV,
+	/* XDP: source not in loadBalancerSourceRanges: dropped */
+	METRIC_XDP_SRC_RANGE_DENY,
+	/* XDP: conntrack update failed: packet translated without state */
+	METRIC_XDP_CT_FULL,
+	/* XDP: new external flow to a remote backend: DNAT and SNAT */
+	METRIC_XDP_SNAT_NEW,
 	METRIC_MAX,
 };
 

@@ -112,7 +112,10 @@ const (
 	sockMetricReasonMETRIC_TC_SRC_RANGE_DENY    sockMetricReason = 17
 	sockMetricReasonMETRIC_XDP_FWD              sockMetricReason = 18
 	sockMetricReasonMETRIC_XDP_REV              sockMetricReason = 19
-	sockMetricReasonMETRIC_MAX                  sockMetricReason = 20
+	sockMetricReasonMETRIC_XDP_SRC_RANGE_DENY   sockMetricReason = 20
+	sockMetricReasonMETRIC_XDP_CT_FULL          sockMetricReason = 21
+	sockMetricReasonMETRIC_XDP_SNAT_NEW         sockMetricReason = 22
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 23
 )
 
 type sockNodeDev struct {
