@@ -5,9 +5,12 @@
 // Everything the kernel holds outlives the agent: maps are pinned under
 // BPFFS/sluice/ and links under BPFFS/sluice/links/, so an agent that exits
 // or restarts leaves traffic alone. Open reuses pinned maps (their contents
-// are the state the reconciler restores from), and the Attach methods
-// replace the programs behind pinned links in place. Only Cleanup removes
-// anything. OpenPinned is the operators' read-only view of the same pins.
+// are the state the reconciler restores from), migrating those of the
+// previous release to this one's names and layouts (pins.go), and the
+// Attach methods replace the programs behind pinned links in place. Only
+// Cleanup removes anything. OpenPinned is the operators' read-only view of
+// the same pins. The constants both sides of the maps use are generated
+// from bpf/lib/structs.h (abi.go).
 //
 // Three objects are built from bpf/: sock.c (cgroup connect4, sendmsg4,
 // recvmsg4, getpeername4), tc.c (tc ingress and egress) and xdp.c (the XDP
