@@ -21,7 +21,8 @@
  * (SVC_F_LOCAL) never SNATs, and drops when there is no local endpoint;
  * loadBalancerSourceRanges (SVC_F_SRC_RANGES) drop sources outside them.
  */
-#include "lib/common.h"
+#include "lib/consts.h"
+#include "lib/config.h"
 #include "lib/maps.h"
 #include "lib/metrics.h"
 #include "lib/parse.h"
@@ -99,6 +100,145 @@ static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
 }
 
 /*
+ * lb4_check_frontend - what a packet to frontend @svc meets before any
+ * backend: its loadBalancerSourceRanges, and the reply to a service with
+ * no backends. Returns a TC verdict to end with, or -1 if @p goes on to a
+ * backend.
+ */
+static __always_inline int lb4_check_frontend(struct __sk_buff *skb,
+					      const struct pkt4 *p,
+					      const struct lb4_service *svc)
+{
+	enum svc_flags flags = svc->flags;
+	int ret;
+
+	if ((flags & SVC_F_SRC_RANGES) &&
+	    !source_allowed(p->daddr, p->dport, p->proto, p->saddr)) {
+		metric_inc(METRIC_TC_SRC_RANGE_DENY);
+		return TC_ACT_SHOT;
+	}
+	if (svc->count != 0)
+		return -1;
+	if (flags & SVC_F_LOCAL) {
+		/* kube-proxy drops too: an external load balancer
+		 * health-checks nodes and stops sending here.
+		 */
+		metric_inc(METRIC_TC_LOCAL_NO_BACKEND);
+		return TC_ACT_SHOT;
+	}
+	ret = reply_port_unreachable(skb, p);
+	metric_inc(ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR :
+					METRIC_TC_NO_BACKEND);
+	return ret;
+}
+
+/* Where lb4_select sends a packet to a service. */
+struct lb4_xlate {
+	__be32 nat_addr;  /* the backend */
+	__be32 snat_addr; /* snat: this node's address */
+	__be16 nat_port;
+	__be16 snat_port; /* snat: the flow's port on this node */
+	bool snat;	  /* source-NATed to a backend on another node */
+	bool have_fib;	  /* fib is the route to the backend */
+	struct fib4 fib;
+};
+
+/*
+ * nat_remote - source-NAT a new flow of @p to backend @be (@backend_id) if
+ * the backend is on another node and frontend @svc allows it (external,
+ * not externalTrafficPolicy Local): its route leaves through a node device,
+ * and a source port on that device's address is reserved for the flow
+ * (ct_create_snat), which also records the flow.
+ *
+ * Returns 1 with @x's snat fields and route filled in; 0 if the flow is
+ * not source-NATed (nothing recorded yet); or -1 if it must be dropped
+ * (counted).
+ */
+static __always_inline int
+nat_remote(struct __sk_buff *skb, const struct pkt4 *p,
+	   const struct lb4_service *svc, const struct lb4_backend *be,
+	   __u32 backend_id, __u64 now, struct lb4_xlate *x)
+{
+	enum svc_flags flags = svc->flags;
+	struct node_dev *dev;
+	int err;
+
+	if (!(flags & SVC_F_EXTERNAL) || (flags & SVC_F_LOCAL))
+		return 0;
+	if (fib4_lookup(skb, skb->ifindex, p->saddr, be->addr, &x->fib) ||
+	    !(dev = node_dev_of(x->fib.ifindex)))
+		return 0;
+	x->snat = true;
+	x->have_fib = true;
+	x->snat_addr = dev->addr;
+	err = ct_create_snat(p, be, backend_id, svc->rev_nat_id, x->snat_addr,
+			     now, &x->snat_port);
+	if (err) {
+		/* Without its reply entry the flow cannot work: refuse it
+		 * rather than half-NAT it.
+		 */
+		metric_inc(err > 0 ? METRIC_TC_SNAT_EXHAUSTED :
+				     METRIC_TC_CT_FULL);
+		return -1;
+	}
+	metric_inc(METRIC_TC_SNAT_NEW);
+	return 1;
+}
+
+/*
+ * lb4_select - where a packet to frontend @svc goes: the backend of its
+ * flow's conntrack entry while that is usable (ct_fwd_usable), else a
+ * backend selected now, recorded in conntrack (and source-NATed when it
+ * is remote, see nat_remote).
+ *
+ * Returns 0 with @x filled in, or -1 if the packet must be dropped
+ * (counted).
+ */
+static __always_inline int lb4_select(struct __sk_buff *skb,
+				      const struct pkt4 *p,
+				      const struct lb4_service *svc, __u64 now,
+				      struct lb4_xlate *x)
+{
+	struct lb4_backend *be;
+	struct ct4_key key = {};
+	struct ct4_entry *fwd;
+	__u32 backend_id = 0;
+	int ret;
+
+	ct_key_of(&key, p, CT_FORWARD);
+	fwd = ct_lookup(&key, now);
+	if (fwd && ct_fwd_usable(fwd, p)) {
+		x->nat_addr = fwd->nat_addr;
+		x->nat_port = fwd->nat_port;
+		if (fwd->flags & CT_F_SNAT) {
+			x->snat = true;
+			x->snat_addr = fwd->snat_addr;
+			x->snat_port = fwd->snat_port;
+		}
+		ct_track_tcp(p, &key, fwd);
+		if (ct_refresh_reverse(p, fwd, now) < 0)
+			metric_inc(METRIC_TC_CT_FULL);
+		metric_inc(METRIC_TC_DNAT_CT);
+		return 0;
+	}
+
+	be = select_backend(p->daddr, p->dport, p->proto, svc, &backend_id);
+	if (!be) {
+		metric_inc(METRIC_TC_BACKEND_MISSING);
+		return -1;
+	}
+	x->nat_addr = be->addr;
+	x->nat_port = be->port;
+	ret = nat_remote(skb, p, svc, be, backend_id, now, x);
+	if (ret)
+		return ret > 0 ? 0 : -1;
+	if (ct_create(p, be, backend_id, svc->rev_nat_id, now) < 0)
+		metric_inc(METRIC_TC_CT_FULL);
+	metric_inc(METRIC_TC_DNAT_NEW);
+	return 0;
+}
+
+/*
  * lb4_dnat - translate a packet to a service to one of its backends (and,
  * for an external flow to a remote backend, source-NAT it and send it to
  * the backend's node). Returns a TC verdict.
@@ -107,122 +247,32 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 				    __u64 now)
 {
 	struct lb4_service *svc;
-	struct lb4_backend *be;
-	struct node_dev *dev;
-	struct ct4_key key = {};
-	struct ct4_entry *fwd;
-	struct fib4 f = {};
-	__u32 backend_id = 0;
-	__be32 nat_addr, snat_addr = 0;
-	__be16 nat_port, snat_port = 0;
-	bool snat = false, have_fib = false;
-	enum svc_flags flags;
-	int err;
+	struct lb4_xlate x = {};
+	int ret;
 
 	svc = lookup_service(p->daddr, p->dport, p->proto);
 	if (!svc)
 		return TC_ACT_OK;
-	flags = svc->flags;
-	if ((flags & SVC_F_SRC_RANGES) &&
-	    !source_allowed(p->daddr, p->dport, p->proto, p->saddr)) {
-		metric_inc(METRIC_TC_SRC_RANGE_DENY);
-		return TC_ACT_SHOT;
-	}
-	if (svc->count == 0) {
-		int ret;
-
-		if (flags & SVC_F_LOCAL) {
-			/* kube-proxy drops too: an external load balancer
-			 * health-checks nodes and stops sending here.
-			 */
-			metric_inc(METRIC_TC_LOCAL_NO_BACKEND);
-			return TC_ACT_SHOT;
-		}
-		ret = reply_port_unreachable(skb, p);
-		metric_inc(ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR :
-						METRIC_TC_NO_BACKEND);
+	ret = lb4_check_frontend(skb, p, svc);
+	if (ret >= 0)
 		return ret;
-	}
+	if (lb4_select(skb, p, svc, now, &x) < 0)
+		return TC_ACT_SHOT;
 
-	ct_key_of(&key, p, CT_FORWARD);
-	fwd = ct_lookup(&key, now);
-	if (fwd && p->proto == IPPROTO_UDP) {
-		/* A UDP "flow" has no end: once its backend is gone (or its
-		 * id reused for another address), re-balance it rather than
-		 * send it into the void. TCP keeps its backend, as kube-proxy
-		 * keeps established connections.
-		 */
-		be = lookup_backend(fwd->backend_id);
-		if (!be || be->addr != fwd->nat_addr ||
-		    be->port != fwd->nat_port)
-			fwd = NULL;
-	}
-	/* A new connection on the tuple of a closed one starts afresh. */
-	if (fwd && p->proto == IPPROTO_TCP && ct_closed(fwd) &&
-	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
-		fwd = NULL;
-
-	if (fwd) {
-		nat_addr = fwd->nat_addr;
-		nat_port = fwd->nat_port;
-		if (fwd->flags & CT_F_SNAT) {
-			snat = true;
-			snat_addr = fwd->snat_addr;
-			snat_port = fwd->snat_port;
-		}
-		ct_track_tcp(p, &key, fwd);
-		if (ct_refresh_reverse(p, fwd, now) < 0)
-			metric_inc(METRIC_TC_CT_FULL);
-		metric_inc(METRIC_TC_DNAT_CT);
-	} else {
-		be = select_backend(p->daddr, p->dport, p->proto, svc,
-				    &backend_id);
-		if (!be) {
-			metric_inc(METRIC_TC_BACKEND_MISSING);
-			return TC_ACT_SHOT;
-		}
-		nat_addr = be->addr;
-		nat_port = be->port;
-		/* Remote backend: its route leaves through a node device. */
-		if ((flags & SVC_F_EXTERNAL) && !(flags & SVC_F_LOCAL) &&
-		    !fib4_lookup(skb, skb->ifindex, p->saddr, nat_addr, &f) &&
-		    (dev = node_dev_of(f.ifindex))) {
-			snat = true;
-			have_fib = true;
-			snat_addr = dev->addr;
-			err = ct_create_snat(p, be, backend_id, svc->rev_nat_id,
-					     snat_addr, now, &snat_port);
-			if (err) {
-				/* Without its reply entry the flow cannot
-				 * work: refuse it rather than half-NAT it.
-				 */
-				metric_inc(err > 0 ? METRIC_TC_SNAT_EXHAUSTED :
-						     METRIC_TC_CT_FULL);
-				return TC_ACT_SHOT;
-			}
-			metric_inc(METRIC_TC_SNAT_NEW);
-		} else {
-			err = ct_create(p, be, backend_id, svc->rev_nat_id,
-					now);
-			if (err < 0)
-				metric_inc(METRIC_TC_CT_FULL);
-			metric_inc(METRIC_TC_DNAT_NEW);
-		}
-	}
-
-	if (rewrite_l4addr(skb, p, true, nat_addr, nat_port) < 0 ||
-	    (snat && rewrite_l4addr(skb, p, false, snat_addr, snat_port) < 0)) {
+	if (rewrite_l4addr(skb, p, true, x.nat_addr, x.nat_port) < 0 ||
+	    (x.snat &&
+	     rewrite_l4addr(skb, p, false, x.snat_addr, x.snat_port) < 0)) {
 		metric_inc(METRIC_TC_REWRITE_ERR);
 		return TC_ACT_SHOT;
 	}
-	if (!snat)
+	if (!x.snat)
 		return TC_ACT_OK;
-	if (!have_fib &&
-	    fib4_lookup(skb, skb->ifindex, snat_addr, nat_addr, &f) < 0) {
+	if (!x.have_fib && fib4_lookup(skb, skb->ifindex, x.snat_addr,
+				       x.nat_addr, &x.fib) < 0) {
 		metric_inc(METRIC_TC_FIB_ERR);
 		return TC_ACT_SHOT;
 	}
-	return redirect_fib(skb, &f);
+	return redirect_fib(skb, &x.fib);
 }
 
 SEC("tc")

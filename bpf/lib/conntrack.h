@@ -17,8 +17,10 @@
 #ifndef SLUICE_CONNTRACK_H
 #define SLUICE_CONNTRACK_H
 
-#include "common.h"
+#include "consts.h"
+#include "config.h"
 #include "maps.h"
+#include "lb.h"
 #include "parse.h"
 
 static __always_inline __u64 ct_timeout(__u8 proto)
@@ -46,6 +48,32 @@ static __always_inline bool ct_closed(const struct ct4_entry *e)
 		       (CT_F_FIN_FWD | CT_F_FIN_REV);
 }
 
+/*
+ * ct_fwd_usable - whether the live forward entry @fwd still decides where
+ * @p, a packet of its flow, goes. tc and XDP both follow this rule, so a
+ * flow may move between them.
+ *
+ * A UDP "flow" has no end: once its backend is gone (or its id reused for
+ * another address), it is re-balanced rather than sent into the void. TCP
+ * keeps its backend, as kube-proxy keeps established connections; but a new
+ * connection (a pure SYN) on the tuple of a closed one starts afresh.
+ */
+static __always_inline bool ct_fwd_usable(const struct ct4_entry *fwd,
+					  const struct pkt4 *p)
+{
+	const struct lb4_backend *be;
+
+	if (p->proto == IPPROTO_UDP) {
+		be = lookup_backend(fwd->backend_id);
+		return be && be->addr == fwd->nat_addr &&
+		       be->port == fwd->nat_port;
+	}
+	if (p->proto == IPPROTO_TCP && ct_closed(fwd) &&
+	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		return false;
+	return true;
+}
+
 /* ct_expired - whether @e (of protocol @proto) is dead at @now. */
 static __always_inline bool ct_expired(const struct ct4_entry *e, __u8 proto,
 				       __u64 now)
@@ -64,7 +92,7 @@ static __always_inline bool ct_expired(const struct ct4_entry *e, __u8 proto,
 static __always_inline struct ct4_entry *ct_lookup(const struct ct4_key *key,
 						   __u64 now)
 {
-	struct ct4_entry *e = bpf_map_lookup_elem(&sluice_conntrack, key);
+	struct ct4_entry *e = bpf_map_lookup_elem(&sluice_conntrack_v1, key);
 
 	if (!e)
 		return NULL;
@@ -124,7 +152,7 @@ static __always_inline void ct_track_tcp(const struct pkt4 *p,
 		bits = key->dir == CT_FORWARD ? CT_F_FIN_FWD : CT_F_FIN_REV;
 	e->flags |= bits;
 	ct_peer_key(&peer, key, e);
-	pe = bpf_map_lookup_elem(&sluice_conntrack, &peer);
+	pe = bpf_map_lookup_elem(&sluice_conntrack_v1, &peer);
 	if (pe)
 		pe->flags |= bits;
 }
@@ -157,14 +185,14 @@ static __always_inline int ct_create(const struct pkt4 *p,
 	key.dir = CT_REVERSE;
 	e.nat_addr = p->daddr;
 	e.nat_port = p->dport;
-	err = bpf_map_update_elem(&sluice_conntrack, &key, &e, BPF_ANY);
+	err = bpf_map_update_elem(&sluice_conntrack_v1, &key, &e, BPF_ANY);
 	if (err < 0)
 		return err;
 
 	ct_key_of(&key, p, CT_FORWARD);
 	e.nat_addr = be->addr;
 	e.nat_port = be->port;
-	return bpf_map_update_elem(&sluice_conntrack, &key, &e, BPF_ANY);
+	return bpf_map_update_elem(&sluice_conntrack_v1, &key, &e, BPF_ANY);
 }
 
 /*
@@ -213,15 +241,15 @@ static __always_inline int ct_create_snat(const struct pkt4 *p,
 	start = bpf_get_prandom_u32();
 	for (i = 0; i < SNAT_TRIES; i++) {
 		key.dport = bpf_htons((__u16)(lo + (start + i) % range));
-		if (!bpf_map_update_elem(&sluice_conntrack, &key, &e,
+		if (!bpf_map_update_elem(&sluice_conntrack_v1, &key, &e,
 					 BPF_NOEXIST)) {
 			ok = true;
 			break;
 		}
-		old = bpf_map_lookup_elem(&sluice_conntrack, &key);
+		old = bpf_map_lookup_elem(&sluice_conntrack_v1, &key);
 		if (old && ct_expired(old, p->proto, now)) {
-			bpf_map_delete_elem(&sluice_conntrack, &key);
-			if (!bpf_map_update_elem(&sluice_conntrack, &key, &e,
+			bpf_map_delete_elem(&sluice_conntrack_v1, &key);
+			if (!bpf_map_update_elem(&sluice_conntrack_v1, &key, &e,
 						 BPF_NOEXIST)) {
 				ok = true;
 				break;
@@ -237,7 +265,7 @@ static __always_inline int ct_create_snat(const struct pkt4 *p,
 	e.nat_port = be->port;
 	e.snat_addr = node;
 	e.snat_port = *port;
-	return bpf_map_update_elem(&sluice_conntrack, &key, &e, BPF_ANY);
+	return bpf_map_update_elem(&sluice_conntrack_v1, &key, &e, BPF_ANY);
 }
 
 /*
@@ -279,7 +307,7 @@ ct_refresh_reverse(const struct pkt4 *p, const struct ct4_entry *fwd, __u64 now)
 	/* An SNAT port whose reservation lapsed may belong to another flow
 	 * by now: take it back only if it is still free.
 	 */
-	return bpf_map_update_elem(&sluice_conntrack, &key, &e,
+	return bpf_map_update_elem(&sluice_conntrack_v1, &key, &e,
 				   (fwd->flags & CT_F_SNAT) ? BPF_NOEXIST :
 							      BPF_ANY);
 }

@@ -26,7 +26,7 @@
 #ifndef SLUICE_ICMP_H
 #define SLUICE_ICMP_H
 
-#include "common.h"
+#include "consts.h"
 #include "csum.h"
 #include "parse.h"
 

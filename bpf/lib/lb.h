@@ -11,7 +11,7 @@
 #ifndef SLUICE_LB_H
 #define SLUICE_LB_H
 
-#include "common.h"
+#include "consts.h"
 #include "maps.h"
 
 /* lookup_service - the master entry of a frontend, or NULL if not a service. */
@@ -25,12 +25,12 @@ lookup_service(__be32 vip, __be16 port, __u8 proto)
 		.slot = 0,
 	};
 
-	return bpf_map_lookup_elem(&sluice_services, &key);
+	return bpf_map_lookup_elem(&sluice_services_v1, &key);
 }
 
 static __always_inline struct lb4_backend *lookup_backend(__u32 backend_id)
 {
-	return bpf_map_lookup_elem(&sluice_backends, &backend_id);
+	return bpf_map_lookup_elem(&sluice_backends_v1, &backend_id);
 }
 
 /* lookup_slot - slot @slot (>= 1) of a frontend, or NULL. */
@@ -44,7 +44,7 @@ static __always_inline struct lb4_service *lookup_slot(__be32 vip, __be16 port,
 		.slot = slot,
 	};
 
-	return bpf_map_lookup_elem(&sluice_services, &key);
+	return bpf_map_lookup_elem(&sluice_services_v1, &key);
 }
 
 /*

@@ -16,7 +16,7 @@
 #ifndef SLUICE_NAT_H
 #define SLUICE_NAT_H
 
-#include "common.h"
+#include "consts.h"
 #include "maps.h"
 
 struct fib4 {
@@ -58,7 +58,7 @@ static __always_inline int fib4_lookup(void *ctx, __u32 ifindex, __be32 saddr,
  */
 static __always_inline struct node_dev *node_dev_of(__u32 ifindex)
 {
-	return bpf_map_lookup_elem(&sluice_devices, &ifindex);
+	return bpf_map_lookup_elem(&sluice_devices_v1, &ifindex);
 }
 
 /*
@@ -97,7 +97,7 @@ static __always_inline bool source_allowed(__be32 vip, __be16 port, __u8 proto,
 		.saddr = saddr,
 	};
 
-	return bpf_map_lookup_elem(&sluice_src_ranges, &key) != NULL;
+	return bpf_map_lookup_elem(&sluice_src_ranges_v1, &key) != NULL;
 }
 
 #endif /* SLUICE_NAT_H */

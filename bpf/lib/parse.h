@@ -1,16 +1,21 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * Ethernet/IPv4/TCP/UDP parsing for the tc programs.
+ * Ethernet/IPv4/TCP/UDP parsing, for tc (parse_ipv4) and XDP
+ * (parse_ipv4_xdp). Both fill a struct pkt4, which is all the lookup,
+ * conntrack and selection code needs of a packet.
  *
- * Headers are copied with bpf_skb_load_bytes rather than read through
+ * tc copies headers with bpf_skb_load_bytes rather than reading through
  * direct packet pointers: it works on non-linear skbs, every read is bounds
  * checked by the kernel, and the offsets it yields stay valid across the
- * helpers that rewrite the packet (which invalidate packet pointers).
+ * helpers that rewrite the packet (which invalidate packet pointers). XDP
+ * has no helpers to rewrite with: it keeps pointers into the frame and
+ * rewrites through them, so it takes only what it can finish (no IP
+ * options, no fragments) and leaves the rest to tc.
  */
 #ifndef SLUICE_PARSE_H
 #define SLUICE_PARSE_H
 
-#include "common.h"
+#include "consts.h"
 
 enum parse_result {
 	PARSE_OK,	 /* IPv4 TCP/UDP with a full L4 header: translatable */
@@ -94,6 +99,69 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 	p->proto = ip.protocol;
 	p->ihl_len = ihl_len;
 	return PARSE_OK;
+}
+
+/* A packet parsed at XDP, with pointers into it for the rewrite. */
+struct xdp_pkt4 {
+	struct pkt4 p;
+	struct ethhdr *eth;
+	struct iphdr *ip;
+	__be16 *ports; /* [0] source, [1] destination */
+	__u16 *l4csum;
+};
+
+/*
+ * parse_ipv4_xdp - IPv4 TCP/UDP without options or fragmentation, whole L4
+ * header present. Returns false for anything else (left to tc).
+ */
+static __always_inline bool parse_ipv4_xdp(struct xdp_md *ctx,
+					   struct xdp_pkt4 *x)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip;
+	__u32 tot_len;
+
+	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return false;
+	ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > end || ip->version != 4 || ip->ihl != 5)
+		return false;
+	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+		return false;
+	/* (A frame shorter than tot_len is the stack's to drop: only the
+	 * headers are rewritten, and they are bounds-checked below.)
+	 */
+	tot_len = bpf_ntohs(ip->tot_len);
+	if (ip->protocol == IPPROTO_TCP) {
+		struct tcphdr *th = (void *)(ip + 1);
+
+		if ((void *)(th + 1) > end ||
+		    tot_len < sizeof(*ip) + sizeof(*th))
+			return false;
+		x->l4csum = (__u16 *)&th->check;
+		x->p.tcp_flags = ((__u8 *)th)[13];
+	} else if (ip->protocol == IPPROTO_UDP) {
+		struct udphdr *uh = (void *)(ip + 1);
+
+		if ((void *)(uh + 1) > end ||
+		    tot_len < sizeof(*ip) + sizeof(*uh))
+			return false;
+		x->l4csum = (__u16 *)&uh->check;
+	} else {
+		return false;
+	}
+	x->eth = eth;
+	x->ip = ip;
+	x->ports = (void *)(ip + 1);
+	x->p.saddr = ip->saddr;
+	x->p.daddr = ip->daddr;
+	x->p.sport = x->ports[0];
+	x->p.dport = x->ports[1];
+	x->p.proto = ip->protocol;
+	x->p.ihl_len = sizeof(*ip);
+	return true;
 }
 
 #endif /* SLUICE_PARSE_H */

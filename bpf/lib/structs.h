@@ -5,16 +5,22 @@
  * These structs are an ABI: the agent writes them, the datapath reads them,
  * and pinned maps outlive both. Fields are fixed width with explicit padding
  * (padding is hashed as part of a key, so the agent always zeroes it), and
- * every field says its byte order. Go types are generated from these by
- * bpf2go (-type), never copied by hand.
+ * every field says its byte order. Each map's name in maps.h carries the
+ * version of its layout (sluice_services_v1): a change of a key or value
+ * here bumps it, with a conversion in pkg/datapath (pins.go), so that an
+ * upgrade keeps the pinned state. Go types are generated from these by
+ * bpf2go (-type), never copied by hand; so are the values of the enums
+ * here, which is why flag and reason families are enums and not #defines
+ * (see BTF_EXPORT at the end).
+
  */
 #ifndef SLUICE_STRUCTS_H
 #define SLUICE_STRUCTS_H
 
-#include "common.h"
+#include "consts.h"
 
 /*
- * sluice_services: key -> struct lb4_service.
+ * sluice_services_v1: key -> struct lb4_service.
  *
  * One service frontend <vip, port, proto> owns count+1 entries: slot 0 (the
  * master) holds the backend count and the service id; slots 1..count hold
@@ -33,12 +39,12 @@ struct lb4_key {
 struct lb4_service {
 	__u32 backend_id; /* host order; slots >= 1 only */
 	__u32 count;	  /* host order; slot 0 only: number of backend slots */
-	__u32 rev_nat_id; /* host order; service id, key of sluice_rev_nat */
-	__u8 flags;	  /* SVC_F_* (slot 0 only) */
+	__u32 rev_nat_id; /* host order; service id, key of sluice_rev_nat_v1 */
+	__u8 flags;	  /* enum svc_flags (slot 0 only) */
 	__u8 pad[3];
 };
 
-/* sluice_backends: __u32 backend id (host order) -> struct lb4_backend. */
+/* sluice_backends_v1: __u32 backend id (host order) -> struct lb4_backend. */
 struct lb4_backend {
 	__be32 addr; /* network order */
 	__be16 port; /* network order */
@@ -46,7 +52,7 @@ struct lb4_backend {
 	__u8 flags;  /* reserved, zero */
 };
 
-/* sluice_rev_nat: __u32 service id (host order) -> struct lb4_rev_nat. */
+/* sluice_rev_nat_v1: __u32 service id (host order) -> struct lb4_rev_nat. */
 struct lb4_rev_nat {
 	__be32 vip;  /* network order */
 	__be16 port; /* network order */
@@ -55,7 +61,7 @@ struct lb4_rev_nat {
 };
 
 /*
- * sluice_conntrack (LRU): struct ct4_key -> struct ct4_entry.
+ * sluice_conntrack_v1 (LRU): struct ct4_key -> struct ct4_entry.
  *
  * The per-packet path keeps two entries per translated flow: CT_FORWARD keyed
  * by the client's tuple to the frontend (saddr=client, daddr=frontend),
@@ -74,15 +80,21 @@ struct ct4_key {
 	__be16 sport; /* network order */
 	__be16 dport; /* network order */
 	__u8 proto;   /* IPPROTO_TCP or IPPROTO_UDP */
-	__u8 dir;     /* CT_FORWARD or CT_REVERSE */
+	__u8 dir;     /* enum ct_dir */
 	__u16 pad;
+};
+
+/* ct4_key.dir */
+enum ct_dir {
+	CT_FORWARD = 0,
+	CT_REVERSE = 1,
 };
 
 struct ct4_entry {
 	__u64 last_seen; /* bpf_ktime_get_ns() of the last packet */
 	__be32 nat_addr; /* network order: backend (fwd) or frontend (rev) */
 	__be16 nat_port; /* network order */
-	__u8 flags;	 /* CT_F_* */
+	__u8 flags;	 /* enum ct_flags */
 	__u8 pad;
 	__u32 backend_id; /* host order */
 	__u32 rev_nat_id; /* host order */
@@ -91,8 +103,20 @@ struct ct4_entry {
 	__u16 pad2;
 };
 
+/* ct4_entry.flags */
+enum ct_flags {
+	/* source-NATed flow to a remote backend */
+	CT_F_SNAT = 0x01,
+	/* TCP FIN seen from the client */
+	CT_F_FIN_FWD = 0x02,
+	/* TCP FIN seen from the backend */
+	CT_F_FIN_REV = 0x04,
+	/* TCP RST seen either way */
+	CT_F_RST = 0x08,
+};
+
 /*
- * sluice_sock_rev (LRU): struct sock_rev_key -> struct sock_rev_entry.
+ * sluice_sock_rev_v1 (LRU): struct sock_rev_key -> struct sock_rev_entry.
  * Written by connect4/sendmsg4, read by recvmsg4/getpeername4 so that a socket
  * translated to a backend still reports the VIP as its peer.
  */
@@ -111,9 +135,11 @@ struct sock_rev_entry {
 };
 
 /*
- * sluice_metrics (per-CPU array): __u32 reason (host order) -> __u64 count.
- * Append new reasons before METRIC_MAX, never renumber: the agent maps each
- * value to a stable metric label.
+ * sluice_metrics_v1 (per-CPU array): __u32 reason (host order) -> __u64 count.
+ * Append new reasons before METRIC_MAX, never renumber: pinned counters
+ * outlive the agent. The agent labels each reason with its name,
+ * lower-cased, without METRIC_ (METRIC_TC_DNAT_NEW counts as tc_dnat_new),
+ * taken from the BTF: a new reason needs nothing on the Go side.
  */
 enum metric_reason {
 	/* connect4/sendmsg4 translated VIP -> backend */
@@ -156,19 +182,34 @@ enum metric_reason {
 	METRIC_XDP_FWD,
 	/* XDP: reply of an external flow translated and transmitted */
 	METRIC_XDP_REV,
+	/* XDP: source not in loadBalancerSourceRanges: dropped */
+	METRIC_XDP_SRC_RANGE_DENY,
+	/* XDP: conntrack update failed: packet translated without state */
+	METRIC_XDP_CT_FULL,
+	/* XDP: new external flow to a remote backend: DNAT and SNAT */
+	METRIC_XDP_SNAT_NEW,
 	METRIC_MAX,
 };
 
 /*
- * sluice_affinity (LRU): struct lb4_affinity_key -> struct lb4_affinity.
- * Keeps an unconnected UDP socket that sends to a VIP over and over on the
- * backend it got first (sendmsg4 is called per datagram). The entry is
- * followed only while the slot it was chosen from still names the backend
- * id and that id still names the same address and port: ids are reused
- * (after a quarantine) for other backends, possibly of other services.
- * Otherwise the socket selects again.
+ * sluice_metrics has room for this many reasons, so that appending one
+ * changes no map layout.
  */
-struct lb4_affinity_key {
+#define METRIC_SLOTS 256
+_Static_assert(METRIC_MAX <= METRIC_SLOTS, "sluice_metrics too small");
+
+/*
+ * sluice_udp_stick_v1 (LRU): struct sock_udp_stick_key -> struct
+ * sock_udp_stick. Keeps an unconnected UDP socket that sends to a VIP over
+ * and over on the backend it got first (sendmsg4 is called per datagram):
+ * per-socket stickiness, not Kubernetes sessionAffinity (which is per
+ * client address, with a timeout). The entry is followed only while the
+ * slot it was chosen from still names the backend id and that id still
+ * names the same address and port: ids are reused (after a quarantine) for
+ * other backends, possibly of other services. Otherwise the socket selects
+ * again.
+ */
+struct sock_udp_stick_key {
 	__u64 cookie; /* bpf_get_socket_cookie() */
 	__be32 vip;   /* network order */
 	__be16 port;  /* network order */
@@ -176,7 +217,7 @@ struct lb4_affinity_key {
 	__u8 pad;
 };
 
-struct lb4_affinity {
+struct sock_udp_stick {
 	__u32 backend_id; /* host order */
 	__be32 addr;	  /* network order: the backend's address when chosen */
 	__be16 port;	  /* network order: the backend's port when chosen */
@@ -184,7 +225,7 @@ struct lb4_affinity {
 };
 
 /*
- * sluice_devices: __u32 ifindex (host order) -> struct node_dev.
+ * sluice_devices_v1: __u32 ifindex (host order) -> struct node_dev.
  * The devices the agent attached to (the node's external devices). A
  * backend whose route leaves through one of them is on another node: an
  * external flow to it is source-NATed to that device's address.
@@ -195,7 +236,7 @@ struct node_dev {
 };
 
 /*
- * sluice_src_ranges (LPM trie): struct src_range_key -> __u8 (1).
+ * sluice_src_ranges_v1 (LPM trie): struct src_range_key -> __u8 (1).
  * loadBalancerSourceRanges of a frontend with SVC_F_SRC_RANGES: a source
  * that matches no prefix of its frontend is dropped. prefixlen counts the
  * 64 bits of frontend (vip, port, proto, pad) plus the prefix's own bits.
@@ -219,6 +260,23 @@ enum svc_flags {
 	SVC_F_SRC_RANGES = 4,
 };
 
+/*
+ * BTF_EXPORT - put @type in the object's BTF although no map or global
+ * names it, so that bpf2go -type can generate it for Go. The enums above
+ * are stored in narrower fields or used as plain integers, which clang
+ * does not describe in BTF. The pointer is placed in a section of its own,
+ * which neither the kernel nor cilium/ebpf loads (in .bss it would make
+ * every object create a map for it).
+ */
+#define BTF_EXPORT(type, name)          \
+	const type *__btf_export_##name \
+		__attribute__((used, section(".sluice.btf")))
+
+BTF_EXPORT(enum ct_dir, ct_dir);
+BTF_EXPORT(enum ct_flags, ct_flags);
+BTF_EXPORT(enum svc_flags, svc_flags);
+BTF_EXPORT(enum metric_reason, metric_reason);
+
 /* The layouts above are an ABI: a size change must be deliberate. */
 _Static_assert(sizeof(struct lb4_key) == 12, "lb4_key size");
 _Static_assert(sizeof(struct lb4_service) == 16, "lb4_service size");
@@ -228,8 +286,9 @@ _Static_assert(sizeof(struct ct4_key) == 16, "ct4_key size");
 _Static_assert(sizeof(struct ct4_entry) == 32, "ct4_entry size");
 _Static_assert(sizeof(struct sock_rev_key) == 16, "sock_rev_key size");
 _Static_assert(sizeof(struct sock_rev_entry) == 12, "sock_rev_entry size");
-_Static_assert(sizeof(struct lb4_affinity_key) == 16, "lb4_affinity_key size");
-_Static_assert(sizeof(struct lb4_affinity) == 12, "lb4_affinity size");
+_Static_assert(sizeof(struct sock_udp_stick_key) == 16,
+	       "sock_udp_stick_key size");
+_Static_assert(sizeof(struct sock_udp_stick) == 12, "sock_udp_stick size");
 _Static_assert(sizeof(struct node_dev) == 8, "node_dev size");
 _Static_assert(sizeof(struct src_range_key) == 16, "src_range_key size");
 

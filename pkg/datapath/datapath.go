@@ -5,9 +5,12 @@
 // Everything the kernel holds outlives the agent: maps are pinned under
 // BPFFS/sluice/ and links under BPFFS/sluice/links/, so an agent that exits
 // or restarts leaves traffic alone. Open reuses pinned maps (their contents
-// are the state the reconciler restores from), and the Attach methods
-// replace the programs behind pinned links in place. Only Cleanup removes
-// anything. OpenPinned is the operators' read-only view of the same pins.
+// are the state the reconciler restores from), migrating those of the
+// previous release to this one's names and layouts (pins.go), and the
+// Attach methods replace the programs behind pinned links in place. Only
+// Cleanup removes anything. OpenPinned is the operators' read-only view of
+// the same pins. The constants both sides of the maps use are generated
+// from bpf/lib/structs.h (abi.go).
 //
 // Three objects are built from bpf/: sock.c (cgroup connect4, sendmsg4,
 // recvmsg4, getpeername4), tc.c (tc ingress and egress) and xdp.c (the XDP
@@ -24,6 +27,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -39,7 +43,7 @@ type Config struct {
 	// (65536), MaxBackends sluice_backends (262144), MaxServiceEntries
 	// sluice_services, masters plus slots (1<<20), MaxConntrack
 	// sluice_conntrack (262144), MaxSockRev sluice_sock_rev and
-	// sluice_affinity (262144).
+	// sluice_udp_stick (262144).
 	MaxServices, MaxBackends, MaxServiceEntries, MaxConntrack, MaxSockRev int
 
 	// Idle timeouts of per-packet conntrack entries; 0 means the default
@@ -97,19 +101,6 @@ const (
 	DefaultSNATPortMax       = 65535
 )
 
-// Pinned map names (also their file names under BPFFS/sluice/).
-const (
-	mapServices  = "sluice_services"
-	mapBackends  = "sluice_backends"
-	mapRevNat    = "sluice_rev_nat"
-	mapConntrack = "sluice_conntrack"
-	mapSockRev   = "sluice_sock_rev"
-	mapAffinity  = "sluice_affinity"
-	mapMetrics   = "sluice_metrics"
-	mapDevices   = "sluice_devices"
-	mapSrcRanges = "sluice_src_ranges"
-)
-
 func (c Config) withDefaults() Config {
 	def := func(v *int, d int) {
 		if *v == 0 {
@@ -147,7 +138,7 @@ func (c Config) maxEntries() map[string]int {
 		mapRevNat:    c.MaxServices,
 		mapConntrack: c.MaxConntrack,
 		mapSockRev:   c.MaxSockRev,
-		mapAffinity:  c.MaxSockRev,
+		mapUDPStick:  c.MaxSockRev,
 	}
 }
 
@@ -162,9 +153,11 @@ type Datapath struct {
 }
 
 // Open loads the programs and creates the pinned maps, or reuses them if
-// an earlier agent pinned them. A pinned map whose type, key, value or size
-// differ from what this agent wants is an error: resizing would drop the
-// state that keeps traffic flowing, so it takes an explicit Cleanup.
+// an earlier agent pinned them; maps the previous release pinned under
+// other names or layouts are migrated first (pins.go). A pinned map whose
+// type, key, value or size differ from what this agent wants is an error:
+// resizing would drop the state that keeps traffic flowing, so it takes an
+// explicit Cleanup.
 func Open(cfg Config) (*Datapath, error) {
 	cfg = cfg.withDefaults()
 	for name, n := range cfg.maxEntries() {
@@ -199,6 +192,12 @@ func Open(cfg Config) (*Datapath, error) {
 		if err := configure(spec, cfg); err != nil {
 			return nil, err
 		}
+	}
+	// The objects declare every map alike (TestObjectsShareMaps).
+	if err := migratePins(dir, sockSpec); err != nil {
+		return nil, err
+	}
+	for _, spec := range []*ebpf.CollectionSpec{sockSpec, tcSpec, xdpSpec} {
 		if err := checkPinned(spec, dir); err != nil {
 			return nil, err
 		}
@@ -219,15 +218,15 @@ func Open(cfg Config) (*Datapath, error) {
 		return nil, fmt.Errorf("load XDP program: %w", verifierDetail(err))
 	}
 	d.maps = &Maps{
-		services:  d.sock.SluiceServices,
-		backends:  d.sock.SluiceBackends,
-		revNat:    d.sock.SluiceRevNat,
-		conntrack: d.sock.SluiceConntrack,
-		sockRev:   d.sock.SluiceSockRev,
-		affinity:  d.sock.SluiceAffinity,
-		metrics:   d.sock.SluiceMetrics,
-		devices:   d.sock.SluiceDevices,
-		srcRanges: d.sock.SluiceSrcRanges,
+		services:  d.sock.SluiceServicesV1,
+		backends:  d.sock.SluiceBackendsV1,
+		revNat:    d.sock.SluiceRevNatV1,
+		conntrack: d.sock.SluiceConntrackV1,
+		sockRev:   d.sock.SluiceSockRevV1,
+		udpStick:  d.sock.SluiceUdpStickV1,
+		metrics:   d.sock.SluiceMetricsV1,
+		devices:   d.sock.SluiceDevicesV1,
+		srcRanges: d.sock.SluiceSrcRangesV1,
 		cfg:       cfg,
 	}
 	return d, nil
@@ -242,8 +241,8 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		}
 		ms.MaxEntries = uint32(n)
 	}
-	if ms, ok := spec.Maps[mapMetrics]; !ok || int(ms.MaxEntries) != len(metricNames) {
-		return fmt.Errorf("map %s: BPF object has a different set of reasons than this agent (rebuild with go generate)", mapMetrics)
+	if ms, ok := spec.Maps[mapMetrics]; !ok || int(ms.MaxEntries) < len(metricNames()) {
+		return fmt.Errorf("map %s: missing from BPF object, or without room for its %d reasons", mapMetrics, len(metricNames()))
 	}
 	vars := map[string]any{
 		"ct_timeout_tcp_ns":   uint64(cfg.CTTimeoutTCP.Nanoseconds()),
@@ -325,47 +324,23 @@ func (d *Datapath) Close() error {
 	return errors.Join(d.sock.Close(), d.tc.Close(), d.xdp.Close())
 }
 
-// metricNames labels the reasons of enum metric_reason (bpf/lib/structs.h),
-// in order. Open refuses an object whose sluice_metrics size differs.
-var metricNames = []string{
-	"sock_xlate",
-	"sock_no_backend",
-	"sock_rev_xlate",
-	"sock_backend_missing",
-	"tc_dnat_new",
-	"tc_dnat_ct",
-	"tc_rev_nat",
-	"tc_no_backend",
-	"tc_backend_missing",
-	"tc_malformed",
-	"tc_fragment",
-	"tc_ct_full",
-	"tc_rewrite_err",
-	"tc_snat_new",
-	"tc_snat_exhausted",
-	"tc_fib_err",
-	"tc_local_no_backend",
-	"tc_src_range_deny",
-	"xdp_fwd",
-	"xdp_rev",
-}
-
 // CounterNames returns the reasons Counters reports, in a stable order (for
 // declaring metrics before the first scrape).
-func CounterNames() []string { return append([]string(nil), metricNames...) }
+func CounterNames() []string { return slices.Clone(metricNames()) }
 
 // Counters returns the datapath outcome counters, summed over CPUs, by
 // reason.
 func (d *Datapath) Counters() (map[string]uint64, error) {
-	return readCounters(d.maps.metrics, len(metricNames))
+	return readCounters(d.maps.metrics, len(metricNames()))
 }
 
 // readCounters sums the first n reasons of sluice_metrics over CPUs.
 func readCounters(metrics *ebpf.Map, n int) (map[string]uint64, error) {
-	n = min(n, len(metricNames))
+	names := metricNames()
+	n = min(n, len(names))
 	out := make(map[string]uint64, n)
 	var perCPU []uint64
-	for i, name := range metricNames[:n] {
+	for i, name := range names[:n] {
 		if err := metrics.Lookup(uint32(i), &perCPU); err != nil {
 			return nil, fmt.Errorf("read counter %s: %w", name, err)
 		}

@@ -21,18 +21,13 @@ import (
 // network byte order, ids and slots in host order, as bpf/lib/structs.h
 // says.
 type Maps struct {
-	services, backends, revNat, conntrack, sockRev, affinity, metrics *ebpf.Map
+	services, backends, revNat, conntrack, sockRev, udpStick, metrics *ebpf.Map
 	devices, srcRanges                                                *ebpf.Map
 
 	cfg Config
 }
 
 var _ reconciler.Datapath = (*Maps)(nil)
-
-const (
-	ctForward = 0
-	ctReverse = 1
-)
 
 // be32 returns the uint32 whose in-memory bytes are a's, in network order.
 func be32(a netip.Addr) uint32 {

@@ -165,13 +165,6 @@ func monotonicNow() (uint64, error) {
 	return uint64(ts.Nano()), nil
 }
 
-const (
-	ctFlagSNAT   = 0x01
-	ctFlagFinFwd = 0x02
-	ctFlagFinRev = 0x04
-	ctFlagRST    = 0x08
-)
-
 // ctLifetime mirrors ct_expired in bpf/lib/conntrack.h.
 func (m *Maps) ctLifetime(proto, flags uint8) uint64 {
 	if proto == uint8(model.TCP) {

@@ -608,8 +608,12 @@ func TestXDPPacketTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cs["xdp_fwd"] == 0 || cs["xdp_rev"] == 0 {
+	if cs["xdp_fwd"] == 0 || cs["xdp_rev"] == 0 || cs["xdp_snat_new"] == 0 || cs["xdp_src_range_deny"] == 0 {
 		t.Errorf("XDP counters zero: %v", cs)
+	}
+	// tc saw no denied source here: XDP counts its own drops.
+	if cs["tc_src_range_deny"] != 0 {
+		t.Errorf("XDP drop counted as tc_src_range_deny: %v", cs)
 	}
 }
 

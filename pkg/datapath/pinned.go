@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
@@ -21,8 +22,10 @@ type Pinned struct {
 	reasons                             int // counters this build and the pin both know
 }
 
-// OpenPinned opens the maps pinned under bpffs/sluice read-only. A missing
-// pin is an error wrapping os.ErrNotExist.
+// OpenPinned opens the maps pinned under bpffs/sluice read-only. A map
+// that an agent of the previous release pinned under its old name is read
+// there (that is the live one, see migratePins), if its layout can be read
+// the same; a missing pin is an error wrapping os.ErrNotExist.
 func OpenPinned(bpffs string) (*Pinned, error) {
 	if bpffs == "" {
 		bpffs = DefaultBPFFS
@@ -56,17 +59,23 @@ func OpenPinned(bpffs string) (*Pinned, error) {
 	}
 	// An agent built with fewer or more reasons than this tool: show the
 	// ones both know.
-	p.reasons = min(int(info.MaxEntries), len(metricNames))
+	p.reasons = min(int(info.MaxEntries), len(metricNames()))
 	return p, nil
 }
 
-// openPinnedMap opens dir/name read-only and checks it against ms, except
-// for its size.
+// openPinnedMap opens the previous release's pin of the map name if there
+// is one, else dir/name, read-only, and checks it against ms, except for
+// its size.
 func openPinnedMap(dir, name string, ms *ebpf.MapSpec) (*ebpf.Map, error) {
 	if ms == nil {
 		return nil, fmt.Errorf("map %s missing from BPF object", name)
 	}
 	path := filepath.Join(dir, name)
+	if prev := previousPin(name); prev != "" {
+		if _, err := os.Stat(filepath.Join(dir, prev)); err == nil {
+			path = filepath.Join(dir, prev)
+		}
+	}
 	m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		return nil, fmt.Errorf("open pinned map %s: %w", path, err)

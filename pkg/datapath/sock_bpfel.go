@@ -38,22 +38,21 @@ type sockCt4Key struct {
 	Pad   uint16
 }
 
-type sockLb4Affinity struct {
-	_         structs.HostLayout
-	BackendId uint32
-	Addr      uint32
-	Port      uint16
-	Slot      uint16
-}
+type sockCtDir uint32
 
-type sockLb4AffinityKey struct {
-	_      structs.HostLayout
-	Cookie uint64
-	Vip    uint32
-	Port   uint16
-	Proto  uint8
-	Pad    uint8
-}
+const (
+	sockCtDirCT_FORWARD sockCtDir = 0
+	sockCtDirCT_REVERSE sockCtDir = 1
+)
+
+type sockCtFlags uint32
+
+const (
+	sockCtFlagsCT_F_SNAT    sockCtFlags = 1
+	sockCtFlagsCT_F_FIN_FWD sockCtFlags = 2
+	sockCtFlagsCT_F_FIN_REV sockCtFlags = 4
+	sockCtFlagsCT_F_RST     sockCtFlags = 8
+)
 
 type sockLb4Backend struct {
 	_     structs.HostLayout
@@ -90,6 +89,35 @@ type sockLb4Service struct {
 	Pad       [3]uint8
 }
 
+type sockMetricReason uint32
+
+const (
+	sockMetricReasonMETRIC_SOCK_XLATE           sockMetricReason = 0
+	sockMetricReasonMETRIC_SOCK_NO_BACKEND      sockMetricReason = 1
+	sockMetricReasonMETRIC_SOCK_REV_XLATE       sockMetricReason = 2
+	sockMetricReasonMETRIC_SOCK_BACKEND_MISSING sockMetricReason = 3
+	sockMetricReasonMETRIC_TC_DNAT_NEW          sockMetricReason = 4
+	sockMetricReasonMETRIC_TC_DNAT_CT           sockMetricReason = 5
+	sockMetricReasonMETRIC_TC_REV_NAT           sockMetricReason = 6
+	sockMetricReasonMETRIC_TC_NO_BACKEND        sockMetricReason = 7
+	sockMetricReasonMETRIC_TC_BACKEND_MISSING   sockMetricReason = 8
+	sockMetricReasonMETRIC_TC_MALFORMED         sockMetricReason = 9
+	sockMetricReasonMETRIC_TC_FRAGMENT          sockMetricReason = 10
+	sockMetricReasonMETRIC_TC_CT_FULL           sockMetricReason = 11
+	sockMetricReasonMETRIC_TC_REWRITE_ERR       sockMetricReason = 12
+	sockMetricReasonMETRIC_TC_SNAT_NEW          sockMetricReason = 13
+	sockMetricReasonMETRIC_TC_SNAT_EXHAUSTED    sockMetricReason = 14
+	sockMetricReasonMETRIC_TC_FIB_ERR           sockMetricReason = 15
+	sockMetricReasonMETRIC_TC_LOCAL_NO_BACKEND  sockMetricReason = 16
+	sockMetricReasonMETRIC_TC_SRC_RANGE_DENY    sockMetricReason = 17
+	sockMetricReasonMETRIC_XDP_FWD              sockMetricReason = 18
+	sockMetricReasonMETRIC_XDP_REV              sockMetricReason = 19
+	sockMetricReasonMETRIC_XDP_SRC_RANGE_DENY   sockMetricReason = 20
+	sockMetricReasonMETRIC_XDP_CT_FULL          sockMetricReason = 21
+	sockMetricReasonMETRIC_XDP_SNAT_NEW         sockMetricReason = 22
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 23
+)
+
 type sockNodeDev struct {
 	_     structs.HostLayout
 	Addr  uint32
@@ -112,6 +140,23 @@ type sockSockRevKey struct {
 	Pad    uint16
 }
 
+type sockSockUdpStick struct {
+	_         structs.HostLayout
+	BackendId uint32
+	Addr      uint32
+	Port      uint16
+	Slot      uint16
+}
+
+type sockSockUdpStickKey struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Vip    uint32
+	Port   uint16
+	Proto  uint8
+	Pad    uint8
+}
+
 type sockSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -122,28 +167,36 @@ type sockSrcRangeKey struct {
 	Saddr     uint32
 }
 
+type sockSvcFlags uint32
+
+const (
+	sockSvcFlagsSVC_F_EXTERNAL   sockSvcFlags = 1
+	sockSvcFlagsSVC_F_LOCAL      sockSvcFlags = 2
+	sockSvcFlagsSVC_F_SRC_RANGES sockSvcFlags = 4
+)
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sockMapSluiceAffinity   = "sluice_affinity"
-	sockMapSluiceBackends   = "sluice_backends"
-	sockMapSluiceConntrack  = "sluice_conntrack"
-	sockMapSluiceDevices    = "sluice_devices"
-	sockMapSluiceMetrics    = "sluice_metrics"
-	sockMapSluiceRevNat     = "sluice_rev_nat"
-	sockMapSluiceServices   = "sluice_services"
-	sockMapSluiceSockRev    = "sluice_sock_rev"
-	sockMapSluiceSrcRanges  = "sluice_src_ranges"
-	sockProgSluiceConnect4  = "sluice_connect4"
-	sockProgSluiceGetpeer4  = "sluice_getpeer4"
-	sockProgSluiceRecvmsg4  = "sluice_recvmsg4"
-	sockProgSluiceSendmsg4  = "sluice_sendmsg4"
-	sockVarCtTimeoutCloseNs = "ct_timeout_close_ns"
-	sockVarCtTimeoutTcpNs   = "ct_timeout_tcp_ns"
-	sockVarCtTimeoutUdpNs   = "ct_timeout_udp_ns"
-	sockVarSnatPortMax      = "snat_port_max"
-	sockVarSnatPortMin      = "snat_port_min"
+	sockMapSluiceBackendsV1    = "sluice_backends_v1"
+	sockMapSluiceConntrackV1   = "sluice_conntrack_v1"
+	sockMapSluiceDevicesV1     = "sluice_devices_v1"
+	sockMapSluiceMetricsV1     = "sluice_metrics_v1"
+	sockMapSluiceRevNatV1      = "sluice_rev_nat_v1"
+	sockMapSluiceServicesV1    = "sluice_services_v1"
+	sockMapSluiceSockRevV1     = "sluice_sock_rev_v1"
+	sockMapSluiceSrcRangesV1   = "sluice_src_ranges_v1"
+	sockMapSluiceUdpStickV1    = "sluice_udp_stick_v1"
+	sockProgSluiceConnect4     = "sluice_connect4"
+	sockProgSluiceGetpeername4 = "sluice_getpeername4"
+	sockProgSluiceRecvmsg4     = "sluice_recvmsg4"
+	sockProgSluiceSendmsg4     = "sluice_sendmsg4"
+	sockVarCtTimeoutCloseNs    = "ct_timeout_close_ns"
+	sockVarCtTimeoutTcpNs      = "ct_timeout_tcp_ns"
+	sockVarCtTimeoutUdpNs      = "ct_timeout_udp_ns"
+	sockVarSnatPortMax         = "snat_port_max"
+	sockVarSnatPortMin         = "snat_port_min"
 )
 
 // loadSock returns the embedded CollectionSpec for sock.
@@ -188,25 +241,25 @@ type sockSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockProgramSpecs struct {
-	SluiceConnect4 *ebpf.ProgramSpec `ebpf:"sluice_connect4"`
-	SluiceGetpeer4 *ebpf.ProgramSpec `ebpf:"sluice_getpeer4"`
-	SluiceRecvmsg4 *ebpf.ProgramSpec `ebpf:"sluice_recvmsg4"`
-	SluiceSendmsg4 *ebpf.ProgramSpec `ebpf:"sluice_sendmsg4"`
+	SluiceConnect4     *ebpf.ProgramSpec `ebpf:"sluice_connect4"`
+	SluiceGetpeername4 *ebpf.ProgramSpec `ebpf:"sluice_getpeername4"`
+	SluiceRecvmsg4     *ebpf.ProgramSpec `ebpf:"sluice_recvmsg4"`
+	SluiceSendmsg4     *ebpf.ProgramSpec `ebpf:"sluice_sendmsg4"`
 }
 
 // sockMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockMapSpecs struct {
-	SluiceAffinity  *ebpf.MapSpec `ebpf:"sluice_affinity"`
-	SluiceBackends  *ebpf.MapSpec `ebpf:"sluice_backends"`
-	SluiceConntrack *ebpf.MapSpec `ebpf:"sluice_conntrack"`
-	SluiceDevices   *ebpf.MapSpec `ebpf:"sluice_devices"`
-	SluiceMetrics   *ebpf.MapSpec `ebpf:"sluice_metrics"`
-	SluiceRevNat    *ebpf.MapSpec `ebpf:"sluice_rev_nat"`
-	SluiceServices  *ebpf.MapSpec `ebpf:"sluice_services"`
-	SluiceSockRev   *ebpf.MapSpec `ebpf:"sluice_sock_rev"`
-	SluiceSrcRanges *ebpf.MapSpec `ebpf:"sluice_src_ranges"`
+	SluiceBackendsV1  *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV1 *ebpf.MapSpec `ebpf:"sluice_conntrack_v1"`
+	SluiceDevicesV1   *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceMetricsV1   *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
+	SluiceRevNatV1    *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceServicesV1  *ebpf.MapSpec `ebpf:"sluice_services_v1"`
+	SluiceSockRevV1   *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1 *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1  *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
 }
 
 // sockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -240,28 +293,28 @@ func (o *sockObjects) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockMaps struct {
-	SluiceAffinity  *ebpf.Map `ebpf:"sluice_affinity"`
-	SluiceBackends  *ebpf.Map `ebpf:"sluice_backends"`
-	SluiceConntrack *ebpf.Map `ebpf:"sluice_conntrack"`
-	SluiceDevices   *ebpf.Map `ebpf:"sluice_devices"`
-	SluiceMetrics   *ebpf.Map `ebpf:"sluice_metrics"`
-	SluiceRevNat    *ebpf.Map `ebpf:"sluice_rev_nat"`
-	SluiceServices  *ebpf.Map `ebpf:"sluice_services"`
-	SluiceSockRev   *ebpf.Map `ebpf:"sluice_sock_rev"`
-	SluiceSrcRanges *ebpf.Map `ebpf:"sluice_src_ranges"`
+	SluiceBackendsV1  *ebpf.Map `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV1 *ebpf.Map `ebpf:"sluice_conntrack_v1"`
+	SluiceDevicesV1   *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceMetricsV1   *ebpf.Map `ebpf:"sluice_metrics_v1"`
+	SluiceRevNatV1    *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceServicesV1  *ebpf.Map `ebpf:"sluice_services_v1"`
+	SluiceSockRevV1   *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1 *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1  *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
 }
 
 func (m *sockMaps) Close() error {
 	return _SockClose(
-		m.SluiceAffinity,
-		m.SluiceBackends,
-		m.SluiceConntrack,
-		m.SluiceDevices,
-		m.SluiceMetrics,
-		m.SluiceRevNat,
-		m.SluiceServices,
-		m.SluiceSockRev,
-		m.SluiceSrcRanges,
+		m.SluiceBackendsV1,
+		m.SluiceConntrackV1,
+		m.SluiceDevicesV1,
+		m.SluiceMetricsV1,
+		m.SluiceRevNatV1,
+		m.SluiceServicesV1,
+		m.SluiceSockRevV1,
+		m.SluiceSrcRangesV1,
+		m.SluiceUdpStickV1,
 	)
 }
 
@@ -280,16 +333,16 @@ type sockVariables struct {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockPrograms struct {
-	SluiceConnect4 *ebpf.Program `ebpf:"sluice_connect4"`
-	SluiceGetpeer4 *ebpf.Program `ebpf:"sluice_getpeer4"`
-	SluiceRecvmsg4 *ebpf.Program `ebpf:"sluice_recvmsg4"`
-	SluiceSendmsg4 *ebpf.Program `ebpf:"sluice_sendmsg4"`
+	SluiceConnect4     *ebpf.Program `ebpf:"sluice_connect4"`
+	SluiceGetpeername4 *ebpf.Program `ebpf:"sluice_getpeername4"`
+	SluiceRecvmsg4     *ebpf.Program `ebpf:"sluice_recvmsg4"`
+	SluiceSendmsg4     *ebpf.Program `ebpf:"sluice_sendmsg4"`
 }
 
 func (p *sockPrograms) Close() error {
 	return _SockClose(
 		p.SluiceConnect4,
-		p.SluiceGetpeer4,
+		p.SluiceGetpeername4,
 		p.SluiceRecvmsg4,
 		p.SluiceSendmsg4,
 	)

@@ -450,16 +450,6 @@ func TestTCNoBackendICMP(t *testing.T) {
 	}
 }
 
-func TestTCMetricNamesMatchObject(t *testing.T) {
-	spec, err := loadSock()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := spec.Maps[mapMetrics].MaxEntries; int(n) != len(metricNames) {
-		t.Fatalf("sluice_metrics has %d reasons, metricNames %d", n, len(metricNames))
-	}
-}
-
 // onlyNATFieldsDiffer reports whether a and b (same length) differ only in
 // the bytes address and port translation may change: the IPv4 checksum and
 // addresses, the L4 ports and the L4 checksum.
