@@ -817,7 +817,13 @@ func applyStep(objs []Object, st *Step) ([]Object, error) {
 // validateCase checks everything a runner relies on.
 func validateCase(c *Case) error {
 	var errs []error
-	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	said := map[string]bool{} // steps share objects: say each problem once
+	add := func(format string, a ...any) {
+		if err := fmt.Errorf(format, a...); !said[err.Error()] {
+			said[err.Error()] = true
+			errs = append(errs, err)
+		}
+	}
 	v6 := c.IPFamily == corev1.IPv6Protocol
 	famOK := func(a netip.Addr) bool { return a.IsValid() && a.Unmap().Is6() == v6 && (v6 || a.Is4()) }
 
