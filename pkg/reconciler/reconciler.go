@@ -33,10 +33,10 @@
 package reconciler
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -233,18 +233,18 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 	// master's id wins over a rev_nat entry naming the same frontend; of
 	// several ids for one backend address (strays), the most named, then the
 	// lowest, wins. The losers are rewritten and deleted by the next Apply.
-	for _, fe := range sortedKeys(r.frontends) {
+	for _, fe := range slices.SortedFunc(maps.Keys(r.frontends), model.L4Addr.Compare) {
 		if v := r.frontends[fe]; v.hasMaster && r.masterRef[v.master.ID] == 1 {
 			r.serviceOf[fe] = v.master.ID
 		}
 	}
-	for _, id := range sortedKeys(r.revNat) {
+	for _, id := range slices.Sorted(maps.Keys(r.revNat)) {
 		fe := r.revNat[id]
 		if _, ok := r.serviceOf[fe]; !ok && r.masterRef[id] == 0 {
 			r.serviceOf[fe] = id
 		}
 	}
-	for _, id := range sortedKeys(r.backends) {
+	for _, id := range slices.Sorted(maps.Keys(r.backends)) {
 		a := r.backends[id]
 		cur, ok := r.backendOf[a]
 		if !ok || r.slotRefs[id] > r.slotRefs[cur] {
@@ -313,7 +313,7 @@ func newDesired(fe model.L4Addr, svc *model.Service) *desiredFrontend {
 	for _, b := range svc.Backends {
 		d.addrs = append(d.addrs, b.L4Addr)
 	}
-	slices.SortFunc(d.addrs, cmpL4)
+	slices.SortFunc(d.addrs, model.L4Addr.Compare)
 	d.addrs = slices.Compact(d.addrs)
 	return d
 }
@@ -369,7 +369,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 			wantBackend[a] = true
 		}
 	}
-	slices.SortFunc(changed, func(a, b *desiredFrontend) int { return cmpL4(a.fe, b.fe) })
+	slices.SortFunc(changed, func(a, b *desiredFrontend) int { return a.fe.Compare(b.fe) })
 	r.presize(changed)
 
 	// Phase 1: frontends nobody wants any more: master, then slots. This
@@ -382,7 +382,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 			}
 		}
 	}
-	slices.SortFunc(gone, cmpL4)
+	slices.SortFunc(gone, model.L4Addr.Compare)
 	for _, fe := range gone {
 		name := r.frontends[fe].name
 		if err := r.removeFrontend(fe); err != nil {
@@ -415,7 +415,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 	if err := r.deleteUnusedRevNat(services); err != nil {
 		errs = append(errs, err)
 	}
-	for _, a := range sortedKeys(r.pendingFlush) {
+	for _, a := range slices.SortedFunc(maps.Keys(r.pendingFlush), model.L4Addr.Compare) {
 		r.writes++
 		if err := r.dp.FlushConntrack(a); err != nil {
 			errs = append(errs, fmt.Errorf("flush conntrack of backend %s: %w", a, err))
@@ -469,7 +469,7 @@ func (r *Reconciler) presize(changed []*desiredFrontend) {
 // fastInSync reports whether v (nil if unknown) was fully programmed with exactly svc's
 // backends, and nothing touched it since.
 func (r *Reconciler) fastInSync(v *frontendView, svc *model.Service) bool {
-	if v == nil || !v.synced || len(v.syncedAddrs) != len(svc.Backends) || v.master.Flags != masterFlags(svc) {
+	if v == nil || !v.synced || len(v.syncedAddrs) != len(svc.Backends) || v.master.Flags != MasterFlags(svc) {
 		return false
 	}
 	for i, b := range svc.Backends {
@@ -490,7 +490,7 @@ func (r *Reconciler) markSynced(fe model.L4Addr, d *desiredFrontend) {
 // names, unless a desired frontend is being programmed under that id.
 func (r *Reconciler) deleteUnusedRevNat(services map[model.L4Addr]*model.Service) error {
 	var errs []error
-	for _, id := range sortedKeys(r.revNatCand) {
+	for _, id := range slices.Sorted(maps.Keys(r.revNatCand)) {
 		fe, ok := r.revNat[id]
 		if !ok || r.masterRef[id] > 0 {
 			delete(r.revNatCand, id)
@@ -521,7 +521,7 @@ func (r *Reconciler) inSyncFrontend(fe model.L4Addr, d *desiredFrontend) bool {
 		return false
 	}
 	sid, ok := r.serviceOf[fe]
-	if !ok || v.master.ID != sid || v.master.Count != uint32(len(d.addrs)) || v.master.Flags != masterFlags(d.svc) {
+	if !ok || v.master.ID != sid || v.master.Count != uint32(len(d.addrs)) || v.master.Flags != MasterFlags(d.svc) {
 		return false
 	}
 	if a, ok := r.revNat[sid]; !ok || a != fe || r.masterRef[sid] != 1 {
@@ -550,12 +550,9 @@ func (r *Reconciler) inSyncFrontend(fe model.L4Addr, d *desiredFrontend) bool {
 }
 
 func wantsAddr(d *desiredFrontend, a model.L4Addr) bool {
-	_, ok := slices.BinarySearchFunc(d.addrs, a, cmpL4)
+	_, ok := slices.BinarySearchFunc(d.addrs, a, model.L4Addr.Compare)
 	return ok
 }
-
-// masterFlags returns the SVC_F_* flags of a frontend's master.
-func masterFlags(svc *model.Service) uint8 { return MasterFlags(svc) }
 
 // programFrontend brings one frontend to its desired programming, in
 // make-before-break order, stopping at the first failed write (the view
@@ -685,7 +682,7 @@ func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capSvc
 	}
 
 	// 4. The master.
-	wantM := Master{ID: sid, Count: m, Flags: masterFlags(d.svc)}
+	wantM := Master{ID: sid, Count: m, Flags: MasterFlags(d.svc)}
 	if !v.hasMaster || v.master != wantM {
 		r.writes++
 		if err := r.dp.UpsertMaster(fe, wantM); err != nil {
@@ -789,7 +786,7 @@ func (r *Reconciler) releaseReservations(services map[model.L4Addr]*model.Servic
 // address under that id.
 func (r *Reconciler) deleteUnusedBackends(want map[model.L4Addr]bool) error {
 	var errs []error
-	for _, id := range sortedKeys(r.backendCand) {
+	for _, id := range slices.Sorted(maps.Keys(r.backendCand)) {
 		a, ok := r.backends[id]
 		if !ok || r.slotRefs[id] > 0 {
 			delete(r.backendCand, id)
@@ -863,41 +860,6 @@ func (r *Reconciler) maybeReleaseBackend(id BackendID, a model.L4Addr) {
 		return
 	}
 	r.beIDs.release(uint32(id))
-}
-
-func cmpL4(a, b model.L4Addr) int {
-	if a.Less(b) {
-		return -1
-	}
-	if b.Less(a) {
-		return 1
-	}
-	return 0
-}
-
-func sortedKeys[K interface {
-	comparable
-}, V any](m map[K]V) []K {
-	keys := make([]K, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b K) int { return compareKeys(a, b) })
-	return keys
-}
-
-func compareKeys[K comparable](a, b K) int {
-	switch x := any(a).(type) {
-	case model.L4Addr:
-		return cmpL4(x, any(b).(model.L4Addr))
-	case uint32:
-		return cmp.Compare(x, any(b).(uint32))
-	case ServiceID:
-		return cmp.Compare(x, any(b).(ServiceID))
-	case BackendID:
-		return cmp.Compare(x, any(b).(BackendID))
-	}
-	panic(fmt.Sprintf("sortedKeys: unsupported key type %T", a))
 }
 
 // slotMap holds a frontend's slots, indexed by slot number: slots are

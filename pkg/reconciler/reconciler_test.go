@@ -89,15 +89,7 @@ func programmed(t testing.TB, f *fakedp.Fake) map[model.L4Addr][]model.L4Addr {
 		for s := uint32(1); s <= m.Count; s++ {
 			bs = append(bs, ks.Backends[ks.Slots[fe][s]])
 		}
-		slices.SortFunc(bs, func(a, b model.L4Addr) int {
-			if a.Less(b) {
-				return -1
-			}
-			if b.Less(a) {
-				return 1
-			}
-			return 0
-		})
+		slices.SortFunc(bs, model.L4Addr.Compare)
 		out[fe] = bs
 		if len(ks.Slots[fe]) != int(m.Count) {
 			t.Errorf("%s: %d slots for count %d", fe, len(ks.Slots[fe]), m.Count)

@@ -15,7 +15,6 @@
 package fakedp
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -493,7 +492,7 @@ func (f *Fake) String() string {
 		fes[fe] = true
 	}
 	sb.WriteString("services:\n")
-	for _, fe := range slices.SortedFunc(maps.Keys(fes), cmpL4) {
+	for _, fe := range slices.SortedFunc(maps.Keys(fes), model.L4Addr.Compare) {
 		if m, ok := f.masters[fe]; ok {
 			fmt.Fprintf(&sb, "  %s [0] id=%d count=%d flags=%#x\n", fe, m.ID, m.Count, m.Flags)
 		} else {
@@ -518,14 +517,4 @@ func (f *Fake) String() string {
 		fmt.Fprintf(&sb, "  %d %s\n", id, f.revNat[id])
 	}
 	return sb.String()
-}
-
-func cmpL4(a, b model.L4Addr) int {
-	if c := a.Addr.Compare(b.Addr); c != 0 {
-		return c
-	}
-	if c := cmp.Compare(a.Port, b.Port); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.Proto, b.Proto)
 }
