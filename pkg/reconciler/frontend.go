@@ -92,50 +92,17 @@ func wantsAddr(d *desiredFrontend, a model.L4Addr) bool {
 // programFrontend brings one frontend to its desired programming, in
 // make-before-break order, stopping at the first failed write (the view
 // then says how far it got).
-func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capSvc, capBe, capEnt int) error {
+func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capacity sizes) error {
 	v := r.frontends[fe]
 	m := uint32(len(d.addrs))
 
-	// Capacity: what this frontend adds at its peak, before its old slots
-	// go. Checked before any write, so a service that does not fit keeps
-	// its previous programming.
-	sid, haveSID := r.serviceOf[fe]
-	needSvc := 0
-	if !haveSID {
-		needSvc = 1
-	} else if _, ok := r.revNat[sid]; !ok {
-		needSvc = 1
-	}
-	needBe := 0
-	for _, a := range d.addrs {
-		if id, ok := r.backendOf[a]; !ok || !r.isReal(id) {
-			needBe++
-		}
-	}
-	needEnt := 0
-	for s := uint32(0); s <= m; s++ {
-		if v == nil {
-			needEnt++
-		} else if s == 0 && !v.hasMaster {
-			needEnt++
-		} else if _, ok := v.slots.get(s); s > 0 && !ok {
-			needEnt++
-		}
-	}
-	var short []string
-	if len(r.revNat)+needSvc > capSvc {
-		short = append(short, fmt.Sprintf("services: %d in use of %d", len(r.revNat), capSvc))
-	}
-	if nb := len(r.backends); nb+needBe > capBe {
-		short = append(short, fmt.Sprintf("%d new backends: %d in use of %d", needBe, nb, capBe))
-	}
-	if r.entries+needEnt > capEnt {
-		short = append(short, fmt.Sprintf("%d new service entries: %d in use of %d", needEnt, r.entries, capEnt))
-	}
-	if len(short) > 0 {
-		return fmt.Errorf("%w (%s); previous programming kept", ErrCapacity, strings.Join(short, "; "))
+	// Checked before any write, so a service that does not fit keeps its
+	// previous programming.
+	if err := r.checkCapacity(r.capacityNeeded(fe, d), capacity); err != nil {
+		return err
 	}
 
+	sid, haveSID := r.serviceOf[fe]
 	if !haveSID {
 		sid = ServiceID(r.svcIDs.alloc())
 		r.serviceOf[fe] = sid
@@ -250,6 +217,59 @@ func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capSvc
 			return fmt.Errorf("delete slot %d: %w", s, err)
 		}
 		r.deleteSlot(v, s)
+	}
+	return nil
+}
+
+// sizes counts entries per map: in use, available, or needed.
+type sizes struct {
+	services int // rev_nat entries
+	backends int
+	entries  int // service map entries: masters plus slots
+}
+
+// capacityNeeded returns what programming d adds to the maps at its peak,
+// before the frontend's old slots go.
+func (r *Reconciler) capacityNeeded(fe model.L4Addr, d *desiredFrontend) sizes {
+	var n sizes
+	v := r.frontends[fe]
+	if sid, ok := r.serviceOf[fe]; !ok {
+		n.services = 1
+	} else if _, ok := r.revNat[sid]; !ok {
+		n.services = 1
+	}
+	for _, a := range d.addrs {
+		if id, ok := r.backendOf[a]; !ok || !r.isReal(id) {
+			n.backends++
+		}
+	}
+	for s := uint32(0); s <= uint32(len(d.addrs)); s++ {
+		if v == nil {
+			n.entries++
+		} else if s == 0 && !v.hasMaster {
+			n.entries++
+		} else if _, ok := v.slots.get(s); s > 0 && !ok {
+			n.entries++
+		}
+	}
+	return n
+}
+
+// checkCapacity returns an ErrCapacity error naming every map that has no
+// room for need.
+func (r *Reconciler) checkCapacity(need, capacity sizes) error {
+	var short []string
+	if len(r.revNat)+need.services > capacity.services {
+		short = append(short, fmt.Sprintf("services: %d in use of %d", len(r.revNat), capacity.services))
+	}
+	if nb := len(r.backends); nb+need.backends > capacity.backends {
+		short = append(short, fmt.Sprintf("%d new backends: %d in use of %d", need.backends, nb, capacity.backends))
+	}
+	if r.entries+need.entries > capacity.entries {
+		short = append(short, fmt.Sprintf("%d new service entries: %d in use of %d", need.entries, r.entries, capacity.entries))
+	}
+	if len(short) > 0 {
+		return fmt.Errorf("%w (%s); previous programming kept", ErrCapacity, strings.Join(short, "; "))
 	}
 	return nil
 }

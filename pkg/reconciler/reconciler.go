@@ -205,7 +205,8 @@ func (r *Reconciler) Apply(st *model.State) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 
-	capSvc, capBe, capEnt := r.dp.Capacity()
+	var capacity sizes
+	capacity.services, capacity.backends, capacity.entries = r.dp.Capacity()
 	writes0 := r.writes
 	var errs []error
 	if r.refreshEvery > 0 && time.Since(r.lastRead) > r.refreshEvery {
@@ -275,7 +276,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 
 	// Phase 2: frontends to add or change, in a stable order.
 	for _, d := range changed {
-		if err := r.programFrontend(d.fe, d, capSvc, capBe, capEnt); err != nil {
+		if err := r.programFrontend(d.fe, d, capacity); err != nil {
 			errs = append(errs, fmt.Errorf("service %s (%s): %w", d.svc.Name, d.fe, err))
 			continue
 		}
