@@ -193,7 +193,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 	}
 	m.SetCapacity(dp.Maps().Capacity)
 	cfg.Observer = m
-	rec := &northSouthReconciler{Reconciler: reconciler.New(dp.Maps(), log.With("component", "reconciler")), maps: dp.Maps(), log: log}
+	rec := &northSouthReconciler{Reconciler: reconciler.New(dp.Maps(), log.With("component", "reconciler")), log: log}
 	if ns.hc {
 		rec.hc = healthcheck.New("", log.With("component", "healthcheck"))
 		defer rec.hc.Close()

@@ -22,24 +22,16 @@ type northSouthConfig struct {
 	hc      bool          // serve healthCheckNodePorts
 }
 
-// northSouthReconciler wraps the reconciler: loadBalancerSourceRanges are
-// written before the masters that check them and pruned after, and the
-// health check ports follow every applied state.
+// northSouthReconciler wraps the reconciler: the health check ports
+// follow every applied state.
 type northSouthReconciler struct {
 	agent.Reconciler
-	maps *datapath.Maps
-	hc   *healthcheck.Server // nil: off
-	log  *slog.Logger
+	hc  *healthcheck.Server // nil: off
+	log *slog.Logger
 }
 
 func (n *northSouthReconciler) Apply(st *model.State) error {
-	if err := n.maps.AddSourceRanges(st); err != nil {
-		return err
-	}
 	if err := n.Reconciler.Apply(st); err != nil {
-		return err
-	}
-	if err := n.maps.PruneSourceRanges(st); err != nil {
 		return err
 	}
 	if n.hc != nil {

@@ -195,9 +195,16 @@ func (m *Maps) DeleteSlot(fe model.L4Addr, slot uint32) error {
 	return nil
 }
 
-// Dump reads the service, backend and reverse-NAT maps back.
+// Dump reads the service, backend, reverse-NAT and source-range maps back.
 func (m *Maps) Dump() (*reconciler.KernelState, error) {
-	return dumpState(m.services, m.backends, m.revNat)
+	ks, err := dumpState(m.services, m.backends, m.revNat)
+	if err != nil {
+		return nil, err
+	}
+	if ks.SourceRanges, err = dumpSourceRanges(m.srcRanges); err != nil {
+		return nil, err
+	}
+	return ks, nil
 }
 
 // dumpState reads the service, backend and reverse-NAT maps into a

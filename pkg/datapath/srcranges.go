@@ -1,15 +1,21 @@
 package datapath
 
-// loadBalancerSourceRanges (sluice_src_ranges): the prefixes a frontend
-// flagged SVC_F_SRC_RANGES accepts sources from.
+// loadBalancerSourceRanges (sluice_src_ranges, an LPM trie): the prefixes
+// a frontend flagged SVC_F_SRC_RANGES accepts sources from. The reconciler
+// orders these writes around the frontend's master (pkg/reconciler,
+// srcranges.go); here each is one idempotent map update or delete.
 
 import (
 	"fmt"
 	"net/netip"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
+// srcRangeKey returns the key of prefix p of frontend fe: the frontend's
+// 64 bits (vip, port, proto, pad) always match, then p's own bits.
 func srcRangeKey(fe model.L4Addr, p netip.Prefix) sockSrcRangeKey {
 	p = p.Masked()
 	return sockSrcRangeKey{
@@ -21,63 +27,74 @@ func srcRangeKey(fe model.L4Addr, p netip.Prefix) sockSrcRangeKey {
 	}
 }
 
-// wantSourceRanges returns the sluice_src_ranges keys st asks for.
-func wantSourceRanges(st *model.State) map[sockSrcRangeKey]bool {
-	want := map[sockSrcRangeKey]bool{}
-	if st == nil {
-		return want
+// checkSourceRange validates frontend fe and prefix p for the IPv4 map.
+func checkSourceRange(fe model.L4Addr, p netip.Prefix) (model.L4Addr, error) {
+	fe, err := checkL4(fe)
+	if err != nil {
+		return fe, fmt.Errorf("frontend %w", err)
 	}
-	for fe, svc := range st.Services {
-		if svc == nil || svc.Kind == model.ClusterIP {
-			continue
-		}
-		fe, err := checkL4(fe)
-		if err != nil {
-			continue
-		}
-		for _, p := range svc.SourceRanges {
-			if p.Addr().Unmap().Is4() {
-				p = netip.PrefixFrom(p.Addr().Unmap(), min(p.Bits(), 32))
-				want[srcRangeKey(fe, p)] = true
-			}
-		}
+	if !p.IsValid() || !p.Addr().Is4() {
+		return fe, fmt.Errorf("source range %s of %s: not an IPv4 prefix", p, fe)
 	}
-	return want
+	return fe, nil
 }
 
-// AddSourceRanges writes the loadBalancerSourceRanges st asks for. Run it
-// before the reconciler sets SVC_F_SRC_RANGES on a master, so a frontend
-// never checks ranges that are not there yet.
-func (m *Maps) AddSourceRanges(st *model.State) error {
+// UpsertSourceRange lets sources in p reach frontend fe while its master
+// has SVC_F_SRC_RANGES.
+func (m *Maps) UpsertSourceRange(fe model.L4Addr, p netip.Prefix) error {
+	fe, err := checkSourceRange(fe, p)
+	if err != nil {
+		return fmt.Errorf("upsert source range: %w", err)
+	}
+	k := srcRangeKey(fe, p)
 	one := uint8(1)
-	for k := range wantSourceRanges(st) {
-		if err := m.srcRanges.Put(&k, &one); err != nil {
-			return fmt.Errorf("add source range of %s: %w", addrFromBE32(k.Vip), err)
-		}
+	if err := m.srcRanges.Put(&k, &one); err != nil {
+		return fmt.Errorf("upsert source range %s of %s: %w", p, fe, err)
 	}
 	return nil
 }
 
-// PruneSourceRanges deletes the ranges st does not ask for (after the
-// reconciler has applied st).
-func (m *Maps) PruneSourceRanges(st *model.State) error {
-	want := wantSourceRanges(st)
-	var doomed []sockSrcRangeKey
+// DeleteSourceRange deletes source range p of frontend fe; deleting a
+// missing one succeeds.
+func (m *Maps) DeleteSourceRange(fe model.L4Addr, p netip.Prefix) error {
+	fe, err := checkSourceRange(fe, p)
+	if err != nil {
+		return fmt.Errorf("delete source range: %w", err)
+	}
+	k := srcRangeKey(fe, p)
+	if err := deleteIgnoringMissing(m.srcRanges, &k); err != nil {
+		return fmt.Errorf("delete source range %s of %s: %w", p, fe, err)
+	}
+	return nil
+}
+
+// SourceRangeCapacity returns the size of sluice_src_ranges.
+func (m *Maps) SourceRangeCapacity() int {
+	return int(m.srcRanges.MaxEntries())
+}
+
+// dumpSourceRanges reads sluice_src_ranges back: frontend -> prefixes
+// (nil if the map is empty).
+func dumpSourceRanges(srcRanges *ebpf.Map) (map[model.L4Addr][]netip.Prefix, error) {
+	var out map[model.L4Addr][]netip.Prefix
 	var k sockSrcRangeKey
 	var v uint8
-	it := m.srcRanges.Iterate()
+	it := srcRanges.Iterate()
 	for it.Next(&k, &v) {
-		if !want[k] {
-			doomed = append(doomed, k)
+		bits := int(k.Prefixlen) - 64
+		if bits < 0 || bits > 32 {
+			// Only a key that covers a whole frontend can be told
+			// apart; the agent writes no other.
+			return nil, fmt.Errorf("dump %s: key with prefix length %d", mapSrcRanges, k.Prefixlen)
 		}
+		fe := model.L4Addr{Addr: addrFromBE32(k.Vip), Port: portFromBE16(k.Port), Proto: model.Protocol(k.Proto)}
+		if out == nil {
+			out = map[model.L4Addr][]netip.Prefix{}
+		}
+		out[fe] = append(out[fe], netip.PrefixFrom(addrFromBE32(k.Saddr), bits))
 	}
 	if err := it.Err(); err != nil {
-		return fmt.Errorf("list source ranges: %w", err)
+		return nil, fmt.Errorf("dump %s: %w", mapSrcRanges, err)
 	}
-	for i := range doomed {
-		if err := deleteIgnoringMissing(m.srcRanges, &doomed[i]); err != nil {
-			return fmt.Errorf("delete source range: %w", err)
-		}
-	}
-	return nil
+	return out, nil
 }

@@ -6,17 +6,20 @@ package reconciler
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
-// desiredFrontend is one frontend of the desired state, with its backends.
+// desiredFrontend is one frontend of the desired state, with its backends
+// and source ranges.
 type desiredFrontend struct {
-	fe    model.L4Addr
-	svc   *model.Service
-	addrs []model.L4Addr // sorted, unique
+	fe     model.L4Addr
+	svc    *model.Service
+	addrs  []model.L4Addr // sorted, unique
+	ranges []netip.Prefix // see desiredRanges
 }
 
 func newDesired(fe model.L4Addr, svc *model.Service) *desiredFrontend {
@@ -26,13 +29,20 @@ func newDesired(fe model.L4Addr, svc *model.Service) *desiredFrontend {
 	}
 	slices.SortFunc(d.addrs, model.L4Addr.Compare)
 	d.addrs = slices.Compact(d.addrs)
+	d.ranges = desiredRanges(svc)
 	return d
 }
 
-// fastInSync reports whether v (nil if unknown) was fully programmed with exactly svc's
-// backends, and nothing touched it since.
+// fastInSync reports whether v (nil if unknown) was fully programmed with
+// exactly svc's backends and source ranges, and nothing touched it since.
+// (Ranges given unsorted or with host bits make it false: the full check
+// then decides.)
 func (r *Reconciler) fastInSync(v *frontendView, svc *model.Service) bool {
 	if v == nil || !v.synced || len(v.syncedAddrs) != len(svc.Backends) || v.master.Flags != MasterFlags(svc) {
+		return false
+	}
+	// Equal flags: both check ranges, or neither does (and v has none).
+	if len(v.syncedRanges) > 0 && !slices.Equal(v.syncedRanges, svc.SourceRanges) {
 		return false
 	}
 	for i, b := range svc.Backends {
@@ -45,7 +55,7 @@ func (r *Reconciler) fastInSync(v *frontendView, svc *model.Service) bool {
 
 func (r *Reconciler) markSynced(fe model.L4Addr, d *desiredFrontend) {
 	if v := r.frontends[fe]; v != nil {
-		v.synced, v.syncedAddrs, v.name = true, d.addrs, d.svc.Name
+		v.synced, v.syncedAddrs, v.syncedRanges, v.name = true, d.addrs, d.ranges, d.svc.Name
 	}
 }
 
@@ -62,7 +72,7 @@ func (r *Reconciler) inSyncFrontend(fe model.L4Addr, d *desiredFrontend) bool {
 	if a, ok := r.revNat[sid]; !ok || a != fe || r.masterRef[sid] != 1 {
 		return false
 	}
-	if v.slots.n != len(d.addrs) {
+	if v.slots.n != len(d.addrs) || !slices.Equal(v.ranges, d.ranges) {
 		return false
 	}
 	for _, a := range d.addrs {
@@ -183,7 +193,12 @@ func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capaci
 		r.setSlot(v, s, id)
 	}
 
-	// 4. The master.
+	// 4. Source ranges the master checks, before it checks them.
+	if err := r.addRanges(fe, v, d.ranges); err != nil {
+		return err
+	}
+
+	// 5. The master.
 	wantM := Master{ID: sid, Count: m, Flags: MasterFlags(d.svc)}
 	if !v.hasMaster || v.master != wantM {
 		r.writes++
@@ -208,7 +223,7 @@ func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capaci
 		}
 	}
 
-	// 5. Slots above the new count.
+	// 6. Slots above the new count.
 	extra := v.slots.keys(m + 1)
 	for i := len(extra) - 1; i >= 0; i-- {
 		s := extra[i]
@@ -218,7 +233,10 @@ func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capaci
 		}
 		r.deleteSlot(v, s)
 	}
-	return nil
+
+	// 7. Source ranges the master no longer checks (all of them if it
+	// lost FlagSourceRanges).
+	return r.pruneRanges(fe, v, d.ranges)
 }
 
 // sizes counts entries per map: in use, available, or needed.
@@ -226,10 +244,11 @@ type sizes struct {
 	services int // rev_nat entries
 	backends int
 	entries  int // service map entries: masters plus slots
+	ranges   int // source ranges
 }
 
 // capacityNeeded returns what programming d adds to the maps at its peak,
-// before the frontend's old slots go.
+// before the frontend's old slots and source ranges go.
 func (r *Reconciler) capacityNeeded(fe model.L4Addr, d *desiredFrontend) sizes {
 	var n sizes
 	v := r.frontends[fe]
@@ -252,6 +271,11 @@ func (r *Reconciler) capacityNeeded(fe model.L4Addr, d *desiredFrontend) sizes {
 			n.entries++
 		}
 	}
+	for _, p := range d.ranges {
+		if v == nil || !v.hasRange(p) {
+			n.ranges++
+		}
+	}
 	return n
 }
 
@@ -268,6 +292,9 @@ func (r *Reconciler) checkCapacity(need, capacity sizes) error {
 	if r.entries+need.entries > capacity.entries {
 		short = append(short, fmt.Sprintf("%d new service entries: %d in use of %d", need.entries, r.entries, capacity.entries))
 	}
+	if r.ranges+need.ranges > capacity.ranges {
+		short = append(short, fmt.Sprintf("%d new source ranges: %d in use of %d", need.ranges, r.ranges, capacity.ranges))
+	}
 	if len(short) > 0 {
 		return fmt.Errorf("%w (%s); previous programming kept", ErrCapacity, strings.Join(short, "; "))
 	}
@@ -275,7 +302,7 @@ func (r *Reconciler) checkCapacity(need, capacity sizes) error {
 }
 
 // removeFrontend deletes a frontend nobody wants: master first, then its
-// slots. Its rev_nat entry goes at the end of Apply.
+// slots and source ranges. Its rev_nat entry goes at the end of Apply.
 func (r *Reconciler) removeFrontend(fe model.L4Addr) error {
 	v := r.frontends[fe]
 	var named []model.L4Addr
@@ -306,6 +333,9 @@ func (r *Reconciler) removeFrontend(fe model.L4Addr) error {
 			return fmt.Errorf("delete slot %d: %w", s, err)
 		}
 		r.deleteSlot(v, s)
+	}
+	if err := r.pruneRanges(fe, v, nil); err != nil {
+		return err
 	}
 	delete(r.frontends, fe)
 	return nil

@@ -7,19 +7,25 @@
 // Apply retries exactly what is missing. Apply diffs the desired state
 // against that view, not against the previous desired state.
 //
-// Writes are made before breaks, so that the datapath, reading concurrently,
-// never follows a slot to a backend that does not exist or a master to a
-// slot that does not exist. For each frontend that changes:
+// The reconciler is the only code that orders map writes. Writes are made
+// before breaks, so that the datapath, reading concurrently, never follows
+// a slot to a backend that does not exist, a master to a slot that does
+// not exist, or checks a frontend's loadBalancerSourceRanges before they
+// are there. For each frontend that changes:
 //
 //	upsert new backends -> upsert rev_nat -> write slots 1..m ->
-//	write the master (slot 0) with count m -> delete slots m+1..old
+//	add new source ranges -> write the master (slot 0) with count m and
+//	its flags -> delete slots m+1..old -> delete source ranges no longer
+//	wanted
 //
-// A frontend that goes away loses its master first, then its slots. Only
-// after all frontends are done are backends nobody names deleted, and the
-// rev_nat entries of removed services (replies of flows still in conntrack
-// need them until then). An emptied service keeps its master with count 0,
-// so the datapath refuses connections to the VIP instead of letting them
-// leak to whatever would answer it.
+// A frontend that goes away loses its master first, then its slots and
+// source ranges. Only after all frontends are done are backends nobody
+// names deleted, and the rev_nat entries of removed services (replies of
+// flows still in conntrack need them until then). An emptied service keeps
+// its master with count 0, so the datapath refuses connections to the VIP
+// instead of letting them leak to whatever would answer it. A service that
+// does not fit in the maps (any of them, source ranges included) fails
+// alone, before any write, and keeps its previous programming.
 //
 // Slots are reused in place: a backend that stays keeps its slot, a new one
 // fills a hole, and when a service shrinks the backends above the new count
@@ -30,6 +36,14 @@
 // quarantine, because conntrack and socket affinity entries still name
 // it); Restore marks the ids found in the pinned maps as used, so an agent
 // restart keeps every id and applying the same state again writes nothing.
+//
+// The files follow the phases: reconciler.go is Apply's orchestration,
+// view.go the view of the maps, frontend.go the programming of one
+// frontend, srcranges.go its source ranges, gc.go the deletes of what
+// nobody names and the release of ids (idalloc.go). dump.go prints a
+// KernelState as text: the one form of the maps that the golden tests,
+// fakedp and `sluicectl services --raw` share, so a golden case can be
+// replayed against real maps.
 package reconciler
 
 import (
@@ -61,10 +75,12 @@ type Stats struct {
 	Backends       int // backend entries
 	ServiceEntries int // masters plus slots
 	RevNat         int // reverse-NAT entries
+	SourceRanges   int // source ranges, of all frontends
 
 	MaxServices       int
 	MaxBackends       int
 	MaxServiceEntries int
+	MaxSourceRanges   int
 
 	// Writes counts the datapath operations issued (upserts, deletes and
 	// conntrack flushes), successful or not, since New.
@@ -82,6 +98,7 @@ type Reconciler struct {
 	backends  map[BackendID]model.L4Addr
 	revNat    map[ServiceID]model.L4Addr
 	entries   int               // masters plus slots
+	ranges    int               // source ranges, of all frontends
 	slotRefs  map[BackendID]int // slots (of any frontend, within count or not) naming a backend id
 	masterRef map[ServiceID]int // masters naming a service id
 
@@ -128,6 +145,7 @@ func (r *Reconciler) reset() {
 	r.backends = map[BackendID]model.L4Addr{}
 	r.revNat = map[ServiceID]model.L4Addr{}
 	r.entries = 0
+	r.ranges = 0
 	r.slotRefs = map[BackendID]int{}
 	r.masterRef = map[ServiceID]int{}
 	r.backendCand = map[BackendID]bool{}
@@ -182,7 +200,7 @@ func (r *Reconciler) InSync() bool {
 func (r *Reconciler) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	s := Stats{RevNat: len(r.revNat), ServiceEntries: r.entries, Writes: r.writes}
+	s := Stats{RevNat: len(r.revNat), ServiceEntries: r.entries, SourceRanges: r.ranges, Writes: r.writes}
 	for _, v := range r.frontends {
 		if v.hasMaster {
 			s.Services++
@@ -190,6 +208,7 @@ func (r *Reconciler) Stats() Stats {
 	}
 	s.Backends = len(r.backends)
 	s.MaxServices, s.MaxBackends, s.MaxServiceEntries = r.dp.Capacity()
+	s.MaxSourceRanges = r.dp.SourceRangeCapacity()
 	return s
 }
 
@@ -207,6 +226,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 
 	var capacity sizes
 	capacity.services, capacity.backends, capacity.entries = r.dp.Capacity()
+	capacity.ranges = r.dp.SourceRangeCapacity()
 	writes0 := r.writes
 	var errs []error
 	if r.refreshEvery > 0 && time.Since(r.lastRead) > r.refreshEvery {

@@ -135,6 +135,26 @@ func checkProgrammed(t testing.TB, f *fakedp.Fake, st *model.State) {
 			t.Errorf("rev_nat %d left behind", id)
 		}
 	}
+	// Source ranges: exactly those of the frontends that check them.
+	for fe, s := range st.Services {
+		var want []netip.Prefix
+		if s.Kind != model.ClusterIP {
+			for _, p := range s.SourceRanges {
+				want = append(want, p.Masked())
+			}
+		}
+		slices.SortFunc(want, netip.Prefix.Compare)
+		want = slices.Compact(want)
+		got := slices.SortedFunc(slices.Values(ks.SourceRanges[fe]), netip.Prefix.Compare)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: source ranges %v, want %v", fe, got, want)
+		}
+	}
+	for fe, ps := range ks.SourceRanges {
+		if st.Services[fe] == nil && len(ps) > 0 {
+			t.Errorf("%s: source ranges %v left behind", fe, ps)
+		}
+	}
 }
 
 func TestLifecycle(t *testing.T) {

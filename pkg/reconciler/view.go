@@ -8,6 +8,7 @@ package reconciler
 import (
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -18,12 +19,15 @@ import (
 type frontendView struct {
 	hasMaster bool
 	master    Master
-	slots     slotMap // slot >= 1 -> backend
+	slots     slotMap        // slot >= 1 -> backend
+	ranges    []netip.Prefix // source ranges, sorted by netip.Prefix.Compare
 
 	// synced says the frontend was last fully programmed with
-	// syncedAddrs and nothing touched it since (a fast path for Apply).
-	synced      bool
-	syncedAddrs []model.L4Addr
+	// syncedAddrs and syncedRanges and nothing touched it since (a fast
+	// path for Apply).
+	synced       bool
+	syncedAddrs  []model.L4Addr
+	syncedRanges []netip.Prefix
 
 	name model.ServicePortName // who it was programmed for; empty if restored
 }
@@ -71,6 +75,14 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 			r.slotRefs[id]++
 			r.beIDs.markUsed(uint32(id))
 		}
+	}
+	for fe, ps := range ks.SourceRanges {
+		if len(ps) == 0 {
+			continue
+		}
+		v := r.frontend(fe)
+		v.ranges = slices.Compact(slices.SortedFunc(slices.Values(ps), netip.Prefix.Compare))
+		r.ranges += len(v.ranges)
 	}
 	// Choose the id each frontend and backend address is known by. A
 	// master's id wins over a rev_nat entry naming the same frontend; of
