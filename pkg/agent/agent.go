@@ -10,7 +10,8 @@
 // into the last of them, and a failed apply is retried with exponential
 // backoff (or as soon as a newer state arrives) until it succeeds. The agent
 // is ready once it has received a state and the reconciler is in sync with
-// the newest one.
+// the newest one. After every apply it tells its Observers (metrics, the
+// health check ports).
 //
 // Stopping (context cancelled, SIGTERM) removes nothing: the programs and
 // maps stay pinned and keep serving traffic, and the next agent restores from
