@@ -42,6 +42,9 @@ func (r *Reconciler) releaseReservations(services map[model.L4Addr]*model.Servic
 // slot (or never got one), unless a frontend being programmed wants their
 // address under that id.
 func (r *Reconciler) deleteUnusedBackends(want map[model.L4Addr]bool) error {
+	if len(r.backendCand) == 0 {
+		return nil // the common case: no iterator to allocate
+	}
 	var errs []error
 	for _, id := range slices.Sorted(maps.Keys(r.backendCand)) {
 		a, ok := r.backends[id]
@@ -70,6 +73,9 @@ func (r *Reconciler) deleteUnusedBackends(want map[model.L4Addr]bool) error {
 // deleteUnusedRevNat deletes the rev_nat entries of services no master
 // names, unless a desired frontend is being programmed under that id.
 func (r *Reconciler) deleteUnusedRevNat(services map[model.L4Addr]*model.Service) error {
+	if len(r.revNatCand) == 0 {
+		return nil // the common case: no iterator to allocate
+	}
 	var errs []error
 	for _, id := range slices.Sorted(maps.Keys(r.revNatCand)) {
 		fe, ok := r.revNat[id]

@@ -311,13 +311,15 @@ func (r *Reconciler) Apply(st *model.State) error {
 	if err := r.deleteUnusedRevNat(services); err != nil {
 		errs = append(errs, err)
 	}
-	for _, a := range slices.SortedFunc(maps.Keys(r.pendingFlush), model.L4Addr.Compare) {
-		r.writes++
-		if err := r.dp.FlushConntrack(a); err != nil {
-			errs = append(errs, fmt.Errorf("flush conntrack of backend %s: %w", a, err))
-			continue
+	if len(r.pendingFlush) > 0 {
+		for _, a := range slices.SortedFunc(maps.Keys(r.pendingFlush), model.L4Addr.Compare) {
+			r.writes++
+			if err := r.dp.FlushConntrack(a); err != nil {
+				errs = append(errs, fmt.Errorf("flush conntrack of backend %s: %w", a, err))
+				continue
+			}
+			delete(r.pendingFlush, a)
 		}
-		delete(r.pendingFlush, a)
 	}
 
 	// Ids reserved for writes that failed, or for frontends and backends
