@@ -65,23 +65,7 @@ func TestUsageErrors(t *testing.T) {
 // small maps; sluicectl, which knows no sizes, still lists them, and does
 // not change them.
 func TestReadsPinsOfAnySize(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates pinned BPF maps")
-	}
-	var b [6]byte
-	rand.Read(b[:])
-	bpffs := filepath.Join(datapath.DefaultBPFFS, "sluicectl-test-"+hex.EncodeToString(b[:]))
-	if err := os.Mkdir(bpffs, 0o700); err != nil {
-		t.Fatalf("create pin dir: %v", err)
-	}
-	t.Cleanup(func() { os.RemoveAll(bpffs) })
-
-	dp, err := datapath.Open(datapath.Config{
-		BPFFS: bpffs, MaxServices: 64, MaxBackends: 128, MaxServiceEntries: 256, MaxConntrack: 256, MaxSockRev: 128,
-	})
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
+	bpffs, dp := openSmallPins(t)
 	fe := model.L4Addr{Addr: netip.MustParseAddr("10.96.3.1"), Port: 80, Proto: model.TCP}
 	be := model.L4Addr{Addr: netip.MustParseAddr("10.3.0.1"), Port: 8080, Proto: model.TCP}
 	m := dp.Maps()
@@ -128,22 +112,7 @@ func TestServicesFlags(t *testing.T) {
 // TestServicesRaw: --raw prints the maps as the reconciler dumps them
 // (its golden format), source ranges included, read from the pins.
 func TestServicesRaw(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates pinned BPF maps")
-	}
-	var b [6]byte
-	rand.Read(b[:])
-	bpffs := filepath.Join(datapath.DefaultBPFFS, "sluicectl-test-"+hex.EncodeToString(b[:]))
-	if err := os.Mkdir(bpffs, 0o700); err != nil {
-		t.Fatalf("create pin dir: %v", err)
-	}
-	t.Cleanup(func() { os.RemoveAll(bpffs) })
-	dp, err := datapath.Open(datapath.Config{
-		BPFFS: bpffs, MaxServices: 64, MaxBackends: 128, MaxServiceEntries: 256, MaxConntrack: 256, MaxSockRev: 128,
-	})
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
+	bpffs, dp := openSmallPins(t)
 	fe := model.L4Addr{Addr: netip.MustParseAddr("192.168.1.200"), Port: 80, Proto: model.TCP}
 	st := model.NewState()
 	st.Services[fe] = &model.Service{Kind: model.LoadBalancer, Frontend: fe,
@@ -171,4 +140,28 @@ src_ranges:
 	if stdout.String() != want {
 		t.Errorf("services --raw got:\n%s\nwant:\n%s", stdout.String(), want)
 	}
+}
+
+// openSmallPins opens a datapath with small maps pinned in a bpffs
+// directory of the test's own, as an agent started with small --max-*
+// sizes would (root only).
+func openSmallPins(t *testing.T) (bpffs string, dp *datapath.Datapath) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates pinned BPF maps")
+	}
+	var b [6]byte
+	rand.Read(b[:])
+	bpffs = filepath.Join(datapath.DefaultBPFFS, "sluicectl-test-"+hex.EncodeToString(b[:]))
+	if err := os.Mkdir(bpffs, 0o700); err != nil {
+		t.Fatalf("create pin dir: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(bpffs) })
+	dp, err := datapath.Open(datapath.Config{
+		BPFFS: bpffs, MaxServices: 64, MaxBackends: 128, MaxServiceEntries: 256, MaxConntrack: 256, MaxSockRev: 128,
+	})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	return bpffs, dp
 }

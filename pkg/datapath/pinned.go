@@ -96,14 +96,7 @@ func openPinnedMap(dir, name string, ms *ebpf.MapSpec) (*ebpf.Map, error) {
 
 // Dump reads the service, backend, reverse-NAT and source-range maps.
 func (p *Pinned) Dump() (*reconciler.KernelState, error) {
-	ks, err := dumpState(p.services, p.backends, p.revNat)
-	if err != nil {
-		return nil, err
-	}
-	if ks.SourceRanges, err = dumpSourceRanges(p.srcRanges); err != nil {
-		return nil, err
-	}
-	return ks, nil
+	return dumpState(p.services, p.backends, p.revNat, p.srcRanges)
 }
 
 // Counters returns the datapath outcome counters, summed over CPUs, by
