@@ -26,6 +26,7 @@
 #include "lib/maps.h"
 #include "lib/metrics.h"
 #include "lib/parse.h"
+#include "lib/frag.h"
 #include "lib/csum.h"
 #include "lib/lb.h"
 #include "lib/conntrack.h"
@@ -34,17 +35,24 @@
 
 /*
  * parse_or_pass - parse @skb; returns true if it is a translatable packet,
- * counting the reason when it is not.
+ * counting the reason when it is not. A first fragment's ports are
+ * recorded for the later ones, which take them from there (frag.h).
  */
 static __always_inline bool parse_or_pass(struct __sk_buff *skb, struct pkt4 *p)
 {
 	switch (parse_ipv4(skb, p)) {
 	case PARSE_OK:
+		if (p->frag_first)
+			frag_record(p);
 		return true;
 	case PARSE_MALFORMED:
 		metric_inc(METRIC_TC_MALFORMED);
 		return false;
 	case PARSE_FRAGMENT:
+		if (frag_follow(p)) {
+			metric_inc(METRIC_TC_FRAG_LATER);
+			return true;
+		}
 		metric_inc(METRIC_TC_FRAGMENT);
 		return false;
 	default:
@@ -119,6 +127,13 @@ static __always_inline int lb4_check_frontend(struct __sk_buff *skb,
 	}
 	if (svc->count != 0)
 		return -1;
+	if (p->frag_later) {
+		/* Its first fragment was refused: no ICMP error about a
+		 * later one (RFC 1122 3.2.2), it has no L4 header to quote.
+		 */
+		metric_inc(METRIC_TC_FRAG_DROP);
+		return TC_ACT_SHOT;
+	}
 	if (flags & SVC_F_LOCAL) {
 		/* kube-proxy drops too: an external load balancer
 		 * health-checks nodes and stops sending here.
@@ -222,6 +237,14 @@ static __always_inline int lb4_select(struct __sk_buff *skb,
 		return 0;
 	}
 
+	if (p->frag_later) {
+		/* A later fragment follows its first fragment's flow, and
+		 * never starts one: its datagram would be split between two
+		 * backends.
+		 */
+		metric_inc(METRIC_TC_FRAG_DROP);
+		return -1;
+	}
 	be = select_backend(p->daddr, p->dport, p->proto, svc, &backend_id);
 	if (!be) {
 		metric_inc(METRIC_TC_BACKEND_MISSING);

@@ -21,7 +21,7 @@ enum parse_result {
 	PARSE_OK,	 /* IPv4 TCP/UDP with a full L4 header: translatable */
 	PARSE_PASS,	 /* not for us: other ethertype or protocol */
 	PARSE_MALFORMED, /* IPv4 but truncated or inconsistent */
-	PARSE_FRAGMENT,	 /* non-first fragment: carries no ports */
+	PARSE_FRAGMENT,	 /* non-first TCP/UDP fragment: no ports (frag.h) */
 };
 
 /* What the programs need of a parsed IPv4 TCP/UDP packet. */
@@ -33,9 +33,22 @@ struct pkt4 {
 	__be32 daddr;
 	__be16 sport;
 	__be16 dport;
+	__be16 ip_id; /* IP identification (fragments) */
 	__u8 proto;
 	__u8 ihl_len;	/* IPv4 header length in bytes, 20..60 */
 	__u8 tcp_flags; /* byte 13 of the TCP header (flags); 0 for UDP */
+	/*
+	 * First fragment of a fragmented datagram (MF set, offset 0): its
+	 * ports are recorded for the later fragments (frag.h).
+	 */
+	bool frag_first;
+	/*
+	 * A later fragment: no L4 header, so l4_off and csum_off mean
+	 * nothing; its ports are its first fragment's, and only its
+	 * addresses are rewritten (the first fragment carries the L4
+	 * checksum, which covers the whole datagram).
+	 */
+	bool frag_later;
 };
 
 /*
@@ -45,6 +58,9 @@ struct pkt4 {
  * IPv4 total length and the skb, so the rewrites that follow never touch
  * bytes beyond the packet. A truncated packet (tot_len beyond the skb) is
  * PARSE_MALFORMED; the stack drops it after we pass it untouched.
+ *
+ * A non-first fragment of a TCP/UDP datagram is PARSE_FRAGMENT, with
+ * everything but its ports (and TCP flags) filled in.
  */
 static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 						    struct pkt4 *p)
@@ -52,6 +68,7 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 	struct ethhdr eth;
 	struct iphdr ip;
 	__u32 ihl_len, tot_len, l4_min;
+	__u16 frag;
 	__be16 ports[2];
 
 	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
@@ -75,14 +92,24 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 	else
 		return PARSE_PASS;
 
+	p->l3_off = ETH_HLEN;
+	p->l4_off = ETH_HLEN + ihl_len;
+	p->saddr = ip.saddr;
+	p->daddr = ip.daddr;
+	p->ip_id = ip.id;
+	p->proto = ip.protocol;
+	p->ihl_len = ihl_len;
+
 	/* Only the first fragment has the L4 header. */
-	if (bpf_ntohs(ip.frag_off) & IP_OFFSET)
+	frag = bpf_ntohs(ip.frag_off);
+	if (frag & IP_OFFSET) {
+		p->frag_later = true;
 		return PARSE_FRAGMENT;
+	}
+	p->frag_first = frag & IP_MF;
 	if (tot_len < ihl_len + l4_min)
 		return PARSE_MALFORMED;
 
-	p->l3_off = ETH_HLEN;
-	p->l4_off = ETH_HLEN + ihl_len;
 	if (bpf_skb_load_bytes(skb, p->l4_off, ports, sizeof(ports)) < 0)
 		return PARSE_MALFORMED;
 
@@ -92,12 +119,8 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 	if (ip.protocol == IPPROTO_TCP &&
 	    bpf_skb_load_bytes(skb, p->l4_off + 13, &p->tcp_flags, 1) < 0)
 		return PARSE_MALFORMED;
-	p->saddr = ip.saddr;
-	p->daddr = ip.daddr;
 	p->sport = ports[0];
 	p->dport = ports[1];
-	p->proto = ip.protocol;
-	p->ihl_len = ihl_len;
 	return PARSE_OK;
 }
 

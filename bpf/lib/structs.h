@@ -162,7 +162,7 @@ enum metric_reason {
 	METRIC_TC_BACKEND_MISSING,
 	/* IPv4 packet too short or inconsistent: passed untouched */
 	METRIC_TC_MALFORMED,
-	/* non-first IPv4 fragment: passed untouched */
+	/* non-first IPv4 fragment whose first was not seen: passed untouched */
 	METRIC_TC_FRAGMENT,
 	/* conntrack update failed: packet translated without state */
 	METRIC_TC_CT_FULL,
@@ -188,6 +188,12 @@ enum metric_reason {
 	METRIC_XDP_CT_FULL,
 	/* XDP: new external flow to a remote backend: DNAT and SNAT */
 	METRIC_XDP_SNAT_NEW,
+
+	/* Packet edges (issue 11: fragments, ICMP errors, forwarding). */
+	/* non-first IPv4 fragment, given the ports of its first (frag.h) */
+	METRIC_TC_FRAG_LATER,
+	/* non-first fragment of a datagram refused or without a flow: dropped */
+	METRIC_TC_FRAG_DROP,
 	METRIC_MAX,
 };
 
@@ -250,6 +256,25 @@ struct src_range_key {
 	__be32 saddr; /* network order: the allowed prefix */
 };
 
+/*
+ * sluice_fragments_v1 (LRU): struct frag4_key -> struct frag4_ports.
+ * The ports of the first fragment of a fragmented TCP/UDP datagram, under
+ * the fields reassembly keys the datagram by, as the packet was on the
+ * wire at the hook that saw it. Written and read by tc (frag.h).
+ */
+struct frag4_key {
+	__be32 saddr; /* network order */
+	__be32 daddr; /* network order */
+	__be16 id;    /* network order: the IP identification */
+	__u8 proto;   /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;
+};
+
+struct frag4_ports {
+	__be16 sport; /* network order */
+	__be16 dport; /* network order */
+};
+
 /* Flags of a frontend's master entry (lb4_service.flags). */
 enum svc_flags {
 	/* NodePort, ExternalIP or LoadBalancer frontend */
@@ -291,5 +316,7 @@ _Static_assert(sizeof(struct sock_udp_stick_key) == 16,
 _Static_assert(sizeof(struct sock_udp_stick) == 12, "sock_udp_stick size");
 _Static_assert(sizeof(struct node_dev) == 8, "node_dev size");
 _Static_assert(sizeof(struct src_range_key) == 16, "src_range_key size");
+_Static_assert(sizeof(struct frag4_key) == 12, "frag4_key size");
+_Static_assert(sizeof(struct frag4_ports) == 4, "frag4_ports size");
 
 #endif /* SLUICE_STRUCTS_H */
