@@ -104,7 +104,7 @@ static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
 		return TC_ACT_SHOT;
 	}
 	metric_inc(METRIC_TC_REV_NAT);
-	return redirect_fib(skb, &f);
+	return redirect_fib(skb, p, &f);
 }
 
 /*
@@ -295,7 +295,7 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 		metric_inc(METRIC_TC_FIB_ERR);
 		return TC_ACT_SHOT;
 	}
-	return redirect_fib(skb, &x.fib);
+	return redirect_fib(skb, p, &x.fib);
 }
 
 SEC("tc")

@@ -11,6 +11,8 @@
  *   in:  eth | IPv4 C->V (+options) | TCP/UDP ... payload
  *   out: eth (MACs swapped) | IPv4 V->C | ICMP 3/3 | IPv4 C->V (+options) | L4 header
  *
+ * (On an L3 device there is no eth, in or out.)
+ *
  * The tail is trimmed to the quote with bpf_skb_change_tail, room for the
  * new IPv4 and ICMP headers is made after the MAC header with
  * bpf_skb_adjust_room, so the quoted bytes never move or get copied back.
@@ -56,7 +58,7 @@ static __always_inline int reply_port_unreachable(struct __sk_buff *skb,
 		__u8 quote[ICMP_QUOTE_MAX];
 	} body = {};
 	struct icmp_err_hdr hdr = {};
-	struct ethhdr eth;
+	struct ethhdr eth = {};
 	__u8 mac[ETH_ALEN];
 	__u32 quote_len = p->ihl_len;
 
@@ -69,7 +71,7 @@ static __always_inline int reply_port_unreachable(struct __sk_buff *skb,
 	quote_len += p->proto == IPPROTO_TCP ? sizeof(struct tcphdr) :
 					       sizeof(struct udphdr);
 
-	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
+	if (p->l3_off && bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
 		return TC_ACT_SHOT;
 	if (bpf_skb_load_bytes(skb, p->l3_off, body.quote, quote_len) < 0)
 		return TC_ACT_SHOT;
@@ -96,10 +98,10 @@ static __always_inline int reply_port_unreachable(struct __sk_buff *skb,
 		return TC_ACT_SHOT;
 	if (bpf_skb_adjust_room(skb, sizeof(hdr), BPF_ADJ_ROOM_MAC, 0) < 0)
 		return TC_ACT_SHOT;
-	if (bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth),
-				BPF_F_RECOMPUTE_CSUM) < 0)
+	if (p->l3_off && bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth),
+					     BPF_F_RECOMPUTE_CSUM) < 0)
 		return TC_ACT_SHOT;
-	if (bpf_skb_store_bytes(skb, ETH_HLEN, &hdr, sizeof(hdr),
+	if (bpf_skb_store_bytes(skb, p->l3_off, &hdr, sizeof(hdr),
 				BPF_F_RECOMPUTE_CSUM) < 0)
 		return TC_ACT_SHOT;
 

@@ -18,6 +18,7 @@
 
 #include "consts.h"
 #include "maps.h"
+#include "parse.h"
 
 struct fib4 {
 	__u32 ifindex;	/* egress device */
@@ -54,21 +55,29 @@ static __always_inline int fib4_lookup(void *ctx, __u32 ifindex, __be32 saddr,
 
 /*
  * node_dev_of - the node device @ifindex, or NULL if it is not one the
- * agent attached to (a pod's veth, say).
+ * agent attached to with an address (a pod's veth, say).
  */
 static __always_inline struct node_dev *node_dev_of(__u32 ifindex)
 {
-	return bpf_map_lookup_elem(&sluice_devices_v1, &ifindex);
+	struct node_dev *dev =
+		bpf_map_lookup_elem(&sluice_devices_v1, &ifindex);
+
+	return dev && dev->addr ? dev : NULL;
 }
 
 /*
- * redirect_fib - send @skb (already rewritten) to the next hop @f names.
- * Returns a TC verdict.
+ * redirect_fib - send @skb, the packet @p (already rewritten), to the
+ * next hop @f names. Returns a TC verdict.
+ *
+ * A packet from an L3 device has no Ethernet header to write the MACs
+ * into: the neighbour subsystem builds the egress device's header
+ * (bpf_redirect_neigh). To an L3 device, bpf_redirect drops the Ethernet
+ * header itself.
  */
-static __always_inline int redirect_fib(struct __sk_buff *skb,
-					const struct fib4 *f)
+static __always_inline int
+redirect_fib(struct __sk_buff *skb, const struct pkt4 *p, const struct fib4 *f)
 {
-	if (!f->have_neigh) {
+	if (!f->have_neigh || p->l3_off == 0) {
 		struct bpf_redir_neigh nh = {
 			.nh_family = AF_INET,
 			.ipv4_nh = f->nexthop,

@@ -11,11 +11,16 @@
  * has no helpers to rewrite with: it keeps pointers into the frame and
  * rewrites through them, so it takes only what it can finish (no IP
  * options, no fragments) and leaves the rest to tc.
+ *
+ * On a device without a link-layer header (tun, wireguard, ipip: flagged
+ * NODE_DEV_F_L3 by the agent) tc's packet starts at the IPv4 header, and
+ * pkt4.l3_off is 0; elsewhere it is ETH_HLEN.
  */
 #ifndef SLUICE_PARSE_H
 #define SLUICE_PARSE_H
 
 #include "consts.h"
+#include "maps.h"
 
 enum parse_result {
 	PARSE_OK,	 /* IPv4 TCP/UDP with a full L4 header: translatable */
@@ -26,7 +31,8 @@ enum parse_result {
 
 /* What the programs need of a parsed IPv4 TCP/UDP packet. */
 struct pkt4 {
-	__u32 l3_off;	/* offset of the IPv4 header */
+	__u32 l3_off; /* offset of the IPv4 header: ETH_HLEN, or 0 (L3 device) */
+	__u32 l3_len;	/* IPv4 total length (from the skb for BIG TCP) */
 	__u32 l4_off;	/* offset of the TCP/UDP header (after IP options) */
 	__u32 csum_off; /* offset of the TCP/UDP checksum field */
 	__be32 saddr;
@@ -52,12 +58,27 @@ struct pkt4 {
 };
 
 /*
- * parse_ipv4 - parse the Ethernet, IPv4 and L4 port headers of @skb.
+ * dev_is_l3 - whether @ifindex is a device without a link-layer header.
+ */
+static __always_inline bool dev_is_l3(__u32 ifindex)
+{
+	struct node_dev *dev =
+		bpf_map_lookup_elem(&sluice_devices_v1, &ifindex);
+
+	return dev && (dev->flags & NODE_DEV_F_L3);
+}
+
+/*
+ * parse_ipv4 - parse the Ethernet (unless on an L3 device), IPv4 and L4
+ * port headers of @skb.
  *
  * The whole L4 header (20 bytes for TCP, 8 for UDP) must be inside both the
  * IPv4 total length and the skb, so the rewrites that follow never touch
  * bytes beyond the packet. A truncated packet (tot_len beyond the skb) is
- * PARSE_MALFORMED; the stack drops it after we pass it untouched.
+ * PARSE_MALFORMED; the stack drops it after we pass it untouched. So is a
+ * tot_len of 0, except on a TCP GSO packet: IPv4 BIG TCP (Linux 6.3+)
+ * sends those over 64k with tot_len 0, and the length is the skb's, as
+ * for the kernel (iph_totlen).
  *
  * A non-first fragment of a TCP/UDP datagram is PARSE_FRAGMENT, with
  * everything but its ports (and TCP flags) filled in.
@@ -67,22 +88,32 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 {
 	struct ethhdr eth;
 	struct iphdr ip;
-	__u32 ihl_len, tot_len, l4_min;
+	__u32 l3_off = ETH_HLEN, ihl_len, tot_len, l4_min;
 	__u16 frag;
 	__be16 ports[2];
 
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return PARSE_PASS;
 	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
 		return PARSE_PASS;
-	if (eth.h_proto != bpf_htons(ETH_P_IP))
+	/* Without a link-layer header the packet starts with the IPv4
+	 * version, 4. A destination MAC can start so too (46:...), so the
+	 * device decides, and is asked only then.
+	 */
+	if ((eth.h_dest[0] >> 4) == 4 && dev_is_l3(skb->ifindex))
+		l3_off = 0;
+	else if (eth.h_proto != bpf_htons(ETH_P_IP))
 		return PARSE_PASS;
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+	if (bpf_skb_load_bytes(skb, l3_off, &ip, sizeof(ip)) < 0)
 		return PARSE_MALFORMED;
 	if (ip.version != 4 || ip.ihl < 5)
 		return PARSE_MALFORMED;
 
 	ihl_len = ip.ihl * 4;
 	tot_len = bpf_ntohs(ip.tot_len);
-	if (tot_len < ihl_len || ETH_HLEN + tot_len > skb->len)
+	if (tot_len == 0 && ip.protocol == IPPROTO_TCP && skb->gso_size)
+		tot_len = skb->len - l3_off;
+	if (tot_len < ihl_len || l3_off + tot_len > skb->len)
 		return PARSE_MALFORMED;
 
 	if (ip.protocol == IPPROTO_TCP)
@@ -92,8 +123,9 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 	else
 		return PARSE_PASS;
 
-	p->l3_off = ETH_HLEN;
-	p->l4_off = ETH_HLEN + ihl_len;
+	p->l3_off = l3_off;
+	p->l3_len = tot_len;
+	p->l4_off = l3_off + ihl_len;
 	p->saddr = ip.saddr;
 	p->daddr = ip.daddr;
 	p->ip_id = ip.id;
@@ -147,6 +179,11 @@ static __always_inline bool parse_ipv4_xdp(struct xdp_md *ctx,
 	__u32 tot_len;
 
 	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return false;
+	/* (Generic XDP on an L3 device: the frame is an IPv4 packet, whose
+	 * source address may read like an IPv4 ethertype.)
+	 */
+	if ((eth->h_dest[0] >> 4) == 4 && dev_is_l3(ctx->ingress_ifindex))
 		return false;
 	ip = (void *)(eth + 1);
 	if ((void *)(ip + 1) > end || ip->version != 4 || ip->ihl != 5)

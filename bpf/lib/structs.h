@@ -232,13 +232,24 @@ struct sock_udp_stick {
 
 /*
  * sluice_devices_v1: __u32 ifindex (host order) -> struct node_dev.
- * The devices the agent attached to (the node's external devices). A
- * backend whose route leaves through one of them is on another node: an
- * external flow to it is source-NATed to that device's address.
+ * The devices the agent attached to (the node's external devices) that
+ * have an IPv4 address or a flag. A backend whose route leaves through one
+ * with an address is on another node: an external flow to it is
+ * source-NATed to that address. A device without one (addr 0) is listed
+ * only for its flags.
  */
 struct node_dev {
-	__be32 addr; /* network order: the node's address on the device */
-	__u32 flags; /* reserved, zero */
+	__be32 addr; /* network order: the node's address on the device, or 0 */
+	__u32 flags; /* host order: enum node_dev_flags */
+};
+
+/* node_dev.flags */
+enum node_dev_flags {
+	/*
+	 * No link-layer header (tun, wireguard, ipip): tc's packet starts at
+	 * the IPv4 header.
+	 */
+	NODE_DEV_F_L3 = 1,
 };
 
 /*
@@ -300,6 +311,7 @@ enum svc_flags {
 BTF_EXPORT(enum ct_dir, ct_dir);
 BTF_EXPORT(enum ct_flags, ct_flags);
 BTF_EXPORT(enum svc_flags, svc_flags);
+BTF_EXPORT(enum node_dev_flags, node_dev_flags);
 BTF_EXPORT(enum metric_reason, metric_reason);
 
 /* The layouts above are an ABI: a size change must be deliberate. */

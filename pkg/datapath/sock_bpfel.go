@@ -141,6 +141,12 @@ type sockNodeDev struct {
 	Flags uint32
 }
 
+type sockNodeDevFlags uint32
+
+const (
+	sockNodeDevFlagsNODE_DEV_F_L3 sockNodeDevFlags = 1
+)
+
 type sockSockRevEntry struct {
 	_        structs.HostLayout
 	Vip      uint32
