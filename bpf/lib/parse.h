@@ -43,6 +43,8 @@ struct pkt4 {
 	__u8 proto;
 	__u8 ihl_len;	/* IPv4 header length in bytes, 20..60 */
 	__u8 tcp_flags; /* byte 13 of the TCP header (flags); 0 for UDP */
+	__u8 ttl;
+	bool df; /* don't fragment */
 	/*
 	 * First fragment of a fragmented datagram (MF set, offset 0): its
 	 * ports are recorded for the later fragments (frag.h).
@@ -131,9 +133,11 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 	p->ip_id = ip.id;
 	p->proto = ip.protocol;
 	p->ihl_len = ihl_len;
+	p->ttl = ip.ttl;
 
 	/* Only the first fragment has the L4 header. */
 	frag = bpf_ntohs(ip.frag_off);
+	p->df = frag & IP_DF;
 	if (frag & IP_OFFSET) {
 		p->frag_later = true;
 		return PARSE_FRAGMENT;
@@ -221,6 +225,8 @@ static __always_inline bool parse_ipv4_xdp(struct xdp_md *ctx,
 	x->p.dport = x->ports[1];
 	x->p.proto = ip->protocol;
 	x->p.ihl_len = sizeof(*ip);
+	x->p.l3_len = tot_len;
+	x->p.ttl = ip->ttl;
 	return true;
 }
 

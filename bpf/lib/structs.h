@@ -194,6 +194,22 @@ enum metric_reason {
 	METRIC_TC_FRAG_LATER,
 	/* non-first fragment of a datagram refused or without a flow: dropped */
 	METRIC_TC_FRAG_DROP,
+	/* reply reverse-NATed at ingress to an external frontend (the node's
+	 * address): redirected to the client, not passed up as a martian
+	 */
+	METRIC_TC_REV_REDIRECT,
+	/* redirect path, TTL would expire: ICMP time exceeded */
+	METRIC_TC_TTL_EXCEEDED,
+	/* redirect path, over the egress MTU with DF: ICMP frag needed */
+	METRIC_TC_FRAG_NEEDED,
+	/* redirect path, over the egress MTU without DF: dropped */
+	METRIC_TC_MTU_DROP,
+	/* redirect path, TTL or MTU: passed to the stack as it came */
+	METRIC_TC_FWD_TO_STACK,
+	/* XDP: TTL would expire: passed to tc */
+	METRIC_XDP_TTL_EXCEEDED,
+	/* XDP: over the egress MTU: passed to tc */
+	METRIC_XDP_MTU_EXCEEDED,
 	METRIC_MAX,
 };
 

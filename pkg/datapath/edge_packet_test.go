@@ -165,8 +165,8 @@ func frame(dst, src [6]byte, l3 []byte) []byte {
 func ether(l3 []byte) []byte { return frame(nodeMAC, clientMAC, l3) }
 
 // fwdTTL is the TTL of a packet (sent with 64) that tc or XDP forwarded
-// to its next hop itself.
-const fwdTTL = 64
+// to its next hop itself: one less, as the stack's forwarding would.
+const fwdTTL = 63
 
 // packetDiff describes how got differs from want: their lengths, the
 // first differing offset and the bytes from a little before it (whole

@@ -132,7 +132,14 @@ const (
 	sockMetricReasonMETRIC_XDP_SNAT_NEW         sockMetricReason = 22
 	sockMetricReasonMETRIC_TC_FRAG_LATER        sockMetricReason = 23
 	sockMetricReasonMETRIC_TC_FRAG_DROP         sockMetricReason = 24
-	sockMetricReasonMETRIC_MAX                  sockMetricReason = 25
+	sockMetricReasonMETRIC_TC_REV_REDIRECT      sockMetricReason = 25
+	sockMetricReasonMETRIC_TC_TTL_EXCEEDED      sockMetricReason = 26
+	sockMetricReasonMETRIC_TC_FRAG_NEEDED       sockMetricReason = 27
+	sockMetricReasonMETRIC_TC_MTU_DROP          sockMetricReason = 28
+	sockMetricReasonMETRIC_TC_FWD_TO_STACK      sockMetricReason = 29
+	sockMetricReasonMETRIC_XDP_TTL_EXCEEDED     sockMetricReason = 30
+	sockMetricReasonMETRIC_XDP_MTU_EXCEEDED     sockMetricReason = 31
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 32
 )
 
 type sockNodeDev struct {
