@@ -8,7 +8,9 @@
  * reusing the flow's conntrack entry when there is one; a packet to a
  * service without backends is answered with ICMP port unreachable.
  * Egress: replies leaving towards the client get their source rewritten
- * back to the VIP. Everything else passes untouched.
+ * back to the VIP. Both: ICMP errors about translated flows are
+ * translated back (icmp_xlate.h), and later IPv4 fragments get their first
+ * fragment's translation (frag.h). Everything else passes untouched.
  *
  * North-south (NodePort, ExternalIP and LoadBalancer frontends, flagged
  * SVC_F_EXTERNAL): a new flow whose backend is reached through one of the
@@ -32,31 +34,42 @@
 #include "lib/conntrack.h"
 #include "lib/icmp.h"
 #include "lib/nat.h"
+#include "lib/icmp_xlate.h"
+
+/* What the parse step found. */
+enum pkt_kind {
+	PKT_PASS,     /* nothing to translate */
+	PKT_L4,	      /* a TCP/UDP packet (or a later fragment, given ports) */
+	PKT_ICMP_ERR, /* an ICMP error, perhaps about a translated flow */
+};
 
 /*
- * parse_or_pass - parse @skb; returns true if it is a translatable packet,
- * counting the reason when it is not. A first fragment's ports are
- * recorded for the later ones, which take them from there (frag.h).
+ * parse_tc - parse @skb, counting the reason when it is not translatable.
+ * A first fragment's ports are recorded for the later ones, which take
+ * them from there (frag.h).
  */
-static __always_inline bool parse_or_pass(struct __sk_buff *skb, struct pkt4 *p)
+static __always_inline enum pkt_kind parse_tc(struct __sk_buff *skb,
+					      struct pkt4 *p)
 {
 	switch (parse_ipv4(skb, p)) {
 	case PARSE_OK:
 		if (p->frag_first)
 			frag_record(p);
-		return true;
+		return PKT_L4;
 	case PARSE_MALFORMED:
 		metric_inc(METRIC_TC_MALFORMED);
-		return false;
+		return PKT_PASS;
 	case PARSE_FRAGMENT:
 		if (frag_follow(p)) {
 			metric_inc(METRIC_TC_FRAG_LATER);
-			return true;
+			return PKT_L4;
 		}
 		metric_inc(METRIC_TC_FRAGMENT);
-		return false;
+		return PKT_PASS;
+	case PARSE_ICMP_ERR:
+		return PKT_ICMP_ERR;
 	default:
-		return false;
+		return PKT_PASS;
 	}
 }
 
@@ -350,8 +363,14 @@ int sluice_ingress(struct __sk_buff *skb)
 	__u64 now;
 	int ret;
 
-	if (!parse_or_pass(skb, &p))
+	switch (parse_tc(skb, &p)) {
+	case PKT_L4:
+		break;
+	case PKT_ICMP_ERR:
+		return icmp_err_xlate(skb, &p, true);
+	default:
 		return TC_ACT_OK;
+	}
 	now = bpf_ktime_get_ns();
 	ret = rev_nat(skb, &p, now, true);
 	if (ret >= 0)
@@ -365,8 +384,14 @@ int sluice_egress(struct __sk_buff *skb)
 	struct pkt4 p = {};
 	int ret;
 
-	if (!parse_or_pass(skb, &p))
+	switch (parse_tc(skb, &p)) {
+	case PKT_L4:
+		break;
+	case PKT_ICMP_ERR:
+		return icmp_err_xlate(skb, &p, false);
+	default:
 		return TC_ACT_OK;
+	}
 	ret = rev_nat(skb, &p, bpf_ktime_get_ns(), false);
 	return ret >= 0 ? ret : TC_ACT_OK;
 }

@@ -27,13 +27,14 @@ enum parse_result {
 	PARSE_PASS,	 /* not for us: other ethertype or protocol */
 	PARSE_MALFORMED, /* IPv4 but truncated or inconsistent */
 	PARSE_FRAGMENT,	 /* non-first TCP/UDP fragment: no ports (frag.h) */
+	PARSE_ICMP_ERR,	 /* ICMP error, whole: its quote may name a flow */
 };
 
 /* What the programs need of a parsed IPv4 TCP/UDP packet. */
 struct pkt4 {
 	__u32 l3_off; /* offset of the IPv4 header: ETH_HLEN, or 0 (L3 device) */
-	__u32 l3_len;	/* IPv4 total length (from the skb for BIG TCP) */
-	__u32 l4_off;	/* offset of the TCP/UDP header (after IP options) */
+	__u32 l3_len; /* IPv4 total length (from the skb for BIG TCP) */
+	__u32 l4_off; /* offset of the TCP/UDP (or ICMP) header, after IP options */
 	__u32 csum_off; /* offset of the TCP/UDP checksum field */
 	__be32 saddr;
 	__be32 daddr;
@@ -83,7 +84,10 @@ static __always_inline bool dev_is_l3(__u32 ifindex)
  * for the kernel (iph_totlen).
  *
  * A non-first fragment of a TCP/UDP datagram is PARSE_FRAGMENT, with
- * everything but its ports (and TCP flags) filled in.
+ * everything but its ports (and TCP flags) filled in. An unfragmented ICMP
+ * destination unreachable, time exceeded or parameter problem long enough
+ * to quote an IPv4 header and 8 bytes of L4 is PARSE_ICMP_ERR, with
+ * l4_off at its ICMP header and no ports (icmp_xlate.h reads the quote).
  */
 static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 						    struct pkt4 *p)
@@ -122,6 +126,8 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 		l4_min = sizeof(struct tcphdr);
 	else if (ip.protocol == IPPROTO_UDP)
 		l4_min = sizeof(struct udphdr);
+	else if (ip.protocol == IPPROTO_ICMP)
+		l4_min = sizeof(struct icmphdr) + sizeof(struct iphdr) + 8;
 	else
 		return PARSE_PASS;
 
@@ -138,6 +144,19 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 	/* Only the first fragment has the L4 header. */
 	frag = bpf_ntohs(ip.frag_off);
 	p->df = frag & IP_DF;
+	if (ip.protocol == IPPROTO_ICMP) {
+		__u8 type;
+
+		/* (Errors are small: a fragmented one is none we make.) */
+		if ((frag & (IP_MF | IP_OFFSET)) ||
+		    tot_len < ihl_len + l4_min ||
+		    bpf_skb_load_bytes(skb, p->l4_off, &type, 1) < 0)
+			return PARSE_PASS;
+		if (type != ICMP_DEST_UNREACH && type != ICMP_TIME_EXCEEDED &&
+		    type != ICMP_PARAMETERPROB)
+			return PARSE_PASS;
+		return PARSE_ICMP_ERR;
+	}
 	if (frag & IP_OFFSET) {
 		p->frag_later = true;
 		return PARSE_FRAGMENT;

@@ -210,6 +210,8 @@ enum metric_reason {
 	METRIC_XDP_TTL_EXCEEDED,
 	/* XDP: over the egress MTU: passed to tc */
 	METRIC_XDP_MTU_EXCEEDED,
+	/* ICMP error about a translated flow: translated back */
+	METRIC_TC_ICMP_XLATE,
 	METRIC_MAX,
 };
 

@@ -1,9 +1,11 @@
 package datapath
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"testing"
 )
 
 // A from-scratch IPv4 packet builder for the edge-case tables (fragments,
@@ -179,4 +181,33 @@ func packetDiff(got, want []byte) string {
 	from := max(0, i-8)
 	show := func(b []byte) []byte { return b[min(from, len(b)):min(from+48, len(b))] }
 	return fmt.Sprintf("%d bytes, want %d; first difference at byte %d:\n got ...%x\nwant ...%x", len(got), len(want), i, show(got), show(want))
+}
+
+// edgeStep is one packet through tc ingress (or egress): the verdict and
+// the packet expected (nil: unchanged).
+type edgeStep struct {
+	name    string
+	egress  bool
+	in      []byte
+	verdict uint32
+	want    []byte // nil: the output is the input
+}
+
+// runEdgeSteps runs the steps in order, in the caller's network namespace.
+func runEdgeSteps(t *testing.T, d *Datapath, steps []edgeStep) {
+	t.Helper()
+	for _, s := range steps {
+		prog := d.TCIngress()
+		if s.egress {
+			prog = d.TCEgress()
+		}
+		verdict, out := runProg(t, prog, s.in)
+		want := s.want
+		if want == nil {
+			want = s.in
+		}
+		if verdict != s.verdict || !bytes.Equal(out, want) {
+			t.Errorf("%s: verdict %d (want %d), output %s", s.name, verdict, s.verdict, packetDiff(out, want))
+		}
+	}
 }

@@ -20,34 +20,6 @@ import (
 // translated datagram built from scratch: the L4 checksum, in the first
 // fragment only, covers the whole datagram.
 
-// runFragSteps runs packets through prog one by one, each expecting verdict
-// and the matching packet of want (nil: unchanged).
-type fragStep struct {
-	name    string
-	egress  bool
-	in      []byte
-	verdict uint32
-	want    []byte // nil: the output is the input
-}
-
-func runFragSteps(t *testing.T, d *Datapath, steps []fragStep) {
-	t.Helper()
-	for _, s := range steps {
-		prog := d.TCIngress()
-		if s.egress {
-			prog = d.TCEgress()
-		}
-		verdict, out := runProg(t, prog, s.in)
-		want := s.want
-		if want == nil {
-			want = s.in
-		}
-		if verdict != s.verdict || !bytes.Equal(out, want) {
-			t.Errorf("%s: verdict %d (want %d), output %s", s.name, verdict, s.verdict, packetDiff(out, want))
-		}
-	}
-}
-
 // fragFrames returns the Ethernet frames of h's fragments of size bytes.
 func fragFrames(h ip4, size int) [][]byte {
 	var out [][]byte
@@ -81,16 +53,16 @@ func TestTCFragments(t *testing.T) {
 	if len(req) != 3 {
 		t.Fatalf("%d fragments, want 3", len(req))
 	}
-	var steps []fragStep
+	var steps []edgeStep
 	for i := range req {
-		steps = append(steps, fragStep{name: fmt.Sprintf("request fragment %d", i), in: req[i], verdict: tcActOK, want: reqNAT[i]})
+		steps = append(steps, edgeStep{name: fmt.Sprintf("request fragment %d", i), in: req[i], verdict: tcActOK, want: reqNAT[i]})
 	}
 	for i := range reply {
-		steps = append(steps, fragStep{name: fmt.Sprintf("reply fragment %d at egress", i), egress: true, in: reply[i], verdict: tcActOK, want: replyNAT[i]})
+		steps = append(steps, edgeStep{name: fmt.Sprintf("reply fragment %d at egress", i), egress: true, in: reply[i], verdict: tcActOK, want: replyNAT[i]})
 	}
 	// The same reply seen at ingress (a backend on another node).
 	for i := range reply {
-		steps = append(steps, fragStep{name: fmt.Sprintf("reply fragment %d at ingress", i), in: reply[i], verdict: tcActOK, want: replyNAT[i]})
+		steps = append(steps, edgeStep{name: fmt.Sprintf("reply fragment %d at ingress", i), in: reply[i], verdict: tcActOK, want: replyNAT[i]})
 	}
 
 	// A later fragment that overtakes its first: nothing to go by, so it
@@ -99,17 +71,17 @@ func TestTCFragments(t *testing.T) {
 	late := fragFrames(dgram(0x3333, client, 5301, vipS, 53), 1480)
 	lateNAT := fragFrames(dgram(0x3333, client, 5301, beS, 5353), 1480)
 	steps = append(steps,
-		fragStep{name: "later fragment before its first", in: late[1], verdict: tcActOK},
-		fragStep{name: "then the first", in: late[0], verdict: tcActOK, want: lateNAT[0]},
-		fragStep{name: "then the later one again", in: late[1], verdict: tcActOK, want: lateNAT[1]},
-		fragStep{name: "and the last", in: late[2], verdict: tcActOK, want: lateNAT[2]},
+		edgeStep{name: "later fragment before its first", in: late[1], verdict: tcActOK},
+		edgeStep{name: "then the first", in: late[0], verdict: tcActOK, want: lateNAT[0]},
+		edgeStep{name: "then the later one again", in: late[1], verdict: tcActOK, want: lateNAT[1]},
+		edgeStep{name: "and the last", in: late[2], verdict: tcActOK, want: lateNAT[2]},
 	)
 
 	// A datagram to no service, fragmented: every fragment untouched.
 	for i, f := range fragFrames(dgram(0x4444, client, 5302, "10.96.0.99", 53), 1480) {
-		steps = append(steps, fragStep{name: fmt.Sprintf("no service, fragment %d", i), in: f, verdict: tcActOK})
+		steps = append(steps, edgeStep{name: fmt.Sprintf("no service, fragment %d", i), in: f, verdict: tcActOK})
 	}
-	runFragSteps(t, d, steps)
+	runEdgeSteps(t, d, steps)
 
 	// A service without backends refuses the first fragment with an ICMP
 	// port unreachable; the later ones get none (RFC 1122 3.2.2: no ICMP

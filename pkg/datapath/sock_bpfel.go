@@ -139,7 +139,8 @@ const (
 	sockMetricReasonMETRIC_TC_FWD_TO_STACK      sockMetricReason = 29
 	sockMetricReasonMETRIC_XDP_TTL_EXCEEDED     sockMetricReason = 30
 	sockMetricReasonMETRIC_XDP_MTU_EXCEEDED     sockMetricReason = 31
-	sockMetricReasonMETRIC_MAX                  sockMetricReason = 32
+	sockMetricReasonMETRIC_TC_ICMP_XLATE        sockMetricReason = 32
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 33
 )
 
 type sockNodeDev struct {
