@@ -358,3 +358,89 @@ func TestXDPTTLAndMTU(t *testing.T) {
 		t.Errorf("xdp_ttl_exceeded %d, xdp_mtu_exceeded %d; want 1 and 1", cs["xdp_ttl_exceeded"], cs["xdp_mtu_exceeded"])
 	}
 }
+
+// TestPMTUNodePortSNATEndToEnd: path MTU discovery through a NodePort
+// whose backend is behind a node device with a smaller MTU. The flow is
+// source-NATed and redirected by tc, bypassing the stack's forwarding, so
+// tc must answer a segment too big for that device itself, with an ICMP
+// fragmentation needed about <client -> NodePort>:
+//
+//	client 10.0.0.1 eth0 <-> eth0 10.0.0.2 node bk1 10.1.1.1 (MTU 1400,
+//	tc, SNAT source) <-> eth0 10.1.1.2 (MTU 1500) backend
+//
+// Twice: with the client's TCP segmentation offload on, the node gets GSO
+// packets and checks each segment (a veth would carry them whole, but a
+// NIC would put 1500-byte segments on a 1400-byte link); off, it gets
+// 1500-byte packets, which were dropped.
+func TestPMTUNodePortSNATEndToEnd(t *testing.T) {
+	for _, gso := range []bool{true, false} {
+		t.Run(fmt.Sprintf("gso=%v", gso), func(t *testing.T) { pmtuNodePort(t, gso) })
+	}
+}
+
+func pmtuNodePort(t *testing.T, gso bool) {
+	d := newTestDatapath(t)
+	topo := topology.NewT(t)
+	lb, err := topo.BuildLB(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lb.Node.Do(func() error {
+		return netlink.LinkSetMTU(mustLink(t, lb.NodeBackendDevs[0]), 1400)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !gso {
+		// No TX checksum offload, no TSO: the client's stack
+		// segments before its veth.
+		if err := lb.Client.Do(func() error { return topology.SetTxChecksumOffload("eth0", false) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	be := netip.AddrPortFrom(lb.BackendAddrs[0], 8080)
+	np := l4(lb.NodeAddr.String(), 30080, model.TCP)
+	addExternal(t, d.Maps(), 1, np, reconciler.FlagExternal, testBackend{1, l4(be.Addr().String(), be.Port(), model.TCP)})
+	if err := lb.Node.Do(func() error {
+		return d.AttachDevices([]string{lb.NodeDev, lb.NodeBackendDevs[0]})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := lb.Backends[0].Listen("tcp4", be.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		line, _ := bufio.NewReaderSize(c, 1<<20).ReadString('\n')
+		fmt.Fprintf(c, "%d\n", len(line))
+	}()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := lb.Client.DialContext(ctx, "tcp4", apOf(np).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	msg := string(bytes.Repeat([]byte("y"), 256<<10)) + "\n"
+	if _, err := c.Write([]byte(msg)); err != nil {
+		t.Fatalf("write 256 KiB through %s with a 1400-byte MTU node device: %v", np, err)
+	}
+	answer, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || answer != fmt.Sprintf("%d\n", len(msg)) {
+		t.Fatalf("backend counted %q, %v; want %d bytes (PMTU black hole?)", answer, err, len(msg))
+	}
+	cs, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs["tc_frag_needed"] == 0 || cs["tc_snat_new"] == 0 {
+		t.Errorf("tc_frag_needed %d, tc_snat_new %d: want both > 0", cs["tc_frag_needed"], cs["tc_snat_new"])
+	}
+}
