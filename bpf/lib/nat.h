@@ -143,9 +143,11 @@ static __always_inline int fwd_check(struct __sk_buff *skb,
  * verdict.
  *
  * A packet from an L3 device has no Ethernet header to write the MACs
- * into: the neighbour subsystem builds the egress device's header
- * (bpf_redirect_neigh). To an L3 device, bpf_redirect drops the Ethernet
- * header itself.
+ * into, and bpf_redirect_neigh, which has the neighbour subsystem build
+ * the egress device's header (none for an L3 device), drops a packet
+ * without one: it gets an empty one first (bpf_skb_change_head, made for
+ * this), which bpf_redirect_neigh takes off again. To an L3 device from
+ * an Ethernet one, bpf_redirect drops the Ethernet header itself.
  */
 static __always_inline int
 redirect_fib(struct __sk_buff *skb, const struct pkt4 *p, const struct fib4 *f)
@@ -166,7 +168,13 @@ redirect_fib(struct __sk_buff *skb, const struct pkt4 *p, const struct fib4 *f)
 			.nh_family = AF_INET,
 			.ipv4_nh = f->nexthop,
 		};
+		__be16 proto = bpf_htons(ETH_P_IP);
 
+		if (p->l3_off == 0 &&
+		    (bpf_skb_change_head(skb, ETH_HLEN, 0) < 0 ||
+		     bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto),
+					 &proto, sizeof(proto), 0) < 0))
+			return TC_ACT_SHOT;
 		return bpf_redirect_neigh(f->ifindex, &nh, sizeof(nh), 0);
 	}
 	if (bpf_skb_store_bytes(skb, 0, f->dmac, ETH_ALEN, 0) < 0 ||

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // Packets the parser once passed untranslated (B8): IPv4 BIG TCP, whose
@@ -269,6 +270,31 @@ func TestTCL3Device(t *testing.T) {
 		if !bytes.Equal(got, s.want) {
 			t.Errorf("%s: output %s", s.name, packetDiff(got, s.want))
 		}
+	}
+
+	// A NodePort on tun0's address whose backend is behind tun1, a node
+	// device with an address: source-NATed to it and redirected from one
+	// L3 device to the other, and the reply back.
+	np := l4("10.77.0.1", 30080, model.TCP)
+	addExternal(t, m, 4, np, reconciler.FlagExternal, be)
+	if _, err := tun0.Write(tcp(client, 40010, np.Addr.String(), np.Port, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	got := readIPv4(t, tun1)
+	if len(got) != 40 {
+		cs, _ := d.Counters()
+		t.Fatalf("NodePort SYN through tun1: got %x; counters %v", got, cs)
+	}
+	sp := binary.BigEndian.Uint16(got[20:])
+	if want := tcp("10.78.0.1", sp, beS, 8080, 0, 63); !bytes.Equal(got, want) {
+		t.Errorf("NodePort SYN, source-NATed out of tun1: %s", packetDiff(got, want))
+	}
+	if _, err := tun1.Write(tcp(beS, 8080, "10.78.0.1", sp, 0x12, 0)); err != nil {
+		t.Fatal(err)
+	}
+	got = readIPv4(t, tun0)
+	if want := tcp(np.Addr.String(), np.Port, client, 40010, 0x12, 63); !bytes.Equal(got, want) {
+		t.Errorf("NodePort SYN-ACK back out of tun0: %s", packetDiff(got, want))
 	}
 
 	// An Ethernet device whose MAC's first byte reads like an IPv4
