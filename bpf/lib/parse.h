@@ -244,6 +244,8 @@ static __always_inline bool parse_ipv4_xdp(struct xdp_md *ctx,
 	x->p.dport = x->ports[1];
 	x->p.proto = ip->protocol;
 	x->p.ihl_len = sizeof(*ip);
+	x->p.l3_off = ETH_HLEN;
+	x->p.l4_off = ETH_HLEN + sizeof(*ip);
 	x->p.l3_len = tot_len;
 	x->p.ttl = ip->ttl;
 	return true;

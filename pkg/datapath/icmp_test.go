@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -288,5 +290,50 @@ func TestPMTUThroughVIPEndToEnd(t *testing.T) {
 	}
 	if cs["tc_icmp_xlate"] == 0 {
 		t.Errorf("tc_icmp_xlate = 0: the transfer needed no translated ICMP error?")
+	}
+}
+
+// TestTCICMPErrorTruncated runs every prefix of ICMP errors about a
+// translated flow (their IPv4 total length set to the prefix) through both
+// programs: each is left alone, or translated in the fields translation
+// changes only, never rewritten beyond what is there.
+func TestTCICMPErrorTruncated(t *testing.T) {
+	d := newTestDatapath(t)
+	addService(t, d.Maps(), 1, l4("10.96.0.93", 80, model.TCP), testBackend{1, l4("10.1.9.3", 8080, model.TCP)})
+	const client = "10.0.0.1"
+	seg := func(dst string, dport uint16) ip4 {
+		return ip4{src: client, dst: dst, proto: 6, payload: tcpSegment(client, dst, 40000, dport, 0, []byte("data"))}
+	}
+	if v, _ := runProg(t, d.TCIngress(), ether(seg("10.96.0.93", 80).bytes())); v != tcActOK {
+		t.Fatalf("flow: verdict %d", v)
+	}
+	full := ether(icmpErr("10.1.9.3", client, 3, 3, 0, seg("10.1.9.3", 8080).bytes()).bytes())
+	translated := 0
+	for n := 14 + 20; n <= len(full); n++ {
+		in := append([]byte(nil), full[:n]...)
+		binary.BigEndian.PutUint16(in[16:], uint16(n-14))
+		for _, prog := range []*ebpf.Program{d.TCIngress(), d.TCEgress()} {
+			verdict, out := runProg(t, prog, in)
+			if verdict != tcActOK || len(out) != len(in) {
+				t.Fatalf("prefix %d: verdict %d, %d bytes out", n, verdict, len(out))
+			}
+			if bytes.Equal(out, in) {
+				continue
+			}
+			translated++
+			// Outer source and checksum, the ICMP checksum, the
+			// quoted checksum and destination, and the quoted
+			// destination port and TCP checksum.
+			for i := range in {
+				ok := (i >= 24 && i < 30) || (i >= 36 && i < 38) || (i >= 52 && i < 54) ||
+					(i >= 58 && i < 62) || (i >= 64 && i < 66) || (i >= 78 && i < 80)
+				if in[i] != out[i] && !ok {
+					t.Fatalf("prefix %d: byte %d changed: %s", n, i, packetDiff(out, in))
+				}
+			}
+		}
+	}
+	if translated == 0 {
+		t.Error("no prefix was translated, not even the whole error")
 	}
 }
