@@ -1,8 +1,9 @@
 package datapath
 
 // The node devices (sluice_devices): which address external flows leaving
-// through a device are source-NATed to, and the lookups of devices and
-// addresses the agent's flags default from.
+// through a device are source-NATed to, which devices have no link-layer
+// header, and the lookups of devices and addresses the agent's flags
+// default from.
 
 import (
 	"fmt"
@@ -14,14 +15,37 @@ import (
 )
 
 // setNodeDevice records dev (ifindex) as a node device whose address is
-// the SNAT source for flows leaving through it. A device without an IPv4
-// address is forgotten: flows through it are not source-NATed.
-func (m *Maps) setNodeDevice(ifindex int, addr netip.Addr) error {
-	if !addr.IsValid() {
+// the SNAT source for flows leaving through it, with its flags
+// (nodeDevL3). A device without an IPv4 address is not a SNAT source:
+// it is recorded with address 0 if it has flags, else forgotten.
+func (m *Maps) setNodeDevice(ifindex int, addr netip.Addr, flags uint32) error {
+	if !addr.IsValid() && flags == 0 {
 		return deleteIgnoringMissing(m.devices, uint32(ifindex))
 	}
-	v := sockNodeDev{Addr: be32(addr)}
+	v := sockNodeDev{Flags: flags}
+	if addr.IsValid() {
+		v.Addr = be32(addr)
+	}
 	return m.devices.Put(uint32(ifindex), &v)
+}
+
+// l3EncapTypes are the link types (as netlink names them) of devices
+// without a link-layer header, where tc sees a packet from its IPv4
+// header on: tun and wireguard ("none"), ipip, ip6tnl, sit, and raw IP
+// (ARPHRD_RAWIP, cellular modems). GRE devices are left out: whether they
+// have a header depends on their mode.
+var l3EncapTypes = []string{"none", "ipip", "tunnel6", "sit", "unknown519"}
+
+// deviceFlags returns the sluice_devices flags of dev.
+func deviceFlags(dev string) (uint32, error) {
+	l, err := netlink.LinkByName(dev)
+	if err != nil {
+		return 0, fmt.Errorf("device %s: %w", dev, err)
+	}
+	if slices.Contains(l3EncapTypes, l.Attrs().EncapType) {
+		return nodeDevL3, nil
+	}
+	return 0, nil
 }
 
 // deviceAddr picks the address of dev that external flows are source-NATed

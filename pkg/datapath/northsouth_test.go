@@ -219,6 +219,7 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		want.srcMAC, want.dstMAC = macOf(nodeEthMAC), macOf(node2MAC)
 		want.src, want.sport = nsNodeIP, sp
 		want.dst, want.dport = "10.2.0.7", 8080
+		want.ttl = 63 // forwarded by tc
 		expectPacket(t, "forward", verdict, tcActRedirect, out, want)
 
 		// Same flow again: same port, same rewrite.
@@ -233,6 +234,7 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		back.srcMAC, back.dstMAC = macOf(nodeEthMAC), clientMAC
 		back.src, back.sport = nsNodeIP, 30080
 		back.dst, back.dport = nsClientIP, 40000
+		back.ttl = 63
 		expectPacket(t, "reply", verdict, tcActRedirect, out, back)
 	})
 
@@ -245,6 +247,7 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		want.srcMAC, want.dstMAC = macOf(nodeEthMAC), macOf(node2MAC)
 		want.src, want.sport = nsNodeIP, sp
 		want.dst, want.dport = "10.2.0.8", 5353
+		want.ttl = 63
 		expectPacket(t, "forward", verdict, tcActRedirect, out, want)
 		reply := pkt{srcMAC: macOf(node2MAC), dstMAC: macOf(nodeEthMAC), src: "10.2.0.8", sport: 5353,
 			dst: nsNodeIP, dport: sp, proto: 17, payload: []byte("answer")}
@@ -253,6 +256,7 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		back.srcMAC, back.dstMAC = macOf(nodeEthMAC), clientMAC
 		back.src, back.sport = nsNodeIP, 30053
 		back.dst, back.dport = nsClientIP, 5300
+		back.ttl = 63
 		expectPacket(t, "reply", verdict, tcActRedirect, out, back)
 	})
 
@@ -490,7 +494,9 @@ func TestXDPPacketTable(t *testing.T) {
 		}
 		return p
 	}
+	// What XDP (or tc) transmits itself leaves with one TTL less.
 	toRemote := func(in pkt, sp uint16, be testBackend) pkt {
+		in.ttl = 63
 		in.srcMAC, in.dstMAC = macOf(nodeEthMAC), macOf(node2MAC)
 		in.src, in.sport = nsNodeIP, sp
 		in.dst, in.dport = be.addr.Addr.String(), be.addr.Port
@@ -505,6 +511,7 @@ func TestXDPPacketTable(t *testing.T) {
 		return p
 	}
 	toClient := func(r pkt, fe model.L4Addr, cport uint16) pkt {
+		r.ttl = 63
 		r.srcMAC, r.dstMAC = macOf(nodeEthMAC), clientMAC
 		r.src, r.sport = fe.Addr.String(), fe.Port
 		r.dst, r.dport = nsClientIP, cport
@@ -569,6 +576,7 @@ func TestXDPPacketTable(t *testing.T) {
 			t.Fatalf("forward entry via eth1: %v", err)
 		}
 		w := in3
+		w.ttl = 63
 		w.srcMAC, w.dstMAC = macOf(nodeEth1MAC), macOf(node3MAC)
 		w.src, w.sport = "192.168.3.1", portFromBE16(v.SnatPort)
 		w.dst, w.dport = "10.3.0.7", 8080

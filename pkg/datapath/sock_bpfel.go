@@ -54,6 +54,21 @@ const (
 	sockCtFlagsCT_F_RST     sockCtFlags = 8
 )
 
+type sockFrag4Key struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type sockFrag4Ports struct {
+	_     structs.HostLayout
+	Sport uint16
+	Dport uint16
+}
+
 type sockLb4Backend struct {
 	_     structs.HostLayout
 	Addr  uint32
@@ -115,7 +130,17 @@ const (
 	sockMetricReasonMETRIC_XDP_SRC_RANGE_DENY   sockMetricReason = 20
 	sockMetricReasonMETRIC_XDP_CT_FULL          sockMetricReason = 21
 	sockMetricReasonMETRIC_XDP_SNAT_NEW         sockMetricReason = 22
-	sockMetricReasonMETRIC_MAX                  sockMetricReason = 23
+	sockMetricReasonMETRIC_TC_FRAG_LATER        sockMetricReason = 23
+	sockMetricReasonMETRIC_TC_FRAG_DROP         sockMetricReason = 24
+	sockMetricReasonMETRIC_TC_REV_REDIRECT      sockMetricReason = 25
+	sockMetricReasonMETRIC_TC_TTL_EXCEEDED      sockMetricReason = 26
+	sockMetricReasonMETRIC_TC_FRAG_NEEDED       sockMetricReason = 27
+	sockMetricReasonMETRIC_TC_MTU_DROP          sockMetricReason = 28
+	sockMetricReasonMETRIC_TC_FWD_TO_STACK      sockMetricReason = 29
+	sockMetricReasonMETRIC_XDP_TTL_EXCEEDED     sockMetricReason = 30
+	sockMetricReasonMETRIC_XDP_MTU_EXCEEDED     sockMetricReason = 31
+	sockMetricReasonMETRIC_TC_ICMP_XLATE        sockMetricReason = 32
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 33
 )
 
 type sockNodeDev struct {
@@ -123,6 +148,12 @@ type sockNodeDev struct {
 	Addr  uint32
 	Flags uint32
 }
+
+type sockNodeDevFlags uint32
+
+const (
+	sockNodeDevFlagsNODE_DEV_F_L3 sockNodeDevFlags = 1
+)
 
 type sockSockRevEntry struct {
 	_        structs.HostLayout
@@ -182,6 +213,7 @@ const (
 	sockMapSluiceBackendsV1    = "sluice_backends_v1"
 	sockMapSluiceConntrackV1   = "sluice_conntrack_v1"
 	sockMapSluiceDevicesV1     = "sluice_devices_v1"
+	sockMapSluiceFragmentsV1   = "sluice_fragments_v1"
 	sockMapSluiceMetricsV1     = "sluice_metrics_v1"
 	sockMapSluiceRevNatV1      = "sluice_rev_nat_v1"
 	sockMapSluiceServicesV1    = "sluice_services_v1"
@@ -254,6 +286,7 @@ type sockMapSpecs struct {
 	SluiceBackendsV1  *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV1 *ebpf.MapSpec `ebpf:"sluice_conntrack_v1"`
 	SluiceDevicesV1   *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1 *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1   *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceRevNatV1    *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
 	SluiceServicesV1  *ebpf.MapSpec `ebpf:"sluice_services_v1"`
@@ -296,6 +329,7 @@ type sockMaps struct {
 	SluiceBackendsV1  *ebpf.Map `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV1 *ebpf.Map `ebpf:"sluice_conntrack_v1"`
 	SluiceDevicesV1   *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1 *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1   *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceRevNatV1    *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
 	SluiceServicesV1  *ebpf.Map `ebpf:"sluice_services_v1"`
@@ -309,6 +343,7 @@ func (m *sockMaps) Close() error {
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV1,
 		m.SluiceDevicesV1,
+		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
 		m.SluiceRevNatV1,
 		m.SluiceServicesV1,

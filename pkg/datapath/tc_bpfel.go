@@ -19,6 +19,7 @@ const (
 	tcMapSluiceBackendsV1  = "sluice_backends_v1"
 	tcMapSluiceConntrackV1 = "sluice_conntrack_v1"
 	tcMapSluiceDevicesV1   = "sluice_devices_v1"
+	tcMapSluiceFragmentsV1 = "sluice_fragments_v1"
 	tcMapSluiceMetricsV1   = "sluice_metrics_v1"
 	tcMapSluiceRevNatV1    = "sluice_rev_nat_v1"
 	tcMapSluiceServicesV1  = "sluice_services_v1"
@@ -87,6 +88,7 @@ type tcMapSpecs struct {
 	SluiceBackendsV1  *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV1 *ebpf.MapSpec `ebpf:"sluice_conntrack_v1"`
 	SluiceDevicesV1   *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1 *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1   *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceRevNatV1    *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
 	SluiceServicesV1  *ebpf.MapSpec `ebpf:"sluice_services_v1"`
@@ -129,6 +131,7 @@ type tcMaps struct {
 	SluiceBackendsV1  *ebpf.Map `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV1 *ebpf.Map `ebpf:"sluice_conntrack_v1"`
 	SluiceDevicesV1   *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1 *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1   *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceRevNatV1    *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
 	SluiceServicesV1  *ebpf.Map `ebpf:"sluice_services_v1"`
@@ -142,6 +145,7 @@ func (m *tcMaps) Close() error {
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV1,
 		m.SluiceDevicesV1,
+		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
 		m.SluiceRevNatV1,
 		m.SluiceServicesV1,

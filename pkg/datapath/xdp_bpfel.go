@@ -19,6 +19,7 @@ const (
 	xdpMapSluiceBackendsV1  = "sluice_backends_v1"
 	xdpMapSluiceConntrackV1 = "sluice_conntrack_v1"
 	xdpMapSluiceDevicesV1   = "sluice_devices_v1"
+	xdpMapSluiceFragmentsV1 = "sluice_fragments_v1"
 	xdpMapSluiceMetricsV1   = "sluice_metrics_v1"
 	xdpMapSluiceRevNatV1    = "sluice_rev_nat_v1"
 	xdpMapSluiceServicesV1  = "sluice_services_v1"
@@ -85,6 +86,7 @@ type xdpMapSpecs struct {
 	SluiceBackendsV1  *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV1 *ebpf.MapSpec `ebpf:"sluice_conntrack_v1"`
 	SluiceDevicesV1   *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1 *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1   *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceRevNatV1    *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
 	SluiceServicesV1  *ebpf.MapSpec `ebpf:"sluice_services_v1"`
@@ -127,6 +129,7 @@ type xdpMaps struct {
 	SluiceBackendsV1  *ebpf.Map `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV1 *ebpf.Map `ebpf:"sluice_conntrack_v1"`
 	SluiceDevicesV1   *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1 *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1   *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceRevNatV1    *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
 	SluiceServicesV1  *ebpf.Map `ebpf:"sluice_services_v1"`
@@ -140,6 +143,7 @@ func (m *xdpMaps) Close() error {
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV1,
 		m.SluiceDevicesV1,
+		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
 		m.SluiceRevNatV1,
 		m.SluiceServicesV1,
