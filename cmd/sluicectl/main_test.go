@@ -2,16 +2,12 @@ package main
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/datapath"
-
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
@@ -65,16 +61,8 @@ func TestUsageErrors(t *testing.T) {
 // small maps; sluicectl, which knows no sizes, still lists them, and does
 // not change them.
 func TestReadsPinsOfAnySize(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates pinned BPF maps")
-	}
-	var b [6]byte
-	rand.Read(b[:])
-	bpffs := filepath.Join(datapath.DefaultBPFFS, "sluicectl-test-"+hex.EncodeToString(b[:]))
-	if err := os.Mkdir(bpffs, 0o700); err != nil {
-		t.Fatalf("create pin dir: %v", err)
-	}
-	t.Cleanup(func() { os.RemoveAll(bpffs) })
+	testutil.Privileged(t)
+	bpffs := testutil.PinDir(t)
 
 	dp, err := datapath.Open(datapath.Config{
 		BPFFS: bpffs, MaxServices: 64, MaxBackends: 128, MaxServiceEntries: 256, MaxConntrack: 256, MaxSockRev: 128,

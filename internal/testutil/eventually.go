@@ -6,10 +6,15 @@ import (
 	"time"
 )
 
-// PollInterval is how often Eventually checks. It is short because most
-// conditions are cheap and some are brief (a state an agent passes through
-// between two fast retries); an expensive check takes its own time anyway.
-const PollInterval = 5 * time.Millisecond
+// The first checks follow each other closely, because most conditions
+// are cheap and some states are brief (an agent between two fast
+// retries); the interval then doubles up to maxPollInterval, so that a
+// check that is expensive (a sluicectl process, a round of HTTP requests)
+// does not load a shared machine while it waits for seconds.
+const (
+	minPollInterval = 5 * time.Millisecond
+	maxPollInterval = 100 * time.Millisecond
+)
 
 // Eventually calls check until it returns nil. If timeout passes first it
 // fails tb, naming what it waited for and check's last error.
@@ -35,11 +40,12 @@ func EventuallyTrue(tb testing.TB, what string, timeout time.Duration, cond func
 
 var errNotYet = errors.New("condition not met")
 
-// Poll calls check every PollInterval until it returns nil, and returns
-// nil; or, once timeout has passed, check's last error. For code that
-// waits outside a test (the benchmarks); tests use Eventually.
+// Poll calls check until it returns nil, and returns nil; or, once
+// timeout has passed, check's last error. For code that waits outside a
+// test (the demo, the benchmarks); tests use Eventually.
 func Poll(timeout time.Duration, check func() error) error {
 	deadline := time.Now().Add(timeout)
+	interval := minPollInterval
 	for {
 		err := check()
 		if err == nil {
@@ -48,6 +54,7 @@ func Poll(timeout time.Duration, check func() error) error {
 		if time.Now().After(deadline) {
 			return err
 		}
-		time.Sleep(PollInterval)
+		time.Sleep(interval)
+		interval = min(2*interval, maxPollInterval)
 	}
 }
