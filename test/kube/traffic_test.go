@@ -14,8 +14,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sluice-lb/sluice/pkg/topology"
-	"github.com/sluice-lb/sluice/test/e2e/harness"
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/test/kube/kubeenv"
 )
 
@@ -27,7 +28,7 @@ import (
 type trafficEnv struct {
 	kube     *kubeenv.Env
 	lb       *topology.LB
-	agent    *harness.Agent
+	agent    *agentproc.Agent
 	backends []string // backend names, as their servers answer
 	addrs    []string // backend addresses
 }
@@ -37,11 +38,9 @@ func setupTraffic(t *testing.T) *trafficEnv {
 	if os.Getenv("SLUICE_SKIP_KUBE") != "" {
 		t.Skip("SLUICE_SKIP_KUBE set")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: BPF, network namespaces")
-	}
+	testutil.Privileged(t)
 	kubeenv.BinDir(t) // build (or find) the control plane before the namespaces exist
-	bins := harness.Shared(t)
+	bins := agentproc.Shared(t)
 	topo := topology.NewT(t)
 	lb, err := topo.BuildLB(3)
 	if err != nil {
@@ -61,9 +60,9 @@ func setupTraffic(t *testing.T) *trafficEnv {
 	e.kube = kubeenv.StartWith(t, kubeenv.Options{NetNS: lb.Node.Path, Dial: lb.Node.DialContext})
 	e.kube.CreateNode(context.Background(), "node", lb.NodeAddr.String())
 
-	e.agent = harness.StartAgent(t, bins, lb.Node, harness.AgentConfig{
+	e.agent = agentproc.StartAgent(t, bins, lb.Node, agentproc.AgentConfig{
 		Devices: []string{lb.NodeDev},
-		BPFFS:   filepath.Join("/sys/fs/bpf", topo.Prefix()+"kube"),
+		BPFFS:   filepath.Join(testutil.BPFFS, topo.Prefix()+"kube"),
 		Extra:   []string{"--kubeconfig", e.kube.Kubeconfig, "--min-sync-period", "100ms"},
 	}, 60*time.Second)
 	return e
