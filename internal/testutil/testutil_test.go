@@ -35,12 +35,20 @@ func TestMedian(t *testing.T) {
 	}
 }
 
+// The cases of the benchmark harness's stat, which SpreadOf replaced.
 func TestSpreadOf(t *testing.T) {
-	if got := SpreadOf(nil); got != (Spread{}) {
-		t.Errorf("SpreadOf(nil) = %+v", got)
-	}
-	if got, want := SpreadOf([]float64{4, 1, 3, 2}), (Spread{2.5, 1, 4}); got != want {
-		t.Errorf("SpreadOf = %+v, want %+v", got, want)
+	for _, c := range []struct {
+		in   []float64
+		want Spread
+	}{
+		{nil, Spread{}},
+		{[]float64{3}, Spread{3, 3, 3}},
+		{[]float64{5, 1, 3}, Spread{3, 1, 5}},
+		{[]float64{4, 1, 3, 2}, Spread{2.5, 1, 4}},
+	} {
+		if got := SpreadOf(c.in); got != c.want {
+			t.Errorf("SpreadOf(%v) = %+v, want %+v", c.in, got, c.want)
+		}
 	}
 }
 
