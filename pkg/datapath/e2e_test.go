@@ -9,6 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
@@ -23,8 +24,8 @@ import (
 //	node ns:   n0 10.201.0.1/24 (tc ingress+egress), lo 10.200.0.2, 10.200.0.3
 func TestTCEndToEnd(t *testing.T) {
 	d := newTestDatapath(t)
-	nodeNS := newTestNetns(t)
-	clientNS := newTestNetns(t)
+	nodeNS := topology.NewNS(t, "node")
+	clientNS := topology.NewNS(t, "client")
 
 	vip := l4("10.96.0.30", 80, model.TCP)
 	vipU := l4("10.96.0.30", 53, model.UDP)
@@ -39,7 +40,7 @@ func TestTCEndToEnd(t *testing.T) {
 	addService(t, m, 4, emptyU)
 
 	// The node.
-	enterNetns(t, nodeNS)
+	nodeNS.Enter(t)
 	lo, err := netlink.LinkByName("lo")
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +64,7 @@ func TestTCEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := netlink.LinkSetNsFd(c0, int(clientNS)); err != nil {
+	if err := netlink.LinkSetNsFd(c0, clientNS.Fd()); err != nil {
 		t.Fatal(err)
 	}
 	addr, _ := netlink.ParseAddr("10.201.0.1/24")
@@ -79,7 +80,7 @@ func TestTCEndToEnd(t *testing.T) {
 	}
 
 	// The client.
-	enterNetns(t, clientNS)
+	clientNS.Enter(t)
 	c0, err = netlink.LinkByName("c0")
 	if err != nil {
 		t.Fatal(err)
