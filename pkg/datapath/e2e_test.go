@@ -31,13 +31,10 @@ func TestTCEndToEnd(t *testing.T) {
 	vipU := l4("10.96.0.30", 53, model.UDP)
 	empty := l4("10.96.0.31", 80, model.TCP)
 	emptyU := l4("10.96.0.31", 53, model.UDP)
-	m := d.Maps()
-	addService(t, m, 1, vip,
-		testBackend{1, l4(sockBackends[0], 8080, model.TCP)}, testBackend{2, l4(sockBackends[1], 8080, model.TCP)})
-	addService(t, m, 2, vipU,
-		testBackend{3, l4(sockBackends[0], 5353, model.UDP)}, testBackend{4, l4(sockBackends[1], 5353, model.UDP)})
-	addService(t, m, 3, empty)
-	addService(t, m, 4, emptyU)
+	applyServices(t, d,
+		clusterIP(vip, l4(sockBackends[0], 8080, model.TCP), l4(sockBackends[1], 8080, model.TCP)),
+		clusterIP(vipU, l4(sockBackends[0], 5353, model.UDP), l4(sockBackends[1], 5353, model.UDP)),
+		clusterIP(empty), clusterIP(emptyU))
 
 	// The node.
 	nodeNS.Enter(t)
@@ -148,15 +145,7 @@ func TestTCEndToEnd(t *testing.T) {
 		t.Errorf("UDP to %s (no backends): %v, want ECONNREFUSED", emptyU, err)
 	}
 
-	cs, err := d.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, reason := range []string{"tc_dnat_new", "tc_dnat_ct", "tc_rev_nat", "tc_no_backend"} {
-		if cs[reason] == 0 {
-			t.Errorf("counter %s is 0; counters %v", reason, cs)
-		}
-	}
+	cs := expectCounted(t, d, "tc_dnat_new", "tc_dnat_ct", "tc_rev_nat", "tc_no_backend")
 	if cs["tc_rewrite_err"] != 0 {
 		t.Errorf("tc_rewrite_err = %d: a rewrite failed", cs["tc_rewrite_err"])
 	}

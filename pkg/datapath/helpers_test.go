@@ -76,6 +76,31 @@ type testBackend struct {
 	addr model.L4Addr
 }
 
+// applyServices programs svcs into d through the production writer,
+// reconciler.Apply, as an agent would: ids, write order and master flags
+// are the reconciler's. Tests that need ids of their own or a write order
+// the reconciler would not make use addService.
+func applyServices(t testing.TB, d *Datapath, svcs ...*model.Service) {
+	t.Helper()
+	st := model.NewState()
+	for _, s := range svcs {
+		s.Backends = model.SortBackends(s.Backends)
+		st.Services[s.Frontend] = s
+	}
+	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
+		t.Fatalf("reconciler.Apply: %v", err)
+	}
+}
+
+// clusterIP is a ClusterIP service port of frontend fe over backends.
+func clusterIP(fe model.L4Addr, backends ...model.L4Addr) *model.Service {
+	s := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: fe.String()}, Kind: model.ClusterIP, Frontend: fe}
+	for _, b := range backends {
+		s.Backends = append(s.Backends, model.Backend{L4Addr: b})
+	}
+	return s
+}
+
 // addService writes a service the way the reconciler does: backends, then
 // slots, then the reverse-NAT entry and the master.
 func addService(t testing.TB, m *Maps, id reconciler.ServiceID, fe model.L4Addr, bes ...testBackend) {
@@ -113,4 +138,20 @@ func checkChecksums(t *testing.T, frame []byte) {
 	if err := packet.Verify(frame); err != nil {
 		t.Error(err)
 	}
+}
+
+// expectCounted fails t unless every counter in reasons is non-zero, and
+// returns all counters for further checks.
+func expectCounted(t *testing.T, d *Datapath, reasons ...string) map[string]uint64 {
+	t.Helper()
+	cs, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, reason := range reasons {
+		if cs[reason] == 0 {
+			t.Errorf("counter %s is 0; counters: %v", reason, cs)
+		}
+	}
+	return cs
 }

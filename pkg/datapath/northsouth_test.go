@@ -319,15 +319,7 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		}
 	})
 
-	cs, err := d.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, reason := range []string{"tc_snat_new", "tc_local_no_backend", "tc_src_range_deny", "tc_rev_nat"} {
-		if cs[reason] == 0 {
-			t.Errorf("counter %s is 0; counters: %v", reason, cs)
-		}
-	}
+	expectCounted(t, d, "tc_snat_new", "tc_local_no_backend", "tc_src_range_deny", "tc_rev_nat")
 }
 
 // TestNorthSouthSNATPorts: many clients through one node to one remote

@@ -385,13 +385,5 @@ func TestSockLB(t *testing.T) {
 		}
 	})
 
-	cs, err := d.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, reason := range []string{"sock_xlate", "sock_rev_xlate", "sock_no_backend"} {
-		if cs[reason] == 0 {
-			t.Errorf("counter %s is 0; counters %v", reason, cs)
-		}
-	}
+	expectCounted(t, d, "sock_xlate", "sock_rev_xlate", "sock_no_backend")
 }

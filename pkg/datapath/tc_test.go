@@ -15,7 +15,8 @@ import (
 )
 
 // Packet tables for the tc programs, run through BPF_PROG_TEST_RUN with the
-// maps seeded through Maps (the reconciler's write path). Expected packets
+// maps seeded through reconciler.Apply (the production writer), or through
+// Maps where a test needs ids or a write order of its own. Expected packets
 // are built from scratch, checksums included, so a byte-for-byte match
 // proves the kernel's incremental checksum updates exact.
 
@@ -105,9 +106,7 @@ func toBackend(b testBackend) func(*packet.Packet) {
 
 func TestTCPacketTable(t *testing.T) {
 	d := newTestDatapath(t)
-	m := d.Maps()
-	addService(t, m, 1, vipTCP, beTCP)
-	addService(t, m, 2, vipUDP, beUDP)
+	applyServices(t, d, clusterIP(vipTCP, beTCP.addr), clusterIP(vipUDP, beUDP.addr))
 
 	synToVIP := tcpSYN("10.0.0.1", 40000, "10.96.0.10", 80)
 	udpToVIP := udpDgram("10.0.0.1", 5300, "10.96.0.11", 53)
@@ -149,15 +148,7 @@ func TestTCPacketTable(t *testing.T) {
 		{name: "arp_untouched", in: packet.Packet{SrcMAC: clientMAC, DstMAC: nodeMAC, EtherType: packet.EtherTypeARP, Payload: make([]byte, 28)}, verdict: tcActOK},
 	})
 
-	cs, err := d.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, reason := range []string{"tc_dnat_new", "tc_dnat_ct", "tc_rev_nat", "tc_fragment"} {
-		if cs[reason] == 0 {
-			t.Errorf("counter %s is 0 after the table; counters: %v", reason, cs)
-		}
-	}
+	expectCounted(t, d, "tc_dnat_new", "tc_dnat_ct", "tc_rev_nat", "tc_fragment")
 }
 
 // TestTCConntrackStickiness sends many packets of many flows to a service
@@ -165,13 +156,13 @@ func TestTCPacketTable(t *testing.T) {
 // first packet got, and the flows must spread over all backends.
 func TestTCConntrackStickiness(t *testing.T) {
 	d := newTestDatapath(t)
-	bes := []testBackend{
-		{11, l4("10.1.1.1", 8080, model.TCP)},
-		{12, l4("10.1.1.2", 8080, model.TCP)},
-		{13, l4("10.1.1.3", 8080, model.TCP)},
-		{14, l4("10.1.1.4", 8080, model.TCP)},
+	bes := []model.L4Addr{
+		l4("10.1.1.1", 8080, model.TCP),
+		l4("10.1.1.2", 8080, model.TCP),
+		l4("10.1.1.3", 8080, model.TCP),
+		l4("10.1.1.4", 8080, model.TCP),
 	}
-	addService(t, d.Maps(), 1, vipTCP, bes...)
+	applyServices(t, d, clusterIP(vipTCP, bes...))
 
 	seen := map[string]int{}
 	for flow := range 64 {
@@ -285,9 +276,7 @@ func TestTCConntrackTimeout(t *testing.T) {
 // rewrite of bytes that are not there.
 func TestTCTruncated(t *testing.T) {
 	d := newTestDatapath(t)
-	addService(t, d.Maps(), 1, vipTCP, beTCP)
-	addService(t, d.Maps(), 2, vipUDP, beUDP)
-	addService(t, d.Maps(), 3, vipEmpty)
+	applyServices(t, d, clusterIP(vipTCP, beTCP.addr), clusterIP(vipUDP, beUDP.addr), clusterIP(vipEmpty))
 
 	withOpts := tcpSYN("10.0.0.5", 43000, "10.96.0.10", 80)
 	withOpts.IPOptions = []byte{1, 1, 1, 0}
@@ -351,8 +340,7 @@ func TestTCTruncated(t *testing.T) {
 // device.
 func TestTCNoBackendICMP(t *testing.T) {
 	d := newTestDatapath(t)
-	addService(t, d.Maps(), 3, vipEmpty)
-	addService(t, d.Maps(), 4, vipEmptU)
+	applyServices(t, d, clusterIP(vipEmpty), clusterIP(vipEmptU))
 
 	udpOpts := udpDgram("10.0.0.6", 44001, "10.96.0.12", 53)
 	udpOpts.IPOptions = []byte{1, 1, 1, 0, 0x44, 8, 5, 0}
