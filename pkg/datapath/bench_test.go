@@ -6,9 +6,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
-	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // BenchmarkNodePortRemote compares the per-packet cost of a NodePort flow
@@ -22,14 +20,8 @@ import (
 //
 //	go test -run '^$' -bench NodePortRemote ./pkg/datapath
 func BenchmarkNodePortRemote(b *testing.B) {
-	testutil.Privileged(b)
-	ns, _ := nodeNetns(b)
-	d := openTest(b, smallConfig(testPinDir(b)))
+	ns, _, d := northSouthNode(b)
 	m := d.Maps()
-	if err := d.AttachDevices([]string{"eth0"}); err != nil {
-		b.Fatal(err)
-	}
-	addExternal(b, m, 1, npRemote, reconciler.FlagExternal, beRemote)
 
 	// Without a context BPF_PROG_TEST_RUN runs on the loopback device;
 	// routing from there is the same for both programs.

@@ -38,18 +38,7 @@ func TestTCEndToEnd(t *testing.T) {
 
 	// The node.
 	nodeNS.Enter(t)
-	lo, err := netlink.LinkByName("lo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetUp(lo); err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range sockBackends {
-		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: netlink.NewIPNet(net.ParseIP(a))}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	addLoopbackAddrs(t, nodeNS, sockBackends...)
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "n0"}, PeerName: "c0"}); err != nil {
 		t.Fatalf("add veth: %v", err)
 	}

@@ -76,6 +76,17 @@ type testBackend struct {
 	addr model.L4Addr
 }
 
+// addLoopbackAddrs gives the loopback device of ns the addresses addrs
+// (each a /32): local backends, reachable only inside ns.
+func addLoopbackAddrs(t testing.TB, ns *topology.NS, addrs ...string) {
+	t.Helper()
+	for _, a := range addrs {
+		if err := ns.AddAddr("lo", netip.PrefixFrom(addr(a), 32)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // applyServices programs svcs into d through the production writer,
 // reconciler.Apply, as an agent would: ids, write order and master flags
 // are the reconciler's. Tests that need ids of their own or a write order

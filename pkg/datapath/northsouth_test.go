@@ -178,20 +178,70 @@ var (
 	beRemU   = testBackend{3, l4("10.2.0.8", 5353, model.UDP)}
 )
 
-func TestNorthSouthPacketTable(t *testing.T) {
+// northSouthNode is the set-up the tc and XDP tables share: the node
+// namespace, entered, a datapath on eth0, and the NodePort and ExternalIP
+// frontends both tables send to (ids 1, 2, 3 and 5).
+func northSouthNode(t testing.TB) (*topology.NS, int, *Datapath) {
+	t.Helper()
 	testutil.Privileged(t)
 	ns, ifindex := nodeNetns(t)
 	d := openTest(t, smallConfig(testPinDir(t)))
-	m := d.Maps()
 	if err := d.AttachDevices([]string{"eth0"}); err != nil {
 		t.Fatal(err)
 	}
-	ext := reconciler.FlagExternal
+	m, ext := d.Maps(), reconciler.FlagExternal
 	addExternal(t, m, 1, npRemote, ext, beRemote)
 	addExternal(t, m, 2, npLocal, ext, beLocal)
 	addExternal(t, m, 3, npUDP, ext, beRemU)
-	addExternal(t, m, 4, npEmpty, ext|reconciler.FlagLocal)
 	addExternal(t, m, 5, extIP, ext|reconciler.FlagLocal, beRemote) // Local: never SNAT
+	return ns, ifindex, d
+}
+
+// nsClient is a request from the client (nsClientIP) to fe, from port
+// sport.
+func nsClient(sport uint16, fe model.L4Addr) packet.Packet {
+	p := packet.Packet{SrcMAC: clientMAC, DstMAC: macOf(nodeEthMAC), Src: addr(nsClientIP), Dst: fe.Addr,
+		SrcPort: sport, DstPort: fe.Port, Proto: uint8(fe.Proto)}
+	if fe.Proto == model.UDP {
+		p.Payload = []byte("nodeport datagram")
+	}
+	return p
+}
+
+// toRemote is request in as the node sends it on to be on the other node:
+// source-NATed to the node's address and port sp, destination-NATed to be,
+// from eth0 to node 2.
+func toRemote(in packet.Packet, sp uint16, be testBackend) packet.Packet {
+	in.SrcMAC, in.DstMAC = macOf(nodeEthMAC), macOf(node2MAC)
+	in.Src, in.SrcPort = addr(nsNodeIP), sp
+	in.Dst, in.DstPort = be.addr.Addr, be.addr.Port
+	return in
+}
+
+// replyFrom is be's reply, arriving from node 2, to the node's SNAT port
+// sp.
+func replyFrom(be testBackend, sp uint16, flags uint8) packet.Packet {
+	p := packet.Packet{SrcMAC: macOf(node2MAC), DstMAC: macOf(nodeEthMAC), Src: be.addr.Addr, SrcPort: be.addr.Port,
+		Dst: addr(nsNodeIP), DstPort: sp, Proto: uint8(be.addr.Proto), TCPFlags: flags}
+	if be.addr.Proto == model.UDP {
+		p.Payload = []byte("answer")
+	}
+	return p
+}
+
+// toClient is reply r as the node sends it back to the client: from
+// frontend fe to the client's port cport.
+func toClient(r packet.Packet, fe model.L4Addr, cport uint16) packet.Packet {
+	r.SrcMAC, r.DstMAC = macOf(nodeEthMAC), clientMAC
+	r.Src, r.SrcPort = fe.Addr, fe.Port
+	r.Dst, r.DstPort = addr(nsClientIP), cport
+	return r
+}
+
+func TestNorthSouthPacketTable(t *testing.T) {
+	ns, ifindex, d := northSouthNode(t)
+	m, ext := d.Maps(), reconciler.FlagExternal
+	addExternal(t, m, 4, npEmpty, ext|reconciler.FlagLocal)
 	st := model.NewState()
 	st.Services[lbRanges] = &model.Service{Kind: model.LoadBalancer, Frontend: lbRanges,
 		SourceRanges: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/28"), netip.MustParsePrefix("172.16.0.0/12")}}
@@ -200,15 +250,7 @@ func TestNorthSouthPacketTable(t *testing.T) {
 	}
 	addExternal(t, m, 6, lbRanges, ext|reconciler.FlagSourceRanges, beLocal)
 	ing, eg := d.TCIngress(), d.TCEgress()
-
-	client := func(sport uint16, fe model.L4Addr) packet.Packet {
-		p := packet.Packet{SrcMAC: clientMAC, DstMAC: macOf(nodeEthMAC), Src: addr(nsClientIP), Dst: fe.Addr,
-			SrcPort: sport, DstPort: fe.Port, Proto: uint8(fe.Proto)}
-		if fe.Proto == model.UDP {
-			p.Payload = []byte("nodeport datagram")
-		}
-		return p
-	}
+	client := nsClient
 
 	t.Run("tcp_remote_dnat_snat_redirect", func(t *testing.T) {
 		ns.Enter(t)
@@ -218,10 +260,7 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		if sp < DefaultSNATPortMin {
 			t.Fatalf("SNAT port %d outside %d-%d", sp, DefaultSNATPortMin, DefaultSNATPortMax)
 		}
-		want := in
-		want.SrcMAC, want.DstMAC = macOf(nodeEthMAC), macOf(node2MAC)
-		want.Src, want.SrcPort = addr(nsNodeIP), sp
-		want.Dst, want.DstPort = addr("10.2.0.7"), 8080
+		want := toRemote(in, sp, beRemote) // 10.2.0.7:8080, via node 2
 		expectPacket(t, "forward", verdict, tcActRedirect, out, want)
 
 		// Same flow again: same port, same rewrite.
@@ -229,14 +268,9 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		expectPacket(t, "forward again", verdict, tcActRedirect, out, want)
 
 		// The reply arrives from the other node and goes back to the client.
-		reply := packet.Packet{SrcMAC: macOf(node2MAC), DstMAC: macOf(nodeEthMAC), Src: addr("10.2.0.7"), SrcPort: 8080,
-			Dst: addr(nsNodeIP), DstPort: sp, Proto: 6, TCPFlags: 0x12}
+		reply := replyFrom(beRemote, sp, 0x12)
 		verdict, out = runOn(t, ing, ifindex, reply.Bytes())
-		back := reply
-		back.SrcMAC, back.DstMAC = macOf(nodeEthMAC), clientMAC
-		back.Src, back.SrcPort = addr(nsNodeIP), 30080
-		back.Dst, back.DstPort = addr(nsClientIP), 40000
-		expectPacket(t, "reply", verdict, tcActRedirect, out, back)
+		expectPacket(t, "reply", verdict, tcActRedirect, out, toClient(reply, npRemote, 40000))
 	})
 
 	t.Run("udp_remote_dnat_snat_redirect", func(t *testing.T) {
@@ -244,19 +278,10 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		in := client(5300, npUDP)
 		verdict, out := runOn(t, ing, ifindex, in.Bytes())
 		sp := snatPortOf(t, m, nsClientIP, 5300, npUDP)
-		want := in
-		want.SrcMAC, want.DstMAC = macOf(nodeEthMAC), macOf(node2MAC)
-		want.Src, want.SrcPort = addr(nsNodeIP), sp
-		want.Dst, want.DstPort = addr("10.2.0.8"), 5353
-		expectPacket(t, "forward", verdict, tcActRedirect, out, want)
-		reply := packet.Packet{SrcMAC: macOf(node2MAC), DstMAC: macOf(nodeEthMAC), Src: addr("10.2.0.8"), SrcPort: 5353,
-			Dst: addr(nsNodeIP), DstPort: sp, Proto: 17, Payload: []byte("answer")}
+		expectPacket(t, "forward", verdict, tcActRedirect, out, toRemote(in, sp, beRemU)) // 10.2.0.8:5353
+		reply := replyFrom(beRemU, sp, 0)
 		verdict, out = runOn(t, ing, ifindex, reply.Bytes())
-		back := reply
-		back.SrcMAC, back.DstMAC = macOf(nodeEthMAC), clientMAC
-		back.Src, back.SrcPort = addr(nsNodeIP), 30053
-		back.Dst, back.DstPort = addr(nsClientIP), 5300
-		expectPacket(t, "reply", verdict, tcActRedirect, out, back)
+		expectPacket(t, "reply", verdict, tcActRedirect, out, toClient(reply, npUDP, 5300))
 	})
 
 	t.Run("tcp_local_dnat_only", func(t *testing.T) {
@@ -450,18 +475,8 @@ func runXDP(t *testing.T, prog *ebpf.Program, ifindex int, in []byte) (uint32, [
 // backends and their replies exactly like tc and transmits them itself;
 // everything else passes untouched to tc.
 func TestXDPPacketTable(t *testing.T) {
-	testutil.Privileged(t)
-	_, ifindex := nodeNetns(t)
-	d := openTest(t, smallConfig(testPinDir(t)))
-	m := d.Maps()
-	if err := d.AttachDevices([]string{"eth0"}); err != nil {
-		t.Fatal(err)
-	}
-	ext := reconciler.FlagExternal
-	addExternal(t, m, 1, npRemote, ext, beRemote)
-	addExternal(t, m, 2, npLocal, ext, beLocal)
-	addExternal(t, m, 3, npUDP, ext, beRemU)
-	addExternal(t, m, 5, extIP, ext|reconciler.FlagLocal, beRemote)
+	_, ifindex, d := northSouthNode(t)
+	m, ext := d.Maps(), reconciler.FlagExternal
 	st := model.NewState()
 	lbRemote := l4("192.168.1.202", 80, model.TCP)
 	st.Services[lbRemote] = &model.Service{Kind: model.LoadBalancer, Frontend: lbRemote,
@@ -477,35 +492,7 @@ func TestXDPPacketTable(t *testing.T) {
 	beNode3 := testBackend{7, l4("10.3.0.7", 8080, model.TCP)}
 	addExternal(t, m, 7, npNode3, ext, beNode3)
 	xdp, ing := d.XDP(), d.TCIngress()
-
-	client := func(sport uint16, fe model.L4Addr) packet.Packet {
-		p := packet.Packet{SrcMAC: clientMAC, DstMAC: macOf(nodeEthMAC), Src: addr(nsClientIP), Dst: fe.Addr,
-			SrcPort: sport, DstPort: fe.Port, Proto: uint8(fe.Proto)}
-		if fe.Proto == model.UDP {
-			p.Payload = []byte("nodeport datagram")
-		}
-		return p
-	}
-	toRemote := func(in packet.Packet, sp uint16, be testBackend) packet.Packet {
-		in.SrcMAC, in.DstMAC = macOf(nodeEthMAC), macOf(node2MAC)
-		in.Src, in.SrcPort = addr(nsNodeIP), sp
-		in.Dst, in.DstPort = be.addr.Addr, be.addr.Port
-		return in
-	}
-	replyFrom := func(be testBackend, sp uint16, flags uint8) packet.Packet {
-		p := packet.Packet{SrcMAC: macOf(node2MAC), DstMAC: macOf(nodeEthMAC), Src: be.addr.Addr, SrcPort: be.addr.Port,
-			Dst: addr(nsNodeIP), DstPort: sp, Proto: uint8(be.addr.Proto), TCPFlags: flags}
-		if be.addr.Proto == model.UDP {
-			p.Payload = []byte("answer")
-		}
-		return p
-	}
-	toClient := func(r packet.Packet, fe model.L4Addr, cport uint16) packet.Packet {
-		r.SrcMAC, r.DstMAC = macOf(nodeEthMAC), clientMAC
-		r.Src, r.SrcPort = fe.Addr, fe.Port
-		r.Dst, r.DstPort = addr(nsClientIP), cport
-		return r
-	}
+	client := nsClient
 
 	// TCP: SYN, reply, and the rest of the flow, all in XDP.
 	in := client(41000, npRemote)

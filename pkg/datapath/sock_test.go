@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
@@ -134,18 +133,7 @@ func TestSockLB(t *testing.T) {
 	cg.Join(t)
 
 	ns.Enter(t)
-	lo, err := netlink.LinkByName("lo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetUp(lo); err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range append(sockBackends, sockOtherBackend) {
-		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: netlink.NewIPNet(net.ParseIP(a))}); err != nil {
-			t.Fatalf("add %s: %v", a, err)
-		}
-	}
+	addLoopbackAddrs(t, ns, append(sockBackends, sockOtherBackend)...)
 	startBackends(t)
 
 	m := d.Maps()

@@ -156,20 +156,29 @@ func TestDoRestoresThreadNamespace(t *testing.T) {
 	if inside == before {
 		t.Fatalf("Do ran in the caller's namespace %s", inside)
 	}
-	// No thread of the process is left in the test namespace: look from
-	// many goroutines, which land on arbitrary threads.
+	// No thread of the process is left in the test namespace.
+	for _, now := range threadNamespaces(20) {
+		if now == inside {
+			t.Fatal("a thread was left in the test namespace")
+		}
+	}
+}
+
+// threadNamespaces returns the network namespaces n goroutines find their
+// threads in: goroutines land on arbitrary threads of the process.
+func threadNamespaces(n int) []string {
 	done := make(chan string)
-	for range 20 {
+	for range n {
 		go func() {
 			now, _ := os.Readlink("/proc/thread-self/ns/net")
 			done <- now
 		}()
 	}
-	for range 20 {
-		if now := <-done; now == inside {
-			t.Fatal("a thread was left in the test namespace")
-		}
+	var out []string
+	for range n {
+		out = append(out, <-done)
 	}
+	return out
 }
 
 func TestCgroupPutsChildAndCleansUp(t *testing.T) {
@@ -307,15 +316,8 @@ func TestEnterRunAndFd(t *testing.T) {
 	if err := b.Run(t.Context(), "ip", "link", "show", "mv0"); err != nil {
 		t.Errorf("device not moved into the namespace of Fd: %v", err)
 	}
-	done := make(chan string)
-	for range 20 {
-		go func() {
-			now, _ := os.Readlink("/proc/thread-self/ns/net")
-			done <- now
-		}()
-	}
-	for range 20 {
-		if now := <-done; now != before {
+	for _, now := range threadNamespaces(20) {
+		if now != before {
 			t.Fatalf("a thread was left in namespace %s after Enter's test ended", now)
 		}
 	}
