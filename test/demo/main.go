@@ -79,23 +79,17 @@ func run(ctx context.Context, binDir string, requests int, hold bool) (err error
 	if err != nil {
 		return err
 	}
-	var pods []string
+	pods, err := lb.ServeHTTP(8080, "pod-")
+	if err != nil {
+		return err
+	}
 	for i, be := range lb.Backends {
-		pod := fmt.Sprintf("pod-%d", i+1)
-		if _, err := be.ServeHTTP(lb.BackendAddrs[i].String()+":8080", pod); err != nil {
-			return err
-		}
-		pods = append(pods, pod)
-		fmt.Printf("    %s serves HTTP on %s:8080 (namespace %s)\n", pod, lb.BackendAddrs[i], be.Name)
+		fmt.Printf("    %s serves HTTP on %s:8080 (namespace %s)\n", pods[i], lb.BackendAddrs[i], be.Name)
 	}
 	fmt.Printf("    client %s -> node %s (%s), route %s via the node\n", lb.ClientAddr, lb.NodeAddr, lb.NodeDev, topology.ServiceRange)
 
 	step("writing the manifest")
-	var eps []string
-	for _, a := range lb.BackendAddrs {
-		eps = append(eps, a.String())
-	}
-	svc := agentproc.Service{Name: "web", ClusterIP: clusterIP, Endpoints: eps,
+	svc := agentproc.Service{Name: "web", ClusterIP: clusterIP, Endpoints: lb.BackendAddrStrings(),
 		Ports: []agentproc.Port{{Name: "http", Protocol: "TCP", Port: port, TargetPort: "8080", EndpointPort: 8080}}}
 	manifest := filepath.Join(tmp, "web.yaml")
 	if err := agentproc.WriteFile(manifest, svc.YAML()); err != nil {

@@ -219,15 +219,12 @@ func setup(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{lb: lb, manifest: filepath.Join(t.TempDir(), "services.yaml")}
+	e := &env{lb: lb, manifest: filepath.Join(t.TempDir(), "services.yaml"), addrs: lb.BackendAddrStrings()}
+	if e.backends, err = lb.ServeHTTP(8080, "backend-"); err != nil {
+		t.Fatal(err)
+	}
 	for i, be := range lb.Backends {
-		name := fmt.Sprintf("backend-%d", i+1)
-		addr := lb.BackendAddrs[i].String()
-		e.backends = append(e.backends, name)
-		e.addrs = append(e.addrs, addr)
-		if _, err := be.ServeHTTP(addr+":8080", name); err != nil {
-			t.Fatal(err)
-		}
+		addr, name := e.addrs[i], e.backends[i]
 		if _, err := be.ServeTCPEcho(addr+":9000", name); err != nil {
 			t.Fatal(err)
 		}

@@ -46,15 +46,9 @@ func setupTraffic(t *testing.T) *trafficEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &trafficEnv{lb: lb}
-	for i, be := range lb.Backends {
-		name := fmt.Sprintf("backend-%d", i+1)
-		addr := lb.BackendAddrs[i].String()
-		e.backends = append(e.backends, name)
-		e.addrs = append(e.addrs, addr)
-		if _, err := be.ServeHTTP(addr+":8080", name); err != nil {
-			t.Fatal(err)
-		}
+	e := &trafficEnv{lb: lb, addrs: lb.BackendAddrStrings()}
+	if e.backends, err = lb.ServeHTTP(8080, "backend-"); err != nil {
+		t.Fatal(err)
 	}
 	// Registered after the topology: stopped before it is torn down.
 	e.kube = kubeenv.StartWith(t, kubeenv.Options{NetNS: lb.Node.Path, Dial: lb.Node.DialContext})
