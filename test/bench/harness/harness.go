@@ -540,12 +540,7 @@ func (r *runner) programInitial(ctx context.Context, p *Point, envs []*env, svcs
 				continue
 			}
 			st.InitialS = append(st.InitialS, el.Seconds())
-			if sm, ok := e.m.(*sluiceMode); ok {
-				if src, apply, ok := sm.lastSync(t0); ok {
-					st.InitialSourceS = append(st.InitialSourceS, src)
-					st.InitialApplyS = append(st.InitialApplyS, apply)
-				}
-			}
+			recordSync(e.m, t0, &st.InitialSourceS, &st.InitialApplyS)
 			r.log.Info("programmed", "mode", e.name, "services", p.Services, "seconds", el.Seconds())
 		}
 	}
@@ -553,6 +548,17 @@ func (r *runner) programInitial(ctx context.Context, p *Point, envs []*env, svcs
 		if st := stats[e.name]; st != nil {
 			st.Initial = testutil.SpreadOf(st.InitialS)
 			p.Prog = append(p.Prog, *st)
+		}
+	}
+}
+
+// recordSync appends, for the sluice mode, the manifest source's and the
+// reconciler's shares of the first sync after t0 (from the agent's log).
+func recordSync(m mode, t0 time.Time, source, apply *[]float64) {
+	if sm, ok := m.(*sluiceMode); ok {
+		if src, app, ok := sm.lastSync(t0); ok {
+			*source = append(*source, src)
+			*apply = append(*apply, app)
 		}
 	}
 }
@@ -592,12 +598,7 @@ func (r *runner) updates(ctx context.Context, p *Point, envs []*env, svcs []rule
 				continue
 			}
 			st.UpdateS = append(st.UpdateS, el.Seconds())
-			if sm, ok := e.m.(*sluiceMode); ok {
-				if src, apply, ok := sm.lastSync(t0); ok {
-					st.UpdateSourceS = append(st.UpdateSourceS, src)
-					st.UpdateApplyS = append(st.UpdateApplyS, apply)
-				}
-			}
+			recordSync(e.m, t0, &st.UpdateSourceS, &st.UpdateApplyS)
 		}
 		cur = next
 	}
