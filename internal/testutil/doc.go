@@ -5,7 +5,8 @@
 //
 // The root package holds the small helpers every kind of test reaches for:
 // the privileged check (Privileged), a pin directory on bpffs (PinDir),
-// polling until a condition holds (Eventually, EventuallyTrue), a buffer
+// polling until a condition holds (Eventually, EventuallyTrue), requests
+// kept up in the background across an agent restart (Traffic), a buffer
 // that concurrent writers share (Buffer), a median and its spread (Median,
 // SpreadOf) and the module's root directory (ModuleRoot). The subpackages
 // are the larger pieces:

@@ -581,44 +581,20 @@ func TestClusterIPEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Traffic runs throughout the stop and the restart.
-		var ok, failed atomic.Int64
-		var errMu sync.Mutex
-		var firstErr error
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := e.get(webVIP); err != nil {
-					failed.Add(1)
-					errMu.Lock()
-					if firstErr == nil {
-						firstErr = err
-					}
-					errMu.Unlock()
-				} else {
-					ok.Add(1)
-				}
-			}
+		traffic := testutil.StartTraffic(1, func() error {
+			_, err := e.get(webVIP)
+			return err
 		})
-		stopTraffic := sync.OnceFunc(func() {
-			close(stop)
-			wg.Wait()
-		})
-		defer stopTraffic()
+		defer traffic.Stop()
 
 		if err := e.agent.Stop(); err != nil {
 			t.Fatalf("agent did not exit cleanly on SIGTERM: %v", err)
 		}
 		// Requests go on succeeding while no agent runs.
-		down := ok.Load()
+		down := traffic.OK()
 		testutil.Eventually(t, "20 requests to succeed while the agent is stopped", 10*time.Second, func() error {
-			if n := ok.Load() - down; n < 20 {
-				return fmt.Errorf("only %d requests succeeded (%d failed)", n, failed.Load())
+			if n := traffic.OK() - down; n < 20 {
+				return fmt.Errorf("only %d requests succeeded (%d failed)", n, traffic.Failed())
 			}
 			return nil
 		})
@@ -635,7 +611,7 @@ func TestClusterIPEndToEnd(t *testing.T) {
 		if err := e.agent.WaitReady(30 * time.Second); err != nil {
 			t.Fatal(err)
 		}
-		stopTraffic()
+		traffic.Stop()
 		after, err := e.agent.Services(t.Context())
 		if err != nil {
 			t.Fatal(err)
@@ -643,8 +619,8 @@ func TestClusterIPEndToEnd(t *testing.T) {
 		if after != before {
 			t.Errorf("restart changed the datapath:\nbefore:\n%s\nafter:\n%s", before, after)
 		}
-		if n := failed.Load(); n > 0 {
-			t.Errorf("%d of %d requests failed across stop and restart; first: %v", n, n+ok.Load(), firstErr)
+		if n := traffic.Failed(); n > 0 {
+			t.Errorf("%d of %d requests failed across stop and restart; first: %v", n, n+traffic.OK(), traffic.FirstErr())
 		}
 		if who, err := keep.say("agent back"); err != nil || who != keep.backend {
 			t.Errorf("established connection after restart: %q %v", who, err)

@@ -6,8 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -175,27 +173,11 @@ func TestTrafficSurvivesAgentRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var ok, failed atomic.Int64
-	var firstErr atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 2 {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := e.get(vip, 3*time.Second); err != nil {
-					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err)
-				} else {
-					ok.Add(1)
-				}
-			}
-		})
-	}
+	traffic := testutil.StartTraffic(2, func() error {
+		_, err := e.get(vip, 3*time.Second)
+		return err
+	})
+	defer traffic.Stop()
 	time.Sleep(500 * time.Millisecond)
 	if err := e.agent.Stop(); err != nil {
 		t.Errorf("agent stop: %v", err)
@@ -208,14 +190,13 @@ func TestTrafficSurvivesAgentRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(500 * time.Millisecond)
-	close(stop)
-	wg.Wait()
-	t.Logf("%d requests across the restart, %d failed", ok.Load(), failed.Load())
-	if n := failed.Load(); n > 0 {
-		t.Errorf("%d connection attempts failed across the restart; first: %v", n, firstErr.Load())
+	traffic.Stop()
+	t.Logf("%d requests across the restart, %d failed", traffic.OK(), traffic.Failed())
+	if n := traffic.Failed(); n > 0 {
+		t.Errorf("%d connection attempts failed across the restart; first: %v", n, traffic.FirstErr())
 	}
-	if ok.Load() < 10 {
-		t.Errorf("only %d requests made: the test proves nothing", ok.Load())
+	if traffic.OK() < 10 {
+		t.Errorf("only %d requests made: the test proves nothing", traffic.OK())
 	}
 	after, err := e.agent.Services(t.Context())
 	if err != nil {
