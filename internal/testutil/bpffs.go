@@ -28,9 +28,11 @@ func NeedBPFFS(tb testing.TB) string {
 }
 
 // PinDir returns a fresh directory on bpffs for the test's pins, removed
-// with everything under it when the test ends.
+// with everything under it when the test ends. Pins need root: a test that
+// asks for them is a privileged test (see Privileged).
 func PinDir(tb testing.TB) string {
 	tb.Helper()
+	Privileged(tb)
 	var b [6]byte
 	rand.Read(b[:])
 	dir := filepath.Join(NeedBPFFS(tb), "sluice-test-"+hex.EncodeToString(b[:]))

@@ -159,14 +159,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) (*Results, error) {
 		dead:    time.Now().Add(cfg.TimeLimit),
 		tmp:     tmp,
 		dropped: map[string]string{},
-		res:     &Results{Started: time.Now().UTC(), Config: cfg, Machine: describeMachine()},
+		res:     &Results{Started: time.Now().UTC(), Config: cfg, Machine: DescribeMachine()},
 	}
 	r.res.Settings = []string{
 		"client and node netns: net.ipv4.ip_local_port_range=1024 65535, net.ipv4.tcp_tw_reuse=1",
 		"backend netns: net.core.somaxconn=4096, net.ipv4.tcp_max_syn_backlog=4096",
 		"node netns: net.ipv4.ip_forward=1",
 		fmt.Sprintf("client source addresses: %d (%s..)", ClientSources, ClientAddr),
-		"nf_conntrack_max is global (not settable per netns); left at " + readTrim("/proc/sys/net/netfilter/nf_conntrack_max") + ", counted per netns",
+		"nf_conntrack_max is global (not settable per netns); left at " + ReadTrim("/proc/sys/net/netfilter/nf_conntrack_max") + ", counted per netns",
 	}
 	defer func() { r.res.Finished = time.Now().UTC() }()
 	if slices.Contains(cfg.Modes, ModeSluice) {
@@ -713,13 +713,6 @@ func (r *runner) connections(ctx context.Context, p *Point, envs []*env, svcs []
 	}
 }
 
-func readTrim(p string) string {
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return "?"
-	}
-	return strings.TrimSpace(string(b))
-}
 
 // conntrackCount reads the node namespace's conntrack entry count; false
 // where conntrack is not in use there.

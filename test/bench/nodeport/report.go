@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/test/bench/harness"
 )
 
 // result is what a run measured; it is written as JSON and rendered as
@@ -61,17 +62,8 @@ type ratio struct {
 
 func newResult(cfg config) *result {
 	r := &result{Started: time.Now().UTC(), Config: cfg}
-	r.Machine = machine{CPUs: runtime.NumCPU(), Kernel: readTrim("/proc/sys/kernel/osrelease"), Go: runtime.Version(),
-		Load: readTrim("/proc/loadavg")}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "model name"); ok {
-				r.Machine.CPU = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
-				break
-			}
-		}
-	}
-	r.Machine.Source = sourceState()
+	m := harness.DescribeMachine()
+	r.Machine = machine{CPUs: m.CPUs, CPU: m.CPU, Kernel: m.Kernel, Go: m.Go, Load: m.Load, Source: sourceState()}
 	for _, m := range cfg.Modes {
 		r.Modes = append(r.Modes, &modeStats{Mode: m})
 	}

@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
 	"strconv"
 	"strings"
 
 	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/test/bench/harness"
 )
 
 // The topology: one generator and one backend, and between them one node
@@ -116,8 +116,8 @@ func buildLab(modes []string) (_ *lab, err error) {
 	l.settings = append(l.settings,
 		"node netns: net.ipv4.ip_forward=1; router too",
 		"gen netns: net.ipv4.ip_local_port_range=1024 65535",
-		fmt.Sprintf("nf_conntrack_max is global, left at %s (counted per netns; only the iptables nodes load conntrack)", readTrim("/proc/sys/net/netfilter/nf_conntrack_max")),
-		fmt.Sprintf("net.core.netdev_max_backlog (global) left at %s", readTrim("/proc/sys/net/core/netdev_max_backlog")))
+		fmt.Sprintf("nf_conntrack_max is global, left at %s (counted per netns; only the iptables nodes load conntrack)", harness.ReadTrim("/proc/sys/net/netfilter/nf_conntrack_max")),
+		fmt.Sprintf("net.core.netdev_max_backlog (global) left at %s", harness.ReadTrim("/proc/sys/net/core/netdev_max_backlog")))
 
 	// Packets from a real wire carry complete checksums; a local stack
 	// sending over a veth leaves them to "hardware" (CHECKSUM_PARTIAL),
@@ -181,12 +181,4 @@ func (l *lab) backendRxPackets() (uint64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no packet counter in %q", out)
-}
-
-func readTrim(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "?"
-	}
-	return strings.TrimSpace(string(b))
 }
