@@ -242,11 +242,10 @@ func TestNorthSouthPacketTable(t *testing.T) {
 	ns, ifindex, d := northSouthNode(t)
 	m, ext := d.Maps(), reconciler.FlagExternal
 	addExternal(t, m, 4, npEmpty, ext|reconciler.FlagLocal)
-	st := model.NewState()
-	st.Services[lbRanges] = &model.Service{Kind: model.LoadBalancer, Frontend: lbRanges,
-		SourceRanges: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/28"), netip.MustParsePrefix("172.16.0.0/12")}}
-	if err := m.AddSourceRanges(st); err != nil {
-		t.Fatal(err)
+	for _, p := range []string{"192.168.1.0/28", "172.16.0.0/12"} {
+		if err := m.UpsertSourceRange(lbRanges, netip.MustParsePrefix(p)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	addExternal(t, m, 6, lbRanges, ext|reconciler.FlagSourceRanges, beLocal)
 	ing, eg := d.TCIngress(), d.TCEgress()
@@ -335,9 +334,11 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		if verdict, _ := runOn(t, ing, ifindex, denied.Bytes()); verdict != tcActShot {
 			t.Fatalf("denied source: verdict %d, want drop", verdict)
 		}
-		// Pruning to a state without the service removes its ranges.
-		if err := m.PruneSourceRanges(model.NewState()); err != nil {
-			t.Fatal(err)
+		// Deleting the ranges removes them.
+		for _, p := range []string{"192.168.1.0/28", "172.16.0.0/12"} {
+			if err := m.DeleteSourceRange(lbRanges, netip.MustParsePrefix(p)); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if verdict, _ := runOn(t, ing, ifindex, allowed.Bytes()); verdict != tcActShot {
 			t.Fatalf("after prune: verdict %d, want drop (flag still set, no ranges)", verdict)
@@ -477,11 +478,8 @@ func runXDP(t *testing.T, prog *ebpf.Program, ifindex int, in []byte) (uint32, [
 func TestXDPPacketTable(t *testing.T) {
 	_, ifindex, d := northSouthNode(t)
 	m, ext := d.Maps(), reconciler.FlagExternal
-	st := model.NewState()
 	lbRemote := l4("192.168.1.202", 80, model.TCP)
-	st.Services[lbRemote] = &model.Service{Kind: model.LoadBalancer, Frontend: lbRemote,
-		SourceRanges: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/28")}}
-	if err := m.AddSourceRanges(st); err != nil {
+	if err := m.UpsertSourceRange(lbRemote, netip.MustParsePrefix("192.168.1.0/28")); err != nil {
 		t.Fatal(err)
 	}
 	addExternal(t, m, 6, lbRemote, ext|reconciler.FlagSourceRanges, beRemote)
