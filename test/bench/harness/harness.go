@@ -713,7 +713,6 @@ func (r *runner) connections(ctx context.Context, p *Point, envs []*env, svcs []
 	}
 }
 
-
 // conntrackCount reads the node namespace's conntrack entry count; false
 // where conntrack is not in use there.
 func conntrackCount(ns *topology.NS) (int, bool) {
