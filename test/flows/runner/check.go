@@ -277,5 +277,8 @@ func kindName(o Observation) string {
 	case Health:
 		return "HTTP"
 	}
+	if strings.HasPrefix(o.Detail, "answered by") {
+		return "an answer from another server"
+	}
 	return "error"
 }

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -100,6 +102,13 @@ func TestFlows(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%s (%d cases in %v; report: test/flows/results/latest.md)", s.Line(), len(byCase), took)
+	var classes strings.Builder
+	for _, c := range slices.Sorted(maps.Keys(s.Classes)) {
+		fmt.Fprintf(&classes, "\n  %3d  %s", s.Classes[c], c)
+	}
+	if classes.Len() > 0 {
+		t.Logf("failures by class:%s", classes.String())
+	}
 
 	if os.Getenv(envUpdateKnown) != "" {
 		if err := os.WriteFile(knownFailures, []byte(UpdateKnown(known, all, results, order)), 0o644); err != nil {
