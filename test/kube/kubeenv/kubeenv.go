@@ -84,8 +84,8 @@ type proc struct {
 	log  string
 }
 
-// BinDir returns the directory holding kube-apiserver, kube-proxy and etcd,
-// building them first if they are missing.
+// BinDir returns the directory holding kube-apiserver and etcd, building
+// them first if they are missing.
 func BinDir(t testing.TB) string {
 	t.Helper()
 	binDirOnce.Do(func() { binDir, binDirErr = buildBinaries() })
