@@ -105,8 +105,11 @@ func build(root, out, repo string, platforms []string) error {
 		return err
 	}
 	ref := layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": version})
+	var digest v1.Hash
 	if len(images) == 1 {
-		err = lp.AppendImage(images[0], ref)
+		if digest, err = images[0].Digest(); err == nil {
+			err = lp.AppendImage(images[0], ref)
+		}
 	} else {
 		var idx v1.ImageIndex = mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
 		for i, img := range images {
@@ -114,7 +117,9 @@ func build(root, out, repo string, platforms []string) error {
 			idx = mutate.AppendManifests(idx, mutate.IndexAddendum{Add: img,
 				Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: goarch}}})
 		}
-		err = lp.AppendIndex(idx, ref)
+		if digest, err = idx.Digest(); err == nil {
+			err = lp.AppendIndex(idx, ref)
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("write layout: %w", err)
@@ -125,13 +130,7 @@ func build(root, out, repo string, platforms []string) error {
 	if err := tarDir(dir, out, epoch); err != nil {
 		return fmt.Errorf("write %s: %w", out, err)
 	}
-	digest := "?"
-	if len(images) == 1 {
-		if d, err := images[0].Digest(); err == nil {
-			digest = d.String()
-		}
-	}
-	fmt.Printf("%s: %s:%s (commit %s, %d platform(s), manifest %s)\n", out, repo, version, commit, len(images), digest)
+	fmt.Printf("%s: %s:%s@%s (commit %s, %s)\n", out, repo, version, digest, commit, strings.Join(platforms, ","))
 	return nil
 }
 
@@ -308,6 +307,9 @@ func tarDir(dir, out string, epoch time.Time) error {
 		return err
 	}
 	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Chmod(f.Name(), 0o644); err != nil {
 		return err
 	}
 	return os.Rename(f.Name(), out)
