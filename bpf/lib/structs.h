@@ -148,7 +148,9 @@ enum metric_reason {
 	METRIC_SOCK_NO_BACKEND,
 	/* recvmsg4/getpeername4 translated backend -> VIP */
 	METRIC_SOCK_REV_XLATE,
-	/* slot names a backend that is not in sluice_backends */
+	/* connect4/sendmsg4 refused: no backend found, even after reading
+	 * the service again (a slot or backend vanished under the reader)
+	 */
 	METRIC_SOCK_BACKEND_MISSING,
 	/* new flow to a VIP, backend selected */
 	METRIC_TC_DNAT_NEW,
@@ -158,7 +160,9 @@ enum metric_reason {
 	METRIC_TC_REV_NAT,
 	/* ICMP port unreachable sent for a service with no backends */
 	METRIC_TC_NO_BACKEND,
-	/* dropped: slot names a backend that is not in sluice_backends */
+	/* dropped: no backend found, even after reading the service again
+	 * (a slot or backend vanished under the reader)
+	 */
 	METRIC_TC_BACKEND_MISSING,
 	/* IPv4 packet too short or inconsistent: passed untouched */
 	METRIC_TC_MALFORMED,
