@@ -5,8 +5,9 @@
  *
  * Ingress: a reply of a translated flow (CT_REVERSE hit) gets its source
  * rewritten back to the VIP; a packet to a service is DNATed to a backend,
- * reusing the flow's conntrack entry when there is one; a packet to a
- * service without backends is answered with ICMP port unreachable.
+ * reusing the flow's conntrack entry when there is one; a new flow to a
+ * service without backends is answered with ICMP port unreachable (its
+ * established flows go on: conntrack comes first).
  * Egress: replies leaving towards the client get their source rewritten
  * back to the VIP. Everything else passes untouched.
  *
@@ -100,26 +101,32 @@ static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
 }
 
 /*
- * lb4_check_frontend - what a packet to frontend @svc meets before any
- * backend: its loadBalancerSourceRanges, and the reply to a service with
- * no backends. Returns a TC verdict to end with, or -1 if @p goes on to a
- * backend.
+ * lb4_check_source - a frontend's loadBalancerSourceRanges. Returns a TC
+ * verdict to end with, or -1 if @p may go on.
  */
-static __always_inline int lb4_check_frontend(struct __sk_buff *skb,
-					      const struct pkt4 *p,
-					      const struct lb4_service *svc)
+static __always_inline int lb4_check_source(const struct pkt4 *p,
+					    const struct lb4_service *svc)
 {
-	enum svc_flags flags = svc->flags;
-	int ret;
-
-	if ((flags & SVC_F_SRC_RANGES) &&
+	if ((svc->flags & SVC_F_SRC_RANGES) &&
 	    !source_allowed(p->daddr, p->dport, p->proto, p->saddr)) {
 		metric_inc(METRIC_TC_SRC_RANGE_DENY);
 		return TC_ACT_SHOT;
 	}
-	if (svc->count != 0)
-		return -1;
-	if (flags & SVC_F_LOCAL) {
+	return -1;
+}
+
+/*
+ * lb4_refuse - the answer to a new flow to frontend @svc, which has no
+ * backends: ICMP port unreachable, or a drop for externalTrafficPolicy
+ * Local. Returns a TC verdict.
+ */
+static __always_inline int lb4_refuse(struct __sk_buff *skb,
+				      const struct pkt4 *p,
+				      const struct lb4_service *svc)
+{
+	int ret;
+
+	if (svc->flags & SVC_F_LOCAL) {
 		/* kube-proxy drops too: an external load balancer
 		 * health-checks nodes and stops sending here.
 		 */
@@ -189,10 +196,12 @@ nat_remote(struct __sk_buff *skb, const struct pkt4 *p,
  * lb4_select - where a packet to frontend @svc goes: the backend of its
  * flow's conntrack entry while that is usable (ct_fwd_usable), else a
  * backend selected now, recorded in conntrack (and source-NATed when it
- * is remote, see nat_remote).
+ * is remote, see nat_remote). Conntrack comes first, so a Service that
+ * has dropped to zero endpoints keeps its established flows, as
+ * kube-proxy does; only a new flow is refused.
  *
- * Returns 0 with @x filled in, or -1 if the packet must be dropped
- * (counted).
+ * Returns 0 with @x filled in, 1 if @p starts a flow to a frontend without
+ * backends (to refuse), or -1 if it must be dropped (counted).
  */
 static __always_inline int lb4_select(struct __sk_buff *skb,
 				      const struct pkt4 *p,
@@ -221,6 +230,8 @@ static __always_inline int lb4_select(struct __sk_buff *skb,
 		metric_inc(METRIC_TC_DNAT_CT);
 		return 0;
 	}
+	if (svc->count == 0)
+		return 1;
 
 	be = select_backend(p->daddr, p->dport, p->proto, svc, &backend_id);
 	if (!be) {
@@ -253,11 +264,14 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	svc = lookup_service(p->daddr, p->dport, p->proto);
 	if (!svc)
 		return TC_ACT_OK;
-	ret = lb4_check_frontend(skb, p, svc);
+	ret = lb4_check_source(p, svc);
 	if (ret >= 0)
 		return ret;
-	if (lb4_select(skb, p, svc, now, &x) < 0)
+	ret = lb4_select(skb, p, svc, now, &x);
+	if (ret < 0)
 		return TC_ACT_SHOT;
+	if (ret > 0)
+		return lb4_refuse(skb, p, svc);
 
 	if (rewrite_l4addr(skb, p, true, x.nat_addr, x.nat_port) < 0 ||
 	    (x.snat &&

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // Conntrack under races, floods and reuse (issue 11): targeted packet
@@ -69,6 +70,59 @@ func sendTo(t *testing.T, prog *ebpf.Program, p pkt) (uint32, string) {
 	t.Helper()
 	v, out := runProg(t, prog, p.bytes())
 	return v, outDst(out)
+}
+
+// establish opens f (SYN, the backend's SYN-ACK, the client's ACK) and
+// returns the backend it went to, among bes.
+func establish(t *testing.T, d *Datapath, f flow, bes ...testBackend) testBackend {
+	t.Helper()
+	v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpSYN_))
+	if v != tcActOK {
+		t.Fatalf("SYN of %+v: verdict %d", f, v)
+	}
+	for _, b := range bes {
+		if b.addr.Addr.String() != dst {
+			continue
+		}
+		v, out := runProg(t, d.TCEgress(), f.from(b.addr, tcpSA).bytes())
+		if v != tcActOK || outSrc(out) != f.fe.Addr.String() {
+			t.Fatalf("SYN-ACK of %+v from %s: verdict %d, source %s", f, b.addr, v, outSrc(out))
+		}
+		if v, got := sendTo(t, d.TCIngress(), f.pkt(tcpACK)); v != tcActOK || got != dst {
+			t.Fatalf("ACK of %+v: verdict %d to %s, want %s", f, v, got, dst)
+		}
+		return b
+	}
+	t.Fatalf("SYN of %+v went to %s, not a backend", f, dst)
+	return testBackend{}
+}
+
+// TestTCZeroBackendsKeepsEstablished (A5): a Service that drops to zero
+// endpoints keeps its established flows (kube-proxy rejects only new
+// connections); new ones are refused with ICMP port unreachable.
+func TestTCZeroBackendsKeepsEstablished(t *testing.T) {
+	d := newTestDatapath(t)
+	m := d.Maps()
+	be := testBackend{46, l4("10.1.4.6", 8080, model.TCP)}
+	addService(t, m, 1, vipTCP, be)
+	f := flow{"10.0.4.3", 45002, vipTCP}
+	establish(t, d, f, be)
+
+	if err := m.UpsertMaster(vipTCP, reconciler.Master{ID: 1, Count: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.DeleteSlot(vipTCP, 1); err != nil {
+		t.Fatal(err)
+	}
+	if v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpACK)); v != tcActOK || dst != be.addr.Addr.String() {
+		t.Errorf("established flow's data: verdict %d to %s, want %s", v, dst, be.addr.Addr)
+	}
+	if v, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpACK).bytes()); v != tcActOK || outSrc(out) != vipTCP.Addr.String() {
+		t.Errorf("established flow's reply: verdict %d, source %s", v, outSrc(out))
+	}
+	if v, _ := runProg(t, d.TCIngress(), flow{"10.0.4.3", 45003, vipTCP}.pkt(tcpSYN_).bytes()); v != tcActRedirect {
+		t.Errorf("new connection: verdict %d, want the ICMP reply (redirect)", v)
+	}
 }
 
 // TestTCSlotVanishes (B6): a reader that read a master's count before a
