@@ -63,13 +63,13 @@ func runConntrackGC(ctx context.Context, m *datapath.Maps, every time.Duration, 
 			return
 		case <-t.C:
 		}
-		n, err := m.GCConntrack()
+		st, err := m.GCConntrack()
 		if err != nil {
 			log.Error("conntrack garbage collection", "err", err)
 			continue
 		}
-		if n > 0 {
-			log.Debug("conntrack garbage collection", "deleted", n)
+		if st.Deleted > 0 {
+			log.Debug("conntrack garbage collection", "deleted", st.Deleted)
 		}
 	}
 }

@@ -46,7 +46,7 @@ type Datapath interface {
 	// backends, and service map entries (masters plus slots).
 	Capacity() (services, backends, serviceEntries int)
 	// FlushConntrack removes per-packet conntrack entries that point at
-	// backend (used for UDP when a backend goes away, so stale flows
-	// re-balance instead of black-holing).
-	FlushConntrack(backend model.L4Addr) error
+	// any of backends (used for UDP when backends go away, so stale flows
+	// re-balance instead of black-holing), in one pass.
+	FlushConntrack(backends []model.L4Addr) error
 }

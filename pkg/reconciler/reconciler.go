@@ -415,13 +415,14 @@ func (r *Reconciler) Apply(st *model.State) error {
 	if err := r.deleteUnusedRevNat(services); err != nil {
 		errs = append(errs, err)
 	}
-	for _, a := range sortedKeys(r.pendingFlush) {
+	// One pass over conntrack for all of them.
+	if flush := sortedKeys(r.pendingFlush); len(flush) > 0 {
 		r.writes++
-		if err := r.dp.FlushConntrack(a); err != nil {
-			errs = append(errs, fmt.Errorf("flush conntrack of backend %s: %w", a, err))
-			continue
+		if err := r.dp.FlushConntrack(flush); err != nil {
+			errs = append(errs, fmt.Errorf("flush conntrack of backends %v: %w", flush, err))
+		} else {
+			clear(r.pendingFlush)
 		}
-		delete(r.pendingFlush, a)
 	}
 
 	// Ids reserved for writes that failed, or for frontends and backends
