@@ -43,7 +43,7 @@ func (l *lab) startSluice(n *node, bins harness.Binaries, path string) error {
 	a := harness.NewAgent(bins, n.ns, harness.AgentConfig{
 		Manifests: path, BPFFS: bpffs, Devices: []string{"eth0", "eth1"},
 		Extra: []string{"--node-name", "node-a", "--node-ip", n.addr.String(), "--xdp=" + xdp,
-			"--log-level", "info", "--resync-interval", "0", "--conntrack-gc-interval", "0",
+			"--log-level", "info", "--resync-interval", "0",
 			"--health-check-node-ports=false"},
 	})
 	if err := a.Start(); err != nil {
