@@ -52,6 +52,12 @@ func (n *northSouthReconciler) Apply(st *model.State) error {
 	return nil
 }
 
+// conntrackGC is what runConntrackGC needs of *datapath.Maps.
+type conntrackGC interface {
+	GCConntrack() (datapath.ConntrackStats, error)
+	ConntrackRefused() (uint64, error)
+}
+
 // runConntrackGC deletes expired conntrack entries every period until ctx
 // is done. Established flows are deleted by nothing else: their table is
 // not an LRU, so that new flows cannot evict them, and when it is full new
@@ -61,7 +67,7 @@ func (n *northSouthReconciler) Apply(st *model.State) error {
 // one (a counter polled every second). A sweep of a full table of 262144
 // entries takes milliseconds. Pressure is logged: flows refused, or a
 // table over 90% full.
-func runConntrackGC(ctx context.Context, m *datapath.Maps, every time.Duration, log *slog.Logger) {
+func runConntrackGC(ctx context.Context, m conntrackGC, every time.Duration, log *slog.Logger) {
 	poll := time.NewTicker(time.Second)
 	defer poll.Stop()
 	next := every

@@ -999,3 +999,53 @@ func TestCTFloodRealTraffic(t *testing.T) {
 	}
 	t.Logf("counters: %v", cs)
 }
+
+// BenchmarkConntrackGC measures a GC pass (sluice_ct_gc) over a full
+// established table of the default size: "live" keeps every entry,
+// "half-expired" deletes half of them (refilled between passes, untimed).
+//
+//	go test -run '^$' -bench ConntrackGC ./pkg/datapath
+func BenchmarkConntrackGC(b *testing.B) {
+	requireRoot(b)
+	cfg := smallConfig(testPinDir(b))
+	cfg.MaxConntrack = DefaultMaxConntrack
+	d := openTest(b, cfg)
+	m := d.Maps()
+	now, err := monotonicNow()
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := cfg.MaxConntrack
+	keys := make([]sockCt4Key, n)
+	vals := make([]sockCt4Entry, n)
+	fill := func(expiredEvery int) {
+		for i := range keys {
+			keys[i] = sockCt4Key{Saddr: uint32(i), Daddr: 1, Sport: uint16(i), Dport: 80, Proto: 6, Dir: uint8(i % 2)}
+			vals[i] = sockCt4Entry{Expires: now + uint64(time.Hour), Flags: ctFlagReplied, NatAddr: 2, NatPort: 8080}
+			if expiredEvery > 0 && i%expiredEvery == 0 {
+				vals[i].Expires = 1
+			}
+		}
+		if _, err := m.conntrack.BatchUpdate(keys, vals, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("live", func(b *testing.B) {
+		fill(0)
+		for b.Loop() {
+			if st, err := m.GCConntrack(); err != nil || st.Live != n {
+				b.Fatalf("%+v, %v", st, err)
+			}
+		}
+	})
+	b.Run("half-expired", func(b *testing.B) {
+		for b.Loop() {
+			b.StopTimer()
+			fill(2)
+			b.StartTimer()
+			if st, err := m.GCConntrack(); err != nil || st.Deleted != n/2 {
+				b.Fatalf("%+v, %v", st, err)
+			}
+		}
+	})
+}
