@@ -329,14 +329,18 @@ static __always_inline void ct_track_tcp(const struct pkt4 *p,
 
 /*
  * ct_est_insert - insert @val under @key into sluice_conntrack, deleting a
- * dead entry in the way (ct_reap). Returns 0, -EEXIST if a live entry (or
- * one another deleter claimed) holds the key, or another negative error
- * (-E2BIG: the table is full).
+ * dead entry in the way (ct_reap); with @keep_peer, not one whose flow's
+ * other entry is alive (the GC's rule, for port reservations: the flow
+ * still sends from that port). Returns 0, -EEXIST if a live entry (or one
+ * kept, or claimed by another deleter) holds the key, or another negative
+ * error (-E2BIG: the table is full).
  */
 static __always_inline int ct_est_insert(const struct ct4_key *key,
-					 const struct ct4_entry *val, __u64 now)
+					 const struct ct4_entry *val, __u64 now,
+					 bool keep_peer)
 {
 	struct ct4_entry *old;
+	struct ct4_key pkey;
 	__u64 seen;
 	int err;
 
@@ -346,23 +350,25 @@ static __always_inline int ct_est_insert(const struct ct4_key *key,
 	old = bpf_map_lookup_elem(CT_EST, key);
 	if (old) {
 		seen = READ_ONCE(old->expires);
-		if (ct_alive(seen, now) || !ct_reap(CT_EST, key, old, seen))
+		if (ct_alive(seen, now) ||
+		    (keep_peer && ct_peer(key, old, now, &pkey)) ||
+		    !ct_reap(CT_EST, key, old, seen))
 			return -EEXIST;
 	}
 	return bpf_map_update_elem(CT_EST, key, val, BPF_NOEXIST);
 }
 
 /*
- * ct_est_same - whether the entry under @key in sluice_conntrack is @want
- * (as another CPU promoting the same flow would have written it).
+ * ct_est_same - whether the live entry under @key in sluice_conntrack is
+ * @want (as another CPU promoting the same flow would have written it).
  */
 static __always_inline bool ct_est_same(const struct ct4_key *key,
-					const struct ct4_entry *want)
+					const struct ct4_entry *want, __u64 now)
 {
 	struct ct4_entry *e = bpf_map_lookup_elem(CT_EST, key);
 
-	return e && e->nat_addr == want->nat_addr &&
-	       e->nat_port == want->nat_port &&
+	return e && ct_alive(READ_ONCE(e->expires), now) &&
+	       e->nat_addr == want->nat_addr && e->nat_port == want->nat_port &&
 	       e->snat_addr == want->snat_addr &&
 	       e->snat_port == want->snat_port;
 }
@@ -522,7 +528,7 @@ static __always_inline int ct_create_snat(const struct pkt4 *p,
 	start = bpf_get_prandom_u32();
 	for (i = 0; i < SNAT_TRIES; i++) {
 		key.dport = bpf_htons((__u16)(lo + (start + i) % range));
-		err = ct_est_insert(&key, &e, now);
+		err = ct_est_insert(&key, &e, now, true);
 		if (!err) {
 			ok = true;
 			break;
@@ -589,13 +595,13 @@ static __always_inline int ct_promote(const struct ct4_key *rkey,
 	f.nat_addr = rkey->saddr;
 	f.nat_port = rkey->sport;
 
-	err = ct_est_insert(rkey, &r, now);
-	if (err == -EEXIST && ct_est_same(rkey, &r))
+	err = ct_est_insert(rkey, &r, now, false);
+	if (err == -EEXIST && ct_est_same(rkey, &r, now))
 		err = 0;
 	if (err)
 		return err;
-	err = ct_est_insert(&fkey, &f, now);
-	if (err == -EEXIST && ct_est_same(&fkey, &f))
+	err = ct_est_insert(&fkey, &f, now, false);
+	if (err == -EEXIST && ct_est_same(&fkey, &f, now))
 		err = 0;
 	if (err) {
 		ins = bpf_map_lookup_elem(CT_EST, rkey);
@@ -633,8 +639,8 @@ static __always_inline int ct_promote_snat(const struct ct4_key *rkey,
 	f.nat_port = rkey->sport;
 	f.snat_addr = rkey->daddr;
 	f.snat_port = rkey->dport;
-	err = ct_est_insert(&fkey, &f, now);
-	if (err == -EEXIST && ct_est_same(&fkey, &f))
+	err = ct_est_insert(&fkey, &f, now, false);
+	if (err == -EEXIST && ct_est_same(&fkey, &f, now))
 		err = 0;
 	if (err)
 		return err;
@@ -745,7 +751,7 @@ static __always_inline int ct_check_reverse(const struct pkt4 *p,
 	}
 	if (half_open)
 		return bpf_map_update_elem(CT_NEW, &rkey, &e, BPF_ANY);
-	return ct_est_insert(&rkey, &e, now);
+	return ct_est_insert(&rkey, &e, now, false);
 }
 
 #endif /* SLUICE_CONNTRACK_H */

@@ -360,11 +360,14 @@ func TestCTGCKeepsRecreatedFlows(t *testing.T) {
 }
 
 // TestCTGCKeepsLiveReservation (A2): the GC never deletes the SNAT port
-// reservation (reply entry) of a flow whose forward entry is alive.
+// reservation (reply entry) of a flow whose forward entry is alive, and
+// neither does a new flow looking for a port.
 func TestCTGCKeepsLiveReservation(t *testing.T) {
 	requireRoot(t)
 	_, ifindex := nodeNetns(t)
-	d := openTest(t, smallConfig(testPinDir(t)))
+	cfg := smallConfig(testPinDir(t))
+	cfg.SNATPortMin, cfg.SNATPortMax = 62000, 62000
+	d := openTest(t, cfg)
 	m := d.Maps()
 	if err := d.AttachDevices([]string{"eth0"}); err != nil {
 		t.Fatal(err)
@@ -382,6 +385,11 @@ func TestCTGCKeepsLiveReservation(t *testing.T) {
 	}
 	if _, ok := ctGet(m, rev); !ok {
 		t.Errorf("GC deleted the port reservation %d of a live flow", sp)
+	}
+	other := syn
+	other.src = "172.16.0.30"
+	if v, out := runOn(t, d.TCIngress(), ifindex, other.bytes()); v == tcActRedirect && outSport(out) == sp {
+		t.Errorf("a new flow took the port %d of a live flow", sp)
 	}
 }
 
