@@ -331,8 +331,7 @@ func TestNorthSouthPacketTable(t *testing.T) {
 // TestNorthSouthSNATPorts: many clients through one node to one remote
 // backend each get a port of their own; once the range is used up, new
 // flows are refused rather than given a port in use; and ports of flows
-// that closed come back after the close timeout (LRU aside, through
-// GCConntrack).
+// that closed come back after the close timeout, through GCConntrack.
 func TestDevicesAndAddresses(t *testing.T) {
 	requireRoot(t)
 	nodeNetns(t)
