@@ -9,7 +9,9 @@
  * service without backends is answered with ICMP port unreachable (its
  * established flows go on: conntrack comes first).
  * Egress: replies leaving towards the client get their source rewritten
- * back to the VIP. Everything else passes untouched.
+ * back to the VIP. Both: ICMP errors about translated flows are
+ * translated back (icmp_xlate.h), and later IPv4 fragments get their first
+ * fragment's translation (frag.h). Everything else passes untouched.
  *
  * North-south (NodePort, ExternalIP and LoadBalancer frontends, flagged
  * SVC_F_EXTERNAL): a new flow whose backend is reached through one of the
@@ -27,47 +29,108 @@
 #include "lib/maps.h"
 #include "lib/metrics.h"
 #include "lib/parse.h"
+#include "lib/frag.h"
 #include "lib/csum.h"
 #include "lib/lb.h"
 #include "lib/conntrack.h"
 #include "lib/icmp.h"
 #include "lib/nat.h"
+#include "lib/icmp_xlate.h"
+
+/* What the parse step found. */
+enum pkt_kind {
+	PKT_PASS,     /* nothing to translate */
+	PKT_L4,	      /* a TCP/UDP packet (or a later fragment, given ports) */
+	PKT_ICMP_ERR, /* an ICMP error, perhaps about a translated flow */
+};
 
 /*
- * parse_or_pass - parse @skb; returns true if it is a translatable packet,
- * counting the reason when it is not.
+ * parse_tc - parse @skb, counting the reason when it is not translatable.
+ * A first fragment's ports are recorded for the later ones, which take
+ * them from there (frag.h).
  */
-static __always_inline bool parse_or_pass(struct __sk_buff *skb, struct pkt4 *p)
+static __always_inline enum pkt_kind parse_tc(struct __sk_buff *skb,
+					      struct pkt4 *p)
 {
 	switch (parse_ipv4(skb, p)) {
 	case PARSE_OK:
-		return true;
+		if (p->frag_first)
+			frag_record(p);
+		return PKT_L4;
 	case PARSE_MALFORMED:
 		metric_inc(METRIC_TC_MALFORMED);
-		return false;
+		return PKT_PASS;
 	case PARSE_FRAGMENT:
+		if (frag_follow(p)) {
+			metric_inc(METRIC_TC_FRAG_LATER);
+			return PKT_L4;
+		}
 		metric_inc(METRIC_TC_FRAGMENT);
-		return false;
+		return PKT_PASS;
+	case PARSE_ICMP_ERR:
+		return PKT_ICMP_ERR;
 	default:
-		return false;
+		return PKT_PASS;
 	}
+}
+
+/*
+ * rev_dnat - the reply @p of a flow that was DNATed only gets the frontend
+ * <@fe_addr, @fe_port> back as its source. Returns a TC verdict.
+ *
+ * At @ingress of a device, a reply to an external frontend (the pod's
+ * device, when --devices lists it) would then carry the node's own
+ * address as its source, and the stack drops such a packet as a martian:
+ *
+ *   C -> N:30080 (eth0)  DNAT  C -> P:8080 (stack, pod0)
+ *   P:8080 -> C (pod0)   reverse NAT  N:30080 -> C, "from" N: martian
+ *
+ * So it is sent to the client directly (FIB lookup and redirect), unless
+ * it does not fit or its TTL would expire: then it goes to the stack as it
+ * came, to be forwarded (and translated at the egress of the client's
+ * device) or refused like any routed packet. Where no route is found (a
+ * client on the node), it is passed up as before.
+ */
+static __always_inline int rev_dnat(struct __sk_buff *skb, const struct pkt4 *p,
+				    __be32 fe_addr, __be16 fe_port,
+				    bool ingress)
+{
+	struct fib4 f = {};
+	bool redirect = ingress && fe_external(fe_addr, fe_port, p->proto) &&
+			!fib4_lookup(skb, skb->ifindex, fe_addr, p->daddr, &f);
+	int ret;
+
+	if (redirect) {
+		ret = fwd_check(skb, p, &f, true);
+		if (ret >= 0)
+			return ret;
+	}
+	if (rewrite_l4addr(skb, p, false, fe_addr, fe_port) < 0) {
+		metric_inc(METRIC_TC_REWRITE_ERR);
+		return TC_ACT_SHOT;
+	}
+	metric_inc(METRIC_TC_REV_NAT);
+	if (!redirect)
+		return TC_ACT_OK;
+	metric_inc(METRIC_TC_REV_REDIRECT);
+	return redirect_fib(skb, p, &f);
 }
 
 /*
  * rev_nat - if @p is a reply of a translated flow, rewrite its source back
  * to the frontend (and, for a source-NATed flow, its destination back to
- * the client, then send it to the client). Returns a TC verdict, or -1 if
- * @p is not such a reply.
+ * the client, then send it to the client). @ingress: @p is at a device's
+ * ingress. Returns a TC verdict, or -1 if @p is not such a reply.
  */
 static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
-				   __u64 now)
+				   __u64 now, bool ingress)
 {
 	struct ct4_key key = {};
 	struct ct4_entry *e;
 	__be32 fe_addr, client;
 	__be16 fe_port, cport;
 	struct fib4 f = {};
-	int err;
+	int err, ret;
 
 	e = ct_reply(p, &key, now, &err);
 	if (err) {
@@ -83,29 +146,26 @@ static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
 	ct_track_tcp(p, &key, e, now);
 	fe_addr = e->nat_addr;
 	fe_port = e->nat_port;
-	if (!(e->flags & CT_F_SNAT)) {
-		if (rewrite_l4addr(skb, p, false, fe_addr, fe_port) < 0) {
-			metric_inc(METRIC_TC_REWRITE_ERR);
-			return TC_ACT_SHOT;
-		}
-		metric_inc(METRIC_TC_REV_NAT);
-		return TC_ACT_OK;
-	}
+	if (!(e->flags & CT_F_SNAT))
+		return rev_dnat(skb, p, fe_addr, fe_port, ingress);
 
 	/* <B -> N:sp> becomes <F -> C>. */
 	client = e->snat_addr;
 	cport = e->snat_port;
+	if (fib4_lookup(skb, skb->ifindex, fe_addr, client, &f) < 0) {
+		metric_inc(METRIC_TC_FIB_ERR);
+		return TC_ACT_SHOT;
+	}
+	ret = fwd_check(skb, p, &f, false);
+	if (ret >= 0)
+		return ret;
 	if (rewrite_l4addr(skb, p, false, fe_addr, fe_port) < 0 ||
 	    rewrite_l4addr(skb, p, true, client, cport) < 0) {
 		metric_inc(METRIC_TC_REWRITE_ERR);
 		return TC_ACT_SHOT;
 	}
-	if (fib4_lookup(skb, skb->ifindex, fe_addr, client, &f) < 0) {
-		metric_inc(METRIC_TC_FIB_ERR);
-		return TC_ACT_SHOT;
-	}
 	metric_inc(METRIC_TC_REV_NAT);
-	return redirect_fib(skb, &f);
+	return redirect_fib(skb, p, &f);
 }
 
 /*
@@ -325,6 +385,16 @@ static __always_inline int lb4_select(struct __sk_buff *skb,
 			metric_inc(METRIC_TC_CT_BACKEND_GONE);
 		return lb4_ct_follow(p, &key, fwd, now, x);
 	}
+	if (p->frag_later) {
+		/* A later fragment follows its first fragment's flow, and
+		 * never starts one: its datagram would be split between two
+		 * backends (or, to a service without backends, it would be
+		 * refused with an ICMP error about a packet that has no L4
+		 * header to quote: RFC 1122 3.2.2).
+		 */
+		metric_inc(METRIC_TC_FRAG_DROP);
+		return -1;
+	}
 	if (svc->count == 0)
 		return 1;
 	return lb4_new_flow(skb, p, svc, now, x);
@@ -354,6 +424,16 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	if (ret > 0)
 		return lb4_refuse(skb, p, svc);
 
+	if (x.snat) {
+		if (!x.have_fib && fib4_lookup(skb, skb->ifindex, x.snat_addr,
+					       x.nat_addr, &x.fib) < 0) {
+			metric_inc(METRIC_TC_FIB_ERR);
+			return TC_ACT_SHOT;
+		}
+		ret = fwd_check(skb, p, &x.fib, false);
+		if (ret >= 0)
+			return ret;
+	}
 	if (rewrite_l4addr(skb, p, true, x.nat_addr, x.nat_port) < 0 ||
 	    (x.snat &&
 	     rewrite_l4addr(skb, p, false, x.snat_addr, x.snat_port) < 0)) {
@@ -362,12 +442,7 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	}
 	if (!x.snat)
 		return TC_ACT_OK;
-	if (!x.have_fib && fib4_lookup(skb, skb->ifindex, x.snat_addr,
-				       x.nat_addr, &x.fib) < 0) {
-		metric_inc(METRIC_TC_FIB_ERR);
-		return TC_ACT_SHOT;
-	}
-	return redirect_fib(skb, &x.fib);
+	return redirect_fib(skb, p, &x.fib);
 }
 
 SEC("tc")
@@ -377,10 +452,16 @@ int sluice_ingress(struct __sk_buff *skb)
 	__u64 now;
 	int ret;
 
-	if (!parse_or_pass(skb, &p))
+	switch (parse_tc(skb, &p)) {
+	case PKT_L4:
+		break;
+	case PKT_ICMP_ERR:
+		return icmp_err_xlate(skb, &p, true);
+	default:
 		return TC_ACT_OK;
+	}
 	now = bpf_ktime_get_ns();
-	ret = rev_nat(skb, &p, now);
+	ret = rev_nat(skb, &p, now, true);
 	if (ret >= 0)
 		return ret;
 	return lb4_dnat(skb, &p, now);
@@ -392,9 +473,15 @@ int sluice_egress(struct __sk_buff *skb)
 	struct pkt4 p = {};
 	int ret;
 
-	if (!parse_or_pass(skb, &p))
+	switch (parse_tc(skb, &p)) {
+	case PKT_L4:
+		break;
+	case PKT_ICMP_ERR:
+		return icmp_err_xlate(skb, &p, false);
+	default:
 		return TC_ACT_OK;
-	ret = rev_nat(skb, &p, bpf_ktime_get_ns());
+	}
+	ret = rev_nat(skb, &p, bpf_ktime_get_ns(), false);
 	return ret >= 0 ? ret : TC_ACT_OK;
 }
 

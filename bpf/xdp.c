@@ -30,7 +30,10 @@
 #include "lib/conntrack.h"
 #include "lib/nat.h"
 
-/* xdp_rewrite - set both L4 addresses of @x, fixing the checksums. */
+/*
+ * xdp_rewrite - set both L4 addresses of @x and decrement its TTL, fixing
+ * the checksums.
+ */
 static __always_inline void xdp_rewrite(struct xdp_pkt4 *x, __be32 saddr,
 					__be16 sport, __be32 daddr,
 					__be16 dport)
@@ -38,6 +41,12 @@ static __always_inline void xdp_rewrite(struct xdp_pkt4 *x, __be32 saddr,
 	struct iphdr *ip = x->ip;
 	__u16 c = *x->l4csum;
 
+	/* Forwarded: one TTL less (xdp_fwd_ok checked it is over 1). The
+	 * TTL is the high byte of its 16-bit word.
+	 */
+	ip->check = csum_replace16(ip->check, bpf_htons((__u16)ip->ttl << 8),
+				   bpf_htons((__u16)(ip->ttl - 1) << 8));
+	ip->ttl--;
 	ip->check = csum_replace32(csum_replace32(ip->check, ip->saddr, saddr),
 				   ip->daddr, daddr);
 	/* A UDP checksum of zero means none: it stays zero. */
@@ -95,7 +104,7 @@ static __always_inline int xdp_rev(struct xdp_md *ctx, struct xdp_pkt4 *x,
 	client = e->snat_addr;
 	cport = e->snat_port;
 	if (fib4_lookup(ctx, ctx->ingress_ifindex, fe_addr, client, &f) < 0 ||
-	    !f.have_neigh)
+	    !f.have_neigh || !xdp_fwd_ok(ctx, x->ip, &f))
 		return XDP_PASS;
 	/* The first reply promotes the flow; if that fails, tc tries again
 	 * and refuses the flow (counted).
@@ -156,7 +165,7 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
 		snat_port = fwd->snat_port;
 		if (fib4_lookup(ctx, ctx->ingress_ifindex, snat_addr, nat_addr,
 				&f) < 0 ||
-		    !f.have_neigh)
+		    !f.have_neigh || !xdp_fwd_ok(ctx, x->ip, &f))
 			return XDP_PASS;
 		/* A port reservation lost (and maybe taken): tc drops and
 		 * counts, never sends from a port the flow does not own.
@@ -179,6 +188,8 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
 		dev = node_dev_of(f.ifindex);
 		if (!dev)
 			return XDP_PASS; /* local backend: tc DNATs */
+		if (!xdp_fwd_ok(ctx, x->ip, &f))
+			return XDP_PASS;
 		snat_addr = dev->addr;
 		if (ct_create_snat(p, be, backend_id, svc->rev_nat_id,
 				   snat_addr, now, &snat_port))

@@ -46,6 +46,7 @@
 #define AF_INET 2
 
 /* IPv4 fragment bits of iphdr.frag_off (host order). */
+#define IP_DF	  0x4000
 #define IP_MF	  0x2000
 #define IP_OFFSET 0x1fff
 

@@ -142,4 +142,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sluice_src_ranges_v1 SEC(".maps");
 
+/*
+ * Key: struct frag4_key. Value: struct frag4_ports. Written by tc. A
+ * record is needed only while its datagram's fragments pass (Linux gives
+ * up reassembly after 30 s): the LRU reclaims it. Cilium sizes its
+ * IPV4_FRAGMENTS map the same.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag4_key);
+	__type(value, struct frag4_ports);
+	__uint(max_entries, 8192);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice_fragments_v1 SEC(".maps");
+
 #endif /* SLUICE_MAPS_H */

@@ -207,7 +207,7 @@ enum metric_reason {
 	METRIC_TC_BACKEND_MISSING,
 	/* IPv4 packet too short or inconsistent: passed untouched */
 	METRIC_TC_MALFORMED,
-	/* non-first IPv4 fragment: passed untouched */
+	/* non-first IPv4 fragment whose first was not seen: passed untouched */
 	METRIC_TC_FRAGMENT,
 	/* conntrack update failed: packet translated without state */
 	METRIC_TC_CT_FULL,
@@ -233,6 +233,32 @@ enum metric_reason {
 	METRIC_XDP_CT_FULL,
 	/* XDP: new external flow to a remote backend: DNAT and SNAT */
 	METRIC_XDP_SNAT_NEW,
+
+	/* Packet edges (issue 11: fragments, ICMP errors, forwarding). */
+	/* non-first IPv4 fragment, given the ports of its first (frag.h) */
+	METRIC_TC_FRAG_LATER,
+	/* non-first fragment of a datagram refused or without a flow: dropped */
+	METRIC_TC_FRAG_DROP,
+	/* reply reverse-NATed at ingress to an external frontend (the node's
+	 * address): redirected to the client, not passed up as a martian
+	 */
+	METRIC_TC_REV_REDIRECT,
+	/* redirect path, TTL would expire: ICMP time exceeded */
+	METRIC_TC_TTL_EXCEEDED,
+	/* redirect path, over the egress MTU with DF: ICMP frag needed */
+	METRIC_TC_FRAG_NEEDED,
+	/* redirect path, over the egress MTU without DF: dropped */
+	METRIC_TC_MTU_DROP,
+	/* redirect path, TTL or MTU: passed to the stack as it came */
+	METRIC_TC_FWD_TO_STACK,
+	/* XDP: TTL would expire: passed to tc */
+	METRIC_XDP_TTL_EXCEEDED,
+	/* XDP: over the egress MTU: passed to tc */
+	METRIC_XDP_MTU_EXCEEDED,
+	/* ICMP error about a translated flow: translated back */
+	METRIC_TC_ICMP_XLATE,
+
+	/* Conntrack (issue 11: races, floods, reuse). */
 	/* established conntrack table full: a new flow refused (its first
 	 * reply, or the SYN of a source-NATed flow, dropped)
 	 */
@@ -287,13 +313,24 @@ struct sock_udp_stick {
 
 /*
  * sluice_devices_v1: __u32 ifindex (host order) -> struct node_dev.
- * The devices the agent attached to (the node's external devices). A
- * backend whose route leaves through one of them is on another node: an
- * external flow to it is source-NATed to that device's address.
+ * The devices the agent attached to (the node's external devices) that
+ * have an IPv4 address or a flag. A backend whose route leaves through one
+ * with an address is on another node: an external flow to it is
+ * source-NATed to that address. A device without one (addr 0) is listed
+ * only for its flags.
  */
 struct node_dev {
-	__be32 addr; /* network order: the node's address on the device */
-	__u32 flags; /* reserved, zero */
+	__be32 addr; /* network order: the node's address on the device, or 0 */
+	__u32 flags; /* host order: enum node_dev_flags */
+};
+
+/* node_dev.flags */
+enum node_dev_flags {
+	/*
+	 * No link-layer header (tun, wireguard, ipip): tc's packet starts at
+	 * the IPv4 header.
+	 */
+	NODE_DEV_F_L3 = 1,
 };
 
 /*
@@ -309,6 +346,25 @@ struct src_range_key {
 	__u8 proto;	 /* IPPROTO_TCP or IPPROTO_UDP */
 	__u8 pad;
 	__be32 saddr; /* network order: the allowed prefix */
+};
+
+/*
+ * sluice_fragments_v1 (LRU): struct frag4_key -> struct frag4_ports.
+ * The ports of the first fragment of a fragmented TCP/UDP datagram, under
+ * the fields reassembly keys the datagram by, as the packet was on the
+ * wire at the hook that saw it. Written and read by tc (frag.h).
+ */
+struct frag4_key {
+	__be32 saddr; /* network order */
+	__be32 daddr; /* network order */
+	__be16 id;    /* network order: the IP identification */
+	__u8 proto;   /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;
+};
+
+struct frag4_ports {
+	__be16 sport; /* network order */
+	__be16 dport; /* network order */
 };
 
 /* Flags of a frontend's master entry (lb4_service.flags). */
@@ -337,6 +393,7 @@ BTF_EXPORT(enum ct_dir, ct_dir);
 BTF_EXPORT(enum ct_flags, ct_flags);
 BTF_EXPORT(struct ct_gc_args, ct_gc_args);
 BTF_EXPORT(enum svc_flags, svc_flags);
+BTF_EXPORT(enum node_dev_flags, node_dev_flags);
 BTF_EXPORT(enum metric_reason, metric_reason);
 
 /* The layouts above are an ABI: a size change must be deliberate. */
@@ -355,5 +412,7 @@ _Static_assert(sizeof(struct sock_udp_stick_key) == 16,
 _Static_assert(sizeof(struct sock_udp_stick) == 12, "sock_udp_stick size");
 _Static_assert(sizeof(struct node_dev) == 8, "node_dev size");
 _Static_assert(sizeof(struct src_range_key) == 16, "src_range_key size");
+_Static_assert(sizeof(struct frag4_key) == 12, "frag4_key size");
+_Static_assert(sizeof(struct frag4_ports) == 4, "frag4_ports size");
 
 #endif /* SLUICE_STRUCTS_H */

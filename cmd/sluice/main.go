@@ -28,7 +28,6 @@ import (
 	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/pkg/health"
-	"github.com/sluice-lb/sluice/pkg/healthcheck"
 	"github.com/sluice-lb/sluice/pkg/k8s"
 	"github.com/sluice-lb/sluice/pkg/manifest"
 	"github.com/sluice-lb/sluice/pkg/metrics"
@@ -175,6 +174,13 @@ func run(args []string) int {
 	return 0
 }
 
+// northSouthConfig is what runAgent runs beside the reconciler for
+// north-south traffic.
+type northSouthConfig struct {
+	gcEvery time.Duration // conntrack garbage collection period (> 0)
+	hc      bool          // serve healthCheckNodePorts
+}
+
 // runAgent opens the datapath and runs the agent, serving health and
 // metrics beside it, until ctx is done or something fails.
 func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns northSouthConfig, src agent.Source, m *metrics.Metrics, healthAddr, metricsAddr string, log *slog.Logger) error {
@@ -197,12 +203,13 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 		return fmt.Errorf("open datapath: %w", err)
 	}
 	m.SetCapacity(dp.Maps().Capacity)
-	cfg.Observer = m
-	rec := &northSouthReconciler{Reconciler: reconciler.New(dp.Maps(), log.With("component", "reconciler")), maps: dp.Maps(), log: log}
+	cfg.Observers = append(cfg.Observers, m)
 	if ns.hc {
-		rec.hc = healthcheck.New("", log.With("component", "healthcheck"))
-		defer rec.hc.Close()
+		hc := health.NewNodePortServer("", log.With("component", "healthcheck"))
+		defer hc.Close()
+		cfg.Observers = append(cfg.Observers, hc)
 	}
+	rec := reconciler.New(dp.Maps(), log.With("component", "reconciler"))
 	a := agent.New(cfg, dp, rec, log)
 
 	ctx, cancel := context.WithCancelCause(ctx)

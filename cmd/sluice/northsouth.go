@@ -8,49 +8,12 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/datapath"
-	"github.com/sluice-lb/sluice/pkg/healthcheck"
-	"github.com/sluice-lb/sluice/pkg/model"
 )
 
-// North-south wiring: what NodePort, ExternalIP and LoadBalancer traffic
-// needs beside the service maps the reconciler writes.
-
-type northSouthConfig struct {
-	gcEvery time.Duration // conntrack garbage collection period (> 0)
-	hc      bool          // serve healthCheckNodePorts
-}
-
-// northSouthReconciler wraps the reconciler: loadBalancerSourceRanges are
-// written before the masters that check them and pruned after, and the
-// health check ports follow every applied state.
-type northSouthReconciler struct {
-	agent.Reconciler
-	maps *datapath.Maps
-	hc   *healthcheck.Server // nil: off
-	log  *slog.Logger
-}
-
-func (n *northSouthReconciler) Apply(st *model.State) error {
-	if err := n.maps.AddSourceRanges(st); err != nil {
-		return err
-	}
-	if err := n.Reconciler.Apply(st); err != nil {
-		return err
-	}
-	if err := n.maps.PruneSourceRanges(st); err != nil {
-		return err
-	}
-	if n.hc != nil {
-		// A port another process holds must not keep the datapath
-		// from being programmed: report it, retry on the next state.
-		if err := n.hc.Sync(st); err != nil {
-			n.log.Error("health check ports", "err", err)
-		}
-	}
-	return nil
-}
+// North-south helpers beside the reconciler: conntrack garbage collection
+// and the --node-ip flag. (loadBalancerSourceRanges are the reconciler's,
+// health check ports an agent Observer: see runAgent.)
 
 // conntrackGC is what runConntrackGC needs of *datapath.Maps.
 type conntrackGC interface {

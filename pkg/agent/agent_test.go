@@ -306,17 +306,21 @@ func (o *countingObserver) SetProgrammed(s *model.State) {
 	o.programmed = len(s.Services)
 }
 
+// TestObserverSeesEveryApply: every observer (metrics and the health
+// check ports, in the agent) is told about every apply.
 func TestObserverSeesEveryApply(t *testing.T) {
-	obs := &countingObserver{}
+	obs := []*countingObserver{{}, {}}
 	recon := &fakeReconciler{recorder: &recorder{}, failures: 2}
-	h := start(t, Config{Observer: obs}, recon, nil)
+	h := start(t, Config{Observers: []Observer{obs[0], obs[1]}}, recon, nil)
 	h.src.states <- stateWith(4)
 	eventually(t, "ready", func() bool { return h.agent.Ready() == nil })
-	obs.mu.Lock()
-	defer obs.mu.Unlock()
-	if obs.syncs != 3 || obs.failures != 2 || obs.programmed != 4 {
-		t.Errorf("observer saw %d syncs, %d failures, %d services programmed; want 3, 2, 4",
-			obs.syncs, obs.failures, obs.programmed)
+	for i, obs := range obs {
+		obs.mu.Lock()
+		if obs.syncs != 3 || obs.failures != 2 || obs.programmed != 4 {
+			t.Errorf("observer %d saw %d syncs, %d failures, %d services programmed; want 3, 2, 4",
+				i, obs.syncs, obs.failures, obs.programmed)
+		}
+		obs.mu.Unlock()
 	}
 }
 

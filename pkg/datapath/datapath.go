@@ -15,9 +15,9 @@
 // Four objects are built from bpf/: sock.c (cgroup connect4, sendmsg4,
 // recvmsg4, getpeername4), tc.c (tc ingress and egress), xdp.c (the XDP
 // fast path for north-south flows to remote backends) and ctgc.c (the
-// conntrack garbage collector the agent runs, ctgc.go). All declare every
-// map with pinning by name, so whichever loads first creates the pins and
-// the others reuse them.
+// conntrack garbage collector the agent runs, conntrack.go). All declare
+// every map with pinning by name, so whichever loads first creates the
+// pins and the others reuse them.
 //
 // The package returns errors with context and never logs.
 package datapath

@@ -24,7 +24,7 @@ type Maps struct {
 	services, backends, revNat, conntrack, sockRev, udpStick, metrics *ebpf.Map
 	devices, srcRanges, ctNew, ctFlush                                *ebpf.Map
 
-	ctGC *ebpf.Program // bpf/ctgc.c: conntrack GC and flush (ctgc.go)
+	ctGC *ebpf.Program // bpf/ctgc.c: conntrack GC and flush (conntrack.go)
 
 	cfg Config
 }
@@ -197,14 +197,14 @@ func (m *Maps) DeleteSlot(fe model.L4Addr, slot uint32) error {
 	return nil
 }
 
-// Dump reads the service, backend and reverse-NAT maps back.
+// Dump reads the service, backend, reverse-NAT and source-range maps back.
 func (m *Maps) Dump() (*reconciler.KernelState, error) {
-	return dumpState(m.services, m.backends, m.revNat)
+	return dumpState(m.services, m.backends, m.revNat, m.srcRanges)
 }
 
-// dumpState reads the service, backend and reverse-NAT maps into a
-// KernelState (shared by Maps and the read-only Pinned).
-func dumpState(services, backends, revNat *ebpf.Map) (*reconciler.KernelState, error) {
+// dumpState reads the service, backend, reverse-NAT and source-range maps
+// into a KernelState (shared by Maps and the read-only Pinned).
+func dumpState(services, backends, revNat, srcRanges *ebpf.Map) (*reconciler.KernelState, error) {
 	ks := &reconciler.KernelState{
 		Masters:  map[model.L4Addr]reconciler.Master{},
 		Slots:    map[model.L4Addr]map[uint32]reconciler.BackendID{},
@@ -253,6 +253,11 @@ func dumpState(services, backends, revNat *ebpf.Map) (*reconciler.KernelState, e
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("dump %s: %w", mapRevNat, err)
 	}
+	ranges, err := dumpSourceRanges(srcRanges)
+	if err != nil {
+		return nil, err
+	}
+	ks.SourceRanges = ranges
 	return ks, nil
 }
 

@@ -190,11 +190,10 @@ func TestNorthSouthPacketTable(t *testing.T) {
 	addExternal(t, m, 3, npUDP, ext, beRemU)
 	addExternal(t, m, 4, npEmpty, ext|reconciler.FlagLocal)
 	addExternal(t, m, 5, extIP, ext|reconciler.FlagLocal, beRemote) // Local: never SNAT
-	st := model.NewState()
-	st.Services[lbRanges] = &model.Service{Kind: model.LoadBalancer, Frontend: lbRanges,
-		SourceRanges: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/28"), netip.MustParsePrefix("172.16.0.0/12")}}
-	if err := m.AddSourceRanges(st); err != nil {
-		t.Fatal(err)
+	for _, p := range []string{"192.168.1.0/28", "172.16.0.0/12"} {
+		if err := m.UpsertSourceRange(lbRanges, netip.MustParsePrefix(p)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	addExternal(t, m, 6, lbRanges, ext|reconciler.FlagSourceRanges, beLocal)
 	ing, eg := d.TCIngress(), d.TCEgress()
@@ -220,6 +219,7 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		want.srcMAC, want.dstMAC = macOf(nodeEthMAC), macOf(node2MAC)
 		want.src, want.sport = nsNodeIP, sp
 		want.dst, want.dport = "10.2.0.7", 8080
+		want.ttl = 63 // forwarded by tc
 		expectPacket(t, "forward", verdict, tcActRedirect, out, want)
 
 		// Same flow again: same port, same rewrite.
@@ -234,6 +234,7 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		back.srcMAC, back.dstMAC = macOf(nodeEthMAC), clientMAC
 		back.src, back.sport = nsNodeIP, 30080
 		back.dst, back.dport = nsClientIP, 40000
+		back.ttl = 63
 		expectPacket(t, "reply", verdict, tcActRedirect, out, back)
 	})
 
@@ -246,6 +247,7 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		want.srcMAC, want.dstMAC = macOf(nodeEthMAC), macOf(node2MAC)
 		want.src, want.sport = nsNodeIP, sp
 		want.dst, want.dport = "10.2.0.8", 5353
+		want.ttl = 63
 		expectPacket(t, "forward", verdict, tcActRedirect, out, want)
 		reply := pkt{srcMAC: macOf(node2MAC), dstMAC: macOf(nodeEthMAC), src: "10.2.0.8", sport: 5353,
 			dst: nsNodeIP, dport: sp, proto: 17, payload: []byte("answer")}
@@ -254,6 +256,7 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		back.srcMAC, back.dstMAC = macOf(nodeEthMAC), clientMAC
 		back.src, back.sport = nsNodeIP, 30053
 		back.dst, back.dport = nsClientIP, 5300
+		back.ttl = 63
 		expectPacket(t, "reply", verdict, tcActRedirect, out, back)
 	})
 
@@ -308,9 +311,11 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		if verdict, _ := runOn(t, ing, ifindex, denied.bytes()); verdict != tcActShot {
 			t.Fatalf("denied source: verdict %d, want drop", verdict)
 		}
-		// Pruning to a state without the service removes its ranges.
-		if err := m.PruneSourceRanges(model.NewState()); err != nil {
-			t.Fatal(err)
+		// Deleting the ranges removes them.
+		for _, p := range []string{"192.168.1.0/28", "172.16.0.0/12"} {
+			if err := m.DeleteSourceRange(lbRanges, netip.MustParsePrefix(p)); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if verdict, _ := runOn(t, ing, ifindex, allowed.bytes()); verdict != tcActShot {
 			t.Fatalf("after prune: verdict %d, want drop (flag still set, no ranges)", verdict)
@@ -467,11 +472,8 @@ func TestXDPPacketTable(t *testing.T) {
 	addExternal(t, m, 2, npLocal, ext, beLocal)
 	addExternal(t, m, 3, npUDP, ext, beRemU)
 	addExternal(t, m, 5, extIP, ext|reconciler.FlagLocal, beRemote)
-	st := model.NewState()
 	lbRemote := l4("192.168.1.202", 80, model.TCP)
-	st.Services[lbRemote] = &model.Service{Kind: model.LoadBalancer, Frontend: lbRemote,
-		SourceRanges: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/28")}}
-	if err := m.AddSourceRanges(st); err != nil {
+	if err := m.UpsertSourceRange(lbRemote, netip.MustParsePrefix("192.168.1.0/28")); err != nil {
 		t.Fatal(err)
 	}
 	addExternal(t, m, 6, lbRemote, ext|reconciler.FlagSourceRanges, beRemote)
@@ -491,7 +493,9 @@ func TestXDPPacketTable(t *testing.T) {
 		}
 		return p
 	}
+	// What XDP (or tc) transmits itself leaves with one TTL less.
 	toRemote := func(in pkt, sp uint16, be testBackend) pkt {
+		in.ttl = 63
 		in.srcMAC, in.dstMAC = macOf(nodeEthMAC), macOf(node2MAC)
 		in.src, in.sport = nsNodeIP, sp
 		in.dst, in.dport = be.addr.Addr.String(), be.addr.Port
@@ -506,6 +510,7 @@ func TestXDPPacketTable(t *testing.T) {
 		return p
 	}
 	toClient := func(r pkt, fe model.L4Addr, cport uint16) pkt {
+		r.ttl = 63
 		r.srcMAC, r.dstMAC = macOf(nodeEthMAC), clientMAC
 		r.src, r.sport = fe.Addr.String(), fe.Port
 		r.dst, r.dport = nsClientIP, cport
@@ -570,6 +575,7 @@ func TestXDPPacketTable(t *testing.T) {
 			t.Fatal("no forward entry via eth1")
 		}
 		w := in3
+		w.ttl = 63
 		w.srcMAC, w.dstMAC = macOf(nodeEth1MAC), macOf(node3MAC)
 		w.src, w.sport = "192.168.3.1", portFromBE16(v.SnatPort)
 		w.dst, w.dport = "10.3.0.7", 8080

@@ -33,6 +33,7 @@ const (
 	mapMetrics   = "sluice_metrics_v1"
 	mapDevices   = "sluice_devices_v1"
 	mapSrcRanges = "sluice_src_ranges_v1"
+	mapFragments = "sluice_fragments_v1"
 )
 
 // pinMigration turns the pin of a map of the previous release into this

@@ -73,6 +73,21 @@ type sockCtGcArgs struct {
 	Claimed uint64
 }
 
+type sockFrag4Key struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type sockFrag4Ports struct {
+	_     structs.HostLayout
+	Sport uint16
+	Dport uint16
+}
+
 type sockLb4Backend struct {
 	_     structs.HostLayout
 	Addr  uint32
@@ -134,11 +149,21 @@ const (
 	sockMetricReasonMETRIC_XDP_SRC_RANGE_DENY   sockMetricReason = 20
 	sockMetricReasonMETRIC_XDP_CT_FULL          sockMetricReason = 21
 	sockMetricReasonMETRIC_XDP_SNAT_NEW         sockMetricReason = 22
-	sockMetricReasonMETRIC_TC_CT_EST_FULL       sockMetricReason = 23
-	sockMetricReasonMETRIC_TC_CT_CLASH          sockMetricReason = 24
-	sockMetricReasonMETRIC_TC_SNAT_LOST         sockMetricReason = 25
-	sockMetricReasonMETRIC_TC_CT_BACKEND_GONE   sockMetricReason = 26
-	sockMetricReasonMETRIC_MAX                  sockMetricReason = 27
+	sockMetricReasonMETRIC_TC_FRAG_LATER        sockMetricReason = 23
+	sockMetricReasonMETRIC_TC_FRAG_DROP         sockMetricReason = 24
+	sockMetricReasonMETRIC_TC_REV_REDIRECT      sockMetricReason = 25
+	sockMetricReasonMETRIC_TC_TTL_EXCEEDED      sockMetricReason = 26
+	sockMetricReasonMETRIC_TC_FRAG_NEEDED       sockMetricReason = 27
+	sockMetricReasonMETRIC_TC_MTU_DROP          sockMetricReason = 28
+	sockMetricReasonMETRIC_TC_FWD_TO_STACK      sockMetricReason = 29
+	sockMetricReasonMETRIC_XDP_TTL_EXCEEDED     sockMetricReason = 30
+	sockMetricReasonMETRIC_XDP_MTU_EXCEEDED     sockMetricReason = 31
+	sockMetricReasonMETRIC_TC_ICMP_XLATE        sockMetricReason = 32
+	sockMetricReasonMETRIC_TC_CT_EST_FULL       sockMetricReason = 33
+	sockMetricReasonMETRIC_TC_CT_CLASH          sockMetricReason = 34
+	sockMetricReasonMETRIC_TC_SNAT_LOST         sockMetricReason = 35
+	sockMetricReasonMETRIC_TC_CT_BACKEND_GONE   sockMetricReason = 36
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 37
 )
 
 type sockNodeDev struct {
@@ -146,6 +171,12 @@ type sockNodeDev struct {
 	Addr  uint32
 	Flags uint32
 }
+
+type sockNodeDevFlags uint32
+
+const (
+	sockNodeDevFlagsNODE_DEV_F_L3 sockNodeDevFlags = 1
+)
 
 type sockSockRevEntry struct {
 	_        structs.HostLayout
@@ -207,6 +238,7 @@ const (
 	sockMapSluiceCtFlushV1     = "sluice_ct_flush_v1"
 	sockMapSluiceCtNewV1       = "sluice_ct_new_v1"
 	sockMapSluiceDevicesV1     = "sluice_devices_v1"
+	sockMapSluiceFragmentsV1   = "sluice_fragments_v1"
 	sockMapSluiceMetricsV1     = "sluice_metrics_v1"
 	sockMapSluiceRevNatV1      = "sluice_rev_nat_v1"
 	sockMapSluiceServicesV1    = "sluice_services_v1"
@@ -282,6 +314,7 @@ type sockMapSpecs struct {
 	SluiceCtFlushV1   *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1     *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1   *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1 *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1   *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceRevNatV1    *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
 	SluiceServicesV1  *ebpf.MapSpec `ebpf:"sluice_services_v1"`
@@ -327,6 +360,7 @@ type sockMaps struct {
 	SluiceCtFlushV1   *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1     *ebpf.Map `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1   *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1 *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1   *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceRevNatV1    *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
 	SluiceServicesV1  *ebpf.Map `ebpf:"sluice_services_v1"`
@@ -342,6 +376,7 @@ func (m *sockMaps) Close() error {
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,
 		m.SluiceDevicesV1,
+		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
 		m.SluiceRevNatV1,
 		m.SluiceServicesV1,

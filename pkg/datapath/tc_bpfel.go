@@ -21,6 +21,7 @@ const (
 	tcMapSluiceCtFlushV1   = "sluice_ct_flush_v1"
 	tcMapSluiceCtNewV1     = "sluice_ct_new_v1"
 	tcMapSluiceDevicesV1   = "sluice_devices_v1"
+	tcMapSluiceFragmentsV1 = "sluice_fragments_v1"
 	tcMapSluiceMetricsV1   = "sluice_metrics_v1"
 	tcMapSluiceRevNatV1    = "sluice_rev_nat_v1"
 	tcMapSluiceServicesV1  = "sluice_services_v1"
@@ -92,6 +93,7 @@ type tcMapSpecs struct {
 	SluiceCtFlushV1   *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1     *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1   *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1 *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1   *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceRevNatV1    *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
 	SluiceServicesV1  *ebpf.MapSpec `ebpf:"sluice_services_v1"`
@@ -137,6 +139,7 @@ type tcMaps struct {
 	SluiceCtFlushV1   *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1     *ebpf.Map `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1   *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1 *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1   *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceRevNatV1    *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
 	SluiceServicesV1  *ebpf.Map `ebpf:"sluice_services_v1"`
@@ -152,6 +155,7 @@ func (m *tcMaps) Close() error {
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,
 		m.SluiceDevicesV1,
+		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
 		m.SluiceRevNatV1,
 		m.SluiceServicesV1,

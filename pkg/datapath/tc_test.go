@@ -141,8 +141,14 @@ func TestTCPacketTable(t *testing.T) {
 	firstFrag := udpToVIP
 	firstFrag.sport = 5302
 	firstFrag.fragOff = 0x2000 // MF, offset 0
+	// A later fragment of firstFrag's datagram (same addresses and IP
+	// id): its payload starts with bytes that look like a UDP header
+	// (with a zero checksum), which must stay as they are.
 	laterFrag := udpToVIP
 	laterFrag.fragOff = 185 // offset 1480
+	laterFrag.udpNoCsum = true
+	strayFrag := laterFrag
+	strayFrag.src = "10.0.0.9" // no first fragment seen
 	tcpReply := pkt{srcMAC: nodeMAC, dstMAC: clientMAC, src: "10.1.0.1", dst: "10.0.0.1", sport: 8080, dport: 40000, proto: 6}
 	udpReply := pkt{srcMAC: nodeMAC, dstMAC: clientMAC, src: "10.1.0.2", dst: "10.0.0.1", sport: 5353, dport: 5300, proto: 17,
 		payload: []byte("answer")}
@@ -156,7 +162,11 @@ func TestTCPacketTable(t *testing.T) {
 		{name: "udp_zero_checksum_stays_zero", in: udpNoCsum, verdict: tcActOK, out: udpNoCsum.with(toBackend(beUDP))},
 		{name: "tcp_dnat_ip_options", in: withOpts, verdict: tcActOK, out: withOpts.with(toBackend(beTCP))},
 		{name: "udp_first_fragment_dnat", in: firstFrag, verdict: tcActOK, out: firstFrag.with(toBackend(beUDP))},
-		{name: "udp_later_fragment_untouched", in: laterFrag, verdict: tcActOK},
+		// Issue 11: a later fragment gets its first's translation, of
+		// its addresses only (fragments_test.go has the full story).
+		{name: "udp_later_fragment_follows_first", in: laterFrag, verdict: tcActOK,
+			out: laterFrag.with(func(p *pkt) { p.dst = beUDP.addr.Addr.String() })},
+		{name: "udp_later_fragment_without_first_untouched", in: strayFrag, verdict: tcActOK},
 		{name: "tcp_reply_egress_rev_nat", egress: true, in: tcpReply, verdict: tcActOK, out: tcpReply.with(fromVIP)},
 		{name: "tcp_reply_ingress_rev_nat", in: tcpReply, verdict: tcActOK, out: tcpReply.with(fromVIP)},
 		{name: "udp_reply_egress_rev_nat", egress: true, in: udpReply, verdict: tcActOK, out: udpReply.with(fromUDPVIP)},
@@ -176,7 +186,7 @@ func TestTCPacketTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, reason := range []string{"tc_dnat_new", "tc_dnat_ct", "tc_rev_nat", "tc_fragment"} {
+	for _, reason := range []string{"tc_dnat_new", "tc_dnat_ct", "tc_rev_nat", "tc_fragment", "tc_frag_later"} {
 		if cs[reason] == 0 {
 			t.Errorf("counter %s is 0 after the table; counters: %v", reason, cs)
 		}

@@ -83,12 +83,9 @@ func TestOpenMigratesPins(t *testing.T) {
 
 	fe := l4("10.96.0.10", 80, model.TCP)
 	be := testBackend{7, l4("10.1.0.7", 8080, model.TCP)}
-	m0 := &Maps{services: old["sluice_services"], backends: old["sluice_backends"], revNat: old["sluice_rev_nat"]}
+	m0 := &Maps{services: old["sluice_services"], backends: old["sluice_backends"], revNat: old["sluice_rev_nat"],
+		srcRanges: old["sluice_src_ranges"]}
 	addService(t, m0, 3, fe, be)
-	want, err := m0.Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctKey := sockCt4Key{Saddr: be32(netip.MustParseAddr("10.0.0.2")), Daddr: be32(fe.Addr),
 		Sport: be16(40000), Dport: be16(80), Proto: 6, Dir: ctForward}
 	now, err := monotonicNow()
@@ -124,6 +121,10 @@ func TestOpenMigratesPins(t *testing.T) {
 		if err := old[w.m].Put(w.k, w.v); err != nil {
 			t.Fatalf("seed %s: %v", w.m, err)
 		}
+	}
+	want, err := m0.Dump() // the source range included
+	if err != nil {
+		t.Fatal(err)
 	}
 	cpus, err := ebpf.PossibleCPU()
 	if err != nil {

@@ -21,6 +21,7 @@ const (
 	xdpMapSluiceCtFlushV1   = "sluice_ct_flush_v1"
 	xdpMapSluiceCtNewV1     = "sluice_ct_new_v1"
 	xdpMapSluiceDevicesV1   = "sluice_devices_v1"
+	xdpMapSluiceFragmentsV1 = "sluice_fragments_v1"
 	xdpMapSluiceMetricsV1   = "sluice_metrics_v1"
 	xdpMapSluiceRevNatV1    = "sluice_rev_nat_v1"
 	xdpMapSluiceServicesV1  = "sluice_services_v1"
@@ -90,6 +91,7 @@ type xdpMapSpecs struct {
 	SluiceCtFlushV1   *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1     *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1   *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1 *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1   *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceRevNatV1    *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
 	SluiceServicesV1  *ebpf.MapSpec `ebpf:"sluice_services_v1"`
@@ -135,6 +137,7 @@ type xdpMaps struct {
 	SluiceCtFlushV1   *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1     *ebpf.Map `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1   *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1 *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1   *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceRevNatV1    *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
 	SluiceServicesV1  *ebpf.Map `ebpf:"sluice_services_v1"`
@@ -150,6 +153,7 @@ func (m *xdpMaps) Close() error {
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,
 		m.SluiceDevicesV1,
+		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
 		m.SluiceRevNatV1,
 		m.SluiceServicesV1,

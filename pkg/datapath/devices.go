@@ -1,5 +1,10 @@
 package datapath
 
+// The node devices (sluice_devices): which address external flows leaving
+// through a device are source-NATed to, which devices have no link-layer
+// header, and the lookups of devices and addresses the agent's flags
+// default from.
+
 import (
 	"fmt"
 	"net"
@@ -7,23 +12,40 @@ import (
 	"slices"
 
 	"github.com/vishvananda/netlink"
-
-	"github.com/sluice-lb/sluice/pkg/model"
 )
 
-// North-south state the reconciler does not write: the node devices
-// (sluice_devices) and the loadBalancerSourceRanges (sluice_src_ranges).
-// (Conntrack garbage collection is in ctgc.go.)
-
 // setNodeDevice records dev (ifindex) as a node device whose address is
-// the SNAT source for flows leaving through it. A device without an IPv4
-// address is forgotten: flows through it are not source-NATed.
-func (m *Maps) setNodeDevice(ifindex int, addr netip.Addr) error {
-	if !addr.IsValid() {
+// the SNAT source for flows leaving through it, with its flags
+// (nodeDevL3). A device without an IPv4 address is not a SNAT source:
+// it is recorded with address 0 if it has flags, else forgotten.
+func (m *Maps) setNodeDevice(ifindex int, addr netip.Addr, flags uint32) error {
+	if !addr.IsValid() && flags == 0 {
 		return deleteIgnoringMissing(m.devices, uint32(ifindex))
 	}
-	v := sockNodeDev{Addr: be32(addr)}
+	v := sockNodeDev{Flags: flags}
+	if addr.IsValid() {
+		v.Addr = be32(addr)
+	}
 	return m.devices.Put(uint32(ifindex), &v)
+}
+
+// l3EncapTypes are the link types (as netlink names them) of devices
+// without a link-layer header, where tc sees a packet from its IPv4
+// header on: tun and wireguard ("none"), ipip, ip6tnl, sit, and raw IP
+// (ARPHRD_RAWIP, cellular modems). GRE devices are left out: whether they
+// have a header depends on their mode.
+var l3EncapTypes = []string{"none", "ipip", "tunnel6", "sit", "unknown519"}
+
+// deviceFlags returns the sluice_devices flags of dev.
+func deviceFlags(dev string) (uint32, error) {
+	l, err := netlink.LinkByName(dev)
+	if err != nil {
+		return 0, fmt.Errorf("device %s: %w", dev, err)
+	}
+	if slices.Contains(l3EncapTypes, l.Attrs().EncapType) {
+		return nodeDevL3, nil
+	}
+	return 0, nil
 }
 
 // deviceAddr picks the address of dev that external flows are source-NATed
@@ -79,78 +101,6 @@ func DevicesOf(addrs []netip.Addr) ([]string, error) {
 		}
 	}
 	return out, nil
-}
-
-func srcRangeKey(fe model.L4Addr, p netip.Prefix) sockSrcRangeKey {
-	p = p.Masked()
-	return sockSrcRangeKey{
-		Prefixlen: 64 + uint32(p.Bits()),
-		Vip:       be32(fe.Addr),
-		Port:      be16(fe.Port),
-		Proto:     uint8(fe.Proto),
-		Saddr:     be32(p.Addr()),
-	}
-}
-
-// wantSourceRanges returns the sluice_src_ranges keys st asks for.
-func wantSourceRanges(st *model.State) map[sockSrcRangeKey]bool {
-	want := map[sockSrcRangeKey]bool{}
-	if st == nil {
-		return want
-	}
-	for fe, svc := range st.Services {
-		if svc == nil || svc.Kind == model.ClusterIP {
-			continue
-		}
-		fe, err := checkL4(fe)
-		if err != nil {
-			continue
-		}
-		for _, p := range svc.SourceRanges {
-			if p.Addr().Unmap().Is4() {
-				p = netip.PrefixFrom(p.Addr().Unmap(), min(p.Bits(), 32))
-				want[srcRangeKey(fe, p)] = true
-			}
-		}
-	}
-	return want
-}
-
-// AddSourceRanges writes the loadBalancerSourceRanges st asks for. Run it
-// before the reconciler sets SVC_F_SRC_RANGES on a master, so a frontend
-// never checks ranges that are not there yet.
-func (m *Maps) AddSourceRanges(st *model.State) error {
-	one := uint8(1)
-	for k := range wantSourceRanges(st) {
-		if err := m.srcRanges.Put(&k, &one); err != nil {
-			return fmt.Errorf("add source range of %s: %w", addrFromBE32(k.Vip), err)
-		}
-	}
-	return nil
-}
-
-// PruneSourceRanges deletes the ranges st does not ask for (after the
-// reconciler has applied st).
-func (m *Maps) PruneSourceRanges(st *model.State) error {
-	want := wantSourceRanges(st)
-	var doomed []sockSrcRangeKey
-	var k sockSrcRangeKey
-	var v uint8
-	it := m.srcRanges.Iterate()
-	for it.Next(&k, &v) {
-		if !want[k] {
-			doomed = append(doomed, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("list source ranges: %w", err)
-	}
-	for i := range doomed {
-		if err := deleteIgnoringMissing(m.srcRanges, &doomed[i]); err != nil {
-			return fmt.Errorf("delete source range: %w", err)
-		}
-	}
-	return nil
 }
 
 // AddressesOf returns the global IPv4 addresses of devs (in the caller's

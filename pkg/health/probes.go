@@ -1,12 +1,21 @@
-// Package health serves the agent's liveness and readiness endpoints:
+// Package health serves what asks whether this node's proxy is healthy:
+//
+//   - the agent's liveness and readiness probes (probes.go), for the
+//     kubelet: /healthz and /readyz on --health-addr;
+//   - the healthCheckNodePorts of LoadBalancer Services with
+//     externalTrafficPolicy Local (nodeport.go), for external load
+//     balancers: does this node have local endpoints for the Service?
+//
+// It knows nothing of what "ready" means or where desired states come
+// from: the agent supplies readiness as a function, and the node port
+// server follows the states the agent programs (it is an agent Observer).
+package health
+
+// The probes:
 //
 //	/healthz  200 while the process runs (it answers, so it lives)
 //	/readyz   200 once the datapath matches the last desired state read,
 //	          503 with the reason otherwise
-//
-// Readiness is a function so the package knows nothing of what "ready"
-// means; the agent supplies it.
-package health
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package healthcheck
+package health
 
 import (
 	"encoding/json"
@@ -8,7 +8,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 )
@@ -37,9 +39,9 @@ func get(t *testing.T, p uint16) (int, status) {
 	return resp.StatusCode, st
 }
 
-func TestServer(t *testing.T) {
+func TestNodePortServer(t *testing.T) {
 	hc := freePort(t)
-	s := New("127.0.0.1", slog.New(slog.DiscardHandler))
+	s := NewNodePortServer("127.0.0.1", slog.New(slog.DiscardHandler))
 	t.Cleanup(s.Close)
 	be := func(a string) model.Backend {
 		return model.Backend{L4Addr: model.L4Addr{Addr: netip.MustParseAddr(a), Port: 8080, Proto: model.TCP}}
@@ -76,5 +78,35 @@ func TestServer(t *testing.T) {
 	}
 	if _, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", hc)); err == nil {
 		t.Fatal("health check port still served after its Service went away")
+	}
+}
+
+// TestNodePortServerObserves: as the agent's Observer, the server follows
+// every programmed state, and a port another process holds is reported
+// (logged) without keeping the others from being served.
+func TestNodePortServerObserves(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	busy, free := uint16(taken.Addr().(*net.TCPAddr).Port), freePort(t)
+	var logs strings.Builder
+	s := NewNodePortServer("127.0.0.1", slog.New(slog.NewTextHandler(&logs, nil)))
+	t.Cleanup(s.Close)
+	st := model.NewState()
+	for i, hc := range []uint16{busy, free} {
+		fe := model.L4Addr{Addr: netip.AddrFrom4([4]byte{198, 51, 100, byte(i + 1)}), Port: 80, Proto: model.TCP}
+		st.Services[fe] = &model.Service{Name: model.ServicePortName{Namespace: "default", Name: fmt.Sprint("web", i)},
+			Kind: model.LoadBalancer, Frontend: fe, ExternalLocal: true, HealthCheckNodePort: hc,
+			Backends: []model.Backend{{L4Addr: model.L4Addr{Addr: netip.MustParseAddr("10.1.0.1"), Port: 8080, Proto: model.TCP}}}}
+	}
+	s.ObserveSync(time.Millisecond, nil) // changes nothing
+	s.SetProgrammed(st)
+	if code, body := get(t, free); code != 200 || body.Service.Name != "web1" {
+		t.Errorf("free port: %d %+v", code, body)
+	}
+	if !strings.Contains(logs.String(), fmt.Sprintf("health check port %d", busy)) {
+		t.Errorf("taken port %d not reported; log:\n%s", busy, logs.String())
 	}
 }

@@ -1,15 +1,17 @@
-// Package healthcheck serves the healthCheckNodePort of LoadBalancer
-// Services with externalTrafficPolicy Local, as kube-proxy does: an
-// external load balancer asks every node over HTTP whether it has local
-// endpoints for the Service, and sends traffic only to nodes that answer
-// 200. The answer is 200 with the local endpoint count when there is at
-// least one, 503 otherwise, with kube-proxy's JSON body:
+package health
+
+// The healthCheckNodePort of LoadBalancer Services with
+// externalTrafficPolicy Local, as kube-proxy serves it: an external load
+// balancer asks every node over HTTP whether it has local endpoints for
+// the Service, and sends traffic only to nodes that answer 200. The answer
+// is 200 with the local endpoint count when there is at least one, 503
+// otherwise, with kube-proxy's JSON body:
 //
 //	{"service":{"namespace":"ns","name":"web"},"localEndpoints":2,"serviceProxyHealthy":true}
 //
 // Sync opens a listener for every health check port the desired state
-// names and closes those it no longer names.
-package healthcheck
+// names and closes those it no longer names. The agent calls it, as an
+// Observer, after every state it programmed.
 
 import (
 	"context"
@@ -26,8 +28,8 @@ import (
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
-// Server serves every health check port of the desired state.
-type Server struct {
+// NodePortServer serves every health check port of the desired state.
+type NodePortServer struct {
 	host string // listen host, "" for all addresses
 	log  *slog.Logger
 
@@ -43,9 +45,10 @@ type port struct {
 	local   int
 }
 
-// New returns a server that listens on host (empty: all addresses).
-func New(host string, log *slog.Logger) *Server {
-	return &Server{host: host, log: log, ports: map[uint16]*port{}}
+// NewNodePortServer returns a server that listens on host (empty: all
+// addresses).
+func NewNodePortServer(host string, log *slog.Logger) *NodePortServer {
+	return &NodePortServer{host: host, log: log, ports: map[uint16]*port{}}
 }
 
 type status struct {
@@ -117,7 +120,7 @@ func LocalEndpoints(st *model.State) map[uint16]struct {
 // Sync serves the health check ports st names, with its local endpoint
 // counts, and stops serving the others. A port that cannot be bound is
 // reported (the others are still served) and retried on the next Sync.
-func (s *Server) Sync(st *model.State) error {
+func (s *NodePortServer) Sync(st *model.State) error {
 	want := LocalEndpoints(st)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -152,7 +155,20 @@ func (s *Server) Sync(st *model.State) error {
 	return errors.Join(errs...)
 }
 
-func (s *Server) stop(n uint16, p *port) {
+// SetProgrammed syncs the ports with st, a state the agent programmed (the
+// agent's Observer interface). A port another process holds must not keep
+// the datapath from being programmed: it is reported and retried with the
+// next state.
+func (s *NodePortServer) SetProgrammed(st *model.State) {
+	if err := s.Sync(st); err != nil {
+		s.log.Error("health check ports", "err", err)
+	}
+}
+
+// ObserveSync does nothing: the ports follow programmed states only.
+func (s *NodePortServer) ObserveSync(time.Duration, error) {}
+
+func (s *NodePortServer) stop(n uint16, p *port) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = p.srv.Shutdown(ctx)
@@ -161,7 +177,7 @@ func (s *Server) stop(n uint16, p *port) {
 }
 
 // Close stops serving every port.
-func (s *Server) Close() {
+func (s *NodePortServer) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for n, p := range s.ports {

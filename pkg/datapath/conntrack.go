@@ -11,7 +11,8 @@ import (
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
-// Conntrack upkeep: the agent's side of bpf/lib/conntrack.h.
+// Conntrack upkeep: the agent's side of bpf/lib/conntrack.h and
+// bpf/ctgc.c.
 //
 // Established flows live in sluice_conntrack, a plain hash that nothing
 // evicts, so expired entries stay until the agent's GC deletes them. The
