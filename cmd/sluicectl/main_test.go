@@ -2,16 +2,12 @@ package main
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/datapath"
-
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
@@ -147,16 +143,7 @@ src_ranges:
 // sizes would (root only).
 func openSmallPins(t *testing.T) (bpffs string, dp *datapath.Datapath) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates pinned BPF maps")
-	}
-	var b [6]byte
-	rand.Read(b[:])
-	bpffs = filepath.Join(datapath.DefaultBPFFS, "sluicectl-test-"+hex.EncodeToString(b[:]))
-	if err := os.Mkdir(bpffs, 0o700); err != nil {
-		t.Fatalf("create pin dir: %v", err)
-	}
-	t.Cleanup(func() { os.RemoveAll(bpffs) })
+	bpffs = testutil.PinDir(t) // and a privileged test
 	dp, err := datapath.Open(datapath.Config{
 		BPFFS: bpffs, MaxServices: 64, MaxBackends: 128, MaxServiceEntries: 256, MaxConntrack: 256, MaxSockRev: 128,
 	})

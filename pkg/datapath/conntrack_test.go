@@ -1,22 +1,25 @@
 package datapath
 
 import (
+	"bufio"
+	"context"
 	"encoding/binary"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/packet"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
@@ -120,20 +123,20 @@ type flow struct {
 	fe     model.L4Addr
 }
 
-func (f flow) pkt(flags uint8) pkt {
-	p := pkt{srcMAC: clientMAC, dstMAC: nodeMAC, src: f.client, sport: f.cport,
-		dst: f.fe.Addr.String(), dport: f.fe.Port, proto: uint8(f.fe.Proto), tcpFlags: flags}
+func (f flow) pkt(flags uint8) packet.Packet {
+	p := packet.Packet{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr(f.client), SrcPort: f.cport,
+		Dst: f.fe.Addr, DstPort: f.fe.Port, Proto: uint8(f.fe.Proto), TCPFlags: flags}
 	if f.fe.Proto == model.UDP {
-		p.payload = []byte("query")
+		p.Payload = []byte("query")
 	}
 	return p
 }
 
-func (f flow) from(be model.L4Addr, flags uint8) pkt {
-	p := pkt{srcMAC: nodeMAC, dstMAC: clientMAC, src: be.Addr.String(), sport: be.Port,
-		dst: f.client, dport: f.cport, proto: uint8(be.Proto), tcpFlags: flags}
+func (f flow) from(be model.L4Addr, flags uint8) packet.Packet {
+	p := packet.Packet{SrcMAC: nodeMAC, DstMAC: clientMAC, Src: be.Addr, SrcPort: be.Port,
+		Dst: addr(f.client), DstPort: f.cport, Proto: uint8(be.Proto), TCPFlags: flags}
 	if be.Proto == model.UDP {
-		p.payload = []byte("answer")
+		p.Payload = []byte("answer")
 	}
 	return p
 }
@@ -147,11 +150,11 @@ func (f flow) revKey(be model.L4Addr) sockCt4Key {
 }
 
 const (
-	tcpSYN_ = 0x02
-	tcpACK  = 0x10
-	tcpSA   = 0x12
-	tcpFA   = 0x11
-	tcpRST  = 0x04
+	tcpSYN_ = packet.SYN
+	tcpACK  = packet.ACK
+	tcpSA   = packet.SYN | packet.ACK
+	tcpFA   = packet.FIN | packet.ACK
+	tcpRST  = packet.RST
 )
 
 // Fields of an output frame (Ethernet, IPv4 without options).
@@ -162,9 +165,9 @@ func outDport(b []byte) uint16 { return binary.BigEndian.Uint16(b[36:]) }
 
 // sendTo runs p through prog and returns the verdict and the backend
 // address the output is sent to.
-func sendTo(t *testing.T, prog *ebpf.Program, p pkt) (uint32, string) {
+func sendTo(t *testing.T, prog *ebpf.Program, p packet.Packet) (uint32, string) {
 	t.Helper()
-	v, out := runProg(t, prog, p.bytes())
+	v, out := runProg(t, prog, p.Bytes())
 	return v, outDst(out)
 }
 
@@ -180,7 +183,7 @@ func establish(t *testing.T, d *Datapath, f flow, bes ...testBackend) testBacken
 		if b.addr.Addr.String() != dst {
 			continue
 		}
-		v, out := runProg(t, d.TCEgress(), f.from(b.addr, tcpSA).bytes())
+		v, out := runProg(t, d.TCEgress(), f.from(b.addr, tcpSA).Bytes())
 		if v != tcActOK || outSrc(out) != f.fe.Addr.String() {
 			t.Fatalf("SYN-ACK of %+v from %s: verdict %d, source %s", f, b.addr, v, outSrc(out))
 		}
@@ -245,7 +248,7 @@ func TestCTConcurrentRefresh(t *testing.T) {
 	const n = 100000
 	var mu sync.Mutex
 	bad := map[string]int{}
-	reply, ack := f.from(be.addr, tcpACK).bytes(), f.pkt(tcpACK).bytes()
+	reply, ack := f.from(be.addr, tcpACK).Bytes(), f.pkt(tcpACK).Bytes()
 	onCPUs(t, []int{0, 1}, func(cpu int) {
 		untranslated, moved := 0, 0
 		for i := range n {
@@ -284,7 +287,7 @@ func TestCTRefreshedAhead(t *testing.T) {
 	be := establish(t, d, f, bes...)
 	ctSetSeen(t, m, f.revKey(be.addr), 50*time.Millisecond)
 	ctSetSeen(t, m, f.fwdKey(), 50*time.Millisecond)
-	v, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpACK).bytes())
+	v, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpACK).Bytes())
 	if v != tcActOK || outSrc(out) != vipTCP.Addr.String() {
 		t.Errorf("reply: verdict %d, source %s, want the VIP", v, outSrc(out))
 	}
@@ -299,7 +302,7 @@ func TestCTRefreshedAhead(t *testing.T) {
 // the tuples of expired flows. Every flow re-created before, during or
 // after the GC's pass must keep its entries.
 func TestCTGCKeepsRecreatedFlows(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	cfg := smallConfig(testPinDir(t))
 	cfg.MaxConntrack = 65536
 	cfg.CTTimeoutUDP = time.Second
@@ -314,10 +317,10 @@ func TestCTGCKeepsRecreatedFlows(t *testing.T) {
 		flows[i] = flow{fmt.Sprintf("10.0.%d.%d", 40+i/250, 1+i%250), uint16(20000 + i), vipUDP}
 	}
 	open := func(f flow) error {
-		if v, _, err := runProgErr(d.TCIngress(), f.pkt(0).bytes()); err != nil || v != tcActOK {
+		if v, _, err := runProgErr(d.TCIngress(), f.pkt(0).Bytes()); err != nil || v != tcActOK {
 			return fmt.Errorf("datagram of %+v: verdict %d, %v", f, v, err)
 		}
-		if v, _, err := runProgErr(d.TCEgress(), f.from(be.addr, 0).bytes()); err != nil || v != tcActOK {
+		if v, _, err := runProgErr(d.TCEgress(), f.from(be.addr, 0).Bytes()); err != nil || v != tcActOK {
 			return fmt.Errorf("answer to %+v: verdict %d, %v", f, v, err)
 		}
 		return nil
@@ -363,7 +366,7 @@ func TestCTGCKeepsRecreatedFlows(t *testing.T) {
 // reservation (reply entry) of a flow whose forward entry is alive, and
 // neither does a new flow looking for a port.
 func TestCTGCKeepsLiveReservation(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	_, ifindex := nodeNetns(t)
 	cfg := smallConfig(testPinDir(t))
 	cfg.SNATPortMin, cfg.SNATPortMax = 62000, 62000
@@ -373,8 +376,8 @@ func TestCTGCKeepsLiveReservation(t *testing.T) {
 		t.Fatal(err)
 	}
 	addExternal(t, m, 1, npRemote, reconciler.FlagExternal, beRemote)
-	syn := pkt{srcMAC: clientMAC, dstMAC: macOf(nodeEthMAC), src: nsClientIP, dst: nsNodeIP, sport: 43000, dport: 30080, proto: 6}
-	if v, _ := runOn(t, d.TCIngress(), ifindex, syn.bytes()); v != tcActRedirect {
+	syn := packet.Packet{SrcMAC: clientMAC, DstMAC: macOf(nodeEthMAC), Src: addr(nsClientIP), Dst: addr(nsNodeIP), SrcPort: 43000, DstPort: 30080, Proto: packet.TCP}
+	if v, _ := runOn(t, d.TCIngress(), ifindex, syn.Bytes()); v != tcActRedirect {
 		t.Fatalf("SYN: verdict %d", v)
 	}
 	sp := snatPortOf(t, m, nsClientIP, 43000, npRemote)
@@ -387,8 +390,8 @@ func TestCTGCKeepsLiveReservation(t *testing.T) {
 		t.Errorf("GC deleted the port reservation %d of a live flow", sp)
 	}
 	other := syn
-	other.src = "172.16.0.30"
-	if v, out := runOn(t, d.TCIngress(), ifindex, other.bytes()); v == tcActRedirect && outSport(out) == sp {
+	other.Src = addr("172.16.0.30")
+	if v, out := runOn(t, d.TCIngress(), ifindex, other.Bytes()); v == tcActRedirect && outSport(out) == sp {
 		t.Errorf("a new flow took the port %d of a live flow", sp)
 	}
 }
@@ -397,7 +400,7 @@ func TestCTGCKeepsLiveReservation(t *testing.T) {
 // (evicted, or deleted) and taken by another flow must not send from that
 // port any more; the other flow keeps it.
 func TestCTSNATReservationLost(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	ns, ifindex := nodeNetns(t)
 	cfg := smallConfig(testPinDir(t))
 	cfg.SNATPortMin, cfg.SNATPortMax = 62000, 62000
@@ -407,19 +410,19 @@ func TestCTSNATReservationLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	addExternal(t, m, 1, npRemote, reconciler.FlagExternal, beRemote)
-	client := func(addr string, sport uint16, flags uint8) pkt {
-		return pkt{srcMAC: clientMAC, dstMAC: macOf(nodeEthMAC), src: addr, dst: nsNodeIP, sport: sport, dport: 30080, proto: 6, tcpFlags: flags}
+	client := func(src string, sport uint16, flags uint8) packet.Packet {
+		return packet.Packet{SrcMAC: clientMAC, DstMAC: macOf(nodeEthMAC), Src: addr(src), Dst: addr(nsNodeIP), SrcPort: sport, DstPort: 30080, Proto: packet.TCP, TCPFlags: flags}
 	}
 	for _, c := range []struct {
 		name string
-		run  func(t *testing.T, p pkt) (uint32, []byte)
+		run  func(t *testing.T, p packet.Packet) (uint32, []byte)
 		a, b string
 	}{
-		{"tc", func(t *testing.T, p pkt) (uint32, []byte) { return runOn(t, d.TCIngress(), ifindex, p.bytes()) }, "172.16.0.10", "172.16.0.11"},
-		{"xdp", func(t *testing.T, p pkt) (uint32, []byte) { return runXDP(t, d.XDP(), ifindex, p.bytes()) }, "172.16.0.20", "172.16.0.21"},
+		{"tc", func(t *testing.T, p packet.Packet) (uint32, []byte) { return runOn(t, d.TCIngress(), ifindex, p.Bytes()) }, "172.16.0.10", "172.16.0.11"},
+		{"xdp", func(t *testing.T, p packet.Packet) (uint32, []byte) { return runXDP(t, d.XDP(), ifindex, p.Bytes()) }, "172.16.0.20", "172.16.0.21"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			enterNetns(t, ns)
+			ns.Enter(t)
 			if v, _ := c.run(t, client(c.a, 40000, tcpSYN_)); v != tcActRedirect && v != xdpTx {
 				t.Fatalf("flow A SYN: verdict %d", v)
 			}
@@ -466,10 +469,10 @@ func TestTCZeroBackendsKeepsEstablished(t *testing.T) {
 	if v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpACK)); v != tcActOK || dst != be.addr.Addr.String() {
 		t.Errorf("established flow's data: verdict %d to %s, want %s", v, dst, be.addr.Addr)
 	}
-	if v, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpACK).bytes()); v != tcActOK || outSrc(out) != vipTCP.Addr.String() {
+	if v, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpACK).Bytes()); v != tcActOK || outSrc(out) != vipTCP.Addr.String() {
 		t.Errorf("established flow's reply: verdict %d, source %s", v, outSrc(out))
 	}
-	if v, _ := runProg(t, d.TCIngress(), flow{"10.0.4.3", 45003, vipTCP}.pkt(tcpSYN_).bytes()); v != tcActRedirect {
+	if v, _ := runProg(t, d.TCIngress(), flow{"10.0.4.3", 45003, vipTCP}.pkt(tcpSYN_).Bytes()); v != tcActRedirect {
 		t.Errorf("new connection: verdict %d, want the ICMP reply (redirect)", v)
 	}
 }
@@ -479,7 +482,7 @@ func TestTCZeroBackendsKeepsEstablished(t *testing.T) {
 // flows; once the table of established flows is full, new flows are
 // refused (and counted), not the old ones.
 func TestCTFloodKeepsEstablished(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	cfg := smallConfig(testPinDir(t))
 	cfg.MaxConntrack = 1024
 	d := openTest(t, cfg)
@@ -503,7 +506,7 @@ func TestCTFloodKeepsEstablished(t *testing.T) {
 		broken := 0
 		for f, be := range established {
 			v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpACK))
-			rv, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpACK).bytes())
+			rv, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpACK).Bytes())
 			if v != tcActOK || dst != be.addr.Addr.String() || rv != tcActOK || outSrc(out) != vipTCP.Addr.String() {
 				broken++
 			}
@@ -516,7 +519,7 @@ func TestCTFloodKeepsEstablished(t *testing.T) {
 	// 5000 new connections (SYNs nobody answers) to the other Service.
 	for i := range 5000 {
 		f := flow{fmt.Sprintf("10.0.%d.%d", 60+i/250, 1+i%250), 50000, other}
-		runProg(t, d.TCIngress(), f.pkt(tcpSYN_).bytes())
+		runProg(t, d.TCIngress(), f.pkt(tcpSYN_).Bytes())
 	}
 	check("after 5000 half-open flows")
 
@@ -524,8 +527,8 @@ func TestCTFloodKeepsEstablished(t *testing.T) {
 	refused := 0
 	for i := range 2000 {
 		f := flow{fmt.Sprintf("10.0.%d.%d", 90+i/250, 1+i%250), 50001, other}
-		runProg(t, d.TCIngress(), f.pkt(tcpSYN_).bytes())
-		if v, out := runProg(t, d.TCEgress(), f.from(ob.addr, tcpSA).bytes()); v != tcActOK || outSrc(out) != other.Addr.String() {
+		runProg(t, d.TCIngress(), f.pkt(tcpSYN_).Bytes())
+		if v, out := runProg(t, d.TCEgress(), f.from(ob.addr, tcpSA).Bytes()); v != tcActOK || outSrc(out) != other.Addr.String() {
 			refused++
 		}
 	}
@@ -571,7 +574,7 @@ func TestCTSharedBackendClash(t *testing.T) {
 			if v, _ := sendTo(t, d.TCIngress(), f1.pkt(tcpACK)); v != tcActOK {
 				t.Fatalf("flow %d to %s: verdict %d", i, vip1, v)
 			}
-			if v, out := runProg(t, d.TCEgress(), f1.from(shared.addr, tcpACK).bytes()); v != tcActOK || outSrc(out) != vip1.Addr.String() {
+			if v, out := runProg(t, d.TCEgress(), f1.from(shared.addr, tcpACK).Bytes()); v != tcActOK || outSrc(out) != vip1.Addr.String() {
 				t.Fatalf("flow %d: reply from %s carries %s, want %s", i, shared.addr, outSrc(out), vip1.Addr)
 			}
 		}
@@ -593,8 +596,8 @@ func TestCTStragglerKeepsNewFlow(t *testing.T) {
 		addService(t, m, 1, vipTCP, bes...)
 		f := flow{"10.0.7.1", uint16(48000 + i), vipTCP}
 		old := establish(t, d, f, bes...)
-		runProg(t, d.TCIngress(), f.pkt(tcpFA).bytes())
-		runProg(t, d.TCEgress(), f.from(old.addr, tcpFA).bytes())
+		runProg(t, d.TCIngress(), f.pkt(tcpFA).Bytes())
+		runProg(t, d.TCEgress(), f.from(old.addr, tcpFA).Bytes())
 		var rest []testBackend
 		for _, b := range bes {
 			if b != old {
@@ -609,7 +612,7 @@ func TestCTStragglerKeepsNewFlow(t *testing.T) {
 		if v != tcActOK || dst == old.addr.Addr.String() {
 			t.Fatalf("new flow on the old tuple: verdict %d to %s", v, dst)
 		}
-		runProg(t, d.TCEgress(), f.from(old.addr, straggler).bytes())
+		runProg(t, d.TCEgress(), f.from(old.addr, straggler).Bytes())
 		if e, ok := ctGet(m, f.fwdKey()); !ok || ctFlags(e)&(ctFlagRST|ctFlagFinRev) != 0 {
 			t.Errorf("straggler %#x of the old backend: new flow's forward entry %+v (present %v)", straggler, e, ok)
 		}
@@ -696,7 +699,7 @@ func TestTCSlotVanishes(t *testing.T) {
 // two CPUs. Each FIN marks both entries of the flow; neither mark may be
 // lost, or the flow stays "open" for the TCP idle timeout.
 func TestCTConcurrentClose(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	cfg := smallConfig(testPinDir(t))
 	cfg.MaxConntrack = 65536
 	d := openTest(t, cfg)
@@ -717,9 +720,9 @@ func TestCTConcurrentClose(t *testing.T) {
 			for arrived.Load() < int64(2*(i+1)) {
 			}
 			if cpu == 0 {
-				runProgErr(d.TCIngress(), f.pkt(tcpFA).bytes())
+				runProgErr(d.TCIngress(), f.pkt(tcpFA).Bytes())
 			} else {
-				runProgErr(d.TCEgress(), f.from(be.addr, tcpFA).bytes())
+				runProgErr(d.TCEgress(), f.from(be.addr, tcpFA).Bytes())
 			}
 		}
 	})
@@ -749,8 +752,8 @@ func TestFlushConntrackSet(t *testing.T) {
 		addService(t, m, reconciler.ServiceID(1+i), fe, b)
 		for j := range 8 {
 			f := flow{"10.0.9.9", uint16(52000 + j), fe}
-			runProg(t, d.TCIngress(), f.pkt(0).bytes())
-			runProg(t, d.TCEgress(), f.from(b.addr, 0).bytes())
+			runProg(t, d.TCIngress(), f.pkt(0).Bytes())
+			runProg(t, d.TCEgress(), f.from(b.addr, 0).Bytes())
 			flows[f] = b
 		}
 	}
@@ -772,25 +775,14 @@ func TestFlushConntrackSet(t *testing.T) {
 // answers.
 func TestSockSlotVanishes(t *testing.T) {
 	d := newTestDatapath(t)
-	ns := newTestNetns(t)
+	ns := topology.NewNS(t, "slot")
 	cg := newTestCgroup(t)
-	if err := d.AttachCgroup(cg); err != nil {
+	if err := d.AttachCgroup(cg.Path); err != nil {
 		t.Fatalf("AttachCgroup: %v", err)
 	}
-	enterCgroup(t, cg)
-	enterNetns(t, ns)
-	lo, err := netlink.LinkByName("lo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetUp(lo); err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range sockBackends {
-		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: netlink.NewIPNet(net.ParseIP(a))}); err != nil {
-			t.Fatalf("add %s: %v", a, err)
-		}
-	}
+	cg.Join(t)
+	ns.Enter(t)
+	addLoopbackAddrs(t, ns, sockBackends...)
 	startBackends(t)
 	m := d.Maps()
 	addService(t, m, 1, sockVIPTCP,
@@ -841,13 +833,21 @@ func TestSockSlotVanishes(t *testing.T) {
 //
 //	client ns: c0 10.202.0.2/24 -> node ns: n0 10.202.0.1/24 (tc), lo 10.200.0.2
 func TestCTFloodRealTraffic(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	cfg := smallConfig(testPinDir(t))
 	cfg.MaxConntrack = 1024
 	cfg.CTTimeoutClose = 500 * time.Millisecond
 	d := openTest(t, cfg)
 	m := d.Maps()
-	nodeNS, clientNS := newTestNetns(t), newTestNetns(t)
+	tp := topology.NewT(t)
+	nodeNS, err := tp.AddNS("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientNS, err := tp.AddNS("client")
+	if err != nil {
+		t.Fatal(err)
+	}
 	echo := l4("10.96.0.70", 80, model.TCP)
 	greet := l4("10.96.0.71", 80, model.TCP)
 	// Four echo backends (one address, four ports): a flow re-balanced to
@@ -859,62 +859,24 @@ func TestCTFloodRealTraffic(t *testing.T) {
 	addService(t, m, 1, echo, echoBackends...)
 	addService(t, m, 2, greet, testBackend{2, l4(sockBackends[0], 8080, model.TCP)})
 
-	enterNetns(t, nodeNS)
-	mustNL := func(err error) {
+	must := func(err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	lo, err := netlink.LinkByName("lo")
-	mustNL(err)
-	mustNL(netlink.LinkSetUp(lo))
-	for _, a := range sockBackends {
-		mustNL(netlink.AddrAdd(lo, &netlink.Addr{IPNet: netlink.NewIPNet(net.ParseIP(a))}))
-	}
-	mustNL(netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "n0"}, PeerName: "c0"}))
-	n0, err := netlink.LinkByName("n0")
-	mustNL(err)
-	c0, err := netlink.LinkByName("c0")
-	mustNL(err)
-	mustNL(netlink.LinkSetNsFd(c0, int(clientNS)))
-	addr, _ := netlink.ParseAddr("10.202.0.1/24")
-	mustNL(netlink.AddrAdd(n0, addr))
-	mustNL(netlink.LinkSetUp(n0))
+	must(tp.Veth(nodeNS, "n0", clientNS, "c0"))
+	must(nodeNS.AddAddr("n0", netip.MustParsePrefix("10.202.0.1/24")))
+	must(clientNS.AddAddr("c0", netip.MustParsePrefix("10.202.0.2/24")))
+	must(clientNS.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), addr("10.202.0.1")))
+	nodeNS.Enter(t)
+	addLoopbackAddrs(t, nodeNS, sockBackends...)
 	startBackends(t)
 	for _, b := range echoBackends {
-		ln, err := net.Listen("tcp4", netip.AddrPortFrom(b.addr.Addr, b.addr.Port).String())
-		mustNL(err)
-		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				go func() {
-					defer c.Close()
-					buf := make([]byte, 64)
-					for {
-						n, err := c.Read(buf)
-						if err != nil {
-							return
-						}
-						c.Write(buf[:n])
-					}
-				}()
-			}
-		}()
+		_, err := nodeNS.ServeTCPEcho(netip.AddrPortFrom(b.addr.Addr, b.addr.Port).String(), fmt.Sprint(b.addr.Port))
+		must(err)
 	}
-	mustNL(d.AttachDevices([]string{"n0"}))
-
-	enterNetns(t, clientNS)
-	c0, err = netlink.LinkByName("c0")
-	mustNL(err)
-	addr, _ = netlink.ParseAddr("10.202.0.2/24")
-	mustNL(netlink.AddrAdd(c0, addr))
-	mustNL(netlink.LinkSetUp(c0))
-	mustNL(netlink.RouteAdd(&netlink.Route{LinkIndex: c0.Attrs().Index, Gw: net.ParseIP("10.202.0.1")}))
+	must(d.AttachDevices([]string{"n0"}))
 
 	stop := make(chan struct{})
 	gcDone := make(chan struct{})
@@ -934,15 +896,19 @@ func TestCTFloodRealTraffic(t *testing.T) {
 	defer func() { close(stop); <-gcDone }()
 
 	dial := func(a model.L4Addr, timeout time.Duration) (net.Conn, error) {
-		return net.DialTimeout("tcp4", netip.AddrPortFrom(a.Addr, a.Port).String(), timeout)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		return clientNS.DialContext(ctx, "tcp4", netip.AddrPortFrom(a.Addr, a.Port).String())
 	}
 	roundTrip := func(c net.Conn) error {
 		c.SetDeadline(time.Now().Add(2 * time.Second))
-		if _, err := c.Write([]byte("ping")); err != nil {
+		if _, err := c.Write([]byte("ping\n")); err != nil {
 			return err
 		}
-		buf := make([]byte, 4)
-		_, err := io.ReadFull(c, buf)
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err == nil && !strings.HasSuffix(line, " ping\n") {
+			err = fmt.Errorf("echo %q", line)
+		}
 		return err
 	}
 	var conns []net.Conn
@@ -958,19 +924,13 @@ func TestCTFloodRealTraffic(t *testing.T) {
 		conns = append(conns, c)
 	}
 
-	// The flood: 5000 connections from 50 workers, each in the client
-	// namespace (a locked thread of its own).
+	// The flood: 5000 connections from 50 workers.
 	var ok, refused atomic.Int64
 	var wg sync.WaitGroup
 	for w := range 50 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-			if err := netns.Set(clientNS); err != nil {
-				t.Error(err)
-				return
-			}
 			for i := w; i < 5000; i += 50 {
 				c, err := dial(greet, 300*time.Millisecond)
 				if err != nil {
@@ -1014,7 +974,7 @@ func TestCTFloodRealTraffic(t *testing.T) {
 //
 //	go test -run '^$' -bench ConntrackGC ./pkg/datapath
 func BenchmarkConntrackGC(b *testing.B) {
-	requireRoot(b)
+	testutil.Privileged(b)
 	cfg := smallConfig(testPinDir(b))
 	cfg.MaxConntrack = DefaultMaxConntrack
 	d := openTest(b, cfg)

@@ -12,9 +12,10 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
-	"github.com/sluice-lb/sluice/pkg/topology"
 )
 
 // Packets tc or XDP send to their next hop themselves (bpf_redirect,
@@ -44,7 +45,7 @@ func podIfindex(t *testing.T) int {
 // of being passed up, where the kernel drops it as a martian. A ClusterIP
 // reply is still passed up (its source, a VIP, is not the node's).
 func TestTCReplyAtPodDevice(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	_, ethIdx := nodeNetns(t)
 	podIdx := podIfindex(t)
 	d := openTest(t, smallConfig(testPinDir(t)))
@@ -210,7 +211,7 @@ func icmpAbout(in []byte, typ, code uint8, rest uint32) []byte {
 // handed to the stack as it came, for the stack to forward (and the egress
 // program to translate) or refuse.
 func TestTCRedirectTTLAndMTU(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	_, ethIdx := nodeNetns(t)
 	podIdx := podIfindex(t)
 	eth1, err := netlink.LinkByName("eth1")
@@ -314,7 +315,7 @@ func mustLink(t *testing.T, name string) netlink.Link {
 // leaves to tc (XDP_PASS, counted) a packet whose TTL would expire or that
 // is larger than the egress MTU: tc answers those.
 func TestXDPTTLAndMTU(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	_, ethIdx := nodeNetns(t)
 	if err := netlink.LinkSetMTU(mustLink(t, "eth1"), 1280); err != nil {
 		t.Fatal(err)

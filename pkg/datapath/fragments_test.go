@@ -8,9 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
-	"github.com/sluice-lb/sluice/pkg/topology"
 )
 
 // IPv4 fragments: only a datagram's first fragment carries its ports, so
@@ -118,7 +119,7 @@ func TestTCFragments(t *testing.T) {
 // redirected to the backend's node, and the fragments of its reply are all
 // rewritten back and redirected to the client.
 func TestTCFragmentsNorthSouth(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	_, ifindex := nodeNetns(t)
 	d := openTest(t, smallConfig(testPinDir(t)))
 	m := d.Maps()

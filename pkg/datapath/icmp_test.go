@@ -17,9 +17,10 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
-	"github.com/sluice-lb/sluice/pkg/topology"
 )
 
 // ICMP errors about translated flows (B7). An error quotes the packet that
@@ -136,7 +137,7 @@ func TestTCICMPErrors(t *testing.T) {
 // -> backend> to the client as about <client -> NodePort>, and the
 // client's port unreachable about a reply on to the backend.
 func TestTCICMPErrorsNorthSouth(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	_, ifindex := nodeNetns(t)
 	d := openTest(t, smallConfig(testPinDir(t)))
 	m := d.Maps()

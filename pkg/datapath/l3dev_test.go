@@ -15,6 +15,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
@@ -141,8 +143,8 @@ func openTun(t *testing.T, name string) *os.File {
 // on that device, what the node sends through it the test reads.
 func tunNetns(t *testing.T) (tun0, tun1 *os.File, ethIdx int) {
 	t.Helper()
-	ns := newTestNetns(t)
-	enterNetns(t, ns)
+	ns := topology.NewNS(t, "tun")
+	ns.Enter(t)
 	for key, val := range map[string]string{
 		"ipv4/conf/all/forwarding":       "1",
 		"ipv6/conf/all/disable_ipv6":     "1", // no router solicitations on the tuns
@@ -213,7 +215,7 @@ func readIPv4(t *testing.T, tun *os.File) []byte {
 // read, forwarded by the node (TTL one less), from the other, or from the
 // same one when tc answers it itself.
 func TestTCL3Device(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	tun0, tun1, ethIdx := tunNetns(t)
 	d := openTest(t, smallConfig(testPinDir(t)))
 	if err := d.AttachDevices([]string{"tun0", "tun1", "eth0"}); err != nil {
@@ -314,7 +316,7 @@ func TestTCL3Device(t *testing.T) {
 // answer leaves through tun0, where tc restores the VIP, and is read back
 // from the tun.
 func TestTCL3DeviceEndToEnd(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	tun, _, _ := tunNetns(t)
 	d := openTest(t, smallConfig(testPinDir(t)))
 	lo, err := netlink.LinkByName("lo")

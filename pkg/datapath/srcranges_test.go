@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
@@ -13,7 +14,7 @@ import (
 // back per frontend (what Restore rebuilds its view from), deletes are
 // idempotent, and what the LPM trie cannot hold is refused.
 func TestSourceRangesRoundTrip(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	m := newTestDatapath(t).Maps()
 	lb := l4("192.168.1.200", 80, model.TCP)
 	lbU := l4("192.168.1.200", 80, model.UDP)

@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
@@ -77,7 +78,7 @@ func mapID(t *testing.T, m *ebpf.Map) ebpf.MapID {
 // keep using them); the metrics are copied into a map with room for more
 // reasons. Until then, OpenPinned (sluicectl) reads the old pins.
 func TestOpenMigratesPins(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	bpffs := testPinDir(t)
 	old := pinRelease0(t, bpffs)
 
@@ -242,9 +243,9 @@ func TestOpenMigratesPins(t *testing.T) {
 // updated in place to sluice_getpeername4: the same link, never a moment
 // without a program.
 func TestAttachReplacesRenamedProgram(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	bpffs := testPinDir(t)
-	cg := newTestCgroup(t)
+	cg := newTestCgroup(t).Path
 	prev, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name:         "sluice_getpeer4",
 		Type:         ebpf.CGroupSockAddr,

@@ -1,8 +1,6 @@
 package reconciler_test
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"flag"
 	"fmt"
 	"net/netip"
@@ -12,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/pkg/k8s"
 	"github.com/sluice-lb/sluice/pkg/manifest"
@@ -48,20 +47,12 @@ func TestGolden(t *testing.T) {
 // same dumps: the fake and the kernel agree, and Restore reads back from
 // the pins everything Apply wrote.
 func TestGoldenPinnedMaps(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates pinned BPF maps")
-	}
+	testutil.Privileged(t)
 	if *update {
 		t.Skip("-update rewrites the golden files from the fake")
 	}
 	forEachGoldenCase(t, func(t *testing.T, dir string) {
-		var b [6]byte
-		rand.Read(b[:])
-		bpffs := filepath.Join(datapath.DefaultBPFFS, "sluice-golden-"+hex.EncodeToString(b[:]))
-		if err := os.Mkdir(bpffs, 0o700); err != nil {
-			t.Fatalf("create pin dir: %v", err)
-		}
-		t.Cleanup(func() { os.RemoveAll(bpffs) })
+		bpffs := testutil.PinDir(t)
 		d, err := datapath.Open(datapath.Config{
 			BPFFS: bpffs, MaxServices: 256, MaxBackends: 1024, MaxServiceEntries: 4096, MaxConntrack: 256, MaxSockRev: 256,
 		})

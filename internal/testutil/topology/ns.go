@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -111,6 +112,40 @@ func (n *NS) Do(fn func() error) error {
 	return fnErr
 }
 
+// Enter locks the calling goroutine to its OS thread and moves the thread
+// into the namespace until t ends, when it moves back. Sockets, netlink
+// requests and BPF_PROG_TEST_RUN contexts this goroutine makes meanwhile
+// happen inside the namespace. Subtests run on goroutines of their own
+// and must call Enter again.
+func (n *NS) Enter(t testing.TB) {
+	t.Helper()
+	runtime.LockOSThread()
+	origin, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatalf("get current netns: %v", err)
+	}
+	if err := netns.Set(n.handle); err != nil {
+		origin.Close()
+		runtime.UnlockOSThread()
+		t.Fatalf("enter netns %s: %v", n.Name, err)
+	}
+	t.Cleanup(func() {
+		defer origin.Close()
+		if err := netns.Set(origin); err != nil {
+			// Leave the thread locked: the runtime discards it with
+			// the goroutine.
+			t.Errorf("leave netns %s: %v", n.Name, err)
+			return
+		}
+		runtime.UnlockOSThread()
+	})
+}
+
+// Fd is the namespace's file descriptor, for moving a device into it
+// (netlink.LinkSetNsFd). It stays valid until the topology closes.
+func (n *NS) Fd() int { return int(n.handle) }
+
 // LinkUp sets dev up.
 func (n *NS) LinkUp(dev string) error {
 	link, err := n.nl.LinkByName(dev)
@@ -203,6 +238,17 @@ func (n *NS) HTTPClient(timeout time.Duration) *http.Client {
 			DisableKeepAlives: true,
 		},
 	}
+}
+
+// Run runs name with args inside the namespace and waits for it; its
+// combined output is in the error if it fails. For one-off configuration
+// this package has no method for (ip rule, nft).
+func (n *NS) Run(ctx context.Context, name string, args ...string) error {
+	out, err := n.Command(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s in %s: %w: %s", name, strings.Join(args, " "), n.Name, err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // Command returns a command that runs inside the namespace through nsenter.

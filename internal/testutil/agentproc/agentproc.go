@@ -1,9 +1,12 @@
-// Package harness runs the real sluice binary inside a topology built by
-// pkg/topology: it builds the binaries, writes manifests of Services and
-// EndpointSlices, starts and stops the agent in the node namespace, and
-// reads the datapath back with sluicectl. The end-to-end tests and the demo
-// share it.
-package harness
+// Package agentproc runs the real sluice binary as a process inside a
+// namespace of package topology: it builds the binaries (once per test
+// process), writes manifests of Services and EndpointSlices atomically,
+// starts the agent, waits for its readiness, reads the datapath back with
+// sluicectl, and tears it down, asserting that it exits cleanly on
+// SIGTERM and that `sluice cleanup` removes what it installed. The
+// end-to-end, north-south and Kubernetes tests, the demo and the
+// benchmarks all run the agent through it.
+package agentproc
 
 import (
 	"bytes"
@@ -12,98 +15,14 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/sluice-lb/sluice/pkg/topology"
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 )
-
-// Binaries are the built sluice and sluicectl.
-type Binaries struct {
-	Sluice, Sluicectl string
-}
-
-// Build compiles cmd/sluice and cmd/sluicectl of this module into dir.
-func Build(ctx context.Context, dir string) (Binaries, error) {
-	root, err := moduleRoot(ctx)
-	if err != nil {
-		return Binaries{}, err
-	}
-	b := Binaries{Sluice: filepath.Join(dir, "sluice"), Sluicectl: filepath.Join(dir, "sluicectl")}
-	for _, x := range []struct{ pkg, out string }{{"./cmd/sluice", b.Sluice}, {"./cmd/sluicectl", b.Sluicectl}} {
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", x.out, x.pkg)
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOTOOLCHAIN=local")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return Binaries{}, fmt.Errorf("go build %s: %w\n%s", x.pkg, err, out)
-		}
-	}
-	return b, nil
-}
-
-func moduleRoot(ctx context.Context) (string, error) {
-	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", errors.New("not inside the sluice module")
-	}
-	return filepath.Dir(mod), nil
-}
-
-var shared struct {
-	once sync.Once
-	dir  string
-	bins Binaries
-	err  error
-}
-
-// Shared builds the binaries once per test process, into a directory that
-// RemoveShared deletes (call it from TestMain after m.Run).
-func Shared(t testing.TB) Binaries {
-	t.Helper()
-	shared.once.Do(func() {
-		if shared.dir, shared.err = os.MkdirTemp("", "sluice-bin-"); shared.err == nil {
-			shared.bins, shared.err = Build(context.Background(), shared.dir)
-		}
-	})
-	if shared.err != nil {
-		t.Fatal(shared.err)
-	}
-	return shared.bins
-}
-
-// RemoveShared deletes what Shared built.
-func RemoveShared() {
-	if shared.dir != "" {
-		os.RemoveAll(shared.dir)
-	}
-}
-
-// WriteFile replaces path atomically (write a temporary file, rename), so a
-// watcher never reads half a manifest.
-func WriteFile(path, content string) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".manifest-*")
-	if err != nil {
-		return err
-	}
-	if _, err := tmp.WriteString(content); err != nil {
-		tmp.Close()
-		os.Remove(tmp.Name())
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
-}
 
 // Agent is a sluice agent running in a namespace.
 type Agent struct {
@@ -115,7 +34,7 @@ type Agent struct {
 	// served inside NS.
 	HealthAddr, MetricsAddr string
 
-	Log  *Buffer
+	Log  *testutil.Buffer
 	proc *topology.Process
 }
 
@@ -132,7 +51,7 @@ type AgentConfig struct {
 // next to cfg.BPFFS left by killed runs are removed first.
 func NewAgent(bin Binaries, ns *topology.NS, cfg AgentConfig) *Agent {
 	_ = topology.SweepStale(filepath.Dir(cfg.BPFFS))
-	a := &Agent{Bin: bin, NS: ns, BPFFS: cfg.BPFFS, HealthAddr: "127.0.0.1:10256", MetricsAddr: "127.0.0.1:10249", Log: &Buffer{}}
+	a := &Agent{Bin: bin, NS: ns, BPFFS: cfg.BPFFS, HealthAddr: "127.0.0.1:10256", MetricsAddr: "127.0.0.1:10249", Log: &testutil.Buffer{}}
 	a.Args = []string{
 		"--manifests", cfg.Manifests,
 		"--bpffs", cfg.BPFFS,
@@ -167,11 +86,8 @@ func StartAgent(t testing.TB, bin Binaries, ns *topology.NS, cfg AgentConfig, re
 			counters, err := a.Counters(context.Background())
 			t.Logf("agent in %s: counters (%v):\n%s\nlog:\n%s", ns.Name, err, counters, a.Log.String())
 		}
-		if err := a.Stop(); err != nil {
-			t.Errorf("stop agent in %s: %v", ns.Name, err)
-		}
-		if err := a.Cleanup(context.Background()); err != nil {
-			t.Errorf("cleanup agent in %s: %v", ns.Name, err)
+		if err := a.Teardown(context.Background()); err != nil {
+			t.Error(err)
 		}
 	})
 	if err := a.Start(); err != nil {
@@ -199,6 +115,32 @@ func (a *Agent) Start() error {
 	}
 	a.proc = p
 	return nil
+}
+
+// Pid is the agent's process id (nsenter execs the agent: the pid is the
+// agent's own), or 0 before Start.
+func (a *Agent) Pid() int {
+	if a.proc == nil {
+		return 0
+	}
+	return a.proc.Cmd.Process.Pid
+}
+
+// Exited returns how the agent ended, or nil while it runs (or before
+// Start).
+func (a *Agent) Exited() error {
+	if a.proc == nil {
+		return nil
+	}
+	select {
+	case <-a.proc.Exited():
+		if err := a.proc.Err(); err != nil {
+			return fmt.Errorf("agent exited: %w", err)
+		}
+		return errors.New("agent exited")
+	default:
+		return nil
+	}
 }
 
 // Stop sends SIGTERM and waits for the agent to exit; it returns an error
@@ -238,26 +180,23 @@ func (a *Agent) Get(addr, path string) (string, error) {
 	return body.String(), nil
 }
 
-// WaitReady polls /readyz until it answers 200, the agent exits, or timeout.
+// WaitReady polls /readyz until it answers 200, the agent exits, or
+// timeout.
 func (a *Agent) WaitReady(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := a.Ready()
-		if err == nil {
-			return nil
+	var exited error
+	err := testutil.Poll(timeout, func() error {
+		if exited = a.Exited(); exited != nil {
+			return nil // no use waiting any longer
 		}
-		if a.proc != nil {
-			select {
-			case <-a.proc.Exited():
-				return fmt.Errorf("agent exited (%v) before ready", a.proc.Err())
-			default:
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("agent not ready after %v: %w", timeout, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return a.Ready()
+	})
+	if exited != nil {
+		return fmt.Errorf("%w before ready", exited)
 	}
+	if err != nil {
+		return fmt.Errorf("agent not ready after %v: %w", timeout, err)
+	}
+	return nil
 }
 
 // Services returns `sluicectl services` as run in the agent's namespace.
@@ -268,6 +207,37 @@ func (a *Agent) Services(ctx context.Context) (string, error) {
 // Counters returns `sluicectl counters`.
 func (a *Agent) Counters(ctx context.Context) (string, error) {
 	return a.ctl(ctx, "counters")
+}
+
+// Counter returns one datapath counter from `sluicectl counters`; an
+// error if there is no counter of that name.
+func (a *Agent) Counter(ctx context.Context, name string) (uint64, error) {
+	all, err := a.CounterMap(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n, ok := all[name]
+	if !ok {
+		return 0, fmt.Errorf("no counter %s in sluicectl counters", name)
+	}
+	return n, nil
+}
+
+// CounterMap returns every datapath counter from `sluicectl counters`.
+func (a *Agent) CounterMap(ctx context.Context) (map[string]uint64, error) {
+	out, err := a.Counters(ctx)
+	if err != nil {
+		return nil, err
+	}
+	counters := map[string]uint64{}
+	for _, l := range strings.Split(out, "\n") {
+		var name string
+		var n uint64
+		if _, err := fmt.Sscan(l, &name, &n); err == nil {
+			counters[name] = n
+		}
+	}
+	return counters, nil
 }
 
 func (a *Agent) ctl(ctx context.Context, what string) (string, error) {
@@ -281,34 +251,40 @@ func (a *Agent) ctl(ctx context.Context, what string) (string, error) {
 	return string(out), nil
 }
 
-// Cleanup runs `sluice cleanup` in the agent's namespace (the clsact
-// filters it removes are per namespace) and then removes the BPFFS
-// directory itself.
-func (a *Agent) Cleanup(ctx context.Context) error {
+// Teardown stops the agent, which must exit cleanly (status 0) on
+// SIGTERM, and then removes what it installed (Cleanup); it returns the
+// errors of both.
+func (a *Agent) Teardown(ctx context.Context) error {
+	var errs []error
+	if err := a.Stop(); err != nil {
+		errs = append(errs, fmt.Errorf("stop agent in %s: %w", a.NS.Name, err))
+	}
+	if err := a.Cleanup(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("cleanup agent in %s: %w", a.NS.Name, err))
+	}
+	return errors.Join(errs...)
+}
+
+// Uninstall runs `sluice cleanup` in the agent's namespace (the clsact
+// filters it removes are per namespace): the datapath is gone, the BPFFS
+// directory stays (a benchmark that mounted a bpffs there starts the agent
+// again on it).
+func (a *Agent) Uninstall(ctx context.Context) error {
 	out, err := a.NS.Command(ctx, a.Bin.Sluice, "cleanup", "--bpffs", a.BPFFS).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("sluice cleanup: %w: %s", err, out)
+	}
+	return nil
+}
+
+// Cleanup uninstalls the agent's datapath and then removes the BPFFS
+// directory itself.
+func (a *Agent) Cleanup(ctx context.Context) error {
+	if err := a.Uninstall(ctx); err != nil {
+		return err
 	}
 	if err := os.RemoveAll(a.BPFFS); err != nil {
 		return fmt.Errorf("remove %s: %w", a.BPFFS, err)
 	}
 	return nil
-}
-
-// Buffer is a bytes.Buffer safe for concurrent writes and reads.
-type Buffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *Buffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *Buffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

@@ -91,3 +91,28 @@ func (t *Topology) BuildLB(n int) (*LB, error) {
 	}
 	return lb, nil
 }
+
+// ServeHTTP starts on every backend an HTTP server on port of its address
+// (NS.ServeHTTP) that answers with namePrefix and the backend's number
+// ("backend-1", ...), and returns those names in backend order: what a
+// client that asks who answered compares with.
+func (lb *LB) ServeHTTP(port uint16, namePrefix string) ([]string, error) {
+	var names []string
+	for i, be := range lb.Backends {
+		name := fmt.Sprintf("%s%d", namePrefix, i+1)
+		if _, err := be.ServeHTTP(netip.AddrPortFrom(lb.BackendAddrs[i], port).String(), name); err != nil {
+			return nil, err
+		}
+		names = append(names, name)
+	}
+	return names, nil
+}
+
+// BackendAddrStrings are BackendAddrs as strings, as manifests list them.
+func (lb *LB) BackendAddrStrings() []string {
+	var out []string
+	for _, a := range lb.BackendAddrs {
+		out = append(out, a.String())
+	}
+	return out
+}

@@ -2,7 +2,6 @@ package topology
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,20 +11,17 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/pkg/datapath"
 )
 
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces)")
-	}
-}
-
 func TestLBTopologyCarriesTrafficAndCleansUp(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	topo, err := New()
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +136,7 @@ func TestLBTopologyCarriesTrafficAndCleansUp(t *testing.T) {
 }
 
 func TestDoRestoresThreadNamespace(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	topo := NewT(t)
 	ns, err := topo.AddNS("solo")
 	if err != nil {
@@ -160,30 +156,36 @@ func TestDoRestoresThreadNamespace(t *testing.T) {
 	if inside == before {
 		t.Fatalf("Do ran in the caller's namespace %s", inside)
 	}
-	// No thread of the process is left in the test namespace: look from
-	// many goroutines, which land on arbitrary threads.
-	done := make(chan string)
-	for range 20 {
-		go func() {
-			now, _ := os.Readlink("/proc/thread-self/ns/net")
-			done <- now
-		}()
-	}
-	for range 20 {
-		if now := <-done; now == inside {
+	// No thread of the process is left in the test namespace.
+	for _, now := range threadNamespaces(20) {
+		if now == inside {
 			t.Fatal("a thread was left in the test namespace")
 		}
 	}
 }
 
+// threadNamespaces returns the network namespaces n goroutines find their
+// threads in: goroutines land on arbitrary threads of the process.
+func threadNamespaces(n int) []string {
+	done := make(chan string)
+	for range n {
+		go func() {
+			now, _ := os.Readlink("/proc/thread-self/ns/net")
+			done <- now
+		}()
+	}
+	var out []string
+	for range n {
+		out = append(out, <-done)
+	}
+	return out
+}
+
 func TestCgroupPutsChildAndCleansUp(t *testing.T) {
-	requireRoot(t)
-	mount := "/sys/fs/cgroup/unified"
-	if _, err := os.Stat(filepath.Join(mount, "cgroup.procs")); err != nil {
-		mount = "/sys/fs/cgroup"
-		if _, err := os.Stat(filepath.Join(mount, "cgroup.controllers")); err != nil {
-			t.Skip("no cgroup v2 mount found")
-		}
+	testutil.Privileged(t)
+	mount, err := datapath.CgroupV2Mount()
+	if err != nil {
+		t.Fatal(err)
 	}
 	topo, err := New()
 	if err != nil {
@@ -225,7 +227,7 @@ func TestCgroupPutsChildAndCleansUp(t *testing.T) {
 }
 
 func TestProcessRunsInNamespaceAndStops(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	topo := NewT(t)
 	ns, err := topo.AddNS("proc")
 	if err != nil {
@@ -234,20 +236,19 @@ func TestProcessRunsInNamespaceAndStops(t *testing.T) {
 	if err := ns.AddAddr("lo", netip.MustParsePrefix("192.0.2.7/32")); err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	var out testutil.Buffer
 	// The trap is set before anything is printed, so once the address shows
 	// up, SIGTERM reaches the trap and not the default action.
 	p, err := ns.Start(&out, nil, "sh", "-c", `trap "exit 3" TERM; cat /proc/net/fib_trie; while :; do sleep 0.05; done`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(out.String(), "192.0.2.7") {
-		if time.Now().After(deadline) {
-			t.Fatalf("child did not see the namespace's address; output:\n%s", out.String())
+	testutil.Eventually(t, "the child to see the namespace's address", 5*time.Second, func() error {
+		if !strings.Contains(out.String(), "192.0.2.7") {
+			return fmt.Errorf("output:\n%s", out.String())
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	err = p.Stop(5 * time.Second)
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 3 {
@@ -258,23 +259,6 @@ func TestProcessRunsInNamespaceAndStops(t *testing.T) {
 	default:
 		t.Fatal("Exited not closed after Stop")
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestSweepStaleRemovesOnlyDeadRuns(t *testing.T) {
@@ -299,4 +283,85 @@ func TestSweepStaleRemovesOnlyDeadRuns(t *testing.T) {
 			t.Errorf("%s removed: %v", d, err)
 		}
 	}
+}
+
+func TestEnterRunAndFd(t *testing.T) {
+	testutil.Privileged(t)
+	a, b := NewNS(t, "enter-a"), NewNS(t, "enter-b")
+	if err := a.Run(t.Context(), "ip", "link", "add", "mv0", "type", "veth", "peer", "name", "mv1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Run(t.Context(), "ip", "link", "show", "nosuchdev"); err == nil || !strings.Contains(err.Error(), "nosuchdev") {
+		t.Errorf("Run of a failing command = %v, want an error with its output", err)
+	}
+	before, err := os.Readlink("/proc/thread-self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("entered", func(t *testing.T) {
+		a.Enter(t)
+		inside, _ := os.Readlink("/proc/thread-self/ns/net")
+		if inside == before {
+			t.Fatal("Enter left the thread in the caller's namespace")
+		}
+		mv, err := netlink.LinkByName("mv0")
+		if err != nil {
+			t.Fatalf("the namespace's device is not visible after Enter: %v", err)
+		}
+		if err := netlink.LinkSetNsFd(mv, b.Fd()); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// The subtest's cleanup moved its thread back; the device moved to b.
+	if err := b.Run(t.Context(), "ip", "link", "show", "mv0"); err != nil {
+		t.Errorf("device not moved into the namespace of Fd: %v", err)
+	}
+	for _, now := range threadNamespaces(20) {
+		if now != before {
+			t.Fatalf("a thread was left in namespace %s after Enter's test ended", now)
+		}
+	}
+}
+
+func TestCgroupJoin(t *testing.T) {
+	testutil.Privileged(t)
+	mount, err := datapath.CgroupV2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig, err := ownCgroup()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg, err := NewT(t).AddCgroup(mount, "join")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("joined", func(t *testing.T) {
+		cg.Join(t)
+		if now, _ := ownCgroup(); now != "/"+filepath.Base(cg.Path) {
+			t.Errorf("process in cgroup %s after Join, want %s", now, cg.Path)
+		}
+	})
+	if now, _ := ownCgroup(); now != orig {
+		t.Errorf("process in cgroup %s after Join's test ended, want back in %s", now, orig)
+	}
+}
+
+// TestPidsIn: the sweep of a stale namespace finds what still runs in it.
+func TestPidsIn(t *testing.T) {
+	testutil.Privileged(t)
+	ns := NewNS(t, "pids")
+	cmd := ns.Command(t.Context(), "sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	// nsenter execs sleep after it has joined the namespace.
+	testutil.Eventually(t, "sleep to run in the namespace", 5*time.Second, func() error {
+		if pids := pidsIn(ns.Path); len(pids) != 1 || pids[0] != cmd.Process.Pid {
+			return fmt.Errorf("pidsIn = %v, want [%d]", pids, cmd.Process.Pid)
+		}
+		return nil
+	})
 }

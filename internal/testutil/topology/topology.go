@@ -1,6 +1,6 @@
 // Package topology builds throwaway network topologies out of named network
-// namespaces and veth pairs, for Sluice's end-to-end tests, demo and
-// benchmarks.
+// namespaces and veth pairs, for Sluice's datapath tests, end-to-end tests,
+// demo and benchmarks: the one namespace library of the module.
 //
 // Every namespace gets a name unique to the process and the topology
 // ("sl-<pid>-<n>-client"), so concurrent runs never collide, and everything
@@ -11,7 +11,9 @@
 // the thread joins the namespace (setns), and a socket created there stays in
 // that namespace for its whole life, whichever thread later uses it. Child
 // processes are started with nsenter, which, unlike `ip netns exec`, does not
-// remount /sys and so leaves bpffs at /sys/fs/bpf visible.
+// remount /sys and so leaves bpffs at /sys/fs/bpf visible. A test that
+// wants a whole goroutine inside a namespace (netlink calls, raw sockets,
+// BPF_PROG_TEST_RUN with a device's ifindex) calls NS.Enter instead.
 package topology
 
 import (
@@ -69,6 +71,17 @@ func NewT(t testing.TB) *Topology {
 		}
 	})
 	return topo
+}
+
+// NewNS returns a namespace of its own for a test: a topology of one
+// namespace, closed by t.Cleanup.
+func NewNS(t testing.TB, name string) *NS {
+	t.Helper()
+	ns, err := NewT(t).AddNS(name)
+	if err != nil {
+		t.Fatalf("topology: %v", err)
+	}
+	return ns
 }
 
 // Prefix is the string every namespace name of this topology starts with.
@@ -140,11 +153,39 @@ func (t *Topology) Veth(a *NS, aDev string, b *NS, bDev string) error {
 }
 
 // sweepStale deletes namespaces left behind by runs of this package whose
-// process no longer exists (killed before they could clean up).
+// process no longer exists (killed before they could clean up), and kills
+// what still runs in them: children that were not tied to the run's life
+// (Pdeathsig follows the thread that forked, not the process).
 func sweepStale() {
 	for _, name := range staleNames(netnsDir) {
-		_ = unmountAndRemove(filepath.Join(netnsDir, name))
+		path := filepath.Join(netnsDir, name)
+		for _, pid := range pidsIn(path) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		_ = unmountAndRemove(path)
 	}
+}
+
+// pidsIn lists the processes whose network namespace is the one bound at
+// path, as `ip netns pids` does: by the namespace's inode.
+func pidsIn(path string) []int {
+	var ns syscall.Stat_t
+	if err := syscall.Stat(path, &ns); err != nil {
+		return nil
+	}
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		var st syscall.Stat_t
+		if syscall.Stat(filepath.Join("/proc", e.Name(), "ns", "net"), &st) == nil && st.Dev == ns.Dev && st.Ino == ns.Ino {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // SweepStale removes the entries of dir (recursively) named by runs of this
