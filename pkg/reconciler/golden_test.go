@@ -188,10 +188,10 @@ func (c *counting) DeleteSourceRange(fe model.L4Addr, p netip.Prefix) error {
 	return c.count(c.Datapath.DeleteSourceRange(fe, p))
 }
 
-func (c *counting) FlushConntrack(b model.L4Addr) error {
-	err := c.Datapath.FlushConntrack(b)
+func (c *counting) FlushConntrack(bs []model.L4Addr) error {
+	err := c.Datapath.FlushConntrack(bs)
 	if err == nil {
-		c.flushed = append(c.flushed, b)
+		c.flushed = append(c.flushed, bs...)
 	}
 	return err
 }
