@@ -5,10 +5,13 @@
  *
  * Ingress: a reply of a translated flow (CT_REVERSE hit) gets its source
  * rewritten back to the VIP; a packet to a service is DNATed to a backend,
- * reusing the flow's conntrack entry when there is one; a packet to a
- * service without backends is answered with ICMP port unreachable.
+ * reusing the flow's conntrack entry when there is one; a new flow to a
+ * service without backends is answered with ICMP port unreachable (its
+ * established flows go on: conntrack comes first).
  * Egress: replies leaving towards the client get their source rewritten
- * back to the VIP. Everything else passes untouched.
+ * back to the VIP. Both: ICMP errors about translated flows are
+ * translated back (icmp_xlate.h), and later IPv4 fragments get their first
+ * fragment's translation (frag.h). Everything else passes untouched.
  *
  * North-south (NodePort, ExternalIP and LoadBalancer frontends, flagged
  * SVC_F_EXTERNAL): a new flow whose backend is reached through one of the
@@ -26,100 +29,172 @@
 #include "lib/maps.h"
 #include "lib/metrics.h"
 #include "lib/parse.h"
+#include "lib/frag.h"
 #include "lib/csum.h"
 #include "lib/lb.h"
 #include "lib/conntrack.h"
 #include "lib/icmp.h"
 #include "lib/nat.h"
+#include "lib/icmp_xlate.h"
+
+/* What the parse step found. */
+enum pkt_kind {
+	PKT_PASS,     /* nothing to translate */
+	PKT_L4,	      /* a TCP/UDP packet (or a later fragment, given ports) */
+	PKT_ICMP_ERR, /* an ICMP error, perhaps about a translated flow */
+};
 
 /*
- * parse_or_pass - parse @skb; returns true if it is a translatable packet,
- * counting the reason when it is not.
+ * parse_tc - parse @skb, counting the reason when it is not translatable.
+ * A first fragment's ports are recorded for the later ones, which take
+ * them from there (frag.h).
  */
-static __always_inline bool parse_or_pass(struct __sk_buff *skb, struct pkt4 *p)
+static __always_inline enum pkt_kind parse_tc(struct __sk_buff *skb,
+					      struct pkt4 *p)
 {
 	switch (parse_ipv4(skb, p)) {
 	case PARSE_OK:
-		return true;
+		if (p->frag_first)
+			frag_record(p);
+		return PKT_L4;
 	case PARSE_MALFORMED:
 		metric_inc(METRIC_TC_MALFORMED);
-		return false;
+		return PKT_PASS;
 	case PARSE_FRAGMENT:
+		if (frag_follow(p)) {
+			metric_inc(METRIC_TC_FRAG_LATER);
+			return PKT_L4;
+		}
 		metric_inc(METRIC_TC_FRAGMENT);
-		return false;
+		return PKT_PASS;
+	case PARSE_ICMP_ERR:
+		return PKT_ICMP_ERR;
 	default:
-		return false;
+		return PKT_PASS;
 	}
+}
+
+/*
+ * rev_dnat - the reply @p of a flow that was DNATed only gets the frontend
+ * <@fe_addr, @fe_port> back as its source. Returns a TC verdict.
+ *
+ * At @ingress of a device, a reply to an external frontend (the pod's
+ * device, when --devices lists it) would then carry the node's own
+ * address as its source, and the stack drops such a packet as a martian:
+ *
+ *   C -> N:30080 (eth0)  DNAT  C -> P:8080 (stack, pod0)
+ *   P:8080 -> C (pod0)   reverse NAT  N:30080 -> C, "from" N: martian
+ *
+ * So it is sent to the client directly (FIB lookup and redirect), unless
+ * it does not fit or its TTL would expire: then it goes to the stack as it
+ * came, to be forwarded (and translated at the egress of the client's
+ * device) or refused like any routed packet. Where no route is found (a
+ * client on the node), it is passed up as before.
+ */
+static __always_inline int rev_dnat(struct __sk_buff *skb, const struct pkt4 *p,
+				    __be32 fe_addr, __be16 fe_port,
+				    bool ingress)
+{
+	struct fib4 f = {};
+	bool redirect = ingress && fe_external(fe_addr, fe_port, p->proto) &&
+			!fib4_lookup(skb, skb->ifindex, fe_addr, p->daddr, &f);
+	int ret;
+
+	if (redirect) {
+		ret = fwd_check(skb, p, &f, true);
+		if (ret >= 0)
+			return ret;
+	}
+	if (rewrite_l4addr(skb, p, false, fe_addr, fe_port) < 0) {
+		metric_inc(METRIC_TC_REWRITE_ERR);
+		return TC_ACT_SHOT;
+	}
+	metric_inc(METRIC_TC_REV_NAT);
+	if (!redirect)
+		return TC_ACT_OK;
+	metric_inc(METRIC_TC_REV_REDIRECT);
+	return redirect_fib(skb, p, &f);
 }
 
 /*
  * rev_nat - if @p is a reply of a translated flow, rewrite its source back
  * to the frontend (and, for a source-NATed flow, its destination back to
- * the client, then send it to the client). Returns a TC verdict, or -1 if
- * @p is not such a reply.
+ * the client, then send it to the client). @ingress: @p is at a device's
+ * ingress. Returns a TC verdict, or -1 if @p is not such a reply.
  */
 static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
-				   __u64 now)
+				   __u64 now, bool ingress)
 {
 	struct ct4_key key = {};
 	struct ct4_entry *e;
 	__be32 fe_addr, client;
 	__be16 fe_port, cport;
 	struct fib4 f = {};
+	int err, ret;
 
-	ct_key_of(&key, p, CT_REVERSE);
-	e = ct_lookup(&key, now);
+	e = ct_reply(p, &key, now, &err);
+	if (err) {
+		/* The first reply of a flow that cannot become established:
+		 * the flow is refused (see conntrack.h).
+		 */
+		metric_inc(err == -EEXIST ? METRIC_TC_CT_CLASH :
+					    METRIC_TC_CT_EST_FULL);
+		return TC_ACT_SHOT;
+	}
 	if (!e)
 		return -1;
-	ct_track_tcp(p, &key, e);
+	ct_track_tcp(p, &key, e, now);
 	fe_addr = e->nat_addr;
 	fe_port = e->nat_port;
-	if (!(e->flags & CT_F_SNAT)) {
-		if (rewrite_l4addr(skb, p, false, fe_addr, fe_port) < 0) {
-			metric_inc(METRIC_TC_REWRITE_ERR);
-			return TC_ACT_SHOT;
-		}
-		metric_inc(METRIC_TC_REV_NAT);
-		return TC_ACT_OK;
-	}
+	if (!(e->flags & CT_F_SNAT))
+		return rev_dnat(skb, p, fe_addr, fe_port, ingress);
 
 	/* <B -> N:sp> becomes <F -> C>. */
 	client = e->snat_addr;
 	cport = e->snat_port;
+	if (fib4_lookup(skb, skb->ifindex, fe_addr, client, &f) < 0) {
+		metric_inc(METRIC_TC_FIB_ERR);
+		return TC_ACT_SHOT;
+	}
+	ret = fwd_check(skb, p, &f, false);
+	if (ret >= 0)
+		return ret;
 	if (rewrite_l4addr(skb, p, false, fe_addr, fe_port) < 0 ||
 	    rewrite_l4addr(skb, p, true, client, cport) < 0) {
 		metric_inc(METRIC_TC_REWRITE_ERR);
 		return TC_ACT_SHOT;
 	}
-	if (fib4_lookup(skb, skb->ifindex, fe_addr, client, &f) < 0) {
-		metric_inc(METRIC_TC_FIB_ERR);
-		return TC_ACT_SHOT;
-	}
 	metric_inc(METRIC_TC_REV_NAT);
-	return redirect_fib(skb, &f);
+	return redirect_fib(skb, p, &f);
 }
 
 /*
- * lb4_check_frontend - what a packet to frontend @svc meets before any
- * backend: its loadBalancerSourceRanges, and the reply to a service with
- * no backends. Returns a TC verdict to end with, or -1 if @p goes on to a
- * backend.
+ * lb4_check_source - a frontend's loadBalancerSourceRanges. Returns a TC
+ * verdict to end with, or -1 if @p may go on.
  */
-static __always_inline int lb4_check_frontend(struct __sk_buff *skb,
-					      const struct pkt4 *p,
-					      const struct lb4_service *svc)
+static __always_inline int lb4_check_source(const struct pkt4 *p,
+					    const struct lb4_service *svc)
 {
-	enum svc_flags flags = svc->flags;
-	int ret;
-
-	if ((flags & SVC_F_SRC_RANGES) &&
+	if ((svc->flags & SVC_F_SRC_RANGES) &&
 	    !source_allowed(p->daddr, p->dport, p->proto, p->saddr)) {
 		metric_inc(METRIC_TC_SRC_RANGE_DENY);
 		return TC_ACT_SHOT;
 	}
-	if (svc->count != 0)
-		return -1;
-	if (flags & SVC_F_LOCAL) {
+	return -1;
+}
+
+/*
+ * lb4_refuse - the answer to a new flow to frontend @svc, which has no
+ * backends: ICMP port unreachable, or a drop for externalTrafficPolicy
+ * Local. Returns a TC verdict.
+ */
+static __always_inline int lb4_refuse(struct __sk_buff *skb,
+				      const struct pkt4 *p,
+				      const struct lb4_service *svc)
+{
+	int ret;
+
+	if (svc->flags & SVC_F_LOCAL) {
 		/* kube-proxy drops too: an external load balancer
 		 * health-checks nodes and stops sending here.
 		 */
@@ -177,8 +252,12 @@ nat_remote(struct __sk_buff *skb, const struct pkt4 *p,
 		/* Without its reply entry the flow cannot work: refuse it
 		 * rather than half-NAT it.
 		 */
-		metric_inc(err > 0 ? METRIC_TC_SNAT_EXHAUSTED :
-				     METRIC_TC_CT_FULL);
+		if (err > 0)
+			metric_inc(METRIC_TC_SNAT_EXHAUSTED);
+		else if (err == -E2BIG)
+			metric_inc(METRIC_TC_CT_EST_FULL);
+		else
+			metric_inc(METRIC_TC_CT_FULL);
 		return -1;
 	}
 	metric_inc(METRIC_TC_SNAT_NEW);
@@ -186,56 +265,139 @@ nat_remote(struct __sk_buff *skb, const struct pkt4 *p,
 }
 
 /*
- * lb4_select - where a packet to frontend @svc goes: the backend of its
- * flow's conntrack entry while that is usable (ct_fwd_usable), else a
- * backend selected now, recorded in conntrack (and source-NATed when it
- * is remote, see nat_remote).
+ * lb4_ct_follow - send @p, a packet of the flow of the usable forward
+ * entry @fwd (under @key), where the flow goes. Returns 0 with @x filled
+ * in, or -1 if it must be dropped (counted).
+ */
+static __always_inline int lb4_ct_follow(const struct pkt4 *p,
+					 const struct ct4_key *key,
+					 struct ct4_entry *fwd, __u64 now,
+					 struct lb4_xlate *x)
+{
+	int err;
+
+	x->nat_addr = fwd->nat_addr;
+	x->nat_port = fwd->nat_port;
+	if (fwd->flags & CT_F_SNAT) {
+		x->snat = true;
+		x->snat_addr = fwd->snat_addr;
+		x->snat_port = fwd->snat_port;
+	}
+	ct_refresh(fwd, p->proto, now);
+	ct_track_tcp(p, key, fwd, now);
+	err = ct_check_reverse(p, key, fwd, now);
+	if (err == -EEXIST) {
+		/* Another flow holds the reply tuple (the SNAT port): its
+		 * replies would go there. Never send from a tuple the flow
+		 * does not own.
+		 */
+		metric_inc(x->snat ? METRIC_TC_SNAT_LOST : METRIC_TC_CT_CLASH);
+		return -1;
+	}
+	if (err < 0) {
+		if (x->snat) {
+			/* The port is not reserved: the same. */
+			metric_inc(METRIC_TC_SNAT_LOST);
+			return -1;
+		}
+		metric_inc(METRIC_TC_CT_FULL);
+	}
+	metric_inc(METRIC_TC_DNAT_CT);
+	return 0;
+}
+
+/*
+ * lb4_new_flow - select a backend for a new flow of @p to frontend @svc
+ * and record the flow in conntrack (source-NATed when the backend is
+ * remote, see nat_remote). A backend whose reply tuple is another flow's
+ * (ct_create's clash: two VIPs sharing a backend) is passed over for the
+ * next slot's, up to CT_CLASH_TRIES backends.
  *
  * Returns 0 with @x filled in, or -1 if the packet must be dropped
  * (counted).
+ */
+#define CT_CLASH_TRIES 4
+
+static __always_inline int lb4_new_flow(struct __sk_buff *skb,
+					const struct pkt4 *p,
+					const struct lb4_service *svc,
+					__u64 now, struct lb4_xlate *x)
+{
+	__u32 count = svc->count, backend_id = 0, i;
+	struct lb4_backend *be;
+	__u16 slot = 0;
+	int ret;
+
+	be = select_backend_slot(p->daddr, p->dport, p->proto, svc, &backend_id,
+				 &slot);
+	for (i = 0; i < CT_CLASH_TRIES; i++) {
+		if (i > 0) {
+			if (i >= count)
+				break;
+			slot = slot % count + 1;
+			be = slot_backend(p->daddr, p->dport, p->proto, slot,
+					  &backend_id);
+		}
+		if (!be) {
+			metric_inc(METRIC_TC_BACKEND_MISSING);
+			return -1;
+		}
+		x->nat_addr = be->addr;
+		x->nat_port = be->port;
+		ret = nat_remote(skb, p, svc, be, backend_id, now, x);
+		if (ret)
+			return ret > 0 ? 0 : -1;
+		ret = ct_create(p, be, backend_id, svc->rev_nat_id, now);
+		if (ret == CT_CLASH)
+			continue;
+		if (ret < 0)
+			metric_inc(METRIC_TC_CT_FULL);
+		metric_inc(METRIC_TC_DNAT_NEW);
+		return 0;
+	}
+	metric_inc(METRIC_TC_CT_CLASH);
+	return -1;
+}
+
+/*
+ * lb4_select - where a packet to frontend @svc goes: the backend of its
+ * flow's conntrack entry while that is usable (ct_fwd_usable), else a
+ * backend selected now (lb4_new_flow). Conntrack comes first, so a
+ * Service that has dropped to zero endpoints keeps its established flows,
+ * as kube-proxy does; only a new flow is refused.
+ *
+ * Returns 0 with @x filled in, 1 if @p starts a flow to a frontend without
+ * backends (to refuse), or -1 if it must be dropped (counted).
  */
 static __always_inline int lb4_select(struct __sk_buff *skb,
 				      const struct pkt4 *p,
 				      const struct lb4_service *svc, __u64 now,
 				      struct lb4_xlate *x)
 {
-	struct lb4_backend *be;
 	struct ct4_key key = {};
 	struct ct4_entry *fwd;
-	__u32 backend_id = 0;
-	int ret;
+	bool half_open, gone;
 
 	ct_key_of(&key, p, CT_FORWARD);
-	fwd = ct_lookup(&key, now);
-	if (fwd && ct_fwd_usable(fwd, p)) {
-		x->nat_addr = fwd->nat_addr;
-		x->nat_port = fwd->nat_port;
-		if (fwd->flags & CT_F_SNAT) {
-			x->snat = true;
-			x->snat_addr = fwd->snat_addr;
-			x->snat_port = fwd->snat_port;
-		}
-		ct_track_tcp(p, &key, fwd);
-		if (ct_refresh_reverse(p, fwd, now) < 0)
-			metric_inc(METRIC_TC_CT_FULL);
-		metric_inc(METRIC_TC_DNAT_CT);
-		return 0;
+	fwd = ct_find(&key, now, &half_open);
+	if (fwd && ct_fwd_usable(fwd, p, &gone)) {
+		if (gone)
+			metric_inc(METRIC_TC_CT_BACKEND_GONE);
+		return lb4_ct_follow(p, &key, fwd, now, x);
 	}
-
-	be = select_backend(p->daddr, p->dport, p->proto, svc, &backend_id);
-	if (!be) {
-		metric_inc(METRIC_TC_BACKEND_MISSING);
+	if (p->frag_later) {
+		/* A later fragment follows its first fragment's flow, and
+		 * never starts one: its datagram would be split between two
+		 * backends (or, to a service without backends, it would be
+		 * refused with an ICMP error about a packet that has no L4
+		 * header to quote: RFC 1122 3.2.2).
+		 */
+		metric_inc(METRIC_TC_FRAG_DROP);
 		return -1;
 	}
-	x->nat_addr = be->addr;
-	x->nat_port = be->port;
-	ret = nat_remote(skb, p, svc, be, backend_id, now, x);
-	if (ret)
-		return ret > 0 ? 0 : -1;
-	if (ct_create(p, be, backend_id, svc->rev_nat_id, now) < 0)
-		metric_inc(METRIC_TC_CT_FULL);
-	metric_inc(METRIC_TC_DNAT_NEW);
-	return 0;
+	if (svc->count == 0)
+		return 1;
+	return lb4_new_flow(skb, p, svc, now, x);
 }
 
 /*
@@ -253,12 +415,25 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	svc = lookup_service(p->daddr, p->dport, p->proto);
 	if (!svc)
 		return TC_ACT_OK;
-	ret = lb4_check_frontend(skb, p, svc);
+	ret = lb4_check_source(p, svc);
 	if (ret >= 0)
 		return ret;
-	if (lb4_select(skb, p, svc, now, &x) < 0)
+	ret = lb4_select(skb, p, svc, now, &x);
+	if (ret < 0)
 		return TC_ACT_SHOT;
+	if (ret > 0)
+		return lb4_refuse(skb, p, svc);
 
+	if (x.snat) {
+		if (!x.have_fib && fib4_lookup(skb, skb->ifindex, x.snat_addr,
+					       x.nat_addr, &x.fib) < 0) {
+			metric_inc(METRIC_TC_FIB_ERR);
+			return TC_ACT_SHOT;
+		}
+		ret = fwd_check(skb, p, &x.fib, false);
+		if (ret >= 0)
+			return ret;
+	}
 	if (rewrite_l4addr(skb, p, true, x.nat_addr, x.nat_port) < 0 ||
 	    (x.snat &&
 	     rewrite_l4addr(skb, p, false, x.snat_addr, x.snat_port) < 0)) {
@@ -267,12 +442,7 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	}
 	if (!x.snat)
 		return TC_ACT_OK;
-	if (!x.have_fib && fib4_lookup(skb, skb->ifindex, x.snat_addr,
-				       x.nat_addr, &x.fib) < 0) {
-		metric_inc(METRIC_TC_FIB_ERR);
-		return TC_ACT_SHOT;
-	}
-	return redirect_fib(skb, &x.fib);
+	return redirect_fib(skb, p, &x.fib);
 }
 
 SEC("tc")
@@ -282,10 +452,16 @@ int sluice_ingress(struct __sk_buff *skb)
 	__u64 now;
 	int ret;
 
-	if (!parse_or_pass(skb, &p))
+	switch (parse_tc(skb, &p)) {
+	case PKT_L4:
+		break;
+	case PKT_ICMP_ERR:
+		return icmp_err_xlate(skb, &p, true);
+	default:
 		return TC_ACT_OK;
+	}
 	now = bpf_ktime_get_ns();
-	ret = rev_nat(skb, &p, now);
+	ret = rev_nat(skb, &p, now, true);
 	if (ret >= 0)
 		return ret;
 	return lb4_dnat(skb, &p, now);
@@ -297,9 +473,15 @@ int sluice_egress(struct __sk_buff *skb)
 	struct pkt4 p = {};
 	int ret;
 
-	if (!parse_or_pass(skb, &p))
+	switch (parse_tc(skb, &p)) {
+	case PKT_L4:
+		break;
+	case PKT_ICMP_ERR:
+		return icmp_err_xlate(skb, &p, false);
+	default:
 		return TC_ACT_OK;
-	ret = rev_nat(skb, &p, bpf_ktime_get_ns());
+	}
+	ret = rev_nat(skb, &p, bpf_ktime_get_ns(), false);
 	return ret >= 0 ? ret : TC_ACT_OK;
 }
 

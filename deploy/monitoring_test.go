@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
 )
 
 // query is one expression of the alerts or the dashboard, as
@@ -40,9 +41,7 @@ type series struct {
 // manifest, on a pin directory of its own, and its /metrics is scraped
 // once it has programmed.
 func TestMonitoringQueriesExistingMetrics(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the agent loads BPF programs")
-	}
+	testutil.Privileged(t) // the agent loads BPF programs
 	files := []string{filepath.Join("monitoring", "alerts.yaml"), filepath.Join("monitoring", "dashboard.json")}
 	var args []string
 	for _, f := range files {
@@ -130,15 +129,11 @@ endpoints:
 	}
 	// Pins of its own on the host's bpffs; no devices and no cgroup, so
 	// nothing is attached and the host's traffic is untouched.
-	bpffs := filepath.Join("/sys/fs/bpf", fmt.Sprintf("sl-%d-monitoring", os.Getpid()))
-	if err := os.Mkdir(bpffs, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	bpffs := testutil.PinDir(t)
 	t.Cleanup(func() {
 		if out, err := exec.Command(bin, "cleanup", "--bpffs", bpffs).CombinedOutput(); err != nil {
 			t.Errorf("sluice cleanup: %v\n%s", err, out)
 		}
-		os.RemoveAll(bpffs)
 	})
 	health, metrics := freeAddr(t), freeAddr(t)
 	var log bytes.Buffer

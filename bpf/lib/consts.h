@@ -26,6 +26,9 @@
 
 /* errno values returned to user space (linux/errno.h is not a UAPI header). */
 #define EPERM	     1
+#define ENOENT	     2
+#define E2BIG	     7
+#define EEXIST	     17
 #define ECONNREFUSED 111
 
 /*
@@ -43,6 +46,7 @@
 #define AF_INET 2
 
 /* IPv4 fragment bits of iphdr.frag_off (host order). */
+#define IP_DF	  0x4000
 #define IP_MF	  0x2000
 #define IP_OFFSET 0x1fff
 

@@ -60,6 +60,8 @@ static __always_inline __u16 csum_replace16(__u16 check, __u16 from, __u16 to)
  * rewrite_l4addr - replace one <address, port> of @p's packet.
  * @to_dst: rewrite the destination if true, else the source.
  *
+ * A later fragment (p->frag_later) gets only its address rewritten.
+ *
  * Returns 0 or a negative error from a helper (the packet may then be half
  * rewritten: callers drop it).
  */
@@ -75,11 +77,16 @@ static __always_inline int rewrite_l4addr(struct __sk_buff *skb,
 	int err;
 
 	if (old_addr != new_addr) {
-		err = bpf_l4_csum_replace(skb, p->csum_off, old_addr, new_addr,
-					  l4_flags | BPF_F_PSEUDO_HDR |
-						  sizeof(new_addr));
-		if (err < 0)
-			return err;
+		/* A later fragment has no L4 header: its first fragment's
+		 * rewrite fixes the checksum of the whole datagram.
+		 */
+		if (!p->frag_later) {
+			err = bpf_l4_csum_replace(
+				skb, p->csum_off, old_addr, new_addr,
+				l4_flags | BPF_F_PSEUDO_HDR | sizeof(new_addr));
+			if (err < 0)
+				return err;
+		}
 		err = bpf_l3_csum_replace(skb, p->l3_off + IP_CSUM_OFF,
 					  old_addr, new_addr, sizeof(new_addr));
 		if (err < 0)
@@ -89,7 +96,7 @@ static __always_inline int rewrite_l4addr(struct __sk_buff *skb,
 		if (err < 0)
 			return err;
 	}
-	if (old_port != new_port) {
+	if (old_port != new_port && !p->frag_later) {
 		err = bpf_l4_csum_replace(skb, p->csum_off, old_port, new_port,
 					  l4_flags | sizeof(new_port));
 		if (err < 0)

@@ -2,12 +2,12 @@ package main
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 )
 
@@ -37,17 +37,10 @@ func TestVersionNamesReleaseCommitAndObjects(t *testing.T) {
 // is loaded or pinned: nothing appears under a real bpffs directory, where
 // an agent that went on would pin its maps.
 func TestMissingManifestFailsBeforePinning(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the agent would otherwise fail for want of BPF rights, proving nothing")
-	}
-	bpffs := filepath.Join(datapath.DefaultBPFFS, fmt.Sprintf("sl-%d-missing-manifest", os.Getpid()))
-	if err := os.Mkdir(bpffs, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		datapath.Cleanup(bpffs)
-		os.RemoveAll(bpffs)
-	})
+	// Root, or the agent would fail for want of BPF rights, proving nothing.
+	testutil.Privileged(t)
+	bpffs := testutil.PinDir(t)
+	t.Cleanup(func() { datapath.Cleanup(bpffs) })
 	code := run([]string{"--manifests", filepath.Join(t.TempDir(), "typo.yaml"), "--bpffs", bpffs,
 		"--health-addr", "", "--metrics-addr", "", "--socket-lb=false", "--node-name", "n"})
 	if code == 0 {

@@ -13,9 +13,9 @@ import (
 
 // The values the agent and the BPF programs exchange through maps come
 // from bpf/lib/structs.h, never from a copy: bpf2go -type generates the
-// map layouts and the enums (ct_dir, ct_flags, svc_flags, metric_reason)
-// into sock_bpfel.go, and the metric labels are read from the same enum
-// in the embedded object's BTF.
+// map layouts and the enums (ct_dir, ct_flags, svc_flags, node_dev_flags,
+// metric_reason) into sock_bpfel.go, and the metric labels are read from
+// the same enum in the embedded object's BTF.
 
 // Conntrack directions (ct4_key.dir) and flags (ct4_entry.flags), typed
 // like the fields that hold them.
@@ -23,10 +23,15 @@ const (
 	ctForward = uint8(sockCtDirCT_FORWARD)
 	ctReverse = uint8(sockCtDirCT_REVERSE)
 
-	ctFlagSNAT   = uint8(sockCtFlagsCT_F_SNAT)
-	ctFlagFinFwd = uint8(sockCtFlagsCT_F_FIN_FWD)
-	ctFlagFinRev = uint8(sockCtFlagsCT_F_FIN_REV)
-	ctFlagRST    = uint8(sockCtFlagsCT_F_RST)
+	ctFlagSNAT    = uint32(sockCtFlagsCT_F_SNAT)
+	ctFlagFinFwd  = uint32(sockCtFlagsCT_F_FIN_FWD)
+	ctFlagFinRev  = uint32(sockCtFlagsCT_F_FIN_REV)
+	ctFlagRST     = uint32(sockCtFlagsCT_F_RST)
+	ctFlagReplied = uint32(sockCtFlagsCT_F_REPLIED)
+
+	// nodeDevL3 flags a device without a link-layer header
+	// (node_dev.flags).
+	nodeDevL3 = uint32(sockNodeDevFlagsNODE_DEV_F_L3)
 )
 
 // The reconciler writes a master's flags (reconciler.Master.Flags) as

@@ -126,7 +126,11 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		if err != nil {
 			return err
 		}
-		if err := d.maps.setNodeDevice(iface.Index, addr); err != nil {
+		flags, err := deviceFlags(dev)
+		if err != nil {
+			return err
+		}
+		if err := d.maps.setNodeDevice(iface.Index, addr, flags); err != nil {
 			return fmt.Errorf("record node device %s: %w", dev, err)
 		}
 	}

@@ -18,8 +18,8 @@ import (
 // still checked against this build's BPF objects, so that a layout this
 // build does not know is an error rather than garbage.
 type Pinned struct {
-	services, backends, revNat, metrics *ebpf.Map
-	reasons                             int // counters this build and the pin both know
+	services, backends, revNat, srcRanges, metrics *ebpf.Map
+	reasons                                        int // counters this build and the pin both know
 }
 
 // OpenPinned opens the maps pinned under bpffs/sluice read-only. A map
@@ -43,6 +43,7 @@ func OpenPinned(bpffs string) (*Pinned, error) {
 		{mapServices, &p.services},
 		{mapBackends, &p.backends},
 		{mapRevNat, &p.revNat},
+		{mapSrcRanges, &p.srcRanges},
 		{mapMetrics, &p.metrics},
 	} {
 		m, err := openPinnedMap(dir, x.name, spec.Maps[x.name])
@@ -93,9 +94,9 @@ func openPinnedMap(dir, name string, ms *ebpf.MapSpec) (*ebpf.Map, error) {
 	return m, nil
 }
 
-// Dump reads the service, backend and reverse-NAT maps.
+// Dump reads the service, backend, reverse-NAT and source-range maps.
 func (p *Pinned) Dump() (*reconciler.KernelState, error) {
-	return dumpState(p.services, p.backends, p.revNat)
+	return dumpState(p.services, p.backends, p.revNat, p.srcRanges)
 }
 
 // Counters returns the datapath outcome counters, summed over CPUs, by
@@ -107,7 +108,7 @@ func (p *Pinned) Counters() (map[string]uint64, error) {
 // Close releases the maps' file descriptors; the pins stay.
 func (p *Pinned) Close() error {
 	var errs []error
-	for _, m := range []*ebpf.Map{p.services, p.backends, p.revNat, p.metrics} {
+	for _, m := range []*ebpf.Map{p.services, p.backends, p.revNat, p.srcRanges, p.metrics} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}

@@ -129,12 +129,12 @@ type need struct {
 	probe func() error
 }
 
-// kernelNeeds lists, without duplicates, what loading the three objects
-// needs from the kernel.
+// kernelNeeds lists, without duplicates, what loading the objects needs
+// from the kernel.
 func kernelNeeds() ([]need, error) {
 	var specs []*ebpf.CollectionSpec
-	for _, load := range []func() (*ebpf.CollectionSpec, error){loadSock, loadTc, loadXdp} {
-		spec, err := load()
+	for _, o := range objects() {
+		spec, err := o.load()
 		if err != nil {
 			return nil, err
 		}

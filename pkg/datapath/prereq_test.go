@@ -9,17 +9,19 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
 )
 
 // On this machine (bpffs and cgroup v2 mounted, a recent kernel, root) the
 // check passes, for a pin directory that does not exist yet too.
 func TestCheckNodePasses(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	cg, err := CgroupV2Mount()
 	if err != nil {
 		t.Skip(err)
 	}
-	for _, bpffs := range []string{DefaultBPFFS, filepath.Join(DefaultBPFFS, "sluice-test-"+randomSuffix(), "deeper")} {
+	for _, bpffs := range []string{DefaultBPFFS, filepath.Join(testutil.PinDir(t), "not-yet", "deeper")} {
 		if err := CheckNode(Prerequisites{BPFFS: bpffs, Cgroup: cg}); err != nil {
 			t.Errorf("bpffs %s: %v", bpffs, err)
 		}
@@ -47,7 +49,7 @@ func TestCheckNodePasses(t *testing.T) {
 // A pin directory off bpffs and a socket LB cgroup off cgroup v2 are named,
 // both, with what to do.
 func TestCheckNodeNamesWrongMounts(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	notBPF := t.TempDir()
 	err := CheckNode(Prerequisites{BPFFS: filepath.Join(notBPF, "pins"), Cgroup: notBPF})
 	var pe *PrerequisiteError
@@ -81,7 +83,7 @@ func TestCheckNodeWithoutBPFPermission(t *testing.T) {
 		os.Stdout.WriteString(err.Error())
 		os.Exit(0)
 	}
-	requireRoot(t)
+	testutil.Privileged(t)
 	if _, err := exec.LookPath("setpriv"); err != nil {
 		t.Skip("needs setpriv (util-linux)")
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
@@ -45,6 +46,9 @@ func pinRelease0(t *testing.T, bpffs string) map[string]*ebpf.Map {
 		if pm.to == mapMetrics {
 			ms.MaxEntries = release0MetricReasons
 		}
+		if pm.to == mapConntrack {
+			ms.Type = ebpf.LRUHash // and ct4EntryRelease0 values
+		}
 		m, err := ebpf.NewMapWithOptions(ms, ebpf.MapOptions{PinPath: dir})
 		if err != nil {
 			t.Fatalf("create release-0 map %s: %v", pm.from, err)
@@ -74,21 +78,30 @@ func mapID(t *testing.T, m *ebpf.Map) ebpf.MapID {
 // keep using them); the metrics are copied into a map with room for more
 // reasons. Until then, OpenPinned (sluicectl) reads the old pins.
 func TestOpenMigratesPins(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	bpffs := testPinDir(t)
 	old := pinRelease0(t, bpffs)
 
 	fe := l4("10.96.0.10", 80, model.TCP)
 	be := testBackend{7, l4("10.1.0.7", 8080, model.TCP)}
-	m0 := &Maps{services: old["sluice_services"], backends: old["sluice_backends"], revNat: old["sluice_rev_nat"]}
+	m0 := &Maps{services: old["sluice_services"], backends: old["sluice_backends"], revNat: old["sluice_rev_nat"],
+		srcRanges: old["sluice_src_ranges"]}
 	addService(t, m0, 3, fe, be)
-	want, err := m0.Dump()
+	ctKey := sockCt4Key{Saddr: be32(netip.MustParseAddr("10.0.0.2")), Daddr: be32(fe.Addr),
+		Sport: be16(40000), Dport: be16(80), Proto: 6, Dir: ctForward}
+	now, err := monotonicNow()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctKey := sockCt4Key{Saddr: be32(netip.MustParseAddr("10.0.0.2")), Daddr: be32(fe.Addr),
-		Sport: be16(40000), Dport: be16(80), Proto: 6, Dir: ctForward}
-	ctVal := sockCt4Entry{LastSeen: 1, NatAddr: be32(be.addr.Addr), NatPort: be16(8080), BackendId: 7, RevNatId: 3}
+	ctVal := ct4EntryRelease0{LastSeen: now, NatAddr: be32(be.addr.Addr), NatPort: be16(8080), BackendId: 7, RevNatId: 3}
+	// Converted: expiring when release 0 would have dropped it, taken as
+	// established.
+	ctWant := sockCt4Entry{Expires: now + uint64(DefaultCTTimeoutTCP), Flags: ctFlagReplied,
+		NatAddr: be32(be.addr.Addr), NatPort: be16(8080), BackendId: 7, RevNatId: 3}
+	deadKey := ctKey
+	deadKey.Proto = 17
+	deadVal := ctVal
+	deadVal.LastSeen = 1 // UDP idle for longer than its timeout: not copied
 	revKey := sockSockRevKey{Cookie: 42, Addr: be32(be.addr.Addr), Port: be16(8080)}
 	revVal := sockSockRevEntry{Vip: be32(fe.Addr), Port: be16(80), RevNatId: 3}
 	stickKey := sockSockUdpStickKey{Cookie: 43, Vip: be32(fe.Addr), Port: be16(53), Proto: 17}
@@ -100,6 +113,7 @@ func TestOpenMigratesPins(t *testing.T) {
 		k, v any
 	}{
 		{"sluice_conntrack", &ctKey, &ctVal},
+		{"sluice_conntrack", &deadKey, &deadVal},
 		{"sluice_sock_rev", &revKey, &revVal},
 		{"sluice_affinity", &stickKey, &stickVal},
 		{"sluice_devices", uint32(5), &devVal},
@@ -108,6 +122,10 @@ func TestOpenMigratesPins(t *testing.T) {
 		if err := old[w.m].Put(w.k, w.v); err != nil {
 			t.Fatalf("seed %s: %v", w.m, err)
 		}
+	}
+	want, err := m0.Dump() // the source range included
+	if err != nil {
+		t.Fatal(err)
 	}
 	cpus, err := ebpf.PossibleCPU()
 	if err != nil {
@@ -194,7 +212,7 @@ func TestOpenMigratesPins(t *testing.T) {
 			key, out any // out points to a value like want
 			want     any
 		}{
-			{m.conntrack, &ctKey, &ct, ctVal},
+			{m.conntrack, &ctKey, &ct, ctWant},
 			{m.sockRev, &revKey, &rev, revVal},
 			{m.udpStick, &stickKey, &stick, stickVal},
 			{m.devices, uint32(5), &dev, devVal},
@@ -207,6 +225,9 @@ func TestOpenMigratesPins(t *testing.T) {
 			if got := reflect.ValueOf(r.out).Elem().Interface(); !reflect.DeepEqual(got, r.want) {
 				t.Errorf("%v after migration: %+v, want %+v", r.m, got, r.want)
 			}
+		}
+		if err := m.conntrack.Lookup(&deadKey, &ct); err == nil {
+			t.Errorf("expired release-0 conntrack entry copied: %+v", ct)
 		}
 		c, err := d.Counters()
 		if err != nil {
@@ -222,9 +243,9 @@ func TestOpenMigratesPins(t *testing.T) {
 // updated in place to sluice_getpeername4: the same link, never a moment
 // without a program.
 func TestAttachReplacesRenamedProgram(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	bpffs := testPinDir(t)
-	cg := newTestCgroup(t)
+	cg := newTestCgroup(t).Path
 	prev, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name:         "sluice_getpeer4",
 		Type:         ebpf.CGroupSockAddr,

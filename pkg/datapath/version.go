@@ -3,12 +3,28 @@ package datapath
 import (
 	"crypto/sha256"
 	"encoding/hex"
+
+	"github.com/cilium/ebpf"
 )
 
-// objects are the BPF objects this package embeds, in the order their
-// digest covers them: sock, tc, xdp, as bpf2go names their files
-// (sock_bpfel.o, tc_bpfel.o, xdp_bpfel.o).
-func objects() [][]byte { return [][]byte{_SockBytes, _TcBytes, _XdpBytes} }
+// objects are the BPF objects this package embeds, in the order of their
+// file names (ctgc_bpfel.o, sock_bpfel.o, tc_bpfel.o, xdp_bpfel.o), which
+// is the order the digest covers them in; CheckNode probes what each needs.
+// TestObjectsDigestCoversTheCommittedObjects fails when one is missing.
+func objects() []struct {
+	bytes []byte
+	load  func() (*ebpf.CollectionSpec, error)
+} {
+	return []struct {
+		bytes []byte
+		load  func() (*ebpf.CollectionSpec, error)
+	}{
+		{_CtgcBytes, loadCtgc},
+		{_SockBytes, loadSock},
+		{_TcBytes, loadTc},
+		{_XdpBytes, loadXdp},
+	}
+}
 
 // ObjectsDigest identifies the BPF programs this agent loads: the SHA-256
 // of the committed objects, concatenated in file name order, as
@@ -18,7 +34,7 @@ func objects() [][]byte { return [][]byte{_SockBytes, _TcBytes, _XdpBytes} }
 func ObjectsDigest() string {
 	h := sha256.New()
 	for _, o := range objects() {
-		h.Write(o)
+		h.Write(o.bytes)
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }

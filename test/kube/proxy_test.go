@@ -148,22 +148,6 @@ func dumpView(v map[string][]string) string {
 	return sb.String()
 }
 
-// eventually polls check until it returns nil or timeout passes.
-func eventually(t *testing.T, what string, timeout time.Duration, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s: %v", timeout, what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // wantProgrammed waits until the datapath holds exactly want for the
 // frontends named in want, and none of the frontends in gone.
 func wantProgrammed(t *testing.T, dp reconciler.Datapath, want map[string][]string, gone ...string) {
