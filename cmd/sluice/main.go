@@ -29,10 +29,10 @@ import (
 	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/pkg/health"
 	"github.com/sluice-lb/sluice/pkg/healthcheck"
-	"github.com/sluice-lb/sluice/pkg/k8s"
-	"github.com/sluice-lb/sluice/pkg/manifest"
 	"github.com/sluice-lb/sluice/pkg/metrics"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/sluice-lb/sluice/pkg/source/manifest"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 func main() {
@@ -96,7 +96,7 @@ func run(args []string) int {
 		}
 		*nodeName = strings.ToLower(h)
 	}
-	opts := k8s.Options{NodeName: *nodeName, ProxyName: *proxyName}
+	opts := translate.Options{NodeName: *nodeName, ProxyName: *proxyName}
 	if opts.NodeIPs, err = parseNodeIPs(*nodeIPs); err != nil {
 		log.Error("bad flag", "err", err)
 		return 2

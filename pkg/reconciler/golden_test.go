@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluice-lb/sluice/pkg/k8s"
-	"github.com/sluice-lb/sluice/pkg/manifest"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/sluice-lb/sluice/pkg/source/manifest"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -41,7 +41,7 @@ func TestGolden(t *testing.T) {
 			r := reconciler.New(f, nil)
 			var out strings.Builder
 			for _, step := range steps {
-				res, err := manifest.Load(step, k8s.Options{NodeName: "node-a"})
+				res, err := manifest.Load(step, translate.Options{NodeName: "node-a"})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -15,12 +15,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/sluice-lb/sluice/pkg/k8s"
 	"github.com/sluice-lb/sluice/pkg/metrics"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
 	"github.com/sluice-lb/sluice/pkg/source/kube"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 	"github.com/sluice-lb/sluice/test/kube/kubeenv"
 )
 
@@ -73,7 +73,7 @@ func startProxy(t *testing.T, cfg *rest.Config, dp reconciler.Datapath, o proxyO
 	p.src, err = kube.New(kube.Config{
 		Client:        client,
 		NodeName:      nodeName,
-		Translate:     kube.Translator(k8s.Options{NodeName: nodeName}),
+		Translate:     kube.Translator(translate.Options{NodeName: nodeName}),
 		MinSyncPeriod: o.minSync,
 		SyncPeriod:    o.sync,
 		Metrics:       p.metrics,

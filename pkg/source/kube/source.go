@@ -6,7 +6,7 @@
 // a burst of updates into net changes per Service; a bounded-frequency runner
 // coalesces syncs between MinSyncPeriod and SyncPeriod and retries failures
 // with backoff; each sync translates only the dirty Services (through
-// pkg/k8s, like the manifest source) and hands the whole desired state to
+// pkg/source/translate, like the manifest source) and hands the whole desired state to
 // the caller, whose reconciler writes only the differences.
 //
 // Nothing is handed over until the Service, EndpointSlice and Node caches
@@ -33,13 +33,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/sluice-lb/sluice/pkg/k8s"
 	"github.com/sluice-lb/sluice/pkg/metrics"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 // TranslateFunc turns one Service and its EndpointSlices into model services
-// (pkg/k8s.ServiceToModel with this node's options bound). skipped says why
+// (pkg/translate.ServiceToModel with this node's options bound). skipped says why
 // a Service produced nothing, when it deliberately did (ExternalName, another
 // proxy's service, headless).
 type TranslateFunc func(node *corev1.Node, svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (svcs []*model.Service, skipped string, err error)
@@ -271,13 +271,13 @@ func (s *Source) onSlice(oldObj, obj any, deleted bool) {
 	changed := false
 	// A slice relabelled to another Service leaves its old one.
 	if old, ok := oldObj.(*discoveryv1.EndpointSlice); ok {
-		if oldKey, ok := k8s.ServiceNameOfSlice(old); ok {
-			if newKey, _ := k8s.ServiceNameOfSlice(slice); newKey != oldKey {
+		if oldKey, ok := translate.ServiceNameOfSlice(old); ok {
+			if newKey, _ := translate.ServiceNameOfSlice(slice); newKey != oldKey {
 				changed = s.tracker.setSlice(oldKey, old.Name, nil)
 			}
 		}
 	}
-	if key, ok := k8s.ServiceNameOfSlice(slice); ok {
+	if key, ok := translate.ServiceNameOfSlice(slice); ok {
 		if deleted {
 			slice = nil
 		}

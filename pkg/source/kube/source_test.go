@@ -18,9 +18,9 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/sluice-lb/sluice/pkg/k8s"
 	"github.com/sluice-lb/sluice/pkg/metrics"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 const node = "node-a"
@@ -102,7 +102,7 @@ func backendsOf(st *model.State, vip string, port uint16) ([]string, bool) {
 func run(t *testing.T, cfg Config, rec *recorder) *Source {
 	t.Helper()
 	cfg.NodeName = node
-	cfg.Translate = Translator(k8s.Options{NodeName: node})
+	cfg.Translate = Translator(translate.Options{NodeName: node})
 	if cfg.SyncPeriod == 0 {
 		cfg.SyncPeriod = time.Hour
 	}
@@ -252,7 +252,7 @@ func TestProgrammingLatencyTakenWhenAgentReportsProgrammed(t *testing.T) {
 	es.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: trigger.Format(time.RFC3339Nano)}
 	client := fake.NewClientset(service("web", "10.96.0.10", 80), es)
 	m := metrics.New()
-	src, err := New(Config{Client: client, NodeName: node, Translate: Translator(k8s.Options{NodeName: node}),
+	src, err := New(Config{Client: client, NodeName: node, Translate: Translator(translate.Options{NodeName: node}),
 		SyncPeriod: time.Hour, Metrics: m})
 	if err != nil {
 		t.Fatal(err)

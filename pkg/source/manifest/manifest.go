@@ -1,7 +1,7 @@
 // Package manifest is Sluice's standalone source: it reads Service and
 // EndpointSlice objects from YAML or JSON files (as kubectl writes and
-// prints them) and turns them into the desired state through pkg/k8s, the
-// same translation the Kubernetes source uses.
+// prints them) and turns them into the desired state through
+// pkg/source/translate, the same translation the Kubernetes source uses.
 //
 // Bad input never loses what is programmed. An object that fails to decode
 // or validate keeps its last good version (by kind, namespace and name), or
@@ -31,8 +31,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
-	"github.com/sluice-lb/sluice/pkg/k8s"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 // Result is the outcome of loading manifests.
@@ -56,7 +56,7 @@ type Result struct {
 // files, not recursively, in name order), and returns the desired state.
 // The error is non-nil only when path itself cannot be read; bad content is
 // reported in Result.Errors.
-func Load(path string, opts k8s.Options) (*Result, error) {
+func Load(path string, opts translate.Options) (*Result, error) {
 	return newLoader(opts).load(path)
 }
 
@@ -76,7 +76,7 @@ type object struct {
 	file  string
 	doc   int // 1-based document index in file
 	// owner is the Service an EndpointSlice names, if it names one
-	// (k8s.ServiceNameOfSlice), found once when it is decoded.
+	// (translate.ServiceNameOfSlice), found once when it is decoded.
 	owner    types.NamespacedName
 	hasOwner bool
 }
@@ -92,7 +92,7 @@ func (o *object) where() string { return fmt.Sprintf("%s: document %d", o.file, 
 // dominates: a one-endpoint edit of a single file holding 30,000 Services
 // decodes one EndpointSlice instead of 60,000 objects.
 type loader struct {
-	opts       k8s.Options
+	opts       translate.Options
 	lastGood   map[objKey]*object
 	byFile     map[string][]*object // what each file contributed last time
 	cache      map[string]*fileResult
@@ -104,12 +104,12 @@ type loader struct {
 	translated int          // Services translated (not served from trans), for tests
 }
 
-func newLoader(opts k8s.Options) *loader {
+func newLoader(opts translate.Options) *loader {
 	return &loader{opts: opts, lastGood: map[objKey]*object{}, byFile: map[string][]*object{},
 		units: map[unitSum]*unit{}, trans: map[types.NamespacedName]*translation{}, seed: maphash.MakeSeed()}
 }
 
-// translation is what k8s.ServiceToModel made of a Service and its slices
+// translation is what translate.ServiceToModel made of a Service and its slices
 // at the last load. Decoded objects are shared between loads and never
 // modified, so the same pointers mean the same input, and the result is
 // reused: a change translates only the Services it touches.
@@ -522,14 +522,14 @@ func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx int,
 		o.svc = &corev1.Service{}
 		if err = json.Unmarshal(js, o.svc); err == nil {
 			o.svc.Namespace = key.Namespace
-			err = k8s.ValidateService(o.svc)
+			err = translate.ValidateService(o.svc)
 		}
 	case "EndpointSlice":
 		o.slice = &discoveryv1.EndpointSlice{}
 		if err = json.Unmarshal(js, o.slice); err == nil {
 			o.slice.Namespace = key.Namespace
-			err = k8s.ValidateEndpointSlice(o.slice)
-			o.owner, o.hasOwner = k8s.ServiceNameOfSlice(o.slice)
+			err = translate.ValidateEndpointSlice(o.slice)
+			o.owner, o.hasOwner = translate.ServiceNameOfSlice(o.slice)
 		}
 	}
 	if err == nil {
@@ -620,7 +620,7 @@ func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
 		t := l.trans[nn]
 		if t == nil || t.svc != o.svc || !slices.Equal(t.slices, eps) {
 			t = &translation{svc: o.svc, slices: slices.Clone(eps)}
-			t.ms, t.skipped, t.err = k8s.ServiceToModel(o.svc, t.slices, l.opts)
+			t.ms, t.skipped, t.err = translate.ServiceToModel(o.svc, t.slices, l.opts)
 			l.translated++
 		}
 		t.pos = i

@@ -1,4 +1,4 @@
-// Package k8s translates Kubernetes Service and EndpointSlice objects into
+// Package translate turns Kubernetes Service and EndpointSlice objects into
 // Sluice's desired-state model. It is the one place that knows the API's
 // semantics, so the manifest source and the Kubernetes informer source feed
 // the reconciler through the same code path.
@@ -16,7 +16,7 @@
 //
 // Sluice's datapath is IPv4 only for now: IPv6 frontends and IPv6
 // EndpointSlices are skipped, not errors.
-package k8s
+package translate
 
 import (
 	"cmp"

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluice-lb/sluice/pkg/k8s"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 // render prints a state compactly, one frontend a line, sorted.
@@ -56,7 +56,7 @@ ports: [{name: http, port: 8080, protocol: TCP}]
 `
 
 func TestLoadTestdata(t *testing.T) {
-	res, err := Load("testdata/cluster", k8s.Options{NodeName: "node-a"})
+	res, err := Load("testdata/cluster", translate.Options{NodeName: "node-a"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestLoadBadInput(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			writeFile(t, dir, "f.yaml", tc.content)
-			res, err := Load(dir, k8s.Options{})
+			res, err := Load(dir, translate.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -121,7 +121,7 @@ func TestLastGoodRetention(t *testing.T) {
 	dir := t.TempDir()
 	p := writeFile(t, dir, "a.yaml", svcA+"---\n"+sliceA)
 	writeFile(t, dir, "b.yaml", strings.NewReplacer("name: a,", "name: b,", "10.96.0.1", "10.96.0.2").Replace(svcA))
-	l := newLoader(k8s.Options{})
+	l := newLoader(translate.Options{})
 	load := func() *Result {
 		t.Helper()
 		res, err := l.load(dir)
@@ -200,7 +200,7 @@ func TestLoadSingleFileAndJSONList(t *testing.T) {
 ]}`)
 	writeFile(t, dir, "ignored.txt", "not a manifest")
 	for _, path := range []string{p, dir} {
-		res, err := Load(path, k8s.Options{})
+		res, err := Load(path, translate.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -214,7 +214,7 @@ func TestLoadSingleFileAndJSONList(t *testing.T) {
 			t.Errorf("warnings %q", res.Warnings)
 		}
 	}
-	if _, err := Load(filepath.Join(dir, "missing"), k8s.Options{}); err == nil {
+	if _, err := Load(filepath.Join(dir, "missing"), translate.Options{}); err == nil {
 		t.Error("missing path: no error")
 	}
 }
