@@ -47,21 +47,21 @@ func addKubeFlags(fs *flag.FlagSet) *kubeFlags {
 // enabled reports whether the Kubernetes source was asked for.
 func (k *kubeFlags) enabled() bool { return *k.kubeconfig != "" || *k.inCluster }
 
-// source returns the Kubernetes source. m is the agent's metrics registry,
-// for the source's own metrics (network programming latency).
+// source returns the Kubernetes source. m is the agent's metrics registry:
+// the source records the network programming latency in it when the agent
+// reports a state programmed.
 func (k *kubeFlags) source(opts translate.Options, m *metrics.Metrics, log *slog.Logger) (agent.Source, error) {
-	client, err := k.client(opts.NodeName)
+	client, err := k.client(opts.Node.Name)
 	if err != nil {
 		return nil, err
 	}
 	return kube.New(kube.Config{
-		Client:        client,
-		NodeName:      opts.NodeName,
-		Translate:     kube.Translator(opts),
-		MinSyncPeriod: *k.minSyncPeriod,
-		SyncPeriod:    *k.syncPeriod,
-		Metrics:       m,
-		Logger:        log,
+		Client:            client,
+		Options:           opts,
+		MinSyncPeriod:     *k.minSyncPeriod,
+		SyncPeriod:        *k.syncPeriod,
+		ObserveProgrammed: m.ObserveProgrammed,
+		Logger:            log,
 	})
 }
 

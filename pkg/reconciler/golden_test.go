@@ -41,7 +41,7 @@ func TestGolden(t *testing.T) {
 			r := reconciler.New(f, nil)
 			var out strings.Builder
 			for _, step := range steps {
-				res, err := manifest.Load(step, translate.Options{NodeName: "node-a"})
+				res, err := manifest.Load(step, translate.Options{Node: translate.Node{Name: "node-a"}})
 				if err != nil {
 					t.Fatal(err)
 				}

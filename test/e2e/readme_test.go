@@ -26,7 +26,7 @@ func TestReadmeManifestLoads(t *testing.T) {
 	if err := os.WriteFile(path, []byte(example), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	res, err := manifest.Load(path, translate.Options{NodeName: "node"})
+	res, err := manifest.Load(path, translate.Options{Node: translate.Node{Name: "node"}})
 	if err != nil {
 		t.Fatal(err)
 	}

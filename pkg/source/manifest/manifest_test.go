@@ -56,7 +56,7 @@ ports: [{name: http, port: 8080, protocol: TCP}]
 `
 
 func TestLoadTestdata(t *testing.T) {
-	res, err := Load("testdata/cluster", translate.Options{NodeName: "node-a"})
+	res, err := Load("testdata/cluster", translate.Options{Node: translate.Node{Name: "node-a"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,5 +223,51 @@ func TestSplitDocuments(t *testing.T) {
 	docs := splitDocuments("x.yaml", []byte("---\na: 1\n--- \nb: 2\n---\n# only a comment\n"))
 	if len(docs) != 4 || string(docs[1]) != "a: 1\n" || string(docs[2]) != "b: 2\n" || !isBlank(docs[3]) || !isBlank(docs[0]) {
 		t.Errorf("docs = %q", docs)
+	}
+}
+
+// Two Services claiming one frontend: the first by namespace/name keeps
+// it, and the error names both, with their files and documents. Skipped
+// Services are reported with theirs.
+func TestLoadReportsConflictsAndSkipped(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "a.yaml", strings.NewReplacer("name: a,", "name: z,").Replace(svcA)+"---\n"+sliceA)
+	writeFile(t, dir, "b.yaml", "# the same VIP\n---\n"+svcA+"---\n"+
+		strings.NewReplacer("name: a,", "name: ext,", "clusterIP: 10.96.0.1", "type: ExternalName\n  externalName: example.com").Replace(svcA))
+	l := newLoader(translate.Options{})
+	for range 2 { // reported on every load while they last, not only when they appear
+		res, err := l.load(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel := func(ss []string) []string {
+			for i, s := range ss {
+				ss[i] = strings.ReplaceAll(s, dir+string(filepath.Separator), "")
+			}
+			return ss
+		}
+		wantErrs := []string{`a.yaml: document 1: Service ns/z: frontend 10.96.0.1:80/TCP already belongs to Service ns/a (b.yaml: document 2); ignored`}
+		if got := rel(errorStrings(res.Errors)); !slices.Equal(got, wantErrs) {
+			t.Errorf("errors:\n%q\nwant\n%q", got, wantErrs)
+		}
+		wantSkipped := []string{"b.yaml: document 3: Service ns/ext skipped: ExternalName"}
+		if got := rel(slices.Clone(res.Skipped)); !slices.Equal(got, wantSkipped) {
+			t.Errorf("skipped:\n%q\nwant\n%q", got, wantSkipped)
+		}
+		if got := render(res.State); got != "10.96.0.1:80/TCP ns/a:http -> 10.0.0.1:8080/TCP" {
+			t.Errorf("state: %s", got)
+		}
+	}
+	// The winner goes: the other Service takes the frontend over.
+	writeFile(t, dir, "b.yaml", "")
+	res, err := l.load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Errors) != 0 || len(res.Skipped) != 0 {
+		t.Errorf("errors %v, skipped %v", res.Errors, res.Skipped)
+	}
+	if got := render(res.State); got != "10.96.0.1:80/TCP ns/z:http ->" {
+		t.Errorf("state: %s", got)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -41,13 +42,14 @@ const (
 	DefaultProxyName = "sluice"
 )
 
-// Options are the per-node settings the translation needs.
+// Options are what the translation needs besides the objects.
 type Options struct {
-	NodeName  string // this node's name (used by policies that prefer local endpoints)
 	ProxyName string // the value of service.kubernetes.io/service-proxy-name served; default "sluice"
-	// NodeIPs are this node's addresses: NodePorts are served on each
-	// (none without them). See northsouth.go.
-	NodeIPs []netip.Addr
+	// Node is the node the translation is for. Unlike the objects, it is
+	// the same input for every Service: a source that learns of a change
+	// of it re-translates only the Services whose Translation.NodeFacts
+	// name what changed.
+	Node Node
 }
 
 func (o Options) proxyName() string {
@@ -55,6 +57,61 @@ func (o Options) proxyName() string {
 		return DefaultProxyName
 	}
 	return o.ProxyName
+}
+
+// Node is what the translation knows of the node it runs on.
+type Node struct {
+	// Name is this node's name: externalTrafficPolicy Local keeps the
+	// endpoints whose nodeName it is.
+	Name string
+	// Addresses are the addresses NodePorts are served on (none without
+	// them). See northsouth.go.
+	Addresses []netip.Addr
+	// Labels are the Node object's labels, such as
+	// topology.kubernetes.io/zone, for the policies that prefer endpoints
+	// close to the node. No rule reads them yet.
+	Labels map[string]string
+}
+
+// NodeFacts is a set of the parts of a Node.
+type NodeFacts uint8
+
+const (
+	NodeName      NodeFacts = 1 << iota // Node.Name
+	NodeAddresses                       // Node.Addresses
+	NodeLabels                          // Node.Labels
+)
+
+// Diff returns the parts of the node in which n and m differ.
+func (n Node) Diff(m Node) NodeFacts {
+	var d NodeFacts
+	if n.Name != m.Name {
+		d |= NodeName
+	}
+	if !slices.Equal(n.Addresses, m.Addresses) {
+		d |= NodeAddresses
+	}
+	if !maps.Equal(n.Labels, m.Labels) {
+		d |= NodeLabels
+	}
+	return d
+}
+
+// Translation is what one Service translates to.
+type Translation struct {
+	// Services has one model.Service per frontend, sorted by frontend.
+	Services []*model.Service
+	// Skipped, if not empty, says why the Service is deliberately not
+	// served (headless, ExternalName, another proxy's, IPv6 only); it is
+	// not an error.
+	Skipped string
+	// NodeFacts are the parts of Options.Node the result was made from:
+	// while only other parts change, translating again gives the same
+	// result. Scenario: the Node's zone label changes. A ClusterIP Service
+	// reads no part of the node, a NodePort Service reads NodeAddresses,
+	// and an externalTrafficPolicy Local one NodeName: none of them is
+	// translated again.
+	NodeFacts NodeFacts
 }
 
 // Reasons ServiceToModel gives for skipping a Service.
@@ -80,28 +137,27 @@ func ServiceNameOfSlice(es *discoveryv1.EndpointSlice) (types.NamespacedName, bo
 
 // ServiceToModel returns one model.Service per (ClusterIP frontend,
 // ServicePort), plus the NodePort, ExternalIP and LoadBalancer frontends of
-// each ServicePort (northsouth.go), with the backends taken from eps (slices of other
-// Services are ignored). skipped != "" means the Service is deliberately not
-// served (headless, ExternalName, another proxy's, IPv6 only); it is not an
-// error. The result is sorted by frontend.
-func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Options) (svcs []*model.Service, skipped string, err error) {
+// each ServicePort (northsouth.go), with the backends taken from eps (slices
+// of other Services are ignored). A Service deliberately not served is not
+// an error: its Translation says why it was skipped.
+func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Options) (Translation, error) {
 	if svc == nil {
-		return nil, "", errors.New("nil Service")
+		return Translation{}, errors.New("nil Service")
 	}
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
-		return nil, SkipExternalName, nil
+		return Translation{Skipped: SkipExternalName}, nil
 	}
 	if p, ok := svc.Labels[LabelServiceProxyName]; ok && p != opts.proxyName() {
-		return nil, LabelServiceProxyName + "=" + p, nil
+		return Translation{Skipped: LabelServiceProxyName + "=" + p}, nil
 	}
 	if _, ok := svc.Labels[corev1.IsHeadlessService]; ok {
-		return nil, SkipHeadless, nil
+		return Translation{Skipped: SkipHeadless}, nil
 	}
 	if svc.Spec.ClusterIP == corev1.ClusterIPNone || (len(svc.Spec.ClusterIPs) > 0 && svc.Spec.ClusterIPs[0] == corev1.ClusterIPNone) {
-		return nil, SkipHeadless, nil
+		return Translation{Skipped: SkipHeadless}, nil
 	}
 	if err := ValidateService(svc); err != nil {
-		return nil, "", err
+		return Translation{}, err
 	}
 
 	ips := svc.Spec.ClusterIPs
@@ -109,7 +165,7 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 		ips = []string{svc.Spec.ClusterIP}
 	}
 	if len(ips) == 0 {
-		return nil, SkipNoClusterIP, nil
+		return Translation{Skipped: SkipNoClusterIP}, nil
 	}
 	var vips []netip.Addr
 	for _, s := range ips {
@@ -119,7 +175,7 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 		}
 	}
 	if len(vips) == 0 {
-		return nil, SkipIPv6, nil
+		return Translation{Skipped: SkipIPv6}, nil
 	}
 
 	// The slices of this Service, IPv4 only, validated.
@@ -133,25 +189,28 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 			continue
 		}
 		if err := ValidateEndpointSlice(es); err != nil {
-			return nil, "", fmt.Errorf("service %q: %w", objName(svc.Namespace, svc.Name), err)
+			return Translation{}, fmt.Errorf("service %q: %w", objName(svc.Namespace, svc.Name), err)
 		}
 		mine = append(mine, es)
 	}
 
+	var t Translation
 	for _, sp := range svc.Spec.Ports {
 		proto, _ := protocolOf(sp.Protocol) // validated above
 		backends := backendsFor(sp.Name, cmp.Or(sp.Protocol, corev1.ProtocolTCP), proto, mine)
 		for _, vip := range vips {
-			svcs = append(svcs, &model.Service{
+			t.Services = append(t.Services, &model.Service{
 				Name:     model.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: sp.Name},
 				Kind:     model.ClusterIP,
 				Frontend: model.L4Addr{Addr: vip, Port: uint16(sp.Port), Proto: proto},
 				Backends: slices.Clone(backends),
 			})
 		}
-		svcs = append(svcs, northSouth(svc, sp, proto, backends, mine, opts)...)
+		ns, facts := northSouth(svc, sp, proto, backends, mine, opts.Node)
+		t.Services = append(t.Services, ns...)
+		t.NodeFacts |= facts
 	}
-	slices.SortFunc(svcs, func(a, b *model.Service) int {
+	slices.SortFunc(t.Services, func(a, b *model.Service) int {
 		if a.Frontend.Less(b.Frontend) {
 			return -1
 		}
@@ -160,7 +219,7 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 		}
 		return 0
 	})
-	return svcs, "", nil
+	return t, nil
 }
 
 // backendsFor merges the endpoints of all slices for the Service port named

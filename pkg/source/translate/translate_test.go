@@ -146,7 +146,8 @@ func TestServiceToModel(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, skip, err := ServiceToModel(tc.svc, tc.slices, Options{})
+			tr, err := ServiceToModel(tc.svc, tc.slices, Options{})
+			got, skip := tr.Services, tr.Skipped
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -205,7 +206,7 @@ func TestValidate(t *testing.T) {
 		})
 	}
 	// ServiceToModel reports validation errors.
-	if _, _, err := ServiceToModel(service("a", []string{"10.96.0.1"}, sport("s", 80, "SCTP")), nil, Options{}); err == nil {
+	if _, err := ServiceToModel(service("a", []string{"10.96.0.1"}, sport("s", 80, "SCTP")), nil, Options{}); err == nil {
 		t.Error("ServiceToModel accepted SCTP")
 	}
 }
