@@ -1,30 +1,17 @@
 package manifest
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/source/internal/sourcetest"
 	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
-// render prints a state compactly, one frontend a line, sorted.
-func render(st *model.State) string {
-	var lines []string
-	for fe, s := range st.Services {
-		l := fmt.Sprintf("%s %s ->", fe, s.Name)
-		for _, b := range s.Backends {
-			l += " " + b.L4Addr.String()
-		}
-		lines = append(lines, l)
-	}
-	slices.Sort(lines)
-	return strings.Join(lines, "\n")
-}
+var render = sourcetest.Render
 
 func writeFile(t *testing.T, dir, name, content string) string {
 	t.Helper()

@@ -22,7 +22,6 @@ const DefaultDebounce = 100 * time.Millisecond
 // apply at start and after every change.
 type Source struct {
 	path     string
-	opts     translate.Options
 	log      *slog.Logger
 	loader   *loader
 	debounce time.Duration
@@ -35,7 +34,7 @@ func NewSource(path string, opts translate.Options, log *slog.Logger) *Source {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Source{path: path, opts: opts, log: log, loader: newLoader(opts), debounce: DefaultDebounce}
+	return &Source{path: path, log: log, loader: newLoader(opts), debounce: DefaultDebounce}
 }
 
 // Run loads the manifests, calls apply with the desired state, and does so

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
-	"slices"
 	"strings"
 	"testing"
 
@@ -12,53 +11,20 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/source/internal/sourcetest"
 	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
-func service(name, vip string, port int32) *corev1.Service {
-	return &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
-		Spec: corev1.ServiceSpec{
-			Type: corev1.ServiceTypeClusterIP, ClusterIP: vip, ClusterIPs: []string{vip},
-			Ports: []corev1.ServicePort{{Name: "http", Port: port, Protocol: corev1.ProtocolTCP,
-				TargetPort: intstr.FromString("http")}},
-		},
-	}
-}
-
-func slice(svc, name string, port int32, ips ...string) *discoveryv1.EndpointSlice {
-	es := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name,
-			Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: new("http"), Port: new(port), Protocol: new(corev1.ProtocolTCP)}},
-	}
-	for _, ip := range ips {
-		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{ip},
-			Conditions: discoveryv1.EndpointConditions{Ready: new(true)}, NodeName: new("node-a")})
-	}
-	return es
-}
+var (
+	service = sourcetest.Service
+	slice   = sourcetest.Slice
+	render  = sourcetest.Render
+)
 
 func nameOf(o metav1.Object) types.NamespacedName {
 	return types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}
-}
-
-// render prints a state one frontend a line, sorted.
-func render(st *model.State) string {
-	var lines []string
-	for fe, s := range st.Services {
-		l := fmt.Sprintf("%s %s ->", fe, s.Name)
-		for _, b := range s.Backends {
-			l += " " + b.L4Addr.String()
-		}
-		lines = append(lines, l)
-	}
-	slices.Sort(lines)
-	return strings.Join(lines, "\n")
 }
 
 // take returns the pending changes by Service.
@@ -321,6 +287,7 @@ func TestTrackerNodeChange(t *testing.T) {
 	for _, s := range []*corev1.Service{service("cip", "10.96.0.1", 80), np, local} {
 		tr.SetService(nameOf(s), s)
 		es := slice(s.Name, s.Name+"-1", 8080, "10.0.0.1")
+		es.Endpoints[0].NodeName = new("node-a")
 		tr.SetSlice(nameOf(es), es)
 	}
 	first := tr.Sync().State
