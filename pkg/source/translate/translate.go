@@ -224,18 +224,21 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 
 // backendsFor merges the endpoints of all slices for the Service port named
 // portName: ready ones, or if none is ready, the serving and terminating
-// ones. Endpoints listed by several slices are counted once; a ready
-// duplicate wins over a non-ready one.
-func backendsFor(portName string, kproto corev1.Protocol, proto model.Protocol, slices []*discoveryv1.EndpointSlice) []model.Backend {
+// ones, sorted by address. Endpoints listed by several slices are counted
+// once: the first ready listing wins, else the first listing.
+func backendsFor(portName string, kproto corev1.Protocol, proto model.Protocol, eps []*discoveryv1.EndpointSlice) []model.Backend {
 	type cand struct {
 		b           model.Backend
 		ready       bool
 		serving     bool
 		terminating bool
 	}
-	seen := map[model.L4Addr]int{}
-	var cands []cand
-	for _, es := range slices {
+	n := 0
+	for _, es := range eps {
+		n += len(es.Endpoints)
+	}
+	cands := make([]cand, 0, n)
+	for _, es := range eps {
 		for _, ep := range es.Ports {
 			if ptrOr(ep.Name, "") != portName || ptrOr(ep.Protocol, corev1.ProtocolTCP) != kproto || ep.Port == nil {
 				continue
@@ -250,7 +253,7 @@ func backendsFor(portName string, kproto corev1.Protocol, proto model.Protocol, 
 				if err != nil || !ip.Is4() {
 					continue
 				}
-				c := cand{
+				cands = append(cands, cand{
 					b: model.Backend{
 						L4Addr:   model.L4Addr{Addr: ip, Port: uint16(*ep.Port), Proto: proto},
 						NodeName: ptrOr(e.NodeName, ""),
@@ -258,20 +261,34 @@ func backendsFor(portName string, kproto corev1.Protocol, proto model.Protocol, 
 					ready:       ptrOr(e.Conditions.Ready, true),
 					serving:     ptrOr(e.Conditions.Serving, true),
 					terminating: ptrOr(e.Conditions.Terminating, false),
-				}
-				if i, dup := seen[c.b.L4Addr]; dup {
-					if c.ready && !cands[i].ready {
-						cands[i] = c
-					}
-					continue
-				}
-				seen[c.b.L4Addr] = len(cands)
-				cands = append(cands, c)
+				})
 			}
 		}
 	}
-	var ready, fallback []model.Backend
-	for _, c := range cands {
+	// Sorted by address, listings of one endpoint are next to each other
+	// in the order they were seen (a stable sort), and the result comes
+	// out sorted. A map to find duplicates would cost more: most
+	// endpoints are listed once.
+	slices.SortStableFunc(cands, func(a, b cand) int {
+		switch {
+		case a.b.L4Addr.Less(b.b.L4Addr):
+			return -1
+		case b.b.L4Addr.Less(a.b.L4Addr):
+			return 1
+		}
+		return 0
+	})
+	ready := make([]model.Backend, 0, len(cands))
+	var fallback []model.Backend
+	for i := 0; i < len(cands); {
+		c := cands[i]
+		j := i + 1
+		for ; j < len(cands) && cands[j].b.L4Addr == c.b.L4Addr; j++ {
+			if cands[j].ready && !c.ready {
+				c = cands[j]
+			}
+		}
+		i = j
 		switch {
 		case c.ready:
 			ready = append(ready, c.b)
@@ -282,9 +299,9 @@ func backendsFor(portName string, kproto corev1.Protocol, proto model.Protocol, 
 		}
 	}
 	if len(ready) > 0 {
-		return model.SortBackends(ready)
+		return ready
 	}
-	return model.SortBackends(fallback)
+	return fallback
 }
 
 // ValidateService checks the fields Sluice relies on. Errors name the

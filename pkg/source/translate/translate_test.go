@@ -94,6 +94,17 @@ func TestServiceToModel(t *testing.T) {
 				"10.96.0.10:80/TCP default/web:http -> 10.0.0.1:8080/TCP 10.0.0.2:8080/TCP@n1\n",
 		},
 		{
+			name: "an endpoint listed twice: the ready listing wins, with its node",
+			svc:  service("r", []string{"10.96.0.16"}, sport("", 80, "")),
+			slices: []*discoveryv1.EndpointSlice{
+				slice("r-a", "r", []discoveryv1.EndpointPort{eport("", 8080, corev1.ProtocolTCP)},
+					ep{addr: "10.0.0.9", ready: ptr(false), node: "old"}, ep{addr: "10.0.0.1", ready: ptr(false)}),
+				slice("r-b", "r", []discoveryv1.EndpointPort{eport("", 8080, corev1.ProtocolTCP)},
+					ep{addr: "10.0.0.9", node: "new"}, ep{addr: "10.0.0.9", node: "newer"}),
+			},
+			want: "10.96.0.16:80/TCP default/r -> 10.0.0.9:8080/TCP@new\n",
+		},
+		{
 			name: "terminating serving endpoints used only when none is ready",
 			svc:  service("t", []string{"10.96.0.11"}, sport("", 80, "")),
 			slices: []*discoveryv1.EndpointSlice{
