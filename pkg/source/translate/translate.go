@@ -1,7 +1,10 @@
 // Package translate turns Kubernetes Service and EndpointSlice objects into
 // Sluice's desired-state model. It is the one place that knows the API's
-// semantics, so the manifest source and the Kubernetes informer source feed
-// the reconciler through the same code path.
+// semantics; pkg/source/tracker calls it for both sources (manifest files
+// and the Kubernetes API), one Service at a time. Besides the objects, a
+// translation reads what it needs of the node it is for (Options.Node) and
+// says which parts it read (Translation.NodeFacts), so that a change of the
+// node re-translates only the Services it can change.
 //
 // The rules follow kube-proxy (pkg/proxy/servicechangetracker.go and
 // endpointschangetracker.go): every EndpointSlice labelled
