@@ -10,9 +10,12 @@
  *
  * A service with no backends refuses at once: connect() and sendto() fail
  * with ECONNREFUSED (bpf_set_retval, allowed for connect4 and sendmsg4
- * since Linux 5.18) instead of timing out.
+ * since Linux 5.18) instead of timing out. So does one whose backend
+ * cannot be found even after reading the service again: a connect is
+ * never left to the VIP.
  */
-#include "lib/common.h"
+#include "lib/consts.h"
+#include "lib/config.h"
 #include "lib/maps.h"
 #include "lib/metrics.h"
 #include "lib/lb.h"
@@ -21,8 +24,8 @@
 #define SYS_PROCEED 1
 
 /*
- * lookup_affine_backend - the backend of an affinity entry, if it is still
- * one of this service's backends.
+ * lookup_sticky_backend - the backend of a UDP socket's stickiness entry,
+ * if it is still one of this service's backends.
  * @master: the service's slot 0.
  *
  * The backend id alone is not enough: once a backend leaves the service
@@ -39,67 +42,67 @@
  * Returns the backend, or NULL if the socket must select again.
  */
 static __always_inline struct lb4_backend *
-lookup_affine_backend(const struct lb4_affinity *aff, __be32 vip, __be16 port,
+lookup_sticky_backend(const struct sock_udp_stick *st, __be32 vip, __be16 port,
 		      __u8 proto, const struct lb4_service *master)
 {
 	struct lb4_service *slot;
 	struct lb4_backend *be;
 
-	if (aff->slot == 0 || aff->slot > master->count)
+	if (st->slot == 0 || st->slot > master->count)
 		return NULL;
-	slot = lookup_slot(vip, port, proto, aff->slot);
-	if (!slot || slot->backend_id != aff->backend_id)
+	slot = lookup_slot(vip, port, proto, st->slot);
+	if (!slot || slot->backend_id != st->backend_id)
 		return NULL;
-	be = lookup_backend(aff->backend_id);
-	if (!be || be->addr != aff->addr || be->port != aff->port)
+	be = lookup_backend(st->backend_id);
+	if (!be || be->addr != st->addr || be->port != st->port)
 		return NULL;
 	return be;
 }
 
 /*
- * select_affine_backend - the backend an unconnected UDP socket used for
+ * select_sticky_backend - the backend an unconnected UDP socket used for
  * this frontend before, while it is still one of the service's backends
- * (lookup_affine_backend); otherwise a fresh selection that the socket then
+ * (lookup_sticky_backend); otherwise a fresh selection that the socket then
  * keeps.
  */
 static __always_inline struct lb4_backend *
-select_affine_backend(struct bpf_sock_addr *ctx, __be32 vip, __be16 port,
+select_sticky_backend(struct bpf_sock_addr *ctx, __be32 vip, __be16 port,
 		      __u8 proto, const struct lb4_service *svc)
 {
-	struct lb4_affinity_key key = {
+	struct sock_udp_stick_key key = {
 		.cookie = bpf_get_socket_cookie(ctx),
 		.vip = vip,
 		.port = port,
 		.proto = proto,
 	};
-	struct lb4_affinity aff = {};
-	struct lb4_affinity *cur;
+	struct sock_udp_stick st = {};
+	struct sock_udp_stick *cur;
 	struct lb4_backend *be;
 
-	cur = bpf_map_lookup_elem(&sluice_affinity, &key);
+	cur = bpf_map_lookup_elem(&sluice_udp_stick_v1, &key);
 	if (cur) {
-		be = lookup_affine_backend(cur, vip, port, proto, svc);
+		be = lookup_sticky_backend(cur, vip, port, proto, svc);
 		if (be)
 			return be;
 	}
-	be = select_backend_slot(vip, port, proto, svc, &aff.backend_id,
-				 &aff.slot);
+	be = select_backend_slot(vip, port, proto, svc, &st.backend_id,
+				 &st.slot);
 	if (be) {
-		aff.addr = be->addr;
-		aff.port = be->port;
-		bpf_map_update_elem(&sluice_affinity, &key, &aff, BPF_ANY);
+		st.addr = be->addr;
+		st.port = be->port;
+		bpf_map_update_elem(&sluice_udp_stick_v1, &key, &st, BPF_ANY);
 	}
 	return be;
 }
 
 /*
  * sock4_xlate_fwd - rewrite a VIP destination of @ctx to a backend.
- * @affine: keep the socket's previous backend (per-datagram sendmsg4).
+ * @sticky: keep the socket's previous backend (per-datagram sendmsg4).
  *
  * Returns 0 (translated or not a service) or -ECONNREFUSED.
  */
 static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx,
-					   bool affine)
+					   bool sticky)
 {
 	__u8 proto = ctx->protocol;
 	__be32 vip = ctx->user_ip4;
@@ -120,14 +123,17 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx,
 		return -ECONNREFUSED;
 	}
 
-	if (affine)
-		be = select_affine_backend(ctx, vip, port, proto, svc);
+	if (sticky)
+		be = select_sticky_backend(ctx, vip, port, proto, svc);
 	else
 		be = select_backend(vip, port, proto, svc, &backend_id);
 	if (!be) {
-		/* Transient (agent mid-update): leave the VIP in place. */
+		/* Even after reading the service again (select_backend_slot):
+		 * refuse rather than leave the VIP, which nothing answers
+		 * (a TCP connect would hang).
+		 */
 		metric_inc(METRIC_SOCK_BACKEND_MISSING);
-		return 0;
+		return -ECONNREFUSED;
 	}
 
 	rkey.cookie = bpf_get_socket_cookie(ctx);
@@ -139,7 +145,7 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx,
 	/* If this fails the socket still works; only its peer name shows
 	 * the backend.
 	 */
-	bpf_map_update_elem(&sluice_sock_rev, &rkey, &rval, BPF_ANY);
+	bpf_map_update_elem(&sluice_sock_rev_v1, &rkey, &rval, BPF_ANY);
 
 	ctx->user_ip4 = be->addr;
 	ctx->user_port = (__u32)be->port;
@@ -157,7 +163,7 @@ static __always_inline void sock4_xlate_rev(struct bpf_sock_addr *ctx)
 	};
 	struct sock_rev_entry *e;
 
-	e = bpf_map_lookup_elem(&sluice_sock_rev, &key);
+	e = bpf_map_lookup_elem(&sluice_sock_rev_v1, &key);
 	if (!e)
 		return;
 	ctx->user_ip4 = e->vip;
@@ -197,7 +203,7 @@ int sluice_recvmsg4(struct bpf_sock_addr *ctx)
 }
 
 SEC("cgroup/getpeername4")
-int sluice_getpeer4(struct bpf_sock_addr *ctx)
+int sluice_getpeername4(struct bpf_sock_addr *ctx)
 {
 	sock4_xlate_rev(ctx);
 	return SYS_PROCEED;

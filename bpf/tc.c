@@ -5,10 +5,13 @@
  *
  * Ingress: a reply of a translated flow (CT_REVERSE hit) gets its source
  * rewritten back to the VIP; a packet to a service is DNATed to a backend,
- * reusing the flow's conntrack entry when there is one; a packet to a
- * service without backends is answered with ICMP port unreachable.
+ * reusing the flow's conntrack entry when there is one; a new flow to a
+ * service without backends is answered with ICMP port unreachable (its
+ * established flows go on: conntrack comes first).
  * Egress: replies leaving towards the client get their source rewritten
- * back to the VIP. Everything else passes untouched.
+ * back to the VIP. Both: ICMP errors about translated flows are
+ * translated back (icmp_xlate.h), and later IPv4 fragments get their first
+ * fragment's translation (frag.h). Everything else passes untouched.
  *
  * North-south (NodePort, ExternalIP and LoadBalancer frontends, flagged
  * SVC_F_EXTERNAL): a new flow whose backend is reached through one of the
@@ -21,81 +24,380 @@
  * (SVC_F_LOCAL) never SNATs, and drops when there is no local endpoint;
  * loadBalancerSourceRanges (SVC_F_SRC_RANGES) drop sources outside them.
  */
-#include "lib/common.h"
+#include "lib/consts.h"
+#include "lib/config.h"
 #include "lib/maps.h"
 #include "lib/metrics.h"
 #include "lib/parse.h"
+#include "lib/frag.h"
 #include "lib/csum.h"
 #include "lib/lb.h"
 #include "lib/conntrack.h"
 #include "lib/icmp.h"
 #include "lib/nat.h"
+#include "lib/icmp_xlate.h"
+
+/* What the parse step found. */
+enum pkt_kind {
+	PKT_PASS,     /* nothing to translate */
+	PKT_L4,	      /* a TCP/UDP packet (or a later fragment, given ports) */
+	PKT_ICMP_ERR, /* an ICMP error, perhaps about a translated flow */
+};
 
 /*
- * parse_or_pass - parse @skb; returns true if it is a translatable packet,
- * counting the reason when it is not.
+ * parse_tc - parse @skb, counting the reason when it is not translatable.
+ * A first fragment's ports are recorded for the later ones, which take
+ * them from there (frag.h).
  */
-static __always_inline bool parse_or_pass(struct __sk_buff *skb, struct pkt4 *p)
+static __always_inline enum pkt_kind parse_tc(struct __sk_buff *skb,
+					      struct pkt4 *p)
 {
 	switch (parse_ipv4(skb, p)) {
 	case PARSE_OK:
-		return true;
+		if (p->frag_first)
+			frag_record(p);
+		return PKT_L4;
 	case PARSE_MALFORMED:
 		metric_inc(METRIC_TC_MALFORMED);
-		return false;
+		return PKT_PASS;
 	case PARSE_FRAGMENT:
+		if (frag_follow(p)) {
+			metric_inc(METRIC_TC_FRAG_LATER);
+			return PKT_L4;
+		}
 		metric_inc(METRIC_TC_FRAGMENT);
-		return false;
+		return PKT_PASS;
+	case PARSE_ICMP_ERR:
+		return PKT_ICMP_ERR;
 	default:
-		return false;
+		return PKT_PASS;
 	}
+}
+
+/*
+ * rev_dnat - the reply @p of a flow that was DNATed only gets the frontend
+ * <@fe_addr, @fe_port> back as its source. Returns a TC verdict.
+ *
+ * At @ingress of a device, a reply to an external frontend (the pod's
+ * device, when --devices lists it) would then carry the node's own
+ * address as its source, and the stack drops such a packet as a martian:
+ *
+ *   C -> N:30080 (eth0)  DNAT  C -> P:8080 (stack, pod0)
+ *   P:8080 -> C (pod0)   reverse NAT  N:30080 -> C, "from" N: martian
+ *
+ * So it is sent to the client directly (FIB lookup and redirect), unless
+ * it does not fit or its TTL would expire: then it goes to the stack as it
+ * came, to be forwarded (and translated at the egress of the client's
+ * device) or refused like any routed packet. Where no route is found (a
+ * client on the node), it is passed up as before.
+ */
+static __always_inline int rev_dnat(struct __sk_buff *skb, const struct pkt4 *p,
+				    __be32 fe_addr, __be16 fe_port,
+				    bool ingress)
+{
+	struct fib4 f = {};
+	bool redirect = ingress && fe_external(fe_addr, fe_port, p->proto) &&
+			!fib4_lookup(skb, skb->ifindex, fe_addr, p->daddr, &f);
+	int ret;
+
+	if (redirect) {
+		ret = fwd_check(skb, p, &f, true);
+		if (ret >= 0)
+			return ret;
+	}
+	if (rewrite_l4addr(skb, p, false, fe_addr, fe_port) < 0) {
+		metric_inc(METRIC_TC_REWRITE_ERR);
+		return TC_ACT_SHOT;
+	}
+	metric_inc(METRIC_TC_REV_NAT);
+	if (!redirect)
+		return TC_ACT_OK;
+	metric_inc(METRIC_TC_REV_REDIRECT);
+	return redirect_fib(skb, p, &f);
 }
 
 /*
  * rev_nat - if @p is a reply of a translated flow, rewrite its source back
  * to the frontend (and, for a source-NATed flow, its destination back to
- * the client, then send it to the client). Returns a TC verdict, or -1 if
- * @p is not such a reply.
+ * the client, then send it to the client). @ingress: @p is at a device's
+ * ingress. Returns a TC verdict, or -1 if @p is not such a reply.
  */
 static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
-				   __u64 now)
+				   __u64 now, bool ingress)
 {
 	struct ct4_key key = {};
 	struct ct4_entry *e;
 	__be32 fe_addr, client;
 	__be16 fe_port, cport;
 	struct fib4 f = {};
+	int err, ret;
 
-	ct_key_of(&key, p, CT_REVERSE);
-	e = ct_lookup(&key, now);
+	e = ct_reply(p, &key, now, &err);
+	if (err) {
+		/* The first reply of a flow that cannot become established:
+		 * the flow is refused (see conntrack.h).
+		 */
+		metric_inc(err == -EEXIST ? METRIC_TC_CT_CLASH :
+					    METRIC_TC_CT_EST_FULL);
+		return TC_ACT_SHOT;
+	}
 	if (!e)
 		return -1;
-	ct_track_tcp(p, &key, e);
+	ct_track_tcp(p, &key, e, now);
 	fe_addr = e->nat_addr;
 	fe_port = e->nat_port;
-	if (!(e->flags & CT_F_SNAT)) {
-		if (rewrite_l4addr(skb, p, false, fe_addr, fe_port) < 0) {
-			metric_inc(METRIC_TC_REWRITE_ERR);
-			return TC_ACT_SHOT;
-		}
-		metric_inc(METRIC_TC_REV_NAT);
-		return TC_ACT_OK;
-	}
+	if (!(e->flags & CT_F_SNAT))
+		return rev_dnat(skb, p, fe_addr, fe_port, ingress);
 
 	/* <B -> N:sp> becomes <F -> C>. */
 	client = e->snat_addr;
 	cport = e->snat_port;
+	if (fib4_lookup(skb, skb->ifindex, fe_addr, client, &f) < 0) {
+		metric_inc(METRIC_TC_FIB_ERR);
+		return TC_ACT_SHOT;
+	}
+	ret = fwd_check(skb, p, &f, false);
+	if (ret >= 0)
+		return ret;
 	if (rewrite_l4addr(skb, p, false, fe_addr, fe_port) < 0 ||
 	    rewrite_l4addr(skb, p, true, client, cport) < 0) {
 		metric_inc(METRIC_TC_REWRITE_ERR);
 		return TC_ACT_SHOT;
 	}
-	if (fib4_lookup(skb, skb->ifindex, fe_addr, client, &f) < 0) {
-		metric_inc(METRIC_TC_FIB_ERR);
+	metric_inc(METRIC_TC_REV_NAT);
+	return redirect_fib(skb, p, &f);
+}
+
+/*
+ * lb4_check_source - a frontend's loadBalancerSourceRanges. Returns a TC
+ * verdict to end with, or -1 if @p may go on.
+ */
+static __always_inline int lb4_check_source(const struct pkt4 *p,
+					    const struct lb4_service *svc)
+{
+	if ((svc->flags & SVC_F_SRC_RANGES) &&
+	    !source_allowed(p->daddr, p->dport, p->proto, p->saddr)) {
+		metric_inc(METRIC_TC_SRC_RANGE_DENY);
 		return TC_ACT_SHOT;
 	}
-	metric_inc(METRIC_TC_REV_NAT);
-	return redirect_fib(skb, &f);
+	return -1;
+}
+
+/*
+ * lb4_refuse - the answer to a new flow to frontend @svc, which has no
+ * backends: ICMP port unreachable, or a drop for externalTrafficPolicy
+ * Local. Returns a TC verdict.
+ */
+static __always_inline int lb4_refuse(struct __sk_buff *skb,
+				      const struct pkt4 *p,
+				      const struct lb4_service *svc)
+{
+	int ret;
+
+	if (svc->flags & SVC_F_LOCAL) {
+		/* kube-proxy drops too: an external load balancer
+		 * health-checks nodes and stops sending here.
+		 */
+		metric_inc(METRIC_TC_LOCAL_NO_BACKEND);
+		return TC_ACT_SHOT;
+	}
+	ret = reply_port_unreachable(skb, p);
+	metric_inc(ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR :
+					METRIC_TC_NO_BACKEND);
+	return ret;
+}
+
+/* Where lb4_select sends a packet to a service. */
+struct lb4_xlate {
+	__be32 nat_addr;  /* the backend */
+	__be32 snat_addr; /* snat: this node's address */
+	__be16 nat_port;
+	__be16 snat_port; /* snat: the flow's port on this node */
+	bool snat;	  /* source-NATed to a backend on another node */
+	bool have_fib;	  /* fib is the route to the backend */
+	struct fib4 fib;
+};
+
+/*
+ * nat_remote - source-NAT a new flow of @p to backend @be (@backend_id) if
+ * the backend is on another node and frontend @svc allows it (external,
+ * not externalTrafficPolicy Local): its route leaves through a node device,
+ * and a source port on that device's address is reserved for the flow
+ * (ct_create_snat), which also records the flow.
+ *
+ * Returns 1 with @x's snat fields and route filled in; 0 if the flow is
+ * not source-NATed (nothing recorded yet); or -1 if it must be dropped
+ * (counted).
+ */
+static __always_inline int
+nat_remote(struct __sk_buff *skb, const struct pkt4 *p,
+	   const struct lb4_service *svc, const struct lb4_backend *be,
+	   __u32 backend_id, __u64 now, struct lb4_xlate *x)
+{
+	enum svc_flags flags = svc->flags;
+	struct node_dev *dev;
+	int err;
+
+	if (!(flags & SVC_F_EXTERNAL) || (flags & SVC_F_LOCAL))
+		return 0;
+	if (fib4_lookup(skb, skb->ifindex, p->saddr, be->addr, &x->fib) ||
+	    !(dev = node_dev_of(x->fib.ifindex)))
+		return 0;
+	x->snat = true;
+	x->have_fib = true;
+	x->snat_addr = dev->addr;
+	err = ct_create_snat(p, be, backend_id, svc->rev_nat_id, x->snat_addr,
+			     now, &x->snat_port);
+	if (err) {
+		/* Without its reply entry the flow cannot work: refuse it
+		 * rather than half-NAT it.
+		 */
+		if (err > 0)
+			metric_inc(METRIC_TC_SNAT_EXHAUSTED);
+		else if (err == -E2BIG)
+			metric_inc(METRIC_TC_CT_EST_FULL);
+		else
+			metric_inc(METRIC_TC_CT_FULL);
+		return -1;
+	}
+	metric_inc(METRIC_TC_SNAT_NEW);
+	return 1;
+}
+
+/*
+ * lb4_ct_follow - send @p, a packet of the flow of the usable forward
+ * entry @fwd (under @key), where the flow goes. Returns 0 with @x filled
+ * in, or -1 if it must be dropped (counted).
+ */
+static __always_inline int lb4_ct_follow(const struct pkt4 *p,
+					 const struct ct4_key *key,
+					 struct ct4_entry *fwd, __u64 now,
+					 struct lb4_xlate *x)
+{
+	int err;
+
+	x->nat_addr = fwd->nat_addr;
+	x->nat_port = fwd->nat_port;
+	if (fwd->flags & CT_F_SNAT) {
+		x->snat = true;
+		x->snat_addr = fwd->snat_addr;
+		x->snat_port = fwd->snat_port;
+	}
+	ct_refresh(fwd, p->proto, now);
+	ct_track_tcp(p, key, fwd, now);
+	err = ct_check_reverse(p, key, fwd, now);
+	if (err == -EEXIST) {
+		/* Another flow holds the reply tuple (the SNAT port): its
+		 * replies would go there. Never send from a tuple the flow
+		 * does not own.
+		 */
+		metric_inc(x->snat ? METRIC_TC_SNAT_LOST : METRIC_TC_CT_CLASH);
+		return -1;
+	}
+	if (err < 0) {
+		if (x->snat) {
+			/* The port is not reserved: the same. */
+			metric_inc(METRIC_TC_SNAT_LOST);
+			return -1;
+		}
+		metric_inc(METRIC_TC_CT_FULL);
+	}
+	metric_inc(METRIC_TC_DNAT_CT);
+	return 0;
+}
+
+/*
+ * lb4_new_flow - select a backend for a new flow of @p to frontend @svc
+ * and record the flow in conntrack (source-NATed when the backend is
+ * remote, see nat_remote). A backend whose reply tuple is another flow's
+ * (ct_create's clash: two VIPs sharing a backend) is passed over for the
+ * next slot's, up to CT_CLASH_TRIES backends.
+ *
+ * Returns 0 with @x filled in, or -1 if the packet must be dropped
+ * (counted).
+ */
+#define CT_CLASH_TRIES 4
+
+static __always_inline int lb4_new_flow(struct __sk_buff *skb,
+					const struct pkt4 *p,
+					const struct lb4_service *svc,
+					__u64 now, struct lb4_xlate *x)
+{
+	__u32 count = svc->count, backend_id = 0, i;
+	struct lb4_backend *be;
+	__u16 slot = 0;
+	int ret;
+
+	be = select_backend_slot(p->daddr, p->dport, p->proto, svc, &backend_id,
+				 &slot);
+	for (i = 0; i < CT_CLASH_TRIES; i++) {
+		if (i > 0) {
+			if (i >= count)
+				break;
+			slot = slot % count + 1;
+			be = slot_backend(p->daddr, p->dport, p->proto, slot,
+					  &backend_id);
+		}
+		if (!be) {
+			metric_inc(METRIC_TC_BACKEND_MISSING);
+			return -1;
+		}
+		x->nat_addr = be->addr;
+		x->nat_port = be->port;
+		ret = nat_remote(skb, p, svc, be, backend_id, now, x);
+		if (ret)
+			return ret > 0 ? 0 : -1;
+		ret = ct_create(p, be, backend_id, svc->rev_nat_id, now);
+		if (ret == CT_CLASH)
+			continue;
+		if (ret < 0)
+			metric_inc(METRIC_TC_CT_FULL);
+		metric_inc(METRIC_TC_DNAT_NEW);
+		return 0;
+	}
+	metric_inc(METRIC_TC_CT_CLASH);
+	return -1;
+}
+
+/*
+ * lb4_select - where a packet to frontend @svc goes: the backend of its
+ * flow's conntrack entry while that is usable (ct_fwd_usable), else a
+ * backend selected now (lb4_new_flow). Conntrack comes first, so a
+ * Service that has dropped to zero endpoints keeps its established flows,
+ * as kube-proxy does; only a new flow is refused.
+ *
+ * Returns 0 with @x filled in, 1 if @p starts a flow to a frontend without
+ * backends (to refuse), or -1 if it must be dropped (counted).
+ */
+static __always_inline int lb4_select(struct __sk_buff *skb,
+				      const struct pkt4 *p,
+				      const struct lb4_service *svc, __u64 now,
+				      struct lb4_xlate *x)
+{
+	struct ct4_key key = {};
+	struct ct4_entry *fwd;
+	bool half_open, gone;
+
+	ct_key_of(&key, p, CT_FORWARD);
+	fwd = ct_find(&key, now, &half_open);
+	if (fwd && ct_fwd_usable(fwd, p, &gone)) {
+		if (gone)
+			metric_inc(METRIC_TC_CT_BACKEND_GONE);
+		return lb4_ct_follow(p, &key, fwd, now, x);
+	}
+	if (p->frag_later) {
+		/* A later fragment follows its first fragment's flow, and
+		 * never starts one: its datagram would be split between two
+		 * backends (or, to a service without backends, it would be
+		 * refused with an ICMP error about a packet that has no L4
+		 * header to quote: RFC 1122 3.2.2).
+		 */
+		metric_inc(METRIC_TC_FRAG_DROP);
+		return -1;
+	}
+	if (svc->count == 0)
+		return 1;
+	return lb4_new_flow(skb, p, svc, now, x);
 }
 
 /*
@@ -107,122 +409,40 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 				    __u64 now)
 {
 	struct lb4_service *svc;
-	struct lb4_backend *be;
-	struct node_dev *dev;
-	struct ct4_key key = {};
-	struct ct4_entry *fwd;
-	struct fib4 f = {};
-	__u32 backend_id = 0;
-	__be32 nat_addr, snat_addr = 0;
-	__be16 nat_port, snat_port = 0;
-	bool snat = false, have_fib = false;
-	enum svc_flags flags;
-	int err;
+	struct lb4_xlate x = {};
+	int ret;
 
 	svc = lookup_service(p->daddr, p->dport, p->proto);
 	if (!svc)
 		return TC_ACT_OK;
-	flags = svc->flags;
-	if ((flags & SVC_F_SRC_RANGES) &&
-	    !source_allowed(p->daddr, p->dport, p->proto, p->saddr)) {
-		metric_inc(METRIC_TC_SRC_RANGE_DENY);
-		return TC_ACT_SHOT;
-	}
-	if (svc->count == 0) {
-		int ret;
-
-		if (flags & SVC_F_LOCAL) {
-			/* kube-proxy drops too: an external load balancer
-			 * health-checks nodes and stops sending here.
-			 */
-			metric_inc(METRIC_TC_LOCAL_NO_BACKEND);
-			return TC_ACT_SHOT;
-		}
-		ret = reply_port_unreachable(skb, p);
-		metric_inc(ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR :
-						METRIC_TC_NO_BACKEND);
+	ret = lb4_check_source(p, svc);
+	if (ret >= 0)
 		return ret;
-	}
+	ret = lb4_select(skb, p, svc, now, &x);
+	if (ret < 0)
+		return TC_ACT_SHOT;
+	if (ret > 0)
+		return lb4_refuse(skb, p, svc);
 
-	ct_key_of(&key, p, CT_FORWARD);
-	fwd = ct_lookup(&key, now);
-	if (fwd && p->proto == IPPROTO_UDP) {
-		/* A UDP "flow" has no end: once its backend is gone (or its
-		 * id reused for another address), re-balance it rather than
-		 * send it into the void. TCP keeps its backend, as kube-proxy
-		 * keeps established connections.
-		 */
-		be = lookup_backend(fwd->backend_id);
-		if (!be || be->addr != fwd->nat_addr ||
-		    be->port != fwd->nat_port)
-			fwd = NULL;
-	}
-	/* A new connection on the tuple of a closed one starts afresh. */
-	if (fwd && p->proto == IPPROTO_TCP && ct_closed(fwd) &&
-	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
-		fwd = NULL;
-
-	if (fwd) {
-		nat_addr = fwd->nat_addr;
-		nat_port = fwd->nat_port;
-		if (fwd->flags & CT_F_SNAT) {
-			snat = true;
-			snat_addr = fwd->snat_addr;
-			snat_port = fwd->snat_port;
-		}
-		ct_track_tcp(p, &key, fwd);
-		if (ct_refresh_reverse(p, fwd, now) < 0)
-			metric_inc(METRIC_TC_CT_FULL);
-		metric_inc(METRIC_TC_DNAT_CT);
-	} else {
-		be = select_backend(p->daddr, p->dport, p->proto, svc,
-				    &backend_id);
-		if (!be) {
-			metric_inc(METRIC_TC_BACKEND_MISSING);
+	if (x.snat) {
+		if (!x.have_fib && fib4_lookup(skb, skb->ifindex, x.snat_addr,
+					       x.nat_addr, &x.fib) < 0) {
+			metric_inc(METRIC_TC_FIB_ERR);
 			return TC_ACT_SHOT;
 		}
-		nat_addr = be->addr;
-		nat_port = be->port;
-		/* Remote backend: its route leaves through a node device. */
-		if ((flags & SVC_F_EXTERNAL) && !(flags & SVC_F_LOCAL) &&
-		    !fib4_lookup(skb, skb->ifindex, p->saddr, nat_addr, &f) &&
-		    (dev = node_dev_of(f.ifindex))) {
-			snat = true;
-			have_fib = true;
-			snat_addr = dev->addr;
-			err = ct_create_snat(p, be, backend_id, svc->rev_nat_id,
-					     snat_addr, now, &snat_port);
-			if (err) {
-				/* Without its reply entry the flow cannot
-				 * work: refuse it rather than half-NAT it.
-				 */
-				metric_inc(err > 0 ? METRIC_TC_SNAT_EXHAUSTED :
-						     METRIC_TC_CT_FULL);
-				return TC_ACT_SHOT;
-			}
-			metric_inc(METRIC_TC_SNAT_NEW);
-		} else {
-			err = ct_create(p, be, backend_id, svc->rev_nat_id,
-					now);
-			if (err < 0)
-				metric_inc(METRIC_TC_CT_FULL);
-			metric_inc(METRIC_TC_DNAT_NEW);
-		}
+		ret = fwd_check(skb, p, &x.fib, false);
+		if (ret >= 0)
+			return ret;
 	}
-
-	if (rewrite_l4addr(skb, p, true, nat_addr, nat_port) < 0 ||
-	    (snat && rewrite_l4addr(skb, p, false, snat_addr, snat_port) < 0)) {
+	if (rewrite_l4addr(skb, p, true, x.nat_addr, x.nat_port) < 0 ||
+	    (x.snat &&
+	     rewrite_l4addr(skb, p, false, x.snat_addr, x.snat_port) < 0)) {
 		metric_inc(METRIC_TC_REWRITE_ERR);
 		return TC_ACT_SHOT;
 	}
-	if (!snat)
+	if (!x.snat)
 		return TC_ACT_OK;
-	if (!have_fib &&
-	    fib4_lookup(skb, skb->ifindex, snat_addr, nat_addr, &f) < 0) {
-		metric_inc(METRIC_TC_FIB_ERR);
-		return TC_ACT_SHOT;
-	}
-	return redirect_fib(skb, &f);
+	return redirect_fib(skb, p, &x.fib);
 }
 
 SEC("tc")
@@ -232,10 +452,16 @@ int sluice_ingress(struct __sk_buff *skb)
 	__u64 now;
 	int ret;
 
-	if (!parse_or_pass(skb, &p))
+	switch (parse_tc(skb, &p)) {
+	case PKT_L4:
+		break;
+	case PKT_ICMP_ERR:
+		return icmp_err_xlate(skb, &p, true);
+	default:
 		return TC_ACT_OK;
+	}
 	now = bpf_ktime_get_ns();
-	ret = rev_nat(skb, &p, now);
+	ret = rev_nat(skb, &p, now, true);
 	if (ret >= 0)
 		return ret;
 	return lb4_dnat(skb, &p, now);
@@ -247,9 +473,15 @@ int sluice_egress(struct __sk_buff *skb)
 	struct pkt4 p = {};
 	int ret;
 
-	if (!parse_or_pass(skb, &p))
+	switch (parse_tc(skb, &p)) {
+	case PKT_L4:
+		break;
+	case PKT_ICMP_ERR:
+		return icmp_err_xlate(skb, &p, false);
+	default:
 		return TC_ACT_OK;
-	ret = rev_nat(skb, &p, bpf_ktime_get_ns());
+	}
+	ret = rev_nat(skb, &p, bpf_ktime_get_ns(), false);
 	return ret >= 0 ? ret : TC_ACT_OK;
 }
 

@@ -12,112 +12,41 @@
  * finish (IP options, fragments, an unresolved neighbour, a local backend,
  * a full table), is XDP_PASSed untouched to the tc program, which handles
  * every case; the two share sluice_conntrack, so a flow may start in tc and
- * continue here.
+ * continue here. XDP counts its outcomes under reasons of its own
+ * (METRIC_XDP_*), so that a counter names the hook that saw the packet.
  *
  * Checksums are updated incrementally (RFC 1624). Packets from the wire
  * carry complete checksums; a packet a local stack handed over a veth with
  * CHECKSUM_PARTIAL would not, which is why Sluice attaches XDP only to the
  * node's external devices.
  */
-#include "lib/common.h"
+#include "lib/consts.h"
+#include "lib/config.h"
 #include "lib/maps.h"
 #include "lib/metrics.h"
+#include "lib/parse.h"
+#include "lib/csum.h"
 #include "lib/lb.h"
 #include "lib/conntrack.h"
 #include "lib/nat.h"
 
-/* csum_replace32 - RFC 1624 update of checksum @check for a 32-bit field. */
-static __always_inline __u16 csum_replace32(__u16 check, __u32 from, __u32 to)
-{
-	__u32 sum = (__u16)~check;
-
-	sum += (__u16)~(__u16)from + (__u16)~(__u16)(from >> 16);
-	sum += (__u16)to + (__u16)(to >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	return (__u16)~sum;
-}
-
-static __always_inline __u16 csum_replace16(__u16 check, __u16 from, __u16 to)
-{
-	__u32 sum = (__u16)~check;
-
-	sum += (__u16)~from + to;
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	return (__u16)~sum;
-}
-
-/* A parsed packet, with pointers into it for the rewrite. */
-struct xpkt {
-	struct pkt4 p;
-	struct ethhdr *eth;
-	struct iphdr *ip;
-	__be16 *ports; /* [0] source, [1] destination */
-	__u16 *l4csum;
-};
-
 /*
- * xdp_parse - IPv4 TCP/UDP without options or fragmentation, whole L4
- * header present. Returns false for anything else (left to tc).
+ * xdp_rewrite - set both L4 addresses of @x and decrement its TTL, fixing
+ * the checksums.
  */
-static __always_inline bool xdp_parse(struct xdp_md *ctx, struct xpkt *x)
-{
-	void *data = (void *)(long)ctx->data;
-	void *end = (void *)(long)ctx->data_end;
-	struct ethhdr *eth = data;
-	struct iphdr *ip;
-	__u32 tot_len;
-
-	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
-		return false;
-	ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > end || ip->version != 4 || ip->ihl != 5)
-		return false;
-	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
-		return false;
-	/* (A frame shorter than tot_len is the stack's to drop: only the
-	 * headers are rewritten, and they are bounds-checked below.)
-	 */
-	tot_len = bpf_ntohs(ip->tot_len);
-	if (ip->protocol == IPPROTO_TCP) {
-		struct tcphdr *th = (void *)(ip + 1);
-
-		if ((void *)(th + 1) > end ||
-		    tot_len < sizeof(*ip) + sizeof(*th))
-			return false;
-		x->l4csum = (__u16 *)&th->check;
-		x->p.tcp_flags = ((__u8 *)th)[13];
-	} else if (ip->protocol == IPPROTO_UDP) {
-		struct udphdr *uh = (void *)(ip + 1);
-
-		if ((void *)(uh + 1) > end ||
-		    tot_len < sizeof(*ip) + sizeof(*uh))
-			return false;
-		x->l4csum = (__u16 *)&uh->check;
-	} else {
-		return false;
-	}
-	x->eth = eth;
-	x->ip = ip;
-	x->ports = (void *)(ip + 1);
-	x->p.saddr = ip->saddr;
-	x->p.daddr = ip->daddr;
-	x->p.sport = x->ports[0];
-	x->p.dport = x->ports[1];
-	x->p.proto = ip->protocol;
-	x->p.ihl_len = sizeof(*ip);
-	return true;
-}
-
-/* xdp_rewrite - set both L4 addresses of @x, fixing the checksums. */
-static __always_inline void xdp_rewrite(struct xpkt *x, __be32 saddr,
+static __always_inline void xdp_rewrite(struct xdp_pkt4 *x, __be32 saddr,
 					__be16 sport, __be32 daddr,
 					__be16 dport)
 {
 	struct iphdr *ip = x->ip;
 	__u16 c = *x->l4csum;
 
+	/* Forwarded: one TTL less (xdp_fwd_ok checked it is over 1). The
+	 * TTL is the high byte of its 16-bit word.
+	 */
+	ip->check = csum_replace16(ip->check, bpf_htons((__u16)ip->ttl << 8),
+				   bpf_htons((__u16)(ip->ttl - 1) << 8));
+	ip->ttl--;
 	ip->check = csum_replace32(csum_replace32(ip->check, ip->saddr, saddr),
 				   ip->daddr, daddr);
 	/* A UDP checksum of zero means none: it stays zero. */
@@ -142,7 +71,7 @@ static __always_inline void xdp_rewrite(struct xpkt *x, __be32 saddr,
  * if the neighbour is not resolved (the caller passes the packet to tc
  * before rewriting it, so this is checked first).
  */
-static __always_inline int xdp_send(struct xdp_md *ctx, struct xpkt *x,
+static __always_inline int xdp_send(struct xdp_md *ctx, struct xdp_pkt4 *x,
 				    const struct fib4 *f)
 {
 	__builtin_memcpy(x->eth->h_dest, f->dmac, ETH_ALEN);
@@ -153,7 +82,7 @@ static __always_inline int xdp_send(struct xdp_md *ctx, struct xpkt *x,
 }
 
 /* xdp_rev - the reply of a source-NATed flow. -1: not one. */
-static __always_inline int xdp_rev(struct xdp_md *ctx, struct xpkt *x,
+static __always_inline int xdp_rev(struct xdp_md *ctx, struct xdp_pkt4 *x,
 				   __u64 now)
 {
 	struct ct4_key key = {};
@@ -162,26 +91,36 @@ static __always_inline int xdp_rev(struct xdp_md *ctx, struct xpkt *x,
 	__be32 fe_addr, client;
 	__be16 fe_port, cport;
 
+	/* Source-NATed flows only: their reply entries (the port
+	 * reservations) are always in sluice_conntrack.
+	 */
 	ct_key_of(&key, &x->p, CT_REVERSE);
-	e = bpf_map_lookup_elem(&sluice_conntrack, &key);
-	if (!e || !(e->flags & CT_F_SNAT) || ct_expired(e, key.proto, now))
+	e = bpf_map_lookup_elem(&sluice_conntrack_v2, &key);
+	if (!e || !(e->flags & CT_F_SNAT) ||
+	    !ct_alive(READ_ONCE(e->expires), now))
 		return -1;
 	fe_addr = e->nat_addr;
 	fe_port = e->nat_port;
 	client = e->snat_addr;
 	cport = e->snat_port;
 	if (fib4_lookup(ctx, ctx->ingress_ifindex, fe_addr, client, &f) < 0 ||
-	    !f.have_neigh)
+	    !f.have_neigh || !xdp_fwd_ok(ctx, x->ip, &f))
 		return XDP_PASS;
-	e->last_seen = now;
-	ct_track_tcp(&x->p, &key, e);
+	/* The first reply promotes the flow; if that fails, tc tries again
+	 * and refuses the flow (counted).
+	 */
+	if (!(READ_ONCE(e->flags) & CT_F_REPLIED) &&
+	    ct_promote_snat(&key, e, now))
+		return XDP_PASS;
+	ct_touch(&key, e, now);
+	ct_track_tcp(&x->p, &key, e, now);
 	xdp_rewrite(x, fe_addr, fe_port, client, cport);
 	metric_inc(METRIC_XDP_REV);
 	return xdp_send(ctx, x, &f);
 }
 
 /* xdp_fwd - a packet to an external frontend with a remote backend. */
-static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xpkt *x,
+static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
 				   __u64 now)
 {
 	const struct pkt4 *p = &x->p;
@@ -194,6 +133,7 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xpkt *x,
 	__u32 backend_id = 0;
 	__be32 nat_addr, snat_addr;
 	__be16 nat_port, snat_port = 0;
+	bool half_open, gone;
 	__u8 flags;
 
 	svc = lookup_service(p->daddr, p->dport, p->proto);
@@ -205,36 +145,35 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xpkt *x,
 		return XDP_PASS;
 	if ((flags & SVC_F_SRC_RANGES) &&
 	    !source_allowed(p->daddr, p->dport, p->proto, p->saddr)) {
-		metric_inc(METRIC_TC_SRC_RANGE_DENY);
+		metric_inc(METRIC_XDP_SRC_RANGE_DENY);
 		return XDP_DROP;
 	}
 
 	ct_key_of(&key, p, CT_FORWARD);
-	fwd = ct_lookup(&key, now);
+	fwd = ct_find(&key, now, &half_open);
 	if (fwd) {
-		if (!(fwd->flags & CT_F_SNAT))
+		/* Not source-NATed: a local backend, tc's to DNAT. Not
+		 * usable: tc re-balances it, or starts it afresh. Its
+		 * backend gone: tc counts the draining flow.
+		 */
+		if (!(fwd->flags & CT_F_SNAT) ||
+		    !ct_fwd_usable(fwd, p, &gone) || gone)
 			return XDP_PASS;
-		if (p->proto == IPPROTO_UDP) {
-			be = lookup_backend(fwd->backend_id);
-			if (!be || be->addr != fwd->nat_addr ||
-			    be->port != fwd->nat_port)
-				return XDP_PASS; /* tc re-balances */
-		}
-		if (p->proto == IPPROTO_TCP && ct_closed(fwd) &&
-		    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) ==
-			    TCP_FLAG_SYN)
-			return XDP_PASS; /* tc starts it afresh */
 		nat_addr = fwd->nat_addr;
 		nat_port = fwd->nat_port;
 		snat_addr = fwd->snat_addr;
 		snat_port = fwd->snat_port;
 		if (fib4_lookup(ctx, ctx->ingress_ifindex, snat_addr, nat_addr,
 				&f) < 0 ||
-		    !f.have_neigh)
+		    !f.have_neigh || !xdp_fwd_ok(ctx, x->ip, &f))
 			return XDP_PASS;
-		ct_track_tcp(p, &key, fwd);
-		if (ct_refresh_reverse(p, fwd, now) < 0)
-			metric_inc(METRIC_TC_CT_FULL);
+		/* A port reservation lost (and maybe taken): tc drops and
+		 * counts, never sends from a port the flow does not own.
+		 */
+		if (ct_check_reverse(p, &key, fwd, now) < 0)
+			return XDP_PASS;
+		ct_refresh(fwd, p->proto, now);
+		ct_track_tcp(p, &key, fwd, now);
 	} else {
 		be = select_backend(p->daddr, p->dport, p->proto, svc,
 				    &backend_id);
@@ -249,11 +188,13 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xpkt *x,
 		dev = node_dev_of(f.ifindex);
 		if (!dev)
 			return XDP_PASS; /* local backend: tc DNATs */
+		if (!xdp_fwd_ok(ctx, x->ip, &f))
+			return XDP_PASS;
 		snat_addr = dev->addr;
 		if (ct_create_snat(p, be, backend_id, svc->rev_nat_id,
 				   snat_addr, now, &snat_port))
 			return XDP_PASS; /* tc counts and drops */
-		metric_inc(METRIC_TC_SNAT_NEW);
+		metric_inc(METRIC_XDP_SNAT_NEW);
 	}
 	xdp_rewrite(x, snat_addr, snat_port, nat_addr, nat_port);
 	metric_inc(METRIC_XDP_FWD);
@@ -263,11 +204,11 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xpkt *x,
 SEC("xdp")
 int sluice_xdp(struct xdp_md *ctx)
 {
-	struct xpkt x = {};
+	struct xdp_pkt4 x = {};
 	__u64 now;
 	int ret;
 
-	if (!xdp_parse(ctx, &x))
+	if (!parse_ipv4_xdp(ctx, &x))
 		return XDP_PASS;
 	now = bpf_ktime_get_ns();
 	ret = xdp_rev(ctx, &x, now);

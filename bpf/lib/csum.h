@@ -1,18 +1,54 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * Address and port rewrites with incremental checksum updates.
+ * Checksums, and address and port rewrites with incremental checksum
+ * updates.
  *
  * The IPv4 header checksum covers the addresses; the TCP/UDP checksum covers
  * the ports and, through the pseudo-header, the addresses too
  * (BPF_F_PSEUDO_HDR). A UDP checksum of zero means "none" and must stay
  * zero: BPF_F_MARK_MANGLED_0 makes the kernel leave it alone, and write
  * 0xffff should an update ever produce zero.
+ *
+ * tc rewrites through the skb helpers (rewrite_l4addr), which know the
+ * skb's checksum offload state. XDP has no skb and writes the headers
+ * itself, updating the checksums with csum_replace32/16 (RFC 1624).
  */
 #ifndef SLUICE_CSUM_H
 #define SLUICE_CSUM_H
 
-#include "common.h"
+#include "consts.h"
 #include "parse.h"
+
+/* csum_fold - fold a 32-bit one's complement sum into the 16-bit checksum. */
+static __always_inline __u16 csum_fold(__u32 csum)
+{
+	csum = (csum & 0xffff) + (csum >> 16);
+	csum = (csum & 0xffff) + (csum >> 16);
+	return (__u16)~csum;
+}
+
+/* csum_replace32 - RFC 1624 update of checksum @check for a 32-bit field. */
+static __always_inline __u16 csum_replace32(__u16 check, __u32 from, __u32 to)
+{
+	__u32 sum = (__u16)~check;
+
+	sum += (__u16)~(__u16)from + (__u16)~(__u16)(from >> 16);
+	sum += (__u16)to + (__u16)(to >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/* csum_replace16 - RFC 1624 update of checksum @check for a 16-bit field. */
+static __always_inline __u16 csum_replace16(__u16 check, __u16 from, __u16 to)
+{
+	__u32 sum = (__u16)~check;
+
+	sum += (__u16)~from + to;
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
 
 #define IP_SADDR_OFF offsetof(struct iphdr, saddr)
 #define IP_DADDR_OFF offsetof(struct iphdr, daddr)
@@ -23,6 +59,8 @@
 /*
  * rewrite_l4addr - replace one <address, port> of @p's packet.
  * @to_dst: rewrite the destination if true, else the source.
+ *
+ * A later fragment (p->frag_later) gets only its address rewritten.
  *
  * Returns 0 or a negative error from a helper (the packet may then be half
  * rewritten: callers drop it).
@@ -39,11 +77,16 @@ static __always_inline int rewrite_l4addr(struct __sk_buff *skb,
 	int err;
 
 	if (old_addr != new_addr) {
-		err = bpf_l4_csum_replace(skb, p->csum_off, old_addr, new_addr,
-					  l4_flags | BPF_F_PSEUDO_HDR |
-						  sizeof(new_addr));
-		if (err < 0)
-			return err;
+		/* A later fragment has no L4 header: its first fragment's
+		 * rewrite fixes the checksum of the whole datagram.
+		 */
+		if (!p->frag_later) {
+			err = bpf_l4_csum_replace(
+				skb, p->csum_off, old_addr, new_addr,
+				l4_flags | BPF_F_PSEUDO_HDR | sizeof(new_addr));
+			if (err < 0)
+				return err;
+		}
 		err = bpf_l3_csum_replace(skb, p->l3_off + IP_CSUM_OFF,
 					  old_addr, new_addr, sizeof(new_addr));
 		if (err < 0)
@@ -53,7 +96,7 @@ static __always_inline int rewrite_l4addr(struct __sk_buff *skb,
 		if (err < 0)
 			return err;
 	}
-	if (old_port != new_port) {
+	if (old_port != new_port && !p->frag_later) {
 		err = bpf_l4_csum_replace(skb, p->csum_off, old_port, new_port,
 					  l4_flags | sizeof(new_port));
 		if (err < 0)

@@ -1,19 +1,27 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * Refusing a flow to a service with no backends, on the per-packet path.
+ * ICMP errors that tc sends itself, on the per-packet path: a port
+ * unreachable for a flow to a service with no backends, and, where tc
+ * forwards a packet itself (nat.h), a time exceeded or a fragmentation
+ * needed in place of the stack's.
  *
  * Dropping would leave the client retrying until it times out. Instead the
- * packet is turned, in place, into an ICMP destination unreachable (port
- * unreachable) from the VIP to the client and sent back out of the device
- * it came in on. Linux reports it as ECONNREFUSED to both a TCP connect and
- * a connected UDP socket, just as if the VIP had refused the port itself.
+ * packet is turned, in place, into the ICMP error from its destination (the
+ * VIP, the NodePort) to its source and sent back out of the device it came
+ * in on. Linux reports a port unreachable as ECONNREFUSED to both a TCP
+ * connect and a connected UDP socket, just as if the VIP had refused the
+ * port itself; a fragmentation needed lowers the path MTU of the socket's
+ * route.
  *
  *   in:  eth | IPv4 C->V (+options) | TCP/UDP ... payload
- *   out: eth (MACs swapped) | IPv4 V->C | ICMP 3/3 | IPv4 C->V (+options) | L4 header
+ *   out: eth (MACs swapped) | IPv4 V->C | ICMP | IPv4 C->V (+options) | L4 header
  *
- * The tail is trimmed to the quote with bpf_skb_change_tail, room for the
- * new IPv4 and ICMP headers is made after the MAC header with
- * bpf_skb_adjust_room, so the quoted bytes never move or get copied back.
+ * (On an L3 device there is no eth, in or out.)
+ *
+ * The tail is trimmed to the quote with bpf_skb_change_tail (which also
+ * ends a GSO packet's segmentation state), room for the new IPv4 and ICMP
+ * headers is made after the MAC header with bpf_skb_adjust_room, so the
+ * quoted bytes never move or get copied back.
  *
  * The quote is the whole fixed L4 header (20 bytes for TCP, 8 for UDP),
  * more than the 8 bytes RFC 792 asks for, as RFC 1812 allows. It has to be:
@@ -26,12 +34,16 @@
 #ifndef SLUICE_ICMP_H
 #define SLUICE_ICMP_H
 
-#include "common.h"
+#include "consts.h"
 #include "csum.h"
 #include "parse.h"
 
 #define ICMP_QUOTE_MAX (60 + sizeof(struct tcphdr))
 #define ICMP_ERR_TTL   64
+
+/* The ICMP error icmp_reply sends: type, code and next-hop MTU. */
+#define ICMP_ERR(type, code, mtu) \
+	(((__u32)(type) << 24) | ((__u32)(code) << 16) | (__u16)(mtu))
 
 struct icmp_err_hdr {
 	struct iphdr ip;
@@ -39,14 +51,20 @@ struct icmp_err_hdr {
 };
 
 /*
- * reply_port_unreachable - rewrite @skb into an ICMP port unreachable for
- * @p and redirect it back out of its ingress device.
+ * icmp_reply - rewrite @skb, the packet @p, into the ICMP error @err
+ * (ICMP_ERR: type, code, and the next-hop MTU of a fragmentation needed)
+ * about it, and redirect it back out of its ingress device.
  *
  * Returns TC_ACT_REDIRECT, or TC_ACT_SHOT if a helper failed (by then the
- * packet may be half rewritten and must not go on).
+ * packet may be half rewritten and must not go on) or @p is a later
+ * fragment: there is no ICMP error about one (RFC 1122 3.2.2), whose first
+ * fragment got it, and it has no L4 header to quote.
+ *
+ * A BPF function of its own rather than inlined: several paths call it,
+ * and it is large.
  */
-static __always_inline int reply_port_unreachable(struct __sk_buff *skb,
-						  const struct pkt4 *p)
+static __noinline int icmp_reply(struct __sk_buff *skb, const struct pkt4 *p,
+				 __u32 err)
 {
 	/* ICMP header and quote, summed together for the ICMP checksum.
 	 * Bytes past the quote stay zero and add nothing to the sum.
@@ -56,10 +74,12 @@ static __always_inline int reply_port_unreachable(struct __sk_buff *skb,
 		__u8 quote[ICMP_QUOTE_MAX];
 	} body = {};
 	struct icmp_err_hdr hdr = {};
-	struct ethhdr eth;
+	struct ethhdr eth = {};
 	__u8 mac[ETH_ALEN];
 	__u32 quote_len = p->ihl_len;
 
+	if (p->frag_later)
+		return TC_ACT_SHOT;
 	/* ihl_len is a multiple of 4 in 20..60 (parse_ipv4). Mask it in asm,
 	 * where clang cannot fold the mask away, so that the verifier sees
 	 * 8..80 as the bound of the variable-size load below. parse_ipv4
@@ -69,13 +89,14 @@ static __always_inline int reply_port_unreachable(struct __sk_buff *skb,
 	quote_len += p->proto == IPPROTO_TCP ? sizeof(struct tcphdr) :
 					       sizeof(struct udphdr);
 
-	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
+	if (p->l3_off && bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
 		return TC_ACT_SHOT;
 	if (bpf_skb_load_bytes(skb, p->l3_off, body.quote, quote_len) < 0)
 		return TC_ACT_SHOT;
 
-	body.icmp.type = ICMP_DEST_UNREACH;
-	body.icmp.code = ICMP_PORT_UNREACH;
+	body.icmp.type = err >> 24;
+	body.icmp.code = err >> 16;
+	body.icmp.un.frag.mtu = bpf_htons((__u16)err);
 	body.icmp.checksum = csum_buf(&body, sizeof(body));
 
 	hdr.ip.version = 4;
@@ -96,14 +117,25 @@ static __always_inline int reply_port_unreachable(struct __sk_buff *skb,
 		return TC_ACT_SHOT;
 	if (bpf_skb_adjust_room(skb, sizeof(hdr), BPF_ADJ_ROOM_MAC, 0) < 0)
 		return TC_ACT_SHOT;
-	if (bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth),
-				BPF_F_RECOMPUTE_CSUM) < 0)
+	if (p->l3_off && bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth),
+					     BPF_F_RECOMPUTE_CSUM) < 0)
 		return TC_ACT_SHOT;
-	if (bpf_skb_store_bytes(skb, ETH_HLEN, &hdr, sizeof(hdr),
+	if (bpf_skb_store_bytes(skb, p->l3_off, &hdr, sizeof(hdr),
 				BPF_F_RECOMPUTE_CSUM) < 0)
 		return TC_ACT_SHOT;
 
 	return bpf_redirect(skb->ifindex, 0);
+}
+
+/*
+ * reply_port_unreachable - answer @p, a packet to a service with no
+ * backends, with an ICMP port unreachable from the VIP (icmp_reply).
+ */
+static __always_inline int reply_port_unreachable(struct __sk_buff *skb,
+						  const struct pkt4 *p)
+{
+	return icmp_reply(skb, p,
+			  ICMP_ERR(ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, 0));
 }
 
 #endif /* SLUICE_ICMP_H */

@@ -1,15 +1,23 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * Every map Sluice uses. All are pinned by name under the agent's pin path
- * (BPFFS/sluice/), so the socket and tc objects share them and they outlive
- * the agent. max_entries here are the defaults; the agent overrides them
- * from its Config before load, and refuses to reuse a pinned map of a
+ * (BPFFS/sluice/), so the socket, tc and XDP objects share them and they
+ * outlive the agent. max_entries here are the defaults; the agent overrides
+ * them from its Config before load, and refuses to reuse a pinned map of a
  * different size.
+ *
+ * The _vN suffix of a name is the version of the map's layout (its type,
+ * key and value, structs.h). A change of layout bumps it, so that the new
+ * agent finds no pin of the old layout under the new name: it converts the
+ * old map into the new one at Open (pkg/datapath pins.go says how) instead
+ * of refusing to start until `sluice cleanup`. The kernel keeps 15
+ * characters of a name (bpftool shows "sluice_conntrac"); the pin has all
+ * of it.
  */
 #ifndef SLUICE_MAPS_H
 #define SLUICE_MAPS_H
 
-#include "common.h"
+#include "consts.h"
 #include "structs.h"
 
 /* Key: struct lb4_key. Value: struct lb4_service. Written by the agent. */
@@ -20,7 +28,7 @@ struct {
 	__uint(max_entries, 1 << 20);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sluice_services SEC(".maps");
+} sluice_services_v1 SEC(".maps");
 
 /* Key: __u32 backend id (host order). Value: struct lb4_backend. Agent. */
 struct {
@@ -30,7 +38,7 @@ struct {
 	__uint(max_entries, 262144);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sluice_backends SEC(".maps");
+} sluice_backends_v1 SEC(".maps");
 
 /* Key: __u32 service id (host order). Value: struct lb4_rev_nat. Agent. */
 struct {
@@ -40,20 +48,47 @@ struct {
 	__uint(max_entries, 65536);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sluice_rev_nat SEC(".maps");
+} sluice_rev_nat_v1 SEC(".maps");
 
 /*
- * Key: struct ct4_key. Value: struct ct4_entry. Written by tc programs.
- * (The kernel keeps 15 characters of a name: bpftool shows
- * "sluice_conntrac"; the pin is sluice_conntrack.)
+ * Key: struct ct4_key. Value: struct ct4_entry. Established flows and SNAT
+ * port reservations, written by tc and XDP; a plain hash, so that nothing
+ * evicts a live flow: sluice_ct_gc deletes expired entries. Preallocated:
+ * inserts from the datapath never allocate. Sized by Config.MaxConntrack.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct ct4_key);
+	__type(value, struct ct4_entry);
+	__uint(max_entries, 262144);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice_conntrack_v2 SEC(".maps");
+
+/*
+ * Key: struct ct4_key. Value: struct ct4_entry. Half-open flows (no reply
+ * yet), written by tc and XDP; an LRU, so a flood of new flows evicts only
+ * its own kind. Sized by Config.MaxConntrackNew.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct ct4_key);
 	__type(value, struct ct4_entry);
-	__uint(max_entries, 262144);
+	__uint(max_entries, 65536);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sluice_conntrack SEC(".maps");
+} sluice_ct_new_v1 SEC(".maps");
+
+/*
+ * Key: struct ct_backend_key. Value: __u8 (1). Written by the agent just
+ * before a flush run of sluice_ct_gc, emptied after it.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct ct_backend_key);
+	__type(value, __u8);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice_ct_flush_v1 SEC(".maps");
 
 /* Key: struct sock_rev_key. Value: struct sock_rev_entry. Socket programs. */
 struct {
@@ -62,28 +97,31 @@ struct {
 	__type(value, struct sock_rev_entry);
 	__uint(max_entries, 262144);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sluice_sock_rev SEC(".maps");
+} sluice_sock_rev_v1 SEC(".maps");
 
 /*
- * Key: struct lb4_affinity_key. Value: struct lb4_affinity. sendmsg4.
- * Sized like sluice_sock_rev (Config.MaxSockRev).
+ * Key: struct sock_udp_stick_key. Value: struct sock_udp_stick. sendmsg4.
+ * Sized like sluice_sock_rev_v1 (Config.MaxSockRev).
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct lb4_affinity_key);
-	__type(value, struct lb4_affinity);
+	__type(key, struct sock_udp_stick_key);
+	__type(value, struct sock_udp_stick);
 	__uint(max_entries, 262144);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sluice_affinity SEC(".maps");
+} sluice_udp_stick_v1 SEC(".maps");
 
-/* Key: __u32 enum metric_reason. Value: __u64 count per CPU. */
+/*
+ * Key: __u32 enum metric_reason. Value: __u64 count per CPU. Sized for
+ * METRIC_SLOTS reasons, so that appending one is no change of layout.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__type(key, __u32);
 	__type(value, __u64);
-	__uint(max_entries, METRIC_MAX);
+	__uint(max_entries, METRIC_SLOTS);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sluice_metrics SEC(".maps");
+} sluice_metrics_v1 SEC(".maps");
 
 /* Key: __u32 ifindex. Value: struct node_dev. The agent writes it on attach. */
 struct {
@@ -92,7 +130,7 @@ struct {
 	__type(value, struct node_dev);
 	__uint(max_entries, 64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sluice_devices SEC(".maps");
+} sluice_devices_v1 SEC(".maps");
 
 /* Key: struct src_range_key. Value: __u8 (1). Written by the agent. */
 struct {
@@ -102,6 +140,20 @@ struct {
 	__uint(max_entries, 16384);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sluice_src_ranges SEC(".maps");
+} sluice_src_ranges_v1 SEC(".maps");
+
+/*
+ * Key: struct frag4_key. Value: struct frag4_ports. Written by tc. A
+ * record is needed only while its datagram's fragments pass (Linux gives
+ * up reassembly after 30 s): the LRU reclaims it. Cilium sizes its
+ * IPV4_FRAGMENTS map the same.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag4_key);
+	__type(value, struct frag4_ports);
+	__uint(max_entries, 8192);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice_fragments_v1 SEC(".maps");
 
 #endif /* SLUICE_MAPS_H */

@@ -12,7 +12,7 @@
 static __always_inline void metric_inc(enum metric_reason reason)
 {
 	__u32 key = reason;
-	__u64 *count = bpf_map_lookup_elem(&sluice_metrics, &key);
+	__u64 *count = bpf_map_lookup_elem(&sluice_metrics_v1, &key);
 
 	if (count)
 		*count += 1;

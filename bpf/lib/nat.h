@@ -11,13 +11,28 @@
  * if forwarding and rp_filter allowed it. So both are sent on from tc
  * directly: bpf_fib_lookup finds the egress device and next hop, and the
  * packet is redirected there (bpf_redirect_neigh when the neighbour is not
- * resolved yet, which lets the kernel resolve it).
+ * resolved yet, which lets the kernel resolve it). The same goes for the
+ * reply of an external flow to a local backend when ingress of the pod's
+ * device reverse-NATs it: its new source, the NodePort, is the node's own.
+ *
+ * Forwarding by redirect skips the stack's, so it does the stack's part
+ * here (fwd_check, redirect_fib): the TTL is decremented, and a packet
+ * whose TTL would expire (a routing loop) or that is larger than the egress
+ * device's MTU is never sent: it gets the ICMP error the stack would send
+ * (time exceeded; fragmentation needed when DF is set), or is dropped when
+ * there is no answer to give (no DF: the stack would fragment it; tc
+ * cannot), or, where the stack can take the packet as it came, is handed to
+ * it. All counted.
  */
 #ifndef SLUICE_NAT_H
 #define SLUICE_NAT_H
 
-#include "common.h"
+#include "consts.h"
 #include "maps.h"
+#include "metrics.h"
+#include "parse.h"
+#include "lb.h"
+#include "icmp.h"
 
 struct fib4 {
 	__u32 ifindex;	/* egress device */
@@ -42,11 +57,17 @@ static __always_inline int fib4_lookup(void *ctx, __u32 ifindex, __be32 saddr,
 	};
 	int ret = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
 
-	if (ret != BPF_FIB_LKUP_RET_SUCCESS && ret != BPF_FIB_LKUP_RET_NO_NEIGH)
+	/* FRAG_NEEDED: the route and neighbour were found, but the skb is
+	 * larger than the egress device's MTU. fwd_check decides what to
+	 * do about that (bpf_check_mtu knows GSO packets too).
+	 */
+	if (ret != BPF_FIB_LKUP_RET_SUCCESS &&
+	    ret != BPF_FIB_LKUP_RET_NO_NEIGH &&
+	    ret != BPF_FIB_LKUP_RET_FRAG_NEEDED)
 		return -1;
 	out->ifindex = fib.ifindex;
 	out->nexthop = fib.ipv4_dst;
-	out->have_neigh = ret == BPF_FIB_LKUP_RET_SUCCESS;
+	out->have_neigh = ret != BPF_FIB_LKUP_RET_NO_NEIGH;
 	__builtin_memcpy(out->smac, fib.smac, ETH_ALEN);
 	__builtin_memcpy(out->dmac, fib.dmac, ETH_ALEN);
 	return 0;
@@ -54,32 +75,144 @@ static __always_inline int fib4_lookup(void *ctx, __u32 ifindex, __be32 saddr,
 
 /*
  * node_dev_of - the node device @ifindex, or NULL if it is not one the
- * agent attached to (a pod's veth, say).
+ * agent attached to with an address (a pod's veth, say).
  */
 static __always_inline struct node_dev *node_dev_of(__u32 ifindex)
 {
-	return bpf_map_lookup_elem(&sluice_devices, &ifindex);
+	struct node_dev *dev =
+		bpf_map_lookup_elem(&sluice_devices_v1, &ifindex);
+
+	return dev && dev->addr ? dev : NULL;
 }
 
 /*
- * redirect_fib - send @skb (already rewritten) to the next hop @f names.
- * Returns a TC verdict.
+ * fwd_check - whether @p may be forwarded by redirect to the next hop @f
+ * names: its TTL must not expire, and it must fit the egress device's MTU
+ * (each segment of a GSO packet). Call it before rewriting @p, so that what
+ * goes back or on to the stack is the packet as it came.
+ *
+ * Returns -1 if it may. Else a TC verdict, counted: with @to_stack,
+ * TC_ACT_OK (the stack forwards the packet, or refuses it with the ICMP
+ * error, itself; the caller's egress program translates what it forwards);
+ * without, an ICMP time exceeded, an ICMP fragmentation needed if DF is
+ * set (both from @p's destination), or a drop.
  */
-static __always_inline int redirect_fib(struct __sk_buff *skb,
-					const struct fib4 *f)
+static __always_inline int fwd_check(struct __sk_buff *skb,
+				     const struct pkt4 *p, const struct fib4 *f,
+				     bool to_stack)
 {
-	if (!f->have_neigh) {
+	__u64 flags = BPF_MTU_CHK_SEGS;
+	__u32 mtu = 0; /* 0: the skb's length, link-layer header included */
+	int ret;
+
+	/* From an L3 device, the skb has no link-layer header to count:
+	 * check the IPv4 length (and not a GSO packet's segments: the
+	 * helper checks those only against the skb's length).
+	 */
+	if (p->l3_off == 0) {
+		mtu = p->l3_len;
+		flags = 0;
+	}
+	if (p->ttl > 1 && !bpf_check_mtu(skb, f->ifindex, &mtu, 0, flags))
+		return -1;
+	if (to_stack) {
+		metric_inc(METRIC_TC_FWD_TO_STACK);
+		return TC_ACT_OK;
+	}
+	if (p->ttl <= 1) {
+		metric_inc(METRIC_TC_TTL_EXCEEDED);
+		ret = icmp_reply(skb, p,
+				 ICMP_ERR(ICMP_TIME_EXCEEDED, ICMP_EXC_TTL, 0));
+	} else if (p->df) {
+		metric_inc(METRIC_TC_FRAG_NEEDED);
+		ret = icmp_reply(skb, p,
+				 ICMP_ERR(ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED,
+					  mtu));
+	} else {
+		metric_inc(METRIC_TC_MTU_DROP);
+		return TC_ACT_SHOT;
+	}
+	if (ret == TC_ACT_SHOT && !p->frag_later)
+		metric_inc(METRIC_TC_REWRITE_ERR);
+	return ret;
+}
+
+/*
+ * redirect_fib - send @skb, the packet @p (already rewritten, and checked
+ * by fwd_check), to the next hop @f names, one TTL less. Returns a TC
+ * verdict.
+ *
+ * A packet from an L3 device has no Ethernet header to write the MACs
+ * into, and bpf_redirect_neigh, which has the neighbour subsystem build
+ * the egress device's header (none for an L3 device), drops a packet
+ * without one: it gets an empty one first (bpf_skb_change_head, made for
+ * this), which bpf_redirect_neigh takes off again. To an L3 device from
+ * an Ethernet one, bpf_redirect drops the Ethernet header itself.
+ */
+static __always_inline int
+redirect_fib(struct __sk_buff *skb, const struct pkt4 *p, const struct fib4 *f)
+{
+	__u8 ttl = p->ttl - 1;
+
+	/* The TTL is the high byte of the 16-bit word it shares with the
+	 * protocol, which the checksum difference leaves out.
+	 */
+	if (bpf_l3_csum_replace(skb, p->l3_off + IP_CSUM_OFF,
+				bpf_htons((__u16)p->ttl << 8),
+				bpf_htons((__u16)ttl << 8), 2) < 0 ||
+	    bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct iphdr, ttl),
+				&ttl, 1, 0) < 0)
+		return TC_ACT_SHOT;
+	if (!f->have_neigh || p->l3_off == 0) {
 		struct bpf_redir_neigh nh = {
 			.nh_family = AF_INET,
 			.ipv4_nh = f->nexthop,
 		};
+		__be16 proto = bpf_htons(ETH_P_IP);
 
+		if (p->l3_off == 0 &&
+		    (bpf_skb_change_head(skb, ETH_HLEN, 0) < 0 ||
+		     bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto),
+					 &proto, sizeof(proto), 0) < 0))
+			return TC_ACT_SHOT;
 		return bpf_redirect_neigh(f->ifindex, &nh, sizeof(nh), 0);
 	}
 	if (bpf_skb_store_bytes(skb, 0, f->dmac, ETH_ALEN, 0) < 0 ||
 	    bpf_skb_store_bytes(skb, ETH_ALEN, f->smac, ETH_ALEN, 0) < 0)
 		return TC_ACT_SHOT;
 	return bpf_redirect(f->ifindex, 0);
+}
+
+/*
+ * fe_external - whether <@addr, @port, @proto> is an external frontend
+ * (NodePort, ExternalIP, LoadBalancer), whose address may be the node's.
+ */
+static __always_inline bool fe_external(__be32 addr, __be16 port, __u8 proto)
+{
+	struct lb4_service *svc = lookup_service(addr, port, proto);
+
+	return svc && (svc->flags & SVC_F_EXTERNAL);
+}
+
+/*
+ * xdp_fwd_ok - whether XDP may send the frame @ip heads to @f itself: its
+ * TTL must not expire and it must fit the egress MTU. Otherwise it is left
+ * to tc (counted), which answers it as fwd_check says.
+ */
+static __always_inline bool
+xdp_fwd_ok(struct xdp_md *ctx, const struct iphdr *ip, const struct fib4 *f)
+{
+	__u32 mtu = 0; /* 0: check the frame's length */
+
+	if (ip->ttl <= 1) {
+		metric_inc(METRIC_XDP_TTL_EXCEEDED);
+		return false;
+	}
+	if (bpf_check_mtu(ctx, f->ifindex, &mtu, 0, 0)) {
+		metric_inc(METRIC_XDP_MTU_EXCEEDED);
+		return false;
+	}
+	return true;
 }
 
 /*
@@ -97,7 +230,7 @@ static __always_inline bool source_allowed(__be32 vip, __be16 port, __u8 proto,
 		.saddr = saddr,
 	};
 
-	return bpf_map_lookup_elem(&sluice_src_ranges, &key) != NULL;
+	return bpf_map_lookup_elem(&sluice_src_ranges_v1, &key) != NULL;
 }
 
 #endif /* SLUICE_NAT_H */

@@ -1,83 +1,170 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * Ethernet/IPv4/TCP/UDP parsing for the tc programs.
+ * Ethernet/IPv4/TCP/UDP parsing, for tc (parse_ipv4) and XDP
+ * (parse_ipv4_xdp). Both fill a struct pkt4, which is all the lookup,
+ * conntrack and selection code needs of a packet.
  *
- * Headers are copied with bpf_skb_load_bytes rather than read through
+ * tc copies headers with bpf_skb_load_bytes rather than reading through
  * direct packet pointers: it works on non-linear skbs, every read is bounds
  * checked by the kernel, and the offsets it yields stay valid across the
- * helpers that rewrite the packet (which invalidate packet pointers).
+ * helpers that rewrite the packet (which invalidate packet pointers). XDP
+ * has no helpers to rewrite with: it keeps pointers into the frame and
+ * rewrites through them, so it takes only what it can finish (no IP
+ * options, no fragments) and leaves the rest to tc.
+ *
+ * On a device without a link-layer header (tun, wireguard, ipip: flagged
+ * NODE_DEV_F_L3 by the agent) tc's packet starts at the IPv4 header, and
+ * pkt4.l3_off is 0; elsewhere it is ETH_HLEN.
  */
 #ifndef SLUICE_PARSE_H
 #define SLUICE_PARSE_H
 
-#include "common.h"
+#include "consts.h"
+#include "maps.h"
 
 enum parse_result {
 	PARSE_OK,	 /* IPv4 TCP/UDP with a full L4 header: translatable */
 	PARSE_PASS,	 /* not for us: other ethertype or protocol */
 	PARSE_MALFORMED, /* IPv4 but truncated or inconsistent */
-	PARSE_FRAGMENT,	 /* non-first fragment: carries no ports */
+	PARSE_FRAGMENT,	 /* non-first TCP/UDP fragment: no ports (frag.h) */
+	PARSE_ICMP_ERR,	 /* ICMP error, whole: its quote may name a flow */
 };
 
 /* What the programs need of a parsed IPv4 TCP/UDP packet. */
 struct pkt4 {
-	__u32 l3_off;	/* offset of the IPv4 header */
-	__u32 l4_off;	/* offset of the TCP/UDP header (after IP options) */
+	__u32 l3_off; /* offset of the IPv4 header: ETH_HLEN, or 0 (L3 device) */
+	__u32 l3_len; /* IPv4 total length (from the skb for BIG TCP) */
+	__u32 l4_off; /* offset of the TCP/UDP (or ICMP) header, after IP options */
 	__u32 csum_off; /* offset of the TCP/UDP checksum field */
 	__be32 saddr;
 	__be32 daddr;
 	__be16 sport;
 	__be16 dport;
+	__be16 ip_id; /* IP identification (fragments) */
 	__u8 proto;
 	__u8 ihl_len;	/* IPv4 header length in bytes, 20..60 */
 	__u8 tcp_flags; /* byte 13 of the TCP header (flags); 0 for UDP */
+	__u8 ttl;
+	bool df; /* don't fragment */
+	/*
+	 * First fragment of a fragmented datagram (MF set, offset 0): its
+	 * ports are recorded for the later fragments (frag.h).
+	 */
+	bool frag_first;
+	/*
+	 * A later fragment: no L4 header, so l4_off and csum_off mean
+	 * nothing; its ports are its first fragment's, and only its
+	 * addresses are rewritten (the first fragment carries the L4
+	 * checksum, which covers the whole datagram).
+	 */
+	bool frag_later;
 };
 
 /*
- * parse_ipv4 - parse the Ethernet, IPv4 and L4 port headers of @skb.
+ * dev_is_l3 - whether @ifindex is a device without a link-layer header.
+ */
+static __always_inline bool dev_is_l3(__u32 ifindex)
+{
+	struct node_dev *dev =
+		bpf_map_lookup_elem(&sluice_devices_v1, &ifindex);
+
+	return dev && (dev->flags & NODE_DEV_F_L3);
+}
+
+/*
+ * parse_ipv4 - parse the Ethernet (unless on an L3 device), IPv4 and L4
+ * port headers of @skb.
  *
  * The whole L4 header (20 bytes for TCP, 8 for UDP) must be inside both the
  * IPv4 total length and the skb, so the rewrites that follow never touch
  * bytes beyond the packet. A truncated packet (tot_len beyond the skb) is
- * PARSE_MALFORMED; the stack drops it after we pass it untouched.
+ * PARSE_MALFORMED; the stack drops it after we pass it untouched. So is a
+ * tot_len of 0, except on a TCP GSO packet: IPv4 BIG TCP (Linux 6.3+)
+ * sends those over 64k with tot_len 0, and the length is the skb's, as
+ * for the kernel (iph_totlen).
+ *
+ * A non-first fragment of a TCP/UDP datagram is PARSE_FRAGMENT, with
+ * everything but its ports (and TCP flags) filled in. An unfragmented ICMP
+ * destination unreachable, time exceeded or parameter problem long enough
+ * to quote an IPv4 header and 8 bytes of L4 is PARSE_ICMP_ERR, with
+ * l4_off at its ICMP header and no ports (icmp_xlate.h reads the quote).
  */
 static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 						    struct pkt4 *p)
 {
 	struct ethhdr eth;
 	struct iphdr ip;
-	__u32 ihl_len, tot_len, l4_min;
+	__u32 l3_off = ETH_HLEN, ihl_len, tot_len, l4_min;
+	__u16 frag;
 	__be16 ports[2];
 
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return PARSE_PASS;
 	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
 		return PARSE_PASS;
-	if (eth.h_proto != bpf_htons(ETH_P_IP))
+	/* Without a link-layer header the packet starts with the IPv4
+	 * version, 4. A destination MAC can start so too (46:...), so the
+	 * device decides, and is asked only then.
+	 */
+	if ((eth.h_dest[0] >> 4) == 4 && dev_is_l3(skb->ifindex))
+		l3_off = 0;
+	else if (eth.h_proto != bpf_htons(ETH_P_IP))
 		return PARSE_PASS;
-	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+	if (bpf_skb_load_bytes(skb, l3_off, &ip, sizeof(ip)) < 0)
 		return PARSE_MALFORMED;
 	if (ip.version != 4 || ip.ihl < 5)
 		return PARSE_MALFORMED;
 
 	ihl_len = ip.ihl * 4;
 	tot_len = bpf_ntohs(ip.tot_len);
-	if (tot_len < ihl_len || ETH_HLEN + tot_len > skb->len)
+	if (tot_len == 0 && ip.protocol == IPPROTO_TCP && skb->gso_size)
+		tot_len = skb->len - l3_off;
+	if (tot_len < ihl_len || l3_off + tot_len > skb->len)
 		return PARSE_MALFORMED;
 
 	if (ip.protocol == IPPROTO_TCP)
 		l4_min = sizeof(struct tcphdr);
 	else if (ip.protocol == IPPROTO_UDP)
 		l4_min = sizeof(struct udphdr);
+	else if (ip.protocol == IPPROTO_ICMP)
+		l4_min = sizeof(struct icmphdr) + sizeof(struct iphdr) + 8;
 	else
 		return PARSE_PASS;
 
+	p->l3_off = l3_off;
+	p->l3_len = tot_len;
+	p->l4_off = l3_off + ihl_len;
+	p->saddr = ip.saddr;
+	p->daddr = ip.daddr;
+	p->ip_id = ip.id;
+	p->proto = ip.protocol;
+	p->ihl_len = ihl_len;
+	p->ttl = ip.ttl;
+
 	/* Only the first fragment has the L4 header. */
-	if (bpf_ntohs(ip.frag_off) & IP_OFFSET)
+	frag = bpf_ntohs(ip.frag_off);
+	p->df = frag & IP_DF;
+	if (ip.protocol == IPPROTO_ICMP) {
+		__u8 type;
+
+		/* (Errors are small: a fragmented one is none we make.) */
+		if ((frag & (IP_MF | IP_OFFSET)) ||
+		    tot_len < ihl_len + l4_min ||
+		    bpf_skb_load_bytes(skb, p->l4_off, &type, 1) < 0)
+			return PARSE_PASS;
+		if (type != ICMP_DEST_UNREACH && type != ICMP_TIME_EXCEEDED &&
+		    type != ICMP_PARAMETERPROB)
+			return PARSE_PASS;
+		return PARSE_ICMP_ERR;
+	}
+	if (frag & IP_OFFSET) {
+		p->frag_later = true;
 		return PARSE_FRAGMENT;
+	}
+	p->frag_first = frag & IP_MF;
 	if (tot_len < ihl_len + l4_min)
 		return PARSE_MALFORMED;
 
-	p->l3_off = ETH_HLEN;
-	p->l4_off = ETH_HLEN + ihl_len;
 	if (bpf_skb_load_bytes(skb, p->l4_off, ports, sizeof(ports)) < 0)
 		return PARSE_MALFORMED;
 
@@ -87,13 +174,81 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 	if (ip.protocol == IPPROTO_TCP &&
 	    bpf_skb_load_bytes(skb, p->l4_off + 13, &p->tcp_flags, 1) < 0)
 		return PARSE_MALFORMED;
-	p->saddr = ip.saddr;
-	p->daddr = ip.daddr;
 	p->sport = ports[0];
 	p->dport = ports[1];
-	p->proto = ip.protocol;
-	p->ihl_len = ihl_len;
 	return PARSE_OK;
+}
+
+/* A packet parsed at XDP, with pointers into it for the rewrite. */
+struct xdp_pkt4 {
+	struct pkt4 p;
+	struct ethhdr *eth;
+	struct iphdr *ip;
+	__be16 *ports; /* [0] source, [1] destination */
+	__u16 *l4csum;
+};
+
+/*
+ * parse_ipv4_xdp - IPv4 TCP/UDP without options or fragmentation, whole L4
+ * header present. Returns false for anything else (left to tc).
+ */
+static __always_inline bool parse_ipv4_xdp(struct xdp_md *ctx,
+					   struct xdp_pkt4 *x)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip;
+	__u32 tot_len;
+
+	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return false;
+	/* (Generic XDP on an L3 device: the frame is an IPv4 packet, whose
+	 * source address may read like an IPv4 ethertype.)
+	 */
+	if ((eth->h_dest[0] >> 4) == 4 && dev_is_l3(ctx->ingress_ifindex))
+		return false;
+	ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > end || ip->version != 4 || ip->ihl != 5)
+		return false;
+	if (ip->frag_off & bpf_htons(IP_MF | IP_OFFSET))
+		return false;
+	/* (A frame shorter than tot_len is the stack's to drop: only the
+	 * headers are rewritten, and they are bounds-checked below.)
+	 */
+	tot_len = bpf_ntohs(ip->tot_len);
+	if (ip->protocol == IPPROTO_TCP) {
+		struct tcphdr *th = (void *)(ip + 1);
+
+		if ((void *)(th + 1) > end ||
+		    tot_len < sizeof(*ip) + sizeof(*th))
+			return false;
+		x->l4csum = (__u16 *)&th->check;
+		x->p.tcp_flags = ((__u8 *)th)[13];
+	} else if (ip->protocol == IPPROTO_UDP) {
+		struct udphdr *uh = (void *)(ip + 1);
+
+		if ((void *)(uh + 1) > end ||
+		    tot_len < sizeof(*ip) + sizeof(*uh))
+			return false;
+		x->l4csum = (__u16 *)&uh->check;
+	} else {
+		return false;
+	}
+	x->eth = eth;
+	x->ip = ip;
+	x->ports = (void *)(ip + 1);
+	x->p.saddr = ip->saddr;
+	x->p.daddr = ip->daddr;
+	x->p.sport = x->ports[0];
+	x->p.dport = x->ports[1];
+	x->p.proto = ip->protocol;
+	x->p.ihl_len = sizeof(*ip);
+	x->p.l3_off = ETH_HLEN;
+	x->p.l4_off = ETH_HLEN + sizeof(*ip);
+	x->p.l3_len = tot_len;
+	x->p.ttl = ip->ttl;
+	return true;
 }
 
 #endif /* SLUICE_PARSE_H */

@@ -5,16 +5,22 @@
  * These structs are an ABI: the agent writes them, the datapath reads them,
  * and pinned maps outlive both. Fields are fixed width with explicit padding
  * (padding is hashed as part of a key, so the agent always zeroes it), and
- * every field says its byte order. Go types are generated from these by
- * bpf2go (-type), never copied by hand.
+ * every field says its byte order. Each map's name in maps.h carries the
+ * version of its layout (sluice_services_v1): a change of a key or value
+ * here bumps it, with a conversion in pkg/datapath (pins.go), so that an
+ * upgrade keeps the pinned state. Go types are generated from these by
+ * bpf2go (-type), never copied by hand; so are the values of the enums
+ * here, which is why flag and reason families are enums and not #defines
+ * (see BTF_EXPORT at the end).
+
  */
 #ifndef SLUICE_STRUCTS_H
 #define SLUICE_STRUCTS_H
 
-#include "common.h"
+#include "consts.h"
 
 /*
- * sluice_services: key -> struct lb4_service.
+ * sluice_services_v1: key -> struct lb4_service.
  *
  * One service frontend <vip, port, proto> owns count+1 entries: slot 0 (the
  * master) holds the backend count and the service id; slots 1..count hold
@@ -33,12 +39,12 @@ struct lb4_key {
 struct lb4_service {
 	__u32 backend_id; /* host order; slots >= 1 only */
 	__u32 count;	  /* host order; slot 0 only: number of backend slots */
-	__u32 rev_nat_id; /* host order; service id, key of sluice_rev_nat */
-	__u8 flags;	  /* SVC_F_* (slot 0 only) */
+	__u32 rev_nat_id; /* host order; service id, key of sluice_rev_nat_v1 */
+	__u8 flags;	  /* enum svc_flags (slot 0 only) */
 	__u8 pad[3];
 };
 
-/* sluice_backends: __u32 backend id (host order) -> struct lb4_backend. */
+/* sluice_backends_v1: __u32 backend id (host order) -> struct lb4_backend. */
 struct lb4_backend {
 	__be32 addr; /* network order */
 	__be16 port; /* network order */
@@ -46,7 +52,7 @@ struct lb4_backend {
 	__u8 flags;  /* reserved, zero */
 };
 
-/* sluice_rev_nat: __u32 service id (host order) -> struct lb4_rev_nat. */
+/* sluice_rev_nat_v1: __u32 service id (host order) -> struct lb4_rev_nat. */
 struct lb4_rev_nat {
 	__be32 vip;  /* network order */
 	__be16 port; /* network order */
@@ -55,8 +61,6 @@ struct lb4_rev_nat {
 };
 
 /*
- * sluice_conntrack (LRU): struct ct4_key -> struct ct4_entry.
- *
  * The per-packet path keeps two entries per translated flow: CT_FORWARD keyed
  * by the client's tuple to the frontend (saddr=client, daddr=frontend),
  * whose nat_* fields name the backend; and CT_REVERSE keyed by the reply's
@@ -67,6 +71,18 @@ struct lb4_rev_nat {
  * snat_* fields name that <node, port>, the reverse entry is keyed by
  * <backend -> node:port> (which is what makes the port reserved: it is
  * inserted with BPF_NOEXIST) and its snat_* fields name the client.
+ *
+ * Two maps hold them (conntrack.h says how entries move between them):
+ *
+ * sluice_ct_new_v1 (LRU): struct ct4_key -> struct ct4_entry. Flows that
+ * have seen no reply yet (half-open): a flood of them can only evict each
+ * other.
+ *
+ * sluice_conntrack_v2 (hash): struct ct4_key -> struct ct4_entry. Flows
+ * that have seen a reply (established), and the port reservations of
+ * source-NATed flows. Nothing evicts them: entries leave when they have
+ * expired (the agent's GC, sluice_ct_gc) or when the agent flushes a
+ * backend. When it is full, new flows are refused.
  */
 struct ct4_key {
 	__be32 saddr; /* network order */
@@ -74,25 +90,74 @@ struct ct4_key {
 	__be16 sport; /* network order */
 	__be16 dport; /* network order */
 	__u8 proto;   /* IPPROTO_TCP or IPPROTO_UDP */
-	__u8 dir;     /* CT_FORWARD or CT_REVERSE */
+	__u8 dir;     /* enum ct_dir */
 	__u16 pad;
 };
 
+/* ct4_key.dir */
+enum ct_dir {
+	CT_FORWARD = 0,
+	CT_REVERSE = 1,
+};
+
 struct ct4_entry {
-	__u64 last_seen; /* bpf_ktime_get_ns() of the last packet */
-	__be32 nat_addr; /* network order: backend (fwd) or frontend (rev) */
-	__be16 nat_port; /* network order */
-	__u8 flags;	 /* CT_F_* */
-	__u8 pad;
+	/*
+	 * bpf_ktime_get_ns() from which on the entry is dead, compared
+	 * signed (so a clock read before another CPU's refresh never makes
+	 * it look expired); moved with compare-and-swap, forward only and
+	 * by at least a second at a time, except to CT_DEAD (0: claimed for
+	 * deletion) or closer when the flow closes.
+	 */
+	__u64 expires;
+	__u32 flags;	  /* enum ct_flags, set with atomic or */
+	__be32 nat_addr;  /* network order: backend (fwd) or frontend (rev) */
+	__be16 nat_port;  /* network order */
+	__be16 snat_port; /* network order, CT_F_SNAT: node or client port */
+	__be32 snat_addr; /* network order, CT_F_SNAT: node or client */
 	__u32 backend_id; /* host order */
 	__u32 rev_nat_id; /* host order */
-	__be32 snat_addr; /* network order, CT_F_SNAT: node or client */
-	__be16 snat_port; /* network order, CT_F_SNAT */
-	__u16 pad2;
+};
+
+/* ct4_entry.flags */
+enum ct_flags {
+	/* source-NATed flow to a remote backend */
+	CT_F_SNAT = 0x01,
+	/* TCP FIN seen from the client */
+	CT_F_FIN_FWD = 0x02,
+	/* TCP FIN seen from the backend */
+	CT_F_FIN_REV = 0x04,
+	/* TCP RST seen either way */
+	CT_F_RST = 0x08,
+	/* a reply seen: the flow is established (sluice_conntrack) */
+	CT_F_REPLIED = 0x10,
 };
 
 /*
- * sluice_sock_rev (LRU): struct sock_rev_key -> struct sock_rev_entry.
+ * sluice_ct_flush_v1: struct ct_backend_key -> __u8 (1). The backends
+ * whose flows the next sluice_ct_gc run in flush mode forgets; written
+ * and emptied by the agent around that run.
+ */
+struct ct_backend_key {
+	__be32 addr; /* network order */
+	__be16 port; /* network order */
+	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;
+};
+
+/* The context of sluice_ct_gc (BPF_PROG_RUN): its mode in, counts out. */
+struct ct_gc_args {
+	__u32 flush; /* 0: delete expired entries; 1: flush sluice_ct_flush */
+	__u32 pad;
+	__u64 now;     /* out: bpf_ktime_get_ns() the run judged by */
+	__u64 deleted; /* out: entries deleted */
+	__u64 live;    /* out: entries left in sluice_conntrack */
+	__u64 pending; /* out: of them, reservations of half-open flows */
+	__u64 kept;    /* out: expired, kept for a live peer entry */
+	__u64 claimed; /* out: expired, but claimed by another deleter */
+};
+
+/*
+ * sluice_sock_rev_v1 (LRU): struct sock_rev_key -> struct sock_rev_entry.
  * Written by connect4/sendmsg4, read by recvmsg4/getpeername4 so that a socket
  * translated to a backend still reports the VIP as its peer.
  */
@@ -111,9 +176,11 @@ struct sock_rev_entry {
 };
 
 /*
- * sluice_metrics (per-CPU array): __u32 reason (host order) -> __u64 count.
- * Append new reasons before METRIC_MAX, never renumber: the agent maps each
- * value to a stable metric label.
+ * sluice_metrics_v1 (per-CPU array): __u32 reason (host order) -> __u64 count.
+ * Append new reasons before METRIC_MAX, never renumber: pinned counters
+ * outlive the agent. The agent labels each reason with its name,
+ * lower-cased, without METRIC_ (METRIC_TC_DNAT_NEW counts as tc_dnat_new),
+ * taken from the BTF: a new reason needs nothing on the Go side.
  */
 enum metric_reason {
 	/* connect4/sendmsg4 translated VIP -> backend */
@@ -122,7 +189,9 @@ enum metric_reason {
 	METRIC_SOCK_NO_BACKEND,
 	/* recvmsg4/getpeername4 translated backend -> VIP */
 	METRIC_SOCK_REV_XLATE,
-	/* slot names a backend that is not in sluice_backends */
+	/* connect4/sendmsg4 refused: no backend found, even after reading
+	 * the service again (a slot or backend vanished under the reader)
+	 */
 	METRIC_SOCK_BACKEND_MISSING,
 	/* new flow to a VIP, backend selected */
 	METRIC_TC_DNAT_NEW,
@@ -132,11 +201,13 @@ enum metric_reason {
 	METRIC_TC_REV_NAT,
 	/* ICMP port unreachable sent for a service with no backends */
 	METRIC_TC_NO_BACKEND,
-	/* dropped: slot names a backend that is not in sluice_backends */
+	/* dropped: no backend found, even after reading the service again
+	 * (a slot or backend vanished under the reader)
+	 */
 	METRIC_TC_BACKEND_MISSING,
 	/* IPv4 packet too short or inconsistent: passed untouched */
 	METRIC_TC_MALFORMED,
-	/* non-first IPv4 fragment: passed untouched */
+	/* non-first IPv4 fragment whose first was not seen: passed untouched */
 	METRIC_TC_FRAGMENT,
 	/* conntrack update failed: packet translated without state */
 	METRIC_TC_CT_FULL,
@@ -156,19 +227,76 @@ enum metric_reason {
 	METRIC_XDP_FWD,
 	/* XDP: reply of an external flow translated and transmitted */
 	METRIC_XDP_REV,
+	/* XDP: source not in loadBalancerSourceRanges: dropped */
+	METRIC_XDP_SRC_RANGE_DENY,
+	/* XDP: conntrack update failed: packet translated without state */
+	METRIC_XDP_CT_FULL,
+	/* XDP: new external flow to a remote backend: DNAT and SNAT */
+	METRIC_XDP_SNAT_NEW,
+
+	/* Packet edges (issue 11: fragments, ICMP errors, forwarding). */
+	/* non-first IPv4 fragment, given the ports of its first (frag.h) */
+	METRIC_TC_FRAG_LATER,
+	/* non-first fragment of a datagram refused or without a flow: dropped */
+	METRIC_TC_FRAG_DROP,
+	/* reply reverse-NATed at ingress to an external frontend (the node's
+	 * address): redirected to the client, not passed up as a martian
+	 */
+	METRIC_TC_REV_REDIRECT,
+	/* redirect path, TTL would expire: ICMP time exceeded */
+	METRIC_TC_TTL_EXCEEDED,
+	/* redirect path, over the egress MTU with DF: ICMP frag needed */
+	METRIC_TC_FRAG_NEEDED,
+	/* redirect path, over the egress MTU without DF: dropped */
+	METRIC_TC_MTU_DROP,
+	/* redirect path, TTL or MTU: passed to the stack as it came */
+	METRIC_TC_FWD_TO_STACK,
+	/* XDP: TTL would expire: passed to tc */
+	METRIC_XDP_TTL_EXCEEDED,
+	/* XDP: over the egress MTU: passed to tc */
+	METRIC_XDP_MTU_EXCEEDED,
+	/* ICMP error about a translated flow: translated back */
+	METRIC_TC_ICMP_XLATE,
+
+	/* Conntrack (issue 11: races, floods, reuse). */
+	/* established conntrack table full: a new flow refused (its first
+	 * reply, or the SYN of a source-NATed flow, dropped)
+	 */
+	METRIC_TC_CT_EST_FULL,
+	/* a new flow's reply tuple is a live flow's of another frontend
+	 * (two VIPs sharing a backend) with every backend tried: dropped
+	 */
+	METRIC_TC_CT_CLASH,
+	/* a packet of a source-NATed flow whose port another flow now
+	 * holds: dropped, never sent from a port the flow does not own
+	 */
+	METRIC_TC_SNAT_LOST,
+	/* a packet of an established TCP flow whose backend left its
+	 * service: kept on it (draining); a new SYN selects again
+	 */
+	METRIC_TC_CT_BACKEND_GONE,
 	METRIC_MAX,
 };
 
 /*
- * sluice_affinity (LRU): struct lb4_affinity_key -> struct lb4_affinity.
- * Keeps an unconnected UDP socket that sends to a VIP over and over on the
- * backend it got first (sendmsg4 is called per datagram). The entry is
- * followed only while the slot it was chosen from still names the backend
- * id and that id still names the same address and port: ids are reused
- * (after a quarantine) for other backends, possibly of other services.
- * Otherwise the socket selects again.
+ * sluice_metrics has room for this many reasons, so that appending one
+ * changes no map layout.
  */
-struct lb4_affinity_key {
+#define METRIC_SLOTS 256
+_Static_assert(METRIC_MAX <= METRIC_SLOTS, "sluice_metrics too small");
+
+/*
+ * sluice_udp_stick_v1 (LRU): struct sock_udp_stick_key -> struct
+ * sock_udp_stick. Keeps an unconnected UDP socket that sends to a VIP over
+ * and over on the backend it got first (sendmsg4 is called per datagram):
+ * per-socket stickiness, not Kubernetes sessionAffinity (which is per
+ * client address, with a timeout). The entry is followed only while the
+ * slot it was chosen from still names the backend id and that id still
+ * names the same address and port: ids are reused (after a quarantine) for
+ * other backends, possibly of other services. Otherwise the socket selects
+ * again.
+ */
+struct sock_udp_stick_key {
 	__u64 cookie; /* bpf_get_socket_cookie() */
 	__be32 vip;   /* network order */
 	__be16 port;  /* network order */
@@ -176,7 +304,7 @@ struct lb4_affinity_key {
 	__u8 pad;
 };
 
-struct lb4_affinity {
+struct sock_udp_stick {
 	__u32 backend_id; /* host order */
 	__be32 addr;	  /* network order: the backend's address when chosen */
 	__be16 port;	  /* network order: the backend's port when chosen */
@@ -184,18 +312,29 @@ struct lb4_affinity {
 };
 
 /*
- * sluice_devices: __u32 ifindex (host order) -> struct node_dev.
- * The devices the agent attached to (the node's external devices). A
- * backend whose route leaves through one of them is on another node: an
- * external flow to it is source-NATed to that device's address.
+ * sluice_devices_v1: __u32 ifindex (host order) -> struct node_dev.
+ * The devices the agent attached to (the node's external devices) that
+ * have an IPv4 address or a flag. A backend whose route leaves through one
+ * with an address is on another node: an external flow to it is
+ * source-NATed to that address. A device without one (addr 0) is listed
+ * only for its flags.
  */
 struct node_dev {
-	__be32 addr; /* network order: the node's address on the device */
-	__u32 flags; /* reserved, zero */
+	__be32 addr; /* network order: the node's address on the device, or 0 */
+	__u32 flags; /* host order: enum node_dev_flags */
+};
+
+/* node_dev.flags */
+enum node_dev_flags {
+	/*
+	 * No link-layer header (tun, wireguard, ipip): tc's packet starts at
+	 * the IPv4 header.
+	 */
+	NODE_DEV_F_L3 = 1,
 };
 
 /*
- * sluice_src_ranges (LPM trie): struct src_range_key -> __u8 (1).
+ * sluice_src_ranges_v1 (LPM trie): struct src_range_key -> __u8 (1).
  * loadBalancerSourceRanges of a frontend with SVC_F_SRC_RANGES: a source
  * that matches no prefix of its frontend is dropped. prefixlen counts the
  * 64 bits of frontend (vip, port, proto, pad) plus the prefix's own bits.
@@ -209,6 +348,25 @@ struct src_range_key {
 	__be32 saddr; /* network order: the allowed prefix */
 };
 
+/*
+ * sluice_fragments_v1 (LRU): struct frag4_key -> struct frag4_ports.
+ * The ports of the first fragment of a fragmented TCP/UDP datagram, under
+ * the fields reassembly keys the datagram by, as the packet was on the
+ * wire at the hook that saw it. Written and read by tc (frag.h).
+ */
+struct frag4_key {
+	__be32 saddr; /* network order */
+	__be32 daddr; /* network order */
+	__be16 id;    /* network order: the IP identification */
+	__u8 proto;   /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;
+};
+
+struct frag4_ports {
+	__be16 sport; /* network order */
+	__be16 dport; /* network order */
+};
+
 /* Flags of a frontend's master entry (lb4_service.flags). */
 enum svc_flags {
 	/* NodePort, ExternalIP or LoadBalancer frontend */
@@ -219,6 +377,25 @@ enum svc_flags {
 	SVC_F_SRC_RANGES = 4,
 };
 
+/*
+ * BTF_EXPORT - put @type in the object's BTF although no map or global
+ * names it, so that bpf2go -type can generate it for Go. The enums above
+ * are stored in narrower fields or used as plain integers, which clang
+ * does not describe in BTF. The pointer is placed in a section of its own,
+ * which neither the kernel nor cilium/ebpf loads (in .bss it would make
+ * every object create a map for it).
+ */
+#define BTF_EXPORT(type, name)          \
+	const type *__btf_export_##name \
+		__attribute__((used, section(".sluice.btf")))
+
+BTF_EXPORT(enum ct_dir, ct_dir);
+BTF_EXPORT(enum ct_flags, ct_flags);
+BTF_EXPORT(struct ct_gc_args, ct_gc_args);
+BTF_EXPORT(enum svc_flags, svc_flags);
+BTF_EXPORT(enum node_dev_flags, node_dev_flags);
+BTF_EXPORT(enum metric_reason, metric_reason);
+
 /* The layouts above are an ABI: a size change must be deliberate. */
 _Static_assert(sizeof(struct lb4_key) == 12, "lb4_key size");
 _Static_assert(sizeof(struct lb4_service) == 16, "lb4_service size");
@@ -226,11 +403,16 @@ _Static_assert(sizeof(struct lb4_backend) == 8, "lb4_backend size");
 _Static_assert(sizeof(struct lb4_rev_nat) == 8, "lb4_rev_nat size");
 _Static_assert(sizeof(struct ct4_key) == 16, "ct4_key size");
 _Static_assert(sizeof(struct ct4_entry) == 32, "ct4_entry size");
+_Static_assert(sizeof(struct ct_backend_key) == 8, "ct_backend_key size");
+_Static_assert(sizeof(struct ct_gc_args) == 56, "ct_gc_args size");
 _Static_assert(sizeof(struct sock_rev_key) == 16, "sock_rev_key size");
 _Static_assert(sizeof(struct sock_rev_entry) == 12, "sock_rev_entry size");
-_Static_assert(sizeof(struct lb4_affinity_key) == 16, "lb4_affinity_key size");
-_Static_assert(sizeof(struct lb4_affinity) == 12, "lb4_affinity size");
+_Static_assert(sizeof(struct sock_udp_stick_key) == 16,
+	       "sock_udp_stick_key size");
+_Static_assert(sizeof(struct sock_udp_stick) == 12, "sock_udp_stick size");
 _Static_assert(sizeof(struct node_dev) == 8, "node_dev size");
 _Static_assert(sizeof(struct src_range_key) == 16, "src_range_key size");
+_Static_assert(sizeof(struct frag4_key) == 12, "frag4_key size");
+_Static_assert(sizeof(struct frag4_ports) == 4, "frag4_ports size");
 
 #endif /* SLUICE_STRUCTS_H */

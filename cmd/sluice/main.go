@@ -28,7 +28,6 @@ import (
 	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/pkg/health"
-	"github.com/sluice-lb/sluice/pkg/healthcheck"
 	"github.com/sluice-lb/sluice/pkg/metrics"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 	"github.com/sluice-lb/sluice/pkg/source/manifest"
@@ -61,7 +60,7 @@ func run(args []string) int {
 		proxyName   = fs.String("proxy-name", "", "serve Services labelled service.kubernetes.io/service-proxy-name=NAME (default: unlabelled ones)")
 		resync      = fs.Duration("resync-interval", time.Minute, "re-apply the desired state this often, repairing drift (0: never)")
 		nodeIPs     = fs.String("node-ip", "", "comma-separated IPv4 addresses of this node: NodePorts are served on them, and external flows to other nodes' backends are source-NATed to them (also makes --devices default to the devices holding them)")
-		ctGC        = fs.Duration("conntrack-gc-interval", 30*time.Second, "delete expired per-packet conntrack entries this often (0: only the LRU reclaims them)")
+		ctGC        = fs.Duration("conntrack-gc-interval", 30*time.Second, "delete expired per-packet conntrack entries this often (must be > 0: nothing else empties the established table)")
 		xdpMode     = fs.String("xdp", "off", "XDP fast path for NodePort/ExternalIP/LoadBalancer traffic to other nodes' backends on --devices: native, generic or off")
 		healthCheck = fs.Bool("health-check-node-ports", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local")
 		dpCfg       datapath.Config
@@ -69,7 +68,8 @@ func run(args []string) int {
 	fs.IntVar(&dpCfg.MaxServices, "max-services", datapath.DefaultMaxServices, "size of sluice_rev_nat: service frontends")
 	fs.IntVar(&dpCfg.MaxBackends, "max-backends", datapath.DefaultMaxBackends, "size of sluice_backends: distinct backends")
 	fs.IntVar(&dpCfg.MaxServiceEntries, "max-service-entries", datapath.DefaultMaxServiceEntries, "size of sluice_services: frontends plus backend slots")
-	fs.IntVar(&dpCfg.MaxConntrack, "max-conntrack", datapath.DefaultMaxConntrack, "size of sluice_conntrack (LRU): per-packet flows")
+	fs.IntVar(&dpCfg.MaxConntrack, "max-conntrack", datapath.DefaultMaxConntrack, "size of sluice_conntrack: established per-packet flows and SNAT port reservations (when full, new flows are refused)")
+	fs.IntVar(&dpCfg.MaxConntrackNew, "max-conntrack-new", datapath.DefaultMaxConntrackNew, "size of sluice_ct_new (LRU): per-packet flows not answered yet")
 	fs.IntVar(&dpCfg.MaxSockRev, "max-sock-rev", datapath.DefaultMaxSockRev, "size of sluice_sock_rev (LRU): translated sockets")
 	kube := addKubeFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -80,6 +80,10 @@ func run(args []string) int {
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "sluice: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if *ctGC <= 0 {
+		fmt.Fprintf(os.Stderr, "sluice: --conntrack-gc-interval %s: must be > 0 (nothing else deletes expired established flows)\n", *ctGC)
 		return 2
 	}
 
@@ -170,6 +174,13 @@ func run(args []string) int {
 	return 0
 }
 
+// northSouthConfig is what runAgent runs beside the reconciler for
+// north-south traffic.
+type northSouthConfig struct {
+	gcEvery time.Duration // conntrack garbage collection period (> 0)
+	hc      bool          // serve healthCheckNodePorts
+}
+
 // runAgent opens the datapath and runs the agent, serving health and
 // metrics beside it, until ctx is done or something fails.
 func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns northSouthConfig, src agent.Source, m *metrics.Metrics, healthAddr, metricsAddr string, log *slog.Logger) error {
@@ -192,12 +203,13 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 		return fmt.Errorf("open datapath: %w", err)
 	}
 	m.SetCapacity(dp.Maps().Capacity)
-	cfg.Observer = m
-	rec := &northSouthReconciler{Reconciler: reconciler.New(dp.Maps(), log.With("component", "reconciler")), maps: dp.Maps(), log: log}
+	cfg.Observers = append(cfg.Observers, m)
 	if ns.hc {
-		rec.hc = healthcheck.New("", log.With("component", "healthcheck"))
-		defer rec.hc.Close()
+		hc := health.NewNodePortServer("", log.With("component", "healthcheck"))
+		defer hc.Close()
+		cfg.Observers = append(cfg.Observers, hc)
 	}
+	rec := reconciler.New(dp.Maps(), log.With("component", "reconciler"))
 	a := agent.New(cfg, dp, rec, log)
 
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -222,9 +234,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 		mux.Handle("GET /metrics", m.Handler())
 		serve("metrics", func() error { return serveHTTP(ctx, metricsL, mux, log) })
 	}
-	if ns.gcEvery > 0 {
-		go runConntrackGC(ctx, dp.Maps(), ns.gcEvery, log.With("component", "conntrack-gc"))
-	}
+	go runConntrackGC(ctx, dp.Maps(), ns.gcEvery, log.With("component", "conntrack-gc"))
 	runErr := a.Run(ctx, src)
 	cancel(nil)
 	for range servers {

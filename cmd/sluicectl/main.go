@@ -2,8 +2,11 @@
 // read straight from the pinned maps (no agent needs to run). It opens them
 // read-only (datapath.OpenPinned), whatever sizes the agent gave them:
 //
-//	sluicectl services   service frontends and the backends in their slots
-//	sluicectl counters   datapath outcome counters, by reason
+//	sluicectl services        service frontends and the backends in their slots
+//	sluicectl services --raw  every entry of the service, backend, rev_nat and
+//	                          source-range maps, in the reconciler's dump
+//	                          format (that of its golden tests)
+//	sluicectl counters        datapath outcome counters, by reason
 package main
 
 import (
@@ -31,9 +34,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	bpffs := fs.String("bpffs", datapath.DefaultBPFFS, "bpffs mount the agent pinned under")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: sluicectl [--bpffs DIR] services|counters\n\n"+
-			"  services  service frontends -> backends, from the pinned maps\n"+
-			"  counters  datapath outcome counters, summed over CPUs\n\nFlags:\n")
+		fmt.Fprintf(fs.Output(), "Usage: sluicectl [--bpffs DIR] services [--raw] | counters\n\n"+
+			"  services        service frontends -> backends, from the pinned maps\n"+
+			"  services --raw  every map entry, as the reconciler dumps them\n"+
+			"  counters        datapath outcome counters, summed over CPUs\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -42,13 +46,31 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	if fs.NArg() != 1 {
+	if fs.NArg() < 1 {
 		fs.Usage()
 		return 2
 	}
 	cmd := fs.Arg(0)
 	if cmd != "services" && cmd != "counters" {
 		fmt.Fprintf(stderr, "sluicectl: unknown command %q\n", cmd)
+		fs.Usage()
+		return 2
+	}
+	cfs := flag.NewFlagSet("sluicectl "+cmd, flag.ContinueOnError)
+	cfs.SetOutput(stderr)
+	cfs.Usage = fs.Usage
+	var raw *bool
+	if cmd == "services" {
+		raw = cfs.Bool("raw", false, "print every map entry in the reconciler's dump format")
+	}
+	if err := cfs.Parse(fs.Args()[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if cfs.NArg() > 0 {
+		fmt.Fprintf(stderr, "sluicectl: unexpected arguments %q\n", cfs.Args())
 		fs.Usage()
 		return 2
 	}
@@ -72,7 +94,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "sluicectl: read maps: %v\n", err)
 			return 1
 		}
-		writeServices(stdout, ks)
+		if *raw {
+			io.WriteString(stdout, ks.String())
+		} else {
+			writeServices(stdout, ks)
+		}
 	case "counters":
 		c, err := dp.Counters()
 		if err != nil {

@@ -2,16 +2,12 @@ package main
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/datapath"
-
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
@@ -65,23 +61,7 @@ func TestUsageErrors(t *testing.T) {
 // small maps; sluicectl, which knows no sizes, still lists them, and does
 // not change them.
 func TestReadsPinsOfAnySize(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates pinned BPF maps")
-	}
-	var b [6]byte
-	rand.Read(b[:])
-	bpffs := filepath.Join(datapath.DefaultBPFFS, "sluicectl-test-"+hex.EncodeToString(b[:]))
-	if err := os.Mkdir(bpffs, 0o700); err != nil {
-		t.Fatalf("create pin dir: %v", err)
-	}
-	t.Cleanup(func() { os.RemoveAll(bpffs) })
-
-	dp, err := datapath.Open(datapath.Config{
-		BPFFS: bpffs, MaxServices: 64, MaxBackends: 128, MaxServiceEntries: 256, MaxConntrack: 256, MaxSockRev: 128,
-	})
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
+	bpffs, dp := openSmallPins(t)
 	fe := model.L4Addr{Addr: netip.MustParseAddr("10.96.3.1"), Port: 80, Proto: model.TCP}
 	be := model.L4Addr{Addr: netip.MustParseAddr("10.3.0.1"), Port: 8080, Proto: model.TCP}
 	m := dp.Maps()
@@ -114,4 +94,61 @@ func TestReadsPinsOfAnySize(t *testing.T) {
 			t.Errorf("counters output has no %s:\n%s", n, stdout.String())
 		}
 	}
+}
+
+func TestServicesFlags(t *testing.T) {
+	for _, args := range [][]string{{"services", "--bogus"}, {"counters", "--raw"}, {"services", "extra"}} {
+		var stdout, stderr bytes.Buffer
+		if code := run(args, &stdout, &stderr); code != 2 {
+			t.Errorf("%q: exit = %d, want 2 (stderr %q)", args, code, stderr.String())
+		}
+	}
+}
+
+// TestServicesRaw: --raw prints the maps as the reconciler dumps them
+// (its golden format), source ranges included, read from the pins.
+func TestServicesRaw(t *testing.T) {
+	bpffs, dp := openSmallPins(t)
+	fe := model.L4Addr{Addr: netip.MustParseAddr("192.168.1.200"), Port: 80, Proto: model.TCP}
+	st := model.NewState()
+	st.Services[fe] = &model.Service{Kind: model.LoadBalancer, Frontend: fe,
+		Backends:     []model.Backend{{L4Addr: model.L4Addr{Addr: netip.MustParseAddr("10.3.0.1"), Port: 8080, Proto: model.TCP}}},
+		SourceRanges: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}}
+	if err := reconciler.New(dp.Maps(), nil).Apply(st); err != nil {
+		t.Fatal(err)
+	}
+	dp.Close()
+
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"--bpffs", bpffs, "services", "--raw"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("services --raw: exit %d, stderr %q", code, stderr.String())
+	}
+	want := `services:
+  192.168.1.200:80/TCP [0] id=1 count=1 flags=0x5
+  192.168.1.200:80/TCP [1] backend=1 10.3.0.1:8080/TCP
+backends:
+  1 10.3.0.1:8080/TCP
+rev_nat:
+  1 192.168.1.200:80/TCP
+src_ranges:
+  192.168.1.200:80/TCP 10.0.0.0/24
+`
+	if stdout.String() != want {
+		t.Errorf("services --raw got:\n%s\nwant:\n%s", stdout.String(), want)
+	}
+}
+
+// openSmallPins opens a datapath with small maps pinned in a bpffs
+// directory of the test's own, as an agent started with small --max-*
+// sizes would (root only).
+func openSmallPins(t *testing.T) (bpffs string, dp *datapath.Datapath) {
+	t.Helper()
+	bpffs = testutil.PinDir(t) // and a privileged test
+	dp, err := datapath.Open(datapath.Config{
+		BPFFS: bpffs, MaxServices: 64, MaxBackends: 128, MaxServiceEntries: 256, MaxConntrack: 256, MaxSockRev: 128,
+	})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	return bpffs, dp
 }

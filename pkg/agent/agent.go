@@ -10,7 +10,8 @@
 // into the last of them, and a failed apply is retried with exponential
 // backoff (or as soon as a newer state arrives) until it succeeds. The agent
 // is ready once it has received a state and the reconciler is in sync with
-// the newest one.
+// the newest one. After every apply it tells its Observers (metrics, the
+// health check ports).
 //
 // Stopping (context cancelled, SIGTERM) removes nothing: the programs and
 // maps stay pinned and keep serving traffic, and the next agent restores from
@@ -62,9 +63,14 @@ type Reconciler interface {
 	InSync() bool
 }
 
-// Observer is told about every apply; pkg/metrics.Metrics is one.
+// Observer is told about every apply: pkg/metrics.Metrics records it,
+// pkg/health's NodePortServer serves the health check ports of every
+// state programmed.
 type Observer interface {
+	// ObserveSync is called after every apply, with how long it took and
+	// its error.
 	ObserveSync(d time.Duration, err error)
+	// SetProgrammed is called with every state applied without error.
 	SetProgrammed(s *model.State)
 }
 
@@ -81,8 +87,8 @@ type Config struct {
 	// Resync re-applies the newest state this often, repairing maps
 	// changed behind the agent's back. Zero disables it.
 	Resync time.Duration
-	// Observer, if set, records every apply.
-	Observer Observer
+	// Observers are told about every apply, in order.
+	Observers []Observer
 }
 
 // Agent drives one datapath from one source.
@@ -240,10 +246,10 @@ func (a *Agent) applyNewest() error {
 	// whether they still match (a failed resync of the applied state
 	// makes the agent not ready until a retry succeeds).
 	inSync := err == nil && a.rec.InSync()
-	if a.cfg.Observer != nil {
-		a.cfg.Observer.ObserveSync(took, err)
+	for _, o := range a.cfg.Observers {
+		o.ObserveSync(took, err)
 		if err == nil {
-			a.cfg.Observer.SetProgrammed(s)
+			o.SetProgrammed(s)
 		}
 	}
 	if err == nil && a.programmed != nil {

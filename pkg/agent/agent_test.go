@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
@@ -109,15 +110,10 @@ func stateWith(n int) *model.State {
 	return s
 }
 
+// eventually waits up to 5s, the bound of every wait in these tests.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.EventuallyTrue(t, what, 5*time.Second, cond)
 }
 
 type harness struct {
@@ -306,17 +302,21 @@ func (o *countingObserver) SetProgrammed(s *model.State) {
 	o.programmed = len(s.Services)
 }
 
+// TestObserverSeesEveryApply: every observer (metrics and the health
+// check ports, in the agent) is told about every apply.
 func TestObserverSeesEveryApply(t *testing.T) {
-	obs := &countingObserver{}
+	obs := []*countingObserver{{}, {}}
 	recon := &fakeReconciler{recorder: &recorder{}, failures: 2}
-	h := start(t, Config{Observer: obs}, recon, nil)
+	h := start(t, Config{Observers: []Observer{obs[0], obs[1]}}, recon, nil)
 	h.src.states <- stateWith(4)
 	eventually(t, "ready", func() bool { return h.agent.Ready() == nil })
-	obs.mu.Lock()
-	defer obs.mu.Unlock()
-	if obs.syncs != 3 || obs.failures != 2 || obs.programmed != 4 {
-		t.Errorf("observer saw %d syncs, %d failures, %d services programmed; want 3, 2, 4",
-			obs.syncs, obs.failures, obs.programmed)
+	for i, obs := range obs {
+		obs.mu.Lock()
+		if obs.syncs != 3 || obs.failures != 2 || obs.programmed != 4 {
+			t.Errorf("observer %d saw %d syncs, %d failures, %d services programmed; want 3, 2, 4",
+				i, obs.syncs, obs.failures, obs.programmed)
+		}
+		obs.mu.Unlock()
 	}
 }
 

@@ -1,64 +1,112 @@
 package datapath
 
 import (
-	"maps"
-	"os"
-	"regexp"
-	"strconv"
 	"testing"
-	"unsafe"
+	"time"
 
-	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/cilium/ebpf"
 )
 
-// TestABISizes pins the sizes of the generated map types to those asserted
-// in bpf/lib/structs.h: keys and values are an ABI with pinned maps.
-func TestABISizes(t *testing.T) {
-	for name, got := range map[string]uintptr{
-		"lb4_key":          unsafe.Sizeof(sockLb4Key{}),
-		"lb4_service":      unsafe.Sizeof(sockLb4Service{}),
-		"lb4_backend":      unsafe.Sizeof(sockLb4Backend{}),
-		"lb4_rev_nat":      unsafe.Sizeof(sockLb4RevNat{}),
-		"ct4_key":          unsafe.Sizeof(sockCt4Key{}),
-		"ct4_entry":        unsafe.Sizeof(sockCt4Entry{}),
-		"sock_rev_key":     unsafe.Sizeof(sockSockRevKey{}),
-		"sock_rev_entry":   unsafe.Sizeof(sockSockRevEntry{}),
-		"lb4_affinity_key": unsafe.Sizeof(sockLb4AffinityKey{}),
-		"lb4_affinity":     unsafe.Sizeof(sockLb4Affinity{}),
-		"node_dev":         unsafe.Sizeof(sockNodeDev{}),
-		"src_range_key":    unsafe.Sizeof(sockSrcRangeKey{}),
+// Checks of the ABI between the agent and the BPF objects that the Go
+// compiler cannot make (the compile-time ones are in abi.go). None needs
+// root: they read the embedded objects.
+
+func loadSpecs(t *testing.T) map[string]*ebpf.CollectionSpec {
+	t.Helper()
+	specs := map[string]*ebpf.CollectionSpec{}
+	for name, load := range map[string]func() (*ebpf.CollectionSpec, error){
+		"sock": loadSock, "tc": loadTc, "xdp": loadXdp, "ctgc": loadCtgc,
 	} {
-		want := map[string]uintptr{
-			"lb4_key": 12, "lb4_service": 16, "lb4_backend": 8, "lb4_rev_nat": 8,
-			"ct4_key": 16, "ct4_entry": 32, "sock_rev_key": 16, "sock_rev_entry": 12,
-			"lb4_affinity_key": 16, "lb4_affinity": 12, "node_dev": 8, "src_range_key": 16,
-		}[name]
-		if got != want {
-			t.Errorf("struct %s is %d bytes in Go, %d in C", name, got, want)
+		spec, err := load()
+		if err != nil {
+			t.Fatalf("load %s spec: %v", name, err)
+		}
+		specs[name] = spec
+	}
+	return specs
+}
+
+// TestMetricNames: every reason of enum metric_reason has a label derived
+// from its C name, and the labels that dashboards and tests use are the
+// ones they always were.
+func TestMetricNames(t *testing.T) {
+	names := metricNames()
+	if len(names) != int(sockMetricReasonMETRIC_MAX) {
+		t.Fatalf("%d labels for %d reasons", len(names), sockMetricReasonMETRIC_MAX)
+	}
+	for r, want := range map[sockMetricReason]string{
+		sockMetricReasonMETRIC_SOCK_XLATE:        "sock_xlate",
+		sockMetricReasonMETRIC_TC_DNAT_NEW:       "tc_dnat_new",
+		sockMetricReasonMETRIC_TC_SRC_RANGE_DENY: "tc_src_range_deny",
+		sockMetricReasonMETRIC_XDP_REV:           "xdp_rev",
+	} {
+		if names[r] != want {
+			t.Errorf("reason %d labelled %q, want %q", r, names[r], want)
+		}
+	}
+	for obj, spec := range loadSpecs(t) {
+		ms := spec.Maps[mapMetrics]
+		if ms == nil || int(ms.MaxEntries) < len(names) {
+			t.Errorf("%s: %s has room for %v reasons, want %d", obj, mapMetrics, ms, len(names))
 		}
 	}
 }
 
-// TestServiceFlagsMatchC: the SVC_F_* values the reconciler writes into a
-// master are those of enum svc_flags in bpf/lib/structs.h (an enum no
-// program stores, so bpf2go cannot generate it).
-func TestServiceFlagsMatchC(t *testing.T) {
-	src, err := os.ReadFile("../../bpf/lib/structs.h")
-	if err != nil {
-		t.Fatal(err)
+// TestObjectsShareMaps: the objects declare every pinned map alike.
+// Whichever loads first creates the pins and the others reuse them, so a
+// difference would show only as a load error in the field (or, for the
+// size, as one object's view of a map the others see differently).
+func TestObjectsShareMaps(t *testing.T) {
+	specs := loadSpecs(t)
+	ref := specs["sock"]
+	for obj, spec := range specs {
+		if len(spec.Maps) != len(ref.Maps) {
+			t.Errorf("%s declares %d maps, sock %d", obj, len(spec.Maps), len(ref.Maps))
+		}
+		for name, ms := range spec.Maps {
+			r, ok := ref.Maps[name]
+			if !ok {
+				t.Errorf("%s declares %s, sock does not", obj, name)
+				continue
+			}
+			if ms.Type != r.Type || ms.KeySize != r.KeySize || ms.ValueSize != r.ValueSize ||
+				ms.MaxEntries != r.MaxEntries || ms.Flags != r.Flags || ms.Pinning != r.Pinning {
+				t.Errorf("%s: %s is %v, in sock %v", obj, name, ms, r)
+			}
+		}
 	}
-	re := regexp.MustCompile(`(?m)^\s*(SVC_F_[A-Z_]+) = (\d+),`)
-	got := map[string]uint8{}
-	for _, m := range re.FindAllStringSubmatch(string(src), -1) {
-		v, _ := strconv.Atoi(m[2])
-		got[m[1]] = uint8(v)
-	}
-	want := map[string]uint8{
-		"SVC_F_EXTERNAL":   reconciler.FlagExternal,
-		"SVC_F_LOCAL":      reconciler.FlagLocal,
-		"SVC_F_SRC_RANGES": reconciler.FlagSourceRanges,
-	}
-	if !maps.Equal(got, want) {
-		t.Fatalf("enum svc_flags in structs.h = %v, reconciler has %v", got, want)
+}
+
+// TestConfigDefaults: the defaults in bpf/lib/config.h and maps.h are
+// Config's, so an object loaded without configure behaves like the
+// agent's default configuration.
+func TestConfigDefaults(t *testing.T) {
+	for obj, spec := range loadSpecs(t) {
+		for name, want := range map[string]uint64{
+			"ct_timeout_tcp_ns":   uint64(DefaultCTTimeoutTCP / time.Nanosecond),
+			"ct_timeout_syn_ns":   uint64(DefaultCTTimeoutSYN / time.Nanosecond),
+			"ct_timeout_udp_ns":   uint64(DefaultCTTimeoutUDP / time.Nanosecond),
+			"ct_timeout_close_ns": uint64(DefaultCTTimeoutClose / time.Nanosecond),
+		} {
+			var got uint64
+			if vs := spec.Variables[name]; vs == nil || vs.Get(&got) != nil || got != want {
+				t.Errorf("%s: %s = %d, Config's default is %d", obj, name, got, want)
+			}
+		}
+		for name, want := range map[string]uint16{
+			"snat_port_min": DefaultSNATPortMin,
+			"snat_port_max": DefaultSNATPortMax,
+		} {
+			var got uint16
+			if vs := spec.Variables[name]; vs == nil || vs.Get(&got) != nil || got != want {
+				t.Errorf("%s: %s = %d, Config's default is %d", obj, name, got, want)
+			}
+		}
+		d := Config{}.withDefaults()
+		for name, want := range d.maxEntries() {
+			if ms := spec.Maps[name]; ms == nil || int(ms.MaxEntries) != want {
+				t.Errorf("%s: %s has max_entries %v, Config's default is %d", obj, name, ms, want)
+			}
+		}
 	}
 }

@@ -38,8 +38,13 @@ var cgroupProgs = []cgroupProg{
 	{"connect4", ebpf.AttachCGroupInet4Connect, func(d *Datapath) *ebpf.Program { return d.sock.SluiceConnect4 }},
 	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, func(d *Datapath) *ebpf.Program { return d.sock.SluiceSendmsg4 }},
 	{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, func(d *Datapath) *ebpf.Program { return d.sock.SluiceRecvmsg4 }},
-	{"getpeername4", ebpf.AttachCgroupInet4GetPeername, func(d *Datapath) *ebpf.Program { return d.sock.SluiceGetpeer4 }},
+	{"getpeername4", ebpf.AttachCgroupInet4GetPeername, func(d *Datapath) *ebpf.Program { return d.sock.SluiceGetpeername4 }},
 }
+
+// A link's pin is named after its hook (cgroup_getpeername4), not after
+// its program, and re-attaching updates the program behind the pinned
+// link: a program renamed between releases (sluice_getpeer4 became
+// sluice_getpeername4) replaces its predecessor in place.
 
 func (d *Datapath) linkPin(name string) string { return filepath.Join(d.dir, "links", name) }
 
@@ -121,7 +126,11 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		if err != nil {
 			return err
 		}
-		if err := d.maps.setNodeDevice(iface.Index, addr); err != nil {
+		flags, err := deviceFlags(dev)
+		if err != nil {
+			return err
+		}
+		if err := d.maps.setNodeDevice(iface.Index, addr, flags); err != nil {
 			return fmt.Errorf("record node device %s: %w", dev, err)
 		}
 	}

@@ -12,6 +12,9 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 )
 
 // attachedIDs returns the ids of the programs attached at target (an
@@ -63,11 +66,11 @@ func bpfFilters(t *testing.T, l netlink.Link) []string {
 // its programs in behind the same links, and Cleanup leaves nothing: no
 // pins, no links, no filters.
 func TestAttachDetach(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	bpffs := testPinDir(t)
-	ns := newTestNetns(t)
-	cg := newTestCgroup(t)
-	enterNetns(t, ns)
+	ns := topology.NewNS(t, "attach")
+	cg := newTestCgroup(t).Path
+	ns.Enter(t)
 
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "sl-a"}, PeerName: "sl-b"}
 	if err := netlink.LinkAdd(veth); err != nil {
@@ -177,7 +180,7 @@ func TestAttachDetach(t *testing.T) {
 
 	// Moving the socket programs to another cgroup attaches them there
 	// before detaching them from the old one, behind the same pins.
-	cg2 := newTestCgroup(t)
+	cg2 := newTestCgroup(t).Path
 	if err := d2.AttachCgroup(cg2); err != nil {
 		t.Fatalf("AttachCgroup to a second cgroup: %v", err)
 	}

@@ -6,7 +6,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/sluice-lb/sluice/internal/testutil/packet"
 )
 
 // BenchmarkNodePortRemote compares the per-packet cost of a NodePort flow
@@ -20,27 +20,21 @@ import (
 //
 //	go test -run '^$' -bench NodePortRemote ./pkg/datapath
 func BenchmarkNodePortRemote(b *testing.B) {
-	requireRoot(b)
-	ns, _ := nodeNetns(b)
-	d := openTest(b, smallConfig(testPinDir(b)))
+	ns, _, d := northSouthNode(b)
 	m := d.Maps()
-	if err := d.AttachDevices([]string{"eth0"}); err != nil {
-		b.Fatal(err)
-	}
-	addExternal(b, m, 1, npRemote, reconciler.FlagExternal, beRemote)
 
 	// Without a context BPF_PROG_TEST_RUN runs on the loopback device;
 	// routing from there is the same for both programs.
-	in := pkt{srcMAC: clientMAC, dstMAC: macOf(nodeEthMAC), src: nsClientIP, dst: nsNodeIP,
-		sport: 42000, dport: 30080, proto: 6, tcpFlags: 0x10, payload: make([]byte, 64)}
+	in := packet.Packet{SrcMAC: clientMAC, DstMAC: macOf(nodeEthMAC), Src: addr(nsClientIP), Dst: addr(nsNodeIP),
+		SrcPort: 42000, DstPort: 30080, Proto: packet.TCP, TCPFlags: packet.ACK, Payload: make([]byte, 64)}
 	for _, prog := range []*ebpf.Program{d.TCIngress(), d.XDP()} {
-		if _, _, err := prog.Benchmark(in.bytes(), 1, nil); err != nil {
+		if _, _, err := prog.Benchmark(in.Bytes(), 1, nil); err != nil {
 			b.Fatal(err)
 		}
 	}
 	sp := snatPortOf(b, m, nsClientIP, 42000, npRemote)
-	reply := pkt{srcMAC: macOf(node2MAC), dstMAC: macOf(nodeEthMAC), src: "10.2.0.7", sport: 8080,
-		dst: nsNodeIP, dport: sp, proto: 6, tcpFlags: 0x10, payload: make([]byte, 64)}
+	reply := packet.Packet{SrcMAC: macOf(node2MAC), DstMAC: macOf(nodeEthMAC), Src: addr("10.2.0.7"), SrcPort: 8080,
+		Dst: addr(nsNodeIP), DstPort: sp, Proto: packet.TCP, TCPFlags: packet.ACK, Payload: make([]byte, 64)}
 
 	// Interleaved: each iteration runs the same packet through tc and
 	// then XDP, so both see the same machine load; the ratio is what to
@@ -48,9 +42,9 @@ func BenchmarkNodePortRemote(b *testing.B) {
 	for _, c := range []struct {
 		name string
 		in   []byte
-	}{{"request/interleaved", in.bytes()}, {"reply/interleaved", reply.bytes()}} {
+	}{{"request/interleaved", in.Bytes()}, {"reply/interleaved", reply.Bytes()}} {
 		b.Run(c.name, func(b *testing.B) {
-			enterNetns(b, ns)
+			ns.Enter(b)
 			var tcTotal, xdpTotal time.Duration
 			for b.Loop() {
 				_, dt, err := d.TCIngress().Benchmark(c.in, 1, nil)
@@ -76,13 +70,13 @@ func BenchmarkNodePortRemote(b *testing.B) {
 		in      []byte
 		verdict uint32
 	}{
-		{"request/tc", d.TCIngress(), in.bytes(), tcActRedirect},
-		{"request/xdp", d.XDP(), in.bytes(), 4 /* XDP_REDIRECT: lo -> eth0 */},
-		{"reply/tc", d.TCIngress(), reply.bytes(), tcActRedirect},
-		{"reply/xdp", d.XDP(), reply.bytes(), 4},
+		{"request/tc", d.TCIngress(), in.Bytes(), tcActRedirect},
+		{"request/xdp", d.XDP(), in.Bytes(), 4 /* XDP_REDIRECT: lo -> eth0 */},
+		{"reply/tc", d.TCIngress(), reply.Bytes(), tcActRedirect},
+		{"reply/xdp", d.XDP(), reply.Bytes(), 4},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			enterNetns(b, ns)
+			ns.Enter(b)
 			var total time.Duration
 			for b.Loop() {
 				ret, dur, err := c.prog.Benchmark(c.in, 1, nil)

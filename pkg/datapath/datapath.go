@@ -5,15 +5,19 @@
 // Everything the kernel holds outlives the agent: maps are pinned under
 // BPFFS/sluice/ and links under BPFFS/sluice/links/, so an agent that exits
 // or restarts leaves traffic alone. Open reuses pinned maps (their contents
-// are the state the reconciler restores from), and the Attach methods
-// replace the programs behind pinned links in place. Only Cleanup removes
-// anything. OpenPinned is the operators' read-only view of the same pins.
+// are the state the reconciler restores from), migrating those of the
+// previous release to this one's names and layouts (pins.go), and the
+// Attach methods replace the programs behind pinned links in place. Only
+// Cleanup removes anything. OpenPinned is the operators' read-only view of
+// the same pins. The constants both sides of the maps use are generated
+// from bpf/lib/structs.h (abi.go).
 //
-// Three objects are built from bpf/: sock.c (cgroup connect4, sendmsg4,
-// recvmsg4, getpeername4), tc.c (tc ingress and egress) and xdp.c (the XDP
-// fast path for north-south flows to remote backends). All declare every
-// map with pinning by name, so whichever loads first creates the pins and
-// the others reuse them.
+// Four objects are built from bpf/: sock.c (cgroup connect4, sendmsg4,
+// recvmsg4, getpeername4), tc.c (tc ingress and egress), xdp.c (the XDP
+// fast path for north-south flows to remote backends) and ctgc.c (the
+// conntrack garbage collector the agent runs, conntrack.go). All declare
+// every map with pinning by name, so whichever loads first creates the
+// pins and the others reuse them.
 //
 // The package returns errors with context and never logs.
 package datapath
@@ -24,6 +28,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -38,14 +43,19 @@ type Config struct {
 	// Map sizes; 0 means the default. MaxServices sizes sluice_rev_nat
 	// (65536), MaxBackends sluice_backends (262144), MaxServiceEntries
 	// sluice_services, masters plus slots (1<<20), MaxConntrack
-	// sluice_conntrack (262144), MaxSockRev sluice_sock_rev and
-	// sluice_affinity (262144).
-	MaxServices, MaxBackends, MaxServiceEntries, MaxConntrack, MaxSockRev int
+	// sluice_conntrack, the established flows and SNAT port reservations
+	// (262144; when it is full new flows are refused), MaxConntrackNew
+	// sluice_ct_new, the flows not answered yet (65536; an LRU: a flood of
+	// new flows evicts only its own kind), MaxSockRev sluice_sock_rev and
+	// sluice_udp_stick (262144).
+	MaxServices, MaxBackends, MaxServiceEntries, MaxConntrack, MaxConntrackNew, MaxSockRev int
 
 	// Idle timeouts of per-packet conntrack entries; 0 means the default
-	// (6h for TCP, 60s for UDP). CTTimeoutClose is how long a TCP flow
-	// lives after a RST or a FIN each way (default 10s).
-	CTTimeoutTCP, CTTimeoutUDP, CTTimeoutClose time.Duration
+	// (6h for established TCP, 60s for UDP). CTTimeoutSYN is how long a
+	// TCP flow lives before its first reply (default 60s, as Cilium's SYN
+	// timeout), CTTimeoutClose after a RST or a FIN each way (default
+	// 10s).
+	CTTimeoutTCP, CTTimeoutSYN, CTTimeoutUDP, CTTimeoutClose time.Duration
 
 	// SNATPortMin and SNATPortMax bound the source ports external flows
 	// to remote backends are source-NATed to (default 61000-65535, above
@@ -89,25 +99,14 @@ const (
 	DefaultMaxBackends       = 262144
 	DefaultMaxServiceEntries = 1 << 20
 	DefaultMaxConntrack      = 262144
+	DefaultMaxConntrackNew   = 65536
 	DefaultMaxSockRev        = 262144
 	DefaultCTTimeoutTCP      = 6 * time.Hour
+	DefaultCTTimeoutSYN      = 60 * time.Second
 	DefaultCTTimeoutUDP      = 60 * time.Second
 	DefaultCTTimeoutClose    = 10 * time.Second
 	DefaultSNATPortMin       = 61000
 	DefaultSNATPortMax       = 65535
-)
-
-// Pinned map names (also their file names under BPFFS/sluice/).
-const (
-	mapServices  = "sluice_services"
-	mapBackends  = "sluice_backends"
-	mapRevNat    = "sluice_rev_nat"
-	mapConntrack = "sluice_conntrack"
-	mapSockRev   = "sluice_sock_rev"
-	mapAffinity  = "sluice_affinity"
-	mapMetrics   = "sluice_metrics"
-	mapDevices   = "sluice_devices"
-	mapSrcRanges = "sluice_src_ranges"
 )
 
 func (c Config) withDefaults() Config {
@@ -123,9 +122,13 @@ func (c Config) withDefaults() Config {
 	def(&c.MaxBackends, DefaultMaxBackends)
 	def(&c.MaxServiceEntries, DefaultMaxServiceEntries)
 	def(&c.MaxConntrack, DefaultMaxConntrack)
+	def(&c.MaxConntrackNew, DefaultMaxConntrackNew)
 	def(&c.MaxSockRev, DefaultMaxSockRev)
 	if c.CTTimeoutTCP == 0 {
 		c.CTTimeoutTCP = DefaultCTTimeoutTCP
+	}
+	if c.CTTimeoutSYN == 0 {
+		c.CTTimeoutSYN = DefaultCTTimeoutSYN
 	}
 	if c.CTTimeoutUDP == 0 {
 		c.CTTimeoutUDP = DefaultCTTimeoutUDP
@@ -146,8 +149,9 @@ func (c Config) maxEntries() map[string]int {
 		mapBackends:  c.MaxBackends,
 		mapRevNat:    c.MaxServices,
 		mapConntrack: c.MaxConntrack,
+		mapCTNew:     c.MaxConntrackNew,
 		mapSockRev:   c.MaxSockRev,
-		mapAffinity:  c.MaxSockRev,
+		mapUDPStick:  c.MaxSockRev,
 	}
 }
 
@@ -158,13 +162,16 @@ type Datapath struct {
 	sock sockObjects
 	tc   tcObjects
 	xdp  xdpObjects
+	gc   ctgcObjects
 	maps *Maps
 }
 
 // Open loads the programs and creates the pinned maps, or reuses them if
-// an earlier agent pinned them. A pinned map whose type, key, value or size
-// differ from what this agent wants is an error: resizing would drop the
-// state that keeps traffic flowing, so it takes an explicit Cleanup.
+// an earlier agent pinned them; maps the previous release pinned under
+// other names or layouts are migrated first (pins.go). A pinned map whose
+// type, key, value or size differ from what this agent wants is an error:
+// resizing would drop the state that keeps traffic flowing, so it takes an
+// explicit Cleanup.
 func Open(cfg Config) (*Datapath, error) {
 	cfg = cfg.withDefaults()
 	for name, n := range cfg.maxEntries() {
@@ -192,13 +199,24 @@ func Open(cfg Config) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
+	gcSpec, err := loadCtgc()
+	if err != nil {
+		return nil, err
+	}
 	if cfg.XDP, err = ParseXDPMode(string(cfg.XDP)); err != nil {
 		return nil, err
 	}
-	for _, spec := range []*ebpf.CollectionSpec{sockSpec, tcSpec, xdpSpec} {
+	specs := []*ebpf.CollectionSpec{sockSpec, tcSpec, xdpSpec, gcSpec}
+	for _, spec := range specs {
 		if err := configure(spec, cfg); err != nil {
 			return nil, err
 		}
+	}
+	// The objects declare every map alike (TestObjectsShareMaps).
+	if err := migratePins(dir, sockSpec); err != nil {
+		return nil, err
+	}
+	for _, spec := range specs {
 		if err := checkPinned(spec, dir); err != nil {
 			return nil, err
 		}
@@ -218,16 +236,25 @@ func Open(cfg Config) (*Datapath, error) {
 		d.tc.Close()
 		return nil, fmt.Errorf("load XDP program: %w", verifierDetail(err))
 	}
+	if err := gcSpec.LoadAndAssign(&d.gc, opts); err != nil {
+		d.sock.Close()
+		d.tc.Close()
+		d.xdp.Close()
+		return nil, fmt.Errorf("load conntrack GC program: %w", verifierDetail(err))
+	}
 	d.maps = &Maps{
-		services:  d.sock.SluiceServices,
-		backends:  d.sock.SluiceBackends,
-		revNat:    d.sock.SluiceRevNat,
-		conntrack: d.sock.SluiceConntrack,
-		sockRev:   d.sock.SluiceSockRev,
-		affinity:  d.sock.SluiceAffinity,
-		metrics:   d.sock.SluiceMetrics,
-		devices:   d.sock.SluiceDevices,
-		srcRanges: d.sock.SluiceSrcRanges,
+		services:  d.sock.SluiceServicesV1,
+		backends:  d.sock.SluiceBackendsV1,
+		revNat:    d.sock.SluiceRevNatV1,
+		conntrack: d.sock.SluiceConntrackV2,
+		ctNew:     d.sock.SluiceCtNewV1,
+		ctFlush:   d.sock.SluiceCtFlushV1,
+		ctGC:      d.gc.SluiceCtGc,
+		sockRev:   d.sock.SluiceSockRevV1,
+		udpStick:  d.sock.SluiceUdpStickV1,
+		metrics:   d.sock.SluiceMetricsV1,
+		devices:   d.sock.SluiceDevicesV1,
+		srcRanges: d.sock.SluiceSrcRangesV1,
 		cfg:       cfg,
 	}
 	return d, nil
@@ -242,11 +269,12 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		}
 		ms.MaxEntries = uint32(n)
 	}
-	if ms, ok := spec.Maps[mapMetrics]; !ok || int(ms.MaxEntries) != len(metricNames) {
-		return fmt.Errorf("map %s: BPF object has a different set of reasons than this agent (rebuild with go generate)", mapMetrics)
+	if ms, ok := spec.Maps[mapMetrics]; !ok || int(ms.MaxEntries) < len(metricNames()) {
+		return fmt.Errorf("map %s: missing from BPF object, or without room for its %d reasons", mapMetrics, len(metricNames()))
 	}
 	vars := map[string]any{
 		"ct_timeout_tcp_ns":   uint64(cfg.CTTimeoutTCP.Nanoseconds()),
+		"ct_timeout_syn_ns":   uint64(cfg.CTTimeoutSYN.Nanoseconds()),
 		"ct_timeout_udp_ns":   uint64(cfg.CTTimeoutUDP.Nanoseconds()),
 		"ct_timeout_close_ns": uint64(cfg.CTTimeoutClose.Nanoseconds()),
 		"snat_port_min":       cfg.SNATPortMin,
@@ -322,50 +350,26 @@ func (d *Datapath) TCEgress() *ebpf.Program { return d.tc.SluiceEgress }
 // Close releases the agent's file descriptors. Pins and links stay, so
 // traffic keeps flowing while no agent runs.
 func (d *Datapath) Close() error {
-	return errors.Join(d.sock.Close(), d.tc.Close(), d.xdp.Close())
-}
-
-// metricNames labels the reasons of enum metric_reason (bpf/lib/structs.h),
-// in order. Open refuses an object whose sluice_metrics size differs.
-var metricNames = []string{
-	"sock_xlate",
-	"sock_no_backend",
-	"sock_rev_xlate",
-	"sock_backend_missing",
-	"tc_dnat_new",
-	"tc_dnat_ct",
-	"tc_rev_nat",
-	"tc_no_backend",
-	"tc_backend_missing",
-	"tc_malformed",
-	"tc_fragment",
-	"tc_ct_full",
-	"tc_rewrite_err",
-	"tc_snat_new",
-	"tc_snat_exhausted",
-	"tc_fib_err",
-	"tc_local_no_backend",
-	"tc_src_range_deny",
-	"xdp_fwd",
-	"xdp_rev",
+	return errors.Join(d.sock.Close(), d.tc.Close(), d.xdp.Close(), d.gc.Close())
 }
 
 // CounterNames returns the reasons Counters reports, in a stable order (for
 // declaring metrics before the first scrape).
-func CounterNames() []string { return append([]string(nil), metricNames...) }
+func CounterNames() []string { return slices.Clone(metricNames()) }
 
 // Counters returns the datapath outcome counters, summed over CPUs, by
 // reason.
 func (d *Datapath) Counters() (map[string]uint64, error) {
-	return readCounters(d.maps.metrics, len(metricNames))
+	return readCounters(d.maps.metrics, len(metricNames()))
 }
 
 // readCounters sums the first n reasons of sluice_metrics over CPUs.
 func readCounters(metrics *ebpf.Map, n int) (map[string]uint64, error) {
-	n = min(n, len(metricNames))
+	names := metricNames()
+	n = min(n, len(names))
 	out := make(map[string]uint64, n)
 	var perCPU []uint64
-	for i, name := range metricNames[:n] {
+	for i, name := range names[:n] {
 		if err := metrics.Lookup(uint32(i), &perCPU); err != nil {
 			return nil, fmt.Errorf("read counter %s: %w", name, err)
 		}

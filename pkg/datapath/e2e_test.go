@@ -9,6 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
@@ -23,35 +24,21 @@ import (
 //	node ns:   n0 10.201.0.1/24 (tc ingress+egress), lo 10.200.0.2, 10.200.0.3
 func TestTCEndToEnd(t *testing.T) {
 	d := newTestDatapath(t)
-	nodeNS := newTestNetns(t)
-	clientNS := newTestNetns(t)
+	nodeNS := topology.NewNS(t, "node")
+	clientNS := topology.NewNS(t, "client")
 
 	vip := l4("10.96.0.30", 80, model.TCP)
 	vipU := l4("10.96.0.30", 53, model.UDP)
 	empty := l4("10.96.0.31", 80, model.TCP)
 	emptyU := l4("10.96.0.31", 53, model.UDP)
-	m := d.Maps()
-	addService(t, m, 1, vip,
-		testBackend{1, l4(sockBackends[0], 8080, model.TCP)}, testBackend{2, l4(sockBackends[1], 8080, model.TCP)})
-	addService(t, m, 2, vipU,
-		testBackend{3, l4(sockBackends[0], 5353, model.UDP)}, testBackend{4, l4(sockBackends[1], 5353, model.UDP)})
-	addService(t, m, 3, empty)
-	addService(t, m, 4, emptyU)
+	applyServices(t, d,
+		clusterIP(vip, l4(sockBackends[0], 8080, model.TCP), l4(sockBackends[1], 8080, model.TCP)),
+		clusterIP(vipU, l4(sockBackends[0], 5353, model.UDP), l4(sockBackends[1], 5353, model.UDP)),
+		clusterIP(empty), clusterIP(emptyU))
 
 	// The node.
-	enterNetns(t, nodeNS)
-	lo, err := netlink.LinkByName("lo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetUp(lo); err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range sockBackends {
-		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: netlink.NewIPNet(net.ParseIP(a))}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	nodeNS.Enter(t)
+	addLoopbackAddrs(t, nodeNS, sockBackends...)
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "n0"}, PeerName: "c0"}); err != nil {
 		t.Fatalf("add veth: %v", err)
 	}
@@ -63,7 +50,7 @@ func TestTCEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := netlink.LinkSetNsFd(c0, int(clientNS)); err != nil {
+	if err := netlink.LinkSetNsFd(c0, clientNS.Fd()); err != nil {
 		t.Fatal(err)
 	}
 	addr, _ := netlink.ParseAddr("10.201.0.1/24")
@@ -79,7 +66,7 @@ func TestTCEndToEnd(t *testing.T) {
 	}
 
 	// The client.
-	enterNetns(t, clientNS)
+	clientNS.Enter(t)
 	c0, err = netlink.LinkByName("c0")
 	if err != nil {
 		t.Fatal(err)
@@ -147,15 +134,7 @@ func TestTCEndToEnd(t *testing.T) {
 		t.Errorf("UDP to %s (no backends): %v, want ECONNREFUSED", emptyU, err)
 	}
 
-	cs, err := d.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, reason := range []string{"tc_dnat_new", "tc_dnat_ct", "tc_rev_nat", "tc_no_backend"} {
-		if cs[reason] == 0 {
-			t.Errorf("counter %s is 0; counters %v", reason, cs)
-		}
-	}
+	cs := expectCounted(t, d, "tc_dnat_new", "tc_dnat_ct", "tc_rev_nat", "tc_no_backend")
 	if cs["tc_rewrite_err"] != 0 {
 		t.Errorf("tc_rewrite_err = %d: a rewrite failed", cs["tc_rewrite_err"])
 	}

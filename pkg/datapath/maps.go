@@ -21,18 +21,15 @@ import (
 // network byte order, ids and slots in host order, as bpf/lib/structs.h
 // says.
 type Maps struct {
-	services, backends, revNat, conntrack, sockRev, affinity, metrics *ebpf.Map
-	devices, srcRanges                                                *ebpf.Map
+	services, backends, revNat, conntrack, sockRev, udpStick, metrics *ebpf.Map
+	devices, srcRanges, ctNew, ctFlush                                *ebpf.Map
+
+	ctGC *ebpf.Program // bpf/ctgc.c: conntrack GC and flush (conntrack.go)
 
 	cfg Config
 }
 
 var _ reconciler.Datapath = (*Maps)(nil)
-
-const (
-	ctForward = 0
-	ctReverse = 1
-)
 
 // be32 returns the uint32 whose in-memory bytes are a's, in network order.
 func be32(a netip.Addr) uint32 {
@@ -200,14 +197,14 @@ func (m *Maps) DeleteSlot(fe model.L4Addr, slot uint32) error {
 	return nil
 }
 
-// Dump reads the service, backend and reverse-NAT maps back.
+// Dump reads the service, backend, reverse-NAT and source-range maps back.
 func (m *Maps) Dump() (*reconciler.KernelState, error) {
-	return dumpState(m.services, m.backends, m.revNat)
+	return dumpState(m.services, m.backends, m.revNat, m.srcRanges)
 }
 
-// dumpState reads the service, backend and reverse-NAT maps into a
-// KernelState (shared by Maps and the read-only Pinned).
-func dumpState(services, backends, revNat *ebpf.Map) (*reconciler.KernelState, error) {
+// dumpState reads the service, backend, reverse-NAT and source-range maps
+// into a KernelState (shared by Maps and the read-only Pinned).
+func dumpState(services, backends, revNat, srcRanges *ebpf.Map) (*reconciler.KernelState, error) {
 	ks := &reconciler.KernelState{
 		Masters:  map[model.L4Addr]reconciler.Master{},
 		Slots:    map[model.L4Addr]map[uint32]reconciler.BackendID{},
@@ -256,6 +253,11 @@ func dumpState(services, backends, revNat *ebpf.Map) (*reconciler.KernelState, e
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("dump %s: %w", mapRevNat, err)
 	}
+	ranges, err := dumpSourceRanges(srcRanges)
+	if err != nil {
+		return nil, err
+	}
+	ks.SourceRanges = ranges
 	return ks, nil
 }
 
@@ -263,38 +265,4 @@ func dumpState(services, backends, revNat *ebpf.Map) (*reconciler.KernelState, e
 // sluice_services.
 func (m *Maps) Capacity() (services, backends, serviceEntries int) {
 	return m.cfg.MaxServices, m.cfg.MaxBackends, m.cfg.MaxServiceEntries
-}
-
-// FlushConntrack deletes the per-packet conntrack entries of flows
-// translated to backend: forward entries that name it and reverse entries
-// keyed by its replies. The next packet of such a flow selects again.
-func (m *Maps) FlushConntrack(backend model.L4Addr) error {
-	b, err := checkL4(backend)
-	if err != nil {
-		return fmt.Errorf("flush conntrack: %w", err)
-	}
-	addr, port, proto := be32(b.Addr), be16(b.Port), uint8(b.Proto)
-
-	var doomed []sockCt4Key
-	var k sockCt4Key
-	var v sockCt4Entry
-	it := m.conntrack.Iterate()
-	for it.Next(&k, &v) {
-		if k.Proto != proto {
-			continue
-		}
-		if (k.Dir == ctForward && v.NatAddr == addr && v.NatPort == port) ||
-			(k.Dir == ctReverse && k.Saddr == addr && k.Sport == port) {
-			doomed = append(doomed, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("flush conntrack of %s: %w", b, err)
-	}
-	for i := range doomed {
-		if err := deleteIgnoringMissing(m.conntrack, &doomed[i]); err != nil {
-			return fmt.Errorf("flush conntrack of %s: %w", b, err)
-		}
-	}
-	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
@@ -16,7 +17,7 @@ import (
 // TestMapsDumpRoundTrip: what the reconciler writes, Dump reads back, and
 // a new Open over the same pins sees the same state.
 func TestMapsDumpRoundTrip(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	bpffs := testPinDir(t)
 	d := openTest(t, smallConfig(bpffs))
 	m := d.Maps()
@@ -108,7 +109,7 @@ func TestMapsRejectInvalid(t *testing.T) {
 // TestOpenPinnedSizeMismatch: reusing pins with another size is refused
 // with an error that names the map and both sizes.
 func TestOpenPinnedSizeMismatch(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	bpffs := testPinDir(t)
 	d := openTest(t, smallConfig(bpffs))
 	d.Close()
@@ -128,7 +129,7 @@ func TestOpenPinnedSizeMismatch(t *testing.T) {
 // through the production reconciler (the agent's first apply), and then
 // changes one endpoint of one service.
 func BenchmarkMapsApply(b *testing.B) {
-	requireRoot(b)
+	testutil.Privileged(b)
 	for _, n := range []int{1000, 10000, 30000} {
 		st := model.NewState()
 		for i := range n {

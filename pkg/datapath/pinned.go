@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
@@ -17,12 +18,14 @@ import (
 // still checked against this build's BPF objects, so that a layout this
 // build does not know is an error rather than garbage.
 type Pinned struct {
-	services, backends, revNat, metrics *ebpf.Map
-	reasons                             int // counters this build and the pin both know
+	services, backends, revNat, srcRanges, metrics *ebpf.Map
+	reasons                                        int // counters this build and the pin both know
 }
 
-// OpenPinned opens the maps pinned under bpffs/sluice read-only. A missing
-// pin is an error wrapping os.ErrNotExist.
+// OpenPinned opens the maps pinned under bpffs/sluice read-only. A map
+// that an agent of the previous release pinned under its old name is read
+// there (that is the live one, see migratePins), if its layout can be read
+// the same; a missing pin is an error wrapping os.ErrNotExist.
 func OpenPinned(bpffs string) (*Pinned, error) {
 	if bpffs == "" {
 		bpffs = DefaultBPFFS
@@ -40,6 +43,7 @@ func OpenPinned(bpffs string) (*Pinned, error) {
 		{mapServices, &p.services},
 		{mapBackends, &p.backends},
 		{mapRevNat, &p.revNat},
+		{mapSrcRanges, &p.srcRanges},
 		{mapMetrics, &p.metrics},
 	} {
 		m, err := openPinnedMap(dir, x.name, spec.Maps[x.name])
@@ -56,17 +60,23 @@ func OpenPinned(bpffs string) (*Pinned, error) {
 	}
 	// An agent built with fewer or more reasons than this tool: show the
 	// ones both know.
-	p.reasons = min(int(info.MaxEntries), len(metricNames))
+	p.reasons = min(int(info.MaxEntries), len(metricNames()))
 	return p, nil
 }
 
-// openPinnedMap opens dir/name read-only and checks it against ms, except
-// for its size.
+// openPinnedMap opens the previous release's pin of the map name if there
+// is one, else dir/name, read-only, and checks it against ms, except for
+// its size.
 func openPinnedMap(dir, name string, ms *ebpf.MapSpec) (*ebpf.Map, error) {
 	if ms == nil {
 		return nil, fmt.Errorf("map %s missing from BPF object", name)
 	}
 	path := filepath.Join(dir, name)
+	if prev := previousPin(name); prev != "" {
+		if _, err := os.Stat(filepath.Join(dir, prev)); err == nil {
+			path = filepath.Join(dir, prev)
+		}
+	}
 	m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		return nil, fmt.Errorf("open pinned map %s: %w", path, err)
@@ -84,9 +94,9 @@ func openPinnedMap(dir, name string, ms *ebpf.MapSpec) (*ebpf.Map, error) {
 	return m, nil
 }
 
-// Dump reads the service, backend and reverse-NAT maps.
+// Dump reads the service, backend, reverse-NAT and source-range maps.
 func (p *Pinned) Dump() (*reconciler.KernelState, error) {
-	return dumpState(p.services, p.backends, p.revNat)
+	return dumpState(p.services, p.backends, p.revNat, p.srcRanges)
 }
 
 // Counters returns the datapath outcome counters, summed over CPUs, by
@@ -98,7 +108,7 @@ func (p *Pinned) Counters() (map[string]uint64, error) {
 // Close releases the maps' file descriptors; the pins stay.
 func (p *Pinned) Close() error {
 	var errs []error
-	for _, m := range []*ebpf.Map{p.services, p.backends, p.revNat, p.metrics} {
+	for _, m := range []*ebpf.Map{p.services, p.backends, p.revNat, p.srcRanges, p.metrics} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
@@ -14,7 +15,7 @@ import (
 // which Open with the defaults refuses, are read by OpenPinned as they are,
 // without writing to them.
 func TestOpenPinnedAnySize(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	bpffs := testPinDir(t)
 	d := openTest(t, smallConfig(bpffs))
 	fe := l4("10.96.2.1", 80, model.TCP)
@@ -63,7 +64,7 @@ func TestOpenPinnedAnySize(t *testing.T) {
 // TestOpenPinnedMissing: nothing pinned is os.ErrNotExist, and nothing is
 // created.
 func TestOpenPinnedMissing(t *testing.T) {
-	requireRoot(t)
+	testutil.Privileged(t)
 	bpffs := testPinDir(t)
 	if _, err := OpenPinned(bpffs); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("OpenPinned of an empty bpffs: %v, want os.ErrNotExist", err)

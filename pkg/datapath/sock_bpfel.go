@@ -15,16 +15,14 @@ import (
 
 type sockCt4Entry struct {
 	_         structs.HostLayout
-	LastSeen  uint64
+	Expires   uint64
+	Flags     uint32
 	NatAddr   uint32
 	NatPort   uint16
-	Flags     uint8
-	Pad       uint8
+	SnatPort  uint16
+	SnatAddr  uint32
 	BackendId uint32
 	RevNatId  uint32
-	SnatAddr  uint32
-	SnatPort  uint16
-	Pad2      uint16
 }
 
 type sockCt4Key struct {
@@ -38,21 +36,56 @@ type sockCt4Key struct {
 	Pad   uint16
 }
 
-type sockLb4Affinity struct {
-	_         structs.HostLayout
-	BackendId uint32
-	Addr      uint32
-	Port      uint16
-	Slot      uint16
+type sockCtBackendKey struct {
+	_     structs.HostLayout
+	Addr  uint32
+	Port  uint16
+	Proto uint8
+	Pad   uint8
 }
 
-type sockLb4AffinityKey struct {
-	_      structs.HostLayout
-	Cookie uint64
-	Vip    uint32
-	Port   uint16
-	Proto  uint8
-	Pad    uint8
+type sockCtDir uint32
+
+const (
+	sockCtDirCT_FORWARD sockCtDir = 0
+	sockCtDirCT_REVERSE sockCtDir = 1
+)
+
+type sockCtFlags uint32
+
+const (
+	sockCtFlagsCT_F_SNAT    sockCtFlags = 1
+	sockCtFlagsCT_F_FIN_FWD sockCtFlags = 2
+	sockCtFlagsCT_F_FIN_REV sockCtFlags = 4
+	sockCtFlagsCT_F_RST     sockCtFlags = 8
+	sockCtFlagsCT_F_REPLIED sockCtFlags = 16
+)
+
+type sockCtGcArgs struct {
+	_       structs.HostLayout
+	Flush   uint32
+	Pad     uint32
+	Now     uint64
+	Deleted uint64
+	Live    uint64
+	Pending uint64
+	Kept    uint64
+	Claimed uint64
+}
+
+type sockFrag4Key struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Id    uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type sockFrag4Ports struct {
+	_     structs.HostLayout
+	Sport uint16
+	Dport uint16
 }
 
 type sockLb4Backend struct {
@@ -90,11 +123,60 @@ type sockLb4Service struct {
 	Pad       [3]uint8
 }
 
+type sockMetricReason uint32
+
+const (
+	sockMetricReasonMETRIC_SOCK_XLATE           sockMetricReason = 0
+	sockMetricReasonMETRIC_SOCK_NO_BACKEND      sockMetricReason = 1
+	sockMetricReasonMETRIC_SOCK_REV_XLATE       sockMetricReason = 2
+	sockMetricReasonMETRIC_SOCK_BACKEND_MISSING sockMetricReason = 3
+	sockMetricReasonMETRIC_TC_DNAT_NEW          sockMetricReason = 4
+	sockMetricReasonMETRIC_TC_DNAT_CT           sockMetricReason = 5
+	sockMetricReasonMETRIC_TC_REV_NAT           sockMetricReason = 6
+	sockMetricReasonMETRIC_TC_NO_BACKEND        sockMetricReason = 7
+	sockMetricReasonMETRIC_TC_BACKEND_MISSING   sockMetricReason = 8
+	sockMetricReasonMETRIC_TC_MALFORMED         sockMetricReason = 9
+	sockMetricReasonMETRIC_TC_FRAGMENT          sockMetricReason = 10
+	sockMetricReasonMETRIC_TC_CT_FULL           sockMetricReason = 11
+	sockMetricReasonMETRIC_TC_REWRITE_ERR       sockMetricReason = 12
+	sockMetricReasonMETRIC_TC_SNAT_NEW          sockMetricReason = 13
+	sockMetricReasonMETRIC_TC_SNAT_EXHAUSTED    sockMetricReason = 14
+	sockMetricReasonMETRIC_TC_FIB_ERR           sockMetricReason = 15
+	sockMetricReasonMETRIC_TC_LOCAL_NO_BACKEND  sockMetricReason = 16
+	sockMetricReasonMETRIC_TC_SRC_RANGE_DENY    sockMetricReason = 17
+	sockMetricReasonMETRIC_XDP_FWD              sockMetricReason = 18
+	sockMetricReasonMETRIC_XDP_REV              sockMetricReason = 19
+	sockMetricReasonMETRIC_XDP_SRC_RANGE_DENY   sockMetricReason = 20
+	sockMetricReasonMETRIC_XDP_CT_FULL          sockMetricReason = 21
+	sockMetricReasonMETRIC_XDP_SNAT_NEW         sockMetricReason = 22
+	sockMetricReasonMETRIC_TC_FRAG_LATER        sockMetricReason = 23
+	sockMetricReasonMETRIC_TC_FRAG_DROP         sockMetricReason = 24
+	sockMetricReasonMETRIC_TC_REV_REDIRECT      sockMetricReason = 25
+	sockMetricReasonMETRIC_TC_TTL_EXCEEDED      sockMetricReason = 26
+	sockMetricReasonMETRIC_TC_FRAG_NEEDED       sockMetricReason = 27
+	sockMetricReasonMETRIC_TC_MTU_DROP          sockMetricReason = 28
+	sockMetricReasonMETRIC_TC_FWD_TO_STACK      sockMetricReason = 29
+	sockMetricReasonMETRIC_XDP_TTL_EXCEEDED     sockMetricReason = 30
+	sockMetricReasonMETRIC_XDP_MTU_EXCEEDED     sockMetricReason = 31
+	sockMetricReasonMETRIC_TC_ICMP_XLATE        sockMetricReason = 32
+	sockMetricReasonMETRIC_TC_CT_EST_FULL       sockMetricReason = 33
+	sockMetricReasonMETRIC_TC_CT_CLASH          sockMetricReason = 34
+	sockMetricReasonMETRIC_TC_SNAT_LOST         sockMetricReason = 35
+	sockMetricReasonMETRIC_TC_CT_BACKEND_GONE   sockMetricReason = 36
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 37
+)
+
 type sockNodeDev struct {
 	_     structs.HostLayout
 	Addr  uint32
 	Flags uint32
 }
+
+type sockNodeDevFlags uint32
+
+const (
+	sockNodeDevFlagsNODE_DEV_F_L3 sockNodeDevFlags = 1
+)
 
 type sockSockRevEntry struct {
 	_        structs.HostLayout
@@ -112,6 +194,23 @@ type sockSockRevKey struct {
 	Pad    uint16
 }
 
+type sockSockUdpStick struct {
+	_         structs.HostLayout
+	BackendId uint32
+	Addr      uint32
+	Port      uint16
+	Slot      uint16
+}
+
+type sockSockUdpStickKey struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Vip    uint32
+	Port   uint16
+	Proto  uint8
+	Pad    uint8
+}
+
 type sockSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -122,28 +221,40 @@ type sockSrcRangeKey struct {
 	Saddr     uint32
 }
 
+type sockSvcFlags uint32
+
+const (
+	sockSvcFlagsSVC_F_EXTERNAL   sockSvcFlags = 1
+	sockSvcFlagsSVC_F_LOCAL      sockSvcFlags = 2
+	sockSvcFlagsSVC_F_SRC_RANGES sockSvcFlags = 4
+)
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sockMapSluiceAffinity   = "sluice_affinity"
-	sockMapSluiceBackends   = "sluice_backends"
-	sockMapSluiceConntrack  = "sluice_conntrack"
-	sockMapSluiceDevices    = "sluice_devices"
-	sockMapSluiceMetrics    = "sluice_metrics"
-	sockMapSluiceRevNat     = "sluice_rev_nat"
-	sockMapSluiceServices   = "sluice_services"
-	sockMapSluiceSockRev    = "sluice_sock_rev"
-	sockMapSluiceSrcRanges  = "sluice_src_ranges"
-	sockProgSluiceConnect4  = "sluice_connect4"
-	sockProgSluiceGetpeer4  = "sluice_getpeer4"
-	sockProgSluiceRecvmsg4  = "sluice_recvmsg4"
-	sockProgSluiceSendmsg4  = "sluice_sendmsg4"
-	sockVarCtTimeoutCloseNs = "ct_timeout_close_ns"
-	sockVarCtTimeoutTcpNs   = "ct_timeout_tcp_ns"
-	sockVarCtTimeoutUdpNs   = "ct_timeout_udp_ns"
-	sockVarSnatPortMax      = "snat_port_max"
-	sockVarSnatPortMin      = "snat_port_min"
+	sockMapSluiceBackendsV1    = "sluice_backends_v1"
+	sockMapSluiceConntrackV2   = "sluice_conntrack_v2"
+	sockMapSluiceCtFlushV1     = "sluice_ct_flush_v1"
+	sockMapSluiceCtNewV1       = "sluice_ct_new_v1"
+	sockMapSluiceDevicesV1     = "sluice_devices_v1"
+	sockMapSluiceFragmentsV1   = "sluice_fragments_v1"
+	sockMapSluiceMetricsV1     = "sluice_metrics_v1"
+	sockMapSluiceRevNatV1      = "sluice_rev_nat_v1"
+	sockMapSluiceServicesV1    = "sluice_services_v1"
+	sockMapSluiceSockRevV1     = "sluice_sock_rev_v1"
+	sockMapSluiceSrcRangesV1   = "sluice_src_ranges_v1"
+	sockMapSluiceUdpStickV1    = "sluice_udp_stick_v1"
+	sockProgSluiceConnect4     = "sluice_connect4"
+	sockProgSluiceGetpeername4 = "sluice_getpeername4"
+	sockProgSluiceRecvmsg4     = "sluice_recvmsg4"
+	sockProgSluiceSendmsg4     = "sluice_sendmsg4"
+	sockVarCtTimeoutCloseNs    = "ct_timeout_close_ns"
+	sockVarCtTimeoutSynNs      = "ct_timeout_syn_ns"
+	sockVarCtTimeoutTcpNs      = "ct_timeout_tcp_ns"
+	sockVarCtTimeoutUdpNs      = "ct_timeout_udp_ns"
+	sockVarSnatPortMax         = "snat_port_max"
+	sockVarSnatPortMin         = "snat_port_min"
 )
 
 // loadSock returns the embedded CollectionSpec for sock.
@@ -188,25 +299,28 @@ type sockSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockProgramSpecs struct {
-	SluiceConnect4 *ebpf.ProgramSpec `ebpf:"sluice_connect4"`
-	SluiceGetpeer4 *ebpf.ProgramSpec `ebpf:"sluice_getpeer4"`
-	SluiceRecvmsg4 *ebpf.ProgramSpec `ebpf:"sluice_recvmsg4"`
-	SluiceSendmsg4 *ebpf.ProgramSpec `ebpf:"sluice_sendmsg4"`
+	SluiceConnect4     *ebpf.ProgramSpec `ebpf:"sluice_connect4"`
+	SluiceGetpeername4 *ebpf.ProgramSpec `ebpf:"sluice_getpeername4"`
+	SluiceRecvmsg4     *ebpf.ProgramSpec `ebpf:"sluice_recvmsg4"`
+	SluiceSendmsg4     *ebpf.ProgramSpec `ebpf:"sluice_sendmsg4"`
 }
 
 // sockMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockMapSpecs struct {
-	SluiceAffinity  *ebpf.MapSpec `ebpf:"sluice_affinity"`
-	SluiceBackends  *ebpf.MapSpec `ebpf:"sluice_backends"`
-	SluiceConntrack *ebpf.MapSpec `ebpf:"sluice_conntrack"`
-	SluiceDevices   *ebpf.MapSpec `ebpf:"sluice_devices"`
-	SluiceMetrics   *ebpf.MapSpec `ebpf:"sluice_metrics"`
-	SluiceRevNat    *ebpf.MapSpec `ebpf:"sluice_rev_nat"`
-	SluiceServices  *ebpf.MapSpec `ebpf:"sluice_services"`
-	SluiceSockRev   *ebpf.MapSpec `ebpf:"sluice_sock_rev"`
-	SluiceSrcRanges *ebpf.MapSpec `ebpf:"sluice_src_ranges"`
+	SluiceBackendsV1  *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2 *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1   *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1     *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1   *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1 *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1   *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
+	SluiceRevNatV1    *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceServicesV1  *ebpf.MapSpec `ebpf:"sluice_services_v1"`
+	SluiceSockRevV1   *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1 *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1  *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
 }
 
 // sockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -214,6 +328,7 @@ type sockMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockVariableSpecs struct {
 	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
@@ -240,28 +355,34 @@ func (o *sockObjects) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockMaps struct {
-	SluiceAffinity  *ebpf.Map `ebpf:"sluice_affinity"`
-	SluiceBackends  *ebpf.Map `ebpf:"sluice_backends"`
-	SluiceConntrack *ebpf.Map `ebpf:"sluice_conntrack"`
-	SluiceDevices   *ebpf.Map `ebpf:"sluice_devices"`
-	SluiceMetrics   *ebpf.Map `ebpf:"sluice_metrics"`
-	SluiceRevNat    *ebpf.Map `ebpf:"sluice_rev_nat"`
-	SluiceServices  *ebpf.Map `ebpf:"sluice_services"`
-	SluiceSockRev   *ebpf.Map `ebpf:"sluice_sock_rev"`
-	SluiceSrcRanges *ebpf.Map `ebpf:"sluice_src_ranges"`
+	SluiceBackendsV1  *ebpf.Map `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2 *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1   *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1     *ebpf.Map `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1   *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1 *ebpf.Map `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1   *ebpf.Map `ebpf:"sluice_metrics_v1"`
+	SluiceRevNatV1    *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceServicesV1  *ebpf.Map `ebpf:"sluice_services_v1"`
+	SluiceSockRevV1   *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1 *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1  *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
 }
 
 func (m *sockMaps) Close() error {
 	return _SockClose(
-		m.SluiceAffinity,
-		m.SluiceBackends,
-		m.SluiceConntrack,
-		m.SluiceDevices,
-		m.SluiceMetrics,
-		m.SluiceRevNat,
-		m.SluiceServices,
-		m.SluiceSockRev,
-		m.SluiceSrcRanges,
+		m.SluiceBackendsV1,
+		m.SluiceConntrackV2,
+		m.SluiceCtFlushV1,
+		m.SluiceCtNewV1,
+		m.SluiceDevicesV1,
+		m.SluiceFragmentsV1,
+		m.SluiceMetricsV1,
+		m.SluiceRevNatV1,
+		m.SluiceServicesV1,
+		m.SluiceSockRevV1,
+		m.SluiceSrcRangesV1,
+		m.SluiceUdpStickV1,
 	)
 }
 
@@ -270,6 +391,7 @@ func (m *sockMaps) Close() error {
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockVariables struct {
 	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
@@ -280,16 +402,16 @@ type sockVariables struct {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockPrograms struct {
-	SluiceConnect4 *ebpf.Program `ebpf:"sluice_connect4"`
-	SluiceGetpeer4 *ebpf.Program `ebpf:"sluice_getpeer4"`
-	SluiceRecvmsg4 *ebpf.Program `ebpf:"sluice_recvmsg4"`
-	SluiceSendmsg4 *ebpf.Program `ebpf:"sluice_sendmsg4"`
+	SluiceConnect4     *ebpf.Program `ebpf:"sluice_connect4"`
+	SluiceGetpeername4 *ebpf.Program `ebpf:"sluice_getpeername4"`
+	SluiceRecvmsg4     *ebpf.Program `ebpf:"sluice_recvmsg4"`
+	SluiceSendmsg4     *ebpf.Program `ebpf:"sluice_sendmsg4"`
 }
 
 func (p *sockPrograms) Close() error {
 	return _SockClose(
 		p.SluiceConnect4,
-		p.SluiceGetpeer4,
+		p.SluiceGetpeername4,
 		p.SluiceRecvmsg4,
 		p.SluiceSendmsg4,
 	)

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
@@ -121,30 +121,19 @@ func isBackendReply(s string) bool {
 
 func TestSockLB(t *testing.T) {
 	d := newTestDatapath(t)
-	ns := newTestNetns(t)
+	ns := topology.NewNS(t, "sock")
 	cg := newTestCgroup(t)
-	if err := d.AttachCgroup(cg); err != nil {
+	if err := d.AttachCgroup(cg.Path); err != nil {
 		t.Fatalf("AttachCgroup: %v", err)
 	}
 	// Attaching again replaces the programs in place.
-	if err := d.AttachCgroup(cg); err != nil {
+	if err := d.AttachCgroup(cg.Path); err != nil {
 		t.Fatalf("AttachCgroup again: %v", err)
 	}
-	enterCgroup(t, cg)
+	cg.Join(t)
 
-	enterNetns(t, ns)
-	lo, err := netlink.LinkByName("lo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetUp(lo); err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range append(sockBackends, sockOtherBackend) {
-		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: netlink.NewIPNet(net.ParseIP(a))}); err != nil {
-			t.Fatalf("add %s: %v", a, err)
-		}
-	}
+	ns.Enter(t)
+	addLoopbackAddrs(t, ns, append(sockBackends, sockOtherBackend)...)
 	startBackends(t)
 
 	m := d.Maps()
@@ -160,7 +149,7 @@ func TestSockLB(t *testing.T) {
 	// Each subtest runs on a goroutine of its own: enter the netns again
 	// there so that its sockets are created inside it.
 	t.Run("tcp_connect_to_vip", func(t *testing.T) {
-		enterNetns(t, ns)
+		ns.Enter(t)
 		seen := map[string]bool{}
 		for range 24 {
 			fd := newSocket(t, unix.SOCK_STREAM)
@@ -187,7 +176,7 @@ func TestSockLB(t *testing.T) {
 	})
 
 	t.Run("udp_connected", func(t *testing.T) {
-		enterNetns(t, ns)
+		ns.Enter(t)
 		fd := newSocket(t, unix.SOCK_DGRAM)
 		if err := unix.Connect(fd, sockaddr(sockVIPUDP)); err != nil {
 			t.Fatalf("connect %s: %v", sockVIPUDP, err)
@@ -212,7 +201,7 @@ func TestSockLB(t *testing.T) {
 	})
 
 	t.Run("udp_unconnected_sendto", func(t *testing.T) {
-		enterNetns(t, ns)
+		ns.Enter(t)
 		fd := newSocket(t, unix.SOCK_DGRAM)
 		var first string
 		for i := range 10 {
@@ -238,7 +227,7 @@ func TestSockLB(t *testing.T) {
 	// is still one of its service's: not when it left the service, and
 	// not when its id was freed and reused for another service's backend.
 	t.Run("udp_unconnected_affinity_revalidated", func(t *testing.T) {
-		enterNetns(t, ns)
+		ns.Enter(t)
 		otherPC, err := net.ListenPacket("udp4", sockOtherBackend+":5353")
 		if err != nil {
 			t.Fatalf("listen: %v", err)
@@ -335,7 +324,7 @@ func TestSockLB(t *testing.T) {
 	})
 
 	t.Run("no_backends_refused", func(t *testing.T) {
-		enterNetns(t, ns)
+		ns.Enter(t)
 		fd := newSocket(t, unix.SOCK_STREAM)
 		if err := unix.Connect(fd, sockaddr(sockVIPEmpty)); !errors.Is(err, unix.ECONNREFUSED) {
 			t.Errorf("TCP connect to %s: %v, want ECONNREFUSED", sockVIPEmpty, err)
@@ -351,7 +340,7 @@ func TestSockLB(t *testing.T) {
 	})
 
 	t.Run("non_service_untouched", func(t *testing.T) {
-		enterNetns(t, ns)
+		ns.Enter(t)
 		direct := l4(sockBackends[1], 8080, model.TCP)
 		fd := newSocket(t, unix.SOCK_STREAM)
 		if err := unix.Connect(fd, sockaddr(direct)); err != nil {
@@ -384,13 +373,5 @@ func TestSockLB(t *testing.T) {
 		}
 	})
 
-	cs, err := d.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, reason := range []string{"sock_xlate", "sock_rev_xlate", "sock_no_backend"} {
-		if cs[reason] == 0 {
-			t.Errorf("counter %s is 0; counters %v", reason, cs)
-		}
-	}
+	expectCounted(t, d, "sock_xlate", "sock_rev_xlate", "sock_no_backend")
 }

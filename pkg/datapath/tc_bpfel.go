@@ -16,22 +16,26 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	tcMapSluiceAffinity   = "sluice_affinity"
-	tcMapSluiceBackends   = "sluice_backends"
-	tcMapSluiceConntrack  = "sluice_conntrack"
-	tcMapSluiceDevices    = "sluice_devices"
-	tcMapSluiceMetrics    = "sluice_metrics"
-	tcMapSluiceRevNat     = "sluice_rev_nat"
-	tcMapSluiceServices   = "sluice_services"
-	tcMapSluiceSockRev    = "sluice_sock_rev"
-	tcMapSluiceSrcRanges  = "sluice_src_ranges"
-	tcProgSluiceEgress    = "sluice_egress"
-	tcProgSluiceIngress   = "sluice_ingress"
-	tcVarCtTimeoutCloseNs = "ct_timeout_close_ns"
-	tcVarCtTimeoutTcpNs   = "ct_timeout_tcp_ns"
-	tcVarCtTimeoutUdpNs   = "ct_timeout_udp_ns"
-	tcVarSnatPortMax      = "snat_port_max"
-	tcVarSnatPortMin      = "snat_port_min"
+	tcMapSluiceBackendsV1  = "sluice_backends_v1"
+	tcMapSluiceConntrackV2 = "sluice_conntrack_v2"
+	tcMapSluiceCtFlushV1   = "sluice_ct_flush_v1"
+	tcMapSluiceCtNewV1     = "sluice_ct_new_v1"
+	tcMapSluiceDevicesV1   = "sluice_devices_v1"
+	tcMapSluiceFragmentsV1 = "sluice_fragments_v1"
+	tcMapSluiceMetricsV1   = "sluice_metrics_v1"
+	tcMapSluiceRevNatV1    = "sluice_rev_nat_v1"
+	tcMapSluiceServicesV1  = "sluice_services_v1"
+	tcMapSluiceSockRevV1   = "sluice_sock_rev_v1"
+	tcMapSluiceSrcRangesV1 = "sluice_src_ranges_v1"
+	tcMapSluiceUdpStickV1  = "sluice_udp_stick_v1"
+	tcProgSluiceEgress     = "sluice_egress"
+	tcProgSluiceIngress    = "sluice_ingress"
+	tcVarCtTimeoutCloseNs  = "ct_timeout_close_ns"
+	tcVarCtTimeoutSynNs    = "ct_timeout_syn_ns"
+	tcVarCtTimeoutTcpNs    = "ct_timeout_tcp_ns"
+	tcVarCtTimeoutUdpNs    = "ct_timeout_udp_ns"
+	tcVarSnatPortMax       = "snat_port_max"
+	tcVarSnatPortMin       = "snat_port_min"
 )
 
 // loadTc returns the embedded CollectionSpec for tc.
@@ -84,15 +88,18 @@ type tcProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcMapSpecs struct {
-	SluiceAffinity  *ebpf.MapSpec `ebpf:"sluice_affinity"`
-	SluiceBackends  *ebpf.MapSpec `ebpf:"sluice_backends"`
-	SluiceConntrack *ebpf.MapSpec `ebpf:"sluice_conntrack"`
-	SluiceDevices   *ebpf.MapSpec `ebpf:"sluice_devices"`
-	SluiceMetrics   *ebpf.MapSpec `ebpf:"sluice_metrics"`
-	SluiceRevNat    *ebpf.MapSpec `ebpf:"sluice_rev_nat"`
-	SluiceServices  *ebpf.MapSpec `ebpf:"sluice_services"`
-	SluiceSockRev   *ebpf.MapSpec `ebpf:"sluice_sock_rev"`
-	SluiceSrcRanges *ebpf.MapSpec `ebpf:"sluice_src_ranges"`
+	SluiceBackendsV1  *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2 *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1   *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1     *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1   *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1 *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1   *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
+	SluiceRevNatV1    *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceServicesV1  *ebpf.MapSpec `ebpf:"sluice_services_v1"`
+	SluiceSockRevV1   *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1 *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1  *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
 }
 
 // tcVariableSpecs contains global variables before they are loaded into the kernel.
@@ -100,6 +107,7 @@ type tcMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcVariableSpecs struct {
 	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
@@ -126,28 +134,34 @@ func (o *tcObjects) Close() error {
 //
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcMaps struct {
-	SluiceAffinity  *ebpf.Map `ebpf:"sluice_affinity"`
-	SluiceBackends  *ebpf.Map `ebpf:"sluice_backends"`
-	SluiceConntrack *ebpf.Map `ebpf:"sluice_conntrack"`
-	SluiceDevices   *ebpf.Map `ebpf:"sluice_devices"`
-	SluiceMetrics   *ebpf.Map `ebpf:"sluice_metrics"`
-	SluiceRevNat    *ebpf.Map `ebpf:"sluice_rev_nat"`
-	SluiceServices  *ebpf.Map `ebpf:"sluice_services"`
-	SluiceSockRev   *ebpf.Map `ebpf:"sluice_sock_rev"`
-	SluiceSrcRanges *ebpf.Map `ebpf:"sluice_src_ranges"`
+	SluiceBackendsV1  *ebpf.Map `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2 *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1   *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1     *ebpf.Map `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1   *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1 *ebpf.Map `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1   *ebpf.Map `ebpf:"sluice_metrics_v1"`
+	SluiceRevNatV1    *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceServicesV1  *ebpf.Map `ebpf:"sluice_services_v1"`
+	SluiceSockRevV1   *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1 *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1  *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
 }
 
 func (m *tcMaps) Close() error {
 	return _TcClose(
-		m.SluiceAffinity,
-		m.SluiceBackends,
-		m.SluiceConntrack,
-		m.SluiceDevices,
-		m.SluiceMetrics,
-		m.SluiceRevNat,
-		m.SluiceServices,
-		m.SluiceSockRev,
-		m.SluiceSrcRanges,
+		m.SluiceBackendsV1,
+		m.SluiceConntrackV2,
+		m.SluiceCtFlushV1,
+		m.SluiceCtNewV1,
+		m.SluiceDevicesV1,
+		m.SluiceFragmentsV1,
+		m.SluiceMetricsV1,
+		m.SluiceRevNatV1,
+		m.SluiceServicesV1,
+		m.SluiceSockRevV1,
+		m.SluiceSrcRangesV1,
+		m.SluiceUdpStickV1,
 	)
 }
 
@@ -156,6 +170,7 @@ func (m *tcMaps) Close() error {
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcVariables struct {
 	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`

@@ -16,21 +16,25 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	xdpMapSluiceAffinity   = "sluice_affinity"
-	xdpMapSluiceBackends   = "sluice_backends"
-	xdpMapSluiceConntrack  = "sluice_conntrack"
-	xdpMapSluiceDevices    = "sluice_devices"
-	xdpMapSluiceMetrics    = "sluice_metrics"
-	xdpMapSluiceRevNat     = "sluice_rev_nat"
-	xdpMapSluiceServices   = "sluice_services"
-	xdpMapSluiceSockRev    = "sluice_sock_rev"
-	xdpMapSluiceSrcRanges  = "sluice_src_ranges"
-	xdpProgSluiceXdp       = "sluice_xdp"
-	xdpVarCtTimeoutCloseNs = "ct_timeout_close_ns"
-	xdpVarCtTimeoutTcpNs   = "ct_timeout_tcp_ns"
-	xdpVarCtTimeoutUdpNs   = "ct_timeout_udp_ns"
-	xdpVarSnatPortMax      = "snat_port_max"
-	xdpVarSnatPortMin      = "snat_port_min"
+	xdpMapSluiceBackendsV1  = "sluice_backends_v1"
+	xdpMapSluiceConntrackV2 = "sluice_conntrack_v2"
+	xdpMapSluiceCtFlushV1   = "sluice_ct_flush_v1"
+	xdpMapSluiceCtNewV1     = "sluice_ct_new_v1"
+	xdpMapSluiceDevicesV1   = "sluice_devices_v1"
+	xdpMapSluiceFragmentsV1 = "sluice_fragments_v1"
+	xdpMapSluiceMetricsV1   = "sluice_metrics_v1"
+	xdpMapSluiceRevNatV1    = "sluice_rev_nat_v1"
+	xdpMapSluiceServicesV1  = "sluice_services_v1"
+	xdpMapSluiceSockRevV1   = "sluice_sock_rev_v1"
+	xdpMapSluiceSrcRangesV1 = "sluice_src_ranges_v1"
+	xdpMapSluiceUdpStickV1  = "sluice_udp_stick_v1"
+	xdpProgSluiceXdp        = "sluice_xdp"
+	xdpVarCtTimeoutCloseNs  = "ct_timeout_close_ns"
+	xdpVarCtTimeoutSynNs    = "ct_timeout_syn_ns"
+	xdpVarCtTimeoutTcpNs    = "ct_timeout_tcp_ns"
+	xdpVarCtTimeoutUdpNs    = "ct_timeout_udp_ns"
+	xdpVarSnatPortMax       = "snat_port_max"
+	xdpVarSnatPortMin       = "snat_port_min"
 )
 
 // loadXdp returns the embedded CollectionSpec for xdp.
@@ -82,15 +86,18 @@ type xdpProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpMapSpecs struct {
-	SluiceAffinity  *ebpf.MapSpec `ebpf:"sluice_affinity"`
-	SluiceBackends  *ebpf.MapSpec `ebpf:"sluice_backends"`
-	SluiceConntrack *ebpf.MapSpec `ebpf:"sluice_conntrack"`
-	SluiceDevices   *ebpf.MapSpec `ebpf:"sluice_devices"`
-	SluiceMetrics   *ebpf.MapSpec `ebpf:"sluice_metrics"`
-	SluiceRevNat    *ebpf.MapSpec `ebpf:"sluice_rev_nat"`
-	SluiceServices  *ebpf.MapSpec `ebpf:"sluice_services"`
-	SluiceSockRev   *ebpf.MapSpec `ebpf:"sluice_sock_rev"`
-	SluiceSrcRanges *ebpf.MapSpec `ebpf:"sluice_src_ranges"`
+	SluiceBackendsV1  *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2 *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1   *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1     *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1   *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1 *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1   *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
+	SluiceRevNatV1    *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceServicesV1  *ebpf.MapSpec `ebpf:"sluice_services_v1"`
+	SluiceSockRevV1   *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1 *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1  *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
 }
 
 // xdpVariableSpecs contains global variables before they are loaded into the kernel.
@@ -98,6 +105,7 @@ type xdpMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpVariableSpecs struct {
 	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
@@ -124,28 +132,34 @@ func (o *xdpObjects) Close() error {
 //
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpMaps struct {
-	SluiceAffinity  *ebpf.Map `ebpf:"sluice_affinity"`
-	SluiceBackends  *ebpf.Map `ebpf:"sluice_backends"`
-	SluiceConntrack *ebpf.Map `ebpf:"sluice_conntrack"`
-	SluiceDevices   *ebpf.Map `ebpf:"sluice_devices"`
-	SluiceMetrics   *ebpf.Map `ebpf:"sluice_metrics"`
-	SluiceRevNat    *ebpf.Map `ebpf:"sluice_rev_nat"`
-	SluiceServices  *ebpf.Map `ebpf:"sluice_services"`
-	SluiceSockRev   *ebpf.Map `ebpf:"sluice_sock_rev"`
-	SluiceSrcRanges *ebpf.Map `ebpf:"sluice_src_ranges"`
+	SluiceBackendsV1  *ebpf.Map `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2 *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1   *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1     *ebpf.Map `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1   *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1 *ebpf.Map `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1   *ebpf.Map `ebpf:"sluice_metrics_v1"`
+	SluiceRevNatV1    *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceServicesV1  *ebpf.Map `ebpf:"sluice_services_v1"`
+	SluiceSockRevV1   *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1 *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1  *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
 }
 
 func (m *xdpMaps) Close() error {
 	return _XdpClose(
-		m.SluiceAffinity,
-		m.SluiceBackends,
-		m.SluiceConntrack,
-		m.SluiceDevices,
-		m.SluiceMetrics,
-		m.SluiceRevNat,
-		m.SluiceServices,
-		m.SluiceSockRev,
-		m.SluiceSrcRanges,
+		m.SluiceBackendsV1,
+		m.SluiceConntrackV2,
+		m.SluiceCtFlushV1,
+		m.SluiceCtNewV1,
+		m.SluiceDevicesV1,
+		m.SluiceFragmentsV1,
+		m.SluiceMetricsV1,
+		m.SluiceRevNatV1,
+		m.SluiceServicesV1,
+		m.SluiceSockRevV1,
+		m.SluiceSrcRangesV1,
+		m.SluiceUdpStickV1,
 	)
 }
 
@@ -154,6 +168,7 @@ func (m *xdpMaps) Close() error {
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpVariables struct {
 	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`

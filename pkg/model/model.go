@@ -6,6 +6,7 @@
 package model
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"sort"
@@ -40,16 +41,20 @@ func (a L4Addr) String() string {
 	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(a.Addr, a.Port), a.Proto)
 }
 
-// Less orders L4Addrs by address, port, then protocol.
-func (a L4Addr) Less(b L4Addr) bool {
+// Compare orders L4Addrs by address, port, then protocol: -1, 0 or +1,
+// as cmp.Compare (for slices.SortFunc and slices.BinarySearchFunc).
+func (a L4Addr) Compare(b L4Addr) int {
 	if c := a.Addr.Compare(b.Addr); c != 0 {
-		return c < 0
+		return c
 	}
-	if a.Port != b.Port {
-		return a.Port < b.Port
+	if c := cmp.Compare(a.Port, b.Port); c != 0 {
+		return c
 	}
-	return a.Proto < b.Proto
+	return cmp.Compare(a.Proto, b.Proto)
 }
+
+// Less reports whether a sorts before b (see Compare).
+func (a L4Addr) Less(b L4Addr) bool { return a.Compare(b) < 0 }
 
 // ServicePortName names one port of a Service, as kube-proxy does.
 type ServicePortName struct {

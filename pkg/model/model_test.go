@@ -1,6 +1,7 @@
 package model
 
 import (
+	"cmp"
 	"net/netip"
 	"slices"
 	"testing"
@@ -22,6 +23,9 @@ func TestL4AddrLessAndString(t *testing.T) {
 		for j := range ordered {
 			if got := ordered[i].Less(ordered[j]); got != (i < j) {
 				t.Errorf("%s < %s = %v", ordered[i], ordered[j], got)
+			}
+			if got, want := ordered[i].Compare(ordered[j]), cmp.Compare(i, j); got != want {
+				t.Errorf("%s.Compare(%s) = %d, want %d", ordered[i], ordered[j], got, want)
 			}
 		}
 	}

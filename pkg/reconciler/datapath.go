@@ -1,6 +1,10 @@
 package reconciler
 
-import "github.com/sluice-lb/sluice/pkg/model"
+import (
+	"net/netip"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
 
 // ServiceID identifies a service frontend in the datapath (the key of the
 // reverse-NAT map). BackendID identifies a backend. Zero is never a valid id.
@@ -23,6 +27,9 @@ type KernelState struct {
 	Slots    map[model.L4Addr]map[uint32]BackendID // frontend -> slot (>=1) -> backend
 	Backends map[BackendID]model.L4Addr
 	RevNat   map[ServiceID]model.L4Addr
+	// SourceRanges are the loadBalancerSourceRanges a frontend flagged
+	// FlagSourceRanges accepts sources from: frontend -> prefixes.
+	SourceRanges map[model.L4Addr][]netip.Prefix
 }
 
 // Datapath is the set of map operations the reconciler needs. pkg/datapath
@@ -39,14 +46,22 @@ type Datapath interface {
 	UpsertMaster(frontend model.L4Addr, m Master) error
 	// DeleteSlot deletes slot (0 = the master) of a frontend.
 	DeleteSlot(frontend model.L4Addr, slot uint32) error
-	// Dump reads the current contents of the service, backend and
-	// reverse-NAT maps.
+	// UpsertSourceRange lets the sources in prefix reach frontend while its
+	// master has FlagSourceRanges. prefix is masked (no host bits).
+	UpsertSourceRange(frontend model.L4Addr, prefix netip.Prefix) error
+	// DeleteSourceRange deletes one source range of a frontend.
+	DeleteSourceRange(frontend model.L4Addr, prefix netip.Prefix) error
+	// Dump reads the current contents of the service, backend,
+	// reverse-NAT and source-range maps.
 	Dump() (*KernelState, error)
 	// Capacity returns the maximum number of services (reverse-NAT entries),
 	// backends, and service map entries (masters plus slots).
 	Capacity() (services, backends, serviceEntries int)
+	// SourceRangeCapacity returns the maximum number of source ranges, of
+	// all frontends together.
+	SourceRangeCapacity() int
 	// FlushConntrack removes per-packet conntrack entries that point at
-	// backend (used for UDP when a backend goes away, so stale flows
-	// re-balance instead of black-holing).
-	FlushConntrack(backend model.L4Addr) error
+	// any of backends (used for UDP when backends go away, so stale flows
+	// re-balance instead of black-holing), in one pass.
+	FlushConntrack(backends []model.L4Addr) error
 }

@@ -3,7 +3,9 @@ package reconciler
 import "github.com/sluice-lb/sluice/pkg/model"
 
 // Flags of a frontend's master entry (Master.Flags): the values of enum
-// svc_flags in bpf/lib/structs.h (pkg/datapath tests that they match).
+// svc_flags in bpf/lib/structs.h. pkg/datapath writes Master.Flags as they
+// are and does not compile unless these equal the constants bpf2go
+// generates from that enum (pkg/datapath/abi.go).
 const (
 	// FlagExternal marks NodePort, ExternalIP and LoadBalancer frontends:
 	// flows to a backend on another node are source-NATed.

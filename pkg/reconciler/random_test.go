@@ -18,70 +18,105 @@ import (
 // converges to exactly the desired state.
 func TestRandomized(t *testing.T) {
 	for seed := range uint64(20) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			rng := rand.New(rand.NewPCG(seed, 42))
-			f := newFake(t)
-			r := reconciler.New(f, nil)
-			fes := make([]model.L4Addr, 8)
-			for i := range fes {
-				fes[i] = model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, 0, byte(i + 1)}), Port: 80, Proto: model.Protocol([]model.Protocol{model.TCP, model.UDP}[i%2])}
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { randomized(t, seed, false) })
+	}
+}
+
+// TestRandomizedSourceRanges is TestRandomized with LoadBalancer frontends
+// whose loadBalancerSourceRanges come and go: no master ever checks
+// ranges that are not there, and none are left once an Apply succeeds.
+func TestRandomizedSourceRanges(t *testing.T) {
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { randomized(t, seed, true) })
+	}
+}
+
+var randomRanges = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.7.0/24"), netip.MustParsePrefix("192.0.2.1/32"),
+}
+
+func randomized(t *testing.T, seed uint64, ranges bool) {
+	rng := rand.New(rand.NewPCG(seed, 42))
+	f := newFake(t)
+	r := reconciler.New(f, nil)
+	fes := make([]model.L4Addr, 8)
+	for i := range fes {
+		fes[i] = model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, 0, byte(i + 1)}), Port: 80, Proto: model.Protocol([]model.Protocol{model.TCP, model.UDP}[i%2])}
+	}
+	randomState := func() *model.State {
+		st := model.NewState()
+		for i, fe := range fes {
+			if rng.IntN(4) == 0 {
+				continue
 			}
-			randomState := func() *model.State {
-				st := model.NewState()
-				for i, fe := range fes {
-					if rng.IntN(4) == 0 {
-						continue
-					}
-					var bs []model.Backend
-					for range rng.IntN(6) {
-						bs = append(bs, model.Backend{L4Addr: model.L4Addr{
-							Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(1 + rng.IntN(10))}), Port: 8080, Proto: fe.Proto,
-						}})
-					}
-					st.Services[fe] = svc(fe, fmt.Sprint("s", i), bs...)
-				}
-				return st
+			var bs []model.Backend
+			for range rng.IntN(6) {
+				bs = append(bs, model.Backend{L4Addr: model.L4Addr{
+					Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(1 + rng.IntN(10))}), Port: 8080, Proto: fe.Proto,
+				}})
 			}
-			for round := range 60 {
-				st := randomState()
-				failRate := 0.0
-				if rng.IntN(3) == 0 {
-					failRate = 0.15
-				}
-				f.Fail = func(fakedp.Op) error {
-					if rng.Float64() < failRate {
-						return errors.New("injected")
+			s := svc(fe, fmt.Sprint("s", i), bs...)
+			if ranges {
+				s.Kind = []model.FrontendKind{model.ClusterIP, model.LoadBalancer}[rng.IntN(2)]
+				for _, p := range randomRanges {
+					if rng.IntN(2) == 0 {
+						s.SourceRanges = append(s.SourceRanges, p)
 					}
-					return nil
-				}
-				err := r.Apply(st)
-				if failRate == 0 && err != nil {
-					t.Fatalf("round %d: %v", round, err)
-				}
-				if err == nil {
-					checkProgrammed(t, f, st)
-				}
-				if rng.IntN(8) == 0 { // agent restart
-					f.Fail = nil
-					r = reconciler.New(f, nil)
-					if err := r.Restore(); err != nil {
-						t.Fatal(err)
-					}
-				}
-				// Converge without failures.
-				f.Fail = nil
-				mustApply(t, r, st)
-				checkProgrammed(t, f, st)
-				f.ResetCounts()
-				mustApply(t, r, st)
-				if n := f.Writes(); n != 0 {
-					t.Fatalf("round %d: re-apply wrote %d", round, n)
-				}
-				if t.Failed() {
-					t.Fatalf("round %d:\n%s", round, f)
 				}
 			}
-		})
+			st.Services[fe] = s
+		}
+		return st
+	}
+	withRanges := 0 // rounds that programmed source ranges
+	for round := range 60 {
+		st := randomState()
+		failRate := 0.0
+		if rng.IntN(3) == 0 {
+			failRate = 0.15
+		}
+		f.Fail = func(fakedp.Op) error {
+			if rng.Float64() < failRate {
+				return errors.New("injected")
+			}
+			return nil
+		}
+		err := r.Apply(st)
+		if failRate == 0 && err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if err == nil {
+			checkProgrammed(t, f, st)
+		}
+		if rng.IntN(8) == 0 { // agent restart
+			f.Fail = nil
+			r = reconciler.New(f, nil)
+			if err := r.Restore(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Converge without failures.
+		f.Fail = nil
+		mustApply(t, r, st)
+		checkProgrammed(t, f, st)
+		if v := f.Check(); len(v) > 0 {
+			t.Fatalf("round %d: %v", round, v)
+		}
+		if ks, _ := f.Dump(); len(ks.SourceRanges) > 0 {
+			withRanges++
+		}
+		f.ResetCounts()
+		mustApply(t, r, st)
+		if n := f.Writes(); n != 0 {
+			t.Fatalf("round %d: re-apply wrote %d", round, n)
+		}
+		if t.Failed() {
+			t.Fatalf("round %d:\n%s", round, f)
+		}
+	}
+	if ranges && withRanges < 30 {
+		t.Errorf("only %d of 60 rounds programmed source ranges: the test does not exercise them", withRanges)
 	}
 }
 

@@ -89,15 +89,7 @@ func programmed(t testing.TB, f *fakedp.Fake) map[model.L4Addr][]model.L4Addr {
 		for s := uint32(1); s <= m.Count; s++ {
 			bs = append(bs, ks.Backends[ks.Slots[fe][s]])
 		}
-		slices.SortFunc(bs, func(a, b model.L4Addr) int {
-			if a.Less(b) {
-				return -1
-			}
-			if b.Less(a) {
-				return 1
-			}
-			return 0
-		})
+		slices.SortFunc(bs, model.L4Addr.Compare)
 		out[fe] = bs
 		if len(ks.Slots[fe]) != int(m.Count) {
 			t.Errorf("%s: %d slots for count %d", fe, len(ks.Slots[fe]), m.Count)
@@ -141,6 +133,26 @@ func checkProgrammed(t testing.TB, f *fakedp.Fake, st *model.State) {
 	for id := range ks.RevNat {
 		if !ids[id] {
 			t.Errorf("rev_nat %d left behind", id)
+		}
+	}
+	// Source ranges: exactly those of the frontends that check them.
+	for fe, s := range st.Services {
+		var want []netip.Prefix
+		if s.Kind != model.ClusterIP {
+			for _, p := range s.SourceRanges {
+				want = append(want, p.Masked())
+			}
+		}
+		slices.SortFunc(want, netip.Prefix.Compare)
+		want = slices.Compact(want)
+		got := slices.SortedFunc(slices.Values(ks.SourceRanges[fe]), netip.Prefix.Compare)
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: source ranges %v, want %v", fe, got, want)
+		}
+	}
+	for fe, ps := range ks.SourceRanges {
+		if st.Services[fe] == nil && len(ps) > 0 {
+			t.Errorf("%s: source ranges %v left behind", fe, ps)
 		}
 	}
 }

@@ -6,13 +6,14 @@ import (
 	"image/png"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
 	"github.com/sluice-lb/sluice/test/bench/harness"
 	"github.com/sluice-lb/sluice/test/bench/load"
 	"github.com/sluice-lb/sluice/test/bench/report"
@@ -20,7 +21,9 @@ import (
 
 func TestMain(m *testing.M) {
 	load.ChildMain() // the test binary also serves as server and client child
-	os.Exit(m.Run())
+	code := m.Run()
+	agentproc.RemoveShared()
+	os.Exit(code)
 }
 
 // TestQuick runs the whole benchmark at a tiny size (10 services x 2
@@ -28,14 +31,8 @@ func TestMain(m *testing.M) {
 // really carried connections, programmed and updated, and that the report
 // files are written and parse. It asserts no timings.
 func TestQuick(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces, iptables, BPF)")
-	}
-	for _, tool := range []string{"ip", "iptables-nft-restore", "iptables-legacy-restore", "nft"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s not installed (apt-get install iproute2 iptables nftables): %v", tool, err)
-		}
-	}
+	testutil.Privileged(t)
+	testutil.NeedCommands(t, "ip", "nsenter", "iptables-nft-restore", "iptables-legacy-restore", "nft")
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -190,10 +187,5 @@ func sluiceForTest(t *testing.T) string {
 		t.Logf("no cmd/sluice: sluice mode left out")
 		return ""
 	}
-	bin := filepath.Join(t.TempDir(), "sluice")
-	out, err := exec.Command("go", "build", "-o", bin, "../../cmd/sluice").CombinedOutput()
-	if err != nil {
-		t.Fatalf("build cmd/sluice: %v\n%s", err, out)
-	}
-	return bin
+	return agentproc.Shared(t).Sluice
 }

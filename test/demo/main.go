@@ -20,8 +20,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sluice-lb/sluice/pkg/topology"
-	"github.com/sluice-lb/sluice/test/e2e/harness"
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 )
 
 const (
@@ -56,10 +57,10 @@ func run(ctx context.Context, binDir string, requests int, hold bool) (err error
 	}
 	defer os.RemoveAll(tmp)
 
-	bins := harness.Binaries{Sluice: filepath.Join(binDir, "sluice"), Sluicectl: filepath.Join(binDir, "sluicectl")}
+	bins := agentproc.Binaries{Sluice: filepath.Join(binDir, "sluice"), Sluicectl: filepath.Join(binDir, "sluicectl")}
 	if binDir == "" {
 		step("building sluice and sluicectl")
-		if bins, err = harness.Build(ctx, tmp); err != nil {
+		if bins, err = agentproc.Build(ctx, tmp); err != nil {
 			return err
 		}
 	}
@@ -78,44 +79,38 @@ func run(ctx context.Context, binDir string, requests int, hold bool) (err error
 	if err != nil {
 		return err
 	}
-	var pods []string
+	pods, err := lb.ServeHTTP(8080, "pod-")
+	if err != nil {
+		return err
+	}
 	for i, be := range lb.Backends {
-		pod := fmt.Sprintf("pod-%d", i+1)
-		if _, err := be.ServeHTTP(lb.BackendAddrs[i].String()+":8080", pod); err != nil {
-			return err
-		}
-		pods = append(pods, pod)
-		fmt.Printf("    %s serves HTTP on %s:8080 (namespace %s)\n", pod, lb.BackendAddrs[i], be.Name)
+		fmt.Printf("    %s serves HTTP on %s:8080 (namespace %s)\n", pods[i], lb.BackendAddrs[i], be.Name)
 	}
 	fmt.Printf("    client %s -> node %s (%s), route %s via the node\n", lb.ClientAddr, lb.NodeAddr, lb.NodeDev, topology.ServiceRange)
 
 	step("writing the manifest")
-	var eps []string
-	for _, a := range lb.BackendAddrs {
-		eps = append(eps, a.String())
-	}
-	svc := harness.Service{Name: "web", ClusterIP: clusterIP, Endpoints: eps,
-		Ports: []harness.Port{{Name: "http", Protocol: "TCP", Port: port, TargetPort: "8080", EndpointPort: 8080}}}
+	svc := agentproc.Service{Name: "web", ClusterIP: clusterIP, Endpoints: lb.BackendAddrStrings(),
+		Ports: []agentproc.Port{{Name: "http", Protocol: "TCP", Port: port, TargetPort: "8080", EndpointPort: 8080}}}
 	manifest := filepath.Join(tmp, "web.yaml")
-	if err := harness.WriteFile(manifest, svc.YAML()); err != nil {
+	if err := agentproc.WriteFile(manifest, svc.YAML()); err != nil {
 		return err
 	}
 	fmt.Print(indent(svc.YAML()))
 
 	step("starting the agent in the node namespace")
-	agent := harness.NewAgent(bins, lb.Node, harness.AgentConfig{
+	agent := agentproc.NewAgent(bins, lb.Node, agentproc.AgentConfig{
 		Manifests: manifest,
 		Devices:   []string{lb.NodeDev},
-		BPFFS:     filepath.Join("/sys/fs/bpf", topo.Prefix()+"demo"),
+		BPFFS:     filepath.Join(testutil.BPFFS, topo.Prefix()+"demo"),
 	})
 	fmt.Printf("    sluice %s\n", strings.Join(agent.Args, " "))
 	// Registered after the namespaces, so it runs before they go.
 	topo.Defer(func() error {
-		stopErr := agent.Stop()
-		if stopErr != nil {
+		err := agent.Teardown(context.Background())
+		if err != nil {
 			fmt.Printf("agent log:\n%s", agent.Log)
 		}
-		return errors.Join(stopErr, agent.Cleanup(context.Background()))
+		return err
 	})
 	if err := agent.Start(); err != nil {
 		return err
@@ -157,7 +152,7 @@ func run(ctx context.Context, binDir string, requests int, hold bool) (err error
 		step("holding; press Ctrl-C to clean up. Meanwhile, for example:")
 		fmt.Printf("    nsenter --net=%s curl http://%s/\n", lb.Client.Path, clusterIP)
 		fmt.Printf("    %s --bpffs %s services\n", bins.Sluicectl, agent.BPFFS)
-		fmt.Printf("    bpftool map dump pinned %s/sluice/sluice_services\n", agent.BPFFS)
+		fmt.Printf("    bpftool map dump pinned %s/sluice/sluice_services_v1\n", agent.BPFFS)
 		<-ctx.Done()
 	}
 	step("cleaning up: agent stop, sluice cleanup, namespaces removed")

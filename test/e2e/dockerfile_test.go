@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
 )
 
 // There is no Docker engine to build the image with here, so this checks
@@ -131,9 +133,9 @@ func TestDockerfileBuildsStaticBinaries(t *testing.T) {
 
 func moduleRootDir(t *testing.T) string {
 	t.Helper()
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+	root, err := testutil.ModuleRoot(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return filepath.Dir(strings.TrimSpace(string(out)))
+	return root
 }

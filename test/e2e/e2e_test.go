@@ -25,9 +25,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/datapath"
-	"github.com/sluice-lb/sluice/pkg/topology"
-	"github.com/sluice-lb/sluice/test/e2e/harness"
 )
 
 // helperEnv makes the test binary act as a client program instead of
@@ -40,7 +41,7 @@ func TestMain(m *testing.M) {
 		os.Exit(helperMain(os.Args[1:]))
 	}
 	code := m.Run()
-	harness.RemoveShared()
+	agentproc.RemoveShared()
 	os.Exit(code)
 }
 
@@ -120,18 +121,13 @@ func helperUDP(addr, msg string) (who, peer string, err error) {
 	return who, from.String(), nil
 }
 
+// requirePrivileges is what every test here needs: root, bpffs for the
+// agent's pins, and nsenter to start processes in the namespaces.
 func requirePrivileges(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: BPF, network namespaces, cgroups")
-	}
-	var st syscall.Statfs_t
-	if err := syscall.Statfs("/sys/fs/bpf", &st); err != nil || st.Type != 0xcafe4a11 { // BPF_FS_MAGIC
-		t.Skip("bpffs not mounted at /sys/fs/bpf")
-	}
-	if _, err := exec.LookPath("nsenter"); err != nil {
-		t.Skip("nsenter not installed")
-	}
+	testutil.Privileged(t)
+	testutil.NeedBPFFS(t)
+	testutil.NeedCommands(t, "nsenter")
 }
 
 const (
@@ -159,7 +155,7 @@ spec:
 
 type env struct {
 	lb       *topology.LB
-	agent    *harness.Agent
+	agent    *agentproc.Agent
 	manifest string
 	cgroup   string   // the socket LB cgroup the agent attaches to
 	backends []string // backend i's name, as its servers answer
@@ -170,21 +166,21 @@ type env struct {
 func (e *env) write(t *testing.T, echo, drain []string) {
 	t.Helper()
 	all := e.addrs
-	svcs := []harness.Service{
+	svcs := []agentproc.Service{
 		{Name: "web", ClusterIP: "10.96.0.10", Endpoints: all,
-			Ports: []harness.Port{{Name: "http", Protocol: "TCP", Port: 80, TargetPort: "8080", EndpointPort: 8080}}},
+			Ports: []agentproc.Port{{Name: "http", Protocol: "TCP", Port: 80, TargetPort: "8080", EndpointPort: 8080}}},
 		{Name: "dns", ClusterIP: "10.96.0.11", Endpoints: all,
-			Ports: []harness.Port{{Name: "dns", Protocol: "UDP", Port: 53, TargetPort: "dns", EndpointPort: 5353}}},
+			Ports: []agentproc.Port{{Name: "dns", Protocol: "UDP", Port: 53, TargetPort: "dns", EndpointPort: 5353}}},
 		{Name: "echo", ClusterIP: "10.96.0.12", Endpoints: echo,
-			Ports: []harness.Port{{Name: "echo", Protocol: "TCP", Port: 9000, TargetPort: "9000", EndpointPort: 9000}}},
+			Ports: []agentproc.Port{{Name: "echo", Protocol: "TCP", Port: 9000, TargetPort: "9000", EndpointPort: 9000}}},
 		{Name: "drain", ClusterIP: "10.96.0.13", Endpoints: drain,
-			Ports: []harness.Port{{Name: "http", Protocol: "TCP", Port: 80, TargetPort: "8080", EndpointPort: 8080}}},
+			Ports: []agentproc.Port{{Name: "http", Protocol: "TCP", Port: 80, TargetPort: "8080", EndpointPort: 8080}}},
 	}
 	docs := []string{brokenService}
 	for _, s := range svcs {
 		docs = append(docs, s.YAML())
 	}
-	if err := harness.WriteFile(e.manifest, harness.Manifest(docs...)); err != nil {
+	if err := agentproc.WriteFile(e.manifest, agentproc.Manifest(docs...)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -193,30 +189,29 @@ func (e *env) write(t *testing.T, echo, drain []string) {
 // satisfies ok, and returns the whole dump.
 func (e *env) waitServices(t *testing.T, frontend string, ok func(line string) bool) string {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
 	var dump string
-	var err error
-	for time.Now().Before(deadline) {
-		if dump, err = e.agent.Services(t.Context()); err == nil {
-			for _, l := range strings.Split(dump, "\n") {
-				if strings.HasPrefix(l, frontend+"/") && ok(l) {
-					return dump
-				}
+	testutil.Eventually(t, "frontend "+frontend+" to reach the wanted state", 15*time.Second, func() error {
+		var err error
+		if dump, err = e.agent.Services(t.Context()); err != nil {
+			return err
+		}
+		for _, l := range strings.Split(dump, "\n") {
+			if strings.HasPrefix(l, frontend+"/") && ok(l) {
+				return nil
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("frontend %s never reached the wanted state; last dump (err %v):\n%s", frontend, err, dump)
-	return ""
+		return fmt.Errorf("last dump:\n%s", dump)
+	})
+	return dump
 }
 
 func setup(t *testing.T) *env {
 	t.Helper()
 	requirePrivileges(t)
-	bins := harness.Shared(t)
+	bins := agentproc.Shared(t)
 	cgMount, err := datapath.CgroupV2Mount()
 	if err != nil {
-		t.Skipf("no cgroup v2 mount: %v", err)
+		t.Fatalf("no cgroup v2 mount (`make deps` mounts one): %v", err)
 	}
 
 	topo := topology.NewT(t)
@@ -224,15 +219,12 @@ func setup(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{lb: lb, manifest: filepath.Join(t.TempDir(), "services.yaml")}
+	e := &env{lb: lb, manifest: filepath.Join(t.TempDir(), "services.yaml"), addrs: lb.BackendAddrStrings()}
+	if e.backends, err = lb.ServeHTTP(8080, "backend-"); err != nil {
+		t.Fatal(err)
+	}
 	for i, be := range lb.Backends {
-		name := fmt.Sprintf("backend-%d", i+1)
-		addr := lb.BackendAddrs[i].String()
-		e.backends = append(e.backends, name)
-		e.addrs = append(e.addrs, addr)
-		if _, err := be.ServeHTTP(addr+":8080", name); err != nil {
-			t.Fatal(err)
-		}
+		addr, name := e.addrs[i], e.backends[i]
 		if _, err := be.ServeTCPEcho(addr+":9000", name); err != nil {
 			t.Fatal(err)
 		}
@@ -249,11 +241,11 @@ func setup(t *testing.T) *env {
 
 	// Stopped and cleaned up (by StartAgent's cleanup) before the topology
 	// registered by NewT is torn down.
-	e.agent = harness.StartAgent(t, bins, lb.Node, harness.AgentConfig{
+	e.agent = agentproc.StartAgent(t, bins, lb.Node, agentproc.AgentConfig{
 		Manifests: e.manifest,
 		Devices:   []string{lb.NodeDev},
 		Cgroup:    cg.Path,
-		BPFFS:     filepath.Join("/sys/fs/bpf", topo.Prefix()+"e2e"),
+		BPFFS:     filepath.Join(testutil.BPFFS, topo.Prefix()+"e2e"),
 	}, 30*time.Second)
 	return e
 }
@@ -338,19 +330,11 @@ func (c *echoConn) say(msg string) (string, error) {
 }
 
 // counters returns `sluicectl counters` as a map.
-func (e *env) counters(t *testing.T) map[string]int {
+func (e *env) counters(t *testing.T) map[string]uint64 {
 	t.Helper()
-	dump, err := e.agent.Counters(t.Context())
+	counters, err := e.agent.CounterMap(t.Context())
 	if err != nil {
 		t.Fatal(err)
-	}
-	counters := map[string]int{}
-	for _, l := range strings.Split(dump, "\n") {
-		var name string
-		var n int
-		if _, err := fmt.Sscan(l, &name, &n); err == nil {
-			counters[name] = n
-		}
 	}
 	return counters
 }
@@ -412,13 +396,9 @@ func TestClusterIPEndToEnd(t *testing.T) {
 
 	t.Run("MalformedObjectReportedRestApplied", func(t *testing.T) {
 		// The rest was applied: ReadyAndProgrammed saw all four frontends.
-		deadline := time.Now().Add(5 * time.Second)
-		for !strings.Contains(e.agent.Log.String(), "default/broken") {
-			if time.Now().After(deadline) {
-				t.Fatalf("the agent never reported the malformed Service default/broken")
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		testutil.EventuallyTrue(t, "the agent to report the malformed Service default/broken", 5*time.Second, func() bool {
+			return strings.Contains(e.agent.Log.String(), "default/broken")
+		})
 		if dump, _ := e.agent.Services(t.Context()); strings.Contains(dump, "10.96.0.300") {
 			t.Errorf("malformed Service programmed:\n%s", dump)
 		}
@@ -601,51 +581,27 @@ func TestClusterIPEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Traffic runs throughout the stop and the restart.
-		var ok, failed atomic.Int64
-		var errMu sync.Mutex
-		var firstErr error
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := e.get(webVIP); err != nil {
-					failed.Add(1)
-					errMu.Lock()
-					if firstErr == nil {
-						firstErr = err
-					}
-					errMu.Unlock()
-				} else {
-					ok.Add(1)
-				}
-			}
+		traffic := testutil.StartTraffic(1, func() error {
+			_, err := e.get(webVIP)
+			return err
 		})
-		stopTraffic := sync.OnceFunc(func() {
-			close(stop)
-			wg.Wait()
-		})
-		defer stopTraffic()
+		defer traffic.Stop()
 
 		if err := e.agent.Stop(); err != nil {
 			t.Fatalf("agent did not exit cleanly on SIGTERM: %v", err)
 		}
 		// Requests go on succeeding while no agent runs.
-		down := ok.Load()
-		for deadline := time.Now().Add(10 * time.Second); ok.Load() < down+20; {
-			if time.Now().After(deadline) {
-				t.Fatalf("only %d requests succeeded in 10s while the agent was stopped (%d failed)", ok.Load()-down, failed.Load())
+		down := traffic.OK()
+		testutil.Eventually(t, "20 requests to succeed while the agent is stopped", 10*time.Second, func() error {
+			if n := traffic.OK() - down; n < 20 {
+				return fmt.Errorf("only %d requests succeeded (%d failed)", n, traffic.Failed())
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return nil
+		})
 		if who, err := keep.say("agent down"); err != nil || who != keep.backend {
 			t.Errorf("established connection while the agent is down: %q %v", who, err)
 		}
-		if _, err := os.Stat(filepath.Join(e.agent.BPFFS, "sluice", "sluice_services")); err != nil {
+		if _, err := os.Stat(filepath.Join(e.agent.BPFFS, "sluice", "sluice_services_v1")); err != nil {
 			t.Errorf("pins gone after SIGTERM: %v", err)
 		}
 
@@ -655,7 +611,7 @@ func TestClusterIPEndToEnd(t *testing.T) {
 		if err := e.agent.WaitReady(30 * time.Second); err != nil {
 			t.Fatal(err)
 		}
-		stopTraffic()
+		traffic.Stop()
 		after, err := e.agent.Services(t.Context())
 		if err != nil {
 			t.Fatal(err)
@@ -663,8 +619,8 @@ func TestClusterIPEndToEnd(t *testing.T) {
 		if after != before {
 			t.Errorf("restart changed the datapath:\nbefore:\n%s\nafter:\n%s", before, after)
 		}
-		if n := failed.Load(); n > 0 {
-			t.Errorf("%d of %d requests failed across stop and restart; first: %v", n, n+ok.Load(), firstErr)
+		if n := traffic.Failed(); n > 0 {
+			t.Errorf("%d of %d requests failed across stop and restart; first: %v", n, n+traffic.OK(), traffic.FirstErr())
 		}
 		if who, err := keep.say("agent back"); err != nil || who != keep.backend {
 			t.Errorf("established connection after restart: %q %v", who, err)
@@ -698,7 +654,7 @@ func TestClusterIPEndToEnd(t *testing.T) {
 // not ready; once the file is fixed it is ready again.
 func TestReadyzFollowsDesiredState(t *testing.T) {
 	requirePrivileges(t)
-	bins := harness.Shared(t)
+	bins := agentproc.Shared(t)
 	topo := topology.NewT(t)
 	lb, err := topo.BuildLB(1)
 	if err != nil {
@@ -708,36 +664,32 @@ func TestReadyzFollowsDesiredState(t *testing.T) {
 	write := func(n int) {
 		var docs []string
 		for i := 1; i <= n; i++ {
-			docs = append(docs, harness.Service{
+			docs = append(docs, agentproc.Service{
 				Name: fmt.Sprintf("svc%d", i), ClusterIP: fmt.Sprintf("10.96.1.%d", i),
 				Endpoints: []string{lb.BackendAddrs[0].String()},
-				Ports:     []harness.Port{{Name: "http", Protocol: "TCP", Port: 80, TargetPort: "8080", EndpointPort: 8080}},
+				Ports:     []agentproc.Port{{Name: "http", Protocol: "TCP", Port: 80, TargetPort: "8080", EndpointPort: 8080}},
 			}.YAML())
 		}
-		if err := harness.WriteFile(manifest, harness.Manifest(docs...)); err != nil {
+		if err := agentproc.WriteFile(manifest, agentproc.Manifest(docs...)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	write(2)
-	agent := harness.StartAgent(t, bins, lb.Node, harness.AgentConfig{
+	agent := agentproc.StartAgent(t, bins, lb.Node, agentproc.AgentConfig{
 		Manifests: manifest,
-		BPFFS:     filepath.Join("/sys/fs/bpf", topo.Prefix()+"readyz"),
+		BPFFS:     filepath.Join(testutil.BPFFS, topo.Prefix()+"readyz"),
 		Extra:     []string{"--max-services", "3"},
 	}, 30*time.Second)
 
 	write(4) // one more frontend than sluice_rev_nat holds
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testutil.Eventually(t, "/readyz to turn 503 for a desired state that cannot be applied", 10*time.Second, func() error {
 		err := agent.Ready()
 		if err != nil && strings.Contains(err.Error(), "503") {
 			t.Logf("while the state does not fit: %v", err)
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz never turned 503 for a desired state that cannot be applied (last: %v)", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Errorf("/readyz: %v", err)
+	})
 	// It stays not ready: the agent retries, it does not give up and claim
 	// success.
 	time.Sleep(time.Second)

@@ -4,8 +4,13 @@ import (
 	"net/http/httptest"
 	"strings"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/metrics"
 )
+
+// eventually is testutil.Eventually, under the short name every test of
+// this package uses.
+var eventually = testutil.Eventually
 
 func scrape(m *metrics.Metrics) string {
 	rec := httptest.NewRecorder()

@@ -4,11 +4,11 @@ import (
 	"os"
 	"testing"
 
-	"github.com/sluice-lb/sluice/test/e2e/harness"
+	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	harness.RemoveShared() // the sluice binaries the traffic tests built
+	agentproc.RemoveShared() // the sluice binaries the traffic tests built
 	os.Exit(code)
 }

@@ -82,7 +82,7 @@ func startProxy(t *testing.T, cfg *rest.Config, dp reconciler.Datapath, o proxyO
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := agent.New(agent.Config{Observer: p.metrics}, noPrograms{}, countApplies{p.rec, &p.applies}, log.With("component", "agent"))
+	a := agent.New(agent.Config{Observers: []agent.Observer{p.metrics}}, noPrograms{}, countApplies{p.rec, &p.applies}, log.With("component", "agent"))
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	go func() { p.done <- a.Run(ctx, p.src) }()
@@ -163,22 +163,6 @@ func dumpView(v map[string][]string) string {
 		fmt.Fprintf(&sb, "%s -> %v\n", fe, v[fe])
 	}
 	return sb.String()
-}
-
-// eventually polls check until it returns nil or timeout passes.
-func eventually(t *testing.T, what string, timeout time.Duration, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s: %v", timeout, what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // wantProgrammed waits until the datapath holds exactly want for the

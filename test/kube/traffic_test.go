@@ -6,16 +6,15 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sluice-lb/sluice/pkg/topology"
-	"github.com/sluice-lb/sluice/test/e2e/harness"
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/test/kube/kubeenv"
 )
 
@@ -27,7 +26,7 @@ import (
 type trafficEnv struct {
 	kube     *kubeenv.Env
 	lb       *topology.LB
-	agent    *harness.Agent
+	agent    *agentproc.Agent
 	backends []string // backend names, as their servers answer
 	addrs    []string // backend addresses
 }
@@ -37,33 +36,25 @@ func setupTraffic(t *testing.T) *trafficEnv {
 	if os.Getenv("SLUICE_SKIP_KUBE") != "" {
 		t.Skip("SLUICE_SKIP_KUBE set")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: BPF, network namespaces")
-	}
+	testutil.Privileged(t)
 	kubeenv.BinDir(t) // build (or find) the control plane before the namespaces exist
-	bins := harness.Shared(t)
+	bins := agentproc.Shared(t)
 	topo := topology.NewT(t)
 	lb, err := topo.BuildLB(3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &trafficEnv{lb: lb}
-	for i, be := range lb.Backends {
-		name := fmt.Sprintf("backend-%d", i+1)
-		addr := lb.BackendAddrs[i].String()
-		e.backends = append(e.backends, name)
-		e.addrs = append(e.addrs, addr)
-		if _, err := be.ServeHTTP(addr+":8080", name); err != nil {
-			t.Fatal(err)
-		}
+	e := &trafficEnv{lb: lb, addrs: lb.BackendAddrStrings()}
+	if e.backends, err = lb.ServeHTTP(8080, "backend-"); err != nil {
+		t.Fatal(err)
 	}
 	// Registered after the topology: stopped before it is torn down.
 	e.kube = kubeenv.StartWith(t, kubeenv.Options{NetNS: lb.Node.Path, Dial: lb.Node.DialContext})
 	e.kube.CreateNode(context.Background(), "node", lb.NodeAddr.String())
 
-	e.agent = harness.StartAgent(t, bins, lb.Node, harness.AgentConfig{
+	e.agent = agentproc.StartAgent(t, bins, lb.Node, agentproc.AgentConfig{
 		Devices: []string{lb.NodeDev},
-		BPFFS:   filepath.Join("/sys/fs/bpf", topo.Prefix()+"kube"),
+		BPFFS:   filepath.Join(testutil.BPFFS, topo.Prefix()+"kube"),
 		Extra:   []string{"--kubeconfig", e.kube.Kubeconfig, "--min-sync-period", "100ms"},
 	}, 60*time.Second)
 	return e
@@ -182,27 +173,11 @@ func TestTrafficSurvivesAgentRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var ok, failed atomic.Int64
-	var firstErr atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 2 {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := e.get(vip, 3*time.Second); err != nil {
-					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err)
-				} else {
-					ok.Add(1)
-				}
-			}
-		})
-	}
+	traffic := testutil.StartTraffic(2, func() error {
+		_, err := e.get(vip, 3*time.Second)
+		return err
+	})
+	defer traffic.Stop()
 	time.Sleep(500 * time.Millisecond)
 	if err := e.agent.Stop(); err != nil {
 		t.Errorf("agent stop: %v", err)
@@ -215,14 +190,13 @@ func TestTrafficSurvivesAgentRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(500 * time.Millisecond)
-	close(stop)
-	wg.Wait()
-	t.Logf("%d requests across the restart, %d failed", ok.Load(), failed.Load())
-	if n := failed.Load(); n > 0 {
-		t.Errorf("%d connection attempts failed across the restart; first: %v", n, firstErr.Load())
+	traffic.Stop()
+	t.Logf("%d requests across the restart, %d failed", traffic.OK(), traffic.Failed())
+	if n := traffic.Failed(); n > 0 {
+		t.Errorf("%d connection attempts failed across the restart; first: %v", n, traffic.FirstErr())
 	}
-	if ok.Load() < 10 {
-		t.Errorf("only %d requests made: the test proves nothing", ok.Load())
+	if traffic.OK() < 10 {
+		t.Errorf("only %d requests made: the test proves nothing", traffic.OK())
 	}
 	after, err := e.agent.Services(t.Context())
 	if err != nil {

@@ -27,20 +27,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/link"
-
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/datapath"
-	"github.com/sluice-lb/sluice/pkg/topology"
-	"github.com/sluice-lb/sluice/test/e2e/harness"
-)
-
-var (
-	buildOnce sync.Once
-	binDir    string
-	bins      harness.Binaries
-	buildErr  error
 )
 
 // helperEnv makes the test binary a client instead: the hairpin test runs
@@ -52,9 +42,7 @@ func TestMain(m *testing.M) {
 		os.Exit(helperMain(addr))
 	}
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	agentproc.RemoveShared()
 	os.Exit(code)
 }
 
@@ -76,19 +64,6 @@ func helperMain(addr string) int {
 	}
 	fmt.Printf("%s|%s\n", strings.TrimSpace(line), c.RemoteAddr())
 	return 0
-}
-
-func binaries(t *testing.T) harness.Binaries {
-	t.Helper()
-	buildOnce.Do(func() {
-		if binDir, buildErr = os.MkdirTemp("", "sluice-ns-bin-"); buildErr == nil {
-			bins, buildErr = harness.Build(context.Background(), binDir)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return bins
 }
 
 const manifest = `
@@ -155,27 +130,19 @@ endpoints:
 
 type cluster struct {
 	client, client2, nodeA, nodeB, podA, podB *topology.NS
-	agents                                    []*harness.Agent
+	agents                                    []*agentproc.Agent
 	xdp                                       string
 	podCgroup                                 *topology.Cgroup // node-a's socket LB cgroup
 }
 
 // counter returns a datapath counter of agent i (0: node-a, 1: node-b).
-func (c *cluster) counter(t *testing.T, i int, name string) int {
+func (c *cluster) counter(t *testing.T, i int, name string) uint64 {
 	t.Helper()
-	out, err := c.agents[i].Counters(context.Background())
+	n, err := c.agents[i].Counter(context.Background(), name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(out, "\n") {
-		var n int
-		if f := strings.Fields(line); len(f) == 2 && f[0] == name {
-			fmt.Sscan(f[1], &n)
-			return n
-		}
-	}
-	t.Fatalf("no counter %s in\n%s", name, out)
-	return 0
+	return n
 }
 
 // expectXDP checks, in the XDP modes, that node i's XDP program forwarded
@@ -204,10 +171,8 @@ func must(t *testing.T, err error) {
 // extra agent arguments, and waits for them to be ready.
 func build(t *testing.T, extra ...string) *cluster {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces and BPF")
-	}
-	b := binaries(t)
+	testutil.Privileged(t)
+	b := agentproc.Shared(t)
 	topo := topology.NewT(t)
 	var c cluster
 	router := addNS(t, topo, "router")
@@ -248,7 +213,7 @@ func build(t *testing.T, extra ...string) *cluster {
 	// on the peer they are delivered. So the router's ends (a switch
 	// port, in a real network) run an XDP program that passes everything.
 	for _, dev := range []string{"na", "nb"} {
-		attachXDPPass(t, router, dev)
+		must(t, router.AttachXDPPass(dev))
 	}
 	// Packets from a real wire carry complete checksums; a local stack
 	// sending over a veth leaves them to "hardware" (CHECKSUM_PARTIAL),
@@ -275,20 +240,20 @@ func build(t *testing.T, extra ...string) *cluster {
 
 	dir := t.TempDir()
 	mf := filepath.Join(dir, "cluster.yaml")
-	must(t, harness.WriteFile(mf, manifest))
+	must(t, agentproc.WriteFile(mf, manifest))
 	for _, n := range []struct {
 		ns         *topology.NS
 		name, addr string
 	}{{c.nodeA, "node-a", "192.168.1.1"}, {c.nodeB, "node-b", "192.168.2.1"}} {
 		bpffs := filepath.Join(datapath.DefaultBPFFS, topo.Prefix()+n.name)
-		cfg := harness.AgentConfig{
+		cfg := agentproc.AgentConfig{
 			Manifests: mf, BPFFS: bpffs,
 			Extra: append([]string{"--node-name", n.name, "--node-ip", n.addr}, extra...),
 		}
 		if n.name == "node-a" {
 			cfg.Cgroup = c.podCgroup.Path // socket load balancing for node-a's pods
 		}
-		a := harness.StartAgent(t, b, n.ns, cfg, 30*time.Second)
+		a := agentproc.StartAgent(t, b, n.ns, cfg, 30*time.Second)
 		c.agents = append(c.agents, a)
 	}
 	// Registered last, so it runs before the agents are stopped.
@@ -303,32 +268,6 @@ func build(t *testing.T, extra ...string) *cluster {
 		}
 	})
 	return &c
-}
-
-// attachXDPPass attaches a native XDP program that passes everything to
-// dev in ns: a veth delivers the frames its peer transmits with native
-// XDP (XDP_TX, redirect) only to a peer that runs XDP itself.
-func attachXDPPass(t *testing.T, ns *topology.NS, dev string) {
-	t.Helper()
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Type:         ebpf.XDP,
-		License:      "GPL",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()},
-	})
-	must(t, err)
-	t.Cleanup(func() { prog.Close() })
-	must(t, ns.Do(func() error {
-		ifc, err := net.InterfaceByName(dev)
-		if err != nil {
-			return err
-		}
-		l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: ifc.Index, Flags: link.XDPDriverMode})
-		if err != nil {
-			return fmt.Errorf("attach XDP_PASS to %s: %w", dev, err)
-		}
-		t.Cleanup(func() { l.Close() })
-		return nil
-	}))
 }
 
 func addNS(t *testing.T, topo *topology.Topology, name string) *topology.NS {

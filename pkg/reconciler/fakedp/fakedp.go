@@ -6,21 +6,26 @@
 //
 //   - every master's slots 1..count exist (and so name existing backends),
 //   - every slot names an existing backend,
-//   - every master's service id has a rev_nat entry.
+//   - every master's service id has a rev_nat entry,
+//   - every master flagged FlagSourceRanges has at least one source range
+//     (else its frontend would drop every client).
 //
 // The checks are incremental (each operation checks only what it can
 // break), so a fake holding 10,000 services stays fast. Violations are
-// recorded, not fatal: tests assert Violations() is empty. Errors can be
-// injected per operation with Fail.
+// recorded, not fatal: tests assert Violations() is empty. Check adds what
+// must hold once an Apply succeeded: no source range is left for a
+// frontend whose master does not check them. Errors can be injected per
+// operation with Fail.
+//
+// String prints the maps in the reconciler's dump format (KernelState.String).
 package fakedp
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -31,14 +36,16 @@ import (
 type OpKind string
 
 const (
-	OpUpsertBackend  OpKind = "UpsertBackend"
-	OpDeleteBackend  OpKind = "DeleteBackend"
-	OpUpsertRevNat   OpKind = "UpsertRevNat"
-	OpDeleteRevNat   OpKind = "DeleteRevNat"
-	OpUpsertSlot     OpKind = "UpsertSlot"
-	OpUpsertMaster   OpKind = "UpsertMaster"
-	OpDeleteSlot     OpKind = "DeleteSlot"
-	OpFlushConntrack OpKind = "FlushConntrack"
+	OpUpsertBackend     OpKind = "UpsertBackend"
+	OpDeleteBackend     OpKind = "DeleteBackend"
+	OpUpsertRevNat      OpKind = "UpsertRevNat"
+	OpDeleteRevNat      OpKind = "DeleteRevNat"
+	OpUpsertSlot        OpKind = "UpsertSlot"
+	OpUpsertMaster      OpKind = "UpsertMaster"
+	OpDeleteSlot        OpKind = "DeleteSlot"
+	OpUpsertSourceRange OpKind = "UpsertSourceRange"
+	OpDeleteSourceRange OpKind = "DeleteSourceRange"
+	OpFlushConntrack    OpKind = "FlushConntrack"
 )
 
 // Op is one operation, as passed to Fail and recorded in Ops.
@@ -48,8 +55,10 @@ type Op struct {
 	Slot     uint32       // UpsertSlot, DeleteSlot (0 = master)
 	Backend  reconciler.BackendID
 	Service  reconciler.ServiceID
-	Addr     model.L4Addr // UpsertBackend, UpsertRevNat, FlushConntrack
+	Addr     model.L4Addr   // UpsertBackend, UpsertRevNat
+	Addrs    []model.L4Addr // FlushConntrack
 	Master   reconciler.Master
+	Prefix   netip.Prefix // UpsertSourceRange, DeleteSourceRange
 }
 
 func (o Op) String() string {
@@ -68,8 +77,10 @@ func (o Op) String() string {
 		return fmt.Sprintf("%s %s id=%d count=%d flags=%#x", o.Kind, o.Frontend, o.Master.ID, o.Master.Count, o.Master.Flags)
 	case OpDeleteSlot:
 		return fmt.Sprintf("%s %s[%d]", o.Kind, o.Frontend, o.Slot)
+	case OpUpsertSourceRange, OpDeleteSourceRange:
+		return fmt.Sprintf("%s %s %s", o.Kind, o.Frontend, o.Prefix)
 	case OpFlushConntrack:
-		return fmt.Sprintf("%s %s", o.Kind, o.Addr)
+		return fmt.Sprintf("%s %v", o.Kind, o.Addrs)
 	}
 	return string(o.Kind)
 }
@@ -86,12 +97,14 @@ type Fake struct {
 	slots    map[model.L4Addr]map[uint32]reconciler.BackendID
 	backends map[reconciler.BackendID]model.L4Addr
 	revNat   map[reconciler.ServiceID]model.L4Addr
+	ranges   map[model.L4Addr]map[netip.Prefix]bool
 	nslots   int
+	nranges  int
 
 	slotRefs   map[reconciler.BackendID]int // slots naming a backend
 	masterRefs map[reconciler.ServiceID]int // masters naming a service id
 
-	maxServices, maxBackends, maxEntries int
+	maxServices, maxBackends, maxEntries, maxRanges int
 
 	// Fail, if set, is called before every operation; a non-nil error is
 	// returned and the operation is not applied.
@@ -108,22 +121,36 @@ type Fake struct {
 	counts     map[OpKind]int
 	flushed    []model.L4Addr
 	violations []string
-	dumps      int
 }
 
+// DefaultSourceRanges is the fake's source-range capacity unless
+// SetSourceRangeCapacity changes it (the size of sluice_src_ranges).
+const DefaultSourceRanges = 16384
+
 // New returns an empty fake with the given capacities (services = rev_nat
-// entries, backends, service map entries = masters plus slots).
+// entries, backends, service map entries = masters plus slots), and room
+// for DefaultSourceRanges source ranges.
 func New(services, backends, serviceEntries int) *Fake {
 	return &Fake{
 		masters:     map[model.L4Addr]reconciler.Master{},
 		slots:       map[model.L4Addr]map[uint32]reconciler.BackendID{},
 		backends:    map[reconciler.BackendID]model.L4Addr{},
 		revNat:      map[reconciler.ServiceID]model.L4Addr{},
+		ranges:      map[model.L4Addr]map[netip.Prefix]bool{},
 		slotRefs:    map[reconciler.BackendID]int{},
 		masterRefs:  map[reconciler.ServiceID]int{},
 		maxServices: services, maxBackends: backends, maxEntries: serviceEntries,
-		counts: map[OpKind]int{},
+		maxRanges: DefaultSourceRanges,
+		counts:    map[OpKind]int{},
 	}
+}
+
+// SetSourceRangeCapacity sets how many source ranges fit, of all
+// frontends together.
+func (f *Fake) SetSourceRangeCapacity(n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.maxRanges = n
 }
 
 var _ reconciler.Datapath = (*Fake)(nil)
@@ -290,6 +317,9 @@ func (f *Fake) UpsertMaster(fe model.L4Addr, m reconciler.Master) error {
 			break
 		}
 	}
+	if m.Flags&reconciler.FlagSourceRanges != 0 && len(f.ranges[fe]) == 0 {
+		f.violate(op, "master checks source ranges but its frontend has none")
+	}
 	f.done(op)
 	return nil
 }
@@ -323,14 +353,61 @@ func (f *Fake) DeleteSlot(fe model.L4Addr, slot uint32) error {
 	return nil
 }
 
-func (f *Fake) FlushConntrack(b model.L4Addr) error {
+func (f *Fake) UpsertSourceRange(fe model.L4Addr, p netip.Prefix) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	op := Op{Kind: OpFlushConntrack, Addr: b}
+	op := Op{Kind: OpUpsertSourceRange, Frontend: fe, Prefix: p}
 	if err := f.begin(op); err != nil {
 		return err
 	}
-	f.flushed = append(f.flushed, b)
+	if p != p.Masked() {
+		f.violate(op, "prefix has host bits set")
+	}
+	rs := f.ranges[fe]
+	if !rs[p] && f.nranges >= f.maxRanges {
+		return fmt.Errorf("src_ranges: %w", ErrFull)
+	}
+	if rs == nil {
+		rs = map[netip.Prefix]bool{}
+		f.ranges[fe] = rs
+	}
+	if !rs[p] {
+		rs[p] = true
+		f.nranges++
+	}
+	f.done(op)
+	return nil
+}
+
+func (f *Fake) DeleteSourceRange(fe model.L4Addr, p netip.Prefix) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op := Op{Kind: OpDeleteSourceRange, Frontend: fe, Prefix: p}
+	if err := f.begin(op); err != nil {
+		return err
+	}
+	if f.ranges[fe][p] {
+		delete(f.ranges[fe], p)
+		f.nranges--
+		if len(f.ranges[fe]) == 0 {
+			delete(f.ranges, fe)
+			if m, ok := f.masters[fe]; ok && m.Flags&reconciler.FlagSourceRanges != 0 {
+				f.violate(op, "last source range deleted while the master checks them")
+			}
+		}
+	}
+	f.done(op)
+	return nil
+}
+
+func (f *Fake) FlushConntrack(bs []model.L4Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op := Op{Kind: OpFlushConntrack, Addrs: slices.Clone(bs)}
+	if err := f.begin(op); err != nil {
+		return err
+	}
+	f.flushed = append(f.flushed, bs...)
 	f.done(op)
 	return nil
 }
@@ -339,22 +416,37 @@ func (f *Fake) FlushConntrack(b model.L4Addr) error {
 func (f *Fake) Dump() (*reconciler.KernelState, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.dumps++
+	return f.snapshot(), nil
+}
+
+func (f *Fake) snapshot() *reconciler.KernelState {
 	ks := &reconciler.KernelState{
-		Masters:  maps.Clone(f.masters),
-		Slots:    map[model.L4Addr]map[uint32]reconciler.BackendID{},
-		Backends: maps.Clone(f.backends),
-		RevNat:   maps.Clone(f.revNat),
+		Masters:      maps.Clone(f.masters),
+		Slots:        map[model.L4Addr]map[uint32]reconciler.BackendID{},
+		Backends:     maps.Clone(f.backends),
+		RevNat:       maps.Clone(f.revNat),
+		SourceRanges: map[model.L4Addr][]netip.Prefix{},
 	}
 	for fe, s := range f.slots {
 		ks.Slots[fe] = maps.Clone(s)
 	}
-	return ks, nil
+	for fe, rs := range f.ranges {
+		ks.SourceRanges[fe] = slices.SortedFunc(maps.Keys(rs), netip.Prefix.Compare)
+	}
+	return ks
 }
 
 // Capacity returns the capacities given to New.
 func (f *Fake) Capacity() (services, backends, serviceEntries int) {
 	return f.maxServices, f.maxBackends, f.maxEntries
+}
+
+// SourceRangeCapacity returns DefaultSourceRanges or what
+// SetSourceRangeCapacity set.
+func (f *Fake) SourceRangeCapacity() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.maxRanges
 }
 
 // Seed replaces the maps' contents, without checks or counting: a kernel
@@ -369,6 +461,19 @@ func (f *Fake) Seed(ks *reconciler.KernelState) {
 	f.slotRefs = map[reconciler.BackendID]int{}
 	f.masterRefs = map[reconciler.ServiceID]int{}
 	f.nslots = 0
+	f.ranges = map[model.L4Addr]map[netip.Prefix]bool{}
+	f.nranges = 0
+	for fe, ps := range ks.SourceRanges {
+		for _, p := range ps {
+			if f.ranges[fe] == nil {
+				f.ranges[fe] = map[netip.Prefix]bool{}
+			}
+			if !f.ranges[fe][p] {
+				f.ranges[fe][p] = true
+				f.nranges++
+			}
+		}
+	}
 	for fe, s := range ks.Slots {
 		c := map[uint32]reconciler.BackendID{}
 		for n, id := range s {
@@ -403,11 +508,23 @@ func (f *Fake) Violations() []string {
 }
 
 // Check verifies the invariants over the whole state (not only what the
-// last operation touched) and returns the violations found.
+// last operation touched) and returns the violations found. It also checks
+// what holds only between Applies, once one succeeded: no frontend has
+// source ranges unless its master checks them. (During an Apply ranges are
+// written before the master that checks them, and deleted after.)
 func (f *Fake) Check() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.check()
+	v := f.check()
+	for fe, rs := range f.ranges {
+		if m, ok := f.masters[fe]; !ok || m.Flags&reconciler.FlagSourceRanges == 0 {
+			for _, p := range slices.SortedFunc(maps.Keys(rs), netip.Prefix.Compare) {
+				v = append(v, fmt.Sprintf("%s: source range %s, but no master checks it", fe, p))
+			}
+		}
+	}
+	slices.Sort(v)
+	return v
 }
 
 func (f *Fake) check() []string {
@@ -420,6 +537,9 @@ func (f *Fake) check() []string {
 		}
 		if _, ok := f.revNat[m.ID]; !ok {
 			v = append(v, fmt.Sprintf("%s: master names service %d without rev_nat", fe, m.ID))
+		}
+		if m.Flags&reconciler.FlagSourceRanges != 0 && len(f.ranges[fe]) == 0 {
+			v = append(v, fmt.Sprintf("%s: master checks source ranges, none exist", fe))
 		}
 	}
 	for fe, s := range f.slots {
@@ -478,54 +598,10 @@ func (f *Fake) Sizes() (services, backends, serviceEntries int) {
 	return len(f.revNat), len(f.backends), f.entries()
 }
 
-// String dumps the maps as sorted text, one entry a line, for golden
-// files: the service map (masters and slots, with the backend each slot
-// names), the backends, and rev_nat.
+// String dumps the maps as the golden files hold them (see
+// reconciler.KernelState.String).
 func (f *Fake) String() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var sb strings.Builder
-	fes := map[model.L4Addr]bool{}
-	for fe := range f.masters {
-		fes[fe] = true
-	}
-	for fe := range f.slots {
-		fes[fe] = true
-	}
-	sb.WriteString("services:\n")
-	for _, fe := range slices.SortedFunc(maps.Keys(fes), cmpL4) {
-		if m, ok := f.masters[fe]; ok {
-			fmt.Fprintf(&sb, "  %s [0] id=%d count=%d flags=%#x\n", fe, m.ID, m.Count, m.Flags)
-		} else {
-			fmt.Fprintf(&sb, "  %s [0] (no master)\n", fe)
-		}
-		for _, s := range slices.Sorted(maps.Keys(f.slots[fe])) {
-			id := f.slots[fe][s]
-			b, ok := f.backends[id]
-			desc := b.String()
-			if !ok {
-				desc = "(missing)"
-			}
-			fmt.Fprintf(&sb, "  %s [%d] backend=%d %s\n", fe, s, id, desc)
-		}
-	}
-	sb.WriteString("backends:\n")
-	for _, id := range slices.Sorted(maps.Keys(f.backends)) {
-		fmt.Fprintf(&sb, "  %d %s\n", id, f.backends[id])
-	}
-	sb.WriteString("rev_nat:\n")
-	for _, id := range slices.Sorted(maps.Keys(f.revNat)) {
-		fmt.Fprintf(&sb, "  %d %s\n", id, f.revNat[id])
-	}
-	return sb.String()
-}
-
-func cmpL4(a, b model.L4Addr) int {
-	if c := a.Addr.Compare(b.Addr); c != 0 {
-		return c
-	}
-	if c := cmp.Compare(a.Port, b.Port); c != 0 {
-		return c
-	}
-	return cmp.Compare(a.Proto, b.Proto)
+	return f.snapshot().String()
 }

@@ -41,6 +41,17 @@ func TestFakeDetectsViolations(t *testing.T) {
 			f.UpsertMaster(fe, reconciler.Master{ID: 1})
 			f.DeleteRevNat(1)
 		}, "rev_nat 1 deleted while a master names it"},
+		{"master checks ranges before they exist", func(f *Fake) {
+			f.UpsertRevNat(1, fe)
+			f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: reconciler.FlagSourceRanges})
+		}, "master checks source ranges but its frontend has none"},
+		{"last range deleted under the master", func(f *Fake) {
+			f.UpsertRevNat(1, fe)
+			f.UpsertSourceRange(fe, netip.MustParsePrefix("10.0.0.0/8"))
+			f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: reconciler.FlagSourceRanges})
+			f.DeleteSourceRange(fe, netip.MustParsePrefix("10.0.0.0/8"))
+		}, "last source range deleted while the master checks them"},
+		{"range with host bits", func(f *Fake) { f.UpsertSourceRange(fe, netip.MustParsePrefix("10.0.0.1/8")) }, "host bits"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -80,5 +91,47 @@ func TestFakeCapacityAndFailures(t *testing.T) {
 	}
 	if n := f.Count(OpUpsertBackend); n != 2 {
 		t.Errorf("counted %d upserts", n)
+	}
+}
+
+// TestFakeCheckSourceRanges: between Applies, a range whose frontend's
+// master does not check ranges is a leftover; replacing one range by
+// another under a checking master is not a violation.
+func TestFakeCheckSourceRanges(t *testing.T) {
+	fe := model.L4Addr{Addr: netip.MustParseAddr("192.168.1.200"), Port: 80, Proto: model.TCP}
+	p1, p2 := netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12")
+	f := New(10, 10, 10)
+	f.CheckAll = true
+	for _, err := range []error{
+		f.UpsertSourceRange(fe, p1),
+		f.UpsertRevNat(1, fe),
+		f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: reconciler.FlagExternal | reconciler.FlagSourceRanges}),
+		f.UpsertSourceRange(fe, p2),
+		f.DeleteSourceRange(fe, p1),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v := append(f.Violations(), f.Check()...); len(v) > 0 {
+		t.Fatalf("violations: %v", v)
+	}
+	if err := f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: reconciler.FlagExternal}); err != nil {
+		t.Fatal(err)
+	}
+	if v := f.Check(); len(v) != 1 || !strings.Contains(v[0], "source range 172.16.0.0/12, but no master checks it") {
+		t.Errorf("Check() = %q, want the leftover range", v)
+	}
+	if v := f.Violations(); len(v) > 0 {
+		t.Errorf("a range left for a moment is not a violation: %v", v)
+	}
+
+	// Capacity: a new range beyond it is refused, an existing one is not.
+	f.SetSourceRangeCapacity(1)
+	if err := f.UpsertSourceRange(fe, p1); !errors.Is(err, ErrFull) {
+		t.Errorf("err = %v, want ErrFull", err)
+	}
+	if err := f.UpsertSourceRange(fe, p2); err != nil {
+		t.Errorf("upsert of an existing range: %v", err)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
 )
 
 type runLog struct {
@@ -33,16 +35,9 @@ func startRunner(t *testing.T, r *runner) {
 	t.Cleanup(func() { cancel(); <-done })
 }
 
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// waitFor is testutil.EventuallyTrue, under the name this package's tests
+// use.
+var waitFor = testutil.EventuallyTrue
 
 func TestRunnerFoldsBurstWithinMinInterval(t *testing.T) {
 	var log runLog

@@ -132,7 +132,7 @@ func runAgent(t *testing.T, cfg Config, rec *recorder, m *metrics.Metrics) *Sour
 	t.Helper()
 	cfg.ObserveProgrammed = m.ObserveProgrammed
 	src := newSource(t, cfg)
-	a := agent.New(agent.Config{Observer: m}, nopDatapath{}, rec, slog.New(slog.DiscardHandler))
+	a := agent.New(agent.Config{Observers: []agent.Observer{m}}, nopDatapath{}, rec, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx, src) }()

@@ -26,9 +26,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/test/bench/load"
 	"github.com/sluice-lb/sluice/test/bench/rules"
-	"github.com/sluice-lb/sluice/test/bench/topo"
 )
 
 // Config is what a run measures. ConfigFromEnv reads it from BENCH_*.
@@ -141,7 +142,6 @@ type runner struct {
 // Run measures everything in cfg and returns the results (also on error,
 // as far as they got).
 func Run(ctx context.Context, cfg Config, log *slog.Logger) (*Results, error) {
-	topo.CleanupStale()
 	// BENCH_TIME_LIMIT stops new N from starting; this hard limit stops a
 	// point that runs on too long (its partial results are kept).
 	parent := ctx
@@ -159,22 +159,22 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) (*Results, error) {
 		dead:    time.Now().Add(cfg.TimeLimit),
 		tmp:     tmp,
 		dropped: map[string]string{},
-		res:     &Results{Started: time.Now().UTC(), Config: cfg, Machine: describeMachine()},
+		res:     &Results{Started: time.Now().UTC(), Config: cfg, Machine: DescribeMachine()},
 	}
 	r.res.Settings = []string{
 		"client and node netns: net.ipv4.ip_local_port_range=1024 65535, net.ipv4.tcp_tw_reuse=1",
 		"backend netns: net.core.somaxconn=4096, net.ipv4.tcp_max_syn_backlog=4096",
 		"node netns: net.ipv4.ip_forward=1",
-		fmt.Sprintf("client source addresses: %d (%s..)", topo.ClientSources, topo.ClientAddr),
-		"nf_conntrack_max is global (not settable per netns); left at " + readTrim("/proc/sys/net/netfilter/nf_conntrack_max") + ", counted per netns",
+		fmt.Sprintf("client source addresses: %d (%s..)", ClientSources, ClientAddr),
+		"nf_conntrack_max is global (not settable per netns); left at " + ReadTrim("/proc/sys/net/netfilter/nf_conntrack_max") + ", counted per netns",
 	}
 	defer func() { r.res.Finished = time.Now().UTC() }()
 	if slices.Contains(cfg.Modes, ModeSluice) {
 		r.res.Settings = append(r.res.Settings,
-			"sluice: agent from cmd/sluice, --devices "+topo.NodeClientDev+" (node's client-facing veth), --cgroup <a cgroup v2 dir the bench creates; socket-layer clients start in it>, its own bpffs mount, --resync-interval 0",
-			"sluice: --max-services/--max-backends/--max-service-entries sized 1.25x what N needs (at least 1024); conntrack, sock_rev and affinity LRU maps at their defaults (262144 entries, preallocated)",
+			"sluice: agent from cmd/sluice, --devices "+NodeClientDev+" (node's client-facing veth), --cgroup <a cgroup v2 dir the bench creates; socket-layer clients start in it>, its own bpffs mount, --resync-interval 0",
+			"sluice: --max-services/--max-backends/--max-service-entries sized 1.25x what N needs (at least 1024); conntrack (hash, 262144 entries), ct_new (LRU, 65536), sock_rev and affinity (LRU, 262144) at their defaults, all preallocated",
 			"sluice: endpoint changes are atomic rewrites (write + rename) of the manifest file the agent watches")
-		if _, err := r.sluiceBinary(); err != nil {
+		if _, err := r.sluiceBinaries(ctx); err != nil {
 			r.note("sluice mode unavailable: " + err.Error())
 		}
 	}
@@ -211,7 +211,7 @@ const hardGrace = 15 * time.Minute
 // env is one mode's namespaces, backend server and datapath.
 type env struct {
 	name   string
-	tri    *topo.Triple
+	tri    *triple
 	server *exec.Cmd
 	m      mode
 	failed string
@@ -226,12 +226,12 @@ func (e *env) close() {
 		_ = e.server.Wait()
 	}
 	if e.tri != nil {
-		e.tri.Cleanup()
+		e.tri.close()
 	}
 }
 
 func (r *runner) newEnv(ctx context.Context, name string, n int) (*env, error) {
-	tri, err := topo.New(ctx, name)
+	tri, err := newTriple(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -262,7 +262,7 @@ func (r *runner) newEnv(ctx context.Context, name string, n int) (*env, error) {
 		}
 		e.m = &nftMode{ns: tri.Node, bound: r.cfg.ProgTimeout, loadBound: r.loadBound(), cg: cg, tmp: dir}
 	case ModeSluice:
-		m, err := newSluiceMode(r, tri, dir, cgName)
+		m, err := newSluiceMode(ctx, r, tri, dir)
 		if err != nil {
 			e.close()
 			return nil, err
@@ -281,8 +281,8 @@ func (r *runner) note(s string) {
 	}
 }
 
-func (r *runner) startServer(ctx context.Context, ns string) (*exec.Cmd, error) {
-	cmd := exec.Command("ip", "netns", "exec", ns, r.cfg.Self)
+func (r *runner) startServer(ctx context.Context, ns *topology.NS) (*exec.Cmd, error) {
+	cmd := ns.Command(context.Background(), r.cfg.Self)
 	cmd.Env = append(os.Environ(), load.RoleEnv+"=server", "SLUICE_BENCH_LISTEN=0.0.0.0:"+strconv.Itoa(rules.BackendPort))
 	cmd.SysProcAttr = &syscall.SysProcAttr{}
 	cmd.Stderr = os.Stderr
@@ -291,7 +291,7 @@ func (r *runner) startServer(ctx context.Context, ns string) (*exec.Cmd, error) 
 		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start server in %s: %w", ns, err)
+		return nil, fmt.Errorf("start server in %s: %w", ns.Name, err)
 	}
 	ready := make(chan error, 1)
 	go func() {
@@ -314,26 +314,20 @@ func (r *runner) startServer(ctx context.Context, ns string) (*exec.Cmd, error) 
 	if err != nil {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
-		return nil, fmt.Errorf("server in %s: %w", ns, err)
+		return nil, fmt.Errorf("server in %s: %w", ns.Name, err)
 	}
 	return cmd, nil
 }
 
 // runClient runs one client child in ns (and cgroup, if set).
-func (r *runner) runClient(ctx context.Context, ns, cgroup string, cc load.ClientConfig) (load.ClientResult, error) {
+func (r *runner) runClient(ctx context.Context, ns *topology.NS, cg *topology.Cgroup, cc load.ClientConfig) (load.ClientResult, error) {
 	ctx, cancel := context.WithTimeout(ctx, cc.Duration+30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, r.cfg.Self)
+	cmd := ns.Command(ctx, r.cfg.Self)
 	cmd.Env = append(os.Environ(), load.RoleEnv+"=client")
 	cmd.SysProcAttr = &syscall.SysProcAttr{}
-	if cgroup != "" {
-		f, err := os.Open(cgroup)
-		if err != nil {
-			return load.ClientResult{}, err
-		}
-		defer f.Close()
-		cmd.SysProcAttr.UseCgroupFD = true
-		cmd.SysProcAttr.CgroupFD = int(f.Fd())
+	if cg != nil {
+		cg.Put(cmd)
 	}
 	in, _ := json.Marshal(cc)
 	cmd.Stdin = strings.NewReader(string(in))
@@ -341,7 +335,7 @@ func (r *runner) runClient(ctx context.Context, ns, cgroup string, cc load.Clien
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return load.ClientResult{}, fmt.Errorf("client in %s: %w: %s", ns, err, strings.TrimSpace(stderr.String()))
+		return load.ClientResult{}, fmt.Errorf("client in %s: %w: %s", ns.Name, err, strings.TrimSpace(stderr.String()))
 	}
 	var res load.ClientResult
 	if err := json.Unmarshal(out, &res); err != nil {
@@ -399,7 +393,7 @@ func (r *runner) point(ctx context.Context, p *Point) error {
 				p.Verified[e.name] = fmt.Sprintf("%d+ of %d services did not answer (first: %s)", bad, len(svcs), first)
 			}
 		}
-		for _, s := range e.tri.ConntrackSysctls() {
+		for _, s := range e.tri.conntrackSysctls() {
 			r.note("node netns (modes with conntrack): " + s)
 		}
 		p.Mem = append(p.Mem, MemStat{Mode: e.name, memStat: e.m.memory()})
@@ -442,9 +436,9 @@ func (r *runner) probeSet(svcs []rules.Service) []netip.AddrPort {
 }
 
 // waitAnswering returns when every target answered once, from ns.
-func waitAnswering(ctx context.Context, ns string, targets []netip.AddrPort, t0 time.Time, bound time.Duration) (time.Duration, error) {
+func waitAnswering(ctx context.Context, ns *topology.NS, targets []netip.AddrPort, t0 time.Time, bound time.Duration) (time.Duration, error) {
 	var el time.Duration
-	err := topo.InNetns(ns, func() error {
+	err := ns.Do(func() error {
 		pending := slices.Clone(targets)
 		var lastErr error
 		for {
@@ -473,9 +467,9 @@ func waitAnswering(ctx context.Context, ns string, targets []netip.AddrPort, t0 
 }
 
 // waitBackend returns when a connection to vip from ns lands on want.
-func waitBackend(ctx context.Context, ns string, vip netip.AddrPort, want netip.Addr, t0 time.Time, bound time.Duration) (time.Duration, error) {
+func waitBackend(ctx context.Context, ns *topology.NS, vip netip.AddrPort, want netip.Addr, t0 time.Time, bound time.Duration) (time.Duration, error) {
 	var el time.Duration
-	err := topo.InNetns(ns, func() error {
+	err := ns.Do(func() error {
 		for {
 			if who, err := load.Who(vip, 500*time.Millisecond); err == nil && who == want {
 				el = time.Since(t0)
@@ -546,19 +540,25 @@ func (r *runner) programInitial(ctx context.Context, p *Point, envs []*env, svcs
 				continue
 			}
 			st.InitialS = append(st.InitialS, el.Seconds())
-			if sm, ok := e.m.(*sluiceMode); ok {
-				if src, apply, ok := sm.lastSync(t0); ok {
-					st.InitialSourceS = append(st.InitialSourceS, src)
-					st.InitialApplyS = append(st.InitialApplyS, apply)
-				}
-			}
+			recordSync(e.m, t0, &st.InitialSourceS, &st.InitialApplyS)
 			r.log.Info("programmed", "mode", e.name, "services", p.Services, "seconds", el.Seconds())
 		}
 	}
 	for _, e := range envs {
 		if st := stats[e.name]; st != nil {
-			st.Initial = stat(st.InitialS)
+			st.Initial = testutil.SpreadOf(st.InitialS)
 			p.Prog = append(p.Prog, *st)
+		}
+	}
+}
+
+// recordSync appends, for the sluice mode, the manifest source's and the
+// reconciler's shares of the first sync after t0 (from the agent's log).
+func recordSync(m mode, t0 time.Time, source, apply *[]float64) {
+	if sm, ok := m.(*sluiceMode); ok {
+		if src, app, ok := sm.lastSync(t0); ok {
+			*source = append(*source, src)
+			*apply = append(*apply, app)
 		}
 	}
 }
@@ -598,17 +598,12 @@ func (r *runner) updates(ctx context.Context, p *Point, envs []*env, svcs []rule
 				continue
 			}
 			st.UpdateS = append(st.UpdateS, el.Seconds())
-			if sm, ok := e.m.(*sluiceMode); ok {
-				if src, apply, ok := sm.lastSync(t0); ok {
-					st.UpdateSourceS = append(st.UpdateSourceS, src)
-					st.UpdateApplyS = append(st.UpdateApplyS, apply)
-				}
-			}
+			recordSync(e.m, t0, &st.UpdateSourceS, &st.UpdateApplyS)
 		}
 		cur = next
 	}
 	for i := range p.Prog {
-		p.Prog[i].Update = stat(p.Prog[i].UpdateS)
+		p.Prog[i].Update = testutil.SpreadOf(p.Prog[i].UpdateS)
 	}
 }
 
@@ -671,9 +666,9 @@ func (r *runner) connections(ctx context.Context, p *Point, envs []*env, svcs []
 					} else {
 						cc.Targets = vips(target)
 					}
-					ns, cg := e.tri.Client, ""
+					ns, cg := e.tri.Client, (*topology.Cgroup)(nil)
 					if layer == "packet" {
-						cc.Sources = topo.ClientSourceAddrs()
+						cc.Sources = ClientSourceAddrs()
 					} else {
 						ns, cg = e.tri.Node, e.m.socketCgroup()
 					}
@@ -712,38 +707,17 @@ func (r *runner) connections(ctx context.Context, p *Point, envs []*env, svcs []
 				rp = append(rp, rr.P99us/floor.Rounds[i].P99us)
 			}
 		}
-		st.ConnsPerS, st.P50us, st.P99us = stat(cps), stat(p50), stat(p99)
-		st.RatioConnsPerS, st.RatioP99 = stat(rc).Median, stat(rp).Median
+		st.ConnsPerS, st.P50us, st.P99us = testutil.SpreadOf(cps), testutil.SpreadOf(p50), testutil.SpreadOf(p99)
+		st.RatioConnsPerS, st.RatioP99 = testutil.Median(rc), testutil.Median(rp)
 		p.Conn = append(p.Conn, *st)
 	}
 }
 
-func stat(v []float64) Stat {
-	if len(v) == 0 {
-		return Stat{}
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	m := s[len(s)/2]
-	if len(s)%2 == 0 {
-		m = (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	return Stat{Median: m, Min: s[0], Max: s[len(s)-1]}
-}
-
-func readTrim(p string) string {
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return "?"
-	}
-	return strings.TrimSpace(string(b))
-}
-
 // conntrackCount reads the node namespace's conntrack entry count; false
 // where conntrack is not in use there.
-func conntrackCount(ns string) (int, bool) {
+func conntrackCount(ns *topology.NS) (int, bool) {
 	var n int
-	err := topo.InNetns(ns, func() error {
+	err := ns.Do(func() error {
 		b, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_count")
 		if err != nil {
 			return err
@@ -756,8 +730,8 @@ func conntrackCount(ns string) (int, bool) {
 
 // sweep connects once to every service from ns, giving up after 20
 // failures; it returns the failures and the first error.
-func sweep(ctx context.Context, ns string, svcs []rules.Service) (bad int, first string) {
-	err := topo.InNetns(ns, func() error {
+func sweep(ctx context.Context, ns *topology.NS, svcs []rules.Service) (bad int, first string) {
+	err := ns.Do(func() error {
 		for _, s := range svcs {
 			if ctx.Err() != nil || bad >= 20 {
 				break

@@ -8,9 +8,11 @@ import (
 	"strings"
 )
 
-func describeMachine() Machine {
+// DescribeMachine says where a benchmark runs: CPU, memory, kernel, Go,
+// load and the versions of the tools the modes use.
+func DescribeMachine() Machine {
 	m := Machine{CPUs: runtime.NumCPU(), Go: runtime.Version(), Tools: map[string]string{}}
-	m.Kernel = readTrim("/proc/sys/kernel/osrelease")
+	m.Kernel = ReadTrim("/proc/sys/kernel/osrelease")
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
 			if v, ok := strings.CutPrefix(l, "model name"); ok {
@@ -27,7 +29,7 @@ func describeMachine() Machine {
 			}
 		}
 	}
-	m.Load = readTrim("/proc/loadavg")
+	m.Load = ReadTrim("/proc/loadavg")
 	for name, argv := range map[string][]string{
 		"iptables": {"iptables-legacy", "--version"},
 		"nft":      {"nft", "--version"},
@@ -41,4 +43,13 @@ func describeMachine() Machine {
 		m.Tools[name] = strings.SplitN(strings.TrimSpace(string(out)), "\n", 2)[0]
 	}
 	return m
+}
+
+// ReadTrim returns the contents of a /proc or /sys file, trimmed, or "?".
+func ReadTrim(p string) string {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(b))
 }

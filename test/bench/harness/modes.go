@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/test/bench/rules"
 )
 
@@ -43,8 +44,8 @@ type mode interface {
 	// memory reports what the mode's state costs.
 	memory() memStat
 	// socketCgroup is the cgroup v2 directory a node-local client must run
-	// in for the mode to apply to it; "" when any process is covered.
-	socketCgroup() string
+	// in for the mode to apply to it; nil when any process is covered.
+	socketCgroup() *topology.Cgroup
 	close()
 }
 
@@ -61,17 +62,17 @@ func (floorMode) program(context.Context, []rules.Service) error { return nil }
 func (floorMode) update(context.Context, []rules.Service, rules.Service, rules.Service) error {
 	return errors.ErrUnsupported
 }
-func (floorMode) reset(context.Context) error { return nil }
-func (floorMode) memory() memStat             { return memStat{How: "no state"} }
-func (floorMode) socketCgroup() string        { return "" }
-func (floorMode) close()                      {}
+func (floorMode) reset(context.Context) error    { return nil }
+func (floorMode) memory() memStat                { return memStat{How: "no state"} }
+func (floorMode) socketCgroup() *topology.Cgroup { return nil }
+func (floorMode) close()                         {}
 
 // runBounded runs argv in namespace ns under `timeout`, inside cg if set,
 // feeding it stdin.
-func runBounded(ctx context.Context, ns string, bound time.Duration, cg *memcg, stdin []byte, argv ...string) error {
-	full := append([]string{"ip", "netns", "exec", ns, "timeout", "--kill-after=5", fmt.Sprintf("%.0f", bound.Seconds())}, argv...)
+func runBounded(ctx context.Context, ns *topology.NS, bound time.Duration, cg *memcg, stdin []byte, argv ...string) error {
+	full := append([]string{"timeout", "--kill-after=5", fmt.Sprintf("%.0f", bound.Seconds())}, argv...)
 	full = cg.wrap(full)
-	cmd := exec.CommandContext(ctx, full[0], full[1:]...)
+	cmd := ns.Command(ctx, full[0], full[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{}
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
@@ -96,7 +97,7 @@ func runBounded(ctx context.Context, ns string, bound time.Duration, cg *memcg, 
 // iptMode is kube-proxy-shaped iptables rules, loaded with iptables-restore
 // --noflush as kube-proxy does, through the nft or the legacy backend.
 type iptMode struct {
-	ns        string
+	ns        *topology.NS
 	variant   string        // "nft" or "legacy"
 	bound     time.Duration // updates
 	loadBound time.Duration // the initial load
@@ -152,14 +153,14 @@ func (m *iptMode) memory() memStat {
 	}
 	return memStat{KernelBytes: b, How: "kernel memory charged to the memory cgroup iptables-restore ran in"}
 }
-func (m *iptMode) socketCgroup() string { return "" }
-func (m *iptMode) close()               { m.cg.remove() }
+func (m *iptMode) socketCgroup() *topology.Cgroup { return nil }
+func (m *iptMode) close()                         { m.cg.remove() }
 
 // nftMode is a kube-proxy-shaped nftables ruleset (kube-proxy's nftables
 // mode): the full table in one transaction, endpoint changes as small
 // transactions.
 type nftMode struct {
-	ns        string
+	ns        *topology.NS
 	bound     time.Duration // updates
 	loadBound time.Duration // the initial load
 	cg        *memcg
@@ -193,5 +194,5 @@ func (m *nftMode) memory() memStat {
 	}
 	return memStat{KernelBytes: b, How: "kernel memory charged to the memory cgroup nft ran in"}
 }
-func (m *nftMode) socketCgroup() string { return "" }
-func (m *nftMode) close()               { m.cg.remove() }
+func (m *nftMode) socketCgroup() *topology.Cgroup { return nil }
+func (m *nftMode) close()                         { m.cg.remove() }

@@ -3,6 +3,7 @@ package harness
 import (
 	"time"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/test/bench/load"
 )
 
@@ -64,12 +65,8 @@ type ConnStat struct {
 	Errors         int     `json:"errors"`
 }
 
-// Stat is a median with its spread.
-type Stat struct {
-	Median float64 `json:"median"`
-	Min    float64 `json:"min"`
-	Max    float64 `json:"max"`
-}
+// Stat is a median over rounds with the range it came from.
+type Stat = testutil.Spread
 
 // ProgStat is one mode's programming times.
 type ProgStat struct {

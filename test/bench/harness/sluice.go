@@ -2,13 +2,10 @@ package harness
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -18,8 +15,10 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/test/bench/rules"
-	"github.com/sluice-lb/sluice/test/bench/topo"
 )
 
 // sluiceMode runs the real agent (cmd/sluice) in the node namespace with a
@@ -27,64 +26,34 @@ import (
 // per-packet path, and cgroup connect4 on a cgroup the benchmark creates for
 // the socket layer. Its pins go to a bpffs mounted for this run only.
 type sluiceMode struct {
-	bin, ns, dir  string
-	bpffs, cgroup string
-	manifest      string
-	capacity      []string
-	agent         *exec.Cmd
-	agentDone     chan error
-	logPath       string
+	bins     agentproc.Binaries
+	ns       *topology.NS
+	bpffs    string
+	cgroup   *topology.Cgroup
+	manifest string
+	agent    *agentproc.Agent
 }
 
-// sluiceBinary returns the agent binary: BENCH_SLUICE, or cmd/sluice built
-// once into the run's temporary directory.
-func (r *runner) sluiceBinary() (string, error) {
+// sluiceBinaries returns the agent binary: BENCH_SLUICE, or cmd/sluice
+// built once into the run's temporary directory.
+func (r *runner) sluiceBinaries(ctx context.Context) (agentproc.Binaries, error) {
 	if r.cfg.SluiceBin != "" {
-		return r.cfg.SluiceBin, nil
+		return agentproc.Binaries{Sluice: r.cfg.SluiceBin}, nil
 	}
-	gomod, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil || strings.TrimSpace(string(gomod)) == "" || strings.TrimSpace(string(gomod)) == os.DevNull {
-		return "", fmt.Errorf("no BENCH_SLUICE and not inside the module to build cmd/sluice")
-	}
-	root := filepath.Dir(strings.TrimSpace(string(gomod)))
-	bin := filepath.Join(r.tmp, "sluice")
-	// A few tries: a build cache shared with concurrent builds has been
-	// seen to fail transiently.
-	var lastErr error
-	for try := 0; try < 3; try++ {
-		cmd := exec.Command("go", "build", "-o", bin, "./cmd/sluice")
-		cmd.Dir = root
-		out, err := cmd.CombinedOutput()
-		if err == nil {
-			r.cfg.SluiceBin = bin
-			return bin, nil
-		}
-		lastErr = fmt.Errorf("build cmd/sluice: %w: %s", err, out)
-		time.Sleep(time.Second)
-	}
-	return "", lastErr
-}
-
-func cgroup2Mount() (string, error) {
-	b, err := os.ReadFile("/proc/self/mounts")
+	bins, err := agentproc.Build(ctx, r.tmp)
 	if err != nil {
-		return "", err
+		return bins, fmt.Errorf("no BENCH_SLUICE, and building it failed: %w", err)
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) >= 3 && f[2] == "cgroup2" {
-			return f[1], nil
-		}
-	}
-	return "", errors.New("no cgroup2 mount")
+	r.cfg.SluiceBin = bins.Sluice
+	return bins, nil
 }
 
-func newSluiceMode(r *runner, tri *topo.Triple, dir, cgName string) (mode, error) {
-	bin, err := r.sluiceBinary()
+func newSluiceMode(ctx context.Context, r *runner, tri *triple, dir string) (mode, error) {
+	bins, err := r.sluiceBinaries(ctx)
 	if err != nil {
 		return nil, err
 	}
-	m := &sluiceMode{bin: bin, ns: tri.Node, dir: dir, manifest: filepath.Join(dir, "services.json"), logPath: filepath.Join(dir, "agent.log")}
+	m := &sluiceMode{bins: bins, ns: tri.Node, manifest: filepath.Join(dir, "services.json")}
 	m.bpffs = filepath.Join(dir, "bpffs")
 	if err := os.MkdirAll(m.bpffs, 0o755); err != nil {
 		return nil, err
@@ -92,16 +61,15 @@ func newSluiceMode(r *runner, tri *topo.Triple, dir, cgName string) (mode, error
 	if err := syscall.Mount("bpf", m.bpffs, "bpf", 0, ""); err != nil {
 		return nil, fmt.Errorf("mount bpffs at %s: %w", m.bpffs, err)
 	}
-	mnt, err := cgroup2Mount()
+	mnt, err := datapath.CgroupV2Mount()
 	if err != nil {
 		m.close()
 		return nil, err
 	}
-	m.cgroup = filepath.Join(mnt, cgName)
-	if err := os.Mkdir(m.cgroup, 0o755); err != nil {
-		m.cgroup = ""
+	// Removed, with whatever still runs in it, when the triple closes.
+	if m.cgroup, err = tri.topo.AddCgroup(mnt, "sluice"); err != nil {
 		m.close()
-		return nil, fmt.Errorf("create cgroup: %w", err)
+		return nil, err
 	}
 	return m, nil
 }
@@ -138,83 +106,65 @@ func (m *sluiceMode) writeManifest(svcs []rules.Service) error {
 	if err != nil {
 		return err
 	}
-	tmp := m.manifest + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, m.manifest)
+	return agentproc.WriteFile(m.manifest, string(data))
 }
 
-// sizing gives the agent maps sized for the run (1.25x what N needs, at
-// least 1024), as an operator would, so map memory follows N.
-func sizing(svcs []rules.Service) []string {
-	backends, entries := 0, 0
+// needs counts the map entries svcs take.
+func needs(svcs []rules.Service) (services, backends, entries int) {
 	for _, s := range svcs {
 		backends += len(s.Endpoints)
 		entries += len(s.Endpoints) + 1
 	}
-	size := func(n int) string { return strconv.Itoa(max(1024, n+n/4+64)) }
-	return []string{
-		"--max-services", size(len(svcs)),
-		"--max-backends", size(backends + 64), // room for the endpoint changes
-		"--max-service-entries", size(entries),
-	}
+	return len(svcs), backends, entries
 }
+
+// mapSize sizes a map for n entries as an operator would (1.25x, at least
+// 1024), so map memory follows N.
+func mapSize(n int) int { return max(1024, n+n/4+64) }
 
 func (m *sluiceMode) program(ctx context.Context, svcs []rules.Service) error {
 	if err := m.writeManifest(svcs); err != nil {
 		return err
 	}
-	m.capacity = sizing(svcs)
-	// nsenter, not ip netns exec: the latter remounts /sys, hiding the
-	// cgroup2 mount the agent attaches to.
-	args := append([]string{"--net=/run/netns/" + m.ns, m.bin,
-		"--manifests", m.manifest,
-		"--devices", topo.NodeClientDev,
-		"--cgroup", m.cgroup,
-		"--bpffs", m.bpffs,
-		"--health-addr", "", "--metrics-addr", "",
-		"--node-name", "bench-node",
-		"--resync-interval", "0",
-		"--log-level", "info", // the sync lines give the source/apply breakdown
-	}, m.capacity...)
-	cmd := exec.Command("nsenter", args...)
-	logf, err := os.OpenFile(m.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		logf.Close()
+	services, backends, entries := needs(svcs)
+	m.agent = agentproc.NewAgent(m.bins, m.ns, agentproc.AgentConfig{
+		Manifests: m.manifest,
+		Devices:   []string{NodeClientDev},
+		Cgroup:    m.cgroup.Path,
+		BPFFS:     m.bpffs,
+		Extra: []string{
+			"--health-addr", "", "--metrics-addr", "",
+			"--node-name", "bench-node",
+			"--resync-interval", "0",
+			"--log-level", "info", // the sync lines give the source/apply breakdown
+			"--max-services", strconv.Itoa(mapSize(services)),
+			"--max-backends", strconv.Itoa(mapSize(backends + 64)), // room for the endpoint changes
+			"--max-service-entries", strconv.Itoa(mapSize(entries)),
+		},
+	})
+	if err := m.agent.Start(); err != nil {
 		return fmt.Errorf("start agent: %w", err)
 	}
-	m.agent = cmd
-	m.agentDone = make(chan error, 1)
-	go func() { m.agentDone <- cmd.Wait(); logf.Close() }()
 	return nil
 }
 
 // agentError says why the agent exited, if it did.
 func (m *sluiceMode) agentError() error {
-	if m.agentDone == nil {
+	if m.agent == nil {
 		return nil
 	}
-	select {
-	case err := <-m.agentDone:
-		m.agentDone <- err
-		return fmt.Errorf("agent exited (%v): %s", err, m.logTail())
-	default:
-		return nil
+	if err := m.agent.Exited(); err != nil {
+		return fmt.Errorf("%w: %s", err, m.logTail())
 	}
+	return nil
 }
 
 func (m *sluiceMode) logTail() string {
-	b, _ := os.ReadFile(m.logPath)
-	b = bytes.TrimSpace(b)
+	b := strings.TrimSpace(m.agent.Log.String())
 	if len(b) > 600 {
 		b = b[len(b)-600:]
 	}
-	return string(b)
+	return b
 }
 
 func (m *sluiceMode) update(ctx context.Context, all []rules.Service, _, _ rules.Service) error {
@@ -225,35 +175,26 @@ func (m *sluiceMode) update(ctx context.Context, all []rules.Service, _, _ rules
 }
 
 func (m *sluiceMode) stopAgent() {
-	if m.agent == nil || m.agent.Process == nil {
-		return
+	if m.agent != nil {
+		_ = m.agent.Stop()
 	}
-	_ = m.agent.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-m.agentDone:
-	case <-time.After(10 * time.Second):
-		_ = m.agent.Process.Kill()
-		<-m.agentDone
-	}
-	m.agent, m.agentDone = nil, nil
 }
 
 func (m *sluiceMode) reset(ctx context.Context) error {
 	m.stopAgent()
-	out, err := exec.CommandContext(ctx, "nsenter", "--net=/run/netns/"+m.ns, m.bin, "cleanup", "--bpffs", m.bpffs).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("sluice cleanup: %w: %s", err, out)
+	if m.agent == nil {
+		return nil
 	}
-	return nil
+	return m.agent.Uninstall(ctx)
 }
 
 // memory reads the agent's RSS and the memlock of the BPF maps it holds
 // (fdinfo of its map fds; each map counted once).
 func (m *sluiceMode) memory() memStat {
-	if m.agent == nil || m.agent.Process == nil {
+	if m.agent == nil || m.agent.Exited() != nil || m.agent.Pid() == 0 {
 		return memStat{How: "agent not running"}
 	}
-	pid := m.agent.Process.Pid // nsenter execs the agent: same pid
+	pid := m.agent.Pid()
 	st := memStat{How: "agent VmRSS; BPF maps: sum of memlock in /proc/<agent>/fdinfo of its map fds"}
 	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
@@ -304,7 +245,7 @@ func (m *sluiceMode) memory() memStat {
 	return st
 }
 
-func (m *sluiceMode) socketCgroup() string { return m.cgroup }
+func (m *sluiceMode) socketCgroup() *topology.Cgroup { return m.cgroup }
 
 // lastSync reads the agent's log for the first sync after t0: when the
 // manifest source finished loading (relative to t0: debounce plus parse and
@@ -320,12 +261,11 @@ func (m *sluiceMode) lastSync(t0 time.Time) (sourceS, applyS float64, ok bool) {
 }
 
 func (m *sluiceMode) parseSync(t0 time.Time) (sourceS, applyS float64, ok bool) {
-	b, err := os.ReadFile(m.logPath)
-	if err != nil {
+	if m.agent == nil {
 		return 0, 0, false
 	}
 	var loaded time.Time
-	for _, l := range strings.Split(string(b), "\n") {
+	for _, l := range strings.Split(m.agent.Log.String(), "\n") {
 		ts, _, _ := strings.Cut(strings.TrimPrefix(l, "time="), " ")
 		t, err := time.Parse(time.RFC3339Nano, ts)
 		if err != nil || t.Add(time.Millisecond).Before(t0) {
@@ -351,15 +291,12 @@ func (m *sluiceMode) parseSync(t0 time.Time) (sourceS, applyS float64, ok bool) 
 
 func (m *sluiceMode) close() {
 	m.stopAgent()
-	if m.bin != "" && m.bpffs != "" {
+	if m.agent != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_ = exec.CommandContext(ctx, "nsenter", "--net=/run/netns/"+m.ns, m.bin, "cleanup", "--bpffs", m.bpffs).Run()
+		_ = m.agent.Uninstall(ctx)
 		cancel()
 	}
 	if m.bpffs != "" {
 		_ = syscall.Unmount(m.bpffs, syscall.MNT_DETACH)
-	}
-	if m.cgroup != "" {
-		_ = os.Remove(m.cgroup)
 	}
 }

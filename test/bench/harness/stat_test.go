@@ -7,22 +7,6 @@ import (
 	"github.com/sluice-lb/sluice/test/bench/load"
 )
 
-func TestStat(t *testing.T) {
-	for _, c := range []struct {
-		in   []float64
-		want Stat
-	}{
-		{nil, Stat{}},
-		{[]float64{3}, Stat{3, 3, 3}},
-		{[]float64{5, 1, 3}, Stat{3, 1, 5}},
-		{[]float64{4, 1, 3, 2}, Stat{2.5, 1, 4}},
-	} {
-		if got := stat(c.in); got != c.want {
-			t.Errorf("stat(%v) = %+v, want %+v", c.in, got, c.want)
-		}
-	}
-}
-
 func TestPercentile(t *testing.T) {
 	var d []time.Duration
 	for i := 1; i <= 100; i++ {

@@ -2,7 +2,6 @@ package harness
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"os"
@@ -12,6 +11,8 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
@@ -54,17 +55,12 @@ func (r *runner) doTestRun(ctx context.Context, svcs []rules.Service, st *TestRu
 		_ = datapath.Cleanup(dir)
 		_ = syscall.Unmount(dir, syscall.MNT_DETACH)
 	}()
-	backends, entries := 0, 0
-	for _, s := range svcs {
-		backends += len(s.Endpoints)
-		entries += len(s.Endpoints) + 1
-	}
-	size := func(n int) int { return max(1024, n+n/4+64) }
+	services, backends, entries := needs(svcs)
 	dp, err := datapath.Open(datapath.Config{
 		BPFFS:             dir,
-		MaxServices:       size(len(svcs)),
-		MaxBackends:       size(backends),
-		MaxServiceEntries: size(entries),
+		MaxServices:       mapSize(services),
+		MaxBackends:       mapSize(backends),
+		MaxServiceEntries: mapSize(entries),
 		MaxConntrack:      max(65536, 2*r.cfg.TestRunCalls),
 		MaxSockRev:        1024,
 	})
@@ -103,7 +99,11 @@ func (r *runner) doTestRun(ctx context.Context, svcs []rules.Service, st *TestRu
 	if _, err := prog.Run(&opts); err != nil {
 		return fmt.Errorf("test run: %w", err)
 	}
-	got := netip.AddrPortFrom(netip.AddrFrom4([4]byte(opts.DataOut[30:34])), binary.BigEndian.Uint16(opts.DataOut[36:38]))
+	sent, err := packet.Parse(opts.DataOut)
+	if err != nil {
+		return fmt.Errorf("test run output: %w", err)
+	}
+	got := netip.AddrPortFrom(sent.Dst, sent.DstPort)
 	if !slices.Contains(target.Endpoints, got) {
 		return fmt.Errorf("SYN to %s left for %s, not one of its endpoints", target.VIPPort(), got)
 	}
@@ -138,10 +138,10 @@ func (r *runner) doTestRun(ctx context.Context, svcs []rules.Service, st *TestRu
 			}
 			es = append(es, d)
 		}
-		newFlow = append(newFlow, medianDur(nf))
-		est = append(est, medianDur(es))
+		newFlow = append(newFlow, float64(testutil.Median(nf).Nanoseconds()))
+		est = append(est, float64(testutil.Median(es).Nanoseconds()))
 	}
-	st.NewFlowNs, st.EstablishedNs = stat(newFlow), stat(est)
+	st.NewFlowNs, st.EstablishedNs = testutil.SpreadOf(newFlow), testutil.SpreadOf(est)
 	return nil
 }
 
@@ -153,47 +153,10 @@ func runOnce(prog *ebpf.Program, in []byte) (time.Duration, error) {
 	return d, nil
 }
 
-func medianDur(d []time.Duration) float64 {
-	slices.Sort(d)
-	return float64(d[len(d)/2].Nanoseconds())
-}
-
-// tcpSYN builds an Ethernet + IPv4 + TCP SYN frame with correct checksums.
+// tcpSYN builds the Ethernet + IPv4 + TCP SYN frame of a new flow.
 func tcpSYN(src netip.Addr, sport uint16, dst netip.Addr, dport uint16) []byte {
-	f := make([]byte, 14+20+20)
-	copy(f[0:6], []byte{0x02, 0, 0, 0, 0, 0x01})
-	copy(f[6:12], []byte{0x02, 0, 0, 0, 0, 0x02})
-	binary.BigEndian.PutUint16(f[12:], 0x0800)
-	ip := f[14:34]
-	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:], 40)
-	ip[8] = 64
-	ip[9] = 6
-	s4, d4 := src.As4(), dst.As4()
-	copy(ip[12:16], s4[:])
-	copy(ip[16:20], d4[:])
-	binary.BigEndian.PutUint16(ip[10:], checksum(ip, 0))
-	tcp := f[34:54]
-	binary.BigEndian.PutUint16(tcp[0:], sport)
-	binary.BigEndian.PutUint16(tcp[2:], dport)
-	binary.BigEndian.PutUint32(tcp[4:], 1)
-	tcp[12] = 5 << 4
-	tcp[13] = 0x02 // SYN
-	binary.BigEndian.PutUint16(tcp[14:], 64240)
-	var pseudo uint32
-	pseudo += uint32(binary.BigEndian.Uint16(s4[0:])) + uint32(binary.BigEndian.Uint16(s4[2:]))
-	pseudo += uint32(binary.BigEndian.Uint16(d4[0:])) + uint32(binary.BigEndian.Uint16(d4[2:]))
-	pseudo += 6 + 20
-	binary.BigEndian.PutUint16(tcp[16:], checksum(tcp, pseudo))
-	return f
-}
-
-func checksum(b []byte, sum uint32) uint16 {
-	for i := 0; i+1 < len(b); i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(b[i:]))
-	}
-	for sum > 0xffff {
-		sum = sum>>16 + sum&0xffff
-	}
-	return ^uint16(sum)
+	return packet.Packet{
+		SrcMAC: [6]byte{0x02, 0, 0, 0, 0, 0x01}, DstMAC: [6]byte{0x02, 0, 0, 0, 0, 0x02},
+		Src: src, Dst: dst, Proto: packet.TCP, SrcPort: sport, DstPort: dport, TCPFlags: packet.SYN, Seq: 1,
+	}.Bytes()
 }

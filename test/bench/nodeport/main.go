@@ -39,7 +39,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sluice-lb/sluice/test/e2e/harness"
+	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
 )
 
 // config is what a run does.
@@ -154,11 +154,11 @@ func run(ctx context.Context, cfg config, log *slog.Logger) (res *result, err er
 		return nil, err
 	}
 	defer os.RemoveAll(tmp)
-	var bins harness.Binaries
+	var bins agentproc.Binaries
 	needSluice := slices.ContainsFunc(cfg.Modes, isSluice)
 	if needSluice {
 		log.Info("building cmd/sluice")
-		if bins, err = harness.Build(ctx, tmp); err != nil {
+		if bins, err = agentproc.Build(ctx, tmp); err != nil {
 			return nil, err
 		}
 	}
@@ -200,7 +200,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) (res *result, err er
 			}
 		}
 		res.Settings = append(res.Settings,
-			"sluice: cmd/sluice per node, --devices eth0,eth1 --node-ip <eth0> --socket-lb=false --resync-interval 0 --conntrack-gc-interval 0 --health-check-node-ports=false; map sizes at their defaults; its own pin directory under /sys/fs/bpf",
+			"sluice: cmd/sluice per node, --devices eth0,eth1 --node-ip <eth0> --socket-lb=false --resync-interval 0 --health-check-node-ports=false; conntrack GC every 30s (the default); map sizes at their defaults; its own pin directory under /sys/fs/bpf",
 			"sluice: endpoints carry nodeName node-b, the agent runs as node-a: every backend is remote, flows are DNATed and SNATed to the node's eth1 address")
 	}
 	// The agents program concurrently; each is ready when the target
@@ -267,7 +267,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) (res *result, err er
 		m := res.modeResult(n.mode)
 		m.Counters = map[string]uint64{}
 		for _, c := range []string{"xdp_fwd", "xdp_rev"} {
-			if v, err := n.agent.counter(c); err == nil {
+			if v, err := n.agent.Counter(ctx, c); err == nil {
 				m.Counters[c] = v
 			}
 		}

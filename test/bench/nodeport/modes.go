@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
 	"github.com/sluice-lb/sluice/pkg/datapath"
-	"github.com/sluice-lb/sluice/test/e2e/harness"
 )
 
 // The modes. Each runs on a node of its own for the whole run.
@@ -29,57 +29,24 @@ func isSluice(mode string) bool {
 	return mode == modeNative || mode == modeGeneric || mode == modeTC
 }
 
-// sluiceAgent is cmd/sluice running in a node namespace.
-type sluiceAgent struct {
-	*harness.Agent
-}
-
 // startSluice starts the agent on n with the manifest at path, its pins
 // under a bpffs directory of this run, and stops and cleans it up when the
 // lab closes.
-func (l *lab) startSluice(n *node, bins harness.Binaries, path string) error {
+func (l *lab) startSluice(n *node, bins agentproc.Binaries, path string) error {
 	xdp := map[string]string{modeNative: "native", modeGeneric: "generic", modeTC: "off"}[n.mode]
 	bpffs := filepath.Join(datapath.DefaultBPFFS, l.topo.Prefix()+n.ns.Name[len(l.topo.Prefix()):])
-	a := harness.NewAgent(bins, n.ns, harness.AgentConfig{
+	a := agentproc.NewAgent(bins, n.ns, agentproc.AgentConfig{
 		Manifests: path, BPFFS: bpffs, Devices: []string{"eth0", "eth1"},
 		Extra: []string{"--node-name", "node-a", "--node-ip", n.addr.String(), "--xdp=" + xdp,
-			"--log-level", "info", "--resync-interval", "0", "--conntrack-gc-interval", "0",
+			"--log-level", "info", "--resync-interval", "0",
 			"--health-check-node-ports=false"},
 	})
 	if err := a.Start(); err != nil {
 		return err
 	}
-	n.agent = &sluiceAgent{a}
-	l.topo.Defer(func() error {
-		var errs []string
-		if err := a.Stop(); err != nil {
-			errs = append(errs, fmt.Sprintf("stop: %v", err))
-		}
-		if err := a.Cleanup(context.Background()); err != nil {
-			errs = append(errs, fmt.Sprintf("cleanup: %v", err))
-		}
-		if len(errs) > 0 {
-			return fmt.Errorf("agent on %s: %s", n.ns.Name, strings.Join(errs, "; "))
-		}
-		return nil
-	})
+	n.agent = a
+	l.topo.Defer(func() error { return a.Teardown(context.Background()) })
 	return nil
-}
-
-// counter returns one of the agent's datapath counters.
-func (a *sluiceAgent) counter(name string) (uint64, error) {
-	out, err := a.Counters(context.Background())
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(out, "\n") {
-		if f := strings.Fields(line); len(f) == 2 && f[0] == name {
-			var n uint64
-			_, err := fmt.Sscan(f[1], &n)
-			return n, err
-		}
-	}
-	return 0, fmt.Errorf("no counter %s", name)
 }
 
 // nftRestoreMax is the largest N loaded with iptables-nft-restore itself.

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
 )
 
 // TestRunTiny runs the whole benchmark at a tiny N: every mode forwards
@@ -15,9 +17,7 @@ import (
 // path, the programs forward in BPF_PROG_TEST_RUN, and the report is
 // written and parses. No timing is asserted.
 func TestRunTiny(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces, BPF, iptables")
-	}
+	testutil.Privileged(t)
 	cfg, err := parseConfig([]string{"-services", "5", "-endpoints", "3", "-rounds", "1", "-duration", "300ms",
 		"-udp-senders", "1", "-udp-flows", "4", "-tcp-workers", "2", "-prog-iterations", "200", "-out", t.TempDir()})
 	if err != nil {

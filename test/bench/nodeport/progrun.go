@@ -1,15 +1,15 @@
 package main
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
-	"sort"
 	"time"
 
 	"github.com/cilium/ebpf"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 )
 
@@ -55,8 +55,8 @@ func (l *lab) progRun(n *node, nodePort, iterations int) ([]progResult, error) {
 		name string
 		b    []byte
 	}{
-		{"udp request (18 B payload)", packet(genIfc, nodeMAC, gen, n.addr, 17, 40001, uint16(nodePort), 18)},
-		{"tcp request (ACK, 64 B payload)", packet(genIfc, nodeMAC, gen, n.addr, 6, 40002, uint16(nodePort), 64)},
+		{"udp request (18 B payload)", request(genIfc, nodeMAC, gen, n.addr, packet.UDP, 40001, uint16(nodePort), 18)},
+		{"tcp request (ACK, 64 B payload)", request(genIfc, nodeMAC, gen, n.addr, packet.TCP, 40002, uint16(nodePort), 64)},
 	}
 	var out []progResult
 	err = n.ns.Do(func() error {
@@ -92,7 +92,7 @@ func (l *lab) progRun(n *node, nodePort, iterations int) ([]progResult, error) {
 				ratios = append(ratios, float64(xdpSum)/float64(tcSum))
 			}
 			r.Iterations = per * batches
-			r.TCNs, r.XDPNs, r.XDPOverTC = median(tcMeans), median(xdpMeans), median(ratios)
+			r.TCNs, r.XDPNs, r.XDPOverTC = testutil.Median(tcMeans), testutil.Median(xdpMeans), testutil.Median(ratios)
 			out = append(out, r)
 		}
 		return nil
@@ -122,81 +122,16 @@ func (l *lab) macs(n *node) (src, dst [6]byte, err error) {
 	return
 }
 
-// packet builds an Ethernet/IPv4/UDP or TCP (ACK) frame with correct
-// checksums.
-func packet(srcMAC, dstMAC [6]byte, src, dst netip.Addr, proto uint8, sport, dport uint16, payload int) []byte {
-	l4len := 8
-	if proto == 6 {
-		l4len = 20
+// request builds the frame of an established flow's request from the
+// generator: UDP, or a TCP ACK, with payload bytes of filler.
+func request(srcMAC, dstMAC [6]byte, src, dst netip.Addr, proto uint8, sport, dport uint16, payload int) []byte {
+	p := packet.Packet{SrcMAC: srcMAC, DstMAC: dstMAC, Src: src, Dst: dst, Proto: proto, SrcPort: sport, DstPort: dport,
+		ID: 1, FragOff: 0x4000 /* DF */, Payload: make([]byte, payload)}
+	for i := range p.Payload {
+		p.Payload[i] = byte(i)
 	}
-	b := make([]byte, 14+20+l4len+payload)
-	copy(b[0:], dstMAC[:])
-	copy(b[6:], srcMAC[:])
-	binary.BigEndian.PutUint16(b[12:], 0x0800)
-	ip := b[14:34]
-	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:], uint16(20+l4len+payload))
-	binary.BigEndian.PutUint16(ip[4:], 1)
-	ip[6] = 0x40 // DF
-	ip[8] = 64
-	ip[9] = proto
-	s4, d4 := src.As4(), dst.As4()
-	copy(ip[12:], s4[:])
-	copy(ip[16:], d4[:])
-	binary.BigEndian.PutUint16(ip[10:], csum(ip, 0))
-	l4 := b[34:]
-	binary.BigEndian.PutUint16(l4[0:], sport)
-	binary.BigEndian.PutUint16(l4[2:], dport)
-	for i := l4len; i < len(l4); i++ {
-		l4[i] = byte(i)
+	if proto == packet.TCP {
+		p.TCPFlags, p.Seq, p.Ack, p.Window = packet.ACK, 1000, 2000, 65535
 	}
-	if proto == 17 {
-		binary.BigEndian.PutUint16(l4[4:], uint16(len(l4)))
-	} else {
-		binary.BigEndian.PutUint32(l4[4:], 1000) // seq
-		binary.BigEndian.PutUint32(l4[8:], 2000) // ack
-		l4[12] = 5 << 4
-		l4[13] = 0x10 // ACK
-		binary.BigEndian.PutUint16(l4[14:], 65535)
-	}
-	// Pseudo-header sum, then the L4 header and payload.
-	var ps uint32
-	ps += uint32(binary.BigEndian.Uint16(s4[0:])) + uint32(binary.BigEndian.Uint16(s4[2:]))
-	ps += uint32(binary.BigEndian.Uint16(d4[0:])) + uint32(binary.BigEndian.Uint16(d4[2:]))
-	ps += uint32(proto) + uint32(len(l4))
-	off := 6 // UDP checksum offset
-	if proto == 6 {
-		off = 16
-	}
-	binary.BigEndian.PutUint16(l4[off:], csum(l4, ps))
-	return b
-}
-
-func csum(b []byte, sum uint32) uint16 {
-	for i := 0; i+1 < len(b); i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(b[i:]))
-	}
-	if len(b)%2 == 1 {
-		sum += uint32(b[len(b)-1]) << 8
-	}
-	for sum > 0xffff {
-		sum = sum>>16 + sum&0xffff
-	}
-	c := ^uint16(sum)
-	if c == 0 {
-		c = 0xffff
-	}
-	return c
-}
-
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	return p.Bytes()
 }

@@ -6,9 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"slices"
 	"strings"
 	"time"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/test/bench/harness"
 )
 
 // result is what a run measured; it is written as JSON and rendered as
@@ -45,39 +47,23 @@ type modeStats struct {
 	LoadedWith     string            `json:"loaded_with,omitempty"` // how the iptables rules went in
 	UDP            []udpResult       `json:"udp_rounds"`
 	TCP            []tcpResult       `json:"tcp_rounds"`
-	UDPRecvPPS     spread            `json:"udp_recv_pps"`
-	UDPSentPPS     spread            `json:"udp_sent_pps"`
-	TCPConnsPerSec spread            `json:"tcp_conns_per_sec"`
+	UDPRecvPPS     testutil.Spread   `json:"udp_recv_pps"`
+	UDPSentPPS     testutil.Spread   `json:"udp_sent_pps"`
+	TCPConnsPerSec testutil.Spread   `json:"tcp_conns_per_sec"`
 	Counters       map[string]uint64 `json:"counters,omitempty"`
 }
 
-// spread is the median and range of per-round values.
-type spread struct {
-	Median float64 `json:"median"`
-	Min    float64 `json:"min"`
-	Max    float64 `json:"max"`
-}
-
 type ratio struct {
-	Mode string  `json:"mode"`
-	Base string  `json:"base"`
-	UDP  *spread `json:"udp_recv_pps,omitempty"`
-	TCP  *spread `json:"tcp_conns_per_sec,omitempty"`
+	Mode string           `json:"mode"`
+	Base string           `json:"base"`
+	UDP  *testutil.Spread `json:"udp_recv_pps,omitempty"`
+	TCP  *testutil.Spread `json:"tcp_conns_per_sec,omitempty"`
 }
 
 func newResult(cfg config) *result {
 	r := &result{Started: time.Now().UTC(), Config: cfg}
-	r.Machine = machine{CPUs: runtime.NumCPU(), Kernel: readTrim("/proc/sys/kernel/osrelease"), Go: runtime.Version(),
-		Load: readTrim("/proc/loadavg")}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "model name"); ok {
-				r.Machine.CPU = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
-				break
-			}
-		}
-	}
-	r.Machine.Source = sourceState()
+	m := harness.DescribeMachine()
+	r.Machine = machine{CPUs: m.CPUs, CPU: m.CPU, Kernel: m.Kernel, Go: m.Go, Load: m.Load, Source: sourceState()}
 	for _, m := range cfg.Modes {
 		r.Modes = append(r.Modes, &modeStats{Mode: m})
 	}
@@ -105,13 +91,6 @@ func (r *result) modeResult(mode string) *modeStats {
 	return m
 }
 
-func spreadOf(xs []float64) spread {
-	if len(xs) == 0 {
-		return spread{}
-	}
-	return spread{Median: median(xs), Min: slices.Min(xs), Max: slices.Max(xs)}
-}
-
 func (r *result) finish() {
 	r.Finished = time.Now().UTC()
 	udp := func(m *modeStats) []float64 {
@@ -129,15 +108,15 @@ func (r *result) finish() {
 		return xs
 	}
 	for _, m := range r.Modes {
-		m.UDPRecvPPS = spreadOf(udp(m))
+		m.UDPRecvPPS = testutil.SpreadOf(udp(m))
 		var sent []float64
 		for _, u := range m.UDP {
 			sent = append(sent, u.SentPPS)
 		}
-		m.UDPSentPPS = spreadOf(sent)
-		m.TCPConnsPerSec = spreadOf(tcp(m))
+		m.UDPSentPPS = testutil.SpreadOf(sent)
+		m.TCPConnsPerSec = testutil.SpreadOf(tcp(m))
 	}
-	perRound := func(a, b []float64) *spread {
+	perRound := func(a, b []float64) *testutil.Spread {
 		var xs []float64
 		for i := range min(len(a), len(b)) {
 			if b[i] > 0 {
@@ -147,7 +126,7 @@ func (r *result) finish() {
 		if len(xs) == 0 {
 			return nil
 		}
-		s := spreadOf(xs)
+		s := testutil.SpreadOf(xs)
 		return &s
 	}
 	for _, base := range []string{modeTC, modeNft} {
@@ -244,11 +223,11 @@ func markdown(stamp string, r *result) string {
 	return b.String()
 }
 
-func fmtSpread(s spread, f string) string {
+func fmtSpread(s testutil.Spread, f string) string {
 	return fmt.Sprintf(f+" ("+f+"-"+f+")", s.Median, s.Min, s.Max)
 }
 
-func fmtRatio(s *spread) string {
+func fmtRatio(s *testutil.Spread) string {
 	if s == nil {
 		return "-"
 	}

@@ -3,17 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
-	"os"
 	"strconv"
 	"strings"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/link"
-
-	"github.com/sluice-lb/sluice/pkg/topology"
+	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/test/bench/harness"
 )
 
 // The topology: one generator and one backend, and between them one node
@@ -34,8 +30,6 @@ type lab struct {
 	gen, router, be *topology.NS
 	nodes           []*node
 	settings        []string
-	xdpLinks        []link.Link
-	xdpPass         *ebpf.Program
 }
 
 // node is the NodePort node of one mode.
@@ -45,7 +39,7 @@ type node struct {
 	genDev string     // the generator's device towards this node
 	addr   netip.Addr // the NodePort address (eth0)
 	snat   netip.Addr // eth1: where the router sends the backend's replies
-	agent  *sluiceAgent
+	agent  *agentproc.Agent
 }
 
 const (
@@ -85,7 +79,9 @@ func buildLab(modes []string) (_ *lab, err error) {
 		func() error { return l.be.AddRoute(pfx("0.0.0.0/0"), netip.MustParseAddr("10.99.3.1")) },
 		// Every endpoint address is local to the backend: one listener
 		// answers for all of them.
-		func() error { return inNS(l.be, "ip", "route", "add", "local", backendNet, "dev", "lo") },
+		func() error {
+			return l.be.Run(context.Background(), "ip", "route", "add", "local", backendNet, "dev", "lo")
+		},
 		func() error { return l.router.AddRoute(pfx(backendNet), netip.MustParseAddr("10.99.3.2")) },
 		func() error { return l.router.Sysctl("net/ipv4/ip_forward", "1") },
 		func() error { return l.gen.Sysctl("net/ipv4/ip_local_port_range", "1024 65535") },
@@ -120,8 +116,8 @@ func buildLab(modes []string) (_ *lab, err error) {
 	l.settings = append(l.settings,
 		"node netns: net.ipv4.ip_forward=1; router too",
 		"gen netns: net.ipv4.ip_local_port_range=1024 65535",
-		fmt.Sprintf("nf_conntrack_max is global, left at %s (counted per netns; only the iptables nodes load conntrack)", readTrim("/proc/sys/net/netfilter/nf_conntrack_max")),
-		fmt.Sprintf("net.core.netdev_max_backlog (global) left at %s", readTrim("/proc/sys/net/core/netdev_max_backlog")))
+		fmt.Sprintf("nf_conntrack_max is global, left at %s (counted per netns; only the iptables nodes load conntrack)", harness.ReadTrim("/proc/sys/net/netfilter/nf_conntrack_max")),
+		fmt.Sprintf("net.core.netdev_max_backlog (global) left at %s", harness.ReadTrim("/proc/sys/net/core/netdev_max_backlog")))
 
 	// Packets from a real wire carry complete checksums; a local stack
 	// sending over a veth leaves them to "hardware" (CHECKSUM_PARTIAL),
@@ -141,32 +137,12 @@ func buildLab(modes []string) (_ *lab, err error) {
 	// NAPI queue, which only a peer running XDP itself has. Every node's
 	// peers (the generator's and the router's ends) get an XDP_PASS
 	// program, in every mode, so all modes see the same receive path there.
-	if l.xdpPass, err = ebpf.NewProgram(&ebpf.ProgramSpec{
-		Type:         ebpf.XDP,
-		License:      "GPL",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 2 /* XDP_PASS */), asm.Return()},
-	}); err != nil {
-		return nil, fmt.Errorf("XDP_PASS program: %w", err)
-	}
 	for k, n := range l.nodes {
-		for _, p := range []struct {
-			ns  *topology.NS
-			dev string
-		}{{l.gen, n.genDev}, {l.router, fmt.Sprintf("n%d", k)}} {
-			if err := p.ns.Do(func() error {
-				ifc, err := net.InterfaceByName(p.dev)
-				if err != nil {
-					return err
-				}
-				lk, err := link.AttachXDP(link.XDPOptions{Program: l.xdpPass, Interface: ifc.Index, Flags: link.XDPDriverMode})
-				if err != nil {
-					return fmt.Errorf("attach XDP_PASS to %s: %w", p.dev, err)
-				}
-				l.xdpLinks = append(l.xdpLinks, lk)
-				return nil
-			}); err != nil {
-				return nil, err
-			}
+		if err := l.gen.AttachXDPPass(n.genDev); err != nil {
+			return nil, err
+		}
+		if err := l.router.AttachXDPPass(fmt.Sprintf("n%d", k)); err != nil {
+			return nil, err
 		}
 	}
 	l.settings = append(l.settings, "native XDP_PASS program on the generator's and the router's ends of every node link (all modes), so native XDP_TX/redirect frames are delivered")
@@ -190,15 +166,7 @@ func buildLab(modes []string) (_ *lab, err error) {
 	return l, nil
 }
 
-func (l *lab) close() error {
-	for _, lk := range l.xdpLinks {
-		lk.Close()
-	}
-	if l.xdpPass != nil {
-		l.xdpPass.Close()
-	}
-	return l.topo.Close()
-}
+func (l *lab) close() error { return l.topo.Close() }
 
 // backendRxPackets returns the packets the backend's UDP sink counted.
 func (l *lab) backendRxPackets() (uint64, error) {
@@ -213,20 +181,4 @@ func (l *lab) backendRxPackets() (uint64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no packet counter in %q", out)
-}
-
-func inNS(ns *topology.NS, name string, args ...string) error {
-	out, err := ns.Command(context.Background(), name, args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%s %s in %s: %w: %s", name, strings.Join(args, " "), ns.Name, err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
-func readTrim(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "?"
-	}
-	return strings.TrimSpace(string(b))
 }

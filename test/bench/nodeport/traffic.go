@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sluice-lb/sluice/pkg/topology"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 )
 
 // udpResult is one UDP round against one mode.

@@ -3,10 +3,10 @@ package report
 import (
 	"bytes"
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/test/bench/harness"
 )
 
@@ -201,22 +201,10 @@ func Markdown(res *harness.Results, stamp string) []byte {
 	return b.Bytes()
 }
 
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 0 {
-		return (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	return s[len(s)/2]
-}
-
 // medianOr formats the median of v times scale, or "-" for no samples.
 func medianOr(v []float64, scale float64, format string) string {
 	if len(v) == 0 {
 		return "-"
 	}
-	return fmt.Sprintf(format, median(v)*scale)
+	return fmt.Sprintf(format, testutil.Median(v)*scale)
 }

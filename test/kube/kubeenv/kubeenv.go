@@ -41,6 +41,8 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
 )
 
 // AdvertiseAddress is what the apiserver advertises for the default/kubernetes
@@ -424,27 +426,29 @@ func (e *Env) waitHTTP(p *proc, url string, h http.Header, timeout time.Duration
 	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DialContext: e.opts.Dial}}
 	defer client.CloseIdleConnections()
-	deadline := time.Now().Add(timeout)
-	var last string
-	for time.Now().Before(deadline) {
-		if p.exited() {
-			t.Fatalf("%s exited: %v\n%s", p.name, p.err, tail(p.log, 40))
+	exited := false
+	err := testutil.Poll(timeout, func() error {
+		if exited = p.exited(); exited {
+			return nil // no use waiting any longer
 		}
 		req, _ := http.NewRequest("GET", url, nil)
 		req.Header = h
 		resp, err := client.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-			last = resp.Status
-		} else {
-			last = err.Error()
+		if err != nil {
+			return err
 		}
-		time.Sleep(100 * time.Millisecond)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return errors.New(resp.Status)
+		}
+		return nil
+	})
+	if exited {
+		t.Fatalf("%s exited: %v\n%s", p.name, p.err, tail(p.log, 40))
 	}
-	t.Fatalf("%s not ready at %s after %v (last: %s)\n%s", p.name, url, timeout, last, tail(p.log, 40))
+	if err != nil {
+		t.Fatalf("%s not ready at %s after %v (last: %v)\n%s", p.name, url, timeout, err, tail(p.log, 40))
+	}
 }
 
 // freePorts returns n distinct free loopback ports. They are free when

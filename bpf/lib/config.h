@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Per-node settings: `volatile const` globals (.rodata) that the agent sets
+ * before load (pkg/datapath configure), never #ifdefs, so one object serves
+ * every node. The values here are the defaults, the same as pkg/datapath's
+ * Default* (TestConfigDefaults checks that they agree).
+ */
+#ifndef SLUICE_CONFIG_H
+#define SLUICE_CONFIG_H
+
+#include "consts.h"
+
+/*
+ * Conntrack idle timeouts. An entry idle for longer than its timeout is
+ * treated as absent (and deleted later: conntrack.h). An established TCP
+ * flow lives ct_timeout_tcp_ns, one that has seen no reply yet
+ * ct_timeout_syn_ns (Cilium's SYN timeout), UDP ct_timeout_udp_ns.
+ */
+volatile const __u64 ct_timeout_tcp_ns = 6ULL * 3600 * NSEC_PER_SEC;
+volatile const __u64 ct_timeout_syn_ns = 60ULL * NSEC_PER_SEC;
+volatile const __u64 ct_timeout_udp_ns = 60ULL * NSEC_PER_SEC;
+/* A TCP flow that saw a RST, or a FIN both ways, lives this much longer. */
+volatile const __u64 ct_timeout_close_ns = 10ULL * NSEC_PER_SEC;
+
+/*
+ * Source ports for SNAT to the node's address, host order, inclusive. The
+ * default stays above the kernel's default ephemeral range (32768-60999),
+ * so the node's own connections do not compete for them.
+ */
+volatile const __u16 snat_port_min = 61000;
+volatile const __u16 snat_port_max = 65535;
+
+#endif /* SLUICE_CONFIG_H */

@@ -1,0 +1,55 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Includes and constants shared by every Sluice program.
+ *
+ * Only UAPI headers and libbpf's helper headers are used (no vmlinux.h),
+ * vendored in bpf/include (update.sh) and built with -nostdinc, so the
+ * objects build the same on any machine with the pinned clang. Per-node
+ * settings are not constants: they are in config.h.
+ */
+#ifndef SLUICE_CONSTS_H
+#define SLUICE_CONSTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <linux/icmp.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+/* errno values returned to user space (linux/errno.h is not a UAPI header). */
+#define EPERM	     1
+#define ENOENT	     2
+#define E2BIG	     7
+#define EEXIST	     17
+#define ECONNREFUSED 111
+
+/*
+ * The values stored in maps (conntrack directions and flags, service
+ * flags, metric reasons) are enums in structs.h: they are part of the ABI
+ * with the agent, which gets them from the BTF.
+ */
+
+/* TCP header flag bits (byte 13 of the header). */
+#define TCP_FLAG_FIN 0x01
+#define TCP_FLAG_SYN 0x02
+#define TCP_FLAG_RST 0x04
+#define TCP_FLAG_ACK 0x10
+
+#define AF_INET 2
+
+/* IPv4 fragment bits of iphdr.frag_off (host order). */
+#define IP_DF	  0x4000
+#define IP_MF	  0x2000
+#define IP_OFFSET 0x1fff
+
+#define NSEC_PER_SEC 1000000000ULL
+
+#endif /* SLUICE_CONSTS_H */

@@ -1,0 +1,106 @@
+package agentproc
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+)
+
+// Binaries are the built sluice and sluicectl.
+type Binaries struct {
+	Sluice, Sluicectl string
+}
+
+// Build compiles cmd/sluice and cmd/sluicectl of this module into dir.
+func Build(ctx context.Context, dir string) (Binaries, error) {
+	root, err := testutil.ModuleRoot(ctx)
+	if err != nil {
+		return Binaries{}, err
+	}
+	b := Binaries{Sluice: filepath.Join(dir, "sluice"), Sluicectl: filepath.Join(dir, "sluicectl")}
+	for _, x := range []struct{ pkg, out string }{{"./cmd/sluice", b.Sluice}, {"./cmd/sluicectl", b.Sluicectl}} {
+		if err := goBuild(ctx, root, x.pkg, x.out); err != nil {
+			return Binaries{}, err
+		}
+	}
+	return b, nil
+}
+
+// goBuild builds pkg into out, with a few tries: a build cache shared with
+// concurrent builds (other test binaries, other checkouts) has been seen
+// to fail transiently.
+func goBuild(ctx context.Context, root, pkg, out string) error {
+	var err error
+	for try := range 3 {
+		if try > 0 {
+			time.Sleep(time.Second)
+		}
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOTOOLCHAIN=local")
+		var output []byte
+		if output, err = cmd.CombinedOutput(); err == nil {
+			return nil
+		}
+		err = fmt.Errorf("go build %s: %w\n%s", pkg, err, output)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return err
+}
+
+var shared struct {
+	once sync.Once
+	dir  string
+	bins Binaries
+	err  error
+}
+
+// Shared builds the binaries once per test process, into a directory that
+// RemoveShared deletes (call it from TestMain after m.Run).
+func Shared(t testing.TB) Binaries {
+	t.Helper()
+	shared.once.Do(func() {
+		if shared.dir, shared.err = os.MkdirTemp("", "sluice-bin-"); shared.err == nil {
+			shared.bins, shared.err = Build(context.Background(), shared.dir)
+		}
+	})
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	return shared.bins
+}
+
+// RemoveShared deletes what Shared built.
+func RemoveShared() {
+	if shared.dir != "" {
+		os.RemoveAll(shared.dir)
+	}
+}
+
+// WriteFile replaces path atomically (write a temporary file, rename), so a
+// watcher never reads half a manifest.
+func WriteFile(path, content string) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".manifest-*")
+	if err != nil {
+		return err
+	}
+	if _, err := tmp.WriteString(content); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}

@@ -1,0 +1,44 @@
+package testutil
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// BPFFS is where bpffs is mounted: the agent's default pin root, which
+// `make deps` mounts.
+const BPFFS = "/sys/fs/bpf"
+
+// bpffsMagic is BPF_FS_MAGIC, statfs's f_type of a bpffs.
+const bpffsMagic = 0xcafe4a11
+
+// NeedBPFFS fails tb unless a bpffs is mounted at BPFFS, and returns BPFFS.
+func NeedBPFFS(tb testing.TB) string {
+	tb.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(BPFFS, &st); err != nil || st.Type != bpffsMagic {
+		tb.Fatalf("no bpffs mounted at %s (`make deps` mounts it; statfs: %v)", BPFFS, err)
+	}
+	return BPFFS
+}
+
+// PinDir returns a fresh directory on bpffs for the test's pins, removed
+// with everything under it when the test ends. Pins need root: a test that
+// asks for them is a privileged test (see Privileged).
+func PinDir(tb testing.TB) string {
+	tb.Helper()
+	Privileged(tb)
+	var b [6]byte
+	rand.Read(b[:])
+	dir := filepath.Join(NeedBPFFS(tb), "sluice-test-"+hex.EncodeToString(b[:]))
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		tb.Fatalf("create pin dir: %v", err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}

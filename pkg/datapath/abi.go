@@ -1,0 +1,95 @@
+package datapath
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf/btf"
+
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// The values the agent and the BPF programs exchange through maps come
+// from bpf/lib/structs.h, never from a copy: bpf2go -type generates the
+// map layouts and the enums (ct_dir, ct_flags, svc_flags, node_dev_flags,
+// metric_reason) into sock_bpfel.go, and the metric labels are read from
+// the same enum in the embedded object's BTF.
+
+// Conntrack directions (ct4_key.dir) and flags (ct4_entry.flags), typed
+// like the fields that hold them.
+const (
+	ctForward = uint8(sockCtDirCT_FORWARD)
+	ctReverse = uint8(sockCtDirCT_REVERSE)
+
+	ctFlagSNAT    = uint32(sockCtFlagsCT_F_SNAT)
+	ctFlagFinFwd  = uint32(sockCtFlagsCT_F_FIN_FWD)
+	ctFlagFinRev  = uint32(sockCtFlagsCT_F_FIN_REV)
+	ctFlagRST     = uint32(sockCtFlagsCT_F_RST)
+	ctFlagReplied = uint32(sockCtFlagsCT_F_REPLIED)
+
+	// nodeDevL3 flags a device without a link-layer header
+	// (node_dev.flags).
+	nodeDevL3 = uint32(sockNodeDevFlagsNODE_DEV_F_L3)
+)
+
+// The reconciler writes a master's flags (reconciler.Master.Flags) as
+// reconciler.Flag*, and cannot import this package (which imports it), so
+// it keeps its own named constants. These declarations do not compile
+// unless each equals its enum svc_flags value: an array type's length is
+// the constant, and [a]struct{} is assignable to [b]struct{} only if a == b.
+var (
+	_ [reconciler.FlagExternal]struct{}     = [sockSvcFlagsSVC_F_EXTERNAL]struct{}{}
+	_ [reconciler.FlagLocal]struct{}        = [sockSvcFlagsSVC_F_LOCAL]struct{}{}
+	_ [reconciler.FlagSourceRanges]struct{} = [sockSvcFlagsSVC_F_SRC_RANGES]struct{}{}
+)
+
+// metricNames returns the label of each reason of enum metric_reason, by
+// value: its C name, lower-cased, without METRIC_ (METRIC_TC_DNAT_NEW is
+// "tc_dnat_new"). They are read from the enum in the embedded socket
+// object's BTF, the enum the generated sockMetricReason constants come
+// from, so a reason added in C is counted and labelled with no change here.
+var metricNames = sync.OnceValue(func() []string {
+	names, err := reasonNames(_SockBytes)
+	if err != nil {
+		// The object is embedded in this binary: only a broken build
+		// gets here, and every test that opens a datapath fails.
+		panic(fmt.Sprintf("embedded BPF object: %v", err))
+	}
+	return names
+})
+
+// reasonNames reads enum metric_reason from the BTF of the ELF object obj.
+func reasonNames(obj []byte) ([]string, error) {
+	spec, err := btf.LoadSpecFromReader(bytes.NewReader(obj))
+	if err != nil {
+		return nil, fmt.Errorf("load BTF: %w", err)
+	}
+	var enum *btf.Enum
+	if err := spec.TypeByName("metric_reason", &enum); err != nil {
+		return nil, fmt.Errorf("enum metric_reason: %w", err)
+	}
+	n := -1 // METRIC_MAX: the number of reasons
+	for _, v := range enum.Values {
+		if v.Name == "METRIC_MAX" {
+			n = int(v.Value)
+		}
+	}
+	if n < 0 || n != len(enum.Values)-1 {
+		return nil, fmt.Errorf("enum metric_reason: want reasons 0..METRIC_MAX-1 and METRIC_MAX, have %d values with METRIC_MAX=%d", len(enum.Values), n)
+	}
+	// n distinct values below n: each of 0..n-1 has a name.
+	names := make([]string, n)
+	for _, v := range enum.Values {
+		if v.Name == "METRIC_MAX" {
+			continue
+		}
+		name, ok := strings.CutPrefix(v.Name, "METRIC_")
+		if !ok || name == "" || int(v.Value) >= n || names[v.Value] != "" {
+			return nil, fmt.Errorf("enum metric_reason: %s = %d: want METRIC_<name>, a value below METRIC_MAX, each once", v.Name, v.Value)
+		}
+		names[v.Value] = strings.ToLower(name)
+	}
+	return names, nil
+}

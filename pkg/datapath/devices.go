@@ -1,0 +1,127 @@
+package datapath
+
+// The node devices (sluice_devices): which address external flows leaving
+// through a device are source-NATed to, which devices have no link-layer
+// header, and the lookups of devices and addresses the agent's flags
+// default from.
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+
+	"github.com/vishvananda/netlink"
+)
+
+// setNodeDevice records dev (ifindex) as a node device whose address is
+// the SNAT source for flows leaving through it, with its flags
+// (nodeDevL3). A device without an IPv4 address is not a SNAT source:
+// it is recorded with address 0 if it has flags, else forgotten.
+func (m *Maps) setNodeDevice(ifindex int, addr netip.Addr, flags uint32) error {
+	if !addr.IsValid() && flags == 0 {
+		return deleteIgnoringMissing(m.devices, uint32(ifindex))
+	}
+	v := sockNodeDev{Flags: flags}
+	if addr.IsValid() {
+		v.Addr = be32(addr)
+	}
+	return m.devices.Put(uint32(ifindex), &v)
+}
+
+// l3EncapTypes are the link types (as netlink names them) of devices
+// without a link-layer header, where tc sees a packet from its IPv4
+// header on: tun and wireguard ("none"), ipip, ip6tnl, sit, and raw IP
+// (ARPHRD_RAWIP, cellular modems). GRE devices are left out: whether they
+// have a header depends on their mode.
+var l3EncapTypes = []string{"none", "ipip", "tunnel6", "sit", "unknown519"}
+
+// deviceFlags returns the sluice_devices flags of dev.
+func deviceFlags(dev string) (uint32, error) {
+	l, err := netlink.LinkByName(dev)
+	if err != nil {
+		return 0, fmt.Errorf("device %s: %w", dev, err)
+	}
+	if slices.Contains(l3EncapTypes, l.Attrs().EncapType) {
+		return nodeDevL3, nil
+	}
+	return 0, nil
+}
+
+// deviceAddr picks the address of dev that external flows are source-NATed
+// to: one of nodeIPs if dev holds one, else its first global IPv4 address.
+func deviceAddr(dev string, nodeIPs []netip.Addr) (netip.Addr, error) {
+	l, err := netlink.LinkByName(dev)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("device %s: %w", dev, err)
+	}
+	addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("addresses of %s: %w", dev, err)
+	}
+	var first netip.Addr
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP.To4())
+		if !ok || !ip.IsGlobalUnicast() {
+			continue
+		}
+		if slices.Contains(nodeIPs, ip) {
+			return ip, nil
+		}
+		if !first.IsValid() {
+			first = ip
+		}
+	}
+	return first, nil
+}
+
+// DevicesOf returns the devices (in the caller's network namespace) that
+// hold any of addrs: the default for --devices when node IPs are known.
+func DevicesOf(addrs []netip.Addr) ([]string, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil, fmt.Errorf("list devices: %w", err)
+	}
+	var out []string
+	for _, ifc := range ifs {
+		as, err := ifc.Addrs()
+		if err != nil {
+			return nil, fmt.Errorf("addresses of %s: %w", ifc.Name, err)
+		}
+		for _, a := range as {
+			ipn, ok := a.(*net.IPNet)
+			if !ok {
+				continue
+			}
+			ip, ok := netip.AddrFromSlice(ipn.IP)
+			if ok && slices.Contains(addrs, ip.Unmap()) {
+				out = append(out, ifc.Name)
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+// AddressesOf returns the global IPv4 addresses of devs (in the caller's
+// network namespace), in device order: where NodePorts answer.
+func AddressesOf(devs []string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for _, dev := range devs {
+		l, err := netlink.LinkByName(dev)
+		if err != nil {
+			return nil, fmt.Errorf("device %s: %w", dev, err)
+		}
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+		if err != nil {
+			return nil, fmt.Errorf("addresses of %s: %w", dev, err)
+		}
+		for _, a := range addrs {
+			ip, ok := netip.AddrFromSlice(a.IP.To4())
+			if ok && ip.IsGlobalUnicast() && !slices.Contains(out, ip) {
+				out = append(out, ip)
+			}
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,447 @@
+package datapath
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// Packets tc or XDP send to their next hop themselves (bpf_redirect,
+// XDP_TX) skip the stack's forwarding, so the programs do its part: the
+// TTL is decremented, and a packet whose TTL would expire or that is
+// larger than the egress device's MTU is answered with an ICMP error,
+// dropped or handed to the stack, never sent (C7). And a reply that
+// ingress reverse-NATs to an external frontend, whose address is the
+// node's own, is forwarded that way too: the stack would drop it as a
+// martian (issue 11 item 8).
+
+// podIfindex returns the ifindex of the pod-facing device pod0 of
+// nodeNetns (the calling goroutine must be in it).
+func podIfindex(t *testing.T) int {
+	t.Helper()
+	l, err := netlink.LinkByName("pod0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Attrs().Index
+}
+
+// TestTCReplyAtPodDevice: with the pod-facing device among the attached
+// ones, the reply of a NodePort flow to a local backend is reverse-NATed
+// at its ingress, and so gets the node's address as its source: it is
+// forwarded to the client (FIB lookup and redirect, TTL one less) instead
+// of being passed up, where the kernel drops it as a martian. A ClusterIP
+// reply is still passed up (its source, a VIP, is not the node's).
+func TestTCReplyAtPodDevice(t *testing.T) {
+	testutil.Privileged(t)
+	_, ethIdx := nodeNetns(t)
+	podIdx := podIfindex(t)
+	d := openTest(t, smallConfig(testPinDir(t)))
+	m := d.Maps()
+	if err := d.AttachDevices([]string{"eth0", "pod0"}); err != nil {
+		t.Fatal(err)
+	}
+	ext := reconciler.FlagExternal
+	addExternal(t, m, 2, npLocal, ext, beLocal)
+	etpLocal := l4(nsNodeIP, 30084, model.TCP)
+	addExternal(t, m, 8, etpLocal, ext|reconciler.FlagLocal, beLocal)
+	cip := l4("10.96.0.80", 80, model.TCP)
+	addService(t, m, 9, cip, beLocal)
+	ing := d.TCIngress()
+	// Frames from the client to eth0, and from the pod to pod0.
+	eth, pod0, pod := macOf(nodeEthMAC), [6]byte{0x02, 0, 0, 0, 0x0a, 0x00}, [6]byte{0x02, 0, 0, 0, 0x0a, 0x01}
+	beS := beLocal.addr.Addr.String()
+
+	for i, fe := range []model.L4Addr{npLocal, etpLocal, cip} {
+		cport := uint16(42000 + i)
+		syn := ip4{src: nsClientIP, dst: fe.Addr.String(), proto: 6,
+			payload: tcpSegment(nsClientIP, fe.Addr.String(), cport, fe.Port, 0, nil)}
+		dnat := syn
+		dnat.dst, dnat.payload = beS, tcpSegment(nsClientIP, beS, cport, 8080, 0, nil)
+		verdict, out := runOn(t, ing, ethIdx, frame(eth, clientMAC, syn.bytes()))
+		if want := frame(eth, clientMAC, dnat.bytes()); verdict != tcActOK || !bytes.Equal(out, want) {
+			t.Fatalf("%s: SYN: verdict %d, output %s", fe, verdict, packetDiff(out, want))
+		}
+
+		synAck := ip4{src: beS, dst: nsClientIP, proto: 6, payload: tcpSegment(beS, nsClientIP, 8080, cport, 0x12, nil)}
+		back := synAck
+		back.src, back.payload = fe.Addr.String(), tcpSegment(fe.Addr.String(), nsClientIP, fe.Port, cport, 0x12, nil)
+		verdict, out = runOn(t, ing, podIdx, frame(pod0, pod, synAck.bytes()))
+		if fe == cip {
+			// Passed up, rewritten: the stack routes it.
+			if want := frame(pod0, pod, back.bytes()); verdict != tcActOK || !bytes.Equal(out, want) {
+				t.Errorf("%s: SYN-ACK at pod0: verdict %d, output %s", fe, verdict, packetDiff(out, want))
+			}
+			continue
+		}
+		back.ttl = 63
+		if want := frame(clientMAC, eth, back.bytes()); verdict != tcActRedirect || !bytes.Equal(out, want) {
+			t.Errorf("%s: SYN-ACK at pod0: verdict %d (want redirect %d), output %s", fe, verdict, tcActRedirect, packetDiff(out, want))
+		}
+	}
+	cs, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs["tc_rev_redirect"] != 2 {
+		t.Errorf("tc_rev_redirect = %d, want 2 (the NodePort and ETP=Local replies)", cs["tc_rev_redirect"])
+	}
+}
+
+// TestNodePortPodDeviceEndToEnd runs real NodePort traffic to a backend
+// on the node, with the pod-facing veth among the devices tc is attached
+// to, as a CNI's pod veths have no node address:
+//
+//	client 10.0.0.1/24 eth0 <-> eth0 10.0.0.2/24 node pod0 (no address,
+//	proxy ARP, route 10.1.1.2/32) <-> eth0 10.1.1.2/24 pod (default dev eth0)
+//
+// Both a NodePort (externalTrafficPolicy Cluster; the backend is local,
+// so no SNAT) and an externalTrafficPolicy Local one must answer.
+func TestNodePortPodDeviceEndToEnd(t *testing.T) {
+	d := newTestDatapath(t)
+	topo := topology.NewT(t)
+	client, err := topo.AddNS("client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := topo.AddNS("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := topo.AddNS("pod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(topo.Veth(client, "eth0", node, "eth0"))
+	must(topo.Veth(node, "pod0", pod, "eth0"))
+	must(client.AddAddr("eth0", netip.MustParsePrefix("10.0.0.1/24")))
+	must(node.AddAddr("eth0", netip.MustParsePrefix("10.0.0.2/24")))
+	must(pod.AddAddr("eth0", netip.MustParsePrefix("10.1.1.2/24")))
+	must(node.Sysctl("net/ipv4/ip_forward", "1"))
+	must(node.Sysctl("net/ipv4/conf/pod0/proxy_arp", "1"))
+	linkRoute := func(ns *topology.NS, dev, dst string) {
+		t.Helper()
+		must(ns.Do(func() error {
+			l, err := netlink.LinkByName(dev)
+			if err != nil {
+				return err
+			}
+			_, ipn, _ := net.ParseCIDR(dst)
+			return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipn, Scope: netlink.SCOPE_LINK})
+		}))
+	}
+	linkRoute(node, "pod0", "10.1.1.2/32")
+	linkRoute(pod, "eth0", "0.0.0.0/0")
+	if _, err := pod.ServeTCPEcho("10.1.1.2:8080", "pod"); err != nil {
+		t.Fatal(err)
+	}
+
+	m := d.Maps()
+	be := testBackend{1, l4("10.1.1.2", 8080, model.TCP)}
+	np := l4("10.0.0.2", 30080, model.TCP)
+	npLocalPolicy := l4("10.0.0.2", 30081, model.TCP)
+	addExternal(t, m, 1, np, reconciler.FlagExternal, be)
+	addExternal(t, m, 2, npLocalPolicy, reconciler.FlagExternal|reconciler.FlagLocal, be)
+	must(node.Do(func() error { return d.AttachDevices([]string{"eth0", "pod0"}) }))
+
+	for _, fe := range []model.L4Addr{np, npLocalPolicy} {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		c, err := client.DialContext(ctx, "tcp4", apOf(fe).String())
+		if err != nil {
+			cancel()
+			t.Fatalf("connect to %s with pod0 attached: %v", fe, err)
+		}
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		fmt.Fprintf(c, "hello\n")
+		line, err := bufio.NewReader(c).ReadString('\n')
+		c.Close()
+		cancel()
+		if err != nil || line != "pod hello\n" {
+			t.Fatalf("%s: read %q, %v; want the pod's echo", fe, line, err)
+		}
+	}
+	cs, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs["tc_rev_redirect"] == 0 {
+		t.Errorf("tc_rev_redirect = 0: %v", cs)
+	}
+}
+
+// icmpAbout returns the ICMP error (type, code, rest) that tc sends back
+// about the IPv4 packet in: from in's destination to its source, quoting
+// its IPv4 header and whole L4 header, in a frame back where it came from.
+func icmpAbout(in []byte, typ, code uint8, rest uint32) []byte {
+	ip := in[14:]
+	ihl := int(ip[0]&0xf) * 4
+	l4len := 8
+	if ip[9] == 6 {
+		l4len = 20
+	}
+	src, dst := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+	reply := ip4{src: dst.String(), dst: src.String(), proto: 1,
+		payload: icmpMessage(typ, code, rest, ip[:ihl+l4len])}
+	return frame([6]byte(in[6:12]), [6]byte(in[0:6]), reply.bytes())
+}
+
+// TestTCRedirectTTLAndMTU: on the redirect paths of external flows to
+// remote backends (requests and replies), a TTL of 1 gets an ICMP time
+// exceeded, a packet over the egress MTU with DF an ICMP fragmentation
+// needed (with that MTU), one without DF is dropped; and a reply that
+// would be redirected to the client from a pod device but does not fit is
+// handed to the stack as it came, for the stack to forward (and the egress
+// program to translate) or refuse.
+func TestTCRedirectTTLAndMTU(t *testing.T) {
+	testutil.Privileged(t)
+	_, ethIdx := nodeNetns(t)
+	podIdx := podIfindex(t)
+	eth1, err := netlink.LinkByName("eth1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetMTU(eth1, 1280); err != nil {
+		t.Fatal(err)
+	}
+	d := openTest(t, smallConfig(testPinDir(t)))
+	m := d.Maps()
+	if err := d.AttachDevices([]string{"eth0", "eth1", "pod0"}); err != nil {
+		t.Fatal(err)
+	}
+	ext := reconciler.FlagExternal
+	addExternal(t, m, 1, npRemote, ext, beRemote)
+	npNode3 := l4(nsNodeIP, 30083, model.TCP)
+	addExternal(t, m, 7, npNode3, ext, testBackend{7, l4("10.3.0.7", 8080, model.TCP)})
+	addExternal(t, m, 2, npLocal, ext, beLocal)
+	ing := d.TCIngress()
+	eth := macOf(nodeEthMAC)
+
+	seg := func(src string, sport uint16, dst string, dport uint16, flags uint8, ttl uint8, df bool, n int) ip4 {
+		return ip4{src: src, dst: dst, proto: 6, ttl: ttl, df: df,
+			payload: tcpSegment(src, dst, sport, dport, flags, bytes.Repeat([]byte("m"), n))}
+	}
+	fromClient := func(h ip4) []byte { return frame(eth, clientMAC, h.bytes()) }
+
+	// TTL 1 on a new flow's SYN: time exceeded, from the NodePort.
+	in := fromClient(seg(nsClientIP, 43000, nsNodeIP, npRemote.Port, 0, 1, true, 0))
+	verdict, out := runOn(t, ing, ethIdx, in)
+	if want := icmpAbout(in, 11, 0, 0); verdict != tcActRedirect || !bytes.Equal(out, want) {
+		t.Errorf("SYN with TTL 1: verdict %d, output %s", verdict, packetDiff(out, want))
+	}
+
+	// The flow goes on with TTL 64, and its reply comes back with TTL 1:
+	// time exceeded to the backend, from the node.
+	in = fromClient(seg(nsClientIP, 43001, nsNodeIP, npRemote.Port, 0, 0, true, 0))
+	if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActRedirect {
+		t.Fatalf("SYN: verdict %d", verdict)
+	}
+	sp := snatPortOf(t, m, nsClientIP, 43001, npRemote)
+	in = frame(eth, macOf(node2MAC), seg("10.2.0.7", 8080, nsNodeIP, sp, 0x12, 1, true, 0).bytes())
+	verdict, out = runOn(t, ing, ethIdx, in)
+	if want := icmpAbout(in, 11, 0, 0); verdict != tcActRedirect || !bytes.Equal(out, want) {
+		t.Errorf("reply with TTL 1: verdict %d, output %s", verdict, packetDiff(out, want))
+	}
+
+	// Over eth1's MTU (1280) to node 3's backend: with DF, fragmentation
+	// needed with the MTU; without, dropped.
+	in = fromClient(seg(nsClientIP, 43002, nsNodeIP, npNode3.Port, 0x18, 0, true, 1300))
+	verdict, out = runOn(t, ing, ethIdx, in)
+	if want := icmpAbout(in, 3, 4, 1280); verdict != tcActRedirect || !bytes.Equal(out, want) {
+		t.Errorf("1340 bytes with DF to a 1280 MTU: verdict %d, output %s", verdict, packetDiff(out, want))
+	}
+	in = fromClient(seg(nsClientIP, 43003, nsNodeIP, npNode3.Port, 0x18, 0, false, 1300))
+	if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActShot {
+		t.Errorf("1340 bytes without DF to a 1280 MTU: verdict %d, want drop", verdict)
+	}
+	// What fits goes, one TTL less.
+	in = fromClient(seg(nsClientIP, 43004, nsNodeIP, npNode3.Port, 0x18, 0, true, 1200))
+	if verdict, out := runOn(t, ing, ethIdx, in); verdict != tcActRedirect || out[14+8] != 63 {
+		t.Errorf("1240 bytes to a 1280 MTU: verdict %d, TTL %d; want redirect, 63", verdict, out[14+8])
+	}
+
+	// A local backend's reply at pod0 too big for eth0 (1280 now): passed
+	// up as it came.
+	if err := netlink.LinkSetMTU(mustLink(t, "eth0"), 1280); err != nil {
+		t.Fatal(err)
+	}
+	in = fromClient(seg(nsClientIP, 43005, nsNodeIP, npLocal.Port, 0, 0, true, 0))
+	if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActOK {
+		t.Fatalf("SYN to a local backend: verdict %d", verdict)
+	}
+	in = frame([6]byte{0x02, 0, 0, 0, 0x0a, 0x00}, [6]byte{0x02, 0, 0, 0, 0x0a, 0x01}, seg("10.1.0.7", 8080, nsClientIP, 43005, 0x10, 0, true, 1300).bytes())
+	if verdict, out := runOn(t, ing, podIdx, in); verdict != tcActOK || !bytes.Equal(out, in) {
+		t.Errorf("oversize reply at pod0: verdict %d, output %s", verdict, packetDiff(out, in))
+	}
+
+	cs, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for reason, want := range map[string]uint64{"tc_ttl_exceeded": 2, "tc_frag_needed": 1, "tc_mtu_drop": 1, "tc_fwd_to_stack": 1} {
+		if cs[reason] != want {
+			t.Errorf("%s = %d, want %d", reason, cs[reason], want)
+		}
+	}
+}
+
+func mustLink(t *testing.T, name string) netlink.Link {
+	t.Helper()
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// TestXDPTTLAndMTU: XDP decrements the TTL of what it transmits, and
+// leaves to tc (XDP_PASS, counted) a packet whose TTL would expire or that
+// is larger than the egress MTU: tc answers those.
+func TestXDPTTLAndMTU(t *testing.T) {
+	testutil.Privileged(t)
+	_, ethIdx := nodeNetns(t)
+	if err := netlink.LinkSetMTU(mustLink(t, "eth1"), 1280); err != nil {
+		t.Fatal(err)
+	}
+	d := openTest(t, smallConfig(testPinDir(t)))
+	if err := d.AttachDevices([]string{"eth0", "eth1"}); err != nil {
+		t.Fatal(err)
+	}
+	ext := reconciler.FlagExternal
+	addExternal(t, d.Maps(), 1, npRemote, ext, beRemote)
+	npNode3 := l4(nsNodeIP, 30083, model.TCP)
+	addExternal(t, d.Maps(), 7, npNode3, ext, testBackend{7, l4("10.3.0.7", 8080, model.TCP)})
+	eth := macOf(nodeEthMAC)
+	seg := func(sport uint16, fe model.L4Addr, ttl uint8, n int) []byte {
+		return frame(eth, clientMAC, ip4{src: nsClientIP, dst: nsNodeIP, proto: 6, ttl: ttl, df: true,
+			payload: tcpSegment(nsClientIP, nsNodeIP, sport, fe.Port, 0x18, bytes.Repeat([]byte("x"), n))}.bytes())
+	}
+	for _, c := range []struct {
+		name    string
+		in      []byte
+		verdict uint32
+		ttl     uint8
+	}{
+		{"ttl_64_sent_with_63", seg(44000, npRemote, 0, 0), xdpTx, 63},
+		{"ttl_1_to_tc", seg(44001, npRemote, 1, 0), xdpPass, 1},
+		{"over_mtu_to_tc", seg(44002, npNode3, 0, 1300), xdpPass, 64},
+	} {
+		verdict, out := runXDP(t, d.XDP(), ethIdx, c.in)
+		if verdict != c.verdict || out[14+8] != c.ttl {
+			t.Errorf("%s: verdict %d TTL %d, want %d and %d", c.name, verdict, out[14+8], c.verdict, c.ttl)
+		}
+		if c.verdict == xdpPass && !bytes.Equal(out, c.in) {
+			t.Errorf("%s: passed to tc changed: %s", c.name, packetDiff(out, c.in))
+		}
+	}
+	cs, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs["xdp_ttl_exceeded"] != 1 || cs["xdp_mtu_exceeded"] != 1 {
+		t.Errorf("xdp_ttl_exceeded %d, xdp_mtu_exceeded %d; want 1 and 1", cs["xdp_ttl_exceeded"], cs["xdp_mtu_exceeded"])
+	}
+}
+
+// TestPMTUNodePortSNATEndToEnd: path MTU discovery through a NodePort
+// whose backend is behind a node device with a smaller MTU. The flow is
+// source-NATed and redirected by tc, bypassing the stack's forwarding, so
+// tc must answer a segment too big for that device itself, with an ICMP
+// fragmentation needed about <client -> NodePort>:
+//
+//	client 10.0.0.1 eth0 <-> eth0 10.0.0.2 node bk1 10.1.1.1 (MTU 1400,
+//	tc, SNAT source) <-> eth0 10.1.1.2 (MTU 1500) backend
+//
+// Twice: with the client's TCP segmentation offload on, the node gets GSO
+// packets and checks each segment (a veth would carry them whole, but a
+// NIC would put 1500-byte segments on a 1400-byte link); off, it gets
+// 1500-byte packets, which were dropped.
+func TestPMTUNodePortSNATEndToEnd(t *testing.T) {
+	for _, gso := range []bool{true, false} {
+		t.Run(fmt.Sprintf("gso=%v", gso), func(t *testing.T) { pmtuNodePort(t, gso) })
+	}
+}
+
+func pmtuNodePort(t *testing.T, gso bool) {
+	d := newTestDatapath(t)
+	topo := topology.NewT(t)
+	lb, err := topo.BuildLB(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lb.Node.Do(func() error {
+		return netlink.LinkSetMTU(mustLink(t, lb.NodeBackendDevs[0]), 1400)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !gso {
+		// No TX checksum offload, no TSO: the client's stack
+		// segments before its veth.
+		if err := lb.Client.Do(func() error { return topology.SetTxChecksumOffload("eth0", false) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	be := netip.AddrPortFrom(lb.BackendAddrs[0], 8080)
+	np := l4(lb.NodeAddr.String(), 30080, model.TCP)
+	addExternal(t, d.Maps(), 1, np, reconciler.FlagExternal, testBackend{1, l4(be.Addr().String(), be.Port(), model.TCP)})
+	if err := lb.Node.Do(func() error {
+		return d.AttachDevices([]string{lb.NodeDev, lb.NodeBackendDevs[0]})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := lb.Backends[0].Listen("tcp4", be.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		line, _ := bufio.NewReaderSize(c, 1<<20).ReadString('\n')
+		fmt.Fprintf(c, "%d\n", len(line))
+	}()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := lb.Client.DialContext(ctx, "tcp4", apOf(np).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	msg := string(bytes.Repeat([]byte("y"), 256<<10)) + "\n"
+	if _, err := c.Write([]byte(msg)); err != nil {
+		t.Fatalf("write 256 KiB through %s with a 1400-byte MTU node device: %v", np, err)
+	}
+	answer, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || answer != fmt.Sprintf("%d\n", len(msg)) {
+		t.Fatalf("backend counted %q, %v; want %d bytes (PMTU black hole?)", answer, err, len(msg))
+	}
+	cs, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs["tc_frag_needed"] == 0 || cs["tc_snat_new"] == 0 {
+		t.Errorf("tc_frag_needed %d, tc_snat_new %d: want both > 0", cs["tc_frag_needed"], cs["tc_snat_new"])
+	}
+}

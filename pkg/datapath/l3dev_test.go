@@ -1,0 +1,378 @@
+package datapath
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// Packets the parser once passed untranslated (B8): IPv4 BIG TCP, whose
+// GSO packets over 64k carry tot_len 0, and packets on L3 devices (tun,
+// wireguard, ipip), where tc sees no Ethernet header.
+
+// gsoCtx is struct __sk_buff up to gso_size, laid out byte for byte (the
+// context is copied in as is): BPF_PROG_TEST_RUN takes ifindex, gso_segs
+// and gso_size from it.
+type gsoCtx struct {
+	_        [10]uint32 // len .. ingress_ifindex
+	Ifindex  uint32
+	_        [25]uint32 // tc_index .. data_meta
+	_        uint64     // flow_keys
+	_        uint64     // tstamp
+	_        uint32     // wire_len
+	GSOSegs  uint32
+	_        uint64 // sk
+	GSOSize  uint32
+	_padding uint32
+}
+
+func init() {
+	if off := unsafe.Offsetof(gsoCtx{}.GSOSize); off != 176 {
+		panic(fmt.Sprintf("gsoCtx.GSOSize at %d, want 176 (struct __sk_buff)", off))
+	}
+}
+
+func runCtx(t *testing.T, prog *ebpf.Program, ctx any, in []byte) (uint32, []byte) {
+	t.Helper()
+	opts := ebpf.RunOptions{Data: append([]byte(nil), in...), DataOut: make([]byte, len(in)+256), Context: ctx}
+	ret, err := prog.Run(&opts)
+	if err != nil {
+		t.Fatalf("BPF_PROG_TEST_RUN: %v", err)
+	}
+	return ret, opts.DataOut
+}
+
+// TestTCBigTCP: a GSO packet with tot_len 0 (IPv4 BIG TCP) is translated,
+// its length taken from the skb, as the kernel does (iph_totlen); tot_len
+// 0 on a packet that is not TCP GSO is still malformed.
+func TestTCBigTCP(t *testing.T) {
+	d := newTestDatapath(t)
+	vip := l4("10.96.0.70", 80, model.TCP)
+	be := testBackend{71, l4("10.1.7.1", 8080, model.TCP)}
+	addService(t, d.Maps(), 1, vip, be)
+	vipS, beS := vip.Addr.String(), be.addr.Addr.String()
+	const client = "10.0.0.7"
+	// BPF_PROG_TEST_RUN takes at most a page: 2400 bytes, 2 segments.
+	data := bytes.Repeat([]byte("big tcp "), 300)
+	seg := func(src string, sport uint16, dst string, dport uint16) []byte {
+		h := ip4{src: src, dst: dst, proto: 6, df: true, zeroLen: true,
+			payload: tcpSegment(src, dst, sport, dport, 0x18, data)}
+		return ether(h.bytes())
+	}
+	gso := gsoCtx{GSOSegs: 2, GSOSize: 1448}
+
+	for _, c := range []struct {
+		name    string
+		prog    *ebpf.Program
+		ctx     gsoCtx
+		in, out []byte // out nil: unchanged
+	}{
+		{"request_dnat", d.TCIngress(), gso, seg(client, 40000, vipS, 80), seg(client, 40000, beS, 8080)},
+		{"reply_rev_nat_egress", d.TCEgress(), gso, seg(beS, 8080, client, 40000), seg(vipS, 80, client, 40000)},
+		{"not_gso_malformed", d.TCIngress(), gsoCtx{}, seg(client, 40001, vipS, 80), nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			verdict, out := runCtx(t, c.prog, c.ctx, c.in)
+			want := c.out
+			if want == nil {
+				want = c.in
+			}
+			if verdict != tcActOK || !bytes.Equal(out, want) {
+				t.Fatalf("verdict %d (want %d), output %s", verdict, tcActOK, packetDiff(out, want))
+			}
+		})
+	}
+	cs, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs["tc_malformed"] != 1 {
+		t.Errorf("tc_malformed = %d, want 1 (tot_len 0 without GSO)", cs["tc_malformed"])
+	}
+}
+
+// tunIfreq is struct ifreq for TUNSETIFF.
+type tunIfreq struct {
+	name  [unix.IFNAMSIZ]byte
+	flags uint16
+	_     [22]byte
+}
+
+// openTun creates the tun device name (IFF_TUN, no packet information) in
+// the calling thread's network namespace and returns its file, closed (and
+// the device gone) when the test ends.
+func openTun(t *testing.T, name string) *os.File {
+	t.Helper()
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		t.Skipf("no tun: %v", err)
+	}
+	var req tunIfreq
+	copy(req.name[:], name)
+	req.flags = unix.IFF_TUN | unix.IFF_NO_PI
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TUNSETIFF, uintptr(unsafe.Pointer(&req))); errno != 0 {
+		unix.Close(fd)
+		t.Fatalf("TUNSETIFF %s: %v", name, errno)
+	}
+	f := os.NewFile(uintptr(fd), "/dev/net/tun")
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// tunNetns makes a namespace that forwards between two tun devices,
+// tun0 (10.77.0.1/24, the clients' side) and tun1 (10.78.0.1/24, with the
+// route to the backends 10.1.6.0/24), and has an Ethernet device eth0
+// whose MAC starts with 0x46 (what an IPv4 header's first byte reads
+// like); it enters it and returns the tuns' files and eth0's ifindex. The
+// test is the far end of both tunnels: what it writes into a tun arrives
+// on that device, what the node sends through it the test reads.
+func tunNetns(t *testing.T) (tun0, tun1 *os.File, ethIdx int) {
+	t.Helper()
+	ns := topology.NewNS(t, "tun")
+	ns.Enter(t)
+	for key, val := range map[string]string{
+		"ipv4/conf/all/forwarding":       "1",
+		"ipv6/conf/all/disable_ipv6":     "1", // no router solicitations on the tuns
+		"ipv6/conf/default/disable_ipv6": "1",
+	} {
+		if err := os.WriteFile("/proc/sys/net/"+key, []byte(val), 0); err != nil {
+			t.Fatalf("sysctl %s: %v", key, err)
+		}
+	}
+	tun0, tun1 = openTun(t, "tun0"), openTun(t, "tun1")
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0",
+		HardwareAddr: net.HardwareAddr{0x46, 0, 0, 0, 0, 1}}, PeerName: "wire0"}); err != nil {
+		t.Fatalf("add veth: %v", err)
+	}
+	for _, name := range []string{"tun0", "tun1", "eth0", "wire0"} {
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+		if name == "eth0" {
+			ethIdx = l.Attrs().Index
+		}
+	}
+	for dev, a := range map[string]string{"tun0": "10.77.0.1/24", "tun1": "10.78.0.1/24"} {
+		l, _ := netlink.LinkByName(dev)
+		addr, _ := netlink.ParseAddr(a)
+		if err := netlink.AddrAdd(l, addr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tun1l, _ := netlink.LinkByName("tun1")
+	_, backends, _ := net.ParseCIDR("10.1.6.0/24")
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: tun1l.Attrs().Index, Dst: backends}); err != nil {
+		t.Fatal(err)
+	}
+	return tun0, tun1, ethIdx
+}
+
+// readIPv4 returns the next IPv4 packet the node sends through tun, or
+// nil after a second without one.
+func readIPv4(t *testing.T, tun *os.File) []byte {
+	t.Helper()
+	buf := make([]byte, 4096)
+	tun.SetReadDeadline(time.Now().Add(time.Second))
+	for {
+		n, err := tun.Read(buf)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil
+		}
+		if err != nil {
+			t.Fatalf("read tun: %v", err)
+		}
+		if n > 0 && buf[0]>>4 == 4 {
+			return append([]byte(nil), buf[:n]...)
+		}
+	}
+}
+
+// TestTCL3Device: on a device without a link-layer header (a tun here;
+// wireguard and ipip alike), tc's packet starts at the IPv4 header. The
+// agent records such devices (AttachDevices), and the programs translate
+// their packets like any other. BPF_PROG_TEST_RUN cannot show it (it
+// hands a tc program an Ethernet header whatever the device), so the
+// packets go through real tun devices: each is written into one tun and
+// read, forwarded by the node (TTL one less), from the other, or from the
+// same one when tc answers it itself.
+func TestTCL3Device(t *testing.T) {
+	testutil.Privileged(t)
+	tun0, tun1, ethIdx := tunNetns(t)
+	d := openTest(t, smallConfig(testPinDir(t)))
+	if err := d.AttachDevices([]string{"tun0", "tun1", "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	m := d.Maps()
+	vip := l4("10.96.0.60", 80, model.TCP)
+	vipU := l4("10.96.0.60", 53, model.UDP)
+	empty := l4("10.96.0.61", 80, model.TCP)
+	be := testBackend{61, l4("10.1.6.1", 8080, model.TCP)}
+	beU := testBackend{62, l4("10.1.6.1", 5353, model.UDP)}
+	addService(t, m, 1, vip, be)
+	addService(t, m, 2, vipU, beU)
+	addService(t, m, 3, empty)
+	const client = "10.77.0.2"
+	vipS, beS := vip.Addr.String(), be.addr.Addr.String()
+	tcp := func(src string, sport uint16, dst string, dport uint16, flags uint8, ttl uint8) []byte {
+		return ip4{src: src, dst: dst, proto: 6, ttl: ttl, payload: tcpSegment(src, dst, sport, dport, flags, nil)}.bytes()
+	}
+	udp := func(id uint16, src string, sport uint16, dst string, dport uint16) ip4 {
+		return ip4{src: src, dst: dst, proto: 17, id: id,
+			payload: udpDatagram(src, dst, sport, dport, bytes.Repeat([]byte("l3 "), 600), false)}
+	}
+	forwarded := func(h ip4) []byte { h.ttl = 63; return h.bytes() }
+	frags := udp(0x6161, client, 5300, vipS, 53).fragments(1200)
+	fragsNAT := udp(0x6161, client, 5300, beS, 5353).fragments(1200)
+	syn := tcp(client, 40003, empty.Addr.String(), 80, 0, 0)
+
+	for _, s := range []struct {
+		name string
+		in   *os.File // the tun the packet arrives on
+		pkt  []byte
+		out  *os.File // the tun it leaves by
+		want []byte
+	}{
+		{"tcp_dnat", tun0, tcp(client, 40000, vipS, 80, 0, 0), tun1, tcp(client, 40000, beS, 8080, 0, 63)},
+		{"tcp_reply_rev_nat", tun1, tcp(beS, 8080, client, 40000, 0x12, 0), tun0, tcp(vipS, 80, client, 40000, 0x12, 63)},
+		{"udp_first_fragment", tun0, frags[0].bytes(), tun1, forwarded(fragsNAT[0])},
+		{"udp_later_fragment", tun0, frags[1].bytes(), tun1, forwarded(fragsNAT[1])},
+		{"not_a_service", tun0, tcp(client, 40001, "10.1.6.9", 80, 0, 0), tun1, tcp(client, 40001, "10.1.6.9", 80, 0, 63)},
+		// A service without backends: an ICMP port unreachable back
+		// out of the tun, without a link-layer header either.
+		{"no_backend_icmp", tun0, syn, tun0,
+			ip4{src: empty.Addr.String(), dst: client, proto: 1, payload: icmpMessage(3, 3, 0, syn)}.bytes()},
+	} {
+		if _, err := s.in.Write(s.pkt); err != nil {
+			t.Fatalf("%s: write: %v", s.name, err)
+		}
+		got := readIPv4(t, s.out)
+		if got == nil {
+			t.Errorf("%s: nothing came out", s.name)
+			continue
+		}
+		if !bytes.Equal(got, s.want) {
+			t.Errorf("%s: output %s", s.name, packetDiff(got, s.want))
+		}
+	}
+
+	// A NodePort on tun0's address whose backend is behind tun1, a node
+	// device with an address: source-NATed to it and redirected from one
+	// L3 device to the other, and the reply back.
+	np := l4("10.77.0.1", 30080, model.TCP)
+	addExternal(t, m, 4, np, reconciler.FlagExternal, be)
+	if _, err := tun0.Write(tcp(client, 40010, np.Addr.String(), np.Port, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	got := readIPv4(t, tun1)
+	if len(got) != 40 {
+		cs, _ := d.Counters()
+		t.Fatalf("NodePort SYN through tun1: got %x; counters %v", got, cs)
+	}
+	sp := binary.BigEndian.Uint16(got[20:])
+	if want := tcp("10.78.0.1", sp, beS, 8080, 0, 63); !bytes.Equal(got, want) {
+		t.Errorf("NodePort SYN, source-NATed out of tun1: %s", packetDiff(got, want))
+	}
+	if _, err := tun1.Write(tcp(beS, 8080, "10.78.0.1", sp, 0x12, 0)); err != nil {
+		t.Fatal(err)
+	}
+	got = readIPv4(t, tun0)
+	if want := tcp(np.Addr.String(), np.Port, client, 40010, 0x12, 63); !bytes.Equal(got, want) {
+		t.Errorf("NodePort SYN-ACK back out of tun0: %s", packetDiff(got, want))
+	}
+
+	// An Ethernet device whose MAC's first byte reads like an IPv4
+	// header's: its frames are still parsed as Ethernet.
+	mac := [6]byte{0x46, 0, 0, 0, 0, 1}
+	in := frame(mac, clientMAC, tcp(client, 40002, vipS, 80, 0, 0))
+	want := frame(mac, clientMAC, tcp(client, 40002, beS, 8080, 0, 0))
+	verdict, out := runCtx(t, d.TCIngress(), skbCtx{Ifindex: uint32(ethIdx)}, in)
+	if verdict != tcActOK || !bytes.Equal(out, want) {
+		t.Errorf("Ethernet, MAC 46:...: verdict %d, output %s", verdict, packetDiff(out, want))
+	}
+}
+
+// TestTCL3DeviceEndToEnd runs real traffic through a tun device: the test
+// is the far end of the tunnel. A UDP query to a ClusterIP written into
+// the tun arrives on tun0, where tc DNATs it to a backend on the node; the
+// answer leaves through tun0, where tc restores the VIP, and is read back
+// from the tun.
+func TestTCL3DeviceEndToEnd(t *testing.T) {
+	testutil.Privileged(t)
+	tun, _, _ := tunNetns(t)
+	d := openTest(t, smallConfig(testPinDir(t)))
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range sockBackends {
+		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: netlink.NewIPNet(net.ParseIP(a))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	startBackends(t)
+	vip := l4("10.96.0.62", 53, model.UDP)
+	addService(t, d.Maps(), 1, vip, testBackend{1, l4(sockBackends[0], 5353, model.UDP)})
+	if err := d.AttachDevices([]string{"tun0"}); err != nil {
+		t.Fatal(err)
+	}
+
+	const client = "10.77.0.2"
+	query := ip4{src: client, dst: vip.Addr.String(), proto: 17, id: 1,
+		payload: udpDatagram(client, vip.Addr.String(), 4000, 53, []byte("q"), false)}.bytes()
+	if _, err := tun.Write(query); err != nil {
+		t.Fatalf("write to tun: %v", err)
+	}
+	buf := make([]byte, 2048)
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		tun.SetReadDeadline(deadline)
+		n, err := tun.Read(buf)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("no answer through tun0 to a query to %s", vip)
+		}
+		if err != nil {
+			t.Fatalf("read tun: %v", err)
+		}
+		p := buf[:n]
+		if n < 28 || p[0]>>4 != 4 || p[9] != 17 {
+			continue // the stack's own chatter (IPv6 router solicitations)
+		}
+		ihl := int(p[0]&0xf) * 4
+		src := net.IP(p[12:16]).String()
+		sport := binary.BigEndian.Uint16(p[ihl:])
+		payload := string(p[ihl+8:])
+		if src != vip.Addr.String() || sport != 53 || !isBackendReply(payload) {
+			t.Fatalf("answer from %s:%d %q, want a backend's from the VIP %s", src, sport, payload, vip)
+		}
+		if got, want := binary.BigEndian.Uint16(p[ihl+6:]), l4Sum(src, client, 17, zeroCsum(p[ihl:], 6)); got != want {
+			t.Errorf("UDP checksum %#04x, recomputed %#04x", got, want)
+		}
+		return
+	}
+}
+
+// zeroCsum returns a copy of seg with the 2-byte checksum at off zeroed.
+func zeroCsum(seg []byte, off int) []byte {
+	c := append([]byte(nil), seg...)
+	c[off], c[off+1] = 0, 0
+	return c
+}

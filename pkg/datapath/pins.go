@@ -1,0 +1,188 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+)
+
+// Pinned maps outlive the agent, so their layouts are an ABI between
+// releases as well as between the agent and the programs. Each map's name
+// carries the version of its layout, as Cilium's do (cilium_lb4_services_v2):
+// the _vN suffix in bpf/lib/maps.h, and so in its pin under BPFFS/sluice/.
+// A release that changes a layout bumps that map's version; its agent then
+// finds no pin of the old layout under the new name, and Open converts the
+// previous release's map into a new one (pinMigrations) instead of
+// refusing to start until `sluice cleanup` drops all state.
+
+// Pinned map names (also their file names under BPFFS/sluice/). They must
+// match bpf/lib/maps.h; the generated bindings name the same maps, and
+// Open checks that each of these is in every object.
+const (
+	mapServices  = "sluice_services_v1"
+	mapBackends  = "sluice_backends_v1"
+	mapRevNat    = "sluice_rev_nat_v1"
+	mapConntrack = "sluice_conntrack_v2"
+	mapCTNew     = "sluice_ct_new_v1"
+	mapCTFlush   = "sluice_ct_flush_v1"
+	mapSockRev   = "sluice_sock_rev_v1"
+	mapUDPStick  = "sluice_udp_stick_v1"
+	mapMetrics   = "sluice_metrics_v1"
+	mapDevices   = "sluice_devices_v1"
+	mapSrcRanges = "sluice_src_ranges_v1"
+	mapFragments = "sluice_fragments_v1"
+)
+
+// pinMigration turns the pin of a map of the previous release into this
+// build's map.
+type pinMigration struct {
+	from, to string // pin names
+
+	// convert copies the entries of the old map into the new one,
+	// which has this build's layout and configured size, converting
+	// each; spec is this build's configured collection (its constants
+	// say what the entries mean). nil means the layout is the same:
+	// the pin is renamed, so the map itself carries over with its
+	// entries, and the previous agent's programs, still attached until
+	// this agent replaces them, go on using it without a gap.
+	convert func(old, cur *ebpf.Map, spec *ebpf.CollectionSpec) error
+}
+
+// pinMigrations is where a change of layout adds its conversion. Upgrades
+// are supported from the previous release. To change a map's layout: bump
+// the version in its name in bpf/lib/maps.h and in the constant above, and
+// replace the map's entry here by one from the previous release's name to
+// the new one, with a convert function (which runs while the previous
+// agent's programs still update the old map: what they write between the
+// copy and the attach is lost, so convert state that can be rebuilt or
+// lost, such as counters and conntrack, or have the new programs read
+// both).
+//
+// Release 0 pinned its maps without versions; their layouts are those of
+// v1, apart from sluice_metrics, which now has room for reasons to be
+// appended (METRIC_SLOTS) and so a different size, and sluice_conntrack,
+// whose v2 holds expiry times instead of last-seen times and is a plain
+// hash of established flows (half-open ones are in sluice_ct_new, which
+// release 0 did not have).
+var pinMigrations = []pinMigration{
+	{from: "sluice_services", to: mapServices},
+	{from: "sluice_backends", to: mapBackends},
+	{from: "sluice_rev_nat", to: mapRevNat},
+	{from: "sluice_conntrack", to: mapConntrack, convert: convertConntrack},
+	{from: "sluice_sock_rev", to: mapSockRev},
+	// UDP socket stickiness was called affinity, which Kubernetes
+	// means per client address (sessionAffinity).
+	{from: "sluice_affinity", to: mapUDPStick},
+	{from: "sluice_metrics", to: mapMetrics, convert: copyCounters},
+	{from: "sluice_devices", to: mapDevices},
+	{from: "sluice_src_ranges", to: mapSrcRanges},
+}
+
+// migratePins brings the pins in dir from the previous release's names
+// and layouts to spec's, before spec is loaded. A pin under an old name is
+// the live state: the previous agent's programs use it. So it is moved
+// even if a pin of the new name exists too, which happens only if an
+// agent of the previous release ran again after an upgrade (a rollback):
+// the new-named pin is then older.
+func migratePins(dir string, spec *ebpf.CollectionSpec) error {
+	for _, pm := range pinMigrations {
+		from, to := filepath.Join(dir, pm.from), filepath.Join(dir, pm.to)
+		ms, ok := spec.Maps[pm.to]
+		if !ok {
+			return fmt.Errorf("migrate pin %s: map %s missing from BPF object", from, pm.to)
+		}
+		old, err := ebpf.LoadPinnedMap(from, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("migrate pin %s: %w", from, err)
+		}
+		err = migratePin(old, from, to, spec, ms, pm.convert)
+		old.Close()
+		if err != nil {
+			return fmt.Errorf("migrate pin %s to %s: %w", from, pm.to, err)
+		}
+	}
+	return nil
+}
+
+func migratePin(old *ebpf.Map, from, to string, spec *ebpf.CollectionSpec, ms *ebpf.MapSpec,
+	convert func(old, cur *ebpf.Map, spec *ebpf.CollectionSpec) error) error {
+	if convert == nil {
+		info, err := old.Info()
+		if err != nil {
+			return fmt.Errorf("info: %w", err)
+		}
+		if info.Type != ms.Type || info.KeySize != ms.KeySize || info.ValueSize != ms.ValueSize {
+			return fmt.Errorf("pinned map is %s with key/value size %d/%d, this build expects %s with %d/%d: remove it with Cleanup",
+				info.Type, info.KeySize, info.ValueSize, ms.Type, ms.KeySize, ms.ValueSize)
+		}
+		// rename(2) replaces a pin at to in one step: no moment
+		// without one.
+		return os.Rename(from, to)
+	}
+
+	// Build the new map beside the old one, pin it under a temporary
+	// name and rename it into place, so that an agent that dies half
+	// way leaves either no new pin or a complete one (and the old pin,
+	// which the next attempt converts again).
+	cur, err := ebpf.NewMap(unpinned(ms))
+	if err != nil {
+		return fmt.Errorf("create: %w", err)
+	}
+	defer cur.Close()
+	if err := convert(old, cur, spec); err != nil {
+		return fmt.Errorf("convert: %w", err)
+	}
+	tmp := to + "_migrating" // (bpffs refuses names with a dot)
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := cur.Pin(tmp); err != nil {
+		return fmt.Errorf("pin: %w", err)
+	}
+	if err := os.Rename(tmp, to); err != nil {
+		_ = cur.Unpin()
+		return err
+	}
+	return os.Remove(from)
+}
+
+// unpinned is a copy of ms that creates a map without pinning it.
+func unpinned(ms *ebpf.MapSpec) *ebpf.MapSpec {
+	c := ms.Copy()
+	c.Pinning = ebpf.PinNone
+	return c
+}
+
+// copyCounters copies the per-CPU counters of a metrics array into
+// another: reasons are never renumbered, so key i is the same reason in
+// both. Keys beyond the smaller map are dropped.
+func copyCounters(old, cur *ebpf.Map, _ *ebpf.CollectionSpec) error {
+	n := min(old.MaxEntries(), cur.MaxEntries())
+	var perCPU []uint64
+	for k := range n {
+		if err := old.Lookup(k, &perCPU); err != nil {
+			return fmt.Errorf("read counter %d: %w", k, err)
+		}
+		if err := cur.Put(k, perCPU); err != nil {
+			return fmt.Errorf("write counter %d: %w", k, err)
+		}
+	}
+	return nil
+}
+
+// previousPin returns the previous release's name of the map pinned as
+// name, or "".
+func previousPin(name string) string {
+	for _, pm := range pinMigrations {
+		if pm.to == name {
+			return pm.from
+		}
+	}
+	return ""
+}

@@ -1,0 +1,302 @@
+package datapath
+
+import (
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// release0MetricReasons is how many reasons sluice_metrics had room for in
+// release 0 (its METRIC_MAX).
+const release0MetricReasons = 20
+
+// pinRelease0 pins, under bpffs/sluice, maps as release 0 did: every name
+// without a version, the UDP stickiness map as sluice_affinity, and
+// sluice_metrics with one slot per reason. It returns the maps by
+// release-0 name.
+func pinRelease0(t *testing.T, bpffs string) map[string]*ebpf.Map {
+	t.Helper()
+	spec, err := loadSock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(bpffs, "sluice")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	sizes := smallConfig(bpffs).withDefaults().maxEntries()
+	maps := map[string]*ebpf.Map{}
+	for _, pm := range pinMigrations {
+		ms := spec.Maps[pm.to].Copy()
+		ms.Name = pm.from
+		if n, ok := sizes[pm.to]; ok {
+			ms.MaxEntries = uint32(n)
+		}
+		if pm.to == mapMetrics {
+			ms.MaxEntries = release0MetricReasons
+		}
+		if pm.to == mapConntrack {
+			ms.Type = ebpf.LRUHash // and ct4EntryRelease0 values
+		}
+		m, err := ebpf.NewMapWithOptions(ms, ebpf.MapOptions{PinPath: dir})
+		if err != nil {
+			t.Fatalf("create release-0 map %s: %v", pm.from, err)
+		}
+		t.Cleanup(func() { m.Close() })
+		maps[pm.from] = m
+	}
+	return maps
+}
+
+func mapID(t *testing.T, m *ebpf.Map) ebpf.MapID {
+	t.Helper()
+	info, err := m.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, ok := info.ID()
+	if !ok {
+		t.Fatal("map has no id")
+	}
+	return id
+}
+
+// TestOpenMigratesPins: an agent started over the pins of release 0 finds
+// their entries under the current names. Maps whose layout did not change
+// are the same maps, renamed (so the programs of the agent being replaced
+// keep using them); the metrics are copied into a map with room for more
+// reasons. Until then, OpenPinned (sluicectl) reads the old pins.
+func TestOpenMigratesPins(t *testing.T) {
+	testutil.Privileged(t)
+	bpffs := testPinDir(t)
+	old := pinRelease0(t, bpffs)
+
+	fe := l4("10.96.0.10", 80, model.TCP)
+	be := testBackend{7, l4("10.1.0.7", 8080, model.TCP)}
+	m0 := &Maps{services: old["sluice_services"], backends: old["sluice_backends"], revNat: old["sluice_rev_nat"],
+		srcRanges: old["sluice_src_ranges"]}
+	addService(t, m0, 3, fe, be)
+	ctKey := sockCt4Key{Saddr: be32(netip.MustParseAddr("10.0.0.2")), Daddr: be32(fe.Addr),
+		Sport: be16(40000), Dport: be16(80), Proto: 6, Dir: ctForward}
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctVal := ct4EntryRelease0{LastSeen: now, NatAddr: be32(be.addr.Addr), NatPort: be16(8080), BackendId: 7, RevNatId: 3}
+	// Converted: expiring when release 0 would have dropped it, taken as
+	// established.
+	ctWant := sockCt4Entry{Expires: now + uint64(DefaultCTTimeoutTCP), Flags: ctFlagReplied,
+		NatAddr: be32(be.addr.Addr), NatPort: be16(8080), BackendId: 7, RevNatId: 3}
+	deadKey := ctKey
+	deadKey.Proto = 17
+	deadVal := ctVal
+	deadVal.LastSeen = 1 // UDP idle for longer than its timeout: not copied
+	revKey := sockSockRevKey{Cookie: 42, Addr: be32(be.addr.Addr), Port: be16(8080)}
+	revVal := sockSockRevEntry{Vip: be32(fe.Addr), Port: be16(80), RevNatId: 3}
+	stickKey := sockSockUdpStickKey{Cookie: 43, Vip: be32(fe.Addr), Port: be16(53), Proto: 17}
+	stickVal := sockSockUdpStick{BackendId: 7, Addr: be32(be.addr.Addr), Port: be16(53), Slot: 1}
+	devVal := sockNodeDev{Addr: be32(netip.MustParseAddr("192.168.1.1"))}
+	rangeKey := srcRangeKey(fe, netip.MustParsePrefix("10.0.0.0/8"))
+	for _, w := range []struct {
+		m    string
+		k, v any
+	}{
+		{"sluice_conntrack", &ctKey, &ctVal},
+		{"sluice_conntrack", &deadKey, &deadVal},
+		{"sluice_sock_rev", &revKey, &revVal},
+		{"sluice_affinity", &stickKey, &stickVal},
+		{"sluice_devices", uint32(5), &devVal},
+		{"sluice_src_ranges", &rangeKey, uint8(1)},
+	} {
+		if err := old[w.m].Put(w.k, w.v); err != nil {
+			t.Fatalf("seed %s: %v", w.m, err)
+		}
+	}
+	want, err := m0.Dump() // the source range included
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	perCPU := make([]uint64, cpus)
+	for i := range perCPU {
+		perCPU[i] = uint64(i + 1)
+	}
+	wantCount := uint64(cpus * (cpus + 1) / 2)
+	for _, r := range []sockMetricReason{sockMetricReasonMETRIC_TC_DNAT_NEW, sockMetricReasonMETRIC_XDP_REV} {
+		if err := old["sluice_metrics"].Put(uint32(r), perCPU); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := map[string]ebpf.MapID{}
+	for name, m := range old {
+		ids[name] = mapID(t, m)
+	}
+	// A pin under a new name as well: an agent of this release ran, then
+	// one of release 0 again (a rollback), which pinned afresh under the
+	// old names. The old-named pin is the live one.
+	stale, err := ebpf.NewMapWithOptions(func() *ebpf.MapSpec {
+		spec, _ := loadSock()
+		ms := spec.Maps[mapBackends].Copy()
+		ms.MaxEntries = uint32(smallConfig(bpffs).MaxBackends)
+		return ms
+	}(), ebpf.MapOptions{PinPath: filepath.Join(bpffs, "sluice")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.Close()
+
+	counters := func(c map[string]uint64) {
+		t.Helper()
+		if c["tc_dnat_new"] != wantCount || c["xdp_rev"] != wantCount || c["tc_dnat_ct"] != 0 {
+			t.Errorf("counters %v, want tc_dnat_new and xdp_rev %d", c, wantCount)
+		}
+	}
+	p, err := OpenPinned(bpffs)
+	if err != nil {
+		t.Fatalf("OpenPinned over release-0 pins: %v", err)
+	}
+	if got, err := p.Dump(); err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("OpenPinned over release-0 pins: Dump %+v, %v; want %+v", got, err, want)
+	}
+	c, err := p.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counters(c)
+	p.Close()
+
+	for restart := range 2 {
+		d, err := Open(smallConfig(bpffs))
+		if err != nil {
+			t.Fatalf("Open over release-0 pins (restart %d): %v", restart, err)
+		}
+		for _, pm := range pinMigrations {
+			if _, err := os.Stat(filepath.Join(bpffs, "sluice", pm.from)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("pin %s still there after Open: %v", pm.from, err)
+			}
+			m, err := ebpf.LoadPinnedMap(filepath.Join(bpffs, "sluice", pm.to), nil)
+			if err != nil {
+				t.Errorf("pin %s: %v", pm.to, err)
+				continue
+			}
+			if id := mapID(t, m); pm.convert == nil && id != ids[pm.from] {
+				t.Errorf("%s is map %d, want %s's map %d renamed", pm.to, id, pm.from, ids[pm.from])
+			}
+			m.Close()
+		}
+		m := d.Maps()
+		if got, err := m.Dump(); err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("Dump after migration: %+v, %v; want %+v", got, err, want)
+		}
+		var ct sockCt4Entry
+		var rev sockSockRevEntry
+		var stick sockSockUdpStick
+		var dev sockNodeDev
+		var one uint8
+		for _, r := range []struct {
+			m        *ebpf.Map
+			key, out any // out points to a value like want
+			want     any
+		}{
+			{m.conntrack, &ctKey, &ct, ctWant},
+			{m.sockRev, &revKey, &rev, revVal},
+			{m.udpStick, &stickKey, &stick, stickVal},
+			{m.devices, uint32(5), &dev, devVal},
+			{m.srcRanges, &rangeKey, &one, uint8(1)},
+		} {
+			if err := r.m.Lookup(r.key, r.out); err != nil {
+				t.Errorf("%v after migration: %v", r.m, err)
+				continue
+			}
+			if got := reflect.ValueOf(r.out).Elem().Interface(); !reflect.DeepEqual(got, r.want) {
+				t.Errorf("%v after migration: %+v, want %+v", r.m, got, r.want)
+			}
+		}
+		if err := m.conntrack.Lookup(&deadKey, &ct); err == nil {
+			t.Errorf("expired release-0 conntrack entry copied: %+v", ct)
+		}
+		c, err := d.Counters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		counters(c)
+		d.Close()
+	}
+}
+
+// TestAttachReplacesRenamedProgram: release 0's getpeername4 program was
+// sluice_getpeer4. Its pinned link is found by the hook's name and
+// updated in place to sluice_getpeername4: the same link, never a moment
+// without a program.
+func TestAttachReplacesRenamedProgram(t *testing.T) {
+	testutil.Privileged(t)
+	bpffs := testPinDir(t)
+	cg := newTestCgroup(t).Path
+	prev, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name:         "sluice_getpeer4",
+		Type:         ebpf.CGroupSockAddr,
+		AttachType:   ebpf.AttachCgroupInet4GetPeername,
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()},
+		License:      "Dual BSD/GPL",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prev.Close()
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: cg, Attach: ebpf.AttachCgroupInet4GetPeername, Program: prev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin := filepath.Join(bpffs, "sluice", "links", "cgroup_getpeername4")
+	if err := os.MkdirAll(filepath.Dir(pin), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Pin(pin); err != nil {
+		t.Fatal(err)
+	}
+	info, err := l.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+
+	d := openTest(t, smallConfig(bpffs))
+	if err := d.AttachCgroup(cg); err != nil {
+		t.Fatalf("AttachCgroup over release 0's link: %v", err)
+	}
+	l2, err := link.LoadPinnedLink(pin, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	info2, err := l2.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := progID(t, d.sock.SluiceGetpeername4)
+	if info2.ID != info.ID || info2.Program != want {
+		t.Errorf("link %d runs program %d, want link %d updated to %d", info2.ID, info2.Program, info.ID, want)
+	}
+	cgf, err := os.Open(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cgf.Close()
+	if got := attachedIDs(t, int(cgf.Fd()), ebpf.AttachCgroupInet4GetPeername); !slices.Equal(got, []ebpf.ProgramID{want}) {
+		t.Errorf("getpeername4 programs %v, want only %d", got, want)
+	}
+}

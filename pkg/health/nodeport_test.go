@@ -1,0 +1,112 @@
+package health
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+func freePort(t *testing.T) uint16 {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return uint16(l.Addr().(*net.TCPAddr).Port)
+}
+
+func get(t *testing.T, p uint16) (int, status) {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var st status
+	if err := json.Unmarshal(body, &st); err != nil {
+		t.Fatalf("body %q: %v", body, err)
+	}
+	return resp.StatusCode, st
+}
+
+func TestNodePortServer(t *testing.T) {
+	hc := freePort(t)
+	s := NewNodePortServer("127.0.0.1", slog.New(slog.DiscardHandler))
+	t.Cleanup(s.Close)
+	be := func(a string) model.Backend {
+		return model.Backend{L4Addr: model.L4Addr{Addr: netip.MustParseAddr(a), Port: 8080, Proto: model.TCP}}
+	}
+	svc := func(fe string, port uint16, bs ...model.Backend) *model.Service {
+		return &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "web", Port: "http"},
+			Kind: model.LoadBalancer, Frontend: model.L4Addr{Addr: netip.MustParseAddr(fe), Port: port, Proto: model.TCP},
+			Backends: bs, ExternalLocal: true, HealthCheckNodePort: hc}
+	}
+	st := model.NewState()
+	for _, s := range []*model.Service{svc("192.168.1.1", 30080, be("10.1.0.1"), be("10.1.0.2")), svc("198.51.100.1", 80, be("10.1.0.1"), be("10.1.0.2"))} {
+		st.Services[s.Frontend] = s
+	}
+	if err := s.Sync(st); err != nil {
+		t.Fatal(err)
+	}
+	code, body := get(t, hc)
+	if code != 200 || body.LocalEndpoints != 2 || body.Service.Name != "web" || body.Service.Namespace != "default" || !body.ServiceProxyHealthy {
+		t.Fatalf("with local endpoints: %d %+v", code, body)
+	}
+
+	for _, s := range st.Services {
+		s.Backends = nil
+	}
+	if err := s.Sync(st); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get(t, hc); code != 503 || body.LocalEndpoints != 0 {
+		t.Fatalf("without local endpoints: %d %+v", code, body)
+	}
+
+	if err := s.Sync(model.NewState()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", hc)); err == nil {
+		t.Fatal("health check port still served after its Service went away")
+	}
+}
+
+// TestNodePortServerObserves: as the agent's Observer, the server follows
+// every programmed state, and a port another process holds is reported
+// (logged) without keeping the others from being served.
+func TestNodePortServerObserves(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	busy, free := uint16(taken.Addr().(*net.TCPAddr).Port), freePort(t)
+	var logs strings.Builder
+	s := NewNodePortServer("127.0.0.1", slog.New(slog.NewTextHandler(&logs, nil)))
+	t.Cleanup(s.Close)
+	st := model.NewState()
+	for i, hc := range []uint16{busy, free} {
+		fe := model.L4Addr{Addr: netip.AddrFrom4([4]byte{198, 51, 100, byte(i + 1)}), Port: 80, Proto: model.TCP}
+		st.Services[fe] = &model.Service{Name: model.ServicePortName{Namespace: "default", Name: fmt.Sprint("web", i)},
+			Kind: model.LoadBalancer, Frontend: fe, ExternalLocal: true, HealthCheckNodePort: hc,
+			Backends: []model.Backend{{L4Addr: model.L4Addr{Addr: netip.MustParseAddr("10.1.0.1"), Port: 8080, Proto: model.TCP}}}}
+	}
+	s.ObserveSync(time.Millisecond, nil) // changes nothing
+	s.SetProgrammed(st)
+	if code, body := get(t, free); code != 200 || body.Service.Name != "web1" {
+		t.Errorf("free port: %d %+v", code, body)
+	}
+	if !strings.Contains(logs.String(), fmt.Sprintf("health check port %d", busy)) {
+		t.Errorf("taken port %d not reported; log:\n%s", busy, logs.String())
+	}
+}

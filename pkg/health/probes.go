@@ -1,0 +1,44 @@
+// Package health serves what asks whether this node's proxy is healthy:
+//
+//   - the agent's liveness and readiness probes (probes.go), for the
+//     kubelet: /healthz and /readyz on --health-addr;
+//   - the healthCheckNodePorts of LoadBalancer Services with
+//     externalTrafficPolicy Local (nodeport.go), for external load
+//     balancers: does this node have local endpoints for the Service?
+//
+// It knows nothing of what "ready" means or where desired states come
+// from: the agent supplies readiness as a function, and the node port
+// server follows the states the agent programs (it is an agent Observer).
+package health
+
+// The probes:
+//
+//	/healthz  200 while the process runs (it answers, so it lives)
+//	/readyz   200 once the datapath matches the last desired state read,
+//	          503 with the reason otherwise
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+)
+
+// ReadyFunc returns nil when the agent is ready, else why it is not.
+type ReadyFunc func() error
+
+// Handler returns the mux serving /healthz and /readyz.
+func Handler(ready ReadyFunc) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := ready(); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, "not ready: %v\n", err)
+			return
+		}
+		io.WriteString(w, "ok\n")
+	})
+	return mux
+}

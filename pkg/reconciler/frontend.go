@@ -1,0 +1,342 @@
+package reconciler
+
+// Per-frontend programming: what a frontend of the desired state wants,
+// whether the view already holds it, and the make-before-break writes that
+// bring it there or remove it.
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// desiredFrontend is one frontend of the desired state, with its backends
+// and source ranges.
+type desiredFrontend struct {
+	fe     model.L4Addr
+	svc    *model.Service
+	addrs  []model.L4Addr // sorted, unique
+	ranges []netip.Prefix // see desiredRanges
+}
+
+func newDesired(fe model.L4Addr, svc *model.Service) *desiredFrontend {
+	d := &desiredFrontend{fe: fe, svc: svc, addrs: make([]model.L4Addr, 0, len(svc.Backends))}
+	for _, b := range svc.Backends {
+		d.addrs = append(d.addrs, b.L4Addr)
+	}
+	slices.SortFunc(d.addrs, model.L4Addr.Compare)
+	d.addrs = slices.Compact(d.addrs)
+	d.ranges = desiredRanges(svc)
+	return d
+}
+
+// fastInSync reports whether v (nil if unknown) was fully programmed with
+// exactly svc's backends and source ranges, and nothing touched it since.
+// (Ranges given unsorted or with host bits make it false: the full check
+// then decides.)
+func (r *Reconciler) fastInSync(v *frontendView, svc *model.Service) bool {
+	if v == nil || !v.synced || len(v.syncedAddrs) != len(svc.Backends) || v.master.Flags != MasterFlags(svc) {
+		return false
+	}
+	// Equal flags: both check ranges, or neither does (and v has none).
+	if len(v.syncedRanges) > 0 && !slices.Equal(v.syncedRanges, svc.SourceRanges) {
+		return false
+	}
+	for i, b := range svc.Backends {
+		if b.L4Addr != v.syncedAddrs[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *Reconciler) markSynced(fe model.L4Addr, d *desiredFrontend) {
+	if v := r.frontends[fe]; v != nil {
+		v.synced, v.syncedAddrs, v.syncedRanges, v.name = true, d.addrs, d.ranges, d.svc.Name
+	}
+}
+
+// inSyncFrontend reports whether fe is programmed exactly as d asks.
+func (r *Reconciler) inSyncFrontend(fe model.L4Addr, d *desiredFrontend) bool {
+	v := r.frontends[fe]
+	if v == nil || !v.hasMaster {
+		return false
+	}
+	sid, ok := r.serviceOf[fe]
+	if !ok || v.master.ID != sid || v.master.Count != uint32(len(d.addrs)) || v.master.Flags != MasterFlags(d.svc) {
+		return false
+	}
+	if a, ok := r.revNat[sid]; !ok || a != fe || r.masterRef[sid] != 1 {
+		return false
+	}
+	if v.slots.n != len(d.addrs) || !slices.Equal(v.ranges, d.ranges) {
+		return false
+	}
+	for _, a := range d.addrs {
+		id, ok := r.backendOf[a]
+		if !ok || !r.isReal(id) {
+			return false
+		}
+	}
+	// Every slot 1..m must hold a wanted backend, each exactly once.
+	seen := make(map[BackendID]bool, len(d.addrs))
+	for s := uint32(1); s <= uint32(len(d.addrs)); s++ {
+		id, ok := v.slots.get(s)
+		a, real := r.backends[id]
+		if !ok || seen[id] || !real || !wantsAddr(d, a) || r.backendOf[a] != id {
+			return false
+		}
+		seen[id] = true
+	}
+	return true
+}
+
+func wantsAddr(d *desiredFrontend, a model.L4Addr) bool {
+	_, ok := slices.BinarySearchFunc(d.addrs, a, model.L4Addr.Compare)
+	return ok
+}
+
+// programFrontend brings one frontend to its desired programming, in
+// make-before-break order, stopping at the first failed write (the view
+// then says how far it got).
+func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capacity sizes) error {
+	v := r.frontends[fe]
+	m := uint32(len(d.addrs))
+
+	// Checked before any write, so a service that does not fit keeps its
+	// previous programming.
+	if err := r.checkCapacity(r.capacityNeeded(fe, d), capacity); err != nil {
+		return err
+	}
+
+	sid, haveSID := r.serviceOf[fe]
+	if !haveSID {
+		sid = ServiceID(r.svcIDs.alloc())
+		r.serviceOf[fe] = sid
+	}
+	if v != nil {
+		v.synced = false
+	}
+
+	// Backends this frontend names now (within its count), to flush the
+	// UDP ones that leave it once it no longer names them.
+	var before []model.L4Addr
+	if v != nil && v.hasMaster {
+		for s := uint32(1); s <= v.master.Count; s++ {
+			if id, ok := v.slots.get(s); ok && r.isReal(id) {
+				before = append(before, r.backends[id])
+			}
+		}
+	}
+
+	// 1. Backends.
+	ids := make([]BackendID, len(d.addrs))
+	for i, a := range d.addrs {
+		id, ok := r.backendOf[a]
+		if !ok {
+			id = BackendID(r.beIDs.alloc())
+			r.backendOf[a] = id
+		}
+		ids[i] = id
+		if cur, ok := r.backends[id]; ok && cur == a {
+			continue
+		}
+		r.writes++
+		if err := r.dp.UpsertBackend(id, a); err != nil {
+			return fmt.Errorf("upsert backend %d (%s): %w", id, a, err)
+		}
+		r.backends[id] = a
+		r.backendCand[id] = true // until a slot names it
+	}
+
+	// 2. Reverse NAT.
+	if cur, ok := r.revNat[sid]; !ok || cur != fe {
+		r.writes++
+		if err := r.dp.UpsertRevNat(sid, fe); err != nil {
+			return fmt.Errorf("upsert rev_nat %d: %w", sid, err)
+		}
+		r.revNat[sid] = fe
+		r.revNatCand[sid] = true // until a master names it
+	}
+
+	// 3. Slots 1..m: keep the wanted backends where they are, fill the
+	// holes with the others.
+	v = r.frontend(fe)
+	want := make(map[BackendID]bool, len(ids))
+	for _, id := range ids {
+		want[id] = true
+	}
+	kept := make(map[BackendID]bool, len(ids))
+	var holes []uint32
+	for s := uint32(1); s <= m; s++ {
+		id, ok := v.slots.get(s)
+		if ok && want[id] && !kept[id] {
+			kept[id] = true
+			continue
+		}
+		holes = append(holes, s)
+	}
+	h := 0
+	for _, id := range ids {
+		if kept[id] {
+			continue
+		}
+		s := holes[h]
+		h++
+		r.writes++
+		if err := r.dp.UpsertSlot(fe, s, id); err != nil {
+			return fmt.Errorf("upsert slot %d: %w", s, err)
+		}
+		r.setSlot(v, s, id)
+	}
+
+	// 4. Source ranges the master checks, before it checks them.
+	if err := r.addRanges(fe, v, d.ranges); err != nil {
+		return err
+	}
+
+	// 5. The master.
+	wantM := Master{ID: sid, Count: m, Flags: MasterFlags(d.svc)}
+	if !v.hasMaster || v.master != wantM {
+		r.writes++
+		if err := r.dp.UpsertMaster(fe, wantM); err != nil {
+			return fmt.Errorf("upsert master: %w", err)
+		}
+		if v.hasMaster {
+			r.masterRef[v.master.ID]--
+			r.revNatCand[v.master.ID] = true
+			r.maybeReleaseService(v.master.ID, fe)
+		} else {
+			r.entries++
+		}
+		v.hasMaster, v.master = true, wantM
+		r.masterRef[sid]++
+	}
+	// From here on no new connection can pick a backend that left: flush
+	// the conntrack entries of the UDP ones so their flows re-balance.
+	for _, a := range before {
+		if a.Proto == model.UDP && !wantsAddr(d, a) {
+			r.pendingFlush[a] = true
+		}
+	}
+
+	// 6. Slots above the new count.
+	extra := v.slots.keys(m + 1)
+	for i := len(extra) - 1; i >= 0; i-- {
+		s := extra[i]
+		r.writes++
+		if err := r.dp.DeleteSlot(fe, s); err != nil {
+			return fmt.Errorf("delete slot %d: %w", s, err)
+		}
+		r.deleteSlot(v, s)
+	}
+
+	// 7. Source ranges the master no longer checks (all of them if it
+	// lost FlagSourceRanges).
+	return r.pruneRanges(fe, v, d.ranges)
+}
+
+// sizes counts entries per map: in use, available, or needed.
+type sizes struct {
+	services int // rev_nat entries
+	backends int
+	entries  int // service map entries: masters plus slots
+	ranges   int // source ranges
+}
+
+// capacityNeeded returns what programming d adds to the maps at its peak,
+// before the frontend's old slots and source ranges go.
+func (r *Reconciler) capacityNeeded(fe model.L4Addr, d *desiredFrontend) sizes {
+	var n sizes
+	v := r.frontends[fe]
+	if sid, ok := r.serviceOf[fe]; !ok {
+		n.services = 1
+	} else if _, ok := r.revNat[sid]; !ok {
+		n.services = 1
+	}
+	for _, a := range d.addrs {
+		if id, ok := r.backendOf[a]; !ok || !r.isReal(id) {
+			n.backends++
+		}
+	}
+	for s := uint32(0); s <= uint32(len(d.addrs)); s++ {
+		if v == nil {
+			n.entries++
+		} else if s == 0 && !v.hasMaster {
+			n.entries++
+		} else if _, ok := v.slots.get(s); s > 0 && !ok {
+			n.entries++
+		}
+	}
+	for _, p := range d.ranges {
+		if v == nil || !v.hasRange(p) {
+			n.ranges++
+		}
+	}
+	return n
+}
+
+// checkCapacity returns an ErrCapacity error naming every map that has no
+// room for need.
+func (r *Reconciler) checkCapacity(need, capacity sizes) error {
+	var short []string
+	if len(r.revNat)+need.services > capacity.services {
+		short = append(short, fmt.Sprintf("services: %d in use of %d", len(r.revNat), capacity.services))
+	}
+	if nb := len(r.backends); nb+need.backends > capacity.backends {
+		short = append(short, fmt.Sprintf("%d new backends: %d in use of %d", need.backends, nb, capacity.backends))
+	}
+	if r.entries+need.entries > capacity.entries {
+		short = append(short, fmt.Sprintf("%d new service entries: %d in use of %d", need.entries, r.entries, capacity.entries))
+	}
+	if r.ranges+need.ranges > capacity.ranges {
+		short = append(short, fmt.Sprintf("%d new source ranges: %d in use of %d", need.ranges, r.ranges, capacity.ranges))
+	}
+	if len(short) > 0 {
+		return fmt.Errorf("%w (%s); previous programming kept", ErrCapacity, strings.Join(short, "; "))
+	}
+	return nil
+}
+
+// removeFrontend deletes a frontend nobody wants: master first, then its
+// slots and source ranges. Its rev_nat entry goes at the end of Apply.
+func (r *Reconciler) removeFrontend(fe model.L4Addr) error {
+	v := r.frontends[fe]
+	var named []model.L4Addr
+	if v.hasMaster {
+		for s := uint32(1); s <= v.master.Count; s++ {
+			if id, ok := v.slots.get(s); ok && r.isReal(id) {
+				named = append(named, r.backends[id])
+			}
+		}
+		r.writes++
+		if err := r.dp.DeleteSlot(fe, 0); err != nil {
+			return fmt.Errorf("delete master: %w", err)
+		}
+		v.hasMaster, v.synced = false, false
+		r.entries--
+		r.masterRef[v.master.ID]--
+		r.revNatCand[v.master.ID] = true
+		r.maybeReleaseService(v.master.ID, fe)
+		for _, a := range named {
+			if a.Proto == model.UDP {
+				r.pendingFlush[a] = true
+			}
+		}
+	}
+	for _, s := range v.slots.keys(1) {
+		r.writes++
+		if err := r.dp.DeleteSlot(fe, s); err != nil {
+			return fmt.Errorf("delete slot %d: %w", s, err)
+		}
+		r.deleteSlot(v, s)
+	}
+	if err := r.pruneRanges(fe, v, nil); err != nil {
+		return err
+	}
+	delete(r.frontends, fe)
+	return nil
+}

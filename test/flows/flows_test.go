@@ -1,0 +1,323 @@
+package flows
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"testing/fstest"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// kubeProxyFlows is what each ported file must hold: the number of
+// runPacketFlowTests flows kube-proxy v1.36.3 runs for it in each mode
+// (IPv4 only, every subtest and variant), and the number of distinct flows
+// the corpus keeps (a flow both modes run is one flow here).
+var kubeProxyFlows = map[string]struct{ nftables, iptables, corpus int }{
+	"kubeproxy/trace-packet.yaml":                    {8, 7, 9},
+	"kubeproxy/no-endpoints-reject.yaml":             {6, 6, 6},
+	"kubeproxy/cluster-ip-general.yaml":              {10, 9, 10},
+	"kubeproxy/load-balancer.yaml":                   {13, 13, 13},
+	"kubeproxy/node-ports.yaml":                      {8, 20, 24},
+	"kubeproxy/health-check-node-port.yaml":          {0, 2, 2},
+	"kubeproxy/external-traffic-policy-local.yaml":   {7, 7, 7},
+	"kubeproxy/external-traffic-policy-cluster.yaml": {7, 7, 7},
+	"kubeproxy/internal-traffic-policy.yaml":         {8, 8, 8},
+	"kubeproxy/terminating-endpoints-local.yaml":     {16, 16, 16},
+	"kubeproxy/terminating-endpoints-cluster.yaml":   {16, 16, 16},
+	"kubeproxy/internal-external-masquerade.yaml":    {108, 120, 120},
+}
+
+// TestCorpus loads the whole corpus (Load validates it) and checks that
+// the port of kube-proxy's tables is complete.
+func TestCorpus(t *testing.T) {
+	c, err := Load(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nft, ipt, ported int
+	var table strings.Builder
+	fmt.Fprintf(&table, "%-48s %6s %6s %6s %6s %6s %6s\n", "file", "flows", "nft", "ipt", "dev", "skip", "derived")
+	for _, f := range c.Files() {
+		n := c.Count(func(cs *Case) bool { return cs.File == f })
+		fmt.Fprintf(&table, "%-48s %6d %6d %6d %6d %6d %6d\n", f, n.Flows, n.NFTables, n.IPTables, n.Deviations, n.Skipped, n.Derived)
+		want, ok := kubeProxyFlows[f]
+		switch {
+		case strings.HasPrefix(f, "kubeproxy/") && !ok:
+			t.Errorf("%s: a ported file that kubeProxyFlows does not list", f)
+		case ok:
+			if n.NFTables != want.nftables || n.IPTables != want.iptables || n.Ported != want.corpus || n.Derived != 0 {
+				t.Errorf("%s: %d nftables, %d iptables, %d ported and %d derived flows; want %d, %d, %d and 0",
+					f, n.NFTables, n.IPTables, n.Ported, n.Derived, want.nftables, want.iptables, want.corpus)
+			}
+			nft += want.nftables
+			ipt += want.iptables
+			ported += want.corpus
+		case n.Ported != 0:
+			t.Errorf("%s: %d flows outside kubeproxy/ claim a kube-proxy test", f, n.Ported)
+		}
+	}
+	for f := range kubeProxyFlows {
+		if !slices.Contains(c.Files(), f) {
+			t.Errorf("%s: missing", f)
+		}
+	}
+	all := c.Count(nil)
+	if all.NFTables != nft || all.IPTables != ipt || all.Ported != ported {
+		t.Errorf("corpus: %d nftables, %d iptables, %d ported flows; want %d, %d, %d", all.NFTables, all.IPTables, all.Ported, nft, ipt, ported)
+	}
+	if all.ByFamily[corev1.IPv4Protocol] != all.Flows {
+		t.Errorf("%d of %d flows are IPv4; the IPv6 twin is issue 10's", all.ByFamily[corev1.IPv4Protocol], all.Flows)
+	}
+	// TestCategorizeEndpoints has 32 cases.
+	if len(c.Translations) != 32 {
+		t.Errorf("%d translation cases, want 32", len(c.Translations))
+	}
+	fmt.Fprintf(&table, "%-48s %6d %6d %6d %6d %6d %6d\n", "total", all.Flows, all.NFTables, all.IPTables, all.Deviations, all.Skipped, all.Derived)
+	t.Logf("flows per file:\n%s\n%d ported IPv4 flows (kube-proxy runs %d in nftables mode, %d in iptables mode), %d derived; %d translation cases",
+		table.String(), all.Ported, all.NFTables, all.IPTables, all.Derived, len(c.Translations))
+}
+
+// TestVariants checks that a variant gets its node settings and its
+// overrides, and only those.
+func TestVariants(t *testing.T) {
+	c, err := Load(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]*Case{}
+	for _, cs := range c.Cases {
+		byName[cs.Name] = cs
+	}
+	flow := func(cs *Case, name string) *Flow {
+		t.Helper()
+		for _, st := range cs.Steps {
+			for _, f := range st.Flows {
+				if f.Name == name {
+					return f
+				}
+			}
+		}
+		t.Fatalf("%s: no flow %q", cs.Name, name)
+		return nil
+	}
+	const prefix = "kubeproxy/internal-external-masquerade/InternalExternalMasquerade/"
+	base, noLD, all := byName[prefix+"base"], byName[prefix+"no LocalTrafficDetector"], byName[prefix+"masqueradeAll"]
+	if base == nil || noLD == nil || all == nil {
+		t.Fatalf("variants missing: %v %v %v", base, noLD, all)
+	}
+	if !base.Node.ClusterCIDR.IsValid() || noLD.Node.ClusterCIDR.IsValid() || base.Node.MasqueradeAll || !all.Node.MasqueradeAll {
+		t.Errorf("node settings: base %+v, no detector %+v, masqueradeAll %+v", base.Node, noLD.Node, all.Node)
+	}
+	if got := flow(base, "pod to ClusterIP").Expect.Masquerade; got != MasqueradeNo {
+		t.Errorf("base: pod to ClusterIP masquerade %v", got)
+	}
+	if got := flow(all, "pod to ClusterIP").Expect.Masquerade; got != MasqueradeYes {
+		t.Errorf("masqueradeAll: pod to ClusterIP masquerade %v", got)
+	}
+	if got := flow(noLD, "pod to LB with eTP:Local").Expect.Endpoints; len(got) != 1 {
+		t.Errorf("no detector: pod to LB with eTP:Local reaches %v, want the local endpoint only", got)
+	}
+	// The deviation holds without --masquerade-all and goes with it.
+	for cs, want := range map[*Case]bool{base: true, noLD: true, all: false} {
+		f := flow(cs, "external to NodePort")
+		if (f.Deviation != "") != want || (f.Expect.Masquerade == MasqueradeRemote) != want {
+			t.Errorf("%s: external to NodePort: deviation %q, masquerade %v", cs.Name, f.Deviation, f.Expect.Masquerade)
+		}
+		kp, ok := f.KubeProxyExpect(ModeIPTables)
+		if !ok || kp.Masquerade != MasqueradeYes {
+			t.Errorf("%s: external to NodePort: kube-proxy iptables expects %v (%v), want masqueraded", cs.Name, kp, ok)
+		}
+	}
+	// Flows the variants do not override are the base's.
+	if f, g := flow(base, "node to LB"), flow(all, "node to LB"); !f.Expect.Equal(g.Expect) {
+		t.Errorf("node to LB: base %v, masqueradeAll %v", f.Expect, g.Expect)
+	}
+}
+
+// TestSteps checks that each step sees the objects in effect then, and that
+// Manifest renders them as YAML that decodes to the same objects.
+func TestSteps(t *testing.T) {
+	c, err := Load(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cs *Case
+	for _, x := range c.Cases {
+		if x.Name == "kubeproxy/internal-traffic-policy/internalTrafficPolicy is cluster" {
+			cs = x
+		}
+	}
+	if cs == nil || len(cs.Steps) != 2 {
+		t.Fatalf("case: %+v", cs)
+	}
+	kinds := func(objs []Object) (k []string) {
+		for _, o := range objs {
+			k = append(k, o.Ref().Kind)
+		}
+		return k
+	}
+	if got := kinds(cs.Steps[0].Objects()); !slices.Equal(got, []string{"Service", "EndpointSlice"}) {
+		t.Errorf("step 1 objects: %v", got)
+	}
+	if got := kinds(cs.Steps[1].Objects()); !slices.Equal(got, []string{"Service"}) {
+		t.Errorf("step 2 objects: %v", got)
+	}
+	m, err := Manifest(cs.Steps[0].Objects())
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := bytes.Split(m, []byte("---\n"))
+	if len(docs) != 2 {
+		t.Fatalf("manifest has %d documents:\n%s", len(docs), m)
+	}
+	var svc corev1.Service
+	if err := yaml.UnmarshalStrict(docs[0], &svc); err != nil {
+		t.Fatal(err)
+	}
+	if svc.Spec.ClusterIP != "172.30.1.1" || svc.Name != "svc1" {
+		t.Errorf("manifest Service: %+v", svc)
+	}
+}
+
+func TestAffinityTimeout(t *testing.T) {
+	var svc corev1.Service
+	if got := AffinityTimeout(&svc); got.Seconds() != 10800 {
+		t.Errorf("default: %v", got)
+	}
+	if err := yaml.Unmarshal([]byte(`{spec: {sessionAffinityConfig: {clientIP: {timeoutSeconds: 2}}}}`), &svc); err != nil {
+		t.Fatal(err)
+	}
+	if got := AffinityTimeout(&svc); got.Seconds() != 2 {
+		t.Errorf("2 s: %v", got)
+	}
+}
+
+func TestParseAddrSloppy(t *testing.T) {
+	for in, want := range map[string]string{"172.30.0.041": "172.30.0.41", "10.180.00.001": "10.180.0.1", "fd00::1": "fd00::1"} {
+		got, err := parseAddr(in)
+		if err != nil || got != netip.MustParseAddr(want) {
+			t.Errorf("parseAddr(%q) = %v, %v; want %s", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"1.2.3", "1.2.3.256", "bogus", ""} {
+		if _, err := parseAddr(in); err == nil {
+			t.Errorf("parseAddr(%q) succeeded", in)
+		}
+	}
+}
+
+// validCase is a small correct case that the rejection tests break one
+// way at a time.
+const validCase = `
+node:
+  name: test-node
+  ips: [192.168.0.2]
+  addresses: [192.168.0.2/24]
+  clusterCIDR: 10.0.0.0/8
+cases:
+- name: c
+  kubeProxy: [{file: pkg/proxy/nftables/proxier_test.go, test: TestX}]
+  placement: {10.180.0.1: local, 10.180.2.1: remote}
+  objects:
+  - apiVersion: v1
+    kind: Service
+    metadata: {name: svc1, namespace: ns1}
+    spec:
+      type: NodePort
+      clusterIP: 172.30.0.41
+      ports: [{name: p80, port: 80, protocol: TCP, nodePort: 3001}]
+  - apiVersion: discovery.k8s.io/v1
+    kind: EndpointSlice
+    metadata: {name: svc1-1, namespace: ns1, labels: {kubernetes.io/service-name: svc1}}
+    addressType: IPv4
+    endpoints: [{addresses: [10.180.0.1], nodeName: test-node}, {addresses: [10.180.2.1], nodeName: other}]
+    ports: [{name: p80, port: 80, protocol: TCP}]
+  flows:
+  - name: pod to ClusterIP
+    source: {kind: pod, ip: 10.0.0.2}
+    destination: {ip: 172.30.0.41, port: 80}
+    expect: {endpoints: [10.180.0.1:80, 10.180.2.1:80], masquerade: false}
+  - name: external to NodePort
+    source: {kind: external, ip: 203.0.113.2}
+    destination: {ip: 192.168.0.2, port: 3001}
+    expect: {endpoints: [10.180.0.1:80, 10.180.2.1:80], masquerade: remote}
+    deviation: keeps the client
+    kubeProxy: {nftables: {endpoints: [10.180.0.1:80, 10.180.2.1:80], masquerade: true}}
+`
+
+// TestRejects checks that Load refuses what a runner could not trust.
+func TestRejects(t *testing.T) {
+	load := func(doc string) error {
+		_, err := LoadFS(fstest.MapFS{"x.yaml": {Data: []byte(doc)}})
+		return err
+	}
+	if err := load(validCase); err != nil {
+		t.Fatalf("the valid case: %v", err)
+	}
+	for _, tc := range []struct {
+		name, old, new, want string
+	}{
+		{"unknown field", "    destination: {ip: 172.30.0.41, port: 80}", "    destination: {ip: 172.30.0.41, port: 80}\n    colour: red", "unknown field"},
+		{"unknown object field", "      clusterIP: 172.30.0.41", "      clusterIP: 172.30.0.41\n      clusterIp: 172.30.0.41", "unknown field"},
+		{"field name in the wrong case", "    expect: {endpoints: [10.180.0.1:80, 10.180.2.1:80], masquerade: false}", "    Expect: {endpoints: [10.180.0.1:80, 10.180.2.1:80], masquerade: false}", "unknown field"},
+		{"not a Service", "kind: Service", "kind: Pod", "want a v1 Service"},
+		{"endpoint not in the slices", "[10.180.0.1:80, 10.180.2.1:80], masquerade: false}", "[10.180.0.9:80, 10.180.2.1:80], masquerade: false}", "10.180.0.9:80 is not an endpoint"},
+		{"wrong endpoint port", "[10.180.0.1:80, 10.180.2.1:80], masquerade: false}", "[10.180.0.1:8080, 10.180.2.1:80], masquerade: false}", "10.180.0.1:8080 is not an endpoint"},
+		{"no Service at the destination", "destination: {ip: 172.30.0.41, port: 80}", "destination: {ip: 172.30.0.41, port: 81}", "no Service serves"},
+		{"duplicate flow name", "name: external to NodePort", "name: pod to ClusterIP", "name used twice"},
+		{"masquerade missing", "10.180.2.1:80], masquerade: false}", "10.180.2.1:80]}", "masquerade is required"},
+		{"deviation without kube-proxy's answer", "    kubeProxy: {nftables: {endpoints: [10.180.0.1:80, 10.180.2.1:80], masquerade: true}}\n", "", "deviation given but the expectation is kube-proxy's own"},
+		{"kube-proxy's answer without deviation", "    deviation: keeps the client\n", "", "no deviation is given"},
+		{"placement disagrees with nodeName", "10.180.0.1: local,", "10.180.0.1: remote,", "placed remote but its nodeName"},
+		{"endpoint without placement", "{10.180.0.1: local, 10.180.2.1: remote}", "{10.180.0.1: local}", "has no placement"},
+		{"external source is a pod", "ip: 203.0.113.2}", "ip: 10.0.0.7}", "external source 10.0.0.7"},
+		{"node source is not the node's", "source: {kind: pod, ip: 10.0.0.2}", "source: {kind: node, ip: 192.168.0.9}", "not one of the node's addresses"},
+		{"untouched without a sink", "expect: {endpoints: [10.180.0.1:80, 10.180.2.1:80], masquerade: false}", "expect: {verdict: UNTOUCHED}", "needs a sink"},
+		{"verdict and endpoints", "masquerade: false}", "masquerade: false, verdict: DROP}", "exactly one of endpoints and verdict"},
+		{"remote masquerade with one side only", "[10.180.0.1:80, 10.180.2.1:80], masquerade: remote}", "[10.180.0.1:80], masquerade: remote}", "needs endpoints both local and remote"},
+		{"IPv6 in an IPv4 case", "ip: 10.0.0.2}", "ip: \"fd00::2\"}", "not a IPv4 address"},
+		{"duplicate key", "    deviation: keeps the client\n", "    deviation: keeps the client\n    deviation: twice\n", "already"},
+		{"kube-proxy mode the case lacks", "kubeProxy: {nftables: {", "kubeProxy: {modes: [iptables], iptables: {", "kubeProxy mode \"iptables\" is not among the case's"},
+		{"slice of a missing Service", "kubernetes.io/service-name: svc1}", "kubernetes.io/service-name: svc9}", "names Service \"svc9\""},
+		{"no kube-proxy origin and not derived", "  kubeProxy: [{file: pkg/proxy/nftables/proxier_test.go, test: TestX}]\n", "", "exactly one of kubeProxy"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if !strings.Contains(validCase, tc.old) {
+				t.Fatalf("the valid case has no %q", tc.old)
+			}
+			err := load(strings.Replace(validCase, tc.old, tc.new, 1))
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("rejected: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+
+	// Variants: an override must name a flow and change something.
+	variant := validCase + `  variants:
+  - name: v
+    overrides:
+      nothing: {expect: {verdict: DROP}}
+`
+	if err := load(variant); err == nil || !strings.Contains(err.Error(), `override of "nothing" names no flow`) {
+		t.Errorf("override of a missing flow: %v", err)
+	}
+	variant = validCase + `  variants:
+  - name: v
+    overrides:
+      pod to ClusterIP: {expect: {endpoints: [10.180.0.1:80, 10.180.2.1:80], masquerade: false}}
+`
+	if err := load(variant); err == nil || !strings.Contains(err.Error(), "expects what the flow already does") {
+		t.Errorf("override that changes nothing: %v", err)
+	}
+}
