@@ -28,10 +28,10 @@ import (
 	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/pkg/health"
-	"github.com/sluice-lb/sluice/pkg/k8s"
-	"github.com/sluice-lb/sluice/pkg/manifest"
 	"github.com/sluice-lb/sluice/pkg/metrics"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/sluice-lb/sluice/pkg/source/manifest"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 func main() {
@@ -105,12 +105,12 @@ func run(args []string) int {
 		}
 		*nodeName = strings.ToLower(h)
 	}
-	opts := k8s.Options{NodeName: *nodeName, ProxyName: *proxyName}
-	if opts.NodeIPs, err = parseNodeIPs(*nodeIPs); err != nil {
+	opts := translate.Options{ProxyName: *proxyName, Node: translate.Node{Name: *nodeName}}
+	if opts.Node.Addresses, err = parseNodeIPs(*nodeIPs); err != nil {
 		log.Error("bad flag", "err", err)
 		return 2
 	}
-	dpCfg.NodeIPs = opts.NodeIPs
+	dpCfg.NodeIPs = opts.Node.Addresses
 	if dpCfg.XDP, err = datapath.ParseXDPMode(*xdpMode); err != nil {
 		log.Error("bad flag", "err", fmt.Errorf("--xdp: %w", err))
 		return 2
@@ -120,18 +120,18 @@ func run(args []string) int {
 		log.Error("give exactly one source: --manifests PATH, --kubeconfig PATH or --in-cluster")
 		return 2
 	}
-	if len(opts.NodeIPs) == 0 && kube.enabled() && *kube.kubeconfig != "" != *kube.inCluster {
+	if len(opts.Node.Addresses) == 0 && kube.enabled() && *kube.kubeconfig != "" != *kube.inCluster {
 		// Without them only NodePorts are missing: warn, do not fail.
-		if opts.NodeIPs, err = kube.nodeIPs(opts.NodeName); err != nil {
+		if opts.Node.Addresses, err = kube.nodeIPs(opts.Node.Name); err != nil {
 			log.Warn("no --node-ip and no node addresses from the Node object: NodePorts not served", "err", err)
 		} else {
-			log.Info("node addresses from the Node object", "node", opts.NodeName, "addresses", opts.NodeIPs)
+			log.Info("node addresses from the Node object", "node", opts.Node.Name, "addresses", opts.Node.Addresses)
 		}
-		dpCfg.NodeIPs = opts.NodeIPs
+		dpCfg.NodeIPs = opts.Node.Addresses
 	}
 	cfg := agent.Config{Devices: splitList(*devices), Resync: *resync}
-	if len(cfg.Devices) == 0 && len(opts.NodeIPs) > 0 {
-		if cfg.Devices, err = datapath.DevicesOf(opts.NodeIPs); err != nil {
+	if len(cfg.Devices) == 0 && len(opts.Node.Addresses) > 0 {
+		if cfg.Devices, err = datapath.DevicesOf(opts.Node.Addresses); err != nil {
 			log.Error("find the devices of --node-ip", "err", err)
 			return 1
 		}
@@ -145,8 +145,8 @@ func run(args []string) int {
 		return 1
 	}
 	for _, a := range devAddrs {
-		if !slices.Contains(opts.NodeIPs, a) {
-			opts.NodeIPs = append(opts.NodeIPs, a)
+		if !slices.Contains(opts.Node.Addresses, a) {
+			opts.Node.Addresses = append(opts.Node.Addresses, a)
 		}
 	}
 

@@ -418,7 +418,9 @@ func TestCTSNATReservationLost(t *testing.T) {
 		run  func(t *testing.T, p packet.Packet) (uint32, []byte)
 		a, b string
 	}{
-		{"tc", func(t *testing.T, p packet.Packet) (uint32, []byte) { return runOn(t, d.TCIngress(), ifindex, p.Bytes()) }, "172.16.0.10", "172.16.0.11"},
+		{"tc", func(t *testing.T, p packet.Packet) (uint32, []byte) {
+			return runOn(t, d.TCIngress(), ifindex, p.Bytes())
+		}, "172.16.0.10", "172.16.0.11"},
 		{"xdp", func(t *testing.T, p packet.Packet) (uint32, []byte) { return runXDP(t, d.XDP(), ifindex, p.Bytes()) }, "172.16.0.20", "172.16.0.21"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sluice-lb/sluice/pkg/k8s"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 // One apiserver, the shapes of Service that matter: several ports with named
@@ -41,7 +41,7 @@ func TestServicesAndEndpointSlices(t *testing.T) {
 	createSlice(t, c, makeSlice("default", "manual", "manual-1", slicePorts{"": 5353}, ready("10.0.2.1")))
 
 	other := createService(t, c, "default", "other", func(s *corev1.Service) {
-		s.Labels = map[string]string{k8s.LabelServiceProxyName: "someone-else"}
+		s.Labels = map[string]string{translate.LabelServiceProxyName: "someone-else"}
 	}, svcPort("http", 80, "http"))
 	createSlice(t, c, makeSlice("default", "other", "other-1", slicePorts{"http": 8080}, ready("10.0.3.1")))
 	createService(t, c, "default", "dns-alias", func(s *corev1.Service) {
