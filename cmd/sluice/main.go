@@ -44,7 +44,7 @@ func run(args []string) int {
 	}
 	fs := flag.NewFlagSet("sluice", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage:\n  sluice --manifests PATH [flags]\n  sluice --kubeconfig PATH [flags]\n  sluice cleanup [--bpffs DIR]\n\nFlags:\n")
+		fmt.Fprintf(fs.Output(), "Usage:\n  sluice --manifests PATH [flags]\n  sluice --kubeconfig PATH [flags]\n  sluice --in-cluster [flags]\n  sluice cleanup [--bpffs DIR]\n  sluice --version\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	var (
@@ -63,6 +63,7 @@ func run(args []string) int {
 		ctGC        = fs.Duration("conntrack-gc-interval", 30*time.Second, "delete expired per-packet conntrack entries this often (must be > 0: nothing else empties the established table)")
 		xdpMode     = fs.String("xdp", "off", "XDP fast path for NodePort/ExternalIP/LoadBalancer traffic to other nodes' backends on --devices: native, generic or off")
 		healthCheck = fs.Bool("health-check-node-ports", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local")
+		showVersion = fs.Bool("version", false, "print the version, the commit and the digest of the BPF objects, and exit")
 		dpCfg       datapath.Config
 	)
 	fs.IntVar(&dpCfg.MaxServices, "max-services", datapath.DefaultMaxServices, "size of sluice_rev_nat: service frontends")
@@ -77,6 +78,10 @@ func run(args []string) int {
 			return 0
 		}
 		return 2
+	}
+	if *showVersion {
+		printVersion(os.Stdout)
+		return 0
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "sluice: unexpected arguments %q\n", fs.Args())
@@ -112,7 +117,7 @@ func run(args []string) int {
 	}
 
 	if (*manifests == "") == !kube.enabled() {
-		log.Error("give exactly one source: --manifests PATH or --kubeconfig PATH")
+		log.Error("give exactly one source: --manifests PATH, --kubeconfig PATH or --in-cluster")
 		return 2
 	}
 	if len(opts.Node.Addresses) == 0 && kube.enabled() && *kube.kubeconfig != "" != *kube.inCluster {
@@ -163,6 +168,9 @@ func run(args []string) int {
 		}
 	}
 	dpCfg.BPFFS = *bpffs
+	if !checkPrerequisites(*manifests, dpCfg.BPFFS, cfg.Cgroup, log) {
+		return 1
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

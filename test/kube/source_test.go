@@ -20,7 +20,7 @@ func TestServicesAndEndpointSlices(t *testing.T) {
 	env := startEnv(t)
 	c := env.Client
 	dp := newFake()
-	p := startProxy(t, env.Config, dp, proxyOpts{minSync: 100 * time.Millisecond})
+	p := startProxy(t, env.AgentConfig, dp, proxyOpts{minSync: 100 * time.Millisecond})
 	eventually(t, "first sync", 30*time.Second, func() error {
 		if !p.src.Synced() {
 			return fmt.Errorf("not synced")
@@ -96,7 +96,7 @@ func TestBurstOfUpdatesIsFolded(t *testing.T) {
 	c := env.Client
 	dp := newFake()
 	const minSync = 2 * time.Second
-	p := startProxy(t, env.Config, dp, proxyOpts{minSync: minSync})
+	p := startProxy(t, env.AgentConfig, dp, proxyOpts{minSync: minSync})
 	web := createService(t, c, "default", "web", nil, svcPort("http", 80, "http"))
 	createSlice(t, c, makeSlice("default", "web", "web-a", slicePorts{"http": 8080}, ready("10.0.1.1")))
 	wantProgrammed(t, dp, map[string][]string{fe(web, 80): {be("10.0.1.1", 8080)}})
@@ -133,7 +133,7 @@ func TestMetricsAfterSync(t *testing.T) {
 	env := startEnv(t)
 	c := env.Client
 	dp := newFake()
-	p := startProxy(t, env.Config, dp, proxyOpts{})
+	p := startProxy(t, env.AgentConfig, dp, proxyOpts{})
 	web := createService(t, c, "default", "web", nil, svcPort("http", 80, "http"))
 	createSlice(t, c, makeSlice("default", "web", "web-a", slicePorts{"http": 8080}, ready("10.0.1.1"), ready("10.0.1.2")))
 	wantProgrammed(t, dp, map[string][]string{fe(web, 80): {be("10.0.1.1", 8080), be("10.0.1.2", 8080)}})
