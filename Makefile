@@ -33,10 +33,35 @@ check-generate: generate ## Fail if the committed generated files are stale
 	@untracked=$$(git ls-files --others --exclude-standard -- pkg/datapath/ | grep -E '_bpfel\.(go|o)$$' || true); \
 	if [ -n "$$untracked" ]; then echo "generated files not committed: $$untracked"; exit 1; fi
 
+# The commit `sluice --version` reports (the release is in cmd/sluice/version.go).
+COMMIT = $(shell git rev-parse HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
+
 .PHONY: build
 build: ## Build bin/sluice and bin/sluicectl (static, no clang needed)
-	$(GO) build -o bin/sluice ./cmd/sluice
+	$(GO) build -ldflags "-X main.commit=$(COMMIT)" -o bin/sluice ./cmd/sluice
 	$(GO) build -o bin/sluicectl ./cmd/sluicectl
+
+# Platforms `make image` builds for (os/arch, comma-separated): one gives an
+# image, more give an image index.
+IMAGE_PLATFORMS ?= linux/$(shell $(GO) env GOARCH)
+
+.PHONY: image
+image: ## Build the container image bin/sluice-image.tar (OCI layout; no Docker needed)
+	cd deploy/tools && $(GO) run ./image --root ../.. --out ../../bin/sluice-image.tar --platforms $(IMAGE_PLATFORMS)
+
+.PHONY: manifests
+manifests: ## Regenerate deploy/sluice.yaml from the Helm chart deploy/helm/sluice
+	bash deploy/tools/manifests.sh > deploy/sluice.yaml.tmp
+	mv deploy/sluice.yaml.tmp deploy/sluice.yaml
+
+.PHONY: helm
+helm: ## Build (once; cached) the pinned helm the chart tests run
+	@echo "helm: $$(bash deploy/tools/helm.sh)"
+
+.PHONY: chart
+chart: ## helm lint the chart and render it
+	@helm=$$(bash deploy/tools/helm.sh); $$helm lint --strict deploy/helm/sluice --set apiServer.host=10.0.0.10 && \
+	$$helm template sluice deploy/helm/sluice --namespace kube-system --set apiServer.host=10.0.0.10 >/dev/null && echo "chart renders"
 
 .PHONY: deps
 deps: ## Install (Debian, as root) or check the tools and mounts the tests need
@@ -54,11 +79,29 @@ deps: ## Install (Debian, as root) or check the tools and mounts the tests need
 .PHONY: kube-bin
 kube-bin: ## Build (once; cached) the kube-apiserver and etcd that test/kube runs
 	@if [ -n "$${SLUICE_SKIP_KUBE:-}" ]; then echo "SLUICE_SKIP_KUBE set: not building kube binaries"; \
-	else echo "kube binaries in $$(bash test/kube/tools/build.sh)"; fi
+	else echo "kube binaries in $$(bash test/kube/tools/build.sh kube-apiserver etcd)"; fi
+
+.PHONY: kube-bin-bench
+kube-bin-bench: ## Build (once; cached) kube-apiserver, etcd and kube-proxy for the benchmark
+	@echo "kube binaries in $$(bash test/kube/tools/build.sh kube-apiserver etcd kube-proxy)"
+
+# What a cold cache costs, said before anything starts: the builds are
+# long, once, and would otherwise look like a hang.
+.PHONY: first-run-notice
+first-run-notice:
+	@cold=""; \
+	if [ -z "$${SLUICE_SKIP_KUBE:-}" ] && ! bash test/kube/tools/build.sh --check kube-apiserver etcd >/dev/null 2>&1; then cold="kube-apiserver and etcd (for test/kube)"; fi; \
+	if ! bash deploy/tools/helm.sh --check >/dev/null 2>&1; then cold="$${cold:+$$cold and }helm (for the chart tests)"; fi; \
+	if [ -n "$$cold" ]; then \
+		echo "First run on this machine: building $$cold from source into ~/.cache/sluice."; \
+		echo "That takes up to 30 minutes on 2 cores (measured: kube-apiserver 11-17 min, helm up to 16, etcd 20 s), once;"; \
+		echo "later runs reuse the binaries. SLUICE_SKIP_KUBE=1 skips the kube-apiserver tests and their build."; \
+	fi
 
 .PHONY: test
-test: deps check-generate kube-bin ## Vet and run every test (as root: BPF, netns, cgroups)
+test: first-run-notice deps check-generate kube-bin helm ## Vet and run every test (as root: BPF, netns, cgroups)
 	$(GO) vet ./...
+	cd deploy/tools && $(GO) vet ./...
 	$(GO) test -count=1 -p 1 ./...
 
 .PHONY: demo
@@ -66,7 +109,7 @@ demo: build ## Show ClusterIP load balancing in throwaway network namespaces
 	$(GO) run ./test/demo --bin bin
 
 .PHONY: bench
-bench: ## Run the benchmark suite
+bench: kube-bin-bench ## Run the benchmark suite
 	$(GO) run ./test/bench
 
 .PHONY: clean

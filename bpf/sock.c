@@ -10,7 +10,9 @@
  *
  * A service with no backends refuses at once: connect() and sendto() fail
  * with ECONNREFUSED (bpf_set_retval, allowed for connect4 and sendmsg4
- * since Linux 5.18) instead of timing out.
+ * since Linux 5.18) instead of timing out. So does one whose backend
+ * cannot be found even after reading the service again: a connect is
+ * never left to the VIP.
  */
 #include "lib/consts.h"
 #include "lib/config.h"
@@ -126,9 +128,12 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx,
 	else
 		be = select_backend(vip, port, proto, svc, &backend_id);
 	if (!be) {
-		/* Transient (agent mid-update): leave the VIP in place. */
+		/* Even after reading the service again (select_backend_slot):
+		 * refuse rather than leave the VIP, which nothing answers
+		 * (a TCP connect would hang).
+		 */
 		metric_inc(METRIC_SOCK_BACKEND_MISSING);
-		return 0;
+		return -ECONNREFUSED;
 	}
 
 	rkey.cookie = bpf_get_socket_cookie(ctx);

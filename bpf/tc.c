@@ -5,8 +5,9 @@
  *
  * Ingress: a reply of a translated flow (CT_REVERSE hit) gets its source
  * rewritten back to the VIP; a packet to a service is DNATed to a backend,
- * reusing the flow's conntrack entry when there is one; a packet to a
- * service without backends is answered with ICMP port unreachable.
+ * reusing the flow's conntrack entry when there is one; a new flow to a
+ * service without backends is answered with ICMP port unreachable (its
+ * established flows go on: conntrack comes first).
  * Egress: replies leaving towards the client get their source rewritten
  * back to the VIP. Both: ICMP errors about translated flows are
  * translated back (icmp_xlate.h), and later IPv4 fragments get their first
@@ -129,13 +130,20 @@ static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
 	__be32 fe_addr, client;
 	__be16 fe_port, cport;
 	struct fib4 f = {};
-	int ret;
+	int err, ret;
 
-	ct_key_of(&key, p, CT_REVERSE);
-	e = ct_lookup(&key, now);
+	e = ct_reply(p, &key, now, &err);
+	if (err) {
+		/* The first reply of a flow that cannot become established:
+		 * the flow is refused (see conntrack.h).
+		 */
+		metric_inc(err == -EEXIST ? METRIC_TC_CT_CLASH :
+					    METRIC_TC_CT_EST_FULL);
+		return TC_ACT_SHOT;
+	}
 	if (!e)
 		return -1;
-	ct_track_tcp(p, &key, e);
+	ct_track_tcp(p, &key, e, now);
 	fe_addr = e->nat_addr;
 	fe_port = e->nat_port;
 	if (!(e->flags & CT_F_SNAT))
@@ -161,33 +169,32 @@ static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
 }
 
 /*
- * lb4_check_frontend - what a packet to frontend @svc meets before any
- * backend: its loadBalancerSourceRanges, and the reply to a service with
- * no backends. Returns a TC verdict to end with, or -1 if @p goes on to a
- * backend.
+ * lb4_check_source - a frontend's loadBalancerSourceRanges. Returns a TC
+ * verdict to end with, or -1 if @p may go on.
  */
-static __always_inline int lb4_check_frontend(struct __sk_buff *skb,
-					      const struct pkt4 *p,
-					      const struct lb4_service *svc)
+static __always_inline int lb4_check_source(const struct pkt4 *p,
+					    const struct lb4_service *svc)
 {
-	enum svc_flags flags = svc->flags;
-	int ret;
-
-	if ((flags & SVC_F_SRC_RANGES) &&
+	if ((svc->flags & SVC_F_SRC_RANGES) &&
 	    !source_allowed(p->daddr, p->dport, p->proto, p->saddr)) {
 		metric_inc(METRIC_TC_SRC_RANGE_DENY);
 		return TC_ACT_SHOT;
 	}
-	if (svc->count != 0)
-		return -1;
-	if (p->frag_later) {
-		/* Its first fragment was refused: no ICMP error about a
-		 * later one (RFC 1122 3.2.2), it has no L4 header to quote.
-		 */
-		metric_inc(METRIC_TC_FRAG_DROP);
-		return TC_ACT_SHOT;
-	}
-	if (flags & SVC_F_LOCAL) {
+	return -1;
+}
+
+/*
+ * lb4_refuse - the answer to a new flow to frontend @svc, which has no
+ * backends: ICMP port unreachable, or a drop for externalTrafficPolicy
+ * Local. Returns a TC verdict.
+ */
+static __always_inline int lb4_refuse(struct __sk_buff *skb,
+				      const struct pkt4 *p,
+				      const struct lb4_service *svc)
+{
+	int ret;
+
+	if (svc->flags & SVC_F_LOCAL) {
 		/* kube-proxy drops too: an external load balancer
 		 * health-checks nodes and stops sending here.
 		 */
@@ -245,8 +252,12 @@ nat_remote(struct __sk_buff *skb, const struct pkt4 *p,
 		/* Without its reply entry the flow cannot work: refuse it
 		 * rather than half-NAT it.
 		 */
-		metric_inc(err > 0 ? METRIC_TC_SNAT_EXHAUSTED :
-				     METRIC_TC_CT_FULL);
+		if (err > 0)
+			metric_inc(METRIC_TC_SNAT_EXHAUSTED);
+		else if (err == -E2BIG)
+			metric_inc(METRIC_TC_CT_EST_FULL);
+		else
+			metric_inc(METRIC_TC_CT_FULL);
 		return -1;
 	}
 	metric_inc(METRIC_TC_SNAT_NEW);
@@ -254,64 +265,139 @@ nat_remote(struct __sk_buff *skb, const struct pkt4 *p,
 }
 
 /*
- * lb4_select - where a packet to frontend @svc goes: the backend of its
- * flow's conntrack entry while that is usable (ct_fwd_usable), else a
- * backend selected now, recorded in conntrack (and source-NATed when it
- * is remote, see nat_remote).
+ * lb4_ct_follow - send @p, a packet of the flow of the usable forward
+ * entry @fwd (under @key), where the flow goes. Returns 0 with @x filled
+ * in, or -1 if it must be dropped (counted).
+ */
+static __always_inline int lb4_ct_follow(const struct pkt4 *p,
+					 const struct ct4_key *key,
+					 struct ct4_entry *fwd, __u64 now,
+					 struct lb4_xlate *x)
+{
+	int err;
+
+	x->nat_addr = fwd->nat_addr;
+	x->nat_port = fwd->nat_port;
+	if (fwd->flags & CT_F_SNAT) {
+		x->snat = true;
+		x->snat_addr = fwd->snat_addr;
+		x->snat_port = fwd->snat_port;
+	}
+	ct_refresh(fwd, p->proto, now);
+	ct_track_tcp(p, key, fwd, now);
+	err = ct_check_reverse(p, key, fwd, now);
+	if (err == -EEXIST) {
+		/* Another flow holds the reply tuple (the SNAT port): its
+		 * replies would go there. Never send from a tuple the flow
+		 * does not own.
+		 */
+		metric_inc(x->snat ? METRIC_TC_SNAT_LOST : METRIC_TC_CT_CLASH);
+		return -1;
+	}
+	if (err < 0) {
+		if (x->snat) {
+			/* The port is not reserved: the same. */
+			metric_inc(METRIC_TC_SNAT_LOST);
+			return -1;
+		}
+		metric_inc(METRIC_TC_CT_FULL);
+	}
+	metric_inc(METRIC_TC_DNAT_CT);
+	return 0;
+}
+
+/*
+ * lb4_new_flow - select a backend for a new flow of @p to frontend @svc
+ * and record the flow in conntrack (source-NATed when the backend is
+ * remote, see nat_remote). A backend whose reply tuple is another flow's
+ * (ct_create's clash: two VIPs sharing a backend) is passed over for the
+ * next slot's, up to CT_CLASH_TRIES backends.
  *
  * Returns 0 with @x filled in, or -1 if the packet must be dropped
  * (counted).
+ */
+#define CT_CLASH_TRIES 4
+
+static __always_inline int lb4_new_flow(struct __sk_buff *skb,
+					const struct pkt4 *p,
+					const struct lb4_service *svc,
+					__u64 now, struct lb4_xlate *x)
+{
+	__u32 count = svc->count, backend_id = 0, i;
+	struct lb4_backend *be;
+	__u16 slot = 0;
+	int ret;
+
+	be = select_backend_slot(p->daddr, p->dport, p->proto, svc, &backend_id,
+				 &slot);
+	for (i = 0; i < CT_CLASH_TRIES; i++) {
+		if (i > 0) {
+			if (i >= count)
+				break;
+			slot = slot % count + 1;
+			be = slot_backend(p->daddr, p->dport, p->proto, slot,
+					  &backend_id);
+		}
+		if (!be) {
+			metric_inc(METRIC_TC_BACKEND_MISSING);
+			return -1;
+		}
+		x->nat_addr = be->addr;
+		x->nat_port = be->port;
+		ret = nat_remote(skb, p, svc, be, backend_id, now, x);
+		if (ret)
+			return ret > 0 ? 0 : -1;
+		ret = ct_create(p, be, backend_id, svc->rev_nat_id, now);
+		if (ret == CT_CLASH)
+			continue;
+		if (ret < 0)
+			metric_inc(METRIC_TC_CT_FULL);
+		metric_inc(METRIC_TC_DNAT_NEW);
+		return 0;
+	}
+	metric_inc(METRIC_TC_CT_CLASH);
+	return -1;
+}
+
+/*
+ * lb4_select - where a packet to frontend @svc goes: the backend of its
+ * flow's conntrack entry while that is usable (ct_fwd_usable), else a
+ * backend selected now (lb4_new_flow). Conntrack comes first, so a
+ * Service that has dropped to zero endpoints keeps its established flows,
+ * as kube-proxy does; only a new flow is refused.
+ *
+ * Returns 0 with @x filled in, 1 if @p starts a flow to a frontend without
+ * backends (to refuse), or -1 if it must be dropped (counted).
  */
 static __always_inline int lb4_select(struct __sk_buff *skb,
 				      const struct pkt4 *p,
 				      const struct lb4_service *svc, __u64 now,
 				      struct lb4_xlate *x)
 {
-	struct lb4_backend *be;
 	struct ct4_key key = {};
 	struct ct4_entry *fwd;
-	__u32 backend_id = 0;
-	int ret;
+	bool half_open, gone;
 
 	ct_key_of(&key, p, CT_FORWARD);
-	fwd = ct_lookup(&key, now);
-	if (fwd && ct_fwd_usable(fwd, p)) {
-		x->nat_addr = fwd->nat_addr;
-		x->nat_port = fwd->nat_port;
-		if (fwd->flags & CT_F_SNAT) {
-			x->snat = true;
-			x->snat_addr = fwd->snat_addr;
-			x->snat_port = fwd->snat_port;
-		}
-		ct_track_tcp(p, &key, fwd);
-		if (ct_refresh_reverse(p, fwd, now) < 0)
-			metric_inc(METRIC_TC_CT_FULL);
-		metric_inc(METRIC_TC_DNAT_CT);
-		return 0;
+	fwd = ct_find(&key, now, &half_open);
+	if (fwd && ct_fwd_usable(fwd, p, &gone)) {
+		if (gone)
+			metric_inc(METRIC_TC_CT_BACKEND_GONE);
+		return lb4_ct_follow(p, &key, fwd, now, x);
 	}
-
 	if (p->frag_later) {
 		/* A later fragment follows its first fragment's flow, and
 		 * never starts one: its datagram would be split between two
-		 * backends.
+		 * backends (or, to a service without backends, it would be
+		 * refused with an ICMP error about a packet that has no L4
+		 * header to quote: RFC 1122 3.2.2).
 		 */
 		metric_inc(METRIC_TC_FRAG_DROP);
 		return -1;
 	}
-	be = select_backend(p->daddr, p->dport, p->proto, svc, &backend_id);
-	if (!be) {
-		metric_inc(METRIC_TC_BACKEND_MISSING);
-		return -1;
-	}
-	x->nat_addr = be->addr;
-	x->nat_port = be->port;
-	ret = nat_remote(skb, p, svc, be, backend_id, now, x);
-	if (ret)
-		return ret > 0 ? 0 : -1;
-	if (ct_create(p, be, backend_id, svc->rev_nat_id, now) < 0)
-		metric_inc(METRIC_TC_CT_FULL);
-	metric_inc(METRIC_TC_DNAT_NEW);
-	return 0;
+	if (svc->count == 0)
+		return 1;
+	return lb4_new_flow(skb, p, svc, now, x);
 }
 
 /*
@@ -329,11 +415,14 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	svc = lookup_service(p->daddr, p->dport, p->proto);
 	if (!svc)
 		return TC_ACT_OK;
-	ret = lb4_check_frontend(skb, p, svc);
+	ret = lb4_check_source(p, svc);
 	if (ret >= 0)
 		return ret;
-	if (lb4_select(skb, p, svc, now, &x) < 0)
+	ret = lb4_select(skb, p, svc, now, &x);
+	if (ret < 0)
 		return TC_ACT_SHOT;
+	if (ret > 0)
+		return lb4_refuse(skb, p, svc);
 
 	if (x.snat) {
 		if (!x.have_fib && fib4_lookup(skb, skb->ifindex, x.snat_addr,

@@ -91,9 +91,13 @@ static __always_inline int xdp_rev(struct xdp_md *ctx, struct xdp_pkt4 *x,
 	__be32 fe_addr, client;
 	__be16 fe_port, cport;
 
+	/* Source-NATed flows only: their reply entries (the port
+	 * reservations) are always in sluice_conntrack.
+	 */
 	ct_key_of(&key, &x->p, CT_REVERSE);
-	e = bpf_map_lookup_elem(&sluice_conntrack_v1, &key);
-	if (!e || !(e->flags & CT_F_SNAT) || ct_expired(e, key.proto, now))
+	e = bpf_map_lookup_elem(&sluice_conntrack_v2, &key);
+	if (!e || !(e->flags & CT_F_SNAT) ||
+	    !ct_alive(READ_ONCE(e->expires), now))
 		return -1;
 	fe_addr = e->nat_addr;
 	fe_port = e->nat_port;
@@ -102,8 +106,14 @@ static __always_inline int xdp_rev(struct xdp_md *ctx, struct xdp_pkt4 *x,
 	if (fib4_lookup(ctx, ctx->ingress_ifindex, fe_addr, client, &f) < 0 ||
 	    !f.have_neigh || !xdp_fwd_ok(ctx, x->ip, &f))
 		return XDP_PASS;
-	e->last_seen = now;
-	ct_track_tcp(&x->p, &key, e);
+	/* The first reply promotes the flow; if that fails, tc tries again
+	 * and refuses the flow (counted).
+	 */
+	if (!(READ_ONCE(e->flags) & CT_F_REPLIED) &&
+	    ct_promote_snat(&key, e, now))
+		return XDP_PASS;
+	ct_touch(&key, e, now);
+	ct_track_tcp(&x->p, &key, e, now);
 	xdp_rewrite(x, fe_addr, fe_port, client, cport);
 	metric_inc(METRIC_XDP_REV);
 	return xdp_send(ctx, x, &f);
@@ -123,6 +133,7 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
 	__u32 backend_id = 0;
 	__be32 nat_addr, snat_addr;
 	__be16 nat_port, snat_port = 0;
+	bool half_open, gone;
 	__u8 flags;
 
 	svc = lookup_service(p->daddr, p->dport, p->proto);
@@ -139,12 +150,14 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
 	}
 
 	ct_key_of(&key, p, CT_FORWARD);
-	fwd = ct_lookup(&key, now);
+	fwd = ct_find(&key, now, &half_open);
 	if (fwd) {
 		/* Not source-NATed: a local backend, tc's to DNAT. Not
-		 * usable: tc re-balances it, or starts it afresh.
+		 * usable: tc re-balances it, or starts it afresh. Its
+		 * backend gone: tc counts the draining flow.
 		 */
-		if (!(fwd->flags & CT_F_SNAT) || !ct_fwd_usable(fwd, p))
+		if (!(fwd->flags & CT_F_SNAT) ||
+		    !ct_fwd_usable(fwd, p, &gone) || gone)
 			return XDP_PASS;
 		nat_addr = fwd->nat_addr;
 		nat_port = fwd->nat_port;
@@ -154,9 +167,13 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
 				&f) < 0 ||
 		    !f.have_neigh || !xdp_fwd_ok(ctx, x->ip, &f))
 			return XDP_PASS;
-		ct_track_tcp(p, &key, fwd);
-		if (ct_refresh_reverse(p, fwd, now) < 0)
-			metric_inc(METRIC_XDP_CT_FULL);
+		/* A port reservation lost (and maybe taken): tc drops and
+		 * counts, never sends from a port the flow does not own.
+		 */
+		if (ct_check_reverse(p, &key, fwd, now) < 0)
+			return XDP_PASS;
+		ct_refresh(fwd, p->proto, now);
+		ct_track_tcp(p, &key, fwd, now);
 	} else {
 		be = select_backend(p->daddr, p->dport, p->proto, svc,
 				    &backend_id);

@@ -11,10 +11,13 @@
 #include "consts.h"
 
 /*
- * Conntrack idle timeouts. An entry whose last_seen is older than its
- * timeout is treated as absent (the LRU map reclaims it later).
+ * Conntrack idle timeouts. An entry idle for longer than its timeout is
+ * treated as absent (and deleted later: conntrack.h). An established TCP
+ * flow lives ct_timeout_tcp_ns, one that has seen no reply yet
+ * ct_timeout_syn_ns (Cilium's SYN timeout), UDP ct_timeout_udp_ns.
  */
 volatile const __u64 ct_timeout_tcp_ns = 6ULL * 3600 * NSEC_PER_SEC;
+volatile const __u64 ct_timeout_syn_ns = 60ULL * NSEC_PER_SEC;
 volatile const __u64 ct_timeout_udp_ns = 60ULL * NSEC_PER_SEC;
 /* A TCP flow that saw a RST, or a FIN both ways, lives this much longer. */
 volatile const __u64 ct_timeout_close_ns = 10ULL * NSEC_PER_SEC;

@@ -2,17 +2,39 @@
 /*
  * Per-packet connection tracking for translated flows.
  *
- * A flow from client C to VIP V translated to backend B has two entries in
- * sluice_conntrack: CT_FORWARD keyed <C -> V> naming B, so every packet of
- * the flow goes to the same backend; and CT_REVERSE keyed <B -> C> naming
- * V, so replies get V back as their source. Entries idle for longer than
- * their protocol's timeout count as absent; the LRU map reclaims them, and
- * the agent's garbage collector deletes them (Maps.GCConntrack).
+ * A flow from client C to VIP V translated to backend B has two entries:
+ * CT_FORWARD keyed <C -> V> naming B, so every packet of the flow goes to
+ * the same backend; and CT_REVERSE keyed <B -> C> naming V, so replies get
+ * V back as their source.
+ *
+ * Half-open and established. A new flow's entries go to sluice_ct_new, an
+ * LRU with a short timeout for TCP (ct_timeout_syn_ns). Its first reply
+ * promotes both to sluice_conntrack, a plain hash that nothing evicts: so a
+ * flood of new flows (a SYN flood, a scan, a burst of connections) can
+ * only evict half-open flows, never established ones. When sluice_conntrack
+ * is full, the flow is refused instead: its reply is dropped and counted
+ * (nf_conntrack's promise: when the table is full, new flows are refused).
+ * A source-NATed flow's port reservation (its reply entry) lives in
+ * sluice_conntrack from the start, since uniqueness of a port needs one
+ * map, and an LRU must never evict it apart from its flow; its
+ * CT_F_REPLIED flag says whether the flow is established yet.
+ *
+ * Expiry. An entry holds the absolute time it dies (expires), compared
+ * signed with a clock reading: another CPU that refreshed the entry after
+ * this program read the clock only moves it further away. Refreshes move
+ * it forward only, by compare-and-swap and only by a second or more, which
+ * also keeps CPUs from writing the shared cache line on every packet. A
+ * dead entry counts as absent. It is deleted by whoever claims it first by
+ * a compare-and-swap of the expiry it saw to CT_DEAD: the agent's GC
+ * (sluice_ct_gc, which keeps the entries of a flow whose other entry is
+ * alive), a new flow that needs the key, or a flush; so nobody ever
+ * deletes an entry that was refreshed or re-created meanwhile, and entries
+ * in sluice_conntrack are never overwritten, only inserted (BPF_NOEXIST).
  *
  * TCP close: a RST, or a FIN seen in both directions, marks both entries
- * of the flow closed; a closed entry lives ct_timeout_close_ns after its
- * last packet instead of the TCP idle timeout, and a new SYN on its tuple
- * starts a new flow.
+ * of the flow closed (flags set atomically; only entries that point back
+ * at each other are one flow); a closed entry lives ct_timeout_close_ns
+ * after its last packet, and a new SYN on its tuple starts a new flow.
  */
 #ifndef SLUICE_CONNTRACK_H
 #define SLUICE_CONNTRACK_H
@@ -23,9 +45,106 @@
 #include "lb.h"
 #include "parse.h"
 
-static __always_inline __u64 ct_timeout(__u8 proto)
+#define CT_EST (&sluice_conntrack_v2)
+#define CT_NEW (&sluice_ct_new_v1)
+
+/* ct4_entry.expires of an entry claimed for deletion. */
+#define CT_DEAD 0
+/* Refreshes move an expiry by at least this much (or not at all). */
+#define CT_REFRESH_NS NSEC_PER_SEC
+
+/* ct_create's result when the reply tuple belongs to another flow. */
+#define CT_CLASH 1
+
+#define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
+
+static __always_inline bool ct_closed(__u32 flags)
 {
-	return proto == IPPROTO_TCP ? ct_timeout_tcp_ns : ct_timeout_udp_ns;
+	return (flags & CT_F_RST) || (flags & (CT_F_FIN_FWD | CT_F_FIN_REV)) ==
+					     (CT_F_FIN_FWD | CT_F_FIN_REV);
+}
+
+/* ct_alive - whether an entry expiring at @expires is alive at @now. */
+static __always_inline bool ct_alive(__u64 expires, __u64 now)
+{
+	return (__s64)(expires - now) > 0;
+}
+
+/* ct_lifetime - how long an entry of @proto with @flags lives idle. */
+static __always_inline __u64 ct_lifetime(__u8 proto, __u32 flags)
+{
+	if (proto != IPPROTO_TCP)
+		return ct_timeout_udp_ns;
+	if (ct_closed(flags))
+		return ct_timeout_close_ns;
+	return (flags & CT_F_REPLIED) ? ct_timeout_tcp_ns : ct_timeout_syn_ns;
+}
+
+/*
+ * ct_refresh - push the expiry of the live entry @e to @now plus its
+ * lifetime, if that moves it forward by CT_REFRESH_NS or more. Returns
+ * whether it stored.
+ */
+static __always_inline bool ct_refresh(struct ct4_entry *e, __u8 proto,
+				       __u64 now)
+{
+	__u64 seen = READ_ONCE(e->expires);
+	__u64 want;
+
+	if (!ct_alive(seen, now))
+		return false;
+	want = now + ct_lifetime(proto, READ_ONCE(e->flags));
+	if ((__s64)(want - seen) < (__s64)CT_REFRESH_NS)
+		return false;
+	return __sync_val_compare_and_swap(&e->expires, seen, want) == seen;
+}
+
+/*
+ * ct_mark - set @bits in the flags of @e atomically (the two ends of a
+ * flow closing at once on two CPUs must both leave their mark), and bring
+ * its expiry forward to the close timeout if this closes the flow.
+ */
+static __always_inline void ct_mark(struct ct4_entry *e, __u32 bits, __u8 proto,
+				    __u64 now)
+{
+	__u32 old;
+	__u64 seen, want;
+
+	if ((READ_ONCE(e->flags) & bits) == bits)
+		return;
+	old = __sync_fetch_and_or(&e->flags, bits);
+	if (proto != IPPROTO_TCP || ct_closed(old) || !ct_closed(old | bits))
+		return;
+	seen = READ_ONCE(e->expires);
+	want = now + ct_timeout_close_ns;
+	if (ct_alive(seen, now) && (__s64)(want - seen) < 0)
+		__sync_val_compare_and_swap(&e->expires, seen, want);
+}
+
+/*
+ * ct_reap - delete @e, found under @key in @map, if its expiry is still
+ * @seen: claim it by a compare-and-swap to CT_DEAD first, so that of two
+ * deleters only one deletes, and an entry that was refreshed since is
+ * left alone. Returns whether this call deleted it.
+ */
+static __always_inline bool ct_reap(void *map, const struct ct4_key *key,
+				    struct ct4_entry *e, __u64 seen)
+{
+	if (seen == CT_DEAD ||
+	    __sync_val_compare_and_swap(&e->expires, seen, CT_DEAD) != seen)
+		return false;
+	bpf_map_delete_elem(map, key);
+	return true;
+}
+
+/* ct_reap_now - ct_reap whatever @e's expiry is (a flow ended on purpose). */
+static __always_inline bool ct_reap_now(void *map, const struct ct4_key *key,
+					struct ct4_entry *e)
+{
+	if (__sync_lock_test_and_set(&e->expires, CT_DEAD) == CT_DEAD)
+		return false;
+	bpf_map_delete_elem(map, key);
+	return true;
 }
 
 /* ct_key_of - the conntrack key of @p's packet as it is on the wire. */
@@ -39,67 +158,6 @@ static __always_inline void ct_key_of(struct ct4_key *key, const struct pkt4 *p,
 	key->proto = p->proto;
 	key->dir = dir;
 	key->pad = 0;
-}
-
-static __always_inline bool ct_closed(const struct ct4_entry *e)
-{
-	return (e->flags & CT_F_RST) ||
-	       (e->flags & (CT_F_FIN_FWD | CT_F_FIN_REV)) ==
-		       (CT_F_FIN_FWD | CT_F_FIN_REV);
-}
-
-/*
- * ct_fwd_usable - whether the live forward entry @fwd still decides where
- * @p, a packet of its flow, goes. tc and XDP both follow this rule, so a
- * flow may move between them.
- *
- * A UDP "flow" has no end: once its backend is gone (or its id reused for
- * another address), it is re-balanced rather than sent into the void. TCP
- * keeps its backend, as kube-proxy keeps established connections; but a new
- * connection (a pure SYN) on the tuple of a closed one starts afresh.
- */
-static __always_inline bool ct_fwd_usable(const struct ct4_entry *fwd,
-					  const struct pkt4 *p)
-{
-	const struct lb4_backend *be;
-
-	if (p->proto == IPPROTO_UDP) {
-		be = lookup_backend(fwd->backend_id);
-		return be && be->addr == fwd->nat_addr &&
-		       be->port == fwd->nat_port;
-	}
-	if (p->proto == IPPROTO_TCP && ct_closed(fwd) &&
-	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
-		return false;
-	return true;
-}
-
-/* ct_expired - whether @e (of protocol @proto) is dead at @now. */
-static __always_inline bool ct_expired(const struct ct4_entry *e, __u8 proto,
-				       __u64 now)
-{
-	__u64 life = ct_timeout(proto);
-
-	if (proto == IPPROTO_TCP && ct_closed(e))
-		life = ct_timeout_close_ns;
-	return now - e->last_seen > life;
-}
-
-/*
- * ct_lookup - a live entry for @key, with its last_seen refreshed to @now,
- * or NULL if there is none or it has expired.
- */
-static __always_inline struct ct4_entry *ct_lookup(const struct ct4_key *key,
-						   __u64 now)
-{
-	struct ct4_entry *e = bpf_map_lookup_elem(&sluice_conntrack_v1, key);
-
-	if (!e)
-		return NULL;
-	if (ct_expired(e, key->proto, now))
-		return NULL;
-	e->last_seen = now;
-	return e;
 }
 
 /*
@@ -132,16 +190,129 @@ static __always_inline void ct_peer_key(struct ct4_key *peer,
 }
 
 /*
+ * ct_is_peer - whether @pe, found under the ct_peer_key of @e (under
+ * @key), is the other entry of the same flow: it names back what @key
+ * holds. A tuple reused by a new flow to another backend, say, leaves the
+ * old flow's reply entry <B_old -> C> naming the frontend of a forward
+ * entry <C -> F> that now names B_new: they are no longer one flow.
+ */
+static __always_inline bool ct_is_peer(const struct ct4_key *key,
+				       const struct ct4_entry *e,
+				       const struct ct4_entry *pe)
+{
+	bool snat = e->flags & CT_F_SNAT;
+
+	if ((pe->flags ^ e->flags) & CT_F_SNAT)
+		return false;
+	if (key->dir == CT_FORWARD)
+		return pe->nat_addr == key->daddr &&
+		       pe->nat_port == key->dport &&
+		       (!snat || (pe->snat_addr == key->saddr &&
+				  pe->snat_port == key->sport));
+	return pe->nat_addr == key->saddr && pe->nat_port == key->sport &&
+	       (!snat ||
+		(pe->snat_addr == key->daddr && pe->snat_port == key->dport));
+}
+
+/*
+ * ct_find - the live entry under @key: the established one, else the
+ * half-open one (@half_open says which), or NULL.
+ */
+static __always_inline struct ct4_entry *ct_find(const struct ct4_key *key,
+						 __u64 now, bool *half_open)
+{
+	struct ct4_entry *e = bpf_map_lookup_elem(CT_EST, key);
+
+	*half_open = false;
+	if (e && ct_alive(READ_ONCE(e->expires), now))
+		return e;
+	e = bpf_map_lookup_elem(CT_NEW, key);
+	if (e && ct_alive(READ_ONCE(e->expires), now)) {
+		*half_open = true;
+		return e;
+	}
+	return NULL;
+}
+
+/*
+ * ct_peer - the live other entry of the flow of @e (under @key), or NULL;
+ * its key in @pkey.
+ */
+static __always_inline struct ct4_entry *ct_peer(const struct ct4_key *key,
+						 const struct ct4_entry *e,
+						 __u64 now,
+						 struct ct4_key *pkey)
+{
+	struct ct4_entry *pe;
+	bool half_open;
+
+	ct_peer_key(pkey, key, e);
+	pe = ct_find(pkey, now, &half_open);
+	if (!pe || !ct_is_peer(key, e, pe))
+		return NULL;
+	return pe;
+}
+
+/*
+ * ct_touch - refresh @e (under @key) and, when that stored, the other
+ * entry of its flow too, so that a flow whose packets go one way only
+ * (a server pushing UDP) keeps both.
+ */
+static __always_inline void ct_touch(const struct ct4_key *key,
+				     struct ct4_entry *e, __u64 now)
+{
+	struct ct4_key pkey;
+	struct ct4_entry *pe;
+
+	if (!ct_refresh(e, key->proto, now))
+		return;
+	pe = ct_peer(key, e, now, &pkey);
+	if (pe)
+		ct_refresh(pe, key->proto, now);
+}
+
+/*
+ * ct_fwd_usable - whether the live forward entry @fwd still decides where
+ * @p, a packet of its flow, goes. tc and XDP both follow this rule, so a
+ * flow may move between them. @gone is set if the entry's backend has
+ * left (its id is missing or names another address).
+ *
+ * A UDP "flow" has no end: once its backend is gone, it is re-balanced
+ * rather than sent into the void. TCP keeps its backend, as kube-proxy
+ * keeps established connections (a terminating endpoint drains them); but
+ * a new connection (a pure SYN) on the tuple of a closed flow, or of one
+ * whose backend is gone (a client that crashed and reuses its port),
+ * starts afresh.
+ */
+static __always_inline bool ct_fwd_usable(const struct ct4_entry *fwd,
+					  const struct pkt4 *p, bool *gone)
+{
+	const struct lb4_backend *be = lookup_backend(fwd->backend_id);
+
+	*gone = !be || be->addr != fwd->nat_addr || be->port != fwd->nat_port;
+	if (p->proto == IPPROTO_UDP)
+		return !*gone;
+	if (p->proto == IPPROTO_TCP &&
+	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN &&
+	    (*gone || ct_closed(READ_ONCE(fwd->flags))))
+		return false;
+	return true;
+}
+
+/*
  * ct_track_tcp - note a FIN or RST of @p (a packet of the flow @e, found
- * under @key) in both of the flow's entries.
+ * under @key) in both of the flow's entries. The other entry is marked only
+ * if it is this flow's (ct_is_peer): a straggler of an old flow on a reused
+ * tuple, or a RST from a backend the flow does not use, must not close the
+ * flow that now holds the tuple.
  */
 static __always_inline void ct_track_tcp(const struct pkt4 *p,
 					 const struct ct4_key *key,
-					 struct ct4_entry *e)
+					 struct ct4_entry *e, __u64 now)
 {
-	struct ct4_key peer = {};
+	struct ct4_key pkey;
 	struct ct4_entry *pe;
-	__u8 bits;
+	__u32 bits;
 
 	if (p->proto != IPPROTO_TCP ||
 	    !(p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
@@ -150,62 +321,178 @@ static __always_inline void ct_track_tcp(const struct pkt4 *p,
 		bits = CT_F_RST;
 	else
 		bits = key->dir == CT_FORWARD ? CT_F_FIN_FWD : CT_F_FIN_REV;
-	e->flags |= bits;
-	ct_peer_key(&peer, key, e);
-	pe = bpf_map_lookup_elem(&sluice_conntrack_v1, &peer);
+	ct_mark(e, bits, p->proto, now);
+	pe = ct_peer(key, e, now, &pkey);
 	if (pe)
-		pe->flags |= bits;
+		ct_mark(pe, bits, p->proto, now);
 }
 
 /*
- * ct_create - record a flow from @p's client to the service, translated to
- * backend @be (@backend_id) of service @rev_nat_id: both directions.
+ * ct_est_insert - insert @val under @key into sluice_conntrack, deleting a
+ * dead entry in the way (ct_reap); with @keep_peer, not one whose flow's
+ * other entry is alive (the GC's rule, for port reservations: the flow
+ * still sends from that port). Returns 0, -EEXIST if a live entry (or one
+ * kept, or claimed by another deleter) holds the key, or another negative
+ * error (-E2BIG: the table is full).
+ */
+static __always_inline int ct_est_insert(const struct ct4_key *key,
+					 const struct ct4_entry *val, __u64 now,
+					 bool keep_peer)
+{
+	struct ct4_entry *old;
+	struct ct4_key pkey;
+	__u64 seen;
+	int err;
+
+	err = bpf_map_update_elem(CT_EST, key, val, BPF_NOEXIST);
+	if (err != -EEXIST)
+		return err;
+	old = bpf_map_lookup_elem(CT_EST, key);
+	if (old) {
+		seen = READ_ONCE(old->expires);
+		if (ct_alive(seen, now) ||
+		    (keep_peer && ct_peer(key, old, now, &pkey)) ||
+		    !ct_reap(CT_EST, key, old, seen))
+			return -EEXIST;
+	}
+	return bpf_map_update_elem(CT_EST, key, val, BPF_NOEXIST);
+}
+
+/*
+ * ct_est_same - whether the live entry under @key in sluice_conntrack is
+ * @want (as another CPU promoting the same flow would have written it).
+ */
+static __always_inline bool ct_est_same(const struct ct4_key *key,
+					const struct ct4_entry *want, __u64 now)
+{
+	struct ct4_entry *e = bpf_map_lookup_elem(CT_EST, key);
+
+	return e && ct_alive(READ_ONCE(e->expires), now) &&
+	       e->nat_addr == want->nat_addr && e->nat_port == want->nat_port &&
+	       e->snat_addr == want->snat_addr &&
+	       e->snat_port == want->snat_port;
+}
+
+/*
+ * ct_supersede_in - ct_supersede for the forward entry under @fkey in @map
+ * (sluice_conntrack or sluice_ct_new).
+ */
+static __always_inline void ct_supersede_in(void *map,
+					    const struct ct4_key *fkey)
+{
+	struct ct4_entry *old, *pe;
+	struct ct4_key pkey;
+
+	old = bpf_map_lookup_elem(map, fkey);
+	if (!old)
+		return;
+	ct_peer_key(&pkey, fkey, old);
+	pe = bpf_map_lookup_elem(CT_EST, &pkey);
+	if (pe && ct_is_peer(fkey, old, pe))
+		ct_reap_now(CT_EST, &pkey, pe);
+	pe = bpf_map_lookup_elem(CT_NEW, &pkey);
+	if (pe && ct_is_peer(fkey, old, pe))
+		ct_reap_now(CT_NEW, &pkey, pe);
+	ct_reap_now(map, fkey, old);
+}
+
+/*
+ * ct_supersede - a new flow takes the tuple @fkey: delete the entries of
+ * an earlier flow on it (the caller found it unusable: closed, or its
+ * backend gone), its forward entry and the reply entry (or port
+ * reservation) that points back at it, so that neither the new flow's
+ * packets nor a straggler of the old backend find them.
+ */
+static __always_inline void ct_supersede(const struct ct4_key *fkey)
+{
+	ct_supersede_in(CT_EST, fkey);
+	ct_supersede_in(CT_NEW, fkey);
+}
+
+/*
+ * ct_create - record a new flow from @p's client to the service, translated
+ * to backend @be (@backend_id) of service @rev_nat_id, as half-open entries
+ * in sluice_ct_new.
  *
- * Returns 0 or the first map update error.
+ * The reply tuple <be -> client> must be free. Linux reuses a source port
+ * towards different destinations, so a client may talk from one port to
+ * two VIPs that share a backend: the reply entry of one would be
+ * overwritten by the other's, and its replies would carry the wrong VIP
+ * (both are the same tuple at the backend, too). So a live reply entry on
+ * the tuple that names another frontend is a clash, left to the caller
+ * (another backend, or a drop). One that names this frontend is an earlier
+ * flow of this very tuple, which this one supersedes.
+ *
+ * Returns 0, CT_CLASH, or a negative map update error.
  */
 static __always_inline int ct_create(const struct pkt4 *p,
 				     const struct lb4_backend *be,
 				     __u32 backend_id, __u32 rev_nat_id,
 				     __u64 now)
 {
-	struct ct4_key key = {};
+	struct ct4_key key = {
+		.saddr = be->addr,
+		.sport = be->port,
+		.daddr = p->saddr,
+		.dport = p->sport,
+		.proto = p->proto,
+		.dir = CT_REVERSE,
+	};
 	struct ct4_entry e = {
-		.last_seen = now,
+		.expires = now + ct_lifetime(p->proto, 0),
+		.nat_addr = p->daddr,
+		.nat_port = p->dport,
 		.backend_id = backend_id,
 		.rev_nat_id = rev_nat_id,
 	};
+	struct ct4_entry *old, *half;
+	__u64 seen = CT_DEAD;
 	int err;
 
+	old = bpf_map_lookup_elem(CT_EST, &key);
+	if (old) {
+		seen = READ_ONCE(old->expires);
+		if (ct_alive(seen, now) &&
+		    (old->nat_addr != p->daddr || old->nat_port != p->dport ||
+		     (old->flags & CT_F_SNAT)))
+			return CT_CLASH;
+	}
+	half = bpf_map_lookup_elem(CT_NEW, &key);
+	if (half && ct_alive(READ_ONCE(half->expires), now) &&
+	    (half->nat_addr != p->daddr || half->nat_port != p->dport))
+		return CT_CLASH;
+
+	{
+		struct ct4_key fkey;
+
+		ct_key_of(&fkey, p, CT_FORWARD);
+		ct_supersede(&fkey);
+	}
+	if (old)
+		ct_reap(CT_EST, &key, old, seen);
+
 	/* Reverse first: a reply never finds a forward entry without it. */
-	key.saddr = be->addr;
-	key.sport = be->port;
-	key.daddr = p->saddr;
-	key.dport = p->sport;
-	key.proto = p->proto;
-	key.dir = CT_REVERSE;
-	e.nat_addr = p->daddr;
-	e.nat_port = p->dport;
-	err = bpf_map_update_elem(&sluice_conntrack_v1, &key, &e, BPF_ANY);
+	err = bpf_map_update_elem(CT_NEW, &key, &e, BPF_ANY);
 	if (err < 0)
 		return err;
-
 	ct_key_of(&key, p, CT_FORWARD);
 	e.nat_addr = be->addr;
 	e.nat_port = be->port;
-	return bpf_map_update_elem(&sluice_conntrack_v1, &key, &e, BPF_ANY);
+	return bpf_map_update_elem(CT_NEW, &key, &e, BPF_ANY);
 }
 
 /*
  * ct_create_snat - record a flow from @p's client to an external frontend,
  * translated to remote backend @be and source-NATed to @node: reserve a
- * source port by inserting the reply entry <be -> node:port> with
- * BPF_NOEXIST (so no two flows ever share a tuple), trying up to
- * SNAT_TRIES ports from a random start in [snat_port_min, snat_port_max],
- * and reclaiming an expired entry in the way. Then record the forward
- * entry.
+ * source port by inserting the reply entry <be -> node:port> into
+ * sluice_conntrack with BPF_NOEXIST (so no two flows ever share a tuple),
+ * trying up to SNAT_TRIES ports from a random start in [snat_port_min,
+ * snat_port_max], and reclaiming a dead entry in the way. Then record the
+ * forward entry, half-open.
  *
  * Returns the reserved port (network order) in @port, and 0; 1 if every
- * try found a live flow; or a negative map update error.
+ * try found a live flow; or a negative map update error (-E2BIG: the
+ * established table is full).
  */
 #define SNAT_TRIES 32
 
@@ -222,7 +509,7 @@ static __always_inline int ct_create_snat(const struct pkt4 *p,
 		.dir = CT_REVERSE,
 	};
 	struct ct4_entry e = {
-		.last_seen = now,
+		.expires = now + ct_lifetime(p->proto, CT_F_SNAT),
 		.nat_addr = p->daddr,
 		.nat_port = p->dport,
 		.flags = CT_F_SNAT,
@@ -232,8 +519,8 @@ static __always_inline int ct_create_snat(const struct pkt4 *p,
 		.snat_port = p->sport,
 	};
 	__u32 lo = snat_port_min, hi = snat_port_max, range, start, i;
-	struct ct4_entry *old;
 	bool ok = false;
+	int err;
 
 	if (hi < lo)
 		return 1;
@@ -241,75 +528,230 @@ static __always_inline int ct_create_snat(const struct pkt4 *p,
 	start = bpf_get_prandom_u32();
 	for (i = 0; i < SNAT_TRIES; i++) {
 		key.dport = bpf_htons((__u16)(lo + (start + i) % range));
-		if (!bpf_map_update_elem(&sluice_conntrack_v1, &key, &e,
-					 BPF_NOEXIST)) {
+		err = ct_est_insert(&key, &e, now, true);
+		if (!err) {
 			ok = true;
 			break;
 		}
-		old = bpf_map_lookup_elem(&sluice_conntrack_v1, &key);
-		if (old && ct_expired(old, p->proto, now)) {
-			bpf_map_delete_elem(&sluice_conntrack_v1, &key);
-			if (!bpf_map_update_elem(&sluice_conntrack_v1, &key, &e,
-						 BPF_NOEXIST)) {
-				ok = true;
-				break;
-			}
-		}
+		if (err != -EEXIST)
+			return err;
 	}
 	if (!ok)
 		return 1;
 	*port = key.dport;
 
 	ct_key_of(&key, p, CT_FORWARD);
+	ct_supersede(&key);
 	e.nat_addr = be->addr;
 	e.nat_port = be->port;
 	e.snat_addr = node;
 	e.snat_port = *port;
-	return bpf_map_update_elem(&sluice_conntrack_v1, &key, &e, BPF_ANY);
+	return bpf_map_update_elem(CT_NEW, &key, &e, BPF_ANY);
 }
 
 /*
- * ct_refresh_reverse - keep the reply entry of an existing forward flow
- * alive, re-creating it if the LRU evicted it or it expired while the
- * client kept sending.
+ * ct_half_open_elsewhere - whether the tuple of the half-open flow whose
+ * reply entry is @rev (under @rkey) is now held by a newer half-open flow
+ * (its forward entry, under @fkey, points elsewhere): a late reply of the
+ * old backend, which must not promote the old flow over the new one.
  */
-static __always_inline int
-ct_refresh_reverse(const struct pkt4 *p, const struct ct4_entry *fwd, __u64 now)
+static __always_inline bool ct_half_open_elsewhere(const struct ct4_key *fkey,
+						   const struct ct4_key *rkey,
+						   const struct ct4_entry *rev,
+						   __u64 now)
 {
-	struct ct4_key key = {
-		.saddr = fwd->nat_addr,
-		.daddr = p->saddr,
-		.sport = fwd->nat_port,
-		.dport = p->sport,
-		.proto = p->proto,
-		.dir = CT_REVERSE,
-	};
-	struct ct4_entry *rev;
+	struct ct4_entry *f = bpf_map_lookup_elem(CT_NEW, fkey);
+
+	return f && ct_alive(READ_ONCE(f->expires), now) &&
+	       !ct_is_peer(rkey, rev, f);
+}
+
+/*
+ * ct_promote - the first reply of the half-open flow whose reply entry
+ * @rev was found in sluice_ct_new under @rkey: insert both of the flow's
+ * entries into sluice_conntrack (established), then drop the half-open
+ * ones. The forward entry is rebuilt from @rev, which names everything.
+ *
+ * Returns 0, or a negative error: -E2BIG if the table is full (the flow
+ * is refused), -EEXIST if a live entry of another flow holds a key,
+ * -ENOENT if @rev is stale (ct_half_open_elsewhere: it is deleted).
+ */
+static __always_inline int ct_promote(const struct ct4_key *rkey,
+				      const struct ct4_entry *rev, __u64 now)
+{
+	struct ct4_entry r = *rev, f;
+	struct ct4_entry *ins;
+	struct ct4_key fkey;
+	int err;
+
+	ct_peer_key(&fkey, rkey, &r);
+	if (ct_half_open_elsewhere(&fkey, rkey, &r, now)) {
+		bpf_map_delete_elem(CT_NEW, rkey);
+		return -ENOENT;
+	}
+	r.flags |= CT_F_REPLIED;
+	r.expires = now + ct_lifetime(rkey->proto, r.flags);
+	f = r;
+	f.nat_addr = rkey->saddr;
+	f.nat_port = rkey->sport;
+
+	err = ct_est_insert(rkey, &r, now, false);
+	if (err == -EEXIST && ct_est_same(rkey, &r, now))
+		err = 0;
+	if (err)
+		return err;
+	err = ct_est_insert(&fkey, &f, now, false);
+	if (err == -EEXIST && ct_est_same(&fkey, &f, now))
+		err = 0;
+	if (err) {
+		ins = bpf_map_lookup_elem(CT_EST, rkey);
+		if (ins)
+			ct_reap(CT_EST, rkey, ins, r.expires);
+		return err;
+	}
+	bpf_map_delete_elem(CT_NEW, rkey);
+	bpf_map_delete_elem(CT_NEW, &fkey);
+	return 0;
+}
+
+/*
+ * ct_promote_snat - the first reply of a source-NATed flow, whose
+ * reservation @rev (under @rkey) is already in sluice_conntrack: insert the
+ * forward entry there (rebuilt from @rev), mark the reservation
+ * established, drop the half-open forward entry. Returns 0 or a negative
+ * error, as ct_promote.
+ */
+static __always_inline int ct_promote_snat(const struct ct4_key *rkey,
+					   struct ct4_entry *rev, __u64 now)
+{
+	struct ct4_entry f = *rev;
+	struct ct4_key fkey;
+	int err;
+
+	ct_peer_key(&fkey, rkey, rev);
+	if (ct_half_open_elsewhere(&fkey, rkey, rev, now)) {
+		ct_reap_now(CT_EST, rkey, rev);
+		return -ENOENT;
+	}
+	f.flags |= CT_F_REPLIED;
+	f.expires = now + ct_lifetime(rkey->proto, f.flags);
+	f.nat_addr = rkey->saddr;
+	f.nat_port = rkey->sport;
+	f.snat_addr = rkey->daddr;
+	f.snat_port = rkey->dport;
+	err = ct_est_insert(&fkey, &f, now, false);
+	if (err == -EEXIST && ct_est_same(&fkey, &f, now))
+		err = 0;
+	if (err)
+		return err;
+	__sync_fetch_and_or(&rev->flags, CT_F_REPLIED);
+	ct_refresh(rev, rkey->proto, now);
+	bpf_map_delete_elem(CT_NEW, &fkey);
+	return 0;
+}
+
+/*
+ * ct_reply - the entry that translates @p if it is a reply of a
+ * translated flow (its key in @key): an established flow's, refreshed; or
+ * that of a half-open one, which this first reply promotes (ct_promote).
+ *
+ * Returns the entry (in sluice_conntrack), or NULL with @err 0 if @p is
+ * not such a reply, or NULL with a negative @err if the flow cannot be
+ * promoted (-E2BIG: refused, the table is full): drop @p.
+ */
+static __always_inline struct ct4_entry *
+ct_reply(const struct pkt4 *p, struct ct4_key *key, __u64 now, int *err)
+{
+	struct ct4_entry *e;
+
+	*err = 0;
+	ct_key_of(key, p, CT_REVERSE);
+	e = bpf_map_lookup_elem(CT_EST, key);
+	if (e && ct_alive(READ_ONCE(e->expires), now)) {
+		/* A port reservation whose flow has seen no reply yet. */
+		if ((READ_ONCE(e->flags) & (CT_F_REPLIED | CT_F_SNAT)) ==
+		    CT_F_SNAT) {
+			*err = ct_promote_snat(key, e, now);
+			if (*err == -ENOENT)
+				*err = 0;
+			if (*err)
+				return NULL;
+		}
+		ct_touch(key, e, now);
+		return e;
+	}
+	e = bpf_map_lookup_elem(CT_NEW, key);
+	if (!e || !ct_alive(READ_ONCE(e->expires), now))
+		return NULL;
+	*err = ct_promote(key, e, now);
+	if (*err == -ENOENT)
+		*err = 0;
+	if (*err)
+		return NULL;
+	return bpf_map_lookup_elem(CT_EST, key);
+}
+
+/*
+ * ct_check_reverse - before a packet of the live forward entry @fwd (under
+ * @key) is sent, make sure the flow's reply entry is there and is this
+ * flow's: refresh it, or re-create it if it was deleted (a flush) or has
+ * lapsed.
+ *
+ * Returns 0; -EEXIST if a live entry of another flow holds the reply
+ * tuple (for a source-NATed flow: its port was lost and taken), and the
+ * packet must not be sent, for its replies would go to that flow; or
+ * another negative error if the entry cannot be re-created (-E2BIG: the
+ * table is full).
+ */
+static __always_inline int ct_check_reverse(const struct pkt4 *p,
+					    const struct ct4_key *key,
+					    const struct ct4_entry *fwd,
+					    __u64 now)
+{
+	__u32 flags = READ_ONCE(fwd->flags);
+	bool half_open = !(flags & (CT_F_REPLIED | CT_F_SNAT));
 	struct ct4_entry e = {
-		.last_seen = now,
-		.nat_addr = p->daddr,
-		.nat_port = p->dport,
-		.flags = fwd->flags,
+		.expires = now + ct_lifetime(p->proto, flags),
+		.nat_addr = key->daddr,
+		.nat_port = key->dport,
+		.flags = flags,
 		.backend_id = fwd->backend_id,
 		.rev_nat_id = fwd->rev_nat_id,
 	};
+	struct ct4_entry *rev;
+	struct ct4_key rkey;
+	__u64 seen;
 
-	if (fwd->flags & CT_F_SNAT) {
-		key.daddr = fwd->snat_addr;
-		key.dport = fwd->snat_port;
-		e.snat_addr = p->saddr;
-		e.snat_port = p->sport;
+	ct_peer_key(&rkey, key, fwd);
+	if (half_open)
+		rev = bpf_map_lookup_elem(CT_NEW, &rkey);
+	else
+		rev = bpf_map_lookup_elem(CT_EST, &rkey);
+	if (rev) {
+		seen = READ_ONCE(rev->expires);
+		if (ct_is_peer(key, fwd, rev)) {
+			if (ct_alive(seen, now)) {
+				ct_refresh(rev, p->proto, now);
+				return 0;
+			}
+			/* This flow's, lapsed: revive it, unless a deleter
+			 * has claimed it already.
+			 */
+			if (seen != CT_DEAD &&
+			    __sync_val_compare_and_swap(&rev->expires, seen,
+							e.expires) == seen)
+				return 0;
+		} else if (ct_alive(seen, now)) {
+			return -EEXIST;
+		}
 	}
-	rev = ct_lookup(&key, now);
-	if (rev && rev->nat_addr == p->daddr && rev->nat_port == p->dport &&
-	    rev->snat_addr == e.snat_addr && rev->snat_port == e.snat_port)
-		return 0;
-	/* An SNAT port whose reservation lapsed may belong to another flow
-	 * by now: take it back only if it is still free.
-	 */
-	return bpf_map_update_elem(&sluice_conntrack_v1, &key, &e,
-				   (fwd->flags & CT_F_SNAT) ? BPF_NOEXIST :
-							      BPF_ANY);
+	if (flags & CT_F_SNAT) {
+		e.snat_addr = key->saddr;
+		e.snat_port = key->sport;
+	}
+	if (half_open)
+		return bpf_map_update_elem(CT_NEW, &rkey, &e, BPF_ANY);
+	return ct_est_insert(&rkey, &e, now, false);
 }
 
 #endif /* SLUICE_CONNTRACK_H */

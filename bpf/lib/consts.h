@@ -26,6 +26,9 @@
 
 /* errno values returned to user space (linux/errno.h is not a UAPI header). */
 #define EPERM	     1
+#define ENOENT	     2
+#define E2BIG	     7
+#define EEXIST	     17
 #define ECONNREFUSED 111
 
 /*

@@ -76,15 +76,16 @@ struct icmp_xlate {
 };
 
 /*
- * ct_peek - the live conntrack entry under @key, not refreshed: an ICMP
- * error keeps no flow alive. NULL if there is none.
+ * ct_peek - the live conntrack entry under @key, established or
+ * half-open, not refreshed: an ICMP error keeps no flow alive. NULL if
+ * there is none.
  */
 static __always_inline struct ct4_entry *ct_peek(const struct ct4_key *key,
 						 __u64 now)
 {
-	struct ct4_entry *e = bpf_map_lookup_elem(&sluice_conntrack_v1, key);
+	bool half_open;
 
-	return e && !ct_expired(e, key->proto, now) ? e : NULL;
+	return ct_find(key, now, &half_open);
 }
 
 /* rewrite_l3 - replace the IPv4 address at @off (the header at @l3_off). */

@@ -5,8 +5,9 @@
  * A frontend <vip, port, proto> owns slot 0 (the master: backend count and
  * service id) and slots 1..count (backend ids). Selection is uniform: a
  * random slot in 1..count. The agent writes backends before slots and slot 0
- * last, so a slot that names a missing backend is a transient state (or a
- * bug) that callers count and handle without translating.
+ * last, and shrinks in the reverse order, so a slot or backend that is
+ * missing is a reader racing a shrink: selection then reads the service
+ * again (select_backend_slot) rather than fail.
  */
 #ifndef SLUICE_LB_H
 #define SLUICE_LB_H
@@ -48,32 +49,70 @@ static __always_inline struct lb4_service *lookup_slot(__be32 vip, __be16 port,
 }
 
 /*
+ * slot_backend - the backend slot @slot (>= 1) of a frontend names, with
+ * its id in @backend_id; NULL if the slot or the backend is missing.
+ */
+static __always_inline struct lb4_backend *
+slot_backend(__be32 vip, __be16 port, __u8 proto, __u16 slot, __u32 *backend_id)
+{
+	struct lb4_service *s = lookup_slot(vip, port, proto, slot);
+
+	if (!s)
+		return NULL;
+	*backend_id = s->backend_id;
+	return lookup_backend(s->backend_id);
+}
+
+/* random_slot - a slot in 1..@count (@count >= 1), uniformly. */
+static __always_inline __u16 random_slot(__u32 count)
+{
+	/* Slots are 16 bits wide: a service has at most 65535 backends. */
+	if (count > 0xffff)
+		count = 0xffff;
+	return (__u16)(bpf_get_prandom_u32() % count + 1);
+}
+
+/*
  * select_backend_slot - pick one of a service's backends uniformly at random.
- * @master: the service's slot 0; master->count must be non-zero.
+ * @master: the service's slot 0, as the caller read it.
  * @backend_id: set to the id of the chosen backend.
  * @slot: set to the slot that named it.
  *
- * Returns the backend, or NULL if the chosen slot or backend is missing.
+ * The count the caller read may be stale: the agent shrinks a service by
+ * writing the master with the new count, then deleting the slots above it
+ * (and later the backends nobody names), so a reader between those writes
+ * can pick a slot, or a backend, that is gone. It then reads the master
+ * again and picks once more; should that miss too (the agent changed the
+ * service again in between), it takes slot 1, which exists whenever the
+ * count is not 0.
+ *
+ * Returns the backend, or NULL if the service has no backends now (or its
+ * slots name backends that do not exist, which the agent never writes).
  */
 static __always_inline struct lb4_backend *
 select_backend_slot(__be32 vip, __be16 port, __u8 proto,
 		    const struct lb4_service *master, __u32 *backend_id,
 		    __u16 *slot)
 {
-	struct lb4_service *s;
+	struct lb4_backend *be;
 	__u32 count = master->count;
 
 	if (count == 0)
 		return NULL;
-	/* Slots are 16 bits wide: a service has at most 65535 backends. */
-	if (count > 0xffff)
-		count = 0xffff;
-	*slot = (__u16)(bpf_get_prandom_u32() % count + 1);
-	s = lookup_slot(vip, port, proto, *slot);
-	if (!s)
+	*slot = random_slot(count);
+	be = slot_backend(vip, port, proto, *slot, backend_id);
+	if (be)
+		return be;
+
+	master = lookup_service(vip, port, proto);
+	if (!master || master->count == 0)
 		return NULL;
-	*backend_id = s->backend_id;
-	return lookup_backend(s->backend_id);
+	*slot = random_slot(master->count);
+	be = slot_backend(vip, port, proto, *slot, backend_id);
+	if (be)
+		return be;
+	*slot = 1;
+	return slot_backend(vip, port, proto, 1, backend_id);
 }
 
 /* select_backend - select_backend_slot for callers that need no slot. */

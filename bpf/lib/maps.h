@@ -50,14 +50,45 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sluice_rev_nat_v1 SEC(".maps");
 
-/* Key: struct ct4_key. Value: struct ct4_entry. Written by tc and XDP. */
+/*
+ * Key: struct ct4_key. Value: struct ct4_entry. Established flows and SNAT
+ * port reservations, written by tc and XDP; a plain hash, so that nothing
+ * evicts a live flow: sluice_ct_gc deletes expired entries. Preallocated:
+ * inserts from the datapath never allocate. Sized by Config.MaxConntrack.
+ */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct ct4_key);
 	__type(value, struct ct4_entry);
 	__uint(max_entries, 262144);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sluice_conntrack_v1 SEC(".maps");
+} sluice_conntrack_v2 SEC(".maps");
+
+/*
+ * Key: struct ct4_key. Value: struct ct4_entry. Half-open flows (no reply
+ * yet), written by tc and XDP; an LRU, so a flood of new flows evicts only
+ * its own kind. Sized by Config.MaxConntrackNew.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct4_key);
+	__type(value, struct ct4_entry);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice_ct_new_v1 SEC(".maps");
+
+/*
+ * Key: struct ct_backend_key. Value: __u8 (1). Written by the agent just
+ * before a flush run of sluice_ct_gc, emptied after it.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct ct_backend_key);
+	__type(value, __u8);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice_ct_flush_v1 SEC(".maps");
 
 /* Key: struct sock_rev_key. Value: struct sock_rev_entry. Socket programs. */
 struct {

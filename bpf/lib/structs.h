@@ -61,8 +61,6 @@ struct lb4_rev_nat {
 };
 
 /*
- * sluice_conntrack_v1 (LRU): struct ct4_key -> struct ct4_entry.
- *
  * The per-packet path keeps two entries per translated flow: CT_FORWARD keyed
  * by the client's tuple to the frontend (saddr=client, daddr=frontend),
  * whose nat_* fields name the backend; and CT_REVERSE keyed by the reply's
@@ -73,6 +71,18 @@ struct lb4_rev_nat {
  * snat_* fields name that <node, port>, the reverse entry is keyed by
  * <backend -> node:port> (which is what makes the port reserved: it is
  * inserted with BPF_NOEXIST) and its snat_* fields name the client.
+ *
+ * Two maps hold them (conntrack.h says how entries move between them):
+ *
+ * sluice_ct_new_v1 (LRU): struct ct4_key -> struct ct4_entry. Flows that
+ * have seen no reply yet (half-open): a flood of them can only evict each
+ * other.
+ *
+ * sluice_conntrack_v2 (hash): struct ct4_key -> struct ct4_entry. Flows
+ * that have seen a reply (established), and the port reservations of
+ * source-NATed flows. Nothing evicts them: entries leave when they have
+ * expired (the agent's GC, sluice_ct_gc) or when the agent flushes a
+ * backend. When it is full, new flows are refused.
  */
 struct ct4_key {
 	__be32 saddr; /* network order */
@@ -91,16 +101,21 @@ enum ct_dir {
 };
 
 struct ct4_entry {
-	__u64 last_seen; /* bpf_ktime_get_ns() of the last packet */
-	__be32 nat_addr; /* network order: backend (fwd) or frontend (rev) */
-	__be16 nat_port; /* network order */
-	__u8 flags;	 /* enum ct_flags */
-	__u8 pad;
+	/*
+	 * bpf_ktime_get_ns() from which on the entry is dead, compared
+	 * signed (so a clock read before another CPU's refresh never makes
+	 * it look expired); moved with compare-and-swap, forward only and
+	 * by at least a second at a time, except to CT_DEAD (0: claimed for
+	 * deletion) or closer when the flow closes.
+	 */
+	__u64 expires;
+	__u32 flags;	  /* enum ct_flags, set with atomic or */
+	__be32 nat_addr;  /* network order: backend (fwd) or frontend (rev) */
+	__be16 nat_port;  /* network order */
+	__be16 snat_port; /* network order, CT_F_SNAT: node or client port */
+	__be32 snat_addr; /* network order, CT_F_SNAT: node or client */
 	__u32 backend_id; /* host order */
 	__u32 rev_nat_id; /* host order */
-	__be32 snat_addr; /* network order, CT_F_SNAT: node or client */
-	__be16 snat_port; /* network order, CT_F_SNAT */
-	__u16 pad2;
 };
 
 /* ct4_entry.flags */
@@ -113,6 +128,32 @@ enum ct_flags {
 	CT_F_FIN_REV = 0x04,
 	/* TCP RST seen either way */
 	CT_F_RST = 0x08,
+	/* a reply seen: the flow is established (sluice_conntrack) */
+	CT_F_REPLIED = 0x10,
+};
+
+/*
+ * sluice_ct_flush_v1: struct ct_backend_key -> __u8 (1). The backends
+ * whose flows the next sluice_ct_gc run in flush mode forgets; written
+ * and emptied by the agent around that run.
+ */
+struct ct_backend_key {
+	__be32 addr; /* network order */
+	__be16 port; /* network order */
+	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;
+};
+
+/* The context of sluice_ct_gc (BPF_PROG_RUN): its mode in, counts out. */
+struct ct_gc_args {
+	__u32 flush; /* 0: delete expired entries; 1: flush sluice_ct_flush */
+	__u32 pad;
+	__u64 now;     /* out: bpf_ktime_get_ns() the run judged by */
+	__u64 deleted; /* out: entries deleted */
+	__u64 live;    /* out: entries left in sluice_conntrack */
+	__u64 pending; /* out: of them, reservations of half-open flows */
+	__u64 kept;    /* out: expired, kept for a live peer entry */
+	__u64 claimed; /* out: expired, but claimed by another deleter */
 };
 
 /*
@@ -148,7 +189,9 @@ enum metric_reason {
 	METRIC_SOCK_NO_BACKEND,
 	/* recvmsg4/getpeername4 translated backend -> VIP */
 	METRIC_SOCK_REV_XLATE,
-	/* slot names a backend that is not in sluice_backends */
+	/* connect4/sendmsg4 refused: no backend found, even after reading
+	 * the service again (a slot or backend vanished under the reader)
+	 */
 	METRIC_SOCK_BACKEND_MISSING,
 	/* new flow to a VIP, backend selected */
 	METRIC_TC_DNAT_NEW,
@@ -158,7 +201,9 @@ enum metric_reason {
 	METRIC_TC_REV_NAT,
 	/* ICMP port unreachable sent for a service with no backends */
 	METRIC_TC_NO_BACKEND,
-	/* dropped: slot names a backend that is not in sluice_backends */
+	/* dropped: no backend found, even after reading the service again
+	 * (a slot or backend vanished under the reader)
+	 */
 	METRIC_TC_BACKEND_MISSING,
 	/* IPv4 packet too short or inconsistent: passed untouched */
 	METRIC_TC_MALFORMED,
@@ -212,6 +257,24 @@ enum metric_reason {
 	METRIC_XDP_MTU_EXCEEDED,
 	/* ICMP error about a translated flow: translated back */
 	METRIC_TC_ICMP_XLATE,
+
+	/* Conntrack (issue 11: races, floods, reuse). */
+	/* established conntrack table full: a new flow refused (its first
+	 * reply, or the SYN of a source-NATed flow, dropped)
+	 */
+	METRIC_TC_CT_EST_FULL,
+	/* a new flow's reply tuple is a live flow's of another frontend
+	 * (two VIPs sharing a backend) with every backend tried: dropped
+	 */
+	METRIC_TC_CT_CLASH,
+	/* a packet of a source-NATed flow whose port another flow now
+	 * holds: dropped, never sent from a port the flow does not own
+	 */
+	METRIC_TC_SNAT_LOST,
+	/* a packet of an established TCP flow whose backend left its
+	 * service: kept on it (draining); a new SYN selects again
+	 */
+	METRIC_TC_CT_BACKEND_GONE,
 	METRIC_MAX,
 };
 
@@ -328,6 +391,7 @@ enum svc_flags {
 
 BTF_EXPORT(enum ct_dir, ct_dir);
 BTF_EXPORT(enum ct_flags, ct_flags);
+BTF_EXPORT(struct ct_gc_args, ct_gc_args);
 BTF_EXPORT(enum svc_flags, svc_flags);
 BTF_EXPORT(enum node_dev_flags, node_dev_flags);
 BTF_EXPORT(enum metric_reason, metric_reason);
@@ -339,6 +403,8 @@ _Static_assert(sizeof(struct lb4_backend) == 8, "lb4_backend size");
 _Static_assert(sizeof(struct lb4_rev_nat) == 8, "lb4_rev_nat size");
 _Static_assert(sizeof(struct ct4_key) == 16, "ct4_key size");
 _Static_assert(sizeof(struct ct4_entry) == 32, "ct4_entry size");
+_Static_assert(sizeof(struct ct_backend_key) == 8, "ct_backend_key size");
+_Static_assert(sizeof(struct ct_gc_args) == 56, "ct_gc_args size");
 _Static_assert(sizeof(struct sock_rev_key) == 16, "sock_rev_key size");
 _Static_assert(sizeof(struct sock_rev_entry) == 12, "sock_rev_entry size");
 _Static_assert(sizeof(struct sock_udp_stick_key) == 16,

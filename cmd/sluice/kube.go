@@ -18,9 +18,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/sluice-lb/sluice/pkg/agent"
-	"github.com/sluice-lb/sluice/pkg/k8s"
 	"github.com/sluice-lb/sluice/pkg/metrics"
 	"github.com/sluice-lb/sluice/pkg/source/kube"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 type kubeFlags struct {
@@ -47,21 +47,21 @@ func addKubeFlags(fs *flag.FlagSet) *kubeFlags {
 // enabled reports whether the Kubernetes source was asked for.
 func (k *kubeFlags) enabled() bool { return *k.kubeconfig != "" || *k.inCluster }
 
-// source returns the Kubernetes source. m is the agent's metrics registry,
-// for the source's own metrics (network programming latency).
-func (k *kubeFlags) source(opts k8s.Options, m *metrics.Metrics, log *slog.Logger) (agent.Source, error) {
-	client, err := k.client(opts.NodeName)
+// source returns the Kubernetes source. m is the agent's metrics registry:
+// the source records the network programming latency in it when the agent
+// reports a state programmed.
+func (k *kubeFlags) source(opts translate.Options, m *metrics.Metrics, log *slog.Logger) (agent.Source, error) {
+	client, err := k.client(opts.Node.Name)
 	if err != nil {
 		return nil, err
 	}
 	return kube.New(kube.Config{
-		Client:        client,
-		NodeName:      opts.NodeName,
-		Translate:     kube.Translator(opts),
-		MinSyncPeriod: *k.minSyncPeriod,
-		SyncPeriod:    *k.syncPeriod,
-		Metrics:       m,
-		Logger:        log,
+		Client:            client,
+		Options:           opts,
+		MinSyncPeriod:     *k.minSyncPeriod,
+		SyncPeriod:        *k.syncPeriod,
+		ObserveProgrammed: m.ObserveProgrammed,
+		Logger:            log,
 	})
 }
 
@@ -78,7 +78,7 @@ func (k *kubeFlags) nodeIPs(nodeName string) ([]netip.Addr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("get node %s: %w", nodeName, err)
 	}
-	return k8s.NodeIPs(node), nil
+	return translate.NodeIPs(node), nil
 }
 
 // client returns a Kubernetes client for --kubeconfig or --in-cluster.

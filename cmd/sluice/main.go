@@ -28,10 +28,10 @@ import (
 	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/pkg/health"
-	"github.com/sluice-lb/sluice/pkg/k8s"
-	"github.com/sluice-lb/sluice/pkg/manifest"
 	"github.com/sluice-lb/sluice/pkg/metrics"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/sluice-lb/sluice/pkg/source/manifest"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 func main() {
@@ -44,7 +44,7 @@ func run(args []string) int {
 	}
 	fs := flag.NewFlagSet("sluice", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage:\n  sluice --manifests PATH [flags]\n  sluice --kubeconfig PATH [flags]\n  sluice cleanup [--bpffs DIR]\n\nFlags:\n")
+		fmt.Fprintf(fs.Output(), "Usage:\n  sluice --manifests PATH [flags]\n  sluice --kubeconfig PATH [flags]\n  sluice --in-cluster [flags]\n  sluice cleanup [--bpffs DIR]\n  sluice --version\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	var (
@@ -60,15 +60,17 @@ func run(args []string) int {
 		proxyName   = fs.String("proxy-name", "", "serve Services labelled service.kubernetes.io/service-proxy-name=NAME (default: unlabelled ones)")
 		resync      = fs.Duration("resync-interval", time.Minute, "re-apply the desired state this often, repairing drift (0: never)")
 		nodeIPs     = fs.String("node-ip", "", "comma-separated IPv4 addresses of this node: NodePorts are served on them, and external flows to other nodes' backends are source-NATed to them (also makes --devices default to the devices holding them)")
-		ctGC        = fs.Duration("conntrack-gc-interval", 30*time.Second, "delete expired per-packet conntrack entries this often (0: only the LRU reclaims them)")
+		ctGC        = fs.Duration("conntrack-gc-interval", 30*time.Second, "delete expired per-packet conntrack entries this often (must be > 0: nothing else empties the established table)")
 		xdpMode     = fs.String("xdp", "off", "XDP fast path for NodePort/ExternalIP/LoadBalancer traffic to other nodes' backends on --devices: native, generic or off")
 		healthCheck = fs.Bool("health-check-node-ports", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local")
+		showVersion = fs.Bool("version", false, "print the version, the commit and the digest of the BPF objects, and exit")
 		dpCfg       datapath.Config
 	)
 	fs.IntVar(&dpCfg.MaxServices, "max-services", datapath.DefaultMaxServices, "size of sluice_rev_nat: service frontends")
 	fs.IntVar(&dpCfg.MaxBackends, "max-backends", datapath.DefaultMaxBackends, "size of sluice_backends: distinct backends")
 	fs.IntVar(&dpCfg.MaxServiceEntries, "max-service-entries", datapath.DefaultMaxServiceEntries, "size of sluice_services: frontends plus backend slots")
-	fs.IntVar(&dpCfg.MaxConntrack, "max-conntrack", datapath.DefaultMaxConntrack, "size of sluice_conntrack (LRU): per-packet flows")
+	fs.IntVar(&dpCfg.MaxConntrack, "max-conntrack", datapath.DefaultMaxConntrack, "size of sluice_conntrack: established per-packet flows and SNAT port reservations (when full, new flows are refused)")
+	fs.IntVar(&dpCfg.MaxConntrackNew, "max-conntrack-new", datapath.DefaultMaxConntrackNew, "size of sluice_ct_new (LRU): per-packet flows not answered yet")
 	fs.IntVar(&dpCfg.MaxSockRev, "max-sock-rev", datapath.DefaultMaxSockRev, "size of sluice_sock_rev (LRU): translated sockets")
 	kube := addKubeFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -77,8 +79,16 @@ func run(args []string) int {
 		}
 		return 2
 	}
+	if *showVersion {
+		printVersion(os.Stdout)
+		return 0
+	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "sluice: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if *ctGC <= 0 {
+		fmt.Fprintf(os.Stderr, "sluice: --conntrack-gc-interval %s: must be > 0 (nothing else deletes expired established flows)\n", *ctGC)
 		return 2
 	}
 
@@ -95,33 +105,33 @@ func run(args []string) int {
 		}
 		*nodeName = strings.ToLower(h)
 	}
-	opts := k8s.Options{NodeName: *nodeName, ProxyName: *proxyName}
-	if opts.NodeIPs, err = parseNodeIPs(*nodeIPs); err != nil {
+	opts := translate.Options{ProxyName: *proxyName, Node: translate.Node{Name: *nodeName}}
+	if opts.Node.Addresses, err = parseNodeIPs(*nodeIPs); err != nil {
 		log.Error("bad flag", "err", err)
 		return 2
 	}
-	dpCfg.NodeIPs = opts.NodeIPs
+	dpCfg.NodeIPs = opts.Node.Addresses
 	if dpCfg.XDP, err = datapath.ParseXDPMode(*xdpMode); err != nil {
 		log.Error("bad flag", "err", fmt.Errorf("--xdp: %w", err))
 		return 2
 	}
 
 	if (*manifests == "") == !kube.enabled() {
-		log.Error("give exactly one source: --manifests PATH or --kubeconfig PATH")
+		log.Error("give exactly one source: --manifests PATH, --kubeconfig PATH or --in-cluster")
 		return 2
 	}
-	if len(opts.NodeIPs) == 0 && kube.enabled() && *kube.kubeconfig != "" != *kube.inCluster {
+	if len(opts.Node.Addresses) == 0 && kube.enabled() && *kube.kubeconfig != "" != *kube.inCluster {
 		// Without them only NodePorts are missing: warn, do not fail.
-		if opts.NodeIPs, err = kube.nodeIPs(opts.NodeName); err != nil {
+		if opts.Node.Addresses, err = kube.nodeIPs(opts.Node.Name); err != nil {
 			log.Warn("no --node-ip and no node addresses from the Node object: NodePorts not served", "err", err)
 		} else {
-			log.Info("node addresses from the Node object", "node", opts.NodeName, "addresses", opts.NodeIPs)
+			log.Info("node addresses from the Node object", "node", opts.Node.Name, "addresses", opts.Node.Addresses)
 		}
-		dpCfg.NodeIPs = opts.NodeIPs
+		dpCfg.NodeIPs = opts.Node.Addresses
 	}
 	cfg := agent.Config{Devices: splitList(*devices), Resync: *resync}
-	if len(cfg.Devices) == 0 && len(opts.NodeIPs) > 0 {
-		if cfg.Devices, err = datapath.DevicesOf(opts.NodeIPs); err != nil {
+	if len(cfg.Devices) == 0 && len(opts.Node.Addresses) > 0 {
+		if cfg.Devices, err = datapath.DevicesOf(opts.Node.Addresses); err != nil {
 			log.Error("find the devices of --node-ip", "err", err)
 			return 1
 		}
@@ -135,8 +145,8 @@ func run(args []string) int {
 		return 1
 	}
 	for _, a := range devAddrs {
-		if !slices.Contains(opts.NodeIPs, a) {
-			opts.NodeIPs = append(opts.NodeIPs, a)
+		if !slices.Contains(opts.Node.Addresses, a) {
+			opts.Node.Addresses = append(opts.Node.Addresses, a)
 		}
 	}
 
@@ -158,6 +168,9 @@ func run(args []string) int {
 		}
 	}
 	dpCfg.BPFFS = *bpffs
+	if !checkPrerequisites(*manifests, dpCfg.BPFFS, cfg.Cgroup, log) {
+		return 1
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -172,7 +185,7 @@ func run(args []string) int {
 // northSouthConfig is what runAgent runs beside the reconciler for
 // north-south traffic.
 type northSouthConfig struct {
-	gcEvery time.Duration // conntrack garbage collection period (0: off)
+	gcEvery time.Duration // conntrack garbage collection period (> 0)
 	hc      bool          // serve healthCheckNodePorts
 }
 
@@ -229,9 +242,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 		mux.Handle("GET /metrics", m.Handler())
 		serve("metrics", func() error { return serveHTTP(ctx, metricsL, mux, log) })
 	}
-	if ns.gcEvery > 0 {
-		go runConntrackGC(ctx, dp.Maps(), ns.gcEvery, log.With("component", "conntrack-gc"))
-	}
+	go runConntrackGC(ctx, dp.Maps(), ns.gcEvery, log.With("component", "conntrack-gc"))
 	runErr := a.Run(ctx, src)
 	cancel(nil)
 	for range servers {

@@ -23,6 +23,7 @@ func TestCommandLineErrorsExitTwo(t *testing.T) {
 		{"bad node IP", []string{"--manifests", manifest, "--node-ip", "192.168.1.300"}},
 		{"IPv6 node IP", []string{"--manifests", manifest, "--node-ip", "2001:db8::1"}},
 		{"bad XDP mode", []string{"--manifests", manifest, "--xdp", "fast"}},
+		{"no conntrack GC", []string{"--manifests", manifest, "--conntrack-gc-interval", "0"}},
 		{"unknown flag", []string{"--frobnicate"}},
 		{"cleanup unknown flag", []string{"cleanup", "--frobnicate"}},
 	} {

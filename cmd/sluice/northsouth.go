@@ -15,24 +15,64 @@ import (
 // and the --node-ip flag. (loadBalancerSourceRanges are the reconciler's,
 // health check ports an agent Observer: see runAgent.)
 
+// conntrackGC is what runConntrackGC needs of *datapath.Maps.
+type conntrackGC interface {
+	GCConntrack() (datapath.ConntrackStats, error)
+	ConntrackRefused() (uint64, error)
+}
+
 // runConntrackGC deletes expired conntrack entries every period until ctx
-// is done.
-func runConntrackGC(ctx context.Context, m *datapath.Maps, every time.Duration, log *slog.Logger) {
-	t := time.NewTicker(every)
-	defer t.Stop()
+// is done. Established flows are deleted by nothing else: their table is
+// not an LRU, so that new flows cannot evict them, and when it is full new
+// flows are refused. So the collection speeds up under pressure: every 5s
+// while the table is over half full, every second while it is over 3/4
+// full, and at once when the datapath has refused flows since the last
+// one (a counter polled every second). A sweep of a full table of 262144
+// entries takes milliseconds. Pressure is logged: flows refused, or a
+// table over 90% full.
+func runConntrackGC(ctx context.Context, m conntrackGC, every time.Duration, log *slog.Logger) {
+	poll := time.NewTicker(time.Second)
+	defer poll.Stop()
+	next := every
+	last := time.Now()
+	refused, err := m.ConntrackRefused()
+	if err != nil {
+		log.Error("conntrack garbage collection", "err", err)
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-poll.C:
 		}
-		n, err := m.GCConntrack()
-		if err != nil {
-			log.Error("conntrack garbage collection", "err", err)
+		r, err := m.ConntrackRefused()
+		if err == nil && r == refused && time.Since(last) < next {
 			continue
 		}
-		if n > 0 {
-			log.Debug("conntrack garbage collection", "deleted", n)
+		st, err := m.GCConntrack()
+		last = time.Now()
+		if err != nil {
+			log.Error("conntrack garbage collection", "err", err)
+			next = every
+			continue
+		}
+		switch {
+		case st.Refused > refused:
+			log.Warn("conntrack table full: new flows refused", "refused", st.Refused-refused,
+				"established", st.Live, "max", st.Max, "deleted", st.Deleted)
+		case st.Live*10 >= st.Max*9:
+			log.Warn("conntrack table nearly full", "established", st.Live, "max", st.Max, "deleted", st.Deleted)
+		case st.Deleted > 0:
+			log.Debug("conntrack garbage collection", "deleted", st.Deleted, "established", st.Live)
+		}
+		refused = st.Refused
+		switch {
+		case st.Live*4 >= st.Max*3:
+			next = min(every, time.Second)
+		case st.Live*2 >= st.Max:
+			next = min(every, 5*time.Second)
+		default:
+			next = every
 		}
 	}
 }

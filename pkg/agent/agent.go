@@ -39,6 +39,14 @@ type Source interface {
 	Run(ctx context.Context, apply func(*model.State)) error
 }
 
+// ProgrammedSource is a Source that is told when a state it handed over is
+// programmed: after every successful apply, with that state. The Kubernetes
+// source takes the network programming latency then.
+type ProgrammedSource interface {
+	Source
+	Programmed(*model.State)
+}
+
 // Datapath is what the agent needs of pkg/datapath.
 type Datapath interface {
 	AttachCgroup(path string) error
@@ -89,6 +97,9 @@ type Agent struct {
 	dp  Datapath
 	rec Reconciler
 	log *slog.Logger
+	// programmed is the source run, if it is a ProgrammedSource; set
+	// before the apply goroutine starts.
+	programmed ProgrammedSource
 
 	mu       sync.Mutex
 	desired  *model.State // newest state received, nil before the first
@@ -140,6 +151,7 @@ func (a *Agent) Run(ctx context.Context, src Source) (err error) {
 		a.log.Info("tc programs attached", "devices", a.cfg.Devices)
 	}
 
+	a.programmed, _ = src.(ProgrammedSource)
 	wctx, stopWorker := context.WithCancel(ctx)
 	workerDone := make(chan struct{})
 	go func() {
@@ -239,6 +251,9 @@ func (a *Agent) applyNewest() error {
 		if err == nil {
 			o.SetProgrammed(s)
 		}
+	}
+	if err == nil && a.programmed != nil {
+		a.programmed.Programmed(s)
 	}
 
 	a.mu.Lock()

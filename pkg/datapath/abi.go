@@ -23,10 +23,11 @@ const (
 	ctForward = uint8(sockCtDirCT_FORWARD)
 	ctReverse = uint8(sockCtDirCT_REVERSE)
 
-	ctFlagSNAT   = uint8(sockCtFlagsCT_F_SNAT)
-	ctFlagFinFwd = uint8(sockCtFlagsCT_F_FIN_FWD)
-	ctFlagFinRev = uint8(sockCtFlagsCT_F_FIN_REV)
-	ctFlagRST    = uint8(sockCtFlagsCT_F_RST)
+	ctFlagSNAT    = uint32(sockCtFlagsCT_F_SNAT)
+	ctFlagFinFwd  = uint32(sockCtFlagsCT_F_FIN_FWD)
+	ctFlagFinRev  = uint32(sockCtFlagsCT_F_FIN_REV)
+	ctFlagRST     = uint32(sockCtFlagsCT_F_RST)
+	ctFlagReplied = uint32(sockCtFlagsCT_F_REPLIED)
 
 	// nodeDevL3 flags a device without a link-layer header
 	// (node_dev.flags).

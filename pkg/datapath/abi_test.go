@@ -15,7 +15,7 @@ func loadSpecs(t *testing.T) map[string]*ebpf.CollectionSpec {
 	t.Helper()
 	specs := map[string]*ebpf.CollectionSpec{}
 	for name, load := range map[string]func() (*ebpf.CollectionSpec, error){
-		"sock": loadSock, "tc": loadTc, "xdp": loadXdp,
+		"sock": loadSock, "tc": loadTc, "xdp": loadXdp, "ctgc": loadCtgc,
 	} {
 		spec, err := load()
 		if err != nil {
@@ -52,7 +52,7 @@ func TestMetricNames(t *testing.T) {
 	}
 }
 
-// TestObjectsShareMaps: the three objects declare every pinned map alike.
+// TestObjectsShareMaps: the objects declare every pinned map alike.
 // Whichever loads first creates the pins and the others reuse them, so a
 // difference would show only as a load error in the field (or, for the
 // size, as one object's view of a map the others see differently).
@@ -84,6 +84,7 @@ func TestConfigDefaults(t *testing.T) {
 	for obj, spec := range loadSpecs(t) {
 		for name, want := range map[string]uint64{
 			"ct_timeout_tcp_ns":   uint64(DefaultCTTimeoutTCP / time.Nanosecond),
+			"ct_timeout_syn_ns":   uint64(DefaultCTTimeoutSYN / time.Nanosecond),
 			"ct_timeout_udp_ns":   uint64(DefaultCTTimeoutUDP / time.Nanosecond),
 			"ct_timeout_close_ns": uint64(DefaultCTTimeoutClose / time.Nanosecond),
 		} {

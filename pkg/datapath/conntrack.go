@@ -1,18 +1,140 @@
 package datapath
 
-// Garbage collection of the per-packet conntrack map (sluice_conntrack):
-// the LRU reclaims entries only under pressure, so expired flows are
-// deleted on a timer to free their SNAT ports early.
-
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 )
+
+// Conntrack upkeep: the agent's side of bpf/lib/conntrack.h and
+// bpf/ctgc.c.
+//
+// Established flows live in sluice_conntrack, a plain hash that nothing
+// evicts, so expired entries stay until the agent's GC deletes them. The
+// GC is a BPF program (bpf/ctgc.c) that the agent runs: it judges each
+// entry by the same clock and rules as the datapath and deletes it with a
+// compare-and-swap of the expiry it saw, so an entry the datapath
+// refreshed or re-created meanwhile is never lost (listing expired keys
+// here and deleting them later lost them). The same program flushes the
+// flows of a set of backends in one pass over both conntrack maps.
+
+// ConntrackStats is what a garbage collection found.
+type ConntrackStats struct {
+	Deleted int // expired entries deleted
+	Live    int // entries left in sluice_conntrack (established flows, SNAT reservations)
+	Pending int // of them, port reservations of flows not answered yet
+	Max     int // sluice_conntrack's size: new flows are refused when Live reaches it
+
+	// Refused counts the new flows refused so far because sluice_conntrack
+	// was full (the tc_ct_est_full counter, since the pins were created).
+	Refused uint64
+}
+
+// GCConntrack deletes the expired entries of sluice_conntrack (idle past
+// their timeout, or closed TCP flows past the close timeout), keeping
+// those whose flow's other entry is alive, so dead flows neither fill the
+// table nor hold SNAT ports.
+func (m *Maps) GCConntrack() (ConntrackStats, error) {
+	a, err := m.runCTGC(0)
+	if err != nil {
+		return ConntrackStats{}, fmt.Errorf("conntrack gc: %w", err)
+	}
+	st := ConntrackStats{
+		Deleted: int(a.Deleted), Live: int(a.Live), Pending: int(a.Pending),
+		Max: m.cfg.MaxConntrack,
+	}
+	if st.Refused, err = m.ConntrackRefused(); err != nil {
+		return st, fmt.Errorf("conntrack gc: %w", err)
+	}
+	return st, nil
+}
+
+// ConntrackRefused returns how many new flows were refused so far because
+// sluice_conntrack was full (the tc_ct_est_full counter): one map lookup,
+// cheap enough to poll.
+func (m *Maps) ConntrackRefused() (uint64, error) {
+	var perCPU []uint64
+	if err := m.metrics.Lookup(uint32(sockMetricReasonMETRIC_TC_CT_EST_FULL), &perCPU); err != nil {
+		return 0, fmt.Errorf("read tc_ct_est_full: %w", err)
+	}
+	var sum uint64
+	for _, n := range perCPU {
+		sum += n
+	}
+	return sum, nil
+}
+
+// ctFlushBatch is how many backends one flush pass takes (the size of
+// sluice_ct_flush in bpf/lib/maps.h).
+const ctFlushBatch = 4096
+
+// FlushConntrack deletes the per-packet conntrack entries of flows
+// translated to any of backends: forward entries that name one and reverse
+// entries keyed by its replies, established or half-open. The next packet
+// of such a flow selects again. One pass over the maps covers up to
+// ctFlushBatch backends.
+func (m *Maps) FlushConntrack(backends []model.L4Addr) error {
+	keys := make([]sockCtBackendKey, 0, len(backends))
+	for _, b := range backends {
+		b, err := checkL4(b)
+		if err != nil {
+			return fmt.Errorf("flush conntrack: %w", err)
+		}
+		keys = append(keys, sockCtBackendKey{Addr: be32(b.Addr), Port: be16(b.Port), Proto: uint8(b.Proto)})
+	}
+	for batch := range slices.Chunk(keys, ctFlushBatch) {
+		if err := m.flushBatch(batch); err != nil {
+			return fmt.Errorf("flush conntrack of %d backends: %w", len(backends), err)
+		}
+	}
+	return nil
+}
+
+func (m *Maps) flushBatch(keys []sockCtBackendKey) error {
+	// Leftovers of an agent that died in the middle of a flush: not
+	// to be flushed again.
+	var k sockCtBackendKey
+	var v uint8
+	var stale []sockCtBackendKey
+	for it := m.ctFlush.Iterate(); it.Next(&k, &v); {
+		stale = append(stale, k)
+	}
+	for i := range stale {
+		if err := deleteIgnoringMissing(m.ctFlush, &stale[i]); err != nil {
+			return fmt.Errorf("clear %s: %w", mapCTFlush, err)
+		}
+	}
+	one := make([]uint8, len(keys))
+	for i := range one {
+		one[i] = 1
+	}
+	if _, err := m.ctFlush.BatchUpdate(keys, one, nil); err != nil {
+		return fmt.Errorf("write %s: %w", mapCTFlush, err)
+	}
+	_, runErr := m.runCTGC(1)
+	// Empty the set whatever happened: it must not linger into the
+	// next flush.
+	_, delErr := m.ctFlush.BatchDelete(keys, nil)
+	if errors.Is(delErr, ebpf.ErrKeyNotExist) {
+		delErr = nil
+	}
+	return errors.Join(runErr, delErr)
+}
+
+// runCTGC runs sluice_ct_gc in mode (0: collect, 1: flush).
+func (m *Maps) runCTGC(mode uint32) (sockCtGcArgs, error) {
+	in := sockCtGcArgs{Flush: mode}
+	var out sockCtGcArgs
+	if _, err := m.ctGC.Run(&ebpf.RunOptions{Context: in, ContextOut: &out}); err != nil {
+		return out, fmt.Errorf("run sluice_ct_gc: %w", err)
+	}
+	return out, nil
+}
 
 // monotonicNow is bpf_ktime_get_ns's clock.
 func monotonicNow() (uint64, error) {
@@ -23,48 +145,73 @@ func monotonicNow() (uint64, error) {
 	return uint64(ts.Nano()), nil
 }
 
-// ctLifetime mirrors ct_expired in bpf/lib/conntrack.h.
-func (m *Maps) ctLifetime(proto, flags uint8) uint64 {
-	if proto == uint8(model.TCP) {
-		if flags&ctFlagRST != 0 || flags&(ctFlagFinFwd|ctFlagFinRev) == ctFlagFinFwd|ctFlagFinRev {
-			return uint64(m.cfg.CTTimeoutClose.Nanoseconds())
-		}
-		return uint64(m.cfg.CTTimeoutTCP.Nanoseconds())
-	}
-	return uint64(m.cfg.CTTimeoutUDP.Nanoseconds())
+// ct4EntryRelease0 is struct ct4_entry as release 0 stored it in
+// sluice_conntrack: the time of the last packet rather than of expiry,
+// 8-bit flags.
+type ct4EntryRelease0 struct {
+	LastSeen  uint64
+	NatAddr   uint32
+	NatPort   uint16
+	Flags     uint8
+	_         uint8
+	BackendId uint32
+	RevNatId  uint32
+	SnatAddr  uint32
+	SnatPort  uint16
+	_         uint16
 }
 
-// GCConntrack deletes the conntrack entries that have expired (idle past
-// their protocol's timeout, or closed TCP flows past the close timeout),
-// so dead flows neither fill the table nor hold SNAT ports. It returns
-// how many it deleted.
-func (m *Maps) GCConntrack() (int, error) {
+// convertConntrack copies release 0's live conntrack entries into
+// sluice_conntrack_v2, each expiring when it would have expired there.
+// Release 0 did not know whether a flow had been answered: every entry is
+// taken as established (the safe side: it stays until it idles out). What
+// does not fit the configured size is left out.
+func convertConntrack(old, cur *ebpf.Map, spec *ebpf.CollectionSpec) error {
+	timeout := map[string]uint64{}
+	for _, name := range []string{"ct_timeout_tcp_ns", "ct_timeout_udp_ns", "ct_timeout_close_ns"} {
+		var v uint64
+		vs := spec.Variables[name]
+		if vs == nil {
+			return fmt.Errorf("variable %s missing from BPF object", name)
+		}
+		if err := vs.Get(&v); err != nil {
+			return fmt.Errorf("read %s: %w", name, err)
+		}
+		timeout[name] = v
+	}
 	now, err := monotonicNow()
 	if err != nil {
-		return 0, fmt.Errorf("conntrack gc: %w", err)
+		return err
 	}
-	var doomed []sockCt4Key
 	var k sockCt4Key
-	var v sockCt4Entry
-	it := m.conntrack.Iterate()
+	var v ct4EntryRelease0
+	it := old.Iterate()
 	for it.Next(&k, &v) {
-		if v.LastSeen < now && now-v.LastSeen > m.ctLifetime(k.Proto, v.Flags) {
-			doomed = append(doomed, k)
+		life := timeout["ct_timeout_udp_ns"]
+		if k.Proto == uint8(model.TCP) {
+			life = timeout["ct_timeout_tcp_ns"]
+			if f := uint32(v.Flags); f&ctFlagRST != 0 || f&(ctFlagFinFwd|ctFlagFinRev) == ctFlagFinFwd|ctFlagFinRev {
+				life = timeout["ct_timeout_close_ns"]
+			}
+		}
+		expires := v.LastSeen + life
+		if int64(expires-now) <= 0 {
+			continue
+		}
+		e := sockCt4Entry{
+			Expires: expires, Flags: uint32(v.Flags) | ctFlagReplied,
+			NatAddr: v.NatAddr, NatPort: v.NatPort, SnatAddr: v.SnatAddr, SnatPort: v.SnatPort,
+			BackendId: v.BackendId, RevNatId: v.RevNatId,
+		}
+		if err := cur.Put(&k, &e); err != nil {
+			if errors.Is(err, unix.E2BIG) {
+				break
+			}
+			return fmt.Errorf("copy entry: %w", err)
 		}
 	}
 	if err := it.Err(); err != nil {
-		return 0, fmt.Errorf("conntrack gc: %w", err)
+		return fmt.Errorf("read entries: %w", err)
 	}
-	n := 0
-	for i := range doomed {
-		err := m.conntrack.Delete(&doomed[i])
-		switch {
-		case err == nil:
-			n++
-		case errors.Is(err, ebpf.ErrKeyNotExist):
-		default:
-			return n, fmt.Errorf("conntrack gc: %w", err)
-		}
-	}
-	return n, nil
+	return nil
 }

@@ -12,11 +12,12 @@
 // the same pins. The constants both sides of the maps use are generated
 // from bpf/lib/structs.h (abi.go).
 //
-// Three objects are built from bpf/: sock.c (cgroup connect4, sendmsg4,
-// recvmsg4, getpeername4), tc.c (tc ingress and egress) and xdp.c (the XDP
-// fast path for north-south flows to remote backends). All declare every
-// map with pinning by name, so whichever loads first creates the pins and
-// the others reuse them.
+// Four objects are built from bpf/: sock.c (cgroup connect4, sendmsg4,
+// recvmsg4, getpeername4), tc.c (tc ingress and egress), xdp.c (the XDP
+// fast path for north-south flows to remote backends) and ctgc.c (the
+// conntrack garbage collector the agent runs, conntrack.go). All declare
+// every map with pinning by name, so whichever loads first creates the
+// pins and the others reuse them.
 //
 // The package returns errors with context and never logs.
 package datapath
@@ -42,14 +43,19 @@ type Config struct {
 	// Map sizes; 0 means the default. MaxServices sizes sluice_rev_nat
 	// (65536), MaxBackends sluice_backends (262144), MaxServiceEntries
 	// sluice_services, masters plus slots (1<<20), MaxConntrack
-	// sluice_conntrack (262144), MaxSockRev sluice_sock_rev and
+	// sluice_conntrack, the established flows and SNAT port reservations
+	// (262144; when it is full new flows are refused), MaxConntrackNew
+	// sluice_ct_new, the flows not answered yet (65536; an LRU: a flood of
+	// new flows evicts only its own kind), MaxSockRev sluice_sock_rev and
 	// sluice_udp_stick (262144).
-	MaxServices, MaxBackends, MaxServiceEntries, MaxConntrack, MaxSockRev int
+	MaxServices, MaxBackends, MaxServiceEntries, MaxConntrack, MaxConntrackNew, MaxSockRev int
 
 	// Idle timeouts of per-packet conntrack entries; 0 means the default
-	// (6h for TCP, 60s for UDP). CTTimeoutClose is how long a TCP flow
-	// lives after a RST or a FIN each way (default 10s).
-	CTTimeoutTCP, CTTimeoutUDP, CTTimeoutClose time.Duration
+	// (6h for established TCP, 60s for UDP). CTTimeoutSYN is how long a
+	// TCP flow lives before its first reply (default 60s, as Cilium's SYN
+	// timeout), CTTimeoutClose after a RST or a FIN each way (default
+	// 10s).
+	CTTimeoutTCP, CTTimeoutSYN, CTTimeoutUDP, CTTimeoutClose time.Duration
 
 	// SNATPortMin and SNATPortMax bound the source ports external flows
 	// to remote backends are source-NATed to (default 61000-65535, above
@@ -93,8 +99,10 @@ const (
 	DefaultMaxBackends       = 262144
 	DefaultMaxServiceEntries = 1 << 20
 	DefaultMaxConntrack      = 262144
+	DefaultMaxConntrackNew   = 65536
 	DefaultMaxSockRev        = 262144
 	DefaultCTTimeoutTCP      = 6 * time.Hour
+	DefaultCTTimeoutSYN      = 60 * time.Second
 	DefaultCTTimeoutUDP      = 60 * time.Second
 	DefaultCTTimeoutClose    = 10 * time.Second
 	DefaultSNATPortMin       = 61000
@@ -114,9 +122,13 @@ func (c Config) withDefaults() Config {
 	def(&c.MaxBackends, DefaultMaxBackends)
 	def(&c.MaxServiceEntries, DefaultMaxServiceEntries)
 	def(&c.MaxConntrack, DefaultMaxConntrack)
+	def(&c.MaxConntrackNew, DefaultMaxConntrackNew)
 	def(&c.MaxSockRev, DefaultMaxSockRev)
 	if c.CTTimeoutTCP == 0 {
 		c.CTTimeoutTCP = DefaultCTTimeoutTCP
+	}
+	if c.CTTimeoutSYN == 0 {
+		c.CTTimeoutSYN = DefaultCTTimeoutSYN
 	}
 	if c.CTTimeoutUDP == 0 {
 		c.CTTimeoutUDP = DefaultCTTimeoutUDP
@@ -137,6 +149,7 @@ func (c Config) maxEntries() map[string]int {
 		mapBackends:  c.MaxBackends,
 		mapRevNat:    c.MaxServices,
 		mapConntrack: c.MaxConntrack,
+		mapCTNew:     c.MaxConntrackNew,
 		mapSockRev:   c.MaxSockRev,
 		mapUDPStick:  c.MaxSockRev,
 	}
@@ -149,6 +162,7 @@ type Datapath struct {
 	sock sockObjects
 	tc   tcObjects
 	xdp  xdpObjects
+	gc   ctgcObjects
 	maps *Maps
 }
 
@@ -185,10 +199,15 @@ func Open(cfg Config) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
+	gcSpec, err := loadCtgc()
+	if err != nil {
+		return nil, err
+	}
 	if cfg.XDP, err = ParseXDPMode(string(cfg.XDP)); err != nil {
 		return nil, err
 	}
-	for _, spec := range []*ebpf.CollectionSpec{sockSpec, tcSpec, xdpSpec} {
+	specs := []*ebpf.CollectionSpec{sockSpec, tcSpec, xdpSpec, gcSpec}
+	for _, spec := range specs {
 		if err := configure(spec, cfg); err != nil {
 			return nil, err
 		}
@@ -197,7 +216,7 @@ func Open(cfg Config) (*Datapath, error) {
 	if err := migratePins(dir, sockSpec); err != nil {
 		return nil, err
 	}
-	for _, spec := range []*ebpf.CollectionSpec{sockSpec, tcSpec, xdpSpec} {
+	for _, spec := range specs {
 		if err := checkPinned(spec, dir); err != nil {
 			return nil, err
 		}
@@ -217,11 +236,20 @@ func Open(cfg Config) (*Datapath, error) {
 		d.tc.Close()
 		return nil, fmt.Errorf("load XDP program: %w", verifierDetail(err))
 	}
+	if err := gcSpec.LoadAndAssign(&d.gc, opts); err != nil {
+		d.sock.Close()
+		d.tc.Close()
+		d.xdp.Close()
+		return nil, fmt.Errorf("load conntrack GC program: %w", verifierDetail(err))
+	}
 	d.maps = &Maps{
 		services:  d.sock.SluiceServicesV1,
 		backends:  d.sock.SluiceBackendsV1,
 		revNat:    d.sock.SluiceRevNatV1,
-		conntrack: d.sock.SluiceConntrackV1,
+		conntrack: d.sock.SluiceConntrackV2,
+		ctNew:     d.sock.SluiceCtNewV1,
+		ctFlush:   d.sock.SluiceCtFlushV1,
+		ctGC:      d.gc.SluiceCtGc,
 		sockRev:   d.sock.SluiceSockRevV1,
 		udpStick:  d.sock.SluiceUdpStickV1,
 		metrics:   d.sock.SluiceMetricsV1,
@@ -246,6 +274,7 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 	}
 	vars := map[string]any{
 		"ct_timeout_tcp_ns":   uint64(cfg.CTTimeoutTCP.Nanoseconds()),
+		"ct_timeout_syn_ns":   uint64(cfg.CTTimeoutSYN.Nanoseconds()),
 		"ct_timeout_udp_ns":   uint64(cfg.CTTimeoutUDP.Nanoseconds()),
 		"ct_timeout_close_ns": uint64(cfg.CTTimeoutClose.Nanoseconds()),
 		"snat_port_min":       cfg.SNATPortMin,
@@ -321,7 +350,7 @@ func (d *Datapath) TCEgress() *ebpf.Program { return d.tc.SluiceEgress }
 // Close releases the agent's file descriptors. Pins and links stay, so
 // traffic keeps flowing while no agent runs.
 func (d *Datapath) Close() error {
-	return errors.Join(d.sock.Close(), d.tc.Close(), d.xdp.Close())
+	return errors.Join(d.sock.Close(), d.tc.Close(), d.xdp.Close(), d.gc.Close())
 }
 
 // CounterNames returns the reasons Counters reports, in a stable order (for

@@ -47,6 +47,7 @@ func smallConfig(bpffs string) Config {
 		MaxBackends:       1024,
 		MaxServiceEntries: 4096,
 		MaxConntrack:      4096,
+		MaxConntrackNew:   4096,
 		MaxSockRev:        1024,
 	}
 }

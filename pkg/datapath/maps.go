@@ -22,7 +22,9 @@ import (
 // says.
 type Maps struct {
 	services, backends, revNat, conntrack, sockRev, udpStick, metrics *ebpf.Map
-	devices, srcRanges                                                *ebpf.Map
+	devices, srcRanges, ctNew, ctFlush                                *ebpf.Map
+
+	ctGC *ebpf.Program // bpf/ctgc.c: conntrack GC and flush (conntrack.go)
 
 	cfg Config
 }
@@ -263,38 +265,4 @@ func dumpState(services, backends, revNat, srcRanges *ebpf.Map) (*reconciler.Ker
 // sluice_services.
 func (m *Maps) Capacity() (services, backends, serviceEntries int) {
 	return m.cfg.MaxServices, m.cfg.MaxBackends, m.cfg.MaxServiceEntries
-}
-
-// FlushConntrack deletes the per-packet conntrack entries of flows
-// translated to backend: forward entries that name it and reverse entries
-// keyed by its replies. The next packet of such a flow selects again.
-func (m *Maps) FlushConntrack(backend model.L4Addr) error {
-	b, err := checkL4(backend)
-	if err != nil {
-		return fmt.Errorf("flush conntrack: %w", err)
-	}
-	addr, port, proto := be32(b.Addr), be16(b.Port), uint8(b.Proto)
-
-	var doomed []sockCt4Key
-	var k sockCt4Key
-	var v sockCt4Entry
-	it := m.conntrack.Iterate()
-	for it.Next(&k, &v) {
-		if k.Proto != proto {
-			continue
-		}
-		if (k.Dir == ctForward && v.NatAddr == addr && v.NatPort == port) ||
-			(k.Dir == ctReverse && k.Saddr == addr && k.Sport == port) {
-			doomed = append(doomed, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("flush conntrack of %s: %w", b, err)
-	}
-	for i := range doomed {
-		if err := deleteIgnoringMissing(m.conntrack, &doomed[i]); err != nil {
-			return fmt.Errorf("flush conntrack of %s: %w", b, err)
-		}
-	}
-	return nil
 }

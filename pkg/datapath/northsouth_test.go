@@ -142,9 +142,9 @@ func snatPortOf(t testing.TB, m *Maps, client string, cport uint16, fe model.L4A
 		Saddr: be32(netip.MustParseAddr(client)), Daddr: be32(fe.Addr),
 		Sport: be16(cport), Dport: be16(fe.Port), Proto: uint8(fe.Proto), Dir: ctForward,
 	}
-	var v sockCt4Entry
-	if err := m.conntrack.Lookup(&k, &v); err != nil {
-		t.Fatalf("forward conntrack entry of %s:%d -> %s: %v", client, cport, fe, err)
+	v, ok := ctGet(m, k)
+	if !ok {
+		t.Fatalf("no forward conntrack entry of %s:%d -> %s", client, cport, fe)
 	}
 	if v.Flags&ctFlagSNAT == 0 || addrFromBE32(v.SnatAddr).String() != nsNodeIP {
 		t.Fatalf("flow %s:%d -> %s not source-NATed to %s: %+v", client, cport, fe, nsNodeIP, v)
@@ -353,8 +353,7 @@ func TestNorthSouthPacketTable(t *testing.T) {
 // TestNorthSouthSNATPorts: many clients through one node to one remote
 // backend each get a port of their own; once the range is used up, new
 // flows are refused rather than given a port in use; and ports of flows
-// that closed come back after the close timeout (LRU aside, through
-// GCConntrack).
+// that closed come back after the close timeout, through GCConntrack.
 func TestDevicesAndAddresses(t *testing.T) {
 	testutil.Privileged(t)
 	nodeNetns(t)
@@ -431,12 +430,12 @@ func TestNorthSouthSNATPorts(t *testing.T) {
 		t.Fatalf("backend FIN: verdict %d", v)
 	}
 	time.Sleep(100 * time.Millisecond)
-	n, err := m.GCConntrack()
+	st, err := m.GCConntrack()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n != 2 {
-		t.Fatalf("GCConntrack deleted %d entries, want the 2 of the closed flow", n)
+	if st.Deleted != 2 {
+		t.Fatalf("GCConntrack deleted %d entries, want the 2 of the closed flow", st.Deleted)
 	}
 	// Its port is free again: a new flow gets exactly it.
 	verdict, out := runOn(t, ing, ifindex, syn("172.31.0.1", 50000).Bytes())
@@ -547,9 +546,9 @@ func TestXDPPacketTable(t *testing.T) {
 		}
 		k := sockCt4Key{Saddr: be32(netip.MustParseAddr(nsClientIP)), Daddr: be32(npNode3.Addr),
 			Sport: be16(in3.SrcPort), Dport: be16(npNode3.Port), Proto: 6, Dir: ctForward}
-		var v sockCt4Entry
-		if err := m.conntrack.Lookup(&k, &v); err != nil {
-			t.Fatalf("forward entry via eth1: %v", err)
+		v, ok := ctGet(m, k)
+		if !ok {
+			t.Fatal("no forward entry via eth1")
 		}
 		w := in3
 		w.TTL = fwdTTL

@@ -25,7 +25,9 @@ const (
 	mapServices  = "sluice_services_v1"
 	mapBackends  = "sluice_backends_v1"
 	mapRevNat    = "sluice_rev_nat_v1"
-	mapConntrack = "sluice_conntrack_v1"
+	mapConntrack = "sluice_conntrack_v2"
+	mapCTNew     = "sluice_ct_new_v1"
+	mapCTFlush   = "sluice_ct_flush_v1"
 	mapSockRev   = "sluice_sock_rev_v1"
 	mapUDPStick  = "sluice_udp_stick_v1"
 	mapMetrics   = "sluice_metrics_v1"
@@ -41,11 +43,12 @@ type pinMigration struct {
 
 	// convert copies the entries of the old map into the new one,
 	// which has this build's layout and configured size, converting
-	// each. nil means the layout is the same: the pin is renamed, so
-	// the map itself carries over with its entries, and the previous
-	// agent's programs, still attached until this agent replaces them,
-	// go on using it without a gap.
-	convert func(old, cur *ebpf.Map) error
+	// each; spec is this build's configured collection (its constants
+	// say what the entries mean). nil means the layout is the same:
+	// the pin is renamed, so the map itself carries over with its
+	// entries, and the previous agent's programs, still attached until
+	// this agent replaces them, go on using it without a gap.
+	convert func(old, cur *ebpf.Map, spec *ebpf.CollectionSpec) error
 }
 
 // pinMigrations is where a change of layout adds its conversion. Upgrades
@@ -60,12 +63,15 @@ type pinMigration struct {
 //
 // Release 0 pinned its maps without versions; their layouts are those of
 // v1, apart from sluice_metrics, which now has room for reasons to be
-// appended (METRIC_SLOTS) and so a different size.
+// appended (METRIC_SLOTS) and so a different size, and sluice_conntrack,
+// whose v2 holds expiry times instead of last-seen times and is a plain
+// hash of established flows (half-open ones are in sluice_ct_new, which
+// release 0 did not have).
 var pinMigrations = []pinMigration{
 	{from: "sluice_services", to: mapServices},
 	{from: "sluice_backends", to: mapBackends},
 	{from: "sluice_rev_nat", to: mapRevNat},
-	{from: "sluice_conntrack", to: mapConntrack},
+	{from: "sluice_conntrack", to: mapConntrack, convert: convertConntrack},
 	{from: "sluice_sock_rev", to: mapSockRev},
 	// UDP socket stickiness was called affinity, which Kubernetes
 	// means per client address (sessionAffinity).
@@ -95,7 +101,7 @@ func migratePins(dir string, spec *ebpf.CollectionSpec) error {
 		if err != nil {
 			return fmt.Errorf("migrate pin %s: %w", from, err)
 		}
-		err = migratePin(old, from, to, ms, pm.convert)
+		err = migratePin(old, from, to, spec, ms, pm.convert)
 		old.Close()
 		if err != nil {
 			return fmt.Errorf("migrate pin %s to %s: %w", from, pm.to, err)
@@ -104,7 +110,8 @@ func migratePins(dir string, spec *ebpf.CollectionSpec) error {
 	return nil
 }
 
-func migratePin(old *ebpf.Map, from, to string, ms *ebpf.MapSpec, convert func(old, cur *ebpf.Map) error) error {
+func migratePin(old *ebpf.Map, from, to string, spec *ebpf.CollectionSpec, ms *ebpf.MapSpec,
+	convert func(old, cur *ebpf.Map, spec *ebpf.CollectionSpec) error) error {
 	if convert == nil {
 		info, err := old.Info()
 		if err != nil {
@@ -128,7 +135,7 @@ func migratePin(old *ebpf.Map, from, to string, ms *ebpf.MapSpec, convert func(o
 		return fmt.Errorf("create: %w", err)
 	}
 	defer cur.Close()
-	if err := convert(old, cur); err != nil {
+	if err := convert(old, cur, spec); err != nil {
 		return fmt.Errorf("convert: %w", err)
 	}
 	tmp := to + "_migrating" // (bpffs refuses names with a dot)
@@ -155,7 +162,7 @@ func unpinned(ms *ebpf.MapSpec) *ebpf.MapSpec {
 // copyCounters copies the per-CPU counters of a metrics array into
 // another: reasons are never renumbered, so key i is the same reason in
 // both. Keys beyond the smaller map are dropped.
-func copyCounters(old, cur *ebpf.Map) error {
+func copyCounters(old, cur *ebpf.Map, _ *ebpf.CollectionSpec) error {
 	n := min(old.MaxEntries(), cur.MaxEntries())
 	var perCPU []uint64
 	for k := range n {

@@ -15,16 +15,14 @@ import (
 
 type sockCt4Entry struct {
 	_         structs.HostLayout
-	LastSeen  uint64
+	Expires   uint64
+	Flags     uint32
 	NatAddr   uint32
 	NatPort   uint16
-	Flags     uint8
-	Pad       uint8
+	SnatPort  uint16
+	SnatAddr  uint32
 	BackendId uint32
 	RevNatId  uint32
-	SnatAddr  uint32
-	SnatPort  uint16
-	Pad2      uint16
 }
 
 type sockCt4Key struct {
@@ -36,6 +34,14 @@ type sockCt4Key struct {
 	Proto uint8
 	Dir   uint8
 	Pad   uint16
+}
+
+type sockCtBackendKey struct {
+	_     structs.HostLayout
+	Addr  uint32
+	Port  uint16
+	Proto uint8
+	Pad   uint8
 }
 
 type sockCtDir uint32
@@ -52,7 +58,20 @@ const (
 	sockCtFlagsCT_F_FIN_FWD sockCtFlags = 2
 	sockCtFlagsCT_F_FIN_REV sockCtFlags = 4
 	sockCtFlagsCT_F_RST     sockCtFlags = 8
+	sockCtFlagsCT_F_REPLIED sockCtFlags = 16
 )
+
+type sockCtGcArgs struct {
+	_       structs.HostLayout
+	Flush   uint32
+	Pad     uint32
+	Now     uint64
+	Deleted uint64
+	Live    uint64
+	Pending uint64
+	Kept    uint64
+	Claimed uint64
+}
 
 type sockFrag4Key struct {
 	_     structs.HostLayout
@@ -140,7 +159,11 @@ const (
 	sockMetricReasonMETRIC_XDP_TTL_EXCEEDED     sockMetricReason = 30
 	sockMetricReasonMETRIC_XDP_MTU_EXCEEDED     sockMetricReason = 31
 	sockMetricReasonMETRIC_TC_ICMP_XLATE        sockMetricReason = 32
-	sockMetricReasonMETRIC_MAX                  sockMetricReason = 33
+	sockMetricReasonMETRIC_TC_CT_EST_FULL       sockMetricReason = 33
+	sockMetricReasonMETRIC_TC_CT_CLASH          sockMetricReason = 34
+	sockMetricReasonMETRIC_TC_SNAT_LOST         sockMetricReason = 35
+	sockMetricReasonMETRIC_TC_CT_BACKEND_GONE   sockMetricReason = 36
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 37
 )
 
 type sockNodeDev struct {
@@ -211,7 +234,9 @@ const (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	sockMapSluiceBackendsV1    = "sluice_backends_v1"
-	sockMapSluiceConntrackV1   = "sluice_conntrack_v1"
+	sockMapSluiceConntrackV2   = "sluice_conntrack_v2"
+	sockMapSluiceCtFlushV1     = "sluice_ct_flush_v1"
+	sockMapSluiceCtNewV1       = "sluice_ct_new_v1"
 	sockMapSluiceDevicesV1     = "sluice_devices_v1"
 	sockMapSluiceFragmentsV1   = "sluice_fragments_v1"
 	sockMapSluiceMetricsV1     = "sluice_metrics_v1"
@@ -225,6 +250,7 @@ const (
 	sockProgSluiceRecvmsg4     = "sluice_recvmsg4"
 	sockProgSluiceSendmsg4     = "sluice_sendmsg4"
 	sockVarCtTimeoutCloseNs    = "ct_timeout_close_ns"
+	sockVarCtTimeoutSynNs      = "ct_timeout_syn_ns"
 	sockVarCtTimeoutTcpNs      = "ct_timeout_tcp_ns"
 	sockVarCtTimeoutUdpNs      = "ct_timeout_udp_ns"
 	sockVarSnatPortMax         = "snat_port_max"
@@ -284,7 +310,9 @@ type sockProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockMapSpecs struct {
 	SluiceBackendsV1  *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV1 *ebpf.MapSpec `ebpf:"sluice_conntrack_v1"`
+	SluiceConntrackV2 *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1   *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1     *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1   *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
 	SluiceFragmentsV1 *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1   *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
@@ -300,6 +328,7 @@ type sockMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockVariableSpecs struct {
 	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
@@ -327,7 +356,9 @@ func (o *sockObjects) Close() error {
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockMaps struct {
 	SluiceBackendsV1  *ebpf.Map `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV1 *ebpf.Map `ebpf:"sluice_conntrack_v1"`
+	SluiceConntrackV2 *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1   *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1     *ebpf.Map `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1   *ebpf.Map `ebpf:"sluice_devices_v1"`
 	SluiceFragmentsV1 *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1   *ebpf.Map `ebpf:"sluice_metrics_v1"`
@@ -341,7 +372,9 @@ type sockMaps struct {
 func (m *sockMaps) Close() error {
 	return _SockClose(
 		m.SluiceBackendsV1,
-		m.SluiceConntrackV1,
+		m.SluiceConntrackV2,
+		m.SluiceCtFlushV1,
+		m.SluiceCtNewV1,
 		m.SluiceDevicesV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
@@ -358,6 +391,7 @@ func (m *sockMaps) Close() error {
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockVariables struct {
 	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`

@@ -17,7 +17,9 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	tcMapSluiceBackendsV1  = "sluice_backends_v1"
-	tcMapSluiceConntrackV1 = "sluice_conntrack_v1"
+	tcMapSluiceConntrackV2 = "sluice_conntrack_v2"
+	tcMapSluiceCtFlushV1   = "sluice_ct_flush_v1"
+	tcMapSluiceCtNewV1     = "sluice_ct_new_v1"
 	tcMapSluiceDevicesV1   = "sluice_devices_v1"
 	tcMapSluiceFragmentsV1 = "sluice_fragments_v1"
 	tcMapSluiceMetricsV1   = "sluice_metrics_v1"
@@ -29,6 +31,7 @@ const (
 	tcProgSluiceEgress     = "sluice_egress"
 	tcProgSluiceIngress    = "sluice_ingress"
 	tcVarCtTimeoutCloseNs  = "ct_timeout_close_ns"
+	tcVarCtTimeoutSynNs    = "ct_timeout_syn_ns"
 	tcVarCtTimeoutTcpNs    = "ct_timeout_tcp_ns"
 	tcVarCtTimeoutUdpNs    = "ct_timeout_udp_ns"
 	tcVarSnatPortMax       = "snat_port_max"
@@ -86,7 +89,9 @@ type tcProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcMapSpecs struct {
 	SluiceBackendsV1  *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV1 *ebpf.MapSpec `ebpf:"sluice_conntrack_v1"`
+	SluiceConntrackV2 *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1   *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1     *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1   *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
 	SluiceFragmentsV1 *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1   *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
@@ -102,6 +107,7 @@ type tcMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcVariableSpecs struct {
 	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
@@ -129,7 +135,9 @@ func (o *tcObjects) Close() error {
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcMaps struct {
 	SluiceBackendsV1  *ebpf.Map `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV1 *ebpf.Map `ebpf:"sluice_conntrack_v1"`
+	SluiceConntrackV2 *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1   *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1     *ebpf.Map `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1   *ebpf.Map `ebpf:"sluice_devices_v1"`
 	SluiceFragmentsV1 *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1   *ebpf.Map `ebpf:"sluice_metrics_v1"`
@@ -143,7 +151,9 @@ type tcMaps struct {
 func (m *tcMaps) Close() error {
 	return _TcClose(
 		m.SluiceBackendsV1,
-		m.SluiceConntrackV1,
+		m.SluiceConntrackV2,
+		m.SluiceCtFlushV1,
+		m.SluiceCtNewV1,
 		m.SluiceDevicesV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
@@ -160,6 +170,7 @@ func (m *tcMaps) Close() error {
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcVariables struct {
 	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`

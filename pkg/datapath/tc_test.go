@@ -201,7 +201,8 @@ func TestTCConntrackStickiness(t *testing.T) {
 // TestTCBackendChange: when a backend leaves its service, an established
 // TCP flow keeps it (as kube-proxy keeps established connections) while a
 // UDP flow moves to a backend that still exists. FlushConntrack forgets
-// both.
+// both. (A new SYN on the TCP flow's tuple would select again:
+// TestCTBackendGoneSYNReselects.)
 func TestTCBackendChange(t *testing.T) {
 	d := newTestDatapath(t)
 	m := d.Maps()
@@ -232,20 +233,24 @@ func TestTCBackendChange(t *testing.T) {
 	if err := m.DeleteBackend(oldUDP.id); err != nil {
 		t.Fatal(err)
 	}
-	expect("tcp after removal keeps its backend", tcpIn, oldTCP)
+	tcpData := tcpIn
+	tcpData.TCPFlags = packet.ACK
+	expect("tcp after removal keeps its backend", tcpData, oldTCP)
 	expect("udp after removal re-balances", udpIn, newUDP)
 
-	if err := m.FlushConntrack(oldTCP.addr); err != nil {
+	if err := m.FlushConntrack([]model.L4Addr{oldTCP.addr}); err != nil {
 		t.Fatal(err)
 	}
 	var k sockCt4Key
 	var v sockCt4Entry
-	for it := m.conntrack.Iterate(); it.Next(&k, &v); {
-		if (k.Dir == ctForward && v.NatAddr == be32(oldTCP.addr.Addr)) || (k.Dir == ctReverse && k.Saddr == be32(oldTCP.addr.Addr)) {
-			t.Errorf("conntrack entry of %s survived FlushConntrack: %+v -> %+v", oldTCP.addr, k, v)
+	for _, cm := range ctMaps(m) {
+		for it := cm.Iterate(); it.Next(&k, &v); {
+			if (k.Dir == ctForward && v.NatAddr == be32(oldTCP.addr.Addr)) || (k.Dir == ctReverse && k.Saddr == be32(oldTCP.addr.Addr)) {
+				t.Errorf("conntrack entry of %s survived FlushConntrack: %+v -> %+v", oldTCP.addr, k, v)
+			}
 		}
 	}
-	expect("tcp after flush", tcpIn, newTCP)
+	expect("tcp after flush", tcpData, newTCP)
 }
 
 // TestTCConntrackTimeout: an idle UDP flow forgets its backend.

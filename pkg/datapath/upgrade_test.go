@@ -46,6 +46,9 @@ func pinRelease0(t *testing.T, bpffs string) map[string]*ebpf.Map {
 		if pm.to == mapMetrics {
 			ms.MaxEntries = release0MetricReasons
 		}
+		if pm.to == mapConntrack {
+			ms.Type = ebpf.LRUHash // and ct4EntryRelease0 values
+		}
 		m, err := ebpf.NewMapWithOptions(ms, ebpf.MapOptions{PinPath: dir})
 		if err != nil {
 			t.Fatalf("create release-0 map %s: %v", pm.from, err)
@@ -86,7 +89,19 @@ func TestOpenMigratesPins(t *testing.T) {
 	addService(t, m0, 3, fe, be)
 	ctKey := sockCt4Key{Saddr: be32(netip.MustParseAddr("10.0.0.2")), Daddr: be32(fe.Addr),
 		Sport: be16(40000), Dport: be16(80), Proto: 6, Dir: ctForward}
-	ctVal := sockCt4Entry{LastSeen: 1, NatAddr: be32(be.addr.Addr), NatPort: be16(8080), BackendId: 7, RevNatId: 3}
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctVal := ct4EntryRelease0{LastSeen: now, NatAddr: be32(be.addr.Addr), NatPort: be16(8080), BackendId: 7, RevNatId: 3}
+	// Converted: expiring when release 0 would have dropped it, taken as
+	// established.
+	ctWant := sockCt4Entry{Expires: now + uint64(DefaultCTTimeoutTCP), Flags: ctFlagReplied,
+		NatAddr: be32(be.addr.Addr), NatPort: be16(8080), BackendId: 7, RevNatId: 3}
+	deadKey := ctKey
+	deadKey.Proto = 17
+	deadVal := ctVal
+	deadVal.LastSeen = 1 // UDP idle for longer than its timeout: not copied
 	revKey := sockSockRevKey{Cookie: 42, Addr: be32(be.addr.Addr), Port: be16(8080)}
 	revVal := sockSockRevEntry{Vip: be32(fe.Addr), Port: be16(80), RevNatId: 3}
 	stickKey := sockSockUdpStickKey{Cookie: 43, Vip: be32(fe.Addr), Port: be16(53), Proto: 17}
@@ -98,6 +113,7 @@ func TestOpenMigratesPins(t *testing.T) {
 		k, v any
 	}{
 		{"sluice_conntrack", &ctKey, &ctVal},
+		{"sluice_conntrack", &deadKey, &deadVal},
 		{"sluice_sock_rev", &revKey, &revVal},
 		{"sluice_affinity", &stickKey, &stickVal},
 		{"sluice_devices", uint32(5), &devVal},
@@ -196,7 +212,7 @@ func TestOpenMigratesPins(t *testing.T) {
 			key, out any // out points to a value like want
 			want     any
 		}{
-			{m.conntrack, &ctKey, &ct, ctVal},
+			{m.conntrack, &ctKey, &ct, ctWant},
 			{m.sockRev, &revKey, &rev, revVal},
 			{m.udpStick, &stickKey, &stick, stickVal},
 			{m.devices, uint32(5), &dev, devVal},
@@ -209,6 +225,9 @@ func TestOpenMigratesPins(t *testing.T) {
 			if got := reflect.ValueOf(r.out).Elem().Interface(); !reflect.DeepEqual(got, r.want) {
 				t.Errorf("%v after migration: %+v, want %+v", r.m, got, r.want)
 			}
+		}
+		if err := m.conntrack.Lookup(&deadKey, &ct); err == nil {
+			t.Errorf("expired release-0 conntrack entry copied: %+v", ct)
 		}
 		c, err := d.Counters()
 		if err != nil {

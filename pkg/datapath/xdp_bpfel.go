@@ -17,7 +17,9 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	xdpMapSluiceBackendsV1  = "sluice_backends_v1"
-	xdpMapSluiceConntrackV1 = "sluice_conntrack_v1"
+	xdpMapSluiceConntrackV2 = "sluice_conntrack_v2"
+	xdpMapSluiceCtFlushV1   = "sluice_ct_flush_v1"
+	xdpMapSluiceCtNewV1     = "sluice_ct_new_v1"
 	xdpMapSluiceDevicesV1   = "sluice_devices_v1"
 	xdpMapSluiceFragmentsV1 = "sluice_fragments_v1"
 	xdpMapSluiceMetricsV1   = "sluice_metrics_v1"
@@ -28,6 +30,7 @@ const (
 	xdpMapSluiceUdpStickV1  = "sluice_udp_stick_v1"
 	xdpProgSluiceXdp        = "sluice_xdp"
 	xdpVarCtTimeoutCloseNs  = "ct_timeout_close_ns"
+	xdpVarCtTimeoutSynNs    = "ct_timeout_syn_ns"
 	xdpVarCtTimeoutTcpNs    = "ct_timeout_tcp_ns"
 	xdpVarCtTimeoutUdpNs    = "ct_timeout_udp_ns"
 	xdpVarSnatPortMax       = "snat_port_max"
@@ -84,7 +87,9 @@ type xdpProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpMapSpecs struct {
 	SluiceBackendsV1  *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV1 *ebpf.MapSpec `ebpf:"sluice_conntrack_v1"`
+	SluiceConntrackV2 *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1   *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1     *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1   *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
 	SluiceFragmentsV1 *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1   *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
@@ -100,6 +105,7 @@ type xdpMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpVariableSpecs struct {
 	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
@@ -127,7 +133,9 @@ func (o *xdpObjects) Close() error {
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpMaps struct {
 	SluiceBackendsV1  *ebpf.Map `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV1 *ebpf.Map `ebpf:"sluice_conntrack_v1"`
+	SluiceConntrackV2 *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1   *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1     *ebpf.Map `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1   *ebpf.Map `ebpf:"sluice_devices_v1"`
 	SluiceFragmentsV1 *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1   *ebpf.Map `ebpf:"sluice_metrics_v1"`
@@ -141,7 +149,9 @@ type xdpMaps struct {
 func (m *xdpMaps) Close() error {
 	return _XdpClose(
 		m.SluiceBackendsV1,
-		m.SluiceConntrackV1,
+		m.SluiceConntrackV2,
+		m.SluiceCtFlushV1,
+		m.SluiceCtNewV1,
 		m.SluiceDevicesV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
@@ -158,6 +168,7 @@ func (m *xdpMaps) Close() error {
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpVariables struct {
 	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`

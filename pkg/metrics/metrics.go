@@ -46,7 +46,6 @@ type Metrics struct {
 	mu       sync.Mutex
 	counts   Counts
 	capacity Capacity
-	hooks    []func(*model.State)
 }
 
 // Counts is what a programmed state holds, in the units of the BPF maps.
@@ -124,7 +123,8 @@ func (m *Metrics) ObserveSync(d time.Duration, err error) {
 }
 
 // ObserveProgrammed records, for each trigger time, the latency from it to
-// now: the moment its change reached the maps.
+// now: the moment its change reached the maps. The Kubernetes source calls
+// it when the agent reports a state programmed.
 func (m *Metrics) ObserveProgrammed(now time.Time, triggers []time.Time) {
 	for _, t := range triggers {
 		if t.IsZero() || t.After(now) {
@@ -134,26 +134,12 @@ func (m *Metrics) ObserveProgrammed(now time.Time, triggers []time.Time) {
 	}
 }
 
-// SetProgrammed records the state that is now in the maps, and tells the
-// hooks registered with OnProgrammed. The agent calls it after every
-// successful apply, with the very state it applied.
+// SetProgrammed records the state that is now in the maps. The agent calls
+// it after every successful apply, with the very state it applied.
 func (m *Metrics) SetProgrammed(s *model.State) {
 	c := CountState(s)
 	m.mu.Lock()
 	m.counts = c
-	hooks := m.hooks
-	m.mu.Unlock()
-	for _, h := range hooks {
-		h(s)
-	}
-}
-
-// OnProgrammed registers f to be called with every state SetProgrammed
-// records. A source uses it to learn when the states it handed over reached
-// the maps, for the network programming latency.
-func (m *Metrics) OnProgrammed(f func(*model.State)) {
-	m.mu.Lock()
-	m.hooks = append(m.hooks, f)
 	m.mu.Unlock()
 }
 

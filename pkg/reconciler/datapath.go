@@ -61,7 +61,7 @@ type Datapath interface {
 	// all frontends together.
 	SourceRangeCapacity() int
 	// FlushConntrack removes per-packet conntrack entries that point at
-	// backend (used for UDP when a backend goes away, so stale flows
-	// re-balance instead of black-holing).
-	FlushConntrack(backend model.L4Addr) error
+	// any of backends (used for UDP when backends go away, so stale flows
+	// re-balance instead of black-holing), in one pass.
+	FlushConntrack(backends []model.L4Addr) error
 }

@@ -12,10 +12,10 @@ import (
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/datapath"
-	"github.com/sluice-lb/sluice/pkg/k8s"
-	"github.com/sluice-lb/sluice/pkg/manifest"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/sluice-lb/sluice/pkg/source/manifest"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files")
@@ -89,7 +89,7 @@ func replayGolden(t *testing.T, dir string, dp *counting) string {
 	r := reconciler.New(dp, nil)
 	var out strings.Builder
 	for _, step := range steps {
-		res, err := manifest.Load(step, k8s.Options{NodeName: "node-a"})
+		res, err := manifest.Load(step, translate.Options{Node: translate.Node{Name: "node-a"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -188,10 +188,10 @@ func (c *counting) DeleteSourceRange(fe model.L4Addr, p netip.Prefix) error {
 	return c.count(c.Datapath.DeleteSourceRange(fe, p))
 }
 
-func (c *counting) FlushConntrack(b model.L4Addr) error {
-	err := c.Datapath.FlushConntrack(b)
+func (c *counting) FlushConntrack(bs []model.L4Addr) error {
+	err := c.Datapath.FlushConntrack(bs)
 	if err == nil {
-		c.flushed = append(c.flushed, b)
+		c.flushed = append(c.flushed, bs...)
 	}
 	return err
 }

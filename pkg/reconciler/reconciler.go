@@ -311,14 +311,14 @@ func (r *Reconciler) Apply(st *model.State) error {
 	if err := r.deleteUnusedRevNat(services); err != nil {
 		errs = append(errs, err)
 	}
+	// One pass over conntrack for all of them.
 	if len(r.pendingFlush) > 0 {
-		for _, a := range slices.SortedFunc(maps.Keys(r.pendingFlush), model.L4Addr.Compare) {
-			r.writes++
-			if err := r.dp.FlushConntrack(a); err != nil {
-				errs = append(errs, fmt.Errorf("flush conntrack of backend %s: %w", a, err))
-				continue
-			}
-			delete(r.pendingFlush, a)
+		flush := slices.SortedFunc(maps.Keys(r.pendingFlush), model.L4Addr.Compare)
+		r.writes++
+		if err := r.dp.FlushConntrack(flush); err != nil {
+			errs = append(errs, fmt.Errorf("flush conntrack of backends %v: %w", flush, err))
+		} else {
+			clear(r.pendingFlush)
 		}
 	}
 

@@ -15,9 +15,10 @@ import (
 
 // There is no Docker engine to build the image with here, so this checks
 // what can be checked without one: the build stage's `go build` lines, run
-// as written (with the build stage's ENV) on this tree, produce static
-// binaries that start, and the final stage copies exactly those outputs
-// and runs one of them.
+// as written (with the build stage's ENV and ARG defaults) on this tree,
+// produce static binaries that start, and the final stage is the image
+// `make image` builds (deploy/image_test.go runs that one): scratch, with
+// exactly those outputs in /usr/local/bin, running sluice.
 func TestDockerfileBuildsStaticBinaries(t *testing.T) {
 	root := moduleRootDir(t)
 	f, err := os.Open(filepath.Join(root, "Dockerfile"))
@@ -45,7 +46,7 @@ func TestDockerfileBuildsStaticBinaries(t *testing.T) {
 		case "FROM":
 			img, name, _ := strings.Cut(rest, " AS ")
 			stages = append(stages, &stage{from: strings.TrimSpace(img), name: strings.TrimSpace(name)})
-		case "ENV":
+		case "ENV", "ARG":
 			stages[len(stages)-1].env = append(stages[len(stages)-1].env, strings.Fields(rest)...)
 		case "RUN":
 			stages[len(stages)-1].runs = append(stages[len(stages)-1].runs, rest)
@@ -115,7 +116,11 @@ func TestDockerfileBuildsStaticBinaries(t *testing.T) {
 		}
 	}
 
-	// The final stage copies what the build stage produced and runs sluice.
+	// The final stage copies what the build stage produced, to where
+	// deploy/tools/image puts it, on nothing, and runs sluice.
+	if final.from != "scratch" {
+		t.Errorf("final stage FROM %s, want scratch, as make image builds", final.from)
+	}
 	if len(final.copies) != 1 {
 		t.Fatalf("final stage COPY --from lines: %q, want one", final.copies)
 	}
@@ -125,6 +130,9 @@ func TestDockerfileBuildsStaticBinaries(t *testing.T) {
 	}
 	if srcs := fields[1 : len(fields)-1]; !slices.Equal(srcs, built) {
 		t.Errorf("final stage copies %v, build stage builds %v", srcs, built)
+	}
+	if dst := fields[len(fields)-1]; dst != "/usr/local/bin/" {
+		t.Errorf("final stage copies to %s, make image to /usr/local/bin/", dst)
 	}
 	if want := `["` + fields[len(fields)-1] + `sluice"]`; final.entrypoint != want {
 		t.Errorf("ENTRYPOINT %s, want %s", final.entrypoint, want)

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluice-lb/sluice/pkg/k8s"
-	"github.com/sluice-lb/sluice/pkg/manifest"
+	"github.com/sluice-lb/sluice/pkg/source/manifest"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 // TestReadmeManifestLoads keeps the README's example manifest true: it loads
@@ -26,7 +26,7 @@ func TestReadmeManifestLoads(t *testing.T) {
 	if err := os.WriteFile(path, []byte(example), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	res, err := manifest.Load(path, k8s.Options{NodeName: "node"})
+	res, err := manifest.Load(path, translate.Options{Node: translate.Node{Name: "node"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,12 +7,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,19 +40,26 @@ func deployObjects(t *testing.T) []*unstructured.Unstructured {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
-		for {
-			var u unstructured.Unstructured
-			if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
-				break
-			} else if err != nil {
-				t.Fatalf("%s: %v", f, err)
-			}
-			if len(u.Object) == 0 {
-				continue
-			}
-			objs = append(objs, &u)
+		objs = append(objs, decodeObjects(t, f, b)...)
+	}
+	return objs
+}
+
+func decodeObjects(t *testing.T, what string, b []byte) []*unstructured.Unstructured {
+	t.Helper()
+	var objs []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
+	for {
+		var u unstructured.Unstructured
+		if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("%s: %v", what, err)
 		}
+		if len(u.Object) == 0 {
+			continue
+		}
+		objs = append(objs, &u)
 	}
 	return objs
 }
@@ -144,6 +152,62 @@ func TestDeployManifestsServerSideDryRun(t *testing.T) {
 	}
 }
 
+// renderChart runs helm template on deploy/helm/sluice (building the
+// pinned helm the first time on a machine) and returns its objects.
+func renderChart(t *testing.T, release, namespace string, sets ...string) []*unstructured.Unstructured {
+	t.Helper()
+	script := filepath.Join("..", "..", "deploy", "tools", "helm.sh")
+	out, err := exec.Command("bash", script).Output()
+	if err != nil {
+		t.Fatalf("%s: %v", script, err)
+	}
+	args := []string{"template", release, filepath.Join("..", "..", "deploy", "helm", "sluice"), "--namespace", namespace}
+	for _, s := range sets {
+		args = append(args, "--set", s)
+	}
+	cmd := exec.Command(strings.TrimSpace(string(out)), args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	rendered, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return decodeObjects(t, "helm template", rendered)
+}
+
+// The chart rendered with other values than deploy/sluice.yaml's (another
+// release and namespace, agent flags as values, other resources) is valid
+// for the real apiserver too: a server-side dry run, as for deploy/.
+func TestChartServerSideDryRun(t *testing.T) {
+	env := startEnv(t)
+	if _, err := env.Client.CoreV1().Namespaces().Create(context.Background(),
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "edge-system"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []struct {
+		release, namespace string
+		sets               []string
+	}{
+		{"sluice", "kube-system", []string{"apiServer.host=10.0.0.10"}},
+		{"edge", "edge-system", []string{"apiServer.host=api.example.test", "apiServer.port=443",
+			"config.xdp=generic", "config.devices=eth0", "config.max-backends=524288",
+			"resources.limits.memory=2Gi", "hostPaths.cgroup=/sys/fs/cgroup/unified", "image.tag=0.1.0-rc1"}},
+	} {
+		objs := renderChart(t, r.release, r.namespace, r.sets...)
+		var kinds []string
+		for _, u := range objs {
+			kinds = append(kinds, u.GetKind())
+			if ns := u.GetNamespace(); ns != "" && ns != r.namespace {
+				t.Errorf("%s %s rendered into namespace %s, want %s", u.GetKind(), u.GetName(), ns, r.namespace)
+			}
+		}
+		if len(objs) != 5 {
+			t.Errorf("release %s: rendered %v, want the five objects of deploy/", r.release, kinds)
+		}
+		apply(t, env.Config, objs, true)
+	}
+}
+
 // The DaemonSet asks for what a node proxy needs and no more.
 func TestDeployDaemonSetShape(t *testing.T) {
 	var ds appsv1.DaemonSet
@@ -204,31 +268,14 @@ func TestDeployDaemonSetShape(t *testing.T) {
 	}
 }
 
-// The ClusterRole is enough for the source: apply the manifests for real,
-// get a token for the sluice ServiceAccount, and run the source as it.
+// The ClusterRole is enough for the source, and forbids what the agent has
+// no business doing: kubeenv created deploy/'s ServiceAccount, ClusterRole
+// and binding, and the source runs with the ServiceAccount's token (as
+// every test here does).
 func TestDeployRBACSufficesForTheSource(t *testing.T) {
 	env := startEnv(t)
-	var objs []*unstructured.Unstructured
-	for _, u := range deployObjects(t) {
-		if u.GetKind() != "DaemonSet" { // no kubelet here to run it
-			objs = append(objs, u)
-		}
-	}
-	apply(t, env.Config, objs, false)
-	if t.Failed() {
-		return
-	}
-	tr, err := env.Client.CoreV1().ServiceAccounts("kube-system").CreateToken(context.Background(), "sluice",
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: new(int64(3600))}},
-		metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := rest.AnonymousClientConfig(env.Config)
-	cfg.BearerToken = tr.Status.Token
-
 	dp := newFake()
-	p := startProxy(t, cfg, dp, proxyOpts{})
+	p := startProxy(t, env.AgentConfig, dp, proxyOpts{})
 	web := createService(t, env.Client, "default", "web", nil, svcPort("http", 80, "http"))
 	createSlice(t, env.Client, makeSlice("default", "web", "web-a", slicePorts{"http": 8080}, ready("10.0.1.1")))
 	wantProgrammed(t, dp, map[string][]string{fe(web, 80): {be("10.0.1.1", 8080)}})
@@ -236,12 +283,32 @@ func TestDeployRBACSufficesForTheSource(t *testing.T) {
 		t.Error("not synced")
 	}
 
-	// And it may not do more than read: writing a Service is forbidden.
-	limited := kubeenv.Clientset(t, cfg)
-	_, err = limited.CoreV1().Services("default").Create(context.Background(),
-		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "x"}, Spec: corev1.ServiceSpec{
-			Ports: []corev1.ServicePort{{Port: 1}}}}, metav1.CreateOptions{})
-	if !apierrors.IsForbidden(err) {
-		t.Errorf("creating a Service as sluice: %v, want forbidden", err)
+	// It may read, not write; and it may not read what it does not need.
+	ctx := context.Background()
+	limited := kubeenv.Clientset(t, env.AgentConfig)
+	for what, err := range map[string]error{
+		"create a Service": func() error {
+			_, err := limited.CoreV1().Services("default").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "x"},
+				Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 1}}}}, metav1.CreateOptions{})
+			return err
+		}(),
+		"delete an EndpointSlice": limited.DiscoveryV1().EndpointSlices("default").Delete(ctx, "web-a", metav1.DeleteOptions{}),
+		"list Secrets": func() error {
+			_, err := limited.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{})
+			return err
+		}(),
+		"list Pods": func() error {
+			_, err := limited.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+			return err
+		}(),
+		"create an Event": func() error {
+			_, err := limited.CoreV1().Events("default").Create(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "x"},
+				InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: nodeName}}, metav1.CreateOptions{})
+			return err
+		}(),
+	} {
+		if !apierrors.IsForbidden(err) {
+			t.Errorf("%s as sluice: %v, want forbidden", what, err)
+		}
 	}
 }

@@ -15,12 +15,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/sluice-lb/sluice/pkg/k8s"
+	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/metrics"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
 	"github.com/sluice-lb/sluice/pkg/source/kube"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 	"github.com/sluice-lb/sluice/test/kube/kubeenv"
 )
 
@@ -34,13 +35,15 @@ func startEnv(t *testing.T) *kubeenv.Env {
 	return kubeenv.Start(t)
 }
 
-// proxy is the Kubernetes source and the reconciler run in-process over a
-// datapath, as cmd/sluice runs them, minus the BPF programs.
+// proxy is the Kubernetes source, the agent and the reconciler run
+// in-process over a datapath, as cmd/sluice runs them, minus the BPF
+// programs.
 type proxy struct {
+	t       *testing.T
 	src     *kube.Source
 	rec     *reconciler.Reconciler
 	metrics *metrics.Metrics
-	applies atomic.Int64
+	applies atomic.Int64 // the states the agent applied
 	cancel  context.CancelFunc
 	done    chan error
 }
@@ -49,8 +52,9 @@ type proxyOpts struct {
 	minSync, sync time.Duration
 }
 
-// startProxy restores a reconciler from dp and runs a kube source against
-// cfg until the test ends (or stop).
+// startProxy runs an agent over dp with a kube source against cfg until
+// the test ends (or stop). The agent restores the reconciler from dp
+// first.
 func startProxy(t *testing.T, cfg *rest.Config, dp reconciler.Datapath, o proxyOpts) *proxy {
 	t.Helper()
 	if o.sync == 0 {
@@ -64,32 +68,24 @@ func startProxy(t *testing.T, cfg *rest.Config, dp reconciler.Datapath, o proxyO
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	p := &proxy{metrics: metrics.New(), done: make(chan error, 1)}
+	p := &proxy{t: t, metrics: metrics.New(), done: make(chan error, 1)}
 	p.rec = reconciler.New(dp, log.With("component", "reconciler"))
-	if err := p.rec.Restore(); err != nil {
-		t.Fatal(err)
-	}
 	p.metrics.SetCapacity(dp.Capacity)
 	p.src, err = kube.New(kube.Config{
-		Client:        client,
-		NodeName:      nodeName,
-		Translate:     kube.Translator(k8s.Options{NodeName: nodeName}),
-		MinSyncPeriod: o.minSync,
-		SyncPeriod:    o.sync,
-		Metrics:       p.metrics,
-		Logger:        log,
+		Client:            client,
+		Options:           translate.Options{Node: translate.Node{Name: nodeName}},
+		MinSyncPeriod:     o.minSync,
+		SyncPeriod:        o.sync,
+		ObserveProgrammed: p.metrics.ObserveProgrammed,
+		Logger:            log,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	a := agent.New(agent.Config{Observers: []agent.Observer{p.metrics}}, noPrograms{}, countApplies{p.rec, &p.applies}, log.With("component", "agent"))
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
-	go func() {
-		p.done <- p.src.RunSync(ctx, func(st *model.State) error {
-			p.applies.Add(1)
-			return p.rec.Apply(st)
-		})
-	}()
+	go func() { p.done <- a.Run(ctx, p.src) }()
 	t.Cleanup(p.stop)
 	return p
 }
@@ -99,8 +95,29 @@ func (p *proxy) stop() {
 		return
 	}
 	p.cancel()
-	<-p.done
+	if err := <-p.done; err != nil {
+		p.t.Errorf("agent: %v", err)
+	}
 	p.cancel = nil
+}
+
+// noPrograms is the agent's datapath without BPF programs: nothing to
+// attach (the reconciler writes to its own datapath).
+type noPrograms struct{}
+
+func (noPrograms) AttachCgroup(string) error    { return nil }
+func (noPrograms) AttachDevices([]string) error { return nil }
+func (noPrograms) Close() error                 { return nil }
+
+// countApplies counts the states the agent applies.
+type countApplies struct {
+	*reconciler.Reconciler
+	n *atomic.Int64
+}
+
+func (c countApplies) Apply(st *model.State) error {
+	c.n.Add(1)
+	return c.Reconciler.Apply(st)
 }
 
 // testWriter sends log lines to t.Log, so they show only on failure (or -v).

@@ -16,7 +16,7 @@ func TestRestartWaitsForCachesAndKeepsMaps(t *testing.T) {
 	env := startEnv(t)
 	c := env.Client
 	dp := newFake()
-	p1 := startProxy(t, env.Config, dp, proxyOpts{})
+	p1 := startProxy(t, env.AgentConfig, dp, proxyOpts{})
 	web := createService(t, c, "default", "web", nil, svcPort("http", 80, "http"), svcPort("grpc", 9000, "grpc"))
 	createSlice(t, c, makeSlice("default", "web", "web-a", slicePorts{"http": 8080, "grpc": 9090},
 		ready("10.0.1.1"), ready("10.0.1.2"), ready("10.0.1.3")))
@@ -32,7 +32,7 @@ func TestRestartWaitsForCachesAndKeepsMaps(t *testing.T) {
 	dp.ResetCounts()
 
 	env.StopAPIServer()
-	p2 := startProxy(t, env.Config, dp, proxyOpts{})
+	p2 := startProxy(t, env.AgentConfig, dp, proxyOpts{})
 	time.Sleep(3 * time.Second)
 	if p2.src.Synced() || p2.applies.Load() != 0 {
 		t.Fatalf("synced (%v) or applied (%d) without an apiserver", p2.src.Synced(), p2.applies.Load())
@@ -64,7 +64,7 @@ func TestAPIOutage(t *testing.T) {
 	env := startEnv(t)
 	c := env.Client
 	dp := newFake()
-	startProxy(t, env.Config, dp, proxyOpts{minSync: 100 * time.Millisecond})
+	startProxy(t, env.AgentConfig, dp, proxyOpts{minSync: 100 * time.Millisecond})
 	web := createService(t, c, "default", "web", nil, svcPort("http", 80, "http"))
 	createSlice(t, c, makeSlice("default", "web", "web-a", slicePorts{"http": 8080},
 		ready("10.0.1.1"), ready("10.0.1.2"), ready("10.0.1.3")))

@@ -9,7 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sluice-lb/sluice/pkg/k8s"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 // One apiserver, the shapes of Service that matter: several ports with named
@@ -20,7 +20,7 @@ func TestServicesAndEndpointSlices(t *testing.T) {
 	env := startEnv(t)
 	c := env.Client
 	dp := newFake()
-	p := startProxy(t, env.Config, dp, proxyOpts{minSync: 100 * time.Millisecond})
+	p := startProxy(t, env.AgentConfig, dp, proxyOpts{minSync: 100 * time.Millisecond})
 	eventually(t, "first sync", 30*time.Second, func() error {
 		if !p.src.Synced() {
 			return fmt.Errorf("not synced")
@@ -41,7 +41,7 @@ func TestServicesAndEndpointSlices(t *testing.T) {
 	createSlice(t, c, makeSlice("default", "manual", "manual-1", slicePorts{"": 5353}, ready("10.0.2.1")))
 
 	other := createService(t, c, "default", "other", func(s *corev1.Service) {
-		s.Labels = map[string]string{k8s.LabelServiceProxyName: "someone-else"}
+		s.Labels = map[string]string{translate.LabelServiceProxyName: "someone-else"}
 	}, svcPort("http", 80, "http"))
 	createSlice(t, c, makeSlice("default", "other", "other-1", slicePorts{"http": 8080}, ready("10.0.3.1")))
 	createService(t, c, "default", "dns-alias", func(s *corev1.Service) {
@@ -96,7 +96,7 @@ func TestBurstOfUpdatesIsFolded(t *testing.T) {
 	c := env.Client
 	dp := newFake()
 	const minSync = 2 * time.Second
-	p := startProxy(t, env.Config, dp, proxyOpts{minSync: minSync})
+	p := startProxy(t, env.AgentConfig, dp, proxyOpts{minSync: minSync})
 	web := createService(t, c, "default", "web", nil, svcPort("http", 80, "http"))
 	createSlice(t, c, makeSlice("default", "web", "web-a", slicePorts{"http": 8080}, ready("10.0.1.1")))
 	wantProgrammed(t, dp, map[string][]string{fe(web, 80): {be("10.0.1.1", 8080)}})
@@ -133,7 +133,7 @@ func TestMetricsAfterSync(t *testing.T) {
 	env := startEnv(t)
 	c := env.Client
 	dp := newFake()
-	p := startProxy(t, env.Config, dp, proxyOpts{})
+	p := startProxy(t, env.AgentConfig, dp, proxyOpts{})
 	web := createService(t, c, "default", "web", nil, svcPort("http", 80, "http"))
 	createSlice(t, c, makeSlice("default", "web", "web-a", slicePorts{"http": 8080}, ready("10.0.1.1"), ready("10.0.1.2")))
 	wantProgrammed(t, dp, map[string][]string{fe(web, 80): {be("10.0.1.1", 8080), be("10.0.1.2", 8080)}})

@@ -31,7 +31,7 @@ type trafficEnv struct {
 	addrs    []string // backend addresses
 }
 
-func setupTraffic(t *testing.T) *trafficEnv {
+func setupTraffic(t *testing.T, apiServerArgs ...string) *trafficEnv {
 	t.Helper()
 	if os.Getenv("SLUICE_SKIP_KUBE") != "" {
 		t.Skip("SLUICE_SKIP_KUBE set")
@@ -49,13 +49,13 @@ func setupTraffic(t *testing.T) *trafficEnv {
 		t.Fatal(err)
 	}
 	// Registered after the topology: stopped before it is torn down.
-	e.kube = kubeenv.StartWith(t, kubeenv.Options{NetNS: lb.Node.Path, Dial: lb.Node.DialContext})
+	e.kube = kubeenv.StartWith(t, kubeenv.Options{NetNS: lb.Node.Path, Dial: lb.Node.DialContext, APIServerArgs: apiServerArgs})
 	e.kube.CreateNode(context.Background(), "node", lb.NodeAddr.String())
 
 	e.agent = agentproc.StartAgent(t, bins, lb.Node, agentproc.AgentConfig{
 		Devices: []string{lb.NodeDev},
 		BPFFS:   filepath.Join(testutil.BPFFS, topo.Prefix()+"kube"),
-		Extra:   []string{"--kubeconfig", e.kube.Kubeconfig, "--min-sync-period", "100ms"},
+		Extra:   []string{"--kubeconfig", e.kube.AgentKubeconfig, "--min-sync-period", "100ms"},
 	}, 60*time.Second)
 	return e
 }

@@ -55,7 +55,8 @@ type Op struct {
 	Slot     uint32       // UpsertSlot, DeleteSlot (0 = master)
 	Backend  reconciler.BackendID
 	Service  reconciler.ServiceID
-	Addr     model.L4Addr // UpsertBackend, UpsertRevNat, FlushConntrack
+	Addr     model.L4Addr   // UpsertBackend, UpsertRevNat
+	Addrs    []model.L4Addr // FlushConntrack
 	Master   reconciler.Master
 	Prefix   netip.Prefix // UpsertSourceRange, DeleteSourceRange
 }
@@ -79,7 +80,7 @@ func (o Op) String() string {
 	case OpUpsertSourceRange, OpDeleteSourceRange:
 		return fmt.Sprintf("%s %s %s", o.Kind, o.Frontend, o.Prefix)
 	case OpFlushConntrack:
-		return fmt.Sprintf("%s %s", o.Kind, o.Addr)
+		return fmt.Sprintf("%s %v", o.Kind, o.Addrs)
 	}
 	return string(o.Kind)
 }
@@ -399,14 +400,14 @@ func (f *Fake) DeleteSourceRange(fe model.L4Addr, p netip.Prefix) error {
 	return nil
 }
 
-func (f *Fake) FlushConntrack(b model.L4Addr) error {
+func (f *Fake) FlushConntrack(bs []model.L4Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	op := Op{Kind: OpFlushConntrack, Addr: b}
+	op := Op{Kind: OpFlushConntrack, Addrs: slices.Clone(bs)}
 	if err := f.begin(op); err != nil {
 		return err
 	}
-	f.flushed = append(f.flushed, b)
+	f.flushed = append(f.flushed, bs...)
 	f.done(op)
 	return nil
 }

@@ -6,35 +6,29 @@ import (
 )
 
 // runner calls fn when asked to, but never more often than every minInterval
-// and at least every maxInterval, and retries a failed call with exponential
-// backoff. It is kube-proxy's BoundedFrequencyRunner reduced to what a single
-// caller needs: requests that arrive while a call is waiting or running fold
-// into one later call.
+// and at least every maxInterval. It is kube-proxy's BoundedFrequencyRunner
+// reduced to what a single caller needs: requests that arrive while a call
+// is waiting or running fold into one later call. It does not retry: fn
+// only hands a state to the agent, which retries failed applies itself.
 //
 // Scenario: a Deployment rollout changes 40 EndpointSlices in 300ms. The
 // first change runs fn at once (the last run was long ago); the other 39 set
 // the pending flag while minInterval passes, and fn runs once more for all of
 // them.
 type runner struct {
-	fn          func(periodic bool) error
+	fn          func(periodic bool)
 	minInterval time.Duration
 	maxInterval time.Duration
-	maxBackoff  time.Duration
 
 	kick chan struct{}
 	now  func() time.Time
 }
 
-func newRunner(fn func(periodic bool) error, minInterval, maxInterval time.Duration) *runner {
-	maxBackoff := 30 * time.Second
-	if maxInterval > 0 && maxInterval < maxBackoff {
-		maxBackoff = maxInterval
-	}
+func newRunner(fn func(periodic bool), minInterval, maxInterval time.Duration) *runner {
 	return &runner{
 		fn:          fn,
 		minInterval: minInterval,
 		maxInterval: maxInterval,
-		maxBackoff:  maxBackoff,
 		kick:        make(chan struct{}, 1),
 		now:         time.Now,
 	}
@@ -48,16 +42,11 @@ func (r *runner) Request() {
 	}
 }
 
-// initialBackoff is the first retry delay after a failed run.
-const initialBackoff = 500 * time.Millisecond
-
 // Loop runs until ctx is done.
 func (r *runner) Loop(ctx context.Context) {
 	var (
 		lastRun time.Time // zero: never ran, so the first request runs at once
 		pending bool      // a request is waiting for minInterval to pass
-		retryAt time.Time // non-zero: the last run failed; run again then
-		backoff = initialBackoff
 	)
 	started := r.now()
 	timer := time.NewTimer(time.Hour)
@@ -78,8 +67,6 @@ func (r *runner) Loop(ctx context.Context) {
 		switch {
 		case pending:
 			next = lastRun.Add(r.minInterval)
-		case !retryAt.IsZero():
-			next = retryAt
 		case r.maxInterval > 0:
 			next, periodic = base.Add(r.maxInterval), true
 		}
@@ -108,13 +95,7 @@ func (r *runner) Loop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		err := r.fn(periodic)
+		r.fn(periodic)
 		lastRun, pending = r.now(), false
-		if err != nil {
-			retryAt = lastRun.Add(backoff)
-			backoff = min(2*backoff, r.maxBackoff)
-			continue
-		}
-		retryAt, backoff = time.Time{}, initialBackoff
 	}
 }

@@ -2,7 +2,6 @@ package kube
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -43,7 +42,7 @@ var waitFor = testutil.EventuallyTrue
 func TestRunnerFoldsBurstWithinMinInterval(t *testing.T) {
 	var log runLog
 	const minInterval = 200 * time.Millisecond
-	r := newRunner(func(p bool) error { log.add(p); return nil }, minInterval, time.Hour)
+	r := newRunner(func(p bool) { log.add(p) }, minInterval, time.Hour)
 	startRunner(t, r)
 
 	r.Request()
@@ -81,7 +80,7 @@ func TestRunnerFoldsBurstWithinMinInterval(t *testing.T) {
 
 func TestRunnerRunsPeriodically(t *testing.T) {
 	var log runLog
-	r := newRunner(func(p bool) error { log.add(p); return nil }, 0, 100*time.Millisecond)
+	r := newRunner(func(p bool) { log.add(p) }, 0, 100*time.Millisecond)
 	startRunner(t, r)
 	r.Request()
 	waitFor(t, "three runs", 2*time.Second, func() bool { return log.len() >= 3 })
@@ -89,30 +88,5 @@ func TestRunnerRunsPeriodically(t *testing.T) {
 	defer log.mu.Unlock()
 	if log.kinds[0] || !log.kinds[1] || !log.kinds[2] {
 		t.Errorf("periodic flags = %v, want [false true true ...]", log.kinds)
-	}
-}
-
-func TestRunnerRetriesWithBackoff(t *testing.T) {
-	var log runLog
-	r := newRunner(func(p bool) error {
-		log.add(p)
-		if log.len() <= 2 {
-			return errors.New("map full")
-		}
-		return nil
-	}, 0, time.Hour)
-	startRunner(t, r)
-	r.Request()
-	// Runs at 0, +500ms (first backoff), +1.5s (second, doubled).
-	waitFor(t, "two retries", 4*time.Second, func() bool { return log.len() == 3 })
-	log.mu.Lock()
-	first, second := log.times[1].Sub(log.times[0]), log.times[2].Sub(log.times[1])
-	log.mu.Unlock()
-	if first < initialBackoff || second < 2*initialBackoff {
-		t.Errorf("retry gaps %v, %v; want >= %v, %v", first, second, initialBackoff, 2*initialBackoff)
-	}
-	time.Sleep(1500 * time.Millisecond)
-	if n := log.len(); n != 3 {
-		t.Errorf("ran %d times; a success must stop the retries", n)
 	}
 }

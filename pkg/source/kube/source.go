@@ -1,13 +1,16 @@
 // Package kube is the Kubernetes source: it watches Services, EndpointSlices
 // (discovery.k8s.io/v1) and this node's Node object with shared informers and
-// feeds the same desired-state path as the manifest source.
+// feeds them to pkg/source/tracker, the change tracker the manifest source
+// feeds too.
 //
-// The flow is kube-proxy's: informer events go to a change tracker that folds
-// a burst of updates into net changes per Service; a bounded-frequency runner
-// coalesces syncs between MinSyncPeriod and SyncPeriod and retries failures
-// with backoff; each sync translates only the dirty Services (through
-// pkg/k8s, like the manifest source) and hands the whole desired state to
-// the caller, whose reconciler writes only the differences.
+// The flow is kube-proxy's: informer events go to the tracker, which folds a
+// burst of updates into net changes per Service; a bounded-frequency runner
+// coalesces syncs between MinSyncPeriod and SyncPeriod; each sync translates
+// only the dirty Services and hands the whole desired state to the agent,
+// whose reconciler writes only the differences. The agent retries a failed
+// apply and tells the source when a state is programmed (Programmed), which
+// is when the network programming latency of the changes it brought is
+// taken.
 //
 // Nothing is handed over until the Service, EndpointSlice and Node caches
 // have synced: an agent that restarts while the API server is slow keeps the
@@ -19,7 +22,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,47 +35,43 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/sluice-lb/sluice/pkg/k8s"
-	"github.com/sluice-lb/sluice/pkg/metrics"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/source/tracker"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
-
-// TranslateFunc turns one Service and its EndpointSlices into model services
-// (pkg/k8s.ServiceToModel with this node's options bound). skipped says why
-// a Service produced nothing, when it deliberately did (ExternalName, another
-// proxy's service, headless).
-type TranslateFunc func(node *corev1.Node, svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (svcs []*model.Service, skipped string, err error)
 
 // Config configures a Source.
 type Config struct {
-	Client   kubernetes.Interface
-	NodeName string
-	// Translate translates one Service; see TranslateFunc.
-	Translate TranslateFunc
+	Client kubernetes.Interface
+	// Options are the translation's; Options.Node.Name is the Node
+	// watched. The Node object's labels replace Options.Node.Labels as
+	// they change; the addresses stay Options.Node.Addresses, which the
+	// datapath's source-NAT addresses and devices were chosen from at
+	// start.
+	Options translate.Options
 	// MinSyncPeriod is the shortest time between two syncs: changes that
 	// arrive faster are folded into one sync. SyncPeriod is the longest: a
 	// full sync runs at least that often, repairing any drift of the maps.
 	MinSyncPeriod, SyncPeriod time.Duration
 	// ResyncPeriod is the informers' resync period (0: none).
 	ResyncPeriod time.Duration
-	// Metrics, if set, records sync durations, errors, programming latency
-	// and the programmed counts.
-	Metrics *metrics.Metrics
-	Logger  *slog.Logger
+	// ObserveProgrammed, if set, is told when a state was programmed
+	// (now) and the trigger times of the changes it brought: the network
+	// programming latency (pkg/metrics.Metrics.ObserveProgrammed).
+	ObserveProgrammed func(now time.Time, triggers []time.Time)
+	Logger            *slog.Logger
 }
 
 // Source is the Kubernetes source. Create it with New; Run it once.
 type Source struct {
 	cfg     Config
 	log     *slog.Logger
-	tracker *tracker
+	tracker *tracker.Tracker
 	runner  *runner
-	synced  atomic.Bool // the caches synced and the first sync succeeded
+	synced  atomic.Bool // the caches synced and the first state was handed over
 
-	// Owned by the sync goroutine: the last state built, and whether
-	// handing it over failed (a retry must hand it over again).
-	state  *model.State
-	failed bool
+	// Owned by the sync goroutine: the last state handed over.
+	state *model.State
 
 	// handed lists the states handed over whose programming has not been
 	// reported yet, oldest first, with the trigger times of the changes
@@ -96,10 +94,7 @@ func New(cfg Config) (*Source, error) {
 	if cfg.Client == nil {
 		return nil, errors.New("kube source: no client")
 	}
-	if cfg.Translate == nil {
-		return nil, errors.New("kube source: no translate function")
-	}
-	if cfg.NodeName == "" {
+	if cfg.Options.Node.Name == "" {
 		return nil, errors.New("kube source: no node name")
 	}
 	if cfg.SyncPeriod <= 0 {
@@ -111,11 +106,7 @@ func New(cfg Config) (*Source, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Source{cfg: cfg, log: cfg.Logger.With("source", "kube"), tracker: newTracker()}
-	if cfg.Metrics != nil {
-		cfg.Metrics.OnProgrammed(s.programmed)
-	}
-	return s, nil
+	return &Source{cfg: cfg, log: cfg.Logger.With("source", "kube"), tracker: tracker.New(cfg.Options)}, nil
 }
 
 // handOver records that st, carrying the changes of triggers, was handed
@@ -133,9 +124,10 @@ func (s *Source) handOver(st *model.State, triggers []time.Time) {
 	}
 }
 
-// programmed is called (through metrics.OnProgrammed) when st reached the
-// maps: the changes of st and of every state handed before it are live.
-func (s *Source) programmed(st *model.State) {
+// Programmed tells the source that st reached the maps: the changes of st
+// and of every state handed over before it are live. The agent calls it
+// after every successful apply.
+func (s *Source) Programmed(st *model.State) {
 	now := time.Now()
 	s.handedMu.Lock()
 	i := len(s.handed) - 1
@@ -153,48 +145,37 @@ func (s *Source) programmed(st *model.State) {
 	// recognised and costs nothing.
 	s.handed = append([]handedState{{state: st}}, s.handed[i+1:]...)
 	s.handedMu.Unlock()
-	s.cfg.Metrics.ObserveProgrammed(now, triggers)
+	if s.cfg.ObserveProgrammed != nil {
+		s.cfg.ObserveProgrammed(now, triggers)
+	}
 }
 
-// Synced reports whether the caches have synced and the first sync has
-// been applied: the readiness of a node proxy.
+// Synced reports whether the caches have synced and the first state has
+// been handed over: the readiness of a node proxy.
 func (s *Source) Synced() bool { return s.synced.Load() }
 
-// Run satisfies the agent's Source interface: apply is called with every
-// new desired state and must not block; the agent applies it, retries
-// failures, and records sync metrics (its Observer). The network
-// programming latency is recorded when the agent reports the state
-// programmed (metrics.Metrics.SetProgrammed).
+// Run satisfies the agent's Source interface: it watches the API until ctx
+// is done, calling apply with the desired state after every folded change
+// and at least every SyncPeriod. apply must not block; the agent applies
+// the state, retries failures and records sync metrics (its Observer). It
+// returns nil when ctx is done, or an error if the informers could not be
+// set up.
 func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
-	return s.run(ctx, func(st *model.State) error { apply(st); return nil }, false)
-}
-
-// RunSync watches the API until ctx is done, calling sync with the desired
-// state after every folded change and at least every SyncPeriod. A sync that
-// fails is retried with backoff. It returns nil when ctx is done, or an error
-// if the informers could not be set up.
-//
-// With Config.Metrics set, RunSync records what the agent's Observer would:
-// sync durations and errors, and the programmed state.
-func (s *Source) RunSync(ctx context.Context, sync func(*model.State) error) error {
-	return s.run(ctx, sync, true)
-}
-
-func (s *Source) run(ctx context.Context, sync func(*model.State) error, observe bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
+	nodeName := s.cfg.Options.Node.Name
 	factory := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, s.cfg.ResyncPeriod)
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, s.cfg.ResyncPeriod,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.cfg.NodeName).String()
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 		}))
 	// Shutdown waits for the informer goroutines; it runs after cancel.
 	defer nodeFactory.Shutdown()
 	defer factory.Shutdown()
 	defer cancel()
 
-	s.runner = newRunner(func(periodic bool) error { return s.syncOnce(sync, periodic, observe) },
+	s.runner = newRunner(func(periodic bool) { s.syncOnce(apply, periodic) },
 		s.cfg.MinSyncPeriod, s.cfg.SyncPeriod)
 
 	svcReg, err := factory.Core().V1().Services().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -206,9 +187,9 @@ func (s *Source) run(ctx context.Context, sync func(*model.State) error, observe
 		return fmt.Errorf("watch services: %w", err)
 	}
 	sliceReg, err := factory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { s.onSlice(nil, obj, false) },
-		UpdateFunc: func(old, obj any) { s.onSlice(old, obj, false) },
-		DeleteFunc: func(obj any) { s.onSlice(nil, obj, true) },
+		AddFunc:    func(obj any) { s.onSlice(obj, false) },
+		UpdateFunc: func(_, obj any) { s.onSlice(obj, false) },
+		DeleteFunc: func(obj any) { s.onSlice(obj, true) },
 	})
 	if err != nil {
 		return fmt.Errorf("watch endpointslices: %w", err)
@@ -219,7 +200,7 @@ func (s *Source) run(ctx context.Context, sync func(*model.State) error, observe
 		DeleteFunc: func(obj any) { s.onNode(obj, true) },
 	})
 	if err != nil {
-		return fmt.Errorf("watch node %s: %w", s.cfg.NodeName, err)
+		return fmt.Errorf("watch node %s: %w", nodeName, err)
 	}
 	factory.Start(ctx.Done())
 	nodeFactory.Start(ctx.Done())
@@ -260,118 +241,61 @@ func (s *Source) onService(obj any, deleted bool) {
 	if deleted {
 		svc = nil
 	}
-	s.request(s.tracker.setService(key, svc))
+	s.request(s.tracker.SetService(key, svc))
 }
 
-func (s *Source) onSlice(oldObj, obj any, deleted bool) {
+func (s *Source) onSlice(obj any, deleted bool) {
 	slice, ok := objectOf(obj).(*discoveryv1.EndpointSlice)
 	if !ok {
 		return
 	}
-	changed := false
-	// A slice relabelled to another Service leaves its old one.
-	if old, ok := oldObj.(*discoveryv1.EndpointSlice); ok {
-		if oldKey, ok := k8s.ServiceNameOfSlice(old); ok {
-			if newKey, _ := k8s.ServiceNameOfSlice(slice); newKey != oldKey {
-				changed = s.tracker.setSlice(oldKey, old.Name, nil)
-			}
-		}
+	key := types.NamespacedName{Namespace: slice.Namespace, Name: slice.Name}
+	if deleted {
+		slice = nil
 	}
-	if key, ok := k8s.ServiceNameOfSlice(slice); ok {
-		if deleted {
-			slice = nil
-		}
-		changed = s.tracker.setSlice(key, objectName(obj), slice) || changed
-	}
-	s.request(changed)
+	s.request(s.tracker.SetSlice(key, slice))
 }
 
-func objectName(obj any) string {
-	if o, ok := objectOf(obj).(metav1.Object); ok {
-		return o.GetName()
-	}
-	return ""
-}
-
+// onNode follows the labels of this node's Node object.
 func (s *Source) onNode(obj any, deleted bool) {
 	node, ok := objectOf(obj).(*corev1.Node)
-	if !ok || node.Name != s.cfg.NodeName {
+	if !ok || node.Name != s.cfg.Options.Node.Name {
 		return
 	}
-	if deleted {
-		node = nil
+	n := s.cfg.Options.Node
+	n.Labels = nil
+	if !deleted {
+		n.Labels = node.Labels
 	}
-	s.request(s.tracker.setNode(node))
+	s.request(s.tracker.SetNode(n))
 }
 
-// syncOnce translates what changed and hands the state to sync. periodic
+// syncOnce translates what changed and hands the state to apply. periodic
 // says no change is pending: the state is handed over anyway, so the
 // reconciler re-checks the maps against it.
-func (s *Source) syncOnce(sync func(*model.State) error, periodic, observe bool) error {
+func (s *Source) syncOnce(apply func(*model.State), periodic bool) {
 	start := time.Now()
-	pc := s.tracker.take()
-	changed := 0
-	for key, svc := range pc.services {
-		var out []*model.Service
-		if svc != nil {
-			var skipped string
-			var err error
-			out, skipped, err = s.cfg.Translate(pc.node, svc, pc.slices[key])
-			if err != nil {
-				// A malformed Service must not stop the others: it
-				// keeps its last good translation until it is fixed.
-				s.log.Warn("service not translated", "service", key, "err", err)
-				continue
-			}
-			if skipped != "" {
-				s.log.Debug("service skipped", "service", key, "reason", skipped)
-			}
-		}
-		if reflect.DeepEqual(out, s.tracker.translated[key]) {
-			continue
-		}
-		changed++
-		if len(out) == 0 {
-			delete(s.tracker.translated, key)
-		} else {
-			s.tracker.translated[key] = out
-		}
+	r := s.tracker.Sync()
+	for _, e := range r.Errors {
+		s.log.Warn("service not translated", "service", e.Service, "err", e.Err)
 	}
-	triggers := pc.triggers
-	if changed == 0 && !periodic && !s.failed && s.state != nil {
-		return nil // net change: none
+	for _, sk := range r.Skipped {
+		s.log.Debug("service skipped", "service", sk.Service, "reason", sk.Reason)
 	}
-	if changed > 0 || s.state == nil {
-		var conflicts []string
-		s.state, conflicts = s.tracker.state()
-		for _, c := range conflicts {
-			s.log.Warn("frontend claimed twice", "conflict", c)
-		}
+	for _, c := range r.Conflicts {
+		s.log.Warn("frontend claimed twice", "conflict", c.String())
 	}
-	m := s.cfg.Metrics
-	if !observe {
-		m = nil // the caller records syncs
+	if r.Changed == 0 && !periodic && s.state != nil {
+		return // net change: none
 	}
-	// Handed over before sync returns: the agent may report the state
-	// programmed before apply returns. After a failed RunSync sync, the
-	// triggers wait in handed for a later state to be programmed.
-	s.handOver(s.state, triggers)
-	err := sync(s.state)
-	if m != nil {
-		m.ObserveSync(time.Since(start), err)
-	}
-	s.failed = err != nil
-	if err != nil {
-		s.log.Error("sync failed; retrying", "err", err)
-		return err
-	}
-	if m != nil {
-		m.SetProgrammed(s.state)
-	}
+	s.state = r.State
+	// Handed over before apply returns: the agent may report the state
+	// programmed before apply returns.
+	s.handOver(s.state, r.Triggers)
+	apply(s.state)
 	if !s.synced.Swap(true) {
 		s.log.Info("first sync done", "services", len(s.state.Services))
 	}
-	s.log.Debug("synced", "changed", changed, "periodic", periodic,
+	s.log.Debug("synced", "changed", r.Changed, "periodic", periodic,
 		"frontends", len(s.state.Services), "took", time.Since(start))
-	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"sync"
 	"testing"
@@ -14,50 +15,34 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/sluice-lb/sluice/pkg/k8s"
+	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/metrics"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/source/internal/sourcetest"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 const node = "node-a"
 
-func service(name, vip string, port int32) *corev1.Service {
-	return &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
-		Spec: corev1.ServiceSpec{
-			Type: corev1.ServiceTypeClusterIP, ClusterIP: vip, ClusterIPs: []string{vip},
-			Ports: []corev1.ServicePort{{Name: "http", Port: port, Protocol: corev1.ProtocolTCP,
-				TargetPort: intstr.FromString("http")}},
-		},
-	}
-}
+var (
+	service = sourcetest.Service
+	slice   = sourcetest.Slice
+)
 
-func slice(svc, name string, port int32, ips ...string) *discoveryv1.EndpointSlice {
-	es := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name,
-			Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: new("http"), Port: new(port), Protocol: new(corev1.ProtocolTCP)}},
-	}
-	for _, ip := range ips {
-		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{ip},
-			Conditions: discoveryv1.EndpointConditions{Ready: new(true)}})
-	}
-	return es
-}
-
-// recorder is a sync func that records every state it is handed.
+// recorder records every state it is handed: as Run's apply, or as the
+// agent's reconciler (agent.Reconciler), failing the first fail applies.
 type recorder struct {
 	mu     sync.Mutex
 	states []*model.State
-	fail   int // fail this many syncs first
+	fail   int // fail this many applies first
 }
 
-func (r *recorder) sync(st *model.State) error {
+func (r *recorder) apply(st *model.State) { _ = r.Apply(st) }
+
+func (r *recorder) Apply(st *model.State) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.fail > 0 {
@@ -67,6 +52,9 @@ func (r *recorder) sync(st *model.State) error {
 	r.states = append(r.states, st)
 	return nil
 }
+
+func (r *recorder) Restore() error { return nil }
+func (r *recorder) InSync() bool   { return true }
 
 func (r *recorder) count() int {
 	r.mu.Lock()
@@ -99,10 +87,9 @@ func backendsOf(st *model.State, vip string, port uint16) ([]string, bool) {
 	return out, true
 }
 
-func run(t *testing.T, cfg Config, rec *recorder) *Source {
+func newSource(t *testing.T, cfg Config) *Source {
 	t.Helper()
-	cfg.NodeName = node
-	cfg.Translate = Translator(k8s.Options{NodeName: node})
+	cfg.Options = translate.Options{Node: translate.Node{Name: node}}
 	if cfg.SyncPeriod == 0 {
 		cfg.SyncPeriod = time.Hour
 	}
@@ -110,13 +97,49 @@ func run(t *testing.T, cfg Config, rec *recorder) *Source {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return src
+}
+
+// run runs a source handing its states to rec until the test ends.
+func run(t *testing.T, cfg Config, rec *recorder) *Source {
+	t.Helper()
+	src := newSource(t, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- src.RunSync(ctx, rec.sync) }()
+	go func() { done <- src.Run(ctx, rec.apply) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("RunSync: %v", err)
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return src
+}
+
+// The agent tells the source when a state is programmed.
+var _ agent.ProgrammedSource = (*Source)(nil)
+
+// nopDatapath is an agent.Datapath with nothing to attach.
+type nopDatapath struct{}
+
+func (nopDatapath) AttachCgroup(string) error    { return nil }
+func (nopDatapath) AttachDevices([]string) error { return nil }
+func (nopDatapath) Close() error                 { return nil }
+
+// runAgent runs a source under an agent, as cmd/sluice does, with rec as
+// its reconciler and m its Observer, until the test ends.
+func runAgent(t *testing.T, cfg Config, rec *recorder, m *metrics.Metrics) *Source {
+	t.Helper()
+	cfg.ObserveProgrammed = m.ObserveProgrammed
+	src := newSource(t, cfg)
+	a := agent.New(agent.Config{Observers: []agent.Observer{m}}, nopDatapath{}, rec, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, src) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent Run: %v", err)
 		}
 	})
 	return src
@@ -204,7 +227,7 @@ func TestSyncErrorRetriedAndMetrics(t *testing.T) {
 	client := fake.NewClientset(service("web", "10.96.0.10", 80), es)
 	m := metrics.New()
 	rec := &recorder{fail: 1}
-	src := run(t, Config{Client: client, Metrics: m}, rec)
+	src := runAgent(t, Config{Client: client}, rec, m)
 	waitFor(t, "a sync after the failed one", 5*time.Second, func() bool { return rec.count() == 1 })
 	if got := testutil.ToFloat64(m.SyncErrors); got != 1 {
 		t.Errorf("sync errors = %v, want 1", got)
@@ -230,33 +253,28 @@ func TestSyncErrorRetriedAndMetrics(t *testing.T) {
 }
 
 func TestNodeObjectIsWatched(t *testing.T) {
-	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}},
-		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "other"}})
+	zone := func(z string) map[string]string { return map[string]string{corev1.LabelTopologyZone: z} }
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: zone("zone-a")}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "other", Labels: zone("zone-b")}})
 	rec := &recorder{}
 	src := run(t, Config{Client: client}, rec)
 	waitFor(t, "first sync", 5*time.Second, func() bool { return rec.count() == 1 })
-	src.tracker.mu.Lock()
-	got := src.tracker.node
-	src.tracker.mu.Unlock()
-	if got == nil || got.Name != node {
-		t.Fatalf("tracked node = %v, want %s", got, node)
+	// The node translations are for has this Node object's labels.
+	if got := src.tracker.Node(); got.Name != node || got.Labels[corev1.LabelTopologyZone] != "zone-a" {
+		t.Fatalf("tracked node = %+v, want %s in zone-a", got, node)
 	}
 }
 
 // In the agent, apply only queues the state; the agent applies it later and
-// reports it programmed through metrics.SetProgrammed. The latency is taken
-// then, not at hand-over.
+// reports it programmed through Programmed. The latency is taken then, not
+// at hand-over.
 func TestProgrammingLatencyTakenWhenAgentReportsProgrammed(t *testing.T) {
 	trigger := time.Now().Add(-time.Second)
 	es := slice("web", "web-1", 8080, "10.0.0.1")
 	es.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: trigger.Format(time.RFC3339Nano)}
 	client := fake.NewClientset(service("web", "10.96.0.10", 80), es)
 	m := metrics.New()
-	src, err := New(Config{Client: client, NodeName: node, Translate: Translator(k8s.Options{NodeName: node}),
-		SyncPeriod: time.Hour, Metrics: m})
-	if err != nil {
-		t.Fatal(err)
-	}
+	src := newSource(t, Config{Client: client, ObserveProgrammed: m.ObserveProgrammed})
 	handed := make(chan *model.State, 10)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -273,14 +291,14 @@ func TestProgrammingLatencyTakenWhenAgentReportsProgrammed(t *testing.T) {
 		t.Fatalf("latency recorded at hand-over (%d samples), before programming", n)
 	}
 	time.Sleep(500 * time.Millisecond) // the agent is slow to apply
-	m.SetProgrammed(st)
+	src.Programmed(st)
 	if n := histogramCount(t, m); n != 1 {
 		t.Fatalf("latency samples = %d after the state was programmed, want 1", n)
 	}
 	if !containsLine(scrape(t, m), `sluice_network_programming_duration_seconds_bucket{le="1.024"} 0`) {
 		t.Error("latency does not include the time until programming (>= 1.5s)")
 	}
-	m.SetProgrammed(st) // a resync of the same state records nothing more
+	src.Programmed(st) // a resync of the same state records nothing more
 	if n := histogramCount(t, m); n != 1 {
 		t.Fatalf("latency samples = %d after a re-apply, want 1", n)
 	}

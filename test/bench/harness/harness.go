@@ -172,7 +172,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) (*Results, error) {
 	if slices.Contains(cfg.Modes, ModeSluice) {
 		r.res.Settings = append(r.res.Settings,
 			"sluice: agent from cmd/sluice, --devices "+NodeClientDev+" (node's client-facing veth), --cgroup <a cgroup v2 dir the bench creates; socket-layer clients start in it>, its own bpffs mount, --resync-interval 0",
-			"sluice: --max-services/--max-backends/--max-service-entries sized 1.25x what N needs (at least 1024); conntrack, sock_rev and affinity LRU maps at their defaults (262144 entries, preallocated)",
+			"sluice: --max-services/--max-backends/--max-service-entries sized 1.25x what N needs (at least 1024); conntrack (hash, 262144 entries), ct_new (LRU, 65536), sock_rev and affinity (LRU, 262144) at their defaults, all preallocated",
 			"sluice: endpoint changes are atomic rewrites (write + rename) of the manifest file the agent watches")
 		if _, err := r.sluiceBinaries(ctx); err != nil {
 			r.note("sluice mode unavailable: " + err.Error())

@@ -200,7 +200,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) (res *result, err er
 			}
 		}
 		res.Settings = append(res.Settings,
-			"sluice: cmd/sluice per node, --devices eth0,eth1 --node-ip <eth0> --socket-lb=false --resync-interval 0 --conntrack-gc-interval 0 --health-check-node-ports=false; map sizes at their defaults; its own pin directory under /sys/fs/bpf",
+			"sluice: cmd/sluice per node, --devices eth0,eth1 --node-ip <eth0> --socket-lb=false --resync-interval 0 --health-check-node-ports=false; conntrack GC every 30s (the default); map sizes at their defaults; its own pin directory under /sys/fs/bpf",
 			"sluice: endpoints carry nodeName node-b, the agent runs as node-a: every backend is remote, flows are DNATed and SNATed to the node's eth1 address")
 	}
 	// The agents program concurrently; each is ready when the target

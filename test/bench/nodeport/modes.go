@@ -38,7 +38,7 @@ func (l *lab) startSluice(n *node, bins agentproc.Binaries, path string) error {
 	a := agentproc.NewAgent(bins, n.ns, agentproc.AgentConfig{
 		Manifests: path, BPFFS: bpffs, Devices: []string{"eth0", "eth1"},
 		Extra: []string{"--node-name", "node-a", "--node-ip", n.addr.String(), "--xdp=" + xdp,
-			"--log-level", "info", "--resync-interval", "0", "--conntrack-gc-interval", "0",
+			"--log-level", "info", "--resync-interval", "0",
 			"--health-check-node-ports=false"},
 	})
 	if err := a.Start(); err != nil {

@@ -10,7 +10,10 @@
 //
 // There is no kubelet, no controller manager and no scheduler: tests create
 // the objects those would (a Node and its addresses, EndpointSlices) by
-// hand. Clients authenticate with a static token in system:masters.
+// hand. The tests' own clients authenticate with a static token in
+// system:masters; the agent's with a token of deploy/'s ServiceAccount,
+// bound to deploy/'s ClusterRole (rbac.go), whose requests the apiserver
+// writes to an audit log.
 package kubeenv
 
 import (
@@ -61,6 +64,10 @@ type Env struct {
 	Config *rest.Config
 	// Kubeconfig is the path of a kubeconfig file for the same identity.
 	Kubeconfig string
+	// AgentConfig and AgentKubeconfig authenticate as the agent does in a
+	// cluster: deploy/'s ServiceAccount, with deploy/'s ClusterRole.
+	AgentConfig     *rest.Config
+	AgentKubeconfig string
 	// URL is the apiserver's https address.
 	URL string
 	// Dir holds the data, certificates and logs; it is removed at cleanup.
@@ -86,8 +93,8 @@ type proc struct {
 	log  string
 }
 
-// BinDir returns the directory holding kube-apiserver, kube-proxy and etcd,
-// building them first if they are missing.
+// BinDir returns the directory holding kube-apiserver and etcd, building
+// them first if they are missing.
 func BinDir(t testing.TB) string {
 	t.Helper()
 	binDirOnce.Do(func() { binDir, binDirErr = buildBinaries() })
@@ -131,6 +138,9 @@ type Options struct {
 	NetNS string
 	// Dial connects from inside NetNS; the Env's own clients use it.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// APIServerArgs are added to kube-apiserver's command line, for
+	// example to turn a feature gate off.
+	APIServerArgs []string
 }
 
 // Start starts etcd and kube-apiserver and waits until the apiserver is
@@ -174,6 +184,8 @@ func StartWith(t testing.TB, o Options) *Env {
 	writeFile(t, tokenFile, []byte(e.token+`,admin,admin,"system:masters"`+"\n"))
 	saKey := filepath.Join(dir, "sa.key")
 	writeFile(t, saKey, rsaKeyPEM(t))
+	auditPolicyFile := filepath.Join(dir, "audit-policy.yaml")
+	writeFile(t, auditPolicyFile, []byte(auditPolicy))
 
 	e.URL = fmt.Sprintf("https://127.0.0.1:%d", ports[2])
 	e.apiArgs = []string{
@@ -195,8 +207,11 @@ func StartWith(t testing.TB, o Options) *Env {
 		// restart it.
 		"--endpoint-reconciler-type=none",
 		"--profiling=false",
+		"--audit-policy-file=" + auditPolicyFile,
+		"--audit-log-path=" + filepath.Join(dir, "audit.log"),
 		"--v=0",
 	}
+	e.apiArgs = append(e.apiArgs, o.APIServerArgs...)
 	e.StartAPIServer()
 
 	e.Config = &rest.Config{
@@ -227,6 +242,7 @@ contexts:
   context: {cluster: kubeenv, user: admin}
 current-context: kubeenv
 `, e.URL, e.token)))
+	e.setupAgent()
 	return e
 }
 
@@ -276,6 +292,8 @@ func (e *Env) StartExtraAPIServer() kubernetes.Interface {
 			a = fmt.Sprintf("--secure-port=%d", port)
 		case strings.HasPrefix(a, "--cert-dir="):
 			a = "--cert-dir=" + filepath.Join(e.Dir, fmt.Sprintf("certs-extra-%d", port))
+		case strings.HasPrefix(a, "--audit-log-path="):
+			a = "--audit-log-path=" + filepath.Join(e.Dir, fmt.Sprintf("audit-extra-%d.log", port))
 		}
 		args = append(args, a)
 	}

@@ -1,4 +1,4 @@
-package k8s
+package translate
 
 import (
 	"fmt"
@@ -94,6 +94,17 @@ func TestServiceToModel(t *testing.T) {
 				"10.96.0.10:80/TCP default/web:http -> 10.0.0.1:8080/TCP 10.0.0.2:8080/TCP@n1\n",
 		},
 		{
+			name: "an endpoint listed twice: the ready listing wins, with its node",
+			svc:  service("r", []string{"10.96.0.16"}, sport("", 80, "")),
+			slices: []*discoveryv1.EndpointSlice{
+				slice("r-a", "r", []discoveryv1.EndpointPort{eport("", 8080, corev1.ProtocolTCP)},
+					ep{addr: "10.0.0.9", ready: ptr(false), node: "old"}, ep{addr: "10.0.0.1", ready: ptr(false)}),
+				slice("r-b", "r", []discoveryv1.EndpointPort{eport("", 8080, corev1.ProtocolTCP)},
+					ep{addr: "10.0.0.9", node: "new"}, ep{addr: "10.0.0.9", node: "newer"}),
+			},
+			want: "10.96.0.16:80/TCP default/r -> 10.0.0.9:8080/TCP@new\n",
+		},
+		{
 			name: "terminating serving endpoints used only when none is ready",
 			svc:  service("t", []string{"10.96.0.11"}, sport("", 80, "")),
 			slices: []*discoveryv1.EndpointSlice{
@@ -146,7 +157,8 @@ func TestServiceToModel(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, skip, err := ServiceToModel(tc.svc, tc.slices, Options{})
+			tr, err := ServiceToModel(tc.svc, tc.slices, Options{})
+			got, skip := tr.Services, tr.Skipped
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -205,7 +217,7 @@ func TestValidate(t *testing.T) {
 		})
 	}
 	// ServiceToModel reports validation errors.
-	if _, _, err := ServiceToModel(service("a", []string{"10.96.0.1"}, sport("s", 80, "SCTP")), nil, Options{}); err == nil {
+	if _, err := ServiceToModel(service("a", []string{"10.96.0.1"}, sport("s", 80, "SCTP")), nil, Options{}); err == nil {
 		t.Error("ServiceToModel accepted SCTP")
 	}
 }

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-lb/sluice/pkg/k8s"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 // states collects what Run hands to apply.
@@ -56,7 +56,7 @@ func runSource(t *testing.T, path string, st *states) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	src := NewSource(path, k8s.Options{}, slog.New(slog.DiscardHandler))
+	src := NewSource(path, translate.Options{}, slog.New(slog.DiscardHandler))
 	src.debounce = 20 * time.Millisecond
 	go func() { done <- src.Run(ctx, st.apply) }()
 	t.Cleanup(func() {
@@ -111,7 +111,7 @@ func TestSourceWatchesFile(t *testing.T) {
 }
 
 func TestSourceMissingPath(t *testing.T) {
-	src := NewSource(filepath.Join(t.TempDir(), "nope"), k8s.Options{}, nil)
+	src := NewSource(filepath.Join(t.TempDir(), "nope"), translate.Options{}, nil)
 	if err := src.Run(context.Background(), func(*model.State) {}); err == nil {
 		t.Fatal("no error for a missing path")
 	}
@@ -155,7 +155,7 @@ func TestSourceLogsEachErrorOnce(t *testing.T) {
 	writeFile(t, dir, "bad.yaml", strings.Replace(svcA, "port: 80", "port: 70000", 1))
 	writeFile(t, dir, "b.yaml", strings.NewReplacer("name: a,", "name: b,", "10.96.0.1", "10.96.0.2").Replace(svcA))
 	h := &records{}
-	src := NewSource(dir, k8s.Options{}, slog.New(h))
+	src := NewSource(dir, translate.Options{}, slog.New(h))
 	applied := 0
 	for range 3 { // three reloads, as three unrelated changes would cause
 		if err := src.reload(func(*model.State) { applied++ }); err != nil {

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluice-lb/sluice/pkg/k8s"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 // writeCluster writes n Services with k endpoints each, as one Service
@@ -58,7 +58,7 @@ func BenchmarkLoad(b *testing.B) {
 	writeCluster(b, dir, 10000, 10)
 	b.ReportAllocs()
 	for b.Loop() {
-		res, err := Load(dir, k8s.Options{})
+		res, err := Load(dir, translate.Options{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -75,7 +75,7 @@ func TestLoadAtScale(t *testing.T) {
 	const n = 2000
 	dir := t.TempDir()
 	writeCluster(t, dir, n, 10)
-	l := newLoader(k8s.Options{})
+	l := newLoader(translate.Options{})
 	res, err := l.load(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -185,7 +185,7 @@ func BenchmarkLoadList(b *testing.B) {
 				var res *Result
 				for b.Loop() {
 					var err error
-					l = newLoader(k8s.Options{})
+					l = newLoader(translate.Options{})
 					res, err = l.load(p)
 					if err != nil || len(res.Errors) > 0 || len(res.State.Services) != n {
 						b.Fatalf("%v %v", err, res.Errors)
@@ -204,7 +204,7 @@ func BenchmarkLoadList(b *testing.B) {
 				if err := os.WriteFile(p, orig, 0o644); err != nil {
 					b.Fatal(err)
 				}
-				l := newLoader(k8s.Options{})
+				l := newLoader(translate.Options{})
 				if _, err := l.load(p); err != nil {
 					b.Fatal(err)
 				}
@@ -237,7 +237,7 @@ func TestListEditDecodesOnlyTheChange(t *testing.T) {
 	const n = 200
 	p := filepath.Join(t.TempDir(), "services.json")
 	_, changed := writeList(t, p, n, 10, 42)
-	l := newLoader(k8s.Options{})
+	l := newLoader(translate.Options{})
 	if _, err := l.load(p); err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +257,7 @@ func TestListEditDecodesOnlyTheChange(t *testing.T) {
 	if l.translated != n+1 {
 		t.Errorf("the edit translated %d Services, want 1", l.translated-n)
 	}
-	fresh, err := Load(p, k8s.Options{})
+	fresh, err := Load(p, translate.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

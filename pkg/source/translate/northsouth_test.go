@@ -1,4 +1,4 @@
-package k8s
+package translate
 
 import (
 	"fmt"
@@ -36,7 +36,7 @@ func renderNS(svcs []*model.Service) string {
 }
 
 func TestNorthSouthFrontends(t *testing.T) {
-	opts := Options{NodeName: "node-a", NodeIPs: []netip.Addr{netip.MustParseAddr("192.168.1.1"), netip.MustParseAddr("192.168.2.1")}}
+	opts := Options{Node: Node{Name: "node-a", Addresses: []netip.Addr{netip.MustParseAddr("192.168.1.1"), netip.MustParseAddr("192.168.2.1")}}}
 	p := sport("http", 80, corev1.ProtocolTCP)
 	p.NodePort = 30080
 	eps := []*discoveryv1.EndpointSlice{slice("web-1", "web", []discoveryv1.EndpointPort{eport("http", 8080, corev1.ProtocolTCP)},
@@ -67,11 +67,11 @@ NodePort 192.168.2.1:30080/TCP local -> 10.1.0.1
 		{"NodePort local on a node without endpoints", func(s *corev1.Service) {
 			s.Spec.Type = corev1.ServiceTypeNodePort
 			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-		}, Options{NodeName: "node-c", NodeIPs: opts.NodeIPs[:1]}, `
+		}, Options{Node: Node{Name: "node-c", Addresses: opts.Node.Addresses[:1]}}, `
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
 NodePort 192.168.1.1:30080/TCP local ->
 `},
-		{"no node IPs, no NodePort", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort }, Options{NodeName: "node-a"}, `
+		{"no node IPs, no NodePort", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort }, Options{Node: Node{Name: "node-a"}}, `
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
 `},
 		{"ClusterIP with externalIPs", func(s *corev1.Service) {
@@ -86,7 +86,7 @@ ExternalIP 203.0.113.7:80/TCP -> 10.1.0.1 10.2.0.1
 			s.Spec.HealthCheckNodePort = 32000
 			s.Spec.LoadBalancerSourceRanges = []string{"198.51.100.0/24", "10.0.0.0/8", "10.0.0.0/8", "bogus"}
 			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.10"}, {Hostname: "lb.example"}}
-		}, Options{NodeName: "node-a", NodeIPs: opts.NodeIPs[:1]}, `
+		}, Options{Node: Node{Name: "node-a", Addresses: opts.Node.Addresses[:1]}}, `
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
 NodePort 192.168.1.1:30080/TCP local hc=32000 -> 10.1.0.1
 LoadBalancer 198.51.100.10:80/TCP local hc=32000 ranges=[10.0.0.0/8 198.51.100.0/24] -> 10.1.0.1
@@ -95,7 +95,7 @@ LoadBalancer 198.51.100.10:80/TCP local hc=32000 ranges=[10.0.0.0/8 198.51.100.0
 			s.Spec.Type = corev1.ServiceTypeLoadBalancer
 			s.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/8", "0.0.0.0/0"}
 			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.10"}}
-		}, Options{NodeName: "node-a"}, `
+		}, Options{Node: Node{Name: "node-a"}}, `
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
 LoadBalancer 198.51.100.10:80/TCP -> 10.1.0.1 10.2.0.1
 `},
@@ -103,7 +103,8 @@ LoadBalancer 198.51.100.10:80/TCP -> 10.1.0.1 10.2.0.1
 		t.Run(c.name, func(t *testing.T) {
 			svc := service("web", []string{"10.96.0.1"}, p)
 			c.mod(svc)
-			got, skipped, err := ServiceToModel(svc, eps, c.opts)
+			tr, err := ServiceToModel(svc, eps, c.opts)
+			got, skipped := tr.Services, tr.Skipped
 			if err != nil || skipped != "" {
 				t.Fatalf("ServiceToModel: %v %q", err, skipped)
 			}
@@ -126,7 +127,8 @@ func TestNorthSouthLocalTerminatingFallback(t *testing.T) {
 		ep{addr: "10.2.0.1", node: "node-b"},
 		ep{addr: "10.1.0.2", node: "node-a", ready: ptr(false), serving: ptr(true), terminate: ptr(true)},
 	)}
-	got, _, err := ServiceToModel(svc, eps, Options{NodeName: "node-a", NodeIPs: []netip.Addr{netip.MustParseAddr("192.168.1.1")}})
+	tr, err := ServiceToModel(svc, eps, Options{Node: Node{Name: "node-a", Addresses: []netip.Addr{netip.MustParseAddr("192.168.1.1")}}})
+	got := tr.Services
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,5 +153,60 @@ func TestNodeIPs(t *testing.T) {
 	}
 	if NodeIPs(nil) != nil {
 		t.Fatal("NodeIPs(nil) != nil")
+	}
+}
+
+// NodeFacts name what a translation read of the node: a change of any
+// other part gives the same result, which is what lets the tracker skip
+// the Service when only that part changes.
+func TestNodeFacts(t *testing.T) {
+	p := sport("http", 80, corev1.ProtocolTCP)
+	p.NodePort = 30080
+	eps := []*discoveryv1.EndpointSlice{slice("web-1", "web", []discoveryv1.EndpointPort{eport("http", 8080, corev1.ProtocolTCP)},
+		ep{addr: "10.1.0.1", node: "node-a"}, ep{addr: "10.2.0.1", node: "node-b"})}
+	node := Node{Name: "node-a", Addresses: []netip.Addr{netip.MustParseAddr("192.168.1.1")},
+		Labels: map[string]string{corev1.LabelTopologyZone: "zone-a"}}
+	others := map[NodeFacts]Node{
+		NodeName:      {Name: "node-b", Addresses: node.Addresses, Labels: node.Labels},
+		NodeAddresses: {Name: node.Name, Addresses: []netip.Addr{netip.MustParseAddr("192.168.9.9")}, Labels: node.Labels},
+		NodeLabels:    {Name: node.Name, Addresses: node.Addresses, Labels: map[string]string{corev1.LabelTopologyZone: "zone-b"}},
+	}
+	for _, c := range []struct {
+		name string
+		mod  func(*corev1.Service)
+		want NodeFacts
+	}{
+		{"ClusterIP", func(*corev1.Service) {}, 0},
+		{"ClusterIP with externalIPs", func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"203.0.113.7"} }, 0},
+		{"NodePort", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort }, NodeAddresses},
+		{"NodePort local", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		}, NodeAddresses | NodeName},
+		{"ExternalName", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeExternalName }, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			svc := service("web", []string{"10.96.0.1"}, p)
+			c.mod(svc)
+			tr, err := ServiceToModel(svc, eps, Options{Node: node})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tr.NodeFacts != c.want {
+				t.Fatalf("NodeFacts = %b, want %b", tr.NodeFacts, c.want)
+			}
+			for part, other := range others {
+				if d := node.Diff(other); d != part {
+					t.Fatalf("Diff = %b, want %b", d, part)
+				}
+				again, err := ServiceToModel(svc, eps, Options{Node: other})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if same := renderNS(again.Services) == renderNS(tr.Services); same == (part&tr.NodeFacts != 0) {
+					t.Errorf("node %s changed: same result = %v, but NodeFacts %b", map[NodeFacts]string{NodeName: "name", NodeAddresses: "addresses", NodeLabels: "labels"}[part], same, tr.NodeFacts)
+				}
+			}
+		})
 	}
 }

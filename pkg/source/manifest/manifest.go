@@ -1,7 +1,10 @@
 // Package manifest is Sluice's standalone source: it reads Service and
 // EndpointSlice objects from YAML or JSON files (as kubectl writes and
-// prints them) and turns them into the desired state through pkg/k8s, the
-// same translation the Kubernetes source uses.
+// prints them), finds which objects changed since the last load, and feeds
+// those to pkg/source/tracker, the change tracker the Kubernetes source
+// feeds from its informers (as kpng's file2store feeds the store kube2store
+// feeds). The tracker translates only the Services that changed and
+// resolves frontends claimed twice, by the same rules for both sources.
 //
 // Bad input never loses what is programmed. An object that fails to decode
 // or validate keeps its last good version (by kind, namespace and name), or
@@ -31,15 +34,17 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
-	"github.com/sluice-lb/sluice/pkg/k8s"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/source/tracker"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 // Result is the outcome of loading manifests.
 type Result struct {
 	State *model.State
 	// Errors has one entry per bad document or object (or per Service that
-	// could not be translated), each naming the file and document.
+	// could not be translated, or frontend it lost to another Service),
+	// each naming the file and document.
 	Errors []error
 	// Warnings are objects ignored: unknown kinds, EndpointSlices that
 	// name no Service.
@@ -56,7 +61,7 @@ type Result struct {
 // files, not recursively, in name order), and returns the desired state.
 // The error is non-nil only when path itself cannot be read; bad content is
 // reported in Result.Errors.
-func Load(path string, opts k8s.Options) (*Result, error) {
+func Load(path string, opts translate.Options) (*Result, error) {
 	return newLoader(opts).load(path)
 }
 
@@ -76,7 +81,7 @@ type object struct {
 	file  string
 	doc   int // 1-based document index in file
 	// owner is the Service an EndpointSlice names, if it names one
-	// (k8s.ServiceNameOfSlice), found once when it is decoded.
+	// (translate.ServiceNameOfSlice), found once when it is decoded.
 	owner    types.NamespacedName
 	hasOwner bool
 }
@@ -90,36 +95,26 @@ func (o *object) where() string { return fmt.Sprintf("%s: document %d", o.file, 
 // changed, an object (a document, or an item of a List) whose bytes are
 // unchanged is not decoded again (units, by content hash). Decoding
 // dominates: a one-endpoint edit of a single file holding 30,000 Services
-// decodes one EndpointSlice instead of 60,000 objects.
+// decodes one EndpointSlice instead of 60,000 objects. Decoded objects are
+// shared between loads and never modified, so an object whose pointer did
+// not change did not change, and only the others are fed to the tracker,
+// which then translates one Service.
 type loader struct {
-	opts       k8s.Options
 	lastGood   map[objKey]*object
 	byFile     map[string][]*object // what each file contributed last time
 	cache      map[string]*fileResult
 	units      map[unitSum]*unit // what the last load decoded, by content
-	trans      map[types.NamespacedName]*translation
+	tracker    *tracker.Tracker
+	fed        map[objKey]*object // the objects the tracker holds
 	seed       maphash.Seed
 	parsed     atomic.Int64 // files parsed (not served from cache), for tests
 	decoded    atomic.Int64 // objects decoded (not served from units), for tests
-	translated int          // Services translated (not served from trans), for tests
+	translated int          // Services translated, for tests
 }
 
-func newLoader(opts k8s.Options) *loader {
-	return &loader{opts: opts, lastGood: map[objKey]*object{}, byFile: map[string][]*object{},
-		units: map[unitSum]*unit{}, trans: map[types.NamespacedName]*translation{}, seed: maphash.MakeSeed()}
-}
-
-// translation is what k8s.ServiceToModel made of a Service and its slices
-// at the last load. Decoded objects are shared between loads and never
-// modified, so the same pointers mean the same input, and the result is
-// reused: a change translates only the Services it touches.
-type translation struct {
-	svc     *corev1.Service
-	slices  []*discoveryv1.EndpointSlice
-	ms      []*model.Service
-	skipped string
-	err     error
-	pos     int // the Service's place among the Services, sorted by name
+func newLoader(opts translate.Options) *loader {
+	return &loader{lastGood: map[objKey]*object{}, byFile: map[string][]*object{},
+		units: map[unitSum]*unit{}, tracker: tracker.New(opts), seed: maphash.MakeSeed()}
 }
 
 // unitSum identifies content: a 64-bit keyed hash and the length. The
@@ -522,14 +517,14 @@ func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx int,
 		o.svc = &corev1.Service{}
 		if err = json.Unmarshal(js, o.svc); err == nil {
 			o.svc.Namespace = key.Namespace
-			err = k8s.ValidateService(o.svc)
+			err = translate.ValidateService(o.svc)
 		}
 	case "EndpointSlice":
 		o.slice = &discoveryv1.EndpointSlice{}
 		if err = json.Unmarshal(js, o.slice); err == nil {
 			o.slice.Namespace = key.Namespace
-			err = k8s.ValidateEndpointSlice(o.slice)
-			o.owner, o.hasOwner = k8s.ServiceNameOfSlice(o.slice)
+			err = translate.ValidateEndpointSlice(o.slice)
+			o.owner, o.hasOwner = translate.ServiceNameOfSlice(o.slice)
 		}
 	}
 	if err == nil {
@@ -553,99 +548,102 @@ func isBlank(doc []byte) bool {
 	return true
 }
 
-// translate builds the desired state from the objects in effect.
+// translate feeds the tracker the objects in effect that changed since the
+// last load, and returns the desired state it builds.
 func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
-	// Sorted, so that results (which endpoint's nodeName wins among
-	// duplicates, which Service owns a contested frontend, the order of
-	// warnings) do not depend on map order. Only what the order matters
-	// for is sorted: the Services, each Service's slices, and the slices
-	// without a Service.
-	byName := func(a, b *object) int {
-		return cmp.Or(cmp.Compare(a.key.Namespace, b.key.Namespace), cmp.Compare(a.key.Name, b.key.Name))
-	}
-	svcs := make([]*object, 0, len(objs)/2)
-	slicesOf := make(map[types.NamespacedName][]*object, len(objs)/2)
 	var orphans []*object
-	same := true // the same Services as last time: their order is known
-	var prev []*translation
-	for _, o := range objs {
+	kept := 0 // objects the tracker holds that are still in effect
+	for k, o := range objs {
+		prev := l.fed[k]
+		if prev != nil {
+			kept++
+		}
 		switch {
 		case o.svc != nil:
-			svcs = append(svcs, o)
 			res.Services++
-			if same {
-				t := l.trans[o.key.NamespacedName]
-				same = t != nil
-				prev = append(prev, t)
+			if prev == nil || prev.svc != o.svc {
+				l.tracker.SetService(k.NamespacedName, o.svc)
 			}
 		case o.slice != nil:
 			res.Slices++
-			if o.hasOwner {
-				slicesOf[o.owner] = append(slicesOf[o.owner], o)
-			} else {
+			if !o.hasOwner {
 				orphans = append(orphans, o)
+			}
+			if prev == nil || prev.slice != o.slice {
+				l.tracker.SetSlice(k.NamespacedName, o.slice)
 			}
 		}
 	}
-	slices.SortFunc(orphans, byName)
+	for k, prev := range l.fed {
+		if kept == len(l.fed) {
+			break // none was removed
+		}
+		if _, ok := objs[k]; ok {
+			continue
+		}
+		if prev.svc != nil {
+			l.tracker.SetService(k.NamespacedName, nil)
+		} else {
+			l.tracker.SetSlice(k.NamespacedName, nil)
+		}
+	}
+	l.fed = objs
+
+	// Sorted, so that the order of warnings does not depend on map order.
+	slices.SortFunc(orphans, func(a, b *object) int {
+		return cmp.Or(cmp.Compare(a.key.Namespace, b.key.Namespace), cmp.Compare(a.key.Name, b.key.Name))
+	})
 	for _, o := range orphans {
 		res.Warnings = append(res.Warnings, fmt.Sprintf("%s: %s has no %s label; ignored", o.where(), o.key, discoveryv1.LabelServiceName))
 	}
-	trans := l.trans
-	if same = same && len(svcs) == len(l.trans); same {
-		// Sorting 30,000 names costs more than putting them back where
-		// they were, and the translations are updated in place.
-		sorted := make([]*object, len(svcs))
-		for i, o := range svcs {
-			sorted[prev[i].pos] = o
+
+	r := l.tracker.Sync()
+	l.translated += r.Translated
+	res.Errors = append(res.Errors, l.issues(objs, res)...)
+	return r.State
+}
+
+// issues reports what the tracker found wrong with the Services in objs,
+// in Service order, each naming the file and document of the Service (and
+// of the one it lost a frontend to). Skipped Services go to res.Skipped.
+func (l *loader) issues(objs map[objKey]*object, res *Result) []error {
+	svc := func(nn types.NamespacedName) (objKey, string) {
+		k := objKey{Kind: "Service", NamespacedName: nn}
+		if o := objs[k]; o != nil {
+			return k, o.where()
 		}
-		svcs = sorted
-	} else {
-		slices.SortFunc(svcs, byName)
-		trans = make(map[types.NamespacedName]*translation, len(svcs))
+		return k, "(unknown)"
 	}
-	st := &model.State{Services: make(map[model.L4Addr]*model.Service, len(l.trans))}
-	var eps []*discoveryv1.EndpointSlice
-	owner := make(map[model.L4Addr]*object, len(svcs))
-	for i, o := range svcs {
-		nn := o.key.NamespacedName
-		mine := slicesOf[nn]
-		if len(mine) > 1 {
-			slices.SortFunc(mine, byName)
-		}
-		eps = eps[:0]
-		for _, so := range mine {
-			eps = append(eps, so.slice)
-		}
-		t := l.trans[nn]
-		if t == nil || t.svc != o.svc || !slices.Equal(t.slices, eps) {
-			t = &translation{svc: o.svc, slices: slices.Clone(eps)}
-			t.ms, t.skipped, t.err = k8s.ServiceToModel(o.svc, t.slices, l.opts)
-			l.translated++
-		}
-		t.pos = i
-		trans[nn] = t
-		ms, skipped, err := t.ms, t.skipped, t.err
-		if err != nil {
-			res.Errors = append(res.Errors, fmt.Errorf("%s: %w", o.where(), err))
-			continue
-		}
-		if skipped != "" {
-			res.Skipped = append(res.Skipped, fmt.Sprintf("%s: %s skipped: %s", o.where(), o.key, skipped))
-			continue
-		}
-		for _, m := range ms {
-			if prev, taken := owner[m.Frontend]; taken {
-				res.Errors = append(res.Errors, fmt.Errorf("%s: %s: frontend %s already belongs to %s (%s); ignored",
-					o.where(), o.key, m.Frontend, prev.key, prev.where()))
-				continue
-			}
-			owner[m.Frontend] = o
-			st.Services[m.Frontend] = m
-		}
+	errs, skipped, conflicts := l.tracker.Issues()
+	for _, sk := range skipped {
+		k, where := svc(sk.Service)
+		res.Skipped = append(res.Skipped, fmt.Sprintf("%s: %s skipped: %s", where, k, sk.Reason))
 	}
-	l.trans = trans
-	return st
+	type issue struct {
+		svc types.NamespacedName
+		err error
+	}
+	var out []issue
+	for _, e := range errs {
+		_, where := svc(e.Service)
+		out = append(out, issue{e.Service, fmt.Errorf("%s: %w", where, e.Err)})
+	}
+	for _, c := range conflicts {
+		loser := types.NamespacedName{Namespace: c.Loser.Namespace, Name: c.Loser.Name}
+		k, where := svc(loser)
+		wk, wwhere := svc(types.NamespacedName{Namespace: c.Winner.Namespace, Name: c.Winner.Name})
+		out = append(out, issue{loser, fmt.Errorf("%s: %s: frontend %s already belongs to %s (%s); ignored",
+			where, k, c.Frontend, wk, wwhere)})
+	}
+	// A Service's translation error comes before the frontends it lost.
+	slices.SortStableFunc(out, func(a, b issue) int {
+		return cmp.Or(cmp.Compare(a.svc.Namespace, b.svc.Namespace), cmp.Compare(a.svc.Name, b.svc.Name))
+	})
+	errList := make([]error, len(out))
+	for i, is := range out {
+		errList[i] = is.err
+	}
+	return errList
 }
 
 // errorStrings renders errors for comparison and logging.

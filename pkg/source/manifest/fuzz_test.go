@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/sluice-lb/sluice/pkg/k8s"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 // FuzzParseFile feeds arbitrary bytes to the parser and the translation:
@@ -21,7 +21,7 @@ func FuzzParseFile(f *testing.F) {
 	f.Add([]byte("kind: List\napiVersion: v1\nitems: [1, {kind: Service, apiVersion: v1}]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		for _, name := range []string{"f.yaml", "f.json"} {
-			l := newLoader(k8s.Options{})
+			l := newLoader(translate.Options{})
 			fr := l.parseFile(name, data)
 			objs := map[objKey]*object{}
 			for _, o := range fr.objs {

@@ -1,30 +1,17 @@
 package manifest
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/sluice-lb/sluice/pkg/k8s"
-	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/source/internal/sourcetest"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
-// render prints a state compactly, one frontend a line, sorted.
-func render(st *model.State) string {
-	var lines []string
-	for fe, s := range st.Services {
-		l := fmt.Sprintf("%s %s ->", fe, s.Name)
-		for _, b := range s.Backends {
-			l += " " + b.L4Addr.String()
-		}
-		lines = append(lines, l)
-	}
-	slices.Sort(lines)
-	return strings.Join(lines, "\n")
-}
+var render = sourcetest.Render
 
 func writeFile(t *testing.T, dir, name, content string) string {
 	t.Helper()
@@ -56,7 +43,7 @@ ports: [{name: http, port: 8080, protocol: TCP}]
 `
 
 func TestLoadTestdata(t *testing.T) {
-	res, err := Load("testdata/cluster", k8s.Options{NodeName: "node-a"})
+	res, err := Load("testdata/cluster", translate.Options{Node: translate.Node{Name: "node-a"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +93,7 @@ func TestLoadBadInput(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			writeFile(t, dir, "f.yaml", tc.content)
-			res, err := Load(dir, k8s.Options{})
+			res, err := Load(dir, translate.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -121,7 +108,7 @@ func TestLastGoodRetention(t *testing.T) {
 	dir := t.TempDir()
 	p := writeFile(t, dir, "a.yaml", svcA+"---\n"+sliceA)
 	writeFile(t, dir, "b.yaml", strings.NewReplacer("name: a,", "name: b,", "10.96.0.1", "10.96.0.2").Replace(svcA))
-	l := newLoader(k8s.Options{})
+	l := newLoader(translate.Options{})
 	load := func() *Result {
 		t.Helper()
 		res, err := l.load(dir)
@@ -200,7 +187,7 @@ func TestLoadSingleFileAndJSONList(t *testing.T) {
 ]}`)
 	writeFile(t, dir, "ignored.txt", "not a manifest")
 	for _, path := range []string{p, dir} {
-		res, err := Load(path, k8s.Options{})
+		res, err := Load(path, translate.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -214,7 +201,7 @@ func TestLoadSingleFileAndJSONList(t *testing.T) {
 			t.Errorf("warnings %q", res.Warnings)
 		}
 	}
-	if _, err := Load(filepath.Join(dir, "missing"), k8s.Options{}); err == nil {
+	if _, err := Load(filepath.Join(dir, "missing"), translate.Options{}); err == nil {
 		t.Error("missing path: no error")
 	}
 }
@@ -223,5 +210,51 @@ func TestSplitDocuments(t *testing.T) {
 	docs := splitDocuments("x.yaml", []byte("---\na: 1\n--- \nb: 2\n---\n# only a comment\n"))
 	if len(docs) != 4 || string(docs[1]) != "a: 1\n" || string(docs[2]) != "b: 2\n" || !isBlank(docs[3]) || !isBlank(docs[0]) {
 		t.Errorf("docs = %q", docs)
+	}
+}
+
+// Two Services claiming one frontend: the first by namespace/name keeps
+// it, and the error names both, with their files and documents. Skipped
+// Services are reported with theirs.
+func TestLoadReportsConflictsAndSkipped(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "a.yaml", strings.NewReplacer("name: a,", "name: z,").Replace(svcA)+"---\n"+sliceA)
+	writeFile(t, dir, "b.yaml", "# the same VIP\n---\n"+svcA+"---\n"+
+		strings.NewReplacer("name: a,", "name: ext,", "clusterIP: 10.96.0.1", "type: ExternalName\n  externalName: example.com").Replace(svcA))
+	l := newLoader(translate.Options{})
+	for range 2 { // reported on every load while they last, not only when they appear
+		res, err := l.load(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel := func(ss []string) []string {
+			for i, s := range ss {
+				ss[i] = strings.ReplaceAll(s, dir+string(filepath.Separator), "")
+			}
+			return ss
+		}
+		wantErrs := []string{`a.yaml: document 1: Service ns/z: frontend 10.96.0.1:80/TCP already belongs to Service ns/a (b.yaml: document 2); ignored`}
+		if got := rel(errorStrings(res.Errors)); !slices.Equal(got, wantErrs) {
+			t.Errorf("errors:\n%q\nwant\n%q", got, wantErrs)
+		}
+		wantSkipped := []string{"b.yaml: document 3: Service ns/ext skipped: ExternalName"}
+		if got := rel(slices.Clone(res.Skipped)); !slices.Equal(got, wantSkipped) {
+			t.Errorf("skipped:\n%q\nwant\n%q", got, wantSkipped)
+		}
+		if got := render(res.State); got != "10.96.0.1:80/TCP ns/a:http -> 10.0.0.1:8080/TCP" {
+			t.Errorf("state: %s", got)
+		}
+	}
+	// The winner goes: the other Service takes the frontend over.
+	writeFile(t, dir, "b.yaml", "")
+	res, err := l.load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Errors) != 0 || len(res.Skipped) != 0 {
+		t.Errorf("errors %v, skipped %v", res.Errors, res.Skipped)
+	}
+	if got := render(res.State); got != "10.96.0.1:80/TCP ns/z:http ->" {
+		t.Errorf("state: %s", got)
 	}
 }

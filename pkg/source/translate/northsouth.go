@@ -1,4 +1,4 @@
-package k8s
+package translate
 
 import (
 	"cmp"
@@ -14,31 +14,31 @@ import (
 // North-south frontends of a Service port, as kube-proxy serves them:
 //
 //   - NodePort (types NodePort and LoadBalancer, when a node port is
-//     allocated): <node IP, nodePort> for every address in Options.NodeIPs;
+//     allocated): <node IP, nodePort> for every address in Node.Addresses;
 //   - ExternalIP: <externalIP, port> for every spec.externalIPs entry;
 //   - LoadBalancer: <ingress IP, port> for every status.loadBalancer.ingress
 //     IP, with spec.loadBalancerSourceRanges.
 //
 // With externalTrafficPolicy Local they balance over this node's endpoints
-// only (Backend.NodeName == Options.NodeName), chosen like all endpoints
+// only (Backend.NodeName == Node.Name), chosen like all endpoints
 // are (ready ones, else serving and terminating ones), and carry
 // ExternalLocal; LoadBalancer Services with a healthCheckNodePort carry it
 // for the health check server.
 
-// northSouth returns the north-south frontends of service port sp.
-// backends are the port's (cluster-wide) backends, mine the Service's
-// slices.
-func northSouth(svc *corev1.Service, sp corev1.ServicePort, proto model.Protocol, backends []model.Backend, mine []*discoveryv1.EndpointSlice, opts Options) []*model.Service {
+// northSouth returns the north-south frontends of service port sp, and
+// the facts of node they depend on. backends are the port's (cluster-wide)
+// backends, mine the Service's slices.
+func northSouth(svc *corev1.Service, sp corev1.ServicePort, proto model.Protocol, backends []model.Backend, mine []*discoveryv1.EndpointSlice, node Node) (out []*model.Service, facts NodeFacts) {
 	local := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 	if local {
-		backends = backendsFor(sp.Name, cmp.Or(sp.Protocol, corev1.ProtocolTCP), proto, localSlices(mine, opts.NodeName))
+		backends = backendsFor(sp.Name, cmp.Or(sp.Protocol, corev1.ProtocolTCP), proto, localSlices(mine, node.Name))
+		facts |= NodeName
 	}
 	var hc uint16
 	if local && svc.Spec.Type == corev1.ServiceTypeLoadBalancer && svc.Spec.HealthCheckNodePort > 0 && svc.Spec.HealthCheckNodePort <= 65535 {
 		hc = uint16(svc.Spec.HealthCheckNodePort)
 	}
 	name := model.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: sp.Name}
-	var out []*model.Service
 	add := func(kind model.FrontendKind, ip netip.Addr, port int32, ranges []netip.Prefix) {
 		ip = ip.Unmap()
 		if !ip.Is4() || port < 1 || port > 65535 {
@@ -55,7 +55,10 @@ func northSouth(svc *corev1.Service, sp corev1.ServicePort, proto model.Protocol
 		})
 	}
 	if (svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer) && sp.NodePort > 0 {
-		for _, ip := range opts.NodeIPs {
+		// With no address today there is no NodePort frontend, but
+		// there will be once the node has one.
+		facts |= NodeAddresses
+		for _, ip := range node.Addresses {
 			add(model.NodePort, ip, sp.NodePort, nil)
 		}
 	}
@@ -72,7 +75,7 @@ func northSouth(svc *corev1.Service, sp corev1.ServicePort, proto model.Protocol
 			}
 		}
 	}
-	return out
+	return out, facts
 }
 
 // sourceRanges parses loadBalancerSourceRanges, keeping the IPv4 ones.

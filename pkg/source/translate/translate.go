@@ -1,7 +1,10 @@
-// Package k8s translates Kubernetes Service and EndpointSlice objects into
+// Package translate turns Kubernetes Service and EndpointSlice objects into
 // Sluice's desired-state model. It is the one place that knows the API's
-// semantics, so the manifest source and the Kubernetes informer source feed
-// the reconciler through the same code path.
+// semantics; pkg/source/tracker calls it for both sources (manifest files
+// and the Kubernetes API), one Service at a time. Besides the objects, a
+// translation reads what it needs of the node it is for (Options.Node) and
+// says which parts it read (Translation.NodeFacts), so that a change of the
+// node re-translates only the Services it can change.
 //
 // The rules follow kube-proxy (pkg/proxy/servicechangetracker.go and
 // endpointschangetracker.go): every EndpointSlice labelled
@@ -16,12 +19,13 @@
 //
 // Sluice's datapath is IPv4 only for now: IPv6 frontends and IPv6
 // EndpointSlices are skipped, not errors.
-package k8s
+package translate
 
 import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -41,13 +45,14 @@ const (
 	DefaultProxyName = "sluice"
 )
 
-// Options are the per-node settings the translation needs.
+// Options are what the translation needs besides the objects.
 type Options struct {
-	NodeName  string // this node's name (used by policies that prefer local endpoints)
 	ProxyName string // the value of service.kubernetes.io/service-proxy-name served; default "sluice"
-	// NodeIPs are this node's addresses: NodePorts are served on each
-	// (none without them). See northsouth.go.
-	NodeIPs []netip.Addr
+	// Node is the node the translation is for. Unlike the objects, it is
+	// the same input for every Service: a source that learns of a change
+	// of it re-translates only the Services whose Translation.NodeFacts
+	// name what changed.
+	Node Node
 }
 
 func (o Options) proxyName() string {
@@ -55,6 +60,61 @@ func (o Options) proxyName() string {
 		return DefaultProxyName
 	}
 	return o.ProxyName
+}
+
+// Node is what the translation knows of the node it runs on.
+type Node struct {
+	// Name is this node's name: externalTrafficPolicy Local keeps the
+	// endpoints whose nodeName it is.
+	Name string
+	// Addresses are the addresses NodePorts are served on (none without
+	// them). See northsouth.go.
+	Addresses []netip.Addr
+	// Labels are the Node object's labels, such as
+	// topology.kubernetes.io/zone, for the policies that prefer endpoints
+	// close to the node. No rule reads them yet.
+	Labels map[string]string
+}
+
+// NodeFacts is a set of the parts of a Node.
+type NodeFacts uint8
+
+const (
+	NodeName      NodeFacts = 1 << iota // Node.Name
+	NodeAddresses                       // Node.Addresses
+	NodeLabels                          // Node.Labels
+)
+
+// Diff returns the parts of the node in which n and m differ.
+func (n Node) Diff(m Node) NodeFacts {
+	var d NodeFacts
+	if n.Name != m.Name {
+		d |= NodeName
+	}
+	if !slices.Equal(n.Addresses, m.Addresses) {
+		d |= NodeAddresses
+	}
+	if !maps.Equal(n.Labels, m.Labels) {
+		d |= NodeLabels
+	}
+	return d
+}
+
+// Translation is what one Service translates to.
+type Translation struct {
+	// Services has one model.Service per frontend, sorted by frontend.
+	Services []*model.Service
+	// Skipped, if not empty, says why the Service is deliberately not
+	// served (headless, ExternalName, another proxy's, IPv6 only); it is
+	// not an error.
+	Skipped string
+	// NodeFacts are the parts of Options.Node the result was made from:
+	// while only other parts change, translating again gives the same
+	// result. Scenario: the Node's zone label changes. A ClusterIP Service
+	// reads no part of the node, a NodePort Service reads NodeAddresses,
+	// and an externalTrafficPolicy Local one NodeName: none of them is
+	// translated again.
+	NodeFacts NodeFacts
 }
 
 // Reasons ServiceToModel gives for skipping a Service.
@@ -80,28 +140,27 @@ func ServiceNameOfSlice(es *discoveryv1.EndpointSlice) (types.NamespacedName, bo
 
 // ServiceToModel returns one model.Service per (ClusterIP frontend,
 // ServicePort), plus the NodePort, ExternalIP and LoadBalancer frontends of
-// each ServicePort (northsouth.go), with the backends taken from eps (slices of other
-// Services are ignored). skipped != "" means the Service is deliberately not
-// served (headless, ExternalName, another proxy's, IPv6 only); it is not an
-// error. The result is sorted by frontend.
-func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Options) (svcs []*model.Service, skipped string, err error) {
+// each ServicePort (northsouth.go), with the backends taken from eps (slices
+// of other Services are ignored). A Service deliberately not served is not
+// an error: its Translation says why it was skipped.
+func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Options) (Translation, error) {
 	if svc == nil {
-		return nil, "", errors.New("nil Service")
+		return Translation{}, errors.New("nil Service")
 	}
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
-		return nil, SkipExternalName, nil
+		return Translation{Skipped: SkipExternalName}, nil
 	}
 	if p, ok := svc.Labels[LabelServiceProxyName]; ok && p != opts.proxyName() {
-		return nil, LabelServiceProxyName + "=" + p, nil
+		return Translation{Skipped: LabelServiceProxyName + "=" + p}, nil
 	}
 	if _, ok := svc.Labels[corev1.IsHeadlessService]; ok {
-		return nil, SkipHeadless, nil
+		return Translation{Skipped: SkipHeadless}, nil
 	}
 	if svc.Spec.ClusterIP == corev1.ClusterIPNone || (len(svc.Spec.ClusterIPs) > 0 && svc.Spec.ClusterIPs[0] == corev1.ClusterIPNone) {
-		return nil, SkipHeadless, nil
+		return Translation{Skipped: SkipHeadless}, nil
 	}
 	if err := ValidateService(svc); err != nil {
-		return nil, "", err
+		return Translation{}, err
 	}
 
 	ips := svc.Spec.ClusterIPs
@@ -109,7 +168,7 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 		ips = []string{svc.Spec.ClusterIP}
 	}
 	if len(ips) == 0 {
-		return nil, SkipNoClusterIP, nil
+		return Translation{Skipped: SkipNoClusterIP}, nil
 	}
 	var vips []netip.Addr
 	for _, s := range ips {
@@ -119,7 +178,7 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 		}
 	}
 	if len(vips) == 0 {
-		return nil, SkipIPv6, nil
+		return Translation{Skipped: SkipIPv6}, nil
 	}
 
 	// The slices of this Service, IPv4 only, validated.
@@ -133,25 +192,28 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 			continue
 		}
 		if err := ValidateEndpointSlice(es); err != nil {
-			return nil, "", fmt.Errorf("service %q: %w", objName(svc.Namespace, svc.Name), err)
+			return Translation{}, fmt.Errorf("service %q: %w", objName(svc.Namespace, svc.Name), err)
 		}
 		mine = append(mine, es)
 	}
 
+	var t Translation
 	for _, sp := range svc.Spec.Ports {
 		proto, _ := protocolOf(sp.Protocol) // validated above
 		backends := backendsFor(sp.Name, cmp.Or(sp.Protocol, corev1.ProtocolTCP), proto, mine)
 		for _, vip := range vips {
-			svcs = append(svcs, &model.Service{
+			t.Services = append(t.Services, &model.Service{
 				Name:     model.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: sp.Name},
 				Kind:     model.ClusterIP,
 				Frontend: model.L4Addr{Addr: vip, Port: uint16(sp.Port), Proto: proto},
 				Backends: slices.Clone(backends),
 			})
 		}
-		svcs = append(svcs, northSouth(svc, sp, proto, backends, mine, opts)...)
+		ns, facts := northSouth(svc, sp, proto, backends, mine, opts.Node)
+		t.Services = append(t.Services, ns...)
+		t.NodeFacts |= facts
 	}
-	slices.SortFunc(svcs, func(a, b *model.Service) int {
+	slices.SortFunc(t.Services, func(a, b *model.Service) int {
 		if a.Frontend.Less(b.Frontend) {
 			return -1
 		}
@@ -160,23 +222,26 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 		}
 		return 0
 	})
-	return svcs, "", nil
+	return t, nil
 }
 
 // backendsFor merges the endpoints of all slices for the Service port named
 // portName: ready ones, or if none is ready, the serving and terminating
-// ones. Endpoints listed by several slices are counted once; a ready
-// duplicate wins over a non-ready one.
-func backendsFor(portName string, kproto corev1.Protocol, proto model.Protocol, slices []*discoveryv1.EndpointSlice) []model.Backend {
+// ones, sorted by address. Endpoints listed by several slices are counted
+// once: the first ready listing wins, else the first listing.
+func backendsFor(portName string, kproto corev1.Protocol, proto model.Protocol, eps []*discoveryv1.EndpointSlice) []model.Backend {
 	type cand struct {
 		b           model.Backend
 		ready       bool
 		serving     bool
 		terminating bool
 	}
-	seen := map[model.L4Addr]int{}
-	var cands []cand
-	for _, es := range slices {
+	n := 0
+	for _, es := range eps {
+		n += len(es.Endpoints)
+	}
+	cands := make([]cand, 0, n)
+	for _, es := range eps {
 		for _, ep := range es.Ports {
 			if ptrOr(ep.Name, "") != portName || ptrOr(ep.Protocol, corev1.ProtocolTCP) != kproto || ep.Port == nil {
 				continue
@@ -191,7 +256,7 @@ func backendsFor(portName string, kproto corev1.Protocol, proto model.Protocol, 
 				if err != nil || !ip.Is4() {
 					continue
 				}
-				c := cand{
+				cands = append(cands, cand{
 					b: model.Backend{
 						L4Addr:   model.L4Addr{Addr: ip, Port: uint16(*ep.Port), Proto: proto},
 						NodeName: ptrOr(e.NodeName, ""),
@@ -199,20 +264,34 @@ func backendsFor(portName string, kproto corev1.Protocol, proto model.Protocol, 
 					ready:       ptrOr(e.Conditions.Ready, true),
 					serving:     ptrOr(e.Conditions.Serving, true),
 					terminating: ptrOr(e.Conditions.Terminating, false),
-				}
-				if i, dup := seen[c.b.L4Addr]; dup {
-					if c.ready && !cands[i].ready {
-						cands[i] = c
-					}
-					continue
-				}
-				seen[c.b.L4Addr] = len(cands)
-				cands = append(cands, c)
+				})
 			}
 		}
 	}
-	var ready, fallback []model.Backend
-	for _, c := range cands {
+	// Sorted by address, listings of one endpoint are next to each other
+	// in the order they were seen (a stable sort), and the result comes
+	// out sorted. A map to find duplicates would cost more: most
+	// endpoints are listed once.
+	slices.SortStableFunc(cands, func(a, b cand) int {
+		switch {
+		case a.b.L4Addr.Less(b.b.L4Addr):
+			return -1
+		case b.b.L4Addr.Less(a.b.L4Addr):
+			return 1
+		}
+		return 0
+	})
+	ready := make([]model.Backend, 0, len(cands))
+	var fallback []model.Backend
+	for i := 0; i < len(cands); {
+		c := cands[i]
+		j := i + 1
+		for ; j < len(cands) && cands[j].b.L4Addr == c.b.L4Addr; j++ {
+			if cands[j].ready && !c.ready {
+				c = cands[j]
+			}
+		}
+		i = j
 		switch {
 		case c.ready:
 			ready = append(ready, c.b)
@@ -223,9 +302,9 @@ func backendsFor(portName string, kproto corev1.Protocol, proto model.Protocol, 
 		}
 	}
 	if len(ready) > 0 {
-		return model.SortBackends(ready)
+		return ready
 	}
-	return model.SortBackends(fallback)
+	return fallback
 }
 
 // ValidateService checks the fields Sluice relies on. Errors name the

@@ -10,8 +10,8 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
-	"github.com/sluice-lb/sluice/pkg/k8s"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 // DefaultDebounce is how long Source waits after a file event for more
@@ -22,7 +22,6 @@ const DefaultDebounce = 100 * time.Millisecond
 // apply at start and after every change.
 type Source struct {
 	path     string
-	opts     k8s.Options
 	log      *slog.Logger
 	loader   *loader
 	debounce time.Duration
@@ -31,11 +30,11 @@ type Source struct {
 }
 
 // NewSource returns a Source for path, a file or a directory.
-func NewSource(path string, opts k8s.Options, log *slog.Logger) *Source {
+func NewSource(path string, opts translate.Options, log *slog.Logger) *Source {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Source{path: path, opts: opts, log: log, loader: newLoader(opts), debounce: DefaultDebounce}
+	return &Source{path: path, log: log, loader: newLoader(opts), debounce: DefaultDebounce}
 }
 
 // Run loads the manifests, calls apply with the desired state, and does so

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-lb/sluice/pkg/datapath"
+)
+
+// fakeCT stands in for the datapath's conntrack: a refusal counter the
+// test raises, and a table that is as full as the test says.
+type fakeCT struct {
+	mu      sync.Mutex
+	refused uint64
+	live    int
+	runs    int
+}
+
+func (f *fakeCT) GCConntrack() (datapath.ConntrackStats, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.runs++
+	return datapath.ConntrackStats{Live: f.live, Max: 1000, Refused: f.refused}, nil
+}
+
+func (f *fakeCT) ConntrackRefused() (uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.refused, nil
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestConntrackGCPressure: flows refused by a full table make the GC run
+// at once (not at its hour-long interval here) and say so in the log; so
+// does a table over 90% full.
+func TestConntrackGCPressure(t *testing.T) {
+	var out syncBuffer
+	log := slog.New(slog.NewTextHandler(&out, nil))
+	f := &fakeCT{live: 100}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runConntrackGC(ctx, f, time.Hour, log)
+	}()
+	defer func() { cancel(); <-done }()
+
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if cond() {
+				return
+			}
+		}
+		t.Fatalf("%s; log:\n%s", what, out.String())
+	}
+	time.Sleep(1500 * time.Millisecond)
+	f.mu.Lock()
+	if f.runs != 0 {
+		t.Errorf("GC ran %d times with no pressure and an interval of an hour", f.runs)
+	}
+	f.refused, f.live = 7, 950
+	f.mu.Unlock()
+	waitFor("no warning about refused flows", func() bool {
+		return strings.Contains(out.String(), `msg="conntrack table full: new flows refused" refused=7`)
+	})
+	// Over 3/4 full: every second from now on, warning while over 90%.
+	waitFor("no warning about a nearly full table", func() bool {
+		return strings.Contains(out.String(), `msg="conntrack table nearly full" established=950`)
+	})
+}

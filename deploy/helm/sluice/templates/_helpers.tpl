@@ -1,0 +1,36 @@
+{{/*
+The name of every object: the release name if it says sluice, else
+RELEASE-sluice. `helm install sluice` (and deploy/sluice.yaml) give "sluice".
+*/}}
+{{- define "sluice.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sluice.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+{{- end -}}
+
+{{/*
+The ConfigMap's data, as JSON: the API server's address and the agent's
+flags. The ConfigMap renders it, and the pod template carries its SHA-256
+(of exactly this JSON: keys sorted, as encoding/json writes a map), so any
+change rolls the pods.
+*/}}
+{{- define "sluice.configData" -}}
+{{- $data := dict
+    "KUBERNETES_SERVICE_HOST" (required "apiServer.host: set the API server's real address (an IP, or a name the nodes' resolver knows); see deploy/README.md" .Values.apiServer.host | toString)
+    "KUBERNETES_SERVICE_PORT" (.Values.apiServer.port | toString) -}}
+{{- range $flag, $value := .Values.config -}}
+{{- $_ := set $data $flag (toString $value) -}}
+{{- end -}}
+{{- toJson $data -}}
+{{- end -}}
+
+{{/* The environment variable that carries a flag's value: log-level -> SLUICE_LOG_LEVEL. */}}
+{{- define "sluice.flagEnv" -}}
+{{- printf "SLUICE_%s" (. | replace "-" "_" | upper) -}}
+{{- end -}}

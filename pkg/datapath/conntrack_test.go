@@ -1,0 +1,1021 @@
+package datapath
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/packet"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// Conntrack under races, floods and reuse (issue 11): targeted packet
+// sequences through BPF_PROG_TEST_RUN, and concurrent runs from goroutines
+// pinned to different CPUs where the bug is a race between CPUs. Each test
+// names the finding of issue 11's datapath review it covers (A1, B2, ...).
+//
+// The few helpers that know the conntrack layout are at the top, so the
+// tests themselves speak in flows and packets.
+
+// ctKeyOf is the conntrack key of a packet <src:sport -> dst:dport>.
+func ctKeyOf(src string, sport uint16, dst string, dport uint16, proto model.Protocol, dir uint8) sockCt4Key {
+	return sockCt4Key{
+		Saddr: be32(netip.MustParseAddr(src)), Daddr: be32(netip.MustParseAddr(dst)),
+		Sport: be16(sport), Dport: be16(dport), Proto: uint8(proto), Dir: dir,
+	}
+}
+
+// ctMaps are the conntrack maps: established, then half-open.
+func ctMaps(m *Maps) []*ebpf.Map { return []*ebpf.Map{m.conntrack, m.ctNew} }
+
+// ctGet returns the conntrack entry under k (established or half-open,
+// alive or not), if any.
+func ctGet(m *Maps, k sockCt4Key) (sockCt4Entry, bool) {
+	var v sockCt4Entry
+	for _, cm := range ctMaps(m) {
+		if cm.Lookup(&k, &v) == nil {
+			return v, true
+		}
+	}
+	return v, false
+}
+
+// ctDelete deletes the entry under k, as an LRU eviction or the GC would.
+func ctDelete(t *testing.T, m *Maps, k sockCt4Key) {
+	t.Helper()
+	for _, cm := range ctMaps(m) {
+		if cm.Delete(&k) == nil {
+			return
+		}
+	}
+	t.Fatalf("delete conntrack entry %+v: not found", k)
+}
+
+// ctSetSeen makes the entry under k look last refreshed at monotonic
+// time now+delta (negative: in the past).
+func ctSetSeen(t *testing.T, m *Maps, k sockCt4Key, delta time.Duration) {
+	t.Helper()
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cm := range ctMaps(m) {
+		var v sockCt4Entry
+		if cm.Lookup(&k, &v) != nil {
+			continue
+		}
+		v.Expires = uint64(int64(now) + delta.Nanoseconds() + ctLifetime(m.cfg, k.Proto, v.Flags).Nanoseconds())
+		if err := cm.Update(&k, &v, ebpf.UpdateExist); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	t.Fatalf("no conntrack entry %+v", k)
+}
+
+// ctLifetime mirrors ct_lifetime in bpf/lib/conntrack.h.
+func ctLifetime(cfg Config, proto uint8, flags uint32) time.Duration {
+	switch {
+	case proto != uint8(model.TCP):
+		return cfg.CTTimeoutUDP
+	case flags&ctFlagRST != 0 || flags&(ctFlagFinFwd|ctFlagFinRev) == ctFlagFinFwd|ctFlagFinRev:
+		return cfg.CTTimeoutClose
+	case flags&ctFlagReplied != 0:
+		return cfg.CTTimeoutTCP
+	}
+	return cfg.CTTimeoutSYN
+}
+
+func ctFlags(v sockCt4Entry) uint32 { return v.Flags }
+
+func ctLive(m *Maps, k sockCt4Key) bool {
+	v, ok := ctGet(m, k)
+	now, _ := monotonicNow()
+	return ok && int64(v.Expires-now) > 0
+}
+
+// flushBackends flushes the conntrack of bes.
+func flushBackends(m *Maps, bes ...model.L4Addr) error {
+	return m.FlushConntrack(bes)
+}
+
+// Packets: a flow is a client's <addr:port> to a frontend; the backend's
+// packets come back to the client (ClusterIP) through egress.
+
+type flow struct {
+	client string
+	cport  uint16
+	fe     model.L4Addr
+}
+
+func (f flow) pkt(flags uint8) packet.Packet {
+	p := packet.Packet{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr(f.client), SrcPort: f.cport,
+		Dst: f.fe.Addr, DstPort: f.fe.Port, Proto: uint8(f.fe.Proto), TCPFlags: flags}
+	if f.fe.Proto == model.UDP {
+		p.Payload = []byte("query")
+	}
+	return p
+}
+
+func (f flow) from(be model.L4Addr, flags uint8) packet.Packet {
+	p := packet.Packet{SrcMAC: nodeMAC, DstMAC: clientMAC, Src: be.Addr, SrcPort: be.Port,
+		Dst: addr(f.client), DstPort: f.cport, Proto: uint8(be.Proto), TCPFlags: flags}
+	if be.Proto == model.UDP {
+		p.Payload = []byte("answer")
+	}
+	return p
+}
+
+func (f flow) fwdKey() sockCt4Key {
+	return ctKeyOf(f.client, f.cport, f.fe.Addr.String(), f.fe.Port, f.fe.Proto, ctForward)
+}
+
+func (f flow) revKey(be model.L4Addr) sockCt4Key {
+	return ctKeyOf(be.Addr.String(), be.Port, f.client, f.cport, be.Proto, ctReverse)
+}
+
+const (
+	tcpSYN_ = packet.SYN
+	tcpACK  = packet.ACK
+	tcpSA   = packet.SYN | packet.ACK
+	tcpFA   = packet.FIN | packet.ACK
+	tcpRST  = packet.RST
+)
+
+// Fields of an output frame (Ethernet, IPv4 without options).
+func outSrc(b []byte) string   { return netip.AddrFrom4([4]byte(b[26:30])).String() }
+func outDst(b []byte) string   { return netip.AddrFrom4([4]byte(b[30:34])).String() }
+func outSport(b []byte) uint16 { return binary.BigEndian.Uint16(b[34:]) }
+func outDport(b []byte) uint16 { return binary.BigEndian.Uint16(b[36:]) }
+
+// sendTo runs p through prog and returns the verdict and the backend
+// address the output is sent to.
+func sendTo(t *testing.T, prog *ebpf.Program, p packet.Packet) (uint32, string) {
+	t.Helper()
+	v, out := runProg(t, prog, p.Bytes())
+	return v, outDst(out)
+}
+
+// establish opens f (SYN, the backend's SYN-ACK, the client's ACK) and
+// returns the backend it went to, among bes.
+func establish(t *testing.T, d *Datapath, f flow, bes ...testBackend) testBackend {
+	t.Helper()
+	v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpSYN_))
+	if v != tcActOK {
+		t.Fatalf("SYN of %+v: verdict %d", f, v)
+	}
+	for _, b := range bes {
+		if b.addr.Addr.String() != dst {
+			continue
+		}
+		v, out := runProg(t, d.TCEgress(), f.from(b.addr, tcpSA).Bytes())
+		if v != tcActOK || outSrc(out) != f.fe.Addr.String() {
+			t.Fatalf("SYN-ACK of %+v from %s: verdict %d, source %s", f, b.addr, v, outSrc(out))
+		}
+		if v, got := sendTo(t, d.TCIngress(), f.pkt(tcpACK)); v != tcActOK || got != dst {
+			t.Fatalf("ACK of %+v: verdict %d to %s, want %s", f, v, got, dst)
+		}
+		return b
+	}
+	t.Fatalf("SYN of %+v went to %s, not a backend", f, dst)
+	return testBackend{}
+}
+
+// onCPUs runs fn(cpu) on one goroutine per CPU in cpus, each locked to its
+// thread and the thread pinned to the CPU, all released at once.
+func onCPUs(t *testing.T, cpus []int, fn func(cpu int)) {
+	t.Helper()
+	if runtime.NumCPU() < len(cpus) {
+		t.Skipf("needs %d CPUs", len(cpus))
+	}
+	var ready, done sync.WaitGroup
+	start := make(chan struct{})
+	errs := make(chan error, len(cpus))
+	for _, cpu := range cpus {
+		ready.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			var set unix.CPUSet
+			set.Set(cpu)
+			if err := unix.SchedSetaffinity(0, &set); err != nil {
+				errs <- fmt.Errorf("pin to CPU %d: %w", cpu, err)
+				ready.Done()
+				return
+			}
+			ready.Done()
+			<-start
+			fn(cpu)
+		}()
+	}
+	ready.Wait()
+	close(start)
+	done.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// TestCTConcurrentRefresh (A1): the packets of one established flow on two
+// CPUs at once. Each program reads the clock once; the other CPU refreshes
+// the entry in between. No reply may leave un-NATed and no client packet
+// may be re-balanced.
+func TestCTConcurrentRefresh(t *testing.T) {
+	d := newTestDatapath(t)
+	bes := []testBackend{{41, l4("10.1.4.1", 8080, model.TCP)}, {42, l4("10.1.4.2", 8080, model.TCP)}}
+	addService(t, d.Maps(), 1, vipTCP, bes...)
+	f := flow{"10.0.4.1", 45000, vipTCP}
+	be := establish(t, d, f, bes...)
+
+	const n = 100000
+	var mu sync.Mutex
+	bad := map[string]int{}
+	reply, ack := f.from(be.addr, tcpACK).Bytes(), f.pkt(tcpACK).Bytes()
+	onCPUs(t, []int{0, 1}, func(cpu int) {
+		untranslated, moved := 0, 0
+		for i := range n {
+			if i%2 == cpu%2 {
+				v, out, err := runProgErr(d.TCEgress(), reply)
+				if err != nil || v != tcActOK || outSrc(out) != f.fe.Addr.String() {
+					untranslated++
+				}
+			} else {
+				v, out, err := runProgErr(d.TCIngress(), ack)
+				if err != nil || v != tcActOK || outDst(out) != be.addr.Addr.String() {
+					moved++
+				}
+			}
+		}
+		mu.Lock()
+		bad["replies un-NATed"] += untranslated
+		bad["client packets re-balanced"] += moved
+		mu.Unlock()
+	})
+	for what, c := range bad {
+		if c != 0 {
+			t.Errorf("%d of %d %s", c, n, what)
+		}
+	}
+}
+
+// TestCTRefreshedAhead (A1, deterministic): an entry another CPU refreshed
+// after this program read the clock is alive, not expired.
+func TestCTRefreshedAhead(t *testing.T) {
+	d := newTestDatapath(t)
+	m := d.Maps()
+	bes := []testBackend{{43, l4("10.1.4.3", 8080, model.TCP)}, {44, l4("10.1.4.4", 8080, model.TCP)}}
+	addService(t, m, 1, vipTCP, bes...)
+	f := flow{"10.0.4.2", 45001, vipTCP}
+	be := establish(t, d, f, bes...)
+	ctSetSeen(t, m, f.revKey(be.addr), 50*time.Millisecond)
+	ctSetSeen(t, m, f.fwdKey(), 50*time.Millisecond)
+	v, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpACK).Bytes())
+	if v != tcActOK || outSrc(out) != vipTCP.Addr.String() {
+		t.Errorf("reply: verdict %d, source %s, want the VIP", v, outSrc(out))
+	}
+	for range 8 {
+		if v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpACK)); v != tcActOK || dst != be.addr.Addr.String() {
+			t.Fatalf("client packet: verdict %d to %s, want %s", v, dst, be.addr.Addr)
+		}
+	}
+}
+
+// TestCTGCKeepsRecreatedFlows (A2): the GC runs while clients come back on
+// the tuples of expired flows. Every flow re-created before, during or
+// after the GC's pass must keep its entries.
+func TestCTGCKeepsRecreatedFlows(t *testing.T) {
+	testutil.Privileged(t)
+	cfg := smallConfig(testPinDir(t))
+	cfg.MaxConntrack = 65536
+	cfg.CTTimeoutUDP = time.Second
+	d := openTest(t, cfg)
+	m := d.Maps()
+	be := testBackend{45, l4("10.1.4.5", 5353, model.UDP)}
+	addService(t, m, 1, vipUDP, be)
+
+	const n = 10000
+	flows := make([]flow, n)
+	for i := range flows {
+		flows[i] = flow{fmt.Sprintf("10.0.%d.%d", 40+i/250, 1+i%250), uint16(20000 + i), vipUDP}
+	}
+	open := func(f flow) error {
+		if v, _, err := runProgErr(d.TCIngress(), f.pkt(0).Bytes()); err != nil || v != tcActOK {
+			return fmt.Errorf("datagram of %+v: verdict %d, %v", f, v, err)
+		}
+		if v, _, err := runProgErr(d.TCEgress(), f.from(be.addr, 0).Bytes()); err != nil || v != tcActOK {
+			return fmt.Errorf("answer to %+v: verdict %d, %v", f, v, err)
+		}
+		return nil
+	}
+	for _, f := range flows {
+		if err := open(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(cfg.CTTimeoutUDP + 200*time.Millisecond)
+
+	var wg sync.WaitGroup
+	var gcErr, openErr error
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		_, gcErr = m.GCConntrack()
+	}()
+	go func() {
+		defer wg.Done()
+		for _, f := range flows {
+			if openErr = open(f); openErr != nil {
+				return
+			}
+		}
+	}()
+	wg.Wait()
+	if gcErr != nil || openErr != nil {
+		t.Fatal(gcErr, openErr)
+	}
+	lost := 0
+	for _, f := range flows {
+		if !ctLive(m, f.fwdKey()) || !ctLive(m, f.revKey(be.addr)) {
+			lost++
+		}
+	}
+	if lost != 0 {
+		t.Errorf("%d of %d flows re-created during the GC lost an entry", lost, n)
+	}
+}
+
+// TestCTGCKeepsLiveReservation (A2): the GC never deletes the SNAT port
+// reservation (reply entry) of a flow whose forward entry is alive, and
+// neither does a new flow looking for a port.
+func TestCTGCKeepsLiveReservation(t *testing.T) {
+	testutil.Privileged(t)
+	_, ifindex := nodeNetns(t)
+	cfg := smallConfig(testPinDir(t))
+	cfg.SNATPortMin, cfg.SNATPortMax = 62000, 62000
+	d := openTest(t, cfg)
+	m := d.Maps()
+	if err := d.AttachDevices([]string{"eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	addExternal(t, m, 1, npRemote, reconciler.FlagExternal, beRemote)
+	syn := packet.Packet{SrcMAC: clientMAC, DstMAC: macOf(nodeEthMAC), Src: addr(nsClientIP), Dst: addr(nsNodeIP), SrcPort: 43000, DstPort: 30080, Proto: packet.TCP}
+	if v, _ := runOn(t, d.TCIngress(), ifindex, syn.Bytes()); v != tcActRedirect {
+		t.Fatalf("SYN: verdict %d", v)
+	}
+	sp := snatPortOf(t, m, nsClientIP, 43000, npRemote)
+	rev := ctKeyOf("10.2.0.7", 8080, nsNodeIP, sp, model.TCP, ctReverse)
+	ctSetSeen(t, m, rev, -7*time.Hour)
+	if _, err := m.GCConntrack(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := ctGet(m, rev); !ok {
+		t.Errorf("GC deleted the port reservation %d of a live flow", sp)
+	}
+	other := syn
+	other.Src = addr("172.16.0.30")
+	if v, out := runOn(t, d.TCIngress(), ifindex, other.Bytes()); v == tcActRedirect && outSport(out) == sp {
+		t.Errorf("a new flow took the port %d of a live flow", sp)
+	}
+}
+
+// TestCTSNATReservationLost (A3): a flow whose port reservation was lost
+// (evicted, or deleted) and taken by another flow must not send from that
+// port any more; the other flow keeps it.
+func TestCTSNATReservationLost(t *testing.T) {
+	testutil.Privileged(t)
+	ns, ifindex := nodeNetns(t)
+	cfg := smallConfig(testPinDir(t))
+	cfg.SNATPortMin, cfg.SNATPortMax = 62000, 62000
+	d := openTest(t, cfg)
+	m := d.Maps()
+	if err := d.AttachDevices([]string{"eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	addExternal(t, m, 1, npRemote, reconciler.FlagExternal, beRemote)
+	client := func(src string, sport uint16, flags uint8) packet.Packet {
+		return packet.Packet{SrcMAC: clientMAC, DstMAC: macOf(nodeEthMAC), Src: addr(src), Dst: addr(nsNodeIP), SrcPort: sport, DstPort: 30080, Proto: packet.TCP, TCPFlags: flags}
+	}
+	for _, c := range []struct {
+		name string
+		run  func(t *testing.T, p packet.Packet) (uint32, []byte)
+		a, b string
+	}{
+		{"tc", func(t *testing.T, p packet.Packet) (uint32, []byte) {
+			return runOn(t, d.TCIngress(), ifindex, p.Bytes())
+		}, "172.16.0.10", "172.16.0.11"},
+		{"xdp", func(t *testing.T, p packet.Packet) (uint32, []byte) { return runXDP(t, d.XDP(), ifindex, p.Bytes()) }, "172.16.0.20", "172.16.0.21"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ns.Enter(t)
+			if v, _ := c.run(t, client(c.a, 40000, tcpSYN_)); v != tcActRedirect && v != xdpTx {
+				t.Fatalf("flow A SYN: verdict %d", v)
+			}
+			if sp := snatPortOf(t, m, c.a, 40000, npRemote); sp != 62000 {
+				t.Fatalf("flow A got port %d", sp)
+			}
+			rev := ctKeyOf("10.2.0.7", 8080, nsNodeIP, 62000, model.TCP, ctReverse)
+			ctDelete(t, m, rev)
+			if v, out := c.run(t, client(c.b, 40000, tcpSYN_)); (v == tcActRedirect || v == xdpTx) && outSport(out) != 62000 {
+				t.Fatalf("flow B sent from port %d", outSport(out))
+			}
+			v, out := c.run(t, client(c.a, 40000, tcpACK))
+			if (v == tcActRedirect || v == xdpTx) && outSrc(out) == nsNodeIP && outSport(out) == 62000 {
+				if r, ok := ctGet(m, rev); ok && addrFromBE32(r.SnatAddr).String() != c.a {
+					t.Errorf("flow A sent from port 62000, which flow %s holds", addrFromBE32(r.SnatAddr))
+				}
+			}
+			ctDelete(t, m, ctKeyOf(c.a, 40000, nsNodeIP, 30080, model.TCP, ctForward))
+			ctDelete(t, m, ctKeyOf(c.b, 40000, nsNodeIP, 30080, model.TCP, ctForward))
+			if _, ok := ctGet(m, rev); ok {
+				ctDelete(t, m, rev)
+			}
+		})
+	}
+}
+
+// TestTCZeroBackendsKeepsEstablished (A5): a Service that drops to zero
+// endpoints keeps its established flows (kube-proxy rejects only new
+// connections); new ones are refused with ICMP port unreachable.
+func TestTCZeroBackendsKeepsEstablished(t *testing.T) {
+	d := newTestDatapath(t)
+	m := d.Maps()
+	be := testBackend{46, l4("10.1.4.6", 8080, model.TCP)}
+	addService(t, m, 1, vipTCP, be)
+	f := flow{"10.0.4.3", 45002, vipTCP}
+	establish(t, d, f, be)
+
+	if err := m.UpsertMaster(vipTCP, reconciler.Master{ID: 1, Count: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.DeleteSlot(vipTCP, 1); err != nil {
+		t.Fatal(err)
+	}
+	if v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpACK)); v != tcActOK || dst != be.addr.Addr.String() {
+		t.Errorf("established flow's data: verdict %d to %s, want %s", v, dst, be.addr.Addr)
+	}
+	if v, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpACK).Bytes()); v != tcActOK || outSrc(out) != vipTCP.Addr.String() {
+		t.Errorf("established flow's reply: verdict %d, source %s", v, outSrc(out))
+	}
+	if v, _ := runProg(t, d.TCIngress(), flow{"10.0.4.3", 45003, vipTCP}.pkt(tcpSYN_).Bytes()); v != tcActRedirect {
+		t.Errorf("new connection: verdict %d, want the ICMP reply (redirect)", v)
+	}
+}
+
+// TestCTFloodKeepsEstablished (issue item 7, B3): with a small conntrack
+// table, a flood of new flows to another Service never evicts established
+// flows; once the table of established flows is full, new flows are
+// refused (and counted), not the old ones.
+func TestCTFloodKeepsEstablished(t *testing.T) {
+	testutil.Privileged(t)
+	cfg := smallConfig(testPinDir(t))
+	cfg.MaxConntrack = 1024
+	d := openTest(t, cfg)
+	m := d.Maps()
+	bes := []testBackend{
+		{51, l4("10.1.5.1", 8080, model.TCP)}, {52, l4("10.1.5.2", 8080, model.TCP)},
+		{53, l4("10.1.5.3", 8080, model.TCP)}, {54, l4("10.1.5.4", 8080, model.TCP)},
+	}
+	addService(t, m, 1, vipTCP, bes...)
+	other := l4("10.96.0.40", 80, model.TCP)
+	ob := testBackend{55, l4("10.1.5.5", 8080, model.TCP)}
+	addService(t, m, 2, other, ob)
+
+	established := map[flow]testBackend{}
+	for i := range 20 {
+		f := flow{"10.0.5.1", uint16(46000 + i), vipTCP}
+		established[f] = establish(t, d, f, bes...)
+	}
+	check := func(phase string) {
+		t.Helper()
+		broken := 0
+		for f, be := range established {
+			v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpACK))
+			rv, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpACK).Bytes())
+			if v != tcActOK || dst != be.addr.Addr.String() || rv != tcActOK || outSrc(out) != vipTCP.Addr.String() {
+				broken++
+			}
+		}
+		if broken != 0 {
+			t.Errorf("%s: %d of %d established flows broken (re-balanced or replies un-NATed)", phase, broken, len(established))
+		}
+	}
+
+	// 5000 new connections (SYNs nobody answers) to the other Service.
+	for i := range 5000 {
+		f := flow{fmt.Sprintf("10.0.%d.%d", 60+i/250, 1+i%250), 50000, other}
+		runProg(t, d.TCIngress(), f.pkt(tcpSYN_).Bytes())
+	}
+	check("after 5000 half-open flows")
+
+	// 2000 connections that get answered: more than the table holds.
+	refused := 0
+	for i := range 2000 {
+		f := flow{fmt.Sprintf("10.0.%d.%d", 90+i/250, 1+i%250), 50001, other}
+		runProg(t, d.TCIngress(), f.pkt(tcpSYN_).Bytes())
+		if v, out := runProg(t, d.TCEgress(), f.from(ob.addr, tcpSA).Bytes()); v != tcActOK || outSrc(out) != other.Addr.String() {
+			refused++
+		}
+	}
+	check("after 2000 more established flows than fit")
+	if refused == 0 {
+		t.Errorf("all 2000 flows beyond the table's 1024 entries were accepted")
+	}
+	cs, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cs["tc_ct_full"] + cs["tc_ct_est_full"]; got < uint64(refused) {
+		t.Errorf("%d flows refused, counted %d (tc_ct_full + tc_ct_est_full)", refused, got)
+	}
+}
+
+// TestCTSharedBackendClash (B1): a client port talking to two VIPs that
+// share a backend: the second flow must not take over the first one's
+// reply entry (replies would carry the wrong VIP). With another backend it
+// goes there; with none, its SYN is refused.
+func TestCTSharedBackendClash(t *testing.T) {
+	d := newTestDatapath(t)
+	m := d.Maps()
+	shared := testBackend{61, l4("10.1.6.1", 8080, model.TCP)}
+	spare := testBackend{62, l4("10.1.6.2", 8080, model.TCP)}
+	vip1, vip2, vip3 := l4("10.96.0.50", 80, model.TCP), l4("10.96.0.51", 80, model.TCP), l4("10.96.0.52", 80, model.TCP)
+	addService(t, m, 1, vip1, shared)
+	addService(t, m, 2, vip2, shared)
+	addService(t, m, 3, vip3, shared, spare)
+
+	for i := range 16 {
+		f1 := flow{"10.0.6.1", uint16(47000 + i), vip1}
+		establish(t, d, f1, shared)
+		f2, f3 := f1, f1
+		f2.fe, f3.fe = vip2, vip3
+		if v, dst := sendTo(t, d.TCIngress(), f2.pkt(tcpSYN_)); v == tcActOK && dst == shared.addr.Addr.String() {
+			t.Fatalf("flow %d: %s took the reply tuple of its flow to %s", i, vip2, vip1)
+		}
+		if v, dst := sendTo(t, d.TCIngress(), f3.pkt(tcpSYN_)); v != tcActOK || dst != spare.addr.Addr.String() {
+			t.Fatalf("flow %d to %s: verdict %d to %s, want the other backend %s", i, vip3, v, dst, spare.addr.Addr)
+		}
+		for range 2 {
+			if v, _ := sendTo(t, d.TCIngress(), f1.pkt(tcpACK)); v != tcActOK {
+				t.Fatalf("flow %d to %s: verdict %d", i, vip1, v)
+			}
+			if v, out := runProg(t, d.TCEgress(), f1.from(shared.addr, tcpACK).Bytes()); v != tcActOK || outSrc(out) != vip1.Addr.String() {
+				t.Fatalf("flow %d: reply from %s carries %s, want %s", i, shared.addr, outSrc(out), vip1.Addr)
+			}
+		}
+	}
+}
+
+// TestCTStragglerKeepsNewFlow (B2, B10): after a flow closed and its tuple
+// was reused for a new flow to another backend, a late FIN or RST of the
+// old backend must not mark the new flow closed (whose SYN retransmission
+// would then re-select a backend and split the connection).
+func TestCTStragglerKeepsNewFlow(t *testing.T) {
+	d := newTestDatapath(t)
+	m := d.Maps()
+	bes := []testBackend{
+		{71, l4("10.1.7.1", 8080, model.TCP)}, {72, l4("10.1.7.2", 8080, model.TCP)},
+		{73, l4("10.1.7.3", 8080, model.TCP)}, {74, l4("10.1.7.4", 8080, model.TCP)},
+	}
+	for i, straggler := range []uint8{tcpRST, tcpFA} {
+		addService(t, m, 1, vipTCP, bes...)
+		f := flow{"10.0.7.1", uint16(48000 + i), vipTCP}
+		old := establish(t, d, f, bes...)
+		runProg(t, d.TCIngress(), f.pkt(tcpFA).Bytes())
+		runProg(t, d.TCEgress(), f.from(old.addr, tcpFA).Bytes())
+		var rest []testBackend
+		for _, b := range bes {
+			if b != old {
+				rest = append(rest, b)
+			}
+		}
+		addService(t, m, 1, vipTCP, rest...) // the old backend leaves
+		if err := m.DeleteSlot(vipTCP, 4); err != nil {
+			t.Fatal(err)
+		}
+		v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpSYN_))
+		if v != tcActOK || dst == old.addr.Addr.String() {
+			t.Fatalf("new flow on the old tuple: verdict %d to %s", v, dst)
+		}
+		runProg(t, d.TCEgress(), f.from(old.addr, straggler).Bytes())
+		if e, ok := ctGet(m, f.fwdKey()); !ok || ctFlags(e)&(ctFlagRST|ctFlagFinRev) != 0 {
+			t.Errorf("straggler %#x of the old backend: new flow's forward entry %+v (present %v)", straggler, e, ok)
+		}
+		for range 4 {
+			if v, got := sendTo(t, d.TCIngress(), f.pkt(tcpSYN_)); v != tcActOK || got != dst {
+				t.Fatalf("straggler %#x: SYN retransmission to %s, the flow is on %s", straggler, got, dst)
+			}
+		}
+		if err := m.UpsertBackend(old.id, old.addr); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestCTBackendGoneSYNReselects (B4): a pure SYN on the tuple of a live
+// TCP flow whose backend has left the service (a client that crashed and
+// reuses its port) selects a current backend; the established flow's own
+// packets keep their backend, as kube-proxy keeps established connections
+// of terminating endpoints.
+func TestCTBackendGoneSYNReselects(t *testing.T) {
+	d := newTestDatapath(t)
+	m := d.Maps()
+	gone, cur := testBackend{81, l4("10.1.8.1", 8080, model.TCP)}, testBackend{82, l4("10.1.8.2", 8080, model.TCP)}
+	addService(t, m, 1, vipTCP, gone)
+	f := flow{"10.0.8.1", 49000, vipTCP}
+	establish(t, d, f, gone)
+	g := flow{"10.0.8.1", 49001, vipTCP}
+	establish(t, d, g, gone)
+	addService(t, m, 1, vipTCP, cur)
+	if err := m.DeleteBackend(gone.id); err != nil {
+		t.Fatal(err)
+	}
+	if v, dst := sendTo(t, d.TCIngress(), g.pkt(tcpACK)); v != tcActOK || dst != gone.addr.Addr.String() {
+		t.Errorf("established flow's data: verdict %d to %s, want its backend %s", v, dst, gone.addr.Addr)
+	}
+	if v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpSYN_)); v != tcActOK || dst != cur.addr.Addr.String() {
+		t.Errorf("new SYN on the tuple: verdict %d to %s, want %s", v, dst, cur.addr.Addr)
+	}
+	// An id reused for another address is gone too.
+	h := flow{"10.0.8.1", 49002, vipTCP}
+	establish(t, d, h, cur)
+	if err := m.UpsertBackend(cur.id, l4("10.1.8.3", 8080, model.TCP)); err != nil {
+		t.Fatal(err)
+	}
+	if v, dst := sendTo(t, d.TCIngress(), h.pkt(tcpSYN_)); v != tcActOK || dst != "10.1.8.3" {
+		t.Errorf("SYN on a flow whose backend id names another address: verdict %d to %s", v, dst)
+	}
+}
+
+// TestTCSlotVanishes (B6): a reader that read a master's count before a
+// shrink finds its slot (or the slot's backend) gone. It selects again
+// rather than dropping the packet. The state is the one such a reader
+// sees: the master says 2, slot 2 is gone.
+func TestTCSlotVanishes(t *testing.T) {
+	d := newTestDatapath(t)
+	m := d.Maps()
+	b1, b2 := testBackend{91, l4("10.1.9.1", 8080, model.TCP)}, testBackend{92, l4("10.1.9.2", 8080, model.TCP)}
+	addService(t, m, 1, vipTCP, b1, b2)
+	if err := m.DeleteSlot(vipTCP, 2); err != nil {
+		t.Fatal(err)
+	}
+	dropped := 0
+	for i := range 64 {
+		if v, dst := sendTo(t, d.TCIngress(), flow{"10.0.9.1", uint16(50000 + i), vipTCP}.pkt(tcpSYN_)); v != tcActOK || dst != b1.addr.Addr.String() {
+			dropped++
+		}
+	}
+	// The slot is there but its backend is gone.
+	addService(t, m, 1, vipTCP, b1, b2)
+	if err := m.DeleteBackend(b2.id); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 64 {
+		if v, dst := sendTo(t, d.TCIngress(), flow{"10.0.9.2", uint16(50000 + i), vipTCP}.pkt(tcpSYN_)); v != tcActOK || dst != b1.addr.Addr.String() {
+			dropped++
+		}
+	}
+	if dropped != 0 {
+		t.Errorf("%d of 128 new flows not sent to the remaining backend", dropped)
+	}
+}
+
+// TestCTConcurrentClose (C6): both ends send their FIN at the same time on
+// two CPUs. Each FIN marks both entries of the flow; neither mark may be
+// lost, or the flow stays "open" for the TCP idle timeout.
+func TestCTConcurrentClose(t *testing.T) {
+	testutil.Privileged(t)
+	cfg := smallConfig(testPinDir(t))
+	cfg.MaxConntrack = 65536
+	d := openTest(t, cfg)
+	m := d.Maps()
+	be := testBackend{93, l4("10.1.9.3", 8080, model.TCP)}
+	addService(t, m, 1, vipTCP, be)
+	const n = 3000
+	flows := make([]flow, n)
+	for i := range flows {
+		flows[i] = flow{fmt.Sprintf("10.0.%d.%d", 100+i/250, 1+i%250), 51000, vipTCP}
+		establish(t, d, flows[i], be)
+	}
+	// A spin barrier per flow: both CPUs start its FIN together.
+	var arrived atomic.Int64
+	onCPUs(t, []int{0, 1}, func(cpu int) {
+		for i, f := range flows {
+			arrived.Add(1)
+			for arrived.Load() < int64(2*(i+1)) {
+			}
+			if cpu == 0 {
+				runProgErr(d.TCIngress(), f.pkt(tcpFA).Bytes())
+			} else {
+				runProgErr(d.TCEgress(), f.from(be.addr, tcpFA).Bytes())
+			}
+		}
+	})
+	lost := 0
+	both := ctFlagFinFwd | ctFlagFinRev
+	for _, f := range flows {
+		fe, _ := ctGet(m, f.fwdKey())
+		re, _ := ctGet(m, f.revKey(be.addr))
+		if ctFlags(fe)&both != both || ctFlags(re)&both != both {
+			lost++
+		}
+	}
+	if lost != 0 {
+		t.Errorf("%d of %d flows closed by both ends lost a FIN mark", lost, n)
+	}
+}
+
+// TestFlushConntrackSet (C2): one flush forgets the flows of every backend
+// it names, in both directions, and no other.
+func TestFlushConntrackSet(t *testing.T) {
+	d := newTestDatapath(t)
+	m := d.Maps()
+	bes := []testBackend{{94, l4("10.1.9.4", 5353, model.UDP)}, {95, l4("10.1.9.5", 5353, model.UDP)}, {96, l4("10.1.9.6", 5353, model.UDP)}}
+	flows := map[flow]testBackend{}
+	for i, b := range bes {
+		fe := l4(fmt.Sprintf("10.96.0.%d", 60+i), 53, model.UDP)
+		addService(t, m, reconciler.ServiceID(1+i), fe, b)
+		for j := range 8 {
+			f := flow{"10.0.9.9", uint16(52000 + j), fe}
+			runProg(t, d.TCIngress(), f.pkt(0).Bytes())
+			runProg(t, d.TCEgress(), f.from(b.addr, 0).Bytes())
+			flows[f] = b
+		}
+	}
+	if err := flushBackends(m, bes[0].addr, bes[1].addr); err != nil {
+		t.Fatal(err)
+	}
+	for f, b := range flows {
+		_, fwd := ctGet(m, f.fwdKey())
+		_, rev := ctGet(m, f.revKey(b.addr))
+		if want := b == bes[2]; fwd != want || rev != want {
+			t.Errorf("flow %+v to %s after the flush: forward entry %v, reply entry %v, want %v", f, b.addr, fwd, rev, want)
+		}
+	}
+}
+
+// TestSockSlotVanishes (B6): connect4 and sendmsg4 in the state a reader
+// between a shrink's writes sees (master count 2, slot 2 gone) still
+// translate: a connect never leaves the VIP in place, which nothing
+// answers.
+func TestSockSlotVanishes(t *testing.T) {
+	d := newTestDatapath(t)
+	ns := topology.NewNS(t, "slot")
+	cg := newTestCgroup(t)
+	if err := d.AttachCgroup(cg.Path); err != nil {
+		t.Fatalf("AttachCgroup: %v", err)
+	}
+	cg.Join(t)
+	ns.Enter(t)
+	addLoopbackAddrs(t, ns, sockBackends...)
+	startBackends(t)
+	m := d.Maps()
+	addService(t, m, 1, sockVIPTCP,
+		testBackend{1, l4(sockBackends[0], 8080, model.TCP)}, testBackend{2, l4(sockBackends[1], 8080, model.TCP)})
+	addService(t, m, 2, sockVIPUDP,
+		testBackend{3, l4(sockBackends[0], 5353, model.UDP)}, testBackend{4, l4(sockBackends[1], 5353, model.UDP)})
+	for _, fe := range []model.L4Addr{sockVIPTCP, sockVIPUDP} {
+		if err := m.DeleteSlot(fe, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	failed := 0
+	for i := range 32 {
+		fd := newSocket(t, unix.SOCK_STREAM)
+		tv := unix.NsecToTimeval(int64(time.Second))
+		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Connect(fd, sockaddr(sockVIPTCP)); err != nil {
+			failed++
+			t.Logf("TCP connect %d: %v", i, err)
+		}
+		ufd := newSocket(t, unix.SOCK_DGRAM)
+		if err := unix.Connect(ufd, sockaddr(sockVIPUDP)); err != nil {
+			failed++
+			t.Logf("UDP connect %d: %v", i, err)
+			continue
+		}
+		if _, err := unix.Write(ufd, []byte("q")); err != nil {
+			failed++
+			continue
+		}
+		if msg, _ := recvFrom(t, ufd); !isBackendReply(msg) {
+			failed++
+		}
+	}
+	if failed != 0 {
+		t.Errorf("%d of 64 connects left on the VIP", failed)
+	}
+}
+
+// TestCTFloodRealTraffic (issue item 7, the probe): real TCP connections
+// through the tc programs with a small conntrack table. 20 long-lived
+// connections to one Service must survive 5000 new connections to
+// another; new connections may be refused while the table of established
+// flows is full, never the established ones. The agent's GC runs as it
+// would (here every 100ms, with a short close timeout).
+//
+//	client ns: c0 10.202.0.2/24 -> node ns: n0 10.202.0.1/24 (tc), lo 10.200.0.2
+func TestCTFloodRealTraffic(t *testing.T) {
+	testutil.Privileged(t)
+	cfg := smallConfig(testPinDir(t))
+	cfg.MaxConntrack = 1024
+	cfg.CTTimeoutClose = 500 * time.Millisecond
+	d := openTest(t, cfg)
+	m := d.Maps()
+	tp := topology.NewT(t)
+	nodeNS, err := tp.AddNS("node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientNS, err := tp.AddNS("client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo := l4("10.96.0.70", 80, model.TCP)
+	greet := l4("10.96.0.71", 80, model.TCP)
+	// Four echo backends (one address, four ports): a flow re-balanced to
+	// another one is reset.
+	var echoBackends []testBackend
+	for i := range 4 {
+		echoBackends = append(echoBackends, testBackend{reconciler.BackendID(10 + i), l4(sockBackends[0], uint16(9090+i), model.TCP)})
+	}
+	addService(t, m, 1, echo, echoBackends...)
+	addService(t, m, 2, greet, testBackend{2, l4(sockBackends[0], 8080, model.TCP)})
+
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(tp.Veth(nodeNS, "n0", clientNS, "c0"))
+	must(nodeNS.AddAddr("n0", netip.MustParsePrefix("10.202.0.1/24")))
+	must(clientNS.AddAddr("c0", netip.MustParsePrefix("10.202.0.2/24")))
+	must(clientNS.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), addr("10.202.0.1")))
+	nodeNS.Enter(t)
+	addLoopbackAddrs(t, nodeNS, sockBackends...)
+	startBackends(t)
+	for _, b := range echoBackends {
+		_, err := nodeNS.ServeTCPEcho(netip.AddrPortFrom(b.addr.Addr, b.addr.Port).String(), fmt.Sprint(b.addr.Port))
+		must(err)
+	}
+	must(d.AttachDevices([]string{"n0"}))
+
+	stop := make(chan struct{})
+	gcDone := make(chan struct{})
+	go func() {
+		defer close(gcDone)
+		tk := time.NewTicker(100 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+				m.GCConntrack()
+			}
+		}
+	}()
+	defer func() { close(stop); <-gcDone }()
+
+	dial := func(a model.L4Addr, timeout time.Duration) (net.Conn, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		return clientNS.DialContext(ctx, "tcp4", netip.AddrPortFrom(a.Addr, a.Port).String())
+	}
+	roundTrip := func(c net.Conn) error {
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Write([]byte("ping\n")); err != nil {
+			return err
+		}
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err == nil && !strings.HasSuffix(line, " ping\n") {
+			err = fmt.Errorf("echo %q", line)
+		}
+		return err
+	}
+	var conns []net.Conn
+	for range 20 {
+		c, err := dial(echo, 2*time.Second)
+		if err != nil {
+			t.Fatalf("connect %s: %v", echo, err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if err := roundTrip(c); err != nil {
+			t.Fatalf("echo: %v", err)
+		}
+		conns = append(conns, c)
+	}
+
+	// The flood: 5000 connections from 50 workers.
+	var ok, refused atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < 5000; i += 50 {
+				c, err := dial(greet, 300*time.Millisecond)
+				if err != nil {
+					refused.Add(1)
+					continue
+				}
+				c.SetReadDeadline(time.Now().Add(time.Second))
+				buf := make([]byte, 64)
+				if n, _ := c.Read(buf); isBackendReply(string(buf[:n])) {
+					ok.Add(1)
+				} else {
+					refused.Add(1)
+				}
+				c.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("flood: %d connections answered, %d refused or timed out", ok.Load(), refused.Load())
+
+	broken := 0
+	for i, c := range conns {
+		if err := roundTrip(c); err != nil {
+			broken++
+			t.Logf("established connection %d: %v", i, err)
+		}
+	}
+	if broken != 0 {
+		t.Errorf("%d of %d established connections broken by the flood", broken, len(conns))
+	}
+	cs, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("counters: %v", cs)
+}
+
+// BenchmarkConntrackGC measures a GC pass (sluice_ct_gc) over a full
+// established table of the default size: "live" keeps every entry,
+// "half-expired" deletes half of them (refilled between passes, untimed).
+//
+//	go test -run '^$' -bench ConntrackGC ./pkg/datapath
+func BenchmarkConntrackGC(b *testing.B) {
+	testutil.Privileged(b)
+	cfg := smallConfig(testPinDir(b))
+	cfg.MaxConntrack = DefaultMaxConntrack
+	d := openTest(b, cfg)
+	m := d.Maps()
+	now, err := monotonicNow()
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := cfg.MaxConntrack
+	keys := make([]sockCt4Key, n)
+	vals := make([]sockCt4Entry, n)
+	fill := func(expiredEvery int) {
+		for i := range keys {
+			keys[i] = sockCt4Key{Saddr: uint32(i), Daddr: 1, Sport: uint16(i), Dport: 80, Proto: 6, Dir: uint8(i % 2)}
+			vals[i] = sockCt4Entry{Expires: now + uint64(time.Hour), Flags: ctFlagReplied, NatAddr: 2, NatPort: 8080}
+			if expiredEvery > 0 && i%expiredEvery == 0 {
+				vals[i].Expires = 1
+			}
+		}
+		if _, err := m.conntrack.BatchUpdate(keys, vals, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("live", func(b *testing.B) {
+		fill(0)
+		for b.Loop() {
+			if st, err := m.GCConntrack(); err != nil || st.Live != n {
+				b.Fatalf("%+v, %v", st, err)
+			}
+		}
+	})
+	b.Run("half-expired", func(b *testing.B) {
+		for b.Loop() {
+			b.StopTimer()
+			fill(2)
+			b.StartTimer()
+			if st, err := m.GCConntrack(); err != nil || st.Deleted != n/2 {
+				b.Fatalf("%+v, %v", st, err)
+			}
+		}
+	})
+}

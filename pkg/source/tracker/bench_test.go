@@ -1,0 +1,64 @@
+package tracker
+
+import (
+	"fmt"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/sluice-lb/sluice/pkg/source/translate"
+)
+
+// BenchmarkTracker feeds 30,000 Services with one 10-endpoint slice each
+// and syncs ("initial"), then changes one slice and syncs again
+// ("one-slice-change"): the tracker's share of what a source pays.
+func BenchmarkTracker(b *testing.B) {
+	const n = 30000
+	svcs := make([]*corev1.Service, n)
+	eps := make([]*discoveryv1.EndpointSlice, n)
+	for i := range n {
+		name := fmt.Sprintf("svc-%d", i)
+		svcs[i] = service(name, fmt.Sprintf("10.96.%d.%d", i>>8, i&0xff), 80)
+		ips := make([]string, 10)
+		for j := range ips {
+			ips[j] = fmt.Sprintf("10.%d.%d.%d", 1+i>>8, i&0xff, j+1)
+		}
+		eps[i] = slice(name, name+"-1", 8080, ips...)
+	}
+	feed := func() *Tracker {
+		tr := New(translate.Options{})
+		for i := range n {
+			tr.SetService(nameOf(svcs[i]), svcs[i])
+			tr.SetSlice(nameOf(eps[i]), eps[i])
+		}
+		return tr
+	}
+	b.Run("initial", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if r := feed().Sync(); len(r.State.Services) != n {
+				b.Fatal(len(r.State.Services))
+			}
+		}
+	})
+	b.Run("one-slice-change", func(b *testing.B) {
+		tr := feed()
+		tr.Sync()
+		changed := eps[n/2].DeepCopy()
+		changed.Endpoints[0].Addresses[0] = "10.99.99.99"
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			es := eps[n/2]
+			if i%2 == 0 {
+				es = changed
+			}
+			i++
+			tr.SetSlice(nameOf(es), es)
+			if r := tr.Sync(); r.Changed != 1 {
+				b.Fatal(r.Changed)
+			}
+		}
+	})
+}

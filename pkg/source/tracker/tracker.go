@@ -1,0 +1,491 @@
+// Package tracker is the change tracker both sources feed: the Kubernetes
+// source from informer events, the manifest source from the objects a
+// reload found changed (as kpng's file2store feeds the store kube2store
+// feeds). It does for them what kube-proxy's ServiceChangeTracker and
+// EndpointsChangeTracker do:
+//
+//   - it folds changes: Set* only record the latest object and mark its
+//     Service dirty, so a Service created and deleted between two syncs
+//     costs nothing, and an update that changes nothing the translation
+//     reads (an informer resync, a status-only update) marks nothing;
+//   - Sync translates only the dirty Services (pkg/source/translate), each
+//     once however many changes touched it, and makes a new desired state
+//     only if a translation changed, by patching the last one with the
+//     frontends of the Services that changed;
+//   - a change of the node re-translates only the Services whose last
+//     translation read the part of the node that changed
+//     (translate.Translation.NodeFacts);
+//   - two Services claiming one frontend resolve by one rule, the same on
+//     every sync and every node: the first by namespace/name wins, and the
+//     loser is reported with both names.
+//
+// It also keeps the endpoints.kubernetes.io/last-change-trigger-time of the
+// slice changes each sync brings, for the network programming latency.
+package tracker
+
+import (
+	"cmp"
+	"maps"
+	"reflect"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
+)
+
+// Tracker tracks Services, EndpointSlices and the node. Set* may be called
+// from any goroutine; Sync and Issues from one goroutine at a time.
+type Tracker struct {
+	mu sync.Mutex
+	// inputs holds, per Service, the objects its translation reads. A
+	// Service's slices arrive independently, possibly before the Service
+	// itself.
+	inputs map[types.NamespacedName]*input
+	// dirty lists the Services changed since the last Sync, once each.
+	dirty []types.NamespacedName
+	// ownerOf is the Service each slice was last filed under, so that a
+	// slice relabelled to another Service leaves the first.
+	ownerOf map[types.NamespacedName]types.NamespacedName
+	node    translate.Node
+	// nodeChanged are the parts of the node changed since the last Sync.
+	nodeChanged translate.NodeFacts
+
+	// Owned by the goroutine that calls Sync.
+	opts       translate.Options // opts.Node is the node translations were made for
+	translated map[types.NamespacedName][]*model.Service
+	// facts holds what of the node each Service's translation read, for
+	// the Services that read any.
+	facts map[types.NamespacedName]translate.NodeFacts
+	// order lists the keys of translated sorted by namespace/name (the
+	// conflict rule's order); nil when a key came or went since it was
+	// sorted.
+	order     []types.NamespacedName
+	state     *model.State
+	conflicts []Conflict
+	errs      map[types.NamespacedName]error
+	skipped   map[types.NamespacedName]string
+}
+
+// input is what one Service's translation reads.
+type input struct {
+	svc *corev1.Service // nil: none (yet, or any more)
+	// slices are the Service's slices sorted by name (a stable input
+	// gives a stable translation). Most Services have one or two: a
+	// sorted slice costs less than a map. It is replaced, never modified
+	// in place, as take hands it out to Sync.
+	slices []*discoveryv1.EndpointSlice
+	// triggers are the last-change-trigger-times of the slice changes
+	// not yet synced.
+	triggers []time.Time
+	dirty    bool // listed in Tracker.dirty
+}
+
+// New returns a Tracker that translates with opts; opts.Node is the node
+// until SetNode changes it.
+func New(opts translate.Options) *Tracker {
+	return &Tracker{
+		inputs:     map[types.NamespacedName]*input{},
+		ownerOf:    map[types.NamespacedName]types.NamespacedName{},
+		node:       opts.Node,
+		opts:       opts,
+		translated: map[types.NamespacedName][]*model.Service{},
+		facts:      map[types.NamespacedName]translate.NodeFacts{},
+		errs:       map[types.NamespacedName]error{},
+		skipped:    map[types.NamespacedName]string{},
+	}
+}
+
+// input returns the input of Service key, creating it.
+func (t *Tracker) input(key types.NamespacedName) *input {
+	in := t.inputs[key]
+	if in == nil {
+		in = &input{}
+		t.inputs[key] = in
+	}
+	return in
+}
+
+// markDirty lists the Service key, whose input is in, for the next Sync.
+func (t *Tracker) markDirty(key types.NamespacedName, in *input) {
+	if !in.dirty {
+		in.dirty = true
+		t.dirty = append(t.dirty, key)
+	}
+}
+
+// SetService records the latest version of the Service key (nil: deleted).
+// It reports whether anything was marked dirty.
+func (t *Tracker) SetService(key types.NamespacedName, svc *corev1.Service) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	in := t.inputs[key]
+	var old *corev1.Service
+	if in != nil {
+		old = in.svc
+	}
+	if old == nil && svc == nil {
+		return false
+	}
+	if in == nil {
+		in = t.input(key)
+	}
+	in.svc = svc
+	if old != nil && svc != nil && sameObject(old, svc) {
+		return false
+	}
+	t.markDirty(key, in)
+	return true
+}
+
+// sameObject reports whether b translates as a does: the same object
+// version (an informer resync), or an update of nothing the translation
+// reads (most status updates). Objects read from files carry no
+// resourceVersion, so it is compared only when there is one.
+func sameObject(a, b *corev1.Service) bool {
+	if a == b || a.ResourceVersion != "" && a.ResourceVersion == b.ResourceVersion {
+		return true
+	}
+	return reflect.DeepEqual(a.Spec, b.Spec) && reflect.DeepEqual(a.Labels, b.Labels) &&
+		reflect.DeepEqual(a.Annotations, b.Annotations) &&
+		reflect.DeepEqual(a.Status.LoadBalancer, b.Status.LoadBalancer)
+}
+
+// SetSlice records the latest version of the EndpointSlice key (nil:
+// deleted). It is filed under the Service its kubernetes.io/service-name
+// label names; a slice without one belongs to no Service and is ignored.
+// It reports whether anything was marked dirty.
+func (t *Tracker) SetSlice(key types.NamespacedName, slice *discoveryv1.EndpointSlice) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var owner types.NamespacedName
+	hasOwner := false
+	if slice != nil {
+		owner, hasOwner = translate.ServiceNameOfSlice(slice)
+	}
+	changed := false
+	oldOwner, had := t.ownerOf[key]
+	if had && (!hasOwner || oldOwner != owner) {
+		// Deleted, or relabelled to another Service: it leaves the
+		// one it was filed under.
+		in := t.input(oldOwner)
+		if i, found := findSlice(in.slices, key.Name); found {
+			in.slices = slices.Delete(slices.Clone(in.slices), i, i+1) // a copy, see input
+		}
+		delete(t.ownerOf, key)
+		t.markDirty(oldOwner, in)
+		changed = true
+	}
+	if !hasOwner {
+		return changed
+	}
+	in := t.input(owner)
+	i, found := findSlice(in.slices, key.Name)
+	if found {
+		if old := in.slices[i]; old == slice || old.ResourceVersion != "" && old.ResourceVersion == slice.ResourceVersion {
+			return changed // an informer resync
+		}
+		eps := slices.Clone(in.slices) // a copy, see input
+		eps[i] = slice
+		in.slices = eps
+	} else {
+		in.slices = slices.Insert(slices.Clip(in.slices), i, slice) // a copy too
+		t.ownerOf[key] = owner
+	}
+	if trig := triggerTime(slice); !trig.IsZero() {
+		in.triggers = append(in.triggers, trig)
+	}
+	t.markDirty(owner, in)
+	return true
+}
+
+// findSlice returns where the slice called name is, or would be, in eps.
+func findSlice(eps []*discoveryv1.EndpointSlice, name string) (int, bool) {
+	return slices.BinarySearchFunc(eps, name, func(es *discoveryv1.EndpointSlice, name string) int {
+		return cmp.Compare(es.Name, name)
+	})
+}
+
+// SetNode records the node translations are for. It reports whether
+// anything changed; the next Sync re-translates the Services that read
+// what did.
+func (t *Tracker) SetNode(node translate.Node) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	d := t.node.Diff(node)
+	t.node = node
+	t.nodeChanged |= d
+	return d != 0
+}
+
+// triggerTime is the endpoints.kubernetes.io/last-change-trigger-time of a
+// slice: when the change it carries (a pod becoming ready, say) happened.
+func triggerTime(slice *discoveryv1.EndpointSlice) time.Time {
+	v, ok := slice.Annotations[corev1.EndpointsLastChangeTriggerTime]
+	if !ok {
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}
+	}
+	return t
+}
+
+// pending is the input of one sync: the dirty Services with their current
+// objects, taken under the lock so that changes can go on meanwhile.
+type pending struct {
+	services []dirtyService
+	triggers []time.Time
+	node     translate.Node
+}
+
+type dirtyService struct {
+	key    types.NamespacedName
+	svc    *corev1.Service // nil: deleted
+	slices []*discoveryv1.EndpointSlice
+}
+
+// take returns and clears the pending changes.
+func (t *Tracker) take() pending {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.nodeChanged != 0 {
+		for k, f := range t.facts {
+			if f&t.nodeChanged != 0 {
+				t.markDirty(k, t.input(k))
+			}
+		}
+		t.nodeChanged = 0
+	}
+	p := pending{services: make([]dirtyService, 0, len(t.dirty)), node: t.node}
+	for _, k := range t.dirty {
+		in := t.inputs[k]
+		p.services = append(p.services, dirtyService{k, in.svc, in.slices})
+		p.triggers = append(p.triggers, in.triggers...)
+		in.triggers, in.dirty = nil, false
+		if in.svc == nil && len(in.slices) == 0 {
+			delete(t.inputs, k)
+		}
+	}
+	t.dirty = t.dirty[:0]
+	return p
+}
+
+// Result is the outcome of one Sync.
+type Result struct {
+	// State is the desired state: a new one if Changed > 0 or on the first
+	// Sync, else the one the last Sync returned. It is never modified
+	// once returned.
+	State *model.State
+	// Changed counts the Services whose translation changed; Translated
+	// those translated.
+	Changed, Translated int
+	// Triggers are the trigger times of the slice changes this Sync took.
+	Triggers []time.Time
+	// Errors are the Services this Sync failed to translate; each keeps
+	// its last good translation until it translates again.
+	Errors []ServiceError
+	// Skipped are the Services this Sync found deliberately not served.
+	Skipped []Skipped
+	// Conflicts are the frontends claimed twice in State, when State is
+	// new.
+	Conflicts []Conflict
+}
+
+// ServiceError is a Service that could not be translated.
+type ServiceError struct {
+	Service types.NamespacedName
+	Err     error
+}
+
+// Skipped is a Service deliberately not served, and why
+// (translate.Translation.Skipped).
+type Skipped struct {
+	Service types.NamespacedName
+	Reason  string
+}
+
+// Conflict is a frontend two Services claim: Winner is the first by
+// namespace/name, and serves it.
+type Conflict struct {
+	Frontend      model.L4Addr
+	Winner, Loser model.ServicePortName
+}
+
+func (c Conflict) String() string {
+	return c.Loser.String() + " lost " + c.Frontend.String() + " to " + c.Winner.String()
+}
+
+// Sync translates the Services changed since the last Sync and returns the
+// desired state.
+func (t *Tracker) Sync() Result {
+	p := t.take()
+	t.opts.Node = p.node
+	r := Result{Triggers: p.triggers}
+	if len(t.translated) == 0 {
+		t.translated = make(map[types.NamespacedName][]*model.Service, len(p.services))
+	}
+	var changes []change
+	for _, d := range p.services {
+		key, svc := d.key, d.svc
+		var out []*model.Service
+		if svc == nil {
+			delete(t.errs, key)
+			delete(t.skipped, key)
+			delete(t.facts, key)
+		} else {
+			r.Translated++
+			tr, err := translate.ServiceToModel(svc, d.slices, t.opts)
+			if err != nil {
+				// A malformed Service must not stop the others: it
+				// keeps its last good translation until it is fixed.
+				t.errs[key] = err
+				r.Errors = append(r.Errors, ServiceError{key, err})
+				continue
+			}
+			delete(t.errs, key)
+			if tr.Skipped != "" {
+				t.skipped[key] = tr.Skipped
+				r.Skipped = append(r.Skipped, Skipped{key, tr.Skipped})
+			} else {
+				delete(t.skipped, key)
+			}
+			if tr.NodeFacts != 0 {
+				t.facts[key] = tr.NodeFacts
+			} else {
+				delete(t.facts, key)
+			}
+			out = tr.Services
+		}
+		prev, had := t.translated[key]
+		if len(out) == 0 && !had || had && reflect.DeepEqual(out, prev) {
+			continue
+		}
+		r.Changed++
+		changes = append(changes, change{key, prev, out})
+		if len(out) == 0 {
+			delete(t.translated, key)
+			t.order = nil
+			continue
+		}
+		if !had {
+			t.order = nil
+		}
+		t.translated[key] = out
+	}
+	if r.Changed > 0 || t.state == nil {
+		if t.state == nil || !t.patch(changes) {
+			t.build()
+		}
+		r.Conflicts = t.conflicts
+	}
+	r.State = t.state
+	return r
+}
+
+// change is a Service whose translation changed from prev to out.
+type change struct {
+	key       types.NamespacedName
+	prev, out []*model.Service
+}
+
+// patch makes the new state from the last one by replacing the frontends of
+// the changed Services: what build would make, at the cost of a copy of the
+// map instead of a walk of every Service. That holds while no conflict
+// involves them; if one does, or would, patch reports false and does
+// nothing. Scenario: one endpoint of one of 30,000 Services changes; the
+// state is a copy of the last one with that Service's frontends replaced.
+func (t *Tracker) patch(changes []change) bool {
+	for _, c := range t.conflicts {
+		for _, ch := range changes {
+			if sameService(c.Winner, ch.key) || sameService(c.Loser, ch.key) {
+				return false
+			}
+		}
+	}
+	st := maps.Clone(t.state.Services)
+	for _, ch := range changes {
+		for _, svc := range ch.prev {
+			if cur := st[svc.Frontend]; cur != nil && sameService(cur.Name, ch.key) {
+				delete(st, svc.Frontend)
+			}
+		}
+	}
+	for _, ch := range changes {
+		for _, svc := range ch.out {
+			if _, taken := st[svc.Frontend]; taken {
+				return false // a new conflict
+			}
+			st[svc.Frontend] = svc
+		}
+	}
+	t.state = &model.State{Services: st}
+	return true
+}
+
+// build makes the desired state from every Service's last translation.
+// Services are visited in namespace/name order, so that of two claiming one
+// frontend the first wins on every sync and every node.
+func (t *Tracker) build() {
+	if t.order == nil {
+		t.order = make([]types.NamespacedName, 0, len(t.translated))
+		for k := range t.translated {
+			t.order = append(t.order, k)
+		}
+		slices.SortFunc(t.order, compareNames)
+	}
+	n := len(t.translated)
+	if t.state != nil {
+		n = len(t.state.Services)
+	}
+	st := &model.State{Services: make(map[model.L4Addr]*model.Service, n)}
+	t.conflicts = nil
+	for _, k := range t.order {
+		for _, svc := range t.translated[k] {
+			if prev, taken := st.Services[svc.Frontend]; taken {
+				t.conflicts = append(t.conflicts, Conflict{Frontend: svc.Frontend, Winner: prev.Name, Loser: svc.Name})
+				continue
+			}
+			st.Services[svc.Frontend] = svc
+		}
+	}
+	t.state = st
+}
+
+// sameService reports whether a port of a Service is of the Service key.
+func sameService(n model.ServicePortName, key types.NamespacedName) bool {
+	return n.Namespace == key.Namespace && n.Name == key.Name
+}
+
+func compareNames(a, b types.NamespacedName) int {
+	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+}
+
+// Issues returns what stands in the way of the objects as they are now,
+// sorted by Service: the Services whose last translation failed (they
+// keep the one before), those deliberately not served, and the frontends
+// claimed twice in the state of the last Sync.
+func (t *Tracker) Issues() (errs []ServiceError, skipped []Skipped, conflicts []Conflict) {
+	for k, err := range t.errs {
+		errs = append(errs, ServiceError{k, err})
+	}
+	slices.SortFunc(errs, func(a, b ServiceError) int { return compareNames(a.Service, b.Service) })
+	for k, why := range t.skipped {
+		skipped = append(skipped, Skipped{k, why})
+	}
+	slices.SortFunc(skipped, func(a, b Skipped) int { return compareNames(a.Service, b.Service) })
+	return errs, skipped, t.conflicts
+}
+
+// Node returns the node translations are for, as SetNode last set it.
+func (t *Tracker) Node() translate.Node {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.node
+}

@@ -1,0 +1,387 @@
+package tracker
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/source/internal/sourcetest"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
+)
+
+var (
+	service = sourcetest.Service
+	slice   = sourcetest.Slice
+	render  = sourcetest.Render
+)
+
+func nameOf(o metav1.Object) types.NamespacedName {
+	return types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}
+}
+
+// take returns the pending changes by Service.
+func take(tr *Tracker) (services map[types.NamespacedName]*corev1.Service, slices map[types.NamespacedName][]*discoveryv1.EndpointSlice) {
+	services = map[types.NamespacedName]*corev1.Service{}
+	slices = map[types.NamespacedName][]*discoveryv1.EndpointSlice{}
+	for _, d := range tr.take().services {
+		services[d.key] = d.svc
+		if d.slices != nil {
+			slices[d.key] = d.slices
+		}
+	}
+	return services, slices
+}
+
+func TestTrackerFoldsToNetChanges(t *testing.T) {
+	tr := New(translate.Options{})
+	web := types.NamespacedName{Namespace: "default", Name: "web"}
+	svc := service("web", "10.96.0.10", 80)
+	svc.ResourceVersion = "1"
+	if !tr.SetService(web, svc) {
+		t.Fatal("a new Service is not a change")
+	}
+	// An informer resync delivers the same object again: no change.
+	if tr.SetService(web, svc.DeepCopy()) {
+		t.Error("a resync (same resourceVersion) marked the Service dirty")
+	}
+	// A status-only update (new resourceVersion, same spec): no change.
+	st := svc.DeepCopy()
+	st.ResourceVersion = "2"
+	st.Status.LoadBalancer.Ingress = nil
+	tr.take()
+	if tr.SetService(web, st) {
+		t.Error("a status-only update marked the Service dirty")
+	}
+	if services, _ := take(tr); len(services) != 0 {
+		t.Errorf("take after a no-op update = %v", services)
+	}
+
+	// Ten slice updates and a Service created and deleted in between fold
+	// into one pending entry each, with the latest slice.
+	flash := types.NamespacedName{Namespace: "default", Name: "flash"}
+	es := slice("web", "web-1", 8080, "10.0.0.1")
+	for i := range 10 {
+		es = es.DeepCopy()
+		es.ResourceVersion = string(rune('a' + i))
+		tr.SetSlice(nameOf(es), es)
+	}
+	tr.SetService(flash, service("flash", "10.96.0.99", 80))
+	tr.SetService(flash, nil)
+	services, slices := take(tr)
+	if len(services) != 2 || len(slices[web]) != 1 || slices[web][0].ResourceVersion != "j" {
+		t.Fatalf("pending = %d services, slices %v; want web (latest slice) and flash", len(services), slices[web])
+	}
+	if services[flash] != nil {
+		t.Error("the created-then-deleted Service is pending as present")
+	}
+	// Deleting an unknown slice or Service is no change.
+	if tr.SetSlice(types.NamespacedName{Namespace: "default", Name: "nope"}, nil) || tr.SetService(types.NamespacedName{Name: "nope"}, nil) {
+		t.Error("deleting unknown objects marked something dirty")
+	}
+}
+
+// Objects read from files carry no resourceVersion: two versions of one
+// are told apart by what they hold, and the LoadBalancer status, which
+// the translation reads, is a change.
+func TestTrackerWithoutResourceVersions(t *testing.T) {
+	tr := New(translate.Options{})
+	web := types.NamespacedName{Namespace: "default", Name: "web"}
+	svc := service("web", "10.96.0.10", 80)
+	tr.SetService(web, svc)
+	tr.Sync()
+	moved := svc.DeepCopy()
+	moved.Spec.Ports[0].Port = 81
+	if !tr.SetService(web, moved) {
+		t.Error("a new port with no resourceVersion is not a change")
+	}
+	lb := moved.DeepCopy()
+	lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.1"}}
+	if !tr.SetService(web, lb) {
+		t.Error("a new LoadBalancer ingress IP is not a change")
+	}
+	es := slice("web", "web-1", 8080, "10.0.0.1")
+	tr.SetSlice(nameOf(es), es)
+	tr.Sync()
+	es2 := slice("web", "web-1", 8080, "10.0.0.2")
+	if !tr.SetSlice(nameOf(es2), es2) {
+		t.Error("a new endpoint with no resourceVersion is not a change")
+	}
+	if got := render(tr.Sync().State); got != "10.96.0.10:81/TCP default/web:http -> 10.0.0.2:8080/TCP" {
+		t.Errorf("state:\n%s", got)
+	}
+}
+
+func TestTrackerTranslatesOnlyWhatChanged(t *testing.T) {
+	tr := New(translate.Options{})
+	for i := range 10 {
+		name := fmt.Sprintf("s%d", i)
+		tr.SetService(types.NamespacedName{Namespace: "default", Name: name}, service(name, fmt.Sprintf("10.96.0.%d", i+1), 80))
+		es := slice(name, name+"-a", 8080, fmt.Sprintf("10.0.0.%d", i+1))
+		tr.SetSlice(nameOf(es), es)
+	}
+	r := tr.Sync()
+	if r.Translated != 10 || r.Changed != 10 || len(r.State.Services) != 10 {
+		t.Fatalf("first sync: translated %d, changed %d, %d frontends", r.Translated, r.Changed, len(r.State.Services))
+	}
+	first := r.State
+
+	// Nothing changed: nothing translated, the same state.
+	if r := tr.Sync(); r.Translated != 0 || r.State != first {
+		t.Errorf("idle sync translated %d, new state %v", r.Translated, r.State != first)
+	}
+	// A slice update that changes nothing the datapath sees (a hint)
+	// translates one Service to the same result: the same state.
+	es := slice("s3", "s3-a", 8080, "10.0.0.4")
+	es.Endpoints[0].Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "z"}}}
+	tr.SetSlice(nameOf(es), es)
+	if r := tr.Sync(); r.Translated != 1 || r.Changed != 0 || r.State != first {
+		t.Errorf("hint update: translated %d, changed %d, new state %v", r.Translated, r.Changed, r.State != first)
+	}
+	// One endpoint changes: one Service translated, a new state that
+	// shares the other Services' translations.
+	es = slice("s3", "s3-a", 8080, "10.0.0.99")
+	tr.SetSlice(nameOf(es), es)
+	r = tr.Sync()
+	if r.Translated != 1 || r.Changed != 1 || r.State == first {
+		t.Fatalf("endpoint change: translated %d, changed %d", r.Translated, r.Changed)
+	}
+	fe := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.4"), Port: 80, Proto: model.TCP}
+	if b := r.State.Services[fe].Backends; len(b) != 1 || b[0].Addr != netip.MustParseAddr("10.0.0.99") {
+		t.Errorf("backends of %s = %v", fe, b)
+	}
+	if len(first.Services[fe].Backends) != 1 || first.Services[fe].Backends[0].Addr != netip.MustParseAddr("10.0.0.4") {
+		t.Error("a state handed out before was modified")
+	}
+	other := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.1"), Port: 80, Proto: model.TCP}
+	if r.State.Services[other] != first.Services[other] {
+		t.Error("an unchanged Service was translated again")
+	}
+}
+
+// A slice relabelled to another Service leaves the first one.
+func TestTrackerSliceRelabelled(t *testing.T) {
+	tr := New(translate.Options{})
+	for _, n := range []string{"a", "b"} {
+		tr.SetService(types.NamespacedName{Namespace: "default", Name: n}, service(n, map[string]string{"a": "10.96.0.1", "b": "10.96.0.2"}[n], 80))
+	}
+	es := slice("a", "shared", 8080, "10.0.0.1")
+	tr.SetSlice(nameOf(es), es)
+	tr.Sync()
+	es = slice("b", "shared", 8080, "10.0.0.1")
+	if !tr.SetSlice(nameOf(es), es) {
+		t.Fatal("relabelling is not a change")
+	}
+	want := "10.96.0.1:80/TCP default/a:http ->\n10.96.0.2:80/TCP default/b:http -> 10.0.0.1:8080/TCP"
+	if got := render(tr.Sync().State); got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+	// Several slices of one Service: all count, and deleting one leaves
+	// the others.
+	for _, n := range []string{"b-2", "b-0"} {
+		es := slice("b", n, 8080, map[string]string{"b-2": "10.0.0.2", "b-0": "10.0.0.3"}[n])
+		tr.SetSlice(nameOf(es), es)
+	}
+	tr.SetSlice(types.NamespacedName{Namespace: "default", Name: "b-2"}, nil)
+	want = "10.96.0.1:80/TCP default/a:http ->\n10.96.0.2:80/TCP default/b:http -> 10.0.0.1:8080/TCP 10.0.0.3:8080/TCP"
+	if got := render(tr.Sync().State); got != want {
+		t.Errorf("several slices: got\n%s\nwant\n%s", got, want)
+	}
+	tr.SetSlice(types.NamespacedName{Namespace: "default", Name: "b-0"}, nil)
+
+	// Losing its label, it belongs to no Service.
+	es = es.DeepCopy()
+	es.Labels = nil
+	tr.SetSlice(nameOf(es), es)
+	want = "10.96.0.1:80/TCP default/a:http ->\n10.96.0.2:80/TCP default/b:http ->"
+	if got := render(tr.Sync().State); got != want {
+		t.Errorf("unlabelled: got\n%s\nwant\n%s", got, want)
+	}
+}
+
+// Two Services claiming one frontend: the first by namespace/name wins,
+// whatever the order they came in, and the loser is reported with both
+// names. When the winner goes, the loser takes over.
+func TestTrackerConflictFirstByNameWins(t *testing.T) {
+	for _, order := range [][]string{{"a", "b"}, {"b", "a"}} {
+		tr := New(translate.Options{})
+		for _, n := range order {
+			tr.SetService(types.NamespacedName{Namespace: "default", Name: n}, service(n, "10.96.0.1", 80))
+			es := slice(n, n+"-1", 8080, map[string]string{"a": "10.0.0.1", "b": "10.0.0.2"}[n])
+			tr.SetSlice(nameOf(es), es)
+		}
+		r := tr.Sync()
+		if got := render(r.State); got != "10.96.0.1:80/TCP default/a:http -> 10.0.0.1:8080/TCP" {
+			t.Errorf("order %v: got %s", order, got)
+		}
+		if len(r.Conflicts) != 1 || r.Conflicts[0].String() != "default/b:http lost 10.96.0.1:80/TCP to default/a:http" {
+			t.Errorf("order %v: conflicts %v", order, r.Conflicts)
+		}
+		if _, _, c := tr.Issues(); len(c) != 1 {
+			t.Errorf("Issues: conflicts %v", c)
+		}
+		tr.SetService(types.NamespacedName{Namespace: "default", Name: "a"}, nil)
+		r = tr.Sync()
+		if got := render(r.State); got != "10.96.0.1:80/TCP default/b:http -> 10.0.0.2:8080/TCP" || len(r.Conflicts) != 0 {
+			t.Errorf("winner deleted: got %s, conflicts %v", got, r.Conflicts)
+		}
+	}
+}
+
+// A Service that fails to translate keeps its last good translation, and
+// is reported until it is fixed or deleted; skipped Services likewise.
+func TestTrackerErrorsAndSkipped(t *testing.T) {
+	tr := New(translate.Options{})
+	web := types.NamespacedName{Namespace: "default", Name: "web"}
+	tr.SetService(web, service("web", "10.96.0.10", 80))
+	tr.Sync()
+	bad := service("web", "10.96.0.10", 80)
+	bad.Spec.Ports[0].Protocol = corev1.ProtocolSCTP
+	tr.SetService(web, bad)
+	r := tr.Sync()
+	if len(r.Errors) != 1 || r.Errors[0].Service != web || !strings.Contains(r.Errors[0].Err.Error(), "SCTP") {
+		t.Fatalf("errors %v", r.Errors)
+	}
+	if got := render(r.State); got != "10.96.0.10:80/TCP default/web:http ->" {
+		t.Errorf("the last good translation is gone: %s", got)
+	}
+	ext := types.NamespacedName{Namespace: "default", Name: "ext"}
+	es := service("ext", "", 0)
+	es.Spec = corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "example.com"}
+	tr.SetService(ext, es)
+	r = tr.Sync()
+	if len(r.Errors) != 0 || len(r.Skipped) != 1 || r.Skipped[0].Reason != translate.SkipExternalName {
+		t.Errorf("errors %v (the bad Service was not changed), skipped %v", r.Errors, r.Skipped)
+	}
+	errs, skipped, _ := tr.Issues()
+	if len(errs) != 1 || errs[0].Service != web || len(skipped) != 1 || skipped[0].Service != ext {
+		t.Errorf("Issues = %v, %v", errs, skipped)
+	}
+	tr.SetService(web, nil)
+	tr.SetService(ext, nil)
+	r = tr.Sync()
+	if errs, skipped, _ := tr.Issues(); len(errs) != 0 || len(skipped) != 0 || len(r.State.Services) != 0 {
+		t.Errorf("after deletion: Issues = %v, %v; %d frontends", errs, skipped, len(r.State.Services))
+	}
+}
+
+// A Node change re-translates only the Services whose translation read
+// the part of the node that changed.
+func TestTrackerNodeChange(t *testing.T) {
+	node := translate.Node{Name: "node-a", Addresses: []netip.Addr{netip.MustParseAddr("192.168.1.1")},
+		Labels: map[string]string{corev1.LabelTopologyZone: "zone-a"}}
+	tr := New(translate.Options{Node: node})
+	np := service("np", "10.96.0.2", 80)
+	np.Spec.Type = corev1.ServiceTypeNodePort
+	np.Spec.Ports[0].NodePort = 30080
+	local := np.DeepCopy()
+	local.Name, local.Spec.ClusterIPs, local.Spec.ClusterIP, local.Spec.Ports[0].NodePort = "local", []string{"10.96.0.3"}, "10.96.0.3", 30081
+	local.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	for _, s := range []*corev1.Service{service("cip", "10.96.0.1", 80), np, local} {
+		tr.SetService(nameOf(s), s)
+		es := slice(s.Name, s.Name+"-1", 8080, "10.0.0.1")
+		es.Endpoints[0].NodeName = new("node-a")
+		tr.SetSlice(nameOf(es), es)
+	}
+	first := tr.Sync().State
+
+	// The zone label: no translation reads it.
+	node.Labels = map[string]string{corev1.LabelTopologyZone: "zone-b"}
+	if !tr.SetNode(node) {
+		t.Fatal("a new label is not a change")
+	}
+	if r := tr.Sync(); r.Translated != 0 || r.State != first {
+		t.Errorf("label change: translated %d Services", r.Translated)
+	}
+	if tr.SetNode(node) {
+		t.Error("the same node again is a change")
+	}
+
+	// An address: the two NodePort Services.
+	node.Addresses = append(node.Addresses, netip.MustParseAddr("192.168.2.1"))
+	tr.SetNode(node)
+	r := tr.Sync()
+	if r.Translated != 2 || r.Changed != 2 {
+		t.Errorf("address change: translated %d, changed %d; want the 2 NodePort Services", r.Translated, r.Changed)
+	}
+	fe := model.L4Addr{Addr: netip.MustParseAddr("192.168.2.1"), Port: 30080, Proto: model.TCP}
+	if _, ok := r.State.Services[fe]; !ok {
+		t.Errorf("no NodePort on the new address:\n%s", render(r.State))
+	}
+
+	// The name: the externalTrafficPolicy Local Service only (its
+	// endpoint is on node-a, so it loses it).
+	node.Name = "node-b"
+	tr.SetNode(node)
+	r = tr.Sync()
+	if r.Translated != 1 || r.Changed != 1 {
+		t.Errorf("name change: translated %d, changed %d; want the Local Service", r.Translated, r.Changed)
+	}
+	lfe := model.L4Addr{Addr: netip.MustParseAddr("192.168.1.1"), Port: 30081, Proto: model.TCP}
+	if s := r.State.Services[lfe]; s == nil || len(s.Backends) != 0 {
+		t.Errorf("Local NodePort on node-b: %v", s)
+	}
+}
+
+// Whatever the sequence of changes, the state Sync returns (built afresh
+// or patched from the last one) and the conflicts it reports are those of
+// a new tracker fed the same objects at once.
+func TestTrackerIncrementalMatchesFresh(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	tr := New(translate.Options{})
+	svcs := map[types.NamespacedName]*corev1.Service{}
+	eps := map[types.NamespacedName]*discoveryv1.EndpointSlice{}
+	for step := range 2000 {
+		// Few names and few VIPs, so that Services often claim the same
+		// frontend and slices move between Services.
+		name := fmt.Sprintf("s%d", rng.IntN(8))
+		switch rng.IntN(4) {
+		case 0:
+			k := types.NamespacedName{Namespace: "default", Name: name}
+			if rng.IntN(3) == 0 {
+				delete(svcs, k)
+				tr.SetService(k, nil)
+				break
+			}
+			s := service(name, fmt.Sprintf("10.96.0.%d", rng.IntN(4)+1), int32(80+rng.IntN(2)))
+			svcs[k] = s
+			tr.SetService(k, s)
+		default:
+			es := slice(name, fmt.Sprintf("es%d", rng.IntN(10)), 8080, fmt.Sprintf("10.0.0.%d", rng.IntN(5)+1))
+			k := nameOf(es)
+			if rng.IntN(4) == 0 {
+				delete(eps, k)
+				tr.SetSlice(k, nil)
+				break
+			}
+			eps[k] = es
+			tr.SetSlice(k, es)
+		}
+		if rng.IntN(3) > 0 {
+			continue
+		}
+		got := tr.Sync()
+		fresh := New(translate.Options{})
+		for k, s := range svcs {
+			fresh.SetService(k, s)
+		}
+		for k, es := range eps {
+			fresh.SetSlice(k, es)
+		}
+		want := fresh.Sync()
+		if g, w := render(got.State), render(want.State); g != w {
+			t.Fatalf("step %d: state\n%s\nwant\n%s", step, g, w)
+		}
+		_, _, gc := tr.Issues()
+		if g, w := fmt.Sprint(gc), fmt.Sprint(want.Conflicts); g != w {
+			t.Fatalf("step %d: conflicts %s, want %s", step, g, w)
+		}
+	}
+}
