@@ -14,8 +14,10 @@ package health
 // The probes:
 //
 //	/healthz  200 while the process runs (it answers, so it lives)
-//	/readyz   200 once the datapath matches the last desired state read,
-//	          503 with the reason otherwise
+//	/readyz   200 once the datapath holds everything of the last desired
+//	          state read that it can hold, 503 with the reason otherwise;
+//	          either way followed by the Services that could not be
+//	          programmed, if any
 
 import (
 	"fmt"
@@ -26,19 +28,35 @@ import (
 // ReadyFunc returns nil when the agent is ready, else why it is not.
 type ReadyFunc func() error
 
-// Handler returns the mux serving /healthz and /readyz.
-func Handler(ready ReadyFunc) http.Handler {
+// NotesFunc returns what /readyz reports besides readiness, one line each:
+// the Services the agent could not program. A ready agent may have some (a
+// Service that does not fit is reported, not waited for).
+type NotesFunc func() []string
+
+// Handler returns the mux serving /healthz and /readyz. notes may be nil.
+func Handler(ready ReadyFunc, notes NotesFunc) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := ready(); err != nil {
+		err := ready()
+		var lines []string
+		if notes != nil {
+			lines = notes()
+		}
+		if err != nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprintf(w, "not ready: %v\n", err)
-			return
+		} else {
+			io.WriteString(w, "ok\n")
 		}
-		io.WriteString(w, "ok\n")
+		if len(lines) > 0 {
+			fmt.Fprintf(w, "not programmed:\n")
+			for _, l := range lines {
+				fmt.Fprintf(w, "  %s\n", l)
+			}
+		}
 	})
 	return mux
 }
