@@ -70,6 +70,22 @@ type ProgrammedSource interface {
 	Programmed(*model.State)
 }
 
+// HoldsSource is a Source whose change tracker settles a frontend claimed
+// by several Services, none of which holds it yet, in favour of the one
+// the datapath holds it for (pkg/source/tracker). The agent hands it the
+// reconciler's Holds after Restore and before Run, so that after a restart
+// a contested frontend stays with the Service it was programmed for.
+type HoldsSource interface {
+	Source
+	SetHolds(holds func(*model.Service) bool)
+}
+
+// Holder is a Reconciler that can tell whether the maps hold a frontend
+// exactly as a Service asks (reconciler.Reconciler.Holds).
+type Holder interface {
+	Holds(*model.Service) bool
+}
+
 // Datapath is what the agent needs of pkg/datapath.
 type Datapath interface {
 	AttachCgroup(path string) error
@@ -196,6 +212,11 @@ func (a *Agent) Run(ctx context.Context, src Source) (err error) {
 		a.log.Info("tc programs attached", "devices", a.cfg.Devices)
 	}
 
+	if hs, ok := src.(HoldsSource); ok {
+		if h, ok := a.rec.(Holder); ok {
+			hs.SetHolds(h.Holds)
+		}
+	}
 	a.programmed, _ = src.(ProgrammedSource)
 	wctx, stopWorker := context.WithCancel(ctx)
 	workerDone := make(chan struct{})

@@ -288,3 +288,41 @@ func TestPermanentAndTransientFailures(t *testing.T) {
 
 // The agent's metrics are a FailureObserver: the failures reach /metrics.
 var _ FailureObserver = (*metrics.Metrics)(nil)
+
+// The reconciler can tell what the maps hold.
+var _ Holder = (*reconciler.Reconciler)(nil)
+
+// holdsSource is a chanSource that records the check it is given and
+// whether it had it when Run started.
+type holdsSource struct {
+	chanSource
+	holds       func(*model.Service) bool
+	hadAtRunTop bool
+}
+
+func (s *holdsSource) SetHolds(h func(*model.Service) bool) { s.holds = h }
+
+func (s *holdsSource) Run(ctx context.Context, apply func(*model.State)) error {
+	s.hadAtRunTop = s.holds != nil
+	return s.chanSource.Run(ctx, apply)
+}
+
+type holdingReconciler struct{ fakeReconciler }
+
+func (r *holdingReconciler) Holds(svc *model.Service) bool { return svc.Name.Name == "held" }
+
+// A HoldsSource gets the reconciler's Holds before it runs (after Restore,
+// so that it reflects the pinned maps).
+func TestHoldsSourceGetsReconcilerHolds(t *testing.T) {
+	recon := &holdingReconciler{fakeReconciler{recorder: &recorder{}}}
+	src := &holdsSource{chanSource: chanSource{states: make(chan *model.State)}}
+	a := New(Config{}, fakeDatapath{recon.recorder}, recon, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := a.Run(ctx, src); err != nil {
+		t.Fatal(err)
+	}
+	if !src.hadAtRunTop || !src.holds(&model.Service{Name: model.ServicePortName{Name: "held"}}) {
+		t.Errorf("source had the reconciler's Holds at Run: %v", src.hadAtRunTop)
+	}
+}

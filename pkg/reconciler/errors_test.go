@@ -110,3 +110,22 @@ func TestApplyTooManyBackendsForSlots(t *testing.T) {
 		t.Errorf("%d writes before the slot limit was found, want 0", n)
 	}
 }
+
+// Holds says whether a frontend is programmed exactly as a Service asks,
+// restored maps included: what the tracker keeps a contested frontend by
+// after a restart.
+func TestHolds(t *testing.T) {
+	f := fakedp.New(16, 16, 64)
+	a := svc(vip(1), "a", be(1, 1, model.TCP), be(1, 2, model.TCP))
+	b := svc(vip(1), "b", be(1, 3, model.TCP))
+	if err := reconciler.New(f, nil).Apply(state(a)); err != nil {
+		t.Fatal(err)
+	}
+	r := reconciler.New(f, nil) // a restart
+	if err := r.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	if !r.Holds(a) || r.Holds(b) || r.Holds(svc(vip(2), "c")) || r.Holds(nil) {
+		t.Errorf("Holds: a %v (want true), b %v, c %v (want false)", r.Holds(a), r.Holds(b), r.Holds(svc(vip(2), "c")))
+	}
+}

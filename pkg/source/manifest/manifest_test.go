@@ -213,9 +213,9 @@ func TestSplitDocuments(t *testing.T) {
 	}
 }
 
-// Two Services claiming one frontend: the first by namespace/name keeps
-// it, and the error names both, with their files and documents. Skipped
-// Services are reported with theirs.
+// Two Services claiming one frontend, loaded together: the first by
+// namespace/name keeps it, and the error names both, with their files and
+// documents. Skipped Services are reported with theirs.
 func TestLoadReportsConflictsAndSkipped(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, dir, "a.yaml", strings.NewReplacer("name: a,", "name: z,").Replace(svcA)+"---\n"+sliceA)

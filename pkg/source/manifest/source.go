@@ -37,6 +37,11 @@ func NewSource(path string, opts translate.Options, log *slog.Logger) *Source {
 	return &Source{path: path, log: log, loader: newLoader(opts), debounce: DefaultDebounce}
 }
 
+// SetHolds tells the change tracker what the datapath holds, to settle a
+// frontend claimed twice after a restart (agent.HoldsSource). Call it
+// before Run.
+func (s *Source) SetHolds(holds func(*model.Service) bool) { s.loader.tracker.SetHolds(holds) }
+
 // Run loads the manifests, calls apply with the desired state, and does so
 // again after every change of the files, until ctx is done. It watches the
 // directory (or, for a single file, its parent directory, so that an
