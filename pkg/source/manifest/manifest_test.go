@@ -13,7 +13,7 @@ import (
 
 var render = sourcetest.Render
 
-func writeFile(t *testing.T, dir, name, content string) string {
+func writeFile(t testing.TB, dir, name, content string) string {
 	t.Helper()
 	p := filepath.Join(dir, name)
 	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
@@ -245,8 +245,9 @@ func TestLoadReportsConflictsAndSkipped(t *testing.T) {
 			t.Errorf("state: %s", got)
 		}
 	}
-	// The winner goes: the other Service takes the frontend over.
-	writeFile(t, dir, "b.yaml", "")
+	// The winner goes (a file of no objects; an empty one would be a file
+	// being written): the other Service takes the frontend over.
+	writeFile(t, dir, "b.yaml", "# nothing\n")
 	res, err := l.load(dir)
 	if err != nil {
 		t.Fatal(err)
