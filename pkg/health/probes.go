@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 )
 
 // ReadyFunc returns nil when the agent is ready, else why it is not.
@@ -40,23 +41,18 @@ func Handler(ready ReadyFunc, notes NotesFunc) http.Handler {
 		io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		err := ready()
-		var lines []string
+		code, body := http.StatusOK, "ok\n"
+		if err := ready(); err != nil {
+			code, body = http.StatusServiceUnavailable, fmt.Sprintf("not ready: %v\n", err)
+		}
 		if notes != nil {
-			lines = notes()
-		}
-		if err != nil {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintf(w, "not ready: %v\n", err)
-		} else {
-			io.WriteString(w, "ok\n")
-		}
-		if len(lines) > 0 {
-			fmt.Fprintf(w, "not programmed:\n")
-			for _, l := range lines {
-				fmt.Fprintf(w, "  %s\n", l)
+			if lines := notes(); len(lines) > 0 {
+				body += "not programmed:\n  " + strings.Join(lines, "\n  ") + "\n"
 			}
 		}
+		w.WriteHeader(code)
+		// A body that cannot be written means the prober went away.
+		_, _ = io.WriteString(w, body)
 	})
 	return mux
 }
