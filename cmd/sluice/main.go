@@ -234,7 +234,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 	servers := 0
 	if healthL != nil {
 		servers++
-		serve("health", func() error { return serveHTTP(ctx, healthL, health.Handler(a.Ready), log) })
+		serve("health", func() error { return serveHTTP(ctx, healthL, health.Handler(a.Ready, a.Unprogrammed), log) })
 	}
 	if metricsL != nil {
 		servers++

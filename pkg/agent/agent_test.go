@@ -191,7 +191,9 @@ func TestSocketLBOffSkipsCgroup(t *testing.T) {
 
 func TestFailedApplyIsRetriedUntilItSucceeds(t *testing.T) {
 	recon := &fakeReconciler{recorder: &recorder{}, failures: 3}
-	h := start(t, Config{}, recon, nil)
+	// Retries far enough apart for the check below to see a failure on a
+	// loaded machine (at 1ms all three fit between two checks).
+	h := start(t, Config{RetryMin: 50 * time.Millisecond, RetryMax: 50 * time.Millisecond}, recon, nil)
 	h.src.states <- stateWith(1)
 	eventually(t, "a failed apply to show in Ready", func() bool {
 		err := h.agent.Ready()

@@ -108,6 +108,9 @@ func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capaci
 
 	// Checked before any write, so a service that does not fit keeps its
 	// previous programming.
+	if err := validate(d); err != nil {
+		return err
+	}
 	if err := r.checkCapacity(r.capacityNeeded(fe, d), capacity); err != nil {
 		return err
 	}

@@ -213,8 +213,9 @@ func (r *Reconciler) Stats() Stats {
 }
 
 // Apply programs st. It writes only what differs from the view, and returns
-// a joined error naming every service that could not be (fully) programmed;
-// all the others are programmed regardless.
+// a joined error naming every service that could not be (fully) programmed,
+// one *FrontendError each (see errors.go); all the others are programmed
+// regardless.
 //
 // Its cost is one comparison per desired frontend plus work proportional
 // to what changed: frontends remember the backends they were last
@@ -282,11 +283,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 	for _, fe := range gone {
 		name := r.frontends[fe].name
 		if err := r.removeFrontend(fe); err != nil {
-			if name != (model.ServicePortName{}) {
-				errs = append(errs, fmt.Errorf("service %s (%s): remove: %w", name, fe, err))
-			} else {
-				errs = append(errs, fmt.Errorf("remove frontend %s: %w", fe, err))
-			}
+			errs = append(errs, &FrontendError{Service: name, Frontend: fe, Remove: true, Err: err})
 		}
 	}
 	// Backends nobody names and nobody wants can go now (more room).
@@ -297,7 +294,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 	// Phase 2: frontends to add or change, in a stable order.
 	for _, d := range changed {
 		if err := r.programFrontend(d.fe, d, capacity); err != nil {
-			errs = append(errs, fmt.Errorf("service %s (%s): %w", d.svc.Name, d.fe, err))
+			errs = append(errs, &FrontendError{Service: d.svc.Name, Frontend: d.fe, Err: err})
 			continue
 		}
 		r.markSynced(d.fe, d)

@@ -150,6 +150,11 @@ func (s *Source) Programmed(st *model.State) {
 	}
 }
 
+// SetHolds tells the change tracker what the datapath holds, to settle a
+// frontend claimed twice after a restart (agent.HoldsSource). Call it
+// before Run.
+func (s *Source) SetHolds(holds func(*model.Service) bool) { s.tracker.SetHolds(holds) }
+
 // Synced reports whether the caches have synced and the first state has
 // been handed over: the readiness of a node proxy.
 func (s *Source) Synced() bool { return s.synced.Load() }

@@ -13,7 +13,7 @@ import (
 
 var render = sourcetest.Render
 
-func writeFile(t *testing.T, dir, name, content string) string {
+func writeFile(t testing.TB, dir, name, content string) string {
 	t.Helper()
 	p := filepath.Join(dir, name)
 	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
@@ -213,9 +213,9 @@ func TestSplitDocuments(t *testing.T) {
 	}
 }
 
-// Two Services claiming one frontend: the first by namespace/name keeps
-// it, and the error names both, with their files and documents. Skipped
-// Services are reported with theirs.
+// Two Services claiming one frontend, loaded together: the first by
+// namespace/name keeps it, and the error names both, with their files and
+// documents. Skipped Services are reported with theirs.
 func TestLoadReportsConflictsAndSkipped(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, dir, "a.yaml", strings.NewReplacer("name: a,", "name: z,").Replace(svcA)+"---\n"+sliceA)
@@ -245,8 +245,9 @@ func TestLoadReportsConflictsAndSkipped(t *testing.T) {
 			t.Errorf("state: %s", got)
 		}
 	}
-	// The winner goes: the other Service takes the frontend over.
-	writeFile(t, dir, "b.yaml", "")
+	// The winner goes (a file of no objects; an empty one would be a file
+	// being written): the other Service takes the frontend over.
+	writeFile(t, dir, "b.yaml", "# nothing\n")
 	res, err := l.load(dir)
 	if err != nil {
 		t.Fatal(err)
