@@ -30,15 +30,21 @@ type ReadyFunc func() error
 func Handler(ready ReadyFunc) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		io.WriteString(w, "ok\n")
+		reply(w, http.StatusOK, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if err := ready(); err != nil {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintf(w, "not ready: %v\n", err)
+			reply(w, http.StatusServiceUnavailable, fmt.Sprintf("not ready: %v\n", err))
 			return
 		}
-		io.WriteString(w, "ok\n")
+		reply(w, http.StatusOK, "ok\n")
 	})
 	return mux
+}
+
+// reply answers a probe. The status code is the answer; a body that cannot
+// be written means the prober went away, and there is nobody left to tell.
+func reply(w http.ResponseWriter, code int, body string) {
+	w.WriteHeader(code)
+	_, _ = io.WriteString(w, body)
 }
