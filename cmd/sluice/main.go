@@ -44,7 +44,7 @@ func run(args []string) int {
 	}
 	fs := flag.NewFlagSet("sluice", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage:\n  sluice --manifests PATH [flags]\n  sluice --kubeconfig PATH [flags]\n  sluice --in-cluster [flags]\n  sluice cleanup [--bpffs DIR]\n  sluice --version\n\nFlags:\n")
+		fmt.Fprintf(os.Stderr, "Usage:\n  sluice --manifests PATH [flags]\n  sluice --kubeconfig PATH [flags]\n  sluice --in-cluster [flags]\n  sluice cleanup [--bpffs DIR]\n  sluice --version\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	var (
@@ -80,7 +80,10 @@ func run(args []string) int {
 		return 2
 	}
 	if *showVersion {
-		printVersion(os.Stdout)
+		if err := printVersion(os.Stdout); err != nil {
+			fmt.Fprintf(os.Stderr, "sluice: write version: %v\n", err)
+			return 1
+		}
 		return 0
 	}
 	if fs.NArg() > 0 {
@@ -278,7 +281,7 @@ func runCleanup(args []string) int {
 	fs := flag.NewFlagSet("sluice cleanup", flag.ContinueOnError)
 	bpffs := fs.String("bpffs", datapath.DefaultBPFFS, "bpffs mount the agent pinned under")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: sluice cleanup [--bpffs DIR]\n\nRemoves every program, link and map Sluice pinned under <bpffs>/sluice/;\ntraffic to services stops being translated.\n\nFlags:\n")
+		fmt.Fprintf(os.Stderr, "Usage: sluice cleanup [--bpffs DIR]\n\nRemoves every program, link and map Sluice pinned under <bpffs>/sluice/;\ntraffic to services stops being translated.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

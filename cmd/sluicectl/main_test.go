@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"net/netip"
 	"strings"
 	"testing"
@@ -29,7 +30,9 @@ func TestWriteServicesListsBackendsInSlotOrder(t *testing.T) {
 		Backends: map[reconciler.BackendID]model.L4Addr{11: b("10.1.1.2"), 12: b("10.1.2.2")},
 	}
 	var out bytes.Buffer
-	writeServices(&out, ks)
+	if err := writeServices(&out, ks); err != nil {
+		t.Fatal(err)
+	}
 	want := "FRONTEND           ID  COUNT  BACKENDS\n" +
 		"10.96.0.9:53/UDP   2   0      (none: connections refused)\n" +
 		"10.96.0.10:80/TCP  7   3      10.1.2.2:8080 10.1.1.2:8080 <missing backend 99>\n"
@@ -40,12 +43,31 @@ func TestWriteServicesListsBackendsInSlotOrder(t *testing.T) {
 
 func TestWriteCountersSorted(t *testing.T) {
 	var out bytes.Buffer
-	writeCounters(&out, map[string]uint64{"tc_rev_nat": 5, "sock_xlate": 12})
+	if err := writeCounters(&out, map[string]uint64{"tc_rev_nat": 5, "sock_xlate": 12}); err != nil {
+		t.Fatal(err)
+	}
 	want := "REASON      COUNT\nsock_xlate  12\ntc_rev_nat  5\n"
 	if out.String() != want {
 		t.Errorf("got:\n%s\nwant:\n%s", out.String(), want)
 	}
 }
+
+// TestWriteErrorsAreReturned: output that cannot be written (a full disk, a
+// closed pipe) is an error, not a silently short listing with exit 0.
+func TestWriteErrorsAreReturned(t *testing.T) {
+	if err := writeCounters(failingWriter{}, map[string]uint64{"sock_xlate": 1}); !errors.Is(err, errWrite) {
+		t.Errorf("writeCounters to a failing writer: %v, want %v", err, errWrite)
+	}
+	if err := writeServices(failingWriter{}, &reconciler.KernelState{}); !errors.Is(err, errWrite) {
+		t.Errorf("writeServices to a failing writer: %v, want %v", err, errWrite)
+	}
+}
+
+var errWrite = errors.New("no space left on device")
+
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errWrite }
 
 func TestUsageErrors(t *testing.T) {
 	var stdout, stderr bytes.Buffer

@@ -138,7 +138,11 @@ func start(t *testing.T, cfg Config, recon *fakeReconciler, srcErr error) *harne
 	go func() { h.done <- h.agent.Run(ctx, h.src) }()
 	t.Cleanup(func() {
 		cancel()
-		<-h.done
+		// A source that fails ends Run with its error, which that
+		// test checks; otherwise a cancel ends Run cleanly.
+		if err := <-h.done; err != nil && srcErr == nil {
+			t.Errorf("Run after cancel = %v, want nil", err)
+		}
 	})
 	return h
 }
@@ -181,7 +185,9 @@ func TestSocketLBOffSkipsCgroup(t *testing.T) {
 	h := start(t, Config{}, recon, nil)
 	h.src.states <- stateWith(1)
 	eventually(t, "ready", func() bool { return h.agent.Ready() == nil })
-	h.stop(t)
+	if err := h.stop(t); err != nil {
+		t.Fatalf("Run after cancel = %v, want nil", err)
+	}
 	for _, c := range h.rec.list() {
 		if c != "restore" && c != "apply 1" && c != "close" {
 			t.Errorf("unexpected call %q with no cgroup and no devices", c)

@@ -161,7 +161,6 @@ const (
 func outSrc(b []byte) string   { return netip.AddrFrom4([4]byte(b[26:30])).String() }
 func outDst(b []byte) string   { return netip.AddrFrom4([4]byte(b[30:34])).String() }
 func outSport(b []byte) uint16 { return binary.BigEndian.Uint16(b[34:]) }
-func outDport(b []byte) uint16 { return binary.BigEndian.Uint16(b[36:]) }
 
 // sendTo runs p through prog and returns the verdict and the backend
 // address the output is sent to.
@@ -715,19 +714,26 @@ func TestCTConcurrentClose(t *testing.T) {
 		establish(t, d, flows[i], be)
 	}
 	// A spin barrier per flow: both CPUs start its FIN together.
-	var arrived atomic.Int64
+	var arrived, failed atomic.Int64
 	onCPUs(t, []int{0, 1}, func(cpu int) {
 		for i, f := range flows {
 			arrived.Add(1)
 			for arrived.Load() < int64(2*(i+1)) {
 			}
+			var err error
 			if cpu == 0 {
-				runProgErr(d.TCIngress(), f.pkt(tcpFA).Bytes())
+				_, _, err = runProgErr(d.TCIngress(), f.pkt(tcpFA).Bytes())
 			} else {
-				runProgErr(d.TCEgress(), f.from(be.addr, tcpFA).Bytes())
+				_, _, err = runProgErr(d.TCEgress(), f.from(be.addr, tcpFA).Bytes())
+			}
+			if err != nil {
+				failed.Add(1) // counted, not returned: the other CPU waits at the barrier
 			}
 		}
 	})
+	if c := failed.Load(); c != 0 {
+		t.Fatalf("%d of %d FINs did not run", c, 2*n)
+	}
 	lost := 0
 	both := ctFlagFinFwd | ctFlagFinRev
 	for _, f := range flows {
@@ -891,7 +897,9 @@ func TestCTFloodRealTraffic(t *testing.T) {
 			case <-stop:
 				return
 			case <-tk.C:
-				m.GCConntrack()
+				if _, err := m.GCConntrack(); err != nil {
+					t.Errorf("GC while connections come and go: %v", err)
+				}
 			}
 		}
 	}()

@@ -224,23 +224,21 @@ func Open(cfg Config) (*Datapath, error) {
 
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}
 	d := &Datapath{cfg: cfg, dir: dir}
-	if err := sockSpec.LoadAndAssign(&d.sock, opts); err != nil {
-		return nil, fmt.Errorf("load socket programs: %w", verifierDetail(err))
-	}
-	if err := tcSpec.LoadAndAssign(&d.tc, opts); err != nil {
-		d.sock.Close()
-		return nil, fmt.Errorf("load tc programs: %w", verifierDetail(err))
-	}
-	if err := xdpSpec.LoadAndAssign(&d.xdp, opts); err != nil {
-		d.sock.Close()
-		d.tc.Close()
-		return nil, fmt.Errorf("load XDP program: %w", verifierDetail(err))
-	}
-	if err := gcSpec.LoadAndAssign(&d.gc, opts); err != nil {
-		d.sock.Close()
-		d.tc.Close()
-		d.xdp.Close()
-		return nil, fmt.Errorf("load conntrack GC program: %w", verifierDetail(err))
+	for _, o := range []struct {
+		what string
+		spec *ebpf.CollectionSpec
+		objs any
+	}{
+		{"socket programs", sockSpec, &d.sock},
+		{"tc programs", tcSpec, &d.tc},
+		{"XDP program", xdpSpec, &d.xdp},
+		{"conntrack GC program", gcSpec, &d.gc},
+	} {
+		if err := o.spec.LoadAndAssign(o.objs, opts); err != nil {
+			// d.Close closes what the objects before this one
+			// loaded; the rest are still zero and close as nothing.
+			return nil, errors.Join(fmt.Errorf("load %s: %w", o.what, verifierDetail(err)), d.Close())
+		}
 	}
 	d.maps = &Maps{
 		services:  d.sock.SluiceServicesV1,

@@ -153,7 +153,9 @@ func BenchmarkMapsApply(b *testing.B) {
 				}
 				b.StopTimer()
 				d.Close()
-				os.RemoveAll(filepath.Join(cfg.BPFFS, "sluice"))
+				if err := os.RemoveAll(filepath.Join(cfg.BPFFS, "sluice")); err != nil {
+					b.Fatal(err)
+				}
 				b.StartTimer()
 			}
 		})

@@ -48,15 +48,13 @@ func OpenPinned(bpffs string) (*Pinned, error) {
 	} {
 		m, err := openPinnedMap(dir, x.name, spec.Maps[x.name])
 		if err != nil {
-			p.Close()
-			return nil, err
+			return nil, errors.Join(err, p.Close())
 		}
 		*x.m = m
 	}
 	info, err := p.metrics.Info()
 	if err != nil {
-		p.Close()
-		return nil, fmt.Errorf("info of pinned map %s: %w", mapMetrics, err)
+		return nil, errors.Join(fmt.Errorf("info of pinned map %s: %w", mapMetrics, err), p.Close())
 	}
 	// An agent built with fewer or more reasons than this tool: show the
 	// ones both know.

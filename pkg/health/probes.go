@@ -38,7 +38,7 @@ type NotesFunc func() []string
 func Handler(ready ReadyFunc, notes NotesFunc) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		io.WriteString(w, "ok\n")
+		reply(w, http.StatusOK, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		code, body := http.StatusOK, "ok\n"
@@ -50,9 +50,14 @@ func Handler(ready ReadyFunc, notes NotesFunc) http.Handler {
 				body += "not programmed:\n  " + strings.Join(lines, "\n  ") + "\n"
 			}
 		}
-		w.WriteHeader(code)
-		// A body that cannot be written means the prober went away.
-		_, _ = io.WriteString(w, body)
+		reply(w, code, body)
 	})
 	return mux
+}
+
+// reply answers a probe. The status code is the answer; a body that cannot
+// be written means the prober went away, and there is nobody left to tell.
+func reply(w http.ResponseWriter, code int, body string) {
+	w.WriteHeader(code)
+	_, _ = io.WriteString(w, body)
 }

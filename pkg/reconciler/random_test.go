@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
@@ -18,7 +19,7 @@ import (
 // converges to exactly the desired state.
 func TestRandomized(t *testing.T) {
 	for seed := range uint64(20) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { randomized(t, seed, false) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { randomized(t, rand.New(rand.NewPCG(seed, 42)), 60, false) })
 	}
 }
 
@@ -27,8 +28,43 @@ func TestRandomized(t *testing.T) {
 // ranges that are not there, and none are left once an Apply succeeds.
 func TestRandomizedSourceRanges(t *testing.T) {
 	for seed := range uint64(20) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { randomized(t, seed, true) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			if n := randomized(t, rand.New(rand.NewPCG(seed, 42)), 60, true); n < 30 {
+				t.Errorf("only %d of 60 rounds programmed source ranges: the test does not exercise them", n)
+			}
+		})
 	}
+}
+
+// FuzzApply is TestRandomized with the fuzzer's bytes for its decisions:
+// which frontends a state has, their backends, kinds and source ranges,
+// which writes fail, when the agent restarts. The invariants are checked
+// after every map operation, and every failure-free Apply must converge
+// to the desired state and leave nothing to write again. The seeds are
+// bytes of TestRandomized's generators, so the corpus starts where the
+// seeded test stands.
+func FuzzApply(f *testing.F) {
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 42))
+		b := make([]byte, 512)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c := testutil.NewChoices(data)
+		ranges := c.Bool()
+		// A round takes a hundred bytes or so: a longer input, more
+		// rounds, up to 20 (once the bytes run out, rounds of empty states).
+		randomized(t, c, min(1+len(data)/100, 20), ranges)
+	})
+}
+
+// chooser is where randomized takes its decisions from: a seeded
+// *rand.Rand, or the fuzzer's bytes (testutil.Choices).
+type chooser interface {
+	IntN(n int) int
 }
 
 var randomRanges = []netip.Prefix{
@@ -36,8 +72,12 @@ var randomRanges = []netip.Prefix{
 	netip.MustParsePrefix("192.168.7.0/24"), netip.MustParsePrefix("192.0.2.1/32"),
 }
 
-func randomized(t *testing.T, seed uint64, ranges bool) {
-	rng := rand.New(rand.NewPCG(seed, 42))
+// randomized applies rounds random desired states (with LoadBalancer
+// frontends and source ranges if ranges), each under a random rate of
+// failing writes, with now and then an agent restart, and checks the
+// fake's invariants and the convergence after each. It returns how many
+// rounds programmed source ranges.
+func randomized(t *testing.T, rng chooser, rounds int, ranges bool) int {
 	f := newFake(t)
 	r := reconciler.New(f, nil)
 	fes := make([]model.L4Addr, 8)
@@ -70,20 +110,20 @@ func randomized(t *testing.T, seed uint64, ranges bool) {
 		return st
 	}
 	withRanges := 0 // rounds that programmed source ranges
-	for round := range 60 {
+	for round := range rounds {
 		st := randomState()
-		failRate := 0.0
+		failPct := 0 // of the writes
 		if rng.IntN(3) == 0 {
-			failRate = 0.15
+			failPct = 15
 		}
 		f.Fail = func(fakedp.Op) error {
-			if rng.Float64() < failRate {
+			if rng.IntN(100) < failPct {
 				return errors.New("injected")
 			}
 			return nil
 		}
 		err := r.Apply(st)
-		if failRate == 0 && err != nil {
+		if failPct == 0 && err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
 		if err == nil {
@@ -115,9 +155,7 @@ func randomized(t *testing.T, seed uint64, ranges bool) {
 			t.Fatalf("round %d:\n%s", round, f)
 		}
 	}
-	if ranges && withRanges < 30 {
-		t.Errorf("only %d of 60 rounds programmed source ranges: the test does not exercise them", withRanges)
-	}
+	return withRanges
 }
 
 // TestRandomizedCapacity checks that with tight maps every service either

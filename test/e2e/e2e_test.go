@@ -62,7 +62,10 @@ func helperMain(args []string) int {
 	}
 	mode, addr := args[0], args[1]
 	var n int
-	fmt.Sscan(args[2], &n)
+	if _, err := fmt.Sscan(args[2], &n); err != nil {
+		fmt.Fprintln(os.Stderr, "helper: COUNT:", err)
+		return 2
+	}
 	for i := 0; i < n; i++ {
 		var who, peer string
 		var err error
@@ -87,7 +90,9 @@ func helperTCP(addr string) (who, peer string, err error) {
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(3 * time.Second))
-	fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: e2e\r\n\r\n")
+	if _, err := fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: e2e\r\n\r\n"); err != nil {
+		return "", "", err
+	}
 	body, err := io.ReadAll(c)
 	if err != nil {
 		return "", "", err
@@ -187,13 +192,12 @@ func (e *env) write(t *testing.T, echo, drain []string) {
 }
 
 // waitServices polls `sluicectl services` until the line of frontend
-// satisfies ok, and returns the whole dump.
-func (e *env) waitServices(t *testing.T, frontend string, ok func(line string) bool) string {
+// satisfies ok.
+func (e *env) waitServices(t *testing.T, frontend string, ok func(line string) bool) {
 	t.Helper()
-	var dump string
 	testutil.Eventually(t, "frontend "+frontend+" to reach the wanted state", 15*time.Second, func() error {
-		var err error
-		if dump, err = e.agent.Services(t.Context()); err != nil {
+		dump, err := e.agent.Services(t.Context())
+		if err != nil {
 			return err
 		}
 		for _, l := range strings.Split(dump, "\n") {
@@ -203,7 +207,6 @@ func (e *env) waitServices(t *testing.T, frontend string, ok func(line string) b
 		}
 		return fmt.Errorf("last dump:\n%s", dump)
 	})
-	return dump
 }
 
 func setup(t *testing.T) *env {

@@ -167,8 +167,11 @@ func TestLastGoodRetention(t *testing.T) {
 	}
 
 	// Removing a file removes its objects: that is not an error.
-	os.Remove(p)
-	os.Remove(filepath.Join(dir, "c.yaml"))
+	for _, f := range []string{p, filepath.Join(dir, "c.yaml")} {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+	}
 	res = load()
 	if len(res.Errors) != 0 || render(res.State) != "10.96.0.2:80/TCP ns/b:http ->" {
 		t.Fatalf("after removal: %v\n%s", res.Errors, render(res.State))

@@ -80,15 +80,17 @@ func northSouth(svc *corev1.Service, sp corev1.ServicePort, proto model.Protocol
 
 // sourceRanges parses loadBalancerSourceRanges, keeping the IPv4 ones.
 // An entry that does not parse is skipped (the API server validates them).
-// 0.0.0.0/0, which allows everything, means no check at all.
+// 0.0.0.0/0, which allows everything, means no check at all. An IPv4-mapped
+// IPv6 range (::ffff:10.0.0.0/104) is an IPv6 one, skipped like the others:
+// taking its address as IPv4 with its 104 bits made an invalid prefix.
 func sourceRanges(ss []string) []netip.Prefix {
 	var out []netip.Prefix
 	for _, s := range ss {
 		p, err := netip.ParsePrefix(s)
-		if err != nil || !p.Addr().Unmap().Is4() {
+		if err != nil || !p.Addr().Is4() {
 			continue
 		}
-		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked()
+		p = p.Masked()
 		if p.Bits() == 0 {
 			return nil
 		}
