@@ -120,12 +120,14 @@ func startFailing(t *testing.T, cfg Config, recon *failingReconciler) (*Agent, c
 	go func() { done <- a.Run(ctx, src) }()
 	t.Cleanup(func() {
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
 	})
 	return a, src, logs
 }
 
-var capacityErr = fmt.Errorf("%w (3 new service entries: 62 in use of 64); previous programming kept", reconciler.ErrCapacity)
+var errCapacity = fmt.Errorf("%w (3 new service entries: 62 in use of 64); previous programming kept", reconciler.ErrCapacity)
 
 // A Service that can never fit as asked (a permanent failure) does not
 // keep the agent unready or retrying: the others are programmed, the
@@ -142,7 +144,7 @@ func TestPermanentFailureIsReportedNotRetried(t *testing.T) {
 	}
 	recon := &failingReconciler{fail: func(fe model.L4Addr, _ int) error {
 		if fe == badFE {
-			return capacityErr
+			return errCapacity
 		}
 		return nil
 	}}
@@ -195,7 +197,7 @@ func TestPermanentFailureIsReportedNotRetried(t *testing.T) {
 func TestPermanentFailureLoggedOncePerChange(t *testing.T) {
 	recon := &failingReconciler{fail: func(fe model.L4Addr, _ int) error {
 		if fe.Addr.As4()[3] == 1 {
-			return capacityErr
+			return errCapacity
 		}
 		return nil
 	}}
@@ -265,7 +267,7 @@ func TestPermanentAndTransientFailures(t *testing.T) {
 	recon := &failingReconciler{fail: func(fe model.L4Addr, call int) error {
 		switch {
 		case fe.Addr.As4()[3] == 1:
-			return capacityErr
+			return errCapacity
 		case fe.Addr.As4()[3] == 2 && call <= 20:
 			return errors.New("upsert slot 1: EIO")
 		}
