@@ -70,6 +70,7 @@ type Tracker struct {
 	conflicts []Conflict
 	errs      map[types.NamespacedName]error
 	skipped   map[types.NamespacedName]string
+	warnings  map[types.NamespacedName][]string
 }
 
 // input is what one Service's translation reads.
@@ -98,6 +99,7 @@ func New(opts translate.Options) *Tracker {
 		facts:      map[types.NamespacedName]translate.NodeFacts{},
 		errs:       map[types.NamespacedName]error{},
 		skipped:    map[types.NamespacedName]string{},
+		warnings:   map[types.NamespacedName][]string{},
 	}
 }
 
@@ -293,6 +295,9 @@ type Result struct {
 	Errors []ServiceError
 	// Skipped are the Services this Sync found deliberately not served.
 	Skipped []Skipped
+	// Warnings are what of the Services this Sync translated is not
+	// served as asked (translate.Translation.Warnings), one per message.
+	Warnings []Warning
 	// Conflicts are the frontends claimed twice in State, when State is
 	// new.
 	Conflicts []Conflict
@@ -302,6 +307,13 @@ type Result struct {
 type ServiceError struct {
 	Service types.NamespacedName
 	Err     error
+}
+
+// Warning is part of a Service not served as asked
+// (translate.Translation.Warnings).
+type Warning struct {
+	Service types.NamespacedName
+	Message string
 }
 
 // Skipped is a Service deliberately not served, and why
@@ -339,6 +351,7 @@ func (t *Tracker) Sync() Result {
 			delete(t.errs, key)
 			delete(t.skipped, key)
 			delete(t.facts, key)
+			delete(t.warnings, key)
 		} else {
 			r.Translated++
 			tr, err := translate.ServiceToModel(svc, d.slices, t.opts)
@@ -355,6 +368,14 @@ func (t *Tracker) Sync() Result {
 				r.Skipped = append(r.Skipped, Skipped{key, tr.Skipped})
 			} else {
 				delete(t.skipped, key)
+			}
+			if len(tr.Warnings) > 0 {
+				t.warnings[key] = tr.Warnings
+				for _, w := range tr.Warnings {
+					r.Warnings = append(r.Warnings, Warning{key, w})
+				}
+			} else {
+				delete(t.warnings, key)
 			}
 			if tr.NodeFacts != 0 {
 				t.facts[key] = tr.NodeFacts
@@ -481,6 +502,18 @@ func (t *Tracker) Issues() (errs []ServiceError, skipped []Skipped, conflicts []
 	}
 	slices.SortFunc(skipped, func(a, b Skipped) int { return compareNames(a.Service, b.Service) })
 	return errs, skipped, t.conflicts
+}
+
+// Warnings returns what of the Services, as they are now, is not served as
+// asked, sorted by Service.
+func (t *Tracker) Warnings() []Warning {
+	var out []Warning
+	for _, k := range slices.SortedFunc(maps.Keys(t.warnings), compareNames) {
+		for _, w := range t.warnings[k] {
+			out = append(out, Warning{k, w})
+		}
+	}
+	return out
 }
 
 // Node returns the node translations are for, as SetNode last set it.
