@@ -21,7 +21,6 @@ import (
 	"text/tabwriter"
 
 	"github.com/sluice-lb/sluice/pkg/datapath"
-	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
@@ -110,13 +109,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// writeServices prints one line per frontend, its backends in slot order.
+// writeServices prints one line per frontend (and scope: a two-scope
+// frontend's internal scope is the line marked "internal"), its backends
+// in slot order.
 func writeServices(w io.Writer, ks *reconciler.KernelState) {
-	fes := make([]model.L4Addr, 0, len(ks.Masters))
+	fes := make([]reconciler.Frontend, 0, len(ks.Masters))
 	for fe := range ks.Masters {
 		fes = append(fes, fe)
 	}
-	sort.Slice(fes, func(i, j int) bool { return fes[i].Less(fes[j]) })
+	sort.Slice(fes, func(i, j int) bool { return fes[i].Compare(fes[j]) < 0 })
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "FRONTEND\tID\tCOUNT\tBACKENDS")
 	for _, fe := range fes {
@@ -138,6 +139,9 @@ func writeServices(w io.Writer, ks *reconciler.KernelState) {
 		}
 		if len(bs) == 0 {
 			bs = []string{"(none: connections refused)"}
+			if m.Flags&reconciler.FlagDropEmpty != 0 {
+				bs = []string{"(none: connections dropped)"}
+			}
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", fe, m.ID, m.Count, strings.Join(bs, " "))
 	}
