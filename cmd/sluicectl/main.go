@@ -21,7 +21,6 @@ import (
 	"text/tabwriter"
 
 	"github.com/sluice-lb/sluice/pkg/datapath"
-	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
@@ -135,13 +134,15 @@ func tabulate(w io.Writer, table string) error {
 	return tw.Flush()
 }
 
-// writeServices prints one line per frontend, its backends in slot order.
+// writeServices prints one line per frontend (and scope: a two-scope
+// frontend's internal scope is the line marked "internal"), its backends
+// in slot order.
 func writeServices(w io.Writer, ks *reconciler.KernelState) error {
-	fes := make([]model.L4Addr, 0, len(ks.Masters))
+	fes := make([]reconciler.Frontend, 0, len(ks.Masters))
 	for fe := range ks.Masters {
 		fes = append(fes, fe)
 	}
-	sort.Slice(fes, func(i, j int) bool { return fes[i].Less(fes[j]) })
+	sort.Slice(fes, func(i, j int) bool { return fes[i].Compare(fes[j]) < 0 })
 	var table strings.Builder
 	table.WriteString("FRONTEND\tID\tCOUNT\tBACKENDS\n")
 	for _, fe := range fes {
@@ -163,6 +164,9 @@ func writeServices(w io.Writer, ks *reconciler.KernelState) error {
 		}
 		if len(bs) == 0 {
 			bs = []string{"(none: connections refused)"}
+			if m.Flags&reconciler.FlagDropEmpty != 0 {
+				bs = []string{"(none: connections dropped)"}
+			}
 		}
 		fmt.Fprintf(&table, "%s\t%d\t%d\t%s\n", fe, m.ID, m.Count, strings.Join(bs, " "))
 	}

@@ -131,6 +131,8 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		if err != nil {
 			return err
 		}
+		// Its tc programs see what comes back through it.
+		flags |= nodeDevTC
 		if err := d.maps.setNodeDevice(iface.Index, addr, flags); err != nil {
 			return fmt.Errorf("record node device %s: %w", dev, err)
 		}

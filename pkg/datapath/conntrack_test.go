@@ -461,10 +461,10 @@ func TestTCZeroBackendsKeepsEstablished(t *testing.T) {
 	f := flow{"10.0.4.3", 45002, vipTCP}
 	establish(t, d, f, be)
 
-	if err := m.UpsertMaster(vipTCP, reconciler.Master{ID: 1, Count: 0}); err != nil {
+	if err := m.UpsertMaster(reconciler.DefaultScope(vipTCP), reconciler.Master{ID: 1, Count: 0}); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.DeleteSlot(vipTCP, 1); err != nil {
+	if err := m.DeleteSlot(reconciler.DefaultScope(vipTCP), 1); err != nil {
 		t.Fatal(err)
 	}
 	if v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpACK)); v != tcActOK || dst != be.addr.Addr.String() {
@@ -606,7 +606,7 @@ func TestCTStragglerKeepsNewFlow(t *testing.T) {
 			}
 		}
 		addService(t, m, 1, vipTCP, rest...) // the old backend leaves
-		if err := m.DeleteSlot(vipTCP, 4); err != nil {
+		if err := m.DeleteSlot(reconciler.DefaultScope(vipTCP), 4); err != nil {
 			t.Fatal(err)
 		}
 		v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpSYN_))
@@ -672,7 +672,7 @@ func TestTCSlotVanishes(t *testing.T) {
 	m := d.Maps()
 	b1, b2 := testBackend{91, l4("10.1.9.1", 8080, model.TCP)}, testBackend{92, l4("10.1.9.2", 8080, model.TCP)}
 	addService(t, m, 1, vipTCP, b1, b2)
-	if err := m.DeleteSlot(vipTCP, 2); err != nil {
+	if err := m.DeleteSlot(reconciler.DefaultScope(vipTCP), 2); err != nil {
 		t.Fatal(err)
 	}
 	dropped := 0
@@ -798,7 +798,7 @@ func TestSockSlotVanishes(t *testing.T) {
 	addService(t, m, 2, sockVIPUDP,
 		testBackend{3, l4(sockBackends[0], 5353, model.UDP)}, testBackend{4, l4(sockBackends[1], 5353, model.UDP)})
 	for _, fe := range []model.L4Addr{sockVIPTCP, sockVIPUDP} {
-		if err := m.DeleteSlot(fe, 2); err != nil {
+		if err := m.DeleteSlot(reconciler.DefaultScope(fe), 2); err != nil {
 			t.Fatal(err)
 		}
 	}

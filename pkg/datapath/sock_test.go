@@ -269,13 +269,13 @@ func TestSockLB(t *testing.T) {
 		// way the reconciler does: slot, master, then the old slot.
 		keepOnly := func(i int) {
 			t.Helper()
-			if err := m.UpsertSlot(sockVIPAff, 1, affBackends[i].id); err != nil {
+			if err := m.UpsertSlot(reconciler.DefaultScope(sockVIPAff), 1, affBackends[i].id); err != nil {
 				t.Fatal(err)
 			}
-			if err := m.UpsertMaster(sockVIPAff, reconciler.Master{ID: 5, Count: 1}); err != nil {
+			if err := m.UpsertMaster(reconciler.DefaultScope(sockVIPAff), reconciler.Master{ID: 5, Count: 1}); err != nil {
 				t.Fatal(err)
 			}
-			if err := m.DeleteSlot(sockVIPAff, 2); err != nil {
+			if err := m.DeleteSlot(reconciler.DefaultScope(sockVIPAff), 2); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -316,10 +316,10 @@ func TestSockLB(t *testing.T) {
 			}
 		}
 		// Put the id back as it was, for whoever runs after.
-		if err := m.DeleteSlot(sockVIPOther, 0); err != nil {
+		if err := m.DeleteSlot(reconciler.DefaultScope(sockVIPOther), 0); err != nil {
 			t.Fatal(err)
 		}
-		if err := m.DeleteSlot(sockVIPOther, 1); err != nil {
+		if err := m.DeleteSlot(reconciler.DefaultScope(sockVIPOther), 1); err != nil {
 			t.Fatal(err)
 		}
 		restore()

@@ -47,6 +47,21 @@ func (e *FrontendError) Error() string {
 
 func (e *FrontendError) Unwrap() error { return e.Err }
 
+// errInternalScope is why a two-scope frontend keeps its previous
+// programming: its master would name an internal scope that failed to be
+// programmed (that failure is reported on its own).
+var errInternalScope = errors.New("internal scope not programmed")
+
+// frontendError is Apply's error about fe. The agent knows frontends as
+// the model does (an address, port and protocol), so an internal scope's
+// error names its address and says which scope failed.
+func frontendError(svc model.ServicePortName, fe Frontend, remove bool, err error) *FrontendError {
+	if fe.Scope == ScopeInternal {
+		err = fmt.Errorf("internal scope: %w", err)
+	}
+	return &FrontendError{Service: svc, Frontend: fe.L4Addr, Remove: remove, Err: err}
+}
+
 // Reason names the kind of failure, for logs and metrics: "capacity"
 // (ErrCapacity), "invalid" (ErrInvalid) or "write" (a map operation
 // failed).
@@ -72,7 +87,7 @@ func (e *FrontendError) Permanent() bool {
 // validate returns an ErrInvalid error if the datapath cannot hold d at
 // all; it is checked before any write, as capacity is.
 func validate(d *desiredFrontend) error {
-	if err := validL4(d.fe); err != nil {
+	if err := validL4(d.fe.L4Addr); err != nil {
 		return fmt.Errorf("%w: frontend %s: %v", ErrInvalid, d.fe, err)
 	}
 	if len(d.addrs) > MaxSlots {

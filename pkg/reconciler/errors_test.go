@@ -47,7 +47,7 @@ func TestApplyErrorsPerFrontend(t *testing.T) {
 	}
 	bad6 := model.Backend{L4Addr: model.L4Addr{Addr: netip.MustParseAddr("fd00::1"), Port: 80, Proto: model.TCP}}
 	f.Fail = func(op fakedp.Op) error {
-		if op.Frontend == flaky && op.Kind == fakedp.OpUpsertMaster {
+		if op.Frontend.L4Addr == flaky && op.Kind == fakedp.OpUpsertMaster {
 			return errors.New("EIO")
 		}
 		return nil
@@ -82,11 +82,11 @@ func TestApplyErrorsPerFrontend(t *testing.T) {
 		t.Errorf("the IPv6 backend's error %v is not ErrInvalid alone", errs[v6])
 	}
 	ks, _ := f.Dump()
-	if _, ok := ks.Masters[good]; !ok {
+	if _, ok := ks.Masters[reconciler.DefaultScope(good)]; !ok {
 		t.Errorf("the good frontend is not programmed:\n%s", f)
 	}
 	for _, fe := range []model.L4Addr{big, v6} {
-		if _, ok := ks.Slots[fe]; ok {
+		if _, ok := ks.Slots[reconciler.DefaultScope(fe)]; ok {
 			t.Errorf("%s: a permanent failure wrote slots:\n%s", fe, f)
 		}
 	}

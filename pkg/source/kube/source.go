@@ -287,6 +287,9 @@ func (s *Source) syncOnce(apply func(*model.State), periodic bool) {
 	for _, sk := range r.Skipped {
 		s.log.Debug("service skipped", "service", sk.Service, "reason", sk.Reason)
 	}
+	for _, w := range r.Warnings {
+		s.log.Warn("service not served as asked", "service", w.Service, "reason", w.Message)
+	}
 	for _, c := range r.Conflicts {
 		s.log.Warn("frontend claimed twice", "conflict", c.String())
 	}

@@ -55,8 +55,9 @@ type Result struct {
 	// could not be translated, or frontend it lost to another Service),
 	// each naming the file and document.
 	Errors []error
-	// Warnings are objects ignored: unknown kinds, EndpointSlices that
-	// name no Service.
+	// Warnings are objects ignored (unknown kinds, EndpointSlices that
+	// name no Service) and parts of Services not served as written (an
+	// SCTP port, source ranges that do not parse).
 	Warnings []string
 	// Skipped are Services deliberately not served (headless,
 	// ExternalName, another proxy's, IPv6 only), with the reason.
@@ -647,6 +648,10 @@ func (l *loader) issues(objs map[objKey]*object, res *Result) []error {
 	for _, sk := range skipped {
 		k, where := svc(sk.Service)
 		res.Skipped = append(res.Skipped, fmt.Sprintf("%s: %s skipped: %s", where, k, sk.Reason))
+	}
+	for _, w := range l.tracker.Warnings() {
+		k, where := svc(w.Service)
+		res.Warnings = append(res.Warnings, fmt.Sprintf("%s: %s: %s", where, k, w.Message))
 	}
 	type issue struct {
 		svc types.NamespacedName

@@ -83,8 +83,6 @@ func TestLoadBadInput(t *testing.T) {
 			`f.yaml: document 1: Service ns/a: service "ns/a": port "http": port 70000 out of range`},
 		{"unknown protocol", strings.Replace(svcA, "protocol: TCP", "protocol: ICMP", 1),
 			`service "ns/a": port "http": unknown protocol "ICMP"`},
-		{"SCTP", strings.Replace(svcA, "protocol: TCP", "protocol: SCTP", 1),
-			`service "ns/a": port "http": protocol SCTP is not supported`},
 		{"malformed YAML", svcA + "---\nkind: [unclosed\n", `f.yaml: document 2: malformed YAML`},
 		{"wrong type", strings.Replace(svcA, "port: 80", "port: eighty", 1), `f.yaml: document 1: Service ns/a: json: cannot unmarshal`},
 		{"duplicate", svcA + "---\n" + svcA, `f.yaml: document 2: Service ns/a: already defined in`},
@@ -101,6 +99,28 @@ func TestLoadBadInput(t *testing.T) {
 				t.Fatalf("errors = %v, want one containing %q", res.Errors, tc.want)
 			}
 		})
+	}
+}
+
+// An SCTP port is not an error: the port is left out, the rest of the
+// Service served, and the warning names the file, the Service and the port.
+func TestLoadSCTPPortWarns(t *testing.T) {
+	dir := t.TempDir()
+	svc := strings.Replace(svcA, "ports: [", "ports: [{name: sig, port: 3868, protocol: SCTP}, ", 1)
+	if svc == svcA {
+		t.Fatal("the test Service changed: no ports list to extend")
+	}
+	writeFile(t, dir, "f.yaml", svc+"---\n"+sliceA)
+	res, err := Load(dir, translate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Errors) != 0 || len(res.State.Services) != 1 {
+		t.Fatalf("errors %v, %d frontends; want the TCP port served", res.Errors, len(res.State.Services))
+	}
+	want := `f.yaml: document 1: Service ns/a: port "sig": protocol SCTP is not supported; the port is not served`
+	if len(res.Warnings) != 1 || !strings.HasSuffix(res.Warnings[0], "/"+want) {
+		t.Errorf("warnings %q, want %q", res.Warnings, want)
 	}
 }
 

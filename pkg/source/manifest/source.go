@@ -139,7 +139,7 @@ func (s *Source) reload(apply func(*model.State)) error {
 	for _, w := range res.Warnings {
 		seen[w] = true
 		if !s.logged[w] {
-			s.log.Warn("Manifest object ignored", "reason", w)
+			s.log.Warn("Manifest object not served as written", "reason", w)
 		}
 	}
 	for _, w := range res.Skipped {

@@ -86,7 +86,8 @@ type Tracker struct {
 	created map[types.NamespacedName]time.Time
 	// holds reports whether the datapath holds a frontend as a Service
 	// port's translation would program it (nil: never).
-	holds func(*model.Service) bool
+	holds    func(*model.Service) bool
+	warnings map[types.NamespacedName][]string
 }
 
 // input is what one Service's translation reads.
@@ -116,6 +117,7 @@ func New(opts translate.Options) *Tracker {
 		errs:       map[types.NamespacedName]error{},
 		skipped:    map[types.NamespacedName]string{},
 		created:    map[types.NamespacedName]time.Time{},
+		warnings:   map[types.NamespacedName][]string{},
 	}
 }
 
@@ -320,6 +322,9 @@ type Result struct {
 	Errors []ServiceError
 	// Skipped are the Services this Sync found deliberately not served.
 	Skipped []Skipped
+	// Warnings are what of the Services this Sync translated is not
+	// served as asked (translate.Translation.Warnings), one per message.
+	Warnings []Warning
 	// Conflicts are the frontends claimed twice in State, when State is
 	// new.
 	Conflicts []Conflict
@@ -329,6 +334,13 @@ type Result struct {
 type ServiceError struct {
 	Service types.NamespacedName
 	Err     error
+}
+
+// Warning is part of a Service not served as asked
+// (translate.Translation.Warnings).
+type Warning struct {
+	Service types.NamespacedName
+	Message string
 }
 
 // Skipped is a Service deliberately not served, and why
@@ -367,6 +379,7 @@ func (t *Tracker) Sync() Result {
 			delete(t.skipped, key)
 			delete(t.facts, key)
 			delete(t.created, key)
+			delete(t.warnings, key)
 		} else {
 			r.Translated++
 			t.created[key] = svc.CreationTimestamp.Time
@@ -384,6 +397,14 @@ func (t *Tracker) Sync() Result {
 				r.Skipped = append(r.Skipped, Skipped{key, tr.Skipped})
 			} else {
 				delete(t.skipped, key)
+			}
+			if len(tr.Warnings) > 0 {
+				t.warnings[key] = tr.Warnings
+				for _, w := range tr.Warnings {
+					r.Warnings = append(r.Warnings, Warning{key, w})
+				}
+			} else {
+				delete(t.warnings, key)
 			}
 			if tr.NodeFacts != 0 {
 				t.facts[key] = tr.NodeFacts
@@ -591,6 +612,18 @@ func (t *Tracker) Issues() (errs []ServiceError, skipped []Skipped, conflicts []
 	}
 	slices.SortFunc(skipped, func(a, b Skipped) int { return compareNames(a.Service, b.Service) })
 	return errs, skipped, t.conflicts
+}
+
+// Warnings returns what of the Services, as they are now, is not served as
+// asked, sorted by Service.
+func (t *Tracker) Warnings() []Warning {
+	var out []Warning
+	for _, k := range slices.SortedFunc(maps.Keys(t.warnings), compareNames) {
+		for _, w := range t.warnings[k] {
+			out = append(out, Warning{k, w})
+		}
+	}
+	return out
 }
 
 // Node returns the node translations are for, as SetNode last set it.

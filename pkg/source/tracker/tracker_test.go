@@ -245,10 +245,10 @@ func TestTrackerErrorsAndSkipped(t *testing.T) {
 	tr.SetService(web, service("web", "10.96.0.10", 80))
 	tr.Sync()
 	bad := service("web", "10.96.0.10", 80)
-	bad.Spec.Ports[0].Protocol = corev1.ProtocolSCTP
+	bad.Spec.Ports[0].Protocol = "ICMP"
 	tr.SetService(web, bad)
 	r := tr.Sync()
-	if len(r.Errors) != 1 || r.Errors[0].Service != web || !strings.Contains(r.Errors[0].Err.Error(), "SCTP") {
+	if len(r.Errors) != 1 || r.Errors[0].Service != web || !strings.Contains(r.Errors[0].Err.Error(), "ICMP") {
 		t.Fatalf("errors %v", r.Errors)
 	}
 	if got := render(r.State); got != "10.96.0.10:80/TCP default/web:http ->" {
@@ -271,6 +271,37 @@ func TestTrackerErrorsAndSkipped(t *testing.T) {
 	r = tr.Sync()
 	if errs, skipped, _ := tr.Issues(); len(errs) != 0 || len(skipped) != 0 || len(r.State.Services) != 0 {
 		t.Errorf("after deletion: Issues = %v, %v; %d frontends", errs, skipped, len(r.State.Services))
+	}
+}
+
+// What a translation leaves out (an SCTP port) is reported by the Sync
+// that translated it and by Warnings while it lasts.
+func TestTrackerWarnings(t *testing.T) {
+	tr := New(translate.Options{})
+	web := types.NamespacedName{Namespace: "default", Name: "web"}
+	svc := service("web", "10.96.0.10", 80)
+	svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: "sig", Port: 3868, Protocol: corev1.ProtocolSCTP})
+	tr.SetService(web, svc)
+	r := tr.Sync()
+	if len(r.Warnings) != 1 || r.Warnings[0].Service != web || !strings.Contains(r.Warnings[0].Message, `port "sig"`) {
+		t.Fatalf("warnings %v", r.Warnings)
+	}
+	if got := render(r.State); got != "10.96.0.10:80/TCP default/web:http ->" {
+		t.Errorf("the TCP port is not served: %s", got)
+	}
+	if w := tr.Warnings(); len(w) != 1 || w[0] != r.Warnings[0] {
+		t.Errorf("Warnings() = %v", w)
+	}
+	tr.SetService(web, service("web", "10.96.0.10", 80))
+	if r = tr.Sync(); len(r.Warnings) != 0 || len(tr.Warnings()) != 0 {
+		t.Errorf("fixed: warnings %v, %v", r.Warnings, tr.Warnings())
+	}
+	tr.SetService(web, svc)
+	tr.Sync()
+	tr.SetService(web, nil)
+	tr.Sync()
+	if len(tr.Warnings()) != 0 {
+		t.Errorf("deleted: warnings %v", tr.Warnings())
 	}
 }
 

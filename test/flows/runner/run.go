@@ -392,10 +392,17 @@ func (r *caseRun) startSinks(st *flows.Step) ([]*topology.Server, map[listenKey]
 		name := sinkName
 		switch {
 		case r.c.Node.IsNodeAddress(dst) || dst.IsLoopback():
-			if hcPorts[f.Destination.Port] {
-				continue
-			}
 			k = listenKey{networkOf(f), netip.AddrPortFrom(netip.IPv4Unspecified(), f.Destination.Port)}
+			if hcPorts[f.Destination.Port] {
+				// The agent's health-check server listens on the
+				// port, on the nodeport addresses: a flow that
+				// expects it untouched elsewhere needs a sink on
+				// that one address only.
+				if f.Expect.Verdict != flows.VerdictUntouched {
+					continue
+				}
+				k.addr = netip.AddrPortFrom(dst, f.Destination.Port)
+			}
 			host, name = r.net.node, nodeName
 		case f.Expect.Verdict == flows.VerdictUntouched:
 			k = listenKey{networkOf(f), netip.AddrPortFrom(dst, f.Destination.Port)}
@@ -436,6 +443,9 @@ func (r *caseRun) startSinks(st *flows.Step) ([]*topology.Server, map[listenKey]
 // sinkErr is why no sink listens where f's packets go untranslated, or nil.
 func (r *caseRun) sinkErr(f *flows.Flow, errs map[listenKey]error) error {
 	addr := netip.AddrPortFrom(f.Destination.IP, f.Destination.Port)
+	if err, ok := errs[listenKey{networkOf(f), addr}]; ok {
+		return err // a sink on the destination itself (see startSinks)
+	}
 	if r.c.Node.IsNodeAddress(f.Destination.IP) || f.Destination.IP.IsLoopback() {
 		addr = netip.AddrPortFrom(netip.IPv4Unspecified(), f.Destination.Port)
 	}
