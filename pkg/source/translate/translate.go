@@ -16,6 +16,8 @@
 // briefly leaves no ready pod keeps draining instead of refusing. Headless
 // and ExternalName Services, and those that ask for another proxy through
 // the service.kubernetes.io/service-proxy-name label, are skipped.
+// sessionAffinity ClientIP gives every frontend of the Service its timeout
+// (default 10800 s, as the API server defaults it).
 //
 // Sluice's datapath is IPv4 only for now: IPv6 frontends and IPv6
 // EndpointSlices are skipped, not errors.
@@ -29,6 +31,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -197,6 +200,7 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 		mine = append(mine, es)
 	}
 
+	affinity := affinityTimeout(svc)
 	var t Translation
 	for _, sp := range svc.Spec.Ports {
 		proto, _ := protocolOf(sp.Protocol) // validated above
@@ -207,9 +211,14 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 				Kind:     model.ClusterIP,
 				Frontend: model.L4Addr{Addr: vip, Port: uint16(sp.Port), Proto: proto},
 				Backends: slices.Clone(backends),
+
+				AffinityTimeout: affinity,
 			})
 		}
 		ns, facts := northSouth(svc, sp, proto, backends, mine, opts.Node)
+		for _, s := range ns {
+			s.AffinityTimeout = affinity
+		}
 		t.Services = append(t.Services, ns...)
 		t.NodeFacts |= facts
 	}
@@ -223,6 +232,32 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 		return 0
 	})
 	return t, nil
+}
+
+// DefaultAffinityTimeout is the sessionAffinity ClientIP timeout of a
+// Service that does not say (corev1.DefaultClientIPServiceAffinitySeconds:
+// the API server writes it into sessionAffinityConfig, a manifest need
+// not).
+const DefaultAffinityTimeout = time.Duration(corev1.DefaultClientIPServiceAffinitySeconds) * time.Second
+
+// maxAffinitySeconds is the longest timeoutSeconds the API server accepts
+// (MaxClientIPServiceAffinitySeconds of its internal API, a day).
+const maxAffinitySeconds = 86400
+
+// affinityTimeout returns the Service's session affinity timeout, or 0
+// for none (sessionAffinity None or empty). ValidateService has checked
+// the values. kube-proxy's affinity applies to every frontend of every
+// port of the Service (nftables proxier: one affinity set per endpoint of
+// each Service port, ClusterIP, NodePort, ExternalIPs and LoadBalancer
+// IPs alike).
+func affinityTimeout(svc *corev1.Service) time.Duration {
+	if svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP {
+		return 0
+	}
+	if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+		return time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
+	}
+	return DefaultAffinityTimeout
 }
 
 // backendsFor merges the endpoints of all slices for the Service port named
@@ -348,6 +383,19 @@ func ValidateService(svc *corev1.Service) error {
 		if _, err := netip.ParseAddr(ip); err != nil {
 			return fail("invalid externalIPs entry %q", ip)
 		}
+	}
+	switch svc.Spec.SessionAffinity {
+	case "", corev1.ServiceAffinityNone:
+		// A sessionAffinityConfig beside None (which the API server
+		// refuses) asks for nothing: ignored.
+	case corev1.ServiceAffinityClientIP:
+		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			if ts := *c.ClientIP.TimeoutSeconds; ts <= 0 || ts > maxAffinitySeconds {
+				return fail("sessionAffinityConfig.clientIP.timeoutSeconds %d: want 1 to %d", ts, maxAffinitySeconds)
+			}
+		}
+	default:
+		return fail("unknown sessionAffinity %q: want %s or %s", svc.Spec.SessionAffinity, corev1.ServiceAffinityClientIP, corev1.ServiceAffinityNone)
 	}
 	names := map[string]bool{}
 	type pp struct {
