@@ -43,6 +43,7 @@ var (
 	_ [reconciler.FlagExternal]struct{}     = [sockSvcFlagsSVC_F_EXTERNAL]struct{}{}
 	_ [reconciler.FlagLocal]struct{}        = [sockSvcFlagsSVC_F_LOCAL]struct{}{}
 	_ [reconciler.FlagSourceRanges]struct{} = [sockSvcFlagsSVC_F_SRC_RANGES]struct{}{}
+	_ [reconciler.FlagAffinity]struct{}     = [sockSvcFlagsSVC_F_AFFINITY]struct{}{}
 )
 
 // metricNames returns the label of each reason of enum metric_reason, by

@@ -22,9 +22,10 @@ import (
 // says.
 type Maps struct {
 	services, backends, revNat, conntrack, sockRev, udpStick, metrics *ebpf.Map
-	devices, srcRanges, ctNew, ctFlush                                *ebpf.Map
+	devices, srcRanges, ctNew, ctFlush, affinity, affFix              *ebpf.Map
 
-	ctGC *ebpf.Program // bpf/ctgc.c: conntrack GC and flush (conntrack.go)
+	ctGC       *ebpf.Program // bpf/ctgc.c: conntrack GC and flush (conntrack.go)
+	affFixProg *ebpf.Program // bpf/ctgc.c: session affinity upkeep (affinity.go)
 
 	cfg Config
 }
@@ -178,7 +179,8 @@ func (m *Maps) UpsertMaster(fe model.L4Addr, ms reconciler.Master) error {
 	if err != nil {
 		return fmt.Errorf("upsert master: %w", err)
 	}
-	v := sockLb4Service{Count: ms.Count, RevNatId: uint32(ms.ID), Flags: ms.Flags}
+	// A master's backend_id is the union's affinity_timeout.
+	v := sockLb4Service{BackendId: ms.AffinityTimeout, Count: ms.Count, RevNatId: uint32(ms.ID), Flags: ms.Flags}
 	if err := m.services.Put(&k, &v); err != nil {
 		return fmt.Errorf("upsert master of %s: %w", fe, err)
 	}
@@ -219,7 +221,8 @@ func dumpState(services, backends, revNat, srcRanges *ebpf.Map) (*reconciler.Ker
 		fe := model.L4Addr{Addr: addrFromBE32(sk.Vip), Port: portFromBE16(sk.Port), Proto: model.Protocol(sk.Proto)}
 		if sk.Slot == 0 {
 			id := reconciler.ServiceID(sv.RevNatId)
-			ks.Masters[fe] = reconciler.Master{ID: id, Count: sv.Count, Flags: sv.Flags}
+			// BackendId is the union's affinity_timeout here.
+			ks.Masters[fe] = reconciler.Master{ID: id, Count: sv.Count, Flags: sv.Flags, AffinityTimeout: sv.BackendId}
 			continue
 		}
 		if ks.Slots[fe] == nil {

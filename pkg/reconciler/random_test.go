@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
@@ -18,7 +19,21 @@ import (
 // converges to exactly the desired state.
 func TestRandomized(t *testing.T) {
 	for seed := range uint64(20) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { randomized(t, seed, false) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { randomized(t, seed, false, false) })
+	}
+}
+
+// TestRandomizedAffinity is TestRandomized with session affinity that
+// comes, goes and changes its timeout: masters carry the timeout, and
+// every move of clients' affinity names a slot that holds its backend
+// (the fake checks it) when it is made.
+func TestRandomizedAffinity(t *testing.T) {
+	moves := 0
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { moves += randomized(t, seed, false, true) })
+	}
+	if moves < 20 {
+		t.Errorf("only %d session affinity moves in 20 runs: the test does not exercise them", moves)
 	}
 }
 
@@ -27,7 +42,7 @@ func TestRandomized(t *testing.T) {
 // ranges that are not there, and none are left once an Apply succeeds.
 func TestRandomizedSourceRanges(t *testing.T) {
 	for seed := range uint64(20) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { randomized(t, seed, true) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { randomized(t, seed, true, false) })
 	}
 }
 
@@ -36,7 +51,9 @@ var randomRanges = []netip.Prefix{
 	netip.MustParsePrefix("192.168.7.0/24"), netip.MustParsePrefix("192.0.2.1/32"),
 }
 
-func randomized(t *testing.T, seed uint64, ranges bool) {
+// randomized runs one randomized test and returns how many session
+// affinity moves it made.
+func randomized(t *testing.T, seed uint64, ranges, affinity bool) (moves int) {
 	rng := rand.New(rand.NewPCG(seed, 42))
 	f := newFake(t)
 	r := reconciler.New(f, nil)
@@ -65,6 +82,9 @@ func randomized(t *testing.T, seed uint64, ranges bool) {
 					}
 				}
 			}
+			if affinity {
+				s.AffinityTimeout = []time.Duration{0, time.Second, time.Hour}[rng.IntN(3)]
+			}
 			st.Services[fe] = s
 		}
 		return st
@@ -86,6 +106,11 @@ func randomized(t *testing.T, seed uint64, ranges bool) {
 		if failRate == 0 && err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
+		for _, x := range f.AffinityFixes() {
+			if x.Slot != 0 {
+				moves++
+			}
+		}
 		if err == nil {
 			checkProgrammed(t, f, st)
 		}
@@ -103,8 +128,15 @@ func randomized(t *testing.T, seed uint64, ranges bool) {
 		if v := f.Check(); len(v) > 0 {
 			t.Fatalf("round %d: %v", round, v)
 		}
-		if ks, _ := f.Dump(); len(ks.SourceRanges) > 0 {
+		ks, _ := f.Dump()
+		if len(ks.SourceRanges) > 0 {
 			withRanges++
+		}
+		for fe, s := range st.Services {
+			if m := ks.Masters[fe]; m.AffinityTimeout != reconciler.AffinitySeconds(s) ||
+				(m.Flags&reconciler.FlagAffinity != 0) != (s.AffinityTimeout > 0) {
+				t.Errorf("round %d: %s master %+v, want affinity %v", round, fe, m, s.AffinityTimeout)
+			}
 		}
 		f.ResetCounts()
 		mustApply(t, r, st)
@@ -118,6 +150,7 @@ func randomized(t *testing.T, seed uint64, ranges bool) {
 	if ranges && withRanges < 30 {
 		t.Errorf("only %d of 60 rounds programmed source ranges: the test does not exercise them", withRanges)
 	}
+	return moves
 }
 
 // TestRandomizedCapacity checks that with tight maps every service either

@@ -52,6 +52,14 @@ func TestFakeDetectsViolations(t *testing.T) {
 			f.DeleteSourceRange(fe, netip.MustParsePrefix("10.0.0.0/8"))
 		}, "last source range deleted while the master checks them"},
 		{"range with host bits", func(f *Fake) { f.UpsertSourceRange(fe, netip.MustParsePrefix("10.0.0.1/8")) }, "host bits"},
+		{"session affinity moved to a slot not holding its backend", func(f *Fake) {
+			f.UpsertBackend(5, b)
+			f.UpsertSlot(fe, 1, 5)
+			f.FixAffinity([]reconciler.AffinityFix{{Frontend: fe, Backend: 6, Slot: 1}})
+		}, "moves backend 6 to slot 1, which names 5"},
+		{"every backend's session affinity moved", func(f *Fake) {
+			f.FixAffinity([]reconciler.AffinityFix{{Frontend: fe, Slot: 1}})
+		}, "moves every backend to slot 1"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
