@@ -52,14 +52,14 @@ func (m *Maps) FixAffinity(fixes []reconciler.AffinityFix) error {
 	}
 	for i := 0; i < len(keys); i += affFixBatch {
 		j := min(i+affFixBatch, len(keys))
-		if _, err := m.fixAffinityBatch(keys[i:j], slots[i:j]); err != nil {
+		if err := m.fixAffinityBatch(keys[i:j], slots[i:j]); err != nil {
 			return fmt.Errorf("fix session affinity (%d fixes): %w", len(fixes), err)
 		}
 	}
 	return nil
 }
 
-func (m *Maps) fixAffinityBatch(keys []sockAffinityFixKey, slots []uint32) (sockAffinityFixArgs, error) {
+func (m *Maps) fixAffinityBatch(keys []sockAffinityFixKey, slots []uint32) error {
 	// Leftovers of an agent that died in the middle of a fix: not to be
 	// applied again.
 	var k sockAffinityFixKey
@@ -70,12 +70,13 @@ func (m *Maps) fixAffinityBatch(keys []sockAffinityFixKey, slots []uint32) (sock
 	}
 	for i := range stale {
 		if err := deleteIgnoringMissing(m.affFix, &stale[i]); err != nil {
-			return sockAffinityFixArgs{}, fmt.Errorf("clear %s: %w", mapAffFix, err)
+			return fmt.Errorf("clear %s: %w", mapAffFix, err)
 		}
 	}
 	if _, err := m.affFix.BatchUpdate(keys, slots, nil); err != nil {
-		return sockAffinityFixArgs{}, fmt.Errorf("write %s: %w", mapAffFix, err)
+		return fmt.Errorf("write %s: %w", mapAffFix, err)
 	}
+	// The pass counts what it moved and deleted; nobody needs it here.
 	var out sockAffinityFixArgs
 	_, runErr := m.affFixProg.Run(&ebpf.RunOptions{Context: sockAffinityFixArgs{}, ContextOut: &out})
 	if runErr != nil {
@@ -87,7 +88,7 @@ func (m *Maps) fixAffinityBatch(keys []sockAffinityFixKey, slots []uint32) (sock
 	if errors.Is(delErr, ebpf.ErrKeyNotExist) {
 		delErr = nil
 	}
-	return out, errors.Join(runErr, delErr)
+	return errors.Join(runErr, delErr)
 }
 
 // AffinityEntry is one session affinity entry, as Affinity lists them.

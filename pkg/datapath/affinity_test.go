@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -374,4 +375,71 @@ func TestXDPAffinity(t *testing.T) {
 	verdict, out := runOn(t, d.TCIngress(), ifindex, in.Bytes())
 	sp := snatPortOf(t, m, nsClientIP, in.SrcPort, np)
 	expectPacket(t, "tc flow", verdict, tcActRedirect, out, toRemote(in, sp, testBackend{addr: first}))
+}
+
+// TestFixAffinity: sluice_aff_fix touches only the entries the fixes name:
+// a backend's entries of one frontend move or go, a whole frontend's go,
+// and every other entry (other frontends, other backends, the socket
+// path's of other frontends) stays as it was.
+func TestFixAffinity(t *testing.T) {
+	d := newTestDatapath(t)
+	m := d.Maps()
+	fe1, fe2 := l4("10.96.0.50", 80, model.TCP), l4("10.96.0.51", 80, model.TCP)
+	put := func(fe model.L4Addr, client uint64, kind sockAffinityClient, id reconciler.BackendID, slot uint16) {
+		t.Helper()
+		k := sockLb4AffinityKey{Client: client, Kind: uint32(kind)}
+		k.Master, _ = serviceKey(fe, 0)
+		v := sockLb4Affinity{Expires: 1 << 62, BackendId: uint32(id), Addr: be32(addr("10.1.0.1")), Port: be16(8080), Slot: slot}
+		if err := m.affinity.Put(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ip := func(s string) uint64 { return uint64(be32(addr(s))) }
+	addrKind, netns := sockAffinityClientAFFINITY_CLIENT_ADDR, sockAffinityClientAFFINITY_CLIENT_NETNS
+	put(fe1, ip("10.0.0.1"), addrKind, 7, 4) // moves to slot 2
+	put(fe1, ip("10.0.0.2"), addrKind, 8, 1) // deleted
+	put(fe1, ip("10.0.0.3"), addrKind, 9, 3) // stays
+	put(fe1, 77, netns, 7, 4)                // moves to slot 2
+	put(fe2, ip("10.0.0.1"), addrKind, 7, 4) // deleted with its frontend
+	put(fe2, 77, netns, 8, 1)                // deleted with its frontend
+	fe3 := l4("10.96.0.52", 80, model.TCP)
+	put(fe3, ip("10.0.0.1"), addrKind, 8, 1) // stays: backend 8 goes from fe1 only
+
+	if err := m.FixAffinity([]reconciler.AffinityFix{
+		{Frontend: fe1, Backend: 7, Slot: 2},
+		{Frontend: fe1, Backend: 8},
+		{Frontend: fe2},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	all, err := m.Affinity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range all {
+		client := e.Client.String()
+		if e.NetnsCookie != 0 {
+			client = fmt.Sprintf("netns %d", e.NetnsCookie)
+		}
+		got = append(got, fmt.Sprintf("%s %s backend=%d slot=%d", e.Frontend, client, e.BackendID, e.Slot))
+	}
+	want := []string{
+		"10.96.0.50:80/TCP 10.0.0.1 backend=7 slot=2",
+		"10.96.0.50:80/TCP 10.0.0.3 backend=9 slot=3",
+		"10.96.0.50:80/TCP netns 77 backend=7 slot=2",
+		"10.96.0.52:80/TCP 10.0.0.1 backend=8 slot=1",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("entries after the fixes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// The fix set is emptied after the pass.
+	var k sockAffinityFixKey
+	var v uint32
+	if m.affFix.Iterate().Next(&k, &v) {
+		t.Errorf("%s not empty after the pass: %+v -> %d", mapAffFix, k, v)
+	}
+	if err := m.FixAffinity([]reconciler.AffinityFix{{Frontend: fe1, Slot: 3}}); err == nil {
+		t.Error("FixAffinity moved every backend of a frontend to one slot")
+	}
 }
