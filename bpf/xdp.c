@@ -183,7 +183,7 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
 		ct_track_tcp(p, &key, fwd, now);
 	} else {
 		aff_key(&akey, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr,
-			p->dport, p->proto);
+			p->dport, p->proto, svc->scope);
 		be = aff_select(&akey, svc, now, &backend_id, &slot);
 		if (!be)
 			return XDP_PASS;

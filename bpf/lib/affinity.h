@@ -53,18 +53,19 @@ static __always_inline bool aff_alive(__u64 expires, __u64 now)
 
 /*
  * aff_key - the affinity key of client @client (enum affinity_client
- * @kind) of frontend <@vip, @port, @proto>: every field set, padding
+ * @kind) of frontend <@vip, @port, @proto> in @scope (enum lb_scope, the
+ * scope whose master serves the client): every field set, padding
  * included (it is hashed).
  */
 static __always_inline void aff_key(struct lb4_affinity_key *key, __u64 client,
 				    __u32 kind, __be32 vip, __be16 port,
-				    __u8 proto)
+				    __u8 proto, __u8 scope)
 {
 	key->client = client;
 	key->master.vip = vip;
 	key->master.port = port;
 	key->master.proto = proto;
-	key->master.pad0 = 0;
+	key->master.scope = scope;
 	key->master.slot = 0;
 	key->master.pad1 = 0;
 	key->kind = kind;

@@ -93,7 +93,7 @@ func (m *Maps) fixAffinityBatch(keys []sockAffinityFixKey, slots []uint32) error
 
 // AffinityEntry is one session affinity entry, as Affinity lists them.
 type AffinityEntry struct {
-	Frontend model.L4Addr
+	Frontend reconciler.Frontend // the scope whose master served the client
 	// Client is the client's address (the packet paths); NetnsCookie
 	// its network namespace's cookie instead (the socket path).
 	Client      netip.Addr
@@ -113,7 +113,10 @@ func (m *Maps) Affinity() ([]AffinityEntry, error) {
 	it := m.affinity.Iterate()
 	for it.Next(&k, &v) {
 		e := AffinityEntry{
-			Frontend:  model.L4Addr{Addr: addrFromBE32(k.Master.Vip), Port: portFromBE16(k.Master.Port), Proto: model.Protocol(k.Master.Proto)},
+			Frontend: reconciler.Frontend{
+				L4Addr: model.L4Addr{Addr: addrFromBE32(k.Master.Vip), Port: portFromBE16(k.Master.Port), Proto: model.Protocol(k.Master.Proto)},
+				Scope:  reconciler.Scope(k.Master.Scope),
+			},
 			BackendID: reconciler.BackendID(v.BackendId),
 			Slot:      v.Slot,
 			Backend:   netip.AddrPortFrom(addrFromBE32(v.Addr), portFromBE16(v.Port)),

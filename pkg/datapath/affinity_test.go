@@ -96,7 +96,7 @@ func (a *affTest) entries(fe model.L4Addr) map[netip.Addr]AffinityEntry {
 	}
 	out := map[netip.Addr]AffinityEntry{}
 	for _, e := range all {
-		if e.Frontend == fe && e.NetnsCookie == 0 {
+		if e.Frontend == reconciler.DefaultScope(fe) && e.NetnsCookie == 0 {
 			out[e.Client] = e
 		}
 	}
@@ -218,7 +218,7 @@ func TestTCAffinityBackendLeaves(t *testing.T) {
 		t.Fatal(err)
 	}
 	slotOf := map[model.L4Addr]uint32{}
-	for s, id := range ks.Slots[affVIP] {
+	for s, id := range ks.Slots[reconciler.DefaultScope(affVIP)] {
 		slotOf[ks.Backends[id]] = s
 	}
 	// Leaving: slot 1's backend. Moving into slot 1: slot 4's.
@@ -253,7 +253,7 @@ func TestTCAffinityBackendLeaves(t *testing.T) {
 	a.apply(affinityService(affVIP, time.Hour, rest...))
 	if s := func() uint32 {
 		ks, _ := m.Dump()
-		for s, id := range ks.Slots[affVIP] {
+		for s, id := range ks.Slots[reconciler.DefaultScope(affVIP)] {
 			if ks.Backends[id] == mover {
 				return s
 			}
@@ -380,12 +380,14 @@ func TestXDPAffinity(t *testing.T) {
 // TestFixAffinity: sluice_aff_fix touches only the entries the fixes name:
 // a backend's entries of one frontend move or go, a whole frontend's go,
 // and every other entry (other frontends, other backends, the socket
-// path's of other frontends) stays as it was.
+// path's of other frontends, the other scope of the same frontend) stays
+// as it was.
 func TestFixAffinity(t *testing.T) {
 	d := newTestDatapath(t)
 	m := d.Maps()
-	fe1, fe2 := l4("10.96.0.50", 80, model.TCP), l4("10.96.0.51", 80, model.TCP)
-	put := func(fe model.L4Addr, client uint64, kind sockAffinityClient, id reconciler.BackendID, slot uint16) {
+	fe1, fe2 := reconciler.DefaultScope(l4("10.96.0.50", 80, model.TCP)), reconciler.DefaultScope(l4("10.96.0.51", 80, model.TCP))
+	fe1in := reconciler.Frontend{L4Addr: fe1.L4Addr, Scope: reconciler.ScopeInternal}
+	put := func(fe reconciler.Frontend, client uint64, kind sockAffinityClient, id reconciler.BackendID, slot uint16) {
 		t.Helper()
 		k := sockLb4AffinityKey{Client: client, Kind: uint32(kind)}
 		k.Master, _ = serviceKey(fe, 0)
@@ -402,8 +404,12 @@ func TestFixAffinity(t *testing.T) {
 	put(fe1, 77, netns, 7, 4)                // moves to slot 2
 	put(fe2, ip("10.0.0.1"), addrKind, 7, 4) // deleted with its frontend
 	put(fe2, 77, netns, 8, 1)                // deleted with its frontend
-	fe3 := l4("10.96.0.52", 80, model.TCP)
+	fe3 := reconciler.DefaultScope(l4("10.96.0.52", 80, model.TCP))
 	put(fe3, ip("10.0.0.1"), addrKind, 8, 1) // stays: backend 8 goes from fe1 only
+	// fe1's internal scope has entries of its own, which fixes of its
+	// default scope leave alone.
+	put(fe1in, ip("10.0.0.1"), addrKind, 7, 4) // stays
+	put(fe1in, ip("10.0.0.2"), addrKind, 8, 1) // stays
 
 	if err := m.FixAffinity([]reconciler.AffinityFix{
 		{Frontend: fe1, Backend: 7, Slot: 2},
@@ -425,6 +431,8 @@ func TestFixAffinity(t *testing.T) {
 		got = append(got, fmt.Sprintf("%s %s backend=%d slot=%d", e.Frontend, client, e.BackendID, e.Slot))
 	}
 	want := []string{
+		"10.96.0.50:80/TCP internal 10.0.0.1 backend=7 slot=4",
+		"10.96.0.50:80/TCP internal 10.0.0.2 backend=8 slot=1",
 		"10.96.0.50:80/TCP 10.0.0.1 backend=7 slot=2",
 		"10.96.0.50:80/TCP 10.0.0.3 backend=9 slot=3",
 		"10.96.0.50:80/TCP netns 77 backend=7 slot=2",

@@ -24,7 +24,9 @@ const (
 	ctgcMapSluiceDevicesV1         = "sluice_devices_v1"
 	ctgcMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	ctgcMapSluiceMetricsV1         = "sluice_metrics_v1"
+	ctgcMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
 	ctgcMapSluiceRevNatV1          = "sluice_rev_nat_v1"
+	ctgcMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
 	ctgcMapSluiceServicesV1        = "sluice_services_v1"
 	ctgcMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
 	ctgcMapSluiceSockRevV1         = "sluice_sock_rev_v1"
@@ -36,6 +38,9 @@ const (
 	ctgcVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	ctgcVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	ctgcVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
+	ctgcVarHaveClusterCidr         = "have_cluster_cidr"
+	ctgcVarMasqueradeAll           = "masquerade_all"
+	ctgcVarNodeIp4                 = "node_ip4"
 	ctgcVarSnatPortMax             = "snat_port_max"
 	ctgcVarSnatPortMin             = "snat_port_min"
 )
@@ -98,7 +103,9 @@ type ctgcMapSpecs struct {
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
+	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV1          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1      *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
 	SluiceServicesV1        *ebpf.MapSpec `ebpf:"sluice_services_v1"`
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
 	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
@@ -114,6 +121,9 @@ type ctgcVariableSpecs struct {
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
+	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
+	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
@@ -146,7 +156,9 @@ type ctgcMaps struct {
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
+	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV1          *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1      *ebpf.Map `ebpf:"sluice_service_ips_v1"`
 	SluiceServicesV1        *ebpf.Map `ebpf:"sluice_services_v1"`
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
 	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
@@ -164,7 +176,9 @@ func (m *ctgcMaps) Close() error {
 		m.SluiceDevicesV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
+		m.SluiceNodeCidrsV1,
 		m.SluiceRevNatV1,
+		m.SluiceServiceIpsV1,
 		m.SluiceServicesV1,
 		m.SluiceSessionAffinityV1,
 		m.SluiceSockRevV1,
@@ -181,6 +195,9 @@ type ctgcVariables struct {
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
+	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
+	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
 }

@@ -71,8 +71,25 @@ type Config struct {
 
 	// NodeIPs are this node's addresses. On a device that holds one of
 	// them, external flows to remote backends are source-NATed to it;
-	// otherwise to the device's first IPv4 address.
+	// otherwise to the device's first IPv4 address. The first is the
+	// node's primary address: what a flow masqueraded towards a backend on
+	// this node is source-NATed to, and the source of a socket reaching
+	// a LoadBalancer IP unbound (loadBalancerSourceRanges).
 	NodeIPs []netip.Addr
+
+	// ClusterCIDRs (--cluster-cidr) say which clients are internal
+	// (pods): they are short-circuited to all endpoints of an
+	// externalTrafficPolicy Local frontend, and ClusterIP traffic from
+	// elsewhere is masqueraded. None: no client is internal, and
+	// ClusterIP traffic is never masqueraded (kube-proxy without a local
+	// traffic detector).
+	ClusterCIDRs []netip.Prefix
+	// ServiceCIDRs (--service-cidr): a packet to an address in them that
+	// is no ClusterIP is dropped.
+	ServiceCIDRs []netip.Prefix
+	// MasqueradeAll (--masquerade-all) source-NATs all ClusterIP traffic,
+	// and external traffic to a backend on this node.
+	MasqueradeAll bool
 }
 
 // XDPMode says whether and how the XDP program is attached.
@@ -158,6 +175,8 @@ func (c Config) maxEntries() map[string]int {
 		mapSockRev:   c.MaxSockRev,
 		mapUDPStick:  c.MaxSockRev,
 		mapAffinity:  c.MaxAffinity,
+		// Every service IP is some ClusterIP frontend's address.
+		mapServiceIPs: c.MaxServices,
 	}
 }
 
@@ -187,6 +206,10 @@ func Open(cfg Config) (*Datapath, error) {
 	}
 	if cfg.SNATPortMin == 0 || cfg.SNATPortMax < cfg.SNATPortMin {
 		return nil, fmt.Errorf("SNAT port range %d-%d is empty", cfg.SNATPortMin, cfg.SNATPortMax)
+	}
+	cidrs, err := wantNodeCIDRs(cfg)
+	if err != nil {
+		return nil, err
 	}
 	dir := filepath.Join(cfg.BPFFS, "sluice")
 	if err := os.MkdirAll(filepath.Join(dir, "links"), 0o700); err != nil {
@@ -230,23 +253,21 @@ func Open(cfg Config) (*Datapath, error) {
 
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}
 	d := &Datapath{cfg: cfg, dir: dir}
-	if err := sockSpec.LoadAndAssign(&d.sock, opts); err != nil {
-		return nil, fmt.Errorf("load socket programs: %w", verifierDetail(err))
-	}
-	if err := tcSpec.LoadAndAssign(&d.tc, opts); err != nil {
-		d.sock.Close()
-		return nil, fmt.Errorf("load tc programs: %w", verifierDetail(err))
-	}
-	if err := xdpSpec.LoadAndAssign(&d.xdp, opts); err != nil {
-		d.sock.Close()
-		d.tc.Close()
-		return nil, fmt.Errorf("load XDP program: %w", verifierDetail(err))
-	}
-	if err := gcSpec.LoadAndAssign(&d.gc, opts); err != nil {
-		d.sock.Close()
-		d.tc.Close()
-		d.xdp.Close()
-		return nil, fmt.Errorf("load conntrack GC program: %w", verifierDetail(err))
+	for _, o := range []struct {
+		what string
+		spec *ebpf.CollectionSpec
+		objs any
+	}{
+		{"socket programs", sockSpec, &d.sock},
+		{"tc programs", tcSpec, &d.tc},
+		{"XDP program", xdpSpec, &d.xdp},
+		{"conntrack GC program", gcSpec, &d.gc},
+	} {
+		if err := o.spec.LoadAndAssign(o.objs, opts); err != nil {
+			// d.Close closes what the objects before this one
+			// loaded; the rest are still zero and close as nothing.
+			return nil, errors.Join(fmt.Errorf("load %s: %w", o.what, verifierDetail(err)), d.Close())
+		}
 	}
 	d.maps = &Maps{
 		services:   d.sock.SluiceServicesV1,
@@ -264,7 +285,12 @@ func Open(cfg Config) (*Datapath, error) {
 		metrics:    d.sock.SluiceMetricsV1,
 		devices:    d.sock.SluiceDevicesV1,
 		srcRanges:  d.sock.SluiceSrcRangesV1,
+		serviceIPs: d.sock.SluiceServiceIpsV1,
+		nodeCIDRs:  d.sock.SluiceNodeCidrsV1,
 		cfg:        cfg,
+	}
+	if err := d.maps.setNodeCIDRs(cidrs); err != nil {
+		return nil, errors.Join(err, d.Close())
 	}
 	return d, nil
 }
@@ -288,6 +314,15 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		"ct_timeout_close_ns": uint64(cfg.CTTimeoutClose.Nanoseconds()),
 		"snat_port_min":       cfg.SNATPortMin,
 		"snat_port_max":       cfg.SNATPortMax,
+		"node_ip4":            uint32(0),
+		"have_cluster_cidr":   boolU8(len(cfg.ClusterCIDRs) > 0),
+		"masquerade_all":      boolU8(cfg.MasqueradeAll),
+	}
+	for _, ip := range cfg.NodeIPs {
+		if ip.Unmap().Is4() {
+			vars["node_ip4"] = be32(ip.Unmap())
+			break
+		}
 	}
 	for name, v := range vars {
 		vs, ok := spec.Variables[name]
@@ -299,6 +334,13 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		}
 	}
 	return nil
+}
+
+func boolU8(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // checkPinned reports a pinned map that the load would refuse to reuse,

@@ -35,12 +35,14 @@ const (
 	// name, and "sluice_affinity" is release 0's name of the UDP
 	// stickiness map (sluice_udp_stick_v1 now, migrated below), which
 	// bpftool and the benchmark's memory tables would show alike.
-	mapAffinity  = "sluice_session_affinity_v1"
-	mapAffFix    = "sluice_aff_fix_v1"
-	mapMetrics   = "sluice_metrics_v1"
-	mapDevices   = "sluice_devices_v1"
-	mapSrcRanges = "sluice_src_ranges_v1"
-	mapFragments = "sluice_fragments_v1"
+	mapAffinity   = "sluice_session_affinity_v1"
+	mapAffFix     = "sluice_aff_fix_v1"
+	mapMetrics    = "sluice_metrics_v1"
+	mapDevices    = "sluice_devices_v1"
+	mapSrcRanges  = "sluice_src_ranges_v1"
+	mapFragments  = "sluice_fragments_v1"
+	mapServiceIPs = "sluice_service_ips_v1"
+	mapNodeCIDRs  = "sluice_node_cidrs_v1"
 )
 
 // pinMigration turns the pin of a map of the previous release into this

@@ -173,7 +173,7 @@ func TestSockAffinity(t *testing.T) {
 		}
 		out := map[uint64]AffinityEntry{}
 		for _, e := range all {
-			if e.Frontend == sockAffVIP {
+			if e.Frontend == reconciler.DefaultScope(sockAffVIP) {
 				if e.NetnsCookie == 0 || e.Client.IsValid() {
 					t.Errorf("socket path entry not keyed by a namespace: %+v", e)
 				}
@@ -203,10 +203,10 @@ func TestSockAffinity(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := es[cookieA]
-	for s, id := range ks.Slots[sockAffVIP] {
+	for s, id := range ks.Slots[reconciler.DefaultScope(sockAffVIP)] {
 		if ks.Backends[id].Addr.String() == other {
 			k := sockLb4AffinityKey{Client: cookieA, Kind: uint32(sockAffinityClientAFFINITY_CLIENT_NETNS)}
-			k.Master, _ = serviceKey(sockAffVIP, 0)
+			k.Master, _ = serviceKey(reconciler.DefaultScope(sockAffVIP), 0)
 			v := sockLb4Affinity{Expires: e.Expires, BackendId: uint32(id), Addr: be32(addr(other)), Port: be16(8080), Slot: uint16(s)}
 			if err := d.Maps().affinity.Put(&k, &v); err != nil {
 				t.Fatal(err)

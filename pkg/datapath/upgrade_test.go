@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // release0MetricReasons is how many reasons sluice_metrics had room for in
@@ -315,7 +316,7 @@ func TestSessionAffinityPinNotMigrated(t *testing.T) {
 	d := openTest(t, smallConfig(bpffs))
 	fe := l4("10.96.0.10", 80, model.TCP)
 	k := sockLb4AffinityKey{Client: uint64(be32(netip.MustParseAddr("10.0.0.2"))), Kind: uint32(sockAffinityClientAFFINITY_CLIENT_ADDR)}
-	k.Master, _ = serviceKey(fe, 0)
+	k.Master, _ = serviceKey(reconciler.DefaultScope(fe), 0)
 	v := sockLb4Affinity{Expires: 1 << 62, BackendId: 7, Addr: be32(netip.MustParseAddr("10.1.0.7")), Port: be16(8080), Slot: 1}
 	if err := d.Maps().affinity.Put(&k, &v); err != nil {
 		t.Fatal(err)

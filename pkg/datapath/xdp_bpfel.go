@@ -24,7 +24,9 @@ const (
 	xdpMapSluiceDevicesV1         = "sluice_devices_v1"
 	xdpMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	xdpMapSluiceMetricsV1         = "sluice_metrics_v1"
+	xdpMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
 	xdpMapSluiceRevNatV1          = "sluice_rev_nat_v1"
+	xdpMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
 	xdpMapSluiceServicesV1        = "sluice_services_v1"
 	xdpMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
 	xdpMapSluiceSockRevV1         = "sluice_sock_rev_v1"
@@ -35,6 +37,9 @@ const (
 	xdpVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	xdpVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	xdpVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
+	xdpVarHaveClusterCidr         = "have_cluster_cidr"
+	xdpVarMasqueradeAll           = "masquerade_all"
+	xdpVarNodeIp4                 = "node_ip4"
 	xdpVarSnatPortMax             = "snat_port_max"
 	xdpVarSnatPortMin             = "snat_port_min"
 )
@@ -96,7 +101,9 @@ type xdpMapSpecs struct {
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
+	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV1          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1      *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
 	SluiceServicesV1        *ebpf.MapSpec `ebpf:"sluice_services_v1"`
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
 	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
@@ -112,6 +119,9 @@ type xdpVariableSpecs struct {
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
+	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
+	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
@@ -144,7 +154,9 @@ type xdpMaps struct {
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
+	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV1          *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1      *ebpf.Map `ebpf:"sluice_service_ips_v1"`
 	SluiceServicesV1        *ebpf.Map `ebpf:"sluice_services_v1"`
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
 	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
@@ -162,7 +174,9 @@ func (m *xdpMaps) Close() error {
 		m.SluiceDevicesV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
+		m.SluiceNodeCidrsV1,
 		m.SluiceRevNatV1,
+		m.SluiceServiceIpsV1,
 		m.SluiceServicesV1,
 		m.SluiceSessionAffinityV1,
 		m.SluiceSockRevV1,
@@ -179,6 +193,9 @@ type xdpVariables struct {
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
+	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
+	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
 }

@@ -47,8 +47,8 @@ func TestMasterAffinity(t *testing.T) {
 		cip := withAffinity(svc(vip(1), "web", bs...), c.timeout)
 		mustApply(t, r, state(cip, nodePort))
 		ks, _ := f.Dump()
-		want := reconciler.Master{ID: ks.Masters[vip(1)].ID, Count: 2, Flags: c.flags, AffinityTimeout: c.seconds}
-		if got := ks.Masters[vip(1)]; got != want {
+		want := reconciler.Master{ID: ks.Masters[reconciler.DefaultScope(vip(1))].ID, Count: 2, Flags: c.flags, AffinityTimeout: c.seconds}
+		if got := ks.Masters[reconciler.DefaultScope(vip(1))]; got != want {
 			t.Errorf("%s: master %+v, want %+v", c.name, got, want)
 		}
 		// The same state again: nothing to write.
@@ -59,7 +59,7 @@ func TestMasterAffinity(t *testing.T) {
 		}
 	}
 	ks, _ := f.Dump()
-	if got := ks.Masters[np]; got.Flags != reconciler.FlagExternal|reconciler.FlagAffinity || got.AffinityTimeout != 10800 {
+	if got := ks.Masters[reconciler.DefaultScope(np)]; got.Flags != reconciler.FlagExternal|reconciler.FlagAffinity || got.AffinityTimeout != 10800 {
 		t.Errorf("NodePort master %+v: want external, affinity 10800 s", got)
 	}
 
@@ -83,10 +83,11 @@ func TestAffinityFollowsSlots(t *testing.T) {
 	f := newFake(t)
 	f.Record = true
 	r := reconciler.New(f, nil)
-	fe := vip(1)
+	l4 := vip(1)
+	fe := reconciler.DefaultScope(l4)
 	b := func(j int) model.Backend { return be(1, j, model.TCP) }
 	aff := func(d time.Duration, bs ...model.Backend) *model.State {
-		return state(withAffinity(svc(fe, "web", bs...), d))
+		return state(withAffinity(svc(l4, "web", bs...), d))
 	}
 	mustApply(t, r, aff(time.Hour, b(1), b(2), b(3), b(4)))
 	ks, _ := f.Dump()
@@ -180,10 +181,10 @@ func TestAffinityFollowsSlots(t *testing.T) {
 func TestAffinityFixFailures(t *testing.T) {
 	f := newFake(t)
 	r := reconciler.New(f, nil)
-	fe := vip(1)
+	fe := reconciler.DefaultScope(vip(1))
 	b := func(j int) model.Backend { return be(1, j, model.TCP) }
 	aff := func(bs ...model.Backend) *model.State {
-		return state(withAffinity(svc(fe, "web", bs...), time.Hour))
+		return state(withAffinity(svc(fe.L4Addr, "web", bs...), time.Hour))
 	}
 	mustApply(t, r, aff(b(1), b(2), b(3)))
 
@@ -214,6 +215,78 @@ func TestAffinityFixFailures(t *testing.T) {
 	mustApply(t, r, aff(b(2), b(3)))
 	if fx := f.AffinityFixes(); !slices.Equal(fx, gone) {
 		t.Errorf("retry: affinity fixes %v, want %v", fx, gone)
+	}
+}
+
+// TestAffinityTwoScopes: an affine frontend of two scopes has affinity in
+// both (internal clients are as stuck as external ones), and each scope's
+// entries are moved and deleted under its own master key: its backends
+// and slots are its own.
+func TestAffinityTwoScopes(t *testing.T) {
+	f := newFake(t)
+	f.Record = true
+	r := reconciler.New(f, nil)
+	b := func(j int) model.Backend { return be(1, j, model.TCP) }
+	two := func(d time.Duration, external, internal []model.Backend) *model.State {
+		return state(withAffinity(twoScopes(external, internal), d))
+	}
+	s := twoScopes(nil, nil)
+	ext := reconciler.DefaultScope(s.Frontend)
+	in := reconciler.Frontend{L4Addr: s.Frontend, Scope: reconciler.ScopeInternal}
+
+	mustApply(t, r, two(time.Hour, []model.Backend{b(1)}, []model.Backend{b(1), b(2), b(3)}))
+	ks, _ := f.Dump()
+	for fe, flags := range map[reconciler.Frontend]uint8{
+		ext: reconciler.FlagExternal | reconciler.FlagLocal | reconciler.FlagTwoScopes | reconciler.FlagAffinity,
+		in:  reconciler.FlagExternal | reconciler.FlagLocal | reconciler.FlagAffinity,
+	} {
+		if m := ks.Masters[fe]; m.Flags != flags || m.AffinityTimeout != 3600 {
+			t.Errorf("%s: master %+v, want flags %#x, affinity 3600 s", fe, m, flags)
+		}
+	}
+	idOf := func(j int) reconciler.BackendID {
+		for id, a := range ks.Backends {
+			if a == b(j).L4Addr {
+				return id
+			}
+		}
+		t.Fatalf("backend %d not programmed", j)
+		return 0
+	}
+	id1, id3 := idOf(1), idOf(3)
+
+	// Backend 1 leaves the internal scope (it stays in the external
+	// one): backend 3 moves into its slot, and only the internal scope's
+	// entries are fixed.
+	f.ResetCounts()
+	mustApply(t, r, two(time.Hour, []model.Backend{b(1)}, []model.Backend{b(2), b(3)}))
+	want := []reconciler.AffinityFix{{Frontend: in, Backend: id3, Slot: 1}, {Frontend: in, Backend: id1}}
+	if fx := f.AffinityFixes(); !slices.Equal(fx, want) {
+		t.Errorf("internal shrink: affinity fixes %v, want %v", fx, want)
+	}
+
+	// Affinity off: both scopes' entries go (in frontend order: the
+	// internal scope first).
+	f.ResetCounts()
+	mustApply(t, r, two(0, []model.Backend{b(1)}, []model.Backend{b(2), b(3)}))
+	want = []reconciler.AffinityFix{{Frontend: in}, {Frontend: ext}}
+	if fx := f.AffinityFixes(); !slices.Equal(fx, want) {
+		t.Errorf("affinity off: affinity fixes %v, want %v", fx, want)
+	}
+
+	// Affinity back, then externalTrafficPolicy Cluster: the internal
+	// scope goes, and its entries with it.
+	mustApply(t, r, two(time.Hour, []model.Backend{b(1)}, []model.Backend{b(2), b(3)}))
+	f.ResetCounts()
+	one := withAffinity(twoScopes([]model.Backend{b(1), b(2)}, nil), time.Hour)
+	one.ExternalLocal, one.TwoScopes = false, false
+	mustApply(t, r, state(one))
+	want = []reconciler.AffinityFix{{Frontend: in}}
+	if fx := f.AffinityFixes(); !slices.Equal(fx, want) {
+		t.Errorf("one scope: affinity fixes %v, want %v", fx, want)
+	}
+	if v := f.Violations(); len(v) > 0 {
+		t.Errorf("violations: %v", v)
 	}
 }
 

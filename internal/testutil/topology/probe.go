@@ -141,7 +141,8 @@ func probeTCP(p Probe) ProbeResult {
 	r.Local = addrPortOf(c.LocalAddr())
 	c.SetDeadline(deadline)
 	if p.HTTP {
-		fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: %s\r\n\r\n", p.Dst)
+		// A failed write shows as the read below failing.
+		_, _ = fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: %s\r\n\r\n", p.Dst)
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err != nil {
 			return classify(&r, err)

@@ -114,9 +114,9 @@ func TestProbeHTTP(t *testing.T) {
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusServiceUnavailable)
-		fmt.Fprintln(w, `{"localEndpoints": 0}`)
+		_, _ = fmt.Fprintln(w, `{"localEndpoints": 0}`)
 	})}
-	go srv.Serve(l)
+	go func() { _ = srv.Serve(l) }() // returns ErrServerClosed at cleanup
 	t.Cleanup(func() { srv.Close() })
 	r := a.Probe(Probe{Network: "tcp4", Dst: netip.MustParseAddrPort("10.9.0.2:8080"), HTTP: true, Timeout: 2 * time.Second})
 	if r.Outcome != Answered || r.Status != 503 || r.Answer != `{"localEndpoints": 0}` {

@@ -61,7 +61,9 @@ func ProberMain() int {
 			res := RunProbe(req.Probe)
 			out.Lock()
 			defer out.Unlock()
-			enc.Encode(proberResponse{ID: req.ID, Result: res})
+			// A response that cannot be written means the test side is
+			// gone (its pipe closed): nobody is left to tell.
+			_ = enc.Encode(proberResponse{ID: req.ID, Result: res})
 		})
 	}
 	wg.Wait()
@@ -128,7 +130,8 @@ func (p *Prober) read(stdout io.Reader) {
 			ch <- resp.Result
 		}
 	}
-	p.cmd.Wait()
+	// The exit status adds nothing to the read error and stderr kept below.
+	_ = p.cmd.Wait()
 	p.mu.Lock()
 	p.dead = fmt.Errorf("prober exited (%v): %s", err, p.stderr.String())
 	for id, ch := range p.waiting {
@@ -178,7 +181,7 @@ func (p *Prober) Close() error {
 	select {
 	case <-p.exited:
 	case <-time.After(5 * time.Second):
-		p.cmd.Process.Kill()
+		_ = p.cmd.Process.Kill() // it may have exited meanwhile; <-p.exited tells
 		<-p.exited
 	}
 	return nil

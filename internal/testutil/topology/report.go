@@ -141,7 +141,8 @@ func (n *NS) serveReportTCP(addr netip.AddrPort, name string, log *SeenLog) (*Se
 				local, peer := addrPortOf(c.LocalAddr()), addrPortOf(c.RemoteAddr())
 				token := strings.TrimSpace(line)
 				log.add(Seen{Name: name, Local: local, Peer: peer, Token: token, At: time.Now()})
-				fmt.Fprintf(c, "%s %s %s %s\n", token, name, local, peer)
+				// The client sees a failed reply as a missing answer.
+				_, _ = fmt.Fprintf(c, "%s %s %s %s\n", token, name, local, peer)
 			})
 		}
 	})
@@ -191,7 +192,7 @@ func (n *NS) serveReportUDP(addr netip.AddrPort, name string, log *SeenLog) (*Se
 			peer := netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
 			token := strings.TrimSpace(string(buf[:k]))
 			log.add(Seen{Name: name, Local: local, Peer: peer, Token: token, At: time.Now()})
-			c.WriteMsgUDPAddrPort(fmt.Appendf(nil, "%s %s %s %s", token, name, local, peer), reply, from)
+			_, _, _ = c.WriteMsgUDPAddrPort(fmt.Appendf(nil, "%s %s %s %s", token, name, local, peer), reply, from)
 		}
 	})
 	return n.track(s), nil

@@ -189,40 +189,41 @@ func expectKind(r *FlowResult) string {
 
 // WriteReport writes the run as Markdown: the summary, the failures by
 // class, and every flow.
-func WriteReport(w io.Writer, header string, results []*FlowResult) {
+func WriteReport(out io.Writer, header string, results []*FlowResult) error {
+	w := &errWriter{w: out}
 	s := Summarize(results)
-	fmt.Fprintf(w, "# Packet-flow results\n\n%s\n\n**%s.**\n\n", header, s.Line())
+	w.printf("# Packet-flow results\n\n%s\n\n**%s.**\n\n", header, s.Line())
 	if len(s.Unsupported) > 0 {
 		flags := slices.Sorted(maps.Keys(s.Unsupported))
 		var parts []string
 		for _, f := range flags {
 			parts = append(parts, fmt.Sprintf("`%s` (%d flows)", f, s.Unsupported[f]))
 		}
-		fmt.Fprintf(w, "The agent does not know %s: those flows ran without the setting (%d of them passed anyway).\n\n",
+		w.printf("The agent does not know %s: those flows ran without the setting (%d of them passed anyway).\n\n",
 			strings.Join(parts, ", "), s.UnsupportedPass)
 	}
 	if len(s.Classes) > 0 {
-		fmt.Fprintf(w, "## Failures by class\n\n| class | flows |\n|---|---:|\n")
+		w.printf("## Failures by class\n\n| class | flows |\n|---|---:|\n")
 		classes := slices.SortedFunc(maps.Keys(s.Classes), func(a, b string) int {
 			return cmp.Or(cmp.Compare(s.Classes[b], s.Classes[a]), cmp.Compare(a, b))
 		})
 		for _, c := range classes {
-			fmt.Fprintf(w, "| %s | %d |\n", cell(c), s.Classes[c])
+			w.printf("| %s | %d |\n", cell(c), s.Classes[c])
 		}
-		fmt.Fprintln(w)
+		w.printf("\n")
 	}
-	fmt.Fprintf(w, "## Every flow\n")
+	w.printf("## Every flow\n")
 	lastCase, lastStep := "", ""
 	for _, r := range results {
 		if r.Case != lastCase {
-			fmt.Fprintf(w, "\n### %s\n", r.Case)
+			w.printf("\n### %s\n", r.Case)
 			if len(r.Unsupported) > 0 {
-				fmt.Fprintf(w, "\nRun without `%s`: the agent does not know it.\n", strings.Join(r.Unsupported, "`, `"))
+				w.printf("\nRun without `%s`: the agent does not know it.\n", strings.Join(r.Unsupported, "`, `"))
 			}
 			lastCase, lastStep = r.Case, ""
 		}
 		if r.Step != lastStep {
-			fmt.Fprintf(w, "\nStep **%s**\n\n| flow | from | to | expected | observed | result |\n|---|---|---|---|---|---|\n", r.Step)
+			w.printf("\nStep **%s**\n\n| flow | from | to | expected | observed | result |\n|---|---|---|---|---|---|\n", r.Step)
 			lastStep = r.Step
 		}
 		result := "pass"
@@ -236,7 +237,21 @@ func WriteReport(w io.Writer, header string, results []*FlowResult) {
 		if r.Deviation {
 			exp += " (deviation)"
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", cell(r.Flow), cell(r.Source), cell(r.Destination), cell(exp), cell(r.Observed), cell(result))
+		w.printf("| %s | %s | %s | %s | %s | %s |\n", cell(r.Flow), cell(r.Source), cell(r.Destination), cell(exp), cell(r.Observed), cell(result))
+	}
+	return w.err
+}
+
+// errWriter keeps the first error of a sequence of writes, so that a
+// report is written straight through and its error checked once.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) printf(format string, args ...any) {
+	if e.err == nil {
+		_, e.err = fmt.Fprintf(e.w, format, args...)
 	}
 }
 

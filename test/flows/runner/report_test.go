@@ -73,7 +73,9 @@ func TestReport(t *testing.T) {
 		t.Errorf("Line = %q", s.Line())
 	}
 	var b bytes.Buffer
-	WriteReport(&b, "header", results)
+	if err := WriteReport(&b, "header", results); err != nil {
+		t.Fatal(err)
+	}
 	for _, want := range []string{"**1 of 2 IPv4 flows", "| want DROP: got REJECT | 1 |", `b \| pipe`, "skipped: SCTP", "Run without `--cluster-cidr`"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, b.String())

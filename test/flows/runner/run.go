@@ -243,7 +243,7 @@ func (r *caseRun) applyStep(i int, st *flows.Step) error {
 		return r.startAgent()
 	}
 	if err := r.agent.Exited(); err != nil {
-		return fmt.Errorf("%w\n%s", err, tail(r.agent.Log.String(), 20))
+		return fmt.Errorf("%w\n%s", err, logTail(r.agent.Log.String()))
 	}
 	gen := r.agent.AppliedGeneration()
 	if err := agentproc.WriteFile(r.manifest, string(m)); err != nil {
@@ -292,14 +292,16 @@ func (r *caseRun) startAgent() error {
 		if flag := unknownFlag(a.Log.String()); flag != "" && slices.ContainsFunc(args, func(arg string) bool {
 			return strings.HasPrefix(arg, flag+"=")
 		}) {
-			a.Stop()
+			// It exited already (the flag stopped it): Stop only reaps it.
+			_ = a.Stop()
 			markUnsupported(flag)
 			continue
 		}
-		a.Stop()
-		a.Cleanup(context.Background())
+		// The start's error is the one to report; what stopping and
+		// cleaning up the failed agent say is added to it.
+		stopErr, cleanErr := a.Stop(), a.Cleanup(context.Background())
 		r.dropped = dropped
-		return fmt.Errorf("agent did not start: %w\n%s", err, tail(a.Log.String(), 20))
+		return fmt.Errorf("agent did not start: %w (stop: %v, cleanup: %v)\n%s", err, stopErr, cleanErr, logTail(a.Log.String()))
 	}
 }
 
@@ -314,13 +316,14 @@ func (r *caseRun) teardownAgent() {
 		r.t.Logf("agent counters (%v):\n%s\nlog:\n%s", err, counters, r.agent.Log.String())
 	}
 	if err := r.agent.Teardown(context.Background()); err != nil {
-		r.t.Errorf("agent: %v\n%s", err, tail(r.agent.Log.String(), 20))
+		r.t.Errorf("agent: %v\n%s", err, logTail(r.agent.Log.String()))
 	}
 }
 
-func tail(s string, n int) string {
+// logTail is the last 20 lines of an agent's log.
+func logTail(s string) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+	return strings.Join(lines[max(0, len(lines)-20):], "\n")
 }
 
 // runStep runs a step's flows, in parallel except where they could
@@ -389,10 +392,17 @@ func (r *caseRun) startSinks(st *flows.Step) ([]*topology.Server, map[listenKey]
 		name := sinkName
 		switch {
 		case r.c.Node.IsNodeAddress(dst) || dst.IsLoopback():
-			if hcPorts[f.Destination.Port] {
-				continue
-			}
 			k = listenKey{networkOf(f), netip.AddrPortFrom(netip.IPv4Unspecified(), f.Destination.Port)}
+			if hcPorts[f.Destination.Port] {
+				// The agent's health-check server listens on the
+				// port, on the nodeport addresses: a flow that
+				// expects it untouched elsewhere needs a sink on
+				// that one address only.
+				if f.Expect.Verdict != flows.VerdictUntouched {
+					continue
+				}
+				k.addr = netip.AddrPortFrom(dst, f.Destination.Port)
+			}
 			host, name = r.net.node, nodeName
 		case f.Expect.Verdict == flows.VerdictUntouched:
 			k = listenKey{networkOf(f), netip.AddrPortFrom(dst, f.Destination.Port)}
@@ -433,6 +443,9 @@ func (r *caseRun) startSinks(st *flows.Step) ([]*topology.Server, map[listenKey]
 // sinkErr is why no sink listens where f's packets go untranslated, or nil.
 func (r *caseRun) sinkErr(f *flows.Flow, errs map[listenKey]error) error {
 	addr := netip.AddrPortFrom(f.Destination.IP, f.Destination.Port)
+	if err, ok := errs[listenKey{networkOf(f), addr}]; ok {
+		return err // a sink on the destination itself (see startSinks)
+	}
 	if r.c.Node.IsNodeAddress(f.Destination.IP) || f.Destination.IP.IsLoopback() {
 		addr = netip.AddrPortFrom(netip.IPv4Unspecified(), f.Destination.Port)
 	}
@@ -488,7 +501,7 @@ func (r *caseRun) runFlow(st *flows.Step, f *flows.Flow, sinkErrs map[listenKey]
 	}
 	if err := r.agent.Exited(); err != nil {
 		res.Pass = false
-		res.Class, res.Why = "agent exited", fmt.Sprintf("%v\n%s", err, tail(r.agent.Log.String(), 20))
+		res.Class, res.Why = "agent exited", fmt.Sprintf("%v\n%s", err, logTail(r.agent.Log.String()))
 	}
 	return res
 }

@@ -94,7 +94,9 @@ func TestFlows(t *testing.T) {
 	s := Summarize(results)
 	header := fmt.Sprintf("%d of %d cases run in %v (sluice %s, %s).", len(byCase), len(corpus.Cases), took, gitDescribe(), time.Now().UTC().Format(time.DateTime+" UTC"))
 	var rep bytes.Buffer
-	WriteReport(&rep, header, results)
+	if err := WriteReport(&rep, header, results); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.MkdirAll(filepath.Dir(reportPath), 0o755); err != nil {
 		t.Fatal(err)
 	}
