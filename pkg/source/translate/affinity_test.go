@@ -15,7 +15,9 @@ import (
 // every port of the Service its timeout (kube-proxy's affinity covers the
 // ClusterIP, NodePort, ExternalIP and LoadBalancer IP of each Service
 // port), 10800 s when the config is absent (the API server's default);
-// None and the empty value give none.
+// None and the empty value give none. The Service is
+// externalTrafficPolicy Local: its north-south frontends have two scopes,
+// and the one timeout holds for both.
 func TestSessionAffinity(t *testing.T) {
 	opts := Options{Node: Node{Name: "node-a", Addresses: []netip.Addr{netip.MustParseAddr("192.168.1.1")}}}
 	newSvc := func(affinity corev1.ServiceAffinity, cfg *corev1.SessionAffinityConfig) *corev1.Service {
@@ -65,10 +67,19 @@ func TestSessionAffinity(t *testing.T) {
 				t.Fatalf("%d frontends, want %d:\n%s", len(tr.Services), frontends, renderNS(tr.Services))
 			}
 			var bad []string
+			twoScopes := 0
 			for _, s := range tr.Services {
 				if s.AffinityTimeout != c.want {
 					bad = append(bad, fmt.Sprintf("%s %s: %v", s.Name, s.Frontend, s.AffinityTimeout))
 				}
+				// externalTrafficPolicy Local: one timeout for both
+				// scopes (the internal clients' too).
+				if s.TwoScopes {
+					twoScopes++
+				}
+			}
+			if twoScopes != frontends-2 {
+				t.Errorf("%d frontends with two scopes, want the %d north-south ones", twoScopes, frontends-2)
 			}
 			if len(bad) > 0 {
 				t.Errorf("want affinity timeout %v everywhere, got:\n%s", c.want, strings.Join(bad, "\n"))
