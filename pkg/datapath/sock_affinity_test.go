@@ -264,3 +264,46 @@ func netnsCookie(t *testing.T, ns *topology.NS) uint64 {
 	}
 	return c
 }
+
+// TestSockAffinityTwoScopes: at the socket, every client is internal, so
+// an externalTrafficPolicy Local frontend with session affinity keeps it
+// in its internal scope: a namespace sticks to one of all the endpoints
+// (never held to the external scope's one), under the internal scope's
+// master key.
+func TestSockAffinityTwoScopes(t *testing.T) {
+	d := newTestDatapath(t)
+	cg := newTestCgroup(t)
+	if err := d.AttachCgroup(cg.Path); err != nil {
+		t.Fatalf("AttachCgroup: %v", err)
+	}
+	cg.Join(t)
+	ns := affinityNS(t, "afftwo")
+	s := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "two"}, Kind: model.NodePort, Frontend: sockAffVIP,
+		Backends: []model.Backend{{L4Addr: l4(sockAffBEs[0], 8080, model.TCP)}}, ExternalLocal: true, TwoScopes: true,
+		AffinityTimeout: time.Hour}
+	for _, b := range sockAffBEs {
+		s.InternalBackends = append(s.InternalBackends, model.Backend{L4Addr: l4(b, 8080, model.TCP)})
+	}
+	st := model.NewState()
+	st.Services[s.Frontend] = s
+	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
+		t.Fatal(err)
+	}
+
+	// Clients of the internal scope spread over all four endpoints, so a
+	// namespace that reached the same one 16 times is stuck to it.
+	first := sockConnect(t, ns)
+	for i := range 16 {
+		if got := sockConnect(t, ns); got != first {
+			t.Fatalf("connection %d reached %s, the first %s", i+1, got, first)
+		}
+	}
+	all, err := d.Maps().Affinity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := reconciler.Frontend{L4Addr: sockAffVIP, Scope: reconciler.ScopeInternal}
+	if len(all) != 1 || all[0].Frontend != in || all[0].NetnsCookie != netnsCookie(t, ns) || all[0].Backend.Addr().String() != first {
+		t.Fatalf("affinity entries %+v: want one, of %s, for %s's namespace, on %s", all, in, ns.Name, first)
+	}
+}
