@@ -178,10 +178,10 @@ func build(t *testing.T, extra ...string) *cluster {
 	b := agentproc.Shared(t)
 	topo := topology.NewT(t)
 	var c cluster
-	router := addNS(t, topo, "router")
-	c.client, c.client2 = addNS(t, topo, "client"), addNS(t, topo, "client2")
-	c.nodeA, c.nodeB = addNS(t, topo, "node-a"), addNS(t, topo, "node-b")
-	c.podA, c.podB = addNS(t, topo, "pod-a"), addNS(t, topo, "pod-b")
+	router := topo.AddNST(t, "router")
+	c.client, c.client2 = topo.AddNST(t, "client"), topo.AddNST(t, "client2")
+	c.nodeA, c.nodeB = topo.AddNST(t, "node-a"), topo.AddNST(t, "node-b")
+	c.podA, c.podB = topo.AddNST(t, "pod-a"), topo.AddNST(t, "pod-b")
 
 	link := func(a *topology.NS, aDev, aAddr string, b *topology.NS, bDev, bAddr string) {
 		must(t, topo.Veth(a, aDev, b, bDev))
@@ -271,13 +271,6 @@ func build(t *testing.T, extra ...string) *cluster {
 		}
 	})
 	return &c
-}
-
-func addNS(t *testing.T, topo *topology.Topology, name string) *topology.NS {
-	t.Helper()
-	ns, err := topo.AddNS(name)
-	must(t, err)
-	return ns
 }
 
 // serveWhoami serves TCP :8080 and UDP :5353 in ns, answering each line or
