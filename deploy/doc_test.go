@@ -25,32 +25,28 @@ const root = ".."
 // machine (deploy/tools/helm.sh; minutes).
 func helm(t *testing.T) string {
 	t.Helper()
-	helmOnce.Do(func() {
-		start := time.Now()
-		out, err := exec.Command("bash", filepath.Join("tools", "helm.sh")).Output()
-		if err != nil {
-			helmErr = err
-			if ee, ok := err.(*exec.ExitError); ok {
-				helmErr = &cmdError{err, string(ee.Stderr)}
-			}
-			return
-		}
-		helmPath = strings.TrimSpace(string(out))
-		if d := time.Since(start); d > 5*time.Second {
-			t.Logf("built helm in %v", d.Round(time.Second))
-		}
-	})
-	if helmErr != nil {
-		t.Fatalf("deploy/tools/helm.sh: %v", helmErr)
+	start := time.Now()
+	path, err := builtHelm()
+	if err != nil {
+		t.Fatalf("deploy/tools/helm.sh: %v", err)
 	}
-	return helmPath
+	if d := time.Since(start); d > 5*time.Second {
+		t.Logf("built helm in %v", d.Round(time.Second))
+	}
+	return path
 }
 
-var (
-	helmOnce sync.Once
-	helmPath string
-	helmErr  error
-)
+// builtHelm runs deploy/tools/helm.sh once per test binary.
+var builtHelm = sync.OnceValues(func() (string, error) {
+	out, err := exec.Command("bash", filepath.Join("tools", "helm.sh")).Output()
+	if err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			return "", &cmdError{err, string(ee.Stderr)}
+		}
+		return "", err
+	}
+	return strings.TrimSpace(string(out)), nil
+})
 
 type cmdError struct {
 	err    error

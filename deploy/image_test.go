@@ -167,17 +167,9 @@ func readLayout(t *testing.T, path string) map[string][]byte {
 	}
 	defer f.Close()
 	files := map[string][]byte{}
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	eachTarEntry(t, f, func(h *tar.Header, tr *tar.Reader) {
 		if h.Typeflag != tar.TypeReg {
-			continue
+			return
 		}
 		b, err := io.ReadAll(tr)
 		if err != nil {
@@ -188,14 +180,31 @@ func readLayout(t *testing.T, path string) map[string][]byte {
 				t.Errorf("blob %s has digest %x", h.Name, sum)
 			}
 			files["sha256:"+hexd] = b
-			continue
+			return
 		}
 		files[h.Name] = b
-	}
+	})
 	if !bytes.Contains(files["oci-layout"], []byte(`"imageLayoutVersion"`)) {
 		t.Errorf("oci-layout: %q", files["oci-layout"])
 	}
 	return files
+}
+
+// eachTarEntry calls fn with every entry of the tar stream r, failing t
+// if the stream is broken; fn reads the entry's content from tr.
+func eachTarEntry(t *testing.T, r io.Reader, fn func(h *tar.Header, tr *tar.Reader)) {
+	t.Helper()
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		fn(h, tr)
+	}
 }
 
 func blob(t *testing.T, blobs map[string][]byte, d ociDescriptor) []byte {
@@ -219,15 +228,7 @@ func unpackLayer(t *testing.T, layer []byte, dir string) []string {
 		t.Fatal(err)
 	}
 	var files []string
-	tr := tar.NewReader(zr)
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	eachTarEntry(t, zr, func(h *tar.Header, tr *tar.Reader) {
 		name := filepath.Clean(h.Name)
 		if filepath.IsAbs(name) || strings.HasPrefix(name, "..") {
 			t.Fatalf("layer entry %q escapes the root", h.Name)
@@ -253,7 +254,7 @@ func unpackLayer(t *testing.T, layer []byte, dir string) []string {
 		default:
 			t.Errorf("layer entry %s of type %c", h.Name, h.Typeflag)
 		}
-	}
+	})
 	return files
 }
 

@@ -6,7 +6,8 @@
 // The root package holds the small helpers every kind of test reaches for:
 // the privileged check (Privileged), a pin directory on bpffs (PinDir),
 // polling until a condition holds (Eventually, EventuallyTrue), requests
-// kept up in the background across an agent restart (Traffic), a buffer
+// kept up in the background across an agent restart (Traffic), a run
+// loop kept going until the test ends (RunUntilCleanup), a buffer
 // that concurrent writers share (Buffer), a median and its spread (Median,
 // SpreadOf), the module's root directory (ModuleRoot) and the decisions a
 // fuzz target takes from the fuzzer's bytes (Choices). The subpackages

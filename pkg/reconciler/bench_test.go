@@ -10,44 +10,39 @@ import (
 	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
 )
 
+// programFresh programs st on a new fake, with room for the largest state
+// the benchmarks build.
+func programFresh(b *testing.B, st *model.State) (*fakedp.Fake, *reconciler.Reconciler) {
+	f := fakedp.New(1<<16, 1<<20, 1<<20)
+	r := reconciler.New(f, nil)
+	mustApply(b, r, st)
+	return f, r
+}
+
 // BenchmarkApply measures the reconciler's own cost at 10,000 services x 10
 // endpoints over the in-memory fake: programming everything from empty,
 // and then changing one endpoint of one service (the per-change cost,
 // which must not grow with the number of services' writes).
 func BenchmarkApply(b *testing.B) {
 	const n, k = 10000, 10
-	b.Run("initial", func(b *testing.B) {
-		st := bigState(n, k)
-		b.ReportAllocs()
-		for b.Loop() {
-			f := fakedp.New(1<<16, 1<<20, 1<<20)
-			r := reconciler.New(f, nil)
-			if err := r.Apply(st); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	// The initial program must grow linearly with the number of services.
-	for _, n := range []int{1000, 30000} {
-		b.Run(fmt.Sprintf("initial-%dk", n/1000), func(b *testing.B) {
+	// initial programs n services from empty, on a new fake each time.
+	initial := func(n int) func(b *testing.B) {
+		return func(b *testing.B) {
 			st := bigState(n, k)
 			b.ReportAllocs()
 			for b.Loop() {
-				f := fakedp.New(1<<16, 1<<20, 1<<20)
-				r := reconciler.New(f, nil)
-				if err := r.Apply(st); err != nil {
-					b.Fatal(err)
-				}
+				programFresh(b, st)
 			}
-		})
+		}
+	}
+	b.Run("initial", initial(n))
+	// The initial program must grow linearly with the number of services.
+	for _, n := range []int{1000, 30000} {
+		b.Run(fmt.Sprintf("initial-%dk", n/1000), initial(n))
 	}
 	b.Run("one-endpoint-change", func(b *testing.B) {
 		st := bigState(n, k)
-		f := fakedp.New(1<<16, 1<<20, 1<<20)
-		r := reconciler.New(f, nil)
-		if err := r.Apply(st); err != nil {
-			b.Fatal(err)
-		}
+		f, r := programFresh(b, st)
 		s := st.Services[vip(42)]
 		orig := slices.Clone(s.Backends)
 		changed := model.SortBackends(append(slices.Clone(orig[1:]), be(42, 99, model.TCP)))
@@ -69,11 +64,7 @@ func BenchmarkApply(b *testing.B) {
 	})
 	b.Run("no-change", func(b *testing.B) {
 		st := bigState(n, k)
-		f := fakedp.New(1<<16, 1<<20, 1<<20)
-		r := reconciler.New(f, nil)
-		if err := r.Apply(st); err != nil {
-			b.Fatal(err)
-		}
+		_, r := programFresh(b, st)
 		b.ReportAllocs()
 		for b.Loop() {
 			if err := r.Apply(st); err != nil {

@@ -43,60 +43,69 @@ func (r *Reconciler) releaseReservations(services map[model.L4Addr]*model.Servic
 // address under that id.
 func (r *Reconciler) deleteUnusedBackends(want map[model.L4Addr]bool) error {
 	if len(r.backendCand) == 0 {
-		return nil // the common case: no iterator to allocate
+		return nil // the common case: no closures or iterator to allocate
 	}
-	var errs []error
-	for _, id := range slices.Sorted(maps.Keys(r.backendCand)) {
-		a, ok := r.backends[id]
-		if !ok || r.slotRefs[id] > 0 {
-			delete(r.backendCand, id)
-			continue
-		}
-		if want[a] && r.backendOf[a] == id {
-			continue
-		}
-		r.writes++
-		if err := r.dp.DeleteBackend(id); err != nil {
-			errs = append(errs, fmt.Errorf("delete backend %d (%s): %w", id, a, err))
-			continue
-		}
-		delete(r.backends, id)
-		delete(r.backendCand, id)
-		if r.backendOf[a] == id {
-			delete(r.backendOf, a)
-		}
-		r.maybeReleaseBackend(id, a)
-	}
-	return errors.Join(errs...)
+	return deleteUnused(r, idEntries[BackendID, model.L4Addr]{
+		what: "backend", cand: r.backendCand, entries: r.backends, idOf: r.backendOf, users: r.slotRefs,
+		wanted:  func(a model.L4Addr) bool { return want[a] },
+		del:     r.dp.DeleteBackend,
+		release: r.maybeReleaseBackend,
+	})
 }
 
 // deleteUnusedRevNat deletes the rev_nat entries of services no master
 // names, unless a desired frontend is being programmed under that id.
 func (r *Reconciler) deleteUnusedRevNat(services map[model.L4Addr]*model.Service) error {
 	if len(r.revNatCand) == 0 {
-		return nil // the common case: no iterator to allocate
+		return nil // the common case: no closures or iterator to allocate
 	}
+	return deleteUnused(r, idEntries[ServiceID, Frontend]{
+		what: "rev_nat", cand: r.revNatCand, entries: r.revNat, idOf: r.serviceOf, users: r.masterRef,
+		wanted:  func(fe Frontend) bool { return wanted(services, fe) },
+		del:     r.dp.DeleteRevNat,
+		release: r.maybeReleaseService,
+	})
+}
+
+// idEntries is one kind of map entry keyed by an id the reconciler
+// allocates, as deleteUnused sees it: backends (key: the backend address)
+// or rev_nat entries (key: the frontend).
+type idEntries[ID ~uint32, K comparable] struct {
+	what    string      // the map, for errors
+	cand    map[ID]bool // entries that may have lost their last user
+	entries map[ID]K    // what the map holds
+	idOf    map[K]ID    // the id chosen for each key, held or reserved
+	users   map[ID]int  // slots or masters naming each id
+	wanted  func(K) bool
+	del     func(ID) error
+	release func(ID, K)
+}
+
+// deleteUnused deletes, in id order, the candidate entries nothing names,
+// unless the desired state still wants their key under that id: its user
+// failed to be written, and reuses the entry next time.
+func deleteUnused[ID ~uint32, K comparable](r *Reconciler, e idEntries[ID, K]) error {
 	var errs []error
-	for _, id := range slices.Sorted(maps.Keys(r.revNatCand)) {
-		fe, ok := r.revNat[id]
-		if !ok || r.masterRef[id] > 0 {
-			delete(r.revNatCand, id)
+	for _, id := range slices.Sorted(maps.Keys(e.cand)) {
+		k, ok := e.entries[id]
+		if !ok || e.users[id] > 0 {
+			delete(e.cand, id)
 			continue
 		}
-		if wanted(services, fe) && r.serviceOf[fe] == id {
-			continue // its master failed to be written; reused next time
+		if e.wanted(k) && e.idOf[k] == id {
+			continue
 		}
 		r.writes++
-		if err := r.dp.DeleteRevNat(id); err != nil {
-			errs = append(errs, fmt.Errorf("delete rev_nat %d (%s): %w", id, fe, err))
+		if err := e.del(id); err != nil {
+			errs = append(errs, fmt.Errorf("delete %s %d (%v): %w", e.what, id, k, err))
 			continue
 		}
-		delete(r.revNat, id)
-		delete(r.revNatCand, id)
-		if r.serviceOf[fe] == id {
-			delete(r.serviceOf, fe)
+		delete(e.entries, id)
+		delete(e.cand, id)
+		if e.idOf[k] == id {
+			delete(e.idOf, k)
 		}
-		r.maybeReleaseService(id, fe)
+		e.release(id, k)
 	}
 	return errors.Join(errs...)
 }

@@ -515,22 +515,7 @@ func TestWriteFailureAndRecovery(t *testing.T) {
 				if kind != fakedp.OpDeleteBackend && kind != fakedp.OpDeleteRevNat && !strings.Contains(err.Error(), "service default/svc-") {
 					t.Errorf("error names no service: %v", err)
 				}
-				if r.InSync() {
-					t.Error("InSync after a failed write")
-				}
-				f.Fail = nil
-				mustApply(t, r, st2)
-				checkProgrammed(t, f, st2)
-				// And the view is truthful: a fresh reconciler agrees.
-				f.ResetCounts()
-				r2 := reconciler.New(f, nil)
-				if err := r2.Restore(); err != nil {
-					t.Fatal(err)
-				}
-				mustApply(t, r2, st2)
-				if n := f.Writes(); n != 0 {
-					t.Errorf("restored reconciler wrote %d entries", n)
-				}
+				recoversAfterFailure(t, f, r, st2)
 			})
 		}
 	}

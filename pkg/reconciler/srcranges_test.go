@@ -38,6 +38,20 @@ func restartWritesNothing(t *testing.T, f *fakedp.Fake, st *model.State) {
 	}
 }
 
+// recoversAfterFailure checks r after an Apply of st failed on a write f
+// was told to fail: r is not in sync; with the failure gone, Apply programs
+// st; and the view is truthful: a fresh reconciler agrees, writing nothing.
+func recoversAfterFailure(t *testing.T, f *fakedp.Fake, r *reconciler.Reconciler, st *model.State) {
+	t.Helper()
+	if r.InSync() {
+		t.Error("InSync after a failed write")
+	}
+	f.Fail = nil
+	mustApply(t, r, st)
+	checkProgrammed(t, f, st)
+	restartWritesNothing(t, f, st)
+}
+
 // TestSourceRangeOrder: ranges are written before the master that checks
 // them, and deleted after the master stopped checking them or is gone;
 // when they change, the new ones come before the old ones go.
@@ -168,13 +182,7 @@ func TestSourceRangeWriteFailures(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), "service default/a") {
 				t.Fatalf("err = %v, want an error naming default/a", err)
 			}
-			if r.InSync() {
-				t.Error("InSync after a failed write")
-			}
-			f.Fail = nil
-			mustApply(t, r, st2)
-			checkProgrammed(t, f, st2)
-			restartWritesNothing(t, f, st2)
+			recoversAfterFailure(t, f, r, st2)
 		})
 	}
 }

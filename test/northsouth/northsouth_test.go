@@ -178,10 +178,10 @@ func build(t *testing.T, extra ...string) *cluster {
 	b := agentproc.Shared(t)
 	topo := topology.NewT(t)
 	var c cluster
-	router := addNS(t, topo, "router")
-	c.client, c.client2 = addNS(t, topo, "client"), addNS(t, topo, "client2")
-	c.nodeA, c.nodeB = addNS(t, topo, "node-a"), addNS(t, topo, "node-b")
-	c.podA, c.podB = addNS(t, topo, "pod-a"), addNS(t, topo, "pod-b")
+	router := topo.AddNST(t, "router")
+	c.client, c.client2 = topo.AddNST(t, "client"), topo.AddNST(t, "client2")
+	c.nodeA, c.nodeB = topo.AddNST(t, "node-a"), topo.AddNST(t, "node-b")
+	c.podA, c.podB = topo.AddNST(t, "pod-a"), topo.AddNST(t, "pod-b")
 
 	link := func(a *topology.NS, aDev, aAddr string, b *topology.NS, bDev, bAddr string) {
 		must(t, topo.Veth(a, aDev, b, bDev))
@@ -271,13 +271,6 @@ func build(t *testing.T, extra ...string) *cluster {
 		}
 	})
 	return &c
-}
-
-func addNS(t *testing.T, topo *topology.Topology, name string) *topology.NS {
-	t.Helper()
-	ns, err := topo.AddNS(name)
-	must(t, err)
-	return ns
 }
 
 // serveWhoami serves TCP :8080 and UDP :5353 in ns, answering each line or
@@ -381,6 +374,46 @@ func expectAnswer(t *testing.T, what, answer string, err error, backend, from st
 	}
 }
 
+// expectFromCgroup runs the test binary as a client (helperMain) in ns and
+// in node-a's socket load balancing cgroup, dialling addr: backend must
+// answer, seeing the client as from, and the socket must report addr as
+// its peer.
+func (c *cluster) expectFromCgroup(t *testing.T, ns *topology.NS, nsName, addr, backend, from string) {
+	t.Helper()
+	exe, err := os.Executable()
+	must(t, err)
+	cmd := ns.Command(context.Background(), exe)
+	cmd.Env = append(os.Environ(), helperEnv+"="+addr)
+	c.podCgroup.Put(cmd)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s -> %s: %v", nsName, addr, err)
+	}
+	answer, peer, _ := strings.Cut(strings.TrimSpace(string(out)), "|")
+	expectAnswer(t, nsName+" -> "+addr, answer, nil, backend, from)
+	if peer != addr {
+		t.Errorf("%s -> %s: the socket reports its peer as %s", nsName, addr, peer)
+	}
+}
+
+// request is one request a client makes and the answer it must get: from
+// backend, which sees the client as from.
+type request struct{ proto, what, addr, backend, from string }
+
+// expectAnswers makes each request from ns in turn (proto TCP or UDP) and
+// fails t at the first wrong or missing answer.
+func expectAnswers(t *testing.T, ns *topology.NS, reqs ...request) {
+	t.Helper()
+	for _, r := range reqs {
+		ask := askTCP
+		if r.proto == "UDP" {
+			ask = askUDP
+		}
+		a, err := ask(ns, r.addr, 5*time.Second)
+		expectAnswer(t, r.proto+" "+r.what, a, err, r.backend, r.from)
+	}
+}
+
 // modes are the --xdp settings every test runs with.
 var modes = []string{"off", "generic", "native"}
 
@@ -400,25 +433,18 @@ func forEachMode(t *testing.T, fn func(t *testing.T, c *cluster)) {
 
 func TestNodePort(t *testing.T) {
 	forEachMode(t, func(t *testing.T, c *cluster) {
-		const to = 5 * time.Second
-		// Local backend: DNAT only, the pod sees the client.
-		a, err := askTCP(c.client, "192.168.1.1:30001", to)
-		expectAnswer(t, "TCP node-a -> local pod", a, err, "pod-a", "10.0.0.2")
-		a, err = askUDP(c.client, "192.168.1.1:30001", to)
-		expectAnswer(t, "UDP node-a -> local pod", a, err, "pod-a", "10.0.0.2")
-		// Remote backend: DNAT and SNAT, the pod sees the node.
-		a, err = askTCP(c.client, "192.168.1.1:30002", to)
-		expectAnswer(t, "TCP node-a -> pod on node-b", a, err, "pod-b", "192.168.1.1")
-		a, err = askUDP(c.client, "192.168.1.1:30002", to)
-		expectAnswer(t, "UDP node-a -> pod on node-b", a, err, "pod-b", "192.168.1.1")
-		a, err = askTCP(c.client, "192.168.1.11:30002", to)
-		expectAnswer(t, "TCP node-a's second address -> pod on node-b", a, err, "pod-b", "192.168.1.1")
-		a, err = askTCP(c.client, "192.168.2.1:30001", to)
-		expectAnswer(t, "TCP node-b -> pod on node-a", a, err, "pod-a", "192.168.2.1")
-		a, err = askUDP(c.client, "192.168.2.1:30001", to)
-		expectAnswer(t, "UDP node-b -> pod on node-a", a, err, "pod-a", "192.168.2.1")
-		a, err = askTCP(c.client, "192.168.2.1:30002", to)
-		expectAnswer(t, "TCP node-b -> local pod", a, err, "pod-b", "10.0.0.2")
+		expectAnswers(t, c.client,
+			// Local backend: DNAT only, the pod sees the client.
+			request{"TCP", "node-a -> local pod", "192.168.1.1:30001", "pod-a", "10.0.0.2"},
+			request{"UDP", "node-a -> local pod", "192.168.1.1:30001", "pod-a", "10.0.0.2"},
+			// Remote backend: DNAT and SNAT, the pod sees the node.
+			request{"TCP", "node-a -> pod on node-b", "192.168.1.1:30002", "pod-b", "192.168.1.1"},
+			request{"UDP", "node-a -> pod on node-b", "192.168.1.1:30002", "pod-b", "192.168.1.1"},
+			request{"TCP", "node-a's second address -> pod on node-b", "192.168.1.11:30002", "pod-b", "192.168.1.1"},
+			request{"TCP", "node-b -> pod on node-a", "192.168.2.1:30001", "pod-a", "192.168.2.1"},
+			request{"UDP", "node-b -> pod on node-a", "192.168.2.1:30001", "pod-a", "192.168.2.1"},
+			request{"TCP", "node-b -> local pod", "192.168.2.1:30002", "pod-b", "10.0.0.2"},
+		)
 		c.expectXDP(t, 0)
 		c.expectXDP(t, 1)
 	})
@@ -426,15 +452,13 @@ func TestNodePort(t *testing.T) {
 
 func TestExternalIPAndLoadBalancer(t *testing.T) {
 	forEachMode(t, func(t *testing.T, c *cluster) {
-		const to = 5 * time.Second
-		a, err := askTCP(c.client, "203.0.113.10:80", to)
-		expectAnswer(t, "TCP ExternalIP -> pod on node-b", a, err, "pod-b", "192.168.1.1")
-		a, err = askUDP(c.client, "203.0.113.10:53", to)
-		expectAnswer(t, "UDP ExternalIP -> pod on node-b", a, err, "pod-b", "192.168.1.1")
-		// LoadBalancer IP, externalTrafficPolicy Local, source ranges
-		// 10.0.0.0/24: client is allowed and seen as itself.
-		a, err = askTCP(c.client, "198.51.100.10:80", to)
-		expectAnswer(t, "TCP LB IP (Local, allowed source)", a, err, "pod-a", "10.0.0.2")
+		expectAnswers(t, c.client,
+			request{"TCP", "ExternalIP -> pod on node-b", "203.0.113.10:80", "pod-b", "192.168.1.1"},
+			request{"UDP", "ExternalIP -> pod on node-b", "203.0.113.10:53", "pod-b", "192.168.1.1"},
+			// LoadBalancer IP, externalTrafficPolicy Local, source ranges
+			// 10.0.0.0/24: client is allowed and seen as itself.
+			request{"TCP", "LB IP (Local, allowed source)", "198.51.100.10:80", "pod-a", "10.0.0.2"},
+		)
 		if a, err := askTCP(c.client2, "198.51.100.10:80", time.Second); err == nil {
 			t.Fatalf("client2 outside loadBalancerSourceRanges got an answer: %q", a)
 		}
@@ -539,21 +563,8 @@ func TestManyClientsOneRemoteBackend(t *testing.T) {
 // needs no hairpin mode anywhere.
 func TestHairpin(t *testing.T) {
 	forEachMode(t, func(t *testing.T, c *cluster) {
-		exe, err := os.Executable()
-		must(t, err)
 		for _, addr := range []string{"10.96.0.1:80", "192.168.1.1:30001"} {
-			cmd := c.podA.Command(context.Background(), exe)
-			cmd.Env = append(os.Environ(), helperEnv+"="+addr)
-			c.podCgroup.Put(cmd)
-			out, err := cmd.Output()
-			if err != nil {
-				t.Fatalf("pod-a -> %s: %v", addr, err)
-			}
-			answer, peer, _ := strings.Cut(strings.TrimSpace(string(out)), "|")
-			expectAnswer(t, "pod-a -> "+addr, answer, nil, "pod-a", "10.1.0.2")
-			if peer != addr {
-				t.Errorf("pod-a -> %s: the socket reports its peer as %s", addr, peer)
-			}
+			c.expectFromCgroup(t, c.podA, "pod-a", addr, "pod-a", "10.1.0.2")
 		}
 	})
 }
@@ -564,26 +575,13 @@ func TestHairpin(t *testing.T) {
 // reports the address it dialled.
 func TestFromNode(t *testing.T) {
 	forEachMode(t, func(t *testing.T, c *cluster) {
-		exe, err := os.Executable()
-		must(t, err)
 		for _, x := range []struct{ addr, backend, from string }{
 			{"203.0.113.10:80", "pod-b", "192.168.1.1"},   // ExternalIP, remote backend
 			{"198.51.100.10:80", "pod-a", "10.1.0.1"},     // LB IP, local backend
 			{"192.168.2.1:30001", "pod-a", "192.168.2.1"}, // another node's NodePort: node-b SNATs back
 			{"192.168.1.1:30002", "pod-b", "192.168.1.1"}, // own NodePort, remote backend
 		} {
-			cmd := c.nodeA.Command(context.Background(), exe)
-			cmd.Env = append(os.Environ(), helperEnv+"="+x.addr)
-			c.podCgroup.Put(cmd)
-			out, err := cmd.Output()
-			if err != nil {
-				t.Fatalf("node-a -> %s: %v", x.addr, err)
-			}
-			answer, peer, _ := strings.Cut(strings.TrimSpace(string(out)), "|")
-			expectAnswer(t, "node-a -> "+x.addr, answer, nil, x.backend, x.from)
-			if peer != x.addr {
-				t.Errorf("node-a -> %s: the socket reports its peer as %s", x.addr, peer)
-			}
+			c.expectFromCgroup(t, c.nodeA, "node-a", x.addr, x.backend, x.from)
 		}
 	})
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
-	"github.com/sluice-lb/sluice/pkg/datapath"
 )
 
 func TestMain(m *testing.M) {
@@ -26,13 +25,7 @@ func pair(t *testing.T) (topo *Topology, a, b *NS) {
 	t.Helper()
 	testutil.Privileged(t)
 	topo = NewT(t)
-	var err error
-	if a, err = topo.AddNS("a"); err != nil {
-		t.Fatal(err)
-	}
-	if b, err = topo.AddNS("b"); err != nil {
-		t.Fatal(err)
-	}
+	a, b = topo.AddNST(t, "a"), topo.AddNST(t, "b")
 	for _, err := range []error{
 		topo.Veth(a, "eth0", b, "eth0"),
 		a.AddAddr("eth0", netip.MustParsePrefix("10.9.0.1/24")),
@@ -128,11 +121,7 @@ func TestProbeHTTP(t *testing.T) {
 // namespace, and the child sits in the cgroup it was given.
 func TestProberRunsInNamespaceAndCgroup(t *testing.T) {
 	topo, a, b := pair(t)
-	mount, err := datapath.CgroupV2Mount()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cg, err := topo.AddCgroup(mount, "prober")
+	cg, err := topo.AddCgroup(cgroupMount(t), "prober")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,12 +187,7 @@ func TestCaptureSYNs(t *testing.T) {
 func TestBridgeAndRouteDev(t *testing.T) {
 	testutil.Privileged(t)
 	topo := NewT(t)
-	sw, err := topo.AddNS("switch")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h1, _ := topo.AddNS("h1")
-	h2, _ := topo.AddNS("h2")
+	sw, h1, h2 := topo.AddNST(t, "switch"), topo.AddNST(t, "h1"), topo.AddNST(t, "h2")
 	for _, err := range []error{
 		sw.AddBridge("br0"),
 		topo.Veth(sw, "p1", h1, "eth0"), topo.Veth(sw, "p2", h2, "eth0"),

@@ -105,46 +105,17 @@ func (n *NS) serveReportTCP(addr netip.AddrPort, name string, log *SeenLog) (*Se
 	if err != nil {
 		return nil, fmt.Errorf("report server %s tcp %s in %s: %w", name, addr, n.Name, err)
 	}
-	var mu sync.Mutex
-	conns := map[net.Conn]struct{}{}
-	s := &Server{Name: name, Addr: l.Addr()}
-	s.close = func() error {
-		err := l.Close()
-		mu.Lock()
-		for c := range conns {
-			c.Close()
+	s := serveConns(l, name, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return
 		}
-		mu.Unlock()
-		return err
-	}
-	s.wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns[c] = struct{}{}
-			mu.Unlock()
-			s.wg.Go(func() {
-				defer func() {
-					mu.Lock()
-					delete(conns, c)
-					mu.Unlock()
-					c.Close()
-				}()
-				c.SetDeadline(time.Now().Add(10 * time.Second))
-				line, err := bufio.NewReader(c).ReadString('\n')
-				if err != nil {
-					return
-				}
-				local, peer := addrPortOf(c.LocalAddr()), addrPortOf(c.RemoteAddr())
-				token := strings.TrimSpace(line)
-				log.add(Seen{Name: name, Local: local, Peer: peer, Token: token, At: time.Now()})
-				// The client sees a failed reply as a missing answer.
-				_, _ = fmt.Fprintf(c, "%s %s %s %s\n", token, name, local, peer)
-			})
-		}
+		local, peer := addrPortOf(c.LocalAddr()), addrPortOf(c.RemoteAddr())
+		token := strings.TrimSpace(line)
+		log.add(Seen{Name: name, Local: local, Peer: peer, Token: token, At: time.Now()})
+		// The client sees a failed reply as a missing answer.
+		_, _ = fmt.Fprintf(c, "%s %s %s %s\n", token, name, local, peer)
 	})
 	return n.track(s), nil
 }

@@ -62,6 +62,22 @@ func (n *NS) ServeTCPEcho(addr, name string) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tcp echo server %s in %s: %w", addr, n.Name, err)
 	}
+	s := serveConns(l, name, func(c net.Conn) {
+		r := bufio.NewScanner(c)
+		for r.Scan() {
+			if _, err := fmt.Fprintf(c, "%s %s\n", name, r.Text()); err != nil {
+				return
+			}
+		}
+	})
+	return n.track(s), nil
+}
+
+// serveConns accepts connections on l and runs handle on each in a
+// goroutine of its own; the connection is closed when handle returns.
+// Closing the server closes the listener and every open connection, and
+// waits for the handlers.
+func serveConns(l net.Listener, name string, handle func(net.Conn)) *Server {
 	var mu sync.Mutex
 	conns := map[net.Conn]struct{}{}
 	s := &Server{Name: name, Addr: l.Addr()}
@@ -90,16 +106,11 @@ func (n *NS) ServeTCPEcho(addr, name string) (*Server, error) {
 					mu.Unlock()
 					c.Close()
 				}()
-				r := bufio.NewScanner(c)
-				for r.Scan() {
-					if _, err := fmt.Fprintf(c, "%s %s\n", name, r.Text()); err != nil {
-						return
-					}
-				}
+				handle(c)
 			})
 		}
 	})
-	return n.track(s), nil
+	return s
 }
 
 // ServeUDPEcho starts a UDP server on addr that answers every datagram with

@@ -77,9 +77,15 @@ func NewT(t testing.TB) *Topology {
 // namespace, closed by t.Cleanup.
 func NewNS(t testing.TB, name string) *NS {
 	t.Helper()
-	ns, err := NewT(t).AddNS(name)
+	return NewT(t).AddNST(t, name)
+}
+
+// AddNST is AddNS for a test: it fails tb if the namespace cannot be made.
+func (t *Topology) AddNST(tb testing.TB, name string) *NS {
+	tb.Helper()
+	ns, err := t.AddNS(name)
 	if err != nil {
-		t.Fatalf("topology: %v", err)
+		tb.Fatalf("topology: %v", err)
 	}
 	return ns
 }

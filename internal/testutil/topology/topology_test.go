@@ -137,11 +137,7 @@ func TestLBTopologyCarriesTrafficAndCleansUp(t *testing.T) {
 
 func TestDoRestoresThreadNamespace(t *testing.T) {
 	testutil.Privileged(t)
-	topo := NewT(t)
-	ns, err := topo.AddNS("solo")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := NewT(t).AddNST(t, "solo")
 	before, err := os.Readlink("/proc/thread-self/ns/net")
 	if err != nil {
 		t.Fatal(err)
@@ -181,12 +177,20 @@ func threadNamespaces(n int) []string {
 	return out
 }
 
-func TestCgroupPutsChildAndCleansUp(t *testing.T) {
+// cgroupMount skips or fails an unprivileged run as every privileged test
+// does, and returns the cgroup2 mount the agent would use.
+func cgroupMount(t *testing.T) string {
+	t.Helper()
 	testutil.Privileged(t)
 	mount, err := datapath.CgroupV2Mount()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return mount
+}
+
+func TestCgroupPutsChildAndCleansUp(t *testing.T) {
+	mount := cgroupMount(t)
 	topo, err := New()
 	if err != nil {
 		t.Fatal(err)
@@ -228,11 +232,7 @@ func TestCgroupPutsChildAndCleansUp(t *testing.T) {
 
 func TestProcessRunsInNamespaceAndStops(t *testing.T) {
 	testutil.Privileged(t)
-	topo := NewT(t)
-	ns, err := topo.AddNS("proc")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := NewT(t).AddNST(t, "proc")
 	if err := ns.AddAddr("lo", netip.MustParsePrefix("192.0.2.7/32")); err != nil {
 		t.Fatal(err)
 	}
@@ -324,11 +324,7 @@ func TestEnterRunAndFd(t *testing.T) {
 }
 
 func TestCgroupJoin(t *testing.T) {
-	testutil.Privileged(t)
-	mount, err := datapath.CgroupV2Mount()
-	if err != nil {
-		t.Fatal(err)
-	}
+	mount := cgroupMount(t)
 	orig, err := ownCgroup()
 	if err != nil {
 		t.Fatal(err)

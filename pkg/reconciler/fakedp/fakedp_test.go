@@ -188,6 +188,20 @@ func TestFakeCapacityAndFailures(t *testing.T) {
 	}
 }
 
+// mustWriteClean fails t unless every write in errs succeeded and left f
+// with neither a violation nor a leftover.
+func mustWriteClean(t *testing.T, f *Fake, errs ...error) {
+	t.Helper()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v := append(f.Violations(), f.Check()...); len(v) > 0 {
+		t.Fatalf("violations: %v", v)
+	}
+}
+
 // TestFakeCheckSourceRanges: between Applies, a range whose frontend's
 // master does not check ranges is a leftover; replacing one range by
 // another under a checking master is not a violation.
@@ -197,20 +211,13 @@ func TestFakeCheckSourceRanges(t *testing.T) {
 	p1, p2 := netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12")
 	f := New(10, 10, 10)
 	f.CheckAll = true
-	for _, err := range []error{
+	mustWriteClean(t, f,
 		f.UpsertSourceRange(l4, p1),
 		f.UpsertRevNat(1, fe),
 		f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: reconciler.FlagExternal | reconciler.FlagSourceRanges}),
 		f.UpsertSourceRange(l4, p2),
 		f.DeleteSourceRange(l4, p1),
-	} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if v := append(f.Violations(), f.Check()...); len(v) > 0 {
-		t.Fatalf("violations: %v", v)
-	}
+	)
 	if err := f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: reconciler.FlagExternal}); err != nil {
 		t.Fatal(err)
 	}
@@ -240,20 +247,13 @@ func TestFakeCheckBetweenApplies(t *testing.T) {
 	cip := reconciler.DefaultScope(model.L4Addr{Addr: netip.MustParseAddr("10.96.0.1"), Port: 80, Proto: model.TCP})
 	f := New(10, 10, 10)
 	f.CheckAll = true
-	for _, err := range []error{
+	mustWriteClean(t, f,
 		f.UpsertRevNat(1, fe), f.UpsertRevNat(2, in), f.UpsertRevNat(3, cip),
 		f.UpsertMaster(in, reconciler.Master{ID: 2, Flags: reconciler.FlagExternal}),
 		f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: reconciler.FlagExternal | reconciler.FlagTwoScopes}),
 		f.UpsertMaster(cip, reconciler.Master{ID: 3}),
 		f.UpsertServiceIP(cip.Addr),
-	} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if v := append(f.Violations(), f.Check()...); len(v) > 0 {
-		t.Fatalf("violations: %v", v)
-	}
+	)
 	if err := f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: reconciler.FlagExternal}); err != nil {
 		t.Fatal(err)
 	}

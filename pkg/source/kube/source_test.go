@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/metrics"
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -104,15 +105,7 @@ func newSource(t *testing.T, cfg Config) *Source {
 func run(t *testing.T, cfg Config, rec *recorder) *Source {
 	t.Helper()
 	src := newSource(t, cfg)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- src.Run(ctx, rec.apply) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	testutil.RunUntilCleanup(t, "Run", func(ctx context.Context) error { return src.Run(ctx, rec.apply) })
 	return src
 }
 
@@ -133,15 +126,7 @@ func runAgent(t *testing.T, cfg Config, rec *recorder, m *metrics.Metrics) *Sour
 	cfg.ObserveProgrammed = m.ObserveProgrammed
 	src := newSource(t, cfg)
 	a := agent.New(agent.Config{Observers: []agent.Observer{m}}, nopDatapath{}, rec, slog.New(slog.DiscardHandler))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx, src) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent Run: %v", err)
-		}
-	})
+	testutil.RunUntilCleanup(t, "agent Run", func(ctx context.Context) error { return a.Run(ctx, src) })
 	return src
 }
 
@@ -229,7 +214,7 @@ func TestSyncErrorRetriedAndMetrics(t *testing.T) {
 	rec := &recorder{fail: 1}
 	src := runAgent(t, Config{Client: client}, rec, m)
 	waitFor(t, "a sync after the failed one", 5*time.Second, func() bool { return rec.count() == 1 })
-	if got := testutil.ToFloat64(m.SyncErrors); got != 1 {
+	if got := promtest.ToFloat64(m.SyncErrors); got != 1 {
 		t.Errorf("sync errors = %v, want 1", got)
 	}
 	if !src.Synced() {
@@ -237,7 +222,7 @@ func TestSyncErrorRetriedAndMetrics(t *testing.T) {
 	}
 	// The trigger time of the change survived the failed sync: its latency
 	// is counted once, when it was really programmed, and is >= 2s.
-	if n := testutil.CollectAndCount(m.NetworkProgrammingDuration); n != 1 {
+	if n := promtest.CollectAndCount(m.NetworkProgrammingDuration); n != 1 {
 		t.Fatalf("programming latency series = %d", n)
 	}
 	body := scrape(t, m)
@@ -276,15 +261,9 @@ func TestProgrammingLatencyTakenWhenAgentReportsProgrammed(t *testing.T) {
 	m := metrics.New()
 	src := newSource(t, Config{Client: client, ObserveProgrammed: m.ObserveProgrammed})
 	handed := make(chan *model.State, 10)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- src.Run(ctx, func(st *model.State) { handed <- st }) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run after cancel = %v, want nil", err)
-		}
-	}()
+	testutil.RunUntilCleanup(t, "Run after cancel", func(ctx context.Context) error {
+		return src.Run(ctx, func(st *model.State) { handed <- st })
+	})
 
 	var st *model.State
 	select {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
@@ -54,17 +55,9 @@ func (s *states) waitFor(t *testing.T, want string) {
 
 func runSource(t *testing.T, path string, st *states) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	src := NewSource(path, translate.Options{}, slog.New(slog.DiscardHandler))
 	src.debounce = 20 * time.Millisecond
-	go func() { done <- src.Run(ctx, st.apply) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	testutil.RunUntilCleanup(t, "Run", func(ctx context.Context) error { return src.Run(ctx, st.apply) })
 }
 
 func TestSourceWatchesDirectory(t *testing.T) {

@@ -253,18 +253,19 @@ func (r *runner) newEnv(ctx context.Context, name string, n int) (*env, error) {
 	switch name {
 	case ModeFloor:
 		e.m = floorMode{}
-	case ModeIptNft, ModeIptLeg:
+	case ModeIptNft, ModeIptLeg, ModeNft:
 		cg, err := newMemcg(cgName)
 		if err != nil {
 			r.note("memory: " + err.Error())
 		}
-		e.m = &iptMode{ns: tri.Node, variant: strings.TrimPrefix(name, "iptables-"), bound: r.cfg.ProgTimeout, loadBound: r.loadBound(), cg: cg, tmp: dir}
-	case ModeNft:
-		cg, err := newMemcg(cgName)
-		if err != nil {
-			r.note("memory: " + err.Error())
+		l := ruleLoader{ns: tri.Node, bound: r.cfg.ProgTimeout, loadBound: r.loadBound(), cg: cg, tmp: dir}
+		if name == ModeNft {
+			l.tool = "nft"
+			e.m = &nftMode{l}
+		} else {
+			l.tool = "iptables-restore"
+			e.m = &iptMode{ruleLoader: l, variant: strings.TrimPrefix(name, "iptables-")}
 		}
-		e.m = &nftMode{ns: tri.Node, bound: r.cfg.ProgTimeout, loadBound: r.loadBound(), cg: cg, tmp: dir}
 	case ModeSluice:
 		m, err := newSluiceMode(ctx, r, tri, dir)
 		if err != nil {

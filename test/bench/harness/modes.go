@@ -90,25 +90,49 @@ func runBounded(ctx context.Context, ns *topology.NS, bound time.Duration, cg *m
 	return nil
 }
 
-// iptMode is kube-proxy-shaped iptables rules, loaded with iptables-restore
-// --noflush as kube-proxy does, through the nft or the legacy backend.
-type iptMode struct {
+// ruleLoader is what the iptables and nftables modes share: the node
+// namespace they load rules into, how long loading may take, and the memory
+// cgroup the loading tool runs in, whose kernel memory is the mode's.
+type ruleLoader struct {
 	ns        *topology.NS
-	variant   string        // "nft" or "legacy"
 	bound     time.Duration // updates
 	loadBound time.Duration // the initial load
 	cg        *memcg
 	tmp       string
+	tool      string // the loading tool, as memory() names it
+}
+
+// load writes data to file in the temporary directory and runs argv with
+// the file's path appended, in the memory cgroup.
+func (l *ruleLoader) load(ctx context.Context, file string, data []byte, bound time.Duration, argv ...string) error {
+	f := filepath.Join(l.tmp, file)
+	if err := os.WriteFile(f, data, 0o644); err != nil {
+		return err
+	}
+	return runBounded(ctx, l.ns, bound, l.cg, append(argv, f)...)
+}
+
+func (l *ruleLoader) memory() memStat {
+	b, err := l.cg.kernelBytes()
+	if err != nil {
+		return memStat{How: "unavailable: " + err.Error()}
+	}
+	return memStat{KernelBytes: b, How: "kernel memory charged to the memory cgroup " + l.tool + " ran in"}
+}
+func (l *ruleLoader) socketCgroup() *topology.Cgroup { return nil }
+func (l *ruleLoader) close()                         { l.cg.remove() }
+
+// iptMode is kube-proxy-shaped iptables rules, loaded with iptables-restore
+// --noflush as kube-proxy does, through the nft or the legacy backend.
+type iptMode struct {
+	ruleLoader
+	variant string // "nft" or "legacy"
 }
 
 func (m *iptMode) bin(tool string) string { return tool + "-" + m.variant + "-restore" }
 
 func (m *iptMode) restore(ctx context.Context, data []byte, bound time.Duration) error {
-	f := filepath.Join(m.tmp, "rules.iptables")
-	if err := os.WriteFile(f, data, 0o644); err != nil {
-		return err
-	}
-	return runBounded(ctx, m.ns, bound, m.cg, m.bin("iptables"), "-w", "60", "--noflush", f)
+	return m.load(ctx, "rules.iptables", data, bound, m.bin("iptables"), "-w", "60", "--noflush")
 }
 
 func (m *iptMode) program(ctx context.Context, svcs []rules.Service) error {
@@ -142,33 +166,13 @@ func (m *iptMode) reset(ctx context.Context) error {
 	return nil
 }
 
-func (m *iptMode) memory() memStat {
-	b, err := m.cg.kernelBytes()
-	if err != nil {
-		return memStat{How: "unavailable: " + err.Error()}
-	}
-	return memStat{KernelBytes: b, How: "kernel memory charged to the memory cgroup iptables-restore ran in"}
-}
-func (m *iptMode) socketCgroup() *topology.Cgroup { return nil }
-func (m *iptMode) close()                         { m.cg.remove() }
-
 // nftMode is a kube-proxy-shaped nftables ruleset (kube-proxy's nftables
 // mode): the full table in one transaction, endpoint changes as small
 // transactions.
-type nftMode struct {
-	ns        *topology.NS
-	bound     time.Duration // updates
-	loadBound time.Duration // the initial load
-	cg        *memcg
-	tmp       string
-}
+type nftMode struct{ ruleLoader }
 
 func (m *nftMode) apply(ctx context.Context, data []byte, bound time.Duration) error {
-	f := filepath.Join(m.tmp, "rules.nft")
-	if err := os.WriteFile(f, data, 0o644); err != nil {
-		return err
-	}
-	return runBounded(ctx, m.ns, bound, m.cg, "nft", "-f", f)
+	return m.load(ctx, "rules.nft", data, bound, "nft", "-f")
 }
 
 func (m *nftMode) program(ctx context.Context, svcs []rules.Service) error {
@@ -182,13 +186,3 @@ func (m *nftMode) update(ctx context.Context, _ []rules.Service, old, new rules.
 func (m *nftMode) reset(ctx context.Context) error {
 	return runBounded(ctx, m.ns, m.bound, nil, "nft", "delete", "table", "ip", rules.NftTable)
 }
-
-func (m *nftMode) memory() memStat {
-	b, err := m.cg.kernelBytes()
-	if err != nil {
-		return memStat{How: "unavailable: " + err.Error()}
-	}
-	return memStat{KernelBytes: b, How: "kernel memory charged to the memory cgroup nft ran in"}
-}
-func (m *nftMode) socketCgroup() *topology.Cgroup { return nil }
-func (m *nftMode) close()                         { m.cg.remove() }

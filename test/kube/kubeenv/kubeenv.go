@@ -97,18 +97,15 @@ type proc struct {
 // them first if they are missing.
 func BinDir(t testing.TB) string {
 	t.Helper()
-	binDirOnce.Do(func() { binDir, binDirErr = buildBinaries() })
-	if binDirErr != nil {
-		t.Fatalf("kube binaries: %v", binDirErr)
+	dir, err := builtBinaries()
+	if err != nil {
+		t.Fatalf("kube binaries: %v", err)
 	}
-	return binDir
+	return dir
 }
 
-var (
-	binDirOnce sync.Once
-	binDir     string
-	binDirErr  error
-)
+// builtBinaries builds (or finds) the binaries once per test binary.
+var builtBinaries = sync.OnceValues(buildBinaries)
 
 func buildBinaries() (string, error) {
 	_, file, _, ok := runtime.Caller(0)
@@ -226,22 +223,7 @@ func StartWith(t testing.TB, o Options) *Env {
 		t.Fatal(err)
 	}
 	e.Kubeconfig = filepath.Join(dir, "kubeconfig")
-	writeFile(t, e.Kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: kubeenv
-  cluster:
-    server: %s
-    insecure-skip-tls-verify: true
-users:
-- name: admin
-  user:
-    token: %s
-contexts:
-- name: kubeenv
-  context: {cluster: kubeenv, user: admin}
-current-context: kubeenv
-`, e.URL, e.token)))
+	writeKubeconfig(t, e.Kubeconfig, e.URL, "admin", e.token)
 	e.setupAgent()
 	return e
 }
@@ -384,21 +366,28 @@ func scrubbedEnv() []string {
 // already gone (ESRCH) is stopped; any other failure to signal it is an
 // error, returned rather than waited on for ever.
 func (p *proc) stop() error {
-	select {
-	case <-p.done:
+	if p.exited() {
 		return nil
-	default:
 	}
-	if err := syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("stop %s: %w", p.name, err)
+	if err := p.signal(syscall.SIGTERM, "stop"); err != nil {
+		return err
 	}
 	select {
 	case <-p.done:
 	case <-time.After(10 * time.Second):
-		if err := syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-			return fmt.Errorf("kill %s: %w", p.name, err)
+		if err := p.signal(syscall.SIGKILL, "kill"); err != nil {
+			return err
 		}
 		<-p.done
+	}
+	return nil
+}
+
+// signal sends sig to the process group; verb names the attempt in the
+// error.
+func (p *proc) signal(sig syscall.Signal, verb string) error {
+	if err := syscall.Kill(-p.cmd.Process.Pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("%s %s: %w", verb, p.name, err)
 	}
 	return nil
 }
@@ -514,6 +503,28 @@ func rsaKeyPEM(t testing.TB) []byte {
 		t.Fatal(err)
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})
+}
+
+// writeKubeconfig writes a kubeconfig for the apiserver at server as user,
+// authenticated by token.
+func writeKubeconfig(t testing.TB, path, server, user, token string) {
+	t.Helper()
+	writeFile(t, path, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: kubeenv
+  cluster:
+    server: %s
+    insecure-skip-tls-verify: true
+users:
+- name: %s
+  user:
+    token: %s
+contexts:
+- name: kubeenv
+  context: {cluster: kubeenv, user: %s}
+current-context: kubeenv
+`, server, user, token, user)))
 }
 
 func writeFile(t testing.TB, path string, b []byte) {

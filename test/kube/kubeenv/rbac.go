@@ -127,22 +127,7 @@ func (e *Env) setupAgent() {
 	e.AgentConfig = rest.AnonymousClientConfig(e.Config)
 	e.AgentConfig.BearerToken = tr.Status.Token
 	e.AgentKubeconfig = filepath.Join(e.Dir, "agent.kubeconfig")
-	writeFile(t, e.AgentKubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: kubeenv
-  cluster:
-    server: %s
-    insecure-skip-tls-verify: true
-users:
-- name: sluice
-  user:
-    token: %s
-contexts:
-- name: kubeenv
-  context: {cluster: kubeenv, user: sluice}
-current-context: kubeenv
-`, e.URL, tr.Status.Token)))
+	writeKubeconfig(t, e.AgentKubeconfig, e.URL, "sluice", tr.Status.Token)
 }
 
 // AuditEvent is one request of the agent, as the apiserver's audit log
