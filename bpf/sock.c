@@ -9,10 +9,14 @@
  * show the VIP again: the application never sees a backend address.
  *
  * A service with no backends refuses at once: connect() and sendto() fail
- * with ECONNREFUSED (bpf_set_retval, allowed for connect4 and sendmsg4
- * since Linux 5.18) instead of timing out. So does one whose backend
+ * with ECONNREFUSED instead of timing out. So does one whose backend
  * cannot be found even after reading the service again: a connect is
- * never left to the VIP.
+ * never left to the VIP. The errno comes from bpf_set_retval, which
+ * sock_addr programs may call only since Linux 6.1 (5.18 gave it to other
+ * cgroup hooks). For older kernels each refusing hook has an eperm twin
+ * without the call, refusing with the kernel's plain EPERM: the agent
+ * probes the helper and loads one of the two (pkg/datapath), so the
+ * kernel never sees a call it does not know.
  */
 #include "lib/consts.h"
 #include "lib/config.h"
@@ -183,6 +187,13 @@ int sluice_connect4(struct bpf_sock_addr *ctx)
 	return SYS_PROCEED;
 }
 
+/* sluice_connect4 for kernels before 6.1: a refusal is EPERM. */
+SEC("cgroup/connect4")
+int sluice_eperm_connect4(struct bpf_sock_addr *ctx)
+{
+	return sock4_xlate_fwd(ctx, false) < 0 ? SYS_REJECT : SYS_PROCEED;
+}
+
 SEC("cgroup/sendmsg4")
 int sluice_sendmsg4(struct bpf_sock_addr *ctx)
 {
@@ -193,6 +204,13 @@ int sluice_sendmsg4(struct bpf_sock_addr *ctx)
 		return SYS_REJECT;
 	}
 	return SYS_PROCEED;
+}
+
+/* sluice_sendmsg4 for kernels before 6.1: a refusal is EPERM. */
+SEC("cgroup/sendmsg4")
+int sluice_eperm_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return sock4_xlate_fwd(ctx, true) < 0 ? SYS_REJECT : SYS_PROCEED;
 }
 
 SEC("cgroup/recvmsg4")

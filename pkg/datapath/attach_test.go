@@ -135,10 +135,10 @@ func TestAttachDetach(t *testing.T) {
 	expectAttached(d1)
 	// The clsact fallback (for kernels without tcx), tried directly on
 	// sl-c since this kernel has tcx.
-	if err := attachClsact(devs[2].Attrs().Index, netlink.HANDLE_MIN_INGRESS, filterPrefix+"ingress", d1.TCIngress()); err != nil {
+	if err := attachClsact(devs[2].Attrs().Index, netlink.HANDLE_MIN_INGRESS, filterPrefix+"ingress", d1.TCIngress(), nil); err != nil {
 		t.Fatalf("clsact fallback: %v", err)
 	}
-	if err := attachClsact(devs[2].Attrs().Index, netlink.HANDLE_MIN_INGRESS, filterPrefix+"ingress", d1.TCIngress()); err != nil {
+	if err := attachClsact(devs[2].Attrs().Index, netlink.HANDLE_MIN_INGRESS, filterPrefix+"ingress", d1.TCIngress(), nil); err != nil {
 		t.Fatalf("clsact fallback again: %v", err)
 	}
 	if got := bpfFilters(t, devs[2]); !slices.Equal(got, []string{filterPrefix + "ingress"}) {

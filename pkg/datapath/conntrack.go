@@ -77,7 +77,10 @@ const ctFlushBatch = 4096
 // translated to any of backends: forward entries that name one and reverse
 // entries keyed by its replies, established or half-open. The next packet
 // of such a flow selects again. One pass over the maps covers up to
-// ctFlushBatch backends.
+// ctFlushBatch backends. The connected UDP sockets the socket programs
+// sent to one of them are ended as well (sockdestroy.go), so that they
+// connect again: reported through OnSocketTermination, never an error
+// here (the conntrack flush, which the reconciler retries, succeeded).
 func (m *Maps) FlushConntrack(backends []model.L4Addr) error {
 	keys := make([]sockCtBackendKey, 0, len(backends))
 	for _, b := range backends {
@@ -117,6 +120,9 @@ func (m *Maps) flushBatch(keys []sockCtBackendKey) error {
 		return fmt.Errorf("write %s: %w", mapCTFlush, err)
 	}
 	_, runErr := m.runCTGC(1)
+	// The connected sockets of the UDP ones go too (they keep the
+	// backend otherwise), while the set is in the map for the iterator.
+	m.terminateSockets(keys)
 	// Empty the set whatever happened: it must not linger into the
 	// next flush.
 	_, delErr := m.ctFlush.BatchDelete(keys, nil)
@@ -161,37 +167,57 @@ type ct4EntryRelease0 struct {
 	_         uint16
 }
 
-// convertConntrack copies release 0's live conntrack entries into
-// sluice_conntrack_v2, each expiring when it would have expired there.
-// Release 0 did not know whether a flow had been answered: every entry is
-// taken as established (the safe side: it stays until it idles out). What
-// does not fit the configured size is left out.
-func convertConntrack(old, cur *ebpf.Map, spec *ebpf.CollectionSpec) error {
-	timeout := map[string]uint64{}
-	for _, name := range []string{"ct_timeout_tcp_ns", "ct_timeout_udp_ns", "ct_timeout_close_ns"} {
-		var v uint64
+// ctTimeouts are the conntrack lifetimes, by the names of their constants.
+type ctTimeouts struct{ tcp, udp, close uint64 }
+
+func (c Config) ctTimeouts() ctTimeouts {
+	c = c.withDefaults()
+	return ctTimeouts{
+		tcp: uint64(c.CTTimeoutTCP.Nanoseconds()), udp: uint64(c.CTTimeoutUDP.Nanoseconds()),
+		close: uint64(c.CTTimeoutClose.Nanoseconds()),
+	}
+}
+
+// convertRelease0Conntrack is convertConntrack with the timeouts of spec's
+// constants (a pinMigration's convert).
+func convertRelease0Conntrack(old, cur *ebpf.Map, spec *ebpf.CollectionSpec) error {
+	var t ctTimeouts
+	for name, v := range map[string]*uint64{"ct_timeout_tcp_ns": &t.tcp, "ct_timeout_udp_ns": &t.udp, "ct_timeout_close_ns": &t.close} {
 		vs := spec.Variables[name]
 		if vs == nil {
 			return fmt.Errorf("variable %s missing from BPF object", name)
 		}
-		if err := vs.Get(&v); err != nil {
+		if err := vs.Get(v); err != nil {
 			return fmt.Errorf("read %s: %w", name, err)
 		}
-		timeout[name] = v
 	}
+	return convertConntrack(old, cur, t, false)
+}
+
+// convertConntrack copies release 0's live conntrack entries into
+// sluice_conntrack_v2, each expiring when it would have expired there.
+// Release 0 did not know whether a flow had been answered: every entry is
+// taken as established (the safe side: it stays until it idles out). What
+// does not fit the configured size is left out. With missingOnly, entries
+// cur has are left as they are (bpf/migrate.c converts the same way).
+func convertConntrack(old, cur *ebpf.Map, t ctTimeouts, missingOnly bool) error {
 	now, err := monotonicNow()
 	if err != nil {
 		return err
+	}
+	flags := ebpf.UpdateAny
+	if missingOnly {
+		flags = ebpf.UpdateNoExist
 	}
 	var k sockCt4Key
 	var v ct4EntryRelease0
 	it := old.Iterate()
 	for it.Next(&k, &v) {
-		life := timeout["ct_timeout_udp_ns"]
+		life := t.udp
 		if k.Proto == uint8(model.TCP) {
-			life = timeout["ct_timeout_tcp_ns"]
+			life = t.tcp
 			if f := uint32(v.Flags); f&ctFlagRST != 0 || f&(ctFlagFinFwd|ctFlagFinRev) == ctFlagFinFwd|ctFlagFinRev {
-				life = timeout["ct_timeout_close_ns"]
+				life = t.close
 			}
 		}
 		expires := v.LastSeen + life
@@ -203,14 +229,17 @@ func convertConntrack(old, cur *ebpf.Map, spec *ebpf.CollectionSpec) error {
 			NatAddr: v.NatAddr, NatPort: v.NatPort, SnatAddr: v.SnatAddr, SnatPort: v.SnatPort,
 			BackendId: v.BackendId, RevNatId: v.RevNatId,
 		}
-		if err := cur.Put(&k, &e); err != nil {
+		if err := cur.Update(&k, &e, flags); err != nil {
 			if errors.Is(err, unix.E2BIG) {
 				break
+			}
+			if errors.Is(err, ebpf.ErrKeyExist) {
+				continue
 			}
 			return fmt.Errorf("copy entry: %w", err)
 		}
 	}
-	if err := it.Err(); err != nil {
+	if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrIterationAborted) {
 		return fmt.Errorf("read entries: %w", err)
 	}
 	return nil

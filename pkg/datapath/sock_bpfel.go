@@ -233,28 +233,30 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sockMapSluiceBackendsV1    = "sluice_backends_v1"
-	sockMapSluiceConntrackV2   = "sluice_conntrack_v2"
-	sockMapSluiceCtFlushV1     = "sluice_ct_flush_v1"
-	sockMapSluiceCtNewV1       = "sluice_ct_new_v1"
-	sockMapSluiceDevicesV1     = "sluice_devices_v1"
-	sockMapSluiceFragmentsV1   = "sluice_fragments_v1"
-	sockMapSluiceMetricsV1     = "sluice_metrics_v1"
-	sockMapSluiceRevNatV1      = "sluice_rev_nat_v1"
-	sockMapSluiceServicesV1    = "sluice_services_v1"
-	sockMapSluiceSockRevV1     = "sluice_sock_rev_v1"
-	sockMapSluiceSrcRangesV1   = "sluice_src_ranges_v1"
-	sockMapSluiceUdpStickV1    = "sluice_udp_stick_v1"
-	sockProgSluiceConnect4     = "sluice_connect4"
-	sockProgSluiceGetpeername4 = "sluice_getpeername4"
-	sockProgSluiceRecvmsg4     = "sluice_recvmsg4"
-	sockProgSluiceSendmsg4     = "sluice_sendmsg4"
-	sockVarCtTimeoutCloseNs    = "ct_timeout_close_ns"
-	sockVarCtTimeoutSynNs      = "ct_timeout_syn_ns"
-	sockVarCtTimeoutTcpNs      = "ct_timeout_tcp_ns"
-	sockVarCtTimeoutUdpNs      = "ct_timeout_udp_ns"
-	sockVarSnatPortMax         = "snat_port_max"
-	sockVarSnatPortMin         = "snat_port_min"
+	sockMapSluiceBackendsV1     = "sluice_backends_v1"
+	sockMapSluiceConntrackV2    = "sluice_conntrack_v2"
+	sockMapSluiceCtFlushV1      = "sluice_ct_flush_v1"
+	sockMapSluiceCtNewV1        = "sluice_ct_new_v1"
+	sockMapSluiceDevicesV1      = "sluice_devices_v1"
+	sockMapSluiceFragmentsV1    = "sluice_fragments_v1"
+	sockMapSluiceMetricsV1      = "sluice_metrics_v1"
+	sockMapSluiceRevNatV1       = "sluice_rev_nat_v1"
+	sockMapSluiceServicesV1     = "sluice_services_v1"
+	sockMapSluiceSockRevV1      = "sluice_sock_rev_v1"
+	sockMapSluiceSrcRangesV1    = "sluice_src_ranges_v1"
+	sockMapSluiceUdpStickV1     = "sluice_udp_stick_v1"
+	sockProgSluiceConnect4      = "sluice_connect4"
+	sockProgSluiceEpermConnect4 = "sluice_eperm_connect4"
+	sockProgSluiceEpermSendmsg4 = "sluice_eperm_sendmsg4"
+	sockProgSluiceGetpeername4  = "sluice_getpeername4"
+	sockProgSluiceRecvmsg4      = "sluice_recvmsg4"
+	sockProgSluiceSendmsg4      = "sluice_sendmsg4"
+	sockVarCtTimeoutCloseNs     = "ct_timeout_close_ns"
+	sockVarCtTimeoutSynNs       = "ct_timeout_syn_ns"
+	sockVarCtTimeoutTcpNs       = "ct_timeout_tcp_ns"
+	sockVarCtTimeoutUdpNs       = "ct_timeout_udp_ns"
+	sockVarSnatPortMax          = "snat_port_max"
+	sockVarSnatPortMin          = "snat_port_min"
 )
 
 // loadSock returns the embedded CollectionSpec for sock.
@@ -299,10 +301,12 @@ type sockSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockProgramSpecs struct {
-	SluiceConnect4     *ebpf.ProgramSpec `ebpf:"sluice_connect4"`
-	SluiceGetpeername4 *ebpf.ProgramSpec `ebpf:"sluice_getpeername4"`
-	SluiceRecvmsg4     *ebpf.ProgramSpec `ebpf:"sluice_recvmsg4"`
-	SluiceSendmsg4     *ebpf.ProgramSpec `ebpf:"sluice_sendmsg4"`
+	SluiceConnect4      *ebpf.ProgramSpec `ebpf:"sluice_connect4"`
+	SluiceEpermConnect4 *ebpf.ProgramSpec `ebpf:"sluice_eperm_connect4"`
+	SluiceEpermSendmsg4 *ebpf.ProgramSpec `ebpf:"sluice_eperm_sendmsg4"`
+	SluiceGetpeername4  *ebpf.ProgramSpec `ebpf:"sluice_getpeername4"`
+	SluiceRecvmsg4      *ebpf.ProgramSpec `ebpf:"sluice_recvmsg4"`
+	SluiceSendmsg4      *ebpf.ProgramSpec `ebpf:"sluice_sendmsg4"`
 }
 
 // sockMapSpecs contains maps before they are loaded into the kernel.
@@ -402,15 +406,19 @@ type sockVariables struct {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockPrograms struct {
-	SluiceConnect4     *ebpf.Program `ebpf:"sluice_connect4"`
-	SluiceGetpeername4 *ebpf.Program `ebpf:"sluice_getpeername4"`
-	SluiceRecvmsg4     *ebpf.Program `ebpf:"sluice_recvmsg4"`
-	SluiceSendmsg4     *ebpf.Program `ebpf:"sluice_sendmsg4"`
+	SluiceConnect4      *ebpf.Program `ebpf:"sluice_connect4"`
+	SluiceEpermConnect4 *ebpf.Program `ebpf:"sluice_eperm_connect4"`
+	SluiceEpermSendmsg4 *ebpf.Program `ebpf:"sluice_eperm_sendmsg4"`
+	SluiceGetpeername4  *ebpf.Program `ebpf:"sluice_getpeername4"`
+	SluiceRecvmsg4      *ebpf.Program `ebpf:"sluice_recvmsg4"`
+	SluiceSendmsg4      *ebpf.Program `ebpf:"sluice_sendmsg4"`
 }
 
 func (p *sockPrograms) Close() error {
 	return _SockClose(
 		p.SluiceConnect4,
+		p.SluiceEpermConnect4,
+		p.SluiceEpermSendmsg4,
 		p.SluiceGetpeername4,
 		p.SluiceRecvmsg4,
 		p.SluiceSendmsg4,

@@ -1,0 +1,174 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * Carrying conntrack over to a new map while traffic flows: a resize of
+ * sluice_conntrack_v2 or sluice_ct_new_v1, or an upgrade from release 0's
+ * sluice_conntrack.
+ *
+ * The agent builds the new map, copies the old one's entries into it and
+ * swaps the pin before it loads its programs (pkg/datapath, migrate.go).
+ * The previous agent's programs keep using the old map until their links
+ * are updated, and keep adding flows to it meanwhile. The next packet of
+ * such a flow, met by the new programs, would find nothing and be
+ * balanced afresh: a reset. So for the time of the switch these programs
+ * run first: before the tc program on each device (and in place of the
+ * XDP program), they copy, for the packet's tuple in each direction, the
+ * entry the old map has and the new one lacks, with the other entry of its
+ * flow (converted from release 0's layout when that is the old one); then
+ * the packet goes on to the tc program (TC_ACT_UNSPEC, which is tcx's
+ * TCX_NEXT and the next clsact filter; XDP_PASS from XDP). Once every link
+ * runs the new programs, nothing writes the old map any more: the agent
+ * copies what is left and detaches these.
+ *
+ * Entries are only ever inserted (BPF_NOEXIST): an entry the new programs
+ * made is never overwritten.
+ */
+#include "lib/consts.h"
+#include "lib/config.h"
+#include "lib/maps.h"
+#include "lib/parse.h"
+#include "lib/conntrack.h"
+
+/* struct ct4_entry as release 0 stored it in its sluice_conntrack (LRU). */
+struct ct4_entry_r0 {
+	__u64 last_seen; /* bpf_ktime_get_ns() of the last packet */
+	__be32 nat_addr; /* network order */
+	__be16 nat_port; /* network order */
+	__u8 flags;	 /* enum ct_flags, the first four */
+	__u8 pad;
+	__u32 backend_id; /* host order */
+	__u32 rev_nat_id; /* host order */
+	__be32 snat_addr; /* network order */
+	__be16 snat_port; /* network order */
+	__u16 pad2;
+};
+_Static_assert(sizeof(struct ct4_entry_r0) == 32, "ct4_entry_r0 size");
+
+/*
+ * The old maps, which the agent passes in at load in place of these (they
+ * are not pinned; their size is the old map's). A map that is not being
+ * replaced is left as declared, and its mig_from_* is 0.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct ct4_key);
+	__type(value, struct ct4_entry);
+	__uint(max_entries, 1);
+} sluice_mig_old_est SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct4_key);
+	__type(value, struct ct4_entry);
+	__uint(max_entries, 1);
+} sluice_mig_old_new SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct4_key);
+	__type(value, struct ct4_entry_r0);
+	__uint(max_entries, 1);
+} sluice_mig_old_r0 SEC(".maps");
+
+/* Which old maps are passed in (set by the agent before load). */
+volatile const __u8 mig_from_est = 0;
+volatile const __u8 mig_from_new = 0;
+volatile const __u8 mig_from_r0 = 0;
+
+/*
+ * mig_copy - copy the entry under @key in @from into @to unless @to has
+ * one, and then the other entry of its flow.
+ */
+static __always_inline void mig_copy(void *from, void *to,
+				     const struct ct4_key *key)
+{
+	struct ct4_entry *e = bpf_map_lookup_elem(from, key);
+	struct ct4_key pkey;
+
+	if (!e)
+		return;
+	bpf_map_update_elem(to, key, e, BPF_NOEXIST);
+	ct_peer_key(&pkey, key, e);
+	e = bpf_map_lookup_elem(from, &pkey);
+	if (e)
+		bpf_map_update_elem(to, &pkey, e, BPF_NOEXIST);
+}
+
+/*
+ * mig_convert_r0 - release 0's entry @o as an established entry of today
+ * (release 0 did not tell half-open flows apart), expiring when release 0
+ * would have dropped it. Returns false if it already has.
+ */
+static __always_inline bool mig_convert_r0(const struct ct4_entry_r0 *o,
+					   __u8 proto, __u64 now,
+					   struct ct4_entry *e)
+{
+	__u32 flags = o->flags | CT_F_REPLIED;
+
+	e->expires = o->last_seen + ct_lifetime(proto, flags);
+	if (!ct_alive(e->expires, now))
+		return false;
+	e->flags = flags;
+	e->nat_addr = o->nat_addr;
+	e->nat_port = o->nat_port;
+	e->snat_addr = o->snat_addr;
+	e->snat_port = o->snat_port;
+	e->backend_id = o->backend_id;
+	e->rev_nat_id = o->rev_nat_id;
+	return true;
+}
+
+/* mig_copy_r0 - mig_copy from release 0's map into sluice_conntrack. */
+static __always_inline void mig_copy_r0(const struct ct4_key *key, __u64 now)
+{
+	struct ct4_entry_r0 *o = bpf_map_lookup_elem(&sluice_mig_old_r0, key);
+	struct ct4_entry e = {};
+	struct ct4_key pkey;
+
+	if (!o || !mig_convert_r0(o, key->proto, now, &e))
+		return;
+	bpf_map_update_elem(CT_EST, key, &e, BPF_NOEXIST);
+	ct_peer_key(&pkey, key, &e);
+	o = bpf_map_lookup_elem(&sluice_mig_old_r0, &pkey);
+	if (o && mig_convert_r0(o, pkey.proto, now, &e))
+		bpf_map_update_elem(CT_EST, &pkey, &e, BPF_NOEXIST);
+}
+
+/* mig_packet - carry over the entries of @p's tuple, both directions. */
+static __always_inline void mig_packet(const struct pkt4 *p)
+{
+	struct ct4_key key = {};
+	__u64 now = bpf_ktime_get_ns();
+	__u8 dir;
+
+	for (dir = CT_FORWARD; dir <= CT_REVERSE; dir++) {
+		ct_key_of(&key, p, dir);
+		if (mig_from_est)
+			mig_copy(&sluice_mig_old_est, CT_EST, &key);
+		if (mig_from_new)
+			mig_copy(&sluice_mig_old_new, CT_NEW, &key);
+		if (mig_from_r0)
+			mig_copy_r0(&key, now);
+	}
+}
+
+SEC("tc")
+int sluice_mig_tc(struct __sk_buff *skb)
+{
+	struct pkt4 p = {};
+
+	if (parse_ipv4(skb, &p) == PARSE_OK)
+		mig_packet(&p);
+	return TC_ACT_UNSPEC;
+}
+
+SEC("xdp")
+int sluice_mig_xdp(struct xdp_md *ctx)
+{
+	struct xdp_pkt4 x = {};
+
+	if (parse_ipv4_xdp(ctx, &x))
+		mig_packet(&x.p);
+	return XDP_PASS;
+}
+
+char __license[] SEC("license") = "Dual BSD/GPL";
