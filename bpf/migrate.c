@@ -19,6 +19,11 @@
  * runs the new programs, nothing writes the old map any more: the agent
  * copies what is left and detaches these.
  *
+ * An entry is carried over only while it is alive and the new maps have
+ * nothing under its key, established or half-open: a tuple reused by a
+ * new flow since (client ports come round again quickly under load)
+ * belongs to the new flow, and an old flow's entry put beside its
+ * half-open one would be found first and send it to the old backend.
  * Entries are only ever inserted (BPF_NOEXIST): an entry the new programs
  * made is never overwritten.
  */
@@ -74,47 +79,58 @@ volatile const __u8 mig_from_est = 0;
 volatile const __u8 mig_from_new = 0;
 volatile const __u8 mig_from_r0 = 0;
 
+/* mig_taken - whether the new maps have an entry under @key. */
+static __always_inline bool mig_taken(const struct ct4_key *key)
+{
+	return bpf_map_lookup_elem(CT_EST, key) ||
+	       bpf_map_lookup_elem(CT_NEW, key);
+}
+
+/* mig_copy_one - copy @e, found under @key in the old map, into @to. */
+static __always_inline void mig_copy_one(void *to, const struct ct4_key *key,
+					 const struct ct4_entry *e, __u64 now)
+{
+	if (ct_alive(READ_ONCE(e->expires), now) && !mig_taken(key))
+		bpf_map_update_elem(to, key, e, BPF_NOEXIST);
+}
+
 /*
- * mig_copy - copy the entry under @key in @from into @to unless @to has
- * one, and then the other entry of its flow.
+ * mig_copy - copy the entry under @key in @from into @to (see above), and
+ * then the other entry of its flow; neither if a new flow took @key.
  */
 static __always_inline void mig_copy(void *from, void *to,
-				     const struct ct4_key *key)
+				     const struct ct4_key *key, __u64 now)
 {
 	struct ct4_entry *e = bpf_map_lookup_elem(from, key);
 	struct ct4_key pkey;
 
-	if (!e)
+	if (!e || mig_taken(key))
 		return;
-	bpf_map_update_elem(to, key, e, BPF_NOEXIST);
+	mig_copy_one(to, key, e, now);
 	ct_peer_key(&pkey, key, e);
 	e = bpf_map_lookup_elem(from, &pkey);
 	if (e)
-		bpf_map_update_elem(to, &pkey, e, BPF_NOEXIST);
+		mig_copy_one(to, &pkey, e, now);
 }
 
 /*
  * mig_convert_r0 - release 0's entry @o as an established entry of today
  * (release 0 did not tell half-open flows apart), expiring when release 0
- * would have dropped it. Returns false if it already has.
+ * would have let it go. Returns whether it is alive.
  */
 static __always_inline bool mig_convert_r0(const struct ct4_entry_r0 *o,
 					   __u8 proto, __u64 now,
 					   struct ct4_entry *e)
 {
-	__u32 flags = o->flags | CT_F_REPLIED;
-
-	e->expires = o->last_seen + ct_lifetime(proto, flags);
-	if (!ct_alive(e->expires, now))
-		return false;
-	e->flags = flags;
+	e->flags = o->flags | CT_F_REPLIED;
+	e->expires = o->last_seen + ct_lifetime(proto, e->flags);
 	e->nat_addr = o->nat_addr;
 	e->nat_port = o->nat_port;
 	e->snat_addr = o->snat_addr;
 	e->snat_port = o->snat_port;
 	e->backend_id = o->backend_id;
 	e->rev_nat_id = o->rev_nat_id;
-	return true;
+	return ct_alive(e->expires, now);
 }
 
 /* mig_copy_r0 - mig_copy from release 0's map into sluice_conntrack. */
@@ -124,12 +140,13 @@ static __always_inline void mig_copy_r0(const struct ct4_key *key, __u64 now)
 	struct ct4_entry e = {};
 	struct ct4_key pkey;
 
-	if (!o || !mig_convert_r0(o, key->proto, now, &e))
+	if (!o || mig_taken(key))
 		return;
-	bpf_map_update_elem(CT_EST, key, &e, BPF_NOEXIST);
+	if (mig_convert_r0(o, key->proto, now, &e))
+		bpf_map_update_elem(CT_EST, key, &e, BPF_NOEXIST);
 	ct_peer_key(&pkey, key, &e);
 	o = bpf_map_lookup_elem(&sluice_mig_old_r0, &pkey);
-	if (o && mig_convert_r0(o, pkey.proto, now, &e))
+	if (o && mig_convert_r0(o, pkey.proto, now, &e) && !mig_taken(&pkey))
 		bpf_map_update_elem(CT_EST, &pkey, &e, BPF_NOEXIST);
 }
 
@@ -143,9 +160,9 @@ static __always_inline void mig_packet(const struct pkt4 *p)
 	for (dir = CT_FORWARD; dir <= CT_REVERSE; dir++) {
 		ct_key_of(&key, p, dir);
 		if (mig_from_est)
-			mig_copy(&sluice_mig_old_est, CT_EST, &key);
+			mig_copy(&sluice_mig_old_est, CT_EST, &key, now);
 		if (mig_from_new)
-			mig_copy(&sluice_mig_old_new, CT_NEW, &key);
+			mig_copy(&sluice_mig_old_new, CT_NEW, &key, now);
 		if (mig_from_r0)
 			mig_copy_r0(&key, now);
 	}

@@ -191,22 +191,24 @@ func convertRelease0Conntrack(old, cur *ebpf.Map, spec *ebpf.CollectionSpec) err
 			return fmt.Errorf("read %s: %w", name, err)
 		}
 	}
-	return convertConntrack(old, cur, t, false)
+	return convertConntrack(old, cur, t, nil)
 }
 
 // convertConntrack copies release 0's live conntrack entries into
 // sluice_conntrack_v2, each expiring when it would have expired there.
 // Release 0 did not know whether a flow had been answered: every entry is
 // taken as established (the safe side: it stays until it idles out). What
-// does not fit the configured size is left out. With missingOnly, entries
-// cur has are left as they are (bpf/migrate.c converts the same way).
-func convertConntrack(old, cur *ebpf.Map, t ctTimeouts, missingOnly bool) error {
+// does not fit the configured size is left out. With taken, only entries
+// under keys it says are free are copied, and none that cur has: the copy
+// into a live map at the end of a migration (migrate.go; bpf/migrate.c
+// converts the same way).
+func convertConntrack(old, cur *ebpf.Map, t ctTimeouts, taken func(*sockCt4Key, *sockCt4Entry) bool) error {
 	now, err := monotonicNow()
 	if err != nil {
 		return err
 	}
 	flags := ebpf.UpdateAny
-	if missingOnly {
+	if taken != nil {
 		flags = ebpf.UpdateNoExist
 	}
 	var k sockCt4Key
@@ -221,13 +223,13 @@ func convertConntrack(old, cur *ebpf.Map, t ctTimeouts, missingOnly bool) error 
 			}
 		}
 		expires := v.LastSeen + life
-		if int64(expires-now) <= 0 {
-			continue
-		}
 		e := sockCt4Entry{
 			Expires: expires, Flags: uint32(v.Flags) | ctFlagReplied,
 			NatAddr: v.NatAddr, NatPort: v.NatPort, SnatAddr: v.SnatAddr, SnatPort: v.SnatPort,
 			BackendId: v.BackendId, RevNatId: v.RevNatId,
+		}
+		if int64(expires-now) <= 0 || (taken != nil && taken(&k, &e)) {
+			continue
 		}
 		if err := cur.Update(&k, &e, flags); err != nil {
 			if errors.Is(err, unix.E2BIG) {

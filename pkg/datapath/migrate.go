@@ -262,9 +262,12 @@ func (d *Datapath) settle(names map[string]bool) error {
 			continue
 		}
 		var err error
-		if mg.r0 {
-			err = convertConntrack(mg.old, mg.cur, d.cfg.ctTimeouts(), true)
-		} else {
+		switch {
+		case mg.r0:
+			err = convertConntrack(mg.old, mg.cur, d.cfg.ctTimeouts(), d.ctTaken)
+		case conntrackMaps[mg.name]:
+			err = copyConntrack(mg.old, mg.cur, d.ctTaken)
+		default:
 			err = copyEntries(mg.old, mg.cur, true)
 		}
 		if err != nil {
@@ -274,6 +277,71 @@ func (d *Datapath) settle(names map[string]bool) error {
 	}
 	d.migrations = keep
 	return errors.Join(errs...)
+}
+
+// ctTaken reports whether this build's conntrack maps have an entry under
+// k, or under the key of the other entry of its flow (e), established or
+// half-open. An old entry is carried over only if no new flow has taken
+// its tuple since (bpf/migrate.c says why).
+func (d *Datapath) ctTaken(k *sockCt4Key, e *sockCt4Entry) bool {
+	var v sockCt4Entry
+	pk := ctPeerKey(k, e)
+	for _, key := range []*sockCt4Key{k, &pk} {
+		if d.maps.conntrack.Lookup(key, &v) == nil || d.maps.ctNew.Lookup(key, &v) == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// ctPeerKey is bpf/lib/conntrack.h's ct_peer_key: the key of the other
+// entry of the flow of e, found under k.
+func ctPeerKey(k *sockCt4Key, e *sockCt4Entry) sockCt4Key {
+	snat := e.Flags&ctFlagSNAT != 0
+	p := sockCt4Key{Proto: k.Proto}
+	if k.Dir == ctForward {
+		p.Dir, p.Saddr, p.Sport = ctReverse, e.NatAddr, e.NatPort
+		p.Daddr, p.Dport = k.Saddr, k.Sport
+		if snat {
+			p.Daddr, p.Dport = e.SnatAddr, e.SnatPort
+		}
+		return p
+	}
+	p.Dir, p.Daddr, p.Dport = ctForward, e.NatAddr, e.NatPort
+	p.Saddr, p.Sport = k.Daddr, k.Dport
+	if snat {
+		p.Saddr, p.Sport = e.SnatAddr, e.SnatPort
+	}
+	return p
+}
+
+// copyConntrack copies the live entries of the conntrack map old into cur
+// whose keys taken says are free, as bpf/migrate.c does packet by packet.
+func copyConntrack(old, cur *ebpf.Map, taken func(*sockCt4Key, *sockCt4Entry) bool) error {
+	now, err := monotonicNow()
+	if err != nil {
+		return err
+	}
+	var k sockCt4Key
+	var v sockCt4Entry
+	it := old.Iterate()
+	for it.Next(&k, &v) {
+		if int64(v.Expires-now) <= 0 || taken(&k, &v) {
+			continue
+		}
+		err := cur.Update(&k, &v, ebpf.UpdateNoExist)
+		switch {
+		case err == nil, errors.Is(err, ebpf.ErrKeyExist):
+		case errors.Is(err, unix.E2BIG):
+			return fmt.Errorf("the new size, %d, is too small for the flows added meanwhile", cur.MaxEntries())
+		default:
+			return fmt.Errorf("copy entry: %w", err)
+		}
+	}
+	if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrIterationAborted) {
+		return fmt.Errorf("read entries: %w", err)
+	}
+	return nil
 }
 
 // closeMigrations lets the old maps go without copying anything more.

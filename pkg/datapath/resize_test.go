@@ -5,12 +5,15 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/packet"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
@@ -134,5 +137,195 @@ func seedDevices(t *testing.T, bpffs string, n int) {
 		if err := m.Put(uint32(100+i), &sockNodeDev{}); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// ctFlow is the forward and reply entries of an established TCP flow
+// client:cport -> vip:80 translated to backend:8080.
+func ctFlow(t *testing.T, client string, cport uint16, vip, backend string) (fk sockCt4Key, fv sockCt4Entry, rk sockCt4Key, rv sockCt4Entry) {
+	t.Helper()
+	fk, fv = ctEntry(t, client, cport, vip, backend)
+	rk = sockCt4Key{Saddr: be32(addr(backend)), Daddr: be32(addr(client)), Sport: be16(8080), Dport: be16(cport),
+		Proto: uint8(model.TCP), Dir: ctReverse}
+	rv = fv
+	rv.NatAddr, rv.NatPort = be32(addr(vip)), be16(80)
+	return fk, fv, rk, rv
+}
+
+// TestResizeCarriesFlowsAddedDuringTheSwitch (C4): between the copy at
+// Open and the update of the links, the previous agent's programs keep
+// adding flows to the old conntrack map. The migration shim, which runs
+// before tc meanwhile, carries a flow over on its next packet; once the
+// links run the new programs, the rest is copied and the shims go.
+func TestResizeCarriesFlowsAddedDuringTheSwitch(t *testing.T) {
+	testutil.Privileged(t)
+	bpffs := testPinDir(t)
+	ns := topology.NewNS(t, "resize")
+	ns.Enter(t)
+	links := addVeths(t, [2]string{"sl-r", "sl-s"})
+	d1 := openTest(t, smallConfig(bpffs))
+	if err := d1.AttachDevices([]string{"sl-r"}); err != nil {
+		t.Fatal(err)
+	}
+	old := d1.Maps().conntrack
+
+	cfg := smallConfig(bpffs)
+	cfg.MaxConntrack = 8192
+	d2 := openTest(t, cfg)
+	if shim, egressFirst := d2.migrating(); !shim || egressFirst {
+		t.Fatalf("migrating() = %v, %v: want the shims, ingress first", shim, egressFirst)
+	}
+	cur := d2.Maps().conntrack
+	if cur.MaxEntries() != 8192 {
+		t.Fatalf("new conntrack has %d entries", cur.MaxEntries())
+	}
+
+	// A flow the old programs established after the copy: its next
+	// packet, through the shim, carries both its entries over.
+	fk, fv, rk, rv := ctFlow(t, "10.0.0.9", 40001, "10.96.5.1", "10.2.5.1")
+	for _, e := range []struct {
+		k *sockCt4Key
+		v *sockCt4Entry
+	}{{&fk, &fv}, {&rk, &rv}} {
+		if err := old.Put(e.k, e.v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ack := packet.Packet{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr("10.0.0.9"), Dst: addr("10.96.5.1"),
+		SrcPort: 40001, DstPort: 80, Proto: packet.TCP, TCPFlags: packet.ACK}
+	if verdict, _ := runProg(t, d2.shim.SluiceMigTc, ack.Bytes()); verdict != uint32(0xffffffff) {
+		t.Errorf("shim verdict %d, want TC_ACT_UNSPEC (on to the next program)", int32(verdict))
+	}
+	for _, e := range []struct {
+		k *sockCt4Key
+		v sockCt4Entry
+	}{{&fk, fv}, {&rk, rv}} {
+		var got sockCt4Entry
+		if err := cur.Lookup(e.k, &got); err != nil || got != e.v {
+			t.Errorf("after the shim, new map has %+v (%v) under %+v; want %+v", got, err, *e.k, e.v)
+		}
+	}
+
+	// A tuple a new flow has taken since (half-open, in sluice_ct_new):
+	// the old flow's entries are not carried over beside it, or the new
+	// flow's next packet would find them first and go to the old
+	// backend. Neither are a dead flow's.
+	tk, tv, trk, trv := ctFlow(t, "10.0.0.9", 40003, "10.96.5.1", "10.2.5.1")
+	half := tv
+	half.Flags, half.NatAddr = 0, be32(addr("10.2.5.2"))
+	if err := d2.Maps().ctNew.Put(&tk, &half); err != nil {
+		t.Fatal(err)
+	}
+	dk, dv, _, _ := ctFlow(t, "10.0.0.9", 40004, "10.96.5.1", "10.2.5.1")
+	dv.Expires = 1
+	for _, e := range []struct {
+		k *sockCt4Key
+		v *sockCt4Entry
+	}{{&tk, &tv}, {&trk, &trv}, {&dk, &dv}} {
+		if err := old.Put(e.k, e.v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []packet.Packet{
+		{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr("10.0.0.9"), Dst: addr("10.96.5.1"), SrcPort: 40003, DstPort: 80, Proto: packet.TCP, TCPFlags: packet.ACK},
+		{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr("10.0.0.9"), Dst: addr("10.96.5.1"), SrcPort: 40004, DstPort: 80, Proto: packet.TCP, TCPFlags: packet.ACK},
+	} {
+		runProg(t, d2.shim.SluiceMigTc, p.Bytes())
+	}
+	notCarried := func(when string) {
+		t.Helper()
+		var got sockCt4Entry
+		if err := cur.Lookup(&tk, &got); err == nil {
+			t.Errorf("%s: the old flow's entry of a tuple a new flow took was carried over: %+v", when, got)
+		}
+		if err := cur.Lookup(&trk, &got); err == nil {
+			t.Errorf("%s: the old flow's reply entry was carried over: %+v", when, got)
+		}
+		if err := cur.Lookup(&dk, &got); err == nil {
+			t.Errorf("%s: a dead entry was carried over: %+v", when, got)
+		}
+	}
+	notCarried("after the shim")
+
+	// Another one, that sends nothing until the switch is over: copied
+	// when the links run the new programs.
+	fk2, fv2, _, _ := ctFlow(t, "10.0.0.9", 40002, "10.96.5.1", "10.2.5.1")
+	if err := old.Put(&fk2, &fv2); err != nil {
+		t.Fatal(err)
+	}
+	if err := d2.AttachDevices([]string{"sl-r"}); err != nil {
+		t.Fatal(err)
+	}
+	var got sockCt4Entry
+	if err := cur.Lookup(&fk2, &got); err != nil || got != fv2 {
+		t.Errorf("after the switch, new map has %+v (%v), want %+v", got, err, fv2)
+	}
+	notCarried("after the switch")
+	if len(d2.migrations) != 0 {
+		t.Errorf("migrations left after the switch: %d", len(d2.migrations))
+	}
+	idx := links["sl-r"].Attrs().Index
+	for _, at := range []struct {
+		a    ebpf.AttachType
+		prog *ebpf.Program
+	}{{ebpf.AttachTCXIngress, d2.TCIngress()}, {ebpf.AttachTCXEgress, d2.TCEgress()}} {
+		if got := attachedIDs(t, idx, at.a); !slices.Equal(got, []ebpf.ProgramID{progID(t, at.prog)}) {
+			t.Errorf("%s programs %v after the switch, want only the new agent's", at.a, got)
+		}
+	}
+}
+
+// TestUpgradeCarriesRelease0FlowsAddedDuringTheSwitch: the same for
+// release 0's conntrack, converted on the way (expiring when release 0
+// would have let it go, established).
+func TestUpgradeCarriesRelease0FlowsAddedDuringTheSwitch(t *testing.T) {
+	testutil.Privileged(t)
+	bpffs := testPinDir(t)
+	old := pinRelease0(t, bpffs)["sluice_conntrack"]
+	d := openTest(t, smallConfig(bpffs))
+	if shim, egressFirst := d.migrating(); !shim || !egressFirst {
+		t.Fatalf("migrating() = %v, %v: want the shims, egress first", shim, egressFirst)
+	}
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := sockCt4Key{Saddr: be32(addr("10.0.0.9")), Daddr: be32(addr("10.96.5.1")), Sport: be16(40003), Dport: be16(80),
+		Proto: uint8(model.TCP), Dir: ctForward}
+	v := ct4EntryRelease0{LastSeen: now, NatAddr: be32(addr("10.2.5.1")), NatPort: be16(8080), BackendId: 7, RevNatId: 3}
+	if err := old.Put(&k, &v); err != nil {
+		t.Fatal(err)
+	}
+	ack := packet.Packet{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr("10.0.0.9"), Dst: addr("10.96.5.1"),
+		SrcPort: 40003, DstPort: 80, Proto: packet.TCP, TCPFlags: packet.ACK}
+	runProg(t, d.shim.SluiceMigTc, ack.Bytes())
+	want := sockCt4Entry{Expires: now + uint64(DefaultCTTimeoutTCP), Flags: ctFlagReplied, NatAddr: v.NatAddr,
+		NatPort: v.NatPort, BackendId: 7, RevNatId: 3}
+	var got sockCt4Entry
+	if err := d.Maps().conntrack.Lookup(&k, &got); err != nil || got != want {
+		t.Errorf("converted entry %+v (%v), want %+v", got, err, want)
+	}
+}
+
+// ctPeerKey is conntrack.h's ct_peer_key, both ways, with and without SNAT.
+func TestCTPeerKey(t *testing.T) {
+	fk, fv, rk, rv := ctFlow(t, "10.0.0.9", 40001, "10.96.5.1", "10.2.5.1")
+	if got := ctPeerKey(&fk, &fv); got != rk {
+		t.Errorf("peer of the forward entry %+v, want %+v", got, rk)
+	}
+	if got := ctPeerKey(&rk, &rv); got != fk {
+		t.Errorf("peer of the reply entry %+v, want %+v", got, fk)
+	}
+	// Source-NATed: the reply is <B -> N:sp>, naming the client.
+	fv.Flags |= ctFlagSNAT
+	fv.SnatAddr, fv.SnatPort = be32(addr("192.168.1.1")), be16(61000)
+	want := sockCt4Key{Saddr: be32(addr("10.2.5.1")), Daddr: be32(addr("192.168.1.1")), Sport: be16(8080), Dport: be16(61000),
+		Proto: uint8(model.TCP), Dir: ctReverse}
+	if got := ctPeerKey(&fk, &fv); got != want {
+		t.Errorf("peer of a source-NATed forward entry %+v, want %+v", got, want)
+	}
+	rv = sockCt4Entry{Flags: ctFlagSNAT, NatAddr: fk.Daddr, NatPort: fk.Dport, SnatAddr: fk.Saddr, SnatPort: fk.Sport}
+	if got := ctPeerKey(&want, &rv); got != fk {
+		t.Errorf("peer of a port reservation %+v, want %+v", got, fk)
 	}
 }
