@@ -61,7 +61,7 @@ type Config struct {
 	// (64). A pinned map of another size is migrated to this one at Open
 	// (migrate.go).
 	MaxServices, MaxBackends, MaxServiceEntries, MaxConntrack, MaxConntrackNew, MaxSockRev int
-	MaxSourceRanges, MaxDevices                                                             int
+	MaxSourceRanges, MaxDevices                                                            int
 
 	// DisableSocketLB leaves the socket programs unloaded (--socket-lb=false):
 	// they need more of the kernel than the rest (features.go), and
@@ -237,8 +237,15 @@ func Open(cfg Config) (*Datapath, error) {
 		return nil, err
 	}
 	dir := filepath.Join(cfg.BPFFS, "sluice")
-	if err := os.MkdirAll(filepath.Join(dir, "links"), 0o700); err != nil {
-		return nil, fmt.Errorf("create pin directory: %w", err)
+	// Only root may reach the pins: a map's pin opens it for writing
+	// (the kernel creates each pin 0600 itself).
+	for _, p := range []string{dir, filepath.Join(dir, "links")} {
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			return nil, fmt.Errorf("create pin directory: %w", err)
+		}
+		if err := os.Chmod(p, 0o700); err != nil {
+			return nil, fmt.Errorf("restrict pin directory: %w", err)
+		}
 	}
 
 	d := &Datapath{cfg: cfg, dir: dir}
