@@ -13,10 +13,47 @@ GO ?= go
 # Files `make generate` writes (bpf2go output), checked by check-generate.
 GENERATED := pkg/datapath/*_bpfel.go pkg/datapath/*_bpfel.o
 # Tools the tests and generation need, and the Debian packages that hold
-# them: `make deps` (and so `make test`) installs whatever is missing.
-TOOLS := clang-19 llvm-strip-19 bpftool nsenter ip iptables nft git
-DEB_PACKAGES := ca-certificates git make gcc libc6-dev clang-19 llvm-19 \
-	libbpf-dev linux-libc-dev bpftool iproute2 util-linux kmod iptables nftables
+# them: `make deps` (and so `make test`) installs whatever is missing. The
+# BPF build needs no kernel or libbpf headers from the host (they are
+# vendored in bpf/include); gcc and libc6-dev are for cgo, which only the
+# race detector uses.
+TOOLS := clang-19 llvm-strip-19 clang-format-19 gcc bpftool nsenter ip iptables nft git
+DEB_PACKAGES := ca-certificates git make gcc libc6-dev clang-19 llvm-19 clang-format-19 \
+	bpftool iproute2 util-linux kmod iptables nftables
+
+# golangci-lint, pinned, built from the Go module proxy (no other registry
+# or download) into a directory of its own per version.
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT_DIR := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/sluice/golangci-lint-$(GOLANGCI_LINT_VERSION)
+GOLANGCI_LINT := $(GOLANGCI_LINT_DIR)/golangci-lint
+# The tree's Go modules: the main one and the tool modules with a go.mod of
+# their own (deploy/tools, test/kube/tools). Every one must be tidy
+# (test/kube/tools not under SLUICE_SKIP_KUBE: checking it fetches the
+# Kubernetes sources); golangci-lint checks those with code of their own
+# (test/kube/tools only lists, under a build tag, the commands it pins).
+GO_MODULES := $(patsubst %/,%,$(dir $(shell git ls-files go.mod '*/go.mod')))
+LINT_MODULES := $(filter-out test/kube/tools,$(GO_MODULES))
+# The C clang-format checks (.clang-format); bpf/include is vendored as
+# upstream wrote it.
+C_SOURCES := bpf/*.c bpf/lib/*.h
+# The packages the race detector runs over: those whose concurrency is
+# Go's: the agent's loop and its observers, the sources (informers, file
+# watcher, tracker), the health and metrics servers, the reconciler and
+# its fake, the test toolkit. Not pkg/datapath (its concurrency is the
+# kernel's, per-CPU BPF programs racing on maps, which the detector cannot
+# see; its Go side writes maps in sequence), cmd/ (flag parsing and
+# wiring) or test/ and deploy/ (they run the agent as a process built
+# without -race and drive it in sequence; under the detector their minutes
+# would double for nothing it could find).
+RACE_PKGS := ./pkg/agent/... ./pkg/health/... ./pkg/metrics/... ./pkg/model/... \
+	./pkg/reconciler/... ./pkg/source/... ./internal/testutil/...
+# How long `make fuzz` runs each fuzz target, and how many runs the fuzzer
+# may spend minimizing one input (one that adds coverage, or fails) before
+# it goes on: its default, 60 s of runs, would take a short run's whole
+# time (a failing input is saved either way; `go test -fuzz` by hand
+# minimizes it further).
+FUZZ_TIME ?= 10s
+FUZZ_MINIMIZE ?= 20x
 
 .PHONY: help
 help: ## Show the targets
@@ -75,6 +112,35 @@ deps: ## Install (Debian, as root) or check the tools and mounts the tests need
 	@grep -qs ' /sys/fs/bpf bpf ' /proc/mounts || { mkdir -p /sys/fs/bpf && mount -t bpf bpf /sys/fs/bpf; }
 	@grep -qs ' cgroup2 ' /proc/mounts || { mkdir -p /run/sluice-cgroup2 && mount -t cgroup2 none /run/sluice-cgroup2; }
 	@$(GO) version
+	@$(MAKE) --no-print-directory golangci-lint
+
+.PHONY: golangci-lint
+golangci-lint: ## Install (once; cached) the pinned golangci-lint from the Go module proxy
+	@if ! "$(GOLANGCI_LINT)" version 2>/dev/null | grep -qF "version $(GOLANGCI_LINT_VERSION:v%=%) "; then \
+		echo "building golangci-lint $(GOLANGCI_LINT_VERSION) into $(GOLANGCI_LINT_DIR) (from the Go module proxy; minutes, once)"; \
+		rm -rf "$(GOLANGCI_LINT_DIR)"; \
+		GOBIN="$(GOLANGCI_LINT_DIR)" $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION); \
+	fi
+
+.PHONY: lint
+lint: golangci-lint ## golangci-lint (.golangci.yml), clang-format on bpf/, go mod tidy: every module
+	@for m in $(LINT_MODULES); do echo "golangci-lint run ($$m)"; (cd $$m && "$(GOLANGCI_LINT)" run ./...) || exit 1; done
+	clang-format-19 --dry-run -Werror $(C_SOURCES)
+	@for m in $(if $(SLUICE_SKIP_KUBE),$(filter-out test/kube/tools,$(GO_MODULES)),$(GO_MODULES)); do echo "go mod tidy -diff ($$m)"; \
+		(cd $$m && $(GO) mod tidy -diff) || { echo "$$m: go.mod or go.sum is not tidy: run 'go mod tidy' there and commit"; exit 1; }; done
+
+.PHONY: race
+race: ## Run the tests of the packages with Go concurrency under the race detector
+	CGO_ENABLED=1 $(GO) test -race -count=1 -p 1 $(RACE_PKGS)
+
+.PHONY: fuzz
+fuzz: ## Run each fuzz target for FUZZ_TIME (10s), one target per go test
+	@targets=$$(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' pkg internal cmd test | \
+		sed -E 's#^(.*)/[^/]*:func (Fuzz.*)$$#\1:\2#' | sort -u); \
+	for t in $$targets; do \
+		echo "fuzz $${t##*:} in ./$${t%%:*} for $(FUZZ_TIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t##*:}$$" -fuzztime $(FUZZ_TIME) -fuzzminimizetime $(FUZZ_MINIMIZE) "./$${t%%:*}" || exit 1; \
+	done
 
 .PHONY: kube-bin
 kube-bin: ## Build (once; cached) the kube-apiserver and etcd that test/kube runs
@@ -99,10 +165,15 @@ first-run-notice:
 	fi
 
 .PHONY: test
-test: first-run-notice deps check-generate kube-bin helm ## Vet and run every test (as root: BPF, netns, cgroups)
+test: first-run-notice deps check-generate kube-bin helm ## Vet, lint, race, fuzz, then run every test (as root: BPF, netns, cgroups)
 	$(GO) vet ./...
 	cd deploy/tools && $(GO) vet ./...
+	@$(MAKE) --no-print-directory lint race fuzz
 	$(GO) test -count=1 -p 1 ./...
+
+# A privileged test skips without root; under `make test` it fails instead
+# (internal/testutil/privileged.go), so that no run passes by skipping.
+test: export SLUICE_PRIVILEGED_TESTS := 1
 
 .PHONY: demo
 demo: build ## Show ClusterIP load balancing in throwaway network namespaces

@@ -8,15 +8,26 @@
  * socket's cookie and the backend, so that recvmsg4 and getpeername4 can
  * show the VIP again: the application never sees a backend address.
  *
- * A service with no backends refuses at once: connect() and sendto() fail
- * with ECONNREFUSED instead of timing out. So does one whose backend
- * cannot be found even after reading the service again: a connect is
- * never left to the VIP. The errno comes from bpf_set_retval, which
- * sock_addr programs may call only since Linux 6.1 (5.18 gave it to other
- * cgroup hooks). For older kernels each refusing hook has an eperm twin
- * without the call, refusing with the kernel's plain EPERM: the agent
- * probes the helper and loads one of the two (pkg/datapath), so the
- * kernel never sees a call it does not know.
+ * The node's sockets are internal clients: a two-scope frontend
+ * (externalTrafficPolicy Local) serves them from its internal scope, all
+ * of its endpoints (kube-proxy's short-circuit of local traffic). A
+ * frontend's loadBalancerSourceRanges apply to them too, checked against
+ * the socket's bound address (or, unbound, the node's primary address,
+ * the source its route to a LoadBalancer IP usually picks). NodePorts on
+ * 127.0.0.1 are frontends like any other, which only this path sees.
+ *
+ * What the packet path would reject fails at once with ECONNREFUSED: a
+ * service without backends, a ClusterIP on a port it does not serve, and a
+ * service whose backend cannot be found even after reading the service
+ * again (a connect is never left to the VIP). What the packet path would
+ * drop (no backend for this client here, a source outside the ranges, an
+ * unallocated address of the service CIDR) fails with EHOSTUNREACH: a
+ * socket cannot be made to time out. The errno comes from bpf_set_retval,
+ * which sock_addr programs may call only since Linux 6.1 (5.18 gave it to
+ * other cgroup hooks). For older kernels each refusing hook has an eperm
+ * twin without the call, refusing either way with the kernel's plain
+ * EPERM: the agent probes the helper and loads one of the two
+ * (pkg/datapath), so the kernel never sees a call it does not know.
  */
 #include "lib/consts.h"
 #include "lib/config.h"
@@ -54,7 +65,7 @@ lookup_sticky_backend(const struct sock_udp_stick *st, __be32 vip, __be16 port,
 
 	if (st->slot == 0 || st->slot > master->count)
 		return NULL;
-	slot = lookup_slot(vip, port, proto, st->slot);
+	slot = lookup_slot(vip, port, proto, master->scope, st->slot);
 	if (!slot || slot->backend_id != st->backend_id)
 		return NULL;
 	be = lookup_backend(st->backend_id);
@@ -100,10 +111,86 @@ select_sticky_backend(struct bpf_sock_addr *ctx, __be32 vip, __be16 port,
 }
 
 /*
+ * sock4_no_service - the answer to a socket reaching @vip, where no
+ * frontend is: -ECONNREFUSED for a ClusterIP (another port or protocol),
+ * -EHOSTUNREACH for an unallocated address of the service CIDR, else 0.
+ */
+static __always_inline int sock4_no_service(__be32 vip)
+{
+	if (service_ip(vip)) {
+		metric_inc(METRIC_SOCK_UNKNOWN_PORT);
+		return -ECONNREFUSED;
+	}
+	if (node_cidr(vip, NODE_CIDR_SERVICE)) {
+		metric_inc(METRIC_SOCK_DROP);
+		return -EHOSTUNREACH;
+	}
+	return 0;
+}
+
+/*
+ * sock4_source_allowed - whether the socket of @ctx may reach frontend
+ * <@vip, @port, @proto>, whose master checks loadBalancerSourceRanges: by
+ * its bound address, or unbound, the node's primary address.
+ */
+static __always_inline bool sock4_source_allowed(struct bpf_sock_addr *ctx,
+						 __be32 vip, __be16 port,
+						 __u8 proto)
+{
+	struct bpf_sock *sk = ctx->sk;
+	__be32 src = 0;
+
+	if (sk)
+		src = sk->src_ip4;
+	if (!src)
+		src = node_ip4;
+	return source_allowed(vip, port, proto, src);
+}
+
+/*
+ * sock4_lookup - the master that serves the socket of @ctx at frontend
+ * <@vip, @port, @proto>, in @svc; or an error to refuse it with.
+ *
+ * Returns 1 with @svc set, 0 if no frontend is there (nothing to do), or a
+ * negative errno.
+ */
+static __always_inline int sock4_lookup(struct bpf_sock_addr *ctx, __be32 vip,
+					__be16 port, __u8 proto,
+					struct lb4_service **svc)
+{
+	struct lb4_service *s, *in;
+
+	s = lookup_service(vip, port, proto);
+	if (!s)
+		return sock4_no_service(vip);
+	if ((s->flags & SVC_F_SRC_RANGES) &&
+	    !sock4_source_allowed(ctx, vip, port, proto)) {
+		metric_inc(METRIC_SOCK_DROP);
+		return -EHOSTUNREACH;
+	}
+	if (s->flags & SVC_F_TWO_SCOPES) {
+		in = lookup_service_scope(vip, port, proto, LB_SCOPE_INTERNAL);
+		if (in)
+			s = in;
+	}
+	if (s->count == 0) {
+		if (s->flags & SVC_F_DROP_EMPTY) {
+			metric_inc(METRIC_SOCK_DROP);
+			return -EHOSTUNREACH;
+		}
+		metric_inc(METRIC_SOCK_NO_BACKEND);
+		return -ECONNREFUSED;
+	}
+	*svc = s;
+	return 1;
+}
+
+/*
  * sock4_xlate_fwd - rewrite a VIP destination of @ctx to a backend.
  * @sticky: keep the socket's previous backend (per-datagram sendmsg4).
  *
- * Returns 0 (translated or not a service) or -ECONNREFUSED.
+ * Returns 0 (translated or not a service), -ECONNREFUSED or -EHOSTUNREACH
+ * (sock4_lookup).
  */
 static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx,
 					   bool sticky)
@@ -111,21 +198,18 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx,
 	__u8 proto = ctx->protocol;
 	__be32 vip = ctx->user_ip4;
 	__be16 port = (__be16)ctx->user_port;
-	struct lb4_service *svc;
+	struct lb4_service *svc = NULL;
 	struct lb4_backend *be;
 	struct sock_rev_key rkey = {};
 	struct sock_rev_entry rval = {};
 	__u32 backend_id = 0;
+	int ret;
 
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return 0;
-	svc = lookup_service(vip, port, proto);
-	if (!svc)
-		return 0;
-	if (svc->count == 0) {
-		metric_inc(METRIC_SOCK_NO_BACKEND);
-		return -ECONNREFUSED;
-	}
+	ret = sock4_lookup(ctx, vip, port, proto, &svc);
+	if (ret <= 0 || !svc)
+		return ret;
 
 	if (sticky)
 		be = select_sticky_backend(ctx, vip, port, proto, svc);

@@ -6,8 +6,12 @@
  * Ingress: a reply of a translated flow (CT_REVERSE hit) gets its source
  * rewritten back to the VIP; a packet to a service is DNATed to a backend,
  * reusing the flow's conntrack entry when there is one; a new flow to a
- * service without backends is answered with ICMP port unreachable (its
- * established flows go on: conntrack comes first).
+ * service without backends is answered with ICMP port unreachable, or
+ * dropped when the service has backends elsewhere (SVC_F_DROP_EMPTY; its
+ * established flows go on: conntrack comes first). A packet to no
+ * frontend is rejected if its destination is a ClusterIP (another port or
+ * protocol), dropped if it is another address of the service CIDR, and
+ * passed otherwise (lb4_no_service), as kube-proxy's nftables mode does.
  * Egress: replies leaving towards the client get their source rewritten
  * back to the VIP. Both: ICMP errors about translated flows are
  * translated back (icmp_xlate.h), and later IPv4 fragments get their first
@@ -21,8 +25,13 @@
  * to this node, are rewritten to <frontend -> client> and redirected to
  * the client. A backend on this node gets DNAT only; its replies are
  * rewritten at egress like ClusterIP ones. externalTrafficPolicy Local
- * (SVC_F_LOCAL) never SNATs, and drops when there is no local endpoint;
- * loadBalancerSourceRanges (SVC_F_SRC_RANGES) drop sources outside them.
+ * (SVC_F_LOCAL) keeps the client's address; its internal clients (the
+ * cluster CIDR) are served by the frontend's internal scope
+ * (SVC_F_TWO_SCOPES: all endpoints, kube-proxy's short-circuit).
+ * loadBalancerSourceRanges (SVC_F_SRC_RANGES) drop sources outside them,
+ * whatever their class. Whether a new flow is also source-NATed to this
+ * node (masqueraded) follows kube-proxy, with one deliberate deviation:
+ * see lb4_masquerade.
  */
 #include "lib/consts.h"
 #include "lib/config.h"
@@ -185,8 +194,9 @@ static __always_inline int lb4_check_source(const struct pkt4 *p,
 
 /*
  * lb4_refuse - the answer to a new flow to frontend @svc, which has no
- * backends: ICMP port unreachable, or a drop for externalTrafficPolicy
- * Local. Returns a TC verdict.
+ * backends: ICMP port unreachable, or a drop when the service has usable
+ * endpoints elsewhere (SVC_F_DROP_EMPTY: a Local traffic policy on a node
+ * without a local endpoint, as kube-proxy decides). Returns a TC verdict.
  */
 static __always_inline int lb4_refuse(struct __sk_buff *skb,
 				      const struct pkt4 *p,
@@ -194,9 +204,10 @@ static __always_inline int lb4_refuse(struct __sk_buff *skb,
 {
 	int ret;
 
-	if (svc->flags & SVC_F_LOCAL) {
-		/* kube-proxy drops too: an external load balancer
-		 * health-checks nodes and stops sending here.
+	if (svc->flags & SVC_F_DROP_EMPTY) {
+		/* An external load balancer health-checks nodes and stops
+		 * sending here; a client of the ClusterIP times out, as
+		 * with kube-proxy.
 		 */
 		metric_inc(METRIC_TC_LOCAL_NO_BACKEND);
 		return TC_ACT_SHOT;
@@ -213,17 +224,57 @@ struct lb4_xlate {
 	__be32 snat_addr; /* snat: this node's address */
 	__be16 nat_port;
 	__be16 snat_port; /* snat: the flow's port on this node */
-	bool snat;	  /* source-NATed to a backend on another node */
+	bool snat;	  /* source-NATed to this node */
 	bool have_fib;	  /* fib is the route to the backend */
+	/* in: the client is internal (the cluster CIDR) */
+	bool internal;
+	/* in: the client is external and came in through a node device
+	 * with an address (not a pod of this node)
+	 */
+	bool outside;
 	struct fib4 fib;
 };
 
 /*
+ * lb4_masquerade - whether a new flow of @p to backend @be of frontend
+ * @svc is source-NATed to this node, when the backend is on this node
+ * (@remote false) or on another (@remote true). kube-proxy's rules:
+ *
+ *   - a hairpin (the client is the backend) always is;
+ *   - to a ClusterIP: with --masquerade-all, or from outside the cluster
+ *     CIDR (when one is set), so that a router sending the service range
+ *     here gets the replies back;
+ *   - to an external frontend with externalTrafficPolicy Local (either
+ *     scope): never, keeping the client's address is its point;
+ *   - to one with Cluster: always. Except, Sluice's deliberate deviation
+ *     (README, as Cilium does): an external client sent to a backend on
+ *     this node keeps its address (the reply passes this node anyway),
+ *     unless --masquerade-all.
+ */
+static __always_inline bool lb4_masquerade(const struct pkt4 *p,
+					   const struct lb4_service *svc,
+					   const struct lb4_backend *be,
+					   bool remote,
+					   const struct lb4_xlate *x)
+{
+	if (p->saddr == be->addr)
+		return true;
+	if (!(svc->flags & SVC_F_EXTERNAL))
+		return masquerade_all || (have_cluster_cidr && !x->internal);
+	if (svc->flags & SVC_F_LOCAL)
+		return false;
+	return masquerade_all || remote || !x->outside;
+}
+
+/*
  * nat_remote - source-NAT a new flow of @p to backend @be (@backend_id) if
- * the backend is on another node and frontend @svc allows it (external,
- * not externalTrafficPolicy Local): its route leaves through a node device,
- * and a source port on that device's address is reserved for the flow
- * (ct_create_snat), which also records the flow.
+ * lb4_masquerade says so: to the address of the node device its route
+ * leaves through (a backend on another node), or to node_ip4 (one on this
+ * node). A backend on this node is source-NATed only behind a device that
+ * runs tc (dev_has_tc), where its reply comes back to be translated;
+ * behind another its flow keeps the client's address. A source port on
+ * that address is reserved for the flow (ct_create_snat), which also
+ * records the flow.
  *
  * Returns 1 with @x's snat fields and route filled in; 0 if the flow is
  * not source-NATed (nothing recorded yet); or -1 if it must be dropped
@@ -235,17 +286,27 @@ nat_remote(struct __sk_buff *skb, const struct pkt4 *p,
 	   __u32 backend_id, __u64 now, struct lb4_xlate *x)
 {
 	enum svc_flags flags = svc->flags;
+	bool masq = lb4_masquerade(p, svc, be, false, x);
 	struct node_dev *dev;
 	int err;
 
-	if (!(flags & SVC_F_EXTERNAL) || (flags & SVC_F_LOCAL))
+	/* Only an externalTrafficPolicy Cluster frontend needs the route
+	 * to decide.
+	 */
+	if (!masq && (!(flags & SVC_F_EXTERNAL) || (flags & SVC_F_LOCAL)))
 		return 0;
-	if (fib4_lookup(skb, skb->ifindex, p->saddr, be->addr, &x->fib) ||
-	    !(dev = node_dev_of(x->fib.ifindex)))
+	if (fib4_lookup(skb, skb->ifindex, p->saddr, be->addr, &x->fib))
 		return 0;
+	dev = node_dev_of(x->fib.ifindex);
+	if (dev) {
+		x->snat_addr = dev->addr;
+	} else {
+		if (!masq || !node_ip4 || !dev_has_tc(x->fib.ifindex))
+			return 0;
+		x->snat_addr = node_ip4;
+	}
 	x->snat = true;
 	x->have_fib = true;
-	x->snat_addr = dev->addr;
 	err = ct_create_snat(p, be, backend_id, svc->rev_nat_id, x->snat_addr,
 			     now, &x->snat_port);
 	if (err) {
@@ -260,7 +321,7 @@ nat_remote(struct __sk_buff *skb, const struct pkt4 *p,
 			metric_inc(METRIC_TC_CT_FULL);
 		return -1;
 	}
-	metric_inc(METRIC_TC_SNAT_NEW);
+	metric_inc(dev ? METRIC_TC_SNAT_NEW : METRIC_TC_MASQ_LOCAL);
 	return 1;
 }
 
@@ -335,8 +396,8 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb,
 			if (i >= count)
 				break;
 			slot = slot % count + 1;
-			be = slot_backend(p->daddr, p->dport, p->proto, slot,
-					  &backend_id);
+			be = slot_backend(p->daddr, p->dport, p->proto,
+					  svc->scope, slot, &backend_id);
 		}
 		if (!be) {
 			metric_inc(METRIC_TC_BACKEND_MISSING);
@@ -401,9 +462,58 @@ static __always_inline int lb4_select(struct __sk_buff *skb,
 }
 
 /*
+ * lb4_no_service - the answer to @p, a packet to no frontend: ICMP port
+ * unreachable if its destination is a ClusterIP (a port or protocol it
+ * does not serve), a drop if it is another address of the service CIDR
+ * (unallocated), else nothing (-1): the packet is not for a service.
+ * kube-proxy's nftables mode does the same; its iptables mode lets both
+ * through untranslated.
+ */
+static __always_inline int lb4_no_service(struct __sk_buff *skb,
+					  const struct pkt4 *p)
+{
+	int ret;
+
+	if (service_ip(p->daddr)) {
+		ret = reply_port_unreachable(skb, p);
+		metric_inc(ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR :
+						METRIC_TC_UNKNOWN_PORT);
+		return ret;
+	}
+	if (node_cidr(p->daddr, NODE_CIDR_SERVICE)) {
+		metric_inc(METRIC_TC_SERVICE_CIDR_DROP);
+		return TC_ACT_SHOT;
+	}
+	return -1;
+}
+
+/*
+ * lb4_scope - the master that serves @p's client at frontend @svc (its
+ * default scope): the internal scope of a two-scope frontend for an
+ * internal client (@x->internal), else @svc. The agent writes the internal
+ * scope before the flag that names it; should a reader miss it anyway, the
+ * default scope serves.
+ */
+static __always_inline struct lb4_service *lb4_scope(const struct pkt4 *p,
+						     struct lb4_service *svc,
+						     const struct lb4_xlate *x)
+{
+	struct lb4_service *in;
+
+	if (!(svc->flags & SVC_F_TWO_SCOPES) || !x->internal)
+		return svc;
+	in = lookup_service_scope(p->daddr, p->dport, p->proto,
+				  LB_SCOPE_INTERNAL);
+	if (!in)
+		return svc;
+	metric_inc(METRIC_TC_SHORT_CIRCUIT);
+	return in;
+}
+
+/*
  * lb4_dnat - translate a packet to a service to one of its backends (and,
- * for an external flow to a remote backend, source-NAT it and send it to
- * the backend's node). Returns a TC verdict.
+ * for a flow lb4_masquerade source-NATs, source-NAT it and send it to the
+ * backend). Returns a TC verdict.
  */
 static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 				    __u64 now)
@@ -413,11 +523,17 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	int ret;
 
 	svc = lookup_service(p->daddr, p->dport, p->proto);
-	if (!svc)
-		return TC_ACT_OK;
+	if (!svc) {
+		ret = lb4_no_service(skb, p);
+		return ret >= 0 ? ret : TC_ACT_OK;
+	}
 	ret = lb4_check_source(p, svc);
 	if (ret >= 0)
 		return ret;
+	x.internal = have_cluster_cidr &&
+		     node_cidr(p->saddr, NODE_CIDR_CLUSTER);
+	x.outside = !x.internal && node_dev_of(skb->ifindex);
+	svc = lb4_scope(p, svc, &x);
 	ret = lb4_select(skb, p, svc, now, &x);
 	if (ret < 0)
 		return TC_ACT_SHOT;

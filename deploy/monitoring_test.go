@@ -146,15 +146,18 @@ endpoints:
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
+		// Signalling fails only if the agent has exited already; its
+		// exit status is collected below either way.
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		var exit error
 		select {
-		case <-exited:
+		case exit = <-exited:
 		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-exited
+			_ = cmd.Process.Kill()
+			exit = <-exited
 		}
 		if t.Failed() {
-			t.Logf("agent log:\n%s", log.String())
+			t.Logf("agent log (exit: %v):\n%s", exit, log.String())
 		}
 	})
 

@@ -30,4 +30,17 @@ volatile const __u64 ct_timeout_close_ns = 10ULL * NSEC_PER_SEC;
 volatile const __u16 snat_port_min = 61000;
 volatile const __u16 snat_port_max = 65535;
 
+/*
+ * Masquerade (kube-proxy's rules, lb4_masquerade in tc.c). node_ip4 is the
+ * node's primary address (network order), what a flow to a backend behind
+ * a device without an address (a pod's) is source-NATed to; 0: none.
+ * have_cluster_cidr says --cluster-cidr is set (sluice_node_cidrs holds
+ * it): without it no client is internal and ClusterIP traffic is never
+ * masqueraded (kube-proxy without a local traffic detector).
+ * masquerade_all is --masquerade-all.
+ */
+volatile const __be32 node_ip4 = 0;
+volatile const __u8 have_cluster_cidr = 0;
+volatile const __u8 masquerade_all = 0;
+
 #endif /* SLUICE_CONFIG_H */

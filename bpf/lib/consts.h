@@ -30,6 +30,7 @@
 #define E2BIG	     7
 #define EEXIST	     17
 #define ECONNREFUSED 111
+#define EHOSTUNREACH 113
 
 /*
  * The values stored in maps (conntrack directions and flags, service

@@ -3,11 +3,16 @@
  * Service lookup and backend selection, shared by the socket and tc paths.
  *
  * A frontend <vip, port, proto> owns slot 0 (the master: backend count and
- * service id) and slots 1..count (backend ids). Selection is uniform: a
- * random slot in 1..count. The agent writes backends before slots and slot 0
+ * service id) and slots 1..count (backend ids), in each of its scopes (a
+ * master knows its own, lb4_service.scope). Selection is uniform: a random
+ * slot in 1..count. The agent writes backends before slots and slot 0
  * last, and shrinks in the reverse order, so a slot or backend that is
  * missing is a reader racing a shrink: selection then reads the service
  * again (select_backend_slot) rather than fail.
+ *
+ * Also here, the lookups that decide about a packet before selection: a
+ * frontend's loadBalancerSourceRanges, the service IPs and the node's
+ * CIDRs (cluster, service).
  */
 #ifndef SLUICE_LB_H
 #define SLUICE_LB_H
@@ -15,18 +20,32 @@
 #include "consts.h"
 #include "maps.h"
 
-/* lookup_service - the master entry of a frontend, or NULL if not a service. */
+/*
+ * lookup_service_scope - the master entry of a frontend in @scope (enum
+ * lb_scope), or NULL.
+ */
 static __always_inline struct lb4_service *
-lookup_service(__be32 vip, __be16 port, __u8 proto)
+lookup_service_scope(__be32 vip, __be16 port, __u8 proto, __u8 scope)
 {
 	struct lb4_key key = {
 		.vip = vip,
 		.port = port,
 		.proto = proto,
+		.scope = scope,
 		.slot = 0,
 	};
 
 	return bpf_map_lookup_elem(&sluice_services_v1, &key);
+}
+
+/*
+ * lookup_service - the master entry of a frontend (its default scope), or
+ * NULL if not a service.
+ */
+static __always_inline struct lb4_service *
+lookup_service(__be32 vip, __be16 port, __u8 proto)
+{
+	return lookup_service_scope(vip, port, proto, LB_SCOPE_DEFAULT);
 }
 
 static __always_inline struct lb4_backend *lookup_backend(__u32 backend_id)
@@ -34,14 +53,15 @@ static __always_inline struct lb4_backend *lookup_backend(__u32 backend_id)
 	return bpf_map_lookup_elem(&sluice_backends_v1, &backend_id);
 }
 
-/* lookup_slot - slot @slot (>= 1) of a frontend, or NULL. */
-static __always_inline struct lb4_service *lookup_slot(__be32 vip, __be16 port,
-						       __u8 proto, __u16 slot)
+/* lookup_slot - slot @slot (>= 1) of a frontend in @scope, or NULL. */
+static __always_inline struct lb4_service *
+lookup_slot(__be32 vip, __be16 port, __u8 proto, __u8 scope, __u16 slot)
 {
 	struct lb4_key key = {
 		.vip = vip,
 		.port = port,
 		.proto = proto,
+		.scope = scope,
 		.slot = slot,
 	};
 
@@ -49,13 +69,16 @@ static __always_inline struct lb4_service *lookup_slot(__be32 vip, __be16 port,
 }
 
 /*
- * slot_backend - the backend slot @slot (>= 1) of a frontend names, with
- * its id in @backend_id; NULL if the slot or the backend is missing.
+ * slot_backend - the backend slot @slot (>= 1) of a frontend in @scope
+ * names, with its id in @backend_id; NULL if the slot or the backend is
+ * missing.
  */
-static __always_inline struct lb4_backend *
-slot_backend(__be32 vip, __be16 port, __u8 proto, __u16 slot, __u32 *backend_id)
+static __always_inline struct lb4_backend *slot_backend(__be32 vip, __be16 port,
+							__u8 proto, __u8 scope,
+							__u16 slot,
+							__u32 *backend_id)
 {
-	struct lb4_service *s = lookup_slot(vip, port, proto, slot);
+	struct lb4_service *s = lookup_slot(vip, port, proto, scope, slot);
 
 	if (!s)
 		return NULL;
@@ -74,7 +97,8 @@ static __always_inline __u16 random_slot(__u32 count)
 
 /*
  * select_backend_slot - pick one of a service's backends uniformly at random.
- * @master: the service's slot 0, as the caller read it.
+ * @master: the service's slot 0 (in the scope that serves the client), as
+ * the caller read it.
  * @backend_id: set to the id of the chosen backend.
  * @slot: set to the slot that named it.
  *
@@ -96,23 +120,24 @@ select_backend_slot(__be32 vip, __be16 port, __u8 proto,
 {
 	struct lb4_backend *be;
 	__u32 count = master->count;
+	__u8 scope = master->scope;
 
 	if (count == 0)
 		return NULL;
 	*slot = random_slot(count);
-	be = slot_backend(vip, port, proto, *slot, backend_id);
+	be = slot_backend(vip, port, proto, scope, *slot, backend_id);
 	if (be)
 		return be;
 
-	master = lookup_service(vip, port, proto);
+	master = lookup_service_scope(vip, port, proto, scope);
 	if (!master || master->count == 0)
 		return NULL;
 	*slot = random_slot(master->count);
-	be = slot_backend(vip, port, proto, *slot, backend_id);
+	be = slot_backend(vip, port, proto, scope, *slot, backend_id);
 	if (be)
 		return be;
 	*slot = 1;
-	return slot_backend(vip, port, proto, 1, backend_id);
+	return slot_backend(vip, port, proto, scope, 1, backend_id);
 }
 
 /* select_backend - select_backend_slot for callers that need no slot. */
@@ -123,6 +148,45 @@ select_backend(__be32 vip, __be16 port, __u8 proto,
 	__u16 slot;
 
 	return select_backend_slot(vip, port, proto, master, backend_id, &slot);
+}
+
+/*
+ * source_allowed - whether @saddr may reach frontend <@vip, @port, @proto>
+ * (one of its loadBalancerSourceRanges contains it).
+ */
+static __always_inline bool source_allowed(__be32 vip, __be16 port, __u8 proto,
+					   __be32 saddr)
+{
+	struct src_range_key key = {
+		.prefixlen = 64 + 32,
+		.vip = vip,
+		.port = port,
+		.proto = proto,
+		.saddr = saddr,
+	};
+
+	return bpf_map_lookup_elem(&sluice_src_ranges_v1, &key) != NULL;
+}
+
+/* service_ip - whether @addr is a ClusterIP (sluice_service_ips). */
+static __always_inline bool service_ip(__be32 addr)
+{
+	return bpf_map_lookup_elem(&sluice_service_ips_v1, &addr) != NULL;
+}
+
+/*
+ * node_cidr - whether @addr is in one of the node's CIDRs of @kind (enum
+ * node_cidr_kind).
+ */
+static __always_inline bool node_cidr(__be32 addr, __u32 kind)
+{
+	struct node_cidr_key key = {
+		.prefixlen = 32 + 32,
+		.kind = kind,
+		.addr = addr,
+	};
+
+	return bpf_map_lookup_elem(&sluice_node_cidrs_v1, &key) != NULL;
 }
 
 #endif /* SLUICE_LB_H */

@@ -143,6 +143,30 @@ struct {
 } sluice_src_ranges_v1 SEC(".maps");
 
 /*
+ * Key: __be32 address. Value: __u8 (1). The service IPs, written by the
+ * agent's reconciler. Sized like sluice_rev_nat_v1 (Config.MaxServices):
+ * every ClusterIP has a frontend.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __be32);
+	__type(value, __u8);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice_service_ips_v1 SEC(".maps");
+
+/* Key: struct node_cidr_key. Value: __u8 (1). The agent writes it at start. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct node_cidr_key);
+	__type(value, __u8);
+	__uint(max_entries, 64);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice_node_cidrs_v1 SEC(".maps");
+
+/*
  * Key: struct frag4_key. Value: struct frag4_ports. Written by tc. A
  * record is needed only while its datagram's fragments pass (Linux gives
  * up reassembly after 30 s): the LRU reclaims it. Cilium sizes its

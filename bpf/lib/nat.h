@@ -86,6 +86,18 @@ static __always_inline struct node_dev *node_dev_of(__u32 ifindex)
 }
 
 /*
+ * dev_has_tc - whether the agent attached tc to @ifindex (with an address
+ * or not): what leaves through it comes back through sluice_ingress.
+ */
+static __always_inline bool dev_has_tc(__u32 ifindex)
+{
+	struct node_dev *dev =
+		bpf_map_lookup_elem(&sluice_devices_v1, &ifindex);
+
+	return dev && (dev->flags & NODE_DEV_F_TC);
+}
+
+/*
  * fwd_check - whether @p may be forwarded by redirect to the next hop @f
  * names: its TTL must not expire, and it must fit the egress device's MTU
  * (each segment of a GSO packet). Call it before rewriting @p, so that what
@@ -213,24 +225,6 @@ xdp_fwd_ok(struct xdp_md *ctx, const struct iphdr *ip, const struct fib4 *f)
 		return false;
 	}
 	return true;
-}
-
-/*
- * source_allowed - whether @saddr may reach frontend <@vip, @port, @proto>
- * (one of its loadBalancerSourceRanges contains it).
- */
-static __always_inline bool source_allowed(__be32 vip, __be16 port, __u8 proto,
-					   __be32 saddr)
-{
-	struct src_range_key key = {
-		.prefixlen = 64 + 32,
-		.vip = vip,
-		.port = port,
-		.proto = proto,
-		.saddr = saddr,
-	};
-
-	return bpf_map_lookup_elem(&sluice_src_ranges_v1, &key) != NULL;
 }
 
 #endif /* SLUICE_NAT_H */

@@ -22,18 +22,32 @@
 /*
  * sluice_services_v1: key -> struct lb4_service.
  *
- * One service frontend <vip, port, proto> owns count+1 entries: slot 0 (the
- * master) holds the backend count and the service id; slots 1..count hold
- * backend ids. The agent writes backends, then slots, then slot 0, so a
- * reader never sees a slot that names a backend that does not exist yet.
+ * One service frontend <vip, port, proto> owns count+1 entries per scope:
+ * slot 0 (the master) holds the backend count and the service id; slots
+ * 1..count hold backend ids. The agent writes backends, then slots, then
+ * slot 0, so a reader never sees a slot that names a backend that does not
+ * exist yet.
+ *
+ * Most frontends have one scope, LB_SCOPE_DEFAULT. One whose master says
+ * SVC_F_TWO_SCOPES (externalTrafficPolicy Local) has a second set under
+ * LB_SCOPE_INTERNAL, for internal clients (the cluster CIDR, the node's
+ * sockets), written before the flag that names it.
  */
 struct lb4_key {
 	__be32 vip;  /* network order */
 	__be16 port; /* network order */
 	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
-	__u8 pad0;
-	__u16 slot; /* host order; 0 = master entry */
+	__u8 scope;  /* enum lb_scope; pinned before scopes existed: 0 */
+	__u16 slot;  /* host order; 0 = master entry */
 	__u16 pad1;
+};
+
+/* lb4_key.scope: which clients of a frontend a master and its slots serve. */
+enum lb_scope {
+	/* every client of a one-scope frontend, external ones of two */
+	LB_SCOPE_DEFAULT = 0,
+	/* internal clients of a two-scope frontend */
+	LB_SCOPE_INTERNAL = 1,
 };
 
 struct lb4_service {
@@ -41,7 +55,8 @@ struct lb4_service {
 	__u32 count;	  /* host order; slot 0 only: number of backend slots */
 	__u32 rev_nat_id; /* host order; service id, key of sluice_rev_nat_v1 */
 	__u8 flags;	  /* enum svc_flags (slot 0 only) */
-	__u8 pad[3];
+	__u8 scope; /* slot 0 only: its key's scope, where its slots are */
+	__u8 pad[2];
 };
 
 /* sluice_backends_v1: __u32 backend id (host order) -> struct lb4_backend. */
@@ -52,12 +67,16 @@ struct lb4_backend {
 	__u8 flags;  /* reserved, zero */
 };
 
-/* sluice_rev_nat_v1: __u32 service id (host order) -> struct lb4_rev_nat. */
+/*
+ * sluice_rev_nat_v1: __u32 service id (host order) -> struct lb4_rev_nat.
+ * Each scope of a frontend has its own service id; the datapath reads only
+ * the frontend, the agent restores which scope an id is from.
+ */
 struct lb4_rev_nat {
 	__be32 vip;  /* network order */
 	__be16 port; /* network order */
 	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
-	__u8 pad;
+	__u8 scope;  /* enum lb_scope of the id's master */
 };
 
 /*
@@ -275,6 +294,32 @@ enum metric_reason {
 	 * service: kept on it (draining); a new SYN selects again
 	 */
 	METRIC_TC_CT_BACKEND_GONE,
+
+	/* Service semantics (issue 9: traffic policies, masquerade, rejects). */
+	/* packet of an internal client (cluster CIDR) to a two-scope
+	 * frontend: served by its internal scope (kube-proxy's short-circuit)
+	 */
+	METRIC_TC_SHORT_CIRCUIT,
+	/* new flow source-NATed to this node towards a backend on this
+	 * node (masquerade: --masquerade-all, a client outside the cluster
+	 * CIDR, an internal client of an external frontend, a hairpin)
+	 */
+	METRIC_TC_MASQ_LOCAL,
+	/* packet to a service IP on a port or protocol no frontend serves:
+	 * ICMP port unreachable sent
+	 */
+	METRIC_TC_UNKNOWN_PORT,
+	/* packet to an unallocated address of the service CIDR: dropped */
+	METRIC_TC_SERVICE_CIDR_DROP,
+	/* connect4/sendmsg4 refused: a service IP on a port or protocol no
+	 * frontend serves (ECONNREFUSED)
+	 */
+	METRIC_SOCK_UNKNOWN_PORT,
+	/* connect4/sendmsg4 refused where a packet would be dropped
+	 * (EHOSTUNREACH): no backend for this client here, a source range,
+	 * an unallocated address of the service CIDR
+	 */
+	METRIC_SOCK_DROP,
 	METRIC_MAX,
 };
 
@@ -331,6 +376,38 @@ enum node_dev_flags {
 	 * the IPv4 header.
 	 */
 	NODE_DEV_F_L3 = 1,
+	/*
+	 * The agent attached tc here: packets leaving through it come back
+	 * through sluice_ingress, so a flow to a backend behind it may be
+	 * source-NATed to this node (the reply is translated back).
+	 */
+	NODE_DEV_F_TC = 2,
+};
+
+/*
+ * sluice_service_ips_v1: __be32 address (network order) -> __u8 (1). The
+ * addresses of ClusterIP frontends (kube-proxy nftables' cluster-ips):
+ * a packet to one that no frontend serves is rejected. Written by the
+ * agent's reconciler, an address only while a master at it exists.
+ */
+
+/*
+ * sluice_node_cidrs_v1 (LPM trie): struct node_cidr_key -> __u8 (1). The
+ * node's CIDRs by kind (--cluster-cidr, --service-cidr), written by the
+ * agent at start. prefixlen counts the 32 bits of kind plus the CIDR's.
+ */
+struct node_cidr_key {
+	__u32 prefixlen; /* host order: 32 + CIDR bits */
+	__u32 kind;	 /* host order: enum node_cidr_kind */
+	__be32 addr;	 /* network order */
+};
+
+/* node_cidr_key.kind */
+enum node_cidr_kind {
+	/* --cluster-cidr: what counts as a pod (an internal client) */
+	NODE_CIDR_CLUSTER = 1,
+	/* --service-cidr: unallocated addresses in it are dropped */
+	NODE_CIDR_SERVICE = 2,
 };
 
 /*
@@ -371,10 +448,14 @@ struct frag4_ports {
 enum svc_flags {
 	/* NodePort, ExternalIP or LoadBalancer frontend */
 	SVC_F_EXTERNAL = 1,
-	/* externalTrafficPolicy Local: no SNAT; drop without local endpoints */
+	/* externalTrafficPolicy Local: the client's address is kept */
 	SVC_F_LOCAL = 2,
-	/* check the source against sluice_src_ranges */
+	/* check the source against sluice_src_ranges (default scope) */
 	SVC_F_SRC_RANGES = 4,
+	/* internal clients go to the LB_SCOPE_INTERNAL master (default scope) */
+	SVC_F_TWO_SCOPES = 8,
+	/* without backends, drop new flows instead of rejecting them */
+	SVC_F_DROP_EMPTY = 16,
 };
 
 /*
@@ -393,7 +474,9 @@ BTF_EXPORT(enum ct_dir, ct_dir);
 BTF_EXPORT(enum ct_flags, ct_flags);
 BTF_EXPORT(struct ct_gc_args, ct_gc_args);
 BTF_EXPORT(enum svc_flags, svc_flags);
+BTF_EXPORT(enum lb_scope, lb_scope);
 BTF_EXPORT(enum node_dev_flags, node_dev_flags);
+BTF_EXPORT(enum node_cidr_kind, node_cidr_kind);
 BTF_EXPORT(enum metric_reason, metric_reason);
 
 /* The layouts above are an ABI: a size change must be deliberate. */
@@ -412,6 +495,7 @@ _Static_assert(sizeof(struct sock_udp_stick_key) == 16,
 _Static_assert(sizeof(struct sock_udp_stick) == 12, "sock_udp_stick size");
 _Static_assert(sizeof(struct node_dev) == 8, "node_dev size");
 _Static_assert(sizeof(struct src_range_key) == 16, "src_range_key size");
+_Static_assert(sizeof(struct node_cidr_key) == 12, "node_cidr_key size");
 _Static_assert(sizeof(struct frag4_key) == 12, "frag4_key size");
 _Static_assert(sizeof(struct frag4_ports) == 4, "frag4_ports size");
 

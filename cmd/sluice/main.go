@@ -18,12 +18,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/datapath"
@@ -44,7 +46,7 @@ func run(args []string) int {
 	}
 	fs := flag.NewFlagSet("sluice", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage:\n  sluice --manifests PATH [flags]\n  sluice --kubeconfig PATH [flags]\n  sluice --in-cluster [flags]\n  sluice cleanup [--bpffs DIR]\n  sluice --version\n\nFlags:\n")
+		fmt.Fprintf(os.Stderr, "Usage:\n  sluice --manifests PATH [flags]\n  sluice --kubeconfig PATH [flags]\n  sluice --in-cluster [flags]\n  sluice cleanup [--bpffs DIR]\n  sluice --version\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	var (
@@ -62,7 +64,13 @@ func run(args []string) int {
 		nodeIPs     = fs.String("node-ip", "", "comma-separated IPv4 addresses of this node: NodePorts are served on them, and external flows to other nodes' backends are source-NATed to them (also makes --devices default to the devices holding them)")
 		ctGC        = fs.Duration("conntrack-gc-interval", 30*time.Second, "delete expired per-packet conntrack entries this often (must be > 0: nothing else empties the established table)")
 		xdpMode     = fs.String("xdp", "off", "XDP fast path for NodePort/ExternalIP/LoadBalancer traffic to other nodes' backends on --devices: native, generic or off")
-		healthCheck = fs.Bool("health-check-node-ports", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local")
+		healthCheck = fs.Bool("health-check-node-ports", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local (on the --nodeport-addresses)")
+		nodeZone    = fs.String("node-zone", "", "this node's zone (the topology.kubernetes.io/zone label), which EndpointSlice hints are matched against; with the Kubernetes source the Node's label replaces it")
+		clusterCIDR = fs.String("cluster-cidr", "", "comma-separated CIDRs of the cluster's pods: their traffic to an externalTrafficPolicy Local Service's NodePort, ExternalIP or LoadBalancer IP goes to all its endpoints, and ClusterIP traffic from elsewhere is masqueraded (empty: no source is a pod, and ClusterIP traffic is not masqueraded)")
+		serviceCIDR = fs.String("service-cidr", "", "comma-separated CIDRs of the ClusterIPs: a packet to one of their addresses that no Service holds is dropped")
+		npAddrs     = fs.String("nodeport-addresses", "", "comma-separated CIDRs: NodePorts (and health checks) are served on the node's addresses inside them; 0.0.0.0/0 means every address (default: the node's primary addresses, --node-ip)")
+		localhostNP = fs.Bool("localhost-nodeports", true, "also serve NodePorts on 127.0.0.1 (TCP and UDP, through socket load balancing) when --nodeport-addresses cover it")
+		masqAll     = fs.Bool("masquerade-all", false, "source-NAT all ClusterIP traffic, and external traffic sent to this node's endpoints (which otherwise keeps its client's address)")
 		showVersion = fs.Bool("version", false, "print the version, the commit and the digest of the BPF objects, and exit")
 		dpCfg       datapath.Config
 	)
@@ -82,7 +90,10 @@ func run(args []string) int {
 		return 2
 	}
 	if *showVersion {
-		printVersion(os.Stdout)
+		if err := printVersion(os.Stdout); err != nil {
+			fmt.Fprintf(os.Stderr, "sluice: write version: %v\n", err)
+			return 1
+		}
 		return 0
 	}
 	if fs.NArg() > 0 {
@@ -108,11 +119,29 @@ func run(args []string) int {
 		*nodeName = strings.ToLower(h)
 	}
 	opts := translate.Options{ProxyName: *proxyName, Node: translate.Node{Name: *nodeName}}
+	if *nodeZone != "" {
+		opts.Node.Labels = map[string]string{corev1.LabelTopologyZone: *nodeZone}
+	}
 	if opts.Node.Addresses, err = parseNodeIPs(*nodeIPs); err != nil {
 		log.Error("bad flag", "err", err)
 		return 2
 	}
 	dpCfg.NodeIPs = opts.Node.Addresses
+	dpCfg.MasqueradeAll = *masqAll
+	if dpCfg.ClusterCIDRs, err = parseCIDRs("cluster-cidr", *clusterCIDR); err == nil {
+		dpCfg.ServiceCIDRs, err = parseCIDRs("service-cidr", *serviceCIDR)
+	}
+	var npCIDRs []netip.Prefix
+	if err == nil {
+		npCIDRs, err = parseCIDRs("nodeport-addresses", *npAddrs)
+		if err == nil && *npAddrs != "" && len(npCIDRs) == 0 {
+			err = fmt.Errorf("--nodeport-addresses %q: no IPv4 CIDR (IPv6 is not served yet)", *npAddrs)
+		}
+	}
+	if err != nil {
+		log.Error("bad flag", "err", err)
+		return 2
+	}
 	if dpCfg.XDP, err = datapath.ParseXDPMode(*xdpMode); err != nil {
 		log.Error("bad flag", "err", fmt.Errorf("--xdp: %w", err))
 		return 2
@@ -139,18 +168,29 @@ func run(args []string) int {
 		}
 		log.Info("devices holding the node addresses", "devices", cfg.Devices)
 	}
-	// NodePorts answer on every address of the node's devices, as well as
-	// on the node IPs (which stay the preferred SNAT addresses).
-	devAddrs, err := datapath.AddressesOf(cfg.Devices)
+	// NodePorts answer on the --nodeport-addresses (default: the node
+	// IPs). A node whose IPs are unknown answers on the devices'
+	// addresses, as before there was the flag.
+	local, err := localAddresses()
 	if err != nil {
-		log.Error("addresses of the devices", "err", err)
+		log.Error("addresses of the node", "err", err)
 		return 1
 	}
-	for _, a := range devAddrs {
-		if !slices.Contains(opts.Node.Addresses, a) {
-			opts.Node.Addresses = append(opts.Node.Addresses, a)
+	np := nodePortsFor(npCIDRs, opts.Node.Addresses, local, *localhostNP)
+	if len(npCIDRs) == 0 && len(opts.Node.Addresses) == 0 {
+		if np.Addrs, err = datapath.AddressesOf(cfg.Devices); err != nil {
+			log.Error("addresses of the devices", "err", err)
+			return 1
 		}
+		np.HealthHosts = []string{""}
+		log.Info("no node IP: NodePorts on the devices' addresses", "addresses", np.Addrs)
 	}
+	if len(opts.Node.Addresses) > 0 {
+		opts.Node.IP = opts.Node.Addresses[0]
+	}
+	opts.Node.Addresses = np.Addrs
+	log.Info("NodePorts served", "addresses", np.Addrs, "cluster_cidrs", dpCfg.ClusterCIDRs,
+		"service_cidrs", dpCfg.ServiceCIDRs, "masquerade_all", dpCfg.MasqueradeAll)
 
 	m := metrics.New()
 	var src agent.Source
@@ -177,7 +217,7 @@ func run(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	ns := northSouthConfig{gcEvery: *ctGC, hc: *healthCheck}
+	ns := northSouthConfig{gcEvery: *ctGC, hc: *healthCheck, hcHosts: np.HealthHosts}
 	if err := runAgent(ctx, cfg, dpCfg, ns, src, m, *healthAddr, *metricsAddr, log); err != nil {
 		log.Error("agent failed", "err", err)
 		return 1
@@ -190,6 +230,7 @@ func run(args []string) int {
 type northSouthConfig struct {
 	gcEvery time.Duration // conntrack garbage collection period (> 0)
 	hc      bool          // serve healthCheckNodePorts
+	hcHosts []string      // on these hosts ("": every address)
 }
 
 // runAgent opens the datapath and runs the agent, serving health and
@@ -217,7 +258,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 	m.SetCapacity(dp.Maps().Capacity)
 	cfg.Observers = append(cfg.Observers, m)
 	if ns.hc {
-		hc := health.NewNodePortServer("", log.With("component", "healthcheck"))
+		hc := health.NewNodePortServer(ns.hcHosts, log.With("component", "healthcheck"))
 		defer hc.Close()
 		cfg.Observers = append(cfg.Observers, hc)
 	}
@@ -238,7 +279,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 	servers := 0
 	if healthL != nil {
 		servers++
-		serve("health", func() error { return serveHTTP(ctx, healthL, health.Handler(a.Ready), log) })
+		serve("health", func() error { return serveHTTP(ctx, healthL, health.Handler(a.Ready, a.Unprogrammed), log) })
 	}
 	if metricsL != nil {
 		servers++
@@ -332,7 +373,7 @@ func runCleanup(args []string) int {
 	fs := flag.NewFlagSet("sluice cleanup", flag.ContinueOnError)
 	bpffs := fs.String("bpffs", datapath.DefaultBPFFS, "bpffs mount the agent pinned under")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: sluice cleanup [--bpffs DIR]\n\nRemoves every program, link and map Sluice pinned under <bpffs>/sluice/;\ntraffic to services stops being translated.\n\nFlags:\n")
+		fmt.Fprintf(os.Stderr, "Usage: sluice cleanup [--bpffs DIR]\n\nRemoves every program, link and map Sluice pinned under <bpffs>/sluice/;\ntraffic to services stops being translated.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -50,7 +50,8 @@ func buildCommit() string {
 	return rev
 }
 
-func printVersion(w io.Writer) {
-	fmt.Fprintf(w, "sluice %s\ncommit: %s\nbpf objects: %s\ngo: %s %s/%s\n",
+func printVersion(w io.Writer) error {
+	_, err := fmt.Fprintf(w, "sluice %s\ncommit: %s\nbpf objects: %s\ngo: %s %s/%s\n",
 		version, buildCommit(), datapath.ObjectsDigest(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return err
 }

@@ -13,7 +13,9 @@ import (
 
 func TestVersionNamesReleaseCommitAndObjects(t *testing.T) {
 	var b bytes.Buffer
-	printVersion(&b)
+	if err := printVersion(&b); err != nil {
+		t.Fatal(err)
+	}
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
 	if len(lines) != 4 || lines[0] != "sluice "+version {
 		t.Fatalf("--version printed:\n%s", b.String())
@@ -40,7 +42,11 @@ func TestMissingManifestFailsBeforePinning(t *testing.T) {
 	// Root, or the agent would fail for want of BPF rights, proving nothing.
 	testutil.Privileged(t)
 	bpffs := testutil.PinDir(t)
-	t.Cleanup(func() { datapath.Cleanup(bpffs) })
+	t.Cleanup(func() {
+		if err := datapath.Cleanup(bpffs); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
 	code := run([]string{"--manifests", filepath.Join(t.TempDir(), "typo.yaml"), "--bpffs", bpffs,
 		"--health-addr", "", "--metrics-addr", "", "--socket-lb=false", "--node-name", "n"})
 	if code == 0 {

@@ -21,7 +21,6 @@ import (
 	"text/tabwriter"
 
 	"github.com/sluice-lb/sluice/pkg/datapath"
-	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
@@ -34,7 +33,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	bpffs := fs.String("bpffs", datapath.DefaultBPFFS, "bpffs mount the agent pinned under")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: sluicectl [--bpffs DIR] services [--raw] | counters\n\n"+
+		warn(fs.Output(), "Usage: sluicectl [--bpffs DIR] services [--raw] | counters\n\n"+
 			"  services        service frontends -> backends, from the pinned maps\n"+
 			"  services --raw  every map entry, as the reconciler dumps them\n"+
 			"  counters        datapath outcome counters, summed over CPUs\n\nFlags:\n")
@@ -52,7 +51,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	cmd := fs.Arg(0)
 	if cmd != "services" && cmd != "counters" {
-		fmt.Fprintf(stderr, "sluicectl: unknown command %q\n", cmd)
+		warn(stderr, "sluicectl: unknown command %q\n", cmd)
 		fs.Usage()
 		return 2
 	}
@@ -70,7 +69,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if cfs.NArg() > 0 {
-		fmt.Fprintf(stderr, "sluicectl: unexpected arguments %q\n", cfs.Args())
+		warn(stderr, "sluicectl: unexpected arguments %q\n", cfs.Args())
 		fs.Usage()
 		return 2
 	}
@@ -78,11 +77,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// whatever sizes the agent was configured with.
 	dp, err := datapath.OpenPinned(*bpffs)
 	if errors.Is(err, os.ErrNotExist) {
-		fmt.Fprintf(stderr, "sluicectl: no Sluice datapath pinned under %s: %v\n", *bpffs, err)
+		warn(stderr, "sluicectl: no Sluice datapath pinned under %s: %v\n", *bpffs, err)
 		return 1
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "sluicectl: %v\n", err)
+		warn(stderr, "sluicectl: %v\n", err)
 		return 1
 	}
 	defer dp.Close()
@@ -91,34 +90,61 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "services":
 		ks, err := dp.Dump()
 		if err != nil {
-			fmt.Fprintf(stderr, "sluicectl: read maps: %v\n", err)
+			warn(stderr, "sluicectl: read maps: %v\n", err)
 			return 1
 		}
 		if *raw {
-			io.WriteString(stdout, ks.String())
+			_, err = io.WriteString(stdout, ks.String())
 		} else {
-			writeServices(stdout, ks)
+			err = writeServices(stdout, ks)
+		}
+		if err != nil {
+			warn(stderr, "sluicectl: write output: %v\n", err)
+			return 1
 		}
 	case "counters":
 		c, err := dp.Counters()
 		if err != nil {
-			fmt.Fprintf(stderr, "sluicectl: read counters: %v\n", err)
+			warn(stderr, "sluicectl: read counters: %v\n", err)
 			return 1
 		}
-		writeCounters(stdout, c)
+		if err := writeCounters(stdout, c); err != nil {
+			warn(stderr, "sluicectl: write output: %v\n", err)
+			return 1
+		}
 	}
 	return 0
 }
 
-// writeServices prints one line per frontend, its backends in slot order.
-func writeServices(w io.Writer, ks *reconciler.KernelState) {
-	fes := make([]model.L4Addr, 0, len(ks.Masters))
+// warn writes a message for the user to stderr. A write to stderr that
+// fails has nowhere to be reported; the exit code still says what happened.
+func warn(stderr io.Writer, format string, a ...any) {
+	_, _ = fmt.Fprintf(stderr, format, a...)
+}
+
+// tabulate writes the tab-separated lines of table to w in aligned columns.
+// The table is built in memory first, so the one write to w here is the
+// only one that can fail, and its error is what the output's reader needs
+// to know (a full disk, a closed pipe).
+func tabulate(w io.Writer, table string) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if _, err := io.WriteString(tw, table); err != nil {
+		return err
+	}
+	return tw.Flush()
+}
+
+// writeServices prints one line per frontend (and scope: a two-scope
+// frontend's internal scope is the line marked "internal"), its backends
+// in slot order.
+func writeServices(w io.Writer, ks *reconciler.KernelState) error {
+	fes := make([]reconciler.Frontend, 0, len(ks.Masters))
 	for fe := range ks.Masters {
 		fes = append(fes, fe)
 	}
-	sort.Slice(fes, func(i, j int) bool { return fes[i].Less(fes[j]) })
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "FRONTEND\tID\tCOUNT\tBACKENDS")
+	sort.Slice(fes, func(i, j int) bool { return fes[i].Compare(fes[j]) < 0 })
+	var table strings.Builder
+	table.WriteString("FRONTEND\tID\tCOUNT\tBACKENDS\n")
 	for _, fe := range fes {
 		m := ks.Masters[fe]
 		slots := ks.Slots[fe]
@@ -138,22 +164,25 @@ func writeServices(w io.Writer, ks *reconciler.KernelState) {
 		}
 		if len(bs) == 0 {
 			bs = []string{"(none: connections refused)"}
+			if m.Flags&reconciler.FlagDropEmpty != 0 {
+				bs = []string{"(none: connections dropped)"}
+			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", fe, m.ID, m.Count, strings.Join(bs, " "))
+		fmt.Fprintf(&table, "%s\t%d\t%d\t%s\n", fe, m.ID, m.Count, strings.Join(bs, " "))
 	}
-	tw.Flush()
+	return tabulate(w, table.String())
 }
 
-func writeCounters(w io.Writer, c map[string]uint64) {
+func writeCounters(w io.Writer, c map[string]uint64) error {
 	names := make([]string, 0, len(c))
 	for n := range c {
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "REASON\tCOUNT")
+	var table strings.Builder
+	table.WriteString("REASON\tCOUNT\n")
 	for _, n := range names {
-		fmt.Fprintf(tw, "%s\t%d\n", n, c[n])
+		fmt.Fprintf(&table, "%s\t%d\n", n, c[n])
 	}
-	tw.Flush()
+	return tabulate(w, table.String())
 }

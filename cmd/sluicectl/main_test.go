@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"net/netip"
 	"strings"
 	"testing"
@@ -18,21 +19,30 @@ func TestWriteServicesListsBackendsInSlotOrder(t *testing.T) {
 	b := func(s string) model.L4Addr {
 		return model.L4Addr{Addr: netip.MustParseAddr(s), Port: 8080, Proto: model.TCP}
 	}
+	np := model.L4Addr{Addr: netip.MustParseAddr("192.168.1.1"), Port: 30080, Proto: model.TCP}
+	npIn := reconciler.Frontend{L4Addr: np, Scope: reconciler.ScopeInternal}
 	ks := &reconciler.KernelState{
-		Masters: map[model.L4Addr]reconciler.Master{
-			fe:    {ID: 7, Count: 3},
-			empty: {ID: 2, Count: 0},
+		Masters: map[reconciler.Frontend]reconciler.Master{
+			reconciler.DefaultScope(fe):    {ID: 7, Count: 3},
+			reconciler.DefaultScope(empty): {ID: 2, Count: 0},
+			reconciler.DefaultScope(np):    {ID: 3, Count: 0, Flags: reconciler.FlagExternal | reconciler.FlagTwoScopes | reconciler.FlagDropEmpty},
+			npIn:                           {ID: 4, Count: 1, Flags: reconciler.FlagExternal},
 		},
-		Slots: map[model.L4Addr]map[uint32]reconciler.BackendID{
-			fe: {2: 11, 1: 12, 3: 99},
+		Slots: map[reconciler.Frontend]map[uint32]reconciler.BackendID{
+			reconciler.DefaultScope(fe): {2: 11, 1: 12, 3: 99},
+			npIn:                        {1: 11},
 		},
 		Backends: map[reconciler.BackendID]model.L4Addr{11: b("10.1.1.2"), 12: b("10.1.2.2")},
 	}
 	var out bytes.Buffer
-	writeServices(&out, ks)
-	want := "FRONTEND           ID  COUNT  BACKENDS\n" +
-		"10.96.0.9:53/UDP   2   0      (none: connections refused)\n" +
-		"10.96.0.10:80/TCP  7   3      10.1.2.2:8080 10.1.1.2:8080 <missing backend 99>\n"
+	if err := writeServices(&out, ks); err != nil {
+		t.Fatal(err)
+	}
+	want := "FRONTEND                        ID  COUNT  BACKENDS\n" +
+		"10.96.0.9:53/UDP                2   0      (none: connections refused)\n" +
+		"10.96.0.10:80/TCP               7   3      10.1.2.2:8080 10.1.1.2:8080 <missing backend 99>\n" +
+		"192.168.1.1:30080/TCP internal  4   1      10.1.1.2:8080\n" +
+		"192.168.1.1:30080/TCP           3   0      (none: connections dropped)\n"
 	if out.String() != want {
 		t.Errorf("got:\n%s\nwant:\n%s", out.String(), want)
 	}
@@ -40,12 +50,31 @@ func TestWriteServicesListsBackendsInSlotOrder(t *testing.T) {
 
 func TestWriteCountersSorted(t *testing.T) {
 	var out bytes.Buffer
-	writeCounters(&out, map[string]uint64{"tc_rev_nat": 5, "sock_xlate": 12})
+	if err := writeCounters(&out, map[string]uint64{"tc_rev_nat": 5, "sock_xlate": 12}); err != nil {
+		t.Fatal(err)
+	}
 	want := "REASON      COUNT\nsock_xlate  12\ntc_rev_nat  5\n"
 	if out.String() != want {
 		t.Errorf("got:\n%s\nwant:\n%s", out.String(), want)
 	}
 }
+
+// TestWriteErrorsAreReturned: output that cannot be written (a full disk, a
+// closed pipe) is an error, not a silently short listing with exit 0.
+func TestWriteErrorsAreReturned(t *testing.T) {
+	if err := writeCounters(failingWriter{}, map[string]uint64{"sock_xlate": 1}); !errors.Is(err, errWrite) {
+		t.Errorf("writeCounters to a failing writer: %v, want %v", err, errWrite)
+	}
+	if err := writeServices(failingWriter{}, &reconciler.KernelState{}); !errors.Is(err, errWrite) {
+		t.Errorf("writeServices to a failing writer: %v, want %v", err, errWrite)
+	}
+}
+
+var errWrite = errors.New("no space left on device")
+
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errWrite }
 
 func TestUsageErrors(t *testing.T) {
 	var stdout, stderr bytes.Buffer
@@ -66,8 +95,8 @@ func TestReadsPinsOfAnySize(t *testing.T) {
 	be := model.L4Addr{Addr: netip.MustParseAddr("10.3.0.1"), Port: 8080, Proto: model.TCP}
 	m := dp.Maps()
 	for _, err := range []error{
-		m.UpsertBackend(1, be), m.UpsertSlot(fe, 1, 1), m.UpsertRevNat(2, fe),
-		m.UpsertMaster(fe, reconciler.Master{ID: 2, Count: 1}),
+		m.UpsertBackend(1, be), m.UpsertSlot(reconciler.DefaultScope(fe), 1, 1), m.UpsertRevNat(2, reconciler.DefaultScope(fe)),
+		m.UpsertMaster(reconciler.DefaultScope(fe), reconciler.Master{ID: 2, Count: 1}),
 	} {
 		if err != nil {
 			t.Fatal(err)

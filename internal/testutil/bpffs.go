@@ -39,6 +39,11 @@ func PinDir(tb testing.TB) string {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		tb.Fatalf("create pin dir: %v", err)
 	}
-	tb.Cleanup(func() { os.RemoveAll(dir) })
+	tb.Cleanup(func() {
+		// A pin left behind keeps its map in the kernel after the test.
+		if err := os.RemoveAll(dir); err != nil {
+			tb.Errorf("remove pin dir: %v", err)
+		}
+	})
 	return dir
 }

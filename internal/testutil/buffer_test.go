@@ -12,7 +12,9 @@ func TestBufferConcurrentWrites(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for range 100 {
-				b.Write([]byte("x"))
+				if _, err := b.Write([]byte("x")); err != nil {
+					t.Error(err)
+				}
 				_ = b.String()
 			}
 		})

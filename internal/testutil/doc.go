@@ -8,7 +8,8 @@
 // polling until a condition holds (Eventually, EventuallyTrue), requests
 // kept up in the background across an agent restart (Traffic), a buffer
 // that concurrent writers share (Buffer), a median and its spread (Median,
-// SpreadOf) and the module's root directory (ModuleRoot). The subpackages
+// SpreadOf), the module's root directory (ModuleRoot) and the decisions a
+// fuzz target takes from the fuzzer's bytes (Choices). The subpackages
 // are the larger pieces:
 //
 //   - topology: network namespaces, veths, cgroups, servers and processes

@@ -16,8 +16,9 @@ const PrivilegedEnv = "SLUICE_PRIVILEGED_TESTS"
 // Without root the test is skipped, so that `go test ./...` as a normal
 // user still runs (and passes) everything that needs no privileges. A skip
 // must never be how a privileged run passes, though: `make test` refuses to
-// start without root, and a run that sets SLUICE_PRIVILEGED_TESTS=1 (CI,
-// or anyone who wants to be sure) fails instead of skipping.
+// start without root and sets SLUICE_PRIVILEGED_TESTS=1, and a run with it
+// set (make test, so CI; or anyone who wants to be sure) fails instead of
+// skipping.
 //
 // Privileged checks only the user. What root needs besides (bpffs, cgroup2,
 // nsenter) is set up by `make deps`; a root run where it is missing is a

@@ -7,11 +7,30 @@
 //
 // Sources hand over whole desired states. The agent keeps only the newest:
 // one goroutine applies states one at a time, so a burst of changes folds
-// into the last of them, and a failed apply is retried with exponential
-// backoff (or as soon as a newer state arrives) until it succeeds. The agent
-// is ready once it has received a state and the reconciler is in sync with
-// the newest one. After every apply it tells its Observers (metrics, the
-// health check ports).
+// into the last of them. After every apply it tells its Observers (metrics,
+// the health check ports).
+//
+// One bad Service never holds up the others. The reconciler programs every
+// frontend it can and names each one it could not (reconciler.FrontendError),
+// and the agent sorts those into two kinds:
+//
+//   - permanent: the frontend does not fit in the maps or cannot be
+//     represented (a Service with more endpoints than there is room for).
+//     Trying the same state again cannot help, so the agent does not: it
+//     reports the frontend (one log line when the failure appears or
+//     changes its reason, a metric labelled with the Service, the readiness
+//     body) and tries again when a new desired state arrives (the Service
+//     changed, or another one did and may have freed room) or at the next
+//     resync;
+//   - transient: a map write failed, or something that concerns no one
+//     frontend did (reading the maps back). That state is retried with
+//     exponential backoff (or as soon as a newer state arrives) until it
+//     succeeds.
+//
+// The agent is ready once it has received a state and everything of the
+// newest one that can be programmed is: no transient failure is left, and
+// the reconciler is in sync apart from the frontends reported permanently
+// failed.
 //
 // Stopping (context cancelled, SIGTERM) removes nothing: the programs and
 // maps stay pinned and keep serving traffic, and the next agent restores from
@@ -22,14 +41,18 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // Source produces desired states. Run calls apply with the full desired
@@ -47,6 +70,22 @@ type ProgrammedSource interface {
 	Programmed(*model.State)
 }
 
+// HoldsSource is a Source whose change tracker settles a frontend claimed
+// by several Services, none of which holds it yet, in favour of the one
+// the datapath holds it for (pkg/source/tracker). The agent hands it the
+// reconciler's Holds after Restore and before Run, so that after a restart
+// a contested frontend stays with the Service it was programmed for.
+type HoldsSource interface {
+	Source
+	SetHolds(holds func(*model.Service) bool)
+}
+
+// Holder is a Reconciler that can tell whether the maps hold a frontend
+// exactly as a Service asks (reconciler.Reconciler.Holds).
+type Holder interface {
+	Holds(*model.Service) bool
+}
+
 // Datapath is what the agent needs of pkg/datapath.
 type Datapath interface {
 	AttachCgroup(path string) error
@@ -56,7 +95,9 @@ type Datapath interface {
 	Close() error
 }
 
-// Reconciler is what the agent needs of pkg/reconciler.
+// Reconciler is what the agent needs of pkg/reconciler. Apply's error
+// holds a *reconciler.FrontendError per frontend it could not program
+// (joined with errors.Join, with any error that concerns no one frontend).
 type Reconciler interface {
 	Restore() error
 	Apply(*model.State) error
@@ -68,10 +109,21 @@ type Reconciler interface {
 // state programmed.
 type Observer interface {
 	// ObserveSync is called after every apply, with how long it took and
-	// its error.
+	// the error that makes the agent retry it: nil when the apply
+	// programmed everything it could, permanent failures aside (those go
+	// to a FailureObserver).
 	ObserveSync(d time.Duration, err error)
-	// SetProgrammed is called with every state applied without error.
+	// SetProgrammed is called with every state applied as far as it can
+	// be: without the frontends that permanently failed, if any.
 	SetProgrammed(s *model.State)
+}
+
+// FailureObserver is an Observer that is also told, after every apply,
+// which frontends could not be programmed (none: empty), sorted by
+// Service and frontend. pkg/metrics exports them.
+type FailureObserver interface {
+	Observer
+	SetFailures(failures []*reconciler.FrontendError)
 }
 
 // Config says where the agent attaches and how it retries.
@@ -104,10 +156,18 @@ type Agent struct {
 	mu       sync.Mutex
 	desired  *model.State // newest state received, nil before the first
 	desiredN uint64       // generation of desired
-	appliedN uint64       // newest generation applied without error
-	inSync   bool         // reconciler.InSync after applying appliedN
-	lastErr  error        // error of the last apply, if it failed
+	appliedN uint64       // newest generation applied as far as it can be
+	inSync   bool         // the datapath matched appliedN after its apply
+	lastErr  error        // transient error of the last apply, if any
+	// failures are the frontends the last apply could not program, by
+	// frontend, permanent or not.
+	failures map[model.L4Addr]*reconciler.FrontendError
 	wake     chan struct{}
+
+	// reported are the permanent failures logged, by frontend (the
+	// apply goroutine's): logged again only when the Service or the
+	// reason changes.
+	reported map[model.L4Addr]*reconciler.FrontendError
 }
 
 // New returns an agent over dp and rec.
@@ -119,11 +179,12 @@ func New(cfg Config, dp Datapath, rec Reconciler, log *slog.Logger) *Agent {
 		cfg.RetryMax = max(10*time.Second, cfg.RetryMin)
 	}
 	return &Agent{
-		cfg:  cfg,
-		dp:   dp,
-		rec:  rec,
-		log:  log,
-		wake: make(chan struct{}, 1),
+		cfg:      cfg,
+		dp:       dp,
+		rec:      rec,
+		log:      log,
+		wake:     make(chan struct{}, 1),
+		reported: map[model.L4Addr]*reconciler.FrontendError{},
 	}
 }
 
@@ -151,6 +212,11 @@ func (a *Agent) Run(ctx context.Context, src Source) (err error) {
 		a.log.Info("tc programs attached", "devices", a.cfg.Devices)
 	}
 
+	if hs, ok := src.(HoldsSource); ok {
+		if h, ok := a.rec.(Holder); ok {
+			hs.SetHolds(h.Holds)
+		}
+	}
 	a.programmed, _ = src.(ProgrammedSource)
 	wctx, stopWorker := context.WithCancel(ctx)
 	workerDone := make(chan struct{})
@@ -181,8 +247,9 @@ func (a *Agent) Submit(s *model.State) {
 	}
 }
 
-// Ready returns nil once a desired state has been received and the datapath
-// matches the newest one, else the reason it does not.
+// Ready returns nil once a desired state has been received and everything
+// of the newest one that can be programmed is (Unprogrammed lists what
+// cannot), else the reason it is not.
 func (a *Agent) Ready() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -199,6 +266,30 @@ func (a *Agent) Ready() error {
 		return errors.New("reconciler reports the datapath out of sync")
 	}
 	return nil
+}
+
+// Unprogrammed describes, one line each, the frontends the last apply could
+// not program: their Service, the reason ("capacity" and "invalid" are
+// permanent: retried when the desired state changes; "write" is retried
+// with backoff) and the error. Empty when everything is programmed.
+func (a *Agent) Unprogrammed() []string {
+	a.mu.Lock()
+	failures := sortedFailures(a.failures)
+	a.mu.Unlock()
+	out := make([]string, len(failures))
+	for i, f := range failures {
+		out[i] = f.Reason() + ": " + f.Error()
+	}
+	return out
+}
+
+// sortedFailures returns the failures by Service, then frontend.
+func sortedFailures(m map[model.L4Addr]*reconciler.FrontendError) []*reconciler.FrontendError {
+	out := slices.Collect(maps.Values(m))
+	slices.SortFunc(out, func(x, y *reconciler.FrontendError) int {
+		return cmp.Or(cmp.Compare(x.Service.String(), y.Service.String()), x.Frontend.Compare(y.Frontend))
+	})
+	return out
 }
 
 // applyLoop applies the newest desired state whenever one arrives, retries
@@ -242,30 +333,43 @@ func (a *Agent) applyNewest() error {
 	start := time.Now()
 	err := a.rec.Apply(s)
 	took := time.Since(start)
+	failures, transient := splitApplyError(err)
 	// A failed apply may leave the maps half way: the reconciler says
 	// whether they still match (a failed resync of the applied state
-	// makes the agent not ready until a retry succeeds).
-	inSync := err == nil && a.rec.InSync()
+	// makes the agent not ready until a retry succeeds). Permanent
+	// failures make it report them out of sync, and leave nothing half
+	// way: they are found before any write.
+	applied := transient == nil
+	inSync := applied && (err != nil || a.rec.InSync())
+	programmed := s
+	if applied && len(failures) > 0 {
+		programmed = without(s, failures)
+	}
 	for _, o := range a.cfg.Observers {
-		o.ObserveSync(took, err)
-		if err == nil {
-			o.SetProgrammed(s)
+		o.ObserveSync(took, transient)
+		if fo, ok := o.(FailureObserver); ok {
+			fo.SetFailures(sortedFailures(failures))
+		}
+		if applied {
+			o.SetProgrammed(programmed)
 		}
 	}
-	if err == nil && a.programmed != nil {
+	if applied && a.programmed != nil {
 		a.programmed.Programmed(s)
 	}
 
 	a.mu.Lock()
-	a.lastErr = err
+	a.lastErr = transient
 	a.inSync = inSync
-	if err == nil {
+	a.failures = failures
+	if applied {
 		a.appliedN = n
 	}
 	a.mu.Unlock()
+	a.reportFailures(failures)
 
-	if err != nil {
-		return err
+	if transient != nil {
+		return transient
 	}
 	if !inSync {
 		return fmt.Errorf("generation %d applied but the reconciler reports the datapath out of sync", n)
@@ -275,6 +379,72 @@ func (a *Agent) applyNewest() error {
 		level = slog.LevelDebug // a resync of a state already applied
 	}
 	a.log.Log(context.Background(), level, "desired state applied", "generation", n,
-		"services", len(s.Services), "took", took.Round(time.Microsecond))
+		"services", len(s.Services), "unprogrammed", len(failures), "took", took.Round(time.Microsecond))
 	return nil
+}
+
+// splitApplyError sorts the error of an Apply: the frontends that failed,
+// by frontend, and the error that calls for a retry (nil if none does):
+// the transient frontend failures and whatever concerns no one frontend.
+func splitApplyError(err error) (map[model.L4Addr]*reconciler.FrontendError, error) {
+	failures := map[model.L4Addr]*reconciler.FrontendError{}
+	var transient []error
+	var walk func(error)
+	walk = func(err error) {
+		if joined, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range joined.Unwrap() {
+				walk(e)
+			}
+			return
+		}
+		var fe *reconciler.FrontendError
+		if !errors.As(err, &fe) {
+			transient = append(transient, err)
+			return
+		}
+		failures[fe.Frontend] = fe
+		if !fe.Permanent() {
+			transient = append(transient, err)
+		}
+	}
+	if err != nil {
+		walk(err)
+	}
+	return failures, errors.Join(transient...)
+}
+
+// without returns s without the failed frontends (a copy; s is shared).
+func without(s *model.State, failures map[model.L4Addr]*reconciler.FrontendError) *model.State {
+	out := &model.State{Services: maps.Clone(s.Services)}
+	for fe := range failures {
+		delete(out.Services, fe)
+	}
+	return out
+}
+
+// reportFailures logs each permanent failure once, when it appears or its
+// Service or reason changes, and each that went away. (Transient failures
+// are logged with every failed apply, whose retries back off.)
+func (a *Agent) reportFailures(failures map[model.L4Addr]*reconciler.FrontendError) {
+	for _, f := range sortedFailures(failures) {
+		if !f.Permanent() {
+			continue
+		}
+		if old := a.reported[f.Frontend]; old != nil && old.Service == f.Service && old.Reason() == f.Reason() {
+			continue
+		}
+		a.reported[f.Frontend] = f
+		a.log.Warn("service not programmed; the others are", "service", f.Service.String(),
+			"frontend", f.Frontend.String(), "reason", f.Reason(), "err", f.Err)
+	}
+	for _, fe := range slices.SortedFunc(maps.Keys(a.reported), model.L4Addr.Compare) {
+		if f := failures[fe]; f != nil && f.Permanent() {
+			continue
+		}
+		old := a.reported[fe]
+		delete(a.reported, fe)
+		if failures[fe] == nil {
+			a.log.Info("service no longer failing", "service", old.Service.String(), "frontend", fe.String())
+		}
+	}
 }

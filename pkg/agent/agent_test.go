@@ -138,7 +138,11 @@ func start(t *testing.T, cfg Config, recon *fakeReconciler, srcErr error) *harne
 	go func() { h.done <- h.agent.Run(ctx, h.src) }()
 	t.Cleanup(func() {
 		cancel()
-		<-h.done
+		// A source that fails ends Run with its error, which that
+		// test checks; otherwise a cancel ends Run cleanly.
+		if err := <-h.done; err != nil && srcErr == nil {
+			t.Errorf("Run after cancel = %v, want nil", err)
+		}
 	})
 	return h
 }
@@ -181,7 +185,9 @@ func TestSocketLBOffSkipsCgroup(t *testing.T) {
 	h := start(t, Config{}, recon, nil)
 	h.src.states <- stateWith(1)
 	eventually(t, "ready", func() bool { return h.agent.Ready() == nil })
-	h.stop(t)
+	if err := h.stop(t); err != nil {
+		t.Fatalf("Run after cancel = %v, want nil", err)
+	}
 	for _, c := range h.rec.list() {
 		if c != "restore" && c != "apply 1" && c != "close" {
 			t.Errorf("unexpected call %q with no cgroup and no devices", c)
@@ -191,7 +197,9 @@ func TestSocketLBOffSkipsCgroup(t *testing.T) {
 
 func TestFailedApplyIsRetriedUntilItSucceeds(t *testing.T) {
 	recon := &fakeReconciler{recorder: &recorder{}, failures: 3}
-	h := start(t, Config{}, recon, nil)
+	// Retries far enough apart for the check below to see a failure on a
+	// loaded machine (at 1ms all three fit between two checks).
+	h := start(t, Config{RetryMin: 50 * time.Millisecond, RetryMax: 50 * time.Millisecond}, recon, nil)
 	h.src.states <- stateWith(1)
 	eventually(t, "a failed apply to show in Ready", func() bool {
 		err := h.agent.Ready()

@@ -39,7 +39,12 @@ func TestProgrammedSourceToldAfterSuccessfulApply(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx, src) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run after cancel = %v, want nil", err)
+		}
+	}()
 
 	st := stateWith(3)
 	src.states <- st

@@ -29,9 +29,18 @@ const (
 	ctFlagRST     = uint32(sockCtFlagsCT_F_RST)
 	ctFlagReplied = uint32(sockCtFlagsCT_F_REPLIED)
 
-	// nodeDevL3 flags a device without a link-layer header
-	// (node_dev.flags).
+	// nodeDevL3 flags a device without a link-layer header, nodeDevTC
+	// one the agent attached tc to (node_dev.flags).
 	nodeDevL3 = uint32(sockNodeDevFlagsNODE_DEV_F_L3)
+	nodeDevTC = uint32(sockNodeDevFlagsNODE_DEV_F_TC)
+
+	// The kinds of the node's CIDRs (node_cidr_key.kind).
+	nodeCIDRCluster = uint32(sockNodeCidrKindNODE_CIDR_CLUSTER)
+	nodeCIDRService = uint32(sockNodeCidrKindNODE_CIDR_SERVICE)
+
+	// The scopes of a frontend (lb4_key.scope).
+	scopeDefault  = reconciler.Scope(sockLbScopeLB_SCOPE_DEFAULT)
+	scopeInternal = reconciler.Scope(sockLbScopeLB_SCOPE_INTERNAL)
 )
 
 // The reconciler writes a master's flags (reconciler.Master.Flags) as
@@ -43,6 +52,10 @@ var (
 	_ [reconciler.FlagExternal]struct{}     = [sockSvcFlagsSVC_F_EXTERNAL]struct{}{}
 	_ [reconciler.FlagLocal]struct{}        = [sockSvcFlagsSVC_F_LOCAL]struct{}{}
 	_ [reconciler.FlagSourceRanges]struct{} = [sockSvcFlagsSVC_F_SRC_RANGES]struct{}{}
+	_ [reconciler.FlagTwoScopes]struct{}    = [sockSvcFlagsSVC_F_TWO_SCOPES]struct{}{}
+	_ [reconciler.FlagDropEmpty]struct{}    = [sockSvcFlagsSVC_F_DROP_EMPTY]struct{}{}
+	_ [reconciler.ScopeDefault]struct{}     = [sockLbScopeLB_SCOPE_DEFAULT]struct{}{}
+	_ [reconciler.ScopeInternal]struct{}    = [sockLbScopeLB_SCOPE_INTERNAL]struct{}{}
 )
 
 // metricNames returns the label of each reason of enum metric_reason, by

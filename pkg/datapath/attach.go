@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -194,6 +195,8 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		if err != nil {
 			return err
 		}
+		// Its tc programs see what comes back through it.
+		flags |= nodeDevTC
 		if err := d.maps.setNodeDevice(ifindex[i], addr, flags); err != nil {
 			return fmt.Errorf("record node device %s: %w", dev, err)
 		}
@@ -670,12 +673,11 @@ func removeClsactFilters(skip func(netlink.Link) bool) error {
 // /proc/self/mountinfo (it is /sys/fs/cgroup on a unified system and often
 // /sys/fs/cgroup/unified on a hybrid one).
 func CgroupV2Mount() (string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	mountinfo, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return "", fmt.Errorf("find cgroup2 mount: %w", err)
 	}
-	defer f.Close()
-	return parseCgroup2Mount(bufio.NewScanner(f))
+	return parseCgroup2Mount(bufio.NewScanner(bytes.NewReader(mountinfo)))
 }
 
 // parseCgroup2Mount finds the first cgroup2 mount point in mountinfo lines:

@@ -161,7 +161,6 @@ const (
 func outSrc(b []byte) string   { return netip.AddrFrom4([4]byte(b[26:30])).String() }
 func outDst(b []byte) string   { return netip.AddrFrom4([4]byte(b[30:34])).String() }
 func outSport(b []byte) uint16 { return binary.BigEndian.Uint16(b[34:]) }
-func outDport(b []byte) uint16 { return binary.BigEndian.Uint16(b[36:]) }
 
 // sendTo runs p through prog and returns the verdict and the backend
 // address the output is sent to.
@@ -462,10 +461,10 @@ func TestTCZeroBackendsKeepsEstablished(t *testing.T) {
 	f := flow{"10.0.4.3", 45002, vipTCP}
 	establish(t, d, f, be)
 
-	if err := m.UpsertMaster(vipTCP, reconciler.Master{ID: 1, Count: 0}); err != nil {
+	if err := m.UpsertMaster(reconciler.DefaultScope(vipTCP), reconciler.Master{ID: 1, Count: 0}); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.DeleteSlot(vipTCP, 1); err != nil {
+	if err := m.DeleteSlot(reconciler.DefaultScope(vipTCP), 1); err != nil {
 		t.Fatal(err)
 	}
 	if v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpACK)); v != tcActOK || dst != be.addr.Addr.String() {
@@ -607,7 +606,7 @@ func TestCTStragglerKeepsNewFlow(t *testing.T) {
 			}
 		}
 		addService(t, m, 1, vipTCP, rest...) // the old backend leaves
-		if err := m.DeleteSlot(vipTCP, 4); err != nil {
+		if err := m.DeleteSlot(reconciler.DefaultScope(vipTCP), 4); err != nil {
 			t.Fatal(err)
 		}
 		v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpSYN_))
@@ -673,7 +672,7 @@ func TestTCSlotVanishes(t *testing.T) {
 	m := d.Maps()
 	b1, b2 := testBackend{91, l4("10.1.9.1", 8080, model.TCP)}, testBackend{92, l4("10.1.9.2", 8080, model.TCP)}
 	addService(t, m, 1, vipTCP, b1, b2)
-	if err := m.DeleteSlot(vipTCP, 2); err != nil {
+	if err := m.DeleteSlot(reconciler.DefaultScope(vipTCP), 2); err != nil {
 		t.Fatal(err)
 	}
 	dropped := 0
@@ -715,19 +714,26 @@ func TestCTConcurrentClose(t *testing.T) {
 		establish(t, d, flows[i], be)
 	}
 	// A spin barrier per flow: both CPUs start its FIN together.
-	var arrived atomic.Int64
+	var arrived, failed atomic.Int64
 	onCPUs(t, []int{0, 1}, func(cpu int) {
 		for i, f := range flows {
 			arrived.Add(1)
 			for arrived.Load() < int64(2*(i+1)) {
 			}
+			var err error
 			if cpu == 0 {
-				runProgErr(d.TCIngress(), f.pkt(tcpFA).Bytes())
+				_, _, err = runProgErr(d.TCIngress(), f.pkt(tcpFA).Bytes())
 			} else {
-				runProgErr(d.TCEgress(), f.from(be.addr, tcpFA).Bytes())
+				_, _, err = runProgErr(d.TCEgress(), f.from(be.addr, tcpFA).Bytes())
+			}
+			if err != nil {
+				failed.Add(1) // counted, not returned: the other CPU waits at the barrier
 			}
 		}
 	})
+	if c := failed.Load(); c != 0 {
+		t.Fatalf("%d of %d FINs did not run", c, 2*n)
+	}
 	lost := 0
 	both := ctFlagFinFwd | ctFlagFinRev
 	for _, f := range flows {
@@ -792,7 +798,7 @@ func TestSockSlotVanishes(t *testing.T) {
 	addService(t, m, 2, sockVIPUDP,
 		testBackend{3, l4(sockBackends[0], 5353, model.UDP)}, testBackend{4, l4(sockBackends[1], 5353, model.UDP)})
 	for _, fe := range []model.L4Addr{sockVIPTCP, sockVIPUDP} {
-		if err := m.DeleteSlot(fe, 2); err != nil {
+		if err := m.DeleteSlot(reconciler.DefaultScope(fe), 2); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -891,7 +897,9 @@ func TestCTFloodRealTraffic(t *testing.T) {
 			case <-stop:
 				return
 			case <-tk.C:
-				m.GCConntrack()
+				if _, err := m.GCConntrack(); err != nil {
+					t.Errorf("GC while connections come and go: %v", err)
+				}
 			}
 		}
 	}()

@@ -87,8 +87,25 @@ type Config struct {
 
 	// NodeIPs are this node's addresses. On a device that holds one of
 	// them, external flows to remote backends are source-NATed to it;
-	// otherwise to the device's first IPv4 address.
+	// otherwise to the device's first IPv4 address. The first is the
+	// node's primary address: what a flow masqueraded towards a backend on
+	// this node is source-NATed to, and the source of a socket reaching
+	// a LoadBalancer IP unbound (loadBalancerSourceRanges).
 	NodeIPs []netip.Addr
+
+	// ClusterCIDRs (--cluster-cidr) say which clients are internal
+	// (pods): they are short-circuited to all endpoints of an
+	// externalTrafficPolicy Local frontend, and ClusterIP traffic from
+	// elsewhere is masqueraded. None: no client is internal, and
+	// ClusterIP traffic is never masqueraded (kube-proxy without a local
+	// traffic detector).
+	ClusterCIDRs []netip.Prefix
+	// ServiceCIDRs (--service-cidr): a packet to an address in them that
+	// is no ClusterIP is dropped.
+	ServiceCIDRs []netip.Prefix
+	// MasqueradeAll (--masquerade-all) source-NATs all ClusterIP traffic,
+	// and external traffic to a backend on this node.
+	MasqueradeAll bool
 }
 
 // XDPMode says whether and how the XDP program is attached.
@@ -177,6 +194,8 @@ func (c Config) maxEntries() map[string]int {
 		mapUDPStick:  c.MaxSockRev,
 		mapSrcRanges: c.MaxSourceRanges,
 		mapDevices:   c.MaxDevices,
+		// Every service IP is some ClusterIP frontend's address.
+		mapServiceIPs: c.MaxServices,
 	}
 }
 
@@ -232,7 +251,10 @@ func Open(cfg Config) (*Datapath, error) {
 	if cfg.SNATPortMin == 0 || cfg.SNATPortMax < cfg.SNATPortMin {
 		return nil, fmt.Errorf("SNAT port range %d-%d is empty", cfg.SNATPortMin, cfg.SNATPortMax)
 	}
-	var err error
+	cidrs, err := wantNodeCIDRs(cfg)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.XDP, err = ParseXDPMode(string(cfg.XDP)); err != nil {
 		return nil, err
 	}
@@ -276,6 +298,9 @@ func Open(cfg Config) (*Datapath, error) {
 	if err := d.load(specs); err != nil {
 		d.closeMigrations()
 		return nil, err
+	}
+	if err := d.maps.setNodeCIDRs(cidrs); err != nil {
+		return nil, errors.Join(err, d.Close())
 	}
 	return d, nil
 }
@@ -373,19 +398,21 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 		}
 	}
 	d.maps = &Maps{
-		services:  d.tc.SluiceServicesV1,
-		backends:  d.tc.SluiceBackendsV1,
-		revNat:    d.tc.SluiceRevNatV1,
-		conntrack: d.tc.SluiceConntrackV2,
-		ctNew:     d.tc.SluiceCtNewV1,
-		ctFlush:   d.tc.SluiceCtFlushV1,
-		ctGC:      d.gc.SluiceCtGc,
-		sockRev:   d.tc.SluiceSockRevV1,
-		udpStick:  d.tc.SluiceUdpStickV1,
-		metrics:   d.tc.SluiceMetricsV1,
-		devices:   d.tc.SluiceDevicesV1,
-		srcRanges: d.tc.SluiceSrcRangesV1,
-		cfg:       d.cfg,
+		services:   d.tc.SluiceServicesV1,
+		backends:   d.tc.SluiceBackendsV1,
+		revNat:     d.tc.SluiceRevNatV1,
+		conntrack:  d.tc.SluiceConntrackV2,
+		ctNew:      d.tc.SluiceCtNewV1,
+		ctFlush:    d.tc.SluiceCtFlushV1,
+		ctGC:       d.gc.SluiceCtGc,
+		sockRev:    d.tc.SluiceSockRevV1,
+		udpStick:   d.tc.SluiceUdpStickV1,
+		metrics:    d.tc.SluiceMetricsV1,
+		devices:    d.tc.SluiceDevicesV1,
+		srcRanges:  d.tc.SluiceSrcRangesV1,
+		serviceIPs: d.tc.SluiceServiceIpsV1,
+		nodeCIDRs:  d.tc.SluiceNodeCidrsV1,
+		cfg:        d.cfg,
 	}
 	if specs.sockDestroy != nil {
 		if d.maps.sockTerm, err = loadSockTerminator(specs.sockDestroy, opts); err != nil {
@@ -421,6 +448,15 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		"ct_timeout_close_ns": uint64(cfg.CTTimeoutClose.Nanoseconds()),
 		"snat_port_min":       cfg.SNATPortMin,
 		"snat_port_max":       cfg.SNATPortMax,
+		"node_ip4":            uint32(0),
+		"have_cluster_cidr":   boolU8(len(cfg.ClusterCIDRs) > 0),
+		"masquerade_all":      boolU8(cfg.MasqueradeAll),
+	}
+	for _, ip := range cfg.NodeIPs {
+		if ip.Unmap().Is4() {
+			vars["node_ip4"] = be32(ip.Unmap())
+			break
+		}
 	}
 	for name, v := range vars {
 		vs, ok := spec.Variables[name]
@@ -432,6 +468,13 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		}
 	}
 	return nil
+}
+
+func boolU8(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // checkPinned reports a pinned map that the load would refuse to reuse,

@@ -131,14 +131,14 @@ func addService(t testing.TB, m *Maps, id reconciler.ServiceID, fe model.L4Addr,
 		}
 	}
 	for i, b := range bes {
-		if err := m.UpsertSlot(fe, uint32(i+1), b.id); err != nil {
+		if err := m.UpsertSlot(reconciler.DefaultScope(fe), uint32(i+1), b.id); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := m.UpsertRevNat(id, fe); err != nil {
+	if err := m.UpsertRevNat(id, reconciler.DefaultScope(fe)); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.UpsertMaster(fe, reconciler.Master{ID: id, Count: uint32(len(bes))}); err != nil {
+	if err := m.UpsertMaster(reconciler.DefaultScope(fe), reconciler.Master{ID: id, Count: uint32(len(bes))}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -266,7 +266,7 @@ func TestPMTUThroughVIPEndToEnd(t *testing.T) {
 		}
 		defer c.Close()
 		line, _ := bufio.NewReaderSize(c, 1<<20).ReadString('\n')
-		fmt.Fprintf(c, "%d\n", len(line))
+		_, _ = fmt.Fprintf(c, "%d\n", len(line)) // the client checks the answer
 	}()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -29,16 +29,16 @@ import (
 // context is copied in as is): BPF_PROG_TEST_RUN takes ifindex, gso_segs
 // and gso_size from it.
 type gsoCtx struct {
-	_        [10]uint32 // len .. ingress_ifindex
-	Ifindex  uint32
-	_        [25]uint32 // tc_index .. data_meta
-	_        uint64     // flow_keys
-	_        uint64     // tstamp
-	_        uint32     // wire_len
-	GSOSegs  uint32
-	_        uint64 // sk
-	GSOSize  uint32
-	_padding uint32
+	_       [10]uint32 // len .. ingress_ifindex
+	Ifindex uint32
+	_       [25]uint32 // tc_index .. data_meta
+	_       uint64     // flow_keys
+	_       uint64     // tstamp
+	_       uint32     // wire_len
+	GSOSegs uint32
+	_       uint64 // sk
+	GSOSize uint32
+	_       uint32 // padding
 }
 
 func init() {

@@ -22,7 +22,7 @@ import (
 // says.
 type Maps struct {
 	services, backends, revNat, conntrack, sockRev, udpStick, metrics *ebpf.Map
-	devices, srcRanges, ctNew, ctFlush                                *ebpf.Map
+	devices, srcRanges, ctNew, ctFlush, serviceIPs, nodeCIDRs         *ebpf.Map
 
 	ctGC *ebpf.Program // bpf/ctgc.c: conntrack GC and flush (conntrack.go)
 
@@ -73,20 +73,32 @@ func checkL4(a model.L4Addr) (model.L4Addr, error) {
 	return a, nil
 }
 
-func serviceKey(fe model.L4Addr, slot uint32) (sockLb4Key, error) {
-	fe, err := checkL4(fe)
+func serviceKey(fe reconciler.Frontend, slot uint32) (sockLb4Key, error) {
+	l4, err := checkL4(fe.L4Addr)
 	if err != nil {
 		return sockLb4Key{}, fmt.Errorf("frontend %w", err)
 	}
 	if slot > 0xffff {
 		return sockLb4Key{}, fmt.Errorf("frontend %s: slot %d out of range", fe, slot)
 	}
+	if err := checkScope(fe.Scope); err != nil {
+		return sockLb4Key{}, fmt.Errorf("frontend %s: %w", fe, err)
+	}
 	return sockLb4Key{
-		Vip:   be32(fe.Addr),
-		Port:  be16(fe.Port),
-		Proto: uint8(fe.Proto),
+		Vip:   be32(l4.Addr),
+		Port:  be16(l4.Port),
+		Proto: uint8(l4.Proto),
+		Scope: uint8(fe.Scope),
 		Slot:  uint16(slot),
 	}, nil
+}
+
+// checkScope validates a scope (enum lb_scope).
+func checkScope(s reconciler.Scope) error {
+	if s != scopeDefault && s != scopeInternal {
+		return fmt.Errorf("scope %d out of range", s)
+	}
+	return nil
 }
 
 func idOK(kind string, id uint32) error {
@@ -128,16 +140,20 @@ func (m *Maps) DeleteBackend(id reconciler.BackendID) error {
 	return nil
 }
 
-// UpsertRevNat writes service id -> frontend address, port and protocol.
-func (m *Maps) UpsertRevNat(id reconciler.ServiceID, fe model.L4Addr) error {
+// UpsertRevNat writes service id -> frontend address, port, protocol and
+// scope.
+func (m *Maps) UpsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend) error {
 	if err := idOK("service", uint32(id)); err != nil {
 		return err
 	}
-	fe, err := checkL4(fe)
+	l4, err := checkL4(fe.L4Addr)
+	if err == nil {
+		err = checkScope(fe.Scope)
+	}
 	if err != nil {
 		return fmt.Errorf("upsert rev-nat %d: %w", id, err)
 	}
-	v := sockLb4RevNat{Vip: be32(fe.Addr), Port: be16(fe.Port), Proto: uint8(fe.Proto)}
+	v := sockLb4RevNat{Vip: be32(l4.Addr), Port: be16(l4.Port), Proto: uint8(l4.Proto), Scope: uint8(fe.Scope)}
 	if err := m.revNat.Put(uint32(id), &v); err != nil {
 		return fmt.Errorf("upsert rev-nat %d (%s): %w", id, fe, err)
 	}
@@ -153,7 +169,7 @@ func (m *Maps) DeleteRevNat(id reconciler.ServiceID) error {
 }
 
 // UpsertSlot writes slot >= 1 of a frontend.
-func (m *Maps) UpsertSlot(fe model.L4Addr, slot uint32, backend reconciler.BackendID) error {
+func (m *Maps) UpsertSlot(fe reconciler.Frontend, slot uint32, backend reconciler.BackendID) error {
 	if slot == 0 {
 		return fmt.Errorf("upsert slot of %s: slot 0 is the master, use UpsertMaster", fe)
 	}
@@ -171,8 +187,9 @@ func (m *Maps) UpsertSlot(fe model.L4Addr, slot uint32, backend reconciler.Backe
 	return nil
 }
 
-// UpsertMaster writes slot 0 of a frontend.
-func (m *Maps) UpsertMaster(fe model.L4Addr, ms reconciler.Master) error {
+// UpsertMaster writes slot 0 of a frontend; the value repeats the key's
+// scope, for a reader that holds the master to find its slots.
+func (m *Maps) UpsertMaster(fe reconciler.Frontend, ms reconciler.Master) error {
 	if err := idOK("service", uint32(ms.ID)); err != nil {
 		return err
 	}
@@ -183,7 +200,7 @@ func (m *Maps) UpsertMaster(fe model.L4Addr, ms reconciler.Master) error {
 	if err != nil {
 		return fmt.Errorf("upsert master: %w", err)
 	}
-	v := sockLb4Service{Count: ms.Count, RevNatId: uint32(ms.ID), Flags: ms.Flags}
+	v := sockLb4Service{Count: ms.Count, RevNatId: uint32(ms.ID), Flags: ms.Flags, Scope: uint8(fe.Scope)}
 	if err := m.services.Put(&k, &v); err != nil {
 		return fmt.Errorf("upsert master of %s: %w", fe, err)
 	}
@@ -191,7 +208,7 @@ func (m *Maps) UpsertMaster(fe model.L4Addr, ms reconciler.Master) error {
 }
 
 // DeleteSlot deletes slot (0 = the master) of a frontend.
-func (m *Maps) DeleteSlot(fe model.L4Addr, slot uint32) error {
+func (m *Maps) DeleteSlot(fe reconciler.Frontend, slot uint32) error {
 	k, err := serviceKey(fe, slot)
 	if err != nil {
 		return fmt.Errorf("delete slot: %w", err)
@@ -202,26 +219,31 @@ func (m *Maps) DeleteSlot(fe model.L4Addr, slot uint32) error {
 	return nil
 }
 
-// Dump reads the service, backend, reverse-NAT and source-range maps back.
+// Dump reads the service, backend, reverse-NAT, source-range and
+// service-IP maps back.
 func (m *Maps) Dump() (*reconciler.KernelState, error) {
-	return dumpState(m.services, m.backends, m.revNat, m.srcRanges)
+	return dumpState(m.services, m.backends, m.revNat, m.srcRanges, m.serviceIPs)
 }
 
-// dumpState reads the service, backend, reverse-NAT and source-range maps
-// into a KernelState (shared by Maps and the read-only Pinned).
-func dumpState(services, backends, revNat, srcRanges *ebpf.Map) (*reconciler.KernelState, error) {
+// dumpState reads the service, backend, reverse-NAT, source-range and
+// service-IP maps into a KernelState (shared by Maps and the read-only
+// Pinned, which may have no service-IP map: nil).
+func dumpState(services, backends, revNat, srcRanges, serviceIPs *ebpf.Map) (*reconciler.KernelState, error) {
 	ks := &reconciler.KernelState{
-		Masters:  map[model.L4Addr]reconciler.Master{},
-		Slots:    map[model.L4Addr]map[uint32]reconciler.BackendID{},
+		Masters:  map[reconciler.Frontend]reconciler.Master{},
+		Slots:    map[reconciler.Frontend]map[uint32]reconciler.BackendID{},
 		Backends: map[reconciler.BackendID]model.L4Addr{},
-		RevNat:   map[reconciler.ServiceID]model.L4Addr{},
+		RevNat:   map[reconciler.ServiceID]reconciler.Frontend{},
 	}
 
 	var sk sockLb4Key
 	var sv sockLb4Service
 	it := services.Iterate()
 	for it.Next(&sk, &sv) {
-		fe := model.L4Addr{Addr: addrFromBE32(sk.Vip), Port: portFromBE16(sk.Port), Proto: model.Protocol(sk.Proto)}
+		fe := reconciler.Frontend{
+			L4Addr: model.L4Addr{Addr: addrFromBE32(sk.Vip), Port: portFromBE16(sk.Port), Proto: model.Protocol(sk.Proto)},
+			Scope:  reconciler.Scope(sk.Scope),
+		}
 		if sk.Slot == 0 {
 			id := reconciler.ServiceID(sv.RevNatId)
 			ks.Masters[fe] = reconciler.Master{ID: id, Count: sv.Count, Flags: sv.Flags}
@@ -253,7 +275,10 @@ func dumpState(services, backends, revNat, srcRanges *ebpf.Map) (*reconciler.Ker
 	it = revNat.Iterate()
 	for it.Next(&rk, &rv) {
 		id := reconciler.ServiceID(rk)
-		ks.RevNat[id] = model.L4Addr{Addr: addrFromBE32(rv.Vip), Port: portFromBE16(rv.Port), Proto: model.Protocol(rv.Proto)}
+		ks.RevNat[id] = reconciler.Frontend{
+			L4Addr: model.L4Addr{Addr: addrFromBE32(rv.Vip), Port: portFromBE16(rv.Port), Proto: model.Protocol(rv.Proto)},
+			Scope:  reconciler.Scope(rv.Scope),
+		}
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("dump %s: %w", mapRevNat, err)
@@ -263,6 +288,11 @@ func dumpState(services, backends, revNat, srcRanges *ebpf.Map) (*reconciler.Ker
 		return nil, err
 	}
 	ks.SourceRanges = ranges
+	if serviceIPs != nil {
+		if ks.ServiceIPs, err = dumpServiceIPs(serviceIPs); err != nil {
+			return nil, err
+		}
+	}
 	return ks, nil
 }
 

@@ -27,18 +27,39 @@ func TestMapsDumpRoundTrip(t *testing.T) {
 	addService(t, m, 6, feU)
 	// A reverse-NAT entry no master names (yet) keeps its protocol too.
 	orphan := l4("10.96.1.2", 53, model.UDP)
-	if err := m.UpsertRevNat(9, orphan); err != nil {
+	if err := m.UpsertRevNat(9, reconciler.DefaultScope(orphan)); err != nil {
 		t.Fatal(err)
 	}
 
+	// A frontend's internal scope and its rev_nat scope, and a service IP,
+	// read back as written.
+	in := reconciler.Frontend{L4Addr: fe, Scope: reconciler.ScopeInternal}
+	if err := m.UpsertRevNat(10, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.UpsertSlot(in, 1, b2.id); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.UpsertMaster(in, reconciler.Master{ID: 10, Count: 1, Flags: reconciler.FlagExternal}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := m.UpsertServiceIP(fe.Addr); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	dfe, dfeU := reconciler.DefaultScope(fe), reconciler.DefaultScope(feU)
 	want := &reconciler.KernelState{
-		Masters: map[model.L4Addr]reconciler.Master{
-			fe:  {ID: 5, Count: 2},
-			feU: {ID: 6, Count: 0},
+		Masters: map[reconciler.Frontend]reconciler.Master{
+			dfe:  {ID: 5, Count: 2},
+			dfeU: {ID: 6, Count: 0},
+			in:   {ID: 10, Count: 1, Flags: reconciler.FlagExternal},
 		},
-		Slots:    map[model.L4Addr]map[uint32]reconciler.BackendID{fe: {1: 7, 2: 8}},
-		Backends: map[reconciler.BackendID]model.L4Addr{7: b1.addr, 8: b2.addr},
-		RevNat:   map[reconciler.ServiceID]model.L4Addr{5: fe, 6: feU, 9: orphan},
+		Slots:      map[reconciler.Frontend]map[uint32]reconciler.BackendID{dfe: {1: 7, 2: 8}, in: {1: 8}},
+		Backends:   map[reconciler.BackendID]model.L4Addr{7: b1.addr, 8: b2.addr},
+		RevNat:     map[reconciler.ServiceID]reconciler.Frontend{5: dfe, 6: dfeU, 9: reconciler.DefaultScope(orphan), 10: in},
+		ServiceIPs: []netip.Addr{fe.Addr},
 	}
 	got, err := m.Dump()
 	if err != nil {
@@ -50,7 +71,7 @@ func TestMapsDumpRoundTrip(t *testing.T) {
 
 	// Idempotent deletes, including of things that are not there.
 	for range 2 {
-		if err := m.DeleteSlot(fe, 2); err != nil {
+		if err := m.DeleteSlot(reconciler.DefaultScope(fe), 2); err != nil {
 			t.Fatal(err)
 		}
 		if err := m.DeleteBackend(8); err != nil {
@@ -60,12 +81,26 @@ func TestMapsDumpRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := m.UpsertMaster(fe, reconciler.Master{ID: 5, Count: 1}); err != nil {
+	if err := m.UpsertMaster(reconciler.DefaultScope(fe), reconciler.Master{ID: 5, Count: 1}); err != nil {
 		t.Fatal(err)
 	}
-	delete(want.Slots[fe], 2)
+	if err := m.DeleteSlot(in, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.DeleteSlot(in, 0); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := m.DeleteServiceIP(fe.Addr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	delete(want.Slots[dfe], 2)
+	delete(want.Slots, in)
+	delete(want.Masters, in)
 	delete(want.Backends, 8)
-	want.Masters[fe] = reconciler.Master{ID: 5, Count: 1}
+	want.Masters[dfe] = reconciler.Master{ID: 5, Count: 1}
+	want.ServiceIPs = nil
 
 	// A restarted agent finds the same state in the pinned maps.
 	d2 := openTest(t, smallConfig(bpffs))
@@ -89,11 +124,11 @@ func TestMapsRejectInvalid(t *testing.T) {
 	v6 := model.L4Addr{Addr: l4("10.0.0.1", 1, model.TCP).Addr, Port: 1, Proto: 1}
 	for name, err := range map[string]error{
 		"ipv6 backend":   m.UpsertBackend(1, l4("fd00::1", 80, model.TCP)),
-		"icmp frontend":  m.UpsertMaster(v6, reconciler.Master{ID: 1}),
+		"icmp frontend":  m.UpsertMaster(reconciler.DefaultScope(v6), reconciler.Master{ID: 1}),
 		"backend id 0":   m.UpsertBackend(0, l4("10.0.0.1", 80, model.TCP)),
-		"service id 0":   m.UpsertRevNat(0, l4("10.0.0.1", 80, model.TCP)),
-		"slot 0 as slot": m.UpsertSlot(l4("10.0.0.1", 80, model.TCP), 0, 1),
-		"slot too large": m.UpsertSlot(l4("10.0.0.1", 80, model.TCP), 1<<16, 1),
+		"service id 0":   m.UpsertRevNat(0, reconciler.DefaultScope(l4("10.0.0.1", 80, model.TCP))),
+		"slot 0 as slot": m.UpsertSlot(reconciler.DefaultScope(l4("10.0.0.1", 80, model.TCP)), 0, 1),
+		"slot too large": m.UpsertSlot(reconciler.DefaultScope(l4("10.0.0.1", 80, model.TCP)), 1<<16, 1),
 	} {
 		if err == nil {
 			t.Errorf("%s: accepted", name)
@@ -133,7 +168,9 @@ func BenchmarkMapsApply(b *testing.B) {
 				}
 				b.StopTimer()
 				d.Close()
-				os.RemoveAll(filepath.Join(cfg.BPFFS, "sluice"))
+				if err := os.RemoveAll(filepath.Join(cfg.BPFFS, "sluice")); err != nil {
+					b.Fatal(err)
+				}
 				b.StartTimer()
 			}
 		})

@@ -16,32 +16,37 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	migrateMapSluiceBackendsV1  = "sluice_backends_v1"
-	migrateMapSluiceConntrackV2 = "sluice_conntrack_v2"
-	migrateMapSluiceCtFlushV1   = "sluice_ct_flush_v1"
-	migrateMapSluiceCtNewV1     = "sluice_ct_new_v1"
-	migrateMapSluiceDevicesV1   = "sluice_devices_v1"
-	migrateMapSluiceFragmentsV1 = "sluice_fragments_v1"
-	migrateMapSluiceMetricsV1   = "sluice_metrics_v1"
-	migrateMapSluiceMigOldEst   = "sluice_mig_old_est"
-	migrateMapSluiceMigOldNew   = "sluice_mig_old_new"
-	migrateMapSluiceMigOldR0    = "sluice_mig_old_r0"
-	migrateMapSluiceRevNatV1    = "sluice_rev_nat_v1"
-	migrateMapSluiceServicesV1  = "sluice_services_v1"
-	migrateMapSluiceSockRevV1   = "sluice_sock_rev_v1"
-	migrateMapSluiceSrcRangesV1 = "sluice_src_ranges_v1"
-	migrateMapSluiceUdpStickV1  = "sluice_udp_stick_v1"
-	migrateProgSluiceMigTc      = "sluice_mig_tc"
-	migrateProgSluiceMigXdp     = "sluice_mig_xdp"
-	migrateVarCtTimeoutCloseNs  = "ct_timeout_close_ns"
-	migrateVarCtTimeoutSynNs    = "ct_timeout_syn_ns"
-	migrateVarCtTimeoutTcpNs    = "ct_timeout_tcp_ns"
-	migrateVarCtTimeoutUdpNs    = "ct_timeout_udp_ns"
-	migrateVarMigFromEst        = "mig_from_est"
-	migrateVarMigFromNew        = "mig_from_new"
-	migrateVarMigFromR0         = "mig_from_r0"
-	migrateVarSnatPortMax       = "snat_port_max"
-	migrateVarSnatPortMin       = "snat_port_min"
+	migrateMapSluiceBackendsV1   = "sluice_backends_v1"
+	migrateMapSluiceConntrackV2  = "sluice_conntrack_v2"
+	migrateMapSluiceCtFlushV1    = "sluice_ct_flush_v1"
+	migrateMapSluiceCtNewV1      = "sluice_ct_new_v1"
+	migrateMapSluiceDevicesV1    = "sluice_devices_v1"
+	migrateMapSluiceFragmentsV1  = "sluice_fragments_v1"
+	migrateMapSluiceMetricsV1    = "sluice_metrics_v1"
+	migrateMapSluiceMigOldEst    = "sluice_mig_old_est"
+	migrateMapSluiceMigOldNew    = "sluice_mig_old_new"
+	migrateMapSluiceMigOldR0     = "sluice_mig_old_r0"
+	migrateMapSluiceNodeCidrsV1  = "sluice_node_cidrs_v1"
+	migrateMapSluiceRevNatV1     = "sluice_rev_nat_v1"
+	migrateMapSluiceServiceIpsV1 = "sluice_service_ips_v1"
+	migrateMapSluiceServicesV1   = "sluice_services_v1"
+	migrateMapSluiceSockRevV1    = "sluice_sock_rev_v1"
+	migrateMapSluiceSrcRangesV1  = "sluice_src_ranges_v1"
+	migrateMapSluiceUdpStickV1   = "sluice_udp_stick_v1"
+	migrateProgSluiceMigTc       = "sluice_mig_tc"
+	migrateProgSluiceMigXdp      = "sluice_mig_xdp"
+	migrateVarCtTimeoutCloseNs   = "ct_timeout_close_ns"
+	migrateVarCtTimeoutSynNs     = "ct_timeout_syn_ns"
+	migrateVarCtTimeoutTcpNs     = "ct_timeout_tcp_ns"
+	migrateVarCtTimeoutUdpNs     = "ct_timeout_udp_ns"
+	migrateVarHaveClusterCidr    = "have_cluster_cidr"
+	migrateVarMasqueradeAll      = "masquerade_all"
+	migrateVarMigFromEst         = "mig_from_est"
+	migrateVarMigFromNew         = "mig_from_new"
+	migrateVarMigFromR0          = "mig_from_r0"
+	migrateVarNodeIp4            = "node_ip4"
+	migrateVarSnatPortMax        = "snat_port_max"
+	migrateVarSnatPortMin        = "snat_port_min"
 )
 
 // loadMigrate returns the embedded CollectionSpec for migrate.
@@ -94,21 +99,23 @@ type migrateProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type migrateMapSpecs struct {
-	SluiceBackendsV1  *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV2 *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
-	SluiceCtFlushV1   *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
-	SluiceCtNewV1     *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
-	SluiceDevicesV1   *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
-	SluiceFragmentsV1 *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
-	SluiceMetricsV1   *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
-	SluiceMigOldEst   *ebpf.MapSpec `ebpf:"sluice_mig_old_est"`
-	SluiceMigOldNew   *ebpf.MapSpec `ebpf:"sluice_mig_old_new"`
-	SluiceMigOldR0    *ebpf.MapSpec `ebpf:"sluice_mig_old_r0"`
-	SluiceRevNatV1    *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
-	SluiceServicesV1  *ebpf.MapSpec `ebpf:"sluice_services_v1"`
-	SluiceSockRevV1   *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
-	SluiceSrcRangesV1 *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
-	SluiceUdpStickV1  *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
+	SluiceBackendsV1   *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2  *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1    *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1      *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1    *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1  *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1    *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
+	SluiceMigOldEst    *ebpf.MapSpec `ebpf:"sluice_mig_old_est"`
+	SluiceMigOldNew    *ebpf.MapSpec `ebpf:"sluice_mig_old_new"`
+	SluiceMigOldR0     *ebpf.MapSpec `ebpf:"sluice_mig_old_r0"`
+	SluiceNodeCidrsV1  *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
+	SluiceRevNatV1     *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1 *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
+	SluiceServicesV1   *ebpf.MapSpec `ebpf:"sluice_services_v1"`
+	SluiceSockRevV1    *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1  *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1   *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
 }
 
 // migrateVariableSpecs contains global variables before they are loaded into the kernel.
@@ -119,9 +126,12 @@ type migrateVariableSpecs struct {
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
+	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	MigFromEst       *ebpf.VariableSpec `ebpf:"mig_from_est"`
 	MigFromNew       *ebpf.VariableSpec `ebpf:"mig_from_new"`
 	MigFromR0        *ebpf.VariableSpec `ebpf:"mig_from_r0"`
+	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
@@ -146,21 +156,23 @@ func (o *migrateObjects) Close() error {
 //
 // It can be passed to loadMigrateObjects or ebpf.CollectionSpec.LoadAndAssign.
 type migrateMaps struct {
-	SluiceBackendsV1  *ebpf.Map `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV2 *ebpf.Map `ebpf:"sluice_conntrack_v2"`
-	SluiceCtFlushV1   *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
-	SluiceCtNewV1     *ebpf.Map `ebpf:"sluice_ct_new_v1"`
-	SluiceDevicesV1   *ebpf.Map `ebpf:"sluice_devices_v1"`
-	SluiceFragmentsV1 *ebpf.Map `ebpf:"sluice_fragments_v1"`
-	SluiceMetricsV1   *ebpf.Map `ebpf:"sluice_metrics_v1"`
-	SluiceMigOldEst   *ebpf.Map `ebpf:"sluice_mig_old_est"`
-	SluiceMigOldNew   *ebpf.Map `ebpf:"sluice_mig_old_new"`
-	SluiceMigOldR0    *ebpf.Map `ebpf:"sluice_mig_old_r0"`
-	SluiceRevNatV1    *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
-	SluiceServicesV1  *ebpf.Map `ebpf:"sluice_services_v1"`
-	SluiceSockRevV1   *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
-	SluiceSrcRangesV1 *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
-	SluiceUdpStickV1  *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
+	SluiceBackendsV1   *ebpf.Map `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2  *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1    *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1      *ebpf.Map `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1    *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1  *ebpf.Map `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1    *ebpf.Map `ebpf:"sluice_metrics_v1"`
+	SluiceMigOldEst    *ebpf.Map `ebpf:"sluice_mig_old_est"`
+	SluiceMigOldNew    *ebpf.Map `ebpf:"sluice_mig_old_new"`
+	SluiceMigOldR0     *ebpf.Map `ebpf:"sluice_mig_old_r0"`
+	SluiceNodeCidrsV1  *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
+	SluiceRevNatV1     *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1 *ebpf.Map `ebpf:"sluice_service_ips_v1"`
+	SluiceServicesV1   *ebpf.Map `ebpf:"sluice_services_v1"`
+	SluiceSockRevV1    *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1  *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1   *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
 }
 
 func (m *migrateMaps) Close() error {
@@ -175,7 +187,9 @@ func (m *migrateMaps) Close() error {
 		m.SluiceMigOldEst,
 		m.SluiceMigOldNew,
 		m.SluiceMigOldR0,
+		m.SluiceNodeCidrsV1,
 		m.SluiceRevNatV1,
+		m.SluiceServiceIpsV1,
 		m.SluiceServicesV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
@@ -191,9 +205,12 @@ type migrateVariables struct {
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
+	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	MigFromEst       *ebpf.Variable `ebpf:"mig_from_est"`
 	MigFromNew       *ebpf.Variable `ebpf:"mig_from_new"`
 	MigFromR0        *ebpf.Variable `ebpf:"mig_from_r0"`
+	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
 }

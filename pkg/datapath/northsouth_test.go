@@ -129,7 +129,7 @@ func runOn(t *testing.T, prog *ebpf.Program, ifindex int, in []byte) (uint32, []
 func addExternal(t testing.TB, m *Maps, id reconciler.ServiceID, fe model.L4Addr, flags uint8, bes ...testBackend) {
 	t.Helper()
 	addService(t, m, id, fe, bes...)
-	if err := m.UpsertMaster(fe, reconciler.Master{ID: id, Count: uint32(len(bes)), Flags: flags}); err != nil {
+	if err := m.UpsertMaster(reconciler.DefaultScope(fe), reconciler.Master{ID: id, Count: uint32(len(bes)), Flags: flags}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -243,7 +243,7 @@ func toClient(r packet.Packet, fe model.L4Addr, cport uint16) packet.Packet {
 func TestNorthSouthPacketTable(t *testing.T) {
 	ns, ifindex, d := northSouthNode(t)
 	m, ext := d.Maps(), reconciler.FlagExternal
-	addExternal(t, m, 4, npEmpty, ext|reconciler.FlagLocal)
+	addExternal(t, m, 4, npEmpty, ext|reconciler.FlagLocal|reconciler.FlagDropEmpty)
 	for _, p := range []string{"192.168.1.0/28", "172.16.0.0/12"} {
 		if err := m.UpsertSourceRange(lbRanges, netip.MustParsePrefix(p)); err != nil {
 			t.Fatal(err)

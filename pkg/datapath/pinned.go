@@ -19,7 +19,8 @@ import (
 // build does not know is an error rather than garbage.
 type Pinned struct {
 	services, backends, revNat, srcRanges, metrics *ebpf.Map
-	reasons                                        int // counters this build and the pin both know
+	serviceIPs                                     *ebpf.Map // nil: pinned by an agent without it
+	reasons                                        int       // counters this build and the pin both know
 }
 
 // OpenPinned opens the maps pinned under bpffs/sluice read-only. A map
@@ -48,15 +49,21 @@ func OpenPinned(bpffs string) (*Pinned, error) {
 	} {
 		m, err := openPinnedMap(dir, x.name, spec.Maps[x.name])
 		if err != nil {
-			p.Close()
-			return nil, err
+			return nil, errors.Join(err, p.Close())
 		}
 		*x.m = m
 	}
+	m, err := openPinnedMap(dir, mapServiceIPs, spec.Maps[mapServiceIPs])
+	switch {
+	case err == nil:
+		p.serviceIPs = m
+	case !errors.Is(err, os.ErrNotExist):
+		p.Close()
+		return nil, err
+	}
 	info, err := p.metrics.Info()
 	if err != nil {
-		p.Close()
-		return nil, fmt.Errorf("info of pinned map %s: %w", mapMetrics, err)
+		return nil, errors.Join(fmt.Errorf("info of pinned map %s: %w", mapMetrics, err), p.Close())
 	}
 	// An agent built with fewer or more reasons than this tool: show the
 	// ones both know.
@@ -94,9 +101,10 @@ func openPinnedMap(dir, name string, ms *ebpf.MapSpec) (*ebpf.Map, error) {
 	return m, nil
 }
 
-// Dump reads the service, backend, reverse-NAT and source-range maps.
+// Dump reads the service, backend, reverse-NAT, source-range and
+// service-IP maps.
 func (p *Pinned) Dump() (*reconciler.KernelState, error) {
-	return dumpState(p.services, p.backends, p.revNat, p.srcRanges)
+	return dumpState(p.services, p.backends, p.revNat, p.srcRanges, p.serviceIPs)
 }
 
 // Counters returns the datapath outcome counters, summed over CPUs, by
@@ -108,7 +116,7 @@ func (p *Pinned) Counters() (map[string]uint64, error) {
 // Close releases the maps' file descriptors; the pins stay.
 func (p *Pinned) Close() error {
 	var errs []error
-	for _, m := range []*ebpf.Map{p.services, p.backends, p.revNat, p.srcRanges, p.metrics} {
+	for _, m := range []*ebpf.Map{p.services, p.backends, p.revNat, p.srcRanges, p.metrics, p.serviceIPs} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}

@@ -22,18 +22,20 @@ import (
 // match bpf/lib/maps.h; the generated bindings name the same maps, and
 // Open checks that each of these is in every object.
 const (
-	mapServices  = "sluice_services_v1"
-	mapBackends  = "sluice_backends_v1"
-	mapRevNat    = "sluice_rev_nat_v1"
-	mapConntrack = "sluice_conntrack_v2"
-	mapCTNew     = "sluice_ct_new_v1"
-	mapCTFlush   = "sluice_ct_flush_v1"
-	mapSockRev   = "sluice_sock_rev_v1"
-	mapUDPStick  = "sluice_udp_stick_v1"
-	mapMetrics   = "sluice_metrics_v1"
-	mapDevices   = "sluice_devices_v1"
-	mapSrcRanges = "sluice_src_ranges_v1"
-	mapFragments = "sluice_fragments_v1"
+	mapServices   = "sluice_services_v1"
+	mapBackends   = "sluice_backends_v1"
+	mapRevNat     = "sluice_rev_nat_v1"
+	mapConntrack  = "sluice_conntrack_v2"
+	mapCTNew      = "sluice_ct_new_v1"
+	mapCTFlush    = "sluice_ct_flush_v1"
+	mapSockRev    = "sluice_sock_rev_v1"
+	mapUDPStick   = "sluice_udp_stick_v1"
+	mapMetrics    = "sluice_metrics_v1"
+	mapDevices    = "sluice_devices_v1"
+	mapSrcRanges  = "sluice_src_ranges_v1"
+	mapFragments  = "sluice_fragments_v1"
+	mapServiceIPs = "sluice_service_ips_v1"
+	mapNodeCIDRs  = "sluice_node_cidrs_v1"
 )
 
 // pinMigration turns the pin of a map of the previous release into this

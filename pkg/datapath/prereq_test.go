@@ -80,7 +80,9 @@ func TestCheckNodeNamesWrongMounts(t *testing.T) {
 func TestCheckNodeWithoutBPFPermission(t *testing.T) {
 	if os.Getenv("SLUICE_PREREQ_CHILD") != "" {
 		err := CheckNode(Prerequisites{BPFFS: DefaultBPFFS})
-		os.Stdout.WriteString(err.Error())
+		if _, err := os.Stdout.WriteString(err.Error()); err != nil {
+			os.Exit(1)
+		}
 		os.Exit(0)
 	}
 	testutil.Privileged(t)

@@ -101,7 +101,7 @@ type sockLb4Key struct {
 	Vip   uint32
 	Port  uint16
 	Proto uint8
-	Pad0  uint8
+	Scope uint8
 	Slot  uint16
 	Pad1  uint16
 }
@@ -111,7 +111,7 @@ type sockLb4RevNat struct {
 	Vip   uint32
 	Port  uint16
 	Proto uint8
-	Pad   uint8
+	Scope uint8
 }
 
 type sockLb4Service struct {
@@ -120,8 +120,16 @@ type sockLb4Service struct {
 	Count     uint32
 	RevNatId  uint32
 	Flags     uint8
-	Pad       [3]uint8
+	Scope     uint8
+	Pad       [2]uint8
 }
+
+type sockLbScope uint32
+
+const (
+	sockLbScopeLB_SCOPE_DEFAULT  sockLbScope = 0
+	sockLbScopeLB_SCOPE_INTERNAL sockLbScope = 1
+)
 
 type sockMetricReason uint32
 
@@ -163,7 +171,27 @@ const (
 	sockMetricReasonMETRIC_TC_CT_CLASH          sockMetricReason = 34
 	sockMetricReasonMETRIC_TC_SNAT_LOST         sockMetricReason = 35
 	sockMetricReasonMETRIC_TC_CT_BACKEND_GONE   sockMetricReason = 36
-	sockMetricReasonMETRIC_MAX                  sockMetricReason = 37
+	sockMetricReasonMETRIC_TC_SHORT_CIRCUIT     sockMetricReason = 37
+	sockMetricReasonMETRIC_TC_MASQ_LOCAL        sockMetricReason = 38
+	sockMetricReasonMETRIC_TC_UNKNOWN_PORT      sockMetricReason = 39
+	sockMetricReasonMETRIC_TC_SERVICE_CIDR_DROP sockMetricReason = 40
+	sockMetricReasonMETRIC_SOCK_UNKNOWN_PORT    sockMetricReason = 41
+	sockMetricReasonMETRIC_SOCK_DROP            sockMetricReason = 42
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 43
+)
+
+type sockNodeCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Kind      uint32
+	Addr      uint32
+}
+
+type sockNodeCidrKind uint32
+
+const (
+	sockNodeCidrKindNODE_CIDR_CLUSTER sockNodeCidrKind = 1
+	sockNodeCidrKindNODE_CIDR_SERVICE sockNodeCidrKind = 2
 )
 
 type sockNodeDev struct {
@@ -176,6 +204,7 @@ type sockNodeDevFlags uint32
 
 const (
 	sockNodeDevFlagsNODE_DEV_F_L3 sockNodeDevFlags = 1
+	sockNodeDevFlagsNODE_DEV_F_TC sockNodeDevFlags = 2
 )
 
 type sockSockRevEntry struct {
@@ -227,6 +256,8 @@ const (
 	sockSvcFlagsSVC_F_EXTERNAL   sockSvcFlags = 1
 	sockSvcFlagsSVC_F_LOCAL      sockSvcFlags = 2
 	sockSvcFlagsSVC_F_SRC_RANGES sockSvcFlags = 4
+	sockSvcFlagsSVC_F_TWO_SCOPES sockSvcFlags = 8
+	sockSvcFlagsSVC_F_DROP_EMPTY sockSvcFlags = 16
 )
 
 // Names of all BPF objects in the ELF.
@@ -240,7 +271,9 @@ const (
 	sockMapSluiceDevicesV1      = "sluice_devices_v1"
 	sockMapSluiceFragmentsV1    = "sluice_fragments_v1"
 	sockMapSluiceMetricsV1      = "sluice_metrics_v1"
+	sockMapSluiceNodeCidrsV1    = "sluice_node_cidrs_v1"
 	sockMapSluiceRevNatV1       = "sluice_rev_nat_v1"
+	sockMapSluiceServiceIpsV1   = "sluice_service_ips_v1"
 	sockMapSluiceServicesV1     = "sluice_services_v1"
 	sockMapSluiceSockRevV1      = "sluice_sock_rev_v1"
 	sockMapSluiceSrcRangesV1    = "sluice_src_ranges_v1"
@@ -255,6 +288,9 @@ const (
 	sockVarCtTimeoutSynNs       = "ct_timeout_syn_ns"
 	sockVarCtTimeoutTcpNs       = "ct_timeout_tcp_ns"
 	sockVarCtTimeoutUdpNs       = "ct_timeout_udp_ns"
+	sockVarHaveClusterCidr      = "have_cluster_cidr"
+	sockVarMasqueradeAll        = "masquerade_all"
+	sockVarNodeIp4              = "node_ip4"
 	sockVarSnatPortMax          = "snat_port_max"
 	sockVarSnatPortMin          = "snat_port_min"
 )
@@ -313,18 +349,20 @@ type sockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockMapSpecs struct {
-	SluiceBackendsV1  *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV2 *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
-	SluiceCtFlushV1   *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
-	SluiceCtNewV1     *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
-	SluiceDevicesV1   *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
-	SluiceFragmentsV1 *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
-	SluiceMetricsV1   *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
-	SluiceRevNatV1    *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
-	SluiceServicesV1  *ebpf.MapSpec `ebpf:"sluice_services_v1"`
-	SluiceSockRevV1   *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
-	SluiceSrcRangesV1 *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
-	SluiceUdpStickV1  *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
+	SluiceBackendsV1   *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2  *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1    *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1      *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1    *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1  *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1    *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
+	SluiceNodeCidrsV1  *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
+	SluiceRevNatV1     *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1 *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
+	SluiceServicesV1   *ebpf.MapSpec `ebpf:"sluice_services_v1"`
+	SluiceSockRevV1    *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1  *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1   *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
 }
 
 // sockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -335,6 +373,9 @@ type sockVariableSpecs struct {
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
+	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
+	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
@@ -359,18 +400,20 @@ func (o *sockObjects) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockMaps struct {
-	SluiceBackendsV1  *ebpf.Map `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV2 *ebpf.Map `ebpf:"sluice_conntrack_v2"`
-	SluiceCtFlushV1   *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
-	SluiceCtNewV1     *ebpf.Map `ebpf:"sluice_ct_new_v1"`
-	SluiceDevicesV1   *ebpf.Map `ebpf:"sluice_devices_v1"`
-	SluiceFragmentsV1 *ebpf.Map `ebpf:"sluice_fragments_v1"`
-	SluiceMetricsV1   *ebpf.Map `ebpf:"sluice_metrics_v1"`
-	SluiceRevNatV1    *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
-	SluiceServicesV1  *ebpf.Map `ebpf:"sluice_services_v1"`
-	SluiceSockRevV1   *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
-	SluiceSrcRangesV1 *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
-	SluiceUdpStickV1  *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
+	SluiceBackendsV1   *ebpf.Map `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2  *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1    *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1      *ebpf.Map `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1    *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1  *ebpf.Map `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1    *ebpf.Map `ebpf:"sluice_metrics_v1"`
+	SluiceNodeCidrsV1  *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
+	SluiceRevNatV1     *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1 *ebpf.Map `ebpf:"sluice_service_ips_v1"`
+	SluiceServicesV1   *ebpf.Map `ebpf:"sluice_services_v1"`
+	SluiceSockRevV1    *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1  *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1   *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
 }
 
 func (m *sockMaps) Close() error {
@@ -382,7 +425,9 @@ func (m *sockMaps) Close() error {
 		m.SluiceDevicesV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
+		m.SluiceNodeCidrsV1,
 		m.SluiceRevNatV1,
+		m.SluiceServiceIpsV1,
 		m.SluiceServicesV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
@@ -398,6 +443,9 @@ type sockVariables struct {
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
+	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
+	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
 }

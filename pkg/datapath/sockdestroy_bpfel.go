@@ -42,7 +42,9 @@ const (
 	sockdestroyMapSluiceDevicesV1    = "sluice_devices_v1"
 	sockdestroyMapSluiceFragmentsV1  = "sluice_fragments_v1"
 	sockdestroyMapSluiceMetricsV1    = "sluice_metrics_v1"
+	sockdestroyMapSluiceNodeCidrsV1  = "sluice_node_cidrs_v1"
 	sockdestroyMapSluiceRevNatV1     = "sluice_rev_nat_v1"
+	sockdestroyMapSluiceServiceIpsV1 = "sluice_service_ips_v1"
 	sockdestroyMapSluiceServicesV1   = "sluice_services_v1"
 	sockdestroyMapSluiceSockRevV1    = "sluice_sock_rev_v1"
 	sockdestroyMapSluiceSrcRangesV1  = "sluice_src_ranges_v1"
@@ -52,6 +54,9 @@ const (
 	sockdestroyVarCtTimeoutSynNs     = "ct_timeout_syn_ns"
 	sockdestroyVarCtTimeoutTcpNs     = "ct_timeout_tcp_ns"
 	sockdestroyVarCtTimeoutUdpNs     = "ct_timeout_udp_ns"
+	sockdestroyVarHaveClusterCidr    = "have_cluster_cidr"
+	sockdestroyVarMasqueradeAll      = "masquerade_all"
+	sockdestroyVarNodeIp4            = "node_ip4"
 	sockdestroyVarSnatPortMax        = "snat_port_max"
 	sockdestroyVarSnatPortMin        = "snat_port_min"
 )
@@ -105,18 +110,20 @@ type sockdestroyProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockdestroyMapSpecs struct {
-	SluiceBackendsV1  *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV2 *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
-	SluiceCtFlushV1   *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
-	SluiceCtNewV1     *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
-	SluiceDevicesV1   *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
-	SluiceFragmentsV1 *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
-	SluiceMetricsV1   *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
-	SluiceRevNatV1    *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
-	SluiceServicesV1  *ebpf.MapSpec `ebpf:"sluice_services_v1"`
-	SluiceSockRevV1   *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
-	SluiceSrcRangesV1 *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
-	SluiceUdpStickV1  *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
+	SluiceBackendsV1   *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2  *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1    *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1      *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1    *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1  *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1    *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
+	SluiceNodeCidrsV1  *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
+	SluiceRevNatV1     *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1 *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
+	SluiceServicesV1   *ebpf.MapSpec `ebpf:"sluice_services_v1"`
+	SluiceSockRevV1    *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1  *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1   *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
 }
 
 // sockdestroyVariableSpecs contains global variables before they are loaded into the kernel.
@@ -127,6 +134,9 @@ type sockdestroyVariableSpecs struct {
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
+	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
+	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
@@ -151,18 +161,20 @@ func (o *sockdestroyObjects) Close() error {
 //
 // It can be passed to loadSockdestroyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockdestroyMaps struct {
-	SluiceBackendsV1  *ebpf.Map `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV2 *ebpf.Map `ebpf:"sluice_conntrack_v2"`
-	SluiceCtFlushV1   *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
-	SluiceCtNewV1     *ebpf.Map `ebpf:"sluice_ct_new_v1"`
-	SluiceDevicesV1   *ebpf.Map `ebpf:"sluice_devices_v1"`
-	SluiceFragmentsV1 *ebpf.Map `ebpf:"sluice_fragments_v1"`
-	SluiceMetricsV1   *ebpf.Map `ebpf:"sluice_metrics_v1"`
-	SluiceRevNatV1    *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
-	SluiceServicesV1  *ebpf.Map `ebpf:"sluice_services_v1"`
-	SluiceSockRevV1   *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
-	SluiceSrcRangesV1 *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
-	SluiceUdpStickV1  *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
+	SluiceBackendsV1   *ebpf.Map `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2  *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1    *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1      *ebpf.Map `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1    *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1  *ebpf.Map `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1    *ebpf.Map `ebpf:"sluice_metrics_v1"`
+	SluiceNodeCidrsV1  *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
+	SluiceRevNatV1     *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1 *ebpf.Map `ebpf:"sluice_service_ips_v1"`
+	SluiceServicesV1   *ebpf.Map `ebpf:"sluice_services_v1"`
+	SluiceSockRevV1    *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1  *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1   *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
 }
 
 func (m *sockdestroyMaps) Close() error {
@@ -174,7 +186,9 @@ func (m *sockdestroyMaps) Close() error {
 		m.SluiceDevicesV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
+		m.SluiceNodeCidrsV1,
 		m.SluiceRevNatV1,
+		m.SluiceServiceIpsV1,
 		m.SluiceServicesV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
@@ -190,6 +204,9 @@ type sockdestroyVariables struct {
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
+	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
+	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
 }

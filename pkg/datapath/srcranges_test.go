@@ -104,9 +104,9 @@ func TestSourceRangesSizedByConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, okA := ks.Masters[a.Frontend]
-	_, okB := ks.Masters[b.Frontend]
-	_, okC := ks.Masters[c.Frontend]
+	_, okA := ks.Masters[reconciler.DefaultScope(a.Frontend)]
+	_, okB := ks.Masters[reconciler.DefaultScope(b.Frontend)]
+	_, okC := ks.Masters[reconciler.DefaultScope(c.Frontend)]
 	if okA == okB || !okC {
 		t.Errorf("programmed: a %v, b %v, c %v; want exactly one of a and b, and c", okA, okB, okC)
 	}

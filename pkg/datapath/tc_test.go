@@ -12,6 +12,7 @@ import (
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // Packet tables for the tc programs, run through BPF_PROG_TEST_RUN with the
@@ -85,6 +86,18 @@ func runPacketCases(t *testing.T, d *Datapath, cases []packetCase) {
 	}
 }
 
+// icmpOut is the ICMP port unreachable tc answers in with, as a packet to
+// compare with: from in's destination, quoting its IPv4 and L4 headers.
+func icmpOut(in packet.Packet) *packet.Packet {
+	b := in.Bytes()
+	n := 20 + 8
+	if in.Proto == packet.TCP {
+		n = 20 + 20
+	}
+	return &packet.Packet{SrcMAC: in.DstMAC, DstMAC: in.SrcMAC, Src: in.Dst, Dst: in.Src, Proto: packet.ICMP,
+		ICMPType: 3, ICMPCode: 3, Payload: b[14 : 14+n]}
+}
+
 // with returns a copy of p with f applied, for a case's out.
 func with(p packet.Packet, f func(*packet.Packet)) *packet.Packet {
 	q := p.With(f)
@@ -150,8 +163,12 @@ func TestTCPacketTable(t *testing.T) {
 		{name: "reply_of_unknown_flow_untouched", egress: true, in: tcpReply.With(func(p *packet.Packet) { p.DstPort = 40999 }), verdict: tcActOK},
 		{name: "egress_to_vip_untouched", egress: true, in: tcpSYN("10.0.0.1", 40002, "10.96.0.10", 80), verdict: tcActOK},
 		{name: "non_service_addr_untouched", in: tcpSYN("10.0.0.1", 40000, "10.96.0.99", 80), verdict: tcActOK},
-		{name: "non_service_port_untouched", in: tcpSYN("10.0.0.1", 40000, "10.96.0.10", 81), verdict: tcActOK},
-		{name: "wrong_proto_for_port_untouched", in: udpDgram("10.0.0.1", 40000, "10.96.0.10", 80), verdict: tcActOK},
+		// A ClusterIP's other ports and protocols are rejected (the
+		// exact ICMP errors: semantics_test.go).
+		{name: "non_service_port_rejected", in: tcpSYN("10.0.0.1", 40000, "10.96.0.10", 81), verdict: tcActRedirect,
+			out: icmpOut(tcpSYN("10.0.0.1", 40000, "10.96.0.10", 81))},
+		{name: "wrong_proto_for_port_rejected", in: udpDgram("10.0.0.1", 40000, "10.96.0.10", 80), verdict: tcActRedirect,
+			out: icmpOut(udpDgram("10.0.0.1", 40000, "10.96.0.10", 80))},
 		{name: "icmp_to_vip_untouched", in: packet.Packet{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr("10.0.0.1"), Dst: addr("10.96.0.10"), Proto: packet.ICMP,
 			ICMPType: packet.ICMPEcho}, verdict: tcActOK},
 		{name: "ipv6_untouched", in: packet.Packet{SrcMAC: clientMAC, DstMAC: nodeMAC, EtherType: packet.EtherTypeIPv6, Payload: bytes.Repeat([]byte{0x60}, 60)}, verdict: tcActOK},
@@ -274,7 +291,7 @@ func TestTCConntrackTimeout(t *testing.T) {
 	if err := m.UpsertBackend(b.id, b.addr); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.UpsertSlot(vipUDP, 1, b.id); err != nil {
+	if err := m.UpsertSlot(reconciler.DefaultScope(vipUDP), 1, b.id); err != nil {
 		t.Fatal(err)
 	}
 	if got := dstOf(); got != "10.1.3.1" {

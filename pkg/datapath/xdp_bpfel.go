@@ -16,25 +16,30 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	xdpMapSluiceBackendsV1  = "sluice_backends_v1"
-	xdpMapSluiceConntrackV2 = "sluice_conntrack_v2"
-	xdpMapSluiceCtFlushV1   = "sluice_ct_flush_v1"
-	xdpMapSluiceCtNewV1     = "sluice_ct_new_v1"
-	xdpMapSluiceDevicesV1   = "sluice_devices_v1"
-	xdpMapSluiceFragmentsV1 = "sluice_fragments_v1"
-	xdpMapSluiceMetricsV1   = "sluice_metrics_v1"
-	xdpMapSluiceRevNatV1    = "sluice_rev_nat_v1"
-	xdpMapSluiceServicesV1  = "sluice_services_v1"
-	xdpMapSluiceSockRevV1   = "sluice_sock_rev_v1"
-	xdpMapSluiceSrcRangesV1 = "sluice_src_ranges_v1"
-	xdpMapSluiceUdpStickV1  = "sluice_udp_stick_v1"
-	xdpProgSluiceXdp        = "sluice_xdp"
-	xdpVarCtTimeoutCloseNs  = "ct_timeout_close_ns"
-	xdpVarCtTimeoutSynNs    = "ct_timeout_syn_ns"
-	xdpVarCtTimeoutTcpNs    = "ct_timeout_tcp_ns"
-	xdpVarCtTimeoutUdpNs    = "ct_timeout_udp_ns"
-	xdpVarSnatPortMax       = "snat_port_max"
-	xdpVarSnatPortMin       = "snat_port_min"
+	xdpMapSluiceBackendsV1   = "sluice_backends_v1"
+	xdpMapSluiceConntrackV2  = "sluice_conntrack_v2"
+	xdpMapSluiceCtFlushV1    = "sluice_ct_flush_v1"
+	xdpMapSluiceCtNewV1      = "sluice_ct_new_v1"
+	xdpMapSluiceDevicesV1    = "sluice_devices_v1"
+	xdpMapSluiceFragmentsV1  = "sluice_fragments_v1"
+	xdpMapSluiceMetricsV1    = "sluice_metrics_v1"
+	xdpMapSluiceNodeCidrsV1  = "sluice_node_cidrs_v1"
+	xdpMapSluiceRevNatV1     = "sluice_rev_nat_v1"
+	xdpMapSluiceServiceIpsV1 = "sluice_service_ips_v1"
+	xdpMapSluiceServicesV1   = "sluice_services_v1"
+	xdpMapSluiceSockRevV1    = "sluice_sock_rev_v1"
+	xdpMapSluiceSrcRangesV1  = "sluice_src_ranges_v1"
+	xdpMapSluiceUdpStickV1   = "sluice_udp_stick_v1"
+	xdpProgSluiceXdp         = "sluice_xdp"
+	xdpVarCtTimeoutCloseNs   = "ct_timeout_close_ns"
+	xdpVarCtTimeoutSynNs     = "ct_timeout_syn_ns"
+	xdpVarCtTimeoutTcpNs     = "ct_timeout_tcp_ns"
+	xdpVarCtTimeoutUdpNs     = "ct_timeout_udp_ns"
+	xdpVarHaveClusterCidr    = "have_cluster_cidr"
+	xdpVarMasqueradeAll      = "masquerade_all"
+	xdpVarNodeIp4            = "node_ip4"
+	xdpVarSnatPortMax        = "snat_port_max"
+	xdpVarSnatPortMin        = "snat_port_min"
 )
 
 // loadXdp returns the embedded CollectionSpec for xdp.
@@ -86,18 +91,20 @@ type xdpProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpMapSpecs struct {
-	SluiceBackendsV1  *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV2 *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
-	SluiceCtFlushV1   *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
-	SluiceCtNewV1     *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
-	SluiceDevicesV1   *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
-	SluiceFragmentsV1 *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
-	SluiceMetricsV1   *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
-	SluiceRevNatV1    *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
-	SluiceServicesV1  *ebpf.MapSpec `ebpf:"sluice_services_v1"`
-	SluiceSockRevV1   *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
-	SluiceSrcRangesV1 *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
-	SluiceUdpStickV1  *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
+	SluiceBackendsV1   *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2  *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1    *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1      *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1    *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1  *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1    *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
+	SluiceNodeCidrsV1  *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
+	SluiceRevNatV1     *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1 *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
+	SluiceServicesV1   *ebpf.MapSpec `ebpf:"sluice_services_v1"`
+	SluiceSockRevV1    *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1  *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1   *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
 }
 
 // xdpVariableSpecs contains global variables before they are loaded into the kernel.
@@ -108,6 +115,9 @@ type xdpVariableSpecs struct {
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
+	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
+	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
@@ -132,18 +142,20 @@ func (o *xdpObjects) Close() error {
 //
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpMaps struct {
-	SluiceBackendsV1  *ebpf.Map `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV2 *ebpf.Map `ebpf:"sluice_conntrack_v2"`
-	SluiceCtFlushV1   *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
-	SluiceCtNewV1     *ebpf.Map `ebpf:"sluice_ct_new_v1"`
-	SluiceDevicesV1   *ebpf.Map `ebpf:"sluice_devices_v1"`
-	SluiceFragmentsV1 *ebpf.Map `ebpf:"sluice_fragments_v1"`
-	SluiceMetricsV1   *ebpf.Map `ebpf:"sluice_metrics_v1"`
-	SluiceRevNatV1    *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
-	SluiceServicesV1  *ebpf.Map `ebpf:"sluice_services_v1"`
-	SluiceSockRevV1   *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
-	SluiceSrcRangesV1 *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
-	SluiceUdpStickV1  *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
+	SluiceBackendsV1   *ebpf.Map `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2  *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1    *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1      *ebpf.Map `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1    *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1  *ebpf.Map `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1    *ebpf.Map `ebpf:"sluice_metrics_v1"`
+	SluiceNodeCidrsV1  *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
+	SluiceRevNatV1     *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1 *ebpf.Map `ebpf:"sluice_service_ips_v1"`
+	SluiceServicesV1   *ebpf.Map `ebpf:"sluice_services_v1"`
+	SluiceSockRevV1    *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1  *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1   *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
 }
 
 func (m *xdpMaps) Close() error {
@@ -155,7 +167,9 @@ func (m *xdpMaps) Close() error {
 		m.SluiceDevicesV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
+		m.SluiceNodeCidrsV1,
 		m.SluiceRevNatV1,
+		m.SluiceServiceIpsV1,
 		m.SluiceServicesV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
@@ -171,6 +185,9 @@ type xdpVariables struct {
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
+	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
+	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
 }

@@ -4,14 +4,17 @@ package health
 // externalTrafficPolicy Local, as kube-proxy serves it: an external load
 // balancer asks every node over HTTP whether it has local endpoints for
 // the Service, and sends traffic only to nodes that answer 200. The answer
-// is 200 with the local endpoint count when there is at least one, 503
-// otherwise, with kube-proxy's JSON body:
+// is 200 with the count of ready local endpoints when there is at least
+// one, 503 otherwise (endpoints that are terminating do not count, so that
+// load balancers drain a node whose endpoints terminate, while they still
+// serve), with kube-proxy's JSON body:
 //
 //	{"service":{"namespace":"ns","name":"web"},"localEndpoints":2,"serviceProxyHealthy":true}
 //
 // Sync opens a listener for every health check port the desired state
-// names and closes those it no longer names. The agent calls it, as an
-// Observer, after every state it programmed.
+// names, on each of the server's hosts (kube-proxy's --nodeport-addresses),
+// and closes those it no longer names. The agent calls it, as an Observer,
+// after every state it programmed.
 
 import (
 	"context"
@@ -21,6 +24,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -30,8 +34,8 @@ import (
 
 // NodePortServer serves every health check port of the desired state.
 type NodePortServer struct {
-	host string // listen host, "" for all addresses
-	log  *slog.Logger
+	hosts []string // listen hosts, "" for all addresses
+	log   *slog.Logger
 
 	mu    sync.Mutex
 	ports map[uint16]*port
@@ -45,10 +49,13 @@ type port struct {
 	local   int
 }
 
-// NewNodePortServer returns a server that listens on host (empty: all
-// addresses).
-func NewNodePortServer(host string, log *slog.Logger) *NodePortServer {
-	return &NodePortServer{host: host, log: log, ports: map[uint16]*port{}}
+// NewNodePortServer returns a server that listens on each of hosts (none,
+// or "": all addresses).
+func NewNodePortServer(hosts []string, log *slog.Logger) *NodePortServer {
+	if len(hosts) == 0 || slices.Contains(hosts, "") {
+		hosts = []string{""}
+	}
+	return &NodePortServer{hosts: hosts, log: log, ports: map[uint16]*port{}}
 }
 
 type status struct {
@@ -78,8 +85,8 @@ func (p *port) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 }
 
 // LocalEndpoints returns, per health check port of st, its Service and
-// the number of distinct local endpoints (the backends of its Local
-// frontends, which hold only this node's endpoints).
+// the number of distinct ready local endpoints (model.Service.LocalReady of
+// its frontends, every port's: kube-proxy counts addresses).
 func LocalEndpoints(st *model.State) map[uint16]struct {
 	Service model.ServicePortName
 	Count   int
@@ -99,8 +106,8 @@ func LocalEndpoints(st *model.State) map[uint16]struct {
 				a = &acc{svc: model.ServicePortName{Namespace: s.Name.Namespace, Name: s.Name.Name}, addrs: map[string]bool{}}
 				accs[s.HealthCheckNodePort] = a
 			}
-			for _, b := range s.Backends {
-				a.addrs[b.Addr.String()] = true
+			for _, ip := range s.LocalReady {
+				a.addrs[ip.String()] = true
 			}
 		}
 	}
@@ -133,20 +140,34 @@ func (s *NodePortServer) Sync(st *model.State) error {
 	for n, w := range want {
 		p := s.ports[n]
 		if p == nil {
-			l, err := net.Listen("tcp", net.JoinHostPort(s.host, strconv.Itoa(int(n))))
-			if err != nil {
-				errs = append(errs, fmt.Errorf("health check port %d of %s: %w", n, w.Service, err))
+			var ls []net.Listener
+			for _, h := range s.hosts {
+				l, err := net.Listen("tcp", net.JoinHostPort(h, strconv.Itoa(int(n))))
+				if err != nil {
+					errs = append(errs, fmt.Errorf("health check port %d of %s: %w", n, w.Service, err))
+					for _, l := range ls {
+						// Never served: closing it loses nothing.
+						_ = l.Close()
+					}
+					ls = nil
+					break
+				}
+				ls = append(ls, l)
+			}
+			if ls == nil {
 				continue
 			}
 			p = &port{}
 			p.srv = &http.Server{Handler: p, ReadHeaderTimeout: 5 * time.Second}
 			s.ports[n] = p
-			go func() {
-				if err := p.srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-					s.log.Error("health check server failed", "port", n, "err", err)
-				}
-			}()
-			s.log.Info("serving health check", "port", n, "service", w.Service)
+			for _, l := range ls {
+				go func() {
+					if err := p.srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+						s.log.Error("health check server failed", "port", n, "err", err)
+					}
+				}()
+			}
+			s.log.Info("serving health check", "port", n, "service", w.Service, "hosts", s.hosts)
 		}
 		p.mu.Lock()
 		p.service, p.local = w.Service, w.Count

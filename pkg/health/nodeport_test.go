@@ -26,7 +26,12 @@ func freePort(t *testing.T) uint16 {
 
 func get(t *testing.T, p uint16) (int, status) {
 	t.Helper()
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", p))
+	return getAt(t, "127.0.0.1", p)
+}
+
+func getAt(t *testing.T, host string, p uint16) (int, status) {
+	t.Helper()
+	resp, err := http.Get(fmt.Sprintf("http://%s:%d/", host, p))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,17 +44,23 @@ func get(t *testing.T, p uint16) (int, status) {
 	return resp.StatusCode, st
 }
 
+// TestNodePortServer: the health check port answers on each of the
+// server's hosts (and only there) with the count of ready local endpoints
+// its Service's frontends carry (model.Service.LocalReady, by address:
+// an endpoint of two ports counts once), not the backends they balance
+// over (which may be terminating ones).
 func TestNodePortServer(t *testing.T) {
 	hc := freePort(t)
-	s := NewNodePortServer("127.0.0.1", slog.New(slog.DiscardHandler))
+	s := NewNodePortServer([]string{"127.0.0.1", "127.0.0.2"}, slog.New(slog.DiscardHandler))
 	t.Cleanup(s.Close)
 	be := func(a string) model.Backend {
 		return model.Backend{L4Addr: model.L4Addr{Addr: netip.MustParseAddr(a), Port: 8080, Proto: model.TCP}}
 	}
+	ready := []netip.Addr{netip.MustParseAddr("10.1.0.1"), netip.MustParseAddr("10.1.0.2")}
 	svc := func(fe string, port uint16, bs ...model.Backend) *model.Service {
-		return &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "web", Port: "http"},
+		return &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "web", Port: fmt.Sprint(port)},
 			Kind: model.LoadBalancer, Frontend: model.L4Addr{Addr: netip.MustParseAddr(fe), Port: port, Proto: model.TCP},
-			Backends: bs, ExternalLocal: true, HealthCheckNodePort: hc}
+			Backends: bs, ExternalLocal: true, HealthCheckNodePort: hc, LocalReady: ready}
 	}
 	st := model.NewState()
 	for _, s := range []*model.Service{svc("192.168.1.1", 30080, be("10.1.0.1"), be("10.1.0.2")), svc("198.51.100.1", 80, be("10.1.0.1"), be("10.1.0.2"))} {
@@ -58,13 +69,19 @@ func TestNodePortServer(t *testing.T) {
 	if err := s.Sync(st); err != nil {
 		t.Fatal(err)
 	}
-	code, body := get(t, hc)
-	if code != 200 || body.LocalEndpoints != 2 || body.Service.Name != "web" || body.Service.Namespace != "default" || !body.ServiceProxyHealthy {
-		t.Fatalf("with local endpoints: %d %+v", code, body)
+	for _, host := range []string{"127.0.0.1", "127.0.0.2"} {
+		code, body := getAt(t, host, hc)
+		if code != 200 || body.LocalEndpoints != 2 || body.Service.Name != "web" || body.Service.Namespace != "default" || !body.ServiceProxyHealthy {
+			t.Fatalf("%s, with local endpoints: %d %+v", host, code, body)
+		}
+	}
+	if _, err := http.Get(fmt.Sprintf("http://127.0.0.3:%d/", hc)); err == nil {
+		t.Error("health check answered on a host it was not given")
 	}
 
+	// Terminating local endpoints still serve, but are not ready.
 	for _, s := range st.Services {
-		s.Backends = nil
+		s.LocalReady = nil
 	}
 	if err := s.Sync(st); err != nil {
 		t.Fatal(err)
@@ -92,14 +109,15 @@ func TestNodePortServerObserves(t *testing.T) {
 	defer taken.Close()
 	busy, free := uint16(taken.Addr().(*net.TCPAddr).Port), freePort(t)
 	var logs strings.Builder
-	s := NewNodePortServer("127.0.0.1", slog.New(slog.NewTextHandler(&logs, nil)))
+	s := NewNodePortServer([]string{"127.0.0.1"}, slog.New(slog.NewTextHandler(&logs, nil)))
 	t.Cleanup(s.Close)
 	st := model.NewState()
 	for i, hc := range []uint16{busy, free} {
 		fe := model.L4Addr{Addr: netip.AddrFrom4([4]byte{198, 51, 100, byte(i + 1)}), Port: 80, Proto: model.TCP}
 		st.Services[fe] = &model.Service{Name: model.ServicePortName{Namespace: "default", Name: fmt.Sprint("web", i)},
 			Kind: model.LoadBalancer, Frontend: fe, ExternalLocal: true, HealthCheckNodePort: hc,
-			Backends: []model.Backend{{L4Addr: model.L4Addr{Addr: netip.MustParseAddr("10.1.0.1"), Port: 8080, Proto: model.TCP}}}}
+			Backends:   []model.Backend{{L4Addr: model.L4Addr{Addr: netip.MustParseAddr("10.1.0.1"), Port: 8080, Proto: model.TCP}}},
+			LocalReady: []netip.Addr{netip.MustParseAddr("10.1.0.1")}}
 	}
 	s.ObserveSync(time.Millisecond, nil) // changes nothing
 	s.SetProgrammed(st)

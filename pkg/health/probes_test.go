@@ -13,7 +13,7 @@ func TestReadyzFollowsReadyFunc(t *testing.T) {
 	var reason atomic.Pointer[error]
 	notYet := errors.New("no desired state received yet")
 	reason.Store(&notYet)
-	h := Handler(func() error { return *reason.Load() })
+	h := Handler(func() error { return *reason.Load() }, nil)
 
 	get := func(path string) (int, string) {
 		rec := httptest.NewRecorder()
@@ -35,5 +35,19 @@ func TestReadyzFollowsReadyFunc(t *testing.T) {
 	}
 	if code, _ := get("/nothing"); code != http.StatusNotFound {
 		t.Errorf("/nothing = %d, want 404", code)
+	}
+}
+
+// A ready agent with Services it could not program still answers 200, and
+// lists them.
+func TestReadyzListsNotes(t *testing.T) {
+	h := Handler(func() error { return nil }, func() []string {
+		return []string{"capacity: service default/big:http (10.96.0.20:80/TCP): no room"}
+	})
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	want := "ok\nnot programmed:\n  capacity: service default/big:http (10.96.0.20:80/TCP): no room\n"
+	if rec.Code != http.StatusOK || rec.Body.String() != want {
+		t.Errorf("/readyz = %d %q, want 200 %q", rec.Code, rec.Body.String(), want)
 	}
 }

@@ -6,12 +6,19 @@
 //
 // Fill ratios are computed at scrape time from the last programmed state and
 // the datapath's capacities, so a scrape never touches the BPF maps.
+//
+// Services the reconciler could not program are exported one series per
+// Service port and reason (sluice_service_unprogrammed_frontends): only
+// failing ones, so the number of series is bounded by the failures, not by
+// the number of Services.
 package metrics
 
 import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -55,7 +62,12 @@ type Metrics struct {
 	mu       sync.Mutex
 	counts   Counts
 	capacity Capacity
+	// unprogrammed counts the frontends that failed in the last apply,
+	// by Service port and reason.
+	unprogrammed map[unprogrammedKey]int
 }
+
+type unprogrammedKey struct{ service, reason string }
 
 // Counts is what a programmed state holds, in the units of the BPF maps.
 type Counts struct {
@@ -185,6 +197,22 @@ func (m *Metrics) SetProgrammed(s *model.State) {
 	m.mu.Unlock()
 }
 
+// SetFailures records the frontends the last apply could not program
+// (agent.FailureObserver); an empty list clears them.
+func (m *Metrics) SetFailures(failures []*reconciler.FrontendError) {
+	u := make(map[unprogrammedKey]int, len(failures))
+	for _, f := range failures {
+		name := f.Service.String()
+		if f.Service == (model.ServicePortName{}) {
+			name = "" // a frontend restored from the maps that nobody wants
+		}
+		u[unprogrammedKey{name, f.Reason()}]++
+	}
+	m.mu.Lock()
+	m.unprogrammed = u
+	m.mu.Unlock()
+}
+
 // SetCapacity sets where fill ratios get the maps' sizes from. Until it is
 // set, no fill ratio is exported.
 func (m *Metrics) SetCapacity(c Capacity) {
@@ -205,6 +233,9 @@ var (
 		"Distinct backends programmed.", nil, nil)
 	fillDesc = prometheus.NewDesc(namespace+"_map_fill_ratio",
 		"Fraction of a BPF map's capacity in use.", []string{"map"}, nil)
+	unprogrammedDesc = prometheus.NewDesc(namespace+"_service_unprogrammed_frontends",
+		"Frontends of a Service port the last sync could not program, by reason: capacity or invalid (permanent: retried when the desired state changes) or write (retried with backoff). Only failing Service ports have a series.",
+		[]string{"service", "reason"}, nil)
 )
 
 // stateCollector exports the programmed counts and fill ratios at scrape
@@ -215,14 +246,18 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- servicesDesc
 	ch <- backendsDesc
 	ch <- fillDesc
+	ch <- unprogrammedDesc
 }
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	c.m.mu.Lock()
-	counts, capacity := c.m.counts, c.m.capacity
+	counts, capacity, unprogrammed := c.m.counts, c.m.capacity, c.m.unprogrammed
 	c.m.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(servicesDesc, prometheus.GaugeValue, float64(counts.Services))
 	ch <- prometheus.MustNewConstMetric(backendsDesc, prometheus.GaugeValue, float64(counts.Backends))
+	for k, n := range unprogrammed {
+		ch <- prometheus.MustNewConstMetric(unprogrammedDesc, prometheus.GaugeValue, float64(n), k.service, k.reason)
+	}
 	if capacity == nil {
 		return
 	}

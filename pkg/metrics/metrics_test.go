@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"errors"
+	"fmt"
 	"net/http/httptest"
 	"net/netip"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 func l4(addr string, port uint16) model.L4Addr {
@@ -103,5 +105,30 @@ func TestSocketTermination(t *testing.T) {
 		if c.got != c.want {
 			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
 		}
+	}
+}
+
+// Only failing Service ports have a series, one per reason, counting their
+// frontends; a later sync without failures removes them.
+func TestUnprogrammedServices(t *testing.T) {
+	m := New()
+	big := model.ServicePortName{Namespace: "default", Name: "big", Port: "http"}
+	m.SetFailures([]*reconciler.FrontendError{
+		{Service: big, Frontend: l4("10.96.0.1", 80), Err: fmt.Errorf("%w (no room)", reconciler.ErrCapacity)},
+		{Service: big, Frontend: l4("192.168.1.1", 30080), Err: fmt.Errorf("%w (no room)", reconciler.ErrCapacity)},
+		{Service: model.ServicePortName{Namespace: "default", Name: "flaky"}, Frontend: l4("10.96.0.2", 80), Err: errors.New("EIO")},
+	})
+	want := `
+# HELP sluice_service_unprogrammed_frontends Frontends of a Service port the last sync could not program, by reason: capacity or invalid (permanent: retried when the desired state changes) or write (retried with backoff). Only failing Service ports have a series.
+# TYPE sluice_service_unprogrammed_frontends gauge
+sluice_service_unprogrammed_frontends{reason="capacity",service="default/big:http"} 2
+sluice_service_unprogrammed_frontends{reason="write",service="default/flaky"} 1
+`
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "sluice_service_unprogrammed_frontends"); err != nil {
+		t.Fatal(err)
+	}
+	m.SetFailures(nil)
+	if n, err := testutil.GatherAndCount(m.Registry, "sluice_service_unprogrammed_frontends"); err != nil || n != 0 {
+		t.Errorf("%d series (%v) once nothing fails, want 0", n, err)
 	}
 }

@@ -88,23 +88,46 @@ type Backend struct {
 }
 
 // Service is one frontend and the backends it balances over.
+//
+// Which backends a packet may reach depends on where it comes from, as
+// kube-proxy's traffic policies say (pkg/source/translate holds the
+// rules). Most frontends have one set, Backends. A frontend with
+// TwoScopes has two: Backends for external clients, InternalBackends for
+// cluster-internal ones (sources in the cluster CIDR, and the node itself
+// through the socket path).
 type Service struct {
 	Name     ServicePortName
 	Kind     FrontendKind
 	Frontend L4Addr
 	// Backends is sorted by L4Addr and holds no duplicates. Empty means the
-	// service exists and refuses new connections.
+	// service exists and refuses new connections: rejected (ICMP port
+	// unreachable, ECONNREFUSED), or dropped if DropWhenEmpty.
 	Backends []Backend
+	// DropWhenEmpty makes an empty Backends drop new connections instead
+	// of rejecting them: the Service has usable endpoints, but none for
+	// this traffic here (internalTrafficPolicy Local on a node without a
+	// local endpoint, for a ClusterIP; externalTrafficPolicy Local, for
+	// external clients), or its loadBalancerSourceRanges admit no source.
+	DropWhenEmpty bool
+	// TwoScopes says InternalBackends is the set for internal clients
+	// (externalTrafficPolicy Local: kube-proxy's short-circuit of traffic
+	// from pods and from the node to all of the Service's endpoints).
+	// InternalBackends is sorted and unique like Backends; empty rejects.
+	TwoScopes        bool
+	InternalBackends []Backend
 
 	// North-south settings (NodePort, ExternalIP and LoadBalancer kinds).
 	// ExternalLocal is externalTrafficPolicy: Local: Backends holds only
-	// this node's endpoints, the client's source is preserved, and with no
-	// backend the traffic is dropped. SourceRanges, if any, are the only
-	// sources allowed (loadBalancerSourceRanges). HealthCheckNodePort, if
-	// non-zero, is where this node reports its local endpoint count.
+	// this node's endpoints and the client's source is preserved.
+	// SourceRanges, if any, are the only sources allowed
+	// (loadBalancerSourceRanges). HealthCheckNodePort, if non-zero, is
+	// where this node reports LocalReady, the addresses of the Service
+	// port's ready endpoints on this node (terminating ones do not count,
+	// so that load balancers drain a node whose endpoints terminate).
 	ExternalLocal       bool
 	SourceRanges        []netip.Prefix
 	HealthCheckNodePort uint16
+	LocalReady          []netip.Addr
 }
 
 // State is the whole desired state, keyed by frontend.

@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"cmp"
 	"net/netip"
 
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -13,6 +14,49 @@ type (
 	BackendID uint32
 )
 
+// Scope says which clients of a frontend a master and its slots serve: the
+// scope field of the service map's key (lb4_key.scope).
+type Scope uint8
+
+const (
+	// ScopeDefault serves every client of a one-scope frontend, and the
+	// external clients of a two-scope one (model.Service.Backends).
+	ScopeDefault Scope = 0
+	// ScopeInternal serves the internal clients of a two-scope frontend
+	// (model.Service.InternalBackends): sources in the cluster CIDR, and
+	// the node through the socket path. Its master is looked up only once
+	// the default scope's master says FlagTwoScopes.
+	ScopeInternal Scope = 1
+)
+
+// Frontend is a frontend in one scope: what a master and its slots are
+// keyed by.
+type Frontend struct {
+	model.L4Addr
+	Scope Scope
+}
+
+// DefaultScope returns a's frontend in the default scope.
+func DefaultScope(a model.L4Addr) Frontend { return Frontend{L4Addr: a} }
+
+func (f Frontend) String() string {
+	if f.Scope == ScopeInternal {
+		return f.L4Addr.String() + " internal"
+	}
+	return f.L4Addr.String()
+}
+
+// Compare orders frontends by address, port and protocol, and a frontend's
+// internal scope before its default one: the order they are programmed in,
+// so that a default scope's master never says FlagTwoScopes before the
+// internal scope is there.
+func (f Frontend) Compare(g Frontend) int {
+	if c := f.L4Addr.Compare(g.L4Addr); c != 0 {
+		return c
+	}
+	return cmp.Compare(g.Scope, f.Scope)
+}
+
 // Master is the slot-0 entry of a service frontend.
 type Master struct {
 	ID    ServiceID
@@ -23,13 +67,17 @@ type Master struct {
 // KernelState is what the pinned maps hold, read back on start so that ids
 // survive an agent restart and only differences are written.
 type KernelState struct {
-	Masters  map[model.L4Addr]Master
-	Slots    map[model.L4Addr]map[uint32]BackendID // frontend -> slot (>=1) -> backend
+	Masters  map[Frontend]Master
+	Slots    map[Frontend]map[uint32]BackendID // frontend -> slot (>=1) -> backend
 	Backends map[BackendID]model.L4Addr
-	RevNat   map[ServiceID]model.L4Addr
+	RevNat   map[ServiceID]Frontend
 	// SourceRanges are the loadBalancerSourceRanges a frontend flagged
-	// FlagSourceRanges accepts sources from: frontend -> prefixes.
+	// FlagSourceRanges (in its default scope) accepts sources from:
+	// frontend -> prefixes.
 	SourceRanges map[model.L4Addr][]netip.Prefix
+	// ServiceIPs are the addresses of ClusterIP frontends, sorted: a
+	// packet to one of them that no frontend serves is rejected.
+	ServiceIPs []netip.Addr
 }
 
 // Datapath is the set of map operations the reconciler needs. pkg/datapath
@@ -38,24 +86,32 @@ type KernelState struct {
 type Datapath interface {
 	UpsertBackend(id BackendID, b model.L4Addr) error
 	DeleteBackend(id BackendID) error
-	UpsertRevNat(id ServiceID, frontend model.L4Addr) error
+	// UpsertRevNat writes the frontend (and scope) service id stands for.
+	UpsertRevNat(id ServiceID, frontend Frontend) error
 	DeleteRevNat(id ServiceID) error
 	// UpsertSlot writes slot >= 1 of a frontend.
-	UpsertSlot(frontend model.L4Addr, slot uint32, backend BackendID) error
+	UpsertSlot(frontend Frontend, slot uint32, backend BackendID) error
 	// UpsertMaster writes slot 0 of a frontend.
-	UpsertMaster(frontend model.L4Addr, m Master) error
+	UpsertMaster(frontend Frontend, m Master) error
 	// DeleteSlot deletes slot (0 = the master) of a frontend.
-	DeleteSlot(frontend model.L4Addr, slot uint32) error
+	DeleteSlot(frontend Frontend, slot uint32) error
 	// UpsertSourceRange lets the sources in prefix reach frontend while its
 	// master has FlagSourceRanges. prefix is masked (no host bits).
 	UpsertSourceRange(frontend model.L4Addr, prefix netip.Prefix) error
 	// DeleteSourceRange deletes one source range of a frontend.
 	DeleteSourceRange(frontend model.L4Addr, prefix netip.Prefix) error
+	// UpsertServiceIP adds addr to the service IPs: a packet to it that
+	// no frontend serves (another port or protocol) is rejected, as
+	// kube-proxy's nftables mode rejects it.
+	UpsertServiceIP(addr netip.Addr) error
+	// DeleteServiceIP removes addr from the service IPs.
+	DeleteServiceIP(addr netip.Addr) error
 	// Dump reads the current contents of the service, backend,
-	// reverse-NAT and source-range maps.
+	// reverse-NAT, source-range and service-IP maps.
 	Dump() (*KernelState, error)
 	// Capacity returns the maximum number of services (reverse-NAT entries),
-	// backends, and service map entries (masters plus slots).
+	// backends, and service map entries (masters plus slots). The service
+	// IPs fit: there are no more of them than services.
 	Capacity() (services, backends, serviceEntries int)
 	// SourceRangeCapacity returns the maximum number of source ranges, of
 	// all frontends together.

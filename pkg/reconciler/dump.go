@@ -13,13 +13,15 @@ import (
 // String dumps ks as sorted text, one map entry a line, the way Cilium's
 // DumpLBMaps does: the service map (each frontend's master, then its slots
 // with the backend each names), the backends, the reverse-NAT entries and,
-// when the map holds any, the source ranges. It is the one text form of the
-// maps: the golden files, fakedp.Fake.String and `sluicectl services --raw`
-// all print it, so a golden case reads the same against the fake and
-// against real pinned maps.
+// when the maps hold any, the source ranges and the service IPs. It is the
+// one text form of the maps: the golden files, fakedp.Fake.String and
+// `sluicectl services --raw` all print it, so a golden case reads the same
+// against the fake and against real pinned maps. A frontend's internal
+// scope (two-scope frontends) is printed after its address, before its
+// default scope, in the order they are programmed.
 func (ks *KernelState) String() string {
 	var sb strings.Builder
-	fes := map[model.L4Addr]bool{}
+	fes := map[Frontend]bool{}
 	for fe := range ks.Masters {
 		fes[fe] = true
 	}
@@ -27,7 +29,7 @@ func (ks *KernelState) String() string {
 		fes[fe] = true
 	}
 	sb.WriteString("services:\n")
-	for _, fe := range slices.SortedFunc(maps.Keys(fes), model.L4Addr.Compare) {
+	for _, fe := range slices.SortedFunc(maps.Keys(fes), Frontend.Compare) {
 		if m, ok := ks.Masters[fe]; ok {
 			fmt.Fprintf(&sb, "  %s [0] id=%d count=%d flags=%#x\n", fe, m.ID, m.Count, m.Flags)
 		} else {
@@ -62,6 +64,12 @@ func (ks *KernelState) String() string {
 			for _, p := range slices.SortedFunc(slices.Values(ks.SourceRanges[fe]), netip.Prefix.Compare) {
 				fmt.Fprintf(&sb, "  %s %s\n", fe, p)
 			}
+		}
+	}
+	if len(ks.ServiceIPs) > 0 {
+		sb.WriteString("service_ips:\n")
+		for _, a := range slices.SortedFunc(slices.Values(ks.ServiceIPs), netip.Addr.Compare) {
+			fmt.Fprintf(&sb, "  %s\n", a)
 		}
 	}
 	return sb.String()

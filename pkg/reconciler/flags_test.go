@@ -9,7 +9,8 @@ import (
 )
 
 // TestMasterFlags: the north-south settings of a Service reach its master
-// entry, and changing only them rewrites the master.
+// entry (its internal scope's: external, and Local, never the checks of
+// the default scope), and changing only them rewrites the master.
 func TestMasterFlags(t *testing.T) {
 	f := newFake(t)
 	r := reconciler.New(f, nil)
@@ -29,7 +30,14 @@ func TestMasterFlags(t *testing.T) {
 			s.Kind = model.LoadBalancer
 			s.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
 		}, reconciler.FlagExternal | reconciler.FlagLocal | reconciler.FlagSourceRanges},
-		{"Cluster again", func() { s.ExternalLocal, s.SourceRanges = false, nil }, reconciler.FlagExternal},
+		{"two scopes", func() { s.TwoScopes, s.InternalBackends = true, s.Backends },
+			reconciler.FlagExternal | reconciler.FlagLocal | reconciler.FlagSourceRanges | reconciler.FlagTwoScopes},
+		{"drop when empty", func() { s.Backends, s.DropWhenEmpty = nil, true },
+			reconciler.FlagExternal | reconciler.FlagLocal | reconciler.FlagSourceRanges | reconciler.FlagTwoScopes | reconciler.FlagDropEmpty},
+		{"Cluster again", func() {
+			s.ExternalLocal, s.SourceRanges, s.TwoScopes, s.InternalBackends = false, nil, false, nil
+			s.Backends, s.DropWhenEmpty = []model.Backend{be(1, 1, model.TCP)}, false
+		}, reconciler.FlagExternal},
 	} {
 		c.set()
 		if err := r.Apply(state(s, cip)); err != nil {
@@ -39,11 +47,15 @@ func TestMasterFlags(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := ks.Masters[np].Flags; got != c.flags {
+		if got := ks.Masters[reconciler.DefaultScope(np)].Flags; got != c.flags {
 			t.Errorf("%s: master flags %#x, want %#x", c.name, got, c.flags)
 		}
-		if got := ks.Masters[vip(1)].Flags; got != 0 {
+		if got := ks.Masters[reconciler.DefaultScope(vip(1))].Flags; got != 0 {
 			t.Errorf("%s: ClusterIP master flags %#x, want 0", c.name, got)
+		}
+		in, ok := ks.Masters[reconciler.Frontend{L4Addr: np, Scope: reconciler.ScopeInternal}]
+		if want := c.flags&reconciler.FlagTwoScopes != 0; ok != want || ok && in.Flags != reconciler.FlagExternal|reconciler.FlagLocal {
+			t.Errorf("%s: internal scope %v (flags %#x), want %v with %#x", c.name, ok, in.Flags, want, reconciler.FlagExternal|reconciler.FlagLocal)
 		}
 	}
 }

@@ -13,39 +13,42 @@ import (
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
-// desiredFrontend is one frontend of the desired state, with its backends
-// and source ranges.
+// desiredFrontend is one frontend of the desired state in one scope, with
+// its backends and source ranges.
 type desiredFrontend struct {
-	fe     model.L4Addr
+	fe     Frontend
 	svc    *model.Service
+	flags  uint8          // MasterFlags
 	addrs  []model.L4Addr // sorted, unique
 	ranges []netip.Prefix // see desiredRanges
 }
 
-func newDesired(fe model.L4Addr, svc *model.Service) *desiredFrontend {
-	d := &desiredFrontend{fe: fe, svc: svc, addrs: make([]model.L4Addr, 0, len(svc.Backends))}
-	for _, b := range svc.Backends {
+func newDesired(fe Frontend, svc *model.Service) *desiredFrontend {
+	bs := scopeBackends(svc, fe.Scope)
+	d := &desiredFrontend{fe: fe, svc: svc, flags: MasterFlags(svc, fe.Scope), addrs: make([]model.L4Addr, 0, len(bs))}
+	for _, b := range bs {
 		d.addrs = append(d.addrs, b.L4Addr)
 	}
 	slices.SortFunc(d.addrs, model.L4Addr.Compare)
 	d.addrs = slices.Compact(d.addrs)
-	d.ranges = desiredRanges(svc)
+	d.ranges = desiredRanges(svc, fe.Scope)
 	return d
 }
 
-// fastInSync reports whether v (nil if unknown) was fully programmed with
-// exactly svc's backends and source ranges, and nothing touched it since.
-// (Ranges given unsorted or with host bits make it false: the full check
-// then decides.)
-func (r *Reconciler) fastInSync(v *frontendView, svc *model.Service) bool {
-	if v == nil || !v.synced || len(v.syncedAddrs) != len(svc.Backends) || v.master.Flags != MasterFlags(svc) {
+// fastInSync reports whether v (nil if unknown), fe's view, was fully
+// programmed with exactly svc's backends and source ranges for its scope,
+// and nothing touched it since. (Ranges given unsorted or with host bits
+// make it false: the full check then decides.)
+func (r *Reconciler) fastInSync(v *frontendView, fe Frontend, svc *model.Service) bool {
+	bs := scopeBackends(svc, fe.Scope)
+	if v == nil || !v.synced || len(v.syncedAddrs) != len(bs) || v.master.Flags != MasterFlags(svc, fe.Scope) {
 		return false
 	}
 	// Equal flags: both check ranges, or neither does (and v has none).
 	if len(v.syncedRanges) > 0 && !slices.Equal(v.syncedRanges, svc.SourceRanges) {
 		return false
 	}
-	for i, b := range svc.Backends {
+	for i, b := range bs {
 		if b.L4Addr != v.syncedAddrs[i] {
 			return false
 		}
@@ -53,20 +56,20 @@ func (r *Reconciler) fastInSync(v *frontendView, svc *model.Service) bool {
 	return true
 }
 
-func (r *Reconciler) markSynced(fe model.L4Addr, d *desiredFrontend) {
+func (r *Reconciler) markSynced(fe Frontend, d *desiredFrontend) {
 	if v := r.frontends[fe]; v != nil {
 		v.synced, v.syncedAddrs, v.syncedRanges, v.name = true, d.addrs, d.ranges, d.svc.Name
 	}
 }
 
 // inSyncFrontend reports whether fe is programmed exactly as d asks.
-func (r *Reconciler) inSyncFrontend(fe model.L4Addr, d *desiredFrontend) bool {
+func (r *Reconciler) inSyncFrontend(fe Frontend, d *desiredFrontend) bool {
 	v := r.frontends[fe]
 	if v == nil || !v.hasMaster {
 		return false
 	}
 	sid, ok := r.serviceOf[fe]
-	if !ok || v.master.ID != sid || v.master.Count != uint32(len(d.addrs)) || v.master.Flags != MasterFlags(d.svc) {
+	if !ok || v.master.ID != sid || v.master.Count != uint32(len(d.addrs)) || v.master.Flags != d.flags {
 		return false
 	}
 	if a, ok := r.revNat[sid]; !ok || a != fe || r.masterRef[sid] != 1 {
@@ -102,12 +105,15 @@ func wantsAddr(d *desiredFrontend, a model.L4Addr) bool {
 // programFrontend brings one frontend to its desired programming, in
 // make-before-break order, stopping at the first failed write (the view
 // then says how far it got).
-func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capacity sizes) error {
+func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity sizes) error {
 	v := r.frontends[fe]
 	m := uint32(len(d.addrs))
 
 	// Checked before any write, so a service that does not fit keeps its
 	// previous programming.
+	if err := validate(d); err != nil {
+		return err
+	}
 	if err := r.checkCapacity(r.capacityNeeded(fe, d), capacity); err != nil {
 		return err
 	}
@@ -194,16 +200,31 @@ func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capaci
 	}
 
 	// 4. Source ranges the master checks, before it checks them.
-	if err := r.addRanges(fe, v, d.ranges); err != nil {
+	if err := r.addRanges(fe.L4Addr, v, d.ranges); err != nil {
 		return err
 	}
 
-	// 5. The master.
-	wantM := Master{ID: sid, Count: m, Flags: MasterFlags(d.svc)}
+	// 5. The master. A ClusterIP's address leaves the service IPs before
+	// its last ClusterIP master stops being one (a frontend changed
+	// kind), and joins them once one is written (see serviceips.go).
+	wantM := Master{ID: sid, Count: m, Flags: d.flags}
 	if !v.hasMaster || v.master != wantM {
+		wasCIP := v.hasMaster && isClusterIP(fe, v.master)
+		isCIP := isClusterIP(fe, wantM)
+		if wasCIP && !isCIP {
+			if err := r.leaveServiceIPs(fe.Addr); err != nil {
+				return err
+			}
+		}
 		r.writes++
 		if err := r.dp.UpsertMaster(fe, wantM); err != nil {
 			return fmt.Errorf("upsert master: %w", err)
+		}
+		switch {
+		case wasCIP && !isCIP:
+			r.unrefServiceIP(fe.Addr)
+		case isCIP && !wasCIP:
+			r.refServiceIP(fe.Addr)
 		}
 		if v.hasMaster {
 			r.masterRef[v.master.ID]--
@@ -236,7 +257,15 @@ func (r *Reconciler) programFrontend(fe model.L4Addr, d *desiredFrontend, capaci
 
 	// 7. Source ranges the master no longer checks (all of them if it
 	// lost FlagSourceRanges).
-	return r.pruneRanges(fe, v, d.ranges)
+	if err := r.pruneRanges(fe.L4Addr, v, d.ranges); err != nil {
+		return err
+	}
+
+	// 8. Its address among the service IPs, if it is a ClusterIP's.
+	if isClusterIP(fe, wantM) {
+		return r.joinServiceIPs(fe.Addr)
+	}
+	return nil
 }
 
 // sizes counts entries per map: in use, available, or needed.
@@ -249,7 +278,7 @@ type sizes struct {
 
 // capacityNeeded returns what programming d adds to the maps at its peak,
 // before the frontend's old slots and source ranges go.
-func (r *Reconciler) capacityNeeded(fe model.L4Addr, d *desiredFrontend) sizes {
+func (r *Reconciler) capacityNeeded(fe Frontend, d *desiredFrontend) sizes {
 	var n sizes
 	v := r.frontends[fe]
 	if sid, ok := r.serviceOf[fe]; !ok {
@@ -301,9 +330,10 @@ func (r *Reconciler) checkCapacity(need, capacity sizes) error {
 	return nil
 }
 
-// removeFrontend deletes a frontend nobody wants: master first, then its
-// slots and source ranges. Its rev_nat entry goes at the end of Apply.
-func (r *Reconciler) removeFrontend(fe model.L4Addr) error {
+// removeFrontend deletes a frontend nobody wants: master first (a
+// ClusterIP's last master after its address left the service IPs), then
+// its slots and source ranges. Its rev_nat entry goes at the end of Apply.
+func (r *Reconciler) removeFrontend(fe Frontend) error {
 	v := r.frontends[fe]
 	var named []model.L4Addr
 	if v.hasMaster {
@@ -312,9 +342,18 @@ func (r *Reconciler) removeFrontend(fe model.L4Addr) error {
 				named = append(named, r.backends[id])
 			}
 		}
+		cip := isClusterIP(fe, v.master)
+		if cip {
+			if err := r.leaveServiceIPs(fe.Addr); err != nil {
+				return err
+			}
+		}
 		r.writes++
 		if err := r.dp.DeleteSlot(fe, 0); err != nil {
 			return fmt.Errorf("delete master: %w", err)
+		}
+		if cip {
+			r.unrefServiceIP(fe.Addr)
 		}
 		v.hasMaster, v.synced = false, false
 		r.entries--
@@ -334,7 +373,7 @@ func (r *Reconciler) removeFrontend(fe model.L4Addr) error {
 		}
 		r.deleteSlot(v, s)
 	}
-	if err := r.pruneRanges(fe, v, nil); err != nil {
+	if err := r.pruneRanges(fe.L4Addr, v, nil); err != nil {
 		return err
 	}
 	delete(r.frontends, fe)

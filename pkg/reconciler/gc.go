@@ -17,7 +17,7 @@ import (
 // addresses that neither the maps hold nor the desired state wants.
 func (r *Reconciler) releaseReservations(services map[model.L4Addr]*model.Service, want map[model.L4Addr]bool) {
 	for fe, id := range r.serviceOf {
-		if services[fe] != nil {
+		if wanted(services, fe) {
 			continue
 		}
 		if _, ok := r.frontends[fe]; ok {
@@ -83,7 +83,7 @@ func (r *Reconciler) deleteUnusedRevNat(services map[model.L4Addr]*model.Service
 			delete(r.revNatCand, id)
 			continue
 		}
-		if services[fe] != nil && r.serviceOf[fe] == id {
+		if wanted(services, fe) && r.serviceOf[fe] == id {
 			continue // its master failed to be written; reused next time
 		}
 		r.writes++
@@ -102,7 +102,7 @@ func (r *Reconciler) deleteUnusedRevNat(services map[model.L4Addr]*model.Service
 }
 
 // maybeReleaseService frees a service id once nothing holds or reserves it.
-func (r *Reconciler) maybeReleaseService(id ServiceID, fe model.L4Addr) {
+func (r *Reconciler) maybeReleaseService(id ServiceID, fe Frontend) {
 	if _, ok := r.revNat[id]; ok || r.masterRef[id] > 0 {
 		return
 	}

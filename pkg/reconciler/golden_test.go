@@ -160,7 +160,7 @@ func (c *counting) DeleteBackend(id reconciler.BackendID) error {
 	return c.count(c.Datapath.DeleteBackend(id))
 }
 
-func (c *counting) UpsertRevNat(id reconciler.ServiceID, fe model.L4Addr) error {
+func (c *counting) UpsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend) error {
 	return c.count(c.Datapath.UpsertRevNat(id, fe))
 }
 
@@ -168,15 +168,15 @@ func (c *counting) DeleteRevNat(id reconciler.ServiceID) error {
 	return c.count(c.Datapath.DeleteRevNat(id))
 }
 
-func (c *counting) UpsertSlot(fe model.L4Addr, slot uint32, b reconciler.BackendID) error {
+func (c *counting) UpsertSlot(fe reconciler.Frontend, slot uint32, b reconciler.BackendID) error {
 	return c.count(c.Datapath.UpsertSlot(fe, slot, b))
 }
 
-func (c *counting) UpsertMaster(fe model.L4Addr, m reconciler.Master) error {
+func (c *counting) UpsertMaster(fe reconciler.Frontend, m reconciler.Master) error {
 	return c.count(c.Datapath.UpsertMaster(fe, m))
 }
 
-func (c *counting) DeleteSlot(fe model.L4Addr, slot uint32) error {
+func (c *counting) DeleteSlot(fe reconciler.Frontend, slot uint32) error {
 	return c.count(c.Datapath.DeleteSlot(fe, slot))
 }
 
@@ -186,6 +186,14 @@ func (c *counting) UpsertSourceRange(fe model.L4Addr, p netip.Prefix) error {
 
 func (c *counting) DeleteSourceRange(fe model.L4Addr, p netip.Prefix) error {
 	return c.count(c.Datapath.DeleteSourceRange(fe, p))
+}
+
+func (c *counting) UpsertServiceIP(a netip.Addr) error {
+	return c.count(c.Datapath.UpsertServiceIP(a))
+}
+
+func (c *counting) DeleteServiceIP(a netip.Addr) error {
+	return c.count(c.Datapath.DeleteServiceIP(a))
 }
 
 func (c *counting) FlushConntrack(bs []model.L4Addr) error {

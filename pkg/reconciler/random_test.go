@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
@@ -18,7 +19,7 @@ import (
 // converges to exactly the desired state.
 func TestRandomized(t *testing.T) {
 	for seed := range uint64(20) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { randomized(t, seed, false) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { seeded(t, seed, randomOpts{}) })
 	}
 }
 
@@ -27,8 +28,72 @@ func TestRandomized(t *testing.T) {
 // ranges that are not there, and none are left once an Apply succeeds.
 func TestRandomizedSourceRanges(t *testing.T) {
 	for seed := range uint64(20) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { randomized(t, seed, true) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { seeded(t, seed, randomOpts{ranges: true}) })
 	}
+}
+
+// TestRandomizedScopes is TestRandomized with frontends that gain and lose
+// an internal scope (externalTrafficPolicy Local), change kind (and so
+// their address's membership in the service IPs) and drop when empty: no
+// master ever says two scopes without its internal scope, no ClusterIP
+// address is a service IP without a master, and what an Apply leaves is
+// exactly the desired state.
+func TestRandomizedScopes(t *testing.T) {
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { seeded(t, seed, randomOpts{ranges: true, scopes: true}) })
+	}
+}
+
+// seeded runs 60 rounds of randomized from seed, and checks that they
+// exercised what opts asks for.
+func seeded(t *testing.T, seed uint64, opts randomOpts) {
+	seen := randomized(t, rand.New(rand.NewPCG(seed, 42)), 60, opts)
+	if opts.ranges && seen.ranges < 30 {
+		t.Errorf("only %d of 60 rounds programmed source ranges: the test does not exercise them", seen.ranges)
+	}
+	if opts.scopes && (seen.scopes < 60 || seen.clusterIPs < 60) {
+		t.Errorf("%d frontends with two scopes, %d ClusterIPs in 60 rounds: the test does not exercise them", seen.scopes, seen.clusterIPs)
+	}
+}
+
+// FuzzApply is TestRandomized with the fuzzer's bytes for its decisions:
+// which frontends a state has, their backends, kinds and source ranges,
+// which writes fail, when the agent restarts. The invariants are checked
+// after every map operation, and every failure-free Apply must converge
+// to the desired state and leave nothing to write again. The seeds are
+// bytes of TestRandomized's generators, so the corpus starts where the
+// seeded test stands.
+func FuzzApply(f *testing.F) {
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 42))
+		b := make([]byte, 512)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c := testutil.NewChoices(data)
+		opts := randomOpts{ranges: c.Bool(), scopes: c.Bool()}
+		// A round takes a hundred bytes or so: a longer input, more
+		// rounds, up to 20 (once the bytes run out, rounds of empty states).
+		randomized(t, c, min(1+len(data)/100, 20), opts)
+	})
+}
+
+type randomOpts struct {
+	ranges bool // LoadBalancer frontends with source ranges
+	scopes bool // frontends with two scopes, of changing kinds
+}
+
+// exercised counts what a randomized run programmed: rounds with source
+// ranges, frontends with two scopes, ClusterIP frontends.
+type exercised struct{ ranges, scopes, clusterIPs int }
+
+// chooser is where randomized takes its decisions from: a seeded
+// *rand.Rand, or the fuzzer's bytes (testutil.Choices).
+type chooser interface {
+	IntN(n int) int
 }
 
 var randomRanges = []netip.Prefix{
@@ -36,29 +101,62 @@ var randomRanges = []netip.Prefix{
 	netip.MustParsePrefix("192.168.7.0/24"), netip.MustParsePrefix("192.0.2.1/32"),
 }
 
-func randomized(t *testing.T, seed uint64, ranges bool) {
-	rng := rand.New(rand.NewPCG(seed, 42))
+// randomized applies rounds random desired states (with LoadBalancer
+// frontends and source ranges, and frontends of two scopes, as opts asks),
+// each under a random rate of failing writes, with now and then an agent
+// restart, and checks the fake's invariants and the convergence after
+// each. It returns what the rounds exercised.
+func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercised {
 	f := newFake(t)
 	r := reconciler.New(f, nil)
 	fes := make([]model.L4Addr, 8)
 	for i := range fes {
-		fes[i] = model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, 0, byte(i + 1)}), Port: 80, Proto: model.Protocol([]model.Protocol{model.TCP, model.UDP}[i%2])}
+		// Two ports of each address with scopes: its service IP comes
+		// and goes with the last ClusterIP among them.
+		a := byte(i + 1)
+		if opts.scopes {
+			a = byte(i/2 + 1)
+		}
+		fes[i] = model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, 0, a}), Port: 80 + uint16(i%4), Proto: model.Protocol([]model.Protocol{model.TCP, model.UDP}[i%2])}
 	}
+	backends := func(proto model.Protocol) []model.Backend {
+		var bs []model.Backend
+		for range rng.IntN(6) {
+			bs = append(bs, model.Backend{L4Addr: model.L4Addr{
+				Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(1 + rng.IntN(10))}), Port: 8080, Proto: proto,
+			}})
+		}
+		return model.SortBackends(bs)
+	}
+	scopesSeen, cipsSeen := 0, 0
 	randomState := func() *model.State {
 		st := model.NewState()
 		for i, fe := range fes {
 			if rng.IntN(4) == 0 {
 				continue
 			}
-			var bs []model.Backend
-			for range rng.IntN(6) {
-				bs = append(bs, model.Backend{L4Addr: model.L4Addr{
-					Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(1 + rng.IntN(10))}), Port: 8080, Proto: fe.Proto,
-				}})
+			s := svc(fe, fmt.Sprint("s", i), backends(fe.Proto)...)
+			if opts.scopes {
+				s.Kind = []model.FrontendKind{model.ClusterIP, model.NodePort, model.LoadBalancer}[rng.IntN(3)]
+				s.DropWhenEmpty = len(s.Backends) == 0 && rng.IntN(2) == 0
+				if s.Kind != model.ClusterIP && rng.IntN(2) == 0 {
+					s.ExternalLocal, s.TwoScopes = true, true
+					s.InternalBackends = backends(fe.Proto)
+					scopesSeen++
+				}
+				if s.Kind == model.ClusterIP {
+					cipsSeen++
+				}
 			}
-			s := svc(fe, fmt.Sprint("s", i), bs...)
-			if ranges {
+			if opts.ranges && !opts.scopes {
 				s.Kind = []model.FrontendKind{model.ClusterIP, model.LoadBalancer}[rng.IntN(2)]
+				for _, p := range randomRanges {
+					if rng.IntN(2) == 0 {
+						s.SourceRanges = append(s.SourceRanges, p)
+					}
+				}
+			}
+			if opts.ranges && opts.scopes && s.Kind == model.LoadBalancer {
 				for _, p := range randomRanges {
 					if rng.IntN(2) == 0 {
 						s.SourceRanges = append(s.SourceRanges, p)
@@ -70,20 +168,20 @@ func randomized(t *testing.T, seed uint64, ranges bool) {
 		return st
 	}
 	withRanges := 0 // rounds that programmed source ranges
-	for round := range 60 {
+	for round := range rounds {
 		st := randomState()
-		failRate := 0.0
+		failPct := 0 // of the writes
 		if rng.IntN(3) == 0 {
-			failRate = 0.15
+			failPct = 15
 		}
 		f.Fail = func(fakedp.Op) error {
-			if rng.Float64() < failRate {
+			if rng.IntN(100) < failPct {
 				return errors.New("injected")
 			}
 			return nil
 		}
 		err := r.Apply(st)
-		if failRate == 0 && err != nil {
+		if failPct == 0 && err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
 		if err == nil {
@@ -115,9 +213,7 @@ func randomized(t *testing.T, seed uint64, ranges bool) {
 			t.Fatalf("round %d:\n%s", round, f)
 		}
 	}
-	if ranges && withRanges < 30 {
-		t.Errorf("only %d of 60 rounds programmed source ranges: the test does not exercise them", withRanges)
-	}
+	return exercised{ranges: withRanges, scopes: scopesSeen, clusterIPs: cipsSeen}
 }
 
 // TestRandomizedCapacity checks that with tight maps every service either
@@ -156,13 +252,14 @@ func TestRandomizedCapacity(t *testing.T) {
 			for _, b := range s.Backends {
 				want = append(want, b.L4Addr)
 			}
-			got := after[fe]
-			if fmt.Sprint(got) != fmt.Sprint(want) && (len(got) > 0 || len(want) > 0) && fmt.Sprint(got) != fmt.Sprint(before[fe]) {
-				t.Fatalf("round %d: %s is %v: neither desired %v nor previous %v", round, fe, got, want, before[fe])
+			dfe := reconciler.DefaultScope(fe)
+			got := after[dfe]
+			if fmt.Sprint(got) != fmt.Sprint(want) && (len(got) > 0 || len(want) > 0) && fmt.Sprint(got) != fmt.Sprint(before[dfe]) {
+				t.Fatalf("round %d: %s is %v: neither desired %v nor previous %v", round, fe, got, want, before[dfe])
 			}
 		}
 		for fe := range after {
-			if _, ok := st.Services[fe]; !ok {
+			if _, ok := st.Services[fe.L4Addr]; !ok {
 				t.Fatalf("round %d: %s still programmed", round, fe)
 			}
 		}

@@ -10,22 +10,29 @@
 // The reconciler is the only code that orders map writes. Writes are made
 // before breaks, so that the datapath, reading concurrently, never follows
 // a slot to a backend that does not exist, a master to a slot that does
-// not exist, or checks a frontend's loadBalancerSourceRanges before they
-// are there. For each frontend that changes:
+// not exist, a two-scope master to an internal scope that does not exist,
+// or checks a frontend's loadBalancerSourceRanges before they are there.
+// For each frontend (in each scope) that changes:
 //
 //	upsert new backends -> upsert rev_nat -> write slots 1..m ->
 //	add new source ranges -> write the master (slot 0) with count m and
 //	its flags -> delete slots m+1..old -> delete source ranges no longer
-//	wanted
+//	wanted -> add a ClusterIP's address to the service IPs
 //
-// A frontend that goes away loses its master first, then its slots and
-// source ranges. Only after all frontends are done are backends nobody
-// names deleted, and the rev_nat entries of removed services (replies of
-// flows still in conntrack need them until then). An emptied service keeps
-// its master with count 0, so the datapath refuses connections to the VIP
-// instead of letting them leak to whatever would answer it. A service that
-// does not fit in the maps (any of them, source ranges included) fails
-// alone, before any write, and keeps its previous programming.
+// A two-scope frontend (model.Service.TwoScopes) is two frontends under one
+// address (Frontend.Scope): the internal scope is programmed before the
+// default scope's master says FlagTwoScopes, and removed after that master
+// stopped saying it or is gone. A frontend that goes away loses its
+// master first (a ClusterIP's last master after its address left the
+// service IPs, serviceips.go), then its slots and source ranges. Only
+// after all frontends are done are backends nobody names deleted, and the
+// rev_nat entries of removed services (replies of flows still in
+// conntrack need them until then). An emptied service keeps its master
+// with count 0, so the datapath refuses connections to the VIP (rejects
+// them, or drops them with FlagDropEmpty) instead of letting them leak to
+// whatever would answer it. A service that does not fit in the maps (any
+// of them, source ranges included) fails alone, before any write, and
+// keeps its previous programming.
 //
 // Slots are reused in place: a backend that stays keeps its slot, a new one
 // fills a hole, and when a service shrinks the backends above the new count
@@ -39,7 +46,8 @@
 //
 // The files follow the phases: reconciler.go is Apply's orchestration,
 // view.go the view of the maps, frontend.go the programming of one
-// frontend, srcranges.go its source ranges, gc.go the deletes of what
+// frontend, srcranges.go its source ranges, serviceips.go the service
+// IPs, flags.go the master flags, gc.go the deletes of what
 // nobody names and the release of ids (idalloc.go). dump.go prints a
 // KernelState as text: the one form of the maps that the golden tests,
 // fakedp and `sluicectl services --raw` share, so a golden case can be
@@ -47,10 +55,12 @@
 package reconciler
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -76,6 +86,7 @@ type Stats struct {
 	ServiceEntries int // masters plus slots
 	RevNat         int // reverse-NAT entries
 	SourceRanges   int // source ranges, of all frontends
+	ServiceIPs     int // addresses of ClusterIP frontends
 
 	MaxServices       int
 	MaxBackends       int
@@ -94,9 +105,9 @@ type Reconciler struct {
 	log *slog.Logger
 
 	// The view of the kernel's maps.
-	frontends map[model.L4Addr]*frontendView
+	frontends map[Frontend]*frontendView
 	backends  map[BackendID]model.L4Addr
-	revNat    map[ServiceID]model.L4Addr
+	revNat    map[ServiceID]Frontend
 	entries   int               // masters plus slots
 	ranges    int               // source ranges, of all frontends
 	slotRefs  map[BackendID]int // slots (of any frontend, within count or not) naming a backend id
@@ -111,7 +122,14 @@ type Reconciler struct {
 	// The id each backend address and each frontend is (to be) programmed
 	// under. An id named here is reserved even before its entry is written.
 	backendOf map[model.L4Addr]BackendID
-	serviceOf map[model.L4Addr]ServiceID
+	serviceOf map[Frontend]ServiceID
+
+	// The service IPs: what the map holds, how many ClusterIP masters
+	// each address has, and the addresses whose membership may be wrong
+	// (serviceips.go).
+	ipSet   map[netip.Addr]bool
+	ipRefs  map[netip.Addr]int
+	ipDirty map[netip.Addr]bool
 
 	svcIDs *idAllocator
 	beIDs  *idAllocator
@@ -141,9 +159,9 @@ func New(dp Datapath, log *slog.Logger) *Reconciler {
 }
 
 func (r *Reconciler) reset() {
-	r.frontends = map[model.L4Addr]*frontendView{}
+	r.frontends = map[Frontend]*frontendView{}
 	r.backends = map[BackendID]model.L4Addr{}
-	r.revNat = map[ServiceID]model.L4Addr{}
+	r.revNat = map[ServiceID]Frontend{}
 	r.entries = 0
 	r.ranges = 0
 	r.slotRefs = map[BackendID]int{}
@@ -151,7 +169,10 @@ func (r *Reconciler) reset() {
 	r.backendCand = map[BackendID]bool{}
 	r.revNatCand = map[ServiceID]bool{}
 	r.backendOf = map[model.L4Addr]BackendID{}
-	r.serviceOf = map[model.L4Addr]ServiceID{}
+	r.serviceOf = map[Frontend]ServiceID{}
+	r.ipSet = map[netip.Addr]bool{}
+	r.ipRefs = map[netip.Addr]int{}
+	r.ipDirty = map[netip.Addr]bool{}
 	r.svcIDs = newIDAllocator(ServiceIDQuarantine)
 	r.beIDs = newIDAllocator(BackendIDQuarantine)
 	r.pendingFlush = map[model.L4Addr]bool{}
@@ -200,7 +221,7 @@ func (r *Reconciler) InSync() bool {
 func (r *Reconciler) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	s := Stats{RevNat: len(r.revNat), ServiceEntries: r.entries, SourceRanges: r.ranges, Writes: r.writes}
+	s := Stats{RevNat: len(r.revNat), ServiceEntries: r.entries, SourceRanges: r.ranges, ServiceIPs: len(r.ipSet), Writes: r.writes}
 	for _, v := range r.frontends {
 		if v.hasMaster {
 			s.Services++
@@ -213,8 +234,9 @@ func (r *Reconciler) Stats() Stats {
 }
 
 // Apply programs st. It writes only what differs from the view, and returns
-// a joined error naming every service that could not be (fully) programmed;
-// all the others are programmed regardless.
+// a joined error naming every service that could not be (fully) programmed,
+// one *FrontendError each (see errors.go); all the others are programmed
+// regardless.
 //
 // Its cost is one comparison per desired frontend plus work proportional
 // to what changed: frontends remember the backends they were last
@@ -239,76 +261,96 @@ func (r *Reconciler) Apply(st *model.State) error {
 		services = st.Services
 	}
 
-	// Which frontends need work, and the backends they want. (Frontends in
-	// sync name all their backends already.)
+	// Which frontends (in which scopes) need work, and the backends they
+	// want. (Frontends in sync name all their backends already.)
 	var changed []*desiredFrontend
 	wantBackend := map[model.L4Addr]bool{}
 	known := 0 // desired frontends the view has
-	for fe, svc := range services {
+	for a, svc := range services {
 		if svc == nil {
 			continue
 		}
-		v := r.frontends[fe]
-		if v != nil {
-			known++
-		}
-		if r.fastInSync(v, svc) {
-			continue
-		}
-		d := newDesired(fe, svc)
-		if r.inSyncFrontend(fe, d) {
-			r.markSynced(fe, d)
-			continue
-		}
-		changed = append(changed, d)
-		for _, a := range d.addrs {
-			wantBackend[a] = true
+		for scope := range scopes(svc) {
+			fe := Frontend{L4Addr: a, Scope: scope}
+			v := r.frontends[fe]
+			if v != nil {
+				known++
+			}
+			if r.fastInSync(v, fe, svc) {
+				continue
+			}
+			d := newDesired(fe, svc)
+			if r.inSyncFrontend(fe, d) {
+				r.markSynced(fe, d)
+				continue
+			}
+			changed = append(changed, d)
+			for _, a := range d.addrs {
+				wantBackend[a] = true
+			}
 		}
 	}
 	slices.SortFunc(changed, func(a, b *desiredFrontend) int { return a.fe.Compare(b.fe) })
 	r.presize(changed)
 
 	// Phase 1: frontends nobody wants any more: master, then slots. This
-	// also frees room in the maps for what comes next.
-	var gone []model.L4Addr
+	// also frees room in the maps for what comes next. A default scope
+	// goes before its internal one; an internal scope whose default scope
+	// stays goes after phase 2, once that master no longer names it.
+	var gone, goneAfter []Frontend
 	if known < len(r.frontends) { // else every frontend of the view is wanted
 		for fe := range r.frontends {
-			if services[fe] == nil {
+			switch {
+			case wanted(services, fe):
+			case fe.Scope == ScopeInternal && services[fe.L4Addr] != nil:
+				goneAfter = append(goneAfter, fe)
+			default:
 				gone = append(gone, fe)
 			}
 		}
 	}
-	slices.SortFunc(gone, model.L4Addr.Compare)
+	slices.SortFunc(gone, func(a, b Frontend) int {
+		return cmp.Or(a.L4Addr.Compare(b.L4Addr), cmp.Compare(a.Scope, b.Scope))
+	})
 	for _, fe := range gone {
-		name := r.frontends[fe].name
-		if err := r.removeFrontend(fe); err != nil {
-			if name != (model.ServicePortName{}) {
-				errs = append(errs, fmt.Errorf("service %s (%s): remove: %w", name, fe, err))
-			} else {
-				errs = append(errs, fmt.Errorf("remove frontend %s: %w", fe, err))
-			}
-		}
+		errs = r.remove(fe, errs)
 	}
 	// Backends nobody names and nobody wants can go now (more room).
 	if err := r.deleteUnusedBackends(wantBackend); err != nil {
 		errs = append(errs, err)
 	}
 
-	// Phase 2: frontends to add or change, in a stable order.
+	// Phase 2: frontends to add or change, in a stable order (a
+	// frontend's internal scope before its default one).
 	for _, d := range changed {
+		if d.flags&FlagTwoScopes != 0 {
+			// Its master would name an internal scope that failed to be
+			// programmed: it keeps its previous programming.
+			if v := r.frontends[Frontend{L4Addr: d.fe.L4Addr, Scope: ScopeInternal}]; v == nil || !v.hasMaster {
+				errs = append(errs, frontendError(d.svc.Name, d.fe, false, errInternalScope))
+				continue
+			}
+		}
 		if err := r.programFrontend(d.fe, d, capacity); err != nil {
-			errs = append(errs, fmt.Errorf("service %s (%s): %w", d.svc.Name, d.fe, err))
+			errs = append(errs, frontendError(d.svc.Name, d.fe, false, err))
 			continue
 		}
 		r.markSynced(d.fe, d)
 	}
+	for _, fe := range goneAfter {
+		errs = r.remove(fe, errs)
+	}
 
-	// Phase 3: backends nobody names, rev_nat of removed services, and
-	// conntrack of UDP backends that left a service.
+	// Phase 3: backends nobody names, rev_nat of removed services, the
+	// service IPs a failure left wrong, and conntrack of UDP backends that
+	// left a service.
 	if err := r.deleteUnusedBackends(wantBackend); err != nil {
 		errs = append(errs, err)
 	}
 	if err := r.deleteUnusedRevNat(services); err != nil {
+		errs = append(errs, err)
+	}
+	if err := r.syncServiceIPs(); err != nil {
 		errs = append(errs, err)
 	}
 	// One pass over conntrack for all of them.
@@ -339,6 +381,29 @@ func (r *Reconciler) Apply(st *model.State) error {
 	return err
 }
 
+// wanted reports whether the desired services want frontend fe (in its
+// scope).
+func wanted(services map[model.L4Addr]*model.Service, fe Frontend) bool {
+	svc := services[fe.L4Addr]
+	return svc != nil && fe.Scope < scopes(svc)
+}
+
+// remove removes frontend fe, adding a failure to errs. An internal scope
+// whose default scope's master still says two scopes (its rewrite or
+// removal failed, an error already) is kept for it.
+func (r *Reconciler) remove(fe Frontend, errs []error) []error {
+	if fe.Scope == ScopeInternal {
+		if v := r.frontends[DefaultScope(fe.L4Addr)]; v != nil && v.hasMaster && v.master.Flags&FlagTwoScopes != 0 {
+			return errs
+		}
+	}
+	name := r.frontends[fe].name
+	if err := r.removeFrontend(fe); err != nil {
+		return append(errs, frontendError(name, fe, true, err))
+	}
+	return errs
+}
+
 // presize makes room in the view's maps for a first program (empty
 // maps), so that programming 30,000 frontends does not rehash them a dozen
 // times over.
@@ -357,9 +422,9 @@ func (r *Reconciler) presize(changed []*desiredFrontend) {
 		r.backendOf = make(map[model.L4Addr]BackendID, nb)
 	}
 	if len(r.revNat) == 0 && len(r.masterRef) == 0 && len(r.serviceOf) == 0 {
-		r.revNat = make(map[ServiceID]model.L4Addr, nf)
+		r.revNat = make(map[ServiceID]Frontend, nf)
 		r.masterRef = make(map[ServiceID]int, nf)
-		r.serviceOf = make(map[model.L4Addr]ServiceID, nf)
+		r.serviceOf = make(map[Frontend]ServiceID, nf)
 	}
-	r.frontends = make(map[model.L4Addr]*frontendView, nf)
+	r.frontends = make(map[Frontend]*frontendView, nf)
 }

@@ -79,11 +79,12 @@ func mustApply(t testing.TB, r *reconciler.Reconciler, st *model.State) {
 	}
 }
 
-// programmed reads back what the fake holds as frontend -> sorted backends.
-func programmed(t testing.TB, f *fakedp.Fake) map[model.L4Addr][]model.L4Addr {
+// programmed reads back what the fake holds as frontend (in each scope) ->
+// sorted backends.
+func programmed(t testing.TB, f *fakedp.Fake) map[reconciler.Frontend][]model.L4Addr {
 	t.Helper()
 	ks, _ := f.Dump()
-	out := map[model.L4Addr][]model.L4Addr{}
+	out := map[reconciler.Frontend][]model.L4Addr{}
 	for fe, m := range ks.Masters {
 		bs := []model.L4Addr{}
 		for s := uint32(1); s <= m.Count; s++ {
@@ -101,17 +102,26 @@ func programmed(t testing.TB, f *fakedp.Fake) map[model.L4Addr][]model.L4Addr {
 func checkProgrammed(t testing.TB, f *fakedp.Fake, st *model.State) {
 	t.Helper()
 	got := programmed(t, f)
-	if len(got) != len(st.Services) {
-		t.Errorf("%d frontends programmed, want %d", len(got), len(st.Services))
+	n := 0
+	for a, s := range st.Services {
+		scopes := map[reconciler.Scope][]model.Backend{reconciler.ScopeDefault: s.Backends}
+		if s.TwoScopes && s.Kind != model.ClusterIP {
+			scopes[reconciler.ScopeInternal] = s.InternalBackends
+		}
+		for scope, bs := range scopes {
+			n++
+			fe := reconciler.Frontend{L4Addr: a, Scope: scope}
+			var want []model.L4Addr
+			for _, b := range bs {
+				want = append(want, b.L4Addr)
+			}
+			if !slices.Equal(got[fe], want) && !(len(got[fe]) == 0 && len(want) == 0) {
+				t.Errorf("%s: programmed %v, want %v", fe, got[fe], want)
+			}
+		}
 	}
-	for fe, s := range st.Services {
-		var want []model.L4Addr
-		for _, b := range s.Backends {
-			want = append(want, b.L4Addr)
-		}
-		if !slices.Equal(got[fe], want) && !(len(got[fe]) == 0 && len(want) == 0) {
-			t.Errorf("%s: programmed %v, want %v", fe, got[fe], want)
-		}
+	if len(got) != n {
+		t.Errorf("%d frontends programmed, want %d", len(got), n)
 	}
 	ks, _ := f.Dump()
 	// No unreferenced backends or rev_nat entries are left behind.
@@ -200,14 +210,14 @@ func TestEmptiedServiceKeepsMaster(t *testing.T) {
 	mustApply(t, r, state(svc(a, "a", be(1, 1, model.TCP))))
 	mustApply(t, r, state(svc(a, "a")))
 	ks, _ := f.Dump()
-	m, ok := ks.Masters[a]
+	m, ok := ks.Masters[reconciler.DefaultScope(a)]
 	if !ok || m.Count != 0 {
 		t.Fatalf("master = %+v, %v; want count 0", m, ok)
 	}
 	if _, ok := ks.RevNat[m.ID]; !ok {
 		t.Fatal("rev_nat of emptied service deleted")
 	}
-	if len(ks.Backends) != 0 || len(ks.Slots[a]) != 0 {
+	if len(ks.Backends) != 0 || len(ks.Slots[reconciler.DefaultScope(a)]) != 0 {
 		t.Fatalf("leftovers:\n%s", f)
 	}
 }
@@ -225,6 +235,7 @@ UpsertRevNat 1 10.96.0.1:80/TCP
 UpsertSlot 10.96.0.1:80/TCP[1]=1
 UpsertSlot 10.96.0.1:80/TCP[2]=2
 UpsertMaster 10.96.0.1:80/TCP id=1 count=2 flags=0x0
+UpsertServiceIP 10.96.0.1
 `
 	if got != want {
 		t.Errorf("add ops:\n%s\nwant:\n%s", got, want)
@@ -246,11 +257,13 @@ DeleteBackend 2
 		t.Errorf("change ops:\n%s\nwant:\n%s", got, want)
 	}
 
-	// Remove: master, slots, then backends and rev_nat.
+	// Remove: the service IP (its last ClusterIP), master, slots, then
+	// backends and rev_nat.
 	f.ResetCounts()
 	mustApply(t, r, state())
 	got = opsString(f.Ops)
-	want = `DeleteSlot 10.96.0.1:80/TCP[0]
+	want = `DeleteServiceIP 10.96.0.1
+DeleteSlot 10.96.0.1:80/TCP[0]
 DeleteSlot 10.96.0.1:80/TCP[1]
 DeleteBackend 3
 DeleteRevNat 1
@@ -304,13 +317,14 @@ func TestMinimalWritesAtScale(t *testing.T) {
 		t.Fatalf("sizes %d %d %d", sv, bk, en)
 	}
 
-	// One more service: its 3 backends, rev_nat, 3 slots, master.
+	// One more service: its 3 backends, rev_nat, 3 slots, master, its
+	// service IP.
 	f.ResetCounts()
 	extra := vip(20000)
 	st.Services[extra] = svc(extra, "extra", be(20000, 1, model.TCP), be(20000, 2, model.TCP), be(20000, 3, model.TCP))
 	mustApply(t, r, st)
-	if n := f.Writes(); n != 8 {
-		t.Errorf("adding one service wrote %d entries, want 8", n)
+	if n := f.Writes(); n != 9 {
+		t.Errorf("adding one service wrote %d entries, want 9", n)
 	}
 
 	// One endpoint of one service replaced: backend, slot, delete backend.
@@ -353,7 +367,7 @@ func TestRestartRestore(t *testing.T) {
 	mustApply(t, r2, st)
 	checkProgrammed(t, f, st)
 	ks, _ := f.Dump()
-	if id := ks.Masters[vip(10)].ID; id != 51 {
+	if id := ks.Masters[reconciler.DefaultScope(vip(10))].ID; id != 51 {
 		t.Errorf("re-added service got id %d, want 51 (11 is in quarantine)", id)
 	}
 }
@@ -369,7 +383,7 @@ func TestIDQuarantine(t *testing.T) {
 	for i := range 3 * reconciler.BackendIDQuarantine {
 		mustApply(t, r, state(svc(a, "a", be(1, 1+i%200, model.TCP))))
 		ks, _ := f.Dump()
-		id := ks.Slots[a][1]
+		id := ks.Slots[reconciler.DefaultScope(a)][1]
 		if last, ok := seen[id]; ok && i-last < reconciler.BackendIDQuarantine {
 			t.Fatalf("backend id %d reused after %d changes", id, i-last)
 		}
@@ -384,18 +398,21 @@ func TestRestoreRemovesStrays(t *testing.T) {
 	f := newFake(t)
 	a, b := vip(1), vip(2)
 	ba, bb := be(1, 1, model.TCP).L4Addr, be(2, 1, model.TCP).L4Addr
+	fa, fb, f3, f4 := reconciler.DefaultScope(a), reconciler.DefaultScope(b), reconciler.DefaultScope(vip(3)), reconciler.DefaultScope(vip(4))
 	f.Seed(&reconciler.KernelState{
-		Masters: map[model.L4Addr]reconciler.Master{
-			a: {ID: 7, Count: 1},
-			b: {ID: 8, Count: 2}, // stray: not wanted
+		Masters: map[reconciler.Frontend]reconciler.Master{
+			fa: {ID: 7, Count: 1},
+			fb: {ID: 8, Count: 2}, // stray: not wanted
 		},
-		Slots: map[model.L4Addr]map[uint32]reconciler.BackendID{
-			a:      {1: 3, 5: 4}, // slot 5 above the count: stray
-			b:      {1: 4, 2: 3},
-			vip(3): {1: 3}, // slots without a master
+		Slots: map[reconciler.Frontend]map[uint32]reconciler.BackendID{
+			fa: {1: 3, 5: 4}, // slot 5 above the count: stray
+			fb: {1: 4, 2: 3},
+			f3: {1: 3}, // slots without a master
 		},
 		Backends: map[reconciler.BackendID]model.L4Addr{3: ba, 4: bb, 9: bb},
-		RevNat:   map[reconciler.ServiceID]model.L4Addr{7: a, 8: b, 12: vip(4)},
+		RevNat:   map[reconciler.ServiceID]reconciler.Frontend{7: fa, 8: fb, 12: f4},
+		// A stray service IP (no master), and b's, which goes with it.
+		ServiceIPs: []netip.Addr{b.Addr, vip(5).Addr},
 	})
 	r := reconciler.New(f, nil)
 	if err := r.Restore(); err != nil {
@@ -410,6 +427,8 @@ backends:
   3 10.1.1.1:8080/TCP
 rev_nat:
   7 10.96.0.1:80/TCP
+service_ips:
+  10.96.0.1
 `
 	if got := f.String(); got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
@@ -566,8 +585,8 @@ func TestRefreshRepairsTampering(t *testing.T) {
 
 	// Someone deletes a master and a backend's slots behind our back.
 	ks, _ := f.Dump()
-	delete(ks.Masters, vip(1))
-	delete(ks.Slots, vip(1))
+	delete(ks.Masters, reconciler.DefaultScope(vip(1)))
+	delete(ks.Slots, reconciler.DefaultScope(vip(1)))
 	ks.Backends[77] = be(9, 9, model.UDP).L4Addr
 	f.Seed(ks)
 

@@ -16,11 +16,11 @@ import (
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
-// desiredRanges returns the source ranges svc's frontend must hold: its
-// loadBalancerSourceRanges, masked, sorted and unique, when its master
-// checks them (MasterFlags), else none.
-func desiredRanges(svc *model.Service) []netip.Prefix {
-	if MasterFlags(svc)&FlagSourceRanges == 0 {
+// desiredRanges returns the source ranges svc's frontend must hold in
+// scope: its loadBalancerSourceRanges, masked, sorted and unique, when its
+// master there checks them (MasterFlags: the default scope's), else none.
+func desiredRanges(svc *model.Service, scope Scope) []netip.Prefix {
+	if MasterFlags(svc, scope)&FlagSourceRanges == 0 {
 		return nil
 	}
 	out := make([]netip.Prefix, 0, len(svc.SourceRanges))

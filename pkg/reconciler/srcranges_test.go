@@ -93,8 +93,8 @@ DeleteRevNat 1
 	c := svc(vip(1), "c", b)
 	c.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
 	mustApply(t, r, state(c))
-	if ks, _ := f.Dump(); len(ks.SourceRanges) != 0 || ks.Masters[vip(1)].Flags != 0 {
-		t.Errorf("ClusterIP frontend got ranges %v, flags %#x", ks.SourceRanges, ks.Masters[vip(1)].Flags)
+	if ks, _ := f.Dump(); len(ks.SourceRanges) != 0 || ks.Masters[reconciler.DefaultScope(vip(1))].Flags != 0 {
+		t.Errorf("ClusterIP frontend got ranges %v, flags %#x", ks.SourceRanges, ks.Masters[reconciler.DefaultScope(vip(1))].Flags)
 	}
 }
 
@@ -120,10 +120,10 @@ func TestSourceRangesFull(t *testing.T) {
 		t.Errorf("error names other services: %v", err)
 	}
 	ks, _ := f.Dump()
-	if _, ok := ks.Masters[b.Frontend]; ok {
+	if _, ok := ks.Masters[reconciler.DefaultScope(b.Frontend)]; ok {
 		t.Errorf("b programmed without its ranges:\n%s", f)
 	}
-	if _, ok := ks.Masters[c.Frontend]; !ok {
+	if _, ok := ks.Masters[reconciler.DefaultScope(c.Frontend)]; !ok {
 		t.Errorf("c not programmed:\n%s", f)
 	}
 

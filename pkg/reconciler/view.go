@@ -63,6 +63,14 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 		r.entries++
 		r.masterRef[m.ID]++
 		r.svcIDs.markUsed(uint32(m.ID))
+		if isClusterIP(fe, m) {
+			r.refServiceIP(fe.Addr)
+			r.ipDirty[fe.Addr] = true
+		}
+	}
+	for _, a := range ks.ServiceIPs {
+		r.ipSet[a] = true
+		r.ipDirty[a] = true
 	}
 	for fe, slots := range ks.Slots {
 		v := r.frontend(fe)
@@ -80,7 +88,7 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 		if len(ps) == 0 {
 			continue
 		}
-		v := r.frontend(fe)
+		v := r.frontend(DefaultScope(fe))
 		v.ranges = slices.Compact(slices.SortedFunc(slices.Values(ps), netip.Prefix.Compare))
 		r.ranges += len(v.ranges)
 	}
@@ -88,7 +96,7 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 	// master's id wins over a rev_nat entry naming the same frontend; of
 	// several ids for one backend address (strays), the most named, then the
 	// lowest, wins. The losers are rewritten and deleted by the next Apply.
-	for _, fe := range slices.SortedFunc(maps.Keys(r.frontends), model.L4Addr.Compare) {
+	for _, fe := range slices.SortedFunc(maps.Keys(r.frontends), Frontend.Compare) {
 		if v := r.frontends[fe]; v.hasMaster && r.masterRef[v.master.ID] == 1 {
 			r.serviceOf[fe] = v.master.ID
 		}
@@ -119,7 +127,7 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 	r.dirty = true
 }
 
-func (r *Reconciler) frontend(fe model.L4Addr) *frontendView {
+func (r *Reconciler) frontend(fe Frontend) *frontendView {
 	v := r.frontends[fe]
 	if v == nil {
 		v = &frontendView{}

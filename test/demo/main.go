@@ -55,7 +55,7 @@ func run(ctx context.Context, binDir string, requests int, hold bool) (err error
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(tmp)
+	defer func() { err = errors.Join(err, os.RemoveAll(tmp)) }()
 
 	bins := agentproc.Binaries{Sluice: filepath.Join(binDir, "sluice"), Sluicectl: filepath.Join(binDir, "sluicectl")}
 	if binDir == "" {

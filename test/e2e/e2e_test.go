@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,7 +62,10 @@ func helperMain(args []string) int {
 	}
 	mode, addr := args[0], args[1]
 	var n int
-	fmt.Sscan(args[2], &n)
+	if _, err := fmt.Sscan(args[2], &n); err != nil {
+		fmt.Fprintln(os.Stderr, "helper: COUNT:", err)
+		return 2
+	}
 	for i := 0; i < n; i++ {
 		var who, peer string
 		var err error
@@ -86,7 +90,9 @@ func helperTCP(addr string) (who, peer string, err error) {
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(3 * time.Second))
-	fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: e2e\r\n\r\n")
+	if _, err := fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: e2e\r\n\r\n"); err != nil {
+		return "", "", err
+	}
 	body, err := io.ReadAll(c)
 	if err != nil {
 		return "", "", err
@@ -186,13 +192,12 @@ func (e *env) write(t *testing.T, echo, drain []string) {
 }
 
 // waitServices polls `sluicectl services` until the line of frontend
-// satisfies ok, and returns the whole dump.
-func (e *env) waitServices(t *testing.T, frontend string, ok func(line string) bool) string {
+// satisfies ok.
+func (e *env) waitServices(t *testing.T, frontend string, ok func(line string) bool) {
 	t.Helper()
-	var dump string
 	testutil.Eventually(t, "frontend "+frontend+" to reach the wanted state", 15*time.Second, func() error {
-		var err error
-		if dump, err = e.agent.Services(t.Context()); err != nil {
+		dump, err := e.agent.Services(t.Context())
+		if err != nil {
 			return err
 		}
 		for _, l := range strings.Split(dump, "\n") {
@@ -202,7 +207,6 @@ func (e *env) waitServices(t *testing.T, frontend string, ok func(line string) b
 		}
 		return fmt.Errorf("last dump:\n%s", dump)
 	})
-	return dump
 }
 
 func setup(t *testing.T) *env {
@@ -648,10 +652,11 @@ func TestClusterIPEndToEnd(t *testing.T) {
 	})
 }
 
-// TestReadyzFollowsDesiredState: /readyz is 200 only while the maps match the
-// newest desired state. A state that does not fit the maps (more frontends
-// than --max-services) cannot be applied: the agent keeps retrying and is
-// not ready; once the file is fixed it is ready again.
+// TestReadyzFollowsDesiredState: /readyz is 200 once everything of the
+// newest desired state that fits the maps is programmed. A frontend that
+// does not fit (one more than --max-services) is reported, in /readyz and
+// /metrics, not waited for: the others are programmed and the agent is
+// ready. Once the file is fixed the report goes away.
 func TestReadyzFollowsDesiredState(t *testing.T) {
 	requirePrivileges(t)
 	bins := agentproc.Shared(t)
@@ -682,30 +687,128 @@ func TestReadyzFollowsDesiredState(t *testing.T) {
 	}, 30*time.Second)
 
 	write(4) // one more frontend than sluice_rev_nat holds
-	testutil.Eventually(t, "/readyz to turn 503 for a desired state that cannot be applied", 10*time.Second, func() error {
-		err := agent.Ready()
-		if err != nil && strings.Contains(err.Error(), "503") {
-			t.Logf("while the state does not fit: %v", err)
-			return nil
+	const unprogrammed = `sluice_service_unprogrammed_frontends{reason="capacity",service="default/svc4:http"} 1`
+	testutil.Eventually(t, "the frontend that does not fit to be reported", 10*time.Second, func() error {
+		m, err := agent.Metrics()
+		if err != nil {
+			return err
 		}
-		return fmt.Errorf("/readyz: %v", err)
+		if !strings.Contains(m, unprogrammed) || !strings.Contains(m, "\nsluice_services 3\n") {
+			return errors.New("/metrics lacks svc4's failure or 3 programmed frontends")
+		}
+		return nil
 	})
-	// It stays not ready: the agent retries, it does not give up and claim
-	// success.
+	// It stays ready: the three that fit are programmed, and retrying the
+	// fourth cannot help until something changes.
 	time.Sleep(time.Second)
-	if err := agent.Ready(); err == nil {
-		t.Fatal("/readyz is 200 although the newest desired state was never applied")
+	body, err := agent.Get(agent.HealthAddr, "/readyz")
+	if err != nil {
+		t.Fatalf("/readyz with one frontend that does not fit: %v", err)
+	}
+	if !strings.Contains(body, "default/svc4:http") || !strings.Contains(body, "capacity") {
+		t.Errorf("/readyz does not report svc4:\n%s", body)
 	}
 
 	write(3)
-	if err := agent.WaitReady(15 * time.Second); err != nil {
-		t.Fatalf("not ready again after the manifest was fixed: %v", err)
+	testutil.Eventually(t, "the report to go once the manifest is fixed", 15*time.Second, func() error {
+		body, err := agent.Get(agent.HealthAddr, "/readyz")
+		if err != nil {
+			return err
+		}
+		if body != "ok\n" {
+			return fmt.Errorf("/readyz: %q", body)
+		}
+		return nil
+	})
+	m, err := agent.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(m, "\nsluice_services 3\n") || strings.Contains(m, "sluice_service_unprogrammed_frontends{") {
+		t.Errorf("/metrics does not report 3 programmed frontends and no failure")
+	}
+}
+
+// TestOversizedServiceDoesNotBlockOthers: a Service with more endpoints
+// than the service map has room for (--max-service-entries) is not
+// programmed; the good Service beside it is, and answers; the agent is
+// ready and names the oversized one in /readyz, in /metrics and in one log
+// line. Shrunk to fit, it is programmed too.
+func TestOversizedServiceDoesNotBlockOthers(t *testing.T) {
+	requirePrivileges(t)
+	bins := agentproc.Shared(t)
+	topo := topology.NewT(t)
+	lb, err := topo.BuildLB(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backends, err := lb.ServeHTTP(8080, "backend-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest := filepath.Join(t.TempDir(), "services.yaml")
+	http := []agentproc.Port{{Name: "http", Protocol: "TCP", Port: 80, TargetPort: "8080", EndpointPort: 8080}}
+	write := func(bigEndpoints int) {
+		eps := slices.Clone(lb.BackendAddrStrings())
+		for i := len(eps); i < bigEndpoints; i++ {
+			eps = append(eps, fmt.Sprintf("10.244.9.%d", i+1)) // answers nothing; never chosen while big is unprogrammed
+		}
+		docs := []string{
+			agentproc.Service{Name: "big", ClusterIP: "10.96.2.1", Endpoints: eps, Ports: http}.YAML(),
+			agentproc.Service{Name: "good", ClusterIP: "10.96.2.2", Endpoints: lb.BackendAddrStrings(), Ports: http}.YAML(),
+		}
+		if err := agentproc.WriteFile(manifest, agentproc.Manifest(docs...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 16 service entries: good takes 3 (master and 2 slots), big would
+	// take 41.
+	write(40)
+	agent := agentproc.StartAgent(t, bins, lb.Node, agentproc.AgentConfig{
+		Manifests: manifest,
+		Devices:   []string{lb.NodeDev},
+		BPFFS:     filepath.Join(testutil.BPFFS, topo.Prefix()+"oversized"),
+		Extra:     []string{"--max-service-entries", "16"},
+	}, 30*time.Second)
+
+	who, err := topology.WhoAnswered(lb.Client.HTTPClient(3*time.Second), "http://10.96.2.2:80/")
+	if err != nil || !slices.Contains(backends, who) {
+		t.Fatalf("the good Service: answer %q, %v; want one of %v", who, err, backends)
+	}
+	body, err := agent.Get(agent.HealthAddr, "/readyz")
+	if err != nil {
+		t.Fatalf("/readyz: %v", err)
+	}
+	if !strings.HasPrefix(body, "ok\n") || !strings.Contains(body, "default/big:http") || !strings.Contains(body, "capacity") {
+		t.Errorf("/readyz body does not report default/big:http for capacity:\n%s", body)
 	}
 	m, err := agent.Metrics()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(m, "\nsluice_services 3\n") {
-		t.Errorf("/metrics does not report 3 programmed frontends")
+	if want := `sluice_service_unprogrammed_frontends{reason="capacity",service="default/big:http"} 1`; !strings.Contains(m, want) {
+		t.Errorf("/metrics lacks %s", want)
+	}
+	if dump, _ := agent.Services(t.Context()); strings.Contains(dump, "10.96.2.1:80") {
+		t.Errorf("the oversized Service is programmed:\n%s", dump)
+	}
+	time.Sleep(time.Second) // resyncs and retries, if any, would log again
+	if n := strings.Count(agent.Log.String(), "service not programmed"); n != 1 {
+		t.Errorf("the oversized Service was logged %d times, want once", n)
+	}
+
+	write(5) // 6 entries: it fits now
+	testutil.Eventually(t, "the shrunk Service to be programmed", 15*time.Second, func() error {
+		body, err := agent.Get(agent.HealthAddr, "/readyz")
+		if err != nil {
+			return err
+		}
+		if body != "ok\n" {
+			return fmt.Errorf("/readyz: %q", body)
+		}
+		return nil
+	})
+	if dump, _ := agent.Services(t.Context()); !strings.Contains(dump, "10.96.2.1:80") {
+		t.Errorf("the shrunk Service is not programmed:\n%s", dump)
 	}
 }

@@ -1160,6 +1160,10 @@ func frontends(c *Case, objs []Object, proto corev1.Protocol, dst Destination) [
 	return out
 }
 
+// ParseAddr reads an address written in an object as kube-proxy reads it
+// (see parseAddr), for runners that place the objects' addresses.
+func ParseAddr(s string) (netip.Addr, error) { return parseAddr(s) }
+
 // parseAddr reads an address as kube-proxy does (netutils.ParseIPSloppy):
 // IPv4 octets may carry leading zeros, read as decimal ("010" is 10), a
 // form kube-proxy's TestBadIPs feeds it.

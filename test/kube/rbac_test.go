@@ -48,7 +48,7 @@ func TestAgentUsesExactlyItsClusterRole(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := setupTraffic(t, c.args...)
-			_, vip := e.webService(t, 0)
+			vip := e.webService(t, 0)
 			eventually(t, "the service to answer", 30*time.Second, func() error {
 				_, err := e.get(vip, time.Second)
 				return err

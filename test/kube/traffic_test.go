@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
@@ -81,7 +80,9 @@ func (e *trafficEnv) answers(t *testing.T, vip string, n int) map[string]int {
 	return seen
 }
 
-func (e *trafficEnv) webService(t *testing.T, backends ...int) (*corev1.Service, string) {
+// webService creates Service default/web with one slice of the given
+// backends and returns its ClusterIP:80.
+func (e *trafficEnv) webService(t *testing.T, backends ...int) string {
 	t.Helper()
 	c := e.kube.Client
 	svc := createService(t, c, "default", "web", nil, svcPort("http", 80, "http"))
@@ -90,7 +91,7 @@ func (e *trafficEnv) webService(t *testing.T, backends ...int) (*corev1.Service,
 		eps = append(eps, ready(e.addrs[i]))
 	}
 	createSlice(t, c, makeSlice("default", "web", "web-a", slicePorts{"http": 8080}, eps...))
-	return svc, svc.Spec.ClusterIP + ":80"
+	return svc.Spec.ClusterIP + ":80"
 }
 
 // A Service created in the API answers through its VIP; scaled down, new
@@ -99,7 +100,7 @@ func (e *trafficEnv) webService(t *testing.T, backends ...int) (*corev1.Service,
 func TestTrafficFollowsTheAPI(t *testing.T) {
 	e := setupTraffic(t)
 	c := e.kube.Client
-	_, vip := e.webService(t, 0, 1, 2)
+	vip := e.webService(t, 0, 1, 2)
 
 	start := time.Now()
 	eventually(t, "the new service to answer on "+vip, 30*time.Second, func() error {
@@ -163,7 +164,7 @@ func (e *trafficEnv) connects(vip string) bool {
 // the maps are the same before and after.
 func TestTrafficSurvivesAgentRestart(t *testing.T) {
 	e := setupTraffic(t)
-	_, vip := e.webService(t, 0, 1, 2)
+	vip := e.webService(t, 0, 1, 2)
 	eventually(t, "the service to answer", 30*time.Second, func() error {
 		_, err := e.get(vip, time.Second)
 		return err

@@ -56,7 +56,10 @@ func helperMain(addr string) int {
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
-	fmt.Fprintf(c, "hello\n")
+	if _, err := fmt.Fprintf(c, "hello\n"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	line, err := bufio.NewReader(c).ReadString('\n')
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -311,7 +314,7 @@ func serveWhoami(t *testing.T, ns *topology.NS, name string) {
 			if err != nil {
 				return
 			}
-			pc.WriteTo([]byte(fmt.Sprintf("%s %s", name, from)), from)
+			_, _ = pc.WriteTo([]byte(fmt.Sprintf("%s %s", name, from)), from) // the client checks the answer
 		}
 	})
 }

@@ -60,8 +60,8 @@ func main() {
 	}
 }
 
-func build(root, out, repo string, platforms []string) error {
-	root, err := filepath.Abs(root)
+func build(root, out, repo string, platforms []string) (err error) {
+	root, err = filepath.Abs(root)
 	if err != nil {
 		return err
 	}
@@ -82,7 +82,7 @@ func build(root, out, repo string, platforms []string) error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(tmp)
+	defer func() { err = errors.Join(err, os.RemoveAll(tmp)) }()
 
 	var images []v1.Image
 	for _, p := range platforms {
@@ -111,7 +111,7 @@ func build(root, out, repo string, platforms []string) error {
 			err = lp.AppendImage(images[0], ref)
 		}
 	} else {
-		var idx v1.ImageIndex = mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+		idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
 		for i, img := range images {
 			goarch := strings.TrimPrefix(strings.TrimSpace(platforms[i]), "linux/")
 			idx = mutate.AppendManifests(idx, mutate.IndexAddendum{Add: img,
@@ -255,7 +255,7 @@ func binariesLayer(dir string, names []string, epoch time.Time) ([]byte, error) 
 
 // tarDir writes the files under dir to a tar file at out, in name order,
 // with fixed times and owners, atomically.
-func tarDir(dir, out string, epoch time.Time) error {
+func tarDir(dir, out string, epoch time.Time) (err error) {
 	var paths []string
 	if err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
 		if err != nil {
@@ -273,7 +273,12 @@ func tarDir(dir, out string, epoch time.Time) error {
 	if err != nil {
 		return err
 	}
-	defer os.Remove(f.Name())
+	defer func() {
+		if err != nil {
+			_ = f.Close() // perhaps closed already; it is removed in any case
+			err = errors.Join(err, os.Remove(f.Name()))
+		}
+	}()
 	tw := tar.NewWriter(f)
 	for _, p := range paths {
 		rel, _ := filepath.Rel(dir, p)
@@ -298,8 +303,7 @@ func tarDir(dir, out string, epoch time.Time) error {
 			return err
 		}
 		_, err = io.Copy(tw, src)
-		src.Close()
-		if err != nil {
+		if err := errors.Join(err, src.Close()); err != nil {
 			return err
 		}
 	}

@@ -65,7 +65,10 @@ func main() {
 				failed = true
 				continue
 			}
-			enc.Encode(q)
+			if err := enc.Encode(q); err != nil {
+				fmt.Fprintf(os.Stderr, "write: %v\n", err)
+				os.Exit(1)
+			}
 		}
 	}
 	if failed {

@@ -108,7 +108,9 @@ func (a *Agent) Start() error {
 			return errors.New("agent already running")
 		}
 	}
-	fmt.Fprintf(a.Log, "=== start %s %s\n", a.Bin.Sluice, strings.Join(a.Args, " "))
+	if _, err := fmt.Fprintf(a.Log, "=== start %s %s\n", a.Bin.Sluice, strings.Join(a.Args, " ")); err != nil {
+		return fmt.Errorf("agent log: %w", err)
+	}
 	p, err := a.NS.Start(a.Log, nil, a.Bin.Sluice, a.Args...)
 	if err != nil {
 		return err
@@ -173,7 +175,9 @@ func (a *Agent) Get(addr, path string) (string, error) {
 	}
 	defer resp.Body.Close()
 	var body bytes.Buffer
-	body.ReadFrom(resp.Body)
+	if _, err := body.ReadFrom(resp.Body); err != nil {
+		return "", fmt.Errorf("%s: read body: %w", path, err)
+	}
 	if resp.StatusCode != http.StatusOK {
 		return "", fmt.Errorf("%s: %s: %s", path, resp.Status, strings.TrimSpace(body.String()))
 	}

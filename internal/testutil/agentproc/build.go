@@ -2,6 +2,7 @@ package agentproc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -79,10 +80,14 @@ func Shared(t testing.TB) Binaries {
 	return shared.bins
 }
 
-// RemoveShared deletes what Shared built.
+// RemoveShared deletes what Shared built. It runs after m.Run, when there
+// is no test left to fail, so a failure is reported on stderr.
 func RemoveShared() {
-	if shared.dir != "" {
-		os.RemoveAll(shared.dir)
+	if shared.dir == "" {
+		return
+	}
+	if err := os.RemoveAll(shared.dir); err != nil {
+		fmt.Fprintf(os.Stderr, "remove the shared sluice binaries: %v\n", err)
 	}
 }
 
@@ -95,12 +100,10 @@ func WriteFile(path, content string) error {
 	}
 	if _, err := tmp.WriteString(content); err != nil {
 		tmp.Close()
-		os.Remove(tmp.Name())
-		return err
+		return errors.Join(err, os.Remove(tmp.Name()))
 	}
 	if err := tmp.Close(); err != nil {
-		os.Remove(tmp.Name())
-		return err
+		return errors.Join(err, os.Remove(tmp.Name()))
 	}
 	return os.Rename(tmp.Name(), path)
 }

@@ -46,7 +46,9 @@ func (n *NS) ServeHTTP(addr, name string) (*Server, error) {
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("X-Backend", name)
-		io.WriteString(w, name+"\n")
+		// A client that went away sees its own error; the server has
+		// nobody to tell.
+		_, _ = io.WriteString(w, name+"\n")
 	})}
 	s := &Server{Name: name, Addr: l.Addr(), close: srv.Close}
 	s.wg.Go(func() { _ = srv.Serve(l) })

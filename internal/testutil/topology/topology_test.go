@@ -356,7 +356,12 @@ func TestPidsIn(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	t.Cleanup(func() {
+		if err := cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+			t.Errorf("kill sleep: %v", err)
+		}
+		_ = cmd.Wait() // killed: the error says so
+	})
 	// nsenter execs sleep after it has joined the namespace.
 	testutil.Eventually(t, "sleep to run in the namespace", 5*time.Second, func() error {
 		if pids := pidsIn(ns.Path); len(pids) != 1 || pids[0] != cmd.Process.Pid {

@@ -8,14 +8,20 @@
 //   - every slot names an existing backend,
 //   - every master's service id has a rev_nat entry,
 //   - every master flagged FlagSourceRanges has at least one source range
-//     (else its frontend would drop every client).
+//     (else its frontend would drop every client),
+//   - every master flagged FlagTwoScopes has its frontend's internal scope
+//     (a master and its slots): the datapath follows the flag there,
+//   - an address is a service IP only while a ClusterIP master (default
+//     scope, no FlagExternal) at that address exists: a packet to it that
+//     finds no frontend is rejected, which must never happen to a frontend
+//     being programmed.
 //
 // The checks are incremental (each operation checks only what it can
 // break), so a fake holding 10,000 services stays fast. Violations are
 // recorded, not fatal: tests assert Violations() is empty. Check adds what
 // must hold once an Apply succeeded: no source range is left for a
-// frontend whose master does not check them. Errors can be injected per
-// operation with Fail.
+// frontend whose master does not check them, and every ClusterIP master's
+// address is a service IP. Errors can be injected per operation with Fail.
 //
 // String prints the maps in the reconciler's dump format (KernelState.String).
 package fakedp
@@ -45,20 +51,23 @@ const (
 	OpDeleteSlot        OpKind = "DeleteSlot"
 	OpUpsertSourceRange OpKind = "UpsertSourceRange"
 	OpDeleteSourceRange OpKind = "DeleteSourceRange"
+	OpUpsertServiceIP   OpKind = "UpsertServiceIP"
+	OpDeleteServiceIP   OpKind = "DeleteServiceIP"
 	OpFlushConntrack    OpKind = "FlushConntrack"
 )
 
 // Op is one operation, as passed to Fail and recorded in Ops.
 type Op struct {
 	Kind     OpKind
-	Frontend model.L4Addr // slots and masters
-	Slot     uint32       // UpsertSlot, DeleteSlot (0 = master)
+	Frontend reconciler.Frontend // slots, masters, UpsertRevNat; source ranges (default scope)
+	Slot     uint32              // UpsertSlot, DeleteSlot (0 = master)
 	Backend  reconciler.BackendID
 	Service  reconciler.ServiceID
-	Addr     model.L4Addr   // UpsertBackend, UpsertRevNat
+	Addr     model.L4Addr   // UpsertBackend
 	Addrs    []model.L4Addr // FlushConntrack
 	Master   reconciler.Master
 	Prefix   netip.Prefix // UpsertSourceRange, DeleteSourceRange
+	IP       netip.Addr   // UpsertServiceIP, DeleteServiceIP
 }
 
 func (o Op) String() string {
@@ -68,7 +77,7 @@ func (o Op) String() string {
 	case OpDeleteBackend:
 		return fmt.Sprintf("%s %d", o.Kind, o.Backend)
 	case OpUpsertRevNat:
-		return fmt.Sprintf("%s %d %s", o.Kind, o.Service, o.Addr)
+		return fmt.Sprintf("%s %d %s", o.Kind, o.Service, o.Frontend)
 	case OpDeleteRevNat:
 		return fmt.Sprintf("%s %d", o.Kind, o.Service)
 	case OpUpsertSlot:
@@ -79,6 +88,8 @@ func (o Op) String() string {
 		return fmt.Sprintf("%s %s[%d]", o.Kind, o.Frontend, o.Slot)
 	case OpUpsertSourceRange, OpDeleteSourceRange:
 		return fmt.Sprintf("%s %s %s", o.Kind, o.Frontend, o.Prefix)
+	case OpUpsertServiceIP, OpDeleteServiceIP:
+		return fmt.Sprintf("%s %s", o.Kind, o.IP)
 	case OpFlushConntrack:
 		return fmt.Sprintf("%s %v", o.Kind, o.Addrs)
 	}
@@ -93,11 +104,13 @@ var ErrFull = errors.New("map full")
 type Fake struct {
 	mu sync.Mutex
 
-	masters  map[model.L4Addr]reconciler.Master
-	slots    map[model.L4Addr]map[uint32]reconciler.BackendID
+	masters  map[reconciler.Frontend]reconciler.Master
+	slots    map[reconciler.Frontend]map[uint32]reconciler.BackendID
 	backends map[reconciler.BackendID]model.L4Addr
-	revNat   map[reconciler.ServiceID]model.L4Addr
+	revNat   map[reconciler.ServiceID]reconciler.Frontend
 	ranges   map[model.L4Addr]map[netip.Prefix]bool
+	ips      map[netip.Addr]bool
+	cips     map[netip.Addr]int // ClusterIP masters per address
 	nslots   int
 	nranges  int
 
@@ -132,11 +145,13 @@ const DefaultSourceRanges = 16384
 // for DefaultSourceRanges source ranges.
 func New(services, backends, serviceEntries int) *Fake {
 	return &Fake{
-		masters:     map[model.L4Addr]reconciler.Master{},
-		slots:       map[model.L4Addr]map[uint32]reconciler.BackendID{},
+		masters:     map[reconciler.Frontend]reconciler.Master{},
+		slots:       map[reconciler.Frontend]map[uint32]reconciler.BackendID{},
 		backends:    map[reconciler.BackendID]model.L4Addr{},
-		revNat:      map[reconciler.ServiceID]model.L4Addr{},
+		revNat:      map[reconciler.ServiceID]reconciler.Frontend{},
 		ranges:      map[model.L4Addr]map[netip.Prefix]bool{},
+		ips:         map[netip.Addr]bool{},
+		cips:        map[netip.Addr]int{},
 		slotRefs:    map[reconciler.BackendID]int{},
 		masterRefs:  map[reconciler.ServiceID]int{},
 		maxServices: services, maxBackends: backends, maxEntries: serviceEntries,
@@ -213,10 +228,10 @@ func (f *Fake) DeleteBackend(id reconciler.BackendID) error {
 	return nil
 }
 
-func (f *Fake) UpsertRevNat(id reconciler.ServiceID, fe model.L4Addr) error {
+func (f *Fake) UpsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	op := Op{Kind: OpUpsertRevNat, Service: id, Addr: fe}
+	op := Op{Kind: OpUpsertRevNat, Service: id, Frontend: fe}
 	if err := f.begin(op); err != nil {
 		return err
 	}
@@ -248,7 +263,7 @@ func (f *Fake) DeleteRevNat(id reconciler.ServiceID) error {
 
 func (f *Fake) entries() int { return len(f.masters) + f.nslots }
 
-func (f *Fake) UpsertSlot(fe model.L4Addr, slot uint32, id reconciler.BackendID) error {
+func (f *Fake) UpsertSlot(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	op := Op{Kind: OpUpsertSlot, Frontend: fe, Slot: slot, Backend: id}
@@ -287,7 +302,7 @@ func (f *Fake) unref(id reconciler.BackendID) {
 	}
 }
 
-func (f *Fake) UpsertMaster(fe model.L4Addr, m reconciler.Master) error {
+func (f *Fake) UpsertMaster(fe reconciler.Frontend, m reconciler.Master) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	op := Op{Kind: OpUpsertMaster, Frontend: fe, Master: m}
@@ -302,8 +317,10 @@ func (f *Fake) UpsertMaster(fe model.L4Addr, m reconciler.Master) error {
 		if f.masterRefs[old.ID]--; f.masterRefs[old.ID] <= 0 {
 			delete(f.masterRefs, old.ID)
 		}
+		f.countClusterIP(fe, old, -1)
 	}
 	f.masters[fe] = m
+	f.countClusterIP(fe, m, 1)
 	f.masterRefs[m.ID]++
 	if m.ID == 0 {
 		f.violate(op, "service id 0")
@@ -317,14 +334,55 @@ func (f *Fake) UpsertMaster(fe model.L4Addr, m reconciler.Master) error {
 			break
 		}
 	}
-	if m.Flags&reconciler.FlagSourceRanges != 0 && len(f.ranges[fe]) == 0 {
+	if m.Flags&reconciler.FlagSourceRanges != 0 && len(f.ranges[fe.L4Addr]) == 0 {
 		f.violate(op, "master checks source ranges but its frontend has none")
+	}
+	if m.Flags&reconciler.FlagTwoScopes != 0 && !f.hasInternal(fe.L4Addr) {
+		f.violate(op, "master says two scopes but the internal scope has no master")
+	}
+	if exists && clusterIP(fe, old) && !clusterIP(fe, m) && f.ips[fe.Addr] && f.clusterIPMasters(fe.Addr) == 0 {
+		f.violate(op, "the last ClusterIP master at %s stopped being one while it is a service IP", fe.Addr)
 	}
 	f.done(op)
 	return nil
 }
 
-func (f *Fake) DeleteSlot(fe model.L4Addr, slot uint32) error {
+// clusterIP reports whether m, the master of fe, is a ClusterIP's.
+func clusterIP(fe reconciler.Frontend, m reconciler.Master) bool {
+	return fe.Scope == reconciler.ScopeDefault && m.Flags&reconciler.FlagExternal == 0
+}
+
+// clusterIPMasters counts the ClusterIP masters at a.
+func (f *Fake) clusterIPMasters(a netip.Addr) int { return f.cips[a] }
+
+// countClusterIP adds d to the ClusterIP masters at fe's address if m is
+// one.
+func (f *Fake) countClusterIP(fe reconciler.Frontend, m reconciler.Master, d int) {
+	if !clusterIP(fe, m) {
+		return
+	}
+	if f.cips[fe.Addr] += d; f.cips[fe.Addr] <= 0 {
+		delete(f.cips, fe.Addr)
+	}
+}
+
+// hasInternal reports whether a's internal scope has a master whose slots
+// exist.
+func (f *Fake) hasInternal(a model.L4Addr) bool {
+	in := reconciler.Frontend{L4Addr: a, Scope: reconciler.ScopeInternal}
+	m, ok := f.masters[in]
+	if !ok {
+		return false
+	}
+	for s := uint32(1); s <= m.Count; s++ {
+		if _, ok := f.slots[in][s]; !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func (f *Fake) DeleteSlot(fe reconciler.Frontend, slot uint32) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	op := Op{Kind: OpDeleteSlot, Frontend: fe, Slot: slot}
@@ -336,6 +394,13 @@ func (f *Fake) DeleteSlot(fe model.L4Addr, slot uint32) error {
 			delete(f.masters, fe)
 			if f.masterRefs[m.ID]--; f.masterRefs[m.ID] <= 0 {
 				delete(f.masterRefs, m.ID)
+			}
+			f.countClusterIP(fe, m, -1)
+			if clusterIP(fe, m) && f.ips[fe.Addr] && f.clusterIPMasters(fe.Addr) == 0 {
+				f.violate(op, "the last ClusterIP master at %s deleted while it is a service IP", fe.Addr)
+			}
+			if dm, ok := f.masters[reconciler.DefaultScope(fe.L4Addr)]; fe.Scope == reconciler.ScopeInternal && ok && dm.Flags&reconciler.FlagTwoScopes != 0 {
+				f.violate(op, "internal scope deleted while the default scope's master says two scopes")
 			}
 		}
 	} else if id, ok := f.slots[fe][slot]; ok {
@@ -356,7 +421,7 @@ func (f *Fake) DeleteSlot(fe model.L4Addr, slot uint32) error {
 func (f *Fake) UpsertSourceRange(fe model.L4Addr, p netip.Prefix) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	op := Op{Kind: OpUpsertSourceRange, Frontend: fe, Prefix: p}
+	op := Op{Kind: OpUpsertSourceRange, Frontend: reconciler.DefaultScope(fe), Prefix: p}
 	if err := f.begin(op); err != nil {
 		return err
 	}
@@ -382,7 +447,7 @@ func (f *Fake) UpsertSourceRange(fe model.L4Addr, p netip.Prefix) error {
 func (f *Fake) DeleteSourceRange(fe model.L4Addr, p netip.Prefix) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	op := Op{Kind: OpDeleteSourceRange, Frontend: fe, Prefix: p}
+	op := Op{Kind: OpDeleteSourceRange, Frontend: reconciler.DefaultScope(fe), Prefix: p}
 	if err := f.begin(op); err != nil {
 		return err
 	}
@@ -391,11 +456,44 @@ func (f *Fake) DeleteSourceRange(fe model.L4Addr, p netip.Prefix) error {
 		f.nranges--
 		if len(f.ranges[fe]) == 0 {
 			delete(f.ranges, fe)
-			if m, ok := f.masters[fe]; ok && m.Flags&reconciler.FlagSourceRanges != 0 {
+			if m, ok := f.masters[reconciler.DefaultScope(fe)]; ok && m.Flags&reconciler.FlagSourceRanges != 0 {
 				f.violate(op, "last source range deleted while the master checks them")
 			}
 		}
 	}
+	f.done(op)
+	return nil
+}
+
+// UpsertServiceIP adds a service IP; the set is as large as rev_nat (each
+// ClusterIP has a frontend).
+func (f *Fake) UpsertServiceIP(a netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op := Op{Kind: OpUpsertServiceIP, IP: a}
+	if err := f.begin(op); err != nil {
+		return err
+	}
+	if !f.ips[a] && len(f.ips) >= f.maxServices {
+		return fmt.Errorf("service_ips: %w", ErrFull)
+	}
+	f.ips[a] = true
+	if f.clusterIPMasters(a) == 0 {
+		f.violate(op, "service IP %s added while no ClusterIP master is at it", a)
+	}
+	f.done(op)
+	return nil
+}
+
+// DeleteServiceIP removes a service IP.
+func (f *Fake) DeleteServiceIP(a netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op := Op{Kind: OpDeleteServiceIP, IP: a}
+	if err := f.begin(op); err != nil {
+		return err
+	}
+	delete(f.ips, a)
 	f.done(op)
 	return nil
 }
@@ -422,10 +520,11 @@ func (f *Fake) Dump() (*reconciler.KernelState, error) {
 func (f *Fake) snapshot() *reconciler.KernelState {
 	ks := &reconciler.KernelState{
 		Masters:      maps.Clone(f.masters),
-		Slots:        map[model.L4Addr]map[uint32]reconciler.BackendID{},
+		Slots:        map[reconciler.Frontend]map[uint32]reconciler.BackendID{},
 		Backends:     maps.Clone(f.backends),
 		RevNat:       maps.Clone(f.revNat),
 		SourceRanges: map[model.L4Addr][]netip.Prefix{},
+		ServiceIPs:   slices.SortedFunc(maps.Keys(f.ips), netip.Addr.Compare),
 	}
 	for fe, s := range f.slots {
 		ks.Slots[fe] = maps.Clone(s)
@@ -457,8 +556,12 @@ func (f *Fake) Seed(ks *reconciler.KernelState) {
 	f.masters = maps.Clone(ks.Masters)
 	f.backends = maps.Clone(ks.Backends)
 	f.revNat = maps.Clone(ks.RevNat)
-	f.slots = map[model.L4Addr]map[uint32]reconciler.BackendID{}
+	f.slots = map[reconciler.Frontend]map[uint32]reconciler.BackendID{}
 	f.slotRefs = map[reconciler.BackendID]int{}
+	f.ips = map[netip.Addr]bool{}
+	for _, a := range ks.ServiceIPs {
+		f.ips[a] = true
+	}
 	f.masterRefs = map[reconciler.ServiceID]int{}
 	f.nslots = 0
 	f.ranges = map[model.L4Addr]map[netip.Prefix]bool{}
@@ -486,17 +589,19 @@ func (f *Fake) Seed(ks *reconciler.KernelState) {
 		}
 		f.slots[fe] = c
 	}
-	for _, m := range f.masters {
+	f.cips = map[netip.Addr]int{}
+	for fe, m := range f.masters {
 		f.masterRefs[m.ID]++
+		f.countClusterIP(fe, m, 1)
 	}
 	if f.masters == nil {
-		f.masters = map[model.L4Addr]reconciler.Master{}
+		f.masters = map[reconciler.Frontend]reconciler.Master{}
 	}
 	if f.backends == nil {
 		f.backends = map[reconciler.BackendID]model.L4Addr{}
 	}
 	if f.revNat == nil {
-		f.revNat = map[reconciler.ServiceID]model.L4Addr{}
+		f.revNat = map[reconciler.ServiceID]reconciler.Frontend{}
 	}
 }
 
@@ -510,17 +615,43 @@ func (f *Fake) Violations() []string {
 // Check verifies the invariants over the whole state (not only what the
 // last operation touched) and returns the violations found. It also checks
 // what holds only between Applies, once one succeeded: no frontend has
-// source ranges unless its master checks them. (During an Apply ranges are
-// written before the master that checks them, and deleted after.)
+// source ranges unless its master checks them, no internal scope exists
+// without a default scope that says two scopes, and the service IPs are
+// exactly the ClusterIP masters' addresses. (During an Apply ranges and
+// internal scopes are written before the master that names them, and
+// deleted after; a ClusterIP's address joins the service IPs after its
+// master.)
 func (f *Fake) Check() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	v := f.check()
 	for fe, rs := range f.ranges {
-		if m, ok := f.masters[fe]; !ok || m.Flags&reconciler.FlagSourceRanges == 0 {
+		if m, ok := f.masters[reconciler.DefaultScope(fe)]; !ok || m.Flags&reconciler.FlagSourceRanges == 0 {
 			for _, p := range slices.SortedFunc(maps.Keys(rs), netip.Prefix.Compare) {
 				v = append(v, fmt.Sprintf("%s: source range %s, but no master checks it", fe, p))
 			}
+		}
+	}
+	for fe := range f.masters {
+		if fe.Scope != reconciler.ScopeInternal {
+			continue
+		}
+		if m, ok := f.masters[reconciler.DefaultScope(fe.L4Addr)]; !ok || m.Flags&reconciler.FlagTwoScopes == 0 {
+			v = append(v, fmt.Sprintf("%s: internal scope, but no master says two scopes", fe))
+		}
+	}
+	cips := map[netip.Addr]bool{}
+	for fe, m := range f.masters {
+		if clusterIP(fe, m) {
+			cips[fe.Addr] = true
+			if !f.ips[fe.Addr] {
+				v = append(v, fmt.Sprintf("%s: ClusterIP master, but its address is not a service IP", fe))
+			}
+		}
+	}
+	for a := range f.ips {
+		if !cips[a] {
+			v = append(v, fmt.Sprintf("service IP %s, but no ClusterIP master is at it", a))
 		}
 	}
 	slices.Sort(v)
@@ -538,8 +669,11 @@ func (f *Fake) check() []string {
 		if _, ok := f.revNat[m.ID]; !ok {
 			v = append(v, fmt.Sprintf("%s: master names service %d without rev_nat", fe, m.ID))
 		}
-		if m.Flags&reconciler.FlagSourceRanges != 0 && len(f.ranges[fe]) == 0 {
+		if m.Flags&reconciler.FlagSourceRanges != 0 && len(f.ranges[fe.L4Addr]) == 0 {
 			v = append(v, fmt.Sprintf("%s: master checks source ranges, none exist", fe))
+		}
+		if m.Flags&reconciler.FlagTwoScopes != 0 && !f.hasInternal(fe.L4Addr) {
+			v = append(v, fmt.Sprintf("%s: master says two scopes, the internal scope is incomplete", fe))
 		}
 	}
 	for fe, s := range f.slots {

@@ -11,55 +11,132 @@ import (
 )
 
 func TestFakeDetectsViolations(t *testing.T) {
-	fe := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.1"), Port: 80, Proto: model.TCP}
+	l4 := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.1"), Port: 80, Proto: model.TCP}
+	fe := reconciler.DefaultScope(l4)
+	in := reconciler.Frontend{L4Addr: l4, Scope: reconciler.ScopeInternal}
+	l4b := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.1"), Port: 81, Proto: model.TCP}
+	feb := reconciler.DefaultScope(l4b)
 	b := model.L4Addr{Addr: netip.MustParseAddr("10.0.0.1"), Port: 8080, Proto: model.TCP}
+	ext := reconciler.FlagExternal
 	tests := []struct {
 		name string
-		ops  func(f *Fake)
+		ops  func(f *Fake) error
 		want string
 	}{
-		{"slot before backend", func(f *Fake) { f.UpsertSlot(fe, 1, 5) }, "names backend 5, which does not exist"},
-		{"master before slots", func(f *Fake) {
-			f.UpsertRevNat(1, fe)
-			f.UpsertMaster(fe, reconciler.Master{ID: 1, Count: 1})
+		{"slot before backend", func(f *Fake) error { return f.UpsertSlot(fe, 1, 5) }, "names backend 5, which does not exist"},
+		{"master before slots", func(f *Fake) error {
+			return errors.Join(
+				f.UpsertRevNat(1, fe),
+				f.UpsertMaster(fe, reconciler.Master{ID: 1, Count: 1}),
+			)
 		}, "master count 1 but slot 1 does not exist"},
-		{"master before rev_nat", func(f *Fake) { f.UpsertMaster(fe, reconciler.Master{ID: 1}) }, "no rev_nat entry"},
-		{"backend deleted while named", func(f *Fake) {
-			f.UpsertBackend(5, b)
-			f.UpsertSlot(fe, 1, 5)
-			f.DeleteBackend(5)
+		{"master before rev_nat", func(f *Fake) error { return f.UpsertMaster(fe, reconciler.Master{ID: 1}) }, "no rev_nat entry"},
+		{"backend deleted while named", func(f *Fake) error {
+			return errors.Join(
+				f.UpsertBackend(5, b),
+				f.UpsertSlot(fe, 1, 5),
+				f.DeleteBackend(5),
+			)
 		}, "backend 5 deleted while 1 slots name it"},
-		{"slot deleted under the master", func(f *Fake) {
-			f.UpsertBackend(5, b)
-			f.UpsertSlot(fe, 1, 5)
-			f.UpsertRevNat(1, fe)
-			f.UpsertMaster(fe, reconciler.Master{ID: 1, Count: 1})
-			f.DeleteSlot(fe, 1)
+		{"slot deleted under the master", func(f *Fake) error {
+			return errors.Join(
+				f.UpsertBackend(5, b),
+				f.UpsertSlot(fe, 1, 5),
+				f.UpsertRevNat(1, fe),
+				f.UpsertMaster(fe, reconciler.Master{ID: 1, Count: 1}),
+				f.DeleteSlot(fe, 1),
+			)
 		}, "slot 1 deleted while the master counts 1"},
-		{"rev_nat deleted under the master", func(f *Fake) {
-			f.UpsertRevNat(1, fe)
-			f.UpsertMaster(fe, reconciler.Master{ID: 1})
-			f.DeleteRevNat(1)
+		{"rev_nat deleted under the master", func(f *Fake) error {
+			return errors.Join(
+				f.UpsertRevNat(1, fe),
+				f.UpsertMaster(fe, reconciler.Master{ID: 1}),
+				f.DeleteRevNat(1),
+			)
 		}, "rev_nat 1 deleted while a master names it"},
-		{"master checks ranges before they exist", func(f *Fake) {
-			f.UpsertRevNat(1, fe)
-			f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: reconciler.FlagSourceRanges})
+		{"master checks ranges before they exist", func(f *Fake) error {
+			return errors.Join(
+				f.UpsertRevNat(1, fe),
+				f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: reconciler.FlagSourceRanges}),
+			)
 		}, "master checks source ranges but its frontend has none"},
-		{"last range deleted under the master", func(f *Fake) {
-			f.UpsertRevNat(1, fe)
-			f.UpsertSourceRange(fe, netip.MustParsePrefix("10.0.0.0/8"))
-			f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: reconciler.FlagSourceRanges})
-			f.DeleteSourceRange(fe, netip.MustParsePrefix("10.0.0.0/8"))
+		{"last range deleted under the master", func(f *Fake) error {
+			return errors.Join(
+				f.UpsertRevNat(1, fe),
+				f.UpsertSourceRange(l4, netip.MustParsePrefix("10.0.0.0/8")),
+				f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: reconciler.FlagSourceRanges}),
+				f.DeleteSourceRange(l4, netip.MustParsePrefix("10.0.0.0/8")),
+			)
 		}, "last source range deleted while the master checks them"},
-		{"range with host bits", func(f *Fake) { f.UpsertSourceRange(fe, netip.MustParsePrefix("10.0.0.1/8")) }, "host bits"},
+		{"range with host bits", func(f *Fake) error { return f.UpsertSourceRange(l4, netip.MustParsePrefix("10.0.0.1/8")) }, "host bits"},
+		{"two scopes before the internal scope", func(f *Fake) error {
+			return errors.Join(
+				f.UpsertRevNat(1, fe),
+				f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: ext | reconciler.FlagTwoScopes}),
+			)
+		}, "master says two scopes but the internal scope has no master"},
+		{"internal scope deleted under two scopes", func(f *Fake) error {
+			return errors.Join(
+				f.UpsertRevNat(1, fe),
+				f.UpsertRevNat(2, in),
+				f.UpsertMaster(in, reconciler.Master{ID: 2, Flags: ext}),
+				f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: ext | reconciler.FlagTwoScopes}),
+				f.DeleteSlot(in, 0),
+			)
+		}, "internal scope deleted while the default scope's master says two scopes"},
+		{"internal slot deleted under two scopes", func(f *Fake) error {
+			return errors.Join(
+				f.UpsertBackend(5, b),
+				f.UpsertSlot(in, 1, 5),
+				f.UpsertRevNat(1, fe),
+				f.UpsertRevNat(2, in),
+				f.UpsertMaster(in, reconciler.Master{ID: 2, Count: 1, Flags: ext}),
+				f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: ext | reconciler.FlagTwoScopes}),
+				f.DeleteSlot(in, 1),
+			)
+		}, "slot 1 deleted while the master counts 1"},
+		{"service IP before its ClusterIP master", func(f *Fake) error { return f.UpsertServiceIP(fe.Addr) }, "service IP 10.96.0.1 added while no ClusterIP master is at it"},
+		{"service IP of an external frontend", func(f *Fake) error {
+			return errors.Join(
+				f.UpsertRevNat(1, fe),
+				f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: ext}),
+				f.UpsertServiceIP(fe.Addr),
+			)
+		}, "service IP 10.96.0.1 added while no ClusterIP master is at it"},
+		{"last ClusterIP master deleted under its service IP", func(f *Fake) error {
+			return errors.Join(
+				f.UpsertRevNat(1, fe),
+				f.UpsertRevNat(2, feb),
+				f.UpsertMaster(fe, reconciler.Master{ID: 1}),
+				f.UpsertMaster(feb, reconciler.Master{ID: 2}),
+				f.UpsertServiceIP(fe.Addr),
+				f.DeleteSlot(fe, 0),
+				f.DeleteSlot(feb, 0),
+			)
+		}, "the last ClusterIP master at 10.96.0.1 deleted while it is a service IP"},
+		{"last ClusterIP master turned external under its service IP", func(f *Fake) error {
+			return errors.Join(
+				f.UpsertRevNat(1, fe),
+				f.UpsertMaster(fe, reconciler.Master{ID: 1}),
+				f.UpsertServiceIP(fe.Addr),
+				f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: ext}),
+			)
+		}, "the last ClusterIP master at 10.96.0.1 stopped being one while it is a service IP"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			f := New(10, 10, 10)
-			tc.ops(f)
+			// The kernel takes each of these writes; the fake
+			// records what is wrong with the order instead.
+			if err := tc.ops(f); err != nil {
+				t.Fatalf("a write failed: %v", err)
+			}
 			v := f.Violations()
 			if len(v) == 0 || !strings.Contains(strings.Join(v, "\n"), tc.want) {
 				t.Errorf("violations %q, want %q", v, tc.want)
+			}
+			if n := strings.Count(strings.Join(v, "\n"), "after "); n != 1 {
+				t.Errorf("%d violations, want exactly the one: %q", n, v)
 			}
 		})
 	}
@@ -98,16 +175,17 @@ func TestFakeCapacityAndFailures(t *testing.T) {
 // master does not check ranges is a leftover; replacing one range by
 // another under a checking master is not a violation.
 func TestFakeCheckSourceRanges(t *testing.T) {
-	fe := model.L4Addr{Addr: netip.MustParseAddr("192.168.1.200"), Port: 80, Proto: model.TCP}
+	l4 := model.L4Addr{Addr: netip.MustParseAddr("192.168.1.200"), Port: 80, Proto: model.TCP}
+	fe := reconciler.DefaultScope(l4)
 	p1, p2 := netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12")
 	f := New(10, 10, 10)
 	f.CheckAll = true
 	for _, err := range []error{
-		f.UpsertSourceRange(fe, p1),
+		f.UpsertSourceRange(l4, p1),
 		f.UpsertRevNat(1, fe),
 		f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: reconciler.FlagExternal | reconciler.FlagSourceRanges}),
-		f.UpsertSourceRange(fe, p2),
-		f.DeleteSourceRange(fe, p1),
+		f.UpsertSourceRange(l4, p2),
+		f.DeleteSourceRange(l4, p1),
 	} {
 		if err != nil {
 			t.Fatal(err)
@@ -128,10 +206,54 @@ func TestFakeCheckSourceRanges(t *testing.T) {
 
 	// Capacity: a new range beyond it is refused, an existing one is not.
 	f.SetSourceRangeCapacity(1)
-	if err := f.UpsertSourceRange(fe, p1); !errors.Is(err, ErrFull) {
+	if err := f.UpsertSourceRange(l4, p1); !errors.Is(err, ErrFull) {
 		t.Errorf("err = %v, want ErrFull", err)
 	}
-	if err := f.UpsertSourceRange(fe, p2); err != nil {
+	if err := f.UpsertSourceRange(l4, p2); err != nil {
 		t.Errorf("upsert of an existing range: %v", err)
+	}
+}
+
+// TestFakeCheckBetweenApplies: once an Apply succeeded, an internal scope
+// without a master that says two scopes is a leftover, and the service IPs
+// are exactly the ClusterIP masters' addresses.
+func TestFakeCheckBetweenApplies(t *testing.T) {
+	l4 := model.L4Addr{Addr: netip.MustParseAddr("192.168.1.200"), Port: 80, Proto: model.TCP}
+	fe, in := reconciler.DefaultScope(l4), reconciler.Frontend{L4Addr: l4, Scope: reconciler.ScopeInternal}
+	cip := reconciler.DefaultScope(model.L4Addr{Addr: netip.MustParseAddr("10.96.0.1"), Port: 80, Proto: model.TCP})
+	f := New(10, 10, 10)
+	f.CheckAll = true
+	for _, err := range []error{
+		f.UpsertRevNat(1, fe), f.UpsertRevNat(2, in), f.UpsertRevNat(3, cip),
+		f.UpsertMaster(in, reconciler.Master{ID: 2, Flags: reconciler.FlagExternal}),
+		f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: reconciler.FlagExternal | reconciler.FlagTwoScopes}),
+		f.UpsertMaster(cip, reconciler.Master{ID: 3}),
+		f.UpsertServiceIP(cip.Addr),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v := append(f.Violations(), f.Check()...); len(v) > 0 {
+		t.Fatalf("violations: %v", v)
+	}
+	if err := f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: reconciler.FlagExternal}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.DeleteServiceIP(cip.Addr); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"10.96.0.1:80/TCP: ClusterIP master, but its address is not a service IP",
+		"192.168.1.200:80/TCP internal: internal scope, but no master says two scopes",
+	}
+	if v := f.Check(); strings.Join(v, "\n") != strings.Join(want, "\n") {
+		t.Errorf("Check() = %q, want %q", v, want)
+	}
+	if v := f.Violations(); len(v) > 0 {
+		t.Errorf("leftovers for a moment are not violations: %v", v)
+	}
+	if ks, _ := f.Dump(); len(ks.ServiceIPs) != 0 {
+		t.Errorf("dump: service IPs %v", ks.ServiceIPs)
 	}
 }

@@ -150,6 +150,11 @@ func (s *Source) Programmed(st *model.State) {
 	}
 }
 
+// SetHolds tells the change tracker what the datapath holds, to settle a
+// frontend claimed twice after a restart (agent.HoldsSource). Call it
+// before Run.
+func (s *Source) SetHolds(holds func(*model.Service) bool) { s.tracker.SetHolds(holds) }
+
 // Synced reports whether the caches have synced and the first state has
 // been handed over: the readiness of a node proxy.
 func (s *Source) Synced() bool { return s.synced.Load() }
@@ -281,6 +286,9 @@ func (s *Source) syncOnce(apply func(*model.State), periodic bool) {
 	}
 	for _, sk := range r.Skipped {
 		s.log.Debug("service skipped", "service", sk.Service, "reason", sk.Reason)
+	}
+	for _, w := range r.Warnings {
+		s.log.Warn("service not served as asked", "service", w.Service, "reason", w.Message)
 	}
 	for _, c := range r.Conflicts {
 		s.log.Warn("frontend claimed twice", "conflict", c.String())

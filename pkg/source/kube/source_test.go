@@ -279,7 +279,12 @@ func TestProgrammingLatencyTakenWhenAgentReportsProgrammed(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- src.Run(ctx, func(st *model.State) { handed <- st }) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run after cancel = %v, want nil", err)
+		}
+	}()
 
 	var st *model.State
 	select {

@@ -30,7 +30,9 @@ func checkSplit(t *testing.T, doc []byte) (ok bool) {
 	if err := json.Unmarshal(rest, &got); err != nil {
 		t.Fatalf("%q: rest %q: %v", doc, rest, err)
 	}
-	json.Unmarshal(doc, &all)
+	if err := json.Unmarshal(doc, &all); err != nil {
+		t.Fatalf("%q: %v", doc, err)
+	}
 	if all["items"] = []any{}; !jsonEqual(got, all) {
 		t.Fatalf("%q: rest %q", doc, rest)
 	}

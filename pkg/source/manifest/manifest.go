@@ -12,6 +12,15 @@
 // keeps the objects its file last contributed. Everything else in the file
 // is still applied. Every error names the file, the document (1-based) and,
 // where known, the object.
+//
+// An empty file (zero bytes, or only white space) is a file being written
+// (a shell's `>` truncates before it writes), not a file without objects:
+// it keeps the objects it last contributed, with an error saying so. A
+// file with no objects says so: it holds only comments, `---` separators
+// or `null` documents, or an empty List; it removes what it contributed.
+// Source does not hand over a first state while a file's content is
+// unknown (empty, unreadable, or with a document that cannot be parsed):
+// after a restart that state would remove what the maps hold for it.
 package manifest
 
 import (
@@ -46,8 +55,9 @@ type Result struct {
 	// could not be translated, or frontend it lost to another Service),
 	// each naming the file and document.
 	Errors []error
-	// Warnings are objects ignored: unknown kinds, EndpointSlices that
-	// name no Service.
+	// Warnings are objects ignored (unknown kinds, EndpointSlices that
+	// name no Service) and parts of Services not served as written (an
+	// SCTP port, source ranges that do not parse).
 	Warnings []string
 	// Skipped are Services deliberately not served (headless,
 	// ExternalName, another proxy's, IPv6 only), with the reason.
@@ -55,6 +65,10 @@ type Result struct {
 	// Services and Slices count the objects in effect (including last-good
 	// versions kept in place of bad ones).
 	Services, Slices int
+	// Unknown are the files whose content is not known: empty (being
+	// written), unreadable, or with a document that cannot be parsed.
+	// Each keeps the objects it last contributed, if any.
+	Unknown []string
 }
 
 // Load reads path, a file or a directory (its *.yaml, *.yml and *.json
@@ -202,7 +216,7 @@ func (l *loader) load(path string) (*Result, error) {
 		if err != nil {
 			// Unreadable (e.g. removed between listing and reading):
 			// keep what it contributed last time.
-			results[i] = &fileResult{objs: l.byFile[file], errs: []error{fmt.Errorf("%s: %w", file, err)}}
+			results[i] = &fileResult{objs: l.byFile[file], errs: []error{fmt.Errorf("%s: %w", file, err)}, unknown: true}
 			continue
 		}
 		sum := l.sum(data)
@@ -242,6 +256,9 @@ func (l *loader) load(path string) (*Result, error) {
 		}
 		res.Warnings = append(res.Warnings, fr.warns...)
 		res.Errors = append(res.Errors, fr.errs...)
+		if fr.unknown {
+			res.Unknown = append(res.Unknown, file)
+		}
 		for _, o := range fr.objs {
 			if prev, dup := effective[o.key]; dup {
 				res.Errors = append(res.Errors, fmt.Errorf("%s: %s: already defined in %s; ignored", o.where(), o.key, prev.where()))
@@ -269,6 +286,9 @@ type fileResult struct {
 	warns []string
 	errs  []error
 	units []sumUnit // what it decoded, or found decoded, by content
+	// unknown says the content is not known: empty, unreadable, or with a
+	// document that could not be parsed (Result.Unknown).
+	unknown bool
 }
 
 type sumUnit struct {
@@ -283,6 +303,15 @@ type sumUnit struct {
 func (l *loader) parseFile(file string, data []byte) *fileResult {
 	l.parsed.Add(1)
 	fr := &fileResult{}
+	if len(bytes.TrimSpace(data)) == 0 {
+		// Being written: keep what it held. (No objects is said with a
+		// comment or a ---.)
+		fr.objs, fr.unknown = l.byFile[file], true
+		if n := len(fr.objs); n > 0 {
+			fr.errs = append(fr.errs, fmt.Errorf("%s: empty file: keeping the %d objects it last defined (a file meaning no objects holds a comment or ---)", file, n))
+		}
+		return fr
+	}
 	seen := map[objKey]*object{}
 	lost := false
 	for i, doc := range splitDocuments(file, data) {
@@ -303,6 +332,7 @@ func (l *loader) parseFile(file string, data []byte) *fileResult {
 		}
 	}
 	if lost {
+		fr.unknown = true
 		for _, o := range l.byFile[file] {
 			if _, ok := seen[o.key]; !ok {
 				seen[o.key] = o
@@ -618,6 +648,10 @@ func (l *loader) issues(objs map[objKey]*object, res *Result) []error {
 	for _, sk := range skipped {
 		k, where := svc(sk.Service)
 		res.Skipped = append(res.Skipped, fmt.Sprintf("%s: %s skipped: %s", where, k, sk.Reason))
+	}
+	for _, w := range l.tracker.Warnings() {
+		k, where := svc(w.Service)
+		res.Warnings = append(res.Warnings, fmt.Sprintf("%s: %s: %s", where, k, w.Message))
 	}
 	type issue struct {
 		svc types.NamespacedName

@@ -13,7 +13,7 @@ import (
 
 var render = sourcetest.Render
 
-func writeFile(t *testing.T, dir, name, content string) string {
+func writeFile(t testing.TB, dir, name, content string) string {
 	t.Helper()
 	p := filepath.Join(dir, name)
 	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
@@ -83,8 +83,6 @@ func TestLoadBadInput(t *testing.T) {
 			`f.yaml: document 1: Service ns/a: service "ns/a": port "http": port 70000 out of range`},
 		{"unknown protocol", strings.Replace(svcA, "protocol: TCP", "protocol: ICMP", 1),
 			`service "ns/a": port "http": unknown protocol "ICMP"`},
-		{"SCTP", strings.Replace(svcA, "protocol: TCP", "protocol: SCTP", 1),
-			`service "ns/a": port "http": protocol SCTP is not supported`},
 		{"malformed YAML", svcA + "---\nkind: [unclosed\n", `f.yaml: document 2: malformed YAML`},
 		{"wrong type", strings.Replace(svcA, "port: 80", "port: eighty", 1), `f.yaml: document 1: Service ns/a: json: cannot unmarshal`},
 		{"duplicate", svcA + "---\n" + svcA, `f.yaml: document 2: Service ns/a: already defined in`},
@@ -101,6 +99,28 @@ func TestLoadBadInput(t *testing.T) {
 				t.Fatalf("errors = %v, want one containing %q", res.Errors, tc.want)
 			}
 		})
+	}
+}
+
+// An SCTP port is not an error: the port is left out, the rest of the
+// Service served, and the warning names the file, the Service and the port.
+func TestLoadSCTPPortWarns(t *testing.T) {
+	dir := t.TempDir()
+	svc := strings.Replace(svcA, "ports: [", "ports: [{name: sig, port: 3868, protocol: SCTP}, ", 1)
+	if svc == svcA {
+		t.Fatal("the test Service changed: no ports list to extend")
+	}
+	writeFile(t, dir, "f.yaml", svc+"---\n"+sliceA)
+	res, err := Load(dir, translate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Errors) != 0 || len(res.State.Services) != 1 {
+		t.Fatalf("errors %v, %d frontends; want the TCP port served", res.Errors, len(res.State.Services))
+	}
+	want := `f.yaml: document 1: Service ns/a: port "sig": protocol SCTP is not supported; the port is not served`
+	if len(res.Warnings) != 1 || !strings.HasSuffix(res.Warnings[0], "/"+want) {
+		t.Errorf("warnings %q, want %q", res.Warnings, want)
 	}
 }
 
@@ -167,8 +187,11 @@ func TestLastGoodRetention(t *testing.T) {
 	}
 
 	// Removing a file removes its objects: that is not an error.
-	os.Remove(p)
-	os.Remove(filepath.Join(dir, "c.yaml"))
+	for _, f := range []string{p, filepath.Join(dir, "c.yaml")} {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+	}
 	res = load()
 	if len(res.Errors) != 0 || render(res.State) != "10.96.0.2:80/TCP ns/b:http ->" {
 		t.Fatalf("after removal: %v\n%s", res.Errors, render(res.State))
@@ -213,9 +236,9 @@ func TestSplitDocuments(t *testing.T) {
 	}
 }
 
-// Two Services claiming one frontend: the first by namespace/name keeps
-// it, and the error names both, with their files and documents. Skipped
-// Services are reported with theirs.
+// Two Services claiming one frontend, loaded together: the first by
+// namespace/name keeps it, and the error names both, with their files and
+// documents. Skipped Services are reported with theirs.
 func TestLoadReportsConflictsAndSkipped(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, dir, "a.yaml", strings.NewReplacer("name: a,", "name: z,").Replace(svcA)+"---\n"+sliceA)
@@ -245,8 +268,9 @@ func TestLoadReportsConflictsAndSkipped(t *testing.T) {
 			t.Errorf("state: %s", got)
 		}
 	}
-	// The winner goes: the other Service takes the frontend over.
-	writeFile(t, dir, "b.yaml", "")
+	// The winner goes (a file of no objects; an empty one would be a file
+	// being written): the other Service takes the frontend over.
+	writeFile(t, dir, "b.yaml", "# nothing\n")
 	res, err := l.load(dir)
 	if err != nil {
 		t.Fatal(err)

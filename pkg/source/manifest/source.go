@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -27,6 +28,9 @@ type Source struct {
 	debounce time.Duration
 
 	logged map[string]bool // errors and warnings logged, not repeated while they persist
+	// applied says a state was handed over: until then, files of unknown
+	// content hold it back (see the package comment).
+	applied bool
 }
 
 // NewSource returns a Source for path, a file or a directory.
@@ -36,6 +40,11 @@ func NewSource(path string, opts translate.Options, log *slog.Logger) *Source {
 	}
 	return &Source{path: path, log: log, loader: newLoader(opts), debounce: DefaultDebounce}
 }
+
+// SetHolds tells the change tracker what the datapath holds, to settle a
+// frontend claimed twice after a restart (agent.HoldsSource). Call it
+// before Run.
+func (s *Source) SetHolds(holds func(*model.Service) bool) { s.loader.tracker.SetHolds(holds) }
 
 // Run loads the manifests, calls apply with the desired state, and does so
 // again after every change of the files, until ctx is done. It watches the
@@ -74,14 +83,7 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 			if !ok {
 				return nil
 			}
-			name := filepath.Base(ev.Name)
-			if file != "" && name != file {
-				continue
-			}
-			if file == "" && !isManifest(name) {
-				continue
-			}
-			if ev.Op == fsnotify.Chmod {
+			if ev.Op == fsnotify.Chmod || !relevant(filepath.Base(ev.Name), file) {
 				continue
 			}
 			timer.Reset(s.debounce)
@@ -102,6 +104,24 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 	}
 }
 
+// relevant reports whether an event on name, in the watched directory, may
+// change the manifests: the file itself (file mode) or any manifest file
+// (directory mode), and, in both, the names the kubelet's atomic writer
+// swaps under a ConfigMap or Secret volume. There the files are symlinks
+// into ..data, itself a symlink to a timestamped directory
+// (..2026_11_23_10_00_00.123456789); an update writes a new timestamped
+// directory and renames a new ..data_tmp symlink over ..data: the only
+// events in the watched directory are on names beginning with "..".
+func relevant(name, file string) bool {
+	if strings.HasPrefix(name, "..") {
+		return true
+	}
+	if file != "" {
+		return name == file
+	}
+	return isManifest(name)
+}
+
 // reload loads the manifests and calls apply. Errors and warnings are
 // logged when they first appear, not again while they persist.
 func (s *Source) reload(apply func(*model.State)) error {
@@ -119,7 +139,7 @@ func (s *Source) reload(apply func(*model.State)) error {
 	for _, w := range res.Warnings {
 		seen[w] = true
 		if !s.logged[w] {
-			s.log.Warn("Manifest object ignored", "reason", w)
+			s.log.Warn("Manifest object not served as written", "reason", w)
 		}
 	}
 	for _, w := range res.Skipped {
@@ -134,8 +154,15 @@ func (s *Source) reload(apply func(*model.State)) error {
 		}
 	}
 	s.logged = seen
+	if !s.applied && len(res.Unknown) > 0 {
+		// After a restart the maps hold what these files last defined:
+		// a state without it would remove it. Wait for them to parse.
+		s.log.Warn("Not applying the manifests until these files can be read and parsed", "files", res.Unknown)
+		return nil
+	}
 	s.log.Info("Loaded manifests", "path", s.path, "services", res.Services, "endpointslices", res.Slices,
 		"frontends", len(res.State.Services), "errors", len(res.Errors), "ignored", len(res.Warnings), "skipped", len(res.Skipped))
+	s.applied = true
 	apply(res.State)
 	return nil
 }

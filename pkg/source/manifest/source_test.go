@@ -91,7 +91,9 @@ func TestSourceWatchesDirectory(t *testing.T) {
 	st.waitFor(t, "10.96.0.1:80/TCP ns/a:http -> 10.0.0.2:8080/TCP")
 
 	// Deleting the file deletes its objects.
-	os.Remove(filepath.Join(dir, "slice.yaml"))
+	if err := os.Remove(filepath.Join(dir, "slice.yaml")); err != nil {
+		t.Fatal(err)
+	}
 	st.waitFor(t, "10.96.0.1:80/TCP ns/a:http ->")
 }
 
@@ -169,10 +171,12 @@ func TestSourceLogsEachErrorOnce(t *testing.T) {
 		t.Errorf("error logged %d times, want once:\n%s", n, strings.Join(h.msgs, "\n"))
 	}
 	// Fixed, then broken again: logged again.
-	writeFile(t, dir, "bad.yaml", svcA)
-	src.reload(func(*model.State) {})
-	writeFile(t, dir, "bad.yaml", strings.Replace(svcA, "port: 80", "port: 70000", 1))
-	src.reload(func(*model.State) {})
+	for _, content := range []string{svcA, strings.Replace(svcA, "port: 80", "port: 70000", 1)} {
+		writeFile(t, dir, "bad.yaml", content)
+		if err := src.reload(func(*model.State) {}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if n := h.count("port 70000 out of range"); n != 2 {
 		t.Errorf("error logged %d times, want twice", n)
 	}

@@ -15,9 +15,20 @@
 //   - a change of the node re-translates only the Services whose last
 //     translation read the part of the node that changed
 //     (translate.Translation.NodeFacts);
-//   - two Services claiming one frontend resolve by one rule, the same on
-//     every sync and every node: the first by namespace/name wins, and the
-//     loser is reported with both names.
+//   - two Services claiming one frontend resolve by one rule: first come
+//     keeps it. The Service that holds a frontend keeps it while it claims
+//     it, and a newcomer is reported as the loser with both names, whatever
+//     their names (a newcomer must not take over a frontend in use: the
+//     Kubernetes API server prevents ClusterIP clashes, but not
+//     ExternalIP, LoadBalancer or NodePort ones, and manifest files prevent
+//     nothing). kube-proxy has no rule here: its nftables and iptables
+//     proxiers write both Services and the last one written, in map order,
+//     wins. Among Services that claim a frontend none of them holds (at
+//     start, or when its holder lets it go), the first of: the one the
+//     datapath was programmed for before a restart (SetHolds), the oldest
+//     by creationTimestamp (Services without one after those with one),
+//     the first by namespace/name. So a restart keeps the owner whenever
+//     the maps show it, and otherwise every node picks the same one.
 //
 // It also keeps the endpoints.kubernetes.io/last-change-trigger-time of the
 // slice changes each sync brings, for the network programming latency.
@@ -70,6 +81,13 @@ type Tracker struct {
 	conflicts []Conflict
 	errs      map[types.NamespacedName]error
 	skipped   map[types.NamespacedName]string
+	// created is each translated Service's creationTimestamp (zero if it
+	// has none), for the conflict rule.
+	created map[types.NamespacedName]time.Time
+	// holds reports whether the datapath holds a frontend as a Service
+	// port's translation would program it (nil: never).
+	holds    func(*model.Service) bool
+	warnings map[types.NamespacedName][]string
 }
 
 // input is what one Service's translation reads.
@@ -98,7 +116,18 @@ func New(opts translate.Options) *Tracker {
 		facts:      map[types.NamespacedName]translate.NodeFacts{},
 		errs:       map[types.NamespacedName]error{},
 		skipped:    map[types.NamespacedName]string{},
+		created:    map[types.NamespacedName]time.Time{},
+		warnings:   map[types.NamespacedName][]string{},
 	}
+}
+
+// SetHolds gives the tracker a check of what the datapath holds: whether a
+// frontend is programmed exactly as a Service port's translation asks (the
+// reconciler's Holds). Of Services claiming a frontend none of them holds
+// yet, one the datapath holds wins: after a restart, the owner before it.
+// Call it before the first Sync; holds is called from Sync.
+func (t *Tracker) SetHolds(holds func(*model.Service) bool) {
+	t.holds = holds
 }
 
 // input returns the input of Service key, creating it.
@@ -293,6 +322,9 @@ type Result struct {
 	Errors []ServiceError
 	// Skipped are the Services this Sync found deliberately not served.
 	Skipped []Skipped
+	// Warnings are what of the Services this Sync translated is not
+	// served as asked (translate.Translation.Warnings), one per message.
+	Warnings []Warning
 	// Conflicts are the frontends claimed twice in State, when State is
 	// new.
 	Conflicts []Conflict
@@ -304,6 +336,13 @@ type ServiceError struct {
 	Err     error
 }
 
+// Warning is part of a Service not served as asked
+// (translate.Translation.Warnings).
+type Warning struct {
+	Service types.NamespacedName
+	Message string
+}
+
 // Skipped is a Service deliberately not served, and why
 // (translate.Translation.Skipped).
 type Skipped struct {
@@ -311,8 +350,8 @@ type Skipped struct {
 	Reason  string
 }
 
-// Conflict is a frontend two Services claim: Winner is the first by
-// namespace/name, and serves it.
+// Conflict is a frontend two Services claim: Winner holds it (it came
+// first, see the package comment), and serves it.
 type Conflict struct {
 	Frontend      model.L4Addr
 	Winner, Loser model.ServicePortName
@@ -339,8 +378,11 @@ func (t *Tracker) Sync() Result {
 			delete(t.errs, key)
 			delete(t.skipped, key)
 			delete(t.facts, key)
+			delete(t.created, key)
+			delete(t.warnings, key)
 		} else {
 			r.Translated++
+			t.created[key] = svc.CreationTimestamp.Time
 			tr, err := translate.ServiceToModel(svc, d.slices, t.opts)
 			if err != nil {
 				// A malformed Service must not stop the others: it
@@ -355,6 +397,14 @@ func (t *Tracker) Sync() Result {
 				r.Skipped = append(r.Skipped, Skipped{key, tr.Skipped})
 			} else {
 				delete(t.skipped, key)
+			}
+			if len(tr.Warnings) > 0 {
+				t.warnings[key] = tr.Warnings
+				for _, w := range tr.Warnings {
+					r.Warnings = append(r.Warnings, Warning{key, w})
+				}
+			} else {
+				delete(t.warnings, key)
 			}
 			if tr.NodeFacts != 0 {
 				t.facts[key] = tr.NodeFacts
@@ -430,8 +480,10 @@ func (t *Tracker) patch(changes []change) bool {
 }
 
 // build makes the desired state from every Service's last translation.
-// Services are visited in namespace/name order, so that of two claiming one
-// frontend the first wins on every sync and every node.
+// A frontend claimed by several Services goes to the one that holds it in
+// the last state, if it still claims it, else to the first by the rule of
+// the package comment (claimant.before), which does not depend on the
+// order Services are visited in.
 func (t *Tracker) build() {
 	if t.order == nil {
 		t.order = make([]types.NamespacedName, 0, len(t.translated))
@@ -441,21 +493,100 @@ func (t *Tracker) build() {
 		slices.SortFunc(t.order, compareNames)
 	}
 	n := len(t.translated)
+	var prev map[model.L4Addr]*model.Service
 	if t.state != nil {
 		n = len(t.state.Services)
+		prev = t.state.Services
 	}
 	st := &model.State{Services: make(map[model.L4Addr]*model.Service, n)}
 	t.conflicts = nil
+	// The ranks of the Services in st, for the contested frontends only.
+	var holder map[model.L4Addr]*claimant
+	contested := false
 	for _, k := range t.order {
 		for _, svc := range t.translated[k] {
-			if prev, taken := st.Services[svc.Frontend]; taken {
-				t.conflicts = append(t.conflicts, Conflict{Frontend: svc.Frontend, Winner: prev.Name, Loser: svc.Name})
+			cur, taken := st.Services[svc.Frontend]
+			if !taken {
+				st.Services[svc.Frontend] = svc
 				continue
 			}
-			st.Services[svc.Frontend] = svc
+			contested = true
+			if holder == nil {
+				holder = map[model.L4Addr]*claimant{}
+			}
+			c := holder[svc.Frontend]
+			if c == nil {
+				c = t.claimant(cur, prev)
+			}
+			if nc := t.claimant(svc, prev); t.before(nc, c) {
+				c = nc
+				st.Services[svc.Frontend] = svc
+			}
+			holder[svc.Frontend] = c
+		}
+	}
+	if contested {
+		// Every claim that lost, in Service order.
+		for _, k := range t.order {
+			for _, svc := range t.translated[k] {
+				if w := st.Services[svc.Frontend]; w != svc {
+					t.conflicts = append(t.conflicts, Conflict{Frontend: svc.Frontend, Winner: w.Name, Loser: svc.Name})
+				}
+			}
 		}
 	}
 	t.state = st
+}
+
+// claimant is a Service port claiming a contested frontend, ranked.
+type claimant struct {
+	svc     *model.Service
+	holder  bool // it holds the frontend in the last state
+	held    int8 // the datapath holds the frontend as it asks: 1 yes, -1 no, 0 not asked yet
+	created time.Time
+}
+
+func (t *Tracker) claimant(svc *model.Service, prev map[model.L4Addr]*model.Service) *claimant {
+	c := &claimant{svc: svc, created: t.created[types.NamespacedName{Namespace: svc.Name.Namespace, Name: svc.Name.Name}]}
+	if p := prev[svc.Frontend]; p != nil && p.Name == svc.Name {
+		c.holder = true
+	}
+	return c
+}
+
+// isHeld asks (once) whether the datapath holds c's frontend as c asks.
+func (t *Tracker) isHeld(c *claimant) bool {
+	if c.held == 0 {
+		c.held = -1
+		if t.holds != nil && t.holds(c.svc) {
+			c.held = 1
+		}
+	}
+	return c.held > 0
+}
+
+// before reports whether c wins the frontend over d: the holder, then the
+// one the datapath holds, then the oldest, then the first by name.
+func (t *Tracker) before(c, d *claimant) bool {
+	if c.holder != d.holder {
+		return c.holder
+	}
+	if !c.holder {
+		if ch, dh := t.isHeld(c), t.isHeld(d); ch != dh {
+			return ch
+		}
+	}
+	if !c.created.Equal(d.created) {
+		switch {
+		case c.created.IsZero():
+			return false
+		case d.created.IsZero():
+			return true
+		}
+		return c.created.Before(d.created)
+	}
+	a, b := c.svc.Name, d.svc.Name
+	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.Port, b.Port)) < 0
 }
 
 // sameService reports whether a port of a Service is of the Service key.
@@ -481,6 +612,18 @@ func (t *Tracker) Issues() (errs []ServiceError, skipped []Skipped, conflicts []
 	}
 	slices.SortFunc(skipped, func(a, b Skipped) int { return compareNames(a.Service, b.Service) })
 	return errs, skipped, t.conflicts
+}
+
+// Warnings returns what of the Services, as they are now, is not served as
+// asked, sorted by Service.
+func (t *Tracker) Warnings() []Warning {
+	var out []Warning
+	for _, k := range slices.SortedFunc(maps.Keys(t.warnings), compareNames) {
+		for _, w := range t.warnings[k] {
+			out = append(out, Warning{k, w})
+		}
+	}
+	return out
 }
 
 // Node returns the node translations are for, as SetNode last set it.

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -206,9 +207,10 @@ func TestTrackerSliceRelabelled(t *testing.T) {
 	}
 }
 
-// Two Services claiming one frontend: the first by namespace/name wins,
-// whatever the order they came in, and the loser is reported with both
-// names. When the winner goes, the loser takes over.
+// Two Services claiming one frontend, arriving together (as at start) and
+// without creationTimestamps: the first by namespace/name wins, whatever
+// the order they came in, and the loser is reported with both names. When
+// the winner goes, the loser takes over.
 func TestTrackerConflictFirstByNameWins(t *testing.T) {
 	for _, order := range [][]string{{"a", "b"}, {"b", "a"}} {
 		tr := New(translate.Options{})
@@ -243,10 +245,10 @@ func TestTrackerErrorsAndSkipped(t *testing.T) {
 	tr.SetService(web, service("web", "10.96.0.10", 80))
 	tr.Sync()
 	bad := service("web", "10.96.0.10", 80)
-	bad.Spec.Ports[0].Protocol = corev1.ProtocolSCTP
+	bad.Spec.Ports[0].Protocol = "ICMP"
 	tr.SetService(web, bad)
 	r := tr.Sync()
-	if len(r.Errors) != 1 || r.Errors[0].Service != web || !strings.Contains(r.Errors[0].Err.Error(), "SCTP") {
+	if len(r.Errors) != 1 || r.Errors[0].Service != web || !strings.Contains(r.Errors[0].Err.Error(), "ICMP") {
 		t.Fatalf("errors %v", r.Errors)
 	}
 	if got := render(r.State); got != "10.96.0.10:80/TCP default/web:http ->" {
@@ -269,6 +271,37 @@ func TestTrackerErrorsAndSkipped(t *testing.T) {
 	r = tr.Sync()
 	if errs, skipped, _ := tr.Issues(); len(errs) != 0 || len(skipped) != 0 || len(r.State.Services) != 0 {
 		t.Errorf("after deletion: Issues = %v, %v; %d frontends", errs, skipped, len(r.State.Services))
+	}
+}
+
+// What a translation leaves out (an SCTP port) is reported by the Sync
+// that translated it and by Warnings while it lasts.
+func TestTrackerWarnings(t *testing.T) {
+	tr := New(translate.Options{})
+	web := types.NamespacedName{Namespace: "default", Name: "web"}
+	svc := service("web", "10.96.0.10", 80)
+	svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: "sig", Port: 3868, Protocol: corev1.ProtocolSCTP})
+	tr.SetService(web, svc)
+	r := tr.Sync()
+	if len(r.Warnings) != 1 || r.Warnings[0].Service != web || !strings.Contains(r.Warnings[0].Message, `port "sig"`) {
+		t.Fatalf("warnings %v", r.Warnings)
+	}
+	if got := render(r.State); got != "10.96.0.10:80/TCP default/web:http ->" {
+		t.Errorf("the TCP port is not served: %s", got)
+	}
+	if w := tr.Warnings(); len(w) != 1 || w[0] != r.Warnings[0] {
+		t.Errorf("Warnings() = %v", w)
+	}
+	tr.SetService(web, service("web", "10.96.0.10", 80))
+	if r = tr.Sync(); len(r.Warnings) != 0 || len(tr.Warnings()) != 0 {
+		t.Errorf("fixed: warnings %v, %v", r.Warnings, tr.Warnings())
+	}
+	tr.SetService(web, svc)
+	tr.Sync()
+	tr.SetService(web, nil)
+	tr.Sync()
+	if len(tr.Warnings()) != 0 {
+		t.Errorf("deleted: warnings %v", tr.Warnings())
 	}
 }
 
@@ -332,12 +365,15 @@ func TestTrackerNodeChange(t *testing.T) {
 
 // Whatever the sequence of changes, the state Sync returns (built afresh
 // or patched from the last one) and the conflicts it reports are those of
-// a new tracker fed the same objects at once.
+// a new tracker fed the same objects at once and told which Service held
+// each frontend before (as a restarted agent is told by the maps): first
+// come keeps it, however the state is made.
 func TestTrackerIncrementalMatchesFresh(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	tr := New(translate.Options{})
 	svcs := map[types.NamespacedName]*corev1.Service{}
 	eps := map[types.NamespacedName]*discoveryv1.EndpointSlice{}
+	prev := model.NewState()
 	for step := range 2000 {
 		// Few names and few VIPs, so that Services often claim the same
 		// frontend and slices move between Services.
@@ -351,6 +387,9 @@ func TestTrackerIncrementalMatchesFresh(t *testing.T) {
 				break
 			}
 			s := service(name, fmt.Sprintf("10.96.0.%d", rng.IntN(4)+1), int32(80+rng.IntN(2)))
+			if c := rng.IntN(4); c > 0 { // some without: after those with one
+				s.CreationTimestamp = metav1.NewTime(time.Unix(int64(c), 0))
+			}
 			svcs[k] = s
 			tr.SetService(k, s)
 		default:
@@ -369,6 +408,11 @@ func TestTrackerIncrementalMatchesFresh(t *testing.T) {
 		}
 		got := tr.Sync()
 		fresh := New(translate.Options{})
+		fresh.SetHolds(func(svc *model.Service) bool {
+			p := prev.Services[svc.Frontend]
+			return p != nil && p.Name == svc.Name
+		})
+		prev = got.State
 		for k, s := range svcs {
 			fresh.SetService(k, s)
 		}
@@ -383,5 +427,90 @@ func TestTrackerIncrementalMatchesFresh(t *testing.T) {
 		if g, w := fmt.Sprint(gc), fmt.Sprint(want.Conflicts); g != w {
 			t.Fatalf("step %d: conflicts %s, want %s", step, g, w)
 		}
+	}
+}
+
+// claim sets Service name at 10.96.0.1:80 with one endpoint.
+func claim(tr *Tracker, name, ep string, created time.Time) {
+	svc := service(name, "10.96.0.1", 80)
+	svc.CreationTimestamp = metav1.NewTime(created)
+	tr.SetService(types.NamespacedName{Namespace: "default", Name: name}, svc)
+	es := slice(name, name+"-1", 8080, ep)
+	tr.SetSlice(nameOf(es), es)
+}
+
+// First come keeps it: a Service that claims a frontend another one holds
+// does not take it over, whatever its name or age, and is reported; it
+// gets it when the holder lets go. (The tracker used to resolve by name:
+// a newcomer with a smaller name took over a frontend in use.)
+func TestTrackerConflictFirstComeKeepsIt(t *testing.T) {
+	for _, patch := range []bool{true, false} {
+		tr := New(translate.Options{})
+		other := types.NamespacedName{Namespace: "default", Name: "other"}
+		claim(tr, "zz", "10.0.0.2", time.Unix(2000, 0))
+		if !patch {
+			// Another conflict makes Sync build the state afresh.
+			tr.SetService(other, service("other", "10.96.0.9", 80))
+			tr.SetService(types.NamespacedName{Namespace: "default", Name: "other2"}, service("other2", "10.96.0.9", 80))
+		}
+		tr.Sync()
+		claim(tr, "aa", "10.0.0.1", time.Unix(1000, 0)) // smaller name, older
+		r := tr.Sync()
+		if got := render(r.State); !strings.Contains(got, "10.96.0.1:80/TCP default/zz:http -> 10.0.0.2:8080/TCP") {
+			t.Errorf("patch %v: a newcomer took the frontend over:\n%s", patch, got)
+		}
+		if len(r.Conflicts) == 0 || r.Conflicts[0].String() != "default/aa:http lost 10.96.0.1:80/TCP to default/zz:http" {
+			t.Errorf("patch %v: conflicts %v", patch, r.Conflicts)
+		}
+		// A change of the holder keeps it there; so does one of the
+		// newcomer.
+		claim(tr, "zz", "10.0.0.3", time.Unix(2000, 0))
+		claim(tr, "aa", "10.0.0.4", time.Unix(1000, 0))
+		if got := render(tr.Sync().State); !strings.Contains(got, "10.96.0.1:80/TCP default/zz:http -> 10.0.0.3:8080/TCP") {
+			t.Errorf("patch %v: after changes of both:\n%s", patch, got)
+		}
+		tr.SetService(types.NamespacedName{Namespace: "default", Name: "zz"}, nil)
+		if got := render(tr.Sync().State); !strings.Contains(got, "10.96.0.1:80/TCP default/aa:http -> 10.0.0.4:8080/TCP") {
+			t.Errorf("patch %v: the holder went, the newcomer did not take over:\n%s", patch, got)
+		}
+	}
+}
+
+// Services that claim a free frontend together go by age
+// (creationTimestamp, those without one last), then by name.
+func TestTrackerConflictOldestWins(t *testing.T) {
+	tr := New(translate.Options{})
+	claim(tr, "aa", "10.0.0.1", time.Time{})
+	claim(tr, "bb", "10.0.0.2", time.Unix(2000, 0))
+	claim(tr, "cc", "10.0.0.3", time.Unix(1000, 0))
+	r := tr.Sync()
+	if got := render(r.State); got != "10.96.0.1:80/TCP default/cc:http -> 10.0.0.3:8080/TCP" {
+		t.Errorf("got %s, want the oldest", got)
+	}
+	if len(r.Conflicts) != 2 {
+		t.Errorf("conflicts %v, want aa and bb losing to cc", r.Conflicts)
+	}
+}
+
+// After a restart (a new tracker), the Service the datapath holds the
+// frontend for keeps it, whatever its age or name.
+func TestTrackerConflictRestartKeepsHolder(t *testing.T) {
+	tr := New(translate.Options{})
+	var asked []string
+	tr.SetHolds(func(svc *model.Service) bool {
+		asked = append(asked, svc.Name.Name)
+		return svc.Name.Name == "zz" && len(svc.Backends) == 1 && svc.Backends[0].Addr.String() == "10.0.0.2"
+	})
+	claim(tr, "aa", "10.0.0.1", time.Unix(1000, 0))
+	claim(tr, "zz", "10.0.0.2", time.Unix(2000, 0))
+	if got := render(tr.Sync().State); got != "10.96.0.1:80/TCP default/zz:http -> 10.0.0.2:8080/TCP" {
+		t.Errorf("got %s, want the Service the maps hold", got)
+	}
+	// Once it holds the frontend, the datapath is not asked again.
+	asked = nil
+	claim(tr, "aa", "10.0.0.5", time.Unix(1000, 0))
+	tr.Sync()
+	if len(asked) != 0 {
+		t.Errorf("asked the datapath about %v while a holder claims the frontend", asked)
 	}
 }

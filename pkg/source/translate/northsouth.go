@@ -1,9 +1,10 @@
 package translate
 
 import (
-	"cmp"
+	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -14,109 +15,186 @@ import (
 // North-south frontends of a Service port, as kube-proxy serves them:
 //
 //   - NodePort (types NodePort and LoadBalancer, when a node port is
-//     allocated): <node IP, nodePort> for every address in Node.Addresses;
+//     allocated): <address, nodePort> for every address in Node.Addresses
+//     (the node addresses inside --nodeport-addresses, and 127.0.0.1 for
+//     localhost NodePorts);
 //   - ExternalIP: <externalIP, port> for every spec.externalIPs entry;
 //   - LoadBalancer: <ingress IP, port> for every status.loadBalancer.ingress
-//     IP, with spec.loadBalancerSourceRanges.
+//     IP whose ipMode is not Proxy (KEP-1860: a proxying load balancer
+//     sends its traffic to the NodePort, and the node must let traffic to
+//     the IP leave for it), with spec.loadBalancerSourceRanges.
 //
-// With externalTrafficPolicy Local they balance over this node's endpoints
-// only (Backend.NodeName == Node.Name), chosen like all endpoints
-// are (ready ones, else serving and terminating ones), and carry
-// ExternalLocal; LoadBalancer Services with a healthCheckNodePort carry it
-// for the health check server.
+// With externalTrafficPolicy Cluster they balance over the Cluster
+// policy's endpoints (internalTrafficPolicy does not apply to them). With
+// externalTrafficPolicy Local (ExternalLocal) external clients get this
+// node's endpoints only, and an empty set drops while the Service has
+// endpoints elsewhere; internal clients (pods, by the cluster CIDR, and
+// the node itself) are short-circuited to the Cluster policy's endpoints,
+// as kube-proxy does: the frontend has TwoScopes. LoadBalancer Services
+// with externalTrafficPolicy Local carry their healthCheckNodePort, and
+// the ready local endpoints the health check counts.
 
-// northSouth returns the north-south frontends of service port sp, and
-// the facts of node they depend on. backends are the port's (cluster-wide)
-// backends, mine the Service's slices.
-func northSouth(svc *corev1.Service, sp corev1.ServicePort, proto model.Protocol, backends []model.Backend, mine []*discoveryv1.EndpointSlice, node Node) (out []*model.Service, facts NodeFacts) {
-	local := svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
-	if local {
-		backends = backendsFor(sp.Name, cmp.Or(sp.Protocol, corev1.ProtocolTCP), proto, localSlices(mine, node.Name))
-		facts |= NodeName
+// external is what a Service's north-south frontends share, whatever the
+// port.
+type external struct {
+	nodePorts   bool         // type NodePort or LoadBalancer
+	externalIPs []netip.Addr // IPv4 spec.externalIPs
+	lbIPs       []netip.Addr // IPv4 VIP-mode LoadBalancer ingress IPs
+	local       bool         // externalTrafficPolicy Local (on an externally accessible Service)
+	ranges      []netip.Prefix
+	closed      bool // loadBalancerSourceRanges admit no IPv4 source
+	hc          uint16
+	localReady  []netip.Addr
+	node        Node
+	facts       NodeFacts
+	warnings    []string
+}
+
+// externalOf reads what svc's north-south frontends share, on node.
+func externalOf(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node) external {
+	x := external{node: node}
+	typ := svc.Spec.Type
+	x.nodePorts = typ == corev1.ServiceTypeNodePort || typ == corev1.ServiceTypeLoadBalancer
+	for _, s := range svc.Spec.ExternalIPs {
+		if ip, ok := parseIPSloppy(s); ok && ip.Is4() {
+			x.externalIPs = append(x.externalIPs, ip)
+		}
 	}
-	var hc uint16
-	if local && svc.Spec.Type == corev1.ServiceTypeLoadBalancer && svc.Spec.HealthCheckNodePort > 0 && svc.Spec.HealthCheckNodePort <= 65535 {
-		hc = uint16(svc.Spec.HealthCheckNodePort)
+	if typ == corev1.ServiceTypeLoadBalancer {
+		for _, ing := range svc.Status.LoadBalancer.Ingress {
+			if ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy {
+				continue
+			}
+			if ip, ok := parseIPSloppy(ing.IP); ok && ip.Is4() {
+				x.lbIPs = append(x.lbIPs, ip)
+			}
+		}
+	}
+	// kube-proxy's ExternallyAccessible and ExternalPolicyLocal.
+	accessible := x.nodePorts || (typ == "" || typ == corev1.ServiceTypeClusterIP) && len(svc.Spec.ExternalIPs) > 0
+	x.local = accessible && svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+	if x.nodePorts {
+		// With no address today there is no NodePort frontend, but
+		// there will be once the node has one.
+		x.facts |= NodeAddresses
+	}
+	if len(x.lbIPs) > 0 && len(svc.Spec.LoadBalancerSourceRanges) > 0 {
+		x.ranges, x.closed, x.warnings = sourceRanges(svc.Spec.LoadBalancerSourceRanges, node.IP, x.lbIPs)
+		x.facts |= NodeAddresses // node.IP
+	}
+	if x.local && typ == corev1.ServiceTypeLoadBalancer && svc.Spec.HealthCheckNodePort > 0 && svc.Spec.HealthCheckNodePort <= 65535 {
+		x.hc = uint16(svc.Spec.HealthCheckNodePort)
+		x.localReady = localReady(eps, node.Name)
+		x.facts |= NodeName
+	}
+	return x
+}
+
+// policyOf returns how the traffic policies apply to port sp of svc.
+func policyOf(svc *corev1.Service, sp corev1.ServicePort, x external) portPolicy {
+	return portPolicy{
+		internalLocal: svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal,
+		externalLocal: x.local,
+		accessible:    x.nodePorts && sp.NodePort > 0 || len(x.externalIPs) > 0 || len(x.lbIPs) > 0,
+	}
+}
+
+// northSouth returns the north-south frontends of service port sp, with
+// the port's endpoint categories cat.
+func northSouth(svc *corev1.Service, sp corev1.ServicePort, proto model.Protocol, cat categories, x external) (out []*model.Service) {
+	backends := cat.cluster
+	if x.local {
+		backends = cat.local
 	}
 	name := model.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: sp.Name}
-	add := func(kind model.FrontendKind, ip netip.Addr, port int32, ranges []netip.Prefix) {
+	add := func(kind model.FrontendKind, ip netip.Addr, port int32) *model.Service {
 		ip = ip.Unmap()
 		if !ip.Is4() || port < 1 || port > 65535 {
-			return
+			return nil
 		}
-		out = append(out, &model.Service{
+		s := &model.Service{
 			Name:                name,
 			Kind:                kind,
 			Frontend:            model.L4Addr{Addr: ip, Port: uint16(port), Proto: proto},
 			Backends:            slices.Clone(backends),
-			ExternalLocal:       local,
-			SourceRanges:        ranges,
-			HealthCheckNodePort: hc,
-		})
+			DropWhenEmpty:       cat.hasAny && len(backends) == 0,
+			ExternalLocal:       x.local,
+			HealthCheckNodePort: x.hc,
+			LocalReady:          x.localReady,
+		}
+		if x.local {
+			s.TwoScopes = true
+			s.InternalBackends = slices.Clone(cat.cluster)
+		}
+		out = append(out, s)
+		return s
 	}
-	if (svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer) && sp.NodePort > 0 {
-		// With no address today there is no NodePort frontend, but
-		// there will be once the node has one.
-		facts |= NodeAddresses
-		for _, ip := range node.Addresses {
-			add(model.NodePort, ip, sp.NodePort, nil)
+	if x.nodePorts && sp.NodePort > 0 {
+		for _, ip := range x.node.Addresses {
+			add(model.NodePort, ip, sp.NodePort)
 		}
 	}
-	for _, s := range svc.Spec.ExternalIPs {
-		if ip, err := netip.ParseAddr(s); err == nil {
-			add(model.ExternalIP, ip, sp.Port, nil)
-		}
+	for _, ip := range x.externalIPs {
+		add(model.ExternalIP, ip, sp.Port)
 	}
-	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
-		ranges := sourceRanges(svc.Spec.LoadBalancerSourceRanges)
-		for _, ing := range svc.Status.LoadBalancer.Ingress {
-			if ip, err := netip.ParseAddr(ing.IP); err == nil {
-				add(model.LoadBalancer, ip, sp.Port, ranges)
-			}
-		}
-	}
-	return out, facts
-}
-
-// sourceRanges parses loadBalancerSourceRanges, keeping the IPv4 ones.
-// An entry that does not parse is skipped (the API server validates them).
-// 0.0.0.0/0, which allows everything, means no check at all.
-func sourceRanges(ss []string) []netip.Prefix {
-	var out []netip.Prefix
-	for _, s := range ss {
-		p, err := netip.ParsePrefix(s)
-		if err != nil || !p.Addr().Unmap().Is4() {
+	for _, ip := range x.lbIPs {
+		s := add(model.LoadBalancer, ip, sp.Port)
+		if s == nil {
 			continue
 		}
-		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked()
+		if x.closed {
+			// No source may reach it, the node's and pods' included:
+			// it drops everything.
+			s.Backends, s.InternalBackends, s.TwoScopes = nil, nil, false
+			s.DropWhenEmpty = true
+			continue
+		}
+		s.SourceRanges = x.ranges
+	}
+	return out
+}
+
+// sourceRanges reads loadBalancerSourceRanges as kube-proxy does: entries
+// trimmed of whitespace (the API server lets " 203.0.113.0/25" through),
+// parsed sloppily, those of the other family left to it, and one that
+// contains the node's primary address nodeIP also admits the LoadBalancer
+// IPs lbIPs themselves (a node reaching its own LoadBalancer IP may arrive
+// source-NATed to it). 0.0.0.0/0 allows everything: no check at all.
+//
+// An entry that does not parse is ignored, as kube-proxy ignores it. But
+// where kube-proxy then opens the LoadBalancer IPs to every source if no
+// entry is left, Sluice closes them (closed): a Service that asks for
+// source ranges must never end up open to all. Both are reported in warns.
+func sourceRanges(entries []string, nodeIP netip.Addr, lbIPs []netip.Addr) (out []netip.Prefix, closed bool, warns []string) {
+	all := false
+	for _, e := range entries {
+		p, ok := parseCIDRSloppy(strings.TrimSpace(e))
+		if !ok {
+			warns = append(warns, fmt.Sprintf("loadBalancerSourceRanges entry %q is not a CIDR; ignored", e))
+			continue
+		}
+		if !p.Addr().Is4() {
+			continue
+		}
 		if p.Bits() == 0 {
-			return nil
+			all = true
 		}
 		out = append(out, p)
 	}
-	slices.SortFunc(out, func(a, b netip.Prefix) int {
-		if c := a.Addr().Compare(b.Addr()); c != 0 {
-			return c
-		}
-		return a.Bits() - b.Bits()
-	})
-	return slices.Compact(out)
-}
-
-// localSlices returns copies of slices holding only the endpoints on node.
-func localSlices(in []*discoveryv1.EndpointSlice, node string) []*discoveryv1.EndpointSlice {
-	out := make([]*discoveryv1.EndpointSlice, 0, len(in))
-	for _, es := range in {
-		c := *es
-		c.Endpoints = nil
-		for _, e := range es.Endpoints {
-			if node != "" && ptrOr(e.NodeName, "") == node {
-				c.Endpoints = append(c.Endpoints, e)
-			}
-		}
-		out = append(out, &c)
+	if all {
+		return nil, false, warns
 	}
-	return out
+	if len(out) == 0 {
+		warns = append(warns, fmt.Sprintf("loadBalancerSourceRanges %q hold no IPv4 range: the LoadBalancer IPs are closed to every source", entries))
+		return nil, true, warns
+	}
+	if nodeIP.IsValid() && slices.ContainsFunc(out, func(p netip.Prefix) bool { return p.Contains(nodeIP) }) {
+		for _, ip := range lbIPs {
+			out = append(out, netip.PrefixFrom(ip, 32))
+		}
+	}
+	slices.SortFunc(out, netip.Prefix.Compare)
+	return slices.Compact(out), false, warns
 }
 
 // NodeIPs returns the IPv4 addresses of node that NodePorts are served on

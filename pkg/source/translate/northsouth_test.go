@@ -26,9 +26,27 @@ func renderNS(svcs []*model.Service) string {
 		if len(s.SourceRanges) > 0 {
 			fmt.Fprintf(&sb, " ranges=%v", s.SourceRanges)
 		}
+		if len(s.LocalReady) > 0 {
+			fmt.Fprintf(&sb, " ready=%v", s.LocalReady)
+		}
+		if s.DropWhenEmpty {
+			sb.WriteString(" drop")
+		}
 		sb.WriteString(" ->")
 		for _, b := range s.Backends {
 			fmt.Fprintf(&sb, " %s", b.Addr)
+			if b.Terminating {
+				sb.WriteString("(term)")
+			}
+		}
+		if s.TwoScopes {
+			sb.WriteString(" | internal ->")
+			for _, b := range s.InternalBackends {
+				fmt.Fprintf(&sb, " %s", b.Addr)
+				if b.Terminating {
+					sb.WriteString("(term)")
+				}
+			}
 		}
 		sb.WriteString("\n")
 	}
@@ -61,15 +79,15 @@ NodePort 192.168.2.1:30080/TCP -> 10.1.0.1 10.2.0.1
 			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 		}, opts, `
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
-NodePort 192.168.1.1:30080/TCP local -> 10.1.0.1
-NodePort 192.168.2.1:30080/TCP local -> 10.1.0.1
+NodePort 192.168.1.1:30080/TCP local -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
+NodePort 192.168.2.1:30080/TCP local -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
 `},
 		{"NodePort local on a node without endpoints", func(s *corev1.Service) {
 			s.Spec.Type = corev1.ServiceTypeNodePort
 			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 		}, Options{Node: Node{Name: "node-c", Addresses: opts.Node.Addresses[:1]}}, `
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
-NodePort 192.168.1.1:30080/TCP local ->
+NodePort 192.168.1.1:30080/TCP local drop -> | internal -> 10.1.0.1 10.2.0.1
 `},
 		{"no node IPs, no NodePort", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort }, Options{Node: Node{Name: "node-a"}}, `
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
@@ -88,8 +106,8 @@ ExternalIP 203.0.113.7:80/TCP -> 10.1.0.1 10.2.0.1
 			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.10"}, {Hostname: "lb.example"}}
 		}, Options{Node: Node{Name: "node-a", Addresses: opts.Node.Addresses[:1]}}, `
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
-NodePort 192.168.1.1:30080/TCP local hc=32000 -> 10.1.0.1
-LoadBalancer 198.51.100.10:80/TCP local hc=32000 ranges=[10.0.0.0/8 198.51.100.0/24] -> 10.1.0.1
+NodePort 192.168.1.1:30080/TCP local hc=32000 ready=[10.1.0.1] -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
+LoadBalancer 198.51.100.10:80/TCP local hc=32000 ranges=[10.0.0.0/8 198.51.100.0/24] ready=[10.1.0.1] -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
 `},
 		{"LoadBalancer open to all", func(s *corev1.Service) {
 			s.Spec.Type = corev1.ServiceTypeLoadBalancer
@@ -132,7 +150,7 @@ func TestNorthSouthLocalTerminatingFallback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "ClusterIP 10.96.0.1:80/TCP -> 10.2.0.1\nNodePort 192.168.1.1:30080/TCP local -> 10.1.0.2\n"
+	want := "ClusterIP 10.96.0.1:80/TCP -> 10.2.0.1\nNodePort 192.168.1.1:30080/TCP local -> 10.1.0.2(term) | internal -> 10.2.0.1\n"
 	if g := renderNS(got); g != want {
 		t.Fatalf("got\n%s\nwant\n%s", g, want)
 	}

@@ -6,16 +6,26 @@
 // says which parts it read (Translation.NodeFacts), so that a change of the
 // node re-translates only the Services it can change.
 //
-// The rules follow kube-proxy (pkg/proxy/servicechangetracker.go and
-// endpointschangetracker.go): every EndpointSlice labelled
-// kubernetes.io/service-name belongs to that Service and all of them are
-// merged; a Service port is matched to an EndpointSlice port by name (the
-// slice's port number is the already resolved targetPort); only ready
-// endpoints are used, unless none is ready, in which case endpoints that are
-// serving and terminating are used (KEP-1669), so a rolling update that
-// briefly leaves no ready pod keeps draining instead of refusing. Headless
-// and ExternalName Services, and those that ask for another proxy through
-// the service.kubernetes.io/service-proxy-name label, are skipped.
+// The rules follow kube-proxy v1.36 (pkg/proxy/servicechangetracker.go,
+// endpointschangetracker.go, topology.go and the nftables proxier): every
+// EndpointSlice labelled kubernetes.io/service-name belongs to that
+// Service and all of them are merged; a Service port is matched to an
+// EndpointSlice port by name (the slice's port number is the already
+// resolved targetPort); which endpoints each frontend balances over, for
+// which clients, and whether an empty set rejects or drops, is
+// CategorizeEndpoints' answer applied to the traffic policies
+// (topology.go, northsouth.go). Addresses are read as kube-proxy reads
+// them (leading zeros are decimal). Headless and ExternalName Services,
+// and those that ask for another proxy through the
+// service.kubernetes.io/service-proxy-name label, are skipped.
+//
+// Bad input is handled the kube-proxy way, without failing the whole
+// Service: an SCTP port is left out (SCTP needs a CRC32c rewrite the
+// datapath does not do) and the others are served;
+// loadBalancerSourceRanges entries are trimmed of whitespace and those that
+// do not parse are ignored. Unlike kube-proxy, a Service whose source
+// ranges leave none that applies is closed, never open to all. Both are
+// reported (Translation.Warnings).
 //
 // Sluice's datapath is IPv4 only for now: IPv6 frontends and IPv6
 // EndpointSlices are skipped, not errors.
@@ -64,15 +74,19 @@ func (o Options) proxyName() string {
 
 // Node is what the translation knows of the node it runs on.
 type Node struct {
-	// Name is this node's name: externalTrafficPolicy Local keeps the
-	// endpoints whose nodeName it is.
+	// Name is this node's name: the Local traffic policies keep the
+	// endpoints whose nodeName it is, and topology hints forNodes name it.
 	Name string
+	// IP is the node's primary IPv4 address (kube-proxy's nodeIP): a
+	// loadBalancerSourceRanges entry that contains it also admits the
+	// LoadBalancer IPs themselves as sources.
+	IP netip.Addr
 	// Addresses are the addresses NodePorts are served on (none without
-	// them). See northsouth.go.
+	// them): the node addresses inside --nodeport-addresses, and
+	// 127.0.0.1 for localhost NodePorts. See northsouth.go.
 	Addresses []netip.Addr
-	// Labels are the Node object's labels, such as
-	// topology.kubernetes.io/zone, for the policies that prefer endpoints
-	// close to the node. No rule reads them yet.
+	// Labels are the Node object's labels: topology.kubernetes.io/zone is
+	// the zone topology hints (hints.forZones) are matched against.
 	Labels map[string]string
 }
 
@@ -81,7 +95,7 @@ type NodeFacts uint8
 
 const (
 	NodeName      NodeFacts = 1 << iota // Node.Name
-	NodeAddresses                       // Node.Addresses
+	NodeAddresses                       // Node.Addresses and Node.IP
 	NodeLabels                          // Node.Labels
 )
 
@@ -91,7 +105,7 @@ func (n Node) Diff(m Node) NodeFacts {
 	if n.Name != m.Name {
 		d |= NodeName
 	}
-	if !slices.Equal(n.Addresses, m.Addresses) {
+	if !slices.Equal(n.Addresses, m.Addresses) || n.IP != m.IP {
 		d |= NodeAddresses
 	}
 	if !maps.Equal(n.Labels, m.Labels) {
@@ -111,10 +125,15 @@ type Translation struct {
 	// NodeFacts are the parts of Options.Node the result was made from:
 	// while only other parts change, translating again gives the same
 	// result. Scenario: the Node's zone label changes. A ClusterIP Service
-	// reads no part of the node, a NodePort Service reads NodeAddresses,
-	// and an externalTrafficPolicy Local one NodeName: none of them is
-	// translated again.
+	// without topology hints reads no part of the node, a NodePort Service
+	// reads NodeAddresses, and an externalTrafficPolicy Local one NodeName:
+	// none of them is translated again.
 	NodeFacts NodeFacts
+	// Warnings are what of the Service is not served as asked, each naming
+	// the part: a port skipped (SCTP), loadBalancerSourceRanges entries
+	// ignored, LoadBalancer IPs closed because no source range applies.
+	// The rest of the Service is served.
+	Warnings []string
 }
 
 // Reasons ServiceToModel gives for skipping a Service.
@@ -172,8 +191,7 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 	}
 	var vips []netip.Addr
 	for _, s := range ips {
-		ip, _ := netip.ParseAddr(s) // validated above
-		if ip.Is4() {
+		if ip, ok := parseIPSloppy(s); ok && ip.Is4() { // validated above
 			vips = append(vips, ip)
 		}
 	}
@@ -197,114 +215,56 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 		mine = append(mine, es)
 	}
 
-	var t Translation
-	for _, sp := range svc.Spec.Ports {
-		proto, _ := protocolOf(sp.Protocol) // validated above
-		backends := backendsFor(sp.Name, cmp.Or(sp.Protocol, corev1.ProtocolTCP), proto, mine)
+	node := opts.Node
+	ext := externalOf(svc, mine, node)
+	t := Translation{NodeFacts: ext.facts, Warnings: ext.warnings}
+	for i, sp := range svc.Spec.Ports {
+		proto, err := protocolOf(sp.Protocol)
+		if err != nil {
+			// SCTP, the one protocol validation lets through that the
+			// datapath cannot serve: the port is left out.
+			t.Warnings = append(t.Warnings, fmt.Sprintf("%s: protocol %s is not supported; the port is not served", portName(svc, i), sp.Protocol))
+			continue
+		}
+		pol := policyOf(svc, sp, ext)
+		es := endpointsFor(sp.Name, cmp.Or(sp.Protocol, corev1.ProtocolTCP), proto, mine, node.Name)
+		cat := categorize(es, pol, node.Name, node.Labels[corev1.LabelTopologyZone])
+		if pol.usesLocal() {
+			t.NodeFacts |= NodeName
+		}
+		if byName, byZone := hintsRead(es); pol.usesCluster() && (byName || byZone) {
+			// The hints are matched against this node's name and zone.
+			t.NodeFacts |= NodeName | NodeLabels
+		}
+
+		// ClusterIP traffic gets internalTrafficPolicy's endpoints. With
+		// none here but some elsewhere (Local), it is dropped; with none
+		// at all, rejected.
+		internal := cat.cluster
+		if pol.internalLocal {
+			internal = cat.local
+		}
 		for _, vip := range vips {
 			t.Services = append(t.Services, &model.Service{
-				Name:     model.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: sp.Name},
-				Kind:     model.ClusterIP,
-				Frontend: model.L4Addr{Addr: vip, Port: uint16(sp.Port), Proto: proto},
-				Backends: slices.Clone(backends),
+				Name:          model.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: sp.Name},
+				Kind:          model.ClusterIP,
+				Frontend:      model.L4Addr{Addr: vip, Port: uint16(sp.Port), Proto: proto},
+				Backends:      slices.Clone(internal),
+				DropWhenEmpty: cat.hasAny && len(internal) == 0,
 			})
 		}
-		ns, facts := northSouth(svc, sp, proto, backends, mine, opts.Node)
-		t.Services = append(t.Services, ns...)
-		t.NodeFacts |= facts
+		t.Services = append(t.Services, northSouth(svc, sp, proto, cat, ext)...)
 	}
-	slices.SortFunc(t.Services, func(a, b *model.Service) int {
-		if a.Frontend.Less(b.Frontend) {
-			return -1
-		}
-		if b.Frontend.Less(a.Frontend) {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(t.Services, func(a, b *model.Service) int { return a.Frontend.Compare(b.Frontend) })
 	return t, nil
 }
 
-// backendsFor merges the endpoints of all slices for the Service port named
-// portName: ready ones, or if none is ready, the serving and terminating
-// ones, sorted by address. Endpoints listed by several slices are counted
-// once: the first ready listing wins, else the first listing.
-func backendsFor(portName string, kproto corev1.Protocol, proto model.Protocol, eps []*discoveryv1.EndpointSlice) []model.Backend {
-	type cand struct {
-		b           model.Backend
-		ready       bool
-		serving     bool
-		terminating bool
+// portName names port i of svc in messages.
+func portName(svc *corev1.Service, i int) string {
+	if n := svc.Spec.Ports[i].Name; n != "" {
+		return "port " + strconv.Quote(n)
 	}
-	n := 0
-	for _, es := range eps {
-		n += len(es.Endpoints)
-	}
-	cands := make([]cand, 0, n)
-	for _, es := range eps {
-		for _, ep := range es.Ports {
-			if ptrOr(ep.Name, "") != portName || ptrOr(ep.Protocol, corev1.ProtocolTCP) != kproto || ep.Port == nil {
-				continue
-			}
-			for _, e := range es.Endpoints {
-				if len(e.Addresses) == 0 {
-					continue
-				}
-				// Like kube-proxy, only the first address is used: the API
-				// says the others are fungible copies of it.
-				ip, err := netip.ParseAddr(e.Addresses[0])
-				if err != nil || !ip.Is4() {
-					continue
-				}
-				cands = append(cands, cand{
-					b: model.Backend{
-						L4Addr:   model.L4Addr{Addr: ip, Port: uint16(*ep.Port), Proto: proto},
-						NodeName: ptrOr(e.NodeName, ""),
-					},
-					ready:       ptrOr(e.Conditions.Ready, true),
-					serving:     ptrOr(e.Conditions.Serving, true),
-					terminating: ptrOr(e.Conditions.Terminating, false),
-				})
-			}
-		}
-	}
-	// Sorted by address, listings of one endpoint are next to each other
-	// in the order they were seen (a stable sort), and the result comes
-	// out sorted. A map to find duplicates would cost more: most
-	// endpoints are listed once.
-	slices.SortStableFunc(cands, func(a, b cand) int {
-		switch {
-		case a.b.L4Addr.Less(b.b.L4Addr):
-			return -1
-		case b.b.L4Addr.Less(a.b.L4Addr):
-			return 1
-		}
-		return 0
-	})
-	ready := make([]model.Backend, 0, len(cands))
-	var fallback []model.Backend
-	for i := 0; i < len(cands); {
-		c := cands[i]
-		j := i + 1
-		for ; j < len(cands) && cands[j].b.L4Addr == c.b.L4Addr; j++ {
-			if cands[j].ready && !c.ready {
-				c = cands[j]
-			}
-		}
-		i = j
-		switch {
-		case c.ready:
-			ready = append(ready, c.b)
-		case c.serving && c.terminating:
-			b := c.b
-			b.Terminating = true
-			fallback = append(fallback, b)
-		}
-	}
-	if len(ready) > 0 {
-		return ready
-	}
-	return fallback
+	return "ports[" + strconv.Itoa(i) + "]"
 }
 
 // ValidateService checks the fields Sluice relies on. Errors name the
@@ -329,7 +289,7 @@ func ValidateService(svc *corev1.Service) error {
 		return fail("unknown type %q", svc.Spec.Type)
 	}
 	if ip := svc.Spec.ClusterIP; ip != "" && ip != corev1.ClusterIPNone {
-		if _, err := netip.ParseAddr(ip); err != nil {
+		if _, ok := parseIPSloppy(ip); !ok {
 			return fail("invalid clusterIP %q", ip)
 		}
 	}
@@ -337,7 +297,7 @@ func ValidateService(svc *corev1.Service) error {
 		if ip == corev1.ClusterIPNone {
 			continue
 		}
-		if _, err := netip.ParseAddr(ip); err != nil {
+		if _, ok := parseIPSloppy(ip); !ok {
 			return fail("invalid clusterIPs entry %q", ip)
 		}
 	}
@@ -345,7 +305,7 @@ func ValidateService(svc *corev1.Service) error {
 		return fail("clusterIP %q is not clusterIPs[0] %q", svc.Spec.ClusterIP, svc.Spec.ClusterIPs[0])
 	}
 	for _, ip := range svc.Spec.ExternalIPs {
-		if _, err := netip.ParseAddr(ip); err != nil {
+		if _, ok := parseIPSloppy(ip); !ok {
 			return fail("invalid externalIPs entry %q", ip)
 		}
 	}
@@ -367,7 +327,8 @@ func ValidateService(svc *corev1.Service) error {
 			return fail("%s: duplicate port name", portID)
 		}
 		names[sp.Name] = true
-		if _, err := protocolOf(sp.Protocol); err != nil {
+		// SCTP is valid: ServiceToModel leaves the port out and says so.
+		if _, err := protocolOf(sp.Protocol); err != nil && sp.Protocol != corev1.ProtocolSCTP {
 			return fail("%s: %v", portID, err)
 		}
 		if sp.Port < 1 || sp.Port > 65535 {
@@ -439,11 +400,11 @@ func ValidateEndpointSlice(es *discoveryv1.EndpointSlice) error {
 		for _, a := range e.Addresses {
 			switch es.AddressType {
 			case discoveryv1.AddressTypeIPv4:
-				if ip, err := netip.ParseAddr(a); err != nil || !ip.Is4() {
+				if _, ok := parseIPv4Sloppy(a); !ok {
 					return fail("endpoints[%d]: invalid IPv4 address %q", i, a)
 				}
 			case discoveryv1.AddressTypeIPv6:
-				if ip, err := netip.ParseAddr(a); err != nil || !ip.Is6() || ip.Is4In6() {
+				if ip, ok := parseIPSloppy(a); !ok || !ip.Is6() || ip.Is4In6() {
 					return fail("endpoints[%d]: invalid IPv6 address %q", i, a)
 				}
 			}

@@ -181,7 +181,12 @@ func TestValidate(t *testing.T) {
 		{"ok", service("a", []string{"10.96.0.1"}, sport("http", 80, "TCP")), ""},
 		{"port out of range", service("a", []string{"10.96.0.1"}, sport("http", 70000, "TCP")), `service "default/a": port "http": port 70000 out of range`},
 		{"zero port", service("a", []string{"10.96.0.1"}, sport("", 0, "TCP")), `service "default/a": ports[0]: port 0 out of range`},
-		{"sctp", service("a", []string{"10.96.0.1"}, sport("s", 80, "SCTP")), `service "default/a": port "s": protocol SCTP is not supported`},
+		{"sctp is valid, and skipped by ServiceToModel", service("a", []string{"10.96.0.1"}, sport("s", 80, "SCTP")), ""},
+		{"sloppy addresses", func() *corev1.Service {
+			s := service("a", []string{"172.30.0.041"}, sport("", 80, "TCP"))
+			s.Spec.ExternalIPs = []string{"192.168.099.022"}
+			return s
+		}(), ""},
 		{"unknown protocol", service("a", []string{"10.96.0.1"}, sport("s", 80, "ICMP")), `service "default/a": port "s": unknown protocol "ICMP"`},
 		{"bad ip", service("a", []string{"10.96.0.300"}, sport("", 80, "")), `service "default/a": invalid clusterIPs entry "10.96.0.300"`},
 		{"no name", service("", []string{"10.96.0.1"}), `service "default/": metadata.name is empty`},
@@ -217,8 +222,8 @@ func TestValidate(t *testing.T) {
 		})
 	}
 	// ServiceToModel reports validation errors.
-	if _, err := ServiceToModel(service("a", []string{"10.96.0.1"}, sport("s", 80, "SCTP")), nil, Options{}); err == nil {
-		t.Error("ServiceToModel accepted SCTP")
+	if _, err := ServiceToModel(service("a", []string{"10.96.0.1"}, sport("s", 80, "ICMP")), nil, Options{}); err == nil {
+		t.Error("ServiceToModel accepted protocol ICMP")
 	}
 }
 

@@ -151,7 +151,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) (*Results, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(tmp)
+	defer func() {
+		if err := os.RemoveAll(tmp); err != nil {
+			log.Warn("remove temporary directory", "dir", tmp, "err", err)
+		}
+	}()
 	r := &runner{
 		cfg:     cfg,
 		log:     log,

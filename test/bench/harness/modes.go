@@ -67,16 +67,12 @@ func (floorMode) memory() memStat                { return memStat{How: "no state
 func (floorMode) socketCgroup() *topology.Cgroup { return nil }
 func (floorMode) close()                         {}
 
-// runBounded runs argv in namespace ns under `timeout`, inside cg if set,
-// feeding it stdin.
-func runBounded(ctx context.Context, ns *topology.NS, bound time.Duration, cg *memcg, stdin []byte, argv ...string) error {
+// runBounded runs argv in namespace ns under `timeout`, inside cg if set.
+func runBounded(ctx context.Context, ns *topology.NS, bound time.Duration, cg *memcg, argv ...string) error {
 	full := append([]string{"timeout", "--kill-after=5", fmt.Sprintf("%.0f", bound.Seconds())}, argv...)
 	full = cg.wrap(full)
 	cmd := ns.Command(ctx, full[0], full[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{}
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
 	var errb bytes.Buffer
 	cmd.Stderr = &errb
 	err := cmd.Run()
@@ -112,7 +108,7 @@ func (m *iptMode) restore(ctx context.Context, data []byte, bound time.Duration)
 	if err := os.WriteFile(f, data, 0o644); err != nil {
 		return err
 	}
-	return runBounded(ctx, m.ns, bound, m.cg, nil, m.bin("iptables"), "-w", "60", "--noflush", f)
+	return runBounded(ctx, m.ns, bound, m.cg, m.bin("iptables"), "-w", "60", "--noflush", f)
 }
 
 func (m *iptMode) program(ctx context.Context, svcs []rules.Service) error {
@@ -138,7 +134,7 @@ func (m *iptMode) reset(ctx context.Context) error {
 	bin := "iptables-" + m.variant
 	for _, t := range []string{"nat", "filter"} {
 		for _, op := range []string{"-F", "-X"} {
-			if err := runBounded(ctx, m.ns, m.bound, nil, nil, bin, "-w", "60", "-t", t, op); err != nil {
+			if err := runBounded(ctx, m.ns, m.bound, nil, bin, "-w", "60", "-t", t, op); err != nil {
 				return err
 			}
 		}
@@ -172,7 +168,7 @@ func (m *nftMode) apply(ctx context.Context, data []byte, bound time.Duration) e
 	if err := os.WriteFile(f, data, 0o644); err != nil {
 		return err
 	}
-	return runBounded(ctx, m.ns, bound, m.cg, nil, "nft", "-f", f)
+	return runBounded(ctx, m.ns, bound, m.cg, "nft", "-f", f)
 }
 
 func (m *nftMode) program(ctx context.Context, svcs []rules.Service) error {
@@ -184,7 +180,7 @@ func (m *nftMode) update(ctx context.Context, _ []rules.Service, old, new rules.
 }
 
 func (m *nftMode) reset(ctx context.Context) error {
-	return runBounded(ctx, m.ns, m.bound, nil, nil, "nft", "delete", "table", "ip", rules.NftTable)
+	return runBounded(ctx, m.ns, m.bound, nil, "nft", "delete", "table", "ip", rules.NftTable)
 }
 
 func (m *nftMode) memory() memStat {

@@ -153,7 +153,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) (res *result, err er
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(tmp)
+	defer func() { err = errors.Join(err, os.RemoveAll(tmp)) }()
 	var bins agentproc.Binaries
 	needSluice := slices.ContainsFunc(cfg.Modes, isSluice)
 	if needSluice {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -57,7 +58,7 @@ func buildLab(modes []string) (_ *lab, err error) {
 	l := &lab{topo: topo}
 	defer func() {
 		if err != nil {
-			l.close()
+			err = errors.Join(err, l.close())
 		}
 	}()
 	add := func(name string) *topology.NS {

@@ -61,11 +61,15 @@ var glyphs = map[rune][7]string{
 	'<': {"00010", "00100", "01000", "10000", "01000", "00100", "00010"},
 }
 
-// textWidth is the width in pixels of s at scale.
-func textWidth(s string, scale int) int { return len([]rune(s)) * 6 * scale }
+// textScale is how many pixels wide and high a dot of the 5x7 font is.
+const textScale = 2
+
+// textWidth is the width in pixels of s.
+func textWidth(s string) int { return len([]rune(s)) * 6 * textScale }
 
 // drawText draws s with its top-left corner at (x, y).
-func drawText(img *image.RGBA, x, y int, s string, c color.Color, scale int) {
+func drawText(img *image.RGBA, x, y int, s string, c color.Color) {
+	const scale = textScale
 	for _, r := range strings.ToUpper(s) {
 		g, ok := glyphs[r]
 		if !ok {

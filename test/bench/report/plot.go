@@ -135,7 +135,7 @@ func chart(path, title, ylabel string, logY bool, ss []series) error {
 	grey := color.RGBA{200, 200, 200, 255}
 	black := color.RGBA{0, 0, 0, 255}
 	pw, ph := width-left-right, height-top-bottom
-	drawText(img, max(5, (width-textWidth(title, 2))/2), 15, title, black, 2)
+	drawText(img, max(5, (width-textWidth(title))/2), 15, title, black)
 
 	var xs, ys []float64
 	for _, s := range ss {
@@ -147,7 +147,7 @@ func chart(path, title, ylabel string, logY bool, ss []series) error {
 		}
 	}
 	if len(xs) == 0 {
-		drawText(img, left+20, top+ph/2, "no data", black, 2)
+		drawText(img, left+20, top+ph/2, "no data", black)
 		return save(path, img)
 	}
 	xmin, xmax := math.Log10(slices.Min(xs)), math.Log10(slices.Max(xs))
@@ -191,25 +191,25 @@ func chart(path, title, ylabel string, logY bool, ss []series) error {
 		seenX[x] = true
 		line(img, px(x), top, px(x), top+ph, grey, 1, false)
 		l := fmt.Sprintf("%g", x)
-		drawText(img, px(x)-textWidth(l, 2)/2, top+ph+10, l, black, 2)
+		drawText(img, px(x)-textWidth(l)/2, top+ph+10, l, black)
 	}
-	drawText(img, left+pw/2-textWidth("services (N, log)", 2)/2, top+ph+35, "services (N, log)", black, 2)
+	drawText(img, left+pw/2-textWidth("services (N, log)")/2, top+ph+35, "services (N, log)", black)
 	if logY {
 		for e := ymin; e <= ymax; e++ {
 			y := math.Pow(10, e)
 			line(img, left, py(y), left+pw, py(y), grey, 1, false)
 			l := fmt.Sprintf("%g", y)
-			drawText(img, left-8-textWidth(l, 2), py(y)-7, l, black, 2)
+			drawText(img, left-8-textWidth(l), py(y)-7, l, black)
 		}
 	} else {
 		step := niceStep(ymax / 5)
 		for y := 0.0; y <= ymax; y += step {
 			line(img, left, py(y), left+pw, py(y), grey, 1, false)
 			l := fmt.Sprintf("%g", y)
-			drawText(img, left-8-textWidth(l, 2), py(y)-7, l, black, 2)
+			drawText(img, left-8-textWidth(l), py(y)-7, l, black)
 		}
 	}
-	drawText(img, 5, top-20, ylabel, black, 2)
+	drawText(img, 5, top-20, ylabel, black)
 	line(img, left, top, left, top+ph, black, 2, false)
 	line(img, left, top+ph, left+pw, top+ph, black, 2, false)
 
@@ -226,7 +226,7 @@ func chart(path, title, ylabel string, logY bool, ss []series) error {
 		}
 		ly := top + 10 + i*22
 		line(img, left+pw+15, ly+7, left+pw+45, ly+7, c, 2, s.dashed)
-		drawText(img, left+pw+52, ly, s.name, black, 2)
+		drawText(img, left+pw+52, ly, s.name, black)
 	}
 	return save(path, img)
 }

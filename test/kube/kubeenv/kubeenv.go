@@ -275,7 +275,9 @@ func (e *Env) StopAPIServer() {
 	if api == nil {
 		e.t.Fatal("apiserver not running")
 	}
-	api.stop()
+	if err := api.stop(); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 // StartExtraAPIServer starts a second kube-apiserver over the same etcd, as
@@ -378,20 +380,27 @@ func scrubbedEnv() []string {
 	return env
 }
 
-// stop terminates the process group, politely first.
-func (p *proc) stop() {
+// stop terminates the process group, politely first. A group that is
+// already gone (ESRCH) is stopped; any other failure to signal it is an
+// error, returned rather than waited on for ever.
+func (p *proc) stop() error {
 	select {
 	case <-p.done:
-		return
+		return nil
 	default:
 	}
-	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	if err := syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("stop %s: %w", p.name, err)
+	}
 	select {
 	case <-p.done:
 	case <-time.After(10 * time.Second):
-		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		if err := syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("kill %s: %w", p.name, err)
+		}
 		<-p.done
 	}
+	return nil
 }
 
 func (p *proc) exited() bool {
@@ -408,21 +417,27 @@ func (e *Env) cleanup() {
 	api, etcd, extras := e.api, e.etcd, e.extras
 	e.api, e.extras = nil, nil
 	e.mu.Unlock()
-	if api != nil {
-		api.stop()
-	}
-	for _, p := range extras {
-		p.stop()
+	// The apiservers first: etcd must outlive its clients.
+	for _, p := range append([]*proc{api}, extras...) {
+		if p != nil {
+			if err := p.stop(); err != nil {
+				e.t.Error(err)
+			}
+		}
 	}
 	if etcd != nil {
-		etcd.stop()
+		if err := etcd.stop(); err != nil {
+			e.t.Error(err)
+		}
 	}
 	if e.t.Failed() {
 		for _, name := range []string{"etcd.log", fmt.Sprintf("kube-apiserver.%d.log", e.apiStarts)} {
 			e.t.Logf("--- tail of %s ---\n%s", name, tail(filepath.Join(e.Dir, name), 40))
 		}
 	}
-	os.RemoveAll(e.Dir)
+	if err := os.RemoveAll(e.Dir); err != nil {
+		e.t.Errorf("remove the apiserver's and etcd's data: %v", err)
+	}
 }
 
 func tail(path string, n int) string {

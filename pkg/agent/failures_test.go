@@ -1,0 +1,330 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-lb/sluice/pkg/metrics"
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// failingReconciler fails the frontends its fail function names, as
+// reconciler.Reconciler does: one *FrontendError each, joined, every
+// other frontend programmed.
+type failingReconciler struct {
+	mu      sync.Mutex
+	fail    func(fe model.L4Addr, call int) error // nil: programmed
+	applies int
+	inSync  bool
+}
+
+func (r *failingReconciler) Restore() error { return nil }
+
+func (r *failingReconciler) Apply(s *model.State) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.applies++
+	var errs []error
+	for fe, svc := range s.Services {
+		if err := r.fail(fe, r.applies); err != nil {
+			errs = append(errs, &reconciler.FrontendError{Service: svc.Name, Frontend: fe, Err: err})
+		}
+	}
+	r.inSync = len(errs) == 0
+	return errors.Join(errs...)
+}
+
+func (r *failingReconciler) InSync() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.inSync
+}
+
+func (r *failingReconciler) calls() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.applies
+}
+
+// failureObserver records what the agent tells a FailureObserver.
+type failureObserver struct {
+	mu         sync.Mutex
+	syncErrs   []error
+	failures   []*reconciler.FrontendError
+	programmed *model.State
+}
+
+func (o *failureObserver) ObserveSync(_ time.Duration, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.syncErrs = append(o.syncErrs, err)
+}
+
+func (o *failureObserver) SetProgrammed(s *model.State) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.programmed = s
+}
+
+func (o *failureObserver) SetFailures(fs []*reconciler.FrontendError) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.failures = fs
+}
+
+// namedState is stateWith(n) with Service names svc-1..svc-n.
+func namedState(n int) *model.State {
+	s := stateWith(n)
+	for fe, svc := range s.Services {
+		svc.Name = model.ServicePortName{Namespace: "default", Name: fmt.Sprintf("svc-%d", fe.Addr.As4()[3])}
+	}
+	return s
+}
+
+// syncBuffer is a log sink safe for the apply goroutine and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+func startFailing(t *testing.T, cfg Config, recon *failingReconciler) (*Agent, chanSource, *syncBuffer) {
+	t.Helper()
+	if cfg.RetryMin == 0 {
+		cfg.RetryMin, cfg.RetryMax = time.Millisecond, 4*time.Millisecond
+	}
+	logs := &syncBuffer{}
+	a := New(cfg, fakeDatapath{&recorder{}}, recon, slog.New(slog.NewTextHandler(logs, nil)))
+	src := chanSource{states: make(chan *model.State)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, src) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	})
+	return a, src, logs
+}
+
+var errCapacity = fmt.Errorf("%w (3 new service entries: 62 in use of 64); previous programming kept", reconciler.ErrCapacity)
+
+// A Service that can never fit as asked (a permanent failure) does not
+// keep the agent unready or retrying: the others are programmed, the
+// agent is ready, the Service is reported (observers, Unprogrammed, one
+// log line however many resyncs), and it is tried again only when a new
+// desired state arrives.
+func TestPermanentFailureIsReportedNotRetried(t *testing.T) {
+	bad := stateWith(2)
+	var badFE model.L4Addr
+	for fe := range bad.Services {
+		if fe.Addr.As4()[3] == 2 {
+			badFE = fe
+		}
+	}
+	recon := &failingReconciler{fail: func(fe model.L4Addr, _ int) error {
+		if fe == badFE {
+			return errCapacity
+		}
+		return nil
+	}}
+	obs := &failureObserver{}
+	a, src, logs := startFailing(t, Config{Observers: []Observer{obs}}, recon)
+	st := namedState(2)
+	src.states <- st
+	eventually(t, "ready with one Service failing permanently", func() bool { return a.Ready() == nil })
+
+	calls := recon.calls()
+	time.Sleep(50 * time.Millisecond) // > 10 retries at RetryMax
+	if n := recon.calls(); n != calls {
+		t.Errorf("Apply called %d more times with nothing changed: a permanent failure is retried", n-calls)
+	}
+	un := a.Unprogrammed()
+	if len(un) != 1 || !strings.Contains(un[0], "default/svc-2") || !strings.HasPrefix(un[0], "capacity: ") {
+		t.Errorf("Unprogrammed() = %q, want default/svc-2 for capacity", un)
+	}
+	obs.mu.Lock()
+	if len(obs.failures) != 1 || obs.failures[0].Frontend != badFE || obs.failures[0].Reason() != "capacity" {
+		t.Errorf("observer told of failures %v, want the one capacity failure", obs.failures)
+	}
+	if obs.programmed == nil || len(obs.programmed.Services) != 1 || obs.programmed.Services[badFE] != nil {
+		t.Errorf("observer told of a programmed state of %v, want the good frontend alone", obs.programmed)
+	}
+	if last := obs.syncErrs[len(obs.syncErrs)-1]; last != nil {
+		t.Errorf("ObserveSync got %v: a sync that programmed all it could is no sync error", last)
+	}
+	if len(st.Services) != 2 {
+		t.Errorf("the source's state was modified: %d services", len(st.Services))
+	}
+	obs.mu.Unlock()
+
+	// A new desired state (the Service shrank, or another one freed
+	// room) is tried, and the Service is programmed then.
+	recon.mu.Lock()
+	recon.fail = func(model.L4Addr, int) error { return nil }
+	recon.mu.Unlock()
+	src.states <- namedState(2)
+	eventually(t, "the Service programmed after a change", func() bool { return len(a.Unprogrammed()) == 0 && a.Ready() == nil })
+	if n := strings.Count(logs.String(), "service not programmed"); n != 1 {
+		t.Errorf("the permanent failure was logged %d times, want once:\n%s", n, logs)
+	}
+	if !strings.Contains(logs.String(), "service no longer failing") {
+		t.Errorf("its recovery was not logged:\n%s", logs)
+	}
+}
+
+// A permanent failure is logged once however often the state is resynced.
+func TestPermanentFailureLoggedOncePerChange(t *testing.T) {
+	recon := &failingReconciler{fail: func(fe model.L4Addr, _ int) error {
+		if fe.Addr.As4()[3] == 1 {
+			return errCapacity
+		}
+		return nil
+	}}
+	a, src, logs := startFailing(t, Config{Resync: 2 * time.Millisecond}, recon)
+	src.states <- namedState(3)
+	eventually(t, "ready", func() bool { return a.Ready() == nil })
+	eventually(t, "10 resyncs", func() bool { return recon.calls() > 10 })
+	if n := strings.Count(logs.String(), "service not programmed"); n != 1 {
+		t.Errorf("logged %d times over %d applies, want once:\n%s", n, recon.calls(), logs)
+	}
+	// The same frontend failing for another reason is a change.
+	recon.mu.Lock()
+	recon.fail = func(fe model.L4Addr, _ int) error {
+		if fe.Addr.As4()[3] == 1 {
+			return fmt.Errorf("%w: backend fd00::1:80/TCP: not an IPv4 address", reconciler.ErrInvalid)
+		}
+		return nil
+	}
+	recon.mu.Unlock()
+	eventually(t, "the new reason logged", func() bool { return strings.Count(logs.String(), "service not programmed") == 2 })
+	if !strings.Contains(logs.String(), "reason=invalid") {
+		t.Errorf("second log line lacks the reason:\n%s", logs)
+	}
+}
+
+// A failed write (a transient failure) is retried with backoff until it
+// succeeds, and the agent is not ready meanwhile, even though the other
+// frontends are programmed.
+func TestTransientFrontendFailureRetried(t *testing.T) {
+	recon := &failingReconciler{fail: func(fe model.L4Addr, call int) error {
+		if fe.Addr.As4()[3] == 1 && call <= 20 {
+			return errors.New("upsert master: EIO")
+		}
+		return nil
+	}}
+	obs := &failureObserver{}
+	a, src, _ := startFailing(t, Config{Observers: []Observer{obs}}, recon)
+	src.states <- namedState(2)
+	eventually(t, "the write failure to show in Ready", func() bool {
+		err := a.Ready()
+		return err != nil && strings.Contains(err.Error(), "EIO")
+	})
+	if un := a.Unprogrammed(); len(un) != 1 || !strings.HasPrefix(un[0], "write: ") {
+		t.Errorf("Unprogrammed() = %q while the write fails, want the frontend with reason write", un)
+	}
+	eventually(t, "ready after the retries", func() bool { return a.Ready() == nil })
+	if n := recon.calls(); n != 21 {
+		t.Errorf("Apply called %d times, want 21 (20 failures, 1 success)", n)
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	failed := 0
+	for _, err := range obs.syncErrs {
+		if err != nil {
+			failed++
+		}
+	}
+	if failed != 20 || len(obs.failures) != 0 {
+		t.Errorf("observer saw %d failed syncs and %d failures at the end, want 20 and 0", failed, len(obs.failures))
+	}
+}
+
+// With a permanent and a transient failure, the agent retries (not
+// ready) until the transient one is gone, and is then ready with the
+// permanent one reported.
+func TestPermanentAndTransientFailures(t *testing.T) {
+	recon := &failingReconciler{fail: func(fe model.L4Addr, call int) error {
+		switch {
+		case fe.Addr.As4()[3] == 1:
+			return errCapacity
+		case fe.Addr.As4()[3] == 2 && call <= 20:
+			return errors.New("upsert slot 1: EIO")
+		}
+		return nil
+	}}
+	a, src, _ := startFailing(t, Config{}, recon)
+	src.states <- namedState(3)
+	eventually(t, "not ready while a write fails", func() bool {
+		err := a.Ready()
+		return err != nil && strings.Contains(err.Error(), "EIO")
+	})
+	eventually(t, "ready once only the permanent failure is left", func() bool { return a.Ready() == nil })
+	if un := a.Unprogrammed(); len(un) != 1 || !strings.Contains(un[0], "default/svc-1") {
+		t.Errorf("Unprogrammed() = %q, want default/svc-1 alone", un)
+	}
+	if n := recon.calls(); n != 21 {
+		t.Errorf("Apply called %d times, want 21 (20 with the write failing)", n)
+	}
+}
+
+// The agent's metrics are a FailureObserver: the failures reach /metrics.
+var _ FailureObserver = (*metrics.Metrics)(nil)
+
+// The reconciler can tell what the maps hold.
+var _ Holder = (*reconciler.Reconciler)(nil)
+
+// holdsSource is a chanSource that records the check it is given and
+// whether it had it when Run started.
+type holdsSource struct {
+	chanSource
+	holds       func(*model.Service) bool
+	hadAtRunTop bool
+}
+
+func (s *holdsSource) SetHolds(h func(*model.Service) bool) { s.holds = h }
+
+func (s *holdsSource) Run(ctx context.Context, apply func(*model.State)) error {
+	s.hadAtRunTop = s.holds != nil
+	return s.chanSource.Run(ctx, apply)
+}
+
+type holdingReconciler struct{ fakeReconciler }
+
+func (r *holdingReconciler) Holds(svc *model.Service) bool { return svc.Name.Name == "held" }
+
+// A HoldsSource gets the reconciler's Holds before it runs (after Restore,
+// so that it reflects the pinned maps).
+func TestHoldsSourceGetsReconcilerHolds(t *testing.T) {
+	recon := &holdingReconciler{fakeReconciler{recorder: &recorder{}}}
+	src := &holdsSource{chanSource: chanSource{states: make(chan *model.State)}}
+	a := New(Config{}, fakeDatapath{recon.recorder}, recon, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := a.Run(ctx, src); err != nil {
+		t.Fatal(err)
+	}
+	if !src.hadAtRunTop || !src.holds(&model.Service{Name: model.ServicePortName{Name: "held"}}) {
+		t.Errorf("source had the reconciler's Holds at Run: %v", src.hadAtRunTop)
+	}
+}

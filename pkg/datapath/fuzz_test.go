@@ -1,0 +1,668 @@
+package datapath
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/packet"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// Fuzzing the tc and XDP programs through BPF_PROG_TEST_RUN: random and
+// mutated frames, on a node namespace (nodeNetns) whose maps hold
+// ClusterIP, NodePort, ExternalIP and LoadBalancer frontends programmed by
+// reconciler.Apply. Whatever the frame, a program must
+//
+//   - run (BPF_PROG_TEST_RUN does not fail) and return a verdict its hook
+//     defines (XDP_ABORTED is a program error);
+//   - for a frame it lets through (tc OK or REDIRECT, XDP TX or REDIRECT):
+//     leave it byte for byte as it came, or change only the fields NAT
+//     and forwarding may change (natFields: MACs, TTL, addresses, ports,
+//     checksums, and in an ICMP error those of the quoted packet), at the
+//     length it came with; or turn it into the ICMP error tc answers with
+//     (port unreachable, time exceeded, fragmentation needed: checkICMPReply);
+//   - keep checksums valid: a frame whose checksums were valid comes out
+//     with valid ones (packet.Verify);
+//   - pass to tc untouched what XDP does not finish (XDP_PASS).
+//
+// The verifier already proves every access in bounds; these properties
+// catch a rewrite in bounds of the packet but outside the field it means
+// (a checksum update at a wrong offset, a port written into the payload of
+// a packet with IP options, a fragment treated as a first one).
+//
+// FuzzTCIngress, FuzzTCEgress and FuzzXDP are the go test -fuzz targets;
+// their seed corpus (fuzzSeeds) is valid TCP, UDP and ICMP packets to and
+// from every kind of frontend, ICMP errors about translated flows, and
+// fragments. TestFuzzPacketsRandomized runs the same checks on a fixed
+// pseudo-random stream in plain go test.
+
+// fuzzNode is the node namespace, a datapath on its devices, and the
+// frontends the frames aim at.
+type fuzzNode struct {
+	ns      *topology.NS
+	ifindex int // eth0's
+	d       *Datapath
+	// Outcomes by hook, for a test to show it exercised translation:
+	// frames passed unchanged, translated, answered with an ICMP error.
+	same, translated, replied [3]atomic.Int64
+}
+
+var (
+	fzVIPTCP   = l4("10.96.0.10", 80, model.TCP)
+	fzVIPUDP   = l4("10.96.0.11", 53, model.UDP)
+	fzVIPEmpty = l4("10.96.0.12", 80, model.TCP)
+	fzVIPEmptU = l4("10.96.0.12", 53, model.UDP)
+	fzNPRemote = l4(nsNodeIP, 30080, model.TCP)
+	fzNPLocal  = l4(nsNodeIP, 30081, model.TCP)
+	fzNPUDP    = l4(nsNodeIP, 30053, model.UDP)
+	fzExtLocal = l4("192.168.1.201", 80, model.TCP)
+	fzLBRanges = l4("192.168.1.200", 80, model.TCP)
+	fzLBEmpty  = l4("192.168.1.202", 80, model.TCP)
+	fzNode3    = l4(nsNodeIP, 30083, model.TCP)
+
+	fzLocalTCP  = l4("10.1.0.7", 8080, model.TCP) // pod0's range: local
+	fzLocalUDP  = l4("10.1.0.8", 5353, model.UDP)
+	fzRemoteTCP = l4("10.2.0.7", 8080, model.TCP) // behind node 2
+	fzRemoteUDP = l4("10.2.0.8", 5353, model.UDP)
+	fzNode3TCP  = l4("10.3.0.7", 8080, model.TCP) // behind node 3, eth1
+)
+
+// fuzzFrontends are the frontends of newFuzzNode, with their backends.
+func fuzzFrontends() []*model.Service {
+	svc := func(kind model.FrontendKind, fe model.L4Addr, bes ...model.L4Addr) *model.Service {
+		s := &model.Service{Name: model.ServicePortName{Namespace: "fuzz", Name: fe.String()}, Kind: kind, Frontend: fe}
+		for _, b := range bes {
+			s.Backends = append(s.Backends, model.Backend{L4Addr: b})
+		}
+		return s
+	}
+	local := svc(model.ExternalIP, fzExtLocal, fzRemoteTCP, fzLocalTCP)
+	local.ExternalLocal = true
+	ranges := svc(model.LoadBalancer, fzLBRanges, fzRemoteTCP)
+	ranges.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.1.0/28"), netip.MustParsePrefix("172.16.0.0/12")}
+	return []*model.Service{
+		svc(model.ClusterIP, fzVIPTCP, fzLocalTCP, fzRemoteTCP),
+		svc(model.ClusterIP, fzVIPUDP, fzLocalUDP, fzRemoteUDP),
+		svc(model.ClusterIP, fzVIPEmpty),
+		svc(model.ClusterIP, fzVIPEmptU),
+		svc(model.NodePort, fzNPRemote, fzRemoteTCP),
+		svc(model.NodePort, fzNPLocal, fzLocalTCP),
+		svc(model.NodePort, fzNPUDP, fzRemoteUDP),
+		svc(model.NodePort, fzNode3, fzNode3TCP),
+		local,
+		ranges,
+		svc(model.LoadBalancer, fzLBEmpty),
+	}
+}
+
+// newFuzzNode builds the node namespace (entering it for tb's goroutine),
+// opens a datapath attached to eth0 and eth1 and programs fuzzFrontends
+// through reconciler.Apply.
+func newFuzzNode(tb testing.TB) *fuzzNode {
+	tb.Helper()
+	testutil.Privileged(tb)
+	ns, ifindex := nodeNetns(tb)
+	d := openTest(tb, xdpConfig(testPinDir(tb))) // (XDP is loaded only in an XDP mode)
+	if err := d.AttachDevices([]string{"eth0", "eth1"}); err != nil {
+		tb.Fatal(err)
+	}
+	st := model.NewState()
+	for _, s := range fuzzFrontends() {
+		s.Backends = model.SortBackends(s.Backends)
+		st.Services[s.Frontend] = s
+	}
+	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
+		tb.Fatalf("reconciler.Apply: %v", err)
+	}
+	return &fuzzNode{ns: ns, ifindex: ifindex, d: d}
+}
+
+// fuzzHook is a program under fuzz.
+type fuzzHook int
+
+const (
+	hookTCIngress fuzzHook = iota
+	hookTCEgress
+	hookXDP
+)
+
+func (h fuzzHook) String() string { return [...]string{"tc ingress", "tc egress", "XDP"}[h] }
+
+// run runs frame through hook on eth0, in the node namespace (from any
+// goroutine: go test -fuzz runs each input on one of its own).
+func (n *fuzzNode) run(h fuzzHook, frame []byte) (verdict uint32, out []byte, err error) {
+	opts := ebpf.RunOptions{Data: append([]byte(nil), frame...), DataOut: make([]byte, len(frame)+256)}
+	var prog *ebpf.Program
+	switch h {
+	case hookTCIngress:
+		prog, opts.Context = n.d.TCIngress(), skbCtx{Ifindex: uint32(n.ifindex)}
+	case hookTCEgress:
+		prog, opts.Context = n.d.TCEgress(), skbCtx{Ifindex: uint32(n.ifindex)}
+	case hookXDP:
+		prog, opts.Context = n.d.XDP(), xdpCtx{DataEnd: uint32(len(frame)), IngressIfindex: uint32(n.ifindex)}
+	}
+	err = n.ns.Do(func() error {
+		var rerr error
+		verdict, rerr = prog.Run(&opts)
+		return rerr
+	})
+	return verdict, opts.DataOut, err
+}
+
+// Frames BPF_PROG_TEST_RUN takes: an Ethernet header at least, and (XDP)
+// what fits a page with its headroom.
+const (
+	fuzzMinFrame = 14
+	fuzzMaxFrame = 1500
+)
+
+// skbRunnable reports whether BPF_PROG_TEST_RUN takes frame for a tc
+// program: it refuses (EINVAL) an IPv4 frame too short for an IPv4 header,
+// or an IPv6 one for an IPv6 header, before the program runs. (Such frames
+// do reach tc on a real device; the stack drops them after it.)
+func skbRunnable(frame []byte) bool {
+	switch binary.BigEndian.Uint16(frame[12:]) {
+	case packet.EtherTypeIPv4:
+		return len(frame) >= 14+20
+	case packet.EtherTypeIPv6:
+		return len(frame) >= 14+40
+	}
+	return true
+}
+
+// check runs frame through hooks (all of them if none is given) and
+// returns what went wrong, if anything (see the file comment).
+func (n *fuzzNode) check(frame []byte, hooks ...fuzzHook) error {
+	if len(frame) < fuzzMinFrame || len(frame) > fuzzMaxFrame {
+		return nil
+	}
+	if len(hooks) == 0 {
+		hooks = []fuzzHook{hookTCIngress, hookTCEgress, hookXDP}
+	}
+	var errs []error
+	for _, h := range hooks {
+		if h != hookXDP && !skbRunnable(frame) {
+			continue
+		}
+		verdict, out, err := n.run(h, frame)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: BPF_PROG_TEST_RUN: %w", h, err))
+			continue
+		}
+		if err := checkOutput(h, frame, verdict, out); err != nil {
+			errs = append(errs, fmt.Errorf("%s: verdict %d: %w\n in %x\nout %x", h, verdict, err, frame, out))
+			continue
+		}
+		switch {
+		case bytes.Equal(frame, out):
+			n.same[h].Add(1)
+		case h != hookXDP && isICMPReply(frame, out):
+			n.replied[h].Add(1)
+		default:
+			n.translated[h].Add(1)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkOutput checks what hook h made of in.
+func checkOutput(h fuzzHook, in []byte, verdict uint32, out []byte) error {
+	switch h {
+	case hookXDP:
+		switch verdict {
+		case xdpDrop:
+			return nil
+		case xdpPass:
+			if !bytes.Equal(in, out) {
+				return fmt.Errorf("XDP_PASS of a changed frame: %s", packetDiff(out, in))
+			}
+			return nil
+		case xdpTx, xdpRedirect:
+		default:
+			return errors.New("not a verdict the XDP program returns (XDP_ABORTED is a program error)")
+		}
+	default:
+		switch verdict {
+		case tcActShot:
+			return nil // dropped: it may be half rewritten
+		case tcActOK, tcActRedirect:
+		default:
+			return errors.New("not a verdict the tc programs return")
+		}
+	}
+	if bytes.Equal(in, out) {
+		return nil
+	}
+	if h != hookXDP && isICMPReply(in, out) {
+		return checkICMPReply(in, out)
+	}
+	if len(out) != len(in) {
+		return fmt.Errorf("length %d, came with %d", len(out), len(in))
+	}
+	allowed := natFields(in)
+	for i := range in {
+		if in[i] != out[i] && !allowed[i] {
+			return fmt.Errorf("byte %d changed (%#02x -> %#02x), not a NAT field: %s", i, in[i], out[i], packetDiff(out, in))
+		}
+	}
+	if packet.Verify(in) == nil {
+		if err := packet.Verify(out); err != nil {
+			return fmt.Errorf("checksums valid in, invalid out: %w", err)
+		}
+	}
+	return nil
+}
+
+const xdpRedirect = 4
+
+// ipv4Of returns the IPv4 header of an Ethernet frame and the offset of
+// what follows it, if the frame is IPv4 with a header that fits.
+func ipv4Of(frame []byte) (ip []byte, l4off int, ok bool) {
+	if len(frame) < 14+20 || binary.BigEndian.Uint16(frame[12:]) != packet.EtherTypeIPv4 {
+		return nil, 0, false
+	}
+	ihl := int(frame[14]&0xf) * 4
+	if ihl < 20 || 14+ihl > len(frame) {
+		return nil, 0, false
+	}
+	return frame[14 : 14+ihl], 14 + ihl, true
+}
+
+// natFields marks the bytes of in that NAT and forwarding may change: the
+// MACs; the IPv4 TTL, checksum and addresses; unless in is a later
+// fragment, the TCP or UDP ports and checksum, or an ICMP checksum; and in
+// an ICMP error, the quoted packet's checksum, addresses, ports and L4
+// checksum.
+func natFields(in []byte) []bool {
+	allow := make([]bool, len(in))
+	mark := func(from, n int) {
+		for i := from; i < from+n && i < len(in); i++ {
+			if i >= 0 {
+				allow[i] = true
+			}
+		}
+	}
+	mark(0, 12)
+	ip, l4, ok := ipv4Of(in)
+	if !ok {
+		return allow
+	}
+	mark(14+8, 1)  // TTL
+	mark(14+10, 2) // checksum
+	mark(14+12, 8) // addresses
+	if binary.BigEndian.Uint16(ip[6:])&0x1fff != 0 {
+		return allow // a later fragment: no L4 header
+	}
+	markL4 := func(proto uint8, off int) {
+		switch proto {
+		case packet.TCP:
+			mark(off, 4)
+			mark(off+16, 2)
+		case packet.UDP:
+			mark(off, 4)
+			mark(off+6, 2)
+		}
+	}
+	switch ip[9] {
+	case packet.TCP, packet.UDP:
+		markL4(ip[9], l4)
+	case packet.ICMP:
+		mark(l4+2, 2)
+		q := l4 + 8 // the quoted packet of an error
+		if l4 >= len(in) || !isICMPError(in[l4]) || q+20 > len(in) {
+			break
+		}
+		mark(q+10, 2)
+		mark(q+12, 8)
+		if qihl := int(in[q]&0xf) * 4; qihl >= 20 {
+			markL4(in[q+9], q+qihl)
+		}
+	}
+	return allow
+}
+
+func isICMPError(typ uint8) bool {
+	switch typ {
+	case 3, 4, 5, 11, 12: // unreachable, source quench, redirect, time exceeded, parameter problem
+		return true
+	}
+	return false
+}
+
+// isICMPReply reports whether out is an ICMP error tc made from in (a TCP
+// or UDP packet) rather than in translated.
+func isICMPReply(in, out []byte) bool {
+	ipIn, _, ok1 := ipv4Of(in)
+	ipOut, _, ok2 := ipv4Of(out)
+	return ok1 && ok2 && ipIn[9] != packet.ICMP && ipOut[9] == packet.ICMP
+}
+
+// checkICMPReply checks out is the ICMP error about in that icmp_reply
+// builds: MACs swapped, from in's destination to its source, with valid
+// checksums, quoting in's IPv4 header and whole fixed L4 header.
+func checkICMPReply(in, out []byte) error {
+	ipIn, l4In, _ := ipv4Of(in)
+	ipOut, l4Out, _ := ipv4Of(out)
+	if !bytes.Equal(out[0:6], in[6:12]) || !bytes.Equal(out[6:12], in[0:6]) {
+		return errors.New("ICMP reply: MACs not swapped")
+	}
+	if !bytes.Equal(ipOut[12:16], ipIn[16:20]) || !bytes.Equal(ipOut[16:20], ipIn[12:16]) {
+		return errors.New("ICMP reply: not from the packet's destination to its source")
+	}
+	if len(ipOut) != 20 || l4Out+8 > len(out) {
+		return fmt.Errorf("ICMP reply: header of %d bytes in %d", len(ipOut), len(out))
+	}
+	if t := out[l4Out]; t != 3 && t != 11 {
+		return fmt.Errorf("ICMP reply of type %d", t)
+	}
+	hdr := 8
+	if ipIn[9] == packet.TCP {
+		hdr = 20
+	}
+	want := in[14:min(l4In+hdr, len(in))]
+	if got := out[l4Out+8:]; !bytes.Equal(got, want) {
+		return fmt.Errorf("ICMP reply quotes %x, want %x", got, want)
+	}
+	if err := packet.Verify(out); err != nil {
+		return fmt.Errorf("ICMP reply: %w", err)
+	}
+	return nil
+}
+
+// fixChecksums returns a copy of frame with its IPv4 header checksum and,
+// unless it is a later fragment, its TCP, UDP (unless 0: none) or ICMP
+// checksum computed over what it holds, so that a mutated header still
+// makes a frame with valid checksums.
+func fixChecksums(frame []byte) []byte {
+	f := bytes.Clone(frame)
+	ip, l4, ok := ipv4Of(f)
+	if !ok {
+		return f
+	}
+	end := 14 + int(binary.BigEndian.Uint16(ip[2:]))
+	if end < l4 || end > len(f) {
+		return f
+	}
+	binary.BigEndian.PutUint16(ip[10:], 0)
+	binary.BigEndian.PutUint16(ip[10:], edgeFold(edgeSum(0, ip)))
+	if binary.BigEndian.Uint16(ip[6:])&0x1fff != 0 {
+		return f
+	}
+	seg := f[l4:end]
+	var off int
+	var pseudo uint32
+	switch ip[9] {
+	case packet.TCP:
+		off = 16
+	case packet.UDP:
+		off = 6
+	case packet.ICMP:
+		off = 2
+	default:
+		return f
+	}
+	if len(seg) < off+2 || ip[9] == packet.UDP && binary.BigEndian.Uint16(seg[6:]) == 0 {
+		return f
+	}
+	if ip[9] != packet.ICMP {
+		var ph [12]byte
+		copy(ph[0:8], ip[12:20])
+		ph[9] = ip[9]
+		binary.BigEndian.PutUint16(ph[10:], uint16(len(seg)))
+		pseudo = edgeSum(0, ph[:])
+	}
+	binary.BigEndian.PutUint16(seg[off:], 0)
+	c := edgeFold(edgeSum(pseudo, seg))
+	if ip[9] == packet.UDP && c == 0 {
+		c = 0xffff
+	}
+	binary.BigEndian.PutUint16(seg[off:], c)
+	return f
+}
+
+// fuzzSeeds are valid frames to and from every kind of frontend and
+// backend of newFuzzNode, in both directions: new flows and their
+// replies, ICMP echoes and errors about translated flows, fragments,
+// frames with IP options, and frames that are not IPv4.
+func fuzzSeeds() [][]byte {
+	eth := macOf(nodeEthMAC)
+	fr := func(h ip4) []byte { return frame(eth, clientMAC, h.bytes()) }
+	tcp := func(src string, sport uint16, dst model.L4Addr, flags uint8) []byte {
+		return fr(ip4{src: src, dst: dst.Addr.String(), proto: 6, df: true,
+			payload: tcpSegment(src, dst.Addr.String(), sport, dst.Port, flags, []byte("GET / HTTP/1.0\r\n\r\n"))})
+	}
+	udp := func(src string, sport uint16, dst model.L4Addr) []byte {
+		return fr(ip4{src: src, dst: dst.Addr.String(), proto: 17,
+			payload: udpDatagram(src, dst.Addr.String(), sport, dst.Port, []byte("query"), false)})
+	}
+	var seeds [][]byte
+	const pod = "10.1.0.50"
+	for _, fe := range []model.L4Addr{fzVIPTCP, fzVIPEmpty, fzNPRemote, fzNPLocal, fzExtLocal, fzLBRanges, fzLBEmpty, fzNode3} {
+		for _, flags := range []uint8{0x02, 0x10, 0x18, 0x11, 0x04} { // SYN, ACK, PSH|ACK, FIN|ACK, RST
+			seeds = append(seeds, tcp(nsClientIP, 40000, fe, flags), tcp(pod, 40001, fe, flags))
+		}
+		seeds = append(seeds, tcp("172.16.0.9", 40002, fe, 0x02)) // a far client
+	}
+	for _, fe := range []model.L4Addr{fzVIPUDP, fzVIPEmptU, fzNPUDP} {
+		seeds = append(seeds, udp(nsClientIP, 40003, fe), udp(pod, 40004, fe))
+	}
+	// Replies of the backends, to the clients and to the node's SNAT
+	// ports.
+	for _, be := range []model.L4Addr{fzLocalTCP, fzRemoteTCP, fzNode3TCP} {
+		for _, to := range []string{nsClientIP, pod, nsNodeIP} {
+			seeds = append(seeds, fr(ip4{src: be.Addr.String(), dst: to, proto: 6,
+				payload: tcpSegment(be.Addr.String(), to, be.Port, 40000, 0x12, nil)}))
+		}
+	}
+	for _, be := range []model.L4Addr{fzLocalUDP, fzRemoteUDP} {
+		seeds = append(seeds, fr(ip4{src: be.Addr.String(), dst: pod, proto: 17,
+			payload: udpDatagram(be.Addr.String(), pod, be.Port, 40004, []byte("answer"), false)}))
+	}
+	// ICMP: an echo to a VIP, errors about a translated flow (from the
+	// backend, from a router) and about a reply.
+	seeds = append(seeds, fr(ip4{src: pod, dst: fzVIPTCP.Addr.String(), proto: 1, payload: icmpMessage(8, 0, 0x12340001, []byte("ping"))}))
+	req := ip4{src: pod, dst: fzLocalTCP.Addr.String(), proto: 6, payload: tcpSegment(pod, fzLocalTCP.Addr.String(), 40001, fzLocalTCP.Port, 0x02, nil)}
+	reqU := ip4{src: pod, dst: fzLocalUDP.Addr.String(), proto: 17, payload: udpDatagram(pod, fzLocalUDP.Addr.String(), 40004, fzLocalUDP.Port, []byte("q"), false)}
+	for _, q := range [][]byte{req.bytes(), reqU.bytes(), req.bytes()[:28]} {
+		seeds = append(seeds,
+			fr(ip4{src: fzLocalTCP.Addr.String(), dst: pod, proto: 1, payload: icmpMessage(3, 3, 0, q)}),
+			fr(ip4{src: "10.1.0.1", dst: pod, proto: 1, payload: icmpMessage(3, 4, 1400, q)}),
+			fr(ip4{src: "10.1.0.1", dst: pod, proto: 1, payload: icmpMessage(11, 0, 0, q)}))
+	}
+	reply := ip4{src: fzVIPTCP.Addr.String(), dst: pod, proto: 6, payload: tcpSegment(fzVIPTCP.Addr.String(), pod, 80, 40001, 0x12, nil)}
+	seeds = append(seeds, fr(ip4{src: pod, dst: fzVIPTCP.Addr.String(), proto: 1, payload: icmpMessage(3, 3, 0, reply.bytes())}))
+	// Fragments of a large UDP datagram to a VIP and to a NodePort.
+	for _, fe := range []model.L4Addr{fzVIPUDP, fzNPUDP} {
+		big := ip4{src: pod, dst: fe.Addr.String(), proto: 17, id: 0x4242,
+			payload: udpDatagram(pod, fe.Addr.String(), 40005, fe.Port, bytes.Repeat([]byte("x"), 2000), false)}
+		for _, f := range big.fragments(1000) {
+			seeds = append(seeds, fr(f))
+		}
+	}
+	// IP options, a TTL about to expire, BIG TCP's zero total length.
+	opts := ip4{src: pod, dst: fzVIPTCP.Addr.String(), proto: 6, opts: []byte{1, 1, 1, 0},
+		payload: tcpSegment(pod, fzVIPTCP.Addr.String(), 40006, 80, 0x02, nil)}
+	ttl1 := ip4{src: nsClientIP, dst: nsNodeIP, proto: 6, ttl: 1,
+		payload: tcpSegment(nsClientIP, nsNodeIP, 40007, fzNPRemote.Port, 0x02, nil)}
+	zero := ip4{src: pod, dst: fzVIPTCP.Addr.String(), proto: 6, zeroLen: true,
+		payload: tcpSegment(pod, fzVIPTCP.Addr.String(), 40008, 80, 0x10, []byte("data"))}
+	seeds = append(seeds, fr(opts), fr(ttl1), fr(zero))
+	// Not IPv4: ARP, IPv6.
+	seeds = append(seeds,
+		packet.Packet{DstMAC: eth, SrcMAC: clientMAC, EtherType: packet.EtherTypeARP, Payload: make([]byte, 28)}.Bytes(),
+		packet.Packet{DstMAC: eth, SrcMAC: clientMAC, EtherType: packet.EtherTypeIPv6, Payload: make([]byte, 60)}.Bytes())
+	return seeds
+}
+
+// fuzzTarget runs one fuzz target's inputs through hook h: the frame as
+// it is, or with its checksums fixed (fix), so that mutated headers also
+// come with valid checksums and the checksum property applies to them.
+// Conntrack and the other maps persist across the inputs of a worker: a
+// flow one input starts, a later one may continue.
+func fuzzTarget(f *testing.F, h fuzzHook) {
+	n := newFuzzNode(f)
+	for _, s := range fuzzSeeds() {
+		f.Add(s, false)
+		f.Add(s, true)
+	}
+	f.Fuzz(func(t *testing.T, frame []byte, fix bool) {
+		if fix {
+			frame = fixChecksums(frame)
+		}
+		if err := n.check(frame, h); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func FuzzTCIngress(f *testing.F) { fuzzTarget(f, hookTCIngress) }
+func FuzzTCEgress(f *testing.F)  { fuzzTarget(f, hookTCEgress) }
+func FuzzXDP(f *testing.F)       { fuzzTarget(f, hookXDP) }
+
+// mutate returns a mutation of frame: bits flipped, bytes set to edge
+// values, header fields set at random, truncated or extended.
+func mutate(rng *rand.Rand, frame []byte) []byte {
+	f := bytes.Clone(frame)
+	for range 1 + rng.IntN(4) {
+		if len(f) == 0 {
+			break
+		}
+		switch rng.IntN(8) {
+		case 0:
+			i := rng.IntN(len(f))
+			f[i] ^= 1 << rng.IntN(8)
+		case 1:
+			f[rng.IntN(len(f))] = []byte{0, 0xff, 0x7f, 0x80, 1}[rng.IntN(5)]
+		case 2: // an IPv4 header field: ihl, total length, flags/offset, protocol
+			if len(f) >= 34 {
+				switch rng.IntN(4) {
+				case 0:
+					f[14] = 0x40 | byte(rng.IntN(16))
+				case 1:
+					binary.BigEndian.PutUint16(f[16:], uint16(rng.IntN(len(f)+64)))
+				case 2:
+					binary.BigEndian.PutUint16(f[20:], uint16(rng.Uint32()))
+				case 3:
+					f[23] = []byte{1, 6, 17, 0, 255}[rng.IntN(5)]
+				}
+			}
+		case 3: // a TCP data offset or flags, a UDP length
+			if len(f) >= 54 {
+				f[14+20+12+rng.IntN(2)] = byte(rng.Uint32())
+			}
+		case 4:
+			f = f[:rng.IntN(len(f)+1)]
+		case 5:
+			f = append(f, make([]byte, rng.IntN(64))...)
+		case 6: // an address or port of a frontend or backend
+			if len(f) >= 38 {
+				fe := fuzzFrontends()[rng.IntN(len(fuzzFrontends()))].Frontend
+				a := fe.Addr.As4()
+				copy(f[30:34], a[:])
+				binary.BigEndian.PutUint16(f[36:], fe.Port)
+			}
+		case 7:
+			i := rng.IntN(len(f))
+			f[i] = byte(rng.Uint32())
+		}
+	}
+	return f
+}
+
+// TestFuzzPacketsRandomized runs the fuzz checks on a fixed pseudo-random
+// stream of seeds, mutated seeds and random bytes, in plain go test.
+func TestFuzzPacketsRandomized(t *testing.T) {
+	n := newFuzzNode(t)
+	seeds := fuzzSeeds()
+	for _, s := range seeds {
+		if err := n.check(s); err != nil {
+			t.Errorf("seed: %v", err)
+		}
+	}
+	rng := rand.New(rand.NewPCG(11, 2026))
+	const rounds = 3000
+	for i := range rounds {
+		var f []byte
+		switch i % 4 {
+		case 0, 1:
+			f = mutate(rng, seeds[rng.IntN(len(seeds))])
+		case 2:
+			f = fixChecksums(mutate(rng, seeds[rng.IntN(len(seeds))]))
+		case 3:
+			f = make([]byte, fuzzMinFrame+rng.IntN(200))
+			for j := range f {
+				f[j] = byte(rng.Uint32())
+			}
+			if rng.IntN(2) == 0 { // mostly IPv4, to get past the EtherType
+				binary.BigEndian.PutUint16(f[12:], packet.EtherTypeIPv4)
+				if len(f) > 14 {
+					f[14] = 0x45
+				}
+			}
+		}
+		if err := n.check(f); err != nil {
+			t.Errorf("round %d: %v", i, err)
+		}
+	}
+	for h := range fuzzHook(3) {
+		t.Logf("%s: %d unchanged, %d translated, %d answered with an ICMP error", h,
+			n.same[h].Load(), n.translated[h].Load(), n.replied[h].Load())
+		if h != hookTCEgress && (n.translated[h].Load() == 0 || n.same[h].Load() == 0) {
+			t.Errorf("%s: the stream translated no frame, or left none alone: it tests nothing", h)
+		}
+	}
+	if n.replied[hookTCIngress].Load() == 0 {
+		t.Error("tc ingress answered no frame with an ICMP error: the stream misses that path")
+	}
+}
+
+// The checks are not vacuous: they reject what a wrong rewrite makes.
+func TestFuzzChecksCatchBadRewrites(t *testing.T) {
+	in := frame(nodeMAC, clientMAC, ip4{src: "10.1.0.50", dst: fzVIPTCP.Addr.String(), proto: 6,
+		payload: tcpSegment("10.1.0.50", fzVIPTCP.Addr.String(), 40000, 80, 0x02, []byte("payload"))}.bytes())
+	dnat := frame(nodeMAC, clientMAC, ip4{src: "10.1.0.50", dst: fzLocalTCP.Addr.String(), proto: 6,
+		payload: tcpSegment("10.1.0.50", fzLocalTCP.Addr.String(), 40000, 8080, 0x02, []byte("payload"))}.bytes())
+	if err := checkOutput(hookTCIngress, in, tcActOK, dnat); err != nil {
+		t.Errorf("a correct DNAT rejected: %v", err)
+	}
+	payload := bytes.Clone(dnat)
+	payload[len(payload)-1] ^= 1
+	stale := bytes.Clone(in)
+	copy(stale[30:34], dnat[30:34]) // destination rewritten, checksums not
+	reply := frame(clientMAC, nodeMAC, ip4{src: fzVIPTCP.Addr.String(), dst: "10.1.0.50", proto: 1,
+		payload: icmpMessage(3, 3, 0, in[14:14+40])}.bytes())
+	badQuote := bytes.Clone(reply)
+	badQuote[len(badQuote)-1] ^= 1
+	for _, c := range []struct {
+		name    string
+		h       fuzzHook
+		verdict uint32
+		out     []byte
+	}{
+		{"payload changed", hookTCIngress, tcActOK, payload},
+		{"checksums left stale", hookTCIngress, tcActOK, stale},
+		{"length changed", hookTCEgress, tcActOK, dnat[:len(dnat)-1]},
+		{"XDP_PASS of a changed frame", hookXDP, xdpPass, dnat},
+		{"XDP_ABORTED", hookXDP, 0, in},
+		{"unknown tc verdict", hookTCIngress, 1, in},
+		{"ICMP reply quoting other bytes", hookTCIngress, tcActRedirect, badQuote},
+	} {
+		if err := checkOutput(c.h, in, c.verdict, c.out); err == nil {
+			t.Errorf("%s: accepted", c.name)
+		}
+	}
+	if err := checkOutput(hookTCIngress, in, tcActRedirect, reply); err != nil {
+		t.Errorf("a correct ICMP reply rejected: %v", err)
+	}
+}

@@ -1,0 +1,160 @@
+package datapath
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// The socket path of issue 9, with real sockets in a cgroup and network
+// namespace of the test's own (as sock_test.go): the node's sockets are
+// internal clients (a two-scope frontend serves them from its internal
+// scope), what tc would reject fails with ECONNREFUSED and what it would
+// drop with EHOSTUNREACH, NodePorts on 127.0.0.1 work for TCP and UDP, and
+// loadBalancerSourceRanges apply by the socket's address.
+
+func TestSockSemantics(t *testing.T) {
+	testutil.Privileged(t)
+	cfg := smallConfig(testPinDir(t))
+	cfg.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}
+	cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.200.0.7")} // inside the source range below
+	d := openTest(t, cfg)
+	ns := topology.NewNS(t, "socksem")
+	cg := newTestCgroup(t)
+	if err := d.AttachCgroup(cg.Path); err != nil {
+		t.Fatalf("AttachCgroup: %v", err)
+	}
+	cg.Join(t)
+	ns.Enter(t)
+	addLoopbackAddrs(t, ns, append(sockBackends, "10.200.0.6", "10.201.0.1")...)
+	startBackends(t)
+
+	b0, b1 := sockBackends[0], sockBackends[1]
+	tcp := func(a string) model.Backend { return model.Backend{L4Addr: l4(a, 8080, model.TCP)} }
+	udp := func(a string) model.Backend { return model.Backend{L4Addr: l4(a, 5353, model.UDP)} }
+	var (
+		twoScopes = l4("10.210.0.1", 80, model.TCP)   // eTP Local: default b0, internal b1
+		twoNone   = l4("10.210.0.3", 80, model.TCP)   // eTP Local, none here: internal b0
+		ranged    = l4("10.210.0.2", 80, model.TCP)   // LoadBalancer IP, 10.200.0.0/24 only
+		cip       = l4("10.96.0.30", 80, model.TCP)   // a ClusterIP
+		cipDrop   = l4("10.96.0.31", 80, model.TCP)   // iTP Local, none here
+		lhTCP     = l4("127.0.0.1", 30080, model.TCP) // localhost NodePorts
+		lhUDP     = l4("127.0.0.1", 30053, model.UDP)
+	)
+	svc := func(kind model.FrontendKind, fe model.L4Addr, bs ...model.Backend) *model.Service {
+		return &model.Service{Name: model.ServicePortName{Namespace: "test", Name: fe.String()}, Kind: kind, Frontend: fe, Backends: bs}
+	}
+	two := svc(model.LoadBalancer, twoScopes, tcp(b0))
+	two.ExternalLocal, two.TwoScopes, two.InternalBackends = true, true, []model.Backend{tcp(b1)}
+	none := svc(model.NodePort, twoNone)
+	none.ExternalLocal, none.TwoScopes, none.DropWhenEmpty, none.InternalBackends = true, true, true, []model.Backend{tcp(b0)}
+	rng := svc(model.LoadBalancer, ranged, tcp(b0))
+	rng.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.200.0.0/24")}
+	drop := svc(model.ClusterIP, cipDrop)
+	drop.DropWhenEmpty = true
+	applyServices(t, d, two, none, rng, drop, svc(model.ClusterIP, cip, tcp(b0), tcp(b1)),
+		svc(model.NodePort, lhTCP, tcp(b0), tcp(b1)), svc(model.NodePort, lhUDP, udp(b0), udp(b1)))
+
+	// connect connects a TCP socket, bound to src first unless empty, to
+	// fe and returns the greeting or the error.
+	connect := func(t *testing.T, src string, fe model.L4Addr) (string, error) {
+		t.Helper()
+		fd := newSocket(t, unix.SOCK_STREAM)
+		if src != "" {
+			if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: netip.MustParseAddr(src).As4()}); err != nil {
+				t.Fatalf("bind %s: %v", src, err)
+			}
+		}
+		if err := unix.Connect(fd, sockaddr(fe)); err != nil {
+			return "", err
+		}
+		if peer, err := unix.Getpeername(fd); err != nil || addrPort(peer) != apOf(fe) {
+			t.Errorf("getpeername = %v (%v), want %s", peer, err, apOf(fe))
+		}
+		buf := make([]byte, 100)
+		n, err := unix.Read(fd, buf)
+		if err != nil {
+			t.Fatalf("read from %s: %v", fe, err)
+		}
+		return string(buf[:n]), nil
+	}
+	expectBackend := func(t *testing.T, src string, fe model.L4Addr, backends ...string) map[string]bool {
+		t.Helper()
+		seen := map[string]bool{}
+		for range 16 {
+			got, err := connect(t, src, fe)
+			if err != nil {
+				t.Fatalf("connect %s: %v", fe, err)
+			}
+			ok := false
+			for _, b := range backends {
+				ok = ok || got == "backend "+b
+			}
+			if !ok {
+				t.Fatalf("%s answered %q, want one of %v", fe, got, backends)
+			}
+			seen[got] = true
+		}
+		return seen
+	}
+	expectErr := func(t *testing.T, src string, fe model.L4Addr, want error) {
+		t.Helper()
+		if _, err := connect(t, src, fe); !errors.Is(err, want) {
+			t.Errorf("connect %s from %q: %v, want %v", fe, src, err, want)
+		}
+	}
+
+	t.Run("two scopes: the node gets the internal scope", func(t *testing.T) {
+		ns.Enter(t)
+		expectBackend(t, "", twoScopes, b1)
+		expectBackend(t, "", twoNone, b0) // the default scope drops, the node is served
+	})
+
+	t.Run("rejects and drops", func(t *testing.T) {
+		ns.Enter(t)
+		expectErr(t, "", l4("10.96.0.30", 81, model.TCP), unix.ECONNREFUSED) // a ClusterIP's other port
+		expectErr(t, "", cipDrop, unix.EHOSTUNREACH)                         // none here, some elsewhere
+		expectErr(t, "", l4("10.96.7.7", 80, model.TCP), unix.EHOSTUNREACH)  // unallocated
+		ufd := newSocket(t, unix.SOCK_DGRAM)
+		if err := unix.Sendto(ufd, []byte("hi"), 0, sockaddr(l4("10.96.0.30", 53, model.UDP))); !errors.Is(err, unix.ECONNREFUSED) {
+			t.Errorf("UDP to a ClusterIP's other protocol: %v, want ECONNREFUSED", err)
+		}
+		// Not a service address at all: left alone.
+		if got, err := connect(t, "", l4(b1, 8080, model.TCP)); err != nil || got != "backend "+b1 {
+			t.Errorf("direct connect: %q, %v", got, err)
+		}
+	})
+
+	t.Run("localhost NodePorts, TCP and UDP", func(t *testing.T) {
+		ns.Enter(t)
+		if seen := expectBackend(t, "", lhTCP, b0, b1); len(seen) != 2 {
+			t.Errorf("16 connections reached %v, want both backends", seen)
+		}
+		fd := newSocket(t, unix.SOCK_DGRAM)
+		if err := unix.Sendto(fd, []byte("ping"), 0, sockaddr(lhUDP)); err != nil {
+			t.Fatalf("sendto %s: %v", lhUDP, err)
+		}
+		msg, from := recvFrom(t, fd)
+		if !isBackendReply(msg) || from != apOf(lhUDP) {
+			t.Errorf("reply %q from %s, want a backend's echo from %s", msg, from, apOf(lhUDP))
+		}
+	})
+
+	t.Run("source ranges by the socket's address", func(t *testing.T) {
+		ns.Enter(t)
+		expectBackend(t, "10.200.0.6", ranged, b0)
+		expectBackend(t, "", ranged, b0) // unbound: the node's address, inside
+		expectErr(t, "10.201.0.1", ranged, unix.EHOSTUNREACH)
+	})
+
+	cs := expectCounted(t, d, "sock_xlate", "sock_unknown_port", "sock_drop")
+	if cs["sock_drop"] != 3 {
+		t.Errorf("sock_drop = %d, want the three drops", cs["sock_drop"])
+	}
+}

@@ -1,0 +1,112 @@
+package reconciler
+
+// Apply's errors: one FrontendError per frontend that could not be
+// (fully) programmed or removed, so that the agent can tell a Service that
+// can never fit as asked (report it, stop retrying it, stay ready) from a
+// write that failed (retry with backoff, not ready).
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// ErrInvalid is wrapped by errors about a frontend the datapath cannot
+// hold however much room there is: an address that is not IPv4, a
+// protocol other than TCP or UDP, more backends than a frontend has slots.
+var ErrInvalid = errors.New("not representable in the datapath")
+
+// MaxSlots is how many backends one frontend can name: slots are 16-bit
+// (bpf/lib/structs.h), slot 0 being the master.
+const MaxSlots = 0xffff
+
+// FrontendError is an error of Apply about one frontend. Apply returns
+// them joined (errors.Join), with errors that concern no one frontend.
+type FrontendError struct {
+	// Service is the Service port the frontend is (or was last)
+	// programmed for; empty for a frontend restored from the maps that
+	// nobody wants.
+	Service  model.ServicePortName
+	Frontend model.L4Addr
+	// Remove says the error came from removing the frontend.
+	Remove bool
+	Err    error
+}
+
+func (e *FrontendError) Error() string {
+	what := ""
+	if e.Remove {
+		what = "remove: "
+	}
+	if e.Service == (model.ServicePortName{}) {
+		return fmt.Sprintf("frontend %s: %s%v", e.Frontend, what, e.Err)
+	}
+	return fmt.Sprintf("service %s (%s): %s%v", e.Service, e.Frontend, what, e.Err)
+}
+
+func (e *FrontendError) Unwrap() error { return e.Err }
+
+// errInternalScope is why a two-scope frontend keeps its previous
+// programming: its master would name an internal scope that failed to be
+// programmed (that failure is reported on its own).
+var errInternalScope = errors.New("internal scope not programmed")
+
+// frontendError is Apply's error about fe. The agent knows frontends as
+// the model does (an address, port and protocol), so an internal scope's
+// error names its address and says which scope failed.
+func frontendError(svc model.ServicePortName, fe Frontend, remove bool, err error) *FrontendError {
+	if fe.Scope == ScopeInternal {
+		err = fmt.Errorf("internal scope: %w", err)
+	}
+	return &FrontendError{Service: svc, Frontend: fe.L4Addr, Remove: remove, Err: err}
+}
+
+// Reason names the kind of failure, for logs and metrics: "capacity"
+// (ErrCapacity), "invalid" (ErrInvalid) or "write" (a map operation
+// failed).
+func (e *FrontendError) Reason() string {
+	switch {
+	case errors.Is(e.Err, ErrCapacity):
+		return "capacity"
+	case errors.Is(e.Err, ErrInvalid):
+		return "invalid"
+	}
+	return "write"
+}
+
+// Permanent reports whether applying the same desired state again cannot
+// help: the frontend does not fit (ErrCapacity) or cannot be represented
+// (ErrInvalid). Either was found before any write, so the frontend keeps
+// its previous programming. It may fit once its Service or the rest of
+// the desired state changes (another Service shrinks and frees room).
+func (e *FrontendError) Permanent() bool {
+	return errors.Is(e.Err, ErrCapacity) || errors.Is(e.Err, ErrInvalid)
+}
+
+// validate returns an ErrInvalid error if the datapath cannot hold d at
+// all; it is checked before any write, as capacity is.
+func validate(d *desiredFrontend) error {
+	if err := validL4(d.fe.L4Addr); err != nil {
+		return fmt.Errorf("%w: frontend %s: %v", ErrInvalid, d.fe, err)
+	}
+	if len(d.addrs) > MaxSlots {
+		return fmt.Errorf("%w: %d backends, a frontend has %d slots; previous programming kept", ErrInvalid, len(d.addrs), MaxSlots)
+	}
+	for _, a := range d.addrs {
+		if err := validL4(a); err != nil {
+			return fmt.Errorf("%w: backend %s: %v; previous programming kept", ErrInvalid, a, err)
+		}
+	}
+	return nil
+}
+
+func validL4(a model.L4Addr) error {
+	if !a.Addr.Unmap().Is4() {
+		return errors.New("not an IPv4 address")
+	}
+	if a.Proto != model.TCP && a.Proto != model.UDP {
+		return fmt.Errorf("protocol %s not supported", a.Proto)
+	}
+	return nil
+}

@@ -1,0 +1,328 @@
+package translate
+
+// Which endpoints a Service port's traffic reaches from this node: a port
+// of kube-proxy's CategorizeEndpoints (pkg/proxy/topology.go, v1.36.3),
+// rule for rule, with its table of cases as translation cases in
+// test/flows/kubeproxy/categorize-endpoints.yaml.
+//
+//   - The Cluster policy's endpoints are the ready ones, narrowed by
+//     topology hints when every ready endpoint has one and one names this
+//     node (hints.forNodes, PreferSameNode) or else this node's zone
+//     (hints.forZones, PreferSameZone); with none ready anywhere, the
+//     serving and terminating ones (KEP-1669), hints ignored.
+//   - The Local policy's endpoints are this node's ready ones, or with none
+//     ready here, this node's serving and terminating ones; never narrowed
+//     by topology.
+//   - hasAny says whether the port has a usable endpoint anywhere (ready,
+//     or serving and terminating): with none, traffic is rejected; with
+//     some but none for a policy here, that policy's traffic is dropped.
+//
+// kube-proxy never reads trafficDistribution itself: the EndpointSlice
+// controller turns it into the hints read here.
+
+import (
+	"net"
+	"net/netip"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	netutils "k8s.io/utils/net"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// endpoint is one endpoint of a Service port, with what CategorizeEndpoints
+// reads of it.
+type endpoint struct {
+	b                           model.Backend
+	ready, serving, terminating bool
+	local                       bool     // on this node
+	zones, nodes                []string // hints.forZones, hints.forNodes
+}
+
+// portPolicy is how a Service port's traffic policies apply (kube-proxy's
+// BaseServicePortInfo).
+type portPolicy struct {
+	internalLocal bool // internalTrafficPolicy Local
+	externalLocal bool // externalTrafficPolicy Local on an externally accessible Service
+	accessible    bool // the port has a NodePort, an ExternalIP or a LoadBalancer IP
+}
+
+// usesCluster: the port's traffic uses Cluster-policy endpoints (even with
+// externalTrafficPolicy Local, internal clients short-circuit to them).
+func (p portPolicy) usesCluster() bool { return !p.internalLocal || p.accessible }
+
+// usesLocal: the port's traffic uses Local-policy endpoints.
+func (p portPolicy) usesLocal() bool { return p.internalLocal || (p.externalLocal && p.accessible) }
+
+// categories are CategorizeEndpoints' results: nil when the port never
+// uses that policy's endpoints.
+type categories struct {
+	cluster, local []model.Backend
+	hasAny         bool
+}
+
+// categorize is CategorizeEndpoints: eps (sorted by address) as seen from
+// node nodeName in zone.
+func categorize(eps []endpoint, pol portPolicy, nodeName, zone string) (c categories) {
+	if len(eps) == 0 {
+		return c
+	}
+	var mode string
+	if pol.usesCluster() {
+		mode = topologyMode(eps, nodeName, zone)
+		c.cluster = filterEndpoints(eps, func(e *endpoint) bool {
+			return e.ready && availableForTopology(e, mode, nodeName, zone)
+		})
+		// No ready endpoint for this topology means none anywhere: the
+		// mode falls back to "" when this node's zone has none.
+		if len(c.cluster) == 0 {
+			c.cluster = filterEndpoints(eps, func(e *endpoint) bool { return e.serving && e.terminating })
+		}
+		c.hasAny = len(c.cluster) > 0
+	}
+	if !pol.usesLocal() {
+		return c
+	}
+	var localReady, localServingTerminating bool
+	for i := range eps {
+		e := &eps[i]
+		switch {
+		case e.ready:
+			c.hasAny = true
+			localReady = localReady || e.local
+		case e.serving && e.terminating:
+			c.hasAny = true
+			localServingTerminating = localServingTerminating || e.local
+		}
+	}
+	switch {
+	case localReady:
+		c.local = filterEndpoints(eps, func(e *endpoint) bool { return e.local && e.ready })
+	case localServingTerminating:
+		c.local = filterEndpoints(eps, func(e *endpoint) bool { return e.local && e.serving && e.terminating })
+	}
+	return c
+}
+
+// Topology modes (kube-proxy's, the values of Service.trafficDistribution
+// that the hints stand for).
+const (
+	topologySameNode = corev1.ServiceTrafficDistributionPreferSameNode
+	topologySameZone = corev1.ServiceTrafficDistributionPreferSameZone
+)
+
+// topologyMode is kube-proxy's topologyModeFromHints: PreferSameNode if
+// every ready endpoint has a node hint and one names this node; else
+// PreferSameZone if every ready endpoint has a zone hint and one names
+// this node's zone; else "" (no topology). The PreferSameTrafficDistribution
+// feature gate it checks is GA and locked on in v1.36.
+func topologyMode(eps []endpoint, nodeName, zone string) string {
+	ready, forNode, allNode, forZone, allZone := false, false, true, false, true
+	for i := range eps {
+		e := &eps[i]
+		if !e.ready {
+			continue
+		}
+		ready = true
+		if len(e.nodes) == 0 {
+			allNode = false
+		} else if slices.Contains(e.nodes, nodeName) {
+			forNode = true
+		}
+		if len(e.zones) == 0 {
+			allZone = false
+		} else if slices.Contains(e.zones, zone) {
+			forZone = true
+		}
+	}
+	switch {
+	case !ready:
+		return ""
+	case allNode && forNode:
+		return topologySameNode
+	case allZone && forZone:
+		return topologySameZone
+	}
+	return ""
+}
+
+// availableForTopology: whether e may be used under mode.
+func availableForTopology(e *endpoint, mode, nodeName, zone string) bool {
+	switch mode {
+	case "":
+		return true
+	case topologySameNode:
+		return slices.Contains(e.nodes, nodeName)
+	case topologySameZone:
+		return slices.Contains(e.zones, zone)
+	}
+	return false
+}
+
+// filterEndpoints returns the backends of the endpoints keep accepts,
+// terminating ones marked, never nil.
+func filterEndpoints(eps []endpoint, keep func(*endpoint) bool) []model.Backend {
+	out := make([]model.Backend, 0, len(eps))
+	for i := range eps {
+		if e := &eps[i]; keep(e) {
+			b := e.b
+			b.Terminating = !e.ready
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// endpointsFor returns the endpoints of all slices for the Service port
+// named portName, sorted by address. Endpoints listed by several slices
+// are counted once: the first ready listing wins, else the first listing.
+// Addresses are read as kube-proxy reads them (netutils.ParseIPSloppy:
+// leading zeros are decimal), and only the first of an endpoint's
+// addresses is used: the API says the others are fungible copies.
+func endpointsFor(portName string, kproto corev1.Protocol, proto model.Protocol, eps []*discoveryv1.EndpointSlice, nodeName string) []endpoint {
+	n := 0
+	for _, es := range eps {
+		n += len(es.Endpoints)
+	}
+	cands := make([]endpoint, 0, n)
+	for _, es := range eps {
+		for _, ep := range es.Ports {
+			if ptrOr(ep.Name, "") != portName || ptrOr(ep.Protocol, corev1.ProtocolTCP) != kproto || ep.Port == nil {
+				continue
+			}
+			for _, e := range es.Endpoints {
+				if len(e.Addresses) == 0 {
+					continue
+				}
+				ip, ok := parseIPv4Sloppy(e.Addresses[0])
+				if !ok {
+					continue
+				}
+				node := ptrOr(e.NodeName, "")
+				c := endpoint{
+					b: model.Backend{
+						L4Addr:   model.L4Addr{Addr: ip, Port: uint16(*ep.Port), Proto: proto},
+						NodeName: node,
+					},
+					ready:       ptrOr(e.Conditions.Ready, true),
+					serving:     ptrOr(e.Conditions.Serving, true),
+					terminating: ptrOr(e.Conditions.Terminating, false),
+					local:       nodeName != "" && node == nodeName,
+				}
+				if h := e.Hints; h != nil {
+					for _, z := range h.ForZones {
+						c.zones = append(c.zones, z.Name)
+					}
+					for _, n := range h.ForNodes {
+						c.nodes = append(c.nodes, n.Name)
+					}
+				}
+				cands = append(cands, c)
+			}
+		}
+	}
+	// Sorted by address, listings of one endpoint are next to each other
+	// in the order they were seen (a stable sort), and the result comes
+	// out sorted. A map to find duplicates would cost more: most
+	// endpoints are listed once.
+	slices.SortStableFunc(cands, func(a, b endpoint) int { return a.b.L4Addr.Compare(b.b.L4Addr) })
+	out := cands[:0]
+	for i := 0; i < len(cands); {
+		c := cands[i]
+		j := i + 1
+		for ; j < len(cands) && cands[j].b.L4Addr == c.b.L4Addr; j++ {
+			if cands[j].ready && !c.ready {
+				c = cands[j]
+			}
+		}
+		i = j
+		out = append(out, c)
+	}
+	return out
+}
+
+// localReady returns the addresses of the ready endpoints on this node in
+// any of eps' ports, sorted and unique: what the health check counts
+// (kube-proxy's LocalReadyEndpoints, by address across the ports).
+func localReady(eps []*discoveryv1.EndpointSlice, nodeName string) []netip.Addr {
+	if nodeName == "" {
+		return nil
+	}
+	var out []netip.Addr
+	for _, es := range eps {
+		if len(es.Ports) == 0 {
+			continue
+		}
+		for _, e := range es.Endpoints {
+			if len(e.Addresses) == 0 || ptrOr(e.NodeName, "") != nodeName || !ptrOr(e.Conditions.Ready, true) {
+				continue
+			}
+			if ip, ok := parseIPv4Sloppy(e.Addresses[0]); ok {
+				out = append(out, ip)
+			}
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
+// hintsRead says which parts of the node the hints of eps make
+// CategorizeEndpoints read: the node's name for node hints, its zone for
+// zone hints (of ready endpoints: the only ones topologyMode looks at).
+func hintsRead(eps []endpoint) (name, zone bool) {
+	for i := range eps {
+		if e := &eps[i]; e.ready {
+			name = name || len(e.nodes) > 0
+			zone = zone || len(e.zones) > 0
+		}
+	}
+	return name, zone
+}
+
+// parseIPv4Sloppy parses an IPv4 address as kube-proxy does
+// (netutils.ParseIPSloppy: "10.180.00.001" is 10.180.0.1).
+func parseIPv4Sloppy(s string) (netip.Addr, bool) {
+	ip := netutils.ParseIPSloppy(s)
+	if ip == nil {
+		return netip.Addr{}, false
+	}
+	a, ok := netip.AddrFromSlice(ip.To4())
+	if !ok || ip.To4() == nil {
+		return netip.Addr{}, false
+	}
+	return a, true
+}
+
+// parseIPSloppy parses an address of either family as kube-proxy does.
+func parseIPSloppy(s string) (netip.Addr, bool) {
+	ip := netutils.ParseIPSloppy(s)
+	if ip == nil {
+		return netip.Addr{}, false
+	}
+	if v4 := ip.To4(); v4 != nil {
+		return netip.AddrFrom4([4]byte(v4)), true
+	}
+	a, ok := netip.AddrFromSlice(ip)
+	return a, ok
+}
+
+// parseCIDRSloppy parses a CIDR as kube-proxy does
+// (netutils.ParseCIDRSloppy), masked.
+func parseCIDRSloppy(s string) (netip.Prefix, bool) {
+	_, n, err := netutils.ParseCIDRSloppy(s)
+	if err != nil {
+		return netip.Prefix{}, false
+	}
+	ones, _ := n.Mask.Size()
+	ip := n.IP
+	if v4 := ip.To4(); v4 != nil && len(n.Mask) == net.IPv4len {
+		return netip.PrefixFrom(netip.AddrFrom4([4]byte(v4)), ones).Masked(), true
+	}
+	a, ok := netip.AddrFromSlice(ip)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	return netip.PrefixFrom(a, ones).Masked(), true
+}
