@@ -155,7 +155,9 @@ func (d *Datapath) AttachDevices(devs []string) error {
 	dirs := []tcDir{tcIngress, tcEgress}
 	var shims shimLinks
 	if shim {
-		defer shims.detach()
+		// On an error below; on success the last line detaches them
+		// and reports how.
+		defer func() { _ = shims.detach() }()
 		for i, dev := range devs {
 			for _, dir := range dirs {
 				if err := d.attachShim(dev, ifindex[i], dir, &shims); err != nil {

@@ -378,7 +378,8 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.dir}}
 	defer func() {
 		if err != nil {
-			d.closeObjects()
+			// What was loaded is dropped; err says why.
+			_ = d.closeObjects()
 		}
 	}()
 	if err := specs.tc.LoadAndAssign(&d.tc, opts); err != nil {

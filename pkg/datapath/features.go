@@ -98,12 +98,12 @@ func haveNetlinkDestroy() error {
 	if err != nil {
 		return err
 	}
-	defer peer.Close()
+	defer func() { _ = peer.Close() }() // a probe's socket: nothing to lose
 	c, err := net.DialUDP("udp4", nil, peer.LocalAddr().(*net.UDPAddr))
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }() // (destroyed by the probe, if it worked)
 	local, remote := c.LocalAddr().(*net.UDPAddr), c.RemoteAddr().(*net.UDPAddr)
 	err = netlinkDestroyUDP(udpSocketID{
 		src: local.AddrPort(), dst: remote.AddrPort(), cookie: noCookie,

@@ -73,9 +73,6 @@ type sockTerminator struct {
 	method SockDestroyMethod
 	prog   *ebpf.Program // bpf: sluice_sock_destroy
 	iter   *link.Iter    // bpf: the iterator link of prog
-
-	// netlink: the maps its rules read.
-	sockRev, services, backends *ebpf.Map
 }
 
 func loadSockTerminator(spec *ebpf.CollectionSpec, opts *ebpf.CollectionOptions) (*sockTerminator, error) {
@@ -85,7 +82,7 @@ func loadSockTerminator(spec *ebpf.CollectionSpec, opts *ebpf.CollectionOptions)
 	}
 	it, err := link.AttachIter(link.IterOptions{Program: objs.SluiceSockDestroy})
 	if err != nil {
-		objs.Close()
+		_ = objs.Close() // BPF descriptors only; err says why
 		return nil, fmt.Errorf("attach socket destroy iterator: %w", err)
 	}
 	return &sockTerminator{method: SockDestroyBPF, prog: objs.SluiceSockDestroy, iter: it}, nil
@@ -150,7 +147,7 @@ func (t *sockTerminator) runIter(res *SocketTermination) error {
 	if err != nil {
 		return fmt.Errorf("open socket iterator: %w", err)
 	}
-	defer r.Close()
+	defer func() { _ = r.Close() }() // read to its end below, or failed already
 	out, err := io.ReadAll(r)
 	if err != nil {
 		return fmt.Errorf("read socket iterator: %w", err)
@@ -345,7 +342,7 @@ func inNetns(path string, fn func() error) error {
 			done <- err
 			return
 		}
-		defer orig.Close()
+		defer func() { _ = orig.Close() }() // opened to read only
 		target, err := os.Open(path)
 		if err != nil {
 			runtime.UnlockOSThread()
@@ -353,7 +350,7 @@ func inNetns(path string, fn func() error) error {
 			return
 		}
 		err = unix.Setns(int(target.Fd()), unix.CLONE_NEWNET)
-		target.Close()
+		_ = target.Close() // opened to read only; entered or not, it is done with
 		if err != nil {
 			runtime.UnlockOSThread()
 			done <- fmt.Errorf("enter: %w", err)

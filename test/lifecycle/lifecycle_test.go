@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	agentproc.RemoveShared()
 	if release0.dir != "" {
-		os.RemoveAll(release0.dir)
+		_ = os.RemoveAll(release0.dir) // a temporary directory; the exit code stands
 	}
 	os.Exit(code)
 }
@@ -307,8 +307,8 @@ func (e *env) udpExchange() error {
 
 // stop stops the load and fails t if anything failed: a request, a UDP
 // exchange, or a long-lived connection (which must still reach its own
-// backend). It returns how many connections and flows succeeded.
-func (l *load) stop(t *testing.T, what string) int64 {
+// backend).
+func (l *load) stop(t *testing.T, what string) {
 	t.Helper()
 	l.http.Stop()
 	l.udp.Stop()
@@ -334,7 +334,6 @@ func (l *load) stop(t *testing.T, what string) int64 {
 	if l.http.OK() == 0 || l.udp.OK() == 0 {
 		t.Errorf("%s: no load (%d HTTP, %d UDP)", what, l.http.OK(), l.udp.OK())
 	}
-	return ok
 }
 
 // echoConn is a long-lived TCP connection to the echo service.
