@@ -20,12 +20,14 @@
  * copies what is left and detaches these.
  *
  * An entry is carried over only while it is alive and the new maps have
- * nothing under its key, established or half-open: a tuple reused by a
- * new flow since (client ports come round again quickly under load)
- * belongs to the new flow, and an old flow's entry put beside its
- * half-open one would be found first and send it to the old backend.
- * Entries are only ever inserted (BPF_NOEXIST): an entry the new programs
- * made is never overwritten.
+ * nothing under its key, or an established entry of an earlier flow on
+ * the same tuple (client ports come round again quickly under load): the
+ * copy made at the start holds the flows of that moment, and a flow the
+ * old programs made on a reused tuple afterwards must replace it, or its
+ * next packet met by a new program goes to the finished flow's backend.
+ * Which is later is told by when each was last seen. A half-open entry in
+ * the new maps is a new flow the new programs made: it is never replaced,
+ * and neither is the other entry of its flow.
  */
 #include "lib/consts.h"
 #include "lib/config.h"
@@ -79,38 +81,74 @@ volatile const __u8 mig_from_est = 0;
 volatile const __u8 mig_from_new = 0;
 volatile const __u8 mig_from_r0 = 0;
 
-/* mig_taken - whether the new maps have an entry under @key. */
-static __always_inline bool mig_taken(const struct ct4_key *key)
+/* mig_seen - when @e was last seen: its expiry less its lifetime (to
+ * within CT_REFRESH_NS, earlier rather than later).
+ */
+static __always_inline __u64 mig_seen(const struct ct4_entry *e, __u8 proto)
 {
-	return bpf_map_lookup_elem(CT_EST, key) ||
-	       bpf_map_lookup_elem(CT_NEW, key);
+	return READ_ONCE(e->expires) - ct_lifetime(proto, READ_ONCE(e->flags));
 }
 
-/* mig_copy_one - copy @e, found under @key in the old map, into @to. */
-static __always_inline void mig_copy_one(void *to, const struct ct4_key *key,
-					 const struct ct4_entry *e, __u64 now)
+/*
+ * mig_supersedes - whether the old entry @o is to replace @n, the new
+ * map's entry under the same key: they are of different flows (another
+ * backend, or one closed and the other not) and @o was seen later. That
+ * is a tuple reused since the copy at the start (the new map's entry is
+ * the finished flow's, copied then; the old map's is the flow the old
+ * programs made on it afterwards), or since the shim carried it over.
+ */
+static __always_inline bool
+mig_supersedes(__u8 proto, const struct ct4_entry *o, const struct ct4_entry *n)
 {
-	if (ct_alive(READ_ONCE(e->expires), now) && !mig_taken(key))
-		bpf_map_update_elem(to, key, e, BPF_NOEXIST);
+	if (o->nat_addr == n->nat_addr && o->nat_port == n->nat_port &&
+	    o->backend_id == n->backend_id &&
+	    ct_closed(o->flags) == ct_closed(READ_ONCE(n->flags)))
+		return false;
+	return (__s64)(mig_seen(o, proto) - mig_seen(n, proto)) > 0;
+}
+
+/*
+ * mig_put - put @e, found under @key in the old map, into @to (CT_EST if
+ * @est) if it is alive and the new maps have nothing under @key, or (into
+ * CT_EST) an established entry it supersedes. A half-open entry in the
+ * new maps is a new flow's, made by the new programs: it stays. Returns
+ * whether it put @e.
+ */
+static __always_inline bool mig_put(void *to, bool est,
+				    const struct ct4_key *key,
+				    const struct ct4_entry *e, __u64 now)
+{
+	const struct ct4_entry *n;
+	__u64 flags = BPF_NOEXIST;
+
+	if (!ct_alive(READ_ONCE(e->expires), now) ||
+	    bpf_map_lookup_elem(CT_NEW, key))
+		return false;
+	n = bpf_map_lookup_elem(CT_EST, key);
+	if (n) {
+		if (!est || !mig_supersedes(key->proto, e, n))
+			return false;
+		flags = BPF_ANY;
+	}
+	return bpf_map_update_elem(to, key, e, flags) == 0;
 }
 
 /*
  * mig_copy - copy the entry under @key in @from into @to (see above), and
  * then the other entry of its flow; neither if a new flow took @key.
  */
-static __always_inline void mig_copy(void *from, void *to,
+static __always_inline void mig_copy(void *from, void *to, bool est,
 				     const struct ct4_key *key, __u64 now)
 {
 	struct ct4_entry *e = bpf_map_lookup_elem(from, key);
 	struct ct4_key pkey;
 
-	if (!e || mig_taken(key))
+	if (!e || !mig_put(to, est, key, e, now))
 		return;
-	mig_copy_one(to, key, e, now);
 	ct_peer_key(&pkey, key, e);
 	e = bpf_map_lookup_elem(from, &pkey);
 	if (e)
-		mig_copy_one(to, &pkey, e, now);
+		mig_put(to, est, &pkey, e, now);
 }
 
 /*
@@ -140,14 +178,13 @@ static __always_inline void mig_copy_r0(const struct ct4_key *key, __u64 now)
 	struct ct4_entry e = {};
 	struct ct4_key pkey;
 
-	if (!o || mig_taken(key))
+	if (!o || !mig_convert_r0(o, key->proto, now, &e) ||
+	    !mig_put(CT_EST, true, key, &e, now))
 		return;
-	if (mig_convert_r0(o, key->proto, now, &e))
-		bpf_map_update_elem(CT_EST, key, &e, BPF_NOEXIST);
 	ct_peer_key(&pkey, key, &e);
 	o = bpf_map_lookup_elem(&sluice_mig_old_r0, &pkey);
-	if (o && mig_convert_r0(o, pkey.proto, now, &e) && !mig_taken(&pkey))
-		bpf_map_update_elem(CT_EST, &pkey, &e, BPF_NOEXIST);
+	if (o && mig_convert_r0(o, pkey.proto, now, &e))
+		mig_put(CT_EST, true, &pkey, &e, now);
 }
 
 /* mig_packet - carry over the entries of @p's tuple, both directions. */
@@ -160,9 +197,9 @@ static __always_inline void mig_packet(const struct pkt4 *p)
 	for (dir = CT_FORWARD; dir <= CT_REVERSE; dir++) {
 		ct_key_of(&key, p, dir);
 		if (mig_from_est)
-			mig_copy(&sluice_mig_old_est, CT_EST, &key, now);
+			mig_copy(&sluice_mig_old_est, CT_EST, true, &key, now);
 		if (mig_from_new)
-			mig_copy(&sluice_mig_old_new, CT_NEW, &key, now);
+			mig_copy(&sluice_mig_old_new, CT_NEW, false, &key, now);
 		if (mig_from_r0)
 			mig_copy_r0(&key, now);
 	}

@@ -168,12 +168,46 @@ type ct4EntryRelease0 struct {
 }
 
 // ctTimeouts are the conntrack lifetimes, by the names of their constants.
-type ctTimeouts struct{ tcp, udp, close uint64 }
+type ctTimeouts struct{ tcp, syn, udp, close uint64 }
+
+// lifetime is bpf/lib/conntrack.h's ct_lifetime.
+func (t ctTimeouts) lifetime(proto uint8, flags uint32) uint64 {
+	switch {
+	case proto != uint8(model.TCP):
+		return t.udp
+	case ctClosed(flags):
+		return t.close
+	case flags&ctFlagReplied != 0:
+		return t.tcp
+	}
+	return t.syn
+}
+
+// ctClosed is conntrack.h's ct_closed: a RST, or a FIN each way.
+func ctClosed(flags uint32) bool {
+	return flags&ctFlagRST != 0 || flags&(ctFlagFinFwd|ctFlagFinRev) == ctFlagFinFwd|ctFlagFinRev
+}
+
+// seen is when e was last seen: its expiry less its lifetime
+// (bpf/migrate.c's mig_seen).
+func (t ctTimeouts) seen(proto uint8, e *sockCt4Entry) uint64 {
+	return e.Expires - t.lifetime(proto, e.Flags)
+}
+
+// supersedes is bpf/migrate.c's mig_supersedes: whether the old entry o
+// is of another flow than n, the new map's entry under the same key, and
+// was seen later (a tuple reused since n was copied).
+func (t ctTimeouts) supersedes(proto uint8, o, n *sockCt4Entry) bool {
+	if o.NatAddr == n.NatAddr && o.NatPort == n.NatPort && o.BackendId == n.BackendId && ctClosed(o.Flags) == ctClosed(n.Flags) {
+		return false
+	}
+	return int64(t.seen(proto, o)-t.seen(proto, n)) > 0
+}
 
 func (c Config) ctTimeouts() ctTimeouts {
 	c = c.withDefaults()
 	return ctTimeouts{
-		tcp: uint64(c.CTTimeoutTCP.Nanoseconds()), udp: uint64(c.CTTimeoutUDP.Nanoseconds()),
+		tcp: uint64(c.CTTimeoutTCP.Nanoseconds()), syn: uint64(c.CTTimeoutSYN.Nanoseconds()), udp: uint64(c.CTTimeoutUDP.Nanoseconds()),
 		close: uint64(c.CTTimeoutClose.Nanoseconds()),
 	}
 }
@@ -198,18 +232,14 @@ func convertRelease0Conntrack(old, cur *ebpf.Map, spec *ebpf.CollectionSpec) err
 // sluice_conntrack_v2, each expiring when it would have expired there.
 // Release 0 did not know whether a flow had been answered: every entry is
 // taken as established (the safe side: it stays until it idles out). What
-// does not fit the configured size is left out. With taken, only entries
-// under keys it says are free are copied, and none that cur has: the copy
-// into a live map at the end of a migration (migrate.go; bpf/migrate.c
-// converts the same way).
-func convertConntrack(old, cur *ebpf.Map, t ctTimeouts, taken func(*sockCt4Key, *sockCt4Entry) bool) error {
+// does not fit the configured size is left out. With place, only entries
+// it says may go are copied, as it says (inserted, or replacing another
+// flow's): the copy into a live map at the end of a migration (migrate.go;
+// bpf/migrate.c converts the same way).
+func convertConntrack(old, cur *ebpf.Map, t ctTimeouts, place ctPlacer) error {
 	now, err := monotonicNow()
 	if err != nil {
 		return err
-	}
-	flags := ebpf.UpdateAny
-	if taken != nil {
-		flags = ebpf.UpdateNoExist
 	}
 	var k sockCt4Key
 	var v ct4EntryRelease0
@@ -228,8 +258,15 @@ func convertConntrack(old, cur *ebpf.Map, t ctTimeouts, taken func(*sockCt4Key, 
 			NatAddr: v.NatAddr, NatPort: v.NatPort, SnatAddr: v.SnatAddr, SnatPort: v.SnatPort,
 			BackendId: v.BackendId, RevNatId: v.RevNatId,
 		}
-		if int64(expires-now) <= 0 || (taken != nil && taken(&k, &e)) {
+		if int64(expires-now) <= 0 {
 			continue
+		}
+		flags := ebpf.UpdateAny
+		if place != nil {
+			var ok bool
+			if flags, ok = place(&k, &e); !ok {
+				continue
+			}
 		}
 		if err := cur.Update(&k, &e, flags); err != nil {
 			if errors.Is(err, unix.E2BIG) {

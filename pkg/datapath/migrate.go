@@ -264,9 +264,16 @@ func (d *Datapath) settle(names map[string]bool) error {
 		var err error
 		switch {
 		case mg.r0:
-			err = convertConntrack(mg.old, mg.cur, d.cfg.ctTimeouts(), d.ctTaken)
+			err = convertConntrack(mg.old, mg.cur, d.cfg.ctTimeouts(), d.ctPlace)
+		case mg.name == mapCTNew:
+			// Half-open entries only go where nothing is, in
+			// either map (bpf/migrate.c: est false).
+			err = copyConntrack(mg.old, mg.cur, func(k *sockCt4Key, e *sockCt4Entry) (ebpf.MapUpdateFlags, bool) {
+				f, ok := d.ctPlace(k, e)
+				return ebpf.UpdateNoExist, ok && f == ebpf.UpdateNoExist
+			})
 		case conntrackMaps[mg.name]:
-			err = copyConntrack(mg.old, mg.cur, d.ctTaken)
+			err = copyConntrack(mg.old, mg.cur, d.ctPlace)
 		default:
 			err = copyEntries(mg.old, mg.cur, true)
 		}
@@ -279,19 +286,38 @@ func (d *Datapath) settle(names map[string]bool) error {
 	return errors.Join(errs...)
 }
 
-// ctTaken reports whether this build's conntrack maps have an entry under
-// k, or under the key of the other entry of its flow (e), established or
-// half-open. An old entry is carried over only if no new flow has taken
-// its tuple since (bpf/migrate.c says why).
-func (d *Datapath) ctTaken(k *sockCt4Key, e *sockCt4Entry) bool {
-	var v sockCt4Entry
-	pk := ctPeerKey(k, e)
-	for _, key := range []*sockCt4Key{k, &pk} {
-		if d.maps.conntrack.Lookup(key, &v) == nil || d.maps.ctNew.Lookup(key, &v) == nil {
-			return true
-		}
+// ctPlacer says whether, and how, an old conntrack entry goes into the
+// new maps at the end of a migration.
+type ctPlacer func(*sockCt4Key, *sockCt4Entry) (ebpf.MapUpdateFlags, bool)
+
+// ctPlace is bpf/migrate.c's mig_put for settle: the old entry e under k
+// goes into sluice_conntrack if the new maps have nothing under k
+// (inserted), or an established entry of an earlier flow on the tuple
+// that e supersedes (replaced); never over a half-open entry, the new
+// programs' own. Neither does it go if the other entry of its flow's key
+// is taken by another flow that was seen later.
+func (d *Datapath) ctPlace(k *sockCt4Key, e *sockCt4Entry) (ebpf.MapUpdateFlags, bool) {
+	t := d.cfg.ctTimeouts()
+	var n sockCt4Entry
+	flags := ebpf.UpdateNoExist
+	if d.maps.ctNew.Lookup(k, &n) == nil {
+		return 0, false
 	}
-	return false
+	if d.maps.conntrack.Lookup(k, &n) == nil {
+		if !t.supersedes(k.Proto, e, &n) {
+			return 0, false
+		}
+		flags = ebpf.UpdateAny
+	}
+	pk := ctPeerKey(k, e)
+	if d.maps.ctNew.Lookup(&pk, &n) == nil {
+		return 0, false
+	}
+	if d.maps.conntrack.Lookup(&pk, &n) == nil && ctPeerKey(&pk, &n) != *k &&
+		int64(t.seen(k.Proto, e)-t.seen(pk.Proto, &n)) <= 0 {
+		return 0, false
+	}
+	return flags, true
 }
 
 // ctPeerKey is bpf/lib/conntrack.h's ct_peer_key: the key of the other
@@ -316,8 +342,8 @@ func ctPeerKey(k *sockCt4Key, e *sockCt4Entry) sockCt4Key {
 }
 
 // copyConntrack copies the live entries of the conntrack map old into cur
-// whose keys taken says are free, as bpf/migrate.c does packet by packet.
-func copyConntrack(old, cur *ebpf.Map, taken func(*sockCt4Key, *sockCt4Entry) bool) error {
+// as place says, as bpf/migrate.c does packet by packet.
+func copyConntrack(old, cur *ebpf.Map, place ctPlacer) error {
 	now, err := monotonicNow()
 	if err != nil {
 		return err
@@ -326,10 +352,14 @@ func copyConntrack(old, cur *ebpf.Map, taken func(*sockCt4Key, *sockCt4Entry) bo
 	var v sockCt4Entry
 	it := old.Iterate()
 	for it.Next(&k, &v) {
-		if int64(v.Expires-now) <= 0 || taken(&k, &v) {
+		if int64(v.Expires-now) <= 0 {
 			continue
 		}
-		err := cur.Update(&k, &v, ebpf.UpdateNoExist)
+		flags, ok := place(&k, &v)
+		if !ok {
+			continue
+		}
+		err := cur.Update(&k, &v, flags)
 		switch {
 		case err == nil, errors.Is(err, ebpf.ErrKeyExist):
 		case errors.Is(err, unix.E2BIG):

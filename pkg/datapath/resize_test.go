@@ -329,3 +329,37 @@ func TestCTPeerKey(t *testing.T) {
 		t.Errorf("peer of a port reservation %+v, want %+v", got, fk)
 	}
 }
+
+// A tuple reused by a new flow after the migration's first copy: the new
+// map holds the finished flow's entry (closed, backend 1), the old map the
+// new flow's (open, backend 2, seen later): the old one supersedes it, as
+// bpf/migrate.c's mig_supersedes decides. Before, the new map's entry was
+// kept, and the new flow's next packet went to the finished flow's backend
+// (1 in ~50k connections failed across an upgrade under load). A flow the
+// new programs made since (seen later than the old map's) is never
+// replaced, nor an entry of the same flow.
+func TestConntrackSupersedes(t *testing.T) {
+	tm := smallConfig("").ctTimeouts()
+	const now = uint64(1e12)
+	tcp := uint8(model.TCP)
+	entry := func(seen uint64, backend uint32, flags uint32) *sockCt4Entry {
+		e := &sockCt4Entry{Flags: flags | ctFlagReplied, BackendId: backend, NatAddr: backend, NatPort: 8080}
+		e.Expires = seen + tm.lifetime(tcp, e.Flags)
+		return e
+	}
+	closed := ctFlagFinFwd | ctFlagFinRev
+	for _, c := range []struct {
+		what string
+		o, n *sockCt4Entry
+		want bool
+	}{
+		{"reused tuple, another backend", entry(now, 2, 0), entry(now-2e9, 1, closed), true},
+		{"reused tuple, the same backend", entry(now, 1, 0), entry(now-2e9, 1, closed), true},
+		{"the new programs' later flow", entry(now-2e9, 2, closed), entry(now, 1, 0), false},
+		{"the same flow", entry(now, 1, 0), entry(now-2e9, 1, 0), false},
+	} {
+		if got := tm.supersedes(tcp, c.o, c.n); got != c.want {
+			t.Errorf("%s: supersedes = %v, want %v", c.what, got, c.want)
+		}
+	}
+}
