@@ -21,14 +21,18 @@
  * went to, while it is still one of the frontend's (in the scope that
  * serves the node).
  *
- * What the packet path would reject fails at once with ECONNREFUSED
- * (bpf_set_retval, allowed for connect4 and sendmsg4 since Linux 5.18): a
+ * What the packet path would reject fails at once with ECONNREFUSED: a
  * service without backends, a ClusterIP on a port it does not serve, and a
  * service whose backend cannot be found even after reading the service
  * again (a connect is never left to the VIP). What the packet path would
  * drop (no backend for this client here, a source outside the ranges, an
  * unallocated address of the service CIDR) fails with EHOSTUNREACH: a
- * socket cannot be made to time out.
+ * socket cannot be made to time out. The errno comes from bpf_set_retval,
+ * which sock_addr programs may call only since Linux 6.1 (5.18 gave it to
+ * other cgroup hooks). For older kernels each refusing hook has an eperm
+ * twin without the call, refusing either way with the kernel's plain
+ * EPERM: the agent probes the helper and loads one of the two
+ * (pkg/datapath), so the kernel never sees a call it does not know.
  */
 #include "lib/consts.h"
 #include "lib/config.h"
@@ -271,6 +275,13 @@ int sluice_connect4(struct bpf_sock_addr *ctx)
 	return SYS_PROCEED;
 }
 
+/* sluice_connect4 for kernels before 6.1: a refusal is EPERM. */
+SEC("cgroup/connect4")
+int sluice_eperm_connect4(struct bpf_sock_addr *ctx)
+{
+	return sock4_xlate_fwd(ctx, false) < 0 ? SYS_REJECT : SYS_PROCEED;
+}
+
 SEC("cgroup/sendmsg4")
 int sluice_sendmsg4(struct bpf_sock_addr *ctx)
 {
@@ -281,6 +292,13 @@ int sluice_sendmsg4(struct bpf_sock_addr *ctx)
 		return SYS_REJECT;
 	}
 	return SYS_PROCEED;
+}
+
+/* sluice_sendmsg4 for kernels before 6.1: a refusal is EPERM. */
+SEC("cgroup/sendmsg4")
+int sluice_eperm_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return sock4_xlate_fwd(ctx, true) < 0 ? SYS_REJECT : SYS_PROCEED;
 }
 
 SEC("cgroup/recvmsg4")

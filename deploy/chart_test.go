@@ -274,3 +274,41 @@ func TestDaemonSetBootstrapsWithoutKubeProxy(t *testing.T) {
 		t.Errorf("the ConfigMap's API server %q: want the placeholder the header tells to replace", cmData["KUBERNETES_SERVICE_HOST"])
 	}
 }
+
+// Metrics stay on the node by default (kube-proxy's 127.0.0.1:10249), with
+// no scrape annotations that could not be honoured; "node" binds the
+// node's address and announces it; health stays on every address, where
+// load balancers probe it.
+func TestMetricsBindAddress(t *testing.T) {
+	argOf := func(ds *appsv1.DaemonSet, flag string) string {
+		for _, a := range ds.Spec.Template.Spec.Containers[0].Args {
+			if v, ok := strings.CutPrefix(a, "--"+flag+"="); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	for _, c := range []struct {
+		sets           []string
+		addr, scrapeOn string
+	}{
+		{nil, "127.0.0.1:10249", ""},
+		{[]string{"metricsBindAddress=node"}, "$(NODE_IP):10249", "10249"},
+		{[]string{"metricsBindAddress=0.0.0.0", "ports.metrics=9249"}, "0.0.0.0:9249", "9249"},
+	} {
+		_, ds := render(t, append([]string{"apiServer.host=10.0.0.10"}, c.sets...)...)
+		if got := argOf(ds, "metrics-addr"); got != c.addr {
+			t.Errorf("%v: --metrics-addr=%s, want %s", c.sets, got, c.addr)
+		}
+		if got := argOf(ds, "health-addr"); got != ":10256" {
+			t.Errorf("%v: --health-addr=%s, want :10256 (every address)", c.sets, got)
+		}
+		ann := ds.Spec.Template.Annotations
+		if ann["prometheus.io/port"] != c.scrapeOn || (ann["prometheus.io/scrape"] == "true") != (c.scrapeOn != "") {
+			t.Errorf("%v: scrape annotations %q %q, want port %q", c.sets, ann["prometheus.io/scrape"], ann["prometheus.io/port"], c.scrapeOn)
+		}
+	}
+	if got := argOf(daemonSetOf(t, mustRead(t, "sluice.yaml")), "metrics-addr"); got != "127.0.0.1:10249" {
+		t.Errorf("sluice.yaml: --metrics-addr=%s", got)
+	}
+}

@@ -56,7 +56,7 @@ func run(args []string) int {
 		socketLB    = fs.Bool("socket-lb", true, "translate at the socket layer (cgroup connect4/sendmsg4/recvmsg4/getpeername4)")
 		bpffs       = fs.String("bpffs", datapath.DefaultBPFFS, "bpffs mount; state is pinned under <bpffs>/sluice/")
 		healthAddr  = fs.String("health-addr", ":10256", "address for /healthz and /readyz (empty: off)")
-		metricsAddr = fs.String("metrics-addr", ":10249", "address for Prometheus /metrics (empty: off)")
+		metricsAddr = fs.String("metrics-addr", "127.0.0.1:10249", "address for Prometheus /metrics (empty: off); kube-proxy's default keeps it on the node: a cluster's Prometheus needs the node's address (NODE_IP:10249) or :10249")
 		logLevel    = fs.String("log-level", "info", "debug, info, warn or error")
 		nodeName    = fs.String("node-name", "", "this node's name (default: the host name)")
 		proxyName   = fs.String("proxy-name", "", "serve Services labelled service.kubernetes.io/service-proxy-name=NAME (default: unlabelled ones)")
@@ -81,6 +81,8 @@ func run(args []string) int {
 	fs.IntVar(&dpCfg.MaxConntrackNew, "max-conntrack-new", datapath.DefaultMaxConntrackNew, "size of sluice_ct_new (LRU): per-packet flows not answered yet")
 	fs.IntVar(&dpCfg.MaxSockRev, "max-sock-rev", datapath.DefaultMaxSockRev, "size of sluice_sock_rev (LRU): translated sockets")
 	fs.IntVar(&dpCfg.MaxAffinity, "max-affinity", datapath.DefaultMaxAffinity, "size of sluice_session_affinity (LRU): clients of Services with sessionAffinity ClientIP")
+	fs.IntVar(&dpCfg.MaxSourceRanges, "max-source-ranges", datapath.DefaultMaxSourceRanges, "size of sluice_src_ranges: loadBalancerSourceRanges of all Services together")
+	fs.IntVar(&dpCfg.MaxDevices, "max-devices", datapath.DefaultMaxDevices, "size of sluice_devices: devices the tc programs are attached to")
 	kube := addKubeFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -209,7 +211,8 @@ func run(args []string) int {
 		}
 	}
 	dpCfg.BPFFS = *bpffs
-	if !checkPrerequisites(*manifests, dpCfg.BPFFS, cfg.Cgroup, log) {
+	dpCfg.DisableSocketLB = !*socketLB
+	if !checkPrerequisites(*manifests, dpCfg.BPFFS, cfg.Cgroup, dpCfg.XDP, log) {
 		return 1
 	}
 
@@ -252,6 +255,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 	if err != nil {
 		return fmt.Errorf("open datapath: %w", err)
 	}
+	prepareDatapath(dp, cfg, m, log)
 	m.SetCapacity(dp.Maps().Capacity)
 	cfg.Observers = append(cfg.Observers, m)
 	if ns.hc {
@@ -294,6 +298,56 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 		return cause
 	}
 	return runErr
+}
+
+// prepareDatapath does what comes between opening the datapath and
+// attaching it: it says what the kernel offers beyond the minimum, makes
+// the metrics and log hear about socket terminations, detaches what an
+// earlier agent attached and this configuration does not name (before the
+// agent attaches the rest), and reserves the SNAT ports from the node's
+// ephemeral ports. Failures are logged: traffic goes on as configured.
+func prepareDatapath(dp *datapath.Datapath, cfg agent.Config, m *metrics.Metrics, log *slog.Logger) {
+	f := dp.Features()
+	if cfg.Cgroup != "" {
+		log.Info("socket load balancing", "refusal_errno", map[bool]string{true: "ECONNREFUSED", false: "EPERM"}[f.SetRetval],
+			"udp_socket_termination", f.SockDestroy)
+		if !f.SetRetval {
+			log.Warn("kernel before 6.1: a connect to a Service without endpoints fails with EPERM, not ECONNREFUSED")
+		}
+		if f.SockDestroy == datapath.SockDestroyNone {
+			log.Warn("connected UDP sockets keep a removed backend until the application reconnects: " +
+				"the kernel has neither bpf_sock_destroy (6.5+) nor SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY)")
+		} else {
+			m.DeclareSocketTermination(string(f.SockDestroy))
+		}
+	}
+	dp.Maps().OnSocketTermination(func(st datapath.SocketTermination) {
+		m.ObserveSocketTermination(string(st.Method), st.Destroyed, st.Failed, st.SparedUnconnected, st.SparedStillBackend)
+		args := []any{"method", st.Method, "backends", st.Backends, "destroyed", st.Destroyed, "failed", st.Failed,
+			"spared_unconnected", st.SparedUnconnected, "spared_still_backend", st.SparedStillBackend, "namespaces", st.Namespaces}
+		if st.Err != nil {
+			log.Error("ending the UDP sockets of removed backends", append(args, "err", st.Err)...)
+			return
+		}
+		log.Info("ended the connected UDP sockets of removed backends", args...)
+	})
+	if err := dp.Prune(cfg.Cgroup, cfg.Devices); err != nil {
+		log.Error("detaching what the configuration no longer names", "err", err)
+	}
+	if len(cfg.Devices) == 0 {
+		return // nothing is source-NATed
+	}
+	res, err := dp.ReserveSNATPorts()
+	switch {
+	case err != nil && res.Exposed != "":
+		log.Warn("SNAT ports not reserved: the node may hand them out to its own connections, whose replies would then be taken for NodePort flows; "+
+			"reserve them on the node (sysctl net.ipv4.ip_local_reserved_ports) or narrow ip_local_port_range",
+			"ports", res.Exposed, "err", err)
+	case err != nil:
+		log.Info("SNAT ports not reserved, but outside the node's ephemeral ports", "err", err)
+	case res.Added:
+		log.Info("SNAT ports reserved from the node's ephemeral ports")
+	}
 }
 
 // serveHTTP serves h on l until ctx is done.

@@ -22,12 +22,25 @@ import (
 // a pinned link in place (link.Update): no moment without a program. A
 // pinned link that points somewhere else (another cgroup, a device that was
 // recreated) is replaced make-before-break: the new link is attached before
-// the old one is unpinned and closed.
+// the old one is unpinned and closed. Prune detaches what an earlier agent
+// attached and this configuration does not name (a device dropped from
+// --devices, --socket-lb=false, --xdp=off).
 //
 // Kernels without tcx get a clsact qdisc and direct-action bpf filters
-// instead, named with filterPrefix so Cleanup can find them.
+// instead, named with filterPrefix so Cleanup can find them, at a priority
+// and handle of their own (clsactPriority): a filter of another tool is
+// never replaced.
 
 const filterPrefix = "sluice_"
+
+// The clsact filters' place: lower priorities run first. 1 is where tc,
+// Cilium and Sluice's release 0 put theirs, and 0xc000 is tc's default;
+// Sluice's are between, and the migration shim just before them.
+const (
+	clsactPriority     = 0x5c
+	clsactHandle       = 0x5c
+	clsactShimPriority = clsactPriority - 1
+)
 
 type cgroupProg struct {
 	name   string
@@ -36,10 +49,10 @@ type cgroupProg struct {
 }
 
 var cgroupProgs = []cgroupProg{
-	{"connect4", ebpf.AttachCGroupInet4Connect, func(d *Datapath) *ebpf.Program { return d.sock.SluiceConnect4 }},
-	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, func(d *Datapath) *ebpf.Program { return d.sock.SluiceSendmsg4 }},
-	{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, func(d *Datapath) *ebpf.Program { return d.sock.SluiceRecvmsg4 }},
-	{"getpeername4", ebpf.AttachCgroupInet4GetPeername, func(d *Datapath) *ebpf.Program { return d.sock.SluiceGetpeername4 }},
+	{"connect4", ebpf.AttachCGroupInet4Connect, func(d *Datapath) *ebpf.Program { return d.sock.Connect4 }},
+	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, func(d *Datapath) *ebpf.Program { return d.sock.Sendmsg4 }},
+	{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, func(d *Datapath) *ebpf.Program { return d.sock.Recvmsg4 }},
+	{"getpeername4", ebpf.AttachCgroupInet4GetPeername, func(d *Datapath) *ebpf.Program { return d.sock.Getpeername4 }},
 }
 
 // A link's pin is named after its hook (cgroup_getpeername4), not after
@@ -49,9 +62,17 @@ var cgroupProgs = []cgroupProg{
 
 func (d *Datapath) linkPin(name string) string { return filepath.Join(d.dir, "links", name) }
 
+// Pin name prefixes of the device links: tcx_<dir>_<device>,
+// xdp_<mode>_<device>.
+var devicePinPrefixes = []string{"tcx_ingress_", "tcx_egress_", "xdp_native_", "xdp_generic_"}
+
 // AttachCgroup attaches the four socket programs to the cgroup v2 directory
-// path (normally the root of the cgroup2 mount, see CgroupV2Mount).
+// path (normally the root of the cgroup2 mount, see CgroupV2Mount). The
+// socket programs must be loaded (Config.DisableSocketLB unset).
 func (d *Datapath) AttachCgroup(path string) error {
+	if d.sock.Connect4 == nil {
+		return fmt.Errorf("attach cgroup %s: socket load balancing is off: its programs are not loaded", path)
+	}
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
 		return fmt.Errorf("attach cgroup %s: %w", path, err)
@@ -85,7 +106,28 @@ func (d *Datapath) AttachCgroup(path string) error {
 			return fmt.Errorf("pin %s link of cgroup %s: %w", cp.name, path, err)
 		}
 	}
-	return nil
+	// The previous agent's socket programs are gone: what they wrote to
+	// maps being resized can be carried over now.
+	return d.settle(map[string]bool{mapSockRev: true, mapUDPStick: true})
+}
+
+// tcDir is one direction of a device's tc hook.
+type tcDir struct {
+	name   string
+	attach ebpf.AttachType
+	parent uint32
+}
+
+var (
+	tcIngress = tcDir{"ingress", ebpf.AttachTCXIngress, netlink.HANDLE_MIN_INGRESS}
+	tcEgress  = tcDir{"egress", ebpf.AttachTCXEgress, netlink.HANDLE_MIN_EGRESS}
+)
+
+func (d *Datapath) tcProg(dir tcDir) *ebpf.Program {
+	if dir == tcIngress {
+		return d.tc.SluiceIngress
+	}
+	return d.tc.SluiceEgress
 }
 
 // AttachDevices attaches the tc programs to ingress and egress of each
@@ -94,33 +136,57 @@ func (d *Datapath) AttachCgroup(path string) error {
 // through it are source-NATed to; with Config.XDP native or generic it
 // also attaches the XDP program (and with off, detaches one an earlier
 // agent attached). It is idempotent.
+//
+// When conntrack is being migrated to a new map (migrate.go), the
+// migration shims go in front of the programs on every device first, the
+// programs are replaced device after device, ingress before egress or the
+// other way round as migrating says, and once all are, the rest of the old
+// map is carried over, XDP attached and the shims removed.
 func (d *Datapath) AttachDevices(devs []string) error {
-	for _, dev := range devs {
+	ifindex := make([]int, len(devs))
+	for i, dev := range devs {
 		iface, err := net.InterfaceByName(dev)
 		if err != nil {
 			return fmt.Errorf("attach to %s: %w", dev, err)
 		}
-		for _, dir := range []struct {
-			name   string
-			attach ebpf.AttachType
-			parent uint32
-			prog   *ebpf.Program
-		}{
-			{"ingress", ebpf.AttachTCXIngress, netlink.HANDLE_MIN_INGRESS, d.tc.SluiceIngress},
-			{"egress", ebpf.AttachTCXEgress, netlink.HANDLE_MIN_EGRESS, d.tc.SluiceEgress},
-		} {
-			err := d.attachTCX(dev, iface.Index, dir.name, dir.attach, dir.prog)
-			if errors.Is(err, ebpf.ErrNotSupported) {
-				err = attachClsact(iface.Index, dir.parent, filterPrefix+dir.name, dir.prog)
-				if err != nil {
-					err = fmt.Errorf("attach tc %s filter to %s: %w", dir.name, dev, err)
+		ifindex[i] = iface.Index
+	}
+	shim, egressFirst := d.migrating()
+	dirs := []tcDir{tcIngress, tcEgress}
+	var shims shimLinks
+	if shim {
+		// On an error below; on success the last line detaches them
+		// and reports how.
+		defer func() { _ = shims.detach() }()
+		for i, dev := range devs {
+			for _, dir := range dirs {
+				if err := d.attachShim(dev, ifindex[i], dir, &shims); err != nil {
+					return err
 				}
 			}
-			if err != nil {
+			// XDP, before tc, hands every packet to tc meanwhile.
+			if err := d.updateXDPTo(dev, ifindex[i], d.shim.SluiceMigXdp); err != nil {
 				return err
 			}
 		}
-		if err := d.attachXDP(dev, iface.Index); err != nil {
+		if egressFirst {
+			dirs = []tcDir{tcEgress, tcIngress}
+		}
+	}
+	for _, dir := range dirs {
+		for i, dev := range devs {
+			if err := d.attachTC(dev, ifindex[i], dir); err != nil {
+				return err
+			}
+		}
+	}
+	if shim {
+		if err := d.settle(map[string]bool{mapConntrack: true, mapCTNew: true, mapFragments: true}); err != nil {
+			return err
+		}
+	}
+	for i, dev := range devs {
+		if err := d.attachXDP(dev, ifindex[i]); err != nil {
 			return err
 		}
 		addr, err := deviceAddr(dev, d.cfg.NodeIPs)
@@ -133,10 +199,59 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		}
 		// Its tc programs see what comes back through it.
 		flags |= nodeDevTC
-		if err := d.maps.setNodeDevice(iface.Index, addr, flags); err != nil {
+		if err := d.maps.setNodeDevice(ifindex[i], addr, flags); err != nil {
 			return fmt.Errorf("record node device %s: %w", dev, err)
 		}
 	}
+	return shims.detach()
+}
+
+// attachTC attaches the tc program of dir to dev: a tcx link, or on a
+// kernel without tcx a clsact filter. Sluice's clsact filters are removed
+// from a device that has the tcx link (left by an agent that ran before the
+// kernel was upgraded, they would translate a second time).
+func (d *Datapath) attachTC(dev string, ifindex int, dir tcDir) error {
+	prog := d.tcProg(dir)
+	err := d.attachTCX(dev, ifindex, dir.name, dir.attach, prog)
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		if err := attachClsact(ifindex, dir.parent, filterPrefix+dir.name, prog, d.keepFilter); err != nil {
+			return fmt.Errorf("attach tc %s filter to %s: %w", dir.name, dev, err)
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := removeSluiceFilters(ifindex, dir.parent, d.keepFilter); err != nil {
+		return fmt.Errorf("remove clsact filters of %s after attaching tcx: %w", dev, err)
+	}
+	return nil
+}
+
+// keepFilter says which of Sluice's clsact filters other than the
+// program's own stay: the migration shims while a migration runs.
+func (d *Datapath) keepFilter(f *netlink.BpfFilter) bool {
+	shim, _ := d.migrating()
+	return shim && strings.HasPrefix(f.Name, filterPrefix+"mig_")
+}
+
+// attachShim puts the migration shim in front of the tc program of dir on
+// dev, for the time of AttachDevices (not pinned: if the agent dies, the
+// kernel detaches it).
+func (d *Datapath) attachShim(dev string, ifindex int, dir tcDir, shims *shimLinks) error {
+	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: d.shim.SluiceMigTc, Attach: dir.attach, Anchor: link.Head()})
+	if err == nil {
+		shims.tcx = append(shims.tcx, l)
+		return nil
+	}
+	if !errors.Is(err, ebpf.ErrNotSupported) {
+		return fmt.Errorf("attach migration shim to %s %s: %w", dev, dir.name, err)
+	}
+	f, err := addClsactFilter(ifindex, dir.parent, clsactShimPriority, clsactHandle, filterPrefix+"mig_"+dir.name, d.shim.SluiceMigTc)
+	if err != nil {
+		return fmt.Errorf("attach migration shim filter to %s %s: %w", dev, dir.name, err)
+	}
+	shims.filters = append(shims.filters, f)
 	return nil
 }
 
@@ -171,22 +286,40 @@ func (d *Datapath) attachTCX(dev string, ifindex int, dir string, attach ebpf.At
 	return nil
 }
 
+// updateXDPTo makes dev's XDP link, if an earlier agent left one, run
+// prog: the migration shim, while conntrack is carried over.
+func (d *Datapath) updateXDPTo(dev string, ifindex int, prog *ebpf.Program) error {
+	for _, m := range []XDPMode{XDPNative, XDPGeneric} {
+		l, err := loadPinnedLink(d.linkPin("xdp_" + string(m) + "_" + dev))
+		if err != nil {
+			return fmt.Errorf("XDP link of %s: %w", dev, err)
+		}
+		if l == nil {
+			continue
+		}
+		info, err := l.Info()
+		if err == nil && info.XDP() != nil && int(info.XDP().Ifindex) == ifindex {
+			err = l.Update(prog)
+		}
+		l.Close()
+		if err != nil {
+			return fmt.Errorf("update XDP link of %s: %w", dev, err)
+		}
+	}
+	return nil
+}
+
 // attachXDP attaches the XDP program to dev in the configured mode, pinned
 // as xdp_<mode>_<dev>, and removes an attachment in the other mode (the
-// kernel allows one mode at a time, so a mode change detaches first).
+// kernel allows one mode at a time, so a mode change detaches first), or
+// in either with XDP off.
 func (d *Datapath) attachXDP(dev string, ifindex int) error {
 	for _, m := range []XDPMode{XDPNative, XDPGeneric} {
 		if m == d.cfg.XDP {
 			continue
 		}
-		pin := d.linkPin("xdp_" + string(m) + "_" + dev)
-		old, err := loadPinnedLink(pin)
-		if err != nil {
+		if err := detachPinnedLink(d.linkPin("xdp_" + string(m) + "_" + dev)); err != nil {
 			return fmt.Errorf("detach XDP (%s) from %s: %w", m, dev, err)
-		}
-		if old != nil {
-			_ = old.Unpin()
-			old.Close()
 		}
 	}
 	if d.cfg.XDP == XDPOff || d.cfg.XDP == "" {
@@ -225,9 +358,127 @@ func (d *Datapath) attachXDP(dev string, ifindex int) error {
 	return nil
 }
 
-// attachClsact installs prog as a direct-action bpf filter under parent
-// (ingress or egress) of a clsact qdisc, replacing an earlier one.
-func attachClsact(ifindex int, parent uint32, name string, prog *ebpf.Program) error {
+// Prune detaches what an earlier agent attached and this configuration
+// does not name: the socket programs if cgroup is "" (socket load
+// balancing off), the tc and XDP programs of devices not in devices
+// (tcx links, clsact filters, their sluice_devices entries), and XDP
+// everywhere with XDP off. Call it before the Attach methods; it leaves
+// alone what they will replace in place. Pins a previous release left
+// under other names are its concern too: anything under links/ that this
+// build would not have pinned for this configuration goes.
+func (d *Datapath) Prune(cgroup string, devices []string) error {
+	var errs []error
+	want := map[string]bool{}
+	for _, dev := range devices {
+		for _, p := range devicePinPrefixes {
+			if strings.HasPrefix(p, "xdp_") && p != "xdp_"+string(d.cfg.XDP)+"_" {
+				continue
+			}
+			want[p+dev] = true
+		}
+	}
+	if cgroup != "" {
+		for _, cp := range cgroupProgs {
+			want["cgroup_"+cp.name] = true
+		}
+	}
+	pins, err := os.ReadDir(filepath.Join(d.dir, "links"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("list pinned links: %w", err))
+	}
+	for _, e := range pins {
+		if want[e.Name()] || !ownLinkPin(e.Name()) {
+			continue
+		}
+		if err := detachPinnedLink(d.linkPin(e.Name())); err != nil {
+			errs = append(errs, fmt.Errorf("detach %s: %w", e.Name(), err))
+		}
+	}
+	wantIfindex := map[uint32]bool{}
+	for _, dev := range devices {
+		if iface, err := net.InterfaceByName(dev); err == nil {
+			wantIfindex[uint32(iface.Index)] = true
+		}
+	}
+	if err := removeClsactFilters(func(l netlink.Link) bool { return wantIfindex[uint32(l.Attrs().Index)] }); err != nil {
+		errs = append(errs, err)
+	}
+	var ifidx uint32
+	var nd sockNodeDev
+	var stale []uint32
+	for it := d.maps.devices.Iterate(); it.Next(&ifidx, &nd); {
+		if !wantIfindex[ifidx] {
+			stale = append(stale, ifidx)
+		}
+	}
+	for _, i := range stale {
+		if err := deleteIgnoringMissing(d.maps.devices, i); err != nil {
+			errs = append(errs, fmt.Errorf("forget node device %d: %w", i, err))
+		}
+	}
+	// What nothing will replace: no program of the previous agent uses
+	// its old maps any more.
+	if len(devices) == 0 {
+		errs = append(errs, d.settle(map[string]bool{mapConntrack: true, mapCTNew: true, mapFragments: true}))
+	}
+	if cgroup == "" {
+		errs = append(errs, d.settle(map[string]bool{mapSockRev: true, mapUDPStick: true}))
+	}
+	return errors.Join(errs...)
+}
+
+// ownLinkPin reports whether name is a pin this package makes under
+// links/ (anything else there is left alone).
+func ownLinkPin(name string) bool {
+	if strings.HasPrefix(name, "cgroup_") {
+		return true
+	}
+	for _, p := range devicePinPrefixes {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// detachPinnedLink detaches the link pinned at pin, if there is one, and
+// removes the pin.
+func detachPinnedLink(pin string) error {
+	l, err := link.LoadPinnedLink(pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err == nil {
+		// A link whose device or cgroup is gone is detached already;
+		// removing the pin releases it in any case.
+		_ = l.Detach()
+		l.Close()
+	}
+	if err := os.Remove(pin); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// attachClsact installs prog as Sluice's direct-action bpf filter under
+// parent (ingress or egress) of a clsact qdisc, at clsactPriority and
+// clsactHandle, replacing Sluice's filter there in one step, and then
+// removes the other Sluice filters of parent that keep does not keep
+// (release 0 put its own at priority 1). A filter of another tool in that
+// place is an error, never replaced.
+func attachClsact(ifindex int, parent uint32, name string, prog *ebpf.Program, keep func(*netlink.BpfFilter) bool) error {
+	if _, err := addClsactFilter(ifindex, parent, clsactPriority, clsactHandle, name, prog); err != nil {
+		return err
+	}
+	return removeSluiceFilters(ifindex, parent, func(f *netlink.BpfFilter) bool {
+		return (f.Priority == clsactPriority && f.Handle == clsactHandle) || (keep != nil && keep(f))
+	})
+}
+
+// addClsactFilter installs prog as the filter name at prio and handle of
+// parent, adding a clsact qdisc if there is none, unless a filter not
+// named filterPrefix* is there.
+func addClsactFilter(ifindex int, parent uint32, prio uint16, handle uint32, name string, prog *ebpf.Program) (*netlink.BpfFilter, error) {
 	qdisc := &netlink.GenericQdisc{
 		QdiscAttrs: netlink.QdiscAttrs{
 			LinkIndex: ifindex,
@@ -237,14 +488,32 @@ func attachClsact(ifindex int, parent uint32, name string, prog *ebpf.Program) e
 		QdiscType: "clsact",
 	}
 	if err := netlink.QdiscReplace(qdisc); err != nil {
-		return fmt.Errorf("add clsact qdisc: %w", err)
+		return nil, fmt.Errorf("add clsact qdisc: %w", err)
+	}
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return nil, err
+	}
+	filters, err := netlink.FilterList(l, parent)
+	if err != nil {
+		return nil, fmt.Errorf("list filters: %w", err)
+	}
+	for _, f := range filters {
+		a := f.Attrs()
+		if a.Priority != prio || a.Handle != handle {
+			continue
+		}
+		if bf, ok := f.(*netlink.BpfFilter); !ok || !strings.HasPrefix(bf.Name, filterPrefix) {
+			return nil, fmt.Errorf("a filter of another tool (%s %q) is at priority %d handle %#x: not replacing it",
+				f.Type(), filterName(f), prio, handle)
+		}
 	}
 	filter := &netlink.BpfFilter{
 		FilterAttrs: netlink.FilterAttrs{
 			LinkIndex: ifindex,
 			Parent:    parent,
-			Handle:    1,
-			Priority:  1,
+			Handle:    handle,
+			Priority:  prio,
 			Protocol:  unix.ETH_P_ALL,
 		},
 		Fd:           prog.FD(),
@@ -252,9 +521,40 @@ func attachClsact(ifindex int, parent uint32, name string, prog *ebpf.Program) e
 		DirectAction: true,
 	}
 	if err := netlink.FilterReplace(filter); err != nil {
-		return fmt.Errorf("add bpf filter: %w", err)
+		return nil, fmt.Errorf("add bpf filter: %w", err)
 	}
-	return nil
+	return filter, nil
+}
+
+func filterName(f netlink.Filter) string {
+	if bf, ok := f.(*netlink.BpfFilter); ok {
+		return bf.Name
+	}
+	return ""
+}
+
+// removeSluiceFilters deletes the filters named filterPrefix* of parent
+// on ifindex that keep does not keep.
+func removeSluiceFilters(ifindex int, parent uint32, keep func(*netlink.BpfFilter) bool) error {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return err
+	}
+	filters, err := netlink.FilterList(l, parent)
+	if err != nil {
+		return nil // no clsact qdisc: no filters
+	}
+	var errs []error
+	for _, f := range filters {
+		bf, ok := f.(*netlink.BpfFilter)
+		if !ok || !strings.HasPrefix(bf.Name, filterPrefix) || (keep != nil && keep(bf)) {
+			continue
+		}
+		if err := netlink.FilterDel(bf); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("delete filter %s: %w", bf.Name, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // loadPinnedLink opens the link pinned at pin, or returns nil if there is
@@ -334,21 +634,24 @@ func Cleanup(bpffs string) error {
 	if err := os.RemoveAll(dir); err != nil {
 		errs = append(errs, fmt.Errorf("remove pins in %s: %w", dir, err))
 	}
-	if err := removeClsactFilters(); err != nil {
+	if err := removeClsactFilters(nil); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
 
-// removeClsactFilters deletes the bpf filters named filterPrefix* on every
-// device's ingress and egress.
-func removeClsactFilters() error {
+// removeClsactFilters deletes the bpf filters named filterPrefix* on the
+// ingress and egress of every device but those skip skips.
+func removeClsactFilters(skip func(netlink.Link) bool) error {
 	devs, err := netlink.LinkList()
 	if err != nil {
 		return fmt.Errorf("list devices: %w", err)
 	}
 	var errs []error
 	for _, dev := range devs {
+		if skip != nil && skip(dev) {
+			continue
+		}
 		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
 			filters, err := netlink.FilterList(dev, parent)
 			if err != nil {

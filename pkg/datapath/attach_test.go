@@ -135,10 +135,10 @@ func TestAttachDetach(t *testing.T) {
 	expectAttached(d1)
 	// The clsact fallback (for kernels without tcx), tried directly on
 	// sl-c since this kernel has tcx.
-	if err := attachClsact(devs[2].Attrs().Index, netlink.HANDLE_MIN_INGRESS, filterPrefix+"ingress", d1.TCIngress()); err != nil {
+	if err := attachClsact(devs[2].Attrs().Index, netlink.HANDLE_MIN_INGRESS, filterPrefix+"ingress", d1.TCIngress(), nil); err != nil {
 		t.Fatalf("clsact fallback: %v", err)
 	}
-	if err := attachClsact(devs[2].Attrs().Index, netlink.HANDLE_MIN_INGRESS, filterPrefix+"ingress", d1.TCIngress()); err != nil {
+	if err := attachClsact(devs[2].Attrs().Index, netlink.HANDLE_MIN_INGRESS, filterPrefix+"ingress", d1.TCIngress(), nil); err != nil {
 		t.Fatalf("clsact fallback again: %v", err)
 	}
 	if got := bpfFilters(t, devs[2]); !slices.Equal(got, []string{filterPrefix + "ingress"}) {
@@ -255,5 +255,274 @@ func TestCgroupV2Mount(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(root, "cgroup.procs")); err != nil {
 			t.Errorf("CgroupV2Mount() = %s: %v", root, err)
 		}
+	}
+}
+
+func countEntries(t *testing.T, m *ebpf.Map) int {
+	t.Helper()
+	n := 0
+	k, v := make([]byte, m.KeySize()), make([]byte, m.ValueSize())
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// addVeths adds veth pairs named a<->b for each pair in the calling
+// thread's namespace, sets them up and returns the links by name.
+func addVeths(t *testing.T, pairs ...[2]string) map[string]netlink.Link {
+	t.Helper()
+	out := map[string]netlink.Link{}
+	for _, p := range pairs {
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: p[0]}, PeerName: p[1]}); err != nil {
+			t.Fatalf("add veth %s: %v", p[0], err)
+		}
+		for _, name := range p {
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				t.Fatal(err)
+			}
+			out[name] = l
+		}
+	}
+	return out
+}
+
+// xdpProgID returns the id of the XDP program attached to l, or 0.
+func xdpProgID(t *testing.T, l netlink.Link) uint32 {
+	t.Helper()
+	l, err := netlink.LinkByIndex(l.Attrs().Index)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x := l.Attrs().Xdp; x != nil && x.Attached {
+		return x.ProgId
+	}
+	return 0
+}
+
+// TestPruneFollowsConfiguration (C3): what an earlier agent attached and
+// the configuration no longer names is detached when the agent starts:
+// a device dropped from --devices loses its tcx links (and their pins),
+// its clsact filters and its sluice_devices entry; --socket-lb=false
+// detaches the cgroup programs; --xdp=off detaches XDP. What the
+// configuration names is left for the Attach methods to replace in place.
+// Before, attachments only ever accumulated.
+func TestPruneFollowsConfiguration(t *testing.T) {
+	testutil.Privileged(t)
+	bpffs := testPinDir(t)
+	ns := topology.NewNS(t, "prune")
+	cg := newTestCgroup(t).Path
+	ns.Enter(t)
+	links := addVeths(t, [2]string{"sl-a", "sl-b"}, [2]string{"sl-c", "sl-d"})
+	// (A device without an address is no SNAT source: sluice_devices
+	// would not record it.)
+	for name, a := range map[string]string{"sl-a": "192.168.7.1/24", "sl-c": "192.168.8.1/24"} {
+		ap, err := netlink.ParseAddr(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := netlink.AddrAdd(links[name], ap); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cgf, err := os.Open(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cgf.Close()
+
+	d1, err := Open(xdpConfig(bpffs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d1.AttachCgroup(cg); err != nil {
+		t.Fatal(err)
+	}
+	if err := d1.AttachDevices([]string{"sl-a", "sl-c"}); err != nil {
+		t.Fatal(err)
+	}
+	// A clsact filter as an agent on a kernel without tcx left it, and
+	// one of another tool, on the device to be dropped.
+	if err := attachClsact(links["sl-c"].Attrs().Index, netlink.HANDLE_MIN_INGRESS, filterPrefix+"ingress", d1.TCIngress(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := addClsactFilter(links["sl-c"].Attrs().Index, netlink.HANDLE_MIN_EGRESS, 1, 1, "other_tool", d1.TCEgress()); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"sl-a", "sl-c"} {
+		if xdpProgID(t, links[name]) == 0 {
+			t.Fatalf("no XDP program on %s after attaching with XDP generic", name)
+		}
+	}
+	if n := countEntries(t, d1.Maps().devices); n != 2 {
+		t.Fatalf("sluice_devices holds %d devices after attaching two", n)
+	}
+	d1.Close()
+
+	cfg := smallConfig(bpffs)
+	cfg.DisableSocketLB = true // and XDP off
+	d2 := openTest(t, cfg)
+	if err := d2.Prune("", []string{"sl-a"}); err != nil {
+		t.Fatalf("Prune: %v", err)
+	}
+	if err := d2.AttachDevices([]string{"sl-a"}); err != nil {
+		t.Fatal(err)
+	}
+
+	a, c := links["sl-a"].Attrs().Index, links["sl-c"].Attrs().Index
+	for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+		if got := attachedIDs(t, c, at); len(got) != 0 {
+			t.Errorf("dropped device sl-c still has %s programs %v", at, got)
+		}
+		if got := attachedIDs(t, a, at); len(got) != 1 {
+			t.Errorf("sl-a has %s programs %v, want this agent's one", at, got)
+		}
+	}
+	for _, name := range []string{"sl-a", "sl-c"} {
+		if id := xdpProgID(t, links[name]); id != 0 {
+			t.Errorf("%s still runs XDP program %d with XDP off", name, id)
+		}
+	}
+	for _, cp := range cgroupProgs {
+		if got := attachedIDs(t, int(cgf.Fd()), cp.attach); len(got) != 0 {
+			t.Errorf("cgroup still has %s programs %v with socket LB off", cp.name, got)
+		}
+	}
+	pins, _ := os.ReadDir(filepath.Join(bpffs, "sluice", "links"))
+	var names []string
+	for _, p := range pins {
+		names = append(names, p.Name())
+	}
+	if want := []string{"tcx_egress_sl-a", "tcx_ingress_sl-a"}; !slices.Equal(names, want) {
+		t.Errorf("pinned links %v, want %v", names, want)
+	}
+	if got := bpfFilters(t, links["sl-c"]); !slices.Equal(got, []string{"other_tool"}) {
+		t.Errorf("filters on sl-c: %v, want only the other tool's", got)
+	}
+	var idx uint32
+	var nd sockNodeDev
+	var devs []uint32
+	for it := d2.Maps().devices.Iterate(); it.Next(&idx, &nd); {
+		devs = append(devs, idx)
+	}
+	if !slices.Equal(devs, []uint32{uint32(a)}) {
+		t.Errorf("sluice_devices holds %v, want only sl-a's %d", devs, a)
+	}
+}
+
+// TestClsactLeavesOtherToolsFilters (C3): the clsact fallback puts its
+// filter at a priority and handle of its own, refuses to replace a filter
+// of another tool found there, leaves other tools' filters elsewhere alone
+// (release 0 replaced whatever was at priority 1, handle 1), and removes
+// only Sluice's own older filters.
+func TestClsactLeavesOtherToolsFilters(t *testing.T) {
+	d := newTestDatapath(t)
+	ns := topology.NewNS(t, "clsact")
+	ns.Enter(t)
+	links := addVeths(t, [2]string{"sl-e", "sl-f"})
+	e := links["sl-e"].Attrs().Index
+
+	// Another tool at priority 1 handle 1 and Sluice's release 0 filter
+	// on ingress; another tool in Sluice's own place on egress.
+	if _, err := addClsactFilter(e, netlink.HANDLE_MIN_INGRESS, 1, 1, "other_tool", d.TCEgress()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := addClsactFilter(e, netlink.HANDLE_MIN_INGRESS, 1, 2, filterPrefix+"ingress", d.TCIngress()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := addClsactFilter(e, netlink.HANDLE_MIN_EGRESS, clsactPriority, clsactHandle, "cilium_other", d.TCIngress()); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := attachClsact(e, netlink.HANDLE_MIN_INGRESS, filterPrefix+"ingress", d.TCIngress(), nil); err != nil {
+		t.Fatalf("attach ingress: %v", err)
+	}
+	err := attachClsact(e, netlink.HANDLE_MIN_EGRESS, filterPrefix+"egress", d.TCEgress(), nil)
+	if err == nil || !strings.Contains(err.Error(), "cilium_other") || !strings.Contains(err.Error(), "not replacing") {
+		t.Errorf("attach egress over another tool's filter: %v, want a refusal naming it", err)
+	}
+	type place struct {
+		name       string
+		prio       uint16
+		handle     uint32
+		parentEgrs bool
+	}
+	var got []place
+	for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+		fs, err := netlink.FilterList(links["sl-e"], parent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fs {
+			if bf, ok := f.(*netlink.BpfFilter); ok {
+				got = append(got, place{bf.Name, bf.Priority, bf.Handle, parent == netlink.HANDLE_MIN_EGRESS})
+			}
+		}
+	}
+	want := []place{
+		{"other_tool", 1, 1, false},
+		{filterPrefix + "ingress", clsactPriority, clsactHandle, false},
+		{"cilium_other", clsactPriority, clsactHandle, true},
+	}
+	slices.SortFunc(got, func(a, b place) int { return strings.Compare(a.name, b.name) })
+	slices.SortFunc(want, func(a, b place) int { return strings.Compare(a.name, b.name) })
+	if !slices.Equal(got, want) {
+		t.Errorf("filters %+v, want %+v", got, want)
+	}
+}
+
+// TestPinsArePrivate: everything under the pin directory, maps and links
+// (and the directories), is root's alone: 0600 files, 0700 directories,
+// even if the directory was there before with a laxer mode.
+func TestPinsArePrivate(t *testing.T) {
+	testutil.Privileged(t)
+	bpffs := testPinDir(t)
+	if err := os.MkdirAll(filepath.Join(bpffs, "sluice"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ns := topology.NewNS(t, "pins")
+	cg := newTestCgroup(t).Path
+	ns.Enter(t)
+	addVeths(t, [2]string{"sl-p", "sl-q"})
+	d := openTest(t, xdpConfig(bpffs))
+	if err := d.AttachCgroup(cg); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.AttachDevices([]string{"sl-p"}); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	err := filepath.WalkDir(filepath.Join(bpffs, "sluice"), func(p string, e os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := e.Info()
+		if err != nil {
+			return err
+		}
+		want := os.FileMode(0o600)
+		if e.IsDir() {
+			want = 0o700 | os.ModeDir
+		}
+		if info.Mode() != want {
+			t.Errorf("%s: mode %v, want %v", p, info.Mode(), want)
+		}
+		n++
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 2 directories, the maps, 4 cgroup links, 2 tcx links, 1 XDP link.
+	if n < 2+len(smallConfig("").withDefaults().maxEntries())+4+2+1 {
+		t.Errorf("walked only %d pins and directories", n)
 	}
 }

@@ -77,7 +77,10 @@ const ctFlushBatch = 4096
 // translated to any of backends: forward entries that name one and reverse
 // entries keyed by its replies, established or half-open. The next packet
 // of such a flow selects again. One pass over the maps covers up to
-// ctFlushBatch backends.
+// ctFlushBatch backends. The connected UDP sockets the socket programs
+// sent to one of them are ended as well (sockdestroy.go), so that they
+// connect again: reported through OnSocketTermination, never an error
+// here (the conntrack flush, which the reconciler retries, succeeded).
 func (m *Maps) FlushConntrack(backends []model.L4Addr) error {
 	keys := make([]sockCtBackendKey, 0, len(backends))
 	for _, b := range backends {
@@ -117,6 +120,9 @@ func (m *Maps) flushBatch(keys []sockCtBackendKey) error {
 		return fmt.Errorf("write %s: %w", mapCTFlush, err)
 	}
 	_, runErr := m.runCTGC(1)
+	// The connected sockets of the UDP ones go too (they keep the
+	// backend otherwise), while the set is in the map for the iterator.
+	m.terminateSockets(keys)
 	// Empty the set whatever happened: it must not linger into the
 	// next flush.
 	_, delErr := m.ctFlush.BatchDelete(keys, nil)
@@ -161,24 +167,76 @@ type ct4EntryRelease0 struct {
 	_         uint16
 }
 
-// convertConntrack copies release 0's live conntrack entries into
-// sluice_conntrack_v2, each expiring when it would have expired there.
-// Release 0 did not know whether a flow had been answered: every entry is
-// taken as established (the safe side: it stays until it idles out). What
-// does not fit the configured size is left out.
-func convertConntrack(old, cur *ebpf.Map, spec *ebpf.CollectionSpec) error {
-	timeout := map[string]uint64{}
-	for _, name := range []string{"ct_timeout_tcp_ns", "ct_timeout_udp_ns", "ct_timeout_close_ns"} {
-		var v uint64
+// ctTimeouts are the conntrack lifetimes, by the names of their constants.
+type ctTimeouts struct{ tcp, syn, udp, close uint64 }
+
+// lifetime is bpf/lib/conntrack.h's ct_lifetime.
+func (t ctTimeouts) lifetime(proto uint8, flags uint32) uint64 {
+	switch {
+	case proto != uint8(model.TCP):
+		return t.udp
+	case ctClosed(flags):
+		return t.close
+	case flags&ctFlagReplied != 0:
+		return t.tcp
+	}
+	return t.syn
+}
+
+// ctClosed is conntrack.h's ct_closed: a RST, or a FIN each way.
+func ctClosed(flags uint32) bool {
+	return flags&ctFlagRST != 0 || flags&(ctFlagFinFwd|ctFlagFinRev) == ctFlagFinFwd|ctFlagFinRev
+}
+
+// seen is when e was last seen: its expiry less its lifetime
+// (bpf/migrate.c's mig_seen).
+func (t ctTimeouts) seen(proto uint8, e *sockCt4Entry) uint64 {
+	return e.Expires - t.lifetime(proto, e.Flags)
+}
+
+// supersedes is bpf/migrate.c's mig_supersedes: whether the old entry o
+// is of another flow than n, the new map's entry under the same key, and
+// was seen later (a tuple reused since n was copied).
+func (t ctTimeouts) supersedes(proto uint8, o, n *sockCt4Entry) bool {
+	if o.NatAddr == n.NatAddr && o.NatPort == n.NatPort && o.BackendId == n.BackendId && ctClosed(o.Flags) == ctClosed(n.Flags) {
+		return false
+	}
+	return int64(t.seen(proto, o)-t.seen(proto, n)) > 0
+}
+
+func (c Config) ctTimeouts() ctTimeouts {
+	c = c.withDefaults()
+	return ctTimeouts{
+		tcp: uint64(c.CTTimeoutTCP.Nanoseconds()), syn: uint64(c.CTTimeoutSYN.Nanoseconds()), udp: uint64(c.CTTimeoutUDP.Nanoseconds()),
+		close: uint64(c.CTTimeoutClose.Nanoseconds()),
+	}
+}
+
+// convertRelease0Conntrack is convertConntrack with the timeouts of spec's
+// constants (a pinMigration's convert).
+func convertRelease0Conntrack(old, cur *ebpf.Map, spec *ebpf.CollectionSpec) error {
+	var t ctTimeouts
+	for name, v := range map[string]*uint64{"ct_timeout_tcp_ns": &t.tcp, "ct_timeout_udp_ns": &t.udp, "ct_timeout_close_ns": &t.close} {
 		vs := spec.Variables[name]
 		if vs == nil {
 			return fmt.Errorf("variable %s missing from BPF object", name)
 		}
-		if err := vs.Get(&v); err != nil {
+		if err := vs.Get(v); err != nil {
 			return fmt.Errorf("read %s: %w", name, err)
 		}
-		timeout[name] = v
 	}
+	return convertConntrack(old, cur, t, nil)
+}
+
+// convertConntrack copies release 0's live conntrack entries into
+// sluice_conntrack_v2, each expiring when it would have expired there.
+// Release 0 did not know whether a flow had been answered: every entry is
+// taken as established (the safe side: it stays until it idles out). What
+// does not fit the configured size is left out. With place, only entries
+// it says may go are copied, as it says (inserted, or replacing another
+// flow's): the copy into a live map at the end of a migration (migrate.go;
+// bpf/migrate.c converts the same way).
+func convertConntrack(old, cur *ebpf.Map, t ctTimeouts, place ctPlacer) error {
 	now, err := monotonicNow()
 	if err != nil {
 		return err
@@ -187,30 +245,40 @@ func convertConntrack(old, cur *ebpf.Map, spec *ebpf.CollectionSpec) error {
 	var v ct4EntryRelease0
 	it := old.Iterate()
 	for it.Next(&k, &v) {
-		life := timeout["ct_timeout_udp_ns"]
+		life := t.udp
 		if k.Proto == uint8(model.TCP) {
-			life = timeout["ct_timeout_tcp_ns"]
+			life = t.tcp
 			if f := uint32(v.Flags); f&ctFlagRST != 0 || f&(ctFlagFinFwd|ctFlagFinRev) == ctFlagFinFwd|ctFlagFinRev {
-				life = timeout["ct_timeout_close_ns"]
+				life = t.close
 			}
 		}
 		expires := v.LastSeen + life
-		if int64(expires-now) <= 0 {
-			continue
-		}
 		e := sockCt4Entry{
 			Expires: expires, Flags: uint32(v.Flags) | ctFlagReplied,
 			NatAddr: v.NatAddr, NatPort: v.NatPort, SnatAddr: v.SnatAddr, SnatPort: v.SnatPort,
 			BackendId: v.BackendId, RevNatId: v.RevNatId,
 		}
-		if err := cur.Put(&k, &e); err != nil {
+		if int64(expires-now) <= 0 {
+			continue
+		}
+		flags := ebpf.UpdateAny
+		if place != nil {
+			var ok bool
+			if flags, ok = place(&k, &e); !ok {
+				continue
+			}
+		}
+		if err := cur.Update(&k, &e, flags); err != nil {
 			if errors.Is(err, unix.E2BIG) {
 				break
+			}
+			if errors.Is(err, ebpf.ErrKeyExist) {
+				continue
 			}
 			return fmt.Errorf("copy entry: %w", err)
 		}
 	}
-	if err := it.Err(); err != nil {
+	if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrIterationAborted) {
 		return fmt.Errorf("read entries: %w", err)
 	}
 	return nil

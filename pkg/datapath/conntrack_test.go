@@ -401,7 +401,7 @@ func TestCTGCKeepsLiveReservation(t *testing.T) {
 func TestCTSNATReservationLost(t *testing.T) {
 	testutil.Privileged(t)
 	ns, ifindex := nodeNetns(t)
-	cfg := smallConfig(testPinDir(t))
+	cfg := xdpConfig(testPinDir(t))
 	cfg.SNATPortMin, cfg.SNATPortMax = 62000, 62000
 	d := openTest(t, cfg)
 	m := d.Maps()

@@ -6,19 +6,27 @@
 // BPFFS/sluice/ and links under BPFFS/sluice/links/, so an agent that exits
 // or restarts leaves traffic alone. Open reuses pinned maps (their contents
 // are the state the reconciler restores from), migrating those of the
-// previous release to this one's names and layouts (pins.go), and the
-// Attach methods replace the programs behind pinned links in place. Only
-// Cleanup removes anything. OpenPinned is the operators' read-only view of
-// the same pins. The constants both sides of the maps use are generated
-// from bpf/lib/structs.h (abi.go).
+// previous release to this one's names and layouts (pins.go) and those of
+// another size to the configured one (migrate.go), and the Attach methods
+// replace the programs behind pinned links in place; Prune detaches what
+// the configuration no longer names. Only Cleanup removes everything.
+// OpenPinned is the operators' read-only view of the same pins. The
+// constants both sides of the maps use are generated from
+// bpf/lib/structs.h (abi.go).
 //
-// Four objects are built from bpf/: sock.c (cgroup connect4, sendmsg4,
-// recvmsg4, getpeername4), tc.c (tc ingress and egress), xdp.c (the XDP
-// fast path for north-south flows to remote backends) and ctgc.c (the
-// conntrack garbage collector the agent runs, conntrack.go, and the
-// session affinity upkeep, affinity.go). All declare
-// every map with pinning by name, so whichever loads first creates the
-// pins and the others reuse them.
+// Six objects are built from bpf/: tc.c (tc ingress and egress), ctgc.c
+// (the conntrack garbage collector the agent runs, conntrack.go, and the
+// session affinity upkeep, affinity.go), sock.c
+// (cgroup connect4, sendmsg4, recvmsg4, getpeername4), xdp.c (the XDP fast
+// path for north-south flows to remote backends), sockdestroy.c (an
+// iterator that ends connected UDP sockets of removed backends,
+// sockdestroy.go) and migrate.c (conntrack carried over to a new map while
+// the programs are replaced). Open loads only what the configuration
+// uses: tc and the GC always, the socket programs unless socket load
+// balancing is off, XDP only in an XDP mode, and the last two only where
+// the kernel and the moment call for them (features.go says what each
+// needs). All declare every pinned map alike, so whichever loads first
+// creates the pins and the others reuse them.
 //
 // The package returns errors with context and never logs.
 package datapath
@@ -50,8 +58,18 @@ type Config struct {
 	// new flows evicts only its own kind), MaxSockRev sluice_sock_rev and
 	// sluice_udp_stick (262144), MaxAffinity sluice_session_affinity, the
 	// session affinity of clients (65536, as Cilium's; an LRU: the
-	// clients seen longest ago make room).
+	// clients seen longest ago make room), MaxSourceRanges
+	// sluice_src_ranges, the loadBalancerSourceRanges of all frontends
+	// together (16384), and MaxDevices sluice_devices, the devices the
+	// programs are attached to (64). A pinned map of another size is
+	// migrated to this one at Open (migrate.go).
 	MaxServices, MaxBackends, MaxServiceEntries, MaxConntrack, MaxConntrackNew, MaxSockRev, MaxAffinity int
+	MaxSourceRanges, MaxDevices                                                                         int
+	// DisableSocketLB leaves the socket programs unloaded (--socket-lb=false):
+	// they need more of the kernel than the rest (features.go), and
+	// AttachCgroup then fails. Prune detaches those an earlier agent
+	// attached.
+	DisableSocketLB bool
 
 	// Idle timeouts of per-packet conntrack entries; 0 means the default
 	// (6h for established TCP, 60s for UDP). CTTimeoutSYN is how long a
@@ -122,6 +140,8 @@ const (
 	DefaultMaxConntrackNew   = 65536
 	DefaultMaxSockRev        = 262144
 	DefaultMaxAffinity       = 65536
+	DefaultMaxSourceRanges   = 16384
+	DefaultMaxDevices        = 64
 	DefaultCTTimeoutTCP      = 6 * time.Hour
 	DefaultCTTimeoutSYN      = 60 * time.Second
 	DefaultCTTimeoutUDP      = 60 * time.Second
@@ -146,6 +166,8 @@ func (c Config) withDefaults() Config {
 	def(&c.MaxConntrackNew, DefaultMaxConntrackNew)
 	def(&c.MaxSockRev, DefaultMaxSockRev)
 	def(&c.MaxAffinity, DefaultMaxAffinity)
+	def(&c.MaxSourceRanges, DefaultMaxSourceRanges)
+	def(&c.MaxDevices, DefaultMaxDevices)
 	if c.CTTimeoutTCP == 0 {
 		c.CTTimeoutTCP = DefaultCTTimeoutTCP
 	}
@@ -175,6 +197,8 @@ func (c Config) maxEntries() map[string]int {
 		mapSockRev:   c.MaxSockRev,
 		mapUDPStick:  c.MaxSockRev,
 		mapAffinity:  c.MaxAffinity,
+		mapSrcRanges: c.MaxSourceRanges,
+		mapDevices:   c.MaxDevices,
 		// Every service IP is some ClusterIP frontend's address.
 		mapServiceIPs: c.MaxServices,
 	}
@@ -184,23 +208,48 @@ func (c Config) maxEntries() map[string]int {
 type Datapath struct {
 	cfg  Config
 	dir  string // BPFFS/sluice
-	sock sockObjects
 	tc   tcObjects
-	xdp  xdpObjects
-	gc   ctgcObjects
+	gc   ctgcPrograms
+	sock sockProgs   // nil programs with socket load balancing off
+	xdp  xdpPrograms // nil program with XDP off
 	maps *Maps
+
+	// What the kernel offers beyond the minimum (features.go).
+	features Features
+
+	// Maps replaced at Open whose old map the previous agent's programs
+	// may still write (migrate.go); the shim programs that carry
+	// conntrack over while the programs are replaced, when one of them
+	// is conntrack.
+	migrations []*migration
+	shim       migratePrograms
 }
 
-// Open loads the programs and creates the pinned maps, or reuses them if
-// an earlier agent pinned them; maps the previous release pinned under
-// other names or layouts are migrated first (pins.go). A pinned map whose
-// type, key, value or size differ from what this agent wants is an error:
-// resizing would drop the state that keeps traffic flowing, so it takes an
-// explicit Cleanup.
+// sockProgs are the socket programs, each in the variant this kernel
+// takes (Features.SetRetval).
+type sockProgs struct {
+	Connect4     *ebpf.Program `ebpf:"sluice_connect4"`
+	Sendmsg4     *ebpf.Program `ebpf:"sluice_sendmsg4"`
+	Recvmsg4     *ebpf.Program `ebpf:"sluice_recvmsg4"`
+	Getpeername4 *ebpf.Program `ebpf:"sluice_getpeername4"`
+}
+
+func (p *sockProgs) Close() error {
+	return errors.Join(p.Connect4.Close(), p.Sendmsg4.Close(), p.Recvmsg4.Close(), p.Getpeername4.Close())
+}
+
+// Open loads the programs the configuration uses and creates the pinned
+// maps, or reuses them if an earlier agent pinned them. Maps the previous
+// release pinned under other names or layouts are converted first
+// (pins.go), and maps pinned with another size than configured are
+// migrated to the new size (migrate.go): the entries are copied into a new
+// map whose pin replaces the old one. A pinned map whose type, key or
+// value differ from what this agent wants, under the same name, is an
+// error: that is not a layout this build knows.
 func Open(cfg Config) (*Datapath, error) {
 	cfg = cfg.withDefaults()
 	for name, n := range cfg.maxEntries() {
-		if n < 0 || n > 1<<30 {
+		if n <= 0 || n > 1<<30 {
 			return nil, fmt.Errorf("size of %s: %d out of range", name, n)
 		}
 	}
@@ -211,88 +260,182 @@ func Open(cfg Config) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(cfg.BPFFS, "sluice")
-	if err := os.MkdirAll(filepath.Join(dir, "links"), 0o700); err != nil {
-		return nil, fmt.Errorf("create pin directory: %w", err)
-	}
-
-	sockSpec, err := loadSock()
-	if err != nil {
-		return nil, err
-	}
-	tcSpec, err := loadTc()
-	if err != nil {
-		return nil, err
-	}
-	xdpSpec, err := loadXdp()
-	if err != nil {
-		return nil, err
-	}
-	gcSpec, err := loadCtgc()
-	if err != nil {
-		return nil, err
-	}
 	if cfg.XDP, err = ParseXDPMode(string(cfg.XDP)); err != nil {
 		return nil, err
 	}
-	specs := []*ebpf.CollectionSpec{sockSpec, tcSpec, xdpSpec, gcSpec}
-	for _, spec := range specs {
+	dir := filepath.Join(cfg.BPFFS, "sluice")
+	// Only root may reach the pins: a map's pin opens it for writing
+	// (the kernel creates each pin 0600 itself).
+	for _, p := range []string{dir, filepath.Join(dir, "links")} {
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			return nil, fmt.Errorf("create pin directory: %w", err)
+		}
+		if err := os.Chmod(p, 0o700); err != nil {
+			return nil, fmt.Errorf("restrict pin directory: %w", err)
+		}
+	}
+
+	d := &Datapath{cfg: cfg, dir: dir}
+	specs, err := d.specs()
+	if err != nil {
+		return nil, err
+	}
+	for _, spec := range specs.all() {
 		if err := configure(spec, cfg); err != nil {
 			return nil, err
 		}
 	}
-	// The objects declare every map alike (TestObjectsShareMaps).
-	if err := migratePins(dir, sockSpec); err != nil {
+	// The objects declare every pinned map alike (TestObjectsShareMaps):
+	// the tc object, always loaded, stands for all.
+	if d.migrations, err = migratePins(dir, specs.tc); err != nil {
 		return nil, err
 	}
-	for _, spec := range specs {
-		if err := checkPinned(spec, dir); err != nil {
-			return nil, err
-		}
+	resized, err := resizePins(dir, specs.tc)
+	if err != nil {
+		d.closeMigrations()
+		return nil, err
 	}
-
-	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}}
-	d := &Datapath{cfg: cfg, dir: dir}
-	for _, o := range []struct {
-		what string
-		spec *ebpf.CollectionSpec
-		objs any
-	}{
-		{"socket programs", sockSpec, &d.sock},
-		{"tc programs", tcSpec, &d.tc},
-		{"XDP program", xdpSpec, &d.xdp},
-		{"conntrack GC program", gcSpec, &d.gc},
-	} {
-		if err := o.spec.LoadAndAssign(o.objs, opts); err != nil {
-			// d.Close closes what the objects before this one
-			// loaded; the rest are still zero and close as nothing.
-			return nil, errors.Join(fmt.Errorf("load %s: %w", o.what, verifierDetail(err)), d.Close())
-		}
+	d.migrations = append(d.migrations, resized...)
+	if err := checkPinned(specs.tc, dir); err != nil {
+		d.closeMigrations()
+		return nil, err
 	}
-	d.maps = &Maps{
-		services:   d.sock.SluiceServicesV1,
-		backends:   d.sock.SluiceBackendsV1,
-		revNat:     d.sock.SluiceRevNatV1,
-		conntrack:  d.sock.SluiceConntrackV2,
-		ctNew:      d.sock.SluiceCtNewV1,
-		ctFlush:    d.sock.SluiceCtFlushV1,
-		ctGC:       d.gc.SluiceCtGc,
-		affinity:   d.sock.SluiceSessionAffinityV1,
-		affFix:     d.sock.SluiceAffFixV1,
-		affFixProg: d.gc.SluiceAffFix,
-		sockRev:    d.sock.SluiceSockRevV1,
-		udpStick:   d.sock.SluiceUdpStickV1,
-		metrics:    d.sock.SluiceMetricsV1,
-		devices:    d.sock.SluiceDevicesV1,
-		srcRanges:  d.sock.SluiceSrcRangesV1,
-		serviceIPs: d.sock.SluiceServiceIpsV1,
-		nodeCIDRs:  d.sock.SluiceNodeCidrsV1,
-		cfg:        cfg,
+	if err := d.load(specs); err != nil {
+		d.closeMigrations()
+		return nil, err
 	}
 	if err := d.maps.setNodeCIDRs(cidrs); err != nil {
 		return nil, errors.Join(err, d.Close())
 	}
 	return d, nil
+}
+
+// objectSpecs are the collections Open loads; nil ones are not loaded.
+type objectSpecs struct {
+	tc, gc, sock, xdp, sockDestroy *ebpf.CollectionSpec
+}
+
+func (o objectSpecs) all() []*ebpf.CollectionSpec {
+	var out []*ebpf.CollectionSpec
+	for _, s := range []*ebpf.CollectionSpec{o.tc, o.gc, o.sock, o.xdp, o.sockDestroy} {
+		if s != nil {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// specs reads the objects the configuration uses, probing the kernel for
+// the variants (features.go), and records what it found in d.features.
+func (d *Datapath) specs() (objectSpecs, error) {
+	var o objectSpecs
+	var err error
+	if o.tc, err = loadTc(); err != nil {
+		return o, err
+	}
+	if o.gc, err = loadCtgc(); err != nil {
+		return o, err
+	}
+	if d.cfg.XDP != XDPOff {
+		if o.xdp, err = loadXdp(); err != nil {
+			return o, err
+		}
+	}
+	if d.cfg.DisableSocketLB {
+		return o, nil
+	}
+	if o.sock, err = loadSock(); err != nil {
+		return o, err
+	}
+	d.features.SetRetval = haveSetRetval() == nil
+	if err := selectSockVariant(o.sock, d.features.SetRetval); err != nil {
+		return o, err
+	}
+	if d.features.SockDestroy = sockDestroyMethod(); d.features.SockDestroy == SockDestroyBPF {
+		if o.sockDestroy, err = loadSockdestroy(); err != nil {
+			return o, err
+		}
+	}
+	return o, nil
+}
+
+// selectSockVariant makes the socket programs that refuse a connection
+// the variant the kernel takes: with bpf_set_retval (ECONNREFUSED), or
+// their eperm twins without it (sock.c), which keep their own names
+// (bpftool shows sluice_eperm_co for sluice_eperm_connect4).
+func selectSockVariant(spec *ebpf.CollectionSpec, setRetval bool) error {
+	for _, hook := range []string{"connect4", "sendmsg4"} {
+		name, twinName := "sluice_"+hook, "sluice_eperm_"+hook
+		twin := spec.Programs[twinName]
+		if spec.Programs[name] == nil || twin == nil {
+			return fmt.Errorf("program %s or its twin %s missing from the socket object", name, twinName)
+		}
+		if !setRetval {
+			spec.Programs[name] = twin
+		}
+		delete(spec.Programs, twinName)
+	}
+	return nil
+}
+
+// load loads the collections in specs, reusing (or creating) the pins.
+func (d *Datapath) load(specs objectSpecs) (err error) {
+	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.dir}}
+	defer func() {
+		if err != nil {
+			// What was loaded is dropped; err says why.
+			_ = d.closeObjects()
+		}
+	}()
+	if err := specs.tc.LoadAndAssign(&d.tc, opts); err != nil {
+		return fmt.Errorf("load tc programs: %w", verifierDetail(err))
+	}
+	if err := specs.gc.LoadAndAssign(&d.gc, opts); err != nil {
+		return fmt.Errorf("load conntrack GC program: %w", verifierDetail(err))
+	}
+	if specs.sock != nil {
+		if err := specs.sock.LoadAndAssign(&d.sock, opts); err != nil {
+			return fmt.Errorf("load socket programs: %w", verifierDetail(err))
+		}
+	}
+	if specs.xdp != nil {
+		if err := specs.xdp.LoadAndAssign(&d.xdp, opts); err != nil {
+			return fmt.Errorf("load XDP program: %w", verifierDetail(err))
+		}
+	}
+	d.maps = &Maps{
+		services:   d.tc.SluiceServicesV1,
+		backends:   d.tc.SluiceBackendsV1,
+		revNat:     d.tc.SluiceRevNatV1,
+		conntrack:  d.tc.SluiceConntrackV2,
+		ctNew:      d.tc.SluiceCtNewV1,
+		ctFlush:    d.tc.SluiceCtFlushV1,
+		ctGC:       d.gc.SluiceCtGc,
+		affinity:   d.tc.SluiceSessionAffinityV1,
+		affFix:     d.tc.SluiceAffFixV1,
+		affFixProg: d.gc.SluiceAffFix,
+		sockRev:    d.tc.SluiceSockRevV1,
+		udpStick:   d.tc.SluiceUdpStickV1,
+		metrics:    d.tc.SluiceMetricsV1,
+		devices:    d.tc.SluiceDevicesV1,
+		srcRanges:  d.tc.SluiceSrcRangesV1,
+		serviceIPs: d.tc.SluiceServiceIpsV1,
+		nodeCIDRs:  d.tc.SluiceNodeCidrsV1,
+		cfg:        d.cfg,
+	}
+	if specs.sockDestroy != nil {
+		if d.maps.sockTerm, err = loadSockTerminator(specs.sockDestroy, opts); err != nil {
+			return err
+		}
+	} else if d.features.SockDestroy == SockDestroyNetlink {
+		d.maps.sockTerm = &sockTerminator{method: SockDestroyNetlink}
+	}
+	for _, mg := range d.migrations {
+		if mg.cur, err = d.tc.mapByName(mg.name); err != nil {
+			return err
+		}
+	}
+	return d.loadShim(opts)
 }
 
 // configure sizes the maps and sets the per-node constants of spec.
@@ -392,16 +535,29 @@ func (d *Datapath) Maps() *Maps { return d.maps }
 // TCIngress is the program attached to device ingress.
 func (d *Datapath) TCIngress() *ebpf.Program { return d.tc.SluiceIngress }
 
-// XDP is the program attached to the devices in XDP mode.
+// XDP is the program attached to the devices in XDP mode; nil with XDP
+// off (it is not loaded then).
 func (d *Datapath) XDP() *ebpf.Program { return d.xdp.SluiceXdp }
 
 // TCEgress is the program attached to device egress.
 func (d *Datapath) TCEgress() *ebpf.Program { return d.tc.SluiceEgress }
 
+// Features says what the kernel offered beyond the minimum (features.go).
+func (d *Datapath) Features() Features { return d.features }
+
 // Close releases the agent's file descriptors. Pins and links stay, so
 // traffic keeps flowing while no agent runs.
 func (d *Datapath) Close() error {
-	return errors.Join(d.sock.Close(), d.tc.Close(), d.xdp.Close(), d.gc.Close())
+	d.closeMigrations()
+	return d.closeObjects()
+}
+
+func (d *Datapath) closeObjects() error {
+	var errs []error
+	if d.maps != nil && d.maps.sockTerm != nil {
+		errs = append(errs, d.maps.sockTerm.Close())
+	}
+	return errors.Join(append(errs, d.sock.Close(), d.tc.Close(), d.xdp.Close(), d.gc.Close(), d.shim.Close())...)
 }
 
 // CounterNames returns the reasons Counters reports, in a stable order (for

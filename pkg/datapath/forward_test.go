@@ -322,7 +322,7 @@ func TestXDPTTLAndMTU(t *testing.T) {
 	if err := netlink.LinkSetMTU(mustLink(t, "eth1"), 1280); err != nil {
 		t.Fatal(err)
 	}
-	d := openTest(t, smallConfig(testPinDir(t)))
+	d := openTest(t, xdpConfig(testPinDir(t)))
 	if err := d.AttachDevices([]string{"eth0", "eth1"}); err != nil {
 		t.Fatal(err)
 	}

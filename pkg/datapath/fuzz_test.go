@@ -113,7 +113,7 @@ func newFuzzNode(tb testing.TB) *fuzzNode {
 	tb.Helper()
 	testutil.Privileged(tb)
 	ns, ifindex := nodeNetns(tb)
-	d := openTest(tb, smallConfig(testPinDir(tb)))
+	d := openTest(tb, xdpConfig(testPinDir(tb))) // (XDP is loaded only in an XDP mode)
 	if err := d.AttachDevices([]string{"eth0", "eth1"}); err != nil {
 		tb.Fatal(err)
 	}

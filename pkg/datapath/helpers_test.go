@@ -52,6 +52,14 @@ func smallConfig(bpffs string) Config {
 	}
 }
 
+// xdpConfig is smallConfig with the XDP program loaded (only an XDP mode
+// loads it); AttachDevices then attaches it in generic mode.
+func xdpConfig(bpffs string) Config {
+	c := smallConfig(bpffs)
+	c.XDP = XDPGeneric
+	return c
+}
+
 func openTest(t testing.TB, cfg Config) *Datapath {
 	t.Helper()
 	d, err := Open(cfg)

@@ -28,6 +28,11 @@ type Maps struct {
 	ctGC       *ebpf.Program // bpf/ctgc.c: conntrack GC and flush (conntrack.go)
 	affFixProg *ebpf.Program // bpf/ctgc.c: session affinity upkeep (affinity.go)
 
+	// Ends the connected UDP sockets of flushed backends, nil if none
+	// can be (sockdestroy.go); onSockTerm hears what it did.
+	sockTerm   *sockTerminator
+	onSockTerm func(SocketTermination)
+
 	cfg Config
 }
 

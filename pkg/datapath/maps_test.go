@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"strings"
 	"testing"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
@@ -138,25 +137,6 @@ func TestMapsRejectInvalid(t *testing.T) {
 	// An IPv4-mapped IPv6 address is an IPv4 address.
 	if err := m.UpsertBackend(1, l4("::ffff:10.0.0.1", 80, model.TCP)); err != nil {
 		t.Errorf("IPv4-mapped backend: %v", err)
-	}
-}
-
-// TestOpenPinnedSizeMismatch: reusing pins with another size is refused
-// with an error that names the map and both sizes.
-func TestOpenPinnedSizeMismatch(t *testing.T) {
-	testutil.Privileged(t)
-	bpffs := testPinDir(t)
-	d := openTest(t, smallConfig(bpffs))
-	d.Close()
-	cfg := smallConfig(bpffs)
-	cfg.MaxConntrack = 8192
-	d2, err := Open(cfg)
-	if err == nil {
-		d2.Close()
-		t.Fatal("Open with a different conntrack size over existing pins succeeded")
-	}
-	if msg := err.Error(); !strings.Contains(msg, "sluice_conntrack") || !strings.Contains(msg, "4096") || !strings.Contains(msg, "8192") {
-		t.Errorf("error does not say which map and sizes: %v", err)
 	}
 }
 

@@ -185,7 +185,7 @@ func northSouthNode(t testing.TB) (*topology.NS, int, *Datapath) {
 	t.Helper()
 	testutil.Privileged(t)
 	ns, ifindex := nodeNetns(t)
-	d := openTest(t, smallConfig(testPinDir(t)))
+	d := openTest(t, xdpConfig(testPinDir(t)))
 	if err := d.AttachDevices([]string{"eth0"}); err != nil {
 		t.Fatal(err)
 	}

@@ -58,6 +58,12 @@ type pinMigration struct {
 	// entries, and the previous agent's programs, still attached until
 	// this agent replaces them, go on using it without a gap.
 	convert func(old, cur *ebpf.Map, spec *ebpf.CollectionSpec) error
+
+	// live: the previous agent's programs write the map, and what they
+	// write until their links are updated must be carried over too. The
+	// old map is kept for that (migrate.go); settle converts it with
+	// convert again, for the entries the new map lacks.
+	live bool
 }
 
 // pinMigrations is where a change of layout adds its conversion. Upgrades
@@ -80,7 +86,7 @@ var pinMigrations = []pinMigration{
 	{from: "sluice_services", to: mapServices},
 	{from: "sluice_backends", to: mapBackends},
 	{from: "sluice_rev_nat", to: mapRevNat},
-	{from: "sluice_conntrack", to: mapConntrack, convert: convertConntrack},
+	{from: "sluice_conntrack", to: mapConntrack, convert: convertRelease0Conntrack, live: true},
 	{from: "sluice_sock_rev", to: mapSockRev},
 	// UDP socket stickiness was called affinity, which Kubernetes
 	// means per client address (sessionAffinity).
@@ -95,28 +101,42 @@ var pinMigrations = []pinMigration{
 // the live state: the previous agent's programs use it. So it is moved
 // even if a pin of the new name exists too, which happens only if an
 // agent of the previous release ran again after an upgrade (a rollback):
-// the new-named pin is then older.
-func migratePins(dir string, spec *ebpf.CollectionSpec) error {
+// the new-named pin is then older. The old maps of live conversions are
+// returned, for the switch (migrate.go).
+func migratePins(dir string, spec *ebpf.CollectionSpec) (migs []*migration, err error) {
+	defer func() {
+		if err != nil {
+			for _, mg := range migs {
+				mg.old.Close()
+			}
+			migs = nil
+		}
+	}()
 	for _, pm := range pinMigrations {
 		from, to := filepath.Join(dir, pm.from), filepath.Join(dir, pm.to)
 		ms, ok := spec.Maps[pm.to]
 		if !ok {
-			return fmt.Errorf("migrate pin %s: map %s missing from BPF object", from, pm.to)
+			return migs, fmt.Errorf("migrate pin %s: map %s missing from BPF object", from, pm.to)
 		}
 		old, err := ebpf.LoadPinnedMap(from, nil)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("migrate pin %s: %w", from, err)
+			return migs, fmt.Errorf("migrate pin %s: %w", from, err)
 		}
 		err = migratePin(old, from, to, spec, ms, pm.convert)
-		old.Close()
 		if err != nil {
-			return fmt.Errorf("migrate pin %s to %s: %w", from, pm.to, err)
+			old.Close()
+			return migs, fmt.Errorf("migrate pin %s to %s: %w", from, pm.to, err)
+		}
+		if pm.live && pm.convert != nil {
+			migs = append(migs, &migration{name: pm.to, old: old, r0: pm.to == mapConntrack})
+		} else {
+			old.Close()
 		}
 	}
-	return nil
+	return migs, nil
 }
 
 func migratePin(old *ebpf.Map, from, to string, spec *ebpf.CollectionSpec, ms *ebpf.MapSpec,

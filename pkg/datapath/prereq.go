@@ -7,9 +7,13 @@ package datapath
 // about it.
 //
 // The kernel features are not a list kept by hand: they are read from the
-// BPF objects this agent is about to load (the program types and attach
-// types of their programs, the map types of their maps, the helpers each
-// program calls), and each is probed with a tiny program or map of its own.
+// BPF objects this agent is about to load for its configuration (the
+// program types and attach types of their programs, the map types of their
+// maps, the helpers each program calls), and each is probed with a tiny
+// program or map of its own. A part the configuration leaves out (socket
+// load balancing, XDP) is not asked for, and where a kernel can be served
+// by a variant (the socket programs without bpf_set_retval) the variant's
+// needs are the ones checked, as Open would load it.
 
 import (
 	"errors"
@@ -32,8 +36,12 @@ type Prerequisites struct {
 	// directory above it must be on a BPF file system.
 	BPFFS string
 	// Cgroup is the cgroup the socket programs attach to; empty when socket
-	// load balancing is off. It must be a directory on cgroup v2.
+	// load balancing is off (its programs are then neither loaded nor
+	// checked). It must be a directory on cgroup v2.
 	Cgroup string
+	// XDP is the XDP mode (Config.XDP): the XDP program is checked only
+	// when it is not off.
+	XDP XDPMode
 }
 
 // PrerequisiteError lists what the node lacks, one problem per entry,
@@ -65,7 +73,7 @@ func CheckNode(p Prerequisites) error {
 				"mount the unified hierarchy (`mount -t cgroup2 none /sys/fs/cgroup`) and point --cgroup at it, or run with --socket-lb=false", msg))
 		}
 	}
-	problems = append(problems, kernelProblems()...)
+	problems = append(problems, kernelProblems(p)...)
 	if len(problems) > 0 {
 		return &PrerequisiteError{Problems: problems}
 	}
@@ -127,28 +135,76 @@ func fsName(magic int64) string {
 type need struct {
 	what  string
 	probe func() error
+	parts []string // the parts of the datapath that need it
 }
 
-// kernelNeeds lists, without duplicates, what loading the objects needs
-// from the kernel.
-func kernelNeeds() ([]need, error) {
-	var specs []*ebpf.CollectionSpec
-	for _, o := range objects() {
-		spec, err := o.load()
+// part is one object Open loads and what it is for.
+type part struct {
+	name string
+	spec *ebpf.CollectionSpec
+}
+
+// partsFor returns the objects Open loads for p, as Open would configure
+// them.
+func partsFor(p Prerequisites) ([]part, error) {
+	var parts []part
+	add := func(name string, load func() (*ebpf.CollectionSpec, error), adjust func(*ebpf.CollectionSpec) error) error {
+		spec, err := load()
+		if err != nil {
+			return err
+		}
+		if adjust != nil {
+			if err := adjust(spec); err != nil {
+				return err
+			}
+		}
+		parts = append(parts, part{name, spec})
+		return nil
+	}
+	if err := add("per-packet load balancing (tc)", loadTc, nil); err != nil {
+		return nil, err
+	}
+	if err := add("the conntrack GC", loadCtgc, nil); err != nil {
+		return nil, err
+	}
+	if p.Cgroup != "" {
+		err := add("socket load balancing", loadSock, func(spec *ebpf.CollectionSpec) error {
+			return selectSockVariant(spec, haveSetRetval() == nil)
+		})
 		if err != nil {
 			return nil, err
 		}
-		specs = append(specs, spec)
 	}
-	var needs []need
-	seen := map[string]bool{}
-	add := func(what string, probe func() error) {
-		if !seen[what] {
-			seen[what] = true
-			needs = append(needs, need{what, probe})
+	if p.XDP != "" && p.XDP != XDPOff {
+		if err := add("the XDP fast path", loadXdp, nil); err != nil {
+			return nil, err
 		}
 	}
-	for _, spec := range specs {
+	return parts, nil
+}
+
+// kernelNeeds lists, without duplicates, what loading the objects for p
+// needs from the kernel.
+func kernelNeeds(p Prerequisites) ([]*need, error) {
+	parts, err := partsFor(p)
+	if err != nil {
+		return nil, err
+	}
+	var needs []*need
+	seen := map[string]*need{}
+	for _, pt := range parts {
+		add := func(what string, probe func() error) {
+			n := seen[what]
+			if n == nil {
+				n = &need{what: what, probe: probe}
+				seen[what] = n
+				needs = append(needs, n)
+			}
+			if !slices.Contains(n.parts, pt.name) {
+				n.parts = append(n.parts, pt.name)
+			}
+		}
+		spec := pt.spec
 		for _, name := range slices.Sorted(maps.Keys(spec.Maps)) {
 			mt := spec.Maps[name].Type
 			add("map type "+mt.String(), func() error { return features.HaveMapType(mt) })
@@ -198,16 +254,17 @@ func probeAttachType(pt ebpf.ProgramType, at ebpf.AttachType) error {
 	return err
 }
 
-// kernelProblems probes every need. A kernel that lacks a feature and an
-// agent that may not use bpf(2) at all are told apart: the second is one
-// problem (the container's capabilities or seccomp profile), not one per
-// feature.
-func kernelProblems() []string {
-	needs, err := kernelNeeds()
+// kernelProblems probes every need of the configuration p. A kernel that
+// lacks a feature and an agent that may not use bpf(2) at all are told
+// apart: the second is one problem (the container's capabilities or
+// seccomp profile), not one per feature.
+func kernelProblems(p Prerequisites) []string {
+	needs, err := kernelNeeds(p)
 	if err != nil {
 		return []string{fmt.Sprintf("read the BPF objects: %v", err)}
 	}
 	var missing, other []string
+	var parts []string
 	for _, n := range needs {
 		err := n.probe()
 		switch {
@@ -218,14 +275,20 @@ func kernelProblems() []string {
 				"(the DaemonSet sets seccompProfile Unconfined)", err)}
 		case errors.Is(err, ebpf.ErrNotSupported):
 			missing = append(missing, n.what)
+			for _, pt := range n.parts {
+				if !slices.Contains(parts, pt) {
+					parts = append(parts, pt)
+				}
+			}
 		default:
 			other = append(other, fmt.Sprintf("probe %s: %v", n.what, err))
 		}
 	}
 	var problems []string
 	if len(missing) > 0 {
-		problems = append(problems, fmt.Sprintf("the kernel (%s) lacks %s; Sluice needs Linux 6.6 or newer (deploy/README.md)",
-			kernelRelease(), strings.Join(missing, ", ")))
+		problems = append(problems, fmt.Sprintf("the kernel (%s) lacks %s, which %s needs; deploy/README.md's "+
+			"node requirements say which Linux each part needs (--socket-lb=false and --xdp=off leave those parts out)",
+			kernelRelease(), strings.Join(missing, ", "), strings.Join(parts, " and ")))
 	}
 	return append(problems, other...)
 }

@@ -26,7 +26,7 @@ func TestCheckNodePasses(t *testing.T) {
 			t.Errorf("bpffs %s: %v", bpffs, err)
 		}
 	}
-	needs, err := kernelNeeds()
+	needs, err := kernelNeeds(Prerequisites{Cgroup: cg, XDP: XDPGeneric})
 	if err != nil {
 		t.Fatal(err)
 	}

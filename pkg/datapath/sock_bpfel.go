@@ -318,6 +318,8 @@ const (
 	sockMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
 	sockMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
 	sockProgSluiceConnect4         = "sluice_connect4"
+	sockProgSluiceEpermConnect4    = "sluice_eperm_connect4"
+	sockProgSluiceEpermSendmsg4    = "sluice_eperm_sendmsg4"
 	sockProgSluiceGetpeername4     = "sluice_getpeername4"
 	sockProgSluiceRecvmsg4         = "sluice_recvmsg4"
 	sockProgSluiceSendmsg4         = "sluice_sendmsg4"
@@ -374,10 +376,12 @@ type sockSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockProgramSpecs struct {
-	SluiceConnect4     *ebpf.ProgramSpec `ebpf:"sluice_connect4"`
-	SluiceGetpeername4 *ebpf.ProgramSpec `ebpf:"sluice_getpeername4"`
-	SluiceRecvmsg4     *ebpf.ProgramSpec `ebpf:"sluice_recvmsg4"`
-	SluiceSendmsg4     *ebpf.ProgramSpec `ebpf:"sluice_sendmsg4"`
+	SluiceConnect4      *ebpf.ProgramSpec `ebpf:"sluice_connect4"`
+	SluiceEpermConnect4 *ebpf.ProgramSpec `ebpf:"sluice_eperm_connect4"`
+	SluiceEpermSendmsg4 *ebpf.ProgramSpec `ebpf:"sluice_eperm_sendmsg4"`
+	SluiceGetpeername4  *ebpf.ProgramSpec `ebpf:"sluice_getpeername4"`
+	SluiceRecvmsg4      *ebpf.ProgramSpec `ebpf:"sluice_recvmsg4"`
+	SluiceSendmsg4      *ebpf.ProgramSpec `ebpf:"sluice_sendmsg4"`
 }
 
 // sockMapSpecs contains maps before they are loaded into the kernel.
@@ -495,15 +499,19 @@ type sockVariables struct {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockPrograms struct {
-	SluiceConnect4     *ebpf.Program `ebpf:"sluice_connect4"`
-	SluiceGetpeername4 *ebpf.Program `ebpf:"sluice_getpeername4"`
-	SluiceRecvmsg4     *ebpf.Program `ebpf:"sluice_recvmsg4"`
-	SluiceSendmsg4     *ebpf.Program `ebpf:"sluice_sendmsg4"`
+	SluiceConnect4      *ebpf.Program `ebpf:"sluice_connect4"`
+	SluiceEpermConnect4 *ebpf.Program `ebpf:"sluice_eperm_connect4"`
+	SluiceEpermSendmsg4 *ebpf.Program `ebpf:"sluice_eperm_sendmsg4"`
+	SluiceGetpeername4  *ebpf.Program `ebpf:"sluice_getpeername4"`
+	SluiceRecvmsg4      *ebpf.Program `ebpf:"sluice_recvmsg4"`
+	SluiceSendmsg4      *ebpf.Program `ebpf:"sluice_sendmsg4"`
 }
 
 func (p *sockPrograms) Close() error {
 	return _SockClose(
 		p.SluiceConnect4,
+		p.SluiceEpermConnect4,
+		p.SluiceEpermSendmsg4,
 		p.SluiceGetpeername4,
 		p.SluiceRecvmsg4,
 		p.SluiceSendmsg4,

@@ -1,13 +1,16 @@
 package datapath
 
 import (
+	"errors"
 	"net/netip"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // TestSourceRangesRoundTrip: the ranges the reconciler writes, Dump reads
@@ -62,5 +65,49 @@ func TestSourceRangesRoundTrip(t *testing.T) {
 	}
 	if n := m.SourceRangeCapacity(); n != 16384 {
 		t.Errorf("SourceRangeCapacity() = %d, want 16384 (sluice_src_ranges)", n)
+	}
+}
+
+// TestSourceRangesSizedByConfig (C5): sluice_src_ranges has the size of
+// Config.MaxSourceRanges (--max-source-ranges), and when it is full only
+// the frontend that needs more is refused (named); the others are
+// programmed.
+func TestSourceRangesSizedByConfig(t *testing.T) {
+	testutil.Privileged(t)
+	cfg := smallConfig(testPinDir(t))
+	cfg.MaxSourceRanges = 3
+	d := openTest(t, cfg)
+	if n := d.Maps().SourceRangeCapacity(); n != 3 {
+		t.Fatalf("SourceRangeCapacity() = %d, want 3", n)
+	}
+	lbSvc := func(x byte, name string, ranges ...string) *model.Service {
+		fe := model.L4Addr{Addr: netip.AddrFrom4([4]byte{192, 168, 9, x}), Port: 80, Proto: model.TCP}
+		s := clusterIP(fe, l4("10.9.0.1", 8080, model.TCP))
+		s.Name.Name, s.Kind = name, model.LoadBalancer
+		for _, r := range ranges {
+			s.SourceRanges = append(s.SourceRanges, netip.MustParsePrefix(r))
+		}
+		return s
+	}
+	a := lbSvc(1, "a", "10.0.0.0/8", "172.16.0.0/12")
+	b := lbSvc(2, "b", "10.0.0.0/8", "192.168.0.0/16")
+	c := clusterIP(l4("10.96.9.3", 80, model.TCP), l4("10.9.0.3", 8080, model.TCP))
+	st := model.NewState()
+	for _, s := range []*model.Service{a, b, c} {
+		st.Services[s.Frontend] = s
+	}
+	err := reconciler.New(d.Maps(), nil).Apply(st)
+	if !errors.Is(err, reconciler.ErrCapacity) || strings.Count(err.Error(), "test/") != 1 {
+		t.Fatalf("Apply = %v, want a capacity error naming one of a and b", err)
+	}
+	ks, err := d.Maps().Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, okA := ks.Masters[reconciler.DefaultScope(a.Frontend)]
+	_, okB := ks.Masters[reconciler.DefaultScope(b.Frontend)]
+	_, okC := ks.Masters[reconciler.DefaultScope(c.Frontend)]
+	if okA == okB || !okC {
+		t.Errorf("programmed: a %v, b %v, c %v; want exactly one of a and b, and c", okA, okB, okC)
 	}
 }

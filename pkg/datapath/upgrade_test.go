@@ -289,7 +289,7 @@ func TestAttachReplacesRenamedProgram(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := progID(t, d.sock.SluiceGetpeername4)
+	want := progID(t, d.sock.Getpeername4)
 	if info2.ID != info.ID || info2.Program != want {
 		t.Errorf("link %d runs program %d, want link %d updated to %d", info2.ID, info2.Program, info.ID, want)
 	}

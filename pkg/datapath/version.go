@@ -8,9 +8,10 @@ import (
 )
 
 // objects are the BPF objects this package embeds, in the order of their
-// file names (ctgc_bpfel.o, sock_bpfel.o, tc_bpfel.o, xdp_bpfel.o), which
-// is the order the digest covers them in; CheckNode probes what each needs.
-// TestObjectsDigestCoversTheCommittedObjects fails when one is missing.
+// file names (ctgc_bpfel.o, migrate_bpfel.o, sock_bpfel.o,
+// sockdestroy_bpfel.o, tc_bpfel.o, xdp_bpfel.o), which is the order the
+// digest covers them in. TestObjectsDigestCoversTheCommittedObjects fails
+// when one is missing.
 func objects() []struct {
 	bytes []byte
 	load  func() (*ebpf.CollectionSpec, error)
@@ -20,7 +21,9 @@ func objects() []struct {
 		load  func() (*ebpf.CollectionSpec, error)
 	}{
 		{_CtgcBytes, loadCtgc},
+		{_MigrateBytes, loadMigrate},
 		{_SockBytes, loadSock},
+		{_SockdestroyBytes, loadSockdestroy},
 		{_TcBytes, loadTc},
 		{_XdpBytes, loadXdp},
 	}

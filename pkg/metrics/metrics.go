@@ -49,6 +49,15 @@ type Metrics struct {
 	SyncErrors prometheus.Counter
 	// Syncs counts syncs by result.
 	Syncs *prometheus.CounterVec
+	// SocketTerminations counts the connected UDP sockets ended because
+	// the backend they were translated to left its Service, by method
+	// (bpf, netlink) and result (destroyed, failed).
+	SocketTerminations *prometheus.CounterVec
+	// SocketsSpared counts the sockets that had talked to such a backend
+	// and were left alone, by reason: unconnected (they select a backend
+	// again by themselves), still_backend (their own Service still has
+	// it).
+	SocketsSpared *prometheus.CounterVec
 
 	mu       sync.Mutex
 	counts   Counts
@@ -110,12 +119,24 @@ func New() *Metrics {
 			Name:      "syncs_total",
 			Help:      "Syncs by result.",
 		}, []string{"result"}),
+		SocketTerminations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "socket_terminations_total",
+			Help:      "Connected UDP sockets ended because their backend left the Service they were translated for, by method and result.",
+		}, []string{"method", "result"}),
+		SocketsSpared: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "sockets_spared_total",
+			Help:      "Sockets that had talked to a removed backend and were left open: unconnected ones, and ones whose Service still has the backend.",
+		}, []string{"reason"}),
 	}
 	m.Registry.MustRegister(
 		m.SyncDuration,
 		m.NetworkProgrammingDuration,
 		m.SyncErrors,
 		m.Syncs,
+		m.SocketTerminations,
+		m.SocketsSpared,
 		stateCollector{m},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -132,6 +153,27 @@ func (m *Metrics) ObserveSync(d time.Duration, err error) {
 		return
 	}
 	m.Syncs.WithLabelValues("success").Inc()
+}
+
+// DeclareSocketTermination makes the socket termination counters of method
+// show (at 0) before anything happened, so that a rate over them is
+// defined from the agent's start.
+func (m *Metrics) DeclareSocketTermination(method string) {
+	for _, r := range []string{"destroyed", "failed"} {
+		m.SocketTerminations.WithLabelValues(method, r)
+	}
+	for _, r := range []string{"unconnected", "still_backend"} {
+		m.SocketsSpared.WithLabelValues(r)
+	}
+}
+
+// ObserveSocketTermination records what one flush of removed backends did
+// to their sockets.
+func (m *Metrics) ObserveSocketTermination(method string, destroyed, failed, sparedUnconnected, sparedStillBackend int) {
+	m.SocketTerminations.WithLabelValues(method, "destroyed").Add(float64(destroyed))
+	m.SocketTerminations.WithLabelValues(method, "failed").Add(float64(failed))
+	m.SocketsSpared.WithLabelValues("unconnected").Add(float64(sparedUnconnected))
+	m.SocketsSpared.WithLabelValues("still_backend").Add(float64(sparedStillBackend))
 }
 
 // ObserveProgrammed records, for each trigger time, the latency from it to

@@ -84,6 +84,30 @@ func TestSyncAndProgrammingLatency(t *testing.T) {
 	}
 }
 
+func TestSocketTermination(t *testing.T) {
+	m := New()
+	m.DeclareSocketTermination("bpf")
+	if got := testutil.ToFloat64(m.SocketTerminations.WithLabelValues("bpf", "destroyed")); got != 0 {
+		t.Errorf("declared counter = %v", got)
+	}
+	m.ObserveSocketTermination("bpf", 2, 1, 3, 0)
+	m.ObserveSocketTermination("bpf", 1, 0, 0, 1)
+	for _, c := range []struct {
+		got  float64
+		want float64
+		what string
+	}{
+		{testutil.ToFloat64(m.SocketTerminations.WithLabelValues("bpf", "destroyed")), 3, "destroyed"},
+		{testutil.ToFloat64(m.SocketTerminations.WithLabelValues("bpf", "failed")), 1, "failed"},
+		{testutil.ToFloat64(m.SocketsSpared.WithLabelValues("unconnected")), 3, "spared unconnected"},
+		{testutil.ToFloat64(m.SocketsSpared.WithLabelValues("still_backend")), 1, "spared still a backend"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
+		}
+	}
+}
+
 // Only failing Service ports have a series, one per reason, counting their
 // frontends; a later sync without failures removes them.
 func TestUnprogrammedServices(t *testing.T) {

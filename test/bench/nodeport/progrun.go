@@ -41,7 +41,8 @@ const (
 // measurement of the program run. Without a context BPF_PROG_TEST_RUN runs
 // on the namespace's loopback; routing from there is the same for both.
 func (l *lab) progRun(n *node, nodePort, iterations int) ([]progResult, error) {
-	d, err := datapath.Open(datapath.Config{BPFFS: n.agent.BPFFS, NodeIPs: []netip.Addr{n.addr}})
+	// (An XDP mode loads the XDP program; nothing is attached here.)
+	d, err := datapath.Open(datapath.Config{BPFFS: n.agent.BPFFS, NodeIPs: []netip.Addr{n.addr}, XDP: datapath.XDPGeneric})
 	if err != nil {
 		return nil, fmt.Errorf("open the agent's datapath: %w", err)
 	}

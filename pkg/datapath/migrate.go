@@ -1,0 +1,421 @@
+package datapath
+
+// Resizing pinned maps without a `sluice cleanup` (issue 11, the audit's
+// C4): an agent started with another --max-conntrack (or --max-services,
+// --max-sock-rev, ...) than the pins were made with migrates each map it
+// sizes differently:
+//
+//  1. Open builds a map of the new size, copies the old one's entries into
+//     it and renames its pin over the old pin: one step, so the pin names
+//     either the old map or a complete new one (resizePins).
+//  2. Open loads the programs: they use the new map. The previous agent's
+//     programs, still attached, go on using the old one.
+//  3. The Attach methods replace those programs through their links. The
+//     old map is no longer read after that.
+//
+// Maps only the agent writes (services, backends, ...) need nothing more:
+// no agent writes between 1 and 3. Maps the programs write do: the flows
+// the old programs add between 1 and 3 would be lost, so the old map is
+// kept (a migration) until the switch is done. For conntrack, whose loss
+// resets connections, the shim programs of bpf/migrate.c run before the
+// tc programs (and in place of XDP) while the links are updated, carrying
+// each packet's entries over from the old map first; once every link runs
+// the new programs, settle copies what the old map still has that the new
+// one lacks, and the shims go. For the socket programs' maps (translated
+// peers, UDP stickiness) settle alone does it: an entry missed there shows
+// a backend's address as a socket's peer, or re-selects a UDP socket's
+// backend, and breaks no connection.
+//
+// The release-0 conntrack, converted by pins.go, is carried over the same
+// way, converted entry by entry.
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// migration is a pinned map replaced at Open whose old map the previous
+// agent's programs may still be writing.
+type migration struct {
+	name string    // the map's pin name in this build
+	old  *ebpf.Map // the map the previous agent's programs use
+	cur  *ebpf.Map // this build's map (set when loaded; owned by d.tc)
+	r0   bool      // old is release 0's sluice_conntrack (ct4EntryRelease0)
+}
+
+// writtenByPrograms are the maps the BPF programs write, whose old map a
+// migration keeps until the switch. sluice_metrics is left out: counts
+// lost in that moment do not matter.
+var writtenByPrograms = map[string]bool{
+	mapConntrack: true, mapCTNew: true, mapSockRev: true, mapUDPStick: true, mapFragments: true,
+}
+
+// conntrackMaps are the maps whose migration needs the shims.
+var conntrackMaps = map[string]bool{mapConntrack: true, mapCTNew: true}
+
+// resizePins migrates each map pinned in dir with another size than spec
+// gives it (step 1 above). A map of another type, key or value is left for
+// checkPinned to report.
+func resizePins(dir string, spec *ebpf.CollectionSpec) (migs []*migration, err error) {
+	defer func() {
+		if err != nil {
+			for _, mg := range migs {
+				mg.old.Close()
+			}
+			migs = nil
+		}
+	}()
+	for _, name := range slices.Sorted(maps.Keys(spec.Maps)) {
+		ms := spec.Maps[name]
+		if ms.Pinning != ebpf.PinByName {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		old, err := ebpf.LoadPinnedMap(path, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return migs, fmt.Errorf("open pinned map %s: %w", path, err)
+		}
+		info, err := old.Info()
+		if err != nil {
+			old.Close()
+			return migs, fmt.Errorf("info of pinned map %s: %w", path, err)
+		}
+		if info.Type != ms.Type || info.KeySize != ms.KeySize || info.ValueSize != ms.ValueSize ||
+			info.MaxEntries == ms.MaxEntries {
+			old.Close()
+			continue
+		}
+		if err := resizePin(old, path, ms, writtenByPrograms[name]); err != nil {
+			old.Close()
+			return migs, fmt.Errorf("resize pinned map %s from %d to %d entries: %w", path, info.MaxEntries, ms.MaxEntries, err)
+		}
+		if writtenByPrograms[name] {
+			migs = append(migs, &migration{name: name, old: old})
+		} else {
+			old.Close()
+		}
+	}
+	return migs, nil
+}
+
+// resizePin builds the map of ms, copies old's entries into it and renames
+// its pin over old's at path. live: programs are writing old meanwhile
+// (an iteration they disturb is cut short; settle copies the rest).
+func resizePin(old *ebpf.Map, path string, ms *ebpf.MapSpec, live bool) error {
+	cur, err := ebpf.NewMap(unpinned(ms))
+	if err != nil {
+		return fmt.Errorf("create: %w", err)
+	}
+	defer cur.Close()
+	if err := copyEntries(old, cur, false); err != nil && !(live && errors.Is(err, ebpf.ErrIterationAborted)) {
+		return err
+	}
+	tmp := path + "_resizing" // (bpffs refuses names with a dot)
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := cur.Pin(tmp); err != nil {
+		return fmt.Errorf("pin: %w", err)
+	}
+	// rename(2) replaces the pin in one step.
+	if err := os.Rename(tmp, path); err != nil {
+		_ = cur.Unpin()
+		return err
+	}
+	return nil
+}
+
+// copyEntries copies the entries of old into cur, which has the same type,
+// key and value. With missingOnly, entries cur has are left as they are.
+// A full cur is an error, unless it is an LRU (which makes room).
+func copyEntries(old, cur *ebpf.Map, missingOnly bool) error {
+	switch old.Type() {
+	case ebpf.PerCPUArray:
+		return copyCounters(old, cur, nil)
+	case ebpf.Array:
+		v := make([]byte, old.ValueSize())
+		for k := range min(old.MaxEntries(), cur.MaxEntries()) {
+			if err := old.Lookup(k, v); err != nil {
+				return fmt.Errorf("read entry %d: %w", k, err)
+			}
+			if err := cur.Put(k, v); err != nil {
+				return fmt.Errorf("write entry %d: %w", k, err)
+			}
+		}
+		return nil
+	}
+	flags := ebpf.UpdateAny
+	if missingOnly {
+		flags = ebpf.UpdateNoExist
+	}
+	k, v := make([]byte, old.KeySize()), make([]byte, old.ValueSize())
+	n := 0
+	it := old.Iterate()
+	for it.Next(&k, &v) {
+		err := cur.Update(k, v, flags)
+		switch {
+		case err == nil:
+			n++
+		case errors.Is(err, ebpf.ErrKeyExist):
+		case errors.Is(err, unix.E2BIG):
+			return fmt.Errorf("the new size, %d, is too small: %d entries copied, more to come (wait for fewer, or choose a larger size)",
+				cur.MaxEntries(), n)
+		default:
+			return fmt.Errorf("copy entry: %w", err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read entries: %w", err)
+	}
+	return nil
+}
+
+// loadShim loads bpf/migrate.c's programs if a conntrack map is being
+// migrated, with the old maps in place of its sluice_mig_old_* maps.
+func (d *Datapath) loadShim(opts *ebpf.CollectionOptions) error {
+	spec, err := loadMigrate()
+	if err != nil {
+		return err
+	}
+	repl := map[string]*ebpf.Map{}
+	for _, mg := range d.migrations {
+		var m, v string
+		switch {
+		case mg.r0:
+			m, v = "sluice_mig_old_r0", "mig_from_r0"
+		case mg.name == mapConntrack:
+			m, v = "sluice_mig_old_est", "mig_from_est"
+		case mg.name == mapCTNew:
+			m, v = "sluice_mig_old_new", "mig_from_new"
+		default:
+			continue
+		}
+		spec.Maps[m].MaxEntries = mg.old.MaxEntries()
+		repl[m] = mg.old
+		if err := spec.Variables[v].Set(uint8(1)); err != nil {
+			return fmt.Errorf("set %s: %w", v, err)
+		}
+	}
+	if len(repl) == 0 {
+		return nil
+	}
+	if err := configure(spec, d.cfg); err != nil {
+		return err
+	}
+	o := *opts
+	o.MapReplacements = repl
+	if err := spec.LoadAndAssign(&d.shim, &o); err != nil {
+		return fmt.Errorf("load conntrack migration programs: %w", verifierDetail(err))
+	}
+	return nil
+}
+
+// migrating reports whether a conntrack migration needs the shims, and
+// whether the egress programs must be replaced before the ingress ones.
+//
+// The order matters for the flows that start while the links are being
+// updated, whose packets meet old and new programs in turn: the new
+// programs find the old programs' entries (the shims copy them), but not
+// the other way round. Say sluice_conntrack is resized: a SYN meets the
+// old ingress program (half-open, in sluice_ct_new, which both share), its
+// SYN-ACK the new egress program (established, in the new map only), its
+// ACK the old ingress program again: no entry there, a new flow. So
+// ingress goes first. When sluice_ct_new itself, or release 0's single
+// map, is the one replaced, the half-open entry is the old programs' to
+// find: the SYN must meet an old program and its answer a new one, so
+// egress goes first. (Both sluice_conntrack and sluice_ct_new resized at
+// once leaves such a flow a window of the few microseconds between two
+// link updates.)
+func (d *Datapath) migrating() (shim, egressFirst bool) {
+	if d.shim.SluiceMigTc == nil {
+		return false, false
+	}
+	for _, mg := range d.migrations {
+		if mg.r0 || mg.name == mapCTNew {
+			egressFirst = true
+		}
+	}
+	return true, egressFirst
+}
+
+// settle finishes the migrations of the maps names once the programs that
+// wrote their old maps are replaced: it copies what the old maps hold that
+// the new ones lack, and lets the old maps go.
+func (d *Datapath) settle(names map[string]bool) error {
+	var errs []error
+	keep := d.migrations[:0]
+	for _, mg := range d.migrations {
+		if !names[mg.name] {
+			keep = append(keep, mg)
+			continue
+		}
+		var err error
+		switch {
+		case mg.r0:
+			err = convertConntrack(mg.old, mg.cur, d.cfg.ctTimeouts(), d.ctPlace)
+		case mg.name == mapCTNew:
+			// Half-open entries only go where nothing is, in
+			// either map (bpf/migrate.c: est false).
+			err = copyConntrack(mg.old, mg.cur, func(k *sockCt4Key, e *sockCt4Entry) (ebpf.MapUpdateFlags, bool) {
+				f, ok := d.ctPlace(k, e)
+				return ebpf.UpdateNoExist, ok && f == ebpf.UpdateNoExist
+			})
+		case conntrackMaps[mg.name]:
+			err = copyConntrack(mg.old, mg.cur, d.ctPlace)
+		default:
+			err = copyEntries(mg.old, mg.cur, true)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("carry %s over to its new map: %w", mg.name, err))
+		}
+		mg.old.Close()
+	}
+	d.migrations = keep
+	return errors.Join(errs...)
+}
+
+// ctPlacer says whether, and how, an old conntrack entry goes into the
+// new maps at the end of a migration.
+type ctPlacer func(*sockCt4Key, *sockCt4Entry) (ebpf.MapUpdateFlags, bool)
+
+// ctPlace is bpf/migrate.c's mig_put for settle: the old entry e under k
+// goes into sluice_conntrack if the new maps have nothing under k
+// (inserted), or an established entry of an earlier flow on the tuple
+// that e supersedes (replaced); never over a half-open entry, the new
+// programs' own. Neither does it go if the other entry of its flow's key
+// is taken by another flow that was seen later.
+func (d *Datapath) ctPlace(k *sockCt4Key, e *sockCt4Entry) (ebpf.MapUpdateFlags, bool) {
+	t := d.cfg.ctTimeouts()
+	var n sockCt4Entry
+	flags := ebpf.UpdateNoExist
+	if d.maps.ctNew.Lookup(k, &n) == nil {
+		return 0, false
+	}
+	if d.maps.conntrack.Lookup(k, &n) == nil {
+		if !t.supersedes(k.Proto, e, &n) {
+			return 0, false
+		}
+		flags = ebpf.UpdateAny
+	}
+	pk := ctPeerKey(k, e)
+	if d.maps.ctNew.Lookup(&pk, &n) == nil {
+		return 0, false
+	}
+	if d.maps.conntrack.Lookup(&pk, &n) == nil && ctPeerKey(&pk, &n) != *k &&
+		int64(t.seen(k.Proto, e)-t.seen(pk.Proto, &n)) <= 0 {
+		return 0, false
+	}
+	return flags, true
+}
+
+// ctPeerKey is bpf/lib/conntrack.h's ct_peer_key: the key of the other
+// entry of the flow of e, found under k.
+func ctPeerKey(k *sockCt4Key, e *sockCt4Entry) sockCt4Key {
+	snat := e.Flags&ctFlagSNAT != 0
+	p := sockCt4Key{Proto: k.Proto}
+	if k.Dir == ctForward {
+		p.Dir, p.Saddr, p.Sport = ctReverse, e.NatAddr, e.NatPort
+		p.Daddr, p.Dport = k.Saddr, k.Sport
+		if snat {
+			p.Daddr, p.Dport = e.SnatAddr, e.SnatPort
+		}
+		return p
+	}
+	p.Dir, p.Daddr, p.Dport = ctForward, e.NatAddr, e.NatPort
+	p.Saddr, p.Sport = k.Daddr, k.Dport
+	if snat {
+		p.Saddr, p.Sport = e.SnatAddr, e.SnatPort
+	}
+	return p
+}
+
+// copyConntrack copies the live entries of the conntrack map old into cur
+// as place says, as bpf/migrate.c does packet by packet.
+func copyConntrack(old, cur *ebpf.Map, place ctPlacer) error {
+	now, err := monotonicNow()
+	if err != nil {
+		return err
+	}
+	var k sockCt4Key
+	var v sockCt4Entry
+	it := old.Iterate()
+	for it.Next(&k, &v) {
+		if int64(v.Expires-now) <= 0 {
+			continue
+		}
+		flags, ok := place(&k, &v)
+		if !ok {
+			continue
+		}
+		err := cur.Update(&k, &v, flags)
+		switch {
+		case err == nil, errors.Is(err, ebpf.ErrKeyExist):
+		case errors.Is(err, unix.E2BIG):
+			return fmt.Errorf("the new size, %d, is too small for the flows added meanwhile", cur.MaxEntries())
+		default:
+			return fmt.Errorf("copy entry: %w", err)
+		}
+	}
+	if err := it.Err(); err != nil && !errors.Is(err, ebpf.ErrIterationAborted) {
+		return fmt.Errorf("read entries: %w", err)
+	}
+	return nil
+}
+
+// closeMigrations lets the old maps go without copying anything more.
+func (d *Datapath) closeMigrations() {
+	for _, mg := range d.migrations {
+		mg.old.Close()
+	}
+	d.migrations = nil
+}
+
+// shimLinks are the shims attached while conntrack is migrated.
+type shimLinks struct {
+	tcx     []link.Link
+	filters []*netlink.BpfFilter
+}
+
+func (s *shimLinks) detach() error {
+	var errs []error
+	for _, l := range s.tcx {
+		errs = append(errs, l.Close())
+	}
+	for _, f := range s.filters {
+		if err := netlink.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("delete filter %s: %w", f.Name, err))
+		}
+	}
+	*s = shimLinks{}
+	return errors.Join(errs...)
+}
+
+// mapByName returns the loaded map of the pin name.
+func (o *tcObjects) mapByName(name string) (*ebpf.Map, error) {
+	for _, m := range []struct {
+		name string
+		m    *ebpf.Map
+	}{
+		{mapServices, o.SluiceServicesV1}, {mapBackends, o.SluiceBackendsV1}, {mapRevNat, o.SluiceRevNatV1},
+		{mapConntrack, o.SluiceConntrackV2}, {mapCTNew, o.SluiceCtNewV1}, {mapCTFlush, o.SluiceCtFlushV1},
+		{mapSockRev, o.SluiceSockRevV1}, {mapUDPStick, o.SluiceUdpStickV1}, {mapMetrics, o.SluiceMetricsV1},
+		{mapDevices, o.SluiceDevicesV1}, {mapSrcRanges, o.SluiceSrcRangesV1}, {mapFragments, o.SluiceFragmentsV1},
+	} {
+		if m.name == name {
+			return m.m, nil
+		}
+	}
+	return nil, fmt.Errorf("map %s missing from the tc object", name)
+}

@@ -1,0 +1,153 @@
+package datapath
+
+// Keeping the node's own connections off the SNAT ports (the audit's B9).
+//
+// External flows to backends on other nodes are source-NATed to the node's
+// address and a port of Config.SNATPortMin-Max, reserved in conntrack by
+// its reply tuple <backend -> node:port>. A socket of the node itself
+// (kubelet, a host-network pod) that picks the same port towards the same
+// backend would have its replies taken for the NAT flow. The default range
+// sits above the kernel's default ephemeral ports (32768-60999), but many
+// nodes widen ip_local_port_range (to 1024-65535, say). So the agent adds
+// the SNAT range to net.ipv4.ip_local_reserved_ports, which the kernel
+// never hands out as an ephemeral port: merged with what is there, never
+// removing an entry (of another tool, or of an earlier SNAT range of
+// Sluice's, which it cannot tell apart). Both sysctls are per network
+// namespace: the agent's (the host's) is the one that matters.
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+const (
+	sysctlReservedPorts = "/proc/sys/net/ipv4/ip_local_reserved_ports"
+	sysctlPortRange     = "/proc/sys/net/ipv4/ip_local_port_range"
+)
+
+// PortReservation is what ReserveSNATPorts found and did.
+type PortReservation struct {
+	// Added: the range was added to ip_local_reserved_ports (false: it
+	// was reserved already).
+	Added bool
+	// Exposed are the SNAT ports the node may still hand out as
+	// ephemeral ports: in ip_local_port_range and not reserved, because
+	// the reservation could not be written. Empty when all is well.
+	Exposed string
+}
+
+// ReserveSNATPorts reserves the SNAT ports (Config.SNATPortMin-Max) from
+// the ephemeral ports of the calling thread's network namespace
+// (ip_local_reserved_ports). If that cannot be written (a read-only
+// /proc/sys in a container), it says which SNAT ports the node may still
+// hand out (ip_local_port_range), with the error.
+func (d *Datapath) ReserveSNATPorts() (PortReservation, error) {
+	return reserveSNATPorts(d.cfg.SNATPortMin, d.cfg.SNATPortMax)
+}
+
+func reserveSNATPorts(lo, hi uint16) (PortReservation, error) {
+	var res PortReservation
+	if lo == 0 || hi < lo {
+		return res, fmt.Errorf("SNAT port range %d-%d is empty", lo, hi)
+	}
+	cur, err := os.ReadFile(sysctlReservedPorts)
+	if err != nil {
+		return res, fmt.Errorf("read %s: %w", sysctlReservedPorts, err)
+	}
+	reserved, err := parsePortList(string(cur))
+	if err != nil {
+		return res, fmt.Errorf("%s: %w", sysctlReservedPorts, err)
+	}
+	if covers(reserved, lo, hi) {
+		return res, nil
+	}
+	want := strings.TrimSpace(string(cur))
+	if want != "" {
+		want += ","
+	}
+	want += fmt.Sprintf("%d-%d", lo, hi)
+	werr := os.WriteFile(sysctlReservedPorts, []byte(want), 0)
+	if werr == nil {
+		res.Added = true
+		return res, nil
+	}
+	werr = fmt.Errorf("reserve the SNAT ports %d-%d in %s: %w", lo, hi, sysctlReservedPorts, werr)
+	b, err := os.ReadFile(sysctlPortRange)
+	if err != nil {
+		return res, errors.Join(werr, fmt.Errorf("read %s: %w", sysctlPortRange, err))
+	}
+	var elo, ehi int
+	if _, err := fmt.Sscan(string(b), &elo, &ehi); err != nil {
+		return res, errors.Join(werr, fmt.Errorf("%s %q: %w", sysctlPortRange, b, err))
+	}
+	res.Exposed = exposed(reserved, max(int(lo), elo), min(int(hi), ehi))
+	return res, werr
+}
+
+// portRange is an inclusive range of ports.
+type portRange struct{ lo, hi int }
+
+// parsePortList parses ip_local_reserved_ports: "8080,9000-9100", or empty.
+func parsePortList(s string) ([]portRange, error) {
+	var out []portRange
+	for _, f := range strings.Split(strings.TrimSpace(s), ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		a, b, isRange := strings.Cut(f, "-")
+		lo, err := strconv.Atoi(a)
+		if err != nil {
+			return nil, fmt.Errorf("port %q: %w", f, err)
+		}
+		hi := lo
+		if isRange {
+			if hi, err = strconv.Atoi(b); err != nil {
+				return nil, fmt.Errorf("port range %q: %w", f, err)
+			}
+		}
+		out = append(out, portRange{lo, hi})
+	}
+	return out, nil
+}
+
+func isReserved(rs []portRange, p int) bool {
+	for _, r := range rs {
+		if p >= r.lo && p <= r.hi {
+			return true
+		}
+	}
+	return false
+}
+
+// covers reports whether every port of lo-hi is in rs.
+func covers(rs []portRange, lo, hi uint16) bool {
+	return exposed(rs, int(lo), int(hi)) == ""
+}
+
+// exposed returns the ports of lo-hi not in rs, as "a-b,c" (at most a few
+// ranges, then "..."), or "".
+func exposed(rs []portRange, lo, hi int) string {
+	var parts []string
+	for p := lo; p <= hi; p++ {
+		if isReserved(rs, p) {
+			continue
+		}
+		start := p
+		for p < hi && !isReserved(rs, p+1) {
+			p++
+		}
+		if len(parts) == 4 {
+			parts = append(parts, "...")
+			break
+		}
+		if start == p {
+			parts = append(parts, strconv.Itoa(p))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d-%d", start, p))
+		}
+	}
+	return strings.Join(parts, ",")
+}

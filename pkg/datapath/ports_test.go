@@ -1,0 +1,98 @@
+package datapath
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
+)
+
+// TestReserveSNATPorts (B9): the SNAT range is added to
+// ip_local_reserved_ports of the namespace, after what is there (never
+// removing an entry), once; the host's namespace is not touched.
+func TestReserveSNATPorts(t *testing.T) {
+	testutil.Privileged(t)
+	// The namespace this thread is in before it enters the test's.
+	hostNS, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostNS.Close()
+	readHost := func() string {
+		var s string
+		if err := inNetns(fmt.Sprintf("/proc/self/fd/%d", hostNS.Fd()), func() error {
+			b, err := os.ReadFile(sysctlReservedPorts)
+			s = string(b)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	host := readHost()
+	ns := topology.NewNS(t, "ports")
+	ns.Enter(t)
+	if err := os.WriteFile(sysctlReservedPorts, []byte("8080,9000-9100"), 0); err != nil {
+		t.Fatal(err)
+	}
+	// A widened ephemeral range, as on many tuned nodes.
+	if err := os.WriteFile(sysctlPortRange, []byte("1024 65535"), 0); err != nil {
+		t.Fatal(err)
+	}
+	res, err := reserveSNATPorts(61000, 65535)
+	if err != nil || !res.Added || res.Exposed != "" {
+		t.Fatalf("ReserveSNATPorts = %+v, %v", res, err)
+	}
+	b, err := os.ReadFile(sysctlReservedPorts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(b)); got != "8080,9000-9100,61000-65535" {
+		t.Errorf("ip_local_reserved_ports = %q, want the others' entries and the SNAT range", got)
+	}
+	if res, err := reserveSNATPorts(61000, 65535); err != nil || res.Added {
+		t.Errorf("again: %+v, %v; want nothing to do", res, err)
+	}
+	// A range inside what is reserved already is not written again.
+	if res, err := reserveSNATPorts(9010, 9020); err != nil || res.Added {
+		t.Errorf("a reserved subrange: %+v, %v; want nothing to do", res, err)
+	}
+	if _, err := reserveSNATPorts(0, 0); err == nil {
+		t.Error("an empty range was reserved")
+	}
+	// Through a datapath: its configured range, the default one here.
+	d := openTest(t, smallConfig(testPinDir(t)))
+	if res, err := d.ReserveSNATPorts(); err != nil || res.Added {
+		t.Errorf("the default range, reserved already: %+v, %v", res, err)
+	}
+	if got := readHost(); got != host {
+		t.Errorf("the host's ip_local_reserved_ports changed from %q to %q", host, got)
+	}
+}
+
+// The ports the node may still hand out when the reservation cannot be
+// written are named, ranges first.
+func TestExposedPorts(t *testing.T) {
+	rs, err := parsePortList("61000-62000, 62002\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		lo, hi int
+		want   string
+	}{
+		{61000, 62000, ""},
+		{61000, 65535, "62001,62003-65535"},
+		{60990, 61000, "60990-60999"},
+	} {
+		if got := exposed(rs, c.lo, c.hi); got != c.want {
+			t.Errorf("exposed(%d-%d) = %q, want %q", c.lo, c.hi, got, c.want)
+		}
+	}
+	if _, err := parsePortList("80,x"); err == nil {
+		t.Error("a bad list parsed")
+	}
+}

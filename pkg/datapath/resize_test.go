@@ -1,0 +1,365 @@
+package datapath
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/packet"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// pinnedMaxEntries returns the size of the map pinned as name.
+func pinnedMaxEntries(t *testing.T, bpffs, name string) uint32 {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(bpffs, "sluice", name), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	return m.MaxEntries()
+}
+
+// ctEntry is an established forward entry of a TCP flow client:cport ->
+// vip:80 translated to backend, expiring in an hour.
+func ctEntry(t *testing.T, client string, cport uint16, vip, backend string) (sockCt4Key, sockCt4Entry) {
+	t.Helper()
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := sockCt4Key{Saddr: be32(addr(client)), Daddr: be32(addr(vip)), Sport: be16(cport), Dport: be16(80),
+		Proto: uint8(model.TCP), Dir: ctForward}
+	v := sockCt4Entry{Expires: now + 3600e9, Flags: ctFlagReplied, NatAddr: be32(addr(backend)), NatPort: be16(8080),
+		BackendId: 1, RevNatId: 1}
+	return k, v
+}
+
+// TestOpenResizesPinnedMaps (C4): an agent started with other map sizes
+// than the pins were made with migrates every map to its size, keeping
+// the entries (services, conntrack, source ranges, devices, ...), and
+// refuses only a size too small for what a map holds, saying which map
+// and what to do. Before, any other size was refused until `sluice
+// cleanup` dropped all state.
+func TestOpenResizesPinnedMaps(t *testing.T) {
+	testutil.Privileged(t)
+	bpffs := testPinDir(t)
+	d := openTest(t, smallConfig(bpffs))
+	fe := l4("10.96.5.1", 80, model.TCP)
+	addService(t, d.Maps(), 4, fe, testBackend{3, l4("10.2.5.1", 8080, model.TCP)})
+	if err := d.Maps().UpsertSourceRange(fe, netip.MustParsePrefix("192.168.0.0/16")); err != nil {
+		t.Fatal(err)
+	}
+	want, err := d.Maps().Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, v := ctEntry(t, "10.0.0.9", 40000, "10.96.5.1", "10.2.5.1")
+	if err := d.Maps().conntrack.Put(&k, &v); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Maps().setNodeDevice(7, addr("192.168.1.1"), 0); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+
+	cfg := smallConfig(bpffs)
+	cfg.MaxConntrack, cfg.MaxConntrackNew, cfg.MaxServices, cfg.MaxBackends = 8192, 2048, 512, 2048
+	cfg.MaxServiceEntries, cfg.MaxSockRev, cfg.MaxSourceRanges, cfg.MaxDevices = 8192, 2048, 100, 16
+	d2, err := Open(cfg)
+	if err != nil {
+		t.Fatalf("Open with other sizes: %v", err)
+	}
+	defer d2.Close()
+	for name, n := range cfg.withDefaults().maxEntries() {
+		if got := pinnedMaxEntries(t, bpffs, name); got != uint32(n) {
+			t.Errorf("pinned %s has %d entries, configured %d", name, got, n)
+		}
+	}
+	got, err := d2.Maps().Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("state after the resize\n got %+v\nwant %+v", got, want)
+	}
+	var gotV sockCt4Entry
+	if err := d2.Maps().conntrack.Lookup(&k, &gotV); err != nil || gotV != v {
+		t.Errorf("conntrack entry after the resize: %+v, %v; want %+v", gotV, err, v)
+	}
+	var dev sockNodeDev
+	if err := d2.Maps().devices.Lookup(uint32(7), &dev); err != nil {
+		t.Errorf("node device after the resize: %v", err)
+	}
+	// No pin of the migration is left behind.
+	entries, _ := os.ReadDir(filepath.Join(bpffs, "sluice"))
+	for _, e := range entries {
+		if strings.Contains(e.Name(), "resizing") {
+			t.Errorf("stray pin %s", e.Name())
+		}
+	}
+	d2.Close()
+
+	// Too small for what it holds: refused, naming the map and sizes,
+	// and the pins are left as they were.
+	cfg.MaxDevices = 1
+	seedDevices(t, bpffs, 2)
+	d3, err := Open(cfg)
+	if err == nil {
+		d3.Close()
+		t.Fatal("Open shrinking sluice_devices below its entries succeeded")
+	}
+	if msg := err.Error(); !strings.Contains(msg, mapDevices) || !strings.Contains(msg, "from 16 to 1") || !strings.Contains(msg, "too small") {
+		t.Errorf("error does not say which map, the sizes and why: %v", err)
+	}
+	if n := pinnedMaxEntries(t, bpffs, mapDevices); n != 16 {
+		t.Errorf("a refused resize left %s with %d entries, want the 16 it had", mapDevices, n)
+	}
+}
+
+// seedDevices puts n entries into the pinned sluice_devices.
+func seedDevices(t *testing.T, bpffs string, n int) {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(bpffs, "sluice", mapDevices), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	for i := range n {
+		if err := m.Put(uint32(100+i), &sockNodeDev{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// ctFlow is the forward and reply entries of an established TCP flow
+// client:cport -> vip:80 translated to backend:8080.
+func ctFlow(t *testing.T, client string, cport uint16, vip, backend string) (fk sockCt4Key, fv sockCt4Entry, rk sockCt4Key, rv sockCt4Entry) {
+	t.Helper()
+	fk, fv = ctEntry(t, client, cport, vip, backend)
+	rk = sockCt4Key{Saddr: be32(addr(backend)), Daddr: be32(addr(client)), Sport: be16(8080), Dport: be16(cport),
+		Proto: uint8(model.TCP), Dir: ctReverse}
+	rv = fv
+	rv.NatAddr, rv.NatPort = be32(addr(vip)), be16(80)
+	return fk, fv, rk, rv
+}
+
+// TestResizeCarriesFlowsAddedDuringTheSwitch (C4): between the copy at
+// Open and the update of the links, the previous agent's programs keep
+// adding flows to the old conntrack map. The migration shim, which runs
+// before tc meanwhile, carries a flow over on its next packet; once the
+// links run the new programs, the rest is copied and the shims go.
+func TestResizeCarriesFlowsAddedDuringTheSwitch(t *testing.T) {
+	testutil.Privileged(t)
+	bpffs := testPinDir(t)
+	ns := topology.NewNS(t, "resize")
+	ns.Enter(t)
+	links := addVeths(t, [2]string{"sl-r", "sl-s"})
+	d1 := openTest(t, smallConfig(bpffs))
+	if err := d1.AttachDevices([]string{"sl-r"}); err != nil {
+		t.Fatal(err)
+	}
+	old := d1.Maps().conntrack
+
+	cfg := smallConfig(bpffs)
+	cfg.MaxConntrack = 8192
+	d2 := openTest(t, cfg)
+	if shim, egressFirst := d2.migrating(); !shim || egressFirst {
+		t.Fatalf("migrating() = %v, %v: want the shims, ingress first", shim, egressFirst)
+	}
+	cur := d2.Maps().conntrack
+	if cur.MaxEntries() != 8192 {
+		t.Fatalf("new conntrack has %d entries", cur.MaxEntries())
+	}
+
+	// A flow the old programs established after the copy: its next
+	// packet, through the shim, carries both its entries over.
+	fk, fv, rk, rv := ctFlow(t, "10.0.0.9", 40001, "10.96.5.1", "10.2.5.1")
+	for _, e := range []struct {
+		k *sockCt4Key
+		v *sockCt4Entry
+	}{{&fk, &fv}, {&rk, &rv}} {
+		if err := old.Put(e.k, e.v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ack := packet.Packet{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr("10.0.0.9"), Dst: addr("10.96.5.1"),
+		SrcPort: 40001, DstPort: 80, Proto: packet.TCP, TCPFlags: packet.ACK}
+	if verdict, _ := runProg(t, d2.shim.SluiceMigTc, ack.Bytes()); verdict != uint32(0xffffffff) {
+		t.Errorf("shim verdict %d, want TC_ACT_UNSPEC (on to the next program)", int32(verdict))
+	}
+	for _, e := range []struct {
+		k *sockCt4Key
+		v sockCt4Entry
+	}{{&fk, fv}, {&rk, rv}} {
+		var got sockCt4Entry
+		if err := cur.Lookup(e.k, &got); err != nil || got != e.v {
+			t.Errorf("after the shim, new map has %+v (%v) under %+v; want %+v", got, err, *e.k, e.v)
+		}
+	}
+
+	// A tuple a new flow has taken since (half-open, in sluice_ct_new):
+	// the old flow's entries are not carried over beside it, or the new
+	// flow's next packet would find them first and go to the old
+	// backend. Neither are a dead flow's.
+	tk, tv, trk, trv := ctFlow(t, "10.0.0.9", 40003, "10.96.5.1", "10.2.5.1")
+	half := tv
+	half.Flags, half.NatAddr = 0, be32(addr("10.2.5.2"))
+	if err := d2.Maps().ctNew.Put(&tk, &half); err != nil {
+		t.Fatal(err)
+	}
+	dk, dv, _, _ := ctFlow(t, "10.0.0.9", 40004, "10.96.5.1", "10.2.5.1")
+	dv.Expires = 1
+	for _, e := range []struct {
+		k *sockCt4Key
+		v *sockCt4Entry
+	}{{&tk, &tv}, {&trk, &trv}, {&dk, &dv}} {
+		if err := old.Put(e.k, e.v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []packet.Packet{
+		{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr("10.0.0.9"), Dst: addr("10.96.5.1"), SrcPort: 40003, DstPort: 80, Proto: packet.TCP, TCPFlags: packet.ACK},
+		{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr("10.0.0.9"), Dst: addr("10.96.5.1"), SrcPort: 40004, DstPort: 80, Proto: packet.TCP, TCPFlags: packet.ACK},
+	} {
+		runProg(t, d2.shim.SluiceMigTc, p.Bytes())
+	}
+	notCarried := func(when string) {
+		t.Helper()
+		var got sockCt4Entry
+		if err := cur.Lookup(&tk, &got); err == nil {
+			t.Errorf("%s: the old flow's entry of a tuple a new flow took was carried over: %+v", when, got)
+		}
+		if err := cur.Lookup(&trk, &got); err == nil {
+			t.Errorf("%s: the old flow's reply entry was carried over: %+v", when, got)
+		}
+		if err := cur.Lookup(&dk, &got); err == nil {
+			t.Errorf("%s: a dead entry was carried over: %+v", when, got)
+		}
+	}
+	notCarried("after the shim")
+
+	// Another one, that sends nothing until the switch is over: copied
+	// when the links run the new programs.
+	fk2, fv2, _, _ := ctFlow(t, "10.0.0.9", 40002, "10.96.5.1", "10.2.5.1")
+	if err := old.Put(&fk2, &fv2); err != nil {
+		t.Fatal(err)
+	}
+	if err := d2.AttachDevices([]string{"sl-r"}); err != nil {
+		t.Fatal(err)
+	}
+	var got sockCt4Entry
+	if err := cur.Lookup(&fk2, &got); err != nil || got != fv2 {
+		t.Errorf("after the switch, new map has %+v (%v), want %+v", got, err, fv2)
+	}
+	notCarried("after the switch")
+	if len(d2.migrations) != 0 {
+		t.Errorf("migrations left after the switch: %d", len(d2.migrations))
+	}
+	idx := links["sl-r"].Attrs().Index
+	for _, at := range []struct {
+		a    ebpf.AttachType
+		prog *ebpf.Program
+	}{{ebpf.AttachTCXIngress, d2.TCIngress()}, {ebpf.AttachTCXEgress, d2.TCEgress()}} {
+		if got := attachedIDs(t, idx, at.a); !slices.Equal(got, []ebpf.ProgramID{progID(t, at.prog)}) {
+			t.Errorf("%s programs %v after the switch, want only the new agent's", at.a, got)
+		}
+	}
+}
+
+// TestUpgradeCarriesRelease0FlowsAddedDuringTheSwitch: the same for
+// release 0's conntrack, converted on the way (expiring when release 0
+// would have let it go, established).
+func TestUpgradeCarriesRelease0FlowsAddedDuringTheSwitch(t *testing.T) {
+	testutil.Privileged(t)
+	bpffs := testPinDir(t)
+	old := pinRelease0(t, bpffs)["sluice_conntrack"]
+	d := openTest(t, smallConfig(bpffs))
+	if shim, egressFirst := d.migrating(); !shim || !egressFirst {
+		t.Fatalf("migrating() = %v, %v: want the shims, egress first", shim, egressFirst)
+	}
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := sockCt4Key{Saddr: be32(addr("10.0.0.9")), Daddr: be32(addr("10.96.5.1")), Sport: be16(40003), Dport: be16(80),
+		Proto: uint8(model.TCP), Dir: ctForward}
+	v := ct4EntryRelease0{LastSeen: now, NatAddr: be32(addr("10.2.5.1")), NatPort: be16(8080), BackendId: 7, RevNatId: 3}
+	if err := old.Put(&k, &v); err != nil {
+		t.Fatal(err)
+	}
+	ack := packet.Packet{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr("10.0.0.9"), Dst: addr("10.96.5.1"),
+		SrcPort: 40003, DstPort: 80, Proto: packet.TCP, TCPFlags: packet.ACK}
+	runProg(t, d.shim.SluiceMigTc, ack.Bytes())
+	want := sockCt4Entry{Expires: now + uint64(DefaultCTTimeoutTCP), Flags: ctFlagReplied, NatAddr: v.NatAddr,
+		NatPort: v.NatPort, BackendId: 7, RevNatId: 3}
+	var got sockCt4Entry
+	if err := d.Maps().conntrack.Lookup(&k, &got); err != nil || got != want {
+		t.Errorf("converted entry %+v (%v), want %+v", got, err, want)
+	}
+}
+
+// ctPeerKey is conntrack.h's ct_peer_key, both ways, with and without SNAT.
+func TestCTPeerKey(t *testing.T) {
+	fk, fv, rk, rv := ctFlow(t, "10.0.0.9", 40001, "10.96.5.1", "10.2.5.1")
+	if got := ctPeerKey(&fk, &fv); got != rk {
+		t.Errorf("peer of the forward entry %+v, want %+v", got, rk)
+	}
+	if got := ctPeerKey(&rk, &rv); got != fk {
+		t.Errorf("peer of the reply entry %+v, want %+v", got, fk)
+	}
+	// Source-NATed: the reply is <B -> N:sp>, naming the client.
+	fv.Flags |= ctFlagSNAT
+	fv.SnatAddr, fv.SnatPort = be32(addr("192.168.1.1")), be16(61000)
+	want := sockCt4Key{Saddr: be32(addr("10.2.5.1")), Daddr: be32(addr("192.168.1.1")), Sport: be16(8080), Dport: be16(61000),
+		Proto: uint8(model.TCP), Dir: ctReverse}
+	if got := ctPeerKey(&fk, &fv); got != want {
+		t.Errorf("peer of a source-NATed forward entry %+v, want %+v", got, want)
+	}
+	rv = sockCt4Entry{Flags: ctFlagSNAT, NatAddr: fk.Daddr, NatPort: fk.Dport, SnatAddr: fk.Saddr, SnatPort: fk.Sport}
+	if got := ctPeerKey(&want, &rv); got != fk {
+		t.Errorf("peer of a port reservation %+v, want %+v", got, fk)
+	}
+}
+
+// A tuple reused by a new flow after the migration's first copy: the new
+// map holds the finished flow's entry (closed, backend 1), the old map the
+// new flow's (open, backend 2, seen later): the old one supersedes it, as
+// bpf/migrate.c's mig_supersedes decides. Before, the new map's entry was
+// kept, and the new flow's next packet went to the finished flow's backend
+// (1 in ~50k connections failed across an upgrade under load). A flow the
+// new programs made since (seen later than the old map's) is never
+// replaced, nor an entry of the same flow.
+func TestConntrackSupersedes(t *testing.T) {
+	tm := smallConfig("").ctTimeouts()
+	const now = uint64(1e12)
+	tcp := uint8(model.TCP)
+	entry := func(seen uint64, backend uint32, flags uint32) *sockCt4Entry {
+		e := &sockCt4Entry{Flags: flags | ctFlagReplied, BackendId: backend, NatAddr: backend, NatPort: 8080}
+		e.Expires = seen + tm.lifetime(tcp, e.Flags)
+		return e
+	}
+	closed := ctFlagFinFwd | ctFlagFinRev
+	for _, c := range []struct {
+		what string
+		o, n *sockCt4Entry
+		want bool
+	}{
+		{"reused tuple, another backend", entry(now, 2, 0), entry(now-2e9, 1, closed), true},
+		{"reused tuple, the same backend", entry(now, 1, 0), entry(now-2e9, 1, closed), true},
+		{"the new programs' later flow", entry(now-2e9, 2, closed), entry(now, 1, 0), false},
+		{"the same flow", entry(now, 1, 0), entry(now-2e9, 1, 0), false},
+	} {
+		if got := tm.supersedes(tcp, c.o, c.n); got != c.want {
+			t.Errorf("%s: supersedes = %v, want %v", c.what, got, c.want)
+		}
+	}
+}

@@ -1,0 +1,587 @@
+// Package lifecycle proves, with the real agent and real traffic, that a
+// node's datapath can change under load without a connection lost: an
+// upgrade from the previous release's binary to this one, a resize of the
+// conntrack table of a running node, and a change of configuration whose
+// attachments follow it (issue 11: "Upgrade and resize without
+// disruption", "Attachments follow the configuration").
+//
+//	client ns --veth--> node ns (sluice: tc on eth0, socket LB on a test
+//	                    cgroup, pins under a per-test bpffs dir)
+//	                    --veth--> backend1..3 ns (HTTP :8080, UDP and TCP echo)
+//
+// The load is per-packet (tc): new HTTP connections and new UDP flows
+// from the client namespace, one after the other in a few workers, plus
+// long-lived TCP connections opened before the change and used after it.
+// The agent is stopped and a new one started while the load runs.
+package lifecycle
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/pkg/datapath"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	agentproc.RemoveShared()
+	if release0.dir != "" {
+		_ = os.RemoveAll(release0.dir) // a temporary directory; the exit code stands
+	}
+	os.Exit(code)
+}
+
+// previousRelease is the last landed release, whose agent the upgrade
+// starts from. Its BPF objects are committed with it, so its tree builds
+// the agent it shipped.
+const previousRelease = "6dde642"
+
+var release0 struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+}
+
+// previousAgent builds the previous release's agent from its tree (git
+// archive of the commit, go build ./cmd/sluice), once per test process,
+// offline (GOPROXY=off, GOFLAGS=-mod=readonly: its modules are a subset of
+// this tree's, in the module cache after make deps): about 12 s with a
+// warm build cache. SLUICE_PREVIOUS_AGENT names a binary built already.
+func previousAgent(t *testing.T) string {
+	t.Helper()
+	if bin := os.Getenv("SLUICE_PREVIOUS_AGENT"); bin != "" {
+		return bin
+	}
+	release0.once.Do(func() {
+		ctx := context.Background()
+		root, err := testutil.ModuleRoot(ctx)
+		if err != nil {
+			release0.err = err
+			return
+		}
+		if release0.dir, release0.err = os.MkdirTemp("", "sluice-"+previousRelease+"-"); release0.err != nil {
+			return
+		}
+		src := filepath.Join(release0.dir, "src")
+		archive, err := exec.CommandContext(ctx, "git", "-C", root, "archive", "--format=tar", previousRelease).Output()
+		if err != nil {
+			release0.err = fmt.Errorf("git archive %s: %w", previousRelease, err)
+			return
+		}
+		if release0.err = untar(archive, src); release0.err != nil {
+			return
+		}
+		release0.bin = filepath.Join(release0.dir, "sluice")
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", release0.bin, "./cmd/sluice")
+		cmd.Dir = src
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOTOOLCHAIN=local", "GOPROXY=off", "GOFLAGS=-mod=readonly")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			release0.err = fmt.Errorf("build the agent of %s: %w\n%s", previousRelease, err, out)
+		}
+	})
+	if release0.err != nil {
+		t.Fatal(release0.err)
+	}
+	return release0.bin
+}
+
+func untar(b []byte, dir string) error {
+	tr := tar.NewReader(bytes.NewReader(b))
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		p := filepath.Join(dir, filepath.FromSlash(h.Name))
+		switch h.Typeflag {
+		case tar.TypeDir:
+			if err := os.MkdirAll(p, 0o755); err != nil {
+				return err
+			}
+		case tar.TypeReg:
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				return err
+			}
+			f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, os.FileMode(h.Mode)&0o777)
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(f, tr)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+		case tar.TypeSymlink:
+			if err := os.Symlink(h.Linkname, p); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+const (
+	webVIP  = "10.96.0.10:80"   // HTTP, backends' :8080
+	dnsVIP  = "10.96.0.11:53"   // UDP echo, backends' :5353
+	echoVIP = "10.96.0.12:9000" // TCP line echo, backends' :9000
+)
+
+type env struct {
+	lb       *topology.LB
+	manifest string
+	cgroup   string
+	bpffs    string
+	topo     *topology.Topology
+}
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	testutil.Privileged(t)
+	testutil.NeedBPFFS(t)
+	testutil.NeedCommands(t, "nsenter")
+	cgMount, err := datapath.CgroupV2Mount()
+	if err != nil {
+		t.Fatalf("no cgroup v2 mount: %v", err)
+	}
+	topo := topology.NewT(t)
+	lb, err := topo.BuildLB(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{lb: lb, manifest: filepath.Join(t.TempDir(), "services.yaml"), topo: topo,
+		bpffs: filepath.Join(testutil.BPFFS, topo.Prefix()+"lifecycle")}
+	if _, err := lb.ServeHTTP(8080, "backend-"); err != nil {
+		t.Fatal(err)
+	}
+	addrs := lb.BackendAddrStrings()
+	for i, be := range lb.Backends {
+		name := fmt.Sprintf("backend-%d", i+1)
+		if _, err := be.ServeTCPEcho(addrs[i]+":9000", name); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := be.ServeUDPEcho(addrs[i]+":5353", name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cg, err := topo.AddCgroup(cgMount, "sluice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.cgroup = cg.Path
+	svcs := []agentproc.Service{
+		{Name: "web", ClusterIP: "10.96.0.10", Endpoints: addrs,
+			Ports: []agentproc.Port{{Name: "http", Protocol: "TCP", Port: 80, TargetPort: "8080", EndpointPort: 8080}}},
+		{Name: "dns", ClusterIP: "10.96.0.11", Endpoints: addrs,
+			Ports: []agentproc.Port{{Name: "dns", Protocol: "UDP", Port: 53, TargetPort: "5353", EndpointPort: 5353}}},
+		{Name: "echo", ClusterIP: "10.96.0.12", Endpoints: addrs,
+			Ports: []agentproc.Port{{Name: "echo", Protocol: "TCP", Port: 9000, TargetPort: "9000", EndpointPort: 9000}}},
+	}
+	var docs []string
+	for _, s := range svcs {
+		docs = append(docs, s.YAML())
+	}
+	if err := agentproc.WriteFile(e.manifest, agentproc.Manifest(docs...)); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// agent prepares an agent of bin on the node, attached to eth0 and the
+// test cgroup, with extra flags; its teardown (with this build's cleanup)
+// is registered with t.
+func (e *env) agent(t *testing.T, bin agentproc.Binaries, devices []string, extra ...string) *agentproc.Agent {
+	t.Helper()
+	a := agentproc.NewAgent(bin, e.lb.Node, agentproc.AgentConfig{
+		Manifests: e.manifest, Devices: devices, Cgroup: e.cgroup, BPFFS: e.bpffs, Extra: extra,
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent log:\n%s", a.Log.String())
+		}
+		a.Bin = agentproc.Shared(t) // this build's cleanup removes either release's pins
+		if err := a.Teardown(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	return a
+}
+
+// load is the traffic kept up across a change.
+type load struct {
+	http, udp *testutil.Traffic
+	long      []*echoConn
+
+	mu       sync.Mutex
+	failures []string // when each request failed, and why
+	start    time.Time
+}
+
+// record notes a failed request, with when it failed since the load began.
+func (l *load) record(what string, started time.Time, err error) error {
+	if err != nil {
+		l.mu.Lock()
+		l.failures = append(l.failures, fmt.Sprintf("%s started at +%v (%s), failed at +%v: %v",
+			what, started.Sub(l.start).Round(time.Millisecond), started.UTC().Format("15:04:05.000"),
+			time.Since(l.start).Round(time.Millisecond), err))
+		l.mu.Unlock()
+	}
+	return err
+}
+
+// startLoad starts 3 workers of HTTP requests (a new connection each) and
+// one of UDP exchanges (a new socket, a new flow, each) from the client
+// through the node, each pausing pause between two, and opens 6
+// long-lived TCP connections. (Every flow holds conntrack entries for a
+// while after it is done, 10 s for TCP and 60 s for UDP: a pause keeps
+// their number within the sizes a test resizes to.)
+func (e *env) startLoad(t *testing.T, pause time.Duration) *load {
+	t.Helper()
+	l := &load{start: time.Now()}
+	for range 6 {
+		l.long = append(l.long, e.dialEcho(t))
+	}
+	client := e.lb.Client.HTTPClient(3 * time.Second)
+	l.http = testutil.StartTraffic(3, func() error {
+		time.Sleep(pause)
+		start := time.Now()
+		_, err := topology.WhoAnswered(client, "http://"+webVIP+"/")
+		return l.record("HTTP", start, err)
+	})
+	l.udp = testutil.StartTraffic(1, func() error {
+		time.Sleep(pause)
+		start := time.Now()
+		return l.record("UDP", start, e.udpExchange())
+	})
+	return l
+}
+
+// udpExchange sends a datagram to dnsVIP from a new socket and waits for
+// the echo.
+func (e *env) udpExchange() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c, err := e.lb.Client.DialContext(ctx, "udp4", dnsVIP)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		return err
+	}
+	buf := make([]byte, 256)
+	n, err := c.Read(buf)
+	if err != nil {
+		return fmt.Errorf("UDP reply: %w", err)
+	}
+	if !strings.HasSuffix(string(buf[:n]), " ping") {
+		return fmt.Errorf("UDP reply %q", buf[:n])
+	}
+	return nil
+}
+
+// stop stops the load and fails t if anything failed: a request, a UDP
+// exchange, or a long-lived connection (which must still reach its own
+// backend).
+func (l *load) stop(t *testing.T, what string) {
+	t.Helper()
+	l.http.Stop()
+	l.udp.Stop()
+	for i, c := range l.long {
+		if who, err := c.say(fmt.Sprintf("after %s", what)); err != nil || who != c.backend {
+			t.Errorf("long-lived connection %d (to %s) after %s: %q, %v", i, c.backend, what, who, err)
+		}
+		c.Close()
+	}
+	ok := l.http.OK() + l.udp.OK()
+	failed := l.http.Failed() + l.udp.Failed()
+	t.Logf("%s under load: %d HTTP connections and %d UDP flows succeeded, %d and %d failed; %d long-lived connections kept",
+		what, l.http.OK(), l.udp.OK(), l.http.Failed(), l.udp.Failed(), len(l.long))
+	if failed > 0 {
+		first := l.http.FirstErr()
+		if first == nil {
+			first = l.udp.FirstErr()
+		}
+		l.mu.Lock()
+		t.Errorf("%s: %d of %d connections failed; first: %v\n%s", what, failed, ok+failed, first, strings.Join(l.failures, "\n"))
+		l.mu.Unlock()
+	}
+	if l.http.OK() == 0 || l.udp.OK() == 0 {
+		t.Errorf("%s: no load (%d HTTP, %d UDP)", what, l.http.OK(), l.udp.OK())
+	}
+}
+
+// echoConn is a long-lived TCP connection to the echo service.
+type echoConn struct {
+	net.Conn
+	r       *bufio.Reader
+	backend string
+}
+
+func (e *env) dialEcho(t *testing.T) *echoConn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	c, err := e.lb.Client.DialContext(ctx, "tcp4", echoVIP)
+	if err != nil {
+		t.Fatalf("dial %s: %v", echoVIP, err)
+	}
+	ec := &echoConn{Conn: c, r: bufio.NewReader(c)}
+	if ec.backend, err = ec.say("hello"); err != nil {
+		t.Fatalf("first line on %s: %v", echoVIP, err)
+	}
+	return ec
+}
+
+func (c *echoConn) say(msg string) (string, error) {
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := fmt.Fprintf(c, "%s\n", msg); err != nil {
+		return "", err
+	}
+	line, err := c.r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	who, got, _ := strings.Cut(strings.TrimSpace(line), " ")
+	if got != msg {
+		return "", fmt.Errorf("echo %q for %q", line, msg)
+	}
+	return who, nil
+}
+
+// replace stops a (SIGTERM: it must exit cleanly) and starts it again with
+// bin and args, while the load goes on, and waits for it to be ready.
+func replace(t *testing.T, l *load, a *agentproc.Agent, bin agentproc.Binaries, args []string) {
+	t.Helper()
+	time.Sleep(2 * time.Second) // load on the old agent
+	stop := time.Since(l.start)
+	if err := a.Stop(); err != nil {
+		t.Fatalf("agent did not exit cleanly: %v", err)
+	}
+	a.Bin, a.Args = bin, args
+	start := time.Since(l.start)
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.WaitReady(60 * time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, a.Log.String())
+	}
+	t.Logf("old agent stopped at +%v, new one started at +%v, ready at +%v", stop.Round(time.Millisecond),
+		start.Round(time.Millisecond), time.Since(l.start).Round(time.Millisecond))
+	time.Sleep(2 * time.Second) // load on the new agent
+}
+
+// withFlag returns args with --name=value in place of any --name there.
+func withFlag(args []string, name, value string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		if args[i] == "--"+name {
+			i++
+			continue
+		}
+		if strings.HasPrefix(args[i], "--"+name+"=") {
+			continue
+		}
+		out = append(out, args[i])
+	}
+	return append(out, "--"+name+"="+value)
+}
+
+// pinnedSize returns the size of the map pinned as name by the agent.
+func (e *env) pinnedSize(t *testing.T, name string) uint32 {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(e.bpffs, "sluice", name), &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	return m.MaxEntries()
+}
+
+// TestUpgradeFromPreviousRelease: the previous release's agent runs the
+// node under load; it is stopped and this build's agent started on its
+// pins. Its maps are renamed to this release's versioned names, its
+// conntrack converted to this release's layout (and carried over, while
+// the links are switched, by the migration shims), its programs replaced
+// behind the same links. Not one connection fails, and the connections
+// open across the upgrade stay on their backends.
+func TestUpgradeFromPreviousRelease(t *testing.T) {
+	e := setup(t)
+	cur := agentproc.Shared(t)
+	prev := agentproc.Binaries{Sluice: previousAgent(t), Sluicectl: cur.Sluicectl}
+	a := e.agent(t, prev, []string{e.lb.NodeDev})
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.WaitReady(60 * time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, a.Log.String())
+	}
+	before, err := a.Services(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(e.bpffs, "sluice", "sluice_conntrack")); err != nil {
+		t.Fatalf("the previous release's pins are not there: %v", err)
+	}
+
+	l := e.startLoad(t, 0)
+	replace(t, l, a, cur, a.Args)
+	l.stop(t, "upgrade from "+previousRelease)
+
+	after, err := a.Services(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != before {
+		t.Errorf("services changed across the upgrade:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	for _, name := range []string{"sluice_conntrack", "sluice_services", "sluice_affinity"} {
+		if _, err := os.Stat(filepath.Join(e.bpffs, "sluice", name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("pin %s of the previous release still there (%v)", name, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(e.bpffs, "sluice", "sluice_conntrack_v2")); err != nil {
+		t.Errorf("no sluice_conntrack_v2 after the upgrade: %v", err)
+	}
+}
+
+// TestConntrackResizeUnderLoad: a running node's --max-conntrack (and
+// --max-conntrack-new) changes, up and then down, under load: each agent
+// started with the new size migrates the table (new map, entries copied,
+// pin swapped, programs replaced through their links, the flows added
+// meanwhile carried over) and not one connection fails. Before, the agent
+// refused to start until `sluice cleanup` dropped every flow.
+func TestConntrackResizeUnderLoad(t *testing.T) {
+	e := setup(t)
+	cur := agentproc.Shared(t)
+	a := e.agent(t, cur, []string{e.lb.NodeDev}, "--max-conntrack=65536")
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.WaitReady(60 * time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, a.Log.String())
+	}
+	for _, step := range []struct {
+		flag, value string
+		mapName     string
+		size        uint32
+	}{
+		{"max-conntrack", "131072", "sluice_conntrack_v2", 131072},
+		{"max-conntrack", "98304", "sluice_conntrack_v2", 98304},
+		{"max-conntrack-new", "16384", "sluice_ct_new_v1", 16384},
+	} {
+		what := fmt.Sprintf("--%s=%s", step.flag, step.value)
+		l := e.startLoad(t, 2*time.Millisecond)
+		replace(t, l, a, cur, withFlag(a.Args, step.flag, step.value))
+		l.stop(t, what)
+		if got := e.pinnedSize(t, step.mapName); got != step.size {
+			t.Errorf("after %s, %s has %d entries", what, step.mapName, got)
+		}
+	}
+}
+
+// TestAttachmentsFollowConfiguration (C3): an agent that ran with two
+// devices, XDP and socket load balancing is replaced by one with one
+// device, --xdp=off and --socket-lb=false: the dropped device, XDP and the
+// cgroup programs are detached, and traffic through the device kept goes
+// on.
+func TestAttachmentsFollowConfiguration(t *testing.T) {
+	e := setup(t)
+	cur := agentproc.Shared(t)
+	dropped := e.lb.NodeBackendDevs[0]
+	a := e.agent(t, cur, []string{e.lb.NodeDev, dropped}, "--xdp=generic")
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.WaitReady(60 * time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, a.Log.String())
+	}
+	att := e.attachments(t)
+	for _, want := range []string{"tcx " + e.lb.NodeDev, "tcx " + dropped, "xdp " + e.lb.NodeDev, "xdp " + dropped, "cgroup"} {
+		if !att[want] {
+			t.Fatalf("%s not attached by the first agent: %v", want, att)
+		}
+	}
+	args := withFlag(withFlag(withFlag(a.Args, "devices", e.lb.NodeDev), "xdp", "off"), "socket-lb", "false")
+	args = withFlag(args, "cgroup", "")
+	l := e.startLoad(t, 0)
+	replace(t, l, a, cur, args)
+	l.stop(t, "a change of configuration")
+	att = e.attachments(t)
+	for _, gone := range []string{"tcx " + dropped, "xdp " + e.lb.NodeDev, "xdp " + dropped, "cgroup"} {
+		if att[gone] {
+			t.Errorf("%s still attached after the agent restarted without it: %v", gone, att)
+		}
+	}
+	if !att["tcx "+e.lb.NodeDev] {
+		t.Errorf("%s lost its tc programs: %v", e.lb.NodeDev, att)
+	}
+}
+
+// attachments says what is attached in the node: "tcx DEV" and "xdp DEV"
+// for each device of the node with such programs, "cgroup" if the test
+// cgroup has socket programs.
+func (e *env) attachments(t *testing.T) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	err := e.lb.Node.Do(func() error {
+		for _, dev := range append([]string{e.lb.NodeDev}, e.lb.NodeBackendDevs...) {
+			l, err := netlink.LinkByName(dev)
+			if err != nil {
+				return err
+			}
+			for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+				res, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: at})
+				if err != nil {
+					return fmt.Errorf("query %s programs of %s: %w", at, dev, err)
+				}
+				if len(res.Programs) > 0 {
+					out["tcx "+dev] = true
+				}
+			}
+			if x := l.Attrs().Xdp; x != nil && x.Attached {
+				out["xdp "+dev] = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg, err := os.Open(e.cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	res, err := link.QueryPrograms(link.QueryOptions{Target: int(cg.Fd()), Attach: ebpf.AttachCGroupInet4Connect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out["cgroup"] = len(res.Programs) > 0
+	return out
+}
