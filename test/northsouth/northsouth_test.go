@@ -251,7 +251,10 @@ func build(t *testing.T, extra ...string) *cluster {
 		bpffs := filepath.Join(datapath.DefaultBPFFS, topo.Prefix()+n.name)
 		cfg := agentproc.AgentConfig{
 			Manifests: mf, BPFFS: bpffs,
-			Extra: append([]string{"--node-name", n.name, "--node-ip", n.addr}, extra...),
+			// NodePorts on every address of the node's subnets, not
+			// only --node-ip (kube-proxy's default): node-a's second
+			// address serves them too.
+			Extra: append([]string{"--node-name", n.name, "--node-ip", n.addr, "--nodeport-addresses", "192.168.0.0/16"}, extra...),
 		}
 		if n.name == "node-a" {
 			cfg.Cgroup = c.podCgroup.Path // socket load balancing for node-a's pods
@@ -380,12 +383,7 @@ func expectAnswer(t *testing.T, what, answer string, err error, backend, from st
 // its peer.
 func (c *cluster) expectFromCgroup(t *testing.T, ns *topology.NS, nsName, addr, backend, from string) {
 	t.Helper()
-	exe, err := os.Executable()
-	must(t, err)
-	cmd := ns.Command(context.Background(), exe)
-	cmd.Env = append(os.Environ(), helperEnv+"="+addr)
-	c.podCgroup.Put(cmd)
-	out, err := cmd.Output()
+	out, err := c.fromCgroup(t, ns, addr)
 	if err != nil {
 		t.Fatalf("%s -> %s: %v", nsName, addr, err)
 	}
@@ -393,6 +391,27 @@ func (c *cluster) expectFromCgroup(t *testing.T, ns *topology.NS, nsName, addr, 
 	expectAnswer(t, nsName+" -> "+addr, answer, nil, backend, from)
 	if peer != addr {
 		t.Errorf("%s -> %s: the socket reports its peer as %s", nsName, addr, peer)
+	}
+}
+
+// fromCgroup runs this test binary as a client of addr in ns, in the pod
+// cgroup (socket load balancing), and returns what it printed.
+func (c *cluster) fromCgroup(t *testing.T, ns *topology.NS, addr string) ([]byte, error) {
+	t.Helper()
+	exe, err := os.Executable()
+	must(t, err)
+	cmd := ns.Command(context.Background(), exe)
+	cmd.Env = append(os.Environ(), helperEnv+"="+addr)
+	c.podCgroup.Put(cmd)
+	return cmd.Output()
+}
+
+// expectFailFromCgroup connects from a process of ns in the pod cgroup to
+// addr, which must not answer.
+func (c *cluster) expectFailFromCgroup(t *testing.T, ns *topology.NS, nsName, addr string) {
+	t.Helper()
+	if out, err := c.fromCgroup(t, ns, addr); err == nil {
+		t.Errorf("%s -> %s: answered %q, want no answer", nsName, addr, strings.TrimSpace(string(out)))
 	}
 }
 
@@ -569,19 +588,21 @@ func TestHairpin(t *testing.T) {
 	})
 }
 
-// TestFromNode: ExternalIPs, LoadBalancer IPs and NodePorts answer to a
-// process on the node itself: socket load balancing translates its
-// connect() straight to a backend, local or remote, and the socket still
-// reports the address it dialled.
+// TestFromNode: ExternalIPs and NodePorts answer to a process on the node
+// itself: socket load balancing translates its connect() straight to a
+// backend, local or remote, and the socket still reports the address it
+// dialled. The LoadBalancer IP of web-local admits only 10.0.0.0/24, which
+// the node's addresses are not in: the node is refused there, as
+// kube-proxy's firewall chain drops it (its source is the node's address).
 func TestFromNode(t *testing.T) {
 	forEachMode(t, func(t *testing.T, c *cluster) {
 		for _, x := range []struct{ addr, backend, from string }{
 			{"203.0.113.10:80", "pod-b", "192.168.1.1"},   // ExternalIP, remote backend
-			{"198.51.100.10:80", "pod-a", "10.1.0.1"},     // LB IP, local backend
 			{"192.168.2.1:30001", "pod-a", "192.168.2.1"}, // another node's NodePort: node-b SNATs back
 			{"192.168.1.1:30002", "pod-b", "192.168.1.1"}, // own NodePort, remote backend
 		} {
 			c.expectFromCgroup(t, c.nodeA, "node-a", x.addr, x.backend, x.from)
 		}
+		c.expectFailFromCgroup(t, c.nodeA, "node-a", "198.51.100.10:80")
 	})
 }
