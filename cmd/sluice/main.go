@@ -71,6 +71,7 @@ func run(args []string) int {
 		npAddrs     = fs.String("nodeport-addresses", "", "comma-separated CIDRs: NodePorts (and health checks) are served on the node's addresses inside them; 0.0.0.0/0 means every address (default: the node's primary addresses, --node-ip)")
 		localhostNP = fs.Bool("localhost-nodeports", true, "also serve NodePorts on 127.0.0.1 (TCP and UDP, through socket load balancing) when --nodeport-addresses cover it")
 		masqAll     = fs.Bool("masquerade-all", false, "source-NAT all ClusterIP traffic, and external traffic sent to this node's endpoints (which otherwise keeps its client's address)")
+		progStats   = fs.Bool("bpf-program-stats", true, "have the kernel count the run count and run time of BPF programs (BPF_ENABLE_STATS, system wide, while the agent runs), exported as sluice_bpf_program_runs_total and sluice_bpf_program_run_seconds_total")
 		showVersion = fs.Bool("version", false, "print the version, the commit and the digest of the BPF objects, and exit")
 		dpCfg       datapath.Config
 	)
@@ -215,6 +216,19 @@ func run(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	ns := northSouthConfig{gcEvery: *ctGC, hc: *healthCheck, hcHosts: np.HealthHosts}
+	if *progStats {
+		// Held open for the agent's life: the kernel counts while
+		// someone holds it.
+		stats, err := datapath.EnableStats()
+		if err != nil {
+			log.Warn("BPF program statistics unavailable: sluice_bpf_program_* stay 0", "err", err)
+		} else {
+			// Closing drops this process's hold on the accounting;
+			// it fails only on a bad descriptor, and the process is
+			// exiting.
+			defer func() { _ = stats.Close() }()
+		}
+	}
 	if err := runAgent(ctx, cfg, dpCfg, ns, src, m, *healthAddr, *metricsAddr, log); err != nil {
 		log.Error("agent failed", "err", err)
 		return 1
@@ -252,6 +266,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 		return fmt.Errorf("open datapath: %w", err)
 	}
 	m.SetCapacity(dp.Maps().Capacity)
+	m.SetDatapath(dp)
 	cfg.Observers = append(cfg.Observers, m)
 	if ns.hc {
 		hc := health.NewNodePortServer(ns.hcHosts, log.With("component", "healthcheck"))
