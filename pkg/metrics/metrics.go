@@ -11,6 +11,11 @@
 // Service port and reason (sluice_service_unprogrammed_frontends): only
 // failing ones, so the number of series is bounded by the failures, not by
 // the number of Services.
+//
+// kube-proxy's own metrics (kubeproxy.go) are served beside Sluice's,
+// recorded by the same calls, so that the dashboards and alerts operators
+// have for kube-proxy keep working. The datapath's counters, map fill and
+// program costs (datapath.go) are read from the kernel at scrape time.
 package metrics
 
 import (
@@ -56,6 +61,8 @@ type Metrics struct {
 	// unprogrammed counts the frontends that failed in the last apply,
 	// by Service port and reason.
 	unprogrammed map[unprogrammedKey]int
+
+	kubeProxy kubeProxyMetrics
 }
 
 type unprogrammedKey struct{ service, reason string }
@@ -111,6 +118,7 @@ func New() *Metrics {
 			Help:      "Syncs by result.",
 		}, []string{"result"}),
 	}
+	m.kubeProxy = newKubeProxyMetrics(m.Registry)
 	m.Registry.MustRegister(
 		m.SyncDuration,
 		m.NetworkProgrammingDuration,
@@ -126,6 +134,7 @@ func New() *Metrics {
 // ObserveSync records one sync that took d and ended with err.
 func (m *Metrics) ObserveSync(d time.Duration, err error) {
 	m.SyncDuration.Observe(d.Seconds())
+	m.kubeProxy.observeSync(time.Now(), d, err)
 	if err != nil {
 		m.SyncErrors.Inc()
 		m.Syncs.WithLabelValues("error").Inc()
@@ -143,6 +152,7 @@ func (m *Metrics) ObserveProgrammed(now time.Time, triggers []time.Time) {
 			continue // a skewed clock must not record a negative latency
 		}
 		m.NetworkProgrammingDuration.Observe(now.Sub(t).Seconds())
+		m.kubeProxy.programming.WithLabelValues(ipFamily).Observe(now.Sub(t).Seconds())
 	}
 }
 
@@ -150,6 +160,7 @@ func (m *Metrics) ObserveProgrammed(now time.Time, triggers []time.Time) {
 // it after every successful apply, with the very state it applied.
 func (m *Metrics) SetProgrammed(s *model.State) {
 	c := CountState(s)
+	m.kubeProxy.setNoLocalEndpoints(s)
 	m.mu.Lock()
 	m.counts = c
 	m.mu.Unlock()
