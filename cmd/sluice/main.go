@@ -27,6 +27,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/sluice-lb/sluice/internal/namesfile"
 	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/pkg/health"
@@ -72,6 +73,7 @@ func run(args []string) int {
 		localhostNP = fs.Bool("localhost-nodeports", true, "also serve NodePorts on 127.0.0.1 (TCP and UDP, through socket load balancing) when --nodeport-addresses cover it")
 		masqAll     = fs.Bool("masquerade-all", false, "source-NAT all ClusterIP traffic, and external traffic sent to this node's endpoints (which otherwise keeps its client's address)")
 		progStats   = fs.Bool("bpf-program-stats", true, "have the kernel count the run count and run time of BPF programs (BPF_ENABLE_STATS, system wide, while the agent runs), exported as sluice_bpf_program_runs_total and sluice_bpf_program_run_seconds_total")
+		namesFile   = fs.String("names-file", namesfile.Default, "write which Service each programmed frontend belongs to here (JSON), for sluicectl to show beside the addresses (empty: off)")
 		showVersion = fs.Bool("version", false, "print the version, the commit and the digest of the BPF objects, and exit")
 		dpCfg       datapath.Config
 	)
@@ -216,6 +218,9 @@ func run(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	ns := northSouthConfig{gcEvery: *ctGC, hc: *healthCheck, hcHosts: np.HealthHosts}
+	if *namesFile != "" {
+		cfg.Observers = append(cfg.Observers, &namesWriter{path: *namesFile, bpffs: *bpffs, log: log.With("component", "names")})
+	}
 	if *progStats {
 		// Held open for the agent's life: the kernel counts while
 		// someone holds it.

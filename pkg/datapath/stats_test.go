@@ -26,7 +26,7 @@ func TestMapFill(t *testing.T) {
 	lb := l4("192.168.1.200", 80, model.TCP)
 	st := model.NewState()
 	st.Services[lb] = &model.Service{Kind: model.LoadBalancer, Frontend: lb,
-		Backends: []model.Backend{{L4Addr: beTCP.addr}, {L4Addr: beUDP.addr}},
+		Backends:     []model.Backend{{L4Addr: beTCP.addr}, {L4Addr: beUDP.addr}},
 		SourceRanges: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24"), netip.MustParsePrefix("10.0.1.0/24")}}
 	st.Services[vipTCP] = clusterIP(vipTCP, beTCP.addr)
 	applyServices(t, d, st.Services[lb], st.Services[vipTCP])
