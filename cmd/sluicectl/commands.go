@@ -50,17 +50,20 @@ type ServiceRow struct {
 	Empty string `json:"empty,omitempty"`
 }
 
-func servicesCmd(fs *flag.FlagSet) func(c *ctx) error {
-	raw := fs.Bool("raw", false, "print every map entry in the reconciler's dump format")
-	return func(c *ctx) error {
+func servicesCmd(fs *flag.FlagSet) runner {
+	raw := fs.Bool("raw", false, "print every map entry in the reconciler's dump format (not with -o json, whose rows hold the same entries)")
+	check := func(c *ctx) error {
+		if *raw && c.output == "json" {
+			return fmt.Errorf("--raw prints the reconciler's dump format; -o json prints the same entries as rows")
+		}
+		return nil
+	}
+	return runner{check: check, run: func(c *ctx) error {
 		ks, err := c.pins.Dump()
 		if err != nil {
 			return fmt.Errorf("read maps: %w", err)
 		}
 		if *raw {
-			if c.output == "json" {
-				return usageError{fmt.Errorf("--raw prints the dump format; -o json prints the same entries as rows")}
-			}
 			_, err = io.WriteString(c.stdout, ks.String())
 			return err
 		}
@@ -74,7 +77,7 @@ func servicesCmd(fs *flag.FlagSet) func(c *ctx) error {
 			return writeJSON(c.stdout, rows)
 		}
 		return writeServices(c.stdout, rows)
-	}
+	}}
 }
 
 // serviceRows lists the frontends of ks, sorted by frontend, named from
@@ -138,8 +141,8 @@ type BackendRow struct {
 	Services  []string `json:"services"`  // their Services, from the names file, sorted
 }
 
-func backendsCmd(*flag.FlagSet) func(c *ctx) error {
-	return func(c *ctx) error {
+func backendsCmd(*flag.FlagSet) runner {
+	return runner{run: func(c *ctx) error {
 		ks, err := c.pins.Dump()
 		if err != nil {
 			return fmt.Errorf("read maps: %w", err)
@@ -157,7 +160,7 @@ func backendsCmd(*flag.FlagSet) func(c *ctx) error {
 			cells = append(cells, []string{strconv.Itoa(int(r.ID)), r.Backend, or(strings.Join(r.Services, ",")), or(strings.Join(r.Frontends, " "))})
 		}
 		return tabulate(c.stdout, table([]string{"ID", "BACKEND", "SERVICES", "FRONTENDS"}, cells))
-	}
+	}}
 }
 
 // backendRows lists the backends of ks, sorted by address, port and
@@ -207,21 +210,21 @@ type ConntrackRow struct {
 	Flags     []string `json:"flags"`
 }
 
-func conntrackCmd(fs *flag.FlagSet) func(c *ctx) error {
+func conntrackCmd(fs *flag.FlagSet) runner {
 	addr := fs.String("addr", "", "only entries with this address (client, frontend, backend or source NAT)")
 	port := fs.Uint("port", 0, "only entries with this port (with --addr: on the same side)")
 	proto := fs.String("proto", "", "only tcp or udp entries")
-	return func(c *ctx) error {
-		var f conntrackFilter
+	var f conntrackFilter
+	check := func(*ctx) error {
 		if *addr != "" {
 			a, err := netip.ParseAddr(*addr)
 			if err != nil {
-				return usageError{fmt.Errorf("--addr: %w", err)}
+				return fmt.Errorf("--addr: %w", err)
 			}
 			f.addr = a.Unmap()
 		}
 		if *port > 65535 {
-			return usageError{fmt.Errorf("--port %d: out of range", *port)}
+			return fmt.Errorf("--port %d: out of range", *port)
 		}
 		f.port = uint16(*port)
 		switch strings.ToLower(*proto) {
@@ -231,8 +234,11 @@ func conntrackCmd(fs *flag.FlagSet) func(c *ctx) error {
 		case "udp":
 			f.proto = model.UDP
 		default:
-			return usageError{fmt.Errorf("--proto %q: want tcp or udp", *proto)}
+			return fmt.Errorf("--proto %q: want tcp or udp", *proto)
 		}
+		return nil
+	}
+	return runner{check: check, run: func(c *ctx) error {
 		entries, err := c.pins.Conntrack()
 		if err != nil {
 			return fmt.Errorf("read conntrack: %w", err)
@@ -254,7 +260,7 @@ func conntrackCmd(fs *flag.FlagSet) func(c *ctx) error {
 			cells = append(cells, []string{r.State, r.Direction, r.Proto, r.Src, r.Dst, r.NAT, or(r.SNAT), or(r.Service), r.Expires, or(strings.Join(r.Flags, ","))})
 		}
 		return tabulate(c.stdout, table([]string{"STATE", "DIR", "PROTO", "SRC", "DST", "NAT", "SNAT", "SERVICE", "EXPIRES", "FLAGS"}, cells))
-	}
+	}}
 }
 
 // conntrackFilter selects entries; zero fields select all.
@@ -327,8 +333,8 @@ type CounterRow struct {
 	Count  uint64 `json:"count"`
 }
 
-func countersCmd(*flag.FlagSet) func(c *ctx) error {
-	return func(c *ctx) error {
+func countersCmd(*flag.FlagSet) runner {
+	return runner{run: func(c *ctx) error {
 		counts, err := c.pins.Counters()
 		if err != nil {
 			return fmt.Errorf("read counters: %w", err)
@@ -341,7 +347,7 @@ func countersCmd(*flag.FlagSet) func(c *ctx) error {
 			return writeJSON(c.stdout, rows)
 		}
 		return writeCounters(c.stdout, counts)
-	}
+	}}
 }
 
 func writeCounters(w io.Writer, c map[string]uint64) error {
@@ -378,10 +384,10 @@ type AgentStatus struct {
 	Unprogrammed []string `json:"unprogrammed"`
 }
 
-func statusCmd(fs *flag.FlagSet) func(c *ctx) error {
+func statusCmd(fs *flag.FlagSet) runner {
 	health := fs.String("health-addr", "127.0.0.1:10256", "the agent's --health-addr")
 	metrics := fs.String("metrics-addr", "127.0.0.1:10249", "the agent's --metrics-addr")
-	return func(c *ctx) error {
+	return runner{run: func(c *ctx) error {
 		st := Status{Agent: askAgent(*health, *metrics), Maps: []datapath.MapFill{}}
 		if c.pins != nil {
 			fill, err := c.pins.MapFill()
@@ -394,7 +400,7 @@ func statusCmd(fs *flag.FlagSet) func(c *ctx) error {
 			return writeJSON(c.stdout, st)
 		}
 		return writeStatus(c.stdout, st, time.Now())
-	}
+	}}
 }
 
 func writeStatus(w io.Writer, st Status, now time.Time) error {

@@ -54,9 +54,17 @@ Commands:
 Flags:
 `
 
-// command is one subcommand: its flags, and what it runs on the pins.
+// command is one subcommand: flags declares its flags and returns what
+// it runs on the pins.
 type command struct {
-	flags func(fs *flag.FlagSet) func(c *ctx) error
+	flags func(fs *flag.FlagSet) runner
+}
+
+// runner is a command with its flags parsed: check validates them before
+// anything is opened (nil: nothing to check), run does the work.
+type runner struct {
+	check func(c *ctx) error
+	run   func(c *ctx) error
 }
 
 // ctx is what a command runs with.
@@ -107,7 +115,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	c := &ctx{bpffs: *bpffs, namesFile: *names, stdout: stdout, stderr: stderr}
 	cfs.StringVar(&c.output, "o", "table", "output format: table or json")
 	cfs.StringVar(&c.output, "output", "table", "output format: table or json")
-	runCmd := cmd.flags(cfs)
+	r := cmd.flags(cfs)
 	if err := cfs.Parse(fs.Args()[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -122,6 +130,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if c.output != "table" && c.output != "json" {
 		warn(stderr, "sluicectl: -o %q: want table or json\n", c.output)
 		return 2
+	}
+	if r.check != nil {
+		if err := r.check(c); err != nil {
+			warn(stderr, "sluicectl %s: %v\n", name, err)
+			return 2
+		}
 	}
 	// Read-only: loads no programs, creates nothing, and reads pins of
 	// whatever sizes the agent was configured with.
@@ -139,20 +153,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		defer dp.Close()
 		c.pins = dp
 	}
-	if err := runCmd(c); err != nil {
-		var u usageError
-		if errors.As(err, &u) {
-			warn(stderr, "sluicectl %s: %v\n", name, err)
-			return 2
-		}
+	if err := r.run(c); err != nil {
 		warn(stderr, "sluicectl %s: %v\n", name, err)
 		return 1
 	}
 	return 0
 }
-
-// usageError is a command's complaint about its flags (exit 2).
-type usageError struct{ error }
 
 // warn writes a message for the user to stderr. A write to stderr that
 // fails has nowhere to be reported; the exit code still says what happened.
