@@ -174,7 +174,9 @@ func checkService(t *testing.T, svc *corev1.Service, eps []*discoveryv1.Endpoint
 }
 
 // listed reports whether an IPv4 EndpointSlice of svc lists b's address
-// first in an endpoint, with b's port.
+// first in an endpoint, with b's port. Addresses are compared as
+// kube-proxy reads them (sloppily: "::ffff:10.0.0.4" and "10.0.0.04" are
+// 10.0.0.4).
 func listed(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, b model.Backend) bool {
 	for _, es := range eps {
 		if nn, ok := ServiceNameOfSlice(es); !ok || nn.Namespace != svc.Namespace || nn.Name != svc.Name {
@@ -187,7 +189,11 @@ func listed(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, b model.Backe
 			return p.Port != nil && *p.Port == int32(b.Port)
 		})
 		if hasPort && slices.ContainsFunc(es.Endpoints, func(e discoveryv1.Endpoint) bool {
-			return len(e.Addresses) > 0 && e.Addresses[0] == b.Addr.String()
+			if len(e.Addresses) == 0 {
+				return false
+			}
+			ip, ok := parseIPv4Sloppy(e.Addresses[0])
+			return ok && ip == b.Addr
 		}) {
 			return true
 		}
