@@ -72,7 +72,11 @@ type MapFill struct {
 // MapFill counts the entries of every hash-like map the datapath shares
 // (arrays are always full and have no fill), sorted by name. Counting
 // walks each map with batch lookups, a few thousand entries per system
-// call: some milliseconds for a full conntrack table of 262144 entries.
+// call, and costs in proportion to the entries: 5 ms for every map of the
+// default sizes when empty, 115 ms for a full conntrack table of 262144
+// entries (BenchmarkCountFullConntrack, on a 2-core VM). The kernel keeps
+// no count a system call can read; a BPF program could sum the maps'
+// per-CPU element counts (bpf_map_sum_elem_count) instead.
 func (d *Datapath) MapFill() ([]MapFill, error) {
 	return mapFill(objectsOf[*ebpf.Map](&d.sock, &d.tc, &d.xdp, &d.gc))
 }

@@ -63,3 +63,43 @@ func TestMapFill(t *testing.T) {
 		t.Error("the per-CPU counter array has a fill; arrays are always full")
 	}
 }
+
+// BenchmarkCountFullConntrack counts a full sluice_conntrack of the
+// default size (262144 entries), as a scrape of sluice_bpf_map_entries does.
+func BenchmarkCountFullConntrack(b *testing.B) {
+	cfg := smallConfig(testPinDir(b))
+	cfg.MaxConntrack = DefaultMaxConntrack
+	d := openTest(b, cfg)
+	m := d.maps.conntrack
+	const batch = 4096
+	keys := make([]sockCt4Key, batch)
+	vals := make([]sockCt4Entry, batch)
+	for i := 0; i < DefaultMaxConntrack; i += batch {
+		for j := range keys {
+			n := uint32(i + j)
+			keys[j] = sockCt4Key{Saddr: n, Daddr: 1, Sport: uint16(n), Dport: 80, Proto: uint8(model.TCP)}
+			vals[j] = sockCt4Entry{Expires: 1 << 62}
+		}
+		if _, err := m.BatchUpdate(keys, vals, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		n, err := countEntries(m)
+		if err != nil || n != DefaultMaxConntrack {
+			b.Fatalf("counted %d (%v), want %d", n, err, DefaultMaxConntrack)
+		}
+	}
+}
+
+// BenchmarkMapFillEmpty counts every map of a datapath of the default
+// sizes holding nothing: the floor of a scrape's cost.
+func BenchmarkMapFillEmpty(b *testing.B) {
+	d := openTest(b, Config{BPFFS: testPinDir(b)})
+	for b.Loop() {
+		if _, err := d.MapFill(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
