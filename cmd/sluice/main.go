@@ -303,7 +303,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 		mux.Handle("GET /metrics", m.Handler())
 		serve("metrics", func() error { return serveHTTP(ctx, metricsL, mux, log) })
 	}
-	go runConntrackGC(ctx, dp.Maps(), ns.gcEvery, log.With("component", "conntrack-gc"))
+	go runConntrackGC(ctx, observedGC{dp.Maps(), m.ObserveConntrackGC}, ns.gcEvery, log.With("component", "conntrack-gc"))
 	runErr := a.Run(ctx, src)
 	cancel(nil)
 	for range servers {

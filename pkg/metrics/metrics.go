@@ -54,6 +54,10 @@ type Metrics struct {
 	SyncErrors prometheus.Counter
 	// Syncs counts syncs by result.
 	Syncs *prometheus.CounterVec
+	// ConntrackGCRuns counts conntrack garbage collections by result,
+	// ConntrackGCDeleted the expired entries they deleted.
+	ConntrackGCRuns    *prometheus.CounterVec
+	ConntrackGCDeleted prometheus.Counter
 
 	mu       sync.Mutex
 	counts   Counts
@@ -117,13 +121,27 @@ func New() *Metrics {
 			Name:      "syncs_total",
 			Help:      "Syncs by result.",
 		}, []string{"result"}),
+		ConntrackGCRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "conntrack_gc_runs_total",
+			Help:      "Garbage collections of the per-packet conntrack table, by result.",
+		}, []string{"result"}),
+		ConntrackGCDeleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "conntrack_gc_deleted_entries_total",
+			Help:      "Expired per-packet conntrack entries the garbage collection deleted.",
+		}),
 	}
+	m.ConntrackGCRuns.WithLabelValues("success")
+	m.ConntrackGCRuns.WithLabelValues("error")
 	m.kubeProxy = newKubeProxyMetrics(m.Registry)
 	m.Registry.MustRegister(
 		m.SyncDuration,
 		m.NetworkProgrammingDuration,
 		m.SyncErrors,
 		m.Syncs,
+		m.ConntrackGCRuns,
+		m.ConntrackGCDeleted,
 		stateCollector{m},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -141,6 +159,17 @@ func (m *Metrics) ObserveSync(d time.Duration, err error) {
 		return
 	}
 	m.Syncs.WithLabelValues("success").Inc()
+}
+
+// ObserveConntrackGC records one garbage collection of the conntrack
+// table that deleted entries, or failed with err.
+func (m *Metrics) ObserveConntrackGC(deleted int, err error) {
+	if err != nil {
+		m.ConntrackGCRuns.WithLabelValues("error").Inc()
+		return
+	}
+	m.ConntrackGCRuns.WithLabelValues("success").Inc()
+	m.ConntrackGCDeleted.Add(float64(deleted))
 }
 
 // ObserveProgrammed records, for each trigger time, the latency from it to
