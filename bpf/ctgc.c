@@ -15,6 +15,10 @@
  *
  * In flush mode the pass forgets the flows of the backends in
  * sluice_ct_flush, in both conntrack maps, in one pass for all of them.
+ *
+ * sluice_aff_fix does the same kind of upkeep for session affinity
+ * (lib/affinity.h): the entries of backends that left a frontend, or moved
+ * to another of its slots, are deleted or moved in one pass.
  */
 #include "lib/consts.h"
 #include "lib/config.h"
@@ -92,6 +96,60 @@ int sluice_ct_gc(struct ct_gc_args *args)
 	} else {
 		bpf_for_each_map_elem(CT_EST, ct_gc_one, &a, 0);
 	}
+	*args = a;
+	return 0;
+}
+
+/*
+ * aff_fix_one - apply sluice_aff_fix to the session affinity entry @a of
+ * a frontend (under @key): move it to the slot its backend now has, or
+ * delete it (the backend left the frontend, or the frontend its
+ * affinity).
+ *
+ * A move writes the slot in place: a reader that sees the new slot with
+ * the old backend, or the other way round, finds them not to belong
+ * together and selects again (affinity.h). A datapath that replaces the
+ * entry meanwhile (a fresh selection) may lose its entry to a delete:
+ * that client selects again once.
+ */
+static long aff_fix_one(void *map, const struct lb4_affinity_key *key,
+			struct lb4_affinity *a, struct affinity_fix_args *args)
+{
+	struct affinity_fix_key fk = {
+		.master = key->master,
+		.backend_id = READ_ONCE(a->backend_id),
+	};
+	__u32 *slot = bpf_map_lookup_elem(&sluice_aff_fix_v1, &fk);
+
+	if (!slot) {
+		fk.backend_id = 0;
+		slot = bpf_map_lookup_elem(&sluice_aff_fix_v1, &fk);
+		if (!slot)
+			return 0;
+	}
+	if (*slot && fk.backend_id) {
+		a->slot = (__u16)*slot;
+		args->moved++;
+		return 0;
+	}
+	if (!bpf_map_delete_elem(map, key))
+		args->deleted++;
+	return 0;
+}
+
+/*
+ * sluice_aff_fix - one pass over sluice_session_affinity for the
+ * frontends and backends in sluice_aff_fix: the agent's upkeep when
+ * backends leave a frontend with session affinity or move to another of
+ * its slots (pkg/reconciler), which would otherwise end or revive
+ * clients' affinity wrongly.
+ */
+SEC("syscall")
+int sluice_aff_fix(struct affinity_fix_args *args)
+{
+	struct affinity_fix_args a = {};
+
+	bpf_for_each_map_elem(&sluice_session_affinity_v1, aff_fix_one, &a, 0);
 	*args = a;
 	return 0;
 }

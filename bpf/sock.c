@@ -16,6 +16,11 @@
  * the source its route to a LoadBalancer IP usually picks). NodePorts on
  * 127.0.0.1 are frontends like any other, which only this path sees.
  *
+ * A frontend with session affinity (lib/affinity.h) sends every socket of
+ * a network namespace to the backend that namespace's last connection
+ * went to, while it is still one of the frontend's (in the scope that
+ * serves the node).
+ *
  * What the packet path would reject fails at once with ECONNREFUSED
  * (bpf_set_retval, allowed for connect4 and sendmsg4 since Linux 5.18): a
  * service without backends, a ClusterIP on a port it does not serve, and a
@@ -30,23 +35,16 @@
 #include "lib/maps.h"
 #include "lib/metrics.h"
 #include "lib/lb.h"
+#include "lib/affinity.h"
 
 #define SYS_REJECT  0
 #define SYS_PROCEED 1
 
 /*
  * lookup_sticky_backend - the backend of a UDP socket's stickiness entry,
- * if it is still one of this service's backends.
+ * if it is still one of this service's backends (slot_still_names).
  * @master: the service's slot 0.
  *
- * The backend id alone is not enough: once a backend leaves the service
- * its id is freed and, after a quarantine, handed out again, possibly for
- * another service's backend. Say a socket's entry names id 7, 10.0.1.5:53
- * of the DNS service; the endpoint goes away, and later id 7 is reused for
- * 10.0.9.9:8125 of a metrics service. Followed blindly, the socket's DNS
- * queries would go to the metrics backend. So the entry is followed only
- * while the slot it was chosen from is still within the service's count and
- * still names the id, and the id still names the address and port it did.
  * A service that shrinks moves backends down into holes, so a few sockets
  * then select again needlessly: a fresh backend of their own service.
  *
@@ -56,35 +54,28 @@ static __always_inline struct lb4_backend *
 lookup_sticky_backend(const struct sock_udp_stick *st, __be32 vip, __be16 port,
 		      __u8 proto, const struct lb4_service *master)
 {
-	struct lb4_service *slot;
-	struct lb4_backend *be;
-
-	if (st->slot == 0 || st->slot > master->count)
-		return NULL;
-	slot = lookup_slot(vip, port, proto, master->scope, st->slot);
-	if (!slot || slot->backend_id != st->backend_id)
-		return NULL;
-	be = lookup_backend(st->backend_id);
-	if (!be || be->addr != st->addr || be->port != st->port)
-		return NULL;
-	return be;
+	return slot_still_names(vip, port, proto, master, st->slot,
+				st->backend_id, st->addr, st->port);
 }
 
 /*
  * select_sticky_backend - the backend an unconnected UDP socket used for
  * this frontend before, while it is still one of the service's backends
- * (lookup_sticky_backend); otherwise a fresh selection that the socket then
- * keeps.
+ * (lookup_sticky_backend); otherwise a fresh selection (aff_select: the
+ * client's session affinity first) that the socket then keeps. A
+ * datagram that follows the socket's backend is no new "connection": it
+ * does not refresh the client's session affinity.
  */
 static __always_inline struct lb4_backend *
-select_sticky_backend(struct bpf_sock_addr *ctx, __be32 vip, __be16 port,
-		      __u8 proto, const struct lb4_service *svc)
+select_sticky_backend(struct bpf_sock_addr *ctx,
+		      const struct lb4_affinity_key *akey,
+		      const struct lb4_service *svc, __u64 now)
 {
 	struct sock_udp_stick_key key = {
 		.cookie = bpf_get_socket_cookie(ctx),
-		.vip = vip,
-		.port = port,
-		.proto = proto,
+		.vip = akey->master.vip,
+		.port = akey->master.port,
+		.proto = akey->master.proto,
 	};
 	struct sock_udp_stick st = {};
 	struct sock_udp_stick *cur;
@@ -92,16 +83,17 @@ select_sticky_backend(struct bpf_sock_addr *ctx, __be32 vip, __be16 port,
 
 	cur = bpf_map_lookup_elem(&sluice_udp_stick_v1, &key);
 	if (cur) {
-		be = lookup_sticky_backend(cur, vip, port, proto, svc);
+		be = lookup_sticky_backend(cur, key.vip, key.port, key.proto,
+					   svc);
 		if (be)
 			return be;
 	}
-	be = select_backend_slot(vip, port, proto, svc, &st.backend_id,
-				 &st.slot);
+	be = aff_select(akey, svc, now, &st.backend_id, &st.slot);
 	if (be) {
 		st.addr = be->addr;
 		st.port = be->port;
 		bpf_map_update_elem(&sluice_udp_stick_v1, &key, &st, BPF_ANY);
+		aff_remember(akey, svc, be, st.backend_id, st.slot, now);
 	}
 	return be;
 }
@@ -185,6 +177,9 @@ static __always_inline int sock4_lookup(struct bpf_sock_addr *ctx, __be32 vip,
  * sock4_xlate_fwd - rewrite a VIP destination of @ctx to a backend.
  * @sticky: keep the socket's previous backend (per-datagram sendmsg4).
  *
+ * The client of session affinity is the socket's network namespace
+ * (affinity.h): a connect is a new connection of that client.
+ *
  * Returns 0 (translated or not a service), -ECONNREFUSED or -EHOSTUNREACH
  * (sock4_lookup).
  */
@@ -194,11 +189,14 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx,
 	__u8 proto = ctx->protocol;
 	__be32 vip = ctx->user_ip4;
 	__be16 port = (__be16)ctx->user_port;
+	struct lb4_affinity_key akey = {};
 	struct lb4_service *svc = NULL;
 	struct lb4_backend *be;
 	struct sock_rev_key rkey = {};
 	struct sock_rev_entry rval = {};
 	__u32 backend_id = 0;
+	__u16 slot = 0;
+	__u64 now;
 	int ret;
 
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
@@ -207,10 +205,16 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx,
 	if (ret <= 0 || !svc)
 		return ret;
 
-	if (sticky)
-		be = select_sticky_backend(ctx, vip, port, proto, svc);
-	else
-		be = select_backend(vip, port, proto, svc, &backend_id);
+	now = bpf_ktime_get_ns();
+	aff_key(&akey, bpf_get_netns_cookie(ctx), AFFINITY_CLIENT_NETNS, vip,
+		port, proto, svc->scope);
+	if (sticky) {
+		be = select_sticky_backend(ctx, &akey, svc, now);
+	} else {
+		be = aff_select(&akey, svc, now, &backend_id, &slot);
+		if (be)
+			aff_remember(&akey, svc, be, backend_id, slot, now);
+	}
 	if (!be) {
 		/* Even after reading the service again (select_backend_slot):
 		 * refuse rather than leave the VIP, which nothing answers

@@ -41,6 +41,7 @@
 #include "lib/frag.h"
 #include "lib/csum.h"
 #include "lib/lb.h"
+#include "lib/affinity.h"
 #include "lib/conntrack.h"
 #include "lib/icmp.h"
 #include "lib/nat.h"
@@ -368,11 +369,50 @@ static __always_inline int lb4_ct_follow(const struct pkt4 *p,
 }
 
 /*
+ * Session affinity for a new flow of @p (affinity.h), whose client is its
+ * source as it arrived. BPF functions of their own rather than inlined:
+ * the key and the entry then live in their frames, which the program's
+ * stack, with icmp_reply's frame on top, has no room for; and the
+ * verifier's paths meet again after each call, whatever it found.
+ */
+
+/* lb4_aff_select - aff_select for the client of @p, a new flow to @svc. */
+static __noinline struct lb4_backend *
+lb4_aff_select(const struct pkt4 *p, const struct lb4_service *svc, __u64 now,
+	       __u32 *backend_id, __u16 *slot)
+{
+	struct lb4_affinity_key key = {};
+
+	aff_key(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
+		p->proto, svc->scope);
+	return aff_select(&key, svc, now, backend_id, slot);
+}
+
+/* lb4_aff_remember - aff_remember for the client of @p, as of now. */
+static __noinline int lb4_aff_remember(const struct pkt4 *p,
+				       const struct lb4_service *svc,
+				       const struct lb4_backend *be,
+				       __u32 backend_id, __u32 slot)
+{
+	struct lb4_affinity_key key = {};
+
+	aff_key(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
+		p->proto, svc->scope);
+	aff_remember(&key, svc, be, backend_id, (__u16)slot,
+		     bpf_ktime_get_ns());
+	return 0;
+}
+
+/*
  * lb4_new_flow - select a backend for a new flow of @p to frontend @svc
  * and record the flow in conntrack (source-NATed when the backend is
  * remote, see nat_remote). A backend whose reply tuple is another flow's
  * (ct_create's clash: two VIPs sharing a backend) is passed over for the
  * next slot's, up to CT_CLASH_TRIES backends.
+ *
+ * With session affinity (affinity.h), the client is the packet's source
+ * as it arrived: the backend it is stuck to comes first, and the backend
+ * the flow goes to is remembered for its next one.
  *
  * Returns 0 with @x filled in, or -1 if the packet must be dropped
  * (counted).
@@ -389,8 +429,7 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb,
 	__u16 slot = 0;
 	int ret;
 
-	be = select_backend_slot(p->daddr, p->dport, p->proto, svc, &backend_id,
-				 &slot);
+	be = lb4_aff_select(p, svc, now, &backend_id, &slot);
 	for (i = 0; i < CT_CLASH_TRIES; i++) {
 		if (i > 0) {
 			if (i >= count)
@@ -406,14 +445,18 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb,
 		x->nat_addr = be->addr;
 		x->nat_port = be->port;
 		ret = nat_remote(skb, p, svc, be, backend_id, now, x);
-		if (ret)
-			return ret > 0 ? 0 : -1;
-		ret = ct_create(p, be, backend_id, svc->rev_nat_id, now);
-		if (ret == CT_CLASH)
-			continue;
 		if (ret < 0)
-			metric_inc(METRIC_TC_CT_FULL);
-		metric_inc(METRIC_TC_DNAT_NEW);
+			return -1;
+		if (ret == 0) {
+			ret = ct_create(p, be, backend_id, svc->rev_nat_id,
+					now);
+			if (ret == CT_CLASH)
+				continue;
+			if (ret < 0)
+				metric_inc(METRIC_TC_CT_FULL);
+			metric_inc(METRIC_TC_DNAT_NEW);
+		}
+		lb4_aff_remember(p, svc, be, backend_id, slot);
 		return 0;
 	}
 	metric_inc(METRIC_TC_CT_CLASH);

@@ -19,6 +19,10 @@
  * carry complete checksums; a packet a local stack handed over a veth with
  * CHECKSUM_PARTIAL would not, which is why Sluice attaches XDP only to the
  * node's external devices.
+ *
+ * Session affinity (affinity.h) is followed and kept as tc does; a new
+ * flow passed to tc (its backend is local, say) is left for tc to
+ * remember.
  */
 #include "lib/consts.h"
 #include "lib/config.h"
@@ -27,6 +31,7 @@
 #include "lib/parse.h"
 #include "lib/csum.h"
 #include "lib/lb.h"
+#include "lib/affinity.h"
 #include "lib/conntrack.h"
 #include "lib/nat.h"
 
@@ -124,6 +129,7 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
 				   __u64 now)
 {
 	const struct pkt4 *p = &x->p;
+	struct lb4_affinity_key akey = {};
 	struct lb4_service *svc;
 	struct lb4_backend *be;
 	struct node_dev *dev;
@@ -133,6 +139,7 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
 	__u32 backend_id = 0;
 	__be32 nat_addr, snat_addr;
 	__be16 nat_port, snat_port = 0;
+	__u16 slot = 0;
 	bool half_open, gone;
 	__u8 flags;
 
@@ -175,8 +182,9 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
 		ct_refresh(fwd, p->proto, now);
 		ct_track_tcp(p, &key, fwd, now);
 	} else {
-		be = select_backend(p->daddr, p->dport, p->proto, svc,
-				    &backend_id);
+		aff_key(&akey, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr,
+			p->dport, p->proto, svc->scope);
+		be = aff_select(&akey, svc, now, &backend_id, &slot);
 		if (!be)
 			return XDP_PASS;
 		nat_addr = be->addr;
@@ -194,6 +202,7 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
 		if (ct_create_snat(p, be, backend_id, svc->rev_nat_id,
 				   snat_addr, now, &snat_port))
 			return XDP_PASS; /* tc counts and drops */
+		aff_remember(&akey, svc, be, backend_id, slot, now);
 		metric_inc(METRIC_XDP_SNAT_NEW);
 	}
 	xdp_rewrite(x, snat_addr, snat_port, nat_addr, nat_port);

@@ -140,14 +140,39 @@ select_backend_slot(__be32 vip, __be16 port, __u8 proto,
 	return slot_backend(vip, port, proto, scope, 1, backend_id);
 }
 
-/* select_backend - select_backend_slot for callers that need no slot. */
+/*
+ * slot_still_names - the backend that slot @slot of a frontend named when
+ * a client was last sent there (id @backend_id, then at <@be_addr,
+ * @be_port>), if that is still one of the frontend's backends: the slot is
+ * within @master's count and still names the id, and the id still names
+ * that address and port. NULL otherwise: the client must select again.
+ *
+ * The id alone is not enough: once a backend leaves its frontends its id
+ * is freed and, after a quarantine, handed out again, possibly for another
+ * service's backend. Say a client's entry names id 7, 10.0.1.5:53 of the
+ * DNS service; the endpoint goes away, and later id 7 is reused for
+ * 10.0.9.9:8125 of a metrics service. Followed blindly, the client's DNS
+ * queries would go to the metrics backend. Nor is the id's address: a
+ * backend that left this frontend may still serve another one (the same
+ * endpoint behind another Service), and keep its id.
+ */
 static __always_inline struct lb4_backend *
-select_backend(__be32 vip, __be16 port, __u8 proto,
-	       const struct lb4_service *master, __u32 *backend_id)
+slot_still_names(__be32 vip, __be16 port, __u8 proto,
+		 const struct lb4_service *master, __u16 slot, __u32 backend_id,
+		 __be32 be_addr, __be16 be_port)
 {
-	__u16 slot;
+	struct lb4_service *s;
+	struct lb4_backend *be;
 
-	return select_backend_slot(vip, port, proto, master, backend_id, &slot);
+	if (slot == 0 || slot > master->count)
+		return NULL;
+	s = lookup_slot(vip, port, proto, master->scope, slot);
+	if (!s || s->backend_id != backend_id)
+		return NULL;
+	be = lookup_backend(backend_id);
+	if (!be || be->addr != be_addr || be->port != be_port)
+		return NULL;
+	return be;
 }
 
 /*

@@ -112,6 +112,33 @@ struct {
 } sluice_udp_stick_v1 SEC(".maps");
 
 /*
+ * Key: struct lb4_affinity_key. Value: struct lb4_affinity. Session
+ * affinity (sessionAffinity ClientIP), written by connect4/sendmsg4, tc
+ * and XDP; an LRU, so that clients nobody has seen for long make room.
+ * Sized by Config.MaxAffinity.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb4_affinity_key);
+	__type(value, struct lb4_affinity);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice_session_affinity_v1 SEC(".maps");
+
+/*
+ * Key: struct affinity_fix_key. Value: __u32 slot (host order). Written by
+ * the agent just before a run of sluice_aff_fix, emptied after it.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct affinity_fix_key);
+	__type(value, __u32);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice_aff_fix_v1 SEC(".maps");
+
+/*
  * Key: __u32 enum metric_reason. Value: __u64 count per CPU. Sized for
  * METRIC_SLOTS reasons, so that appending one is no change of layout.
  */

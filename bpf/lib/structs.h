@@ -51,7 +51,14 @@ enum lb_scope {
 };
 
 struct lb4_service {
-	__u32 backend_id; /* host order; slots >= 1 only */
+	union {
+		/* host order; slots >= 1: the backend */
+		__u32 backend_id;
+		/* host order; slot 0 with SVC_F_AFFINITY: the
+		 * sessionAffinity ClientIP timeout, in seconds
+		 */
+		__u32 affinity_timeout;
+	};
 	__u32 count;	  /* host order; slot 0 only: number of backend slots */
 	__u32 rev_nat_id; /* host order; service id, key of sluice_rev_nat_v1 */
 	__u8 flags;	  /* enum svc_flags (slot 0 only) */
@@ -357,6 +364,77 @@ struct sock_udp_stick {
 };
 
 /*
+ * sluice_session_affinity_v1 (LRU): struct lb4_affinity_key -> struct
+ * lb4_affinity. Kubernetes sessionAffinity ClientIP: the backend a client
+ * of a frontend flagged SVC_F_AFFINITY was last sent to, until the
+ * frontend's timeout passes without a new connection of that client
+ * (kube-proxy's per-endpoint "affinity" sets). Not sluice_udp_stick,
+ * which keeps one unconnected UDP socket on its backend.
+ *
+ * A client is a network namespace on the socket path (its cookie: every
+ * socket of a pod, or of the node, is one client) and a source address
+ * per packet (as the packet arrived, before any source NAT). An entry is
+ * followed only while the slot it was chosen from is within the master's
+ * count and still names the backend id, and the id still names the
+ * address and port it did (as sluice_udp_stick): a backend that left the
+ * frontend ends the affinity to it at once. The agent deletes the entries
+ * of backends that left, and moves those of backends that move to
+ * another slot (sluice_aff_fix, bpf/ctgc.c).
+ */
+struct lb4_affinity_key {
+	/* AFFINITY_CLIENT_NETNS: bpf_get_netns_cookie() (host order);
+	 * AFFINITY_CLIENT_ADDR: the client's IPv4 address as a __be32
+	 * (network order bytes in the low-addressed half), zero-extended
+	 */
+	__u64 client;
+	/* the master key (slot 0) of the frontend's scope that served the
+	 * client: a two-scope frontend keeps its scopes' clients apart
+	 */
+	struct lb4_key master;
+	__u32 kind; /* host order: enum affinity_client */
+};
+
+/* lb4_affinity_key.kind */
+enum affinity_client {
+	AFFINITY_CLIENT_ADDR = 0,
+	AFFINITY_CLIENT_NETNS = 1,
+};
+
+struct lb4_affinity {
+	/*
+	 * bpf_ktime_get_ns() from which on the entry is dead, compared
+	 * signed; every new connection of the client moves it forward with
+	 * compare-and-swap (never back: a CPU whose clock reading is older
+	 * than another's refresh leaves it), as ct4_entry.expires.
+	 */
+	__u64 expires;
+	__u32 backend_id; /* host order */
+	__be32 addr;	  /* network order: the backend's address when chosen */
+	__be16 port;	  /* network order: the backend's port when chosen */
+	__u16 slot;	  /* host order: the slot (>= 1) it came from */
+	__u32 pad;
+};
+
+/*
+ * sluice_aff_fix_v1: struct affinity_fix_key -> __u32 slot (host
+ * order). What the next sluice_aff_fix run does with the entries of
+ * sluice_session_affinity of a frontend that name a backend: move them to
+ * that slot, or delete them (0). backend_id 0 stands for every backend of
+ * the frontend (deleted only). Written and emptied by the agent around the
+ * run.
+ */
+struct affinity_fix_key {
+	struct lb4_key master; /* a frontend's master key (slot 0, scope) */
+	__u32 backend_id;      /* host order; 0: every backend */
+};
+
+/* The context of sluice_aff_fix (BPF_PROG_RUN): counts out. */
+struct affinity_fix_args {
+	__u64 moved;   /* out: entries moved to another slot */
+	__u64 deleted; /* out: entries deleted */
+};
+
+/*
  * sluice_devices_v1: __u32 ifindex (host order) -> struct node_dev.
  * The devices the agent attached to (the node's external devices) that
  * have an IPv4 address or a flag. A backend whose route leaves through one
@@ -456,6 +534,11 @@ enum svc_flags {
 	SVC_F_TWO_SCOPES = 8,
 	/* without backends, drop new flows instead of rejecting them */
 	SVC_F_DROP_EMPTY = 16,
+	/* sessionAffinity ClientIP: a client keeps its backend
+	 * (sluice_session_affinity) for lb4_service.affinity_timeout seconds
+	 * after its last new connection
+	 */
+	SVC_F_AFFINITY = 32,
 };
 
 /*
@@ -476,6 +559,8 @@ BTF_EXPORT(struct ct_gc_args, ct_gc_args);
 BTF_EXPORT(enum svc_flags, svc_flags);
 BTF_EXPORT(enum lb_scope, lb_scope);
 BTF_EXPORT(enum node_dev_flags, node_dev_flags);
+BTF_EXPORT(enum affinity_client, affinity_client);
+BTF_EXPORT(struct affinity_fix_args, affinity_fix_args);
 BTF_EXPORT(enum node_cidr_kind, node_cidr_kind);
 BTF_EXPORT(enum metric_reason, metric_reason);
 
@@ -493,6 +578,11 @@ _Static_assert(sizeof(struct sock_rev_entry) == 12, "sock_rev_entry size");
 _Static_assert(sizeof(struct sock_udp_stick_key) == 16,
 	       "sock_udp_stick_key size");
 _Static_assert(sizeof(struct sock_udp_stick) == 12, "sock_udp_stick size");
+_Static_assert(sizeof(struct lb4_affinity_key) == 24, "lb4_affinity_key size");
+_Static_assert(sizeof(struct lb4_affinity) == 24, "lb4_affinity size");
+_Static_assert(sizeof(struct affinity_fix_key) == 16, "affinity_fix_key size");
+_Static_assert(sizeof(struct affinity_fix_args) == 16,
+	       "affinity_fix_args size");
 _Static_assert(sizeof(struct node_dev) == 8, "node_dev size");
 _Static_assert(sizeof(struct src_range_key) == 16, "src_range_key size");
 _Static_assert(sizeof(struct node_cidr_key) == 12, "node_cidr_key size");

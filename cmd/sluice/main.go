@@ -83,6 +83,7 @@ func run(args []string) int {
 	fs.IntVar(&dpCfg.MaxConntrack, "max-conntrack", datapath.DefaultMaxConntrack, "size of sluice_conntrack: established per-packet flows and SNAT port reservations (when full, new flows are refused)")
 	fs.IntVar(&dpCfg.MaxConntrackNew, "max-conntrack-new", datapath.DefaultMaxConntrackNew, "size of sluice_ct_new (LRU): per-packet flows not answered yet")
 	fs.IntVar(&dpCfg.MaxSockRev, "max-sock-rev", datapath.DefaultMaxSockRev, "size of sluice_sock_rev (LRU): translated sockets")
+	fs.IntVar(&dpCfg.MaxAffinity, "max-affinity", datapath.DefaultMaxAffinity, "size of sluice_session_affinity (LRU): clients of Services with sessionAffinity ClientIP")
 	kube := addKubeFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

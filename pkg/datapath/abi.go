@@ -52,6 +52,7 @@ var (
 	_ [reconciler.FlagExternal]struct{}     = [sockSvcFlagsSVC_F_EXTERNAL]struct{}{}
 	_ [reconciler.FlagLocal]struct{}        = [sockSvcFlagsSVC_F_LOCAL]struct{}{}
 	_ [reconciler.FlagSourceRanges]struct{} = [sockSvcFlagsSVC_F_SRC_RANGES]struct{}{}
+	_ [reconciler.FlagAffinity]struct{}     = [sockSvcFlagsSVC_F_AFFINITY]struct{}{}
 	_ [reconciler.FlagTwoScopes]struct{}    = [sockSvcFlagsSVC_F_TWO_SCOPES]struct{}{}
 	_ [reconciler.FlagDropEmpty]struct{}    = [sockSvcFlagsSVC_F_DROP_EMPTY]struct{}{}
 	_ [reconciler.ScopeDefault]struct{}     = [sockLbScopeLB_SCOPE_DEFAULT]struct{}{}

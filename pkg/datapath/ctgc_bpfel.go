@@ -16,30 +16,33 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	ctgcMapSluiceBackendsV1   = "sluice_backends_v1"
-	ctgcMapSluiceConntrackV2  = "sluice_conntrack_v2"
-	ctgcMapSluiceCtFlushV1    = "sluice_ct_flush_v1"
-	ctgcMapSluiceCtNewV1      = "sluice_ct_new_v1"
-	ctgcMapSluiceDevicesV1    = "sluice_devices_v1"
-	ctgcMapSluiceFragmentsV1  = "sluice_fragments_v1"
-	ctgcMapSluiceMetricsV1    = "sluice_metrics_v1"
-	ctgcMapSluiceNodeCidrsV1  = "sluice_node_cidrs_v1"
-	ctgcMapSluiceRevNatV1     = "sluice_rev_nat_v1"
-	ctgcMapSluiceServiceIpsV1 = "sluice_service_ips_v1"
-	ctgcMapSluiceServicesV1   = "sluice_services_v1"
-	ctgcMapSluiceSockRevV1    = "sluice_sock_rev_v1"
-	ctgcMapSluiceSrcRangesV1  = "sluice_src_ranges_v1"
-	ctgcMapSluiceUdpStickV1   = "sluice_udp_stick_v1"
-	ctgcProgSluiceCtGc        = "sluice_ct_gc"
-	ctgcVarCtTimeoutCloseNs   = "ct_timeout_close_ns"
-	ctgcVarCtTimeoutSynNs     = "ct_timeout_syn_ns"
-	ctgcVarCtTimeoutTcpNs     = "ct_timeout_tcp_ns"
-	ctgcVarCtTimeoutUdpNs     = "ct_timeout_udp_ns"
-	ctgcVarHaveClusterCidr    = "have_cluster_cidr"
-	ctgcVarMasqueradeAll      = "masquerade_all"
-	ctgcVarNodeIp4            = "node_ip4"
-	ctgcVarSnatPortMax        = "snat_port_max"
-	ctgcVarSnatPortMin        = "snat_port_min"
+	ctgcMapSluiceAffFixV1          = "sluice_aff_fix_v1"
+	ctgcMapSluiceBackendsV1        = "sluice_backends_v1"
+	ctgcMapSluiceConntrackV2       = "sluice_conntrack_v2"
+	ctgcMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
+	ctgcMapSluiceCtNewV1           = "sluice_ct_new_v1"
+	ctgcMapSluiceDevicesV1         = "sluice_devices_v1"
+	ctgcMapSluiceFragmentsV1       = "sluice_fragments_v1"
+	ctgcMapSluiceMetricsV1         = "sluice_metrics_v1"
+	ctgcMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
+	ctgcMapSluiceRevNatV1          = "sluice_rev_nat_v1"
+	ctgcMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
+	ctgcMapSluiceServicesV1        = "sluice_services_v1"
+	ctgcMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
+	ctgcMapSluiceSockRevV1         = "sluice_sock_rev_v1"
+	ctgcMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
+	ctgcMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
+	ctgcProgSluiceAffFix           = "sluice_aff_fix"
+	ctgcProgSluiceCtGc             = "sluice_ct_gc"
+	ctgcVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
+	ctgcVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
+	ctgcVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
+	ctgcVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
+	ctgcVarHaveClusterCidr         = "have_cluster_cidr"
+	ctgcVarMasqueradeAll           = "masquerade_all"
+	ctgcVarNodeIp4                 = "node_ip4"
+	ctgcVarSnatPortMax             = "snat_port_max"
+	ctgcVarSnatPortMin             = "snat_port_min"
 )
 
 // loadCtgc returns the embedded CollectionSpec for ctgc.
@@ -84,27 +87,30 @@ type ctgcSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ctgcProgramSpecs struct {
-	SluiceCtGc *ebpf.ProgramSpec `ebpf:"sluice_ct_gc"`
+	SluiceAffFix *ebpf.ProgramSpec `ebpf:"sluice_aff_fix"`
+	SluiceCtGc   *ebpf.ProgramSpec `ebpf:"sluice_ct_gc"`
 }
 
 // ctgcMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ctgcMapSpecs struct {
-	SluiceBackendsV1   *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV2  *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
-	SluiceCtFlushV1    *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
-	SluiceCtNewV1      *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
-	SluiceDevicesV1    *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
-	SluiceFragmentsV1  *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
-	SluiceMetricsV1    *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
-	SluiceNodeCidrsV1  *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1     *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
-	SluiceServiceIpsV1 *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1   *ebpf.MapSpec `ebpf:"sluice_services_v1"`
-	SluiceSockRevV1    *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
-	SluiceSrcRangesV1  *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
-	SluiceUdpStickV1   *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
+	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
+	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
+	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
+	SluiceRevNatV1          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1      *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
+	SluiceServicesV1        *ebpf.MapSpec `ebpf:"sluice_services_v1"`
+	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
+	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1       *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1        *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
 }
 
 // ctgcVariableSpecs contains global variables before they are loaded into the kernel.
@@ -142,24 +148,27 @@ func (o *ctgcObjects) Close() error {
 //
 // It can be passed to loadCtgcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ctgcMaps struct {
-	SluiceBackendsV1   *ebpf.Map `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV2  *ebpf.Map `ebpf:"sluice_conntrack_v2"`
-	SluiceCtFlushV1    *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
-	SluiceCtNewV1      *ebpf.Map `ebpf:"sluice_ct_new_v1"`
-	SluiceDevicesV1    *ebpf.Map `ebpf:"sluice_devices_v1"`
-	SluiceFragmentsV1  *ebpf.Map `ebpf:"sluice_fragments_v1"`
-	SluiceMetricsV1    *ebpf.Map `ebpf:"sluice_metrics_v1"`
-	SluiceNodeCidrsV1  *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1     *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
-	SluiceServiceIpsV1 *ebpf.Map `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1   *ebpf.Map `ebpf:"sluice_services_v1"`
-	SluiceSockRevV1    *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
-	SluiceSrcRangesV1  *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
-	SluiceUdpStickV1   *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
+	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
+	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
+	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
+	SluiceRevNatV1          *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1      *ebpf.Map `ebpf:"sluice_service_ips_v1"`
+	SluiceServicesV1        *ebpf.Map `ebpf:"sluice_services_v1"`
+	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
+	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1       *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1        *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
 }
 
 func (m *ctgcMaps) Close() error {
 	return _CtgcClose(
+		m.SluiceAffFixV1,
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV2,
 		m.SluiceCtFlushV1,
@@ -171,6 +180,7 @@ func (m *ctgcMaps) Close() error {
 		m.SluiceRevNatV1,
 		m.SluiceServiceIpsV1,
 		m.SluiceServicesV1,
+		m.SluiceSessionAffinityV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
 		m.SluiceUdpStickV1,
@@ -196,11 +206,13 @@ type ctgcVariables struct {
 //
 // It can be passed to loadCtgcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ctgcPrograms struct {
-	SluiceCtGc *ebpf.Program `ebpf:"sluice_ct_gc"`
+	SluiceAffFix *ebpf.Program `ebpf:"sluice_aff_fix"`
+	SluiceCtGc   *ebpf.Program `ebpf:"sluice_ct_gc"`
 }
 
 func (p *ctgcPrograms) Close() error {
 	return _CtgcClose(
+		p.SluiceAffFix,
 		p.SluiceCtGc,
 	)
 }

@@ -15,7 +15,8 @@
 // Four objects are built from bpf/: sock.c (cgroup connect4, sendmsg4,
 // recvmsg4, getpeername4), tc.c (tc ingress and egress), xdp.c (the XDP
 // fast path for north-south flows to remote backends) and ctgc.c (the
-// conntrack garbage collector the agent runs, conntrack.go). All declare
+// conntrack garbage collector the agent runs, conntrack.go, and the
+// session affinity upkeep, affinity.go). All declare
 // every map with pinning by name, so whichever loads first creates the
 // pins and the others reuse them.
 //
@@ -47,8 +48,10 @@ type Config struct {
 	// (262144; when it is full new flows are refused), MaxConntrackNew
 	// sluice_ct_new, the flows not answered yet (65536; an LRU: a flood of
 	// new flows evicts only its own kind), MaxSockRev sluice_sock_rev and
-	// sluice_udp_stick (262144).
-	MaxServices, MaxBackends, MaxServiceEntries, MaxConntrack, MaxConntrackNew, MaxSockRev int
+	// sluice_udp_stick (262144), MaxAffinity sluice_session_affinity, the
+	// session affinity of clients (65536, as Cilium's; an LRU: the
+	// clients seen longest ago make room).
+	MaxServices, MaxBackends, MaxServiceEntries, MaxConntrack, MaxConntrackNew, MaxSockRev, MaxAffinity int
 
 	// Idle timeouts of per-packet conntrack entries; 0 means the default
 	// (6h for established TCP, 60s for UDP). CTTimeoutSYN is how long a
@@ -118,6 +121,7 @@ const (
 	DefaultMaxConntrack      = 262144
 	DefaultMaxConntrackNew   = 65536
 	DefaultMaxSockRev        = 262144
+	DefaultMaxAffinity       = 65536
 	DefaultCTTimeoutTCP      = 6 * time.Hour
 	DefaultCTTimeoutSYN      = 60 * time.Second
 	DefaultCTTimeoutUDP      = 60 * time.Second
@@ -141,6 +145,7 @@ func (c Config) withDefaults() Config {
 	def(&c.MaxConntrack, DefaultMaxConntrack)
 	def(&c.MaxConntrackNew, DefaultMaxConntrackNew)
 	def(&c.MaxSockRev, DefaultMaxSockRev)
+	def(&c.MaxAffinity, DefaultMaxAffinity)
 	if c.CTTimeoutTCP == 0 {
 		c.CTTimeoutTCP = DefaultCTTimeoutTCP
 	}
@@ -169,6 +174,7 @@ func (c Config) maxEntries() map[string]int {
 		mapCTNew:     c.MaxConntrackNew,
 		mapSockRev:   c.MaxSockRev,
 		mapUDPStick:  c.MaxSockRev,
+		mapAffinity:  c.MaxAffinity,
 		// Every service IP is some ClusterIP frontend's address.
 		mapServiceIPs: c.MaxServices,
 	}
@@ -271,6 +277,9 @@ func Open(cfg Config) (*Datapath, error) {
 		ctNew:      d.sock.SluiceCtNewV1,
 		ctFlush:    d.sock.SluiceCtFlushV1,
 		ctGC:       d.gc.SluiceCtGc,
+		affinity:   d.sock.SluiceSessionAffinityV1,
+		affFix:     d.sock.SluiceAffFixV1,
+		affFixProg: d.gc.SluiceAffFix,
 		sockRev:    d.sock.SluiceSockRevV1,
 		udpStick:   d.sock.SluiceUdpStickV1,
 		metrics:    d.sock.SluiceMetricsV1,

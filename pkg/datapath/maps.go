@@ -23,8 +23,10 @@ import (
 type Maps struct {
 	services, backends, revNat, conntrack, sockRev, udpStick, metrics *ebpf.Map
 	devices, srcRanges, ctNew, ctFlush, serviceIPs, nodeCIDRs         *ebpf.Map
+	affinity, affFix                                                  *ebpf.Map
 
-	ctGC *ebpf.Program // bpf/ctgc.c: conntrack GC and flush (conntrack.go)
+	ctGC       *ebpf.Program // bpf/ctgc.c: conntrack GC and flush (conntrack.go)
+	affFixProg *ebpf.Program // bpf/ctgc.c: session affinity upkeep (affinity.go)
 
 	cfg Config
 }
@@ -195,7 +197,8 @@ func (m *Maps) UpsertMaster(fe reconciler.Frontend, ms reconciler.Master) error 
 	if err != nil {
 		return fmt.Errorf("upsert master: %w", err)
 	}
-	v := sockLb4Service{Count: ms.Count, RevNatId: uint32(ms.ID), Flags: ms.Flags, Scope: uint8(fe.Scope)}
+	// A master's backend_id is the union's affinity_timeout.
+	v := sockLb4Service{BackendId: ms.AffinityTimeout, Count: ms.Count, RevNatId: uint32(ms.ID), Flags: ms.Flags, Scope: uint8(fe.Scope)}
 	if err := m.services.Put(&k, &v); err != nil {
 		return fmt.Errorf("upsert master of %s: %w", fe, err)
 	}
@@ -241,7 +244,8 @@ func dumpState(services, backends, revNat, srcRanges, serviceIPs *ebpf.Map) (*re
 		}
 		if sk.Slot == 0 {
 			id := reconciler.ServiceID(sv.RevNatId)
-			ks.Masters[fe] = reconciler.Master{ID: id, Count: sv.Count, Flags: sv.Flags}
+			// BackendId is the union's affinity_timeout here.
+			ks.Masters[fe] = reconciler.Master{ID: id, Count: sv.Count, Flags: sv.Flags, AffinityTimeout: sv.BackendId}
 			continue
 		}
 		if ks.Slots[fe] == nil {

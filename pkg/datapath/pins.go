@@ -22,14 +22,21 @@ import (
 // match bpf/lib/maps.h; the generated bindings name the same maps, and
 // Open checks that each of these is in every object.
 const (
-	mapServices   = "sluice_services_v1"
-	mapBackends   = "sluice_backends_v1"
-	mapRevNat     = "sluice_rev_nat_v1"
-	mapConntrack  = "sluice_conntrack_v2"
-	mapCTNew      = "sluice_ct_new_v1"
-	mapCTFlush    = "sluice_ct_flush_v1"
-	mapSockRev    = "sluice_sock_rev_v1"
-	mapUDPStick   = "sluice_udp_stick_v1"
+	mapServices  = "sluice_services_v1"
+	mapBackends  = "sluice_backends_v1"
+	mapRevNat    = "sluice_rev_nat_v1"
+	mapConntrack = "sluice_conntrack_v2"
+	mapCTNew     = "sluice_ct_new_v1"
+	mapCTFlush   = "sluice_ct_flush_v1"
+	mapSockRev   = "sluice_sock_rev_v1"
+	mapUDPStick  = "sluice_udp_stick_v1"
+	// Session affinity (sessionAffinity ClientIP), new in this release.
+	// Not "sluice_affinity_v1": the kernel keeps 15 characters of a
+	// name, and "sluice_affinity" is release 0's name of the UDP
+	// stickiness map (sluice_udp_stick_v1 now, migrated below), which
+	// bpftool and the benchmark's memory tables would show alike.
+	mapAffinity   = "sluice_session_affinity_v1"
+	mapAffFix     = "sluice_aff_fix_v1"
 	mapMetrics    = "sluice_metrics_v1"
 	mapDevices    = "sluice_devices_v1"
 	mapSrcRanges  = "sluice_src_ranges_v1"

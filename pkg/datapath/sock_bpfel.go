@@ -13,6 +13,25 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type sockAffinityClient uint32
+
+const (
+	sockAffinityClientAFFINITY_CLIENT_ADDR  sockAffinityClient = 0
+	sockAffinityClientAFFINITY_CLIENT_NETNS sockAffinityClient = 1
+)
+
+type sockAffinityFixArgs struct {
+	_       structs.HostLayout
+	Moved   uint64
+	Deleted uint64
+}
+
+type sockAffinityFixKey struct {
+	_         structs.HostLayout
+	Master    sockLb4Key
+	BackendId uint32
+}
+
 type sockCt4Entry struct {
 	_         structs.HostLayout
 	Expires   uint64
@@ -86,6 +105,23 @@ type sockFrag4Ports struct {
 	_     structs.HostLayout
 	Sport uint16
 	Dport uint16
+}
+
+type sockLb4Affinity struct {
+	_         structs.HostLayout
+	Expires   uint64
+	BackendId uint32
+	Addr      uint32
+	Port      uint16
+	Slot      uint16
+	Pad       uint32
+}
+
+type sockLb4AffinityKey struct {
+	_      structs.HostLayout
+	Client uint64
+	Master sockLb4Key
+	Kind   uint32
 }
 
 type sockLb4Backend struct {
@@ -258,39 +294,42 @@ const (
 	sockSvcFlagsSVC_F_SRC_RANGES sockSvcFlags = 4
 	sockSvcFlagsSVC_F_TWO_SCOPES sockSvcFlags = 8
 	sockSvcFlagsSVC_F_DROP_EMPTY sockSvcFlags = 16
+	sockSvcFlagsSVC_F_AFFINITY   sockSvcFlags = 32
 )
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sockMapSluiceBackendsV1    = "sluice_backends_v1"
-	sockMapSluiceConntrackV2   = "sluice_conntrack_v2"
-	sockMapSluiceCtFlushV1     = "sluice_ct_flush_v1"
-	sockMapSluiceCtNewV1       = "sluice_ct_new_v1"
-	sockMapSluiceDevicesV1     = "sluice_devices_v1"
-	sockMapSluiceFragmentsV1   = "sluice_fragments_v1"
-	sockMapSluiceMetricsV1     = "sluice_metrics_v1"
-	sockMapSluiceNodeCidrsV1   = "sluice_node_cidrs_v1"
-	sockMapSluiceRevNatV1      = "sluice_rev_nat_v1"
-	sockMapSluiceServiceIpsV1  = "sluice_service_ips_v1"
-	sockMapSluiceServicesV1    = "sluice_services_v1"
-	sockMapSluiceSockRevV1     = "sluice_sock_rev_v1"
-	sockMapSluiceSrcRangesV1   = "sluice_src_ranges_v1"
-	sockMapSluiceUdpStickV1    = "sluice_udp_stick_v1"
-	sockProgSluiceConnect4     = "sluice_connect4"
-	sockProgSluiceGetpeername4 = "sluice_getpeername4"
-	sockProgSluiceRecvmsg4     = "sluice_recvmsg4"
-	sockProgSluiceSendmsg4     = "sluice_sendmsg4"
-	sockVarCtTimeoutCloseNs    = "ct_timeout_close_ns"
-	sockVarCtTimeoutSynNs      = "ct_timeout_syn_ns"
-	sockVarCtTimeoutTcpNs      = "ct_timeout_tcp_ns"
-	sockVarCtTimeoutUdpNs      = "ct_timeout_udp_ns"
-	sockVarHaveClusterCidr     = "have_cluster_cidr"
-	sockVarMasqueradeAll       = "masquerade_all"
-	sockVarNodeIp4             = "node_ip4"
-	sockVarSnatPortMax         = "snat_port_max"
-	sockVarSnatPortMin         = "snat_port_min"
+	sockMapSluiceAffFixV1          = "sluice_aff_fix_v1"
+	sockMapSluiceBackendsV1        = "sluice_backends_v1"
+	sockMapSluiceConntrackV2       = "sluice_conntrack_v2"
+	sockMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
+	sockMapSluiceCtNewV1           = "sluice_ct_new_v1"
+	sockMapSluiceDevicesV1         = "sluice_devices_v1"
+	sockMapSluiceFragmentsV1       = "sluice_fragments_v1"
+	sockMapSluiceMetricsV1         = "sluice_metrics_v1"
+	sockMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
+	sockMapSluiceRevNatV1          = "sluice_rev_nat_v1"
+	sockMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
+	sockMapSluiceServicesV1        = "sluice_services_v1"
+	sockMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
+	sockMapSluiceSockRevV1         = "sluice_sock_rev_v1"
+	sockMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
+	sockMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
+	sockProgSluiceConnect4         = "sluice_connect4"
+	sockProgSluiceGetpeername4     = "sluice_getpeername4"
+	sockProgSluiceRecvmsg4         = "sluice_recvmsg4"
+	sockProgSluiceSendmsg4         = "sluice_sendmsg4"
+	sockVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
+	sockVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
+	sockVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
+	sockVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
+	sockVarHaveClusterCidr         = "have_cluster_cidr"
+	sockVarMasqueradeAll           = "masquerade_all"
+	sockVarNodeIp4                 = "node_ip4"
+	sockVarSnatPortMax             = "snat_port_max"
+	sockVarSnatPortMin             = "snat_port_min"
 )
 
 // loadSock returns the embedded CollectionSpec for sock.
@@ -345,20 +384,22 @@ type sockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockMapSpecs struct {
-	SluiceBackendsV1   *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV2  *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
-	SluiceCtFlushV1    *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
-	SluiceCtNewV1      *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
-	SluiceDevicesV1    *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
-	SluiceFragmentsV1  *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
-	SluiceMetricsV1    *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
-	SluiceNodeCidrsV1  *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1     *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
-	SluiceServiceIpsV1 *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1   *ebpf.MapSpec `ebpf:"sluice_services_v1"`
-	SluiceSockRevV1    *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
-	SluiceSrcRangesV1  *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
-	SluiceUdpStickV1   *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
+	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
+	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
+	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
+	SluiceRevNatV1          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1      *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
+	SluiceServicesV1        *ebpf.MapSpec `ebpf:"sluice_services_v1"`
+	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
+	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1       *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1        *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
 }
 
 // sockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -396,24 +437,27 @@ func (o *sockObjects) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockMaps struct {
-	SluiceBackendsV1   *ebpf.Map `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV2  *ebpf.Map `ebpf:"sluice_conntrack_v2"`
-	SluiceCtFlushV1    *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
-	SluiceCtNewV1      *ebpf.Map `ebpf:"sluice_ct_new_v1"`
-	SluiceDevicesV1    *ebpf.Map `ebpf:"sluice_devices_v1"`
-	SluiceFragmentsV1  *ebpf.Map `ebpf:"sluice_fragments_v1"`
-	SluiceMetricsV1    *ebpf.Map `ebpf:"sluice_metrics_v1"`
-	SluiceNodeCidrsV1  *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1     *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
-	SluiceServiceIpsV1 *ebpf.Map `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1   *ebpf.Map `ebpf:"sluice_services_v1"`
-	SluiceSockRevV1    *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
-	SluiceSrcRangesV1  *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
-	SluiceUdpStickV1   *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
+	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
+	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
+	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
+	SluiceRevNatV1          *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1      *ebpf.Map `ebpf:"sluice_service_ips_v1"`
+	SluiceServicesV1        *ebpf.Map `ebpf:"sluice_services_v1"`
+	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
+	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1       *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1        *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
 }
 
 func (m *sockMaps) Close() error {
 	return _SockClose(
+		m.SluiceAffFixV1,
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV2,
 		m.SluiceCtFlushV1,
@@ -425,6 +469,7 @@ func (m *sockMaps) Close() error {
 		m.SluiceRevNatV1,
 		m.SluiceServiceIpsV1,
 		m.SluiceServicesV1,
+		m.SluiceSessionAffinityV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
 		m.SluiceUdpStickV1,

@@ -16,31 +16,33 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	tcMapSluiceBackendsV1   = "sluice_backends_v1"
-	tcMapSluiceConntrackV2  = "sluice_conntrack_v2"
-	tcMapSluiceCtFlushV1    = "sluice_ct_flush_v1"
-	tcMapSluiceCtNewV1      = "sluice_ct_new_v1"
-	tcMapSluiceDevicesV1    = "sluice_devices_v1"
-	tcMapSluiceFragmentsV1  = "sluice_fragments_v1"
-	tcMapSluiceMetricsV1    = "sluice_metrics_v1"
-	tcMapSluiceNodeCidrsV1  = "sluice_node_cidrs_v1"
-	tcMapSluiceRevNatV1     = "sluice_rev_nat_v1"
-	tcMapSluiceServiceIpsV1 = "sluice_service_ips_v1"
-	tcMapSluiceServicesV1   = "sluice_services_v1"
-	tcMapSluiceSockRevV1    = "sluice_sock_rev_v1"
-	tcMapSluiceSrcRangesV1  = "sluice_src_ranges_v1"
-	tcMapSluiceUdpStickV1   = "sluice_udp_stick_v1"
-	tcProgSluiceEgress      = "sluice_egress"
-	tcProgSluiceIngress     = "sluice_ingress"
-	tcVarCtTimeoutCloseNs   = "ct_timeout_close_ns"
-	tcVarCtTimeoutSynNs     = "ct_timeout_syn_ns"
-	tcVarCtTimeoutTcpNs     = "ct_timeout_tcp_ns"
-	tcVarCtTimeoutUdpNs     = "ct_timeout_udp_ns"
-	tcVarHaveClusterCidr    = "have_cluster_cidr"
-	tcVarMasqueradeAll      = "masquerade_all"
-	tcVarNodeIp4            = "node_ip4"
-	tcVarSnatPortMax        = "snat_port_max"
-	tcVarSnatPortMin        = "snat_port_min"
+	tcMapSluiceAffFixV1          = "sluice_aff_fix_v1"
+	tcMapSluiceBackendsV1        = "sluice_backends_v1"
+	tcMapSluiceConntrackV2       = "sluice_conntrack_v2"
+	tcMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
+	tcMapSluiceCtNewV1           = "sluice_ct_new_v1"
+	tcMapSluiceDevicesV1         = "sluice_devices_v1"
+	tcMapSluiceFragmentsV1       = "sluice_fragments_v1"
+	tcMapSluiceMetricsV1         = "sluice_metrics_v1"
+	tcMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
+	tcMapSluiceRevNatV1          = "sluice_rev_nat_v1"
+	tcMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
+	tcMapSluiceServicesV1        = "sluice_services_v1"
+	tcMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
+	tcMapSluiceSockRevV1         = "sluice_sock_rev_v1"
+	tcMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
+	tcMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
+	tcProgSluiceEgress           = "sluice_egress"
+	tcProgSluiceIngress          = "sluice_ingress"
+	tcVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
+	tcVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
+	tcVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
+	tcVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
+	tcVarHaveClusterCidr         = "have_cluster_cidr"
+	tcVarMasqueradeAll           = "masquerade_all"
+	tcVarNodeIp4                 = "node_ip4"
+	tcVarSnatPortMax             = "snat_port_max"
+	tcVarSnatPortMin             = "snat_port_min"
 )
 
 // loadTc returns the embedded CollectionSpec for tc.
@@ -93,20 +95,22 @@ type tcProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcMapSpecs struct {
-	SluiceBackendsV1   *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV2  *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
-	SluiceCtFlushV1    *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
-	SluiceCtNewV1      *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
-	SluiceDevicesV1    *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
-	SluiceFragmentsV1  *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
-	SluiceMetricsV1    *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
-	SluiceNodeCidrsV1  *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1     *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
-	SluiceServiceIpsV1 *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1   *ebpf.MapSpec `ebpf:"sluice_services_v1"`
-	SluiceSockRevV1    *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
-	SluiceSrcRangesV1  *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
-	SluiceUdpStickV1   *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
+	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
+	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
+	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
+	SluiceRevNatV1          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1      *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
+	SluiceServicesV1        *ebpf.MapSpec `ebpf:"sluice_services_v1"`
+	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
+	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1       *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1        *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
 }
 
 // tcVariableSpecs contains global variables before they are loaded into the kernel.
@@ -144,24 +148,27 @@ func (o *tcObjects) Close() error {
 //
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcMaps struct {
-	SluiceBackendsV1   *ebpf.Map `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV2  *ebpf.Map `ebpf:"sluice_conntrack_v2"`
-	SluiceCtFlushV1    *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
-	SluiceCtNewV1      *ebpf.Map `ebpf:"sluice_ct_new_v1"`
-	SluiceDevicesV1    *ebpf.Map `ebpf:"sluice_devices_v1"`
-	SluiceFragmentsV1  *ebpf.Map `ebpf:"sluice_fragments_v1"`
-	SluiceMetricsV1    *ebpf.Map `ebpf:"sluice_metrics_v1"`
-	SluiceNodeCidrsV1  *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1     *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
-	SluiceServiceIpsV1 *ebpf.Map `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1   *ebpf.Map `ebpf:"sluice_services_v1"`
-	SluiceSockRevV1    *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
-	SluiceSrcRangesV1  *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
-	SluiceUdpStickV1   *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
+	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
+	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
+	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
+	SluiceRevNatV1          *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1      *ebpf.Map `ebpf:"sluice_service_ips_v1"`
+	SluiceServicesV1        *ebpf.Map `ebpf:"sluice_services_v1"`
+	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
+	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1       *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1        *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
 }
 
 func (m *tcMaps) Close() error {
 	return _TcClose(
+		m.SluiceAffFixV1,
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV2,
 		m.SluiceCtFlushV1,
@@ -173,6 +180,7 @@ func (m *tcMaps) Close() error {
 		m.SluiceRevNatV1,
 		m.SluiceServiceIpsV1,
 		m.SluiceServicesV1,
+		m.SluiceSessionAffinityV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
 		m.SluiceUdpStickV1,

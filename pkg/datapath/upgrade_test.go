@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // release0MetricReasons is how many reasons sluice_metrics had room for in
@@ -298,5 +300,60 @@ func TestAttachReplacesRenamedProgram(t *testing.T) {
 	defer cgf.Close()
 	if got := attachedIDs(t, int(cgf.Fd()), ebpf.AttachCgroupInet4GetPeername); !slices.Equal(got, []ebpf.ProgramID{want}) {
 		t.Errorf("getpeername4 programs %v, want only %d", got, want)
+	}
+}
+
+// TestSessionAffinityPinNotMigrated: the session affinity map is new in
+// this release, under a name release 0's migration does not touch (and
+// that the kernel's 15-character map names keep apart from release 0's
+// "sluice_affinity", the UDP stickiness map). A rollback to release 0 and
+// an upgrade again move that release's sluice_affinity to
+// sluice_udp_stick_v1 and leave the session affinity entries as they
+// were.
+func TestSessionAffinityPinNotMigrated(t *testing.T) {
+	testutil.Privileged(t)
+	bpffs := testPinDir(t)
+	d := openTest(t, smallConfig(bpffs))
+	fe := l4("10.96.0.10", 80, model.TCP)
+	k := sockLb4AffinityKey{Client: uint64(be32(netip.MustParseAddr("10.0.0.2"))), Kind: uint32(sockAffinityClientAFFINITY_CLIENT_ADDR)}
+	k.Master, _ = serviceKey(reconciler.DefaultScope(fe), 0)
+	v := sockLb4Affinity{Expires: 1 << 62, BackendId: 7, Addr: be32(netip.MustParseAddr("10.1.0.7")), Port: be16(8080), Slot: 1}
+	if err := d.Maps().affinity.Put(&k, &v); err != nil {
+		t.Fatal(err)
+	}
+	affID := mapID(t, d.Maps().affinity)
+	info, err := d.Maps().affinity.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.HasPrefix(info.Name, "sluice_affinity") {
+		t.Errorf("session affinity map's kernel name %q reads as release 0's UDP stickiness map", info.Name)
+	}
+	d.Close()
+
+	// The rollback: release 0 pins its UDP stickiness map again.
+	old := pinRelease0(t, bpffs)
+	stickKey := sockSockUdpStickKey{Cookie: 43, Vip: be32(fe.Addr), Port: be16(53), Proto: 17}
+	stickVal := sockSockUdpStick{BackendId: 7, Addr: be32(netip.MustParseAddr("10.1.0.7")), Port: be16(53), Slot: 1}
+	if err := old["sluice_affinity"].Put(&stickKey, &stickVal); err != nil {
+		t.Fatal(err)
+	}
+	stickID := mapID(t, old["sluice_affinity"])
+
+	d2 := openTest(t, smallConfig(bpffs))
+	m := d2.Maps()
+	if id := mapID(t, m.affinity); id != affID {
+		t.Errorf("session affinity map is map %d after the upgrade, was %d", id, affID)
+	}
+	var got sockLb4Affinity
+	if err := m.affinity.Lookup(&k, &got); err != nil || got != v {
+		t.Errorf("session affinity entry after the upgrade: %+v, %v; want %+v", got, err, v)
+	}
+	if id := mapID(t, m.udpStick); id != stickID {
+		t.Errorf("%s is map %d, want release 0's sluice_affinity (%d) renamed", mapUDPStick, id, stickID)
+	}
+	var stick sockSockUdpStick
+	if err := m.udpStick.Lookup(&stickKey, &stick); err != nil || stick != stickVal {
+		t.Errorf("UDP stickiness entry after the upgrade: %+v, %v", stick, err)
 	}
 }

@@ -16,30 +16,32 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	xdpMapSluiceBackendsV1   = "sluice_backends_v1"
-	xdpMapSluiceConntrackV2  = "sluice_conntrack_v2"
-	xdpMapSluiceCtFlushV1    = "sluice_ct_flush_v1"
-	xdpMapSluiceCtNewV1      = "sluice_ct_new_v1"
-	xdpMapSluiceDevicesV1    = "sluice_devices_v1"
-	xdpMapSluiceFragmentsV1  = "sluice_fragments_v1"
-	xdpMapSluiceMetricsV1    = "sluice_metrics_v1"
-	xdpMapSluiceNodeCidrsV1  = "sluice_node_cidrs_v1"
-	xdpMapSluiceRevNatV1     = "sluice_rev_nat_v1"
-	xdpMapSluiceServiceIpsV1 = "sluice_service_ips_v1"
-	xdpMapSluiceServicesV1   = "sluice_services_v1"
-	xdpMapSluiceSockRevV1    = "sluice_sock_rev_v1"
-	xdpMapSluiceSrcRangesV1  = "sluice_src_ranges_v1"
-	xdpMapSluiceUdpStickV1   = "sluice_udp_stick_v1"
-	xdpProgSluiceXdp         = "sluice_xdp"
-	xdpVarCtTimeoutCloseNs   = "ct_timeout_close_ns"
-	xdpVarCtTimeoutSynNs     = "ct_timeout_syn_ns"
-	xdpVarCtTimeoutTcpNs     = "ct_timeout_tcp_ns"
-	xdpVarCtTimeoutUdpNs     = "ct_timeout_udp_ns"
-	xdpVarHaveClusterCidr    = "have_cluster_cidr"
-	xdpVarMasqueradeAll      = "masquerade_all"
-	xdpVarNodeIp4            = "node_ip4"
-	xdpVarSnatPortMax        = "snat_port_max"
-	xdpVarSnatPortMin        = "snat_port_min"
+	xdpMapSluiceAffFixV1          = "sluice_aff_fix_v1"
+	xdpMapSluiceBackendsV1        = "sluice_backends_v1"
+	xdpMapSluiceConntrackV2       = "sluice_conntrack_v2"
+	xdpMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
+	xdpMapSluiceCtNewV1           = "sluice_ct_new_v1"
+	xdpMapSluiceDevicesV1         = "sluice_devices_v1"
+	xdpMapSluiceFragmentsV1       = "sluice_fragments_v1"
+	xdpMapSluiceMetricsV1         = "sluice_metrics_v1"
+	xdpMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
+	xdpMapSluiceRevNatV1          = "sluice_rev_nat_v1"
+	xdpMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
+	xdpMapSluiceServicesV1        = "sluice_services_v1"
+	xdpMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
+	xdpMapSluiceSockRevV1         = "sluice_sock_rev_v1"
+	xdpMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
+	xdpMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
+	xdpProgSluiceXdp              = "sluice_xdp"
+	xdpVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
+	xdpVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
+	xdpVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
+	xdpVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
+	xdpVarHaveClusterCidr         = "have_cluster_cidr"
+	xdpVarMasqueradeAll           = "masquerade_all"
+	xdpVarNodeIp4                 = "node_ip4"
+	xdpVarSnatPortMax             = "snat_port_max"
+	xdpVarSnatPortMin             = "snat_port_min"
 )
 
 // loadXdp returns the embedded CollectionSpec for xdp.
@@ -91,20 +93,22 @@ type xdpProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpMapSpecs struct {
-	SluiceBackendsV1   *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV2  *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
-	SluiceCtFlushV1    *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
-	SluiceCtNewV1      *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
-	SluiceDevicesV1    *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
-	SluiceFragmentsV1  *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
-	SluiceMetricsV1    *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
-	SluiceNodeCidrsV1  *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1     *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
-	SluiceServiceIpsV1 *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1   *ebpf.MapSpec `ebpf:"sluice_services_v1"`
-	SluiceSockRevV1    *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
-	SluiceSrcRangesV1  *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
-	SluiceUdpStickV1   *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
+	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
+	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
+	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
+	SluiceRevNatV1          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1      *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
+	SluiceServicesV1        *ebpf.MapSpec `ebpf:"sluice_services_v1"`
+	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
+	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1       *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1        *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
 }
 
 // xdpVariableSpecs contains global variables before they are loaded into the kernel.
@@ -142,24 +146,27 @@ func (o *xdpObjects) Close() error {
 //
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpMaps struct {
-	SluiceBackendsV1   *ebpf.Map `ebpf:"sluice_backends_v1"`
-	SluiceConntrackV2  *ebpf.Map `ebpf:"sluice_conntrack_v2"`
-	SluiceCtFlushV1    *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
-	SluiceCtNewV1      *ebpf.Map `ebpf:"sluice_ct_new_v1"`
-	SluiceDevicesV1    *ebpf.Map `ebpf:"sluice_devices_v1"`
-	SluiceFragmentsV1  *ebpf.Map `ebpf:"sluice_fragments_v1"`
-	SluiceMetricsV1    *ebpf.Map `ebpf:"sluice_metrics_v1"`
-	SluiceNodeCidrsV1  *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1     *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
-	SluiceServiceIpsV1 *ebpf.Map `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1   *ebpf.Map `ebpf:"sluice_services_v1"`
-	SluiceSockRevV1    *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
-	SluiceSrcRangesV1  *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
-	SluiceUdpStickV1   *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
+	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
+	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
+	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
+	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
+	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
+	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
+	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
+	SluiceRevNatV1          *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceServiceIpsV1      *ebpf.Map `ebpf:"sluice_service_ips_v1"`
+	SluiceServicesV1        *ebpf.Map `ebpf:"sluice_services_v1"`
+	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
+	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
+	SluiceSrcRangesV1       *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
+	SluiceUdpStickV1        *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
 }
 
 func (m *xdpMaps) Close() error {
 	return _XdpClose(
+		m.SluiceAffFixV1,
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV2,
 		m.SluiceCtFlushV1,
@@ -171,6 +178,7 @@ func (m *xdpMaps) Close() error {
 		m.SluiceRevNatV1,
 		m.SluiceServiceIpsV1,
 		m.SluiceServicesV1,
+		m.SluiceSessionAffinityV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
 		m.SluiceUdpStickV1,

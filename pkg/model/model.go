@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sort"
+	"time"
 )
 
 // Protocol is an IP protocol number as the datapath sees it.
@@ -128,6 +129,12 @@ type Service struct {
 	SourceRanges        []netip.Prefix
 	HealthCheckNodePort uint16
 	LocalReady          []netip.Addr
+
+	// AffinityTimeout is sessionAffinity ClientIP's timeout: a client
+	// keeps reaching the backend it was last sent to until it opens no
+	// new connection for this long. Zero means no session affinity.
+	// Whole seconds, at most 86400 (the API's bounds).
+	AffinityTimeout time.Duration
 }
 
 // State is the whole desired state, keyed by frontend.

@@ -62,6 +62,22 @@ type Master struct {
 	ID    ServiceID
 	Count uint32 // number of backend slots, 1..Count
 	Flags uint8
+	// AffinityTimeout is the session affinity timeout, in seconds, of a
+	// master flagged FlagAffinity (lb4_service.affinity_timeout); 0
+	// otherwise.
+	AffinityTimeout uint32
+}
+
+// AffinityFix says what becomes of the session affinity entries of one
+// frontend that name one backend (clients stuck to it, see
+// bpf/lib/affinity.h): they move to the slot the backend moved to, or are
+// deleted (Slot 0), because the backend left the frontend. Backend 0
+// stands for every backend (Slot 0 only): the frontend went away, or lost
+// its affinity.
+type AffinityFix struct {
+	Frontend Frontend // scope included: each scope has its own entries
+	Backend  BackendID
+	Slot     uint32
 }
 
 // KernelState is what the pinned maps hold, read back on start so that ids
@@ -120,4 +136,8 @@ type Datapath interface {
 	// any of backends (used for UDP when backends go away, so stale flows
 	// re-balance instead of black-holing), in one pass.
 	FlushConntrack(backends []model.L4Addr) error
+	// FixAffinity applies fixes to the session affinity entries, in one
+	// pass. Clients whose entries it deletes select afresh on their
+	// next connection.
+	FixAffinity(fixes []AffinityFix) error
 }

@@ -31,7 +31,13 @@ func (ks *KernelState) String() string {
 	sb.WriteString("services:\n")
 	for _, fe := range slices.SortedFunc(maps.Keys(fes), Frontend.Compare) {
 		if m, ok := ks.Masters[fe]; ok {
-			fmt.Fprintf(&sb, "  %s [0] id=%d count=%d flags=%#x\n", fe, m.ID, m.Count, m.Flags)
+			fmt.Fprintf(&sb, "  %s [0] id=%d count=%d flags=%#x", fe, m.ID, m.Count, m.Flags)
+			// Only when set, so that states without session
+			// affinity read as they always have.
+			if m.AffinityTimeout != 0 {
+				fmt.Fprintf(&sb, " affinity=%ds", m.AffinityTimeout)
+			}
+			sb.WriteString("\n")
 		} else {
 			fmt.Fprintf(&sb, "  %s [0] (no master)\n", fe)
 		}

@@ -1,6 +1,11 @@
 package reconciler
 
-import "github.com/sluice-lb/sluice/pkg/model"
+import (
+	"math"
+	"time"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
 
 // Flags of a frontend's master entry (Master.Flags): the values of enum
 // svc_flags in bpf/lib/structs.h. pkg/datapath writes Master.Flags as they
@@ -24,6 +29,10 @@ const (
 	// FlagDropEmpty makes a frontend without backends drop new flows
 	// instead of rejecting them.
 	FlagDropEmpty uint8 = 16
+	// FlagAffinity is sessionAffinity ClientIP: a client keeps its
+	// backend for Master.AffinityTimeout seconds after its last new
+	// connection (in both scopes of a two-scope frontend).
+	FlagAffinity uint8 = 32
 )
 
 // MasterFlags returns the flags of svc's master entry in scope.
@@ -32,6 +41,9 @@ func MasterFlags(svc *model.Service, scope Scope) uint8 {
 		return 0
 	}
 	var f uint8
+	if svc.AffinityTimeout > 0 {
+		f |= FlagAffinity
+	}
 	if svc.Kind != model.ClusterIP {
 		f |= FlagExternal
 		if svc.ExternalLocal {
@@ -52,6 +64,17 @@ func MasterFlags(svc *model.Service, scope Scope) uint8 {
 		f |= FlagDropEmpty
 	}
 	return f
+}
+
+// AffinitySeconds returns svc's session affinity timeout as its master
+// holds it: whole seconds, rounded up (a timeout below a second is one),
+// 0 without affinity.
+func AffinitySeconds(svc *model.Service) uint32 {
+	if svc == nil || svc.AffinityTimeout <= 0 {
+		return 0
+	}
+	s := (svc.AffinityTimeout + time.Second - 1) / time.Second
+	return uint32(min(s, math.MaxUint32))
 }
 
 // scopes returns how many scopes svc's frontend has: 1, or 2 when it has

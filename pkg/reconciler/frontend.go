@@ -41,7 +41,8 @@ func newDesired(fe Frontend, svc *model.Service) *desiredFrontend {
 // make it false: the full check then decides.)
 func (r *Reconciler) fastInSync(v *frontendView, fe Frontend, svc *model.Service) bool {
 	bs := scopeBackends(svc, fe.Scope)
-	if v == nil || !v.synced || len(v.syncedAddrs) != len(bs) || v.master.Flags != MasterFlags(svc, fe.Scope) {
+	if v == nil || !v.synced || len(v.syncedAddrs) != len(bs) || v.master.Flags != MasterFlags(svc, fe.Scope) ||
+		v.master.AffinityTimeout != AffinitySeconds(svc) {
 		return false
 	}
 	// Equal flags: both check ranges, or neither does (and v has none).
@@ -69,7 +70,7 @@ func (r *Reconciler) inSyncFrontend(fe Frontend, d *desiredFrontend) bool {
 		return false
 	}
 	sid, ok := r.serviceOf[fe]
-	if !ok || v.master.ID != sid || v.master.Count != uint32(len(d.addrs)) || v.master.Flags != d.flags {
+	if !ok || v.master != masterOf(sid, d) {
 		return false
 	}
 	if a, ok := r.revNat[sid]; !ok || a != fe || r.masterRef[sid] != 1 {
@@ -95,6 +96,11 @@ func (r *Reconciler) inSyncFrontend(fe Frontend, d *desiredFrontend) bool {
 		seen[id] = true
 	}
 	return true
+}
+
+// masterOf returns the master entry d wants under service id sid.
+func masterOf(sid ServiceID, d *desiredFrontend) Master {
+	return Master{ID: sid, Count: uint32(len(d.addrs)), Flags: d.flags, AffinityTimeout: AffinitySeconds(d.svc)}
 }
 
 func wantsAddr(d *desiredFrontend, a model.L4Addr) bool {
@@ -127,13 +133,25 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 		v.synced = false
 	}
 
-	// Backends this frontend names now (within its count), to flush the
-	// UDP ones that leave it once it no longer names them.
+	// Backends this frontend names now (within its count), and their
+	// slots: to flush the conntrack of the UDP ones that leave it once it
+	// no longer names them, and to move or end the session affinity of
+	// clients stuck to them.
 	var before []model.L4Addr
+	var beforeIDs []BackendID
+	var slotOf map[BackendID]uint32
+	hadAffinity := v != nil && v.hasMaster && v.master.Flags&FlagAffinity != 0
+	var oldTimeout uint32
+	if hadAffinity {
+		oldTimeout = v.master.AffinityTimeout
+	}
 	if v != nil && v.hasMaster {
+		slotOf = make(map[BackendID]uint32, v.master.Count)
 		for s := uint32(1); s <= v.master.Count; s++ {
 			if id, ok := v.slots.get(s); ok && r.isReal(id) {
 				before = append(before, r.backends[id])
+				beforeIDs = append(beforeIDs, id)
+				slotOf[id] = s
 			}
 		}
 	}
@@ -186,6 +204,7 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 		holes = append(holes, s)
 	}
 	h := 0
+	var moves []AffinityFix
 	for _, id := range ids {
 		if kept[id] {
 			continue
@@ -197,6 +216,22 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 			return fmt.Errorf("upsert slot %d: %w", s, err)
 		}
 		r.setSlot(v, s, id)
+		if old, ok := slotOf[id]; ok && old != s {
+			moves = append(moves, AffinityFix{Frontend: fe, Backend: id, Slot: s})
+		}
+	}
+	// A backend moved down into a hole (the frontend shrinks) still
+	// holds its old slot too, until the master's count drops below it:
+	// move its clients' session affinity now, while both slots are good,
+	// or the count would end it.
+	if hadAffinity && d.flags&FlagAffinity != 0 && len(moves) > 0 {
+		r.writes++
+		if err := r.dp.FixAffinity(moves); err != nil {
+			// Those clients only select afresh: not worth failing
+			// the frontend for.
+			r.log.Warn("Failed to move session affinity to new slots; clients of the moved backends select afresh",
+				"service", d.svc.Name, "frontend", fe, "error", err)
+		}
 	}
 
 	// 4. Source ranges the master checks, before it checks them.
@@ -207,7 +242,7 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 	// 5. The master. A ClusterIP's address leaves the service IPs before
 	// its last ClusterIP master stops being one (a frontend changed
 	// kind), and joins them once one is written (see serviceips.go).
-	wantM := Master{ID: sid, Count: m, Flags: d.flags}
+	wantM := masterOf(sid, d)
 	if !v.hasMaster || v.master != wantM {
 		wasCIP := v.hasMaster && isClusterIP(fe, v.master)
 		isCIP := isClusterIP(fe, wantM)
@@ -242,6 +277,13 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 		if a.Proto == model.UDP && !wantsAddr(d, a) {
 			r.pendingFlush[a] = true
 		}
+	}
+	// Nor follow a client's session affinity to one (the datapath checks
+	// the slot): its entries go, so that the backend, should it come
+	// back, starts without clients, as kube-proxy's affinity set of a
+	// returning endpoint does.
+	if hadAffinity {
+		r.endAffinity(fe, oldTimeout, wantM, beforeIDs, want)
 	}
 
 	// 6. Slots above the new count.
@@ -360,6 +402,9 @@ func (r *Reconciler) removeFrontend(fe Frontend) error {
 		r.masterRef[v.master.ID]--
 		r.revNatCand[v.master.ID] = true
 		r.maybeReleaseService(v.master.ID, fe)
+		if v.master.Flags&FlagAffinity != 0 {
+			r.pendingAffinity[AffinityFix{Frontend: fe}] = true
+		}
 		for _, a := range named {
 			if a.Proto == model.UDP {
 				r.pendingFlush[a] = true
@@ -378,4 +423,22 @@ func (r *Reconciler) removeFrontend(fe Frontend) error {
 	}
 	delete(r.frontends, fe)
 	return nil
+}
+
+// endAffinity queues the deletion of the session affinity entries of
+// frontend fe, which had affinity with oldTimeout, that the master now
+// written, m, no longer honours: those of the backends in before that it
+// no longer names (not in want), or all of them if it lost its affinity
+// or had its timeout shortened (the entries would outlive the new
+// timeout).
+func (r *Reconciler) endAffinity(fe Frontend, oldTimeout uint32, m Master, before []BackendID, want map[BackendID]bool) {
+	if m.Flags&FlagAffinity == 0 || m.AffinityTimeout < oldTimeout {
+		r.pendingAffinity[AffinityFix{Frontend: fe}] = true
+		return
+	}
+	for _, id := range before {
+		if !want[id] {
+			r.pendingAffinity[AffinityFix{Frontend: fe, Backend: id}] = true
+		}
+	}
 }

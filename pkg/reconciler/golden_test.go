@@ -109,6 +109,16 @@ func replayGolden(t *testing.T, dir string, dp *counting) string {
 		for _, b := range dp.flushed {
 			fmt.Fprintf(&out, "conntrack flushed: %s\n", b)
 		}
+		for _, x := range dp.fixed {
+			switch {
+			case x.Backend == 0:
+				fmt.Fprintf(&out, "session affinity deleted: %s, every backend\n", x.Frontend)
+			case x.Slot == 0:
+				fmt.Fprintf(&out, "session affinity deleted: %s backend=%d\n", x.Frontend, x.Backend)
+			default:
+				fmt.Fprintf(&out, "session affinity moved: %s backend=%d to slot %d\n", x.Frontend, x.Backend, x.Slot)
+			}
+		}
 		// Restart: restoring and re-applying writes nothing.
 		dp.reset()
 		r2 := reconciler.New(dp, nil)
@@ -116,8 +126,8 @@ func replayGolden(t *testing.T, dir string, dp *counting) string {
 			t.Fatal(err)
 		}
 		mustApply(t, r2, res.State)
-		if dp.writes != 0 {
-			t.Errorf("%s: re-apply after restore wrote %d entries", step, dp.writes)
+		if dp.writes != 0 || len(dp.fixed) != 0 {
+			t.Errorf("%s: re-apply after restore wrote %d entries, fixed session affinity %v", step, dp.writes, dp.fixed)
 		}
 	}
 	return out.String()
@@ -135,15 +145,16 @@ func compareGolden(t *testing.T, golden, got string) {
 }
 
 // counting is a Datapath that counts the map writes that succeed and
-// records the conntrack flushes, the same way over the fake and over
-// real maps.
+// records the conntrack flushes and session affinity fixes, the same way
+// over the fake and over real maps.
 type counting struct {
 	reconciler.Datapath
 	writes  int
 	flushed []model.L4Addr
+	fixed   []reconciler.AffinityFix
 }
 
-func (c *counting) reset() { c.writes, c.flushed = 0, nil }
+func (c *counting) reset() { c.writes, c.flushed, c.fixed = 0, nil, nil }
 
 func (c *counting) count(err error) error {
 	if err == nil {
@@ -200,6 +211,14 @@ func (c *counting) FlushConntrack(bs []model.L4Addr) error {
 	err := c.Datapath.FlushConntrack(bs)
 	if err == nil {
 		c.flushed = append(c.flushed, bs...)
+	}
+	return err
+}
+
+func (c *counting) FixAffinity(fixes []reconciler.AffinityFix) error {
+	err := c.Datapath.FixAffinity(fixes)
+	if err == nil {
+		c.fixed = append(c.fixed, fixes...)
 	}
 	return err
 }

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -20,6 +21,23 @@ import (
 func TestRandomized(t *testing.T) {
 	for seed := range uint64(20) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) { seeded(t, seed, randomOpts{}) })
+	}
+}
+
+// TestRandomizedAffinity is TestRandomized with session affinity that
+// comes, goes and changes its timeout, on frontends of one scope and of
+// two: masters of both scopes carry the timeout, and every move of
+// clients' affinity names a slot that holds its backend (the fake checks
+// it) when it is made.
+func TestRandomizedAffinity(t *testing.T) {
+	for _, opts := range []randomOpts{{affinity: true}, {affinity: true, ranges: true, scopes: true}} {
+		moves := 0
+		for seed := range uint64(20) {
+			t.Run(fmt.Sprintf("scopes=%v/%d", opts.scopes, seed), func(t *testing.T) { moves += seeded(t, seed, opts).moves })
+		}
+		if moves < 20 {
+			t.Errorf("scopes=%v: only %d session affinity moves in 20 runs: the test does not exercise them", opts.scopes, moves)
+		}
 	}
 }
 
@@ -44,9 +62,9 @@ func TestRandomizedScopes(t *testing.T) {
 	}
 }
 
-// seeded runs 60 rounds of randomized from seed, and checks that they
-// exercised what opts asks for.
-func seeded(t *testing.T, seed uint64, opts randomOpts) {
+// seeded runs 60 rounds of randomized from seed, checks that they
+// exercised what opts asks for, and returns what they exercised.
+func seeded(t *testing.T, seed uint64, opts randomOpts) exercised {
 	seen := randomized(t, rand.New(rand.NewPCG(seed, 42)), 60, opts)
 	if opts.ranges && seen.ranges < 30 {
 		t.Errorf("only %d of 60 rounds programmed source ranges: the test does not exercise them", seen.ranges)
@@ -54,6 +72,7 @@ func seeded(t *testing.T, seed uint64, opts randomOpts) {
 	if opts.scopes && (seen.scopes < 60 || seen.clusterIPs < 60) {
 		t.Errorf("%d frontends with two scopes, %d ClusterIPs in 60 rounds: the test does not exercise them", seen.scopes, seen.clusterIPs)
 	}
+	return seen
 }
 
 // FuzzApply is TestRandomized with the fuzzer's bytes for its decisions:
@@ -74,7 +93,7 @@ func FuzzApply(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c := testutil.NewChoices(data)
-		opts := randomOpts{ranges: c.Bool(), scopes: c.Bool()}
+		opts := randomOpts{ranges: c.Bool(), scopes: c.Bool(), affinity: c.Bool()}
 		// A round takes a hundred bytes or so: a longer input, more
 		// rounds, up to 20 (once the bytes run out, rounds of empty states).
 		randomized(t, c, min(1+len(data)/100, 20), opts)
@@ -84,11 +103,14 @@ func FuzzApply(f *testing.F) {
 type randomOpts struct {
 	ranges bool // LoadBalancer frontends with source ranges
 	scopes bool // frontends with two scopes, of changing kinds
+	// session affinity that comes, goes and changes its timeout
+	affinity bool
 }
 
 // exercised counts what a randomized run programmed: rounds with source
-// ranges, frontends with two scopes, ClusterIP frontends.
-type exercised struct{ ranges, scopes, clusterIPs int }
+// ranges, frontends with two scopes, ClusterIP frontends, and the session
+// affinity entries it moved to another slot.
+type exercised struct{ ranges, scopes, clusterIPs, moves int }
 
 // chooser is where randomized takes its decisions from: a seeded
 // *rand.Rand, or the fuzzer's bytes (testutil.Choices).
@@ -163,11 +185,14 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 					}
 				}
 			}
+			if opts.affinity {
+				s.AffinityTimeout = []time.Duration{0, time.Second, time.Hour}[rng.IntN(3)]
+			}
 			st.Services[fe] = s
 		}
 		return st
 	}
-	withRanges := 0 // rounds that programmed source ranges
+	withRanges, moves := 0, 0 // rounds that programmed source ranges; affinity moves
 	for round := range rounds {
 		st := randomState()
 		failPct := 0 // of the writes
@@ -183,6 +208,11 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 		err := r.Apply(st)
 		if failPct == 0 && err != nil {
 			t.Fatalf("round %d: %v", round, err)
+		}
+		for _, x := range f.AffinityFixes() {
+			if x.Slot != 0 {
+				moves++
+			}
 		}
 		if err == nil {
 			checkProgrammed(t, f, st)
@@ -213,7 +243,7 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 			t.Fatalf("round %d:\n%s", round, f)
 		}
 	}
-	return exercised{ranges: withRanges, scopes: scopesSeen, clusterIPs: cipsSeen}
+	return exercised{ranges: withRanges, scopes: scopesSeen, clusterIPs: cipsSeen, moves: moves}
 }
 
 // TestRandomizedCapacity checks that with tight maps every service either

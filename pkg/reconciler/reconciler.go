@@ -34,6 +34,13 @@
 // of them, source ranges included) fails alone, before any write, and
 // keeps its previous programming.
 //
+// A frontend with session affinity (both scopes of a two-scope one) whose
+// backends move down into holes has its clients' affinity entries moved
+// to the new slots right before its master shrinks; the entries of
+// backends that leave it (or of the whole frontend, when it goes or loses
+// its affinity) are deleted once all frontends are done, by then the
+// datapath no longer follows them.
+//
 // Slots are reused in place: a backend that stays keeps its slot, a new one
 // fills a hole, and when a service shrinks the backends above the new count
 // move down into the holes. Changing one endpoint of a service therefore
@@ -137,6 +144,10 @@ type Reconciler struct {
 	// UDP backends that left a service and whose conntrack entries still
 	// need flushing (kept across Applies until a flush succeeds).
 	pendingFlush map[model.L4Addr]bool
+	// Session affinity entries to delete: of backends that left a
+	// frontend with affinity, or of whole frontends (kept across Applies
+	// until the fix succeeds).
+	pendingAffinity map[AffinityFix]bool
 
 	inSync bool
 	dirty  bool // reservations may need releasing (after Restore or a failure)
@@ -176,6 +187,7 @@ func (r *Reconciler) reset() {
 	r.svcIDs = newIDAllocator(ServiceIDQuarantine)
 	r.beIDs = newIDAllocator(BackendIDQuarantine)
 	r.pendingFlush = map[model.L4Addr]bool{}
+	r.pendingAffinity = map[AffinityFix]bool{}
 	r.inSync = false
 }
 
@@ -364,6 +376,17 @@ func (r *Reconciler) Apply(st *model.State) error {
 		}
 	}
 
+	// And one pass over the session affinity entries.
+	if len(r.pendingAffinity) > 0 {
+		fixes := slices.SortedFunc(maps.Keys(r.pendingAffinity), compareAffinityFix)
+		r.writes++
+		if err := r.dp.FixAffinity(fixes); err != nil {
+			errs = append(errs, fmt.Errorf("delete session affinity of %d frontends and backends: %w", len(fixes), err))
+		} else {
+			clear(r.pendingAffinity)
+		}
+	}
+
 	// Ids reserved for writes that failed, or for frontends and backends
 	// that are gone, are freed. Only failures and Restore leave such
 	// reservations behind, so the scan is skipped otherwise.
@@ -427,4 +450,16 @@ func (r *Reconciler) presize(changed []*desiredFrontend) {
 		r.serviceOf = make(map[Frontend]ServiceID, nf)
 	}
 	r.frontends = make(map[Frontend]*frontendView, nf)
+}
+
+// compareAffinityFix orders fixes by frontend, then backend and slot, for
+// a stable order of writes.
+func compareAffinityFix(a, b AffinityFix) int {
+	if c := a.Frontend.Compare(b.Frontend); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.Backend, b.Backend); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Slot, b.Slot)
 }

@@ -33,16 +33,16 @@ type frontendView struct {
 }
 
 // refresh re-reads the maps into the view, keeping what is not in them
-// (pending conntrack flushes).
+// (pending conntrack flushes and session affinity fixes).
 func (r *Reconciler) refresh() error {
 	ks, err := r.dp.Dump()
 	if err != nil {
 		return fmt.Errorf("refresh: dump datapath maps: %w", err)
 	}
-	flush, writes, inSync := r.pendingFlush, r.writes, r.inSync
+	flush, aff, writes, inSync := r.pendingFlush, r.pendingAffinity, r.writes, r.inSync
 	r.reset()
 	r.loadKernel(ks)
-	r.pendingFlush, r.writes, r.inSync = flush, writes, inSync
+	r.pendingFlush, r.pendingAffinity, r.writes, r.inSync = flush, aff, writes, inSync
 	return nil
 }
 

@@ -191,9 +191,14 @@ func (o Object) Ref() ObjectRef {
 }
 
 // Manifest renders objects as one multi-document YAML file, the form
-// `sluice --manifests` reads.
+// `sluice --manifests` reads. No objects is a comment, not an empty file:
+// the agent takes an empty file for one caught mid-write and keeps what
+// it last defined (pkg/source/manifest).
 func Manifest(objs []Object) ([]byte, error) {
 	var b bytes.Buffer
+	if len(objs) == 0 {
+		return []byte("# no objects\n"), nil
+	}
 	for i, o := range objs {
 		y, err := yaml.JSONToYAML(o.Raw)
 		if err != nil {

@@ -182,6 +182,12 @@ func TestSteps(t *testing.T) {
 	if svc.Spec.ClusterIP != "172.30.1.1" || svc.Name != "svc1" {
 		t.Errorf("manifest Service: %+v", svc)
 	}
+	// A step without objects (every one deleted) must not be an empty
+	// file, which the agent takes for one caught mid-write: only white
+	// space means that (pkg/source/manifest).
+	if m, err := Manifest(nil); err != nil || len(bytes.TrimSpace(m)) == 0 {
+		t.Errorf("manifest of no objects %q (%v): want a comment", m, err)
+	}
 }
 
 func TestAffinityTimeout(t *testing.T) {

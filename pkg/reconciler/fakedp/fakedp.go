@@ -54,6 +54,7 @@ const (
 	OpUpsertServiceIP   OpKind = "UpsertServiceIP"
 	OpDeleteServiceIP   OpKind = "DeleteServiceIP"
 	OpFlushConntrack    OpKind = "FlushConntrack"
+	OpFixAffinity       OpKind = "FixAffinity"
 )
 
 // Op is one operation, as passed to Fail and recorded in Ops.
@@ -65,6 +66,7 @@ type Op struct {
 	Service  reconciler.ServiceID
 	Addr     model.L4Addr   // UpsertBackend
 	Addrs    []model.L4Addr // FlushConntrack
+	Fixes    []reconciler.AffinityFix
 	Master   reconciler.Master
 	Prefix   netip.Prefix // UpsertSourceRange, DeleteSourceRange
 	IP       netip.Addr   // UpsertServiceIP, DeleteServiceIP
@@ -83,6 +85,9 @@ func (o Op) String() string {
 	case OpUpsertSlot:
 		return fmt.Sprintf("%s %s[%d]=%d", o.Kind, o.Frontend, o.Slot, o.Backend)
 	case OpUpsertMaster:
+		if o.Master.AffinityTimeout != 0 {
+			return fmt.Sprintf("%s %s id=%d count=%d flags=%#x affinity=%ds", o.Kind, o.Frontend, o.Master.ID, o.Master.Count, o.Master.Flags, o.Master.AffinityTimeout)
+		}
 		return fmt.Sprintf("%s %s id=%d count=%d flags=%#x", o.Kind, o.Frontend, o.Master.ID, o.Master.Count, o.Master.Flags)
 	case OpDeleteSlot:
 		return fmt.Sprintf("%s %s[%d]", o.Kind, o.Frontend, o.Slot)
@@ -92,6 +97,8 @@ func (o Op) String() string {
 		return fmt.Sprintf("%s %s", o.Kind, o.IP)
 	case OpFlushConntrack:
 		return fmt.Sprintf("%s %v", o.Kind, o.Addrs)
+	case OpFixAffinity:
+		return fmt.Sprintf("%s %v", o.Kind, o.Fixes)
 	}
 	return string(o.Kind)
 }
@@ -133,6 +140,7 @@ type Fake struct {
 
 	counts     map[OpKind]int
 	flushed    []model.L4Addr
+	fixed      []reconciler.AffinityFix
 	violations []string
 }
 
@@ -510,6 +518,31 @@ func (f *Fake) FlushConntrack(bs []model.L4Addr) error {
 	return nil
 }
 
+// FixAffinity records fixes. A move must name a slot that holds its
+// backend when it is made (the reconciler moves session affinity to a
+// backend's new slot once it is written, before the master's count can
+// end the old one), and a fix for every backend of a frontend can only
+// delete.
+func (f *Fake) FixAffinity(fixes []reconciler.AffinityFix) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op := Op{Kind: OpFixAffinity, Fixes: slices.Clone(fixes)}
+	if err := f.begin(op); err != nil {
+		return err
+	}
+	for _, x := range fixes {
+		switch {
+		case x.Backend == 0 && x.Slot != 0:
+			f.violate(op, "%s: moves every backend to slot %d", x.Frontend, x.Slot)
+		case x.Slot != 0 && f.slots[x.Frontend][x.Slot] != x.Backend:
+			f.violate(op, "%s: moves backend %d to slot %d, which names %d", x.Frontend, x.Backend, x.Slot, f.slots[x.Frontend][x.Slot])
+		}
+	}
+	f.fixed = append(f.fixed, fixes...)
+	f.done(op)
+	return nil
+}
+
 // Dump returns a copy of the maps.
 func (f *Fake) Dump() (*reconciler.KernelState, error) {
 	f.mu.Lock()
@@ -695,26 +728,35 @@ func (f *Fake) Count(kind OpKind) int {
 }
 
 // Writes returns how many map-changing operations succeeded (conntrack
-// flushes excluded).
+// flushes and session affinity fixes excluded).
 func (f *Fake) Writes() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n := 0
 	for k, c := range f.counts {
-		if k != OpFlushConntrack {
+		if k != OpFlushConntrack && k != OpFixAffinity {
 			n += c
 		}
 	}
 	return n
 }
 
-// ResetCounts zeroes the operation counts and the recorded Ops and flushes.
+// ResetCounts zeroes the operation counts and the recorded Ops, flushes
+// and affinity fixes.
 func (f *Fake) ResetCounts() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.counts = map[OpKind]int{}
 	f.Ops = nil
 	f.flushed = nil
+	f.fixed = nil
+}
+
+// AffinityFixes returns the session affinity fixes made, in order.
+func (f *Fake) AffinityFixes() []reconciler.AffinityFix {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.fixed)
 }
 
 // Flushed returns the backends whose conntrack entries were flushed.

@@ -122,6 +122,23 @@ func TestFakeDetectsViolations(t *testing.T) {
 				f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: ext}),
 			)
 		}, "the last ClusterIP master at 10.96.0.1 stopped being one while it is a service IP"},
+		{"session affinity moved to a slot not holding its backend", func(f *Fake) error {
+			return errors.Join(
+				f.UpsertBackend(5, b),
+				f.UpsertSlot(fe, 1, 5),
+				f.FixAffinity([]reconciler.AffinityFix{{Frontend: fe, Backend: 6, Slot: 1}}),
+			)
+		}, "moves backend 6 to slot 1, which names 5"},
+		{"session affinity moved to the other scope's slot", func(f *Fake) error {
+			return errors.Join(
+				f.UpsertBackend(5, b),
+				f.UpsertSlot(in, 1, 5),
+				f.FixAffinity([]reconciler.AffinityFix{{Frontend: fe, Backend: 5, Slot: 1}}),
+			)
+		}, "moves backend 5 to slot 1, which names 0"},
+		{"every backend's session affinity moved", func(f *Fake) error {
+			return f.FixAffinity([]reconciler.AffinityFix{{Frontend: fe, Slot: 1}})
+		}, "moves every backend to slot 1"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -15,7 +15,9 @@
 // which clients, and whether an empty set rejects or drops, is
 // CategorizeEndpoints' answer applied to the traffic policies
 // (topology.go, northsouth.go). Addresses are read as kube-proxy reads
-// them (leading zeros are decimal). Headless and ExternalName Services,
+// them (leading zeros are decimal). sessionAffinity ClientIP gives every
+// frontend of the Service, in each of its scopes, its timeout (default
+// 10800 s, as the API server defaults it). Headless and ExternalName Services,
 // and those that ask for another proxy through the
 // service.kubernetes.io/service-proxy-name label, are skipped.
 //
@@ -39,6 +41,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -217,6 +220,7 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 
 	node := opts.Node
 	ext := externalOf(svc, mine, node)
+	affinity := affinityTimeout(svc)
 	t := Translation{NodeFacts: ext.facts, Warnings: ext.warnings}
 	for i, sp := range svc.Spec.Ports {
 		proto, err := protocolOf(sp.Protocol)
@@ -251,12 +255,44 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 				Frontend:      model.L4Addr{Addr: vip, Port: uint16(sp.Port), Proto: proto},
 				Backends:      slices.Clone(internal),
 				DropWhenEmpty: cat.hasAny && len(internal) == 0,
+
+				AffinityTimeout: affinity,
 			})
 		}
-		t.Services = append(t.Services, northSouth(svc, sp, proto, cat, ext)...)
+		ns := northSouth(svc, sp, proto, cat, ext)
+		for _, s := range ns {
+			s.AffinityTimeout = affinity
+		}
+		t.Services = append(t.Services, ns...)
 	}
 	slices.SortFunc(t.Services, func(a, b *model.Service) int { return a.Frontend.Compare(b.Frontend) })
 	return t, nil
+}
+
+// DefaultAffinityTimeout is the sessionAffinity ClientIP timeout of a
+// Service that does not say (corev1.DefaultClientIPServiceAffinitySeconds:
+// the API server writes it into sessionAffinityConfig, a manifest need
+// not).
+const DefaultAffinityTimeout = time.Duration(corev1.DefaultClientIPServiceAffinitySeconds) * time.Second
+
+// maxAffinitySeconds is the longest timeoutSeconds the API server accepts
+// (MaxClientIPServiceAffinitySeconds of its internal API, a day).
+const maxAffinitySeconds = 86400
+
+// affinityTimeout returns the Service's session affinity timeout, or 0
+// for none (sessionAffinity None or empty). ValidateService has checked
+// the values. kube-proxy's affinity applies to every frontend of every
+// port of the Service (nftables proxier: one affinity set per endpoint of
+// each Service port, ClusterIP, NodePort, ExternalIPs and LoadBalancer
+// IPs alike).
+func affinityTimeout(svc *corev1.Service) time.Duration {
+	if svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP {
+		return 0
+	}
+	if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+		return time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
+	}
+	return DefaultAffinityTimeout
 }
 
 // portName names port i of svc in messages.
@@ -308,6 +344,19 @@ func ValidateService(svc *corev1.Service) error {
 		if _, ok := parseIPSloppy(ip); !ok {
 			return fail("invalid externalIPs entry %q", ip)
 		}
+	}
+	switch svc.Spec.SessionAffinity {
+	case "", corev1.ServiceAffinityNone:
+		// A sessionAffinityConfig beside None (which the API server
+		// refuses) asks for nothing: ignored.
+	case corev1.ServiceAffinityClientIP:
+		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+			if ts := *c.ClientIP.TimeoutSeconds; ts <= 0 || ts > maxAffinitySeconds {
+				return fail("sessionAffinityConfig.clientIP.timeoutSeconds %d: want 1 to %d", ts, maxAffinitySeconds)
+			}
+		}
+	default:
+		return fail("unknown sessionAffinity %q: want %s or %s", svc.Spec.SessionAffinity, corev1.ServiceAffinityClientIP, corev1.ServiceAffinityNone)
 	}
 	names := map[string]bool{}
 	type pp struct {

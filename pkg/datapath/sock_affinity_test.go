@@ -1,0 +1,309 @@
+package datapath
+
+import (
+	"bufio"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// Session affinity on the socket path, with real sockets: the client is the
+// network namespace (bpf_get_netns_cookie), so every connect from one
+// namespace reaches one backend, whatever socket or port it uses, and two
+// namespaces are two clients. The socket programs are attached to a cgroup
+// of the test's own, which the test process joins; each namespace holds the
+// backend addresses on its loopback device, with a server on each that
+// names itself.
+
+var (
+	sockAffVIP = l4("10.96.0.40", 80, model.TCP)
+	sockAffUDP = l4("10.96.0.41", 53, model.UDP)
+	sockAffBEs = []string{"10.200.1.1", "10.200.1.2", "10.200.1.3", "10.200.1.4"}
+)
+
+// affinityNS is a namespace with the backends of sockAffVIP (TCP 8080)
+// and sockAffUDP (UDP 5353) on its loopback device.
+func affinityNS(t *testing.T, name string) *topology.NS {
+	t.Helper()
+	ns := topology.NewNS(t, name)
+	addLoopbackAddrs(t, ns, sockAffBEs...)
+	for _, a := range sockAffBEs {
+		if _, err := ns.ServeTCPEcho(a+":8080", a); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ns.ServeUDPEcho(a+":5353", a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ns
+}
+
+// sockConnect opens a new TCP connection from ns to the VIP and returns the
+// backend that answered.
+func sockConnect(t *testing.T, ns *topology.NS) string {
+	t.Helper()
+	var name string
+	err := ns.Do(func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		f := fdConn(fd)
+		defer f.Close()
+		if err := unix.Connect(fd, sockaddr(sockAffVIP)); err != nil {
+			return fmt.Errorf("connect %s: %w", sockAffVIP, err)
+		}
+		if _, err := unix.Write(fd, []byte("hi\n")); err != nil {
+			return err
+		}
+		line, err := bufio.NewReader(f).ReadString('\n')
+		if err != nil {
+			return fmt.Errorf("read from %s: %w", sockAffVIP, err)
+		}
+		name, _, _ = strings.Cut(line, " ")
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// sockSendto sends one datagram from a new unconnected UDP socket in ns to
+// the UDP VIP and returns the backend that answered.
+func sockSendto(t *testing.T, ns *topology.NS) string {
+	t.Helper()
+	var name string
+	err := ns.Do(func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		tv := unix.NsecToTimeval(int64(2 * time.Second))
+		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+			return err
+		}
+		if err := unix.Sendto(fd, []byte("hi"), 0, sockaddr(sockAffUDP)); err != nil {
+			return fmt.Errorf("sendto %s: %w", sockAffUDP, err)
+		}
+		buf := make([]byte, 100)
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			return fmt.Errorf("recvfrom %s: %w", sockAffUDP, err)
+		}
+		name, _, _ = strings.Cut(string(buf[:n]), " ")
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// fdConn wraps a connected socket for buffered reads (closing closes fd).
+type fdConn int
+
+func (f fdConn) Read(p []byte) (int, error) { return unix.Read(int(f), p) }
+func (f fdConn) Close() error               { return unix.Close(int(f)) }
+
+func TestSockAffinity(t *testing.T) {
+	d := newTestDatapath(t)
+	cg := newTestCgroup(t)
+	if err := d.AttachCgroup(cg.Path); err != nil {
+		t.Fatalf("AttachCgroup: %v", err)
+	}
+	cg.Join(t)
+	nsA, nsB := affinityNS(t, "affa"), affinityNS(t, "affb")
+
+	r := reconciler.New(d.Maps(), nil)
+	apply := func(bes ...string) {
+		t.Helper()
+		var tcp, udp []model.L4Addr
+		for _, b := range bes {
+			tcp = append(tcp, l4(b, 8080, model.TCP))
+			udp = append(udp, l4(b, 5353, model.UDP))
+		}
+		st := model.NewState()
+		for _, s := range []*model.Service{affinityService(sockAffVIP, time.Hour, tcp...), affinityService(sockAffUDP, time.Hour, udp...)} {
+			s.Backends = model.SortBackends(s.Backends)
+			st.Services[s.Frontend] = s
+		}
+		if err := r.Apply(st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apply(sockAffBEs...)
+
+	// sticky: every connection from one namespace reaches one backend.
+	sticky := func(ns *topology.NS) string {
+		t.Helper()
+		first := sockConnect(t, ns)
+		for i := range 16 {
+			if got := sockConnect(t, ns); got != first {
+				t.Fatalf("%s: connection %d reached %s, the first %s", ns.Name, i+1, got, first)
+			}
+		}
+		return first
+	}
+	a, b := sticky(nsA), sticky(nsB)
+
+	// Unconnected UDP: every new socket of a namespace, and every
+	// datagram of it, reaches that namespace's UDP backend.
+	udpFirst := sockSendto(t, nsA)
+	for i := range 8 {
+		if got := sockSendto(t, nsA); got != udpFirst {
+			t.Fatalf("UDP socket %d from %s reached %s, the first %s", i+1, nsA.Name, got, udpFirst)
+		}
+	}
+
+	// Two clients, two entries, each keyed by its namespace's cookie.
+	entries := func() map[uint64]AffinityEntry {
+		t.Helper()
+		all, err := d.Maps().Affinity()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[uint64]AffinityEntry{}
+		for _, e := range all {
+			if e.Frontend == reconciler.DefaultScope(sockAffVIP) {
+				if e.NetnsCookie == 0 || e.Client.IsValid() {
+					t.Errorf("socket path entry not keyed by a namespace: %+v", e)
+				}
+				out[e.NetnsCookie] = e
+			}
+		}
+		return out
+	}
+	es := entries()
+	cookieA, cookieB := netnsCookie(t, nsA), netnsCookie(t, nsB)
+	if len(es) != 2 || es[cookieA].Backend.Addr().String() != a || es[cookieB].Backend.Addr().String() != b {
+		t.Fatalf("affinity entries of %s: %+v; want %s's (cookie %d) on %s and %s's (cookie %d) on %s",
+			sockAffVIP, es, nsA.Name, cookieA, a, nsB.Name, cookieB, b)
+	}
+
+	// Independent: namespace A is moved to a backend other than B's (its
+	// entry rewritten as the datapath writes one); B stays where it was.
+	other := ""
+	for _, x := range sockAffBEs {
+		if x != b {
+			other = x
+			break
+		}
+	}
+	ks, err := d.Maps().Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := es[cookieA]
+	for s, id := range ks.Slots[reconciler.DefaultScope(sockAffVIP)] {
+		if ks.Backends[id].Addr.String() == other {
+			k := sockLb4AffinityKey{Client: cookieA, Kind: uint32(sockAffinityClientAFFINITY_CLIENT_NETNS)}
+			k.Master, _ = serviceKey(reconciler.DefaultScope(sockAffVIP), 0)
+			v := sockLb4Affinity{Expires: e.Expires, BackendId: uint32(id), Addr: be32(addr(other)), Port: be16(8080), Slot: uint16(s)}
+			if err := d.Maps().affinity.Put(&k, &v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if got := sockConnect(t, nsA); got != other {
+		t.Fatalf("%s: reached %s, its entry names %s", nsA.Name, got, other)
+	}
+	if got := sockConnect(t, nsB); got != b {
+		t.Errorf("%s: reached %s after %s's affinity changed, was stuck to %s", nsB.Name, got, nsA.Name, b)
+	}
+
+	// A's backend leaves: A selects among the others, never it, and
+	// keeps what it selected; B, on another backend, stays.
+	var rest []string
+	for _, x := range sockAffBEs {
+		if x != other {
+			rest = append(rest, x)
+		}
+	}
+	apply(rest...)
+	moved := sockConnect(t, nsA)
+	if moved == other {
+		t.Fatalf("%s: reached %s, which left", nsA.Name, other)
+	}
+	for i := range 8 {
+		if got := sockConnect(t, nsA); got != moved {
+			t.Fatalf("%s: connection %d reached %s after reselecting %s", nsA.Name, i+1, got, moved)
+		}
+	}
+	if got := sockConnect(t, nsB); got != b {
+		t.Errorf("%s: reached %s, was stuck to %s, which stayed", nsB.Name, got, b)
+	}
+	expectCounted(t, d, "sock_xlate")
+}
+
+// netnsCookie returns the cookie of ns, as the kernel reports it for a
+// socket there (SO_NETNS_COOKIE): what bpf_get_netns_cookie gives the
+// socket programs.
+func netnsCookie(t *testing.T, ns *topology.NS) uint64 {
+	t.Helper()
+	var c uint64
+	err := ns.Do(func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		c, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("SO_NETNS_COOKIE in %s: %v", ns.Name, err)
+	}
+	return c
+}
+
+// TestSockAffinityTwoScopes: at the socket, every client is internal, so
+// an externalTrafficPolicy Local frontend with session affinity keeps it
+// in its internal scope: a namespace sticks to one of all the endpoints
+// (never held to the external scope's one), under the internal scope's
+// master key.
+func TestSockAffinityTwoScopes(t *testing.T) {
+	d := newTestDatapath(t)
+	cg := newTestCgroup(t)
+	if err := d.AttachCgroup(cg.Path); err != nil {
+		t.Fatalf("AttachCgroup: %v", err)
+	}
+	cg.Join(t)
+	ns := affinityNS(t, "afftwo")
+	s := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "two"}, Kind: model.NodePort, Frontend: sockAffVIP,
+		Backends: []model.Backend{{L4Addr: l4(sockAffBEs[0], 8080, model.TCP)}}, ExternalLocal: true, TwoScopes: true,
+		AffinityTimeout: time.Hour}
+	for _, b := range sockAffBEs {
+		s.InternalBackends = append(s.InternalBackends, model.Backend{L4Addr: l4(b, 8080, model.TCP)})
+	}
+	st := model.NewState()
+	st.Services[s.Frontend] = s
+	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
+		t.Fatal(err)
+	}
+
+	// Clients of the internal scope spread over all four endpoints, so a
+	// namespace that reached the same one 16 times is stuck to it.
+	first := sockConnect(t, ns)
+	for i := range 16 {
+		if got := sockConnect(t, ns); got != first {
+			t.Fatalf("connection %d reached %s, the first %s", i+1, got, first)
+		}
+	}
+	all, err := d.Maps().Affinity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := reconciler.Frontend{L4Addr: sockAffVIP, Scope: reconciler.ScopeInternal}
+	if len(all) != 1 || all[0].Frontend != in || all[0].NetnsCookie != netnsCookie(t, ns) || all[0].Backend.Addr().String() != first {
+		t.Fatalf("affinity entries %+v: want one, of %s, for %s's namespace, on %s", all, in, ns.Name, first)
+	}
+}
