@@ -138,7 +138,8 @@ endpoints:
 	health, metrics := freeAddr(t), freeAddr(t)
 	var log bytes.Buffer
 	cmd := exec.Command(bin, "--manifests", manifest, "--bpffs", bpffs, "--socket-lb=false",
-		"--health-addr", health, "--metrics-addr", metrics, "--node-name", "node", "--log-level", "debug")
+		"--health-addr", health, "--metrics-addr", metrics, "--node-name", "node", "--log-level", "debug",
+		"--names-file", filepath.Join(dir, "names.json"))
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

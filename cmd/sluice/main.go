@@ -27,6 +27,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/sluice-lb/sluice/internal/namesfile"
 	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/pkg/health"
@@ -71,6 +72,8 @@ func run(args []string) int {
 		npAddrs     = fs.String("nodeport-addresses", "", "comma-separated CIDRs: NodePorts (and health checks) are served on the node's addresses inside them; 0.0.0.0/0 means every address (default: the node's primary addresses, --node-ip)")
 		localhostNP = fs.Bool("localhost-nodeports", true, "also serve NodePorts on 127.0.0.1 (TCP and UDP, through socket load balancing) when --nodeport-addresses cover it")
 		masqAll     = fs.Bool("masquerade-all", false, "source-NAT all ClusterIP traffic, and external traffic sent to this node's endpoints (which otherwise keeps its client's address)")
+		progStats   = fs.Bool("bpf-program-stats", true, "have the kernel count the run count and run time of BPF programs (BPF_ENABLE_STATS, system wide, while the agent runs), exported as sluice_bpf_program_runs_total and sluice_bpf_program_run_seconds_total")
+		namesFile   = fs.String("names-file", namesfile.Default, "write which Service each programmed frontend belongs to here (JSON), for sluicectl to show beside the addresses (empty: off)")
 		showVersion = fs.Bool("version", false, "print the version, the commit and the digest of the BPF objects, and exit")
 		dpCfg       datapath.Config
 	)
@@ -219,6 +222,22 @@ func run(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	ns := northSouthConfig{gcEvery: *ctGC, hc: *healthCheck, hcHosts: np.HealthHosts}
+	if *namesFile != "" {
+		cfg.Observers = append(cfg.Observers, &namesWriter{path: *namesFile, bpffs: *bpffs, log: log.With("component", "names")})
+	}
+	if *progStats {
+		// Held open for the agent's life: the kernel counts while
+		// someone holds it.
+		stats, err := datapath.EnableStats()
+		if err != nil {
+			log.Warn("BPF program statistics unavailable: sluice_bpf_program_* stay 0", "err", err)
+		} else {
+			// Closing drops this process's hold on the accounting;
+			// it fails only on a bad descriptor, and the process is
+			// exiting.
+			defer func() { _ = stats.Close() }()
+		}
+	}
 	if err := runAgent(ctx, cfg, dpCfg, ns, src, m, *healthAddr, *metricsAddr, log); err != nil {
 		log.Error("agent failed", "err", err)
 		return 1
@@ -257,6 +276,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 	}
 	prepareDatapath(dp, cfg, m, log)
 	m.SetCapacity(dp.Maps().Capacity)
+	m.SetDatapath(dp)
 	cfg.Observers = append(cfg.Observers, m)
 	if ns.hc {
 		hc := health.NewNodePortServer(ns.hcHosts, log.With("component", "healthcheck"))
@@ -288,7 +308,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 		mux.Handle("GET /metrics", m.Handler())
 		serve("metrics", func() error { return serveHTTP(ctx, metricsL, mux, log) })
 	}
-	go runConntrackGC(ctx, dp.Maps(), ns.gcEvery, log.With("component", "conntrack-gc"))
+	go runConntrackGC(ctx, observedGC{dp.Maps(), m.ObserveConntrackGC}, ns.gcEvery, log.With("component", "conntrack-gc"))
 	runErr := a.Run(ctx, src)
 	cancel(nil)
 	for range servers {

@@ -21,6 +21,18 @@ type conntrackGC interface {
 	ConntrackRefused() (uint64, error)
 }
 
+// observedGC is a conntrackGC whose collections are recorded in metrics.
+type observedGC struct {
+	conntrackGC
+	observe func(deleted int, err error) // metrics.Metrics.ObserveConntrackGC
+}
+
+func (o observedGC) GCConntrack() (datapath.ConntrackStats, error) {
+	st, err := o.conntrackGC.GCConntrack()
+	o.observe(st.Deleted, err)
+	return st, err
+}
+
 // runConntrackGC deletes expired conntrack entries every period until ctx
 // is done. Established flows are deleted by nothing else: their table is
 // not an LRU, so that new flows cannot evict them, and when it is full new

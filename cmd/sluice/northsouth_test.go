@@ -3,13 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/sluice-lb/sluice/pkg/datapath"
+	"github.com/sluice-lb/sluice/pkg/metrics"
 )
 
 // fakeCT stands in for the datapath's conntrack: a refusal counter the
@@ -19,13 +23,18 @@ type fakeCT struct {
 	refused uint64
 	live    int
 	runs    int
+	deleted int   // what each collection deletes
+	fail    error // what each collection fails with
 }
 
 func (f *fakeCT) GCConntrack() (datapath.ConntrackStats, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.runs++
-	return datapath.ConntrackStats{Live: f.live, Max: 1000, Refused: f.refused}, nil
+	if f.fail != nil {
+		return datapath.ConntrackStats{}, f.fail
+	}
+	return datapath.ConntrackStats{Deleted: f.deleted, Live: f.live, Max: 1000, Refused: f.refused}, nil
 }
 
 func (f *fakeCT) ConntrackRefused() (uint64, error) {
@@ -89,4 +98,27 @@ func TestConntrackGCPressure(t *testing.T) {
 	waitFor("no warning about a nearly full table", func() bool {
 		return strings.Contains(out.String(), `msg="conntrack table nearly full" established=950`)
 	})
+}
+
+// The agent's conntrack GC records each collection: how many it deleted,
+// and the failed ones.
+func TestObservedGC(t *testing.T) {
+	m := metrics.New()
+	f := &fakeCT{live: 10, deleted: 7}
+	o := observedGC{f, m.ObserveConntrackGC}
+	for range 2 {
+		if _, err := o.GCConntrack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.fail = errors.New("EPERM")
+	if _, err := o.GCConntrack(); err == nil {
+		t.Fatal("a failed collection was not reported")
+	}
+	if got := promtestutil.ToFloat64(m.ConntrackGCDeleted); got != 14 {
+		t.Errorf("deleted %v, want 14", got)
+	}
+	if s, e := promtestutil.ToFloat64(m.ConntrackGCRuns.WithLabelValues("success")), promtestutil.ToFloat64(m.ConntrackGCRuns.WithLabelValues("error")); s != 2 || e != 1 {
+		t.Errorf("runs: %v succeeded, %v failed; want 2, 1", s, e)
+	}
 }

@@ -2,41 +2,94 @@
 // read straight from the pinned maps (no agent needs to run). It opens them
 // read-only (datapath.OpenPinned), whatever sizes the agent gave them:
 //
-//	sluicectl services        service frontends and the backends in their slots
+//	sluicectl services        service frontends, their Service and the
+//	                          backends in their slots
 //	sluicectl services --raw  every entry of the service, backend, rev_nat and
 //	                          source-range maps, in the reconciler's dump
 //	                          format (that of its golden tests)
+//	sluicectl backends        backends and the frontends whose slots name them
+//	sluicectl conntrack       per-packet conntrack entries, filtered by
+//	                          --addr, --port, --proto
 //	sluicectl counters        datapath outcome counters, by reason
+//	sluicectl status          the agent's readiness and last sync (from its
+//	                          health and metrics endpoints), the maps' fill
+//
+// Every command takes -o json: the same rows, as a JSON array (status: an
+// object). Tables are sorted and aligned, like kubectl get. Service names
+// come from the file the agent writes beside its work (--names-file,
+// internal/namesfile); without it the SERVICE column is empty.
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"slices"
-	"sort"
 	"strings"
 	"text/tabwriter"
 
+	"github.com/sluice-lb/sluice/internal/namesfile"
 	"github.com/sluice-lb/sluice/pkg/datapath"
-	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+const usage = `Usage: sluicectl [--bpffs DIR] [--names-file PATH] COMMAND [-o table|json] [flags]
+
+Commands:
+  services [--raw]   service frontends -> backends, from the pinned maps
+                     (--raw: every map entry, as the reconciler dumps them)
+  backends           backends and the frontends whose slots name them
+  conntrack [--addr IP] [--port N] [--proto tcp|udp]
+                     per-packet conntrack entries whose tuple, translation
+                     or source NAT has the address and port
+  counters           datapath outcome counters, summed over CPUs
+  status [--health-addr ADDR] [--metrics-addr ADDR]
+                     the agent's readiness and last sync, and the maps' fill
+
+Flags:
+`
+
+// command is one subcommand: flags declares its flags and returns what
+// it runs on the pins.
+type command struct {
+	flags func(fs *flag.FlagSet) runner
+}
+
+// runner is a command with its flags parsed: check validates them before
+// anything is opened (nil: nothing to check), run does the work.
+type runner struct {
+	check func(c *ctx) error
+	run   func(c *ctx) error
+}
+
+// ctx is what a command runs with.
+type ctx struct {
+	bpffs, namesFile string
+	output           string // table or json
+	stdout, stderr   io.Writer
+	pins             *datapath.Pinned
+}
+
+var commands = map[string]command{
+	"services":  {flags: servicesCmd},
+	"backends":  {flags: backendsCmd},
+	"conntrack": {flags: conntrackCmd},
+	"counters":  {flags: countersCmd},
+	"status":    {flags: statusCmd},
+}
+
 func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sluicectl", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	bpffs := fs.String("bpffs", datapath.DefaultBPFFS, "bpffs mount the agent pinned under")
+	names := fs.String("names-file", namesfile.Default, "file the agent writes the frontends' Service names to (sluice --names-file)")
 	fs.Usage = func() {
-		warn(fs.Output(), "Usage: sluicectl [--bpffs DIR] services [--raw] | counters\n\n"+
-			"  services        service frontends -> backends, from the pinned maps\n"+
-			"  services --raw  every map entry, as the reconciler dumps them\n"+
-			"  counters        datapath outcome counters, summed over CPUs\n\nFlags:\n")
+		warn(fs.Output(), "%s", usage)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -49,19 +102,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	cmd := fs.Arg(0)
-	if cmd != "services" && cmd != "counters" {
-		warn(stderr, "sluicectl: unknown command %q\n", cmd)
+	name := fs.Arg(0)
+	cmd, ok := commands[name]
+	if !ok {
+		warn(stderr, "sluicectl: unknown command %q\n", name)
 		fs.Usage()
 		return 2
 	}
-	cfs := flag.NewFlagSet("sluicectl "+cmd, flag.ContinueOnError)
+	cfs := flag.NewFlagSet("sluicectl "+name, flag.ContinueOnError)
 	cfs.SetOutput(stderr)
 	cfs.Usage = fs.Usage
-	var raw *bool
-	if cmd == "services" {
-		raw = cfs.Bool("raw", false, "print every map entry in the reconciler's dump format")
-	}
+	c := &ctx{bpffs: *bpffs, namesFile: *names, stdout: stdout, stderr: stderr}
+	cfs.StringVar(&c.output, "o", "table", "output format: table or json")
+	cfs.StringVar(&c.output, "output", "table", "output format: table or json")
+	r := cmd.flags(cfs)
 	if err := cfs.Parse(fs.Args()[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -73,45 +127,35 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
+	if c.output != "table" && c.output != "json" {
+		warn(stderr, "sluicectl: -o %q: want table or json\n", c.output)
+		return 2
+	}
+	if r.check != nil {
+		if err := r.check(c); err != nil {
+			warn(stderr, "sluicectl %s: %v\n", name, err)
+			return 2
+		}
+	}
 	// Read-only: loads no programs, creates nothing, and reads pins of
 	// whatever sizes the agent was configured with.
 	dp, err := datapath.OpenPinned(*bpffs)
-	if errors.Is(err, os.ErrNotExist) {
+	switch {
+	case errors.Is(err, os.ErrNotExist) && name == "status":
+		// status still asks the agent.
+	case errors.Is(err, os.ErrNotExist):
 		warn(stderr, "sluicectl: no Sluice datapath pinned under %s: %v\n", *bpffs, err)
 		return 1
-	}
-	if err != nil {
+	case err != nil:
 		warn(stderr, "sluicectl: %v\n", err)
 		return 1
+	default:
+		defer dp.Close()
+		c.pins = dp
 	}
-	defer dp.Close()
-
-	switch cmd {
-	case "services":
-		ks, err := dp.Dump()
-		if err != nil {
-			warn(stderr, "sluicectl: read maps: %v\n", err)
-			return 1
-		}
-		if *raw {
-			_, err = io.WriteString(stdout, ks.String())
-		} else {
-			err = writeServices(stdout, ks)
-		}
-		if err != nil {
-			warn(stderr, "sluicectl: write output: %v\n", err)
-			return 1
-		}
-	case "counters":
-		c, err := dp.Counters()
-		if err != nil {
-			warn(stderr, "sluicectl: read counters: %v\n", err)
-			return 1
-		}
-		if err := writeCounters(stdout, c); err != nil {
-			warn(stderr, "sluicectl: write output: %v\n", err)
-			return 1
-		}
+	if err := r.run(c); err != nil {
+		warn(stderr, "sluicectl %s: %v\n", name, err)
+		return 1
 	}
 	return 0
 }
@@ -134,55 +178,31 @@ func tabulate(w io.Writer, table string) error {
 	return tw.Flush()
 }
 
-// writeServices prints one line per frontend (and scope: a two-scope
-// frontend's internal scope is the line marked "internal"), its backends
-// in slot order.
-func writeServices(w io.Writer, ks *reconciler.KernelState) error {
-	fes := make([]reconciler.Frontend, 0, len(ks.Masters))
-	for fe := range ks.Masters {
-		fes = append(fes, fe)
+// writeJSON writes v as indented JSON, followed by a newline.
+func writeJSON(w io.Writer, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
 	}
-	sort.Slice(fes, func(i, j int) bool { return fes[i].Compare(fes[j]) < 0 })
-	var table strings.Builder
-	table.WriteString("FRONTEND\tID\tCOUNT\tBACKENDS\n")
-	for _, fe := range fes {
-		m := ks.Masters[fe]
-		slots := ks.Slots[fe]
-		nums := make([]uint32, 0, len(slots))
-		for s := range slots {
-			nums = append(nums, s)
-		}
-		slices.Sort(nums)
-		var bs []string
-		for _, s := range nums {
-			id := slots[s]
-			if b, ok := ks.Backends[id]; ok {
-				bs = append(bs, fmt.Sprintf("%s:%d", b.Addr, b.Port))
-			} else {
-				bs = append(bs, fmt.Sprintf("<missing backend %d>", id))
-			}
-		}
-		if len(bs) == 0 {
-			bs = []string{"(none: connections refused)"}
-			if m.Flags&reconciler.FlagDropEmpty != 0 {
-				bs = []string{"(none: connections dropped)"}
-			}
-		}
-		fmt.Fprintf(&table, "%s\t%d\t%d\t%s\n", fe, m.ID, m.Count, strings.Join(bs, " "))
-	}
-	return tabulate(w, table.String())
+	_, err = w.Write(append(b, '\n'))
+	return err
 }
 
-func writeCounters(w io.Writer, c map[string]uint64) error {
-	names := make([]string, 0, len(c))
-	for n := range c {
-		names = append(names, n)
+// table builds a tab-separated table from a header and rows of cells.
+func table(header []string, rows [][]string) string {
+	var b strings.Builder
+	b.WriteString(strings.Join(header, "\t") + "\n")
+	for _, r := range rows {
+		b.WriteString(strings.Join(r, "\t") + "\n")
 	}
-	slices.Sort(names)
-	var table strings.Builder
-	table.WriteString("REASON\tCOUNT\n")
-	for _, n := range names {
-		fmt.Fprintf(&table, "%s\t%d\n", n, c[n])
+	return b.String()
+}
+
+// or returns s, or "-" for an empty cell (so that columns stay aligned and
+// an absent value reads as one).
+func or(s string) string {
+	if s == "" {
+		return "-"
 	}
-	return tabulate(w, table.String())
+	return s
 }

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluice-lb/sluice/internal/namesfile"
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -34,15 +35,19 @@ func TestWriteServicesListsBackendsInSlotOrder(t *testing.T) {
 		},
 		Backends: map[reconciler.BackendID]model.L4Addr{11: b("10.1.1.2"), 12: b("10.1.2.2")},
 	}
+	names := map[string]namesfile.Frontend{
+		"10.96.0.10:80/TCP":     {Service: "default/web:http"},
+		"192.168.1.1:30080/TCP": {Service: "default/web:http"},
+	}
 	var out bytes.Buffer
-	if err := writeServices(&out, ks); err != nil {
+	if err := writeServices(&out, serviceRows(ks, names)); err != nil {
 		t.Fatal(err)
 	}
-	want := "FRONTEND                        ID  COUNT  BACKENDS\n" +
-		"10.96.0.9:53/UDP                2   0      (none: connections refused)\n" +
-		"10.96.0.10:80/TCP               7   3      10.1.2.2:8080 10.1.1.2:8080 <missing backend 99>\n" +
-		"192.168.1.1:30080/TCP internal  4   1      10.1.1.2:8080\n" +
-		"192.168.1.1:30080/TCP           3   0      (none: connections dropped)\n"
+	want := "FRONTEND                        SERVICE           ID  COUNT  BACKENDS\n" +
+		"10.96.0.9:53/UDP                -                 2   0      (none: connections refused)\n" +
+		"10.96.0.10:80/TCP               default/web:http  7   3      10.1.2.2:8080 10.1.1.2:8080 <missing backend 99>\n" +
+		"192.168.1.1:30080/TCP internal  default/web:http  4   1      10.1.1.2:8080\n" +
+		"192.168.1.1:30080/TCP           default/web:http  3   0      (none: connections dropped)\n"
 	if out.String() != want {
 		t.Errorf("got:\n%s\nwant:\n%s", out.String(), want)
 	}
@@ -65,7 +70,7 @@ func TestWriteErrorsAreReturned(t *testing.T) {
 	if err := writeCounters(failingWriter{}, map[string]uint64{"sock_xlate": 1}); !errors.Is(err, errWrite) {
 		t.Errorf("writeCounters to a failing writer: %v, want %v", err, errWrite)
 	}
-	if err := writeServices(failingWriter{}, &reconciler.KernelState{}); !errors.Is(err, errWrite) {
+	if err := writeServices(failingWriter{}, nil); !errors.Is(err, errWrite) {
 		t.Errorf("writeServices to a failing writer: %v, want %v", err, errWrite)
 	}
 }
@@ -108,8 +113,8 @@ func TestReadsPinsOfAnySize(t *testing.T) {
 	if code := run([]string{"--bpffs", bpffs, "services"}, &stdout, &stderr); code != 0 {
 		t.Fatalf("services: exit %d, stderr %q", code, stderr.String())
 	}
-	want := "FRONTEND          ID  COUNT  BACKENDS\n" +
-		"10.96.3.1:80/TCP  2   1      10.3.0.1:8080\n"
+	want := "FRONTEND          SERVICE  ID  COUNT  BACKENDS\n" +
+		"10.96.3.1:80/TCP  -        2   1      10.3.0.1:8080\n"
 	if stdout.String() != want {
 		t.Errorf("services got:\n%s\nwant:\n%s", stdout.String(), want)
 	}

@@ -258,20 +258,6 @@ func TestCgroupV2Mount(t *testing.T) {
 	}
 }
 
-func countEntries(t *testing.T, m *ebpf.Map) int {
-	t.Helper()
-	n := 0
-	k, v := make([]byte, m.KeySize()), make([]byte, m.ValueSize())
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		n++
-	}
-	if err := it.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 // addVeths adds veth pairs named a<->b for each pair in the calling
 // thread's namespace, sets them up and returns the links by name.
 func addVeths(t *testing.T, pairs ...[2]string) map[string]netlink.Link {
@@ -362,8 +348,8 @@ func TestPruneFollowsConfiguration(t *testing.T) {
 			t.Fatalf("no XDP program on %s after attaching with XDP generic", name)
 		}
 	}
-	if n := countEntries(t, d1.Maps().devices); n != 2 {
-		t.Fatalf("sluice_devices holds %d devices after attaching two", n)
+	if n, err := countEntries(d1.Maps().devices); err != nil || n != 2 {
+		t.Fatalf("sluice_devices holds %d devices after attaching two (%v)", n, err)
 	}
 	d1.Close()
 

@@ -21,6 +21,7 @@ type Pinned struct {
 	services, backends, revNat, srcRanges, metrics *ebpf.Map
 	serviceIPs                                     *ebpf.Map // nil: pinned by an agent without it
 	reasons                                        int       // counters this build and the pin both know
+	dir                                            string    // bpffs/sluice
 }
 
 // OpenPinned opens the maps pinned under bpffs/sluice read-only. A map
@@ -36,7 +37,7 @@ func OpenPinned(bpffs string) (*Pinned, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Pinned{}
+	p := &Pinned{dir: dir}
 	for _, x := range []struct {
 		name string
 		m    **ebpf.Map

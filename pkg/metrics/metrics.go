@@ -11,6 +11,11 @@
 // Service port and reason (sluice_service_unprogrammed_frontends): only
 // failing ones, so the number of series is bounded by the failures, not by
 // the number of Services.
+//
+// kube-proxy's own metrics (kubeproxy.go) are served beside Sluice's,
+// recorded by the same calls, so that the dashboards and alerts operators
+// have for kube-proxy keep working. The datapath's counters, map fill and
+// program costs (datapath.go) are read from the kernel at scrape time.
 package metrics
 
 import (
@@ -58,6 +63,10 @@ type Metrics struct {
 	// again by themselves), still_backend (their own Service still has
 	// it).
 	SocketsSpared *prometheus.CounterVec
+	// ConntrackGCRuns counts conntrack garbage collections by result,
+	// ConntrackGCDeleted the expired entries they deleted.
+	ConntrackGCRuns    *prometheus.CounterVec
+	ConntrackGCDeleted prometheus.Counter
 
 	mu       sync.Mutex
 	counts   Counts
@@ -65,6 +74,8 @@ type Metrics struct {
 	// unprogrammed counts the frontends that failed in the last apply,
 	// by Service port and reason.
 	unprogrammed map[unprogrammedKey]int
+
+	kubeProxy kubeProxyMetrics
 }
 
 type unprogrammedKey struct{ service, reason string }
@@ -129,7 +140,20 @@ func New() *Metrics {
 			Name:      "sockets_spared_total",
 			Help:      "Sockets that had talked to a removed backend and were left open: unconnected ones, and ones whose Service still has the backend.",
 		}, []string{"reason"}),
+		ConntrackGCRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "conntrack_gc_runs_total",
+			Help:      "Garbage collections of the per-packet conntrack table, by result.",
+		}, []string{"result"}),
+		ConntrackGCDeleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "conntrack_gc_deleted_entries_total",
+			Help:      "Expired per-packet conntrack entries the garbage collection deleted.",
+		}),
 	}
+	m.ConntrackGCRuns.WithLabelValues("success")
+	m.ConntrackGCRuns.WithLabelValues("error")
+	m.kubeProxy = newKubeProxyMetrics(m.Registry)
 	m.Registry.MustRegister(
 		m.SyncDuration,
 		m.NetworkProgrammingDuration,
@@ -137,6 +161,8 @@ func New() *Metrics {
 		m.Syncs,
 		m.SocketTerminations,
 		m.SocketsSpared,
+		m.ConntrackGCRuns,
+		m.ConntrackGCDeleted,
 		stateCollector{m},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -147,6 +173,7 @@ func New() *Metrics {
 // ObserveSync records one sync that took d and ended with err.
 func (m *Metrics) ObserveSync(d time.Duration, err error) {
 	m.SyncDuration.Observe(d.Seconds())
+	m.kubeProxy.observeSync(time.Now(), d, err)
 	if err != nil {
 		m.SyncErrors.Inc()
 		m.Syncs.WithLabelValues("error").Inc()
@@ -176,6 +203,17 @@ func (m *Metrics) ObserveSocketTermination(method string, destroyed, failed, spa
 	m.SocketsSpared.WithLabelValues("still_backend").Add(float64(sparedStillBackend))
 }
 
+// ObserveConntrackGC records one garbage collection of the conntrack
+// table that deleted entries, or failed with err.
+func (m *Metrics) ObserveConntrackGC(deleted int, err error) {
+	if err != nil {
+		m.ConntrackGCRuns.WithLabelValues("error").Inc()
+		return
+	}
+	m.ConntrackGCRuns.WithLabelValues("success").Inc()
+	m.ConntrackGCDeleted.Add(float64(deleted))
+}
+
 // ObserveProgrammed records, for each trigger time, the latency from it to
 // now: the moment its change reached the maps. The Kubernetes source calls
 // it when the agent reports a state programmed.
@@ -185,6 +223,7 @@ func (m *Metrics) ObserveProgrammed(now time.Time, triggers []time.Time) {
 			continue // a skewed clock must not record a negative latency
 		}
 		m.NetworkProgrammingDuration.Observe(now.Sub(t).Seconds())
+		m.kubeProxy.programming.WithLabelValues(ipFamily).Observe(now.Sub(t).Seconds())
 	}
 }
 
@@ -192,6 +231,7 @@ func (m *Metrics) ObserveProgrammed(now time.Time, triggers []time.Time) {
 // it after every successful apply, with the very state it applied.
 func (m *Metrics) SetProgrammed(s *model.State) {
 	c := CountState(s)
+	m.kubeProxy.setNoLocalEndpoints(s)
 	m.mu.Lock()
 	m.counts = c
 	m.mu.Unlock()

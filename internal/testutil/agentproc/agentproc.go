@@ -33,6 +33,9 @@ type Agent struct {
 	// HealthAddr and MetricsAddr are where /readyz and /metrics are
 	// served inside NS.
 	HealthAddr, MetricsAddr string
+	// NamesFile is where the agent writes its frontends' Service names
+	// (sluice --names-file), which sluicectl reads.
+	NamesFile string
 
 	Log  *testutil.Buffer
 	proc *topology.Process
@@ -51,10 +54,14 @@ type AgentConfig struct {
 // next to cfg.BPFFS left by killed runs are removed first.
 func NewAgent(bin Binaries, ns *topology.NS, cfg AgentConfig) *Agent {
 	_ = topology.SweepStale(filepath.Dir(cfg.BPFFS))
-	a := &Agent{Bin: bin, NS: ns, BPFFS: cfg.BPFFS, HealthAddr: "127.0.0.1:10256", MetricsAddr: "127.0.0.1:10249", Log: &testutil.Buffer{}}
+	a := &Agent{Bin: bin, NS: ns, BPFFS: cfg.BPFFS, HealthAddr: "127.0.0.1:10256", MetricsAddr: "127.0.0.1:10249", Log: &testutil.Buffer{},
+		// Named after the run's pins, not the host's /run/sluice;
+		// removed by Cleanup.
+		NamesFile: filepath.Join(os.TempDir(), filepath.Base(cfg.BPFFS)+"-names.json")}
 	a.Args = []string{
 		"--manifests", cfg.Manifests,
 		"--bpffs", cfg.BPFFS,
+		"--names-file", a.NamesFile,
 		"--health-addr", a.HealthAddr,
 		"--metrics-addr", a.MetricsAddr,
 		"--node-name", "node",
@@ -246,7 +253,7 @@ func (a *Agent) CounterMap(ctx context.Context) (map[string]uint64, error) {
 
 func (a *Agent) ctl(ctx context.Context, what string) (string, error) {
 	var stderr bytes.Buffer
-	cmd := a.NS.Command(ctx, a.Bin.Sluicectl, "--bpffs", a.BPFFS, what)
+	cmd := a.NS.Command(ctx, a.Bin.Sluicectl, "--bpffs", a.BPFFS, "--names-file", a.NamesFile, what)
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
@@ -286,6 +293,9 @@ func (a *Agent) Uninstall(ctx context.Context) error {
 func (a *Agent) Cleanup(ctx context.Context) error {
 	if err := a.Uninstall(ctx); err != nil {
 		return err
+	}
+	if err := os.Remove(a.NamesFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove %s: %w", a.NamesFile, err)
 	}
 	if err := os.RemoveAll(a.BPFFS); err != nil {
 		return fmt.Errorf("remove %s: %w", a.BPFFS, err)

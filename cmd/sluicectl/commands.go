@@ -1,0 +1,529 @@
+package main
+
+import (
+	"bufio"
+	"cmp"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluice-lb/sluice/internal/namesfile"
+	"github.com/sluice-lb/sluice/pkg/datapath"
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// frontendName spells a frontend and its scope in a list: a two-scope
+// frontend's internal scope is marked [internal].
+func frontendName(fe reconciler.Frontend) string {
+	if fe.Scope == reconciler.ScopeInternal {
+		return fe.L4Addr.String() + "[internal]"
+	}
+	return fe.L4Addr.String()
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// ServiceRow is one line of `services`: a frontend (and scope).
+type ServiceRow struct {
+	Frontend string   `json:"frontend"`
+	Internal bool     `json:"internal,omitempty"` // the internal scope of a two-scope frontend
+	Service  string   `json:"service,omitempty"`  // namespace/name:port, from the names file
+	Kind     string   `json:"kind,omitempty"`
+	ID       uint32   `json:"id"`
+	Count    uint32   `json:"count"`
+	Flags    uint8    `json:"flags"`
+	Backends []string `json:"backends"` // in slot order
+	// Empty says what happens to new connections without backends:
+	// refused or dropped.
+	Empty string `json:"empty,omitempty"`
+}
+
+func servicesCmd(fs *flag.FlagSet) runner {
+	raw := fs.Bool("raw", false, "print every map entry in the reconciler's dump format (not with -o json, whose rows hold the same entries)")
+	check := func(c *ctx) error {
+		if *raw && c.output == "json" {
+			return fmt.Errorf("--raw prints the reconciler's dump format; -o json prints the same entries as rows")
+		}
+		return nil
+	}
+	return runner{check: check, run: func(c *ctx) error {
+		ks, err := c.pins.Dump()
+		if err != nil {
+			return fmt.Errorf("read maps: %w", err)
+		}
+		if *raw {
+			_, err = io.WriteString(c.stdout, ks.String())
+			return err
+		}
+		names, err := namesfile.Read(c.namesFile, c.bpffs)
+		if err != nil {
+			warn(c.stderr, "sluicectl: no Service names: %v\n", err)
+			names = nil
+		}
+		rows := serviceRows(ks, names)
+		if c.output == "json" {
+			return writeJSON(c.stdout, rows)
+		}
+		return writeServices(c.stdout, rows)
+	}}
+}
+
+// serviceRows lists the frontends of ks, sorted by frontend, named from
+// names (by model.L4Addr's String; may be nil).
+func serviceRows(ks *reconciler.KernelState, names map[string]namesfile.Frontend) []ServiceRow {
+	fes := make([]reconciler.Frontend, 0, len(ks.Masters))
+	for fe := range ks.Masters {
+		fes = append(fes, fe)
+	}
+	slices.SortFunc(fes, reconciler.Frontend.Compare)
+	rows := make([]ServiceRow, 0, len(fes))
+	for _, fe := range fes {
+		m := ks.Masters[fe]
+		n := names[fe.L4Addr.String()]
+		r := ServiceRow{Frontend: fe.L4Addr.String(), Internal: fe.Scope == reconciler.ScopeInternal,
+			Service: n.Service, Kind: n.Kind, ID: uint32(m.ID), Count: m.Count, Flags: m.Flags, Backends: []string{}}
+		slots := ks.Slots[fe]
+		for _, s := range slices.Sorted(mapKeys(slots)) {
+			id := slots[s]
+			if b, ok := ks.Backends[id]; ok {
+				r.Backends = append(r.Backends, netip.AddrPortFrom(b.Addr, b.Port).String())
+			} else {
+				r.Backends = append(r.Backends, fmt.Sprintf("<missing backend %d>", id))
+			}
+		}
+		if len(r.Backends) == 0 {
+			r.Empty = "refused"
+			if m.Flags&reconciler.FlagDropEmpty != 0 {
+				r.Empty = "dropped"
+			}
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+// writeServices prints one line per frontend (and scope: a two-scope
+// frontend's internal scope is the line marked "internal"), its Service,
+// and its backends in slot order.
+func writeServices(w io.Writer, rows []ServiceRow) error {
+	cells := make([][]string, 0, len(rows))
+	for _, r := range rows {
+		fe := r.Frontend
+		if r.Internal {
+			fe += " internal"
+		}
+		bs := strings.Join(r.Backends, " ")
+		if r.Empty != "" {
+			bs = "(none: connections " + r.Empty + ")"
+		}
+		cells = append(cells, []string{fe, or(r.Service), strconv.Itoa(int(r.ID)), strconv.Itoa(int(r.Count)), bs})
+	}
+	return tabulate(w, table([]string{"FRONTEND", "SERVICE", "ID", "COUNT", "BACKENDS"}, cells))
+}
+
+// BackendRow is one line of `backends`.
+type BackendRow struct {
+	ID        uint32   `json:"id"`
+	Backend   string   `json:"backend"`   // address:port/protocol
+	Frontends []string `json:"frontends"` // whose slots name it, sorted
+	Services  []string `json:"services"`  // their Services, from the names file, sorted
+}
+
+func backendsCmd(*flag.FlagSet) runner {
+	return runner{run: func(c *ctx) error {
+		ks, err := c.pins.Dump()
+		if err != nil {
+			return fmt.Errorf("read maps: %w", err)
+		}
+		names, err := namesfile.Read(c.namesFile, c.bpffs)
+		if err != nil {
+			warn(c.stderr, "sluicectl: no Service names: %v\n", err)
+		}
+		rows := backendRows(ks, names)
+		if c.output == "json" {
+			return writeJSON(c.stdout, rows)
+		}
+		cells := make([][]string, 0, len(rows))
+		for _, r := range rows {
+			cells = append(cells, []string{strconv.Itoa(int(r.ID)), r.Backend, or(strings.Join(r.Services, ",")), or(strings.Join(r.Frontends, " "))})
+		}
+		return tabulate(c.stdout, table([]string{"ID", "BACKEND", "SERVICES", "FRONTENDS"}, cells))
+	}}
+}
+
+// backendRows lists the backends of ks, sorted by address, port and
+// protocol, with the frontends whose slots name them.
+func backendRows(ks *reconciler.KernelState, names map[string]namesfile.Frontend) []BackendRow {
+	users := map[reconciler.BackendID][]reconciler.Frontend{}
+	for fe, slots := range ks.Slots {
+		for _, id := range slots {
+			if !slices.Contains(users[id], fe) {
+				users[id] = append(users[id], fe)
+			}
+		}
+	}
+	ids := slices.SortedFunc(mapKeys(ks.Backends), func(a, b reconciler.BackendID) int {
+		return cmp.Or(ks.Backends[a].Compare(ks.Backends[b]), cmp.Compare(a, b))
+	})
+	rows := make([]BackendRow, 0, len(ids))
+	for _, id := range ids {
+		r := BackendRow{ID: uint32(id), Backend: ks.Backends[id].String(), Frontends: []string{}, Services: []string{}}
+		fes := users[id]
+		slices.SortFunc(fes, reconciler.Frontend.Compare)
+		for _, fe := range fes {
+			r.Frontends = append(r.Frontends, frontendName(fe))
+			if n := names[fe.L4Addr.String()].Service; n != "" && !slices.Contains(r.Services, n) {
+				r.Services = append(r.Services, n)
+			}
+		}
+		slices.Sort(r.Services)
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+// ConntrackRow is one line of `conntrack`.
+type ConntrackRow struct {
+	State     string   `json:"state"`     // established or new
+	Direction string   `json:"direction"` // forward (the client's tuple) or reverse (the reply's)
+	Proto     string   `json:"proto"`
+	Src       string   `json:"src"`
+	Dst       string   `json:"dst"`
+	NAT       string   `json:"nat"`            // the backend (forward) or the frontend (reverse)
+	SNAT      string   `json:"snat,omitempty"` // the flow's source NAT, if any
+	Service   string   `json:"service,omitempty"`
+	ServiceID uint32   `json:"serviceID"`
+	BackendID uint32   `json:"backendID"`
+	Expires   string   `json:"expires"` // from now, or "expired"
+	Flags     []string `json:"flags"`
+}
+
+func conntrackCmd(fs *flag.FlagSet) runner {
+	addr := fs.String("addr", "", "only entries with this address (client, frontend, backend or source NAT)")
+	port := fs.Uint("port", 0, "only entries with this port (with --addr: on the same side)")
+	proto := fs.String("proto", "", "only tcp or udp entries")
+	var f conntrackFilter
+	check := func(*ctx) error {
+		if *addr != "" {
+			a, err := netip.ParseAddr(*addr)
+			if err != nil {
+				return fmt.Errorf("--addr: %w", err)
+			}
+			f.addr = a.Unmap()
+		}
+		if *port > 65535 {
+			return fmt.Errorf("--port %d: out of range", *port)
+		}
+		f.port = uint16(*port)
+		switch strings.ToLower(*proto) {
+		case "":
+		case "tcp":
+			f.proto = model.TCP
+		case "udp":
+			f.proto = model.UDP
+		default:
+			return fmt.Errorf("--proto %q: want tcp or udp", *proto)
+		}
+		return nil
+	}
+	return runner{check: check, run: func(c *ctx) error {
+		entries, err := c.pins.Conntrack()
+		if err != nil {
+			return fmt.Errorf("read conntrack: %w", err)
+		}
+		ks, err := c.pins.Dump()
+		if err != nil {
+			return fmt.Errorf("read maps: %w", err)
+		}
+		names, err := namesfile.Read(c.namesFile, c.bpffs)
+		if err != nil {
+			warn(c.stderr, "sluicectl: no Service names: %v\n", err)
+		}
+		rows := conntrackRows(entries, f, ks, names)
+		if c.output == "json" {
+			return writeJSON(c.stdout, rows)
+		}
+		cells := make([][]string, 0, len(rows))
+		for _, r := range rows {
+			cells = append(cells, []string{r.State, r.Direction, r.Proto, r.Src, r.Dst, r.NAT, or(r.SNAT), or(r.Service), r.Expires, or(strings.Join(r.Flags, ","))})
+		}
+		return tabulate(c.stdout, table([]string{"STATE", "DIR", "PROTO", "SRC", "DST", "NAT", "SNAT", "SERVICE", "EXPIRES", "FLAGS"}, cells))
+	}}
+}
+
+// conntrackFilter selects entries; zero fields select all.
+type conntrackFilter struct {
+	addr  netip.Addr
+	port  uint16
+	proto model.Protocol
+}
+
+func (f conntrackFilter) match(e datapath.ConntrackEntry) bool {
+	if f.proto != 0 && e.Proto != f.proto {
+		return false
+	}
+	if !f.addr.IsValid() && f.port == 0 {
+		return true
+	}
+	for _, ap := range []netip.AddrPort{e.Src, e.Dst, e.NAT, e.SNAT} {
+		if ap.IsValid() && (!f.addr.IsValid() || ap.Addr() == f.addr) && (f.port == 0 || ap.Port() == f.port) {
+			return true
+		}
+	}
+	return false
+}
+
+// conntrackRows turns the entries f selects into rows, sorted by state
+// (established first), protocol, source, destination and direction; the
+// Service is the name of the frontend the entry's reverse-NAT id names.
+func conntrackRows(entries []datapath.ConntrackEntry, f conntrackFilter, ks *reconciler.KernelState, names map[string]namesfile.Frontend) []ConntrackRow {
+	var sel []datapath.ConntrackEntry
+	for _, e := range entries {
+		if f.match(e) {
+			sel = append(sel, e)
+		}
+	}
+	slices.SortFunc(sel, func(a, b datapath.ConntrackEntry) int {
+		return cmp.Or(cmp.Compare(b2i(b.Established), b2i(a.Established)), cmp.Compare(a.Proto, b.Proto), a.Src.Compare(b.Src), a.Dst.Compare(b.Dst),
+			cmp.Compare(b2i(a.Reverse), b2i(b.Reverse)))
+	})
+	rows := make([]ConntrackRow, 0, len(sel))
+	for _, e := range sel {
+		r := ConntrackRow{State: "new", Direction: "forward", Proto: e.Proto.String(), Src: e.Src.String(), Dst: e.Dst.String(),
+			NAT: e.NAT.String(), ServiceID: e.ServiceID, BackendID: e.BackendID, Flags: e.Flags}
+		if r.Flags == nil {
+			r.Flags = []string{}
+		}
+		if e.Established {
+			r.State = "established"
+		}
+		if e.Reverse {
+			r.Direction = "reverse"
+		}
+		if e.SNAT.IsValid() {
+			r.SNAT = e.SNAT.String()
+		}
+		if fe, ok := ks.RevNat[reconciler.ServiceID(e.ServiceID)]; ok {
+			r.Service = names[fe.L4Addr.String()].Service
+		}
+		r.Expires = "expired"
+		if e.ExpiresIn > 0 {
+			r.Expires = e.ExpiresIn.Round(time.Second).String()
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+// CounterRow is one line of `counters`.
+type CounterRow struct {
+	Reason string `json:"reason"`
+	Count  uint64 `json:"count"`
+}
+
+func countersCmd(*flag.FlagSet) runner {
+	return runner{run: func(c *ctx) error {
+		counts, err := c.pins.Counters()
+		if err != nil {
+			return fmt.Errorf("read counters: %w", err)
+		}
+		if c.output == "json" {
+			rows := []CounterRow{}
+			for _, n := range slices.Sorted(mapKeys(counts)) {
+				rows = append(rows, CounterRow{n, counts[n]})
+			}
+			return writeJSON(c.stdout, rows)
+		}
+		return writeCounters(c.stdout, counts)
+	}}
+}
+
+func writeCounters(w io.Writer, c map[string]uint64) error {
+	var cells [][]string
+	for _, n := range slices.Sorted(mapKeys(c)) {
+		cells = append(cells, []string{n, strconv.FormatUint(c[n], 10)})
+	}
+	return tabulate(w, table([]string{"REASON", "COUNT"}, cells))
+}
+
+// Status is what `status` reports.
+type Status struct {
+	Agent AgentStatus        `json:"agent"`
+	Maps  []datapath.MapFill `json:"maps"` // none if nothing is pinned
+}
+
+// AgentStatus is what the agent's endpoints say.
+type AgentStatus struct {
+	// Reachable says the health endpoint answered; the rest is empty
+	// otherwise, and Error says why.
+	Reachable bool   `json:"reachable"`
+	Error     string `json:"error,omitempty"`
+	Ready     bool   `json:"ready"`
+	// Readiness is /readyz's answer: "ok", or why not, then the
+	// Services that could not be programmed.
+	Readiness string `json:"readiness,omitempty"`
+	// LastSync is the last successful sync
+	// (kubeproxy_sync_proxy_rules_last_timestamp_seconds), if the
+	// metrics endpoint answered and there was one.
+	LastSync *time.Time `json:"lastSync,omitempty"`
+	Services *int       `json:"services,omitempty"` // sluice_services: frontends programmed
+	// Unprogrammed are the Service ports the last sync could not
+	// program, with why (sluice_service_unprogrammed_frontends).
+	Unprogrammed []string `json:"unprogrammed"`
+}
+
+func statusCmd(fs *flag.FlagSet) runner {
+	health := fs.String("health-addr", "127.0.0.1:10256", "the agent's --health-addr")
+	metrics := fs.String("metrics-addr", "127.0.0.1:10249", "the agent's --metrics-addr")
+	return runner{run: func(c *ctx) error {
+		st := Status{Agent: askAgent(*health, *metrics), Maps: []datapath.MapFill{}}
+		if c.pins != nil {
+			fill, err := c.pins.MapFill()
+			if err != nil {
+				return fmt.Errorf("count map entries: %w", err)
+			}
+			st.Maps = fill
+		}
+		if c.output == "json" {
+			return writeJSON(c.stdout, st)
+		}
+		return writeStatus(c.stdout, st, time.Now())
+	}}
+}
+
+func writeStatus(w io.Writer, st Status, now time.Time) error {
+	var b strings.Builder
+	a := st.Agent
+	switch {
+	case !a.Reachable:
+		fmt.Fprintf(&b, "Agent:\tnot reachable (%s)\n", a.Error)
+	case a.Ready:
+		b.WriteString("Agent:\tready\n")
+	default:
+		fmt.Fprintf(&b, "Agent:\tnot ready: %s\n", strings.TrimPrefix(firstLine(a.Readiness), "not ready: "))
+	}
+	if a.LastSync != nil {
+		fmt.Fprintf(&b, "Last sync:\t%s (%s ago)\n", a.LastSync.UTC().Format(time.RFC3339), now.Sub(*a.LastSync).Round(time.Second))
+	} else if a.Reachable {
+		b.WriteString("Last sync:\t-\n")
+	}
+	if a.Services != nil {
+		fmt.Fprintf(&b, "Frontends:\t%d programmed\n", *a.Services)
+	}
+	if len(a.Unprogrammed) > 0 {
+		fmt.Fprintf(&b, "Not programmed:\t%s\n", strings.Join(a.Unprogrammed, "\n\t"))
+	}
+	if err := tabulate(w, b.String()); err != nil {
+		return err
+	}
+	if len(st.Maps) == 0 {
+		_, err := io.WriteString(w, "\nNo datapath pinned.\n")
+		return err
+	}
+	cells := make([][]string, 0, len(st.Maps))
+	for _, m := range st.Maps {
+		fill := "-"
+		if m.Capacity > 0 {
+			fill = strconv.FormatFloat(100*float64(m.Entries)/float64(m.Capacity), 'f', 1, 64) + "%"
+		}
+		cells = append(cells, []string{m.Name, strconv.Itoa(m.Entries), strconv.Itoa(m.Capacity), fill})
+	}
+	if _, err := io.WriteString(w, "\n"); err != nil {
+		return err
+	}
+	return tabulate(w, table([]string{"MAP", "ENTRIES", "CAPACITY", "FILL"}, cells))
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
+
+// askAgent reads the agent's /readyz and /metrics. A metrics endpoint that
+// does not answer leaves the sync fields empty; a health endpoint that
+// does not answer makes the agent unreachable.
+func askAgent(healthAddr, metricsAddr string) AgentStatus {
+	client := &http.Client{Timeout: 2 * time.Second}
+	st := AgentStatus{Unprogrammed: []string{}}
+	resp, err := client.Get("http://" + healthAddr + "/readyz")
+	if err != nil {
+		st.Error = err.Error()
+		return st
+	}
+	body, err := io.ReadAll(resp.Body)
+	// A response body that was read to its end (or failed to be) has
+	// nothing left a failed close could lose.
+	_ = resp.Body.Close()
+	if err != nil {
+		st.Error = fmt.Sprintf("read /readyz: %v", err)
+		return st
+	}
+	st.Reachable = true
+	st.Ready = resp.StatusCode == http.StatusOK
+	st.Readiness = strings.TrimSpace(string(body))
+
+	resp, err = client.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		return st
+	}
+	defer func() { _ = resp.Body.Close() }() // read-only: nothing to lose
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		series, value, ok := strings.Cut(sc.Text(), " ")
+		if !ok || strings.HasPrefix(series, "#") {
+			continue
+		}
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			continue
+		}
+		switch {
+		case series == `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}` && v > 0:
+			t := time.Unix(0, int64(v*1e9))
+			st.LastSync = &t
+		case series == "sluice_services":
+			n := int(v)
+			st.Services = &n
+		case strings.HasPrefix(series, "sluice_service_unprogrammed_frontends{"):
+			st.Unprogrammed = append(st.Unprogrammed, fmt.Sprintf("%s (%s): %d frontends",
+				label(series, "service"), label(series, "reason"), int(v)))
+		}
+	}
+	slices.Sort(st.Unprogrammed)
+	return st
+}
+
+// label returns the value of label name in a series of the exposition
+// format (values Sluice writes need no unescaping: names and reasons).
+func label(series, name string) string {
+	_, rest, ok := strings.Cut(series, name+`="`)
+	if !ok {
+		return ""
+	}
+	v, _, _ := strings.Cut(rest, `"`)
+	return v
+}
+
+// mapKeys returns the keys of m, for slices.Sorted.
+func mapKeys[K comparable, V any](m map[K]V) func(yield func(K) bool) {
+	return func(yield func(K) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,217 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// What an operator asks of the loaded datapath besides its counters: how
+// full each pinned map is and what each program costs. Both are read when
+// asked (a Prometheus scrape, sluicectl status), never polled.
+//
+// The programs and maps are found by reflection over the bpf2go objects
+// (their `ebpf:"name"` tags), so a program or map added in C is measured
+// and counted with no change here, like a new counter reason (abi.go).
+
+// EnableStats turns on the kernel's run count and run time accounting of
+// every BPF program (BPF_ENABLE_STATS with BPF_STATS_RUN_TIME) for as long
+// as the returned Closer is open; the agent holds it for its life. The
+// accounting is system wide and costs two clock reads per program run,
+// which is why the kernel leaves it off until someone asks.
+func EnableStats() (io.Closer, error) {
+	c, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		return nil, fmt.Errorf("enable BPF program statistics: %w", err)
+	}
+	return c, nil
+}
+
+// ProgramStats is what one program has cost since it was loaded (by this
+// agent: a restart loads new programs and their counts start at zero).
+// Both are zero while statistics are off (EnableStats).
+type ProgramStats struct {
+	Name    string        // its name in the BPF object (the C function), e.g. sluice_ingress
+	Runs    uint64        // run_cnt: times it ran
+	RunTime time.Duration // run_time_ns: time spent running it, summed over CPUs
+}
+
+// ProgramStats returns the run count and run time of every program the
+// datapath loaded, sorted by name.
+func (d *Datapath) ProgramStats() ([]ProgramStats, error) {
+	progs := objectsOf[*ebpf.Program](&d.sock, &d.tc, &d.xdp, &d.gc)
+	out := make([]ProgramStats, 0, len(progs))
+	for _, name := range sortedKeys(progs) {
+		st, err := progs[name].Stats()
+		if err != nil {
+			return nil, fmt.Errorf("statistics of program %s: %w", name, err)
+		}
+		out = append(out, ProgramStats{Name: name, Runs: st.RunCount, RunTime: st.Runtime})
+	}
+	return out, nil
+}
+
+// MapFill is how full one pinned map is.
+type MapFill struct {
+	// Name is the map's name without the sluice_ prefix and the layout
+	// version (conntrack for sluice_conntrack_v2), as sluice_map_fill_ratio
+	// names them; Pin is its pin's file name.
+	Name, Pin string
+	Type      string // the kernel's map type: Hash, LRUHash, LPMTrie, ...
+	Entries   int    // entries now
+	Capacity  int    // max_entries
+}
+
+// MapFill counts the entries of every hash-like map the datapath shares
+// (arrays are always full and have no fill), sorted by name. Counting
+// walks each map with batch lookups, a few thousand entries per system
+// call, and costs in proportion to the entries: 5 ms for every map of the
+// default sizes when empty, 115 ms for a full conntrack table of 262144
+// entries (BenchmarkCountFullConntrack, on a 2-core VM). The kernel keeps
+// no count a system call can read; a BPF program could sum the maps'
+// per-CPU element counts (bpf_map_sum_elem_count) instead.
+func (d *Datapath) MapFill() ([]MapFill, error) {
+	return mapFill(objectsOf[*ebpf.Map](&d.sock, &d.tc, &d.xdp, &d.gc))
+}
+
+// mapFill counts the entries of the hash-like maps of maps (by pin name).
+func mapFill(maps map[string]*ebpf.Map) ([]MapFill, error) {
+	var out []MapFill
+	for _, pin := range sortedKeys(maps) {
+		m := maps[pin]
+		if !countable(m.Type()) {
+			continue
+		}
+		n, err := countEntries(m)
+		if err != nil {
+			return nil, fmt.Errorf("count entries of %s: %w", pin, err)
+		}
+		out = append(out, MapFill{Name: shortMapName(pin), Pin: pin, Type: m.Type().String(),
+			Entries: n, Capacity: int(m.MaxEntries())})
+	}
+	return out, nil
+}
+
+// countable says whether a map of type t has a fill: the hash maps do;
+// arrays always hold max_entries entries.
+func countable(t ebpf.MapType) bool {
+	switch t {
+	case ebpf.Hash, ebpf.LRUHash, ebpf.PerCPUHash, ebpf.LRUCPUHash, ebpf.LPMTrie:
+		return true
+	}
+	return false
+}
+
+// countBatch is how many entries one batch lookup returns at most. A hash
+// bucket bigger than this would fail the batch with ENOSPC; buckets hold a
+// handful.
+const countBatch = 4096
+
+// countEntries returns the number of entries in m: batch lookups where the
+// kernel has them for the map's type (hashes), else one key at a time
+// (LPM tries, whose keys only are read).
+func countEntries(m *ebpf.Map) (int, error) {
+	switch m.Type() {
+	case ebpf.LPMTrie:
+		return countByKey(m)
+	case ebpf.PerCPUHash, ebpf.LRUCPUHash:
+		// Their values are per CPU; none of Sluice's maps is one.
+		return countByKey(m)
+	}
+	// Keys and values as slices of byte arrays of the map's sizes: the
+	// batch API wants slices with one element per entry.
+	byteArray := func(n uint32) reflect.Type { return reflect.ArrayOf(int(n), reflect.TypeFor[byte]()) }
+	batch := min(countBatch, int(m.MaxEntries()))
+	keys := reflect.MakeSlice(reflect.SliceOf(byteArray(m.KeySize())), batch, batch).Interface()
+	values := reflect.MakeSlice(reflect.SliceOf(byteArray(m.ValueSize())), batch, batch).Interface()
+	var cursor ebpf.MapBatchCursor
+	total := 0
+	for {
+		n, err := m.BatchLookup(&cursor, keys, values, nil)
+		total += n
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return total, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+}
+
+// countByKey counts m's entries by walking its keys.
+func countByKey(m *ebpf.Map) (int, error) {
+	key := make([]byte, m.KeySize())
+	next := make([]byte, m.KeySize())
+	n := 0
+	var prev any // nil: the first key
+	for {
+		err := m.NextKey(prev, &next)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		n++
+		copy(key, next)
+		prev = key
+	}
+}
+
+// shortMapName is a pin name without the sluice_ prefix and the _vN layout
+// version: sluice_conntrack_v2 is conntrack.
+func shortMapName(pin string) string {
+	s := strings.TrimPrefix(pin, "sluice_")
+	if i := strings.LastIndex(s, "_v"); i > 0 && i+2 < len(s) && strings.Trim(s[i+2:], "0123456789") == "" {
+		s = s[:i]
+	}
+	return s
+}
+
+// objectsOf collects the fields of type T (*ebpf.Map or *ebpf.Program) of
+// bpf2go objects, by their `ebpf` tag: the name in the BPF object, and for
+// a map its pin's name. The objects declare the maps they share alike
+// (TestObjectsShareMaps), so a map named twice is one map; the first
+// object's handle is kept.
+func objectsOf[T any](objs ...any) map[string]T {
+	out := map[string]T{}
+	var walk func(v reflect.Value)
+	walk = func(v reflect.Value) {
+		t := v.Type()
+		for i := range t.NumField() {
+			f, fv := t.Field(i), v.Field(i)
+			if f.Anonymous && fv.Kind() == reflect.Struct {
+				walk(fv)
+				continue
+			}
+			name := f.Tag.Get("ebpf")
+			x, ok := fv.Interface().(T)
+			if !ok || name == "" || fv.IsNil() {
+				continue
+			}
+			if _, seen := out[name]; !seen {
+				out[name] = x
+			}
+		}
+	}
+	for _, o := range objs {
+		walk(reflect.ValueOf(o).Elem())
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

@@ -1,0 +1,128 @@
+package metrics
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// kube-proxy's metrics, under kube-proxy's names, types, labels and
+// buckets (kubernetes pkg/proxy/metrics/metrics.go; the ip_family label
+// since v1.33), so that a dashboard or alert written for kube-proxy reads
+// Sluice unchanged:
+//
+//	kubeproxy_sync_proxy_rules_duration_seconds{ip_family}      histogram, every sync
+//	kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family} gauge, last successful sync
+//	kubeproxy_network_programming_duration_seconds{ip_family}   histogram, per trigger time
+//	kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family,traffic_policy}
+//	    gauge (despite its name, as in kube-proxy): Service ports with a
+//	    Local traffic policy whose endpoints are all on other nodes
+//
+// They are recorded by the same calls as Sluice's own sync and programming
+// histograms (ObserveSync, ObserveProgrammed, SetProgrammed): one
+// measurement, two names. Sluice serves IPv4 only, so ip_family is IPv4.
+
+const ipFamily = "IPv4"
+
+type kubeProxyMetrics struct {
+	syncDuration  *prometheus.HistogramVec
+	lastSync      *prometheus.GaugeVec
+	programming   *prometheus.HistogramVec
+	noLocalEndpts *prometheus.GaugeVec
+}
+
+// kubeProxyProgrammingBuckets are kube-proxy's buckets of
+// network_programming_duration_seconds: 0, 0.25s, 0.5s, every second to
+// 59s, every 5s to 115s, every 30s to 5min.
+func kubeProxyProgrammingBuckets() []float64 {
+	b := []float64{0}
+	b = append(b, prometheus.LinearBuckets(0.25, 0.25, 2)...)
+	b = append(b, prometheus.LinearBuckets(1, 1, 59)...)
+	b = append(b, prometheus.LinearBuckets(60, 5, 12)...)
+	return append(b, prometheus.LinearBuckets(120, 30, 7)...)
+}
+
+func newKubeProxyMetrics(reg prometheus.Registerer) kubeProxyMetrics {
+	const subsystem = "kubeproxy"
+	k := kubeProxyMetrics{
+		syncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Subsystem: subsystem,
+			Name:      "sync_proxy_rules_duration_seconds",
+			Help:      "SyncProxyRules latency in seconds (Sluice: one sync of the desired state to the BPF maps, as sluice_sync_duration_seconds)",
+			Buckets:   prometheus.ExponentialBuckets(0.001, 2, 15),
+		}, []string{"ip_family"}),
+		lastSync: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Subsystem: subsystem,
+			Name:      "sync_proxy_rules_last_timestamp_seconds",
+			Help:      "The last time proxy rules were successfully synced",
+		}, []string{"ip_family"}),
+		programming: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Subsystem: subsystem,
+			Name:      "network_programming_duration_seconds",
+			Help:      "In Cluster Network Programming Latency in seconds (as sluice_network_programming_duration_seconds)",
+			Buckets:   kubeProxyProgrammingBuckets(),
+		}, []string{"ip_family"}),
+		noLocalEndpts: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Subsystem: subsystem,
+			Name:      "sync_proxy_rules_no_local_endpoints_total",
+			Help:      "Number of services with a Local traffic policy and no endpoints",
+		}, []string{"ip_family", "traffic_policy"}),
+	}
+	reg.MustRegister(k.syncDuration, k.lastSync, k.programming, k.noLocalEndpts)
+	// Every series exists from the start, as after kube-proxy's first
+	// sync: a query for them finds a value (0 or empty) instead of
+	// nothing before the first change.
+	k.syncDuration.WithLabelValues(ipFamily)
+	k.programming.WithLabelValues(ipFamily)
+	k.lastSync.WithLabelValues(ipFamily)
+	k.noLocalEndpts.WithLabelValues(ipFamily, "internal")
+	k.noLocalEndpts.WithLabelValues(ipFamily, "external")
+	return k
+}
+
+// observeSync records a sync that ended at now, took d and failed with
+// err (nil: succeeded).
+func (k kubeProxyMetrics) observeSync(now time.Time, d time.Duration, err error) {
+	k.syncDuration.WithLabelValues(ipFamily).Observe(d.Seconds())
+	if err == nil {
+		k.lastSync.WithLabelValues(ipFamily).Set(float64(now.UnixNano()) / 1e9)
+	}
+}
+
+// setNoLocalEndpoints counts, as kube-proxy does at every sync, the
+// Service ports whose traffic policy is Local and that have endpoints, but
+// none on this node: internal for internalTrafficPolicy (its ClusterIP
+// frontends drop), external for externalTrafficPolicy (its external
+// frontends drop external clients). Each Service port counts once, however
+// many frontends it has.
+func (k kubeProxyMetrics) setNoLocalEndpoints(s *model.State) {
+	var internal, external []model.ServicePortName
+	for _, svc := range s.Services {
+		if len(svc.Backends) > 0 || !svc.DropWhenEmpty {
+			continue
+		}
+		switch {
+		case svc.Kind == model.ClusterIP:
+			// Dropping with no backends: internalTrafficPolicy
+			// Local and endpoints only elsewhere (translate).
+			internal = append(internal, svc.Name)
+		case svc.ExternalLocal && svc.TwoScopes:
+			// Dropping for external clients; a LoadBalancer IP
+			// that drops for everyone (no source admitted) has
+			// no two scopes.
+			external = append(external, svc.Name)
+		}
+	}
+	k.noLocalEndpts.WithLabelValues(ipFamily, "internal").Set(float64(distinct(internal)))
+	k.noLocalEndpts.WithLabelValues(ipFamily, "external").Set(float64(distinct(external)))
+}
+
+// distinct returns the number of distinct names in names (which it sorts).
+func distinct(names []model.ServicePortName) int {
+	slices.SortFunc(names, func(a, b model.ServicePortName) int { return cmp.Compare(a.String(), b.String()) })
+	return len(slices.Compact(names))
+}

@@ -1,0 +1,160 @@
+package metrics
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
+)
+
+// kube-proxy's metric names are served with kube-proxy's types, labels and
+// buckets, recorded by the same calls as Sluice's own.
+func TestKubeProxyMetrics(t *testing.T) {
+	m := New()
+	body := func() string {
+		var b strings.Builder
+		for k := range scrape(t, m) {
+			b.WriteString(k + "\n")
+		}
+		return b.String()
+	}
+	// Exported before the first sync, as kube-proxy's are after its first.
+	start := scrape(t, m)
+	for _, s := range []string{
+		`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}`,
+		`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}`,
+		`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}`,
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="internal"}`,
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="external"}`,
+	} {
+		if v, ok := start[s]; !ok || v != 0 {
+			t.Errorf("before any sync: %s = %v (exported: %v), want 0", s, v, ok)
+		}
+	}
+
+	before := time.Now()
+	m.ObserveSync(3*time.Millisecond, nil)
+	m.ObserveSync(5*time.Millisecond, errors.New("map full"))
+	now := time.Now()
+	m.ObserveProgrammed(now, []time.Time{now.Add(-1500 * time.Millisecond), now.Add(-70 * time.Second)})
+
+	got := scrape(t, m)
+	for s, want := range map[string]float64{
+		`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}`:              2, // failed syncs too
+		`kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.004"}`:  1,
+		`kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="16.384"}`: 2,
+		`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}`:           2,
+		`kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4",le="2"}`:   1,
+		`kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4",le="70"}`:  2,
+		`kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4",le="65"}`:  1,
+		// Sluice's own are recorded by the same calls.
+		`sluice_sync_duration_seconds_count`:                2,
+		`sluice_network_programming_duration_seconds_count`: 2,
+	} {
+		if got[s] != want {
+			t.Errorf("%s = %v, want %v", s, got[s], want)
+		}
+	}
+	// kube-proxy's bucket boundaries: 15 exponential from 1ms, and
+	// 0, 0.25, 0.5, 1..59, 60..115 by 5, 120..300 by 30.
+	if n := strings.Count(body(), "kubeproxy_sync_proxy_rules_duration_seconds_bucket{"); n != 16 {
+		t.Errorf("%d sync duration buckets, want 15 and +Inf", n)
+	}
+	if n := strings.Count(body(), "kubeproxy_network_programming_duration_seconds_bucket{"); n != 1+2+59+12+7+1 {
+		t.Errorf("%d network programming buckets, want kube-proxy's 81 and +Inf", n)
+	}
+	// The last successful sync, not the failed one after it.
+	ts := got[`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}`]
+	if ts < float64(before.Unix()) || ts > float64(now.Unix()+1) {
+		t.Errorf("last sync timestamp %v, want between %d and %d", ts, before.Unix(), now.Unix())
+	}
+}
+
+// The Service ports kube-proxy counts in no_local_endpoints_total are
+// counted from what the translation makes of real Services: a Local policy
+// with endpoints only on other nodes, once per Service port however many
+// frontends it has; not a Service without endpoints, not one with a local
+// endpoint, not a Cluster policy.
+func TestNoLocalEndpoints(t *testing.T) {
+	node := translate.Node{Name: "node-a", IP: netip.MustParseAddr("192.168.0.2"),
+		Addresses: []netip.Addr{netip.MustParseAddr("192.168.0.2"), netip.MustParseAddr("192.168.1.2")}}
+	local, cluster := corev1.ServiceInternalTrafficPolicyLocal, corev1.ServiceInternalTrafficPolicyCluster
+	nodePort := int32(30080)
+	svc := func(name, ip string, itp corev1.ServiceInternalTrafficPolicy, etpLocal bool) *corev1.Service {
+		s := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIP: ip, ClusterIPs: []string{ip},
+				InternalTrafficPolicy: &itp,
+				Ports:                 []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}}},
+		}
+		if etpLocal {
+			s.Spec.Type = corev1.ServiceTypeNodePort
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			s.Spec.Ports[0].NodePort = nodePort
+			nodePort++
+		}
+		return s
+	}
+	slice := func(svc string, nodes ...string) *discoveryv1.EndpointSlice {
+		es := &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Name: svc + "-1", Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: ptrTo("http"), Protocol: ptrTo(corev1.ProtocolTCP), Port: ptrTo[int32](8080)}},
+		}
+		for i, n := range nodes {
+			es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.1.0." + string(rune('1'+i))},
+				Conditions: discoveryv1.EndpointConditions{Ready: ptrTo(true)}, NodeName: ptrTo(n)})
+		}
+		return es
+	}
+	st := model.NewState()
+	for _, c := range []struct {
+		svc *corev1.Service
+		eps *discoveryv1.EndpointSlice
+	}{
+		{svc("itp-elsewhere", "10.96.0.1", local, false), slice("itp-elsewhere", "node-b")}, // internal
+		{svc("itp-here", "10.96.0.2", local, false), slice("itp-here", "node-b", "node-a")},
+		{svc("itp-none", "10.96.0.3", local, false), slice("itp-none")}, // no endpoints: rejected, not counted
+		{svc("cluster", "10.96.0.4", cluster, false), slice("cluster", "node-b")},
+		{svc("etp-elsewhere", "10.96.0.5", cluster, true), slice("etp-elsewhere", "node-b")}, // external, two NodePort frontends
+		{svc("both-elsewhere", "10.96.0.6", local, true), slice("both-elsewhere", "node-c")}, // internal and external
+		{svc("etp-here", "10.96.0.7", cluster, true), slice("etp-here", "node-a")},
+	} {
+		tr, err := translate.ServiceToModel(c.svc, []*discoveryv1.EndpointSlice{c.eps}, translate.Options{Node: node})
+		if err != nil || tr.Skipped != "" {
+			t.Fatalf("%s: %v %q", c.svc.Name, err, tr.Skipped)
+		}
+		for _, s := range tr.Services {
+			st.Services[s.Frontend] = s
+		}
+	}
+	m := New()
+	m.SetProgrammed(st)
+	want := `
+# HELP kubeproxy_sync_proxy_rules_no_local_endpoints_total Number of services with a Local traffic policy and no endpoints
+# TYPE kubeproxy_sync_proxy_rules_no_local_endpoints_total gauge
+kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="external"} 2
+kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="internal"} 2
+`
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "kubeproxy_sync_proxy_rules_no_local_endpoints_total"); err != nil {
+		t.Error(err)
+	}
+	// A later sync recounts: with nothing left, both are 0.
+	m.SetProgrammed(model.NewState())
+	want = strings.ReplaceAll(want, "} 2", "} 0")
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "kubeproxy_sync_proxy_rules_no_local_endpoints_total"); err != nil {
+		t.Error(err)
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
