@@ -3,8 +3,8 @@ package manifest
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
