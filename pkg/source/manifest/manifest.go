@@ -121,6 +121,9 @@ type loader struct {
 	tracker    *tracker.Tracker
 	fed        map[objKey]*object // the objects the tracker holds
 	seed       maphash.Seed
+	// last is what the last load found outside the objects, for a load
+	// that only patches objects (patch.go); nil when it cannot.
+	last       *lastLoad
 	parsed     atomic.Int64 // files parsed (not served from cache), for tests
 	decoded    atomic.Int64 // objects decoded (not served from units), for tests
 	translated int          // Services translated, for tests
@@ -211,6 +214,9 @@ func (l *loader) load(path string) (*Result, error) {
 	results := make([]*fileResult, len(paths))
 	var todo []int
 	datas := make([][]byte, len(paths))
+	sums := make([]unitSum, len(paths))
+	var patched []patchedFile
+	cached := 0 // files read whose last result is cached
 	for i, file := range paths {
 		data, err := os.ReadFile(file)
 		if err != nil {
@@ -220,12 +226,27 @@ func (l *loader) load(path string) (*Result, error) {
 			continue
 		}
 		sum := l.sum(data)
-		if c, ok := l.cache[file]; ok && c.sum == sum {
+		c, ok := l.cache[file]
+		if ok {
+			cached++
+		}
+		if ok && c.sum == sum {
 			results[i] = c
 			continue
 		}
-		datas[i] = data
+		if ok {
+			if fr, repl, ok := l.patchFile(file, data, c); ok {
+				fr.sum = sum
+				results[i] = fr
+				patched = append(patched, patchedFile{file, c, fr, repl})
+				continue
+			}
+		}
+		datas[i], sums[i] = data, sum
 		todo = append(todo, i)
+	}
+	if len(todo) == 0 && cached == len(paths) && cached == len(l.cache) && l.patchObjects(patched) {
+		return l.patchResult(patched), nil
 	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
@@ -235,7 +256,7 @@ func (l *loader) load(path string) (*Result, error) {
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			results[i] = l.parseFile(paths[i], datas[i])
-			results[i].sum = l.sum(datas[i])
+			results[i].sum = sums[i]
 			datas[i] = nil
 		}()
 	}
@@ -274,6 +295,9 @@ func (l *loader) load(path string) (*Result, error) {
 	// What is in effect is the last good version of each object; objects
 	// no longer defined are forgotten (deleted on purpose).
 	l.lastGood = effective
+	l.last = &lastLoad{
+		warns: slices.Clone(res.Warnings), errs: slices.Clone(res.Errors), unknown: slices.Clone(res.Unknown),
+	}
 
 	res.State = l.translate(effective, res)
 	return res, nil
@@ -289,6 +313,14 @@ type fileResult struct {
 	// unknown says the content is not known: empty, unreadable, or with a
 	// document that could not be parsed (Result.Unknown).
 	unknown bool
+	// lists counts the documents that are Lists; listSpans are the items
+	// of the last, if it was split without decoding it (splitJSONList).
+	lists     int
+	listSpans []span
+	// layout says where the objects are in the content, so that the next
+	// load can decode only the part that changed (patch.go); nil if the
+	// file is not shaped for that.
+	layout *layout
 }
 
 type sumUnit struct {
@@ -314,9 +346,12 @@ func (l *loader) parseFile(file string, data []byte) *fileResult {
 	}
 	seen := map[objKey]*object{}
 	lost := false
-	for i, doc := range splitDocuments(file, data) {
+	docs := splitDocuments(file, data)
+	perDoc := make([]int, len(docs)) // objects per document, for the layout
+	for i, doc := range docs {
 		idx := i + 1
 		objs, warns, errs, broken := l.decodeDocument(fr, file, idx, doc)
+		perDoc[i] = len(objs)
 		for _, w := range warns {
 			fr.warns = append(fr.warns, fmt.Sprintf("%s: document %d: %s", file, idx, w))
 		}
@@ -340,6 +375,7 @@ func (l *loader) parseFile(file string, data []byte) *fileResult {
 			}
 		}
 	}
+	fr.layout = newLayout(file, data, fr, perDoc)
 	return fr
 }
 
@@ -350,20 +386,30 @@ func splitDocuments(file string, data []byte) [][]byte {
 		return [][]byte{data}
 	}
 	// The documents are sub-slices of data, not copies.
-	var docs [][]byte
+	spans := documentSpans(data)
+	docs := make([][]byte, len(spans))
+	for i, sp := range spans {
+		if sp.start < len(data) {
+			docs[i] = data[sp.start:sp.end:sp.end]
+		}
+	}
+	return docs
+}
+
+// documentSpans returns where the documents of a YAML stream are: between
+// "---" lines. A stream that ends with one ends with an empty document.
+func documentSpans(data []byte) []span {
+	var docs []span
 	start, off := 0, 0
 	for line := range bytes.Lines(data) {
 		t := bytes.TrimRight(line, " \t\r\n")
 		if bytes.Equal(t, []byte("---")) || bytes.HasPrefix(t, []byte("--- ")) {
-			docs = append(docs, data[start:off:off])
+			docs = append(docs, span{start, off})
 			start = off + len(line)
 		}
 		off += len(line)
 	}
-	if start == len(data) {
-		return append(docs, nil)
-	}
-	return append(docs, data[start:len(data):len(data)])
+	return append(docs, span{start, len(data)})
 }
 
 // typeMeta is what every document is first decoded as.
@@ -402,10 +448,14 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 	var tm typeMeta
 	js := doc
 	var items [][]byte // a JSON List's items, split without decoding them
+	var spans []span   // where they are in doc
 	jsonOK := false
 	if isJSONObject(doc) {
-		if rest, its, ok := splitJSONList(doc); ok && json.Unmarshal(rest, &tm) == nil {
-			items, jsonOK = its, true
+		if rest, sps, ok := splitJSONListSpans(doc); ok && json.Unmarshal(rest, &tm) == nil {
+			items, spans, jsonOK = make([][]byte, len(sps)), sps, true
+			for j, sp := range sps {
+				items[j] = doc[sp.start:sp.end:sp.end]
+			}
 		} else {
 			tm = typeMeta{}
 			jsonOK = json.Unmarshal(doc, &tm) == nil
@@ -427,6 +477,8 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 		items = rawItems(tm.Items)
 	}
 	if tm.Kind == "List" || strings.HasSuffix(tm.Kind, "List") && tm.Items != nil {
+		fr.lists++
+		fr.listSpans = spans
 		outs := make([]itemOutcome, len(items))
 		var todo []int
 		for j, item := range items {
@@ -623,10 +675,20 @@ func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
 	slices.SortFunc(orphans, func(a, b *object) int {
 		return cmp.Or(cmp.Compare(a.key.Namespace, b.key.Namespace), cmp.Compare(a.key.Name, b.key.Name))
 	})
+	var orphanWarns []string
 	for _, o := range orphans {
-		res.Warnings = append(res.Warnings, fmt.Sprintf("%s: %s has no %s label; ignored", o.where(), o.key, discoveryv1.LabelServiceName))
+		orphanWarns = append(orphanWarns, fmt.Sprintf("%s: %s has no %s label; ignored", o.where(), o.key, discoveryv1.LabelServiceName))
 	}
+	if l.last != nil {
+		l.last.services, l.last.slices, l.last.orphans = res.Services, res.Slices, orphanWarns
+	}
+	res.Warnings = append(res.Warnings, orphanWarns...)
+	return l.sync(objs, res)
+}
 
+// sync syncs the tracker and returns the desired state, adding to res
+// what the tracker found wrong with the Services in objs.
+func (l *loader) sync(objs map[objKey]*object, res *Result) *model.State {
 	r := l.tracker.Sync()
 	l.translated += r.Translated
 	res.Errors = append(res.Errors, l.issues(objs, res)...)
