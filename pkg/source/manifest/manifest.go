@@ -114,13 +114,13 @@ func (o *object) where() string { return fmt.Sprintf("%s: document %d", o.file, 
 // not change did not change, and only the others are fed to the tracker,
 // which then translates one Service.
 type loader struct {
-	lastGood   map[objKey]*object
-	byFile     map[string][]*object // what each file contributed last time
-	cache      map[string]*fileResult
-	units      map[unitSum]*unit // what the last load decoded, by content
-	tracker    *tracker.Tracker
-	fed        map[objKey]*object // the objects the tracker holds
-	seed       maphash.Seed
+	lastGood map[objKey]*object
+	byFile   map[string][]*object // what each file contributed last time
+	cache    map[string]*fileResult
+	units    map[unitSum]*unit // what the last load decoded, by content
+	tracker  *tracker.Tracker
+	fed      map[objKey]*object // the objects the tracker holds
+	seed     maphash.Seed
 	// last is what the last load found outside the objects, for a load
 	// that only patches objects (patch.go); nil when it cannot.
 	last       *lastLoad
