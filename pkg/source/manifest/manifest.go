@@ -127,6 +127,8 @@ type loader struct {
 	parsed     atomic.Int64 // files parsed (not served from cache), for tests
 	decoded    atomic.Int64 // objects decoded (not served from units), for tests
 	translated int          // Services translated, for tests
+	patches    int          // loads that only patched objects, for tests
+	noPatch    bool         // never patch (patch.go), for tests
 }
 
 func newLoader(opts translate.Options) *loader {
@@ -234,7 +236,7 @@ func (l *loader) load(path string) (*Result, error) {
 			results[i] = c
 			continue
 		}
-		if ok {
+		if ok && !l.noPatch {
 			if fr, repl, ok := l.patchFile(file, data, c); ok {
 				fr.sum = sum
 				results[i] = fr
@@ -481,10 +483,13 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 		fr.listSpans = spans
 		outs := make([]itemOutcome, len(items))
 		var todo []int
+		mark := len(fr.units)
 		for j, item := range items {
 			isum := l.sum(item)
 			isum.item = true
+			outs[j].unit = -1
 			if u := l.units[isum]; u != nil {
+				outs[j].unit = len(fr.units)
 				outs[j].o, outs[j].w = l.fromUnit(fr, isum, u, file, idx, j)
 				continue
 			}
@@ -492,6 +497,16 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 			todo = append(todo, j)
 		}
 		l.decodeItems(fr, file, idx, items, todo, outs)
+		if len(todo) > 0 && len(todo) < len(items) {
+			// The units in item order, as the layout (patch.go) expects.
+			ordered := make([]sumUnit, 0, len(fr.units)-mark)
+			for _, out := range outs {
+				if out.unit >= 0 {
+					ordered = append(ordered, fr.units[out.unit])
+				}
+			}
+			copy(fr.units[mark:], ordered)
+		}
 		for _, out := range outs {
 			if out.w != "" {
 				warns = append(warns, out.w)
@@ -522,6 +537,7 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 // itemOutcome is what one item of a List contributes.
 type itemOutcome struct {
 	sum    unitSum
+	unit   int // its index in fileResult.units, -1 if none
 	o      *object
 	w      string
 	err    error
@@ -540,7 +556,11 @@ func (l *loader) decodeItems(fr *fileResult, file string, idx int, items [][]byt
 			out.broken = true
 			continue
 		}
+		n := len(fr.units)
 		out.o, out.w, out.err = l.decodeObject(fr, out.sum, file, idx, fmt.Sprintf("items[%d]: ", j), itm, items[j])
+		if len(fr.units) > n {
+			out.unit = n
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"hash/maphash"
@@ -37,7 +38,14 @@ type layout struct {
 	bwd    []uint64 // hashes of the chunks counted from the end
 	list   bool     // the pieces are the items of one JSON List; else YAML documents
 	pieces []piece
+	// head and tail are the content before the first piece and after
+	// the last (a List's header and closing brackets), if short: a
+	// change in the first or last chunk is then no change of them.
+	head, tail []byte
 }
+
+// maxHeadTail is the longest head or tail a layout keeps.
+const maxHeadTail = 1024
 
 // piece is a document or List item and the object it holds.
 type piece struct {
@@ -88,7 +96,21 @@ func newLayout(file string, data []byte, fr *fileResult, perDoc []int) *layout {
 		}
 	}
 	lo.fwd, lo.bwd = chunkHashes(data)
+	lo.setHeadTail(data)
 	return lo
+}
+
+func (lo *layout) setHeadTail(data []byte) {
+	lo.head, lo.tail = nil, nil
+	if len(lo.pieces) == 0 {
+		return
+	}
+	if h := data[:lo.pieces[0].start]; len(h) <= maxHeadTail {
+		lo.head = slices.Clone(h)
+	}
+	if t := data[lo.pieces[len(lo.pieces)-1].end:]; len(t) <= maxHeadTail {
+		lo.tail = slices.Clone(t)
+	}
 }
 
 var chunkSeed = maphash.MakeSeed()
@@ -127,6 +149,12 @@ func (l *loader) patchFile(file string, data []byte, old *fileResult) (fr *fileR
 	}
 	for k := 0; k < len(bwd) && k < len(lo.bwd) && bwd[k] == lo.bwd[k]; k++ {
 		suffix = min(len(data), lo.n, (k+1)*chunkSize)
+	}
+	if lo.head != nil && bytes.HasPrefix(data, lo.head) {
+		prefix = max(prefix, len(lo.head))
+	}
+	if lo.tail != nil && bytes.HasSuffix(data, lo.tail) {
+		suffix = max(suffix, len(lo.tail))
 	}
 	if m := min(len(data), lo.n); prefix+suffix > m {
 		suffix = m - prefix
@@ -226,6 +254,7 @@ func (l *loader) patchFile(file string, data []byte, old *fileResult) (fr *fileR
 		p := ps[i]
 		nl.pieces[i] = piece{span{p.start + delta, p.end + delta}, p.obj}
 	}
+	nl.head, nl.tail = lo.head, lo.tail // unchanged: outside the pieces a..b
 	fr.layout = nl
 	if lo.list {
 		fr.lists = 1
@@ -329,6 +358,7 @@ func (l *loader) patchObjects(patched []patchedFile) bool {
 // patchResult is the Result of a load that only replaced objects
 // (patchObjects): what load would find, at the cost of what changed.
 func (l *loader) patchResult(patched []patchedFile) *Result {
+	l.patches++
 	res := &Result{
 		Warnings: slices.Clone(l.last.warns), Errors: slices.Clone(l.last.errs), Unknown: slices.Clone(l.last.unknown),
 		Services: l.last.services, Slices: l.last.slices,
