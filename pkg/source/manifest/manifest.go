@@ -217,6 +217,7 @@ func (l *loader) load(path string) (*Result, error) {
 	var todo []int
 	datas := make([][]byte, len(paths))
 	sums := make([]unitSum, len(paths))
+	fwds := make([][]uint64, len(paths))
 	var patched []patchedFile
 	cached := 0 // files read whose last result is cached
 	for i, file := range paths {
@@ -227,7 +228,7 @@ func (l *loader) load(path string) (*Result, error) {
 			results[i] = &fileResult{objs: l.byFile[file], errs: []error{fmt.Errorf("%s: %w", file, err)}, unknown: true}
 			continue
 		}
-		sum := l.sum(data)
+		sum, fwd := l.fileSum(data)
 		c, ok := l.cache[file]
 		if ok {
 			cached++
@@ -237,14 +238,14 @@ func (l *loader) load(path string) (*Result, error) {
 			continue
 		}
 		if ok && !l.noPatch {
-			if fr, repl, ok := l.patchFile(file, data, c); ok {
+			if fr, repl, ok := l.patchFile(file, data, fwd, c); ok {
 				fr.sum = sum
 				results[i] = fr
 				patched = append(patched, patchedFile{file, c, fr, repl})
 				continue
 			}
 		}
-		datas[i], sums[i] = data, sum
+		datas[i], sums[i], fwds[i] = data, sum, fwd
 		todo = append(todo, i)
 	}
 	if len(todo) == 0 && cached == len(paths) && cached == len(l.cache) && l.patchObjects(patched) {
@@ -259,7 +260,10 @@ func (l *loader) load(path string) (*Result, error) {
 			defer func() { <-sem; wg.Done() }()
 			results[i] = l.parseFile(paths[i], datas[i])
 			results[i].sum = sums[i]
-			datas[i] = nil
+			if lo := results[i].layout; lo != nil {
+				lo.withHashes(datas[i], fwds[i])
+			}
+			datas[i], fwds[i] = nil, nil
 		}()
 	}
 	wg.Wait()

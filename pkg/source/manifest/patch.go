@@ -2,6 +2,7 @@ package manifest
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"hash/maphash"
@@ -95,9 +96,16 @@ func newLayout(file string, data []byte, fr *fileResult, perDoc []int) *layout {
 			return nil
 		}
 	}
-	lo.fwd, lo.bwd = chunkHashes(data)
+	// The caller, which has the hashes from the start, adds the hashes
+	// (withHashes).
 	lo.setHeadTail(data)
 	return lo
+}
+
+// withHashes adds the chunk hashes of data, the layout's content, given
+// those from the start.
+func (lo *layout) withHashes(data []byte, fwd []uint64) {
+	lo.fwd, lo.bwd = fwd, bwdHashes(data)
 }
 
 func (lo *layout) setHeadTail(data []byte) {
@@ -115,15 +123,34 @@ func (lo *layout) setHeadTail(data []byte) {
 
 var chunkSeed = maphash.MakeSeed()
 
-// chunkHashes hashes data in chunks from the start and from the end.
-func chunkHashes(data []byte) (fwd, bwd []uint64) {
-	n := (len(data) + chunkSize - 1) / chunkSize
-	fwd, bwd = make([]uint64, n), make([]uint64, n)
-	for k := range n {
+// fwdHashes hashes data in chunks from the start.
+func fwdHashes(data []byte) []uint64 {
+	fwd := make([]uint64, (len(data)+chunkSize-1)/chunkSize)
+	for k := range fwd {
 		fwd[k] = maphash.Bytes(chunkSeed, data[k*chunkSize:min(len(data), (k+1)*chunkSize)])
+	}
+	return fwd
+}
+
+// bwdHashes hashes data in chunks from the end.
+func bwdHashes(data []byte) []uint64 {
+	bwd := make([]uint64, (len(data)+chunkSize-1)/chunkSize)
+	for k := range bwd {
 		bwd[k] = maphash.Bytes(chunkSeed, data[max(0, len(data)-(k+1)*chunkSize):len(data)-k*chunkSize])
 	}
-	return fwd, bwd
+	return bwd
+}
+
+// fileSum returns the sum of a file's content, and the hashes of its
+// chunks from the start it is made of: one pass over the content serves
+// both the check for a change and patchFile.
+func (l *loader) fileSum(data []byte) (unitSum, []uint64) {
+	fwd := fwdHashes(data)
+	b := make([]byte, 0, 8*len(fwd))
+	for _, h := range fwd {
+		b = binary.LittleEndian.AppendUint64(b, h)
+	}
+	return unitSum{hash: maphash.Bytes(l.seed, b), n: len(data)}, fwd
 }
 
 // replacement is an object a patch replaced: the object at index obj of
@@ -134,15 +161,16 @@ type replacement struct {
 }
 
 // patchFile returns what parseFile would return for the file's new
-// content data, given its last result old, decoding only the pieces in
+// content data (whose hashes from the start are fwd), given its last
+// result old, decoding only the pieces in
 // the region that changed; ok is false if it cannot (see the top of this
 // file). It reads the loader's state only.
-func (l *loader) patchFile(file string, data []byte, old *fileResult) (fr *fileResult, repl []replacement, ok bool) {
+func (l *loader) patchFile(file string, data []byte, fwd []uint64, old *fileResult) (fr *fileResult, repl []replacement, ok bool) {
 	lo := old.layout
-	if lo == nil || len(lo.pieces) == 0 {
+	if lo == nil || len(lo.pieces) == 0 || lo.fwd == nil {
 		return nil, nil, false
 	}
-	fwd, bwd := chunkHashes(data)
+	bwd := bwdHashes(data)
 	prefix, suffix := 0, 0
 	for k := 0; k < len(fwd) && k < len(lo.fwd) && fwd[k] == lo.fwd[k]; k++ {
 		prefix = min(len(data), lo.n, (k+1)*chunkSize)
