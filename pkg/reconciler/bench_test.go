@@ -129,33 +129,48 @@ func BenchmarkApplyScale(b *testing.B) {
 				}
 			}
 		})
-		b.Run(fmt.Sprintf("%dk/one-change", n/1000), func(b *testing.B) {
-			f := fakedp.New(1<<18, 1<<21, 1<<21)
-			r := reconciler.New(f, nil)
-			if err := r.Apply(st); err != nil {
-				b.Fatal(err)
+		// One change as the sources hand it over: a new state sharing
+		// every other service, saying which frontend changed
+		// (model.State.BaseGen); and without saying so (nohint), which
+		// makes the reconciler compare every frontend.
+		for _, hint := range []bool{true, false} {
+			name := fmt.Sprintf("%dk/one-change", n/1000)
+			if !hint {
+				name += "-nohint"
 			}
-			fe := scaleVIP(n / 2)
-			s := st.Services[fe]
-			orig := s
-			moved := *s
-			moved.Backends = model.SortBackends(append(slices.Clone(s.Backends[1:]),
-				model.Backend{L4Addr: model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 250, 250, 250}), Port: 8080, Proto: model.TCP}}))
-			// Each change is a new state sharing every other service, as
-			// the sources hand them over.
-			states := [2]*model.State{{Services: maps.Clone(st.Services)}, st}
-			states[0].Services[fe] = &moved
-			defer func() { st.Services[fe] = orig }()
-			f.ResetCounts()
-			b.ReportAllocs()
-			i := 0
-			for b.Loop() {
-				if err := r.Apply(states[i%2]); err != nil {
+			b.Run(name, func(b *testing.B) {
+				fe := scaleVIP(n / 2)
+				s := st.Services[fe]
+				moved := *s
+				moved.Backends = model.SortBackends(append(slices.Clone(s.Backends[1:]),
+					model.Backend{L4Addr: model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 250, 250, 250}), Port: 8080, Proto: model.TCP}}))
+				states := [2]*model.State{{Services: maps.Clone(st.Services)}, {Services: st.Services}}
+				states[0].Services[fe] = &moved
+				if hint {
+					// Each is made from the other.
+					g0, g1 := model.NewGeneration(), model.NewGeneration()
+					states[0].Gen, states[0].BaseGen, states[0].Changed = g0, g1, []model.L4Addr{fe}
+					states[1].Gen, states[1].BaseGen, states[1].Changed = g1, g0, []model.L4Addr{fe}
+				}
+				f := fakedp.New(1<<18, 1<<21, 1<<21)
+				r := reconciler.New(f, nil)
+				if err := r.Apply(states[1]); err != nil {
 					b.Fatal(err)
 				}
-				i++
-			}
-			b.ReportMetric(float64(f.Writes())/float64(i), "writes/op")
-		})
+				f.ResetCounts()
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					if err := r.Apply(states[i%2]); err != nil {
+						b.Fatal(err)
+					}
+					i++
+				}
+				b.ReportMetric(float64(f.Writes())/float64(i), "writes/op")
+				if hint && reconciler.IncrementalApplies(r) != i {
+					b.Fatalf("%d of %d Applies looked at the change only", reconciler.IncrementalApplies(r), i)
+				}
+			})
+		}
 	}
 }

@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/source/translate"
@@ -108,7 +110,8 @@ func scaleSizes() []int {
 
 // BenchmarkScale: see the comment above. live-MiB is the heap the loader
 // and the state it handed over hold after a load (what stays in the
-// agent's RSS between changes, before the GC's headroom).
+// agent's RSS between changes, before the GC's headroom); cpu-ms/op the
+// CPU time of a load (see cpuTime).
 func BenchmarkScale(b *testing.B) {
 	for _, format := range []string{"json", "yaml"} {
 		for _, n := range scaleSizes() {
@@ -128,12 +131,15 @@ func BenchmarkScale(b *testing.B) {
 					b.ReportAllocs()
 					var l *loader
 					var res *Result
+					t0, runs := cpuTime(b), 0
 					for b.Loop() {
+						runs++
 						var err error
 						l = newLoader(translate.Options{})
 						res, err = l.load(p)
 						check(res, err)
 					}
+					b.ReportMetric(float64((cpuTime(b)-t0).Microseconds())/1000/float64(runs), "cpu-ms/op")
 					var ms runtime.MemStats
 					runtime.GC()
 					runtime.ReadMemStats(&ms)
@@ -150,6 +156,7 @@ func BenchmarkScale(b *testing.B) {
 					check(l.load(p))
 					b.ReportAllocs()
 					moved := netip.MustParseAddr(movedAddr)
+					var cpu time.Duration
 					i := 0
 					for b.Loop() {
 						data := changed
@@ -162,13 +169,16 @@ func BenchmarkScale(b *testing.B) {
 							b.Fatal(err)
 						}
 						b.StartTimer()
+						t0 := cpuTime(b)
 						res, err := l.load(p)
+						cpu += cpuTime(b) - t0
 						check(res, err)
 						s := res.State.Services[scaleFrontend(n/2)]
 						if s == nil || hasBackend(s, moved) != (i%2 == 1) {
 							b.Fatalf("the change is not in the state: %v", s)
 						}
 					}
+					b.ReportMetric(float64(cpu.Microseconds())/1000/float64(i), "cpu-ms/op")
 				})
 			})
 		}
@@ -182,4 +192,15 @@ func hasBackend(s *model.Service, a netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// cpuTime is the CPU time the process used so far (all its threads: the
+// garbage collector's work counts). On a machine shared with other work
+// it varies less than the wall-clock time.
+func cpuTime(tb testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
