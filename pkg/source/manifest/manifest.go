@@ -29,6 +29,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/maphash"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -121,6 +122,9 @@ type loader struct {
 	tracker  *tracker.Tracker
 	fed      map[objKey]*object // the objects the tracker holds
 	seed     maphash.Seed
+	// buf is read into, so that an edit of a big file does not allocate
+	// (and collect) its size every time.
+	buf []byte
 	// last is what the last load found outside the objects, for a load
 	// that only patches objects (patch.go); nil when it cannot.
 	last       *lastLoad
@@ -168,6 +172,33 @@ type unit struct {
 	slice  *discoveryv1.EndpointSlice
 	ignore string  // not served: "apiVersion Kind", reported as a warning
 	last   *object // the object it was decoded as (nil if ignored)
+}
+
+// readFile reads file into buf (reallocated if too small), as os.ReadFile
+// does into a new buffer.
+func readFile(file string, buf []byte) ([]byte, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }() // read only: nothing to lose
+	if fi, err := f.Stat(); err == nil && int64(cap(buf)) < fi.Size()+512 {
+		buf = make([]byte, 0, fi.Size()+512) // room to see EOF, or growth
+	}
+	buf = buf[:0]
+	for {
+		n, err := f.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)] // grow
+		}
+	}
 }
 
 // files lists the manifest files of path.
@@ -221,7 +252,7 @@ func (l *loader) load(path string) (*Result, error) {
 	var patched []patchedFile
 	cached := 0 // files read whose last result is cached
 	for i, file := range paths {
-		data, err := os.ReadFile(file)
+		data, err := readFile(file, l.buf)
 		if err != nil {
 			// Unreadable (e.g. removed between listing and reading):
 			// keep what it contributed last time.
@@ -233,6 +264,9 @@ func (l *loader) load(path string) (*Result, error) {
 		if ok {
 			cached++
 		}
+		// Nothing keeps data once a file is found unchanged or patched:
+		// the next file, or the next load, reads into it.
+		l.buf = data
 		if ok && c.sum == sum {
 			results[i] = c
 			continue
@@ -245,6 +279,7 @@ func (l *loader) load(path string) (*Result, error) {
 				continue
 			}
 		}
+		l.buf = nil // parseFile has it
 		datas[i], sums[i], fwds[i] = data, sum, fwd
 		todo = append(todo, i)
 	}
