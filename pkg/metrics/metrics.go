@@ -68,6 +68,15 @@ type Metrics struct {
 	ConntrackGCRuns    *prometheus.CounterVec
 	ConntrackGCDeleted prometheus.Counter
 
+	// countMu guards what SetProgrammed counts from: the last state it
+	// counted, its counts, and how many of its frontends name each
+	// backend, so that a state made from it (model.State.BaseGen) is
+	// counted by its changes only, not by a walk of 30,000 Services.
+	countMu     sync.Mutex
+	last        *model.State
+	lastCounts  Counts
+	backendRefs map[model.L4Addr]int
+
 	mu       sync.Mutex
 	counts   Counts
 	capacity Capacity
@@ -230,7 +239,41 @@ func (m *Metrics) ObserveProgrammed(now time.Time, triggers []time.Time) {
 // SetProgrammed records the state that is now in the maps. The agent calls
 // it after every successful apply, with the very state it applied.
 func (m *Metrics) SetProgrammed(s *model.State) {
-	c := CountState(s)
+	m.countMu.Lock()
+	var c Counts
+	if m.last != nil && s.BaseGen != 0 && s.BaseGen == m.last.Gen {
+		c = m.lastCounts
+		for _, a := range s.Changed {
+			if old := m.last.Services[a]; old != nil {
+				c.Services--
+				c.ServiceEntries -= 1 + len(old.Backends)
+				for _, b := range old.Backends {
+					if m.backendRefs[b.L4Addr]--; m.backendRefs[b.L4Addr] <= 0 {
+						delete(m.backendRefs, b.L4Addr)
+					}
+				}
+			}
+			if svc := s.Services[a]; svc != nil {
+				c.Services++
+				c.ServiceEntries += 1 + len(svc.Backends)
+				for _, b := range svc.Backends {
+					m.backendRefs[b.L4Addr]++
+				}
+			}
+		}
+	} else {
+		m.backendRefs = make(map[model.L4Addr]int, len(m.backendRefs))
+		for _, svc := range s.Services {
+			c.Services++
+			c.ServiceEntries += 1 + len(svc.Backends)
+			for _, b := range svc.Backends {
+				m.backendRefs[b.L4Addr]++
+			}
+		}
+	}
+	c.Backends = len(m.backendRefs)
+	m.last, m.lastCounts = s, c
+	m.countMu.Unlock()
 	m.kubeProxy.setNoLocalEndpoints(s)
 	m.mu.Lock()
 	m.counts = c

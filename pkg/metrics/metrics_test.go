@@ -3,6 +3,7 @@ package metrics
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http/httptest"
 	"net/netip"
 	"strings"
@@ -130,5 +131,48 @@ sluice_service_unprogrammed_frontends{reason="write",service="default/flaky"} 1
 	m.SetFailures(nil)
 	if n, err := testutil.GatherAndCount(m.Registry, "sluice_service_unprogrammed_frontends"); err != nil || n != 0 {
 		t.Errorf("%d series (%v) once nothing fails, want 0", n, err)
+	}
+}
+
+// TestCountsFollowChanges: states that say what changed since the one
+// before (model.State.BaseGen) are counted by their changes, and must
+// count what CountState counts; so must a state that does not say so.
+func TestCountsFollowChanges(t *testing.T) {
+	m := New()
+	rng := rand.New(rand.NewPCG(1, 2))
+	var prev *model.State
+	for round := range 300 {
+		s := model.NewState()
+		s.Gen = model.NewGeneration()
+		for i := range 20 {
+			fe := l4(fmt.Sprintf("10.96.0.%d", i), 80)
+			if prev != nil && prev.Services[fe] != nil && rng.IntN(4) > 0 {
+				s.Services[fe] = prev.Services[fe]
+				continue
+			}
+			if rng.IntN(3) == 0 {
+				continue
+			}
+			svc := &model.Service{Frontend: fe}
+			for range rng.IntN(5) {
+				svc.Backends = append(svc.Backends, model.Backend{L4Addr: l4(fmt.Sprintf("10.0.0.%d", rng.IntN(12)), 80)})
+			}
+			svc.Backends = model.SortBackends(svc.Backends)
+			s.Services[fe] = svc
+		}
+		if prev != nil && rng.IntN(10) > 0 {
+			s.BaseGen = prev.Gen
+			for i := range 20 {
+				fe := l4(fmt.Sprintf("10.96.0.%d", i), 80)
+				if s.Services[fe] != prev.Services[fe] {
+					s.Changed = append(s.Changed, fe)
+				}
+			}
+		}
+		m.SetProgrammed(s)
+		if got, want := m.counts, CountState(s); got != want {
+			t.Fatalf("round %d: counted %+v, want %+v", round, got, want)
+		}
+		prev = s
 	}
 }

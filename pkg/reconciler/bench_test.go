@@ -2,6 +2,8 @@ package reconciler_test
 
 import (
 	"fmt"
+	"maps"
+	"net/netip"
 	"slices"
 	"testing"
 
@@ -72,4 +74,94 @@ func BenchmarkApply(b *testing.B) {
 			}
 		}
 	})
+}
+
+// scaleState is n services with 2 to 10 backends each (service i has
+// 2+i%9), the shape of the sources' scale benchmarks. Backend j of
+// service i is 10.(16*(i>>16)+j+1).(i>>8).(i):8080/TCP.
+func scaleState(n int) *model.State {
+	st := model.NewState()
+	for i := range n {
+		bs := make([]model.Backend, 0, 2+i%9)
+		for j := range 2 + i%9 {
+			bs = append(bs, model.Backend{L4Addr: model.L4Addr{
+				Addr: netip.AddrFrom4([4]byte{10, byte(16*(i>>16) + j + 1), byte(i >> 8), byte(i)}), Port: 8080, Proto: model.TCP}})
+		}
+		fe := scaleVIP(i)
+		st.Services[fe] = svc(fe, fmt.Sprintf("svc-%d", i), bs...)
+	}
+	return st
+}
+
+// scaleVIP is the frontend of service i: 10.(96+i>>16).(i>>8).(i):80/TCP.
+func scaleVIP(i int) model.L4Addr {
+	return model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, byte(96 + i>>16), byte(i >> 8), byte(i)}), Port: 80, Proto: model.TCP}
+}
+
+// BenchmarkApplyScale is issue 14's reconciler figure: N services with 2
+// to 10 backends each over the in-memory fake, programmed from empty
+// ("initial"), and one backend of one service changed ("one-change").
+// The fake checks its invariants incrementally after every operation, so
+// part of the time is the fake's.
+func BenchmarkApplyScale(b *testing.B) {
+	sizes := []int{30000, 100000}
+	if testing.Short() {
+		sizes = sizes[:1]
+	}
+	for _, n := range sizes {
+		st := scaleState(n)
+		b.Run(fmt.Sprintf("%dk/initial", n/1000), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				f := fakedp.New(1<<18, 1<<21, 1<<21)
+				r := reconciler.New(f, nil)
+				if err := r.Apply(st); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		// One change as the sources hand it over: a new state sharing
+		// every other service, saying which frontend changed
+		// (model.State.BaseGen); and without saying so (nohint), which
+		// makes the reconciler compare every frontend.
+		for _, hint := range []bool{true, false} {
+			name := fmt.Sprintf("%dk/one-change", n/1000)
+			if !hint {
+				name += "-nohint"
+			}
+			b.Run(name, func(b *testing.B) {
+				fe := scaleVIP(n / 2)
+				s := st.Services[fe]
+				moved := *s
+				moved.Backends = model.SortBackends(append(slices.Clone(s.Backends[1:]),
+					model.Backend{L4Addr: model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 250, 250, 250}), Port: 8080, Proto: model.TCP}}))
+				states := [2]*model.State{{Services: maps.Clone(st.Services)}, {Services: st.Services}}
+				states[0].Services[fe] = &moved
+				if hint {
+					// Each is made from the other.
+					g0, g1 := model.NewGeneration(), model.NewGeneration()
+					states[0].Gen, states[0].BaseGen, states[0].Changed = g0, g1, []model.L4Addr{fe}
+					states[1].Gen, states[1].BaseGen, states[1].Changed = g1, g0, []model.L4Addr{fe}
+				}
+				f := fakedp.New(1<<18, 1<<21, 1<<21)
+				r := reconciler.New(f, nil)
+				if err := r.Apply(states[1]); err != nil {
+					b.Fatal(err)
+				}
+				f.ResetCounts()
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					if err := r.Apply(states[i%2]); err != nil {
+						b.Fatal(err)
+					}
+					i++
+				}
+				b.ReportMetric(float64(f.Writes())/float64(i), "writes/op")
+				if hint && reconciler.IncrementalApplies(r) != i {
+					b.Fatalf("%d of %d Applies looked at the change only", reconciler.IncrementalApplies(r), i)
+				}
+			})
+		}
+	}
 }

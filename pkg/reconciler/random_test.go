@@ -105,6 +105,22 @@ type randomOpts struct {
 	scopes bool // frontends with two scopes, of changing kinds
 	// session affinity that comes, goes and changes its timeout
 	affinity bool
+	// hints: each state keeps some frontends of the one before (the same
+	// *Service) and says which it changed (model.State.BaseGen, Changed),
+	// as the sources' tracker does.
+	hints bool
+}
+
+// TestRandomizedHints is TestRandomizedScopes (with affinity) with states that say what
+// changed since the one before: the reconciler looks at those frontends
+// only when it applied the one before entirely, and must converge to
+// exactly the desired state all the same.
+func TestRandomizedHints(t *testing.T) {
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			seeded(t, seed, randomOpts{ranges: true, scopes: true, affinity: true, hints: true})
+		})
+	}
 }
 
 // exercised counts what a randomized run programmed: rounds with source
@@ -151,9 +167,21 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 		return model.SortBackends(bs)
 	}
 	scopesSeen, cipsSeen := 0, 0
+	var prev *model.State
 	randomState := func() *model.State {
 		st := model.NewState()
 		for i, fe := range fes {
+			if opts.hints && prev != nil && prev.Services[fe] != nil && rng.IntN(2) == 0 {
+				s := prev.Services[fe]
+				st.Services[fe] = s
+				if s.TwoScopes {
+					scopesSeen++
+				}
+				if opts.scopes && s.Kind == model.ClusterIP {
+					cipsSeen++
+				}
+				continue
+			}
 			if rng.IntN(4) == 0 {
 				continue
 			}
@@ -190,9 +218,22 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 			}
 			st.Services[fe] = s
 		}
+		if opts.hints {
+			st.Gen = model.NewGeneration()
+			if prev != nil {
+				st.BaseGen = prev.Gen
+				for _, fe := range fes {
+					if st.Services[fe] != prev.Services[fe] {
+						st.Changed = append(st.Changed, fe)
+					}
+				}
+			}
+			prev = st
+		}
 		return st
 	}
 	withRanges, moves := 0, 0 // rounds that programmed source ranges; affinity moves
+	incremental := 0          // Applies that looked at the changed frontends only
 	for round := range rounds {
 		st := randomState()
 		failPct := 0 // of the writes
@@ -219,6 +260,7 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 		}
 		if rng.IntN(8) == 0 { // agent restart
 			f.Fail = nil
+			incremental += reconciler.IncrementalApplies(r)
 			r = reconciler.New(f, nil)
 			if err := r.Restore(); err != nil {
 				t.Fatal(err)
@@ -242,6 +284,9 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 		if t.Failed() {
 			t.Fatalf("round %d:\n%s", round, f)
 		}
+	}
+	if incremental += reconciler.IncrementalApplies(r); opts.hints && incremental < rounds/4 && rounds >= 10 {
+		t.Errorf("%d Applies in %d rounds looked at the changed frontends only: the test does not exercise it", incremental, rounds)
 	}
 	return exercised{ranges: withRanges, scopes: scopesSeen, clusterIPs: cipsSeen, moves: moves}
 }

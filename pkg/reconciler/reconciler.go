@@ -152,6 +152,11 @@ type Reconciler struct {
 	inSync bool
 	dirty  bool // reservations may need releasing (after Restore or a failure)
 
+	// appliedGen is the generation (model.State.Gen) of the state the
+	// last Apply programmed entirely, or 0.
+	appliedGen  uint64
+	incremental int // Applies that looked at st.Changed only, for tests
+
 	refreshEvery time.Duration
 	lastRead     time.Time // when the view was last read from the maps
 	writes       uint64
@@ -189,6 +194,7 @@ func (r *Reconciler) reset() {
 	r.pendingFlush = map[model.L4Addr]bool{}
 	r.pendingAffinity = map[AffinityFix]bool{}
 	r.inSync = false
+	r.appliedGen = 0
 }
 
 // Restore replaces the view with the contents of the datapath's maps and
@@ -272,33 +278,78 @@ func (r *Reconciler) Apply(st *model.State) error {
 	if st != nil {
 		services = st.Services
 	}
+	// A state made from the one applied last, which left everything in
+	// sync, differs from it only in st.Changed: the other frontends are
+	// in sync (the view changes only by Apply, Restore and refresh, which
+	// forget the generation).
+	incremental := st != nil && st.BaseGen != 0 && st.BaseGen == r.appliedGen && len(errs) == 0 && !r.dirty
+	r.appliedGen = 0
+	if incremental {
+		r.incremental++
+	}
 
 	// Which frontends (in which scopes) need work, and the backends they
 	// want. (Frontends in sync name all their backends already.)
 	var changed []*desiredFrontend
 	wantBackend := map[model.L4Addr]bool{}
-	known := 0 // desired frontends the view has
-	for a, svc := range services {
-		if svc == nil {
-			continue
+	consider := func(fe Frontend, v *frontendView, svc *model.Service) {
+		if r.fastInSync(v, fe, svc) {
+			return
 		}
-		for scope := range scopes(svc) {
-			fe := Frontend{L4Addr: a, Scope: scope}
-			v := r.frontends[fe]
-			if v != nil {
-				known++
+		d := newDesired(fe, svc)
+		if r.inSyncFrontend(fe, d) {
+			r.markSynced(fe, d)
+			return
+		}
+		changed = append(changed, d)
+		for _, a := range d.addrs {
+			wantBackend[a] = true
+		}
+	}
+	// Phase 1 (below) removes the frontends nobody wants any more: a
+	// default scope goes before its internal one; an internal scope whose
+	// default scope stays goes after phase 2, once that master no longer
+	// names it.
+	var gone, goneAfter []Frontend
+	unwanted := func(fe Frontend) {
+		switch {
+		case wanted(services, fe):
+		case fe.Scope == ScopeInternal && services[fe.L4Addr] != nil:
+			goneAfter = append(goneAfter, fe)
+		default:
+			gone = append(gone, fe)
+		}
+	}
+	if incremental {
+		for _, a := range st.Changed {
+			for _, scope := range []Scope{ScopeDefault, ScopeInternal} {
+				fe := Frontend{L4Addr: a, Scope: scope}
+				v := r.frontends[fe]
+				if svc := services[a]; svc != nil && scope < scopes(svc) {
+					consider(fe, v, svc)
+				} else if v != nil {
+					unwanted(fe)
+				}
 			}
-			if r.fastInSync(v, fe, svc) {
+		}
+	} else {
+		known := 0 // desired frontends the view has
+		for a, svc := range services {
+			if svc == nil {
 				continue
 			}
-			d := newDesired(fe, svc)
-			if r.inSyncFrontend(fe, d) {
-				r.markSynced(fe, d)
-				continue
+			for scope := range scopes(svc) {
+				fe := Frontend{L4Addr: a, Scope: scope}
+				v := r.frontends[fe]
+				if v != nil {
+					known++
+				}
+				consider(fe, v, svc)
 			}
-			changed = append(changed, d)
-			for _, a := range d.addrs {
-				wantBackend[a] = true
+		}
+		if known < len(r.frontends) { // else every frontend of the view is wanted
+			for fe := range r.frontends {
+				unwanted(fe)
 			}
 		}
 	}
@@ -306,21 +357,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 	r.presize(changed)
 
 	// Phase 1: frontends nobody wants any more: master, then slots. This
-	// also frees room in the maps for what comes next. A default scope
-	// goes before its internal one; an internal scope whose default scope
-	// stays goes after phase 2, once that master no longer names it.
-	var gone, goneAfter []Frontend
-	if known < len(r.frontends) { // else every frontend of the view is wanted
-		for fe := range r.frontends {
-			switch {
-			case wanted(services, fe):
-			case fe.Scope == ScopeInternal && services[fe.L4Addr] != nil:
-				goneAfter = append(goneAfter, fe)
-			default:
-				gone = append(gone, fe)
-			}
-		}
-	}
+	// also frees room in the maps for what comes next.
 	slices.SortFunc(gone, func(a, b Frontend) int {
 		return cmp.Or(a.L4Addr.Compare(b.L4Addr), cmp.Compare(a.Scope, b.Scope))
 	})
@@ -397,6 +434,9 @@ func (r *Reconciler) Apply(st *model.State) error {
 
 	err := errors.Join(errs...)
 	r.inSync = err == nil
+	if err == nil && st != nil {
+		r.appliedGen = st.Gen
+	}
 	if len(changed) > 0 || len(gone) > 0 || err != nil {
 		r.log.Debug("Applied desired state", "frontends", len(services), "changed", len(changed),
 			"removed", len(gone), "writes", r.writes-writes0, "errors", len(errs))

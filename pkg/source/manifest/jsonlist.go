@@ -13,6 +13,23 @@ import "bytes"
 // messages. The elements themselves are not validated here: each is
 // decoded (and so validated) on its own, or was before.
 func splitJSONList(doc []byte) (rest []byte, items [][]byte, ok bool) {
+	rest, spans, ok := splitJSONListSpans(doc)
+	if !ok {
+		return nil, nil, false
+	}
+	items = make([][]byte, len(spans))
+	for j, sp := range spans {
+		items[j] = doc[sp.start:sp.end:sp.end]
+	}
+	return rest, items, true
+}
+
+// span is where a piece (a document, an item of a List) is in a file's
+// content: content[start:end].
+type span struct{ start, end int }
+
+// splitJSONListSpans is splitJSONList giving where the items are in doc.
+func splitJSONListSpans(doc []byte) (rest []byte, items []span, ok bool) {
 	i := skipSpace(doc, 0)
 	if i >= len(doc) || doc[i] != '{' {
 		return nil, nil, false
@@ -66,7 +83,7 @@ func splitJSONList(doc []byte) (rest []byte, items [][]byte, ok bool) {
 				if i, ok = skipValue(doc, i); !ok {
 					return nil, nil, false
 				}
-				items = append(items, doc[start:i:i])
+				items = append(items, span{start, i})
 			}
 			arrEnd = i
 		} else if i, ok = skipValue(doc, i); !ok {

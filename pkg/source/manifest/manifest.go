@@ -29,6 +29,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/maphash"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -114,16 +115,24 @@ func (o *object) where() string { return fmt.Sprintf("%s: document %d", o.file, 
 // not change did not change, and only the others are fed to the tracker,
 // which then translates one Service.
 type loader struct {
-	lastGood   map[objKey]*object
-	byFile     map[string][]*object // what each file contributed last time
-	cache      map[string]*fileResult
-	units      map[unitSum]*unit // what the last load decoded, by content
-	tracker    *tracker.Tracker
-	fed        map[objKey]*object // the objects the tracker holds
-	seed       maphash.Seed
+	lastGood map[objKey]*object
+	byFile   map[string][]*object // what each file contributed last time
+	cache    map[string]*fileResult
+	units    map[unitSum]*unit // what the last load decoded, by content
+	tracker  *tracker.Tracker
+	fed      map[objKey]*object // the objects the tracker holds
+	seed     maphash.Seed
+	// buf is read into, so that an edit of a big file does not allocate
+	// (and collect) its size every time.
+	buf []byte
+	// last is what the last load found outside the objects, for a load
+	// that only patches objects (patch.go); nil when it cannot.
+	last       *lastLoad
 	parsed     atomic.Int64 // files parsed (not served from cache), for tests
 	decoded    atomic.Int64 // objects decoded (not served from units), for tests
 	translated int          // Services translated, for tests
+	patches    int          // loads that only patched objects, for tests
+	noPatch    bool         // never patch (patch.go), for tests
 }
 
 func newLoader(opts translate.Options) *loader {
@@ -163,6 +172,33 @@ type unit struct {
 	slice  *discoveryv1.EndpointSlice
 	ignore string  // not served: "apiVersion Kind", reported as a warning
 	last   *object // the object it was decoded as (nil if ignored)
+}
+
+// readFile reads file into buf (reallocated if too small), as os.ReadFile
+// does into a new buffer.
+func readFile(file string, buf []byte) ([]byte, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }() // read only: nothing to lose
+	if fi, err := f.Stat(); err == nil && int64(cap(buf)) < fi.Size()+512 {
+		buf = make([]byte, 0, fi.Size()+512) // room to see EOF, or growth
+	}
+	buf = buf[:0]
+	for {
+		n, err := f.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)] // grow
+		}
+	}
 }
 
 // files lists the manifest files of path.
@@ -211,21 +247,44 @@ func (l *loader) load(path string) (*Result, error) {
 	results := make([]*fileResult, len(paths))
 	var todo []int
 	datas := make([][]byte, len(paths))
+	sums := make([]unitSum, len(paths))
+	fwds := make([][]uint64, len(paths))
+	var patched []patchedFile
+	cached := 0 // files read whose last result is cached
 	for i, file := range paths {
-		data, err := os.ReadFile(file)
+		data, err := readFile(file, l.buf)
 		if err != nil {
 			// Unreadable (e.g. removed between listing and reading):
 			// keep what it contributed last time.
 			results[i] = &fileResult{objs: l.byFile[file], errs: []error{fmt.Errorf("%s: %w", file, err)}, unknown: true}
 			continue
 		}
-		sum := l.sum(data)
-		if c, ok := l.cache[file]; ok && c.sum == sum {
+		sum, fwd := l.fileSum(data)
+		c, ok := l.cache[file]
+		if ok {
+			cached++
+		}
+		// Nothing keeps data once a file is found unchanged or patched:
+		// the next file, or the next load, reads into it.
+		l.buf = data
+		if ok && c.sum == sum {
 			results[i] = c
 			continue
 		}
-		datas[i] = data
+		if ok && !l.noPatch {
+			if fr, repl, ok := l.patchFile(file, data, fwd, c); ok {
+				fr.sum = sum
+				results[i] = fr
+				patched = append(patched, patchedFile{file, c, fr, repl})
+				continue
+			}
+		}
+		l.buf = nil // parseFile has it
+		datas[i], sums[i], fwds[i] = data, sum, fwd
 		todo = append(todo, i)
+	}
+	if len(todo) == 0 && cached == len(paths) && cached == len(l.cache) && l.patchObjects(patched) {
+		return l.patchResult(patched), nil
 	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
@@ -235,8 +294,11 @@ func (l *loader) load(path string) (*Result, error) {
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			results[i] = l.parseFile(paths[i], datas[i])
-			results[i].sum = l.sum(datas[i])
-			datas[i] = nil
+			results[i].sum = sums[i]
+			if lo := results[i].layout; lo != nil {
+				lo.withHashes(datas[i], fwds[i])
+			}
+			datas[i], fwds[i] = nil, nil
 		}()
 	}
 	wg.Wait()
@@ -274,6 +336,9 @@ func (l *loader) load(path string) (*Result, error) {
 	// What is in effect is the last good version of each object; objects
 	// no longer defined are forgotten (deleted on purpose).
 	l.lastGood = effective
+	l.last = &lastLoad{
+		warns: slices.Clone(res.Warnings), errs: slices.Clone(res.Errors), unknown: slices.Clone(res.Unknown),
+	}
 
 	res.State = l.translate(effective, res)
 	return res, nil
@@ -289,6 +354,14 @@ type fileResult struct {
 	// unknown says the content is not known: empty, unreadable, or with a
 	// document that could not be parsed (Result.Unknown).
 	unknown bool
+	// lists counts the documents that are Lists; listSpans are the items
+	// of the last, if it was split without decoding it (splitJSONList).
+	lists     int
+	listSpans []span
+	// layout says where the objects are in the content, so that the next
+	// load can decode only the part that changed (patch.go); nil if the
+	// file is not shaped for that.
+	layout *layout
 }
 
 type sumUnit struct {
@@ -314,9 +387,12 @@ func (l *loader) parseFile(file string, data []byte) *fileResult {
 	}
 	seen := map[objKey]*object{}
 	lost := false
-	for i, doc := range splitDocuments(file, data) {
+	docs := splitDocuments(file, data)
+	perDoc := make([]int, len(docs)) // objects per document, for the layout
+	for i, doc := range docs {
 		idx := i + 1
 		objs, warns, errs, broken := l.decodeDocument(fr, file, idx, doc)
+		perDoc[i] = len(objs)
 		for _, w := range warns {
 			fr.warns = append(fr.warns, fmt.Sprintf("%s: document %d: %s", file, idx, w))
 		}
@@ -340,6 +416,7 @@ func (l *loader) parseFile(file string, data []byte) *fileResult {
 			}
 		}
 	}
+	fr.layout = newLayout(file, data, fr, perDoc)
 	return fr
 }
 
@@ -350,20 +427,30 @@ func splitDocuments(file string, data []byte) [][]byte {
 		return [][]byte{data}
 	}
 	// The documents are sub-slices of data, not copies.
-	var docs [][]byte
+	spans := documentSpans(data)
+	docs := make([][]byte, len(spans))
+	for i, sp := range spans {
+		if sp.start < len(data) {
+			docs[i] = data[sp.start:sp.end:sp.end]
+		}
+	}
+	return docs
+}
+
+// documentSpans returns where the documents of a YAML stream are: between
+// "---" lines. A stream that ends with one ends with an empty document.
+func documentSpans(data []byte) []span {
+	var docs []span
 	start, off := 0, 0
 	for line := range bytes.Lines(data) {
 		t := bytes.TrimRight(line, " \t\r\n")
 		if bytes.Equal(t, []byte("---")) || bytes.HasPrefix(t, []byte("--- ")) {
-			docs = append(docs, data[start:off:off])
+			docs = append(docs, span{start, off})
 			start = off + len(line)
 		}
 		off += len(line)
 	}
-	if start == len(data) {
-		return append(docs, nil)
-	}
-	return append(docs, data[start:len(data):len(data)])
+	return append(docs, span{start, len(data)})
 }
 
 // typeMeta is what every document is first decoded as.
@@ -402,10 +489,14 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 	var tm typeMeta
 	js := doc
 	var items [][]byte // a JSON List's items, split without decoding them
+	var spans []span   // where they are in doc
 	jsonOK := false
 	if isJSONObject(doc) {
-		if rest, its, ok := splitJSONList(doc); ok && json.Unmarshal(rest, &tm) == nil {
-			items, jsonOK = its, true
+		if rest, sps, ok := splitJSONListSpans(doc); ok && json.Unmarshal(rest, &tm) == nil {
+			items, spans, jsonOK = make([][]byte, len(sps)), sps, true
+			for j, sp := range sps {
+				items[j] = doc[sp.start:sp.end:sp.end]
+			}
 		} else {
 			tm = typeMeta{}
 			jsonOK = json.Unmarshal(doc, &tm) == nil
@@ -427,12 +518,17 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 		items = rawItems(tm.Items)
 	}
 	if tm.Kind == "List" || strings.HasSuffix(tm.Kind, "List") && tm.Items != nil {
+		fr.lists++
+		fr.listSpans = spans
 		outs := make([]itemOutcome, len(items))
 		var todo []int
+		mark := len(fr.units)
 		for j, item := range items {
 			isum := l.sum(item)
 			isum.item = true
+			outs[j].unit = -1
 			if u := l.units[isum]; u != nil {
+				outs[j].unit = len(fr.units)
 				outs[j].o, outs[j].w = l.fromUnit(fr, isum, u, file, idx, j)
 				continue
 			}
@@ -440,6 +536,16 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 			todo = append(todo, j)
 		}
 		l.decodeItems(fr, file, idx, items, todo, outs)
+		if len(todo) > 0 && len(todo) < len(items) {
+			// The units in item order, as the layout (patch.go) expects.
+			ordered := make([]sumUnit, 0, len(fr.units)-mark)
+			for _, out := range outs {
+				if out.unit >= 0 {
+					ordered = append(ordered, fr.units[out.unit])
+				}
+			}
+			copy(fr.units[mark:], ordered)
+		}
 		for _, out := range outs {
 			if out.w != "" {
 				warns = append(warns, out.w)
@@ -470,6 +576,7 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 // itemOutcome is what one item of a List contributes.
 type itemOutcome struct {
 	sum    unitSum
+	unit   int // its index in fileResult.units, -1 if none
 	o      *object
 	w      string
 	err    error
@@ -488,7 +595,11 @@ func (l *loader) decodeItems(fr *fileResult, file string, idx int, items [][]byt
 			out.broken = true
 			continue
 		}
+		n := len(fr.units)
 		out.o, out.w, out.err = l.decodeObject(fr, out.sum, file, idx, fmt.Sprintf("items[%d]: ", j), itm, items[j])
+		if len(fr.units) > n {
+			out.unit = n
+		}
 	}
 }
 
@@ -623,10 +734,20 @@ func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
 	slices.SortFunc(orphans, func(a, b *object) int {
 		return cmp.Or(cmp.Compare(a.key.Namespace, b.key.Namespace), cmp.Compare(a.key.Name, b.key.Name))
 	})
+	var orphanWarns []string
 	for _, o := range orphans {
-		res.Warnings = append(res.Warnings, fmt.Sprintf("%s: %s has no %s label; ignored", o.where(), o.key, discoveryv1.LabelServiceName))
+		orphanWarns = append(orphanWarns, fmt.Sprintf("%s: %s has no %s label; ignored", o.where(), o.key, discoveryv1.LabelServiceName))
 	}
+	if l.last != nil {
+		l.last.services, l.last.slices, l.last.orphans = res.Services, res.Slices, orphanWarns
+	}
+	res.Warnings = append(res.Warnings, orphanWarns...)
+	return l.sync(objs, res)
+}
 
+// sync syncs the tracker and returns the desired state, adding to res
+// what the tracker found wrong with the Services in objs.
+func (l *loader) sync(objs map[objKey]*object, res *Result) *model.State {
 	r := l.tracker.Sync()
 	l.translated += r.Translated
 	res.Errors = append(res.Errors, l.issues(objs, res)...)

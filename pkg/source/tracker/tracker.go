@@ -460,10 +460,12 @@ func (t *Tracker) patch(changes []change) bool {
 		}
 	}
 	st := maps.Clone(t.state.Services)
+	var touched []model.L4Addr
 	for _, ch := range changes {
 		for _, svc := range ch.prev {
 			if cur := st[svc.Frontend]; cur != nil && sameService(cur.Name, ch.key) {
 				delete(st, svc.Frontend)
+				touched = append(touched, svc.Frontend)
 			}
 		}
 	}
@@ -473,9 +475,13 @@ func (t *Tracker) patch(changes []change) bool {
 				return false // a new conflict
 			}
 			st[svc.Frontend] = svc
+			touched = append(touched, svc.Frontend)
 		}
 	}
-	t.state = &model.State{Services: st}
+	// The reconciler then looks at these frontends only (model.State).
+	slices.SortFunc(touched, model.L4Addr.Compare)
+	t.state = &model.State{Services: st, Gen: model.NewGeneration(), BaseGen: t.state.Gen,
+		Changed: slices.Compact(touched)}
 	return true
 }
 
@@ -498,7 +504,7 @@ func (t *Tracker) build() {
 		n = len(t.state.Services)
 		prev = t.state.Services
 	}
-	st := &model.State{Services: make(map[model.L4Addr]*model.Service, n)}
+	st := &model.State{Services: make(map[model.L4Addr]*model.Service, n), Gen: model.NewGeneration()}
 	t.conflicts = nil
 	// The ranks of the Services in st, for the contested frontends only.
 	var holder map[model.L4Addr]*claimant

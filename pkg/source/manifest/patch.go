@@ -1,0 +1,406 @@
+package manifest
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"hash/maphash"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// Editing one object of a big file (one endpoint of one of 30,000
+// Services in one JSON List) must cost what changed, not what the file
+// holds. The unit cache already spares decoding the unchanged objects,
+// but splitting the file into its objects, hashing each, and rebuilding
+// every per-object map still walked them all: hundreds of milliseconds at
+// 30,000 Services. So a file that parsed cleanly keeps its layout: where
+// each piece (a document of a YAML stream, an item of a JSON List) is,
+// and hashes of its content in fixed chunks counted from the start and
+// from the end. The next load of that file compares the chunk hashes to
+// find the region that changed, splits and decodes only the pieces in it,
+// and, if they are the same objects (kind, namespace, name) in the same
+// places, patches the last result instead of parsing the file: the
+// outcome is exactly what parseFile would return. Anything else (a piece
+// added or removed, an object renamed, an error or a warning, a List in a
+// YAML stream) falls back to parsing the whole file.
+
+// chunkSize is the granularity of the change detection: the pieces in the
+// changed chunks are split again (their decoding is still skipped if
+// their bytes did not change).
+const chunkSize = 4096
+
+// layout is where a file's pieces are, and hashes of its content.
+type layout struct {
+	n      int      // content length
+	fwd    []uint64 // hashes of content[k*chunkSize:], chunk by chunk
+	bwd    []uint64 // hashes of the chunks counted from the end
+	list   bool     // the pieces are the items of one JSON List; else YAML documents
+	pieces []piece
+	// head and tail are the content before the first piece and after
+	// the last (a List's header and closing brackets), if short: a
+	// change in the first or last chunk is then no change of them.
+	head, tail []byte
+}
+
+// maxHeadTail is the longest head or tail a layout keeps.
+const maxHeadTail = 1024
+
+// piece is a document or List item and the object it holds.
+type piece struct {
+	span
+	obj int // index in fileResult.objs (and .units), or -1 if it holds none
+}
+
+// newLayout returns the layout of a file parseFile parsed cleanly, or nil
+// if it is not shaped for patching. perDoc counts the objects of each
+// document.
+func newLayout(file string, data []byte, fr *fileResult, perDoc []int) *layout {
+	if fr.unknown || len(fr.errs) > 0 || len(fr.warns) > 0 || len(fr.objs) != len(fr.units) {
+		return nil
+	}
+	lo := &layout{n: len(data)}
+	if strings.EqualFold(filepath.Ext(file), ".json") {
+		if fr.lists != 1 || fr.listSpans == nil || len(fr.listSpans) != len(fr.objs) {
+			return nil
+		}
+		lo.list = true
+		lo.pieces = make([]piece, len(fr.listSpans))
+		for j, sp := range fr.listSpans {
+			lo.pieces[j] = piece{sp, j}
+		}
+	} else {
+		if fr.lists != 0 {
+			return nil
+		}
+		spans := documentSpans(data)
+		if len(spans) != len(perDoc) {
+			return nil
+		}
+		lo.pieces = make([]piece, len(spans))
+		k := 0
+		for i, sp := range spans {
+			lo.pieces[i] = piece{sp, -1}
+			switch perDoc[i] {
+			case 0:
+			case 1:
+				lo.pieces[i].obj = k
+				k++
+			default:
+				return nil
+			}
+		}
+		if k != len(fr.objs) {
+			return nil
+		}
+	}
+	// The caller, which has the hashes from the start, adds the hashes
+	// (withHashes).
+	lo.setHeadTail(data)
+	return lo
+}
+
+// withHashes adds the chunk hashes of data, the layout's content, given
+// those from the start.
+func (lo *layout) withHashes(data []byte, fwd []uint64) {
+	lo.fwd, lo.bwd = fwd, bwdHashes(data)
+}
+
+func (lo *layout) setHeadTail(data []byte) {
+	lo.head, lo.tail = nil, nil
+	if len(lo.pieces) == 0 {
+		return
+	}
+	if h := data[:lo.pieces[0].start]; len(h) <= maxHeadTail {
+		lo.head = slices.Clone(h)
+	}
+	if t := data[lo.pieces[len(lo.pieces)-1].end:]; len(t) <= maxHeadTail {
+		lo.tail = slices.Clone(t)
+	}
+}
+
+var chunkSeed = maphash.MakeSeed()
+
+// fwdHashes hashes data in chunks from the start.
+func fwdHashes(data []byte) []uint64 {
+	fwd := make([]uint64, (len(data)+chunkSize-1)/chunkSize)
+	for k := range fwd {
+		fwd[k] = maphash.Bytes(chunkSeed, data[k*chunkSize:min(len(data), (k+1)*chunkSize)])
+	}
+	return fwd
+}
+
+// bwdHashes hashes data in chunks from the end.
+func bwdHashes(data []byte) []uint64 {
+	bwd := make([]uint64, (len(data)+chunkSize-1)/chunkSize)
+	for k := range bwd {
+		bwd[k] = maphash.Bytes(chunkSeed, data[max(0, len(data)-(k+1)*chunkSize):len(data)-k*chunkSize])
+	}
+	return bwd
+}
+
+// fileSum returns the sum of a file's content, and the hashes of its
+// chunks from the start it is made of: one pass over the content serves
+// both the check for a change and patchFile.
+func (l *loader) fileSum(data []byte) (unitSum, []uint64) {
+	fwd := fwdHashes(data)
+	b := make([]byte, 0, 8*len(fwd))
+	for _, h := range fwd {
+		b = binary.LittleEndian.AppendUint64(b, h)
+	}
+	return unitSum{hash: maphash.Bytes(l.seed, b), n: len(data)}, fwd
+}
+
+// replacement is an object a patch replaced: the object at index obj of
+// the file's objects was old and is now new.
+type replacement struct {
+	obj      int
+	old, new *object
+}
+
+// patchFile returns what parseFile would return for the file's new
+// content data (whose hashes from the start are fwd), given its last
+// result old, decoding only the pieces in
+// the region that changed; ok is false if it cannot (see the top of this
+// file). It reads the loader's state only.
+func (l *loader) patchFile(file string, data []byte, fwd []uint64, old *fileResult) (fr *fileResult, repl []replacement, ok bool) {
+	lo := old.layout
+	if lo == nil || len(lo.pieces) == 0 || lo.fwd == nil {
+		return nil, nil, false
+	}
+	bwd := bwdHashes(data)
+	prefix, suffix := 0, 0
+	for k := 0; k < len(fwd) && k < len(lo.fwd) && fwd[k] == lo.fwd[k]; k++ {
+		prefix = min(len(data), lo.n, (k+1)*chunkSize)
+	}
+	for k := 0; k < len(bwd) && k < len(lo.bwd) && bwd[k] == lo.bwd[k]; k++ {
+		suffix = min(len(data), lo.n, (k+1)*chunkSize)
+	}
+	if lo.head != nil && bytes.HasPrefix(data, lo.head) {
+		prefix = max(prefix, len(lo.head))
+	}
+	if lo.tail != nil && bytes.HasSuffix(data, lo.tail) {
+		suffix = max(suffix, len(lo.tail))
+	}
+	if m := min(len(data), lo.n); prefix+suffix > m {
+		suffix = m - prefix
+	}
+	delta := len(data) - lo.n
+
+	// The pieces a..b cover the change, with what lies between them:
+	// the bytes before piece a and after piece b are unchanged.
+	ps := lo.pieces
+	a, _ := slices.BinarySearchFunc(ps, prefix, func(p piece, off int) int { return p.end - off })
+	if a == len(ps) || ps[a].start > prefix {
+		a--
+	}
+	tail := lo.n - suffix
+	b, found := slices.BinarySearchFunc(ps, tail, func(p piece, off int) int { return p.start - off })
+	if !found {
+		b--
+	}
+	if b >= 0 && ps[b].end < tail {
+		b++
+	}
+	if a < 0 || b >= len(ps) || b < 0 || a > b {
+		return nil, nil, false
+	}
+	from, to := ps[a].start, ps[b].end+delta
+	if from > prefix || ps[b].end < tail || to < from || to > len(data) {
+		return nil, nil, false
+	}
+	var spans []span
+	if lo.list {
+		spans, ok = splitItems(data, from, to)
+	} else {
+		spans = documentSpans(data[from:to])
+		for i := range spans {
+			spans[i].start += from
+			spans[i].end += from
+		}
+		ok = true
+	}
+	if !ok || len(spans) != b-a+1 {
+		return nil, nil, false
+	}
+
+	l.parsed.Add(1)
+	fr = &fileResult{objs: slices.Clone(old.objs), units: slices.Clone(old.units)}
+	for i, sp := range spans {
+		p := ps[a+i]
+		doc := data[sp.start:sp.end:sp.end]
+		var objs []*object
+		var warns []string
+		var errs []error
+		var broken bool
+		mark := len(fr.units)
+		if lo.list {
+			o, w, err := l.decodeItem(fr, file, a+i, doc)
+			objs, broken = []*object{o}, o == nil
+			if w != "" {
+				warns = []string{w}
+			}
+			if err != nil {
+				errs = []error{err}
+			}
+		} else {
+			if len(doc) == 0 && sp.start == len(data) {
+				doc = nil // as splitDocuments
+			}
+			objs, warns, errs, broken = l.decodeDocument(fr, file, a+i+1, doc)
+		}
+		if broken || len(warns) > 0 || len(errs) > 0 || fr.lists > 0 {
+			return nil, nil, false
+		}
+		switch {
+		case p.obj < 0 && len(objs) == 0:
+			continue
+		case p.obj < 0 || len(objs) != 1 || len(fr.units) != mark+1:
+			return nil, nil, false
+		}
+		prev, o := old.objs[p.obj], objs[0]
+		if o.key != prev.key || o.slice != nil && o.hasOwner != prev.hasOwner {
+			return nil, nil, false
+		}
+		// The unit goes where the old one was, as parseFile orders them.
+		fr.units[p.obj] = fr.units[mark]
+		fr.units = fr.units[:mark]
+		fr.objs[p.obj] = o
+		if o != prev {
+			repl = append(repl, replacement{p.obj, prev, o})
+		}
+	}
+
+	nl := &layout{n: len(data), fwd: fwd, bwd: bwd, list: lo.list, pieces: make([]piece, len(ps))}
+	copy(nl.pieces, ps[:a])
+	for i, sp := range spans {
+		nl.pieces[a+i] = piece{sp, ps[a+i].obj}
+	}
+	for i := b + 1; i < len(ps); i++ {
+		p := ps[i]
+		nl.pieces[i] = piece{span{p.start + delta, p.end + delta}, p.obj}
+	}
+	nl.head, nl.tail = lo.head, lo.tail // unchanged: outside the pieces a..b
+	fr.layout = nl
+	if lo.list {
+		fr.lists = 1
+	}
+	return fr, repl, true
+}
+
+// splitItems splits data[from:to], the items of a JSON List from one
+// item's start to another's end, at the commas between them.
+func splitItems(data []byte, from, to int) ([]span, bool) {
+	var spans []span
+	i := from
+	for {
+		end, ok := skipValue(data, i)
+		if !ok || end > to {
+			return nil, false
+		}
+		spans = append(spans, span{i, end})
+		if end == to {
+			return spans, true
+		}
+		i = skipSpace(data, end)
+		if i >= to || data[i] != ',' {
+			return nil, false
+		}
+		i = skipSpace(data, i+1)
+	}
+}
+
+// decodeItem decodes item j of the List that is document 1 of file, as
+// decodeDocument does, from the unit cache if it can.
+func (l *loader) decodeItem(fr *fileResult, file string, j int, item []byte) (*object, string, error) {
+	isum := l.sum(item)
+	isum.item = true
+	if u := l.units[isum]; u != nil {
+		o, w := l.fromUnit(fr, isum, u, file, 1, j)
+		return o, w, nil
+	}
+	var itm typeMeta
+	if err := json.Unmarshal(item, &itm); err != nil {
+		return nil, "", fmt.Errorf("%s: document 1: items[%d]: not an object: %w", file, j, err)
+	}
+	return l.decodeObject(fr, isum, file, 1, fmt.Sprintf("items[%d]: ", j), itm, item)
+}
+
+// patchedFile is a file patchFile patched: its last result and its new
+// one.
+type patchedFile struct {
+	file     string
+	old, new *fileResult
+	repl     []replacement
+}
+
+// lastLoad is what the last load reported of the files (before the
+// translation) and of the objects in effect, which a load that only
+// replaces objects by others of the same names does not change.
+type lastLoad struct {
+	warns    []string
+	errs     []error
+	unknown  []string
+	services int
+	slices   int
+	orphans  []string // the warnings about EndpointSlices without a Service
+}
+
+// patchObjects replaces, in the objects in effect, those the patched
+// files replaced, when that is all that changed: the other files were
+// unchanged and the replaced objects were in effect (not duplicates of
+// another file's). It reports false, changing nothing, if not.
+func (l *loader) patchObjects(patched []patchedFile) bool {
+	if l.last == nil {
+		return false
+	}
+	for _, p := range patched {
+		if len(l.byFile[p.file]) != len(p.old.objs) || l.cache[p.file] != p.old {
+			return false
+		}
+		for _, r := range p.repl {
+			if l.lastGood[r.old.key] != r.old || l.byFile[p.file][r.obj] != r.old {
+				return false
+			}
+		}
+	}
+	for _, p := range patched {
+		objs := slices.Clone(l.byFile[p.file])
+		for _, r := range p.repl {
+			objs[r.obj] = r.new
+			// l.lastGood is also l.fed: the tracker gets the new object
+			// below.
+			l.lastGood[r.new.key] = r.new
+			delete(l.units, p.old.units[r.obj].sum)
+			u := p.new.units[r.obj]
+			l.units[u.sum] = u.unit
+		}
+		l.byFile[p.file] = objs
+		l.cache[p.file] = p.new
+	}
+	return true
+}
+
+// patchResult is the Result of a load that only replaced objects
+// (patchObjects): what load would find, at the cost of what changed.
+func (l *loader) patchResult(patched []patchedFile) *Result {
+	l.patches++
+	res := &Result{
+		Warnings: slices.Clone(l.last.warns), Errors: slices.Clone(l.last.errs), Unknown: slices.Clone(l.last.unknown),
+		Services: l.last.services, Slices: l.last.slices,
+	}
+	for _, p := range patched {
+		for _, r := range p.repl {
+			if r.new.svc != nil {
+				l.tracker.SetService(r.new.key.NamespacedName, r.new.svc)
+			} else {
+				l.tracker.SetSlice(r.new.key.NamespacedName, r.new.slice)
+			}
+		}
+	}
+	res.Warnings = append(res.Warnings, l.last.orphans...)
+	res.State = l.sync(l.lastGood, res)
+	return res
+}

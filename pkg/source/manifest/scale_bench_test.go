@@ -1,0 +1,218 @@
+package manifest
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
+)
+
+// The scale benchmarks of issue 14: one file of N Services, each with one
+// EndpointSlice of 2 to 10 endpoints, read and translated from nothing
+// ("initial"), and read again after one endpoint of one EndpointSlice
+// changed ("one-change"), the agent's work for every edit of the file.
+// The file comes in the shapes agents are handed: a JSON List (what
+// test/bench writes, and kubectl get -o json prints) and a stream of YAML
+// documents (what kubectl apply -f takes).
+
+// movedAddr is where the one change moves an endpoint to.
+const movedAddr = "10.250.250.250"
+
+// scaleEndpoints is how many endpoints Service i has: 2 to 10.
+func scaleEndpoints(i int) int { return 2 + i%9 }
+
+// scaleVIP is the ClusterIP of Service i: 10.(96+i>>16).(i>>8).(i).
+func scaleVIP(i int) string {
+	return "10." + strconv.Itoa(96+i>>16) + "." + strconv.Itoa(i>>8&0xff) + "." + strconv.Itoa(i&0xff)
+}
+
+// scaleFrontend is Service i's frontend in the desired state.
+func scaleFrontend(i int) model.L4Addr {
+	return model.L4Addr{Addr: netip.MustParseAddr(scaleVIP(i)), Port: 80, Proto: model.TCP}
+}
+
+// scaleAddr is endpoint j of Service i: 10.(16*(i>>16)+j+1).(i>>8).(i),
+// unique for i < 2^20 and j < 16.
+func scaleAddr(i, j int) string {
+	return "10." + strconv.Itoa(16*(i>>16)+j+1) + "." + strconv.Itoa(i>>8&0xff) + "." + strconv.Itoa(i&0xff)
+}
+
+// scaleFile returns the file content for n Services in format "json" or
+// "yaml", and the same with endpoint 0 of Service change at another
+// address (one endpoint of one EndpointSlice changed).
+func scaleFile(tb testing.TB, format string, n, change int) (orig, changed []byte) {
+	tb.Helper()
+	var buf bytes.Buffer
+	buf.Grow(n * 700)
+	addr, vip := scaleAddr, scaleVIP
+	switch format {
+	case "json":
+		buf.WriteString(`{"apiVersion":"v1","kind":"List","items":[`)
+		for i := range n {
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			fmt.Fprintf(&buf, `{"apiVersion":"v1","kind":"Service","metadata":{"name":"svc-%d","namespace":"bench"},"spec":{"type":"ClusterIP","clusterIP":"%s","clusterIPs":["%s"],"ports":[{"name":"http","port":80,"protocol":"TCP","targetPort":8080}]}},`, i, vip(i), vip(i))
+			fmt.Fprintf(&buf, `{"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{"name":"svc-%d-abcde","namespace":"bench","labels":{"kubernetes.io/service-name":"svc-%d"}},"addressType":"IPv4","ports":[{"name":"http","port":8080,"protocol":"TCP"}],"endpoints":[`, i, i)
+			for j := range scaleEndpoints(i) {
+				if j > 0 {
+					buf.WriteByte(',')
+				}
+				fmt.Fprintf(&buf, `{"addresses":["%s"],"conditions":{"ready":true,"serving":true,"terminating":false},"nodeName":"node-%d"}`, addr(i, j), j%5)
+			}
+			buf.WriteString(`]}`)
+		}
+		buf.WriteString(`]}`)
+	case "yaml":
+		for i := range n {
+			fmt.Fprintf(&buf, "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: svc-%d\n  namespace: bench\nspec:\n  type: ClusterIP\n  clusterIP: %s\n  clusterIPs:\n  - %s\n  ports:\n  - name: http\n    port: 80\n    protocol: TCP\n    targetPort: 8080\n", i, vip(i), vip(i))
+			fmt.Fprintf(&buf, "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: svc-%d-abcde\n  namespace: bench\n  labels:\n    kubernetes.io/service-name: svc-%d\naddressType: IPv4\nports:\n- name: http\n  port: 8080\n  protocol: TCP\nendpoints:\n", i, i)
+			for j := range scaleEndpoints(i) {
+				fmt.Fprintf(&buf, "- addresses:\n  - %s\n  conditions:\n    ready: true\n    serving: true\n    terminating: false\n  nodeName: node-%d\n", addr(i, j), j%5)
+			}
+		}
+	default:
+		tb.Fatalf("format %q", format)
+	}
+	orig = buf.Bytes()
+	// Endpoint 0 of Service change moves to another address.
+	q := byte('"')
+	if format == "yaml" {
+		q = ' '
+	}
+	from := append(append([]byte{q}, addr(change, 0)...), '"')
+	to := append(append([]byte{q}, movedAddr...), '"')
+	if format == "yaml" {
+		from[len(from)-1], to[len(to)-1] = '\n', '\n'
+	}
+	changed = bytes.Replace(orig, from, to, 1)
+	if bytes.Equal(orig, changed) {
+		tb.Fatal("no endpoint to change")
+	}
+	return orig, changed
+}
+
+func scaleSizes() []int {
+	if testing.Short() {
+		return []int{30000}
+	}
+	return []int{30000, 100000}
+}
+
+// BenchmarkScale: see the comment above. live-MiB is the heap the loader
+// and the state it handed over hold after a load (what stays in the
+// agent's RSS between changes, before the GC's headroom); cpu-ms/op the
+// CPU time of a load (see cpuTime).
+func BenchmarkScale(b *testing.B) {
+	for _, format := range []string{"json", "yaml"} {
+		for _, n := range scaleSizes() {
+			b.Run(fmt.Sprintf("%s/%dk", format, n/1000), func(b *testing.B) {
+				p := filepath.Join(b.TempDir(), "services."+format)
+				orig, changed := scaleFile(b, format, n, n/2)
+				fileMiB := float64(len(orig)) / (1 << 20)
+				if err := os.WriteFile(p, orig, 0o644); err != nil {
+					b.Fatal(err)
+				}
+				check := func(res *Result, err error) {
+					if err != nil || len(res.Errors) > 0 || len(res.State.Services) != n {
+						b.Fatalf("%v %v", err, res.Errors)
+					}
+				}
+				b.Run("initial", func(b *testing.B) {
+					b.ReportAllocs()
+					var l *loader
+					var res *Result
+					var ms runtime.MemStats
+					runtime.GC()
+					runtime.ReadMemStats(&ms)
+					before := ms.HeapAlloc // the benchmark's own: the file's content
+					t0, runs := cpuTime(b), 0
+					for b.Loop() {
+						runs++
+						var err error
+						l = newLoader(translate.Options{})
+						res, err = l.load(p)
+						check(res, err)
+					}
+					b.ReportMetric(float64((cpuTime(b)-t0).Microseconds())/1000/float64(runs), "cpu-ms/op")
+					runtime.GC()
+					runtime.ReadMemStats(&ms)
+					b.ReportMetric(float64(ms.HeapAlloc-min(before, ms.HeapAlloc))/(1<<20), "live-MiB")
+					b.ReportMetric(fileMiB, "file-MiB")
+					runtime.KeepAlive(l)
+					runtime.KeepAlive(res)
+				})
+				b.Run("one-change", func(b *testing.B) {
+					if err := os.WriteFile(p, orig, 0o644); err != nil {
+						b.Fatal(err)
+					}
+					l := newLoader(translate.Options{})
+					check(l.load(p))
+					// One change before timing: the first one after a full
+					// load also pays for collecting what that load left
+					// (1.3 s of CPU at 100,000) and for the read buffer.
+					for _, data := range [][]byte{changed, orig} {
+						if err := os.WriteFile(p, data, 0o644); err != nil {
+							b.Fatal(err)
+						}
+						check(l.load(p))
+					}
+					b.ReportAllocs()
+					moved := netip.MustParseAddr(movedAddr)
+					var cpu time.Duration
+					i := 0
+					for b.Loop() {
+						data := changed
+						if i%2 == 1 {
+							data = orig
+						}
+						i++
+						b.StopTimer()
+						if err := os.WriteFile(p, data, 0o644); err != nil {
+							b.Fatal(err)
+						}
+						b.StartTimer()
+						t0 := cpuTime(b)
+						res, err := l.load(p)
+						cpu += cpuTime(b) - t0
+						check(res, err)
+						s := res.State.Services[scaleFrontend(n/2)]
+						if s == nil || hasBackend(s, moved) != (i%2 == 1) {
+							b.Fatalf("the change is not in the state: %v", s)
+						}
+					}
+					b.ReportMetric(float64(cpu.Microseconds())/1000/float64(i), "cpu-ms/op")
+				})
+			})
+		}
+	}
+}
+
+func hasBackend(s *model.Service, a netip.Addr) bool {
+	for _, b := range s.Backends {
+		if b.Addr == a {
+			return true
+		}
+	}
+	return false
+}
+
+// cpuTime is the CPU time the process used so far (all its threads: the
+// garbage collector's work counts). On a machine shared with other work
+// it varies less than the wall-clock time.
+func cpuTime(tb testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
