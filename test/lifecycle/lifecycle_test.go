@@ -65,9 +65,12 @@ var release0 struct {
 
 // previousAgent builds the previous release's agent from its tree (git
 // archive of the commit, go build ./cmd/sluice), once per test process,
-// offline (GOPROXY=off, GOFLAGS=-mod=readonly: its modules are a subset of
-// this tree's, in the module cache after make deps): about 12 s with a
-// warm build cache. SLUICE_PREVIOUS_AGENT names a binary built already.
+// with GOFLAGS=-mod=readonly (its modules are a subset of this tree's, in
+// the module cache after make deps; the Go module proxy is asked only for
+// what the cache lacks): about 12 s with a warm build cache.
+// SLUICE_PREVIOUS_AGENT names a binary built already. A clone without the
+// commit (a shallow one) cannot run the upgrade test: it fails, naming the
+// fix (a full clone, or SLUICE_PREVIOUS_AGENT).
 func previousAgent(t *testing.T) string {
 	t.Helper()
 	if bin := os.Getenv("SLUICE_PREVIOUS_AGENT"); bin != "" {
@@ -86,7 +89,7 @@ func previousAgent(t *testing.T) string {
 		src := filepath.Join(release0.dir, "src")
 		archive, err := exec.CommandContext(ctx, "git", "-C", root, "archive", "--format=tar", previousRelease).Output()
 		if err != nil {
-			release0.err = fmt.Errorf("git archive %s: %w", previousRelease, err)
+			release0.err = fmt.Errorf("git archive %s: %w (a shallow clone lacks the previous release: clone the whole history, or set SLUICE_PREVIOUS_AGENT to its agent binary)", previousRelease, err)
 			return
 		}
 		if release0.err = untar(archive, src); release0.err != nil {
@@ -95,7 +98,7 @@ func previousAgent(t *testing.T) string {
 		release0.bin = filepath.Join(release0.dir, "sluice")
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", release0.bin, "./cmd/sluice")
 		cmd.Dir = src
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOTOOLCHAIN=local", "GOPROXY=off", "GOFLAGS=-mod=readonly")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOTOOLCHAIN=local", "GOFLAGS=-mod=readonly")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			release0.err = fmt.Errorf("build the agent of %s: %w\n%s", previousRelease, err, out)
 		}
