@@ -9,7 +9,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -290,47 +289,17 @@ func (e *env) spread(t *testing.T, vip string, n int) map[string]int {
 	return counts
 }
 
-// echoConn is a TCP connection to the echo service and the backend it
-// reached.
-type echoConn struct {
-	net.Conn
-	r       *bufio.Reader
-	backend string
-}
-
-func (e *env) dialEcho(t *testing.T) *echoConn {
+// dialEcho opens a long-lived connection to the echo service from the
+// client.
+func (e *env) dialEcho(t *testing.T) *topology.EchoConn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
 	defer cancel()
-	c, err := e.lb.Client.DialContext(ctx, "tcp4", echoVIP)
+	c, err := e.lb.Client.DialEcho(ctx, echoVIP)
 	if err != nil {
-		t.Fatalf("dial %s: %v", echoVIP, err)
+		t.Fatal(err)
 	}
-	ec := &echoConn{Conn: c, r: bufio.NewReader(c)}
-	who, err := ec.say("hello")
-	if err != nil {
-		c.Close()
-		t.Fatalf("first line on %s: %v", echoVIP, err)
-	}
-	ec.backend = who
-	return ec
-}
-
-// say sends msg and returns the backend named in the echo.
-func (c *echoConn) say(msg string) (string, error) {
-	c.SetDeadline(time.Now().Add(3 * time.Second))
-	if _, err := fmt.Fprintf(c, "%s\n", msg); err != nil {
-		return "", err
-	}
-	line, err := c.r.ReadString('\n')
-	if err != nil {
-		return "", err
-	}
-	who, got, _ := strings.Cut(strings.TrimSpace(line), " ")
-	if got != msg {
-		return "", fmt.Errorf("echo %q for %q", line, msg)
-	}
-	return who, nil
+	return c
 }
 
 // counters returns `sluicectl counters` as a map.
@@ -472,19 +441,19 @@ func TestClusterIPEndToEnd(t *testing.T) {
 		}
 	})
 
-	var keep *echoConn // an established connection that outlives later changes
+	var keep *topology.EchoConn // an established connection that outlives later changes
 	t.Run("RemovedBackendKeepsEstablishedConnection", func(t *testing.T) {
 		removed := e.backends[2]
 		// Open connections until one reaches the backend to remove and one
 		// another backend; 50 tries fail with probability < 2 * (2/3)^50,
 		// about 3e-9.
-		var onRemoved *echoConn
+		var onRemoved *topology.EchoConn
 		for i := 0; i < 50 && (onRemoved == nil || keep == nil); i++ {
 			c := e.dialEcho(t)
 			switch {
-			case c.backend == removed && onRemoved == nil:
+			case c.Backend == removed && onRemoved == nil:
 				onRemoved = c
-			case c.backend != removed && keep == nil:
+			case c.Backend != removed && keep == nil:
 				keep = c
 			default:
 				c.Close()
@@ -502,11 +471,11 @@ func TestClusterIPEndToEnd(t *testing.T) {
 		for i := range 60 {
 			c := e.dialEcho(t)
 			c.Close()
-			if c.backend == removed {
+			if c.Backend == removed {
 				t.Fatalf("new connection %d reached removed backend %s", i, removed)
 			}
 		}
-		if who, err := onRemoved.say("still there"); err != nil || who != removed {
+		if who, err := onRemoved.Say("still there"); err != nil || who != removed {
 			t.Errorf("established connection to %s after its removal: backend %q, err %v", removed, who, err)
 		}
 	})
@@ -602,7 +571,7 @@ func TestClusterIPEndToEnd(t *testing.T) {
 			}
 			return nil
 		})
-		if who, err := keep.say("agent down"); err != nil || who != keep.backend {
+		if who, err := keep.Say("agent down"); err != nil || who != keep.Backend {
 			t.Errorf("established connection while the agent is down: %q %v", who, err)
 		}
 		if _, err := os.Stat(filepath.Join(e.agent.BPFFS, "sluice", "sluice_services_v1")); err != nil {
@@ -626,7 +595,7 @@ func TestClusterIPEndToEnd(t *testing.T) {
 		if n := traffic.Failed(); n > 0 {
 			t.Errorf("%d of %d requests failed across stop and restart; first: %v", n, n+traffic.OK(), traffic.FirstErr())
 		}
-		if who, err := keep.say("agent back"); err != nil || who != keep.backend {
+		if who, err := keep.Say("agent back"); err != nil || who != keep.Backend {
 			t.Errorf("established connection after restart: %q %v", who, err)
 		}
 		keep.Close()
