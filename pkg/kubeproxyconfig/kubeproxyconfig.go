@@ -98,7 +98,7 @@ func Parse(data []byte) (Result, error) {
 	if err := m.mapFields(&c); err != nil {
 		return Result{}, err
 	}
-	m.collectIgnored(generic, "", &c)
+	m.collectIgnored(generic, reflect.TypeFor[KubeProxyConfiguration](), "", &c)
 	slices.SortFunc(m.res.Ignored, func(a, b Ignored) int { return strings.Compare(a.Field, b.Field) })
 	return m.res, nil
 }
@@ -381,19 +381,29 @@ var why = map[string]string{
 	"clientConnection":            "Sluice's client speaks protobuf, with a burst of twice --kube-api-qps",
 }
 
-// collectIgnored reports the leaves of v (the file, decoded generically)
-// that were not applied and hold a value other than their zero.
-func (m *mapper) collectIgnored(v any, path string, c *KubeProxyConfiguration) {
+// collectIgnored reports the leaves of v (the file, decoded generically;
+// t its Go type) that were not applied and hold a value other than their
+// zero. For a pointer field only null is zero: kube-proxy tells an
+// explicit false or 0 there from unset.
+func (m *mapper) collectIgnored(v any, t reflect.Type, path string, c *KubeProxyConfiguration) {
 	if m.applied[path] {
 		return
 	}
 	if obj, ok := v.(map[string]any); ok && len(obj) > 0 {
+		fields := map[string]reflect.Type{}
+		if t.Kind() == reflect.Struct {
+			fields = jsonFields(t)
+		}
 		for k, e := range obj {
-			m.collectIgnored(e, join(path, k), c)
+			ft, ok := fields[k]
+			if !ok {
+				ft = t.Elem() // a map's value (checkFields refused unknown fields)
+			}
+			m.collectIgnored(e, ft, join(path, k), c)
 		}
 		return
 	}
-	if isZero(v) {
+	if v == nil || t.Kind() != reflect.Pointer && isZero(v) {
 		return
 	}
 	value, ok := v.(string)
