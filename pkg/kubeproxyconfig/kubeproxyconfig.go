@@ -364,7 +364,7 @@ var why = map[string]string{
 	"ipvs":                        otherMode,
 	"iptables.masqueradeBit":      "Sluice marks no packets: its NAT is done in its own programs",
 	"nftables.masqueradeBit":      "Sluice marks no packets: its NAT is done in its own programs",
-	"iptables.snatNodeInternalIP": "not implemented: Sluice source-NATs to the node address of the flow's device (--node-ip)",
+	"iptables.snatNodeInternalIP": "Sluice source-NATs to the --node-ip addresses (by default the Node object's) whatever this says",
 	"ipvs.scheduler":              "Sluice has no IPVS mode: it picks endpoints at random, as the iptables mode",
 	"ipvs.excludeCIDRs":           "Sluice has no IPVS mode",
 	"ipvs.strictARP":              "Sluice has no IPVS mode",
