@@ -384,7 +384,9 @@ var why = map[string]string{
 // collectIgnored reports the leaves of v (the file, decoded generically;
 // t its Go type) that were not applied and hold a value other than their
 // zero. For a pointer field only null is zero: kube-proxy tells an
-// explicit false or 0 there from unset.
+// explicit false or 0 there from unset. conntrack's are the exception:
+// 0 there tells kube-proxy to leave the node's sysctl alone, as Sluice
+// does (kind writes maxPerCore: 0).
 func (m *mapper) collectIgnored(v any, t reflect.Type, path string, c *KubeProxyConfiguration) {
 	if m.applied[path] {
 		return
@@ -403,7 +405,7 @@ func (m *mapper) collectIgnored(v any, t reflect.Type, path string, c *KubeProxy
 		}
 		return
 	}
-	if v == nil || t.Kind() != reflect.Pointer && isZero(v) {
+	if v == nil || (t.Kind() != reflect.Pointer || strings.HasPrefix(path, "conntrack.")) && isZero(v) {
 		return
 	}
 	value, ok := v.(string)

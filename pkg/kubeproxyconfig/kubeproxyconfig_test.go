@@ -122,6 +122,32 @@ oomScoreAdj: -999
 	}
 }
 
+// TestConntrackZeroes: 0 in conntrack's pointer fields tells kube-proxy
+// to leave the node's sysctls alone, as Sluice does: nothing to report.
+// An explicit false elsewhere is a choice, and is reported.
+func TestConntrackZeroes(t *testing.T) {
+	res, err := Parse([]byte(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: iptables
+conntrack:
+  maxPerCore: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+iptables:
+  snatNodeInternalIP: false
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fields []string
+	for _, ig := range res.Ignored {
+		fields = append(fields, ig.Field)
+	}
+	if want := []string{"iptables.snatNodeInternalIP", "mode"}; !reflect.DeepEqual(fields, want) {
+		t.Errorf("ignored %q, want %q", fields, want)
+	}
+}
+
 // TestModeSections: masqueradeAll, localhostNodePorts and the sync
 // periods come from the section kube-proxy would read in that mode.
 func TestModeSections(t *testing.T) {
