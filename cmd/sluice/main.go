@@ -69,11 +69,12 @@ func run(args []string) int {
 		nodeZone    = fs.String("node-zone", "", "this node's zone (the topology.kubernetes.io/zone label), which EndpointSlice hints are matched against; with the Kubernetes source the Node's label replaces it")
 		clusterCIDR = fs.String("cluster-cidr", "", "comma-separated CIDRs of the cluster's pods: their traffic to an externalTrafficPolicy Local Service's NodePort, ExternalIP or LoadBalancer IP goes to all its endpoints, and ClusterIP traffic from elsewhere is masqueraded (empty: no source is a pod, and ClusterIP traffic is not masqueraded)")
 		serviceCIDR = fs.String("service-cidr", "", "comma-separated CIDRs of the ClusterIPs: a packet to one of their addresses that no Service holds is dropped")
-		npAddrs     = fs.String("nodeport-addresses", "", "comma-separated CIDRs: NodePorts (and health checks) are served on the node's addresses inside them; 0.0.0.0/0 means every address (default: the node's primary addresses, --node-ip)")
+		npAddrs     = fs.String("nodeport-addresses", "", "comma-separated CIDRs and kube-proxy's keywords primary (the node's primary addresses, --node-ip), all (0.0.0.0/0) and localhost (127.0.0.0/8): NodePorts (and health checks) are served on the node's addresses inside them; 0.0.0.0/0 means every address (default: primary)")
 		localhostNP = fs.Bool("localhost-nodeports", true, "also serve NodePorts on 127.0.0.1 (TCP and UDP, through socket load balancing) when --nodeport-addresses cover it")
 		masqAll     = fs.Bool("masquerade-all", false, "source-NAT all ClusterIP traffic, and external traffic sent to this node's endpoints (which otherwise keeps its client's address)")
 		progStats   = fs.Bool("bpf-program-stats", true, "have the kernel count the run count and run time of BPF programs (BPF_ENABLE_STATS, system wide, while the agent runs), exported as sluice_bpf_program_runs_total and sluice_bpf_program_run_seconds_total")
 		namesFile   = fs.String("names-file", namesfile.Default, "write which Service each programmed frontend belongs to here (JSON), for sluicectl to show beside the addresses (empty: off)")
+		configFile  = fs.String("config", "", "kube-proxy's configuration file (a KubeProxyConfiguration): the fields that apply set the flags they map to; flags given on the command line override it")
 		showVersion = fs.Bool("version", false, "print the version, the commit and the digest of the BPF objects, and exit")
 		dpCfg       datapath.Config
 	)
@@ -104,6 +105,14 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "sluice: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
+	var kp kubeProxyConfig
+	if *configFile != "" {
+		var err error
+		if kp, err = applyKubeProxyConfig(fs, *configFile); err != nil {
+			fmt.Fprintf(os.Stderr, "sluice: --config: %v\n", err)
+			return 2
+		}
+	}
 	if *ctGC <= 0 {
 		fmt.Fprintf(os.Stderr, "sluice: --conntrack-gc-interval %s: must be > 0 (nothing else deletes expired established flows)\n", *ctGC)
 		return 2
@@ -113,6 +122,9 @@ func run(args []string) int {
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "sluice: %v\n", err)
 		return 2
+	}
+	if *configFile != "" {
+		kp.log(log, *configFile)
 	}
 	if *nodeName == "" {
 		h, err := os.Hostname()
@@ -136,9 +148,10 @@ func run(args []string) int {
 		dpCfg.ServiceCIDRs, err = parseCIDRs("service-cidr", *serviceCIDR)
 	}
 	var npCIDRs []netip.Prefix
+	var npPrimary bool
 	if err == nil {
-		npCIDRs, err = parseCIDRs("nodeport-addresses", *npAddrs)
-		if err == nil && *npAddrs != "" && len(npCIDRs) == 0 {
+		npCIDRs, npPrimary, err = parseNodePortAddresses(*npAddrs)
+		if err == nil && *npAddrs != "" && len(npCIDRs) == 0 && !npPrimary {
 			err = fmt.Errorf("--nodeport-addresses %q: no IPv4 CIDR (IPv6 is not served yet)", *npAddrs)
 		}
 	}
@@ -179,6 +192,13 @@ func run(args []string) int {
 	if err != nil {
 		log.Error("addresses of the node", "err", err)
 		return 1
+	}
+	if npPrimary && len(npCIDRs) > 0 {
+		// primary beside CIDRs: the node's primary addresses are
+		// one more range (alone, primary is the default).
+		for _, a := range opts.Node.Addresses {
+			npCIDRs = append(npCIDRs, netip.PrefixFrom(a, a.BitLen()))
+		}
 	}
 	np := nodePortsFor(npCIDRs, opts.Node.Addresses, local, *localhostNP)
 	if len(npCIDRs) == 0 && len(opts.Node.Addresses) == 0 {

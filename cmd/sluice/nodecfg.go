@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 )
 
 // parseCIDRs parses a comma-separated list of CIDRs for flag, and returns
@@ -28,6 +29,31 @@ func parseCIDRs(flag, s string) ([]netip.Prefix, error) {
 		}
 	}
 	return out, nil
+}
+
+// parseNodePortAddresses parses --nodeport-addresses: CIDRs and
+// kube-proxy's keywords all (0.0.0.0/0), localhost (127.0.0.0/8) and
+// primary (the node's primary addresses, reported apart: they may be known
+// only later, from the Node object).
+func parseNodePortAddresses(s string) (cidrs []netip.Prefix, primary bool, err error) {
+	var rest []string
+	for _, f := range splitList(s) {
+		switch f {
+		case "primary":
+			primary = true
+		case "all":
+			cidrs = append(cidrs, netip.PrefixFrom(netip.IPv4Unspecified(), 0))
+		case "localhost":
+			cidrs = append(cidrs, netip.PrefixFrom(netip.AddrFrom4([4]byte{127, 0, 0, 0}), 8))
+		default:
+			rest = append(rest, f)
+		}
+	}
+	more, err := parseCIDRs("nodeport-addresses", strings.Join(rest, ","))
+	if err != nil {
+		return nil, false, err
+	}
+	return append(cidrs, more...), primary, nil
 }
 
 // nodePorts says where NodePorts and health checks are served.

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"flag"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// everyMappedField sets every field --config maps to a flag.
+const everyMappedField = `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+hostnameOverride: node-1
+bindAddress: 192.168.1.10
+healthzBindAddress: 0.0.0.0:10256
+metricsBindAddress: 0.0.0.0:10249
+clientConnection:
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 50
+clusterCIDR: 10.244.0.0/16
+nodePortAddresses: [primary, localhost, 192.168.0.0/16]
+iptables:
+  masqueradeAll: true
+  localhostNodePorts: false
+  syncPeriod: 1m
+  minSyncPeriod: 2s
+`
+
+func writeConfig(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.conf")
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestConfigPrecedence: the command line wins over the file, the file
+// over the defaults; a source on the command line overrides the file's
+// kubeconfig.
+func TestConfigPrecedence(t *testing.T) {
+	path := writeConfig(t, everyMappedField)
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	clusterCIDR := fs.String("cluster-cidr", "", "")
+	masqAll := fs.Bool("masquerade-all", false, "")
+	nodeName := fs.String("node-name", "", "")
+	manifests := fs.String("manifests", "", "")
+	kube := addKubeFlags(fs)
+	for _, f := range []string{"node-ip", "health-addr", "metrics-addr", "nodeport-addresses"} {
+		fs.String(f, "", "")
+	}
+	fs.Bool("localhost-nodeports", true, "")
+	if err := fs.Parse([]string{"--cluster-cidr", "10.0.0.0/8", "--manifests", "m.yaml", "--sync-period", "5s"}); err != nil {
+		t.Fatal(err)
+	}
+	kp, err := applyKubeProxyConfig(fs, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *clusterCIDR != "10.0.0.0/8" || *kube.syncPeriod != 5*time.Second || *manifests != "m.yaml" {
+		t.Errorf("command line overridden by the file: --cluster-cidr %s, --sync-period %s, --manifests %s", *clusterCIDR, *kube.syncPeriod, *manifests)
+	}
+	if *kube.kubeconfig != "" {
+		t.Errorf("--kubeconfig %q set from the file beside --manifests: two sources", *kube.kubeconfig)
+	}
+	if !*masqAll || *nodeName != "node-1" || *kube.apiQPS != 50 || *kube.minSyncPeriod != 2*time.Second {
+		t.Errorf("file not applied: --masquerade-all %v, --node-name %q, --kube-api-qps %v, --min-sync-period %s",
+			*masqAll, *nodeName, *kube.apiQPS, *kube.minSyncPeriod)
+	}
+	var overridden []string
+	for _, s := range kp.overridden {
+		overridden = append(overridden, s.Field)
+	}
+	if want := []string{"clientConnection.kubeconfig", "clusterCIDR", "iptables.syncPeriod"}; !reflect.DeepEqual(overridden, want) {
+		t.Errorf("overridden %q, want %q", overridden, want)
+	}
+	if len(kp.applied)+len(kp.overridden) != 12 {
+		t.Errorf("%d settings applied and %d overridden, want 12 in all", len(kp.applied), len(kp.overridden))
+	}
+}
+
+// TestConfigFlagsExist: every flag the file can set exists on the agent's
+// command line. The run stops at a flag checked after --config (an
+// invalid --conntrack-gc-interval), so it never starts an agent.
+func TestConfigFlagsExist(t *testing.T) {
+	stderr := captureStderr(t, func() {
+		path := writeConfig(t, everyMappedField)
+		if code := run([]string{"--config", path, "--conntrack-gc-interval", "0"}); code != 2 {
+			t.Errorf("exit %d, want 2", code)
+		}
+	})
+	if !strings.Contains(stderr, "--conntrack-gc-interval") || strings.Contains(stderr, "--config") {
+		t.Errorf("the file was not applied as a whole; stderr:\n%s", stderr)
+	}
+}
+
+// TestBadConfigExitsTwo: a file Sluice cannot apply is a command-line
+// error, and says which field.
+func TestBadConfigExitsTwo(t *testing.T) {
+	const head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+	for _, c := range []struct{ body, want string }{
+		{head + "clusterCIDR: 10.0.0.0/40\n", "clusterCIDR"},
+		{head + "iptables:\n  masqueradAll: true\n", "iptables.masqueradAll"},
+	} {
+		stderr := captureStderr(t, func() {
+			if code := run([]string{"--config", writeConfig(t, c.body), "--manifests", "m.yaml"}); code != 2 {
+				t.Errorf("%q: exit %d, want 2", c.body, code)
+			}
+		})
+		if !strings.Contains(stderr, c.want) {
+			t.Errorf("stderr does not name %s:\n%s", c.want, stderr)
+		}
+	}
+}
+
+// captureStderr returns what fn writes to os.Stderr.
+func captureStderr(t *testing.T, fn func()) string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := os.Stderr
+	os.Stderr = w
+	done := make(chan []byte)
+	go func() {
+		b, _ := io.ReadAll(r) // the pipe is ours: only closing it ends the read
+		done <- b
+	}()
+	fn()
+	os.Stderr = saved
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out := <-done
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+func TestParseNodePortAddresses(t *testing.T) {
+	p := netip.MustParsePrefix
+	for _, c := range []struct {
+		in      string
+		cidrs   []netip.Prefix
+		primary bool
+	}{
+		{"", nil, false},
+		{"primary", nil, true},
+		{"all", []netip.Prefix{p("0.0.0.0/0")}, false},
+		{"primary,localhost,192.168.0.0/16,fd00::/64", []netip.Prefix{p("127.0.0.0/8"), p("192.168.0.0/16")}, true},
+	} {
+		cidrs, primary, err := parseNodePortAddresses(c.in)
+		if err != nil || !reflect.DeepEqual(cidrs, c.cidrs) || primary != c.primary {
+			t.Errorf("parseNodePortAddresses(%q) = %v, %v, %v; want %v, %v", c.in, cidrs, primary, err, c.cidrs, c.primary)
+		}
+	}
+	if _, _, err := parseNodePortAddresses("primary,10.0.0.1"); err == nil {
+		t.Error("parseNodePortAddresses accepts an address without a prefix length")
+	}
+}

@@ -1,0 +1,455 @@
+// Package kubeproxyconfig reads kube-proxy's configuration file (a
+// KubeProxyConfiguration, kubeproxy.config.k8s.io/v1alpha1) and says which
+// Sluice agent flags it sets, so that Sluice can replace kube-proxy on a
+// node without rewriting its configuration.
+//
+// The file is decoded strictly, as kube-proxy does: a field kube-proxy does
+// not know is an error naming it (with its path, e.g. iptables.masqueradAll),
+// and so is a value Sluice would have to refuse later (a bad CIDR, an
+// address without a port that cannot be completed). A field kube-proxy
+// knows but Sluice has no use for (mode, ipvs.*, conntrack.*, ...) is
+// returned as Ignored with the reason, when it holds anything but its zero
+// value: kubeadm writes every field, most of them empty, and an empty field
+// asks for the default, so there is nothing to report about it.
+//
+// The package knows nothing of flag sets: the caller applies the Settings,
+// which keeps the precedence rule (command line over file) in one place.
+package kubeproxyconfig
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// APIVersion and Kind are the only ones accepted.
+const (
+	APIVersion = "kubeproxy.config.k8s.io/v1alpha1"
+	Kind       = "KubeProxyConfiguration"
+)
+
+// kube-proxy's ports, appended to a bind address given without one (as
+// kube-proxy's defaulting does).
+const (
+	healthzPort = "10256"
+	metricsPort = "10249"
+)
+
+// Setting is one Sluice flag the file sets.
+type Setting struct {
+	Field string // the file's field, e.g. "iptables.masqueradeAll"
+	Flag  string // the flag's name, without dashes, e.g. "masquerade-all"
+	Value string // in the flag's syntax
+}
+
+// Ignored is a field the file sets that Sluice does not apply.
+type Ignored struct {
+	Field string // e.g. "ipvs.scheduler" or "featureGates.SomeGate"
+	Value string // as the file gives it (JSON, but for a string)
+	Why   string
+}
+
+// Result is what a file asks of Sluice.
+type Result struct {
+	Settings []Setting // in the order of the README's table
+	Ignored  []Ignored // sorted by field
+}
+
+// Load reads and parses the file at path.
+func Load(path string) (Result, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Result{}, fmt.Errorf("read kube-proxy configuration: %w", err)
+	}
+	r, err := Parse(data)
+	if err != nil {
+		return Result{}, fmt.Errorf("kube-proxy configuration %s: %w", path, err)
+	}
+	return r, nil
+}
+
+// Parse parses a KubeProxyConfiguration in YAML or JSON.
+func Parse(data []byte) (Result, error) {
+	var generic map[string]any
+	if err := yaml.Unmarshal(data, &generic); err != nil {
+		return Result{}, fmt.Errorf("decode: %w", err)
+	}
+	if err := checkFields(generic, reflect.TypeFor[KubeProxyConfiguration](), ""); err != nil {
+		return Result{}, err
+	}
+	var c KubeProxyConfiguration
+	// Strict also refuses duplicate keys; the unknown fields were
+	// named above, with their paths.
+	if err := yaml.UnmarshalStrict(data, &c); err != nil {
+		return Result{}, fmt.Errorf("decode: %w", err)
+	}
+	if c.APIVersion != APIVersion || c.Kind != Kind {
+		return Result{}, fmt.Errorf("apiVersion %q, kind %q: want %s, %s", c.APIVersion, c.Kind, APIVersion, Kind)
+	}
+	m := mapper{applied: map[string]bool{"apiVersion": true, "kind": true}}
+	if err := m.mapFields(&c); err != nil {
+		return Result{}, err
+	}
+	m.collectIgnored(generic, reflect.TypeFor[KubeProxyConfiguration](), "", &c)
+	slices.SortFunc(m.res.Ignored, func(a, b Ignored) int { return strings.Compare(a.Field, b.Field) })
+	return m.res, nil
+}
+
+// checkFields returns an error naming the first field of v (in key order)
+// that t does not have. Matching is exact, as kube-proxy's strict decoder
+// (sigs.k8s.io/json) does: encoding/json alone would take ClusterCIDR
+// for clusterCIDR.
+func checkFields(v any, t reflect.Type, path string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch v := v.(type) {
+	case map[string]any:
+		if t.Kind() != reflect.Struct {
+			return nil // a map field (featureGates): any key
+		}
+		fields := jsonFields(t)
+		keys := make([]string, 0, len(v))
+		for k := range v {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			ft, ok := fields[k]
+			if !ok {
+				return fmt.Errorf("unknown field %q", join(path, k))
+			}
+			if err := checkFields(v[k], ft, join(path, k)); err != nil {
+				return err
+			}
+		}
+	case []any:
+		if t.Kind() != reflect.Slice {
+			return nil
+		}
+		for i, e := range v {
+			if err := checkFields(e, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// jsonFields maps the JSON names of struct t's fields to their types,
+// embedded structs (metav1.TypeMeta) inlined.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	out := map[string]reflect.Type{}
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if f.Anonymous && name == "" {
+			for k, ft := range jsonFields(f.Type) {
+				out[k] = ft
+			}
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		out[name] = f.Type
+	}
+	return out
+}
+
+func join(path, k string) string {
+	if path == "" {
+		return k
+	}
+	return path + "." + k
+}
+
+type mapper struct {
+	res     Result
+	applied map[string]bool // fields consumed, set or not
+}
+
+func (m *mapper) set(field, flag, value string) {
+	m.applied[field] = true
+	m.res.Settings = append(m.res.Settings, Setting{Field: field, Flag: flag, Value: value})
+}
+
+// mapFields turns the fields that apply into Settings.
+func (m *mapper) mapFields(c *KubeProxyConfiguration) error {
+	m.applied["hostnameOverride"] = true
+	if h := strings.ToLower(strings.TrimSpace(c.HostnameOverride)); h != "" {
+		m.set("hostnameOverride", "node-name", h)
+	}
+
+	// bindAddress is kube-proxy's idea of the node's primary IP;
+	// unspecified (kubeadm's 0.0.0.0) leaves it to the Node object.
+	if c.BindAddress != "" {
+		a, err := netip.ParseAddr(c.BindAddress)
+		switch {
+		case err != nil:
+			return fmt.Errorf("bindAddress %q: %w", c.BindAddress, err)
+		case a.IsUnspecified():
+			m.applied["bindAddress"] = true
+		case a.Is4():
+			m.set("bindAddress", "node-ip", a.String())
+		}
+	}
+
+	for _, b := range []struct{ field, flag, port, value string }{
+		{"healthzBindAddress", "health-addr", healthzPort, c.HealthzBindAddress},
+		{"metricsBindAddress", "metrics-addr", metricsPort, c.MetricsBindAddress},
+	} {
+		m.applied[b.field] = true
+		if b.value == "" {
+			continue // kube-proxy's default, which Sluice shares
+		}
+		addr, err := bindAddress(b.value, b.port)
+		if err != nil {
+			return fmt.Errorf("%s %q: %w", b.field, b.value, err)
+		}
+		m.set(b.field, b.flag, addr)
+	}
+	// Sluice always fails when it cannot listen: true asks for that,
+	// false (kube-proxy's default) is not worth a warning.
+	m.applied["bindAddressHardFail"] = true
+
+	m.applied["clientConnection.kubeconfig"] = true
+	if c.ClientConnection.Kubeconfig != "" {
+		m.set("clientConnection.kubeconfig", "kubeconfig", c.ClientConnection.Kubeconfig)
+	}
+	m.applied["clientConnection.qps"] = true
+	if q := c.ClientConnection.QPS; q != 0 {
+		if q < 0 {
+			return fmt.Errorf("clientConnection.qps %v: must be > 0", q)
+		}
+		m.set("clientConnection.qps", "kube-api-qps", strconv.FormatFloat(float64(q), 'g', -1, 32))
+	}
+
+	m.applied["detectLocalMode"] = true
+	if c.DetectLocalMode != "" && c.DetectLocalMode != "ClusterCIDR" {
+		return fmt.Errorf("detectLocalMode %q: Sluice tells pods by clusterCIDR only (ClusterCIDR)", c.DetectLocalMode)
+	}
+	m.applied["clusterCIDR"] = true
+	if c.ClusterCIDR != "" {
+		var cidrs []string
+		for _, s := range strings.Split(c.ClusterCIDR, ",") {
+			p, err := netip.ParsePrefix(strings.TrimSpace(s))
+			if err != nil {
+				return fmt.Errorf("clusterCIDR %q: %w", c.ClusterCIDR, err)
+			}
+			cidrs = append(cidrs, p.String())
+		}
+		m.set("clusterCIDR", "cluster-cidr", strings.Join(cidrs, ","))
+	}
+
+	m.applied["nodePortAddresses"] = true
+	if len(c.NodePortAddresses) > 0 {
+		for i, s := range c.NodePortAddresses {
+			switch s {
+			case "primary", "all", "localhost":
+				continue
+			}
+			if _, err := netip.ParsePrefix(s); err != nil {
+				return fmt.Errorf("nodePortAddresses[%d] %q: want a CIDR, primary, all or localhost: %w", i, s, err)
+			}
+		}
+		m.set("nodePortAddresses", "nodeport-addresses", strings.Join(c.NodePortAddresses, ","))
+	}
+
+	return m.mapMode(c)
+}
+
+// mapMode applies the settings kube-proxy reads from the section of its
+// mode: masqueradeAll (iptables.* for iptables and ipvs), the iptables
+// localhostNodePorts, and the sync periods (Sluice's Kubernetes source
+// runs kube-proxy's bounded-frequency runner under the same names). The
+// other sections hold what kube-proxy would not apply either, and are
+// reported.
+func (m *mapper) mapMode(c *KubeProxyConfiguration) error {
+	var masqSection, syncSection string
+	var masqAll bool
+	var syncPeriod, minSyncPeriod string
+	switch c.Mode {
+	case "", "iptables": // "" is iptables on Linux
+		masqSection, syncSection = "iptables", "iptables"
+		masqAll = c.IPTables.MasqueradeAll
+		syncPeriod, minSyncPeriod = period(c.IPTables.SyncPeriod.Duration), period(c.IPTables.MinSyncPeriod.Duration)
+		m.applied["iptables.localhostNodePorts"] = true
+		if l := c.IPTables.LocalhostNodePorts; l != nil {
+			m.set("iptables.localhostNodePorts", "localhost-nodeports", strconv.FormatBool(*l))
+		}
+	case "ipvs":
+		masqSection, syncSection = "iptables", "ipvs"
+		masqAll = c.IPTables.MasqueradeAll
+		syncPeriod, minSyncPeriod = period(c.IPVS.SyncPeriod.Duration), period(c.IPVS.MinSyncPeriod.Duration)
+	case "nftables":
+		masqSection, syncSection = "nftables", "nftables"
+		masqAll = c.NFTables.MasqueradeAll
+		syncPeriod, minSyncPeriod = period(c.NFTables.SyncPeriod.Duration), period(c.NFTables.MinSyncPeriod.Duration)
+	case "kernelspace":
+		return nil // Windows: no section applies, all are reported
+	default:
+		return fmt.Errorf("mode %q: want iptables, ipvs, nftables or kernelspace", c.Mode)
+	}
+	m.applied[masqSection+".masqueradeAll"] = true
+	if masqAll {
+		m.set(masqSection+".masqueradeAll", "masquerade-all", "true")
+	}
+	for _, p := range []struct{ field, flag, value string }{
+		{syncSection + ".syncPeriod", "sync-period", syncPeriod},
+		{syncSection + ".minSyncPeriod", "min-sync-period", minSyncPeriod},
+	} {
+		m.applied[p.field] = true
+		if strings.HasPrefix(p.value, "-") {
+			return fmt.Errorf("%s %s: must not be negative", p.field, p.value)
+		}
+		if p.value != "" {
+			m.set(p.field, p.flag, p.value)
+		}
+	}
+	return nil
+}
+
+// period is d in the flag's syntax, "" for 0 (the default).
+func period(d interface{ String() string }) string {
+	if s := d.String(); s != "0s" {
+		return s
+	}
+	return ""
+}
+
+// bindAddress completes host[:port] as kube-proxy does (a bare IP gets
+// kube-proxy's port) and checks it.
+func bindAddress(s, port string) (string, error) {
+	host, p, err := net.SplitHostPort(s)
+	if err != nil {
+		a, aerr := netip.ParseAddr(strings.Trim(s, "[]"))
+		if aerr != nil {
+			return "", fmt.Errorf("want IP:port or IP: %w", err)
+		}
+		return net.JoinHostPort(a.String(), port), nil
+	}
+	if host != "" {
+		if _, err := netip.ParseAddr(host); err != nil {
+			return "", fmt.Errorf("host: %w", err)
+		}
+	}
+	if n, err := strconv.ParseUint(p, 10, 16); err != nil || n == 0 {
+		return "", fmt.Errorf("port %q: want 1-65535", p)
+	}
+	return s, nil
+}
+
+// otherMode is the reason for a field of another mode's section.
+const otherMode = "<other mode>"
+
+// why says why a known field is not applied; the longest matching
+// prefix of the field's path wins.
+var why = map[string]string{
+	"featureGates":                "kube-proxy's feature gates do not configure Sluice",
+	"logging":                     "Sluice logs with log/slog at --log-level",
+	"enableProfiling":             "Sluice serves no /debug/pprof",
+	"showHiddenMetricsForVersion": "Sluice has no hidden metrics",
+	"mode":                        "Sluice is its own (eBPF) datapath: the mode only says which section's masqueradeAll, localhostNodePorts and sync periods apply",
+	"bindAddress":                 "an IPv6 primary address: Sluice serves IPv4 only so far",
+	"iptables":                    otherMode,
+	"nftables":                    otherMode,
+	"ipvs":                        otherMode,
+	"iptables.masqueradeBit":      "Sluice marks no packets: its NAT is done in its own programs",
+	"nftables.masqueradeBit":      "Sluice marks no packets: its NAT is done in its own programs",
+	"iptables.snatNodeInternalIP": "Sluice source-NATs to the --node-ip addresses (by default the Node object's) whatever this says",
+	"ipvs.scheduler":              "Sluice has no IPVS mode: it picks endpoints at random, as the iptables mode",
+	"ipvs.excludeCIDRs":           "Sluice has no IPVS mode",
+	"ipvs.strictARP":              "Sluice has no IPVS mode",
+	"ipvs.tcpTimeout":             "Sluice has no IPVS mode",
+	"ipvs.tcpFinTimeout":          "Sluice has no IPVS mode",
+	"ipvs.udpTimeout":             "Sluice has no IPVS mode",
+	"winkernel":                   "Windows only",
+	"windowsRunAsService":         "Windows only",
+	"detectLocal":                 "Sluice tells pods by clusterCIDR only",
+	"oomScoreAdj":                 "Sluice leaves its OOM score to the pod's resources",
+	"conntrack":                   "sets the node's netfilter conntrack sysctls: Sluice tracks Service flows in its own tables and leaves the sysctls alone",
+	"configSyncPeriod":            "Sluice's informers do not resync; --resync-interval re-applies the datapath",
+	"portRange":                   "unused by kube-proxy too (the userspace proxy is gone)",
+	"clientConnection":            "Sluice's client speaks protobuf, with a burst of twice --kube-api-qps",
+}
+
+// collectIgnored reports the leaves of v (the file, decoded generically;
+// t its Go type) that were not applied and hold a value other than their
+// zero. For a pointer field only null is zero: kube-proxy tells an
+// explicit false or 0 there from unset. conntrack's are the exception:
+// 0 there tells kube-proxy to leave the node's sysctl alone, as Sluice
+// does (kind writes maxPerCore: 0).
+func (m *mapper) collectIgnored(v any, t reflect.Type, path string, c *KubeProxyConfiguration) {
+	if m.applied[path] {
+		return
+	}
+	if obj, ok := v.(map[string]any); ok && len(obj) > 0 {
+		fields := map[string]reflect.Type{}
+		if t.Kind() == reflect.Struct {
+			fields = jsonFields(t)
+		}
+		for k, e := range obj {
+			ft, ok := fields[k]
+			if !ok {
+				ft = t.Elem() // a map's value (checkFields refused unknown fields)
+			}
+			m.collectIgnored(e, ft, join(path, k), c)
+		}
+		return
+	}
+	if v == nil || (t.Kind() != reflect.Pointer || strings.HasPrefix(path, "conntrack.")) && isZero(v) {
+		return
+	}
+	value, ok := v.(string)
+	if !ok {
+		b, _ := json.Marshal(v) // a generically decoded JSON value: always marshals
+		value = string(b)
+	}
+	reason, best := "not applied", -1
+	for p, r := range why {
+		if (path == p || strings.HasPrefix(path, p+".")) && len(p) > best {
+			reason, best = r, len(p)
+		}
+	}
+	if reason == otherMode {
+		mode := c.Mode
+		if mode == "" {
+			mode = "iptables (the default)"
+		}
+		reason = "not the section of mode " + mode
+	}
+	m.res.Ignored = append(m.res.Ignored, Ignored{Field: path, Value: value, Why: reason})
+}
+
+// isZero reports whether a generically decoded value asks for nothing:
+// null, false, 0, "", "0" (a quantity), "0s" (a duration), or empty.
+func isZero(v any) bool {
+	switch v := v.(type) {
+	case nil:
+		return true
+	case bool:
+		return !v
+	case float64:
+		return v == 0
+	case string:
+		return v == "" || v == "0" || v == "0s"
+	case []any:
+		return len(v) == 0
+	case map[string]any:
+		for _, e := range v {
+			if !isZero(e) {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}

@@ -1,0 +1,241 @@
+package kubeproxyconfig
+
+import (
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// TestKubeadmConfig: the file kubeadm writes sets the cluster CIDR and
+// the kubeconfig, and nothing else: its empty fields ask for defaults and
+// are not reported.
+func TestKubeadmConfig(t *testing.T) {
+	res, err := Load(filepath.Join("testdata", "kubeadm.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Setting{
+		{"clientConnection.kubeconfig", "kubeconfig", "/var/lib/kube-proxy/kubeconfig.conf"},
+		{"clusterCIDR", "cluster-cidr", "10.244.0.0/16"},
+	}
+	if !reflect.DeepEqual(res.Settings, want) {
+		t.Errorf("settings:\n got %v\nwant %v", res.Settings, want)
+	}
+	if len(res.Ignored) != 0 {
+		t.Errorf("ignored %v, want none", res.Ignored)
+	}
+}
+
+// TestTunedConfig: a file an operator has tuned, in nftables mode, sets
+// every flag a field maps to, and each field Sluice does not apply is
+// reported once, with the reason.
+func TestTunedConfig(t *testing.T) {
+	res, err := Parse([]byte(`
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+hostnameOverride: " Node-1 "
+bindAddress: 192.168.1.10
+bindAddressHardFail: true
+healthzBindAddress: 0.0.0.0
+metricsBindAddress: 192.168.1.10:10249
+clientConnection:
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 50
+  burst: 100
+clusterCIDR: 10.244.0.0/16,fd00:10:244::/56
+detectLocalMode: ClusterCIDR
+nodePortAddresses: [primary, 192.168.0.0/16]
+nftables:
+  masqueradeAll: true
+  masqueradeBit: 14
+  syncPeriod: 1m
+  minSyncPeriod: 2s
+iptables:
+  masqueradeAll: true
+  localhostNodePorts: false
+ipvs:
+  scheduler: rr
+conntrack:
+  maxPerCore: 32768
+  min: 131072
+  tcpEstablishedTimeout: 24h0m0s
+  tcpCloseWaitTimeout: 1h0m0s
+  udpTimeout: 0s
+featureGates:
+  SomeGate: true
+logging:
+  verbosity: 4
+oomScoreAdj: -999
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantSettings := []Setting{
+		{"hostnameOverride", "node-name", "node-1"},
+		{"bindAddress", "node-ip", "192.168.1.10"},
+		{"healthzBindAddress", "health-addr", "0.0.0.0:10256"},
+		{"metricsBindAddress", "metrics-addr", "192.168.1.10:10249"},
+		{"clientConnection.kubeconfig", "kubeconfig", "/var/lib/kube-proxy/kubeconfig.conf"},
+		{"clientConnection.qps", "kube-api-qps", "50"},
+		{"clusterCIDR", "cluster-cidr", "10.244.0.0/16,fd00:10:244::/56"},
+		{"nodePortAddresses", "nodeport-addresses", "primary,192.168.0.0/16"},
+		{"nftables.masqueradeAll", "masquerade-all", "true"},
+		{"nftables.syncPeriod", "sync-period", "1m0s"},
+		{"nftables.minSyncPeriod", "min-sync-period", "2s"},
+	}
+	if !reflect.DeepEqual(res.Settings, wantSettings) {
+		t.Errorf("settings:\n got %v\nwant %v", res.Settings, wantSettings)
+	}
+	wantIgnored := map[string]string{
+		"clientConnection.burst":          "100",
+		"conntrack.maxPerCore":            "32768",
+		"conntrack.min":                   "131072",
+		"conntrack.tcpCloseWaitTimeout":   "1h0m0s",
+		"conntrack.tcpEstablishedTimeout": "24h0m0s",
+		"featureGates.SomeGate":           "true",
+		"iptables.localhostNodePorts":     "false",
+		"iptables.masqueradeAll":          "true",
+		"ipvs.scheduler":                  "rr",
+		"logging.verbosity":               "4",
+		"mode":                            "nftables",
+		"nftables.masqueradeBit":          "14",
+		"oomScoreAdj":                     "-999",
+	}
+	got := map[string]string{}
+	var fields []string
+	for _, ig := range res.Ignored {
+		got[ig.Field] = ig.Value
+		fields = append(fields, ig.Field)
+		if ig.Why == "" || ig.Why == "not applied" {
+			t.Errorf("%s: no reason given (%q)", ig.Field, ig.Why)
+		}
+	}
+	if !reflect.DeepEqual(got, wantIgnored) || len(fields) != len(wantIgnored) {
+		t.Errorf("ignored:\n got %v\nwant %v", got, wantIgnored)
+	}
+	for _, ig := range res.Ignored {
+		if ig.Field == "iptables.masqueradeAll" && ig.Why != `not the section of mode nftables` {
+			t.Errorf("iptables.masqueradeAll in nftables mode: why %q", ig.Why)
+		}
+	}
+}
+
+// TestConntrackZeroes: 0 in conntrack's pointer fields tells kube-proxy
+// to leave the node's sysctls alone, as Sluice does: nothing to report.
+// An explicit false elsewhere is a choice, and is reported.
+func TestConntrackZeroes(t *testing.T) {
+	res, err := Parse([]byte(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: iptables
+conntrack:
+  maxPerCore: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+iptables:
+  snatNodeInternalIP: false
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fields []string
+	for _, ig := range res.Ignored {
+		fields = append(fields, ig.Field)
+	}
+	if want := []string{"iptables.snatNodeInternalIP", "mode"}; !reflect.DeepEqual(fields, want) {
+		t.Errorf("ignored %q, want %q", fields, want)
+	}
+}
+
+// TestModeSections: masqueradeAll, localhostNodePorts and the sync
+// periods come from the section kube-proxy would read in that mode.
+func TestModeSections(t *testing.T) {
+	const sections = `
+iptables: {masqueradeAll: true, localhostNodePorts: false, syncPeriod: 10s}
+ipvs: {syncPeriod: 20s}
+nftables: {syncPeriod: 30s}
+`
+	for _, c := range []struct {
+		mode string
+		want []Setting
+	}{
+		{"", []Setting{
+			{"iptables.localhostNodePorts", "localhost-nodeports", "false"},
+			{"iptables.masqueradeAll", "masquerade-all", "true"},
+			{"iptables.syncPeriod", "sync-period", "10s"},
+		}},
+		{"ipvs", []Setting{
+			{"iptables.masqueradeAll", "masquerade-all", "true"},
+			{"ipvs.syncPeriod", "sync-period", "20s"},
+		}},
+		{"nftables", []Setting{{"nftables.syncPeriod", "sync-period", "30s"}}},
+		{"kernelspace", nil},
+	} {
+		res, err := Parse([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: \"" + c.mode + "\"\n" + sections))
+		if err != nil {
+			t.Fatalf("mode %q: %v", c.mode, err)
+		}
+		if !reflect.DeepEqual(res.Settings, c.want) {
+			t.Errorf("mode %q:\n got %v\nwant %v", c.mode, res.Settings, c.want)
+		}
+	}
+}
+
+// TestJSON: kube-proxy reads JSON too.
+func TestJSON(t *testing.T) {
+	res, err := Parse([]byte(`{"apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+		"nodePortAddresses": ["all"], "iptables": {"masqueradeAll": true}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Setting{{"nodePortAddresses", "nodeport-addresses", "all"}, {"iptables.masqueradeAll", "masquerade-all", "true"}}
+	if !reflect.DeepEqual(res.Settings, want) {
+		t.Errorf("settings:\n got %v\nwant %v", res.Settings, want)
+	}
+}
+
+// TestBadFiles: each error names the field at fault.
+func TestBadFiles(t *testing.T) {
+	const head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+	for _, c := range []struct {
+		name, body, want string
+	}{
+		{"unknown field", head + "proxyMode: iptables\n", `unknown field "proxyMode"`},
+		{"unknown field in a section", head + "iptables:\n  masqueradAll: true\n", `unknown field "iptables.masqueradAll"`},
+		{"unknown field in an inapplicable section", head + "ipvs:\n  schedular: rr\n", `unknown field "ipvs.schedular"`},
+		{"field names are case-sensitive", head + "ClusterCIDR: 10.0.0.0/8\n", `unknown field "ClusterCIDR"`},
+		{"wrong kind", "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeletConfiguration\n", "kind"},
+		{"wrong version", "apiVersion: kubeproxy.config.k8s.io/v1beta1\nkind: KubeProxyConfiguration\n", "apiVersion"},
+		{"invalid cluster CIDR", head + "clusterCIDR: 10.0.0.0/40\n", `clusterCIDR "10.0.0.0/40"`},
+		{"invalid second cluster CIDR", head + "clusterCIDR: 10.0.0.0/8,fd00::/200\n", "clusterCIDR"},
+		{"nodePortAddresses entry without a prefix", head + "nodePortAddresses: [primary, 10.0.0.1]\n", `nodePortAddresses[1] "10.0.0.1"`},
+		{"bad metrics port", head + "metricsBindAddress: 0.0.0.0:metrics\n", "metricsBindAddress"},
+		{"healthz port out of range", head + "healthzBindAddress: 0.0.0.0:99999\n", "healthzBindAddress"},
+		{"healthz host name", head + "healthzBindAddress: localhost:10256\n", "healthzBindAddress"},
+		{"bind address not an IP", head + "bindAddress: node-1\n", "bindAddress"},
+		{"other local traffic detector", head + "detectLocalMode: NodeCIDR\n", `detectLocalMode "NodeCIDR"`},
+		{"unknown mode", head + "mode: userspace\n", `mode "userspace"`},
+		{"negative sync period", head + "iptables:\n  syncPeriod: -1s\n", "iptables.syncPeriod"},
+		{"negative qps", head + "clientConnection:\n  qps: -1\n", "clientConnection.qps"},
+		{"wrong type", head + "iptables:\n  masqueradeAll: \"yes\"\n", "masqueradeAll"},
+		{"duplicate field", head + "clusterCIDR: 10.0.0.0/8\nclusterCIDR: 10.1.0.0/16\n", "clusterCIDR"},
+		{"not YAML", "{", "decode"},
+	} {
+		_, err := Parse([]byte(c.body))
+		if err == nil {
+			t.Errorf("%s: no error", c.name)
+			continue
+		}
+		if !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %q does not name %q", c.name, err, c.want)
+		}
+	}
+}
+
+func TestLoadNamesTheFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.conf")
+	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), path) {
+		t.Errorf("missing file: error %v does not name %s", err, path)
+	}
+}
