@@ -137,9 +137,18 @@ race: ## Run the tests of the packages with Go concurrency under the race detect
 fuzz: ## Run each fuzz target for FUZZ_TIME (10s), one target per go test
 	@targets=$$(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' pkg internal cmd test | \
 		sed -E 's#^(.*)/[^/]*:func (Fuzz.*)$$#\1:\2#' | sort -u); \
+	log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
 	for t in $$targets; do \
 		echo "fuzz $${t##*:} in ./$${t%%:*} for $(FUZZ_TIME)"; \
-		$(GO) test -run '^$$' -fuzz "^$${t##*:}$$" -fuzztime $(FUZZ_TIME) -fuzzminimizetime $(FUZZ_MINIMIZE) "./$${t%%:*}" || exit 1; \
+		if $(GO) test -run '^$$' -fuzz "^$${t##*:}$$" -fuzztime $(FUZZ_TIME) -fuzzminimizetime $(FUZZ_MINIMIZE) "./$${t%%:*}" >"$$log" 2>&1; then \
+			cat "$$log"; continue; fi; \
+		cat "$$log"; \
+		if ! grep -q 'Failing input written' "$$log" && \
+			[ "$$(grep -E '^\s+[^ ]' "$$log" | grep -v 'context deadline exceeded' | wc -l)" = 0 ] && \
+			grep -qE '^\s+context deadline exceeded$$' "$$log"; then \
+			echo "$${t##*:}: the fuzz time ran out under a busy worker (Go's coordinator race, golang/go#75804, fixed in Go 1.27): no input failed"; \
+			continue; fi; \
+		exit 1; \
 	done
 
 .PHONY: kube-bin
