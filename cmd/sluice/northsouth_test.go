@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -12,6 +11,7 @@ import (
 
 	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/pkg/metrics"
 )
@@ -43,28 +43,11 @@ func (f *fakeCT) ConntrackRefused() (uint64, error) {
 	return f.refused, nil
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestConntrackGCPressure: flows refused by a full table make the GC run
 // at once (not at its hour-long interval here) and say so in the log; so
 // does a table over 90% full.
 func TestConntrackGCPressure(t *testing.T) {
-	var out syncBuffer
+	var out testutil.Buffer
 	log := slog.New(slog.NewTextHandler(&out, nil))
 	f := &fakeCT{live: 100}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/metrics"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
@@ -89,30 +89,12 @@ func namedState(n int) *model.State {
 	return s
 }
 
-// syncBuffer is a log sink safe for the apply goroutine and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
-func startFailing(t *testing.T, cfg Config, recon *failingReconciler) (*Agent, chanSource, *syncBuffer) {
+func startFailing(t *testing.T, cfg Config, recon *failingReconciler) (*Agent, chanSource, *testutil.Buffer) {
 	t.Helper()
 	if cfg.RetryMin == 0 {
 		cfg.RetryMin, cfg.RetryMax = time.Millisecond, 4*time.Millisecond
 	}
-	logs := &syncBuffer{}
+	logs := &testutil.Buffer{}
 	a := New(cfg, fakeDatapath{&recorder{}}, recon, slog.New(slog.NewTextHandler(logs, nil)))
 	src := chanSource{states: make(chan *model.State)}
 	ctx, cancel := context.WithCancel(context.Background())
