@@ -67,11 +67,7 @@ func servicesCmd(fs *flag.FlagSet) runner {
 			_, err = io.WriteString(c.stdout, ks.String())
 			return err
 		}
-		names, err := namesfile.Read(c.namesFile, c.bpffs)
-		if err != nil {
-			warn(c.stderr, "sluicectl: no Service names: %v\n", err)
-			names = nil
-		}
+		names := c.serviceNames()
 		rows := serviceRows(ks, names)
 		if c.output == "json" {
 			return writeJSON(c.stdout, rows)
@@ -141,16 +137,24 @@ type BackendRow struct {
 	Services  []string `json:"services"`  // their Services, from the names file, sorted
 }
 
+// serviceNames reads the agent's names file for these pins; without it
+// (said on stderr) the Service columns show "-".
+func (c *ctx) serviceNames() map[string]namesfile.Frontend {
+	names, err := namesfile.Read(c.namesFile, c.bpffs)
+	if err != nil {
+		warn(c.stderr, "sluicectl: no Service names: %v\n", err)
+		return nil
+	}
+	return names
+}
+
 func backendsCmd(*flag.FlagSet) runner {
 	return runner{run: func(c *ctx) error {
 		ks, err := c.pins.Dump()
 		if err != nil {
 			return fmt.Errorf("read maps: %w", err)
 		}
-		names, err := namesfile.Read(c.namesFile, c.bpffs)
-		if err != nil {
-			warn(c.stderr, "sluicectl: no Service names: %v\n", err)
-		}
+		names := c.serviceNames()
 		rows := backendRows(ks, names)
 		if c.output == "json" {
 			return writeJSON(c.stdout, rows)
@@ -247,10 +251,7 @@ func conntrackCmd(fs *flag.FlagSet) runner {
 		if err != nil {
 			return fmt.Errorf("read maps: %w", err)
 		}
-		names, err := namesfile.Read(c.namesFile, c.bpffs)
-		if err != nil {
-			warn(c.stderr, "sluicectl: no Service names: %v\n", err)
-		}
+		names := c.serviceNames()
 		rows := conntrackRows(entries, f, ks, names)
 		if c.output == "json" {
 			return writeJSON(c.stdout, rows)
