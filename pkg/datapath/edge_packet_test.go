@@ -6,15 +6,16 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+
+	"github.com/sluice-lb/sluice/internal/testutil/packet"
 )
 
 // A from-scratch IPv4 packet builder for the edge-case tables (fragments,
 // ICMP errors, L3 devices, TTL and MTU on redirect paths). Every header
-// field can be set, and every checksum is computed here over the bytes,
-// independently of the kernel's incremental updates, so a byte-for-byte
-// match of a program's output with a packet built here proves its
-// checksum updates exact. It is self-contained on purpose (it shares no
-// code with the other builders), so that it ports as one piece.
+// field can be set, and every checksum is computed over the bytes from
+// scratch (internal/testutil/packet's checksums), independently of the
+// kernel's incremental updates, so a byte-for-byte match of a program's
+// output with a packet built here proves its checksum updates exact.
 
 // ip4 is an IPv4 packet: its header fields and the bytes it carries.
 type ip4 struct {
@@ -29,40 +30,13 @@ type ip4 struct {
 	payload  []byte // the L4 datagram, or the piece of it this fragment carries
 }
 
-// edgeSum adds b to a one's complement sum, as big-endian 16-bit words.
-func edgeSum(sum uint32, b []byte) uint32 {
-	for i := 0; i+1 < len(b); i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(b[i:]))
-	}
-	if len(b)%2 == 1 {
-		sum += uint32(b[len(b)-1]) << 8
-	}
-	return sum
-}
-
-func edgeFold(sum uint32) uint16 {
-	for sum>>16 != 0 {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
-}
-
 func addr4(s string) [4]byte { return netip.MustParseAddr(s).As4() }
 
 // l4Sum is the TCP or UDP checksum of seg (checksum field zero) between
 // src and dst; UDP's zero is sent as 0xffff.
 func l4Sum(src, dst string, proto uint8, seg []byte) uint16 {
 	s, d := addr4(src), addr4(dst)
-	var pseudo [12]byte
-	copy(pseudo[0:], s[:])
-	copy(pseudo[4:], d[:])
-	pseudo[9] = proto
-	binary.BigEndian.PutUint16(pseudo[10:], uint16(len(seg)))
-	c := edgeFold(edgeSum(edgeSum(0, pseudo[:]), seg))
-	if proto == 17 && c == 0 {
-		c = 0xffff
-	}
-	return c
+	return packet.L4Checksum4(s[:], d[:], proto, seg)
 }
 
 // udpDatagram is a UDP header and data, checksummed (noCsum: checksum 0,
@@ -105,7 +79,7 @@ func icmpMessage(typ, code uint8, rest uint32, data []byte) []byte {
 	b[0], b[1] = typ, code
 	binary.BigEndian.PutUint32(b[4:], rest)
 	b = append(b, data...)
-	binary.BigEndian.PutUint16(b[2:], edgeFold(edgeSum(0, b)))
+	binary.BigEndian.PutUint16(b[2:], packet.Checksum(b))
 	return b
 }
 
@@ -135,7 +109,7 @@ func (h ip4) bytes() []byte {
 	copy(b[12:], s[:])
 	copy(b[16:], d[:])
 	copy(b[20:], h.opts)
-	binary.BigEndian.PutUint16(b[10:], edgeFold(edgeSum(0, b)))
+	binary.BigEndian.PutUint16(b[10:], packet.Checksum(b))
 	return append(b, h.payload...)
 }
 

@@ -395,13 +395,12 @@ func fixChecksums(frame []byte) []byte {
 		return f
 	}
 	binary.BigEndian.PutUint16(ip[10:], 0)
-	binary.BigEndian.PutUint16(ip[10:], edgeFold(edgeSum(0, ip)))
+	binary.BigEndian.PutUint16(ip[10:], packet.Checksum(ip))
 	if binary.BigEndian.Uint16(ip[6:])&0x1fff != 0 {
 		return f
 	}
 	seg := f[l4:end]
 	var off int
-	var pseudo uint32
 	switch ip[9] {
 	case packet.TCP:
 		off = 16
@@ -415,19 +414,7 @@ func fixChecksums(frame []byte) []byte {
 	if len(seg) < off+2 || ip[9] == packet.UDP && binary.BigEndian.Uint16(seg[6:]) == 0 {
 		return f
 	}
-	if ip[9] != packet.ICMP {
-		var ph [12]byte
-		copy(ph[0:8], ip[12:20])
-		ph[9] = ip[9]
-		binary.BigEndian.PutUint16(ph[10:], uint16(len(seg)))
-		pseudo = edgeSum(0, ph[:])
-	}
-	binary.BigEndian.PutUint16(seg[off:], 0)
-	c := edgeFold(edgeSum(pseudo, seg))
-	if ip[9] == packet.UDP && c == 0 {
-		c = 0xffff
-	}
-	binary.BigEndian.PutUint16(seg[off:], c)
+	binary.BigEndian.PutUint16(seg[off:], packet.L4Checksum4(ip[12:16], ip[16:20], ip[9], seg))
 	return f
 }
 

@@ -26,6 +26,21 @@ func fold(acc uint32) uint16 {
 	return ^uint16(acc)
 }
 
+// Checksum is the Internet checksum of b, whose checksum field the caller
+// has zeroed: an IPv4 header's, or an ICMP message's.
+func Checksum(b []byte) uint16 { return fold(sum(0, b)) }
+
+// L4Checksum4 is the checksum of seg, a TCP, UDP or ICMP header and its
+// payload (its checksum field skipped), between the IPv4 addresses src and
+// dst (ICMP has no pseudo-header). A UDP checksum of 0 is sent as 0xffff.
+func L4Checksum4(src, dst []byte, proto uint8, seg []byte) uint16 {
+	var pseudo uint32
+	if proto != ICMP {
+		pseudo = pseudoHeader4(src, dst, proto, len(seg))
+	}
+	return l4Checksum(proto, pseudo, seg)
+}
+
 // ipv4HeaderChecksum is the checksum of an IPv4 header (options
 // included), its own checksum field skipped.
 func ipv4HeaderChecksum(h []byte) uint16 {
