@@ -489,23 +489,8 @@ func boolU8(b bool) uint8 {
 // checkPinned reports a pinned map that the load would refuse to reuse,
 // with the reason spelled out.
 func checkPinned(spec *ebpf.CollectionSpec, dir string) error {
-	for name, ms := range spec.Maps {
-		if ms.Pinning != ebpf.PinByName {
-			continue
-		}
-		path := filepath.Join(dir, name)
-		m, err := ebpf.LoadPinnedMap(path, nil)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("open pinned map %s: %w", path, err)
-		}
-		info, err := m.Info()
+	return eachPin(spec, dir, func(_, path string, ms *ebpf.MapSpec, m *ebpf.Map, info *ebpf.MapInfo) error {
 		m.Close()
-		if err != nil {
-			return fmt.Errorf("info of pinned map %s: %w", path, err)
-		}
 		switch {
 		case info.Type != ms.Type:
 			return fmt.Errorf("pinned map %s has type %s, want %s: remove it with Cleanup", path, info.Type, ms.Type)
@@ -516,8 +501,24 @@ func checkPinned(spec *ebpf.CollectionSpec, dir string) error {
 			return fmt.Errorf("pinned map %s has max_entries %d, configured %d: restore the old size or remove it with Cleanup",
 				path, info.MaxEntries, ms.MaxEntries)
 		}
+		return nil
+	})
+}
+
+// loadPinnedInfo opens the map pinned at path (opts as
+// ebpf.LoadPinnedMap takes them) and reads its info. On an error nothing
+// is left open; a missing pin is an error that errors.Is os.ErrNotExist.
+func loadPinnedInfo(path string, opts *ebpf.LoadPinOptions) (*ebpf.Map, *ebpf.MapInfo, error) {
+	m, err := ebpf.LoadPinnedMap(path, opts)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open pinned map %s: %w", path, err)
 	}
-	return nil
+	info, err := m.Info()
+	if err != nil {
+		m.Close()
+		return nil, nil, fmt.Errorf("info of pinned map %s: %w", path, err)
+	}
+	return m, info, nil
 }
 
 // verifierDetail makes a verifier rejection carry the end of its log.

@@ -85,14 +85,9 @@ func openPinnedMap(dir, name string, ms *ebpf.MapSpec) (*ebpf.Map, error) {
 			path = filepath.Join(dir, prev)
 		}
 	}
-	m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
+	m, info, err := loadPinnedInfo(path, &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
-		return nil, fmt.Errorf("open pinned map %s: %w", path, err)
-	}
-	info, err := m.Info()
-	if err != nil {
-		m.Close()
-		return nil, fmt.Errorf("info of pinned map %s: %w", path, err)
+		return nil, err
 	}
 	if info.Type != ms.Type || info.KeySize != ms.KeySize || info.ValueSize != ms.ValueSize {
 		m.Close()

@@ -104,14 +104,7 @@ var pinMigrations = []pinMigration{
 // the new-named pin is then older. The old maps of live conversions are
 // returned, for the switch (migrate.go).
 func migratePins(dir string, spec *ebpf.CollectionSpec) (migs []*migration, err error) {
-	defer func() {
-		if err != nil {
-			for _, mg := range migs {
-				mg.old.Close()
-			}
-			migs = nil
-		}
-	}()
+	defer dropOnError(&migs, &err)
 	for _, pm := range pinMigrations {
 		from, to := filepath.Join(dir, pm.from), filepath.Join(dir, pm.to)
 		ms, ok := spec.Maps[pm.to]
@@ -159,23 +152,13 @@ func migratePin(old *ebpf.Map, from, to string, spec *ebpf.CollectionSpec, ms *e
 	// name and rename it into place, so that an agent that dies half
 	// way leaves either no new pin or a complete one (and the old pin,
 	// which the next attempt converts again).
-	cur, err := ebpf.NewMap(unpinned(ms))
+	err := replacePin(to, "_migrating", ms, func(cur *ebpf.Map) error {
+		if err := convert(old, cur, spec); err != nil {
+			return fmt.Errorf("convert: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("create: %w", err)
-	}
-	defer cur.Close()
-	if err := convert(old, cur, spec); err != nil {
-		return fmt.Errorf("convert: %w", err)
-	}
-	tmp := to + "_migrating" // (bpffs refuses names with a dot)
-	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	if err := cur.Pin(tmp); err != nil {
-		return fmt.Errorf("pin: %w", err)
-	}
-	if err := os.Rename(tmp, to); err != nil {
-		_ = cur.Unpin()
 		return err
 	}
 	return os.Remove(from)
