@@ -41,12 +41,10 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -305,22 +303,24 @@ func portName(svc *corev1.Service, i int) string {
 	return "ports[" + strconv.Itoa(i) + "]"
 }
 
-// object is a Service or an EndpointSlice, as the validators get it.
+// object is a Service or an EndpointSlice, as the validators get it (the
+// part of metav1.Object they read).
 type object[T any] interface {
 	*T
-	metav1.Object
+	GetNamespace() string
+	GetName() string
 }
 
 // checkMeta checks what both kinds are keyed by (a namespaced object with
 // a name) and returns the constructor of the kind's errors, which name the
-// object: `service "ns/name": ...`.
-func checkMeta[T any, P object[T]](kind string, obj P) (fail func(format string, a ...any) error, err error) {
+// object after prefix: `service "ns/name": ...`.
+func checkMeta[T any, P object[T]](kind, prefix string, obj P) (fail func(format string, a ...any) error, err error) {
 	if obj == nil {
 		return nil, errors.New("nil " + kind)
 	}
 	id := objName(obj.GetNamespace(), obj.GetName())
 	fail = func(format string, a ...any) error {
-		return fmt.Errorf("%s %q: %s", strings.ToLower(kind), id, fmt.Sprintf(format, a...))
+		return fmt.Errorf("%s %q: %s", prefix, id, fmt.Sprintf(format, a...))
 	}
 	if obj.GetName() == "" {
 		return fail, fail("metadata.name is empty")
@@ -334,7 +334,7 @@ func checkMeta[T any, P object[T]](kind string, obj P) (fail func(format string,
 // ValidateService checks the fields Sluice relies on. Errors name the
 // object and, where it applies, the port.
 func ValidateService(svc *corev1.Service) error {
-	fail, err := checkMeta("Service", svc)
+	fail, err := checkMeta("Service", "service", svc)
 	if err != nil {
 		return err
 	}
@@ -420,7 +420,7 @@ func ValidateService(svc *corev1.Service) error {
 // ValidateEndpointSlice checks the fields Sluice relies on. Errors name the
 // object and, where it applies, the port or endpoint.
 func ValidateEndpointSlice(es *discoveryv1.EndpointSlice) error {
-	fail, err := checkMeta("EndpointSlice", es)
+	fail, err := checkMeta("EndpointSlice", "endpointslice", es)
 	if err != nil {
 		return err
 	}
