@@ -88,10 +88,9 @@ type chanSource struct {
 }
 
 func (s chanSource) Run(ctx context.Context, apply func(*model.State)) error {
-	for {
+	for ctx.Err() == nil {
 		select {
-		case <-ctx.Done():
-			return nil
+		case <-ctx.Done(): // the loop ends
 		case st, ok := <-s.states:
 			if !ok {
 				return s.err
@@ -99,6 +98,7 @@ func (s chanSource) Run(ctx context.Context, apply func(*model.State)) error {
 			apply(st)
 		}
 	}
+	return nil
 }
 
 func stateWith(n int) *model.State {

@@ -26,8 +26,7 @@ func twoScopes(external, internal []model.Backend) *model.Service {
 // scope's master names it, and goes only after that master stopped
 // naming it or is gone.
 func TestTwoScopesOrder(t *testing.T) {
-	f := newFake(t)
-	f.Record = true
+	f := newRecordingFake(t)
 	r := reconciler.New(f, nil)
 	local, remote := be(1, 1, model.TCP), be(1, 2, model.TCP)
 	s := twoScopes([]model.Backend{local}, []model.Backend{local, remote})
@@ -150,8 +149,7 @@ func TestTwoScopesFailures(t *testing.T) {
 // the last goes; a failed write is repaired by the next Apply; a restart
 // keeps the set and drops strays.
 func TestServiceIPs(t *testing.T) {
-	f := newFake(t)
-	f.Record = true
+	f := newRecordingFake(t)
 	r := reconciler.New(f, nil)
 	http := svc(vip(1), "a", be(1, 1, model.TCP))
 	dns := svc(model.L4Addr{Addr: vip(1).Addr, Port: 53, Proto: model.UDP}, "a", be(1, 1, model.UDP))

@@ -56,8 +56,7 @@ func recoversAfterFailure(t *testing.T, f *fakedp.Fake, r *reconciler.Reconciler
 // them, and deleted after the master stopped checking them or is gone;
 // when they change, the new ones come before the old ones go.
 func TestSourceRangeOrder(t *testing.T) {
-	f := newFake(t)
-	f.Record = true
+	f := newRecordingFake(t)
 	r := reconciler.New(f, nil)
 	b := be(1, 1, model.TCP)
 	steps := []struct {
