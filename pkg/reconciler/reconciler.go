@@ -157,6 +157,10 @@ type Reconciler struct {
 	appliedGen  uint64
 	incremental int // Applies that looked at st.Changed only, for tests
 
+	// batchMin is the fewest new frontends an Apply programs in
+	// batches (batch.go); 0 never does.
+	batchMin int
+
 	refreshEvery time.Duration
 	lastRead     time.Time // when the view was last read from the maps
 	writes       uint64
@@ -168,7 +172,7 @@ func New(dp Datapath, log *slog.Logger) *Reconciler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Reconciler{dp: dp, log: log, refreshEvery: DefaultRefreshInterval}
+	r := &Reconciler{dp: dp, log: log, refreshEvery: DefaultRefreshInterval, batchMin: defaultBatchMin}
 	r.reset()
 	r.lastRead = time.Now()
 	return r
@@ -370,8 +374,14 @@ func (r *Reconciler) Apply(st *model.State) error {
 	}
 
 	// Phase 2: frontends to add or change, in a stable order (a
-	// frontend's internal scope before its default one).
-	for _, d := range changed {
+	// frontend's internal scope before its default one). New ones (at
+	// addresses the view knows nothing of) go first, in batches
+	// (batch.go): no other frontend depends on them.
+	fresh, rest := r.splitFresh(changed)
+	if len(fresh) > 0 {
+		errs = append(errs, r.programFresh(fresh, capacity)...)
+	}
+	for _, d := range rest {
 		if d.flags&FlagTwoScopes != 0 {
 			// Its master would name an internal scope that failed to be
 			// programmed: it keeps its previous programming.
