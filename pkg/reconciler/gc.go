@@ -40,14 +40,14 @@ func (r *Reconciler) releaseReservations(services map[model.L4Addr]*model.Servic
 
 // deleteUnusedBackends deletes the backend entries that lost their last
 // slot (or never got one), unless a frontend being programmed wants their
-// address under that id.
-func (r *Reconciler) deleteUnusedBackends(want map[model.L4Addr]bool) error {
+// address (want, made on first use) under that id.
+func (r *Reconciler) deleteUnusedBackends(want func() map[model.L4Addr]bool) error {
 	if len(r.backendCand) == 0 {
 		return nil // the common case: no closures or iterator to allocate
 	}
 	return deleteUnused(r, idEntries[BackendID, model.L4Addr]{
 		what: "backend", cand: r.backendCand, entries: r.backends, idOf: r.backendOf, users: r.slotRefs,
-		wanted:  func(a model.L4Addr) bool { return want[a] },
+		wanted:  func(a model.L4Addr) bool { return want()[a] },
 		del:     r.dp.DeleteBackend,
 		delMany: r.dp.DeleteBackends,
 		release: r.maybeReleaseBackend,

@@ -295,7 +295,6 @@ func (r *Reconciler) Apply(st *model.State) error {
 	// Which frontends (in which scopes) need work, and the backends they
 	// want. (Frontends in sync name all their backends already.)
 	var changed []*desiredFrontend
-	wantBackend := map[model.L4Addr]bool{}
 	consider := func(fe Frontend, v *frontendView, svc *model.Service) {
 		if r.fastInSync(v, fe, svc) {
 			return
@@ -306,9 +305,6 @@ func (r *Reconciler) Apply(st *model.State) error {
 			return
 		}
 		changed = append(changed, d)
-		for _, a := range d.addrs {
-			wantBackend[a] = true
-		}
 	}
 	// Phase 1 (below) removes the frontends nobody wants any more: a
 	// default scope goes before its internal one; an internal scope whose
@@ -359,6 +355,24 @@ func (r *Reconciler) Apply(st *model.State) error {
 	}
 	slices.SortFunc(changed, func(a, b *desiredFrontend) int { return a.fe.Compare(b.fe) })
 	r.presize(changed)
+	// The backends the changed frontends want: made only when a
+	// backend may have to be deleted (a first program deletes none).
+	var want map[model.L4Addr]bool
+	wantBackend := func() map[model.L4Addr]bool {
+		if want == nil {
+			n := 0
+			for _, d := range changed {
+				n += len(d.addrs)
+			}
+			want = make(map[model.L4Addr]bool, n)
+			for _, d := range changed {
+				for _, a := range d.addrs {
+					want[a] = true
+				}
+			}
+		}
+		return want
+	}
 
 	// Phase 1: frontends nobody wants any more: master, then slots. This
 	// also frees room in the maps for what comes next.
@@ -438,7 +452,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 	// that are gone, are freed. Only failures and Restore leave such
 	// reservations behind, so the scan is skipped otherwise.
 	if len(errs) > 0 || r.dirty {
-		r.releaseReservations(services, wantBackend)
+		r.releaseReservations(services, wantBackend())
 		r.dirty = len(errs) > 0
 	}
 
