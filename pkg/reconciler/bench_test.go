@@ -187,17 +187,19 @@ func BenchmarkFromEmptyView(b *testing.B) {
 	for _, n := range []int{30000, 100000} {
 		b.Run(fmt.Sprintf("%dk", n/1000), func(b *testing.B) {
 			st := scaleState(n)
-			var r *reconciler.Reconciler
-			var before, after runtime.MemStats
 			b.ReportAllocs()
 			for b.Loop() {
-				r = nil
-				runtime.GC()
-				runtime.ReadMemStats(&before)
-				r = reconciler.New(nopDatapath{}, nil)
-				if err := r.Apply(st); err != nil {
+				if err := reconciler.New(nopDatapath{}, nil).Apply(st); err != nil {
 					b.Fatal(err)
 				}
+			}
+			b.StopTimer()
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			r := reconciler.New(nopDatapath{}, nil)
+			if err := r.Apply(st); err != nil {
+				b.Fatal(err)
 			}
 			runtime.GC()
 			runtime.ReadMemStats(&after)
