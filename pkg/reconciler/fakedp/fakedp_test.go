@@ -262,3 +262,39 @@ func TestFakeCheckBetweenApplies(t *testing.T) {
 		t.Errorf("dump: service IPs %v", ks.ServiceIPs)
 	}
 }
+
+// TestBatchStopsAtFailure: a batch applies its entries in order, checks
+// each, and stops at the first that fails, saying how many it applied.
+func TestBatchStopsAtFailure(t *testing.T) {
+	f := New(16, 16, 64)
+	f.CheckAll = true
+	fe := reconciler.DefaultScope(model.L4Addr{Addr: netip.MustParseAddr("10.96.0.1"), Port: 80, Proto: model.TCP})
+	f.Fail = func(op Op) error {
+		if op.Batch && op.Kind == OpUpsertBackend && op.Backend == 3 {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	var bes []reconciler.BackendEntry
+	for id := range reconciler.BackendID(5) {
+		bes = append(bes, reconciler.BackendEntry{ID: id + 1, Addr: model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(id + 1)}), Port: 8080, Proto: model.TCP}})
+	}
+	if n, err := f.UpsertBackends(bes); n != 2 || err == nil {
+		t.Fatalf("UpsertBackends = %d, %v; want 2 and the injected error", n, err)
+	}
+	if _, nb, _ := f.Sizes(); nb != 2 {
+		t.Fatalf("%d backends after the failed batch, want 2", nb)
+	}
+	// A slot batch naming a backend the failed batch did not write is
+	// a violation, seen at that entry.
+	if _, err := f.UpsertSlots([]reconciler.SlotEntry{{Frontend: fe, Slot: 1, Backend: 1}, {Frontend: fe, Slot: 2, Backend: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	v := f.Violations()
+	if len(v) == 0 || !strings.Contains(v[0], "UpsertSlot 10.96.0.1:80/TCP[2]=3") {
+		t.Errorf("violations = %q, want one after the slot naming backend 3", v)
+	}
+	if n := f.Batches(); n != 2 {
+		t.Errorf("%d batches, want 2", n)
+	}
+}
