@@ -225,10 +225,13 @@ func TestBurstFoldsIntoNewestState(t *testing.T) {
 	recon := &fakeReconciler{recorder: &recorder{}, gate: gate}
 	h := start(t, Config{}, recon, nil)
 
-	h.src.states <- stateWith(1)
-	// The first apply is now blocked on the gate; these pile up behind it.
+	// Submit, not the channel: a send returns once the source has the
+	// state, before it hands it to the agent, so the newest might not be
+	// the agent's yet when the gate opens (seen under load).
+	h.agent.Submit(stateWith(1))
+	// The first apply blocks on the gate; these pile up behind it.
 	for n := 2; n <= 6; n++ {
-		h.src.states <- stateWith(n)
+		h.agent.Submit(stateWith(n))
 	}
 	if err := h.agent.Ready(); err == nil {
 		t.Fatal("ready while an apply is still pending")
