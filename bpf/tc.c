@@ -37,6 +37,7 @@
 #include "lib/config.h"
 #include "lib/maps.h"
 #include "lib/metrics.h"
+#include "lib/svcstats.h"
 #include "lib/parse.h"
 #include "lib/frag.h"
 #include "lib/csum.h"
@@ -188,6 +189,7 @@ static __always_inline int lb4_check_source(const struct pkt4 *p,
 	if ((svc->flags & SVC_F_SRC_RANGES) &&
 	    !source_allowed(p->daddr, p->dport, p->proto, p->saddr)) {
 		metric_inc(METRIC_TC_SRC_RANGE_DENY);
+		svc_count(svc->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
 		return TC_ACT_SHOT;
 	}
 	return -1;
@@ -211,11 +213,15 @@ static __always_inline int lb4_refuse(struct __sk_buff *skb,
 		 * with kube-proxy.
 		 */
 		metric_inc(METRIC_TC_LOCAL_NO_BACKEND);
+		svc_count(svc->rev_nat_id, SVC_DROP_NO_LOCAL_ENDPOINTS, 0);
 		return TC_ACT_SHOT;
 	}
 	ret = reply_port_unreachable(skb, p);
 	metric_inc(ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR :
 					METRIC_TC_NO_BACKEND);
+	svc_count(svc->rev_nat_id,
+		  ret == TC_ACT_SHOT ? SVC_DROP_ERROR : SVC_DROP_NO_ENDPOINTS,
+		  0);
 	return ret;
 }
 
@@ -233,6 +239,10 @@ struct lb4_xlate {
 	 * with an address (not a pod of this node)
 	 */
 	bool outside;
+	/* out: the flow is new (a backend was selected for it) */
+	bool new_flow;
+	/* out, when dropped: enum svc_drop_reason (svcstats.h) */
+	__u8 drop;
 	struct fib4 fib;
 };
 
@@ -320,6 +330,7 @@ nat_remote(struct __sk_buff *skb, const struct pkt4 *p,
 			metric_inc(METRIC_TC_CT_EST_FULL);
 		else
 			metric_inc(METRIC_TC_CT_FULL);
+		x->drop = SVC_DROP_CONNTRACK;
 		return -1;
 	}
 	metric_inc(dev ? METRIC_TC_SNAT_NEW : METRIC_TC_MASQ_LOCAL);
@@ -354,12 +365,14 @@ static __always_inline int lb4_ct_follow(const struct pkt4 *p,
 		 * does not own.
 		 */
 		metric_inc(x->snat ? METRIC_TC_SNAT_LOST : METRIC_TC_CT_CLASH);
+		x->drop = SVC_DROP_CONNTRACK;
 		return -1;
 	}
 	if (err < 0) {
 		if (x->snat) {
 			/* The port is not reserved: the same. */
 			metric_inc(METRIC_TC_SNAT_LOST);
+			x->drop = SVC_DROP_CONNTRACK;
 			return -1;
 		}
 		metric_inc(METRIC_TC_CT_FULL);
@@ -457,9 +470,11 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb,
 			metric_inc(METRIC_TC_DNAT_NEW);
 		}
 		lb4_aff_remember(p, svc, be, backend_id, slot);
+		x->new_flow = true;
 		return 0;
 	}
 	metric_inc(METRIC_TC_CT_CLASH);
+	x->drop = SVC_DROP_CONNTRACK;
 	return -1;
 }
 
@@ -562,7 +577,8 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 				    __u64 now)
 {
 	struct lb4_service *svc;
-	struct lb4_xlate x = {};
+	/* A drop is an error unless the step that drops says otherwise. */
+	struct lb4_xlate x = { .drop = SVC_DROP_ERROR };
 	int ret;
 
 	svc = lookup_service(p->daddr, p->dport, p->proto);
@@ -578,8 +594,10 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	x.outside = !x.internal && node_dev_of(skb->ifindex);
 	svc = lb4_scope(p, svc, &x);
 	ret = lb4_select(skb, p, svc, now, &x);
-	if (ret < 0)
+	if (ret < 0) {
+		svc_count(svc->rev_nat_id, x.drop, 0);
 		return TC_ACT_SHOT;
+	}
 	if (ret > 0)
 		return lb4_refuse(skb, p, svc);
 
@@ -587,6 +605,7 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 		if (!x.have_fib && fib4_lookup(skb, skb->ifindex, x.snat_addr,
 					       x.nat_addr, &x.fib) < 0) {
 			metric_inc(METRIC_TC_FIB_ERR);
+			svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
 			return TC_ACT_SHOT;
 		}
 		ret = fwd_check(skb, p, &x.fib, false);
@@ -597,8 +616,11 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	    (x.snat &&
 	     rewrite_l4addr(skb, p, false, x.snat_addr, x.snat_port) < 0)) {
 		metric_inc(METRIC_TC_REWRITE_ERR);
+		svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
 		return TC_ACT_SHOT;
 	}
+	svc_count(svc->rev_nat_id,
+		  x.new_flow ? SVC_EV_FLOW_PACKET : SVC_EV_PACKET, p->l3_len);
 	if (!x.snat)
 		return TC_ACT_OK;
 	return redirect_fib(skb, p, &x.fib);

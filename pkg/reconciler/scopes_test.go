@@ -32,12 +32,14 @@ func TestTwoScopesOrder(t *testing.T) {
 	local, remote := be(1, 1, model.TCP), be(1, 2, model.TCP)
 	s := twoScopes([]model.Backend{local}, []model.Backend{local, remote})
 	mustApply(t, r, state(s))
-	want := `UpsertBackend 1 10.1.1.1:8080/TCP
+	want := `ResetServiceStats 1
+UpsertBackend 1 10.1.1.1:8080/TCP
 UpsertBackend 2 10.1.1.2:8080/TCP
 UpsertRevNat 1 192.168.1.1:30080/TCP internal
 UpsertSlot 192.168.1.1:30080/TCP internal[1]=1
 UpsertSlot 192.168.1.1:30080/TCP internal[2]=2
 UpsertMaster 192.168.1.1:30080/TCP internal id=1 count=2 flags=0x3
+ResetServiceStats 2
 UpsertRevNat 2 192.168.1.1:30080/TCP
 UpsertSlot 192.168.1.1:30080/TCP[1]=1
 UpsertMaster 192.168.1.1:30080/TCP id=2 count=1 flags=0xb
