@@ -223,7 +223,6 @@ func readServiceStats(stats, revNat *ebpf.Map) ([]ServiceStats, error) {
 	return out, nil
 }
 
-
 // readRevNat returns the frontend of each service id in revNat (either
 // scope: both count for the frontend).
 func readRevNat(revNat *ebpf.Map) (map[uint32]model.L4Addr, error) {
