@@ -208,7 +208,7 @@ func (e *env) waitServices(t *testing.T, frontend string, ok func(line string) b
 	})
 }
 
-func setup(t *testing.T) *env {
+func setup(t *testing.T, extraArgs ...string) *env {
 	t.Helper()
 	requirePrivileges(t)
 	bins := agentproc.Shared(t)
@@ -249,6 +249,7 @@ func setup(t *testing.T) *env {
 		Devices:   []string{lb.NodeDev},
 		Cgroup:    cg.Path,
 		BPFFS:     filepath.Join(testutil.BPFFS, topo.Prefix()+"e2e"),
+		Extra:     extraArgs,
 	}, 30*time.Second)
 	return e
 }
