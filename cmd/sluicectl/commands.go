@@ -148,7 +148,7 @@ func addStats(rows []ServiceRow, stats []datapath.ServiceStats) {
 		if !ok || rows[i].Internal {
 			continue
 		}
-		rows[i].Stats = &ServiceStats{NewFlows: s.NewFlows, Packets: s.Packets, Bytes: s.Bytes, Drops: s.Drops}
+		rows[i].Stats = &ServiceStats{NewFlows: s.NewFlows, Packets: s.Packets, Bytes: s.Bytes, Drops: s.DropsByReason()}
 	}
 }
 

@@ -42,9 +42,21 @@ type ServiceStats struct {
 	// Packets and Bytes (IPv4 total length) to the frontend translated
 	// to a backend by tc or XDP; the socket path translates no packets.
 	Packets, Bytes uint64
-	// Drops by reason (ServiceDropReasons), the rejects among them
-	// (no_endpoints).
-	Drops map[string]uint64
+	// Drops by reason: Drops[i] is of ServiceDropReasons()[i] (the
+	// rejects among them: no_endpoints). A slice, not a map by name: a
+	// read of 30,000 frontends would spend most of its time on the maps.
+	Drops []uint64
+}
+
+// DropsByReason returns s's drops by reason name.
+func (s ServiceStats) DropsByReason() map[string]uint64 {
+	out := make(map[string]uint64, len(s.Drops))
+	for i, r := range svcDropReasons() {
+		if i < len(s.Drops) {
+			out[r] = s.Drops[i]
+		}
+	}
+	return out
 }
 
 // svcStatsSize is the number of entries of sluice_svc_stats for cfg: every
@@ -166,7 +178,16 @@ func readServiceStats(stats, revNat *ebpf.Map) ([]ServiceStats, error) {
 	}
 	reasons := svcDropReasons()
 	byFE := make(map[model.L4Addr]int, len(ids))
-	var out []ServiceStats
+	out := make([]ServiceStats, 0, len(ids))
+	// One array for every frontend's drops, cut into its rows: one
+	// allocation, not 30,000.
+	dropsOf := make([]uint64, len(ids)*len(reasons))
+	newRow := func(fe model.L4Addr) int {
+		j := len(out)
+		byFE[fe] = j
+		out = append(out, ServiceStats{Frontend: fe, Drops: dropsOf[j*len(reasons) : (j+1)*len(reasons) : (j+1)*len(reasons)]})
+		return j
+	}
 	keys := make([]uint32, min(statsBatch, int(maxID)+1))
 	values := make([]sockSvcStats, len(keys)*cpus)
 	var cursor ebpf.MapBatchCursor
@@ -189,20 +210,15 @@ func readServiceStats(stats, revNat *ebpf.Map) ([]ServiceStats, error) {
 			}
 			j, ok := byFE[fe]
 			if !ok {
-				j = len(out)
-				byFE[fe] = j
-				out = append(out, ServiceStats{Frontend: fe, Drops: make(map[string]uint64, len(reasons))})
-				for _, r := range reasons {
-					out[j].Drops[r] = 0
-				}
+				j = newRow(fe)
 			}
 			s := &out[j]
 			for _, v := range values[i*cpus : (i+1)*cpus] {
 				s.NewFlows += v.NewFlows
 				s.Packets += v.Packets
 				s.Bytes += v.Bytes
-				for r, name := range reasons {
-					s.Drops[name] += v.Drops[r]
+				for r := range s.Drops {
+					s.Drops[r] += v.Drops[r]
 				}
 			}
 		}
@@ -211,12 +227,7 @@ func readServiceStats(stats, revNat *ebpf.Map) ([]ServiceStats, error) {
 	// with a larger one) are shown, with nothing counted.
 	for _, fe := range ids {
 		if _, ok := byFE[fe]; !ok {
-			byFE[fe] = len(out)
-			s := ServiceStats{Frontend: fe, Drops: make(map[string]uint64, len(reasons))}
-			for _, r := range reasons {
-				s.Drops[r] = 0
-			}
-			out = append(out, s)
+			newRow(fe)
 		}
 	}
 	slices.SortFunc(out, func(a, b ServiceStats) int { return a.Frontend.Compare(b.Frontend) })
@@ -229,7 +240,7 @@ func readRevNat(revNat *ebpf.Map) (map[uint32]model.L4Addr, error) {
 	batch := min(statsBatch, int(revNat.MaxEntries()))
 	keys := make([]uint32, batch)
 	values := make([]sockLb4RevNat, batch)
-	out := make(map[uint32]model.L4Addr)
+	out := make(map[uint32]model.L4Addr, batch)
 	var cursor ebpf.MapBatchCursor
 	for {
 		n, err := revNat.BatchLookup(&cursor, keys, values, nil)

@@ -73,7 +73,7 @@ func TestServiceStatsTC(t *testing.T) {
 		t.Errorf("%s: new flows %d, packets %d, bytes %d; want 1, 1, %d", vipUDP, udp.NewFlows, udp.Packets, udp.Bytes, dgramLen)
 	}
 	empty := statsOf(t, stats, vipEmpty)
-	if empty.Drops["no_endpoints"] != 1 || empty.NewFlows != 0 || empty.Packets != 0 {
+	if empty.DropsByReason()["no_endpoints"] != 1 || empty.NewFlows != 0 || empty.Packets != 0 {
 		t.Errorf("%s: %+v, want one no_endpoints drop and nothing else", vipEmpty, empty)
 	}
 	for _, s := range stats {
@@ -81,7 +81,7 @@ func TestServiceStatsTC(t *testing.T) {
 			t.Errorf("%s: drops %v, want every reason of %v", s.Frontend, s.Drops, ServiceDropReasons())
 		}
 		if s.Frontend != vipEmpty {
-			for r, n := range s.Drops {
+			for r, n := range s.DropsByReason() {
 				if n != 0 {
 					t.Errorf("%s: %d drops %s, want none", s.Frontend, n, r)
 				}
@@ -143,7 +143,7 @@ func TestServiceStatsOff(t *testing.T) {
 		if s.NewFlows != 0 || s.Packets != 0 || s.Bytes != 0 {
 			t.Errorf("%s counted with --service-metrics off: %+v", s.Frontend, s)
 		}
-		for r, n := range s.Drops {
+		for r, n := range s.DropsByReason() {
 			if n != 0 {
 				t.Errorf("%s: %d drops %s with --service-metrics off", s.Frontend, n, r)
 			}
@@ -180,5 +180,49 @@ func TestServiceStatsResize(t *testing.T) {
 	}
 	if s := statsOf(t, stats, vipTCP); s.NewFlows != 1 {
 		t.Errorf("%s after the resize: %+v, want one new flow", vipTCP, s)
+	}
+}
+
+// BenchmarkServiceStatsRead30k is the kernel side of a scrape with
+// --service-metrics at 30,000 frontends: the rev-NAT map and the per-CPU
+// counters read with batch lookups and summed (pkg/metrics'
+// BenchmarkServiceScrape30k is the rest: the series and the exposition
+// format).
+//
+//	SLUICE_PRIVILEGED_TESTS=1 go test -run '^$' -bench ServiceStatsRead30k ./pkg/datapath
+func BenchmarkServiceStatsRead30k(b *testing.B) {
+	testutil.Privileged(b)
+	const n = 30000
+	cfg := smallConfig(testPinDir(b))
+	cfg.MaxServices = 32768
+	cfg.ServiceMetrics = true
+	d := openTest(b, cfg)
+	m := d.Maps()
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		b.Fatal(err)
+	}
+	v := make([]sockSvcStats, cpus)
+	for i := range v {
+		v[i] = sockSvcStats{NewFlows: 1, Packets: 10, Bytes: 1000, Drops: [8]uint64{1}}
+	}
+	for i := 1; i <= n; i++ {
+		fe := model.L4Addr{Addr: addrFromBE32(uint32(i)), Port: 80, Proto: model.TCP}
+		if err := m.UpsertRevNat(reconciler.ServiceID(i), reconciler.DefaultScope(fe)); err != nil {
+			b.Fatal(err)
+		}
+		if err := m.svcStats.Put(uint32(i), v); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		stats, err := m.ServiceStats()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(stats) != n || stats[0].Packets != uint64(10*cpus) {
+			b.Fatalf("read %d frontends, the first %+v", len(stats), stats[0])
+		}
 	}
 }

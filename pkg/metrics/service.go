@@ -129,8 +129,8 @@ func (c *serviceCollector) Collect(ch chan<- prometheus.Metric) {
 		sum.newFlows += s.NewFlows
 		sum.packets += s.Packets
 		sum.bytes += s.Bytes
-		for i, r := range c.reasons {
-			sum.drops[i] += s.Drops[r]
+		for i := range min(len(sum.drops), len(s.Drops)) {
+			sum.drops[i] += s.Drops[i]
 		}
 	}
 	for k, sum := range sums {

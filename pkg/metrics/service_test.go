@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/sluice-lb/sluice/pkg/datapath"
@@ -19,15 +20,14 @@ type fakeServiceStats struct {
 
 func (f *fakeServiceStats) ServiceStats() ([]datapath.ServiceStats, error) { return f.stats, f.err }
 
-func drops(kv ...any) map[string]uint64 {
-	m := map[string]uint64{}
-	for _, r := range datapath.ServiceDropReasons() {
-		m[r] = 0
-	}
+// drops returns counters by reason, given as reason, count pairs.
+func drops(kv ...any) []uint64 {
+	reasons := datapath.ServiceDropReasons()
+	d := make([]uint64, len(reasons))
 	for i := 0; i < len(kv); i += 2 {
-		m[kv[i].(string)] = uint64(kv[i+1].(int))
+		d[slices.Index(reasons, kv[i].(string))] = uint64(kv[i+1].(int))
 	}
-	return m
+	return d
 }
 
 // TestServiceCountersScraped: the frontends of one Service port (its
