@@ -135,4 +135,28 @@ func TestServiceMetrics(t *testing.T) {
 	if v := drops[svcSeries("new_flows", "default", "drain", "http", "TCP")]; v != 0 {
 		t.Errorf("drain's new flows = %v: it never had traffic while it had endpoints", v)
 	}
+
+	// sluicectl shows the same counters from the pins.
+	cmd := e.agent.NS.Command(t.Context(), e.agent.Bin.Sluicectl, "--bpffs", e.agent.BPFFS, "--names-file", e.agent.NamesFile, "services", "--stats")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("sluicectl services --stats: %v", err)
+	}
+	t.Logf("$ sluicectl services --stats\n%s", out)
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 8 {
+			continue
+		}
+		switch f[1] {
+		case "default/web:http":
+			if f[4] != fmt.Sprint(afterSock[web("new_flows")]) || f[5] != fmt.Sprint(packets) {
+				t.Errorf("web's line %q: want %v flows, %v packets as /metrics says", l, afterSock[web("new_flows")], packets)
+			}
+		case "default/drain:http":
+			if f[7] != "3" {
+				t.Errorf("drain's line %q: want 3 drops", l)
+			}
+		}
+	}
 }
