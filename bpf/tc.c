@@ -239,10 +239,6 @@ struct lb4_xlate {
 	 * with an address (not a pod of this node)
 	 */
 	bool outside;
-	/* out: the flow is new (a backend was selected for it) */
-	bool new_flow;
-	/* out, when dropped: enum svc_drop_reason (svcstats.h) */
-	__u8 drop;
 	struct fib4 fib;
 };
 
@@ -330,7 +326,6 @@ nat_remote(struct __sk_buff *skb, const struct pkt4 *p,
 			metric_inc(METRIC_TC_CT_EST_FULL);
 		else
 			metric_inc(METRIC_TC_CT_FULL);
-		x->drop = SVC_DROP_CONNTRACK;
 		return -1;
 	}
 	metric_inc(dev ? METRIC_TC_SNAT_NEW : METRIC_TC_MASQ_LOCAL);
@@ -365,14 +360,12 @@ static __always_inline int lb4_ct_follow(const struct pkt4 *p,
 		 * does not own.
 		 */
 		metric_inc(x->snat ? METRIC_TC_SNAT_LOST : METRIC_TC_CT_CLASH);
-		x->drop = SVC_DROP_CONNTRACK;
 		return -1;
 	}
 	if (err < 0) {
 		if (x->snat) {
 			/* The port is not reserved: the same. */
 			metric_inc(METRIC_TC_SNAT_LOST);
-			x->drop = SVC_DROP_CONNTRACK;
 			return -1;
 		}
 		metric_inc(METRIC_TC_CT_FULL);
@@ -453,13 +446,16 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb,
 		}
 		if (!be) {
 			metric_inc(METRIC_TC_BACKEND_MISSING);
+			svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
 			return -1;
 		}
 		x->nat_addr = be->addr;
 		x->nat_port = be->port;
 		ret = nat_remote(skb, p, svc, be, backend_id, now, x);
-		if (ret < 0)
+		if (ret < 0) {
+			svc_count(svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
 			return -1;
+		}
 		if (ret == 0) {
 			ret = ct_create(p, be, backend_id, svc->rev_nat_id,
 					now);
@@ -470,11 +466,11 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb,
 			metric_inc(METRIC_TC_DNAT_NEW);
 		}
 		lb4_aff_remember(p, svc, be, backend_id, slot);
-		x->new_flow = true;
+		svc_count(svc->rev_nat_id, SVC_EV_FLOW, 0);
 		return 0;
 	}
 	metric_inc(METRIC_TC_CT_CLASH);
-	x->drop = SVC_DROP_CONNTRACK;
+	svc_count(svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
 	return -1;
 }
 
@@ -502,7 +498,11 @@ static __always_inline int lb4_select(struct __sk_buff *skb,
 	if (fwd && ct_fwd_usable(fwd, p, &gone)) {
 		if (gone)
 			metric_inc(METRIC_TC_CT_BACKEND_GONE);
-		return lb4_ct_follow(p, &key, fwd, now, x);
+		if (lb4_ct_follow(p, &key, fwd, now, x) < 0) {
+			svc_count(svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
+			return -1;
+		}
+		return 0;
 	}
 	if (p->frag_later) {
 		/* A later fragment follows its first fragment's flow, and
@@ -512,6 +512,7 @@ static __always_inline int lb4_select(struct __sk_buff *skb,
 		 * header to quote: RFC 1122 3.2.2).
 		 */
 		metric_inc(METRIC_TC_FRAG_DROP);
+		svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
 		return -1;
 	}
 	if (svc->count == 0)
@@ -577,8 +578,7 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 				    __u64 now)
 {
 	struct lb4_service *svc;
-	/* A drop is an error unless the step that drops says otherwise. */
-	struct lb4_xlate x = { .drop = SVC_DROP_ERROR };
+	struct lb4_xlate x = {};
 	int ret;
 
 	svc = lookup_service(p->daddr, p->dport, p->proto);
@@ -594,10 +594,8 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	x.outside = !x.internal && node_dev_of(skb->ifindex);
 	svc = lb4_scope(p, svc, &x);
 	ret = lb4_select(skb, p, svc, now, &x);
-	if (ret < 0) {
-		svc_count(svc->rev_nat_id, x.drop, 0);
+	if (ret < 0)
 		return TC_ACT_SHOT;
-	}
 	if (ret > 0)
 		return lb4_refuse(skb, p, svc);
 
@@ -619,8 +617,8 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 		svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
 		return TC_ACT_SHOT;
 	}
-	svc_count(svc->rev_nat_id,
-		  x.new_flow ? SVC_EV_FLOW_PACKET : SVC_EV_PACKET, p->l3_len);
+	/* Its first packet is also counted as a new flow (lb4_new_flow). */
+	svc_count(svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);
 	if (!x.snat)
 		return TC_ACT_OK;
 	return redirect_fib(skb, p, &x.fib);

@@ -142,7 +142,6 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
 	__be16 nat_port, snat_port = 0;
 	__u16 slot = 0;
 	bool half_open, gone;
-	__u32 event = SVC_EV_PACKET;
 	__u8 flags;
 
 	svc = lookup_service(p->daddr, p->dport, p->proto);
@@ -207,9 +206,9 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
 			return XDP_PASS; /* tc counts and drops */
 		aff_remember(&akey, svc, be, backend_id, slot, now);
 		metric_inc(METRIC_XDP_SNAT_NEW);
-		event = SVC_EV_FLOW_PACKET;
+		svc_count(svc->rev_nat_id, SVC_EV_FLOW, 0);
 	}
-	svc_count(svc->rev_nat_id, event, p->l3_len);
+	svc_count(svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);
 	xdp_rewrite(x, snat_addr, snat_port, nat_addr, nat_port);
 	metric_inc(METRIC_XDP_FWD);
 	return xdp_send(ctx, x, &f);

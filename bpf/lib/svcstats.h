@@ -28,21 +28,26 @@
 
 /*
  * What svc_count counts. Values below SVC_DROP_SLOTS are enum
- * svc_drop_reason: a refusal of that reason.
+ * svc_drop_reason: a refusal of that reason. A new flow's first packet is
+ * counted twice, as a flow where its backend is selected and as a packet
+ * where it is translated: one event per call site, with nothing carried
+ * between them, since a value the programs carried along their paths
+ * only for this would keep the verifier from merging those paths even
+ * with the counting off (the tc program is near its complexity limit).
  */
 enum svc_event {
-	/* a new flow without a packet: a socket's connect or sendmsg */
+	/* a new flow: a backend selected for it (or a socket's connect or
+	 * sendmsg translated)
+	 */
 	SVC_EV_FLOW = SVC_DROP_SLOTS,
-	/* a packet of a flow translated to a backend */
+	/* a packet to the frontend translated to a backend */
 	SVC_EV_PACKET,
-	/* the first packet of a new flow translated to a backend */
-	SVC_EV_FLOW_PACKET,
 };
 
 /*
  * svc_count - count @event (enum svc_event, or an enum svc_drop_reason)
- * for service id @id; @bytes: the packet's IPv4 total length, for the
- * events with a packet. Nothing without --service-metrics: the verifier
+ * for service id @id; @bytes: the packet's IPv4 total length, for
+ * SVC_EV_PACKET. Nothing without --service-metrics: the verifier
  * knows service_metrics and drops the rest as dead code. An id beyond the
  * map (restored from an older agent's maps, say) is not counted.
  */
@@ -60,12 +65,12 @@ static __always_inline void svc_count(__u32 id, __u32 event, __u32 bytes)
 		s->drops[event] += 1;
 		return;
 	}
-	if (event != SVC_EV_PACKET)
+	if (event == SVC_EV_FLOW) {
 		s->new_flows += 1;
-	if (event != SVC_EV_FLOW) {
-		s->packets += 1;
-		s->bytes += bytes;
+		return;
 	}
+	s->packets += 1;
+	s->bytes += bytes;
 }
 
 #endif /* SLUICE_SVCSTATS_H */

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"net/netip"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -224,5 +225,25 @@ func BenchmarkServiceStatsRead30k(b *testing.B) {
 		if len(stats) != n || stats[0].Packets != uint64(10*cpus) {
 			b.Fatalf("read %d frontends, the first %+v", len(stats), stats[0])
 		}
+	}
+}
+
+// TestServiceStatsLoadsWithEveryOption: the programs, counting, pass the
+// verifier with every per-node option that adds paths on (masquerade,
+// cluster and service CIDRs, XDP), as they do counting nothing.
+func TestServiceStatsLoadsWithEveryOption(t *testing.T) {
+	testutil.Privileged(t)
+	for _, on := range []bool{false, true} {
+		cfg := xdpConfig(testPinDir(t))
+		cfg.NodeIPs = []netip.Addr{addr("192.168.1.1")}
+		cfg.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+		cfg.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}
+		cfg.MasqueradeAll = true
+		cfg.ServiceMetrics = on
+		d, err := Open(cfg)
+		if err != nil {
+			t.Fatalf("Open with --service-metrics=%v: %v", on, err)
+		}
+		d.Close()
 	}
 }
