@@ -91,7 +91,7 @@ func servicesCmd(fs *flag.FlagSet) runner {
 				return fmt.Errorf("read per-Service counters: %w", err)
 			}
 			if st == nil {
-				fmt.Fprintln(c.stderr, "sluicectl: no per-Service counters pinned (an agent of an older release): --stats shows none")
+				warn(c.stderr, "sluicectl: no per-Service counters pinned (an agent of an older release): --stats shows none\n")
 			}
 			addStats(rows, st)
 		}
