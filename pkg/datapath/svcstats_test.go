@@ -230,9 +230,13 @@ func BenchmarkServiceStatsRead30k(b *testing.B) {
 
 // TestServiceStatsLoadsWithEveryOption: the programs, counting, pass the
 // verifier with every per-node option that adds paths on (masquerade,
-// cluster and service CIDRs, XDP), as they do counting nothing.
+// cluster and service CIDRs, XDP), as they do counting nothing. Counting
+// nothing, the counting is gone from the programs the kernel runs (the
+// verifier removed it as dead code: service_metrics is a constant), so
+// they are shorter.
 func TestServiceStatsLoadsWithEveryOption(t *testing.T) {
 	testutil.Privileged(t)
+	xlated := map[bool]map[string]int{}
 	for _, on := range []bool{false, true} {
 		cfg := xdpConfig(testPinDir(t))
 		cfg.NodeIPs = []netip.Addr{addr("192.168.1.1")}
@@ -244,6 +248,24 @@ func TestServiceStatsLoadsWithEveryOption(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Open with --service-metrics=%v: %v", on, err)
 		}
+		xlated[on] = map[string]int{}
+		for name, p := range map[string]*ebpf.Program{"tc ingress": d.TCIngress(), "xdp": d.XDP(), "connect4": d.sock.Connect4} {
+			info, err := p.Info()
+			if err != nil {
+				t.Fatal(err)
+			}
+			insns, err := info.Instructions()
+			if err != nil {
+				t.Fatal(err)
+			}
+			xlated[on][name] = len(insns)
+		}
 		d.Close()
+	}
+	for name, off := range xlated[false] {
+		t.Logf("%s: %d instructions counting nothing, %d counting", name, off, xlated[true][name])
+		if off >= xlated[true][name] {
+			t.Errorf("%s: %d instructions counting nothing, not fewer than the %d counting", name, off, xlated[true][name])
+		}
 	}
 }
