@@ -45,8 +45,8 @@ volatile const __u8 masquerade_all = 0;
 
 /*
  * --service-metrics: count per Service (svcstats.h). A constant, so that
- * with it off the verifier prunes every svc_count and the per-packet cost
- * is nothing.
+ * with it off the verifier removes the counting of every svc_count as
+ * dead code: what is left of one is the read of this constant.
  */
 volatile const __u8 service_metrics = 0;
 

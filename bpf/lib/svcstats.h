@@ -48,7 +48,9 @@ enum svc_event {
  * svc_count - count @event (enum svc_event, or an enum svc_drop_reason)
  * for service id @id; @bytes: the packet's IPv4 total length, for
  * SVC_EV_PACKET. Nothing without --service-metrics: the verifier
- * knows service_metrics and drops the rest as dead code. An id beyond the
+ * knows service_metrics and removes the rest as dead code, leaving the
+ * read of the constant and a jump (tc: 79 of 5873 instructions over all
+ * its paths, a few on any one packet's). An id beyond the
  * map (restored from an older agent's maps, say) is not counted.
  */
 static __always_inline void svc_count(__u32 id, __u32 event, __u32 bytes)
