@@ -108,6 +108,10 @@ type Config struct {
 	// MasqueradeAll (--masquerade-all) source-NATs all ClusterIP traffic,
 	// and external traffic to a backend on this node.
 	MasqueradeAll bool
+	// ServiceMetrics (--service-metrics) makes the programs count per
+	// Service (svcstats.go). Off, they count nothing and
+	// sluice_svc_stats has one entry.
+	ServiceMetrics bool
 }
 
 // XDPMode says whether and how the XDP program is attached.
@@ -201,6 +205,7 @@ func (c Config) maxEntries() map[string]int {
 		mapDevices:   c.MaxDevices,
 		// Every service IP is some ClusterIP frontend's address.
 		mapServiceIPs: c.MaxServices,
+		mapSvcStats:   svcStatsSize(c),
 	}
 }
 
@@ -421,6 +426,7 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 		srcRanges:  d.tc.SluiceSrcRangesV1,
 		serviceIPs: d.tc.SluiceServiceIpsV1,
 		nodeCIDRs:  d.tc.SluiceNodeCidrsV1,
+		svcStats:   d.tc.SluiceSvcStatsV1,
 		cfg:        d.cfg,
 	}
 	if specs.sockDestroy != nil {
@@ -460,6 +466,7 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		"node_ip4":            uint32(0),
 		"have_cluster_cidr":   boolU8(len(cfg.ClusterCIDRs) > 0),
 		"masquerade_all":      boolU8(cfg.MasqueradeAll),
+		"service_metrics":     boolU8(cfg.ServiceMetrics),
 	}
 	for _, ip := range cfg.NodeIPs {
 		if ip.Unmap().Is4() {

@@ -25,6 +25,7 @@ type Maps struct {
 	services, backends, revNat, conntrack, sockRev, udpStick, metrics *ebpf.Map
 	devices, srcRanges, ctNew, ctFlush, serviceIPs, nodeCIDRs         *ebpf.Map
 	affinity, affFix                                                  *ebpf.Map
+	svcStats                                                          *ebpf.Map // per-Service counters (svcstats.go)
 
 	ctGC       *ebpf.Program // bpf/ctgc.c: conntrack GC and flush (conntrack.go)
 	affFixProg *ebpf.Program // bpf/ctgc.c: session affinity upkeep (affinity.go)

@@ -439,6 +439,7 @@ func (o *tcObjects) mapByName(name string) (*ebpf.Map, error) {
 		{mapConntrack, o.SluiceConntrackV2}, {mapCTNew, o.SluiceCtNewV1}, {mapCTFlush, o.SluiceCtFlushV1},
 		{mapSockRev, o.SluiceSockRevV1}, {mapUDPStick, o.SluiceUdpStickV1}, {mapMetrics, o.SluiceMetricsV1},
 		{mapDevices, o.SluiceDevicesV1}, {mapSrcRanges, o.SluiceSrcRangesV1}, {mapFragments, o.SluiceFragmentsV1},
+		{mapSvcStats, o.SluiceSvcStatsV1},
 	} {
 		if m.name == name {
 			return m.m, nil

@@ -20,6 +20,7 @@ import (
 type Pinned struct {
 	services, backends, revNat, srcRanges, metrics *ebpf.Map
 	serviceIPs                                     *ebpf.Map // nil: pinned by an agent without it
+	svcStats                                       *ebpf.Map // nil: pinned by an agent without it
 	reasons                                        int       // counters this build and the pin both know
 	dir                                            string    // bpffs/sluice
 }
@@ -58,6 +59,14 @@ func OpenPinned(bpffs string) (*Pinned, error) {
 	switch {
 	case err == nil:
 		p.serviceIPs = m
+	case !errors.Is(err, os.ErrNotExist):
+		p.Close()
+		return nil, err
+	}
+	m, err = openPinnedMap(dir, mapSvcStats, spec.Maps[mapSvcStats])
+	switch {
+	case err == nil:
+		p.svcStats = m
 	case !errors.Is(err, os.ErrNotExist):
 		p.Close()
 		return nil, err
@@ -112,7 +121,7 @@ func (p *Pinned) Counters() (map[string]uint64, error) {
 // Close releases the maps' file descriptors; the pins stay.
 func (p *Pinned) Close() error {
 	var errs []error
-	for _, m := range []*ebpf.Map{p.services, p.backends, p.revNat, p.srcRanges, p.metrics, p.serviceIPs} {
+	for _, m := range []*ebpf.Map{p.services, p.backends, p.revNat, p.srcRanges, p.metrics, p.serviceIPs, p.svcStats} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}

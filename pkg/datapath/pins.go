@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 
 	"github.com/cilium/ebpf"
 )
@@ -43,6 +44,8 @@ const (
 	mapFragments  = "sluice_fragments_v1"
 	mapServiceIPs = "sluice_service_ips_v1"
 	mapNodeCIDRs  = "sluice_node_cidrs_v1"
+	// Per-Service counters (--service-metrics), new in this release.
+	mapSvcStats = "sluice_svc_stats_v1"
 )
 
 // pinMigration turns the pin of a map of the previous release into this
@@ -173,15 +176,17 @@ func unpinned(ms *ebpf.MapSpec) *ebpf.MapSpec {
 
 // copyCounters copies the per-CPU counters of a metrics array into
 // another: reasons are never renumbered, so key i is the same reason in
-// both. Keys beyond the smaller map are dropped.
+// both. Keys beyond the smaller map are dropped. The values are copied as
+// bytes of the map's value size (a __u64 in sluice_metrics, a struct
+// svc_stats in sluice_svc_stats).
 func copyCounters(old, cur *ebpf.Map, _ *ebpf.CollectionSpec) error {
 	n := min(old.MaxEntries(), cur.MaxEntries())
-	var perCPU []uint64
+	perCPU := reflect.New(reflect.SliceOf(reflect.ArrayOf(int(old.ValueSize()), reflect.TypeFor[byte]())))
 	for k := range n {
-		if err := old.Lookup(k, &perCPU); err != nil {
+		if err := old.Lookup(k, perCPU.Interface()); err != nil {
 			return fmt.Errorf("read counter %d: %w", k, err)
 		}
-		if err := cur.Put(k, perCPU); err != nil {
+		if err := cur.Put(k, perCPU.Elem().Interface()); err != nil {
 			return fmt.Errorf("write counter %d: %w", k, err)
 		}
 	}

@@ -180,6 +180,14 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		sid, ok := r.serviceOf[d.fe]
 		if !ok {
 			sid = ServiceID(r.svcIDs.alloc())
+			// As program does: a reused id must not carry the counters
+			// of the frontend that had it (one write each, and none but
+			// a bounds check without --service-metrics).
+			if err := r.dp.ResetServiceStats(sid); err != nil {
+				r.svcIDs.release(uint32(sid))
+				fail(d, fmt.Errorf("reset counters of service %d: %w", sid, err))
+				continue
+			}
 			r.serviceOf[d.fe] = sid
 		}
 		sids[i] = sid

@@ -140,6 +140,10 @@ type Datapath interface {
 	// pass. Clients whose entries it deletes select afresh on their
 	// next connection.
 	FixAffinity(fixes []AffinityFix) error
+	// ResetServiceStats zeroes the per-Service counters of service id,
+	// just allocated: a reused id must not carry the counts of the
+	// frontend that had it before.
+	ResetServiceStats(id ServiceID) error
 
 	BatchDatapath
 }

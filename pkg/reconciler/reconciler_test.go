@@ -235,7 +235,8 @@ func TestOrder(t *testing.T) {
 	a := vip(1)
 	mustApply(t, r, state(svc(a, "a", be(1, 1, model.TCP), be(1, 2, model.TCP))))
 	got := opsString(f.Ops)
-	want := `UpsertBackend 1 10.1.1.1:8080/TCP
+	want := `ResetServiceStats 1
+UpsertBackend 1 10.1.1.1:8080/TCP
 UpsertBackend 2 10.1.1.2:8080/TCP
 UpsertRevNat 1 10.96.0.1:80/TCP
 UpsertSlot 10.96.0.1:80/TCP[1]=1

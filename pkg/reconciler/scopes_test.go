@@ -34,7 +34,9 @@ func TestTwoScopesOrder(t *testing.T) {
 	// A new frontend's two scopes are written map by map, in batches
 	// (batch.go): the internal scope's master still comes before the
 	// default scope's.
-	want := `UpsertBackend 1 10.1.1.1:8080/TCP
+	want := `ResetServiceStats 1
+ResetServiceStats 2
+UpsertBackend 1 10.1.1.1:8080/TCP
 UpsertBackend 2 10.1.1.2:8080/TCP
 UpsertRevNat 1 192.168.1.1:30080/TCP internal
 UpsertRevNat 2 192.168.1.1:30080/TCP

@@ -215,7 +215,7 @@ func (e *env) waitServices(t *testing.T, frontend string, ok func(line string) b
 	})
 }
 
-func setup(t *testing.T) *env {
+func setup(t *testing.T, extraArgs ...string) *env {
 	t.Helper()
 	bins, topo, lb := newLB(t, 3)
 	cgMount, err := datapath.CgroupV2Mount()
@@ -249,6 +249,7 @@ func setup(t *testing.T) *env {
 		Devices:   []string{lb.NodeDev},
 		Cgroup:    cg.Path,
 		BPFFS:     filepath.Join(testutil.BPFFS, topo.Prefix()+"e2e"),
+		Extra:     extraArgs,
 	}, 30*time.Second)
 	return e
 }

@@ -61,6 +61,7 @@ const (
 	OpDeleteServiceIP   OpKind = "DeleteServiceIP"
 	OpFlushConntrack    OpKind = "FlushConntrack"
 	OpFixAffinity       OpKind = "FixAffinity"
+	OpResetStats        OpKind = "ResetServiceStats"
 )
 
 // Op is one operation, as passed to Fail and recorded in Ops.
@@ -91,7 +92,7 @@ func (o Op) String() string {
 		return fmt.Sprintf("%s %d", o.Kind, o.Backend)
 	case OpUpsertRevNat:
 		return fmt.Sprintf("%s %d %s", o.Kind, o.Service, o.Frontend)
-	case OpDeleteRevNat:
+	case OpDeleteRevNat, OpResetStats:
 		return fmt.Sprintf("%s %d", o.Kind, o.Service)
 	case OpUpsertSlot:
 		return fmt.Sprintf("%s %s[%d]=%d", o.Kind, o.Frontend, o.Slot, o.Backend)
@@ -583,6 +584,30 @@ func (f *Fake) FixAffinity(fixes []reconciler.AffinityFix) error {
 	return nil
 }
 
+// ResetServiceStats zeroes the per-Service counters of id. The fake keeps
+// no counters; it checks that the id is free: zeroing the counters of an
+// id a rev_nat entry or a master still names would lose a live
+// frontend's counts.
+func (f *Fake) ResetServiceStats(id reconciler.ServiceID) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op := Op{Kind: OpResetStats, Service: id}
+	if err := f.begin(op); err != nil {
+		return err
+	}
+	if id == 0 {
+		f.violate(op, "service id 0")
+	}
+	if fe, ok := f.revNat[id]; ok {
+		f.violate(op, "service id %d is in use: rev_nat names %s", id, fe)
+	}
+	if f.masterRefs[id] > 0 {
+		f.violate(op, "service id %d is in use by %d masters", id, f.masterRefs[id])
+	}
+	f.done(op)
+	return nil
+}
+
 // Dump returns a copy of the maps.
 func (f *Fake) Dump() (*reconciler.KernelState, error) {
 	f.mu.Lock()
@@ -768,13 +793,13 @@ func (f *Fake) Count(kind OpKind) int {
 }
 
 // Writes returns how many map-changing operations succeeded (conntrack
-// flushes and session affinity fixes excluded).
+// flushes, session affinity fixes and counter resets excluded).
 func (f *Fake) Writes() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n := 0
 	for k, c := range f.counts {
-		if k != OpFlushConntrack && k != OpFixAffinity {
+		if k != OpFlushConntrack && k != OpFixAffinity && k != OpResetStats {
 			n += c
 		}
 	}
