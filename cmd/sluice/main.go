@@ -56,7 +56,7 @@ func run(args []string) int {
 		cgroup      = fs.String("cgroup", "", "cgroup v2 directory for socket load balancing (default: the cgroup2 root)")
 		socketLB    = fs.Bool("socket-lb", true, "translate at the socket layer (cgroup connect4/sendmsg4/recvmsg4/getpeername4)")
 		bpffs       = fs.String("bpffs", datapath.DefaultBPFFS, "bpffs mount; state is pinned under <bpffs>/sluice/")
-		healthAddr  = fs.String("health-addr", ":10256", "address for /healthz and /readyz (empty: off)")
+		healthAddr  = fs.String("health-addr", ":10256", "address for /healthz, /livez (kube-proxy's, KEP-3836) and /readyz (empty: off)")
 		metricsAddr = fs.String("metrics-addr", "127.0.0.1:10249", "address for Prometheus /metrics (empty: off); kube-proxy's default keeps it on the node: a cluster's Prometheus needs the node's address (NODE_IP:10249) or :10249")
 		logLevel    = fs.String("log-level", "info", "debug, info, warn or error")
 		nodeName    = fs.String("node-name", "", "this node's name (default: the host name)")
@@ -218,9 +218,10 @@ func run(args []string) int {
 
 	m := metrics.New()
 	var src agent.Source
+	var prox *health.Proxier // /healthz and /livez; nil: 200 while running
 	if *manifests != "" {
 		src = manifest.NewSource(*manifests, opts, log.With("source", "manifests"))
-	} else if src, err = kube.source(opts, m, log); err != nil {
+	} else if src, prox, err = kube.source(opts, m, log); err != nil {
 		log.Error("Kubernetes source", "err", err)
 		return 1
 	}
@@ -258,7 +259,7 @@ func run(args []string) int {
 			defer func() { _ = stats.Close() }()
 		}
 	}
-	if err := runAgent(ctx, cfg, dpCfg, ns, src, m, *healthAddr, *metricsAddr, log); err != nil {
+	if err := runAgent(ctx, cfg, dpCfg, ns, src, m, prox, *healthAddr, *metricsAddr, log); err != nil {
 		log.Error("agent failed", "err", err)
 		return 1
 	}
@@ -275,7 +276,7 @@ type northSouthConfig struct {
 
 // runAgent opens the datapath and runs the agent, serving health and
 // metrics beside it, until ctx is done or something fails.
-func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns northSouthConfig, src agent.Source, m *metrics.Metrics, healthAddr, metricsAddr string, log *slog.Logger) error {
+func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns northSouthConfig, src agent.Source, m *metrics.Metrics, prox *health.Proxier, healthAddr, metricsAddr string, log *slog.Logger) error {
 	// Listen before touching the datapath, so a taken port fails fast.
 	var healthL, metricsL net.Listener
 	var err error
@@ -320,7 +321,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 	servers := 0
 	if healthL != nil {
 		servers++
-		serve("health", func() error { return serveHTTP(ctx, healthL, health.Handler(a.Ready, a.Unprogrammed), log) })
+		serve("health", func() error { return serveHTTP(ctx, healthL, health.HandlerWith(a.Ready, a.Unprogrammed, prox), log) })
 	}
 	if metricsL != nil {
 		servers++
