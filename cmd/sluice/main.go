@@ -225,6 +225,11 @@ func run(args []string) int {
 		log.Error("Kubernetes source", "err", err)
 		return 1
 	}
+	if fo, ok := src.(agent.FailureObserver); ok {
+		// The Kubernetes source turns what could not be programmed
+		// into Events on the Services.
+		cfg.Observers = append(cfg.Observers, fo)
+	}
 	if *socketLB {
 		cfg.Cgroup = *cgroup
 		if cfg.Cgroup == "" {

@@ -38,7 +38,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/events"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/source/tracker"
@@ -64,6 +66,10 @@ type Config struct {
 	// (now) and the trigger times of the changes it brought: the network
 	// programming latency (pkg/metrics.Metrics.ObserveProgrammed).
 	ObserveProgrammed func(now time.Time, triggers []time.Time)
+	// Events, if set, records the Events on Services this node cannot
+	// serve as asked (events.go); nil: the source sends events.k8s.io/v1
+	// Events through Client.
+	Events events.EventRecorder
 	// Health, if set, is told when a state was programmed and whether
 	// this Node is eligible for traffic (pkg/health.Proxier).
 	Health Health
@@ -100,6 +106,15 @@ type Source struct {
 	// every older state are done: a newer state holds all older changes.
 	handedMu sync.Mutex
 	handed   []handedState
+	// What events.go needs: the recorder and the Service cache (set by
+	// Run before any state is handed over), and under evMu the causes
+	// reported and the Services' generations.
+	recorder    events.EventRecorder
+	services    corelisters.ServiceLister
+	evMu        sync.Mutex
+	emitted     map[eventKey]origin
+	generations map[types.NamespacedName]int64
+
 	// queued is when the oldest change not yet taken by a sync arrived
 	// (zero: none); counted from the first sync on, as kube-proxy counts
 	// from its initialisation.
@@ -134,7 +149,8 @@ func New(cfg Config) (*Source, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Source{cfg: cfg, log: cfg.Logger.With("source", "kube"), tracker: tracker.New(cfg.Options)}, nil
+	return &Source{cfg: cfg, log: cfg.Logger.With("source", "kube"), tracker: tracker.New(cfg.Options),
+		emitted: map[eventKey]origin{}, generations: map[types.NamespacedName]int64{}}, nil
 }
 
 // handOver records that st, carrying the changes of triggers that arrived
@@ -265,6 +281,19 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 
 	s.runner = newRunner(func(periodic bool) { s.syncOnce(apply, periodic) },
 		s.cfg.MinSyncPeriod, s.cfg.SyncPeriod)
+	s.services = factory.Core().V1().Services().Lister()
+	s.recorder = s.cfg.Events
+	if s.recorder == nil {
+		rec, stop, err := s.newEventRecorder(ctx)
+		if err != nil {
+			return err
+		}
+		// Deferred last, so runs first on return: the broadcaster
+		// stops before the informers (an event still queued then is
+		// dropped; the next agent reports the cause again).
+		defer stop()
+		s.recorder = rec
+	}
 
 	svcReg, err := factory.Core().V1().Services().Informer().AddEventHandler(handler(s.onService))
 	if err != nil {
@@ -311,8 +340,13 @@ func objectOf(obj any) any {
 	return obj
 }
 
-func (s *Source) onService(obj any, deleted bool) { onObject(s, obj, deleted, s.tracker.SetService) }
-func (s *Source) onSlice(obj any, deleted bool)   { onObject(s, obj, deleted, s.tracker.SetSlice) }
+func (s *Source) onService(obj any, deleted bool) {
+	if svc, ok := objectOf(obj).(*corev1.Service); ok {
+		s.followService(svc, deleted) // events.go: before the tracker sees it
+	}
+	onObject(s, obj, deleted, s.tracker.SetService)
+}
+func (s *Source) onSlice(obj any, deleted bool) { onObject(s, obj, deleted, s.tracker.SetSlice) }
 
 // onObject hands a Service or an EndpointSlice to set under its name: the
 // object as it is now, or nil once it is deleted.
@@ -398,6 +432,7 @@ func (s *Source) syncOnce(apply func(*model.State), periodic bool) {
 	for _, c := range r.Conflicts {
 		s.log.Warn("frontend claimed twice", "conflict", c.String())
 	}
+	s.reportSync(r, r.State != s.state)
 	if r.Changed == 0 && !periodic && s.state != nil {
 		return // net change: none
 	}
