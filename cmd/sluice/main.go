@@ -87,6 +87,10 @@ func run(args []string) int {
 	fs.IntVar(&dpCfg.MaxAffinity, "max-affinity", datapath.DefaultMaxAffinity, "size of sluice_session_affinity (LRU): clients of Services with sessionAffinity ClientIP")
 	fs.IntVar(&dpCfg.MaxSourceRanges, "max-source-ranges", datapath.DefaultMaxSourceRanges, "size of sluice_src_ranges: loadBalancerSourceRanges of all Services together")
 	fs.IntVar(&dpCfg.MaxDevices, "max-devices", datapath.DefaultMaxDevices, "size of sluice_devices: devices the tc programs are attached to")
+	fs.DurationVar(&dpCfg.CTTimeoutTCP, "conntrack-tcp-timeout", datapath.DefaultCTTimeoutTCP, "idle timeout of an answered, open TCP flow in sluice_conntrack (kube-proxy's conntrack.tcpEstablishedTimeout)")
+	fs.DurationVar(&dpCfg.CTTimeoutSYN, "conntrack-tcp-syn-timeout", datapath.DefaultCTTimeoutSYN, "idle timeout of a TCP flow not answered yet (sluice_ct_new)")
+	fs.DurationVar(&dpCfg.CTTimeoutClose, "conntrack-tcp-close-timeout", datapath.DefaultCTTimeoutClose, "how long a TCP flow's entry stays after a RST, or a FIN each way")
+	fs.DurationVar(&dpCfg.CTTimeoutUDP, "conntrack-udp-timeout", datapath.DefaultCTTimeoutUDP, "idle timeout of a UDP flow, answered or not (kube-proxy's conntrack.udpStreamTimeout)")
 	kube := addKubeFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -110,6 +114,16 @@ func run(args []string) int {
 		var err error
 		if kp, err = applyKubeProxyConfig(fs, *configFile); err != nil {
 			fmt.Fprintf(os.Stderr, "sluice: --config: %v\n", err)
+			return 2
+		}
+	}
+	for name, d := range map[string]time.Duration{"conntrack-tcp-timeout": dpCfg.CTTimeoutTCP, "conntrack-tcp-syn-timeout": dpCfg.CTTimeoutSYN,
+		"conntrack-tcp-close-timeout": dpCfg.CTTimeoutClose, "conntrack-udp-timeout": dpCfg.CTTimeoutUDP} {
+		// The BPF programs take a timeout in nanoseconds; 0 would
+		// expire every flow at once (datapath.Config takes it for
+		// the default).
+		if d <= 0 {
+			fmt.Fprintf(os.Stderr, "sluice: --%s %s: must be > 0\n", name, d)
 			return 2
 		}
 	}
