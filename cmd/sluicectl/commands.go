@@ -215,10 +215,35 @@ type ConntrackRow struct {
 }
 
 func conntrackCmd(fs *flag.FlagSet) runner {
+	f, check := conntrackFilterFlags(fs)
+	return runner{check: check, run: func(c *ctx) error {
+		entries, ks, names, err := c.conntrack()
+		if err != nil {
+			return err
+		}
+		rows := conntrackRows(f.selectEntries(entries, ks, names), ks, names)
+		if c.output == "json" {
+			return writeJSON(c.stdout, rows)
+		}
+		cells := make([][]string, 0, len(rows))
+		for _, r := range rows {
+			cells = append(cells, []string{r.State, r.Direction, r.Proto, r.Src, r.Dst, r.NAT, or(r.SNAT), or(r.Service), r.Expires, or(strings.Join(r.Flags, ","))})
+		}
+		return tabulate(c.stdout, table([]string{"STATE", "DIR", "PROTO", "SRC", "DST", "NAT", "SNAT", "SERVICE", "EXPIRES", "FLAGS"}, cells))
+	}}
+}
+
+// conntrackFilterFlags declares the flags that select conntrack entries
+// (conntrack and conntrack delete take the same) and returns the filter
+// they fill in once check has run.
+func conntrackFilterFlags(fs *flag.FlagSet) (*conntrackFilter, func(*ctx) error) {
 	addr := fs.String("addr", "", "only entries with this address (client, frontend, backend or source NAT)")
 	port := fs.Uint("port", 0, "only entries with this port (with --addr: on the same side)")
 	proto := fs.String("proto", "", "only tcp or udp entries")
-	var f conntrackFilter
+	service := fs.String("service", "", "only entries of this Service: NAMESPACE/NAME, or NAMESPACE/NAME:PORT for one of its ports (from the names file)")
+	src := fs.String("src", "", "only the flow whose client is IP:PORT (with --dst: one flow)")
+	dst := fs.String("dst", "", "only the flows to the frontend IP:PORT")
+	f := &conntrackFilter{}
 	check := func(*ctx) error {
 		if *addr != "" {
 			a, err := netip.ParseAddr(*addr)
@@ -240,39 +265,151 @@ func conntrackCmd(fs *flag.FlagSet) runner {
 		default:
 			return fmt.Errorf("--proto %q: want tcp or udp", *proto)
 		}
+		if *service != "" && !strings.Contains(*service, "/") {
+			return fmt.Errorf("--service %q: want NAMESPACE/NAME[:PORT]", *service)
+		}
+		f.service = *service
+		for _, x := range []struct {
+			name, v string
+			to      *netip.AddrPort
+		}{{"src", *src, &f.src}, {"dst", *dst, &f.dst}} {
+			if x.v == "" {
+				continue
+			}
+			ap, err := netip.ParseAddrPort(x.v)
+			if err != nil {
+				return fmt.Errorf("--%s: %w", x.name, err)
+			}
+			*x.to = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		}
+		return nil
+	}
+	return f, check
+}
+
+// conntrack reads what the conntrack commands show: the entries, the
+// maps (for the Service ids) and the names file.
+func (c *ctx) conntrack() ([]datapath.ConntrackEntry, *reconciler.KernelState, map[string]namesfile.Frontend, error) {
+	entries, err := c.pins.Conntrack()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("read conntrack: %w", err)
+	}
+	ks, err := c.pins.Dump()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("read maps: %w", err)
+	}
+	return entries, ks, c.serviceNames(), nil
+}
+
+// ConntrackDeleted is what `conntrack delete` did.
+type ConntrackDeleted struct {
+	Flows   int `json:"flows"`   // the flows selected
+	Entries int `json:"entries"` // the entries deleted (each flow has up to two)
+}
+
+func conntrackDeleteCmd(fs *flag.FlagSet) runner {
+	f, checkFilter := conntrackFilterFlags(fs)
+	yes := fs.Bool("yes", false, "delete when more than one flow matches")
+	check := func(c *ctx) error {
+		if err := checkFilter(c); err != nil {
+			return err
+		}
+		if f.empty() {
+			return fmt.Errorf("say which flows: --src and --dst (one flow), or --addr, --port, --proto, --service")
+		}
 		return nil
 	}
 	return runner{check: check, run: func(c *ctx) error {
-		entries, err := c.pins.Conntrack()
+		entries, ks, names, err := c.conntrack()
 		if err != nil {
-			return fmt.Errorf("read conntrack: %w", err)
+			return err
 		}
-		ks, err := c.pins.Dump()
+		sel := f.selectEntries(entries, ks, names)
+		flows := map[flowKey]bool{}
+		for _, e := range sel {
+			flows[flowOf(e)] = true
+		}
+		if len(flows) > 1 && !*yes {
+			return fmt.Errorf("%d flows (%d entries) match; list them with `sluicectl conntrack` and the same filters, and give --yes to delete them all",
+				len(flows), len(sel))
+		}
+		n, err := c.pins.DeleteConntrack(sel)
 		if err != nil {
-			return fmt.Errorf("read maps: %w", err)
+			return fmt.Errorf("deleted %d entries, then: %w", n, err)
 		}
-		names := c.serviceNames()
-		rows := conntrackRows(entries, f, ks, names)
+		res := ConntrackDeleted{Flows: len(flows), Entries: n}
 		if c.output == "json" {
-			return writeJSON(c.stdout, rows)
+			return writeJSON(c.stdout, res)
 		}
-		cells := make([][]string, 0, len(rows))
-		for _, r := range rows {
-			cells = append(cells, []string{r.State, r.Direction, r.Proto, r.Src, r.Dst, r.NAT, or(r.SNAT), or(r.Service), r.Expires, or(strings.Join(r.Flags, ","))})
-		}
-		return tabulate(c.stdout, table([]string{"STATE", "DIR", "PROTO", "SRC", "DST", "NAT", "SNAT", "SERVICE", "EXPIRES", "FLAGS"}, cells))
+		_, err = fmt.Fprintf(c.stdout, "deleted %d entries of %d flows\n", res.Entries, res.Flows)
+		return err
 	}}
+}
+
+// flowKey names a flow by its client's tuple and frontend.
+type flowKey struct {
+	proto            model.Protocol
+	client, frontend netip.AddrPort
+}
+
+// flowOf is the flow of an entry: a forward entry is keyed by it; a reverse
+// one names the frontend, and the client is its destination (or, when the
+// flow was source-NATed, its SNAT).
+func flowOf(e datapath.ConntrackEntry) flowKey {
+	if !e.Reverse {
+		return flowKey{e.Proto, e.Src, e.Dst}
+	}
+	client := e.Dst
+	if e.SNAT.IsValid() {
+		client = e.SNAT
+	}
+	return flowKey{e.Proto, client, e.NAT}
 }
 
 // conntrackFilter selects entries; zero fields select all.
 type conntrackFilter struct {
-	addr  netip.Addr
-	port  uint16
-	proto model.Protocol
+	addr     netip.Addr
+	port     uint16
+	proto    model.Protocol
+	service  string         // namespace/name or namespace/name:port
+	src, dst netip.AddrPort // the flow's client and frontend
+}
+
+func (f conntrackFilter) empty() bool {
+	return f == conntrackFilter{}
+}
+
+// selectEntries returns the entries f selects. The Service of an entry is
+// the name of the frontend its reverse-NAT id names.
+func (f conntrackFilter) selectEntries(entries []datapath.ConntrackEntry, ks *reconciler.KernelState, names map[string]namesfile.Frontend) []datapath.ConntrackEntry {
+	var sel []datapath.ConntrackEntry
+	for _, e := range entries {
+		if !f.match(e) {
+			continue
+		}
+		if f.service != "" {
+			svc := serviceOf(e, ks, names)
+			if svc != f.service && !strings.HasPrefix(svc, f.service+":") {
+				continue
+			}
+		}
+		sel = append(sel, e)
+	}
+	return sel
+}
+
+func serviceOf(e datapath.ConntrackEntry, ks *reconciler.KernelState, names map[string]namesfile.Frontend) string {
+	if fe, ok := ks.RevNat[reconciler.ServiceID(e.ServiceID)]; ok {
+		return names[fe.L4Addr.String()].Service
+	}
+	return ""
 }
 
 func (f conntrackFilter) match(e datapath.ConntrackEntry) bool {
 	if f.proto != 0 && e.Proto != f.proto {
+		return false
+	}
+	if fl := flowOf(e); f.src.IsValid() && fl.client != f.src || f.dst.IsValid() && fl.frontend != f.dst {
 		return false
 	}
 	if !f.addr.IsValid() && f.port == 0 {
@@ -286,16 +423,10 @@ func (f conntrackFilter) match(e datapath.ConntrackEntry) bool {
 	return false
 }
 
-// conntrackRows turns the entries f selects into rows, sorted by state
-// (established first), protocol, source, destination and direction; the
-// Service is the name of the frontend the entry's reverse-NAT id names.
-func conntrackRows(entries []datapath.ConntrackEntry, f conntrackFilter, ks *reconciler.KernelState, names map[string]namesfile.Frontend) []ConntrackRow {
-	var sel []datapath.ConntrackEntry
-	for _, e := range entries {
-		if f.match(e) {
-			sel = append(sel, e)
-		}
-	}
+// conntrackRows turns entries into rows, sorted by state (established
+// first), protocol, source, destination and direction; the Service is the
+// name of the frontend the entry's reverse-NAT id names.
+func conntrackRows(sel []datapath.ConntrackEntry, ks *reconciler.KernelState, names map[string]namesfile.Frontend) []ConntrackRow {
 	slices.SortFunc(sel, func(a, b datapath.ConntrackEntry) int {
 		return cmp.Or(cmp.Compare(b2i(b.Established), b2i(a.Established)), cmp.Compare(a.Proto, b.Proto), a.Src.Compare(b.Src), a.Dst.Compare(b.Dst),
 			cmp.Compare(b2i(a.Reverse), b2i(b.Reverse)))
@@ -316,9 +447,7 @@ func conntrackRows(entries []datapath.ConntrackEntry, f conntrackFilter, ks *rec
 		if e.SNAT.IsValid() {
 			r.SNAT = e.SNAT.String()
 		}
-		if fe, ok := ks.RevNat[reconciler.ServiceID(e.ServiceID)]; ok {
-			r.Service = names[fe.L4Addr.String()].Service
-		}
+		r.Service = serviceOf(e, ks, names)
 		r.Expires = "expired"
 		if e.ExpiresIn > 0 {
 			r.Expires = e.ExpiresIn.Round(time.Second).String()

@@ -9,7 +9,10 @@
 //	                          format (that of its golden tests)
 //	sluicectl backends        backends and the frontends whose slots name them
 //	sluicectl conntrack       per-packet conntrack entries, filtered by
-//	                          --addr, --port, --proto
+//	                          --addr, --port, --proto, --service, --src, --dst
+//	sluicectl conntrack delete  the flows of those entries, both directions
+//	                          and their SNAT port reservation (the one
+//	                          command that writes)
 //	sluicectl counters        datapath outcome counters, by reason
 //	sluicectl status          the agent's readiness and last sync (from its
 //	                          health and metrics endpoints), the maps' fill
@@ -44,9 +47,14 @@ Commands:
   services [--raw]   service frontends -> backends, from the pinned maps
                      (--raw: every map entry, as the reconciler dumps them)
   backends           backends and the frontends whose slots name them
-  conntrack [--addr IP] [--port N] [--proto tcp|udp]
+  conntrack [--addr IP] [--port N] [--proto tcp|udp] [--service NS/NAME[:PORT]]
+            [--src IP:PORT] [--dst IP:PORT]
                      per-packet conntrack entries whose tuple, translation
                      or source NAT has the address and port
+  conntrack delete [the same filters] [--yes]
+                     delete the flows those entries belong to: both
+                     directions, and their SNAT port reservation (--yes
+                     when more than one flow matches)
   counters           datapath outcome counters, summed over CPUs
   status [--health-addr ADDR] [--metrics-addr ADDR]
                      the agent's readiness and last sync, and the maps' fill
@@ -79,6 +87,9 @@ var commands = map[string]command{
 	"services":  {flags: servicesCmd},
 	"backends":  {flags: backendsCmd},
 	"conntrack": {flags: conntrackCmd},
+	// conntrack delete writes: it opens the two conntrack maps for
+	// writing, and nothing else.
+	"conntrack delete": {flags: conntrackDeleteCmd},
 	"counters":  {flags: countersCmd},
 	"status":    {flags: statusCmd},
 }
@@ -102,7 +113,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	name := fs.Arg(0)
+	name, rest := fs.Arg(0), fs.Args()[1:]
+	if name == "conntrack" && len(rest) > 0 && rest[0] == "delete" {
+		name, rest = "conntrack delete", rest[1:]
+	}
 	cmd, ok := commands[name]
 	if !ok {
 		warn(stderr, "sluicectl: unknown command %q\n", name)
@@ -116,7 +130,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cfs.StringVar(&c.output, "o", "table", "output format: table or json")
 	cfs.StringVar(&c.output, "output", "table", "output format: table or json")
 	r := cmd.flags(cfs)
-	if err := cfs.Parse(fs.Args()[1:]); err != nil {
+	if err := cfs.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
