@@ -87,11 +87,12 @@ var commands = map[string]command{
 	"services":  {flags: servicesCmd},
 	"backends":  {flags: backendsCmd},
 	"conntrack": {flags: conntrackCmd},
+	"counters":  {flags: countersCmd},
+	"status":    {flags: statusCmd},
+
 	// conntrack delete writes: it opens the two conntrack maps for
 	// writing, and nothing else.
 	"conntrack delete": {flags: conntrackDeleteCmd},
-	"counters":  {flags: countersCmd},
-	"status":    {flags: statusCmd},
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
