@@ -72,8 +72,44 @@ func servicesCmd(fs *flag.FlagSet) runner {
 		if c.output == "json" {
 			return writeJSON(c.stdout, rows)
 		}
+		if c.output == "wide" {
+			return writeServicesWide(c.stdout, rows)
+		}
 		return writeServices(c.stdout, rows)
 	}}
+}
+
+// flagNames spells a master's flags (reconciler.Flag*) for -o wide.
+func flagNames(f uint8) string {
+	var out []string
+	for _, x := range []struct {
+		bit  uint8
+		name string
+	}{{reconciler.FlagExternal, "external"}, {reconciler.FlagLocal, "local"}, {reconciler.FlagSourceRanges, "source-ranges"},
+		{reconciler.FlagTwoScopes, "two-scopes"}, {reconciler.FlagDropEmpty, "drop-empty"}, {reconciler.FlagAffinity, "affinity"}} {
+		if f&x.bit != 0 {
+			out = append(out, x.name)
+		}
+	}
+	return or(strings.Join(out, ","))
+}
+
+// writeServicesWide is writeServices with the frontend's kind (from the
+// names file) and its flags, decoded.
+func writeServicesWide(w io.Writer, rows []ServiceRow) error {
+	cells := make([][]string, 0, len(rows))
+	for _, r := range rows {
+		fe := r.Frontend
+		if r.Internal {
+			fe += " internal"
+		}
+		bs := strings.Join(r.Backends, " ")
+		if r.Empty != "" {
+			bs = "(none: connections " + r.Empty + ")"
+		}
+		cells = append(cells, []string{fe, or(r.Service), or(r.Kind), strconv.Itoa(int(r.ID)), strconv.Itoa(int(r.Count)), flagNames(r.Flags), bs})
+	}
+	return tabulate(w, table([]string{"FRONTEND", "SERVICE", "KIND", "ID", "COUNT", "FLAGS", "BACKENDS"}, cells))
 }
 
 // serviceRows lists the frontends of ks, sorted by frontend, named from
@@ -162,8 +198,15 @@ func backendsCmd(*flag.FlagSet) runner {
 		cells := make([][]string, 0, len(rows))
 		for _, r := range rows {
 			cells = append(cells, []string{strconv.Itoa(int(r.ID)), r.Backend, or(strings.Join(r.Services, ",")), or(strings.Join(r.Frontends, " "))})
+			if c.output == "wide" {
+				cells[len(cells)-1] = append(cells[len(cells)-1], strconv.Itoa(len(r.Frontends)))
+			}
 		}
-		return tabulate(c.stdout, table([]string{"ID", "BACKEND", "SERVICES", "FRONTENDS"}, cells))
+		header := []string{"ID", "BACKEND", "SERVICES", "FRONTENDS"}
+		if c.output == "wide" {
+			header = append(header, "USERS") // how many frontends' slots name it
+		}
+		return tabulate(c.stdout, table(header, cells))
 	}}
 }
 
@@ -228,8 +271,17 @@ func conntrackCmd(fs *flag.FlagSet) runner {
 		cells := make([][]string, 0, len(rows))
 		for _, r := range rows {
 			cells = append(cells, []string{r.State, r.Direction, r.Proto, r.Src, r.Dst, r.NAT, or(r.SNAT), or(r.Service), r.Expires, or(strings.Join(r.Flags, ","))})
+			if c.output == "wide" {
+				// The ids the entry names: its frontend's reverse-NAT
+				// id (services' ID) and its backend's (backends' ID).
+				cells[len(cells)-1] = append(cells[len(cells)-1], strconv.Itoa(int(r.ServiceID)), strconv.Itoa(int(r.BackendID)))
+			}
 		}
-		return tabulate(c.stdout, table([]string{"STATE", "DIR", "PROTO", "SRC", "DST", "NAT", "SNAT", "SERVICE", "EXPIRES", "FLAGS"}, cells))
+		header := []string{"STATE", "DIR", "PROTO", "SRC", "DST", "NAT", "SNAT", "SERVICE", "EXPIRES", "FLAGS"}
+		if c.output == "wide" {
+			header = append(header, "SERVICE-ID", "BACKEND-ID")
+		}
+		return tabulate(c.stdout, table(header, cells))
 	}}
 }
 

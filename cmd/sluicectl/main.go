@@ -18,7 +18,10 @@
 //	                          health and metrics endpoints), the maps' fill
 //
 // Every command takes -o json: the same rows, as a JSON array (status: an
-// object). Tables are sorted and aligned, like kubectl get. Service names
+// object), and -o wide: the table with more columns where there are more
+// to show (services: kind and flags; backends: how many frontends use one;
+// conntrack: the service and backend ids). Tables are sorted and aligned,
+// like kubectl get. Service names
 // come from the file the agent writes beside its work (--names-file,
 // internal/namesfile); without it the SERVICE column is empty.
 package main
@@ -41,7 +44,7 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-const usage = `Usage: sluicectl [--bpffs DIR] [--names-file PATH] COMMAND [-o table|json] [flags]
+const usage = `Usage: sluicectl [--bpffs DIR] [--names-file PATH] COMMAND [-o table|wide|json] [flags]
 
 Commands:
   services [--raw]   service frontends -> backends, from the pinned maps
@@ -128,8 +131,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cfs.SetOutput(stderr)
 	cfs.Usage = fs.Usage
 	c := &ctx{bpffs: *bpffs, namesFile: *names, stdout: stdout, stderr: stderr}
-	cfs.StringVar(&c.output, "o", "table", "output format: table or json")
-	cfs.StringVar(&c.output, "output", "table", "output format: table or json")
+	cfs.StringVar(&c.output, "o", "table", "output format: table, wide (more columns: services, backends, conntrack) or json")
+	cfs.StringVar(&c.output, "output", "table", "output format: table, wide or json")
 	r := cmd.flags(cfs)
 	if err := cfs.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -142,8 +145,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	if c.output != "table" && c.output != "json" {
-		warn(stderr, "sluicectl: -o %q: want table or json\n", c.output)
+	if c.output != "table" && c.output != "json" && c.output != "wide" {
+		warn(stderr, "sluicectl: -o %q: want table, wide or json\n", c.output)
 		return 2
 	}
 	if r.check != nil {
