@@ -393,9 +393,17 @@ func conntrackDeleteCmd(fs *flag.FlagSet) runner {
 		if c.output == "json" {
 			return writeJSON(c.stdout, res)
 		}
-		_, err = fmt.Fprintf(c.stdout, "deleted %d entries of %d flows\n", res.Entries, res.Flows)
+		_, err = fmt.Fprintf(c.stdout, "deleted %d entries (%s)\n", res.Entries, plural(res.Flows, "flow"))
 		return err
 	}}
+}
+
+// plural spells n things.
+func plural(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return strconv.Itoa(n) + " " + thing + "s"
 }
 
 // flowKey names a flow by its client's tuple and frontend.

@@ -52,7 +52,7 @@ func TestConntrackDelete(t *testing.T) {
 		}
 	}
 	out := runOK(t, append(base, "conntrack", "delete", "--service", "default/web", "--yes")...)
-	if out != "deleted 2 entries of 1 flows\n" {
+	if out != "deleted 2 entries (1 flow)\n" {
 		t.Errorf("delete by Service: %q", out)
 	}
 	if n := len(list()); n != 0 {
