@@ -572,6 +572,10 @@ type AgentStatus struct {
 	// Unprogrammed are the Service ports the last sync could not
 	// program, with why (sluice_service_unprogrammed_frontends).
 	Unprogrammed []string `json:"unprogrammed"`
+	// Healthz and Livez are /healthz's and /livez's answers (KEP-3836):
+	// "ok", or the status code and why.
+	Healthz string `json:"healthz,omitempty"`
+	Livez   string `json:"livez,omitempty"`
 }
 
 func statusCmd(fs *flag.FlagSet) runner {
@@ -603,6 +607,9 @@ func writeStatus(w io.Writer, st Status, now time.Time) error {
 		b.WriteString("Agent:\tready\n")
 	default:
 		fmt.Fprintf(&b, "Agent:\tnot ready: %s\n", strings.TrimPrefix(firstLine(a.Readiness), "not ready: "))
+	}
+	if a.Healthz != "" {
+		fmt.Fprintf(&b, "Health:\t/healthz %s, /livez %s\n", a.Healthz, a.Livez)
 	}
 	if a.LastSync != nil {
 		fmt.Fprintf(&b, "Last sync:\t%s (%s ago)\n", a.LastSync.UTC().Format(time.RFC3339), now.Sub(*a.LastSync).Round(time.Second))
@@ -663,6 +670,7 @@ func askAgent(healthAddr, metricsAddr string) AgentStatus {
 	st.Reachable = true
 	st.Ready = resp.StatusCode == http.StatusOK
 	st.Readiness = strings.TrimSpace(string(body))
+	st.Healthz, st.Livez = probe(client, healthAddr, "/healthz"), probe(client, healthAddr, "/livez")
 
 	resp, err = client.Get("http://" + metricsAddr + "/metrics")
 	if err != nil {
@@ -694,6 +702,26 @@ func askAgent(healthAddr, metricsAddr string) AgentStatus {
 	}
 	slices.Sort(st.Unprogrammed)
 	return st
+}
+
+// probe asks one of the agent's health probes: "ok" for a 200, else the
+// status code and the reason the agent gives (its X-Sluice-Unhealthy
+// header), or why it did not answer.
+func probe(client *http.Client, addr, path string) string {
+	resp, err := client.Get("http://" + addr + path)
+	if err != nil {
+		return "no answer: " + err.Error()
+	}
+	_, _ = io.Copy(io.Discard, resp.Body) // only the status matters; a short read loses nothing
+	_ = resp.Body.Close()                 // read to its end: nothing left to lose
+	if resp.StatusCode == http.StatusOK {
+		return "ok"
+	}
+	why := resp.Header.Get("X-Sluice-Unhealthy")
+	if why == "" {
+		return strconv.Itoa(resp.StatusCode)
+	}
+	return strconv.Itoa(resp.StatusCode) + ": " + why
 }
 
 // label returns the value of label name in a series of the exposition
