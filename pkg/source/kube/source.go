@@ -66,6 +66,8 @@ type Config struct {
 	// (now) and the trigger times of the changes it brought: the network
 	// programming latency (pkg/metrics.Metrics.ObserveProgrammed).
 	ObserveProgrammed func(now time.Time, triggers []time.Time)
+	Logger            *slog.Logger
+
 	// Events, if set, records the Events on Services this node cannot
 	// serve as asked (events.go); nil: the source sends events.k8s.io/v1
 	// Events through Client.
@@ -73,7 +75,6 @@ type Config struct {
 	// Health, if set, is told when a state was programmed and whether
 	// this Node is eligible for traffic (pkg/health.Proxier).
 	Health Health
-	Logger *slog.Logger
 }
 
 // Health is what the source tells the health probes (pkg/health.Proxier).
