@@ -21,10 +21,13 @@ import (
 	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
-// eventsOn lists the events.k8s.io/v1 Events regarding Service ns/name.
+// eventsOn lists the events.k8s.io/v1 Events the agent reported
+// (reportingController sluice) regarding Service ns/name. The apiserver's
+// own controllers report on Services too (ClusterIPNotAllocated, from the
+// IP allocator's repair loop).
 func eventsOn(c kubernetes.Interface, ns, name string) ([]eventsv1.Event, error) {
 	l, err := c.EventsV1().Events(ns).List(context.Background(), metav1.ListOptions{
-		FieldSelector: "regarding.kind=Service,regarding.name=" + name})
+		FieldSelector: "regarding.kind=Service,regarding.name=" + name + ",reportingController=sluice"})
 	if err != nil {
 		return nil, err
 	}
