@@ -90,15 +90,7 @@ func startFailing(t *testing.T, cfg Config, recon *failingReconciler) (*Agent, c
 	logs := &testutil.Buffer{}
 	a := New(cfg, fakeDatapath{&recorder{}}, recon, slog.New(slog.NewTextHandler(logs, nil)))
 	src := chanSource{states: make(chan *model.State)}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx, src) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent: %v", err)
-		}
-	})
+	testutil.RunUntilCleanup(t, "agent", func(ctx context.Context) error { return a.Run(ctx, src) })
 	return a, src, logs
 }
 

@@ -1,11 +1,8 @@
 package metrics
 
 import (
-	"bufio"
 	"net/http/httptest"
 	"net/netip"
-	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -26,19 +23,9 @@ func scrape(t *testing.T, m *Metrics) map[string]float64 {
 	if rec.Code != 200 {
 		t.Fatalf("scrape: %d\n%s", rec.Code, rec.Body.String())
 	}
-	out := map[string]float64{}
-	sc := bufio.NewScanner(rec.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			t.Fatalf("sample %q: %v", line, err)
-		}
-		out[line[:i]] = v
+	out, err := testutil.Samples(rec.Body, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

@@ -1,10 +1,8 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -20,19 +18,11 @@ func (e *env) serviceSeries(t *testing.T) map[string]float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]float64{}
-	sc := bufio.NewScanner(strings.NewReader(body))
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "sluice_service_") || strings.HasPrefix(line, "sluice_service_unprogrammed") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			t.Fatalf("sample %q: %v", line, err)
-		}
-		out[line[:i]] = v
+	out, err := testutil.Samples(strings.NewReader(body), func(line string) bool {
+		return strings.HasPrefix(line, "sluice_service_") && !strings.HasPrefix(line, "sluice_service_unprogrammed")
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

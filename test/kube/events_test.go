@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
@@ -85,15 +86,7 @@ func TestEventsOnUnprogrammableServices(t *testing.T) {
 	dp := fakedp.New(4, 100, 100)
 	rec := reconciler.New(dp, log.With("component", "reconciler"))
 	a := agent.New(agent.Config{Observers: []agent.Observer{src}, Resync: 300 * time.Millisecond}, noPrograms{}, rec, log.With("component", "agent"))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx, src) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent: %v", err)
-		}
-	})
+	testutil.RunUntilCleanup(t, "agent", func(ctx context.Context) error { return a.Run(ctx, src) })
 	eventually(t, "first sync", 30*time.Second, func() error {
 		if !src.Synced() {
 			return errors.New("not synced")

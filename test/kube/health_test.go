@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/health"
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -71,15 +72,7 @@ func TestHealthzFollowsNodeLivezStaleness(t *testing.T) {
 	var fail atomic.Bool
 	rec := reconciler.New(newFake(), log.With("component", "reconciler"))
 	a := agent.New(agent.Config{RetryMax: 500 * time.Millisecond}, noPrograms{}, failingApplies{rec, &fail}, log.With("component", "agent"))
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- a.Run(runCtx, src) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("agent: %v", err)
-		}
-	})
+	testutil.RunUntilCleanup(t, "agent", func(ctx context.Context) error { return a.Run(ctx, src) })
 	srv := httptest.NewServer(health.HandlerWith(a.Ready, a.Unprogrammed, prox))
 	t.Cleanup(srv.Close)
 
