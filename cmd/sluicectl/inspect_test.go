@@ -41,17 +41,7 @@ func liveDatapath(t *testing.T) (bpffs, names string, st *model.State) {
 		Backends: []model.Backend{{L4Addr: tcp("10.1.0.1", 8080)}, {L4Addr: tcp("10.1.0.2", 8080)}}}
 	st.Services[db] = &model.Service{Name: model.ServicePortName{Namespace: "prod", Name: "db"}, Frontend: db,
 		Backends: []model.Backend{{L4Addr: tcp("10.1.0.1", 5432)}}}
-	if err := reconciler.New(dp.Maps(), nil).Apply(st); err != nil {
-		t.Fatal(err)
-	}
-	names = filepath.Join(t.TempDir(), "names.json")
-	b, err := namesfile.Of(bpffs, st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := namesfile.WriteAtomic(names, b); err != nil {
-		t.Fatal(err)
-	}
+	names = programNamed(t, bpffs, dp, st)
 
 	client, node := [6]byte{2, 0, 0, 0, 0, 1}, [6]byte{2, 0, 0, 0, 0, 2}
 	runTC := func(prog *ebpf.Program, p packet.Packet) []byte {

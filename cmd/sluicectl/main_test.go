@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -175,14 +176,36 @@ src_ranges:
 // openSmallPins opens a datapath with small maps pinned in a bpffs
 // directory of the test's own, as an agent started with small --max-*
 // sizes would (root only).
-func openSmallPins(t *testing.T) (bpffs string, dp *datapath.Datapath) {
+func openSmallPins(t *testing.T, opts ...func(*datapath.Config)) (bpffs string, dp *datapath.Datapath) {
 	t.Helper()
 	bpffs = testutil.PinDir(t) // and a privileged test
-	dp, err := datapath.Open(datapath.Config{
+	cfg := datapath.Config{
 		BPFFS: bpffs, MaxServices: 64, MaxBackends: 128, MaxServiceEntries: 256, MaxConntrack: 256, MaxSockRev: 128,
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	dp, err := datapath.Open(cfg)
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
 	return bpffs, dp
+}
+
+// programNamed programs st into dp and writes its names file as the agent
+// does, returning the file's path.
+func programNamed(t *testing.T, bpffs string, dp *datapath.Datapath, st *model.State) (names string) {
+	t.Helper()
+	if err := reconciler.New(dp.Maps(), nil).Apply(st); err != nil {
+		t.Fatal(err)
+	}
+	names = filepath.Join(t.TempDir(), "names.json")
+	b, err := namesfile.Of(bpffs, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := namesfile.WriteAtomic(names, b); err != nil {
+		t.Fatal(err)
+	}
+	return names
 }

@@ -2,32 +2,21 @@ package main
 
 import (
 	"net/netip"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
 
-	"github.com/sluice-lb/sluice/internal/namesfile"
-	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/pkg/model"
-	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // `services --stats` shows the per-Service counters of live pins, after
 // packets through the real tc program of an agent's datapath opened with
 // --service-metrics.
 func TestServicesStats(t *testing.T) {
-	bpffs := testutil.PinDir(t) // and a privileged test
-	dp, err := datapath.Open(datapath.Config{
-		BPFFS: bpffs, MaxServices: 64, MaxBackends: 128, MaxServiceEntries: 256, MaxConntrack: 256, MaxSockRev: 128,
-		ServiceMetrics: true,
-	})
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
+	bpffs, dp := openSmallPins(t, func(c *datapath.Config) { c.ServiceMetrics = true })
 	t.Cleanup(func() { dp.Close() })
 	tcp := func(a string, port uint16) model.L4Addr {
 		return model.L4Addr{Addr: netip.MustParseAddr(a), Port: port, Proto: model.TCP}
@@ -37,17 +26,7 @@ func TestServicesStats(t *testing.T) {
 	st.Services[web] = &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Frontend: web,
 		Backends: []model.Backend{{L4Addr: tcp("10.1.0.1", 8080)}}}
 	st.Services[empty] = &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "empty"}, Frontend: empty}
-	if err := reconciler.New(dp.Maps(), nil).Apply(st); err != nil {
-		t.Fatal(err)
-	}
-	names := filepath.Join(t.TempDir(), "names.json")
-	b, err := namesfile.Of(bpffs, st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := namesfile.WriteAtomic(names, b); err != nil {
-		t.Fatal(err)
-	}
+	names := programNamed(t, bpffs, dp, st)
 	client, node := [6]byte{2, 0, 0, 0, 0, 1}, [6]byte{2, 0, 0, 0, 0, 2}
 	syn := func(dst model.L4Addr, sport uint16) {
 		in := packet.Packet{SrcMAC: client, DstMAC: node, Src: netip.MustParseAddr("10.0.0.1"),
