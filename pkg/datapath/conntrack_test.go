@@ -376,19 +376,43 @@ func TestCTGCKeepsRecreatedFlows(t *testing.T) {
 // the first one's.
 func oneSNATPort(cfg *Config) { cfg.SNATPortMin, cfg.SNATPortMax = 62000, 62000 }
 
+// snatHeld is a source-NATed flow holding the only SNAT port: a node
+// datapath of smallConfig with oneSNATPort on eth0, an external NodePort
+// to a remote backend, and a client's SYN to it.
+type snatHeld struct {
+	d       *Datapath
+	m       *Maps
+	bpffs   string
+	ifindex int
+	syn     packet.Packet
+	port    uint16     // the SNAT port the flow holds
+	rev     sockCt4Key // its reservation (the reply entry)
+}
+
+func holdSNATPort(t *testing.T) snatHeld {
+	t.Helper()
+	var h snatHeld
+	_, ifindex, d := nodeDatapath(t, func(bpffs string) Config {
+		h.bpffs = bpffs
+		return configWith(smallConfig, oneSNATPort)(bpffs)
+	}, "eth0")
+	h.d, h.m, h.ifindex = d, d.Maps(), ifindex
+	addExternal(t, h.m, 1, npRemote, reconciler.FlagExternal, beRemote)
+	h.syn = packet.Packet{SrcMAC: clientMAC, DstMAC: macOf(nodeEthMAC), Src: addr(nsClientIP), Dst: addr(nsNodeIP), SrcPort: 43000, DstPort: 30080, Proto: packet.TCP}
+	if v, _ := runOn(t, d.TCIngress(), ifindex, h.syn.Bytes()); v != tcActRedirect {
+		t.Fatalf("SYN: verdict %d", v)
+	}
+	h.port = snatPortOf(t, h.m, nsClientIP, 43000, npRemote)
+	h.rev = ctKeyOf("10.2.0.7", 8080, nsNodeIP, h.port, model.TCP, ctReverse)
+	return h
+}
+
 // TestCTGCKeepsLiveReservation (A2): the GC never deletes the SNAT port
 // reservation (reply entry) of a flow whose forward entry is alive, and
 // neither does a new flow looking for a port.
 func TestCTGCKeepsLiveReservation(t *testing.T) {
-	_, ifindex, d := nodeDatapath(t, configWith(smallConfig, oneSNATPort), "eth0")
-	m := d.Maps()
-	addExternal(t, m, 1, npRemote, reconciler.FlagExternal, beRemote)
-	syn := packet.Packet{SrcMAC: clientMAC, DstMAC: macOf(nodeEthMAC), Src: addr(nsClientIP), Dst: addr(nsNodeIP), SrcPort: 43000, DstPort: 30080, Proto: packet.TCP}
-	if v, _ := runOn(t, d.TCIngress(), ifindex, syn.Bytes()); v != tcActRedirect {
-		t.Fatalf("SYN: verdict %d", v)
-	}
-	sp := snatPortOf(t, m, nsClientIP, 43000, npRemote)
-	rev := ctKeyOf("10.2.0.7", 8080, nsNodeIP, sp, model.TCP, ctReverse)
+	h := holdSNATPort(t)
+	d, m, ifindex, syn, sp, rev := h.d, h.m, h.ifindex, h.syn, h.port, h.rev
 	ctSetSeen(t, m, rev, -7*time.Hour)
 	if _, err := m.GCConntrack(); err != nil {
 		t.Fatal(err)

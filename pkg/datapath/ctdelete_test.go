@@ -4,9 +4,7 @@ import (
 	"testing"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
-	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/pkg/model"
-	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // pinnedEntries lists the conntrack entries through the pins, as sluicectl
@@ -94,23 +92,8 @@ func TestDeleteConntrackFlow(t *testing.T) {
 // TestDeleteConntrackSNATReservation: deleting a source-NATed flow frees
 // its SNAT port reservation, so the port goes to the next flow.
 func TestDeleteConntrackSNATReservation(t *testing.T) {
-	testutil.Privileged(t)
-	_, ifindex := nodeNetns(t)
-	bpffs := testPinDir(t)
-	cfg := smallConfig(bpffs)
-	cfg.SNATPortMin, cfg.SNATPortMax = 62000, 62000 // one port
-	d := openTest(t, cfg)
-	m := d.Maps()
-	if err := d.AttachDevices([]string{"eth0"}); err != nil {
-		t.Fatal(err)
-	}
-	addExternal(t, m, 1, npRemote, reconciler.FlagExternal, beRemote)
-	syn := packet.Packet{SrcMAC: clientMAC, DstMAC: macOf(nodeEthMAC), Src: addr(nsClientIP), Dst: addr(nsNodeIP), SrcPort: 43000, DstPort: 30080, Proto: packet.TCP}
-	if v, _ := runOn(t, d.TCIngress(), ifindex, syn.Bytes()); v != tcActRedirect {
-		t.Fatalf("SYN: verdict %d", v)
-	}
-	sp := snatPortOf(t, m, nsClientIP, 43000, npRemote)
-	rev := ctKeyOf("10.2.0.7", 8080, nsNodeIP, sp, model.TCP, ctReverse)
+	h := holdSNATPort(t)
+	d, m, ifindex, bpffs, syn, sp, rev := h.d, h.m, h.ifindex, h.bpffs, h.syn, h.port, h.rev
 	if _, ok := ctGet(m, rev); !ok {
 		t.Fatal("no port reservation after the SYN: the test proves nothing")
 	}
