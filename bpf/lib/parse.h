@@ -58,6 +58,11 @@ struct pkt4 {
 	 * checksum, which covers the whole datagram).
 	 */
 	bool frag_later;
+	/*
+	 * A dry run's packet (explain.h): decide, but change no map. Set
+	 * by the tc entry from the skb's mark; false everywhere else.
+	 */
+	bool dry;
 };
 
 /*

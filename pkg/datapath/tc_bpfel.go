@@ -8,9 +8,48 @@ import (
 	_ "embed"
 	"fmt"
 	"io"
+	"structs"
 
 	"github.com/cilium/ebpf"
 )
+
+type tcExplainFlags uint32
+
+const (
+	tcExplainFlagsEXPLAIN_F_DRY          tcExplainFlags = 1
+	tcExplainFlagsEXPLAIN_F_FRONTEND     tcExplainFlags = 2
+	tcExplainFlagsEXPLAIN_F_INTERNAL     tcExplainFlags = 4
+	tcExplainFlagsEXPLAIN_F_OUTSIDE      tcExplainFlags = 8
+	tcExplainFlagsEXPLAIN_F_CT_HIT       tcExplainFlags = 16
+	tcExplainFlagsEXPLAIN_F_AFFINITY_HIT tcExplainFlags = 32
+	tcExplainFlagsEXPLAIN_F_NEW_FLOW     tcExplainFlags = 64
+	tcExplainFlagsEXPLAIN_F_DNAT         tcExplainFlags = 128
+	tcExplainFlagsEXPLAIN_F_SNAT         tcExplainFlags = 256
+	tcExplainFlagsEXPLAIN_F_REPLY        tcExplainFlags = 512
+	tcExplainFlagsEXPLAIN_F_SCOPE        tcExplainFlags = 1024
+)
+
+type tcExplainRecord struct {
+	_         structs.HostLayout
+	Nonce     [2]uint32
+	Flags     uint32
+	SvcFlags  uint32
+	Vip       uint32
+	Vport     uint16
+	Proto     uint8
+	Scope     uint8
+	Count     uint32
+	RevNatId  uint32
+	BackendId uint32
+	BeAddr    uint32
+	BePort    uint16
+	Slot      uint16
+	SnatAddr  uint32
+	SnatPort  uint16
+	N_reasons uint8
+	Pad       uint8
+	Reasons   [8]uint8
+}
 
 // Names of all BPF objects in the ELF.
 //
@@ -22,6 +61,7 @@ const (
 	tcMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
 	tcMapSluiceCtNewV1           = "sluice_ct_new_v1"
 	tcMapSluiceDevicesV1         = "sluice_devices_v1"
+	tcMapSluiceExplV1            = "sluice_expl_v1"
 	tcMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	tcMapSluiceMetricsV1         = "sluice_metrics_v1"
 	tcMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
@@ -101,6 +141,7 @@ type tcMapSpecs struct {
 	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
@@ -154,6 +195,7 @@ type tcMaps struct {
 	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
@@ -174,6 +216,7 @@ func (m *tcMaps) Close() error {
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,
 		m.SluiceDevicesV1,
+		m.SluiceExplV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
 		m.SluiceNodeCidrsV1,
