@@ -13,6 +13,8 @@
 //	sluicectl counters        datapath outcome counters, by reason
 //	sluicectl status          the agent's readiness and last sync (from its
 //	                          health and metrics endpoints), the maps' fill
+//	sluicectl explain         what a device's tc program would do with one
+//	                          packet: its own dry run (datapath.Explain)
 //
 // Every command takes -o json: the same rows, as a JSON array (status: an
 // object). Tables are sorted and aligned, like kubectl get. Service names
@@ -50,6 +52,9 @@ Commands:
   counters           datapath outcome counters, summed over CPUs
   status [--health-addr ADDR] [--metrics-addr ADDR]
                      the agent's readiness and last sync, and the maps' fill
+  explain --device DEV --from IP[:PORT] --to IP:PORT [--proto tcp|udp] [--egress]
+                     what the device's tc program would do with that packet
+                     (its own dry run, against the live maps; changes nothing)
 
 Flags:
 `
@@ -81,6 +86,7 @@ var commands = map[string]command{
 	"conntrack": {flags: conntrackCmd},
 	"counters":  {flags: countersCmd},
 	"status":    {flags: statusCmd},
+	"explain":   {flags: explainCmd},
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
