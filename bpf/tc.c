@@ -634,12 +634,13 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 }
 
 /*
- * The entries run their packet through one of two copies of the same
- * code, with pkt4.dry a constant in each (@dry): the compiler then drops
- * the dry run's branches from the live copy and its writes from the dry
- * one. One copy with the bit read at every write site would have the
- * verifier walk both ways at each of them, which this program's size does
- * not allow.
+ * tc_ingress and tc_egress are the programs' bodies, with pkt4.dry a
+ * constant (@dry): the live programs are built with false, so the
+ * compiler drops every dry-run branch from them; their dry twins with
+ * true, which drops every write. The twins are programs of their own
+ * (reached by a tail call, explain_divert), not a second copy inside the
+ * live ones: each copy costs the verifier as much as the whole program,
+ * and two would not fit its limit.
  */
 static __always_inline int tc_ingress(struct __sk_buff *skb, bool dry)
 {
@@ -685,7 +686,7 @@ SEC("tc")
 int sluice_ingress(struct __sk_buff *skb)
 {
 	if (explain_mark(skb))
-		return tc_ingress(skb, true);
+		return explain_divert(skb, EXPLAIN_PROG_INGRESS);
 	return tc_ingress(skb, false);
 }
 
@@ -693,8 +694,21 @@ SEC("tc")
 int sluice_egress(struct __sk_buff *skb)
 {
 	if (explain_mark(skb))
-		return tc_egress(skb, true);
+		return explain_divert(skb, EXPLAIN_PROG_EGRESS);
 	return tc_egress(skb, false);
+}
+
+/* The dry twins: never attached, only tail-called (explain.h). */
+SEC("tc")
+int sluice_ingress_dry(struct __sk_buff *skb)
+{
+	return tc_ingress(skb, true);
+}
+
+SEC("tc")
+int sluice_egress_dry(struct __sk_buff *skb)
+{
+	return tc_egress(skb, true);
 }
 
 char __license[] SEC("license") = "Dual BSD/GPL";

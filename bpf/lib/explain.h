@@ -14,10 +14,14 @@
  * sets no type). A real skb at tc has no socket (ingress), or the socket
  * that sent it (egress): a socket(2) socket, whose type is never 0.
  *
- * The bit. The mark is read once, at the program's entry, into the
- * packet's struct pkt4 (dry), which every function that decides about the
- * packet already takes; explain_dry() is the one check every write site
- * makes. Not a per-CPU flag: BPF_PROG_TEST_RUN runs with migration, not
+ * The bit. A marked packet is sent by a tail call (explain_divert,
+ * sluice_dry_v1) to the program's dry twin: the same source built with
+ * the packet's struct pkt4 .dry a constant true, which every function that
+ * decides about the packet already takes; explain_dry() is the one check
+ * every write site makes (the compiler removes the writes from the twin,
+ * and the dry-run notes from the live program). The live program itself
+ * never runs a marked packet: with no twin in the array (an agent that
+ * did not set it up), the packet passes, untouched and unrecorded. Not a per-CPU flag: BPF_PROG_TEST_RUN runs with migration, not
  * preemption, disabled, so a task preempting the dry run on its CPU, or a
  * softirq interrupting it, would run the real datapath with that flag set
  * and leave real flows untracked.
@@ -28,10 +32,9 @@
  * the program there and reads that CPU's record; cb[2] and cb[3] carry a
  * nonce the record keeps, so a record another dry run overwrote on the
  * same CPU meanwhile (sluicectl preempted by another sluicectl) is seen
- * and the run repeated. The map is per program (not pinned): it is no
- * state, and a record of one program version is read only through that
- * program (sluicectl finds it among the program's maps by name, whose
- * version says its layout; an agent without it predates dry runs).
+ * and the run repeated. The map (maps.h) is not pinned: it is no state,
+ * and sluicectl finds it among the attached program's maps by name, whose
+ * version says its layout; an agent without it predates dry runs.
  */
 #ifndef SLUICE_EXPLAIN_H
 #define SLUICE_EXPLAIN_H
@@ -45,74 +48,20 @@
 #define EXPLAIN_MAGIC0 0x736c6578
 #define EXPLAIN_MAGIC1 0x706c616e
 
-/* The metric reasons an explain_record keeps, in the order counted. */
-#define EXPLAIN_REASONS 8
-
-/* What a dry run found (explain_record.flags). */
-enum explain_flags {
-	/* The program ran in dry-run mode (it knows the mark). */
-	EXPLAIN_F_DRY = 1,
-	/* The destination is a frontend: vip, port, proto, svc_flags. */
-	EXPLAIN_F_FRONTEND = 2,
-	/* The client is internal (in the cluster CIDR). */
-	EXPLAIN_F_INTERNAL = 4,
-	/* The client is external and came in through a node device. */
-	EXPLAIN_F_OUTSIDE = 8,
-	/* A live conntrack entry of the flow decided the backend. */
-	EXPLAIN_F_CT_HIT = 16,
-	/* The client's session affinity entry decided the backend. */
-	EXPLAIN_F_AFFINITY_HIT = 32,
-	/* A backend was selected for a new flow. */
-	EXPLAIN_F_NEW_FLOW = 64,
-	/* DNAT to be_addr:be_port. */
-	EXPLAIN_F_DNAT = 128,
-	/* SNAT to snat_addr:snat_port. */
-	EXPLAIN_F_SNAT = 256,
-	/* A reply of a translated flow: its source becomes vip:port. */
-	EXPLAIN_F_REPLY = 512,
-	/* A frontend scope served it: scope, count, rev_nat_id. */
-	EXPLAIN_F_SCOPE = 1024,
-};
+/* The slots of sluice_dry_v1. */
+#define EXPLAIN_PROG_INGRESS 0
+#define EXPLAIN_PROG_EGRESS  1
 
 /*
- * sluice_expl_v1: __u32 0 -> struct explain_record, per CPU. Addresses
- * and ports in network order, the rest host order.
+ * explain_divert - run @skb, a marked packet, through the dry twin in
+ * slot @prog. Returns only if there is none: TC_ACT_OK, having done
+ * nothing (sluicectl finds no record and says so).
  */
-struct explain_record {
-	__u32 nonce[2];	 /* cb[2], cb[3] of the dry run that wrote it */
-	__u32 flags;	 /* enum explain_flags */
-	__u32 svc_flags; /* the frontend's default scope's (enum svc_flags) */
-	__be32 vip; /* the frontend (a reply: the one it is rewritten to) */
-	__be16 vport;
-	__u8 proto;
-	__u8 scope;	  /* the scope that served the client (enum lb_scope) */
-	__u32 count;	  /* that scope's backends */
-	__u32 rev_nat_id; /* the service id */
-	__u32 backend_id;
-	__be32 be_addr; /* the backend (DNAT) */
-	__be16 be_port;
-	__u16 slot;	  /* the slot that named it (0: conntrack decided) */
-	__be32 snat_addr; /* source NAT (a reply: its new destination) */
-	__be16 snat_port;
-	__u8 n_reasons; /* reasons counted, of which the first few kept */
-	__u8 pad;
-	__u8 reasons[EXPLAIN_REASONS]; /* enum metric_reason */
-};
-
-_Static_assert(sizeof(struct explain_record) == 60, "explain_record size");
-BTF_EXPORT(enum explain_flags, explain_flags);
-
-/*
- * Not in maps.h: only tc uses it, it is no shared state, and maps.h's
- * maps are pinned. The name fits the kernel's 15 characters whole, so its
- * version shows through the program's map info.
- */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__type(key, __u32);
-	__type(value, struct explain_record);
-	__uint(max_entries, 1);
-} sluice_expl_v1 SEC(".maps");
+static __always_inline int explain_divert(struct __sk_buff *skb, __u32 prog)
+{
+	bpf_tail_call(skb, &sluice_dry_v1, prog);
+	return TC_ACT_OK;
+}
 
 /* explain_dry - whether @p is a dry run's packet: change nothing for it. */
 static __always_inline bool explain_dry(const struct pkt4 *p)

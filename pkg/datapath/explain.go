@@ -25,7 +25,7 @@ import (
 // what real packets meet.
 
 // explainMapName is the dry-run record map of the tc program (explain.h);
-// the version in its name is the layout of tcExplainRecord.
+// the version in its name is the layout of sockExplainRecord.
 const explainMapName = "sluice_expl_v1"
 
 // The dry-run mark, cb[0] and cb[1] (EXPLAIN_MAGIC0/1 in explain.h).
@@ -36,7 +36,7 @@ const (
 
 // ErrNoExplain says the attached program has no dry-run mode: it was
 // loaded by an agent older than sluicectl explain.
-var ErrNoExplain = errors.New("the attached program has no dry-run mode (an agent older than sluicectl explain): upgrade the agent")
+var ErrNoExplain = errors.New("the attached program has no dry-run mode (an agent older than sluicectl explain, or one that did not set it up): upgrade the agent")
 
 // ExplainRequest is the packet to explain.
 type ExplainRequest struct {
@@ -125,23 +125,23 @@ func runExplain(prog *ebpf.Program, name string, rec *ebpf.Map, ifindex int, fra
 			return nil, fmt.Errorf("nonce: %w", err)
 		}
 		n0, n1 := binary.LittleEndian.Uint32(nonce[:4]), binary.LittleEndian.Uint32(nonce[4:])
+		prev, err := readRecord(rec, cpu)
+		if err != nil {
+			return nil, err
+		}
 		opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256), Context: skbContext(ifindex, n0, n1)}
 		ret, err := prog.Run(opts)
 		if err != nil {
 			return nil, fmt.Errorf("run %s: %w", name, err)
 		}
-		var vals []tcExplainRecord
-		if err := rec.Lookup(uint32(0), &vals); err != nil {
-			return nil, fmt.Errorf("read %s: %w", explainMapName, err)
+		r, err := readRecord(rec, cpu)
+		if err != nil {
+			return nil, err
 		}
-		if cpu >= len(vals) {
-			return nil, fmt.Errorf("read %s: no record for CPU %d", explainMapName, cpu)
-		}
-		r := vals[cpu]
 		if r.Nonce != [2]uint32{n0, n1} {
-			if r.Flags == 0 && r.Nonce == [2]uint32{} {
-				// Nothing wrote it: the program does not know
-				// the mark.
+			if r == prev {
+				// Nothing wrote it: the program has no dry
+				// twin to send the packet to.
 				return nil, ErrNoExplain
 			}
 			continue // another dry run on this CPU meanwhile
@@ -156,6 +156,18 @@ func runExplain(prog *ebpf.Program, name string, rec *ebpf.Map, ifindex int, fra
 		return e, nil
 	}
 	return nil, fmt.Errorf("the dry-run record was overwritten %d times by other dry runs on CPU %d", explainTries, cpu)
+}
+
+// readRecord reads CPU cpu's dry-run record.
+func readRecord(rec *ebpf.Map, cpu int) (sockExplainRecord, error) {
+	var vals []sockExplainRecord
+	if err := rec.Lookup(uint32(0), &vals); err != nil {
+		return sockExplainRecord{}, fmt.Errorf("read %s: %w", explainMapName, err)
+	}
+	if cpu >= len(vals) {
+		return sockExplainRecord{}, fmt.Errorf("read %s: no record for CPU %d", explainMapName, cpu)
+	}
+	return vals[cpu], nil
 }
 
 // pinToCPU pins the calling (locked) thread to the CPU it runs on and
@@ -260,9 +272,9 @@ func explainMap(prog *ebpf.Program) (*ebpf.Map, error) {
 		}
 		mi, err := m.Info()
 		if err == nil && mi.Name == explainMapName {
-			if mi.Type != ebpf.PerCPUArray || mi.ValueSize != uint32(binary.Size(tcExplainRecord{})) {
+			if mi.Type != ebpf.PerCPUArray || mi.ValueSize != uint32(binary.Size(sockExplainRecord{})) {
 				m.Close()
-				return nil, fmt.Errorf("%s: %v of %d-byte values, want a per-CPU array of %d", explainMapName, mi.Type, mi.ValueSize, binary.Size(tcExplainRecord{}))
+				return nil, fmt.Errorf("%s: %v of %d-byte values, want a per-CPU array of %d", explainMapName, mi.Type, mi.ValueSize, binary.Size(sockExplainRecord{}))
 			}
 			return m, nil
 		}
@@ -272,8 +284,8 @@ func explainMap(prog *ebpf.Program) (*ebpf.Map, error) {
 }
 
 // explanation turns the record into an Explanation.
-func explanation(r tcExplainRecord, ret uint32, out []byte) *Explanation {
-	has := func(f tcExplainFlags) bool { return r.Flags&uint32(f) != 0 }
+func explanation(r sockExplainRecord, ret uint32, out []byte) *Explanation {
+	has := func(f sockExplainFlags) bool { return r.Flags&uint32(f) != 0 }
 	names := metricNames()
 	e := &Explanation{RetVal: ret, Reasons: []string{}}
 	for i := range min(int(r.N_reasons), len(r.Reasons)) {
@@ -283,26 +295,26 @@ func explanation(r tcExplainRecord, ret uint32, out []byte) *Explanation {
 			e.Reasons = append(e.Reasons, fmt.Sprintf("reason_%d", n))
 		}
 	}
-	if has(tcExplainFlagsEXPLAIN_F_FRONTEND) || has(tcExplainFlagsEXPLAIN_F_REPLY) {
+	if has(sockExplainFlagsEXPLAIN_F_FRONTEND) || has(sockExplainFlagsEXPLAIN_F_REPLY) {
 		e.FrontendAddr = netip.AddrPortFrom(addrFromBE32(r.Vip), portFromBE16(r.Vport))
 	}
-	e.Frontend = has(tcExplainFlagsEXPLAIN_F_FRONTEND)
+	e.Frontend = has(sockExplainFlagsEXPLAIN_F_FRONTEND)
 	e.SvcFlags = r.SvcFlags
-	if has(tcExplainFlagsEXPLAIN_F_SCOPE) {
+	if has(sockExplainFlagsEXPLAIN_F_SCOPE) {
 		e.Scope, e.ScopeCount, e.ServiceID = r.Scope, r.Count, r.RevNatId
 	}
-	e.Internal = has(tcExplainFlagsEXPLAIN_F_INTERNAL)
-	e.Outside = has(tcExplainFlagsEXPLAIN_F_OUTSIDE)
-	e.ConntrackHit = has(tcExplainFlagsEXPLAIN_F_CT_HIT)
-	e.AffinityHit = has(tcExplainFlagsEXPLAIN_F_AFFINITY_HIT)
-	e.NewFlow = has(tcExplainFlagsEXPLAIN_F_NEW_FLOW)
-	e.Reply = has(tcExplainFlagsEXPLAIN_F_REPLY)
-	if has(tcExplainFlagsEXPLAIN_F_DNAT) {
+	e.Internal = has(sockExplainFlagsEXPLAIN_F_INTERNAL)
+	e.Outside = has(sockExplainFlagsEXPLAIN_F_OUTSIDE)
+	e.ConntrackHit = has(sockExplainFlagsEXPLAIN_F_CT_HIT)
+	e.AffinityHit = has(sockExplainFlagsEXPLAIN_F_AFFINITY_HIT)
+	e.NewFlow = has(sockExplainFlagsEXPLAIN_F_NEW_FLOW)
+	e.Reply = has(sockExplainFlagsEXPLAIN_F_REPLY)
+	if has(sockExplainFlagsEXPLAIN_F_DNAT) {
 		e.DNAT = true
 		e.BackendID, e.Slot = r.BackendId, r.Slot
 		e.Backend = netip.AddrPortFrom(addrFromBE32(r.BeAddr), portFromBE16(r.BePort))
 	}
-	if has(tcExplainFlagsEXPLAIN_F_SNAT) {
+	if has(sockExplainFlagsEXPLAIN_F_SNAT) {
 		e.SNAT = true
 		e.SNATTo = netip.AddrPortFrom(addrFromBE32(r.SnatAddr), portFromBE16(r.SnatPort))
 	}
@@ -467,4 +479,15 @@ func (p *Pinned) Candidates(fe netip.AddrPort, proto, scope uint8) ([]Candidate,
 			Addr: netip.AddrPortFrom(addrFromBE32(be.Addr), portFromBE16(be.Port))})
 	}
 	return out, nil
+}
+
+// setDryTwins puts the tc programs' dry twins into sluice_dry_v1, where
+// the live programs send a dry run's packet (bpf/lib/explain.h).
+func (o *tcObjects) setDryTwins() error {
+	for i, p := range []*ebpf.Program{o.SluiceIngressDry, o.SluiceEgressDry} {
+		if err := o.SluiceDryV1.Put(uint32(i), p); err != nil {
+			return fmt.Errorf("put dry-run program %d into sluice_dry_v1: %w", i, err)
+		}
+	}
+	return nil
 }

@@ -8,48 +8,9 @@ import (
 	_ "embed"
 	"fmt"
 	"io"
-	"structs"
 
 	"github.com/cilium/ebpf"
 )
-
-type tcExplainFlags uint32
-
-const (
-	tcExplainFlagsEXPLAIN_F_DRY          tcExplainFlags = 1
-	tcExplainFlagsEXPLAIN_F_FRONTEND     tcExplainFlags = 2
-	tcExplainFlagsEXPLAIN_F_INTERNAL     tcExplainFlags = 4
-	tcExplainFlagsEXPLAIN_F_OUTSIDE      tcExplainFlags = 8
-	tcExplainFlagsEXPLAIN_F_CT_HIT       tcExplainFlags = 16
-	tcExplainFlagsEXPLAIN_F_AFFINITY_HIT tcExplainFlags = 32
-	tcExplainFlagsEXPLAIN_F_NEW_FLOW     tcExplainFlags = 64
-	tcExplainFlagsEXPLAIN_F_DNAT         tcExplainFlags = 128
-	tcExplainFlagsEXPLAIN_F_SNAT         tcExplainFlags = 256
-	tcExplainFlagsEXPLAIN_F_REPLY        tcExplainFlags = 512
-	tcExplainFlagsEXPLAIN_F_SCOPE        tcExplainFlags = 1024
-)
-
-type tcExplainRecord struct {
-	_         structs.HostLayout
-	Nonce     [2]uint32
-	Flags     uint32
-	SvcFlags  uint32
-	Vip       uint32
-	Vport     uint16
-	Proto     uint8
-	Scope     uint8
-	Count     uint32
-	RevNatId  uint32
-	BackendId uint32
-	BeAddr    uint32
-	BePort    uint16
-	Slot      uint16
-	SnatAddr  uint32
-	SnatPort  uint16
-	N_reasons uint8
-	Pad       uint8
-	Reasons   [8]uint8
-}
 
 // Names of all BPF objects in the ELF.
 //
@@ -61,6 +22,7 @@ const (
 	tcMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
 	tcMapSluiceCtNewV1           = "sluice_ct_new_v1"
 	tcMapSluiceDevicesV1         = "sluice_devices_v1"
+	tcMapSluiceDryV1             = "sluice_dry_v1"
 	tcMapSluiceExplV1            = "sluice_expl_v1"
 	tcMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	tcMapSluiceMetricsV1         = "sluice_metrics_v1"
@@ -73,7 +35,9 @@ const (
 	tcMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
 	tcMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
 	tcProgSluiceEgress           = "sluice_egress"
+	tcProgSluiceEgressDry        = "sluice_egress_dry"
 	tcProgSluiceIngress          = "sluice_ingress"
+	tcProgSluiceIngressDry       = "sluice_ingress_dry"
 	tcVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
 	tcVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	tcVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
@@ -127,8 +91,10 @@ type tcSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcProgramSpecs struct {
-	SluiceEgress  *ebpf.ProgramSpec `ebpf:"sluice_egress"`
-	SluiceIngress *ebpf.ProgramSpec `ebpf:"sluice_ingress"`
+	SluiceEgress     *ebpf.ProgramSpec `ebpf:"sluice_egress"`
+	SluiceEgressDry  *ebpf.ProgramSpec `ebpf:"sluice_egress_dry"`
+	SluiceIngress    *ebpf.ProgramSpec `ebpf:"sluice_ingress"`
+	SluiceIngressDry *ebpf.ProgramSpec `ebpf:"sluice_ingress_dry"`
 }
 
 // tcMapSpecs contains maps before they are loaded into the kernel.
@@ -141,6 +107,7 @@ type tcMapSpecs struct {
 	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceDryV1             *ebpf.MapSpec `ebpf:"sluice_dry_v1"`
 	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
@@ -195,6 +162,7 @@ type tcMaps struct {
 	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceDryV1             *ebpf.Map `ebpf:"sluice_dry_v1"`
 	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
@@ -216,6 +184,7 @@ func (m *tcMaps) Close() error {
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,
 		m.SluiceDevicesV1,
+		m.SluiceDryV1,
 		m.SluiceExplV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
@@ -249,14 +218,18 @@ type tcVariables struct {
 //
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcPrograms struct {
-	SluiceEgress  *ebpf.Program `ebpf:"sluice_egress"`
-	SluiceIngress *ebpf.Program `ebpf:"sluice_ingress"`
+	SluiceEgress     *ebpf.Program `ebpf:"sluice_egress"`
+	SluiceEgressDry  *ebpf.Program `ebpf:"sluice_egress_dry"`
+	SluiceIngress    *ebpf.Program `ebpf:"sluice_ingress"`
+	SluiceIngressDry *ebpf.Program `ebpf:"sluice_ingress_dry"`
 }
 
 func (p *tcPrograms) Close() error {
 	return _TcClose(
 		p.SluiceEgress,
+		p.SluiceEgressDry,
 		p.SluiceIngress,
+		p.SluiceIngressDry,
 	)
 }
 
