@@ -202,15 +202,16 @@ func describe(c *ctx, req datapath.ExplainRequest, e *datapath.Explanation) (*ex
 			out.Policies = append(out.Policies, f.name)
 		}
 	}
-	switch {
-	case e.Internal:
-		out.Client = "internal (cluster CIDR)"
-	case e.Outside:
-		out.Client = "external (through a node device)"
-	default:
-		out.Client = "other (this node, or no cluster CIDR set)"
-	}
-	if e.ScopeCount > 0 || e.DNAT || strings.Contains(strings.Join(e.Reasons, ","), "no_backend") {
+	if e.Scoped {
+		// Classified only after the source ranges let it pass.
+		switch {
+		case e.Internal:
+			out.Client = "internal (cluster CIDR)"
+		case e.Outside:
+			out.Client = "external (through a node device)"
+		default:
+			out.Client = "other (this node, or no cluster CIDR set)"
+		}
 		out.Scope = "default"
 		if e.Scope == 1 {
 			out.Scope = "internal (short-circuit: all endpoints for cluster clients)"

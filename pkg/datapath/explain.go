@@ -58,6 +58,7 @@ type Explanation struct {
 	Frontend     bool
 	FrontendAddr netip.AddrPort
 	SvcFlags     uint32 // the frontend's flags (svc_flags)
+	Scoped       bool   // the client was classified and a scope chosen (the next four)
 	Scope        uint8  // the scope that served the client (lb_scope)
 	ScopeCount   uint32 // that scope's backends
 	ServiceID    uint32
@@ -301,6 +302,7 @@ func explanation(r sockExplainRecord, ret uint32, out []byte) *Explanation {
 	e.Frontend = has(sockExplainFlagsEXPLAIN_F_FRONTEND)
 	e.SvcFlags = r.SvcFlags
 	if has(sockExplainFlagsEXPLAIN_F_SCOPE) {
+		e.Scoped = true
 		e.Scope, e.ScopeCount, e.ServiceID = r.Scope, r.Count, r.RevNatId
 	}
 	e.Internal = has(sockExplainFlagsEXPLAIN_F_INTERNAL)
