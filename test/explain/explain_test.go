@@ -237,6 +237,20 @@ func TestExplainMatchesRealConnections(t *testing.T) {
 	if got := e.backends[x.Backend]; got != first {
 		t.Fatalf("explain sends the affine client to %s (%s), its real connection went to %s", x.Backend, got, first)
 	}
+	// The table says the same, for a person.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	table, err := e.agent.NS.Command(ctx, e.agent.Bin.Sluicectl, "--bpffs", e.agent.BPFFS, "--names-file", e.agent.NamesFile,
+		"explain", "--device", e.lb.NodeDev, "--from", clientAddr+":41500", "--to", affineVIP).CombinedOutput()
+	cancel()
+	if err != nil {
+		t.Fatalf("sluicectl explain: %v: %s", err, table)
+	}
+	t.Logf("sluicectl explain:\n%s", table)
+	for _, want := range []string{"default/affine:http", "session affinity", x.Backend, "VERDICT", "pass"} {
+		if !strings.Contains(string(table), want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
 	for i := range 5 {
 		who, err := topology.WhoAnswered(client, "http://"+affineVIP+"/")
 		if err != nil {
@@ -253,7 +267,7 @@ func TestExplainMatchesRealConnections(t *testing.T) {
 	if x.Service != "default/empty:http" || x.Verdict != "reject" || x.Backend != "" || !strings.HasPrefix(x.Reason, "tc_no_backend") {
 		t.Fatalf("empty service: %+v", x)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	ctx, cancel = context.WithTimeout(t.Context(), 3*time.Second)
 	c, err := e.lb.Client.DialContext(ctx, "tcp", emptyVIP)
 	cancel()
 	if err == nil {
