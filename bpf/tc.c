@@ -34,9 +34,10 @@
  * see lb4_masquerade.
  *
  * Dry runs (explain.h): a packet BPF_PROG_TEST_RUN brings with the
- * dry-run mark goes through the same code, which writes no map for it
- * (no conntrack entry, SNAT port, affinity, fragment record or counter)
- * and notes what it decided in sluice_expl_v1, for `sluicectl explain`.
+ * dry-run mark is sent to the program's dry twin, the same code built to
+ * write no map (no conntrack entry, SNAT port, affinity, fragment record
+ * or counter), which notes what it decided in sluice_expl_v1 for
+ * `sluicectl explain`.
  */
 #include "lib/consts.h"
 #include "lib/config.h"

@@ -59,8 +59,9 @@ struct pkt4 {
 	 */
 	bool frag_later;
 	/*
-	 * A dry run's packet (explain.h): decide, but change no map. Set
-	 * by the tc entry from the skb's mark; false everywhere else.
+	 * A dry run's packet (explain.h): decide, but change no map. A
+	 * constant true in the tc programs' dry twins, false everywhere
+	 * else.
 	 */
 	bool dry;
 };
