@@ -21,7 +21,8 @@
  * every write site makes (the compiler removes the writes from the twin,
  * and the dry-run notes from the live program). The live program itself
  * never runs a marked packet: with no twin in the array (an agent that
- * did not set it up), the packet passes, untouched and unrecorded. Not a per-CPU flag: BPF_PROG_TEST_RUN runs with migration, not
+ * did not set it up), the packet passes, untouched and unrecorded. The
+ * bit is not a per-CPU flag: BPF_PROG_TEST_RUN runs with migration, not
  * preemption, disabled, so a task preempting the dry run on its CPU, or a
  * softirq interrupting it, would run the real datapath with that flag set
  * and leave real flows untracked.
