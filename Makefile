@@ -15,7 +15,7 @@ GENERATED := pkg/datapath/*_bpfel.go pkg/datapath/*_bpfel.o
 # Tools the tests and generation need, and the Debian packages that hold
 # them: `make deps` (and so `make test`) installs whatever is missing. The
 # BPF build needs no kernel or libbpf headers from the host (they are
-# vendored in bpf/include); gcc and libc6-dev are for cgo, which only the
+# vendored in bpf/vendor); gcc and libc6-dev are for cgo, which only the
 # race detector uses.
 TOOLS := clang-19 llvm-strip-19 clang-format-19 gcc bpftool nsenter ip iptables nft git
 DEB_PACKAGES := ca-certificates git make gcc libc6-dev clang-19 llvm-19 clang-format-19 \
@@ -33,8 +33,8 @@ GOLANGCI_LINT := $(GOLANGCI_LINT_DIR)/golangci-lint
 # (test/kube/tools only lists, under a build tag, the commands it pins).
 GO_MODULES := $(patsubst %/,%,$(dir $(shell git ls-files go.mod '*/go.mod')))
 LINT_MODULES := $(filter-out test/kube/tools,$(GO_MODULES))
-# The C clang-format checks (.clang-format); bpf/include is vendored as
-# upstream wrote it.
+# The C clang-format checks (.clang-format); the headers in bpf/vendor are
+# as upstream wrote them.
 C_SOURCES := bpf/*.c bpf/lib/*.h
 # The packages the race detector runs over: those whose concurrency is
 # Go's: the agent's loop and its observers, the sources (informers, file

@@ -38,6 +38,7 @@
 #include "lib/config.h"
 #include "lib/maps.h"
 #include "lib/metrics.h"
+#include "lib/svcstats.h"
 #include "lib/lb.h"
 #include "lib/affinity.h"
 
@@ -158,6 +159,7 @@ static __always_inline int sock4_lookup(struct bpf_sock_addr *ctx, __be32 vip,
 	if ((s->flags & SVC_F_SRC_RANGES) &&
 	    !sock4_source_allowed(ctx, vip, port, proto)) {
 		metric_inc(METRIC_SOCK_DROP);
+		svc_count(s->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
 		return -EHOSTUNREACH;
 	}
 	if (s->flags & SVC_F_TWO_SCOPES) {
@@ -168,9 +170,12 @@ static __always_inline int sock4_lookup(struct bpf_sock_addr *ctx, __be32 vip,
 	if (s->count == 0) {
 		if (s->flags & SVC_F_DROP_EMPTY) {
 			metric_inc(METRIC_SOCK_DROP);
+			svc_count(s->rev_nat_id, SVC_DROP_NO_LOCAL_ENDPOINTS,
+				  0);
 			return -EHOSTUNREACH;
 		}
 		metric_inc(METRIC_SOCK_NO_BACKEND);
+		svc_count(s->rev_nat_id, SVC_DROP_NO_ENDPOINTS, 0);
 		return -ECONNREFUSED;
 	}
 	*svc = s;
@@ -225,6 +230,7 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx,
 		 * (a TCP connect would hang).
 		 */
 		metric_inc(METRIC_SOCK_BACKEND_MISSING);
+		svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
 		return -ECONNREFUSED;
 	}
 
@@ -242,6 +248,7 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx,
 	ctx->user_ip4 = be->addr;
 	ctx->user_port = (__u32)be->port;
 	metric_inc(METRIC_SOCK_XLATE);
+	svc_count(svc->rev_nat_id, SVC_EV_FLOW, 0);
 	return 0;
 }
 

@@ -43,6 +43,7 @@
 #include "lib/config.h"
 #include "lib/maps.h"
 #include "lib/metrics.h"
+#include "lib/svcstats.h"
 #include "lib/parse.h"
 #include "lib/frag.h"
 #include "lib/csum.h"
@@ -197,6 +198,7 @@ static __always_inline int lb4_check_source(const struct pkt4 *p,
 	if ((svc->flags & SVC_F_SRC_RANGES) &&
 	    !source_allowed(p->daddr, p->dport, p->proto, p->saddr)) {
 		metric_count(p, METRIC_TC_SRC_RANGE_DENY);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
 		return TC_ACT_SHOT;
 	}
 	return -1;
@@ -220,11 +222,16 @@ static __always_inline int lb4_refuse(struct __sk_buff *skb,
 		 * with kube-proxy.
 		 */
 		metric_count(p, METRIC_TC_LOCAL_NO_BACKEND);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_NO_LOCAL_ENDPOINTS,
+			      0);
 		return TC_ACT_SHOT;
 	}
 	ret = reply_port_unreachable(skb, p);
 	metric_count(p, ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR :
 					     METRIC_TC_NO_BACKEND);
+	svc_count_pkt(
+		p, svc->rev_nat_id,
+		ret == TC_ACT_SHOT ? SVC_DROP_ERROR : SVC_DROP_NO_ENDPOINTS, 0);
 	return ret;
 }
 
@@ -463,13 +470,17 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb,
 		}
 		if (!be) {
 			metric_count(p, METRIC_TC_BACKEND_MISSING);
+			svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
 			return -1;
 		}
 		x->nat_addr = be->addr;
 		x->nat_port = be->port;
 		ret = nat_remote(skb, p, svc, be, backend_id, now, x);
-		if (ret < 0)
+		if (ret < 0) {
+			svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK,
+				      0);
 			return -1;
+		}
 		if (ret == 0) {
 			ret = ct_create(p, be, backend_id, svc->rev_nat_id,
 					now);
@@ -482,9 +493,11 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb,
 		explain_flag(p, EXPLAIN_F_NEW_FLOW);
 		explain_backend(p, backend_id, slot, be->addr, be->port);
 		lb4_aff_remember(p, svc, be, backend_id, slot);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_EV_FLOW, 0);
 		return 0;
 	}
 	metric_count(p, METRIC_TC_CT_CLASH);
+	svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
 	return -1;
 }
 
@@ -512,7 +525,12 @@ static __always_inline int lb4_select(struct __sk_buff *skb,
 	if (fwd && ct_fwd_usable(fwd, p, &gone)) {
 		if (gone)
 			metric_count(p, METRIC_TC_CT_BACKEND_GONE);
-		return lb4_ct_follow(p, &key, fwd, now, x);
+		if (lb4_ct_follow(p, &key, fwd, now, x) < 0) {
+			svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK,
+				      0);
+			return -1;
+		}
+		return 0;
 	}
 	if (p->frag_later) {
 		/* A later fragment follows its first fragment's flow, and
@@ -522,6 +540,7 @@ static __always_inline int lb4_select(struct __sk_buff *skb,
 		 * header to quote: RFC 1122 3.2.2).
 		 */
 		metric_count(p, METRIC_TC_FRAG_DROP);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
 		return -1;
 	}
 	if (svc->count == 0)
@@ -617,6 +636,7 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 		if (!x.have_fib && fib4_lookup(skb, skb->ifindex, x.snat_addr,
 					       x.nat_addr, &x.fib) < 0) {
 			metric_count(p, METRIC_TC_FIB_ERR);
+			svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
 			return TC_ACT_SHOT;
 		}
 		ret = fwd_check(skb, p, &x.fib, false);
@@ -627,8 +647,11 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	    (x.snat &&
 	     rewrite_l4addr(skb, p, false, x.snat_addr, x.snat_port) < 0)) {
 		metric_count(p, METRIC_TC_REWRITE_ERR);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
 		return TC_ACT_SHOT;
 	}
+	/* Its first packet is also counted as a new flow (lb4_new_flow). */
+	svc_count_pkt(p, svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);
 	if (!x.snat)
 		return TC_ACT_OK;
 	return redirect_fib(skb, p, &x.fib);

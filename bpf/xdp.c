@@ -28,6 +28,7 @@
 #include "lib/config.h"
 #include "lib/maps.h"
 #include "lib/metrics.h"
+#include "lib/svcstats.h"
 #include "lib/parse.h"
 #include "lib/csum.h"
 #include "lib/lb.h"
@@ -153,6 +154,7 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
 	if ((flags & SVC_F_SRC_RANGES) &&
 	    !source_allowed(p->daddr, p->dport, p->proto, p->saddr)) {
 		metric_inc(METRIC_XDP_SRC_RANGE_DENY);
+		svc_count(svc->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
 		return XDP_DROP;
 	}
 
@@ -204,7 +206,9 @@ static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
 			return XDP_PASS; /* tc counts and drops */
 		aff_remember(&akey, svc, be, backend_id, slot, now);
 		metric_inc(METRIC_XDP_SNAT_NEW);
+		svc_count(svc->rev_nat_id, SVC_EV_FLOW, 0);
 	}
+	svc_count(svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);
 	xdp_rewrite(x, snat_addr, snat_port, nat_addr, nat_port);
 	metric_inc(METRIC_XDP_FWD);
 	return xdp_send(ctx, x, &f);

@@ -43,4 +43,11 @@ volatile const __be32 node_ip4 = 0;
 volatile const __u8 have_cluster_cidr = 0;
 volatile const __u8 masquerade_all = 0;
 
+/*
+ * --service-metrics: count per Service (svcstats.h). A constant, so that
+ * with it off the verifier removes the counting of every svc_count as
+ * dead code: what is left of one is the read of this constant.
+ */
+volatile const __u8 service_metrics = 0;
+
 #endif /* SLUICE_CONFIG_H */

@@ -3,7 +3,7 @@
  * Includes and constants shared by every Sluice program.
  *
  * Only UAPI headers and libbpf's helper headers are used (no vmlinux.h),
- * vendored in bpf/include (update.sh) and built with -nostdinc, so the
+ * vendored in bpf/vendor (update.sh) and built with -nostdinc, so the
  * objects build the same on any machine with the pinned clang. Per-node
  * settings are not constants: they are in config.h.
  */

@@ -44,6 +44,7 @@
 #include "structs.h"
 #include "metrics.h"
 #include "parse.h"
+#include "svcstats.h"
 
 /* cb[0] and cb[1] of a dry run ("slex", "plan"). */
 #define EXPLAIN_MAGIC0 0x736c6578
@@ -233,6 +234,17 @@ static __always_inline void metric_count(const struct pkt4 *p,
 		explain_set(0, 5, reason, 0, 0);
 	else
 		metric_inc(reason);
+}
+
+/*
+ * svc_count_pkt - svc_count for @p, a packet to service @id; a dry run
+ * counts nothing (what it would count is in its reasons).
+ */
+static __always_inline void svc_count_pkt(const struct pkt4 *p, __u32 id,
+					  __u32 event, __u32 bytes)
+{
+	if (!explain_dry(p))
+		svc_count(id, event, bytes);
 }
 
 #endif /* SLUICE_EXPLAIN_H */

@@ -208,6 +208,21 @@ struct {
 } sluice_fragments_v1 SEC(".maps");
 
 /*
+ * Key: __u32 service id (host order). Value: struct svc_stats per CPU.
+ * Per-Service counters (svcstats.h). Sized by the agent: the ids it hands
+ * out (Config.MaxServices plus the reconciler's id quarantine) with
+ * --service-metrics, one entry without (the programs never touch it then,
+ * and an array's memory is allocated whole, per CPU).
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct svc_stats);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice_svc_stats_v1 SEC(".maps");
+
+/*
  * Key: __u32 0. Value: struct explain_record, per CPU. What a dry run of
  * the tc program decided (explain.h), written by dry runs only. Not
  * pinned: it is no state, every object has its own, and only tc's is

@@ -522,6 +522,59 @@ struct frag4_ports {
 	__be16 dport; /* network order */
 };
 
+/*
+ * sluice_svc_stats_v1 (per-CPU array): __u32 service id (host order, the
+ * rev-NAT id of a frontend's scope) -> struct svc_stats. Per-Service
+ * counters, written only with --service-metrics (svcstats.h). The agent
+ * zeroes an id's slot when it allocates the id, so a reused id starts from
+ * nothing, and sums the CPUs, and a two-scope frontend's two ids, at
+ * scrape time.
+ */
+#define SVC_DROP_SLOTS 8
+
+struct svc_stats {
+	/* new flows: a backend selected for a flow's first packet (tc,
+	 * XDP), or a socket's connect or sendmsg translated (sock)
+	 */
+	__u64 new_flows;
+	/* packets to the frontend translated to a backend (tc, XDP) */
+	__u64 packets;
+	/* their bytes: the IPv4 total length, without link-layer headers */
+	__u64 bytes;
+	/* refused, by enum svc_drop_reason; room for SVC_DROP_SLOTS */
+	__u64 drops[SVC_DROP_SLOTS];
+};
+
+/*
+ * svc_stats.drops: why a packet or a connect to a frontend was refused.
+ * Append new reasons before SVC_DROP_MAX, never renumber (pinned counters
+ * outlive the agent). The agent labels each with its name lower-cased,
+ * without SVC_DROP_, from the BTF.
+ */
+enum svc_drop_reason {
+	/* rejected: the frontend has no endpoints (ICMP port unreachable,
+	 * ECONNREFUSED)
+	 */
+	SVC_DROP_NO_ENDPOINTS = 0,
+	/* dropped: no endpoint for this client on this node (a Local
+	 * traffic policy: SVC_F_DROP_EMPTY; EHOSTUNREACH)
+	 */
+	SVC_DROP_NO_LOCAL_ENDPOINTS,
+	/* dropped: source not in loadBalancerSourceRanges */
+	SVC_DROP_SOURCE_RANGE,
+	/* dropped: conntrack full, a reply tuple clash, no free SNAT port,
+	 * or a source-NATed flow's port lost
+	 */
+	SVC_DROP_CONNTRACK,
+	/* dropped: a backend vanished under the reader, a rewrite or route
+	 * failed, a later fragment without its flow
+	 */
+	SVC_DROP_ERROR,
+	SVC_DROP_MAX,
+};
+
+_Static_assert(SVC_DROP_MAX <= SVC_DROP_SLOTS, "svc_stats.drops too small");
+
 /* Flags of a frontend's master entry (lb4_service.flags). */
 enum svc_flags {
 	/* NodePort, ExternalIP or LoadBalancer frontend */
@@ -619,6 +672,7 @@ BTF_EXPORT(enum affinity_client, affinity_client);
 BTF_EXPORT(struct affinity_fix_args, affinity_fix_args);
 BTF_EXPORT(enum node_cidr_kind, node_cidr_kind);
 BTF_EXPORT(enum metric_reason, metric_reason);
+BTF_EXPORT(enum svc_drop_reason, svc_drop_reason);
 BTF_EXPORT(enum explain_flags, explain_flags);
 
 /* The layouts above are an ABI: a size change must be deliberate. */
@@ -645,5 +699,6 @@ _Static_assert(sizeof(struct src_range_key) == 16, "src_range_key size");
 _Static_assert(sizeof(struct node_cidr_key) == 12, "node_cidr_key size");
 _Static_assert(sizeof(struct frag4_key) == 12, "frag4_key size");
 _Static_assert(sizeof(struct frag4_ports) == 4, "frag4_ports size");
+_Static_assert(sizeof(struct svc_stats) == 88, "svc_stats size");
 
 #endif /* SLUICE_STRUCTS_H */

@@ -72,6 +72,7 @@ func run(args []string) int {
 		npAddrs     = fs.String("nodeport-addresses", "", "comma-separated CIDRs and kube-proxy's keywords primary (the node's primary addresses, --node-ip), all (0.0.0.0/0) and localhost (127.0.0.0/8): NodePorts (and health checks) are served on the node's addresses inside them; 0.0.0.0/0 means every address (default: primary)")
 		localhostNP = fs.Bool("localhost-nodeports", true, "also serve NodePorts on 127.0.0.1 (TCP and UDP, through socket load balancing) when --nodeport-addresses cover it")
 		masqAll     = fs.Bool("masquerade-all", false, "source-NAT all ClusterIP traffic, and external traffic sent to this node's endpoints (which otherwise keeps its client's address)")
+		svcMetrics  = fs.Bool("service-metrics", false, "count new flows, packets, bytes and drops per Service in the datapath, exported as sluice_service_*_total and shown by sluicectl services --stats (off by default: a series per Service port, and a per-CPU counter array sized by --max-services)")
 		progStats   = fs.Bool("bpf-program-stats", true, "have the kernel count the run count and run time of BPF programs (BPF_ENABLE_STATS, system wide, while the agent runs), exported as sluice_bpf_program_runs_total and sluice_bpf_program_run_seconds_total")
 		namesFile   = fs.String("names-file", namesfile.Default, "write which Service each programmed frontend belongs to here (JSON), for sluicectl to show beside the addresses (empty: off)")
 		configFile  = fs.String("config", "", "kube-proxy's configuration file (a KubeProxyConfiguration): the fields that apply set the flags they map to; flags given on the command line override it")
@@ -144,6 +145,7 @@ func run(args []string) int {
 	}
 	dpCfg.NodeIPs = opts.Node.Addresses
 	dpCfg.MasqueradeAll = *masqAll
+	dpCfg.ServiceMetrics = *svcMetrics
 	if dpCfg.ClusterCIDRs, err = parseCIDRs("cluster-cidr", *clusterCIDR); err == nil {
 		dpCfg.ServiceCIDRs, err = parseCIDRs("service-cidr", *serviceCIDR)
 	}
@@ -297,6 +299,9 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 	prepareDatapath(dp, cfg, m, log)
 	m.SetCapacity(dp.Maps().Capacity)
 	m.SetDatapath(dp)
+	if dpCfg.ServiceMetrics {
+		m.SetServiceStats(dp.Maps())
+	}
 	cfg.Observers = append(cfg.Observers, m)
 	if ns.hc {
 		hc := health.NewNodePortServer(ns.hcHosts, log.With("component", "healthcheck"))

@@ -48,13 +48,29 @@ type ServiceRow struct {
 	// Empty says what happens to new connections without backends:
 	// refused or dropped.
 	Empty string `json:"empty,omitempty"`
+	// Stats are the frontend's per-Service counters (--stats), both
+	// scopes together: on the default scope's row only.
+	Stats *ServiceStats `json:"stats,omitempty"`
+}
+
+// ServiceStats are a frontend's counters (sluice --service-metrics),
+// summed over CPUs and scopes.
+type ServiceStats struct {
+	NewFlows uint64            `json:"newFlows"`
+	Packets  uint64            `json:"packets"` // tc and XDP only: the socket path translates no packets
+	Bytes    uint64            `json:"bytes"`
+	Drops    map[string]uint64 `json:"drops"` // by reason, every reason
 }
 
 func servicesCmd(fs *flag.FlagSet) runner {
 	raw := fs.Bool("raw", false, "print every map entry in the reconciler's dump format (not with -o json, whose rows hold the same entries)")
+	stats := fs.Bool("stats", false, "add each frontend's counters: new flows, packets, bytes and drops (counted only while the agent runs with --service-metrics)")
 	check := func(c *ctx) error {
 		if *raw && c.output == "json" {
 			return fmt.Errorf("--raw prints the reconciler's dump format; -o json prints the same entries as rows")
+		}
+		if *raw && *stats {
+			return fmt.Errorf("--raw prints the maps' entries; --stats adds columns to the rows")
 		}
 		return nil
 	}
@@ -69,10 +85,20 @@ func servicesCmd(fs *flag.FlagSet) runner {
 		}
 		names := c.serviceNames()
 		rows := serviceRows(ks, names)
+		if *stats {
+			st, err := c.pins.ServiceStats()
+			if err != nil {
+				return fmt.Errorf("read per-Service counters: %w", err)
+			}
+			if st == nil {
+				warn(c.stderr, "sluicectl: no per-Service counters pinned (an agent of an older release): --stats shows none\n")
+			}
+			addStats(rows, st)
+		}
 		if c.output == "json" {
 			return writeJSON(c.stdout, rows)
 		}
-		return writeServices(c.stdout, rows)
+		return writeServiceTable(c.stdout, rows, *stats)
 	}}
 }
 
@@ -110,10 +136,33 @@ func serviceRows(ks *reconciler.KernelState, names map[string]namesfile.Frontend
 	return rows
 }
 
+// addStats gives each default-scope row of rows its frontend's counters
+// from stats.
+func addStats(rows []ServiceRow, stats []datapath.ServiceStats) {
+	by := make(map[string]datapath.ServiceStats, len(stats))
+	for _, s := range stats {
+		by[s.Frontend.String()] = s
+	}
+	for i := range rows {
+		s, ok := by[rows[i].Frontend]
+		if !ok || rows[i].Internal {
+			continue
+		}
+		rows[i].Stats = &ServiceStats{NewFlows: s.NewFlows, Packets: s.Packets, Bytes: s.Bytes, Drops: s.DropsByReason()}
+	}
+}
+
 // writeServices prints one line per frontend (and scope: a two-scope
 // frontend's internal scope is the line marked "internal"), its Service,
 // and its backends in slot order.
 func writeServices(w io.Writer, rows []ServiceRow) error {
+	return writeServiceTable(w, rows, false)
+}
+
+// writeServiceTable is writeServices, with stats the frontends' counters
+// too (on the default scope's line: they are the frontend's), drops
+// summed over reasons (-o json has them by reason).
+func writeServiceTable(w io.Writer, rows []ServiceRow, stats bool) error {
 	cells := make([][]string, 0, len(rows))
 	for _, r := range rows {
 		fe := r.Frontend
@@ -124,9 +173,30 @@ func writeServices(w io.Writer, rows []ServiceRow) error {
 		if r.Empty != "" {
 			bs = "(none: connections " + r.Empty + ")"
 		}
-		cells = append(cells, []string{fe, or(r.Service), strconv.Itoa(int(r.ID)), strconv.Itoa(int(r.Count)), bs})
+		row := []string{fe, or(r.Service), strconv.Itoa(int(r.ID)), strconv.Itoa(int(r.Count))}
+		if stats {
+			row = append(row, statsCells(r.Stats)...)
+		}
+		cells = append(cells, append(row, bs))
 	}
-	return tabulate(w, table([]string{"FRONTEND", "SERVICE", "ID", "COUNT", "BACKENDS"}, cells))
+	header := []string{"FRONTEND", "SERVICE", "ID", "COUNT"}
+	if stats {
+		header = append(header, "FLOWS", "PACKETS", "BYTES", "DROPS")
+	}
+	return tabulate(w, table(append(header, "BACKENDS"), cells))
+}
+
+// statsCells are the --stats columns of a row: "-" where it has none.
+func statsCells(s *ServiceStats) []string {
+	if s == nil {
+		return []string{"-", "-", "-", "-"}
+	}
+	var drops uint64
+	for _, n := range s.Drops {
+		drops += n
+	}
+	u := func(v uint64) string { return strconv.FormatUint(v, 10) }
+	return []string{u(s.NewFlows), u(s.Packets), u(s.Bytes), u(drops)}
 }
 
 // BackendRow is one line of `backends`.

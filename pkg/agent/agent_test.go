@@ -88,10 +88,9 @@ type chanSource struct {
 }
 
 func (s chanSource) Run(ctx context.Context, apply func(*model.State)) error {
-	for {
+	for ctx.Err() == nil {
 		select {
-		case <-ctx.Done():
-			return nil
+		case <-ctx.Done(): // the loop ends
 		case st, ok := <-s.states:
 			if !ok {
 				return s.err
@@ -99,6 +98,7 @@ func (s chanSource) Run(ctx context.Context, apply func(*model.State)) error {
 			apply(st)
 		}
 	}
+	return nil
 }
 
 func stateWith(n int) *model.State {
@@ -225,10 +225,13 @@ func TestBurstFoldsIntoNewestState(t *testing.T) {
 	recon := &fakeReconciler{recorder: &recorder{}, gate: gate}
 	h := start(t, Config{}, recon, nil)
 
-	h.src.states <- stateWith(1)
-	// The first apply is now blocked on the gate; these pile up behind it.
+	// Submit, not the channel: a send returns once the source has the
+	// state, before it hands it to the agent, so the newest might not be
+	// the agent's yet when the gate opens (seen under load).
+	h.agent.Submit(stateWith(1))
+	// The first apply blocks on the gate; these pile up behind it.
 	for n := 2; n <= 6; n++ {
-		h.src.states <- stateWith(n)
+		h.agent.Submit(stateWith(n))
 	}
 	if err := h.agent.Ready(); err == nil {
 		t.Fatal("ready while an apply is still pending")

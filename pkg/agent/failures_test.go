@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,10 +21,10 @@ import (
 // reconciler.Reconciler does: one *FrontendError each, joined, every
 // other frontend programmed.
 type failingReconciler struct {
-	mu      sync.Mutex
+	mu      sync.Mutex                            // one Apply at a time, as the agent calls it
 	fail    func(fe model.L4Addr, call int) error // nil: programmed
-	applies int
-	inSync  bool
+	applies atomic.Int64
+	inSync  atomic.Bool
 }
 
 func (r *failingReconciler) Restore() error { return nil }
@@ -31,28 +32,20 @@ func (r *failingReconciler) Restore() error { return nil }
 func (r *failingReconciler) Apply(s *model.State) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.applies++
+	call := int(r.applies.Add(1))
 	var errs []error
 	for fe, svc := range s.Services {
-		if err := r.fail(fe, r.applies); err != nil {
+		if err := r.fail(fe, call); err != nil {
 			errs = append(errs, &reconciler.FrontendError{Service: svc.Name, Frontend: fe, Err: err})
 		}
 	}
-	r.inSync = len(errs) == 0
+	r.inSync.Store(len(errs) == 0)
 	return errors.Join(errs...)
 }
 
-func (r *failingReconciler) InSync() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.inSync
-}
+func (r *failingReconciler) InSync() bool { return r.inSync.Load() }
 
-func (r *failingReconciler) calls() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.applies
-}
+func (r *failingReconciler) calls() int { return int(r.applies.Load()) }
 
 // failureObserver records what the agent tells a FailureObserver.
 type failureObserver struct {

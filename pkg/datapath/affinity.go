@@ -2,7 +2,6 @@ package datapath
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -60,35 +59,15 @@ func (m *Maps) FixAffinity(fixes []reconciler.AffinityFix) error {
 }
 
 func (m *Maps) fixAffinityBatch(keys []sockAffinityFixKey, slots []uint32) error {
-	// Leftovers of an agent that died in the middle of a fix: not to be
-	// applied again.
-	var k sockAffinityFixKey
-	var v uint32
-	var stale []sockAffinityFixKey
-	for it := m.affFix.Iterate(); it.Next(&k, &v); {
-		stale = append(stale, k)
-	}
-	for i := range stale {
-		if err := deleteIgnoringMissing(m.affFix, &stale[i]); err != nil {
-			return fmt.Errorf("clear %s: %w", mapAffFix, err)
+	return runOverSet(m.affFix, mapAffFix, keys, slots, func() error {
+		// The pass counts what it moved and deleted; nobody needs it
+		// here.
+		var out sockAffinityFixArgs
+		if _, err := m.affFixProg.Run(&ebpf.RunOptions{Context: sockAffinityFixArgs{}, ContextOut: &out}); err != nil {
+			return fmt.Errorf("run sluice_aff_fix: %w", err)
 		}
-	}
-	if _, err := m.affFix.BatchUpdate(keys, slots, nil); err != nil {
-		return fmt.Errorf("write %s: %w", mapAffFix, err)
-	}
-	// The pass counts what it moved and deleted; nobody needs it here.
-	var out sockAffinityFixArgs
-	_, runErr := m.affFixProg.Run(&ebpf.RunOptions{Context: sockAffinityFixArgs{}, ContextOut: &out})
-	if runErr != nil {
-		runErr = fmt.Errorf("run sluice_aff_fix: %w", runErr)
-	}
-	// Empty the set whatever happened: it must not linger into the
-	// next pass.
-	_, delErr := m.affFix.BatchDelete(keys, nil)
-	if errors.Is(delErr, ebpf.ErrKeyNotExist) {
-		delErr = nil
-	}
-	return errors.Join(runErr, delErr)
+		return nil
+	})
 }
 
 // AffinityEntry is one session affinity entry, as Affinity lists them.

@@ -32,15 +32,35 @@ func attachedIDs(t *testing.T, target int, attach ebpf.AttachType) []ebpf.Progra
 	return ids
 }
 
+// attachNode is the attach tests' set-up: a pin directory and a cgroup of
+// the test's own, and a network namespace of its own (named name), which
+// the calling goroutine enters.
+func attachNode(t *testing.T, name string) (bpffs, cgroup string) {
+	t.Helper()
+	testutil.Privileged(t)
+	bpffs = testPinDir(t)
+	ns := topology.NewNS(t, name)
+	cgroup = newTestCgroup(t).Path
+	ns.Enter(t)
+	return bpffs, cgroup
+}
+
 func progID(t *testing.T, p *ebpf.Program) ebpf.ProgramID {
 	t.Helper()
 	info, err := p.Info()
+	return kernelID[ebpf.ProgramID](t, "program", info, err)
+}
+
+// kernelID is the id the kernel gave a program or map, from its info (and
+// the error of getting it).
+func kernelID[ID any](t *testing.T, what string, info interface{ ID() (ID, bool) }, err error) ID {
+	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
 	id, ok := info.ID()
 	if !ok {
-		t.Fatal("program has no id")
+		t.Fatalf("%s has no id", what)
 	}
 	return id
 }
@@ -66,11 +86,7 @@ func bpfFilters(t *testing.T, l netlink.Link) []string {
 // its programs in behind the same links, and Cleanup leaves nothing: no
 // pins, no links, no filters.
 func TestAttachDetach(t *testing.T) {
-	testutil.Privileged(t)
-	bpffs := testPinDir(t)
-	ns := topology.NewNS(t, "attach")
-	cg := newTestCgroup(t).Path
-	ns.Enter(t)
+	bpffs, cg := attachNode(t, "attach")
 
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "sl-a"}, PeerName: "sl-b"}
 	if err := netlink.LinkAdd(veth); err != nil {
@@ -302,11 +318,7 @@ func xdpProgID(t *testing.T, l netlink.Link) uint32 {
 // configuration names is left for the Attach methods to replace in place.
 // Before, attachments only ever accumulated.
 func TestPruneFollowsConfiguration(t *testing.T) {
-	testutil.Privileged(t)
-	bpffs := testPinDir(t)
-	ns := topology.NewNS(t, "prune")
-	cg := newTestCgroup(t).Path
-	ns.Enter(t)
+	bpffs, cg := attachNode(t, "prune")
 	links := addVeths(t, [2]string{"sl-a", "sl-b"}, [2]string{"sl-c", "sl-d"})
 	// (A device without an address is no SNAT source: sluice_devices
 	// would not record it.)

@@ -99,33 +99,44 @@ func (m *Maps) FlushConntrack(backends []model.L4Addr) error {
 }
 
 func (m *Maps) flushBatch(keys []sockCtBackendKey) error {
-	// Leftovers of an agent that died in the middle of a flush: not
-	// to be flushed again.
-	var k sockCtBackendKey
-	var v uint8
-	var stale []sockCtBackendKey
-	for it := m.ctFlush.Iterate(); it.Next(&k, &v); {
-		stale = append(stale, k)
-	}
-	for i := range stale {
-		if err := deleteIgnoringMissing(m.ctFlush, &stale[i]); err != nil {
-			return fmt.Errorf("clear %s: %w", mapCTFlush, err)
-		}
-	}
 	one := make([]uint8, len(keys))
 	for i := range one {
 		one[i] = 1
 	}
-	if _, err := m.ctFlush.BatchUpdate(keys, one, nil); err != nil {
-		return fmt.Errorf("write %s: %w", mapCTFlush, err)
+	return runOverSet(m.ctFlush, mapCTFlush, keys, one, func() error {
+		_, err := m.runCTGC(1)
+		// The connected sockets of the UDP ones go too (they keep the
+		// backend otherwise), while the set is in the map for the
+		// iterator.
+		m.terminateSockets(keys)
+		return err
+	})
+}
+
+// runOverSet runs a BPF pass that reads its work from a request set: the
+// map set (named name, for errors) is cleared of the leftovers of an
+// agent that died in the middle of a pass (not to be applied again), gets
+// keys with vals, run runs the pass, and the set is emptied again
+// whatever happened: it must not linger into the next pass.
+// sluice_ct_flush (flushBatch) and sluice_aff_fix (fixAffinityBatch) work
+// this way.
+func runOverSet[K, V any](set *ebpf.Map, name string, keys []K, vals []V, run func() error) error {
+	var k K
+	var v V
+	var stale []K
+	for it := set.Iterate(); it.Next(&k, &v); {
+		stale = append(stale, k)
 	}
-	_, runErr := m.runCTGC(1)
-	// The connected sockets of the UDP ones go too (they keep the
-	// backend otherwise), while the set is in the map for the iterator.
-	m.terminateSockets(keys)
-	// Empty the set whatever happened: it must not linger into the
-	// next flush.
-	_, delErr := m.ctFlush.BatchDelete(keys, nil)
+	for i := range stale {
+		if err := deleteIgnoringMissing(set, &stale[i]); err != nil {
+			return fmt.Errorf("clear %s: %w", name, err)
+		}
+	}
+	if _, err := set.BatchUpdate(keys, vals, nil); err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	runErr := run()
+	_, delErr := set.BatchDelete(keys, nil)
 	if errors.Is(delErr, ebpf.ErrKeyNotExist) {
 		delErr = nil
 	}

@@ -33,6 +33,7 @@ const (
 	ctgcMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
 	ctgcMapSluiceSockRevV1         = "sluice_sock_rev_v1"
 	ctgcMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
+	ctgcMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
 	ctgcMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
 	ctgcProgSluiceAffFix           = "sluice_aff_fix"
 	ctgcProgSluiceCtGc             = "sluice_ct_gc"
@@ -43,6 +44,7 @@ const (
 	ctgcVarHaveClusterCidr         = "have_cluster_cidr"
 	ctgcVarMasqueradeAll           = "masquerade_all"
 	ctgcVarNodeIp4                 = "node_ip4"
+	ctgcVarServiceMetrics          = "service_metrics"
 	ctgcVarSnatPortMax             = "snat_port_max"
 	ctgcVarSnatPortMin             = "snat_port_min"
 )
@@ -114,6 +116,7 @@ type ctgcMapSpecs struct {
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
 	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
+	SluiceSvcStatsV1        *ebpf.MapSpec `ebpf:"sluice_svc_stats_v1"`
 	SluiceUdpStickV1        *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
 }
 
@@ -128,6 +131,7 @@ type ctgcVariableSpecs struct {
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
+	ServiceMetrics   *ebpf.VariableSpec `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
@@ -169,6 +173,7 @@ type ctgcMaps struct {
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
 	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
+	SluiceSvcStatsV1        *ebpf.Map `ebpf:"sluice_svc_stats_v1"`
 	SluiceUdpStickV1        *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
 }
 
@@ -191,6 +196,7 @@ func (m *ctgcMaps) Close() error {
 		m.SluiceSessionAffinityV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
+		m.SluiceSvcStatsV1,
 		m.SluiceUdpStickV1,
 	)
 }
@@ -206,6 +212,7 @@ type ctgcVariables struct {
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
+	ServiceMetrics   *ebpf.Variable `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
 }

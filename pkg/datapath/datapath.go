@@ -108,6 +108,10 @@ type Config struct {
 	// MasqueradeAll (--masquerade-all) source-NATs all ClusterIP traffic,
 	// and external traffic to a backend on this node.
 	MasqueradeAll bool
+	// ServiceMetrics (--service-metrics) makes the programs count per
+	// Service (svcstats.go). Off, they count nothing and
+	// sluice_svc_stats has one entry.
+	ServiceMetrics bool
 }
 
 // XDPMode says whether and how the XDP program is attached.
@@ -201,6 +205,7 @@ func (c Config) maxEntries() map[string]int {
 		mapDevices:   c.MaxDevices,
 		// Every service IP is some ClusterIP frontend's address.
 		mapServiceIPs: c.MaxServices,
+		mapSvcStats:   svcStatsSize(c),
 	}
 }
 
@@ -424,6 +429,7 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 		srcRanges:  d.tc.SluiceSrcRangesV1,
 		serviceIPs: d.tc.SluiceServiceIpsV1,
 		nodeCIDRs:  d.tc.SluiceNodeCidrsV1,
+		svcStats:   d.tc.SluiceSvcStatsV1,
 		cfg:        d.cfg,
 	}
 	if specs.sockDestroy != nil {
@@ -463,6 +469,7 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		"node_ip4":            uint32(0),
 		"have_cluster_cidr":   boolU8(len(cfg.ClusterCIDRs) > 0),
 		"masquerade_all":      boolU8(cfg.MasqueradeAll),
+		"service_metrics":     boolU8(cfg.ServiceMetrics),
 	}
 	for _, ip := range cfg.NodeIPs {
 		if ip.Unmap().Is4() {
@@ -492,23 +499,8 @@ func boolU8(b bool) uint8 {
 // checkPinned reports a pinned map that the load would refuse to reuse,
 // with the reason spelled out.
 func checkPinned(spec *ebpf.CollectionSpec, dir string) error {
-	for name, ms := range spec.Maps {
-		if ms.Pinning != ebpf.PinByName {
-			continue
-		}
-		path := filepath.Join(dir, name)
-		m, err := ebpf.LoadPinnedMap(path, nil)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("open pinned map %s: %w", path, err)
-		}
-		info, err := m.Info()
+	return eachPin(spec, dir, func(_, path string, ms *ebpf.MapSpec, m *ebpf.Map, info *ebpf.MapInfo) error {
 		m.Close()
-		if err != nil {
-			return fmt.Errorf("info of pinned map %s: %w", path, err)
-		}
 		switch {
 		case info.Type != ms.Type:
 			return fmt.Errorf("pinned map %s has type %s, want %s: remove it with Cleanup", path, info.Type, ms.Type)
@@ -519,8 +511,24 @@ func checkPinned(spec *ebpf.CollectionSpec, dir string) error {
 			return fmt.Errorf("pinned map %s has max_entries %d, configured %d: restore the old size or remove it with Cleanup",
 				path, info.MaxEntries, ms.MaxEntries)
 		}
+		return nil
+	})
+}
+
+// loadPinnedInfo opens the map pinned at path (opts as
+// ebpf.LoadPinnedMap takes them) and reads its info. On an error nothing
+// is left open; a missing pin is an error that errors.Is os.ErrNotExist.
+func loadPinnedInfo(path string, opts *ebpf.LoadPinOptions) (*ebpf.Map, *ebpf.MapInfo, error) {
+	m, err := ebpf.LoadPinnedMap(path, opts)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open pinned map %s: %w", path, err)
 	}
-	return nil
+	info, err := m.Info()
+	if err != nil {
+		m.Close()
+		return nil, nil, fmt.Errorf("info of pinned map %s: %w", path, err)
+	}
+	return m, info, nil
 }
 
 // verifierDetail makes a verifier rejection carry the end of its log.

@@ -2,14 +2,11 @@ package datapath
 
 import (
 	"errors"
-	"net"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
@@ -24,8 +21,6 @@ import (
 //	node ns:   n0 10.201.0.1/24 (tc ingress+egress), lo 10.200.0.2, 10.200.0.3
 func TestTCEndToEnd(t *testing.T) {
 	d := newTestDatapath(t)
-	nodeNS := topology.NewNS(t, "node")
-	clientNS := topology.NewNS(t, "client")
 
 	vip := l4("10.96.0.30", 80, model.TCP)
 	vipU := l4("10.96.0.30", 53, model.UDP)
@@ -36,51 +31,8 @@ func TestTCEndToEnd(t *testing.T) {
 		clusterIP(vipU, l4(sockBackends[0], 5353, model.UDP), l4(sockBackends[1], 5353, model.UDP)),
 		clusterIP(empty), clusterIP(emptyU))
 
-	// The node.
-	nodeNS.Enter(t)
-	addLoopbackAddrs(t, nodeNS, sockBackends...)
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "n0"}, PeerName: "c0"}); err != nil {
-		t.Fatalf("add veth: %v", err)
-	}
-	n0, err := netlink.LinkByName("n0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c0, err := netlink.LinkByName("c0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetNsFd(c0, clientNS.Fd()); err != nil {
-		t.Fatal(err)
-	}
-	addr, _ := netlink.ParseAddr("10.201.0.1/24")
-	if err := netlink.AddrAdd(n0, addr); err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetUp(n0); err != nil {
-		t.Fatal(err)
-	}
-	startBackends(t)
-	if err := d.AttachDevices([]string{"n0"}); err != nil {
-		t.Fatalf("AttachDevices: %v", err)
-	}
-
-	// The client.
+	_, clientNS := clientAndNode(t, d, "10.201.0")
 	clientNS.Enter(t)
-	c0, err = netlink.LinkByName("c0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr, _ = netlink.ParseAddr("10.201.0.2/24")
-	if err := netlink.AddrAdd(c0, addr); err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetUp(c0); err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: c0.Attrs().Index, Gw: net.ParseIP("10.201.0.1")}); err != nil {
-		t.Fatalf("add default route: %v", err)
-	}
 
 	connect := func(a model.L4Addr) (int, error) {
 		fd := newSocket(t, unix.SOCK_STREAM)

@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
@@ -45,14 +46,9 @@ func podIfindex(t *testing.T) int {
 // of being passed up, where the kernel drops it as a martian. A ClusterIP
 // reply is still passed up (its source, a VIP, is not the node's).
 func TestTCReplyAtPodDevice(t *testing.T) {
-	testutil.Privileged(t)
-	_, ethIdx := nodeNetns(t)
+	_, ethIdx, d := nodeDatapath(t, smallConfig, "eth0", "pod0")
 	podIdx := podIfindex(t)
-	d := openTest(t, smallConfig(testPinDir(t)))
 	m := d.Maps()
-	if err := d.AttachDevices([]string{"eth0", "pod0"}); err != nil {
-		t.Fatal(err)
-	}
 	ext := reconciler.FlagExternal
 	addExternal(t, m, 2, npLocal, ext, beLocal)
 	etpLocal := l4(nsNodeIP, 30084, model.TCP)
@@ -66,35 +62,29 @@ func TestTCReplyAtPodDevice(t *testing.T) {
 
 	for i, fe := range []model.L4Addr{npLocal, etpLocal, cip} {
 		cport := uint16(42000 + i)
-		syn := ip4{src: nsClientIP, dst: fe.Addr.String(), proto: 6,
-			payload: tcpSegment(nsClientIP, fe.Addr.String(), cport, fe.Port, 0, nil)}
-		dnat := syn
-		dnat.dst, dnat.payload = beS, tcpSegment(nsClientIP, beS, cport, 8080, 0, nil)
-		verdict, out := runOn(t, ing, ethIdx, frame(eth, clientMAC, syn.bytes()))
-		if want := frame(eth, clientMAC, dnat.bytes()); verdict != tcActOK || !bytes.Equal(out, want) {
-			t.Fatalf("%s: SYN: verdict %d, output %s", fe, verdict, packetDiff(out, want))
+		syn := tcpPacket(nsClientIP, cport, fe.Addr.String(), fe.Port, 0, nil)
+		dnat := tcpPacket(nsClientIP, cport, beS, 8080, 0, nil)
+		verdict, out := runOn(t, ing, ethIdx, frame(eth, clientMAC, syn))
+		if want := frame(eth, clientMAC, dnat); verdict != tcActOK || !bytes.Equal(out, want) {
+			t.Fatalf("%s: SYN: verdict %d, output %s", fe, verdict, packet.Diff(out, want))
 		}
 
-		synAck := ip4{src: beS, dst: nsClientIP, proto: 6, payload: tcpSegment(beS, nsClientIP, 8080, cport, 0x12, nil)}
-		back := synAck
-		back.src, back.payload = fe.Addr.String(), tcpSegment(fe.Addr.String(), nsClientIP, fe.Port, cport, 0x12, nil)
-		verdict, out = runOn(t, ing, podIdx, frame(pod0, pod, synAck.bytes()))
+		synAck := tcpPacket(beS, 8080, nsClientIP, cport, 0x12, nil)
+		back := tcpPacket(fe.Addr.String(), fe.Port, nsClientIP, cport, 0x12, nil)
+		verdict, out = runOn(t, ing, podIdx, frame(pod0, pod, synAck))
 		if fe == cip {
 			// Passed up, rewritten: the stack routes it.
-			if want := frame(pod0, pod, back.bytes()); verdict != tcActOK || !bytes.Equal(out, want) {
-				t.Errorf("%s: SYN-ACK at pod0: verdict %d, output %s", fe, verdict, packetDiff(out, want))
+			if want := frame(pod0, pod, back); verdict != tcActOK || !bytes.Equal(out, want) {
+				t.Errorf("%s: SYN-ACK at pod0: verdict %d, output %s", fe, verdict, packet.Diff(out, want))
 			}
 			continue
 		}
-		back.ttl = 63
-		if want := frame(clientMAC, eth, back.bytes()); verdict != tcActRedirect || !bytes.Equal(out, want) {
-			t.Errorf("%s: SYN-ACK at pod0: verdict %d (want redirect %d), output %s", fe, verdict, tcActRedirect, packetDiff(out, want))
+		back.TTL = 63
+		if want := frame(clientMAC, eth, back); verdict != tcActRedirect || !bytes.Equal(out, want) {
+			t.Errorf("%s: SYN-ACK at pod0: verdict %d (want redirect %d), output %s", fe, verdict, tcActRedirect, packet.Diff(out, want))
 		}
 	}
-	cs, err := d.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cs := counters(t, d)
 	if cs["tc_rev_redirect"] != 2 {
 		t.Errorf("tc_rev_redirect = %d, want 2 (the NodePort and ETP=Local replies)", cs["tc_rev_redirect"])
 	}
@@ -180,10 +170,7 @@ func TestNodePortPodDeviceEndToEnd(t *testing.T) {
 			t.Fatalf("%s: got %q, %v; want the pod's echo", fe, line, err)
 		}
 	}
-	cs, err := d.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cs := counters(t, d)
 	if cs["tc_rev_redirect"] == 0 {
 		t.Errorf("tc_rev_redirect = 0: %v", cs)
 	}
@@ -200,9 +187,8 @@ func icmpAbout(in []byte, typ, code uint8, rest uint32) []byte {
 		l4len = 20
 	}
 	src, dst := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
-	reply := ip4{src: dst.String(), dst: src.String(), proto: 1,
-		payload: icmpMessage(typ, code, rest, ip[:ihl+l4len])}
-	return frame([6]byte(in[6:12]), [6]byte(in[0:6]), reply.bytes())
+	reply := icmpErr(dst.String(), src.String(), typ, code, rest, ip[:ihl+l4len])
+	return frame([6]byte(in[6:12]), [6]byte(in[0:6]), reply)
 }
 
 // TestTCRedirectTTLAndMTU: on the redirect paths of external flows to
@@ -236,17 +222,21 @@ func TestTCRedirectTTLAndMTU(t *testing.T) {
 	ing := d.TCIngress()
 	eth := macOf(nodeEthMAC)
 
-	seg := func(src string, sport uint16, dst string, dport uint16, flags uint8, ttl uint8, df bool, n int) ip4 {
-		return ip4{src: src, dst: dst, proto: 6, ttl: ttl, df: df,
-			payload: tcpSegment(src, dst, sport, dport, flags, bytes.Repeat([]byte("m"), n))}
+	seg := func(src string, sport uint16, dst string, dport uint16, flags uint8, ttl uint8, df bool, n int) packet.Packet {
+		p := tcpPacket(src, sport, dst, dport, flags, bytes.Repeat([]byte("m"), n))
+		p.TTL = ttl
+		if df {
+			p.FragOff = packet.DF
+		}
+		return p
 	}
-	fromClient := func(h ip4) []byte { return frame(eth, clientMAC, h.bytes()) }
+	fromClient := func(p packet.Packet) []byte { return frame(eth, clientMAC, p) }
 
 	// TTL 1 on a new flow's SYN: time exceeded, from the NodePort.
 	in := fromClient(seg(nsClientIP, 43000, nsNodeIP, npRemote.Port, 0, 1, true, 0))
 	verdict, out := runOn(t, ing, ethIdx, in)
 	if want := icmpAbout(in, 11, 0, 0); verdict != tcActRedirect || !bytes.Equal(out, want) {
-		t.Errorf("SYN with TTL 1: verdict %d, output %s", verdict, packetDiff(out, want))
+		t.Errorf("SYN with TTL 1: verdict %d, output %s", verdict, packet.Diff(out, want))
 	}
 
 	// The flow goes on with TTL 64, and its reply comes back with TTL 1:
@@ -256,10 +246,10 @@ func TestTCRedirectTTLAndMTU(t *testing.T) {
 		t.Fatalf("SYN: verdict %d", verdict)
 	}
 	sp := snatPortOf(t, m, nsClientIP, 43001, npRemote)
-	in = frame(eth, macOf(node2MAC), seg("10.2.0.7", 8080, nsNodeIP, sp, 0x12, 1, true, 0).bytes())
+	in = frame(eth, macOf(node2MAC), seg("10.2.0.7", 8080, nsNodeIP, sp, 0x12, 1, true, 0))
 	verdict, out = runOn(t, ing, ethIdx, in)
 	if want := icmpAbout(in, 11, 0, 0); verdict != tcActRedirect || !bytes.Equal(out, want) {
-		t.Errorf("reply with TTL 1: verdict %d, output %s", verdict, packetDiff(out, want))
+		t.Errorf("reply with TTL 1: verdict %d, output %s", verdict, packet.Diff(out, want))
 	}
 
 	// Over eth1's MTU (1280) to node 3's backend: with DF, fragmentation
@@ -267,7 +257,7 @@ func TestTCRedirectTTLAndMTU(t *testing.T) {
 	in = fromClient(seg(nsClientIP, 43002, nsNodeIP, npNode3.Port, 0x18, 0, true, 1300))
 	verdict, out = runOn(t, ing, ethIdx, in)
 	if want := icmpAbout(in, 3, 4, 1280); verdict != tcActRedirect || !bytes.Equal(out, want) {
-		t.Errorf("1340 bytes with DF to a 1280 MTU: verdict %d, output %s", verdict, packetDiff(out, want))
+		t.Errorf("1340 bytes with DF to a 1280 MTU: verdict %d, output %s", verdict, packet.Diff(out, want))
 	}
 	in = fromClient(seg(nsClientIP, 43003, nsNodeIP, npNode3.Port, 0x18, 0, false, 1300))
 	if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActShot {
@@ -288,15 +278,12 @@ func TestTCRedirectTTLAndMTU(t *testing.T) {
 	if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActOK {
 		t.Fatalf("SYN to a local backend: verdict %d", verdict)
 	}
-	in = frame([6]byte{0x02, 0, 0, 0, 0x0a, 0x00}, [6]byte{0x02, 0, 0, 0, 0x0a, 0x01}, seg("10.1.0.7", 8080, nsClientIP, 43005, 0x10, 0, true, 1300).bytes())
+	in = frame([6]byte{0x02, 0, 0, 0, 0x0a, 0x00}, [6]byte{0x02, 0, 0, 0, 0x0a, 0x01}, seg("10.1.0.7", 8080, nsClientIP, 43005, 0x10, 0, true, 1300))
 	if verdict, out := runOn(t, ing, podIdx, in); verdict != tcActOK || !bytes.Equal(out, in) {
-		t.Errorf("oversize reply at pod0: verdict %d, output %s", verdict, packetDiff(out, in))
+		t.Errorf("oversize reply at pod0: verdict %d, output %s", verdict, packet.Diff(out, in))
 	}
 
-	cs, err := d.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cs := counters(t, d)
 	for reason, want := range map[string]uint64{"tc_ttl_exceeded": 2, "tc_frag_needed": 1, "tc_mtu_drop": 1, "tc_fwd_to_stack": 1} {
 		if cs[reason] != want {
 			t.Errorf("%s = %d, want %d", reason, cs[reason], want)
@@ -332,8 +319,9 @@ func TestXDPTTLAndMTU(t *testing.T) {
 	addExternal(t, d.Maps(), 7, npNode3, ext, testBackend{7, l4("10.3.0.7", 8080, model.TCP)})
 	eth := macOf(nodeEthMAC)
 	seg := func(sport uint16, fe model.L4Addr, ttl uint8, n int) []byte {
-		return frame(eth, clientMAC, ip4{src: nsClientIP, dst: nsNodeIP, proto: 6, ttl: ttl, df: true,
-			payload: tcpSegment(nsClientIP, nsNodeIP, sport, fe.Port, 0x18, bytes.Repeat([]byte("x"), n))}.bytes())
+		p := tcpPacket(nsClientIP, sport, nsNodeIP, fe.Port, 0x18, bytes.Repeat([]byte("x"), n))
+		p.TTL, p.FragOff = ttl, packet.DF
+		return frame(eth, clientMAC, p)
 	}
 	for _, c := range []struct {
 		name    string
@@ -350,13 +338,10 @@ func TestXDPTTLAndMTU(t *testing.T) {
 			t.Errorf("%s: verdict %d TTL %d, want %d and %d", c.name, verdict, out[14+8], c.verdict, c.ttl)
 		}
 		if c.verdict == xdpPass && !bytes.Equal(out, c.in) {
-			t.Errorf("%s: passed to tc changed: %s", c.name, packetDiff(out, c.in))
+			t.Errorf("%s: passed to tc changed: %s", c.name, packet.Diff(out, c.in))
 		}
 	}
-	cs, err := d.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cs := counters(t, d)
 	if cs["xdp_ttl_exceeded"] != 1 || cs["xdp_mtu_exceeded"] != 1 {
 		t.Errorf("xdp_ttl_exceeded %d, xdp_mtu_exceeded %d; want 1 and 1", cs["xdp_ttl_exceeded"], cs["xdp_mtu_exceeded"])
 	}
@@ -382,17 +367,8 @@ func TestPMTUNodePortSNATEndToEnd(t *testing.T) {
 }
 
 func pmtuNodePort(t *testing.T, gso bool) {
-	d := newTestDatapath(t)
-	topo := topology.NewT(t)
-	lb, err := topo.BuildLB(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lb.Node.Do(func() error {
-		return netlink.LinkSetMTU(mustLink(t, lb.NodeBackendDevs[0]), 1400)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	d, lb := lbDatapath(t)
+	setMTU(t, lb.Node, lb.NodeBackendDevs[0], 1400)
 	if !gso {
 		// No TX checksum offload, no TSO: the client's stack
 		// segments before its veth.
@@ -408,41 +384,8 @@ func pmtuNodePort(t *testing.T, gso bool) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := lb.Backends[0].Listen("tcp4", be.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		line, _ := bufio.NewReaderSize(c, 1<<20).ReadString('\n')
-		_, _ = fmt.Fprintf(c, "%d\n", len(line)) // the client checks the answer
-	}()
-
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := lb.Client.DialContext(ctx, "tcp4", apOf(np).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	msg := string(bytes.Repeat([]byte("y"), 256<<10)) + "\n"
-	if _, err := c.Write([]byte(msg)); err != nil {
-		t.Fatalf("write 256 KiB through %s with a 1400-byte MTU node device: %v", np, err)
-	}
-	answer, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil || answer != fmt.Sprintf("%d\n", len(msg)) {
-		t.Fatalf("backend counted %q, %v; want %d bytes (PMTU black hole?)", answer, err, len(msg))
-	}
-	cs, err := d.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
+	pmtuTransfer(t, lb, be, np, "a 1400-byte MTU node device")
+	cs := counters(t, d)
 	if cs["tc_frag_needed"] == 0 || cs["tc_snat_new"] == 0 {
 		t.Errorf("tc_frag_needed %d, tc_snat_new %d: want both > 0", cs["tc_frag_needed"], cs["tc_snat_new"])
 	}

@@ -2,14 +2,12 @@ package datapath
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"net/netip"
 	"testing"
 	"time"
 
-	"github.com/sluice-lb/sluice/internal/testutil"
-	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
@@ -21,13 +19,21 @@ import (
 // translated datagram built from scratch: the L4 checksum, in the first
 // fragment only, covers the whole datagram.
 
-// fragFrames returns the Ethernet frames of h's fragments of size bytes.
-func fragFrames(h ip4, size int) [][]byte {
+// fragFrames returns the Ethernet frames of p's fragments of size bytes.
+func fragFrames(p packet.Packet, size int) [][]byte {
 	var out [][]byte
-	for _, f := range h.fragments(size) {
-		out = append(out, ether(f.bytes()))
+	for _, f := range p.Fragments(size) {
+		out = append(out, ether(f))
 	}
 	return out
+}
+
+// dgramOf returns a constructor of UDP datagrams carrying data, each with
+// the IP id given.
+func dgramOf(data []byte) func(id uint16, src string, sport uint16, dst string, dport uint16) packet.Packet {
+	return func(id uint16, src string, sport uint16, dst string, dport uint16) packet.Packet {
+		return udpPacket(src, sport, dst, dport, data).With(func(p *packet.Packet) { p.ID = id })
+	}
 }
 
 func TestTCFragments(t *testing.T) {
@@ -40,10 +46,7 @@ func TestTCFragments(t *testing.T) {
 	addService(t, m, 2, empty)
 
 	const client = "10.0.0.1"
-	data := bytes.Repeat([]byte("0123456789abcdef"), 190) // 3040 bytes: 3 fragments
-	dgram := func(id uint16, src string, sport uint16, dst string, dport uint16) ip4 {
-		return ip4{src: src, dst: dst, proto: 17, id: id, payload: udpDatagram(src, dst, sport, dport, data, false)}
-	}
+	dgram := dgramOf(bytes.Repeat([]byte("0123456789abcdef"), 190)) // 3040 bytes: 3 fragments
 	vipS, beS := vip.Addr.String(), be.addr.Addr.String()
 
 	// A request to the VIP, and the backend's reply.
@@ -97,10 +100,7 @@ func TestTCFragments(t *testing.T) {
 		}
 	}
 
-	cs, err := d.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cs := counters(t, d)
 	// Later fragments whose first was seen: 2 of the request, 2+2 of the
 	// reply, 2 of the overtaken datagram, 2 to no service, 2 refused.
 	if cs["tc_frag_later"] != 12 {
@@ -119,48 +119,40 @@ func TestTCFragments(t *testing.T) {
 // redirected to the backend's node, and the fragments of its reply are all
 // rewritten back and redirected to the client.
 func TestTCFragmentsNorthSouth(t *testing.T) {
-	testutil.Privileged(t)
-	_, ifindex := nodeNetns(t)
-	d := openTest(t, smallConfig(testPinDir(t)))
+	_, ifindex, d := nodeDatapath(t, smallConfig, "eth0")
 	m := d.Maps()
-	if err := d.AttachDevices([]string{"eth0"}); err != nil {
-		t.Fatal(err)
-	}
 	addExternal(t, m, 3, npUDP, reconciler.FlagExternal, beRemU)
 	ing := d.TCIngress()
 
-	data := bytes.Repeat([]byte("fragmented nodeport "), 100) // 2000 bytes
-	dgram := func(id uint16, src string, sport uint16, dst string, dport uint16) ip4 {
-		return ip4{src: src, dst: dst, proto: 17, id: id, payload: udpDatagram(src, dst, sport, dport, data, false)}
-	}
+	dgram := dgramOf(bytes.Repeat([]byte("fragmented nodeport "), 100)) // 2000 bytes
 	const cport = 5400
-	in := dgram(0x6666, nsClientIP, cport, nsNodeIP, npUDP.Port).fragments(1480)
-	verdict, out := runOn(t, ing, ifindex, frame(macOf(nodeEthMAC), clientMAC, in[0].bytes()))
+	in := dgram(0x6666, nsClientIP, cport, nsNodeIP, npUDP.Port).Fragments(1480)
+	verdict, out := runOn(t, ing, ifindex, frame(macOf(nodeEthMAC), clientMAC, in[0]))
 	if verdict != tcActRedirect {
 		t.Fatalf("first fragment: verdict %d, want redirect", verdict)
 	}
 	sp := snatPortOf(t, m, nsClientIP, cport, npUDP)
-	fwd := dgram(0x6666, nsNodeIP, sp, "10.2.0.8", 5353).fragments(1480)
+	fwd := dgram(0x6666, nsNodeIP, sp, "10.2.0.8", 5353).Fragments(1480)
 	for i, f := range fwd {
-		f.ttl = fwdTTL
+		f.TTL = fwdTTL
 		if i > 0 {
-			verdict, out = runOn(t, ing, ifindex, frame(macOf(nodeEthMAC), clientMAC, in[i].bytes()))
+			verdict, out = runOn(t, ing, ifindex, frame(macOf(nodeEthMAC), clientMAC, in[i]))
 		}
-		want := frame(macOf(node2MAC), macOf(nodeEthMAC), f.bytes())
+		want := frame(macOf(node2MAC), macOf(nodeEthMAC), f)
 		if verdict != tcActRedirect || !bytes.Equal(out, want) {
-			t.Errorf("request fragment %d: verdict %d, output %s", i, verdict, packetDiff(out, want))
+			t.Errorf("request fragment %d: verdict %d, output %s", i, verdict, packet.Diff(out, want))
 		}
 	}
 
-	rep := dgram(0x7777, "10.2.0.8", 5353, nsNodeIP, sp).fragments(1480)
-	back := dgram(0x7777, nsNodeIP, npUDP.Port, nsClientIP, cport).fragments(1480)
+	rep := dgram(0x7777, "10.2.0.8", 5353, nsNodeIP, sp).Fragments(1480)
+	back := dgram(0x7777, nsNodeIP, npUDP.Port, nsClientIP, cport).Fragments(1480)
 	for i := range rep {
-		verdict, out := runOn(t, ing, ifindex, frame(macOf(nodeEthMAC), macOf(node2MAC), rep[i].bytes()))
+		verdict, out := runOn(t, ing, ifindex, frame(macOf(nodeEthMAC), macOf(node2MAC), rep[i]))
 		b := back[i]
-		b.ttl = fwdTTL
-		want := frame(clientMAC, macOf(nodeEthMAC), b.bytes())
+		b.TTL = fwdTTL
+		want := frame(clientMAC, macOf(nodeEthMAC), b)
 		if verdict != tcActRedirect || !bytes.Equal(out, want) {
-			t.Errorf("reply fragment %d: verdict %d, output %s", i, verdict, packetDiff(out, want))
+			t.Errorf("reply fragment %d: verdict %d, output %s", i, verdict, packet.Diff(out, want))
 		}
 	}
 }
@@ -172,12 +164,7 @@ func TestTCFragmentsNorthSouth(t *testing.T) {
 // reverse-NATs at the node's egress. The client must get the whole echo,
 // from the VIP.
 func TestTCFragmentsEndToEnd(t *testing.T) {
-	d := newTestDatapath(t)
-	topo := topology.NewT(t)
-	lb, err := topo.BuildLB(1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, lb := lbDatapath(t)
 	vip := l4("10.96.0.50", 53, model.UDP)
 	be := netip.AddrPortFrom(lb.BackendAddrs[0], 5353)
 	addService(t, d.Maps(), 1, vip, testBackend{1, l4(be.Addr().String(), be.Port(), model.UDP)})
@@ -188,13 +175,7 @@ func TestTCFragmentsEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := lb.Client.DialContext(ctx, "udp4", apOf(vip).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialFrom(t, lb.Client, "udp4", vip, 10*time.Second)
 	msg := bytes.Repeat([]byte("0123456789"), 400) // 4000 bytes
 	buf := make([]byte, 8192)
 	for try := range 3 {
@@ -210,10 +191,7 @@ func TestTCFragmentsEndToEnd(t *testing.T) {
 			t.Fatalf("try %d: echo of %d bytes, want %d: %.60q...", try, n, len(want), buf[:n])
 		}
 	}
-	cs, err := d.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cs := counters(t, d)
 	if cs["tc_frag_later"] < 3*4 {
 		t.Errorf("tc_frag_later = %d, want at least 12 (2 later fragments each way, 3 times)", cs["tc_frag_later"])
 	}

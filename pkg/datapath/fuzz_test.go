@@ -225,7 +225,7 @@ func checkOutput(h fuzzHook, in []byte, verdict uint32, out []byte) error {
 			return nil
 		case xdpPass:
 			if !bytes.Equal(in, out) {
-				return fmt.Errorf("XDP_PASS of a changed frame: %s", packetDiff(out, in))
+				return fmt.Errorf("XDP_PASS of a changed frame: %s", packet.Diff(out, in))
 			}
 			return nil
 		case xdpTx, xdpRedirect:
@@ -253,7 +253,7 @@ func checkOutput(h fuzzHook, in []byte, verdict uint32, out []byte) error {
 	allowed := natFields(in)
 	for i := range in {
 		if in[i] != out[i] && !allowed[i] {
-			return fmt.Errorf("byte %d changed (%#02x -> %#02x), not a NAT field: %s", i, in[i], out[i], packetDiff(out, in))
+			return fmt.Errorf("byte %d changed (%#02x -> %#02x), not a NAT field: %s", i, in[i], out[i], packet.Diff(out, in))
 		}
 	}
 	if packet.Verify(in) == nil {
@@ -424,14 +424,14 @@ func fixChecksums(frame []byte) []byte {
 // frames with IP options, and frames that are not IPv4.
 func fuzzSeeds() [][]byte {
 	eth := macOf(nodeEthMAC)
-	fr := func(h ip4) []byte { return frame(eth, clientMAC, h.bytes()) }
+	fr := func(p packet.Packet) []byte { return frame(eth, clientMAC, p) }
 	tcp := func(src string, sport uint16, dst model.L4Addr, flags uint8) []byte {
-		return fr(ip4{src: src, dst: dst.Addr.String(), proto: 6, df: true,
-			payload: tcpSegment(src, dst.Addr.String(), sport, dst.Port, flags, []byte("GET / HTTP/1.0\r\n\r\n"))})
+		p := tcpPacket(src, sport, dst.Addr.String(), dst.Port, flags, []byte("GET / HTTP/1.0\r\n\r\n"))
+		p.FragOff = packet.DF
+		return fr(p)
 	}
 	udp := func(src string, sport uint16, dst model.L4Addr) []byte {
-		return fr(ip4{src: src, dst: dst.Addr.String(), proto: 17,
-			payload: udpDatagram(src, dst.Addr.String(), sport, dst.Port, []byte("query"), false)})
+		return fr(udpPacket(src, sport, dst.Addr.String(), dst.Port, []byte("query")))
 	}
 	var seeds [][]byte
 	const pod = "10.1.0.50"
@@ -448,42 +448,40 @@ func fuzzSeeds() [][]byte {
 	// ports.
 	for _, be := range []model.L4Addr{fzLocalTCP, fzRemoteTCP, fzNode3TCP} {
 		for _, to := range []string{nsClientIP, pod, nsNodeIP} {
-			seeds = append(seeds, fr(ip4{src: be.Addr.String(), dst: to, proto: 6,
-				payload: tcpSegment(be.Addr.String(), to, be.Port, 40000, 0x12, nil)}))
+			seeds = append(seeds, fr(tcpPacket(be.Addr.String(), be.Port, to, 40000, 0x12, nil)))
 		}
 	}
 	for _, be := range []model.L4Addr{fzLocalUDP, fzRemoteUDP} {
-		seeds = append(seeds, fr(ip4{src: be.Addr.String(), dst: pod, proto: 17,
-			payload: udpDatagram(be.Addr.String(), pod, be.Port, 40004, []byte("answer"), false)}))
+		seeds = append(seeds, fr(udpPacket(be.Addr.String(), be.Port, pod, 40004, []byte("answer"))))
 	}
 	// ICMP: an echo to a VIP, errors about a translated flow (from the
 	// backend, from a router) and about a reply.
-	seeds = append(seeds, fr(ip4{src: pod, dst: fzVIPTCP.Addr.String(), proto: 1, payload: icmpMessage(8, 0, 0x12340001, []byte("ping"))}))
-	req := ip4{src: pod, dst: fzLocalTCP.Addr.String(), proto: 6, payload: tcpSegment(pod, fzLocalTCP.Addr.String(), 40001, fzLocalTCP.Port, 0x02, nil)}
-	reqU := ip4{src: pod, dst: fzLocalUDP.Addr.String(), proto: 17, payload: udpDatagram(pod, fzLocalUDP.Addr.String(), 40004, fzLocalUDP.Port, []byte("q"), false)}
-	for _, q := range [][]byte{req.bytes(), reqU.bytes(), req.bytes()[:28]} {
+	seeds = append(seeds, fr(icmpErr(pod, fzVIPTCP.Addr.String(), 8, 0, 0x12340001, []byte("ping"))))
+	req := tcpPacket(pod, 40001, fzLocalTCP.Addr.String(), fzLocalTCP.Port, 0x02, nil).L3()
+	reqU := udpPacket(pod, 40004, fzLocalUDP.Addr.String(), fzLocalUDP.Port, []byte("q")).L3()
+	for _, q := range [][]byte{req, reqU, req[:28]} {
 		seeds = append(seeds,
-			fr(ip4{src: fzLocalTCP.Addr.String(), dst: pod, proto: 1, payload: icmpMessage(3, 3, 0, q)}),
-			fr(ip4{src: "10.1.0.1", dst: pod, proto: 1, payload: icmpMessage(3, 4, 1400, q)}),
-			fr(ip4{src: "10.1.0.1", dst: pod, proto: 1, payload: icmpMessage(11, 0, 0, q)}))
+			fr(icmpErr(fzLocalTCP.Addr.String(), pod, 3, 3, 0, q)),
+			fr(icmpErr("10.1.0.1", pod, 3, 4, 1400, q)),
+			fr(icmpErr("10.1.0.1", pod, 11, 0, 0, q)))
 	}
-	reply := ip4{src: fzVIPTCP.Addr.String(), dst: pod, proto: 6, payload: tcpSegment(fzVIPTCP.Addr.String(), pod, 80, 40001, 0x12, nil)}
-	seeds = append(seeds, fr(ip4{src: pod, dst: fzVIPTCP.Addr.String(), proto: 1, payload: icmpMessage(3, 3, 0, reply.bytes())}))
+	reply := tcpPacket(fzVIPTCP.Addr.String(), 80, pod, 40001, 0x12, nil)
+	seeds = append(seeds, fr(icmpErr(pod, fzVIPTCP.Addr.String(), 3, 3, 0, reply.L3())))
 	// Fragments of a large UDP datagram to a VIP and to a NodePort.
 	for _, fe := range []model.L4Addr{fzVIPUDP, fzNPUDP} {
-		big := ip4{src: pod, dst: fe.Addr.String(), proto: 17, id: 0x4242,
-			payload: udpDatagram(pod, fe.Addr.String(), 40005, fe.Port, bytes.Repeat([]byte("x"), 2000), false)}
-		for _, f := range big.fragments(1000) {
+		big := udpPacket(pod, 40005, fe.Addr.String(), fe.Port, bytes.Repeat([]byte("x"), 2000))
+		big.ID = 0x4242
+		for _, f := range big.Fragments(1000) {
 			seeds = append(seeds, fr(f))
 		}
 	}
 	// IP options, a TTL about to expire, BIG TCP's zero total length.
-	opts := ip4{src: pod, dst: fzVIPTCP.Addr.String(), proto: 6, opts: []byte{1, 1, 1, 0},
-		payload: tcpSegment(pod, fzVIPTCP.Addr.String(), 40006, 80, 0x02, nil)}
-	ttl1 := ip4{src: nsClientIP, dst: nsNodeIP, proto: 6, ttl: 1,
-		payload: tcpSegment(nsClientIP, nsNodeIP, 40007, fzNPRemote.Port, 0x02, nil)}
-	zero := ip4{src: pod, dst: fzVIPTCP.Addr.String(), proto: 6, zeroLen: true,
-		payload: tcpSegment(pod, fzVIPTCP.Addr.String(), 40008, 80, 0x10, []byte("data"))}
+	opts := tcpPacket(pod, 40006, fzVIPTCP.Addr.String(), 80, 0x02, nil)
+	opts.IPOptions = []byte{1, 1, 1, 0}
+	ttl1 := tcpPacket(nsClientIP, 40007, nsNodeIP, fzNPRemote.Port, 0x02, nil)
+	ttl1.TTL = 1
+	zero := tcpPacket(pod, 40008, fzVIPTCP.Addr.String(), 80, 0x10, []byte("data"))
+	zero.ZeroTotalLen = true
 	seeds = append(seeds, fr(opts), fr(ttl1), fr(zero))
 	// Not IPv4: ARP, IPv6.
 	seeds = append(seeds,
@@ -616,10 +614,8 @@ func TestFuzzPacketsRandomized(t *testing.T) {
 
 // The checks are not vacuous: they reject what a wrong rewrite makes.
 func TestFuzzChecksCatchBadRewrites(t *testing.T) {
-	in := frame(nodeMAC, clientMAC, ip4{src: "10.1.0.50", dst: fzVIPTCP.Addr.String(), proto: 6,
-		payload: tcpSegment("10.1.0.50", fzVIPTCP.Addr.String(), 40000, 80, 0x02, []byte("payload"))}.bytes())
-	dnat := frame(nodeMAC, clientMAC, ip4{src: "10.1.0.50", dst: fzLocalTCP.Addr.String(), proto: 6,
-		payload: tcpSegment("10.1.0.50", fzLocalTCP.Addr.String(), 40000, 8080, 0x02, []byte("payload"))}.bytes())
+	in := ether(tcpPacket("10.1.0.50", 40000, fzVIPTCP.Addr.String(), 80, 0x02, []byte("payload")))
+	dnat := ether(tcpPacket("10.1.0.50", 40000, fzLocalTCP.Addr.String(), 8080, 0x02, []byte("payload")))
 	if err := checkOutput(hookTCIngress, in, tcActOK, dnat); err != nil {
 		t.Errorf("a correct DNAT rejected: %v", err)
 	}
@@ -627,8 +623,7 @@ func TestFuzzChecksCatchBadRewrites(t *testing.T) {
 	payload[len(payload)-1] ^= 1
 	stale := bytes.Clone(in)
 	copy(stale[30:34], dnat[30:34]) // destination rewritten, checksums not
-	reply := frame(clientMAC, nodeMAC, ip4{src: fzVIPTCP.Addr.String(), dst: "10.1.0.50", proto: 1,
-		payload: icmpMessage(3, 3, 0, in[14:14+40])}.bytes())
+	reply := frame(clientMAC, nodeMAC, icmpErr(fzVIPTCP.Addr.String(), "10.1.0.50", 3, 3, 0, in[14:14+40]))
 	badQuote := bytes.Clone(reply)
 	badQuote[len(badQuote)-1] ^= 1
 	for _, c := range []struct {

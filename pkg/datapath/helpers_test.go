@@ -1,8 +1,13 @@
 package datapath
 
 import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
@@ -74,6 +79,122 @@ func newTestDatapath(t *testing.T) *Datapath {
 	t.Helper()
 	testutil.Privileged(t)
 	return openTest(t, smallConfig(testPinDir(t)))
+}
+
+// newTestDatapathAt is newTestDatapath that also returns its pin
+// directory, for a test that opens the pins again.
+func newTestDatapathAt(t *testing.T) (*Datapath, string) {
+	t.Helper()
+	testutil.Privileged(t)
+	bpffs := testPinDir(t)
+	return openTest(t, smallConfig(bpffs)), bpffs
+}
+
+// openTestWith is newTestDatapath for a configuration of its own: base
+// (smallConfig or xdpConfig) changed by set.
+func openTestWith(t testing.TB, base func(bpffs string) Config, set func(*Config)) *Datapath {
+	t.Helper()
+	testutil.Privileged(t)
+	return openTest(t, configWith(base, set)(testPinDir(t)))
+}
+
+// configWith is base changed by set, for openTestWith and nodeDatapath.
+func configWith(base func(bpffs string) Config, set func(*Config)) func(bpffs string) Config {
+	return func(bpffs string) Config {
+		cfg := base(bpffs)
+		set(&cfg)
+		return cfg
+	}
+}
+
+// nodeDatapath enters a node namespace of its own (nodeNetns) and opens a
+// datapath of base's configuration attached to devs there; it returns the
+// namespace, eth0's ifindex and the datapath.
+func nodeDatapath(t testing.TB, base func(bpffs string) Config, devs ...string) (*topology.NS, int, *Datapath) {
+	t.Helper()
+	testutil.Privileged(t)
+	ns, ifindex := nodeNetns(t)
+	d := openTest(t, base(testPinDir(t)))
+	if err := d.AttachDevices(devs); err != nil {
+		t.Fatal(err)
+	}
+	return ns, ifindex, d
+}
+
+// joinSockCgroup attaches d's socket programs to a cgroup of the test's
+// own and moves the test process into it.
+func joinSockCgroup(t *testing.T, d *Datapath) *topology.Cgroup {
+	t.Helper()
+	cg := newTestCgroup(t)
+	if err := d.AttachCgroup(cg.Path); err != nil {
+		t.Fatalf("AttachCgroup: %v", err)
+	}
+	cg.Join(t)
+	return cg
+}
+
+// sockNode is the socket tests' node: d's socket programs on a cgroup the
+// test process joins, and a network namespace of the test's own named
+// name, entered, with addrs on its loopback device and startBackends'
+// servers listening there.
+func sockNode(t *testing.T, d *Datapath, name string, addrs ...string) (*topology.NS, *topology.Cgroup) {
+	t.Helper()
+	ns := topology.NewNS(t, name)
+	cg := joinSockCgroup(t, d)
+	ns.Enter(t)
+	addLoopbackAddrs(t, ns, addrs...)
+	startBackends(t)
+	return ns, cg
+}
+
+// clientAndNode builds the two namespaces of the end-to-end tc tests: a
+// client, c0 <subnet>.2/24 with its default route via <subnet>.1, and a node,
+// n0 <subnet>.1/24, with sockBackends on its loopback device, startBackends'
+// servers listening there and d attached to n0. The calling goroutine is
+// left in the node. subnet is the first three bytes of an IPv4 address.
+func clientAndNode(t *testing.T, d *Datapath, subnet string) (node, client *topology.NS) {
+	t.Helper()
+	tp := topology.NewT(t)
+	node, client = tp.AddNST(t, "node"), tp.AddNST(t, "client")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(tp.Veth(node, "n0", client, "c0"))
+	must(node.AddAddr("n0", netip.MustParsePrefix(subnet+".1/24")))
+	must(client.AddAddr("c0", netip.MustParsePrefix(subnet+".2/24")))
+	must(client.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), addr(subnet+".1")))
+	node.Enter(t)
+	addLoopbackAddrs(t, node, sockBackends...)
+	startBackends(t)
+	must(d.AttachDevices([]string{"n0"}))
+	return node, client
+}
+
+// dialFrom connects from ns to target over network (tcp4, udp4) within
+// timeout, and fails t if it cannot; the connection is closed when the
+// test ends.
+func dialFrom(t *testing.T, ns *topology.NS, network string, target model.L4Addr, timeout time.Duration) net.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c, err := ns.DialContext(ctx, network, apOf(target).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// override sets *p to v until the test ends: a kernel probe's answer
+// forced, to play an older kernel.
+func override[T any](t testing.TB, p *T, v T) {
+	t.Helper()
+	orig := *p
+	*p = v
+	t.Cleanup(func() { *p = orig })
 }
 
 func l4(addr string, port uint16, proto model.Protocol) model.L4Addr {
@@ -151,6 +272,76 @@ var (
 // addr parses an address of the tables.
 func addr(s string) netip.Addr { return netip.MustParseAddr(s) }
 
+// The edge-case tables (fragments, ICMP errors, L3 devices, TTL and MTU
+// on redirect paths) describe their packets with the constructors below,
+// over internal/testutil/packet: every header field can be set and every
+// checksum is computed from scratch, so a byte-for-byte match of a
+// program's output with a packet built here proves its checksum updates
+// exact.
+
+// tcpPacket is a TCP segment (flags 0 meaning SYN) carrying data.
+func tcpPacket(src string, sport uint16, dst string, dport uint16, flags uint8, data []byte) packet.Packet {
+	return packet.Packet{Src: addr(src), Dst: addr(dst), Proto: packet.TCP, SrcPort: sport, DstPort: dport,
+		TCPFlags: flags, Seq: 0x01020304, Payload: data}
+}
+
+// udpPacket is a UDP datagram carrying data.
+func udpPacket(src string, sport uint16, dst string, dport uint16, data []byte) packet.Packet {
+	return packet.Packet{Src: addr(src), Dst: addr(dst), Proto: packet.UDP, SrcPort: sport, DstPort: dport, Payload: data}
+}
+
+// icmpErr is an ICMP message of type typ and code from src to dst, with
+// the 32 bits after the checksum set to rest (the next-hop MTU of a
+// FRAG_NEEDED is its low 16 bits) and q after them: for an error, the
+// quote of the packet it is about.
+func icmpErr(src, dst string, typ, code uint8, rest uint32, q []byte) packet.Packet {
+	p := packet.Packet{Src: addr(src), Dst: addr(dst), Proto: packet.ICMP, ICMPType: typ, ICMPCode: code, Payload: q}
+	binary.BigEndian.PutUint32(p.ICMPRest[:], rest)
+	return p
+}
+
+// frame renders p in an Ethernet frame from src to dst.
+func frame(dst, src [6]byte, p packet.Packet) []byte {
+	p.DstMAC, p.SrcMAC = dst, src
+	return p.Bytes()
+}
+
+// ether is frame with the client and node MACs of the tc tables.
+func ether(p packet.Packet) []byte { return frame(nodeMAC, clientMAC, p) }
+
+// fwdTTL is the TTL of a packet (sent with 64) that tc or XDP forwarded
+// to its next hop itself: one less, as the stack's forwarding would.
+const fwdTTL = 63
+
+// edgeStep is one packet through tc ingress (or egress): the verdict and
+// the packet expected (nil: unchanged).
+type edgeStep struct {
+	name    string
+	egress  bool
+	in      []byte
+	verdict uint32
+	want    []byte // nil: the output is the input
+}
+
+// runEdgeSteps runs the steps in order, in the caller's network namespace.
+func runEdgeSteps(t *testing.T, d *Datapath, steps []edgeStep) {
+	t.Helper()
+	for _, s := range steps {
+		prog := d.TCIngress()
+		if s.egress {
+			prog = d.TCEgress()
+		}
+		verdict, out := runProg(t, prog, s.in)
+		want := s.want
+		if want == nil {
+			want = s.in
+		}
+		if verdict != s.verdict || !bytes.Equal(out, want) {
+			t.Errorf("%s: verdict %d (want %d), output %s", s.name, verdict, s.verdict, packet.Diff(out, want))
+		}
+	}
+}
+
 // checkChecksums fails t unless every checksum of frame is what a
 // from-scratch computation gives.
 func checkChecksums(t *testing.T, frame []byte) {
@@ -160,14 +351,24 @@ func checkChecksums(t *testing.T, frame []byte) {
 	}
 }
 
-// expectCounted fails t unless every counter in reasons is non-zero, and
-// returns all counters for further checks.
-func expectCounted(t *testing.T, d *Datapath, reasons ...string) map[string]uint64 {
+// counters returns the datapath counters of d (a Datapath or Pinned) by
+// reason.
+func counters(t *testing.T, d interface {
+	Counters() (map[string]uint64, error)
+}) map[string]uint64 {
 	t.Helper()
 	cs, err := d.Counters()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cs
+}
+
+// expectCounted fails t unless every counter in reasons is non-zero, and
+// returns all counters for further checks.
+func expectCounted(t *testing.T, d *Datapath, reasons ...string) map[string]uint64 {
+	t.Helper()
+	cs := counters(t, d)
 	for _, reason := range reasons {
 		if cs[reason] == 0 {
 			t.Errorf("counter %s is 0; counters: %v", reason, cs)

@@ -3,7 +3,6 @@ package datapath
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -17,7 +16,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 
-	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
@@ -34,19 +33,14 @@ import (
 // source-NATed flow the error goes on to the client. Errors about replies
 // (from the client's side) go the other way, to the backend.
 
-// quoteOf returns the first n bytes of the IPv4 packet h (n <= 0: all of
+// quoteOf returns the first n bytes of the IPv4 packet p (n <= 0: all of
 // it): what an ICMP error quotes of it.
-func quoteOf(h ip4, n int) []byte {
-	b := h.bytes()
+func quoteOf(p packet.Packet, n int) []byte {
+	b := p.L3()
 	if n <= 0 || n > len(b) {
 		return b
 	}
 	return b[:n]
-}
-
-// icmpErr is an ICMP error (typ, code, rest) from src to dst quoting q.
-func icmpErr(src, dst string, typ, code uint8, rest uint32, q []byte) ip4 {
-	return ip4{src: src, dst: dst, proto: 1, payload: icmpMessage(typ, code, rest, q)}
 }
 
 func TestTCICMPErrors(t *testing.T) {
@@ -62,71 +56,68 @@ func TestTCICMPErrors(t *testing.T) {
 	vip, be := vipU.Addr.String(), beU.addr.Addr.String()
 
 	query := []byte("a query")
-	udp := func(src string, sport uint16, dst string, dport uint16) ip4 {
-		return ip4{src: src, dst: dst, proto: 17, id: 0x0901, ttl: 63, payload: udpDatagram(src, dst, sport, dport, query, false)}
+	udp := func(src string, sport uint16, dst string, dport uint16) packet.Packet {
+		return udpPacket(src, sport, dst, dport, query).With(func(p *packet.Packet) { p.ID, p.TTL = 0x0901, 63 })
 	}
 	// A TCP segment of 1400 bytes, of which an error quotes 128.
 	data := bytes.Repeat([]byte("s"), 1360)
-	tcp := func(src string, sport uint16, dst string, dport uint16) ip4 {
-		return ip4{src: src, dst: dst, proto: 6, id: 0x0902, df: true, ttl: 63, payload: tcpSegment(src, dst, sport, dport, 0x18, data)}
+	tcp := func(src string, sport uint16, dst string, dport uint16) packet.Packet {
+		return tcpPacket(src, sport, dst, dport, 0x18, data).With(func(p *packet.Packet) { p.ID, p.FragOff, p.TTL = 0x0902, packet.DF, 63 })
 	}
 
 	// The flows: a UDP query and a TCP connection to the VIP.
 	runEdgeSteps(t, d, []edgeStep{
-		{name: "udp flow", in: ether(udp(client, 5300, vip, 53).bytes()), verdict: tcActOK, want: ether(udp(client, 5300, be, 5353).bytes())},
-		{name: "tcp flow", in: ether(tcp(client, 40000, vip, 80).bytes()), verdict: tcActOK, want: ether(tcp(client, 40000, be, 8080).bytes())},
+		{name: "udp flow", in: ether(udp(client, 5300, vip, 53)), verdict: tcActOK, want: ether(udp(client, 5300, be, 5353))},
+		{name: "tcp flow", in: ether(tcp(client, 40000, vip, 80)), verdict: tcActOK, want: ether(tcp(client, 40000, be, 8080))},
 	})
 
-	portUnreach := func(from string, q []byte) ip4 { return icmpErr(from, client, 3, 3, 0, q) }
-	fragNeeded := func(from string, q []byte) ip4 { return icmpErr(from, client, 3, 4, 1400, q) }
+	portUnreach := func(from string, q []byte) packet.Packet { return icmpErr(from, client, 3, 3, 0, q) }
+	fragNeeded := func(from string, q []byte) packet.Packet { return icmpErr(from, client, 3, 4, 1400, q) }
 	steps := []edgeStep{
 		// The backend's port unreachable about the query, leaving
 		// towards the client: from the VIP, about <client -> VIP>.
 		{name: "port unreachable from the backend, egress", egress: true,
-			in:      ether(portUnreach(be, quoteOf(udp(client, 5300, be, 5353), 0)).bytes()),
+			in:      ether(portUnreach(be, quoteOf(udp(client, 5300, be, 5353), 0))),
 			verdict: tcActOK,
-			want:    ether(portUnreach(vip, quoteOf(udp(client, 5300, vip, 53), 0)).bytes())},
+			want:    ether(portUnreach(vip, quoteOf(udp(client, 5300, vip, 53), 0)))},
 		{name: "port unreachable from the backend, ingress",
-			in:      ether(portUnreach(be, quoteOf(udp(client, 5300, be, 5353), 0)).bytes()),
+			in:      ether(portUnreach(be, quoteOf(udp(client, 5300, be, 5353), 0))),
 			verdict: tcActOK,
-			want:    ether(portUnreach(vip, quoteOf(udp(client, 5300, vip, 53), 0)).bytes())},
+			want:    ether(portUnreach(vip, quoteOf(udp(client, 5300, vip, 53), 0)))},
 		// A router's fragmentation needed about a TCP segment: the
 		// router stays the source; the quote (128 bytes, a truncated
 		// segment whose TCP checksum covers all of it) is translated.
 		{name: "frag needed from a router, egress", egress: true,
-			in:      ether(fragNeeded(router, quoteOf(tcp(client, 40000, be, 8080), 128)).bytes()),
+			in:      ether(fragNeeded(router, quoteOf(tcp(client, 40000, be, 8080), 128))),
 			verdict: tcActOK,
-			want:    ether(fragNeeded(router, quoteOf(tcp(client, 40000, vip, 80), 128)).bytes())},
+			want:    ether(fragNeeded(router, quoteOf(tcp(client, 40000, vip, 80), 128)))},
 		// RFC 792's minimum quote: the IP header and 8 bytes (the TCP
 		// checksum is not in it).
 		{name: "frag needed, 8-byte quote", egress: true,
-			in:      ether(fragNeeded(router, quoteOf(tcp(client, 40000, be, 8080), 28)).bytes()),
+			in:      ether(fragNeeded(router, quoteOf(tcp(client, 40000, be, 8080), 28))),
 			verdict: tcActOK,
-			want:    ether(fragNeeded(router, quoteOf(tcp(client, 40000, vip, 80), 28)).bytes())},
+			want:    ether(fragNeeded(router, quoteOf(tcp(client, 40000, vip, 80), 28)))},
 		// The client's port unreachable about a reply (its socket is
 		// gone), to the VIP: on to the backend, about <backend -> client>.
 		{name: "port unreachable from the client about a reply",
-			in:      ether(icmpErr(client, vip, 3, 3, 0, quoteOf(udp(vip, 53, client, 5300), 0)).bytes()),
+			in:      ether(icmpErr(client, vip, 3, 3, 0, quoteOf(udp(vip, 53, client, 5300), 0))),
 			verdict: tcActOK,
-			want:    ether(icmpErr(client, be, 3, 3, 0, quoteOf(udp(be, 5353, client, 5300), 0)).bytes())},
+			want:    ether(icmpErr(client, be, 3, 3, 0, quoteOf(udp(be, 5353, client, 5300), 0)))},
 		// Left alone: errors about flows Sluice did not translate, a
 		// quote too short to name the flow, errors about ICMP, and
 		// ICMP that is not an error.
 		{name: "error about another flow", egress: true,
-			in: ether(portUnreach(be, quoteOf(udp(client, 5399, be, 5353), 0)).bytes()), verdict: tcActOK},
+			in: ether(portUnreach(be, quoteOf(udp(client, 5399, be, 5353), 0))), verdict: tcActOK},
 		{name: "quote without ports", egress: true,
-			in: ether(portUnreach(be, quoteOf(udp(client, 5300, be, 5353), 22)).bytes()), verdict: tcActOK},
+			in: ether(portUnreach(be, quoteOf(udp(client, 5300, be, 5353), 22))), verdict: tcActOK},
 		{name: "error about ICMP", egress: true,
-			in: ether(portUnreach(be, icmpErr(client, be, 8, 0, 0, nil).bytes()).bytes()), verdict: tcActOK},
+			in: ether(portUnreach(be, icmpErr(client, be, 8, 0, 0, nil).L3())), verdict: tcActOK},
 		{name: "echo request to the VIP",
-			in: ether(icmpErr(client, vip, 8, 0, 0x00010001, []byte("ping")).bytes()), verdict: tcActOK},
+			in: ether(icmpErr(client, vip, 8, 0, 0x00010001, []byte("ping"))), verdict: tcActOK},
 	}
 	runEdgeSteps(t, d, steps)
 
-	cs, err := d.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cs := counters(t, d)
 	if cs["tc_icmp_xlate"] != 5 {
 		t.Errorf("tc_icmp_xlate = %d, want 5", cs["tc_icmp_xlate"])
 	}
@@ -137,13 +128,8 @@ func TestTCICMPErrors(t *testing.T) {
 // -> backend> to the client as about <client -> NodePort>, and the
 // client's port unreachable about a reply on to the backend.
 func TestTCICMPErrorsNorthSouth(t *testing.T) {
-	testutil.Privileged(t)
-	_, ifindex := nodeNetns(t)
-	d := openTest(t, smallConfig(testPinDir(t)))
+	_, ifindex, d := nodeDatapath(t, smallConfig, "eth0")
 	m := d.Maps()
-	if err := d.AttachDevices([]string{"eth0"}); err != nil {
-		t.Fatal(err)
-	}
 	addExternal(t, m, 1, npRemote, reconciler.FlagExternal, beRemote)
 	addExternal(t, m, 3, npUDP, reconciler.FlagExternal, beRemU)
 	ing := d.TCIngress()
@@ -151,17 +137,16 @@ func TestTCICMPErrorsNorthSouth(t *testing.T) {
 	const router = "192.168.1.2" // the other node, routing the backends
 
 	// A TCP flow and a UDP flow.
-	seg := func(src string, sport uint16, dst string, dport uint16) ip4 {
-		return ip4{src: src, dst: dst, proto: 6, df: true, ttl: 63,
-			payload: tcpSegment(src, dst, sport, dport, 0x18, bytes.Repeat([]byte("d"), 1400))}
+	seg := func(src string, sport uint16, dst string, dport uint16) packet.Packet {
+		return tcpPacket(src, sport, dst, dport, 0x18, bytes.Repeat([]byte("d"), 1400)).With(func(p *packet.Packet) { p.FragOff, p.TTL = packet.DF, 63 })
 	}
-	dg := func(src string, sport uint16, dst string, dport uint16) ip4 {
-		return ip4{src: src, dst: dst, proto: 17, ttl: 63, payload: udpDatagram(src, dst, sport, dport, []byte("q"), false)}
+	dg := func(src string, sport uint16, dst string, dport uint16) packet.Packet {
+		return udpPacket(src, sport, dst, dport, []byte("q")).With(func(p *packet.Packet) { p.TTL = 63 })
 	}
 	const cport = 45000
 	for _, in := range [][]byte{
-		frame(eth, clientMAC, seg(nsClientIP, cport, nsNodeIP, npRemote.Port).bytes()),
-		frame(eth, clientMAC, dg(nsClientIP, cport, nsNodeIP, npUDP.Port).bytes()),
+		frame(eth, clientMAC, seg(nsClientIP, cport, nsNodeIP, npRemote.Port)),
+		frame(eth, clientMAC, dg(nsClientIP, cport, nsNodeIP, npUDP.Port)),
 	} {
 		if v, _ := runOn(t, ing, ifindex, in); v != tcActRedirect {
 			t.Fatalf("flow: verdict %d", v)
@@ -170,24 +155,24 @@ func TestTCICMPErrorsNorthSouth(t *testing.T) {
 	spT := snatPortOf(t, m, nsClientIP, cport, npRemote)
 	spU := snatPortOf(t, m, nsClientIP, cport, npUDP)
 
-	fwd := func(h ip4) ip4 { h.ttl = 63; return h }
+	fwd := func(p packet.Packet) packet.Packet { p.TTL = 63; return p }
 	for _, c := range []struct {
 		name    string
 		in, out []byte
 	}{
 		{"frag needed from a router about a request",
-			frame(eth, n2, icmpErr(router, nsNodeIP, 3, 4, 1400, quoteOf(seg(nsNodeIP, spT, "10.2.0.7", 8080), 128)).bytes()),
-			frame(clientMAC, eth, fwd(icmpErr(router, nsClientIP, 3, 4, 1400, quoteOf(seg(nsClientIP, cport, nsNodeIP, npRemote.Port), 128))).bytes())},
+			frame(eth, n2, icmpErr(router, nsNodeIP, 3, 4, 1400, quoteOf(seg(nsNodeIP, spT, "10.2.0.7", 8080), 128))),
+			frame(clientMAC, eth, fwd(icmpErr(router, nsClientIP, 3, 4, 1400, quoteOf(seg(nsClientIP, cport, nsNodeIP, npRemote.Port), 128))))},
 		{"port unreachable from the backend",
-			frame(eth, n2, icmpErr("10.2.0.8", nsNodeIP, 3, 3, 0, quoteOf(dg(nsNodeIP, spU, "10.2.0.8", 5353), 0)).bytes()),
-			frame(clientMAC, eth, fwd(icmpErr(nsNodeIP, nsClientIP, 3, 3, 0, quoteOf(dg(nsClientIP, cport, nsNodeIP, npUDP.Port), 0))).bytes())},
+			frame(eth, n2, icmpErr("10.2.0.8", nsNodeIP, 3, 3, 0, quoteOf(dg(nsNodeIP, spU, "10.2.0.8", 5353), 0))),
+			frame(clientMAC, eth, fwd(icmpErr(nsNodeIP, nsClientIP, 3, 3, 0, quoteOf(dg(nsClientIP, cport, nsNodeIP, npUDP.Port), 0))))},
 		{"port unreachable from the client about a reply",
-			frame(eth, clientMAC, icmpErr(nsClientIP, nsNodeIP, 3, 3, 0, quoteOf(dg(nsNodeIP, npUDP.Port, nsClientIP, cport), 0)).bytes()),
-			frame(n2, eth, fwd(icmpErr(nsNodeIP, "10.2.0.8", 3, 3, 0, quoteOf(dg("10.2.0.8", 5353, nsNodeIP, spU), 0))).bytes())},
+			frame(eth, clientMAC, icmpErr(nsClientIP, nsNodeIP, 3, 3, 0, quoteOf(dg(nsNodeIP, npUDP.Port, nsClientIP, cport), 0))),
+			frame(n2, eth, fwd(icmpErr(nsNodeIP, "10.2.0.8", 3, 3, 0, quoteOf(dg("10.2.0.8", 5353, nsNodeIP, spU), 0))))},
 	} {
 		verdict, out := runOn(t, ing, ifindex, c.in)
 		if verdict != tcActRedirect || !bytes.Equal(out, c.out) {
-			t.Errorf("%s: verdict %d (want redirect), output %s", c.name, verdict, packetDiff(out, c.out))
+			t.Errorf("%s: verdict %d (want redirect), output %s", c.name, verdict, packet.Diff(out, c.out))
 		}
 	}
 }
@@ -196,29 +181,18 @@ func TestTCICMPErrorsNorthSouth(t *testing.T) {
 // whose backend has nothing listening gets ECONNREFUSED: the backend's
 // port unreachable, translated at the node, matches the socket.
 func TestICMPPortUnreachableEndToEnd(t *testing.T) {
-	d := newTestDatapath(t)
-	topo := topology.NewT(t)
-	lb, err := topo.BuildLB(1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, lb := lbDatapath(t)
 	vip := l4("10.96.0.91", 53, model.UDP)
 	addService(t, d.Maps(), 1, vip, testBackend{1, l4(lb.BackendAddrs[0].String(), 5353, model.UDP)})
 	if err := lb.Node.Do(func() error { return d.AttachDevices([]string{lb.NodeDev}) }); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	c, err := lb.Client.DialContext(ctx, "udp4", apOf(vip).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialFrom(t, lb.Client, "udp4", vip, 5*time.Second)
 	if _, err := c.Write([]byte("anyone?")); err != nil {
 		t.Fatal(err)
 	}
 	c.SetReadDeadline(time.Now().Add(2 * time.Second))
-	_, err = c.Read(make([]byte, 64))
+	_, err := c.Read(make([]byte, 64))
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("read from %s, whose backend has no listener: %v, want ECONNREFUSED", vip, err)
 	}
@@ -231,29 +205,54 @@ func TestICMPPortUnreachableEndToEnd(t *testing.T) {
 // <client -> backend>, which only works once translated to <client -> VIP>.
 // Without it the transfer stalls (a PMTU black hole).
 func TestPMTUThroughVIPEndToEnd(t *testing.T) {
-	d := newTestDatapath(t)
-	topo := topology.NewT(t)
-	lb, err := topo.BuildLB(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lb.Node.Do(func() error {
-		l, err := netlink.LinkByName(lb.NodeBackendDevs[0])
-		if err != nil {
-			return err
-		}
-		return netlink.LinkSetMTU(l, 1400)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	d, lb := lbDatapath(t)
+	setMTU(t, lb.Node, lb.NodeBackendDevs[0], 1400)
 	be := netip.AddrPortFrom(lb.BackendAddrs[0], 8080)
 	vip := l4("10.96.0.92", 80, model.TCP)
 	addService(t, d.Maps(), 1, vip, testBackend{1, l4(be.Addr().String(), be.Port(), model.TCP)})
 	if err := lb.Node.Do(func() error { return d.AttachDevices([]string{lb.NodeDev}) }); err != nil {
 		t.Fatal(err)
 	}
+	pmtuTransfer(t, lb, be, vip, "a 1400-byte MTU hop")
+	cs := counters(t, d)
+	if cs["tc_icmp_xlate"] == 0 {
+		t.Errorf("tc_icmp_xlate = 0: the transfer needed no translated ICMP error?")
+	}
+}
 
-	// The backend counts what it reads until a newline and says how much.
+// lbDatapath is a datapath (not attached yet) and the topology of
+// topology.BuildLB with one backend: a client, a node and the backend.
+func lbDatapath(t *testing.T) (*Datapath, *topology.LB) {
+	t.Helper()
+	d := newTestDatapath(t)
+	lb, err := topology.NewT(t).BuildLB(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, lb
+}
+
+// setMTU sets the MTU of dev in ns.
+func setMTU(t *testing.T, ns *topology.NS, dev string, mtu int) {
+	t.Helper()
+	if err := ns.Do(func() error {
+		l, err := netlink.LinkByName(dev)
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetMTU(l, mtu)
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pmtuTransfer writes 256 KiB and a newline from lb's client to target,
+// whose backend (lb's first, at be) counts what it reads until the newline
+// and answers how much; t fails unless the whole count comes back. A
+// transfer that stalls in a path MTU black hole (via says which hop has
+// the smaller MTU) fails it.
+func pmtuTransfer(t *testing.T, lb *topology.LB, be netip.AddrPort, target model.L4Addr, via string) {
+	t.Helper()
 	ln, err := lb.Backends[0].Listen("tcp4", be.String())
 	if err != nil {
 		t.Fatal(err)
@@ -269,28 +268,15 @@ func TestPMTUThroughVIPEndToEnd(t *testing.T) {
 		_, _ = fmt.Fprintf(c, "%d\n", len(line)) // the client checks the answer
 	}()
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := lb.Client.DialContext(ctx, "tcp4", apOf(vip).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialFrom(t, lb.Client, "tcp4", target, 10*time.Second)
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	msg := strings.Repeat("x", 256<<10) + "\n"
 	if _, err := io.WriteString(c, msg); err != nil {
-		t.Fatalf("write 256 KiB through %s with a 1400-byte MTU hop: %v", vip, err)
+		t.Fatalf("write 256 KiB through %s with %s: %v", target, via, err)
 	}
 	answer, err := bufio.NewReader(c).ReadString('\n')
 	if err != nil || answer != fmt.Sprintf("%d\n", len(msg)) {
 		t.Fatalf("backend counted %q, %v; want %d bytes (PMTU black hole?)", answer, err, len(msg))
-	}
-	cs, err := d.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cs["tc_icmp_xlate"] == 0 {
-		t.Errorf("tc_icmp_xlate = 0: the transfer needed no translated ICMP error?")
 	}
 }
 
@@ -302,13 +288,13 @@ func TestTCICMPErrorTruncated(t *testing.T) {
 	d := newTestDatapath(t)
 	addService(t, d.Maps(), 1, l4("10.96.0.93", 80, model.TCP), testBackend{1, l4("10.1.9.3", 8080, model.TCP)})
 	const client = "10.0.0.1"
-	seg := func(dst string, dport uint16) ip4 {
-		return ip4{src: client, dst: dst, proto: 6, payload: tcpSegment(client, dst, 40000, dport, 0, []byte("data"))}
+	seg := func(dst string, dport uint16) packet.Packet {
+		return tcpPacket(client, 40000, dst, dport, 0, []byte("data"))
 	}
-	if v, _ := runProg(t, d.TCIngress(), ether(seg("10.96.0.93", 80).bytes())); v != tcActOK {
+	if v, _ := runProg(t, d.TCIngress(), ether(seg("10.96.0.93", 80))); v != tcActOK {
 		t.Fatalf("flow: verdict %d", v)
 	}
-	full := ether(icmpErr("10.1.9.3", client, 3, 3, 0, seg("10.1.9.3", 8080).bytes()).bytes())
+	full := ether(icmpErr("10.1.9.3", client, 3, 3, 0, seg("10.1.9.3", 8080).L3()))
 	translated := 0
 	for n := 14 + 20; n <= len(full); n++ {
 		in := append([]byte(nil), full[:n]...)
@@ -329,7 +315,7 @@ func TestTCICMPErrorTruncated(t *testing.T) {
 				ok := (i >= 24 && i < 30) || (i >= 36 && i < 38) || (i >= 52 && i < 54) ||
 					(i >= 58 && i < 62) || (i >= 64 && i < 66) || (i >= 78 && i < 80)
 				if in[i] != out[i] && !ok {
-					t.Fatalf("prefix %d: byte %d changed: %s", n, i, packetDiff(out, in))
+					t.Fatalf("prefix %d: byte %d changed: %s", n, i, packet.Diff(out, in))
 				}
 			}
 		}

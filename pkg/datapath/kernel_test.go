@@ -11,7 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
-	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
@@ -23,14 +22,12 @@ import (
 // 6.1 (false) or after, until the test ends.
 func forceSetRetval(t *testing.T, have bool) {
 	t.Helper()
-	orig := haveSetRetval
-	haveSetRetval = func() error {
+	override(t, &haveSetRetval, func() error {
 		if have {
 			return nil
 		}
 		return fmt.Errorf("forced: %w", ebpf.ErrNotSupported)
-	}
-	t.Cleanup(func() { haveSetRetval = orig })
+	})
 }
 
 // needNames returns what CheckNode would probe for p, one per line.
@@ -156,15 +153,7 @@ func TestSockLBWithoutSetRetval(t *testing.T) {
 				t.Errorf("%s calls bpf_set_retval: %v", variant, calls)
 			}
 
-			ns := topology.NewNS(t, "retval")
-			cg := newTestCgroup(t)
-			if err := d.AttachCgroup(cg.Path); err != nil {
-				t.Fatal(err)
-			}
-			cg.Join(t)
-			ns.Enter(t)
-			addLoopbackAddrs(t, ns, sockBackends...)
-			startBackends(t)
+			sockNode(t, d, "retval", sockBackends...)
 			m := d.Maps()
 			addService(t, m, 1, sockVIPTCP, testBackend{1, l4(sockBackends[0], 8080, model.TCP)})
 			addService(t, m, 3, sockVIPEmpty)

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
@@ -70,9 +71,9 @@ func TestTCBigTCP(t *testing.T) {
 	// BPF_PROG_TEST_RUN takes at most a page: 2400 bytes, 2 segments.
 	data := bytes.Repeat([]byte("big tcp "), 300)
 	seg := func(src string, sport uint16, dst string, dport uint16) []byte {
-		h := ip4{src: src, dst: dst, proto: 6, df: true, zeroLen: true,
-			payload: tcpSegment(src, dst, sport, dport, 0x18, data)}
-		return ether(h.bytes())
+		p := tcpPacket(src, sport, dst, dport, 0x18, data)
+		p.FragOff, p.ZeroTotalLen = packet.DF, true
+		return ether(p)
 	}
 	gso := gsoCtx{GSOSegs: 2, GSOSize: 1448}
 
@@ -93,14 +94,11 @@ func TestTCBigTCP(t *testing.T) {
 				want = c.in
 			}
 			if verdict != tcActOK || !bytes.Equal(out, want) {
-				t.Fatalf("verdict %d (want %d), output %s", verdict, tcActOK, packetDiff(out, want))
+				t.Fatalf("verdict %d (want %d), output %s", verdict, tcActOK, packet.Diff(out, want))
 			}
 		})
 	}
-	cs, err := d.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cs := counters(t, d)
 	if cs["tc_malformed"] != 1 {
 		t.Errorf("tc_malformed = %d, want 1 (tot_len 0 without GSO)", cs["tc_malformed"])
 	}
@@ -232,16 +230,16 @@ func TestTCL3Device(t *testing.T) {
 	addService(t, m, 3, empty)
 	const client = "10.77.0.2"
 	vipS, beS := vip.Addr.String(), be.addr.Addr.String()
+	tcpPkt := func(src string, sport uint16, dst string, dport uint16, flags uint8, ttl uint8) packet.Packet {
+		return tcpPacket(src, sport, dst, dport, flags, nil).With(func(p *packet.Packet) { p.TTL = ttl })
+	}
 	tcp := func(src string, sport uint16, dst string, dport uint16, flags uint8, ttl uint8) []byte {
-		return ip4{src: src, dst: dst, proto: 6, ttl: ttl, payload: tcpSegment(src, dst, sport, dport, flags, nil)}.bytes()
+		return tcpPkt(src, sport, dst, dport, flags, ttl).L3()
 	}
-	udp := func(id uint16, src string, sport uint16, dst string, dport uint16) ip4 {
-		return ip4{src: src, dst: dst, proto: 17, id: id,
-			payload: udpDatagram(src, dst, sport, dport, bytes.Repeat([]byte("l3 "), 600), false)}
-	}
-	forwarded := func(h ip4) []byte { h.ttl = 63; return h.bytes() }
-	frags := udp(0x6161, client, 5300, vipS, 53).fragments(1200)
-	fragsNAT := udp(0x6161, client, 5300, beS, 5353).fragments(1200)
+	udp := dgramOf(bytes.Repeat([]byte("l3 "), 600))
+	forwarded := func(p packet.Packet) []byte { p.TTL = 63; return p.L3() }
+	frags := udp(0x6161, client, 5300, vipS, 53).Fragments(1200)
+	fragsNAT := udp(0x6161, client, 5300, beS, 5353).Fragments(1200)
 	syn := tcp(client, 40003, empty.Addr.String(), 80, 0, 0)
 
 	for _, s := range []struct {
@@ -253,13 +251,13 @@ func TestTCL3Device(t *testing.T) {
 	}{
 		{"tcp_dnat", tun0, tcp(client, 40000, vipS, 80, 0, 0), tun1, tcp(client, 40000, beS, 8080, 0, 63)},
 		{"tcp_reply_rev_nat", tun1, tcp(beS, 8080, client, 40000, 0x12, 0), tun0, tcp(vipS, 80, client, 40000, 0x12, 63)},
-		{"udp_first_fragment", tun0, frags[0].bytes(), tun1, forwarded(fragsNAT[0])},
-		{"udp_later_fragment", tun0, frags[1].bytes(), tun1, forwarded(fragsNAT[1])},
+		{"udp_first_fragment", tun0, frags[0].L3(), tun1, forwarded(fragsNAT[0])},
+		{"udp_later_fragment", tun0, frags[1].L3(), tun1, forwarded(fragsNAT[1])},
 		{"not_a_service", tun0, tcp(client, 40001, "10.1.6.9", 80, 0, 0), tun1, tcp(client, 40001, "10.1.6.9", 80, 0, 63)},
 		// A service without backends: an ICMP port unreachable back
 		// out of the tun, without a link-layer header either.
 		{"no_backend_icmp", tun0, syn, tun0,
-			ip4{src: empty.Addr.String(), dst: client, proto: 1, payload: icmpMessage(3, 3, 0, syn)}.bytes()},
+			icmpErr(empty.Addr.String(), client, 3, 3, 0, syn).L3()},
 	} {
 		if _, err := s.in.Write(s.pkt); err != nil {
 			t.Fatalf("%s: write: %v", s.name, err)
@@ -270,7 +268,7 @@ func TestTCL3Device(t *testing.T) {
 			continue
 		}
 		if !bytes.Equal(got, s.want) {
-			t.Errorf("%s: output %s", s.name, packetDiff(got, s.want))
+			t.Errorf("%s: output %s", s.name, packet.Diff(got, s.want))
 		}
 	}
 
@@ -289,24 +287,24 @@ func TestTCL3Device(t *testing.T) {
 	}
 	sp := binary.BigEndian.Uint16(got[20:])
 	if want := tcp("10.78.0.1", sp, beS, 8080, 0, 63); !bytes.Equal(got, want) {
-		t.Errorf("NodePort SYN, source-NATed out of tun1: %s", packetDiff(got, want))
+		t.Errorf("NodePort SYN, source-NATed out of tun1: %s", packet.Diff(got, want))
 	}
 	if _, err := tun1.Write(tcp(beS, 8080, "10.78.0.1", sp, 0x12, 0)); err != nil {
 		t.Fatal(err)
 	}
 	got = readIPv4(t, tun0)
 	if want := tcp(np.Addr.String(), np.Port, client, 40010, 0x12, 63); !bytes.Equal(got, want) {
-		t.Errorf("NodePort SYN-ACK back out of tun0: %s", packetDiff(got, want))
+		t.Errorf("NodePort SYN-ACK back out of tun0: %s", packet.Diff(got, want))
 	}
 
 	// An Ethernet device whose MAC's first byte reads like an IPv4
 	// header's: its frames are still parsed as Ethernet.
 	mac := [6]byte{0x46, 0, 0, 0, 0, 1}
-	in := frame(mac, clientMAC, tcp(client, 40002, vipS, 80, 0, 0))
-	want := frame(mac, clientMAC, tcp(client, 40002, beS, 8080, 0, 0))
+	in := frame(mac, clientMAC, tcpPkt(client, 40002, vipS, 80, 0, 0))
+	want := frame(mac, clientMAC, tcpPkt(client, 40002, beS, 8080, 0, 0))
 	verdict, out := runCtx(t, d.TCIngress(), skbCtx{Ifindex: uint32(ethIdx)}, in)
 	if verdict != tcActOK || !bytes.Equal(out, want) {
-		t.Errorf("Ethernet, MAC 46:...: verdict %d, output %s", verdict, packetDiff(out, want))
+		t.Errorf("Ethernet, MAC 46:...: verdict %d, output %s", verdict, packet.Diff(out, want))
 	}
 }
 
@@ -336,8 +334,9 @@ func TestTCL3DeviceEndToEnd(t *testing.T) {
 	}
 
 	const client = "10.77.0.2"
-	query := ip4{src: client, dst: vip.Addr.String(), proto: 17, id: 1,
-		payload: udpDatagram(client, vip.Addr.String(), 4000, 53, []byte("q"), false)}.bytes()
+	q := udpPacket(client, 4000, vip.Addr.String(), 53, []byte("q"))
+	q.ID = 1
+	query := q.L3()
 	if _, err := tun.Write(query); err != nil {
 		t.Fatalf("write to tun: %v", err)
 	}
@@ -363,16 +362,9 @@ func TestTCL3DeviceEndToEnd(t *testing.T) {
 		if src != vip.Addr.String() || sport != 53 || !isBackendReply(payload) {
 			t.Fatalf("answer from %s:%d %q, want a backend's from the VIP %s", src, sport, payload, vip)
 		}
-		if got, want := binary.BigEndian.Uint16(p[ihl+6:]), l4Sum(src, client, 17, zeroCsum(p[ihl:], 6)); got != want {
+		if got, want := binary.BigEndian.Uint16(p[ihl+6:]), packet.L4Checksum4(p[12:16], addr(client).AsSlice(), packet.UDP, p[ihl:]); got != want {
 			t.Errorf("UDP checksum %#04x, recomputed %#04x", got, want)
 		}
 		return
 	}
-}
-
-// zeroCsum returns a copy of seg with the 2-byte checksum at off zeroed.
-func zeroCsum(seg []byte, off int) []byte {
-	c := append([]byte(nil), seg...)
-	c[off], c[off+1] = 0, 0
-	return c
 }

@@ -13,8 +13,9 @@ import (
 )
 
 // Maps is the reconciler's view of the pinned maps: every write is a single
-// idempotent map update or delete; the ordering between them (backends,
-// then slots, then the master) is the reconciler's job.
+// idempotent map update or delete, or a batch of them (batch.go); the
+// ordering between them (backends, then slots, then the master) is the
+// reconciler's job.
 //
 // Keys are built from zeroed structs so that their padding, which the
 // kernel hashes too, is always zero. Addresses and ports are stored in
@@ -24,6 +25,7 @@ type Maps struct {
 	services, backends, revNat, conntrack, sockRev, udpStick, metrics *ebpf.Map
 	devices, srcRanges, ctNew, ctFlush, serviceIPs, nodeCIDRs         *ebpf.Map
 	affinity, affFix                                                  *ebpf.Map
+	svcStats                                                          *ebpf.Map // per-Service counters (svcstats.go)
 
 	ctGC       *ebpf.Program // bpf/ctgc.c: conntrack GC and flush (conntrack.go)
 	affFixProg *ebpf.Program // bpf/ctgc.c: session affinity upkeep (affinity.go)
@@ -118,17 +120,25 @@ func deleteIgnoringMissing(m *ebpf.Map, key any) error {
 	return nil
 }
 
-// UpsertBackend writes backend id -> b.
-func (m *Maps) UpsertBackend(id reconciler.BackendID, b model.L4Addr) error {
+// backendEntry encodes backend id -> b for sluice_backends.
+func backendEntry(id reconciler.BackendID, b model.L4Addr) (uint32, sockLb4Backend, error) {
 	if err := idOK("backend", uint32(id)); err != nil {
-		return err
+		return 0, sockLb4Backend{}, err
 	}
 	b, err := checkL4(b)
 	if err != nil {
-		return fmt.Errorf("upsert backend %d: %w", id, err)
+		return 0, sockLb4Backend{}, fmt.Errorf("upsert backend %d: %w", id, err)
 	}
-	v := sockLb4Backend{Addr: be32(b.Addr), Port: be16(b.Port), Proto: uint8(b.Proto)}
-	if err := m.backends.Put(uint32(id), &v); err != nil {
+	return uint32(id), sockLb4Backend{Addr: be32(b.Addr), Port: be16(b.Port), Proto: uint8(b.Proto)}, nil
+}
+
+// UpsertBackend writes backend id -> b.
+func (m *Maps) UpsertBackend(id reconciler.BackendID, b model.L4Addr) error {
+	k, v, err := backendEntry(id, b)
+	if err != nil {
+		return err
+	}
+	if err := m.backends.Put(k, &v); err != nil {
 		return fmt.Errorf("upsert backend %d (%s): %w", id, b, err)
 	}
 	return nil
@@ -142,21 +152,30 @@ func (m *Maps) DeleteBackend(id reconciler.BackendID) error {
 	return nil
 }
 
-// UpsertRevNat writes service id -> frontend address, port, protocol and
-// scope.
-func (m *Maps) UpsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend) error {
+// revNatEntry encodes service id -> frontend address, port, protocol and
+// scope for sluice_rev_nat.
+func revNatEntry(id reconciler.ServiceID, fe reconciler.Frontend) (uint32, sockLb4RevNat, error) {
 	if err := idOK("service", uint32(id)); err != nil {
-		return err
+		return 0, sockLb4RevNat{}, err
 	}
 	l4, err := checkL4(fe.L4Addr)
 	if err == nil {
 		err = checkScope(fe.Scope)
 	}
 	if err != nil {
-		return fmt.Errorf("upsert rev-nat %d: %w", id, err)
+		return 0, sockLb4RevNat{}, fmt.Errorf("upsert rev-nat %d: %w", id, err)
 	}
-	v := sockLb4RevNat{Vip: be32(l4.Addr), Port: be16(l4.Port), Proto: uint8(l4.Proto), Scope: uint8(fe.Scope)}
-	if err := m.revNat.Put(uint32(id), &v); err != nil {
+	return uint32(id), sockLb4RevNat{Vip: be32(l4.Addr), Port: be16(l4.Port), Proto: uint8(l4.Proto), Scope: uint8(fe.Scope)}, nil
+}
+
+// UpsertRevNat writes service id -> frontend address, port, protocol and
+// scope.
+func (m *Maps) UpsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend) error {
+	k, v, err := revNatEntry(id, fe)
+	if err != nil {
+		return err
+	}
+	if err := m.revNat.Put(k, &v); err != nil {
 		return fmt.Errorf("upsert rev-nat %d (%s): %w", id, fe, err)
 	}
 	return nil
@@ -170,40 +189,57 @@ func (m *Maps) DeleteRevNat(id reconciler.ServiceID) error {
 	return nil
 }
 
-// UpsertSlot writes slot >= 1 of a frontend.
-func (m *Maps) UpsertSlot(fe reconciler.Frontend, slot uint32, backend reconciler.BackendID) error {
+// slotEntry encodes slot >= 1 of a frontend for sluice_services.
+func slotEntry(fe reconciler.Frontend, slot uint32, backend reconciler.BackendID) (sockLb4Key, sockLb4Service, error) {
 	if slot == 0 {
-		return fmt.Errorf("upsert slot of %s: slot 0 is the master, use UpsertMaster", fe)
+		return sockLb4Key{}, sockLb4Service{}, fmt.Errorf("upsert slot of %s: slot 0 is the master, use UpsertMaster", fe)
 	}
 	if err := idOK("backend", uint32(backend)); err != nil {
-		return err
+		return sockLb4Key{}, sockLb4Service{}, err
 	}
 	k, err := serviceKey(fe, slot)
 	if err != nil {
-		return fmt.Errorf("upsert slot: %w", err)
+		return sockLb4Key{}, sockLb4Service{}, fmt.Errorf("upsert slot: %w", err)
 	}
-	v := sockLb4Service{BackendId: uint32(backend)}
+	return k, sockLb4Service{BackendId: uint32(backend)}, nil
+}
+
+// UpsertSlot writes slot >= 1 of a frontend.
+func (m *Maps) UpsertSlot(fe reconciler.Frontend, slot uint32, backend reconciler.BackendID) error {
+	k, v, err := slotEntry(fe, slot, backend)
+	if err != nil {
+		return err
+	}
 	if err := m.services.Put(&k, &v); err != nil {
 		return fmt.Errorf("upsert slot %d of %s: %w", slot, fe, err)
 	}
 	return nil
 }
 
-// UpsertMaster writes slot 0 of a frontend; the value repeats the key's
-// scope, for a reader that holds the master to find its slots.
-func (m *Maps) UpsertMaster(fe reconciler.Frontend, ms reconciler.Master) error {
+// masterEntry encodes slot 0 of a frontend for sluice_services; the value
+// repeats the key's scope, for a reader that holds the master to find its
+// slots.
+func masterEntry(fe reconciler.Frontend, ms reconciler.Master) (sockLb4Key, sockLb4Service, error) {
 	if err := idOK("service", uint32(ms.ID)); err != nil {
-		return err
+		return sockLb4Key{}, sockLb4Service{}, err
 	}
 	if ms.Count > 0xffff {
-		return fmt.Errorf("upsert master of %s: %d backends, at most 65535", fe, ms.Count)
+		return sockLb4Key{}, sockLb4Service{}, fmt.Errorf("upsert master of %s: %d backends, at most 65535", fe, ms.Count)
 	}
 	k, err := serviceKey(fe, 0)
 	if err != nil {
-		return fmt.Errorf("upsert master: %w", err)
+		return sockLb4Key{}, sockLb4Service{}, fmt.Errorf("upsert master: %w", err)
 	}
 	// A master's backend_id is the union's affinity_timeout.
-	v := sockLb4Service{BackendId: ms.AffinityTimeout, Count: ms.Count, RevNatId: uint32(ms.ID), Flags: ms.Flags, Scope: uint8(fe.Scope)}
+	return k, sockLb4Service{BackendId: ms.AffinityTimeout, Count: ms.Count, RevNatId: uint32(ms.ID), Flags: ms.Flags, Scope: uint8(fe.Scope)}, nil
+}
+
+// UpsertMaster writes slot 0 of a frontend.
+func (m *Maps) UpsertMaster(fe reconciler.Frontend, ms reconciler.Master) error {
+	k, v, err := masterEntry(fe, ms)
+	if err != nil {
+		return err
+	}
 	if err := m.services.Put(&k, &v); err != nil {
 		return fmt.Errorf("upsert master of %s: %w", fe, err)
 	}

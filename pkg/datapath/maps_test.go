@@ -16,9 +16,7 @@ import (
 // TestMapsDumpRoundTrip: what the reconciler writes, Dump reads back, and
 // a new Open over the same pins sees the same state.
 func TestMapsDumpRoundTrip(t *testing.T) {
-	testutil.Privileged(t)
-	bpffs := testPinDir(t)
-	d := openTest(t, smallConfig(bpffs))
+	d, bpffs := newTestDatapathAt(t)
 	m := d.Maps()
 	fe := l4("10.96.1.1", 443, model.TCP)
 	feU := l4("10.96.1.1", 443, model.UDP)

@@ -66,70 +66,97 @@ var conntrackMaps = map[string]bool{mapConntrack: true, mapCTNew: true}
 // gives it (step 1 above). A map of another type, key or value is left for
 // checkPinned to report.
 func resizePins(dir string, spec *ebpf.CollectionSpec) (migs []*migration, err error) {
-	defer func() {
-		if err != nil {
-			for _, mg := range migs {
-				mg.old.Close()
-			}
-			migs = nil
-		}
-	}()
-	for _, name := range slices.Sorted(maps.Keys(spec.Maps)) {
-		ms := spec.Maps[name]
-		if ms.Pinning != ebpf.PinByName {
-			continue
-		}
-		path := filepath.Join(dir, name)
-		old, err := ebpf.LoadPinnedMap(path, nil)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return migs, fmt.Errorf("open pinned map %s: %w", path, err)
-		}
-		info, err := old.Info()
-		if err != nil {
-			old.Close()
-			return migs, fmt.Errorf("info of pinned map %s: %w", path, err)
-		}
+	defer dropOnError(&migs, &err)
+	err = eachPin(spec, dir, func(name, path string, ms *ebpf.MapSpec, old *ebpf.Map, info *ebpf.MapInfo) error {
 		if info.Type != ms.Type || info.KeySize != ms.KeySize || info.ValueSize != ms.ValueSize ||
 			info.MaxEntries == ms.MaxEntries {
 			old.Close()
-			continue
+			return nil
 		}
 		if err := resizePin(old, path, ms, writtenByPrograms[name]); err != nil {
 			old.Close()
-			return migs, fmt.Errorf("resize pinned map %s from %d to %d entries: %w", path, info.MaxEntries, ms.MaxEntries, err)
+			return fmt.Errorf("resize pinned map %s from %d to %d entries: %w", path, info.MaxEntries, ms.MaxEntries, err)
 		}
 		if writtenByPrograms[name] {
 			migs = append(migs, &migration{name: name, old: old})
 		} else {
 			old.Close()
 		}
+		return nil
+	})
+	return migs, err
+}
+
+// eachPin calls f, in name order, for each map of spec pinned by name
+// that has a pin in dir, opened (f closes or keeps it), with its info. It
+// stops at the first error, f's or the opening's.
+func eachPin(spec *ebpf.CollectionSpec, dir string, f func(name, path string, ms *ebpf.MapSpec, m *ebpf.Map, info *ebpf.MapInfo) error) error {
+	for _, name := range slices.Sorted(maps.Keys(spec.Maps)) {
+		ms := spec.Maps[name]
+		if ms.Pinning != ebpf.PinByName {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		m, info, err := loadPinnedInfo(path, nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if err := f(name, path, ms, m, info); err != nil {
+			return err
+		}
 	}
-	return migs, nil
+	return nil
+}
+
+// dropOnError closes the old maps of *migs and forgets them when *err is
+// set: the deferred clean-up of a function that collects migrations and
+// fails half way.
+func dropOnError(migs *[]*migration, err *error) {
+	if *err != nil {
+		for _, mg := range *migs {
+			mg.old.Close()
+		}
+		*migs = nil
+	}
 }
 
 // resizePin builds the map of ms, copies old's entries into it and renames
 // its pin over old's at path. live: programs are writing old meanwhile
 // (an iteration they disturb is cut short; settle copies the rest).
 func resizePin(old *ebpf.Map, path string, ms *ebpf.MapSpec, live bool) error {
+	return replacePin(path, "_resizing", ms, func(cur *ebpf.Map) error {
+		if err := copyEntries(old, cur, false); err != nil && !(live && errors.Is(err, ebpf.ErrIterationAborted)) {
+			return err
+		}
+		return nil
+	})
+}
+
+// replacePin creates a map of ms, has fill fill it, and pins it at path,
+// in place of whatever is pinned there: under the temporary name
+// path+suffix first, then renamed into place, as rename(2) replaces a pin
+// in one step. An agent that dies half way leaves the old pin or the
+// complete new one, never none or a partial one (a stale temporary pin is
+// removed by the next attempt).
+func replacePin(path, suffix string, ms *ebpf.MapSpec, fill func(cur *ebpf.Map) error) error {
 	cur, err := ebpf.NewMap(unpinned(ms))
 	if err != nil {
 		return fmt.Errorf("create: %w", err)
 	}
 	defer cur.Close()
-	if err := copyEntries(old, cur, false); err != nil && !(live && errors.Is(err, ebpf.ErrIterationAborted)) {
+	if err := fill(cur); err != nil {
 		return err
 	}
-	tmp := path + "_resizing" // (bpffs refuses names with a dot)
+	tmp := path + suffix // (bpffs refuses names with a dot)
 	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	if err := cur.Pin(tmp); err != nil {
 		return fmt.Errorf("pin: %w", err)
 	}
-	// rename(2) replaces the pin in one step.
 	if err := os.Rename(tmp, path); err != nil {
 		_ = cur.Unpin()
 		return err
@@ -412,6 +439,7 @@ func (o *tcObjects) mapByName(name string) (*ebpf.Map, error) {
 		{mapConntrack, o.SluiceConntrackV2}, {mapCTNew, o.SluiceCtNewV1}, {mapCTFlush, o.SluiceCtFlushV1},
 		{mapSockRev, o.SluiceSockRevV1}, {mapUDPStick, o.SluiceUdpStickV1}, {mapMetrics, o.SluiceMetricsV1},
 		{mapDevices, o.SluiceDevicesV1}, {mapSrcRanges, o.SluiceSrcRangesV1}, {mapFragments, o.SluiceFragmentsV1},
+		{mapSvcStats, o.SluiceSvcStatsV1},
 	} {
 		if m.name == name {
 			return m.m, nil

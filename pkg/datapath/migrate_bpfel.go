@@ -36,6 +36,7 @@ const (
 	migrateMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
 	migrateMapSluiceSockRevV1         = "sluice_sock_rev_v1"
 	migrateMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
+	migrateMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
 	migrateMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
 	migrateProgSluiceMigTc            = "sluice_mig_tc"
 	migrateProgSluiceMigXdp           = "sluice_mig_xdp"
@@ -49,6 +50,7 @@ const (
 	migrateVarMigFromNew              = "mig_from_new"
 	migrateVarMigFromR0               = "mig_from_r0"
 	migrateVarNodeIp4                 = "node_ip4"
+	migrateVarServiceMetrics          = "service_metrics"
 	migrateVarSnatPortMax             = "snat_port_max"
 	migrateVarSnatPortMin             = "snat_port_min"
 )
@@ -123,6 +125,7 @@ type migrateMapSpecs struct {
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
 	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
+	SluiceSvcStatsV1        *ebpf.MapSpec `ebpf:"sluice_svc_stats_v1"`
 	SluiceUdpStickV1        *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
 }
 
@@ -140,6 +143,7 @@ type migrateVariableSpecs struct {
 	MigFromNew       *ebpf.VariableSpec `ebpf:"mig_from_new"`
 	MigFromR0        *ebpf.VariableSpec `ebpf:"mig_from_r0"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
+	ServiceMetrics   *ebpf.VariableSpec `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
@@ -184,6 +188,7 @@ type migrateMaps struct {
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
 	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
+	SluiceSvcStatsV1        *ebpf.Map `ebpf:"sluice_svc_stats_v1"`
 	SluiceUdpStickV1        *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
 }
 
@@ -209,6 +214,7 @@ func (m *migrateMaps) Close() error {
 		m.SluiceSessionAffinityV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
+		m.SluiceSvcStatsV1,
 		m.SluiceUdpStickV1,
 	)
 }
@@ -227,6 +233,7 @@ type migrateVariables struct {
 	MigFromNew       *ebpf.Variable `ebpf:"mig_from_new"`
 	MigFromR0        *ebpf.Variable `ebpf:"mig_from_r0"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
+	ServiceMetrics   *ebpf.Variable `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
 }

@@ -164,6 +164,14 @@ func expectPacket(t *testing.T, name string, verdict, wantVerdict uint32, out []
 	checkChecksums(t, out)
 }
 
+// expectRun runs in through prog as arriving on ifindex and fails t
+// unless the verdict is verdict and the output want (expectPacket).
+func expectRun(t *testing.T, name string, prog *ebpf.Program, ifindex int, in packet.Packet, verdict uint32, want packet.Packet) {
+	t.Helper()
+	v, out := runOn(t, prog, ifindex, in.Bytes())
+	expectPacket(t, name, v, verdict, out, want)
+}
+
 func macOf(h net.HardwareAddr) (m [6]byte) { copy(m[:], h); return }
 
 var (
@@ -183,12 +191,7 @@ var (
 // frontends both tables send to (ids 1, 2, 3 and 5).
 func northSouthNode(t testing.TB) (*topology.NS, int, *Datapath) {
 	t.Helper()
-	testutil.Privileged(t)
-	ns, ifindex := nodeNetns(t)
-	d := openTest(t, xdpConfig(testPinDir(t)))
-	if err := d.AttachDevices([]string{"eth0"}); err != nil {
-		t.Fatal(err)
-	}
+	ns, ifindex, d := nodeDatapath(t, xdpConfig, "eth0")
 	m, ext := d.Maps(), reconciler.FlagExternal
 	addExternal(t, m, 1, npRemote, ext, beRemote)
 	addExternal(t, m, 2, npLocal, ext, beLocal)
@@ -265,13 +268,11 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		expectPacket(t, "forward", verdict, tcActRedirect, out, want)
 
 		// Same flow again: same port, same rewrite.
-		verdict, out = runOn(t, ing, ifindex, in.Bytes())
-		expectPacket(t, "forward again", verdict, tcActRedirect, out, want)
+		expectRun(t, "forward again", ing, ifindex, in, tcActRedirect, want)
 
 		// The reply arrives from the other node and goes back to the client.
 		reply := replyFrom(beRemote, sp, 0x12)
-		verdict, out = runOn(t, ing, ifindex, reply.Bytes())
-		expectPacket(t, "reply", verdict, tcActRedirect, out, toClient(reply, npRemote, 40000))
+		expectRun(t, "reply", ing, ifindex, reply, tcActRedirect, toClient(reply, npRemote, 40000))
 	})
 
 	t.Run("udp_remote_dnat_snat_redirect", func(t *testing.T) {
@@ -281,8 +282,7 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		sp := snatPortOf(t, m, nsClientIP, 5300, npUDP)
 		expectPacket(t, "forward", verdict, tcActRedirect, out, toRemote(in, sp, beRemU)) // 10.2.0.8:5353
 		reply := replyFrom(beRemU, sp, 0)
-		verdict, out = runOn(t, ing, ifindex, reply.Bytes())
-		expectPacket(t, "reply", verdict, tcActRedirect, out, toClient(reply, npUDP, 5300))
+		expectRun(t, "reply", ing, ifindex, reply, tcActRedirect, toClient(reply, npUDP, 5300))
 	})
 
 	t.Run("tcp_local_dnat_only", func(t *testing.T) {
@@ -330,8 +330,7 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		other.Src = addr("172.20.1.1")
 		want = other
 		want.Dst, want.DstPort = addr("10.1.0.7"), 8080
-		verdict, out = runOn(t, ing, ifindex, other.Bytes())
-		expectPacket(t, "allowed by second range", verdict, tcActOK, out, want)
+		expectRun(t, "allowed by second range", ing, ifindex, other, tcActOK, want)
 		denied := client(40005, lbRanges) // 192.168.1.50 is outside 192.168.1.0/28
 		if verdict, _ := runOn(t, ing, ifindex, denied.Bytes()); verdict != tcActShot {
 			t.Fatalf("denied source: verdict %d, want drop", verdict)
@@ -368,18 +367,13 @@ func TestDevicesAndAddresses(t *testing.T) {
 }
 
 func TestNorthSouthSNATPorts(t *testing.T) {
-	testutil.Privileged(t)
-	_, ifindex := nodeNetns(t)
-	cfg := smallConfig(testPinDir(t))
-	// As many ports as a new flow tries (SNAT_TRIES): every free port is
-	// found, so the test is exact.
-	cfg.SNATPortMin, cfg.SNATPortMax = 62000, 62031
-	cfg.CTTimeoutClose = 50 * time.Millisecond
-	d := openTest(t, cfg)
+	_, ifindex, d := nodeDatapath(t, configWith(smallConfig, func(cfg *Config) {
+		// As many ports as a new flow tries (SNAT_TRIES): every free
+		// port is found, so the test is exact.
+		cfg.SNATPortMin, cfg.SNATPortMax = 62000, 62031
+		cfg.CTTimeoutClose = 50 * time.Millisecond
+	}), "eth0")
 	m := d.Maps()
-	if err := d.AttachDevices([]string{"eth0"}); err != nil {
-		t.Fatal(err)
-	}
 	addExternal(t, m, 1, npRemote, reconciler.FlagExternal, beRemote)
 	ing := d.TCIngress()
 
@@ -585,10 +579,7 @@ func TestXDPPacketTable(t *testing.T) {
 			t.Errorf("%s: verdict %d (want XDP_PASS), output changed: %v", name, verdict, !bytes.Equal(out[:len(b)], b))
 		}
 	}
-	cs, err := d.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cs := counters(t, d)
 	if cs["xdp_fwd"] == 0 || cs["xdp_rev"] == 0 || cs["xdp_snat_new"] == 0 || cs["xdp_src_range_deny"] == 0 {
 		t.Errorf("XDP counters zero: %v", cs)
 	}

@@ -20,6 +20,7 @@ import (
 type Pinned struct {
 	services, backends, revNat, srcRanges, metrics *ebpf.Map
 	serviceIPs                                     *ebpf.Map // nil: pinned by an agent without it
+	svcStats                                       *ebpf.Map // nil: pinned by an agent without it
 	reasons                                        int       // counters this build and the pin both know
 	dir                                            string    // bpffs/sluice
 }
@@ -62,6 +63,14 @@ func OpenPinned(bpffs string) (*Pinned, error) {
 		p.Close()
 		return nil, err
 	}
+	m, err = openPinnedMap(dir, mapSvcStats, spec.Maps[mapSvcStats])
+	switch {
+	case err == nil:
+		p.svcStats = m
+	case !errors.Is(err, os.ErrNotExist):
+		p.Close()
+		return nil, err
+	}
 	info, err := p.metrics.Info()
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("info of pinned map %s: %w", mapMetrics, err), p.Close())
@@ -85,14 +94,9 @@ func openPinnedMap(dir, name string, ms *ebpf.MapSpec) (*ebpf.Map, error) {
 			path = filepath.Join(dir, prev)
 		}
 	}
-	m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
+	m, info, err := loadPinnedInfo(path, &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
-		return nil, fmt.Errorf("open pinned map %s: %w", path, err)
-	}
-	info, err := m.Info()
-	if err != nil {
-		m.Close()
-		return nil, fmt.Errorf("info of pinned map %s: %w", path, err)
+		return nil, err
 	}
 	if info.Type != ms.Type || info.KeySize != ms.KeySize || info.ValueSize != ms.ValueSize {
 		m.Close()
@@ -117,7 +121,7 @@ func (p *Pinned) Counters() (map[string]uint64, error) {
 // Close releases the maps' file descriptors; the pins stay.
 func (p *Pinned) Close() error {
 	var errs []error
-	for _, m := range []*ebpf.Map{p.services, p.backends, p.revNat, p.srcRanges, p.metrics, p.serviceIPs} {
+	for _, m := range []*ebpf.Map{p.services, p.backends, p.revNat, p.srcRanges, p.metrics, p.serviceIPs, p.svcStats} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}

@@ -15,9 +15,7 @@ import (
 // (which Open with the defaults would migrate to its sizes) are read by
 // OpenPinned as they are, without writing to them.
 func TestOpenPinnedAnySize(t *testing.T) {
-	testutil.Privileged(t)
-	bpffs := testPinDir(t)
-	d := openTest(t, smallConfig(bpffs))
+	d, bpffs := newTestDatapathAt(t)
 	fe := l4("10.96.2.1", 80, model.TCP)
 	b := testBackend{3, l4("10.2.1.1", 8080, model.TCP)}
 	addService(t, d.Maps(), 4, fe, b)
@@ -43,10 +41,7 @@ func TestOpenPinnedAnySize(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("Pinned.Dump\n got %+v\nwant %+v", got, want)
 	}
-	cs, err := p.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cs := counters(t, p)
 	for _, n := range CounterNames() {
 		if _, ok := cs[n]; !ok {
 			t.Errorf("Counters() has no %s: %v", n, cs)

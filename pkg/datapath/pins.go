@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 
 	"github.com/cilium/ebpf"
 )
@@ -43,6 +44,8 @@ const (
 	mapFragments  = "sluice_fragments_v1"
 	mapServiceIPs = "sluice_service_ips_v1"
 	mapNodeCIDRs  = "sluice_node_cidrs_v1"
+	// Per-Service counters (--service-metrics), new in this release.
+	mapSvcStats = "sluice_svc_stats_v1"
 )
 
 // pinMigration turns the pin of a map of the previous release into this
@@ -104,14 +107,7 @@ var pinMigrations = []pinMigration{
 // the new-named pin is then older. The old maps of live conversions are
 // returned, for the switch (migrate.go).
 func migratePins(dir string, spec *ebpf.CollectionSpec) (migs []*migration, err error) {
-	defer func() {
-		if err != nil {
-			for _, mg := range migs {
-				mg.old.Close()
-			}
-			migs = nil
-		}
-	}()
+	defer dropOnError(&migs, &err)
 	for _, pm := range pinMigrations {
 		from, to := filepath.Join(dir, pm.from), filepath.Join(dir, pm.to)
 		ms, ok := spec.Maps[pm.to]
@@ -159,23 +155,13 @@ func migratePin(old *ebpf.Map, from, to string, spec *ebpf.CollectionSpec, ms *e
 	// name and rename it into place, so that an agent that dies half
 	// way leaves either no new pin or a complete one (and the old pin,
 	// which the next attempt converts again).
-	cur, err := ebpf.NewMap(unpinned(ms))
+	err := replacePin(to, "_migrating", ms, func(cur *ebpf.Map) error {
+		if err := convert(old, cur, spec); err != nil {
+			return fmt.Errorf("convert: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("create: %w", err)
-	}
-	defer cur.Close()
-	if err := convert(old, cur, spec); err != nil {
-		return fmt.Errorf("convert: %w", err)
-	}
-	tmp := to + "_migrating" // (bpffs refuses names with a dot)
-	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	if err := cur.Pin(tmp); err != nil {
-		return fmt.Errorf("pin: %w", err)
-	}
-	if err := os.Rename(tmp, to); err != nil {
-		_ = cur.Unpin()
 		return err
 	}
 	return os.Remove(from)
@@ -190,15 +176,17 @@ func unpinned(ms *ebpf.MapSpec) *ebpf.MapSpec {
 
 // copyCounters copies the per-CPU counters of a metrics array into
 // another: reasons are never renumbered, so key i is the same reason in
-// both. Keys beyond the smaller map are dropped.
+// both. Keys beyond the smaller map are dropped. The values are copied as
+// bytes of the map's value size (a __u64 in sluice_metrics, a struct
+// svc_stats in sluice_svc_stats).
 func copyCounters(old, cur *ebpf.Map, _ *ebpf.CollectionSpec) error {
 	n := min(old.MaxEntries(), cur.MaxEntries())
-	var perCPU []uint64
+	perCPU := reflect.New(reflect.SliceOf(reflect.ArrayOf(int(old.ValueSize()), reflect.TypeFor[byte]())))
 	for k := range n {
-		if err := old.Lookup(k, &perCPU); err != nil {
+		if err := old.Lookup(k, perCPU.Interface()); err != nil {
 			return fmt.Errorf("read counter %d: %w", k, err)
 		}
-		if err := cur.Put(k, perCPU); err != nil {
+		if err := cur.Put(k, perCPU.Elem().Interface()); err != nil {
 			return fmt.Errorf("write counter %d: %w", k, err)
 		}
 	}

@@ -50,9 +50,7 @@ func ctEntry(t *testing.T, client string, cport uint16, vip, backend string) (so
 // and what to do. Before, any other size was refused until `sluice
 // cleanup` dropped all state.
 func TestOpenResizesPinnedMaps(t *testing.T) {
-	testutil.Privileged(t)
-	bpffs := testPinDir(t)
-	d := openTest(t, smallConfig(bpffs))
+	d, bpffs := newTestDatapathAt(t)
 	fe := l4("10.96.5.1", 80, model.TCP)
 	addService(t, d.Maps(), 4, fe, testBackend{3, l4("10.2.5.1", 8080, model.TCP)})
 	if err := d.Maps().UpsertSourceRange(fe, netip.MustParsePrefix("192.168.0.0/16")); err != nil {

@@ -113,8 +113,7 @@ func podReply(b testBackend, sp uint16) packet.Packet {
 func portUnreachable(in packet.Packet) []byte {
 	b := in.Bytes()
 	quote := b[14 : 14+20+20]
-	l3 := icmpErr(in.Dst.String(), in.Src.String(), 3, 3, 0, quote).bytes()
-	return frame(in.SrcMAC, in.DstMAC, l3)
+	return frame(in.SrcMAC, in.DstMAC, icmpErr(in.Dst.String(), in.Src.String(), 3, 3, 0, quote))
 }
 
 func expectVerdict(t *testing.T, name string, verdict, want uint32) {
@@ -149,8 +148,7 @@ func TestTCTrafficPolicies(t *testing.T) {
 		sp := snatPortOf(t, m, nsClientIP, 41000, cipLocal)
 		expectPacket(t, "forward", verdict, tcActRedirect, out, masqToPod(in, sp, beLocal))
 		reply := podReply(beLocal, sp)
-		verdict, out = runOn(t, ing, pod0, reply.Bytes())
-		expectPacket(t, "reply", verdict, tcActRedirect, out, toClient(reply, cipLocal, 41000))
+		expectRun(t, "reply", ing, pod0, reply, tcActRedirect, toClient(reply, cipLocal, 41000))
 	})
 
 	t.Run("external to ClusterIP, backend elsewhere: masqueraded", func(t *testing.T) {
@@ -164,8 +162,7 @@ func TestTCTrafficPolicies(t *testing.T) {
 	t.Run("pod to ClusterIP: not masqueraded", func(t *testing.T) {
 		ns.Enter(t)
 		in := fromPod(podClient, 41002, cipRem)
-		verdict, out := runOn(t, ing, pod0, in.Bytes())
-		expectPacket(t, "forward", verdict, tcActOK, out, dnat(in, beRemote))
+		expectRun(t, "forward", ing, pod0, in, tcActOK, dnat(in, beRemote))
 	})
 
 	t.Run("pod to its own ClusterIP: a hairpin, masqueraded", func(t *testing.T) {
@@ -187,16 +184,14 @@ func TestTCTrafficPolicies(t *testing.T) {
 	t.Run("eTP Local: external clients get the default scope, unmasqueraded", func(t *testing.T) {
 		ns.Enter(t)
 		in := nsClient(41004, npTwo)
-		verdict, out := runOn(t, ing, eth0, in.Bytes())
-		expectPacket(t, "forward", verdict, tcActOK, out, dnat(in, beLocal))
+		expectRun(t, "forward", ing, eth0, in, tcActOK, dnat(in, beLocal))
 	})
 
 	t.Run("eTP Local: a pod of another node gets the internal scope, unmasqueraded", func(t *testing.T) {
 		ns.Enter(t)
 		in := nsClient(41005, npTwo)
 		in.Src = addr(remotePod)
-		verdict, out := runOn(t, ing, eth0, in.Bytes())
-		expectPacket(t, "forward", verdict, tcActOK, out, dnat(in, beRemote))
+		expectRun(t, "forward", ing, eth0, in, tcActOK, dnat(in, beRemote))
 	})
 
 	t.Run("eTP Local without a local endpoint: external dropped, pods served", func(t *testing.T) {
@@ -204,15 +199,13 @@ func TestTCTrafficPolicies(t *testing.T) {
 		verdict, _ := runOn(t, ing, eth0, nsClient(41006, npTwoNo).Bytes())
 		expectVerdict(t, "external", verdict, tcActShot)
 		in := fromPod(podClient, 41007, npTwoNo)
-		verdict, out := runOn(t, ing, pod0, in.Bytes())
-		expectPacket(t, "pod", verdict, tcActOK, out, dnat(in, beRemote))
+		expectRun(t, "pod", ing, pod0, in, tcActOK, dnat(in, beRemote))
 	})
 
 	t.Run("eTP Cluster: an external client to a backend here keeps its address", func(t *testing.T) {
 		ns.Enter(t)
 		in := nsClient(41008, npClus)
-		verdict, out := runOn(t, ing, eth0, in.Bytes())
-		expectPacket(t, "forward", verdict, tcActOK, out, dnat(in, beLocal))
+		expectRun(t, "forward", ing, eth0, in, tcActOK, dnat(in, beLocal))
 	})
 
 	t.Run("eTP Cluster: a pod is masqueraded, to a backend here too", func(t *testing.T) {
@@ -275,16 +268,14 @@ func TestTCNoClusterCIDR(t *testing.T) {
 	ns.Enter(t)
 
 	in := nsClient(42000, cipLocal)
-	verdict, out := runOn(t, ing, eth0, in.Bytes())
-	expectPacket(t, "external to ClusterIP", verdict, tcActOK, out, dnat(in, beLocal))
+	expectRun(t, "external to ClusterIP", ing, eth0, in, tcActOK, dnat(in, beLocal))
 
 	in = nsClient(42001, npTwo)
 	in.Src = addr(remotePod)
-	verdict, out = runOn(t, ing, eth0, in.Bytes())
-	expectPacket(t, "remote pod to eTP Local", verdict, tcActOK, out, dnat(in, beLocal))
+	expectRun(t, "remote pod to eTP Local", ing, eth0, in, tcActOK, dnat(in, beLocal))
 
 	in = fromPod(podClient, 42002, npClus)
-	verdict, out = runOn(t, ing, pod0, in.Bytes())
+	verdict, out := runOn(t, ing, pod0, in.Bytes())
 	sp := snatPortOf(t, m, podClient, 42002, npClus)
 	expectPacket(t, "pod to eTP Cluster", verdict, tcActRedirect, out, masqToPod(in, sp, beLocal))
 
@@ -321,6 +312,5 @@ func TestTCMasqueradeAll(t *testing.T) {
 	expectPacket(t, "external to eTP Cluster, backend here", verdict, tcActRedirect, out, masqToPod(in, sp, beLocal))
 
 	in = nsClient(43002, npTwo)
-	verdict, out = runOn(t, ing, eth0, in.Bytes())
-	expectPacket(t, "external to eTP Local", verdict, tcActOK, out, dnat(in, beLocal))
+	expectRun(t, "external to eTP Local", ing, eth0, in, tcActOK, dnat(in, beLocal))
 }

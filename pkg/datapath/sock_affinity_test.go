@@ -116,11 +116,7 @@ func (f fdConn) Close() error               { return unix.Close(int(f)) }
 
 func TestSockAffinity(t *testing.T) {
 	d := newTestDatapath(t)
-	cg := newTestCgroup(t)
-	if err := d.AttachCgroup(cg.Path); err != nil {
-		t.Fatalf("AttachCgroup: %v", err)
-	}
-	cg.Join(t)
+	joinSockCgroup(t, d)
 	nsA, nsB := affinityNS(t, "affa"), affinityNS(t, "affb")
 
 	r := reconciler.New(d.Maps(), nil)
@@ -272,11 +268,7 @@ func netnsCookie(t *testing.T, ns *topology.NS) uint64 {
 // master key.
 func TestSockAffinityTwoScopes(t *testing.T) {
 	d := newTestDatapath(t)
-	cg := newTestCgroup(t)
-	if err := d.AttachCgroup(cg.Path); err != nil {
-		t.Fatalf("AttachCgroup: %v", err)
-	}
-	cg.Join(t)
+	joinSockCgroup(t, d)
 	ns := affinityNS(t, "afftwo")
 	s := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "two"}, Kind: model.NodePort, Frontend: sockAffVIP,
 		Backends: []model.Backend{{L4Addr: l4(sockAffBEs[0], 8080, model.TCP)}}, ExternalLocal: true, TwoScopes: true,

@@ -324,6 +324,17 @@ type sockSrcRangeKey struct {
 	Saddr     uint32
 }
 
+type sockSvcDropReason uint32
+
+const (
+	sockSvcDropReasonSVC_DROP_NO_ENDPOINTS       sockSvcDropReason = 0
+	sockSvcDropReasonSVC_DROP_NO_LOCAL_ENDPOINTS sockSvcDropReason = 1
+	sockSvcDropReasonSVC_DROP_SOURCE_RANGE       sockSvcDropReason = 2
+	sockSvcDropReasonSVC_DROP_CONNTRACK          sockSvcDropReason = 3
+	sockSvcDropReasonSVC_DROP_ERROR              sockSvcDropReason = 4
+	sockSvcDropReasonSVC_DROP_MAX                sockSvcDropReason = 5
+)
+
 type sockSvcFlags uint32
 
 const (
@@ -334,6 +345,14 @@ const (
 	sockSvcFlagsSVC_F_DROP_EMPTY sockSvcFlags = 16
 	sockSvcFlagsSVC_F_AFFINITY   sockSvcFlags = 32
 )
+
+type sockSvcStats struct {
+	_        structs.HostLayout
+	NewFlows uint64
+	Packets  uint64
+	Bytes    uint64
+	Drops    [8]uint64
+}
 
 // Names of all BPF objects in the ELF.
 //
@@ -356,6 +375,7 @@ const (
 	sockMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
 	sockMapSluiceSockRevV1         = "sluice_sock_rev_v1"
 	sockMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
+	sockMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
 	sockMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
 	sockProgSluiceConnect4         = "sluice_connect4"
 	sockProgSluiceEpermConnect4    = "sluice_eperm_connect4"
@@ -370,6 +390,7 @@ const (
 	sockVarHaveClusterCidr         = "have_cluster_cidr"
 	sockVarMasqueradeAll           = "masquerade_all"
 	sockVarNodeIp4                 = "node_ip4"
+	sockVarServiceMetrics          = "service_metrics"
 	sockVarSnatPortMax             = "snat_port_max"
 	sockVarSnatPortMin             = "snat_port_min"
 )
@@ -445,6 +466,7 @@ type sockMapSpecs struct {
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
 	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
+	SluiceSvcStatsV1        *ebpf.MapSpec `ebpf:"sluice_svc_stats_v1"`
 	SluiceUdpStickV1        *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
 }
 
@@ -459,6 +481,7 @@ type sockVariableSpecs struct {
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
+	ServiceMetrics   *ebpf.VariableSpec `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
@@ -500,6 +523,7 @@ type sockMaps struct {
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
 	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
+	SluiceSvcStatsV1        *ebpf.Map `ebpf:"sluice_svc_stats_v1"`
 	SluiceUdpStickV1        *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
 }
 
@@ -522,6 +546,7 @@ func (m *sockMaps) Close() error {
 		m.SluiceSessionAffinityV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
+		m.SluiceSvcStatsV1,
 		m.SluiceUdpStickV1,
 	)
 }
@@ -537,6 +562,7 @@ type sockVariables struct {
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
+	ServiceMetrics   *ebpf.Variable `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
 }

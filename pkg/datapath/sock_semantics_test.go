@@ -7,8 +7,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sluice-lb/sluice/internal/testutil"
-	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
@@ -20,20 +18,11 @@ import (
 // loadBalancerSourceRanges apply by the socket's address.
 
 func TestSockSemantics(t *testing.T) {
-	testutil.Privileged(t)
-	cfg := smallConfig(testPinDir(t))
-	cfg.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}
-	cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.200.0.7")} // inside the source range below
-	d := openTest(t, cfg)
-	ns := topology.NewNS(t, "socksem")
-	cg := newTestCgroup(t)
-	if err := d.AttachCgroup(cg.Path); err != nil {
-		t.Fatalf("AttachCgroup: %v", err)
-	}
-	cg.Join(t)
-	ns.Enter(t)
-	addLoopbackAddrs(t, ns, append(sockBackends, "10.200.0.6", "10.201.0.1")...)
-	startBackends(t)
+	d := openTestWith(t, smallConfig, func(cfg *Config) {
+		cfg.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}
+		cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.200.0.7")} // inside the source range below
+	})
+	ns, _ := sockNode(t, d, "socksem", append(sockBackends, "10.200.0.6", "10.201.0.1")...)
 
 	b0, b1 := sockBackends[0], sockBackends[1]
 	tcp := func(a string) model.Backend { return model.Backend{L4Addr: l4(a, 8080, model.TCP)} }

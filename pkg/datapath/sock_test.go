@@ -10,7 +10,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
@@ -55,22 +54,29 @@ func startBackends(t *testing.T) {
 			}
 		}()
 
-		pc, err := net.ListenPacket("udp4", a+":5353")
-		if err != nil {
-			t.Fatalf("listen: %v", err)
-		}
-		t.Cleanup(func() { pc.Close() })
-		go func() {
-			buf := make([]byte, 1500)
-			for {
-				n, from, err := pc.ReadFrom(buf)
-				if err != nil {
-					return
-				}
-				_, _ = pc.WriteTo([]byte("backend "+a+" got "+string(buf[:n])), from) // the client checks the answer
-			}
-		}()
+		serveUDPBackend(t, a)
 	}
+}
+
+// serveUDPBackend answers every datagram to a:5353 with "backend <a> got
+// <datagram>", until the test ends.
+func serveUDPBackend(t *testing.T, a string) {
+	t.Helper()
+	pc, err := net.ListenPacket("udp4", a+":5353")
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo([]byte("backend "+a+" got "+string(buf[:n])), from) // the client checks the answer
+		}
+	}()
 }
 
 func sockaddr(a model.L4Addr) *unix.SockaddrInet4 {
@@ -123,20 +129,11 @@ func isBackendReply(s string) bool {
 
 func TestSockLB(t *testing.T) {
 	d := newTestDatapath(t)
-	ns := topology.NewNS(t, "sock")
-	cg := newTestCgroup(t)
-	if err := d.AttachCgroup(cg.Path); err != nil {
-		t.Fatalf("AttachCgroup: %v", err)
-	}
+	ns, cg := sockNode(t, d, "sock", append(sockBackends, sockOtherBackend)...)
 	// Attaching again replaces the programs in place.
 	if err := d.AttachCgroup(cg.Path); err != nil {
 		t.Fatalf("AttachCgroup again: %v", err)
 	}
-	cg.Join(t)
-
-	ns.Enter(t)
-	addLoopbackAddrs(t, ns, append(sockBackends, sockOtherBackend)...)
-	startBackends(t)
 
 	m := d.Maps()
 	addService(t, m, 1, sockVIPTCP,
@@ -230,21 +227,7 @@ func TestSockLB(t *testing.T) {
 	// not when its id was freed and reused for another service's backend.
 	t.Run("udp_unconnected_affinity_revalidated", func(t *testing.T) {
 		ns.Enter(t)
-		otherPC, err := net.ListenPacket("udp4", sockOtherBackend+":5353")
-		if err != nil {
-			t.Fatalf("listen: %v", err)
-		}
-		t.Cleanup(func() { otherPC.Close() })
-		go func() {
-			buf := make([]byte, 1500)
-			for {
-				n, from, err := otherPC.ReadFrom(buf)
-				if err != nil {
-					return
-				}
-				_, _ = otherPC.WriteTo([]byte("backend "+sockOtherBackend+" got "+string(buf[:n])), from) // the client checks the answer
-			}
-		}()
+		serveUDPBackend(t, sockOtherBackend)
 
 		// send sends one datagram on fd to sockVIPAff and returns the
 		// index in affBackends of the backend that answered.

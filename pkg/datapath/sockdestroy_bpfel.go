@@ -52,6 +52,7 @@ const (
 	sockdestroyMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
 	sockdestroyMapSluiceSockRevV1         = "sluice_sock_rev_v1"
 	sockdestroyMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
+	sockdestroyMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
 	sockdestroyMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
 	sockdestroyProgSluiceSockDestroy      = "sluice_sock_destroy"
 	sockdestroyVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
@@ -61,6 +62,7 @@ const (
 	sockdestroyVarHaveClusterCidr         = "have_cluster_cidr"
 	sockdestroyVarMasqueradeAll           = "masquerade_all"
 	sockdestroyVarNodeIp4                 = "node_ip4"
+	sockdestroyVarServiceMetrics          = "service_metrics"
 	sockdestroyVarSnatPortMax             = "snat_port_max"
 	sockdestroyVarSnatPortMin             = "snat_port_min"
 )
@@ -131,6 +133,7 @@ type sockdestroyMapSpecs struct {
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
 	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
+	SluiceSvcStatsV1        *ebpf.MapSpec `ebpf:"sluice_svc_stats_v1"`
 	SluiceUdpStickV1        *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
 }
 
@@ -145,6 +148,7 @@ type sockdestroyVariableSpecs struct {
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
+	ServiceMetrics   *ebpf.VariableSpec `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
@@ -186,6 +190,7 @@ type sockdestroyMaps struct {
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
 	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
+	SluiceSvcStatsV1        *ebpf.Map `ebpf:"sluice_svc_stats_v1"`
 	SluiceUdpStickV1        *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
 }
 
@@ -208,6 +213,7 @@ func (m *sockdestroyMaps) Close() error {
 		m.SluiceSessionAffinityV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
+		m.SluiceSvcStatsV1,
 		m.SluiceUdpStickV1,
 	)
 }
@@ -223,6 +229,7 @@ type sockdestroyVariables struct {
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
+	ServiceMetrics   *ebpf.Variable `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
 }

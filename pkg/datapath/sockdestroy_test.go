@@ -12,7 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
-	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
@@ -21,9 +20,26 @@ import (
 // ends.
 func forceSockDestroy(t *testing.T, m SockDestroyMethod) {
 	t.Helper()
-	orig := sockDestroyMethod
-	sockDestroyMethod = func() SockDestroyMethod { return m }
-	t.Cleanup(func() { sockDestroyMethod = orig })
+	override(t, &sockDestroyMethod, func() SockDestroyMethod { return m })
+}
+
+// socketReaching opens sockets with open, which returns one and the
+// backend it reached, until one reaches want, and returns that one. Each
+// picks a backend at random: 40 tries all missing it has probability
+// 2^-40, so t fails after 40 (what names the sockets, for the message).
+func socketReaching(t *testing.T, what, want string, open func() (fd int, who string, err error)) int {
+	t.Helper()
+	for range 40 {
+		fd, who, err := open()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if who == want {
+			return fd
+		}
+	}
+	t.Fatalf("40 %s never reached %s", what, want)
+	return -1
 }
 
 // udpExchange sends msg on fd (sendto vip if to is set, else on the
@@ -99,15 +115,7 @@ func testSockDestroy(t *testing.T, method SockDestroyMethod) {
 		reports = append(reports, st)
 		mu.Unlock()
 	})
-	ns := topology.NewNS(t, "sockterm")
-	cg := newTestCgroup(t)
-	if err := d.AttachCgroup(cg.Path); err != nil {
-		t.Fatal(err)
-	}
-	cg.Join(t)
-	ns.Enter(t)
-	addLoopbackAddrs(t, ns, sockBackends...)
-	startBackends(t)
+	sockNode(t, d, "sockterm", sockBackends...)
 
 	be := func(a string, port uint16, p model.Protocol) model.L4Addr { return l4(a, port, p) }
 	vip := sockVIPUDP
@@ -150,23 +158,12 @@ func testSockDestroy(t *testing.T, method SockDestroyMethod) {
 	if removed == remaining {
 		remaining = sockBackends[1]
 	}
-	// Unconnected sockets until one sticks to the same backend (each
-	// picks at random: 40 tries all missing it has probability 2^-40).
-	var unconn int
-	for i := 0; ; i++ {
-		if i == 40 {
-			t.Fatalf("40 unconnected sockets never reached %s", removed)
-		}
+	// Unconnected sockets until one sticks to the same backend.
+	unconn := socketReaching(t, "unconnected sockets", removed, func() (int, string, error) {
 		fd := newSocket(t, unix.SOCK_DGRAM)
 		who, err := udpExchange(fd, sockaddr(vip), "u")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if who == removed {
-			unconn = fd
-			break
-		}
-	}
+		return fd, who, err
+	})
 	unconnPort := localPort(t, unconn)
 	// A socket connected to the backend itself, not through a VIP.
 	direct := newSocket(t, unix.SOCK_DGRAM)
@@ -174,42 +171,31 @@ func testSockDestroy(t *testing.T, method SockDestroyMethod) {
 		t.Fatal(err)
 	}
 	// A socket of the other Service, connected to the same backend.
-	var otherConn int
-	for i := 0; ; i++ {
-		if i == 40 {
-			t.Fatalf("40 sockets to %s never reached %s", other, removed)
-		}
+	otherConn := socketReaching(t, "sockets to "+other.String(), removed, func() (int, string, error) {
 		fd := newSocket(t, unix.SOCK_DGRAM)
 		if err := unix.Connect(fd, sockaddr(other)); err != nil {
-			t.Fatal(err)
+			return fd, "", err
 		}
-		if who, err := udpExchange(fd, nil, "o"); err != nil {
-			t.Fatal(err)
-		} else if who == removed {
-			otherConn = fd
-			break
-		}
-	}
+		who, err := udpExchange(fd, nil, "o")
+		return fd, who, err
+	})
 	// A TCP connection through the TCP Service to the same backend.
-	var tcpConn int
-	for i := 0; ; i++ {
-		if i == 40 {
-			t.Fatalf("40 TCP connections to %s never reached %s", tcpVIP, removed)
-		}
+	tcpConn := socketReaching(t, "TCP connections to "+tcpVIP.String(), removed, func() (int, string, error) {
 		fd := newSocket(t, unix.SOCK_STREAM)
 		if err := unix.Connect(fd, sockaddr(tcpVIP)); err != nil {
-			t.Fatal(err)
+			return fd, "", err
 		}
 		buf := make([]byte, 100)
 		n, err := unix.Read(fd, buf)
 		if err != nil {
-			t.Fatal(err)
+			return fd, "", err
 		}
-		if string(buf[:n]) == "backend "+removed {
-			tcpConn = fd
-			break
+		who, ok := strings.CutPrefix(string(buf[:n]), "backend ")
+		if !ok {
+			who = ""
 		}
-	}
+		return fd, who, nil
+	})
 
 	// The backend leaves the VIP's Service, and the TCP Service; the
 	// other UDP Service keeps it.

@@ -73,10 +73,9 @@ func TestSourceRangesRoundTrip(t *testing.T) {
 // the frontend that needs more is refused (named); the others are
 // programmed.
 func TestSourceRangesSizedByConfig(t *testing.T) {
-	testutil.Privileged(t)
-	cfg := smallConfig(testPinDir(t))
-	cfg.MaxSourceRanges = 3
-	d := openTest(t, cfg)
+	d := openTestWith(t, smallConfig, func(cfg *Config) {
+		cfg.MaxSourceRanges = 3
+	})
 	if n := d.Maps().SourceRangeCapacity(); n != 3 {
 		t.Fatalf("SourceRangeCapacity() = %d, want 3", n)
 	}

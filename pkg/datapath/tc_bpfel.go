@@ -33,6 +33,7 @@ const (
 	tcMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
 	tcMapSluiceSockRevV1         = "sluice_sock_rev_v1"
 	tcMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
+	tcMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
 	tcMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
 	tcProgSluiceEgress           = "sluice_egress"
 	tcProgSluiceEgressDry        = "sluice_egress_dry"
@@ -45,6 +46,7 @@ const (
 	tcVarHaveClusterCidr         = "have_cluster_cidr"
 	tcVarMasqueradeAll           = "masquerade_all"
 	tcVarNodeIp4                 = "node_ip4"
+	tcVarServiceMetrics          = "service_metrics"
 	tcVarSnatPortMax             = "snat_port_max"
 	tcVarSnatPortMin             = "snat_port_min"
 )
@@ -118,6 +120,7 @@ type tcMapSpecs struct {
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
 	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
+	SluiceSvcStatsV1        *ebpf.MapSpec `ebpf:"sluice_svc_stats_v1"`
 	SluiceUdpStickV1        *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
 }
 
@@ -132,6 +135,7 @@ type tcVariableSpecs struct {
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
+	ServiceMetrics   *ebpf.VariableSpec `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
@@ -173,6 +177,7 @@ type tcMaps struct {
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
 	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
+	SluiceSvcStatsV1        *ebpf.Map `ebpf:"sluice_svc_stats_v1"`
 	SluiceUdpStickV1        *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
 }
 
@@ -195,6 +200,7 @@ func (m *tcMaps) Close() error {
 		m.SluiceSessionAffinityV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
+		m.SluiceSvcStatsV1,
 		m.SluiceUdpStickV1,
 	)
 }
@@ -210,6 +216,7 @@ type tcVariables struct {
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
+	ServiceMetrics   *ebpf.Variable `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
 }

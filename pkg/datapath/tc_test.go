@@ -9,7 +9,6 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
@@ -272,10 +271,9 @@ func TestTCBackendChange(t *testing.T) {
 
 // TestTCConntrackTimeout: an idle UDP flow forgets its backend.
 func TestTCConntrackTimeout(t *testing.T) {
-	testutil.Privileged(t)
-	cfg := smallConfig(testPinDir(t))
-	cfg.CTTimeoutUDP = 500 * time.Millisecond
-	d := openTest(t, cfg)
+	d := openTestWith(t, smallConfig, func(cfg *Config) {
+		cfg.CTTimeoutUDP = 500 * time.Millisecond
+	})
 	m := d.Maps()
 	a, b := testBackend{31, l4("10.1.3.1", 5353, model.UDP)}, testBackend{32, l4("10.1.3.2", 5353, model.UDP)}
 	addService(t, m, 1, vipUDP, a)
@@ -430,10 +428,7 @@ func TestTCNoBackendICMP(t *testing.T) {
 			}
 		})
 	}
-	cs, err := d.Counters()
-	if err != nil {
-		t.Fatal(err)
-	}
+	cs := counters(t, d)
 	if cs["tc_no_backend"] != 3 {
 		t.Errorf("tc_no_backend = %d, want 3", cs["tc_no_backend"])
 	}

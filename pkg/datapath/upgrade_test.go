@@ -64,14 +64,7 @@ func pinRelease0(t *testing.T, bpffs string) map[string]*ebpf.Map {
 func mapID(t *testing.T, m *ebpf.Map) ebpf.MapID {
 	t.Helper()
 	info, err := m.Info()
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, ok := info.ID()
-	if !ok {
-		t.Fatal("map has no id")
-	}
-	return id
+	return kernelID[ebpf.MapID](t, "map", info, err)
 }
 
 // TestOpenMigratesPins: an agent started over the pins of release 0 finds
@@ -311,9 +304,7 @@ func TestAttachReplacesRenamedProgram(t *testing.T) {
 // sluice_udp_stick_v1 and leave the session affinity entries as they
 // were.
 func TestSessionAffinityPinNotMigrated(t *testing.T) {
-	testutil.Privileged(t)
-	bpffs := testPinDir(t)
-	d := openTest(t, smallConfig(bpffs))
+	d, bpffs := newTestDatapathAt(t)
 	fe := l4("10.96.0.10", 80, model.TCP)
 	k := sockLb4AffinityKey{Client: uint64(be32(netip.MustParseAddr("10.0.0.2"))), Kind: uint32(sockAffinityClientAFFINITY_CLIENT_ADDR)}
 	k.Master, _ = serviceKey(reconciler.DefaultScope(fe), 0)

@@ -33,6 +33,7 @@ const (
 	xdpMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
 	xdpMapSluiceSockRevV1         = "sluice_sock_rev_v1"
 	xdpMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
+	xdpMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
 	xdpMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
 	xdpProgSluiceXdp              = "sluice_xdp"
 	xdpVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
@@ -42,6 +43,7 @@ const (
 	xdpVarHaveClusterCidr         = "have_cluster_cidr"
 	xdpVarMasqueradeAll           = "masquerade_all"
 	xdpVarNodeIp4                 = "node_ip4"
+	xdpVarServiceMetrics          = "service_metrics"
 	xdpVarSnatPortMax             = "snat_port_max"
 	xdpVarSnatPortMin             = "snat_port_min"
 )
@@ -112,6 +114,7 @@ type xdpMapSpecs struct {
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
 	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
+	SluiceSvcStatsV1        *ebpf.MapSpec `ebpf:"sluice_svc_stats_v1"`
 	SluiceUdpStickV1        *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
 }
 
@@ -126,6 +129,7 @@ type xdpVariableSpecs struct {
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
+	ServiceMetrics   *ebpf.VariableSpec `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
@@ -167,6 +171,7 @@ type xdpMaps struct {
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
 	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
+	SluiceSvcStatsV1        *ebpf.Map `ebpf:"sluice_svc_stats_v1"`
 	SluiceUdpStickV1        *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
 }
 
@@ -189,6 +194,7 @@ func (m *xdpMaps) Close() error {
 		m.SluiceSessionAffinityV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
+		m.SluiceSvcStatsV1,
 		m.SluiceUdpStickV1,
 	)
 }
@@ -204,6 +210,7 @@ type xdpVariables struct {
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
+	ServiceMetrics   *ebpf.Variable `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
 }

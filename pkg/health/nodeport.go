@@ -22,8 +22,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"sync"
@@ -39,6 +41,11 @@ type NodePortServer struct {
 
 	mu    sync.Mutex
 	ports map[uint16]*port
+	// index is the health check ports of the last state synced, and
+	// unbound those of them that could not be bound (retried by the
+	// next Sync).
+	index   localIndex
+	unbound map[uint16]bool
 }
 
 type port struct {
@@ -55,7 +62,7 @@ func NewNodePortServer(hosts []string, log *slog.Logger) *NodePortServer {
 	if len(hosts) == 0 || slices.Contains(hosts, "") {
 		hosts = []string{""}
 	}
-	return &NodePortServer{hosts: hosts, log: log, ports: map[uint16]*port{}}
+	return &NodePortServer{hosts: hosts, log: log, ports: map[uint16]*port{}, unbound: map[uint16]bool{}}
 }
 
 type status struct {
@@ -84,61 +91,134 @@ func (p *port) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	_ = json.NewEncoder(w).Encode(st)
 }
 
+// PortStatus is what a health check port answers: its Service and the
+// number of distinct ready local endpoints.
+type PortStatus struct {
+	Service model.ServicePortName
+	Count   int
+}
+
 // LocalEndpoints returns, per health check port of st, its Service and
 // the number of distinct ready local endpoints (model.Service.LocalReady of
 // its frontends, every port's: kube-proxy counts addresses).
-func LocalEndpoints(st *model.State) map[uint16]struct {
-	Service model.ServicePortName
-	Count   int
-} {
-	type acc struct {
-		svc   model.ServicePortName
-		addrs map[string]bool
+func LocalEndpoints(st *model.State) map[uint16]PortStatus {
+	var x localIndex
+	x.update(st)
+	out := make(map[uint16]PortStatus, len(x.ports))
+	for n := range x.ports {
+		out[n] = x.status(n)
 	}
-	accs := map[uint16]*acc{}
-	if st != nil {
-		for _, s := range st.Services {
-			if s == nil || s.HealthCheckNodePort == 0 || !s.ExternalLocal {
-				continue
+	return out
+}
+
+// localIndex keeps the health check ports of the last state, updated from
+// each state's changes (model.State.BaseGen), so that one change among
+// 30,000 Services costs what changed.
+type localIndex struct {
+	last  *model.State
+	ports map[uint16]*portFrontends
+}
+
+// portFrontends are the frontends that name one health check port, and
+// how many of them name each of their ready local endpoints.
+type portFrontends struct {
+	frontends map[model.L4Addr]*model.Service
+	addrs     map[netip.Addr]int
+}
+
+// update makes x the index of st and returns the ports whose status may
+// have changed.
+func (x *localIndex) update(st *model.State) []uint16 {
+	touched := map[uint16]bool{}
+	if x.last != nil && st != nil && st.BaseGen != 0 && st.BaseGen == x.last.Gen {
+		for _, a := range st.Changed {
+			if old := x.last.Services[a]; old != nil {
+				x.add(old, -1, touched)
 			}
-			a := accs[s.HealthCheckNodePort]
-			if a == nil {
-				a = &acc{svc: model.ServicePortName{Namespace: s.Name.Namespace, Name: s.Name.Name}, addrs: map[string]bool{}}
-				accs[s.HealthCheckNodePort] = a
+			if s := st.Services[a]; s != nil {
+				x.add(s, 1, touched)
 			}
-			for _, ip := range s.LocalReady {
-				a.addrs[ip.String()] = true
+		}
+	} else {
+		for n := range x.ports {
+			touched[n] = true
+		}
+		x.ports = map[uint16]*portFrontends{}
+		if st != nil {
+			for _, s := range st.Services {
+				x.add(s, 1, touched)
 			}
 		}
 	}
-	out := map[uint16]struct {
-		Service model.ServicePortName
-		Count   int
-	}{}
-	for p, a := range accs {
-		out[p] = struct {
-			Service model.ServicePortName
-			Count   int
-		}{a.svc, len(a.addrs)}
+	x.last = st
+	return slices.Sorted(maps.Keys(touched))
+}
+
+// add adds (d = 1) or removes (d = -1) s's frontend.
+func (x *localIndex) add(s *model.Service, d int, touched map[uint16]bool) {
+	if s == nil || s.HealthCheckNodePort == 0 || !s.ExternalLocal {
+		return
 	}
-	return out
+	n := s.HealthCheckNodePort
+	touched[n] = true
+	if x.ports == nil {
+		x.ports = map[uint16]*portFrontends{}
+	}
+	p := x.ports[n]
+	if p == nil {
+		p = &portFrontends{frontends: map[model.L4Addr]*model.Service{}, addrs: map[netip.Addr]int{}}
+		x.ports[n] = p
+	}
+	if d > 0 {
+		p.frontends[s.Frontend] = s
+	} else {
+		delete(p.frontends, s.Frontend)
+	}
+	for _, ip := range s.LocalReady {
+		if p.addrs[ip] += d; p.addrs[ip] <= 0 {
+			delete(p.addrs, ip)
+		}
+	}
+	if len(p.frontends) == 0 {
+		delete(x.ports, n)
+	}
+}
+
+// status returns what port n answers, if x has it: the Service of its
+// first frontend (by address; a port belongs to one Service) and its
+// distinct ready local endpoints.
+func (x *localIndex) status(n uint16) PortStatus {
+	p := x.ports[n]
+	first := slices.MinFunc(slices.Collect(maps.Keys(p.frontends)), model.L4Addr.Compare)
+	name := p.frontends[first].Name
+	return PortStatus{Service: model.ServicePortName{Namespace: name.Namespace, Name: name.Name}, Count: len(p.addrs)}
 }
 
 // Sync serves the health check ports st names, with its local endpoint
 // counts, and stops serving the others. A port that cannot be bound is
 // reported (the others are still served) and retried on the next Sync.
+// A state made from the last one (model.State.BaseGen) costs what
+// changed.
 func (s *NodePortServer) Sync(st *model.State) error {
-	want := LocalEndpoints(st)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var errs []error
-	for n, p := range s.ports {
-		if _, ok := want[n]; !ok {
-			s.stop(n, p)
-		}
+	touched := s.index.update(st)
+	for n := range s.unbound {
+		touched = append(touched, n)
 	}
-	for n, w := range want {
+	slices.Sort(touched)
+	touched = slices.Compact(touched)
+	clear(s.unbound)
+	var errs []error
+	for _, n := range touched {
 		p := s.ports[n]
+		if _, ok := s.index.ports[n]; !ok {
+			if p != nil {
+				s.stop(n, p)
+			}
+			continue
+		}
+		w := s.index.status(n)
 		if p == nil {
 			var ls []net.Listener
 			for _, h := range s.hosts {
@@ -155,6 +235,7 @@ func (s *NodePortServer) Sync(st *model.State) error {
 				ls = append(ls, l)
 			}
 			if ls == nil {
+				s.unbound[n] = true
 				continue
 			}
 			p = &port{}

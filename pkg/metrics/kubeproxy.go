@@ -1,8 +1,6 @@
 package metrics
 
 import (
-	"cmp"
-	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -93,36 +91,38 @@ func (k kubeProxyMetrics) observeSync(now time.Time, d time.Duration, err error)
 	}
 }
 
-// setNoLocalEndpoints counts, as kube-proxy does at every sync, the
-// Service ports whose traffic policy is Local and that have endpoints, but
-// none on this node: internal for internalTrafficPolicy (its ClusterIP
+// Which kube-proxy no_local_endpoints count a frontend is in
+// (noLocalKind).
+const (
+	noLocalInternal = 0
+	noLocalExternal = 1
+)
+
+// noLocalKind says which of kube-proxy's counts of Service ports whose
+// traffic policy is Local and that have endpoints, but none on this node,
+// svc's frontend is in: internal for internalTrafficPolicy (its ClusterIP
 // frontends drop), external for externalTrafficPolicy (its external
-// frontends drop external clients). Each Service port counts once, however
-// many frontends it has.
-func (k kubeProxyMetrics) setNoLocalEndpoints(s *model.State) {
-	var internal, external []model.ServicePortName
-	for _, svc := range s.Services {
-		if len(svc.Backends) > 0 || !svc.DropWhenEmpty {
-			continue
-		}
-		switch {
-		case svc.Kind == model.ClusterIP:
-			// Dropping with no backends: internalTrafficPolicy
-			// Local and endpoints only elsewhere (translate).
-			internal = append(internal, svc.Name)
-		case svc.ExternalLocal && svc.TwoScopes:
-			// Dropping for external clients; a LoadBalancer IP
-			// that drops for everyone (no source admitted) has
-			// no two scopes.
-			external = append(external, svc.Name)
-		}
+// frontends drop external clients); -1 for neither. Each Service port
+// counts once, however many frontends it has (Metrics.noLocal).
+func noLocalKind(svc *model.Service) int {
+	switch {
+	case len(svc.Backends) > 0 || !svc.DropWhenEmpty:
+		return -1
+	case svc.Kind == model.ClusterIP:
+		// Dropping with no backends: internalTrafficPolicy Local and
+		// endpoints only elsewhere (translate).
+		return noLocalInternal
+	case svc.ExternalLocal && svc.TwoScopes:
+		// Dropping for external clients; a LoadBalancer IP that drops
+		// for everyone (no source admitted) has no two scopes.
+		return noLocalExternal
 	}
-	k.noLocalEndpts.WithLabelValues(ipFamily, "internal").Set(float64(distinct(internal)))
-	k.noLocalEndpts.WithLabelValues(ipFamily, "external").Set(float64(distinct(external)))
+	return -1
 }
 
-// distinct returns the number of distinct names in names (which it sorts).
-func distinct(names []model.ServicePortName) int {
-	slices.SortFunc(names, func(a, b model.ServicePortName) int { return cmp.Compare(a.String(), b.String()) })
-	return len(slices.Compact(names))
+// setNoLocalEndpoints sets the no_local_endpoints gauges, as kube-proxy
+// does at every sync, to the number of Service ports of each kind.
+func (k kubeProxyMetrics) setNoLocalEndpoints(internal, external int) {
+	k.noLocalEndpts.WithLabelValues(ipFamily, "internal").Set(float64(internal))
+	k.noLocalEndpts.WithLabelValues(ipFamily, "external").Set(float64(external))
 }

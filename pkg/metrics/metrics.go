@@ -76,6 +76,10 @@ type Metrics struct {
 	last        *model.State
 	lastCounts  Counts
 	backendRefs map[model.L4Addr]int
+	// noLocal counts, per Service port with a Local traffic policy and
+	// no local endpoints, its frontends that drop for that reason:
+	// [noLocalInternal] and [noLocalExternal] (noLocalKind).
+	noLocal [2]map[model.ServicePortName]int
 
 	mu       sync.Mutex
 	counts   Counts
@@ -237,7 +241,10 @@ func (m *Metrics) ObserveProgrammed(now time.Time, triggers []time.Time) {
 }
 
 // SetProgrammed records the state that is now in the maps. The agent calls
-// it after every successful apply, with the very state it applied.
+// it after every successful apply, with the very state it applied. A state
+// made from the one before (model.State.BaseGen) costs what changed:
+// the counts, the backends' references and the Service ports without
+// local endpoints are updated by its Changed frontends only.
 func (m *Metrics) SetProgrammed(s *model.State) {
 	m.countMu.Lock()
 	var c Counts
@@ -245,39 +252,44 @@ func (m *Metrics) SetProgrammed(s *model.State) {
 		c = m.lastCounts
 		for _, a := range s.Changed {
 			if old := m.last.Services[a]; old != nil {
-				c.Services--
-				c.ServiceEntries -= 1 + len(old.Backends)
-				for _, b := range old.Backends {
-					if m.backendRefs[b.L4Addr]--; m.backendRefs[b.L4Addr] <= 0 {
-						delete(m.backendRefs, b.L4Addr)
-					}
-				}
+				m.count(&c, old, -1)
 			}
 			if svc := s.Services[a]; svc != nil {
-				c.Services++
-				c.ServiceEntries += 1 + len(svc.Backends)
-				for _, b := range svc.Backends {
-					m.backendRefs[b.L4Addr]++
-				}
+				m.count(&c, svc, 1)
 			}
 		}
 	} else {
 		m.backendRefs = make(map[model.L4Addr]int, len(m.backendRefs))
+		m.noLocal = [2]map[model.ServicePortName]int{{}, {}}
 		for _, svc := range s.Services {
-			c.Services++
-			c.ServiceEntries += 1 + len(svc.Backends)
-			for _, b := range svc.Backends {
-				m.backendRefs[b.L4Addr]++
-			}
+			m.count(&c, svc, 1)
 		}
 	}
 	c.Backends = len(m.backendRefs)
 	m.last, m.lastCounts = s, c
+	internal, external := len(m.noLocal[noLocalInternal]), len(m.noLocal[noLocalExternal])
 	m.countMu.Unlock()
-	m.kubeProxy.setNoLocalEndpoints(s)
+	m.kubeProxy.setNoLocalEndpoints(internal, external)
 	m.mu.Lock()
 	m.counts = c
 	m.mu.Unlock()
+}
+
+// count adds (d = 1) or removes (d = -1) svc's frontend to or from c, the
+// backends' references and the Service ports without local endpoints.
+func (m *Metrics) count(c *Counts, svc *model.Service, d int) {
+	c.Services += d
+	c.ServiceEntries += d * (1 + len(svc.Backends))
+	for _, b := range svc.Backends {
+		if m.backendRefs[b.L4Addr] += d; m.backendRefs[b.L4Addr] <= 0 {
+			delete(m.backendRefs, b.L4Addr)
+		}
+	}
+	if k := noLocalKind(svc); k >= 0 {
+		if m.noLocal[k][svc.Name] += d; m.noLocal[k][svc.Name] <= 0 {
+			delete(m.noLocal[k], svc.Name)
+		}
+	}
 }
 
 // SetFailures records the frontends the last apply could not program

@@ -80,8 +80,7 @@ func TestMasterAffinity(t *testing.T) {
 // TestAffinityFollowsSlots: what the datapath's session affinity entries
 // need when a frontend's backends change, and when.
 func TestAffinityFollowsSlots(t *testing.T) {
-	f := newFake(t)
-	f.Record = true
+	f := newRecordingFake(t)
 	r := reconciler.New(f, nil)
 	l4 := vip(1)
 	fe := reconciler.DefaultScope(l4)
@@ -223,8 +222,7 @@ func TestAffinityFixFailures(t *testing.T) {
 // entries are moved and deleted under its own master key: its backends
 // and slots are its own.
 func TestAffinityTwoScopes(t *testing.T) {
-	f := newFake(t)
-	f.Record = true
+	f := newRecordingFake(t)
 	r := reconciler.New(f, nil)
 	b := func(j int) model.Backend { return be(1, j, model.TCP) }
 	two := func(d time.Duration, external, internal []model.Backend) *model.State {

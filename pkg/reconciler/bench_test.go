@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -163,5 +164,47 @@ func BenchmarkApplyScale(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// nopDatapath accepts every batch and holds nothing: what a first
+// program costs the reconciler alone, and what its view holds.
+type nopDatapath struct{ reconciler.Datapath }
+
+func (nopDatapath) Capacity() (int, int, int)                                { return 1 << 30, 1 << 30, 1 << 30 }
+func (nopDatapath) SourceRangeCapacity() int                                 { return 1 << 30 }
+func (nopDatapath) UpsertBackends(es []reconciler.BackendEntry) (int, error) { return len(es), nil }
+func (nopDatapath) UpsertRevNats(es []reconciler.RevNatEntry) (int, error)   { return len(es), nil }
+func (nopDatapath) UpsertSlots(es []reconciler.SlotEntry) (int, error)       { return len(es), nil }
+func (nopDatapath) UpsertMasters(es []reconciler.MasterEntry) (int, error)   { return len(es), nil }
+func (nopDatapath) UpsertServiceIPs(as []netip.Addr) (int, error)            { return len(as), nil }
+
+// BenchmarkFromEmptyView is issue 14's first program at N services with
+// 2 to 10 backends each, without a datapath: the reconciler's own time,
+// and the live heap its view of the maps holds afterwards (view-MiB, the
+// reconciler's share of the agent's memory).
+func BenchmarkFromEmptyView(b *testing.B) {
+	for _, n := range []int{30000, 100000} {
+		b.Run(fmt.Sprintf("%dk", n/1000), func(b *testing.B) {
+			st := scaleState(n)
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := reconciler.New(nopDatapath{}, nil).Apply(st); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			r := reconciler.New(nopDatapath{}, nil)
+			if err := r.Apply(st); err != nil {
+				b.Fatal(err)
+			}
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			runtime.KeepAlive(r)
+			b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/(1<<20), "view-MiB")
+		})
 	}
 }

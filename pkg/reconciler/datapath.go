@@ -140,4 +140,59 @@ type Datapath interface {
 	// pass. Clients whose entries it deletes select afresh on their
 	// next connection.
 	FixAffinity(fixes []AffinityFix) error
+	// ResetServiceStats zeroes the per-Service counters of service id,
+	// just allocated: a reused id must not carry the counts of the
+	// frontend that had it before.
+	ResetServiceStats(id ServiceID) error
+
+	BatchDatapath
+}
+
+// BatchDatapath writes many entries of one map in one operation
+// (BPF_MAP_UPDATE_BATCH): the reconciler uses it to program many new
+// frontends at once (a first program of 30,000 services), map by map in
+// make-before-break order.
+//
+// Each method writes its entries in the order given, one after the other,
+// and stops at the first that fails: it returns how many were written (a
+// prefix of entries; all of them with a nil error) and that entry's
+// error. A reader of the maps may see any prefix, as it may between two
+// single writes. The reconciler retries what follows the failed entry one
+// entry at a time, so an implementation need not be able to batch at all.
+type BatchDatapath interface {
+	UpsertBackends(entries []BackendEntry) (int, error)
+	UpsertRevNats(entries []RevNatEntry) (int, error)
+	// UpsertSlots writes slots >= 1.
+	UpsertSlots(entries []SlotEntry) (int, error)
+	UpsertMasters(entries []MasterEntry) (int, error)
+	UpsertServiceIPs(addrs []netip.Addr) (int, error)
+	// DeleteBackends and DeleteRevNats delete entries; deleting a
+	// missing entry succeeds, as the single deletes do.
+	DeleteBackends(ids []BackendID) (int, error)
+	DeleteRevNats(ids []ServiceID) (int, error)
+}
+
+// BackendEntry is one entry of the backend map.
+type BackendEntry struct {
+	ID   BackendID
+	Addr model.L4Addr
+}
+
+// RevNatEntry is one entry of the reverse-NAT map.
+type RevNatEntry struct {
+	ID       ServiceID
+	Frontend Frontend
+}
+
+// SlotEntry is one slot (>= 1) of a frontend.
+type SlotEntry struct {
+	Frontend Frontend
+	Slot     uint32
+	Backend  BackendID
+}
+
+// MasterEntry is the master (slot 0) of a frontend.
+type MasterEntry struct {
+	Frontend Frontend
+	Master   Master
 }

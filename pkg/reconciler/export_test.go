@@ -7,3 +7,11 @@ func IncrementalApplies(r *Reconciler) int {
 	defer r.mu.Unlock()
 	return r.incremental
 }
+
+// SetBatchMin sets the fewest new frontends r programs in batches; 0
+// never batches.
+func SetBatchMin(r *Reconciler, n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.batchMin = n
+}

@@ -127,6 +127,10 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 	sid, haveSID := r.serviceOf[fe]
 	if !haveSID {
 		sid = ServiceID(r.svcIDs.alloc())
+		if err := r.dp.ResetServiceStats(sid); err != nil {
+			r.svcIDs.release(uint32(sid))
+			return fmt.Errorf("reset counters of service %d: %w", sid, err)
+		}
 		r.serviceOf[fe] = sid
 	}
 	if v != nil {

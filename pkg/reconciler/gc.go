@@ -40,15 +40,16 @@ func (r *Reconciler) releaseReservations(services map[model.L4Addr]*model.Servic
 
 // deleteUnusedBackends deletes the backend entries that lost their last
 // slot (or never got one), unless a frontend being programmed wants their
-// address under that id.
-func (r *Reconciler) deleteUnusedBackends(want map[model.L4Addr]bool) error {
+// address (want, made on first use) under that id.
+func (r *Reconciler) deleteUnusedBackends(want func() map[model.L4Addr]bool) error {
 	if len(r.backendCand) == 0 {
 		return nil // the common case: no closures or iterator to allocate
 	}
 	return deleteUnused(r, idEntries[BackendID, model.L4Addr]{
 		what: "backend", cand: r.backendCand, entries: r.backends, idOf: r.backendOf, users: r.slotRefs,
-		wanted:  func(a model.L4Addr) bool { return want[a] },
+		wanted:  func(a model.L4Addr) bool { return want()[a] },
 		del:     r.dp.DeleteBackend,
+		delMany: r.dp.DeleteBackends,
 		release: r.maybeReleaseBackend,
 	})
 }
@@ -63,6 +64,7 @@ func (r *Reconciler) deleteUnusedRevNat(services map[model.L4Addr]*model.Service
 		what: "rev_nat", cand: r.revNatCand, entries: r.revNat, idOf: r.serviceOf, users: r.masterRef,
 		wanted:  func(fe Frontend) bool { return wanted(services, fe) },
 		del:     r.dp.DeleteRevNat,
+		delMany: r.dp.DeleteRevNats,
 		release: r.maybeReleaseService,
 	})
 }
@@ -78,14 +80,18 @@ type idEntries[ID ~uint32, K comparable] struct {
 	users   map[ID]int  // slots or masters naming each id
 	wanted  func(K) bool
 	del     func(ID) error
+	delMany func([]ID) (int, error)
 	release func(ID, K)
 }
 
 // deleteUnused deletes, in id order, the candidate entries nothing names,
 // unless the desired state still wants their key under that id: its user
-// failed to be written, and reuses the entry next time.
+// failed to be written, and reuses the entry next time. Many go in one
+// batch (nothing names them, so their order does not matter to a
+// reader).
 func deleteUnused[ID ~uint32, K comparable](r *Reconciler, e idEntries[ID, K]) error {
 	var errs []error
+	var ids []ID
 	for _, id := range slices.Sorted(maps.Keys(e.cand)) {
 		k, ok := e.entries[id]
 		if !ok || e.users[id] > 0 {
@@ -95,11 +101,11 @@ func deleteUnused[ID ~uint32, K comparable](r *Reconciler, e idEntries[ID, K]) e
 		if e.wanted(k) && e.idOf[k] == id {
 			continue
 		}
-		r.writes++
-		if err := e.del(id); err != nil {
-			errs = append(errs, fmt.Errorf("delete %s %d (%v): %w", e.what, id, k, err))
-			continue
-		}
+		ids = append(ids, id)
+	}
+	deleted := func(i int) {
+		id := ids[i]
+		k := e.entries[id]
 		delete(e.entries, id)
 		delete(e.cand, id)
 		if e.idOf[k] == id {
@@ -107,6 +113,20 @@ func deleteUnused[ID ~uint32, K comparable](r *Reconciler, e idEntries[ID, K]) e
 		}
 		e.release(id, k)
 	}
+	failed := func(i int, err error) {
+		errs = append(errs, fmt.Errorf("delete %s %d (%v): %w", e.what, ids[i], e.entries[ids[i]], err))
+	}
+	one := func(i int) error { return e.del(ids[i]) }
+	if len(ids) == 1 {
+		r.writes++
+		if err := one(0); err != nil {
+			failed(0, err)
+		} else {
+			deleted(0)
+		}
+		return errors.Join(errs...)
+	}
+	r.batch(len(ids), func() (int, error) { return e.delMany(ids) }, one, deleted, failed)
 	return errors.Join(errs...)
 }
 

@@ -222,3 +222,37 @@ func (c *counting) FixAffinity(fixes []reconciler.AffinityFix) error {
 	}
 	return err
 }
+
+// countBatch counts the entries a batch wrote.
+func (c *counting) countBatch(n int, err error) (int, error) {
+	c.writes += n
+	return n, err
+}
+
+func (c *counting) UpsertBackends(es []reconciler.BackendEntry) (int, error) {
+	return c.countBatch(c.Datapath.UpsertBackends(es))
+}
+
+func (c *counting) UpsertRevNats(es []reconciler.RevNatEntry) (int, error) {
+	return c.countBatch(c.Datapath.UpsertRevNats(es))
+}
+
+func (c *counting) UpsertSlots(es []reconciler.SlotEntry) (int, error) {
+	return c.countBatch(c.Datapath.UpsertSlots(es))
+}
+
+func (c *counting) UpsertMasters(es []reconciler.MasterEntry) (int, error) {
+	return c.countBatch(c.Datapath.UpsertMasters(es))
+}
+
+func (c *counting) UpsertServiceIPs(as []netip.Addr) (int, error) {
+	return c.countBatch(c.Datapath.UpsertServiceIPs(as))
+}
+
+func (c *counting) DeleteBackends(ids []reconciler.BackendID) (int, error) {
+	return c.countBatch(c.Datapath.DeleteBackends(ids))
+}
+
+func (c *counting) DeleteRevNats(ids []reconciler.ServiceID) (int, error) {
+	return c.countBatch(c.Datapath.DeleteRevNats(ids))
+}

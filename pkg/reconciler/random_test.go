@@ -19,9 +19,14 @@ import (
 // after every single map operation, and that every failure-free Apply
 // converges to exactly the desired state.
 func TestRandomized(t *testing.T) {
+	batchFails := 0
 	for seed := range uint64(20) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { seeded(t, seed, randomOpts{}) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { batchFails += seeded(t, seed, randomOpts{}).batchFails })
 	}
+	if batchFails < 20 {
+		t.Errorf("only %d batches failed part-way in 20 runs: the test does not exercise them", batchFails)
+	}
+	t.Logf("%d batches failed part-way", batchFails)
 }
 
 // TestRandomizedAffinity is TestRandomized with session affinity that
@@ -124,9 +129,10 @@ func TestRandomizedHints(t *testing.T) {
 }
 
 // exercised counts what a randomized run programmed: rounds with source
-// ranges, frontends with two scopes, ClusterIP frontends, and the session
-// affinity entries it moved to another slot.
-type exercised struct{ ranges, scopes, clusterIPs, moves int }
+// ranges, frontends with two scopes, ClusterIP frontends, the session
+// affinity entries it moved to another slot, and the batches failed
+// part-way (new frontends are programmed in batches, batch.go).
+type exercised struct{ ranges, scopes, clusterIPs, moves, batchFails int }
 
 // chooser is where randomized takes its decisions from: a seeded
 // *rand.Rand, or the fuzzer's bytes (testutil.Choices).
@@ -233,6 +239,7 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 		return st
 	}
 	withRanges, moves := 0, 0 // rounds that programmed source ranges; affinity moves
+	batchFails := 0           // failures injected into an entry of a batch
 	incremental := 0          // Applies that looked at the changed frontends only
 	for round := range rounds {
 		st := randomState()
@@ -240,8 +247,11 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 		if rng.IntN(3) == 0 {
 			failPct = 15
 		}
-		f.Fail = func(fakedp.Op) error {
+		f.Fail = func(op fakedp.Op) error {
 			if rng.IntN(100) < failPct {
+				if op.Batch {
+					batchFails++
+				}
 				return errors.New("injected")
 			}
 			return nil
@@ -288,7 +298,7 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 	if incremental += reconciler.IncrementalApplies(r); opts.hints && incremental < rounds/4 && rounds >= 10 {
 		t.Errorf("%d Applies in %d rounds looked at the changed frontends only: the test does not exercise it", incremental, rounds)
 	}
-	return exercised{ranges: withRanges, scopes: scopesSeen, clusterIPs: cipsSeen, moves: moves}
+	return exercised{ranges: withRanges, scopes: scopesSeen, clusterIPs: cipsSeen, moves: moves, batchFails: batchFails}
 }
 
 // TestRandomizedCapacity checks that with tight maps every service either

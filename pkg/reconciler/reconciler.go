@@ -157,6 +157,10 @@ type Reconciler struct {
 	appliedGen  uint64
 	incremental int // Applies that looked at st.Changed only, for tests
 
+	// batchMin is the fewest new frontends an Apply programs in
+	// batches (batch.go); 0 never does.
+	batchMin int
+
 	refreshEvery time.Duration
 	lastRead     time.Time // when the view was last read from the maps
 	writes       uint64
@@ -168,7 +172,7 @@ func New(dp Datapath, log *slog.Logger) *Reconciler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Reconciler{dp: dp, log: log, refreshEvery: DefaultRefreshInterval}
+	r := &Reconciler{dp: dp, log: log, refreshEvery: DefaultRefreshInterval, batchMin: defaultBatchMin}
 	r.reset()
 	r.lastRead = time.Now()
 	return r
@@ -291,7 +295,6 @@ func (r *Reconciler) Apply(st *model.State) error {
 	// Which frontends (in which scopes) need work, and the backends they
 	// want. (Frontends in sync name all their backends already.)
 	var changed []*desiredFrontend
-	wantBackend := map[model.L4Addr]bool{}
 	consider := func(fe Frontend, v *frontendView, svc *model.Service) {
 		if r.fastInSync(v, fe, svc) {
 			return
@@ -302,9 +305,6 @@ func (r *Reconciler) Apply(st *model.State) error {
 			return
 		}
 		changed = append(changed, d)
-		for _, a := range d.addrs {
-			wantBackend[a] = true
-		}
 	}
 	// Phase 1 (below) removes the frontends nobody wants any more: a
 	// default scope goes before its internal one; an internal scope whose
@@ -355,6 +355,24 @@ func (r *Reconciler) Apply(st *model.State) error {
 	}
 	slices.SortFunc(changed, func(a, b *desiredFrontend) int { return a.fe.Compare(b.fe) })
 	r.presize(changed)
+	// The backends the changed frontends want: made only when a
+	// backend may have to be deleted (a first program deletes none).
+	var want map[model.L4Addr]bool
+	wantBackend := func() map[model.L4Addr]bool {
+		if want == nil {
+			n := 0
+			for _, d := range changed {
+				n += len(d.addrs)
+			}
+			want = make(map[model.L4Addr]bool, n)
+			for _, d := range changed {
+				for _, a := range d.addrs {
+					want[a] = true
+				}
+			}
+		}
+		return want
+	}
 
 	// Phase 1: frontends nobody wants any more: master, then slots. This
 	// also frees room in the maps for what comes next.
@@ -370,8 +388,14 @@ func (r *Reconciler) Apply(st *model.State) error {
 	}
 
 	// Phase 2: frontends to add or change, in a stable order (a
-	// frontend's internal scope before its default one).
-	for _, d := range changed {
+	// frontend's internal scope before its default one). New ones (at
+	// addresses the view knows nothing of) go first, in batches
+	// (batch.go): no other frontend depends on them.
+	fresh, rest := r.splitFresh(changed)
+	if len(fresh) > 0 {
+		errs = append(errs, r.programFresh(fresh, capacity)...)
+	}
+	for _, d := range rest {
 		if d.flags&FlagTwoScopes != 0 {
 			// Its master would name an internal scope that failed to be
 			// programmed: it keeps its previous programming.
@@ -428,7 +452,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 	// that are gone, are freed. Only failures and Restore leave such
 	// reservations behind, so the scan is skipped otherwise.
 	if len(errs) > 0 || r.dirty {
-		r.releaseReservations(services, wantBackend)
+		r.releaseReservations(services, wantBackend())
 		r.dirty = len(errs) > 0
 	}
 

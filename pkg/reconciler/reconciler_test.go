@@ -69,6 +69,14 @@ func newFake(t testing.TB) *fakedp.Fake {
 	return f
 }
 
+// newRecordingFake is newFake recording every operation in f.Ops, for
+// tests of the order of writes.
+func newRecordingFake(t testing.TB) *fakedp.Fake {
+	f := newFake(t)
+	f.Record = true
+	return f
+}
+
 func mustApply(t testing.TB, r *reconciler.Reconciler, st *model.State) {
 	t.Helper()
 	if err := r.Apply(st); err != nil {
@@ -168,8 +176,7 @@ func checkProgrammed(t testing.TB, f *fakedp.Fake, st *model.State) {
 }
 
 func TestLifecycle(t *testing.T) {
-	f := newFake(t)
-	f.Record = true
+	f := newRecordingFake(t)
 	r := reconciler.New(f, nil)
 	a, b := vip(1), vip(2)
 
@@ -223,13 +230,13 @@ func TestEmptiedServiceKeepsMaster(t *testing.T) {
 }
 
 func TestOrder(t *testing.T) {
-	f := newFake(t)
-	f.Record = true
+	f := newRecordingFake(t)
 	r := reconciler.New(f, nil)
 	a := vip(1)
 	mustApply(t, r, state(svc(a, "a", be(1, 1, model.TCP), be(1, 2, model.TCP))))
 	got := opsString(f.Ops)
-	want := `UpsertBackend 1 10.1.1.1:8080/TCP
+	want := `ResetServiceStats 1
+UpsertBackend 1 10.1.1.1:8080/TCP
 UpsertBackend 2 10.1.1.2:8080/TCP
 UpsertRevNat 1 10.96.0.1:80/TCP
 UpsertSlot 10.96.0.1:80/TCP[1]=1
@@ -282,8 +289,7 @@ func opsString(ops []fakedp.Op) string {
 }
 
 func TestSlotsReusedInPlace(t *testing.T) {
-	f := newFake(t)
-	f.Record = true
+	f := newRecordingFake(t)
 	r := reconciler.New(f, nil)
 	a := vip(1)
 	var bs []model.Backend

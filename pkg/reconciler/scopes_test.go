@@ -26,20 +26,24 @@ func twoScopes(external, internal []model.Backend) *model.Service {
 // scope's master names it, and goes only after that master stopped
 // naming it or is gone.
 func TestTwoScopesOrder(t *testing.T) {
-	f := newFake(t)
-	f.Record = true
+	f := newRecordingFake(t)
 	r := reconciler.New(f, nil)
 	local, remote := be(1, 1, model.TCP), be(1, 2, model.TCP)
 	s := twoScopes([]model.Backend{local}, []model.Backend{local, remote})
 	mustApply(t, r, state(s))
-	want := `UpsertBackend 1 10.1.1.1:8080/TCP
+	// A new frontend's two scopes are written map by map, in batches
+	// (batch.go): the internal scope's master still comes before the
+	// default scope's.
+	want := `ResetServiceStats 1
+ResetServiceStats 2
+UpsertBackend 1 10.1.1.1:8080/TCP
 UpsertBackend 2 10.1.1.2:8080/TCP
 UpsertRevNat 1 192.168.1.1:30080/TCP internal
+UpsertRevNat 2 192.168.1.1:30080/TCP
 UpsertSlot 192.168.1.1:30080/TCP internal[1]=1
 UpsertSlot 192.168.1.1:30080/TCP internal[2]=2
-UpsertMaster 192.168.1.1:30080/TCP internal id=1 count=2 flags=0x3
-UpsertRevNat 2 192.168.1.1:30080/TCP
 UpsertSlot 192.168.1.1:30080/TCP[1]=1
+UpsertMaster 192.168.1.1:30080/TCP internal id=1 count=2 flags=0x3
 UpsertMaster 192.168.1.1:30080/TCP id=2 count=1 flags=0xb
 `
 	if got := opsString(f.Ops); got != want {
@@ -150,8 +154,7 @@ func TestTwoScopesFailures(t *testing.T) {
 // the last goes; a failed write is repaired by the next Apply; a restart
 // keeps the set and drops strays.
 func TestServiceIPs(t *testing.T) {
-	f := newFake(t)
-	f.Record = true
+	f := newRecordingFake(t)
 	r := reconciler.New(f, nil)
 	http := svc(vip(1), "a", be(1, 1, model.TCP))
 	dns := svc(model.L4Addr{Addr: vip(1).Addr, Port: 53, Proto: model.UDP}, "a", be(1, 1, model.UDP))

@@ -56,8 +56,7 @@ func recoversAfterFailure(t *testing.T, f *fakedp.Fake, r *reconciler.Reconciler
 // them, and deleted after the master stopped checking them or is gone;
 // when they change, the new ones come before the old ones go.
 func TestSourceRangeOrder(t *testing.T) {
-	f := newFake(t)
-	f.Record = true
+	f := newRecordingFake(t)
 	r := reconciler.New(f, nil)
 	b := be(1, 1, model.TCP)
 	steps := []struct {
@@ -65,7 +64,8 @@ func TestSourceRangeOrder(t *testing.T) {
 		st   *model.State
 		want string
 	}{
-		{"add", state(lb(200, "web", []string{"172.16.0.0/12", "10.0.0.0/24"}, b)), `UpsertBackend 1 10.1.1.1:8080/TCP
+		{"add", state(lb(200, "web", []string{"172.16.0.0/12", "10.0.0.0/24"}, b)), `ResetServiceStats 1
+UpsertBackend 1 10.1.1.1:8080/TCP
 UpsertRevNat 1 192.168.1.200:80/TCP
 UpsertSlot 192.168.1.200:80/TCP[1]=1
 UpsertSourceRange 192.168.1.200:80/TCP 10.0.0.0/24

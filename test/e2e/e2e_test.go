@@ -135,6 +135,20 @@ func requirePrivileges(t *testing.T) {
 	testutil.NeedCommands(t, "nsenter")
 }
 
+// newLB starts a test that runs its own agent: the privileges, the
+// binaries, and a topology of a client, a node and backends backends.
+func newLB(t *testing.T, backends int) (agentproc.Binaries, *topology.Topology, *topology.LB) {
+	t.Helper()
+	requirePrivileges(t)
+	bins := agentproc.Shared(t)
+	topo := topology.NewT(t)
+	lb, err := topo.BuildLB(backends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bins, topo, lb
+}
+
 const (
 	webVIP   = "10.96.0.10:80"   // TCP HTTP, 3 backends on :8080
 	dnsVIP   = "10.96.0.11:53"   // UDP, named targetPort "dns" -> :5353
@@ -172,19 +186,12 @@ func (e *env) write(t *testing.T, echo, drain []string) {
 	t.Helper()
 	all := e.addrs
 	svcs := []agentproc.Service{
-		{Name: "web", ClusterIP: "10.96.0.10", Endpoints: all,
-			Ports: []agentproc.Port{{Name: "http", Protocol: "TCP", Port: 80, TargetPort: "8080", EndpointPort: 8080}}},
-		{Name: "dns", ClusterIP: "10.96.0.11", Endpoints: all,
-			Ports: []agentproc.Port{{Name: "dns", Protocol: "UDP", Port: 53, TargetPort: "dns", EndpointPort: 5353}}},
-		{Name: "echo", ClusterIP: "10.96.0.12", Endpoints: echo,
-			Ports: []agentproc.Port{{Name: "echo", Protocol: "TCP", Port: 9000, TargetPort: "9000", EndpointPort: 9000}}},
-		{Name: "drain", ClusterIP: "10.96.0.13", Endpoints: drain,
-			Ports: []agentproc.Port{{Name: "http", Protocol: "TCP", Port: 80, TargetPort: "8080", EndpointPort: 8080}}},
+		{Name: "web", ClusterIP: "10.96.0.10", Endpoints: all, Ports: []agentproc.Port{agentproc.TCP("http", 80, 8080)}},
+		{Name: "dns", ClusterIP: "10.96.0.11", Endpoints: all, Ports: []agentproc.Port{agentproc.UDP("dns", 53, 5353).Named()}},
+		{Name: "echo", ClusterIP: "10.96.0.12", Endpoints: echo, Ports: []agentproc.Port{agentproc.TCP("echo", 9000, 9000)}},
+		{Name: "drain", ClusterIP: "10.96.0.13", Endpoints: drain, Ports: []agentproc.Port{agentproc.TCP("http", 80, 8080)}},
 	}
-	docs := []string{brokenService}
-	for _, s := range svcs {
-		docs = append(docs, s.YAML())
-	}
+	docs := append([]string{brokenService}, agentproc.Services(svcs...)...)
 	if err := agentproc.WriteFile(e.manifest, agentproc.Manifest(docs...)); err != nil {
 		t.Fatal(err)
 	}
@@ -208,19 +215,12 @@ func (e *env) waitServices(t *testing.T, frontend string, ok func(line string) b
 	})
 }
 
-func setup(t *testing.T) *env {
+func setup(t *testing.T, extraArgs ...string) *env {
 	t.Helper()
-	requirePrivileges(t)
-	bins := agentproc.Shared(t)
+	bins, topo, lb := newLB(t, 3)
 	cgMount, err := datapath.CgroupV2Mount()
 	if err != nil {
 		t.Fatalf("no cgroup v2 mount (`make deps` mounts one): %v", err)
-	}
-
-	topo := topology.NewT(t)
-	lb, err := topo.BuildLB(3)
-	if err != nil {
-		t.Fatal(err)
 	}
 	e := &env{lb: lb, manifest: filepath.Join(t.TempDir(), "services.yaml"), addrs: lb.BackendAddrStrings()}
 	if e.backends, err = lb.ServeHTTP(8080, "backend-"); err != nil {
@@ -249,6 +249,7 @@ func setup(t *testing.T) *env {
 		Devices:   []string{lb.NodeDev},
 		Cgroup:    cg.Path,
 		BPFFS:     filepath.Join(testutil.BPFFS, topo.Prefix()+"e2e"),
+		Extra:     extraArgs,
 	}, 30*time.Second)
 	return e
 }
@@ -293,13 +294,7 @@ func (e *env) spread(t *testing.T, vip string, n int) map[string]int {
 // client.
 func (e *env) dialEcho(t *testing.T) *topology.EchoConn {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
-	defer cancel()
-	c, err := e.lb.Client.DialEcho(ctx, echoVIP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return e.lb.Client.MustDialEcho(t, echoVIP, 3*time.Second)
 }
 
 // counters returns `sluicectl counters` as a map.
@@ -627,13 +622,7 @@ func TestClusterIPEndToEnd(t *testing.T) {
 // /metrics, not waited for: the others are programmed and the agent is
 // ready. Once the file is fixed the report goes away.
 func TestReadyzFollowsDesiredState(t *testing.T) {
-	requirePrivileges(t)
-	bins := agentproc.Shared(t)
-	topo := topology.NewT(t)
-	lb, err := topo.BuildLB(1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bins, topo, lb := newLB(t, 1)
 	manifest := filepath.Join(t.TempDir(), "services.yaml")
 	write := func(n int) {
 		var docs []string
@@ -641,7 +630,7 @@ func TestReadyzFollowsDesiredState(t *testing.T) {
 			docs = append(docs, agentproc.Service{
 				Name: fmt.Sprintf("svc%d", i), ClusterIP: fmt.Sprintf("10.96.1.%d", i),
 				Endpoints: []string{lb.BackendAddrs[0].String()},
-				Ports:     []agentproc.Port{{Name: "http", Protocol: "TCP", Port: 80, TargetPort: "8080", EndpointPort: 8080}},
+				Ports:     []agentproc.Port{agentproc.TCP("http", 80, 8080)},
 			}.YAML())
 		}
 		if err := agentproc.WriteFile(manifest, agentproc.Manifest(docs...)); err != nil {
@@ -711,19 +700,13 @@ func eventuallyReadyWithoutReports(t *testing.T, agent *agentproc.Agent, what st
 // ready and names the oversized one in /readyz, in /metrics and in one log
 // line. Shrunk to fit, it is programmed too.
 func TestOversizedServiceDoesNotBlockOthers(t *testing.T) {
-	requirePrivileges(t)
-	bins := agentproc.Shared(t)
-	topo := topology.NewT(t)
-	lb, err := topo.BuildLB(2)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bins, topo, lb := newLB(t, 2)
 	backends, err := lb.ServeHTTP(8080, "backend-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	manifest := filepath.Join(t.TempDir(), "services.yaml")
-	http := []agentproc.Port{{Name: "http", Protocol: "TCP", Port: 80, TargetPort: "8080", EndpointPort: 8080}}
+	http := []agentproc.Port{agentproc.TCP("http", 80, 8080)}
 	write := func(bigEndpoints int) {
 		eps := slices.Clone(lb.BackendAddrStrings())
 		for i := len(eps); i < bigEndpoints; i++ {

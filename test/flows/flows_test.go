@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -13,28 +14,32 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// kubeProxyFlows is what each ported file must hold: the number of
-// runPacketFlowTests flows kube-proxy v1.36.3 runs for it in each mode
-// (IPv4 only, every subtest and variant), and the number of distinct flows
-// the corpus keeps (a flow both modes run is one flow here).
-var kubeProxyFlows = map[string]struct{ nftables, iptables, corpus int }{
-	"kubeproxy/trace-packet.yaml":                    {8, 7, 9},
-	"kubeproxy/no-endpoints-reject.yaml":             {6, 6, 6},
-	"kubeproxy/cluster-ip-general.yaml":              {10, 9, 10},
-	"kubeproxy/load-balancer.yaml":                   {13, 13, 13},
-	"kubeproxy/node-ports.yaml":                      {8, 20, 24},
-	"kubeproxy/health-check-node-port.yaml":          {0, 2, 2},
-	"kubeproxy/external-traffic-policy-local.yaml":   {7, 7, 7},
-	"kubeproxy/external-traffic-policy-cluster.yaml": {7, 7, 7},
-	"kubeproxy/internal-traffic-policy.yaml":         {8, 8, 8},
-	"kubeproxy/terminating-endpoints-local.yaml":     {16, 16, 16},
-	"kubeproxy/terminating-endpoints-cluster.yaml":   {16, 16, 16},
-	"kubeproxy/internal-external-masquerade.yaml":    {108, 120, 120},
+// flowCounts is what each ported file must hold, as
+// testdata/kubeproxy-flows.yaml says: kube-proxy's flows in each mode and
+// the corpus's.
+type flowCounts struct {
+	NFTables int `json:"nftables"`
+	IPTables int `json:"iptables"`
+	Corpus   int `json:"corpus"`
+}
+
+// readTestdata returns the content of testdata/name.
+func readTestdata(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile("testdata/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // TestCorpus loads the whole corpus (Load validates it) and checks that
 // the port of kube-proxy's tables is complete.
 func TestCorpus(t *testing.T) {
+	var kubeProxyFlows map[string]flowCounts
+	if err := yaml.UnmarshalStrict([]byte(readTestdata(t, "kubeproxy-flows.yaml")), &kubeProxyFlows); err != nil {
+		t.Fatal(err)
+	}
 	c, err := Load(".")
 	if err != nil {
 		t.Fatal(err)
@@ -50,13 +55,13 @@ func TestCorpus(t *testing.T) {
 		case strings.HasPrefix(f, "kubeproxy/") && !ok:
 			t.Errorf("%s: a ported file that kubeProxyFlows does not list", f)
 		case ok:
-			if n.NFTables != want.nftables || n.IPTables != want.iptables || n.Ported != want.corpus || n.Derived != 0 {
+			if n.NFTables != want.NFTables || n.IPTables != want.IPTables || n.Ported != want.Corpus || n.Derived != 0 {
 				t.Errorf("%s: %d nftables, %d iptables, %d ported and %d derived flows; want %d, %d, %d and 0",
-					f, n.NFTables, n.IPTables, n.Ported, n.Derived, want.nftables, want.iptables, want.corpus)
+					f, n.NFTables, n.IPTables, n.Ported, n.Derived, want.NFTables, want.IPTables, want.Corpus)
 			}
-			nft += want.nftables
-			ipt += want.iptables
-			ported += want.corpus
+			nft += want.NFTables
+			ipt += want.IPTables
+			ported += want.Corpus
 		case n.Ported != 0:
 			t.Errorf("%s: %d flows outside kubeproxy/ claim a kube-proxy test", f, n.Ported)
 		}
@@ -217,47 +222,9 @@ func TestParseAddrSloppy(t *testing.T) {
 	}
 }
 
-// validCase is a small correct case that the rejection tests break one
-// way at a time.
-const validCase = `
-node:
-  name: test-node
-  ips: [192.168.0.2]
-  addresses: [192.168.0.2/24]
-  clusterCIDR: 10.0.0.0/8
-cases:
-- name: c
-  kubeProxy: [{file: pkg/proxy/nftables/proxier_test.go, test: TestX}]
-  placement: {10.180.0.1: local, 10.180.2.1: remote}
-  objects:
-  - apiVersion: v1
-    kind: Service
-    metadata: {name: svc1, namespace: ns1}
-    spec:
-      type: NodePort
-      clusterIP: 172.30.0.41
-      ports: [{name: p80, port: 80, protocol: TCP, nodePort: 3001}]
-  - apiVersion: discovery.k8s.io/v1
-    kind: EndpointSlice
-    metadata: {name: svc1-1, namespace: ns1, labels: {kubernetes.io/service-name: svc1}}
-    addressType: IPv4
-    endpoints: [{addresses: [10.180.0.1], nodeName: test-node}, {addresses: [10.180.2.1], nodeName: other}]
-    ports: [{name: p80, port: 80, protocol: TCP}]
-  flows:
-  - name: pod to ClusterIP
-    source: {kind: pod, ip: 10.0.0.2}
-    destination: {ip: 172.30.0.41, port: 80}
-    expect: {endpoints: [10.180.0.1:80, 10.180.2.1:80], masquerade: false}
-  - name: external to NodePort
-    source: {kind: external, ip: 203.0.113.2}
-    destination: {ip: 192.168.0.2, port: 3001}
-    expect: {endpoints: [10.180.0.1:80, 10.180.2.1:80], masquerade: remote}
-    deviation: keeps the client
-    kubeProxy: {nftables: {endpoints: [10.180.0.1:80, 10.180.2.1:80], masquerade: true}}
-`
-
 // TestRejects checks that Load refuses what a runner could not trust.
 func TestRejects(t *testing.T) {
+	validCase := readTestdata(t, "valid-case.yaml")
 	load := func(doc string) error {
 		_, err := LoadFS(fstest.MapFS{"x.yaml": {Data: []byte(doc)}})
 		return err

@@ -195,18 +195,11 @@ func setup(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	e.cgroup = cg.Path
-	svcs := []agentproc.Service{
-		{Name: "web", ClusterIP: "10.96.0.10", Endpoints: addrs,
-			Ports: []agentproc.Port{{Name: "http", Protocol: "TCP", Port: 80, TargetPort: "8080", EndpointPort: 8080}}},
-		{Name: "dns", ClusterIP: "10.96.0.11", Endpoints: addrs,
-			Ports: []agentproc.Port{{Name: "dns", Protocol: "UDP", Port: 53, TargetPort: "5353", EndpointPort: 5353}}},
-		{Name: "echo", ClusterIP: "10.96.0.12", Endpoints: addrs,
-			Ports: []agentproc.Port{{Name: "echo", Protocol: "TCP", Port: 9000, TargetPort: "9000", EndpointPort: 9000}}},
-	}
-	var docs []string
-	for _, s := range svcs {
-		docs = append(docs, s.YAML())
-	}
+	docs := agentproc.Services(
+		agentproc.Service{Name: "web", ClusterIP: "10.96.0.10", Endpoints: addrs, Ports: []agentproc.Port{agentproc.TCP("http", 80, 8080)}},
+		agentproc.Service{Name: "dns", ClusterIP: "10.96.0.11", Endpoints: addrs, Ports: []agentproc.Port{agentproc.UDP("dns", 53, 5353)}},
+		agentproc.Service{Name: "echo", ClusterIP: "10.96.0.12", Endpoints: addrs, Ports: []agentproc.Port{agentproc.TCP("echo", 9000, 9000)}},
+	)
 	if err := agentproc.WriteFile(e.manifest, agentproc.Manifest(docs...)); err != nil {
 		t.Fatal(err)
 	}
@@ -342,13 +335,7 @@ func (l *load) stop(t *testing.T, what string) {
 // client.
 func (e *env) dialEcho(t *testing.T) *topology.EchoConn {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
-	defer cancel()
-	c, err := e.lb.Client.DialEcho(ctx, echoVIP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return e.lb.Client.MustDialEcho(t, echoVIP, 3*time.Second)
 }
 
 // replace stops a (SIGTERM: it must exit cleanly) and starts it again with

@@ -69,68 +69,6 @@ func helperMain(addr string) int {
 	return 0
 }
 
-const manifest = `
-apiVersion: v1
-kind: Service
-metadata: {name: web-a, namespace: default}
-spec:
-  type: NodePort
-  clusterIP: 10.96.0.1
-  ports:
-  - {name: tcp, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30001}
-  - {name: udp, port: 53, protocol: UDP, targetPort: 5353, nodePort: 30001}
----
-apiVersion: v1
-kind: Service
-metadata: {name: web-b, namespace: default}
-spec:
-  type: NodePort
-  clusterIP: 10.96.0.2
-  externalIPs: [203.0.113.10]
-  ports:
-  - {name: tcp, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30002}
-  - {name: udp, port: 53, protocol: UDP, targetPort: 5353, nodePort: 30002}
----
-apiVersion: v1
-kind: Service
-metadata: {name: web-local, namespace: default}
-spec:
-  type: LoadBalancer
-  clusterIP: 10.96.0.3
-  externalTrafficPolicy: Local
-  healthCheckNodePort: 32100
-  loadBalancerSourceRanges: [10.0.0.0/24]
-  ports:
-  - {name: tcp, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30003}
-status:
-  loadBalancer:
-    ingress: [{ip: 198.51.100.10}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-a-1, namespace: default, labels: {kubernetes.io/service-name: web-a}}
-addressType: IPv4
-ports: [{name: tcp, port: 8080, protocol: TCP}, {name: udp, port: 5353, protocol: UDP}]
-endpoints:
-- {addresses: [10.1.0.2], conditions: {ready: true}, nodeName: node-a}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-b-1, namespace: default, labels: {kubernetes.io/service-name: web-b}}
-addressType: IPv4
-ports: [{name: tcp, port: 8080, protocol: TCP}, {name: udp, port: 5353, protocol: UDP}]
-endpoints:
-- {addresses: [10.2.0.2], conditions: {ready: true}, nodeName: node-b}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-local-1, namespace: default, labels: {kubernetes.io/service-name: web-local}}
-addressType: IPv4
-ports: [{name: tcp, port: 8080, protocol: TCP}]
-endpoints:
-- {addresses: [10.1.0.2], conditions: {ready: true}, nodeName: node-a}
-`
-
 type cluster struct {
 	client, client2, nodeA, nodeB, podA, podB *topology.NS
 	agents                                    []*agentproc.Agent
@@ -241,9 +179,8 @@ func build(t *testing.T, extra ...string) *cluster {
 	c.podCgroup, err = topo.AddCgroup(cgMount, "pods-a")
 	must(t, err)
 
-	dir := t.TempDir()
-	mf := filepath.Join(dir, "cluster.yaml")
-	must(t, agentproc.WriteFile(mf, manifest))
+	mf, err := filepath.Abs(filepath.Join("testdata", "cluster.yaml"))
+	must(t, err)
 	for _, n := range []struct {
 		ns         *topology.NS
 		name, addr string
@@ -315,12 +252,17 @@ func serveWhoami(t *testing.T, ns *topology.NS, name string) {
 	})
 }
 
+// dial connects from ns to addr, within timeout.
+func dial(ns *topology.NS, network, addr string, timeout time.Duration) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return ns.DialContext(ctx, network, addr)
+}
+
 // askTCP connects from ns to addr, sends a line and returns the answer:
 // "<backend> <address:port the backend saw>".
 func askTCP(ns *topology.NS, addr string, timeout time.Duration) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	c, err := ns.DialContext(ctx, "tcp4", addr)
+	c, err := dial(ns, "tcp4", addr, timeout)
 	if err != nil {
 		return "", err
 	}
@@ -337,9 +279,7 @@ func askTCP(ns *topology.NS, addr string, timeout time.Duration) (string, error)
 }
 
 func askUDP(ns *topology.NS, addr string, timeout time.Duration) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	c, err := ns.DialContext(ctx, "udp4", addr)
+	c, err := dial(ns, "udp4", addr, timeout)
 	if err != nil {
 		return "", err
 	}
@@ -470,14 +410,15 @@ func TestNodePort(t *testing.T) {
 }
 
 func TestExternalIPAndLoadBalancer(t *testing.T) {
+	answered := []request{
+		{"TCP", "ExternalIP -> pod on node-b", "203.0.113.10:80", "pod-b", "192.168.1.1"},
+		{"UDP", "ExternalIP -> pod on node-b", "203.0.113.10:53", "pod-b", "192.168.1.1"},
+		// LoadBalancer IP, externalTrafficPolicy Local, source ranges
+		// 10.0.0.0/24: client is allowed and seen as itself.
+		{"TCP", "LB IP (Local, allowed source)", "198.51.100.10:80", "pod-a", "10.0.0.2"},
+	}
 	forEachMode(t, func(t *testing.T, c *cluster) {
-		expectAnswers(t, c.client,
-			request{"TCP", "ExternalIP -> pod on node-b", "203.0.113.10:80", "pod-b", "192.168.1.1"},
-			request{"UDP", "ExternalIP -> pod on node-b", "203.0.113.10:53", "pod-b", "192.168.1.1"},
-			// LoadBalancer IP, externalTrafficPolicy Local, source ranges
-			// 10.0.0.0/24: client is allowed and seen as itself.
-			request{"TCP", "LB IP (Local, allowed source)", "198.51.100.10:80", "pod-a", "10.0.0.2"},
-		)
+		expectAnswers(t, c.client, answered...)
 		if a, err := askTCP(c.client2, "198.51.100.10:80", time.Second); err == nil {
 			t.Fatalf("client2 outside loadBalancerSourceRanges got an answer: %q", a)
 		}

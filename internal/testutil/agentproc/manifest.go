@@ -2,6 +2,7 @@ package agentproc
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -27,6 +28,33 @@ type Port struct {
 	// EndpointSlice controller writes it.
 	TargetPort   string
 	EndpointPort int
+}
+
+// TCP is a TCP Service port to target, a numbered endpoint port.
+func TCP(name string, port, target int) Port {
+	return Port{Name: name, Protocol: "TCP", Port: port, TargetPort: strconv.Itoa(target), EndpointPort: target}
+}
+
+// UDP is a UDP Service port to target, a numbered endpoint port.
+func UDP(name string, port, target int) Port {
+	return Port{Name: name, Protocol: "UDP", Port: port, TargetPort: strconv.Itoa(target), EndpointPort: target}
+}
+
+// Named is p with its targetPort naming the container port (p's own name)
+// instead of giving its number.
+func (p Port) Named() Port {
+	p.TargetPort = p.Name
+	return p
+}
+
+// Services renders each Service and its EndpointSlice, in order, as the
+// documents of a manifest.
+func Services(svcs ...Service) []string {
+	docs := make([]string, 0, len(svcs))
+	for _, s := range svcs {
+		docs = append(docs, s.YAML())
+	}
+	return docs
 }
 
 // YAML renders the Service and its EndpointSlice as two YAML documents.

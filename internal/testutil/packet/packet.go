@@ -1,6 +1,8 @@
 // Package packet builds the frames of Sluice's packet tests and checks the
 // frames its programs put out: the one packet builder of the module, used
-// by the BPF_PROG_TEST_RUN tables of pkg/datapath and by the benchmarks.
+// by the BPF_PROG_TEST_RUN tables of pkg/datapath (the edge cases too: IP
+// options, fragments, BIG TCP's zero total length, packets of L3 devices
+// without an Ethernet header) and by the benchmarks.
 //
 // A Packet is a plain value describing an Ethernet frame (IPv4 with TCP,
 // UDP or ICMP, or a raw payload under any EtherType); Bytes renders it with
@@ -52,6 +54,12 @@ const (
 	ICMPEcho        uint8 = 8
 )
 
+// IPv4 flags, in FragOff.
+const (
+	DF uint16 = 0x4000 // don't fragment
+	MF uint16 = 0x2000 // more fragments
+)
+
 // Defaults for the fields whose zero value is not a useful packet.
 const (
 	DefaultTTL    = 64
@@ -80,11 +88,16 @@ type Packet struct {
 	// ID is the IPv4 identification field.
 	ID uint16
 	// FragOff is the IPv4 flags and fragment offset field, host order
-	// (0x2000 is "more fragments", the low 13 bits the offset in 8-byte
-	// units). It changes only that field: a later fragment of a UDP
-	// Packet still carries the bytes of a UDP header, now as data, as the
-	// middle of a datagram would.
+	// (DF, MF, the low 13 bits the offset in 8-byte units). It changes
+	// only that field: a later fragment of a UDP Packet still carries the
+	// bytes of a UDP header, now as data, as the middle of a datagram
+	// would. Fragments builds the real fragments of a datagram.
 	FragOff uint16
+	// ZeroTotalLen leaves the IPv4 total length 0, as IPv4 BIG TCP sends
+	// a GSO packet over 64 KiB (the kernel takes the length from the
+	// skb). Parse and Verify refuse such a frame, as the stack would
+	// without GSO.
+	ZeroTotalLen bool
 	// IPOptions are IPv4 options, appended to the 20-byte header; their
 	// length must be a multiple of 4.
 	IPOptions []byte
@@ -110,6 +123,10 @@ type Packet struct {
 	// Payload follows the L4 header (or the Ethernet header, for a frame
 	// without addresses).
 	Payload []byte
+	// RawL4, when not nil, is everything after the IPv4 header, as it
+	// is: no L4 header or checksum is built from the fields above. A
+	// fragment from Fragments carries its piece of the datagram here.
+	RawL4 []byte
 }
 
 // Bytes renders the frame. It panics on a Packet it cannot render (mixed
@@ -124,15 +141,55 @@ func (p Packet) Bytes() []byte {
 		b = binary.BigEndian.AppendUint16(b, p.EtherType)
 		return append(b, p.Payload...)
 	}
-	if !p.Src.Is4() || !p.Dst.Is4() {
-		panic(fmt.Sprintf("packet: %s -> %s: only IPv4 frames can be built yet", p.Src, p.Dst))
-	}
 	b = binary.BigEndian.AppendUint16(b, EtherTypeIPv4)
+	return append(b, p.L3()...)
+}
+
+// L3 renders the packet from its IPv4 header on, without the Ethernet
+// header: what a device without a link layer (tun, wireguard, ipip)
+// carries, and what an ICMP error quotes. It panics where Bytes does,
+// and on a Packet without addresses.
+func (p Packet) L3() []byte {
+	if !p.Src.Is4() || !p.Dst.Is4() {
+		panic(fmt.Sprintf("packet: %s -> %s: only IPv4 packets can be built yet", p.Src, p.Dst))
+	}
+	l4 := p.RawL4
+	if l4 == nil {
+		l4 = p.checksummedL4()
+	}
+	return append(p.ipv4Header(len(l4)), l4...)
+}
+
+// checksummedL4 renders the L4 header and payload with its checksum.
+func (p Packet) checksummedL4() []byte {
 	l4 := p.l4()
-	ip := p.ipv4Header(len(l4))
-	p.setL4Checksum(l4, pseudoHeader4(ip[12:16], ip[16:20], p.Proto, len(l4)))
-	b = append(b, ip...)
-	return append(b, l4...)
+	src, dst := p.Src.As4(), p.Dst.As4()
+	p.setL4Checksum(l4, pseudoHeader4(src[:], dst[:], p.Proto, len(l4)))
+	return l4
+}
+
+// Fragments splits p's datagram (its L4 header and payload, the checksum
+// computed over all of it) into fragments carrying at most size bytes of
+// it each, size a multiple of 8, as a sending stack fragments: each a copy
+// of p with its piece in RawL4 and its offset and MF in FragOff (DF kept).
+// A datagram that fits is one fragment, p itself as a raw datagram.
+func (p Packet) Fragments(size int) []Packet {
+	if size <= 0 || size%8 != 0 {
+		panic(fmt.Sprintf("packet: fragments of %d bytes: want a positive multiple of 8", size))
+	}
+	whole := p.checksummedL4()
+	var out []Packet
+	for at := 0; at < len(whole); at += size {
+		end := min(at+size, len(whole))
+		f := p
+		f.RawL4 = whole[at:end]
+		f.FragOff = p.FragOff&DF | uint16(at/8)
+		if end < len(whole) {
+			f.FragOff |= MF
+		}
+		out = append(out, f)
+	}
+	return out
 }
 
 // l4 renders the L4 header and payload, checksum field zero.
@@ -176,7 +233,9 @@ func (p Packet) ipv4Header(l4len int) []byte {
 	ihl := 20 + len(p.IPOptions)
 	h := make([]byte, ihl)
 	h[0] = 0x40 | byte(ihl/4)
-	binary.BigEndian.PutUint16(h[2:], uint16(ihl+l4len))
+	if !p.ZeroTotalLen {
+		binary.BigEndian.PutUint16(h[2:], uint16(ihl+l4len))
+	}
 	binary.BigEndian.PutUint16(h[4:], p.ID)
 	binary.BigEndian.PutUint16(h[6:], p.FragOff)
 	h[8] = p.TTL
@@ -209,8 +268,8 @@ func (p Packet) setL4Checksum(l4 []byte, pseudo uint32) {
 
 // With returns a copy of p changed by f: the expected output of a program
 // is usually its input with a few fields rewritten. Slices (Payload,
-// IPOptions) are shared; f should replace them rather than write into
-// them.
+// IPOptions, RawL4) are shared; f should replace them rather than write
+// into them.
 func (p Packet) With(f func(*Packet)) Packet {
 	f(&p)
 	return p

@@ -153,3 +153,104 @@ func TestBytesRefusesIPv6Yet(t *testing.T) {
 	}()
 	Packet{Src: netip.MustParseAddr("fd00::1"), Dst: netip.MustParseAddr("fd00::2"), Proto: TCP}.Bytes()
 }
+
+// L3 is the frame without its Ethernet header: what a tun device carries.
+func TestL3(t *testing.T) {
+	for name, p := range samples() {
+		if p.EtherType != 0 {
+			continue
+		}
+		if got, want := p.L3(), p.Bytes()[14:]; !bytes.Equal(got, want) {
+			t.Errorf("%s: L3 %x, want %x", name, got, want)
+		}
+	}
+}
+
+// Fragments are what a stack sends: each piece at its offset, MF on all
+// but the last, DF and the other header fields kept, and the pieces
+// together the whole datagram, whose checksum (in the first) covers all
+// of it.
+func TestFragments(t *testing.T) {
+	data := bytes.Repeat([]byte("0123456789abcdef"), 190) // 3040 bytes
+	p := Packet{SrcMAC: macA, DstMAC: macB, Src: ipA, Dst: ipB, Proto: UDP, SrcPort: 5300, DstPort: 53,
+		ID: 0x1111, TTL: 9, Payload: data}
+	whole := p.L3()[20:]
+	frags := p.Fragments(1480)
+	if len(frags) != 3 {
+		t.Fatalf("%d fragments, want 3", len(frags))
+	}
+	var joined []byte
+	for i, f := range frags {
+		b := f.Bytes()
+		got, err := Parse(b)
+		if err != nil {
+			t.Fatalf("fragment %d: %v", i, err)
+		}
+		wantOff := uint16(i * 1480 / 8)
+		if i < 2 {
+			wantOff |= MF
+		}
+		if got.FragOff != wantOff || got.ID != 0x1111 || got.TTL != 9 || got.Proto != UDP {
+			t.Errorf("fragment %d: FragOff %#04x ID %#x TTL %d proto %d, want %#04x 0x1111 9 17", i, got.FragOff, got.ID, got.TTL, got.Proto, wantOff)
+		}
+		if hl := binary.BigEndian.Uint16(b[14+2:]); int(hl) != 20+len(f.RawL4) {
+			t.Errorf("fragment %d: total length %d, want %d", i, hl, 20+len(f.RawL4))
+		}
+		joined = append(joined, f.RawL4...)
+	}
+	if !bytes.Equal(joined, whole) {
+		t.Error("fragments do not add up to the datagram")
+	}
+	// The UDP checksum of the first fragment covers the whole datagram.
+	if s := fold(sum(pseudoHeader4(ipA.AsSlice(), ipB.AsSlice(), UDP, len(whole)), whole)); s != 0 {
+		t.Errorf("datagram sums to %#04x, want 0", ^s)
+	}
+	df := p.With(func(p *Packet) { p.FragOff = DF }).Fragments(1480)
+	if df[0].FragOff != DF|MF || df[2].FragOff != DF|2*1480/8 {
+		t.Errorf("DF datagram: fragment flags %#04x, %#04x; want DF kept", df[0].FragOff, df[2].FragOff)
+	}
+	if one := p.Fragments(4096); len(one) != 1 || one[0].FragOff != 0 || !bytes.Equal(one[0].Bytes(), p.Bytes()) {
+		t.Error("a datagram that fits is not one unfragmented packet")
+	}
+}
+
+// ZeroTotalLen leaves the total length 0 (BIG TCP) and nothing else
+// changes: the header checksum covers the zero.
+func TestZeroTotalLen(t *testing.T) {
+	p := samples()["tcp"]
+	b := p.With(func(p *Packet) { p.ZeroTotalLen = true }).Bytes()
+	if hl := binary.BigEndian.Uint16(b[14+2:]); hl != 0 {
+		t.Fatalf("total length %d, want 0", hl)
+	}
+	if s := fold(sum(0, b[14:14+20])); s != 0 {
+		t.Errorf("IPv4 header sums to %#04x, want 0", ^s)
+	}
+	full := p.Bytes()
+	if !bytes.Equal(b[14+20:], full[14+20:]) {
+		t.Error("the TCP segment differs from the one with a total length")
+	}
+	if Verify(b) == nil {
+		t.Error("Verify accepted a total length of 0")
+	}
+}
+
+// RawL4 is carried as it is, checksum and all.
+func TestRawL4(t *testing.T) {
+	raw := []byte{1, 2, 3, 4, 5, 6, 7, 8, 9}
+	b := Packet{Src: ipA, Dst: ipB, Proto: TCP, SrcPort: 1, RawL4: raw}.L3()
+	if !bytes.Equal(b[20:], raw) || binary.BigEndian.Uint16(b[2:]) != 29 || b[9] != TCP {
+		t.Errorf("L3 with RawL4 = %x", b)
+	}
+}
+
+func TestDiff(t *testing.T) {
+	want := bytes.Repeat([]byte{0xaa}, 100)
+	got := bytes.Clone(want)
+	got[60] = 0xbb
+	d := Diff(got, want[:90])
+	for _, s := range []string{"100 bytes, want 90", "first difference at byte 60", "bbaa"} {
+		if !strings.Contains(d, s) {
+			t.Errorf("Diff = %q: no %q", d, s)
+		}
+	}
+}

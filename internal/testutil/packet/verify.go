@@ -120,3 +120,16 @@ func Verify(frame []byte) error {
 	}
 	return errors.Join(errs...)
 }
+
+// Diff says how the frame got differs from want, for a failure message:
+// their lengths, the first offset where they differ and the bytes from a
+// little before it (whole frames of a few kilobytes are unreadable).
+func Diff(got, want []byte) string {
+	i := 0
+	for i < len(got) && i < len(want) && got[i] == want[i] {
+		i++
+	}
+	from := max(0, i-8)
+	show := func(b []byte) []byte { return b[min(from, len(b)):min(from+48, len(b))] }
+	return fmt.Sprintf("%d bytes, want %d; first difference at byte %d:\n got ...%x\nwant ...%x", len(got), len(want), i, show(got), show(want))
+}

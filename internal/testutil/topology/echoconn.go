@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -17,6 +18,19 @@ type EchoConn struct {
 	r *bufio.Reader
 	// Backend is the name of the server that echoed the first line.
 	Backend string
+}
+
+// MustDialEcho is DialEcho within timeout (and t's life), failing t if it
+// fails.
+func (n *NS) MustDialEcho(t testing.TB, addr string, timeout time.Duration) *EchoConn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	defer cancel()
+	c, err := n.DialEcho(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // DialEcho connects from n to addr within ctx and says a first line, which

@@ -23,6 +23,12 @@
 // frontend whose master does not check them, and every ClusterIP master's
 // address is a service IP. Errors can be injected per operation with Fail.
 //
+// A batch (UpsertBackends and the like) is applied entry by entry, each
+// checked and failable as a single operation (Op.Batch says it is part
+// of a batch), and stops at the first entry that fails, as the kernel's
+// BPF_MAP_UPDATE_BATCH does: so the invariants hold after every prefix of
+// a batch, which is what a datapath reading concurrently may see.
+//
 // String prints the maps in the reconciler's dump format (KernelState.String).
 package fakedp
 
@@ -55,6 +61,7 @@ const (
 	OpDeleteServiceIP   OpKind = "DeleteServiceIP"
 	OpFlushConntrack    OpKind = "FlushConntrack"
 	OpFixAffinity       OpKind = "FixAffinity"
+	OpResetStats        OpKind = "ResetServiceStats"
 )
 
 // Op is one operation, as passed to Fail and recorded in Ops.
@@ -70,6 +77,11 @@ type Op struct {
 	Master   reconciler.Master
 	Prefix   netip.Prefix // UpsertSourceRange, DeleteSourceRange
 	IP       netip.Addr   // UpsertServiceIP, DeleteServiceIP
+	// Batch says the operation is an entry of a batch (UpsertBackends
+	// and the like): the fake applies a batch's entries one by one,
+	// checking after each, and stops at the first that fails, as the
+	// kernel does.
+	Batch bool
 }
 
 func (o Op) String() string {
@@ -80,7 +92,7 @@ func (o Op) String() string {
 		return fmt.Sprintf("%s %d", o.Kind, o.Backend)
 	case OpUpsertRevNat:
 		return fmt.Sprintf("%s %d %s", o.Kind, o.Service, o.Frontend)
-	case OpDeleteRevNat:
+	case OpDeleteRevNat, OpResetStats:
 		return fmt.Sprintf("%s %d", o.Kind, o.Service)
 	case OpUpsertSlot:
 		return fmt.Sprintf("%s %s[%d]=%d", o.Kind, o.Frontend, o.Slot, o.Backend)
@@ -139,6 +151,7 @@ type Fake struct {
 	Ops    []Op
 
 	counts     map[OpKind]int
+	batches    int
 	flushed    []model.L4Addr
 	fixed      []reconciler.AffinityFix
 	violations []string
@@ -206,7 +219,11 @@ func (f *Fake) violate(op Op, format string, a ...any) {
 func (f *Fake) UpsertBackend(id reconciler.BackendID, b model.L4Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	op := Op{Kind: OpUpsertBackend, Backend: id, Addr: b}
+	return f.upsertBackend(id, b, false)
+}
+
+func (f *Fake) upsertBackend(id reconciler.BackendID, b model.L4Addr, batch bool) error {
+	op := Op{Batch: batch, Kind: OpUpsertBackend, Backend: id, Addr: b}
 	if err := f.begin(op); err != nil {
 		return err
 	}
@@ -224,7 +241,11 @@ func (f *Fake) UpsertBackend(id reconciler.BackendID, b model.L4Addr) error {
 func (f *Fake) DeleteBackend(id reconciler.BackendID) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	op := Op{Kind: OpDeleteBackend, Backend: id}
+	return f.deleteBackend(id, false)
+}
+
+func (f *Fake) deleteBackend(id reconciler.BackendID, batch bool) error {
+	op := Op{Batch: batch, Kind: OpDeleteBackend, Backend: id}
 	if err := f.begin(op); err != nil {
 		return err
 	}
@@ -239,7 +260,11 @@ func (f *Fake) DeleteBackend(id reconciler.BackendID) error {
 func (f *Fake) UpsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	op := Op{Kind: OpUpsertRevNat, Service: id, Frontend: fe}
+	return f.upsertRevNat(id, fe, false)
+}
+
+func (f *Fake) upsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend, batch bool) error {
+	op := Op{Batch: batch, Kind: OpUpsertRevNat, Service: id, Frontend: fe}
 	if err := f.begin(op); err != nil {
 		return err
 	}
@@ -257,7 +282,11 @@ func (f *Fake) UpsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend) err
 func (f *Fake) DeleteRevNat(id reconciler.ServiceID) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	op := Op{Kind: OpDeleteRevNat, Service: id}
+	return f.deleteRevNat(id, false)
+}
+
+func (f *Fake) deleteRevNat(id reconciler.ServiceID, batch bool) error {
+	op := Op{Batch: batch, Kind: OpDeleteRevNat, Service: id}
 	if err := f.begin(op); err != nil {
 		return err
 	}
@@ -274,7 +303,11 @@ func (f *Fake) entries() int { return len(f.masters) + f.nslots }
 func (f *Fake) UpsertSlot(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	op := Op{Kind: OpUpsertSlot, Frontend: fe, Slot: slot, Backend: id}
+	return f.upsertSlot(fe, slot, id, false)
+}
+
+func (f *Fake) upsertSlot(fe reconciler.Frontend, slot uint32, id reconciler.BackendID, batch bool) error {
+	op := Op{Batch: batch, Kind: OpUpsertSlot, Frontend: fe, Slot: slot, Backend: id}
 	if err := f.begin(op); err != nil {
 		return err
 	}
@@ -313,7 +346,11 @@ func (f *Fake) unref(id reconciler.BackendID) {
 func (f *Fake) UpsertMaster(fe reconciler.Frontend, m reconciler.Master) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	op := Op{Kind: OpUpsertMaster, Frontend: fe, Master: m}
+	return f.upsertMaster(fe, m, false)
+}
+
+func (f *Fake) upsertMaster(fe reconciler.Frontend, m reconciler.Master, batch bool) error {
+	op := Op{Batch: batch, Kind: OpUpsertMaster, Frontend: fe, Master: m}
 	if err := f.begin(op); err != nil {
 		return err
 	}
@@ -478,7 +515,11 @@ func (f *Fake) DeleteSourceRange(fe model.L4Addr, p netip.Prefix) error {
 func (f *Fake) UpsertServiceIP(a netip.Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	op := Op{Kind: OpUpsertServiceIP, IP: a}
+	return f.upsertServiceIP(a, false)
+}
+
+func (f *Fake) upsertServiceIP(a netip.Addr, batch bool) error {
+	op := Op{Batch: batch, Kind: OpUpsertServiceIP, IP: a}
 	if err := f.begin(op); err != nil {
 		return err
 	}
@@ -539,6 +580,30 @@ func (f *Fake) FixAffinity(fixes []reconciler.AffinityFix) error {
 		}
 	}
 	f.fixed = append(f.fixed, fixes...)
+	f.done(op)
+	return nil
+}
+
+// ResetServiceStats zeroes the per-Service counters of id. The fake keeps
+// no counters; it checks that the id is free: zeroing the counters of an
+// id a rev_nat entry or a master still names would lose a live
+// frontend's counts.
+func (f *Fake) ResetServiceStats(id reconciler.ServiceID) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op := Op{Kind: OpResetStats, Service: id}
+	if err := f.begin(op); err != nil {
+		return err
+	}
+	if id == 0 {
+		f.violate(op, "service id 0")
+	}
+	if fe, ok := f.revNat[id]; ok {
+		f.violate(op, "service id %d is in use: rev_nat names %s", id, fe)
+	}
+	if f.masterRefs[id] > 0 {
+		f.violate(op, "service id %d is in use by %d masters", id, f.masterRefs[id])
+	}
 	f.done(op)
 	return nil
 }
@@ -728,13 +793,13 @@ func (f *Fake) Count(kind OpKind) int {
 }
 
 // Writes returns how many map-changing operations succeeded (conntrack
-// flushes and session affinity fixes excluded).
+// flushes, session affinity fixes and counter resets excluded).
 func (f *Fake) Writes() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n := 0
 	for k, c := range f.counts {
-		if k != OpFlushConntrack && k != OpFixAffinity {
+		if k != OpFlushConntrack && k != OpFixAffinity && k != OpResetStats {
 			n += c
 		}
 	}
@@ -747,6 +812,7 @@ func (f *Fake) ResetCounts() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.counts = map[OpKind]int{}
+	f.batches = 0
 	f.Ops = nil
 	f.flushed = nil
 	f.fixed = nil
@@ -780,4 +846,56 @@ func (f *Fake) String() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.snapshot().String()
+}
+
+// eachInBatch applies n entries of one batch with apply, in order, and
+// stops at the first that fails, as the kernel's BPF_MAP_*_BATCH do: it
+// returns how many were applied. Every entry is checked (and can be
+// failed by Fail) as a single operation is.
+func (f *Fake) eachInBatch(n int, apply func(i int) error) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.batches++
+	for i := range n {
+		if err := apply(i); err != nil {
+			return i, err
+		}
+	}
+	return n, nil
+}
+
+func (f *Fake) UpsertBackends(es []reconciler.BackendEntry) (int, error) {
+	return f.eachInBatch(len(es), func(i int) error { return f.upsertBackend(es[i].ID, es[i].Addr, true) })
+}
+
+func (f *Fake) UpsertRevNats(es []reconciler.RevNatEntry) (int, error) {
+	return f.eachInBatch(len(es), func(i int) error { return f.upsertRevNat(es[i].ID, es[i].Frontend, true) })
+}
+
+func (f *Fake) UpsertSlots(es []reconciler.SlotEntry) (int, error) {
+	return f.eachInBatch(len(es), func(i int) error { return f.upsertSlot(es[i].Frontend, es[i].Slot, es[i].Backend, true) })
+}
+
+func (f *Fake) UpsertMasters(es []reconciler.MasterEntry) (int, error) {
+	return f.eachInBatch(len(es), func(i int) error { return f.upsertMaster(es[i].Frontend, es[i].Master, true) })
+}
+
+func (f *Fake) UpsertServiceIPs(as []netip.Addr) (int, error) {
+	return f.eachInBatch(len(as), func(i int) error { return f.upsertServiceIP(as[i], true) })
+}
+
+func (f *Fake) DeleteBackends(ids []reconciler.BackendID) (int, error) {
+	return f.eachInBatch(len(ids), func(i int) error { return f.deleteBackend(ids[i], true) })
+}
+
+func (f *Fake) DeleteRevNats(ids []reconciler.ServiceID) (int, error) {
+	return f.eachInBatch(len(ids), func(i int) error { return f.deleteRevNat(ids[i], true) })
+}
+
+// Batches returns how many batch operations were made (each counts in
+// Count and Writes once per entry written).
+func (f *Fake) Batches() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.batches
 }

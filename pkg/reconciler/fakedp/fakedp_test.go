@@ -18,6 +18,14 @@ func TestFakeDetectsViolations(t *testing.T) {
 	feb := reconciler.DefaultScope(l4b)
 	b := model.L4Addr{Addr: netip.MustParseAddr("10.0.0.1"), Port: 8080, Proto: model.TCP}
 	ext := reconciler.FlagExternal
+	// The writes most sequences start with: backend 5 in slot 1 of at, and
+	// a master of at with its rev_nat entry (the order that is right).
+	backend5In := func(f *Fake, at reconciler.Frontend) error {
+		return errors.Join(f.UpsertBackend(5, b), f.UpsertSlot(at, 1, 5))
+	}
+	master := func(f *Fake, at reconciler.Frontend, m reconciler.Master) error {
+		return errors.Join(f.UpsertRevNat(m.ID, at), f.UpsertMaster(at, m))
+	}
 	tests := []struct {
 		name string
 		ops  func(f *Fake) error
@@ -25,40 +33,30 @@ func TestFakeDetectsViolations(t *testing.T) {
 	}{
 		{"slot before backend", func(f *Fake) error { return f.UpsertSlot(fe, 1, 5) }, "names backend 5, which does not exist"},
 		{"master before slots", func(f *Fake) error {
-			return errors.Join(
-				f.UpsertRevNat(1, fe),
-				f.UpsertMaster(fe, reconciler.Master{ID: 1, Count: 1}),
-			)
+			return master(f, fe, reconciler.Master{ID: 1, Count: 1})
 		}, "master count 1 but slot 1 does not exist"},
 		{"master before rev_nat", func(f *Fake) error { return f.UpsertMaster(fe, reconciler.Master{ID: 1}) }, "no rev_nat entry"},
 		{"backend deleted while named", func(f *Fake) error {
 			return errors.Join(
-				f.UpsertBackend(5, b),
-				f.UpsertSlot(fe, 1, 5),
+				backend5In(f, fe),
 				f.DeleteBackend(5),
 			)
 		}, "backend 5 deleted while 1 slots name it"},
 		{"slot deleted under the master", func(f *Fake) error {
 			return errors.Join(
-				f.UpsertBackend(5, b),
-				f.UpsertSlot(fe, 1, 5),
-				f.UpsertRevNat(1, fe),
-				f.UpsertMaster(fe, reconciler.Master{ID: 1, Count: 1}),
+				backend5In(f, fe),
+				master(f, fe, reconciler.Master{ID: 1, Count: 1}),
 				f.DeleteSlot(fe, 1),
 			)
 		}, "slot 1 deleted while the master counts 1"},
 		{"rev_nat deleted under the master", func(f *Fake) error {
 			return errors.Join(
-				f.UpsertRevNat(1, fe),
-				f.UpsertMaster(fe, reconciler.Master{ID: 1}),
+				master(f, fe, reconciler.Master{ID: 1}),
 				f.DeleteRevNat(1),
 			)
 		}, "rev_nat 1 deleted while a master names it"},
 		{"master checks ranges before they exist", func(f *Fake) error {
-			return errors.Join(
-				f.UpsertRevNat(1, fe),
-				f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: reconciler.FlagSourceRanges}),
-			)
+			return master(f, fe, reconciler.Master{ID: 1, Flags: reconciler.FlagSourceRanges})
 		}, "master checks source ranges but its frontend has none"},
 		{"last range deleted under the master", func(f *Fake) error {
 			return errors.Join(
@@ -70,27 +68,21 @@ func TestFakeDetectsViolations(t *testing.T) {
 		}, "last source range deleted while the master checks them"},
 		{"range with host bits", func(f *Fake) error { return f.UpsertSourceRange(l4, netip.MustParsePrefix("10.0.0.1/8")) }, "host bits"},
 		{"two scopes before the internal scope", func(f *Fake) error {
-			return errors.Join(
-				f.UpsertRevNat(1, fe),
-				f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: ext | reconciler.FlagTwoScopes}),
-			)
+			return master(f, fe, reconciler.Master{ID: 1, Flags: ext | reconciler.FlagTwoScopes})
 		}, "master says two scopes but the internal scope has no master"},
 		{"internal scope deleted under two scopes", func(f *Fake) error {
 			return errors.Join(
 				f.UpsertRevNat(1, fe),
-				f.UpsertRevNat(2, in),
-				f.UpsertMaster(in, reconciler.Master{ID: 2, Flags: ext}),
+				master(f, in, reconciler.Master{ID: 2, Flags: ext}),
 				f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: ext | reconciler.FlagTwoScopes}),
 				f.DeleteSlot(in, 0),
 			)
 		}, "internal scope deleted while the default scope's master says two scopes"},
 		{"internal slot deleted under two scopes", func(f *Fake) error {
 			return errors.Join(
-				f.UpsertBackend(5, b),
-				f.UpsertSlot(in, 1, 5),
+				backend5In(f, in),
 				f.UpsertRevNat(1, fe),
-				f.UpsertRevNat(2, in),
-				f.UpsertMaster(in, reconciler.Master{ID: 2, Count: 1, Flags: ext}),
+				master(f, in, reconciler.Master{ID: 2, Count: 1, Flags: ext}),
 				f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: ext | reconciler.FlagTwoScopes}),
 				f.DeleteSlot(in, 1),
 			)
@@ -98,8 +90,7 @@ func TestFakeDetectsViolations(t *testing.T) {
 		{"service IP before its ClusterIP master", func(f *Fake) error { return f.UpsertServiceIP(fe.Addr) }, "service IP 10.96.0.1 added while no ClusterIP master is at it"},
 		{"service IP of an external frontend", func(f *Fake) error {
 			return errors.Join(
-				f.UpsertRevNat(1, fe),
-				f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: ext}),
+				master(f, fe, reconciler.Master{ID: 1, Flags: ext}),
 				f.UpsertServiceIP(fe.Addr),
 			)
 		}, "service IP 10.96.0.1 added while no ClusterIP master is at it"},
@@ -116,23 +107,20 @@ func TestFakeDetectsViolations(t *testing.T) {
 		}, "the last ClusterIP master at 10.96.0.1 deleted while it is a service IP"},
 		{"last ClusterIP master turned external under its service IP", func(f *Fake) error {
 			return errors.Join(
-				f.UpsertRevNat(1, fe),
-				f.UpsertMaster(fe, reconciler.Master{ID: 1}),
+				master(f, fe, reconciler.Master{ID: 1}),
 				f.UpsertServiceIP(fe.Addr),
 				f.UpsertMaster(fe, reconciler.Master{ID: 1, Flags: ext}),
 			)
 		}, "the last ClusterIP master at 10.96.0.1 stopped being one while it is a service IP"},
 		{"session affinity moved to a slot not holding its backend", func(f *Fake) error {
 			return errors.Join(
-				f.UpsertBackend(5, b),
-				f.UpsertSlot(fe, 1, 5),
+				backend5In(f, fe),
 				f.FixAffinity([]reconciler.AffinityFix{{Frontend: fe, Backend: 6, Slot: 1}}),
 			)
 		}, "moves backend 6 to slot 1, which names 5"},
 		{"session affinity moved to the other scope's slot", func(f *Fake) error {
 			return errors.Join(
-				f.UpsertBackend(5, b),
-				f.UpsertSlot(in, 1, 5),
+				backend5In(f, in),
 				f.FixAffinity([]reconciler.AffinityFix{{Frontend: fe, Backend: 5, Slot: 1}}),
 			)
 		}, "moves backend 5 to slot 1, which names 0"},
@@ -272,5 +260,41 @@ func TestFakeCheckBetweenApplies(t *testing.T) {
 	}
 	if ks, _ := f.Dump(); len(ks.ServiceIPs) != 0 {
 		t.Errorf("dump: service IPs %v", ks.ServiceIPs)
+	}
+}
+
+// TestBatchStopsAtFailure: a batch applies its entries in order, checks
+// each, and stops at the first that fails, saying how many it applied.
+func TestBatchStopsAtFailure(t *testing.T) {
+	f := New(16, 16, 64)
+	f.CheckAll = true
+	fe := reconciler.DefaultScope(model.L4Addr{Addr: netip.MustParseAddr("10.96.0.1"), Port: 80, Proto: model.TCP})
+	f.Fail = func(op Op) error {
+		if op.Batch && op.Kind == OpUpsertBackend && op.Backend == 3 {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	var bes []reconciler.BackendEntry
+	for id := range reconciler.BackendID(5) {
+		bes = append(bes, reconciler.BackendEntry{ID: id + 1, Addr: model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(id + 1)}), Port: 8080, Proto: model.TCP}})
+	}
+	if n, err := f.UpsertBackends(bes); n != 2 || err == nil {
+		t.Fatalf("UpsertBackends = %d, %v; want 2 and the injected error", n, err)
+	}
+	if _, nb, _ := f.Sizes(); nb != 2 {
+		t.Fatalf("%d backends after the failed batch, want 2", nb)
+	}
+	// A slot batch naming a backend the failed batch did not write is
+	// a violation, seen at that entry.
+	if _, err := f.UpsertSlots([]reconciler.SlotEntry{{Frontend: fe, Slot: 1, Backend: 1}, {Frontend: fe, Slot: 2, Backend: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	v := f.Violations()
+	if len(v) == 0 || !strings.Contains(v[0], "UpsertSlot 10.96.0.1:80/TCP[2]=3") {
+		t.Errorf("violations = %q, want one after the slot naming backend 3", v)
+	}
+	if n := f.Batches(); n != 2 {
+		t.Errorf("%d batches, want 2", n)
 	}
 }

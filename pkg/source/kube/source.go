@@ -27,7 +27,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -183,27 +182,15 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 	s.runner = newRunner(func(periodic bool) { s.syncOnce(apply, periodic) },
 		s.cfg.MinSyncPeriod, s.cfg.SyncPeriod)
 
-	svcReg, err := factory.Core().V1().Services().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { s.onService(obj, false) },
-		UpdateFunc: func(_, obj any) { s.onService(obj, false) },
-		DeleteFunc: func(obj any) { s.onService(obj, true) },
-	})
+	svcReg, err := factory.Core().V1().Services().Informer().AddEventHandler(handler(s.onService))
 	if err != nil {
 		return fmt.Errorf("watch services: %w", err)
 	}
-	sliceReg, err := factory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { s.onSlice(obj, false) },
-		UpdateFunc: func(_, obj any) { s.onSlice(obj, false) },
-		DeleteFunc: func(obj any) { s.onSlice(obj, true) },
-	})
+	sliceReg, err := factory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(handler(s.onSlice))
 	if err != nil {
 		return fmt.Errorf("watch endpointslices: %w", err)
 	}
-	nodeReg, err := nodeFactory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { s.onNode(obj, false) },
-		UpdateFunc: func(_, obj any) { s.onNode(obj, false) },
-		DeleteFunc: func(obj any) { s.onNode(obj, true) },
-	})
+	nodeReg, err := nodeFactory.Core().V1().Nodes().Informer().AddEventHandler(handler(s.onNode))
 	if err != nil {
 		return fmt.Errorf("watch node %s: %w", nodeName, err)
 	}
@@ -237,28 +224,24 @@ func objectOf(obj any) any {
 	return obj
 }
 
-func (s *Source) onService(obj any, deleted bool) {
-	svc, ok := objectOf(obj).(*corev1.Service)
-	if !ok {
-		return
-	}
-	key := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
-	if deleted {
-		svc = nil
-	}
-	s.request(s.tracker.SetService(key, svc))
-}
+func (s *Source) onService(obj any, deleted bool) { onObject(s, obj, deleted, s.tracker.SetService) }
+func (s *Source) onSlice(obj any, deleted bool)   { onObject(s, obj, deleted, s.tracker.SetSlice) }
 
-func (s *Source) onSlice(obj any, deleted bool) {
-	slice, ok := objectOf(obj).(*discoveryv1.EndpointSlice)
+// onObject hands a Service or an EndpointSlice to set under its name: the
+// object as it is now, or nil once it is deleted.
+func onObject[T any, P interface {
+	*T
+	metav1.Object
+}](s *Source, obj any, deleted bool, set func(types.NamespacedName, P) bool) {
+	o, ok := objectOf(obj).(P)
 	if !ok {
 		return
 	}
-	key := types.NamespacedName{Namespace: slice.Namespace, Name: slice.Name}
+	key := types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}
 	if deleted {
-		slice = nil
+		o = nil
 	}
-	s.request(s.tracker.SetSlice(key, slice))
+	s.request(set(key, o))
 }
 
 // onNode follows the labels of this node's Node object.
@@ -273,6 +256,16 @@ func (s *Source) onNode(obj any, deleted bool) {
 		n.Labels = node.Labels
 	}
 	s.request(s.tracker.SetNode(n))
+}
+
+// handler routes an informer's adds, updates and deletes to on, which is
+// told whether the object went.
+func handler(on func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { on(obj, false) },
+		UpdateFunc: func(_, obj any) { on(obj, false) },
+		DeleteFunc: func(obj any) { on(obj, true) },
+	}
 }
 
 // syncOnce translates what changed and hands the state to apply. periodic

@@ -201,26 +201,12 @@ func BenchmarkLoadList(b *testing.B) {
 				runtime.KeepAlive(res)
 			})
 			b.Run("one-endpoint-change", func(b *testing.B) {
-				if err := os.WriteFile(p, orig, 0o644); err != nil {
-					b.Fatal(err)
-				}
-				l := newLoader(translate.Options{})
-				if _, err := l.load(p); err != nil {
-					b.Fatal(err)
-				}
+				l, _ := loadFresh(b, p, orig)
 				b.ReportAllocs()
 				i := 0
 				for b.Loop() {
-					data := changed
-					if i%2 == 1 {
-						data = orig
-					}
+					writeUntimed(b, p, i, changed, orig)
 					i++
-					b.StopTimer()
-					if err := os.WriteFile(p, data, 0o644); err != nil {
-						b.Fatal(err)
-					}
-					b.StartTimer()
 					res, err := l.load(p)
 					if err != nil || len(res.Errors) > 0 || len(res.State.Services) != n {
 						b.Fatalf("%v %v", err, res.Errors)

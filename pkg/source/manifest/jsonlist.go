@@ -63,44 +63,20 @@ func splitJSONListSpans(doc []byte) (rest []byte, items []span, ok bool) {
 				return nil, nil, false
 			}
 			arr = i
-			i++
-			for first := true; ; first = false {
-				i = skipSpace(doc, i)
-				if i >= len(doc) {
-					return nil, nil, false
-				}
-				if doc[i] == ']' {
-					i++
-					break
-				}
-				if !first {
-					if doc[i] != ',' {
-						return nil, nil, false
-					}
-					i = skipSpace(doc, i+1)
-				}
-				start := i
-				if i, ok = skipValue(doc, i); !ok {
-					return nil, nil, false
-				}
-				items = append(items, span{start, i})
+			if i, items, ok = skipItems(doc, i); !ok {
+				return nil, nil, false
 			}
 			arrEnd = i
 		} else if i, ok = skipValue(doc, i); !ok {
 			return nil, nil, false
 		}
-		i = skipSpace(doc, i)
-		if i >= len(doc) {
+		var more bool
+		if i, more, ok = skipSeparator(doc, i, '}'); !ok {
 			return nil, nil, false
 		}
-		if doc[i] == ',' {
-			i++
-			continue
+		if !more {
+			break
 		}
-		if doc[i] != '}' {
-			return nil, nil, false
-		}
-		break
 	}
 	if arr < 0 {
 		return nil, nil, false
@@ -110,6 +86,42 @@ func splitJSONListSpans(doc []byte) (rest []byte, items []span, ok bool) {
 	rest = append(rest, "[]"...)
 	rest = append(rest, doc[arrEnd:]...)
 	return rest, items, true
+}
+
+// skipItems returns the index after the array starting at doc[i] ('[')
+// and where its elements are.
+func skipItems(doc []byte, i int) (end int, items []span, ok bool) {
+	i++
+	if j := skipSpace(doc, i); j < len(doc) && doc[j] == ']' {
+		return j + 1, nil, true
+	}
+	for more := true; more; {
+		start := skipSpace(doc, i)
+		if i, ok = skipValue(doc, start); !ok {
+			return 0, nil, false
+		}
+		items = append(items, span{start, i})
+		if i, more, ok = skipSeparator(doc, i, ']'); !ok {
+			return 0, nil, false
+		}
+	}
+	return i, items, true
+}
+
+// skipSeparator returns the index after the ',' (more is true) or the
+// closing bracket (more is false) that follows a member or an element at
+// doc[i:], white space aside.
+func skipSeparator(doc []byte, i int, closing byte) (next int, more, ok bool) {
+	i = skipSpace(doc, i)
+	switch {
+	case i >= len(doc):
+		return 0, false, false
+	case doc[i] == ',':
+		return i + 1, true, true
+	case doc[i] == closing:
+		return i + 1, false, true
+	}
+	return 0, false, false
 }
 
 func skipSpace(doc []byte, i int) int {

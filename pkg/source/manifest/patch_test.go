@@ -12,6 +12,29 @@ import (
 	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
+// loaders returns a loader that patches and one that always parses, the
+// reference the patching one is compared with.
+func loaders() (l, parse *loader) {
+	l, parse = newLoader(translate.Options{}), newLoader(translate.Options{})
+	parse.noPatch = true
+	return l, parse
+}
+
+// loadBoth loads path with both loaders and checks that the patching
+// one's result is the parsed one.
+func loadBoth(t *testing.T, what string, l, parse *loader, path string) {
+	t.Helper()
+	got, err := l.load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := parse.load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameResult(t, what, got, want)
+}
+
 // sameResult fails the test if got differs from want in anything a caller
 // sees.
 func sameResult(t *testing.T, what string, got, want *Result) {
@@ -104,13 +127,8 @@ func TestPatchMatchesParse(t *testing.T) {
 			if err := os.WriteFile(p, cur, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			l, parse := newLoader(translate.Options{}), newLoader(translate.Options{})
-			parse.noPatch = true
-			for _, l := range []*loader{l, parse} {
-				if _, err := l.load(p); err != nil {
-					t.Fatal(err)
-				}
-			}
+			l, parse := loaders()
+			loadBoth(t, "the first load", l, parse, p)
 			for _, e := range edits {
 				next := bytes.ReplaceAll(cur, []byte(e.from), []byte(e.to))
 				if bytes.Equal(next, cur) {
@@ -121,15 +139,7 @@ func TestPatchMatchesParse(t *testing.T) {
 					t.Fatal(err)
 				}
 				patches, decoded := l.patches, l.decoded.Load()
-				got, err := l.load(p)
-				if err != nil {
-					t.Fatal(err)
-				}
-				want, err := parse.load(p)
-				if err != nil {
-					t.Fatal(err)
-				}
-				sameResult(t, e.name, got, want)
+				loadBoth(t, e.name, l, parse, p)
 				if took := l.patches > patches; took != e.patch {
 					t.Errorf("%s: patched %v, want %v", e.name, took, e.patch)
 				}
@@ -150,13 +160,8 @@ func TestPatchNotAcrossFiles(t *testing.T) {
 	dup := strings.Replace(string(orig), "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: svc-5\n  namespace: bench\n",
 		"---\napiVersion: v1\nkind: Service\nmetadata:\n  name: a\n  namespace: ns\n", 1)
 	p := writeFile(t, dir, "b.yaml", dup)
-	l, parse := newLoader(translate.Options{}), newLoader(translate.Options{})
-	parse.noPatch = true
-	for _, l := range []*loader{l, parse} {
-		if _, err := l.load(dir); err != nil {
-			t.Fatal(err)
-		}
-	}
+	l, parse := loaders()
+	loadBoth(t, "the first load", l, parse, dir)
 	for i, to := range []string{"10.97.0.5", "10.97.0.6"} {
 		from := scaleVIP(5)
 		if i > 0 {
@@ -164,15 +169,7 @@ func TestPatchNotAcrossFiles(t *testing.T) {
 		}
 		dup = strings.ReplaceAll(dup, " "+from+"\n", " "+to+"\n")
 		writeFile(t, dir, "b.yaml", dup)
-		got, err := l.load(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want, err := parse.load(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sameResult(t, fmt.Sprintf("edit %d", i), got, want)
+		loadBoth(t, fmt.Sprintf("edit %d", i), l, parse, dir)
 		if l.patches != 0 {
 			t.Errorf("edit %d of %s patched a shadowed object", i, p)
 		}
@@ -194,21 +191,12 @@ func FuzzPatch(f *testing.F) {
 			name = "f.json"
 		}
 		p := filepath.Join(t.TempDir(), name)
-		l, parse := newLoader(translate.Options{}), newLoader(translate.Options{})
-		parse.noPatch = true
+		l, parse := loaders()
 		for i, data := range [][]byte{first, second} {
 			if err := os.WriteFile(p, data, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			got, err := l.load(p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			want, err := parse.load(p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sameResult(t, fmt.Sprintf("load %d", i+1), got, want)
+			loadBoth(t, fmt.Sprintf("load %d", i+1), l, parse, p)
 		}
 	})
 }

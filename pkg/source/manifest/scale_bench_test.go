@@ -152,11 +152,8 @@ func BenchmarkScale(b *testing.B) {
 					runtime.KeepAlive(res)
 				})
 				b.Run("one-change", func(b *testing.B) {
-					if err := os.WriteFile(p, orig, 0o644); err != nil {
-						b.Fatal(err)
-					}
-					l := newLoader(translate.Options{})
-					check(l.load(p))
+					l, res := loadFresh(b, p, orig)
+					check(res, nil)
 					// One change before timing: the first one after a full
 					// load also pays for collecting what that load left
 					// (1.3 s of CPU at 100,000) and for the read buffer.
@@ -171,16 +168,8 @@ func BenchmarkScale(b *testing.B) {
 					var cpu time.Duration
 					i := 0
 					for b.Loop() {
-						data := changed
-						if i%2 == 1 {
-							data = orig
-						}
+						writeUntimed(b, p, i, changed, orig)
 						i++
-						b.StopTimer()
-						if err := os.WriteFile(p, data, 0o644); err != nil {
-							b.Fatal(err)
-						}
-						b.StartTimer()
 						t0 := cpuTime(b)
 						res, err := l.load(p)
 						cpu += cpuTime(b) - t0
@@ -194,6 +183,35 @@ func BenchmarkScale(b *testing.B) {
 				})
 			})
 		}
+	}
+}
+
+// loadFresh writes orig to p and loads it with a new loader, the state
+// each change benchmark starts from.
+func loadFresh(b *testing.B, p string, orig []byte) (*loader, *Result) {
+	if err := os.WriteFile(p, orig, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	l := newLoader(translate.Options{})
+	res, err := l.load(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return l, res
+}
+
+// writeUntimed writes the i-th of a run of alternating edits to p with the
+// benchmark's timer stopped: changed for even i, orig (the edit undone)
+// for odd i.
+func writeUntimed(b *testing.B, p string, i int, changed, orig []byte) {
+	b.StopTimer()
+	defer b.StartTimer()
+	data := changed
+	if i%2 == 1 {
+		data = orig
+	}
+	if err := os.WriteFile(p, data, 0o644); err != nil {
+		b.Fatal(err)
 	}
 }
 

@@ -74,18 +74,12 @@ ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
 NodePort 192.168.1.1:30080/TCP -> 10.1.0.1 10.2.0.1
 NodePort 192.168.2.1:30080/TCP -> 10.1.0.1 10.2.0.1
 `},
-		{"NodePort local", func(s *corev1.Service) {
-			s.Spec.Type = corev1.ServiceTypeNodePort
-			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-		}, opts, `
+		{"NodePort local", nodePort(corev1.ServiceExternalTrafficPolicyLocal), opts, `
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
 NodePort 192.168.1.1:30080/TCP local -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
 NodePort 192.168.2.1:30080/TCP local -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
 `},
-		{"NodePort local on a node without endpoints", func(s *corev1.Service) {
-			s.Spec.Type = corev1.ServiceTypeNodePort
-			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
-		}, Options{Node: Node{Name: "node-c", Addresses: opts.Node.Addresses[:1]}}, `
+		{"NodePort local on a node without endpoints", nodePort(corev1.ServiceExternalTrafficPolicyLocal), Options{Node: Node{Name: "node-c", Addresses: opts.Node.Addresses[:1]}}, `
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
 NodePort 192.168.1.1:30080/TCP local drop -> | internal -> 10.1.0.1 10.2.0.1
 `},

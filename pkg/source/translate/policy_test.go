@@ -209,6 +209,9 @@ var (
 // or drops, as kube-proxy's nftables proxier decides.
 func TestTrafficPolicies(t *testing.T) {
 	local, cluster := corev1.ServiceExternalTrafficPolicyLocal, corev1.ServiceExternalTrafficPolicyCluster
+	// Zone hints that send this node (in zone-a, see runTrafficCases) to
+	// the endpoint elsewhere and the other zone to this node's.
+	crossZones := map[string][]string{"10.1.0.1": {"zone-b"}, "10.2.0.1": {"zone-a"}}
 	runTrafficCases(t, []trafficCase{
 		{name: "internalTrafficPolicy Local keeps ClusterIP traffic on this node's endpoints",
 			mod: itp(corev1.ServiceInternalTrafficPolicyLocal), eps: []ep{here, there}, want: `
@@ -300,22 +303,17 @@ ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
 NodePort 192.168.1.1:30080/TCP -> 10.1.0.1 10.2.0.1
 `},
 		{name: "node hints (PreferSameNode) win over zone hints",
-			mod: nodePort(cluster), eps: []ep{here, there},
-			zones: map[string][]string{"10.1.0.1": {"zone-b"}, "10.2.0.1": {"zone-a"}},
-			nodes: map[string][]string{"10.1.0.1": {"node-a"}, "10.2.0.1": {"node-b"}}, want: `
+			mod: nodePort(cluster), eps: []ep{here, there}, zones: crossZones, nodes: map[string][]string{"10.1.0.1": {"node-a"}, "10.2.0.1": {"node-b"}}, want: `
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1
 NodePort 192.168.1.1:30080/TCP -> 10.1.0.1
 `},
 		{name: "node hints for other nodes: zone hints decide",
-			mod: nodePort(cluster), eps: []ep{here, there},
-			zones: map[string][]string{"10.1.0.1": {"zone-b"}, "10.2.0.1": {"zone-a"}},
-			nodes: map[string][]string{"10.1.0.1": {"node-b"}, "10.2.0.1": {"node-b"}}, want: `
+			mod: nodePort(cluster), eps: []ep{here, there}, zones: crossZones, nodes: map[string][]string{"10.1.0.1": {"node-b"}, "10.2.0.1": {"node-b"}}, want: `
 ClusterIP 10.96.0.1:80/TCP -> 10.2.0.1
 NodePort 192.168.1.1:30080/TCP -> 10.2.0.1
 `},
 		{name: "Local ignores hints; the short-circuit set follows them",
-			mod: nodePort(local), eps: []ep{here, there},
-			zones: map[string][]string{"10.1.0.1": {"zone-b"}, "10.2.0.1": {"zone-a"}}, want: `
+			mod: nodePort(local), eps: []ep{here, there}, zones: crossZones, want: `
 ClusterIP 10.96.0.1:80/TCP -> 10.2.0.1
 NodePort 192.168.1.1:30080/TCP local -> 10.1.0.1 | internal -> 10.2.0.1
 `},

@@ -303,21 +303,40 @@ func portName(svc *corev1.Service, i int) string {
 	return "ports[" + strconv.Itoa(i) + "]"
 }
 
+// object is a Service or an EndpointSlice, as the validators get it (the
+// part of metav1.Object they read).
+type object[T any] interface {
+	*T
+	GetNamespace() string
+	GetName() string
+}
+
+// checkMeta checks what both kinds are keyed by (a namespaced object with
+// a name) and returns the constructor of the kind's errors, which name the
+// object after prefix: `service "ns/name": ...`.
+func checkMeta[T any, P object[T]](kind, prefix string, obj P) (fail func(format string, a ...any) error, err error) {
+	if obj == nil {
+		return nil, errors.New("nil " + kind)
+	}
+	id := objName(obj.GetNamespace(), obj.GetName())
+	fail = func(format string, a ...any) error {
+		return fmt.Errorf("%s %q: %s", prefix, id, fmt.Sprintf(format, a...))
+	}
+	if obj.GetName() == "" {
+		return fail, fail("metadata.name is empty")
+	}
+	if obj.GetNamespace() == "" {
+		return fail, fail("metadata.namespace is empty")
+	}
+	return fail, nil
+}
+
 // ValidateService checks the fields Sluice relies on. Errors name the
 // object and, where it applies, the port.
 func ValidateService(svc *corev1.Service) error {
-	if svc == nil {
-		return errors.New("nil Service")
-	}
-	name := objName(svc.Namespace, svc.Name)
-	fail := func(format string, a ...any) error {
-		return fmt.Errorf("service %q: %s", name, fmt.Sprintf(format, a...))
-	}
-	if svc.Name == "" {
-		return fail("metadata.name is empty")
-	}
-	if svc.Namespace == "" {
-		return fail("metadata.namespace is empty")
+	fail, err := checkMeta("Service", "service", svc)
+	if err != nil {
+		return err
 	}
 	switch svc.Spec.Type {
 	case "", corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer, corev1.ServiceTypeExternalName:
@@ -401,18 +420,9 @@ func ValidateService(svc *corev1.Service) error {
 // ValidateEndpointSlice checks the fields Sluice relies on. Errors name the
 // object and, where it applies, the port or endpoint.
 func ValidateEndpointSlice(es *discoveryv1.EndpointSlice) error {
-	if es == nil {
-		return errors.New("nil EndpointSlice")
-	}
-	name := objName(es.Namespace, es.Name)
-	fail := func(format string, a ...any) error {
-		return fmt.Errorf("endpointslice %q: %s", name, fmt.Sprintf(format, a...))
-	}
-	if es.Name == "" {
-		return fail("metadata.name is empty")
-	}
-	if es.Namespace == "" {
-		return fail("metadata.namespace is empty")
+	fail, err := checkMeta("EndpointSlice", "endpointslice", es)
+	if err != nil {
+		return err
 	}
 	if v, ok := es.Labels[discoveryv1.LabelServiceName]; ok && v == "" {
 		return fail("label %s is empty", discoveryv1.LabelServiceName)

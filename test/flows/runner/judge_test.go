@@ -2,6 +2,7 @@ package runner
 
 import (
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -12,55 +13,24 @@ import (
 	"github.com/sluice-lb/sluice/test/flows"
 )
 
-// judgeCase is a small corpus for the judging tests: a local and a remote
-// endpoint behind one ClusterIP, with flows of each expectation.
-const judgeCase = `
-node:
-  name: test-node
-  ips: [192.168.0.2]
-  addresses: [192.168.0.2/24]
-  clusterCIDR: 10.0.0.0/8
-  serviceCIDR: 172.30.0.0/16
-  nodePortAddresses: [192.168.0.2/32]
-  localhostNodePorts: false
-  masqueradeAll: false
-cases:
-- name: judge
-  derived: the runner's unit tests
-  placement: {10.180.0.1: local, 10.180.1.1: remote, 10.0.0.3: local}
-  objects:
-  - {apiVersion: v1, kind: Service, metadata: {name: svc, namespace: ns}, spec: {clusterIP: 172.30.0.1, ports: [{name: p, port: 80, protocol: TCP}]}}
-  - {apiVersion: v1, kind: Service, metadata: {name: aff, namespace: ns}, spec: {clusterIP: 172.30.0.2, sessionAffinity: ClientIP, ports: [{name: p, port: 80, protocol: TCP}]}}
-  - apiVersion: discovery.k8s.io/v1
-    kind: EndpointSlice
-    metadata: {name: svc-1, namespace: ns, labels: {kubernetes.io/service-name: svc}}
-    addressType: IPv4
-    endpoints: [{addresses: [10.180.0.1], nodeName: test-node}, {addresses: [10.180.1.1], nodeName: other}]
-    ports: [{name: p, port: 80, protocol: TCP}]
-  - apiVersion: discovery.k8s.io/v1
-    kind: EndpointSlice
-    metadata: {name: aff-1, namespace: ns, labels: {kubernetes.io/service-name: aff}}
-    addressType: IPv4
-    endpoints: [{addresses: [10.180.0.1], nodeName: test-node}, {addresses: [10.180.1.1], nodeName: other}]
-    ports: [{name: p, port: 80, protocol: TCP}]
-  flows:
-  - {name: both, source: {kind: pod, ip: 10.0.0.2}, destination: {ip: 172.30.0.1, port: 80}, expect: {endpoints: [10.180.0.1:80, 10.180.1.1:80], masquerade: false}}
-  - {name: remote masq, source: {kind: external, ip: 203.0.113.2}, destination: {ip: 172.30.0.1, port: 80}, expect: {endpoints: [10.180.0.1:80, 10.180.1.1:80], masquerade: remote}}
-  - {name: external unmasq, source: {kind: external, ip: 203.0.113.2}, destination: {ip: 172.30.0.1, port: 80}, expect: {endpoints: [10.180.0.1:80, 10.180.1.1:80], masquerade: false}}
-  - {name: sticky, source: {kind: pod, ip: 10.0.0.2}, destination: {ip: 172.30.0.2, port: 80}, expect: {endpoints: [10.180.0.1:80, 10.180.1.1:80], masquerade: false, affinity: sticky}}
-  - {name: expires, source: {kind: pod, ip: 10.0.0.2}, destination: {ip: 172.30.0.2, port: 80}, expect: {endpoints: [10.180.0.1:80, 10.180.1.1:80], masquerade: false, affinity: expires}}
-  - {name: reject, source: {kind: pod, ip: 10.0.0.2}, destination: {ip: 172.30.0.1, port: 81}, expect: {verdict: REJECT}}
-  - {name: drop, source: {kind: pod, ip: 10.0.0.2}, destination: {ip: 172.30.0.1, port: 81}, expect: {verdict: DROP}}
-  - {name: untouched, source: {kind: pod, ip: 10.0.0.2}, destination: {ip: 10.0.0.3, port: 80}, expect: {verdict: UNTOUCHED}}
-`
-
-func judgeFixture(t *testing.T) (*flows.Case, map[string]*flows.Flow) {
+// testdataCase loads testdata/name, a corpus of one case, and returns
+// the case.
+func testdataCase(t *testing.T, name string) *flows.Case {
 	t.Helper()
-	corpus, err := flows.LoadFS(fstest.MapFS{"judge.yaml": {Data: []byte(judgeCase)}})
+	data, err := os.ReadFile("testdata/" + name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := corpus.Cases[0]
+	corpus, err := flows.LoadFS(fstest.MapFS{name: {Data: data}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return corpus.Cases[0]
+}
+
+func judgeFixture(t *testing.T) (*flows.Case, map[string]*flows.Flow) {
+	t.Helper()
+	c := testdataCase(t, "judge.yaml")
 	byName := map[string]*flows.Flow{}
 	for _, f := range c.Steps[0].Flows {
 		byName[f.Name] = f

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/netip"
 	"testing"
-	"testing/fstest"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,56 +12,6 @@ import (
 	"github.com/sluice-lb/sluice/test/flows"
 )
 
-// networkCase places a local and a remote endpoint, a local sink, pod,
-// remote pod, external, stand-in ("SNATted to LB") and node clients: the
-// places TestNetwork sends between with no agent running.
-const networkCase = `
-node:
-  name: test-node
-  ips: [192.168.0.2]
-  addresses: [192.168.0.2/24, 192.168.1.2/24, 192.168.99.11/24]
-  clusterCIDR: 10.0.0.0/8
-  serviceCIDR: 172.30.0.0/16
-  nodePortAddresses: [192.168.0.2/32]
-  localhostNodePorts: false
-  masqueradeAll: false
-cases:
-- name: network
-  derived: the runner's own check of its network (TestNetwork), with no agent
-  placement: {10.180.0.1: local, 10.180.1.1: remote, 10.0.0.3: local, 10.0.5.2: remote}
-  objects:
-  - apiVersion: v1
-    kind: Service
-    metadata: {name: svc1, namespace: ns1}
-    spec:
-      type: LoadBalancer
-      clusterIP: 172.30.0.41
-      externalIPs: [192.168.99.22]
-      ports:
-      - {name: p80, port: 80, protocol: TCP, nodePort: 3001}
-      - {name: dns, port: 53, protocol: UDP, nodePort: 3053}
-    status:
-      loadBalancer: {ingress: [{ip: 198.51.100.4}]}
-  - apiVersion: discovery.k8s.io/v1
-    kind: EndpointSlice
-    metadata: {name: svc1-1, namespace: ns1, labels: {kubernetes.io/service-name: svc1}}
-    addressType: IPv4
-    endpoints:
-    - {addresses: [10.180.0.1], nodeName: test-node}
-    - {addresses: [10.180.1.1], nodeName: other-node}
-    ports: [{name: p80, port: 80, protocol: TCP}, {name: dns, port: 53, protocol: UDP}]
-  flows:
-  - {name: pod to a local pod, source: {kind: pod, ip: 10.0.0.2}, destination: {ip: 10.0.0.3, port: 80}, expect: {verdict: UNTOUCHED}}
-  - {name: pod to the node, source: {kind: pod, ip: 10.0.0.2}, destination: {ip: 192.168.0.2, port: 3001}, expect: {verdict: UNTOUCHED}}
-  - {name: pod to the node over UDP, source: {kind: pod, ip: 10.0.0.2}, protocol: UDP, destination: {ip: 192.168.1.2, port: 3053}, expect: {verdict: UNTOUCHED}}
-  - {name: external to the node, source: {kind: external, ip: 203.0.113.2}, destination: {ip: 192.168.1.2, port: 3001}, expect: {verdict: UNTOUCHED}}
-  - {name: external with a blackholed return path, source: {kind: external, ip: 203.0.113.9}, destination: {ip: 192.168.0.2, port: 3001}, expect: {verdict: UNTOUCHED}}
-  - {name: stand-in to the node, source: {kind: external, ip: 198.51.100.4}, destination: {ip: 192.168.0.2, port: 3001}, expect: {verdict: UNTOUCHED}}
-  - {name: remote pod to the node, source: {kind: remotePod, ip: 10.0.5.2}, destination: {ip: 192.168.0.2, port: 3001}, expect: {verdict: UNTOUCHED}}
-  - {name: node to itself, source: {kind: node, ip: 192.168.0.2}, destination: {ip: 192.168.1.2, port: 3001}, expect: {verdict: UNTOUCHED}}
-  - {name: localhost, source: {kind: localhost, ip: 127.0.0.1}, destination: {ip: 127.0.0.1, port: 3001}, expect: {verdict: UNTOUCHED}}
-`
-
 // TestNetwork checks the runner's network with no agent: every client
 // reaches the places a flow may land, with its own address, and an
 // untranslated packet to a frontend lands in the router's trap. What the
@@ -70,11 +19,7 @@ cases:
 func TestNetwork(t *testing.T) {
 	testutil.Privileged(t)
 	testutil.NeedCommands(t, "nsenter", "ip", "nft")
-	corpus, err := flows.LoadFS(fstest.MapFS{"network.yaml": {Data: []byte(networkCase)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := corpus.Cases[0]
+	c := testdataCase(t, "network.yaml")
 	r := newCaseRun(t, c)
 	st := c.Steps[0]
 	sinks, errs := r.startSinks(st)

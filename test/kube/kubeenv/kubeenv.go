@@ -537,11 +537,7 @@ func writeFile(t testing.TB, path string, b []byte) {
 // Discovery returns a discovery client for cfg.
 func Discovery(t testing.TB, cfg *rest.Config) discovery.DiscoveryInterface {
 	t.Helper()
-	d, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
+	return Clientset(t, cfg).Discovery()
 }
 
 // Clientset returns a typed client for cfg.

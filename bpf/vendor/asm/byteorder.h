@@ -8,7 +8,7 @@
 #define SLUICE_ASM_BYTEORDER_H
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "bpf/include vendors the little-endian byteorder header only: build for bpfel"
+#error "bpf/vendor holds the little-endian byteorder header only: build for bpfel"
 #endif
 #include <linux/byteorder/little_endian.h>
 

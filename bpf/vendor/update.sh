@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-vendor the kernel and libbpf headers the BPF programs are built with.
 #
-# The objects are compiled with -nostdinc -I bpf/include (pkg/datapath/gen.go),
+# The objects are compiled with -nostdinc -I bpf/vendor (pkg/datapath/gen.go),
 # so these files, and nothing on the build host, decide what the BPF code
 # sees: `make check-generate` gives the same bytes on any machine with the
 # pinned clang.
@@ -37,7 +37,7 @@
 # linux-libc-dev) before the headers were vendored, so vendoring changed
 # no object.
 #
-# Usage: bpf/include/update.sh   (needs curl, tar, make and a C compiler for
+# Usage: bpf/vendor/update.sh   (needs curl, tar, make and a C compiler for
 # the kernel's headers_install; run from anywhere). Then `make generate`,
 # and commit the headers and the regenerated objects together.
 set -euo pipefail
@@ -90,4 +90,4 @@ for h in "${UAPI_HEADERS[@]}"; do
 	mkdir -p "$here/$(dirname "$h")"
 	cp "$tmp/usr/include/$h" "$here/$h"
 done
-echo "done: now run 'make generate' and commit bpf/include with the objects"
+echo "done: now run 'make generate' and commit bpf/vendor with the objects"

@@ -1,0 +1,145 @@
+package datapath
+
+// Batched map writes (BPF_MAP_UPDATE_BATCH, BPF_MAP_DELETE_BATCH, Linux
+// 5.6): one system call for many entries of one map, which the kernel
+// applies one after the other and stops at the first that fails
+// (reconciler.BatchDatapath). A kernel without batch operations for a map
+// gets the entries one by one, with the same result.
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// putBatch writes keys[i] -> values[i], in order, and returns how many
+// were written.
+func putBatch[K, V any](m *ebpf.Map, keys []K, values []V) (int, error) {
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	n, err := m.BatchUpdate(keys, values, nil)
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		for i := range keys {
+			if err := m.Put(&keys[i], &values[i]); err != nil {
+				return i, err
+			}
+		}
+		return len(keys), nil
+	}
+	return n, err
+}
+
+// upsertBatch encodes entries with enc and writes them in one batch. An
+// entry enc refuses ends the batch there: those before it are written,
+// and its error returned.
+func upsertBatch[E, K, V any](m *ebpf.Map, what string, es []E, enc func(E) (K, V, error)) (int, error) {
+	keys := make([]K, 0, len(es))
+	values := make([]V, 0, len(es))
+	var encErr error
+	for _, e := range es {
+		k, v, err := enc(e)
+		if err != nil {
+			encErr = err
+			break
+		}
+		keys = append(keys, k)
+		values = append(values, v)
+	}
+	n, err := putBatch(m, keys, values)
+	if err != nil {
+		return n, fmt.Errorf("upsert %s (entry %d of %d): %w", what, n, len(es), err)
+	}
+	return n, encErr
+}
+
+// deleteBatch deletes keys, in order; deleting a missing key succeeds (the
+// kernel stops a batch there: the rest is deleted by another).
+func deleteBatch[K any](m *ebpf.Map, what string, keys []K) (int, error) {
+	done := 0
+	for done < len(keys) {
+		n, err := m.BatchDelete(keys[done:], nil)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			for ; done < len(keys); done++ {
+				if err := deleteIgnoringMissing(m, &keys[done]); err != nil {
+					return done, fmt.Errorf("delete %s: %w", what, err)
+				}
+			}
+			return done, nil
+		}
+		done += max(0, min(n, len(keys)-done))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return done, fmt.Errorf("delete %s (entry %d of %d): %w", what, done, len(keys), err)
+		}
+		done++ // the missing one
+	}
+	return len(keys), nil
+}
+
+// UpsertBackends writes backends, in order.
+func (m *Maps) UpsertBackends(es []reconciler.BackendEntry) (int, error) {
+	return upsertBatch(m.backends, mapBackends, es, func(e reconciler.BackendEntry) (uint32, sockLb4Backend, error) {
+		return backendEntry(e.ID, e.Addr)
+	})
+}
+
+// UpsertRevNats writes reverse-NAT entries, in order.
+func (m *Maps) UpsertRevNats(es []reconciler.RevNatEntry) (int, error) {
+	return upsertBatch(m.revNat, mapRevNat, es, func(e reconciler.RevNatEntry) (uint32, sockLb4RevNat, error) {
+		return revNatEntry(e.ID, e.Frontend)
+	})
+}
+
+// UpsertSlots writes slots >= 1, in order.
+func (m *Maps) UpsertSlots(es []reconciler.SlotEntry) (int, error) {
+	return upsertBatch(m.services, mapServices, es, func(e reconciler.SlotEntry) (sockLb4Key, sockLb4Service, error) {
+		return slotEntry(e.Frontend, e.Slot, e.Backend)
+	})
+}
+
+// UpsertMasters writes masters, in order.
+func (m *Maps) UpsertMasters(es []reconciler.MasterEntry) (int, error) {
+	return upsertBatch(m.services, mapServices, es, func(e reconciler.MasterEntry) (sockLb4Key, sockLb4Service, error) {
+		return masterEntry(e.Frontend, e.Master)
+	})
+}
+
+// UpsertServiceIPs adds addresses to the service IPs, in order.
+func (m *Maps) UpsertServiceIPs(as []netip.Addr) (int, error) {
+	return upsertBatch(m.serviceIPs, mapServiceIPs, as, func(a netip.Addr) (uint32, uint8, error) {
+		a = a.Unmap()
+		if !a.Is4() {
+			return 0, 0, fmt.Errorf("upsert service IP %s: not an IPv4 address", a)
+		}
+		return be32(a), 1, nil
+	})
+}
+
+// DeleteBackends deletes backends; deleting a missing one succeeds.
+func (m *Maps) DeleteBackends(ids []reconciler.BackendID) (int, error) {
+	return deleteBatch(m.backends, mapBackends, idKeys(ids))
+}
+
+// DeleteRevNats deletes reverse-NAT entries; deleting a missing one
+// succeeds.
+func (m *Maps) DeleteRevNats(ids []reconciler.ServiceID) (int, error) {
+	return deleteBatch(m.revNat, mapRevNat, idKeys(ids))
+}
+
+// idKeys returns ids as the maps' uint32 keys.
+func idKeys[ID ~uint32](ids []ID) []uint32 {
+	keys := make([]uint32, len(ids))
+	for i, id := range ids {
+		keys[i] = uint32(id)
+	}
+	return keys
+}
+
+var _ reconciler.BatchDatapath = (*Maps)(nil)

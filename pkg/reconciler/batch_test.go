@@ -1,0 +1,133 @@
+package reconciler_test
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
+)
+
+// mixedState is n services of every shape programFresh handles:
+// ClusterIPs, LoadBalancers with source ranges, NodePorts with two scopes,
+// and backends shared between services.
+func mixedState(n int) *model.State {
+	st := model.NewState()
+	for i := range n {
+		s := svc(vip(i), fmt.Sprint("svc-", i), be(i, 1, model.TCP), be(i%5, 2, model.TCP), be(i%3, 3, model.TCP))
+		switch i % 4 {
+		case 1:
+			s.Kind = model.LoadBalancer
+			s.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+		case 2:
+			s.Kind = model.NodePort
+			s.ExternalLocal, s.TwoScopes = true, true
+			s.InternalBackends = model.SortBackends([]model.Backend{be(i, 1, model.TCP), be(i, 9, model.TCP)})
+		}
+		st.Services[s.Frontend] = s
+	}
+	return st
+}
+
+// TestFreshBatches: new frontends are programmed in one batch per map,
+// and end up exactly as programmed one write at a time.
+func TestFreshBatches(t *testing.T) {
+	st := mixedState(40)
+	batched, single := newFake(t), newFake(t)
+	rb, rs := reconciler.New(batched, nil), reconciler.New(single, nil)
+	reconciler.SetBatchMin(rs, 0)
+	mustApply(t, rb, st)
+	mustApply(t, rs, st)
+	checkProgrammed(t, batched, st)
+	if got, want := batched.String(), single.String(); got != want {
+		t.Errorf("batched programming differs:\n%s\none write at a time:\n%s", got, want)
+	}
+	// Backends, rev_nat, slots, masters, service IPs.
+	if n := batched.Batches(); n != 5 {
+		t.Errorf("%d batches, want 5", n)
+	}
+	if n := single.Batches(); n != 0 {
+		t.Errorf("%d batches with batching off", n)
+	}
+	if bw, sw := batched.Writes(), single.Writes(); bw != sw {
+		t.Errorf("%d entries written in batches, %d one at a time", bw, sw)
+	}
+	restartWritesNothing(t, batched, st)
+
+	// Removing them all deletes backends and rev_nat entries in batches.
+	batched.ResetCounts()
+	mustApply(t, rb, model.NewState())
+	checkProgrammed(t, batched, model.NewState())
+	if n := batched.Batches(); n != 2 {
+		t.Errorf("%d batches to delete, want 2 (backends, rev_nat)", n)
+	}
+}
+
+// TestFreshBatchFails fails one entry inside each batch in turn: the
+// batch stops there (the fake checks the invariants after every entry),
+// only the frontends that entry belongs to fail, the others are
+// programmed, and the next Apply converges.
+func TestFreshBatchFails(t *testing.T) {
+	for _, kind := range []fakedp.OpKind{fakedp.OpUpsertBackend, fakedp.OpUpsertRevNat, fakedp.OpUpsertSlot, fakedp.OpUpsertMaster, fakedp.OpUpsertServiceIP} {
+		for _, nth := range []int{1, 7, 20} {
+			t.Run(fmt.Sprintf("%s#%d", kind, nth), func(t *testing.T) {
+				st := mixedState(40)
+				f := newFake(t)
+				r := reconciler.New(f, nil)
+				seen, inBatch := 0, false
+				f.Fail = func(op fakedp.Op) error {
+					if op.Kind == kind && op.Batch {
+						if seen++; seen == nth {
+							inBatch = true
+							return errors.New("injected")
+						}
+					}
+					return nil
+				}
+				err := r.Apply(st)
+				if !inBatch {
+					t.Fatalf("no batch entry %d of %s: %v", nth, kind, err)
+				}
+				if err == nil || !strings.Contains(err.Error(), "injected") || !strings.Contains(err.Error(), "service default/svc-") {
+					t.Fatalf("err = %v, want the injected error naming a service", err)
+				}
+				// A backend shared by several services fails them all;
+				// anything else fails one frontend (or both scopes of
+				// one). Every other frontend is programmed (a service IP
+				// fails after its master).
+				failed := 0
+				for _, e := range errs(err) {
+					var fe *reconciler.FrontendError
+					if !errors.As(e, &fe) {
+						t.Errorf("not a frontend's error: %v", e)
+					}
+					failed++
+				}
+				if kind != fakedp.OpUpsertBackend && failed > 2 {
+					t.Errorf("%d frontends failed: %v", failed, err)
+				}
+				const frontends = 50 // 40 services, 10 of them with two scopes
+				ok := len(programmed(t, f))
+				if kind == fakedp.OpUpsertServiceIP {
+					ok -= failed
+				}
+				if ok+failed != frontends {
+					t.Errorf("%d frontends programmed and %d failed, of %d", ok, failed, frontends)
+				}
+				recoversAfterFailure(t, f, r, st)
+			})
+		}
+	}
+}
+
+// errs unwraps a joined error.
+func errs(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
