@@ -14,6 +14,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
 )
 
 // Dry runs of the tc program (bpf/lib/explain.h): what the program says it
@@ -113,7 +115,10 @@ func liveRun(t *testing.T, d *Datapath, proto uint8, from, to string) (uint32, n
 }
 
 func TestExplainNewFlowThenConntrack(t *testing.T) {
-	d := newTestDatapath(t)
+	testutil.Privileged(t)
+	cfg := smallConfig(testPinDir(t))
+	cfg.ServiceMetrics = true // per-Service counters must not move either
+	d := openTest(t, cfg)
 	applyServices(t, d, clusterIP(vipTCP, beTCP.addr), clusterIP(vipUDP, beUDP.addr))
 
 	e := mustDryRun(t, d, unix.IPPROTO_TCP, "10.0.0.1:40000", "10.96.0.10:80")
@@ -132,8 +137,10 @@ func TestExplainNewFlowThenConntrack(t *testing.T) {
 		t.Fatalf("live run: verdict %d to %s", ret, dst)
 	}
 	changed := diffDumps(before, dumpTCMaps(t, d))
-	if !slices.Contains(changed, mapCTNew) || !slices.Contains(changed, mapMetrics) {
-		t.Fatalf("a live new flow changed %v, want %s and %s among them", changed, mapCTNew, mapMetrics)
+	for _, m := range []string{mapCTNew, mapMetrics, mapSvcStats} {
+		if !slices.Contains(changed, m) {
+			t.Fatalf("a live new flow changed %v, want %s among them", changed, m)
+		}
 	}
 
 	e = mustDryRun(t, d, unix.IPPROTO_TCP, "10.0.0.1:40000", "10.96.0.10:80")
