@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/sluice-lb/sluice/pkg/agent"
+	"github.com/sluice-lb/sluice/pkg/health"
 	"github.com/sluice-lb/sluice/pkg/metrics"
 	"github.com/sluice-lb/sluice/pkg/source/kube"
 	"github.com/sluice-lb/sluice/pkg/source/translate"
@@ -47,22 +48,32 @@ func addKubeFlags(fs *flag.FlagSet) *kubeFlags {
 // enabled reports whether the Kubernetes source was asked for.
 func (k *kubeFlags) enabled() bool { return *k.kubeconfig != "" || *k.inCluster }
 
-// source returns the Kubernetes source. m is the agent's metrics registry:
-// the source records the network programming latency in it when the agent
-// reports a state programmed.
-func (k *kubeFlags) source(opts translate.Options, m *metrics.Metrics, log *slog.Logger) (agent.Source, error) {
+// source returns the Kubernetes source, and what /healthz and /livez
+// answer from it. m is the agent's metrics registry: the source records
+// the network programming latency in it when the agent reports a state
+// programmed.
+func (k *kubeFlags) source(opts translate.Options, m *metrics.Metrics, log *slog.Logger) (agent.Source, *health.Proxier, error) {
 	client, err := k.client(opts.Node.Name)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return kube.New(kube.Config{
+	// kube-proxy's health timeout: twice the sync period, the longest a
+	// healthy proxier waits between two syncs.
+	var src *kube.Source
+	prox := health.NewProxier(2**k.syncPeriod, func() time.Time { return src.OldestPending() })
+	src, err = kube.New(kube.Config{
 		Client:            client,
 		Options:           opts,
 		MinSyncPeriod:     *k.minSyncPeriod,
 		SyncPeriod:        *k.syncPeriod,
 		ObserveProgrammed: m.ObserveProgrammed,
+		Health:            prox,
 		Logger:            log,
 	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return src, prox, nil
 }
 
 // nodeIPs reads this node's addresses from its Node object (for NodePorts

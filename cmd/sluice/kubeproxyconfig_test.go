@@ -29,6 +29,9 @@ iptables:
   localhostNodePorts: false
   syncPeriod: 1m
   minSyncPeriod: 2s
+conntrack:
+  tcpEstablishedTimeout: 24h
+  udpStreamTimeout: 2m
 `
 
 func writeConfig(t *testing.T, body string) string {
@@ -55,6 +58,8 @@ func TestConfigPrecedence(t *testing.T) {
 		fs.String(f, "", "")
 	}
 	fs.Bool("localhost-nodeports", true, "")
+	tcpTimeout := fs.Duration("conntrack-tcp-timeout", time.Hour, "")
+	udpTimeout := fs.Duration("conntrack-udp-timeout", time.Minute, "")
 	if err := fs.Parse([]string{"--cluster-cidr", "10.0.0.0/8", "--manifests", "m.yaml", "--sync-period", "5s"}); err != nil {
 		t.Fatal(err)
 	}
@@ -72,6 +77,9 @@ func TestConfigPrecedence(t *testing.T) {
 		t.Errorf("file not applied: --masquerade-all %v, --node-name %q, --kube-api-qps %v, --min-sync-period %s",
 			*masqAll, *nodeName, *kube.apiQPS, *kube.minSyncPeriod)
 	}
+	if *tcpTimeout != 24*time.Hour || *udpTimeout != 2*time.Minute {
+		t.Errorf("conntrack timeouts not applied: --conntrack-tcp-timeout %s, --conntrack-udp-timeout %s", *tcpTimeout, *udpTimeout)
+	}
 	var overridden []string
 	for _, s := range kp.overridden {
 		overridden = append(overridden, s.Field)
@@ -79,8 +87,8 @@ func TestConfigPrecedence(t *testing.T) {
 	if want := []string{"clientConnection.kubeconfig", "clusterCIDR", "iptables.syncPeriod"}; !reflect.DeepEqual(overridden, want) {
 		t.Errorf("overridden %q, want %q", overridden, want)
 	}
-	if len(kp.applied)+len(kp.overridden) != 12 {
-		t.Errorf("%d settings applied and %d overridden, want 12 in all", len(kp.applied), len(kp.overridden))
+	if len(kp.applied)+len(kp.overridden) != 14 {
+		t.Errorf("%d settings applied and %d overridden, want 14 in all", len(kp.applied), len(kp.overridden))
 	}
 }
 
@@ -163,5 +171,18 @@ func TestParseNodePortAddresses(t *testing.T) {
 	}
 	if _, _, err := parseNodePortAddresses("primary,10.0.0.1"); err == nil {
 		t.Error("parseNodePortAddresses accepts an address without a prefix length")
+	}
+}
+
+// TestConntrackTimeoutMustBePositive: a zero timeout would expire every
+// flow at once, and is refused.
+func TestConntrackTimeoutMustBePositive(t *testing.T) {
+	stderr := captureStderr(t, func() {
+		if code := run([]string{"--conntrack-udp-timeout", "0s", "--manifests", "x.yaml"}); code != 2 {
+			t.Errorf("exit %d, want 2", code)
+		}
+	})
+	if !strings.Contains(stderr, "--conntrack-udp-timeout 0s: must be > 0") {
+		t.Errorf("stderr:\n%s", stderr)
 	}
 }

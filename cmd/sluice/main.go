@@ -56,7 +56,7 @@ func run(args []string) int {
 		cgroup      = fs.String("cgroup", "", "cgroup v2 directory for socket load balancing (default: the cgroup2 root)")
 		socketLB    = fs.Bool("socket-lb", true, "translate at the socket layer (cgroup connect4/sendmsg4/recvmsg4/getpeername4)")
 		bpffs       = fs.String("bpffs", datapath.DefaultBPFFS, "bpffs mount; state is pinned under <bpffs>/sluice/")
-		healthAddr  = fs.String("health-addr", ":10256", "address for /healthz and /readyz (empty: off)")
+		healthAddr  = fs.String("health-addr", ":10256", "address for /healthz, /livez (kube-proxy's, KEP-3836) and /readyz (empty: off)")
 		metricsAddr = fs.String("metrics-addr", "127.0.0.1:10249", "address for Prometheus /metrics (empty: off); kube-proxy's default keeps it on the node: a cluster's Prometheus needs the node's address (NODE_IP:10249) or :10249")
 		logLevel    = fs.String("log-level", "info", "debug, info, warn or error")
 		nodeName    = fs.String("node-name", "", "this node's name (default: the host name)")
@@ -88,6 +88,10 @@ func run(args []string) int {
 	fs.IntVar(&dpCfg.MaxAffinity, "max-affinity", datapath.DefaultMaxAffinity, "size of sluice_session_affinity (LRU): clients of Services with sessionAffinity ClientIP")
 	fs.IntVar(&dpCfg.MaxSourceRanges, "max-source-ranges", datapath.DefaultMaxSourceRanges, "size of sluice_src_ranges: loadBalancerSourceRanges of all Services together")
 	fs.IntVar(&dpCfg.MaxDevices, "max-devices", datapath.DefaultMaxDevices, "size of sluice_devices: devices the tc programs are attached to")
+	fs.DurationVar(&dpCfg.CTTimeoutTCP, "conntrack-tcp-timeout", datapath.DefaultCTTimeoutTCP, "idle timeout of an answered, open TCP flow in sluice_conntrack (kube-proxy's conntrack.tcpEstablishedTimeout)")
+	fs.DurationVar(&dpCfg.CTTimeoutSYN, "conntrack-tcp-syn-timeout", datapath.DefaultCTTimeoutSYN, "idle timeout of a TCP flow not answered yet (sluice_ct_new)")
+	fs.DurationVar(&dpCfg.CTTimeoutClose, "conntrack-tcp-close-timeout", datapath.DefaultCTTimeoutClose, "how long a TCP flow's entry stays after a RST, or a FIN each way")
+	fs.DurationVar(&dpCfg.CTTimeoutUDP, "conntrack-udp-timeout", datapath.DefaultCTTimeoutUDP, "idle timeout of a UDP flow, answered or not (kube-proxy's conntrack.udpStreamTimeout)")
 	kube := addKubeFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -111,6 +115,16 @@ func run(args []string) int {
 		var err error
 		if kp, err = applyKubeProxyConfig(fs, *configFile); err != nil {
 			fmt.Fprintf(os.Stderr, "sluice: --config: %v\n", err)
+			return 2
+		}
+	}
+	for name, d := range map[string]time.Duration{"conntrack-tcp-timeout": dpCfg.CTTimeoutTCP, "conntrack-tcp-syn-timeout": dpCfg.CTTimeoutSYN,
+		"conntrack-tcp-close-timeout": dpCfg.CTTimeoutClose, "conntrack-udp-timeout": dpCfg.CTTimeoutUDP} {
+		// The BPF programs take a timeout in nanoseconds; 0 would
+		// expire every flow at once (datapath.Config takes it for
+		// the default).
+		if d <= 0 {
+			fmt.Fprintf(os.Stderr, "sluice: --%s %s: must be > 0\n", name, d)
 			return 2
 		}
 	}
@@ -220,11 +234,17 @@ func run(args []string) int {
 
 	m := metrics.New()
 	var src agent.Source
+	var prox *health.Proxier // /healthz and /livez; nil: 200 while running
 	if *manifests != "" {
 		src = manifest.NewSource(*manifests, opts, log.With("source", "manifests"))
-	} else if src, err = kube.source(opts, m, log); err != nil {
+	} else if src, prox, err = kube.source(opts, m, log); err != nil {
 		log.Error("Kubernetes source", "err", err)
 		return 1
+	}
+	if fo, ok := src.(agent.FailureObserver); ok {
+		// The Kubernetes source turns what could not be programmed
+		// into Events on the Services.
+		cfg.Observers = append(cfg.Observers, fo)
 	}
 	if *socketLB {
 		cfg.Cgroup = *cgroup
@@ -260,7 +280,7 @@ func run(args []string) int {
 			defer func() { _ = stats.Close() }()
 		}
 	}
-	if err := runAgent(ctx, cfg, dpCfg, ns, src, m, *healthAddr, *metricsAddr, log); err != nil {
+	if err := runAgent(ctx, cfg, dpCfg, ns, src, m, prox, *healthAddr, *metricsAddr, log); err != nil {
 		log.Error("agent failed", "err", err)
 		return 1
 	}
@@ -277,7 +297,7 @@ type northSouthConfig struct {
 
 // runAgent opens the datapath and runs the agent, serving health and
 // metrics beside it, until ctx is done or something fails.
-func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns northSouthConfig, src agent.Source, m *metrics.Metrics, healthAddr, metricsAddr string, log *slog.Logger) error {
+func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns northSouthConfig, src agent.Source, m *metrics.Metrics, prox *health.Proxier, healthAddr, metricsAddr string, log *slog.Logger) error {
 	// Listen before touching the datapath, so a taken port fails fast.
 	var healthL, metricsL net.Listener
 	var err error
@@ -325,7 +345,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 	servers := 0
 	if healthL != nil {
 		servers++
-		serve("health", func() error { return serveHTTP(ctx, healthL, health.Handler(a.Ready, a.Unprogrammed), log) })
+		serve("health", func() error { return serveHTTP(ctx, healthL, health.HandlerWith(a.Ready, a.Unprogrammed, prox), log) })
 	}
 	if metricsL != nil {
 		servers++

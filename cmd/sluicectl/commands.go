@@ -98,8 +98,23 @@ func servicesCmd(fs *flag.FlagSet) runner {
 		if c.output == "json" {
 			return writeJSON(c.stdout, rows)
 		}
-		return writeServiceTable(c.stdout, rows, *stats)
+		return writeServiceTable(c.stdout, rows, *stats, c.output == "wide")
 	}}
+}
+
+// flagNames spells a master's flags (reconciler.Flag*) for -o wide.
+func flagNames(f uint8) string {
+	var out []string
+	for _, x := range []struct {
+		bit  uint8
+		name string
+	}{{reconciler.FlagExternal, "external"}, {reconciler.FlagLocal, "local"}, {reconciler.FlagSourceRanges, "source-ranges"},
+		{reconciler.FlagTwoScopes, "two-scopes"}, {reconciler.FlagDropEmpty, "drop-empty"}, {reconciler.FlagAffinity, "affinity"}} {
+		if f&x.bit != 0 {
+			out = append(out, x.name)
+		}
+	}
+	return or(strings.Join(out, ","))
 }
 
 // serviceRows lists the frontends of ks, sorted by frontend, named from
@@ -156,13 +171,14 @@ func addStats(rows []ServiceRow, stats []datapath.ServiceStats) {
 // frontend's internal scope is the line marked "internal"), its Service,
 // and its backends in slot order.
 func writeServices(w io.Writer, rows []ServiceRow) error {
-	return writeServiceTable(w, rows, false)
+	return writeServiceTable(w, rows, false, false)
 }
 
 // writeServiceTable is writeServices, with stats the frontends' counters
 // too (on the default scope's line: they are the frontend's), drops
-// summed over reasons (-o json has them by reason).
-func writeServiceTable(w io.Writer, rows []ServiceRow, stats bool) error {
+// summed over reasons (-o json has them by reason), and with wide (-o
+// wide) the frontend's kind (from the names file) and its decoded flags.
+func writeServiceTable(w io.Writer, rows []ServiceRow, stats, wide bool) error {
 	cells := make([][]string, 0, len(rows))
 	for _, r := range rows {
 		fe := r.Frontend
@@ -173,13 +189,23 @@ func writeServiceTable(w io.Writer, rows []ServiceRow, stats bool) error {
 		if r.Empty != "" {
 			bs = "(none: connections " + r.Empty + ")"
 		}
-		row := []string{fe, or(r.Service), strconv.Itoa(int(r.ID)), strconv.Itoa(int(r.Count))}
+		row := []string{fe, or(r.Service)}
+		if wide {
+			row = append(row, or(r.Kind))
+		}
+		row = append(row, strconv.Itoa(int(r.ID)), strconv.Itoa(int(r.Count)))
+		if wide {
+			row = append(row, flagNames(r.Flags))
+		}
 		if stats {
 			row = append(row, statsCells(r.Stats)...)
 		}
 		cells = append(cells, append(row, bs))
 	}
 	header := []string{"FRONTEND", "SERVICE", "ID", "COUNT"}
+	if wide {
+		header = []string{"FRONTEND", "SERVICE", "KIND", "ID", "COUNT", "FLAGS"}
+	}
 	if stats {
 		header = append(header, "FLOWS", "PACKETS", "BYTES", "DROPS")
 	}
@@ -232,8 +258,15 @@ func backendsCmd(*flag.FlagSet) runner {
 		cells := make([][]string, 0, len(rows))
 		for _, r := range rows {
 			cells = append(cells, []string{strconv.Itoa(int(r.ID)), r.Backend, or(strings.Join(r.Services, ",")), or(strings.Join(r.Frontends, " "))})
+			if c.output == "wide" {
+				cells[len(cells)-1] = append(cells[len(cells)-1], strconv.Itoa(len(r.Frontends)))
+			}
 		}
-		return tabulate(c.stdout, table([]string{"ID", "BACKEND", "SERVICES", "FRONTENDS"}, cells))
+		header := []string{"ID", "BACKEND", "SERVICES", "FRONTENDS"}
+		if c.output == "wide" {
+			header = append(header, "USERS") // how many frontends' slots name it
+		}
+		return tabulate(c.stdout, table(header, cells))
 	}}
 }
 
@@ -285,10 +318,44 @@ type ConntrackRow struct {
 }
 
 func conntrackCmd(fs *flag.FlagSet) runner {
+	f, check := conntrackFilterFlags(fs)
+	return runner{check: check, run: func(c *ctx) error {
+		entries, ks, names, err := c.conntrack()
+		if err != nil {
+			return err
+		}
+		rows := conntrackRows(f.selectEntries(entries, ks, names), ks, names)
+		if c.output == "json" {
+			return writeJSON(c.stdout, rows)
+		}
+		cells := make([][]string, 0, len(rows))
+		for _, r := range rows {
+			cells = append(cells, []string{r.State, r.Direction, r.Proto, r.Src, r.Dst, r.NAT, or(r.SNAT), or(r.Service), r.Expires, or(strings.Join(r.Flags, ","))})
+			if c.output == "wide" {
+				// The ids the entry names: its frontend's reverse-NAT
+				// id (services' ID) and its backend's (backends' ID).
+				cells[len(cells)-1] = append(cells[len(cells)-1], strconv.Itoa(int(r.ServiceID)), strconv.Itoa(int(r.BackendID)))
+			}
+		}
+		header := []string{"STATE", "DIR", "PROTO", "SRC", "DST", "NAT", "SNAT", "SERVICE", "EXPIRES", "FLAGS"}
+		if c.output == "wide" {
+			header = append(header, "SERVICE-ID", "BACKEND-ID")
+		}
+		return tabulate(c.stdout, table(header, cells))
+	}}
+}
+
+// conntrackFilterFlags declares the flags that select conntrack entries
+// (conntrack and conntrack delete take the same) and returns the filter
+// they fill in once check has run.
+func conntrackFilterFlags(fs *flag.FlagSet) (*conntrackFilter, func(*ctx) error) {
 	addr := fs.String("addr", "", "only entries with this address (client, frontend, backend or source NAT)")
 	port := fs.Uint("port", 0, "only entries with this port (with --addr: on the same side)")
 	proto := fs.String("proto", "", "only tcp or udp entries")
-	var f conntrackFilter
+	service := fs.String("service", "", "only entries of this Service: NAMESPACE/NAME, or NAMESPACE/NAME:PORT for one of its ports (from the names file)")
+	src := fs.String("src", "", "only the flow whose client is IP:PORT (with --dst: one flow)")
+	dst := fs.String("dst", "", "only the flows to the frontend IP:PORT")
+	f := &conntrackFilter{}
 	check := func(*ctx) error {
 		if *addr != "" {
 			a, err := netip.ParseAddr(*addr)
@@ -310,39 +377,159 @@ func conntrackCmd(fs *flag.FlagSet) runner {
 		default:
 			return fmt.Errorf("--proto %q: want tcp or udp", *proto)
 		}
+		if *service != "" && !strings.Contains(*service, "/") {
+			return fmt.Errorf("--service %q: want NAMESPACE/NAME[:PORT]", *service)
+		}
+		f.service = *service
+		for _, x := range []struct {
+			name, v string
+			to      *netip.AddrPort
+		}{{"src", *src, &f.src}, {"dst", *dst, &f.dst}} {
+			if x.v == "" {
+				continue
+			}
+			ap, err := netip.ParseAddrPort(x.v)
+			if err != nil {
+				return fmt.Errorf("--%s: %w", x.name, err)
+			}
+			*x.to = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		}
+		return nil
+	}
+	return f, check
+}
+
+// conntrack reads what the conntrack commands show: the entries, the
+// maps (for the Service ids) and the names file.
+func (c *ctx) conntrack() ([]datapath.ConntrackEntry, *reconciler.KernelState, map[string]namesfile.Frontend, error) {
+	entries, err := c.pins.Conntrack()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("read conntrack: %w", err)
+	}
+	ks, err := c.pins.Dump()
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("read maps: %w", err)
+	}
+	return entries, ks, c.serviceNames(), nil
+}
+
+// ConntrackDeleted is what `conntrack delete` did.
+type ConntrackDeleted struct {
+	Flows   int `json:"flows"`   // the flows selected
+	Entries int `json:"entries"` // the entries deleted (each flow has up to two)
+}
+
+func conntrackDeleteCmd(fs *flag.FlagSet) runner {
+	f, checkFilter := conntrackFilterFlags(fs)
+	yes := fs.Bool("yes", false, "delete when more than one flow matches")
+	check := func(c *ctx) error {
+		if err := checkFilter(c); err != nil {
+			return err
+		}
+		if f.empty() {
+			return fmt.Errorf("say which flows: --src and --dst (one flow), or --addr, --port, --proto, --service")
+		}
 		return nil
 	}
 	return runner{check: check, run: func(c *ctx) error {
-		entries, err := c.pins.Conntrack()
+		entries, ks, names, err := c.conntrack()
 		if err != nil {
-			return fmt.Errorf("read conntrack: %w", err)
+			return err
 		}
-		ks, err := c.pins.Dump()
+		sel := f.selectEntries(entries, ks, names)
+		flows := map[flowKey]bool{}
+		for _, e := range sel {
+			flows[flowOf(e)] = true
+		}
+		if len(flows) > 1 && !*yes {
+			return fmt.Errorf("%d flows (%d entries) match; list them with `sluicectl conntrack` and the same filters, and give --yes to delete them all",
+				len(flows), len(sel))
+		}
+		n, err := c.pins.DeleteConntrack(sel)
 		if err != nil {
-			return fmt.Errorf("read maps: %w", err)
+			return fmt.Errorf("deleted %d entries, then: %w", n, err)
 		}
-		names := c.serviceNames()
-		rows := conntrackRows(entries, f, ks, names)
+		res := ConntrackDeleted{Flows: len(flows), Entries: n}
 		if c.output == "json" {
-			return writeJSON(c.stdout, rows)
+			return writeJSON(c.stdout, res)
 		}
-		cells := make([][]string, 0, len(rows))
-		for _, r := range rows {
-			cells = append(cells, []string{r.State, r.Direction, r.Proto, r.Src, r.Dst, r.NAT, or(r.SNAT), or(r.Service), r.Expires, or(strings.Join(r.Flags, ","))})
-		}
-		return tabulate(c.stdout, table([]string{"STATE", "DIR", "PROTO", "SRC", "DST", "NAT", "SNAT", "SERVICE", "EXPIRES", "FLAGS"}, cells))
+		_, err = fmt.Fprintf(c.stdout, "deleted %d entries (%s)\n", res.Entries, plural(res.Flows, "flow"))
+		return err
 	}}
+}
+
+// plural spells n things.
+func plural(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return strconv.Itoa(n) + " " + thing + "s"
+}
+
+// flowKey names a flow by its client's tuple and frontend.
+type flowKey struct {
+	proto            model.Protocol
+	client, frontend netip.AddrPort
+}
+
+// flowOf is the flow of an entry: a forward entry is keyed by it; a reverse
+// one names the frontend, and the client is its destination (or, when the
+// flow was source-NATed, its SNAT).
+func flowOf(e datapath.ConntrackEntry) flowKey {
+	if !e.Reverse {
+		return flowKey{e.Proto, e.Src, e.Dst}
+	}
+	client := e.Dst
+	if e.SNAT.IsValid() {
+		client = e.SNAT
+	}
+	return flowKey{e.Proto, client, e.NAT}
 }
 
 // conntrackFilter selects entries; zero fields select all.
 type conntrackFilter struct {
-	addr  netip.Addr
-	port  uint16
-	proto model.Protocol
+	addr     netip.Addr
+	port     uint16
+	proto    model.Protocol
+	service  string         // namespace/name or namespace/name:port
+	src, dst netip.AddrPort // the flow's client and frontend
+}
+
+func (f conntrackFilter) empty() bool {
+	return f == conntrackFilter{}
+}
+
+// selectEntries returns the entries f selects. The Service of an entry is
+// the name of the frontend its reverse-NAT id names.
+func (f conntrackFilter) selectEntries(entries []datapath.ConntrackEntry, ks *reconciler.KernelState, names map[string]namesfile.Frontend) []datapath.ConntrackEntry {
+	var sel []datapath.ConntrackEntry
+	for _, e := range entries {
+		if !f.match(e) {
+			continue
+		}
+		if f.service != "" {
+			svc := serviceOf(e, ks, names)
+			if svc != f.service && !strings.HasPrefix(svc, f.service+":") {
+				continue
+			}
+		}
+		sel = append(sel, e)
+	}
+	return sel
+}
+
+func serviceOf(e datapath.ConntrackEntry, ks *reconciler.KernelState, names map[string]namesfile.Frontend) string {
+	if fe, ok := ks.RevNat[reconciler.ServiceID(e.ServiceID)]; ok {
+		return names[fe.L4Addr.String()].Service
+	}
+	return ""
 }
 
 func (f conntrackFilter) match(e datapath.ConntrackEntry) bool {
 	if f.proto != 0 && e.Proto != f.proto {
+		return false
+	}
+	if fl := flowOf(e); f.src.IsValid() && fl.client != f.src || f.dst.IsValid() && fl.frontend != f.dst {
 		return false
 	}
 	if !f.addr.IsValid() && f.port == 0 {
@@ -356,16 +543,10 @@ func (f conntrackFilter) match(e datapath.ConntrackEntry) bool {
 	return false
 }
 
-// conntrackRows turns the entries f selects into rows, sorted by state
-// (established first), protocol, source, destination and direction; the
-// Service is the name of the frontend the entry's reverse-NAT id names.
-func conntrackRows(entries []datapath.ConntrackEntry, f conntrackFilter, ks *reconciler.KernelState, names map[string]namesfile.Frontend) []ConntrackRow {
-	var sel []datapath.ConntrackEntry
-	for _, e := range entries {
-		if f.match(e) {
-			sel = append(sel, e)
-		}
-	}
+// conntrackRows turns entries into rows, sorted by state (established
+// first), protocol, source, destination and direction; the Service is the
+// name of the frontend the entry's reverse-NAT id names.
+func conntrackRows(sel []datapath.ConntrackEntry, ks *reconciler.KernelState, names map[string]namesfile.Frontend) []ConntrackRow {
 	slices.SortFunc(sel, func(a, b datapath.ConntrackEntry) int {
 		return cmp.Or(cmp.Compare(b2i(b.Established), b2i(a.Established)), cmp.Compare(a.Proto, b.Proto), a.Src.Compare(b.Src), a.Dst.Compare(b.Dst),
 			cmp.Compare(b2i(a.Reverse), b2i(b.Reverse)))
@@ -386,9 +567,7 @@ func conntrackRows(entries []datapath.ConntrackEntry, f conntrackFilter, ks *rec
 		if e.SNAT.IsValid() {
 			r.SNAT = e.SNAT.String()
 		}
-		if fe, ok := ks.RevNat[reconciler.ServiceID(e.ServiceID)]; ok {
-			r.Service = names[fe.L4Addr.String()].Service
-		}
+		r.Service = serviceOf(e, ks, names)
 		r.Expires = "expired"
 		if e.ExpiresIn > 0 {
 			r.Expires = e.ExpiresIn.Round(time.Second).String()
@@ -453,6 +632,10 @@ type AgentStatus struct {
 	// Unprogrammed are the Service ports the last sync could not
 	// program, with why (sluice_service_unprogrammed_frontends).
 	Unprogrammed []string `json:"unprogrammed"`
+	// Healthz and Livez are /healthz's and /livez's answers (KEP-3836):
+	// "ok", or the status code and why.
+	Healthz string `json:"healthz,omitempty"`
+	Livez   string `json:"livez,omitempty"`
 }
 
 func statusCmd(fs *flag.FlagSet) runner {
@@ -484,6 +667,9 @@ func writeStatus(w io.Writer, st Status, now time.Time) error {
 		b.WriteString("Agent:\tready\n")
 	default:
 		fmt.Fprintf(&b, "Agent:\tnot ready: %s\n", strings.TrimPrefix(firstLine(a.Readiness), "not ready: "))
+	}
+	if a.Healthz != "" {
+		fmt.Fprintf(&b, "Health:\t/healthz %s, /livez %s\n", a.Healthz, a.Livez)
 	}
 	if a.LastSync != nil {
 		fmt.Fprintf(&b, "Last sync:\t%s (%s ago)\n", a.LastSync.UTC().Format(time.RFC3339), now.Sub(*a.LastSync).Round(time.Second))
@@ -544,6 +730,7 @@ func askAgent(healthAddr, metricsAddr string) AgentStatus {
 	st.Reachable = true
 	st.Ready = resp.StatusCode == http.StatusOK
 	st.Readiness = strings.TrimSpace(string(body))
+	st.Healthz, st.Livez = probe(client, healthAddr, "/healthz"), probe(client, healthAddr, "/livez")
 
 	resp, err = client.Get("http://" + metricsAddr + "/metrics")
 	if err != nil {
@@ -575,6 +762,26 @@ func askAgent(healthAddr, metricsAddr string) AgentStatus {
 	}
 	slices.Sort(st.Unprogrammed)
 	return st
+}
+
+// probe asks one of the agent's health probes: "ok" for a 200, else the
+// status code and the reason the agent gives (its X-Sluice-Unhealthy
+// header), or why it did not answer.
+func probe(client *http.Client, addr, path string) string {
+	resp, err := client.Get("http://" + addr + path)
+	if err != nil {
+		return "no answer: " + err.Error()
+	}
+	_, _ = io.Copy(io.Discard, resp.Body) // only the status matters; a short read loses nothing
+	_ = resp.Body.Close()                 // read to its end: nothing left to lose
+	if resp.StatusCode == http.StatusOK {
+		return "ok"
+	}
+	why := resp.Header.Get("X-Sluice-Unhealthy")
+	if why == "" {
+		return strconv.Itoa(resp.StatusCode)
+	}
+	return strconv.Itoa(resp.StatusCode) + ": " + why
 }
 
 // label returns the value of label name in a series of the exposition

@@ -9,7 +9,10 @@
 //	                          format (that of its golden tests)
 //	sluicectl backends        backends and the frontends whose slots name them
 //	sluicectl conntrack       per-packet conntrack entries, filtered by
-//	                          --addr, --port, --proto
+//	                          --addr, --port, --proto, --service, --src, --dst
+//	sluicectl conntrack delete  the flows of those entries, both directions
+//	                          and their SNAT port reservation (the one
+//	                          command that writes)
 //	sluicectl counters        datapath outcome counters, by reason
 //	sluicectl status          the agent's readiness and last sync (from its
 //	                          health and metrics endpoints), the maps' fill
@@ -17,7 +20,10 @@
 //	                          packet: its own dry run (datapath.Explain)
 //
 // Every command takes -o json: the same rows, as a JSON array (status: an
-// object). Tables are sorted and aligned, like kubectl get. Service names
+// object), and -o wide: the table with more columns where there are more
+// to show (services: kind and flags; backends: how many frontends use one;
+// conntrack: the service and backend ids). Tables are sorted and aligned,
+// like kubectl get. Service names
 // come from the file the agent writes beside its work (--names-file,
 // internal/namesfile); without it the SERVICE column is empty.
 package main
@@ -40,15 +46,20 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-const usage = `Usage: sluicectl [--bpffs DIR] [--names-file PATH] COMMAND [-o table|json] [flags]
+const usage = `Usage: sluicectl [--bpffs DIR] [--names-file PATH] COMMAND [-o table|wide|json] [flags]
 
 Commands:
   services [--raw]   service frontends -> backends, from the pinned maps
                      (--raw: every map entry, as the reconciler dumps them)
   backends           backends and the frontends whose slots name them
-  conntrack [--addr IP] [--port N] [--proto tcp|udp]
+  conntrack [--addr IP] [--port N] [--proto tcp|udp] [--service NS/NAME[:PORT]]
+            [--src IP:PORT] [--dst IP:PORT]
                      per-packet conntrack entries whose tuple, translation
                      or source NAT has the address and port
+  conntrack delete [the same filters] [--yes]
+                     delete the flows those entries belong to: both
+                     directions, and their SNAT port reservation (--yes
+                     when more than one flow matches)
   counters           datapath outcome counters, summed over CPUs
   status [--health-addr ADDR] [--metrics-addr ADDR]
                      the agent's readiness and last sync, and the maps' fill
@@ -87,6 +98,10 @@ var commands = map[string]command{
 	"counters":  {flags: countersCmd},
 	"status":    {flags: statusCmd},
 	"explain":   {flags: explainCmd},
+
+	// conntrack delete writes: it opens the two conntrack maps for
+	// writing, and nothing else.
+	"conntrack delete": {flags: conntrackDeleteCmd},
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -108,7 +123,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	name := fs.Arg(0)
+	name, rest := fs.Arg(0), fs.Args()[1:]
+	if name == "conntrack" && len(rest) > 0 && rest[0] == "delete" {
+		name, rest = "conntrack delete", rest[1:]
+	}
 	cmd, ok := commands[name]
 	if !ok {
 		warn(stderr, "sluicectl: unknown command %q\n", name)
@@ -119,10 +137,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cfs.SetOutput(stderr)
 	cfs.Usage = fs.Usage
 	c := &ctx{bpffs: *bpffs, namesFile: *names, stdout: stdout, stderr: stderr}
-	cfs.StringVar(&c.output, "o", "table", "output format: table or json")
-	cfs.StringVar(&c.output, "output", "table", "output format: table or json")
+	cfs.StringVar(&c.output, "o", "table", "output format: table, wide (more columns: services, backends, conntrack) or json")
+	cfs.StringVar(&c.output, "output", "table", "output format: table, wide or json")
 	r := cmd.flags(cfs)
-	if err := cfs.Parse(fs.Args()[1:]); err != nil {
+	if err := cfs.Parse(rest); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
@@ -133,8 +151,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	if c.output != "table" && c.output != "json" {
-		warn(stderr, "sluicectl: -o %q: want table or json\n", c.output)
+	if c.output != "table" && c.output != "json" && c.output != "wide" {
+		warn(stderr, "sluicectl: -o %q: want table, wide or json\n", c.output)
 		return 2
 	}
 	if r.check != nil {

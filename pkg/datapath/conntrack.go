@@ -3,6 +3,9 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 
 	"github.com/cilium/ebpf"
@@ -293,4 +296,156 @@ func convertConntrack(old, cur *ebpf.Map, t ctTimeouts, place ctPlacer) error {
 		return fmt.Errorf("read entries: %w", err)
 	}
 	return nil
+}
+
+// DeleteConntrack deletes flows from the conntrack tables pinned under p,
+// for an operator (sluicectl conntrack delete). Each of flows is an entry
+// of Conntrack's list; its flow goes whole: the entry, and the other
+// entry of the flow (forward, keyed by the client's tuple, or reverse,
+// keyed by the replies', which for a source-NATed flow is its SNAT port
+// reservation), in whichever table holds them. It returns how many
+// entries it deleted.
+//
+// An entry whose translation is no longer the one listed (its tuple was
+// reused by another flow since), and a peer that does not point back at
+// the entry, are left alone. The flow's next packet finds no entry and is
+// a new flow: a TCP mid-stream packet is then sent to a backend chosen
+// again (which resets it), a UDP datagram starts a new flow.
+func (p *Pinned) DeleteConntrack(flows []ConntrackEntry) (int, error) {
+	spec, err := loadSock()
+	if err != nil {
+		return 0, err
+	}
+	var tables []*ebpf.Map
+	defer func() {
+		for _, m := range tables {
+			m.Close()
+		}
+	}()
+	for _, name := range []string{mapConntrack, mapCTNew} {
+		// Checked as the read-only inspection checks it, then opened
+		// for writing.
+		ro, err := openPinnedMap(p.dir, name, spec.Maps[name])
+		if errors.Is(err, os.ErrNotExist) && name == mapCTNew {
+			continue // pinned by an agent without the table of new flows
+		}
+		if err != nil {
+			return 0, err
+		}
+		path := filepath.Join(p.dir, name)
+		if prev := previousPin(name); prev != "" {
+			if _, err := os.Stat(filepath.Join(p.dir, prev)); err == nil {
+				path = filepath.Join(p.dir, prev)
+			}
+		}
+		ro.Close()
+		m, err := ebpf.LoadPinnedMap(path, nil)
+		if err != nil {
+			return 0, fmt.Errorf("open pinned map %s for writing: %w", path, err)
+		}
+		tables = append(tables, m)
+	}
+	deleted := 0
+	for _, f := range flows {
+		n, err := deleteFlow(tables, f)
+		deleted += n
+		if err != nil {
+			return deleted, err
+		}
+	}
+	return deleted, nil
+}
+
+// deleteFlow deletes the entry e lists and its flow's other entry.
+func deleteFlow(tables []*ebpf.Map, e ConntrackEntry) (int, error) {
+	ap := func(a netip.AddrPort) (uint32, uint16) { return be32(a.Addr().Unmap()), be16(a.Port()) }
+	key := func(src, dst netip.AddrPort, dir uint8) sockCt4Key {
+		k := sockCt4Key{Proto: uint8(e.Proto), Dir: dir}
+		k.Saddr, k.Sport = ap(src)
+		k.Daddr, k.Dport = ap(dst)
+		return k
+	}
+	var self, peer sockCt4Key
+	if !e.Reverse {
+		// <C -> V> naming B; its replies come <B -> C>, or <B -> node:port>
+		// when source-NATed (the port reservation).
+		self = key(e.Src, e.Dst, ctForward)
+		replyTo := e.Src
+		if e.SNAT.IsValid() {
+			replyTo = e.SNAT
+		}
+		peer = key(e.NAT, replyTo, ctReverse)
+	} else {
+		// <B -> C (or node:port)> naming V; the client's tuple is
+		// <C -> V>, C being the entry's SNAT (the client's) if any.
+		self = key(e.Src, e.Dst, ctReverse)
+		client := e.Dst
+		if e.SNAT.IsValid() {
+			client = e.SNAT
+		}
+		peer = key(client, e.NAT, ctForward)
+	}
+	natAddr, natPort := ap(e.NAT)
+	n := 0
+	for _, m := range tables {
+		var v sockCt4Entry
+		if err := m.Lookup(&self, &v); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				continue
+			}
+			return n, fmt.Errorf("look up conntrack entry: %w", err)
+		}
+		if v.NatAddr != natAddr || v.NatPort != natPort || v.BackendId != e.BackendID {
+			return n, nil // another flow holds the tuple now
+		}
+		ok, err := deleteIfPresent(m, &self)
+		if err != nil {
+			return n, err
+		}
+		n += b2n(ok)
+	}
+	// The peer points back at self: a forward peer's translation is the
+	// reverse entry's source (the backend), a reverse peer's the forward
+	// entry's destination (the frontend).
+	backAddr, backPort := self.Saddr, self.Sport
+	if self.Dir == ctForward {
+		backAddr, backPort = self.Daddr, self.Dport
+	}
+	for _, m := range tables {
+		var v sockCt4Entry
+		if err := m.Lookup(&peer, &v); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				continue
+			}
+			return n, fmt.Errorf("look up conntrack entry: %w", err)
+		}
+		if v.NatAddr != backAddr || v.NatPort != backPort {
+			continue
+		}
+		ok, err := deleteIfPresent(m, &peer)
+		if err != nil {
+			return n, err
+		}
+		n += b2n(ok)
+	}
+	return n, nil
+}
+
+// deleteIfPresent deletes key from m, reporting whether it was there.
+func deleteIfPresent(m *ebpf.Map, key *sockCt4Key) (bool, error) {
+	err := m.Delete(key)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		return false, nil // gone meanwhile (expired and collected, or closed)
+	}
+	return false, fmt.Errorf("delete conntrack entry: %w", err)
+}
+
+func b2n(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -101,12 +101,6 @@ func ctLifetime(cfg Config, proto uint8, flags uint32) time.Duration {
 
 func ctFlags(v sockCt4Entry) uint32 { return v.Flags }
 
-func ctLive(m *Maps, k sockCt4Key) bool {
-	v, ok := ctGet(m, k)
-	now, _ := monotonicNow()
-	return ok && int64(v.Expires-now) > 0
-}
-
 // flushBackends flushes the conntrack of bes.
 func flushBackends(m *Maps, bes ...model.L4Addr) error {
 	return m.FlushConntrack(bes)

@@ -7,7 +7,7 @@
 // not know is an error naming it (with its path, e.g. iptables.masqueradAll),
 // and so is a value Sluice would have to refuse later (a bad CIDR, an
 // address without a port that cannot be completed). A field kube-proxy
-// knows but Sluice has no use for (mode, ipvs.*, conntrack.*, ...) is
+// knows but Sluice has no use for (mode, ipvs.*, conntrack.maxPerCore, ...) is
 // returned as Ignored with the reason, when it holds anything but its zero
 // value: kubeadm writes every field, most of them empty, and an empty field
 // asks for the default, so there is nothing to report about it.
@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -263,6 +264,29 @@ func (m *mapper) mapFields(c *KubeProxyConfiguration) error {
 		m.set("nodePortAddresses", "nodeport-addresses", strings.Join(c.NodePortAddresses, ","))
 	}
 
+	// conntrack sets the node's netfilter sysctls in kube-proxy. The
+	// timeouts that mean the same in Sluice's own table set it: an
+	// answered, open TCP flow's, and a UDP flow's (netfilter's "stream"
+	// timeout: Sluice has one for answered and unanswered UDP flows
+	// alike, and cutting answered ones to netfilter's unreplied timeout
+	// would end idle streams). 0 leaves the default, as in kube-proxy.
+	for _, t := range []struct {
+		field, flag string
+		d           *metav1.Duration
+	}{
+		{"conntrack.tcpEstablishedTimeout", "conntrack-tcp-timeout", c.Conntrack.TCPEstablishedTimeout},
+		{"conntrack.udpStreamTimeout", "conntrack-udp-timeout", &c.Conntrack.UDPStreamTimeout},
+	} {
+		m.applied[t.field] = true
+		switch {
+		case t.d == nil || t.d.Duration == 0:
+		case t.d.Duration < 0:
+			return fmt.Errorf("%s %v: must be >= 0", t.field, t.d.Duration)
+		default:
+			m.set(t.field, t.flag, t.d.Duration.String())
+		}
+	}
+
 	return m.mapMode(c)
 }
 
@@ -379,6 +403,14 @@ var why = map[string]string{
 	"configSyncPeriod":            "Sluice's informers do not resync; --resync-interval re-applies the datapath",
 	"portRange":                   "unused by kube-proxy too (the userspace proxy is gone)",
 	"clientConnection":            "Sluice's client speaks protobuf, with a burst of twice --kube-api-qps",
+
+	// The conntrack fields that have no counterpart in Sluice's own table
+	// (the timeouts that do are applied, see mapFields).
+	"conntrack.maxPerCore":          "sizes the node's netfilter table, which holds all of the node's flows: Sluice's holds Service flows only, sized by --max-conntrack",
+	"conntrack.min":                 "sizes the node's netfilter table, which holds all of the node's flows: Sluice's holds Service flows only, sized by --max-conntrack",
+	"conntrack.tcpCloseWaitTimeout": "netfilter's CLOSE_WAIT timeout (one side closed): Sluice keeps a half-closed flow as an open one (conntrack.tcpEstablishedTimeout, --conntrack-tcp-timeout)",
+	"conntrack.udpTimeout":          "netfilter's timeout of unanswered UDP flows: Sluice has one UDP timeout, answered or not, set by conntrack.udpStreamTimeout (--conntrack-udp-timeout)",
+	"conntrack.tcpBeLiberal":        "netfilter's TCP window tracking: Sluice does not track TCP windows",
 }
 
 // collectIgnored reports the leaves of v (the file, decoded generically;

@@ -62,7 +62,8 @@ conntrack:
   min: 131072
   tcpEstablishedTimeout: 24h0m0s
   tcpCloseWaitTimeout: 1h0m0s
-  udpTimeout: 0s
+  udpTimeout: 30s
+  udpStreamTimeout: 5m
 featureGates:
   SomeGate: true
 logging:
@@ -81,6 +82,8 @@ oomScoreAdj: -999
 		{"clientConnection.qps", "kube-api-qps", "50"},
 		{"clusterCIDR", "cluster-cidr", "10.244.0.0/16,fd00:10:244::/56"},
 		{"nodePortAddresses", "nodeport-addresses", "primary,192.168.0.0/16"},
+		{"conntrack.tcpEstablishedTimeout", "conntrack-tcp-timeout", "24h0m0s"},
+		{"conntrack.udpStreamTimeout", "conntrack-udp-timeout", "5m0s"},
 		{"nftables.masqueradeAll", "masquerade-all", "true"},
 		{"nftables.syncPeriod", "sync-period", "1m0s"},
 		{"nftables.minSyncPeriod", "min-sync-period", "2s"},
@@ -89,19 +92,19 @@ oomScoreAdj: -999
 		t.Errorf("settings:\n got %v\nwant %v", res.Settings, wantSettings)
 	}
 	wantIgnored := map[string]string{
-		"clientConnection.burst":          "100",
-		"conntrack.maxPerCore":            "32768",
-		"conntrack.min":                   "131072",
-		"conntrack.tcpCloseWaitTimeout":   "1h0m0s",
-		"conntrack.tcpEstablishedTimeout": "24h0m0s",
-		"featureGates.SomeGate":           "true",
-		"iptables.localhostNodePorts":     "false",
-		"iptables.masqueradeAll":          "true",
-		"ipvs.scheduler":                  "rr",
-		"logging.verbosity":               "4",
-		"mode":                            "nftables",
-		"nftables.masqueradeBit":          "14",
-		"oomScoreAdj":                     "-999",
+		"clientConnection.burst":        "100",
+		"conntrack.maxPerCore":          "32768",
+		"conntrack.min":                 "131072",
+		"conntrack.tcpCloseWaitTimeout": "1h0m0s",
+		"conntrack.udpTimeout":          "30s",
+		"featureGates.SomeGate":         "true",
+		"iptables.localhostNodePorts":   "false",
+		"iptables.masqueradeAll":        "true",
+		"ipvs.scheduler":                "rr",
+		"logging.verbosity":             "4",
+		"mode":                          "nftables",
+		"nftables.masqueradeBit":        "14",
+		"oomScoreAdj":                   "-999",
 	}
 	got := map[string]string{}
 	var fields []string

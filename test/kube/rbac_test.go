@@ -1,11 +1,14 @@
 package kube
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/sluice-lb/sluice/test/kube/kubeenv"
 )
@@ -52,6 +55,19 @@ func TestAgentUsesExactlyItsClusterRole(t *testing.T) {
 			eventually(t, "the service to answer", 30*time.Second, func() error {
 				_, err := e.get(vip, time.Second)
 				return err
+			})
+			// Two Services claiming one frontend: the agent
+			// creates an Event on the loser.
+			withIP := func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"192.0.2.50"} }
+			createService(t, e.kube.Client, "default", "claim-a", withIP, svcPort("http", 80, "http"))
+			createService(t, e.kube.Client, "default", "claim-b", withIP, svcPort("http", 80, "http"))
+			eventually(t, "an event on the loser", 30*time.Second, func() error {
+				for _, name := range []string{"claim-a", "claim-b"} {
+					if evs, err := eventsOn(e.kube.Client, "default", name); err != nil || len(evs) > 0 {
+						return err
+					}
+				}
+				return errors.New("no event yet")
 			})
 			requests := e.kube.AgentRequests()
 			if len(requests) == 0 {

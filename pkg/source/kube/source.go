@@ -15,6 +15,12 @@
 // Nothing is handed over until the Service, EndpointSlice and Node caches
 // have synced: an agent that restarts while the API server is slow keeps the
 // services its pinned maps hold rather than programming an empty world.
+//
+// The source also keeps what kube-proxy's health server needs (KEP-3836):
+// how long the oldest change read from the API has waited to be programmed
+// (OldestPending: /livez fails once that is too long), and whether this Node
+// is going away (deleted, or tainted ToBeDeletedByClusterAutoscaler: /healthz
+// fails, so load balancers drain the node), told to Config.Health.
 package kube
 
 import (
@@ -32,7 +38,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/events"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/source/tracker"
@@ -59,7 +67,28 @@ type Config struct {
 	// programming latency (pkg/metrics.Metrics.ObserveProgrammed).
 	ObserveProgrammed func(now time.Time, triggers []time.Time)
 	Logger            *slog.Logger
+
+	// Events, if set, records the Events on Services this node cannot
+	// serve as asked (events.go); nil: the source sends events.k8s.io/v1
+	// Events through Client.
+	Events events.EventRecorder
+	// Health, if set, is told when a state was programmed and whether
+	// this Node is eligible for traffic (pkg/health.Proxier).
+	Health Health
 }
+
+// Health is what the source tells the health probes (pkg/health.Proxier).
+type Health interface {
+	// Updated is called when a state handed over was programmed.
+	Updated()
+	// SetNode says whether this Node may receive load balancers' traffic:
+	// not when it is being deleted or is tainted ToBeDeletedByClusterAutoscaler.
+	SetNode(eligible bool, why string)
+}
+
+// toBeDeletedTaint is the taint the cluster autoscaler puts on a Node it is
+// about to delete (pkg/health.ToBeDeletedTaint, kube-proxy's).
+const toBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
 
 // Source is the Kubernetes source. Create it with New; Run it once.
 type Source struct {
@@ -78,11 +107,27 @@ type Source struct {
 	// every older state are done: a newer state holds all older changes.
 	handedMu sync.Mutex
 	handed   []handedState
+	// What events.go needs: the recorder and the Service cache (set by
+	// Run before any state is handed over), and under evMu the causes
+	// reported and the Services' generations.
+	recorder    events.EventRecorder
+	services    corelisters.ServiceLister
+	evMu        sync.Mutex
+	emitted     map[eventKey]origin
+	generations map[types.NamespacedName]int64
+
+	// queued is when the oldest change not yet taken by a sync arrived
+	// (zero: none); counted from the first sync on, as kube-proxy counts
+	// from its initialisation.
+	queued time.Time
 }
 
 type handedState struct {
 	state    *model.State
 	triggers []time.Time
+	// queued is when the oldest change this state brought arrived (zero:
+	// none, or it was programmed).
+	queued time.Time
 }
 
 // maxHanded bounds handed when nobody reports programmed states.
@@ -105,22 +150,75 @@ func New(cfg Config) (*Source, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Source{cfg: cfg, log: cfg.Logger.With("source", "kube"), tracker: tracker.New(cfg.Options)}, nil
+	return &Source{cfg: cfg, log: cfg.Logger.With("source", "kube"), tracker: tracker.New(cfg.Options),
+		emitted: map[eventKey]origin{}, generations: map[types.NamespacedName]int64{}}, nil
 }
 
-// handOver records that st, carrying the changes of triggers, was handed
-// to the caller.
-func (s *Source) handOver(st *model.State, triggers []time.Time) {
+// handOver records that st, carrying the changes of triggers that arrived
+// from queued on, was handed to the caller.
+func (s *Source) handOver(st *model.State, triggers []time.Time, queued time.Time) {
 	s.handedMu.Lock()
 	defer s.handedMu.Unlock()
 	if n := len(s.handed); n > 0 && s.handed[n-1].state == st {
-		s.handed[n-1].triggers = append(s.handed[n-1].triggers, triggers...)
+		h := &s.handed[n-1]
+		h.triggers = append(h.triggers, triggers...)
+		h.queued = earliest(h.queued, queued)
 		return
 	}
-	s.handed = append(s.handed, handedState{st, triggers})
+	s.handed = append(s.handed, handedState{st, triggers, queued})
 	if len(s.handed) > maxHanded {
-		s.handed = s.handed[len(s.handed)-maxHanded:]
+		// The dropped states' changes are still pending: the oldest
+		// kept state carries their wait.
+		drop := len(s.handed) - maxHanded
+		for _, h := range s.handed[:drop] {
+			s.handed[drop].queued = earliest(s.handed[drop].queued, h.queued)
+		}
+		s.handed = s.handed[drop:]
 	}
+}
+
+// earliest returns the earlier of two times, zero meaning none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
+}
+
+// queue records that a change arrived now, after the first sync.
+func (s *Source) queue() {
+	if !s.synced.Load() {
+		return // starting: healthy until the first state is handed over
+	}
+	now := time.Now()
+	s.handedMu.Lock()
+	s.queued = earliest(s.queued, now)
+	s.handedMu.Unlock()
+}
+
+// takeQueued returns when the oldest change not yet synced arrived, and
+// forgets it: the sync taking it hands it over (or finds it nets to
+// nothing).
+func (s *Source) takeQueued() time.Time {
+	s.handedMu.Lock()
+	defer s.handedMu.Unlock()
+	q := s.queued
+	s.queued = time.Time{}
+	return q
+}
+
+// OldestPending returns when the oldest change read from the API that is
+// not programmed yet arrived (zero: none): a change not synced yet, or in a
+// state handed over whose programming was not reported. Its age is how
+// stale the datapath is (pkg/health.Proxier, /livez).
+func (s *Source) OldestPending() time.Time {
+	s.handedMu.Lock()
+	defer s.handedMu.Unlock()
+	oldest := s.queued
+	for _, h := range s.handed {
+		oldest = earliest(oldest, h.queued)
+	}
+	return oldest
 }
 
 // Programmed tells the source that st reached the maps: the changes of st
@@ -144,6 +242,9 @@ func (s *Source) Programmed(st *model.State) {
 	// recognised and costs nothing.
 	s.handed = append([]handedState{{state: st}}, s.handed[i+1:]...)
 	s.handedMu.Unlock()
+	if s.cfg.Health != nil {
+		s.cfg.Health.Updated()
+	}
 	if s.cfg.ObserveProgrammed != nil {
 		s.cfg.ObserveProgrammed(now, triggers)
 	}
@@ -181,6 +282,19 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 
 	s.runner = newRunner(func(periodic bool) { s.syncOnce(apply, periodic) },
 		s.cfg.MinSyncPeriod, s.cfg.SyncPeriod)
+	s.services = factory.Core().V1().Services().Lister()
+	s.recorder = s.cfg.Events
+	if s.recorder == nil {
+		rec, stop, err := s.newEventRecorder(ctx)
+		if err != nil {
+			return err
+		}
+		// Deferred last, so runs first on return: the broadcaster
+		// stops before the informers (an event still queued then is
+		// dropped; the next agent reports the cause again).
+		defer stop()
+		s.recorder = rec
+	}
 
 	svcReg, err := factory.Core().V1().Services().Informer().AddEventHandler(handler(s.onService))
 	if err != nil {
@@ -211,6 +325,9 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 }
 
 func (s *Source) request(changed bool) {
+	if changed {
+		s.queue()
+	}
 	if changed && s.runner != nil {
 		s.runner.Request()
 	}
@@ -224,8 +341,13 @@ func objectOf(obj any) any {
 	return obj
 }
 
-func (s *Source) onService(obj any, deleted bool) { onObject(s, obj, deleted, s.tracker.SetService) }
-func (s *Source) onSlice(obj any, deleted bool)   { onObject(s, obj, deleted, s.tracker.SetSlice) }
+func (s *Source) onService(obj any, deleted bool) {
+	if svc, ok := objectOf(obj).(*corev1.Service); ok {
+		s.followService(svc, deleted) // events.go: before the tracker sees it
+	}
+	onObject(s, obj, deleted, s.tracker.SetService)
+}
+func (s *Source) onSlice(obj any, deleted bool) { onObject(s, obj, deleted, s.tracker.SetSlice) }
 
 // onObject hands a Service or an EndpointSlice to set under its name: the
 // object as it is now, or nil once it is deleted.
@@ -244,11 +366,16 @@ func onObject[T any, P interface {
 	s.request(set(key, o))
 }
 
-// onNode follows the labels of this node's Node object.
+// onNode follows the labels of this node's Node object, and whether it is
+// going away.
 func (s *Source) onNode(obj any, deleted bool) {
 	node, ok := objectOf(obj).(*corev1.Node)
 	if !ok || node.Name != s.cfg.Options.Node.Name {
 		return
+	}
+	if s.cfg.Health != nil {
+		eligible, why := nodeEligible(node, deleted)
+		s.cfg.Health.SetNode(eligible, why)
 	}
 	n := s.cfg.Options.Node
 	n.Labels = nil
@@ -268,11 +395,31 @@ func handler(on func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
 	}
 }
 
+// nodeEligible says whether load balancers should keep sending traffic to
+// this node (kube-proxy's SyncNode): not once its Node is being deleted or
+// is tainted ToBeDeletedByClusterAutoscaler. A Node object already gone is
+// not eligible either.
+func nodeEligible(node *corev1.Node, deleted bool) (bool, string) {
+	switch {
+	case deleted:
+		return false, "node " + node.Name + " deleted"
+	case node.DeletionTimestamp != nil:
+		return false, "node " + node.Name + " is being deleted"
+	}
+	for _, t := range node.Spec.Taints {
+		if t.Key == toBeDeletedTaint {
+			return false, "node " + node.Name + " is tainted " + toBeDeletedTaint
+		}
+	}
+	return true, ""
+}
+
 // syncOnce translates what changed and hands the state to apply. periodic
 // says no change is pending: the state is handed over anyway, so the
 // reconciler re-checks the maps against it.
 func (s *Source) syncOnce(apply func(*model.State), periodic bool) {
 	start := time.Now()
+	queued := s.takeQueued()
 	r := s.tracker.Sync()
 	for _, e := range r.Errors {
 		s.log.Warn("service not translated", "service", e.Service, "err", e.Err)
@@ -286,13 +433,14 @@ func (s *Source) syncOnce(apply func(*model.State), periodic bool) {
 	for _, c := range r.Conflicts {
 		s.log.Warn("frontend claimed twice", "conflict", c.String())
 	}
+	s.reportSync(r, r.State != s.state)
 	if r.Changed == 0 && !periodic && s.state != nil {
 		return // net change: none
 	}
 	s.state = r.State
 	// Handed over before apply returns: the agent may report the state
 	// programmed before apply returns.
-	s.handOver(s.state, r.Triggers)
+	s.handOver(s.state, r.Triggers, queued)
 	apply(s.state)
 	if !s.synced.Swap(true) {
 		s.log.Info("first sync done", "services", len(s.state.Services))

@@ -1,0 +1,118 @@
+package kube
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+// healthRecorder is a fake Health.
+type healthRecorder struct {
+	mu       sync.Mutex
+	updated  int
+	eligible bool
+	why      string
+	told     int
+}
+
+func (h *healthRecorder) Updated() { h.mu.Lock(); h.updated++; h.mu.Unlock() }
+
+func (h *healthRecorder) SetNode(eligible bool, why string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.eligible, h.why = eligible, why
+	h.told++
+}
+
+func (h *healthRecorder) node() (bool, string, int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.eligible, h.why, h.told
+}
+
+// The Node going away (kube-proxy's SyncNode: a deletionTimestamp, or the
+// cluster autoscaler's taint) reaches Health; the Node coming back to
+// normal too.
+func TestNodeEligibility(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}
+	client := fake.NewClientset(n)
+	h := &healthRecorder{}
+	rec := &recorder{}
+	run(t, Config{Client: client, Health: h}, rec)
+	waitFor(t, "the Node seen", 5*time.Second, func() bool { _, _, told := h.node(); return told > 0 })
+	if ok, why, _ := h.node(); !ok {
+		t.Fatalf("plain Node not eligible: %s", why)
+	}
+	ctx := context.Background()
+	update := func(mutate func(*corev1.Node)) {
+		t.Helper()
+		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mutate(n)
+		if _, err := client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wait := func(what string, eligible bool, why string) {
+		t.Helper()
+		waitFor(t, what, 5*time.Second, func() bool { ok, w, _ := h.node(); return ok == eligible && w == why })
+	}
+	update(func(n *corev1.Node) {
+		n.Spec.Taints = []corev1.Taint{{Key: "other", Effect: corev1.TaintEffectNoSchedule}, {Key: toBeDeletedTaint, Effect: corev1.TaintEffectNoSchedule}}
+	})
+	wait("tainted Node ineligible", false, "node node-a is tainted ToBeDeletedByClusterAutoscaler")
+	update(func(n *corev1.Node) { n.Spec.Taints = n.Spec.Taints[:1] })
+	wait("untainted Node eligible", true, "")
+	update(func(n *corev1.Node) { n.DeletionTimestamp = &metav1.Time{Time: time.Now()} })
+	wait("Node being deleted ineligible", false, "node node-a is being deleted")
+	if err := client.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait("deleted Node ineligible", false, "node node-a deleted")
+}
+
+// A change is pending from when it arrives until the state carrying it is
+// programmed; before the first sync nothing is (kube-proxy is healthy
+// while it starts).
+func TestOldestPending(t *testing.T) {
+	client := fake.NewClientset()
+	h := &healthRecorder{}
+	rec := &recorder{}
+	src := run(t, Config{Client: client, Health: h, MinSyncPeriod: 200 * time.Millisecond}, rec)
+	waitFor(t, "initial sync", 5*time.Second, func() bool { return rec.count() == 1 })
+	if p := src.OldestPending(); !p.IsZero() {
+		t.Errorf("pending %v after the first sync with nothing changed", p)
+	}
+	before := time.Now()
+	if _, err := client.CoreV1().Services("default").Create(context.Background(), service("web", "10.96.0.10", 80), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the Service handed over", 5*time.Second, func() bool { return rec.count() == 2 })
+	// rec is Run's apply, not an agent: nothing reports the state
+	// programmed, so the change stays pending.
+	p := src.OldestPending()
+	if p.Before(before) || time.Since(p) > 5*time.Second {
+		t.Fatalf("pending since %v, want the Service's arrival (after %v)", p, before)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if again := src.OldestPending(); !again.Equal(p) {
+		t.Errorf("pending moved from %v to %v without a programmed state", p, again)
+	}
+	src.Programmed(rec.last())
+	if p := src.OldestPending(); !p.IsZero() {
+		t.Errorf("pending %v after the state was programmed", p)
+	}
+	h.mu.Lock()
+	updated := h.updated
+	h.mu.Unlock()
+	if updated != 1 {
+		t.Errorf("Health.Updated called %d times, want 1", updated)
+	}
+}

@@ -1,0 +1,152 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/sluice-lb/sluice/pkg/agent"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
+	"github.com/sluice-lb/sluice/pkg/source/kube"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
+)
+
+// eventsOn lists the events.k8s.io/v1 Events the agent reported
+// (reportingController sluice) regarding Service ns/name. The apiserver's
+// own controllers report on Services too (ClusterIPNotAllocated, from the
+// IP allocator's repair loop).
+func eventsOn(c kubernetes.Interface, ns, name string) ([]eventsv1.Event, error) {
+	l, err := c.EventsV1().Events(ns).List(context.Background(), metav1.ListOptions{
+		FieldSelector: "regarding.kind=Service,regarding.name=" + name + ",reportingController=sluice"})
+	if err != nil {
+		return nil, err
+	}
+	return l.Items, nil
+}
+
+// waitEvent waits for exactly one event with reason on Service ns/name and
+// returns it.
+func waitEvent(t *testing.T, c kubernetes.Interface, ns, name, reason string) eventsv1.Event {
+	t.Helper()
+	var got eventsv1.Event
+	eventually(t, reason+" event on "+ns+"/"+name, 30*time.Second, func() error {
+		evs, err := eventsOn(c, ns, name)
+		if err != nil {
+			return err
+		}
+		var match []eventsv1.Event
+		for _, e := range evs {
+			if e.Reason == reason {
+				match = append(match, e)
+			}
+		}
+		if len(match) != 1 {
+			return fmt.Errorf("%d %s events of %d: %v", len(match), reason, len(evs), evs)
+		}
+		got = match[0]
+		return nil
+	})
+	return got
+}
+
+// Services that cannot be programmed get one Warning event each, through
+// the agent's own identity (deploy/'s ClusterRole): a frontend claimed
+// twice (the loser), and a Service the maps have no room for. Syncs that
+// find the same cause again add none.
+func TestEventsOnUnprogrammableServices(t *testing.T) {
+	env := startEnv(t)
+	c := env.Client
+	client, err := kubernetes.NewForConfig(env.AgentConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	src, err := kube.New(kube.Config{
+		Client:        client,
+		Options:       translate.Options{Node: translate.Node{Name: nodeName}},
+		MinSyncPeriod: 100 * time.Millisecond,
+		SyncPeriod:    500 * time.Millisecond, // many syncs, each finding the causes again
+		Logger:        log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Room for four frontends: default/kubernetes's, and three.
+	dp := fakedp.New(4, 100, 100)
+	rec := reconciler.New(dp, log.With("component", "reconciler"))
+	a := agent.New(agent.Config{Observers: []agent.Observer{src}, Resync: 300 * time.Millisecond}, noPrograms{}, rec, log.With("component", "agent"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, src) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	})
+	eventually(t, "first sync", 30*time.Second, func() error {
+		if !src.Synced() {
+			return errors.New("not synced")
+		}
+		return nil
+	})
+
+	withIP := func(ip string) func(*corev1.Service) {
+		return func(s *corev1.Service) { s.Spec.ExternalIPs = []string{ip} }
+	}
+	createService(t, c, "default", "winner", withIP("192.0.2.50"), svcPort("http", 80, "http"))
+	time.Sleep(300 * time.Millisecond) // the winner is programmed first, and keeps it
+	// loser asks for winner's external IP and port: of its two
+	// frontends (ClusterIP and external IP) it loses the latter. The
+	// maps are then full (kubernetes's, winner's two, loser's
+	// ClusterIP): overflow's ClusterIP finds no room.
+	createService(t, c, "default", "loser", withIP("192.0.2.50"), svcPort("http", 80, "http"))
+	conflict := waitEvent(t, c, "default", "loser", kube.ReasonFrontendConflict)
+	createService(t, c, "default", "overflow", nil, svcPort("http", 80, "http"))
+	full := waitEvent(t, c, "default", "overflow", kube.ReasonDatapathFull)
+	for _, e := range []eventsv1.Event{conflict, full} {
+		if e.Type != corev1.EventTypeWarning || e.Action != "Program" || e.ReportingController != "sluice" ||
+			e.Regarding.UID == "" || !strings.Contains(e.Note, "Sluice") {
+			t.Errorf("event %s: type %q action %q controller %q regarding %v note %q", e.Reason, e.Type, e.Action,
+				e.ReportingController, e.Regarding, e.Note)
+		}
+	}
+	if !strings.Contains(conflict.Note, "192.0.2.50:80/TCP") || !strings.Contains(conflict.Note, "default/winner:http") {
+		t.Errorf("conflict note %q: want the frontend and the Service that keeps it", conflict.Note)
+	}
+	if !strings.Contains(full.Note, "--max-") {
+		t.Errorf("capacity note %q: want what to raise", full.Note)
+	}
+	// Several syncs and resyncs later: still one event per cause, no
+	// series, none on the winner.
+	time.Sleep(3 * time.Second)
+	var evs []eventsv1.Event
+	for _, name := range []string{"loser", "overflow"} {
+		got, err := eventsOn(c, "default", name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 1 {
+			t.Errorf("after many syncs %d events on %s, want 1: %v", len(got), name, got)
+		}
+		evs = append(evs, got...)
+	}
+	for _, e := range evs {
+		if e.Series != nil {
+			t.Errorf("event %s became a series: the agent reported the same cause again", e.Reason)
+		}
+	}
+	if evs, err := eventsOn(c, "default", "winner"); err != nil || len(evs) != 0 {
+		t.Errorf("events on the winner: %v (%v)", evs, err)
+	}
+}
