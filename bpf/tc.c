@@ -32,6 +32,12 @@
  * whatever their class. Whether a new flow is also source-NATed to this
  * node (masqueraded) follows kube-proxy, with one deliberate deviation:
  * see lb4_masquerade.
+ *
+ * Dry runs (explain.h): a packet BPF_PROG_TEST_RUN brings with the
+ * dry-run mark is sent to the program's dry twin, the same code built to
+ * write no map (no conntrack entry, SNAT port, affinity, fragment record
+ * or counter), which notes what it decided in sluice_expl_v1 for
+ * `sluicectl explain`.
  */
 #include "lib/consts.h"
 #include "lib/config.h"
@@ -47,6 +53,7 @@
 #include "lib/icmp.h"
 #include "lib/nat.h"
 #include "lib/icmp_xlate.h"
+#include "lib/explain.h"
 
 /* What the parse step found. */
 enum pkt_kind {
@@ -69,14 +76,14 @@ static __always_inline enum pkt_kind parse_tc(struct __sk_buff *skb,
 			frag_record(p);
 		return PKT_L4;
 	case PARSE_MALFORMED:
-		metric_inc(METRIC_TC_MALFORMED);
+		metric_count(p, METRIC_TC_MALFORMED);
 		return PKT_PASS;
 	case PARSE_FRAGMENT:
 		if (frag_follow(p)) {
-			metric_inc(METRIC_TC_FRAG_LATER);
+			metric_count(p, METRIC_TC_FRAG_LATER);
 			return PKT_L4;
 		}
-		metric_inc(METRIC_TC_FRAGMENT);
+		metric_count(p, METRIC_TC_FRAGMENT);
 		return PKT_PASS;
 	case PARSE_ICMP_ERR:
 		return PKT_ICMP_ERR;
@@ -117,13 +124,13 @@ static __always_inline int rev_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 			return ret;
 	}
 	if (rewrite_l4addr(skb, p, false, fe_addr, fe_port) < 0) {
-		metric_inc(METRIC_TC_REWRITE_ERR);
+		metric_count(p, METRIC_TC_REWRITE_ERR);
 		return TC_ACT_SHOT;
 	}
-	metric_inc(METRIC_TC_REV_NAT);
+	metric_count(p, METRIC_TC_REV_NAT);
 	if (!redirect)
 		return TC_ACT_OK;
-	metric_inc(METRIC_TC_REV_REDIRECT);
+	metric_count(p, METRIC_TC_REV_REDIRECT);
 	return redirect_fib(skb, p, &f);
 }
 
@@ -148,8 +155,8 @@ static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
 		/* The first reply of a flow that cannot become established:
 		 * the flow is refused (see conntrack.h).
 		 */
-		metric_inc(err == -EEXIST ? METRIC_TC_CT_CLASH :
-					    METRIC_TC_CT_EST_FULL);
+		metric_count(p, err == -EEXIST ? METRIC_TC_CT_CLASH :
+						 METRIC_TC_CT_EST_FULL);
 		return TC_ACT_SHOT;
 	}
 	if (!e)
@@ -157,14 +164,16 @@ static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
 	ct_track_tcp(p, &key, e, now);
 	fe_addr = e->nat_addr;
 	fe_port = e->nat_port;
+	explain_reply(p, fe_addr, fe_port);
 	if (!(e->flags & CT_F_SNAT))
 		return rev_dnat(skb, p, fe_addr, fe_port, ingress);
 
 	/* <B -> N:sp> becomes <F -> C>. */
 	client = e->snat_addr;
 	cport = e->snat_port;
+	explain_snat(p, EXPLAIN_F_SNAT, client, cport);
 	if (fib4_lookup(skb, skb->ifindex, fe_addr, client, &f) < 0) {
-		metric_inc(METRIC_TC_FIB_ERR);
+		metric_count(p, METRIC_TC_FIB_ERR);
 		return TC_ACT_SHOT;
 	}
 	ret = fwd_check(skb, p, &f, false);
@@ -172,10 +181,10 @@ static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
 		return ret;
 	if (rewrite_l4addr(skb, p, false, fe_addr, fe_port) < 0 ||
 	    rewrite_l4addr(skb, p, true, client, cport) < 0) {
-		metric_inc(METRIC_TC_REWRITE_ERR);
+		metric_count(p, METRIC_TC_REWRITE_ERR);
 		return TC_ACT_SHOT;
 	}
-	metric_inc(METRIC_TC_REV_NAT);
+	metric_count(p, METRIC_TC_REV_NAT);
 	return redirect_fib(skb, p, &f);
 }
 
@@ -188,8 +197,8 @@ static __always_inline int lb4_check_source(const struct pkt4 *p,
 {
 	if ((svc->flags & SVC_F_SRC_RANGES) &&
 	    !source_allowed(p->daddr, p->dport, p->proto, p->saddr)) {
-		metric_inc(METRIC_TC_SRC_RANGE_DENY);
-		svc_count(svc->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
+		metric_count(p, METRIC_TC_SRC_RANGE_DENY);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
 		return TC_ACT_SHOT;
 	}
 	return -1;
@@ -212,16 +221,17 @@ static __always_inline int lb4_refuse(struct __sk_buff *skb,
 		 * sending here; a client of the ClusterIP times out, as
 		 * with kube-proxy.
 		 */
-		metric_inc(METRIC_TC_LOCAL_NO_BACKEND);
-		svc_count(svc->rev_nat_id, SVC_DROP_NO_LOCAL_ENDPOINTS, 0);
+		metric_count(p, METRIC_TC_LOCAL_NO_BACKEND);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_NO_LOCAL_ENDPOINTS,
+			      0);
 		return TC_ACT_SHOT;
 	}
 	ret = reply_port_unreachable(skb, p);
-	metric_inc(ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR :
-					METRIC_TC_NO_BACKEND);
-	svc_count(svc->rev_nat_id,
-		  ret == TC_ACT_SHOT ? SVC_DROP_ERROR : SVC_DROP_NO_ENDPOINTS,
-		  0);
+	metric_count(p, ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR :
+					     METRIC_TC_NO_BACKEND);
+	svc_count_pkt(
+		p, svc->rev_nat_id,
+		ret == TC_ACT_SHOT ? SVC_DROP_ERROR : SVC_DROP_NO_ENDPOINTS, 0);
 	return ret;
 }
 
@@ -321,14 +331,14 @@ nat_remote(struct __sk_buff *skb, const struct pkt4 *p,
 		 * rather than half-NAT it.
 		 */
 		if (err > 0)
-			metric_inc(METRIC_TC_SNAT_EXHAUSTED);
+			metric_count(p, METRIC_TC_SNAT_EXHAUSTED);
 		else if (err == -E2BIG)
-			metric_inc(METRIC_TC_CT_EST_FULL);
+			metric_count(p, METRIC_TC_CT_EST_FULL);
 		else
-			metric_inc(METRIC_TC_CT_FULL);
+			metric_count(p, METRIC_TC_CT_FULL);
 		return -1;
 	}
-	metric_inc(dev ? METRIC_TC_SNAT_NEW : METRIC_TC_MASQ_LOCAL);
+	metric_count(p, dev ? METRIC_TC_SNAT_NEW : METRIC_TC_MASQ_LOCAL);
 	return 1;
 }
 
@@ -351,7 +361,10 @@ static __always_inline int lb4_ct_follow(const struct pkt4 *p,
 		x->snat_addr = fwd->snat_addr;
 		x->snat_port = fwd->snat_port;
 	}
-	ct_refresh(fwd, p->proto, now);
+	explain_flag(p, EXPLAIN_F_CT_HIT);
+	explain_backend(p, fwd->backend_id, 0, x->nat_addr, x->nat_port);
+	if (!explain_dry(p))
+		ct_refresh(fwd, p->proto, now);
 	ct_track_tcp(p, key, fwd, now);
 	err = ct_check_reverse(p, key, fwd, now);
 	if (err == -EEXIST) {
@@ -359,18 +372,19 @@ static __always_inline int lb4_ct_follow(const struct pkt4 *p,
 		 * replies would go there. Never send from a tuple the flow
 		 * does not own.
 		 */
-		metric_inc(x->snat ? METRIC_TC_SNAT_LOST : METRIC_TC_CT_CLASH);
+		metric_count(p, x->snat ? METRIC_TC_SNAT_LOST :
+					  METRIC_TC_CT_CLASH);
 		return -1;
 	}
 	if (err < 0) {
 		if (x->snat) {
 			/* The port is not reserved: the same. */
-			metric_inc(METRIC_TC_SNAT_LOST);
+			metric_count(p, METRIC_TC_SNAT_LOST);
 			return -1;
 		}
-		metric_inc(METRIC_TC_CT_FULL);
+		metric_count(p, METRIC_TC_CT_FULL);
 	}
-	metric_inc(METRIC_TC_DNAT_CT);
+	metric_count(p, METRIC_TC_DNAT_CT);
 	return 0;
 }
 
@@ -388,10 +402,18 @@ lb4_aff_select(const struct pkt4 *p, const struct lb4_service *svc, __u64 now,
 	       __u32 *backend_id, __u16 *slot)
 {
 	struct lb4_affinity_key key = {};
+	struct lb4_backend *be;
+	__u32 id;
+	__u16 sl;
 
 	aff_key(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
 		p->proto, svc->scope);
-	return aff_select(&key, svc, now, backend_id, slot);
+	be = aff_select(&key, svc, now, backend_id, slot);
+	/* A dry run asks again whether the client's entry decided. */
+	if (be && explain_dry(p) && (svc->flags & SVC_F_AFFINITY) &&
+	    aff_lookup(&key, svc, now, &id, &sl) == be)
+		explain_flag(p, EXPLAIN_F_AFFINITY_HIT);
+	return be;
 }
 
 /* lb4_aff_remember - aff_remember for the client of @p, as of now. */
@@ -402,6 +424,8 @@ static __noinline int lb4_aff_remember(const struct pkt4 *p,
 {
 	struct lb4_affinity_key key = {};
 
+	if (explain_dry(p))
+		return 0;
 	aff_key(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
 		p->proto, svc->scope);
 	aff_remember(&key, svc, be, backend_id, (__u16)slot,
@@ -445,15 +469,16 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb,
 					  svc->scope, slot, &backend_id);
 		}
 		if (!be) {
-			metric_inc(METRIC_TC_BACKEND_MISSING);
-			svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
+			metric_count(p, METRIC_TC_BACKEND_MISSING);
+			svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
 			return -1;
 		}
 		x->nat_addr = be->addr;
 		x->nat_port = be->port;
 		ret = nat_remote(skb, p, svc, be, backend_id, now, x);
 		if (ret < 0) {
-			svc_count(svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
+			svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK,
+				      0);
 			return -1;
 		}
 		if (ret == 0) {
@@ -462,15 +487,17 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb,
 			if (ret == CT_CLASH)
 				continue;
 			if (ret < 0)
-				metric_inc(METRIC_TC_CT_FULL);
-			metric_inc(METRIC_TC_DNAT_NEW);
+				metric_count(p, METRIC_TC_CT_FULL);
+			metric_count(p, METRIC_TC_DNAT_NEW);
 		}
+		explain_flag(p, EXPLAIN_F_NEW_FLOW);
+		explain_backend(p, backend_id, slot, be->addr, be->port);
 		lb4_aff_remember(p, svc, be, backend_id, slot);
-		svc_count(svc->rev_nat_id, SVC_EV_FLOW, 0);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_EV_FLOW, 0);
 		return 0;
 	}
-	metric_inc(METRIC_TC_CT_CLASH);
-	svc_count(svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
+	metric_count(p, METRIC_TC_CT_CLASH);
+	svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
 	return -1;
 }
 
@@ -497,9 +524,10 @@ static __always_inline int lb4_select(struct __sk_buff *skb,
 	fwd = ct_find(&key, now, &half_open);
 	if (fwd && ct_fwd_usable(fwd, p, &gone)) {
 		if (gone)
-			metric_inc(METRIC_TC_CT_BACKEND_GONE);
+			metric_count(p, METRIC_TC_CT_BACKEND_GONE);
 		if (lb4_ct_follow(p, &key, fwd, now, x) < 0) {
-			svc_count(svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
+			svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK,
+				      0);
 			return -1;
 		}
 		return 0;
@@ -511,8 +539,8 @@ static __always_inline int lb4_select(struct __sk_buff *skb,
 		 * refused with an ICMP error about a packet that has no L4
 		 * header to quote: RFC 1122 3.2.2).
 		 */
-		metric_inc(METRIC_TC_FRAG_DROP);
-		svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
+		metric_count(p, METRIC_TC_FRAG_DROP);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
 		return -1;
 	}
 	if (svc->count == 0)
@@ -535,12 +563,12 @@ static __always_inline int lb4_no_service(struct __sk_buff *skb,
 
 	if (service_ip(p->daddr)) {
 		ret = reply_port_unreachable(skb, p);
-		metric_inc(ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR :
-						METRIC_TC_UNKNOWN_PORT);
+		metric_count(p, ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR :
+						     METRIC_TC_UNKNOWN_PORT);
 		return ret;
 	}
 	if (node_cidr(p->daddr, NODE_CIDR_SERVICE)) {
-		metric_inc(METRIC_TC_SERVICE_CIDR_DROP);
+		metric_count(p, METRIC_TC_SERVICE_CIDR_DROP);
 		return TC_ACT_SHOT;
 	}
 	return -1;
@@ -565,7 +593,7 @@ static __always_inline struct lb4_service *lb4_scope(const struct pkt4 *p,
 				  LB_SCOPE_INTERNAL);
 	if (!in)
 		return svc;
-	metric_inc(METRIC_TC_SHORT_CIRCUIT);
+	metric_count(p, METRIC_TC_SHORT_CIRCUIT);
 	return in;
 }
 
@@ -586,6 +614,7 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 		ret = lb4_no_service(skb, p);
 		return ret >= 0 ? ret : TC_ACT_OK;
 	}
+	explain_frontend(p, svc);
 	ret = lb4_check_source(p, svc);
 	if (ret >= 0)
 		return ret;
@@ -593,6 +622,9 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 		     node_cidr(p->saddr, NODE_CIDR_CLUSTER);
 	x.outside = !x.internal && node_dev_of(skb->ifindex);
 	svc = lb4_scope(p, svc, &x);
+	explain_flag(p, (x.internal ? EXPLAIN_F_INTERNAL : 0) |
+				(x.outside ? EXPLAIN_F_OUTSIDE : 0));
+	explain_scope(p, svc);
 	ret = lb4_select(skb, p, svc, now, &x);
 	if (ret < 0)
 		return TC_ACT_SHOT;
@@ -600,10 +632,11 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 		return lb4_refuse(skb, p, svc);
 
 	if (x.snat) {
+		explain_snat(p, EXPLAIN_F_SNAT, x.snat_addr, x.snat_port);
 		if (!x.have_fib && fib4_lookup(skb, skb->ifindex, x.snat_addr,
 					       x.nat_addr, &x.fib) < 0) {
-			metric_inc(METRIC_TC_FIB_ERR);
-			svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
+			metric_count(p, METRIC_TC_FIB_ERR);
+			svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
 			return TC_ACT_SHOT;
 		}
 		ret = fwd_check(skb, p, &x.fib, false);
@@ -613,24 +646,33 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	if (rewrite_l4addr(skb, p, true, x.nat_addr, x.nat_port) < 0 ||
 	    (x.snat &&
 	     rewrite_l4addr(skb, p, false, x.snat_addr, x.snat_port) < 0)) {
-		metric_inc(METRIC_TC_REWRITE_ERR);
-		svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
+		metric_count(p, METRIC_TC_REWRITE_ERR);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
 		return TC_ACT_SHOT;
 	}
 	/* Its first packet is also counted as a new flow (lb4_new_flow). */
-	svc_count(svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);
+	svc_count_pkt(p, svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);
 	if (!x.snat)
 		return TC_ACT_OK;
 	return redirect_fib(skb, p, &x.fib);
 }
 
-SEC("tc")
-int sluice_ingress(struct __sk_buff *skb)
+/*
+ * tc_ingress and tc_egress are the programs' bodies, with pkt4.dry a
+ * constant (@dry): the live programs are built with false, so the
+ * compiler drops every dry-run branch from them; their dry twins with
+ * true, which drops every write. The twins are programs of their own
+ * (reached by a tail call, explain_divert), not a second copy inside the
+ * live ones: each copy costs the verifier as much as the whole program,
+ * and two would not fit its limit.
+ */
+static __always_inline int tc_ingress(struct __sk_buff *skb, bool dry)
 {
-	struct pkt4 p = {};
+	struct pkt4 p = { .dry = dry };
 	__u64 now;
 	int ret;
 
+	explain_begin(skb, &p);
 	switch (parse_tc(skb, &p)) {
 	case PKT_L4:
 		break;
@@ -646,12 +688,12 @@ int sluice_ingress(struct __sk_buff *skb)
 	return lb4_dnat(skb, &p, now);
 }
 
-SEC("tc")
-int sluice_egress(struct __sk_buff *skb)
+static __always_inline int tc_egress(struct __sk_buff *skb, bool dry)
 {
-	struct pkt4 p = {};
+	struct pkt4 p = { .dry = dry };
 	int ret;
 
+	explain_begin(skb, &p);
 	switch (parse_tc(skb, &p)) {
 	case PKT_L4:
 		break;
@@ -662,6 +704,35 @@ int sluice_egress(struct __sk_buff *skb)
 	}
 	ret = rev_nat(skb, &p, bpf_ktime_get_ns(), false);
 	return ret >= 0 ? ret : TC_ACT_OK;
+}
+
+SEC("tc")
+int sluice_ingress(struct __sk_buff *skb)
+{
+	if (explain_mark(skb))
+		return explain_divert(skb, EXPLAIN_PROG_INGRESS);
+	return tc_ingress(skb, false);
+}
+
+SEC("tc")
+int sluice_egress(struct __sk_buff *skb)
+{
+	if (explain_mark(skb))
+		return explain_divert(skb, EXPLAIN_PROG_EGRESS);
+	return tc_egress(skb, false);
+}
+
+/* The dry twins: never attached, only tail-called (explain.h). */
+SEC("tc")
+int sluice_ingress_dry(struct __sk_buff *skb)
+{
+	return tc_ingress(skb, true);
+}
+
+SEC("tc")
+int sluice_egress_dry(struct __sk_buff *skb)
+{
+	return tc_egress(skb, true);
 }
 
 char __license[] SEC("license") = "Dual BSD/GPL";

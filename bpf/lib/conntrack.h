@@ -44,6 +44,7 @@
 #include "maps.h"
 #include "lb.h"
 #include "parse.h"
+#include "explain.h"
 
 #define CT_EST (&sluice_conntrack_v2)
 #define CT_NEW (&sluice_ct_new_v1)
@@ -314,7 +315,7 @@ static __always_inline void ct_track_tcp(const struct pkt4 *p,
 	struct ct4_entry *pe;
 	__u32 bits;
 
-	if (p->proto != IPPROTO_TCP ||
+	if (explain_dry(p) || p->proto != IPPROTO_TCP ||
 	    !(p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
 		return;
 	if (p->tcp_flags & TCP_FLAG_RST)
@@ -356,6 +357,23 @@ static __always_inline int ct_est_insert(const struct ct4_key *key,
 			return -EEXIST;
 	}
 	return bpf_map_update_elem(CT_EST, key, val, BPF_NOEXIST);
+}
+
+/*
+ * ct_est_free - whether ct_est_insert under @key would succeed, asked by a
+ * dry run (explain.h), which inserts nothing: 0 or -EEXIST. A full table
+ * is not foreseen.
+ */
+static __always_inline int ct_est_free(const struct ct4_key *key, __u64 now,
+				       bool keep_peer)
+{
+	struct ct4_entry *old = bpf_map_lookup_elem(CT_EST, key);
+	struct ct4_key pkey;
+
+	if (old && (ct_alive(READ_ONCE(old->expires), now) ||
+		    (keep_peer && ct_peer(key, old, now, &pkey))))
+		return -EEXIST;
+	return 0;
 }
 
 /*
@@ -461,6 +479,8 @@ static __always_inline int ct_create(const struct pkt4 *p,
 	if (half && ct_alive(READ_ONCE(half->expires), now) &&
 	    (half->nat_addr != p->daddr || half->nat_port != p->dport))
 		return CT_CLASH;
+	if (explain_dry(p))
+		return 0;
 
 	{
 		struct ct4_key fkey;
@@ -528,7 +548,10 @@ static __always_inline int ct_create_snat(const struct pkt4 *p,
 	start = bpf_get_prandom_u32();
 	for (i = 0; i < SNAT_TRIES; i++) {
 		key.dport = bpf_htons((__u16)(lo + (start + i) % range));
-		err = ct_est_insert(&key, &e, now, true);
+		if (explain_dry(p))
+			err = ct_est_free(&key, now, true);
+		else
+			err = ct_est_insert(&key, &e, now, true);
 		if (!err) {
 			ok = true;
 			break;
@@ -539,6 +562,8 @@ static __always_inline int ct_create_snat(const struct pkt4 *p,
 	if (!ok)
 		return 1;
 	*port = key.dport;
+	if (explain_dry(p))
+		return 0;
 
 	ct_key_of(&key, p, CT_FORWARD);
 	ct_supersede(&key);
@@ -651,6 +676,25 @@ static __always_inline int ct_promote_snat(const struct ct4_key *rkey,
 }
 
 /*
+ * ct_reply_dry - ct_reply for a dry run (explain.h): the live entry under
+ * @key, established or half-open, which would translate the reply;
+ * promoted and refreshed nothing. That a promotion could fail (a full
+ * table) is not foreseen.
+ */
+static __always_inline struct ct4_entry *ct_reply_dry(const struct ct4_key *key,
+						      __u64 now)
+{
+	struct ct4_entry *e = bpf_map_lookup_elem(CT_EST, key);
+
+	if (e && ct_alive(READ_ONCE(e->expires), now))
+		return e;
+	e = bpf_map_lookup_elem(CT_NEW, key);
+	if (e && ct_alive(READ_ONCE(e->expires), now))
+		return e;
+	return NULL;
+}
+
+/*
  * ct_reply - the entry that translates @p if it is a reply of a
  * translated flow (its key in @key): an established flow's, refreshed; or
  * that of a half-open one, which this first reply promotes (ct_promote).
@@ -666,6 +710,8 @@ ct_reply(const struct pkt4 *p, struct ct4_key *key, __u64 now, int *err)
 
 	*err = 0;
 	ct_key_of(key, p, CT_REVERSE);
+	if (explain_dry(p))
+		return ct_reply_dry(key, now);
 	e = bpf_map_lookup_elem(CT_EST, key);
 	if (e && ct_alive(READ_ONCE(e->expires), now)) {
 		/* A port reservation whose flow has seen no reply yet. */
@@ -731,9 +777,12 @@ static __always_inline int ct_check_reverse(const struct pkt4 *p,
 		seen = READ_ONCE(rev->expires);
 		if (ct_is_peer(key, fwd, rev)) {
 			if (ct_alive(seen, now)) {
-				ct_refresh(rev, p->proto, now);
+				if (!explain_dry(p))
+					ct_refresh(rev, p->proto, now);
 				return 0;
 			}
+			if (explain_dry(p))
+				return 0; /* it would be revived */
 			/* This flow's, lapsed: revive it, unless a deleter
 			 * has claimed it already.
 			 */
@@ -749,6 +798,8 @@ static __always_inline int ct_check_reverse(const struct pkt4 *p,
 		e.snat_addr = key->saddr;
 		e.snat_port = key->sport;
 	}
+	if (explain_dry(p))
+		return half_open ? 0 : ct_est_free(&rkey, now, false);
 	if (half_open)
 		return bpf_map_update_elem(CT_NEW, &rkey, &e, BPF_ANY);
 	return ct_est_insert(&rkey, &e, now, false);

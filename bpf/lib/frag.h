@@ -35,6 +35,7 @@
 #include "consts.h"
 #include "maps.h"
 #include "parse.h"
+#include "explain.h"
 
 static __always_inline void frag_key_of(struct frag4_key *key,
 					const struct pkt4 *p)
@@ -59,6 +60,8 @@ static __always_inline void frag_record(const struct pkt4 *p)
 		.dport = p->dport,
 	};
 
+	if (explain_dry(p))
+		return;
 	frag_key_of(&key, p);
 	bpf_map_update_elem(&sluice_fragments_v1, &key, &ports, BPF_ANY);
 }

@@ -250,23 +250,23 @@ static __always_inline int icmp_err_xlate(struct __sk_buff *skb,
 
 	if (redirect) {
 		if (p->ttl <= 1) {
-			metric_inc(METRIC_TC_TTL_EXCEEDED);
+			metric_count(p, METRIC_TC_TTL_EXCEEDED);
 			return TC_ACT_SHOT;
 		}
 		if (fib4_lookup(skb, skb->ifindex, x.outer_saddr, x.outer_daddr,
 				&f) < 0) {
 			if (snat) {
-				metric_inc(METRIC_TC_FIB_ERR);
+				metric_count(p, METRIC_TC_FIB_ERR);
 				return TC_ACT_SHOT;
 			}
 			redirect = false;
 		}
 	}
 	if (icmp_rewrite(skb, p, &q, q_off, &x) < 0) {
-		metric_inc(METRIC_TC_REWRITE_ERR);
+		metric_count(p, METRIC_TC_REWRITE_ERR);
 		return TC_ACT_SHOT;
 	}
-	metric_inc(METRIC_TC_ICMP_XLATE);
+	metric_count(p, METRIC_TC_ICMP_XLATE);
 	if (!redirect)
 		return TC_ACT_OK;
 	return redirect_fib(skb, p, &f);

@@ -222,4 +222,30 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sluice_svc_stats_v1 SEC(".maps");
 
+/*
+ * Key: __u32 0. Value: struct explain_record, per CPU. What a dry run of
+ * the tc program decided (explain.h), written by dry runs only. Not
+ * pinned: it is no state, every object has its own, and only tc's is
+ * used (sluicectl finds it among that program's maps). The name fits the
+ * kernel's 15 characters whole, so its version shows in the map's info.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct explain_record);
+	__uint(max_entries, 1);
+} sluice_expl_v1 SEC(".maps");
+
+/*
+ * Key: __u32 EXPLAIN_PROG_*. Value: a program fd: the dry twins of the tc
+ * programs (explain.h), put there by the agent when it loads them. Not
+ * pinned, like sluice_expl_v1.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 2);
+} sluice_dry_v1 SEC(".maps");
+
 #endif /* SLUICE_MAPS_H */

@@ -33,6 +33,7 @@
 #include "parse.h"
 #include "lb.h"
 #include "icmp.h"
+#include "explain.h"
 
 struct fib4 {
 	__u32 ifindex;	/* egress device */
@@ -128,24 +129,24 @@ static __always_inline int fwd_check(struct __sk_buff *skb,
 	if (p->ttl > 1 && !bpf_check_mtu(skb, f->ifindex, &mtu, 0, flags))
 		return -1;
 	if (to_stack) {
-		metric_inc(METRIC_TC_FWD_TO_STACK);
+		metric_count(p, METRIC_TC_FWD_TO_STACK);
 		return TC_ACT_OK;
 	}
 	if (p->ttl <= 1) {
-		metric_inc(METRIC_TC_TTL_EXCEEDED);
+		metric_count(p, METRIC_TC_TTL_EXCEEDED);
 		ret = icmp_reply(skb, p,
 				 ICMP_ERR(ICMP_TIME_EXCEEDED, ICMP_EXC_TTL, 0));
 	} else if (p->df) {
-		metric_inc(METRIC_TC_FRAG_NEEDED);
+		metric_count(p, METRIC_TC_FRAG_NEEDED);
 		ret = icmp_reply(skb, p,
 				 ICMP_ERR(ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED,
 					  mtu));
 	} else {
-		metric_inc(METRIC_TC_MTU_DROP);
+		metric_count(p, METRIC_TC_MTU_DROP);
 		return TC_ACT_SHOT;
 	}
 	if (ret == TC_ACT_SHOT && !p->frag_later)
-		metric_inc(METRIC_TC_REWRITE_ERR);
+		metric_count(p, METRIC_TC_REWRITE_ERR);
 	return ret;
 }
 

@@ -58,6 +58,12 @@ struct pkt4 {
 	 * checksum, which covers the whole datagram).
 	 */
 	bool frag_later;
+	/*
+	 * A dry run's packet (explain.h): decide, but change no map. A
+	 * constant true in the tc programs' dry twins, false everywhere
+	 * else.
+	 */
+	bool dry;
 };
 
 /*

@@ -594,6 +594,62 @@ enum svc_flags {
 	SVC_F_AFFINITY = 32,
 };
 
+/* The metric reasons an explain_record keeps, in the order counted. */
+#define EXPLAIN_REASONS 8
+
+/* What a dry run found (explain_record.flags, explain.h). */
+enum explain_flags {
+	/* The program ran in dry-run mode (it knows the mark). */
+	EXPLAIN_F_DRY = 1,
+	/* The destination is a frontend: vip, port, proto, svc_flags. */
+	EXPLAIN_F_FRONTEND = 2,
+	/* The client is internal (in the cluster CIDR). */
+	EXPLAIN_F_INTERNAL = 4,
+	/* The client is external and came in through a node device. */
+	EXPLAIN_F_OUTSIDE = 8,
+	/* A live conntrack entry of the flow decided the backend. */
+	EXPLAIN_F_CT_HIT = 16,
+	/* The client's session affinity entry decided the backend. */
+	EXPLAIN_F_AFFINITY_HIT = 32,
+	/* A backend was selected for a new flow. */
+	EXPLAIN_F_NEW_FLOW = 64,
+	/* DNAT to be_addr:be_port. */
+	EXPLAIN_F_DNAT = 128,
+	/* SNAT to snat_addr:snat_port. */
+	EXPLAIN_F_SNAT = 256,
+	/* A reply of a translated flow: its source becomes vip:port. */
+	EXPLAIN_F_REPLY = 512,
+	/* A frontend scope served it: scope, count, rev_nat_id. */
+	EXPLAIN_F_SCOPE = 1024,
+};
+
+/*
+ * sluice_expl_v1: __u32 0 -> struct explain_record, per CPU. Addresses
+ * and ports in network order, the rest host order.
+ */
+struct explain_record {
+	__u32 nonce[2];	 /* cb[2], cb[3] of the dry run that wrote it */
+	__u32 flags;	 /* enum explain_flags */
+	__u32 svc_flags; /* the frontend's default scope's (enum svc_flags) */
+	__be32 vip; /* the frontend (a reply: the one it is rewritten to) */
+	__be16 vport;
+	__u8 proto;
+	__u8 scope;	  /* the scope that served the client (enum lb_scope) */
+	__u32 count;	  /* that scope's backends */
+	__u32 rev_nat_id; /* the service id */
+	__u32 backend_id;
+	__be32 be_addr; /* the backend (DNAT) */
+	__be16 be_port;
+	__u16 slot;	  /* the slot that named it (0: conntrack decided) */
+	__be32 snat_addr; /* source NAT (a reply: its new destination) */
+	__be16 snat_port;
+	__u8 n_reasons; /* reasons counted, of which the first few kept */
+	__u8 pad;
+	__u8 reasons[EXPLAIN_REASONS]; /* enum metric_reason */
+};
+
+_Static_assert(sizeof(struct explain_record) == 60, "explain_record size");
+
 /*
  * BTF_EXPORT - put @type in the object's BTF although no map or global
  * names it, so that bpf2go -type can generate it for Go. The enums above
@@ -617,6 +673,7 @@ BTF_EXPORT(struct affinity_fix_args, affinity_fix_args);
 BTF_EXPORT(enum node_cidr_kind, node_cidr_kind);
 BTF_EXPORT(enum metric_reason, metric_reason);
 BTF_EXPORT(enum svc_drop_reason, svc_drop_reason);
+BTF_EXPORT(enum explain_flags, explain_flags);
 
 /* The layouts above are an ABI: a size change must be deliberate. */
 _Static_assert(sizeof(struct lb4_key) == 12, "lb4_key size");

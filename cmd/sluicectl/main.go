@@ -16,6 +16,8 @@
 //	sluicectl counters        datapath outcome counters, by reason
 //	sluicectl status          the agent's readiness and last sync (from its
 //	                          health and metrics endpoints), the maps' fill
+//	sluicectl explain         what a device's tc program would do with one
+//	                          packet: its own dry run (datapath.Explain)
 //
 // Every command takes -o json: the same rows, as a JSON array (status: an
 // object), and -o wide: the table with more columns where there are more
@@ -61,6 +63,9 @@ Commands:
   counters           datapath outcome counters, summed over CPUs
   status [--health-addr ADDR] [--metrics-addr ADDR]
                      the agent's readiness and last sync, and the maps' fill
+  explain --device DEV --from IP[:PORT] --to IP:PORT [--proto tcp|udp] [--egress]
+                     what the device's tc program would do with that packet
+                     (its own dry run, against the live maps; changes nothing)
 
 Flags:
 `
@@ -92,6 +97,7 @@ var commands = map[string]command{
 	"conntrack": {flags: conntrackCmd},
 	"counters":  {flags: countersCmd},
 	"status":    {flags: statusCmd},
+	"explain":   {flags: explainCmd},
 
 	// conntrack delete writes: it opens the two conntrack maps for
 	// writing, and nothing else.

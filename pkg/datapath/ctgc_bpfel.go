@@ -22,6 +22,8 @@ const (
 	ctgcMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
 	ctgcMapSluiceCtNewV1           = "sluice_ct_new_v1"
 	ctgcMapSluiceDevicesV1         = "sluice_devices_v1"
+	ctgcMapSluiceDryV1             = "sluice_dry_v1"
+	ctgcMapSluiceExplV1            = "sluice_expl_v1"
 	ctgcMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	ctgcMapSluiceMetricsV1         = "sluice_metrics_v1"
 	ctgcMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
@@ -103,6 +105,8 @@ type ctgcMapSpecs struct {
 	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceDryV1             *ebpf.MapSpec `ebpf:"sluice_dry_v1"`
+	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
@@ -158,6 +162,8 @@ type ctgcMaps struct {
 	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceDryV1             *ebpf.Map `ebpf:"sluice_dry_v1"`
+	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
@@ -179,6 +185,8 @@ func (m *ctgcMaps) Close() error {
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,
 		m.SluiceDevicesV1,
+		m.SluiceDryV1,
+		m.SluiceExplV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
 		m.SluiceNodeCidrsV1,

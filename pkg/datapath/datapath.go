@@ -395,6 +395,9 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 	if err := specs.tc.LoadAndAssign(&d.tc, opts); err != nil {
 		return fmt.Errorf("load tc programs: %w", verifierDetail(err))
 	}
+	if err := d.tc.setDryTwins(); err != nil {
+		return err
+	}
 	if err := specs.gc.LoadAndAssign(&d.gc, opts); err != nil {
 		return fmt.Errorf("load conntrack GC program: %w", verifierDetail(err))
 	}

@@ -22,6 +22,8 @@ const (
 	migrateMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
 	migrateMapSluiceCtNewV1           = "sluice_ct_new_v1"
 	migrateMapSluiceDevicesV1         = "sluice_devices_v1"
+	migrateMapSluiceDryV1             = "sluice_dry_v1"
+	migrateMapSluiceExplV1            = "sluice_expl_v1"
 	migrateMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	migrateMapSluiceMetricsV1         = "sluice_metrics_v1"
 	migrateMapSluiceMigOldEst         = "sluice_mig_old_est"
@@ -109,6 +111,8 @@ type migrateMapSpecs struct {
 	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceDryV1             *ebpf.MapSpec `ebpf:"sluice_dry_v1"`
+	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceMigOldEst         *ebpf.MapSpec `ebpf:"sluice_mig_old_est"`
@@ -170,6 +174,8 @@ type migrateMaps struct {
 	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceDryV1             *ebpf.Map `ebpf:"sluice_dry_v1"`
+	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceMigOldEst         *ebpf.Map `ebpf:"sluice_mig_old_est"`
@@ -194,6 +200,8 @@ func (m *migrateMaps) Close() error {
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,
 		m.SluiceDevicesV1,
+		m.SluiceDryV1,
+		m.SluiceExplV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
 		m.SluiceMigOldEst,

@@ -92,6 +92,44 @@ type sockCtGcArgs struct {
 	Claimed uint64
 }
 
+type sockExplainFlags uint32
+
+const (
+	sockExplainFlagsEXPLAIN_F_DRY          sockExplainFlags = 1
+	sockExplainFlagsEXPLAIN_F_FRONTEND     sockExplainFlags = 2
+	sockExplainFlagsEXPLAIN_F_INTERNAL     sockExplainFlags = 4
+	sockExplainFlagsEXPLAIN_F_OUTSIDE      sockExplainFlags = 8
+	sockExplainFlagsEXPLAIN_F_CT_HIT       sockExplainFlags = 16
+	sockExplainFlagsEXPLAIN_F_AFFINITY_HIT sockExplainFlags = 32
+	sockExplainFlagsEXPLAIN_F_NEW_FLOW     sockExplainFlags = 64
+	sockExplainFlagsEXPLAIN_F_DNAT         sockExplainFlags = 128
+	sockExplainFlagsEXPLAIN_F_SNAT         sockExplainFlags = 256
+	sockExplainFlagsEXPLAIN_F_REPLY        sockExplainFlags = 512
+	sockExplainFlagsEXPLAIN_F_SCOPE        sockExplainFlags = 1024
+)
+
+type sockExplainRecord struct {
+	_         structs.HostLayout
+	Nonce     [2]uint32
+	Flags     uint32
+	SvcFlags  uint32
+	Vip       uint32
+	Vport     uint16
+	Proto     uint8
+	Scope     uint8
+	Count     uint32
+	RevNatId  uint32
+	BackendId uint32
+	BeAddr    uint32
+	BePort    uint16
+	Slot      uint16
+	SnatAddr  uint32
+	SnatPort  uint16
+	N_reasons uint8
+	Pad       uint8
+	Reasons   [8]uint8
+}
+
 type sockFrag4Key struct {
 	_     structs.HostLayout
 	Saddr uint32
@@ -326,6 +364,8 @@ const (
 	sockMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
 	sockMapSluiceCtNewV1           = "sluice_ct_new_v1"
 	sockMapSluiceDevicesV1         = "sluice_devices_v1"
+	sockMapSluiceDryV1             = "sluice_dry_v1"
+	sockMapSluiceExplV1            = "sluice_expl_v1"
 	sockMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	sockMapSluiceMetricsV1         = "sluice_metrics_v1"
 	sockMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
@@ -415,6 +455,8 @@ type sockMapSpecs struct {
 	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceDryV1             *ebpf.MapSpec `ebpf:"sluice_dry_v1"`
+	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
@@ -470,6 +512,8 @@ type sockMaps struct {
 	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceDryV1             *ebpf.Map `ebpf:"sluice_dry_v1"`
+	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
@@ -491,6 +535,8 @@ func (m *sockMaps) Close() error {
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,
 		m.SluiceDevicesV1,
+		m.SluiceDryV1,
+		m.SluiceExplV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
 		m.SluiceNodeCidrsV1,

@@ -41,6 +41,8 @@ const (
 	sockdestroyMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
 	sockdestroyMapSluiceCtNewV1           = "sluice_ct_new_v1"
 	sockdestroyMapSluiceDevicesV1         = "sluice_devices_v1"
+	sockdestroyMapSluiceDryV1             = "sluice_dry_v1"
+	sockdestroyMapSluiceExplV1            = "sluice_expl_v1"
 	sockdestroyMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	sockdestroyMapSluiceMetricsV1         = "sluice_metrics_v1"
 	sockdestroyMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
@@ -120,6 +122,8 @@ type sockdestroyMapSpecs struct {
 	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceDryV1             *ebpf.MapSpec `ebpf:"sluice_dry_v1"`
+	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
@@ -175,6 +179,8 @@ type sockdestroyMaps struct {
 	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceDryV1             *ebpf.Map `ebpf:"sluice_dry_v1"`
+	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
@@ -196,6 +202,8 @@ func (m *sockdestroyMaps) Close() error {
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,
 		m.SluiceDevicesV1,
+		m.SluiceDryV1,
+		m.SluiceExplV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
 		m.SluiceNodeCidrsV1,

@@ -22,6 +22,8 @@ const (
 	tcMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
 	tcMapSluiceCtNewV1           = "sluice_ct_new_v1"
 	tcMapSluiceDevicesV1         = "sluice_devices_v1"
+	tcMapSluiceDryV1             = "sluice_dry_v1"
+	tcMapSluiceExplV1            = "sluice_expl_v1"
 	tcMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	tcMapSluiceMetricsV1         = "sluice_metrics_v1"
 	tcMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
@@ -34,7 +36,9 @@ const (
 	tcMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
 	tcMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
 	tcProgSluiceEgress           = "sluice_egress"
+	tcProgSluiceEgressDry        = "sluice_egress_dry"
 	tcProgSluiceIngress          = "sluice_ingress"
+	tcProgSluiceIngressDry       = "sluice_ingress_dry"
 	tcVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
 	tcVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	tcVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
@@ -89,8 +93,10 @@ type tcSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcProgramSpecs struct {
-	SluiceEgress  *ebpf.ProgramSpec `ebpf:"sluice_egress"`
-	SluiceIngress *ebpf.ProgramSpec `ebpf:"sluice_ingress"`
+	SluiceEgress     *ebpf.ProgramSpec `ebpf:"sluice_egress"`
+	SluiceEgressDry  *ebpf.ProgramSpec `ebpf:"sluice_egress_dry"`
+	SluiceIngress    *ebpf.ProgramSpec `ebpf:"sluice_ingress"`
+	SluiceIngressDry *ebpf.ProgramSpec `ebpf:"sluice_ingress_dry"`
 }
 
 // tcMapSpecs contains maps before they are loaded into the kernel.
@@ -103,6 +109,8 @@ type tcMapSpecs struct {
 	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
+	SluiceDryV1             *ebpf.MapSpec `ebpf:"sluice_dry_v1"`
+	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
@@ -158,6 +166,8 @@ type tcMaps struct {
 	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
+	SluiceDryV1             *ebpf.Map `ebpf:"sluice_dry_v1"`
+	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
@@ -179,6 +189,8 @@ func (m *tcMaps) Close() error {
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,
 		m.SluiceDevicesV1,
+		m.SluiceDryV1,
+		m.SluiceExplV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
 		m.SluiceNodeCidrsV1,
@@ -213,14 +225,18 @@ type tcVariables struct {
 //
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcPrograms struct {
-	SluiceEgress  *ebpf.Program `ebpf:"sluice_egress"`
-	SluiceIngress *ebpf.Program `ebpf:"sluice_ingress"`
+	SluiceEgress     *ebpf.Program `ebpf:"sluice_egress"`
+	SluiceEgressDry  *ebpf.Program `ebpf:"sluice_egress_dry"`
+	SluiceIngress    *ebpf.Program `ebpf:"sluice_ingress"`
+	SluiceIngressDry *ebpf.Program `ebpf:"sluice_ingress_dry"`
 }
 
 func (p *tcPrograms) Close() error {
 	return _TcClose(
 		p.SluiceEgress,
+		p.SluiceEgressDry,
 		p.SluiceIngress,
+		p.SluiceIngressDry,
 	)
 }
 

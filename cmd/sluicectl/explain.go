@@ -1,0 +1,290 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-lb/sluice/internal/namesfile"
+	"github.com/sluice-lb/sluice/pkg/datapath"
+)
+
+// explain asks the tc program of a device what it would do with one
+// packet (datapath.Explain: the program's own dry run, against the live
+// maps, changing none of them), and adds what the pins and the names file
+// say about the frontend it matched: its Service and the candidate
+// backends of the scope that served the client.
+
+// explainOut is explain's answer; -o json prints it as it is.
+type explainOut struct {
+	Device    string `json:"device"`
+	Direction string `json:"direction"`
+	Program   string `json:"program"`
+	ProgramID uint32 `json:"programID"`
+	Packet    string `json:"packet"` // PROTO FROM -> TO
+	// Frontend is empty if the destination is no frontend.
+	Frontend string `json:"frontend,omitempty"` // 10.96.0.10:80/TCP
+	Service  string `json:"service,omitempty"`  // namespace/name:port
+	Kind     string `json:"kind,omitempty"`
+	// Scope: internal (the short-circuit scope of externalTrafficPolicy
+	// Local, for cluster clients) or default.
+	Scope        string         `json:"scope,omitempty"`
+	Client       string         `json:"client,omitempty"` // internal, external, or other
+	Policies     []string       `json:"policies,omitempty"`
+	Candidates   []candidateOut `json:"candidates,omitempty"`
+	Backend      string         `json:"backend,omitempty"`
+	BackendID    uint32         `json:"backendID,omitempty"`
+	Slot         uint16         `json:"slot,omitempty"`
+	Why          string         `json:"why,omitempty"`
+	DNAT         string         `json:"dnat,omitempty"`
+	SNAT         string         `json:"snat,omitempty"`
+	Reply        bool           `json:"reply,omitempty"`
+	ReplyFrom    string         `json:"replyFrom,omitempty"`
+	Verdict      string         `json:"verdict"`
+	Reason       string         `json:"reason,omitempty"` // why a drop or reject
+	Reasons      []string       `json:"reasons"`          // every datapath reason the run would count
+	Out          string         `json:"out,omitempty"`    // the packet as the program left it
+	ConntrackHit bool           `json:"conntrackHit"`
+	AffinityHit  bool           `json:"affinityHit"`
+}
+
+type candidateOut struct {
+	Slot      uint16 `json:"slot"`
+	BackendID uint32 `json:"backendID"`
+	Addr      string `json:"addr"`
+}
+
+// svcFlag names of the frontend flags explain shows (bpf/lib/structs.h).
+var svcFlagNames = []struct {
+	bit  uint32
+	name string
+}{
+	{1, "external"}, {2, "externalTrafficPolicy=Local"}, {4, "loadBalancerSourceRanges"},
+	{16, "drop-when-no-local-endpoint"}, {32, "sessionAffinity=ClientIP"},
+}
+
+// dropReasons are the datapath reasons that end a packet (the verdict's
+// reason, shown first when present).
+var dropReasons = map[string]string{
+	"tc_src_range_deny":    "source outside the frontend's loadBalancerSourceRanges",
+	"tc_no_backend":        "the Service has no endpoints (ICMP port unreachable)",
+	"tc_unknown_port":      "a ClusterIP's port or protocol it does not serve (ICMP port unreachable)",
+	"tc_local_no_backend":  "externalTrafficPolicy/internalTrafficPolicy Local without a local endpoint",
+	"tc_service_cidr_drop": "an unallocated address of the service CIDR",
+	"tc_frag_drop":         "a later fragment without its first",
+	"tc_ct_full":           "the conntrack table is full",
+	"tc_ct_est_full":       "the established conntrack table is full",
+	"tc_ct_clash":          "the reply tuple belongs to another flow",
+	"tc_snat_exhausted":    "no source port free for SNAT",
+	"tc_snat_lost":         "the flow's SNAT port was lost",
+	"tc_backend_missing":   "a slot names a backend that does not exist",
+	"tc_fib_err":           "no route to the backend",
+	"tc_mtu_drop":          "too big for the route to the backend",
+	"tc_ttl_exceeded":      "TTL exceeded",
+	"tc_frag_needed":       "fragmentation needed (ICMP)",
+	"tc_rewrite_err":       "the packet could not be rewritten",
+	"tc_malformed":         "malformed",
+}
+
+func explainCmd(fs *flag.FlagSet) runner {
+	dev := fs.String("device", "", "device whose tc program runs the packet (required)")
+	from := fs.String("from", "", "client address IP[:PORT] (required; port 40000 if not given)")
+	to := fs.String("to", "", "destination IP:PORT (required)")
+	proto := fs.String("proto", "tcp", "tcp (a SYN) or udp")
+	egress := fs.Bool("egress", false, "run the device's egress program instead of its ingress one")
+	var req datapath.ExplainRequest
+	return runner{
+		check: func(c *ctx) error {
+			var err error
+			if req, err = explainRequest(*dev, *from, *to, *proto, *egress); err != nil {
+				return err
+			}
+			return nil
+		},
+		run: func(c *ctx) error {
+			e, err := datapath.Explain(req)
+			if err != nil {
+				return err
+			}
+			out, err := describe(c, req, e)
+			if err != nil {
+				return err
+			}
+			if c.output == "json" {
+				return writeJSON(c.stdout, out)
+			}
+			return tabulate(c.stdout, explainTable(out))
+		},
+	}
+}
+
+// explainRequest validates explain's flags.
+func explainRequest(dev, from, to, proto string, egress bool) (datapath.ExplainRequest, error) {
+	req := datapath.ExplainRequest{Device: dev, Egress: egress}
+	if dev == "" || from == "" || to == "" {
+		return req, errors.New("--device, --from and --to are required")
+	}
+	switch strings.ToLower(proto) {
+	case "tcp":
+		req.Proto = unix.IPPROTO_TCP
+	case "udp":
+		req.Proto = unix.IPPROTO_UDP
+	default:
+		return req, fmt.Errorf("--proto %q: want tcp or udp", proto)
+	}
+	if ap, err := netip.ParseAddrPort(from); err == nil {
+		req.From = ap
+	} else if a, err2 := netip.ParseAddr(from); err2 == nil {
+		req.From = netip.AddrPortFrom(a, 40000)
+	} else {
+		return req, fmt.Errorf("--from %q: want IP or IP:PORT", from)
+	}
+	ap, err := netip.ParseAddrPort(to)
+	if err != nil {
+		return req, fmt.Errorf("--to %q: want IP:PORT", to)
+	}
+	req.To = ap
+	if !req.From.Addr().Is4() || !req.To.Addr().Is4() {
+		return req, errors.New("IPv4 addresses only")
+	}
+	return req, nil
+}
+
+// describe adds names and candidates to the program's explanation.
+func describe(c *ctx, req datapath.ExplainRequest, e *datapath.Explanation) (*explainOut, error) {
+	protoName := "TCP"
+	if req.Proto == unix.IPPROTO_UDP {
+		protoName = "UDP"
+	}
+	out := &explainOut{
+		Device: req.Device, Direction: "ingress", Program: e.Program, ProgramID: e.ProgramID,
+		Packet:  fmt.Sprintf("%s %s -> %s", protoName, req.From, req.To),
+		Verdict: e.Verdict, Reasons: e.Reasons, ConntrackHit: e.ConntrackHit, AffinityHit: e.AffinityHit,
+	}
+	if req.Egress {
+		out.Direction = "egress"
+	}
+	if e.OutDst.IsValid() {
+		out.Out = fmt.Sprintf("%s -> %s", e.OutSrc, e.OutDst)
+	}
+	for _, r := range e.Reasons {
+		if d, ok := dropReasons[r]; ok {
+			out.Reason = r + ": " + d
+			break
+		}
+	}
+	if e.Reply {
+		out.Reply = true
+		out.ReplyFrom = e.FrontendAddr.String()
+		if e.SNAT {
+			out.SNAT = "destination " + e.SNATTo.String()
+		}
+		return out, nil
+	}
+	if !e.Frontend {
+		return out, nil
+	}
+	fe := fmt.Sprintf("%s/%s", e.FrontendAddr, protoName)
+	out.Frontend = fe
+	names, err := namesfile.Read(c.namesFile, c.bpffs)
+	if err != nil {
+		warn(c.stderr, "sluicectl explain: %v (Service names left out)\n", err)
+	}
+	if n, ok := names[fe]; ok {
+		out.Service, out.Kind = n.Service, n.Kind
+	}
+	for _, f := range svcFlagNames {
+		if e.SvcFlags&f.bit != 0 {
+			out.Policies = append(out.Policies, f.name)
+		}
+	}
+	if e.Scoped {
+		// Classified only after the source ranges let it pass.
+		switch {
+		case e.Internal:
+			out.Client = "internal (cluster CIDR)"
+		case e.Outside:
+			out.Client = "external (through a node device)"
+		default:
+			out.Client = "other (this node, or no cluster CIDR set)"
+		}
+		out.Scope = "default"
+		if e.Scope == 1 {
+			out.Scope = "internal (short-circuit: all endpoints for cluster clients)"
+		}
+		cands, err := c.pins.Candidates(e.FrontendAddr, req.Proto, e.Scope)
+		if err != nil {
+			return nil, err
+		}
+		for _, cd := range cands {
+			out.Candidates = append(out.Candidates, candidateOut{Slot: cd.Slot, BackendID: cd.BackendID, Addr: cd.Addr.String()})
+		}
+	}
+	if e.DNAT {
+		out.Backend, out.BackendID, out.Slot = e.Backend.String(), e.BackendID, e.Slot
+		out.DNAT = e.Backend.String()
+		switch {
+		case e.ConntrackHit:
+			out.Why = "conntrack: an existing flow keeps its backend"
+		case e.AffinityHit:
+			out.Why = "session affinity: the client's entry names it"
+		default:
+			out.Why = fmt.Sprintf("new flow: slot %d picked at random of %d (the scope's endpoints after topology and traffic policies)", e.Slot, e.ScopeCount)
+		}
+	}
+	if e.SNAT {
+		out.SNAT = e.SNATTo.String()
+	}
+	return out, nil
+}
+
+// explainTable renders the answer as aligned FIELD VALUE lines.
+func explainTable(o *explainOut) string {
+	rows := [][]string{
+		{"PROGRAM", fmt.Sprintf("%s (id %d), %s %s", o.Program, o.ProgramID, o.Device, o.Direction)},
+		{"PACKET", o.Packet},
+	}
+	add := func(k, v string) {
+		if v != "" {
+			rows = append(rows, []string{k, v})
+		}
+	}
+	if o.Reply {
+		add("REPLY", "of a translated flow: source becomes "+o.ReplyFrom)
+	}
+	if o.Frontend != "" {
+		svc := o.Service
+		if svc == "" {
+			svc = "(no name: names file missing)"
+		}
+		add("FRONTEND", fmt.Sprintf("%s  %s %s", o.Frontend, svc, o.Kind))
+		add("POLICIES", strings.Join(o.Policies, ", "))
+		add("CLIENT", o.Client)
+		add("SCOPE", o.Scope)
+		var cs []string
+		for _, c := range o.Candidates {
+			cs = append(cs, fmt.Sprintf("%s (slot %d, id %d)", c.Addr, c.Slot, c.BackendID))
+		}
+		add("CANDIDATES", strings.Join(cs, ", "))
+	} else if !o.Reply {
+		add("FRONTEND", "none: not a Service frontend")
+	}
+	if o.Backend != "" {
+		add("BACKEND", fmt.Sprintf("%s (id %d): %s", o.Backend, o.BackendID, o.Why))
+	}
+	add("DNAT", o.DNAT)
+	add("SNAT", o.SNAT)
+	add("VERDICT", o.Verdict)
+	add("REASON", o.Reason)
+	add("COUNTED", strings.Join(o.Reasons, ", "))
+	add("OUT", o.Out)
+	var b strings.Builder
+	for _, r := range rows {
+		b.WriteString(r[0] + "\t" + r[1] + "\n")
+	}
+	return b.String()
+}

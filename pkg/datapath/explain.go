@@ -1,0 +1,495 @@
+package datapath
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"runtime"
+	"slices"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Explain asks the tc program attached to a device what it would do with
+// one packet: it runs the program itself (BPF_PROG_TEST_RUN) in its
+// dry-run mode (bpf/lib/explain.h), against the live maps, which that
+// mode only reads, and returns what the program noted. Nothing here
+// decides anything: the answer is the program's, so it cannot drift from
+// what real packets meet.
+
+// explainMapName is the dry-run record map of the tc program (explain.h);
+// the version in its name is the layout of sockExplainRecord.
+const explainMapName = "sluice_expl_v1"
+
+// The dry-run mark, cb[0] and cb[1] (EXPLAIN_MAGIC0/1 in explain.h).
+const (
+	explainMagic0 = 0x736c6578
+	explainMagic1 = 0x706c616e
+)
+
+// ErrNoExplain says the attached program has no dry-run mode: it was
+// loaded by an agent older than sluicectl explain.
+var ErrNoExplain = errors.New("the attached program has no dry-run mode (an agent older than sluicectl explain, or one that did not set it up): upgrade the agent")
+
+// ExplainRequest is the packet to explain.
+type ExplainRequest struct {
+	Device string         // the device whose tc program runs it
+	Egress bool           // its egress program, not its ingress one
+	From   netip.AddrPort // the client; port 0: an ephemeral one
+	To     netip.AddrPort
+	Proto  uint8 // unix.IPPROTO_TCP (a SYN) or unix.IPPROTO_UDP
+}
+
+// Explanation is what the program decided about the packet.
+type Explanation struct {
+	Program   string // the program's name
+	ProgramID uint32
+	Verdict   string // pass, drop, redirect (the tc verdict), or reject
+	RetVal    uint32 // the tc verdict as the program returned it
+	Reasons   []string
+	// Frontend: the destination is a Service frontend.
+	Frontend     bool
+	FrontendAddr netip.AddrPort
+	SvcFlags     uint32 // the frontend's flags (svc_flags)
+	Scoped       bool   // the client was classified and a scope chosen (the next four)
+	Scope        uint8  // the scope that served the client (lb_scope)
+	ScopeCount   uint32 // that scope's backends
+	ServiceID    uint32
+	Internal     bool // the client is in the cluster CIDR
+	Outside      bool // the client is external and came in through a node device
+	ConntrackHit bool // a live conntrack entry of the flow decided
+	AffinityHit  bool // the client's session affinity entry decided
+	NewFlow      bool // a backend was selected for a new flow
+	DNAT         bool
+	BackendID    uint32
+	Slot         uint16 // the slot that named the backend (0: conntrack)
+	Backend      netip.AddrPort
+	SNAT         bool
+	SNATTo       netip.AddrPort // a reply: its new destination
+	Reply        bool           // a reply of a translated flow
+	// Out is the packet as the program left it (its addresses and ports).
+	OutSrc, OutDst netip.AddrPort
+}
+
+// explainTries bounds the runs repeated because another dry run on the
+// same CPU overwrote the record before it was read.
+const explainTries = 5
+
+// Explain runs the request's packet through the tc program attached to its
+// device in this network namespace, in dry-run mode. It pins the calling
+// goroutine's thread to one CPU meanwhile, so that the per-CPU record it
+// reads is the run's.
+func Explain(req ExplainRequest) (*Explanation, error) {
+	ifc, err := net.InterfaceByName(req.Device)
+	if err != nil {
+		return nil, fmt.Errorf("device %s: %w", req.Device, err)
+	}
+	prog, name, err := attachedTCProgram(ifc.Index, req.Egress)
+	if err != nil {
+		return nil, err
+	}
+	defer prog.Close()
+	rec, err := explainMap(prog)
+	if err != nil {
+		return nil, err
+	}
+	defer rec.Close()
+	frame, err := explainFrame(req, ifc.HardwareAddr)
+	if err != nil {
+		return nil, err
+	}
+
+	return runExplain(prog, name, rec, ifc.Index, frame)
+}
+
+// runExplain runs frame through prog (named name) in dry-run mode, as if
+// it arrived on the device of ifindex, and reads its record from rec.
+func runExplain(prog *ebpf.Program, name string, rec *ebpf.Map, ifindex int, frame []byte) (*Explanation, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpu, restore, err := pinToCPU()
+	if err != nil {
+		return nil, err
+	}
+	defer restore()
+
+	for range explainTries {
+		var nonce [8]byte
+		if _, err := rand.Read(nonce[:]); err != nil {
+			return nil, fmt.Errorf("nonce: %w", err)
+		}
+		n0, n1 := binary.LittleEndian.Uint32(nonce[:4]), binary.LittleEndian.Uint32(nonce[4:])
+		prev, err := readRecord(rec, cpu)
+		if err != nil {
+			return nil, err
+		}
+		opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256), Context: skbContext(ifindex, n0, n1)}
+		ret, err := prog.Run(opts)
+		if err != nil {
+			return nil, fmt.Errorf("run %s: %w", name, err)
+		}
+		r, err := readRecord(rec, cpu)
+		if err != nil {
+			return nil, err
+		}
+		if r.Nonce != [2]uint32{n0, n1} {
+			if r == prev {
+				// Nothing wrote it: the program has no dry
+				// twin to send the packet to.
+				return nil, ErrNoExplain
+			}
+			continue // another dry run on this CPU meanwhile
+		}
+		e := explanation(r, ret, opts.DataOut)
+		e.Program = name
+		if info, err := prog.Info(); err == nil { // the id is a label only
+			if id, ok := info.ID(); ok {
+				e.ProgramID = uint32(id)
+			}
+		}
+		return e, nil
+	}
+	return nil, fmt.Errorf("the dry-run record was overwritten %d times by other dry runs on CPU %d", explainTries, cpu)
+}
+
+// readRecord reads CPU cpu's dry-run record.
+func readRecord(rec *ebpf.Map, cpu int) (sockExplainRecord, error) {
+	var vals []sockExplainRecord
+	if err := rec.Lookup(uint32(0), &vals); err != nil {
+		return sockExplainRecord{}, fmt.Errorf("read %s: %w", explainMapName, err)
+	}
+	if cpu >= len(vals) {
+		return sockExplainRecord{}, fmt.Errorf("read %s: no record for CPU %d", explainMapName, cpu)
+	}
+	return vals[cpu], nil
+}
+
+// pinToCPU pins the calling (locked) thread to the CPU it runs on and
+// returns that CPU and how to restore the thread's affinity.
+func pinToCPU() (int, func(), error) {
+	var old unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &old); err != nil {
+		return 0, nil, fmt.Errorf("get CPU affinity: %w", err)
+	}
+	cpu := -1
+	for i := range 8 * 1024 {
+		if old.IsSet(i) {
+			cpu = i
+			break
+		}
+	}
+	if cpu < 0 {
+		return 0, nil, errors.New("get CPU affinity: no CPU")
+	}
+	var one unix.CPUSet
+	one.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		return 0, nil, fmt.Errorf("pin to CPU %d: %w", cpu, err)
+	}
+	// Restoring fails only if those CPUs went offline meanwhile; the
+	// thread then keeps the one CPU, which is still a valid affinity.
+	return cpu, func() { _ = unix.SchedSetaffinity(0, &old) }, nil
+}
+
+// skbContext is the struct __sk_buff BPF_PROG_TEST_RUN starts the program
+// with: the device (ifindex, so the program's route lookups and device
+// checks are the device's), and in cb[] the dry-run mark and the nonce.
+// Only the fields up to cb[] are passed; the kernel zeroes the rest.
+func skbContext(ifindex int, n0, n1 uint32) []byte {
+	const (
+		offIngressIfindex = 36
+		offIfindex        = 40
+		offCB             = 48
+		size              = offCB + 5*4
+	)
+	b := make([]byte, size)
+	binary.LittleEndian.PutUint32(b[offIngressIfindex:], uint32(ifindex))
+	binary.LittleEndian.PutUint32(b[offIfindex:], uint32(ifindex))
+	for i, v := range []uint32{explainMagic0, explainMagic1, n0, n1} {
+		binary.NativeEndian.PutUint32(b[offCB+4*i:], v)
+	}
+	return b
+}
+
+// attachedTCProgram returns Sluice's tc program attached to the device of
+// ifindex in the direction: by a tcx link, or a clsact filter (kernels
+// without tcx), as attachTC attaches it.
+func attachedTCProgram(ifindex int, egress bool) (*ebpf.Program, string, error) {
+	dir, want := tcIngress, "sluice_ingress"
+	if egress {
+		dir, want = tcEgress, "sluice_egress"
+	}
+	var ids []ebpf.ProgramID
+	res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: dir.attach})
+	if err == nil {
+		for _, p := range res.Programs {
+			ids = append(ids, p.ID)
+		}
+	}
+	if l, err := netlink.LinkByIndex(ifindex); err == nil {
+		if filters, err := netlink.FilterList(l, dir.parent); err == nil {
+			for _, f := range filters {
+				if bf, ok := f.(*netlink.BpfFilter); ok && strings.HasPrefix(bf.Name, filterPrefix) {
+					ids = append(ids, ebpf.ProgramID(bf.Id))
+				}
+			}
+		}
+	}
+	for _, id := range ids {
+		p, err := ebpf.NewProgramFromID(id)
+		if err != nil {
+			continue // detached meanwhile
+		}
+		info, err := p.Info()
+		if err == nil && info.Name == want {
+			return p, want, nil
+		}
+		p.Close()
+	}
+	return nil, "", fmt.Errorf("no %s program attached to ifindex %d: is the agent running on this device, in this network namespace?", want, ifindex)
+}
+
+// explainMap returns the dry-run record map among prog's maps.
+func explainMap(prog *ebpf.Program) (*ebpf.Map, error) {
+	info, err := prog.Info()
+	if err != nil {
+		return nil, fmt.Errorf("program info: %w", err)
+	}
+	ids, ok := info.MapIDs()
+	if !ok {
+		return nil, errors.New("program info: no map ids (kernel too old)")
+	}
+	for _, id := range ids {
+		m, err := ebpf.NewMapFromID(id)
+		if err != nil {
+			continue
+		}
+		mi, err := m.Info()
+		if err == nil && mi.Name == explainMapName {
+			if mi.Type != ebpf.PerCPUArray || mi.ValueSize != uint32(binary.Size(sockExplainRecord{})) {
+				m.Close()
+				return nil, fmt.Errorf("%s: %v of %d-byte values, want a per-CPU array of %d", explainMapName, mi.Type, mi.ValueSize, binary.Size(sockExplainRecord{}))
+			}
+			return m, nil
+		}
+		m.Close()
+	}
+	return nil, ErrNoExplain
+}
+
+// explanation turns the record into an Explanation.
+func explanation(r sockExplainRecord, ret uint32, out []byte) *Explanation {
+	has := func(f sockExplainFlags) bool { return r.Flags&uint32(f) != 0 }
+	names := metricNames()
+	e := &Explanation{RetVal: ret, Reasons: []string{}}
+	for i := range min(int(r.N_reasons), len(r.Reasons)) {
+		if n := int(r.Reasons[i]); n < len(names) {
+			e.Reasons = append(e.Reasons, names[n])
+		} else {
+			e.Reasons = append(e.Reasons, fmt.Sprintf("reason_%d", n))
+		}
+	}
+	if has(sockExplainFlagsEXPLAIN_F_FRONTEND) || has(sockExplainFlagsEXPLAIN_F_REPLY) {
+		e.FrontendAddr = netip.AddrPortFrom(addrFromBE32(r.Vip), portFromBE16(r.Vport))
+	}
+	e.Frontend = has(sockExplainFlagsEXPLAIN_F_FRONTEND)
+	e.SvcFlags = r.SvcFlags
+	if has(sockExplainFlagsEXPLAIN_F_SCOPE) {
+		e.Scoped = true
+		e.Scope, e.ScopeCount, e.ServiceID = r.Scope, r.Count, r.RevNatId
+	}
+	e.Internal = has(sockExplainFlagsEXPLAIN_F_INTERNAL)
+	e.Outside = has(sockExplainFlagsEXPLAIN_F_OUTSIDE)
+	e.ConntrackHit = has(sockExplainFlagsEXPLAIN_F_CT_HIT)
+	e.AffinityHit = has(sockExplainFlagsEXPLAIN_F_AFFINITY_HIT)
+	e.NewFlow = has(sockExplainFlagsEXPLAIN_F_NEW_FLOW)
+	e.Reply = has(sockExplainFlagsEXPLAIN_F_REPLY)
+	if has(sockExplainFlagsEXPLAIN_F_DNAT) {
+		e.DNAT = true
+		e.BackendID, e.Slot = r.BackendId, r.Slot
+		e.Backend = netip.AddrPortFrom(addrFromBE32(r.BeAddr), portFromBE16(r.BePort))
+	}
+	if has(sockExplainFlagsEXPLAIN_F_SNAT) {
+		e.SNAT = true
+		e.SNATTo = netip.AddrPortFrom(addrFromBE32(r.SnatAddr), portFromBE16(r.SnatPort))
+	}
+	e.Verdict = verdictName(ret)
+	// A refusal is an ICMP error sent back: the program returns it as a
+	// redirect (or passes it up), but what the client meets is a reject.
+	if slices.ContainsFunc(e.Reasons, func(s string) bool {
+		return s == "tc_no_backend" || s == "tc_unknown_port"
+	}) {
+		e.Verdict = "reject"
+	}
+	e.OutSrc, e.OutDst = frameAddrs(out)
+	return e
+}
+
+// verdictName names a tc verdict (linux/pkt_cls.h).
+func verdictName(ret uint32) string {
+	switch int32(ret) {
+	case -1:
+		return "unspec"
+	case 0:
+		return "pass"
+	case 2:
+		return "drop"
+	case 7:
+		return "redirect"
+	default:
+		return fmt.Sprintf("verdict %d", int32(ret))
+	}
+}
+
+// frameAddrs returns the IPv4 TCP/UDP addresses and ports of an Ethernet
+// frame (zero values if it is not one).
+func frameAddrs(b []byte) (src, dst netip.AddrPort) {
+	if len(b) < 14+20+4 || binary.BigEndian.Uint16(b[12:]) != 0x0800 {
+		return
+	}
+	ip := b[14:]
+	ihl := int(ip[0]&0x0f) * 4
+	if ihl < 20 || len(ip) < ihl+4 {
+		return
+	}
+	s, d := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
+	if ip[9] != unix.IPPROTO_TCP && ip[9] != unix.IPPROTO_UDP {
+		return netip.AddrPortFrom(s, 0), netip.AddrPortFrom(d, 0)
+	}
+	l4 := ip[ihl:]
+	return netip.AddrPortFrom(s, binary.BigEndian.Uint16(l4[0:])), netip.AddrPortFrom(d, binary.BigEndian.Uint16(l4[2:]))
+}
+
+// explainFrame builds the request's packet: an Ethernet frame to the
+// device's address carrying a TCP SYN or a UDP datagram, checksums right.
+func explainFrame(req ExplainRequest, dstMAC net.HardwareAddr) ([]byte, error) {
+	if !req.From.Addr().Is4() || !req.To.Addr().Is4() {
+		return nil, errors.New("explain: IPv4 addresses only")
+	}
+	var l4 []byte
+	switch req.Proto {
+	case unix.IPPROTO_TCP:
+		l4 = make([]byte, 20)
+		l4[12] = 5 << 4
+		l4[13] = 0x02 // SYN: a new connection
+		binary.BigEndian.PutUint16(l4[14:], 64240)
+	case unix.IPPROTO_UDP:
+		l4 = make([]byte, 8+4)
+		binary.BigEndian.PutUint16(l4[4:], uint16(len(l4)))
+		copy(l4[8:], "sl?\n")
+	default:
+		return nil, fmt.Errorf("explain: protocol %d: want TCP or UDP", req.Proto)
+	}
+	sport := req.From.Port()
+	if sport == 0 {
+		sport = 40000
+	}
+	binary.BigEndian.PutUint16(l4[0:], sport)
+	binary.BigEndian.PutUint16(l4[2:], req.To.Port())
+
+	ip := make([]byte, 20)
+	ip[0] = 0x45
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+len(l4)))
+	ip[8] = 64
+	ip[9] = req.Proto
+	src, dst := req.From.Addr().As4(), req.To.Addr().As4()
+	copy(ip[12:], src[:])
+	copy(ip[16:], dst[:])
+	binary.BigEndian.PutUint16(ip[10:], inetChecksum(0, ip))
+
+	pseudo := make([]byte, 12)
+	copy(pseudo[0:], src[:])
+	copy(pseudo[4:], dst[:])
+	pseudo[9] = req.Proto
+	binary.BigEndian.PutUint16(pseudo[10:], uint16(len(l4)))
+	csum := inetChecksum(inetSum(0, pseudo), l4)
+	if req.Proto == unix.IPPROTO_UDP && csum == 0 {
+		csum = 0xffff
+	}
+	off := 16
+	if req.Proto == unix.IPPROTO_UDP {
+		off = 6
+	}
+	binary.BigEndian.PutUint16(l4[off:], csum)
+
+	frame := make([]byte, 14, 14+len(ip)+len(l4))
+	copy(frame[0:6], dstMAC)
+	frame[6] = 0x02 // a locally administered source
+	binary.BigEndian.PutUint16(frame[12:], 0x0800)
+	frame = append(append(frame, ip...), l4...)
+	return frame, nil
+}
+
+// inetSum adds b to the one's complement sum acc (RFC 1071).
+func inetSum(acc uint32, b []byte) uint32 {
+	for ; len(b) >= 2; b = b[2:] {
+		acc += uint32(binary.BigEndian.Uint16(b))
+	}
+	if len(b) == 1 {
+		acc += uint32(b[0]) << 8
+	}
+	return acc
+}
+
+// inetChecksum is the Internet checksum of b on top of the sum acc.
+func inetChecksum(acc uint32, b []byte) uint16 {
+	acc = inetSum(acc, b)
+	for acc > 0xffff {
+		acc = acc&0xffff + acc>>16
+	}
+	return ^uint16(acc)
+}
+
+// Candidate is one backend in a slot of a frontend's scope.
+type Candidate struct {
+	Slot      uint16
+	BackendID uint32
+	Addr      netip.AddrPort
+}
+
+// Candidates returns the backends in the slots of frontend <fe, proto> in
+// scope, as the agent wrote them (topology and traffic policies are
+// applied in what it writes there), in slot order.
+func (p *Pinned) Candidates(fe netip.AddrPort, proto, scope uint8) ([]Candidate, error) {
+	key := sockLb4Key{Vip: be32(fe.Addr()), Port: be16(fe.Port()), Proto: proto, Scope: scope}
+	var master sockLb4Service
+	if err := p.services.Lookup(&key, &master); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("read frontend %s: %w", fe, err)
+	}
+	out := make([]Candidate, 0, master.Count)
+	for slot := uint32(1); slot <= master.Count && slot <= 0xffff; slot++ {
+		key.Slot = uint16(slot)
+		var s sockLb4Service
+		if err := p.services.Lookup(&key, &s); err != nil {
+			continue // a shrink racing this read
+		}
+		var be sockLb4Backend
+		if err := p.backends.Lookup(s.BackendId, &be); err != nil {
+			continue
+		}
+		out = append(out, Candidate{Slot: uint16(slot), BackendID: s.BackendId,
+			Addr: netip.AddrPortFrom(addrFromBE32(be.Addr), portFromBE16(be.Port))})
+	}
+	return out, nil
+}
+
+// setDryTwins puts the tc programs' dry twins into sluice_dry_v1, where
+// the live programs send a dry run's packet (bpf/lib/explain.h).
+func (o *tcObjects) setDryTwins() error {
+	for i, p := range []*ebpf.Program{o.SluiceIngressDry, o.SluiceEgressDry} {
+		if err := o.SluiceDryV1.Put(uint32(i), p); err != nil {
+			return fmt.Errorf("put dry-run program %d into sluice_dry_v1: %w", i, err)
+		}
+	}
+	return nil
+}

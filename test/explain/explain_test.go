@@ -1,0 +1,297 @@
+// Package explain tests `sluicectl explain` against a live agent: the
+// real sluicectl binary asks the agent's attached tc program (in its
+// dry-run mode) what it would do with a packet, and its answer is
+// compared with where real connections from the client go. Every pinned
+// map is dumped before and after each explain: a dry run changes none.
+package explain
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	agentproc.RemoveShared()
+	os.Exit(code)
+}
+
+const (
+	affineVIP  = "10.96.0.20:80"
+	emptyVIP   = "10.96.0.21:80"
+	blockedLB  = "198.51.100.20:80"
+	clientAddr = "10.0.0.1"
+)
+
+// blockedService is a LoadBalancer whose loadBalancerSourceRanges leave
+// the client (10.0.0.1) out.
+const blockedService = `apiVersion: v1
+kind: Service
+metadata: {name: guarded, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.22
+  loadBalancerSourceRanges: [192.0.2.0/24]
+  ports:
+  - {name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30022}
+status:
+  loadBalancer:
+    ingress: [{ip: 198.51.100.20}]
+`
+
+// explained is the part of `sluicectl explain -o json` the test reads.
+type explained struct {
+	Frontend     string   `json:"frontend"`
+	Service      string   `json:"service"`
+	Backend      string   `json:"backend"`
+	Verdict      string   `json:"verdict"`
+	Reason       string   `json:"reason"`
+	Reasons      []string `json:"reasons"`
+	AffinityHit  bool     `json:"affinityHit"`
+	ConntrackHit bool     `json:"conntrackHit"`
+	Candidates   []struct {
+		Addr string `json:"addr"`
+	} `json:"candidates"`
+}
+
+type env struct {
+	lb       *topology.LB
+	agent    *agentproc.Agent
+	backends map[string]string // backend address:8080 -> the name its server answers with
+}
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	testutil.Privileged(t)
+	bins := agentproc.Shared(t)
+	topo := topology.NewT(t)
+	lb, err := topo.BuildLB(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := lb.ServeHTTP(8080, "backend-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{lb: lb, backends: map[string]string{}}
+	addrs := lb.BackendAddrStrings()
+	for i, a := range addrs {
+		e.backends[a+":8080"] = names[i]
+	}
+	if err := lb.Client.AddRoute(netip.MustParsePrefix("198.51.100.0/24"), lb.NodeAddr); err != nil {
+		t.Fatal(err)
+	}
+	http := []agentproc.Port{{Name: "http", Protocol: "TCP", Port: 80, TargetPort: "8080", EndpointPort: 8080}}
+	affine := agentproc.Service{Name: "affine", ClusterIP: "10.96.0.20", Endpoints: addrs, Ports: http}.YAML()
+	affine = strings.Replace(affine, "  type: ClusterIP\n", "  type: ClusterIP\n  sessionAffinity: ClientIP\n", 1)
+	empty := agentproc.Service{Name: "empty", ClusterIP: "10.96.0.21", Ports: http}.YAML()
+	guarded := agentproc.Service{Name: "guarded", ClusterIP: "10.96.0.22", Endpoints: addrs, Ports: http}.YAML()
+	guarded = blockedService + "---\n" + guarded[strings.Index(guarded, "apiVersion: discovery.k8s.io/v1"):]
+	manifest := filepath.Join(t.TempDir(), "services.yaml")
+	if err := agentproc.WriteFile(manifest, agentproc.Manifest(affine, empty, guarded)); err != nil {
+		t.Fatal(err)
+	}
+	e.agent = agentproc.StartAgent(t, bins, lb.Node, agentproc.AgentConfig{
+		Manifests: manifest,
+		Devices:   []string{lb.NodeDev},
+		BPFFS:     filepath.Join(testutil.BPFFS, topo.Prefix()+"explain"),
+	}, 30*time.Second)
+	return e
+}
+
+// dumpPins renders every map pinned under the agent's bpffs, by pin.
+func (e *env) dumpPins(t *testing.T) map[string]string {
+	t.Helper()
+	dir := filepath.Join(e.agent.BPFFS, "sluice")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, ent := range entries {
+		if ent.IsDir() {
+			continue // links/
+		}
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, ent.Name()), &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			t.Fatalf("open %s: %v", ent.Name(), err)
+		}
+		out[ent.Name()] = dump(t, ent.Name(), m)
+		m.Close()
+	}
+	if len(out) < 10 {
+		t.Fatalf("only %d maps pinned under %s: %v", len(out), dir, out)
+	}
+	return out
+}
+
+func dump(t *testing.T, name string, m *ebpf.Map) string {
+	t.Helper()
+	var lines []string
+	var k []byte
+	it := m.Iterate()
+	switch m.Type() {
+	case ebpf.PerCPUArray, ebpf.PerCPUHash, ebpf.LRUCPUHash:
+		var v [][]byte
+		for it.Next(&k, &v) {
+			var b strings.Builder
+			for _, c := range v {
+				b.WriteString(hex.EncodeToString(c) + ",")
+			}
+			lines = append(lines, hex.EncodeToString(k)+"="+b.String())
+		}
+	default:
+		var v []byte
+		for it.Next(&k, &v) {
+			lines = append(lines, hex.EncodeToString(k)+"="+hex.EncodeToString(v))
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatalf("dump %s: %v", name, err)
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+// explain runs the real `sluicectl explain -o json` in the agent's
+// namespace, from the client's address and the source port sport.
+func (e *env) explain(t *testing.T, sport int, to string) explained {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	cmd := e.agent.NS.Command(ctx, e.agent.Bin.Sluicectl, "--bpffs", e.agent.BPFFS, "--names-file", e.agent.NamesFile,
+		"explain", "--device", e.lb.NodeDev, "--from", fmt.Sprintf("%s:%d", clientAddr, sport), "--to", to, "-o", "json")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("sluicectl explain --to %s: %v: %s", to, err, stderr.String())
+	}
+	var x explained
+	if err := json.Unmarshal(out, &x); err != nil {
+		t.Fatalf("sluicectl explain output: %v\n%s", err, out)
+	}
+	t.Logf("explain %s:%d -> %s: %s", clientAddr, sport, to, out)
+	return x
+}
+
+// explainUnchanged is explain, asserting that no pinned map changed. The
+// agent's conntrack GC may delete an expired entry meanwhile, so a run
+// whose dumps differ is repeated (with another source port: a dry run
+// that wrote would write anew each time, and its counters would move
+// every time); one run must leave every map as it was.
+func (e *env) explainUnchanged(t *testing.T, sport int, to string) explained {
+	t.Helper()
+	var diffs []string
+	for try := range 3 {
+		before := e.dumpPins(t)
+		x := e.explain(t, sport+try, to)
+		after := e.dumpPins(t)
+		var changed []string
+		for name := range before {
+			if before[name] != after[name] {
+				changed = append(changed, name)
+			}
+		}
+		if len(changed) == 0 {
+			return x
+		}
+		diffs = append(diffs, fmt.Sprint(changed))
+	}
+	t.Fatalf("every explain of %s changed pinned maps: %v", to, diffs)
+	return explained{}
+}
+
+func TestExplainMatchesRealConnections(t *testing.T) {
+	e := setup(t)
+	client := e.lb.Client.HTTPClient(3 * time.Second)
+
+	// Affinity: a real request pins the client to a backend; explain
+	// names that backend for the client's next connection, from the
+	// affinity entry, and real requests keep going there.
+	first, err := topology.WhoAnswered(client, "http://"+affineVIP+"/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := e.explainUnchanged(t, 41000, affineVIP)
+	if x.Service != "default/affine:http" || !x.AffinityHit || x.Verdict != "pass" || len(x.Candidates) != 3 {
+		t.Fatalf("affine client: %+v", x)
+	}
+	if got := e.backends[x.Backend]; got != first {
+		t.Fatalf("explain sends the affine client to %s (%s), its real connection went to %s", x.Backend, got, first)
+	}
+	// The table says the same, for a person.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	table, err := e.agent.NS.Command(ctx, e.agent.Bin.Sluicectl, "--bpffs", e.agent.BPFFS, "--names-file", e.agent.NamesFile,
+		"explain", "--device", e.lb.NodeDev, "--from", clientAddr+":41500", "--to", affineVIP).CombinedOutput()
+	cancel()
+	if err != nil {
+		t.Fatalf("sluicectl explain: %v: %s", err, table)
+	}
+	t.Logf("sluicectl explain:\n%s", table)
+	for _, want := range []string{"default/affine:http", "session affinity", x.Backend, "VERDICT", "pass"} {
+		if !strings.Contains(string(table), want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+	for i := range 5 {
+		who, err := topology.WhoAnswered(client, "http://"+affineVIP+"/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if who != e.backends[x.Backend] {
+			t.Fatalf("request %d went to %s, explain said %s", i, who, e.backends[x.Backend])
+		}
+	}
+
+	// An emptied Service: explain says reject, a real connection is
+	// refused at once.
+	x = e.explainUnchanged(t, 42000, emptyVIP)
+	if x.Service != "default/empty:http" || x.Verdict != "reject" || x.Backend != "" || !strings.HasPrefix(x.Reason, "tc_no_backend") {
+		t.Fatalf("empty service: %+v", x)
+	}
+	ctx, cancel = context.WithTimeout(t.Context(), 3*time.Second)
+	c, err := e.lb.Client.DialContext(ctx, "tcp", emptyVIP)
+	cancel()
+	if err == nil {
+		c.Close()
+		t.Fatal("a connection to the empty service was accepted")
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("connection to the empty service: %v, want connection refused (explain said reject)", err)
+	}
+
+	// A source outside loadBalancerSourceRanges: explain says drop, a
+	// real connection times out.
+	x = e.explainUnchanged(t, 43000, blockedLB)
+	if x.Service != "default/guarded:http" || x.Verdict != "drop" || !strings.HasPrefix(x.Reason, "tc_src_range_deny") {
+		t.Fatalf("blocked source: %+v", x)
+	}
+	ctx, cancel = context.WithTimeout(t.Context(), 2*time.Second)
+	c, err = e.lb.Client.DialContext(ctx, "tcp", blockedLB)
+	cancel()
+	if err == nil {
+		c.Close()
+		t.Fatal("a connection from outside the source ranges was accepted")
+	}
+	if !errors.Is(err, context.DeadlineExceeded) && !os.IsTimeout(err) {
+		t.Fatalf("connection from outside the source ranges: %v, want a timeout (explain said drop)", err)
+	}
+}
