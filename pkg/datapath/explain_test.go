@@ -2,13 +2,11 @@ package datapath
 
 import (
 	"bytes"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -33,38 +31,9 @@ func dumpTCMaps(t *testing.T, d *Datapath) map[string]string {
 		if name == "sluice_expl_v1" || name == "sluice_dry_v1" {
 			continue
 		}
-		out[name] = dumpMap(t, name, m)
+		out[name] = testutil.DumpMap(t, name, m)
 	}
 	return out
-}
-
-// dumpMap renders the entries of m, sorted.
-func dumpMap(t *testing.T, name string, m *ebpf.Map) string {
-	t.Helper()
-	var lines []string
-	it := m.Iterate()
-	var k []byte
-	switch m.Type() {
-	case ebpf.PerCPUArray, ebpf.PerCPUHash, ebpf.LRUCPUHash:
-		var v [][]byte
-		for it.Next(&k, &v) {
-			var b strings.Builder
-			for _, c := range v {
-				b.WriteString(hex.EncodeToString(c) + ",")
-			}
-			lines = append(lines, hex.EncodeToString(k)+"="+b.String())
-		}
-	default:
-		var v []byte
-		for it.Next(&k, &v) {
-			lines = append(lines, hex.EncodeToString(k)+"="+hex.EncodeToString(v))
-		}
-	}
-	if err := it.Err(); err != nil {
-		t.Fatalf("dump %s: %v", name, err)
-	}
-	slices.Sort(lines)
-	return strings.Join(lines, "\n")
 }
 
 // diffDumps names the maps whose dumps differ.

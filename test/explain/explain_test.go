@@ -7,14 +7,12 @@ package explain
 
 import (
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -133,41 +131,13 @@ func (e *env) dumpPins(t *testing.T) map[string]string {
 		if err != nil {
 			t.Fatalf("open %s: %v", ent.Name(), err)
 		}
-		out[ent.Name()] = dump(t, ent.Name(), m)
+		out[ent.Name()] = testutil.DumpMap(t, ent.Name(), m)
 		m.Close()
 	}
 	if len(out) < 10 {
 		t.Fatalf("only %d maps pinned under %s: %v", len(out), dir, out)
 	}
 	return out
-}
-
-func dump(t *testing.T, name string, m *ebpf.Map) string {
-	t.Helper()
-	var lines []string
-	var k []byte
-	it := m.Iterate()
-	switch m.Type() {
-	case ebpf.PerCPUArray, ebpf.PerCPUHash, ebpf.LRUCPUHash:
-		var v [][]byte
-		for it.Next(&k, &v) {
-			var b strings.Builder
-			for _, c := range v {
-				b.WriteString(hex.EncodeToString(c) + ",")
-			}
-			lines = append(lines, hex.EncodeToString(k)+"="+b.String())
-		}
-	default:
-		var v []byte
-		for it.Next(&k, &v) {
-			lines = append(lines, hex.EncodeToString(k)+"="+hex.EncodeToString(v))
-		}
-	}
-	if err := it.Err(); err != nil {
-		t.Fatalf("dump %s: %v", name, err)
-	}
-	slices.Sort(lines)
-	return strings.Join(lines, "\n")
 }
 
 // explain runs the real `sluicectl explain -o json` in the agent's
