@@ -116,4 +116,3 @@ func TestSockExplain(t *testing.T) {
 		t.Fatalf("real connect to the emptied Service: %v, want ECONNREFUSED", err)
 	}
 }
-
