@@ -24,7 +24,7 @@ import (
 
 // explainOut is explain's answer; -o json prints it as it is.
 type explainOut struct {
-	Device    string `json:"device"`
+	Device    string `json:"device,omitempty"` // empty for --socket
 	Direction string `json:"direction"`
 	Program   string `json:"program"`
 	ProgramID uint32 `json:"programID"`
