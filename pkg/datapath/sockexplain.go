@@ -197,7 +197,8 @@ func threadNetnsCookie() (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("netns cookie: socket: %w", err)
 	}
-	defer unix.Close(fd)
+	// A socket only read from: closing it cannot lose anything.
+	defer func() { _ = unix.Close(fd) }()
 	c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
 	if err != nil {
 		return 0, fmt.Errorf("netns cookie: %w", err)
