@@ -41,94 +41,15 @@
 #include "lib/svcstats.h"
 #include "lib/lb.h"
 #include "lib/affinity.h"
+#include "lib/socklb.h"
 
 #define SYS_REJECT  0
 #define SYS_PROCEED 1
 
-/*
- * lookup_sticky_backend - the backend of a UDP socket's stickiness entry,
- * if it is still one of this service's backends (slot_still_names).
- * @master: the service's slot 0.
- *
- * A service that shrinks moves backends down into holes, so a few sockets
- * then select again needlessly: a fresh backend of their own service.
- *
- * Returns the backend, or NULL if the socket must select again.
+/* sock4_src - the source of the socket of @ctx: its bound address, or
+ * unbound, the node's primary address (the top).
  */
-static __always_inline struct lb4_backend *
-lookup_sticky_backend(const struct sock_udp_stick *st, __be32 vip, __be16 port,
-		      __u8 proto, const struct lb4_service *master)
-{
-	return slot_still_names(vip, port, proto, master, st->slot,
-				st->backend_id, st->addr, st->port);
-}
-
-/*
- * select_sticky_backend - the backend an unconnected UDP socket used for
- * this frontend before, while it is still one of the service's backends
- * (lookup_sticky_backend); otherwise a fresh selection (aff_select: the
- * client's session affinity first) that the socket then keeps. A
- * datagram that follows the socket's backend is no new "connection": it
- * does not refresh the client's session affinity.
- */
-static __always_inline struct lb4_backend *
-select_sticky_backend(struct bpf_sock_addr *ctx,
-		      const struct lb4_affinity_key *akey,
-		      const struct lb4_service *svc, __u64 now)
-{
-	struct sock_udp_stick_key key = {
-		.cookie = bpf_get_socket_cookie(ctx),
-		.vip = akey->master.vip,
-		.port = akey->master.port,
-		.proto = akey->master.proto,
-	};
-	struct sock_udp_stick st = {};
-	struct sock_udp_stick *cur;
-	struct lb4_backend *be;
-
-	cur = bpf_map_lookup_elem(&sluice_udp_stick_v1, &key);
-	if (cur) {
-		be = lookup_sticky_backend(cur, key.vip, key.port, key.proto,
-					   svc);
-		if (be)
-			return be;
-	}
-	be = aff_select(akey, svc, now, &st.backend_id, &st.slot);
-	if (be) {
-		st.addr = be->addr;
-		st.port = be->port;
-		bpf_map_update_elem(&sluice_udp_stick_v1, &key, &st, BPF_ANY);
-		aff_remember(akey, svc, be, st.backend_id, st.slot, now);
-	}
-	return be;
-}
-
-/*
- * sock4_no_service - the answer to a socket reaching @vip, where no
- * frontend is: -ECONNREFUSED for a ClusterIP (another port or protocol),
- * -EHOSTUNREACH for an unallocated address of the service CIDR, else 0.
- */
-static __always_inline int sock4_no_service(__be32 vip)
-{
-	if (service_ip(vip)) {
-		metric_inc(METRIC_SOCK_UNKNOWN_PORT);
-		return -ECONNREFUSED;
-	}
-	if (node_cidr(vip, NODE_CIDR_SERVICE)) {
-		metric_inc(METRIC_SOCK_DROP);
-		return -EHOSTUNREACH;
-	}
-	return 0;
-}
-
-/*
- * sock4_source_allowed - whether the socket of @ctx may reach frontend
- * <@vip, @port, @proto>, whose master checks loadBalancerSourceRanges: by
- * its bound address, or unbound, the node's primary address.
- */
-static __always_inline bool sock4_source_allowed(struct bpf_sock_addr *ctx,
-						 __be32 vip, __be16 port,
-						 __u8 proto)
+static __always_inline __be32 sock4_src(struct bpf_sock_addr *ctx)
 {
 	struct bpf_sock *sk = ctx->sk;
 	__be32 src = 0;
@@ -137,57 +58,13 @@ static __always_inline bool sock4_source_allowed(struct bpf_sock_addr *ctx,
 		src = sk->src_ip4;
 	if (!src)
 		src = node_ip4;
-	return source_allowed(vip, port, proto, src);
+	return src;
 }
 
 /*
- * sock4_lookup - the master that serves the socket of @ctx at frontend
- * <@vip, @port, @proto>, in @svc; or an error to refuse it with.
- *
- * Returns 1 with @svc set, 0 if no frontend is there (nothing to do), or a
- * negative errno.
- */
-static __always_inline int sock4_lookup(struct bpf_sock_addr *ctx, __be32 vip,
-					__be16 port, __u8 proto,
-					struct lb4_service **svc)
-{
-	struct lb4_service *s, *in;
-
-	s = lookup_service(vip, port, proto);
-	if (!s)
-		return sock4_no_service(vip);
-	if ((s->flags & SVC_F_SRC_RANGES) &&
-	    !sock4_source_allowed(ctx, vip, port, proto)) {
-		metric_inc(METRIC_SOCK_DROP);
-		svc_count(s->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
-		return -EHOSTUNREACH;
-	}
-	if (s->flags & SVC_F_TWO_SCOPES) {
-		in = lookup_service_scope(vip, port, proto, LB_SCOPE_INTERNAL);
-		if (in)
-			s = in;
-	}
-	if (s->count == 0) {
-		if (s->flags & SVC_F_DROP_EMPTY) {
-			metric_inc(METRIC_SOCK_DROP);
-			svc_count(s->rev_nat_id, SVC_DROP_NO_LOCAL_ENDPOINTS,
-				  0);
-			return -EHOSTUNREACH;
-		}
-		metric_inc(METRIC_SOCK_NO_BACKEND);
-		svc_count(s->rev_nat_id, SVC_DROP_NO_ENDPOINTS, 0);
-		return -ECONNREFUSED;
-	}
-	*svc = s;
-	return 1;
-}
-
-/*
- * sock4_xlate_fwd - rewrite a VIP destination of @ctx to a backend.
+ * sock4_xlate_fwd - rewrite a VIP destination of @ctx to a backend
+ * (sock4_select, lib/socklb.h).
  * @sticky: keep the socket's previous backend (per-datagram sendmsg4).
- *
- * The client of session affinity is the socket's network namespace
- * (affinity.h): a connect is a new connection of that client.
  *
  * Returns 0 (translated or not a service), -ECONNREFUSED or -EHOSTUNREACH
  * (sock4_lookup).
@@ -198,41 +75,19 @@ static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx,
 	__u8 proto = ctx->protocol;
 	__be32 vip = ctx->user_ip4;
 	__be16 port = (__be16)ctx->user_port;
-	struct lb4_affinity_key akey = {};
 	struct lb4_service *svc = NULL;
-	struct lb4_backend *be;
+	struct lb4_backend *be = NULL;
 	struct sock_rev_key rkey = {};
 	struct sock_rev_entry rval = {};
-	__u32 backend_id = 0;
-	__u16 slot = 0;
-	__u64 now;
 	int ret;
 
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return 0;
-	ret = sock4_lookup(ctx, vip, port, proto, &svc);
-	if (ret <= 0 || !svc)
+	ret = sock4_select(vip, port, proto, sock4_src(ctx),
+			   bpf_get_netns_cookie(ctx),
+			   bpf_get_socket_cookie(ctx), sticky, NULL, &svc, &be);
+	if (ret <= 0 || !svc || !be)
 		return ret;
-
-	now = bpf_ktime_get_ns();
-	aff_key(&akey, bpf_get_netns_cookie(ctx), AFFINITY_CLIENT_NETNS, vip,
-		port, proto, svc->scope);
-	if (sticky) {
-		be = select_sticky_backend(ctx, &akey, svc, now);
-	} else {
-		be = aff_select(&akey, svc, now, &backend_id, &slot);
-		if (be)
-			aff_remember(&akey, svc, be, backend_id, slot, now);
-	}
-	if (!be) {
-		/* Even after reading the service again (select_backend_slot):
-		 * refuse rather than leave the VIP, which nothing answers
-		 * (a TCP connect would hang).
-		 */
-		metric_inc(METRIC_SOCK_BACKEND_MISSING);
-		svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
-		return -ECONNREFUSED;
-	}
 
 	rkey.cookie = bpf_get_socket_cookie(ctx);
 	rkey.addr = be->addr;
@@ -320,6 +175,74 @@ int sluice_getpeername4(struct bpf_sock_addr *ctx)
 {
 	sock4_xlate_rev(ctx);
 	return SYS_PROCEED;
+}
+
+/*
+ * sluice_sockx_v1: __u32 0 -> struct sock_explain_ctx, per CPU: the
+ * record of sluice_sock_explain. Not pinned, and not in maps.h: only the
+ * load of sluicectl's own copy of the program creates it.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sock_explain_ctx);
+} sluice_sockx_v1 SEC(".maps");
+
+/*
+ * sluice_sock_explain - what connect4 (or, sticky, sendmsg4) would do for
+ * a socket: the same selection (sock4_select), in its dry-run mode, which
+ * writes nothing but this CPU's record in sluice_sockx_v1.
+ *
+ * BPF_PROG_TEST_RUN cannot run a cgroup sock_addr program, nor a syscall
+ * program that reads an LPM trie (sluice_src_ranges_v1,
+ * sluice_node_cidrs_v1): syscall programs are sleepable, and the verifier
+ * (check_map_prog_compatibility) gives sleepable programs array, hash,
+ * ringbuf and storage maps only, up to 6.18 at least. A raw tracepoint
+ * program can be test-run with its arguments as context and reads any
+ * map; it is attached to nothing. The agent never loads it: sluicectl
+ * loads it from its own copy of this object against the pinned maps and
+ * runs it once (pkg/datapath/sockexplain.go), so its node_ip4 is that
+ * load's: the caller gives the source.
+ *
+ * Arguments (host order unless said): 0 the client's netns cookie, 1 the
+ * socket cookie (0: a new socket), 2 the source (low 32 bits) and the
+ * destination address (high), network order, 3 the destination port
+ * (network order, bits 0-15), the protocol (16-23) and sticky (24-31).
+ */
+SEC("raw_tp")
+int sluice_sock_explain(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct lb4_service *svc = NULL;
+	struct lb4_backend *be = NULL;
+	struct sock_explain_ctx *x;
+	__u32 zero = 0;
+	__u64 addrs, rest;
+	int ret;
+
+	x = bpf_map_lookup_elem(&sluice_sockx_v1, &zero);
+	if (!x)
+		return 0;
+	__builtin_memset(x, 0, sizeof(*x));
+	addrs = ctx->args[2];
+	rest = ctx->args[3];
+	x->netns_cookie = ctx->args[0];
+	x->sock_cookie = ctx->args[1];
+	x->src = (__be32)addrs;
+	x->vip = (__be32)(addrs >> 32);
+	x->port = (__be16)rest;
+	x->proto = (__u8)(rest >> 16);
+	x->sticky = (__u8)(rest >> 24);
+	x->flags = EXPLAIN_F_DRY;
+	if (!x->src)
+		x->src = node_ip4;
+	ret = sock4_select(x->vip, x->port, x->proto, x->src, x->netns_cookie,
+			   x->sock_cookie, x->sticky != 0, x, &svc, &be);
+	if (ret < 0)
+		x->err = ret;
+	else if (ret > 0)
+		x->reason = METRIC_SOCK_XLATE;
+	return 0;
 }
 
 char __license[] SEC("license") = "Dual BSD/GPL";

@@ -621,6 +621,8 @@ enum explain_flags {
 	EXPLAIN_F_REPLY = 512,
 	/* A frontend scope served it: scope, count, rev_nat_id. */
 	EXPLAIN_F_SCOPE = 1024,
+	/* A UDP socket's stickiness entry decided the backend (sock.c). */
+	EXPLAIN_F_STICKY_HIT = 2048,
 };
 
 /*
@@ -651,6 +653,36 @@ struct explain_record {
 _Static_assert(sizeof(struct explain_record) == 60, "explain_record size");
 
 /*
+ * The record of sluice_sock_explain (sock.c, sluice_sockx_v1), the dry run
+ * of the socket path: the connect (or sendmsg) it explains, and what the
+ * socket path would do with it. Addresses and ports in network order, the
+ * rest host order.
+ */
+struct sock_explain_ctx {
+	__u64 netns_cookie; /* in: the client (affinity.h), its netns */
+	__u64 sock_cookie;  /* in: an unconnected UDP socket's, or 0 */
+	__be32 src;	    /* in: the socket's source address */
+	__be32 vip;	    /* in: the destination */
+	__be16 port;
+	__u8 proto;
+	__u8 sticky;	  /* in: sendmsg4 of an unconnected socket */
+	__s32 err;	  /* out: 0, or the errno that refuses it */
+	__u32 flags;	  /* out: enum explain_flags */
+	__u32 svc_flags;  /* out: the frontend's default scope's */
+	__u32 count;	  /* out: backends of the scope that served */
+	__u32 rev_nat_id; /* out: the service id */
+	__u32 backend_id; /* out: the backend (EXPLAIN_F_DNAT) */
+	__be32 be_addr;
+	__be16 be_port;
+	__u16 slot;  /* out: the slot that named it */
+	__u8 scope;  /* out: the scope that served (enum lb_scope) */
+	__u8 reason; /* out: the metric reason it would count */
+	__u8 pad[2];
+};
+
+_Static_assert(sizeof(struct sock_explain_ctx) == 64, "sock_explain_ctx size");
+
+/*
  * BTF_EXPORT - put @type in the object's BTF although no map or global
  * names it, so that bpf2go -type can generate it for Go. The enums above
  * are stored in narrower fields or used as plain integers, which clang
@@ -674,6 +706,7 @@ BTF_EXPORT(enum node_cidr_kind, node_cidr_kind);
 BTF_EXPORT(enum metric_reason, metric_reason);
 BTF_EXPORT(enum svc_drop_reason, svc_drop_reason);
 BTF_EXPORT(enum explain_flags, explain_flags);
+BTF_EXPORT(struct sock_explain_ctx, sock_explain_ctx);
 
 /* The layouts above are an ABI: a size change must be deliberate. */
 _Static_assert(sizeof(struct lb4_key) == 12, "lb4_key size");

@@ -17,11 +17,14 @@ import (
 // packet (datapath.Explain: the program's own dry run, against the live
 // maps, changing none of them), and adds what the pins and the names file
 // say about the frontend it matched: its Service and the candidate
-// backends of the scope that served the client.
+// backends of the scope that served the client. With --socket it asks the
+// socket path instead (datapath.ExplainSocket: connect4's, or sendmsg4's,
+// selection in a dry run) what a connect from this node's network
+// namespace would do.
 
 // explainOut is explain's answer; -o json prints it as it is.
 type explainOut struct {
-	Device    string `json:"device"`
+	Device    string `json:"device,omitempty"` // empty for --socket
 	Direction string `json:"direction"`
 	Program   string `json:"program"`
 	ProgramID uint32 `json:"programID"`
@@ -50,6 +53,11 @@ type explainOut struct {
 	Out          string         `json:"out,omitempty"`    // the packet as the program left it
 	ConntrackHit bool           `json:"conntrackHit"`
 	AffinityHit  bool           `json:"affinityHit"`
+	// The socket path (--socket): its stickiness, and the errno a
+	// refused socket gets.
+	Socket    bool   `json:"socket,omitempty"`
+	StickyHit bool   `json:"stickyHit,omitempty"`
+	Errno     string `json:"errno,omitempty"`
 }
 
 type candidateOut struct {
@@ -88,6 +96,10 @@ var dropReasons = map[string]string{
 	"tc_frag_needed":       "fragmentation needed (ICMP)",
 	"tc_rewrite_err":       "the packet could not be rewritten",
 	"tc_malformed":         "malformed",
+	"sock_no_backend":      "the Service has no endpoints (the socket gets ECONNREFUSED)",
+	"sock_unknown_port":    "a ClusterIP's port or protocol it does not serve (ECONNREFUSED)",
+	"sock_drop":            "no endpoint for this client, a source outside loadBalancerSourceRanges, or an unallocated address of the service CIDR (EHOSTUNREACH)",
+	"sock_backend_missing": "a slot names a backend that does not exist (ECONNREFUSED)",
 }
 
 func explainCmd(fs *flag.FlagSet) runner {
@@ -96,23 +108,46 @@ func explainCmd(fs *flag.FlagSet) runner {
 	to := fs.String("to", "", "destination IP:PORT (required)")
 	proto := fs.String("proto", "tcp", "tcp (a SYN) or udp")
 	egress := fs.Bool("egress", false, "run the device's egress program instead of its ingress one")
+	socket := fs.Bool("socket", false, "ask the socket path (connect4) what a connect from this node's network namespace would do; --from is then the socket's source address (default: the route's)")
+	unconnected := fs.Bool("unconnected", false, "with --socket and --proto udp: a datagram of a new unconnected socket (sendmsg4)")
 	var req datapath.ExplainRequest
+	var sreq datapath.SocketExplainRequest
 	return runner{
 		check: func(c *ctx) error {
 			var err error
+			if *socket {
+				if *dev != "" || *egress {
+					return errors.New("--socket takes no --device or --egress")
+				}
+				sreq, err = socketRequest(*from, *to, *proto, *unconnected)
+				return err
+			}
+			if *unconnected {
+				return errors.New("--unconnected needs --socket")
+			}
 			if req, err = explainRequest(*dev, *from, *to, *proto, *egress); err != nil {
 				return err
 			}
 			return nil
 		},
 		run: func(c *ctx) error {
-			e, err := datapath.Explain(req)
+			var e *datapath.Explanation
+			var err error
+			if *socket {
+				req = datapath.ExplainRequest{From: netip.AddrPortFrom(sreq.From, 0), To: sreq.To, Proto: sreq.Proto}
+				e, err = datapath.ExplainSocket(c.bpffs, sreq)
+			} else {
+				e, err = datapath.Explain(req)
+			}
 			if err != nil {
 				return err
 			}
 			out, err := describe(c, req, e)
 			if err != nil {
 				return err
+			}
+			if *socket {
+				socketOut(out, sreq, e)
 			}
 			if c.output == "json" {
 				return writeJSON(c.stdout, out)
@@ -152,6 +187,67 @@ func explainRequest(dev, from, to, proto string, egress bool) (datapath.ExplainR
 		return req, errors.New("IPv4 addresses only")
 	}
 	return req, nil
+}
+
+// socketRequest validates explain --socket's flags.
+func socketRequest(from, to, proto string, unconnected bool) (datapath.SocketExplainRequest, error) {
+	var req datapath.SocketExplainRequest
+	if to == "" {
+		return req, errors.New("--to is required")
+	}
+	switch strings.ToLower(proto) {
+	case "tcp":
+		req.Proto = unix.IPPROTO_TCP
+	case "udp":
+		req.Proto = unix.IPPROTO_UDP
+	default:
+		return req, fmt.Errorf("--proto %q: want tcp or udp", proto)
+	}
+	if unconnected && req.Proto != unix.IPPROTO_UDP {
+		return req, errors.New("--unconnected is a UDP socket's: add --proto udp")
+	}
+	req.Unconnected = unconnected
+	if from != "" {
+		a, err := netip.ParseAddr(from)
+		if err != nil {
+			return req, fmt.Errorf("--from %q: with --socket, the socket's source IP", from)
+		}
+		req.From = a
+	}
+	ap, err := netip.ParseAddrPort(to)
+	if err != nil {
+		return req, fmt.Errorf("--to %q: want IP:PORT", to)
+	}
+	req.To = ap
+	if !req.To.Addr().Is4() || (req.From.IsValid() && !req.From.Is4()) {
+		return req, errors.New("IPv4 addresses only")
+	}
+	return req, nil
+}
+
+// socketOut makes describe's answer the socket path's: the hook asked,
+// the socket, its client, and the errno of a refusal.
+func socketOut(out *explainOut, req datapath.SocketExplainRequest, e *datapath.Explanation) {
+	protoName, hook := "TCP", "connect4"
+	if req.Proto == unix.IPPROTO_UDP {
+		protoName = "UDP"
+	}
+	if req.Unconnected {
+		hook = "sendmsg4 (a new unconnected socket)"
+	}
+	out.Socket, out.Device, out.Direction, out.ProgramID = true, "", hook, 0
+	from := "the route's source"
+	if req.From.IsValid() {
+		from = req.From.String()
+	}
+	out.Packet = fmt.Sprintf("%s socket from %s -> %s", protoName, from, req.To)
+	out.Errno, out.StickyHit = e.Errno, e.StickyHit
+	if out.Client != "" {
+		out.Client = "this node's network namespace (the socket path's client of session affinity)"
+	}
+	if e.DNAT {
+		out.DNAT = "connect to " + e.Backend.String() + " (the socket's destination is rewritten; no packet NAT)"
+	}
 }
 
 // describe adds names and candidates to the program's explanation.
@@ -228,6 +324,8 @@ func describe(c *ctx, req datapath.ExplainRequest, e *datapath.Explanation) (*ex
 		out.Backend, out.BackendID, out.Slot = e.Backend.String(), e.BackendID, e.Slot
 		out.DNAT = e.Backend.String()
 		switch {
+		case e.StickyHit:
+			out.Why = "UDP stickiness: the socket's entry names it"
 		case e.ConntrackHit:
 			out.Why = "conntrack: an existing flow keeps its backend"
 		case e.AffinityHit:
@@ -247,6 +345,10 @@ func explainTable(o *explainOut) string {
 	rows := [][]string{
 		{"PROGRAM", fmt.Sprintf("%s (id %d), %s %s", o.Program, o.ProgramID, o.Device, o.Direction)},
 		{"PACKET", o.Packet},
+	}
+	if o.Socket {
+		rows[0][1] = fmt.Sprintf("%s: a dry run of %s's selection, loaded by sluicectl", o.Program, o.Direction)
+		rows[1][0] = "SOCKET"
 	}
 	add := func(k, v string) {
 		if v != "" {
@@ -279,6 +381,7 @@ func explainTable(o *explainOut) string {
 	add("DNAT", o.DNAT)
 	add("SNAT", o.SNAT)
 	add("VERDICT", o.Verdict)
+	add("ERRNO", o.Errno)
 	add("REASON", o.Reason)
 	add("COUNTED", strings.Join(o.Reasons, ", "))
 	add("OUT", o.Out)

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sluice-lb/sluice/pkg/datapath"
 )
 
 // The dry runs themselves are tested in pkg/datapath (explain_test.go)
@@ -23,6 +25,13 @@ func TestExplainFlags(t *testing.T) {
 		{[]string{"explain", "--device", "eth0", "--from", "nope", "--to", "10.96.0.10:80"}, `--from "nope"`},
 		{[]string{"explain", "--device", "eth0", "--from", "10.0.0.1", "--to", "10.96.0.10"}, `--to "10.96.0.10"`},
 		{[]string{"explain", "--device", "eth0", "--from", "fd00::1", "--to", "[fd00::2]:80"}, "IPv4 addresses only"},
+		{[]string{"explain", "--socket"}, "--to is required"},
+		{[]string{"explain", "--socket", "--device", "eth0", "--to", "10.96.0.10:80"}, "--socket takes no --device or --egress"},
+		{[]string{"explain", "--socket", "--egress", "--to", "10.96.0.10:80"}, "--socket takes no --device or --egress"},
+		{[]string{"explain", "--socket", "--from", "10.0.0.1:5", "--to", "10.96.0.10:80"}, `--from "10.0.0.1:5"`},
+		{[]string{"explain", "--socket", "--to", "10.96.0.10:80", "--unconnected"}, "--unconnected is a UDP socket's"},
+		{[]string{"explain", "--socket", "--to", "10.96.0.10:80", "--proto", "sctp"}, `--proto "sctp"`},
+		{[]string{"explain", "--device", "eth0", "--from", "10.0.0.1", "--to", "10.96.0.10:80", "--unconnected"}, "--unconnected needs --socket"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(c.args, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), c.want) {
@@ -32,6 +41,46 @@ func TestExplainFlags(t *testing.T) {
 	req, err := explainRequest("eth0", "10.0.0.1", "10.96.0.10:80", "UDP", false)
 	if err != nil || req.From != netip.MustParseAddrPort("10.0.0.1:40000") || req.Proto != unix.IPPROTO_UDP {
 		t.Errorf("explainRequest: %+v, %v", req, err)
+	}
+}
+
+func TestExplainSocketFlags(t *testing.T) {
+	req, err := socketRequest("", "10.96.0.10:53", "udp", true)
+	if err != nil || req.From.IsValid() || req.To != netip.MustParseAddrPort("10.96.0.10:53") || req.Proto != unix.IPPROTO_UDP || !req.Unconnected {
+		t.Errorf("socketRequest: %+v, %v", req, err)
+	}
+	req, err = socketRequest("10.0.0.7", "10.96.0.10:80", "TCP", false)
+	if err != nil || req.From != netip.MustParseAddr("10.0.0.7") || req.Proto != unix.IPPROTO_TCP || req.Unconnected {
+		t.Errorf("socketRequest with --from: %+v, %v", req, err)
+	}
+}
+
+func TestExplainSocketTable(t *testing.T) {
+	o := &explainOut{Program: "sluice_ingress", ProgramID: 9, Device: "eth0", Direction: "ingress", Verdict: "pass",
+		Frontend: "10.96.0.10:80/TCP", Service: "default/web:http", Kind: "ClusterIP"}
+	o.Scope = "default"
+	e := &datapath.Explanation{Socket: true, Frontend: true, DNAT: true, AffinityHit: true,
+		Backend: netip.MustParseAddrPort("10.1.1.2:8080")}
+	socketOut(o, datapath.SocketExplainRequest{To: netip.MustParseAddrPort("10.96.0.10:80"), Proto: unix.IPPROTO_TCP}, e)
+	o.Program = "sluice_sock_explain"
+	got := explainTable(o)
+	for _, want := range []string{
+		"PROGRAM\tsluice_sock_explain: a dry run of connect4's selection, loaded by sluicectl\n",
+		"SOCKET\tTCP socket from the route's source -> 10.96.0.10:80\n",
+		"DNAT\tconnect to 10.1.1.2:8080 (the socket's destination is rewritten; no packet NAT)\n",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table lacks %q:\n%s", want, got)
+		}
+	}
+	refused := &explainOut{Program: "sluice_sock_explain", Verdict: "reject"}
+	socketOut(refused, datapath.SocketExplainRequest{To: netip.MustParseAddrPort("10.96.0.10:53"), Proto: unix.IPPROTO_UDP, Unconnected: true},
+		&datapath.Explanation{Socket: true, Errno: "ECONNREFUSED"})
+	got = explainTable(refused)
+	for _, want := range []string{"sendmsg4 (a new unconnected socket)", "SOCKET\tUDP socket from the route's source -> 10.96.0.10:53\n", "ERRNO\tECONNREFUSED\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("refused table lacks %q:\n%s", want, got)
+		}
 	}
 }
 

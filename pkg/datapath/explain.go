@@ -74,6 +74,11 @@ type Explanation struct {
 	SNAT         bool
 	SNATTo       netip.AddrPort // a reply: its new destination
 	Reply        bool           // a reply of a translated flow
+	// The socket path (ExplainSocket): what it decided, and the errno a
+	// refused socket gets.
+	Socket    bool
+	StickyHit bool // a UDP socket's stickiness entry decided
+	Errno     string
 	// Out is the packet as the program left it (its addresses and ports).
 	OutSrc, OutDst netip.AddrPort
 }

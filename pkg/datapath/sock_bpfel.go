@@ -106,6 +106,7 @@ const (
 	sockExplainFlagsEXPLAIN_F_SNAT         sockExplainFlags = 256
 	sockExplainFlagsEXPLAIN_F_REPLY        sockExplainFlags = 512
 	sockExplainFlagsEXPLAIN_F_SCOPE        sockExplainFlags = 1024
+	sockExplainFlagsEXPLAIN_F_STICKY_HIT   sockExplainFlags = 2048
 )
 
 type sockExplainRecord struct {
@@ -281,6 +282,29 @@ const (
 	sockNodeDevFlagsNODE_DEV_F_TC sockNodeDevFlags = 2
 )
 
+type sockSockExplainCtx struct {
+	_           structs.HostLayout
+	NetnsCookie uint64
+	SockCookie  uint64
+	Src         uint32
+	Vip         uint32
+	Port        uint16
+	Proto       uint8
+	Sticky      uint8
+	Err         int32
+	Flags       uint32
+	SvcFlags    uint32
+	Count       uint32
+	RevNatId    uint32
+	BackendId   uint32
+	BeAddr      uint32
+	BePort      uint16
+	Slot        uint16
+	Scope       uint8
+	Reason      uint8
+	Pad         [2]uint8
+}
+
 type sockSockRevEntry struct {
 	_        structs.HostLayout
 	Vip      uint32
@@ -374,6 +398,7 @@ const (
 	sockMapSluiceServicesV1        = "sluice_services_v1"
 	sockMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
 	sockMapSluiceSockRevV1         = "sluice_sock_rev_v1"
+	sockMapSluiceSockxV1           = "sluice_sockx_v1"
 	sockMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
 	sockMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
 	sockMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
@@ -383,6 +408,7 @@ const (
 	sockProgSluiceGetpeername4     = "sluice_getpeername4"
 	sockProgSluiceRecvmsg4         = "sluice_recvmsg4"
 	sockProgSluiceSendmsg4         = "sluice_sendmsg4"
+	sockProgSluiceSockExplain      = "sluice_sock_explain"
 	sockVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
 	sockVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	sockVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
@@ -443,6 +469,7 @@ type sockProgramSpecs struct {
 	SluiceGetpeername4  *ebpf.ProgramSpec `ebpf:"sluice_getpeername4"`
 	SluiceRecvmsg4      *ebpf.ProgramSpec `ebpf:"sluice_recvmsg4"`
 	SluiceSendmsg4      *ebpf.ProgramSpec `ebpf:"sluice_sendmsg4"`
+	SluiceSockExplain   *ebpf.ProgramSpec `ebpf:"sluice_sock_explain"`
 }
 
 // sockMapSpecs contains maps before they are loaded into the kernel.
@@ -465,6 +492,7 @@ type sockMapSpecs struct {
 	SluiceServicesV1        *ebpf.MapSpec `ebpf:"sluice_services_v1"`
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
 	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
+	SluiceSockxV1           *ebpf.MapSpec `ebpf:"sluice_sockx_v1"`
 	SluiceSrcRangesV1       *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
 	SluiceSvcStatsV1        *ebpf.MapSpec `ebpf:"sluice_svc_stats_v1"`
 	SluiceUdpStickV1        *ebpf.MapSpec `ebpf:"sluice_udp_stick_v1"`
@@ -522,6 +550,7 @@ type sockMaps struct {
 	SluiceServicesV1        *ebpf.Map `ebpf:"sluice_services_v1"`
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
 	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
+	SluiceSockxV1           *ebpf.Map `ebpf:"sluice_sockx_v1"`
 	SluiceSrcRangesV1       *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
 	SluiceSvcStatsV1        *ebpf.Map `ebpf:"sluice_svc_stats_v1"`
 	SluiceUdpStickV1        *ebpf.Map `ebpf:"sluice_udp_stick_v1"`
@@ -545,6 +574,7 @@ func (m *sockMaps) Close() error {
 		m.SluiceServicesV1,
 		m.SluiceSessionAffinityV1,
 		m.SluiceSockRevV1,
+		m.SluiceSockxV1,
 		m.SluiceSrcRangesV1,
 		m.SluiceSvcStatsV1,
 		m.SluiceUdpStickV1,
@@ -577,6 +607,7 @@ type sockPrograms struct {
 	SluiceGetpeername4  *ebpf.Program `ebpf:"sluice_getpeername4"`
 	SluiceRecvmsg4      *ebpf.Program `ebpf:"sluice_recvmsg4"`
 	SluiceSendmsg4      *ebpf.Program `ebpf:"sluice_sendmsg4"`
+	SluiceSockExplain   *ebpf.Program `ebpf:"sluice_sock_explain"`
 }
 
 func (p *sockPrograms) Close() error {
@@ -587,6 +618,7 @@ func (p *sockPrograms) Close() error {
 		p.SluiceGetpeername4,
 		p.SluiceRecvmsg4,
 		p.SluiceSendmsg4,
+		p.SluiceSockExplain,
 	)
 }
 

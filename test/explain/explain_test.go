@@ -265,3 +265,67 @@ func TestExplainMatchesRealConnections(t *testing.T) {
 		t.Fatalf("connection from outside the source ranges: %v, want a timeout (explain said drop)", err)
 	}
 }
+
+// TestExplainSocket asks the socket path (sluicectl explain --socket: its
+// dry run, loaded by sluicectl against the agent's pins) what a connect
+// from the node would do. pkg/datapath compares its answers with real
+// connects from a cgroup; here it runs against a live agent's pins,
+// through the real binary, and changes no pinned map.
+func TestExplainSocket(t *testing.T) {
+	e := setup(t)
+	run := func(args ...string) []byte {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		defer cancel()
+		args = append([]string{"--bpffs", e.agent.BPFFS, "--names-file", e.agent.NamesFile, "explain", "--socket"}, args...)
+		out, err := e.agent.NS.Command(ctx, e.agent.Bin.Sluicectl, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("sluicectl %v: %v: %s", args, err, out)
+		}
+		t.Logf("sluicectl %v:\n%s", args, out)
+		return out
+	}
+	type socketExplained struct {
+		explained
+		Socket bool   `json:"socket"`
+		Errno  string `json:"errno"`
+	}
+	runJSON := func(args ...string) socketExplained {
+		t.Helper()
+		var x socketExplained
+		out := run(append(args, "-o", "json")...)
+		if err := json.Unmarshal(out, &x); err != nil {
+			t.Fatalf("sluicectl explain --socket output: %v\n%s", err, out)
+		}
+		return x
+	}
+	before := e.dumpPins(t)
+
+	table := run("--to", affineVIP)
+	for _, want := range []string{"sluice_sock_explain", "connect4", "default/affine:http", "CANDIDATES", "VERDICT"} {
+		if !strings.Contains(string(table), want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+	x := runJSON("--to", affineVIP)
+	if !x.Socket || x.Service != "default/affine:http" || len(x.Candidates) != 3 || x.Verdict != "connect to backend" || e.backends[x.Backend] == "" {
+		t.Fatalf("affine service: %+v", x)
+	}
+	x = runJSON("--to", emptyVIP)
+	if x.Service != "default/empty:http" || x.Verdict != "reject" || x.Errno != "ECONNREFUSED" || x.Backend != "" ||
+		!strings.HasPrefix(x.Reason, "sock_no_backend") {
+		t.Fatalf("empty service: %+v", x)
+	}
+	run("--to", emptyVIP)
+	x = runJSON("--from", clientAddr, "--to", blockedLB)
+	if x.Service != "default/guarded:http" || x.Verdict != "drop" || x.Errno != "EHOSTUNREACH" || !strings.HasPrefix(x.Reason, "sock_drop") {
+		t.Fatalf("blocked source: %+v", x)
+	}
+
+	after := e.dumpPins(t)
+	for name := range before {
+		if before[name] != after[name] {
+			t.Errorf("explain --socket changed pinned map %s", name)
+		}
+	}
+}

@@ -1,0 +1,260 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// ExplainSocket asks the socket path what its connect4 (or sendmsg4)
+// program would do for a socket of this node. A cgroup sock_addr program
+// cannot be run by BPF_PROG_TEST_RUN, nor can a syscall program read the
+// LPM tries the selection reads (sleepable programs may not), so sock.c
+// has a raw tracepoint program, sluice_sock_explain, attached to nothing,
+// that calls the same selection code (bpf/lib/socklb.h) in a dry-run mode
+// writing nothing but its own record map. The agent never loads it:
+// ExplainSocket loads it from this build's copy of the socket object
+// against the maps the agent pinned, runs it once and closes it. So any
+// agent whose pinned layouts this build reads can be asked, without an
+// agent upgrade or a program left in the kernel; the cost is that the
+// program's load-time constants are this load's, which is why the
+// caller's source address is passed in (node_ip4 is the only one the
+// selection reads).
+
+// The dry-run program of the socket path and its record (sock.c).
+const (
+	sockExplainProg = "sluice_sock_explain"
+	sockExplainMap  = "sluice_sockx_v1"
+)
+
+// SocketExplainRequest is the socket to explain.
+type SocketExplainRequest struct {
+	// From is the socket's source address. Unset: the one the route to
+	// To picks (an unbound socket's, as the kernel would choose it).
+	From  netip.Addr
+	To    netip.AddrPort
+	Proto uint8 // unix.IPPROTO_TCP or unix.IPPROTO_UDP
+	// Unconnected asks about sendmsg4 of an unconnected UDP socket (a
+	// new one: no stickiness entry yet) rather than connect4.
+	Unconnected bool
+}
+
+// ExplainSocket runs the request through the socket path's selection in
+// dry-run mode against the maps pinned under bpffs/sluice. The client is
+// the calling thread's network namespace (the socket path's client of
+// session affinity).
+func ExplainSocket(bpffs string, req SocketExplainRequest) (*Explanation, error) {
+	if !req.To.Addr().Is4() || (req.From.IsValid() && !req.From.Is4()) {
+		return nil, errors.New("explain: IPv4 addresses only")
+	}
+	if req.Proto != unix.IPPROTO_TCP && req.Proto != unix.IPPROTO_UDP {
+		return nil, fmt.Errorf("explain: protocol %d: want TCP or UDP", req.Proto)
+	}
+	if req.Unconnected && req.Proto != unix.IPPROTO_UDP {
+		return nil, errors.New("explain: an unconnected socket is UDP")
+	}
+	if bpffs == "" {
+		bpffs = DefaultBPFFS
+	}
+	netns, err := threadNetnsCookie()
+	if err != nil {
+		return nil, err
+	}
+	src := req.From
+	if !src.IsValid() {
+		src = routeSource(req.To.Addr())
+	}
+	coll, err := loadSockExplain(filepath.Join(bpffs, "sluice"))
+	if err != nil {
+		return nil, err
+	}
+	defer coll.Close()
+	prog, rec := coll.Programs[sockExplainProg], coll.Maps[sockExplainMap]
+	if prog == nil || rec == nil {
+		return nil, fmt.Errorf("load %s: program or %s missing", sockExplainProg, sockExplainMap)
+	}
+
+	var s uint32
+	if src.IsValid() {
+		s = be32(src)
+	}
+	var sticky uint64
+	if req.Unconnected {
+		sticky = 1
+	}
+	// The arguments as sock.c reads them, in host order: an address or
+	// port in network order is the value be32/be16 give.
+	args := []uint64{
+		netns, 0,
+		uint64(s) | uint64(be32(req.To.Addr()))<<32,
+		uint64(be16(req.To.Port())) | uint64(req.Proto)<<16 | sticky<<24,
+	}
+	cpu, err := firstCPU()
+	if err != nil {
+		return nil, err
+	}
+	// The record map is this load's own: no other run writes it, so
+	// running on a chosen CPU and reading that CPU's record is enough.
+	if _, err := prog.Run(&ebpf.RunOptions{Context: args, Flags: unix.BPF_F_TEST_RUN_ON_CPU, CPU: uint32(cpu)}); err != nil {
+		return nil, fmt.Errorf("run %s: %w", sockExplainProg, err)
+	}
+	var vals []sockSockExplainCtx
+	if err := rec.Lookup(uint32(0), &vals); err != nil {
+		return nil, fmt.Errorf("read %s: %w", sockExplainMap, err)
+	}
+	if cpu >= len(vals) {
+		return nil, fmt.Errorf("read %s: no record for CPU %d", sockExplainMap, cpu)
+	}
+	out := vals[cpu]
+	if out.Flags&uint32(sockExplainFlagsEXPLAIN_F_DRY) == 0 {
+		return nil, fmt.Errorf("%s left no record on CPU %d", sockExplainProg, cpu)
+	}
+	e := sockExplanation(out)
+	e.Program = sockExplainProg
+	return e, nil
+}
+
+// loadSockExplain loads the dry-run program with the maps it reads
+// replaced by the pins under dir (sized as the agent made them); its
+// record map and .rodata are its own.
+func loadSockExplain(dir string) (*ebpf.Collection, error) {
+	spec, err := loadSock()
+	if err != nil {
+		return nil, err
+	}
+	ps := spec.Programs[sockExplainProg]
+	if ps == nil {
+		return nil, fmt.Errorf("program %s missing from the socket object", sockExplainProg)
+	}
+	cs := &ebpf.CollectionSpec{
+		Maps:     map[string]*ebpf.MapSpec{},
+		Programs: map[string]*ebpf.ProgramSpec{sockExplainProg: ps},
+		Types:    spec.Types,
+	}
+	repl := map[string]*ebpf.Map{}
+	closeAll := func() {
+		for _, m := range repl {
+			m.Close()
+		}
+	}
+	for _, ins := range ps.Instructions {
+		name := ins.Reference()
+		ms, ok := spec.Maps[name]
+		if !ok || cs.Maps[name] != nil {
+			continue
+		}
+		ms = ms.Copy()
+		cs.Maps[name] = ms
+		if ms.Pinning != ebpf.PinByName {
+			continue // the record map, .rodata: this load's own
+		}
+		m, err := openPinnedMap(dir, name, ms)
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("the socket path's maps: %w", err)
+		}
+		repl[name] = m
+		info, err := m.Info()
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("info of pinned map %s: %w", name, err)
+		}
+		ms.MaxEntries = info.MaxEntries
+		ms.Pinning = ebpf.PinNone
+	}
+	defer closeAll()
+	coll, err := ebpf.NewCollectionWithOptions(cs, ebpf.CollectionOptions{MapReplacements: repl})
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", sockExplainProg, verifierDetail(err))
+	}
+	return coll, nil
+}
+
+// firstCPU is the first CPU the calling thread may run on (one that is
+// online).
+func firstCPU() (int, error) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return 0, fmt.Errorf("get CPU affinity: %w", err)
+	}
+	for i := range 8 * 1024 {
+		if set.IsSet(i) {
+			return i, nil
+		}
+	}
+	return 0, errors.New("get CPU affinity: no CPU")
+}
+
+// threadNetnsCookie is the cookie of the calling thread's network namespace
+// (SO_NETNS_COOKIE, Linux 5.14), the socket path's client key.
+func threadNetnsCookie() (uint64, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("netns cookie: socket: %w", err)
+	}
+	// A socket only read from: closing it cannot lose anything.
+	defer func() { _ = unix.Close(fd) }()
+	c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if err != nil {
+		return 0, fmt.Errorf("netns cookie: %w", err)
+	}
+	return c, nil
+}
+
+// routeSource is the source address the route to dst picks (the zero
+// Addr if none).
+func routeSource(dst netip.Addr) netip.Addr {
+	routes, err := netlink.RouteGet(dst.AsSlice())
+	if err != nil || len(routes) == 0 {
+		return netip.Addr{}
+	}
+	a, ok := netip.AddrFromSlice(routes[0].Src)
+	if !ok {
+		return netip.Addr{}
+	}
+	return a.Unmap()
+}
+
+// sockExplanation turns the dry run's context into an Explanation.
+func sockExplanation(x sockSockExplainCtx) *Explanation {
+	has := func(f sockExplainFlags) bool { return x.Flags&uint32(f) != 0 }
+	e := &Explanation{Reasons: []string{}, Socket: true}
+	if names := metricNames(); int(x.Reason) < len(names) {
+		e.Reasons = append(e.Reasons, names[x.Reason])
+	}
+	e.Frontend = has(sockExplainFlagsEXPLAIN_F_FRONTEND)
+	if e.Frontend {
+		e.FrontendAddr = netip.AddrPortFrom(addrFromBE32(x.Vip), portFromBE16(x.Port))
+		e.SvcFlags = x.SvcFlags
+	}
+	if has(sockExplainFlagsEXPLAIN_F_SCOPE) {
+		e.Scoped = true
+		e.Scope, e.ScopeCount, e.ServiceID = x.Scope, x.Count, x.RevNatId
+	}
+	e.AffinityHit = has(sockExplainFlagsEXPLAIN_F_AFFINITY_HIT)
+	e.StickyHit = has(sockExplainFlagsEXPLAIN_F_STICKY_HIT)
+	e.NewFlow = has(sockExplainFlagsEXPLAIN_F_NEW_FLOW)
+	if has(sockExplainFlagsEXPLAIN_F_DNAT) {
+		e.DNAT = true
+		e.BackendID, e.Slot = x.BackendId, x.Slot
+		e.Backend = netip.AddrPortFrom(addrFromBE32(x.BeAddr), portFromBE16(x.BePort))
+	}
+	switch {
+	case x.Err == -int32(unix.ECONNREFUSED):
+		e.Verdict, e.Errno = "reject", "ECONNREFUSED"
+	case x.Err == -int32(unix.EHOSTUNREACH):
+		e.Verdict, e.Errno = "drop", "EHOSTUNREACH"
+	case x.Err != 0:
+		e.Verdict, e.Errno = "refuse", unix.ErrnoName(unix.Errno(-x.Err))
+	case e.DNAT:
+		e.Verdict = "connect to backend"
+	default:
+		e.Verdict = "pass"
+	}
+	return e
+}
