@@ -368,15 +368,11 @@ func conntrackFilterFlags(fs *flag.FlagSet) (*conntrackFilter, func(*ctx) error)
 			return fmt.Errorf("--port %d: out of range", *port)
 		}
 		f.port = uint16(*port)
-		switch strings.ToLower(*proto) {
-		case "":
-		case "tcp":
-			f.proto = model.TCP
-		case "udp":
-			f.proto = model.UDP
-		default:
-			return fmt.Errorf("--proto %q: want tcp or udp", *proto)
+		p, err := parseProto(*proto)
+		if err != nil {
+			return err
 		}
+		f.proto = p
 		if *service != "" && !strings.Contains(*service, "/") {
 			return fmt.Errorf("--service %q: want NAMESPACE/NAME[:PORT]", *service)
 		}
@@ -804,4 +800,18 @@ func mapKeys[K comparable, V any](m map[K]V) func(yield func(K) bool) {
 			}
 		}
 	}
+}
+
+// parseProto reads a --proto flag: tcp or udp in any case, or "" for
+// none (0).
+func parseProto(s string) (model.Protocol, error) {
+	switch strings.ToLower(s) {
+	case "":
+		return 0, nil
+	case "tcp":
+		return model.TCP, nil
+	case "udp":
+		return model.UDP, nil
+	}
+	return 0, fmt.Errorf("--proto %q: want tcp or udp", s)
 }

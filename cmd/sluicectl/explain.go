@@ -163,14 +163,11 @@ func explainRequest(dev, from, to, proto string, egress bool) (datapath.ExplainR
 	if dev == "" || from == "" || to == "" {
 		return req, errors.New("--device, --from and --to are required")
 	}
-	switch strings.ToLower(proto) {
-	case "tcp":
-		req.Proto = unix.IPPROTO_TCP
-	case "udp":
-		req.Proto = unix.IPPROTO_UDP
-	default:
+	p, err := parseProto(proto)
+	if err != nil || p == 0 {
 		return req, fmt.Errorf("--proto %q: want tcp or udp", proto)
 	}
+	req.Proto = uint8(p) // model's protocols are the IP protocol numbers
 	if ap, err := netip.ParseAddrPort(from); err == nil {
 		req.From = ap
 	} else if a, err2 := netip.ParseAddr(from); err2 == nil {
@@ -195,14 +192,11 @@ func socketRequest(from, to, proto string, unconnected bool) (datapath.SocketExp
 	if to == "" {
 		return req, errors.New("--to is required")
 	}
-	switch strings.ToLower(proto) {
-	case "tcp":
-		req.Proto = unix.IPPROTO_TCP
-	case "udp":
-		req.Proto = unix.IPPROTO_UDP
-	default:
+	p, err := parseProto(proto)
+	if err != nil || p == 0 {
 		return req, fmt.Errorf("--proto %q: want tcp or udp", proto)
 	}
+	req.Proto = uint8(p) // model's protocols are the IP protocol numbers
 	if unconnected && req.Proto != unix.IPPROTO_UDP {
 		return req, errors.New("--unconnected is a UDP socket's: add --proto udp")
 	}
