@@ -114,28 +114,32 @@ type fdConn int
 func (f fdConn) Read(p []byte) (int, error) { return unix.Read(int(f), p) }
 func (f fdConn) Close() error               { return unix.Close(int(f)) }
 
+// applySockAffinity programs the TCP (sockAffVIP) and UDP (sockAffUDP)
+// affinity Services of the socket tests with backends bes.
+func applySockAffinity(t *testing.T, r *reconciler.Reconciler, bes ...string) {
+	t.Helper()
+	var tcp, udp []model.L4Addr
+	for _, b := range bes {
+		tcp = append(tcp, l4(b, 8080, model.TCP))
+		udp = append(udp, l4(b, 5353, model.UDP))
+	}
+	st := model.NewState()
+	for _, s := range []*model.Service{affinityService(sockAffVIP, time.Hour, tcp...), affinityService(sockAffUDP, time.Hour, udp...)} {
+		s.Backends = model.SortBackends(s.Backends)
+		st.Services[s.Frontend] = s
+	}
+	if err := r.Apply(st); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestSockAffinity(t *testing.T) {
 	d := newTestDatapath(t)
 	joinSockCgroup(t, d)
 	nsA, nsB := affinityNS(t, "affa"), affinityNS(t, "affb")
 
 	r := reconciler.New(d.Maps(), nil)
-	apply := func(bes ...string) {
-		t.Helper()
-		var tcp, udp []model.L4Addr
-		for _, b := range bes {
-			tcp = append(tcp, l4(b, 8080, model.TCP))
-			udp = append(udp, l4(b, 5353, model.UDP))
-		}
-		st := model.NewState()
-		for _, s := range []*model.Service{affinityService(sockAffVIP, time.Hour, tcp...), affinityService(sockAffUDP, time.Hour, udp...)} {
-			s.Backends = model.SortBackends(s.Backends)
-			st.Services[s.Frontend] = s
-		}
-		if err := r.Apply(st); err != nil {
-			t.Fatal(err)
-		}
-	}
+	apply := func(bes ...string) { applySockAffinity(t, r, bes...) }
 	apply(sockAffBEs...)
 
 	// sticky: every connection from one namespace reaches one backend.

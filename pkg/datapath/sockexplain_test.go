@@ -5,12 +5,10 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
-	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
@@ -45,22 +43,7 @@ func TestSockExplain(t *testing.T) {
 	joinSockCgroup(t, d)
 	nsA, nsB := affinityNS(t, "sxa"), affinityNS(t, "sxb")
 	r := reconciler.New(d.Maps(), nil)
-	apply := func(bes ...string) {
-		t.Helper()
-		var tcp, udp []model.L4Addr
-		for _, b := range bes {
-			tcp = append(tcp, l4(b, 8080, model.TCP))
-			udp = append(udp, l4(b, 5353, model.UDP))
-		}
-		st := model.NewState()
-		for _, s := range []*model.Service{affinityService(sockAffVIP, time.Hour, tcp...), affinityService(sockAffUDP, time.Hour, udp...)} {
-			s.Backends = model.SortBackends(s.Backends)
-			st.Services[s.Frontend] = s
-		}
-		if err := r.Apply(st); err != nil {
-			t.Fatal(err)
-		}
-	}
+	apply := func(bes ...string) { applySockAffinity(t, r, bes...) }
 	apply(sockAffBEs...)
 	tcpReq := SocketExplainRequest{To: netip.AddrPortFrom(sockAffVIP.Addr, sockAffVIP.Port), Proto: unix.IPPROTO_TCP}
 
