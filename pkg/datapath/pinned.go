@@ -55,21 +55,22 @@ func OpenPinned(bpffs string) (*Pinned, error) {
 		}
 		*x.m = m
 	}
-	m, err := openPinnedMap(dir, mapServiceIPs, spec.Maps[mapServiceIPs])
-	switch {
-	case err == nil:
-		p.serviceIPs = m
-	case !errors.Is(err, os.ErrNotExist):
-		p.Close()
-		return nil, err
-	}
-	m, err = openPinnedMap(dir, mapSvcStats, spec.Maps[mapSvcStats])
-	switch {
-	case err == nil:
-		p.svcStats = m
-	case !errors.Is(err, os.ErrNotExist):
-		p.Close()
-		return nil, err
+	// Maps an agent of an earlier release did not pin: left nil.
+	for _, x := range []struct {
+		name string
+		m    **ebpf.Map
+	}{
+		{mapServiceIPs, &p.serviceIPs},
+		{mapSvcStats, &p.svcStats},
+	} {
+		m, err := openPinnedMap(dir, x.name, spec.Maps[x.name])
+		switch {
+		case err == nil:
+			*x.m = m
+		case !errors.Is(err, os.ErrNotExist):
+			p.Close()
+			return nil, err
+		}
 	}
 	info, err := p.metrics.Info()
 	if err != nil {
