@@ -16,95 +16,58 @@
  * In flush mode the pass forgets the flows of the backends in
  * sluice_ct_flush, in both conntrack maps, in one pass for all of them.
  *
+ * A run covers one family's maps (ct_gc_args.family): the IPv4 ones, or
+ * the IPv6 ones (sluice6_conntrack_v1, sluice6_ct_new_v1,
+ * sluice6_ct_flush_v1), with the same code (ctgc_fam.h).
+ *
  * sluice_aff_fix does the same kind of upkeep for session affinity
  * (lib/affinity.h): the entries of backends that left a frontend, or moved
- * to another of its slots, are deleted or moved in one pass.
+ * to another of its slots, are deleted or moved in one pass;
+ * sluice_aff_fix6 for IPv6 frontends.
  */
 #include "lib/consts.h"
 #include "lib/config.h"
 #include "lib/maps.h"
 #include "lib/conntrack.h"
 
-static long ct_gc_one(void *map, const struct ct4_key *key, struct ct4_entry *e,
-		      struct ct_gc_args *a)
-{
-	__u64 seen = READ_ONCE(e->expires);
-	struct ct4_key pkey;
+/* The flush sets of each family, for ctgc_fam.h. */
+#define ct_backend_key_t_4 struct ct_backend_key
+#define ct_backend_key_t_6 struct ct6_backend_key
+#define ct_flush_map_4	   sluice_ct_flush_v1
+#define ct_flush_map_6	   sluice6_ct_flush_v1
 
-	if (ct_alive(seen, a->now)) {
-		a->live++;
-		if (!(READ_ONCE(e->flags) & CT_F_REPLIED))
-			a->pending++;
-		return 0;
-	}
-	if (ct_peer(key, e, a->now, &pkey)) {
-		a->kept++;
-		a->live++;
-		return 0;
-	}
-	if (ct_reap(CT_EST, key, e, seen))
-		a->deleted++;
-	else
-		a->claimed++;
-	return 0;
-}
+#define LB_FAMILY 4
+#include "lib/ctgc_fam.h"
+#undef LB_FAMILY
+#define LB_FAMILY 6
+#include "lib/ctgc_fam.h"
+#undef LB_FAMILY
 
-/* ct_flush_one - forget @e if it is a flow of a backend in sluice_ct_flush. */
-static __always_inline long ct_flush_one(void *map, const struct ct4_key *key,
-					 struct ct4_entry *e,
-					 struct ct_gc_args *a)
-{
-	struct ct_backend_key b = { .proto = key->proto };
-
-	if (key->dir == CT_FORWARD) {
-		b.addr = e->nat_addr;
-		b.port = e->nat_port;
-	} else {
-		b.addr = key->saddr;
-		b.port = key->sport;
-	}
-	if (!bpf_map_lookup_elem(&sluice_ct_flush_v1, &b))
-		return 0;
-	if (ct_reap_now(map, key, e))
-		a->deleted++;
-	return 0;
-}
-
-static long ct_flush_est(void *map, const struct ct4_key *key,
-			 struct ct4_entry *e, struct ct_gc_args *a)
-{
-	return ct_flush_one(CT_EST, key, e, a);
-}
-
-static long ct_flush_new(void *map, const struct ct4_key *key,
-			 struct ct4_entry *e, struct ct_gc_args *a)
-{
-	return ct_flush_one(CT_NEW, key, e, a);
-}
-
+/* sluice_ct_gc - one pass over the conntrack maps of args->family. */
 SEC("syscall")
 int sluice_ct_gc(struct ct_gc_args *args)
 {
 	struct ct_gc_args a = {
 		.flush = args->flush,
+		.family = args->family,
 		.now = bpf_ktime_get_ns(),
 	};
 
-	if (a.flush) {
-		bpf_for_each_map_elem(CT_EST, ct_flush_est, &a, 0);
-		bpf_for_each_map_elem(CT_NEW, ct_flush_new, &a, 0);
-	} else {
-		bpf_for_each_map_elem(CT_EST, ct_gc_one, &a, 0);
-	}
+	if (a.family == 6)
+		ct_gc_run6(&a);
+	else
+		ct_gc_run(&a);
 	*args = a;
 	return 0;
 }
 
 /*
- * aff_fix_one - apply sluice_aff_fix to the session affinity entry @a of
- * a frontend (under @key): move it to the slot its backend now has, or
- * delete it (the backend left the frontend, or the frontend its
- * affinity).
+ * aff_fix_apply - apply the fixes in @fixes to the session affinity entry
+ * under @key in @map: move it to the slot its backend now has (into
+ * @slot_out), or delete it (the backend left the frontend, or the
+ * frontend its affinity). @fk is the entry's fix key (its master and
+ * backend id), whose backend id @fk_backend is cleared to look up the
+ * fix of every backend.
  *
  * A move writes the slot in place: a reader that sees the new slot with
  * the old backend, or the other way round, finds them not to belong
@@ -112,6 +75,30 @@ int sluice_ct_gc(struct ct_gc_args *args)
  * entry meanwhile (a fresh selection) may lose its entry to a delete:
  * that client selects again once.
  */
+static __always_inline long aff_fix_apply(void *fixes, void *fk,
+					  __u32 *fk_backend, __u16 *slot_out,
+					  void *map, const void *key,
+					  struct affinity_fix_args *args)
+{
+	__u32 *slot = bpf_map_lookup_elem(fixes, fk);
+
+	if (!slot) {
+		*fk_backend = 0;
+		slot = bpf_map_lookup_elem(fixes, fk);
+		if (!slot)
+			return 0;
+	}
+	if (*slot && *fk_backend) {
+		*slot_out = (__u16)*slot;
+		args->moved++;
+		return 0;
+	}
+	if (!bpf_map_delete_elem(map, key))
+		args->deleted++;
+	return 0;
+}
+
+/* aff_fix_one - aff_fix_apply over sluice_session_affinity. */
 static long aff_fix_one(void *map, const struct lb4_affinity_key *key,
 			struct lb4_affinity *a, struct affinity_fix_args *args)
 {
@@ -119,22 +106,22 @@ static long aff_fix_one(void *map, const struct lb4_affinity_key *key,
 		.master = key->master,
 		.backend_id = READ_ONCE(a->backend_id),
 	};
-	__u32 *slot = bpf_map_lookup_elem(&sluice_aff_fix_v1, &fk);
 
-	if (!slot) {
-		fk.backend_id = 0;
-		slot = bpf_map_lookup_elem(&sluice_aff_fix_v1, &fk);
-		if (!slot)
-			return 0;
-	}
-	if (*slot && fk.backend_id) {
-		a->slot = (__u16)*slot;
-		args->moved++;
-		return 0;
-	}
-	if (!bpf_map_delete_elem(map, key))
-		args->deleted++;
-	return 0;
+	return aff_fix_apply(&sluice_aff_fix_v1, &fk, &fk.backend_id, &a->slot,
+			     map, key, args);
+}
+
+/* aff_fix6_one - aff_fix_apply over sluice6_affinity. */
+static long aff_fix6_one(void *map, const struct lb6_affinity_key *key,
+			 struct lb6_affinity *a, struct affinity_fix_args *args)
+{
+	struct affinity_fix6_key fk = {
+		.master = key->master,
+		.backend_id = READ_ONCE(a->backend_id),
+	};
+
+	return aff_fix_apply(&sluice6_aff_fix_v1, &fk, &fk.backend_id, &a->slot,
+			     map, key, args);
 }
 
 /*
@@ -150,6 +137,17 @@ int sluice_aff_fix(struct affinity_fix_args *args)
 	struct affinity_fix_args a = {};
 
 	bpf_for_each_map_elem(&sluice_session_affinity_v1, aff_fix_one, &a, 0);
+	*args = a;
+	return 0;
+}
+
+/* sluice_aff_fix6 - sluice_aff_fix for IPv6 frontends (sluice6_affinity). */
+SEC("syscall")
+int sluice_aff_fix6(struct affinity_fix_args *args)
+{
+	struct affinity_fix_args a = {};
+
+	bpf_for_each_map_elem(&sluice6_affinity_v1, aff_fix6_one, &a, 0);
 	*args = a;
 	return 0;
 }

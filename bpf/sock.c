@@ -33,6 +33,10 @@
  * twin without the call, refusing either way with the kernel's plain
  * EPERM: the agent probes the helper and loads one of the two
  * (pkg/datapath), so the kernel never sees a call it does not know.
+ *
+ * IPv6 sockets have the same hooks (connect6 ... getpeername6), over the
+ * sluice6_* maps, with the same code (lib/socklb_fam.h); an unbound one's
+ * source is the node's primary IPv6 address (node_ip6).
  */
 #include "lib/consts.h"
 #include "lib/config.h"
@@ -62,73 +66,143 @@ static __always_inline __be32 sock4_src(struct bpf_sock_addr *ctx)
 }
 
 /*
- * sock4_xlate_fwd - rewrite a VIP destination of @ctx to a backend
- * (sock4_select, lib/socklb.h).
+ * sock4_ctx_fwd - rewrite a VIP destination of @ctx to a backend
+ * (sock4_xlate_fwd of lib/socklb_fam.h).
  * @sticky: keep the socket's previous backend (per-datagram sendmsg4).
  *
  * Returns 0 (translated or not a service), -ECONNREFUSED or -EHOSTUNREACH
  * (sock4_lookup).
  */
-static __always_inline int sock4_xlate_fwd(struct bpf_sock_addr *ctx,
-					   bool sticky)
+static __always_inline int sock4_ctx_fwd(struct bpf_sock_addr *ctx, bool sticky)
 {
 	__u8 proto = ctx->protocol;
-	__be32 vip = ctx->user_ip4;
+	__be32 addr = ctx->user_ip4;
 	__be16 port = (__be16)ctx->user_port;
-	struct lb4_service *svc = NULL;
-	struct lb4_backend *be = NULL;
-	struct sock_rev_key rkey = {};
-	struct sock_rev_entry rval = {};
 	int ret;
 
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return 0;
-	ret = sock4_select(vip, port, proto, sock4_src(ctx),
-			   bpf_get_netns_cookie(ctx),
-			   bpf_get_socket_cookie(ctx), sticky, NULL, &svc, &be);
-	if (ret <= 0 || !svc || !be)
+	ret = sock4_xlate_fwd(ctx, &addr, &port, proto, sock4_src(ctx), sticky);
+	if (ret <= 0)
 		return ret;
-
-	rkey.cookie = bpf_get_socket_cookie(ctx);
-	rkey.addr = be->addr;
-	rkey.port = be->port;
-	rval.vip = vip;
-	rval.port = port;
-	rval.rev_nat_id = svc->rev_nat_id;
-	/* If this fails the socket still works; only its peer name shows
-	 * the backend.
-	 */
-	bpf_map_update_elem(&sluice_sock_rev_v1, &rkey, &rval, BPF_ANY);
-
-	ctx->user_ip4 = be->addr;
-	ctx->user_port = (__u32)be->port;
-	metric_inc(METRIC_SOCK_XLATE);
-	svc_count(svc->rev_nat_id, SVC_EV_FLOW, 0);
+	ctx->user_ip4 = addr;
+	ctx->user_port = (__u32)port;
 	return 0;
 }
 
-/* sock4_xlate_rev - show the VIP, not the backend the socket was sent to. */
-static __always_inline void sock4_xlate_rev(struct bpf_sock_addr *ctx)
+/* sock4_ctx_rev - show the VIP, not the backend the socket was sent to. */
+static __always_inline void sock4_ctx_rev(struct bpf_sock_addr *ctx)
 {
-	struct sock_rev_key key = {
-		.cookie = bpf_get_socket_cookie(ctx),
-		.addr = ctx->user_ip4,
-		.port = (__be16)ctx->user_port,
-	};
-	struct sock_rev_entry *e;
+	__be32 addr = ctx->user_ip4;
+	__be16 port = (__be16)ctx->user_port;
 
-	e = bpf_map_lookup_elem(&sluice_sock_rev_v1, &key);
-	if (!e)
+	if (!sock4_xlate_rev(ctx, &addr, &port))
 		return;
-	ctx->user_ip4 = e->vip;
-	ctx->user_port = (__u32)e->port;
-	metric_inc(METRIC_SOCK_REV_XLATE);
+	ctx->user_ip4 = addr;
+	ctx->user_port = (__u32)port;
+}
+
+/*
+ * The IPv6 hooks. A destination of the socket's own family goes through
+ * the IPv6 maps; an IPv4-mapped one (::ffff:a.b.c.d, a dual-stack socket
+ * reaching an IPv4 address) is an IPv4 destination and goes through the
+ * IPv4 maps and sluice_sock_rev_v1, the backend written back IPv4-mapped
+ * (Cilium's sock6_xlate_v4_in_v6): the service is the same whichever
+ * family of socket reaches it.
+ */
+
+/* sock6_ctx_addr - the address of @ctx (user_ip6, read word by word). */
+static __always_inline union v6addr sock6_ctx_addr(struct bpf_sock_addr *ctx)
+{
+	union v6addr a;
+
+	a.p[0] = ctx->user_ip6[0];
+	a.p[1] = ctx->user_ip6[1];
+	a.p[2] = ctx->user_ip6[2];
+	a.p[3] = ctx->user_ip6[3];
+	return a;
+}
+
+static __always_inline void sock6_ctx_set(struct bpf_sock_addr *ctx,
+					  const union v6addr *a, __be16 port)
+{
+	ctx->user_ip6[0] = a->p[0];
+	ctx->user_ip6[1] = a->p[1];
+	ctx->user_ip6[2] = a->p[2];
+	ctx->user_ip6[3] = a->p[3];
+	ctx->user_port = (__u32)port;
+}
+
+/* sock6_v4_mapped - whether @a is an IPv4-mapped address (::ffff:0:0/96). */
+static __always_inline bool sock6_v4_mapped(const union v6addr *a)
+{
+	return a->p[0] == 0 && a->p[1] == 0 && a->p[2] == bpf_htonl(0x0000ffff);
+}
+
+/* sock6_src - sock4_src for an IPv6 socket: its bound address, or
+ * unbound, the node's primary IPv6 address (node_ip6).
+ */
+static __always_inline union v6addr sock6_src(struct bpf_sock_addr *ctx)
+{
+	struct bpf_sock *sk = ctx->sk;
+	union v6addr src = {};
+
+	if (sk) {
+		src.p[0] = sk->src_ip6[0];
+		src.p[1] = sk->src_ip6[1];
+		src.p[2] = sk->src_ip6[2];
+		src.p[3] = sk->src_ip6[3];
+	}
+	if (!(src.p[0] | src.p[1] | src.p[2] | src.p[3])) {
+		src.p[0] = node_ip6.p[0];
+		src.p[1] = node_ip6.p[1];
+		src.p[2] = node_ip6.p[2];
+		src.p[3] = node_ip6.p[3];
+	}
+	return src;
+}
+
+/* sock6_ctx_fwd - sock4_ctx_fwd for connect6 and sendmsg6. */
+static __always_inline int sock6_ctx_fwd(struct bpf_sock_addr *ctx, bool sticky)
+{
+	__u8 proto = ctx->protocol;
+	union v6addr addr = sock6_ctx_addr(ctx);
+	__be16 port = (__be16)ctx->user_port;
+	int ret;
+
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
+		return 0;
+	if (sock6_v4_mapped(&addr))
+		ret = sock4_xlate_fwd(ctx, &addr.p[3], &port, proto,
+				      sock4_src(ctx), sticky);
+	else
+		ret = sock6_xlate_fwd(ctx, &addr, &port, proto, sock6_src(ctx),
+				      sticky);
+	if (ret <= 0)
+		return ret;
+	sock6_ctx_set(ctx, &addr, port);
+	return 0;
+}
+
+/* sock6_ctx_rev - sock4_ctx_rev for recvmsg6 and getpeername6. */
+static __always_inline void sock6_ctx_rev(struct bpf_sock_addr *ctx)
+{
+	union v6addr addr = sock6_ctx_addr(ctx);
+	__be16 port = (__be16)ctx->user_port;
+	bool found;
+
+	if (sock6_v4_mapped(&addr))
+		found = sock4_xlate_rev(ctx, &addr.p[3], &port);
+	else
+		found = sock6_xlate_rev(ctx, &addr, &port);
+	if (found)
+		sock6_ctx_set(ctx, &addr, port);
 }
 
 SEC("cgroup/connect4")
 int sluice_connect4(struct bpf_sock_addr *ctx)
 {
-	int err = sock4_xlate_fwd(ctx, false);
+	int err = sock4_ctx_fwd(ctx, false);
 
 	if (err < 0) {
 		bpf_set_retval(err);
@@ -141,13 +215,13 @@ int sluice_connect4(struct bpf_sock_addr *ctx)
 SEC("cgroup/connect4")
 int sluice_eperm_connect4(struct bpf_sock_addr *ctx)
 {
-	return sock4_xlate_fwd(ctx, false) < 0 ? SYS_REJECT : SYS_PROCEED;
+	return sock4_ctx_fwd(ctx, false) < 0 ? SYS_REJECT : SYS_PROCEED;
 }
 
 SEC("cgroup/sendmsg4")
 int sluice_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	int err = sock4_xlate_fwd(ctx, true);
+	int err = sock4_ctx_fwd(ctx, true);
 
 	if (err < 0) {
 		bpf_set_retval(err);
@@ -160,20 +234,72 @@ int sluice_sendmsg4(struct bpf_sock_addr *ctx)
 SEC("cgroup/sendmsg4")
 int sluice_eperm_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	return sock4_xlate_fwd(ctx, true) < 0 ? SYS_REJECT : SYS_PROCEED;
+	return sock4_ctx_fwd(ctx, true) < 0 ? SYS_REJECT : SYS_PROCEED;
 }
 
 SEC("cgroup/recvmsg4")
 int sluice_recvmsg4(struct bpf_sock_addr *ctx)
 {
-	sock4_xlate_rev(ctx);
+	sock4_ctx_rev(ctx);
 	return SYS_PROCEED;
 }
 
 SEC("cgroup/getpeername4")
 int sluice_getpeername4(struct bpf_sock_addr *ctx)
 {
-	sock4_xlate_rev(ctx);
+	sock4_ctx_rev(ctx);
+	return SYS_PROCEED;
+}
+
+SEC("cgroup/connect6")
+int sluice_connect6(struct bpf_sock_addr *ctx)
+{
+	int err = sock6_ctx_fwd(ctx, false);
+
+	if (err < 0) {
+		bpf_set_retval(err);
+		return SYS_REJECT;
+	}
+	return SYS_PROCEED;
+}
+
+/* sluice_connect6 for kernels before 6.1: a refusal is EPERM. */
+SEC("cgroup/connect6")
+int sluice_eperm_connect6(struct bpf_sock_addr *ctx)
+{
+	return sock6_ctx_fwd(ctx, false) < 0 ? SYS_REJECT : SYS_PROCEED;
+}
+
+SEC("cgroup/sendmsg6")
+int sluice_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	int err = sock6_ctx_fwd(ctx, true);
+
+	if (err < 0) {
+		bpf_set_retval(err);
+		return SYS_REJECT;
+	}
+	return SYS_PROCEED;
+}
+
+/* sluice_sendmsg6 for kernels before 6.1: a refusal is EPERM. */
+SEC("cgroup/sendmsg6")
+int sluice_eperm_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return sock6_ctx_fwd(ctx, true) < 0 ? SYS_REJECT : SYS_PROCEED;
+}
+
+SEC("cgroup/recvmsg6")
+int sluice_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	sock6_ctx_rev(ctx);
+	return SYS_PROCEED;
+}
+
+SEC("cgroup/getpeername6")
+int sluice_getpeername6(struct bpf_sock_addr *ctx)
+{
+	sock6_ctx_rev(ctx);
 	return SYS_PROCEED;
 }
 

@@ -33,6 +33,9 @@
  * node (masqueraded) follows kube-proxy, with one deliberate deviation:
  * see lb4_masquerade.
  *
+ * IPv6 (tc6.h): ClusterIP frontends of the IPv6 maps, by programs of
+ * their own that the entries tail-call for an IPv6 packet.
+ *
  * Dry runs (explain.h): a packet BPF_PROG_TEST_RUN brings with the
  * dry-run mark is sent to the program's dry twin, the same code built to
  * write no map (no conntrack entry, SNAT port, affinity, fragment record
@@ -657,6 +660,9 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	return redirect_fib(skb, p, &x.fib);
 }
 
+/* The IPv6 path (sluice6_ingress, sluice6_egress below). */
+#include "lib/tc6.h"
+
 /*
  * tc_ingress and tc_egress are the programs' bodies, with pkt4.dry a
  * constant (@dry): the live programs are built with false, so the
@@ -711,6 +717,8 @@ int sluice_ingress(struct __sk_buff *skb)
 {
 	if (explain_mark(skb))
 		return explain_divert(skb, EXPLAIN_PROG_INGRESS);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return tc6_divert(skb, TC6_PROG_INGRESS);
 	return tc_ingress(skb, false);
 }
 
@@ -719,7 +727,22 @@ int sluice_egress(struct __sk_buff *skb)
 {
 	if (explain_mark(skb))
 		return explain_divert(skb, EXPLAIN_PROG_EGRESS);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return tc6_divert(skb, TC6_PROG_EGRESS);
 	return tc_egress(skb, false);
+}
+
+/* The IPv6 programs: never attached, only tail-called (tc6.h). */
+SEC("tc")
+int sluice6_ingress(struct __sk_buff *skb)
+{
+	return tc6_ingress(skb);
+}
+
+SEC("tc")
+int sluice6_egress(struct __sk_buff *skb)
+{
+	return tc6_egress(skb);
 }
 
 /* The dry twins: never attached, only tail-called (explain.h). */

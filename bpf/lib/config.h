@@ -9,6 +9,7 @@
 #define SLUICE_CONFIG_H
 
 #include "consts.h"
+#include "structs.h"
 
 /*
  * Conntrack idle timeouts. An entry idle for longer than its timeout is
@@ -42,6 +43,15 @@ volatile const __u16 snat_port_max = 65535;
 volatile const __be32 node_ip4 = 0;
 volatile const __u8 have_cluster_cidr = 0;
 volatile const __u8 masquerade_all = 0;
+
+/*
+ * The IPv6 family's node_ip4 and have_cluster_cidr: the node's primary
+ * IPv6 address (zero: none), and whether --cluster-cidr has an IPv6 CIDR
+ * (sluice6_node_cidrs holds it). have_cluster_cidr says the same of the
+ * IPv4 CIDRs.
+ */
+volatile const union v6addr node_ip6 = {};
+volatile const __u8 have_cluster_cidr6 = 0;
 
 /*
  * --service-metrics: count per Service (svcstats.h). A constant, so that

@@ -90,6 +90,58 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sluice_ct_flush_v1 SEC(".maps");
 
+/*
+ * IPv6 conntrack (tc.c), as sluice_conntrack_v2, sluice_ct_new_v1 and
+ * sluice_ct_flush_v1: keys struct ct6_key and struct ct6_backend_key,
+ * values struct ct6_entry; sized by Config.MaxConntrack and
+ * MaxConntrackNew like their IPv4 twins.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct ct6_key);
+	__type(value, struct ct6_entry);
+	__uint(max_entries, 262144);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice6_conntrack_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct6_key);
+	__type(value, struct ct6_entry);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice6_ct_new_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct ct6_backend_key);
+	__type(value, __u8);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice6_ct_flush_v1 SEC(".maps");
+
+/* Key: struct frag6_key. Value: struct frag4_ports. As sluice_fragments_v1. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct frag6_key);
+	__type(value, struct frag4_ports);
+	__uint(max_entries, 8192);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice6_fragments_v1 SEC(".maps");
+
+/*
+ * Key: __u32 slot (TC6_PROG_*). Value: a program. The IPv6 tc programs
+ * (tc6.h), which the IPv4 entries tail-call for an IPv6 packet; put there
+ * by the agent when it loads them. Not pinned, like sluice_dry_v1.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 2);
+} sluice6_tc_v1 SEC(".maps");
+
 /* Key: struct sock_rev_key. Value: struct sock_rev_entry. Socket programs. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -247,5 +299,102 @@ struct {
 	__type(value, __u32);
 	__uint(max_entries, 2);
 } sluice_dry_v1 SEC(".maps");
+
+/*
+ * IPv6 twins of the maps above (structs.h says how the families share
+ * ids). Sized by the agent like their IPv4 twins. The names start
+ * sluice6_ so that the kernel's 15 characters tell the families apart.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct lb6_key);
+	__type(value, struct lb4_service);
+	__uint(max_entries, 1 << 20);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice6_services_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct lb6_backend);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice6_backends_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct lb6_rev_nat);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice6_rev_nat_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, union v6addr);
+	__type(value, __u8);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice6_service_ips_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct src_range6_key);
+	__type(value, __u8);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice6_src_ranges_v1 SEC(".maps");
+
+/* Key: struct node_cidr6_key. Value: __u8 (1). The agent writes it at start. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct node_cidr6_key);
+	__type(value, __u8);
+	__uint(max_entries, 64);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice6_node_cidrs_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct lb6_affinity_key);
+	__type(value, struct lb6_affinity);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice6_affinity_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct affinity_fix6_key);
+	__type(value, __u32);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice6_aff_fix_v1 SEC(".maps");
+
+/*
+ * The IPv6 socket path's (sock.c), as sluice_sock_rev_v1 and
+ * sluice_udp_stick_v1: both sized by Config.MaxSockRev.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct sock6_rev_key);
+	__type(value, struct sock6_rev_entry);
+	__uint(max_entries, 262144);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice6_sock_rev_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct sock6_udp_stick_key);
+	__type(value, struct sock6_udp_stick);
+	__uint(max_entries, 262144);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice6_udp_stick_v1 SEC(".maps");
 
 #endif /* SLUICE_MAPS_H */

@@ -172,8 +172,8 @@ struct ct_backend_key {
 
 /* The context of sluice_ct_gc (BPF_PROG_RUN): its mode in, counts out. */
 struct ct_gc_args {
-	__u32 flush; /* 0: delete expired entries; 1: flush sluice_ct_flush */
-	__u32 pad;
+	__u32 flush;   /* 0: delete expired entries; 1: flush sluice_ct_flush */
+	__u32 family;  /* 4 (or 0): the IPv4 conntrack maps; 6: the IPv6 ones */
 	__u64 now;     /* out: bpf_ktime_get_ns() the run judged by */
 	__u64 deleted; /* out: entries deleted */
 	__u64 live;    /* out: entries left in sluice_conntrack */
@@ -327,6 +327,14 @@ enum metric_reason {
 	 * an unallocated address of the service CIDR
 	 */
 	METRIC_SOCK_DROP,
+	/* IPv6 at tc: an extension header it does not skip (AH, mobility,
+	 * ...), or a chain longer than it walks: passed untouched
+	 */
+	METRIC_TC6_EXT_HDR,
+	/* IPv6 UDP with checksum 0 (invalid, RFC 8200 8.1; the stack
+	 * drops it): passed untouched
+	 */
+	METRIC_TC6_UDP_NO_CSUM,
 	METRIC_MAX,
 };
 
@@ -683,6 +691,211 @@ struct sock_explain_ctx {
 _Static_assert(sizeof(struct sock_explain_ctx) == 64, "sock_explain_ctx size");
 
 /*
+ * IPv6 (and dual stack). Each family has its own maps, as Cilium's: an
+ * IPv4 packet never pays for IPv6's wider keys, and the IPv4 maps keep
+ * their pinned layout. The service and backend id spaces are shared: a
+ * service id (rev-NAT id) or backend id names one frontend or backend of
+ * either family, in the map of its family (sluice_svc_stats_v1 is keyed
+ * by the same ids for both). A frontend's backends are of its family.
+ *
+ * union v6addr is an address in network order; Go sees its first member,
+ * 16 bytes; C reads it as four words. The lb6_* and *6 structs mirror
+ * their IPv4 twins field by field; where a twin's value holds no address
+ * (struct lb4_service) both families share it.
+ */
+union v6addr {
+	__u8 addr[16]; /* network order */
+	__be32 p[4];
+};
+
+/*
+ * IPv6 conntrack (the per-packet path's, tc.c), as IPv4's above and in
+ * maps of its own: sluice6_conntrack_v1 (hash, established) and
+ * sluice6_ct_new_v1 (LRU, half-open), struct ct6_key -> struct ct6_entry;
+ * sluice6_ct_flush_v1, struct ct6_backend_key -> __u8 (1). The fields
+ * are ct4_key's and ct4_entry's, by the same names (conntrack_fam.h is
+ * written once for both), with union v6addr addresses; ct_gc_args counts
+ * both families' entries.
+ */
+struct ct6_key {
+	union v6addr saddr; /* network order */
+	union v6addr daddr; /* network order */
+	__be16 sport;	    /* network order */
+	__be16 dport;	    /* network order */
+	__u8 proto;	    /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 dir;	    /* enum ct_dir */
+	__u16 pad;
+};
+
+struct ct6_entry {
+	__u64 expires;	  /* as ct4_entry.expires */
+	__u32 flags;	  /* enum ct_flags, set with atomic or */
+	__u32 backend_id; /* host order */
+	__u32 rev_nat_id; /* host order */
+	__be16 nat_port;  /* network order */
+	__be16 snat_port; /* network order, CT_F_SNAT */
+	union v6addr
+		nat_addr; /* network order: backend (fwd) or frontend (rev) */
+	union v6addr snat_addr; /* network order, CT_F_SNAT */
+};
+
+struct ct6_backend_key {
+	union v6addr addr; /* network order */
+	__be16 port;	   /* network order */
+	__u8 proto;	   /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;
+};
+
+_Static_assert(sizeof(struct ct6_key) == 40, "ct6_key size");
+_Static_assert(sizeof(struct ct6_entry) == 56, "ct6_entry size");
+_Static_assert(sizeof(struct ct6_backend_key) == 20, "ct6_backend_key size");
+
+/*
+ * sluice6_fragments_v1 (LRU): struct frag6_key -> struct frag4_ports. As
+ * sluice_fragments_v1, for IPv6 datagrams: keyed by the fields reassembly
+ * keys them by (the fragment header's identification); the value holds
+ * no address and is shared.
+ */
+struct frag6_key {
+	union v6addr saddr; /* network order */
+	union v6addr daddr; /* network order */
+	__be32 id;	    /* network order: the fragment header's */
+	__u8 proto;	    /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad[3];
+};
+
+_Static_assert(sizeof(struct frag6_key) == 40, "frag6_key size");
+
+/* sluice6_services_v1: struct lb6_key -> struct lb4_service (as IPv4). */
+struct lb6_key {
+	union v6addr vip; /* network order */
+	__be16 port;	  /* network order */
+	__u8 proto;	  /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 scope;	  /* enum lb_scope */
+	__u16 slot;	  /* host order; 0 = master entry */
+	__u16 pad1;
+};
+
+/* sluice6_backends_v1: __u32 backend id (host order) -> struct lb6_backend. */
+struct lb6_backend {
+	union v6addr addr; /* network order */
+	__be16 port;	   /* network order */
+	__u8 proto;	   /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 flags;	   /* reserved, zero */
+};
+
+/* sluice6_rev_nat_v1: __u32 service id (host order) -> struct lb6_rev_nat. */
+struct lb6_rev_nat {
+	union v6addr vip; /* network order */
+	__be16 port;	  /* network order */
+	__u8 proto;	  /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 scope;	  /* enum lb_scope of the id's master */
+};
+
+/*
+ * sluice6_service_ips_v1: union v6addr (network order) -> __u8 (1). The
+ * IPv6 addresses of ClusterIP frontends, as sluice_service_ips_v1.
+ */
+
+/*
+ * sluice6_src_ranges_v1 (LPM trie): struct src_range6_key -> __u8 (1).
+ * As sluice_src_ranges_v1: prefixlen counts the 160 bits of frontend
+ * (vip, port, proto, pad) plus the prefix's own bits.
+ */
+struct src_range6_key {
+	__u32 prefixlen;  /* host order: 160 + prefix bits */
+	union v6addr vip; /* network order */
+	__be16 port;	  /* network order */
+	__u8 proto;	  /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;
+	union v6addr saddr; /* network order: the allowed prefix */
+};
+
+/*
+ * sluice6_node_cidrs_v1 (LPM trie): struct node_cidr6_key -> __u8 (1).
+ * The node's IPv6 CIDRs by kind, as sluice_node_cidrs_v1: prefixlen
+ * counts the 32 bits of kind plus the CIDR's.
+ */
+struct node_cidr6_key {
+	__u32 prefixlen;   /* host order: 32 + CIDR bits */
+	__u32 kind;	   /* host order: enum node_cidr_kind */
+	union v6addr addr; /* network order */
+};
+
+/*
+ * sluice6_affinity_v1 (LRU): struct lb6_affinity_key -> struct
+ * lb6_affinity. Session affinity of IPv6 frontends, as
+ * sluice_session_affinity_v1. A client is a network namespace (its
+ * cookie in the first 8 bytes of client, host order, the rest zero) or
+ * an IPv6 source address.
+ */
+struct lb6_affinity_key {
+	union v6addr client;
+	struct lb6_key master; /* the master key of the scope that served */
+	__u32 kind;	       /* host order: enum affinity_client */
+};
+
+struct lb6_affinity {
+	__u64 expires;	   /* as lb4_affinity.expires */
+	__u32 backend_id;  /* host order */
+	__be16 port;	   /* network order: the backend's port when chosen */
+	__u16 slot;	   /* host order: the slot (>= 1) it came from */
+	union v6addr addr; /* network order: the backend's address */
+};
+
+/*
+ * sluice6_aff_fix_v1: struct affinity_fix6_key -> __u32 slot (host
+ * order), as sluice_aff_fix_v1.
+ */
+struct affinity_fix6_key {
+	struct lb6_key master; /* a frontend's master key (slot 0, scope) */
+	__u32 backend_id;      /* host order; 0: every backend */
+};
+
+/*
+ * The IPv6 socket path (sock.c connect6/sendmsg6/recvmsg6/getpeername6),
+ * as its IPv4 twins above. An IPv4-mapped destination (::ffff:a.b.c.d) of
+ * a dual-stack socket is an IPv4 one: it uses the IPv4 maps.
+ *
+ * sluice6_sock_rev_v1 (LRU): struct sock6_rev_key -> struct
+ * sock6_rev_entry, as sluice_sock_rev_v1.
+ */
+struct sock6_rev_key {
+	__u64 cookie;	   /* bpf_get_socket_cookie() */
+	union v6addr addr; /* network order: backend address */
+	__be16 port;	   /* network order: backend port */
+	__u16 pad1;
+	__u32 pad2;
+};
+
+struct sock6_rev_entry {
+	union v6addr vip; /* network order */
+	__be16 port;	  /* network order */
+	__u16 pad;
+	__u32 rev_nat_id; /* host order */
+};
+
+/*
+ * sluice6_udp_stick_v1 (LRU): struct sock6_udp_stick_key -> struct
+ * sock6_udp_stick, as sluice_udp_stick_v1.
+ */
+struct sock6_udp_stick_key {
+	__u64 cookie;	  /* bpf_get_socket_cookie() */
+	union v6addr vip; /* network order */
+	__be16 port;	  /* network order */
+	__u8 proto;	  /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad1;
+	__u32 pad2;
+};
+
+struct sock6_udp_stick {
+	__u32 backend_id;  /* host order */
+	__be16 port;	   /* network order: the backend's port when chosen */
+	__u16 slot;	   /* host order: the slot (>= 1) it came from */
+	union v6addr addr; /* network order: the backend's address when chosen */
+};
+
+/*
  * BTF_EXPORT - put @type in the object's BTF although no map or global
  * names it, so that bpf2go -type can generate it for Go. The enums above
  * are stored in narrower fields or used as plain integers, which clang
@@ -733,5 +946,20 @@ _Static_assert(sizeof(struct node_cidr_key) == 12, "node_cidr_key size");
 _Static_assert(sizeof(struct frag4_key) == 12, "frag4_key size");
 _Static_assert(sizeof(struct frag4_ports) == 4, "frag4_ports size");
 _Static_assert(sizeof(struct svc_stats) == 88, "svc_stats size");
+_Static_assert(sizeof(union v6addr) == 16, "v6addr size");
+_Static_assert(sizeof(struct lb6_key) == 24, "lb6_key size");
+_Static_assert(sizeof(struct lb6_backend) == 20, "lb6_backend size");
+_Static_assert(sizeof(struct lb6_rev_nat) == 20, "lb6_rev_nat size");
+_Static_assert(sizeof(struct src_range6_key) == 40, "src_range6_key size");
+_Static_assert(sizeof(struct node_cidr6_key) == 24, "node_cidr6_key size");
+_Static_assert(sizeof(struct lb6_affinity_key) == 44, "lb6_affinity_key size");
+_Static_assert(sizeof(struct lb6_affinity) == 32, "lb6_affinity size");
+_Static_assert(sizeof(struct affinity_fix6_key) == 28,
+	       "affinity_fix6_key size");
+_Static_assert(sizeof(struct sock6_rev_key) == 32, "sock6_rev_key size");
+_Static_assert(sizeof(struct sock6_rev_entry) == 24, "sock6_rev_entry size");
+_Static_assert(sizeof(struct sock6_udp_stick_key) == 32,
+	       "sock6_udp_stick_key size");
+_Static_assert(sizeof(struct sock6_udp_stick) == 24, "sock6_udp_stick size");
 
 #endif /* SLUICE_STRUCTS_H */

@@ -52,10 +52,12 @@ UAPI_HEADERS=(
 	linux/byteorder/little_endian.h
 	linux/const.h
 	linux/icmp.h
+	linux/icmpv6.h
 	linux/if_ether.h
 	linux/in.h
 	linux/in6.h
 	linux/ip.h
+	linux/ipv6.h
 	linux/libc-compat.h
 	linux/pkt_cls.h
 	linux/pkt_sched.h

@@ -161,8 +161,8 @@ func TestParseNodePortAddresses(t *testing.T) {
 	}{
 		{"", nil, false},
 		{"primary", nil, true},
-		{"all", []netip.Prefix{p("0.0.0.0/0")}, false},
-		{"primary,localhost,192.168.0.0/16,fd00::/64", []netip.Prefix{p("127.0.0.0/8"), p("192.168.0.0/16")}, true},
+		{"primary,localhost,192.168.0.0/16,fd00::/64", []netip.Prefix{p("127.0.0.0/8"), p("192.168.0.0/16"), p("fd00::/64")}, true},
+		{"all", []netip.Prefix{p("0.0.0.0/0"), p("::/0")}, false},
 	} {
 		cidrs, primary, err := parseNodePortAddresses(c.in)
 		if err != nil || !reflect.DeepEqual(cidrs, c.cidrs) || primary != c.primary {

@@ -62,14 +62,14 @@ func run(args []string) int {
 		nodeName    = fs.String("node-name", "", "this node's name (default: the host name)")
 		proxyName   = fs.String("proxy-name", "", "serve Services labelled service.kubernetes.io/service-proxy-name=NAME (default: unlabelled ones)")
 		resync      = fs.Duration("resync-interval", time.Minute, "re-apply the desired state this often, repairing drift (0: never)")
-		nodeIPs     = fs.String("node-ip", "", "comma-separated IPv4 addresses of this node: NodePorts are served on them, and external flows to other nodes' backends are source-NATed to them (also makes --devices default to the devices holding them)")
+		nodeIPs     = fs.String("node-ip", "", "comma-separated addresses of this node, of either family or both (\"IPv4,IPv6\" in either order, the first of each family its primary address): NodePorts are served on them, and external flows to other nodes' backends are source-NATed to them (also makes --devices default to the devices holding them)")
 		ctGC        = fs.Duration("conntrack-gc-interval", 30*time.Second, "delete expired per-packet conntrack entries this often (must be > 0: nothing else empties the established table)")
 		xdpMode     = fs.String("xdp", "off", "XDP fast path for NodePort/ExternalIP/LoadBalancer traffic to other nodes' backends on --devices: native, generic or off")
 		healthCheck = fs.Bool("health-check-node-ports", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local (on the --nodeport-addresses)")
 		nodeZone    = fs.String("node-zone", "", "this node's zone (the topology.kubernetes.io/zone label), which EndpointSlice hints are matched against; with the Kubernetes source the Node's label replaces it")
-		clusterCIDR = fs.String("cluster-cidr", "", "comma-separated CIDRs of the cluster's pods: their traffic to an externalTrafficPolicy Local Service's NodePort, ExternalIP or LoadBalancer IP goes to all its endpoints, and ClusterIP traffic from elsewhere is masqueraded (empty: no source is a pod, and ClusterIP traffic is not masqueraded)")
-		serviceCIDR = fs.String("service-cidr", "", "comma-separated CIDRs of the ClusterIPs: a packet to one of their addresses that no Service holds is dropped")
-		npAddrs     = fs.String("nodeport-addresses", "", "comma-separated CIDRs and kube-proxy's keywords primary (the node's primary addresses, --node-ip), all (0.0.0.0/0) and localhost (127.0.0.0/8): NodePorts (and health checks) are served on the node's addresses inside them; 0.0.0.0/0 means every address (default: primary)")
+		clusterCIDR = fs.String("cluster-cidr", "", "comma-separated CIDRs of the cluster's pods, of either family or both: their traffic to an externalTrafficPolicy Local Service's NodePort, ExternalIP or LoadBalancer IP goes to all its endpoints, and ClusterIP traffic from elsewhere is masqueraded (empty: no source is a pod, and ClusterIP traffic is not masqueraded)")
+		serviceCIDR = fs.String("service-cidr", "", "comma-separated CIDRs of the ClusterIPs, of either family or both: a packet to one of their addresses that no Service holds is dropped")
+		npAddrs     = fs.String("nodeport-addresses", "", "comma-separated CIDRs of either family and kube-proxy's keywords primary (the node's primary addresses, --node-ip), all (0.0.0.0/0 and ::/0) and localhost (127.0.0.0/8): NodePorts (and health checks) are served on the node's addresses inside them; in a family none of them names, or with 0.0.0.0/0 or ::/0, on every address of that family (default: primary)")
 		localhostNP = fs.Bool("localhost-nodeports", true, "also serve NodePorts on 127.0.0.1 (TCP and UDP, through socket load balancing) when --nodeport-addresses cover it")
 		masqAll     = fs.Bool("masquerade-all", false, "source-NAT all ClusterIP traffic, and external traffic sent to this node's endpoints (which otherwise keeps its client's address)")
 		svcMetrics  = fs.Bool("service-metrics", false, "count new flows, packets, bytes and drops per Service in the datapath, exported as sluice_service_*_total and shown by sluicectl services --stats (off by default: a series per Service port, and a per-CPU counter array sized by --max-services)")
@@ -167,9 +167,6 @@ func run(args []string) int {
 	var npPrimary bool
 	if err == nil {
 		npCIDRs, npPrimary, err = parseNodePortAddresses(*npAddrs)
-		if err == nil && *npAddrs != "" && len(npCIDRs) == 0 && !npPrimary {
-			err = fmt.Errorf("--nodeport-addresses %q: no IPv4 CIDR (IPv6 is not served yet)", *npAddrs)
-		}
 	}
 	if err != nil {
 		log.Error("bad flag", "err", err)
@@ -225,9 +222,7 @@ func run(args []string) int {
 		np.HealthHosts = []string{""}
 		log.Info("no node IP: NodePorts on the devices' addresses", "addresses", np.Addrs)
 	}
-	if len(opts.Node.Addresses) > 0 {
-		opts.Node.IP = opts.Node.Addresses[0]
-	}
+	opts.Node.IPs = translate.PrimaryIPs(opts.Node.Addresses)
 	opts.Node.Addresses = np.Addrs
 	log.Info("NodePorts served", "addresses", np.Addrs, "cluster_cidrs", dpCfg.ClusterCIDRs,
 		"service_cidrs", dpCfg.ServiceCIDRs, "masquerade_all", dpCfg.MasqueradeAll)

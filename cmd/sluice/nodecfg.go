@@ -14,9 +14,9 @@ import (
 	"strings"
 )
 
-// parseCIDRs parses a comma-separated list of CIDRs for flag, and returns
-// the IPv4 ones (IPv6 ones are accepted, as kube-proxy's dual-stack flags
-// hold both, and left for the IPv6 datapath).
+// parseCIDRs parses a comma-separated list of CIDRs of either family for
+// flag, as kube-proxy's dual-stack flags (--cluster-cidr) hold them,
+// masked; an IPv4-mapped prefix is IPv4.
 func parseCIDRs(flag, s string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for _, f := range splitList(s) {
@@ -24,17 +24,22 @@ func parseCIDRs(flag, s string) ([]netip.Prefix, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--%s %q: %w", flag, f, err)
 		}
-		if p.Addr().Is4() {
-			out = append(out, p.Masked())
+		if a := p.Addr(); a.Is4In6() {
+			if p.Bits() < 96 {
+				return nil, fmt.Errorf("--%s %q: an IPv4-mapped prefix shorter than /96", flag, f)
+			}
+			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
 		}
+		out = append(out, p.Masked())
 	}
 	return out, nil
 }
 
-// parseNodePortAddresses parses --nodeport-addresses: CIDRs and
-// kube-proxy's keywords all (0.0.0.0/0), localhost (127.0.0.0/8) and
-// primary (the node's primary addresses, reported apart: they may be known
-// only later, from the Node object).
+// parseNodePortAddresses parses --nodeport-addresses: CIDRs of both
+// families and the keywords all (0.0.0.0/0 and ::/0), localhost
+// (127.0.0.0/8: IPv4 only, as kube-proxy's localhost NodePorts) and
+// primary (kube-proxy's: the node's primary addresses, reported apart:
+// they may be known only later, from the Node object).
 func parseNodePortAddresses(s string) (cidrs []netip.Prefix, primary bool, err error) {
 	var rest []string
 	for _, f := range splitList(s) {
@@ -42,7 +47,7 @@ func parseNodePortAddresses(s string) (cidrs []netip.Prefix, primary bool, err e
 		case "primary":
 			primary = true
 		case "all":
-			cidrs = append(cidrs, netip.PrefixFrom(netip.IPv4Unspecified(), 0))
+			cidrs = append(cidrs, netip.PrefixFrom(netip.IPv4Unspecified(), 0), netip.PrefixFrom(netip.IPv6Unspecified(), 0))
 		case "localhost":
 			cidrs = append(cidrs, netip.PrefixFrom(netip.AddrFrom4([4]byte{127, 0, 0, 0}), 8))
 		default:
@@ -66,12 +71,16 @@ type nodePorts struct {
 }
 
 // nodePortsFor follows kube-proxy's --nodeport-addresses: with no CIDRs,
-// the node's primary addresses nodeIPs; with 0.0.0.0/0, every address of
-// the node (local: its interfaces' addresses, loopback included); else
-// the node's addresses inside the CIDRs. Loopback addresses serve
-// NodePorts only with localhost (--localhost-nodeports, kube-proxy's
-// iptables mode: 127.0.0.1 only), through socket load balancing; the
-// health check servers listen on them whatever localhost says.
+// the node's primary addresses nodeIPs; else, in each family (kube-proxy's
+// NewNodePortAddresses), the node's addresses (local: its interfaces'
+// addresses, loopback included) inside the CIDRs of that family, and all
+// of them when there is none of that family or a /0 of it. Loopback
+// addresses serve NodePorts only with localhost (--localhost-nodeports,
+// kube-proxy's iptables mode: 127.0.0.1 only, never ::1), through socket
+// load balancing; the health check servers listen on 127.0.0.0/8 ones
+// whatever localhost says, and on every address ("") when IPv4 takes all
+// of its own (as before there were IPv6 NodePorts: an IPv4-only node
+// keeps its health checks where they were).
 func nodePortsFor(cidrs []netip.Prefix, nodeIPs, local []netip.Addr, localhost bool) nodePorts {
 	var np nodePorts
 	if len(cidrs) == 0 {
@@ -81,15 +90,24 @@ func nodePortsFor(cidrs []netip.Prefix, nodeIPs, local []netip.Addr, localhost b
 		}
 		return np
 	}
-	all := slices.ContainsFunc(cidrs, func(p netip.Prefix) bool { return p.Bits() == 0 })
-	if all {
+	// all[v6]: the family takes every address of its own (a /0 of it,
+	// or no CIDR of it).
+	all := map[bool]bool{}
+	for _, v6 := range []bool{false, true} {
+		ofFamily := slices.DeleteFunc(slices.Clone(cidrs), func(p netip.Prefix) bool { return p.Addr().Is6() != v6 })
+		all[v6] = len(ofFamily) == 0 || slices.ContainsFunc(ofFamily, func(p netip.Prefix) bool { return p.Bits() == 0 })
+	}
+	if all[false] {
 		np.HealthHosts = []string{""}
 	}
 	for _, a := range local {
-		if !all && !slices.ContainsFunc(cidrs, func(p netip.Prefix) bool { return p.Contains(a) }) {
+		if a.IsLoopback() && a.Is6() {
 			continue
 		}
-		if !all {
+		if !all[a.Is6()] && !slices.ContainsFunc(cidrs, func(p netip.Prefix) bool { return p.Contains(a) }) {
+			continue
+		}
+		if !all[false] {
 			np.HealthHosts = append(np.HealthHosts, a.String())
 		}
 		if a.IsLoopback() && (!localhost || a != netip.AddrFrom4([4]byte{127, 0, 0, 1})) {
@@ -102,8 +120,8 @@ func nodePortsFor(cidrs []netip.Prefix, nodeIPs, local []netip.Addr, localhost b
 	return np
 }
 
-// localAddresses returns the IPv4 addresses of this network namespace's
-// interfaces, loopback included.
+// localAddresses returns the addresses of both families of this network
+// namespace's interfaces, loopback included, link-local ones not.
 func localAddresses() ([]netip.Addr, error) {
 	as, err := net.InterfaceAddrs()
 	if err != nil {
@@ -116,12 +134,12 @@ func localAddresses() ([]netip.Addr, error) {
 			continue
 		}
 		ip, ok := netip.AddrFromSlice(ipn.IP)
-		if ip = ip.Unmap(); ok && ip.Is4() && !ip.IsLinkLocalUnicast() && !slices.Contains(out, ip) {
+		if ip = ip.Unmap(); ok && !ip.IsLinkLocalUnicast() && !slices.Contains(out, ip) {
 			out = append(out, ip)
 		}
 	}
 	if len(out) == 0 {
-		return nil, errors.New("no IPv4 address on any interface")
+		return nil, errors.New("no address on any interface")
 	}
 	return out, nil
 }

@@ -89,7 +89,10 @@ func runConntrackGC(ctx context.Context, m conntrackGC, every time.Duration, log
 	}
 }
 
-// parseNodeIPs parses --node-ip: comma-separated IPv4 addresses.
+// parseNodeIPs parses --node-ip: comma-separated addresses of either
+// family, in any order (a dual-stack node's "IPv4,IPv6" or "IPv6,IPv4",
+// as kubelet's --node-ip); the first of each family is the node's primary
+// address of it. An IPv4-mapped address is IPv4.
 func parseNodeIPs(s string) ([]netip.Addr, error) {
 	var out []netip.Addr
 	for _, f := range splitList(s) {
@@ -97,10 +100,10 @@ func parseNodeIPs(s string) ([]netip.Addr, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--node-ip %q: %w", f, err)
 		}
-		if !a.Unmap().Is4() {
-			return nil, errors.New("--node-ip " + f + ": only IPv4 is served")
+		if a = a.Unmap(); a.IsUnspecified() || a.IsLoopback() || a.Zone() != "" {
+			return nil, errors.New("--node-ip " + f + ": not an address of this node to serve NodePorts on")
 		}
-		out = append(out, a.Unmap())
+		out = append(out, a)
 	}
 	return out, nil
 }

@@ -2,12 +2,15 @@ package datapath
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -377,45 +380,80 @@ func TestXDPAffinity(t *testing.T) {
 	expectPacket(t, "tc flow", verdict, tcActRedirect, out, toRemote(in, sp, testBackend{addr: first}))
 }
 
-// TestFixAffinity: sluice_aff_fix touches only the entries the fixes name:
-// a backend's entries of one frontend move or go, a whole frontend's go,
+// TestFixAffinity: sluice_aff_fix (and sluice_aff_fix6, for the IPv6
+// frontends of the same fixes) touches only the entries the fixes name: a
+// backend's entries of one frontend move or go, a whole frontend's go,
 // and every other entry (other frontends, other backends, the socket
-// path's of other frontends, the other scope of the same frontend) stays
-// as it was.
+// path's of other frontends, the other scope of the same frontend, the
+// other family's) stays as it was.
 func TestFixAffinity(t *testing.T) {
 	d := newTestDatapath(t)
 	m := d.Maps()
-	fe1, fe2 := reconciler.DefaultScope(l4("10.96.0.50", 80, model.TCP)), reconciler.DefaultScope(l4("10.96.0.51", 80, model.TCP))
-	fe1in := reconciler.Frontend{L4Addr: fe1.L4Addr, Scope: reconciler.ScopeInternal}
-	put := func(fe reconciler.Frontend, client uint64, kind sockAffinityClient, id reconciler.BackendID, slot uint16) {
-		t.Helper()
-		k := sockLb4AffinityKey{Client: client, Kind: uint32(kind)}
-		k.Master, _ = serviceKey(fe, 0)
-		v := sockLb4Affinity{Expires: 1 << 62, BackendId: uint32(id), Addr: be32(addr("10.1.0.1")), Port: be16(8080), Slot: slot}
-		if err := m.affinity.Put(&k, &v); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ip := func(s string) uint64 { return uint64(be32(addr(s))) }
 	addrKind, netns := sockAffinityClientAFFINITY_CLIENT_ADDR, sockAffinityClientAFFINITY_CLIENT_NETNS
-	put(fe1, ip("10.0.0.1"), addrKind, 7, 4) // moves to slot 2
-	put(fe1, ip("10.0.0.2"), addrKind, 8, 1) // deleted
-	put(fe1, ip("10.0.0.3"), addrKind, 9, 3) // stays
-	put(fe1, 77, netns, 7, 4)                // moves to slot 2
-	put(fe2, ip("10.0.0.1"), addrKind, 7, 4) // deleted with its frontend
-	put(fe2, 77, netns, 8, 1)                // deleted with its frontend
-	fe3 := reconciler.DefaultScope(l4("10.96.0.52", 80, model.TCP))
-	put(fe3, ip("10.0.0.1"), addrKind, 8, 1) // stays: backend 8 goes from fe1 only
-	// fe1's internal scope has entries of its own, which fixes of its
-	// default scope leave alone.
-	put(fe1in, ip("10.0.0.1"), addrKind, 7, 4) // stays
-	put(fe1in, ip("10.0.0.2"), addrKind, 8, 1) // stays
+	var fixes []reconciler.AffinityFix
+	var want []string
+	// The same entries and fixes in each family: vip(i) is a
+	// frontend's address, client(i) a client's.
+	for _, fam := range []struct {
+		vip, client func(i int) string
+		put         func(k sockLb4AffinityKey, fe reconciler.Frontend, client string, v sockLb4Affinity) error
+	}{
+		{func(i int) string { return fmt.Sprintf("10.96.0.%d", 50+i) }, func(i int) string { return fmt.Sprintf("10.0.0.%d", i) },
+			func(k sockLb4AffinityKey, _ reconciler.Frontend, client string, v sockLb4Affinity) error {
+				if k.Kind == uint32(addrKind) {
+					k.Client = uint64(be32(addr(client)))
+				}
+				v.Addr = be32(addr("10.1.0.1"))
+				return m.affinity.Put(&k, &v)
+			}},
+		{func(i int) string { return fmt.Sprintf("2001:db8:96::%d", 50+i) }, func(i int) string { return fmt.Sprintf("2001:db8::%d", i) },
+			func(k sockLb4AffinityKey, fe reconciler.Frontend, client string, v sockLb4Affinity) error {
+				k6 := sockLb6AffinityKey{Master: lb6Key(k.Master, fe.Addr), Kind: k.Kind}
+				if k.Kind == uint32(addrKind) {
+					k6.Client = v6addr(addr(client))
+				} else {
+					binary.NativeEndian.PutUint64(k6.Client.Addr[:8], k.Client)
+				}
+				v6 := sockLb6Affinity{Expires: v.Expires, BackendId: v.BackendId, Port: v.Port, Slot: v.Slot, Addr: v6addr(addr("2001:db8:1::1"))}
+				return m.affinity6.Put(&k6, &v6)
+			}},
+	} {
+		fe := func(i int) reconciler.Frontend { return reconciler.DefaultScope(l4(fam.vip(i), 80, model.TCP)) }
+		fe1, fe2, fe3 := fe(0), fe(1), fe(2)
+		fe1in := reconciler.Frontend{L4Addr: fe1.L4Addr, Scope: reconciler.ScopeInternal}
+		put := func(fe reconciler.Frontend, client int, kind sockAffinityClient, id reconciler.BackendID, slot uint16) {
+			t.Helper()
+			k := sockLb4AffinityKey{Client: uint64(client), Kind: uint32(kind)}
+			k.Master, _ = serviceKey(fe, 0)
+			v := sockLb4Affinity{Expires: 1 << 62, BackendId: uint32(id), Port: be16(8080), Slot: slot}
+			if err := fam.put(k, fe, fam.client(client), v); err != nil {
+				t.Fatal(err)
+			}
+		}
+		put(fe1, 1, addrKind, 7, 4) // moves to slot 2
+		put(fe1, 2, addrKind, 8, 1) // deleted
+		put(fe1, 3, addrKind, 9, 3) // stays
+		put(fe1, 77, netns, 7, 4)   // moves to slot 2
+		put(fe2, 1, addrKind, 7, 4) // deleted with its frontend
+		put(fe2, 77, netns, 8, 1)   // deleted with its frontend
+		put(fe3, 1, addrKind, 8, 1) // stays: backend 8 goes from fe1 only
+		// fe1's internal scope has entries of its own, which fixes of
+		// its default scope leave alone.
+		put(fe1in, 1, addrKind, 7, 4) // stays
+		put(fe1in, 2, addrKind, 8, 1) // stays
+		fixes = append(fixes, reconciler.AffinityFix{Frontend: fe1, Backend: 7, Slot: 2}, reconciler.AffinityFix{Frontend: fe1, Backend: 8},
+			reconciler.AffinityFix{Frontend: fe2})
+		want = append(want,
+			fmt.Sprintf("%s internal %s backend=7 slot=4", fe1, fam.client(1)),
+			fmt.Sprintf("%s internal %s backend=8 slot=1", fe1, fam.client(2)),
+			fmt.Sprintf("%s %s backend=7 slot=2", fe1, fam.client(1)),
+			fmt.Sprintf("%s %s backend=9 slot=3", fe1, fam.client(3)),
+			fmt.Sprintf("%s netns 77 backend=7 slot=2", fe1),
+			fmt.Sprintf("%s %s backend=8 slot=1", fe3, fam.client(1)),
+		)
+	}
 
-	if err := m.FixAffinity([]reconciler.AffinityFix{
-		{Frontend: fe1, Backend: 7, Slot: 2},
-		{Frontend: fe1, Backend: 8},
-		{Frontend: fe2},
-	}); err != nil {
+	if err := m.FixAffinity(fixes); err != nil {
 		t.Fatal(err)
 	}
 	all, err := m.Affinity()
@@ -430,24 +468,16 @@ func TestFixAffinity(t *testing.T) {
 		}
 		got = append(got, fmt.Sprintf("%s %s backend=%d slot=%d", e.Frontend, client, e.BackendID, e.Slot))
 	}
-	want := []string{
-		"10.96.0.50:80/TCP internal 10.0.0.1 backend=7 slot=4",
-		"10.96.0.50:80/TCP internal 10.0.0.2 backend=8 slot=1",
-		"10.96.0.50:80/TCP 10.0.0.1 backend=7 slot=2",
-		"10.96.0.50:80/TCP 10.0.0.3 backend=9 slot=3",
-		"10.96.0.50:80/TCP netns 77 backend=7 slot=2",
-		"10.96.0.52:80/TCP 10.0.0.1 backend=8 slot=1",
-	}
 	if !slices.Equal(got, want) {
 		t.Errorf("entries after the fixes:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	// The fix set is emptied after the pass.
-	var k sockAffinityFixKey
-	var v uint32
-	if m.affFix.Iterate().Next(&k, &v) {
-		t.Errorf("%s not empty after the pass: %+v -> %d", mapAffFix, k, v)
+	// The fix sets are emptied after the pass.
+	for _, set := range []*ebpf.Map{m.affFix, m.affFix6} {
+		if n, err := countEntries(set); n != 0 || err != nil {
+			t.Errorf("%s: %d entries after the pass (%v)", set, n, err)
+		}
 	}
-	if err := m.FixAffinity([]reconciler.AffinityFix{{Frontend: fe1, Slot: 3}}); err == nil {
+	if err := m.FixAffinity([]reconciler.AffinityFix{{Frontend: reconciler.DefaultScope(l4("10.96.0.50", 80, model.TCP)), Slot: 3}}); err == nil {
 		t.Error("FixAffinity moved every backend of a frontend to one slot")
 	}
 }

@@ -53,7 +53,15 @@ var cgroupProgs = []cgroupProg{
 	{"sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, func(d *Datapath) *ebpf.Program { return d.sock.Sendmsg4 }},
 	{"recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, func(d *Datapath) *ebpf.Program { return d.sock.Recvmsg4 }},
 	{"getpeername4", ebpf.AttachCgroupInet4GetPeername, func(d *Datapath) *ebpf.Program { return d.sock.Getpeername4 }},
+	// IPv6 sockets, and dual-stack ones reaching IPv4-mapped addresses.
+	{"connect6", ebpf.AttachCGroupInet6Connect, func(d *Datapath) *ebpf.Program { return d.sock.Connect6 }},
+	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, func(d *Datapath) *ebpf.Program { return d.sock.Sendmsg6 }},
+	{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg, func(d *Datapath) *ebpf.Program { return d.sock.Recvmsg6 }},
+	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, func(d *Datapath) *ebpf.Program { return d.sock.Getpeername6 }},
 }
+
+// sockWrittenMaps are the maps only the socket programs write.
+var sockWrittenMaps = map[string]bool{mapSockRev: true, mapUDPStick: true, mapSockRev6: true, mapUDPStick6: true}
 
 // A link's pin is named after its hook (cgroup_getpeername4), not after
 // its program, and re-attaching updates the program behind the pinned
@@ -66,9 +74,10 @@ func (d *Datapath) linkPin(name string) string { return filepath.Join(d.dir, "li
 // xdp_<mode>_<device>.
 var devicePinPrefixes = []string{"tcx_ingress_", "tcx_egress_", "xdp_native_", "xdp_generic_"}
 
-// AttachCgroup attaches the four socket programs to the cgroup v2 directory
-// path (normally the root of the cgroup2 mount, see CgroupV2Mount). The
-// socket programs must be loaded (Config.DisableSocketLB unset).
+// AttachCgroup attaches the socket programs (cgroupProgs, both families)
+// to the cgroup v2 directory path (normally the root of the cgroup2
+// mount, see CgroupV2Mount). The socket programs must be loaded
+// (Config.DisableSocketLB unset).
 func (d *Datapath) AttachCgroup(path string) error {
 	if d.sock.Connect4 == nil {
 		return fmt.Errorf("attach cgroup %s: socket load balancing is off: its programs are not loaded", path)
@@ -108,7 +117,7 @@ func (d *Datapath) AttachCgroup(path string) error {
 	}
 	// The previous agent's socket programs are gone: what they wrote to
 	// maps being resized can be carried over now.
-	return d.settle(map[string]bool{mapSockRev: true, mapUDPStick: true})
+	return d.settle(sockWrittenMaps)
 }
 
 // tcDir is one direction of a device's tc hook.
@@ -422,7 +431,7 @@ func (d *Datapath) Prune(cgroup string, devices []string) error {
 		errs = append(errs, d.settle(map[string]bool{mapConntrack: true, mapCTNew: true, mapFragments: true}))
 	}
 	if cgroup == "" {
-		errs = append(errs, d.settle(map[string]bool{mapSockRev: true, mapUDPStick: true}))
+		errs = append(errs, d.settle(sockWrittenMaps))
 	}
 	return errors.Join(errs...)
 }

@@ -219,8 +219,8 @@ func TestAttachDetach(t *testing.T) {
 	expectAttached(d2)
 
 	pins, _ := os.ReadDir(filepath.Join(bpffs, "sluice", "links"))
-	if len(pins) != 4+4 {
-		t.Errorf("%d pinned links, want 8 (4 tcx, 4 cgroup): %v", len(pins), pins)
+	if len(pins) != 4+len(cgroupProgs) {
+		t.Errorf("%d pinned links, want 4 tcx and %d cgroup: %v", len(pins), len(cgroupProgs), pins)
 	}
 
 	if err := Cleanup(bpffs); err != nil {

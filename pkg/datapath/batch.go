@@ -57,80 +57,56 @@ func upsertBatch[E, K, V any](m *ebpf.Map, what string, es []E, enc func(E) (K, 
 	return n, encErr
 }
 
-// deleteBatch deletes keys, in order; deleting a missing key succeeds (the
-// kernel stops a batch there: the rest is deleted by another).
-func deleteBatch[K any](m *ebpf.Map, what string, keys []K) (int, error) {
-	done := 0
-	for done < len(keys) {
-		n, err := m.BatchDelete(keys[done:], nil)
-		if errors.Is(err, ebpf.ErrNotSupported) {
-			for ; done < len(keys); done++ {
-				if err := deleteIgnoringMissing(m, &keys[done]); err != nil {
-					return done, fmt.Errorf("delete %s: %w", what, err)
-				}
-			}
-			return done, nil
-		}
-		done += max(0, min(n, len(keys)-done))
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return done, fmt.Errorf("delete %s (entry %d of %d): %w", what, done, len(keys), err)
-		}
-		done++ // the missing one
-	}
-	return len(keys), nil
-}
-
 // UpsertBackends writes backends, in order.
 func (m *Maps) UpsertBackends(es []reconciler.BackendEntry) (int, error) {
-	return upsertBatch(m.backends, mapBackends, es, func(e reconciler.BackendEntry) (uint32, sockLb4Backend, error) {
-		return backendEntry(e.ID, e.Addr)
-	})
+	return upsertTwin(m.backendMaps(), es, func(e reconciler.BackendEntry) netip.Addr { return e.Addr.Addr },
+		func(e reconciler.BackendEntry) (uint32, sockLb4Backend, error) { return backendEntry(e.ID, e.Addr) })
 }
 
 // UpsertRevNats writes reverse-NAT entries, in order.
 func (m *Maps) UpsertRevNats(es []reconciler.RevNatEntry) (int, error) {
-	return upsertBatch(m.revNat, mapRevNat, es, func(e reconciler.RevNatEntry) (uint32, sockLb4RevNat, error) {
-		return revNatEntry(e.ID, e.Frontend)
-	})
+	return upsertTwin(m.revNatMaps(), es, func(e reconciler.RevNatEntry) netip.Addr { return e.Frontend.Addr },
+		func(e reconciler.RevNatEntry) (uint32, sockLb4RevNat, error) { return revNatEntry(e.ID, e.Frontend) })
 }
 
 // UpsertSlots writes slots >= 1, in order.
 func (m *Maps) UpsertSlots(es []reconciler.SlotEntry) (int, error) {
-	return upsertBatch(m.services, mapServices, es, func(e reconciler.SlotEntry) (sockLb4Key, sockLb4Service, error) {
-		return slotEntry(e.Frontend, e.Slot, e.Backend)
-	})
+	return upsertTwin(m.serviceMaps(), es, func(e reconciler.SlotEntry) netip.Addr { return e.Frontend.Addr },
+		func(e reconciler.SlotEntry) (sockLb4Key, sockLb4Service, error) {
+			return slotEntry(e.Frontend, e.Slot, e.Backend)
+		})
 }
 
 // UpsertMasters writes masters, in order.
 func (m *Maps) UpsertMasters(es []reconciler.MasterEntry) (int, error) {
-	return upsertBatch(m.services, mapServices, es, func(e reconciler.MasterEntry) (sockLb4Key, sockLb4Service, error) {
-		return masterEntry(e.Frontend, e.Master)
-	})
+	return upsertTwin(m.serviceMaps(), es, func(e reconciler.MasterEntry) netip.Addr { return e.Frontend.Addr },
+		func(e reconciler.MasterEntry) (sockLb4Key, sockLb4Service, error) {
+			return masterEntry(e.Frontend, e.Master)
+		})
 }
 
 // UpsertServiceIPs adds addresses to the service IPs, in order.
 func (m *Maps) UpsertServiceIPs(as []netip.Addr) (int, error) {
-	return upsertBatch(m.serviceIPs, mapServiceIPs, as, func(a netip.Addr) (uint32, uint8, error) {
-		a = a.Unmap()
-		if !a.Is4() {
-			return 0, 0, fmt.Errorf("upsert service IP %s: not an IPv4 address", a)
-		}
-		return be32(a), 1, nil
-	})
+	return upsertTwin(m.serviceIPMaps(), as, func(a netip.Addr) netip.Addr { return a },
+		func(a netip.Addr) (uint32, uint8, error) {
+			k, err := serviceIPKey(a)
+			if err != nil {
+				return 0, 0, fmt.Errorf("upsert service IP %s: %w", a, err)
+			}
+			return k, 1, nil
+		})
 }
 
-// DeleteBackends deletes backends; deleting a missing one succeeds.
+// DeleteBackends deletes backends, of either family; deleting a missing
+// one succeeds.
 func (m *Maps) DeleteBackends(ids []reconciler.BackendID) (int, error) {
-	return deleteBatch(m.backends, mapBackends, idKeys(ids))
+	return deleteIDs([]*ebpf.Map{m.backends, m.backends6}, mapBackends, idKeys(ids))
 }
 
-// DeleteRevNats deletes reverse-NAT entries; deleting a missing one
-// succeeds.
+// DeleteRevNats deletes reverse-NAT entries, of either family; deleting a
+// missing one succeeds.
 func (m *Maps) DeleteRevNats(ids []reconciler.ServiceID) (int, error) {
-	return deleteBatch(m.revNat, mapRevNat, idKeys(ids))
+	return deleteIDs([]*ebpf.Map{m.revNat, m.revNat6}, mapRevNat, idKeys(ids))
 }
 
 // idKeys returns ids as the maps' uint32 keys.

@@ -29,9 +29,9 @@ import (
 // ConntrackStats is what a garbage collection found.
 type ConntrackStats struct {
 	Deleted int // expired entries deleted
-	Live    int // entries left in sluice_conntrack (established flows, SNAT reservations)
+	Live    int // entries left in sluice_conntrack (established flows, SNAT reservations); of the fuller family's table
 	Pending int // of them, port reservations of flows not answered yet
-	Max     int // sluice_conntrack's size: new flows are refused when Live reaches it
+	Max     int // sluice_conntrack's size (each family's): new flows are refused when Live reaches it
 
 	// Refused counts the new flows refused so far because sluice_conntrack
 	// was full (the tc_ct_est_full counter, since the pins were created).
@@ -42,15 +42,23 @@ type ConntrackStats struct {
 // their timeout, or closed TCP flows past the close timeout), keeping
 // those whose flow's other entry is alive, so dead flows neither fill the
 // table nor hold SNAT ports.
+//
+// Each family's tables are collected (IPv4's, then IPv6's, whose tables
+// are as large): Deleted counts both, Live and Pending are the fuller
+// table's, the one that refuses new flows first.
 func (m *Maps) GCConntrack() (ConntrackStats, error) {
-	a, err := m.runCTGC(0)
-	if err != nil {
-		return ConntrackStats{}, fmt.Errorf("conntrack gc: %w", err)
+	st := ConntrackStats{Max: m.cfg.MaxConntrack}
+	for _, family := range []uint32{4, 6} {
+		a, err := m.runCTGC(0, family)
+		if err != nil {
+			return ConntrackStats{}, fmt.Errorf("conntrack gc: %w", err)
+		}
+		st.Deleted += int(a.Deleted)
+		if int(a.Live) >= st.Live {
+			st.Live, st.Pending = int(a.Live), int(a.Pending)
+		}
 	}
-	st := ConntrackStats{
-		Deleted: int(a.Deleted), Live: int(a.Live), Pending: int(a.Pending),
-		Max: m.cfg.MaxConntrack,
-	}
+	var err error
 	if st.Refused, err = m.ConntrackRefused(); err != nil {
 		return st, fmt.Errorf("conntrack gc: %w", err)
 	}
@@ -84,34 +92,61 @@ const ctFlushBatch = 4096
 // sent to one of them are ended as well (sockdestroy.go), so that they
 // connect again: reported through OnSocketTermination, never an error
 // here (the conntrack flush, which the reconciler retries, succeeded).
+//
+// IPv6 backends are flushed from the IPv6 tables the same way, in passes
+// of their own.
 func (m *Maps) FlushConntrack(backends []model.L4Addr) error {
 	keys := make([]sockCtBackendKey, 0, len(backends))
+	var keys6 []tcCt6BackendKey
 	for _, b := range backends {
+		b.Addr = b.Addr.Unmap()
+		if b.Addr.Is6() {
+			if b.Proto != model.TCP && b.Proto != model.UDP {
+				return fmt.Errorf("flush conntrack: %s: protocol not supported", b)
+			}
+			keys6 = append(keys6, tcCt6BackendKey{Addr: tcV6addr{Addr: b.Addr.As16()}, Port: be16(b.Port), Proto: uint8(b.Proto)})
+			continue
+		}
 		b, err := checkL4(b)
 		if err != nil {
 			return fmt.Errorf("flush conntrack: %w", err)
 		}
+		if is6(b.Addr) {
+			// TODO(issue 10): the IPv6 conntrack (tc6's) is not there
+			// yet: nothing of an IPv6 backend to flush.
+			continue
+		}
 		keys = append(keys, sockCtBackendKey{Addr: be32(b.Addr), Port: be16(b.Port), Proto: uint8(b.Proto)})
 	}
 	for batch := range slices.Chunk(keys, ctFlushBatch) {
-		if err := m.flushBatch(batch); err != nil {
+		if err := flushBatch(m, m.ctFlush, mapCTFlush, 4, batch, m.terminateSockets); err != nil {
+			return fmt.Errorf("flush conntrack of %d backends: %w", len(backends), err)
+		}
+	}
+	for batch := range slices.Chunk(keys6, ctFlushBatch) {
+		if err := flushBatch(m, m.ctFlush6, mapCTFlush6, 6, batch, nil); err != nil {
 			return fmt.Errorf("flush conntrack of %d backends: %w", len(backends), err)
 		}
 	}
 	return nil
 }
 
-func (m *Maps) flushBatch(keys []sockCtBackendKey) error {
+// flushBatch runs one flush pass over the conntrack tables of family for
+// the backends keys, through their flush set (named name), then hands
+// keys to after, if not nil.
+func flushBatch[K any](m *Maps, set *ebpf.Map, name string, family uint32, keys []K, after func([]K)) error {
 	one := make([]uint8, len(keys))
 	for i := range one {
 		one[i] = 1
 	}
-	return runOverSet(m.ctFlush, mapCTFlush, keys, one, func() error {
-		_, err := m.runCTGC(1)
+	return runOverSet(set, name, keys, one, func() error {
+		_, err := m.runCTGC(1, family)
 		// The connected sockets of the UDP ones go too (they keep the
 		// backend otherwise), while the set is in the map for the
 		// iterator.
-		m.terminateSockets(keys)
+		if after != nil {
+			after(keys)
+		}
 		return err
 	})
 }
@@ -121,7 +156,7 @@ func (m *Maps) flushBatch(keys []sockCtBackendKey) error {
 // agent that died in the middle of a pass (not to be applied again), gets
 // keys with vals, run runs the pass, and the set is emptied again
 // whatever happened: it must not linger into the next pass.
-// sluice_ct_flush (flushBatch) and sluice_aff_fix (fixAffinityBatch) work
+// sluice_ct_flush (flushBatch) and sluice_aff_fix (affFixes.run) work
 // this way.
 func runOverSet[K, V any](set *ebpf.Map, name string, keys []K, vals []V, run func() error) error {
 	var k K
@@ -146,9 +181,10 @@ func runOverSet[K, V any](set *ebpf.Map, name string, keys []K, vals []V, run fu
 	return errors.Join(runErr, delErr)
 }
 
-// runCTGC runs sluice_ct_gc in mode (0: collect, 1: flush).
-func (m *Maps) runCTGC(mode uint32) (sockCtGcArgs, error) {
-	in := sockCtGcArgs{Flush: mode}
+// runCTGC runs sluice_ct_gc in mode (0: collect, 1: flush) over the
+// conntrack tables of family (4 or 6).
+func (m *Maps) runCTGC(mode, family uint32) (sockCtGcArgs, error) {
+	in := sockCtGcArgs{Flush: mode, Family: family}
 	var out sockCtGcArgs
 	if _, err := m.ctGC.Run(&ebpf.RunOptions{Context: in, ContextOut: &out}); err != nil {
 		return out, fmt.Errorf("run sluice_ct_gc: %w", err)
@@ -316,24 +352,24 @@ func (p *Pinned) DeleteConntrack(flows []ConntrackEntry) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	var tables []*ebpf.Map
+	var tables4, tables6 []*ebpf.Map
 	defer func() {
-		for _, m := range tables {
+		for _, m := range append(tables4, tables6...) {
 			m.Close()
 		}
 	}()
-	for _, name := range []string{mapConntrack, mapCTNew} {
+	for _, t := range ctTables {
 		// Checked as the read-only inspection checks it, then opened
 		// for writing.
-		ro, err := openPinnedMap(p.dir, name, spec.Maps[name])
-		if errors.Is(err, os.ErrNotExist) && name == mapCTNew {
-			continue // pinned by an agent without the table of new flows
+		ro, err := openPinnedMap(p.dir, t.name, spec.Maps[t.name])
+		if errors.Is(err, os.ErrNotExist) && t.optional {
+			continue // pinned by an agent without this table
 		}
 		if err != nil {
 			return 0, err
 		}
-		path := filepath.Join(p.dir, name)
-		if prev := previousPin(name); prev != "" {
+		path := filepath.Join(p.dir, t.name)
+		if prev := previousPin(t.name); prev != "" {
 			if _, err := os.Stat(filepath.Join(p.dir, prev)); err == nil {
 				path = filepath.Join(p.dir, prev)
 			}
@@ -343,11 +379,26 @@ func (p *Pinned) DeleteConntrack(flows []ConntrackEntry) (int, error) {
 		if err != nil {
 			return 0, fmt.Errorf("open pinned map %s for writing: %w", path, err)
 		}
-		tables = append(tables, m)
+		if t.v6 {
+			tables6 = append(tables6, m)
+		} else {
+			tables4 = append(tables4, m)
+		}
 	}
 	deleted := 0
 	for _, f := range flows {
-		n, err := deleteFlow(tables, f)
+		var n int
+		if f.Src.Addr().Unmap().Is4() {
+			n, err = deleteFlow[sockCt4Key, sockCt4Entry](tables4, f, func(src, dst netip.AddrPort, dir uint8) sockCt4Key {
+				return sockCt4Key{Saddr: be32(src.Addr().Unmap()), Sport: be16(src.Port()), Daddr: be32(dst.Addr().Unmap()), Dport: be16(dst.Port()),
+					Proto: uint8(f.Proto), Dir: dir}
+			})
+		} else {
+			n, err = deleteFlow[tcCt6Key, tcCt6Entry](tables6, f, func(src, dst netip.AddrPort, dir uint8) tcCt6Key {
+				return tcCt6Key{Saddr: tcV6addr{Addr: src.Addr().As16()}, Sport: be16(src.Port()), Daddr: tcV6addr{Addr: dst.Addr().As16()},
+					Dport: be16(dst.Port()), Proto: uint8(f.Proto), Dir: dir}
+			})
+		}
 		deleted += n
 		if err != nil {
 			return deleted, err
@@ -356,16 +407,10 @@ func (p *Pinned) DeleteConntrack(flows []ConntrackEntry) (int, error) {
 	return deleted, nil
 }
 
-// deleteFlow deletes the entry e lists and its flow's other entry.
-func deleteFlow(tables []*ebpf.Map, e ConntrackEntry) (int, error) {
-	ap := func(a netip.AddrPort) (uint32, uint16) { return be32(a.Addr().Unmap()), be16(a.Port()) }
-	key := func(src, dst netip.AddrPort, dir uint8) sockCt4Key {
-		k := sockCt4Key{Proto: uint8(e.Proto), Dir: dir}
-		k.Saddr, k.Sport = ap(src)
-		k.Daddr, k.Dport = ap(dst)
-		return k
-	}
-	var self, peer sockCt4Key
+// deleteFlow deletes the entry e lists and its flow's other entry from
+// tables, the conntrack tables of e's family, whose keys key builds.
+func deleteFlow[K ctKey, V ctValue](tables []*ebpf.Map, e ConntrackEntry, key func(src, dst netip.AddrPort, dir uint8) K) (int, error) {
+	var self, peer K
 	if !e.Reverse {
 		// <C -> V> naming B; its replies come <B -> C>, or <B -> node:port>
 		// when source-NATed (the port reservation).
@@ -385,17 +430,16 @@ func deleteFlow(tables []*ebpf.Map, e ConntrackEntry) (int, error) {
 		}
 		peer = key(client, e.NAT, ctForward)
 	}
-	natAddr, natPort := ap(e.NAT)
 	n := 0
 	for _, m := range tables {
-		var v sockCt4Entry
+		var v V
 		if err := m.Lookup(&self, &v); err != nil {
 			if errors.Is(err, ebpf.ErrKeyNotExist) {
 				continue
 			}
 			return n, fmt.Errorf("look up conntrack entry: %w", err)
 		}
-		if v.NatAddr != natAddr || v.NatPort != natPort || v.BackendId != e.BackendID {
+		if w := v.view(); w.nat != netip.AddrPortFrom(e.NAT.Addr().Unmap(), e.NAT.Port()) || w.backendID != e.BackendID {
 			return n, nil // another flow holds the tuple now
 		}
 		ok, err := deleteIfPresent(m, &self)
@@ -407,19 +451,20 @@ func deleteFlow(tables []*ebpf.Map, e ConntrackEntry) (int, error) {
 	// The peer points back at self: a forward peer's translation is the
 	// reverse entry's source (the backend), a reverse peer's the forward
 	// entry's destination (the frontend).
-	backAddr, backPort := self.Saddr, self.Sport
-	if self.Dir == ctForward {
-		backAddr, backPort = self.Daddr, self.Dport
+	src, dst, _, dir := self.tuple()
+	back := src
+	if dir == ctForward {
+		back = dst
 	}
 	for _, m := range tables {
-		var v sockCt4Entry
+		var v V
 		if err := m.Lookup(&peer, &v); err != nil {
 			if errors.Is(err, ebpf.ErrKeyNotExist) {
 				continue
 			}
 			return n, fmt.Errorf("look up conntrack entry: %w", err)
 		}
-		if v.NatAddr != backAddr || v.NatPort != backPort {
+		if v.view().nat != back {
 			continue
 		}
 		ok, err := deleteIfPresent(m, &peer)
@@ -432,7 +477,7 @@ func deleteFlow(tables []*ebpf.Map, e ConntrackEntry) (int, error) {
 }
 
 // deleteIfPresent deletes key from m, reporting whether it was there.
-func deleteIfPresent(m *ebpf.Map, key *sockCt4Key) (bool, error) {
+func deleteIfPresent[K any](m *ebpf.Map, key *K) (bool, error) {
 	err := m.Delete(key)
 	switch {
 	case err == nil:

@@ -16,6 +16,21 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	ctgcMapSluice6AffFixV1         = "sluice6_aff_fix_v1"
+	ctgcMapSluice6AffinityV1       = "sluice6_affinity_v1"
+	ctgcMapSluice6BackendsV1       = "sluice6_backends_v1"
+	ctgcMapSluice6ConntrackV1      = "sluice6_conntrack_v1"
+	ctgcMapSluice6CtFlushV1        = "sluice6_ct_flush_v1"
+	ctgcMapSluice6CtNewV1          = "sluice6_ct_new_v1"
+	ctgcMapSluice6FragmentsV1      = "sluice6_fragments_v1"
+	ctgcMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
+	ctgcMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
+	ctgcMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
+	ctgcMapSluice6ServicesV1       = "sluice6_services_v1"
+	ctgcMapSluice6SockRevV1        = "sluice6_sock_rev_v1"
+	ctgcMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
+	ctgcMapSluice6TcV1             = "sluice6_tc_v1"
+	ctgcMapSluice6UdpStickV1       = "sluice6_udp_stick_v1"
 	ctgcMapSluiceAffFixV1          = "sluice_aff_fix_v1"
 	ctgcMapSluiceBackendsV1        = "sluice_backends_v1"
 	ctgcMapSluiceConntrackV2       = "sluice_conntrack_v2"
@@ -36,14 +51,17 @@ const (
 	ctgcMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
 	ctgcMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
 	ctgcProgSluiceAffFix           = "sluice_aff_fix"
+	ctgcProgSluiceAffFix6          = "sluice_aff_fix6"
 	ctgcProgSluiceCtGc             = "sluice_ct_gc"
 	ctgcVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
 	ctgcVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	ctgcVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	ctgcVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
 	ctgcVarHaveClusterCidr         = "have_cluster_cidr"
+	ctgcVarHaveClusterCidr6        = "have_cluster_cidr6"
 	ctgcVarMasqueradeAll           = "masquerade_all"
 	ctgcVarNodeIp4                 = "node_ip4"
+	ctgcVarNodeIp6                 = "node_ip6"
 	ctgcVarServiceMetrics          = "service_metrics"
 	ctgcVarSnatPortMax             = "snat_port_max"
 	ctgcVarSnatPortMin             = "snat_port_min"
@@ -91,14 +109,30 @@ type ctgcSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ctgcProgramSpecs struct {
-	SluiceAffFix *ebpf.ProgramSpec `ebpf:"sluice_aff_fix"`
-	SluiceCtGc   *ebpf.ProgramSpec `ebpf:"sluice_ct_gc"`
+	SluiceAffFix  *ebpf.ProgramSpec `ebpf:"sluice_aff_fix"`
+	SluiceAffFix6 *ebpf.ProgramSpec `ebpf:"sluice_aff_fix6"`
+	SluiceCtGc    *ebpf.ProgramSpec `ebpf:"sluice_ct_gc"`
 }
 
 // ctgcMapSpecs contains maps before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ctgcMapSpecs struct {
+	Sluice6AffFixV1         *ebpf.MapSpec `ebpf:"sluice6_aff_fix_v1"`
+	Sluice6AffinityV1       *ebpf.MapSpec `ebpf:"sluice6_affinity_v1"`
+	Sluice6BackendsV1       *ebpf.MapSpec `ebpf:"sluice6_backends_v1"`
+	Sluice6ConntrackV1      *ebpf.MapSpec `ebpf:"sluice6_conntrack_v1"`
+	Sluice6CtFlushV1        *ebpf.MapSpec `ebpf:"sluice6_ct_flush_v1"`
+	Sluice6CtNewV1          *ebpf.MapSpec `ebpf:"sluice6_ct_new_v1"`
+	Sluice6FragmentsV1      *ebpf.MapSpec `ebpf:"sluice6_fragments_v1"`
+	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
+	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
+	Sluice6ServicesV1       *ebpf.MapSpec `ebpf:"sluice6_services_v1"`
+	Sluice6SockRevV1        *ebpf.MapSpec `ebpf:"sluice6_sock_rev_v1"`
+	Sluice6SrcRangesV1      *ebpf.MapSpec `ebpf:"sluice6_src_ranges_v1"`
+	Sluice6TcV1             *ebpf.MapSpec `ebpf:"sluice6_tc_v1"`
+	Sluice6UdpStickV1       *ebpf.MapSpec `ebpf:"sluice6_udp_stick_v1"`
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
@@ -129,8 +163,10 @@ type ctgcVariableSpecs struct {
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
+	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
 	ServiceMetrics   *ebpf.VariableSpec `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
@@ -156,6 +192,21 @@ func (o *ctgcObjects) Close() error {
 //
 // It can be passed to loadCtgcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ctgcMaps struct {
+	Sluice6AffFixV1         *ebpf.Map `ebpf:"sluice6_aff_fix_v1"`
+	Sluice6AffinityV1       *ebpf.Map `ebpf:"sluice6_affinity_v1"`
+	Sluice6BackendsV1       *ebpf.Map `ebpf:"sluice6_backends_v1"`
+	Sluice6ConntrackV1      *ebpf.Map `ebpf:"sluice6_conntrack_v1"`
+	Sluice6CtFlushV1        *ebpf.Map `ebpf:"sluice6_ct_flush_v1"`
+	Sluice6CtNewV1          *ebpf.Map `ebpf:"sluice6_ct_new_v1"`
+	Sluice6FragmentsV1      *ebpf.Map `ebpf:"sluice6_fragments_v1"`
+	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
+	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
+	Sluice6ServicesV1       *ebpf.Map `ebpf:"sluice6_services_v1"`
+	Sluice6SockRevV1        *ebpf.Map `ebpf:"sluice6_sock_rev_v1"`
+	Sluice6SrcRangesV1      *ebpf.Map `ebpf:"sluice6_src_ranges_v1"`
+	Sluice6TcV1             *ebpf.Map `ebpf:"sluice6_tc_v1"`
+	Sluice6UdpStickV1       *ebpf.Map `ebpf:"sluice6_udp_stick_v1"`
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
@@ -179,6 +230,21 @@ type ctgcMaps struct {
 
 func (m *ctgcMaps) Close() error {
 	return _CtgcClose(
+		m.Sluice6AffFixV1,
+		m.Sluice6AffinityV1,
+		m.Sluice6BackendsV1,
+		m.Sluice6ConntrackV1,
+		m.Sluice6CtFlushV1,
+		m.Sluice6CtNewV1,
+		m.Sluice6FragmentsV1,
+		m.Sluice6NodeCidrsV1,
+		m.Sluice6RevNatV1,
+		m.Sluice6ServiceIpsV1,
+		m.Sluice6ServicesV1,
+		m.Sluice6SockRevV1,
+		m.Sluice6SrcRangesV1,
+		m.Sluice6TcV1,
+		m.Sluice6UdpStickV1,
 		m.SluiceAffFixV1,
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV2,
@@ -210,8 +276,10 @@ type ctgcVariables struct {
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
+	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`
 	ServiceMetrics   *ebpf.Variable `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
@@ -221,13 +289,15 @@ type ctgcVariables struct {
 //
 // It can be passed to loadCtgcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ctgcPrograms struct {
-	SluiceAffFix *ebpf.Program `ebpf:"sluice_aff_fix"`
-	SluiceCtGc   *ebpf.Program `ebpf:"sluice_ct_gc"`
+	SluiceAffFix  *ebpf.Program `ebpf:"sluice_aff_fix"`
+	SluiceAffFix6 *ebpf.Program `ebpf:"sluice_aff_fix6"`
+	SluiceCtGc    *ebpf.Program `ebpf:"sluice_ct_gc"`
 }
 
 func (p *ctgcPrograms) Close() error {
 	return _CtgcClose(
 		p.SluiceAffFix,
+		p.SluiceAffFix6,
 		p.SluiceCtGc,
 	)
 }

@@ -17,7 +17,7 @@
 // Six objects are built from bpf/: tc.c (tc ingress and egress), ctgc.c
 // (the conntrack garbage collector the agent runs, conntrack.go, and the
 // session affinity upkeep, affinity.go), sock.c
-// (cgroup connect4, sendmsg4, recvmsg4, getpeername4), xdp.c (the XDP fast
+// (cgroup connect, sendmsg, recvmsg, getpeername, 4 and 6), xdp.c (the XDP fast
 // path for north-south flows to remote backends), sockdestroy.c (an
 // iterator that ends connected UDP sockets of removed backends,
 // sockdestroy.go) and migrate.c (conntrack carried over to a new map while
@@ -198,14 +198,28 @@ func (c Config) maxEntries() map[string]int {
 		mapRevNat:    c.MaxServices,
 		mapConntrack: c.MaxConntrack,
 		mapCTNew:     c.MaxConntrackNew,
-		mapSockRev:   c.MaxSockRev,
-		mapUDPStick:  c.MaxSockRev,
-		mapAffinity:  c.MaxAffinity,
-		mapSrcRanges: c.MaxSourceRanges,
-		mapDevices:   c.MaxDevices,
+		// IPv6 conntrack, as large as IPv4's (tc6.go).
+		mapConntrack6: c.MaxConntrack,
+		mapCTNew6:     c.MaxConntrackNew,
+		mapSockRev:    c.MaxSockRev,
+		mapUDPStick:   c.MaxSockRev,
+		mapSockRev6:   c.MaxSockRev,
+		mapUDPStick6:  c.MaxSockRev,
+		mapAffinity:   c.MaxAffinity,
+		mapSrcRanges:  c.MaxSourceRanges,
+		mapDevices:    c.MaxDevices,
 		// Every service IP is some ClusterIP frontend's address.
 		mapServiceIPs: c.MaxServices,
 		mapSvcStats:   svcStatsSize(c),
+		// The IPv6 twins are sized like the IPv4 maps: the
+		// reconciler counts both families against one size
+		// (Maps.Capacity).
+		mapServices6:   c.MaxServiceEntries,
+		mapBackends6:   c.MaxBackends,
+		mapRevNat6:     c.MaxServices,
+		mapAffinity6:   c.MaxAffinity,
+		mapSrcRanges6:  c.MaxSourceRanges,
+		mapServiceIPs6: c.MaxServices,
 	}
 }
 
@@ -230,6 +244,13 @@ type Datapath struct {
 	shim       migratePrograms
 }
 
+// The IPv6 socket path's maps (bpf/lib/maps.h), sized like their IPv4
+// twins (Config.MaxSockRev).
+const (
+	mapSockRev6  = "sluice6_sock_rev_v1"
+	mapUDPStick6 = "sluice6_udp_stick_v1"
+)
+
 // sockProgs are the socket programs, each in the variant this kernel
 // takes (Features.SetRetval).
 type sockProgs struct {
@@ -237,10 +258,15 @@ type sockProgs struct {
 	Sendmsg4     *ebpf.Program `ebpf:"sluice_sendmsg4"`
 	Recvmsg4     *ebpf.Program `ebpf:"sluice_recvmsg4"`
 	Getpeername4 *ebpf.Program `ebpf:"sluice_getpeername4"`
+	Connect6     *ebpf.Program `ebpf:"sluice_connect6"`
+	Sendmsg6     *ebpf.Program `ebpf:"sluice_sendmsg6"`
+	Recvmsg6     *ebpf.Program `ebpf:"sluice_recvmsg6"`
+	Getpeername6 *ebpf.Program `ebpf:"sluice_getpeername6"`
 }
 
 func (p *sockProgs) Close() error {
-	return errors.Join(p.Connect4.Close(), p.Sendmsg4.Close(), p.Recvmsg4.Close(), p.Getpeername4.Close())
+	return errors.Join(p.Connect4.Close(), p.Sendmsg4.Close(), p.Recvmsg4.Close(), p.Getpeername4.Close(),
+		p.Connect6.Close(), p.Sendmsg6.Close(), p.Recvmsg6.Close(), p.Getpeername6.Close())
 }
 
 // Open loads the programs the configuration uses and creates the pinned
@@ -369,7 +395,7 @@ func (d *Datapath) specs() (objectSpecs, error) {
 // their eperm twins without it (sock.c), which keep their own names
 // (bpftool shows sluice_eperm_co for sluice_eperm_connect4).
 func selectSockVariant(spec *ebpf.CollectionSpec, setRetval bool) error {
-	for _, hook := range []string{"connect4", "sendmsg4"} {
+	for _, hook := range []string{"connect4", "sendmsg4", "connect6", "sendmsg6"} {
 		name, twinName := "sluice_"+hook, "sluice_eperm_"+hook
 		twin := spec.Programs[twinName]
 		if spec.Programs[name] == nil || twin == nil {
@@ -396,6 +422,9 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 		return fmt.Errorf("load tc programs: %w", verifierDetail(err))
 	}
 	if err := d.tc.setDryTwins(); err != nil {
+		return err
+	}
+	if err := d.tc.setIPv6Programs(); err != nil {
 		return err
 	}
 	if err := specs.gc.LoadAndAssign(&d.gc, opts); err != nil {
@@ -431,7 +460,18 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 		nodeCIDRs:  d.tc.SluiceNodeCidrsV1,
 		svcStats:   d.tc.SluiceSvcStatsV1,
 		cfg:        d.cfg,
+
+		services6:   d.tc.Sluice6ServicesV1,
+		backends6:   d.tc.Sluice6BackendsV1,
+		revNat6:     d.tc.Sluice6RevNatV1,
+		srcRanges6:  d.tc.Sluice6SrcRangesV1,
+		serviceIPs6: d.tc.Sluice6ServiceIpsV1,
+		affinity6:   d.tc.Sluice6AffinityV1,
+		affFix6:     d.tc.Sluice6AffFixV1,
+		affFixProg6: d.gc.SluiceAffFix6,
+		nodeCIDRs6:  d.tc.Sluice6NodeCidrsV1,
 	}
+	d.maps.ctFlush6 = d.tc.Sluice6CtFlushV1
 	if specs.sockDestroy != nil {
 		if d.maps.sockTerm, err = loadSockTerminator(specs.sockDestroy, opts); err != nil {
 			return err
@@ -459,6 +499,10 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 	if ms, ok := spec.Maps[mapMetrics]; !ok || int(ms.MaxEntries) < len(metricNames()) {
 		return fmt.Errorf("map %s: missing from BPF object, or without room for its %d reasons", mapMetrics, len(metricNames()))
 	}
+	cidrs, err := wantNodeCIDRs(cfg)
+	if err != nil {
+		return err
+	}
 	vars := map[string]any{
 		"ct_timeout_tcp_ns":   uint64(cfg.CTTimeoutTCP.Nanoseconds()),
 		"ct_timeout_syn_ns":   uint64(cfg.CTTimeoutSYN.Nanoseconds()),
@@ -467,7 +511,9 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		"snat_port_min":       cfg.SNATPortMin,
 		"snat_port_max":       cfg.SNATPortMax,
 		"node_ip4":            uint32(0),
-		"have_cluster_cidr":   boolU8(len(cfg.ClusterCIDRs) > 0),
+		"have_cluster_cidr":   boolU8(hasCIDR(cidrs, nodeCIDRCluster, false)),
+		"node_ip6":            sockV6addr{},
+		"have_cluster_cidr6":  boolU8(hasCIDR(cidrs, nodeCIDRCluster, true)),
 		"masquerade_all":      boolU8(cfg.MasqueradeAll),
 		"service_metrics":     boolU8(cfg.ServiceMetrics),
 	}
@@ -476,6 +522,9 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 			vars["node_ip4"] = be32(ip.Unmap())
 			break
 		}
+	}
+	if i := slices.IndexFunc(cfg.NodeIPs, is6); i >= 0 {
+		vars["node_ip6"] = v6addr(cfg.NodeIPs[i])
 	}
 	for name, v := range vars {
 		vs, ok := spec.Variables[name]

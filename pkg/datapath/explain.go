@@ -461,29 +461,52 @@ type Candidate struct {
 
 // Candidates returns the backends in the slots of frontend <fe, proto> in
 // scope, as the agent wrote them (topology and traffic policies are
-// applied in what it writes there), in slot order.
+// applied in what it writes there), in slot order. An IPv6 frontend's are
+// read from the sluice6_* maps (none when an older agent pinned no such
+// maps).
 func (p *Pinned) Candidates(fe netip.AddrPort, proto, scope uint8) ([]Candidate, error) {
-	key := sockLb4Key{Vip: be32(fe.Addr()), Port: be16(fe.Port()), Proto: proto, Scope: scope}
+	a := fe.Addr().Unmap()
+	v6 := is6(a)
+	if v6 && p.services6 == nil {
+		return nil, nil
+	}
+	key := sockLb4Key{Vip: addr4(a), Port: be16(fe.Port()), Proto: proto, Scope: scope}
+	slot := func(n uint16, out *sockLb4Service) error {
+		key.Slot = n
+		if v6 {
+			k6 := lb6Key(key, a)
+			return p.services6.Lookup(&k6, out)
+		}
+		return p.services.Lookup(&key, out)
+	}
+	backend := func(id uint32) (netip.AddrPort, error) {
+		if v6 {
+			var be sockLb6Backend
+			err := p.backends6.Lookup(id, &be)
+			return netip.AddrPortFrom(addrFrom16(be.Addr), portFromBE16(be.Port)), err
+		}
+		var be sockLb4Backend
+		err := p.backends.Lookup(id, &be)
+		return netip.AddrPortFrom(addrFromBE32(be.Addr), portFromBE16(be.Port)), err
+	}
 	var master sockLb4Service
-	if err := p.services.Lookup(&key, &master); err != nil {
+	if err := slot(0, &master); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return nil, nil
 		}
 		return nil, fmt.Errorf("read frontend %s: %w", fe, err)
 	}
 	out := make([]Candidate, 0, master.Count)
-	for slot := uint32(1); slot <= master.Count && slot <= 0xffff; slot++ {
-		key.Slot = uint16(slot)
+	for n := uint32(1); n <= master.Count && n <= 0xffff; n++ {
 		var s sockLb4Service
-		if err := p.services.Lookup(&key, &s); err != nil {
+		if err := slot(uint16(n), &s); err != nil {
 			continue // a shrink racing this read
 		}
-		var be sockLb4Backend
-		if err := p.backends.Lookup(s.BackendId, &be); err != nil {
+		be, err := backend(s.BackendId)
+		if err != nil {
 			continue
 		}
-		out = append(out, Candidate{Slot: uint16(slot), BackendID: s.BackendId,
-			Addr: netip.AddrPortFrom(addrFromBE32(be.Addr), portFromBE16(be.Port))})
+		out = append(out, Candidate{Slot: uint16(n), BackendID: s.BackendId, Addr: be})
 	}
 	return out, nil
 }
@@ -491,10 +514,5 @@ func (p *Pinned) Candidates(fe netip.AddrPort, proto, scope uint8) ([]Candidate,
 // setDryTwins puts the tc programs' dry twins into sluice_dry_v1, where
 // the live programs send a dry run's packet (bpf/lib/explain.h).
 func (o *tcObjects) setDryTwins() error {
-	for i, p := range []*ebpf.Program{o.SluiceIngressDry, o.SluiceEgressDry} {
-		if err := o.SluiceDryV1.Put(uint32(i), p); err != nil {
-			return fmt.Errorf("put dry-run program %d into sluice_dry_v1: %w", i, err)
-		}
-	}
-	return nil
+	return fillProgArray(o.SluiceDryV1, "sluice_dry_v1", o.SluiceIngressDry, o.SluiceEgressDry)
 }

@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
@@ -207,14 +210,41 @@ type testBackend struct {
 }
 
 // addLoopbackAddrs gives the loopback device of ns the addresses addrs
-// (each a /32): local backends, reachable only inside ns.
+// (each a /32 or /128): local backends, reachable only inside ns.
 func addLoopbackAddrs(t testing.TB, ns *topology.NS, addrs ...string) {
 	t.Helper()
 	for _, a := range addrs {
-		if err := ns.AddAddr("lo", netip.PrefixFrom(addr(a), 32)); err != nil {
+		if err := ns.AddAddr("lo", netip.PrefixFrom(addr(a), addr(a).BitLen())); err != nil {
 			t.Fatal(err)
 		}
 	}
+	for _, a := range addrs {
+		if addr(a).Is6() {
+			waitLocal(t, ns, addr(a))
+		}
+	}
+}
+
+// waitLocal waits until ns takes its own IPv6 address a for local. Even
+// without DAD (nodad) the kernel inserts an address's local route from a
+// work queue (addrconf_dad_work), a moment after the address, its prefix
+// route and a listener bound to it exist: a connect to it in between goes
+// out on lo, finds no local route coming back in, and fails with
+// ENETUNREACH after a retransmission.
+func waitLocal(t testing.TB, ns *topology.NS, a netip.Addr) {
+	t.Helper()
+	var rs []netlink.Route
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		err = ns.Do(func() error {
+			rs, err = netlink.RouteGet(a.AsSlice())
+			return err
+		})
+		if err == nil && len(rs) > 0 && rs[0].Type == unix.RTN_LOCAL {
+			return
+		}
+	}
+	t.Fatalf("%s in %s: no local route after 10s: %v %v", a, ns.Name, rs, err)
 }
 
 // applyServices programs svcs into d through the production writer,

@@ -68,8 +68,8 @@ type ConntrackEntry struct {
 }
 
 // Conntrack lists the entries of both conntrack tables, established
-// first. Entries change under the walk; a list is a snapshot of each
-// entry, not of the table.
+// first, IPv4's and then IPv6's. Entries change under the walk; a list
+// is a snapshot of each entry, not of the table.
 func (p *Pinned) Conntrack() ([]ConntrackEntry, error) {
 	spec, err := loadSock()
 	if err != nil {
@@ -80,24 +80,19 @@ func (p *Pinned) Conntrack() ([]ConntrackEntry, error) {
 		return nil, fmt.Errorf("read the clock: %w", err)
 	}
 	var out []ConntrackEntry
-	for _, t := range []struct {
-		name        string
-		established bool
-	}{{mapConntrack, true}, {mapCTNew, false}} {
+	for _, t := range ctTables {
 		m, err := openPinnedMap(p.dir, t.name, spec.Maps[t.name])
-		if errors.Is(err, os.ErrNotExist) && !t.established {
-			continue // pinned by an agent without the table of new flows
+		if errors.Is(err, os.ErrNotExist) && t.optional {
+			continue // pinned by an agent without this table
 		}
 		if err != nil {
 			return nil, err
 		}
-		var k sockCt4Key
-		var v sockCt4Entry
-		it := m.Iterate()
-		for it.Next(&k, &v) {
-			out = append(out, conntrackEntry(t.established, k, v, now))
+		if t.v6 {
+			out, err = listCT[tcCt6Key, tcCt6Entry](m, t.established, now, out)
+		} else {
+			out, err = listCT[sockCt4Key, sockCt4Entry](m, t.established, now, out)
 		}
-		err = it.Err()
 		m.Close()
 		if err != nil {
 			return nil, fmt.Errorf("read %s: %w", t.name, err)
@@ -106,30 +101,96 @@ func (p *Pinned) Conntrack() ([]ConntrackEntry, error) {
 	return out, nil
 }
 
-func conntrackEntry(established bool, k sockCt4Key, v sockCt4Entry, now uint64) ConntrackEntry {
-	ap := func(a uint32, port uint16) netip.AddrPort {
-		return netip.AddrPortFrom(addrFromBE32(a), portFromBE16(port))
+// ctTables are the conntrack tables Conntrack lists and DeleteConntrack
+// deletes from; optional: an older agent may not have pinned it.
+var ctTables = []struct {
+	name                      string
+	established, optional, v6 bool
+}{
+	{mapConntrack, true, false, false}, {mapCTNew, false, true, false},
+	{mapConntrack6, true, true, true}, {mapCTNew6, false, true, true},
+}
+
+// listCT appends the entries of the conntrack table m, of key type K and
+// value type V, to out.
+func listCT[K ctKey, V ctValue](m *ebpf.Map, established bool, now uint64, out []ConntrackEntry) ([]ConntrackEntry, error) {
+	var k K
+	var v V
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, conntrackEntry(established, k, v, now))
 	}
+	return out, it.Err()
+}
+
+// ctKey is a conntrack key of either family: sockCt4Key or tcCt6Key.
+type ctKey interface {
+	comparable
+	tuple() (src, dst netip.AddrPort, proto uint8, dir uint8)
+}
+
+// ctValue is a conntrack entry of either family: sockCt4Entry or
+// tcCt6Entry.
+type ctValue interface {
+	view() ctView
+}
+
+// ctView is what a conntrack entry of either family holds.
+type ctView struct {
+	nat, snat                   netip.AddrPort
+	flags, backendID, serviceID uint32
+	expires                     uint64
+}
+
+func ap4(a uint32, port uint16) netip.AddrPort {
+	return netip.AddrPortFrom(addrFromBE32(a), portFromBE16(port))
+}
+
+func ap6(a tcV6addr, port uint16) netip.AddrPort {
+	return netip.AddrPortFrom(netip.AddrFrom16(a.Addr), portFromBE16(port))
+}
+
+func (k sockCt4Key) tuple() (src, dst netip.AddrPort, proto, dir uint8) {
+	return ap4(k.Saddr, k.Sport), ap4(k.Daddr, k.Dport), k.Proto, k.Dir
+}
+
+func (k tcCt6Key) tuple() (src, dst netip.AddrPort, proto, dir uint8) {
+	return ap6(k.Saddr, k.Sport), ap6(k.Daddr, k.Dport), k.Proto, k.Dir
+}
+
+func (v sockCt4Entry) view() ctView {
+	return ctView{nat: ap4(v.NatAddr, v.NatPort), snat: ap4(v.SnatAddr, v.SnatPort),
+		flags: v.Flags, backendID: v.BackendId, serviceID: v.RevNatId, expires: v.Expires}
+}
+
+func (v tcCt6Entry) view() ctView {
+	return ctView{nat: ap6(v.NatAddr, v.NatPort), snat: ap6(v.SnatAddr, v.SnatPort),
+		flags: v.Flags, backendID: v.BackendId, serviceID: v.RevNatId, expires: v.Expires}
+}
+
+func conntrackEntry[K ctKey, V ctValue](established bool, k K, v V, now uint64) ConntrackEntry {
+	src, dst, proto, dir := k.tuple()
+	w := v.view()
 	e := ConntrackEntry{
 		Established: established,
-		Reverse:     k.Dir == ctReverse,
-		Proto:       model.Protocol(k.Proto),
-		Src:         ap(k.Saddr, k.Sport),
-		Dst:         ap(k.Daddr, k.Dport),
-		NAT:         ap(v.NatAddr, v.NatPort),
-		BackendID:   v.BackendId,
-		ServiceID:   v.RevNatId,
-		ExpiresIn:   time.Duration(int64(v.Expires - now)),
-		RawExpires:  v.Expires,
+		Reverse:     dir == ctReverse,
+		Proto:       model.Protocol(proto),
+		Src:         src,
+		Dst:         dst,
+		NAT:         w.nat,
+		BackendID:   w.backendID,
+		ServiceID:   w.serviceID,
+		ExpiresIn:   time.Duration(int64(w.expires - now)),
+		RawExpires:  w.expires,
 	}
-	if v.Flags&ctFlagSNAT != 0 {
-		e.SNAT = ap(v.SnatAddr, v.SnatPort)
+	if w.flags&ctFlagSNAT != 0 {
+		e.SNAT = w.snat
 	}
 	for _, f := range []struct {
 		bit  uint32
 		name string
 	}{{ctFlagSNAT, "snat"}, {ctFlagReplied, "replied"}, {ctFlagFinFwd, "fin-client"}, {ctFlagFinRev, "fin-backend"}, {ctFlagRST, "rst"}} {
-		if v.Flags&f.bit != 0 {
+		if w.flags&f.bit != 0 {
 			e.Flags = append(e.Flags, f.name)
 		}
 	}

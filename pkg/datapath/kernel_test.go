@@ -126,31 +126,36 @@ func TestSockLBWithoutSetRetval(t *testing.T) {
 			if d.Features().SetRetval != tc.setRetval {
 				t.Errorf("Features().SetRetval = %v", d.Features().SetRetval)
 			}
-			// The loaded connect4 is the variant whose code calls the
-			// helper, or its twin whose code does not.
-			info, err := d.sock.Connect4.Info()
-			if err != nil {
-				t.Fatal(err)
-			}
+			// The loaded connect4 (connect6) is the variant whose code
+			// calls the helper, or its twin whose code does not.
 			spec, err := loadSock()
 			if err != nil {
 				t.Fatal(err)
 			}
-			variant := "sluice_connect4"
-			if !tc.setRetval {
-				variant = "sluice_eperm_connect4"
-			}
-			// (The kernel keeps 15 characters of a name; cilium/ebpf
-			// reads the rest from the BTF where it can.)
-			if info.Name != variant && info.Name != variant[:15] {
-				t.Errorf("loaded connect4 is %s, want %s", info.Name, variant)
-			}
-			calls := false
-			for _, in := range spec.Programs[variant].Instructions {
-				calls = calls || (in.IsBuiltinCall() && asm.BuiltinFunc(in.Constant) == asm.FnSetRetval)
-			}
-			if calls != tc.setRetval {
-				t.Errorf("%s calls bpf_set_retval: %v", variant, calls)
+			for _, p := range []struct {
+				hook string
+				prog *ebpf.Program
+			}{{"connect4", d.sock.Connect4}, {"connect6", d.sock.Connect6}} {
+				info, err := p.prog.Info()
+				if err != nil {
+					t.Fatal(err)
+				}
+				variant := "sluice_" + p.hook
+				if !tc.setRetval {
+					variant = "sluice_eperm_" + p.hook
+				}
+				// (The kernel keeps 15 characters of a name; cilium/ebpf
+				// reads the rest from the BTF where it can.)
+				if info.Name != variant && info.Name != variant[:15] {
+					t.Errorf("loaded %s is %s, want %s", p.hook, info.Name, variant)
+				}
+				calls := false
+				for _, in := range spec.Programs[variant].Instructions {
+					calls = calls || (in.IsBuiltinCall() && asm.BuiltinFunc(in.Constant) == asm.FnSetRetval)
+				}
+				if calls != tc.setRetval {
+					t.Errorf("%s calls bpf_set_retval: %v", variant, calls)
+				}
 			}
 
 			sockNode(t, d, "retval", sockBackends...)
@@ -159,17 +164,20 @@ func TestSockLBWithoutSetRetval(t *testing.T) {
 			addService(t, m, 3, sockVIPEmpty)
 			addService(t, m, 4, sockVIPEmptU)
 
-			fd := newSocket(t, unix.SOCK_STREAM)
-			if err := unix.Connect(fd, sockaddr(sockVIPTCP)); err != nil {
-				t.Fatalf("connect %s: %v", sockVIPTCP, err)
-			}
-			fd = newSocket(t, unix.SOCK_STREAM)
-			if err := unix.Connect(fd, sockaddr(sockVIPEmpty)); !errors.Is(err, tc.want) {
-				t.Errorf("TCP connect to %s without endpoints: %v, want %v", sockVIPEmpty, err, tc.want)
-			}
-			ufd := newSocket(t, unix.SOCK_DGRAM)
-			if err := unix.Sendto(ufd, []byte("hi"), 0, sockaddr(sockVIPEmptU)); !errors.Is(err, tc.want) {
-				t.Errorf("UDP sendto %s without endpoints: %v, want %v", sockVIPEmptU, err, tc.want)
+			// IPv4 sockets, and dual-stack ones (connect6, sendmsg6).
+			for _, domain := range []int{unix.AF_INET, unix.AF_INET6} {
+				fd := newSocketIn(t, domain, unix.SOCK_STREAM)
+				if err := unix.Connect(fd, sockaddrIn(domain, sockVIPTCP)); err != nil {
+					t.Fatalf("connect %s (domain %d): %v", sockVIPTCP, domain, err)
+				}
+				fd = newSocketIn(t, domain, unix.SOCK_STREAM)
+				if err := unix.Connect(fd, sockaddrIn(domain, sockVIPEmpty)); !errors.Is(err, tc.want) {
+					t.Errorf("TCP connect to %s without endpoints (domain %d): %v, want %v", sockVIPEmpty, domain, err, tc.want)
+				}
+				ufd := newSocketIn(t, domain, unix.SOCK_DGRAM)
+				if err := unix.Sendto(ufd, []byte("hi"), 0, sockaddrIn(domain, sockVIPEmptU)); !errors.Is(err, tc.want) {
+					t.Errorf("UDP sendto %s without endpoints (domain %d): %v, want %v", sockVIPEmptU, domain, err, tc.want)
+				}
 			}
 		})
 	}

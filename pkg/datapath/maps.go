@@ -26,9 +26,17 @@ type Maps struct {
 	devices, srcRanges, ctNew, ctFlush, serviceIPs, nodeCIDRs         *ebpf.Map
 	affinity, affFix                                                  *ebpf.Map
 	svcStats                                                          *ebpf.Map // per-Service counters (svcstats.go)
+	ctFlush6                                                          *ebpf.Map // IPv6 conntrack flush set (conntrack.go)
+
+	// The IPv6 twins (family.go); nil in a Maps made of an older
+	// agent's pins.
+	services6, backends6, revNat6, srcRanges6, serviceIPs6 *ebpf.Map
+	affinity6, affFix6, nodeCIDRs6                         *ebpf.Map
 
 	ctGC       *ebpf.Program // bpf/ctgc.c: conntrack GC and flush (conntrack.go)
 	affFixProg *ebpf.Program // bpf/ctgc.c: session affinity upkeep (affinity.go)
+	// bpf/ctgc.c: the same for IPv6 frontends (sluice6_affinity_v1).
+	affFixProg6 *ebpf.Program
 
 	// Ends the connected UDP sockets of flushed backends, nil if none
 	// can be (sockdestroy.go); onSockTerm hears what it did.
@@ -65,11 +73,13 @@ func portFromBE16(v uint16) uint16 {
 	return binary.BigEndian.Uint16(b[:])
 }
 
-// checkL4 validates an L4Addr for the IPv4 datapath.
+// checkL4 validates an L4Addr for the datapath: an IPv4 address (an
+// IPv4-mapped IPv6 address is its IPv4 address) or an IPv6 one, without a
+// zone, and TCP or UDP.
 func checkL4(a model.L4Addr) (model.L4Addr, error) {
 	a.Addr = a.Addr.Unmap()
-	if !a.Addr.Is4() {
-		return a, fmt.Errorf("%s: not an IPv4 address", a)
+	if !a.Addr.IsValid() || a.Addr.Zone() != "" {
+		return a, fmt.Errorf("%s: not an IPv4 or IPv6 address", a)
 	}
 	if a.Proto != model.TCP && a.Proto != model.UDP {
 		return a, fmt.Errorf("%s: protocol not supported", a)
@@ -89,7 +99,7 @@ func serviceKey(fe reconciler.Frontend, slot uint32) (sockLb4Key, error) {
 		return sockLb4Key{}, fmt.Errorf("frontend %s: %w", fe, err)
 	}
 	return sockLb4Key{
-		Vip:   be32(l4.Addr),
+		Vip:   addr4(l4.Addr),
 		Port:  be16(l4.Port),
 		Proto: uint8(l4.Proto),
 		Scope: uint8(fe.Scope),
@@ -129,7 +139,25 @@ func backendEntry(id reconciler.BackendID, b model.L4Addr) (uint32, sockLb4Backe
 	if err != nil {
 		return 0, sockLb4Backend{}, fmt.Errorf("upsert backend %d: %w", id, err)
 	}
-	return uint32(id), sockLb4Backend{Addr: be32(b.Addr), Port: be16(b.Port), Proto: uint8(b.Proto)}, nil
+	return uint32(id), sockLb4Backend{Addr: addr4(b.Addr), Port: be16(b.Port), Proto: uint8(b.Proto)}, nil
+}
+
+// The maps of each kind of entry, with their IPv6 twins.
+func (m *Maps) backendMaps() twin[uint32, sockLb4Backend, uint32, sockLb6Backend] {
+	return twin[uint32, sockLb4Backend, uint32, sockLb6Backend]{m.backends, m.backends6, mapBackends, mapBackends6,
+		func(k uint32, v sockLb4Backend, a netip.Addr) (uint32, sockLb6Backend) { return k, lb6Backend(v, a) }}
+}
+
+func (m *Maps) revNatMaps() twin[uint32, sockLb4RevNat, uint32, sockLb6RevNat] {
+	return twin[uint32, sockLb4RevNat, uint32, sockLb6RevNat]{m.revNat, m.revNat6, mapRevNat, mapRevNat6,
+		func(k uint32, v sockLb4RevNat, a netip.Addr) (uint32, sockLb6RevNat) { return k, lb6RevNat(v, a) }}
+}
+
+func (m *Maps) serviceMaps() twin[sockLb4Key, sockLb4Service, sockLb6Key, sockLb4Service] {
+	return twin[sockLb4Key, sockLb4Service, sockLb6Key, sockLb4Service]{m.services, m.services6, mapServices, mapServices6,
+		func(k sockLb4Key, v sockLb4Service, a netip.Addr) (sockLb6Key, sockLb4Service) {
+			return lb6Key(k, a), v
+		}}
 }
 
 // UpsertBackend writes backend id -> b.
@@ -138,7 +166,7 @@ func (m *Maps) UpsertBackend(id reconciler.BackendID, b model.L4Addr) error {
 	if err != nil {
 		return err
 	}
-	if err := m.backends.Put(k, &v); err != nil {
+	if err := m.backendMaps().put(b.Addr, k, v); err != nil {
 		return fmt.Errorf("upsert backend %d (%s): %w", id, b, err)
 	}
 	return nil
@@ -146,7 +174,7 @@ func (m *Maps) UpsertBackend(id reconciler.BackendID, b model.L4Addr) error {
 
 // DeleteBackend deletes backend id; deleting a missing backend succeeds.
 func (m *Maps) DeleteBackend(id reconciler.BackendID) error {
-	if err := deleteIgnoringMissing(m.backends, uint32(id)); err != nil {
+	if err := deleteID([]*ebpf.Map{m.backends, m.backends6}, uint32(id)); err != nil {
 		return fmt.Errorf("delete backend %d: %w", id, err)
 	}
 	return nil
@@ -165,7 +193,7 @@ func revNatEntry(id reconciler.ServiceID, fe reconciler.Frontend) (uint32, sockL
 	if err != nil {
 		return 0, sockLb4RevNat{}, fmt.Errorf("upsert rev-nat %d: %w", id, err)
 	}
-	return uint32(id), sockLb4RevNat{Vip: be32(l4.Addr), Port: be16(l4.Port), Proto: uint8(l4.Proto), Scope: uint8(fe.Scope)}, nil
+	return uint32(id), sockLb4RevNat{Vip: addr4(l4.Addr), Port: be16(l4.Port), Proto: uint8(l4.Proto), Scope: uint8(fe.Scope)}, nil
 }
 
 // UpsertRevNat writes service id -> frontend address, port, protocol and
@@ -175,7 +203,7 @@ func (m *Maps) UpsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend) err
 	if err != nil {
 		return err
 	}
-	if err := m.revNat.Put(k, &v); err != nil {
+	if err := m.revNatMaps().put(fe.Addr, k, v); err != nil {
 		return fmt.Errorf("upsert rev-nat %d (%s): %w", id, fe, err)
 	}
 	return nil
@@ -183,7 +211,7 @@ func (m *Maps) UpsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend) err
 
 // DeleteRevNat deletes service id's reverse-NAT entry.
 func (m *Maps) DeleteRevNat(id reconciler.ServiceID) error {
-	if err := deleteIgnoringMissing(m.revNat, uint32(id)); err != nil {
+	if err := deleteID([]*ebpf.Map{m.revNat, m.revNat6}, uint32(id)); err != nil {
 		return fmt.Errorf("delete rev-nat %d: %w", id, err)
 	}
 	return nil
@@ -210,7 +238,7 @@ func (m *Maps) UpsertSlot(fe reconciler.Frontend, slot uint32, backend reconcile
 	if err != nil {
 		return err
 	}
-	if err := m.services.Put(&k, &v); err != nil {
+	if err := m.serviceMaps().put(fe.Addr, k, v); err != nil {
 		return fmt.Errorf("upsert slot %d of %s: %w", slot, fe, err)
 	}
 	return nil
@@ -240,7 +268,7 @@ func (m *Maps) UpsertMaster(fe reconciler.Frontend, ms reconciler.Master) error 
 	if err != nil {
 		return err
 	}
-	if err := m.services.Put(&k, &v); err != nil {
+	if err := m.serviceMaps().put(fe.Addr, k, v); err != nil {
 		return fmt.Errorf("upsert master of %s: %w", fe, err)
 	}
 	return nil
@@ -252,92 +280,98 @@ func (m *Maps) DeleteSlot(fe reconciler.Frontend, slot uint32) error {
 	if err != nil {
 		return fmt.Errorf("delete slot: %w", err)
 	}
-	if err := deleteIgnoringMissing(m.services, &k); err != nil {
+	if err := m.serviceMaps().del(fe.Addr, k); err != nil {
 		return fmt.Errorf("delete slot %d of %s: %w", slot, fe, err)
 	}
 	return nil
 }
 
 // Dump reads the service, backend, reverse-NAT, source-range and
-// service-IP maps back.
+// service-IP maps of both families back.
 func (m *Maps) Dump() (*reconciler.KernelState, error) {
-	return dumpState(m.services, m.backends, m.revNat, m.srcRanges, m.serviceIPs)
+	return dumpState(stateMaps{
+		services: m.services, backends: m.backends, revNat: m.revNat, srcRanges: m.srcRanges, serviceIPs: m.serviceIPs,
+		services6: m.services6, backends6: m.backends6, revNat6: m.revNat6, srcRanges6: m.srcRanges6, serviceIPs6: m.serviceIPs6,
+	})
 }
 
-// dumpState reads the service, backend, reverse-NAT, source-range and
-// service-IP maps into a KernelState (shared by Maps and the read-only
-// Pinned, which may have no service-IP map: nil).
-func dumpState(services, backends, revNat, srcRanges, serviceIPs *ebpf.Map) (*reconciler.KernelState, error) {
+// stateMaps are the maps a KernelState is read from, IPv4 and IPv6. The
+// read-only Pinned may have no service-IP map, and neither has IPv6 maps
+// when an older agent pinned the maps: nil, read as empty.
+type stateMaps struct {
+	services, backends, revNat, srcRanges, serviceIPs      *ebpf.Map
+	services6, backends6, revNat6, srcRanges6, serviceIPs6 *ebpf.Map
+}
+
+func frontendOf(a netip.Addr, port uint16, proto, scope uint8) reconciler.Frontend {
+	return reconciler.Frontend{
+		L4Addr: model.L4Addr{Addr: a, Port: portFromBE16(port), Proto: model.Protocol(proto)},
+		Scope:  reconciler.Scope(scope),
+	}
+}
+
+func l4Of(a netip.Addr, port uint16, proto uint8) model.L4Addr {
+	return model.L4Addr{Addr: a, Port: portFromBE16(port), Proto: model.Protocol(proto)}
+}
+
+// dumpState reads ms into a KernelState (shared by Maps and the read-only
+// Pinned).
+func dumpState(ms stateMaps) (*reconciler.KernelState, error) {
 	ks := &reconciler.KernelState{
 		Masters:  map[reconciler.Frontend]reconciler.Master{},
 		Slots:    map[reconciler.Frontend]map[uint32]reconciler.BackendID{},
 		Backends: map[reconciler.BackendID]model.L4Addr{},
 		RevNat:   map[reconciler.ServiceID]reconciler.Frontend{},
 	}
-
-	var sk sockLb4Key
-	var sv sockLb4Service
-	it := services.Iterate()
-	for it.Next(&sk, &sv) {
-		fe := reconciler.Frontend{
-			L4Addr: model.L4Addr{Addr: addrFromBE32(sk.Vip), Port: portFromBE16(sk.Port), Proto: model.Protocol(sk.Proto)},
-			Scope:  reconciler.Scope(sk.Scope),
-		}
-		if sk.Slot == 0 {
+	service := func(fe reconciler.Frontend, slot uint16, sv *sockLb4Service) {
+		if slot == 0 {
 			id := reconciler.ServiceID(sv.RevNatId)
 			// BackendId is the union's affinity_timeout here.
 			ks.Masters[fe] = reconciler.Master{ID: id, Count: sv.Count, Flags: sv.Flags, AffinityTimeout: sv.BackendId}
-			continue
+			return
 		}
 		if ks.Slots[fe] == nil {
 			ks.Slots[fe] = map[uint32]reconciler.BackendID{}
 		}
-		ks.Slots[fe][uint32(sk.Slot)] = reconciler.BackendID(sv.BackendId)
+		ks.Slots[fe][uint32(slot)] = reconciler.BackendID(sv.BackendId)
 	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("dump %s: %w", mapServices, err)
-	}
-
-	var bk uint32
-	var bv sockLb4Backend
-	it = backends.Iterate()
-	for it.Next(&bk, &bv) {
-		ks.Backends[reconciler.BackendID(bk)] = model.L4Addr{
-			Addr: addrFromBE32(bv.Addr), Port: portFromBE16(bv.Port), Proto: model.Protocol(bv.Proto),
-		}
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("dump %s: %w", mapBackends, err)
-	}
-
-	var rk uint32
-	var rv sockLb4RevNat
-	it = revNat.Iterate()
-	for it.Next(&rk, &rv) {
-		id := reconciler.ServiceID(rk)
-		ks.RevNat[id] = reconciler.Frontend{
-			L4Addr: model.L4Addr{Addr: addrFromBE32(rv.Vip), Port: portFromBE16(rv.Port), Proto: model.Protocol(rv.Proto)},
-			Scope:  reconciler.Scope(rv.Scope),
-		}
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("dump %s: %w", mapRevNat, err)
-	}
-	ranges, err := dumpSourceRanges(srcRanges)
+	err := errors.Join(
+		eachEntry(ms.services, mapServices, func(k *sockLb4Key, v *sockLb4Service) {
+			service(frontendOf(addrFromBE32(k.Vip), k.Port, k.Proto, k.Scope), k.Slot, v)
+		}),
+		eachEntry(ms.services6, mapServices6, func(k *sockLb6Key, v *sockLb4Service) {
+			service(frontendOf(addrFrom16(k.Vip), k.Port, k.Proto, k.Scope), k.Slot, v)
+		}),
+		eachEntry(ms.backends, mapBackends, func(k *uint32, v *sockLb4Backend) {
+			ks.Backends[reconciler.BackendID(*k)] = l4Of(addrFromBE32(v.Addr), v.Port, v.Proto)
+		}),
+		eachEntry(ms.backends6, mapBackends6, func(k *uint32, v *sockLb6Backend) {
+			ks.Backends[reconciler.BackendID(*k)] = l4Of(addrFrom16(v.Addr), v.Port, v.Proto)
+		}),
+		eachEntry(ms.revNat, mapRevNat, func(k *uint32, v *sockLb4RevNat) {
+			ks.RevNat[reconciler.ServiceID(*k)] = frontendOf(addrFromBE32(v.Vip), v.Port, v.Proto, v.Scope)
+		}),
+		eachEntry(ms.revNat6, mapRevNat6, func(k *uint32, v *sockLb6RevNat) {
+			ks.RevNat[reconciler.ServiceID(*k)] = frontendOf(addrFrom16(v.Vip), v.Port, v.Proto, v.Scope)
+		}),
+	)
 	if err != nil {
 		return nil, err
 	}
-	ks.SourceRanges = ranges
-	if serviceIPs != nil {
-		if ks.ServiceIPs, err = dumpServiceIPs(serviceIPs); err != nil {
-			return nil, err
-		}
+	if ks.SourceRanges, err = dumpSourceRanges(ms.srcRanges, ms.srcRanges6); err != nil {
+		return nil, err
+	}
+	if ks.ServiceIPs, err = dumpServiceIPs(ms.serviceIPs, ms.serviceIPs6); err != nil {
+		return nil, err
 	}
 	return ks, nil
 }
 
 // Capacity returns the sizes of sluice_rev_nat, sluice_backends and
-// sluice_services.
+// sluice_services. Their IPv6 twins have the same sizes, and the
+// reconciler counts both families together against them: service ids are
+// one space (the per-Service counters are sized for MaxServices ids), and
+// whatever the mix of families, neither map of a pair can overflow.
 func (m *Maps) Capacity() (services, backends, serviceEntries int) {
 	return m.cfg.MaxServices, m.cfg.MaxBackends, m.cfg.MaxServiceEntries
 }

@@ -121,7 +121,7 @@ func TestMapsRejectInvalid(t *testing.T) {
 	m := d.Maps()
 	v6 := model.L4Addr{Addr: l4("10.0.0.1", 1, model.TCP).Addr, Port: 1, Proto: 1}
 	for name, err := range map[string]error{
-		"ipv6 backend":   m.UpsertBackend(1, l4("fd00::1", 80, model.TCP)),
+		"zoned backend":  m.UpsertBackend(1, l4("fe80::1%eth0", 80, model.TCP)),
 		"icmp frontend":  m.UpsertMaster(reconciler.DefaultScope(v6), reconciler.Master{ID: 1}),
 		"backend id 0":   m.UpsertBackend(0, l4("10.0.0.1", 80, model.TCP)),
 		"service id 0":   m.UpsertRevNat(0, reconciler.DefaultScope(l4("10.0.0.1", 80, model.TCP))),

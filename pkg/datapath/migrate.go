@@ -57,6 +57,7 @@ type migration struct {
 // lost in that moment do not matter.
 var writtenByPrograms = map[string]bool{
 	mapConntrack: true, mapCTNew: true, mapSockRev: true, mapUDPStick: true, mapFragments: true,
+	mapSockRev6: true, mapUDPStick6: true,
 }
 
 // conntrackMaps are the maps whose migration needs the shims.
@@ -438,6 +439,7 @@ func (o *tcObjects) mapByName(name string) (*ebpf.Map, error) {
 		{mapServices, o.SluiceServicesV1}, {mapBackends, o.SluiceBackendsV1}, {mapRevNat, o.SluiceRevNatV1},
 		{mapConntrack, o.SluiceConntrackV2}, {mapCTNew, o.SluiceCtNewV1}, {mapCTFlush, o.SluiceCtFlushV1},
 		{mapSockRev, o.SluiceSockRevV1}, {mapUDPStick, o.SluiceUdpStickV1}, {mapMetrics, o.SluiceMetricsV1},
+		{mapSockRev6, o.Sluice6SockRevV1}, {mapUDPStick6, o.Sluice6UdpStickV1},
 		{mapDevices, o.SluiceDevicesV1}, {mapSrcRanges, o.SluiceSrcRangesV1}, {mapFragments, o.SluiceFragmentsV1},
 		{mapSvcStats, o.SluiceSvcStatsV1},
 	} {

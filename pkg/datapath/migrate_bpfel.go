@@ -16,6 +16,21 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	migrateMapSluice6AffFixV1         = "sluice6_aff_fix_v1"
+	migrateMapSluice6AffinityV1       = "sluice6_affinity_v1"
+	migrateMapSluice6BackendsV1       = "sluice6_backends_v1"
+	migrateMapSluice6ConntrackV1      = "sluice6_conntrack_v1"
+	migrateMapSluice6CtFlushV1        = "sluice6_ct_flush_v1"
+	migrateMapSluice6CtNewV1          = "sluice6_ct_new_v1"
+	migrateMapSluice6FragmentsV1      = "sluice6_fragments_v1"
+	migrateMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
+	migrateMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
+	migrateMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
+	migrateMapSluice6ServicesV1       = "sluice6_services_v1"
+	migrateMapSluice6SockRevV1        = "sluice6_sock_rev_v1"
+	migrateMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
+	migrateMapSluice6TcV1             = "sluice6_tc_v1"
+	migrateMapSluice6UdpStickV1       = "sluice6_udp_stick_v1"
 	migrateMapSluiceAffFixV1          = "sluice_aff_fix_v1"
 	migrateMapSluiceBackendsV1        = "sluice_backends_v1"
 	migrateMapSluiceConntrackV2       = "sluice_conntrack_v2"
@@ -45,11 +60,13 @@ const (
 	migrateVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	migrateVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
 	migrateVarHaveClusterCidr         = "have_cluster_cidr"
+	migrateVarHaveClusterCidr6        = "have_cluster_cidr6"
 	migrateVarMasqueradeAll           = "masquerade_all"
 	migrateVarMigFromEst              = "mig_from_est"
 	migrateVarMigFromNew              = "mig_from_new"
 	migrateVarMigFromR0               = "mig_from_r0"
 	migrateVarNodeIp4                 = "node_ip4"
+	migrateVarNodeIp6                 = "node_ip6"
 	migrateVarServiceMetrics          = "service_metrics"
 	migrateVarSnatPortMax             = "snat_port_max"
 	migrateVarSnatPortMin             = "snat_port_min"
@@ -105,6 +122,21 @@ type migrateProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type migrateMapSpecs struct {
+	Sluice6AffFixV1         *ebpf.MapSpec `ebpf:"sluice6_aff_fix_v1"`
+	Sluice6AffinityV1       *ebpf.MapSpec `ebpf:"sluice6_affinity_v1"`
+	Sluice6BackendsV1       *ebpf.MapSpec `ebpf:"sluice6_backends_v1"`
+	Sluice6ConntrackV1      *ebpf.MapSpec `ebpf:"sluice6_conntrack_v1"`
+	Sluice6CtFlushV1        *ebpf.MapSpec `ebpf:"sluice6_ct_flush_v1"`
+	Sluice6CtNewV1          *ebpf.MapSpec `ebpf:"sluice6_ct_new_v1"`
+	Sluice6FragmentsV1      *ebpf.MapSpec `ebpf:"sluice6_fragments_v1"`
+	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
+	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
+	Sluice6ServicesV1       *ebpf.MapSpec `ebpf:"sluice6_services_v1"`
+	Sluice6SockRevV1        *ebpf.MapSpec `ebpf:"sluice6_sock_rev_v1"`
+	Sluice6SrcRangesV1      *ebpf.MapSpec `ebpf:"sluice6_src_ranges_v1"`
+	Sluice6TcV1             *ebpf.MapSpec `ebpf:"sluice6_tc_v1"`
+	Sluice6UdpStickV1       *ebpf.MapSpec `ebpf:"sluice6_udp_stick_v1"`
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
@@ -138,11 +170,13 @@ type migrateVariableSpecs struct {
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	MigFromEst       *ebpf.VariableSpec `ebpf:"mig_from_est"`
 	MigFromNew       *ebpf.VariableSpec `ebpf:"mig_from_new"`
 	MigFromR0        *ebpf.VariableSpec `ebpf:"mig_from_r0"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
+	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
 	ServiceMetrics   *ebpf.VariableSpec `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
@@ -168,6 +202,21 @@ func (o *migrateObjects) Close() error {
 //
 // It can be passed to loadMigrateObjects or ebpf.CollectionSpec.LoadAndAssign.
 type migrateMaps struct {
+	Sluice6AffFixV1         *ebpf.Map `ebpf:"sluice6_aff_fix_v1"`
+	Sluice6AffinityV1       *ebpf.Map `ebpf:"sluice6_affinity_v1"`
+	Sluice6BackendsV1       *ebpf.Map `ebpf:"sluice6_backends_v1"`
+	Sluice6ConntrackV1      *ebpf.Map `ebpf:"sluice6_conntrack_v1"`
+	Sluice6CtFlushV1        *ebpf.Map `ebpf:"sluice6_ct_flush_v1"`
+	Sluice6CtNewV1          *ebpf.Map `ebpf:"sluice6_ct_new_v1"`
+	Sluice6FragmentsV1      *ebpf.Map `ebpf:"sluice6_fragments_v1"`
+	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
+	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
+	Sluice6ServicesV1       *ebpf.Map `ebpf:"sluice6_services_v1"`
+	Sluice6SockRevV1        *ebpf.Map `ebpf:"sluice6_sock_rev_v1"`
+	Sluice6SrcRangesV1      *ebpf.Map `ebpf:"sluice6_src_ranges_v1"`
+	Sluice6TcV1             *ebpf.Map `ebpf:"sluice6_tc_v1"`
+	Sluice6UdpStickV1       *ebpf.Map `ebpf:"sluice6_udp_stick_v1"`
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
@@ -194,6 +243,21 @@ type migrateMaps struct {
 
 func (m *migrateMaps) Close() error {
 	return _MigrateClose(
+		m.Sluice6AffFixV1,
+		m.Sluice6AffinityV1,
+		m.Sluice6BackendsV1,
+		m.Sluice6ConntrackV1,
+		m.Sluice6CtFlushV1,
+		m.Sluice6CtNewV1,
+		m.Sluice6FragmentsV1,
+		m.Sluice6NodeCidrsV1,
+		m.Sluice6RevNatV1,
+		m.Sluice6ServiceIpsV1,
+		m.Sluice6ServicesV1,
+		m.Sluice6SockRevV1,
+		m.Sluice6SrcRangesV1,
+		m.Sluice6TcV1,
+		m.Sluice6UdpStickV1,
 		m.SluiceAffFixV1,
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV2,
@@ -228,11 +292,13 @@ type migrateVariables struct {
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	MigFromEst       *ebpf.Variable `ebpf:"mig_from_est"`
 	MigFromNew       *ebpf.Variable `ebpf:"mig_from_new"`
 	MigFromR0        *ebpf.Variable `ebpf:"mig_from_r0"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
+	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`
 	ServiceMetrics   *ebpf.Variable `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`

@@ -8,6 +8,7 @@ package datapath
 // written at Open from Config.
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -15,15 +16,29 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+// serviceIPKey checks a for the service IPs and returns its IPv4 key
+// (for an IPv6 address, the twin's key is made by serviceIPMaps).
+func serviceIPKey(a netip.Addr) (uint32, error) {
+	a = a.Unmap()
+	if !a.IsValid() || a.Zone() != "" {
+		return 0, fmt.Errorf("service IP %s: not an IPv4 or IPv6 address", a)
+	}
+	return addr4(a), nil
+}
+
+func (m *Maps) serviceIPMaps() twin[uint32, uint8, sockV6addr, uint8] {
+	return twin[uint32, uint8, sockV6addr, uint8]{m.serviceIPs, m.serviceIPs6, mapServiceIPs, mapServiceIPs6,
+		func(_ uint32, v uint8, a netip.Addr) (sockV6addr, uint8) { return v6addr(a), v }}
+}
+
 // UpsertServiceIP adds a to the service IPs: a packet to it that no
 // frontend serves is rejected.
 func (m *Maps) UpsertServiceIP(a netip.Addr) error {
-	a = a.Unmap()
-	if !a.Is4() {
-		return fmt.Errorf("upsert service IP %s: not an IPv4 address", a)
+	k, err := serviceIPKey(a)
+	if err == nil {
+		err = m.serviceIPMaps().put(a, k, 1)
 	}
-	one := uint8(1)
-	if err := m.serviceIPs.Put(be32(a), &one); err != nil {
+	if err != nil {
 		return fmt.Errorf("upsert service IP %s: %w", a, err)
 	}
 	return nil
@@ -32,33 +47,32 @@ func (m *Maps) UpsertServiceIP(a netip.Addr) error {
 // DeleteServiceIP removes a from the service IPs; removing a missing one
 // succeeds.
 func (m *Maps) DeleteServiceIP(a netip.Addr) error {
-	a = a.Unmap()
-	if !a.Is4() {
-		return fmt.Errorf("delete service IP %s: not an IPv4 address", a)
+	k, err := serviceIPKey(a)
+	if err == nil {
+		err = m.serviceIPMaps().del(a, k)
 	}
-	if err := deleteIgnoringMissing(m.serviceIPs, be32(a)); err != nil {
+	if err != nil {
 		return fmt.Errorf("delete service IP %s: %w", a, err)
 	}
 	return nil
 }
 
-// dumpServiceIPs reads sluice_service_ips back, sorted.
-func dumpServiceIPs(serviceIPs *ebpf.Map) ([]netip.Addr, error) {
+// dumpServiceIPs reads sluice_service_ips and its IPv6 twin back, sorted.
+func dumpServiceIPs(serviceIPs, serviceIPs6 *ebpf.Map) ([]netip.Addr, error) {
 	var out []netip.Addr
-	var k uint32
-	var v uint8
-	it := serviceIPs.Iterate()
-	for it.Next(&k, &v) {
-		out = append(out, addrFromBE32(k))
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("dump %s: %w", mapServiceIPs, err)
+	err := errors.Join(
+		eachEntry(serviceIPs, mapServiceIPs, func(k *uint32, _ *uint8) { out = append(out, addrFromBE32(*k)) }),
+		eachEntry(serviceIPs6, mapServiceIPs6, func(k *sockV6addr, _ *uint8) { out = append(out, addrFrom16(*k)) }),
+	)
+	if err != nil {
+		return nil, err
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return out, nil
 }
 
-// NodeCIDR is one of the node's CIDRs as sluice_node_cidrs holds it.
+// NodeCIDR is one of the node's CIDRs as sluice_node_cidrs (an IPv4
+// prefix) or sluice6_node_cidrs (an IPv6 one) holds it.
 type NodeCIDR struct {
 	Kind   uint32 // nodeCIDRCluster or nodeCIDRService
 	Prefix netip.Prefix
@@ -69,7 +83,13 @@ func nodeCIDRKey(c NodeCIDR) sockNodeCidrKey {
 	return sockNodeCidrKey{Prefixlen: 32 + uint32(p.Bits()), Kind: c.Kind, Addr: be32(p.Addr())}
 }
 
-// wantNodeCIDRs returns the entries cfg asks for, checked.
+func nodeCIDR6Key(c NodeCIDR) sockNodeCidr6Key {
+	p := c.Prefix.Masked()
+	return sockNodeCidr6Key{Prefixlen: 32 + uint32(p.Bits()), Kind: c.Kind, Addr: v6addr(p.Addr())}
+}
+
+// wantNodeCIDRs returns the entries cfg asks for, checked, of both
+// families (an IPv4-mapped prefix is its IPv4 prefix).
 func wantNodeCIDRs(cfg Config) ([]NodeCIDR, error) {
 	var out []NodeCIDR
 	for _, x := range []struct {
@@ -78,59 +98,82 @@ func wantNodeCIDRs(cfg Config) ([]NodeCIDR, error) {
 		cidrs []netip.Prefix
 	}{{nodeCIDRCluster, "cluster", cfg.ClusterCIDRs}, {nodeCIDRService, "service", cfg.ServiceCIDRs}} {
 		for _, p := range x.cidrs {
-			if !p.IsValid() || !p.Addr().Unmap().Is4() {
-				return nil, fmt.Errorf("%s CIDR %s: not an IPv4 prefix", x.flag, p)
+			if !p.IsValid() || p.Addr().Zone() != "" || p.Addr().Is4In6() && p.Bits() < 96 {
+				return nil, fmt.Errorf("%s CIDR %s: not an IPv4 or IPv6 prefix", x.flag, p)
 			}
-			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked()
-			out = append(out, NodeCIDR{x.kind, p})
+			if p.Addr().Is4In6() {
+				p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+			}
+			out = append(out, NodeCIDR{x.kind, p.Masked()})
 		}
 	}
 	return out, nil
 }
 
-// setNodeCIDRs makes sluice_node_cidrs hold exactly want: the new entries
-// first, then the stale ones go (an agent restarted with other CIDRs).
+// hasCIDR reports whether cidrs has a prefix of kind in the IPv6 family
+// (v6) or the IPv4 one.
+func hasCIDR(cidrs []NodeCIDR, kind uint32, v6 bool) bool {
+	return slices.ContainsFunc(cidrs, func(c NodeCIDR) bool { return c.Kind == kind && c.Prefix.Addr().Is6() == v6 })
+}
+
+// setNodeCIDRs makes sluice_node_cidrs and sluice6_node_cidrs hold exactly
+// want, each its family's.
 func (m *Maps) setNodeCIDRs(want []NodeCIDR) error {
-	one := uint8(1)
-	keep := map[sockNodeCidrKey]bool{}
+	var k4 []sockNodeCidrKey
+	var k6 []sockNodeCidr6Key
 	for _, c := range want {
-		k := nodeCIDRKey(c)
+		if c.Prefix.Addr().Is6() {
+			k6 = append(k6, nodeCIDR6Key(c))
+		} else {
+			k4 = append(k4, nodeCIDRKey(c))
+		}
+	}
+	if err := setKeys(m.nodeCIDRs, mapNodeCIDRs, k4); err != nil {
+		return err
+	}
+	return setKeys(m.nodeCIDRs6, mapNodeCIDRs6, k6)
+}
+
+// setKeys makes the set m hold exactly keys (each -> 1): the new entries
+// first, then the stale ones go (an agent restarted with other CIDRs).
+func setKeys[K comparable](m *ebpf.Map, name string, keys []K) error {
+	one := uint8(1)
+	keep := map[K]bool{}
+	for _, k := range keys {
 		keep[k] = true
-		if err := m.nodeCIDRs.Put(&k, &one); err != nil {
-			return fmt.Errorf("write node CIDR %s: %w", c.Prefix, err)
+		if err := m.Put(&k, &one); err != nil {
+			return fmt.Errorf("write %s: %w", name, err)
 		}
 	}
-	var stale []sockNodeCidrKey
-	var k sockNodeCidrKey
-	var v uint8
-	it := m.nodeCIDRs.Iterate()
-	for it.Next(&k, &v) {
-		if !keep[k] {
-			stale = append(stale, k)
+	var stale []K
+	if err := eachEntry(m, name, func(k *K, _ *uint8) {
+		if !keep[*k] {
+			stale = append(stale, *k)
 		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read %s: %w", mapNodeCIDRs, err)
+	}); err != nil {
+		return err
 	}
 	for _, k := range stale {
-		if err := deleteIgnoringMissing(m.nodeCIDRs, &k); err != nil {
-			return fmt.Errorf("delete stale node CIDR: %w", err)
+		if err := deleteIgnoringMissing(m, &k); err != nil {
+			return fmt.Errorf("delete stale entry of %s: %w", name, err)
 		}
 	}
 	return nil
 }
 
-// NodeCIDRs reads sluice_node_cidrs back.
+// NodeCIDRs reads sluice_node_cidrs and sluice6_node_cidrs back.
 func (m *Maps) NodeCIDRs() ([]NodeCIDR, error) {
 	var out []NodeCIDR
-	var k sockNodeCidrKey
-	var v uint8
-	it := m.nodeCIDRs.Iterate()
-	for it.Next(&k, &v) {
-		out = append(out, NodeCIDR{k.Kind, netip.PrefixFrom(addrFromBE32(k.Addr), int(k.Prefixlen)-32)})
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read %s: %w", mapNodeCIDRs, err)
+	err := errors.Join(
+		eachEntry(m.nodeCIDRs, mapNodeCIDRs, func(k *sockNodeCidrKey, _ *uint8) {
+			out = append(out, NodeCIDR{k.Kind, netip.PrefixFrom(addrFromBE32(k.Addr), int(k.Prefixlen)-32)})
+		}),
+		eachEntry(m.nodeCIDRs6, mapNodeCIDRs6, func(k *sockNodeCidr6Key, _ *uint8) {
+			out = append(out, NodeCIDR{k.Kind, netip.PrefixFrom(addrFrom16(k.Addr), int(k.Prefixlen)-32)})
+		}),
+	)
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }

@@ -18,11 +18,13 @@ import (
 // still checked against this build's BPF objects, so that a layout this
 // build does not know is an error rather than garbage.
 type Pinned struct {
-	services, backends, revNat, srcRanges, metrics *ebpf.Map
-	serviceIPs                                     *ebpf.Map // nil: pinned by an agent without it
-	svcStats                                       *ebpf.Map // nil: pinned by an agent without it
-	reasons                                        int       // counters this build and the pin both know
-	dir                                            string    // bpffs/sluice
+	// serviceIPs and the IPv6 maps are nil when pinned by an agent
+	// without them.
+	stateMaps
+	metrics  *ebpf.Map
+	svcStats *ebpf.Map // nil: pinned by an agent without it
+	reasons  int       // counters this build and the pin both know
+	dir      string    // bpffs/sluice
 }
 
 // OpenPinned opens the maps pinned under bpffs/sluice read-only. A map
@@ -62,6 +64,11 @@ func OpenPinned(bpffs string) (*Pinned, error) {
 	}{
 		{mapServiceIPs, &p.serviceIPs},
 		{mapSvcStats, &p.svcStats},
+		{mapServices6, &p.services6},
+		{mapBackends6, &p.backends6},
+		{mapRevNat6, &p.revNat6},
+		{mapSrcRanges6, &p.srcRanges6},
+		{mapServiceIPs6, &p.serviceIPs6},
 	} {
 		m, err := openPinnedMap(dir, x.name, spec.Maps[x.name])
 		switch {
@@ -108,9 +115,9 @@ func openPinnedMap(dir, name string, ms *ebpf.MapSpec) (*ebpf.Map, error) {
 }
 
 // Dump reads the service, backend, reverse-NAT, source-range and
-// service-IP maps.
+// service-IP maps of both families.
 func (p *Pinned) Dump() (*reconciler.KernelState, error) {
-	return dumpState(p.services, p.backends, p.revNat, p.srcRanges, p.serviceIPs)
+	return dumpState(p.stateMaps)
 }
 
 // Counters returns the datapath outcome counters, summed over CPUs, by
@@ -122,7 +129,8 @@ func (p *Pinned) Counters() (map[string]uint64, error) {
 // Close releases the maps' file descriptors; the pins stay.
 func (p *Pinned) Close() error {
 	var errs []error
-	for _, m := range []*ebpf.Map{p.services, p.backends, p.revNat, p.srcRanges, p.metrics, p.serviceIPs, p.svcStats} {
+	for _, m := range []*ebpf.Map{p.services, p.backends, p.revNat, p.srcRanges, p.metrics, p.serviceIPs, p.svcStats,
+		p.services6, p.backends6, p.revNat6, p.srcRanges6, p.serviceIPs6} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}

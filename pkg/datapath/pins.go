@@ -46,6 +46,18 @@ const (
 	mapNodeCIDRs  = "sluice_node_cidrs_v1"
 	// Per-Service counters (--service-metrics), new in this release.
 	mapSvcStats = "sluice_svc_stats_v1"
+
+	// The IPv6 twins (family.go), new in this release: nothing to
+	// migrate, an agent upgraded from a pin directory without them
+	// creates them.
+	mapServices6   = "sluice6_services_v1"
+	mapBackends6   = "sluice6_backends_v1"
+	mapRevNat6     = "sluice6_rev_nat_v1"
+	mapSrcRanges6  = "sluice6_src_ranges_v1"
+	mapServiceIPs6 = "sluice6_service_ips_v1"
+	mapAffinity6   = "sluice6_affinity_v1"
+	mapAffFix6     = "sluice6_aff_fix_v1"
+	mapNodeCIDRs6  = "sluice6_node_cidrs_v1"
 )
 
 // pinMigration turns the pin of a map of the previous release into this

@@ -2,7 +2,11 @@ package datapath
 
 import (
 	"bufio"
+	"encoding/binary"
 	"fmt"
+	"net"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,50 +26,64 @@ import (
 // backend addresses on its loopback device, with a server on each that
 // names itself.
 
+// sockAffFamily is the socket tests' affinity Services of one family: a
+// TCP and a UDP frontend over the same backends, reached by sockets of
+// domain.
+type sockAffFamily struct {
+	name     string
+	domain   int
+	vip, udp model.L4Addr
+	bes      []string
+}
+
 var (
-	sockAffVIP = l4("10.96.0.40", 80, model.TCP)
-	sockAffUDP = l4("10.96.0.41", 53, model.UDP)
-	sockAffBEs = []string{"10.200.1.1", "10.200.1.2", "10.200.1.3", "10.200.1.4"}
+	sockAff4 = sockAffFamily{"ipv4", unix.AF_INET, l4("10.96.0.40", 80, model.TCP), l4("10.96.0.41", 53, model.UDP),
+		[]string{"10.200.1.1", "10.200.1.2", "10.200.1.3", "10.200.1.4"}}
+	sockAff6 = sockAffFamily{"ipv6", unix.AF_INET6, l4("2001:db8:96::40", 80, model.TCP), l4("2001:db8:96::41", 53, model.UDP),
+		[]string{"2001:db8:201::1", "2001:db8:201::2", "2001:db8:201::3", "2001:db8:201::4"}}
+
+	sockAffVIP, sockAffUDP, sockAffBEs = sockAff4.vip, sockAff4.udp, sockAff4.bes
 )
 
-// affinityNS is a namespace with the backends of sockAffVIP (TCP 8080)
-// and sockAffUDP (UDP 5353) on its loopback device.
+// affinityNS is a namespace with the backends of both families' affinity
+// Services (TCP 8080, UDP 5353) on its loopback device.
 func affinityNS(t *testing.T, name string) *topology.NS {
 	t.Helper()
 	ns := topology.NewNS(t, name)
-	addLoopbackAddrs(t, ns, sockAffBEs...)
-	for _, a := range sockAffBEs {
-		if _, err := ns.ServeTCPEcho(a+":8080", a); err != nil {
+	bes := append(slices.Clone(sockAff4.bes), sockAff6.bes...)
+	addLoopbackAddrs(t, ns, bes...)
+	for _, a := range bes {
+		if _, err := ns.ServeTCPEcho(net.JoinHostPort(a, "8080"), a); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := ns.ServeUDPEcho(a+":5353", a); err != nil {
+		if _, err := ns.ServeUDPEcho(net.JoinHostPort(a, "5353"), a); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return ns
 }
 
-// sockConnect opens a new TCP connection from ns to the VIP and returns the
-// backend that answered.
-func sockConnect(t *testing.T, ns *topology.NS) string {
+// sockConnect opens a new TCP connection from ns to f's VIP and returns
+// the backend that answered.
+func sockConnect(t *testing.T, ns *topology.NS, f sockAffFamily) string {
 	t.Helper()
 	var name string
 	err := ns.Do(func() error {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		fd, err := unix.Socket(f.domain, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			return err
 		}
-		f := fdConn(fd)
-		defer f.Close()
-		if err := unix.Connect(fd, sockaddr(sockAffVIP)); err != nil {
-			return fmt.Errorf("connect %s: %w", sockAffVIP, err)
+		c := fdConn(fd)
+		defer c.Close()
+		if err := unix.Connect(fd, sockaddrIn(f.domain, f.vip)); err != nil {
+			return fmt.Errorf("connect %s: %w", f.vip, err)
 		}
 		if _, err := unix.Write(fd, []byte("hi\n")); err != nil {
 			return err
 		}
-		line, err := bufio.NewReader(f).ReadString('\n')
+		line, err := bufio.NewReader(c).ReadString('\n')
 		if err != nil {
-			return fmt.Errorf("read from %s: %w", sockAffVIP, err)
+			return fmt.Errorf("read from %s: %w", f.vip, err)
 		}
 		name, _, _ = strings.Cut(line, " ")
 		return nil
@@ -77,12 +95,12 @@ func sockConnect(t *testing.T, ns *topology.NS) string {
 }
 
 // sockSendto sends one datagram from a new unconnected UDP socket in ns to
-// the UDP VIP and returns the backend that answered.
-func sockSendto(t *testing.T, ns *topology.NS) string {
+// f's UDP VIP and returns the backend that answered.
+func sockSendto(t *testing.T, ns *topology.NS, f sockAffFamily) string {
 	t.Helper()
 	var name string
 	err := ns.Do(func() error {
-		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		fd, err := unix.Socket(f.domain, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			return err
 		}
@@ -91,13 +109,13 @@ func sockSendto(t *testing.T, ns *topology.NS) string {
 		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
 			return err
 		}
-		if err := unix.Sendto(fd, []byte("hi"), 0, sockaddr(sockAffUDP)); err != nil {
-			return fmt.Errorf("sendto %s: %w", sockAffUDP, err)
+		if err := unix.Sendto(fd, []byte("hi"), 0, sockaddrIn(f.domain, f.udp)); err != nil {
+			return fmt.Errorf("sendto %s: %w", f.udp, err)
 		}
 		buf := make([]byte, 100)
 		n, _, err := unix.Recvfrom(fd, buf, 0)
 		if err != nil {
-			return fmt.Errorf("recvfrom %s: %w", sockAffUDP, err)
+			return fmt.Errorf("recvfrom %s: %w", f.udp, err)
 		}
 		name, _, _ = strings.Cut(string(buf[:n]), " ")
 		return nil
@@ -114,9 +132,9 @@ type fdConn int
 func (f fdConn) Read(p []byte) (int, error) { return unix.Read(int(f), p) }
 func (f fdConn) Close() error               { return unix.Close(int(f)) }
 
-// applySockAffinity programs the TCP (sockAffVIP) and UDP (sockAffUDP)
-// affinity Services of the socket tests with backends bes.
-func applySockAffinity(t *testing.T, r *reconciler.Reconciler, bes ...string) {
+// applySockAffinity programs f's TCP and UDP affinity Services with
+// backends bes.
+func applySockAffinity(t *testing.T, r *reconciler.Reconciler, f sockAffFamily, bes ...string) {
 	t.Helper()
 	var tcp, udp []model.L4Addr
 	for _, b := range bes {
@@ -124,7 +142,7 @@ func applySockAffinity(t *testing.T, r *reconciler.Reconciler, bes ...string) {
 		udp = append(udp, l4(b, 5353, model.UDP))
 	}
 	st := model.NewState()
-	for _, s := range []*model.Service{affinityService(sockAffVIP, time.Hour, tcp...), affinityService(sockAffUDP, time.Hour, udp...)} {
+	for _, s := range []*model.Service{affinityService(f.vip, time.Hour, tcp...), affinityService(f.udp, time.Hour, udp...)} {
 		s.Backends = model.SortBackends(s.Backends)
 		st.Services[s.Frontend] = s
 	}
@@ -136,18 +154,26 @@ func applySockAffinity(t *testing.T, r *reconciler.Reconciler, bes ...string) {
 func TestSockAffinity(t *testing.T) {
 	d := newTestDatapath(t)
 	joinSockCgroup(t, d)
-	nsA, nsB := affinityNS(t, "affa"), affinityNS(t, "affb")
-
+	// One reconciler, as one agent: ids are one space over both families.
 	r := reconciler.New(d.Maps(), nil)
-	apply := func(bes ...string) { applySockAffinity(t, r, bes...) }
-	apply(sockAffBEs...)
+	for _, f := range []sockAffFamily{sockAff4, sockAff6} {
+		t.Run(f.name, func(t *testing.T) { testSockAffinity(t, d, r, f) })
+	}
+	expectCounted(t, d, "sock_xlate")
+}
+
+func testSockAffinity(t *testing.T, d *Datapath, r *reconciler.Reconciler, f sockAffFamily) {
+	nsA, nsB := affinityNS(t, "affa-"+f.name), affinityNS(t, "affb-"+f.name)
+
+	apply := func(bes ...string) { applySockAffinity(t, r, f, bes...) }
+	apply(f.bes...)
 
 	// sticky: every connection from one namespace reaches one backend.
 	sticky := func(ns *topology.NS) string {
 		t.Helper()
-		first := sockConnect(t, ns)
+		first := sockConnect(t, ns, f)
 		for i := range 16 {
-			if got := sockConnect(t, ns); got != first {
+			if got := sockConnect(t, ns, f); got != first {
 				t.Fatalf("%s: connection %d reached %s, the first %s", ns.Name, i+1, got, first)
 			}
 		}
@@ -157,42 +183,25 @@ func TestSockAffinity(t *testing.T) {
 
 	// Unconnected UDP: every new socket of a namespace, and every
 	// datagram of it, reaches that namespace's UDP backend.
-	udpFirst := sockSendto(t, nsA)
+	udpFirst := sockSendto(t, nsA, f)
 	for i := range 8 {
-		if got := sockSendto(t, nsA); got != udpFirst {
+		if got := sockSendto(t, nsA, f); got != udpFirst {
 			t.Fatalf("UDP socket %d from %s reached %s, the first %s", i+1, nsA.Name, got, udpFirst)
 		}
 	}
 
 	// Two clients, two entries, each keyed by its namespace's cookie.
-	entries := func() map[uint64]AffinityEntry {
-		t.Helper()
-		all, err := d.Maps().Affinity()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[uint64]AffinityEntry{}
-		for _, e := range all {
-			if e.Frontend == reconciler.DefaultScope(sockAffVIP) {
-				if e.NetnsCookie == 0 || e.Client.IsValid() {
-					t.Errorf("socket path entry not keyed by a namespace: %+v", e)
-				}
-				out[e.NetnsCookie] = e
-			}
-		}
-		return out
-	}
-	es := entries()
+	es := sockAffEntries(t, d, f)
 	cookieA, cookieB := netnsCookie(t, nsA), netnsCookie(t, nsB)
 	if len(es) != 2 || es[cookieA].Backend.Addr().String() != a || es[cookieB].Backend.Addr().String() != b {
 		t.Fatalf("affinity entries of %s: %+v; want %s's (cookie %d) on %s and %s's (cookie %d) on %s",
-			sockAffVIP, es, nsA.Name, cookieA, a, nsB.Name, cookieB, b)
+			f.vip, es, nsA.Name, cookieA, a, nsB.Name, cookieB, b)
 	}
 
 	// Independent: namespace A is moved to a backend other than B's (its
 	// entry rewritten as the datapath writes one); B stays where it was.
 	other := ""
-	for _, x := range sockAffBEs {
+	for _, x := range f.bes {
 		if x != b {
 			other = x
 			break
@@ -202,46 +211,86 @@ func TestSockAffinity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := es[cookieA]
-	for s, id := range ks.Slots[reconciler.DefaultScope(sockAffVIP)] {
+	for s, id := range ks.Slots[reconciler.DefaultScope(f.vip)] {
 		if ks.Backends[id].Addr.String() == other {
-			k := sockLb4AffinityKey{Client: cookieA, Kind: uint32(sockAffinityClientAFFINITY_CLIENT_NETNS)}
-			k.Master, _ = serviceKey(reconciler.DefaultScope(sockAffVIP), 0)
-			v := sockLb4Affinity{Expires: e.Expires, BackendId: uint32(id), Addr: be32(addr(other)), Port: be16(8080), Slot: uint16(s)}
-			if err := d.Maps().affinity.Put(&k, &v); err != nil {
-				t.Fatal(err)
-			}
+			e := es[cookieA]
+			e.BackendID, e.Slot, e.Backend = id, uint16(s), netip.AddrPortFrom(addr(other), 8080)
+			putSockAffEntry(t, d, e)
 		}
 	}
-	if got := sockConnect(t, nsA); got != other {
+	if got := sockConnect(t, nsA, f); got != other {
 		t.Fatalf("%s: reached %s, its entry names %s", nsA.Name, got, other)
 	}
-	if got := sockConnect(t, nsB); got != b {
+	if got := sockConnect(t, nsB, f); got != b {
 		t.Errorf("%s: reached %s after %s's affinity changed, was stuck to %s", nsB.Name, got, nsA.Name, b)
 	}
 
 	// A's backend leaves: A selects among the others, never it, and
 	// keeps what it selected; B, on another backend, stays.
 	var rest []string
-	for _, x := range sockAffBEs {
+	for _, x := range f.bes {
 		if x != other {
 			rest = append(rest, x)
 		}
 	}
 	apply(rest...)
-	moved := sockConnect(t, nsA)
+	moved := sockConnect(t, nsA, f)
 	if moved == other {
 		t.Fatalf("%s: reached %s, which left", nsA.Name, other)
 	}
 	for i := range 8 {
-		if got := sockConnect(t, nsA); got != moved {
+		if got := sockConnect(t, nsA, f); got != moved {
 			t.Fatalf("%s: connection %d reached %s after reselecting %s", nsA.Name, i+1, got, moved)
 		}
 	}
-	if got := sockConnect(t, nsB); got != b {
+	if got := sockConnect(t, nsB, f); got != b {
 		t.Errorf("%s: reached %s, was stuck to %s, which stayed", nsB.Name, got, b)
 	}
-	expectCounted(t, d, "sock_xlate")
+}
+
+// sockAffEntries returns the socket path's affinity entries of f's TCP
+// frontend by netns cookie, failing t on an entry keyed otherwise.
+func sockAffEntries(t *testing.T, d *Datapath, f sockAffFamily) map[uint64]AffinityEntry {
+	t.Helper()
+	all, err := d.Maps().Affinity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[uint64]AffinityEntry{}
+	for _, e := range all {
+		if e.Frontend == reconciler.DefaultScope(f.vip) {
+			if e.NetnsCookie == 0 || e.Client.IsValid() {
+				t.Errorf("socket path entry not keyed by a namespace: %+v", e)
+			}
+			out[e.NetnsCookie] = e
+		}
+	}
+	return out
+}
+
+// putSockAffEntry writes e, a socket path entry, into its family's map as
+// the datapath writes one.
+func putSockAffEntry(t *testing.T, d *Datapath, e AffinityEntry) {
+	t.Helper()
+	master, err := serviceKey(e.Frontend, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kind := uint32(sockAffinityClientAFFINITY_CLIENT_NETNS)
+	be := e.Backend
+	if be.Addr().Is4() {
+		k := sockLb4AffinityKey{Client: e.NetnsCookie, Master: master, Kind: kind}
+		v := sockLb4Affinity{Expires: e.Expires, BackendId: uint32(e.BackendID), Addr: be32(be.Addr()), Port: be16(be.Port()), Slot: e.Slot}
+		err = d.Maps().affinity.Put(&k, &v)
+	} else {
+		k := sockLb6AffinityKey{Master: lb6Key(master, e.Frontend.Addr), Kind: kind}
+		binary.NativeEndian.PutUint64(k.Client.Addr[:8], e.NetnsCookie)
+		v := sockLb6Affinity{Expires: e.Expires, BackendId: uint32(e.BackendID), Addr: v6addr(be.Addr()), Port: be16(be.Port()), Slot: e.Slot}
+		err = d.Maps().affinity6.Put(&k, &v)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // netnsCookie returns the cookie of ns, as the kernel reports it for a
@@ -288,9 +337,9 @@ func TestSockAffinityTwoScopes(t *testing.T) {
 
 	// Clients of the internal scope spread over all four endpoints, so a
 	// namespace that reached the same one 16 times is stuck to it.
-	first := sockConnect(t, ns)
+	first := sockConnect(t, ns, sockAff4)
 	for i := range 16 {
-		if got := sockConnect(t, ns); got != first {
+		if got := sockConnect(t, ns, sockAff4); got != first {
 			t.Fatalf("connection %d reached %s, the first %s", i+1, got, first)
 		}
 	}

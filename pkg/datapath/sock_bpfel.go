@@ -20,6 +20,12 @@ const (
 	sockAffinityClientAFFINITY_CLIENT_NETNS sockAffinityClient = 1
 )
 
+type sockAffinityFix6Key struct {
+	_         structs.HostLayout
+	Master    sockLb6Key
+	BackendId uint32
+}
+
 type sockAffinityFixArgs struct {
 	_       structs.HostLayout
 	Moved   uint64
@@ -55,6 +61,37 @@ type sockCt4Key struct {
 	Pad   uint16
 }
 
+type sockCt6BackendKey struct {
+	_     structs.HostLayout
+	Addr  sockV6addr
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type sockCt6Entry struct {
+	_         structs.HostLayout
+	Expires   uint64
+	Flags     uint32
+	BackendId uint32
+	RevNatId  uint32
+	NatPort   uint16
+	SnatPort  uint16
+	NatAddr   sockV6addr
+	SnatAddr  sockV6addr
+}
+
+type sockCt6Key struct {
+	_     structs.HostLayout
+	Saddr sockV6addr
+	Daddr sockV6addr
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Dir   uint8
+	Pad   uint16
+}
+
 type sockCtBackendKey struct {
 	_     structs.HostLayout
 	Addr  uint32
@@ -83,7 +120,7 @@ const (
 type sockCtGcArgs struct {
 	_       structs.HostLayout
 	Flush   uint32
-	Pad     uint32
+	Family  uint32
 	Now     uint64
 	Deleted uint64
 	Live    uint64
@@ -146,6 +183,15 @@ type sockFrag4Ports struct {
 	Dport uint16
 }
 
+type sockFrag6Key struct {
+	_     structs.HostLayout
+	Saddr sockV6addr
+	Daddr sockV6addr
+	Id    uint32
+	Proto uint8
+	Pad   [3]uint8
+}
+
 type sockLb4Affinity struct {
 	_         structs.HostLayout
 	Expires   uint64
@@ -197,6 +243,48 @@ type sockLb4Service struct {
 	Flags     uint8
 	Scope     uint8
 	Pad       [2]uint8
+}
+
+type sockLb6Affinity struct {
+	_         structs.HostLayout
+	Expires   uint64
+	BackendId uint32
+	Port      uint16
+	Slot      uint16
+	Addr      sockV6addr
+}
+
+type sockLb6AffinityKey struct {
+	_      structs.HostLayout
+	Client sockV6addr
+	Master sockLb6Key
+	Kind   uint32
+}
+
+type sockLb6Backend struct {
+	_     structs.HostLayout
+	Addr  sockV6addr
+	Port  uint16
+	Proto uint8
+	Flags uint8
+}
+
+type sockLb6Key struct {
+	_     structs.HostLayout
+	Vip   sockV6addr
+	Port  uint16
+	Proto uint8
+	Scope uint8
+	Slot  uint16
+	Pad1  uint16
+}
+
+type sockLb6RevNat struct {
+	_     structs.HostLayout
+	Vip   sockV6addr
+	Port  uint16
+	Proto uint8
+	Scope uint8
 }
 
 type sockLbScope uint32
@@ -252,8 +340,17 @@ const (
 	sockMetricReasonMETRIC_TC_SERVICE_CIDR_DROP sockMetricReason = 40
 	sockMetricReasonMETRIC_SOCK_UNKNOWN_PORT    sockMetricReason = 41
 	sockMetricReasonMETRIC_SOCK_DROP            sockMetricReason = 42
-	sockMetricReasonMETRIC_MAX                  sockMetricReason = 43
+	sockMetricReasonMETRIC_TC6EXT_HDR           sockMetricReason = 43
+	sockMetricReasonMETRIC_TC6UDP_NO_CSUM       sockMetricReason = 44
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 45
 )
+
+type sockNodeCidr6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Kind      uint32
+	Addr      sockV6addr
+}
 
 type sockNodeCidrKey struct {
 	_         structs.HostLayout
@@ -281,6 +378,41 @@ const (
 	sockNodeDevFlagsNODE_DEV_F_L3 sockNodeDevFlags = 1
 	sockNodeDevFlagsNODE_DEV_F_TC sockNodeDevFlags = 2
 )
+
+type sockSock6RevEntry struct {
+	_        structs.HostLayout
+	Vip      sockV6addr
+	Port     uint16
+	Pad      uint16
+	RevNatId uint32
+}
+
+type sockSock6RevKey struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Addr   sockV6addr
+	Port   uint16
+	Pad1   uint16
+	Pad2   uint32
+}
+
+type sockSock6UdpStick struct {
+	_         structs.HostLayout
+	BackendId uint32
+	Port      uint16
+	Slot      uint16
+	Addr      sockV6addr
+}
+
+type sockSock6UdpStickKey struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Vip    sockV6addr
+	Port   uint16
+	Proto  uint8
+	Pad1   uint8
+	Pad2   uint32
+}
 
 type sockSockExplainCtx struct {
 	_           structs.HostLayout
@@ -338,6 +470,16 @@ type sockSockUdpStickKey struct {
 	Pad    uint8
 }
 
+type sockSrcRange6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Vip       sockV6addr
+	Port      uint16
+	Proto     uint8
+	Pad       uint8
+	Saddr     sockV6addr
+}
+
 type sockSrcRangeKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -378,10 +520,30 @@ type sockSvcStats struct {
 	Drops    [8]uint64
 }
 
+type sockV6addr struct {
+	_    structs.HostLayout
+	Addr [16]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	sockMapSluice6AffFixV1         = "sluice6_aff_fix_v1"
+	sockMapSluice6AffinityV1       = "sluice6_affinity_v1"
+	sockMapSluice6BackendsV1       = "sluice6_backends_v1"
+	sockMapSluice6ConntrackV1      = "sluice6_conntrack_v1"
+	sockMapSluice6CtFlushV1        = "sluice6_ct_flush_v1"
+	sockMapSluice6CtNewV1          = "sluice6_ct_new_v1"
+	sockMapSluice6FragmentsV1      = "sluice6_fragments_v1"
+	sockMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
+	sockMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
+	sockMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
+	sockMapSluice6ServicesV1       = "sluice6_services_v1"
+	sockMapSluice6SockRevV1        = "sluice6_sock_rev_v1"
+	sockMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
+	sockMapSluice6TcV1             = "sluice6_tc_v1"
+	sockMapSluice6UdpStickV1       = "sluice6_udp_stick_v1"
 	sockMapSluiceAffFixV1          = "sluice_aff_fix_v1"
 	sockMapSluiceBackendsV1        = "sluice_backends_v1"
 	sockMapSluiceConntrackV2       = "sluice_conntrack_v2"
@@ -403,19 +565,27 @@ const (
 	sockMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
 	sockMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
 	sockProgSluiceConnect4         = "sluice_connect4"
+	sockProgSluiceConnect6         = "sluice_connect6"
 	sockProgSluiceEpermConnect4    = "sluice_eperm_connect4"
+	sockProgSluiceEpermConnect6    = "sluice_eperm_connect6"
 	sockProgSluiceEpermSendmsg4    = "sluice_eperm_sendmsg4"
+	sockProgSluiceEpermSendmsg6    = "sluice_eperm_sendmsg6"
 	sockProgSluiceGetpeername4     = "sluice_getpeername4"
+	sockProgSluiceGetpeername6     = "sluice_getpeername6"
 	sockProgSluiceRecvmsg4         = "sluice_recvmsg4"
+	sockProgSluiceRecvmsg6         = "sluice_recvmsg6"
 	sockProgSluiceSendmsg4         = "sluice_sendmsg4"
+	sockProgSluiceSendmsg6         = "sluice_sendmsg6"
 	sockProgSluiceSockExplain      = "sluice_sock_explain"
 	sockVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
 	sockVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	sockVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	sockVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
 	sockVarHaveClusterCidr         = "have_cluster_cidr"
+	sockVarHaveClusterCidr6        = "have_cluster_cidr6"
 	sockVarMasqueradeAll           = "masquerade_all"
 	sockVarNodeIp4                 = "node_ip4"
+	sockVarNodeIp6                 = "node_ip6"
 	sockVarServiceMetrics          = "service_metrics"
 	sockVarSnatPortMax             = "snat_port_max"
 	sockVarSnatPortMin             = "snat_port_min"
@@ -464,11 +634,17 @@ type sockSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockProgramSpecs struct {
 	SluiceConnect4      *ebpf.ProgramSpec `ebpf:"sluice_connect4"`
+	SluiceConnect6      *ebpf.ProgramSpec `ebpf:"sluice_connect6"`
 	SluiceEpermConnect4 *ebpf.ProgramSpec `ebpf:"sluice_eperm_connect4"`
+	SluiceEpermConnect6 *ebpf.ProgramSpec `ebpf:"sluice_eperm_connect6"`
 	SluiceEpermSendmsg4 *ebpf.ProgramSpec `ebpf:"sluice_eperm_sendmsg4"`
+	SluiceEpermSendmsg6 *ebpf.ProgramSpec `ebpf:"sluice_eperm_sendmsg6"`
 	SluiceGetpeername4  *ebpf.ProgramSpec `ebpf:"sluice_getpeername4"`
+	SluiceGetpeername6  *ebpf.ProgramSpec `ebpf:"sluice_getpeername6"`
 	SluiceRecvmsg4      *ebpf.ProgramSpec `ebpf:"sluice_recvmsg4"`
+	SluiceRecvmsg6      *ebpf.ProgramSpec `ebpf:"sluice_recvmsg6"`
 	SluiceSendmsg4      *ebpf.ProgramSpec `ebpf:"sluice_sendmsg4"`
+	SluiceSendmsg6      *ebpf.ProgramSpec `ebpf:"sluice_sendmsg6"`
 	SluiceSockExplain   *ebpf.ProgramSpec `ebpf:"sluice_sock_explain"`
 }
 
@@ -476,6 +652,21 @@ type sockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockMapSpecs struct {
+	Sluice6AffFixV1         *ebpf.MapSpec `ebpf:"sluice6_aff_fix_v1"`
+	Sluice6AffinityV1       *ebpf.MapSpec `ebpf:"sluice6_affinity_v1"`
+	Sluice6BackendsV1       *ebpf.MapSpec `ebpf:"sluice6_backends_v1"`
+	Sluice6ConntrackV1      *ebpf.MapSpec `ebpf:"sluice6_conntrack_v1"`
+	Sluice6CtFlushV1        *ebpf.MapSpec `ebpf:"sluice6_ct_flush_v1"`
+	Sluice6CtNewV1          *ebpf.MapSpec `ebpf:"sluice6_ct_new_v1"`
+	Sluice6FragmentsV1      *ebpf.MapSpec `ebpf:"sluice6_fragments_v1"`
+	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
+	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
+	Sluice6ServicesV1       *ebpf.MapSpec `ebpf:"sluice6_services_v1"`
+	Sluice6SockRevV1        *ebpf.MapSpec `ebpf:"sluice6_sock_rev_v1"`
+	Sluice6SrcRangesV1      *ebpf.MapSpec `ebpf:"sluice6_src_ranges_v1"`
+	Sluice6TcV1             *ebpf.MapSpec `ebpf:"sluice6_tc_v1"`
+	Sluice6UdpStickV1       *ebpf.MapSpec `ebpf:"sluice6_udp_stick_v1"`
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
@@ -507,8 +698,10 @@ type sockVariableSpecs struct {
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
+	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
 	ServiceMetrics   *ebpf.VariableSpec `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
@@ -534,6 +727,21 @@ func (o *sockObjects) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockMaps struct {
+	Sluice6AffFixV1         *ebpf.Map `ebpf:"sluice6_aff_fix_v1"`
+	Sluice6AffinityV1       *ebpf.Map `ebpf:"sluice6_affinity_v1"`
+	Sluice6BackendsV1       *ebpf.Map `ebpf:"sluice6_backends_v1"`
+	Sluice6ConntrackV1      *ebpf.Map `ebpf:"sluice6_conntrack_v1"`
+	Sluice6CtFlushV1        *ebpf.Map `ebpf:"sluice6_ct_flush_v1"`
+	Sluice6CtNewV1          *ebpf.Map `ebpf:"sluice6_ct_new_v1"`
+	Sluice6FragmentsV1      *ebpf.Map `ebpf:"sluice6_fragments_v1"`
+	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
+	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
+	Sluice6ServicesV1       *ebpf.Map `ebpf:"sluice6_services_v1"`
+	Sluice6SockRevV1        *ebpf.Map `ebpf:"sluice6_sock_rev_v1"`
+	Sluice6SrcRangesV1      *ebpf.Map `ebpf:"sluice6_src_ranges_v1"`
+	Sluice6TcV1             *ebpf.Map `ebpf:"sluice6_tc_v1"`
+	Sluice6UdpStickV1       *ebpf.Map `ebpf:"sluice6_udp_stick_v1"`
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
@@ -558,6 +766,21 @@ type sockMaps struct {
 
 func (m *sockMaps) Close() error {
 	return _SockClose(
+		m.Sluice6AffFixV1,
+		m.Sluice6AffinityV1,
+		m.Sluice6BackendsV1,
+		m.Sluice6ConntrackV1,
+		m.Sluice6CtFlushV1,
+		m.Sluice6CtNewV1,
+		m.Sluice6FragmentsV1,
+		m.Sluice6NodeCidrsV1,
+		m.Sluice6RevNatV1,
+		m.Sluice6ServiceIpsV1,
+		m.Sluice6ServicesV1,
+		m.Sluice6SockRevV1,
+		m.Sluice6SrcRangesV1,
+		m.Sluice6TcV1,
+		m.Sluice6UdpStickV1,
 		m.SluiceAffFixV1,
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV2,
@@ -590,8 +813,10 @@ type sockVariables struct {
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
+	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`
 	ServiceMetrics   *ebpf.Variable `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
@@ -602,22 +827,34 @@ type sockVariables struct {
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockPrograms struct {
 	SluiceConnect4      *ebpf.Program `ebpf:"sluice_connect4"`
+	SluiceConnect6      *ebpf.Program `ebpf:"sluice_connect6"`
 	SluiceEpermConnect4 *ebpf.Program `ebpf:"sluice_eperm_connect4"`
+	SluiceEpermConnect6 *ebpf.Program `ebpf:"sluice_eperm_connect6"`
 	SluiceEpermSendmsg4 *ebpf.Program `ebpf:"sluice_eperm_sendmsg4"`
+	SluiceEpermSendmsg6 *ebpf.Program `ebpf:"sluice_eperm_sendmsg6"`
 	SluiceGetpeername4  *ebpf.Program `ebpf:"sluice_getpeername4"`
+	SluiceGetpeername6  *ebpf.Program `ebpf:"sluice_getpeername6"`
 	SluiceRecvmsg4      *ebpf.Program `ebpf:"sluice_recvmsg4"`
+	SluiceRecvmsg6      *ebpf.Program `ebpf:"sluice_recvmsg6"`
 	SluiceSendmsg4      *ebpf.Program `ebpf:"sluice_sendmsg4"`
+	SluiceSendmsg6      *ebpf.Program `ebpf:"sluice_sendmsg6"`
 	SluiceSockExplain   *ebpf.Program `ebpf:"sluice_sock_explain"`
 }
 
 func (p *sockPrograms) Close() error {
 	return _SockClose(
 		p.SluiceConnect4,
+		p.SluiceConnect6,
 		p.SluiceEpermConnect4,
+		p.SluiceEpermConnect6,
 		p.SluiceEpermSendmsg4,
+		p.SluiceEpermSendmsg6,
 		p.SluiceGetpeername4,
+		p.SluiceGetpeername6,
 		p.SluiceRecvmsg4,
+		p.SluiceRecvmsg6,
 		p.SluiceSendmsg4,
+		p.SluiceSendmsg6,
 		p.SluiceSockExplain,
 	)
 }

@@ -19,10 +19,13 @@ import (
 
 func TestSockSemantics(t *testing.T) {
 	d := openTestWith(t, smallConfig, func(cfg *Config) {
-		cfg.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}
-		cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.200.0.7")} // inside the source range below
+		cfg.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("2001:db8:96::/112")}
+		// Inside the source ranges below.
+		cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.200.0.7"), netip.MustParseAddr("2001:db8:200::7")}
 	})
 	ns, _ := sockNode(t, d, "socksem", append(sockBackends, "10.200.0.6", "10.201.0.1")...)
+	addLoopbackAddrs(t, ns, append(sockBackends6, "2001:db8:200::6", "2001:db8:201::1")...)
+	startBackends(t, sockBackends6...)
 
 	b0, b1 := sockBackends[0], sockBackends[1]
 	tcp := func(a string) model.Backend { return model.Backend{L4Addr: l4(a, 8080, model.TCP)} }
@@ -47,20 +50,42 @@ func TestSockSemantics(t *testing.T) {
 	rng.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.200.0.0/24")}
 	drop := svc(model.ClusterIP, cipDrop)
 	drop.DropWhenEmpty = true
+	// IPv6 twins of the first five.
+	c0, c1 := sockBackends6[0], sockBackends6[1]
+	var (
+		twoScopes6 = l4("2001:db8:210::1", 80, model.TCP)
+		twoNone6   = l4("2001:db8:210::3", 80, model.TCP)
+		ranged6    = l4("2001:db8:210::2", 80, model.TCP) // 2001:db8:200::/64 only
+		cip6       = l4("2001:db8:96::30", 80, model.TCP)
+		cipDrop6   = l4("2001:db8:96::31", 80, model.TCP)
+	)
+	two6 := svc(model.LoadBalancer, twoScopes6, tcp(c0))
+	two6.ExternalLocal, two6.TwoScopes, two6.InternalBackends = true, true, []model.Backend{tcp(c1)}
+	none6 := svc(model.NodePort, twoNone6)
+	none6.ExternalLocal, none6.TwoScopes, none6.DropWhenEmpty, none6.InternalBackends = true, true, true, []model.Backend{tcp(c0)}
+	rng6 := svc(model.LoadBalancer, ranged6, tcp(c0))
+	rng6.SourceRanges = []netip.Prefix{netip.MustParsePrefix("2001:db8:200::/64")}
+	drop6 := svc(model.ClusterIP, cipDrop6)
+	drop6.DropWhenEmpty = true
 	applyServices(t, d, two, none, rng, drop, svc(model.ClusterIP, cip, tcp(b0), tcp(b1)),
-		svc(model.NodePort, lhTCP, tcp(b0), tcp(b1)), svc(model.NodePort, lhUDP, udp(b0), udp(b1)))
+		svc(model.NodePort, lhTCP, tcp(b0), tcp(b1)), svc(model.NodePort, lhUDP, udp(b0), udp(b1)),
+		two6, none6, rng6, drop6, svc(model.ClusterIP, cip6, tcp(c0), tcp(c1)))
 
-	// connect connects a TCP socket, bound to src first unless empty, to
-	// fe and returns the greeting or the error.
+	// connect connects a TCP socket of fe's family, bound to src first
+	// unless empty, to fe and returns the greeting or the error.
 	connect := func(t *testing.T, src string, fe model.L4Addr) (string, error) {
 		t.Helper()
-		fd := newSocket(t, unix.SOCK_STREAM)
+		domain := unix.AF_INET
+		if fe.Addr.Is6() {
+			domain = unix.AF_INET6
+		}
+		fd := newSocketIn(t, domain, unix.SOCK_STREAM)
 		if src != "" {
-			if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: netip.MustParseAddr(src).As4()}); err != nil {
+			if err := unix.Bind(fd, sockaddrIn(domain, l4(src, 0, model.TCP))); err != nil {
 				t.Fatalf("bind %s: %v", src, err)
 			}
 		}
-		if err := unix.Connect(fd, sockaddr(fe)); err != nil {
+		if err := unix.Connect(fd, sockaddrIn(domain, fe)); err != nil {
 			return "", err
 		}
 		if peer, err := unix.Getpeername(fd); err != nil || addrPort(peer) != apOf(fe) {
@@ -142,8 +167,24 @@ func TestSockSemantics(t *testing.T) {
 		expectErr(t, "10.201.0.1", ranged, unix.EHOSTUNREACH)
 	})
 
+	// IPv6 sockets: the same.
+	t.Run("ipv6", func(t *testing.T) {
+		ns.Enter(t)
+		expectBackend(t, "", twoScopes6, c1)
+		expectBackend(t, "", twoNone6, c0)
+		expectErr(t, "", l4("2001:db8:96::30", 81, model.TCP), unix.ECONNREFUSED)
+		expectErr(t, "", cipDrop6, unix.EHOSTUNREACH)
+		expectErr(t, "", l4("2001:db8:96::77", 80, model.TCP), unix.EHOSTUNREACH) // unallocated
+		if seen := expectBackend(t, "", cip6, c0, c1); len(seen) != 2 {
+			t.Errorf("16 connections reached %v, want both backends", seen)
+		}
+		expectBackend(t, "2001:db8:200::6", ranged6, c0)
+		expectBackend(t, "", ranged6, c0) // unbound: the node's address, inside
+		expectErr(t, "2001:db8:201::1", ranged6, unix.EHOSTUNREACH)
+	})
+
 	cs := expectCounted(t, d, "sock_xlate", "sock_unknown_port", "sock_drop")
-	if cs["sock_drop"] != 3 {
-		t.Errorf("sock_drop = %d, want the three drops", cs["sock_drop"])
+	if cs["sock_drop"] != 6 {
+		t.Errorf("sock_drop = %d, want the three drops of each family", cs["sock_drop"])
 	}
 }

@@ -35,6 +35,21 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	sockdestroyMapSluice6AffFixV1         = "sluice6_aff_fix_v1"
+	sockdestroyMapSluice6AffinityV1       = "sluice6_affinity_v1"
+	sockdestroyMapSluice6BackendsV1       = "sluice6_backends_v1"
+	sockdestroyMapSluice6ConntrackV1      = "sluice6_conntrack_v1"
+	sockdestroyMapSluice6CtFlushV1        = "sluice6_ct_flush_v1"
+	sockdestroyMapSluice6CtNewV1          = "sluice6_ct_new_v1"
+	sockdestroyMapSluice6FragmentsV1      = "sluice6_fragments_v1"
+	sockdestroyMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
+	sockdestroyMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
+	sockdestroyMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
+	sockdestroyMapSluice6ServicesV1       = "sluice6_services_v1"
+	sockdestroyMapSluice6SockRevV1        = "sluice6_sock_rev_v1"
+	sockdestroyMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
+	sockdestroyMapSluice6TcV1             = "sluice6_tc_v1"
+	sockdestroyMapSluice6UdpStickV1       = "sluice6_udp_stick_v1"
 	sockdestroyMapSluiceAffFixV1          = "sluice_aff_fix_v1"
 	sockdestroyMapSluiceBackendsV1        = "sluice_backends_v1"
 	sockdestroyMapSluiceConntrackV2       = "sluice_conntrack_v2"
@@ -60,8 +75,10 @@ const (
 	sockdestroyVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	sockdestroyVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
 	sockdestroyVarHaveClusterCidr         = "have_cluster_cidr"
+	sockdestroyVarHaveClusterCidr6        = "have_cluster_cidr6"
 	sockdestroyVarMasqueradeAll           = "masquerade_all"
 	sockdestroyVarNodeIp4                 = "node_ip4"
+	sockdestroyVarNodeIp6                 = "node_ip6"
 	sockdestroyVarServiceMetrics          = "service_metrics"
 	sockdestroyVarSnatPortMax             = "snat_port_max"
 	sockdestroyVarSnatPortMin             = "snat_port_min"
@@ -116,6 +133,21 @@ type sockdestroyProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockdestroyMapSpecs struct {
+	Sluice6AffFixV1         *ebpf.MapSpec `ebpf:"sluice6_aff_fix_v1"`
+	Sluice6AffinityV1       *ebpf.MapSpec `ebpf:"sluice6_affinity_v1"`
+	Sluice6BackendsV1       *ebpf.MapSpec `ebpf:"sluice6_backends_v1"`
+	Sluice6ConntrackV1      *ebpf.MapSpec `ebpf:"sluice6_conntrack_v1"`
+	Sluice6CtFlushV1        *ebpf.MapSpec `ebpf:"sluice6_ct_flush_v1"`
+	Sluice6CtNewV1          *ebpf.MapSpec `ebpf:"sluice6_ct_new_v1"`
+	Sluice6FragmentsV1      *ebpf.MapSpec `ebpf:"sluice6_fragments_v1"`
+	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
+	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
+	Sluice6ServicesV1       *ebpf.MapSpec `ebpf:"sluice6_services_v1"`
+	Sluice6SockRevV1        *ebpf.MapSpec `ebpf:"sluice6_sock_rev_v1"`
+	Sluice6SrcRangesV1      *ebpf.MapSpec `ebpf:"sluice6_src_ranges_v1"`
+	Sluice6TcV1             *ebpf.MapSpec `ebpf:"sluice6_tc_v1"`
+	Sluice6UdpStickV1       *ebpf.MapSpec `ebpf:"sluice6_udp_stick_v1"`
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
@@ -146,8 +178,10 @@ type sockdestroyVariableSpecs struct {
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
+	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
 	ServiceMetrics   *ebpf.VariableSpec `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
@@ -173,6 +207,21 @@ func (o *sockdestroyObjects) Close() error {
 //
 // It can be passed to loadSockdestroyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockdestroyMaps struct {
+	Sluice6AffFixV1         *ebpf.Map `ebpf:"sluice6_aff_fix_v1"`
+	Sluice6AffinityV1       *ebpf.Map `ebpf:"sluice6_affinity_v1"`
+	Sluice6BackendsV1       *ebpf.Map `ebpf:"sluice6_backends_v1"`
+	Sluice6ConntrackV1      *ebpf.Map `ebpf:"sluice6_conntrack_v1"`
+	Sluice6CtFlushV1        *ebpf.Map `ebpf:"sluice6_ct_flush_v1"`
+	Sluice6CtNewV1          *ebpf.Map `ebpf:"sluice6_ct_new_v1"`
+	Sluice6FragmentsV1      *ebpf.Map `ebpf:"sluice6_fragments_v1"`
+	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
+	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
+	Sluice6ServicesV1       *ebpf.Map `ebpf:"sluice6_services_v1"`
+	Sluice6SockRevV1        *ebpf.Map `ebpf:"sluice6_sock_rev_v1"`
+	Sluice6SrcRangesV1      *ebpf.Map `ebpf:"sluice6_src_ranges_v1"`
+	Sluice6TcV1             *ebpf.Map `ebpf:"sluice6_tc_v1"`
+	Sluice6UdpStickV1       *ebpf.Map `ebpf:"sluice6_udp_stick_v1"`
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
@@ -196,6 +245,21 @@ type sockdestroyMaps struct {
 
 func (m *sockdestroyMaps) Close() error {
 	return _SockdestroyClose(
+		m.Sluice6AffFixV1,
+		m.Sluice6AffinityV1,
+		m.Sluice6BackendsV1,
+		m.Sluice6ConntrackV1,
+		m.Sluice6CtFlushV1,
+		m.Sluice6CtNewV1,
+		m.Sluice6FragmentsV1,
+		m.Sluice6NodeCidrsV1,
+		m.Sluice6RevNatV1,
+		m.Sluice6ServiceIpsV1,
+		m.Sluice6ServicesV1,
+		m.Sluice6SockRevV1,
+		m.Sluice6SrcRangesV1,
+		m.Sluice6TcV1,
+		m.Sluice6UdpStickV1,
 		m.SluiceAffFixV1,
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV2,
@@ -227,8 +291,10 @@ type sockdestroyVariables struct {
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
+	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`
 	ServiceMetrics   *ebpf.Variable `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`

@@ -43,7 +43,7 @@ func TestSockExplain(t *testing.T) {
 	joinSockCgroup(t, d)
 	nsA, nsB := affinityNS(t, "sxa"), affinityNS(t, "sxb")
 	r := reconciler.New(d.Maps(), nil)
-	apply := func(bes ...string) { applySockAffinity(t, r, bes...) }
+	apply := func(bes ...string) { applySockAffinity(t, r, sockAff4, bes...) }
 	apply(sockAffBEs...)
 	tcpReq := SocketExplainRequest{To: netip.AddrPortFrom(sockAffVIP.Addr, sockAffVIP.Port), Proto: unix.IPPROTO_TCP}
 
@@ -57,18 +57,18 @@ func TestSockExplain(t *testing.T) {
 	}
 
 	// An affine client: the real connect's backend, from its entry.
-	a := sockConnect(t, nsA)
+	a := sockConnect(t, nsA, sockAff4)
 	e = sockExplainIn(t, d, bpffs, nsA, tcpReq)
 	if !e.AffinityHit || e.NewFlow || e.Backend.Addr().String() != a || e.Verdict != "connect to backend" {
 		t.Fatalf("affine client (connected to %s): %+v", a, e)
 	}
-	if got := sockConnect(t, nsA); got != a {
+	if got := sockConnect(t, nsA, sockAff4); got != a {
 		t.Fatalf("the real connect after explain reached %s, want %s", got, a)
 	}
 
 	// Unconnected UDP: a new socket has no stickiness entry; the
 	// namespace's affinity decides, as for the real datagram.
-	u := sockSendto(t, nsA)
+	u := sockSendto(t, nsA, sockAff4)
 	e = sockExplainIn(t, d, bpffs, nsA, SocketExplainRequest{To: netip.AddrPortFrom(sockAffUDP.Addr, sockAffUDP.Port), Proto: unix.IPPROTO_UDP, Unconnected: true})
 	if !e.AffinityHit || e.StickyHit || e.Backend.Addr().String() != u || e.Backend.Port() != 5353 {
 		t.Fatalf("unconnected UDP (sent to %s): %+v", u, e)

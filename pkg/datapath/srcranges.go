@@ -6,6 +6,7 @@ package datapath
 // srcranges.go); here each is one idempotent map update or delete.
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 
@@ -15,26 +16,34 @@ import (
 )
 
 // srcRangeKey returns the key of prefix p of frontend fe: the frontend's
-// 64 bits (vip, port, proto, pad) always match, then p's own bits.
+// 64 bits (vip, port, proto, pad) always match, then p's own bits. An
+// IPv6 frontend's key is made of it by srcRange6Key.
 func srcRangeKey(fe model.L4Addr, p netip.Prefix) sockSrcRangeKey {
 	p = p.Masked()
 	return sockSrcRangeKey{
 		Prefixlen: 64 + uint32(p.Bits()),
-		Vip:       be32(fe.Addr),
+		Vip:       addr4(fe.Addr),
 		Port:      be16(fe.Port),
 		Proto:     uint8(fe.Proto),
-		Saddr:     be32(p.Addr()),
+		Saddr:     addr4(p.Addr()),
 	}
 }
 
-// checkSourceRange validates frontend fe and prefix p for the IPv4 map.
+func (m *Maps) srcRangeMaps(p netip.Prefix) twin[sockSrcRangeKey, uint8, sockSrcRange6Key, uint8] {
+	return twin[sockSrcRangeKey, uint8, sockSrcRange6Key, uint8]{m.srcRanges, m.srcRanges6, mapSrcRanges, mapSrcRanges6,
+		func(k sockSrcRangeKey, v uint8, a netip.Addr) (sockSrcRange6Key, uint8) {
+			return srcRange6Key(k, a, p.Masked()), v
+		}}
+}
+
+// checkSourceRange validates frontend fe and prefix p, of fe's family.
 func checkSourceRange(fe model.L4Addr, p netip.Prefix) (model.L4Addr, error) {
 	fe, err := checkL4(fe)
 	if err != nil {
 		return fe, fmt.Errorf("frontend %w", err)
 	}
-	if !p.IsValid() || !p.Addr().Is4() {
-		return fe, fmt.Errorf("source range %s of %s: not an IPv4 prefix", p, fe)
+	if !p.IsValid() || p.Addr().Zone() != "" || p.Addr().Is4In6() || is6(p.Addr()) != is6(fe.Addr) {
+		return fe, fmt.Errorf("source range %s of %s: not a prefix of the frontend's family", p, fe)
 	}
 	return fe, nil
 }
@@ -46,9 +55,7 @@ func (m *Maps) UpsertSourceRange(fe model.L4Addr, p netip.Prefix) error {
 	if err != nil {
 		return fmt.Errorf("upsert source range: %w", err)
 	}
-	k := srcRangeKey(fe, p)
-	one := uint8(1)
-	if err := m.srcRanges.Put(&k, &one); err != nil {
+	if err := m.srcRangeMaps(p).put(fe.Addr, srcRangeKey(fe, p), 1); err != nil {
 		return fmt.Errorf("upsert source range %s of %s: %w", p, fe, err)
 	}
 	return nil
@@ -61,8 +68,7 @@ func (m *Maps) DeleteSourceRange(fe model.L4Addr, p netip.Prefix) error {
 	if err != nil {
 		return fmt.Errorf("delete source range: %w", err)
 	}
-	k := srcRangeKey(fe, p)
-	if err := deleteIgnoringMissing(m.srcRanges, &k); err != nil {
+	if err := m.srcRangeMaps(p).del(fe.Addr, srcRangeKey(fe, p)); err != nil {
 		return fmt.Errorf("delete source range %s of %s: %w", p, fe, err)
 	}
 	return nil
@@ -73,28 +79,37 @@ func (m *Maps) SourceRangeCapacity() int {
 	return int(m.srcRanges.MaxEntries())
 }
 
-// dumpSourceRanges reads sluice_src_ranges back: frontend -> prefixes
-// (nil if the map is empty).
-func dumpSourceRanges(srcRanges *ebpf.Map) (map[model.L4Addr][]netip.Prefix, error) {
+// dumpSourceRanges reads sluice_src_ranges and its IPv6 twin back:
+// frontend -> prefixes (nil if both are empty).
+func dumpSourceRanges(srcRanges, srcRanges6 *ebpf.Map) (map[model.L4Addr][]netip.Prefix, error) {
 	var out map[model.L4Addr][]netip.Prefix
-	var k sockSrcRangeKey
-	var v uint8
-	it := srcRanges.Iterate()
-	for it.Next(&k, &v) {
-		bits := int(k.Prefixlen) - 64
-		if bits < 0 || bits > 32 {
+	var bad uint32 // a key that covers no whole frontend, or 0
+	add := func(fe model.L4Addr, saddr netip.Addr, prefixlen, feBits uint32) {
+		bits := int(prefixlen) - int(feBits)
+		if bits < 0 || bits > saddr.BitLen() {
 			// Only a key that covers a whole frontend can be told
 			// apart; the agent writes no other.
-			return nil, fmt.Errorf("dump %s: key with prefix length %d", mapSrcRanges, k.Prefixlen)
+			bad = prefixlen
+			return
 		}
-		fe := model.L4Addr{Addr: addrFromBE32(k.Vip), Port: portFromBE16(k.Port), Proto: model.Protocol(k.Proto)}
 		if out == nil {
 			out = map[model.L4Addr][]netip.Prefix{}
 		}
-		out[fe] = append(out[fe], netip.PrefixFrom(addrFromBE32(k.Saddr), bits))
+		out[fe] = append(out[fe], netip.PrefixFrom(saddr, bits))
 	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("dump %s: %w", mapSrcRanges, err)
+	err := errors.Join(
+		eachEntry(srcRanges, mapSrcRanges, func(k *sockSrcRangeKey, _ *uint8) {
+			add(l4Of(addrFromBE32(k.Vip), k.Port, k.Proto), addrFromBE32(k.Saddr), k.Prefixlen, 64)
+		}),
+		eachEntry(srcRanges6, mapSrcRanges6, func(k *sockSrcRange6Key, _ *uint8) {
+			add(l4Of(addrFrom16(k.Vip), k.Port, k.Proto), addrFrom16(k.Saddr), k.Prefixlen, 160)
+		}),
+	)
+	if err == nil && bad != 0 {
+		err = fmt.Errorf("dump %s: key with prefix length %d", mapSrcRanges, bad)
+	}
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }

@@ -166,11 +166,18 @@ func countByKey(m *ebpf.Map) (int, error) {
 }
 
 // shortMapName is a pin name without the sluice_ prefix and the _vN layout
-// version: sluice_conntrack_v2 is conntrack.
+// version: sluice_conntrack_v2 is conntrack. An IPv6 twin's name ends in
+// 6: sluice6_services_v1 is services6.
 func shortMapName(pin string) string {
-	s := strings.TrimPrefix(pin, "sluice_")
+	s, v6 := strings.CutPrefix(pin, "sluice6_")
+	if !v6 {
+		s = strings.TrimPrefix(pin, "sluice_")
+	}
 	if i := strings.LastIndex(s, "_v"); i > 0 && i+2 < len(s) && strings.Trim(s[i+2:], "0123456789") == "" {
 		s = s[:i]
+	}
+	if v6 {
+		s += "6"
 	}
 	return s
 }

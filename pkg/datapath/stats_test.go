@@ -11,6 +11,7 @@ func TestShortMapName(t *testing.T) {
 	for pin, want := range map[string]string{
 		"sluice_conntrack_v2": "conntrack", "sluice_ct_new_v1": "ct_new", "sluice_ct_gc": "ct_gc",
 		"sluice_services_v12": "services", "sluice_udp_stick_v1": "udp_stick", "sluice_vx": "vx",
+		"sluice6_services_v1": "services6", "sluice6_aff_fix_v1": "aff_fix6",
 	} {
 		if got := shortMapName(pin); got != want {
 			t.Errorf("shortMapName(%q) = %q, want %q", pin, got, want)

@@ -146,7 +146,7 @@ func (m *Maps) ResetServiceStats(id reconciler.ServiceID) error {
 // service id, sorted by frontend. Without --service-metrics they are all
 // zero (the programs count nothing).
 func (m *Maps) ServiceStats() ([]ServiceStats, error) {
-	return readServiceStats(m.svcStats, m.revNat)
+	return readServiceStats(m.svcStats, m.revNat, m.revNat6)
 }
 
 // ServiceStats returns the counters of every frontend, as Maps.ServiceStats
@@ -155,15 +155,16 @@ func (p *Pinned) ServiceStats() ([]ServiceStats, error) {
 	if p.svcStats == nil {
 		return nil, nil
 	}
-	return readServiceStats(p.svcStats, p.revNat)
+	return readServiceStats(p.svcStats, p.revNat, p.revNat6)
 }
 
 // statsBatch is how many entries one batch lookup reads.
 const statsBatch = 4096
 
-// readServiceStats reads stats (sluice_svc_stats) for the ids in revNat.
-func readServiceStats(stats, revNat *ebpf.Map) ([]ServiceStats, error) {
-	ids, err := readRevNat(revNat)
+// readServiceStats reads stats (sluice_svc_stats) for the ids in revNat
+// and revNat6 (one id space).
+func readServiceStats(stats, revNat, revNat6 *ebpf.Map) ([]ServiceStats, error) {
+	ids, err := readRevNat(revNat, revNat6)
 	if err != nil {
 		return nil, err
 	}
@@ -234,29 +235,40 @@ func readServiceStats(stats, revNat *ebpf.Map) ([]ServiceStats, error) {
 	return out, nil
 }
 
-// readRevNat returns the frontend of each service id in revNat (either
-// scope: both count for the frontend).
-func readRevNat(revNat *ebpf.Map) (map[uint32]model.L4Addr, error) {
-	batch := min(statsBatch, int(revNat.MaxEntries()))
+// readRevNat returns the frontend of each service id in revNat and its
+// IPv6 twin revNat6 (either scope: both count for the frontend).
+func readRevNat(revNat, revNat6 *ebpf.Map) (map[uint32]model.L4Addr, error) {
+	out := make(map[uint32]model.L4Addr, min(statsBatch, int(revNat.MaxEntries())))
+	err := errors.Join(
+		readRevNatInto(revNat, mapRevNat, out, func(v *sockLb4RevNat) model.L4Addr { return l4Of(addrFromBE32(v.Vip), v.Port, v.Proto) }),
+		readRevNatInto(revNat6, mapRevNat6, out, func(v *sockLb6RevNat) model.L4Addr { return l4Of(addrFrom16(v.Vip), v.Port, v.Proto) }),
+	)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// readRevNatInto adds the frontend of each service id in m (nil: none) to
+// out, reading the map in batches.
+func readRevNatInto[V any](m *ebpf.Map, name string, out map[uint32]model.L4Addr, frontend func(*V) model.L4Addr) error {
+	if m == nil {
+		return nil
+	}
+	batch := min(statsBatch, int(m.MaxEntries()))
 	keys := make([]uint32, batch)
-	values := make([]sockLb4RevNat, batch)
-	out := make(map[uint32]model.L4Addr, batch)
+	values := make([]V, batch)
 	var cursor ebpf.MapBatchCursor
 	for {
-		n, err := revNat.BatchLookup(&cursor, keys, values, nil)
+		n, err := m.BatchLookup(&cursor, keys, values, nil)
 		for i := range n {
-			v := values[i]
-			out[keys[i]] = model.L4Addr{
-				Addr:  addrFromBE32(v.Vip),
-				Port:  portFromBE16(v.Port),
-				Proto: model.Protocol(v.Proto),
-			}
+			out[keys[i]] = frontend(&values[i])
 		}
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return out, nil
+			return nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", mapRevNat, err)
+			return fmt.Errorf("read %s: %w", name, err)
 		}
 	}
 }

@@ -8,14 +8,66 @@ import (
 	_ "embed"
 	"fmt"
 	"io"
+	"structs"
 
 	"github.com/cilium/ebpf"
 )
+
+type tcCt6BackendKey struct {
+	_     structs.HostLayout
+	Addr  tcV6addr
+	Port  uint16
+	Proto uint8
+	Pad   uint8
+}
+
+type tcCt6Entry struct {
+	_         structs.HostLayout
+	Expires   uint64
+	Flags     uint32
+	BackendId uint32
+	RevNatId  uint32
+	NatPort   uint16
+	SnatPort  uint16
+	NatAddr   tcV6addr
+	SnatAddr  tcV6addr
+}
+
+type tcCt6Key struct {
+	_     structs.HostLayout
+	Saddr tcV6addr
+	Daddr tcV6addr
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Dir   uint8
+	Pad   uint16
+}
+
+type tcV6addr struct {
+	_    structs.HostLayout
+	Addr [16]uint8
+}
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	tcMapSluice6AffFixV1         = "sluice6_aff_fix_v1"
+	tcMapSluice6AffinityV1       = "sluice6_affinity_v1"
+	tcMapSluice6BackendsV1       = "sluice6_backends_v1"
+	tcMapSluice6ConntrackV1      = "sluice6_conntrack_v1"
+	tcMapSluice6CtFlushV1        = "sluice6_ct_flush_v1"
+	tcMapSluice6CtNewV1          = "sluice6_ct_new_v1"
+	tcMapSluice6FragmentsV1      = "sluice6_fragments_v1"
+	tcMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
+	tcMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
+	tcMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
+	tcMapSluice6ServicesV1       = "sluice6_services_v1"
+	tcMapSluice6SockRevV1        = "sluice6_sock_rev_v1"
+	tcMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
+	tcMapSluice6TcV1             = "sluice6_tc_v1"
+	tcMapSluice6UdpStickV1       = "sluice6_udp_stick_v1"
 	tcMapSluiceAffFixV1          = "sluice_aff_fix_v1"
 	tcMapSluiceBackendsV1        = "sluice_backends_v1"
 	tcMapSluiceConntrackV2       = "sluice_conntrack_v2"
@@ -35,6 +87,8 @@ const (
 	tcMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
 	tcMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
 	tcMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
+	tcProgSluice6Egress          = "sluice6_egress"
+	tcProgSluice6Ingress         = "sluice6_ingress"
 	tcProgSluiceEgress           = "sluice_egress"
 	tcProgSluiceEgressDry        = "sluice_egress_dry"
 	tcProgSluiceIngress          = "sluice_ingress"
@@ -44,8 +98,10 @@ const (
 	tcVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	tcVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
 	tcVarHaveClusterCidr         = "have_cluster_cidr"
+	tcVarHaveClusterCidr6        = "have_cluster_cidr6"
 	tcVarMasqueradeAll           = "masquerade_all"
 	tcVarNodeIp4                 = "node_ip4"
+	tcVarNodeIp6                 = "node_ip6"
 	tcVarServiceMetrics          = "service_metrics"
 	tcVarSnatPortMax             = "snat_port_max"
 	tcVarSnatPortMin             = "snat_port_min"
@@ -93,6 +149,8 @@ type tcSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcProgramSpecs struct {
+	Sluice6Egress    *ebpf.ProgramSpec `ebpf:"sluice6_egress"`
+	Sluice6Ingress   *ebpf.ProgramSpec `ebpf:"sluice6_ingress"`
 	SluiceEgress     *ebpf.ProgramSpec `ebpf:"sluice_egress"`
 	SluiceEgressDry  *ebpf.ProgramSpec `ebpf:"sluice_egress_dry"`
 	SluiceIngress    *ebpf.ProgramSpec `ebpf:"sluice_ingress"`
@@ -103,6 +161,21 @@ type tcProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcMapSpecs struct {
+	Sluice6AffFixV1         *ebpf.MapSpec `ebpf:"sluice6_aff_fix_v1"`
+	Sluice6AffinityV1       *ebpf.MapSpec `ebpf:"sluice6_affinity_v1"`
+	Sluice6BackendsV1       *ebpf.MapSpec `ebpf:"sluice6_backends_v1"`
+	Sluice6ConntrackV1      *ebpf.MapSpec `ebpf:"sluice6_conntrack_v1"`
+	Sluice6CtFlushV1        *ebpf.MapSpec `ebpf:"sluice6_ct_flush_v1"`
+	Sluice6CtNewV1          *ebpf.MapSpec `ebpf:"sluice6_ct_new_v1"`
+	Sluice6FragmentsV1      *ebpf.MapSpec `ebpf:"sluice6_fragments_v1"`
+	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
+	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
+	Sluice6ServicesV1       *ebpf.MapSpec `ebpf:"sluice6_services_v1"`
+	Sluice6SockRevV1        *ebpf.MapSpec `ebpf:"sluice6_sock_rev_v1"`
+	Sluice6SrcRangesV1      *ebpf.MapSpec `ebpf:"sluice6_src_ranges_v1"`
+	Sluice6TcV1             *ebpf.MapSpec `ebpf:"sluice6_tc_v1"`
+	Sluice6UdpStickV1       *ebpf.MapSpec `ebpf:"sluice6_udp_stick_v1"`
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
@@ -133,8 +206,10 @@ type tcVariableSpecs struct {
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
+	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
 	ServiceMetrics   *ebpf.VariableSpec `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
@@ -160,6 +235,21 @@ func (o *tcObjects) Close() error {
 //
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcMaps struct {
+	Sluice6AffFixV1         *ebpf.Map `ebpf:"sluice6_aff_fix_v1"`
+	Sluice6AffinityV1       *ebpf.Map `ebpf:"sluice6_affinity_v1"`
+	Sluice6BackendsV1       *ebpf.Map `ebpf:"sluice6_backends_v1"`
+	Sluice6ConntrackV1      *ebpf.Map `ebpf:"sluice6_conntrack_v1"`
+	Sluice6CtFlushV1        *ebpf.Map `ebpf:"sluice6_ct_flush_v1"`
+	Sluice6CtNewV1          *ebpf.Map `ebpf:"sluice6_ct_new_v1"`
+	Sluice6FragmentsV1      *ebpf.Map `ebpf:"sluice6_fragments_v1"`
+	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
+	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
+	Sluice6ServicesV1       *ebpf.Map `ebpf:"sluice6_services_v1"`
+	Sluice6SockRevV1        *ebpf.Map `ebpf:"sluice6_sock_rev_v1"`
+	Sluice6SrcRangesV1      *ebpf.Map `ebpf:"sluice6_src_ranges_v1"`
+	Sluice6TcV1             *ebpf.Map `ebpf:"sluice6_tc_v1"`
+	Sluice6UdpStickV1       *ebpf.Map `ebpf:"sluice6_udp_stick_v1"`
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
@@ -183,6 +273,21 @@ type tcMaps struct {
 
 func (m *tcMaps) Close() error {
 	return _TcClose(
+		m.Sluice6AffFixV1,
+		m.Sluice6AffinityV1,
+		m.Sluice6BackendsV1,
+		m.Sluice6ConntrackV1,
+		m.Sluice6CtFlushV1,
+		m.Sluice6CtNewV1,
+		m.Sluice6FragmentsV1,
+		m.Sluice6NodeCidrsV1,
+		m.Sluice6RevNatV1,
+		m.Sluice6ServiceIpsV1,
+		m.Sluice6ServicesV1,
+		m.Sluice6SockRevV1,
+		m.Sluice6SrcRangesV1,
+		m.Sluice6TcV1,
+		m.Sluice6UdpStickV1,
 		m.SluiceAffFixV1,
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV2,
@@ -214,8 +319,10 @@ type tcVariables struct {
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
+	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`
 	ServiceMetrics   *ebpf.Variable `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
@@ -225,6 +332,8 @@ type tcVariables struct {
 //
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcPrograms struct {
+	Sluice6Egress    *ebpf.Program `ebpf:"sluice6_egress"`
+	Sluice6Ingress   *ebpf.Program `ebpf:"sluice6_ingress"`
 	SluiceEgress     *ebpf.Program `ebpf:"sluice_egress"`
 	SluiceEgressDry  *ebpf.Program `ebpf:"sluice_egress_dry"`
 	SluiceIngress    *ebpf.Program `ebpf:"sluice_ingress"`
@@ -233,6 +342,8 @@ type tcPrograms struct {
 
 func (p *tcPrograms) Close() error {
 	return _TcClose(
+		p.Sluice6Egress,
+		p.Sluice6Ingress,
 		p.SluiceEgress,
 		p.SluiceEgressDry,
 		p.SluiceIngress,

@@ -301,30 +301,45 @@ func TestTCConntrackTimeout(t *testing.T) {
 	}
 }
 
-// TestTCTruncated runs every prefix of valid packets to services through
-// both programs: the output must be the unchanged prefix or a drop, never a
-// rewrite of bytes that are not there.
+// TestTCTruncated runs every prefix of valid packets to services (IPv4 and
+// IPv6) through both programs: the output must be the unchanged prefix or
+// a drop, never a rewrite of bytes that are not there.
 func TestTCTruncated(t *testing.T) {
 	d := newTestDatapath(t)
-	applyServices(t, d, clusterIP(vipTCP, beTCP.addr), clusterIP(vipUDP, beUDP.addr), clusterIP(vipEmpty))
+	applyServices(t, d, clusterIP(vipTCP, beTCP.addr), clusterIP(vipUDP, beUDP.addr), clusterIP(vipEmpty),
+		clusterIP(vip6TCP, be6TCP), clusterIP(vip6UDP, be6UDP), clusterIP(vip6Empty))
 
 	withOpts := tcpSYN("10.0.0.5", 43000, "10.96.0.10", 80)
 	withOpts.IPOptions = []byte{1, 1, 1, 0}
+	withExt := tcpSYN(client6, 43005, "2001:db8:96::10", 80)
+	withExt.IPv6.Ext = []packet.ExtHeader{packet.HopByHopHeader(), packet.DestOptsHeader([]byte{0x1e, 2, 0, 0})}
 	full := map[string][]byte{
 		"tcp":         tcpSYN("10.0.0.5", 43001, "10.96.0.10", 80).Bytes(),
 		"udp":         udpDgram("10.0.0.5", 43002, "10.96.0.11", 53).Bytes(),
 		"tcp_options": withOpts.Bytes(),
 		"no_backend":  tcpSYN("10.0.0.5", 43003, "10.96.0.12", 80).Bytes(),
 		"reply":       packet.Packet{SrcMAC: nodeMAC, DstMAC: clientMAC, Src: addr("10.1.0.1"), Dst: addr("10.0.0.5"), SrcPort: 8080, DstPort: 43001, Proto: packet.TCP}.Bytes(),
+		// IPv6 (tc6.h).
+		"tcp6":        tcpSYN(client6, 43001, "2001:db8:96::10", 80).Bytes(),
+		"udp6":        udpDgram(client6, 43002, "2001:db8:96::11", 53).Bytes(),
+		"tcp6_ext":    withExt.Bytes(),
+		"no_backend6": tcpSYN(client6, 43003, "2001:db8:96::12", 80).Bytes(),
+		"reply6":      packet.Packet{SrcMAC: nodeMAC, DstMAC: clientMAC, Src: be6TCP.Addr, Dst: addr(client6), SrcPort: 8080, DstPort: 43001, Proto: packet.TCP}.Bytes(),
 	}
-	// Create the conntrack entries the "reply" packet matches.
+	// Create the conntrack entries the "reply" packets match.
 	runProg(t, d.TCIngress(), full["tcp"])
+	runProg(t, d.TCIngress(), full["tcp6"])
 
 	for name, p := range full {
 		for _, fixLen := range []bool{false, true} {
 			for n := 0; n < len(p); n++ {
 				in := append([]byte(nil), p[:n]...)
-				if fixLen && n >= 14+4 {
+				v6 := binary.BigEndian.Uint16(p[12:]) == packet.EtherTypeIPv6
+				switch {
+				case fixLen && v6 && n >= 14+6:
+					// The same with the IPv6 payload length.
+					binary.BigEndian.PutUint16(in[18:], uint16(n-14-40))
+				case fixLen && !v6 && n >= 14+4:
 					// Make the IPv4 total length agree with the
 					// truncated frame, so only the L4 header is short.
 					binary.BigEndian.PutUint16(in[16:], uint16(n-14))
@@ -335,10 +350,10 @@ func TestTCTruncated(t *testing.T) {
 						prog = d.TCEgress()
 					}
 					verdict, out, err := runProgErr(prog, in)
-					if n < 14+20 && err != nil {
-						// BPF_PROG_TEST_RUN refuses an IPv4 frame
+					if (n < 14+20 || v6 && n < 14+40) && err != nil {
+						// BPF_PROG_TEST_RUN refuses an IP frame
 						// shorter than Ethernet plus a minimal
-						// IPv4 header (EINVAL): such lengths cannot
+						// IP header (EINVAL): such lengths cannot
 						// be run, only the longer ones.
 						continue
 					}
@@ -441,13 +456,22 @@ func onlyNATFieldsDiffer(a, b []byte) bool {
 	if len(a) < 34 {
 		return bytes.Equal(a, b)
 	}
-	l4 := 14 + int(a[14]&0xf)*4
+	// IPv4: addresses at 26..34 (and the header checksum before them),
+	// L4 after the options.
+	addrs, l4, proto := [2]int{24, 34}, 14+int(a[14]&0xf)*4, a[23]
+	if binary.BigEndian.Uint16(a[12:]) == packet.EtherTypeIPv6 {
+		// IPv6: addresses at 22..54, L4 after the extension headers.
+		addrs, l4, proto = [2]int{22, 54}, 54, a[20]
+		for (proto == packet.HopByHop || proto == packet.DestOpts) && l4+2 <= len(a) {
+			proto, l4 = a[l4], l4+(int(a[l4+1])+1)*8
+		}
+	}
 	csum := l4 + 16
-	if a[23] == 17 {
+	if proto == 17 {
 		csum = l4 + 6
 	}
 	for i := range a {
-		natField := (i >= 24 && i < 34) || (i >= l4 && i < l4+4) || (i >= csum && i < csum+2)
+		natField := (i >= addrs[0] && i < addrs[1]) || (i >= l4 && i < l4+4) || (i >= csum && i < csum+2)
 		if a[i] != b[i] && !natField {
 			return false
 		}

@@ -193,6 +193,13 @@ func TestOpenMigratesPins(t *testing.T) {
 			}
 			m.Close()
 		}
+		// The IPv6 maps, which the pins lacked, are created (empty:
+		// the Dump is the IPv4 state's).
+		for _, name := range []string{mapServices6, mapBackends6, mapRevNat6, mapSrcRanges6, mapServiceIPs6, mapAffinity6, mapAffFix6} {
+			if _, err := os.Stat(filepath.Join(bpffs, "sluice", name)); err != nil {
+				t.Errorf("pin %s after Open: %v", name, err)
+			}
+		}
 		m := d.Maps()
 		if got, err := m.Dump(); err != nil || !reflect.DeepEqual(got, want) {
 			t.Errorf("Dump after migration: %+v, %v; want %+v", got, err, want)

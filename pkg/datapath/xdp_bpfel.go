@@ -16,6 +16,21 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	xdpMapSluice6AffFixV1         = "sluice6_aff_fix_v1"
+	xdpMapSluice6AffinityV1       = "sluice6_affinity_v1"
+	xdpMapSluice6BackendsV1       = "sluice6_backends_v1"
+	xdpMapSluice6ConntrackV1      = "sluice6_conntrack_v1"
+	xdpMapSluice6CtFlushV1        = "sluice6_ct_flush_v1"
+	xdpMapSluice6CtNewV1          = "sluice6_ct_new_v1"
+	xdpMapSluice6FragmentsV1      = "sluice6_fragments_v1"
+	xdpMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
+	xdpMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
+	xdpMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
+	xdpMapSluice6ServicesV1       = "sluice6_services_v1"
+	xdpMapSluice6SockRevV1        = "sluice6_sock_rev_v1"
+	xdpMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
+	xdpMapSluice6TcV1             = "sluice6_tc_v1"
+	xdpMapSluice6UdpStickV1       = "sluice6_udp_stick_v1"
 	xdpMapSluiceAffFixV1          = "sluice_aff_fix_v1"
 	xdpMapSluiceBackendsV1        = "sluice_backends_v1"
 	xdpMapSluiceConntrackV2       = "sluice_conntrack_v2"
@@ -41,8 +56,10 @@ const (
 	xdpVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	xdpVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
 	xdpVarHaveClusterCidr         = "have_cluster_cidr"
+	xdpVarHaveClusterCidr6        = "have_cluster_cidr6"
 	xdpVarMasqueradeAll           = "masquerade_all"
 	xdpVarNodeIp4                 = "node_ip4"
+	xdpVarNodeIp6                 = "node_ip6"
 	xdpVarServiceMetrics          = "service_metrics"
 	xdpVarSnatPortMax             = "snat_port_max"
 	xdpVarSnatPortMin             = "snat_port_min"
@@ -97,6 +114,21 @@ type xdpProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpMapSpecs struct {
+	Sluice6AffFixV1         *ebpf.MapSpec `ebpf:"sluice6_aff_fix_v1"`
+	Sluice6AffinityV1       *ebpf.MapSpec `ebpf:"sluice6_affinity_v1"`
+	Sluice6BackendsV1       *ebpf.MapSpec `ebpf:"sluice6_backends_v1"`
+	Sluice6ConntrackV1      *ebpf.MapSpec `ebpf:"sluice6_conntrack_v1"`
+	Sluice6CtFlushV1        *ebpf.MapSpec `ebpf:"sluice6_ct_flush_v1"`
+	Sluice6CtNewV1          *ebpf.MapSpec `ebpf:"sluice6_ct_new_v1"`
+	Sluice6FragmentsV1      *ebpf.MapSpec `ebpf:"sluice6_fragments_v1"`
+	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
+	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
+	Sluice6ServicesV1       *ebpf.MapSpec `ebpf:"sluice6_services_v1"`
+	Sluice6SockRevV1        *ebpf.MapSpec `ebpf:"sluice6_sock_rev_v1"`
+	Sluice6SrcRangesV1      *ebpf.MapSpec `ebpf:"sluice6_src_ranges_v1"`
+	Sluice6TcV1             *ebpf.MapSpec `ebpf:"sluice6_tc_v1"`
+	Sluice6UdpStickV1       *ebpf.MapSpec `ebpf:"sluice6_udp_stick_v1"`
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
@@ -127,8 +159,10 @@ type xdpVariableSpecs struct {
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
+	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
 	ServiceMetrics   *ebpf.VariableSpec `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
@@ -154,6 +188,21 @@ func (o *xdpObjects) Close() error {
 //
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpMaps struct {
+	Sluice6AffFixV1         *ebpf.Map `ebpf:"sluice6_aff_fix_v1"`
+	Sluice6AffinityV1       *ebpf.Map `ebpf:"sluice6_affinity_v1"`
+	Sluice6BackendsV1       *ebpf.Map `ebpf:"sluice6_backends_v1"`
+	Sluice6ConntrackV1      *ebpf.Map `ebpf:"sluice6_conntrack_v1"`
+	Sluice6CtFlushV1        *ebpf.Map `ebpf:"sluice6_ct_flush_v1"`
+	Sluice6CtNewV1          *ebpf.Map `ebpf:"sluice6_ct_new_v1"`
+	Sluice6FragmentsV1      *ebpf.Map `ebpf:"sluice6_fragments_v1"`
+	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
+	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
+	Sluice6ServicesV1       *ebpf.Map `ebpf:"sluice6_services_v1"`
+	Sluice6SockRevV1        *ebpf.Map `ebpf:"sluice6_sock_rev_v1"`
+	Sluice6SrcRangesV1      *ebpf.Map `ebpf:"sluice6_src_ranges_v1"`
+	Sluice6TcV1             *ebpf.Map `ebpf:"sluice6_tc_v1"`
+	Sluice6UdpStickV1       *ebpf.Map `ebpf:"sluice6_udp_stick_v1"`
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
@@ -177,6 +226,21 @@ type xdpMaps struct {
 
 func (m *xdpMaps) Close() error {
 	return _XdpClose(
+		m.Sluice6AffFixV1,
+		m.Sluice6AffinityV1,
+		m.Sluice6BackendsV1,
+		m.Sluice6ConntrackV1,
+		m.Sluice6CtFlushV1,
+		m.Sluice6CtNewV1,
+		m.Sluice6FragmentsV1,
+		m.Sluice6NodeCidrsV1,
+		m.Sluice6RevNatV1,
+		m.Sluice6ServiceIpsV1,
+		m.Sluice6ServicesV1,
+		m.Sluice6SockRevV1,
+		m.Sluice6SrcRangesV1,
+		m.Sluice6TcV1,
+		m.Sluice6UdpStickV1,
 		m.SluiceAffFixV1,
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV2,
@@ -208,8 +272,10 @@ type xdpVariables struct {
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
+	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`
 	ServiceMetrics   *ebpf.Variable `ebpf:"service_metrics"`
 	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
 	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`

@@ -189,8 +189,9 @@ func (m *mapper) mapFields(c *KubeProxyConfiguration) error {
 		m.set("hostnameOverride", "node-name", h)
 	}
 
-	// bindAddress is kube-proxy's idea of the node's primary IP;
-	// unspecified (kubeadm's 0.0.0.0) leaves it to the Node object.
+	// bindAddress is kube-proxy's idea of the node's primary IP, of
+	// either family; unspecified (kubeadm's 0.0.0.0 or ::) leaves it to
+	// the Node object.
 	if c.BindAddress != "" {
 		a, err := netip.ParseAddr(c.BindAddress)
 		switch {
@@ -198,8 +199,8 @@ func (m *mapper) mapFields(c *KubeProxyConfiguration) error {
 			return fmt.Errorf("bindAddress %q: %w", c.BindAddress, err)
 		case a.IsUnspecified():
 			m.applied["bindAddress"] = true
-		case a.Is4():
-			m.set("bindAddress", "node-ip", a.String())
+		default:
+			m.set("bindAddress", "node-ip", a.Unmap().String())
 		}
 	}
 
@@ -382,7 +383,6 @@ var why = map[string]string{
 	"enableProfiling":             "Sluice serves no /debug/pprof",
 	"showHiddenMetricsForVersion": "Sluice has no hidden metrics",
 	"mode":                        "Sluice is its own (eBPF) datapath: the mode only says which section's masqueradeAll, localhostNodePorts and sync periods apply",
-	"bindAddress":                 "an IPv6 primary address: Sluice serves IPv4 only so far",
 	"iptables":                    otherMode,
 	"nftables":                    otherMode,
 	"ipvs":                        otherMode,

@@ -242,3 +242,30 @@ func TestLoadNamesTheFile(t *testing.T) {
 		t.Errorf("missing file: error %v does not name %s", err, path)
 	}
 }
+
+// TestBindAddressFamilies: bindAddress of either family is the node's
+// primary address (--node-ip); an unspecified one of either family leaves
+// it to the Node object, and a dual-stack clusterCIDR is taken whole.
+func TestBindAddressFamilies(t *testing.T) {
+	const head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+	for _, c := range []struct {
+		body string
+		want []Setting
+	}{
+		{"bindAddress: 192.168.1.10\n", []Setting{{"bindAddress", "node-ip", "192.168.1.10"}}},
+		{"bindAddress: 2001:db8::10\n", []Setting{{"bindAddress", "node-ip", "2001:db8::10"}}},
+		{"bindAddress: ::ffff:192.168.1.10\n", []Setting{{"bindAddress", "node-ip", "192.168.1.10"}}},
+		{"bindAddress: 0.0.0.0\n", nil},
+		{"bindAddress: \"::\"\n", nil},
+		{"clusterCIDR: fd00:10:244::/56,10.244.0.0/16\n", []Setting{{"clusterCIDR", "cluster-cidr", "fd00:10:244::/56,10.244.0.0/16"}}},
+	} {
+		res, err := Parse([]byte(head + c.body))
+		if err != nil {
+			t.Errorf("%s: %v", c.body, err)
+			continue
+		}
+		if !reflect.DeepEqual(res.Settings, c.want) || len(res.Ignored) != 0 {
+			t.Errorf("%s: settings %v, ignored %v; want %v, none", c.body, res.Settings, res.Ignored, c.want)
+		}
+	}
+}

@@ -22,9 +22,28 @@ import (
 //
 // They are recorded by the same calls as Sluice's own sync and programming
 // histograms (ObserveSync, ObserveProgrammed, SetProgrammed): one
-// measurement, two names. Sluice serves IPv4 only, so ip_family is IPv4.
+// measurement, two names.
+//
+// ip_family: a dual-stack kube-proxy runs one proxier per family, each
+// with its own series. Sluice serves both families in one sync, so a sync
+// is recorded under both; a Service port without local endpoints counts in
+// the family of its frontend; a programming latency, whose trigger time
+// carries no family here, is recorded under IPv4 (kube-proxy's primary
+// family on an IPv4-first node).
 
+// ipFamilies are the ip_family label's values, by family index (familyOf).
+var ipFamilies = [2]string{"IPv4", "IPv6"}
+
+// ipFamily is the family a latency without one is recorded under.
 const ipFamily = "IPv4"
+
+// familyOf is the index in ipFamilies of svc's frontend's family.
+func familyOf(svc *model.Service) int {
+	if svc.Frontend.Addr.Unmap().Is4() {
+		return 0
+	}
+	return 1
+}
 
 type kubeProxyMetrics struct {
 	syncDuration  *prometheus.HistogramVec
@@ -74,20 +93,24 @@ func newKubeProxyMetrics(reg prometheus.Registerer) kubeProxyMetrics {
 	// Every series exists from the start, as after kube-proxy's first
 	// sync: a query for them finds a value (0 or empty) instead of
 	// nothing before the first change.
-	k.syncDuration.WithLabelValues(ipFamily)
-	k.programming.WithLabelValues(ipFamily)
-	k.lastSync.WithLabelValues(ipFamily)
-	k.noLocalEndpts.WithLabelValues(ipFamily, "internal")
-	k.noLocalEndpts.WithLabelValues(ipFamily, "external")
+	for _, f := range ipFamilies {
+		k.syncDuration.WithLabelValues(f)
+		k.programming.WithLabelValues(f)
+		k.lastSync.WithLabelValues(f)
+		k.noLocalEndpts.WithLabelValues(f, "internal")
+		k.noLocalEndpts.WithLabelValues(f, "external")
+	}
 	return k
 }
 
 // observeSync records a sync that ended at now, took d and failed with
 // err (nil: succeeded).
 func (k kubeProxyMetrics) observeSync(now time.Time, d time.Duration, err error) {
-	k.syncDuration.WithLabelValues(ipFamily).Observe(d.Seconds())
-	if err == nil {
-		k.lastSync.WithLabelValues(ipFamily).Set(float64(now.UnixNano()) / 1e9)
+	for _, f := range ipFamilies {
+		k.syncDuration.WithLabelValues(f).Observe(d.Seconds())
+		if err == nil {
+			k.lastSync.WithLabelValues(f).Set(float64(now.UnixNano()) / 1e9)
+		}
 	}
 }
 
@@ -121,8 +144,11 @@ func noLocalKind(svc *model.Service) int {
 }
 
 // setNoLocalEndpoints sets the no_local_endpoints gauges, as kube-proxy
-// does at every sync, to the number of Service ports of each kind.
-func (k kubeProxyMetrics) setNoLocalEndpoints(internal, external int) {
-	k.noLocalEndpts.WithLabelValues(ipFamily, "internal").Set(float64(internal))
-	k.noLocalEndpts.WithLabelValues(ipFamily, "external").Set(float64(external))
+// does at every sync, to the number of Service ports of each family and
+// kind: n[family][noLocalInternal or noLocalExternal].
+func (k kubeProxyMetrics) setNoLocalEndpoints(n [2][2]int) {
+	for f, name := range ipFamilies {
+		k.noLocalEndpts.WithLabelValues(name, "internal").Set(float64(n[f][noLocalInternal]))
+		k.noLocalEndpts.WithLabelValues(name, "external").Set(float64(n[f][noLocalExternal]))
+	}
 }

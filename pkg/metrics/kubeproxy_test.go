@@ -29,16 +29,20 @@ func TestKubeProxyMetrics(t *testing.T) {
 		return b.String()
 	}
 	// Exported before the first sync, as kube-proxy's are after its first.
+	// Both families' series, as a dual-stack kube-proxy's two proxiers.
 	start := scrape(t, m)
-	for _, s := range []string{
-		`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}`,
-		`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}`,
-		`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}`,
-		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="internal"}`,
-		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="external"}`,
-	} {
-		if v, ok := start[s]; !ok || v != 0 {
-			t.Errorf("before any sync: %s = %v (exported: %v), want 0", s, v, ok)
+	for _, fam := range []string{"IPv4", "IPv6"} {
+		for _, s := range []string{
+			`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="FAM"}`,
+			`kubeproxy_network_programming_duration_seconds_count{ip_family="FAM"}`,
+			`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="FAM"}`,
+			`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="FAM",traffic_policy="internal"}`,
+			`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="FAM",traffic_policy="external"}`,
+		} {
+			s = strings.Replace(s, "FAM", fam, 1)
+			if v, ok := start[s]; !ok || v != 0 {
+				t.Errorf("before any sync: %s = %v (exported: %v), want 0", s, v, ok)
+			}
 		}
 	}
 
@@ -51,6 +55,7 @@ func TestKubeProxyMetrics(t *testing.T) {
 	got := scrape(t, m)
 	for s, want := range map[string]float64{
 		`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}`:              2, // failed syncs too
+		`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv6"}`:              2, // one sync serves both families
 		`kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.004"}`:  1,
 		`kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="16.384"}`: 2,
 		`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}`:           2,
@@ -67,16 +72,18 @@ func TestKubeProxyMetrics(t *testing.T) {
 	}
 	// kube-proxy's bucket boundaries: 15 exponential from 1ms, and
 	// 0, 0.25, 0.5, 1..59, 60..115 by 5, 120..300 by 30.
-	if n := strings.Count(body(), "kubeproxy_sync_proxy_rules_duration_seconds_bucket{"); n != 16 {
+	if n := strings.Count(body(), `kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4"`); n != 16 {
 		t.Errorf("%d sync duration buckets, want 15 and +Inf", n)
 	}
-	if n := strings.Count(body(), "kubeproxy_network_programming_duration_seconds_bucket{"); n != 1+2+59+12+7+1 {
+	if n := strings.Count(body(), `kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4"`); n != 1+2+59+12+7+1 {
 		t.Errorf("%d network programming buckets, want kube-proxy's 81 and +Inf", n)
 	}
 	// The last successful sync, not the failed one after it.
-	ts := got[`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}`]
-	if ts < float64(before.Unix()) || ts > float64(now.Unix()+1) {
-		t.Errorf("last sync timestamp %v, want between %d and %d", ts, before.Unix(), now.Unix())
+	for _, fam := range []string{"IPv4", "IPv6"} {
+		ts := got[`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="`+fam+`"}`]
+		if ts < float64(before.Unix()) || ts > float64(now.Unix()+1) {
+			t.Errorf("%s: last sync timestamp %v, want between %d and %d", fam, ts, before.Unix(), now.Unix())
+		}
 	}
 }
 
@@ -86,7 +93,7 @@ func TestKubeProxyMetrics(t *testing.T) {
 // frontends it has; not a Service without endpoints, not one with a local
 // endpoint, not a Cluster policy.
 func TestNoLocalEndpoints(t *testing.T) {
-	node := translate.Node{Name: "node-a", IP: netip.MustParseAddr("192.168.0.2"),
+	node := translate.Node{Name: "node-a", IPs: []netip.Addr{netip.MustParseAddr("192.168.0.2")},
 		Addresses: []netip.Addr{netip.MustParseAddr("192.168.0.2"), netip.MustParseAddr("192.168.1.2")}}
 	local, cluster := corev1.ServiceInternalTrafficPolicyLocal, corev1.ServiceInternalTrafficPolicyCluster
 	nodePort := int32(30080)
@@ -138,20 +145,32 @@ func TestNoLocalEndpoints(t *testing.T) {
 			st.Services[s.Frontend] = s
 		}
 	}
+	// An IPv6 ClusterIP frontend dropping for want of a local endpoint
+	// (internalTrafficPolicy Local, as translate makes it) counts in the
+	// IPv6 family only, its IPv4 twin of the same Service port in IPv4.
+	for _, vip := range []string{"2001:db8:96::8", "10.96.0.8"} {
+		fe := model.L4Addr{Addr: netip.MustParseAddr(vip), Port: 80, Proto: model.TCP}
+		st.Services[fe] = &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "dual-itp-elsewhere", Port: "http"},
+			Kind: model.ClusterIP, Frontend: fe, DropWhenEmpty: true}
+	}
 	m := New()
 	m.SetProgrammed(st)
 	want := `
 # HELP kubeproxy_sync_proxy_rules_no_local_endpoints_total Number of services with a Local traffic policy and no endpoints
 # TYPE kubeproxy_sync_proxy_rules_no_local_endpoints_total gauge
 kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="external"} 2
-kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="internal"} 2
+kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="internal"} 3
+kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv6",traffic_policy="external"} 0
+kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv6",traffic_policy="internal"} 1
 `
 	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "kubeproxy_sync_proxy_rules_no_local_endpoints_total"); err != nil {
 		t.Error(err)
 	}
 	// A later sync recounts: with nothing left, both are 0.
 	m.SetProgrammed(model.NewState())
-	want = strings.ReplaceAll(want, "} 2", "} 0")
+	for _, n := range []string{"} 1", "} 2", "} 3"} {
+		want = strings.ReplaceAll(want, n, "} 0")
+	}
 	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "kubeproxy_sync_proxy_rules_no_local_endpoints_total"); err != nil {
 		t.Error(err)
 	}

@@ -77,9 +77,10 @@ type Metrics struct {
 	lastCounts  Counts
 	backendRefs map[model.L4Addr]int
 	// noLocal counts, per Service port with a Local traffic policy and
-	// no local endpoints, its frontends that drop for that reason:
-	// [noLocalInternal] and [noLocalExternal] (noLocalKind).
-	noLocal [2]map[model.ServicePortName]int
+	// no local endpoints, its frontends that drop for that reason, by
+	// family (familyOf) and kind: [family][noLocalInternal] and
+	// [family][noLocalExternal] (noLocalKind).
+	noLocal [2][2]map[model.ServicePortName]int
 
 	mu       sync.Mutex
 	counts   Counts
@@ -260,16 +261,21 @@ func (m *Metrics) SetProgrammed(s *model.State) {
 		}
 	} else {
 		m.backendRefs = make(map[model.L4Addr]int, len(m.backendRefs))
-		m.noLocal = [2]map[model.ServicePortName]int{{}, {}}
+		m.noLocal = [2][2]map[model.ServicePortName]int{{{}, {}}, {{}, {}}}
 		for _, svc := range s.Services {
 			m.count(&c, svc, 1)
 		}
 	}
 	c.Backends = len(m.backendRefs)
 	m.last, m.lastCounts = s, c
-	internal, external := len(m.noLocal[noLocalInternal]), len(m.noLocal[noLocalExternal])
+	var noLocal [2][2]int
+	for f := range m.noLocal {
+		for k := range m.noLocal[f] {
+			noLocal[f][k] = len(m.noLocal[f][k])
+		}
+	}
 	m.countMu.Unlock()
-	m.kubeProxy.setNoLocalEndpoints(internal, external)
+	m.kubeProxy.setNoLocalEndpoints(noLocal)
 	m.mu.Lock()
 	m.counts = c
 	m.mu.Unlock()
@@ -286,8 +292,9 @@ func (m *Metrics) count(c *Counts, svc *model.Service, d int) {
 		}
 	}
 	if k := noLocalKind(svc); k >= 0 {
-		if m.noLocal[k][svc.Name] += d; m.noLocal[k][svc.Name] <= 0 {
-			delete(m.noLocal[k], svc.Name)
+		n := m.noLocal[familyOf(svc)][k]
+		if n[svc.Name] += d; n[svc.Name] <= 0 {
+			delete(n, svc.Name)
 		}
 	}
 }

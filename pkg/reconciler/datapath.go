@@ -126,11 +126,13 @@ type Datapath interface {
 	// reverse-NAT, source-range and service-IP maps.
 	Dump() (*KernelState, error)
 	// Capacity returns the maximum number of services (reverse-NAT entries),
-	// backends, and service map entries (masters plus slots). The service
-	// IPs fit: there are no more of them than services.
+	// backends, and service map entries (masters plus slots), of both
+	// address families together: ids are one space over both, and each
+	// family's maps hold as many. The service IPs fit: there are no more
+	// of them than services.
 	Capacity() (services, backends, serviceEntries int)
 	// SourceRangeCapacity returns the maximum number of source ranges, of
-	// all frontends together.
+	// all frontends (of both families) together.
 	SourceRangeCapacity() int
 	// FlushConntrack removes per-packet conntrack entries that point at
 	// any of backends (used for UDP when backends go away, so stale flows

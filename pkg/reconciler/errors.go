@@ -13,7 +13,8 @@ import (
 )
 
 // ErrInvalid is wrapped by errors about a frontend the datapath cannot
-// hold however much room there is: an address that is not IPv4, a
+// hold however much room there is: an address that is not IPv4 or IPv6
+// (or a backend of the other family than its frontend), a
 // protocol other than TCP or UDP, more backends than a frontend has slots.
 var ErrInvalid = errors.New("not representable in the datapath")
 
@@ -85,7 +86,10 @@ func (e *FrontendError) Permanent() bool {
 }
 
 // validate returns an ErrInvalid error if the datapath cannot hold d at
-// all; it is checked before any write, as capacity is.
+// all; it is checked before any write, as capacity is. A frontend's
+// backends and source ranges are of its own family (the datapath does no
+// NAT46/64): sources never produce others, and a frontend that names one
+// is refused whole.
 func validate(d *desiredFrontend) error {
 	if err := validL4(d.fe.L4Addr); err != nil {
 		return fmt.Errorf("%w: frontend %s: %v", ErrInvalid, d.fe, err)
@@ -94,16 +98,35 @@ func validate(d *desiredFrontend) error {
 		return fmt.Errorf("%w: %d backends, a frontend has %d slots; previous programming kept", ErrInvalid, len(d.addrs), MaxSlots)
 	}
 	for _, a := range d.addrs {
-		if err := validL4(a); err != nil {
+		err := validL4(a)
+		if err == nil && a.Addr.Is6() != d.fe.Addr.Is6() {
+			err = errors.New("not of the frontend's address family")
+		}
+		if err != nil {
 			return fmt.Errorf("%w: backend %s: %v; previous programming kept", ErrInvalid, a, err)
+		}
+	}
+	for _, p := range d.ranges {
+		if p.Addr().Is6() != d.fe.Addr.Is6() || p.Addr().Is4In6() || p.Addr().Zone() != "" {
+			return fmt.Errorf("%w: source range %s: not a prefix of the frontend's address family; previous programming kept", ErrInvalid, p)
 		}
 	}
 	return nil
 }
 
+// validL4 accepts an IPv4 or IPv6 address. An IPv4-mapped IPv6 address
+// (::ffff:10.0.0.1) is refused rather than taken for its IPv4 address:
+// the desired state is keyed by addresses, and the maps, which hold it as
+// an IPv4 address, would read back as another frontend or backend than
+// the one programmed. Sources hand the reconciler plain IPv4 addresses.
 func validL4(a model.L4Addr) error {
-	if !a.Addr.Unmap().Is4() {
-		return errors.New("not an IPv4 address")
+	switch {
+	case !a.Addr.IsValid():
+		return errors.New("not an IP address")
+	case a.Addr.Is4In6():
+		return errors.New("an IPv4-mapped IPv6 address: use the IPv4 address")
+	case a.Addr.Zone() != "":
+		return errors.New("an address with a zone")
 	}
 	if a.Proto != model.TCP && a.Proto != model.UDP {
 		return fmt.Errorf("protocol %s not supported", a.Proto)

@@ -3,6 +3,8 @@ package reconciler_test
 import (
 	"errors"
 	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -127,5 +129,77 @@ func TestHolds(t *testing.T) {
 	}
 	if !r.Holds(a) || r.Holds(b) || r.Holds(svc(vip(2), "c")) || r.Holds(nil) {
 		t.Errorf("Holds: a %v (want true), b %v, c %v (want false)", r.Holds(a), r.Holds(b), r.Holds(svc(vip(2), "c")))
+	}
+}
+
+// A frontend the datapath cannot hold because of its addresses is refused
+// by name, before any write: backends or source ranges of the other family
+// (no NAT46/64), an IPv4-mapped IPv6 address (the maps would hold it as
+// its IPv4 address and read back another frontend), an address with a
+// zone. The frontend keeps its previous programming, the others are
+// programmed.
+func TestApplyRefusesAddressMixups(t *testing.T) {
+	l4 := func(a string, port uint16) model.L4Addr {
+		return model.L4Addr{Addr: netip.MustParseAddr(a), Port: port, Proto: model.TCP}
+	}
+	fe6, fe4 := l4("2001:db8::10", 80), l4("10.96.0.10", 80)
+	good6 := []model.Backend{{L4Addr: l4("2001:db8:1::1", 8080)}}
+	for _, c := range []struct {
+		name string
+		fe   model.L4Addr
+		svc  func(s *model.Service)
+		want string
+	}{
+		{"v6 frontend, v4 backend", fe6, func(s *model.Service) { s.Backends = append(s.Backends, model.Backend{L4Addr: l4("10.1.0.1", 8080)}) },
+			"backend 10.1.0.1:8080/TCP: not of the frontend's address family"},
+		{"v4 frontend, v6 backend", fe4, func(s *model.Service) { s.Backends = append(s.Backends, good6...) },
+			"backend [2001:db8:1::1]:8080/TCP: not of the frontend's address family"},
+		{"v4-mapped backend", fe4, func(s *model.Service) {
+			s.Backends = append(s.Backends, model.Backend{L4Addr: l4("::ffff:10.1.0.2", 8080)})
+		},
+			"IPv4-mapped"},
+		{"zoned backend", fe6, func(s *model.Service) {
+			s.Backends = append(s.Backends, model.Backend{L4Addr: l4("fe80::1%eth0", 8080)})
+		},
+			"zone"},
+		{"v6 frontend, v4 source range", fe6, func(s *model.Service) {
+			s.Kind, s.SourceRanges = model.LoadBalancer, []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
+		}, "source range 192.0.2.0/24"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := fakedp.New(16, 16, 64)
+			r := reconciler.New(f, nil)
+			other := l4("2001:db8::20", 80)
+			first := svc(c.fe, "mixed", be(1, 1, model.TCP))
+			if c.fe.Addr.Is6() {
+				first = svc(c.fe, "mixed", good6...)
+			}
+			if err := r.Apply(state(first)); err != nil {
+				t.Fatal(err)
+			}
+			before, _ := f.Dump()
+			bad := *first
+			bad.Backends = slices.Clone(first.Backends)
+			c.svc(&bad)
+			bad.Backends = model.SortBackends(bad.Backends)
+			errs := frontendErrors(t, r.Apply(state(&bad, svc(other, "other", good6...))))
+			e := errs[c.fe]
+			if len(errs) != 1 || e == nil || e.Reason() != "invalid" || !strings.Contains(e.Error(), "default/mixed") ||
+				!strings.Contains(e.Error(), c.want) {
+				t.Fatalf("errors %v, want one for default/mixed saying %q", errs, c.want)
+			}
+			after, _ := f.Dump()
+			if _, ok := after.Masters[reconciler.DefaultScope(other)]; !ok {
+				t.Errorf("the other frontend was not programmed:\n%s", after)
+			}
+			delete(after.Masters, reconciler.DefaultScope(other))
+			if before.Masters[reconciler.DefaultScope(c.fe)] != after.Masters[reconciler.DefaultScope(c.fe)] ||
+				len(before.Masters) != len(after.Masters) {
+				t.Errorf("previous programming not kept:\n%s\nwas\n%s", after, before)
+			}
+			if v := f.Check(); len(v) > 0 {
+				t.Error(v)
+			}
+		})
 	}
 }

@@ -67,6 +67,18 @@ func TestRandomizedScopes(t *testing.T) {
 	}
 }
 
+// TestRandomizedDualStack is TestRandomizedScopes (with affinity) with
+// IPv4 and IPv6 frontends side by side: the invariants (a frontend's
+// slots name backends of its family, its master a rev_nat entry of its
+// family) hold after every operation, and the state converges.
+func TestRandomizedDualStack(t *testing.T) {
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			seeded(t, seed, randomOpts{dualStack: true, ranges: true, scopes: true, affinity: true})
+		})
+	}
+}
+
 // seeded runs 60 rounds of randomized from seed, checks that they
 // exercised what opts asks for, and returns what they exercised.
 func seeded(t *testing.T, seed uint64, opts randomOpts) exercised {
@@ -110,6 +122,9 @@ type randomOpts struct {
 	scopes bool // frontends with two scopes, of changing kinds
 	// session affinity that comes, goes and changes its timeout
 	affinity bool
+	// dualStack: half the frontends are IPv6, with IPv6 backends and
+	// source ranges.
+	dualStack bool
 	// hints: each state keeps some frontends of the one before (the same
 	// *Service) and says which it changed (model.State.BaseGen, Changed),
 	// as the sources' tracker does.
@@ -161,16 +176,35 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 		if opts.scopes {
 			a = byte(i/2 + 1)
 		}
-		fes[i] = model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, 0, a}), Port: 80 + uint16(i%4), Proto: model.Protocol([]model.Protocol{model.TCP, model.UDP}[i%2])}
+		ip := netip.AddrFrom4([4]byte{10, 96, 0, a})
+		if opts.dualStack && (i/2)%2 == 1 {
+			ip = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, 0x96, 15: a})
+		}
+		fes[i] = model.L4Addr{Addr: ip, Port: 80 + uint16(i%4), Proto: model.Protocol([]model.Protocol{model.TCP, model.UDP}[i%2])}
 	}
-	backends := func(proto model.Protocol) []model.Backend {
+	// Backends of fe's family: some IPv6 backends are those of IPv4
+	// ones with the IPv4 address mapped into 2001:db8::/96.
+	backends := func(fe model.L4Addr) []model.Backend {
 		var bs []model.Backend
 		for range rng.IntN(6) {
-			bs = append(bs, model.Backend{L4Addr: model.L4Addr{
-				Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(1 + rng.IntN(10))}), Port: 8080, Proto: proto,
-			}})
+			a := netip.AddrFrom4([4]byte{10, 0, 0, byte(1 + rng.IntN(10))})
+			if fe.Addr.Is6() {
+				a = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: a.As4()[3]})
+			}
+			bs = append(bs, model.Backend{L4Addr: model.L4Addr{Addr: a, Port: 8080, Proto: fe.Proto}})
 		}
 		return model.SortBackends(bs)
+	}
+	ranges := func(fe model.L4Addr) (out []netip.Prefix) {
+		for _, p := range randomRanges {
+			if fe.Addr.Is6() {
+				p = netip.PrefixFrom(netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0x77, 15: p.Addr().As4()[0]}), 96+p.Bits())
+			}
+			if rng.IntN(2) == 0 {
+				out = append(out, p)
+			}
+		}
+		return out
 	}
 	scopesSeen, cipsSeen := 0, 0
 	var prev *model.State
@@ -191,13 +225,13 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 			if rng.IntN(4) == 0 {
 				continue
 			}
-			s := svc(fe, fmt.Sprint("s", i), backends(fe.Proto)...)
+			s := svc(fe, fmt.Sprint("s", i), backends(fe)...)
 			if opts.scopes {
 				s.Kind = []model.FrontendKind{model.ClusterIP, model.NodePort, model.LoadBalancer}[rng.IntN(3)]
 				s.DropWhenEmpty = len(s.Backends) == 0 && rng.IntN(2) == 0
 				if s.Kind != model.ClusterIP && rng.IntN(2) == 0 {
 					s.ExternalLocal, s.TwoScopes = true, true
-					s.InternalBackends = backends(fe.Proto)
+					s.InternalBackends = backends(fe)
 					scopesSeen++
 				}
 				if s.Kind == model.ClusterIP {
@@ -206,18 +240,10 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 			}
 			if opts.ranges && !opts.scopes {
 				s.Kind = []model.FrontendKind{model.ClusterIP, model.LoadBalancer}[rng.IntN(2)]
-				for _, p := range randomRanges {
-					if rng.IntN(2) == 0 {
-						s.SourceRanges = append(s.SourceRanges, p)
-					}
-				}
+				s.SourceRanges = ranges(fe)
 			}
 			if opts.ranges && opts.scopes && s.Kind == model.LoadBalancer {
-				for _, p := range randomRanges {
-					if rng.IntN(2) == 0 {
-						s.SourceRanges = append(s.SourceRanges, p)
-					}
-				}
+				s.SourceRanges = ranges(fe)
 			}
 			if opts.affinity {
 				s.AffinityTimeout = []time.Duration{0, time.Second, time.Hour}[rng.IntN(3)]

@@ -83,7 +83,7 @@ func helperMain(args []string) int {
 }
 
 func helperTCP(addr string) (who, peer string, err error) {
-	c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
+	c, err := net.DialTimeout(network("tcp", addr), addr, 3*time.Second)
 	if err != nil {
 		return "", "", err
 	}
@@ -101,11 +101,11 @@ func helperTCP(addr string) (who, peer string, err error) {
 }
 
 func helperUDP(addr, msg string) (who, peer string, err error) {
-	to, err := net.ResolveUDPAddr("udp4", addr)
+	to, err := net.ResolveUDPAddr(network("udp", addr), addr)
 	if err != nil {
 		return "", "", err
 	}
-	pc, err := net.ListenUDP("udp4", nil)
+	pc, err := net.ListenUDP(network("udp", addr), nil)
 	if err != nil {
 		return "", "", err
 	}
@@ -124,6 +124,15 @@ func helperUDP(addr, msg string) (who, peer string, err error) {
 		return "", "", fmt.Errorf("reply %q to %q", buf[:k], msg)
 	}
 	return who, from.String(), nil
+}
+
+// network is "tcp4" or "udp4" for an IPv4 addr, "tcp6" or "udp6" for an
+// IPv6 one ("[2001:db8::1]:80").
+func network(proto, addr string) string {
+	if strings.HasPrefix(addr, "[") {
+		return proto + "6"
+	}
+	return proto + "4"
 }
 
 // requirePrivileges is what every test here needs: root, bpffs for the
@@ -297,6 +306,41 @@ func (e *env) dialEcho(t *testing.T) *topology.EchoConn {
 	return e.lb.Client.MustDialEcho(t, echoVIP, 3*time.Second)
 }
 
+// udpFromClient sends n datagrams to vip from the client, each on a new
+// connected socket (a new flow, a new pick), and counts the answers per
+// backend; any datagram without its answer fails the test. A connected
+// UDP socket only accepts datagrams from the VIP: an answer proves the
+// reply was reverse-translated.
+func (e *env) udpFromClient(t *testing.T, vip string, n int) map[string]int {
+	t.Helper()
+	seen := map[string]int{}
+	for i := range n {
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		c, err := e.lb.Client.DialContext(ctx, network("udp", vip), vip)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		msg := fmt.Sprintf("q%d", i)
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 512)
+		k, err := c.Read(buf)
+		c.Close()
+		if err != nil {
+			t.Fatalf("datagram %d to %s: %v", i, vip, err)
+		}
+		who, got, _ := strings.Cut(string(buf[:k]), " ")
+		if got != msg {
+			t.Fatalf("reply %q to %q", buf[:k], msg)
+		}
+		seen[who]++
+	}
+	return seen
+}
+
 // counters returns `sluicectl counters` as a map.
 func (e *env) counters(t *testing.T) map[string]uint64 {
 	t.Helper()
@@ -311,6 +355,44 @@ func (e *env) counters(t *testing.T) map[string]uint64 {
 // and the agent's cgroup and returns its output lines.
 func (e *env) runInCgroup(t *testing.T, mode, vip string, n int) []string {
 	t.Helper()
+	out, stderr, err := e.cgroupClient(t, mode, vip, n)
+	if err != nil {
+		t.Fatalf("%s client in the node's cgroup: %v\n%s", mode, err, stderr)
+	}
+	return strings.Split(strings.TrimSpace(out), "\n")
+}
+
+// cgroupSpread runs the helper client in the node's cgroup for n
+// exchanges with vip (runInCgroup), checks that every socket reported the
+// VIP as its peer, and counts the answers per backend.
+func (e *env) cgroupSpread(t *testing.T, mode, vip string, n int) map[string]int {
+	t.Helper()
+	seen := map[string]int{}
+	for _, l := range e.runInCgroup(t, mode, vip, n) {
+		who, peer, _ := strings.Cut(l, " ")
+		if peer != vip {
+			t.Errorf("%s socket reports peer %q, want the VIP %s", mode, peer, vip)
+		}
+		seen[who]++
+	}
+	return seen
+}
+
+// runInCgroupErr runs the helper client as runInCgroup does, expecting it
+// to fail, and returns what it printed of its error.
+func (e *env) runInCgroupErr(t *testing.T, mode, vip string, n int) string {
+	t.Helper()
+	out, stderr, err := e.cgroupClient(t, mode, vip, n)
+	if err == nil {
+		t.Fatalf("%s client to %s in the node's cgroup succeeded: %s", mode, vip, out)
+	}
+	return stderr
+}
+
+// cgroupClient runs the helper client in the node namespace and the
+// agent's cgroup: its output, its standard error, and how it ended.
+func (e *env) cgroupClient(t *testing.T, mode, vip string, n int) (out, stderr string, err error) {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -323,13 +405,10 @@ func (e *env) runInCgroup(t *testing.T, mode, vip string, n int) []string {
 	}
 	defer dir.Close()
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(dir.Fd())}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("%s client in the node's cgroup: %v\n%s", mode, err, stderr.String())
-	}
-	return strings.Split(strings.TrimSpace(string(out)), "\n")
+	var errBuf strings.Builder
+	cmd.Stderr = &errBuf
+	b, err := cmd.Output()
+	return string(b), errBuf.String(), err
 }
 
 func TestClusterIPEndToEnd(t *testing.T) {
@@ -401,33 +480,7 @@ func TestClusterIPEndToEnd(t *testing.T) {
 	t.Run("UDPNamedTargetPort", func(t *testing.T) {
 		// Each datagram on a new socket is a new flow and a new pick. With
 		// 60 flows a backend is missed with probability 3 * (2/3)^60 < 1e-10.
-		seen := map[string]int{}
-		for i := range 60 {
-			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
-			c, err := e.lb.Client.DialContext(ctx, "udp4", dnsVIP)
-			cancel()
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.SetDeadline(time.Now().Add(3 * time.Second))
-			msg := fmt.Sprintf("q%d", i)
-			if _, err := c.Write([]byte(msg)); err != nil {
-				t.Fatal(err)
-			}
-			buf := make([]byte, 512)
-			// A connected UDP socket only accepts datagrams from the VIP:
-			// an answer proves the reply was reverse-translated.
-			k, err := c.Read(buf)
-			c.Close()
-			if err != nil {
-				t.Fatalf("datagram %d to %s: %v", i, dnsVIP, err)
-			}
-			who, got, _ := strings.Cut(string(buf[:k]), " ")
-			if got != msg {
-				t.Fatalf("reply %q to %q", buf[:k], msg)
-			}
-			seen[who]++
-		}
+		seen := e.udpFromClient(t, dnsVIP, 60)
 		t.Logf("UDP distribution: %v", seen)
 		for _, b := range e.backends {
 			if seen[b] == 0 {
@@ -518,14 +571,7 @@ func TestClusterIPEndToEnd(t *testing.T) {
 		// VIP as its peer. Each of 60 exchanges picks anew: a backend is
 		// missed with probability 3*(2/3)^60 < 1e-10.
 		for _, c := range []struct{ mode, vip string }{{"tcp", webVIP}, {"udp", dnsVIP}} {
-			seen := map[string]int{}
-			for _, l := range e.runInCgroup(t, c.mode, c.vip, 60) {
-				who, peer, _ := strings.Cut(l, " ")
-				if peer != c.vip {
-					t.Errorf("%s socket reports peer %q, want the VIP %s", c.mode, peer, c.vip)
-				}
-				seen[who]++
-			}
+			seen := e.cgroupSpread(t, c.mode, c.vip, 60)
 			t.Logf("socket LB %s distribution: %v", c.mode, seen)
 			for _, b := range e.backends {
 				if seen[b] == 0 {

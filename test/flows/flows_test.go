@@ -2,6 +2,7 @@ package flows
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"net/netip"
 	"os"
@@ -16,11 +17,12 @@ import (
 
 // flowCounts is what each ported file must hold, as
 // testdata/kubeproxy-flows.yaml says: kube-proxy's flows in each mode and
-// the corpus's.
+// the corpus's, and their family ("": IPv4).
 type flowCounts struct {
-	NFTables int `json:"nftables"`
-	IPTables int `json:"iptables"`
-	Corpus   int `json:"corpus"`
+	NFTables int             `json:"nftables"`
+	IPTables int             `json:"iptables"`
+	Corpus   int             `json:"corpus"`
+	Family   corev1.IPFamily `json:"family"`
 }
 
 // readTestdata returns the content of testdata/name.
@@ -45,6 +47,7 @@ func TestCorpus(t *testing.T) {
 		t.Fatal(err)
 	}
 	var nft, ipt, ported int
+	portedBy := map[corev1.IPFamily]int{}
 	var table strings.Builder
 	fmt.Fprintf(&table, "%-48s %6s %6s %6s %6s %6s %6s\n", "file", "flows", "nft", "ipt", "dev", "skip", "derived")
 	for _, f := range c.Files() {
@@ -59,9 +62,14 @@ func TestCorpus(t *testing.T) {
 				t.Errorf("%s: %d nftables, %d iptables, %d ported and %d derived flows; want %d, %d, %d and 0",
 					f, n.NFTables, n.IPTables, n.Ported, n.Derived, want.NFTables, want.IPTables, want.Corpus)
 			}
+			family := cmp.Or(want.Family, corev1.IPv4Protocol)
+			if other := c.Count(func(cs *Case) bool { return cs.File == f && cs.IPFamily != family }); other.Flows != 0 {
+				t.Errorf("%s: %d flows are not %s", f, other.Flows, family)
+			}
 			nft += want.NFTables
 			ipt += want.IPTables
 			ported += want.Corpus
+			portedBy[family] += want.Corpus
 		case n.Ported != 0:
 			t.Errorf("%s: %d flows outside kubeproxy/ claim a kube-proxy test", f, n.Ported)
 		}
@@ -75,16 +83,28 @@ func TestCorpus(t *testing.T) {
 	if all.NFTables != nft || all.IPTables != ipt || all.Ported != ported {
 		t.Errorf("corpus: %d nftables, %d iptables, %d ported flows; want %d, %d, %d", all.NFTables, all.IPTables, all.Ported, nft, ipt, ported)
 	}
-	if all.ByFamily[corev1.IPv4Protocol] != all.Flows {
-		t.Errorf("%d of %d flows are IPv4; the IPv6 twin is issue 10's", all.ByFamily[corev1.IPv4Protocol], all.Flows)
+	// Per family: the ported flows are the table's; IPv6 has kube-proxy's
+	// few IPv6 subtests and the derived twins of the IPv4 cases (issue 10).
+	for _, fam := range []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol} {
+		n := c.Count(func(cs *Case) bool { return cs.IPFamily == fam })
+		if n.Ported != portedBy[fam] {
+			t.Errorf("%s: %d ported flows, want %d", fam, n.Ported, portedBy[fam])
+		}
+		if n.Flows == 0 || n.Flows != all.ByFamily[fam] {
+			t.Errorf("%s: %d flows (%d by ByFamily)", fam, n.Flows, all.ByFamily[fam])
+		}
+		fmt.Fprintf(&table, "%-48s %6d %6d %6d %6d %6d %6d\n", "total "+string(fam), n.Flows, n.NFTables, n.IPTables, n.Deviations, n.Skipped, n.Derived)
+	}
+	if all.ByFamily[corev1.IPv4Protocol]+all.ByFamily[corev1.IPv6Protocol] != all.Flows {
+		t.Errorf("%d flows, %v by family", all.Flows, all.ByFamily)
 	}
 	// TestCategorizeEndpoints has 32 cases.
 	if len(c.Translations) != 32 {
 		t.Errorf("%d translation cases, want 32", len(c.Translations))
 	}
 	fmt.Fprintf(&table, "%-48s %6d %6d %6d %6d %6d %6d\n", "total", all.Flows, all.NFTables, all.IPTables, all.Deviations, all.Skipped, all.Derived)
-	t.Logf("flows per file:\n%s\n%d ported IPv4 flows (kube-proxy runs %d in nftables mode, %d in iptables mode), %d derived; %d translation cases",
-		table.String(), all.Ported, all.NFTables, all.IPTables, all.Derived, len(c.Translations))
+	t.Logf("flows per file:\n%s\n%d ported flows, %d IPv4 and %d IPv6 (kube-proxy runs %d in nftables mode, %d in iptables mode), %d derived; %d translation cases",
+		table.String(), all.Ported, portedBy[corev1.IPv4Protocol], portedBy[corev1.IPv6Protocol], all.NFTables, all.IPTables, all.Derived, len(c.Translations))
 }
 
 // TestVariants checks that a variant gets its node settings and its

@@ -44,6 +44,7 @@ type proxy struct {
 	rec     *reconciler.Reconciler
 	metrics *metrics.Metrics
 	applies atomic.Int64 // the states the agent applied
+	last    atomic.Pointer[model.State]
 	cancel  context.CancelFunc
 	done    chan error
 }
@@ -82,7 +83,7 @@ func startProxy(t *testing.T, cfg *rest.Config, dp reconciler.Datapath, o proxyO
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := agent.New(agent.Config{Observers: []agent.Observer{p.metrics}}, noPrograms{}, countApplies{p.rec, &p.applies}, log.With("component", "agent"))
+	a := agent.New(agent.Config{Observers: []agent.Observer{p.metrics}}, noPrograms{}, countApplies{p.rec, &p.applies, &p.last}, log.With("component", "agent"))
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	go func() { p.done <- a.Run(ctx, p.src) }()
@@ -109,14 +110,16 @@ func (noPrograms) AttachCgroup(string) error    { return nil }
 func (noPrograms) AttachDevices([]string) error { return nil }
 func (noPrograms) Close() error                 { return nil }
 
-// countApplies counts the states the agent applies.
+// countApplies counts the states the agent applies, and keeps the last.
 type countApplies struct {
 	*reconciler.Reconciler
-	n *atomic.Int64
+	n    *atomic.Int64
+	last *atomic.Pointer[model.State]
 }
 
 func (c countApplies) Apply(st *model.State) error {
 	c.n.Add(1)
+	c.last.Store(st)
 	return c.Reconciler.Apply(st)
 }
 
@@ -165,12 +168,37 @@ func dumpView(v map[string][]string) string {
 	return sb.String()
 }
 
+// emitted reads the last state the agent applied, what the source made of
+// the objects: frontend -> its backends, sorted, as programmed shows them.
+func emitted(p *proxy) map[string][]string {
+	out := map[string][]string{}
+	st := p.last.Load()
+	if st == nil {
+		return out
+	}
+	for fe, s := range st.Services {
+		bs := []string{}
+		for _, b := range s.Backends {
+			bs = append(bs, b.L4Addr.String())
+		}
+		out[fe.String()] = bs
+	}
+	return out
+}
+
 // wantProgrammed waits until the datapath holds exactly want for the
 // frontends named in want, and none of the frontends in gone.
 func wantProgrammed(t *testing.T, dp reconciler.Datapath, want map[string][]string, gone ...string) {
 	t.Helper()
-	eventually(t, "datapath state", 30*time.Second, func() error {
-		got := programmed(t, dp)
+	wantView(t, "datapath state", func() map[string][]string { return programmed(t, dp) }, want, gone...)
+}
+
+// wantView waits until view holds exactly want for the frontends named in
+// want, and none of the frontends in gone.
+func wantView(t *testing.T, what string, view func() map[string][]string, want map[string][]string, gone ...string) {
+	t.Helper()
+	eventually(t, what, 30*time.Second, func() error {
+		got := view()
 		for fe, bs := range want {
 			slices.Sort(bs)
 			if g, ok := got[fe]; !ok || !slices.Equal(g, bs) {

@@ -6,14 +6,18 @@ import (
 	"strings"
 )
 
-// Service describes a ClusterIP Service and the one EndpointSlice that
-// backs it, for writing as a manifest.
+// Service describes a ClusterIP Service and the EndpointSlices that back
+// it, one per IP family, for writing as a manifest.
 type Service struct {
 	Namespace, Name string
-	ClusterIP       string
-	Ports           []Port
-	// Endpoints are the ready endpoint addresses. Empty: the slice lists
-	// none and the service refuses connections.
+	// ClusterIP is the primary ClusterIP; ClusterIP6, if set, a second one
+	// of the other family: the Service is then PreferDualStack, with
+	// clusterIPs [ClusterIP, ClusterIP6].
+	ClusterIP, ClusterIP6 string
+	Ports                 []Port
+	// Endpoints are the ready endpoint addresses, of either family: each
+	// family's go into an EndpointSlice of its addressType. Empty: the
+	// slices list none and the service refuses connections.
 	Endpoints []string
 }
 
@@ -57,32 +61,55 @@ func Services(svcs ...Service) []string {
 	return docs
 }
 
-// YAML renders the Service and its EndpointSlice as two YAML documents.
+// YAML renders the Service and its EndpointSlices as YAML documents: the
+// slice of the primary family first (named <name>-1, as it always was),
+// then, for a dual-stack Service, the other family's (<name>-2).
 func (s Service) YAML() string {
 	ns := s.Namespace
 	if ns == "" {
 		ns = "default"
 	}
+	ips, families, policy := []string{s.ClusterIP}, []string{family(s.ClusterIP)}, "SingleStack"
+	if s.ClusterIP6 != "" {
+		ips, families, policy = append(ips, s.ClusterIP6), append(families, family(s.ClusterIP6)), "PreferDualStack"
+	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "apiVersion: v1\nkind: Service\nmetadata:\n  name: %s\n  namespace: %s\nspec:\n  type: ClusterIP\n  clusterIP: %s\n  clusterIPs: [%s]\n  ports:\n",
-		s.Name, ns, s.ClusterIP, s.ClusterIP)
+	fmt.Fprintf(&b, "apiVersion: v1\nkind: Service\nmetadata:\n  name: %s\n  namespace: %s\nspec:\n  type: ClusterIP\n  clusterIP: %s\n  clusterIPs: [%s]\n  ipFamilyPolicy: %s\n  ipFamilies: [%s]\n  ports:\n",
+		s.Name, ns, s.ClusterIP, strings.Join(ips, ", "), policy, strings.Join(families, ", "))
 	for _, p := range s.Ports {
 		fmt.Fprintf(&b, "  - name: %s\n    protocol: %s\n    port: %d\n    targetPort: %s\n", p.Name, p.Protocol, p.Port, p.TargetPort)
 	}
-	fmt.Fprintf(&b, "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: %s-1\n  namespace: %s\n  labels:\n    kubernetes.io/service-name: %s\naddressType: IPv4\nports:\n",
-		s.Name, ns, s.Name)
-	for _, p := range s.Ports {
-		fmt.Fprintf(&b, "- name: %s\n  protocol: %s\n  port: %d\n", p.Name, p.Protocol, p.EndpointPort)
-	}
-	if len(s.Endpoints) == 0 {
-		b.WriteString("endpoints: []\n")
-	} else {
-		b.WriteString("endpoints:\n")
+	for i, fam := range families {
+		fmt.Fprintf(&b, "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: %s-%d\n  namespace: %s\n  labels:\n    kubernetes.io/service-name: %s\naddressType: %s\nports:\n",
+			s.Name, i+1, ns, s.Name, fam)
+		for _, p := range s.Ports {
+			fmt.Fprintf(&b, "- name: %s\n  protocol: %s\n  port: %d\n", p.Name, p.Protocol, p.EndpointPort)
+		}
+		var eps []string
 		for _, e := range s.Endpoints {
+			if family(e) == fam {
+				eps = append(eps, e)
+			}
+		}
+		if len(eps) == 0 {
+			b.WriteString("endpoints: []\n")
+			continue
+		}
+		b.WriteString("endpoints:\n")
+		for _, e := range eps {
 			fmt.Fprintf(&b, "- addresses: [%q]\n  conditions: {ready: true, serving: true, terminating: false}\n", e)
 		}
 	}
 	return b.String()
+}
+
+// family is the Kubernetes IP family (and EndpointSlice addressType) of
+// the address ip: IPv6 if it has a colon.
+func family(ip string) string {
+	if strings.Contains(ip, ":") {
+		return "IPv6"
+	}
+	return "IPv4"
 }
 
 // Manifest joins YAML documents into one multi-document file.

@@ -5,30 +5,33 @@
 // without an Ethernet header) and by the benchmarks.
 //
 // A Packet is a plain value describing an Ethernet frame (IPv4 with TCP,
-// UDP or ICMP, or a raw payload under any EtherType); Bytes renders it with
-// every length and checksum computed from scratch, as RFC 791, 793, 768
-// and 792 define them, and never through the incremental updates the BPF
+// UDP or ICMP, IPv6 with extension headers and TCP, UDP or ICMPv6, or a
+// raw payload under any EtherType); Bytes renders it with every length and
+// checksum computed from scratch, as RFC 791, 793, 768, 792, 8200 and 4443
+// define them, and never through the incremental updates the BPF
 // programs make. So a program's output compared byte for byte with an
 // expected Packet proves its checksum arithmetic exact, and Verify, which
 // recomputes the checksums of any frame, proves it where the expected
 // bytes are not known (a port chosen by the program, an ICMP error).
 //
 // The address family comes from Src and Dst, not from a field of its own:
-// IPv6 (issue 10) adds a header and fields that only it uses, and callers
-// written for IPv4 keep compiling and keep their meaning.
+// IPv6 (issue 10, ipv6.go) adds its header's own fields in Packet.IPv6,
+// and callers written for IPv4 keep compiling and keep their meaning.
 package packet
 
 import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+	"slices"
 )
 
-// IP protocol numbers (the IPv4 protocol field).
+// IP protocol numbers (the IPv4 protocol field, IPv6's next header).
 const (
-	ICMP uint8 = 1
-	TCP  uint8 = 6
-	UDP  uint8 = 17
+	ICMP   uint8 = 1
+	TCP    uint8 = 6
+	UDP    uint8 = 17
+	ICMPv6 uint8 = 58
 )
 
 // TCP flags (the flags byte of the TCP header).
@@ -72,7 +75,7 @@ type Packet struct {
 	SrcMAC, DstMAC [6]byte
 
 	// Src and Dst are the IP addresses; their family picks the network
-	// header (IPv4 today). Without them the frame is the Ethernet header,
+	// header, IPv4 or IPv6. Without them the frame is the Ethernet header,
 	// EtherType and Payload as they are: an ARP frame, or bytes a program
 	// must pass untouched.
 	Src, Dst netip.Addr
@@ -80,12 +83,15 @@ type Packet struct {
 	// addresses it may stay 0 and follows their family.
 	EtherType uint16
 
-	// Proto is the IP protocol: TCP, UDP and ICMP get their header and
+	// Proto is the IP protocol (in IPv6 the next header after the
+	// extension headers): TCP, UDP, ICMP and ICMPv6 get their header and
 	// checksum built; any other value carries Payload as the whole L4.
 	Proto uint8
-	// TTL is the IPv4 time to live; 0 means DefaultTTL.
+	// TTL is the IPv4 time to live or the IPv6 hop limit; 0 means
+	// DefaultTTL.
 	TTL uint8
-	// ID is the IPv4 identification field.
+	// ID is the IPv4 identification field (and, widened, the
+	// identification of the fragment headers Fragments adds to IPv6).
 	ID uint16
 	// FragOff is the IPv4 flags and fragment offset field, host order
 	// (DF, MF, the low 13 bits the offset in 8-byte units). It changes
@@ -111,10 +117,16 @@ type Packet struct {
 	Seq, Ack uint32
 	// Window is the TCP window; 0 means DefaultWindow.
 	Window uint16
-	// NoUDPChecksum sends UDP with checksum 0, "no checksum" in IPv4.
+	// NoUDPChecksum sends UDP with checksum 0, "no checksum" in IPv4 and
+	// invalid in IPv6 (RFC 8200 8.1), where Verify refuses it.
 	NoUDPChecksum bool
 
-	// ICMPType and ICMPCode are the ICMP message type and code, ICMPRest
+	// IPv6 is the IPv6 header's fields IPv4 has not (ipv6.go); ignored
+	// for IPv4.
+	IPv6 IPv6
+
+	// ICMPType and ICMPCode are the ICMP (or ICMPv6) message type and
+	// code, ICMPRest
 	// the four bytes after the checksum (an echo's identifier and
 	// sequence number; unused in a port unreachable).
 	ICMPType, ICMPCode uint8
@@ -123,16 +135,16 @@ type Packet struct {
 	// Payload follows the L4 header (or the Ethernet header, for a frame
 	// without addresses).
 	Payload []byte
-	// RawL4, when not nil, is everything after the IPv4 header, as it
-	// is: no L4 header or checksum is built from the fields above. A
-	// fragment from Fragments carries its piece of the datagram here.
+	// RawL4, when not nil, is everything after the IPv4 header (the
+	// IPv6 extension headers), as it is: no L4 header or checksum is
+	// built from the fields above. A fragment from Fragments carries its
+	// piece of the datagram here.
 	RawL4 []byte
 }
 
 // Bytes renders the frame. It panics on a Packet it cannot render (mixed
-// address families, an IPv6 address before IPv6 is supported, options of
-// a length the header cannot hold): a mistake in the test, not in the
-// program under test.
+// address families, options of a length the header cannot hold): a
+// mistake in the test, not in the program under test.
 func (p Packet) Bytes() []byte {
 	b := make([]byte, 0, 14+60+20+len(p.Payload))
 	b = append(b, p.DstMAC[:]...)
@@ -141,17 +153,21 @@ func (p Packet) Bytes() []byte {
 		b = binary.BigEndian.AppendUint16(b, p.EtherType)
 		return append(b, p.Payload...)
 	}
-	b = binary.BigEndian.AppendUint16(b, EtherTypeIPv4)
-	return append(b, p.L3()...)
+	l3 := p.L3()
+	b = binary.BigEndian.AppendUint16(b, map[byte]uint16{4: EtherTypeIPv4, 6: EtherTypeIPv6}[l3[0]>>4])
+	return append(b, l3...)
 }
 
-// L3 renders the packet from its IPv4 header on, without the Ethernet
-// header: what a device without a link layer (tun, wireguard, ipip)
-// carries, and what an ICMP error quotes. It panics where Bytes does,
-// and on a Packet without addresses.
+// L3 renders the packet from its IPv4 or IPv6 header on, without the
+// Ethernet header: what a device without a link layer (tun, wireguard,
+// ipip) carries, and what an ICMP error quotes. It panics where Bytes
+// does, and on a Packet without addresses.
 func (p Packet) L3() []byte {
+	if p.Src.Is6() && p.Dst.Is6() {
+		return p.ipv6()
+	}
 	if !p.Src.Is4() || !p.Dst.Is4() {
-		panic(fmt.Sprintf("packet: %s -> %s: only IPv4 packets can be built yet", p.Src, p.Dst))
+		panic(fmt.Sprintf("packet: %s -> %s: not two addresses of one family", p.Src, p.Dst))
 	}
 	l4 := p.RawL4
 	if l4 == nil {
@@ -163,6 +179,10 @@ func (p Packet) L3() []byte {
 // checksummedL4 renders the L4 header and payload with its checksum.
 func (p Packet) checksummedL4() []byte {
 	l4 := p.l4()
+	if p.Src.Is6() {
+		p.setL4Checksum(l4, pseudoHeader6(p.Src.AsSlice(), p.finalDst(), p.Proto, len(l4)))
+		return l4
+	}
 	src, dst := p.Src.As4(), p.Dst.As4()
 	p.setL4Checksum(l4, pseudoHeader4(src[:], dst[:], p.Proto, len(l4)))
 	return l4
@@ -173,6 +193,9 @@ func (p Packet) checksummedL4() []byte {
 // it each, size a multiple of 8, as a sending stack fragments: each a copy
 // of p with its piece in RawL4 and its offset and MF in FragOff (DF kept).
 // A datagram that fits is one fragment, p itself as a raw datagram.
+// An IPv6 datagram's fragments carry a fragment header (identification
+// ID), after p's extension headers, instead, and even one that fits is
+// a fragment (an atomic one, RFC 6946).
 func (p Packet) Fragments(size int) []Packet {
 	if size <= 0 || size%8 != 0 {
 		panic(fmt.Sprintf("packet: fragments of %d bytes: want a positive multiple of 8", size))
@@ -183,9 +206,14 @@ func (p Packet) Fragments(size int) []Packet {
 		end := min(at+size, len(whole))
 		f := p
 		f.RawL4 = whole[at:end]
-		f.FragOff = p.FragOff&DF | uint16(at/8)
-		if end < len(whole) {
-			f.FragOff |= MF
+		more := end < len(whole)
+		if p.Src.Is6() {
+			f.IPv6.Ext = append(slices.Clip(p.IPv6.Ext), FragmentHeader(uint16(at/8), more, uint32(p.ID)))
+		} else {
+			f.FragOff = p.FragOff&DF | uint16(at/8)
+			if more {
+				f.FragOff |= MF
+			}
 		}
 		out = append(out, f)
 	}
@@ -217,7 +245,7 @@ func (p Packet) l4() []byte {
 		binary.BigEndian.PutUint16(h[0:], p.SrcPort)
 		binary.BigEndian.PutUint16(h[2:], p.DstPort)
 		binary.BigEndian.PutUint16(h[4:], uint16(8+len(p.Payload)))
-	case ICMP:
+	case ICMP, ICMPv6:
 		h = []byte{p.ICMPType, p.ICMPCode, 0, 0}
 		h = append(h, p.ICMPRest[:]...)
 	}
@@ -252,7 +280,8 @@ func (p Packet) ipv4Header(l4len int) []byte {
 }
 
 // setL4Checksum computes the checksum of the L4 part l4 and stores it,
-// given the sum of its pseudo-header (0 for ICMP, which has none).
+// given the sum of its pseudo-header (0 for ICMP, which has none; ICMPv6
+// has one).
 func (p Packet) setL4Checksum(l4 []byte, pseudo uint32) {
 	switch p.Proto {
 	case TCP:
@@ -263,6 +292,8 @@ func (p Packet) setL4Checksum(l4 []byte, pseudo uint32) {
 		}
 	case ICMP:
 		binary.BigEndian.PutUint16(l4[2:], l4Checksum(ICMP, 0, l4))
+	case ICMPv6:
+		binary.BigEndian.PutUint16(l4[2:], l4Checksum(ICMPv6, pseudo, l4))
 	}
 }
 

@@ -31,7 +31,7 @@ type SYNCapture struct {
 	done chan struct{}
 }
 
-// CaptureSYNs starts recording the IPv4 TCP SYNs that arrive at dev (not
+// CaptureSYNs starts recording the IPv4 and IPv6 TCP SYNs that arrive at dev (not
 // those it sends) until the topology closes.
 func (n *NS) CaptureSYNs(dev string) (*SYNCapture, error) {
 	var fd int
@@ -40,11 +40,11 @@ func (n *NS) CaptureSYNs(dev string) (*SYNCapture, error) {
 		if err != nil {
 			return err
 		}
-		proto := int(htons(unix.ETH_P_IP))
+		proto := int(htons(unix.ETH_P_ALL))
 		if fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, proto); err != nil {
 			return err
 		}
-		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_IP), Ifindex: ifc.Index}); err != nil {
+		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifc.Index}); err != nil {
 			unix.Close(fd)
 			return err
 		}
@@ -95,26 +95,30 @@ func (c *SYNCapture) run(rc interface {
 	}
 }
 
-// parseSYN reads an IPv4 packet and returns its addresses if it is a TCP
-// SYN without ACK.
+// parseSYN reads an IPv4 or IPv6 packet and returns its addresses if it is
+// a TCP SYN without ACK (IPv6: TCP right after the fixed header).
 func parseSYN(b []byte) (SYN, bool) {
-	if len(b) < 20 || b[0]>>4 != 4 || b[9] != unix.IPPROTO_TCP {
+	var src, dst netip.Addr
+	var tcp []byte
+	switch {
+	case len(b) >= 20 && b[0]>>4 == 4 && b[9] == unix.IPPROTO_TCP:
+		ihl := int(b[0]&0x0f) * 4
+		if ihl < 20 || len(b) < ihl+14 {
+			return SYN{}, false
+		}
+		if binary.BigEndian.Uint16(b[6:8])&0x1fff != 0 { // a later fragment
+			return SYN{}, false
+		}
+		src, dst, tcp = netip.AddrFrom4([4]byte(b[12:16])), netip.AddrFrom4([4]byte(b[16:20])), b[ihl:]
+	case len(b) >= 40+14 && b[0]>>4 == 6 && b[6] == unix.IPPROTO_TCP:
+		src, dst, tcp = netip.AddrFrom16([16]byte(b[8:24])), netip.AddrFrom16([16]byte(b[24:40])), b[40:]
+	default:
 		return SYN{}, false
 	}
-	ihl := int(b[0]&0x0f) * 4
-	if ihl < 20 || len(b) < ihl+14 {
-		return SYN{}, false
-	}
-	if binary.BigEndian.Uint16(b[6:8])&0x1fff != 0 { // a later fragment
-		return SYN{}, false
-	}
-	tcp := b[ihl:]
 	const syn, ack = 0x02, 0x10
 	if tcp[13]&(syn|ack) != syn {
 		return SYN{}, false
 	}
-	src := netip.AddrFrom4([4]byte(b[12:16]))
-	dst := netip.AddrFrom4([4]byte(b[16:20]))
 	return SYN{
 		Src: netip.AddrPortFrom(src, binary.BigEndian.Uint16(tcp[0:2])),
 		Dst: netip.AddrPortFrom(dst, binary.BigEndian.Uint16(tcp[2:4])),

@@ -36,7 +36,7 @@ func (n *NS) MustDialEcho(t testing.TB, addr string, timeout time.Duration) *Ech
 // DialEcho connects from n to addr within ctx and says a first line, which
 // names the backend. The connection is closed if that fails.
 func (n *NS) DialEcho(ctx context.Context, addr string) (*EchoConn, error) {
-	c, err := n.DialContext(ctx, "tcp4", addr)
+	c, err := n.DialContext(ctx, family("tcp", addr), addr)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", addr, err)
 	}

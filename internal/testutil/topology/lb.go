@@ -30,6 +30,8 @@ type LB struct {
 	NodeBackendDevs []string
 	// BackendAddrs[i] is the address of Backends[i].
 	BackendAddrs []netip.Addr
+	// V6 is the IPv6 plane, once AddIPv6 made one; nil before.
+	V6 *LB6
 }
 
 // BuildLB creates the LB topology with n backends (1..250).
@@ -93,19 +95,30 @@ func (t *Topology) BuildLB(n int) (*LB, error) {
 }
 
 // ServeHTTP starts on every backend an HTTP server on port of its address
-// (NS.ServeHTTP) that answers with namePrefix and the backend's number
+// (NS.ServeHTTP; on each of its addresses, with an IPv6 plane) that answers with namePrefix and the backend's number
 // ("backend-1", ...), and returns those names in backend order: what a
 // client that asks who answered compares with.
 func (lb *LB) ServeHTTP(port uint16, namePrefix string) ([]string, error) {
 	var names []string
 	for i, be := range lb.Backends {
 		name := fmt.Sprintf("%s%d", namePrefix, i+1)
-		if _, err := be.ServeHTTP(netip.AddrPortFrom(lb.BackendAddrs[i], port).String(), name); err != nil {
-			return nil, err
+		for _, a := range lb.backendAddrs(i) {
+			if _, err := be.ServeHTTP(netip.AddrPortFrom(a, port).String(), name); err != nil {
+				return nil, err
+			}
 		}
 		names = append(names, name)
 	}
 	return names, nil
+}
+
+// backendAddrs are Backends[i]'s addresses: IPv4, and IPv6 once AddIPv6
+// made its plane.
+func (lb *LB) backendAddrs(i int) []netip.Addr {
+	if lb.V6 == nil {
+		return []netip.Addr{lb.BackendAddrs[i]}
+	}
+	return []netip.Addr{lb.BackendAddrs[i], lb.V6.BackendAddrs[i]}
 }
 
 // BackendAddrStrings are BackendAddrs as strings, as manifests list them.
@@ -115,4 +128,69 @@ func (lb *LB) BackendAddrStrings() []string {
 		out = append(out, a.String())
 	}
 	return out
+}
+
+// ServiceRange6 is where tests put IPv6 service VIPs, as ServiceRange: only
+// the client of a dual-stack LB (AddIPv6) has a route for it.
+var ServiceRange6 = netip.MustParsePrefix("2001:db8:96::/112")
+
+// LB6 is the IPv6 plane of a dual-stack LB, beside its IPv4 one:
+//
+//	client 2001:db8::1/64 eth0 <-veth-> eth0 2001:db8::2/64 node
+//	node   2001:db8:1:N::1/64 bkN <-veth-> eth0 2001:db8:1:N::2/64 backend N
+//
+// with the same routes and forwarding as IPv4's (documentation addresses,
+// inside the test's namespaces only).
+type LB6 struct {
+	ClientAddr   netip.Addr
+	NodeAddr     netip.Addr
+	BackendAddrs []netip.Addr // BackendAddrs[i] is Backends[i]'s
+}
+
+// AddIPv6 gives lb an IPv6 plane (LB6), on the same devices, and returns
+// it; lb.V6 holds it too. Its addresses are usable when it returns (no
+// DAD, and routed as local: NS.WaitLocal).
+func (lb *LB) AddIPv6() (*LB6, error) {
+	if lb.V6 != nil {
+		return lb.V6, nil
+	}
+	v6 := &LB6{ClientAddr: netip.MustParseAddr("2001:db8::1"), NodeAddr: netip.MustParseAddr("2001:db8::2")}
+	clientNet := netip.PrefixFrom(v6.ClientAddr, 64).Masked()
+	for _, step := range []func() error{
+		func() error { return lb.Client.AddAddr("eth0", netip.PrefixFrom(v6.ClientAddr, 64)) },
+		func() error { return lb.Node.AddAddr(lb.NodeDev, netip.PrefixFrom(v6.NodeAddr, 64)) },
+		func() error { return lb.Client.AddRoute(ServiceRange6, v6.NodeAddr) },
+		func() error { return lb.Node.Sysctl("net/ipv6/conf/all/forwarding", "1") },
+	} {
+		if err := step(); err != nil {
+			return nil, err
+		}
+	}
+	for i, be := range lb.Backends {
+		gw := netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, 1, 0, byte(i + 1), 15: 1})
+		addr := netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, 1, 0, byte(i + 1), 15: 2})
+		if err := lb.Node.AddAddr(lb.NodeBackendDevs[i], netip.PrefixFrom(gw, 64)); err != nil {
+			return nil, err
+		}
+		if err := be.AddAddr("eth0", netip.PrefixFrom(addr, 64)); err != nil {
+			return nil, err
+		}
+		if err := be.AddRoute(clientNet, gw); err != nil {
+			return nil, err
+		}
+		if err := be.WaitLocal(addr); err != nil {
+			return nil, err
+		}
+		v6.BackendAddrs = append(v6.BackendAddrs, addr)
+	}
+	for _, w := range []struct {
+		ns *NS
+		a  netip.Addr
+	}{{lb.Client, v6.ClientAddr}, {lb.Node, v6.NodeAddr}} {
+		if err := w.ns.WaitLocal(w.a); err != nil {
+			return nil, err
+		}
+	}
+	lb.V6 = v6
+	return v6, nil
 }

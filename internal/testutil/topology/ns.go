@@ -165,10 +165,32 @@ func (n *NS) AddAddr(dev string, addr netip.Prefix) error {
 		return fmt.Errorf("find %s in %s: %w", dev, n.Name, err)
 	}
 	a := &netlink.Addr{IPNet: &net.IPNet{IP: addr.Addr().AsSlice(), Mask: net.CIDRMask(addr.Bits(), addr.Addr().BitLen())}}
+	if addr.Addr().Is6() {
+		// Usable at once: without nodad an IPv6 address is tentative
+		// for a second or two (duplicate address detection), and
+		// binding to it fails. Addresses in a test's namespaces are
+		// the test's to choose: there is nothing to detect.
+		a.Flags = unix.IFA_F_NODAD
+	}
 	if err := n.nl.AddrAdd(link, a); err != nil {
 		return fmt.Errorf("add %s to %s in %s: %w", addr, dev, n.Name, err)
 	}
 	return nil
+}
+
+// WaitLocal waits until a, an address just added to an up device, routes
+// as local. The kernel routes even a nodad IPv6 address as local only once
+// its address work has run, a moment after the add: a connect to it before
+// that fails with ENETUNREACH.
+func (n *NS) WaitLocal(a netip.Addr) error {
+	var rs []netlink.Route
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if rs, err = n.nl.RouteGet(a.AsSlice()); err == nil && len(rs) > 0 && rs[0].Type == unix.RTN_LOCAL {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s in %s: not routed as local 10s after it was added (%v, %v)", a, n.Name, rs, err)
 }
 
 // AddRoute routes dst via the gateway via, which must be on a connected

@@ -25,7 +25,7 @@ import (
 
 // Probe is one request: from Src (bound; an invalid address leaves the
 // socket unbound, port 0 lets the kernel choose) to Dst over Network
-// ("tcp4" or "udp4"). Without HTTP, Token is sent as a line (TCP) or a
+// ("tcp4", "udp4", "tcp6" or "udp6"). Without HTTP, Token is sent as a line (TCP) or a
 // datagram (UDP, resent every UDPResend until an answer or the timeout,
 // always from the same socket) and one line or datagram is read back: a
 // reporting server's answer (ServeReport). With HTTP, a GET / is sent over
@@ -99,12 +99,12 @@ func RunProbe(p Probe) ProbeResult {
 	start := time.Now()
 	var r ProbeResult
 	switch p.Network {
-	case "tcp4":
+	case "tcp4", "tcp6":
 		r = probeTCP(p)
-	case "udp4":
+	case "udp4", "udp6":
 		r = probeUDP(p)
 	default:
-		r = ProbeResult{Outcome: Failed, Err: fmt.Sprintf("network %q: want tcp4 or udp4", p.Network)}
+		r = ProbeResult{Outcome: Failed, Err: fmt.Sprintf("network %q: want tcp4, udp4, tcp6 or udp6", p.Network)}
 	}
 	r.Took = time.Since(start)
 	return r
@@ -133,7 +133,7 @@ func probeTCP(p Probe) ProbeResult {
 		d.LocalAddr = net.TCPAddrFromAddrPort(p.Src)
 	}
 	deadline := time.Now().Add(p.Timeout)
-	c, err := d.Dial("tcp4", p.Dst.String())
+	c, err := d.Dial(p.Network, p.Dst.String())
 	if err != nil {
 		return classify(&r, err)
 	}
@@ -172,7 +172,7 @@ func probeUDP(p Probe) ProbeResult {
 	if p.Src.Addr().IsValid() {
 		laddr = net.UDPAddrFromAddrPort(p.Src)
 	}
-	c, err := net.DialUDP("udp4", laddr, net.UDPAddrFromAddrPort(p.Dst))
+	c, err := net.DialUDP(p.Network, laddr, net.UDPAddrFromAddrPort(p.Dst))
 	if err != nil {
 		return classify(&r, err)
 	}

@@ -19,19 +19,28 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// pair is two namespaces on one veth: a 10.9.0.1/24, b 10.9.0.2/24, b
-// also holding 10.9.1.2/32 on lo.
+// pair is two namespaces on one veth: a 10.9.0.1/24 and 2001:db8:9::1/64,
+// b 10.9.0.2/24 and 2001:db8:9::2/64, b also holding 10.9.1.2/32 and
+// 2001:db8:9:1::2/128 on lo.
 func pair(t *testing.T) (topo *Topology, a, b *NS) {
 	t.Helper()
 	testutil.Privileged(t)
 	topo = NewT(t)
 	a, b = topo.AddNST(t, "a"), topo.AddNST(t, "b")
 	for _, err := range []error{
+		// No DAD on the veth: while its link-local address is tentative,
+		// a packet from an address on lo (TestCaptureSYNs) triggers no
+		// neighbour solicitation.
+		a.Sysctl("net/ipv6/conf/default/accept_dad", "0"), b.Sysctl("net/ipv6/conf/default/accept_dad", "0"),
 		topo.Veth(a, "eth0", b, "eth0"),
 		a.AddAddr("eth0", netip.MustParsePrefix("10.9.0.1/24")),
 		b.AddAddr("eth0", netip.MustParsePrefix("10.9.0.2/24")),
 		b.AddAddr("lo", netip.MustParsePrefix("10.9.1.2/32")),
 		a.AddRoute(netip.MustParsePrefix("10.9.1.2/32"), netip.MustParseAddr("10.9.0.2")),
+		a.AddAddr("eth0", netip.MustParsePrefix("2001:db8:9::1/64")),
+		b.AddAddr("eth0", netip.MustParsePrefix("2001:db8:9::2/64")),
+		b.AddAddr("lo", netip.MustParsePrefix("2001:db8:9:1::2/128")),
+		a.AddRoute(netip.MustParsePrefix("2001:db8:9:1::2/128"), netip.MustParseAddr("2001:db8:9::2")),
 	} {
 		if err != nil {
 			t.Fatal(err)
@@ -50,19 +59,22 @@ func TestReportServersAndProbes(t *testing.T) {
 	var log SeenLog
 	for _, x := range []struct{ network, addr string }{
 		{"tcp4", "10.9.0.2:80"}, {"udp4", "10.9.0.2:53"}, {"tcp4", "0.0.0.0:81"}, {"udp4", "0.0.0.0:54"},
+		{"tcp6", "[2001:db8:9::2]:80"}, {"udp6", "[2001:db8:9::2]:53"}, {"tcp6", "[::]:81"}, {"udp6", "[::]:54"},
 	} {
 		if _, err := b.ServeReport(x.network, netip.MustParseAddrPort(x.addr), "srv", &log); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i, x := range []struct {
-		network, dst string
+		network, src, dst string
 	}{
-		{"tcp4", "10.9.0.2:80"}, {"udp4", "10.9.0.2:53"},
-		{"tcp4", "10.9.1.2:81"}, {"udp4", "10.9.1.2:54"}, // wildcard servers, reached on a second address
+		{"tcp4", "10.9.0.1", "10.9.0.2:80"}, {"udp4", "10.9.0.1", "10.9.0.2:53"},
+		{"tcp4", "10.9.0.1", "10.9.1.2:81"}, {"udp4", "10.9.0.1", "10.9.1.2:54"}, // wildcard servers, reached on a second address
+		{"tcp6", "2001:db8:9::1", "[2001:db8:9::2]:80"}, {"udp6", "2001:db8:9::1", "[2001:db8:9::2]:53"},
+		{"tcp6", "2001:db8:9::1", "[2001:db8:9:1::2]:81"}, {"udp6", "2001:db8:9::1", "[2001:db8:9:1::2]:54"},
 	} {
 		token := fmt.Sprintf("tok%d", i)
-		src := netip.MustParseAddrPort(fmt.Sprintf("10.9.0.1:%d", 41000+i))
+		src := netip.AddrPortFrom(netip.MustParseAddr(x.src), uint16(41000+i))
 		dst := netip.MustParseAddrPort(x.dst)
 		r := a.Probe(Probe{Network: x.network, Src: src, Dst: dst, Token: token, Timeout: 2 * time.Second})
 		if r.Outcome != Answered {
@@ -90,6 +102,8 @@ func TestReportServersAndProbes(t *testing.T) {
 		{"udp4", "10.9.0.2:99", Refused},  // nothing listens: ICMP port unreachable
 		{"tcp4", "10.9.0.7:80", TimedOut}, // nobody holds the address
 		{"udp4", "10.9.0.7:53", TimedOut},
+		{"tcp6", "[2001:db8:9::2]:99", Refused},
+		{"udp6", "[2001:db8:9::2]:99", Refused},
 	} {
 		r := a.Probe(Probe{Network: x.network, Dst: netip.MustParseAddrPort(x.dst), Token: "x", Timeout: 300 * time.Millisecond})
 		if r.Outcome != x.want {
@@ -154,31 +168,36 @@ func TestProberRunsInNamespaceAndCgroup(t *testing.T) {
 }
 
 // TestCaptureSYNs: a SYN whose SYN-ACK never makes it back is still seen
-// where it arrived, with its source.
+// where it arrived, with its source (IPv4 and IPv6).
 func TestCaptureSYNs(t *testing.T) {
 	_, a, b := pair(t)
-	if _, err := b.ServeReport("tcp4", netip.MustParseAddrPort("10.9.1.2:80"), "srv", nil); err != nil {
-		t.Fatal(err)
-	}
 	c, err := b.CaptureSYNs("eth0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.AddAddr("lo", netip.MustParsePrefix("10.9.5.5/32")); err != nil {
-		t.Fatal(err)
-	}
-	// b has no route back to 10.9.5.5: the handshake cannot complete.
-	src := netip.MustParseAddrPort("10.9.5.5:43000")
-	r := a.Probe(Probe{Network: "tcp4", Src: src, Dst: netip.MustParseAddrPort("10.9.1.2:80"), Timeout: 300 * time.Millisecond})
-	if r.Outcome == Answered {
-		t.Fatalf("answered without a return path: %v", r)
-	}
-	testutil.Eventually(t, "the SYN to show up", time.Second, func() error {
-		if syns := c.Match(func(s SYN) bool { return s.Src == src }); len(syns) == 0 || syns[0].Dst != netip.MustParseAddrPort("10.9.1.2:80") {
-			return fmt.Errorf("captured %+v", c.Match(func(SYN) bool { return true }))
+	for _, x := range []struct{ network, src, dst, lo string }{
+		{"tcp4", "10.9.5.5:43000", "10.9.1.2:80", "10.9.5.5/32"},
+		{"tcp6", "[2001:db8:9:5::5]:43000", "[2001:db8:9:1::2]:80", "2001:db8:9:5::5/128"},
+	} {
+		dst, src := netip.MustParseAddrPort(x.dst), netip.MustParseAddrPort(x.src)
+		if _, err := b.ServeReport(x.network, dst, "srv", nil); err != nil {
+			t.Fatal(err)
 		}
-		return nil
-	})
+		if err := a.AddAddr("lo", netip.MustParsePrefix(x.lo)); err != nil {
+			t.Fatal(err)
+		}
+		// b has no route back to src: the handshake cannot complete.
+		r := a.Probe(Probe{Network: x.network, Src: src, Dst: dst, Timeout: 300 * time.Millisecond})
+		if r.Outcome == Answered {
+			t.Fatalf("%s: answered without a return path: %v", x.network, r)
+		}
+		testutil.Eventually(t, "the SYN to show up", time.Second, func() error {
+			if syns := c.Match(func(s SYN) bool { return s.Src == src }); len(syns) == 0 || syns[0].Dst != dst {
+				return fmt.Errorf("captured %+v", c.Match(func(SYN) bool { return true }))
+			}
+			return nil
+		})
+	}
 }
 
 // TestBridgeAndRouteDev: namespaces on one bridge share a subnet; a route

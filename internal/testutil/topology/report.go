@@ -81,9 +81,9 @@ func (l *SeenLog) Lookup(token string) []Seen {
 }
 
 // ServeReport starts a reporting server named name (no spaces) on addr,
-// for network "tcp4" or "udp4", recording every request in log (nil: no
-// record). An unspecified address (0.0.0.0) listens on all of the
-// namespace's addresses.
+// for network "tcp4", "udp4", "tcp6" or "udp6", recording every request in
+// log (nil: no record). An unspecified address (0.0.0.0, ::) listens on all
+// of the namespace's addresses of the network's family.
 func (n *NS) ServeReport(network string, addr netip.AddrPort, name string, log *SeenLog) (*Server, error) {
 	if strings.ContainsAny(name, " \t\n") || name == "" {
 		return nil, fmt.Errorf("report server name %q: want one word", name)
@@ -92,16 +92,16 @@ func (n *NS) ServeReport(network string, addr netip.AddrPort, name string, log *
 		log = &SeenLog{}
 	}
 	switch network {
-	case "tcp4":
-		return n.serveReportTCP(addr, name, log)
-	case "udp4":
-		return n.serveReportUDP(addr, name, log)
+	case "tcp4", "tcp6":
+		return n.serveReportTCP(network, addr, name, log)
+	case "udp4", "udp6":
+		return n.serveReportUDP(network, addr, name, log)
 	}
-	return nil, fmt.Errorf("report server: network %q: want tcp4 or udp4", network)
+	return nil, fmt.Errorf("report server: network %q: want tcp4, udp4, tcp6 or udp6", network)
 }
 
-func (n *NS) serveReportTCP(addr netip.AddrPort, name string, log *SeenLog) (*Server, error) {
-	l, err := n.Listen("tcp4", addr.String())
+func (n *NS) serveReportTCP(network string, addr netip.AddrPort, name string, log *SeenLog) (*Server, error) {
+	l, err := n.Listen(network, addr.String())
 	if err != nil {
 		return nil, fmt.Errorf("report server %s tcp %s in %s: %w", name, addr, n.Name, err)
 	}
@@ -120,14 +120,14 @@ func (n *NS) serveReportTCP(addr netip.AddrPort, name string, log *SeenLog) (*Se
 	return n.track(s), nil
 }
 
-func (n *NS) serveReportUDP(addr netip.AddrPort, name string, log *SeenLog) (*Server, error) {
-	pc, err := n.ListenPacket("udp4", addr.String())
+func (n *NS) serveReportUDP(network string, addr netip.AddrPort, name string, log *SeenLog) (*Server, error) {
+	pc, err := n.ListenPacket(network, addr.String())
 	if err != nil {
 		return nil, fmt.Errorf("report server %s udp %s in %s: %w", name, addr, n.Name, err)
 	}
 	c := pc.(*net.UDPConn)
 	// A socket bound to all addresses learns each datagram's destination
-	// from IP_PKTINFO, and answers from it: a reply from another of the
+	// from IP_PKTINFO (IPV6_PKTINFO), and answers from it: a reply from another of the
 	// namespace's addresses would not match the client's connected
 	// socket.
 	wildcard := addr.Addr().IsUnspecified()
@@ -135,7 +135,11 @@ func (n *NS) serveReportUDP(addr netip.AddrPort, name string, log *SeenLog) (*Se
 		rc, err := c.SyscallConn()
 		if err == nil {
 			err = rc.Control(func(fd uintptr) {
-				err = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_PKTINFO, 1)
+				if network == "udp6" {
+					err = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1)
+				} else {
+					err = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_PKTINFO, 1)
+				}
 			})
 		}
 		if err != nil {
@@ -158,7 +162,11 @@ func (n *NS) serveReportUDP(addr netip.AddrPort, name string, log *SeenLog) (*Se
 			local, reply := bound, []byte(nil)
 			if dst, ok := pktinfoDst(oob[:oobn]); ok && wildcard {
 				local = netip.AddrPortFrom(dst, bound.Port())
-				reply = unix.PktInfo4(&unix.Inet4Pktinfo{Spec_dst: dst.As4()})
+				if dst.Is4() {
+					reply = unix.PktInfo4(&unix.Inet4Pktinfo{Spec_dst: dst.As4()})
+				} else {
+					reply = unix.PktInfo6(&unix.Inet6Pktinfo{Addr: dst.As16()})
+				}
 			}
 			peer := netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
 			token := strings.TrimSpace(string(buf[:k]))
@@ -181,6 +189,10 @@ func pktinfoDst(oob []byte) (netip.Addr, bool) {
 			// struct in_pktinfo: ifindex (4), spec_dst (4), addr (4): addr
 			// is the header's destination.
 			return netip.AddrFrom4([4]byte(m.Data[8:12])), true
+		}
+		if m.Header.Level == unix.IPPROTO_IPV6 && m.Header.Type == unix.IPV6_PKTINFO && len(m.Data) >= unix.SizeofInet6Pktinfo {
+			// struct in6_pktinfo: addr (16), ifindex (4).
+			return netip.AddrFrom16([16]byte(m.Data[0:16])), true
 		}
 	}
 	return netip.Addr{}, false

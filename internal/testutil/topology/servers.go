@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 )
@@ -40,7 +41,7 @@ func (n *NS) track(s *Server) *Server {
 // ServeHTTP starts an HTTP server on addr (e.g. "10.1.1.2:8080") that
 // answers every request with "<name>\n" and the header X-Backend: <name>.
 func (n *NS) ServeHTTP(addr, name string) (*Server, error) {
-	l, err := n.Listen("tcp4", addr)
+	l, err := n.Listen(family("tcp", addr), addr)
 	if err != nil {
 		return nil, fmt.Errorf("http server %s in %s: %w", addr, n.Name, err)
 	}
@@ -58,7 +59,7 @@ func (n *NS) ServeHTTP(addr, name string) (*Server, error) {
 // ServeTCPEcho starts a TCP server on addr that answers every line it reads
 // with "<name> <line>\n", for as long as the connection lasts.
 func (n *NS) ServeTCPEcho(addr, name string) (*Server, error) {
-	l, err := n.Listen("tcp4", addr)
+	l, err := n.Listen(family("tcp", addr), addr)
 	if err != nil {
 		return nil, fmt.Errorf("tcp echo server %s in %s: %w", addr, n.Name, err)
 	}
@@ -116,7 +117,7 @@ func serveConns(l net.Listener, name string, handle func(net.Conn)) *Server {
 // ServeUDPEcho starts a UDP server on addr that answers every datagram with
 // "<name> <payload>".
 func (n *NS) ServeUDPEcho(addr, name string) (*Server, error) {
-	pc, err := n.ListenPacket("udp4", addr)
+	pc, err := n.ListenPacket(family("udp", addr), addr)
 	if err != nil {
 		return nil, fmt.Errorf("udp echo server %s in %s: %w", addr, n.Name, err)
 	}
@@ -155,4 +156,16 @@ func WhoAnswered(c *http.Client, url string) (string, error) {
 		return "", fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
 	return strings.TrimSpace(string(body)), nil
+}
+
+// family is network ("tcp" or "udp") of addr's IP family: "tcp6" for an
+// IPv6 host (not an IPv4-mapped one), "tcp4" otherwise, so that a server or
+// client bound to a literal address never becomes a dual-stack socket.
+func family(network, addr string) string {
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		if ip, err := netip.ParseAddr(host); err == nil && ip.Is6() && !ip.Is4In6() {
+			return network + "6"
+		}
+	}
+	return network + "4"
 }

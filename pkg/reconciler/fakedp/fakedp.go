@@ -330,8 +330,10 @@ func (f *Fake) upsertSlot(fe reconciler.Frontend, slot uint32, id reconciler.Bac
 	}
 	s[slot] = id
 	f.slotRefs[id]++
-	if _, ok := f.backends[id]; !ok {
+	if b, ok := f.backends[id]; !ok {
 		f.violate(op, "slot names backend %d, which does not exist", id)
+	} else if b.Addr.Is6() != fe.Addr.Is6() {
+		f.violate(op, "slot names backend %d (%s), of the other address family", id, b)
 	}
 	f.done(op)
 	return nil
@@ -370,8 +372,10 @@ func (f *Fake) upsertMaster(fe reconciler.Frontend, m reconciler.Master, batch b
 	if m.ID == 0 {
 		f.violate(op, "service id 0")
 	}
-	if _, ok := f.revNat[m.ID]; !ok {
+	if rn, ok := f.revNat[m.ID]; !ok {
 		f.violate(op, "master names service %d, which has no rev_nat entry", m.ID)
+	} else if rn.Addr.Is6() != fe.Addr.Is6() {
+		f.violate(op, "master names service %d, whose rev_nat entry (%s) is of the other address family", m.ID, rn)
 	}
 	for s := uint32(1); s <= m.Count; s++ {
 		if _, ok := f.slots[fe][s]; !ok {

@@ -61,7 +61,7 @@ type Result struct {
 	// SCTP port, source ranges that do not parse).
 	Warnings []string
 	// Skipped are Services deliberately not served (headless,
-	// ExternalName, another proxy's, IPv6 only), with the reason.
+	// ExternalName, another proxy's), with the reason.
 	Skipped []string
 	// Services and Slices count the objects in effect (including last-good
 	// versions kept in place of bad ones).

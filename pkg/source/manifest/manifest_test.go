@@ -42,6 +42,49 @@ endpoints:
 ports: [{name: http, port: 8080, protocol: TCP}]
 `
 
+// sliceA6 is sliceA's IPv6 twin.
+const sliceA6 = `apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: a-6
+  namespace: ns
+  labels: {kubernetes.io/service-name: a}
+addressType: IPv6
+endpoints:
+- addresses: ["2001:db8:1::1"]
+ports: [{name: http, port: 8080, protocol: TCP}]
+`
+
+// A dual-stack Service gets a frontend per family, each over its own
+// family's slice; an IPv6 single-stack one only the IPv6 frontend. Nothing
+// on the way filters IPv6.
+func TestLoadDualStack(t *testing.T) {
+	dual := strings.Replace(svcA, "  clusterIP: 10.96.0.1\n", "  clusterIP: 10.96.0.1\n  clusterIPs: [10.96.0.1, \"2001:db8::1\"]\n  ipFamilies: [IPv4, IPv6]\n  ipFamilyPolicy: PreferDualStack\n", 1)
+	single6 := strings.Replace(svcA, "  clusterIP: 10.96.0.1\n", "  clusterIP: \"2001:db8::1\"\n  ipFamilies: [IPv6]\n  ipFamilyPolicy: SingleStack\n", 1)
+	for _, c := range []struct{ name, svc, want string }{
+		{"PreferDualStack", dual, "10.96.0.1:80/TCP ns/a:http -> 10.0.0.1:8080/TCP\n[2001:db8::1]:80/TCP ns/a:http -> [2001:db8:1::1]:8080/TCP"},
+		{"IPv6 SingleStack", single6, "[2001:db8::1]:80/TCP ns/a:http -> [2001:db8:1::1]:8080/TCP"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.svc == svcA {
+				t.Fatal("the test Service changed: no clusterIP line to replace")
+			}
+			dir := t.TempDir()
+			writeFile(t, dir, "f.yaml", c.svc+"---\n"+sliceA+"---\n"+sliceA6)
+			res, err := Load(dir, translate.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Errors) != 0 || len(res.Skipped) != 0 {
+				t.Fatalf("errors %v, skipped %v", res.Errors, res.Skipped)
+			}
+			if got := render(res.State); got != c.want {
+				t.Errorf("got\n%s\nwant\n%s", got, c.want)
+			}
+		})
+	}
+}
+
 func TestLoadTestdata(t *testing.T) {
 	res, err := Load("testdata/cluster", translate.Options{Node: translate.Node{Name: "node-a"}})
 	if err != nil {
@@ -79,6 +122,8 @@ func TestLoadBadInput(t *testing.T) {
 	}{
 		{"invalid IP", strings.Replace(sliceA, "10.0.0.1", "10.0.0.999", 1),
 			`f.yaml: document 1: EndpointSlice ns/a-1: endpointslice "ns/a-1": endpoints[0]: invalid IPv4 address "10.0.0.999"`},
+		{"IPv4-mapped address in an IPv6 slice", svcA + "---\n" + strings.Replace(sliceA6, "2001:db8:1::1", "::ffff:10.0.0.1", 1),
+			`f.yaml: document 2: EndpointSlice ns/a-6: endpointslice "ns/a-6": endpoints[0]: invalid IPv6 address "::ffff:10.0.0.1"`},
 		{"port out of range", strings.Replace(svcA, "port: 80", "port: 70000", 1),
 			`f.yaml: document 1: Service ns/a: service "ns/a": port "http": port 70000 out of range`},
 		{"unknown protocol", strings.Replace(svcA, "protocol: TCP", "protocol: ICMP", 1),

@@ -52,11 +52,13 @@ func FuzzServiceToModel(f *testing.F) {
 				t.Fatalf("an error (%v) with a result: %+v", err, tr)
 			}
 			// An error is a validation error of the Service or of
-			// one of its IPv4 slices, nothing else.
+			// one of its slices of the families it has ClusterIPs
+			// of, nothing else.
 			if ValidateService(svc) == nil && !slices.ContainsFunc(eps, func(es *discoveryv1.EndpointSlice) bool {
 				nn, ok := ServiceNameOfSlice(es)
 				return ok && nn.Namespace == svc.Namespace && nn.Name == svc.Name &&
-					es.AddressType == discoveryv1.AddressTypeIPv4 && ValidateEndpointSlice(es) != nil
+					slices.ContainsFunc(clusterIPs(svc), func(a netip.Addr) bool { return addressTypeOf(a) == es.AddressType }) &&
+					ValidateEndpointSlice(es) != nil
 			}) {
 				t.Fatalf("error %v, but the Service and its slices validate", err)
 			}
@@ -86,7 +88,8 @@ func FuzzServiceToModel(f *testing.F) {
 			other.Node.Name = "some-other-node"
 		}
 		if tr.NodeFacts&NodeAddresses == 0 {
-			other.Node.Addresses = []netip.Addr{netip.MustParseAddr("198.51.100.7")}
+			other.Node.Addresses = []netip.Addr{netip.MustParseAddr("198.51.100.7"), netip.MustParseAddr("2001:db8::7")}
+			other.Node.IPs = other.Node.Addresses
 		}
 		tr3, err := ServiceToModel(svc, eps, other)
 		if err != nil || !reflect.DeepEqual(tr, tr3) {
@@ -104,8 +107,12 @@ func checkService(t *testing.T, svc *corev1.Service, eps []*discoveryv1.Endpoint
 		!slices.ContainsFunc(svc.Spec.Ports, func(sp corev1.ServicePort) bool { return sp.Name == s.Name.Port }) {
 		t.Fatalf("%s: name %s is not a port of Service %s/%s", fe, s.Name, svc.Namespace, svc.Name)
 	}
-	if !fe.Addr.Is4() || fe.Port == 0 || (fe.Proto != model.TCP && fe.Proto != model.UDP) {
+	if !fe.Addr.IsValid() || fe.Addr.Is4In6() || fe.Addr.Zone() != "" || fe.Port == 0 || (fe.Proto != model.TCP && fe.Proto != model.UDP) {
 		t.Fatalf("invalid frontend %s", fe)
+	}
+	// Of a family the Service has a ClusterIP of.
+	if !slices.ContainsFunc(clusterIPs(svc), func(a netip.Addr) bool { return a.Is6() == fe.Addr.Is6() }) {
+		t.Fatalf("%s: a frontend of a family Service ClusterIPs %q do not have", fe, svc.Spec.ClusterIPs)
 	}
 	// The frontend is an address the Service or the node has.
 	var from []string
@@ -136,7 +143,7 @@ func checkService(t *testing.T, svc *corev1.Service, eps []*discoveryv1.Endpoint
 	// valid addresses and ports, each listed by a slice of the Service;
 	// terminating ones only in place of ready ones, never beside them.
 	for i, b := range s.Backends {
-		if !b.Addr.Is4() || b.Port == 0 || b.Proto != fe.Proto {
+		if !b.Addr.IsValid() || b.Addr.Is4In6() || b.Addr.Is6() != fe.Addr.Is6() || b.Port == 0 || b.Proto != fe.Proto {
 			t.Fatalf("%s: invalid backend %s", fe, b.L4Addr)
 		}
 		if i > 0 && !s.Backends[i-1].L4Addr.Less(b.L4Addr) {
@@ -164,8 +171,8 @@ func checkService(t *testing.T, svc *corev1.Service, eps []*discoveryv1.Endpoint
 		t.Fatalf("%s: source ranges on a kind %d frontend", fe, s.Kind)
 	}
 	for i, p := range s.SourceRanges {
-		if !p.Addr().Is4() || p != p.Masked() || p.Bits() == 0 {
-			t.Fatalf("%s: source range %s is not a masked, non-zero IPv4 prefix", fe, p)
+		if p.Addr().Is6() != fe.Addr.Is6() || p.Addr().Is4In6() || p != p.Masked() || p.Bits() == 0 {
+			t.Fatalf("%s: source range %s is not a masked, non-zero prefix of the frontend's family", fe, p)
 		}
 		if i > 0 && s.SourceRanges[i-1] == p {
 			t.Fatalf("%s: source range %s twice", fe, p)
@@ -173,7 +180,7 @@ func checkService(t *testing.T, svc *corev1.Service, eps []*discoveryv1.Endpoint
 	}
 }
 
-// listed reports whether an IPv4 EndpointSlice of svc lists b's address
+// listed reports whether an EndpointSlice of svc of b's family lists b's address
 // first in an endpoint, with b's port. Addresses are compared as
 // kube-proxy reads them (sloppily: "::ffff:10.0.0.4" and "10.0.0.04" are
 // 10.0.0.4).
@@ -182,7 +189,7 @@ func listed(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, b model.Backe
 		if nn, ok := ServiceNameOfSlice(es); !ok || nn.Namespace != svc.Namespace || nn.Name != svc.Name {
 			continue
 		}
-		if es.AddressType != discoveryv1.AddressTypeIPv4 {
+		if es.AddressType != addressTypeOf(b.Addr) {
 			continue
 		}
 		hasPort := slices.ContainsFunc(es.Ports, func(p discoveryv1.EndpointPort) bool {
@@ -192,7 +199,7 @@ func listed(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, b model.Backe
 			if len(e.Addresses) == 0 {
 				return false
 			}
-			ip, ok := parseIPv4Sloppy(e.Addresses[0])
+			ip, ok := parseIPSloppy(e.Addresses[0])
 			return ok && ip == b.Addr
 		}) {
 			return true
@@ -208,15 +215,17 @@ func listed(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, b model.Backe
 // every branch of the translation and the validation, and translations
 // with frontends and backends, quickly.
 var (
-	fuzzSvcIPs     = pool{[]string{"10.96.0.1", "10.96.0.2", "192.0.2.10", "10.0.0.1"}, []string{"0.0.0.0", "fd00::1", "::ffff:10.96.0.3", corev1.ClusterIPNone, "", "10.0.0.256", "fe80::1%eth0"}}
-	fuzzBackendIPs = pool{[]string{"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.96.0.1"}, []string{"fd00::2", "::ffff:10.0.0.4", "", "x"}}
-	fuzzPortNames  = []string{"http", "dns", "metrics"}
-	fuzzPorts      = pool32{[]int32{80, 53, 8080}, []int32{1, 65535, 0, 65536, -1}} // valid[i] is Service port i's
-	fuzzNodePorts  = pool32{[]int32{0, 30080, 30081}, []int32{65536, -1}}
-	fuzzProtocols  = []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP, "", corev1.ProtocolSCTP, "tcp"}
-	fuzzNodes      = []string{"node-a", "node-b", ""}
-	fuzzRanges     = pool{[]string{"10.0.0.0/8", "192.0.2.1/24", "10.1.2.3/32", "0.0.0.0/0"}, []string{"fd00::/8", "::ffff:10.0.0.0/104", "bogus"}}
-	fuzzNodeIPs    = []string{"192.0.2.10", "192.0.2.11", "10.96.0.1", "::ffff:192.0.2.12", "::1"}
+	fuzzSvcIPs      = pool{[]string{"10.96.0.1", "10.96.0.2", "192.0.2.10", "10.0.0.1", "2001:db8::1"}, []string{"0.0.0.0", "fd00::1", "::ffff:10.96.0.3", corev1.ClusterIPNone, "", "10.0.0.256", "fe80::1%eth0"}}
+	fuzzSvcIPs6     = pool{[]string{"2001:db8::1", "2001:db8::2", "2001:db8:0:0:0:0:0:a"}, []string{"10.96.0.2", "::", "::ffff:10.96.0.3"}} // a dual-stack Service's second ClusterIP
+	fuzzBackendIPs  = pool{[]string{"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.96.0.1"}, []string{"fd00::2", "::ffff:10.0.0.4", "", "x"}}
+	fuzzBackendIPs6 = pool{[]string{"2001:db8:1::1", "2001:db8:1::2", "2001:db8::1"}, []string{"10.0.0.1", "::ffff:10.0.0.4", "", "fe80::1%eth0"}}
+	fuzzPortNames   = []string{"http", "dns", "metrics"}
+	fuzzPorts       = pool32{[]int32{80, 53, 8080}, []int32{1, 65535, 0, 65536, -1}} // valid[i] is Service port i's
+	fuzzNodePorts   = pool32{[]int32{0, 30080, 30081}, []int32{65536, -1}}
+	fuzzProtocols   = []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP, "", corev1.ProtocolSCTP, "tcp"}
+	fuzzNodes       = []string{"node-a", "node-b", ""}
+	fuzzRanges      = pool{[]string{"10.0.0.0/8", "192.0.2.1/24", "10.1.2.3/32", "0.0.0.0/0", "2001:db8::/64", "::/0"}, []string{"fd00::/8", "::ffff:10.0.0.0/104", "bogus"}}
+	fuzzNodeIPs     = []string{"192.0.2.10", "192.0.2.11", "10.96.0.1", "::ffff:192.0.2.12", "::1", "2001:db8::100"}
 )
 
 type pool struct{ valid, bad []string }
@@ -262,7 +271,7 @@ func fuzzInput(c *testutil.Choices) (*corev1.Service, []*discoveryv1.EndpointSli
 		[]corev1.ServiceType{corev1.ServiceTypeExternalName, "Bogus"})
 	svc.Spec.ClusterIPs = []string{pick(fuzzSvcIPs)}
 	if c.IntN(4) == 3 {
-		svc.Spec.ClusterIPs = append(svc.Spec.ClusterIPs, pick(fuzzSvcIPs))
+		svc.Spec.ClusterIPs = append(svc.Spec.ClusterIPs, pick(fuzzSvcIPs6))
 	}
 	switch c.IntN(16) {
 	case 14:
@@ -312,8 +321,12 @@ func fuzzInput(c *testutil.Choices) (*corev1.Service, []*discoveryv1.EndpointSli
 		default:
 			es.Labels = map[string]string{discoveryv1.LabelServiceName: svc.Name}
 		}
-		es.AddressType = fromPool(c, []discoveryv1.AddressType{discoveryv1.AddressTypeIPv4},
-			[]discoveryv1.AddressType{discoveryv1.AddressTypeIPv6, discoveryv1.AddressTypeFQDN, "Bogus"})
+		es.AddressType = fromPool(c, []discoveryv1.AddressType{discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6},
+			[]discoveryv1.AddressType{discoveryv1.AddressTypeFQDN, "Bogus"})
+		addrs := fuzzBackendIPs
+		if es.AddressType == discoveryv1.AddressTypeIPv6 {
+			addrs = fuzzBackendIPs6
+		}
 		for i := range c.IntN(4) {
 			var p discoveryv1.EndpointPort
 			if c.IntN(8) != 7 {
@@ -329,14 +342,14 @@ func fuzzInput(c *testutil.Choices) (*corev1.Service, []*discoveryv1.EndpointSli
 		}
 		for range c.IntN(5) {
 			e := discoveryv1.Endpoint{
-				Addresses:  []string{pick(fuzzBackendIPs)},
+				Addresses:  []string{pick(addrs)},
 				Conditions: discoveryv1.EndpointConditions{Ready: boolPtr(), Serving: boolPtr(), Terminating: boolPtr()},
 			}
 			switch c.IntN(16) {
 			case 14:
 				e.Addresses = nil
 			case 15:
-				e.Addresses = append(e.Addresses, pick(fuzzBackendIPs))
+				e.Addresses = append(e.Addresses, pick(addrs))
 			}
 			if c.IntN(4) != 3 {
 				e.NodeName = ptr(testutil.Pick(c, fuzzNodes...))
@@ -349,6 +362,9 @@ func fuzzInput(c *testutil.Choices) (*corev1.Service, []*discoveryv1.EndpointSli
 	opts := Options{ProxyName: fromPool(c, []string{"", DefaultProxyName}, []string{"other"}), Node: Node{Name: testutil.Pick(c, fuzzNodes...)}}
 	for range c.IntN(3) {
 		opts.Node.Addresses = append(opts.Node.Addresses, netip.MustParseAddr(testutil.Pick(c, fuzzNodeIPs...)))
+	}
+	if c.Bool() {
+		opts.Node.IPs = PrimaryIPs(opts.Node.Addresses)
 	}
 	if c.Bool() {
 		opts.Node.Labels = map[string]string{"topology.kubernetes.io/zone": "here"}

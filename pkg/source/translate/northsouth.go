@@ -12,17 +12,21 @@ import (
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
-// North-south frontends of a Service port, as kube-proxy serves them:
+// North-south frontends of a Service port in one IP family (the family
+// of one of its ClusterIPs), as kube-proxy's proxier of that family
+// serves them:
 //
 //   - NodePort (types NodePort and LoadBalancer, when a node port is
-//     allocated): <address, nodePort> for every address in Node.Addresses
-//     (the node addresses inside --nodeport-addresses, and 127.0.0.1 for
-//     localhost NodePorts);
-//   - ExternalIP: <externalIP, port> for every spec.externalIPs entry;
+//     allocated): <address, nodePort> for every address of the family in
+//     Node.Addresses (the node addresses inside --nodeport-addresses, and
+//     127.0.0.1 for localhost NodePorts);
+//   - ExternalIP: <externalIP, port> for every spec.externalIPs entry of
+//     the family;
 //   - LoadBalancer: <ingress IP, port> for every status.loadBalancer.ingress
-//     IP whose ipMode is not Proxy (KEP-1860: a proxying load balancer
-//     sends its traffic to the NodePort, and the node must let traffic to
-//     the IP leave for it), with spec.loadBalancerSourceRanges.
+//     IP of the family whose ipMode is not Proxy (KEP-1860: a proxying
+//     load balancer sends its traffic to the NodePort, and the node must
+//     let traffic to the IP leave for it), with the family's
+//     spec.loadBalancerSourceRanges.
 //
 // With externalTrafficPolicy Cluster they balance over the Cluster
 // policy's endpoints (internalTrafficPolicy does not apply to them). With
@@ -34,15 +38,16 @@ import (
 // with externalTrafficPolicy Local carry their healthCheckNodePort, and
 // the ready local endpoints the health check counts.
 
-// external is what a Service's north-south frontends share, whatever the
-// port.
+// external is what a Service's north-south frontends of one family share,
+// whatever the port.
 type external struct {
+	v6          bool         // the family: IPv6, else IPv4
 	nodePorts   bool         // type NodePort or LoadBalancer
-	externalIPs []netip.Addr // IPv4 spec.externalIPs
-	lbIPs       []netip.Addr // IPv4 VIP-mode LoadBalancer ingress IPs
+	externalIPs []netip.Addr // spec.externalIPs of the family
+	lbIPs       []netip.Addr // VIP-mode LoadBalancer ingress IPs of the family
 	local       bool         // externalTrafficPolicy Local (on an externally accessible Service)
 	ranges      []netip.Prefix
-	closed      bool // loadBalancerSourceRanges admit no IPv4 source
+	closed      bool // loadBalancerSourceRanges admit no source of the family
 	hc          uint16
 	localReady  []netip.Addr
 	node        Node
@@ -50,13 +55,14 @@ type external struct {
 	warnings    []string
 }
 
-// externalOf reads what svc's north-south frontends share, on node.
-func externalOf(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node) external {
-	x := external{node: node}
+// externalOf reads what svc's north-south frontends of the family (IPv6
+// if v6) share, on node; eps are the Service's slices of the family.
+func externalOf(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node, v6 bool) external {
+	x := external{node: node, v6: v6}
 	typ := svc.Spec.Type
 	x.nodePorts = typ == corev1.ServiceTypeNodePort || typ == corev1.ServiceTypeLoadBalancer
 	for _, s := range svc.Spec.ExternalIPs {
-		if ip, ok := parseIPSloppy(s); ok && ip.Is4() {
+		if ip, ok := parseIPSloppy(s); ok && ip.Is6() == v6 {
 			x.externalIPs = append(x.externalIPs, ip)
 		}
 	}
@@ -65,7 +71,7 @@ func externalOf(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node
 			if ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy {
 				continue
 			}
-			if ip, ok := parseIPSloppy(ing.IP); ok && ip.Is4() {
+			if ip, ok := parseIPSloppy(ing.IP); ok && ip.Is6() == v6 {
 				x.lbIPs = append(x.lbIPs, ip)
 			}
 		}
@@ -79,8 +85,8 @@ func externalOf(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node
 		x.facts |= NodeAddresses
 	}
 	if len(x.lbIPs) > 0 && len(svc.Spec.LoadBalancerSourceRanges) > 0 {
-		x.ranges, x.closed, x.warnings = sourceRanges(svc.Spec.LoadBalancerSourceRanges, node.IP, x.lbIPs)
-		x.facts |= NodeAddresses // node.IP
+		x.ranges, x.closed, x.warnings = sourceRanges(svc.Spec.LoadBalancerSourceRanges, node.primaryIP(v6), x.lbIPs)
+		x.facts |= NodeAddresses // node.IPs
 	}
 	if x.local && typ == corev1.ServiceTypeLoadBalancer && svc.Spec.HealthCheckNodePort > 0 && svc.Spec.HealthCheckNodePort <= 65535 {
 		x.hc = uint16(svc.Spec.HealthCheckNodePort)
@@ -109,7 +115,7 @@ func northSouth(svc *corev1.Service, sp corev1.ServicePort, proto model.Protocol
 	name := model.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: sp.Name}
 	add := func(kind model.FrontendKind, ip netip.Addr, port int32) *model.Service {
 		ip = ip.Unmap()
-		if !ip.Is4() || port < 1 || port > 65535 {
+		if ip.Is6() != x.v6 || port < 1 || port > 65535 {
 			return nil
 		}
 		s := &model.Service{
@@ -154,18 +160,22 @@ func northSouth(svc *corev1.Service, sp corev1.ServicePort, proto model.Protocol
 	return out
 }
 
-// sourceRanges reads loadBalancerSourceRanges as kube-proxy does: entries
-// trimmed of whitespace (the API server lets " 203.0.113.0/25" through),
-// parsed sloppily, those of the other family left to it, and one that
-// contains the node's primary address nodeIP also admits the LoadBalancer
-// IPs lbIPs themselves (a node reaching its own LoadBalancer IP may arrive
-// source-NATed to it). 0.0.0.0/0 allows everything: no check at all.
+// sourceRanges reads loadBalancerSourceRanges for the LoadBalancer IPs
+// lbIPs (not empty, of one family) as kube-proxy does: entries trimmed of
+// whitespace (the API server lets " 203.0.113.0/25" through), parsed
+// sloppily, those of the other family left to it, and one that contains
+// the node's primary address of the family nodeIP also admits lbIPs
+// themselves (a node reaching its own LoadBalancer IP may arrive
+// source-NATed to it). 0.0.0.0/0 (::/0 for IPv6) allows everything: no
+// check at all.
 //
 // An entry that does not parse is ignored, as kube-proxy ignores it. But
 // where kube-proxy then opens the LoadBalancer IPs to every source if no
-// entry is left, Sluice closes them (closed): a Service that asks for
-// source ranges must never end up open to all. Both are reported in warns.
+// entry of their family is left, Sluice closes them (closed): a Service
+// that asks for source ranges must never end up open to all. Both are
+// reported in warns.
 func sourceRanges(entries []string, nodeIP netip.Addr, lbIPs []netip.Addr) (out []netip.Prefix, closed bool, warns []string) {
+	v6 := lbIPs[0].Is6()
 	all := false
 	for _, e := range entries {
 		p, ok := parseCIDRSloppy(strings.TrimSpace(e))
@@ -173,7 +183,7 @@ func sourceRanges(entries []string, nodeIP netip.Addr, lbIPs []netip.Addr) (out 
 			warns = append(warns, fmt.Sprintf("loadBalancerSourceRanges entry %q is not a CIDR; ignored", e))
 			continue
 		}
-		if !p.Addr().Is4() {
+		if p.Addr().Is6() != v6 {
 			continue
 		}
 		if p.Bits() == 0 {
@@ -185,21 +195,23 @@ func sourceRanges(entries []string, nodeIP netip.Addr, lbIPs []netip.Addr) (out 
 		return nil, false, warns
 	}
 	if len(out) == 0 {
-		warns = append(warns, fmt.Sprintf("loadBalancerSourceRanges %q hold no IPv4 range: the LoadBalancer IPs are closed to every source", entries))
+		fam := familyName(v6)
+		warns = append(warns, fmt.Sprintf("loadBalancerSourceRanges %q hold no %s range: the %s LoadBalancer IPs are closed to every source", entries, fam, fam))
 		return nil, true, warns
 	}
 	if nodeIP.IsValid() && slices.ContainsFunc(out, func(p netip.Prefix) bool { return p.Contains(nodeIP) }) {
 		for _, ip := range lbIPs {
-			out = append(out, netip.PrefixFrom(ip, 32))
+			out = append(out, netip.PrefixFrom(ip, ip.BitLen()))
 		}
 	}
 	slices.SortFunc(out, netip.Prefix.Compare)
 	return slices.Compact(out), false, warns
 }
 
-// NodeIPs returns the IPv4 addresses of node that NodePorts are served on
-// when --node-ip is not given: its InternalIP addresses, then its
-// ExternalIP ones, without duplicates.
+// NodeIPs returns the addresses of node, of both families, that NodePorts
+// are served on when --node-ip is not given: its InternalIP addresses,
+// then its ExternalIP ones, without duplicates (the order of kube-proxy's
+// GetNodeHostIPs, which keeps the first of each family: PrimaryIPs).
 func NodeIPs(node *corev1.Node) []netip.Addr {
 	if node == nil {
 		return nil
@@ -210,12 +222,36 @@ func NodeIPs(node *corev1.Node) []netip.Addr {
 			if a.Type != t {
 				continue
 			}
-			ip, err := netip.ParseAddr(a.Address)
-			if err != nil || !ip.Unmap().Is4() || slices.Contains(out, ip.Unmap()) {
+			ip, ok := parseIPSloppy(a.Address)
+			if !ok || slices.Contains(out, ip) {
 				continue
 			}
-			out = append(out, ip.Unmap())
+			out = append(out, ip)
 		}
 	}
 	return out
+}
+
+// PrimaryIPs returns the first address of each family in addrs, in their
+// order: the node's primary addresses (Node.IPs) among its node IPs.
+func PrimaryIPs(addrs []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range addrs {
+		a = a.Unmap()
+		if !slices.ContainsFunc(out, func(b netip.Addr) bool { return b.Is6() == a.Is6() }) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// primaryIP returns the node's primary address of the family (IPv6 if v6),
+// or the zero Addr.
+func (n Node) primaryIP(v6 bool) netip.Addr {
+	for _, a := range n.IPs {
+		if a.Is6() == v6 {
+			return a
+		}
+	}
+	return netip.Addr{}
 }

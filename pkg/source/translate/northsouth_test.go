@@ -54,14 +54,24 @@ func renderNS(svcs []*model.Service) string {
 }
 
 func TestNorthSouthFrontends(t *testing.T) {
-	opts := Options{Node: Node{Name: "node-a", Addresses: []netip.Addr{netip.MustParseAddr("192.168.1.1"), netip.MustParseAddr("192.168.2.1")}}}
+	// NodePorts on two IPv4 addresses and an IPv6 one; slices of both
+	// families: an IPv4 Service uses the IPv4 ones only (and the rows
+	// that make it dual stack or IPv6 the others).
+	opts := Options{Node: Node{Name: "node-a", Addresses: []netip.Addr{netip.MustParseAddr("192.168.1.1"), netip.MustParseAddr("192.168.2.1"), netip.MustParseAddr("2001:db8:100::1")}}}
 	p := sport("http", 80, corev1.ProtocolTCP)
 	p.NodePort = 30080
-	eps := []*discoveryv1.EndpointSlice{slice("web-1", "web", []discoveryv1.EndpointPort{eport("http", 8080, corev1.ProtocolTCP)},
+	eports := []discoveryv1.EndpointPort{eport("http", 8080, corev1.ProtocolTCP)}
+	eps := []*discoveryv1.EndpointSlice{slice("web-1", "web", eports,
 		ep{addr: "10.1.0.1", node: "node-a"},
 		ep{addr: "10.2.0.1", node: "node-b"},
 		ep{addr: "10.1.0.2", node: "node-a", ready: ptr(false), serving: ptr(true), terminate: ptr(true)},
+	), slice("web-6", "web", eports,
+		ep{addr: "2001:db8:1::1", node: "node-a"},
+		ep{addr: "2001:db8:2::1", node: "node-b"},
 	)}
+	dual := func(mod func(*corev1.Service)) func(*corev1.Service) {
+		return func(s *corev1.Service) { mod(s); dualStack(s) }
+	}
 
 	for _, c := range []struct {
 		name string
@@ -83,6 +93,23 @@ NodePort 192.168.2.1:30080/TCP local -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
 NodePort 192.168.1.1:30080/TCP local drop -> | internal -> 10.1.0.1 10.2.0.1
 `},
+		{"dual stack NodePort cluster: NodePorts on each family's addresses", dual(func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort }), opts, `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
+NodePort 192.168.1.1:30080/TCP -> 10.1.0.1 10.2.0.1
+NodePort 192.168.2.1:30080/TCP -> 10.1.0.1 10.2.0.1
+ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:1::1 2001:db8:2::1
+NodePort [2001:db8:100::1]:30080/TCP -> 2001:db8:1::1 2001:db8:2::1
+`},
+		{"IPv6 NodePort local", both(nodePort(corev1.ServiceExternalTrafficPolicyLocal), ipv6), opts, `
+ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:1::1 2001:db8:2::1
+NodePort [2001:db8:100::1]:30080/TCP local -> 2001:db8:1::1 | internal -> 2001:db8:1::1 2001:db8:2::1
+`},
+		{"dual stack NodePort on a node with IPv4 addresses only: IPv6 has no NodePort", dual(func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort }),
+			Options{Node: Node{Name: "node-a", Addresses: opts.Node.Addresses[:1]}}, `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
+NodePort 192.168.1.1:30080/TCP -> 10.1.0.1 10.2.0.1
+ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:1::1 2001:db8:2::1
+`},
 		{"no node IPs, no NodePort", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort }, Options{Node: Node{Name: "node-a"}}, `
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
 `},
@@ -91,6 +118,15 @@ ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
 		}, opts, `
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
 ExternalIP 203.0.113.7:80/TCP -> 10.1.0.1 10.2.0.1
+`},
+		{"dual stack ClusterIP with externalIPs", dual(func(s *corev1.Service) {
+			s.Spec.ExternalIPs = []string{"203.0.113.7", "2001:db8:aaaa::1", "::ffff:203.0.113.8"}
+		}), opts, `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
+ExternalIP 203.0.113.7:80/TCP -> 10.1.0.1 10.2.0.1
+ExternalIP 203.0.113.8:80/TCP -> 10.1.0.1 10.2.0.1
+ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:1::1 2001:db8:2::1
+ExternalIP [2001:db8:aaaa::1]:80/TCP -> 2001:db8:1::1 2001:db8:2::1
 `},
 		{"LoadBalancer local with ranges and health check", func(s *corev1.Service) {
 			s.Spec.Type = corev1.ServiceTypeLoadBalancer
@@ -102,6 +138,20 @@ ExternalIP 203.0.113.7:80/TCP -> 10.1.0.1 10.2.0.1
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
 NodePort 192.168.1.1:30080/TCP local hc=32000 ready=[10.1.0.1] -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
 LoadBalancer 198.51.100.10:80/TCP local hc=32000 ranges=[10.0.0.0/8 198.51.100.0/24] ready=[10.1.0.1] -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
+`},
+		{"dual stack LoadBalancer local with ranges and health check", dual(func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeLoadBalancer
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			s.Spec.HealthCheckNodePort = 32000
+			s.Spec.LoadBalancerSourceRanges = []string{"198.51.100.0/24", "2001:db8:aaaa::/64"}
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "2001:db8:aaaa::10"}, {IP: "198.51.100.10"}}
+		}), Options{Node: Node{Name: "node-a", Addresses: []netip.Addr{opts.Node.Addresses[0], opts.Node.Addresses[2]}}}, `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
+NodePort 192.168.1.1:30080/TCP local hc=32000 ready=[10.1.0.1] -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
+LoadBalancer 198.51.100.10:80/TCP local hc=32000 ranges=[198.51.100.0/24] ready=[10.1.0.1] -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
+ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:1::1 2001:db8:2::1
+NodePort [2001:db8:100::1]:30080/TCP local hc=32000 ready=[2001:db8:1::1] -> 2001:db8:1::1 | internal -> 2001:db8:1::1 2001:db8:2::1
+LoadBalancer [2001:db8:aaaa::10]:80/TCP local hc=32000 ranges=[2001:db8:aaaa::/64] ready=[2001:db8:1::1] -> 2001:db8:1::1 | internal -> 2001:db8:1::1 2001:db8:2::1
 `},
 		{"LoadBalancer open to all", func(s *corev1.Service) {
 			s.Spec.Type = corev1.ServiceTypeLoadBalancer
@@ -155,13 +205,22 @@ func TestNodeIPs(t *testing.T) {
 		{Type: corev1.NodeHostName, Address: "node-a"},
 		{Type: corev1.NodeExternalIP, Address: "203.0.113.5"},
 		{Type: corev1.NodeInternalIP, Address: "192.168.1.1"},
-		{Type: corev1.NodeInternalIP, Address: "fd00::1"},
-		{Type: corev1.NodeExternalIP, Address: "192.168.1.1"},
+		{Type: corev1.NodeInternalIP, Address: "2001:db8::1"},
+		{Type: corev1.NodeExternalIP, Address: "::ffff:192.168.1.1"},
+		{Type: corev1.NodeExternalIP, Address: "2001:db8:0::2"},
+		{Type: corev1.NodeExternalIP, Address: "bogus"},
 	}}}
 	got := NodeIPs(node)
-	want := []netip.Addr{netip.MustParseAddr("192.168.1.1"), netip.MustParseAddr("203.0.113.5")}
-	if fmt.Sprint(got) != fmt.Sprint(want) {
+	want := "[192.168.1.1 2001:db8::1 203.0.113.5 2001:db8::2]"
+	if fmt.Sprint(got) != want {
 		t.Fatalf("NodeIPs = %v, want %v", got, want)
+	}
+	// The first of each family is the node's primary address of it.
+	if p, want := PrimaryIPs(got), "[192.168.1.1 2001:db8::1]"; fmt.Sprint(p) != want {
+		t.Fatalf("PrimaryIPs = %v, want %v", p, want)
+	}
+	if p, want := PrimaryIPs(got[1:]), "[2001:db8::1 203.0.113.5]"; fmt.Sprint(p) != want {
+		t.Fatalf("PrimaryIPs = %v, want %v", p, want)
 	}
 	if NodeIPs(nil) != nil {
 		t.Fatal("NodeIPs(nil) != nil")
@@ -176,11 +235,11 @@ func TestNodeFacts(t *testing.T) {
 	p.NodePort = 30080
 	eps := []*discoveryv1.EndpointSlice{slice("web-1", "web", []discoveryv1.EndpointPort{eport("http", 8080, corev1.ProtocolTCP)},
 		ep{addr: "10.1.0.1", node: "node-a"}, ep{addr: "10.2.0.1", node: "node-b"})}
-	node := Node{Name: "node-a", Addresses: []netip.Addr{netip.MustParseAddr("192.168.1.1")},
+	node := Node{Name: "node-a", Addresses: []netip.Addr{netip.MustParseAddr("192.168.1.1"), netip.MustParseAddr("2001:db8:1::1")},
 		Labels: map[string]string{corev1.LabelTopologyZone: "zone-a"}}
 	others := map[NodeFacts]Node{
 		NodeName:      {Name: "node-b", Addresses: node.Addresses, Labels: node.Labels},
-		NodeAddresses: {Name: node.Name, Addresses: []netip.Addr{netip.MustParseAddr("192.168.9.9")}, Labels: node.Labels},
+		NodeAddresses: {Name: node.Name, Addresses: []netip.Addr{netip.MustParseAddr("192.168.9.9"), netip.MustParseAddr("2001:db8:9::9")}, Labels: node.Labels},
 		NodeLabels:    {Name: node.Name, Addresses: node.Addresses, Labels: map[string]string{corev1.LabelTopologyZone: "zone-b"}},
 	}
 	for _, c := range []struct {
@@ -191,6 +250,8 @@ func TestNodeFacts(t *testing.T) {
 		{"ClusterIP", func(*corev1.Service) {}, 0},
 		{"ClusterIP with externalIPs", func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"203.0.113.7"} }, 0},
 		{"NodePort", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort }, NodeAddresses},
+		{"dual stack NodePort", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeNodePort; dualStack(s) }, NodeAddresses},
+		{"IPv6 ClusterIP with externalIPs", func(s *corev1.Service) { ipv6(s); s.Spec.ExternalIPs = []string{"2001:db8:aaaa::7"} }, 0},
 		{"NodePort local", func(s *corev1.Service) {
 			s.Spec.Type = corev1.ServiceTypeNodePort
 			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -27,80 +28,141 @@ func TestCategorizeEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := 0
+	// Each case runs in both families: kube-proxy's IPv6 proxier
+	// categorizes its slices by the same rules.
 	for _, tr := range corpus.Translations {
-		t.Run(tr.Name, func(t *testing.T) {
-			if tr.Skip != "" {
-				t.Skip(tr.Skip)
-			}
-			n++
-			var svc *corev1.Service
-			var eps []*discoveryv1.EndpointSlice
-			for _, o := range tr.Objects {
-				if o.Service != nil {
-					svc = o.Service
-				} else {
-					eps = append(eps, o.Slice)
+		for _, v6 := range []bool{false, true} {
+			t.Run(tr.Name+"/"+familyName(v6), func(t *testing.T) {
+				if tr.Skip != "" {
+					t.Skip(tr.Skip)
 				}
-			}
-			node := Node{Name: tr.Node.Name, Labels: map[string]string{}}
-			if tr.Node.Zone != "" {
-				node.Labels[corev1.LabelTopologyZone] = tr.Node.Zone
-			}
-			if len(svc.Spec.Ports) != 1 {
-				t.Fatalf("want one port, the corpus has %d", len(svc.Spec.Ports))
-			}
-			sp := svc.Spec.Ports[0]
-			x := externalOf(svc, eps, node)
-			pol := policyOf(svc, sp, x)
-			cat := categorize(endpointsFor(sp.Name, corev1.ProtocolTCP, model.TCP, eps, node.Name), pol, node.Name, tr.Node.Zone)
-
-			// kube-proxy's test compares contents; nil and empty are
-			// the same to it.
-			all := slices.Concat(cat.cluster, cat.local)
-			slices.SortFunc(all, func(a, b model.Backend) int { return a.L4Addr.Compare(b.L4Addr) })
-			all = slices.CompactFunc(all, func(a, b model.Backend) bool { return a.L4Addr == b.L4Addr })
-			for _, c := range []struct {
-				what string
-				got  []model.Backend
-				want []netip.AddrPort
-			}{{"cluster", cat.cluster, tr.Expect.Cluster}, {"local", cat.local, tr.Expect.Local}, {"all", all, tr.Expect.All}} {
-				if g, w := addrPorts(c.got), sortedAddrPorts(c.want); !slices.Equal(g, w) {
-					t.Errorf("%s endpoints = %v, want %v", c.what, g, w)
-				}
-			}
-			if cat.hasAny != tr.Expect.HasAnyEndpoints {
-				t.Errorf("hasAnyEndpoints = %v, want %v", cat.hasAny, tr.Expect.HasAnyEndpoints)
-			}
-
-			// The frontends use the categories as the policies say.
-			node.Addresses = []netip.Addr{netip.MustParseAddr("192.168.0.2")}
-			res, err := ServiceToModel(svc, eps, Options{Node: node})
-			if err != nil || res.Skipped != "" {
-				t.Fatalf("ServiceToModel: %v %q", err, res.Skipped)
-			}
-			for _, s := range res.Services {
-				want, internal := tr.Expect.Cluster, []netip.AddrPort(nil)
-				switch {
-				case s.Kind == model.ClusterIP && pol.internalLocal:
-					want = tr.Expect.Local
-				case s.Kind != model.ClusterIP && pol.externalLocal:
-					want, internal = tr.Expect.Local, tr.Expect.Cluster
-					if !s.TwoScopes || !slices.Equal(addrPorts(s.InternalBackends), sortedAddrPorts(internal)) {
-						t.Errorf("%s: internal scope %v (two scopes %v), want %v", s.Frontend, addrPorts(s.InternalBackends), s.TwoScopes, internal)
+				n++
+				var svc *corev1.Service
+				var eps []*discoveryv1.EndpointSlice
+				for _, o := range tr.Objects {
+					if o.Service != nil {
+						svc = o.Service
+					} else {
+						eps = append(eps, o.Slice)
 					}
 				}
-				if g := addrPorts(s.Backends); !slices.Equal(g, sortedAddrPorts(want)) {
-					t.Errorf("%s: backends %v, want %v", s.Frontend, g, want)
+				expect := tr.Expect
+				if v6 {
+					svc, eps, expect = toIPv6(svc, eps, expect)
 				}
-				if wantDrop := len(want) == 0 && tr.Expect.HasAnyEndpoints; s.DropWhenEmpty != wantDrop {
-					t.Errorf("%s: drop when empty = %v, want %v", s.Frontend, s.DropWhenEmpty, wantDrop)
+				node := Node{Name: tr.Node.Name, Labels: map[string]string{}}
+				if tr.Node.Zone != "" {
+					node.Labels[corev1.LabelTopologyZone] = tr.Node.Zone
 				}
-			}
-		})
+				if len(svc.Spec.Ports) != 1 {
+					t.Fatalf("want one port, the corpus has %d", len(svc.Spec.Ports))
+				}
+				sp := svc.Spec.Ports[0]
+				x := externalOf(svc, eps, node, v6)
+				pol := policyOf(svc, sp, x)
+				cat := categorize(endpointsFor(sp.Name, corev1.ProtocolTCP, model.TCP, eps, node.Name), pol, node.Name, tr.Node.Zone)
+
+				// kube-proxy's test compares contents; nil and empty are
+				// the same to it.
+				all := slices.Concat(cat.cluster, cat.local)
+				slices.SortFunc(all, func(a, b model.Backend) int { return a.L4Addr.Compare(b.L4Addr) })
+				all = slices.CompactFunc(all, func(a, b model.Backend) bool { return a.L4Addr == b.L4Addr })
+				for _, c := range []struct {
+					what string
+					got  []model.Backend
+					want []netip.AddrPort
+				}{{"cluster", cat.cluster, expect.Cluster}, {"local", cat.local, expect.Local}, {"all", all, expect.All}} {
+					if g, w := addrPorts(c.got), sortedAddrPorts(c.want); !slices.Equal(g, w) {
+						t.Errorf("%s endpoints = %v, want %v", c.what, g, w)
+					}
+				}
+				if cat.hasAny != expect.HasAnyEndpoints {
+					t.Errorf("hasAnyEndpoints = %v, want %v", cat.hasAny, expect.HasAnyEndpoints)
+				}
+
+				// The frontends use the categories as the policies say.
+				node.Addresses = []netip.Addr{netip.MustParseAddr("192.168.0.2"), netip.MustParseAddr("2001:db8:100::2")}
+				res, err := ServiceToModel(svc, eps, Options{Node: node})
+				if err != nil || res.Skipped != "" {
+					t.Fatalf("ServiceToModel: %v %q", err, res.Skipped)
+				}
+				if len(res.Services) == 0 {
+					t.Fatal("no frontend")
+				}
+				for _, s := range res.Services {
+					if s.Frontend.Addr.Is6() != v6 {
+						t.Errorf("%s: a frontend of the other family", s.Frontend)
+					}
+					want, internal := expect.Cluster, []netip.AddrPort(nil)
+					switch {
+					case s.Kind == model.ClusterIP && pol.internalLocal:
+						want = expect.Local
+					case s.Kind != model.ClusterIP && pol.externalLocal:
+						want, internal = expect.Local, expect.Cluster
+						if !s.TwoScopes || !slices.Equal(addrPorts(s.InternalBackends), sortedAddrPorts(internal)) {
+							t.Errorf("%s: internal scope %v (two scopes %v), want %v", s.Frontend, addrPorts(s.InternalBackends), s.TwoScopes, internal)
+						}
+					}
+					if g := addrPorts(s.Backends); !slices.Equal(g, sortedAddrPorts(want)) {
+						t.Errorf("%s: backends %v, want %v", s.Frontend, g, want)
+					}
+					if wantDrop := len(want) == 0 && expect.HasAnyEndpoints; s.DropWhenEmpty != wantDrop {
+						t.Errorf("%s: drop when empty = %v, want %v", s.Frontend, s.DropWhenEmpty, wantDrop)
+					}
+				}
+			})
+		}
 	}
 	if n == 0 {
 		t.Fatal("no translation case ran")
 	}
+}
+
+// toIPv6 returns copies of svc and its slices eps in IPv6, and expect to
+// match: every IPv4 address a.b.c.d becomes 2001:db8::a.b.c.d, each slice
+// IPv6.
+func toIPv6(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, expect flows.TranslationExpect) (*corev1.Service, []*discoveryv1.EndpointSlice, flows.TranslationExpect) {
+	six := func(a netip.Addr) netip.Addr {
+		b := netip.MustParseAddr("2001:db8::").As16()
+		v4 := a.As4()
+		copy(b[12:], v4[:])
+		return netip.AddrFrom16(b)
+	}
+	sixStr := func(s string) string {
+		if a, ok := parseIPSloppy(s); ok && a.Is4() {
+			return six(a).String()
+		}
+		return s
+	}
+	sixPorts := func(l []netip.AddrPort) []netip.AddrPort {
+		if l == nil {
+			return nil
+		}
+		out := []netip.AddrPort{}
+		for _, ap := range l {
+			out = append(out, netip.AddrPortFrom(six(ap.Addr()), ap.Port()))
+		}
+		return out
+	}
+	svc = svc.DeepCopy()
+	svc.Spec.ClusterIP = sixStr(svc.Spec.ClusterIP)
+	for i := range svc.Spec.ClusterIPs {
+		svc.Spec.ClusterIPs[i] = sixStr(svc.Spec.ClusterIPs[i])
+	}
+	svc.Spec.IPFamilies = nil
+	var out []*discoveryv1.EndpointSlice
+	for _, es := range eps {
+		es = es.DeepCopy()
+		es.AddressType = discoveryv1.AddressTypeIPv6
+		for i := range es.Endpoints {
+			for j, a := range es.Endpoints[i].Addresses {
+				es.Endpoints[i].Addresses[j] = sixStr(a)
+			}
+		}
+		out = append(out, es)
+	}
+	return svc, out, flows.TranslationExpect{Cluster: sixPorts(expect.Cluster), Local: sixPorts(expect.Local),
+		All: sixPorts(expect.All), HasAnyEndpoints: expect.HasAnyEndpoints}
 }
 
 func addrPorts(bs []model.Backend) []netip.AddrPort {
@@ -117,9 +179,11 @@ func sortedAddrPorts(l []netip.AddrPort) []netip.AddrPort {
 	return out
 }
 
-// trafficCase is a Service (one TCP port 80 -> 8080, NodePort 30080 when
-// its type has one) with endpoints, translated on node-a (zone-a,
-// NodePorts on 192.168.1.1), rendered by renderNS.
+// trafficCase is a Service (ClusterIP 10.96.0.1, or what mod makes of it
+// (ipv6, dualStack); one TCP port 80 -> 8080, NodePort 30080 when its type
+// has one) with endpoints (in an EndpointSlice per family), translated on
+// node-a (zone-a, NodePorts on 192.168.1.1 and 2001:db8:100::1), rendered
+// by renderNS.
 type trafficCase struct {
 	name string
 	mod  func(*corev1.Service)
@@ -131,9 +195,9 @@ type trafficCase struct {
 
 func runTrafficCases(t *testing.T, cases []trafficCase) {
 	t.Helper()
-	node := Node{Name: "node-a", IP: netip.MustParseAddr("192.168.1.1"),
-		Addresses: []netip.Addr{netip.MustParseAddr("192.168.1.1")},
-		Labels:    map[string]string{corev1.LabelTopologyZone: "zone-a"}}
+	addrs := []netip.Addr{netip.MustParseAddr("192.168.1.1"), netip.MustParseAddr("2001:db8:100::1")}
+	node := Node{Name: "node-a", IPs: addrs, Addresses: addrs,
+		Labels: map[string]string{corev1.LabelTopologyZone: "zone-a"}}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p := sport("http", 80, corev1.ProtocolTCP)
@@ -145,21 +209,36 @@ func runTrafficCases(t *testing.T, cases []trafficCase) {
 			if svc.Spec.Type != corev1.ServiceTypeNodePort && svc.Spec.Type != corev1.ServiceTypeLoadBalancer {
 				svc.Spec.Ports[0].NodePort = 0
 			}
-			es := slice("web-1", "web", []discoveryv1.EndpointPort{eport("http", 8080, corev1.ProtocolTCP)}, c.eps...)
-			for i := range es.Endpoints {
-				e := &es.Endpoints[i]
-				a := e.Addresses[0]
-				if c.zones[a] != nil || c.nodes[a] != nil {
-					e.Hints = &discoveryv1.EndpointHints{}
-					for _, z := range c.zones[a] {
-						e.Hints.ForZones = append(e.Hints.ForZones, discoveryv1.ForZone{Name: z})
-					}
-					for _, n := range c.nodes[a] {
-						e.Hints.ForNodes = append(e.Hints.ForNodes, discoveryv1.ForNode{Name: n})
-					}
+			var eps4, eps6 []ep
+			for _, e := range c.eps {
+				if strings.Contains(e.addr, "::") {
+					eps6 = append(eps6, e)
+				} else {
+					eps4 = append(eps4, e)
 				}
 			}
-			tr, err := ServiceToModel(svc, []*discoveryv1.EndpointSlice{es}, Options{Node: node})
+			var slices []*discoveryv1.EndpointSlice
+			for _, eps := range [][]ep{eps4, eps6} {
+				if len(eps) == 0 {
+					continue
+				}
+				es := slice("web-"+strconv.Itoa(len(slices)), "web", []discoveryv1.EndpointPort{eport("http", 8080, corev1.ProtocolTCP)}, eps...)
+				for i := range es.Endpoints {
+					e := &es.Endpoints[i]
+					a := e.Addresses[0]
+					if c.zones[a] != nil || c.nodes[a] != nil {
+						e.Hints = &discoveryv1.EndpointHints{}
+						for _, z := range c.zones[a] {
+							e.Hints.ForZones = append(e.Hints.ForZones, discoveryv1.ForZone{Name: z})
+						}
+						for _, n := range c.nodes[a] {
+							e.Hints.ForNodes = append(e.Hints.ForNodes, discoveryv1.ForNode{Name: n})
+						}
+					}
+				}
+				slices = append(slices, es)
+			}
+			tr, err := ServiceToModel(svc, slices, Options{Node: node})
 			if err != nil || tr.Skipped != "" {
 				t.Fatalf("ServiceToModel: %v %q", err, tr.Skipped)
 			}
@@ -185,6 +264,19 @@ func nodePort(etp corev1.ServiceExternalTrafficPolicy) func(*corev1.Service) {
 	}
 }
 
+// ipv6 makes the Service IPv6 single stack, dualStack dual stack (IPv4
+// first, as the API server's PreferDualStack on an IPv4 cluster does).
+func ipv6(s *corev1.Service) {
+	s.Spec.ClusterIPs = []string{"2001:db8::1"}
+	s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
+}
+
+func dualStack(s *corev1.Service) {
+	s.Spec.ClusterIPs = []string{"10.96.0.1", "2001:db8::1"}
+	s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+	s.Spec.IPFamilyPolicy = ptr(corev1.IPFamilyPolicyPreferDualStack)
+}
+
 func both(fs ...func(*corev1.Service)) func(*corev1.Service) {
 	return func(s *corev1.Service) {
 		for _, f := range fs {
@@ -202,6 +294,14 @@ var (
 	// Neither ready nor serving: never used, and no reason to drop
 	// rather than reject.
 	deadThere = ep{addr: "10.2.0.8", node: "node-b", ready: ptr(false), serving: ptr(false), terminate: ptr(true)}
+
+	// Their IPv6 twins.
+	here6      = ep{addr: "2001:db8:1::1", node: "node-a"}
+	here62     = ep{addr: "2001:db8:1::2", node: "node-a"}
+	there6     = ep{addr: "2001:db8:2::1", node: "node-b"}
+	termHere6  = ep{addr: "2001:db8:1::9", node: "node-a", ready: ptr(false), serving: ptr(true), terminate: ptr(true)}
+	termThere6 = ep{addr: "2001:db8:2::9", node: "node-b", ready: ptr(false), serving: ptr(true), terminate: ptr(true)}
+	deadThere6 = ep{addr: "2001:db8:2::8", node: "node-b", ready: ptr(false), serving: ptr(false), terminate: ptr(true)}
 )
 
 // The traffic policies (issue 9 points 1, 2 and 5): which endpoints each
@@ -216,6 +316,20 @@ func TestTrafficPolicies(t *testing.T) {
 		{name: "internalTrafficPolicy Local keeps ClusterIP traffic on this node's endpoints",
 			mod: itp(corev1.ServiceInternalTrafficPolicyLocal), eps: []ep{here, there}, want: `
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1
+`},
+		{name: "IPv6: internalTrafficPolicy Local keeps ClusterIP traffic on this node's endpoints",
+			mod: both(ipv6, itp(corev1.ServiceInternalTrafficPolicyLocal)), eps: []ep{here6, there6, here, there}, want: `
+ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:1::1
+`},
+		{name: "dual stack: each family's endpoints are categorized apart: a local one in IPv4 only drops IPv6",
+			mod: both(dualStack, itp(corev1.ServiceInternalTrafficPolicyLocal)), eps: []ep{here, there6}, want: `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1
+ClusterIP [2001:db8::1]:80/TCP drop ->
+`},
+		{name: "dual stack: endpoints in one family only: the other rejects",
+			mod: dualStack, eps: []ep{here6, there6}, want: `
+ClusterIP 10.96.0.1:80/TCP ->
+ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:1::1 2001:db8:2::1
 `},
 		{name: "internalTrafficPolicy Local without a local endpoint drops",
 			mod: itp(corev1.ServiceInternalTrafficPolicyLocal), eps: []ep{there}, want: `
@@ -234,6 +348,18 @@ NodePort 192.168.1.1:30080/TCP -> 10.1.0.1 10.2.0.1
 			mod: nodePort(local), eps: []ep{here, there}, want: `
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
 NodePort 192.168.1.1:30080/TCP local -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
+`},
+		{name: "IPv6: externalTrafficPolicy Local, NodePorts on the node's IPv6 addresses",
+			mod: both(ipv6, nodePort(local)), eps: []ep{here6, there6}, want: `
+ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:1::1 2001:db8:2::1
+NodePort [2001:db8:100::1]:30080/TCP local -> 2001:db8:1::1 | internal -> 2001:db8:1::1 2001:db8:2::1
+`},
+		{name: "dual stack: externalTrafficPolicy Local with a local endpoint in one family only",
+			mod: both(dualStack, nodePort(local)), eps: []ep{here, there6}, want: `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1
+NodePort 192.168.1.1:30080/TCP local -> 10.1.0.1 | internal -> 10.1.0.1
+ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:2::1
+NodePort [2001:db8:100::1]:30080/TCP local drop -> | internal -> 2001:db8:2::1
 `},
 		{name: "externalTrafficPolicy Local with endpoints only elsewhere drops external clients",
 			mod: nodePort(local), eps: []ep{there}, want: `
@@ -258,6 +384,20 @@ NodePort 192.168.1.1:30080/TCP local -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
 ExternalIP 203.0.113.7:80/TCP local -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
 `},
+		{name: "dual stack: externalIPs of each family on that family's frontends",
+			mod: both(dualStack, func(s *corev1.Service) {
+				s.Spec.ExternalIPs = []string{"2001:db8:aaaa::7", "203.0.113.7"}
+				s.Spec.ExternalTrafficPolicy = local
+			}), eps: []ep{here, there, here6, there6}, want: `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
+ExternalIP 203.0.113.7:80/TCP local -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
+ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:1::1 2001:db8:2::1
+ExternalIP [2001:db8:aaaa::7]:80/TCP local -> 2001:db8:1::1 | internal -> 2001:db8:1::1 2001:db8:2::1
+`},
+		{name: "IPv4 single stack: IPv6 externalIPs are not served (kube-proxy's IPv6 proxier has no such Service)",
+			mod: func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"2001:db8:aaaa::7"} }, eps: []ep{here, here6}, want: `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1
+`},
 		{name: "externalTrafficPolicy Local is ignored without external access",
 			mod: func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = local }, eps: []ep{here, there}, want: `
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
@@ -272,6 +412,11 @@ NodePort 192.168.1.1:30080/TCP -> 10.1.0.9(term) 10.2.0.9(term)
 			mod: both(nodePort(local), itp(corev1.ServiceInternalTrafficPolicyLocal)), eps: []ep{termHere, there}, want: `
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.9(term)
 NodePort 192.168.1.1:30080/TCP local -> 10.1.0.9(term) | internal -> 10.2.0.1
+`},
+		{name: "IPv6: no ready endpoint: serving and terminating ones, Cluster",
+			mod: both(ipv6, nodePort(cluster)), eps: []ep{termHere6, termThere6, deadThere6}, want: `
+ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:1::9(term) 2001:db8:2::9(term)
+NodePort [2001:db8:100::1]:30080/TCP -> 2001:db8:1::9(term) 2001:db8:2::9(term)
 `},
 		{name: "a ready local endpoint wins over terminating ones",
 			mod: nodePort(local), eps: []ep{termHere, here}, want: `
@@ -291,6 +436,12 @@ NodePort 192.168.1.1:30080/TCP local drop -> | internal -> 10.2.0.9(term)
 			zones: map[string][]string{"10.1.0.1": {"zone-b"}, "10.2.0.1": {"zone-a"}, "10.2.0.2": {"zone-c"}}, want: `
 ClusterIP 10.96.0.1:80/TCP -> 10.2.0.1
 NodePort 192.168.1.1:30080/TCP -> 10.2.0.1
+`},
+		{name: "IPv6: zone hints for this zone",
+			mod: both(ipv6, nodePort(cluster)), eps: []ep{here6, there6},
+			zones: map[string][]string{"2001:db8:1::1": {"zone-b"}, "2001:db8:2::1": {"zone-a"}}, want: `
+ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:2::1
+NodePort [2001:db8:100::1]:30080/TCP -> 2001:db8:2::1
 `},
 		{name: "zone hints missing on one ready endpoint: ignored",
 			mod: nodePort(cluster), eps: []ep{here, there}, zones: map[string][]string{"10.2.0.1": {"zone-a"}}, want: `
@@ -352,6 +503,29 @@ NodePort 192.168.1.1:30080/TCP -> 10.1.0.1
 LoadBalancer 198.51.100.5:80/TCP -> 10.1.0.1
 LoadBalancer 198.51.100.6:80/TCP -> 10.1.0.1
 `},
+		{name: "dual stack: LoadBalancer ingress IPs of each family on that family's frontends",
+			mod: both(dualStack, lb(func(s *corev1.Service) {
+				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{
+					{IP: "2001:db8:aaaa::4", IPMode: &proxy}, {IP: "2001:db8:aaaa::5"}, {IP: "198.51.100.5"}}
+			})), eps: []ep{here, here6}, want: `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1
+NodePort 192.168.1.1:30080/TCP -> 10.1.0.1
+LoadBalancer 198.51.100.5:80/TCP -> 10.1.0.1
+ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:1::1
+NodePort [2001:db8:100::1]:30080/TCP -> 2001:db8:1::1
+LoadBalancer [2001:db8:aaaa::5]:80/TCP -> 2001:db8:1::1
+`},
+		{name: "dual stack: health check counts each family's ready local endpoints",
+			mod: both(dualStack, lb(func(s *corev1.Service) {
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+				s.Spec.HealthCheckNodePort = 32000
+			})), eps: []ep{here, here6, here62, termHere6}, want: `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1
+NodePort 192.168.1.1:30080/TCP local hc=32000 ready=[10.1.0.1] -> 10.1.0.1 | internal -> 10.1.0.1
+LoadBalancer 198.51.100.4:80/TCP local hc=32000 ready=[10.1.0.1] -> 10.1.0.1 | internal -> 10.1.0.1
+ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:1::1 2001:db8:1::2
+NodePort [2001:db8:100::1]:30080/TCP local hc=32000 ready=[2001:db8:1::1 2001:db8:1::2] -> 2001:db8:1::1 2001:db8:1::2 | internal -> 2001:db8:1::1 2001:db8:1::2
+`},
 		{name: "health check counts ready local endpoints only",
 			mod: lb(func(s *corev1.Service) {
 				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
@@ -399,7 +573,7 @@ NodePort 192.168.1.1:30080/TCP -> 10.1.0.1
 LoadBalancer 198.51.100.4:80/TCP drop ->
 warning: loadBalancerSourceRanges entry "bogus" is not a CIDR; ignored
 warning: loadBalancerSourceRanges entry "203.0.113.0/33" is not a CIDR; ignored
-warning: loadBalancerSourceRanges ["bogus" "203.0.113.0/33"] hold no IPv4 range: the LoadBalancer IPs are closed to every source
+warning: loadBalancerSourceRanges ["bogus" "203.0.113.0/33"] hold no IPv4 range: the IPv4 LoadBalancer IPs are closed to every source
 `},
 		{name: "closed applies to both scopes of an externalTrafficPolicy Local Service",
 			mod: lb(func(s *corev1.Service) {
@@ -409,7 +583,33 @@ warning: loadBalancerSourceRanges ["bogus" "203.0.113.0/33"] hold no IPv4 range:
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
 NodePort 192.168.1.1:30080/TCP local -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
 LoadBalancer 198.51.100.4:80/TCP local drop ->
-warning: loadBalancerSourceRanges ["2001:db8::/64"] hold no IPv4 range: the LoadBalancer IPs are closed to every source
+warning: loadBalancerSourceRanges ["2001:db8::/64"] hold no IPv4 range: the IPv4 LoadBalancer IPs are closed to every source
+`},
+		{name: "dual stack: each family's source ranges apply to its own LoadBalancer IPs; a bad entry is reported once",
+			mod: both(dualStack, lb(func(s *corev1.Service) {
+				s.Spec.LoadBalancerSourceRanges = []string{"2001:db8:f00::/48", "bogus", "203.0.113.0/25"}
+				s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: "2001:db8:aaaa::4"})
+			})), eps: []ep{here, here6}, want: `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1
+NodePort 192.168.1.1:30080/TCP -> 10.1.0.1
+LoadBalancer 198.51.100.4:80/TCP ranges=[203.0.113.0/25] -> 10.1.0.1
+ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:1::1
+NodePort [2001:db8:100::1]:30080/TCP -> 2001:db8:1::1
+LoadBalancer [2001:db8:aaaa::4]:80/TCP ranges=[2001:db8:f00::/48] -> 2001:db8:1::1
+warning: loadBalancerSourceRanges entry "bogus" is not a CIDR; ignored
+`},
+		{name: "dual stack: 0.0.0.0/0 opens the IPv4 LoadBalancer IPs only; no IPv6 range closes the IPv6 ones",
+			mod: both(dualStack, lb(func(s *corev1.Service) {
+				s.Spec.LoadBalancerSourceRanges = []string{"0.0.0.0/0"}
+				s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: "2001:db8:aaaa::4"})
+			})), eps: []ep{here, here6}, want: `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1
+NodePort 192.168.1.1:30080/TCP -> 10.1.0.1
+LoadBalancer 198.51.100.4:80/TCP -> 10.1.0.1
+ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:1::1
+NodePort [2001:db8:100::1]:30080/TCP -> 2001:db8:1::1
+LoadBalancer [2001:db8:aaaa::4]:80/TCP drop ->
+warning: loadBalancerSourceRanges ["0.0.0.0/0"] hold no IPv6 range: the IPv6 LoadBalancer IPs are closed to every source
 `},
 		{name: "0.0.0.0/0 allows every source: no check",
 			mod: ranges("10.0.0.0/8", "0.0.0.0/0"), eps: []ep{here}, want: `
@@ -422,6 +622,24 @@ LoadBalancer 198.51.100.4:80/TCP -> 10.1.0.1
 ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1
 NodePort 192.168.1.1:30080/TCP -> 10.1.0.1
 LoadBalancer 198.51.100.4:80/TCP ranges=[192.168.1.0/24 198.51.100.4/32] -> 10.1.0.1
+`},
+		{name: "IPv6: a range holding the node's IPv6 address admits the LoadBalancer IPs too; ::/0 beside it allows all",
+			mod: both(ipv6, lb(func(s *corev1.Service) {
+				s.Spec.LoadBalancerSourceRanges = []string{"2001:db8:100::/64", "10.0.0.0/8"}
+				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "2001:db8:aaaa::4"}, {IP: "198.51.100.4"}}
+			})), eps: []ep{here6}, want: `
+ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:1::1
+NodePort [2001:db8:100::1]:30080/TCP -> 2001:db8:1::1
+LoadBalancer [2001:db8:aaaa::4]:80/TCP ranges=[2001:db8:100::/64 2001:db8:aaaa::4/128] -> 2001:db8:1::1
+`},
+		{name: "IPv6: ::/0 allows every source: no check",
+			mod: both(ipv6, lb(func(s *corev1.Service) {
+				s.Spec.LoadBalancerSourceRanges = []string{"2001:db8:100::/64", "::/0"}
+				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "2001:db8:aaaa::4"}}
+			})), eps: []ep{here6}, want: `
+ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:1::1
+NodePort [2001:db8:100::1]:30080/TCP -> 2001:db8:1::1
+LoadBalancer [2001:db8:aaaa::4]:80/TCP -> 2001:db8:1::1
 `},
 		{name: "addresses with leading zeros are decimal, as kube-proxy reads them",
 			mod: func(s *corev1.Service) {

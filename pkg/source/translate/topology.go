@@ -196,7 +196,7 @@ func endpointsFor(portName string, kproto corev1.Protocol, proto model.Protocol,
 				if len(e.Addresses) == 0 {
 					continue
 				}
-				ip, ok := parseIPv4Sloppy(e.Addresses[0])
+				ip, ok := parseIPSloppy(e.Addresses[0])
 				if !ok {
 					continue
 				}
@@ -259,7 +259,7 @@ func localReady(eps []*discoveryv1.EndpointSlice, nodeName string) []netip.Addr 
 			if len(e.Addresses) == 0 || ptrOr(e.NodeName, "") != nodeName || !ptrOr(e.Conditions.Ready, true) {
 				continue
 			}
-			if ip, ok := parseIPv4Sloppy(e.Addresses[0]); ok {
+			if ip, ok := parseIPSloppy(e.Addresses[0]); ok {
 				out = append(out, ip)
 			}
 		}
@@ -281,21 +281,9 @@ func hintsRead(eps []endpoint) (name, zone bool) {
 	return name, zone
 }
 
-// parseIPv4Sloppy parses an IPv4 address as kube-proxy does
-// (netutils.ParseIPSloppy: "10.180.00.001" is 10.180.0.1).
-func parseIPv4Sloppy(s string) (netip.Addr, bool) {
-	ip := netutils.ParseIPSloppy(s)
-	if ip == nil {
-		return netip.Addr{}, false
-	}
-	a, ok := netip.AddrFromSlice(ip.To4())
-	if !ok || ip.To4() == nil {
-		return netip.Addr{}, false
-	}
-	return a, true
-}
-
-// parseIPSloppy parses an address of either family as kube-proxy does.
+// parseIPSloppy parses an address of either family as kube-proxy does
+// (netutils.ParseIPSloppy: "10.180.00.001" is 10.180.0.1), an IPv4-mapped
+// one as IPv4 (netutils.IPFamilyOf).
 func parseIPSloppy(s string) (netip.Addr, bool) {
 	ip := netutils.ParseIPSloppy(s)
 	if ip == nil {

@@ -29,8 +29,18 @@
 // ranges leave none that applies is closed, never open to all. Both are
 // reported (Translation.Warnings).
 //
-// Sluice's datapath is IPv4 only for now: IPv6 frontends and IPv6
-// EndpointSlices are skipped, not errors.
+// Both IP families are translated alike, each as kube-proxy's proxier of
+// that family does (servicechangetracker.go, serviceport.go): a Service
+// has a ClusterIP frontend per family in clusterIPs, which balances over
+// the EndpointSlices of that addressType only (no NAT46/64); its
+// externalIPs, LoadBalancer ingress IPs, loadBalancerSourceRanges and the
+// node's NodePort addresses are split by family, and each family's apply
+// to that family's frontends only. A Service without a ClusterIP of a
+// family (SingleStack) serves none of that family's frontends, even if its
+// externalIPs name some. ipFamilyPolicy is not read: the ClusterIPs it
+// made are what counts. An IPv4-mapped IPv6 address (::ffff:10.0.0.1) is
+// IPv4, as netutils.IPFamilyOf reads it; in an IPv6 EndpointSlice it is
+// invalid, as the API server's validation says.
 package translate
 
 import (
@@ -80,13 +90,15 @@ type Node struct {
 	// Name is this node's name: the Local traffic policies keep the
 	// endpoints whose nodeName it is, and topology hints forNodes name it.
 	Name string
-	// IP is the node's primary IPv4 address (kube-proxy's nodeIP): a
-	// loadBalancerSourceRanges entry that contains it also admits the
+	// IPs are the node's primary addresses, at most one per family
+	// (kube-proxy's nodeIPs; PrimaryIPs): a loadBalancerSourceRanges
+	// entry that contains the one of its family also admits the
 	// LoadBalancer IPs themselves as sources.
-	IP netip.Addr
+	IPs []netip.Addr
 	// Addresses are the addresses NodePorts are served on (none without
-	// them): the node addresses inside --nodeport-addresses, and
-	// 127.0.0.1 for localhost NodePorts. See northsouth.go.
+	// them), of both families, each used by its family's frontends: the
+	// node addresses inside --nodeport-addresses, and 127.0.0.1 for
+	// localhost NodePorts. See northsouth.go.
 	Addresses []netip.Addr
 	// Labels are the Node object's labels: topology.kubernetes.io/zone is
 	// the zone topology hints (hints.forZones) are matched against.
@@ -98,7 +110,7 @@ type NodeFacts uint8
 
 const (
 	NodeName      NodeFacts = 1 << iota // Node.Name
-	NodeAddresses                       // Node.Addresses and Node.IP
+	NodeAddresses                       // Node.Addresses and Node.IPs
 	NodeLabels                          // Node.Labels
 )
 
@@ -108,7 +120,7 @@ func (n Node) Diff(m Node) NodeFacts {
 	if n.Name != m.Name {
 		d |= NodeName
 	}
-	if !slices.Equal(n.Addresses, m.Addresses) || n.IP != m.IP {
+	if !slices.Equal(n.Addresses, m.Addresses) || !slices.Equal(n.IPs, m.IPs) {
 		d |= NodeAddresses
 	}
 	if !maps.Equal(n.Labels, m.Labels) {
@@ -122,7 +134,7 @@ type Translation struct {
 	// Services has one model.Service per frontend, sorted by frontend.
 	Services []*model.Service
 	// Skipped, if not empty, says why the Service is deliberately not
-	// served (headless, ExternalName, another proxy's, IPv6 only); it is
+	// served (headless, ExternalName, another proxy's); it is
 	// not an error.
 	Skipped string
 	// NodeFacts are the parts of Options.Node the result was made from:
@@ -144,7 +156,6 @@ const (
 	SkipHeadless     = "headless"
 	SkipExternalName = "ExternalName"
 	SkipNoClusterIP  = "no cluster IP allocated"
-	SkipIPv6         = "IPv6 family not served"
 )
 
 // ServiceNameOfSlice returns the Service an EndpointSlice belongs to, from
@@ -185,43 +196,45 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 		return Translation{}, err
 	}
 
-	ips := svc.Spec.ClusterIPs
-	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
-		ips = []string{svc.Spec.ClusterIP}
-	}
-	if len(ips) == 0 {
+	vips := clusterIPs(svc)
+	if len(vips) == 0 {
 		return Translation{Skipped: SkipNoClusterIP}, nil
 	}
-	var vips []netip.Addr
-	for _, s := range ips {
-		if ip, ok := parseIPSloppy(s); ok && ip.Is4() { // validated above
-			vips = append(vips, ip)
-		}
-	}
-	if len(vips) == 0 {
-		return Translation{Skipped: SkipIPv6}, nil
-	}
 
-	// The slices of this Service, IPv4 only, validated.
-	var mine []*discoveryv1.EndpointSlice
-	for _, es := range eps {
-		nn, ok := ServiceNameOfSlice(es)
-		if !ok || nn.Namespace != svc.Namespace || nn.Name != svc.Name {
-			continue
-		}
-		if es.AddressType != discoveryv1.AddressTypeIPv4 {
-			continue
-		}
-		if err := ValidateEndpointSlice(es); err != nil {
-			return Translation{}, fmt.Errorf("service %q: %w", objName(svc.Namespace, svc.Name), err)
-		}
-		mine = append(mine, es)
+	// What each family serves, as kube-proxy's proxier of that family
+	// sees the Service: its ClusterIP, the slices of its addressType
+	// (validated) and its north-south addresses.
+	type family struct {
+		vip    netip.Addr
+		slices []*discoveryv1.EndpointSlice
+		ext    external
 	}
-
 	node := opts.Node
-	ext := externalOf(svc, mine, node)
 	affinity := affinityTimeout(svc)
-	t := Translation{NodeFacts: ext.facts, Warnings: ext.warnings}
+	var t Translation
+	fams := make([]family, len(vips))
+	for i, vip := range vips {
+		f := &fams[i]
+		f.vip = vip
+		for _, es := range eps {
+			nn, ok := ServiceNameOfSlice(es)
+			if !ok || nn.Namespace != svc.Namespace || nn.Name != svc.Name || es.AddressType != addressTypeOf(vip) {
+				continue
+			}
+			if err := ValidateEndpointSlice(es); err != nil {
+				return Translation{}, fmt.Errorf("service %q: %w", objName(svc.Namespace, svc.Name), err)
+			}
+			f.slices = append(f.slices, es)
+		}
+		f.ext = externalOf(svc, f.slices, node, vip.Is6())
+		t.NodeFacts |= f.ext.facts
+		for _, w := range f.ext.warnings {
+			// A source range that does not parse is each family's.
+			if !slices.Contains(t.Warnings, w) {
+				t.Warnings = append(t.Warnings, w)
+			}
+		}
+	}
 	for i, sp := range svc.Spec.Ports {
 		proto, err := protocolOf(sp.Protocol)
 		if err != nil {
@@ -230,43 +243,77 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 			t.Warnings = append(t.Warnings, fmt.Sprintf("%s: protocol %s is not supported; the port is not served", portName(svc, i), sp.Protocol))
 			continue
 		}
-		pol := policyOf(svc, sp, ext)
-		es := endpointsFor(sp.Name, cmp.Or(sp.Protocol, corev1.ProtocolTCP), proto, mine, node.Name)
-		cat := categorize(es, pol, node.Name, node.Labels[corev1.LabelTopologyZone])
-		if pol.usesLocal() {
-			t.NodeFacts |= NodeName
-		}
-		if byName, byZone := hintsRead(es); pol.usesCluster() && (byName || byZone) {
-			// The hints are matched against this node's name and zone.
-			t.NodeFacts |= NodeName | NodeLabels
-		}
+		for _, f := range fams {
+			pol := policyOf(svc, sp, f.ext)
+			es := endpointsFor(sp.Name, cmp.Or(sp.Protocol, corev1.ProtocolTCP), proto, f.slices, node.Name)
+			cat := categorize(es, pol, node.Name, node.Labels[corev1.LabelTopologyZone])
+			if pol.usesLocal() {
+				t.NodeFacts |= NodeName
+			}
+			if byName, byZone := hintsRead(es); pol.usesCluster() && (byName || byZone) {
+				// The hints are matched against this node's name and zone.
+				t.NodeFacts |= NodeName | NodeLabels
+			}
 
-		// ClusterIP traffic gets internalTrafficPolicy's endpoints. With
-		// none here but some elsewhere (Local), it is dropped; with none
-		// at all, rejected.
-		internal := cat.cluster
-		if pol.internalLocal {
-			internal = cat.local
-		}
-		for _, vip := range vips {
+			// ClusterIP traffic gets internalTrafficPolicy's endpoints.
+			// With none here but some elsewhere (Local), it is dropped;
+			// with none at all, rejected.
+			internal := cat.cluster
+			if pol.internalLocal {
+				internal = cat.local
+			}
 			t.Services = append(t.Services, &model.Service{
 				Name:          model.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: sp.Name},
 				Kind:          model.ClusterIP,
-				Frontend:      model.L4Addr{Addr: vip, Port: uint16(sp.Port), Proto: proto},
+				Frontend:      model.L4Addr{Addr: f.vip, Port: uint16(sp.Port), Proto: proto},
 				Backends:      slices.Clone(internal),
 				DropWhenEmpty: cat.hasAny && len(internal) == 0,
 
 				AffinityTimeout: affinity,
 			})
+			ns := northSouth(svc, sp, proto, cat, f.ext)
+			for _, s := range ns {
+				s.AffinityTimeout = affinity
+			}
+			t.Services = append(t.Services, ns...)
 		}
-		ns := northSouth(svc, sp, proto, cat, ext)
-		for _, s := range ns {
-			s.AffinityTimeout = affinity
-		}
-		t.Services = append(t.Services, ns...)
 	}
 	slices.SortFunc(t.Services, func(a, b *model.Service) int { return a.Frontend.Compare(b.Frontend) })
 	return t, nil
+}
+
+// clusterIPs returns the Service's ClusterIPs, at most one per family
+// (ValidateService has checked that): clusterIPs, or clusterIP when a
+// manifest gives only that. kube-proxy's GetClusterIPByFamily picks the
+// same address for each family's proxier.
+func clusterIPs(svc *corev1.Service) []netip.Addr {
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	var out []netip.Addr
+	for _, s := range ips {
+		if ip, ok := parseIPSloppy(s); ok {
+			out = append(out, ip)
+		}
+	}
+	return out
+}
+
+// addressTypeOf returns the EndpointSlice addressType of ip's family.
+func addressTypeOf(ip netip.Addr) discoveryv1.AddressType {
+	if ip.Is6() {
+		return discoveryv1.AddressTypeIPv6
+	}
+	return discoveryv1.AddressTypeIPv4
+}
+
+// familyName names ip's family in messages.
+func familyName(v6 bool) string {
+	if v6 {
+		return "IPv6"
+	}
+	return "IPv4"
 }
 
 // DefaultAffinityTimeout is the sessionAffinity ClientIP timeout of a
@@ -348,12 +395,24 @@ func ValidateService(svc *corev1.Service) error {
 			return fail("invalid clusterIP %q", ip)
 		}
 	}
-	for _, ip := range svc.Spec.ClusterIPs {
+	families := map[bool]bool{} // a clusterIPs entry of each family, by IPv6
+	for i, ip := range svc.Spec.ClusterIPs {
 		if ip == corev1.ClusterIPNone {
 			continue
 		}
-		if _, ok := parseIPSloppy(ip); !ok {
+		a, ok := parseIPSloppy(ip)
+		if !ok {
 			return fail("invalid clusterIPs entry %q", ip)
+		}
+		v6 := a.Is6()
+		if families[v6] {
+			return fail("clusterIPs %q: more than one %s address", svc.Spec.ClusterIPs, familyName(v6))
+		}
+		families[v6] = true
+		// ipFamilies[i] is clusterIPs[i]'s family: kube-proxy finds a
+		// family's ClusterIP by it.
+		if i < len(svc.Spec.IPFamilies) && string(svc.Spec.IPFamilies[i]) != familyName(v6) {
+			return fail("ipFamilies[%d] is %s, but clusterIPs[%d] %q is %s", i, svc.Spec.IPFamilies[i], i, ip, familyName(v6))
 		}
 	}
 	if len(svc.Spec.ClusterIPs) > 0 && svc.Spec.ClusterIP != "" && svc.Spec.ClusterIPs[0] != svc.Spec.ClusterIP {
@@ -458,13 +517,11 @@ func ValidateEndpointSlice(es *discoveryv1.EndpointSlice) error {
 		}
 		for _, a := range e.Addresses {
 			switch es.AddressType {
-			case discoveryv1.AddressTypeIPv4:
-				if _, ok := parseIPv4Sloppy(a); !ok {
-					return fail("endpoints[%d]: invalid IPv4 address %q", i, a)
-				}
-			case discoveryv1.AddressTypeIPv6:
-				if ip, ok := parseIPSloppy(a); !ok || !ip.Is6() || ip.Is4In6() {
-					return fail("endpoints[%d]: invalid IPv6 address %q", i, a)
+			case discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6:
+				// parseIPSloppy makes an IPv4-mapped address IPv4:
+				// valid in an IPv4 slice, not in an IPv6 one.
+				if ip, ok := parseIPSloppy(a); !ok || ip.Is6() != (es.AddressType == discoveryv1.AddressTypeIPv6) {
+					return fail("endpoints[%d]: invalid %s address %q", i, es.AddressType, a)
 				}
 			}
 		}

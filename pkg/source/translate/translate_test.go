@@ -32,6 +32,8 @@ type ep struct {
 	node                      string
 }
 
+// slice returns an EndpointSlice of Service svc; its addressType is
+// IPv6 if its first endpoint's address is.
 func slice(name, svc string, ports []discoveryv1.EndpointPort, eps ...ep) *discoveryv1.EndpointSlice {
 	es := &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
@@ -44,6 +46,9 @@ func slice(name, svc string, ports []discoveryv1.EndpointPort, eps ...ep) *disco
 			x.NodeName = ptr(e.node)
 		}
 		es.Endpoints = append(es.Endpoints, x)
+	}
+	if len(eps) > 0 && strings.Contains(eps[0].addr, ":") && !strings.Contains(eps[0].addr, ".") {
+		es.AddressType = discoveryv1.AddressTypeIPv6
 	}
 	return es
 }
@@ -94,6 +99,19 @@ func TestServiceToModel(t *testing.T) {
 				"10.96.0.10:80/TCP default/web:http -> 10.0.0.1:8080/TCP 10.0.0.2:8080/TCP@n1\n",
 		},
 		{
+			name: "IPv6: ports matched by name, merged and deduplicated across slices",
+			svc:  service("web", []string{"2001:db8::10"}, sport("http", 80, corev1.ProtocolTCP), sport("dns", 53, corev1.ProtocolUDP)),
+			slices: []*discoveryv1.EndpointSlice{
+				slice("web-a", "web", []discoveryv1.EndpointPort{eport("http", 8080, corev1.ProtocolTCP), eport("dns", 5353, corev1.ProtocolUDP)},
+					ep{addr: "2001:db8:1::2", node: "n1"}, ep{addr: "2001:db8:1:0::1", ready: ptr(true)}),
+				slice("web-b", "web", []discoveryv1.EndpointPort{eport("http", 8080, corev1.ProtocolTCP)},
+					ep{addr: "2001:db8:1::2"}, ep{addr: "2001:db8:1::3", ready: ptr(false)}),
+				slice("other", "other", []discoveryv1.EndpointPort{eport("http", 8080, corev1.ProtocolTCP)}, ep{addr: "2001:db8:9::9"}),
+			},
+			want: "[2001:db8::10]:53/UDP default/web:dns -> [2001:db8:1::1]:5353/UDP [2001:db8:1::2]:5353/UDP@n1\n" +
+				"[2001:db8::10]:80/TCP default/web:http -> [2001:db8:1::1]:8080/TCP [2001:db8:1::2]:8080/TCP@n1\n",
+		},
+		{
 			name: "an endpoint listed twice: the ready listing wins, with its node",
 			svc:  service("r", []string{"10.96.0.16"}, sport("", 80, "")),
 			slices: []*discoveryv1.EndpointSlice{
@@ -118,21 +136,55 @@ func TestServiceToModel(t *testing.T) {
 			want: "10.96.0.11:80/TCP default/t -> 10.0.0.1:8080/TCP(term) 10.0.0.4:8080/TCP(term)\n",
 		},
 		{
+			name: "IPv6: terminating serving endpoints used only when none is ready",
+			svc:  service("t", []string{"2001:db8::11"}, sport("", 80, "")),
+			slices: []*discoveryv1.EndpointSlice{
+				slice("t-a", "t", []discoveryv1.EndpointPort{eport("", 8080, corev1.ProtocolTCP)},
+					ep{addr: "2001:db8:1::1", ready: ptr(false), serving: ptr(true), terminate: ptr(true)},
+					ep{addr: "2001:db8:1::2", ready: ptr(false), serving: ptr(false), terminate: ptr(true)},
+					ep{addr: "2001:db8:1::3", ready: ptr(false)}),
+			},
+			want: "[2001:db8::11]:80/TCP default/t -> [2001:db8:1::1]:8080/TCP(term)\n",
+		},
+		{
 			name: "no endpoints: service exists with no backends",
 			svc:  service("e", []string{"10.96.0.12"}, sport("", 80, "")),
 			want: "10.96.0.12:80/TCP default/e ->\n",
 		},
 		{
-			name: "dual stack: IPv4 frontend only; IPv6 slices ignored",
-			svc:  service("d", []string{"fd00::1", "10.96.0.13"}, sport("", 80, "")),
-			slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
-				s := slice("d6", "d", []discoveryv1.EndpointPort{eport("", 80, corev1.ProtocolTCP)}, ep{addr: "fd00::5"})
-				s.AddressType = discoveryv1.AddressTypeIPv6
+			name: "dual stack: each ClusterIP balances over the slices of its family",
+			svc: func() *corev1.Service {
+				s := service("d", []string{"2001:db8::13", "10.96.0.13"}, sport("", 80, ""))
+				s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol, corev1.IPv4Protocol}
+				s.Spec.IPFamilyPolicy = ptr(corev1.IPFamilyPolicyPreferDualStack)
 				return s
-			}(), slice("d4", "d", []discoveryv1.EndpointPort{eport("", 80, corev1.ProtocolTCP)}, ep{addr: "10.0.0.5"})},
-			want: "10.96.0.13:80/TCP default/d -> 10.0.0.5:80/TCP\n",
+			}(),
+			slices: dualSlices("d"),
+			want:   "10.96.0.13:80/TCP default/d -> 10.0.0.5:80/TCP\n[2001:db8::13]:80/TCP default/d -> [2001:db8:1::5]:80/TCP\n",
 		},
-		{name: "IPv6 only", svc: service("v6", []string{"fd00::1"}, sport("", 80, "")), skip: SkipIPv6},
+		{
+			name:   "IPv4 single stack: IPv6 slices ignored",
+			svc:    service("d", []string{"10.96.0.13"}, sport("", 80, "")),
+			slices: dualSlices("d"),
+			want:   "10.96.0.13:80/TCP default/d -> 10.0.0.5:80/TCP\n",
+		},
+		{
+			name: "IPv6 single stack: IPv4 slices ignored",
+			svc: func() *corev1.Service {
+				s := service("d", []string{"2001:db8::13"}, sport("", 80, ""))
+				s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
+				s.Spec.IPFamilyPolicy = ptr(corev1.IPFamilyPolicySingleStack)
+				return s
+			}(),
+			slices: dualSlices("d"),
+			want:   "[2001:db8::13]:80/TCP default/d -> [2001:db8:1::5]:80/TCP\n",
+		},
+		{
+			name:   "an IPv4-mapped ClusterIP is IPv4, as is an IPv4-mapped endpoint of an IPv4 slice",
+			svc:    service("m", []string{"::ffff:10.96.0.17"}, sport("", 80, "")),
+			slices: append(dualSlices("m"), slice("m4", "m", []discoveryv1.EndpointPort{eport("", 80, corev1.ProtocolTCP)}, ep{addr: "::ffff:10.0.0.7"})),
+			want:   "10.96.0.17:80/TCP default/m -> 10.0.0.5:80/TCP 10.0.0.7:80/TCP\n",
+		},
 		{name: "headless", svc: service("h", []string{"None"}, sport("", 80, "")), skip: SkipHeadless},
 		{name: "external name", svc: func() *corev1.Service {
 			s := service("x", nil)
@@ -154,6 +206,11 @@ func TestServiceToModel(t *testing.T) {
 			s.Spec.ClusterIP = "10.96.0.15"
 			return s
 		}(), want: "10.96.0.15:80/TCP default/c ->\n"},
+		{name: "clusterIP fallback, IPv6", svc: func() *corev1.Service {
+			s := service("c", nil, sport("", 80, ""))
+			s.Spec.ClusterIP = "2001:db8::15"
+			return s
+		}(), want: "[2001:db8::15]:80/TCP default/c ->\n"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -191,6 +248,13 @@ func TestValidate(t *testing.T) {
 		{"bad ip", service("a", []string{"10.96.0.300"}, sport("", 80, "")), `service "default/a": invalid clusterIPs entry "10.96.0.300"`},
 		{"no name", service("", []string{"10.96.0.1"}), `service "default/": metadata.name is empty`},
 		{"unnamed multi", service("a", []string{"10.96.0.1"}, sport("", 80, ""), sport("b", 81, "")), `service "default/a": ports[0]: name is required when a Service has several ports`},
+		{"dual stack", service("a", []string{"2001:db8::1", "10.96.0.1"}, sport("", 80, "")), ""},
+		{"two ClusterIPs of one family", service("a", []string{"10.96.0.1", "::ffff:10.96.0.2"}, sport("", 80, "")), `service "default/a": clusterIPs ["10.96.0.1" "::ffff:10.96.0.2"]: more than one IPv4 address`},
+		{"ipFamilies not those of clusterIPs", func() *corev1.Service {
+			s := service("a", []string{"10.96.0.1", "2001:db8::1"}, sport("", 80, ""))
+			s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol, corev1.IPv4Protocol}
+			return s
+		}(), `service "default/a": ipFamilies[0] is IPv6, but clusterIPs[0] "10.96.0.1" is IPv4`},
 	}
 	for _, tc := range svcTests {
 		t.Run("service/"+tc.name, func(t *testing.T) {
@@ -208,7 +272,11 @@ func TestValidate(t *testing.T) {
 	}{
 		{"ok", slice("s", "a", good, ep{addr: "10.0.0.1"}), ""},
 		{"bad ip", slice("s", "a", good, ep{addr: "10.0.0.256"}), `endpointslice "default/s": endpoints[0]: invalid IPv4 address "10.0.0.256"`},
-		{"v6 in v4 slice", slice("s", "a", good, ep{addr: "fd00::1"}), `endpointslice "default/s": endpoints[0]: invalid IPv4 address "fd00::1"`},
+		{"v6 in v4 slice", slice("s", "a", good, ep{addr: "10.0.0.1"}, ep{addr: "2001:db8::1"}), `endpointslice "default/s": endpoints[1]: invalid IPv4 address "2001:db8::1"`},
+		{"ok IPv6", slice("s", "a", good, ep{addr: "2001:db8::1"}), ""},
+		{"bad IPv6", slice("s", "a", good, ep{addr: "2001:db8::1"}, ep{addr: "2001:db8::g"}), `endpointslice "default/s": endpoints[1]: invalid IPv6 address "2001:db8::g"`},
+		{"v4 in v6 slice", slice("s", "a", good, ep{addr: "2001:db8::1"}, ep{addr: "10.0.0.1"}), `endpointslice "default/s": endpoints[1]: invalid IPv6 address "10.0.0.1"`},
+		{"IPv4-mapped in v6 slice", slice("s", "a", good, ep{addr: "2001:db8::1"}, ep{addr: "::ffff:10.0.0.1"}), `endpointslice "default/s": endpoints[1]: invalid IPv6 address "::ffff:10.0.0.1"`},
 		{"port", slice("s", "a", []discoveryv1.EndpointPort{eport("http", 0, "TCP")}), `endpointslice "default/s": port "http": port 0 out of range`},
 		{"proto", slice("s", "a", []discoveryv1.EndpointPort{eport("http", 80, "FOO")}), `endpointslice "default/s": port "http": unknown protocol "FOO"`},
 		{"no name", slice("", "a", good), `endpointslice "default/": metadata.name is empty`},
@@ -225,6 +293,13 @@ func TestValidate(t *testing.T) {
 	if _, err := ServiceToModel(service("a", []string{"10.96.0.1"}, sport("s", 80, "ICMP")), nil, Options{}); err == nil {
 		t.Error("ServiceToModel accepted protocol ICMP")
 	}
+}
+
+// dualSlices returns an IPv6 and an IPv4 EndpointSlice of Service svc,
+// port 80, one endpoint each.
+func dualSlices(svc string) []*discoveryv1.EndpointSlice {
+	p := []discoveryv1.EndpointPort{eport("", 80, corev1.ProtocolTCP)}
+	return []*discoveryv1.EndpointSlice{slice(svc+"6", svc, p, ep{addr: "2001:db8:1::5"}), slice(svc+"4", svc, p, ep{addr: "10.0.0.5"})}
 }
 
 func TestServiceNameOfSlice(t *testing.T) {

@@ -17,6 +17,13 @@ import (
 //
 //	ext (external hosts) ── router ── br0 ─┬─ node (eth0; the agent; pods behind p1..pN)
 //	100.64.0.2/30            .1/30    .1   └─ other node (eth0; every remote address on lo)
+//	2001:db8:ffff::2/126     ::1/126
+//
+// The network is of the case's family (ipFamily): an IPv6 case gets IPv6
+// addresses and routes only (the namespaces keep IPv4 loopback, which the
+// agent's health and metrics servers use). IPv6 pods reach their node
+// through fe80::1, an address the node holds on every pod veth, instead of
+// proxy ARP.
 //
 // The node network is the subnet of the node's primary address, on a
 // bridge in the router's namespace. Routes are per address, not per
@@ -64,7 +71,53 @@ const (
 	podGateway = "169.254.1.1"
 	// trapPort is where the router's trap listens (TCP and UDP).
 	trapPort = 9999
+
+	// The IPv6 twins of the above (documentation range).
+	extLinkRouter6 = "2001:db8:ffff::1"
+	extLinkExt6    = "2001:db8:ffff::2"
+	podGateway6    = "fe80::1"
 )
+
+// family is what differs between an IPv4 and an IPv6 case's network.
+type family struct {
+	v6 bool
+	// any is the default route; extRouter and extExt the router--ext link
+	// (a /extBits); standIn returns the i-th stand-in source address.
+	any               netip.Prefix
+	extRouter, extExt netip.Addr
+	extBits           int
+	standIn           func(i int) netip.Addr
+	// ip is the ip(8) family flag, nft the nftables family, and addrType
+	// and match the nftables address type and selector.
+	ip, nft, addrType, match string
+}
+
+var (
+	family4 = family{any: netip.MustParsePrefix("0.0.0.0/0"),
+		extRouter: netip.MustParseAddr(extLinkRouter), extExt: netip.MustParseAddr(extLinkExt), extBits: 30,
+		standIn: func(i int) netip.Addr { return netip.AddrFrom4([4]byte{100, 64, 1, byte(i + 1)}) },
+		ip:      "-4", nft: "ip", addrType: "ipv4_addr", match: "ip"}
+	family6 = family{v6: true, any: netip.MustParsePrefix("::/0"),
+		extRouter: netip.MustParseAddr(extLinkRouter6), extExt: netip.MustParseAddr(extLinkExt6), extBits: 126,
+		standIn: func(i int) netip.Addr {
+			return netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0xff, 0xff, 0, 1, 14: byte(i >> 8), 15: byte(i + 1)})
+		},
+		ip: "-6", nft: "ip6", addrType: "ipv6_addr", match: "ip6"}
+)
+
+// familyOf is the family of case c's network.
+func familyOf(c *flows.Case) family {
+	if c.IPFamily == corev1.IPv6Protocol {
+		return family6
+	}
+	return family4
+}
+
+// of says whether x is of the family.
+func (fm family) of(x netip.Addr) bool { return x.Unmap().Is6() == fm.v6 && x.IsValid() }
+
+// host is x's host prefix (/32 or /128).
+func host(x netip.Addr) netip.Prefix { return netip.PrefixFrom(x, x.BitLen()) }
 
 // addrs is what a case needs placed.
 type addrs struct {
@@ -75,6 +128,7 @@ type addrs struct {
 // place lists where each address of the case lives.
 func place(c *flows.Case) (addrs, error) {
 	var a addrs
+	fm := familyOf(c)
 	add := func(l *[]netip.Addr, x netip.Addr) {
 		if !slices.Contains(*l, x) {
 			*l = append(*l, x)
@@ -96,7 +150,7 @@ func place(c *flows.Case) (addrs, error) {
 				continue
 			}
 			for _, x := range serviceAddrs(o.Service) {
-				if c.Node.IsNodeAddress(x) || c.Placement[x] == flows.PlaceExternal || !x.Is4() {
+				if c.Node.IsNodeAddress(x) || c.Placement[x] == flows.PlaceExternal || !fm.of(x) {
 					continue
 				}
 				add(&a.frontends, x)
@@ -156,6 +210,7 @@ func buildNet(topo *topology.Topology, c *flows.Case) (_ *caseNet, err error) {
 	if len(c.Node.IPs) == 0 {
 		return nil, fmt.Errorf("the node has no primary address")
 	}
+	fm := familyOf(c)
 	n := &caseNet{topo: topo, pods: map[netip.Addr]*topology.NS{}, nodeIP: c.Node.IPs[0],
 		standIn: map[netip.Addr]netip.Addr{}, frontends: a.frontends}
 	var nodeNet netip.Prefix
@@ -193,17 +248,37 @@ func buildNet(topo *topology.Topology, c *flows.Case) (_ *caseNet, err error) {
 			first = err
 		}
 	}
+	// IPv6: no duplicate address detection on the links to come. Until
+	// it ends (a second or two) a link's own link-local address is
+	// tentative, and the kernel sends no neighbour solicitation for
+	// packets it forwards out of that link.
+	addNS := func(name string) (*topology.NS, error) {
+		ns, err := topo.AddNS(name)
+		if err == nil && fm.v6 {
+			for _, conf := range []string{"all", "default"} {
+				if err = ns.Sysctl("net/ipv6/conf/"+conf+"/accept_dad", "0"); err != nil {
+					break
+				}
+			}
+		}
+		return ns, err
+	}
 	nss := map[string]**topology.NS{"node": &n.node, "router": &n.router, "other": &n.other, "ext": &n.ext}
 	for _, name := range []string{"node", "router", "other", "ext"} {
-		if *nss[name], err = topo.AddNS(name); err != nil {
+		if *nss[name], err = addNS(name); err != nil {
 			return nil, err
 		}
 	}
-	pfx := func(x netip.Addr) netip.Prefix { return netip.PrefixFrom(x, 32) }
+	pfx := host
 	bits := nodeNet.Bits()
 
 	// The node network.
 	do(n.router.AddBridge("br0"))
+	if fm.v6 {
+		// The trap's proxy NDP (buildTrap), answering at once.
+		do(n.router.Sysctl("net/ipv6/conf/br0/proxy_ndp", "1"))
+		do(n.router.Sysctl("net/ipv6/neigh/br0/proxy_delay", "0"))
+	}
 	do(n.router.AddAddr("br0", netip.PrefixFrom(n.routerIP, bits)))
 	do(topo.Veth(n.router, "n0", n.node, "eth0"))
 	do(topo.Veth(n.router, "o0", n.other, "eth0"))
@@ -216,39 +291,47 @@ func buildNet(topo *topology.Topology, c *flows.Case) (_ *caseNet, err error) {
 
 	// The external side.
 	do(topo.Veth(n.router, "x0", n.ext, "eth0"))
-	extRouter, extExt := netip.MustParseAddr(extLinkRouter), netip.MustParseAddr(extLinkExt)
-	do(n.router.AddAddr("x0", netip.PrefixFrom(extRouter, 30)))
-	do(n.ext.AddAddr("eth0", netip.PrefixFrom(extExt, 30)))
-	do(n.ext.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), extRouter))
+	extRouter, extExt := fm.extRouter, fm.extExt
+	do(n.router.AddAddr("x0", netip.PrefixFrom(extRouter, fm.extBits)))
+	do(n.ext.AddAddr("eth0", netip.PrefixFrom(extExt, fm.extBits)))
+	do(n.ext.AddRoute(fm.any, extRouter))
 	for _, x := range a.extHeld {
 		do(n.ext.AddAddr("lo", pfx(x)))
 		do(n.router.AddRoute(pfx(x), extExt))
 	}
 	var snat strings.Builder
 	for i, x := range a.standIn {
-		s := netip.AddrFrom4([4]byte{100, 64, 1, byte(i + 1)})
+		s := fm.standIn(i)
 		n.standIn[x] = s
 		do(n.ext.AddAddr("lo", pfx(s)))
 		do(n.router.AddRoute(pfx(s), extExt))
-		fmt.Fprintf(&snat, "  ip saddr %s snat to %s\n", s, x)
+		fmt.Fprintf(&snat, "  %s saddr %s snat to %s\n", fm.match, s, x)
 	}
 
 	// Pods behind the node.
 	gw := netip.MustParseAddr(podGateway)
+	if fm.v6 {
+		gw = netip.MustParseAddr(podGateway6)
+	}
 	for i, x := range a.local {
-		pod, err := topo.AddNS(fmt.Sprintf("pod%d", i+1))
+		pod, err := addNS(fmt.Sprintf("pod%d", i+1))
 		if err != nil {
 			return nil, err
 		}
 		dev := fmt.Sprintf("p%d", i+1)
 		do(topo.Veth(n.node, dev, pod, "eth0"))
 		do(pod.AddAddr("eth0", pfx(x)))
-		do(pod.AddRouteDev(pfx(gw), "eth0"))
-		do(pod.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), gw))
-		do(n.node.Sysctl("net/ipv4/conf/"+dev+"/proxy_arp", "1"))
-		// Proxy ARP answers after a random delay of up to proxy_delay
-		// (0.8 s by default): a pod's first packet would wait that long.
-		do(n.node.Sysctl("net/ipv4/neigh/"+dev+"/proxy_delay", "0"))
+		if fm.v6 {
+			do(n.node.AddAddr(dev, netip.PrefixFrom(gw, 64)))
+			do(pod.Run(context.Background(), "ip", "-6", "route", "add", "default", "via", gw.String(), "dev", "eth0"))
+		} else {
+			do(pod.AddRouteDev(pfx(gw), "eth0"))
+			do(pod.AddRoute(fm.any, gw))
+			do(n.node.Sysctl("net/ipv4/conf/"+dev+"/proxy_arp", "1"))
+			// Proxy ARP answers after a random delay of up to proxy_delay
+			// (0.8 s by default): a pod's first packet would wait that long.
+			do(n.node.Sysctl("net/ipv4/neigh/"+dev+"/proxy_delay", "0"))
+		}
 		do(n.node.AddRouteDev(pfx(x), dev))
 		n.pods[x] = pod
 		n.podDevs = append(n.podDevs, dev)
@@ -271,24 +354,27 @@ func buildNet(topo *topology.Topology, c *flows.Case) (_ *caseNet, err error) {
 	for _, x := range a.frontends {
 		viaNode = append(viaNode, pfx(x))
 	}
-	if sc := c.Node.ServiceCIDR; sc.IsValid() && sc.Addr().Is4() {
+	if sc := c.Node.ServiceCIDR; sc.IsValid() && fm.of(sc.Addr()) {
 		viaNode = append(viaNode, sc.Masked())
 	}
 	for _, p := range slices.CompactFunc(viaNode, func(a, b netip.Prefix) bool { return a == b }) {
 		do(n.router.AddRoute(p, n.nodeIP))
 		do(n.other.AddRoute(p, n.nodeIP))
 	}
-	def := netip.MustParsePrefix("0.0.0.0/0")
-	do(n.node.AddRoute(def, n.routerIP))
-	do(n.other.AddRoute(def, n.routerIP))
+	do(n.node.AddRoute(fm.any, n.routerIP))
+	do(n.other.AddRoute(fm.any, n.routerIP))
+	forward := "net/ipv4/ip_forward"
+	if fm.v6 {
+		forward = "net/ipv6/conf/all/forwarding"
+	}
 	for _, x := range []*topology.NS{n.node, n.router} {
-		do(x.Sysctl("net/ipv4/ip_forward", "1"))
+		do(x.Sysctl(forward, "1"))
 	}
 
 	// The trap, and the stand-ins' source NAT.
 	do(n.buildTrap(c))
 	if snat.Len() > 0 {
-		do(nft(n.router, "table ip standin {\n chain post {\n  type nat hook postrouting priority srcnat;\n"+snat.String()+" }\n}\n"))
+		do(nft(n.router, "table "+fm.nft+" standin {\n chain post {\n  type nat hook postrouting priority srcnat;\n"+snat.String()+" }\n}\n"))
 	}
 	if first != nil {
 		return nil, first
@@ -310,20 +396,29 @@ func buildNet(topo *topology.Topology, c *flows.Case) (_ *caseNet, err error) {
 // ins' connections, whose source NAT needs it.
 func (n *caseNet) buildTrap(c *flows.Case) error {
 	ctx := context.Background()
-	if err := n.router.Run(ctx, "ip", "rule", "add", "iif", "br0", "lookup", "100", "pref", "100"); err != nil {
+	fm := familyOf(c)
+	if err := n.router.Run(ctx, "ip", fm.ip, "rule", "add", "iif", "br0", "lookup", "100", "pref", "100"); err != nil {
 		return err
 	}
 	var frontends, standIns []string
 	add := func(p netip.Prefix) error {
 		frontends = append(frontends, p.String())
-		return n.router.Run(ctx, "ip", "route", "add", "local", p.String(), "dev", "lo", "table", "100")
+		return n.router.Run(ctx, "ip", fm.ip, "route", "add", "local", p.String(), "dev", "lo", "table", "100")
 	}
 	for _, x := range n.frontends {
-		if err := add(netip.PrefixFrom(x, 32)); err != nil {
+		if err := add(host(x)); err != nil {
 			return err
 		}
+		// IPv6 neighbour discovery answers only for assigned and proxied
+		// addresses (local routes are not enough, as they are for ARP):
+		// proxy the frontends, for those on the node's own subnets.
+		if fm.v6 {
+			if err := n.router.Run(ctx, "ip", "-6", "neigh", "add", "proxy", x.String(), "dev", "br0"); err != nil {
+				return err
+			}
+		}
 	}
-	if sc := c.Node.ServiceCIDR; sc.IsValid() && sc.Addr().Is4() {
+	if sc := c.Node.ServiceCIDR; sc.IsValid() && fm.of(sc.Addr()) {
 		if err := add(sc.Masked()); err != nil {
 			return err
 		}
@@ -332,20 +427,20 @@ func (n *caseNet) buildTrap(c *flows.Case) error {
 		standIns = append(standIns, s.String())
 	}
 	slices.Sort(standIns)
-	rules := fmt.Sprintf(`table ip trap {
- set frontends { type ipv4_addr; flags interval; auto-merge;%s }
- set standins { type ipv4_addr;%s }
+	rules := fmt.Sprintf(`table %[1]s trap {
+ set frontends { type %[2]s; flags interval; auto-merge;%[4]s }
+ set standins { type %[2]s;%[5]s }
  chain raw {
   type filter hook prerouting priority raw;
-  iifname "x0" ip saddr != @standins notrack
+  iifname "x0" %[3]s saddr != @standins notrack
  }
  chain pre {
   type nat hook prerouting priority dstnat;
-  iifname "br0" ip daddr @frontends meta l4proto tcp redirect to :%d
-  iifname "br0" ip daddr @frontends meta l4proto udp redirect to :%d
+  iifname "br0" %[3]s daddr @frontends meta l4proto tcp redirect to :%[6]d
+  iifname "br0" %[3]s daddr @frontends meta l4proto udp redirect to :%[6]d
  }
 }
-`, elements(frontends), elements(standIns), trapPort, trapPort)
+`, fm.nft, fm.addrType, fm.match, elements(frontends), elements(standIns), trapPort)
 	return nft(n.router, rules)
 }
 

@@ -132,6 +132,7 @@ type Summary struct {
 	Run, Pass, Skipped   int
 	Ported, PortedPass   int
 	Derived, DerivedPass int
+	IPv6, IPv6Pass       int            // flows of IPv6 cases (the rest are IPv4)
 	Unsupported          map[string]int // flows run without a flag
 	UnsupportedPass      int
 	Classes              map[string]int
@@ -151,6 +152,9 @@ func Summarize(results []*FlowResult) Summary {
 		} else {
 			s.Ported++
 		}
+		if r.IPv6 {
+			s.IPv6++
+		}
 		for _, f := range r.Unsupported {
 			s.Unsupported[f]++
 		}
@@ -160,6 +164,9 @@ func Summarize(results []*FlowResult) Summary {
 				s.DerivedPass++
 			} else {
 				s.PortedPass++
+			}
+			if r.IPv6 {
+				s.IPv6Pass++
 			}
 			if len(r.Unsupported) > 0 {
 				s.UnsupportedPass++
@@ -173,8 +180,8 @@ func Summarize(results []*FlowResult) Summary {
 
 // Line is the run's one-line summary.
 func (s Summary) Line() string {
-	return fmt.Sprintf("%d of %d IPv4 flows get the expected answer (kube-proxy's, or a documented deviation): %d of %d ported from kube-proxy, %d of %d derived; %d skipped",
-		s.Pass, s.Run, s.PortedPass, s.Ported, s.DerivedPass, s.Derived, s.Skipped)
+	return fmt.Sprintf("%d of %d flows get the expected answer (kube-proxy's, or a documented deviation): %d of %d ported from kube-proxy, %d of %d derived; %d of %d IPv4, %d of %d IPv6; %d skipped",
+		s.Pass, s.Run, s.PortedPass, s.Ported, s.DerivedPass, s.Derived, s.Pass-s.IPv6Pass, s.Run-s.IPv6, s.IPv6Pass, s.IPv6, s.Skipped)
 }
 
 // expectKind is the kind of answer a flow expects.

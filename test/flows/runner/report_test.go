@@ -64,19 +64,21 @@ func TestReport(t *testing.T) {
 		{ID: "f/c/a", Case: "f/c", Step: "initial", Flow: "a", Expected: "[10.0.0.1:80] masquerade=false", Observed: "x", Pass: true, Unsupported: []string{"--cluster-cidr"}},
 		{ID: "f/c/b", Case: "f/c", Step: "initial", Flow: "b | pipe", Expected: "DROP", Observed: "REJECT", Class: "got REJECT", Why: "got REJECT", Unsupported: []string{"--cluster-cidr"}},
 		{ID: "f/c/c", Case: "f/c", Step: "initial", Flow: "c", Expected: "REJECT", Skip: "SCTP", Derived: true},
+		{ID: "f/c6/a", Case: "f/c6", Step: "initial", Flow: "a", Expected: "REJECT", Observed: "REJECT", Pass: true, Derived: true, IPv6: true},
+		{ID: "f/c6/b", Case: "f/c6", Step: "initial", Flow: "b", Expected: "REJECT", Observed: "DROP", Class: "got DROP", Derived: true, IPv6: true},
 	}
 	s := Summarize(results)
-	if s.Run != 2 || s.Pass != 1 || s.Skipped != 1 || s.Classes["want DROP: got REJECT"] != 1 || s.Unsupported["--cluster-cidr"] != 2 {
+	if s.Run != 4 || s.Pass != 2 || s.Skipped != 1 || s.IPv6 != 2 || s.IPv6Pass != 1 || s.Classes["want DROP: got REJECT"] != 1 || s.Unsupported["--cluster-cidr"] != 2 {
 		t.Errorf("Summarize = %+v", s)
 	}
-	if want := "1 of 2 IPv4 flows get the expected answer"; !strings.HasPrefix(s.Line(), want) {
+	if want := "2 of 4 flows get the expected answer (kube-proxy's, or a documented deviation): 1 of 2 ported from kube-proxy, 1 of 2 derived; 1 of 2 IPv4, 1 of 2 IPv6; 1 skipped"; s.Line() != want {
 		t.Errorf("Line = %q", s.Line())
 	}
 	var b bytes.Buffer
 	if err := WriteReport(&b, "header", results); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"**1 of 2 IPv4 flows", "| want DROP: got REJECT | 1 |", `b \| pipe`, "skipped: SCTP", "Run without `--cluster-cidr`"} {
+	for _, want := range []string{"**2 of 4 flows", "| want DROP: got REJECT | 1 |", `b \| pipe`, "skipped: SCTP", "Run without `--cluster-cidr`"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, b.String())
 		}

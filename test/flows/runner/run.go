@@ -39,6 +39,8 @@ type FlowResult struct {
 	Unsupported []string
 	Derived     bool
 	Deviation   bool
+	// IPv6 is set for the flows of an IPv6 case.
+	IPv6 bool
 }
 
 const (
@@ -138,8 +140,9 @@ func (r *caseRun) setUp(topo *topology.Topology) error {
 		}
 	}
 	// The trap catches whatever the node forwards untranslated.
-	for _, network := range []string{"tcp4", "udp4"} {
-		if _, err := n.router.ServeReport(network, netip.AddrPortFrom(netip.IPv4Unspecified(), trapPort), trapName, r.seen); err != nil {
+	for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
+		wild := unspecified(r.net.nodeIP)
+		if _, err := n.router.ServeReport(network(proto, wild), netip.AddrPortFrom(wild, trapPort), trapName, r.seen); err != nil {
 			return err
 		}
 	}
@@ -203,7 +206,7 @@ func endpointListeners(sl *discoveryv1.EndpointSlice) []listenKey {
 	for _, ep := range sl.Endpoints {
 		for _, s := range ep.Addresses {
 			a, err := flows.ParseAddr(s)
-			if err != nil || !a.Is4() {
+			if err != nil {
 				continue
 			}
 			for _, p := range sl.Ports {
@@ -214,11 +217,10 @@ func endpointListeners(sl *discoveryv1.EndpointSlice) []listenKey {
 				if p.Protocol != nil && *p.Protocol != "" {
 					proto = *p.Protocol
 				}
-				network := map[corev1.Protocol]string{corev1.ProtocolTCP: "tcp4", corev1.ProtocolUDP: "udp4"}[proto]
-				if network == "" {
+				if proto != corev1.ProtocolTCP && proto != corev1.ProtocolUDP {
 					continue // SCTP: out of scope
 				}
-				out = append(out, listenKey{network, netip.AddrPortFrom(a, uint16(*p.Port))})
+				out = append(out, listenKey{network(proto, a), netip.AddrPortFrom(a, uint16(*p.Port))})
 			}
 		}
 	}
@@ -392,7 +394,7 @@ func (r *caseRun) startSinks(st *flows.Step) ([]*topology.Server, map[listenKey]
 		name := sinkName
 		switch {
 		case r.c.Node.IsNodeAddress(dst) || dst.IsLoopback():
-			k = listenKey{networkOf(f), netip.AddrPortFrom(netip.IPv4Unspecified(), f.Destination.Port)}
+			k = listenKey{networkOf(f), netip.AddrPortFrom(unspecified(dst), f.Destination.Port)}
 			if hcPorts[f.Destination.Port] {
 				// The agent's health-check server listens on the
 				// port, on the nodeport addresses: a flow that
@@ -447,16 +449,33 @@ func (r *caseRun) sinkErr(f *flows.Flow, errs map[listenKey]error) error {
 		return err // a sink on the destination itself (see startSinks)
 	}
 	if r.c.Node.IsNodeAddress(f.Destination.IP) || f.Destination.IP.IsLoopback() {
-		addr = netip.AddrPortFrom(netip.IPv4Unspecified(), f.Destination.Port)
+		addr = netip.AddrPortFrom(unspecified(f.Destination.IP), f.Destination.Port)
 	}
 	return errs[listenKey{networkOf(f), addr}]
 }
 
-func networkOf(f *flows.Flow) string {
-	if f.Protocol == corev1.ProtocolUDP {
-		return "udp4"
+// networkOf is the network f is probed over.
+func networkOf(f *flows.Flow) string { return network(f.Protocol, f.Destination.IP) }
+
+// network is the Go network of protocol proto (UDP, else TCP) to or from
+// address a: tcp4, udp4, tcp6 or udp6.
+func network(proto corev1.Protocol, a netip.Addr) string {
+	n := "tcp"
+	if proto == corev1.ProtocolUDP {
+		n = "udp"
 	}
-	return "tcp4"
+	if a.Unmap().Is6() {
+		return n + "6"
+	}
+	return n + "4"
+}
+
+// unspecified is the wildcard address of a's family.
+func unspecified(a netip.Addr) netip.Addr {
+	if a.Unmap().Is6() {
+		return netip.IPv6Unspecified()
+	}
+	return netip.IPv4Unspecified()
 }
 
 // runFlow runs one flow and judges it.
@@ -467,11 +486,12 @@ func (r *caseRun) runFlow(st *flows.Step, f *flows.Flow, sinkErrs map[listenKey]
 		Step:        st.Name,
 		Flow:        f.Name,
 		Source:      f.Source.Kind + " " + f.Source.IP.String(),
-		Destination: fmt.Sprintf("%s %s:%d", f.Protocol, f.Destination.IP, f.Destination.Port),
+		Destination: fmt.Sprintf("%s %s", f.Protocol, netip.AddrPortFrom(f.Destination.IP, f.Destination.Port)),
 		Expected:    f.Expect.String(),
 		Unsupported: r.dropped,
 		Derived:     r.c.Derived != "",
 		Deviation:   f.Deviation != "",
+		IPv6:        r.c.IPFamily == corev1.IPv6Protocol,
 	}
 	switch {
 	case f.Skip != "":
@@ -552,12 +572,12 @@ func (r *caseRun) lookupNow(p topology.Probe) (topology.Seen, bool) {
 	if seen := r.seen.Lookup(p.Token); len(seen) > 0 {
 		return seen[0], true
 	}
-	if p.Network != "tcp4" || p.Src.Port() == 0 {
+	if !strings.HasPrefix(p.Network, "tcp") || p.Src.Port() == 0 {
 		return topology.Seen{}, false
 	}
 	for _, c := range r.captures {
 		syns := c.Match(func(s topology.SYN) bool {
-			return s.Src.Port() == p.Src.Port() && r.listeners[listenKey{"tcp4", s.Dst}]
+			return s.Src.Port() == p.Src.Port() && r.listeners[listenKey{network(corev1.ProtocolTCP, s.Dst.Addr()), s.Dst}]
 		})
 		if len(syns) > 0 {
 			return topology.Seen{Name: endpointName, Local: syns[0].Dst, Peer: syns[0].Src}, true

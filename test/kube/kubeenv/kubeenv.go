@@ -53,8 +53,15 @@ import (
 // (RFC 5737) that exists nowhere. Nothing is ever sent to it.
 const AdvertiseAddress = "192.0.2.1"
 
-// ServiceCIDR is the range ClusterIPs are allocated from.
-const ServiceCIDR = "10.96.0.0/16"
+// ServiceCIDR is the range ClusterIPs are allocated from, ServiceCIDR6 the
+// IPv6 one beside it: the cluster is dual stack with IPv4 primary, so a
+// Service gets an IPv4 ClusterIP unless its ipFamilyPolicy or ipFamilies
+// ask for IPv6 (a /112: the apiserver has long refused IPv6 ranges wider
+// than /108).
+const (
+	ServiceCIDR  = "10.96.0.0/16"
+	ServiceCIDR6 = "2001:db8:96::/112"
+)
 
 // Env is one etcd plus one kube-apiserver.
 type Env struct {
@@ -196,7 +203,7 @@ func StartWith(t testing.TB, o Options) *Env {
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file=" + saKey,
 		"--service-account-signing-key-file=" + saKey,
-		"--service-cluster-ip-range=" + ServiceCIDR,
+		"--service-cluster-ip-range=" + ServiceCIDR + "," + ServiceCIDR6,
 		"--enable-priority-and-fairness=false",
 		// The endpoints of default/kubernetes stay empty: a stopping
 		// apiserver would otherwise remove its own endpoint and a

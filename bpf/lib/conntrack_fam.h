@@ -1,0 +1,736 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The family-dependent half of conntrack.h (its design is there), a
+ * template (family.h) that conntrack.h includes once per family:
+ * LB_FAMILY 4 defines ct_create and the rest over sluice_conntrack_v2 and
+ * sluice_ct_new_v1, LB_FAMILY 6 their twins ct_create6, ... over
+ * sluice6_conntrack_v1 and sluice6_ct_new_v1. No include guard, on
+ * purpose.
+ */
+/*
+ * ct_refresh - push the expiry of the live entry @e to @now plus its
+ * lifetime, if that moves it forward by CT_REFRESH_NS or more. Returns
+ * whether it stored.
+ */
+static __always_inline bool FN(ct_refresh)(FAM(ct_entry_t) *e, __u8 proto,
+					   __u64 now)
+{
+	__u64 seen = READ_ONCE(e->expires);
+	__u64 want;
+
+	if (!ct_alive(seen, now))
+		return false;
+	want = now + ct_lifetime(proto, READ_ONCE(e->flags));
+	if ((__s64)(want - seen) < (__s64)CT_REFRESH_NS)
+		return false;
+	return __sync_val_compare_and_swap(&e->expires, seen, want) == seen;
+}
+
+/*
+ * ct_mark - set @bits in the flags of @e atomically (the two ends of a
+ * flow closing at once on two CPUs must both leave their mark), and bring
+ * its expiry forward to the close timeout if this closes the flow.
+ */
+static __always_inline void FN(ct_mark)(FAM(ct_entry_t) *e, __u32 bits,
+					__u8 proto, __u64 now)
+{
+	__u32 old;
+	__u64 seen, want;
+
+	if ((READ_ONCE(e->flags) & bits) == bits)
+		return;
+	old = __sync_fetch_and_or(&e->flags, bits);
+	if (proto != IPPROTO_TCP || ct_closed(old) || !ct_closed(old | bits))
+		return;
+	seen = READ_ONCE(e->expires);
+	want = now + ct_timeout_close_ns;
+	if (ct_alive(seen, now) && (__s64)(want - seen) < 0)
+		__sync_val_compare_and_swap(&e->expires, seen, want);
+}
+
+/*
+ * ct_reap - delete @e, found under @key in @map, if its expiry is still
+ * @seen: claim it by a compare-and-swap to CT_DEAD first, so that of two
+ * deleters only one deletes, and an entry that was refreshed since is
+ * left alone. Returns whether this call deleted it.
+ */
+static __always_inline bool FN(ct_reap)(void *map, const FAM(ct_key_t) *key,
+					FAM(ct_entry_t) *e, __u64 seen)
+{
+	if (seen == CT_DEAD ||
+	    __sync_val_compare_and_swap(&e->expires, seen, CT_DEAD) != seen)
+		return false;
+	bpf_map_delete_elem(map, key);
+	return true;
+}
+
+/* ct_reap_now - ct_reap whatever @e's expiry is (a flow ended on purpose). */
+static __always_inline bool FN(ct_reap_now)(void *map, const FAM(ct_key_t) *key,
+					    FAM(ct_entry_t) *e)
+{
+	if (__sync_lock_test_and_set(&e->expires, CT_DEAD) == CT_DEAD)
+		return false;
+	bpf_map_delete_elem(map, key);
+	return true;
+}
+
+/* ct_key_of - the conntrack key of @p's packet as it is on the wire. */
+static __always_inline void FN(ct_key_of)(FAM(ct_key_t) *key,
+					  const FAM(pkt_t) *p, __u8 dir)
+{
+	key->saddr = p->saddr;
+	key->daddr = p->daddr;
+	key->sport = p->sport;
+	key->dport = p->dport;
+	key->proto = p->proto;
+	key->dir = dir;
+	key->pad = 0;
+}
+
+/*
+ * ct_peer_key - the key of the other direction's entry of the flow @e
+ * (found under @key) belongs to.
+ */
+static __always_inline void FN(ct_peer_key)(FAM(ct_key_t) *peer,
+					    const FAM(ct_key_t) *key,
+					    const FAM(ct_entry_t) *e)
+{
+	bool snat = e->flags & CT_F_SNAT;
+
+	peer->proto = key->proto;
+	peer->pad = 0;
+	if (key->dir == CT_FORWARD) {
+		/* <C -> F> names B (and N:sp): the reply, <B -> N:sp or C>. */
+		peer->dir = CT_REVERSE;
+		peer->saddr = e->nat_addr;
+		peer->sport = e->nat_port;
+		peer->daddr = snat ? e->snat_addr : key->saddr;
+		peer->dport = snat ? e->snat_port : key->sport;
+	} else {
+		/* <B -> X> names F (and C): the request is <C -> F>. */
+		peer->dir = CT_FORWARD;
+		peer->saddr = snat ? e->snat_addr : key->daddr;
+		peer->sport = snat ? e->snat_port : key->dport;
+		peer->daddr = e->nat_addr;
+		peer->dport = e->nat_port;
+	}
+}
+
+/*
+ * ct_is_peer - whether @pe, found under the ct_peer_key of @e (under
+ * @key), is the other entry of the same flow: it names back what @key
+ * holds. A tuple reused by a new flow to another backend, say, leaves the
+ * old flow's reply entry <B_old -> C> naming the frontend of a forward
+ * entry <C -> F> that now names B_new: they are no longer one flow.
+ */
+static __always_inline bool FN(ct_is_peer)(const FAM(ct_key_t) *key,
+					   const FAM(ct_entry_t) *e,
+					   const FAM(ct_entry_t) *pe)
+{
+	bool snat = e->flags & CT_F_SNAT;
+
+	if ((pe->flags ^ e->flags) & CT_F_SNAT)
+		return false;
+	if (key->dir == CT_FORWARD)
+		return FAM(addr_eq)(pe->nat_addr, key->daddr) &&
+		       pe->nat_port == key->dport &&
+		       (!snat || (FAM(addr_eq)(pe->snat_addr, key->saddr) &&
+				  pe->snat_port == key->sport));
+	return FAM(addr_eq)(pe->nat_addr, key->saddr) &&
+	       pe->nat_port == key->sport &&
+	       (!snat || (FAM(addr_eq)(pe->snat_addr, key->daddr) &&
+			  pe->snat_port == key->dport));
+}
+
+/*
+ * ct_find - the live entry under @key: the established one, else the
+ * half-open one (@half_open says which), or NULL.
+ */
+static __always_inline FAM(ct_entry_t) *FN(ct_find)(const FAM(ct_key_t) *key,
+						    __u64 now, bool *half_open)
+{
+	FAM(ct_entry_t) *e = bpf_map_lookup_elem(FAM(ct_est), key);
+
+	*half_open = false;
+	if (e && ct_alive(READ_ONCE(e->expires), now))
+		return e;
+	e = bpf_map_lookup_elem(FAM(ct_new), key);
+	if (e && ct_alive(READ_ONCE(e->expires), now)) {
+		*half_open = true;
+		return e;
+	}
+	return NULL;
+}
+
+/*
+ * ct_peer - the live other entry of the flow of @e (under @key), or NULL;
+ * its key in @pkey.
+ */
+static __always_inline FAM(ct_entry_t) *FN(ct_peer)(const FAM(ct_key_t) *key,
+						    const FAM(ct_entry_t) *e,
+						    __u64 now,
+						    FAM(ct_key_t) *pkey)
+{
+	FAM(ct_entry_t) *pe;
+	bool half_open;
+
+	FN(ct_peer_key)(pkey, key, e);
+	pe = FN(ct_find)(pkey, now, &half_open);
+	if (!pe || !FN(ct_is_peer)(key, e, pe))
+		return NULL;
+	return pe;
+}
+
+/*
+ * ct_touch - refresh @e (under @key) and, when that stored, the other
+ * entry of its flow too, so that a flow whose packets go one way only
+ * (a server pushing UDP) keeps both.
+ */
+static __always_inline void FN(ct_touch)(const FAM(ct_key_t) *key,
+					 FAM(ct_entry_t) *e, __u64 now)
+{
+	FAM(ct_key_t) pkey;
+	FAM(ct_entry_t) *pe;
+
+	if (!FN(ct_refresh)(e, key->proto, now))
+		return;
+	pe = FN(ct_peer)(key, e, now, &pkey);
+	if (pe)
+		FN(ct_refresh)(pe, key->proto, now);
+}
+
+/*
+ * ct_fwd_usable - whether the live forward entry @fwd still decides where
+ * @p, a packet of its flow, goes. tc and XDP both follow this rule, so a
+ * flow may move between them. @gone is set if the entry's backend has
+ * left (its id is missing or names another address).
+ *
+ * A UDP "flow" has no end: once its backend is gone, it is re-balanced
+ * rather than sent into the void. TCP keeps its backend, as kube-proxy
+ * keeps established connections (a terminating endpoint drains them); but
+ * a new connection (a pure SYN) on the tuple of a closed flow, or of one
+ * whose backend is gone (a client that crashed and reuses its port),
+ * starts afresh.
+ */
+static __always_inline bool FN(ct_fwd_usable)(const FAM(ct_entry_t) *fwd,
+					      const FAM(pkt_t) *p, bool *gone)
+{
+	const FAM(lb_backend) *be = FN(lookup_backend)(fwd->backend_id);
+
+	*gone = !be || !FAM(addr_eq)(be->addr, fwd->nat_addr) ||
+		be->port != fwd->nat_port;
+	if (p->proto == IPPROTO_UDP)
+		return !*gone;
+	if (p->proto == IPPROTO_TCP &&
+	    (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN &&
+	    (*gone || ct_closed(READ_ONCE(fwd->flags))))
+		return false;
+	return true;
+}
+
+/*
+ * ct_track_tcp - note a FIN or RST of @p (a packet of the flow @e, found
+ * under @key) in both of the flow's entries. The other entry is marked only
+ * if it is this flow's (ct_is_peer): a straggler of an old flow on a reused
+ * tuple, or a RST from a backend the flow does not use, must not close the
+ * flow that now holds the tuple.
+ */
+static __always_inline void FN(ct_track_tcp)(const FAM(pkt_t) *p,
+					     const FAM(ct_key_t) *key,
+					     FAM(ct_entry_t) *e, __u64 now)
+{
+	FAM(ct_key_t) pkey;
+	FAM(ct_entry_t) *pe;
+	__u32 bits;
+
+	if (FAM(pkt_dry)(p) || p->proto != IPPROTO_TCP ||
+	    !(p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
+		return;
+	if (p->tcp_flags & TCP_FLAG_RST)
+		bits = CT_F_RST;
+	else
+		bits = key->dir == CT_FORWARD ? CT_F_FIN_FWD : CT_F_FIN_REV;
+	FN(ct_mark)(e, bits, p->proto, now);
+	pe = FN(ct_peer)(key, e, now, &pkey);
+	if (pe)
+		FN(ct_mark)(pe, bits, p->proto, now);
+}
+
+/*
+ * ct_est_insert - insert @val under @key into sluice_conntrack, deleting a
+ * dead entry in the way (ct_reap); with @keep_peer, not one whose flow's
+ * other entry is alive (the GC's rule, for port reservations: the flow
+ * still sends from that port). Returns 0, -EEXIST if a live entry (or one
+ * kept, or claimed by another deleter) holds the key, or another negative
+ * error (-E2BIG: the table is full).
+ */
+static __always_inline int FN(ct_est_insert)(const FAM(ct_key_t) *key,
+					     const FAM(ct_entry_t) *val,
+					     __u64 now, bool keep_peer)
+{
+	FAM(ct_entry_t) *old;
+	FAM(ct_key_t) pkey;
+	__u64 seen;
+	int err;
+
+	err = bpf_map_update_elem(FAM(ct_est), key, val, BPF_NOEXIST);
+	if (err != -EEXIST)
+		return err;
+	old = bpf_map_lookup_elem(FAM(ct_est), key);
+	if (old) {
+		seen = READ_ONCE(old->expires);
+		if (ct_alive(seen, now) ||
+		    (keep_peer && FN(ct_peer)(key, old, now, &pkey)) ||
+		    !FN(ct_reap)(FAM(ct_est), key, old, seen))
+			return -EEXIST;
+	}
+	return bpf_map_update_elem(FAM(ct_est), key, val, BPF_NOEXIST);
+}
+
+/*
+ * ct_est_free - whether ct_est_insert under @key would succeed, asked by a
+ * dry run (explain.h), which inserts nothing: 0 or -EEXIST. A full table
+ * is not foreseen.
+ */
+static __always_inline int FN(ct_est_free)(const FAM(ct_key_t) *key, __u64 now,
+					   bool keep_peer)
+{
+	FAM(ct_entry_t) *old = bpf_map_lookup_elem(FAM(ct_est), key);
+	FAM(ct_key_t) pkey;
+
+	if (old && (ct_alive(READ_ONCE(old->expires), now) ||
+		    (keep_peer && FN(ct_peer)(key, old, now, &pkey))))
+		return -EEXIST;
+	return 0;
+}
+
+/*
+ * ct_est_same - whether the live entry under @key in sluice_conntrack is
+ * @want (as another CPU promoting the same flow would have written it).
+ */
+static __always_inline bool FN(ct_est_same)(const FAM(ct_key_t) *key,
+					    const FAM(ct_entry_t) *want,
+					    __u64 now)
+{
+	FAM(ct_entry_t) *e = bpf_map_lookup_elem(FAM(ct_est), key);
+
+	return e && ct_alive(READ_ONCE(e->expires), now) &&
+	       FAM(addr_eq)(e->nat_addr, want->nat_addr) &&
+	       e->nat_port == want->nat_port &&
+	       FAM(addr_eq)(e->snat_addr, want->snat_addr) &&
+	       e->snat_port == want->snat_port;
+}
+
+/*
+ * ct_supersede_in - ct_supersede for the forward entry under @fkey in @map
+ * (sluice_conntrack or sluice_ct_new).
+ */
+static __always_inline void FN(ct_supersede_in)(void *map,
+						const FAM(ct_key_t) *fkey)
+{
+	FAM(ct_entry_t) *old, *pe;
+	FAM(ct_key_t) pkey;
+
+	old = bpf_map_lookup_elem(map, fkey);
+	if (!old)
+		return;
+	FN(ct_peer_key)(&pkey, fkey, old);
+	pe = bpf_map_lookup_elem(FAM(ct_est), &pkey);
+	if (pe && FN(ct_is_peer)(fkey, old, pe))
+		FN(ct_reap_now)(FAM(ct_est), &pkey, pe);
+	pe = bpf_map_lookup_elem(FAM(ct_new), &pkey);
+	if (pe && FN(ct_is_peer)(fkey, old, pe))
+		FN(ct_reap_now)(FAM(ct_new), &pkey, pe);
+	FN(ct_reap_now)(map, fkey, old);
+}
+
+/*
+ * ct_supersede - a new flow takes the tuple @fkey: delete the entries of
+ * an earlier flow on it (the caller found it unusable: closed, or its
+ * backend gone), its forward entry and the reply entry (or port
+ * reservation) that points back at it, so that neither the new flow's
+ * packets nor a straggler of the old backend find them.
+ */
+static __always_inline void FN(ct_supersede)(const FAM(ct_key_t) *fkey)
+{
+	FN(ct_supersede_in)(FAM(ct_est), fkey);
+	FN(ct_supersede_in)(FAM(ct_new), fkey);
+}
+
+/*
+ * ct_create - record a new flow from @p's client to the service, translated
+ * to backend @be (@backend_id) of service @rev_nat_id, as half-open entries
+ * in sluice_ct_new.
+ *
+ * The reply tuple <be -> client> must be free. Linux reuses a source port
+ * towards different destinations, so a client may talk from one port to
+ * two VIPs that share a backend: the reply entry of one would be
+ * overwritten by the other's, and its replies would carry the wrong VIP
+ * (both are the same tuple at the backend, too). So a live reply entry on
+ * the tuple that names another frontend is a clash, left to the caller
+ * (another backend, or a drop). One that names this frontend is an earlier
+ * flow of this very tuple, which this one supersedes.
+ *
+ * Returns 0, CT_CLASH, or a negative map update error.
+ */
+static __always_inline int FN(ct_create)(const FAM(pkt_t) *p,
+					 const FAM(lb_backend) *be,
+					 __u32 backend_id, __u32 rev_nat_id,
+					 __u64 now)
+{
+	FAM(ct_key_t) key = {
+		.saddr = be->addr,
+		.sport = be->port,
+		.daddr = p->saddr,
+		.dport = p->sport,
+		.proto = p->proto,
+		.dir = CT_REVERSE,
+	};
+	FAM(ct_entry_t) e = {
+		.expires = now + ct_lifetime(p->proto, 0),
+		.nat_addr = p->daddr,
+		.nat_port = p->dport,
+		.backend_id = backend_id,
+		.rev_nat_id = rev_nat_id,
+	};
+	FAM(ct_entry_t) *old, *half;
+	__u64 seen = CT_DEAD;
+	int err;
+
+	old = bpf_map_lookup_elem(FAM(ct_est), &key);
+	if (old) {
+		seen = READ_ONCE(old->expires);
+		if (ct_alive(seen, now) &&
+		    (!FAM(addr_eq)(old->nat_addr, p->daddr) ||
+		     old->nat_port != p->dport || (old->flags & CT_F_SNAT)))
+			return CT_CLASH;
+	}
+	half = bpf_map_lookup_elem(FAM(ct_new), &key);
+	if (half && ct_alive(READ_ONCE(half->expires), now) &&
+	    (!FAM(addr_eq)(half->nat_addr, p->daddr) ||
+	     half->nat_port != p->dport))
+		return CT_CLASH;
+	if (FAM(pkt_dry)(p))
+		return 0;
+
+	{
+		FAM(ct_key_t) fkey;
+
+		FN(ct_key_of)(&fkey, p, CT_FORWARD);
+		FN(ct_supersede)(&fkey);
+	}
+	if (old)
+		FN(ct_reap)(FAM(ct_est), &key, old, seen);
+
+	/* Reverse first: a reply never finds a forward entry without it. */
+	err = bpf_map_update_elem(FAM(ct_new), &key, &e, BPF_ANY);
+	if (err < 0)
+		return err;
+	FN(ct_key_of)(&key, p, CT_FORWARD);
+	e.nat_addr = be->addr;
+	e.nat_port = be->port;
+	return bpf_map_update_elem(FAM(ct_new), &key, &e, BPF_ANY);
+}
+
+/*
+ * ct_create_snat - record a flow from @p's client to an external frontend,
+ * translated to remote backend @be and source-NATed to @node: reserve a
+ * source port by inserting the reply entry <be -> node:port> into
+ * sluice_conntrack with BPF_NOEXIST (so no two flows ever share a tuple),
+ * trying up to SNAT_TRIES ports from a random start in [snat_port_min,
+ * snat_port_max], and reclaiming a dead entry in the way. Then record the
+ * forward entry, half-open.
+ *
+ * Returns the reserved port (network order) in @port, and 0; 1 if every
+ * try found a live flow; or a negative map update error (-E2BIG: the
+ * established table is full).
+ */
+#define SNAT_TRIES 32
+
+static __always_inline int
+FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
+		   __u32 backend_id, __u32 rev_nat_id, FAM(addr_t) node,
+		   __u64 now, __be16 *port)
+{
+	FAM(ct_key_t) key = {
+		.saddr = be->addr,
+		.sport = be->port,
+		.daddr = node,
+		.proto = p->proto,
+		.dir = CT_REVERSE,
+	};
+	FAM(ct_entry_t) e = {
+		.expires = now + ct_lifetime(p->proto, CT_F_SNAT),
+		.nat_addr = p->daddr,
+		.nat_port = p->dport,
+		.flags = CT_F_SNAT,
+		.backend_id = backend_id,
+		.rev_nat_id = rev_nat_id,
+		.snat_addr = p->saddr,
+		.snat_port = p->sport,
+	};
+	__u32 lo = snat_port_min, hi = snat_port_max, range, start, i;
+	bool ok = false;
+	int err;
+
+	if (hi < lo)
+		return 1;
+	range = hi - lo + 1;
+	start = bpf_get_prandom_u32();
+	for (i = 0; i < SNAT_TRIES; i++) {
+		key.dport = bpf_htons((__u16)(lo + (start + i) % range));
+		if (FAM(pkt_dry)(p))
+			err = FN(ct_est_free)(&key, now, true);
+		else
+			err = FN(ct_est_insert)(&key, &e, now, true);
+		if (!err) {
+			ok = true;
+			break;
+		}
+		if (err != -EEXIST)
+			return err;
+	}
+	if (!ok)
+		return 1;
+	*port = key.dport;
+	if (FAM(pkt_dry)(p))
+		return 0;
+
+	FN(ct_key_of)(&key, p, CT_FORWARD);
+	FN(ct_supersede)(&key);
+	e.nat_addr = be->addr;
+	e.nat_port = be->port;
+	e.snat_addr = node;
+	e.snat_port = *port;
+	return bpf_map_update_elem(FAM(ct_new), &key, &e, BPF_ANY);
+}
+
+/*
+ * ct_half_open_elsewhere - whether the tuple of the half-open flow whose
+ * reply entry is @rev (under @rkey) is now held by a newer half-open flow
+ * (its forward entry, under @fkey, points elsewhere): a late reply of the
+ * old backend, which must not promote the old flow over the new one.
+ */
+static __always_inline bool
+FN(ct_half_open_elsewhere)(const FAM(ct_key_t) *fkey, const FAM(ct_key_t) *rkey,
+			   const FAM(ct_entry_t) *rev, __u64 now)
+{
+	FAM(ct_entry_t) *f = bpf_map_lookup_elem(FAM(ct_new), fkey);
+
+	return f && ct_alive(READ_ONCE(f->expires), now) &&
+	       !FN(ct_is_peer)(rkey, rev, f);
+}
+
+/*
+ * ct_promote - the first reply of the half-open flow whose reply entry
+ * @rev was found in sluice_ct_new under @rkey: insert both of the flow's
+ * entries into sluice_conntrack (established), then drop the half-open
+ * ones. The forward entry is rebuilt from @rev, which names everything.
+ *
+ * Returns 0, or a negative error: -E2BIG if the table is full (the flow
+ * is refused), -EEXIST if a live entry of another flow holds a key,
+ * -ENOENT if @rev is stale (ct_half_open_elsewhere: it is deleted).
+ */
+static __always_inline int FN(ct_promote)(const FAM(ct_key_t) *rkey,
+					  const FAM(ct_entry_t) *rev, __u64 now)
+{
+	FAM(ct_entry_t) r = *rev, f;
+	FAM(ct_entry_t) *ins;
+	FAM(ct_key_t) fkey;
+	int err;
+
+	FN(ct_peer_key)(&fkey, rkey, &r);
+	if (FN(ct_half_open_elsewhere)(&fkey, rkey, &r, now)) {
+		bpf_map_delete_elem(FAM(ct_new), rkey);
+		return -ENOENT;
+	}
+	r.flags |= CT_F_REPLIED;
+	r.expires = now + ct_lifetime(rkey->proto, r.flags);
+	f = r;
+	f.nat_addr = rkey->saddr;
+	f.nat_port = rkey->sport;
+
+	err = FN(ct_est_insert)(rkey, &r, now, false);
+	if (err == -EEXIST && FN(ct_est_same)(rkey, &r, now))
+		err = 0;
+	if (err)
+		return err;
+	err = FN(ct_est_insert)(&fkey, &f, now, false);
+	if (err == -EEXIST && FN(ct_est_same)(&fkey, &f, now))
+		err = 0;
+	if (err) {
+		ins = bpf_map_lookup_elem(FAM(ct_est), rkey);
+		if (ins)
+			FN(ct_reap)(FAM(ct_est), rkey, ins, r.expires);
+		return err;
+	}
+	bpf_map_delete_elem(FAM(ct_new), rkey);
+	bpf_map_delete_elem(FAM(ct_new), &fkey);
+	return 0;
+}
+
+/*
+ * ct_promote_snat - the first reply of a source-NATed flow, whose
+ * reservation @rev (under @rkey) is already in sluice_conntrack: insert the
+ * forward entry there (rebuilt from @rev), mark the reservation
+ * established, drop the half-open forward entry. Returns 0 or a negative
+ * error, as ct_promote.
+ */
+static __always_inline int FN(ct_promote_snat)(const FAM(ct_key_t) *rkey,
+					       FAM(ct_entry_t) *rev, __u64 now)
+{
+	FAM(ct_entry_t) f = *rev;
+	FAM(ct_key_t) fkey;
+	int err;
+
+	FN(ct_peer_key)(&fkey, rkey, rev);
+	if (FN(ct_half_open_elsewhere)(&fkey, rkey, rev, now)) {
+		FN(ct_reap_now)(FAM(ct_est), rkey, rev);
+		return -ENOENT;
+	}
+	f.flags |= CT_F_REPLIED;
+	f.expires = now + ct_lifetime(rkey->proto, f.flags);
+	f.nat_addr = rkey->saddr;
+	f.nat_port = rkey->sport;
+	f.snat_addr = rkey->daddr;
+	f.snat_port = rkey->dport;
+	err = FN(ct_est_insert)(&fkey, &f, now, false);
+	if (err == -EEXIST && FN(ct_est_same)(&fkey, &f, now))
+		err = 0;
+	if (err)
+		return err;
+	__sync_fetch_and_or(&rev->flags, CT_F_REPLIED);
+	FN(ct_refresh)(rev, rkey->proto, now);
+	bpf_map_delete_elem(FAM(ct_new), &fkey);
+	return 0;
+}
+
+/*
+ * ct_reply_dry - ct_reply for a dry run (explain.h): the live entry under
+ * @key, established or half-open, which would translate the reply;
+ * promoted and refreshed nothing. That a promotion could fail (a full
+ * table) is not foreseen.
+ */
+static __always_inline FAM(ct_entry_t) *
+FN(ct_reply_dry)(const FAM(ct_key_t) *key, __u64 now)
+{
+	FAM(ct_entry_t) *e = bpf_map_lookup_elem(FAM(ct_est), key);
+
+	if (e && ct_alive(READ_ONCE(e->expires), now))
+		return e;
+	e = bpf_map_lookup_elem(FAM(ct_new), key);
+	if (e && ct_alive(READ_ONCE(e->expires), now))
+		return e;
+	return NULL;
+}
+
+/*
+ * ct_reply - the entry that translates @p if it is a reply of a
+ * translated flow (its key in @key): an established flow's, refreshed; or
+ * that of a half-open one, which this first reply promotes (ct_promote).
+ *
+ * Returns the entry (in sluice_conntrack), or NULL with @err 0 if @p is
+ * not such a reply, or NULL with a negative @err if the flow cannot be
+ * promoted (-E2BIG: refused, the table is full): drop @p.
+ */
+static __always_inline FAM(ct_entry_t) *
+FN(ct_reply)(const FAM(pkt_t) *p, FAM(ct_key_t) *key, __u64 now, int *err)
+{
+	FAM(ct_entry_t) *e;
+
+	*err = 0;
+	FN(ct_key_of)(key, p, CT_REVERSE);
+	if (FAM(pkt_dry)(p))
+		return FN(ct_reply_dry)(key, now);
+	e = bpf_map_lookup_elem(FAM(ct_est), key);
+	if (e && ct_alive(READ_ONCE(e->expires), now)) {
+		/* A port reservation whose flow has seen no reply yet. */
+		if ((READ_ONCE(e->flags) & (CT_F_REPLIED | CT_F_SNAT)) ==
+		    CT_F_SNAT) {
+			*err = FN(ct_promote_snat)(key, e, now);
+			if (*err == -ENOENT)
+				*err = 0;
+			if (*err)
+				return NULL;
+		}
+		FN(ct_touch)(key, e, now);
+		return e;
+	}
+	e = bpf_map_lookup_elem(FAM(ct_new), key);
+	if (!e || !ct_alive(READ_ONCE(e->expires), now))
+		return NULL;
+	*err = FN(ct_promote)(key, e, now);
+	if (*err == -ENOENT)
+		*err = 0;
+	if (*err)
+		return NULL;
+	return bpf_map_lookup_elem(FAM(ct_est), key);
+}
+
+/*
+ * ct_check_reverse - before a packet of the live forward entry @fwd (under
+ * @key) is sent, make sure the flow's reply entry is there and is this
+ * flow's: refresh it, or re-create it if it was deleted (a flush) or has
+ * lapsed.
+ *
+ * Returns 0; -EEXIST if a live entry of another flow holds the reply
+ * tuple (for a source-NATed flow: its port was lost and taken), and the
+ * packet must not be sent, for its replies would go to that flow; or
+ * another negative error if the entry cannot be re-created (-E2BIG: the
+ * table is full).
+ */
+static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
+						const FAM(ct_key_t) *key,
+						const FAM(ct_entry_t) *fwd,
+						__u64 now)
+{
+	__u32 flags = READ_ONCE(fwd->flags);
+	bool half_open = !(flags & (CT_F_REPLIED | CT_F_SNAT));
+	FAM(ct_entry_t) e = {
+		.expires = now + ct_lifetime(p->proto, flags),
+		.nat_addr = key->daddr,
+		.nat_port = key->dport,
+		.flags = flags,
+		.backend_id = fwd->backend_id,
+		.rev_nat_id = fwd->rev_nat_id,
+	};
+	FAM(ct_entry_t) *rev;
+	FAM(ct_key_t) rkey;
+	__u64 seen;
+
+	FN(ct_peer_key)(&rkey, key, fwd);
+	if (half_open)
+		rev = bpf_map_lookup_elem(FAM(ct_new), &rkey);
+	else
+		rev = bpf_map_lookup_elem(FAM(ct_est), &rkey);
+	if (rev) {
+		seen = READ_ONCE(rev->expires);
+		if (FN(ct_is_peer)(key, fwd, rev)) {
+			if (ct_alive(seen, now)) {
+				if (!FAM(pkt_dry)(p))
+					FN(ct_refresh)(rev, p->proto, now);
+				return 0;
+			}
+			if (FAM(pkt_dry)(p))
+				return 0; /* it would be revived */
+			/* This flow's, lapsed: revive it, unless a deleter
+			 * has claimed it already.
+			 */
+			if (seen != CT_DEAD &&
+			    __sync_val_compare_and_swap(&rev->expires, seen,
+							e.expires) == seen)
+				return 0;
+		} else if (ct_alive(seen, now)) {
+			return -EEXIST;
+		}
+	}
+	if (flags & CT_F_SNAT) {
+		e.snat_addr = key->saddr;
+		e.snat_port = key->sport;
+	}
+	if (FAM(pkt_dry)(p))
+		return half_open ? 0 : FN(ct_est_free)(&rkey, now, false);
+	if (half_open)
+		return bpf_map_update_elem(FAM(ct_new), &rkey, &e, BPF_ANY);
+	return FN(ct_est_insert)(&rkey, &e, now, false);
+}

@@ -1,0 +1,108 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * ICMPv6 errors that tc sends itself (icmp.h is IPv4's): a destination
+ * unreachable, port unreachable (type 1, code 4), for a new flow to an
+ * IPv6 service without backends, or to a ClusterIP on a port no frontend
+ * serves; what kube-proxy's `reject` sends for IPv6 (ip6tables REJECT's
+ * default icmp6-port-unreachable; nftables' reject in the ip6 family).
+ *
+ *   in:  eth | IPv6 C->V | ext headers | TCP/UDP ... payload
+ *   out: eth (MACs swapped) | IPv6 V->C | ICMPv6 | IPv6 C->V | ext | L4 header
+ *
+ * Built as icmp.h builds ICMP errors (trim to the quote, room after the
+ * MAC header, redirect back out of the ingress device), and for the same
+ * reason the quote is the packet up to its whole fixed L4 header. Unlike
+ * ICMP, ICMPv6's checksum covers a pseudo-header (RFC 4443 2.3).
+ */
+#ifndef SLUICE_ICMP6_H
+#define SLUICE_ICMP6_H
+
+#include "consts.h"
+#include "csum.h"
+#include "parse6.h"
+
+/* The longest quote: headers and extension headers up to 160 bytes, and
+ * a TCP header. A packet whose L4 header ends further in is dropped
+ * rather than answered.
+ */
+#define ICMP6_QUOTE_MAX (160 + sizeof(struct tcphdr))
+#define ICMP6_ERR_HOPS	64
+
+struct icmp6_err_hdr {
+	struct ipv6hdr ip;
+	struct icmp6hdr icmp;
+};
+
+/*
+ * icmp6_reply - rewrite @skb, the packet @p, into the ICMPv6 error of
+ * @type and @code about it, from its destination to its source, and
+ * redirect it back out of its ingress device. Returns TC_ACT_REDIRECT, or
+ * TC_ACT_SHOT if a helper failed or the quote would be too long.
+ */
+static __noinline int icmp6_reply(struct __sk_buff *skb, const struct pkt6 *p,
+				  __u8 type, __u8 code)
+{
+	/* The pseudo-header, ICMPv6 header and quote, summed together for
+	 * the checksum; bytes past the quote stay zero and add nothing.
+	 */
+	struct {
+		union v6addr saddr;
+		union v6addr daddr;
+		__be32 len;
+		__be32 nexthdr;
+		struct icmp6hdr icmp;
+		__u8 quote[ICMP6_QUOTE_MAX];
+	} body = {};
+	struct icmp6_err_hdr hdr = {};
+	struct ethhdr eth = {};
+	__u8 mac[ETH_ALEN];
+	__u32 quote_len = p->l4_off - p->l3_off;
+
+	quote_len += p->proto == IPPROTO_TCP ? sizeof(struct tcphdr) :
+					       sizeof(struct udphdr);
+	/* (At least the IPv6 header and a UDP header: a bound the verifier
+	 * sees for the variable-size load below.)
+	 */
+	if (quote_len < sizeof(struct ipv6hdr) + sizeof(struct udphdr) ||
+	    quote_len > ICMP6_QUOTE_MAX)
+		return TC_ACT_SHOT;
+	if (p->l3_off && bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
+		return TC_ACT_SHOT;
+	if (bpf_skb_load_bytes(skb, p->l3_off, body.quote, quote_len) < 0)
+		return TC_ACT_SHOT;
+
+	body.saddr = p->daddr;
+	body.daddr = p->saddr;
+	body.len = bpf_htonl(sizeof(body.icmp) + quote_len);
+	body.nexthdr = bpf_htonl(IPPROTO_ICMPV6);
+	body.icmp.icmp6_type = type;
+	body.icmp.icmp6_code = code;
+	body.icmp.icmp6_cksum = csum_buf(&body, sizeof(body));
+
+	hdr.ip.version = 6;
+	hdr.ip.payload_len = bpf_htons(sizeof(hdr.icmp) + quote_len);
+	hdr.ip.nexthdr = IPPROTO_ICMPV6;
+	hdr.ip.hop_limit = ICMP6_ERR_HOPS;
+	__builtin_memcpy(&hdr.ip.saddr, &p->daddr, sizeof(p->daddr));
+	__builtin_memcpy(&hdr.ip.daddr, &p->saddr, sizeof(p->saddr));
+	hdr.icmp = body.icmp;
+
+	__builtin_memcpy(mac, eth.h_dest, ETH_ALEN);
+	__builtin_memcpy(eth.h_dest, eth.h_source, ETH_ALEN);
+	__builtin_memcpy(eth.h_source, mac, ETH_ALEN);
+
+	if (bpf_skb_change_tail(skb, p->l3_off + quote_len, 0) < 0)
+		return TC_ACT_SHOT;
+	if (bpf_skb_adjust_room(skb, sizeof(hdr), BPF_ADJ_ROOM_MAC, 0) < 0)
+		return TC_ACT_SHOT;
+	if (p->l3_off && bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth),
+					     BPF_F_RECOMPUTE_CSUM) < 0)
+		return TC_ACT_SHOT;
+	if (bpf_skb_store_bytes(skb, p->l3_off, &hdr, sizeof(hdr),
+				BPF_F_RECOMPUTE_CSUM) < 0)
+		return TC_ACT_SHOT;
+
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+#endif /* SLUICE_ICMP6_H */

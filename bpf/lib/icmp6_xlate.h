@@ -1,0 +1,170 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * ICMPv6 errors about translated IPv6 flows, translated back, as
+ * icmp_xlate.h does ICMP's (its header says why and how), for the
+ * ClusterIP flows of the IPv6 path (no source NAT):
+ *
+ *   about a request:  B -> C  [C:cp -> B:bp]  becomes  F -> C  [C:cp -> F:fp]
+ *   about a reply:    C -> F  [F:fp -> C:cp]  becomes  C -> B  [B:bp -> C:cp]
+ *
+ * The quote is an IPv6 header without extension headers and 8 bytes of
+ * TCP or UDP (anything else passes untouched). ICMPv6's checksum covers a
+ * pseudo-header with the outer addresses, and the whole message: it is
+ * updated for every field that changes, outer or quoted, and for the
+ * quoted UDP checksum, which is updated as the whole datagram's would be.
+ * The error is rewritten in place and goes on through the stack; it
+ * refreshes no conntrack entry.
+ */
+#ifndef SLUICE_ICMP6_XLATE_H
+#define SLUICE_ICMP6_XLATE_H
+
+#include "consts.h"
+#include "maps.h"
+#include "metrics.h"
+#include "conntrack.h"
+#include "parse6.h"
+
+/* The quote of an ICMPv6 error: an IPv6 header and 8 bytes of L4. */
+struct icmp6_quote {
+	struct ipv6hdr ip;
+	__be16 sport;
+	__be16 dport;
+	__be16 w[2]; /* UDP: length and checksum; TCP: sequence number */
+};
+
+/* An address and a port, as a checksum sees them (20 bytes). */
+struct csum_l4addr {
+	union v6addr addr;
+	__be16 port;
+	__u16 pad;
+};
+
+/* ct_peek6 - the live entry under @key, established or half-open. */
+static __always_inline struct ct6_entry *ct_peek6(const struct ct6_key *key,
+						  __u64 now)
+{
+	bool half_open;
+
+	return ct_find6(key, now, &half_open);
+}
+
+/*
+ * icmp6_set_addr - write @to over the address at @off (@old there now),
+ * updating the ICMPv6 checksum at @csum_off: through the pseudo-header
+ * for an outer address (@pseudo).
+ */
+static __always_inline int icmp6_set_addr(struct __sk_buff *skb, __u32 off,
+					  __u32 csum_off, union v6addr *old,
+					  union v6addr *to, bool pseudo)
+{
+	__s64 diff = bpf_csum_diff(old->p, sizeof(*old), to->p, sizeof(*to), 0);
+
+	if (diff < 0 || bpf_l4_csum_replace(skb, csum_off, 0, diff,
+					    pseudo ? BPF_F_PSEUDO_HDR : 0) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, off, to, sizeof(*to), 0);
+}
+
+/*
+ * icmp6_rewrite_quote - make the quote @q of the error @p name <@to> in
+ * place of its source (@src) or destination, and keep its UDP checksum and
+ * the ICMPv6 checksum exact. Returns 0 or a negative error.
+ */
+static __noinline int icmp6_rewrite_quote(struct __sk_buff *skb,
+					  const struct pkt6 *p,
+					  struct icmp6_quote *q, bool src,
+					  struct csum_l4addr *to)
+{
+	__u32 q_off = p->l4_off + 8, csum_off = p->l4_off + 2;
+	struct csum_l4addr from = {};
+	__u32 addr_off = q_off + (src ? offsetof(struct ipv6hdr, saddr) :
+					offsetof(struct ipv6hdr, daddr));
+	__u32 port_off = q_off + sizeof(struct ipv6hdr) + (src ? 0 : 2);
+	__be16 check = q->w[1], fixed;
+	__s64 sum;
+
+	__builtin_memcpy(&from.addr, src ? &q->ip.saddr : &q->ip.daddr,
+			 sizeof(from.addr));
+	from.port = src ? q->sport : q->dport;
+	if (q->ip.nexthdr == IPPROTO_UDP && check) {
+		sum = bpf_csum_diff((__be32 *)&from, sizeof(from), (__be32 *)to,
+				    sizeof(*to), (__u16)~check);
+		if (sum < 0)
+			return -1;
+		fixed = csum_fold((__u32)sum);
+		if (!fixed)
+			fixed = 0xffff;
+		if (bpf_l4_csum_replace(skb, csum_off, check, fixed, 2) < 0 ||
+		    bpf_skb_store_bytes(skb, q_off + sizeof(struct ipv6hdr) + 6,
+					&fixed, 2, 0) < 0)
+			return -1;
+	}
+	if (icmp6_set_addr(skb, addr_off, csum_off, &from.addr, &to->addr,
+			   false) < 0)
+		return -1;
+	if (bpf_l4_csum_replace(skb, csum_off, from.port, to->port, 2) < 0)
+		return -1;
+	return bpf_skb_store_bytes(skb, port_off, &to->port, 2, 0);
+}
+
+/*
+ * icmp6_err_xlate - translate @p, an ICMPv6 error (parse_icmp6_err),
+ * back if it is about a translated flow. Returns a TC verdict. A BPF
+ * function of its own, like the steps of tc6.h, for its stack.
+ */
+static __noinline int icmp6_err_xlate(struct __sk_buff *skb, struct pkt6 *p)
+{
+	__u32 q_off = p->l4_off + 8, csum_off = p->l4_off + 2;
+	struct csum_l4addr to = {};
+	struct icmp6_quote q;
+	struct ct6_key key = {};
+	struct ct6_entry *e;
+	__u64 now = bpf_ktime_get_ns();
+	bool about_reply = false;
+
+	if (bpf_skb_load_bytes(skb, q_off, &q, sizeof(q)) < 0 ||
+	    q.ip.version != 6 ||
+	    (q.ip.nexthdr != IPPROTO_TCP && q.ip.nexthdr != IPPROTO_UDP))
+		return TC_ACT_OK;
+	/* The quoted packet's reply: its key is the quote swapped. */
+	__builtin_memcpy(&key.saddr, &q.ip.daddr, sizeof(key.saddr));
+	__builtin_memcpy(&key.daddr, &q.ip.saddr, sizeof(key.daddr));
+	key.sport = q.dport;
+	key.dport = q.sport;
+	key.proto = q.ip.nexthdr;
+	key.dir = CT_REVERSE;
+	e = ct_peek6(&key, now);
+	if (!e) {
+		key.dir = CT_FORWARD;
+		e = ct_peek6(&key, now);
+		about_reply = true;
+	}
+	if (!e)
+		return TC_ACT_OK;
+	to.addr = e->nat_addr;
+	to.port = e->nat_port;
+
+	/* About a request, from the backend itself: it comes from the
+	 * frontend. About a reply, to the frontend: it goes to the backend.
+	 */
+	if (!about_reply && lb6_addr_eq(&p->saddr, &key.saddr)) {
+		if (icmp6_set_addr(skb,
+				   p->l3_off + offsetof(struct ipv6hdr, saddr),
+				   csum_off, &p->saddr, &to.addr, true) < 0)
+			goto err;
+	} else if (about_reply && lb6_addr_eq(&p->daddr, &key.daddr)) {
+		if (icmp6_set_addr(skb,
+				   p->l3_off + offsetof(struct ipv6hdr, daddr),
+				   csum_off, &p->daddr, &to.addr, true) < 0)
+			goto err;
+	}
+	if (icmp6_rewrite_quote(skb, p, &q, about_reply, &to) < 0)
+		goto err;
+	metric_inc(METRIC_TC_ICMP_XLATE);
+	return TC_ACT_OK;
+err:
+	metric_inc(METRIC_TC_REWRITE_ERR);
+	return TC_ACT_SHOT;
+}
+
+#endif /* SLUICE_ICMP6_XLATE_H */

@@ -1,0 +1,279 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * IPv6 parsing for tc (parse_ipv6): the IPv6 twin of parse_ipv4, filling
+ * a struct pkt6 with what lookup, conntrack (conntrack_fam.h) and the
+ * rewrite need.
+ *
+ * Extension headers (RFC 8200 4) between the fixed header and TCP/UDP are
+ * skipped: hop-by-hop and destination options and routing headers by
+ * their length, a fragment header by its 8 bytes. The walk is a bounded
+ * loop of IPV6_EXT_MAX headers; a chain longer than that, or one holding a
+ * header it does not skip (AH, mobility, HIP, shim6, experimental) is
+ * PARSE_EXT: passed untouched and counted, never guessed at. (ESP ends
+ * the chain: an encrypted packet passes like any other protocol.)
+ *
+ * Fragments, as frag.h does IPv4's: an atomic fragment (offset 0, no more
+ * fragments: a whole datagram, RFC 6946) is translated like any packet; a
+ * first fragment too, its ports recorded in sluice6_fragments_v1 under
+ * (source, destination, identification, protocol); a later fragment takes
+ * them from there (frag_later: only its addresses are rewritten, the L4
+ * checksum being in the first), or, its first not seen, is
+ * PARSE_FRAGMENT and passes untouched.
+ */
+#ifndef SLUICE_PARSE6_H
+#define SLUICE_PARSE6_H
+
+#include "consts.h"
+#include "maps.h"
+#include "parse.h"
+
+/* Extension headers parse_ipv6 walks at most. */
+#define IPV6_EXT_MAX 6
+
+/* parse_ipv6's results beyond enum parse_result's. */
+#define PARSE_EXT	  16 /* an extension header chain not walked */
+#define PARSE_UDP_NO_CSUM 17 /* UDP with checksum 0: invalid in IPv6 */
+
+/* What the programs need of a parsed IPv6 TCP/UDP packet. */
+struct pkt6 {
+	__u32 l3_off; /* offset of the IPv6 header: ETH_HLEN, or 0 (L3 device) */
+	__u32 l3_len; /* 40 + payload length (from the skb for BIG TCP) */
+	__u32 l4_off; /* offset of the TCP/UDP header, after extension headers */
+	__u32 csum_off; /* offset of the TCP/UDP checksum field */
+	union v6addr saddr;
+	union v6addr daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 tcp_flags; /* byte 13 of the TCP header (flags); 0 for UDP */
+	__u8 hop_limit;
+	/* A later fragment: no L4 header, its ports its first fragment's
+	 * (frag6_follow); only its addresses are rewritten.
+	 */
+	bool frag_later;
+};
+
+/* A fragment header's fields (after its next header and reserved byte). */
+struct ipv6_frag {
+	__be16 off; /* offset << 3 | M */
+	__be32 id;
+	__u8 nexthdr; /* a later fragment's: set by ipv6_skip_ext */
+};
+
+/*
+ * ipv6_skip_ext - walk the extension headers of @skb from @off, the first
+ * being @nexthdr. Returns the upper-layer protocol with @off at its
+ * header, or -PARSE_EXT, -PARSE_FRAGMENT (a later fragment, @frag
+ * filled in) or -PARSE_MALFORMED. A first fragment's header is in @frag.
+ */
+static __always_inline int ipv6_skip_ext(struct __sk_buff *skb, __u32 *off,
+					 __u32 end, __u8 nexthdr,
+					 struct ipv6_frag *frag)
+{
+	struct ipv6_opt_hdr h;
+	int i;
+
+	for (i = 0; i < IPV6_EXT_MAX; i++) {
+		switch (nexthdr) {
+		case IPPROTO_HOPOPTS:
+		case IPPROTO_ROUTING:
+		case IPPROTO_DSTOPTS:
+		case IPPROTO_FRAGMENT:
+			break;
+		case IPPROTO_AH:
+		case 135: /* mobility */
+		case 139: /* HIP */
+		case 140: /* shim6 */
+		case 253: /* experimental */
+		case 254:
+			return -PARSE_EXT;
+		default:
+			return nexthdr;
+		}
+		if (*off + 8 > end || bpf_skb_load_bytes(skb, *off, &h, 2) < 0)
+			return -PARSE_MALFORMED;
+		if (nexthdr == IPPROTO_FRAGMENT) {
+			/* Offset (13 bits) and M (bit 0); the rest of the
+			 * chain is in the first fragment only.
+			 */
+			if (bpf_skb_load_bytes(skb, *off + 2, frag, 6) < 0)
+				return -PARSE_MALFORMED;
+			*off += 8;
+			if (bpf_ntohs(frag->off) & 0xfff8) {
+				frag->nexthdr = h.nexthdr;
+				return -PARSE_FRAGMENT;
+			}
+		} else {
+			*off += ((__u32)h.hdrlen + 1) * 8;
+		}
+		nexthdr = h.nexthdr;
+	}
+	return -PARSE_EXT;
+}
+
+/* frag6_key_of - the fragment record key of @p, of datagram @id. */
+static __always_inline void frag6_key_of(struct frag6_key *key,
+					 const struct pkt6 *p, __be32 id)
+{
+	key->saddr = p->saddr;
+	key->daddr = p->daddr;
+	key->id = id;
+	key->proto = p->proto;
+	key->pad[0] = key->pad[1] = key->pad[2] = 0;
+}
+
+/* frag6_record - frag_record (frag.h) for @p, first fragment of @id. */
+static __always_inline void frag6_record(const struct pkt6 *p, __be32 id)
+{
+	struct frag6_key key;
+	struct frag4_ports ports = {
+		.sport = p->sport,
+		.dport = p->dport,
+	};
+
+	frag6_key_of(&key, p, id);
+	bpf_map_update_elem(&sluice6_fragments_v1, &key, &ports, BPF_ANY);
+}
+
+/* frag6_follow - frag_follow (frag.h) for @p, a later fragment of @id. */
+static __always_inline bool frag6_follow(struct pkt6 *p, __be32 id)
+{
+	struct frag6_key key;
+	struct frag4_ports *ports;
+
+	frag6_key_of(&key, p, id);
+	ports = bpf_map_lookup_elem(&sluice6_fragments_v1, &key);
+	if (!ports)
+		return false;
+	p->sport = ports->sport;
+	p->dport = ports->dport;
+	return true;
+}
+
+/*
+ * parse_icmp6_err - an ICMPv6 message at @off of @skb (its IPv6 header at
+ * @l3_off, its end at @end): PARSE_ICMP_ERR, with l3_off, l4_off (at the
+ * ICMPv6 header) and the outer addresses filled in, if it is an error
+ * (destination unreachable, packet too big, time exceeded, parameter
+ * problem) long enough to quote an IPv6 header and 8 bytes of L4; else
+ * PARSE_PASS (neighbour discovery, echo, ...).
+ */
+static __always_inline int parse_icmp6_err(struct __sk_buff *skb,
+					   struct pkt6 *p, __u32 l3_off,
+					   __u32 off, __u32 end)
+{
+	__u8 type;
+
+	if (off + 8 + sizeof(struct ipv6hdr) + 8 > end ||
+	    bpf_skb_load_bytes(skb, off, &type, 1) < 0)
+		return PARSE_PASS;
+	if (type < ICMPV6_DEST_UNREACH || type > ICMPV6_PARAMPROB)
+		return PARSE_PASS;
+	p->l3_off = l3_off;
+	p->l3_len = end - l3_off;
+	p->l4_off = off;
+	p->proto = IPPROTO_ICMPV6;
+	if (bpf_skb_load_bytes(skb, l3_off + offsetof(struct ipv6hdr, saddr),
+			       &p->saddr, 2 * sizeof(p->saddr)) < 0)
+		return PARSE_PASS;
+	return PARSE_ICMP_ERR;
+}
+
+/*
+ * parse_ipv6 - parse the Ethernet (unless on an L3 device), IPv6,
+ * extension and L4 port headers of @skb, as parse_ipv4 does IPv4's: the
+ * whole L4 header must be inside both the payload length and the skb.
+ * An IPv6 BIG TCP packet (payload length 0, GSO) takes its length from
+ * the skb, as the kernel does (ipv6_payload_len).
+ *
+ * A UDP checksum of 0 is invalid in IPv6 (RFC 8200 8.1): the stack drops
+ * such a datagram (udp6_csum_init) and netfilter's conntrack, which
+ * kube-proxy's NAT rides on, never tracks it; it is PARSE_UDP_NO_CSUM,
+ * passed untouched for the stack to drop.
+ *
+ * Returns PARSE_OK, PARSE_PASS (not IPv6 TCP/UDP: other protocols,
+ * ICMPv6 other than errors), PARSE_ICMP_ERR (parse_icmp6_err),
+ * PARSE_MALFORMED, PARSE_FRAGMENT, PARSE_EXT or PARSE_UDP_NO_CSUM.
+ */
+static __always_inline int parse_ipv6(struct __sk_buff *skb, struct pkt6 *p)
+{
+	struct ethhdr eth;
+	struct ipv6hdr ip;
+	__u32 l3_off = ETH_HLEN, end, off, l4_min;
+	struct ipv6_frag frag = {};
+	__be16 ports[2];
+	int proto;
+
+	if (skb->protocol != bpf_htons(ETH_P_IPV6))
+		return PARSE_PASS;
+	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
+		return PARSE_PASS;
+	if ((eth.h_dest[0] >> 4) == 6 && dev_is_l3(skb->ifindex))
+		l3_off = 0;
+	else if (eth.h_proto != bpf_htons(ETH_P_IPV6))
+		return PARSE_PASS;
+	if (bpf_skb_load_bytes(skb, l3_off, &ip, sizeof(ip)) < 0)
+		return PARSE_MALFORMED;
+	if (ip.version != 6)
+		return PARSE_MALFORMED;
+	end = l3_off + sizeof(ip) + bpf_ntohs(ip.payload_len);
+	if (!ip.payload_len && ip.nexthdr == IPPROTO_TCP && skb->gso_size)
+		end = skb->len;
+	if (end > skb->len)
+		return PARSE_MALFORMED;
+
+	off = l3_off + sizeof(ip);
+	proto = ipv6_skip_ext(skb, &off, end, ip.nexthdr, &frag);
+	__builtin_memcpy(&p->saddr, &ip.saddr, sizeof(p->saddr));
+	__builtin_memcpy(&p->daddr, &ip.daddr, sizeof(p->daddr));
+	p->l3_off = l3_off;
+	p->l3_len = end - l3_off;
+	p->hop_limit = ip.hop_limit;
+	if (proto == -PARSE_FRAGMENT) {
+		/* A later fragment: its ports are its first's. */
+		if (frag.nexthdr != IPPROTO_TCP && frag.nexthdr != IPPROTO_UDP)
+			return PARSE_PASS;
+		p->l4_off = off;
+		p->proto = frag.nexthdr;
+		p->frag_later = true;
+		return frag6_follow(p, frag.id) ? PARSE_OK : PARSE_FRAGMENT;
+	}
+	if (proto < 0)
+		return -proto;
+	if (proto == IPPROTO_TCP)
+		l4_min = sizeof(struct tcphdr);
+	else if (proto == IPPROTO_UDP)
+		l4_min = sizeof(struct udphdr);
+	else if (proto == IPPROTO_ICMPV6)
+		return parse_icmp6_err(skb, p, l3_off, off, end);
+	else
+		return PARSE_PASS;
+	if (off + l4_min > end)
+		return PARSE_MALFORMED;
+	if (bpf_skb_load_bytes(skb, off, ports, sizeof(ports)) < 0)
+		return PARSE_MALFORMED;
+
+	p->l4_off = off;
+	p->csum_off = off + (proto == IPPROTO_TCP ?
+				     offsetof(struct tcphdr, check) :
+				     offsetof(struct udphdr, check));
+	p->proto = proto;
+	p->sport = ports[0];
+	p->dport = ports[1];
+	if (bpf_ntohs(frag.off) & 1)
+		frag6_record(p, frag.id);
+	if (proto == IPPROTO_TCP &&
+	    bpf_skb_load_bytes(skb, off + 13, &p->tcp_flags, 1) < 0)
+		return PARSE_MALFORMED;
+	if (proto == IPPROTO_UDP) {
+		__u16 check;
+
+		if (bpf_skb_load_bytes(skb, p->csum_off, &check, 2) < 0)
+			return PARSE_MALFORMED;
+		if (!check)
+			return PARSE_UDP_NO_CSUM;
+	}
+	return PARSE_OK;
+}
+
+#endif /* SLUICE_PARSE6_H */

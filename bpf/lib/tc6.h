@@ -1,0 +1,440 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The IPv6 per-packet path of tc.c: ClusterIP load balancing for IPv6
+ * frontends (sluice6_services_v1), as the IPv4 path does it for ClusterIPs.
+ *
+ * Ingress: a reply of a translated flow (a CT_REVERSE hit in the IPv6
+ * conntrack) gets its source rewritten back to the frontend; a packet to
+ * a frontend is DNATed to a backend, its flow's conntrack entry (ct6)
+ * deciding while it is usable, else a random slot; a new flow to a
+ * frontend without backends is answered with ICMPv6 port unreachable
+ * (dropped with SVC_F_DROP_EMPTY); a packet to a ClusterIP no frontend
+ * serves (sluice6_service_ips_v1) is answered the same way. Egress: replies
+ * get the frontend back as their source. Both: ICMPv6 errors about
+ * translated flows are translated back (icmp6_xlate.h). Everything else
+ * passes untouched: other protocols and ICMPv6 messages, later fragments
+ * whose first was not seen (parse6.h), extension header chains it does not walk (parse6.h), UDP without a
+ * checksum.
+ *
+ * rev_nat6, lb6_follow, lb6_new_flow, the affinity steps and icmp6_reply
+ * are BPF functions of their own: their conntrack and affinity keys and
+ * entries, and the quote, live in their own frames, which the stack has
+ * no room for at once.
+ *
+ * Not here yet (IPv4 only): north-south frontends (NodePort, SNAT to the
+ * node, fib redirects), the internal scope of a
+ * two-scope frontend (no IPv6 cluster CIDR is known), the service CIDR's
+ * unallocated addresses, dry runs (explain.h).
+ *
+ * The IPv6 path is programs of their own (sluice6_ingress, sluice6_egress
+ * in tc.c), which the IPv4 entries reach by a tail call (tc6_divert,
+ * sluice6_tc_v1): the verifier checks them apart from the IPv4 programs,
+ * each within its own limit, and their stacks do not add up.
+ */
+#ifndef SLUICE_TC6_H
+#define SLUICE_TC6_H
+
+#include "consts.h"
+#include "maps.h"
+#include "metrics.h"
+#include "svcstats.h"
+#include "lb.h"
+#include "affinity.h"
+#include "conntrack.h"
+#include "parse6.h"
+#include "icmp6.h"
+#include "icmp6_xlate.h"
+
+#define IP6_SADDR_OFF offsetof(struct ipv6hdr, saddr)
+#define IP6_DADDR_OFF offsetof(struct ipv6hdr, daddr)
+
+/*
+ * rewrite6_l4addr - replace one <address, port> of @p's packet (@to_dst:
+ * the destination, else the source), updating the TCP/UDP checksum, whose
+ * pseudo-header covers the address (IPv6 has no header checksum).
+ * Returns 0 or a negative error (the packet may be half rewritten).
+ */
+static __always_inline int rewrite6_l4addr(struct __sk_buff *skb,
+					   const struct pkt6 *p, bool to_dst,
+					   union v6addr *addr, __be16 port)
+{
+	union v6addr *old = (union v6addr *)(to_dst ? &p->daddr : &p->saddr);
+	__be16 old_port = to_dst ? p->dport : p->sport;
+	__u64 l4_flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	__s64 diff;
+	int err;
+
+	if (!lb6_addr_eq(old, addr)) {
+		/* A later fragment has no L4 header: its first fragment's
+		 * rewrite fixes the checksum of the whole datagram.
+		 */
+		diff = bpf_csum_diff(old->p, sizeof(*old), addr->p,
+				     sizeof(*addr), 0);
+		if (diff < 0)
+			return (int)diff;
+		err = p->frag_later ?
+			      0 :
+			      bpf_l4_csum_replace(skb, p->csum_off, 0, diff,
+						  l4_flags | BPF_F_PSEUDO_HDR);
+		if (err < 0)
+			return err;
+		err = bpf_skb_store_bytes(skb,
+					  p->l3_off + (to_dst ? IP6_DADDR_OFF :
+								IP6_SADDR_OFF),
+					  addr, sizeof(*addr), 0);
+		if (err < 0)
+			return err;
+	}
+	if (old_port != port && !p->frag_later) {
+		err = bpf_l4_csum_replace(skb, p->csum_off, old_port, port,
+					  l4_flags | sizeof(port));
+		if (err < 0)
+			return err;
+		err = bpf_skb_store_bytes(
+			skb, p->l4_off + (to_dst ? L4_DPORT_OFF : L4_SPORT_OFF),
+			&port, sizeof(port), 0);
+		if (err < 0)
+			return err;
+	}
+	return 0;
+}
+
+/*
+ * parse_tc6 - parse @skb into @p, counting why it is not translatable. A
+ * BPF function of its own (see the top): its headers and fragment record
+ * key live in its frame.
+ */
+static __noinline enum pkt_kind parse_tc6(struct __sk_buff *skb, struct pkt6 *p)
+{
+	switch (parse_ipv6(skb, p)) {
+	case PARSE_OK:
+		if (p->frag_later)
+			metric_inc(METRIC_TC_FRAG_LATER);
+		return PKT_L4;
+	case PARSE_ICMP_ERR:
+		return PKT_ICMP_ERR;
+	case PARSE_MALFORMED:
+		metric_inc(METRIC_TC_MALFORMED);
+		return PKT_PASS;
+	case PARSE_FRAGMENT:
+		metric_inc(METRIC_TC_FRAGMENT);
+		return PKT_PASS;
+	case PARSE_EXT:
+		metric_inc(METRIC_TC6_EXT_HDR);
+		return PKT_PASS;
+	case PARSE_UDP_NO_CSUM:
+		metric_inc(METRIC_TC6_UDP_NO_CSUM);
+		return PKT_PASS;
+	default:
+		return PKT_PASS;
+	}
+}
+
+/*
+ * rev_nat6 - if @p is a reply of a translated flow, rewrite its source
+ * back to the frontend. Returns a TC verdict, or -1 if @p is not such a
+ * reply.
+ */
+static __noinline int rev_nat6(struct __sk_buff *skb, const struct pkt6 *p,
+			       __u64 now)
+{
+	struct ct6_key key = {};
+	struct ct6_entry *e;
+	union v6addr fe;
+	__be16 fe_port;
+	int err;
+
+	e = ct_reply6(p, &key, now, &err);
+	if (err) {
+		/* The first reply of a flow that cannot become established
+		 * (conntrack.h).
+		 */
+		metric_inc(err == -EEXIST ? METRIC_TC_CT_CLASH :
+					    METRIC_TC_CT_EST_FULL);
+		return TC_ACT_SHOT;
+	}
+	if (!e)
+		return -1;
+	ct_track_tcp6(p, &key, e, now);
+	fe = e->nat_addr;
+	fe_port = e->nat_port;
+	if (rewrite6_l4addr(skb, p, false, &fe, fe_port) < 0) {
+		metric_inc(METRIC_TC_REWRITE_ERR);
+		return TC_ACT_SHOT;
+	}
+	metric_inc(METRIC_TC_REV_NAT);
+	return TC_ACT_OK;
+}
+
+/* Where a packet to a service goes: the backend. */
+struct lb6_xlate {
+	union v6addr addr;
+	__be16 port;
+	__u16 slot;	  /* new flow: the slot that named it */
+	__u32 backend_id; /* new flow: its id */
+};
+
+/*
+ * Session affinity for a new flow of @p to @svc (affinity.h), the client
+ * being the packet's source: functions of their own, whose key lives in
+ * their frames (see the top), as the IPv4 path's.
+ */
+
+/* lb6_aff_select - aff_select6 for the client of @p (@x: id and slot). */
+static __noinline struct lb6_backend *
+lb6_aff_select(const struct pkt6 *p, const struct lb4_service *svc, __u64 now,
+	       struct lb6_xlate *x)
+{
+	struct lb6_affinity_key key = {};
+	__u32 id = 0;
+	__u16 slot = 0;
+	struct lb6_backend *be;
+
+	aff_key6(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
+		 p->proto, svc->scope);
+	be = aff_select6(&key, svc, now, &id, &slot);
+	x->backend_id = id;
+	x->slot = slot;
+	return be;
+}
+
+/* lb6_aff_remember - aff_remember6 for the client of @p, sent to @x. */
+static __noinline int lb6_aff_remember(const struct pkt6 *p,
+				       const struct lb4_service *svc,
+				       const struct lb6_xlate *x)
+{
+	struct lb6_affinity_key key = {};
+	struct lb6_backend *be = lookup_backend6(x->backend_id);
+
+	if (!be)
+		return 0;
+	aff_key6(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
+		 p->proto, svc->scope);
+	aff_remember6(&key, svc, be, x->backend_id, x->slot,
+		      bpf_ktime_get_ns());
+	return 0;
+}
+
+/*
+ * lb6_new_flow - send a new flow of @p to @svc to backend @be, chosen by
+ * lb6_aff_select (a random slot, or the client's backend with session
+ * affinity; @x: its id and slot), or on a reply tuple clash to the next
+ * slots' (as lb4_new_flow), and record the flow in conntrack. Returns 0
+ * with @x filled in, or -1 if the packet must be dropped (counted).
+ */
+static __noinline int lb6_new_flow(const struct pkt6 *p,
+				   const struct lb4_service *svc,
+				   struct lb6_backend *be, __u64 now,
+				   struct lb6_xlate *x)
+{
+	__u32 count = svc->count, backend_id = x->backend_id, i;
+	__u16 slot = x->slot;
+	int ret;
+
+	for (i = 0; i < CT_CLASH_TRIES; i++) {
+		if (i > 0) {
+			if (i >= count)
+				break;
+			slot = slot % count + 1;
+			be = slot_backend6(p->daddr, p->dport, p->proto,
+					   svc->scope, slot, &backend_id);
+		}
+		if (!be) {
+			metric_inc(METRIC_TC_BACKEND_MISSING);
+			svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
+			return -1;
+		}
+		ret = ct_create6(p, be, backend_id, svc->rev_nat_id, now);
+		if (ret == CT_CLASH)
+			continue;
+		if (ret < 0)
+			metric_inc(METRIC_TC_CT_FULL);
+		metric_inc(METRIC_TC_DNAT_NEW);
+		x->addr = be->addr;
+		x->port = be->port;
+		x->backend_id = backend_id;
+		x->slot = slot;
+		svc_count(svc->rev_nat_id, SVC_EV_FLOW, 0);
+		return 0;
+	}
+	metric_inc(METRIC_TC_CT_CLASH);
+	svc_count(svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
+	return -1;
+}
+
+/*
+ * lb6_follow - where a packet to frontend @svc goes if its flow's
+ * conntrack entry is usable (ct_fwd_usable): its backend. Returns 0 with
+ * @x filled in, 2 if the packet starts a new flow, or -1 to drop
+ * (counted).
+ */
+static __noinline int lb6_follow(const struct pkt6 *p,
+				 const struct lb4_service *svc, __u64 now,
+				 struct lb6_xlate *x)
+{
+	struct ct6_key key = {};
+	struct ct6_entry *fwd;
+	bool half_open, gone;
+	int err;
+
+	ct_key_of6(&key, p, CT_FORWARD);
+	fwd = ct_find6(&key, now, &half_open);
+	if (fwd && ct_fwd_usable6(fwd, p, &gone)) {
+		if (gone)
+			metric_inc(METRIC_TC_CT_BACKEND_GONE);
+		x->addr = fwd->nat_addr;
+		x->port = fwd->nat_port;
+		ct_refresh6(fwd, p->proto, now);
+		ct_track_tcp6(p, &key, fwd, now);
+		err = ct_check_reverse6(p, &key, fwd, now);
+		if (err == -EEXIST) {
+			/* Another flow holds the reply tuple. */
+			metric_inc(METRIC_TC_CT_CLASH);
+			svc_count(svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
+			return -1;
+		}
+		if (err < 0)
+			metric_inc(METRIC_TC_CT_FULL);
+		metric_inc(METRIC_TC_DNAT_CT);
+		return 0;
+	}
+	return 2;
+}
+
+/*
+ * lb6_refuse - ICMPv6 port unreachable for @p (to frontend @id, or to no
+ * frontend when @id is 0), counted as @reason. Returns a TC verdict.
+ */
+static __always_inline int lb6_refuse(struct __sk_buff *skb,
+				      const struct pkt6 *p, __u32 id,
+				      enum metric_reason reason)
+{
+	int ret = icmp6_reply(skb, p, ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH);
+
+	metric_inc(ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR : reason);
+	if (id)
+		svc_count(id,
+			  ret == TC_ACT_SHOT ? SVC_DROP_ERROR :
+					       SVC_DROP_NO_ENDPOINTS,
+			  0);
+	return ret;
+}
+
+/*
+ * lb6_dnat - translate a packet to an IPv6 frontend to one of its
+ * backends, or refuse it. Returns a TC verdict.
+ */
+static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
+				    __u64 now)
+{
+	struct lb4_service *svc;
+	struct lb6_xlate x = {};
+	struct lb6_backend *be;
+	int ret;
+
+	svc = lookup_service6(p->daddr, p->dport, p->proto);
+	if (!svc) {
+		if (service_ip6(p->daddr))
+			return lb6_refuse(skb, p, 0, METRIC_TC_UNKNOWN_PORT);
+		return TC_ACT_OK;
+	}
+	if ((svc->flags & SVC_F_SRC_RANGES) &&
+	    !source_allowed6(p->daddr, p->dport, p->proto, p->saddr)) {
+		metric_inc(METRIC_TC_SRC_RANGE_DENY);
+		svc_count(svc->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
+		return TC_ACT_SHOT;
+	}
+	/* Conntrack first: a Service that has dropped to zero endpoints
+	 * keeps its established flows, as kube-proxy does.
+	 */
+	ret = lb6_follow(p, svc, now, &x);
+	if (ret == 2 && p->frag_later) {
+		/* A later fragment follows its flow and never starts one
+		 * (see lb4_select).
+		 */
+		metric_inc(METRIC_TC_FRAG_DROP);
+		svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
+		return TC_ACT_SHOT;
+	}
+	if (ret == 2 && svc->count) {
+		be = lb6_aff_select(p, svc, now, &x);
+		ret = lb6_new_flow(p, svc, be, now, &x);
+		if (!ret)
+			lb6_aff_remember(p, svc, &x);
+	}
+	if (ret < 0)
+		return TC_ACT_SHOT;
+	if (ret > 0) {
+		if (svc->flags & SVC_F_DROP_EMPTY) {
+			metric_inc(METRIC_TC_LOCAL_NO_BACKEND);
+			svc_count(svc->rev_nat_id, SVC_DROP_NO_LOCAL_ENDPOINTS,
+				  0);
+			return TC_ACT_SHOT;
+		}
+		return lb6_refuse(skb, p, svc->rev_nat_id,
+				  METRIC_TC_NO_BACKEND);
+	}
+	if (rewrite6_l4addr(skb, p, true, &x.addr, x.port) < 0) {
+		metric_inc(METRIC_TC_REWRITE_ERR);
+		svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
+		return TC_ACT_SHOT;
+	}
+	svc_count(svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);
+	return TC_ACT_OK;
+}
+
+/* The slots of sluice6_tc_v1, which the agent fills (pkg/datapath). */
+#define TC6_PROG_INGRESS 0
+#define TC6_PROG_EGRESS	 1
+
+/*
+ * tc6_divert - run @skb, an IPv6 packet, through the IPv6 program in slot
+ * @prog. Returns only if there is none (an agent that did not set it
+ * up): TC_ACT_OK, the packet untouched, as before IPv6 was handled.
+ */
+static __always_inline int tc6_divert(struct __sk_buff *skb, __u32 prog)
+{
+	bpf_tail_call(skb, &sluice6_tc_v1, prog);
+	return TC_ACT_OK;
+}
+
+/* tc6_ingress and tc6_egress - the bodies of the IPv6 programs. */
+static __always_inline int tc6_ingress(struct __sk_buff *skb)
+{
+	struct pkt6 p = {};
+	__u64 now;
+	int ret;
+
+	switch (parse_tc6(skb, &p)) {
+	case PKT_L4:
+		break;
+	case PKT_ICMP_ERR:
+		return icmp6_err_xlate(skb, &p);
+	default:
+		return TC_ACT_OK;
+	}
+	now = bpf_ktime_get_ns();
+	ret = rev_nat6(skb, &p, now);
+	if (ret >= 0)
+		return ret;
+	return lb6_dnat(skb, &p, now);
+}
+
+static __always_inline int tc6_egress(struct __sk_buff *skb)
+{
+	struct pkt6 p = {};
+	int ret;
+
+	switch (parse_tc6(skb, &p)) {
+	case PKT_L4:
+		break;
+	case PKT_ICMP_ERR:
+		return icmp6_err_xlate(skb, &p);
+	default:
+		return TC_ACT_OK;
+	}
+	ret = rev_nat6(skb, &p, bpf_ktime_get_ns());
+	return ret >= 0 ? ret : TC_ACT_OK;
+}
+
+#endif /* SLUICE_TC6_H */

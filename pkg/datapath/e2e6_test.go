@@ -1,0 +1,81 @@
+package datapath
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// TestTC6EndToEnd runs real IPv6 traffic through the tc programs, as
+// TestTCEndToEnd does IPv4's: a client namespace reaches an IPv6 ClusterIP
+// routed to the node of topology.LB's IPv6 plane, whose client-facing
+// device runs tc (DNAT at its ingress, reverse NAT of the backends'
+// replies at its egress); the backends are namespaces of their own behind
+// the node. A Service without endpoints refuses with ICMPv6 port
+// unreachable, which the client's TCP sees as ECONNREFUSED.
+func TestTC6EndToEnd(t *testing.T) {
+	d := newTestDatapath(t)
+	lb, err := topology.NewT(t).BuildLB(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v6, err := lb.AddIPv6()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := lb.ServeHTTP(8080, "backend-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vip := l4("2001:db8:96::30", 80, model.TCP)
+	empty := l4("2001:db8:96::31", 80, model.TCP)
+	var bes []model.L4Addr
+	for _, a := range v6.BackendAddrs {
+		bes = append(bes, model.L4Addr{Addr: a, Port: 8080, Proto: model.TCP})
+	}
+	applyServices(t, d, clusterIP(vip, bes...), clusterIP(empty))
+	if err := lb.Node.Do(func() error { return d.AttachDevices([]string{lb.NodeDev}) }); err != nil {
+		t.Fatal(err)
+	}
+
+	client := lb.Client.HTTPClient(3 * time.Second)
+	seen := map[string]bool{}
+	for range 16 {
+		resp, err := client.Get("http://" + netip.AddrPortFrom(vip.Addr, vip.Port).String() + "/")
+		if err != nil {
+			t.Fatalf("GET through %s: %v", vip, err)
+		}
+		seen[resp.Header.Get("X-Backend")] = true
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET through %s: %s", vip, resp.Status)
+		}
+	}
+	if len(seen) != 2 || !seen[names[0]] || !seen[names[1]] {
+		t.Errorf("16 connections reached %v, want %v", seen, names)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	c, err := lb.Client.DialContext(ctx, "tcp6", netip.AddrPortFrom(empty.Addr, empty.Port).String())
+	if err == nil {
+		c.Close()
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("TCP connect to %s (no endpoints): %v, want ECONNREFUSED", empty, err)
+	}
+
+	cs := expectCounted(t, d, "tc_dnat_new", "tc_dnat_ct", "tc_rev_nat", "tc_no_backend")
+	for _, bad := range []string{"tc_rewrite_err", "tc_malformed", "tc6_ext_hdr", "tc6_udp_no_csum"} {
+		if cs[bad] != 0 {
+			t.Errorf("%s = %d", bad, cs[bad])
+		}
+	}
+}

@@ -1,0 +1,188 @@
+package datapath
+
+// IPv6 (issue 10). Each family has its own maps (bpf/lib/maps.h): an IPv6
+// frontend, backend, source range or service IP lives in the sluice6_*
+// twin of its IPv4 map, so an IPv4 packet pays nothing for IPv6. Service
+// and backend ids are one space over both families (the reconciler hands
+// them out), so a delete by id looks in both maps.
+//
+// The encoders in maps.go build an entry of the IPv4 map with the address
+// left zero for an IPv6 one; a twin converts it into the IPv6 map's entry
+// by adding the address. So the family-independent fields are encoded,
+// and checked, once, and an IPv4 write costs what it did.
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+)
+
+// is6 reports whether a belongs in the IPv6 maps: an IPv4-mapped IPv6
+// address is its IPv4 address (checkL4).
+func is6(a netip.Addr) bool { return a.Is6() && !a.Is4In6() }
+
+// addr4 returns a in network order, or 0 for an address of the IPv6 maps.
+func addr4(a netip.Addr) uint32 {
+	if a.Is4() {
+		return be32(a)
+	}
+	return 0
+}
+
+func v6addr(a netip.Addr) sockV6addr { return sockV6addr{Addr: a.As16()} }
+
+func addrFrom16(a sockV6addr) netip.Addr { return netip.AddrFrom16(a.Addr) }
+
+// The IPv6 twins of the IPv4 entries, for address a.
+func lb6Key(k sockLb4Key, a netip.Addr) sockLb6Key {
+	return sockLb6Key{Vip: v6addr(a), Port: k.Port, Proto: k.Proto, Scope: k.Scope, Slot: k.Slot}
+}
+
+func lb6Backend(b sockLb4Backend, a netip.Addr) sockLb6Backend {
+	return sockLb6Backend{Addr: v6addr(a), Port: b.Port, Proto: b.Proto, Flags: b.Flags}
+}
+
+func lb6RevNat(r sockLb4RevNat, a netip.Addr) sockLb6RevNat {
+	return sockLb6RevNat{Vip: v6addr(a), Port: r.Port, Proto: r.Proto, Scope: r.Scope}
+}
+
+func srcRange6Key(k sockSrcRangeKey, fe netip.Addr, p netip.Prefix) sockSrcRange6Key {
+	return sockSrcRange6Key{Prefixlen: 160 + uint32(p.Bits()), Vip: v6addr(fe), Port: k.Port, Proto: k.Proto, Saddr: v6addr(p.Addr())}
+}
+
+// twin is an IPv4 map and its IPv6 twin: an entry goes to one or the
+// other by the family of its address. to6 converts an IPv4 map's entry,
+// encoded without the address, into the twin's.
+type twin[K4, V4, K6, V6 any] struct {
+	m4, m6       *ebpf.Map
+	name4, name6 string
+	to6          func(k K4, v V4, a netip.Addr) (K6, V6)
+}
+
+// put writes k -> v, for address a, into its family's map.
+func (t twin[K4, V4, K6, V6]) put(a netip.Addr, k K4, v V4) error {
+	if is6(a) {
+		k6, v6 := t.to6(k, v, a)
+		return t.m6.Put(&k6, &v6)
+	}
+	return t.m4.Put(&k, &v)
+}
+
+// del deletes k, for address a, from its family's map; deleting a
+// missing entry succeeds.
+func (t twin[K4, V4, K6, V6]) del(a netip.Addr, k K4) error {
+	if is6(a) {
+		var v V4
+		k6, _ := t.to6(k, v, a)
+		return deleteIgnoringMissing(t.m6, &k6)
+	}
+	return deleteIgnoringMissing(t.m4, &k)
+}
+
+// upsert encodes entries with enc and writes them in order, each run of
+// entries of one family in one batch into its map (upsertBatch). addr
+// gives an entry's address.
+func upsertTwin[E, K4, V4, K6, V6 any](t twin[K4, V4, K6, V6], es []E, addr func(E) netip.Addr, enc func(E) (K4, V4, error)) (int, error) {
+	done := 0
+	for done < len(es) {
+		v6 := is6(addr(es[done]))
+		end := done + 1
+		for end < len(es) && is6(addr(es[end])) == v6 {
+			end++
+		}
+		var n int
+		var err error
+		if v6 {
+			n, err = upsertBatch(t.m6, t.name6, es[done:end], func(e E) (K6, V6, error) {
+				k, v, err := enc(e)
+				k6, v6 := t.to6(k, v, addr(e))
+				return k6, v6, err
+			})
+		} else {
+			n, err = upsertBatch(t.m4, t.name4, es[done:end], enc)
+		}
+		done += n
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// deleteID deletes id from the first of ms that has it (ids are one space
+// over both families); deleting a missing id succeeds. An IPv4 entry's
+// delete is one system call, as before IPv6.
+func deleteID(ms []*ebpf.Map, id uint32) error {
+	for _, m := range ms {
+		if m == nil {
+			continue
+		}
+		if err := m.Delete(&id); !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// deleteIDs deletes ids, in order, from the first of ms that has each;
+// deleting a missing id succeeds. The kernel stops a batch of ms[0] at an
+// id it lacks: those go on to ms[1:] together, at the end. It returns how
+// many ids, from the first, are surely deleted.
+func deleteIDs(ms []*ebpf.Map, what string, keys []uint32) (int, error) {
+	if len(ms) == 0 || ms[0] == nil {
+		if len(ms) > 1 {
+			return deleteIDs(ms[1:], what, keys)
+		}
+		return len(keys), nil
+	}
+	m := ms[0]
+	var rest []uint32 // ids m lacks
+	var restAt []int  // their indexes in keys
+	done := 0
+	for done < len(keys) {
+		n, err := m.BatchDelete(keys[done:], nil)
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			for ; done < len(keys); done++ {
+				if err := deleteID(ms, keys[done]); err != nil {
+					return done, fmt.Errorf("delete %s: %w", what, err)
+				}
+			}
+			return done, nil
+		}
+		done += max(0, min(n, len(keys)-done))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return done, fmt.Errorf("delete %s (entry %d of %d): %w", what, done, len(keys), err)
+		}
+		rest, restAt = append(rest, keys[done]), append(restAt, done)
+		done++ // the missing one
+	}
+	if len(rest) > 0 && len(ms) > 1 {
+		if n, err := deleteIDs(ms[1:], what, rest); err != nil {
+			return restAt[n], err
+		}
+	}
+	return len(keys), nil
+}
+
+// eachEntry calls f with every entry of m (nil: none, a map an older agent
+// did not pin).
+func eachEntry[K, V any](m *ebpf.Map, name string, f func(k *K, v *V)) error {
+	if m == nil {
+		return nil
+	}
+	var k K
+	var v V
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		f(&k, &v)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("dump %s: %w", name, err)
+	}
+	return nil
+}

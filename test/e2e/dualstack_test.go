@@ -1,0 +1,166 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
+	"github.com/sluice-lb/sluice/pkg/datapath"
+)
+
+// The dual-stack Services of TestDualStackEndToEnd: web has a ClusterIP
+// of each family over the same three pods, dns6 is IPv6 only, and drain
+// is dual-stack and loses its endpoints on the way.
+const (
+	web4VIP   = "10.96.0.20:80"
+	web6VIP   = "[2001:db8:96::20]:80"
+	dns6VIP   = "[2001:db8:96::21]:53"
+	drain4VIP = "10.96.0.22:80"
+	drain6VIP = "[2001:db8:96::22]:80"
+)
+
+// setupDualStack starts the agent on the LB topology with its IPv6 plane,
+// serving HTTP on :8080 and UDP echo on :5353 of every backend address of
+// both families, and the Services above with drain over drain's addresses.
+func setupDualStack(t *testing.T) (e *env, write func(drain []string)) {
+	t.Helper()
+	bins, topo, lb := newLB(t, 3)
+	v6, err := lb.AddIPv6()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cgMount, err := datapath.CgroupV2Mount()
+	if err != nil {
+		t.Fatalf("no cgroup v2 mount (`make deps` mounts one): %v", err)
+	}
+	e = &env{lb: lb, manifest: filepath.Join(t.TempDir(), "services.yaml")}
+	if e.backends, err = lb.ServeHTTP(8080, "backend-"); err != nil {
+		t.Fatal(err)
+	}
+	for i, be := range lb.Backends {
+		e.addrs = append(e.addrs, lb.BackendAddrs[i].String(), v6.BackendAddrs[i].String())
+		if _, err := be.ServeUDPEcho(netip.AddrPortFrom(v6.BackendAddrs[i], 5353).String(), e.backends[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cg, err := topo.AddCgroup(cgMount, "sluice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.cgroup = cg.Path
+	write = func(drain []string) {
+		t.Helper()
+		var v6only []string
+		for _, a := range e.addrs {
+			if strings.Contains(a, ":") {
+				v6only = append(v6only, a)
+			}
+		}
+		docs := agentproc.Services(
+			agentproc.Service{Name: "web", ClusterIP: "10.96.0.20", ClusterIP6: "2001:db8:96::20", Endpoints: e.addrs,
+				Ports: []agentproc.Port{agentproc.TCP("http", 80, 8080)}},
+			agentproc.Service{Name: "dns6", ClusterIP: "2001:db8:96::21", Endpoints: v6only,
+				Ports: []agentproc.Port{agentproc.UDP("dns", 53, 5353)}},
+			agentproc.Service{Name: "drain", ClusterIP: "10.96.0.22", ClusterIP6: "2001:db8:96::22", Endpoints: drain,
+				Ports: []agentproc.Port{agentproc.TCP("http", 80, 8080)}},
+		)
+		if err := agentproc.WriteFile(e.manifest, agentproc.Manifest(docs...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(e.addrs)
+	e.agent = agentproc.StartAgent(t, bins, lb.Node, agentproc.AgentConfig{
+		Manifests: e.manifest,
+		Devices:   []string{lb.NodeDev},
+		Cgroup:    cg.Path,
+		BPFFS:     filepath.Join(testutil.BPFFS, topo.Prefix()+"e2e6"),
+	}, 30*time.Second)
+	return e, write
+}
+
+// A dual-stack Service works over each family as its IPv4 half does: from
+// a client namespace (per packet, tc) and from a process on the node
+// (socket layer), with backend removal and an emptied Service over IPv6.
+func TestDualStackEndToEnd(t *testing.T) {
+	e, write := setupDualStack(t)
+
+	t.Run("Programmed", func(t *testing.T) {
+		dump, err := e.agent.Services(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, fe := range []string{web4VIP + "/TCP", web6VIP + "/TCP", dns6VIP + "/UDP", drain4VIP + "/TCP", drain6VIP + "/TCP"} {
+			if !strings.Contains(dump, fe) {
+				t.Errorf("frontend %s not programmed:\n%s", fe, dump)
+			}
+		}
+	})
+
+	// 60 connections per family over 3 backends: a backend is missed
+	// with probability 3 * (2/3)^60 < 1e-10. Every backend answers over
+	// the family it was reached by (its servers listen on each address).
+	for _, vip := range []string{web4VIP, web6VIP} {
+		t.Run("ClientSpreads/"+vip, func(t *testing.T) {
+			counts := e.spread(t, vip, 60)
+			for _, b := range e.backends {
+				if counts[b] == 0 {
+					t.Errorf("%s never answered over %s: %v", b, vip, counts)
+				}
+			}
+		})
+	}
+
+	t.Run("ClientUDP6", func(t *testing.T) {
+		if seen := e.udpFromClient(t, dns6VIP, 30); len(seen) != len(e.backends) {
+			t.Errorf("30 flows reached %v, want all %d backends", seen, len(e.backends))
+		}
+	})
+
+	// A process on the node, in the agent's cgroup: the socket layer
+	// connects it straight to a backend and still reports the VIP.
+	for _, c := range []struct{ mode, vip string }{{"tcp", web6VIP}, {"udp", dns6VIP}, {"tcp", web4VIP}} {
+		t.Run("NodeProcess/"+c.mode+"/"+c.vip, func(t *testing.T) {
+			if seen := e.cgroupSpread(t, c.mode, c.vip, 30); len(seen) != len(e.backends) {
+				t.Errorf("30 connections reached %v, want all %d backends", seen, len(e.backends))
+			}
+		})
+	}
+
+	t.Run("BackendRemoval", func(t *testing.T) {
+		write(e.addrs[:2]) // backend 1's two addresses
+		e.waitServices(t, drain6VIP, func(l string) bool {
+			return strings.Contains(l, e.addrs[1]) && !strings.Contains(l, e.addrs[3]) && !strings.Contains(l, e.addrs[5])
+		})
+		counts := e.spread(t, drain6VIP, 30)
+		if counts[e.backends[0]] != 30 {
+			t.Errorf("after removal of backends 2 and 3: %v, want all 30 on %s", counts, e.backends[0])
+		}
+	})
+
+	t.Run("EmptiedService", func(t *testing.T) {
+		write(nil)
+		e.waitServices(t, drain6VIP, func(l string) bool { return strings.Contains(l, "(none") })
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		c, err := e.lb.Client.DialContext(ctx, "tcp6", drain6VIP)
+		if err == nil {
+			c.Close()
+			t.Fatal("connected to a Service without endpoints over IPv6")
+		}
+		// ICMPv6 port unreachable ends the connect at once: refused, not
+		// a black hole that would run into the deadline.
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("connect from the client: %v, want connection refused", err)
+		}
+		if out := e.runInCgroupErr(t, "tcp", drain6VIP, 1); !strings.Contains(out, "connection refused") {
+			t.Errorf("connect from the node: %q, want connection refused", out)
+		}
+	})
+}
