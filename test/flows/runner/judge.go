@@ -18,9 +18,17 @@ import (
 const (
 	// answerTimeout bounds a probe that should be answered.
 	answerTimeout = 2 * time.Second
-	// rejectTimeout bounds a probe that should be refused: an ICMP port
-	// unreachable comes back at once.
-	rejectTimeout = time.Second
+	// rejectTimeout bounds a probe that should be refused. A refusal is
+	// an ECONNREFUSED, whether the error about the first SYN ends the
+	// connect or only the error about the SYN retransmitted after 1 s
+	// does: Linux keeps an ICMPv6 error that arrives while connect()
+	// still holds the socket as a soft one, and over a veth on the same
+	// host the error comes back inside the softirq of the SYN's own
+	// transmit, unless the load defers that softirq (README "IPv6
+	// REJECT"). 2.5 s is past the first retransmission and before the
+	// second (3 s), so both are judged a REJECT every run, and a flow
+	// that gets no answer a DROP.
+	rejectTimeout = 2500 * time.Millisecond
 	// dropTimeout is how long a probe that should be dropped waits for
 	// an answer that must not come.
 	dropTimeout = 500 * time.Millisecond
