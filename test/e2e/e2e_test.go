@@ -40,9 +40,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(helperMain(os.Args[1:]))
 	}
-	code := m.Run()
-	agentproc.RemoveShared()
-	os.Exit(code)
+	os.Exit(agentproc.RunTests(m))
 }
 
 // helperMain runs a client inside whatever namespace and cgroup it was

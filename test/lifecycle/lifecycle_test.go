@@ -42,8 +42,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	agentproc.RemoveShared()
+	code := agentproc.RunTests(m)
 	if release0.dir != "" {
 		_ = os.RemoveAll(release0.dir) // a temporary directory; the exit code stands
 	}

@@ -66,7 +66,7 @@ var shared struct {
 }
 
 // Shared builds the binaries once per test process, into a directory that
-// RemoveShared deletes (call it from TestMain after m.Run).
+// RemoveShared deletes (TestMain calls it through RunTests).
 func Shared(t testing.TB) Binaries {
 	t.Helper()
 	shared.once.Do(func() {
@@ -78,6 +78,14 @@ func Shared(t testing.TB) Binaries {
 		t.Fatal(shared.err)
 	}
 	return shared.bins
+}
+
+// RunTests runs the tests of m and then RemoveShared, returning m.Run's
+// code: a test suite's TestMain is os.Exit(agentproc.RunTests(m)).
+func RunTests(m *testing.M) int {
+	code := m.Run()
+	RemoveShared()
+	return code
 }
 
 // RemoveShared deletes what Shared built. It runs after m.Run, when there
