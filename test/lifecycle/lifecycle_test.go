@@ -94,11 +94,8 @@ func previousAgent(t *testing.T) string {
 			return
 		}
 		release0.bin = filepath.Join(release0.dir, "sluice")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", release0.bin, "./cmd/sluice")
-		cmd.Dir = src
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOTOOLCHAIN=local", "GOFLAGS=-mod=readonly")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			release0.err = fmt.Errorf("build the agent of %s: %w\n%s", previousRelease, err, out)
+		if err := agentproc.GoBuild(ctx, src, "./cmd/sluice", release0.bin, "GOFLAGS=-mod=readonly"); err != nil {
+			release0.err = fmt.Errorf("build the agent of %s: %w", previousRelease, err)
 		}
 	})
 	if release0.err != nil {

@@ -27,17 +27,18 @@ func Build(ctx context.Context, dir string) (Binaries, error) {
 	}
 	b := Binaries{Sluice: filepath.Join(dir, "sluice"), Sluicectl: filepath.Join(dir, "sluicectl")}
 	for _, x := range []struct{ pkg, out string }{{"./cmd/sluice", b.Sluice}, {"./cmd/sluicectl", b.Sluicectl}} {
-		if err := goBuild(ctx, root, x.pkg, x.out); err != nil {
+		if err := GoBuild(ctx, root, x.pkg, x.out); err != nil {
 			return Binaries{}, err
 		}
 	}
 	return b, nil
 }
 
-// goBuild builds pkg into out, with a few tries: a build cache shared with
-// concurrent builds (other test binaries, other checkouts) has been seen
-// to fail transiently.
-func goBuild(ctx context.Context, root, pkg, out string) error {
+// GoBuild builds pkg of the module in root into out (static, with the
+// local toolchain, env added to the environment), with a few tries: a
+// build cache shared with concurrent builds (other test binaries, other
+// checkouts) has been seen to fail transiently.
+func GoBuild(ctx context.Context, root, pkg, out string, env ...string) error {
 	var err error
 	for try := range 3 {
 		if try > 0 {
@@ -45,7 +46,7 @@ func goBuild(ctx context.Context, root, pkg, out string) error {
 		}
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
 		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOTOOLCHAIN=local")
+		cmd.Env = append(append(os.Environ(), "CGO_ENABLED=0", "GOTOOLCHAIN=local"), env...)
 		var output []byte
 		if output, err = cmd.CombinedOutput(); err == nil {
 			return nil
