@@ -2,7 +2,6 @@ package agentproc
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-lb/sluice/internal/namesfile"
 	"github.com/sluice-lb/sluice/internal/testutil"
 )
 
@@ -100,19 +100,9 @@ func RemoveShared() {
 	}
 }
 
-// WriteFile replaces path atomically (write a temporary file, rename), so a
-// watcher never reads half a manifest.
+// WriteFile replaces path atomically, as the agent writes its names file
+// (a temporary file renamed over it), so a watcher never reads half a
+// manifest.
 func WriteFile(path, content string) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".manifest-*")
-	if err != nil {
-		return err
-	}
-	if _, err := tmp.WriteString(content); err != nil {
-		tmp.Close()
-		return errors.Join(err, os.Remove(tmp.Name()))
-	}
-	if err := tmp.Close(); err != nil {
-		return errors.Join(err, os.Remove(tmp.Name()))
-	}
-	return os.Rename(tmp.Name(), path)
+	return namesfile.WriteAtomic(path, []byte(content))
 }
