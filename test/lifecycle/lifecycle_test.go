@@ -173,19 +173,14 @@ func setup(t *testing.T) *env {
 	}
 	e := &env{lb: lb, manifest: filepath.Join(t.TempDir(), "services.yaml"), topo: topo,
 		bpffs: filepath.Join(testutil.BPFFS, topo.Prefix()+"lifecycle")}
-	if _, err := lb.ServeHTTP(8080, "backend-"); err != nil {
+	names, err := lb.ServeHTTP(8080, "backend-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lb.ServeEchoes(9000, 5353, names); err != nil {
 		t.Fatal(err)
 	}
 	addrs := lb.BackendAddrStrings()
-	for i, be := range lb.Backends {
-		name := fmt.Sprintf("backend-%d", i+1)
-		if _, err := be.ServeTCPEcho(addrs[i]+":9000", name); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := be.ServeUDPEcho(addrs[i]+":5353", name); err != nil {
-			t.Fatal(err)
-		}
-	}
 	cg, err := topo.AddCgroup(cgMount, "sluice")
 	if err != nil {
 		t.Fatal(err)
