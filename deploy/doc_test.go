@@ -9,13 +9,14 @@ package deploy_test
 import (
 	"bytes"
 	"context"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
 )
 
 // root is the repository, seen from this package's directory.
@@ -81,11 +82,8 @@ func runErr(ctx context.Context, dir string, name string, args ...string) ([]byt
 func buildSluice(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "sluice")
-	cmd := exec.CommandContext(t.Context(), "go", "build", "-o", bin, "./cmd/sluice")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/sluice: %v\n%s", err, out)
+	if err := agentproc.GoBuild(t.Context(), root, "./cmd/sluice", bin); err != nil {
+		t.Fatal(err)
 	}
 	return bin
 }

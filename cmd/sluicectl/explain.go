@@ -157,17 +157,26 @@ func explainCmd(fs *flag.FlagSet) runner {
 	}
 }
 
+// explainProto is explain's --proto, which it needs: the IP protocol
+// number of tcp or udp (model's protocols are those numbers).
+func explainProto(s string) (uint8, error) {
+	p, err := parseProto(s)
+	if err != nil || p == 0 {
+		return 0, fmt.Errorf("--proto %q: want tcp or udp", s)
+	}
+	return uint8(p), nil
+}
+
 // explainRequest validates explain's flags.
 func explainRequest(dev, from, to, proto string, egress bool) (datapath.ExplainRequest, error) {
 	req := datapath.ExplainRequest{Device: dev, Egress: egress}
 	if dev == "" || from == "" || to == "" {
 		return req, errors.New("--device, --from and --to are required")
 	}
-	p, err := parseProto(proto)
-	if err != nil || p == 0 {
-		return req, fmt.Errorf("--proto %q: want tcp or udp", proto)
+	var err error
+	if req.Proto, err = explainProto(proto); err != nil {
+		return req, err
 	}
-	req.Proto = uint8(p) // model's protocols are the IP protocol numbers
 	if ap, err := netip.ParseAddrPort(from); err == nil {
 		req.From = ap
 	} else if a, err2 := netip.ParseAddr(from); err2 == nil {
@@ -192,11 +201,10 @@ func socketRequest(from, to, proto string, unconnected bool) (datapath.SocketExp
 	if to == "" {
 		return req, errors.New("--to is required")
 	}
-	p, err := parseProto(proto)
-	if err != nil || p == 0 {
-		return req, fmt.Errorf("--proto %q: want tcp or udp", proto)
+	var err error
+	if req.Proto, err = explainProto(proto); err != nil {
+		return req, err
 	}
-	req.Proto = uint8(p) // model's protocols are the IP protocol numbers
 	if unconnected && req.Proto != unix.IPPROTO_UDP {
 		return req, errors.New("--unconnected is a UDP socket's: add --proto udp")
 	}

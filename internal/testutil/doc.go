@@ -9,7 +9,8 @@
 // kept up in the background across an agent restart (Traffic), a run
 // loop kept going until the test ends (RunUntilCleanup), a buffer
 // that concurrent writers share (Buffer), a median and its spread (Median,
-// SpreadOf), the module's root directory (ModuleRoot) and the decisions a
+// SpreadOf), the process's CPU time (CPUTime), a /metrics scrape (Scrape,
+// Samples), the module's root directory (ModuleRoot) and the decisions a
 // fuzz target takes from the fuzzer's bytes (Choices). The subpackages
 // are the larger pieces:
 //

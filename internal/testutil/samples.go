@@ -4,9 +4,24 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
+	"testing"
 )
+
+// Scrape serves one GET /metrics from h (a metrics handler) and returns
+// the exposition, failing tb unless h answered 200.
+func Scrape(tb testing.TB, h http.Handler) string {
+	tb.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		tb.Fatalf("scrape: %d\n%s", rec.Code, rec.Body.String())
+	}
+	return rec.Body.String()
+}
 
 // Samples parses a Prometheus text exposition (what /metrics serves) into
 // its samples, by series as the format spells it (name{labels}), keeping

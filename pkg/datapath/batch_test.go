@@ -14,6 +14,36 @@ import (
 	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
 )
 
+// batches is one batch of each kind of entry.
+type batches struct {
+	bes []reconciler.BackendEntry
+	rns []reconciler.RevNatEntry
+	sls []reconciler.SlotEntry
+	ms  []reconciler.MasterEntry
+	ips []netip.Addr
+}
+
+// upsert writes b into dp a batch at a time, backends first, as the
+// reconciler orders them, and returns how many entries each batch wrote,
+// up to the first that failed.
+func (b batches) upsert(dp reconciler.Datapath) ([]int, error) {
+	var ns []int
+	for _, w := range []func() (int, error){
+		func() (int, error) { return dp.UpsertBackends(b.bes) },
+		func() (int, error) { return dp.UpsertRevNats(b.rns) },
+		func() (int, error) { return dp.UpsertSlots(b.sls) },
+		func() (int, error) { return dp.UpsertMasters(b.ms) },
+		func() (int, error) { return dp.UpsertServiceIPs(b.ips) },
+	} {
+		n, err := w()
+		ns = append(ns, n)
+		if err != nil {
+			return ns, err
+		}
+	}
+	return ns, nil
+}
+
 // TestBatchWritesAsSingle: the batch writes leave the maps as the single
 // writes of the same entries do (the fake applies batches one entry at a
 // time), and batched deletes of missing entries succeed.
@@ -23,25 +53,19 @@ func TestBatchWritesAsSingle(t *testing.T) {
 	f := fakedp.New(256, 1024, 4096)
 	fe := reconciler.DefaultScope(l4("10.96.0.1", 80, model.TCP))
 	in := reconciler.Frontend{L4Addr: fe.L4Addr, Scope: reconciler.ScopeInternal}
-	bes := []reconciler.BackendEntry{{ID: 1, Addr: l4("10.1.0.1", 8080, model.TCP)}, {ID: 2, Addr: l4("10.1.0.2", 8080, model.TCP)}}
-	rns := []reconciler.RevNatEntry{{ID: 1, Frontend: in}, {ID: 2, Frontend: fe}}
-	sls := []reconciler.SlotEntry{{Frontend: in, Slot: 1, Backend: 2}, {Frontend: fe, Slot: 1, Backend: 1}, {Frontend: fe, Slot: 2, Backend: 2}}
-	ms := []reconciler.MasterEntry{
-		{Frontend: in, Master: reconciler.Master{ID: 1, Count: 1}},
-		{Frontend: fe, Master: reconciler.Master{ID: 2, Count: 2, Flags: reconciler.FlagTwoScopes, AffinityTimeout: 30}},
+	b := batches{
+		bes: []reconciler.BackendEntry{{ID: 1, Addr: l4("10.1.0.1", 8080, model.TCP)}, {ID: 2, Addr: l4("10.1.0.2", 8080, model.TCP)}},
+		rns: []reconciler.RevNatEntry{{ID: 1, Frontend: in}, {ID: 2, Frontend: fe}},
+		sls: []reconciler.SlotEntry{{Frontend: in, Slot: 1, Backend: 2}, {Frontend: fe, Slot: 1, Backend: 1}, {Frontend: fe, Slot: 2, Backend: 2}},
+		ms: []reconciler.MasterEntry{
+			{Frontend: in, Master: reconciler.Master{ID: 1, Count: 1}},
+			{Frontend: fe, Master: reconciler.Master{ID: 2, Count: 2, Flags: reconciler.FlagTwoScopes, AffinityTimeout: 30}},
+		},
+		ips: []netip.Addr{fe.Addr},
 	}
-	ips := []netip.Addr{fe.Addr}
 	for _, dp := range []reconciler.Datapath{m, f} {
-		for _, w := range []func() (int, error){
-			func() (int, error) { return dp.UpsertBackends(bes) },
-			func() (int, error) { return dp.UpsertRevNats(rns) },
-			func() (int, error) { return dp.UpsertSlots(sls) },
-			func() (int, error) { return dp.UpsertMasters(ms) },
-			func() (int, error) { return dp.UpsertServiceIPs(ips) },
-		} {
-			if _, err := w(); err != nil {
-				t.Fatalf("%T: %v", dp, err)
-			}
+		if _, err := b.upsert(dp); err != nil {
+			t.Fatalf("%T: %v", dp, err)
 		}
 	}
 	got, _ := m.Dump()
@@ -64,7 +88,7 @@ func TestBatchWritesAsSingle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := map[reconciler.BackendID]model.L4Addr{1: bes[0].Addr}; !reflect.DeepEqual(ks.Backends, want) {
+	if want := map[reconciler.BackendID]model.L4Addr{1: b.bes[0].Addr}; !reflect.DeepEqual(ks.Backends, want) {
 		t.Errorf("backends = %v, want %v", ks.Backends, want)
 	}
 	if want := map[reconciler.ServiceID]reconciler.Frontend{2: fe}; !reflect.DeepEqual(ks.RevNat, want) {

@@ -255,37 +255,33 @@ func TestBatchDualStack(t *testing.T) {
 	batched := openTest(t, smallConfig(testPinDir(t))).Maps()
 	single := openTest(t, smallConfig(testPinDir(t))).Maps()
 	fe4, fe6 := reconciler.DefaultScope(l4("10.96.0.1", 80, model.TCP)), reconciler.DefaultScope(l4("2001:db8::1", 80, model.TCP))
-	bes := []reconciler.BackendEntry{{ID: 1, Addr: l4("10.1.0.1", 80, model.TCP)}, {ID: 2, Addr: l4("2001:db8:1::1", 80, model.TCP)},
-		{ID: 3, Addr: l4("2001:db8:1::2", 80, model.TCP)}, {ID: 4, Addr: l4("10.1.0.2", 80, model.TCP)}}
-	rns := []reconciler.RevNatEntry{{ID: 2, Frontend: fe6}, {ID: 1, Frontend: fe4}}
-	sls := []reconciler.SlotEntry{{Frontend: fe4, Slot: 1, Backend: 1}, {Frontend: fe6, Slot: 1, Backend: 2},
-		{Frontend: fe6, Slot: 2, Backend: 3}, {Frontend: fe4, Slot: 2, Backend: 4}}
-	mss := []reconciler.MasterEntry{{Frontend: fe6, Master: reconciler.Master{ID: 2, Count: 2}}, {Frontend: fe4, Master: reconciler.Master{ID: 1, Count: 2}}}
-	ips := []netip.Addr{fe6.Addr, fe4.Addr}
-	for _, w := range []func() (int, error){
-		func() (int, error) { return batched.UpsertBackends(bes) },
-		func() (int, error) { return batched.UpsertRevNats(rns) },
-		func() (int, error) { return batched.UpsertSlots(sls) },
-		func() (int, error) { return batched.UpsertMasters(mss) },
-		func() (int, error) { return batched.UpsertServiceIPs(ips) },
-	} {
-		if n, err := w(); err != nil || n != 4 && n != 2 {
-			t.Fatalf("batch: %d, %v", n, err)
-		}
+	b := batches{
+		bes: []reconciler.BackendEntry{{ID: 1, Addr: l4("10.1.0.1", 80, model.TCP)}, {ID: 2, Addr: l4("2001:db8:1::1", 80, model.TCP)},
+			{ID: 3, Addr: l4("2001:db8:1::2", 80, model.TCP)}, {ID: 4, Addr: l4("10.1.0.2", 80, model.TCP)}},
+		rns: []reconciler.RevNatEntry{{ID: 2, Frontend: fe6}, {ID: 1, Frontend: fe4}},
+		sls: []reconciler.SlotEntry{{Frontend: fe4, Slot: 1, Backend: 1}, {Frontend: fe6, Slot: 1, Backend: 2},
+			{Frontend: fe6, Slot: 2, Backend: 3}, {Frontend: fe4, Slot: 2, Backend: 4}},
+		ms:  []reconciler.MasterEntry{{Frontend: fe6, Master: reconciler.Master{ID: 2, Count: 2}}, {Frontend: fe4, Master: reconciler.Master{ID: 1, Count: 2}}},
+		ips: []netip.Addr{fe6.Addr, fe4.Addr},
 	}
-	for _, e := range bes {
+	// Every batch writes all its entries: 4 backends and slots, 2 of the
+	// rest.
+	if ns, err := b.upsert(batched); err != nil || !reflect.DeepEqual(ns, []int{4, 2, 4, 2, 2}) {
+		t.Fatalf("batches wrote %v, %v", ns, err)
+	}
+	for _, e := range b.bes {
 		must(t, single.UpsertBackend(e.ID, e.Addr))
 	}
-	for _, e := range rns {
+	for _, e := range b.rns {
 		must(t, single.UpsertRevNat(e.ID, e.Frontend))
 	}
-	for _, e := range sls {
+	for _, e := range b.sls {
 		must(t, single.UpsertSlot(e.Frontend, e.Slot, e.Backend))
 	}
-	for _, e := range mss {
+	for _, e := range b.ms {
 		must(t, single.UpsertMaster(e.Frontend, e.Master))
 	}
-	for _, a := range ips {
+	for _, a := range b.ips {
 		must(t, single.UpsertServiceIP(a))
 	}
 	got, err := batched.Dump()
@@ -320,7 +316,7 @@ func TestBatchDualStack(t *testing.T) {
 	}
 	must(t, single.DeleteRevNat(2))
 	ks, _ := batched.Dump()
-	if want := map[reconciler.BackendID]model.L4Addr{4: bes[3].Addr}; !reflect.DeepEqual(ks.Backends, want) {
+	if want := map[reconciler.BackendID]model.L4Addr{4: b.bes[3].Addr}; !reflect.DeepEqual(ks.Backends, want) {
 		t.Errorf("backends = %v, want %v", ks.Backends, want)
 	}
 	if want := map[reconciler.ServiceID]reconciler.Frontend{1: fe4}; !reflect.DeepEqual(ks.RevNat, want) {

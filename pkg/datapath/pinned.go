@@ -44,39 +44,30 @@ func OpenPinned(bpffs string) (*Pinned, error) {
 	for _, x := range []struct {
 		name string
 		m    **ebpf.Map
+		// optional: a map an agent of an earlier release did not pin,
+		// left nil.
+		optional bool
 	}{
-		{mapServices, &p.services},
-		{mapBackends, &p.backends},
-		{mapRevNat, &p.revNat},
-		{mapSrcRanges, &p.srcRanges},
-		{mapMetrics, &p.metrics},
-	} {
-		m, err := openPinnedMap(dir, x.name, spec.Maps[x.name])
-		if err != nil {
-			return nil, errors.Join(err, p.Close())
-		}
-		*x.m = m
-	}
-	// Maps an agent of an earlier release did not pin: left nil.
-	for _, x := range []struct {
-		name string
-		m    **ebpf.Map
-	}{
-		{mapServiceIPs, &p.serviceIPs},
-		{mapSvcStats, &p.svcStats},
-		{mapServices6, &p.services6},
-		{mapBackends6, &p.backends6},
-		{mapRevNat6, &p.revNat6},
-		{mapSrcRanges6, &p.srcRanges6},
-		{mapServiceIPs6, &p.serviceIPs6},
+		{mapServices, &p.services, false},
+		{mapBackends, &p.backends, false},
+		{mapRevNat, &p.revNat, false},
+		{mapSrcRanges, &p.srcRanges, false},
+		{mapMetrics, &p.metrics, false},
+		{mapServiceIPs, &p.serviceIPs, true},
+		{mapSvcStats, &p.svcStats, true},
+		{mapServices6, &p.services6, true},
+		{mapBackends6, &p.backends6, true},
+		{mapRevNat6, &p.revNat6, true},
+		{mapSrcRanges6, &p.srcRanges6, true},
+		{mapServiceIPs6, &p.serviceIPs6, true},
 	} {
 		m, err := openPinnedMap(dir, x.name, spec.Maps[x.name])
 		switch {
 		case err == nil:
 			*x.m = m
-		case !errors.Is(err, os.ErrNotExist):
-			p.Close()
-			return nil, err
+		case x.optional && errors.Is(err, os.ErrNotExist):
+		default:
+			return nil, errors.Join(err, p.Close())
 		}
 	}
 	info, err := p.metrics.Info()

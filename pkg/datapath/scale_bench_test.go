@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -45,11 +44,11 @@ func BenchmarkMapsFromEmpty(b *testing.B) {
 				b.StopTimer()
 				d := openTest(b, cfg)
 				b.StartTimer()
-				cpu0 := cpuTime(b)
+				cpu0 := testutil.CPUTime(b)
 				if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
 					b.Fatal(err)
 				}
-				cpu += cpuTime(b) - cpu0
+				cpu += testutil.CPUTime(b) - cpu0
 				b.StopTimer()
 				d.Close()
 				if err := os.RemoveAll(filepath.Join(cfg.BPFFS, "sluice")); err != nil {
@@ -62,14 +61,4 @@ func BenchmarkMapsFromEmpty(b *testing.B) {
 			b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 		})
 	}
-}
-
-// cpuTime returns the process's user plus system CPU time (all threads:
-// the garbage collector's work counts).
-func cpuTime(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -137,6 +137,23 @@ func newSocketIn(t *testing.T, domain, typ int) int {
 	return fd
 }
 
+// connectSeesPeer connects fd, a socket of domain, to a, which the socket
+// must then name as its peer: whether a is a VIP translated to a backend
+// or not, the application sees the address it connected to.
+func connectSeesPeer(t *testing.T, fd, domain int, a model.L4Addr) {
+	t.Helper()
+	if err := unix.Connect(fd, sockaddrIn(domain, a)); err != nil {
+		t.Fatalf("connect %s: %v", a, err)
+	}
+	peer, err := unix.Getpeername(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := addrPort(peer); got != apOf(a) {
+		t.Errorf("getpeername = %s, want %s", got, apOf(a))
+	}
+}
+
 func recvFrom(t *testing.T, fd int) (string, netip.AddrPort) {
 	t.Helper()
 	buf := make([]byte, 1500)
@@ -217,16 +234,7 @@ func testSockLB(t *testing.T, d *Datapath, ns *topology.NS, f sockLBFamily) {
 		seen := map[string]bool{}
 		for range 24 {
 			fd := newSocket(t, unix.SOCK_STREAM)
-			if err := unix.Connect(fd, sockaddr(f.tcp)); err != nil {
-				t.Fatalf("connect %s: %v", f.tcp, err)
-			}
-			peer, err := unix.Getpeername(fd)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := addrPort(peer); got != apOf(f.tcp) {
-				t.Errorf("getpeername = %s, want the VIP %s", got, apOf(f.tcp))
-			}
+			connectSeesPeer(t, fd, f.domain, f.tcp)
 			buf := make([]byte, 100)
 			n, err := unix.Read(fd, buf)
 			if err != nil || !isBackendReply(string(buf[:n])) {
@@ -242,16 +250,7 @@ func testSockLB(t *testing.T, d *Datapath, ns *topology.NS, f sockLBFamily) {
 	t.Run("udp_connected", func(t *testing.T) {
 		ns.Enter(t)
 		fd := newSocket(t, unix.SOCK_DGRAM)
-		if err := unix.Connect(fd, sockaddr(f.udp)); err != nil {
-			t.Fatalf("connect %s: %v", f.udp, err)
-		}
-		peer, err := unix.Getpeername(fd)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := addrPort(peer); got != apOf(f.udp) {
-			t.Errorf("getpeername = %s, want the VIP %s", got, apOf(f.udp))
-		}
+		connectSeesPeer(t, fd, f.domain, f.udp)
 		if _, err := unix.Write(fd, []byte("ping")); err != nil {
 			t.Fatal(err)
 		}
@@ -393,13 +392,7 @@ func testSockLB(t *testing.T, d *Datapath, ns *topology.NS, f sockLBFamily) {
 		ns.Enter(t)
 		direct := l4(f.backends[1], 8080, model.TCP)
 		fd := newSocket(t, unix.SOCK_STREAM)
-		if err := unix.Connect(fd, sockaddr(direct)); err != nil {
-			t.Fatalf("connect %s: %v", direct, err)
-		}
-		peer, _ := unix.Getpeername(fd)
-		if got := addrPort(peer); got != apOf(direct) {
-			t.Errorf("getpeername = %s, want %s", got, apOf(direct))
-		}
+		connectSeesPeer(t, fd, f.domain, direct)
 		buf := make([]byte, 100)
 		if n, _ := unix.Read(fd, buf); string(buf[:n]) != "backend "+f.backends[1] {
 			t.Errorf("read %q from %s", buf[:n], direct)

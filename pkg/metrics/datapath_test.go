@@ -1,8 +1,8 @@
 package metrics
 
 import (
-	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -18,12 +18,7 @@ import (
 // (name{labels} as the exposition format spells it).
 func scrape(t *testing.T, m *Metrics) map[string]float64 {
 	t.Helper()
-	rec := httptest.NewRecorder()
-	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	if rec.Code != 200 {
-		t.Fatalf("scrape: %d\n%s", rec.Code, rec.Body.String())
-	}
-	out, err := testutil.Samples(rec.Body, nil)
+	out, err := testutil.Samples(strings.NewReader(testutil.Scrape(t, m.Handler())), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,9 +21,7 @@ import (
 
 func TestMain(m *testing.M) {
 	load.ChildMain() // the test binary also serves as server and client child
-	code := m.Run()
-	agentproc.RemoveShared()
-	os.Exit(code)
+	os.Exit(agentproc.RunTests(m))
 }
 
 // TestQuick runs the whole benchmark at a tiny size (10 services x 2

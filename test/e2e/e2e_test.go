@@ -40,9 +40,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(helperMain(os.Args[1:]))
 	}
-	code := m.Run()
-	agentproc.RemoveShared()
-	os.Exit(code)
+	os.Exit(agentproc.RunTests(m))
 }
 
 // helperMain runs a client inside whatever namespace and cgroup it was
@@ -235,14 +233,8 @@ func setup(t *testing.T, extraArgs ...string) *env {
 	if e.backends, err = lb.ServeHTTP(8080, "backend-"); err != nil {
 		t.Fatal(err)
 	}
-	for i, be := range lb.Backends {
-		addr, name := e.addrs[i], e.backends[i]
-		if _, err := be.ServeTCPEcho(addr+":9000", name); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := be.ServeUDPEcho(addr+":5353", name); err != nil {
-			t.Fatal(err)
-		}
+	if err := lb.ServeEchoes(9000, 5353, e.backends); err != nil {
+		t.Fatal(err)
 	}
 	cg, err := topo.AddCgroup(cgMount, "sluice")
 	if err != nil {

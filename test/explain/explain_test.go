@@ -26,9 +26,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	agentproc.RemoveShared()
-	os.Exit(code)
+	os.Exit(agentproc.RunTests(m))
 }
 
 const (

@@ -8,7 +8,5 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	agentproc.RemoveShared() // the sluice binaries the traffic tests built
-	os.Exit(code)
+	os.Exit(agentproc.RunTests(m)) // removes the sluice binaries the traffic tests built
 }

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
@@ -138,7 +139,7 @@ func TestMetricsAfterSync(t *testing.T) {
 	createSlice(t, c, makeSlice("default", "web", "web-a", slicePorts{"http": 8080}, ready("10.0.1.1"), ready("10.0.1.2")))
 	wantProgrammed(t, dp, map[string][]string{fe(web, 80): {be("10.0.1.1", 8080), be("10.0.1.2", 8080)}})
 	eventually(t, "metrics", 10*time.Second, func() error {
-		body := scrape(p.metrics)
+		body := testutil.Scrape(t, p.metrics.Handler())
 		for _, line := range []string{
 			"sluice_services 2", // web and the apiserver's default/kubernetes
 			"sluice_backends 2", // (which has no endpoints: kubeenv runs no endpoint reconciler)

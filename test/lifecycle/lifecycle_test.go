@@ -42,8 +42,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	agentproc.RemoveShared()
+	code := agentproc.RunTests(m)
 	if release0.dir != "" {
 		_ = os.RemoveAll(release0.dir) // a temporary directory; the exit code stands
 	}
@@ -95,11 +94,8 @@ func previousAgent(t *testing.T) string {
 			return
 		}
 		release0.bin = filepath.Join(release0.dir, "sluice")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", release0.bin, "./cmd/sluice")
-		cmd.Dir = src
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOTOOLCHAIN=local", "GOFLAGS=-mod=readonly")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			release0.err = fmt.Errorf("build the agent of %s: %w\n%s", previousRelease, err, out)
+		if err := agentproc.GoBuild(ctx, src, "./cmd/sluice", release0.bin, "GOFLAGS=-mod=readonly"); err != nil {
+			release0.err = fmt.Errorf("build the agent of %s: %w", previousRelease, err)
 		}
 	})
 	if release0.err != nil {
@@ -177,19 +173,14 @@ func setup(t *testing.T) *env {
 	}
 	e := &env{lb: lb, manifest: filepath.Join(t.TempDir(), "services.yaml"), topo: topo,
 		bpffs: filepath.Join(testutil.BPFFS, topo.Prefix()+"lifecycle")}
-	if _, err := lb.ServeHTTP(8080, "backend-"); err != nil {
+	names, err := lb.ServeHTTP(8080, "backend-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lb.ServeEchoes(9000, 5353, names); err != nil {
 		t.Fatal(err)
 	}
 	addrs := lb.BackendAddrStrings()
-	for i, be := range lb.Backends {
-		name := fmt.Sprintf("backend-%d", i+1)
-		if _, err := be.ServeTCPEcho(addrs[i]+":9000", name); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := be.ServeUDPEcho(addrs[i]+":5353", name); err != nil {
-			t.Fatal(err)
-		}
-	}
 	cg, err := topo.AddCgroup(cgMount, "sluice")
 	if err != nil {
 		t.Fatal(err)

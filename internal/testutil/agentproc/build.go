@@ -2,7 +2,6 @@ package agentproc
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-lb/sluice/internal/namesfile"
 	"github.com/sluice-lb/sluice/internal/testutil"
 )
 
@@ -27,17 +27,18 @@ func Build(ctx context.Context, dir string) (Binaries, error) {
 	}
 	b := Binaries{Sluice: filepath.Join(dir, "sluice"), Sluicectl: filepath.Join(dir, "sluicectl")}
 	for _, x := range []struct{ pkg, out string }{{"./cmd/sluice", b.Sluice}, {"./cmd/sluicectl", b.Sluicectl}} {
-		if err := goBuild(ctx, root, x.pkg, x.out); err != nil {
+		if err := GoBuild(ctx, root, x.pkg, x.out); err != nil {
 			return Binaries{}, err
 		}
 	}
 	return b, nil
 }
 
-// goBuild builds pkg into out, with a few tries: a build cache shared with
-// concurrent builds (other test binaries, other checkouts) has been seen
-// to fail transiently.
-func goBuild(ctx context.Context, root, pkg, out string) error {
+// GoBuild builds pkg of the module in root into out (static, with the
+// local toolchain, env added to the environment), with a few tries: a
+// build cache shared with concurrent builds (other test binaries, other
+// checkouts) has been seen to fail transiently.
+func GoBuild(ctx context.Context, root, pkg, out string, env ...string) error {
 	var err error
 	for try := range 3 {
 		if try > 0 {
@@ -45,7 +46,7 @@ func goBuild(ctx context.Context, root, pkg, out string) error {
 		}
 		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
 		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOTOOLCHAIN=local")
+		cmd.Env = append(append(os.Environ(), "CGO_ENABLED=0", "GOTOOLCHAIN=local"), env...)
 		var output []byte
 		if output, err = cmd.CombinedOutput(); err == nil {
 			return nil
@@ -66,7 +67,7 @@ var shared struct {
 }
 
 // Shared builds the binaries once per test process, into a directory that
-// RemoveShared deletes (call it from TestMain after m.Run).
+// RemoveShared deletes (TestMain calls it through RunTests).
 func Shared(t testing.TB) Binaries {
 	t.Helper()
 	shared.once.Do(func() {
@@ -80,6 +81,14 @@ func Shared(t testing.TB) Binaries {
 	return shared.bins
 }
 
+// RunTests runs the tests of m and then RemoveShared, returning m.Run's
+// code: a test suite's TestMain is os.Exit(agentproc.RunTests(m)).
+func RunTests(m *testing.M) int {
+	code := m.Run()
+	RemoveShared()
+	return code
+}
+
 // RemoveShared deletes what Shared built. It runs after m.Run, when there
 // is no test left to fail, so a failure is reported on stderr.
 func RemoveShared() {
@@ -91,19 +100,9 @@ func RemoveShared() {
 	}
 }
 
-// WriteFile replaces path atomically (write a temporary file, rename), so a
-// watcher never reads half a manifest.
+// WriteFile replaces path atomically, as the agent writes its names file
+// (a temporary file renamed over it), so a watcher never reads half a
+// manifest.
 func WriteFile(path, content string) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".manifest-*")
-	if err != nil {
-		return err
-	}
-	if _, err := tmp.WriteString(content); err != nil {
-		tmp.Close()
-		return errors.Join(err, os.Remove(tmp.Name()))
-	}
-	if err := tmp.Close(); err != nil {
-		return errors.Join(err, os.Remove(tmp.Name()))
-	}
-	return os.Rename(tmp.Name(), path)
+	return namesfile.WriteAtomic(path, []byte(content))
 }

@@ -112,6 +112,24 @@ func (lb *LB) ServeHTTP(port uint16, namePrefix string) ([]string, error) {
 	return names, nil
 }
 
+// ServeEchoes starts on every backend, on each of its addresses as
+// ServeHTTP does, a TCP echo server on tcpPort and a UDP echo server on
+// udpPort (NS.ServeTCPEcho, NS.ServeUDPEcho) that answer with names[i]:
+// ServeHTTP's names, so that every protocol says the same backend.
+func (lb *LB) ServeEchoes(tcpPort, udpPort uint16, names []string) error {
+	for i, be := range lb.Backends {
+		for _, a := range lb.backendAddrs(i) {
+			if _, err := be.ServeTCPEcho(netip.AddrPortFrom(a, tcpPort).String(), names[i]); err != nil {
+				return err
+			}
+			if _, err := be.ServeUDPEcho(netip.AddrPortFrom(a, udpPort).String(), names[i]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // backendAddrs are Backends[i]'s addresses: IPv4, and IPv6 once AddIPv6
 // made its plane.
 func (lb *LB) backendAddrs(i int) []netip.Addr {

@@ -2,19 +2,12 @@ package kube
 
 import (
 	"fmt"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/metrics"
 )
-
-func scrape(t *testing.T, m *metrics.Metrics) string {
-	t.Helper()
-	rec := httptest.NewRecorder()
-	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	return rec.Body.String()
-}
 
 func containsLine(body, line string) bool {
 	for _, l := range strings.Split(body, "\n") {
@@ -27,7 +20,7 @@ func containsLine(body, line string) bool {
 
 func histogramCount(t *testing.T, m *metrics.Metrics) int {
 	t.Helper()
-	for _, l := range strings.Split(scrape(t, m), "\n") {
+	for _, l := range strings.Split(testutil.Scrape(t, m.Handler()), "\n") {
 		if v, ok := strings.CutPrefix(l, "sluice_network_programming_duration_seconds_count "); ok {
 			var n int
 			if _, err := fmt.Sscan(v, &n); err != nil {

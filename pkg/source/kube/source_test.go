@@ -225,7 +225,7 @@ func TestSyncErrorRetriedAndMetrics(t *testing.T) {
 	if n := promtest.CollectAndCount(m.NetworkProgrammingDuration); n != 1 {
 		t.Fatalf("programming latency series = %d", n)
 	}
-	body := scrape(t, m)
+	body := testutil.Scrape(t, m.Handler())
 	if !containsLine(body, "sluice_network_programming_duration_seconds_count 1") {
 		t.Errorf("want one programming latency sample:\n%s", body)
 	}
@@ -279,7 +279,7 @@ func TestProgrammingLatencyTakenWhenAgentReportsProgrammed(t *testing.T) {
 	if n := histogramCount(t, m); n != 1 {
 		t.Fatalf("latency samples = %d after the state was programmed, want 1", n)
 	}
-	if !containsLine(scrape(t, m), `sluice_network_programming_duration_seconds_bucket{le="1.024"} 0`) {
+	if !containsLine(testutil.Scrape(t, m.Handler()), `sluice_network_programming_duration_seconds_bucket{le="1.024"} 0`) {
 		t.Error("latency does not include the time until programming (>= 1.5s)")
 	}
 	src.Programmed(st) // a resync of the same state records nothing more

@@ -8,10 +8,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
@@ -111,7 +111,7 @@ func scaleSizes() []int {
 // BenchmarkScale: see the comment above. live-MiB is the heap the loader
 // and the state it handed over hold after a load (what stays in the
 // agent's RSS between changes, before the GC's headroom); cpu-ms/op the
-// CPU time of a load (see cpuTime).
+// CPU time of a load (see testutil.CPUTime).
 func BenchmarkScale(b *testing.B) {
 	for _, format := range []string{"json", "yaml"} {
 		for _, n := range scaleSizes() {
@@ -135,7 +135,7 @@ func BenchmarkScale(b *testing.B) {
 					runtime.GC()
 					runtime.ReadMemStats(&ms)
 					before := ms.HeapAlloc // the benchmark's own: the file's content
-					t0, runs := cpuTime(b), 0
+					t0, runs := testutil.CPUTime(b), 0
 					for b.Loop() {
 						runs++
 						var err error
@@ -143,7 +143,7 @@ func BenchmarkScale(b *testing.B) {
 						res, err = l.load(p)
 						check(res, err)
 					}
-					b.ReportMetric(float64((cpuTime(b)-t0).Microseconds())/1000/float64(runs), "cpu-ms/op")
+					b.ReportMetric(float64((testutil.CPUTime(b)-t0).Microseconds())/1000/float64(runs), "cpu-ms/op")
 					runtime.GC()
 					runtime.ReadMemStats(&ms)
 					b.ReportMetric(float64(ms.HeapAlloc-min(before, ms.HeapAlloc))/(1<<20), "live-MiB")
@@ -170,9 +170,9 @@ func BenchmarkScale(b *testing.B) {
 					for b.Loop() {
 						writeUntimed(b, p, i, changed, orig)
 						i++
-						t0 := cpuTime(b)
+						t0 := testutil.CPUTime(b)
 						res, err := l.load(p)
-						cpu += cpuTime(b) - t0
+						cpu += testutil.CPUTime(b) - t0
 						check(res, err)
 						s := res.State.Services[scaleFrontend(n/2)]
 						if s == nil || hasBackend(s, moved) != (i%2 == 1) {
@@ -222,15 +222,4 @@ func hasBackend(s *model.Service, a netip.Addr) bool {
 		}
 	}
 	return false
-}
-
-// cpuTime is the CPU time the process used so far (all its threads: the
-// garbage collector's work counts). On a machine shared with other work
-// it varies less than the wall-clock time.
-func cpuTime(tb testing.TB) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		tb.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -33,9 +33,7 @@ func TestMain(m *testing.M) {
 	if topology.IsProber() {
 		os.Exit(topology.ProberMain())
 	}
-	code := m.Run()
-	agentproc.RemoveShared()
-	os.Exit(code)
+	os.Exit(agentproc.RunTests(m))
 }
 
 // TestFlows runs the corpus (every case, in parallel up to -parallel) and
