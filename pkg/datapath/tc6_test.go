@@ -449,8 +449,9 @@ func snatPort6Of(t *testing.T, d *Datapath, client string, cport uint16, fe mode
 // another node, as TestNorthSouthPacketTable for IPv4: DNAT and SNAT to
 // eth0's IPv6 address with a reserved port, sent to node 2 one hop less;
 // the reply reverse-NATed and sent back to the client; a hop limit of 1
-// answered with ICMPv6 time exceeded; an unallocated address of the IPv6
-// service CIDR dropped.
+// answered with ICMPv6 time exceeded, a packet over the egress MTU with
+// packet too big; an unallocated address of the IPv6 service CIDR
+// dropped.
 func TestTC6NorthSouthPacketTable(t *testing.T) {
 	testutil.Privileged(t)
 	_, ifindex := nodeNetns(t)
@@ -524,11 +525,25 @@ func TestTC6NorthSouthPacketTable(t *testing.T) {
 		ICMPType: packet.ICMPv6TimeExceeded, ICMPCode: 0, Payload: l3[:40+20]}
 	expectPacket(t, "hop limit 1: time exceeded", verdict, tcActRedirect, out[:len(want.Bytes())], want)
 
+	// Larger than eth0's MTU (1280 now): ICMPv6 packet too big with the
+	// MTU, from the NodePort, whatever the packet (IPv6 routers never
+	// fragment).
+	if err := netlink.LinkSetMTU(mustLink(t, "eth0"), 1280); err != nil {
+		t.Fatal(err)
+	}
+	big := fromClient(tcpPacket(nsClientIP6, 40003, nsNodeIP6, 30080, packet.ACK, bytes.Repeat([]byte("m"), 1300)))
+	in = big.Bytes()
+	verdict, out = runOn(t, ing, ifindex, in)
+	want = packet.Packet{SrcMAC: eth, DstMAC: clientMAC, Src: addr(nsNodeIP6), Dst: addr(nsClientIP6), Proto: packet.ICMPv6,
+		ICMPType: packet.ICMPv6PacketTooBig, ICMPCode: 0, Payload: in[14 : 14+40+20]}
+	binary.BigEndian.PutUint32(want.ICMPRest[:], 1280)
+	expectPacket(t, "over the MTU: packet too big", verdict, tcActRedirect, out[:len(want.Bytes())], want)
+
 	// An address of the service CIDR that no Service holds: dropped.
 	unalloc := fromClient(tcpPacket(nsClientIP6, 40002, "2001:db8:96::99", 80, 0, nil))
 	if verdict, _ := runOn(t, ing, ifindex, unalloc.Bytes()); verdict != tcActShot {
 		t.Errorf("unallocated service IP: verdict %d, want drop (%d)", verdict, tcActShot)
 	}
 
-	expectCounted(t, d, "tc_snat_new", "tc_rev_nat", "tc_ttl_exceeded", "tc_service_cidr_drop")
+	expectCounted(t, d, "tc_snat_new", "tc_rev_nat", "tc_ttl_exceeded", "tc_frag_needed", "tc_service_cidr_drop")
 }
