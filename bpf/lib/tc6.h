@@ -41,7 +41,8 @@
  *
  * Not here yet (IPv4 only): the direct send to the client of a reply that
  * a pod's device reverse-NATs at ingress (rev_dnat), the translation of
- * ICMPv6 errors about source-NATed flows, dry runs (explain.h).
+ * ICMPv6 errors about source-NATed flows (they pass untouched,
+ * icmp6_xlate.h), dry runs (explain.h).
  *
  * The IPv6 path is programs of their own (sluice6_ingress, sluice6_egress
  * in tc.c), which the IPv4 entries reach by a tail call (tc6_divert,

@@ -506,6 +506,15 @@ func TestTC6NorthSouthPacketTable(t *testing.T) {
 	synAck := fromNode2(tcpPacket("2001:db8:2::7", 8080, nsNodeIP6, sp, 0x12, nil))
 	expectRun(t, "the SYN-ACK: reverse NAT, redirect to the client", ing, ifindex, synAck, tcActRedirect, toClient(synAck, np, 40000))
 
+	// An ICMPv6 error about the SNATed request, to the node: not
+	// translated (yet), so passed untouched rather than half translated.
+	ptb := packet.Packet{SrcMAC: n2, DstMAC: eth, Src: addr(nsNode2IP6), Dst: addr(nsNodeIP6), Proto: packet.ICMPv6,
+		ICMPType: packet.ICMPv6PacketTooBig, Payload: toRemote(syn, sp, be).L3()[:48]}
+	binary.BigEndian.PutUint32(ptb.ICMPRest[:], 1280)
+	if verdict, out := runOn(t, ing, ifindex, ptb.Bytes()); verdict != tcActOK || !bytes.Equal(out[:len(ptb.Bytes())], ptb.Bytes()) {
+		t.Errorf("error about a source-NATed request: verdict %d, output %s", verdict, packet.Diff(out[:len(ptb.Bytes())], ptb.Bytes()))
+	}
+
 	// UDP, the same way.
 	udp := fromClient(udpPacket(nsClientIP6, 5300, nsNodeIP6, 30053, data))
 	verdict, out = runOn(t, ing, ifindex, udp.Bytes())
