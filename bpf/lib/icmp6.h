@@ -5,6 +5,8 @@
  * IPv6 service without backends, or to a ClusterIP on a port no frontend
  * serves; what kube-proxy's `reject` sends for IPv6 (ip6tables REJECT's
  * default icmp6-port-unreachable; nftables' reject in the ip6 family).
+ * And the errors of forwarding by redirect (nat6.h): time exceeded (hop
+ * limit) and packet too big.
  *
  *   in:  eth | IPv6 C->V | ext headers | TCP/UDP ... payload
  *   out: eth (MACs swapped) | IPv6 V->C | ICMPv6 | IPv6 C->V | ext | L4 header
@@ -35,12 +37,13 @@ struct icmp6_err_hdr {
 
 /*
  * icmp6_reply - rewrite @skb, the packet @p, into the ICMPv6 error of
- * @type and @code about it, from its destination to its source, and
+ * @type and @code about it (@info: the header's second word, a packet too
+ * big's MTU), from its destination to its source, and
  * redirect it back out of its ingress device. Returns TC_ACT_REDIRECT, or
  * TC_ACT_SHOT if a helper failed or the quote would be too long.
  */
 static __noinline int icmp6_reply(struct __sk_buff *skb, const struct pkt6 *p,
-				  __u8 type, __u8 code)
+				  __u8 type, __u8 code, __be32 info)
 {
 	/* The pseudo-header, ICMPv6 header and quote, summed together for
 	 * the checksum; bytes past the quote stay zero and add nothing.
@@ -77,6 +80,7 @@ static __noinline int icmp6_reply(struct __sk_buff *skb, const struct pkt6 *p,
 	body.nexthdr = bpf_htonl(IPPROTO_ICMPV6);
 	body.icmp.icmp6_type = type;
 	body.icmp.icmp6_code = code;
+	body.icmp.icmp6_mtu = info;
 	body.icmp.icmp6_cksum = csum_buf(&body, sizeof(body));
 
 	hdr.ip.version = 6;

@@ -2,7 +2,7 @@
 /*
  * ICMPv6 errors about translated IPv6 flows, translated back, as
  * icmp_xlate.h does ICMP's (its header says why and how), for the
- * ClusterIP flows of the IPv6 path (no source NAT):
+ * flows of the IPv6 path that are not source-NATed (those pass untouched):
  *
  *   about a request:  B -> C  [C:cp -> B:bp]  becomes  F -> C  [C:cp -> F:fp]
  *   about a reply:    C -> F  [F:fp -> C:cp]  becomes  C -> B  [B:bp -> C:cp]
@@ -139,7 +139,12 @@ static __noinline int icmp6_err_xlate(struct __sk_buff *skb, struct pkt6 *p)
 		e = ct_peek6(&key, now);
 		about_reply = true;
 	}
-	if (!e)
+	/* A source-NATed flow's error (to or from the node's port) would
+	 * need both ends of its quote and its outer address translated, and
+	 * a redirect, as icmp_xlate.h does for IPv4: not done yet, so it
+	 * passes untouched rather than half translated.
+	 */
+	if (!e || (e->flags & CT_F_SNAT))
 		return TC_ACT_OK;
 	to.addr = e->nat_addr;
 	to.port = e->nat_port;

@@ -360,6 +360,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sluice6_node_cidrs_v1 SEC(".maps");
 
+/*
+ * Key: __u32 ifindex. Value: union v6addr. The agent writes it on attach,
+ * beside sluice_devices_v1, and sizes it as that.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, union v6addr);
+	__uint(max_entries, 64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice6_devices_v1 SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct lb6_affinity_key);

@@ -823,6 +823,14 @@ struct node_cidr6_key {
 };
 
 /*
+ * sluice6_devices_v1: __u32 ifindex (host order) -> union v6addr (network
+ * order). The IPv6 address of each node device (sluice_devices_v1) that
+ * has a global one: what an external IPv6 flow leaving through it is
+ * source-NATed to, as node_dev.addr is for IPv4. The device's flags stay
+ * in sluice_devices_v1, whose layout is left as it was.
+ */
+
+/*
  * sluice6_affinity_v1 (LRU): struct lb6_affinity_key -> struct
  * lb6_affinity. Session affinity of IPv6 frontends, as
  * sluice_session_affinity_v1. A client is a network namespace (its

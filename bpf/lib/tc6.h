@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * The IPv6 per-packet path of tc.c: ClusterIP load balancing for IPv6
- * frontends (sluice6_services_v1), as the IPv4 path does it for ClusterIPs.
+ * The IPv6 per-packet path of tc.c: what the IPv4 path does, for IPv6
+ * frontends (sluice6_services_v1).
  *
  * Ingress: a reply of a translated flow (a CT_REVERSE hit in the IPv6
  * conntrack) gets its source rewritten back to the frontend; a packet to
@@ -9,22 +9,40 @@
  * deciding while it is usable, else a random slot; a new flow to a
  * frontend without backends is answered with ICMPv6 port unreachable
  * (dropped with SVC_F_DROP_EMPTY); a packet to a ClusterIP no frontend
- * serves (sluice6_service_ips_v1) is answered the same way. Egress: replies
- * get the frontend back as their source. Both: ICMPv6 errors about
- * translated flows are translated back (icmp6_xlate.h). Everything else
- * passes untouched: other protocols and ICMPv6 messages, later fragments
- * whose first was not seen (parse6.h), extension header chains it does not walk (parse6.h), UDP without a
+ * serves (sluice6_service_ips_v1) is answered the same way, one to
+ * another address of the IPv6 service CIDR (sluice6_node_cidrs_v1) is
+ * dropped. Egress: replies get the frontend back as their source. Both:
+ * ICMPv6 errors about translated flows are translated back
+ * (icmp6_xlate.h). Everything else passes untouched: other protocols and
+ * ICMPv6 messages, later fragments whose first was not seen (parse6.h),
+ * extension header chains it does not walk (parse6.h), UDP without a
  * checksum.
  *
- * rev_nat6, lb6_follow, lb6_new_flow, the affinity steps and icmp6_reply
- * are BPF functions of their own: their conntrack and affinity keys and
- * entries, and the quote, live in their own frames, which the stack has
- * no room for at once.
+ * North-south and masquerade, as tc.c says for IPv4 (lb6_masquerade is
+ * lb4_masquerade): a new flow that kube-proxy's rules source-NAT (an
+ * external client to a backend behind one of the node's devices, a
+ * hairpin, a ClusterIP client outside the IPv6 cluster CIDR when one is
+ * set) is DNATed and SNATed to the node's IPv6 address on the device its
+ * route leaves through (sluice6_devices_v1), or to node_ip6 for a backend
+ * on this node, with a source port reserved for the flow
+ * (ct_create_snat6), and sent to the next hop by bpf_fib_lookup and a
+ * redirect (nat6.h: one hop less; ICMPv6 time exceeded or packet too big
+ * when it cannot go). Its replies come back to this node and are sent to
+ * the client <frontend -> client> the same way. An internal client (the
+ * IPv6 cluster CIDR) of a two-scope frontend is served by its internal
+ * scope.
  *
- * Not here yet (IPv4 only): north-south frontends (NodePort, SNAT to the
- * node, fib redirects), the internal scope of a
- * two-scope frontend (no IPv6 cluster CIDR is known), the service CIDR's
- * unallocated addresses, dry runs (explain.h).
+ * rev_nat6, nat6_forward, lb6_follow, lb6_new_flow, nat_need6, ct_new6,
+ * the affinity steps and icmp6_reply are BPF functions of their own:
+ * their conntrack and affinity keys and entries, routes and the quote
+ * live in their own frames, which the stack has no room for at once; and
+ * nat_snat6, the SNAT port search, is a global function, which the
+ * verifier checks once, on its own.
+ *
+ * Not here yet (IPv4 only): the direct send to the client of a reply that
+ * a pod's device reverse-NATs at ingress (rev_dnat), the translation of
+ * ICMPv6 errors about source-NATed flows (they pass untouched,
+ * icmp6_xlate.h), dry runs (explain.h).
  *
  * The IPv6 path is programs of their own (sluice6_ingress, sluice6_egress
  * in tc.c), which the IPv4 entries reach by a tail call (tc6_divert,
@@ -44,6 +62,7 @@
 #include "parse6.h"
 #include "icmp6.h"
 #include "icmp6_xlate.h"
+#include "nat6.h"
 
 #define IP6_SADDR_OFF offsetof(struct ipv6hdr, saddr)
 #define IP6_DADDR_OFF offsetof(struct ipv6hdr, daddr)
@@ -56,7 +75,8 @@
  */
 static __always_inline int rewrite6_l4addr(struct __sk_buff *skb,
 					   const struct pkt6 *p, bool to_dst,
-					   union v6addr *addr, __be16 port)
+					   const union v6addr *addr,
+					   __be16 port)
 {
 	union v6addr *old = (union v6addr *)(to_dst ? &p->daddr : &p->saddr);
 	__be16 old_port = to_dst ? p->dport : p->sport;
@@ -68,7 +88,7 @@ static __always_inline int rewrite6_l4addr(struct __sk_buff *skb,
 		/* A later fragment has no L4 header: its first fragment's
 		 * rewrite fixes the checksum of the whole datagram.
 		 */
-		diff = bpf_csum_diff(old->p, sizeof(*old), addr->p,
+		diff = bpf_csum_diff(old->p, sizeof(*old), (__be32 *)addr->p,
 				     sizeof(*addr), 0);
 		if (diff < 0)
 			return (int)diff;
@@ -131,12 +151,43 @@ static __noinline enum pkt_kind parse_tc6(struct __sk_buff *skb, struct pkt6 *p)
 }
 
 /*
+ * Where a packet goes: lb4_xlate's IPv6 twin. For a packet to a service,
+ * its backend (and, source-NATed, this node's address and port); for a
+ * reply of a source-NATed flow (rev_nat6), <snat_addr:snat_port ->
+ * addr:port> is <frontend -> client>.
+ */
+struct lb6_xlate {
+	union v6addr addr;	/* the backend */
+	union v6addr snat_addr; /* snat: this node's address */
+	__be16 port;
+	__be16 snat_port; /* snat: the flow's port on this node */
+	__u16 slot;	  /* new flow: the slot that named it */
+	bool snat;	  /* source-NATed to this node */
+	/* in: the client is internal (the IPv6 cluster CIDR) */
+	bool internal;
+	__u32 backend_id; /* new flow: its id */
+	/* in: the client is external and came in through a node device
+	 * with an IPv6 address (not a pod of this node)
+	 */
+	bool outside;
+};
+
+/*
+ * The verdict of rev_nat6 and lb6_dnat for a packet of a source-NATed
+ * flow, which the entry sends on by nat6_forward: the route and its
+ * checks live in that function's frame, which the stack has no room for
+ * on top of theirs.
+ */
+#define TC6_FORWARD (-4)
+
+/*
  * rev_nat6 - if @p is a reply of a translated flow, rewrite its source
- * back to the frontend. Returns a TC verdict, or -1 if @p is not such a
- * reply.
+ * back to the frontend. Returns a TC verdict, -1 if @p is not such a
+ * reply, or TC6_FORWARD for a reply of a source-NATed flow, with @x
+ * saying where it goes (<frontend -> client>, as rev_nat does it).
  */
 static __noinline int rev_nat6(struct __sk_buff *skb, const struct pkt6 *p,
-			       __u64 now)
+			       __u64 now, struct lb6_xlate *x)
 {
 	struct ct6_key key = {};
 	struct ct6_entry *e;
@@ -158,21 +209,49 @@ static __noinline int rev_nat6(struct __sk_buff *skb, const struct pkt6 *p,
 	ct_track_tcp6(p, &key, e, now);
 	fe = e->nat_addr;
 	fe_port = e->nat_port;
+	metric_inc(METRIC_TC_REV_NAT);
+	if (e->flags & CT_F_SNAT) {
+		/* <B -> N:sp> becomes <F -> C>. */
+		x->snat_addr = fe;
+		x->snat_port = fe_port;
+		x->addr = e->snat_addr;
+		x->port = e->snat_port;
+		return TC6_FORWARD;
+	}
 	if (rewrite6_l4addr(skb, p, false, &fe, fe_port) < 0) {
 		metric_inc(METRIC_TC_REWRITE_ERR);
 		return TC_ACT_SHOT;
 	}
-	metric_inc(METRIC_TC_REV_NAT);
 	return TC_ACT_OK;
 }
 
-/* Where a packet to a service goes: the backend. */
-struct lb6_xlate {
-	union v6addr addr;
-	__be16 port;
-	__u16 slot;	  /* new flow: the slot that named it */
-	__u32 backend_id; /* new flow: its id */
-};
+/*
+ * nat6_forward - rewrite @p to <@x->snat_addr:snat_port -> @x->addr:port>
+ * and send it to its next hop: a source-NATed flow's packet to its
+ * backend, or its reply to the client. Returns a TC verdict, or one of
+ * fwd_check6's ICMPv6 errors (the MTU in @mtu) for the entry to answer
+ * (tc6_answer).
+ */
+static __noinline int nat6_forward(struct __sk_buff *skb, const struct pkt6 *p,
+				   const struct lb6_xlate *x, __u32 *mtu)
+{
+	struct fib6 f = {};
+	int ret;
+
+	if (fib6_lookup(skb, skb->ifindex, &x->snat_addr, &x->addr, &f) < 0) {
+		metric_inc(METRIC_TC_FIB_ERR);
+		return TC_ACT_SHOT;
+	}
+	ret = fwd_check6(skb, p, &f, false, mtu);
+	if (ret != -1)
+		return ret;
+	if (rewrite6_l4addr(skb, p, true, &x->addr, x->port) < 0 ||
+	    rewrite6_l4addr(skb, p, false, &x->snat_addr, x->snat_port) < 0) {
+		metric_inc(METRIC_TC_REWRITE_ERR);
+		return TC_ACT_SHOT;
+	}
+	return redirect_fib6(skb, p, &f);
+}
 
 /*
  * Session affinity for a new flow of @p to @svc (affinity.h), the client
@@ -216,17 +295,122 @@ static __noinline int lb6_aff_remember(const struct pkt6 *p,
 }
 
 /*
- * lb6_new_flow - send a new flow of @p to @svc to backend @be, chosen by
- * lb6_aff_select (a random slot, or the client's backend with session
- * affinity; @x: its id and slot), or on a reply tuple clash to the next
- * slots' (as lb4_new_flow), and record the flow in conntrack. Returns 0
- * with @x filled in, or -1 if the packet must be dropped (counted).
+ * lb6_masquerade - lb4_masquerade for IPv6: whether a new flow of @p to
+ * backend @be (on this node, or wherever the route says) of frontend @svc
+ * is source-NATed to this node, by kube-proxy's rules and Sluice's one
+ * deviation (see there).
  */
-static __noinline int lb6_new_flow(const struct pkt6 *p,
-				   const struct lb4_service *svc,
-				   struct lb6_backend *be, __u64 now,
+static __always_inline bool lb6_masquerade(const struct pkt6 *p,
+					   const struct lb4_service *svc,
+					   const struct lb6_backend *be,
+					   const struct lb6_xlate *x)
+{
+	if (lb6_addr_eq(&p->saddr, &be->addr))
+		return true;
+	if (!(svc->flags & SVC_F_EXTERNAL))
+		return masquerade_all || (have_cluster_cidr6 && !x->internal);
+	if (svc->flags & SVC_F_LOCAL)
+		return false;
+	return masquerade_all || !x->outside;
+}
+
+/*
+ * nat_need6 - nat_remote's decision (tc.c) for IPv6: whether a new flow of
+ * @p to backend @be of frontend @svc is source-NATed (lb6_masquerade), and
+ * to what (@x->snat_addr): the IPv6 address of the node device its route
+ * leaves through (sluice6_devices), or node_ip6 behind a device that runs
+ * tc. Returns 0 (not source-NATed), 1 (to a device's address: a remote
+ * backend) or 2 (to node_ip6). A BPF function of its own, for its route.
+ */
+static __noinline int nat_need6(struct __sk_buff *skb, const struct pkt6 *p,
+				const struct lb4_service *svc,
+				const struct lb6_backend *be,
+				struct lb6_xlate *x)
+{
+	bool masq = lb6_masquerade(p, svc, be, x);
+	struct fib6 f = {};
+	union v6addr *dev;
+
+	if (!masq &&
+	    (!(svc->flags & SVC_F_EXTERNAL) || (svc->flags & SVC_F_LOCAL)))
+		return 0;
+	if (fib6_lookup(skb, skb->ifindex, &p->saddr, &be->addr, &f))
+		return 0;
+	dev = node6_dev_of(f.ifindex);
+	if (dev) {
+		x->snat_addr = *dev;
+		return 1;
+	}
+	if (!masq || !node_ip6_of(&x->snat_addr) || !dev_has_tc(f.ifindex))
+		return 0;
+	return 2;
+}
+
+/*
+ * nat_snat6 - record a new flow of @p to frontend @svc, sent to the
+ * backend @x names, source-NATed to @x->snat_addr (nat_need6 said so, as
+ * @need): reserve a source port for it (ct_create_snat6), which also
+ * records the flow. Returns 0 with @x->snat_port set, or -1 if the flow
+ * must be dropped (counted): as nat_remote, rather than half-NAT it.
+ *
+ * A global function, the one of the IPv6 path: the verifier checks it
+ * once, on its own, not again for every path of the program that reaches
+ * it, which with its port search (SNAT_TRIES) would not fit its limit. So
+ * its pointers may be NULL as far as it knows.
+ */
+__noinline int nat_snat6(const struct pkt6 *p, const struct lb4_service *svc,
+			 struct lb6_xlate *x, int need)
+{
+	struct lb6_backend be = {};
+	int err;
+
+	if (!p || !svc || !x)
+		return -1;
+	be.addr = x->addr;
+	be.port = x->port;
+	err = ct_create_snat6(p, &be, x->backend_id, svc->rev_nat_id,
+			      x->snat_addr, bpf_ktime_get_ns(), &x->snat_port);
+	if (err) {
+		if (err > 0)
+			metric_inc(METRIC_TC_SNAT_EXHAUSTED);
+		else if (err == -E2BIG)
+			metric_inc(METRIC_TC_CT_EST_FULL);
+		else
+			metric_inc(METRIC_TC_CT_FULL);
+		svc_count(svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
+		return -1;
+	}
+	x->snat = true;
+	metric_inc(need == 1 ? METRIC_TC_SNAT_NEW : METRIC_TC_MASQ_LOCAL);
+	svc_count(svc->rev_nat_id, SVC_EV_FLOW, 0);
+	return 0;
+}
+
+/*
+ * ct_new6 - ct_create6, in a frame of its own (its keys and entries would
+ * not fit lb6_new_flow's on the stack with nat_need6's route).
+ */
+static __noinline int ct_new6(const struct pkt6 *p,
+			      const struct lb6_backend *be, __u32 backend_id,
+			      __u32 rev_nat_id, __u64 now)
+{
+	return ct_create6(p, be, backend_id, rev_nat_id, now);
+}
+
+/*
+ * lb6_new_flow - send a new flow of @p to @svc to the backend
+ * lb6_aff_select chose (@x: a random slot, or the client's backend with
+ * session affinity), or on a reply tuple clash to the next slots' (as
+ * lb4_new_flow), and record the flow in conntrack; unless nat_need6 says
+ * the flow is source-NATed, which the caller then records (nat_snat6).
+ * Returns 0 with @x filled in, nat_need6's 1 or 2 with @x filled in but
+ * nothing recorded, or -1 if the packet must be dropped (counted).
+ */
+static __noinline int lb6_new_flow(struct __sk_buff *skb, const struct pkt6 *p,
+				   const struct lb4_service *svc, __u64 now,
 				   struct lb6_xlate *x)
 {
+	struct lb6_backend *be = lookup_backend6(x->backend_id);
 	__u32 count = svc->count, backend_id = x->backend_id, i;
 	__u16 slot = x->slot;
 	int ret;
@@ -244,16 +428,19 @@ static __noinline int lb6_new_flow(const struct pkt6 *p,
 			svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
 			return -1;
 		}
-		ret = ct_create6(p, be, backend_id, svc->rev_nat_id, now);
+		x->addr = be->addr;
+		x->port = be->port;
+		x->backend_id = backend_id;
+		x->slot = slot;
+		ret = nat_need6(skb, p, svc, be, x);
+		if (ret)
+			return ret;
+		ret = ct_new6(p, be, backend_id, svc->rev_nat_id, now);
 		if (ret == CT_CLASH)
 			continue;
 		if (ret < 0)
 			metric_inc(METRIC_TC_CT_FULL);
 		metric_inc(METRIC_TC_DNAT_NEW);
-		x->addr = be->addr;
-		x->port = be->port;
-		x->backend_id = backend_id;
-		x->slot = slot;
 		svc_count(svc->rev_nat_id, SVC_EV_FLOW, 0);
 		return 0;
 	}
@@ -284,12 +471,21 @@ static __noinline int lb6_follow(const struct pkt6 *p,
 			metric_inc(METRIC_TC_CT_BACKEND_GONE);
 		x->addr = fwd->nat_addr;
 		x->port = fwd->nat_port;
+		if (fwd->flags & CT_F_SNAT) {
+			x->snat = true;
+			x->snat_addr = fwd->snat_addr;
+			x->snat_port = fwd->snat_port;
+		}
 		ct_refresh6(fwd, p->proto, now);
 		ct_track_tcp6(p, &key, fwd, now);
 		err = ct_check_reverse6(p, &key, fwd, now);
-		if (err == -EEXIST) {
-			/* Another flow holds the reply tuple. */
-			metric_inc(METRIC_TC_CT_CLASH);
+		if (err == -EEXIST || (err < 0 && x->snat)) {
+			/* Another flow holds the reply tuple (the SNAT port),
+			 * or the port is not reserved: never send from a
+			 * tuple the flow does not own (lb4_ct_follow).
+			 */
+			metric_inc(x->snat ? METRIC_TC_SNAT_LOST :
+					     METRIC_TC_CT_CLASH);
 			svc_count(svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
 			return -1;
 		}
@@ -309,7 +505,8 @@ static __always_inline int lb6_refuse(struct __sk_buff *skb,
 				      const struct pkt6 *p, __u32 id,
 				      enum metric_reason reason)
 {
-	int ret = icmp6_reply(skb, p, ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH);
+	int ret = icmp6_reply(skb, p, ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH,
+			      0);
 
 	metric_inc(ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR : reason);
 	if (id)
@@ -321,33 +518,71 @@ static __always_inline int lb6_refuse(struct __sk_buff *skb,
 }
 
 /*
+ * lb6_no_service - lb4_no_service for IPv6: the answer to @p, a packet to
+ * no frontend: ICMPv6 port unreachable to a ClusterIP, a drop to another
+ * address of the IPv6 service CIDR, else TC_ACT_OK (not for a service).
+ */
+static __always_inline int lb6_no_service(struct __sk_buff *skb,
+					  const struct pkt6 *p)
+{
+	if (service_ip6(p->daddr))
+		return lb6_refuse(skb, p, 0, METRIC_TC_UNKNOWN_PORT);
+	if (node_cidr6(p->daddr, NODE_CIDR_SERVICE)) {
+		metric_inc(METRIC_TC_SERVICE_CIDR_DROP);
+		return TC_ACT_SHOT;
+	}
+	return TC_ACT_OK;
+}
+
+/*
+ * lb6_scope - lb4_scope for IPv6: the internal scope of a two-scope
+ * frontend for an internal client, else @svc.
+ */
+static __always_inline struct lb4_service *lb6_scope(const struct pkt6 *p,
+						     struct lb4_service *svc,
+						     const struct lb6_xlate *x)
+{
+	struct lb4_service *in;
+
+	if (!(svc->flags & SVC_F_TWO_SCOPES) || !x->internal)
+		return svc;
+	in = lookup_service_scope6(p->daddr, p->dport, p->proto,
+				   LB_SCOPE_INTERNAL);
+	if (!in)
+		return svc;
+	metric_inc(METRIC_TC_SHORT_CIRCUIT);
+	return in;
+}
+
+/*
  * lb6_dnat - translate a packet to an IPv6 frontend to one of its
- * backends, or refuse it. Returns a TC verdict.
+ * backends (and, for a flow lb6_masquerade source-NATs, source-NAT it and
+ * have the entry send it to the backend), or refuse it. Returns a TC
+ * verdict, or TC6_FORWARD with @x saying where to (nat6_forward).
  */
 static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
-				    __u64 now)
+				    __u64 now, struct lb6_xlate *x)
 {
 	struct lb4_service *svc;
-	struct lb6_xlate x = {};
-	struct lb6_backend *be;
 	int ret;
 
 	svc = lookup_service6(p->daddr, p->dport, p->proto);
-	if (!svc) {
-		if (service_ip6(p->daddr))
-			return lb6_refuse(skb, p, 0, METRIC_TC_UNKNOWN_PORT);
-		return TC_ACT_OK;
-	}
+	if (!svc)
+		return lb6_no_service(skb, p);
 	if ((svc->flags & SVC_F_SRC_RANGES) &&
 	    !source_allowed6(p->daddr, p->dport, p->proto, p->saddr)) {
 		metric_inc(METRIC_TC_SRC_RANGE_DENY);
 		svc_count(svc->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
 		return TC_ACT_SHOT;
 	}
+	x->internal = have_cluster_cidr6 &&
+		      node_cidr6(p->saddr, NODE_CIDR_CLUSTER);
+	x->outside = !x->internal && node6_dev_of(skb->ifindex);
+	svc = lb6_scope(p, svc, x);
 	/* Conntrack first: a Service that has dropped to zero endpoints
 	 * keeps its established flows, as kube-proxy does.
 	 */
-	ret = lb6_follow(p, svc, now, &x);
+	ret = lb6_follow(p, svc, now, x);
 	if (ret == 2 && p->frag_later) {
 		/* A later fragment follows its flow and never starts one
 		 * (see lb4_select).
@@ -357,10 +592,12 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 		return TC_ACT_SHOT;
 	}
 	if (ret == 2 && svc->count) {
-		be = lb6_aff_select(p, svc, now, &x);
-		ret = lb6_new_flow(p, svc, be, now, &x);
+		lb6_aff_select(p, svc, now, x);
+		ret = lb6_new_flow(skb, p, svc, now, x);
+		if (ret > 0)
+			ret = nat_snat6(p, svc, x, ret);
 		if (!ret)
-			lb6_aff_remember(p, svc, &x);
+			lb6_aff_remember(p, svc, x);
 	}
 	if (ret < 0)
 		return TC_ACT_SHOT;
@@ -374,12 +611,14 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 		return lb6_refuse(skb, p, svc->rev_nat_id,
 				  METRIC_TC_NO_BACKEND);
 	}
-	if (rewrite6_l4addr(skb, p, true, &x.addr, x.port) < 0) {
+	svc_count(svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);
+	if (x->snat)
+		return TC6_FORWARD;
+	if (rewrite6_l4addr(skb, p, true, &x->addr, x->port) < 0) {
 		metric_inc(METRIC_TC_REWRITE_ERR);
 		svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
 		return TC_ACT_SHOT;
 	}
-	svc_count(svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);
 	return TC_ACT_OK;
 }
 
@@ -402,6 +641,8 @@ static __always_inline int tc6_divert(struct __sk_buff *skb, __u32 prog)
 static __always_inline int tc6_ingress(struct __sk_buff *skb)
 {
 	struct pkt6 p = {};
+	struct lb6_xlate x = {};
+	__u32 mtu = 0;
 	__u64 now;
 	int ret;
 
@@ -414,15 +655,19 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	}
 	now = bpf_ktime_get_ns();
-	ret = rev_nat6(skb, &p, now);
-	if (ret >= 0)
-		return ret;
-	return lb6_dnat(skb, &p, now);
+	ret = rev_nat6(skb, &p, now, &x);
+	if (ret == -1)
+		ret = lb6_dnat(skb, &p, now, &x);
+	if (ret == TC6_FORWARD)
+		ret = nat6_forward(skb, &p, &x, &mtu);
+	return tc6_answer(skb, &p, ret, mtu);
 }
 
 static __always_inline int tc6_egress(struct __sk_buff *skb)
 {
 	struct pkt6 p = {};
+	struct lb6_xlate x = {};
+	__u32 mtu = 0;
 	int ret;
 
 	switch (parse_tc6(skb, &p)) {
@@ -433,8 +678,12 @@ static __always_inline int tc6_egress(struct __sk_buff *skb)
 	default:
 		return TC_ACT_OK;
 	}
-	ret = rev_nat6(skb, &p, bpf_ktime_get_ns());
-	return ret >= 0 ? ret : TC_ACT_OK;
+	ret = rev_nat6(skb, &p, bpf_ktime_get_ns(), &x);
+	if (ret == -1)
+		return TC_ACT_OK;
+	if (ret == TC6_FORWARD)
+		ret = nat6_forward(skb, &p, &x, &mtu);
+	return tc6_answer(skb, &p, ret, mtu);
 }
 
 #endif /* SLUICE_TC6_H */

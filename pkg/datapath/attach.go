@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -198,7 +199,11 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		if err := d.attachXDP(dev, ifindex[i]); err != nil {
 			return err
 		}
-		addr, err := deviceAddr(dev, d.cfg.NodeIPs)
+		addr, err := deviceAddr(dev, d.cfg.NodeIPs, netlink.FAMILY_V4)
+		if err != nil {
+			return err
+		}
+		addr6, err := deviceAddr(dev, d.cfg.NodeIPs, netlink.FAMILY_V6)
 		if err != nil {
 			return err
 		}
@@ -209,6 +214,9 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		// Its tc programs see what comes back through it.
 		flags |= nodeDevTC
 		if err := d.maps.setNodeDevice(ifindex[i], addr, flags); err != nil {
+			return fmt.Errorf("record node device %s: %w", dev, err)
+		}
+		if err := d.maps.setNodeDevice6(ifindex[i], addr6); err != nil {
 			return fmt.Errorf("record node device %s: %w", dev, err)
 		}
 	}
@@ -420,8 +428,14 @@ func (d *Datapath) Prune(cgroup string, devices []string) error {
 			stale = append(stale, ifidx)
 		}
 	}
+	var addr6 sockV6addr
+	for it := d.maps.devices6.Iterate(); it.Next(&ifidx, &addr6); {
+		if !wantIfindex[ifidx] && !slices.Contains(stale, ifidx) {
+			stale = append(stale, ifidx)
+		}
+	}
 	for _, i := range stale {
-		if err := deleteIgnoringMissing(d.maps.devices, i); err != nil {
+		if err := errors.Join(deleteIgnoringMissing(d.maps.devices, i), deleteIgnoringMissing(d.maps.devices6, i)); err != nil {
 			errs = append(errs, fmt.Errorf("forget node device %d: %w", i, err))
 		}
 	}

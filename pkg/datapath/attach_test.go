@@ -3,6 +3,7 @@ package datapath
 import (
 	"bufio"
 	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
@@ -322,12 +324,13 @@ func TestPruneFollowsConfiguration(t *testing.T) {
 	links := addVeths(t, [2]string{"sl-a", "sl-b"}, [2]string{"sl-c", "sl-d"})
 	// (A device without an address is no SNAT source: sluice_devices
 	// would not record it.)
-	for name, a := range map[string]string{"sl-a": "192.168.7.1/24", "sl-c": "192.168.8.1/24"} {
-		ap, err := netlink.ParseAddr(a)
+	for _, na := range [][2]string{{"sl-a", "192.168.7.1/24"}, {"sl-c", "192.168.8.1/24"}, {"sl-a", "2001:db8:7::1/64"}, {"sl-c", "2001:db8:8::1/64"}} {
+		ap, err := netlink.ParseAddr(na[1])
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := netlink.AddrAdd(links[name], ap); err != nil {
+		ap.Flags = unix.IFA_F_NODAD
+		if err := netlink.AddrAdd(links[na[0]], ap); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -362,6 +365,10 @@ func TestPruneFollowsConfiguration(t *testing.T) {
 	}
 	if n, err := countEntries(d1.Maps().devices); err != nil || n != 2 {
 		t.Fatalf("sluice_devices holds %d devices after attaching two (%v)", n, err)
+	}
+	var a6 sockV6addr
+	if err := d1.Maps().devices6.Lookup(uint32(links["sl-c"].Attrs().Index), &a6); err != nil || addrFrom16(a6) != netip.MustParseAddr("2001:db8:8::1") {
+		t.Fatalf("sluice6_devices of sl-c: %s, %v; want its IPv6 address", addrFrom16(a6), err)
 	}
 	d1.Close()
 
@@ -413,6 +420,14 @@ func TestPruneFollowsConfiguration(t *testing.T) {
 	}
 	if !slices.Equal(devs, []uint32{uint32(a)}) {
 		t.Errorf("sluice_devices holds %v, want only sl-a's %d", devs, a)
+	}
+	devs = nil
+	var a6s []netip.Addr
+	for it := d2.Maps().devices6.Iterate(); it.Next(&idx, &a6); {
+		devs, a6s = append(devs, idx), append(a6s, addrFrom16(a6))
+	}
+	if !slices.Equal(devs, []uint32{uint32(a)}) || !slices.Equal(a6s, []netip.Addr{netip.MustParseAddr("2001:db8:7::1")}) {
+		t.Errorf("sluice6_devices holds %v %v, want only sl-a's %d 2001:db8:7::1", devs, a6s, a)
 	}
 }
 

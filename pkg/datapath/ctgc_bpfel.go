@@ -22,6 +22,7 @@ const (
 	ctgcMapSluice6ConntrackV1      = "sluice6_conntrack_v1"
 	ctgcMapSluice6CtFlushV1        = "sluice6_ct_flush_v1"
 	ctgcMapSluice6CtNewV1          = "sluice6_ct_new_v1"
+	ctgcMapSluice6DevicesV1        = "sluice6_devices_v1"
 	ctgcMapSluice6FragmentsV1      = "sluice6_fragments_v1"
 	ctgcMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
 	ctgcMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
@@ -124,6 +125,7 @@ type ctgcMapSpecs struct {
 	Sluice6ConntrackV1      *ebpf.MapSpec `ebpf:"sluice6_conntrack_v1"`
 	Sluice6CtFlushV1        *ebpf.MapSpec `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.MapSpec `ebpf:"sluice6_ct_new_v1"`
+	Sluice6DevicesV1        *ebpf.MapSpec `ebpf:"sluice6_devices_v1"`
 	Sluice6FragmentsV1      *ebpf.MapSpec `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
@@ -198,6 +200,7 @@ type ctgcMaps struct {
 	Sluice6ConntrackV1      *ebpf.Map `ebpf:"sluice6_conntrack_v1"`
 	Sluice6CtFlushV1        *ebpf.Map `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.Map `ebpf:"sluice6_ct_new_v1"`
+	Sluice6DevicesV1        *ebpf.Map `ebpf:"sluice6_devices_v1"`
 	Sluice6FragmentsV1      *ebpf.Map `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
@@ -236,6 +239,7 @@ func (m *ctgcMaps) Close() error {
 		m.Sluice6ConntrackV1,
 		m.Sluice6CtFlushV1,
 		m.Sluice6CtNewV1,
+		m.Sluice6DevicesV1,
 		m.Sluice6FragmentsV1,
 		m.Sluice6NodeCidrsV1,
 		m.Sluice6RevNatV1,

@@ -208,6 +208,7 @@ func (c Config) maxEntries() map[string]int {
 		mapAffinity:   c.MaxAffinity,
 		mapSrcRanges:  c.MaxSourceRanges,
 		mapDevices:    c.MaxDevices,
+		mapDevices6:   c.MaxDevices,
 		// Every service IP is some ClusterIP frontend's address.
 		mapServiceIPs: c.MaxServices,
 		mapSvcStats:   svcStatsSize(c),
@@ -470,6 +471,7 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 		affFix6:     d.tc.Sluice6AffFixV1,
 		affFixProg6: d.gc.SluiceAffFix6,
 		nodeCIDRs6:  d.tc.Sluice6NodeCidrsV1,
+		devices6:    d.tc.Sluice6DevicesV1,
 	}
 	d.maps.ctFlush6 = d.tc.Sluice6CtFlushV1
 	if specs.sockDestroy != nil {

@@ -1,8 +1,8 @@
 package datapath
 
-// The node devices (sluice_devices): which address external flows leaving
-// through a device are source-NATed to, which devices have no link-layer
-// header, and the lookups of devices and addresses the agent's flags
+// The node devices (sluice_devices, and sluice6_devices for their IPv6
+// addresses): which address external flows leaving through a device are
+// source-NATed to, which devices have no link-layer header, and the lookups of devices and addresses the agent's flags
 // default from.
 
 import (
@@ -16,8 +16,8 @@ import (
 
 // setNodeDevice records dev (ifindex) as a node device whose address is
 // the SNAT source for flows leaving through it, with its flags
-// (nodeDevL3). A device without an IPv4 address is not a SNAT source:
-// it is recorded with address 0 if it has flags, else forgotten.
+// (nodeDevL3). A device without an IPv4 address is not an IPv4 SNAT
+// source: it is recorded with address 0 if it has flags, else forgotten.
 func (m *Maps) setNodeDevice(ifindex int, addr netip.Addr, flags uint32) error {
 	if !addr.IsValid() && flags == 0 {
 		return deleteIgnoringMissing(m.devices, uint32(ifindex))
@@ -27,6 +27,17 @@ func (m *Maps) setNodeDevice(ifindex int, addr netip.Addr, flags uint32) error {
 		v.Addr = be32(addr)
 	}
 	return m.devices.Put(uint32(ifindex), &v)
+}
+
+// setNodeDevice6 records addr as the IPv6 SNAT source of node device
+// ifindex (sluice6_devices), or forgets the device's if addr is not
+// valid (no global IPv6 address). Its flags are setNodeDevice's.
+func (m *Maps) setNodeDevice6(ifindex int, addr netip.Addr) error {
+	if !addr.IsValid() {
+		return deleteIgnoringMissing(m.devices6, uint32(ifindex))
+	}
+	v := v6addr(addr)
+	return m.devices6.Put(uint32(ifindex), &v)
 }
 
 // l3EncapTypes are the link types (as netlink names them) of devices
@@ -48,21 +59,23 @@ func deviceFlags(dev string) (uint32, error) {
 	return 0, nil
 }
 
-// deviceAddr picks the address of dev that external flows are source-NATed
-// to: one of nodeIPs if dev holds one, else its first global IPv4 address.
-func deviceAddr(dev string, nodeIPs []netip.Addr) (netip.Addr, error) {
+// deviceAddr picks the address of dev that external flows of the family
+// (netlink.FAMILY_V4 or FAMILY_V6) are source-NATed to: one of nodeIPs
+// if dev holds one, else its first global address of the family.
+func deviceAddr(dev string, nodeIPs []netip.Addr, family int) (netip.Addr, error) {
 	l, err := netlink.LinkByName(dev)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("device %s: %w", dev, err)
 	}
-	addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+	addrs, err := netlink.AddrList(l, family)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("addresses of %s: %w", dev, err)
 	}
 	var first netip.Addr
 	for _, a := range addrs {
-		ip, ok := netip.AddrFromSlice(a.IP.To4())
-		if !ok || !ip.IsGlobalUnicast() {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		ip = ip.Unmap()
+		if !ok || !ip.IsGlobalUnicast() || ip.Is4() != (family == netlink.FAMILY_V4) {
 			continue
 		}
 		if slices.Contains(nodeIPs, ip) {

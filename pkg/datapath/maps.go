@@ -31,7 +31,7 @@ type Maps struct {
 	// The IPv6 twins (family.go); nil in a Maps made of an older
 	// agent's pins.
 	services6, backends6, revNat6, srcRanges6, serviceIPs6 *ebpf.Map
-	affinity6, affFix6, nodeCIDRs6                         *ebpf.Map
+	affinity6, affFix6, nodeCIDRs6, devices6               *ebpf.Map
 
 	ctGC       *ebpf.Program // bpf/ctgc.c: conntrack GC and flush (conntrack.go)
 	affFixProg *ebpf.Program // bpf/ctgc.c: session affinity upkeep (affinity.go)

@@ -58,6 +58,7 @@ const (
 	mapAffinity6   = "sluice6_affinity_v1"
 	mapAffFix6     = "sluice6_aff_fix_v1"
 	mapNodeCIDRs6  = "sluice6_node_cidrs_v1"
+	mapDevices6    = "sluice6_devices_v1"
 )
 
 // pinMigration turns the pin of a map of the previous release into this

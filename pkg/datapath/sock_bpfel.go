@@ -535,6 +535,7 @@ const (
 	sockMapSluice6ConntrackV1      = "sluice6_conntrack_v1"
 	sockMapSluice6CtFlushV1        = "sluice6_ct_flush_v1"
 	sockMapSluice6CtNewV1          = "sluice6_ct_new_v1"
+	sockMapSluice6DevicesV1        = "sluice6_devices_v1"
 	sockMapSluice6FragmentsV1      = "sluice6_fragments_v1"
 	sockMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
 	sockMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
@@ -658,6 +659,7 @@ type sockMapSpecs struct {
 	Sluice6ConntrackV1      *ebpf.MapSpec `ebpf:"sluice6_conntrack_v1"`
 	Sluice6CtFlushV1        *ebpf.MapSpec `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.MapSpec `ebpf:"sluice6_ct_new_v1"`
+	Sluice6DevicesV1        *ebpf.MapSpec `ebpf:"sluice6_devices_v1"`
 	Sluice6FragmentsV1      *ebpf.MapSpec `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
@@ -733,6 +735,7 @@ type sockMaps struct {
 	Sluice6ConntrackV1      *ebpf.Map `ebpf:"sluice6_conntrack_v1"`
 	Sluice6CtFlushV1        *ebpf.Map `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.Map `ebpf:"sluice6_ct_new_v1"`
+	Sluice6DevicesV1        *ebpf.Map `ebpf:"sluice6_devices_v1"`
 	Sluice6FragmentsV1      *ebpf.Map `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
@@ -772,6 +775,7 @@ func (m *sockMaps) Close() error {
 		m.Sluice6ConntrackV1,
 		m.Sluice6CtFlushV1,
 		m.Sluice6CtNewV1,
+		m.Sluice6DevicesV1,
 		m.Sluice6FragmentsV1,
 		m.Sluice6NodeCidrsV1,
 		m.Sluice6RevNatV1,

@@ -41,6 +41,7 @@ const (
 	sockdestroyMapSluice6ConntrackV1      = "sluice6_conntrack_v1"
 	sockdestroyMapSluice6CtFlushV1        = "sluice6_ct_flush_v1"
 	sockdestroyMapSluice6CtNewV1          = "sluice6_ct_new_v1"
+	sockdestroyMapSluice6DevicesV1        = "sluice6_devices_v1"
 	sockdestroyMapSluice6FragmentsV1      = "sluice6_fragments_v1"
 	sockdestroyMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
 	sockdestroyMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
@@ -139,6 +140,7 @@ type sockdestroyMapSpecs struct {
 	Sluice6ConntrackV1      *ebpf.MapSpec `ebpf:"sluice6_conntrack_v1"`
 	Sluice6CtFlushV1        *ebpf.MapSpec `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.MapSpec `ebpf:"sluice6_ct_new_v1"`
+	Sluice6DevicesV1        *ebpf.MapSpec `ebpf:"sluice6_devices_v1"`
 	Sluice6FragmentsV1      *ebpf.MapSpec `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
@@ -213,6 +215,7 @@ type sockdestroyMaps struct {
 	Sluice6ConntrackV1      *ebpf.Map `ebpf:"sluice6_conntrack_v1"`
 	Sluice6CtFlushV1        *ebpf.Map `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.Map `ebpf:"sluice6_ct_new_v1"`
+	Sluice6DevicesV1        *ebpf.Map `ebpf:"sluice6_devices_v1"`
 	Sluice6FragmentsV1      *ebpf.Map `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
@@ -251,6 +254,7 @@ func (m *sockdestroyMaps) Close() error {
 		m.Sluice6ConntrackV1,
 		m.Sluice6CtFlushV1,
 		m.Sluice6CtNewV1,
+		m.Sluice6DevicesV1,
 		m.Sluice6FragmentsV1,
 		m.Sluice6NodeCidrsV1,
 		m.Sluice6RevNatV1,

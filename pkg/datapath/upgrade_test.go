@@ -195,7 +195,7 @@ func TestOpenMigratesPins(t *testing.T) {
 		}
 		// The IPv6 maps, which the pins lacked, are created (empty:
 		// the Dump is the IPv4 state's).
-		for _, name := range []string{mapServices6, mapBackends6, mapRevNat6, mapSrcRanges6, mapServiceIPs6, mapAffinity6, mapAffFix6} {
+		for _, name := range []string{mapServices6, mapBackends6, mapRevNat6, mapSrcRanges6, mapServiceIPs6, mapAffinity6, mapAffFix6, mapDevices6} {
 			if _, err := os.Stat(filepath.Join(bpffs, "sluice", name)); err != nil {
 				t.Errorf("pin %s after Open: %v", name, err)
 			}

@@ -22,6 +22,7 @@ const (
 	xdpMapSluice6ConntrackV1      = "sluice6_conntrack_v1"
 	xdpMapSluice6CtFlushV1        = "sluice6_ct_flush_v1"
 	xdpMapSluice6CtNewV1          = "sluice6_ct_new_v1"
+	xdpMapSluice6DevicesV1        = "sluice6_devices_v1"
 	xdpMapSluice6FragmentsV1      = "sluice6_fragments_v1"
 	xdpMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
 	xdpMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
@@ -120,6 +121,7 @@ type xdpMapSpecs struct {
 	Sluice6ConntrackV1      *ebpf.MapSpec `ebpf:"sluice6_conntrack_v1"`
 	Sluice6CtFlushV1        *ebpf.MapSpec `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.MapSpec `ebpf:"sluice6_ct_new_v1"`
+	Sluice6DevicesV1        *ebpf.MapSpec `ebpf:"sluice6_devices_v1"`
 	Sluice6FragmentsV1      *ebpf.MapSpec `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
@@ -194,6 +196,7 @@ type xdpMaps struct {
 	Sluice6ConntrackV1      *ebpf.Map `ebpf:"sluice6_conntrack_v1"`
 	Sluice6CtFlushV1        *ebpf.Map `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.Map `ebpf:"sluice6_ct_new_v1"`
+	Sluice6DevicesV1        *ebpf.Map `ebpf:"sluice6_devices_v1"`
 	Sluice6FragmentsV1      *ebpf.Map `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
@@ -232,6 +235,7 @@ func (m *xdpMaps) Close() error {
 		m.Sluice6ConntrackV1,
 		m.Sluice6CtFlushV1,
 		m.Sluice6CtNewV1,
+		m.Sluice6DevicesV1,
 		m.Sluice6FragmentsV1,
 		m.Sluice6NodeCidrsV1,
 		m.Sluice6RevNatV1,

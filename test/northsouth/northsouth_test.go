@@ -10,7 +10,8 @@
 // Each agent reads the same manifest (Services and EndpointSlices with
 // nodeName) with its own --node-name and --node-ip, attaches tc to the
 // device holding its node IP, and pins under a bpffs directory of its own.
-// Addresses exist only inside the namespaces.
+// Addresses exist only inside the namespaces. TestNodePortIPv6 gives every
+// link an IPv6 twin (buildFamilies) and reads testdata/ipv6's Services.
 package northsouth
 
 import (
@@ -112,6 +113,23 @@ func must(t *testing.T, err error) {
 // extra agent arguments, and waits for them to be ready.
 func build(t *testing.T, extra ...string) *cluster {
 	t.Helper()
+	return buildFamilies(t, false, extra...)
+}
+
+// The IPv6 addresses of the topology (buildFamilies with v6), beside the
+// IPv4 ones: client 2001:db8:a::2, node-a 2001:db8:1::1, node-b
+// 2001:db8:2::1, pod-a 2001:db8:11::2, pod-b 2001:db8:12::2.
+const (
+	client6 = "2001:db8:a::2"
+	nodeA6  = "2001:db8:1::1"
+	nodeB6  = "2001:db8:2::1"
+)
+
+// buildFamilies is build, with v6 also giving every link and route an
+// IPv6 twin, the servers IPv6 sockets, and the agents the IPv6 node
+// addresses and testdata/ipv6's Services.
+func buildFamilies(t *testing.T, v6 bool, extra ...string) *cluster {
+	t.Helper()
 	testutil.Privileged(t)
 	b := agentproc.Shared(t)
 	topo := topology.NewT(t)
@@ -147,6 +165,32 @@ func build(t *testing.T, extra ...string) *cluster {
 	for _, n := range []*topology.NS{router, c.nodeA, c.nodeB} {
 		must(t, n.Sysctl("net/ipv4/ip_forward", "1"))
 	}
+	if v6 {
+		for _, a := range []struct {
+			ns        *topology.NS
+			dev, addr string
+		}{
+			{router, "c1", "2001:db8:a::1/64"}, {c.client, "eth0", client6 + "/64"},
+			{router, "na", "2001:db8:1::fe/64"}, {c.nodeA, "eth0", nodeA6 + "/64"},
+			{router, "nb", "2001:db8:2::fe/64"}, {c.nodeB, "eth0", nodeB6 + "/64"},
+			{c.nodeA, "pa", "2001:db8:11::1/64"}, {c.podA, "eth0", "2001:db8:11::2/64"},
+			{c.nodeB, "pb", "2001:db8:12::1/64"}, {c.podB, "eth0", "2001:db8:12::2/64"},
+		} {
+			must(t, a.ns.AddAddr(a.dev, pfx(a.addr)))
+			must(t, a.ns.WaitLocal(pfx(a.addr).Addr()))
+		}
+		def6 := pfx("::/0")
+		must(t, c.client.AddRoute(def6, ip("2001:db8:a::1")))
+		must(t, c.nodeA.AddRoute(def6, ip("2001:db8:1::fe")))
+		must(t, c.nodeB.AddRoute(def6, ip("2001:db8:2::fe")))
+		must(t, c.podA.AddRoute(def6, ip("2001:db8:11::1")))
+		must(t, c.podB.AddRoute(def6, ip("2001:db8:12::1")))
+		must(t, router.AddRoute(pfx("2001:db8:11::/64"), ip(nodeA6)))
+		must(t, router.AddRoute(pfx("2001:db8:12::/64"), ip(nodeB6)))
+		for _, n := range []*topology.NS{router, c.nodeA, c.nodeB} {
+			must(t, n.Sysctl("net/ipv6/conf/all/forwarding", "1"))
+		}
+	}
 	// Native XDP on a veth transmits (XDP_TX, redirect) into the peer's
 	// NAPI queue. The kernel documents GRO on the peer as enough to get
 	// one, but here frames XDP_TXed into a GRO-only peer never reached
@@ -171,7 +215,10 @@ func build(t *testing.T, extra ...string) *cluster {
 		ns   *topology.NS
 		name string
 	}{{c.podA, "pod-a"}, {c.podB, "pod-b"}} {
-		serveWhoami(t, p.ns, p.name)
+		serveWhoami(t, p.ns, p.name, "4")
+		if v6 {
+			serveWhoami(t, p.ns, p.name, "6")
+		}
 	}
 
 	cgMount, err := datapath.CgroupV2Mount()
@@ -181,17 +228,24 @@ func build(t *testing.T, extra ...string) *cluster {
 
 	mf, err := filepath.Abs(filepath.Join("testdata", "cluster.yaml"))
 	must(t, err)
+	nodeIPs, npAddrs := [2]string{"192.168.1.1", "192.168.2.1"}, "192.168.0.0/16"
+	if v6 {
+		mf, err = filepath.Abs(filepath.Join("testdata", "ipv6", "cluster.yaml"))
+		must(t, err)
+		nodeIPs = [2]string{"192.168.1.1," + nodeA6, "192.168.2.1," + nodeB6}
+		npAddrs += ",2001:db8:1::/64,2001:db8:2::/64"
+	}
 	for _, n := range []struct {
 		ns         *topology.NS
 		name, addr string
-	}{{c.nodeA, "node-a", "192.168.1.1"}, {c.nodeB, "node-b", "192.168.2.1"}} {
+	}{{c.nodeA, "node-a", nodeIPs[0]}, {c.nodeB, "node-b", nodeIPs[1]}} {
 		bpffs := filepath.Join(datapath.DefaultBPFFS, topo.Prefix()+n.name)
 		cfg := agentproc.AgentConfig{
 			Manifests: mf, BPFFS: bpffs,
 			// NodePorts on every address of the node's subnets, not
 			// only --node-ip (kube-proxy's default): node-a's second
 			// address serves them too.
-			Extra: append([]string{"--node-name", n.name, "--node-ip", n.addr, "--nodeport-addresses", "192.168.0.0/16"}, extra...),
+			Extra: append([]string{"--node-name", n.name, "--node-ip", n.addr, "--nodeport-addresses", npAddrs}, extra...),
 		}
 		if n.name == "node-a" {
 			cfg.Cgroup = c.podCgroup.Path // socket load balancing for node-a's pods
@@ -213,13 +267,14 @@ func build(t *testing.T, extra ...string) *cluster {
 	return &c
 }
 
-// serveWhoami serves TCP :8080 and UDP :5353 in ns, answering each line or
-// datagram with "<name> <peer address>": the backend's view of the client.
-func serveWhoami(t *testing.T, ns *topology.NS, name string) {
+// serveWhoami serves TCP :8080 and UDP :5353 of family ("4" or "6") in
+// ns, answering each line or datagram with "<name> <peer address>": the
+// backend's view of the client.
+func serveWhoami(t *testing.T, ns *topology.NS, name, family string) {
 	t.Helper()
-	l, err := ns.Listen("tcp4", ":8080")
+	l, err := ns.Listen("tcp"+family, ":8080")
 	must(t, err)
-	pc, err := ns.ListenPacket("udp4", ":5353")
+	pc, err := ns.ListenPacket("udp"+family, ":5353")
 	must(t, err)
 	var wg sync.WaitGroup
 	t.Cleanup(func() { l.Close(); pc.Close(); wg.Wait() })
@@ -252,10 +307,15 @@ func serveWhoami(t *testing.T, ns *topology.NS, name string) {
 	})
 }
 
-// dial connects from ns to addr, within timeout.
+// dial connects from ns to addr, within timeout, over the family of
+// addr's host (network "tcp4" or "udp4" becomes "tcp6" or "udp6" for
+// "[v6]:port").
 func dial(ns *topology.NS, network, addr string, timeout time.Duration) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	if strings.HasPrefix(addr, "[") {
+		network = strings.TrimSuffix(network, "4") + "6"
+	}
 	return ns.DialContext(ctx, network, addr)
 }
 
@@ -407,6 +467,30 @@ func TestNodePort(t *testing.T) {
 		c.expectXDP(t, 0)
 		c.expectXDP(t, 1)
 	})
+}
+
+// TestNodePortIPv6: TestNodePort over IPv6, with the tc path only (XDP is
+// IPv4's): an external client to a NodePort whose endpoint is on the other
+// node is DNATed and SNATed to the node's IPv6 address, and the reply
+// comes back; to a local endpoint it keeps its address.
+func TestNodePortIPv6(t *testing.T) {
+	c := buildFamilies(t, true)
+	c.xdp = "off"
+	at := func(node string, port int) string { return net.JoinHostPort(node, fmt.Sprint(port)) }
+	expectAnswers(t, c.client,
+		request{"TCP", "node-a -> local pod", at(nodeA6, 30001), "pod-a", client6},
+		request{"UDP", "node-a -> local pod", at(nodeA6, 30001), "pod-a", client6},
+		request{"TCP", "node-a -> pod on node-b", at(nodeA6, 30002), "pod-b", nodeA6},
+		request{"UDP", "node-a -> pod on node-b", at(nodeA6, 30002), "pod-b", nodeA6},
+		request{"TCP", "node-b -> pod on node-a", at(nodeB6, 30001), "pod-a", nodeB6},
+		request{"UDP", "node-b -> pod on node-a", at(nodeB6, 30001), "pod-a", nodeB6},
+		request{"TCP", "node-b -> local pod", at(nodeB6, 30002), "pod-b", client6},
+	)
+	for i := range 2 {
+		if n := c.counter(t, i, "tc_snat_new"); n == 0 {
+			t.Errorf("node %d source-NATed no flow (tc_snat_new 0)", i)
+		}
+	}
 }
 
 func TestExternalIPAndLoadBalancer(t *testing.T) {
