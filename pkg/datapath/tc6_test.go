@@ -448,7 +448,8 @@ func snatPort6Of(t *testing.T, d *Datapath, client string, cport uint16, fe mode
 // TestTC6NorthSouthPacketTable: an IPv6 NodePort whose backend is on
 // another node, as TestNorthSouthPacketTable for IPv4: DNAT and SNAT to
 // eth0's IPv6 address with a reserved port, sent to node 2 one hop less;
-// the reply reverse-NATed and sent back to the client; a hop limit of 1
+// the reply reverse-NATed and sent back to the client; ICMPv6 errors
+// about the flow translated and sent on both ways; a hop limit of 1
 // answered with ICMPv6 time exceeded, a packet over the egress MTU with
 // packet too big; an unallocated address of the IPv6 service CIDR
 // dropped.
@@ -506,14 +507,32 @@ func TestTC6NorthSouthPacketTable(t *testing.T) {
 	synAck := fromNode2(tcpPacket("2001:db8:2::7", 8080, nsNodeIP6, sp, 0x12, nil))
 	expectRun(t, "the SYN-ACK: reverse NAT, redirect to the client", ing, ifindex, synAck, tcActRedirect, toClient(synAck, np, 40000))
 
-	// An ICMPv6 error about the SNATed request, to the node: not
-	// translated (yet), so passed untouched rather than half translated.
-	ptb := packet.Packet{SrcMAC: n2, DstMAC: eth, Src: addr(nsNode2IP6), Dst: addr(nsNodeIP6), Proto: packet.ICMPv6,
-		ICMPType: packet.ICMPv6PacketTooBig, Payload: toRemote(syn, sp, be).L3()[:48]}
-	binary.BigEndian.PutUint32(ptb.ICMPRest[:], 1280)
-	if verdict, out := runOn(t, ing, ifindex, ptb.Bytes()); verdict != tcActOK || !bytes.Equal(out[:len(ptb.Bytes())], ptb.Bytes()) {
-		t.Errorf("error about a source-NATed request: verdict %d, output %s", verdict, packet.Diff(out[:len(ptb.Bytes())], ptb.Bytes()))
+	// ICMPv6 errors about the source-NATed flow, sent on where it goes
+	// (icmp6_snat_xlate), one hop less. A packet too big from node 2
+	// about the SYN it forwarded, to the node: to the client, about the
+	// SYN it sent, [C -> F].
+	icmpAbout := func(srcMAC, dstMAC [6]byte, src, dst string, typ uint8, rest uint32, about packet.Packet) packet.Packet {
+		p := packet.Packet{SrcMAC: srcMAC, DstMAC: dstMAC, Src: addr(src), Dst: addr(dst), Proto: packet.ICMPv6,
+			ICMPType: typ, Payload: about.L3()[:48]}
+		binary.BigEndian.PutUint32(p.ICMPRest[:], rest)
+		return p
 	}
+	synThere := syn
+	synThere.TTL = fwdTTL
+	ptb := icmpAbout(n2, eth, nsNode2IP6, nsNodeIP6, packet.ICMPv6PacketTooBig, 1280, toRemote(syn, sp, be))
+	want := icmpAbout(eth, clientMAC, nsNode2IP6, nsClientIP6, packet.ICMPv6PacketTooBig, 1280, synThere)
+	want.TTL = fwdTTL
+	expectRun(t, "packet too big about the request: to the client, about [C -> F]", ing, ifindex, ptb, tcActRedirect, want)
+	// The client's port unreachable about the SYN-ACK it got, [F -> C]:
+	// from the node's port to the backend, about [B -> N:sp].
+	unreach := icmpAbout(clientMAC, eth, nsClientIP6, nsNodeIP6, packet.ICMPv6Unreachable, 0,
+		toClient(synAck, np, 40000))
+	unreach.ICMPCode = packet.ICMPv6PortUnreach
+	synAckThere := synAck // (its hop limit as it reached the client)
+	synAckThere.TTL = fwdTTL
+	want = icmpAbout(eth, n2, nsNodeIP6, "2001:db8:2::7", packet.ICMPv6Unreachable, 0, synAckThere)
+	want.ICMPCode, want.TTL = packet.ICMPv6PortUnreach, fwdTTL
+	expectRun(t, "port unreachable about the reply: to the backend, about [B -> N:sp]", ing, ifindex, unreach, tcActRedirect, want)
 
 	// UDP, the same way.
 	udp := fromClient(udpPacket(nsClientIP6, 5300, nsNodeIP6, 30053, data))
@@ -530,7 +549,7 @@ func TestTC6NorthSouthPacketTable(t *testing.T) {
 	in := last.Bytes()
 	verdict, out = runOn(t, ing, ifindex, in)
 	l3 := in[14:]
-	want := packet.Packet{SrcMAC: eth, DstMAC: clientMAC, Src: addr(nsNodeIP6), Dst: addr(nsClientIP6), Proto: packet.ICMPv6,
+	want = packet.Packet{SrcMAC: eth, DstMAC: clientMAC, Src: addr(nsNodeIP6), Dst: addr(nsClientIP6), Proto: packet.ICMPv6,
 		ICMPType: packet.ICMPv6TimeExceeded, ICMPCode: 0, Payload: l3[:40+20]}
 	expectPacket(t, "hop limit 1: time exceeded", verdict, tcActRedirect, out[:len(want.Bytes())], want)
 
@@ -554,5 +573,5 @@ func TestTC6NorthSouthPacketTable(t *testing.T) {
 		t.Errorf("unallocated service IP: verdict %d, want drop (%d)", verdict, tcActShot)
 	}
 
-	expectCounted(t, d, "tc_snat_new", "tc_rev_nat", "tc_ttl_exceeded", "tc_frag_needed", "tc_service_cidr_drop")
+	expectCounted(t, d, "tc_snat_new", "tc_rev_nat", "tc_icmp_xlate", "tc_ttl_exceeded", "tc_frag_needed", "tc_service_cidr_drop")
 }
