@@ -40,9 +40,10 @@
  * nat_snat6, the SNAT port search, is a global function, which the
  * verifier checks once, on its own.
  *
- * Not here yet (IPv4 only): the direct send to the client of a reply that
- * a pod's device reverse-NATs at ingress (rev_dnat), dry runs
- * (explain.h).
+ * Not here: the direct send to the client of a reply that a pod's device
+ * reverse-NATs at ingress (rev_dnat), which IPv6 does not need: its stack
+ * forwards a packet from the node's own address, which IPv4's drops as a
+ * martian. Not yet: dry runs (explain.h).
  *
  * The IPv6 path is programs of their own (sluice6_ingress, sluice6_egress
  * in tc.c), which the IPv4 entries reach by a tail call (tc6_divert,
