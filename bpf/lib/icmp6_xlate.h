@@ -1,11 +1,16 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * ICMPv6 errors about translated IPv6 flows, translated back, as
- * icmp_xlate.h does ICMP's (its header says why and how), for the
- * flows of the IPv6 path that are not source-NATed (those pass untouched):
+ * icmp_xlate.h does ICMP's (its header says why and how):
  *
  *   about a request:  B -> C  [C:cp -> B:bp]  becomes  F -> C  [C:cp -> F:fp]
  *   about a reply:    C -> F  [F:fp -> C:cp]  becomes  C -> B  [B:bp -> C:cp]
+ *
+ * and for a source-NATed flow (icmp6_snat_xlate), whose errors arrive at
+ * the node and are sent on where the flow goes (nat6.h), one hop less:
+ *
+ *   about a request:  R -> N  [N:sp -> B:bp]  becomes  R -> C  [C:cp -> F:fp]
+ *   about a reply:    C -> F  [F:fp -> C:cp]  becomes  N -> B  [B:bp -> N:sp]
  *
  * The quote is an IPv6 header without extension headers and 8 bytes of
  * TCP or UDP (anything else passes untouched). ICMPv6's checksum covers a
@@ -23,6 +28,7 @@
 #include "metrics.h"
 #include "conntrack.h"
 #include "parse6.h"
+#include "nat6.h"
 
 /* The quote of an ICMPv6 error: an IPv6 header and 8 bytes of L4. */
 struct icmp6_quote {
@@ -98,6 +104,8 @@ static __noinline int icmp6_rewrite_quote(struct __sk_buff *skb,
 		    bpf_skb_store_bytes(skb, q_off + sizeof(struct ipv6hdr) + 6,
 					&fixed, 2, 0) < 0)
 			return -1;
+		/* For a second rewrite of the same quote. */
+		q->w[1] = fixed;
 	}
 	if (icmp6_set_addr(skb, addr_off, csum_off, &from.addr, &to->addr,
 			   false) < 0)
@@ -108,44 +116,122 @@ static __noinline int icmp6_rewrite_quote(struct __sk_buff *skb,
 }
 
 /*
- * icmp6_err_xlate - translate @p, an ICMPv6 error (parse_icmp6_err),
- * back if it is about a translated flow. Returns a TC verdict. A BPF
- * function of its own, like the steps of tc6.h, for its stack.
+ * icmp6_find - the conntrack entry that the packet @p, an ICMPv6 error,
+ * is about (its quote in @q, the entry's key in @key): the quoted
+ * packet's reply entry (a request's error), or its own (@about_reply: a
+ * reply's), or NULL.
+ */
+static __always_inline struct ct6_entry *
+icmp6_find(struct __sk_buff *skb, const struct pkt6 *p, struct icmp6_quote *q,
+	   struct ct6_key *key, bool *about_reply)
+{
+	__u64 now = bpf_ktime_get_ns();
+	struct ct6_entry *e;
+
+	*about_reply = false;
+	if (bpf_skb_load_bytes(skb, p->l4_off + 8, q, sizeof(*q)) < 0 ||
+	    q->ip.version != 6 ||
+	    (q->ip.nexthdr != IPPROTO_TCP && q->ip.nexthdr != IPPROTO_UDP))
+		return NULL;
+	/* The quoted packet's reply: its key is the quote swapped. */
+	__builtin_memcpy(&key->saddr, &q->ip.daddr, sizeof(key->saddr));
+	__builtin_memcpy(&key->daddr, &q->ip.saddr, sizeof(key->daddr));
+	key->sport = q->dport;
+	key->dport = q->sport;
+	key->proto = q->ip.nexthdr;
+	key->dir = CT_REVERSE;
+	e = ct_peek6(key, now);
+	if (e)
+		return e;
+	key->dir = CT_FORWARD;
+	*about_reply = true;
+	return ct_peek6(key, now);
+}
+
+/*
+ * icmp6_err_xlate's verdict for an error about a source-NATed flow, which
+ * the entry of the ingress program translates and sends on
+ * (icmp6_snat_xlate): its frames do not fit on top of icmp6_err_xlate's.
+ */
+#define TC6_ICMP_SNAT (-5)
+
+/*
+ * icmp6_snat_xlate - translate @p, an ICMPv6 error at a device's ingress,
+ * if it is about a request (or a reply) of a source-NATed flow, and send
+ * it on where the flow goes: the quote gets the addresses and ports of the
+ * flow's other side, the outer destination the quote's new source, and an
+ * outer source that was the quote's destination (the peer itself) its new
+ * destination. Returns a TC verdict. A BPF function of its own, for its
+ * route.
+ */
+static __noinline int icmp6_snat_xlate(struct __sk_buff *skb,
+				       const struct pkt6 *p)
+{
+	__u32 csum_off = p->l4_off + 2;
+	struct csum_l4addr qs = {}, qd = {};
+	union v6addr osrc = p->saddr, odst = p->daddr;
+	struct icmp6_quote quote, *q = &quote;
+	struct ct6_key key = {};
+	struct ct6_entry *e;
+	struct fib6 f = {};
+	bool about_reply;
+
+	e = icmp6_find(skb, p, q, &key, &about_reply);
+	if (!e || !(e->flags & CT_F_SNAT))
+		return TC_ACT_OK;
+
+	/* About a request: [N:sp -> B:bp] becomes [C:cp -> F:fp]; about a
+	 * reply: [F:fp -> C:cp] becomes [B:bp -> N:sp].
+	 */
+	qs.addr = about_reply ? e->nat_addr : e->snat_addr;
+	qs.port = about_reply ? e->nat_port : e->snat_port;
+	qd.addr = about_reply ? e->snat_addr : e->nat_addr;
+	qd.port = about_reply ? e->snat_port : e->nat_port;
+	if (p->hop_limit <= 1) {
+		/* No error about an error. */
+		metric_inc(METRIC_TC_TTL_EXCEEDED);
+		return TC_ACT_SHOT;
+	}
+	if (lb6_addr_eq(&p->saddr, (const union v6addr *)&q->ip.daddr))
+		osrc = qd.addr;
+	if (fib6_lookup(skb, skb->ifindex, &osrc, &qs.addr, &f) < 0) {
+		metric_inc(METRIC_TC_FIB_ERR);
+		return TC_ACT_SHOT;
+	}
+	if (icmp6_set_addr(skb, p->l3_off + offsetof(struct ipv6hdr, daddr),
+			   csum_off, &odst, &qs.addr, true) < 0 ||
+	    icmp6_set_addr(skb, p->l3_off + offsetof(struct ipv6hdr, saddr),
+			   csum_off, (union v6addr *)&p->saddr, &osrc,
+			   true) < 0 ||
+	    icmp6_rewrite_quote(skb, p, q, true, &qs) < 0 ||
+	    icmp6_rewrite_quote(skb, p, q, false, &qd) < 0) {
+		metric_inc(METRIC_TC_REWRITE_ERR);
+		return TC_ACT_SHOT;
+	}
+	metric_inc(METRIC_TC_ICMP_XLATE);
+	return redirect_fib6(skb, p, &f);
+}
+
+/*
+ * icmp6_err_xlate - translate @p, an ICMPv6 error (parse_icmp6_err), back
+ * if it is about a translated flow. Returns a TC verdict, or TC6_ICMP_SNAT
+ * if the flow is source-NATed. A BPF function of its own, like the steps
+ * of tc6.h, for its stack.
  */
 static __noinline int icmp6_err_xlate(struct __sk_buff *skb, struct pkt6 *p)
 {
-	__u32 q_off = p->l4_off + 8, csum_off = p->l4_off + 2;
+	__u32 csum_off = p->l4_off + 2;
 	struct csum_l4addr to = {};
 	struct icmp6_quote q;
 	struct ct6_key key = {};
 	struct ct6_entry *e;
-	__u64 now = bpf_ktime_get_ns();
-	bool about_reply = false;
+	bool about_reply;
 
-	if (bpf_skb_load_bytes(skb, q_off, &q, sizeof(q)) < 0 ||
-	    q.ip.version != 6 ||
-	    (q.ip.nexthdr != IPPROTO_TCP && q.ip.nexthdr != IPPROTO_UDP))
+	e = icmp6_find(skb, p, &q, &key, &about_reply);
+	if (!e)
 		return TC_ACT_OK;
-	/* The quoted packet's reply: its key is the quote swapped. */
-	__builtin_memcpy(&key.saddr, &q.ip.daddr, sizeof(key.saddr));
-	__builtin_memcpy(&key.daddr, &q.ip.saddr, sizeof(key.daddr));
-	key.sport = q.dport;
-	key.dport = q.sport;
-	key.proto = q.ip.nexthdr;
-	key.dir = CT_REVERSE;
-	e = ct_peek6(&key, now);
-	if (!e) {
-		key.dir = CT_FORWARD;
-		e = ct_peek6(&key, now);
-		about_reply = true;
-	}
-	/* A source-NATed flow's error (to or from the node's port) would
-	 * need both ends of its quote and its outer address translated, and
-	 * a redirect, as icmp_xlate.h does for IPv4: not done yet, so it
-	 * passes untouched rather than half translated.
-	 */
-	if (!e || (e->flags & CT_F_SNAT))
-		return TC_ACT_OK;
+	if (e->flags & CT_F_SNAT)
+		return TC6_ICMP_SNAT;
 	to.addr = e->nat_addr;
 	to.port = e->nat_port;
 

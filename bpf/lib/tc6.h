@@ -28,7 +28,8 @@
  * (ct_create_snat6), and sent to the next hop by bpf_fib_lookup and a
  * redirect (nat6.h: one hop less; ICMPv6 time exceeded or packet too big
  * when it cannot go). Its replies come back to this node and are sent to
- * the client <frontend -> client> the same way. An internal client (the
+ * the client <frontend -> client> the same way, and so are ICMPv6 errors
+ * about its packets (icmp6_xlate.h). An internal client (the
  * IPv6 cluster CIDR) of a two-scope frontend is served by its internal
  * scope.
  *
@@ -39,10 +40,10 @@
  * nat_snat6, the SNAT port search, is a global function, which the
  * verifier checks once, on its own.
  *
- * Not here yet (IPv4 only): the direct send to the client of a reply that
- * a pod's device reverse-NATs at ingress (rev_dnat), the translation of
- * ICMPv6 errors about source-NATed flows (they pass untouched,
- * icmp6_xlate.h), dry runs (explain.h).
+ * Not here: the direct send to the client of a reply that a pod's device
+ * reverse-NATs at ingress (rev_dnat), which IPv6 does not need: its stack
+ * forwards a packet from the node's own address, which IPv4's drops as a
+ * martian. Not yet: dry runs (explain.h).
  *
  * The IPv6 path is programs of their own (sluice6_ingress, sluice6_egress
  * in tc.c), which the IPv4 entries reach by a tail call (tc6_divert,
@@ -650,7 +651,11 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb)
 	case PKT_L4:
 		break;
 	case PKT_ICMP_ERR:
-		return icmp6_err_xlate(skb, &p);
+		ret = icmp6_err_xlate(skb, &p);
+		/* A source-NATed flow's errors arrive at the node, at
+		 * ingress.
+		 */
+		return ret == TC6_ICMP_SNAT ? icmp6_snat_xlate(skb, &p) : ret;
 	default:
 		return TC_ACT_OK;
 	}
@@ -674,7 +679,8 @@ static __always_inline int tc6_egress(struct __sk_buff *skb)
 	case PKT_L4:
 		break;
 	case PKT_ICMP_ERR:
-		return icmp6_err_xlate(skb, &p);
+		ret = icmp6_err_xlate(skb, &p);
+		return ret == TC6_ICMP_SNAT ? TC_ACT_OK : ret;
 	default:
 		return TC_ACT_OK;
 	}

@@ -1,7 +1,9 @@
 package datapath
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"net"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
@@ -448,7 +451,8 @@ func snatPort6Of(t *testing.T, d *Datapath, client string, cport uint16, fe mode
 // TestTC6NorthSouthPacketTable: an IPv6 NodePort whose backend is on
 // another node, as TestNorthSouthPacketTable for IPv4: DNAT and SNAT to
 // eth0's IPv6 address with a reserved port, sent to node 2 one hop less;
-// the reply reverse-NATed and sent back to the client; a hop limit of 1
+// the reply reverse-NATed and sent back to the client; ICMPv6 errors
+// about the flow translated and sent on both ways; a hop limit of 1
 // answered with ICMPv6 time exceeded, a packet over the egress MTU with
 // packet too big; an unallocated address of the IPv6 service CIDR
 // dropped.
@@ -506,14 +510,32 @@ func TestTC6NorthSouthPacketTable(t *testing.T) {
 	synAck := fromNode2(tcpPacket("2001:db8:2::7", 8080, nsNodeIP6, sp, 0x12, nil))
 	expectRun(t, "the SYN-ACK: reverse NAT, redirect to the client", ing, ifindex, synAck, tcActRedirect, toClient(synAck, np, 40000))
 
-	// An ICMPv6 error about the SNATed request, to the node: not
-	// translated (yet), so passed untouched rather than half translated.
-	ptb := packet.Packet{SrcMAC: n2, DstMAC: eth, Src: addr(nsNode2IP6), Dst: addr(nsNodeIP6), Proto: packet.ICMPv6,
-		ICMPType: packet.ICMPv6PacketTooBig, Payload: toRemote(syn, sp, be).L3()[:48]}
-	binary.BigEndian.PutUint32(ptb.ICMPRest[:], 1280)
-	if verdict, out := runOn(t, ing, ifindex, ptb.Bytes()); verdict != tcActOK || !bytes.Equal(out[:len(ptb.Bytes())], ptb.Bytes()) {
-		t.Errorf("error about a source-NATed request: verdict %d, output %s", verdict, packet.Diff(out[:len(ptb.Bytes())], ptb.Bytes()))
+	// ICMPv6 errors about the source-NATed flow, sent on where it goes
+	// (icmp6_snat_xlate), one hop less. A packet too big from node 2
+	// about the SYN it forwarded, to the node: to the client, about the
+	// SYN it sent, [C -> F].
+	icmpAbout := func(srcMAC, dstMAC [6]byte, src, dst string, typ uint8, rest uint32, about packet.Packet) packet.Packet {
+		p := packet.Packet{SrcMAC: srcMAC, DstMAC: dstMAC, Src: addr(src), Dst: addr(dst), Proto: packet.ICMPv6,
+			ICMPType: typ, Payload: about.L3()[:48]}
+		binary.BigEndian.PutUint32(p.ICMPRest[:], rest)
+		return p
 	}
+	synThere := syn
+	synThere.TTL = fwdTTL
+	ptb := icmpAbout(n2, eth, nsNode2IP6, nsNodeIP6, packet.ICMPv6PacketTooBig, 1280, toRemote(syn, sp, be))
+	want := icmpAbout(eth, clientMAC, nsNode2IP6, nsClientIP6, packet.ICMPv6PacketTooBig, 1280, synThere)
+	want.TTL = fwdTTL
+	expectRun(t, "packet too big about the request: to the client, about [C -> F]", ing, ifindex, ptb, tcActRedirect, want)
+	// The client's port unreachable about the SYN-ACK it got, [F -> C]:
+	// from the node's port to the backend, about [B -> N:sp].
+	unreach := icmpAbout(clientMAC, eth, nsClientIP6, nsNodeIP6, packet.ICMPv6Unreachable, 0,
+		toClient(synAck, np, 40000))
+	unreach.ICMPCode = packet.ICMPv6PortUnreach
+	synAckThere := synAck // (its hop limit as it reached the client)
+	synAckThere.TTL = fwdTTL
+	want = icmpAbout(eth, n2, nsNodeIP6, "2001:db8:2::7", packet.ICMPv6Unreachable, 0, synAckThere)
+	want.ICMPCode, want.TTL = packet.ICMPv6PortUnreach, fwdTTL
+	expectRun(t, "port unreachable about the reply: to the backend, about [B -> N:sp]", ing, ifindex, unreach, tcActRedirect, want)
 
 	// UDP, the same way.
 	udp := fromClient(udpPacket(nsClientIP6, 5300, nsNodeIP6, 30053, data))
@@ -530,7 +552,7 @@ func TestTC6NorthSouthPacketTable(t *testing.T) {
 	in := last.Bytes()
 	verdict, out = runOn(t, ing, ifindex, in)
 	l3 := in[14:]
-	want := packet.Packet{SrcMAC: eth, DstMAC: clientMAC, Src: addr(nsNodeIP6), Dst: addr(nsClientIP6), Proto: packet.ICMPv6,
+	want = packet.Packet{SrcMAC: eth, DstMAC: clientMAC, Src: addr(nsNodeIP6), Dst: addr(nsClientIP6), Proto: packet.ICMPv6,
 		ICMPType: packet.ICMPv6TimeExceeded, ICMPCode: 0, Payload: l3[:40+20]}
 	expectPacket(t, "hop limit 1: time exceeded", verdict, tcActRedirect, out[:len(want.Bytes())], want)
 
@@ -554,5 +576,81 @@ func TestTC6NorthSouthPacketTable(t *testing.T) {
 		t.Errorf("unallocated service IP: verdict %d, want drop (%d)", verdict, tcActShot)
 	}
 
-	expectCounted(t, d, "tc_snat_new", "tc_rev_nat", "tc_ttl_exceeded", "tc_frag_needed", "tc_service_cidr_drop")
+	expectCounted(t, d, "tc_snat_new", "tc_rev_nat", "tc_icmp_xlate", "tc_ttl_exceeded", "tc_frag_needed", "tc_service_cidr_drop")
+}
+
+// TestNodePortPodDeviceEndToEndIPv6: TestNodePortPodDeviceEndToEnd over
+// IPv6, the pod's device in the devices and without a global address (the
+// node answers the pod at fe80::1 on it): the pod's reply, reverse-NATed
+// at pod0's ingress to come from the node's own NodePort address, reaches
+// the client through the stack, for both traffic policies.
+func TestNodePortPodDeviceEndToEndIPv6(t *testing.T) {
+	d := newTestDatapath(t)
+	topo := topology.NewT(t)
+	client, node, pod := topo.AddNST(t, "client"), topo.AddNST(t, "node"), topo.AddNST(t, "pod")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := netip.MustParsePrefix
+	must(topo.Veth(client, "eth0", node, "eth0"))
+	must(topo.Veth(node, "pod0", pod, "eth0"))
+	must(client.AddAddr("eth0", p("2001:db8:a::1/64")))
+	must(node.AddAddr("eth0", p("2001:db8:a::2/64")))
+	must(node.AddAddr("pod0", p("fe80::1/64")))
+	must(pod.AddAddr("eth0", p("2001:db8:b::2/128")))
+	must(node.Sysctl("net/ipv6/conf/all/forwarding", "1"))
+	must(node.AddRouteDev(p("2001:db8:b::2/128"), "pod0"))
+	must(pod.Do(func() error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}, Gw: net.ParseIP("fe80::1")})
+	}))
+	for _, w := range []struct {
+		ns *topology.NS
+		a  string
+	}{{client, "2001:db8:a::1"}, {node, "2001:db8:a::2"}, {pod, "2001:db8:b::2"}} {
+		must(w.ns.WaitLocal(addr(w.a)))
+	}
+	if _, err := pod.ServeTCPEcho("[2001:db8:b::2]:8080", "pod"); err != nil {
+		t.Fatal(err)
+	}
+
+	m := d.Maps()
+	be := testBackend{1, l4("2001:db8:b::2", 8080, model.TCP)}
+	np := l4("2001:db8:a::2", 30080, model.TCP)
+	npLocalPolicy := l4("2001:db8:a::2", 30081, model.TCP)
+	addExternal(t, m, 1, np, reconciler.FlagExternal, be)
+	addExternal(t, m, 2, npLocalPolicy, reconciler.FlagExternal|reconciler.FlagLocal, be)
+	must(node.Do(func() error { return d.AttachDevices([]string{"eth0", "pod0"}) }))
+
+	for _, fe := range []model.L4Addr{np, npLocalPolicy} {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		c, err := client.DialContext(ctx, "tcp6", apOf(fe).String())
+		if err != nil {
+			cancel()
+			t.Fatalf("connect to %s with pod0 attached: %v", fe, err)
+		}
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		var line string
+		if _, err = fmt.Fprintf(c, "hello\n"); err == nil {
+			line, err = bufio.NewReader(c).ReadString('\n')
+		}
+		c.Close()
+		cancel()
+		if err != nil || line != "pod hello\n" {
+			t.Fatalf("%s: got %q, %v; want the pod's echo", fe, line, err)
+		}
+	}
+	// The replies were reverse-NATed (at pod0's ingress, the first
+	// program they meet) and the stack forwarded them: IPv6 takes a
+	// packet from the node's own address that IPv4 drops as a martian
+	// (rev_dnat's direct send), so the IPv6 path needs none.
+	if cs := counters(t, d); cs["tc_rev_nat"] == 0 || cs["tc_rev_redirect"] != 0 {
+		t.Errorf("tc_rev_nat %d, tc_rev_redirect %d; want replies reverse-NATed and passed to the stack", cs["tc_rev_nat"], cs["tc_rev_redirect"])
+	}
 }
