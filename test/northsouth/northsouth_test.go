@@ -42,9 +42,7 @@ func TestMain(m *testing.M) {
 	if addr := os.Getenv(helperEnv); addr != "" {
 		os.Exit(helperMain(addr))
 	}
-	code := m.Run()
-	agentproc.RemoveShared()
-	os.Exit(code)
+	os.Exit(agentproc.RunTests(m))
 }
 
 // helperMain connects to addr, sends a line and prints
