@@ -144,17 +144,31 @@ func TestNodePortPodDeviceEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	nodePortsReachPod(t, d, node, client, "tcp4", "10.0.0.2", "10.1.1.2")
+	cs := counters(t, d)
+	if cs["tc_rev_redirect"] == 0 {
+		t.Errorf("tc_rev_redirect = 0: %v", cs)
+	}
+}
+
+// nodePortsReachPod programs two NodePorts on nodeIP (externalTrafficPolicy
+// Cluster and Local) to the pod's echo server at podIP:8080, attaches tc to
+// the node's eth0 and pod0, and checks that the client (network "tcp4" or
+// "tcp6") gets the pod's echo through each.
+func nodePortsReachPod(t *testing.T, d *Datapath, node, client *topology.NS, network, nodeIP, podIP string) {
+	t.Helper()
 	m := d.Maps()
-	be := testBackend{1, l4("10.1.1.2", 8080, model.TCP)}
-	np := l4("10.0.0.2", 30080, model.TCP)
-	npLocalPolicy := l4("10.0.0.2", 30081, model.TCP)
+	be := testBackend{1, l4(podIP, 8080, model.TCP)}
+	np := l4(nodeIP, 30080, model.TCP)
+	npLocalPolicy := l4(nodeIP, 30081, model.TCP)
 	addExternal(t, m, 1, np, reconciler.FlagExternal, be)
 	addExternal(t, m, 2, npLocalPolicy, reconciler.FlagExternal|reconciler.FlagLocal, be)
-	must(node.Do(func() error { return d.AttachDevices([]string{"eth0", "pod0"}) }))
-
+	if err := node.Do(func() error { return d.AttachDevices([]string{"eth0", "pod0"}) }); err != nil {
+		t.Fatal(err)
+	}
 	for _, fe := range []model.L4Addr{np, npLocalPolicy} {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		c, err := client.DialContext(ctx, "tcp4", apOf(fe).String())
+		c, err := client.DialContext(ctx, network, apOf(fe).String())
 		if err != nil {
 			cancel()
 			t.Fatalf("connect to %s with pod0 attached: %v", fe, err)
@@ -169,10 +183,6 @@ func TestNodePortPodDeviceEndToEnd(t *testing.T) {
 		if err != nil || line != "pod hello\n" {
 			t.Fatalf("%s: got %q, %v; want the pod's echo", fe, line, err)
 		}
-	}
-	cs := counters(t, d)
-	if cs["tc_rev_redirect"] == 0 {
-		t.Errorf("tc_rev_redirect = 0: %v", cs)
 	}
 }
 

@@ -1,9 +1,7 @@
 package datapath
 
 import (
-	"bufio"
 	"bytes"
-	"context"
 	"encoding/binary"
 	"fmt"
 	"net"
@@ -620,32 +618,7 @@ func TestNodePortPodDeviceEndToEndIPv6(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	m := d.Maps()
-	be := testBackend{1, l4("2001:db8:b::2", 8080, model.TCP)}
-	np := l4("2001:db8:a::2", 30080, model.TCP)
-	npLocalPolicy := l4("2001:db8:a::2", 30081, model.TCP)
-	addExternal(t, m, 1, np, reconciler.FlagExternal, be)
-	addExternal(t, m, 2, npLocalPolicy, reconciler.FlagExternal|reconciler.FlagLocal, be)
-	must(node.Do(func() error { return d.AttachDevices([]string{"eth0", "pod0"}) }))
-
-	for _, fe := range []model.L4Addr{np, npLocalPolicy} {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		c, err := client.DialContext(ctx, "tcp6", apOf(fe).String())
-		if err != nil {
-			cancel()
-			t.Fatalf("connect to %s with pod0 attached: %v", fe, err)
-		}
-		c.SetDeadline(time.Now().Add(3 * time.Second))
-		var line string
-		if _, err = fmt.Fprintf(c, "hello\n"); err == nil {
-			line, err = bufio.NewReader(c).ReadString('\n')
-		}
-		c.Close()
-		cancel()
-		if err != nil || line != "pod hello\n" {
-			t.Fatalf("%s: got %q, %v; want the pod's echo", fe, line, err)
-		}
-	}
+	nodePortsReachPod(t, d, node, client, "tcp6", "2001:db8:a::2", "2001:db8:b::2")
 	// The replies were reverse-NATed (at pod0's ingress, the first
 	// program they meet) and the stack forwarded them: IPv6 takes a
 	// packet from the node's own address that IPv4 drops as a martian
