@@ -312,5 +312,12 @@ func parseCIDRSloppy(s string) (netip.Prefix, bool) {
 	if !ok {
 		return netip.Prefix{}, false
 	}
-	return netip.PrefixFrom(a, ones).Masked(), true
+	p := netip.PrefixFrom(a, ones).Masked()
+	if p.Addr().Is4In6() {
+		// An IPv4-mapped prefix ("::ffff:10.0.0.0/104") is the IPv4
+		// one it maps (10.0.0.0/8), as kube-proxy's family test
+		// (To4) takes it: the datapath has no 4in6 ranges.
+		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+	}
+	return p, true
 }
