@@ -53,11 +53,11 @@ type ExplainRequest struct {
 	Proto  uint8          // unix.IPPROTO_TCP (a SYN) or unix.IPPROTO_UDP
 }
 
-// checkFamilies says what is wrong with a packet from from to to: an
+// CheckPacketFamilies says what is wrong with a packet from from to to: an
 // address of neither family, IPv4-mapped (no packet carries one: its
 // IPv4 address is what goes on the wire), or the two of different
 // families.
-func checkFamilies(from, to netip.Addr) error {
+func CheckPacketFamilies(from, to netip.Addr) error {
 	for _, a := range []netip.Addr{from, to} {
 		if !a.IsValid() {
 			return errors.New("explain: an address is missing")
@@ -455,7 +455,7 @@ func frameAddrs(b []byte) (src, dst netip.AddrPort) {
 // device's address carrying an IPv4 or IPv6 packet (without extension
 // headers) of a TCP SYN or a UDP datagram, checksums right.
 func explainFrame(req ExplainRequest, dstMAC net.HardwareAddr) ([]byte, error) {
-	if err := checkFamilies(req.From.Addr(), req.To.Addr()); err != nil {
+	if err := CheckPacketFamilies(req.From.Addr(), req.To.Addr()); err != nil {
 		return nil, err
 	}
 	var l4 []byte

@@ -54,11 +54,11 @@ type SocketExplainRequest struct {
 	Unconnected bool
 }
 
-// checkSocketFamilies says what is wrong with a socket of source from
+// CheckSocketFamilies says what is wrong with a socket of source from
 // (unset: the route's) reaching to: a source of another family. An
 // IPv4-mapped destination is reached from an IPv4 source (or an
 // IPv4-mapped one, which is the same).
-func checkSocketFamilies(from, to netip.Addr) error {
+func CheckSocketFamilies(from, to netip.Addr) error {
 	if !to.IsValid() {
 		return errors.New("explain: the destination is missing")
 	}
@@ -76,7 +76,7 @@ func checkSocketFamilies(from, to netip.Addr) error {
 // the calling thread's network namespace (the socket path's client of
 // session affinity).
 func ExplainSocket(bpffs string, req SocketExplainRequest) (*Explanation, error) {
-	if err := checkSocketFamilies(req.From, req.To.Addr()); err != nil {
+	if err := CheckSocketFamilies(req.From, req.To.Addr()); err != nil {
 		return nil, err
 	}
 	if req.Proto != unix.IPPROTO_TCP && req.Proto != unix.IPPROTO_UDP {
