@@ -41,8 +41,8 @@
  * (tc6.h, slots EXPLAIN_PROG_IPV6 up), built the same way from the same
  * source with struct pkt6 .dry true. Its record is sluice_expl_v1's as
  * well, with the address words zero: the addresses, 16 bytes each, go to
- * sluice_expl6_v1 (struct explain6_record, the same nonce), so that
- * explain_record keeps its layout. The notes below are written once for
+ * sluice_expl6_v1 (struct explain6_record, the same nonce, reset by the
+ * entry: explain_divert), so that explain_record keeps its layout. The notes below are written once for
  * both families (explain_fam.h, family.h); the rest take either packet.
  */
 #ifndef SLUICE_EXPLAIN_H
@@ -65,16 +65,38 @@
 #define EXPLAIN_PROG_EGRESS  1
 #define EXPLAIN_PROG_IPV6    2
 
+/* explain_rec6 - this CPU's IPv6 addresses. */
+static __always_inline struct explain6_record *explain_rec6(void)
+{
+	__u32 key = 0;
+
+	return bpf_map_lookup_elem(&sluice_expl6_v1, &key);
+}
+
 /*
  * explain_divert - run @skb, a marked packet, through the dry twin in
  * slot @prog, or its IPv6 twin's for an IPv6 packet. Returns only if
  * there is none: TC_ACT_OK, having done nothing (sluicectl finds no
  * record and says so).
+ *
+ * An IPv6 packet's address record is reset here, by the entry, with the
+ * run's nonce (the twin resets the rest, explain_begin): the entry then
+ * names sluice_expl6_v1, so the map is among the attached program's,
+ * where sluicectl finds it; its IPv4 code never names it.
  */
 static __always_inline int explain_divert(struct __sk_buff *skb, __u32 prog)
 {
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+	struct explain6_record *r6;
+
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		r6 = explain_rec6();
+		if (r6) {
+			__builtin_memset(r6, 0, sizeof(*r6));
+			r6->nonce[0] = skb->cb[2];
+			r6->nonce[1] = skb->cb[3];
+		}
 		prog += EXPLAIN_PROG_IPV6;
+	}
 	bpf_tail_call(skb, &sluice_dry_v1, prog);
 	return TC_ACT_OK;
 }
@@ -110,34 +132,19 @@ static __always_inline struct explain_record *explain_rec(void)
 	return bpf_map_lookup_elem(&sluice_expl_v1, &key);
 }
 
-/* explain_rec6 - this CPU's IPv6 addresses. */
-static __always_inline struct explain6_record *explain_rec6(void)
-{
-	__u32 key = 0;
-
-	return bpf_map_lookup_elem(&sluice_expl6_v1, &key);
-}
-
-/*
- * explain_begin - reset the records for a dry run from @skb (@dry: it is
- * one), both families', so that an IPv4 run leaves no IPv6 addresses of
- * an earlier one under its nonce.
- */
+/* explain_begin - reset the record for a dry run from @skb (@dry). */
 static __always_inline void explain_begin(struct __sk_buff *skb, bool dry)
 {
-	struct explain6_record *r6;
 	struct explain_record *r;
 
 	if (!dry)
 		return;
 	r = explain_rec();
-	r6 = explain_rec6();
-	if (!r || !r6)
+	if (!r)
 		return;
 	__builtin_memset(r, 0, sizeof(*r));
-	__builtin_memset(r6, 0, sizeof(*r6));
-	r->nonce[0] = r6->nonce[0] = skb->cb[2];
-	r->nonce[1] = r6->nonce[1] = skb->cb[3];
+	r->nonce[0] = skb->cb[2];
+	r->nonce[1] = skb->cb[3];
 	r->flags = EXPLAIN_F_DRY;
 }
 

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"maps"
 	"net/netip"
@@ -55,11 +56,21 @@ func dryRun(t *testing.T, d *Datapath, proto uint8, from, to string) (*Explanati
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The record maps as sluicectl finds them: among the attached
+	// program's.
+	rec, err := explainMap(d.tc.SluiceIngress, explainMapName, binary.Size(sockExplainRecord{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rec.Close()
 	var rec6 *ebpf.Map
 	if netip.MustParseAddrPort(to).Addr().Is6() {
-		rec6 = d.tc.SluiceExpl6V1
+		if rec6, err = explainMap(d.tc.SluiceIngress, explain6MapName, binary.Size(sockExplain6Record{})); err != nil {
+			t.Fatal(err)
+		}
+		defer rec6.Close()
 	}
-	return runExplain(d.tc.SluiceIngress, "sluice_ingress", d.tc.SluiceExplV1, rec6, 0, frame)
+	return runExplain(d.tc.SluiceIngress, "sluice_ingress", rec, rec6, 0, frame)
 }
 
 // mustDryRun is dryRun that must succeed and change no map.
