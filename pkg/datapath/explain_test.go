@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // Dry runs of the tc program (bpf/lib/explain.h): what the program says it
@@ -49,13 +50,35 @@ func diffDumps(before, after map[string]string) []string {
 	return changed
 }
 
-// dryRun explains a packet from..to through d's ingress program.
-func dryRun(t *testing.T, d *Datapath, proto uint8, from, to string) (*Explanation, error) {
+// explainDev is the device the explain tests' packets arrive on: its
+// ifindex (0: none) and MAC.
+type explainDev struct {
+	ifindex int
+	mac     [6]byte
+}
+
+// noDev is no device, as the packet tables' runProg.
+var noDev = explainDev{mac: nodeMAC}
+
+// frameOf is the explain frame of a packet from..to arriving on dev.
+func frameOf(t *testing.T, dev explainDev, proto uint8, from, to string) []byte {
 	t.Helper()
-	frame, err := explainFrame(ExplainRequest{From: netip.MustParseAddrPort(from), To: netip.MustParseAddrPort(to), Proto: proto}, nodeMAC[:])
+	frame, err := explainFrame(ExplainRequest{From: netip.MustParseAddrPort(from), To: netip.MustParseAddrPort(to), Proto: proto}, dev.mac[:])
 	if err != nil {
 		t.Fatal(err)
 	}
+	return frame
+}
+
+// dryRun explains a packet from..to through d's ingress program.
+func dryRun(t *testing.T, d *Datapath, proto uint8, from, to string) (*Explanation, error) {
+	return dryRunOn(t, d, noDev, proto, from, to)
+}
+
+// dryRunOn is dryRun for a packet arriving on dev.
+func dryRunOn(t *testing.T, d *Datapath, dev explainDev, proto uint8, from, to string) (*Explanation, error) {
+	t.Helper()
+	frame := frameOf(t, dev, proto, from, to)
 	// The record maps as sluicectl finds them: among the attached
 	// program's.
 	rec, err := explainMap(d.tc.SluiceIngress, explainMapName, binary.Size(sockExplainRecord{}))
@@ -70,14 +93,20 @@ func dryRun(t *testing.T, d *Datapath, proto uint8, from, to string) (*Explanati
 		}
 		defer rec6.Close()
 	}
-	return runExplain(d.tc.SluiceIngress, "sluice_ingress", rec, rec6, 0, frame)
+	return runExplain(d.tc.SluiceIngress, "sluice_ingress", rec, rec6, dev.ifindex, frame)
 }
 
 // mustDryRun is dryRun that must succeed and change no map.
 func mustDryRun(t *testing.T, d *Datapath, proto uint8, from, to string) *Explanation {
 	t.Helper()
+	return mustDryRunOn(t, d, noDev, proto, from, to)
+}
+
+// mustDryRunOn is mustDryRun for a packet arriving on dev.
+func mustDryRunOn(t *testing.T, d *Datapath, dev explainDev, proto uint8, from, to string) *Explanation {
+	t.Helper()
 	before := dumpTCMaps(t, d)
-	e, err := dryRun(t, d, proto, from, to)
+	e, err := dryRunOn(t, d, dev, proto, from, to)
 	if err != nil {
 		t.Fatalf("explain %s -> %s: %v", from, to, err)
 	}
@@ -90,11 +119,13 @@ func mustDryRun(t *testing.T, d *Datapath, proto uint8, from, to string) *Explan
 // liveRun sends the same packet through the program without the mark.
 func liveRun(t *testing.T, d *Datapath, proto uint8, from, to string) (uint32, netip.AddrPort) {
 	t.Helper()
-	frame, err := explainFrame(ExplainRequest{From: netip.MustParseAddrPort(from), To: netip.MustParseAddrPort(to), Proto: proto}, nodeMAC[:])
-	if err != nil {
-		t.Fatal(err)
-	}
-	ret, out := runProg(t, d.tc.SluiceIngress, frame)
+	return liveRunOn(t, d, noDev, proto, from, to)
+}
+
+// liveRunOn is liveRun for a packet arriving on dev.
+func liveRunOn(t *testing.T, d *Datapath, dev explainDev, proto uint8, from, to string) (uint32, netip.AddrPort) {
+	t.Helper()
+	ret, out := runOn(t, d.tc.SluiceIngress, dev.ifindex, frameOf(t, dev, proto, from, to))
 	_, dst := frameAddrs(out)
 	return ret, dst
 }
@@ -254,6 +285,58 @@ func TestExplainAffinity(t *testing.T) {
 			if !e.AffinityHit || e.Backend != first {
 				t.Fatalf("flow %d: %+v, want the affinity backend %s", port, e, first)
 			}
+		}
+	})
+}
+
+// TestExplainNorthSouth: a NodePort whose backend is on another node
+// (nodeNetns, and addNodeIPv6 for IPv6), asked through eth0's program: the
+// new flow is DNATed and source-NATed to the node's address with a free
+// port of the SNAT range, and redirected; once a live SYN made the flow,
+// its conntrack entry decides, and its backend's reply is sent back to
+// the client from the NodePort.
+func TestExplainNorthSouth(t *testing.T) {
+	type nodePort struct{ node, client, backend string }
+	cases := map[string]nodePort{
+		"IPv4": {nsNodeIP, nsClientIP, "10.2.0.7"},
+		"IPv6": {nsNodeIP6, nsClientIP6, "2001:db8:2::7"},
+	}
+	forEachFamily(t, func(t *testing.T, fam explainFamily) {
+		c := cases[fam.name]
+		testutil.Privileged(t)
+		_, ifindex := nodeNetns(t)
+		if fam.name == "IPv6" {
+			addNodeIPv6(t)
+		}
+		d := openTest(t, smallConfig(testPinDir(t)))
+		if err := d.AttachDevices([]string{"eth0"}); err != nil {
+			t.Fatal(err)
+		}
+		np := l4(c.node, 30080, model.TCP)
+		be := testBackend{11, l4(c.backend, 8080, model.TCP)}
+		addExternal(t, d.Maps(), 11, np, reconciler.FlagExternal, be)
+		dev := explainDev{ifindex: ifindex, mac: macOf(nodeEthMAC)}
+		from, to, beAt := at(c.client, 40000), fe(np), netip.AddrPortFrom(be.addr.Addr, be.addr.Port)
+
+		e := mustDryRunOn(t, d, dev, unix.IPPROTO_TCP, from, to)
+		sp := e.SNATTo.Port()
+		if !e.Frontend || e.SvcFlags&uint32(sockSvcFlagsSVC_F_EXTERNAL) == 0 || !e.Outside || !e.NewFlow || e.Backend != beAt ||
+			!e.SNAT || e.SNATTo.Addr() != addr(c.node) || sp < DefaultSNATPortMin || sp > DefaultSNATPortMax ||
+			e.Verdict != "redirect" || e.OutSrc != e.SNATTo || e.OutDst != beAt || !slices.Contains(e.Reasons, "tc_snat_new") {
+			t.Fatalf("new flow: %+v", e)
+		}
+
+		if ret, dst := liveRunOn(t, d, dev, unix.IPPROTO_TCP, from, to); ret != tcActRedirect || dst != beAt {
+			t.Fatalf("live SYN: verdict %d to %s", ret, dst)
+		}
+		e = mustDryRunOn(t, d, dev, unix.IPPROTO_TCP, from, to)
+		if !e.ConntrackHit || e.NewFlow || e.Backend != beAt || !e.SNAT || e.SNATTo.Addr() != addr(c.node) || e.Verdict != "redirect" {
+			t.Fatalf("the flow's next packet: %+v", e)
+		}
+		e = mustDryRunOn(t, d, dev, unix.IPPROTO_TCP, beAt.String(), e.SNATTo.String())
+		if !e.Reply || e.FrontendAddr.String() != to || !e.SNAT || e.SNATTo.String() != from || e.Verdict != "redirect" ||
+			e.OutSrc.String() != to || e.OutDst.String() != from {
+			t.Fatalf("the backend's reply: %+v", e)
 		}
 	})
 }
