@@ -42,8 +42,9 @@
  * source with struct pkt6 .dry true. Its record is sluice_expl_v1's as
  * well, with the address words zero: the addresses, 16 bytes each, go to
  * sluice_expl6_v1 (struct explain6_record, the same nonce, reset by the
- * entry: explain_divert), so that explain_record keeps its layout. The notes below are written once for
- * both families (explain_fam.h, family.h); the rest take either packet.
+ * entry: explain_divert), so that explain_record keeps its layout. The
+ * notes below that name addresses are written once for both families
+ * (explain_fam.h, family.h); the others take either packet.
  */
 #ifndef SLUICE_EXPLAIN_H
 #define SLUICE_EXPLAIN_H
