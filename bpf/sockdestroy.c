@@ -76,6 +76,9 @@ struct sock {
 
 extern int bpf_sock_destroy(struct sock_common *sk) __ksym;
 
+/* __builtin_preserve_field_info's kind: whether the field exists. */
+#define BPF_FIELD_EXISTS 2
+
 /* skc_state of a connected UDP socket (include/net/tcp_states.h). */
 #define TCP_ESTABLISHED 1
 
@@ -192,7 +195,13 @@ int sluice_sock_destroy(struct bpf_iter__udp *ctx)
 	if (!sk)
 		return 0;
 	if (sk->__sk_common.skc_family == AF_INET6) {
-		sock_term_in6(ctx, sk, bpf_get_socket_cookie(sk));
+		/* A kernel without IPv6 has neither such sockets nor
+		 * skc_v6_daddr: the branch is then dead, and its read, which
+		 * CO-RE cannot relocate, is never verified.
+		 */
+		if (__builtin_preserve_field_info(sk->__sk_common.skc_v6_daddr,
+						  BPF_FIELD_EXISTS))
+			sock_term_in6(ctx, sk, bpf_get_socket_cookie(sk));
 		return 0;
 	}
 	if (sk->__sk_common.skc_family != AF_INET)
