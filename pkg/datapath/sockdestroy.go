@@ -235,18 +235,20 @@ const tcpEstablished = 1
 // connected to ::ffff:a.b.c.d reached an IPv4 backend, and is judged as an
 // AF_INET socket to it would be.
 func (m *Maps) destroyNetlink(flushed map[netip.AddrPort]bool, res *SocketTermination) error {
-	families := []uint8{unix.AF_INET6}
+	var families []uint8
 	for b := range flushed {
 		if b.Addr().Is4() {
 			families = append(families, unix.AF_INET)
 			break
 		}
 	}
+	families = append(families, unix.AF_INET6)
 	var errs []error
 	for _, family := range families {
 		socks, err := netlink.SocketDiagUDP(family)
 		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
-			return fmt.Errorf("list UDP sockets: %w", err)
+			errs = append(errs, fmt.Errorf("list UDP sockets of family %d: %w", family, err))
+			continue
 		}
 		for _, s := range socks {
 			if err := m.destroyNetlinkSocket(s, flushed, res); err != nil {
