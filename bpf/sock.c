@@ -133,6 +133,12 @@ static __always_inline void sock6_ctx_set(struct bpf_sock_addr *ctx,
 	ctx->user_port = (__u32)port;
 }
 
+/* sock6_v4_mapped - whether @a is an IPv4-mapped address (::ffff:0:0/96). */
+static __always_inline bool sock6_v4_mapped(const union v6addr *a)
+{
+	return a->p[0] == 0 && a->p[1] == 0 && a->p[2] == bpf_htonl(0x0000ffff);
+}
+
 /* sock6_src - sock4_src for an IPv6 socket: its bound address, or
  * unbound, the node's primary IPv6 address (node_ip6).
  */
@@ -166,7 +172,7 @@ static __always_inline int sock6_ctx_fwd(struct bpf_sock_addr *ctx, bool sticky)
 
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return 0;
-	if (lb6_v4_mapped(&addr))
+	if (sock6_v4_mapped(&addr))
 		ret = sock4_xlate_fwd(ctx, &addr.p[3], &port, proto,
 				      sock4_src(ctx), sticky);
 	else
@@ -185,7 +191,7 @@ static __always_inline void sock6_ctx_rev(struct bpf_sock_addr *ctx)
 	__be16 port = (__be16)ctx->user_port;
 	bool found;
 
-	if (lb6_v4_mapped(&addr))
+	if (sock6_v4_mapped(&addr))
 		found = sock4_xlate_rev(ctx, &addr.p[3], &port);
 	else
 		found = sock6_xlate_rev(ctx, &addr, &port);

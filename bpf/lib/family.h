@@ -39,12 +39,6 @@ static __always_inline bool lb6_addr_eq(const union v6addr *a,
 		(a->p[2] ^ b->p[2]) | (a->p[3] ^ b->p[3])) == 0;
 }
 
-/* lb6_v4_mapped - whether @a is an IPv4-mapped address (::ffff:0:0/96). */
-static __always_inline bool lb6_v4_mapped(const union v6addr *a)
-{
-	return a->p[0] == 0 && a->p[1] == 0 && a->p[2] == bpf_htonl(0x0000ffff);
-}
-
 /* Addresses (network order), by value. */
 #define addr_t_4	__be32
 #define addr_t_6	union v6addr
@@ -103,5 +97,14 @@ static __always_inline bool lb6_v4_mapped(const union v6addr *a)
 #define ct_backend_key_t_6 struct ct6_backend_key
 #define ct_flush_map_4	   sluice_ct_flush_v1
 #define ct_flush_map_6	   sluice6_ct_flush_v1
+
+/*
+ * lb6_v4_mapped - whether @a is an IPv4-mapped address (::ffff:0:0/96),
+ * which a dual-stack socket reaches an IPv4 address by.
+ */
+static __always_inline bool lb6_v4_mapped(const union v6addr *a)
+{
+	return a->p[0] == 0 && a->p[1] == 0 && a->p[2] == bpf_htonl(0x0000ffff);
+}
 
 #endif /* SLUICE_FAMILY_H */
