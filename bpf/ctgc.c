@@ -30,12 +30,6 @@
 #include "lib/maps.h"
 #include "lib/conntrack.h"
 
-/* The flush sets of each family, for ctgc_fam.h. */
-#define ct_backend_key_t_4 struct ct_backend_key
-#define ct_backend_key_t_6 struct ct6_backend_key
-#define ct_flush_map_4	   sluice_ct_flush_v1
-#define ct_flush_map_6	   sluice6_ct_flush_v1
-
 #define LB_FAMILY 4
 #include "lib/ctgc_fam.h"
 #undef LB_FAMILY

@@ -3,32 +3,42 @@
  * Terminating the connected UDP sockets of backends that left (an iter/udp
  * program calling the bpf_sock_destroy kfunc, Linux 6.5+).
  *
- * connect4 translates a socket once (sock.c). A connected UDP socket
- * (statsd, DNS forwarders, QUIC) then sends to its backend for as long as
- * it lives, even after the backend has left its Service: nothing of ours
- * sees its datagrams again. So after a flush (the backends in
- * sluice_ct_flush_v1, the set the conntrack flush forgets in the same
- * pass, bpf/ctgc.c), the agent runs this iterator in each network
- * namespace, and a socket is destroyed (the application's next call fails
- * with ECONNABORTED, and it connects again: through connect4, to a
- * backend that is there) when all of these hold:
+ * connect4 and connect6 translate a socket once (sock.c). A connected UDP
+ * socket (statsd, DNS forwarders, QUIC) then sends to its backend for as
+ * long as it lives, even after the backend has left its Service: nothing
+ * of ours sees its datagrams again. So after a flush (the backends in
+ * sluice_ct_flush_v1, or sluice6_ct_flush_v1 for IPv6 ones: the set the
+ * conntrack flush forgets in the same pass, bpf/ctgc.c), the agent runs
+ * this iterator in each network namespace, and a socket is destroyed (the
+ * application's next call fails with ECONNABORTED, and it connects again:
+ * through connect4 or connect6, to a backend that is there) when all of
+ * these hold:
  *
  *   - it is connected: an unconnected socket picks its backend again at
  *     every sendmsg4 (sock.c's stickiness drops a backend that left), so
  *     destroying it would only change its source port under the
  *     application (cilium#48564);
  *   - its peer is one of the flushed UDP backends;
- *   - sluice_sock_rev_v1 says connect4 translated it there from a VIP (a
- *     socket connected to the pod's own address is none of ours);
+ *   - sluice_sock_rev_v1 (sluice6_sock_rev_v1) says connect4 (connect6)
+ *     translated it there from a VIP (a socket connected to the pod's own
+ *     address is none of ours);
  *   - and that VIP's Service no longer has the backend (a backend that
  *     left one Service may still be another's).
  *
+ * The rules are the same for both families, written once
+ * (lib/sockdestroy_fam.h) and judged by the family of the backend, not of
+ * the socket: an AF_INET6 socket connected to ::ffff:a.b.c.d went through
+ * the IPv4 Service (connect6 translates a mapped address with the IPv4
+ * maps and sluice_sock_rev_v1), so it is judged, and destroyed, as an
+ * AF_INET socket to that backend would be.
+ *
  * Every socket of ours that talked to a flushed backend is written to the
- * iterator's output (struct sock_term_rec) with what was done, for the
- * agent to count: destroyed, or spared because it is unconnected or its
- * Service still has the backend. TCP is left alone: a TCP connection to a
- * pod that went away fails by itself (a RST or a timeout), and one to a
- * pod that is terminating should drain, as kube-proxy lets it.
+ * iterator's output (struct sock_term_rec, or sock_term6_rec for an IPv6
+ * backend) with what was done, for the agent to count: destroyed, or
+ * spared because it is unconnected or its Service still has the backend.
+ * TCP is left alone: a TCP connection to a pod that went away fails by
+ * itself (a RST or a timeout), and one to a pod that is terminating
+ * should drain, as kube-proxy lets it.
  */
 #include "lib/consts.h"
 #include "lib/config.h"
@@ -56,6 +66,8 @@ struct sock_common {
 	__be16 skc_dport;
 	unsigned short skc_family;
 	volatile unsigned char skc_state;
+	/* struct in6_addr: one composite is as good as another to CO-RE */
+	union v6addr skc_v6_daddr;
 } __attribute__((preserve_access_index));
 
 struct sock {
@@ -63,6 +75,9 @@ struct sock {
 } __attribute__((preserve_access_index));
 
 extern int bpf_sock_destroy(struct sock_common *sk) __ksym;
+
+/* __builtin_preserve_field_info's kind: whether the field exists. */
+#define BPF_FIELD_EXISTS 2
 
 /* skc_state of a connected UDP socket (include/net/tcp_states.h). */
 #define TCP_ESTABLISHED 1
@@ -79,94 +94,34 @@ enum sock_term_verdict {
 	SOCK_TERM_SPARED_STILL_BACKEND = 4,
 };
 
-/* One socket the iterator reports. */
+/*
+ * One socket the iterator reports, of an IPv4 backend; of an IPv6 one, a
+ * struct sock_term6_rec, which begins as this record does with v6 set.
+ * The reader tells them apart by that byte (the last of this record).
+ */
 struct sock_term_rec {
 	__u64 cookie; /* bpf_get_socket_cookie() */
-	__be32 addr;  /* network order: the flushed backend */
+	__be32 addr;  /* network order: the flushed backend; 0 if v6 */
 	__be16 port;  /* network order */
 	__u8 verdict; /* enum sock_term_verdict */
-	__u8 pad;
+	__u8 v6;      /* 0; 1: the head of a struct sock_term6_rec */
+};
+
+struct sock_term6_rec {
+	struct sock_term_rec head; /* v6 1, addr 0 */
+	union v6addr addr;	   /* network order: the flushed backend */
 };
 
 BTF_EXPORT(struct sock_term_rec, sock_term_rec);
+BTF_EXPORT(struct sock_term6_rec, sock_term6_rec);
 BTF_EXPORT(enum sock_term_verdict, sock_term_verdict);
 _Static_assert(sizeof(struct sock_term_rec) == 16, "sock_term_rec size");
-
-/* still_backend's bpf_loop state: is <addr, port> in slot 1..count? */
-struct slot_search {
-	struct lb4_key key; /* the frontend; slot set per iteration */
-	__be32 addr;
-	__be16 port;
-	bool found;
-};
-
-static long slot_names(__u32 i, void *data)
-{
-	struct slot_search *s = data;
-	struct lb4_service *slot;
-	struct lb4_backend *be;
-
-	s->key.slot = i + 1;
-	slot = bpf_map_lookup_elem(&sluice_services_v1, &s->key);
-	if (!slot)
-		return 0;
-	be = lookup_backend(slot->backend_id);
-	if (be && be->addr == s->addr && be->port == s->port) {
-		s->found = true;
-		return 1;
-	}
-	return 0;
-}
+_Static_assert(sizeof(struct sock_term6_rec) == 32, "sock_term6_rec size");
 
 /*
- * still_backend - whether the Service of the VIP in @rev still has the UDP
- * backend <@addr, @port> in one of its slots.
+ * report - write the socket @cookie of the IPv4 backend <@addr, @port>
+ * and @verdict to the iterator's output; report6 for an IPv6 backend.
  */
-static __always_inline bool still_backend(const struct sock_rev_entry *rev,
-					  __be32 addr, __be16 port)
-{
-	struct slot_search s = {
-		.key = { .vip = rev->vip,
-			 .port = rev->port,
-			 .proto = IPPROTO_UDP },
-		.addr = addr,
-		.port = port,
-	};
-	struct lb4_service *master =
-		lookup_service(rev->vip, rev->port, IPPROTO_UDP);
-
-	if (!master || master->count == 0)
-		return false;
-	bpf_loop(master->count, slot_names, &s, 0);
-	return s.found;
-}
-
-/* talked_to's state: the first flushed backend the socket talked to. */
-struct flushed_search {
-	__u64 cookie;
-	__be32 addr;
-	__be16 port;
-	bool found;
-};
-
-static long talked_to(void *map, const struct ct_backend_key *b, __u8 *v,
-		      struct flushed_search *s)
-{
-	struct sock_rev_key rkey = {
-		.cookie = s->cookie,
-		.addr = b->addr,
-		.port = b->port,
-	};
-
-	if (b->proto != IPPROTO_UDP ||
-	    !bpf_map_lookup_elem(&sluice_sock_rev_v1, &rkey))
-		return 0;
-	s->addr = b->addr;
-	s->port = b->port;
-	s->found = true;
-	return 1;
-}
-
 static __always_inline void report(struct bpf_iter__udp *ctx, __u64 cookie,
 				   __be32 addr, __be16 port, __u8 verdict)
 {
@@ -180,47 +135,84 @@ static __always_inline void report(struct bpf_iter__udp *ctx, __u64 cookie,
 	bpf_seq_write(ctx->meta->seq, &rec, sizeof(rec));
 }
 
+static __always_inline void report6(struct bpf_iter__udp *ctx, __u64 cookie,
+				    union v6addr addr, __be16 port,
+				    __u8 verdict)
+{
+	struct sock_term6_rec rec = {
+		.head = { .cookie = cookie,
+			  .port = port,
+			  .verdict = verdict,
+			  .v6 = 1 },
+		.addr = addr,
+	};
+
+	bpf_seq_write(ctx->meta->seq, &rec, sizeof(rec));
+}
+
+#define LB_FAMILY 4
+#include "lib/sockdestroy_fam.h"
+#undef LB_FAMILY
+#define LB_FAMILY 6
+#include "lib/sockdestroy_fam.h"
+#undef LB_FAMILY
+
+/*
+ * sock_term_in6 - sluice_sock_destroy for an AF_INET6 socket @sk (cookie
+ * @cookie). Its peer is an IPv6 backend (sock_term6), or an IPv4 one that
+ * it reached as ::ffff:a.b.c.d through an IPv4 VIP (connect6 translated it
+ * with the IPv4 maps, sock.c): judged as an AF_INET socket to that backend
+ * would be (sock_term), and destroyed alike. Unconnected, it may have
+ * sent to VIPs of both families.
+ */
+static __always_inline void sock_term_in6(struct bpf_iter__udp *ctx,
+					  struct sock *sk, __u64 cookie)
+{
+	union v6addr daddr;
+
+	if (sk->__sk_common.skc_state != TCP_ESTABLISHED) {
+		if (!spare_unconnected6(ctx, cookie))
+			spare_unconnected(ctx, cookie);
+		return;
+	}
+	daddr.p[0] = sk->__sk_common.skc_v6_daddr.p[0];
+	daddr.p[1] = sk->__sk_common.skc_v6_daddr.p[1];
+	daddr.p[2] = sk->__sk_common.skc_v6_daddr.p[2];
+	daddr.p[3] = sk->__sk_common.skc_v6_daddr.p[3];
+	if (lb6_v4_mapped(&daddr))
+		sock_term(ctx, sk, cookie, daddr.p[3],
+			  sk->__sk_common.skc_dport);
+	else
+		sock_term6(ctx, sk, cookie, daddr, sk->__sk_common.skc_dport);
+}
+
 SEC("iter/udp")
 int sluice_sock_destroy(struct bpf_iter__udp *ctx)
 {
 	struct sock *sk = ctx->udp_sk;
-	struct ct_backend_key b = { .proto = IPPROTO_UDP };
-	struct sock_rev_key rkey = {};
-	struct sock_rev_entry *rev;
 	__u64 cookie;
 
-	if (!sk || sk->__sk_common.skc_family != AF_INET)
+	if (!sk)
+		return 0;
+	if (sk->__sk_common.skc_family == AF_INET6) {
+		/* A kernel without IPv6 has neither such sockets nor
+		 * skc_v6_daddr: the branch is then dead, and its read, which
+		 * CO-RE cannot relocate, is never verified.
+		 */
+		if (__builtin_preserve_field_info(sk->__sk_common.skc_v6_daddr,
+						  BPF_FIELD_EXISTS))
+			sock_term_in6(ctx, sk, bpf_get_socket_cookie(sk));
+		return 0;
+	}
+	if (sk->__sk_common.skc_family != AF_INET)
 		return 0;
 	cookie = bpf_get_socket_cookie(sk);
 	if (sk->__sk_common.skc_state != TCP_ESTABLISHED) {
-		struct flushed_search s = { .cookie = cookie };
-
-		/* Counted only: it selects again by itself. */
-		bpf_for_each_map_elem(&sluice_ct_flush_v1, talked_to, &s, 0);
-		if (s.found)
-			report(ctx, cookie, s.addr, s.port,
-			       SOCK_TERM_SPARED_UNCONNECTED);
+		spare_unconnected(ctx, cookie);
 		return 0;
 	}
-	b.addr = sk->__sk_common.skc_daddr;
-	b.port = sk->__sk_common.skc_dport;
-	if (!bpf_map_lookup_elem(&sluice_ct_flush_v1, &b))
-		return 0;
-	rkey.cookie = cookie;
-	rkey.addr = b.addr;
-	rkey.port = b.port;
-	rev = bpf_map_lookup_elem(&sluice_sock_rev_v1, &rkey);
-	if (!rev)
-		return 0;
-	if (still_backend(rev, b.addr, b.port)) {
-		report(ctx, cookie, b.addr, b.port,
-		       SOCK_TERM_SPARED_STILL_BACKEND);
-		return 0;
-	}
-	report(ctx, cookie, b.addr, b.port,
-	       bpf_sock_destroy((struct sock_common *)sk) ?
-		       SOCK_TERM_FAILED :
-		       SOCK_TERM_DESTROYED);
+	sock_term(ctx, sk, cookie, sk->__sk_common.skc_daddr,
+		  sk->__sk_common.skc_dport);
 	return 0;
 }
 

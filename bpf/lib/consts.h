@@ -46,7 +46,8 @@
 #define TCP_FLAG_RST 0x04
 #define TCP_FLAG_ACK 0x10
 
-#define AF_INET 2
+#define AF_INET	 2
+#define AF_INET6 10
 
 /* IPv4 fragment bits of iphdr.frag_off (host order). */
 #define IP_DF	  0x4000

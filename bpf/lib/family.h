@@ -95,5 +95,19 @@ static __always_inline bool lb6_addr_eq(const union v6addr *a,
 #define sock_rev_t_6	  struct sock6_rev_entry
 #define sock_rev_map_4	  sluice_sock_rev_v1
 #define sock_rev_map_6	  sluice6_sock_rev_v1
+/* The conntrack flush sets (ctgc.c, sockdestroy.c). */
+#define ct_backend_key_t_4 struct ct_backend_key
+#define ct_backend_key_t_6 struct ct6_backend_key
+#define ct_flush_map_4	   sluice_ct_flush_v1
+#define ct_flush_map_6	   sluice6_ct_flush_v1
+
+/*
+ * lb6_v4_mapped - whether @a is an IPv4-mapped address (::ffff:0:0/96),
+ * which a dual-stack socket reaches an IPv4 address by.
+ */
+static __always_inline bool lb6_v4_mapped(const union v6addr *a)
+{
+	return a->p[0] == 0 && a->p[1] == 0 && a->p[2] == bpf_htonl(0x0000ffff);
+}
 
 #endif /* SLUICE_FAMILY_H */

@@ -94,7 +94,7 @@ const ctFlushBatch = 4096
 // here (the conntrack flush, which the reconciler retries, succeeded).
 //
 // IPv6 backends are flushed from the IPv6 tables the same way, in passes
-// of their own.
+// of their own, and their connected sockets ended alike.
 func (m *Maps) FlushConntrack(backends []model.L4Addr) error {
 	keys := make([]sockCtBackendKey, 0, len(backends))
 	var keys6 []tcCt6BackendKey
@@ -124,7 +124,7 @@ func (m *Maps) FlushConntrack(backends []model.L4Addr) error {
 		}
 	}
 	for batch := range slices.Chunk(keys6, ctFlushBatch) {
-		if err := flushBatch(m, m.ctFlush6, mapCTFlush6, 6, batch, nil); err != nil {
+		if err := flushBatch(m, m.ctFlush6, mapCTFlush6, 6, batch, m.terminateSockets6); err != nil {
 			return fmt.Errorf("flush conntrack of %d backends: %w", len(backends), err)
 		}
 	}

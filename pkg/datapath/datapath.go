@@ -474,6 +474,7 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 		devices6:    d.tc.Sluice6DevicesV1,
 	}
 	d.maps.ctFlush6 = d.tc.Sluice6CtFlushV1
+	d.maps.sockRev6 = d.tc.Sluice6SockRevV1
 	if specs.sockDestroy != nil {
 		if d.maps.sockTerm, err = loadSockTerminator(specs.sockDestroy, opts); err != nil {
 			return err

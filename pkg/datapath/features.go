@@ -106,7 +106,7 @@ func haveNetlinkDestroy() error {
 	defer func() { _ = c.Close() }() // (destroyed by the probe, if it worked)
 	local, remote := c.LocalAddr().(*net.UDPAddr), c.RemoteAddr().(*net.UDPAddr)
 	err = netlinkDestroyUDP(udpSocketID{
-		src: local.AddrPort(), dst: remote.AddrPort(), cookie: noCookie,
+		family: unix.AF_INET, src: local.AddrPort(), dst: remote.AddrPort(), cookie: noCookie,
 	})
 	if errors.Is(err, unix.EOPNOTSUPP) {
 		return fmt.Errorf("%w: SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY): %w", ebpf.ErrNotSupported, err)

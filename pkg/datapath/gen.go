@@ -11,5 +11,5 @@ package datapath
 //go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "-O2 -g -mcpu=v3 -Wall -Werror -nostdinc" -no-global-types -type v6addr -type ct6_key -type ct6_entry -type ct6_backend_key tc ../../bpf/tc.c -- -I../../bpf/vendor
 //go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "-O2 -g -mcpu=v3 -Wall -Werror -nostdinc" -no-global-types xdp ../../bpf/xdp.c -- -I../../bpf/vendor
 //go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "-O2 -g -mcpu=v3 -Wall -Werror -nostdinc" -no-global-types ctgc ../../bpf/ctgc.c -- -I../../bpf/vendor
-//go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "-O2 -g -mcpu=v3 -Wall -Werror -nostdinc" -no-global-types -type sock_term_rec -type sock_term_verdict sockdestroy ../../bpf/sockdestroy.c -- -I../../bpf/vendor
+//go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "-O2 -g -mcpu=v3 -Wall -Werror -nostdinc" -no-global-types -type sock_term_rec -type sock_term6_rec -type sock_term_verdict sockdestroy ../../bpf/sockdestroy.c -- -I../../bpf/vendor
 //go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "-O2 -g -mcpu=v3 -Wall -Werror -nostdinc" -no-global-types migrate ../../bpf/migrate.c -- -I../../bpf/vendor

@@ -27,6 +27,7 @@ type Maps struct {
 	affinity, affFix                                                  *ebpf.Map
 	svcStats                                                          *ebpf.Map // per-Service counters (svcstats.go)
 	ctFlush6                                                          *ebpf.Map // IPv6 conntrack flush set (conntrack.go)
+	sockRev6                                                          *ebpf.Map // IPv6 sock_rev (sockdestroy.go)
 
 	// The IPv6 twins (family.go); nil in a Maps made of an older
 	// agent's pins.
@@ -289,10 +290,14 @@ func (m *Maps) DeleteSlot(fe reconciler.Frontend, slot uint32) error {
 // Dump reads the service, backend, reverse-NAT, source-range and
 // service-IP maps of both families back.
 func (m *Maps) Dump() (*reconciler.KernelState, error) {
-	return dumpState(stateMaps{
+	return dumpState(m.stateMaps())
+}
+
+func (m *Maps) stateMaps() stateMaps {
+	return stateMaps{
 		services: m.services, backends: m.backends, revNat: m.revNat, srcRanges: m.srcRanges, serviceIPs: m.serviceIPs,
 		services6: m.services6, backends6: m.backends6, revNat6: m.revNat6, srcRanges6: m.srcRanges6, serviceIPs6: m.serviceIPs6,
-	})
+	}
 }
 
 // stateMaps are the maps a KernelState is read from, IPv4 and IPv6. The

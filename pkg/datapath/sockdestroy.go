@@ -3,17 +3,24 @@ package datapath
 // Ending the connected UDP sockets of backends that left (issue 11 item 6,
 // the audit's B5).
 //
-// connect4 translates a socket once, so a connected UDP socket keeps
-// sending to its backend after the backend has left its Service, for as
-// long as the application keeps the socket. When the reconciler removes
-// UDP backends it flushes their conntrack (FlushConntrack); the same call
-// ends the sockets connected to them, in every network namespace on the
-// node, so that the application's next call fails (ECONNABORTED) and it
-// connects again, to a backend that is there. Which sockets qualify is
-// bpf/sockdestroy.c's comment: connected, to a flushed backend, through a
-// VIP (sluice_sock_rev), whose Service no longer has the backend.
-// Unconnected sockets are never ended (they select again by themselves);
-// they are counted, as spared.
+// connect4 (connect6) translates a socket once, so a connected UDP socket
+// keeps sending to its backend after the backend has left its Service,
+// for as long as the application keeps the socket. When the reconciler
+// removes UDP backends it flushes their conntrack (FlushConntrack); the
+// same call ends the sockets connected to them, in every network
+// namespace on the node, so that the application's next call fails
+// (ECONNABORTED) and it connects again, to a backend that is there. Which
+// sockets qualify is bpf/sockdestroy.c's comment: connected, to a flushed
+// backend, through a VIP (sluice_sock_rev, or sluice6_sock_rev for an
+// IPv6 backend), whose Service no longer has the backend. Unconnected
+// sockets are never ended (they select again by themselves); they are
+// counted, as spared.
+//
+// IPv6 backends (issue 10) are flushed in passes of their own
+// (sluice6_ct_flush), each followed by the same search. The family that
+// decides is the backend's: a dual-stack (AF_INET6) socket connected to
+// ::ffff:a.b.c.d reached an IPv4 backend through the IPv4 Service, and is
+// ended after the IPv4 flush, as an AF_INET socket to it would be.
 //
 // Two methods (Features.SockDestroy): the iterator of bpf/sockdestroy.c
 // calling bpf_sock_destroy (Linux 6.5+), or, below that, sock_diag's
@@ -37,6 +44,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -106,17 +114,36 @@ func (m *Maps) OnSocketTermination(f func(SocketTermination)) { m.onSockTerm = f
 // terminateSockets ends the connected sockets of the UDP backends in keys,
 // which are in sluice_ct_flush while it runs (flushBatch).
 func (m *Maps) terminateSockets(keys []sockCtBackendKey) {
-	t := m.sockTerm
-	if t == nil || t.method == SockDestroyNone {
-		return
-	}
-	udp := map[sockCtBackendKey]bool{}
+	m.terminateUDP(udpBackends(keys, func(k sockCtBackendKey) (uint8, netip.AddrPort) {
+		return k.Proto, netip.AddrPortFrom(addrFromBE32(k.Addr), portFromBE16(k.Port))
+	}))
+}
+
+// terminateSockets6 is terminateSockets for IPv6 backends, in
+// sluice6_ct_flush.
+func (m *Maps) terminateSockets6(keys []tcCt6BackendKey) {
+	m.terminateUDP(udpBackends(keys, func(k tcCt6BackendKey) (uint8, netip.AddrPort) {
+		return k.Proto, netip.AddrPortFrom(netip.AddrFrom16(k.Addr.Addr), portFromBE16(k.Port))
+	}))
+}
+
+// udpBackends returns the UDP backends among keys, whose protocol and
+// address of returns.
+func udpBackends[K any](keys []K, of func(K) (uint8, netip.AddrPort)) map[netip.AddrPort]bool {
+	udp := map[netip.AddrPort]bool{}
 	for _, k := range keys {
-		if k.Proto == uint8(model.UDP) {
-			udp[k] = true
+		if proto, b := of(k); proto == uint8(model.UDP) {
+			udp[b] = true
 		}
 	}
-	if len(udp) == 0 {
+	return udp
+}
+
+// terminateUDP ends the connected sockets of the UDP backends udp, which
+// are in their family's flush set while it runs.
+func (m *Maps) terminateUDP(udp map[netip.AddrPort]bool) {
+	t := m.sockTerm
+	if t == nil || t.method == SockDestroyNone || len(udp) == 0 {
 		return
 	}
 	res := SocketTermination{Method: t.method, Backends: len(udp)}
@@ -152,14 +179,37 @@ func (t *sockTerminator) runIter(res *SocketTermination) error {
 	if err != nil {
 		return fmt.Errorf("read socket iterator: %w", err)
 	}
-	const size = 16 // struct sock_term_rec (_Static_assert in C)
-	if len(out)%size != 0 {
-		return fmt.Errorf("socket iterator wrote %d bytes, not whole %d-byte records", len(out), size)
-	}
-	for ; len(out) > 0; out = out[size:] {
-		count(res, sockdestroySockTermVerdict(out[14]))
+	for len(out) > 0 {
+		n, v, err := sockTermRecord(out)
+		if err != nil {
+			return err
+		}
+		count(res, v)
+		out = out[n:]
 	}
 	return nil
+}
+
+// The iterator's records: struct sock_term_rec, or for an IPv6 backend
+// struct sock_term6_rec, which begins with one whose V6 is set.
+var (
+	sockTermRecSize   = int(unsafe.Sizeof(sockdestroySockTermRec{}))
+	sockTerm6RecSize  = int(unsafe.Sizeof(sockdestroySockTerm6Rec{}))
+	sockTermVerdictAt = int(unsafe.Offsetof(sockdestroySockTermRec{}.Verdict))
+	sockTermV6At      = int(unsafe.Offsetof(sockdestroySockTermRec{}.V6))
+)
+
+// sockTermRecord returns the size and verdict of the record that out
+// begins with.
+func sockTermRecord(out []byte) (int, sockdestroySockTermVerdict, error) {
+	n := sockTermRecSize
+	if len(out) >= n && out[sockTermV6At] != 0 {
+		n = sockTerm6RecSize
+	}
+	if len(out) < n {
+		return 0, 0, fmt.Errorf("socket iterator wrote %d bytes at the end, not a whole %d-byte record", len(out), n)
+	}
+	return n, sockdestroySockTermVerdict(out[sockTermVerdictAt]), nil
 }
 
 func count(res *SocketTermination, v sockdestroySockTermVerdict) {
@@ -180,84 +230,112 @@ const tcpEstablished = 1
 
 // destroyNetlink applies bpf/sockdestroy.c's rules to the UDP sockets of
 // the calling thread's network namespace, as sock_diag lists them, and
-// ends those that qualify with SOCK_DESTROY.
-func (m *Maps) destroyNetlink(flushed map[sockCtBackendKey]bool, res *SocketTermination) error {
-	socks, err := netlink.SocketDiagUDP(unix.AF_INET)
-	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
-		return fmt.Errorf("list UDP sockets: %w", err)
+// ends those that qualify with SOCK_DESTROY. The AF_INET6 sockets are
+// listed whatever the family of the flushed backends: a dual-stack one
+// connected to ::ffff:a.b.c.d reached an IPv4 backend, and is judged as an
+// AF_INET socket to it would be.
+func (m *Maps) destroyNetlink(flushed map[netip.AddrPort]bool, res *SocketTermination) error {
+	var families []uint8
+	for b := range flushed {
+		if b.Addr().Is4() {
+			families = append(families, unix.AF_INET)
+			break
+		}
 	}
+	families = append(families, unix.AF_INET6)
 	var errs []error
-	for _, s := range socks {
-		cookie := uint64(s.ID.Cookie[1])<<32 | uint64(s.ID.Cookie[0])
-		if s.State != tcpEstablished {
-			for b := range flushed {
-				if m.translatedTo(cookie, b) != nil {
-					count(res, sockdestroySockTermVerdictSOCK_TERM_SPARED_UNCONNECTED)
-					break
-				}
+	for _, family := range families {
+		socks, err := netlink.SocketDiagUDP(family)
+		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+			errs = append(errs, fmt.Errorf("list UDP sockets of family %d: %w", family, err))
+			continue
+		}
+		for _, s := range socks {
+			if err := m.destroyNetlinkSocket(s, flushed, res); err != nil {
+				errs = append(errs, err)
 			}
-			continue
 		}
-		dst, ok := netip.AddrFromSlice(s.ID.Destination.To4())
-		if !ok {
-			continue
-		}
-		b := sockCtBackendKey{Addr: be32(dst), Port: be16(s.ID.DestinationPort), Proto: uint8(model.UDP)}
-		if !flushed[b] {
-			continue
-		}
-		rev := m.translatedTo(cookie, b)
-		if rev == nil {
-			continue
-		}
-		if m.stillBackend(rev, b) {
-			count(res, sockdestroySockTermVerdictSOCK_TERM_SPARED_STILL_BACKEND)
-			continue
-		}
-		src, _ := netip.AddrFromSlice(s.ID.Source.To4())
-		err := netlinkDestroyUDP(udpSocketID{
-			src:    netip.AddrPortFrom(src, s.ID.SourcePort),
-			dst:    netip.AddrPortFrom(dst, s.ID.DestinationPort),
-			ifidx:  s.ID.Interface,
-			cookie: s.ID.Cookie,
-		})
-		if err != nil {
-			count(res, sockdestroySockTermVerdictSOCK_TERM_FAILED)
-			errs = append(errs, fmt.Errorf("destroy UDP socket %s -> %s: %w", src, dst, err))
-			continue
-		}
-		count(res, sockdestroySockTermVerdictSOCK_TERM_DESTROYED)
 	}
 	return errors.Join(errs...)
 }
 
-// translatedTo returns the sluice_sock_rev entry of socket cookie for
-// backend b, or nil: connect4 or sendmsg4 sent it there from a VIP.
-func (m *Maps) translatedTo(cookie uint64, b sockCtBackendKey) *sockSockRevEntry {
-	k := sockSockRevKey{Cookie: cookie, Addr: b.Addr, Port: b.Port}
-	var v sockSockRevEntry
-	if err := m.sockRev.Lookup(&k, &v); err != nil {
+// destroyNetlinkSocket judges one socket s of destroyNetlink, and ends it
+// if it qualifies.
+func (m *Maps) destroyNetlinkSocket(s *netlink.Socket, flushed map[netip.AddrPort]bool, res *SocketTermination) error {
+	cookie := uint64(s.ID.Cookie[1])<<32 | uint64(s.ID.Cookie[0])
+	if s.State != tcpEstablished {
+		for b := range flushed {
+			if _, ok := m.translatedTo(cookie, b); ok {
+				count(res, sockdestroySockTermVerdictSOCK_TERM_SPARED_UNCONNECTED)
+				break
+			}
+		}
 		return nil
 	}
-	return &v
+	// The peer is the backend, unmapped if a dual-stack socket has it
+	// IPv4-mapped.
+	dst, ok := netip.AddrFromSlice(s.ID.Destination)
+	if !ok {
+		return nil
+	}
+	b := netip.AddrPortFrom(dst.Unmap(), s.ID.DestinationPort)
+	if !flushed[b] {
+		return nil
+	}
+	vip, ok := m.translatedTo(cookie, b)
+	if !ok {
+		return nil
+	}
+	if m.stillBackend(vip, b) {
+		count(res, sockdestroySockTermVerdictSOCK_TERM_SPARED_STILL_BACKEND)
+		return nil
+	}
+	src, _ := netip.AddrFromSlice(s.ID.Source)
+	err := netlinkDestroyUDP(udpSocketID{
+		family: s.Family,
+		src:    netip.AddrPortFrom(src.Unmap(), s.ID.SourcePort),
+		dst:    b,
+		ifidx:  s.ID.Interface,
+		cookie: s.ID.Cookie,
+	})
+	if err != nil {
+		count(res, sockdestroySockTermVerdictSOCK_TERM_FAILED)
+		return fmt.Errorf("destroy UDP socket %s -> %s: %w", src, dst, err)
+	}
+	count(res, sockdestroySockTermVerdictSOCK_TERM_DESTROYED)
+	return nil
 }
 
-// stillBackend reports whether the UDP Service of the VIP in rev still
-// has backend b in one of its slots.
-func (m *Maps) stillBackend(rev *sockSockRevEntry, b sockCtBackendKey) bool {
-	key := sockLb4Key{Vip: rev.Vip, Port: rev.Port, Proto: uint8(model.UDP)}
-	var master sockLb4Service
-	if err := m.services.Lookup(&key, &master); err != nil {
+// translatedTo returns the VIP that connect or sendmsg sent socket cookie
+// from to backend b, from the sock_rev map of b's family (connect6 keeps
+// a dual-stack socket's IPv4-mapped one in the IPv4 map): whether it did.
+func (m *Maps) translatedTo(cookie uint64, b netip.AddrPort) (netip.AddrPort, bool) {
+	if is6(b.Addr()) {
+		k := sockSock6RevKey{Cookie: cookie, Addr: v6addr(b.Addr()), Port: be16(b.Port())}
+		var v sockSock6RevEntry
+		if m.sockRev6 == nil || m.sockRev6.Lookup(&k, &v) != nil {
+			return netip.AddrPort{}, false
+		}
+		return netip.AddrPortFrom(addrFrom16(v.Vip), portFromBE16(v.Port)), true
+	}
+	k := sockSockRevKey{Cookie: cookie, Addr: be32(b.Addr()), Port: be16(b.Port())}
+	var v sockSockRevEntry
+	if err := m.sockRev.Lookup(&k, &v); err != nil {
+		return netip.AddrPort{}, false
+	}
+	return netip.AddrPortFrom(addrFromBE32(v.Vip), portFromBE16(v.Port)), true
+}
+
+// stillBackend reports whether the UDP Service of vip still has backend b
+// in one of its slots.
+func (m *Maps) stillBackend(vip, b netip.AddrPort) bool {
+	p := Pinned{stateMaps: m.stateMaps()}
+	cands, err := p.Candidates(vip, uint8(model.UDP), uint8(sockLbScopeLB_SCOPE_DEFAULT))
+	if err != nil {
 		return false
 	}
-	for slot := uint32(1); slot <= master.Count && slot <= 0xffff; slot++ {
-		key.Slot = uint16(slot)
-		var sv sockLb4Service
-		var be sockLb4Backend
-		if m.services.Lookup(&key, &sv) != nil || m.backends.Lookup(sv.BackendId, &be) != nil {
-			continue
-		}
-		if be.Addr == b.Addr && be.Port == b.Port {
+	for _, c := range cands {
+		if c.Addr == b {
 			return true
 		}
 	}
@@ -267,24 +345,25 @@ func (m *Maps) stillBackend(rev *sockSockRevEntry, b sockCtBackendKey) bool {
 // noCookie matches a socket whatever its cookie (INET_DIAG_NOCOOKIE).
 var noCookie = [2]uint32{^uint32(0), ^uint32(0)}
 
-// udpSocketID names one UDP socket for sock_diag.
+// udpSocketID names one UDP socket of family (AF_INET or AF_INET6) for
+// sock_diag.
 type udpSocketID struct {
+	family   uint8
 	src, dst netip.AddrPort
 	ifidx    uint32
 	cookie   [2]uint32
 }
 
-// netlinkDestroyUDP ends the IPv4 UDP socket id of the calling thread's
-// network namespace with SOCK_DESTROY (struct inet_diag_req_v2).
+// netlinkDestroyUDP ends the UDP socket id of the calling thread's network
+// namespace with SOCK_DESTROY (struct inet_diag_req_v2).
 func netlinkDestroyUDP(id udpSocketID) error {
 	b := make([]byte, 56)
-	b[0] = unix.AF_INET
+	b[0] = id.family
 	b[1] = unix.IPPROTO_UDP
 	binary.BigEndian.PutUint16(b[8:], id.src.Port())
 	binary.BigEndian.PutUint16(b[10:], id.dst.Port())
-	src, dst := id.src.Addr().As4(), id.dst.Addr().As4()
-	copy(b[12:16], src[:])
-	copy(b[28:32], dst[:])
+	copy(b[12:28], diagAddr(id.family, id.src.Addr()))
+	copy(b[28:44], diagAddr(id.family, id.dst.Addr()))
 	binary.NativeEndian.PutUint32(b[44:], id.ifidx)
 	binary.NativeEndian.PutUint32(b[48:], id.cookie[0])
 	binary.NativeEndian.PutUint32(b[52:], id.cookie[1])
@@ -292,6 +371,18 @@ func netlinkDestroyUDP(id udpSocketID) error {
 	req.AddRawData(b)
 	_, err := req.Execute(unix.NETLINK_INET_DIAG, 0)
 	return err
+}
+
+// diagAddr is a as a socket of family has it for sock_diag: 4 bytes for
+// AF_INET, 16 for AF_INET6, IPv4-mapped for a dual-stack socket's IPv4
+// peer (which the kernel then looks up among the IPv4 sockets).
+func diagAddr(family uint8, a netip.Addr) []byte {
+	if family == unix.AF_INET {
+		b := a.Unmap().As4()
+		return b[:]
+	}
+	b := a.As16()
+	return b[:]
 }
 
 // networkNamespaces returns a path to each network namespace on the node

@@ -13,13 +13,22 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type sockdestroySockTerm6Rec struct {
+	_    structs.HostLayout
+	Head sockdestroySockTermRec
+	Addr struct {
+		_    structs.HostLayout
+		Addr [16]uint8
+	}
+}
+
 type sockdestroySockTermRec struct {
 	_       structs.HostLayout
 	Cookie  uint64
 	Addr    uint32
 	Port    uint16
 	Verdict uint8
-	Pad     uint8
+	V6      uint8
 }
 
 type sockdestroySockTermVerdict uint32

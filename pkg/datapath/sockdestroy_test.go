@@ -1,6 +1,8 @@
 package datapath
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -44,7 +46,7 @@ func socketReaching(t *testing.T, what, want string, open func() (fd int, who st
 
 // udpExchange sends msg on fd (sendto vip if to is set, else on the
 // connected socket) and returns the answering backend's address.
-func udpExchange(fd int, to *unix.SockaddrInet4, msg string) (string, error) {
+func udpExchange(fd int, to unix.Sockaddr, msg string) (string, error) {
 	var err error
 	if to != nil {
 		err = unix.Sendto(fd, []byte(msg), 0, to)
@@ -73,7 +75,7 @@ func localPort(t *testing.T, fd int) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return sa.(*unix.SockaddrInet4).Port
+	return int(addrPort(sa).Port())
 }
 
 // TestSockDestroyOnBackendRemoval (issue 11 item 6, B5): a UDP socket
@@ -87,6 +89,11 @@ func localPort(t *testing.T, fd int) int {
 // bpf_sock_destroy iterator and netlink SOCK_DESTROY, and both are
 // counted. Before, the connected socket sent to the removed backend for
 // good.
+//
+// Each family of TestSockLB (sockLBFamilies): IPv4, IPv6 (issue 10: an
+// AF_INET6 socket through connect6 to IPv6 backends, flushed from the
+// IPv6 conntrack), and a dual-stack socket reaching the IPv4 Services as
+// ::ffff:a.b.c.d, which is ended as its IPv4 twin is.
 func TestSockDestroyOnBackendRemoval(t *testing.T) {
 	testutil.Privileged(t)
 	for _, method := range []SockDestroyMethod{SockDestroyBPF, SockDestroyNetlink} {
@@ -98,12 +105,17 @@ func TestSockDestroyOnBackendRemoval(t *testing.T) {
 				t.Skip("no SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY)")
 			}
 			forceSockDestroy(t, method)
-			testSockDestroy(t, method)
+			for _, f := range sockLBFamilies {
+				t.Run(f.name, func(t *testing.T) { testSockDestroy(t, method, f) })
+			}
 		})
 	}
 }
 
-func testSockDestroy(t *testing.T, method SockDestroyMethod) {
+func testSockDestroy(t *testing.T, method SockDestroyMethod, f sockLBFamily) {
+	sockaddr := func(a model.L4Addr) unix.Sockaddr { return sockaddrIn(f.domain, a) }
+	newSocket := func(t *testing.T, typ int) int { t.Helper(); return newSocketIn(t, f.domain, typ) }
+	backends := f.backends
 	d := openTest(t, smallConfig(testPinDir(t)))
 	if got := d.Features().SockDestroy; got != method {
 		t.Fatalf("Features().SockDestroy = %s, want %s", got, method)
@@ -115,12 +127,14 @@ func testSockDestroy(t *testing.T, method SockDestroyMethod) {
 		reports = append(reports, st)
 		mu.Unlock()
 	})
-	sockNode(t, d, "sockterm", sockBackends...)
+	ns, _ := sockNode(t, d, "sockterm", sockBackends...)
+	addLoopbackAddrs(t, ns, sockBackends6...)
+	startBackends(t, sockBackends6...)
 
 	be := func(a string, port uint16, p model.Protocol) model.L4Addr { return l4(a, port, p) }
-	vip := sockVIPUDP
-	other := sockVIPOther // a second UDP Service over the same backends
-	tcpVIP := sockVIPTCP
+	vip := f.udp
+	other := f.otherVIP // a second UDP Service over the same backends
+	tcpVIP := f.tcp
 	state := func(udp ...string) *model.State {
 		st := model.NewState()
 		svc := clusterIP(vip)
@@ -129,7 +143,7 @@ func testSockDestroy(t *testing.T, method SockDestroyMethod) {
 		}
 		svc.Backends = model.SortBackends(svc.Backends)
 		st.Services[vip] = svc
-		o := clusterIP(other, be(sockBackends[0], 5353, model.UDP), be(sockBackends[1], 5353, model.UDP))
+		o := clusterIP(other, be(backends[0], 5353, model.UDP), be(backends[1], 5353, model.UDP))
 		o.Backends = model.SortBackends(o.Backends)
 		st.Services[other] = o
 		tcpSvc := clusterIP(tcpVIP)
@@ -141,7 +155,7 @@ func testSockDestroy(t *testing.T, method SockDestroyMethod) {
 		return st
 	}
 	rec := reconciler.New(d.Maps(), nil)
-	if err := rec.Apply(state(sockBackends...)); err != nil {
+	if err := rec.Apply(state(backends...)); err != nil {
 		t.Fatal(err)
 	}
 
@@ -154,9 +168,9 @@ func testSockDestroy(t *testing.T, method SockDestroyMethod) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	remaining := sockBackends[0]
+	remaining := backends[0]
 	if removed == remaining {
-		remaining = sockBackends[1]
+		remaining = backends[1]
 	}
 	// Unconnected sockets until one sticks to the same backend.
 	unconn := socketReaching(t, "unconnected sockets", removed, func() (int, string, error) {
@@ -275,4 +289,45 @@ func TestSockDestroyQuietWithoutSockets(t *testing.T) {
 	}
 	t.Logf("flush of one backend with %s socket termination over %d namespaces took %v",
 		d.Features().SockDestroy, len(networkNamespaces()), time.Since(start))
+}
+
+// TestSockTermRecords: the iterator's output mixes IPv4 records (16
+// bytes) and IPv6 ones (32, flagged in the IPv4 record they begin with),
+// as one pass reports sockets of both kinds; each is counted once, and a
+// record cut short is an error, not a count.
+func TestSockTermRecords(t *testing.T) {
+	var out bytes.Buffer
+	for _, rec := range []any{
+		sockdestroySockTermRec{Cookie: 1, Verdict: uint8(sockdestroySockTermVerdictSOCK_TERM_DESTROYED)},
+		sockdestroySockTerm6Rec{Head: sockdestroySockTermRec{Cookie: 2, Verdict: uint8(sockdestroySockTermVerdictSOCK_TERM_SPARED_UNCONNECTED), V6: 1}},
+		sockdestroySockTermRec{Cookie: 3, Verdict: uint8(sockdestroySockTermVerdictSOCK_TERM_SPARED_STILL_BACKEND)},
+		sockdestroySockTerm6Rec{Head: sockdestroySockTermRec{Cookie: 4, Verdict: uint8(sockdestroySockTermVerdictSOCK_TERM_DESTROYED), V6: 1}},
+	} {
+		if err := binary.Write(&out, binary.NativeEndian, rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out.Len() != 2*16+2*32 {
+		t.Fatalf("records take %d bytes, want %d (struct sock_term_rec and sock_term6_rec)", out.Len(), 2*16+2*32)
+	}
+	var res SocketTermination
+	b := out.Bytes()
+	for len(b) > 0 {
+		n, v, err := sockTermRecord(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		count(&res, v)
+		b = b[n:]
+	}
+	if res.Destroyed != 2 || res.SparedUnconnected != 1 || res.SparedStillBackend != 1 || res.Failed != 0 {
+		t.Errorf("counted %+v, want 2 destroyed, 1 spared unconnected, 1 spared still backend", res)
+	}
+	// An IPv6 record cut after its IPv4 head.
+	if _, _, err := sockTermRecord(out.Bytes()[16 : 16+20]); err == nil {
+		t.Error("a cut IPv6 record was read")
+	}
+	if _, _, err := sockTermRecord(out.Bytes()[:10]); err == nil {
+		t.Error("a cut IPv4 record was read")
+	}
 }

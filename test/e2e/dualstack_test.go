@@ -3,8 +3,8 @@ package e2e
 import (
 	"context"
 	"errors"
-	"net/netip"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,11 +24,14 @@ const (
 	dns6VIP   = "[2001:db8:96::21]:53"
 	drain4VIP = "10.96.0.22:80"
 	drain6VIP = "[2001:db8:96::22]:80"
+	drain4UDP = "10.96.0.22:53"
+	drain6UDP = "[2001:db8:96::22]:53"
 )
 
 // setupDualStack starts the agent on the LB topology with its IPv6 plane,
-// serving HTTP on :8080 and UDP echo on :5353 of every backend address of
-// both families, and the Services above with drain over drain's addresses.
+// serving HTTP on :8080, TCP echo on :9000 and UDP echo on :5353 of every
+// backend address of both families, and the Services above with drain
+// over drain's addresses.
 func setupDualStack(t *testing.T) (e *env, write func(drain []string)) {
 	t.Helper()
 	bins, topo, lb := newLB(t, 3)
@@ -44,11 +47,11 @@ func setupDualStack(t *testing.T) (e *env, write func(drain []string)) {
 	if e.backends, err = lb.ServeHTTP(8080, "backend-"); err != nil {
 		t.Fatal(err)
 	}
-	for i, be := range lb.Backends {
+	for i := range lb.Backends {
 		e.addrs = append(e.addrs, lb.BackendAddrs[i].String(), v6.BackendAddrs[i].String())
-		if _, err := be.ServeUDPEcho(netip.AddrPortFrom(v6.BackendAddrs[i], 5353).String(), e.backends[i]); err != nil {
-			t.Fatal(err)
-		}
+	}
+	if err := lb.ServeEchoes(9000, 5353, e.backends); err != nil {
+		t.Fatal(err)
 	}
 	cg, err := topo.AddCgroup(cgMount, "sluice")
 	if err != nil {
@@ -69,7 +72,7 @@ func setupDualStack(t *testing.T) (e *env, write func(drain []string)) {
 			agentproc.Service{Name: "dns6", ClusterIP: "2001:db8:96::21", Endpoints: v6only,
 				Ports: []agentproc.Port{agentproc.UDP("dns", 53, 5353)}},
 			agentproc.Service{Name: "drain", ClusterIP: "10.96.0.22", ClusterIP6: "2001:db8:96::22", Endpoints: drain,
-				Ports: []agentproc.Port{agentproc.TCP("http", 80, 8080)}},
+				Ports: []agentproc.Port{agentproc.TCP("http", 80, 8080), agentproc.UDP("dns", 53, 5353)}},
 		)
 		if err := agentproc.WriteFile(e.manifest, agentproc.Manifest(docs...)); err != nil {
 			t.Fatal(err)
@@ -133,7 +136,12 @@ func TestDualStackEndToEnd(t *testing.T) {
 		})
 	}
 
+	// A node process's connected UDP socket to a backend that leaves is
+	// ended (ECONNABORTED), over each family (bpf/sockdestroy.c, or
+	// netlink SOCK_DESTROY on a kernel without the kfunc).
 	t.Run("BackendRemoval", func(t *testing.T) {
+		held := []*heldUDP{e.holdUDP(t, drain4UDP, e.backends[1:]...), e.holdUDP(t, drain6UDP, e.backends[1:]...)}
+		before := socketTerminations(t, e.agent)
 		write(e.addrs[:2]) // backend 1's two addresses
 		e.waitServices(t, drain6VIP, func(l string) bool {
 			return strings.Contains(l, e.addrs[1]) && !strings.Contains(l, e.addrs[3]) && !strings.Contains(l, e.addrs[5])
@@ -141,6 +149,22 @@ func TestDualStackEndToEnd(t *testing.T) {
 		counts := e.spread(t, drain6VIP, 30)
 		if counts[e.backends[0]] != 30 {
 			t.Errorf("after removal of backends 2 and 3: %v, want all 30 on %s", counts, e.backends[0])
+		}
+		for _, h := range held {
+			if h.peer != h.vip {
+				t.Errorf("connected UDP socket to %s reports peer %s", h.vip, h.peer)
+			}
+			if got := h.ended(); got != "aborted" {
+				t.Errorf("connected UDP socket to %s on %s, which left: %s, want it ended with ECONNABORTED", h.vip, h.who, got)
+			}
+		}
+		// Counted once the flush that destroyed them is done.
+		want := before + float64(len(held))
+		testutil.EventuallyTrue(t, "the destroyed sockets to be counted", 5*time.Second, func() bool {
+			return socketTerminations(t, e.agent) >= want
+		})
+		if got := socketTerminations(t, e.agent); got != want {
+			t.Errorf("sluice_socket_terminations_total{result=\"destroyed\"} went from %v to %v, want %v", before, got, want)
 		}
 	})
 
@@ -163,4 +187,27 @@ func TestDualStackEndToEnd(t *testing.T) {
 			t.Errorf("connect from the node: %q, want connection refused", out)
 		}
 	})
+}
+
+// socketTerminations is the agent's count of the sockets it destroyed,
+// over its method (sluice_socket_terminations_total{result="destroyed"}).
+func socketTerminations(t *testing.T, a *agentproc.Agent) float64 {
+	t.Helper()
+	m, err := a.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, l := range strings.Split(m, "\n") {
+		if !strings.HasPrefix(l, "sluice_socket_terminations_total{") || !strings.Contains(l, `result="destroyed"`) {
+			continue
+		}
+		f := strings.Fields(l)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			t.Fatalf("/metrics: %q: %v", l, err)
+		}
+		sum += v
+	}
+	return sum
 }

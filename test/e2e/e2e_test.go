@@ -9,6 +9,7 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -50,14 +51,20 @@ func TestMain(m *testing.M) {
 //	            the socket reports (getpeername)
 //	udp ADDR N  N datagrams, each from a new unconnected socket (sendmsg);
 //	            the peer is the source recvfrom reports
+//	udp-hold ADDR 1
+//	            one datagram on a socket connected to ADDR (connect), then
+//	            a wait for that socket to be ended: see helperUDPHold
 //
-// Socket load balancing must keep the VIP as the peer in both.
+// Socket load balancing must keep the VIP as the peer in all.
 func helperMain(args []string) int {
 	if len(args) != 3 {
-		fmt.Fprintln(os.Stderr, "helper: want tcp|udp ADDR COUNT")
+		fmt.Fprintln(os.Stderr, "helper: want tcp|udp|udp-hold ADDR COUNT")
 		return 2
 	}
 	mode, addr := args[0], args[1]
+	if mode == "udp-hold" {
+		return helperUDPHold(addr)
+	}
 	var n int
 	if _, err := fmt.Sscan(args[2], &n); err != nil {
 		fmt.Fprintln(os.Stderr, "helper: COUNT:", err)
@@ -122,6 +129,41 @@ func helperUDP(addr, msg string) (who, peer string, err error) {
 		return "", "", fmt.Errorf("reply %q to %q", buf[:k], msg)
 	}
 	return who, from.String(), nil
+}
+
+// helperUDPHold connects a UDP socket to addr, exchanges one datagram and
+// prints "<backend> <peer address>" (the peer getpeername reports), then
+// receives again, which nothing answers: only the socket's end stops that
+// receive before its deadline, and it prints "aborted" if it ended with
+// ECONNABORTED (the agent destroyed it), else the error.
+func helperUDPHold(addr string) int {
+	c, err := net.Dial(network("udp", addr), addr)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "helper: udp-hold %s: %v\n", addr, err)
+		return 1
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := c.Write([]byte("hold")); err != nil {
+		fmt.Fprintf(os.Stderr, "helper: udp-hold %s: %v\n", addr, err)
+		return 1
+	}
+	buf := make([]byte, 512)
+	k, err := c.Read(buf)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "helper: udp-hold %s: %v\n", addr, err)
+		return 1
+	}
+	who, _, _ := strings.Cut(string(buf[:k]), " ")
+	fmt.Printf("%s %s\n", who, c.RemoteAddr())
+	c.SetDeadline(time.Now().Add(60 * time.Second))
+	_, err = c.Read(buf)
+	if errors.Is(err, syscall.ECONNABORTED) {
+		fmt.Println("aborted")
+	} else {
+		fmt.Printf("not aborted: %v\n", err)
+	}
+	return 0
 }
 
 // network is "tcp4" or "udp4" for an IPv4 addr, "tcp6" or "udp6" for an
@@ -385,6 +427,19 @@ func (e *env) runInCgroupErr(t *testing.T, mode, vip string, n int) string {
 // agent's cgroup: its output, its standard error, and how it ended.
 func (e *env) cgroupClient(t *testing.T, mode, vip string, n int) (out, stderr string, err error) {
 	t.Helper()
+	cmd, dir := e.cgroupCommand(t, mode, vip, n)
+	defer dir.Close()
+	var errBuf strings.Builder
+	cmd.Stderr = &errBuf
+	b, err := cmd.Output()
+	return string(b), errBuf.String(), err
+}
+
+// cgroupCommand is the helper client's command in the node namespace and
+// the agent's cgroup, not started, and the cgroup directory it names (to
+// close once started).
+func (e *env) cgroupCommand(t *testing.T, mode, vip string, n int) (*exec.Cmd, *os.File) {
+	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -395,12 +450,63 @@ func (e *env) cgroupClient(t *testing.T, mode, vip string, n int) (out, stderr s
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer dir.Close()
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(dir.Fd())}
-	var errBuf strings.Builder
-	cmd.Stderr = &errBuf
-	b, err := cmd.Output()
-	return string(b), errBuf.String(), err
+	return cmd, dir
+}
+
+// heldUDP is a helper client in udp-hold mode: a node process whose
+// connected UDP socket reached backend who.
+type heldUDP struct {
+	who  string
+	out  *bufio.Scanner
+	cmd  *exec.Cmd
+	vip  string
+	peer string
+}
+
+// holdUDP starts udp-hold helpers to vip until one reaches a backend in
+// want, and returns it. Each reaches one of three backends at random: 40
+// missing two of them have probability (1/3)^40; the others are ended at
+// once, the one returned when the test ends.
+func (e *env) holdUDP(t *testing.T, vip string, want ...string) *heldUDP {
+	t.Helper()
+	for range 40 {
+		cmd, dir := e.cgroupCommand(t, "udp-hold", vip, 1)
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var errBuf strings.Builder
+		cmd.Stderr = &errBuf
+		err = cmd.Start()
+		dir.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := &heldUDP{out: bufio.NewScanner(stdout), cmd: cmd, vip: vip}
+		stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait() } // a test client: its end is wanted
+		if !h.out.Scan() {
+			stop()
+			t.Fatalf("udp-hold helper to %s: no exchange: %s", vip, errBuf.String())
+		}
+		h.who, h.peer, _ = strings.Cut(h.out.Text(), " ")
+		if slices.Contains(want, h.who) {
+			t.Cleanup(stop)
+			return h
+		}
+		stop()
+	}
+	t.Fatalf("40 connected UDP sockets to %s never reached %v", vip, want)
+	return nil
+}
+
+// ended returns what the helper printed when its socket's wait ended:
+// "aborted" if the agent destroyed the socket.
+func (h *heldUDP) ended() string {
+	if !h.out.Scan() {
+		return "no answer: " + fmt.Sprint(h.out.Err())
+	}
+	return h.out.Text()
 }
 
 func TestClusterIPEndToEnd(t *testing.T) {
