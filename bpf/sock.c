@@ -133,12 +133,6 @@ static __always_inline void sock6_ctx_set(struct bpf_sock_addr *ctx,
 	ctx->user_port = (__u32)port;
 }
 
-/* sock6_v4_mapped - whether @a is an IPv4-mapped address (::ffff:0:0/96). */
-static __always_inline bool sock6_v4_mapped(const union v6addr *a)
-{
-	return a->p[0] == 0 && a->p[1] == 0 && a->p[2] == bpf_htonl(0x0000ffff);
-}
-
 /* sock6_src_or_node - @src, or if it is unset (::), node_ip6. */
 static __always_inline union v6addr sock6_src_or_node(union v6addr src)
 {
@@ -178,7 +172,7 @@ static __always_inline int sock6_ctx_fwd(struct bpf_sock_addr *ctx, bool sticky)
 
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return 0;
-	if (sock6_v4_mapped(&addr))
+	if (lb6_v4_mapped(&addr))
 		ret = sock4_xlate_fwd(ctx, &addr.p[3], &port, proto,
 				      sock4_src(ctx), sticky);
 	else
@@ -197,7 +191,7 @@ static __always_inline void sock6_ctx_rev(struct bpf_sock_addr *ctx)
 	__be16 port = (__be16)ctx->user_port;
 	bool found;
 
-	if (sock6_v4_mapped(&addr))
+	if (lb6_v4_mapped(&addr))
 		found = sock4_xlate_rev(ctx, &addr.p[3], &port);
 	else
 		found = sock6_xlate_rev(ctx, &addr, &port);
@@ -387,7 +381,7 @@ int sluice_sock_explain(struct bpf_raw_tracepoint_args *ctx)
 	if (x->v6) {
 		x->src6 = sock_explain_addr6(ctx->args[4], ctx->args[5]);
 		x->vip6 = sock_explain_addr6(ctx->args[6], ctx->args[7]);
-		if (sock6_v4_mapped(&x->vip6))
+		if (lb6_v4_mapped(&x->vip6))
 			x->vip = x->vip6.p[3];
 	}
 	if (x->v6 && !x->vip) {
