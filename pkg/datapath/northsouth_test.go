@@ -754,6 +754,14 @@ func TestXDP6PacketTable(t *testing.T) {
 	if cs["tc_src_range_deny"] != 0 {
 		t.Errorf("XDP drop counted as tc_src_range_deny: %v", cs)
 	}
+
+	// Without the IPv6 program in sluice6_xdp_v1 (the agent that put it
+	// there is gone), IPv6 passes to tc untouched.
+	must(d.xdp.Sluice6XdpV1.Delete(uint32(0)), "empty sluice6_xdp_v1")
+	fresh := nsClient(41020, np).Bytes()
+	if v, out := runXDP(t, xdp, ifindex, fresh); v != xdpPass || !bytes.Equal(out[:len(fresh)], fresh) {
+		t.Errorf("without the IPv6 program: verdict %d (want XDP_PASS), output changed: %v", v, !bytes.Equal(out[:len(fresh)], fresh))
+	}
 }
 
 // TestAttachXDPModes: the XDP program follows Config.XDP across agent
