@@ -139,6 +139,18 @@ static __always_inline bool sock6_v4_mapped(const union v6addr *a)
 	return a->p[0] == 0 && a->p[1] == 0 && a->p[2] == bpf_htonl(0x0000ffff);
 }
 
+/* sock6_src_or_node - @src, or if it is unset (::), node_ip6. */
+static __always_inline union v6addr sock6_src_or_node(union v6addr src)
+{
+	if (!(src.p[0] | src.p[1] | src.p[2] | src.p[3])) {
+		src.p[0] = node_ip6.p[0];
+		src.p[1] = node_ip6.p[1];
+		src.p[2] = node_ip6.p[2];
+		src.p[3] = node_ip6.p[3];
+	}
+	return src;
+}
+
 /* sock6_src - sock4_src for an IPv6 socket: its bound address, or
  * unbound, the node's primary IPv6 address (node_ip6).
  */
@@ -153,13 +165,7 @@ static __always_inline union v6addr sock6_src(struct bpf_sock_addr *ctx)
 		src.p[2] = sk->src_ip6[2];
 		src.p[3] = sk->src_ip6[3];
 	}
-	if (!(src.p[0] | src.p[1] | src.p[2] | src.p[3])) {
-		src.p[0] = node_ip6.p[0];
-		src.p[1] = node_ip6.p[1];
-		src.p[2] = node_ip6.p[2];
-		src.p[3] = node_ip6.p[3];
-	}
-	return src;
+	return sock6_src_or_node(src);
 }
 
 /* sock6_ctx_fwd - sock4_ctx_fwd for connect6 and sendmsg6. */
@@ -315,10 +321,23 @@ struct {
 	__type(value, struct sock_explain_ctx);
 } sluice_sockx_v1 SEC(".maps");
 
+/* sock_explain_addr6 - the IPv6 address in two arguments, as memory. */
+static __always_inline union v6addr sock_explain_addr6(__u64 lo, __u64 hi)
+{
+	union v6addr a;
+
+	__builtin_memcpy(&a.addr[0], &lo, sizeof(lo));
+	__builtin_memcpy(&a.addr[8], &hi, sizeof(hi));
+	return a;
+}
+
 /*
  * sluice_sock_explain - what connect4 (or, sticky, sendmsg4) would do for
  * a socket: the same selection (sock4_select), in its dry-run mode, which
- * writes nothing but this CPU's record in sluice_sockx_v1.
+ * writes nothing but this CPU's record in sluice_sockx_v1. For an IPv6
+ * socket, connect6's (sendmsg6's): sock6_select over the IPv6 maps, or
+ * for an IPv4-mapped destination sock4_select over the IPv4 ones, as
+ * sock6_ctx_fwd chooses.
  *
  * BPF_PROG_TEST_RUN cannot run a cgroup sock_addr program, nor a syscall
  * program that reads an LPM trie (sluice_src_ranges_v1,
@@ -334,13 +353,17 @@ struct {
  * Arguments (host order unless said): 0 the client's netns cookie, 1 the
  * socket cookie (0: a new socket), 2 the source (low 32 bits) and the
  * destination address (high), network order, 3 the destination port
- * (network order, bits 0-15), the protocol (16-23) and sticky (24-31).
+ * (network order, bits 0-15), the protocol (16-23), sticky (24-31) and
+ * an IPv6 socket (32-39), 4-5 the IPv6 source and 6-7 the IPv6
+ * destination (their 16 bytes as memory; an IPv4-mapped destination's
+ * source is argument 2's).
  */
 SEC("raw_tp")
 int sluice_sock_explain(struct bpf_raw_tracepoint_args *ctx)
 {
 	struct lb4_service *svc = NULL;
 	struct lb4_backend *be = NULL;
+	struct lb6_backend *be6 = NULL;
 	struct sock_explain_ctx *x;
 	__u32 zero = 0;
 	__u64 addrs, rest;
@@ -359,11 +382,26 @@ int sluice_sock_explain(struct bpf_raw_tracepoint_args *ctx)
 	x->port = (__be16)rest;
 	x->proto = (__u8)(rest >> 16);
 	x->sticky = (__u8)(rest >> 24);
+	x->v6 = (__u8)(rest >> 32);
 	x->flags = EXPLAIN_F_DRY;
-	if (!x->src)
-		x->src = node_ip4;
-	ret = sock4_select(x->vip, x->port, x->proto, x->src, x->netns_cookie,
-			   x->sock_cookie, x->sticky != 0, x, &svc, &be);
+	if (x->v6) {
+		x->src6 = sock_explain_addr6(ctx->args[4], ctx->args[5]);
+		x->vip6 = sock_explain_addr6(ctx->args[6], ctx->args[7]);
+		if (sock6_v4_mapped(&x->vip6))
+			x->vip = x->vip6.p[3];
+	}
+	if (x->v6 && !x->vip) {
+		x->src6 = sock6_src_or_node(x->src6);
+		ret = sock6_select(x->vip6, x->port, x->proto, x->src6,
+				   x->netns_cookie, x->sock_cookie,
+				   x->sticky != 0, x, &svc, &be6);
+	} else {
+		if (!x->src)
+			x->src = node_ip4;
+		ret = sock4_select(x->vip, x->port, x->proto, x->src,
+				   x->netns_cookie, x->sock_cookie,
+				   x->sticky != 0, x, &svc, &be);
+	}
 	if (ret < 0)
 		x->err = ret;
 	else if (ret > 0)

@@ -37,7 +37,8 @@
  * their own that the entries tail-call for an IPv6 packet.
  *
  * Dry runs (explain.h): a packet BPF_PROG_TEST_RUN brings with the
- * dry-run mark is sent to the program's dry twin, the same code built to
+ * dry-run mark is sent to the program's dry twin (an IPv6 one to its
+ * IPv6 program's), the same code built to
  * write no map (no conntrack entry, SNAT port, affinity, fragment record
  * or counter), which notes what it decided in sluice_expl_v1 for
  * `sluicectl explain`.
@@ -678,7 +679,7 @@ static __always_inline int tc_ingress(struct __sk_buff *skb, bool dry)
 	__u64 now;
 	int ret;
 
-	explain_begin(skb, &p);
+	explain_begin(skb, p.dry);
 	switch (parse_tc(skb, &p)) {
 	case PKT_L4:
 		break;
@@ -699,7 +700,7 @@ static __always_inline int tc_egress(struct __sk_buff *skb, bool dry)
 	struct pkt4 p = { .dry = dry };
 	int ret;
 
-	explain_begin(skb, &p);
+	explain_begin(skb, p.dry);
 	switch (parse_tc(skb, &p)) {
 	case PKT_L4:
 		break;
@@ -736,13 +737,13 @@ int sluice_egress(struct __sk_buff *skb)
 SEC("tc")
 int sluice6_ingress(struct __sk_buff *skb)
 {
-	return tc6_ingress(skb);
+	return tc6_ingress(skb, false);
 }
 
 SEC("tc")
 int sluice6_egress(struct __sk_buff *skb)
 {
-	return tc6_egress(skb);
+	return tc6_egress(skb, false);
 }
 
 /* The dry twins: never attached, only tail-called (explain.h). */
@@ -756,6 +757,19 @@ SEC("tc")
 int sluice_egress_dry(struct __sk_buff *skb)
 {
 	return tc_egress(skb, true);
+}
+
+/* The IPv6 programs' dry twins (EXPLAIN_PROG_IPV6 on, explain.h). */
+SEC("tc")
+int sluice6_ingress_dry(struct __sk_buff *skb)
+{
+	return tc6_ingress(skb, true);
+}
+
+SEC("tc")
+int sluice6_egress_dry(struct __sk_buff *skb)
+{
+	return tc6_egress(skb, true);
 }
 
 char __license[] SEC("license") = "Dual BSD/GPL";

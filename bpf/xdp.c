@@ -172,23 +172,37 @@ static __always_inline int xdp6_create_snat(const struct pkt6 *p,
 }
 
 /*
+ * xdp6_check_reverse - ct_check_reverse6, in a frame of its own (its
+ * entry and key would not fit xdp_fwd6's on the stack with the calls
+ * under it).
+ */
+static __noinline int xdp6_check_reverse(const struct pkt6 *p,
+					 const struct ct6_key *key,
+					 const struct ct6_entry *fwd, __u64 now)
+{
+	return ct_check_reverse6(p, key, fwd, now);
+}
+
+/*
  * What xdp_fam.h names per family (see there). IPv6's keys, entries and
  * routes are wider than the stack takes inlined together: its steps are
  * BPF functions of their own, as tc6.h's are; IPv4's are inlined, as
  * before IPv6.
  */
-#define xdp_step_4	  __always_inline
-#define xdp_step_6	  __noinline
-#define xdp_create_snat_4 ct_create_snat
-#define xdp_create_snat_6 xdp6_create_snat
-#define xdp_pkt_t_4	  struct xdp_pkt4
-#define xdp_pkt_t_6	  struct xdp_pkt6
-#define xdp_ttl_4(x)	  ((x)->ip->ttl)
-#define xdp_ttl_6(x)	  ((x)->ip->hop_limit)
-#define xdp_out_t_4	  struct xdp_out4
-#define xdp_out_t_6	  struct xdp_out6
-#define fib_t_4		  struct fib4
-#define fib_t_6		  struct fib6
+#define xdp_step_4	    __always_inline
+#define xdp_step_6	    __noinline
+#define xdp_create_snat_4   ct_create_snat
+#define xdp_create_snat_6   xdp6_create_snat
+#define xdp_check_reverse_4 ct_check_reverse
+#define xdp_check_reverse_6 xdp6_check_reverse
+#define xdp_pkt_t_4	    struct xdp_pkt4
+#define xdp_pkt_t_6	    struct xdp_pkt6
+#define xdp_ttl_4(x)	    ((x)->ip->ttl)
+#define xdp_ttl_6(x)	    ((x)->ip->hop_limit)
+#define xdp_out_t_4	    struct xdp_out4
+#define xdp_out_t_6	    struct xdp_out6
+#define fib_t_4		    struct fib4
+#define fib_t_6		    struct fib6
 #define fib_lookup_4(ctx, ifindex, saddr, daddr, f) \
 	fib4_lookup(ctx, ifindex, saddr, daddr, f)
 #define fib_lookup_6(ctx, ifindex, saddr, daddr, f) \

@@ -97,11 +97,6 @@ static __always_inline __u64 ct_lifetime(__u8 proto, __u32 flags)
 #define ct_est_6     (&sluice6_conntrack_v1)
 #define ct_new_4     CT_NEW
 #define ct_new_6     (&sluice6_ct_new_v1)
-#define pkt_t_4	     struct pkt4
-#define pkt_t_6	     struct pkt6
-/* Only IPv4 has dry runs (explain.h). */
-#define pkt_dry_4(p) explain_dry(p)
-#define pkt_dry_6(p) false
 
 #define LB_FAMILY 4
 #include "conntrack_fam.h"

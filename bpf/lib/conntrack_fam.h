@@ -243,7 +243,7 @@ static __always_inline void FN(ct_track_tcp)(const FAM(pkt_t) *p,
 	FAM(ct_entry_t) *pe;
 	__u32 bits;
 
-	if (FAM(pkt_dry)(p) || p->proto != IPPROTO_TCP ||
+	if (explain_dry(p) || p->proto != IPPROTO_TCP ||
 	    !(p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
 		return;
 	if (p->tcp_flags & TCP_FLAG_RST)
@@ -410,7 +410,7 @@ static __always_inline int FN(ct_create)(const FAM(pkt_t) *p,
 	    (!FAM(addr_eq)(half->nat_addr, p->daddr) ||
 	     half->nat_port != p->dport))
 		return CT_CLASH;
-	if (FAM(pkt_dry)(p))
+	if (explain_dry(p))
 		return 0;
 
 	{
@@ -479,7 +479,7 @@ FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
 	start = bpf_get_prandom_u32();
 	for (i = 0; i < SNAT_TRIES; i++) {
 		key.dport = bpf_htons((__u16)(lo + (start + i) % range));
-		if (FAM(pkt_dry)(p))
+		if (explain_dry(p))
 			err = FN(ct_est_free)(&key, now, true);
 		else
 			err = FN(ct_est_insert)(&key, &e, now, true);
@@ -493,7 +493,7 @@ FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
 	if (!ok)
 		return 1;
 	*port = key.dport;
-	if (FAM(pkt_dry)(p))
+	if (explain_dry(p))
 		return 0;
 
 	FN(ct_key_of)(&key, p, CT_FORWARD);
@@ -640,7 +640,7 @@ FN(ct_reply)(const FAM(pkt_t) *p, FAM(ct_key_t) *key, __u64 now, int *err)
 
 	*err = 0;
 	FN(ct_key_of)(key, p, CT_REVERSE);
-	if (FAM(pkt_dry)(p))
+	if (explain_dry(p))
 		return FN(ct_reply_dry)(key, now);
 	e = bpf_map_lookup_elem(FAM(ct_est), key);
 	if (e && ct_alive(READ_ONCE(e->expires), now)) {
@@ -707,11 +707,11 @@ static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
 		seen = READ_ONCE(rev->expires);
 		if (FN(ct_is_peer)(key, fwd, rev)) {
 			if (ct_alive(seen, now)) {
-				if (!FAM(pkt_dry)(p))
+				if (!explain_dry(p))
 					FN(ct_refresh)(rev, p->proto, now);
 				return 0;
 			}
-			if (FAM(pkt_dry)(p))
+			if (explain_dry(p))
 				return 0; /* it would be revived */
 			/* This flow's, lapsed: revive it, unless a deleter
 			 * has claimed it already.
@@ -728,7 +728,7 @@ static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
 		e.snat_addr = key->saddr;
 		e.snat_port = key->sport;
 	}
-	if (FAM(pkt_dry)(p))
+	if (explain_dry(p))
 		return half_open ? 0 : FN(ct_est_free)(&rkey, now, false);
 	if (half_open)
 		return bpf_map_update_elem(FAM(ct_new), &rkey, &e, BPF_ANY);

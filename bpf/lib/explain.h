@@ -36,6 +36,15 @@
  * and the run repeated. The map (maps.h) is not pinned: it is no state,
  * and sluicectl finds it among the attached program's maps by name, whose
  * version says its layout; an agent without it predates dry runs.
+ *
+ * IPv6. A marked IPv6 packet goes to the dry twin of the IPv6 program
+ * (tc6.h, slots EXPLAIN_PROG_IPV6 up), built the same way from the same
+ * source with struct pkt6 .dry true. Its record is sluice_expl_v1's as
+ * well, with the address words zero: the addresses, 16 bytes each, go to
+ * sluice_expl6_v1 (struct explain6_record, the same nonce, reset by the
+ * entry: explain_divert), so that explain_record keeps its layout. The
+ * notes below that name addresses are written once for both families
+ * (explain_fam.h, family.h); the others take either packet.
  */
 #ifndef SLUICE_EXPLAIN_H
 #define SLUICE_EXPLAIN_H
@@ -44,32 +53,60 @@
 #include "structs.h"
 #include "metrics.h"
 #include "parse.h"
+#include "parse6.h"
 #include "svcstats.h"
+#include "family.h"
 
 /* cb[0] and cb[1] of a dry run ("slex", "plan"). */
 #define EXPLAIN_MAGIC0 0x736c6578
 #define EXPLAIN_MAGIC1 0x706c616e
 
-/* The slots of sluice_dry_v1. */
+/* The slots of sluice_dry_v1: IPv4's, then IPv6's (EXPLAIN_PROG_IPV6 on). */
 #define EXPLAIN_PROG_INGRESS 0
 #define EXPLAIN_PROG_EGRESS  1
+#define EXPLAIN_PROG_IPV6    2
+
+/* explain_rec6 - this CPU's IPv6 addresses. */
+static __always_inline struct explain6_record *explain_rec6(void)
+{
+	__u32 key = 0;
+
+	return bpf_map_lookup_elem(&sluice_expl6_v1, &key);
+}
 
 /*
  * explain_divert - run @skb, a marked packet, through the dry twin in
- * slot @prog. Returns only if there is none: TC_ACT_OK, having done
- * nothing (sluicectl finds no record and says so).
+ * slot @prog, or its IPv6 twin's for an IPv6 packet. Returns only if
+ * there is none: TC_ACT_OK, having done nothing (sluicectl finds no
+ * record and says so).
+ *
+ * An IPv6 packet's address record is reset here, by the entry, with the
+ * run's nonce (the twin resets the rest, explain_begin): the entry then
+ * names sluice_expl6_v1, so the map is among the attached program's,
+ * where sluicectl finds it; its IPv4 code never names it.
  */
 static __always_inline int explain_divert(struct __sk_buff *skb, __u32 prog)
 {
+	struct explain6_record *r6;
+
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		r6 = explain_rec6();
+		if (r6) {
+			__builtin_memset(r6, 0, sizeof(*r6));
+			r6->nonce[0] = skb->cb[2];
+			r6->nonce[1] = skb->cb[3];
+		}
+		prog += EXPLAIN_PROG_IPV6;
+	}
 	bpf_tail_call(skb, &sluice_dry_v1, prog);
 	return TC_ACT_OK;
 }
 
-/* explain_dry - whether @p is a dry run's packet: change nothing for it. */
-static __always_inline bool explain_dry(const struct pkt4 *p)
-{
-	return p->dry;
-}
+/*
+ * explain_dry - whether @p, a struct pkt4 or pkt6, is a dry run's packet:
+ * change nothing for it.
+ */
+#define explain_dry(p) ((p)->dry)
 
 /*
  * explain_mark - whether @skb carries the dry-run mark (see the top).
@@ -96,13 +133,12 @@ static __always_inline struct explain_record *explain_rec(void)
 	return bpf_map_lookup_elem(&sluice_expl_v1, &key);
 }
 
-/* explain_begin - reset the record for the dry run of @p from @skb. */
-static __always_inline void explain_begin(struct __sk_buff *skb,
-					  const struct pkt4 *p)
+/* explain_begin - reset the record for a dry run from @skb (@dry). */
+static __always_inline void explain_begin(struct __sk_buff *skb, bool dry)
 {
 	struct explain_record *r;
 
-	if (!explain_dry(p))
+	if (!dry)
 		return;
 	r = explain_rec();
 	if (!r)
@@ -162,75 +198,73 @@ __noinline int explain_set(__u32 flags, __u32 field, __u32 a, __u32 b, __u32 c)
 	return 0;
 }
 
-/* explain_flag - note @flags in the record of @p's dry run. */
-static __always_inline void explain_flag(const struct pkt4 *p, __u32 flags)
+/*
+ * explain_set6 - the IPv6 address @a0..@a3 (network order words) of the
+ * record's @field (explain_set's numbers: 1 the frontend, 3 the backend,
+ * 4 the source NAT), in sluice_expl6_v1. A global function, as
+ * explain_set.
+ */
+__noinline int explain_set6(__u32 field, __u32 a0, __u32 a1, __u32 a2, __u32 a3)
 {
-	if (explain_dry(p))
+	struct explain6_record *r = explain_rec6();
+	union v6addr *a;
+
+	if (!r)
+		return 0;
+	switch (field) {
+	case 1:
+		a = &r->vip;
+		break;
+	case 3:
+		a = &r->be_addr;
+		break;
+	case 4:
+		a = &r->snat_addr;
+		break;
+	default:
+		return 0;
+	}
+	a->p[0] = a0;
+	a->p[1] = a1;
+	a->p[2] = a2;
+	a->p[3] = a3;
+	return 0;
+}
+
+/*
+ * The notes below take a struct pkt4 or pkt6 (@p): they read only its
+ * dry bit, and are macros over functions of that bit.
+ */
+
+/* explain_flag - note @flags in the record of @p's dry run. */
+#define explain_flag(p, flags) explain_flag_if(explain_dry(p), flags)
+
+static __always_inline void explain_flag_if(bool dry, __u32 flags)
+{
+	if (dry)
 		explain_set(flags, 0, 0, 0, 0);
 }
 
-/* explain_frontend - the frontend @p is for, whose default scope is @svc. */
-static __always_inline void explain_frontend(const struct pkt4 *p,
+/* explain_scope - the scope @svc (its master) serves @p's client. */
+#define explain_scope(p, svc) explain_scope_if(explain_dry(p), svc)
+
+static __always_inline void explain_scope_if(bool dry,
 					     const struct lb4_service *svc)
 {
-	if (explain_dry(p))
-		explain_set(EXPLAIN_F_FRONTEND, 1, p->daddr,
-			    p->dport | (__u32)p->proto << 16, svc->flags);
-}
-
-/* explain_scope - the scope @svc (its master) serves @p's client. */
-static __always_inline void explain_scope(const struct pkt4 *p,
-					  const struct lb4_service *svc)
-{
-	if (explain_dry(p))
+	if (dry)
 		explain_set(EXPLAIN_F_SCOPE, 2, svc->scope, svc->count,
 			    svc->rev_nat_id);
-}
-
-/*
- * explain_backend - @p goes to <@addr, @port>, backend @backend_id, named
- * by @slot (0: its conntrack entry decided).
- */
-static __always_inline void explain_backend(const struct pkt4 *p,
-					    __u32 backend_id, __u16 slot,
-					    __be32 addr, __be16 port)
-{
-	if (explain_dry(p))
-		explain_set(EXPLAIN_F_DNAT, 3, backend_id,
-			    slot | (__u32)port << 16, addr);
-}
-
-/*
- * explain_snat - @p is source-NATed to <@addr, @port> (a reply: its
- * destination becomes that); @flag says which.
- */
-static __always_inline void explain_snat(const struct pkt4 *p, __u32 flag,
-					 __be32 addr, __be16 port)
-{
-	if (explain_dry(p))
-		explain_set(flag, 4, addr, port, 0);
-}
-
-/*
- * explain_reply - @p, a reply, gets <@addr, @port> (its frontend) as its
- * source.
- */
-static __always_inline void explain_reply(const struct pkt4 *p, __be32 addr,
-					  __be16 port)
-{
-	if (explain_dry(p))
-		explain_set(EXPLAIN_F_REPLY, 1, addr,
-			    port | (__u32)p->proto << 16, 0);
 }
 
 /*
  * metric_count - count @reason for @p (metric_inc); a dry run records it
  * in its record instead, so that no counter moves.
  */
-static __always_inline void metric_count(const struct pkt4 *p,
-					 enum metric_reason reason)
+#define metric_count(p, reason) metric_count_if(explain_dry(p), reason)
+
+static __always_inline void metric_count_if(bool dry, enum metric_reason reason)
 {
-	if (explain_dry(p))
+	if (dry)
 		explain_set(0, 5, reason, 0, 0);
 	else
 		metric_inc(reason);
@@ -240,11 +274,32 @@ static __always_inline void metric_count(const struct pkt4 *p,
  * svc_count_pkt - svc_count for @p, a packet to service @id; a dry run
  * counts nothing (what it would count is in its reasons).
  */
-static __always_inline void svc_count_pkt(const struct pkt4 *p, __u32 id,
-					  __u32 event, __u32 bytes)
+#define svc_count_pkt(p, id, event, bytes) \
+	svc_count_if(explain_dry(p), id, event, bytes)
+
+static __always_inline void svc_count_if(bool dry, __u32 id, __u32 event,
+					 __u32 bytes)
 {
-	if (!explain_dry(p))
+	if (!dry)
 		svc_count(id, event, bytes);
 }
+
+/*
+ * What differs between the families' notes: an IPv4 address is a word of
+ * the record (explain_set's), an IPv6 one goes to sluice_expl6_v1 under
+ * the same field, the word left zero.
+ */
+#define explain_word_4(a)	  (a)
+#define explain_word_6(a)	  0
+#define explain_addr6_4(field, a) ((void)0)
+#define explain_addr6_6(field, a) \
+	explain_set6(field, (a).p[0], (a).p[1], (a).p[2], (a).p[3])
+
+#define LB_FAMILY 4
+#include "explain_fam.h"
+#undef LB_FAMILY
+#define LB_FAMILY 6
+#include "explain_fam.h"
+#undef LB_FAMILY
 
 #endif /* SLUICE_EXPLAIN_H */

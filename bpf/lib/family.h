@@ -39,6 +39,9 @@ static __always_inline bool lb6_addr_eq(const union v6addr *a,
 		(a->p[2] ^ b->p[2]) | (a->p[3] ^ b->p[3])) == 0;
 }
 
+/* Parsed packets (parse.h, parse6.h). */
+#define pkt_t_4 struct pkt4
+#define pkt_t_6 struct pkt6
 /* Addresses (network order), by value. */
 #define addr_t_4	__be32
 #define addr_t_6	union v6addr

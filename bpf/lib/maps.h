@@ -302,15 +302,27 @@ struct {
 } sluice_expl_v1 SEC(".maps");
 
 /*
+ * Key: __u32 0. Value: struct explain6_record, per CPU: the IPv6
+ * addresses of an IPv6 dry run, beside its sluice_expl_v1 record. Not
+ * pinned, as sluice_expl_v1.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct explain6_record);
+	__uint(max_entries, 1);
+} sluice_expl6_v1 SEC(".maps");
+
+/*
  * Key: __u32 EXPLAIN_PROG_*. Value: a program fd: the dry twins of the tc
- * programs (explain.h), put there by the agent when it loads them. Not
- * pinned, like sluice_expl_v1.
+ * programs, IPv4's and IPv6's (explain.h), put there by the agent when it
+ * loads them. Not pinned, like sluice_expl_v1.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
 	__type(key, __u32);
 	__type(value, __u32);
-	__uint(max_entries, 2);
+	__uint(max_entries, 4);
 } sluice_dry_v1 SEC(".maps");
 
 /*

@@ -24,6 +24,7 @@
 #include "parse6.h"
 #include "icmp6.h"
 #include "nat.h"
+#include "explain.h"
 
 #ifndef AF_INET6
 #define AF_INET6 10
@@ -121,14 +122,14 @@ static __always_inline int fwd_check6(struct __sk_buff *skb,
 	if (p->hop_limit > 1 && !bpf_check_mtu(skb, f->ifindex, mtu, 0, flags))
 		return -1;
 	if (to_stack) {
-		metric_inc(METRIC_TC_FWD_TO_STACK);
+		metric_count(p, METRIC_TC_FWD_TO_STACK);
 		return TC_ACT_OK;
 	}
 	if (p->hop_limit <= 1) {
-		metric_inc(METRIC_TC_TTL_EXCEEDED);
+		metric_count(p, METRIC_TC_TTL_EXCEEDED);
 		return TC6_ICMP_TIME_EXCEEDED;
 	}
-	metric_inc(METRIC_TC_FRAG_NEEDED);
+	metric_count(p, METRIC_TC_FRAG_NEEDED);
 	return TC6_ICMP_TOO_BIG;
 }
 
@@ -148,7 +149,7 @@ static __always_inline int tc6_answer(struct __sk_buff *skb,
 	else
 		return ret;
 	if (ret == TC_ACT_SHOT && !p->frag_later)
-		metric_inc(METRIC_TC_REWRITE_ERR);
+		metric_count(p, METRIC_TC_REWRITE_ERR);
 	return ret;
 }
 

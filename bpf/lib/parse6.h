@@ -51,6 +51,8 @@ struct pkt6 {
 	 * (frag6_follow); only its addresses are rewritten.
 	 */
 	bool frag_later;
+	/* A dry run's packet (explain.h), as pkt4.dry. */
+	bool dry;
 };
 
 /* A fragment header's fields (after its next header and reserved byte). */
@@ -131,6 +133,8 @@ static __always_inline void frag6_record(const struct pkt6 *p, __be32 id)
 		.dport = p->dport,
 	};
 
+	if (p->dry)
+		return;
 	frag6_key_of(&key, p, id);
 	bpf_map_update_elem(&sluice6_fragments_v1, &key, &ports, BPF_ANY);
 }

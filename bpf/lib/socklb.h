@@ -46,7 +46,7 @@ static __always_inline void sock_svc_count(struct sock_explain_ctx *x, __u32 id,
 #define netns_client_4(netns)	 (netns)
 #define netns_client_6(netns)	 netns_client6(netns)
 #define explain_be_addr_4(x, be) ((x)->be_addr = (be)->addr)
-#define explain_be_addr_6(x, be) /* the dry run is IPv4 only */
+#define explain_be_addr_6(x, be) ((x)->be_addr6 = (be)->addr)
 
 /* netns_client6 - an IPv6 affinity key's client for netns cookie @netns:
  * the cookie in the first 8 bytes (host order), the rest zero.

@@ -602,6 +602,24 @@ enum svc_flags {
 	SVC_F_AFFINITY = 32,
 };
 
+/*
+ * IPv6 (and dual stack). Each family has its own maps, as Cilium's: an
+ * IPv4 packet never pays for IPv6's wider keys, and the IPv4 maps keep
+ * their pinned layout. The service and backend id spaces are shared: a
+ * service id (rev-NAT id) or backend id names one frontend or backend of
+ * either family, in the map of its family (sluice_svc_stats_v1 is keyed
+ * by the same ids for both). A frontend's backends are of its family.
+ *
+ * union v6addr is an address in network order; Go sees its first member,
+ * 16 bytes; C reads it as four words. The lb6_* and *6 structs mirror
+ * their IPv4 twins field by field; where a twin's value holds no address
+ * (struct lb4_service) both families share it.
+ */
+union v6addr {
+	__u8 addr[16]; /* network order */
+	__be32 p[4];
+};
+
 /* The metric reasons an explain_record keeps, in the order counted. */
 #define EXPLAIN_REASONS 8
 
@@ -661,6 +679,21 @@ struct explain_record {
 _Static_assert(sizeof(struct explain_record) == 60, "explain_record size");
 
 /*
+ * sluice_expl6_v1: __u32 0 -> struct explain6_record, per CPU: the IPv6
+ * addresses of an IPv6 dry run, whose explain_record (of the same run,
+ * the same nonce) holds the rest, its address words zero. A record of
+ * its own, so that explain_record keeps the layout older agents have.
+ */
+struct explain6_record {
+	__u32 nonce[2];		/* as explain_record.nonce */
+	union v6addr vip;	/* network order, as explain_record.vip */
+	union v6addr be_addr;	/* network order, as explain_record.be_addr */
+	union v6addr snat_addr; /* network order, as explain_record.snat_addr */
+};
+
+_Static_assert(sizeof(struct explain6_record) == 56, "explain6_record size");
+
+/*
  * The record of sluice_sock_explain (sock.c, sluice_sockx_v1), the dry run
  * of the socket path: the connect (or sendmsg) it explains, and what the
  * socket path would do with it. Addresses and ports in network order, the
@@ -685,28 +718,18 @@ struct sock_explain_ctx {
 	__u16 slot;  /* out: the slot that named it */
 	__u8 scope;  /* out: the scope that served (enum lb_scope) */
 	__u8 reason; /* out: the metric reason it would count */
-	__u8 pad[2];
+	__u8 v6;     /* in: an IPv6 socket (connect6, sendmsg6) */
+	__u8 pad;
+	/* An IPv6 socket's addresses (v6), network order; the IPv4 ones
+	 * above are zero, unless the destination is IPv4-mapped: then the
+	 * socket reaches the IPv4 service (sock.c), and they are its.
+	 */
+	union v6addr src6;     /* in: the socket's source address */
+	union v6addr vip6;     /* in: the destination */
+	union v6addr be_addr6; /* out: the backend (EXPLAIN_F_DNAT) */
 };
 
-_Static_assert(sizeof(struct sock_explain_ctx) == 64, "sock_explain_ctx size");
-
-/*
- * IPv6 (and dual stack). Each family has its own maps, as Cilium's: an
- * IPv4 packet never pays for IPv6's wider keys, and the IPv4 maps keep
- * their pinned layout. The service and backend id spaces are shared: a
- * service id (rev-NAT id) or backend id names one frontend or backend of
- * either family, in the map of its family (sluice_svc_stats_v1 is keyed
- * by the same ids for both). A frontend's backends are of its family.
- *
- * union v6addr is an address in network order; Go sees its first member,
- * 16 bytes; C reads it as four words. The lb6_* and *6 structs mirror
- * their IPv4 twins field by field; where a twin's value holds no address
- * (struct lb4_service) both families share it.
- */
-union v6addr {
-	__u8 addr[16]; /* network order */
-	__be32 p[4];
-};
+_Static_assert(sizeof(struct sock_explain_ctx) == 112, "sock_explain_ctx size");
 
 /*
  * IPv6 conntrack (the per-packet path's, tc.c), as IPv4's above and in

@@ -43,7 +43,14 @@
  * Not here: the direct send to the client of a reply that a pod's device
  * reverse-NATs at ingress (rev_dnat), which IPv6 does not need: its stack
  * forwards a packet from the node's own address, which IPv4's drops as a
- * martian. Not yet: dry runs (explain.h).
+ * martian.
+ *
+ * Dry runs (explain.h): tc6_ingress and tc6_egress are built twice, as
+ * tc.c's bodies are, the dry twins with pkt6.dry true: they write no map
+ * and note what they decide, the addresses in sluice_expl6_v1. The BPF
+ * functions of their own read the bit from the packet. A dry run is a
+ * TCP or UDP packet (sluicectl crafts no other): the twins pass ICMPv6
+ * errors untouched.
  *
  * The IPv6 path is programs of their own (sluice6_ingress, sluice6_egress
  * in tc.c), which the IPv4 entries reach by a tail call (tc6_divert,
@@ -64,6 +71,7 @@
 #include "icmp6.h"
 #include "icmp6_xlate.h"
 #include "nat6.h"
+#include "explain.h"
 
 #define IP6_SADDR_OFF offsetof(struct ipv6hdr, saddr)
 #define IP6_DADDR_OFF offsetof(struct ipv6hdr, daddr)
@@ -130,21 +138,21 @@ static __noinline enum pkt_kind parse_tc6(struct __sk_buff *skb, struct pkt6 *p)
 	switch (parse_ipv6(skb, p)) {
 	case PARSE_OK:
 		if (p->frag_later)
-			metric_inc(METRIC_TC_FRAG_LATER);
+			metric_count(p, METRIC_TC_FRAG_LATER);
 		return PKT_L4;
 	case PARSE_ICMP_ERR:
 		return PKT_ICMP_ERR;
 	case PARSE_MALFORMED:
-		metric_inc(METRIC_TC_MALFORMED);
+		metric_count(p, METRIC_TC_MALFORMED);
 		return PKT_PASS;
 	case PARSE_FRAGMENT:
-		metric_inc(METRIC_TC_FRAGMENT);
+		metric_count(p, METRIC_TC_FRAGMENT);
 		return PKT_PASS;
 	case PARSE_EXT:
-		metric_inc(METRIC_TC6_EXT_HDR);
+		metric_count(p, METRIC_TC6_EXT_HDR);
 		return PKT_PASS;
 	case PARSE_UDP_NO_CSUM:
-		metric_inc(METRIC_TC6_UDP_NO_CSUM);
+		metric_count(p, METRIC_TC6_UDP_NO_CSUM);
 		return PKT_PASS;
 	default:
 		return PKT_PASS;
@@ -201,8 +209,8 @@ static __noinline int rev_nat6(struct __sk_buff *skb, const struct pkt6 *p,
 		/* The first reply of a flow that cannot become established
 		 * (conntrack.h).
 		 */
-		metric_inc(err == -EEXIST ? METRIC_TC_CT_CLASH :
-					    METRIC_TC_CT_EST_FULL);
+		metric_count(p, err == -EEXIST ? METRIC_TC_CT_CLASH :
+						 METRIC_TC_CT_EST_FULL);
 		return TC_ACT_SHOT;
 	}
 	if (!e)
@@ -210,8 +218,10 @@ static __noinline int rev_nat6(struct __sk_buff *skb, const struct pkt6 *p,
 	ct_track_tcp6(p, &key, e, now);
 	fe = e->nat_addr;
 	fe_port = e->nat_port;
-	metric_inc(METRIC_TC_REV_NAT);
+	metric_count(p, METRIC_TC_REV_NAT);
+	explain_reply6(p, fe, fe_port);
 	if (e->flags & CT_F_SNAT) {
+		explain_snat6(p, EXPLAIN_F_SNAT, e->snat_addr, e->snat_port);
 		/* <B -> N:sp> becomes <F -> C>. */
 		x->snat_addr = fe;
 		x->snat_port = fe_port;
@@ -220,7 +230,7 @@ static __noinline int rev_nat6(struct __sk_buff *skb, const struct pkt6 *p,
 		return TC6_FORWARD;
 	}
 	if (rewrite6_l4addr(skb, p, false, &fe, fe_port) < 0) {
-		metric_inc(METRIC_TC_REWRITE_ERR);
+		metric_count(p, METRIC_TC_REWRITE_ERR);
 		return TC_ACT_SHOT;
 	}
 	return TC_ACT_OK;
@@ -240,7 +250,7 @@ static __noinline int nat6_forward(struct __sk_buff *skb, const struct pkt6 *p,
 	int ret;
 
 	if (fib6_lookup(skb, skb->ifindex, &x->snat_addr, &x->addr, &f) < 0) {
-		metric_inc(METRIC_TC_FIB_ERR);
+		metric_count(p, METRIC_TC_FIB_ERR);
 		return TC_ACT_SHOT;
 	}
 	ret = fwd_check6(skb, p, &f, false, mtu);
@@ -248,7 +258,7 @@ static __noinline int nat6_forward(struct __sk_buff *skb, const struct pkt6 *p,
 		return ret;
 	if (rewrite6_l4addr(skb, p, true, &x->addr, x->port) < 0 ||
 	    rewrite6_l4addr(skb, p, false, &x->snat_addr, x->snat_port) < 0) {
-		metric_inc(METRIC_TC_REWRITE_ERR);
+		metric_count(p, METRIC_TC_REWRITE_ERR);
 		return TC_ACT_SHOT;
 	}
 	return redirect_fib6(skb, p, &f);
@@ -273,6 +283,10 @@ lb6_aff_select(const struct pkt6 *p, const struct lb4_service *svc, __u64 now,
 	aff_key6(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
 		 p->proto, svc->scope);
 	be = aff_select6(&key, svc, now, &id, &slot);
+	/* A dry run asks again whether the client's entry decided. */
+	if (be && explain_dry(p) && (svc->flags & SVC_F_AFFINITY) &&
+	    aff_lookup6(&key, svc, now, &id, &slot) == be)
+		explain_flag(p, EXPLAIN_F_AFFINITY_HIT);
 	x->backend_id = id;
 	x->slot = slot;
 	return be;
@@ -284,8 +298,11 @@ static __noinline int lb6_aff_remember(const struct pkt6 *p,
 				       const struct lb6_xlate *x)
 {
 	struct lb6_affinity_key key = {};
-	struct lb6_backend *be = lookup_backend6(x->backend_id);
+	struct lb6_backend *be;
 
+	if (explain_dry(p))
+		return 0;
+	be = lookup_backend6(x->backend_id);
 	if (!be)
 		return 0;
 	aff_key6(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
@@ -373,17 +390,17 @@ __noinline int nat_snat6(const struct pkt6 *p, const struct lb4_service *svc,
 			      x->snat_addr, bpf_ktime_get_ns(), &x->snat_port);
 	if (err) {
 		if (err > 0)
-			metric_inc(METRIC_TC_SNAT_EXHAUSTED);
+			metric_count(p, METRIC_TC_SNAT_EXHAUSTED);
 		else if (err == -E2BIG)
-			metric_inc(METRIC_TC_CT_EST_FULL);
+			metric_count(p, METRIC_TC_CT_EST_FULL);
 		else
-			metric_inc(METRIC_TC_CT_FULL);
-		svc_count(svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
+			metric_count(p, METRIC_TC_CT_FULL);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
 		return -1;
 	}
 	x->snat = true;
-	metric_inc(need == 1 ? METRIC_TC_SNAT_NEW : METRIC_TC_MASQ_LOCAL);
-	svc_count(svc->rev_nat_id, SVC_EV_FLOW, 0);
+	metric_count(p, need == 1 ? METRIC_TC_SNAT_NEW : METRIC_TC_MASQ_LOCAL);
+	svc_count_pkt(p, svc->rev_nat_id, SVC_EV_FLOW, 0);
 	return 0;
 }
 
@@ -425,8 +442,8 @@ static __noinline int lb6_new_flow(struct __sk_buff *skb, const struct pkt6 *p,
 					   svc->scope, slot, &backend_id);
 		}
 		if (!be) {
-			metric_inc(METRIC_TC_BACKEND_MISSING);
-			svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
+			metric_count(p, METRIC_TC_BACKEND_MISSING);
+			svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
 			return -1;
 		}
 		x->addr = be->addr;
@@ -440,13 +457,13 @@ static __noinline int lb6_new_flow(struct __sk_buff *skb, const struct pkt6 *p,
 		if (ret == CT_CLASH)
 			continue;
 		if (ret < 0)
-			metric_inc(METRIC_TC_CT_FULL);
-		metric_inc(METRIC_TC_DNAT_NEW);
-		svc_count(svc->rev_nat_id, SVC_EV_FLOW, 0);
+			metric_count(p, METRIC_TC_CT_FULL);
+		metric_count(p, METRIC_TC_DNAT_NEW);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_EV_FLOW, 0);
 		return 0;
 	}
-	metric_inc(METRIC_TC_CT_CLASH);
-	svc_count(svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
+	metric_count(p, METRIC_TC_CT_CLASH);
+	svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
 	return -1;
 }
 
@@ -469,15 +486,19 @@ static __noinline int lb6_follow(const struct pkt6 *p,
 	fwd = ct_find6(&key, now, &half_open);
 	if (fwd && ct_fwd_usable6(fwd, p, &gone)) {
 		if (gone)
-			metric_inc(METRIC_TC_CT_BACKEND_GONE);
+			metric_count(p, METRIC_TC_CT_BACKEND_GONE);
 		x->addr = fwd->nat_addr;
 		x->port = fwd->nat_port;
+		x->backend_id = fwd->backend_id;
+		x->slot = 0;
+		explain_flag(p, EXPLAIN_F_CT_HIT);
 		if (fwd->flags & CT_F_SNAT) {
 			x->snat = true;
 			x->snat_addr = fwd->snat_addr;
 			x->snat_port = fwd->snat_port;
 		}
-		ct_refresh6(fwd, p->proto, now);
+		if (!explain_dry(p))
+			ct_refresh6(fwd, p->proto, now);
 		ct_track_tcp6(p, &key, fwd, now);
 		err = ct_check_reverse6(p, &key, fwd, now);
 		if (err == -EEXIST || (err < 0 && x->snat)) {
@@ -485,14 +506,15 @@ static __noinline int lb6_follow(const struct pkt6 *p,
 			 * or the port is not reserved: never send from a
 			 * tuple the flow does not own (lb4_ct_follow).
 			 */
-			metric_inc(x->snat ? METRIC_TC_SNAT_LOST :
-					     METRIC_TC_CT_CLASH);
-			svc_count(svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
+			metric_count(p, x->snat ? METRIC_TC_SNAT_LOST :
+						  METRIC_TC_CT_CLASH);
+			svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK,
+				      0);
 			return -1;
 		}
 		if (err < 0)
-			metric_inc(METRIC_TC_CT_FULL);
-		metric_inc(METRIC_TC_DNAT_CT);
+			metric_count(p, METRIC_TC_CT_FULL);
+		metric_count(p, METRIC_TC_DNAT_CT);
 		return 0;
 	}
 	return 2;
@@ -509,12 +531,12 @@ static __always_inline int lb6_refuse(struct __sk_buff *skb,
 	int ret = icmp6_reply(skb, p, ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH,
 			      0);
 
-	metric_inc(ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR : reason);
+	metric_count(p, ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR : reason);
 	if (id)
-		svc_count(id,
-			  ret == TC_ACT_SHOT ? SVC_DROP_ERROR :
-					       SVC_DROP_NO_ENDPOINTS,
-			  0);
+		svc_count_pkt(p, id,
+			      ret == TC_ACT_SHOT ? SVC_DROP_ERROR :
+						   SVC_DROP_NO_ENDPOINTS,
+			      0);
 	return ret;
 }
 
@@ -529,7 +551,7 @@ static __always_inline int lb6_no_service(struct __sk_buff *skb,
 	if (service_ip6(p->daddr))
 		return lb6_refuse(skb, p, 0, METRIC_TC_UNKNOWN_PORT);
 	if (node_cidr6(p->daddr, NODE_CIDR_SERVICE)) {
-		metric_inc(METRIC_TC_SERVICE_CIDR_DROP);
+		metric_count(p, METRIC_TC_SERVICE_CIDR_DROP);
 		return TC_ACT_SHOT;
 	}
 	return TC_ACT_OK;
@@ -551,7 +573,7 @@ static __always_inline struct lb4_service *lb6_scope(const struct pkt6 *p,
 				   LB_SCOPE_INTERNAL);
 	if (!in)
 		return svc;
-	metric_inc(METRIC_TC_SHORT_CIRCUIT);
+	metric_count(p, METRIC_TC_SHORT_CIRCUIT);
 	return in;
 }
 
@@ -570,16 +592,20 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 	svc = lookup_service6(p->daddr, p->dport, p->proto);
 	if (!svc)
 		return lb6_no_service(skb, p);
+	explain_frontend6(p, svc);
 	if ((svc->flags & SVC_F_SRC_RANGES) &&
 	    !source_allowed6(p->daddr, p->dport, p->proto, p->saddr)) {
-		metric_inc(METRIC_TC_SRC_RANGE_DENY);
-		svc_count(svc->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
+		metric_count(p, METRIC_TC_SRC_RANGE_DENY);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
 		return TC_ACT_SHOT;
 	}
 	x->internal = have_cluster_cidr6 &&
 		      node_cidr6(p->saddr, NODE_CIDR_CLUSTER);
 	x->outside = !x->internal && node6_dev_of(skb->ifindex);
 	svc = lb6_scope(p, svc, x);
+	explain_flag(p, (x->internal ? EXPLAIN_F_INTERNAL : 0) |
+				(x->outside ? EXPLAIN_F_OUTSIDE : 0));
+	explain_scope(p, svc);
 	/* Conntrack first: a Service that has dropped to zero endpoints
 	 * keeps its established flows, as kube-proxy does.
 	 */
@@ -588,8 +614,8 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 		/* A later fragment follows its flow and never starts one
 		 * (see lb4_select).
 		 */
-		metric_inc(METRIC_TC_FRAG_DROP);
-		svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
+		metric_count(p, METRIC_TC_FRAG_DROP);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
 		return TC_ACT_SHOT;
 	}
 	if (ret == 2 && svc->count) {
@@ -597,27 +623,32 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 		ret = lb6_new_flow(skb, p, svc, now, x);
 		if (ret > 0)
 			ret = nat_snat6(p, svc, x, ret);
-		if (!ret)
+		if (!ret) {
+			explain_flag(p, EXPLAIN_F_NEW_FLOW);
 			lb6_aff_remember(p, svc, x);
+		}
 	}
 	if (ret < 0)
 		return TC_ACT_SHOT;
 	if (ret > 0) {
 		if (svc->flags & SVC_F_DROP_EMPTY) {
-			metric_inc(METRIC_TC_LOCAL_NO_BACKEND);
-			svc_count(svc->rev_nat_id, SVC_DROP_NO_LOCAL_ENDPOINTS,
-				  0);
+			metric_count(p, METRIC_TC_LOCAL_NO_BACKEND);
+			svc_count_pkt(p, svc->rev_nat_id,
+				      SVC_DROP_NO_LOCAL_ENDPOINTS, 0);
 			return TC_ACT_SHOT;
 		}
 		return lb6_refuse(skb, p, svc->rev_nat_id,
 				  METRIC_TC_NO_BACKEND);
 	}
-	svc_count(svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);
-	if (x->snat)
+	explain_backend6(p, x->backend_id, x->slot, x->addr, x->port);
+	svc_count_pkt(p, svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);
+	if (x->snat) {
+		explain_snat6(p, EXPLAIN_F_SNAT, x->snat_addr, x->snat_port);
 		return TC6_FORWARD;
+	}
 	if (rewrite6_l4addr(skb, p, true, &x->addr, x->port) < 0) {
-		metric_inc(METRIC_TC_REWRITE_ERR);
-		svc_count(svc->rev_nat_id, SVC_DROP_ERROR, 0);
+		metric_count(p, METRIC_TC_REWRITE_ERR);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
 		return TC_ACT_SHOT;
 	}
 	return TC_ACT_OK;
@@ -638,19 +669,25 @@ static __always_inline int tc6_divert(struct __sk_buff *skb, __u32 prog)
 	return TC_ACT_OK;
 }
 
-/* tc6_ingress and tc6_egress - the bodies of the IPv6 programs. */
-static __always_inline int tc6_ingress(struct __sk_buff *skb)
+/*
+ * tc6_ingress and tc6_egress - the bodies of the IPv6 programs, and with
+ * @dry true of their dry twins (see the top).
+ */
+static __always_inline int tc6_ingress(struct __sk_buff *skb, bool dry)
 {
-	struct pkt6 p = {};
+	struct pkt6 p = { .dry = dry };
 	struct lb6_xlate x = {};
 	__u32 mtu = 0;
 	__u64 now;
 	int ret;
 
+	explain_begin(skb, dry);
 	switch (parse_tc6(skb, &p)) {
 	case PKT_L4:
 		break;
 	case PKT_ICMP_ERR:
+		if (dry)
+			return TC_ACT_OK;
 		ret = icmp6_err_xlate(skb, &p);
 		/* A source-NATed flow's errors arrive at the node, at
 		 * ingress.
@@ -668,17 +705,20 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb)
 	return tc6_answer(skb, &p, ret, mtu);
 }
 
-static __always_inline int tc6_egress(struct __sk_buff *skb)
+static __always_inline int tc6_egress(struct __sk_buff *skb, bool dry)
 {
-	struct pkt6 p = {};
+	struct pkt6 p = { .dry = dry };
 	struct lb6_xlate x = {};
 	__u32 mtu = 0;
 	int ret;
 
+	explain_begin(skb, dry);
 	switch (parse_tc6(skb, &p)) {
 	case PKT_L4:
 		break;
 	case PKT_ICMP_ERR:
+		if (dry)
+			return TC_ACT_OK;
 		ret = icmp6_err_xlate(skb, &p);
 		return ret == TC6_ICMP_SNAT ? TC_ACT_OK : ret;
 	default:

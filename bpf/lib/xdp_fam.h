@@ -7,8 +7,8 @@
  * (xdp_ttl), where it goes (xdp_out_t), the route (fib_t, fib_lookup),
  * the node device the backend's route leaves through (node_dev_t,
  * node_dev_of, dev_addr), how a flow's port is reserved
- * (xdp_create_snat), and whether the steps are inlined or BPF functions
- * of their own (xdp_step).
+ * (xdp_create_snat) and its reply entry checked (xdp_check_reverse), and
+ * whether the steps are inlined or BPF functions of their own (xdp_step).
  *
  * The steps: xdp_rev (a reply), xdp_fwd (a packet to a frontend, of a
  * flow conntrack knows), xdp_new (one that starts a flow), each handing
@@ -158,7 +158,7 @@ static FAM(xdp_step) int FN(xdp_fwd)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 	/* A port reservation lost (and maybe taken): tc drops and counts,
 	 * never sends from a port the flow does not own.
 	 */
-	if (FN(ct_check_reverse)(p, &key, fwd, now) < 0)
+	if (FAM(xdp_check_reverse)(p, &key, fwd, now) < 0)
 		return XDP_PASS;
 	FN(ct_refresh)(fwd, p->proto, now);
 	FN(ct_track_tcp)(p, &key, fwd, now);

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -21,6 +23,11 @@ import (
 // socket path instead (datapath.ExplainSocket: connect4's, or sendmsg4's,
 // selection in a dry run) what a connect from this node's network
 // namespace would do.
+//
+// Both families: an IPv6 packet runs through the IPv6 program's dry twin,
+// an IPv6 socket is connect6's (sendmsg6's), written [IPv6]:PORT where a
+// port goes. An IPv4-mapped destination (::ffff:a.b.c.d) is a socket's
+// only (connect6 reaches the IPv4 service): no packet carries one.
 
 // explainOut is explain's answer; -o json prints it as it is.
 type explainOut struct {
@@ -104,12 +111,12 @@ var dropReasons = map[string]string{
 
 func explainCmd(fs *flag.FlagSet) runner {
 	dev := fs.String("device", "", "device whose tc program runs the packet (required)")
-	from := fs.String("from", "", "client address IP[:PORT] (required; port 40000 if not given)")
-	to := fs.String("to", "", "destination IP:PORT (required)")
+	from := fs.String("from", "", "client address IP, IP:PORT or [IPv6]:PORT (required; port 40000 if not given)")
+	to := fs.String("to", "", "destination IP:PORT or [IPv6]:PORT (required), of --from's family")
 	proto := fs.String("proto", "tcp", "tcp (a SYN) or udp")
 	egress := fs.Bool("egress", false, "run the device's egress program instead of its ingress one")
-	socket := fs.Bool("socket", false, "ask the socket path (connect4) what a connect from this node's network namespace would do; --from is then the socket's source address (default: the route's)")
-	unconnected := fs.Bool("unconnected", false, "with --socket and --proto udp: a datagram of a new unconnected socket (sendmsg4)")
+	socket := fs.Bool("socket", false, "ask the socket path (connect4, or connect6 for an IPv6 --to; an IPv4-mapped one is the IPv4 service) what a connect from this node's network namespace would do; --from is then the socket's source address (default: the route's)")
+	unconnected := fs.Bool("unconnected", false, "with --socket and --proto udp: a datagram of a new unconnected socket (sendmsg4, sendmsg6)")
 	var req datapath.ExplainRequest
 	var sreq datapath.SocketExplainRequest
 	return runner{
@@ -177,22 +184,60 @@ func explainRequest(dev, from, to, proto string, egress bool) (datapath.ExplainR
 	if req.Proto, err = explainProto(proto); err != nil {
 		return req, err
 	}
-	if ap, err := netip.ParseAddrPort(from); err == nil {
-		req.From = ap
-	} else if a, err2 := netip.ParseAddr(from); err2 == nil {
-		req.From = netip.AddrPortFrom(a, 40000)
-	} else {
-		return req, fmt.Errorf("--from %q: want IP or IP:PORT", from)
+	if req.From, err = parseAddrPort("--from", from, 40000); err != nil {
+		return req, err
 	}
-	ap, err := netip.ParseAddrPort(to)
-	if err != nil {
-		return req, fmt.Errorf("--to %q: want IP:PORT", to)
+	if req.To, err = parseAddrPort("--to", to, 0); err != nil {
+		return req, err
 	}
-	req.To = ap
-	if !req.From.Addr().Is4() || !req.To.Addr().Is4() {
-		return req, errors.New("IPv4 addresses only")
+	if err := datapath.CheckPacketFamilies(req.From.Addr(), req.To.Addr()); err != nil {
+		if req.To.Addr().Is4In6() {
+			return req, fmt.Errorf("--to %s: %w (or ask the socket path: --socket)", req.To, err)
+		}
+		return req, fmt.Errorf("--from %s --to %s: %w", req.From, req.To, err)
 	}
 	return req, nil
+}
+
+// parseAddrPort parses flag's value s: IP:PORT, [IPv6]:PORT, or with a
+// default port (defPort, not 0: a client's) a bare IP. Its errors say what is wrong:
+// the address, or the port and its range.
+func parseAddrPort(flag, s string, defPort uint16) (netip.AddrPort, error) {
+	want := "IP:PORT or [IPv6]:PORT"
+	if defPort != 0 {
+		want = "IP, IP:PORT or [IPv6]:PORT"
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		if defPort == 0 {
+			return netip.AddrPort{}, fmt.Errorf("%s %q: no port: want %s", flag, s, want)
+		}
+		if a.Zone() != "" {
+			return netip.AddrPort{}, fmt.Errorf("%s %q: an address with a zone is no service address", flag, s)
+		}
+		return netip.AddrPortFrom(a, defPort), nil
+	}
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("%s %q: want %s", flag, s, want)
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil || a.Zone() != "" {
+		return netip.AddrPort{}, fmt.Errorf("%s %q: %q is not an IP address (want %s)", flag, s, host, want)
+	}
+	n, err := strconv.ParseUint(port, 10, 64)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("%s %q: port %q is not a number", flag, s, port)
+	}
+	// A client's port 0 is an ephemeral one (ExplainRequest); a
+	// destination's must be a port.
+	lo := uint64(1)
+	if defPort != 0 {
+		lo = 0
+	}
+	if n < lo || n > 65535 {
+		return netip.AddrPort{}, fmt.Errorf("%s %q: port %d out of range (%d-65535)", flag, s, n, lo)
+	}
+	return netip.AddrPortFrom(a, uint16(n)), nil
 }
 
 // socketRequest validates explain --socket's flags.
@@ -211,31 +256,43 @@ func socketRequest(from, to, proto string, unconnected bool) (datapath.SocketExp
 	req.Unconnected = unconnected
 	if from != "" {
 		a, err := netip.ParseAddr(from)
-		if err != nil {
-			return req, fmt.Errorf("--from %q: with --socket, the socket's source IP", from)
+		if err != nil || a.Zone() != "" {
+			return req, fmt.Errorf("--from %q: with --socket, the socket's source IP (no port)", from)
 		}
 		req.From = a
 	}
-	ap, err := netip.ParseAddrPort(to)
-	if err != nil {
-		return req, fmt.Errorf("--to %q: want IP:PORT", to)
+	if req.To, err = parseAddrPort("--to", to, 0); err != nil {
+		return req, err
 	}
-	req.To = ap
-	if !req.To.Addr().Is4() || (req.From.IsValid() && !req.From.Is4()) {
-		return req, errors.New("IPv4 addresses only")
+	if err := datapath.CheckSocketFamilies(req.From, req.To.Addr()); err != nil {
+		return req, fmt.Errorf("--from %s --to %s: %w", from, req.To, err)
 	}
 	return req, nil
+}
+
+// socketHook names the hook a socket request asks about: connect4 or
+// connect6 (sendmsg4, sendmsg6), by its destination's family (an
+// IPv4-mapped one is an IPv6 socket's).
+func socketHook(req datapath.SocketExplainRequest) string {
+	hook := "connect"
+	if req.Unconnected {
+		hook = "sendmsg"
+	}
+	if req.To.Addr().Is6() {
+		return hook + "6"
+	}
+	return hook + "4"
 }
 
 // socketOut makes describe's answer the socket path's: the hook asked,
 // the socket, its client, and the errno of a refusal.
 func socketOut(out *explainOut, req datapath.SocketExplainRequest, e *datapath.Explanation) {
-	protoName, hook := "TCP", "connect4"
+	protoName, hook := "TCP", socketHook(req)
 	if req.Proto == unix.IPPROTO_UDP {
 		protoName = "UDP"
 	}
 	if req.Unconnected {
-		hook = "sendmsg4 (a new unconnected socket)"
+		hook += " (a new unconnected socket)"
 	}
 	out.Socket, out.Device, out.Direction, out.ProgramID = true, "", hook, 0
 	from := "the route's source"
@@ -243,6 +300,9 @@ func socketOut(out *explainOut, req datapath.SocketExplainRequest, e *datapath.E
 		from = req.From.String()
 	}
 	out.Packet = fmt.Sprintf("%s socket from %s -> %s", protoName, from, req.To)
+	if req.To.Addr().Is4In6() {
+		out.Packet += fmt.Sprintf(" (IPv4-mapped: the IPv4 service %s)", netip.AddrPortFrom(req.To.Addr().Unmap(), req.To.Port()))
+	}
 	out.Errno, out.StickyHit = e.Errno, e.StickyHit
 	if out.Client != "" {
 		out.Client = "this node's network namespace (the socket path's client of session affinity)"

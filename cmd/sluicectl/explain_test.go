@@ -24,7 +24,19 @@ func TestExplainFlags(t *testing.T) {
 		{[]string{"explain", "--device", "eth0", "--from", "10.0.0.1", "--to", "10.96.0.10:80", "--proto", "sctp"}, `--proto "sctp"`},
 		{[]string{"explain", "--device", "eth0", "--from", "nope", "--to", "10.96.0.10:80"}, `--from "nope"`},
 		{[]string{"explain", "--device", "eth0", "--from", "10.0.0.1", "--to", "10.96.0.10"}, `--to "10.96.0.10"`},
-		{[]string{"explain", "--device", "eth0", "--from", "fd00::1", "--to", "[fd00::2]:80"}, "IPv4 addresses only"},
+		{[]string{"explain", "--device", "eth0", "--from", "10.0.0.1", "--to", "[2001:db8:96::10]:80"}, "different families (IPv4 and IPv6)"},
+		{[]string{"explain", "--device", "eth0", "--from", "2001:db8::1", "--to", "10.96.0.10:80"}, "different families (IPv4 and IPv6)"},
+		{[]string{"explain", "--device", "eth0", "--from", "10.0.0.1", "--to", "[::ffff:10.96.0.10]:80"}, "is IPv4-mapped: a packet carries the IPv4 address 10.96.0.10 (or ask the socket path: --socket)"},
+		{[]string{"explain", "--device", "eth0", "--from", "2001:db8::1", "--to", "[2001:db8:96::10]:70000"}, "port 70000 out of range (1-65535)"},
+		{[]string{"explain", "--device", "eth0", "--from", "[2001:db8::1]:0", "--to", "[2001:db8:96::10]:0"}, `--to "[2001:db8:96::10]:0": port 0 out of range (1-65535)`},
+		{[]string{"explain", "--device", "eth0", "--from", "[2001:db8::1]:65536", "--to", "[2001:db8:96::10]:80"}, "port 65536 out of range (0-65535)"},
+		{[]string{"explain", "--device", "eth0", "--from", "2001:db8::1", "--to", "[2001:db8:96::10]:http"}, `port "http" is not a number`},
+		{[]string{"explain", "--device", "eth0", "--from", "2001:db8::1", "--to", "[2001:db8:96::zz]:80"}, `"2001:db8:96::zz" is not an IP address`},
+		{[]string{"explain", "--device", "eth0", "--from", "2001:db8::1", "--to", "2001:db8:96::10"}, `--to "2001:db8:96::10": no port: want IP:PORT or [IPv6]:PORT`},
+		{[]string{"explain", "--device", "eth0", "--from", "2001:db8::1:80:", "--to", "[2001:db8:96::10]:80"}, `--from "2001:db8::1:80:"`},
+		{[]string{"explain", "--socket", "--from", "10.0.0.1", "--to", "[2001:db8:96::10]:80"}, "different families (IPv4 and IPv6)"},
+		{[]string{"explain", "--socket", "--from", "2001:db8::1", "--to", "[::ffff:10.96.0.10]:80"}, "different families (IPv4 and IPv6)"},
+		{[]string{"explain", "--socket", "--to", "[2001:db8:96::10]:65536"}, "port 65536 out of range"},
 		{[]string{"explain", "--socket"}, "--to is required"},
 		{[]string{"explain", "--socket", "--device", "eth0", "--to", "10.96.0.10:80"}, "--socket takes no --device or --egress"},
 		{[]string{"explain", "--socket", "--egress", "--to", "10.96.0.10:80"}, "--socket takes no --device or --egress"},
@@ -42,6 +54,12 @@ func TestExplainFlags(t *testing.T) {
 	if err != nil || req.From != netip.MustParseAddrPort("10.0.0.1:40000") || req.Proto != unix.IPPROTO_UDP {
 		t.Errorf("explainRequest: %+v, %v", req, err)
 	}
+	for _, from := range []string{"2001:db8::1", "[2001:db8::1]:40000"} {
+		req, err = explainRequest("eth0", from, "[2001:db8:96::10]:80", "tcp", false)
+		if err != nil || req.From != netip.MustParseAddrPort("[2001:db8::1]:40000") || req.To != netip.MustParseAddrPort("[2001:db8:96::10]:80") {
+			t.Errorf("explainRequest IPv6 from %s: %+v, %v", from, req, err)
+		}
+	}
 }
 
 func TestExplainSocketFlags(t *testing.T) {
@@ -52,6 +70,15 @@ func TestExplainSocketFlags(t *testing.T) {
 	req, err = socketRequest("10.0.0.7", "10.96.0.10:80", "TCP", false)
 	if err != nil || req.From != netip.MustParseAddr("10.0.0.7") || req.Proto != unix.IPPROTO_TCP || req.Unconnected {
 		t.Errorf("socketRequest with --from: %+v, %v", req, err)
+	}
+	req, err = socketRequest("2001:db8::7", "[2001:db8:96::10]:80", "tcp", false)
+	if err != nil || req.From != netip.MustParseAddr("2001:db8::7") || req.To != netip.MustParseAddrPort("[2001:db8:96::10]:80") {
+		t.Errorf("socketRequest IPv6: %+v, %v", req, err)
+	}
+	// An IPv4-mapped destination is connect6's, from an IPv4 source.
+	req, err = socketRequest("10.0.0.7", "[::ffff:10.96.0.10]:80", "tcp", false)
+	if err != nil || req.To.Addr() != netip.MustParseAddr("::ffff:10.96.0.10") {
+		t.Errorf("socketRequest IPv4-mapped: %+v, %v", req, err)
 	}
 }
 
@@ -80,6 +107,26 @@ func TestExplainSocketTable(t *testing.T) {
 	for _, want := range []string{"sendmsg4 (a new unconnected socket)", "SOCKET\tUDP socket from the route's source -> 10.96.0.10:53\n", "ERRNO\tECONNREFUSED\n"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("refused table lacks %q:\n%s", want, got)
+		}
+	}
+
+	// IPv6 sockets: connect6, and for an IPv4-mapped destination the
+	// IPv4 service it reaches.
+	for _, c := range []struct {
+		to   string
+		want []string
+	}{
+		{"[2001:db8:96::10]:80", []string{"a dry run of connect6's selection", "SOCKET\tTCP socket from the route's source -> [2001:db8:96::10]:80\n", "DNAT\tconnect to [2001:db8:1::2]:8080 "}},
+		{"[::ffff:10.96.0.10]:80", []string{"a dry run of connect6's selection", "-> [::ffff:10.96.0.10]:80 (IPv4-mapped: the IPv4 service 10.96.0.10:80)\n"}},
+	} {
+		o := &explainOut{Program: "sluice_sock_explain", Verdict: "connect to backend"}
+		socketOut(o, datapath.SocketExplainRequest{To: netip.MustParseAddrPort(c.to), Proto: unix.IPPROTO_TCP},
+			&datapath.Explanation{Socket: true, DNAT: true, Backend: netip.MustParseAddrPort("[2001:db8:1::2]:8080")})
+		got := explainTable(o)
+		for _, want := range c.want {
+			if !strings.Contains(got, want) {
+				t.Errorf("%s: table lacks %q:\n%s", c.to, want, got)
+			}
 		}
 	}
 }

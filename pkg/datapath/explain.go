@@ -26,7 +26,11 @@ import (
 
 // explainMapName is the dry-run record map of the tc program (explain.h);
 // the version in its name is the layout of sockExplainRecord.
-const explainMapName = "sluice_expl_v1"
+// explain6MapName holds an IPv6 dry run's addresses (sockExplain6Record).
+const (
+	explainMapName  = "sluice_expl_v1"
+	explain6MapName = "sluice_expl6_v1"
+)
 
 // The dry-run mark, cb[0] and cb[1] (EXPLAIN_MAGIC0/1 in explain.h).
 const (
@@ -34,17 +38,38 @@ const (
 	explainMagic1 = 0x706c616e
 )
 
-// ErrNoExplain says the attached program has no dry-run mode: it was
-// loaded by an agent older than sluicectl explain.
-var ErrNoExplain = errors.New("the attached program has no dry-run mode (an agent older than sluicectl explain, or one that did not set it up): upgrade the agent")
+// ErrNoExplain says the attached program has no dry-run mode (for the
+// packet's family): it was loaded by an agent older than sluicectl
+// explain (or, for IPv6, than its IPv6 dry runs).
+var ErrNoExplain = errors.New("the attached program has no dry-run mode for this packet's family (an agent older than sluicectl explain, or one that did not set it up): upgrade the agent")
 
-// ExplainRequest is the packet to explain.
+// ExplainRequest is the packet to explain: IPv4, or IPv6 (run by the
+// IPv6 program's dry twin, its addresses read from sluice_expl6_v1).
 type ExplainRequest struct {
 	Device string         // the device whose tc program runs it
 	Egress bool           // its egress program, not its ingress one
 	From   netip.AddrPort // the client; port 0: an ephemeral one
-	To     netip.AddrPort
-	Proto  uint8 // unix.IPPROTO_TCP (a SYN) or unix.IPPROTO_UDP
+	To     netip.AddrPort // of From's family
+	Proto  uint8          // unix.IPPROTO_TCP (a SYN) or unix.IPPROTO_UDP
+}
+
+// CheckPacketFamilies says what is wrong with a packet from from to to: an
+// address of neither family, IPv4-mapped (no packet carries one: its
+// IPv4 address is what goes on the wire), or the two of different
+// families.
+func CheckPacketFamilies(from, to netip.Addr) error {
+	for _, a := range []netip.Addr{from, to} {
+		if !a.IsValid() {
+			return errors.New("explain: an address is missing")
+		}
+		if a.Is4In6() {
+			return fmt.Errorf("explain: %s is IPv4-mapped: a packet carries the IPv4 address %s", a, a.Unmap())
+		}
+	}
+	if from.Is4() != to.Is4() {
+		return fmt.Errorf("explain: %s and %s are of different families (IPv4 and IPv6)", from, to)
+	}
+	return nil
 }
 
 // Explanation is what the program decided about the packet.
@@ -101,22 +126,30 @@ func Explain(req ExplainRequest) (*Explanation, error) {
 		return nil, err
 	}
 	defer prog.Close()
-	rec, err := explainMap(prog)
-	if err != nil {
-		return nil, err
-	}
-	defer rec.Close()
 	frame, err := explainFrame(req, ifc.HardwareAddr)
 	if err != nil {
 		return nil, err
 	}
+	rec, err := explainMap(prog, explainMapName, binary.Size(sockExplainRecord{}))
+	if err != nil {
+		return nil, err
+	}
+	defer rec.Close()
+	var rec6 *ebpf.Map
+	if req.To.Addr().Is6() {
+		if rec6, err = explainMap(prog, explain6MapName, binary.Size(sockExplain6Record{})); err != nil {
+			return nil, err
+		}
+		defer rec6.Close()
+	}
 
-	return runExplain(prog, name, rec, ifc.Index, frame)
+	return runExplain(prog, name, rec, rec6, ifc.Index, frame)
 }
 
 // runExplain runs frame through prog (named name) in dry-run mode, as if
-// it arrived on the device of ifindex, and reads its record from rec.
-func runExplain(prog *ebpf.Program, name string, rec *ebpf.Map, ifindex int, frame []byte) (*Explanation, error) {
+// it arrived on the device of ifindex, and reads its record from rec (and
+// for an IPv6 packet its addresses from rec6, nil for IPv4).
+func runExplain(prog *ebpf.Program, name string, rec, rec6 *ebpf.Map, ifindex int, frame []byte) (*Explanation, error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	cpu, restore, err := pinToCPU()
@@ -131,7 +164,7 @@ func runExplain(prog *ebpf.Program, name string, rec *ebpf.Map, ifindex int, fra
 			return nil, fmt.Errorf("nonce: %w", err)
 		}
 		n0, n1 := binary.LittleEndian.Uint32(nonce[:4]), binary.LittleEndian.Uint32(nonce[4:])
-		prev, err := readRecord(rec, cpu)
+		prev, err := readRecord[sockExplainRecord](rec, explainMapName, cpu)
 		if err != nil {
 			return nil, err
 		}
@@ -140,7 +173,7 @@ func runExplain(prog *ebpf.Program, name string, rec *ebpf.Map, ifindex int, fra
 		if err != nil {
 			return nil, fmt.Errorf("run %s: %w", name, err)
 		}
-		r, err := readRecord(rec, cpu)
+		r, err := readRecord[sockExplainRecord](rec, explainMapName, cpu)
 		if err != nil {
 			return nil, err
 		}
@@ -152,7 +185,18 @@ func runExplain(prog *ebpf.Program, name string, rec *ebpf.Map, ifindex int, fra
 			}
 			continue // another dry run on this CPU meanwhile
 		}
-		e := explanation(r, ret, opts.DataOut)
+		var r6 *sockExplain6Record
+		if rec6 != nil {
+			v, err := readRecord[sockExplain6Record](rec6, explain6MapName, cpu)
+			if err != nil {
+				return nil, err
+			}
+			if v.Nonce != r.Nonce {
+				continue // overwritten between the two reads
+			}
+			r6 = &v
+		}
+		e := explanation(r, r6, ret, opts.DataOut)
 		e.Program = name
 		if info, err := prog.Info(); err == nil { // the id is a label only
 			if id, ok := info.ID(); ok {
@@ -164,14 +208,16 @@ func runExplain(prog *ebpf.Program, name string, rec *ebpf.Map, ifindex int, fra
 	return nil, fmt.Errorf("the dry-run record was overwritten %d times by other dry runs on CPU %d", explainTries, cpu)
 }
 
-// readRecord reads CPU cpu's dry-run record.
-func readRecord(rec *ebpf.Map, cpu int) (sockExplainRecord, error) {
-	var vals []sockExplainRecord
+// readRecord reads CPU cpu's record of the per-CPU array rec (named
+// name).
+func readRecord[T any](rec *ebpf.Map, name string, cpu int) (T, error) {
+	var vals []T
+	var zero T
 	if err := rec.Lookup(uint32(0), &vals); err != nil {
-		return sockExplainRecord{}, fmt.Errorf("read %s: %w", explainMapName, err)
+		return zero, fmt.Errorf("read %s: %w", name, err)
 	}
 	if cpu >= len(vals) {
-		return sockExplainRecord{}, fmt.Errorf("read %s: no record for CPU %d", explainMapName, cpu)
+		return zero, fmt.Errorf("read %s: no record for CPU %d", name, cpu)
 	}
 	return vals[cpu], nil
 }
@@ -261,8 +307,9 @@ func attachedTCProgram(ifindex int, egress bool) (*ebpf.Program, string, error) 
 	return nil, "", fmt.Errorf("no %s program attached to ifindex %d: is the agent running on this device, in this network namespace?", want, ifindex)
 }
 
-// explainMap returns the dry-run record map among prog's maps.
-func explainMap(prog *ebpf.Program) (*ebpf.Map, error) {
+// explainMap returns the dry-run record map name, of size-byte values,
+// among prog's maps.
+func explainMap(prog *ebpf.Program, name string, size int) (*ebpf.Map, error) {
 	info, err := prog.Info()
 	if err != nil {
 		return nil, fmt.Errorf("program info: %w", err)
@@ -277,10 +324,10 @@ func explainMap(prog *ebpf.Program) (*ebpf.Map, error) {
 			continue
 		}
 		mi, err := m.Info()
-		if err == nil && mi.Name == explainMapName {
-			if mi.Type != ebpf.PerCPUArray || mi.ValueSize != uint32(binary.Size(sockExplainRecord{})) {
+		if err == nil && mi.Name == name {
+			if mi.Type != ebpf.PerCPUArray || mi.ValueSize != uint32(size) {
 				m.Close()
-				return nil, fmt.Errorf("%s: %v of %d-byte values, want a per-CPU array of %d", explainMapName, mi.Type, mi.ValueSize, binary.Size(sockExplainRecord{}))
+				return nil, fmt.Errorf("%s: %v of %d-byte values, want a per-CPU array of %d", name, mi.Type, mi.ValueSize, size)
 			}
 			return m, nil
 		}
@@ -289,9 +336,21 @@ func explainMap(prog *ebpf.Program) (*ebpf.Map, error) {
 	return nil, ErrNoExplain
 }
 
-// explanation turns the record into an Explanation.
-func explanation(r sockExplainRecord, ret uint32, out []byte) *Explanation {
+// explanation turns the record into an Explanation; r6, an IPv6 run's
+// addresses, is nil for IPv4.
+func explanation(r sockExplainRecord, r6 *sockExplain6Record, ret uint32, out []byte) *Explanation {
 	has := func(f sockExplainFlags) bool { return r.Flags&uint32(f) != 0 }
+	var a6 sockExplain6Record
+	if r6 != nil {
+		a6 = *r6
+	}
+	// addr is an address of the record: its word, or r6's.
+	addr := func(w uint32, v6 sockV6addr) netip.Addr {
+		if r6 != nil {
+			return addrFrom16(v6)
+		}
+		return addrFromBE32(w)
+	}
 	names := metricNames()
 	e := &Explanation{RetVal: ret, Reasons: []string{}}
 	for i := range min(int(r.N_reasons), len(r.Reasons)) {
@@ -302,7 +361,7 @@ func explanation(r sockExplainRecord, ret uint32, out []byte) *Explanation {
 		}
 	}
 	if has(sockExplainFlagsEXPLAIN_F_FRONTEND) || has(sockExplainFlagsEXPLAIN_F_REPLY) {
-		e.FrontendAddr = netip.AddrPortFrom(addrFromBE32(r.Vip), portFromBE16(r.Vport))
+		e.FrontendAddr = netip.AddrPortFrom(addr(r.Vip, a6.Vip), portFromBE16(r.Vport))
 	}
 	e.Frontend = has(sockExplainFlagsEXPLAIN_F_FRONTEND)
 	e.SvcFlags = r.SvcFlags
@@ -319,11 +378,11 @@ func explanation(r sockExplainRecord, ret uint32, out []byte) *Explanation {
 	if has(sockExplainFlagsEXPLAIN_F_DNAT) {
 		e.DNAT = true
 		e.BackendID, e.Slot = r.BackendId, r.Slot
-		e.Backend = netip.AddrPortFrom(addrFromBE32(r.BeAddr), portFromBE16(r.BePort))
+		e.Backend = netip.AddrPortFrom(addr(r.BeAddr, a6.BeAddr), portFromBE16(r.BePort))
 	}
 	if has(sockExplainFlagsEXPLAIN_F_SNAT) {
 		e.SNAT = true
-		e.SNATTo = netip.AddrPortFrom(addrFromBE32(r.SnatAddr), portFromBE16(r.SnatPort))
+		e.SNATTo = netip.AddrPortFrom(addr(r.SnatAddr, a6.SnatAddr), portFromBE16(r.SnatPort))
 	}
 	e.Verdict = verdictName(ret)
 	// A refusal is an ICMP error sent back: the program returns it as a
@@ -353,30 +412,51 @@ func verdictName(ret uint32) string {
 	}
 }
 
-// frameAddrs returns the IPv4 TCP/UDP addresses and ports of an Ethernet
-// frame (zero values if it is not one).
+// The Ethernet types of the frames explain builds and reads.
+const (
+	ethIPv4 = 0x0800
+	ethIPv6 = 0x86dd
+)
+
+// frameAddrs returns the TCP/UDP addresses and ports of an Ethernet frame
+// of IPv4, or of IPv6 without extension headers (zero values if it is
+// neither).
 func frameAddrs(b []byte) (src, dst netip.AddrPort) {
-	if len(b) < 14+20+4 || binary.BigEndian.Uint16(b[12:]) != 0x0800 {
+	if len(b) < 14+20+4 {
 		return
 	}
 	ip := b[14:]
-	ihl := int(ip[0]&0x0f) * 4
-	if ihl < 20 || len(ip) < ihl+4 {
+	var s, d netip.Addr
+	var proto uint8
+	var hlen int
+	switch binary.BigEndian.Uint16(b[12:]) {
+	case ethIPv4:
+		hlen = int(ip[0]&0x0f) * 4
+		if hlen < 20 || len(ip) < hlen+4 {
+			return
+		}
+		s, d, proto = netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20])), ip[9]
+	case ethIPv6:
+		if hlen = 40; len(ip) < hlen+4 {
+			return
+		}
+		s, d, proto = netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40])), ip[6]
+	default:
 		return
 	}
-	s, d := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20]))
-	if ip[9] != unix.IPPROTO_TCP && ip[9] != unix.IPPROTO_UDP {
+	if proto != unix.IPPROTO_TCP && proto != unix.IPPROTO_UDP {
 		return netip.AddrPortFrom(s, 0), netip.AddrPortFrom(d, 0)
 	}
-	l4 := ip[ihl:]
+	l4 := ip[hlen:]
 	return netip.AddrPortFrom(s, binary.BigEndian.Uint16(l4[0:])), netip.AddrPortFrom(d, binary.BigEndian.Uint16(l4[2:]))
 }
 
 // explainFrame builds the request's packet: an Ethernet frame to the
-// device's address carrying a TCP SYN or a UDP datagram, checksums right.
+// device's address carrying an IPv4 or IPv6 packet (without extension
+// headers) of a TCP SYN or a UDP datagram, checksums right.
 func explainFrame(req ExplainRequest, dstMAC net.HardwareAddr) ([]byte, error) {
-	if !req.From.Addr().Is4() || !req.To.Addr().Is4() {
-		return nil, errors.New("explain: IPv4 addresses only")
+	if err := CheckPacketFamilies(req.From.Addr(), req.To.Addr()); err != nil {
+		return nil, err
 	}
 	var l4 []byte
 	switch req.Proto {
@@ -399,21 +479,34 @@ func explainFrame(req ExplainRequest, dstMAC net.HardwareAddr) ([]byte, error) {
 	binary.BigEndian.PutUint16(l4[0:], sport)
 	binary.BigEndian.PutUint16(l4[2:], req.To.Port())
 
-	ip := make([]byte, 20)
-	ip[0] = 0x45
-	binary.BigEndian.PutUint16(ip[2:], uint16(20+len(l4)))
-	ip[8] = 64
-	ip[9] = req.Proto
-	src, dst := req.From.Addr().As4(), req.To.Addr().As4()
-	copy(ip[12:], src[:])
-	copy(ip[16:], dst[:])
-	binary.BigEndian.PutUint16(ip[10:], inetChecksum(0, ip))
+	src, dst := req.From.Addr().AsSlice(), req.To.Addr().AsSlice()
+	var ip []byte
+	ethType := uint16(ethIPv4)
+	if req.To.Addr().Is4() {
+		ip = make([]byte, 20)
+		ip[0] = 0x45
+		binary.BigEndian.PutUint16(ip[2:], uint16(20+len(l4)))
+		ip[8] = 64
+		ip[9] = req.Proto
+		copy(ip[12:], src)
+		copy(ip[16:], dst)
+		binary.BigEndian.PutUint16(ip[10:], inetChecksum(0, ip))
+	} else {
+		ethType = ethIPv6
+		ip = make([]byte, 40)
+		ip[0] = 6 << 4
+		binary.BigEndian.PutUint16(ip[4:], uint16(len(l4)))
+		ip[6] = req.Proto
+		ip[7] = 64 // hop limit
+		copy(ip[8:], src)
+		copy(ip[24:], dst)
+	}
 
-	pseudo := make([]byte, 12)
-	copy(pseudo[0:], src[:])
-	copy(pseudo[4:], dst[:])
-	pseudo[9] = req.Proto
-	binary.BigEndian.PutUint16(pseudo[10:], uint16(len(l4)))
+	// The pseudo-header: IPv4's (RFC 793) sums to IPv6's (RFC 8200
+	// 8.1), whose length is 32 bits and protocol byte 3 of 4, as both
+	// add the same 16-bit words.
+	pseudo := append(append(slices.Clone(src), dst...), 0, req.Proto, 0, 0)
+	binary.BigEndian.PutUint16(pseudo[len(pseudo)-2:], uint16(len(l4)))
 	csum := inetChecksum(inetSum(0, pseudo), l4)
 	if req.Proto == unix.IPPROTO_UDP && csum == 0 {
 		csum = 0xffff
@@ -427,7 +520,7 @@ func explainFrame(req ExplainRequest, dstMAC net.HardwareAddr) ([]byte, error) {
 	frame := make([]byte, 14, 14+len(ip)+len(l4))
 	copy(frame[0:6], dstMAC)
 	frame[6] = 0x02 // a locally administered source
-	binary.BigEndian.PutUint16(frame[12:], 0x0800)
+	binary.BigEndian.PutUint16(frame[12:], ethType)
 	frame = append(append(frame, ip...), l4...)
 	return frame, nil
 }
@@ -512,7 +605,8 @@ func (p *Pinned) Candidates(fe netip.AddrPort, proto, scope uint8) ([]Candidate,
 }
 
 // setDryTwins puts the tc programs' dry twins into sluice_dry_v1, where
-// the live programs send a dry run's packet (bpf/lib/explain.h).
+// the live programs send a dry run's packet (bpf/lib/explain.h): IPv4's,
+// then IPv6's (EXPLAIN_PROG_IPV6).
 func (o *tcObjects) setDryTwins() error {
-	return fillProgArray(o.SluiceDryV1, "sluice_dry_v1", o.SluiceIngressDry, o.SluiceEgressDry)
+	return fillProgArray(o.SluiceDryV1, "sluice_dry_v1", o.SluiceIngressDry, o.SluiceEgressDry, o.Sluice6IngressDry, o.Sluice6EgressDry)
 }

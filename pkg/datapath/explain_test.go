@@ -2,11 +2,12 @@ package datapath
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
-	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // Dry runs of the tc program (bpf/lib/explain.h): what the program says it
@@ -28,7 +31,7 @@ func dumpTCMaps(t *testing.T, d *Datapath) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	for name, m := range objectsOf[*ebpf.Map](&d.tc) {
-		if name == "sluice_expl_v1" || name == "sluice_dry_v1" {
+		if name == "sluice_expl_v1" || name == "sluice_expl6_v1" || name == "sluice_dry_v1" {
 			continue
 		}
 		out[name] = testutil.DumpMap(t, name, m)
@@ -47,21 +50,63 @@ func diffDumps(before, after map[string]string) []string {
 	return changed
 }
 
-// dryRun explains a packet from..to through d's ingress program.
-func dryRun(t *testing.T, d *Datapath, proto uint8, from, to string) (*Explanation, error) {
+// explainDev is the device the explain tests' packets arrive on: its
+// ifindex (0: none) and MAC.
+type explainDev struct {
+	ifindex int
+	mac     [6]byte
+}
+
+// noDev is no device, as the packet tables' runProg.
+var noDev = explainDev{mac: nodeMAC}
+
+// frameOf is the explain frame of a packet from..to arriving on dev.
+func frameOf(t *testing.T, dev explainDev, proto uint8, from, to string) []byte {
 	t.Helper()
-	frame, err := explainFrame(ExplainRequest{From: netip.MustParseAddrPort(from), To: netip.MustParseAddrPort(to), Proto: proto}, nodeMAC[:])
+	frame, err := explainFrame(ExplainRequest{From: netip.MustParseAddrPort(from), To: netip.MustParseAddrPort(to), Proto: proto}, dev.mac[:])
 	if err != nil {
 		t.Fatal(err)
 	}
-	return runExplain(d.tc.SluiceIngress, "sluice_ingress", d.tc.SluiceExplV1, 0, frame)
+	return frame
+}
+
+// dryRun explains a packet from..to through d's ingress program.
+func dryRun(t *testing.T, d *Datapath, proto uint8, from, to string) (*Explanation, error) {
+	return dryRunOn(t, d, noDev, proto, from, to)
+}
+
+// dryRunOn is dryRun for a packet arriving on dev.
+func dryRunOn(t *testing.T, d *Datapath, dev explainDev, proto uint8, from, to string) (*Explanation, error) {
+	t.Helper()
+	frame := frameOf(t, dev, proto, from, to)
+	// The record maps as sluicectl finds them: among the attached
+	// program's.
+	rec, err := explainMap(d.tc.SluiceIngress, explainMapName, binary.Size(sockExplainRecord{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rec.Close()
+	var rec6 *ebpf.Map
+	if netip.MustParseAddrPort(to).Addr().Is6() {
+		if rec6, err = explainMap(d.tc.SluiceIngress, explain6MapName, binary.Size(sockExplain6Record{})); err != nil {
+			t.Fatal(err)
+		}
+		defer rec6.Close()
+	}
+	return runExplain(d.tc.SluiceIngress, "sluice_ingress", rec, rec6, dev.ifindex, frame)
 }
 
 // mustDryRun is dryRun that must succeed and change no map.
 func mustDryRun(t *testing.T, d *Datapath, proto uint8, from, to string) *Explanation {
 	t.Helper()
+	return mustDryRunOn(t, d, noDev, proto, from, to)
+}
+
+// mustDryRunOn is mustDryRun for a packet arriving on dev.
+func mustDryRunOn(t *testing.T, d *Datapath, dev explainDev, proto uint8, from, to string) *Explanation {
+	t.Helper()
 	before := dumpTCMaps(t, d)
-	e, err := dryRun(t, d, proto, from, to)
+	e, err := dryRunOn(t, d, dev, proto, from, to)
 	if err != nil {
 		t.Fatalf("explain %s -> %s: %v", from, to, err)
 	}
@@ -74,95 +119,226 @@ func mustDryRun(t *testing.T, d *Datapath, proto uint8, from, to string) *Explan
 // liveRun sends the same packet through the program without the mark.
 func liveRun(t *testing.T, d *Datapath, proto uint8, from, to string) (uint32, netip.AddrPort) {
 	t.Helper()
-	frame, err := explainFrame(ExplainRequest{From: netip.MustParseAddrPort(from), To: netip.MustParseAddrPort(to), Proto: proto}, nodeMAC[:])
-	if err != nil {
-		t.Fatal(err)
-	}
-	ret, out := runProg(t, d.tc.SluiceIngress, frame)
+	return liveRunOn(t, d, noDev, proto, from, to)
+}
+
+// liveRunOn is liveRun for a packet arriving on dev.
+func liveRunOn(t *testing.T, d *Datapath, dev explainDev, proto uint8, from, to string) (uint32, netip.AddrPort) {
+	t.Helper()
+	ret, out := runOn(t, d.tc.SluiceIngress, dev.ifindex, frameOf(t, dev, proto, from, to))
 	_, dst := frameAddrs(out)
 	return ret, dst
 }
 
+// explainFamily is what the explain tests send, in one family: the tests
+// run once per family, through the IPv4 program or its IPv6 one (and
+// their dry twins), whose answers must agree.
+type explainFamily struct {
+	name                   string
+	client, other          string // a client; an address no frontend has
+	vipTCP, vipUDP, empty  model.L4Addr
+	beTCP, beUDP           model.L4Addr
+	affVIP                 model.L4Addr
+	affBEs                 []model.L4Addr
+	lb                     model.L4Addr // a LoadBalancer IP whose source ranges leave client out
+	allowed, allowedClient string       // lb's source range, a client in it
+}
+
+var explainFamilies = []explainFamily{
+	{name: "IPv4", client: "10.0.0.1", other: "192.0.2.1",
+		vipTCP: vipTCP, vipUDP: vipUDP, empty: vipEmpty, beTCP: beTCP.addr, beUDP: beUDP.addr,
+		affVIP: affVIP, affBEs: affBEs,
+		lb: l4("192.0.2.10", 443, model.TCP), allowed: "198.51.100.0/24", allowedClient: "198.51.100.7"},
+	{name: "IPv6", client: client6, other: "2001:db8:ff::1",
+		vipTCP: vip6TCP, vipUDP: vip6UDP, empty: vip6Empty, beTCP: be6TCP, beUDP: be6UDP,
+		affVIP: l4("2001:db8:96::30", 80, model.TCP),
+		affBEs: []model.L4Addr{l4("2001:db8:1::41", 8080, model.TCP), l4("2001:db8:1::42", 8080, model.TCP),
+			l4("2001:db8:1::43", 8080, model.TCP), l4("2001:db8:1::44", 8080, model.TCP)},
+		lb: l4("2001:db8:200::10", 443, model.TCP), allowed: "2001:db8:77::/48", allowedClient: "2001:db8:77::7"},
+}
+
+// at is addr:port as explain takes it ([addr]:port for IPv6).
+func at(addr string, port uint16) string {
+	return netip.AddrPortFrom(netip.MustParseAddr(addr), port).String()
+}
+
+// fe is l4's address and port as explain takes them.
+func fe(a model.L4Addr) string { return netip.AddrPortFrom(a.Addr, a.Port).String() }
+
+// forEachFamily runs f as a subtest per family.
+func forEachFamily(t *testing.T, f func(t *testing.T, fam explainFamily)) {
+	for _, fam := range explainFamilies {
+		t.Run(fam.name, func(t *testing.T) { f(t, fam) })
+	}
+}
+
 func TestExplainNewFlowThenConntrack(t *testing.T) {
-	testutil.Privileged(t)
-	cfg := smallConfig(testPinDir(t))
-	cfg.ServiceMetrics = true // per-Service counters must not move either
-	d := openTest(t, cfg)
-	applyServices(t, d, clusterIP(vipTCP, beTCP.addr), clusterIP(vipUDP, beUDP.addr))
+	forEachFamily(t, func(t *testing.T, fam explainFamily) {
+		testutil.Privileged(t)
+		cfg := smallConfig(testPinDir(t))
+		cfg.ServiceMetrics = true // per-Service counters must not move either
+		d := openTest(t, cfg)
+		applyServices(t, d, clusterIP(fam.vipTCP, fam.beTCP), clusterIP(fam.vipUDP, fam.beUDP))
+		from, to := at(fam.client, 40000), fe(fam.vipTCP)
 
-	e := mustDryRun(t, d, unix.IPPROTO_TCP, "10.0.0.1:40000", "10.96.0.10:80")
-	want := netip.AddrPortFrom(beTCP.addr.Addr, beTCP.addr.Port)
-	if !e.Frontend || e.FrontendAddr != netip.MustParseAddrPort("10.96.0.10:80") || !e.NewFlow || e.ConntrackHit ||
-		!e.DNAT || e.Backend != want || e.Slot != 1 || e.ScopeCount != 1 || e.Verdict != "pass" || e.OutDst != want {
-		t.Fatalf("new flow: %+v", e)
-	}
-	if !slices.Equal(e.Reasons, []string{"tc_dnat_new"}) {
-		t.Errorf("new flow reasons %v, want [tc_dnat_new]", e.Reasons)
-	}
-
-	// The same packet without the mark does write: the dumps see it.
-	before := dumpTCMaps(t, d)
-	if ret, dst := liveRun(t, d, unix.IPPROTO_TCP, "10.0.0.1:40000", "10.96.0.10:80"); ret != tcActOK || dst != want {
-		t.Fatalf("live run: verdict %d to %s", ret, dst)
-	}
-	changed := diffDumps(before, dumpTCMaps(t, d))
-	for _, m := range []string{mapCTNew, mapMetrics, mapSvcStats} {
-		if !slices.Contains(changed, m) {
-			t.Fatalf("a live new flow changed %v, want %s among them", changed, m)
+		e := mustDryRun(t, d, unix.IPPROTO_TCP, from, to)
+		want := netip.AddrPortFrom(fam.beTCP.Addr, fam.beTCP.Port)
+		if !e.Frontend || e.FrontendAddr.String() != to || !e.NewFlow || e.ConntrackHit ||
+			!e.DNAT || e.Backend != want || e.Slot != 1 || e.ScopeCount != 1 || e.Verdict != "pass" || e.OutDst != want {
+			t.Fatalf("new flow: %+v", e)
 		}
-	}
+		if !slices.Equal(e.Reasons, []string{"tc_dnat_new"}) {
+			t.Errorf("new flow reasons %v, want [tc_dnat_new]", e.Reasons)
+		}
 
-	e = mustDryRun(t, d, unix.IPPROTO_TCP, "10.0.0.1:40000", "10.96.0.10:80")
-	if !e.ConntrackHit || e.NewFlow || e.Backend != want || e.Slot != 0 || !slices.Equal(e.Reasons, []string{"tc_dnat_ct"}) {
-		t.Fatalf("existing flow: %+v", e)
-	}
+		// The same packet without the mark does write: the dumps see it.
+		before := dumpTCMaps(t, d)
+		if ret, dst := liveRun(t, d, unix.IPPROTO_TCP, from, to); ret != tcActOK || dst != want {
+			t.Fatalf("live run: verdict %d to %s", ret, dst)
+		}
+		ctNew, metrics := mapCTNew, mapMetrics
+		if fam.vipTCP.Addr.Is6() {
+			ctNew = "sluice6_ct_new_v1"
+		}
+		changed := diffDumps(before, dumpTCMaps(t, d))
+		for _, m := range []string{ctNew, metrics, mapSvcStats} {
+			if !slices.Contains(changed, m) {
+				t.Fatalf("a live new flow changed %v, want %s among them", changed, m)
+			}
+		}
 
-	// UDP, and a reply of the TCP flow.
-	e = mustDryRun(t, d, unix.IPPROTO_UDP, "10.0.0.1:5300", "10.96.0.11:53")
-	if !e.NewFlow || e.Backend != netip.AddrPortFrom(beUDP.addr.Addr, beUDP.addr.Port) {
-		t.Fatalf("udp: %+v", e)
-	}
-	e = mustDryRun(t, d, unix.IPPROTO_TCP, "10.1.0.1:8080", "10.0.0.1:40000")
-	if !e.Reply || e.FrontendAddr != netip.MustParseAddrPort("10.96.0.10:80") || e.OutSrc != e.FrontendAddr {
-		t.Fatalf("reply: %+v", e)
-	}
+		e = mustDryRun(t, d, unix.IPPROTO_TCP, from, to)
+		if !e.ConntrackHit || e.NewFlow || e.Backend != want || e.Slot != 0 || !slices.Equal(e.Reasons, []string{"tc_dnat_ct"}) {
+			t.Fatalf("existing flow: %+v", e)
+		}
+
+		// UDP, and a reply of the TCP flow.
+		e = mustDryRun(t, d, unix.IPPROTO_UDP, at(fam.client, 5300), fe(fam.vipUDP))
+		if !e.NewFlow || e.Backend != netip.AddrPortFrom(fam.beUDP.Addr, fam.beUDP.Port) {
+			t.Fatalf("udp: %+v", e)
+		}
+		e = mustDryRun(t, d, unix.IPPROTO_TCP, want.String(), from)
+		if !e.Reply || e.FrontendAddr.String() != to || e.OutSrc != e.FrontendAddr {
+			t.Fatalf("reply: %+v", e)
+		}
+	})
 }
 
 func TestExplainRejectAndNoService(t *testing.T) {
-	d := newTestDatapath(t)
-	applyServices(t, d, clusterIP(vipTCP, beTCP.addr), clusterIP(vipEmpty))
+	forEachFamily(t, func(t *testing.T, fam explainFamily) {
+		d := newTestDatapath(t)
+		applyServices(t, d, clusterIP(fam.vipTCP, fam.beTCP), clusterIP(fam.empty))
+		from := at(fam.client, 40000)
 
-	e := mustDryRun(t, d, unix.IPPROTO_TCP, "10.0.0.1:40000", "10.96.0.12:80")
-	if !e.Frontend || e.DNAT || e.Verdict != "reject" || !slices.Equal(e.Reasons, []string{"tc_no_backend"}) {
-		t.Fatalf("empty service: %+v", e)
-	}
-	e = mustDryRun(t, d, unix.IPPROTO_TCP, "10.0.0.1:40000", "10.96.0.10:81")
-	if e.Frontend || e.Verdict != "reject" || !slices.Equal(e.Reasons, []string{"tc_unknown_port"}) {
-		t.Fatalf("unknown port: %+v", e)
-	}
-	e = mustDryRun(t, d, unix.IPPROTO_TCP, "10.0.0.1:40000", "192.0.2.1:80")
-	if e.Frontend || e.Verdict != "pass" || len(e.Reasons) != 0 {
-		t.Fatalf("no service: %+v", e)
-	}
+		e := mustDryRun(t, d, unix.IPPROTO_TCP, from, fe(fam.empty))
+		if !e.Frontend || e.DNAT || e.Verdict != "reject" || !slices.Equal(e.Reasons, []string{"tc_no_backend"}) {
+			t.Fatalf("empty service: %+v", e)
+		}
+		e = mustDryRun(t, d, unix.IPPROTO_TCP, from, at(fam.vipTCP.Addr.String(), 81))
+		if e.Frontend || e.Verdict != "reject" || !slices.Equal(e.Reasons, []string{"tc_unknown_port"}) {
+			t.Fatalf("unknown port: %+v", e)
+		}
+		e = mustDryRun(t, d, unix.IPPROTO_TCP, from, at(fam.other, 80))
+		if e.Frontend || e.Verdict != "pass" || len(e.Reasons) != 0 {
+			t.Fatalf("no service: %+v", e)
+		}
+	})
+}
+
+// TestExplainSourceRanges: a LoadBalancer IP whose
+// loadBalancerSourceRanges leave the client out is a drop; a client in
+// them reaches the backend.
+func TestExplainSourceRanges(t *testing.T) {
+	forEachFamily(t, func(t *testing.T, fam explainFamily) {
+		d := newTestDatapath(t)
+		lb := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "lb"}, Kind: model.LoadBalancer, Frontend: fam.lb,
+			Backends:     []model.Backend{{L4Addr: fam.beTCP}},
+			SourceRanges: []netip.Prefix{netip.MustParsePrefix(fam.allowed)}}
+		applyServices(t, d, lb)
+
+		e := mustDryRun(t, d, unix.IPPROTO_TCP, at(fam.client, 40000), fe(fam.lb))
+		if !e.Frontend || e.SvcFlags&uint32(sockSvcFlagsSVC_F_SRC_RANGES) == 0 || e.DNAT || e.Verdict != "drop" ||
+			!slices.Equal(e.Reasons, []string{"tc_src_range_deny"}) {
+			t.Fatalf("client outside the ranges: %+v", e)
+		}
+		e = mustDryRun(t, d, unix.IPPROTO_TCP, at(fam.allowedClient, 40000), fe(fam.lb))
+		if !e.DNAT || e.Backend != netip.AddrPortFrom(fam.beTCP.Addr, fam.beTCP.Port) || e.Verdict == "drop" {
+			t.Fatalf("client in the ranges: %+v", e)
+		}
+	})
 }
 
 func TestExplainAffinity(t *testing.T) {
-	d := newTestDatapath(t)
-	applyServices(t, d, affinityService(affVIP, time.Hour, affBEs...))
-	vip := netip.AddrPortFrom(affVIP.Addr, affVIP.Port).String()
+	forEachFamily(t, func(t *testing.T, fam explainFamily) {
+		d := newTestDatapath(t)
+		applyServices(t, d, affinityService(fam.affVIP, time.Hour, fam.affBEs...))
+		vip := fe(fam.affVIP)
 
-	// Before the client's first flow: no entry, a random pick.
-	e := mustDryRun(t, d, unix.IPPROTO_TCP, "10.0.0.7:40000", vip)
-	if e.AffinityHit || !e.NewFlow || e.SvcFlags&uint32(sockSvcFlagsSVC_F_AFFINITY) == 0 {
-		t.Fatalf("first: %+v", e)
-	}
-	_, first := liveRun(t, d, unix.IPPROTO_TCP, "10.0.0.7:40000", vip)
-	for port := range 8 {
-		e := mustDryRun(t, d, unix.IPPROTO_TCP, fmt.Sprintf("10.0.0.7:%d", 41000+port), vip)
-		if !e.AffinityHit || e.Backend != first {
-			t.Fatalf("flow %d: %+v, want the affinity backend %s", port, e, first)
+		// Before the client's first flow: no entry, a random pick.
+		e := mustDryRun(t, d, unix.IPPROTO_TCP, at(fam.client, 40000), vip)
+		if e.AffinityHit || !e.NewFlow || e.SvcFlags&uint32(sockSvcFlagsSVC_F_AFFINITY) == 0 {
+			t.Fatalf("first: %+v", e)
 		}
+		_, first := liveRun(t, d, unix.IPPROTO_TCP, at(fam.client, 40000), vip)
+		for port := range 8 {
+			e := mustDryRun(t, d, unix.IPPROTO_TCP, at(fam.client, uint16(41000+port)), vip)
+			if !e.AffinityHit || e.Backend != first {
+				t.Fatalf("flow %d: %+v, want the affinity backend %s", port, e, first)
+			}
+		}
+	})
+}
+
+// TestExplainNorthSouth: a NodePort whose backend is on another node
+// (nodeNetns, and addNodeIPv6 for IPv6), asked through eth0's program: the
+// new flow is DNATed and source-NATed to the node's address with a free
+// port of the SNAT range, and redirected; once a live SYN made the flow,
+// its conntrack entry decides, and its backend's reply is sent back to
+// the client from the NodePort.
+func TestExplainNorthSouth(t *testing.T) {
+	type nodePort struct{ node, client, backend string }
+	cases := map[string]nodePort{
+		"IPv4": {nsNodeIP, nsClientIP, "10.2.0.7"},
+		"IPv6": {nsNodeIP6, nsClientIP6, "2001:db8:2::7"},
 	}
+	forEachFamily(t, func(t *testing.T, fam explainFamily) {
+		c := cases[fam.name]
+		testutil.Privileged(t)
+		_, ifindex := nodeNetns(t)
+		if fam.name == "IPv6" {
+			addNodeIPv6(t)
+		}
+		d := openTest(t, smallConfig(testPinDir(t)))
+		if err := d.AttachDevices([]string{"eth0"}); err != nil {
+			t.Fatal(err)
+		}
+		np := l4(c.node, 30080, model.TCP)
+		be := testBackend{11, l4(c.backend, 8080, model.TCP)}
+		addExternal(t, d.Maps(), 11, np, reconciler.FlagExternal, be)
+		dev := explainDev{ifindex: ifindex, mac: macOf(nodeEthMAC)}
+		from, to, beAt := at(c.client, 40000), fe(np), netip.AddrPortFrom(be.addr.Addr, be.addr.Port)
+
+		e := mustDryRunOn(t, d, dev, unix.IPPROTO_TCP, from, to)
+		sp := e.SNATTo.Port()
+		if !e.Frontend || e.SvcFlags&uint32(sockSvcFlagsSVC_F_EXTERNAL) == 0 || !e.Outside || !e.NewFlow || e.Backend != beAt ||
+			!e.SNAT || e.SNATTo.Addr() != addr(c.node) || sp < DefaultSNATPortMin || sp > DefaultSNATPortMax ||
+			e.Verdict != "redirect" || e.OutSrc != e.SNATTo || e.OutDst != beAt || !slices.Contains(e.Reasons, "tc_snat_new") {
+			t.Fatalf("new flow: %+v", e)
+		}
+
+		if ret, dst := liveRunOn(t, d, dev, unix.IPPROTO_TCP, from, to); ret != tcActRedirect || dst != beAt {
+			t.Fatalf("live SYN: verdict %d to %s", ret, dst)
+		}
+		e = mustDryRunOn(t, d, dev, unix.IPPROTO_TCP, from, to)
+		if !e.ConntrackHit || e.NewFlow || e.Backend != beAt || !e.SNAT || e.SNATTo.Addr() != addr(c.node) || e.Verdict != "redirect" {
+			t.Fatalf("the flow's next packet: %+v", e)
+		}
+		e = mustDryRunOn(t, d, dev, unix.IPPROTO_TCP, beAt.String(), e.SNATTo.String())
+		if !e.Reply || e.FrontendAddr.String() != to || !e.SNAT || e.SNATTo.String() != from || e.Verdict != "redirect" ||
+			e.OutSrc.String() != to || e.OutDst.String() != from {
+			t.Fatalf("the backend's reply: %+v", e)
+		}
+	})
 }
 
 // TestExplainWithoutTwin: a marked packet that finds no dry twin is passed
@@ -170,13 +346,19 @@ func TestExplainAffinity(t *testing.T) {
 func TestExplainWithoutTwin(t *testing.T) {
 	d := newTestDatapath(t)
 	applyServices(t, d, clusterIP(vipTCP, beTCP.addr))
-	if err := d.tc.SluiceDryV1.Delete(uint32(0)); err != nil {
-		t.Fatal(err)
+	applyServices(t, d, clusterIP(vip6TCP, be6TCP))
+	// An agent older than IPv6 dry runs has no IPv6 twins (slot 2).
+	for _, slot := range []uint32{0, 2} {
+		if err := d.tc.SluiceDryV1.Delete(slot); err != nil {
+			t.Fatal(err)
+		}
 	}
 	before := dumpTCMaps(t, d)
-	_, err := dryRun(t, d, unix.IPPROTO_TCP, "10.0.0.1:40000", "10.96.0.10:80")
-	if !errors.Is(err, ErrNoExplain) {
-		t.Fatalf("err %v, want ErrNoExplain", err)
+	for _, c := range [][2]string{{"10.0.0.1:40000", "10.96.0.10:80"}, {at(client6, 40000), fe(vip6TCP)}} {
+		_, err := dryRun(t, d, unix.IPPROTO_TCP, c[0], c[1])
+		if !errors.Is(err, ErrNoExplain) {
+			t.Fatalf("%s -> %s: err %v, want ErrNoExplain", c[0], c[1], err)
+		}
 	}
 	if changed := diffDumps(before, dumpTCMaps(t, d)); len(changed) > 0 {
 		t.Fatalf("changed %v", changed)
@@ -184,14 +366,30 @@ func TestExplainWithoutTwin(t *testing.T) {
 }
 
 func TestExplainFrameChecksums(t *testing.T) {
-	for _, proto := range []uint8{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
-		f, err := explainFrame(ExplainRequest{From: netip.MustParseAddrPort("10.0.0.1:40000"), To: netip.MustParseAddrPort("10.96.0.10:80"), Proto: proto}, nodeMAC[:])
-		if err != nil {
-			t.Fatal(err)
+	for _, c := range [][2]string{{"10.0.0.1:40000", "10.96.0.10:80"}, {"[2001:db8::1]:40000", "[2001:db8:96::10]:80"}} {
+		for _, proto := range []uint8{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+			from, to := netip.MustParseAddrPort(c[0]), netip.MustParseAddrPort(c[1])
+			f, err := explainFrame(ExplainRequest{From: from, To: to, Proto: proto}, nodeMAC[:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkChecksums(t, f)
+			if !bytes.Equal(f[:6], nodeMAC[:]) {
+				t.Errorf("destination MAC %x", f[:6])
+			}
+			if s, d := frameAddrs(f); s != from || d != to {
+				t.Errorf("frame of %s -> %s reads as %s -> %s", from, to, s, d)
+			}
 		}
-		checkChecksums(t, f)
-		if !bytes.Equal(f[:6], nodeMAC[:]) {
-			t.Errorf("destination MAC %x", f[:6])
+	}
+	// What no packet can carry is named.
+	for _, c := range []struct{ from, to, want string }{
+		{"10.0.0.1:1", "[2001:db8:96::10]:80", "different families"},
+		{"[::ffff:10.0.0.1]:1", "10.96.0.10:80", "::ffff:10.0.0.1 is IPv4-mapped"},
+	} {
+		_, err := explainFrame(ExplainRequest{From: netip.MustParseAddrPort(c.from), To: netip.MustParseAddrPort(c.to), Proto: unix.IPPROTO_TCP}, nodeMAC[:])
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s -> %s: %v, want %q", c.from, c.to, err, c.want)
 		}
 	}
 }

@@ -40,6 +40,7 @@ const (
 	migrateMapSluiceCtNewV1           = "sluice_ct_new_v1"
 	migrateMapSluiceDevicesV1         = "sluice_devices_v1"
 	migrateMapSluiceDryV1             = "sluice_dry_v1"
+	migrateMapSluiceExpl6V1           = "sluice_expl6_v1"
 	migrateMapSluiceExplV1            = "sluice_expl_v1"
 	migrateMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	migrateMapSluiceMetricsV1         = "sluice_metrics_v1"
@@ -148,6 +149,7 @@ type migrateMapSpecs struct {
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.MapSpec `ebpf:"sluice_dry_v1"`
+	SluiceExpl6V1           *ebpf.MapSpec `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
@@ -230,6 +232,7 @@ type migrateMaps struct {
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.Map `ebpf:"sluice_dry_v1"`
+	SluiceExpl6V1           *ebpf.Map `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
@@ -273,6 +276,7 @@ func (m *migrateMaps) Close() error {
 		m.SluiceCtNewV1,
 		m.SluiceDevicesV1,
 		m.SluiceDryV1,
+		m.SluiceExpl6V1,
 		m.SluiceExplV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,

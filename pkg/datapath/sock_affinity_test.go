@@ -42,7 +42,7 @@ var (
 	sockAff6 = sockAffFamily{"ipv6", unix.AF_INET6, l4("2001:db8:96::40", 80, model.TCP), l4("2001:db8:96::41", 53, model.UDP),
 		[]string{"2001:db8:201::1", "2001:db8:201::2", "2001:db8:201::3", "2001:db8:201::4"}}
 
-	sockAffVIP, sockAffUDP, sockAffBEs = sockAff4.vip, sockAff4.udp, sockAff4.bes
+	sockAffVIP, sockAffBEs = sockAff4.vip, sockAff4.bes
 )
 
 // affinityNS is a namespace with the backends of both families' affinity

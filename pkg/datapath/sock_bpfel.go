@@ -129,6 +129,14 @@ type sockCtGcArgs struct {
 	Claimed uint64
 }
 
+type sockExplain6Record struct {
+	_        structs.HostLayout
+	Nonce    [2]uint32
+	Vip      sockV6addr
+	BeAddr   sockV6addr
+	SnatAddr sockV6addr
+}
+
 type sockExplainFlags uint32
 
 const (
@@ -434,7 +442,11 @@ type sockSockExplainCtx struct {
 	Slot        uint16
 	Scope       uint8
 	Reason      uint8
-	Pad         [2]uint8
+	V6          uint8
+	Pad         uint8
+	Src6        sockV6addr
+	Vip6        sockV6addr
+	BeAddr6     sockV6addr
 }
 
 type sockSockRevEntry struct {
@@ -553,6 +565,7 @@ const (
 	sockMapSluiceCtNewV1           = "sluice_ct_new_v1"
 	sockMapSluiceDevicesV1         = "sluice_devices_v1"
 	sockMapSluiceDryV1             = "sluice_dry_v1"
+	sockMapSluiceExpl6V1           = "sluice_expl6_v1"
 	sockMapSluiceExplV1            = "sluice_expl_v1"
 	sockMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	sockMapSluiceMetricsV1         = "sluice_metrics_v1"
@@ -678,6 +691,7 @@ type sockMapSpecs struct {
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.MapSpec `ebpf:"sluice_dry_v1"`
+	SluiceExpl6V1           *ebpf.MapSpec `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
@@ -755,6 +769,7 @@ type sockMaps struct {
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.Map `ebpf:"sluice_dry_v1"`
+	SluiceExpl6V1           *ebpf.Map `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
@@ -796,6 +811,7 @@ func (m *sockMaps) Close() error {
 		m.SluiceCtNewV1,
 		m.SluiceDevicesV1,
 		m.SluiceDryV1,
+		m.SluiceExpl6V1,
 		m.SluiceExplV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,

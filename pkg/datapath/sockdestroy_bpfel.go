@@ -59,6 +59,7 @@ const (
 	sockdestroyMapSluiceCtNewV1           = "sluice_ct_new_v1"
 	sockdestroyMapSluiceDevicesV1         = "sluice_devices_v1"
 	sockdestroyMapSluiceDryV1             = "sluice_dry_v1"
+	sockdestroyMapSluiceExpl6V1           = "sluice_expl6_v1"
 	sockdestroyMapSluiceExplV1            = "sluice_expl_v1"
 	sockdestroyMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	sockdestroyMapSluiceMetricsV1         = "sluice_metrics_v1"
@@ -159,6 +160,7 @@ type sockdestroyMapSpecs struct {
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.MapSpec `ebpf:"sluice_dry_v1"`
+	SluiceExpl6V1           *ebpf.MapSpec `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
@@ -235,6 +237,7 @@ type sockdestroyMaps struct {
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.Map `ebpf:"sluice_dry_v1"`
+	SluiceExpl6V1           *ebpf.Map `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
@@ -275,6 +278,7 @@ func (m *sockdestroyMaps) Close() error {
 		m.SluiceCtNewV1,
 		m.SluiceDevicesV1,
 		m.SluiceDryV1,
+		m.SluiceExpl6V1,
 		m.SluiceExplV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,

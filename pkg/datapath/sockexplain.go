@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -25,6 +26,13 @@ import (
 // program's load-time constants are this load's, which is why the
 // caller's source address is passed in (node_ip4 is the only one the
 // selection reads).
+//
+// An IPv6 socket is connect6's (sendmsg6's): the same program runs the
+// IPv6 selection over the sluice6_* maps, or for an IPv4-mapped
+// destination (::ffff:a.b.c.d, a dual-stack socket reaching an IPv4
+// address) the IPv4 one, as connect6 does; the answer then names the
+// IPv4 service. An unset source is node_ip6 for IPv6, which this load
+// does not know either: the route's source is passed, as for IPv4.
 
 // The dry-run program of the socket path and its record (sock.c).
 const (
@@ -32,16 +40,35 @@ const (
 	sockExplainMap  = "sluice_sockx_v1"
 )
 
-// SocketExplainRequest is the socket to explain.
+// SocketExplainRequest is the socket to explain: an IPv4 socket
+// (connect4) if To is IPv4, else an IPv6 one (connect6).
 type SocketExplainRequest struct {
-	// From is the socket's source address. Unset: the one the route to
+	// From is the socket's source address, of To's family (IPv4 or
+	// IPv4-mapped for an IPv4-mapped To). Unset: the one the route to
 	// To picks (an unbound socket's, as the kernel would choose it).
 	From  netip.Addr
 	To    netip.AddrPort
 	Proto uint8 // unix.IPPROTO_TCP or unix.IPPROTO_UDP
-	// Unconnected asks about sendmsg4 of an unconnected UDP socket (a
-	// new one: no stickiness entry yet) rather than connect4.
+	// Unconnected asks about sendmsg4 (sendmsg6) of an unconnected UDP
+	// socket (a new one: no stickiness entry yet) rather than connect4.
 	Unconnected bool
+}
+
+// CheckSocketFamilies says what is wrong with a socket of source from
+// (unset: the route's) reaching to: a source of another family. An
+// IPv4-mapped destination is reached from an IPv4 source (or an
+// IPv4-mapped one, which is the same).
+func CheckSocketFamilies(from, to netip.Addr) error {
+	if !to.IsValid() {
+		return errors.New("explain: the destination is missing")
+	}
+	if from.IsValid() && from.Unmap().Is4() != to.Unmap().Is4() {
+		return fmt.Errorf("explain: source %s and destination %s are of different families (IPv4 and IPv6)", from, to)
+	}
+	if from.IsValid() && from.Is4In6() && !to.Is4In6() {
+		return fmt.Errorf("explain: source %s is IPv4-mapped: an IPv4 socket's source is %s", from, from.Unmap())
+	}
+	return nil
 }
 
 // ExplainSocket runs the request through the socket path's selection in
@@ -49,8 +76,8 @@ type SocketExplainRequest struct {
 // the calling thread's network namespace (the socket path's client of
 // session affinity).
 func ExplainSocket(bpffs string, req SocketExplainRequest) (*Explanation, error) {
-	if !req.To.Addr().Is4() || (req.From.IsValid() && !req.From.Is4()) {
-		return nil, errors.New("explain: IPv4 addresses only")
+	if err := CheckSocketFamilies(req.From, req.To.Addr()); err != nil {
+		return nil, err
 	}
 	if req.Proto != unix.IPPROTO_TCP && req.Proto != unix.IPPROTO_UDP {
 		return nil, fmt.Errorf("explain: protocol %d: want TCP or UDP", req.Proto)
@@ -67,7 +94,7 @@ func ExplainSocket(bpffs string, req SocketExplainRequest) (*Explanation, error)
 	}
 	src := req.From
 	if !src.IsValid() {
-		src = routeSource(req.To.Addr())
+		src = routeSource(req.To.Addr().Unmap())
 	}
 	coll, err := loadSockExplain(filepath.Join(bpffs, "sluice"))
 	if err != nil {
@@ -79,20 +106,35 @@ func ExplainSocket(bpffs string, req SocketExplainRequest) (*Explanation, error)
 		return nil, fmt.Errorf("load %s: program or %s missing", sockExplainProg, sockExplainMap)
 	}
 
-	var s uint32
-	if src.IsValid() {
-		s = be32(src)
-	}
-	var sticky uint64
+	var sticky, v6 uint64
 	if req.Unconnected {
 		sticky = 1
 	}
+	var s4, d4 uint32
+	var s6, d6 [16]byte
+	to := req.To.Addr()
+	if to.Is4() {
+		d4 = be32(to)
+	} else {
+		v6, d6 = 1, to.As16()
+	}
+	switch {
+	case !src.IsValid():
+	case src.Unmap().Is4():
+		s4 = be32(src.Unmap()) // an IPv4-mapped destination's too
+	default:
+		s6 = src.As16()
+	}
 	// The arguments as sock.c reads them, in host order: an address or
-	// port in network order is the value be32/be16 give.
+	// port in network order is the value be32/be16 give, an IPv6 one
+	// its bytes as memory. Always all eight: the program reads them.
+	ne := binary.NativeEndian
 	args := []uint64{
 		netns, 0,
-		uint64(s) | uint64(be32(req.To.Addr()))<<32,
-		uint64(be16(req.To.Port())) | uint64(req.Proto)<<16 | sticky<<24,
+		uint64(s4) | uint64(d4)<<32,
+		uint64(be16(req.To.Port())) | uint64(req.Proto)<<16 | sticky<<24 | v6<<32,
+		ne.Uint64(s6[:8]), ne.Uint64(s6[8:]),
+		ne.Uint64(d6[:8]), ne.Uint64(d6[8:]),
 	}
 	cpu, err := firstCPU()
 	if err != nil {
@@ -117,6 +159,17 @@ func ExplainSocket(bpffs string, req SocketExplainRequest) (*Explanation, error)
 	e := sockExplanation(out)
 	e.Program = sockExplainProg
 	return e, nil
+}
+
+// sockAddrs are the frontend and the backend of a socket dry run's
+// record: IPv4 ones, or for an IPv6 socket IPv6 ones, unless its
+// destination was IPv4-mapped (an IPv4 service: sock.c sets the IPv4
+// destination then).
+func sockAddrs(x sockSockExplainCtx) (fe, be netip.Addr) {
+	if x.V6 != 0 && x.Vip == 0 {
+		return addrFrom16(x.Vip6), addrFrom16(x.BeAddr6)
+	}
+	return addrFromBE32(x.Vip), addrFromBE32(x.BeAddr)
 }
 
 // loadSockExplain loads the dry-run program with the maps it reads
@@ -227,9 +280,10 @@ func sockExplanation(x sockSockExplainCtx) *Explanation {
 	if names := metricNames(); int(x.Reason) < len(names) {
 		e.Reasons = append(e.Reasons, names[x.Reason])
 	}
+	fe, be := sockAddrs(x)
 	e.Frontend = has(sockExplainFlagsEXPLAIN_F_FRONTEND)
 	if e.Frontend {
-		e.FrontendAddr = netip.AddrPortFrom(addrFromBE32(x.Vip), portFromBE16(x.Port))
+		e.FrontendAddr = netip.AddrPortFrom(fe, portFromBE16(x.Port))
 		e.SvcFlags = x.SvcFlags
 	}
 	if has(sockExplainFlagsEXPLAIN_F_SCOPE) {
@@ -242,7 +296,7 @@ func sockExplanation(x sockSockExplainCtx) *Explanation {
 	if has(sockExplainFlagsEXPLAIN_F_DNAT) {
 		e.DNAT = true
 		e.BackendID, e.Slot = x.BackendId, x.Slot
-		e.Backend = netip.AddrPortFrom(addrFromBE32(x.BeAddr), portFromBE16(x.BePort))
+		e.Backend = netip.AddrPortFrom(be, portFromBE16(x.BePort))
 	}
 	switch {
 	case x.Err == -int32(unix.ECONNREFUSED):

@@ -77,6 +77,7 @@ const (
 	tcMapSluiceCtNewV1           = "sluice_ct_new_v1"
 	tcMapSluiceDevicesV1         = "sluice_devices_v1"
 	tcMapSluiceDryV1             = "sluice_dry_v1"
+	tcMapSluiceExpl6V1           = "sluice_expl6_v1"
 	tcMapSluiceExplV1            = "sluice_expl_v1"
 	tcMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	tcMapSluiceMetricsV1         = "sluice_metrics_v1"
@@ -90,7 +91,9 @@ const (
 	tcMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
 	tcMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
 	tcProgSluice6Egress          = "sluice6_egress"
+	tcProgSluice6EgressDry       = "sluice6_egress_dry"
 	tcProgSluice6Ingress         = "sluice6_ingress"
+	tcProgSluice6IngressDry      = "sluice6_ingress_dry"
 	tcProgSluiceEgress           = "sluice_egress"
 	tcProgSluiceEgressDry        = "sluice_egress_dry"
 	tcProgSluiceIngress          = "sluice_ingress"
@@ -151,12 +154,14 @@ type tcSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcProgramSpecs struct {
-	Sluice6Egress    *ebpf.ProgramSpec `ebpf:"sluice6_egress"`
-	Sluice6Ingress   *ebpf.ProgramSpec `ebpf:"sluice6_ingress"`
-	SluiceEgress     *ebpf.ProgramSpec `ebpf:"sluice_egress"`
-	SluiceEgressDry  *ebpf.ProgramSpec `ebpf:"sluice_egress_dry"`
-	SluiceIngress    *ebpf.ProgramSpec `ebpf:"sluice_ingress"`
-	SluiceIngressDry *ebpf.ProgramSpec `ebpf:"sluice_ingress_dry"`
+	Sluice6Egress     *ebpf.ProgramSpec `ebpf:"sluice6_egress"`
+	Sluice6EgressDry  *ebpf.ProgramSpec `ebpf:"sluice6_egress_dry"`
+	Sluice6Ingress    *ebpf.ProgramSpec `ebpf:"sluice6_ingress"`
+	Sluice6IngressDry *ebpf.ProgramSpec `ebpf:"sluice6_ingress_dry"`
+	SluiceEgress      *ebpf.ProgramSpec `ebpf:"sluice_egress"`
+	SluiceEgressDry   *ebpf.ProgramSpec `ebpf:"sluice_egress_dry"`
+	SluiceIngress     *ebpf.ProgramSpec `ebpf:"sluice_ingress"`
+	SluiceIngressDry  *ebpf.ProgramSpec `ebpf:"sluice_ingress_dry"`
 }
 
 // tcMapSpecs contains maps before they are loaded into the kernel.
@@ -187,6 +192,7 @@ type tcMapSpecs struct {
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.MapSpec `ebpf:"sluice_dry_v1"`
+	SluiceExpl6V1           *ebpf.MapSpec `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
@@ -263,6 +269,7 @@ type tcMaps struct {
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.Map `ebpf:"sluice_dry_v1"`
+	SluiceExpl6V1           *ebpf.Map `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
@@ -303,6 +310,7 @@ func (m *tcMaps) Close() error {
 		m.SluiceCtNewV1,
 		m.SluiceDevicesV1,
 		m.SluiceDryV1,
+		m.SluiceExpl6V1,
 		m.SluiceExplV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
@@ -340,18 +348,22 @@ type tcVariables struct {
 //
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcPrograms struct {
-	Sluice6Egress    *ebpf.Program `ebpf:"sluice6_egress"`
-	Sluice6Ingress   *ebpf.Program `ebpf:"sluice6_ingress"`
-	SluiceEgress     *ebpf.Program `ebpf:"sluice_egress"`
-	SluiceEgressDry  *ebpf.Program `ebpf:"sluice_egress_dry"`
-	SluiceIngress    *ebpf.Program `ebpf:"sluice_ingress"`
-	SluiceIngressDry *ebpf.Program `ebpf:"sluice_ingress_dry"`
+	Sluice6Egress     *ebpf.Program `ebpf:"sluice6_egress"`
+	Sluice6EgressDry  *ebpf.Program `ebpf:"sluice6_egress_dry"`
+	Sluice6Ingress    *ebpf.Program `ebpf:"sluice6_ingress"`
+	Sluice6IngressDry *ebpf.Program `ebpf:"sluice6_ingress_dry"`
+	SluiceEgress      *ebpf.Program `ebpf:"sluice_egress"`
+	SluiceEgressDry   *ebpf.Program `ebpf:"sluice_egress_dry"`
+	SluiceIngress     *ebpf.Program `ebpf:"sluice_ingress"`
+	SluiceIngressDry  *ebpf.Program `ebpf:"sluice_ingress_dry"`
 }
 
 func (p *tcPrograms) Close() error {
 	return _TcClose(
 		p.Sluice6Egress,
+		p.Sluice6EgressDry,
 		p.Sluice6Ingress,
+		p.Sluice6IngressDry,
 		p.SluiceEgress,
 		p.SluiceEgressDry,
 		p.SluiceIngress,

@@ -40,6 +40,7 @@ const (
 	xdpMapSluiceCtNewV1           = "sluice_ct_new_v1"
 	xdpMapSluiceDevicesV1         = "sluice_devices_v1"
 	xdpMapSluiceDryV1             = "sluice_dry_v1"
+	xdpMapSluiceExpl6V1           = "sluice_expl6_v1"
 	xdpMapSluiceExplV1            = "sluice_expl_v1"
 	xdpMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	xdpMapSluiceMetricsV1         = "sluice_metrics_v1"
@@ -142,6 +143,7 @@ type xdpMapSpecs struct {
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.MapSpec `ebpf:"sluice_dry_v1"`
+	SluiceExpl6V1           *ebpf.MapSpec `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
@@ -218,6 +220,7 @@ type xdpMaps struct {
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.Map `ebpf:"sluice_dry_v1"`
+	SluiceExpl6V1           *ebpf.Map `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
@@ -258,6 +261,7 @@ func (m *xdpMaps) Close() error {
 		m.SluiceCtNewV1,
 		m.SluiceDevicesV1,
 		m.SluiceDryV1,
+		m.SluiceExpl6V1,
 		m.SluiceExplV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,

@@ -15,6 +15,14 @@ package health
 // names, on each of the server's hosts (kube-proxy's --nodeport-addresses),
 // and closes those it no longer names. The agent calls it, as an Observer,
 // after every state it programmed.
+//
+// Counts are per IP family, as kube-proxy's two proxiers keep them: a query
+// that arrives on a node address of one family is answered with the ready
+// local endpoints of the Service's frontends of that family, so a
+// dual-stack pod (one IPv4 and one IPv6 address) counts once, not twice. A
+// single-stack Service answers its family's count on addresses of either
+// (kube-proxy's proxier of that family is then the only one holding the
+// port, and it listens on all addresses).
 
 import (
 	"context"
@@ -51,9 +59,8 @@ type NodePortServer struct {
 type port struct {
 	srv *http.Server
 
-	mu      sync.Mutex
-	service model.ServicePortName // namespace and name (Port empty)
-	local   int
+	mu sync.Mutex
+	st PortStatus
 }
 
 // NewNodePortServer returns a server that listens on each of hosts (none,
@@ -74,11 +81,17 @@ type status struct {
 	ServiceProxyHealthy bool `json:"serviceProxyHealthy"`
 }
 
-func (p *port) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+func (p *port) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// The family of the node address the query came to (an IPv4 one on
+	// a dual-stack listener arrives mapped).
+	v6 := false
+	if la, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); ok {
+		v6 = la.AddrPort().Addr().Unmap().Is6()
+	}
 	p.mu.Lock()
 	var st status
-	st.Service.Namespace, st.Service.Name = p.service.Namespace, p.service.Name
-	st.LocalEndpoints = p.local
+	st.Service.Namespace, st.Service.Name = p.st.Service.Namespace, p.st.Service.Name
+	st.LocalEndpoints = p.st.Answer(v6)
 	p.mu.Unlock()
 	st.ServiceProxyHealthy = true
 	w.Header().Set("Content-Type", "application/json")
@@ -91,16 +104,39 @@ func (p *port) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	_ = json.NewEncoder(w).Encode(st)
 }
 
-// PortStatus is what a health check port answers: its Service and the
-// number of distinct ready local endpoints.
+// PortStatus is what a health check port answers: its Service and, per IP
+// family, the number of distinct ready local endpoints.
 type PortStatus struct {
 	Service model.ServicePortName
-	Count   int
+	// Count is per family, [0] IPv4 and [1] IPv6: the ready local
+	// endpoint addresses of that family's frontends.
+	Count [2]int
+	// Serves says which families the Service has frontends of.
+	Serves [2]bool
+}
+
+// Answer is the count a query to a node address of the family (v6 or not)
+// gets: that family's, or, if the Service has no frontend of it, the count
+// of the family it has.
+func (p PortStatus) Answer(v6 bool) int {
+	f := familyIndex(v6)
+	if !p.Serves[f] {
+		f = 1 - f
+	}
+	return p.Count[f]
+}
+
+func familyIndex(v6 bool) int {
+	if v6 {
+		return 1
+	}
+	return 0
 }
 
 // LocalEndpoints returns, per health check port of st, its Service and
-// the number of distinct ready local endpoints (model.Service.LocalReady of
-// its frontends, every port's: kube-proxy counts addresses).
+// the number of distinct ready local endpoints per family
+// (model.Service.LocalReady of its frontends of the family, every port's:
+// kube-proxy counts addresses).
 func LocalEndpoints(st *model.State) map[uint16]PortStatus {
 	var x localIndex
 	x.update(st)
@@ -186,12 +222,21 @@ func (x *localIndex) add(s *model.Service, d int, touched map[uint16]bool) {
 
 // status returns what port n answers, if x has it: the Service of its
 // first frontend (by address; a port belongs to one Service) and its
-// distinct ready local endpoints.
+// distinct ready local endpoints per family. An endpoint address counts
+// in its own family: a Service's frontends of one family balance over the
+// EndpointSlices of that family only.
 func (x *localIndex) status(n uint16) PortStatus {
 	p := x.ports[n]
 	first := slices.MinFunc(slices.Collect(maps.Keys(p.frontends)), model.L4Addr.Compare)
 	name := p.frontends[first].Name
-	return PortStatus{Service: model.ServicePortName{Namespace: name.Namespace, Name: name.Name}, Count: len(p.addrs)}
+	st := PortStatus{Service: model.ServicePortName{Namespace: name.Namespace, Name: name.Name}}
+	for fe := range p.frontends {
+		st.Serves[familyIndex(fe.Addr.Is6())] = true
+	}
+	for a := range p.addrs {
+		st.Count[familyIndex(a.Is6())]++
+	}
+	return st
 }
 
 // Sync serves the health check ports st names, with its local endpoint
@@ -251,7 +296,7 @@ func (s *NodePortServer) Sync(st *model.State) error {
 			s.log.Info("serving health check", "port", n, "service", w.Service, "hosts", s.hosts)
 		}
 		p.mu.Lock()
-		p.service, p.local = w.Service, w.Count
+		p.st = w
 		p.mu.Unlock()
 	}
 	return errors.Join(errs...)

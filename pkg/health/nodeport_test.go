@@ -98,6 +98,74 @@ func TestNodePortServer(t *testing.T) {
 	}
 }
 
+// TestNodePortServerPerFamily: a dual-stack Service's health check port
+// answers each family with that family's ready local endpoints, as
+// kube-proxy's two proxiers count them (a pod with an IPv4 and an IPv6
+// address is one endpoint, not two), and a single-stack Service answers its
+// one family's count on addresses of either.
+func TestNodePortServerPerFamily(t *testing.T) {
+	dual, single := freePort(t), freePort(t)
+	s := NewNodePortServer(nil, slog.New(slog.DiscardHandler)) // all addresses, both families
+	t.Cleanup(s.Close)
+	addrs := func(as ...string) []netip.Addr {
+		var out []netip.Addr
+		for _, a := range as {
+			out = append(out, netip.MustParseAddr(a))
+		}
+		return out
+	}
+	svc := func(name, fe string, hc uint16, ready []netip.Addr) *model.Service {
+		var bs []model.Backend
+		for _, a := range ready {
+			bs = append(bs, model.Backend{L4Addr: model.L4Addr{Addr: a, Port: 8080, Proto: model.TCP}})
+		}
+		return &model.Service{Name: model.ServicePortName{Namespace: "default", Name: name, Port: "http"},
+			Kind: model.LoadBalancer, Frontend: model.L4Addr{Addr: netip.MustParseAddr(fe), Port: 80, Proto: model.TCP},
+			Backends: bs, ExternalLocal: true, HealthCheckNodePort: hc, LocalReady: ready}
+	}
+	st := model.NewState()
+	for _, sv := range []*model.Service{
+		// Two dual-stack pods on this node; a third's IPv6 address is not
+		// ready (in its EndpointSlice of IPv6 addresses).
+		svc("dual", "198.51.100.1", dual, addrs("10.1.0.1", "10.1.0.2", "10.1.0.3")),
+		svc("dual", "2001:db8:100::1", dual, addrs("2001:db8:1::1", "2001:db8:1::2")),
+		svc("single", "198.51.100.2", single, addrs("10.1.0.4")),
+	} {
+		st.Services[sv.Frontend] = sv
+	}
+	if err := s.Sync(st); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		host string
+		port uint16
+		want int
+	}{
+		{"127.0.0.1", dual, 3},
+		{"[::1]", dual, 2},
+		{"127.0.0.1", single, 1},
+		{"[::1]", single, 1},
+	} {
+		code, body := getAt(t, c.host, c.port)
+		if code != 200 || body.LocalEndpoints != c.want {
+			t.Errorf("%s port %d: %d %+v, want 200 with %d local endpoints", c.host, c.port, code, body, c.want)
+		}
+	}
+
+	// The IPv6 endpoints leave: the IPv6 answer fails over, the IPv4
+	// one still serves.
+	st.Services[model.L4Addr{Addr: netip.MustParseAddr("2001:db8:100::1"), Port: 80, Proto: model.TCP}].LocalReady = nil
+	if err := s.Sync(st); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := getAt(t, "[::1]", dual); code != 503 || body.LocalEndpoints != 0 {
+		t.Errorf("IPv6 without local endpoints: %d %+v", code, body)
+	}
+	if code, body := getAt(t, "127.0.0.1", dual); code != 200 || body.LocalEndpoints != 3 {
+		t.Errorf("IPv4 beside an IPv6 family without local endpoints: %d %+v", code, body)
+	}
+}
+
 // TestNodePortServerObserves: as the agent's Observer, the server follows
 // every programmed state, and a port another process holds is reported
 // (logged) without keeping the others from being served.

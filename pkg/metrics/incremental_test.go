@@ -32,13 +32,15 @@ func TestSetProgrammedIncremental(t *testing.T) {
 			if inc.counts != full.counts {
 				t.Fatalf("seed %d round %d: counts %+v, recounted %+v", seed, round, inc.counts, full.counts)
 			}
-			for _, policy := range []string{"internal", "external"} {
-				got := testutil.ToFloat64(inc.kubeProxy.noLocalEndpts.WithLabelValues(ipFamily, policy))
-				want := testutil.ToFloat64(full.kubeProxy.noLocalEndpts.WithLabelValues(ipFamily, policy))
-				if got != want {
-					t.Fatalf("seed %d round %d: no_local_endpoints %s = %v, recounted %v", seed, round, policy, got, want)
+			for _, fam := range ipFamilies {
+				for _, policy := range []string{"internal", "external"} {
+					got := testutil.ToFloat64(inc.kubeProxy.noLocalEndpts.WithLabelValues(fam, policy))
+					want := testutil.ToFloat64(full.kubeProxy.noLocalEndpts.WithLabelValues(fam, policy))
+					if got != want {
+						t.Fatalf("seed %d round %d: no_local_endpoints %s %s = %v, recounted %v", seed, round, fam, policy, got, want)
+					}
+					noLocal += int(got)
 				}
-				noLocal += int(got)
 			}
 		}
 		if noLocal == 0 {

@@ -27,22 +27,24 @@ import (
 // ip_family: a dual-stack kube-proxy runs one proxier per family, each
 // with its own series. Sluice serves both families in one sync, so a sync
 // is recorded under both; a Service port without local endpoints counts in
-// the family of its frontend; a programming latency, whose trigger time
-// carries no family here, is recorded under IPv4 (kube-proxy's primary
-// family on an IPv4-first node).
+// the family of its frontend; a programming latency in the family of the
+// EndpointSlice whose change it measures (model.Trigger), as the proxier
+// of that family, which alone receives the slice, records it.
 
 // ipFamilies are the ip_family label's values, by family index (familyOf).
 var ipFamilies = [2]string{"IPv4", "IPv6"}
 
-// ipFamily is the family a latency without one is recorded under.
-const ipFamily = "IPv4"
-
 // familyOf is the index in ipFamilies of svc's frontend's family.
 func familyOf(svc *model.Service) int {
-	if svc.Frontend.Addr.Unmap().Is4() {
-		return 0
+	return familyIndex(!svc.Frontend.Addr.Unmap().Is4())
+}
+
+// familyIndex is the index in ipFamilies of IPv6 (v6) or IPv4.
+func familyIndex(v6 bool) int {
+	if v6 {
+		return 1
 	}
-	return 1
+	return 0
 }
 
 type kubeProxyMetrics struct {

@@ -50,7 +50,7 @@ func TestKubeProxyMetrics(t *testing.T) {
 	m.ObserveSync(3*time.Millisecond, nil)
 	m.ObserveSync(5*time.Millisecond, errors.New("map full"))
 	now := time.Now()
-	m.ObserveProgrammed(now, []time.Time{now.Add(-1500 * time.Millisecond), now.Add(-70 * time.Second)})
+	m.ObserveProgrammed(now, []model.Trigger{{At: now.Add(-1500 * time.Millisecond)}, {At: now.Add(-70 * time.Second)}, {At: now.Add(-3 * time.Second), IPv6: true}})
 
 	got := scrape(t, m)
 	for s, want := range map[string]float64{
@@ -62,9 +62,13 @@ func TestKubeProxyMetrics(t *testing.T) {
 		`kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4",le="2"}`:   1,
 		`kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4",le="70"}`:  2,
 		`kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4",le="65"}`:  1,
-		// Sluice's own are recorded by the same calls.
+		// A change of an IPv6 EndpointSlice, in the IPv6 series only.
+		`kubeproxy_network_programming_duration_seconds_count{ip_family="IPv6"}`:         1,
+		`kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv6",le="2"}`: 0,
+		`kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv6",le="3"}`: 1,
+		// Sluice's own are recorded by the same calls, over both families.
 		`sluice_sync_duration_seconds_count`:                2,
-		`sluice_network_programming_duration_seconds_count`: 2,
+		`sluice_network_programming_duration_seconds_count`: 3,
 	} {
 		if got[s] != want {
 			t.Errorf("%s = %v, want %v", s, got[s], want)

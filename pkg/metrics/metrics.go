@@ -228,16 +228,18 @@ func (m *Metrics) ObserveConntrackGC(deleted int, err error) {
 	m.ConntrackGCDeleted.Add(float64(deleted))
 }
 
-// ObserveProgrammed records, for each trigger time, the latency from it to
-// now: the moment its change reached the maps. The Kubernetes source calls
-// it when the agent reports a state programmed.
-func (m *Metrics) ObserveProgrammed(now time.Time, triggers []time.Time) {
+// ObserveProgrammed records, for each trigger, the latency from its time
+// to now: the moment its change reached the maps; kube-proxy's series
+// under the trigger's family. The Kubernetes source calls it when the
+// agent reports a state programmed.
+func (m *Metrics) ObserveProgrammed(now time.Time, triggers []model.Trigger) {
 	for _, t := range triggers {
-		if t.IsZero() || t.After(now) {
+		if t.At.IsZero() || t.At.After(now) {
 			continue // a skewed clock must not record a negative latency
 		}
-		m.NetworkProgrammingDuration.Observe(now.Sub(t).Seconds())
-		m.kubeProxy.programming.WithLabelValues(ipFamily).Observe(now.Sub(t).Seconds())
+		d := now.Sub(t.At).Seconds()
+		m.NetworkProgrammingDuration.Observe(d)
+		m.kubeProxy.programming.WithLabelValues(ipFamilies[familyIndex(t.IPv6)]).Observe(d)
 	}
 }
 

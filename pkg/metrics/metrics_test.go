@@ -68,7 +68,7 @@ func TestSyncAndProgrammingLatency(t *testing.T) {
 
 	now := time.Now()
 	// A trigger in the future (clock skew) and a zero one are not recorded.
-	m.ObserveProgrammed(now, []time.Time{now.Add(-1500 * time.Millisecond), now.Add(time.Second), {}})
+	m.ObserveProgrammed(now, []model.Trigger{{At: now.Add(-1500 * time.Millisecond)}, {At: now.Add(time.Second)}, {}})
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	body := rec.Body.String()

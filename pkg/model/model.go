@@ -174,3 +174,14 @@ func SortBackends(bs []Backend) []Backend {
 	}
 	return out
 }
+
+// Trigger is a change a source took, for the network programming latency
+// (kube-proxy's network_programming_duration_seconds): when it happened
+// (an EndpointSlice's endpoints.kubernetes.io/last-change-trigger-time)
+// and the IP family of the addresses it is about (the slice's
+// addressType), the family whose series records it, as kube-proxy's
+// proxier of that family does.
+type Trigger struct {
+	At   time.Time
+	IPv6 bool
+}

@@ -25,12 +25,20 @@ func TestMain(m *testing.M) {
 }
 
 // TestQuick runs the whole benchmark at a tiny size (10 services x 2
-// endpoints, a few hundred connections per run) and checks that every mode
-// really carried connections, programmed and updated, and that the report
-// files are written and parse. It asserts no timings.
+// endpoints, a few hundred connections per run), over each IP family, and
+// checks that every mode really carried connections, programmed and
+// updated, and that the report files are written and parse. It asserts no
+// timings.
 func TestQuick(t *testing.T) {
 	testutil.Privileged(t)
-	testutil.NeedCommands(t, "ip", "nsenter", "iptables-nft-restore", "iptables-legacy-restore", "nft")
+	testutil.NeedCommands(t, "ip", "nsenter", "iptables-nft-restore", "iptables-legacy-restore",
+		"ip6tables-nft-restore", "ip6tables-legacy-restore", "nft")
+	for _, fam := range []string{"IPv4", "IPv6"} {
+		t.Run(fam, func(t *testing.T) { quick(t, fam) })
+	}
+}
+
+func quick(t *testing.T, fam string) {
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -51,6 +59,7 @@ func TestQuick(t *testing.T) {
 	cfg.TimeLimit = 5 * time.Minute
 	cfg.OutDir = t.TempDir()
 	cfg.Stamp = "quick"
+	cfg.Family = fam
 	cfg.Self = self
 	cfg.SluiceBin = sluiceForTest(t)
 	if cfg.SluiceBin == "" {

@@ -3,6 +3,8 @@
 // dry-run mode) what it would do with a packet, and its answer is
 // compared with where real connections from the client go. Every pinned
 // map is dumped before and after each explain: a dry run changes none.
+// The Services are dual-stack (and the source-range LoadBalancer has an
+// IPv6 twin): each family is asked, and checked, the same way.
 package explain
 
 import (
@@ -13,6 +15,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -29,15 +32,42 @@ func TestMain(m *testing.M) {
 	os.Exit(agentproc.RunTests(m))
 }
 
-const (
-	affineVIP  = "10.96.0.20:80"
-	emptyVIP   = "10.96.0.21:80"
-	blockedLB  = "198.51.100.20:80"
-	clientAddr = "10.0.0.1"
-)
+// family is what a test asks in one family: the client's address, the
+// affine and empty Services' ClusterIPs and the guarded LoadBalancer IP.
+type family struct {
+	name                                   string
+	client                                 string
+	affineVIP, emptyVIP, blockedLB, mapped string // mapped: affineVIP as an IPv6 socket reaches it ("" for IPv6)
+}
+
+var families = []family{
+	{"IPv4", "10.0.0.1", "10.96.0.20:80", "10.96.0.21:80", "198.51.100.20:80", "[::ffff:10.96.0.20]:80"},
+	{"IPv6", "2001:db8::1", "[2001:db8:96::20]:80", "[2001:db8:96::21]:80", "[2001:db8:200::20]:80", ""},
+}
+
+// at is addr:port, [addr]:port for IPv6.
+func at(addr string, port int) string {
+	return netip.AddrPortFrom(netip.MustParseAddr(addr), uint16(port)).String()
+}
 
 // blockedService is a LoadBalancer whose loadBalancerSourceRanges leave
-// the client (10.0.0.1) out.
+// the client (10.0.0.1) out; blockedService6 its IPv6 twin (the client
+// 2001:db8::1 is out of its ranges too).
+const blockedService6 = `apiVersion: v1
+kind: Service
+metadata: {name: guarded6, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 2001:db8:96::23
+  ipFamilies: [IPv6]
+  loadBalancerSourceRanges: [2001:db8:77::/48]
+  ports:
+  - {name: http, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30023}
+status:
+  loadBalancer:
+    ingress: [{ip: 2001:db8:200::20}]
+`
+
 const blockedService = `apiVersion: v1
 kind: Service
 metadata: {name: guarded, namespace: default}
@@ -82,26 +112,43 @@ func setup(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	names, err := lb.ServeHTTP(8080, "backend-")
+	v6, err := lb.AddIPv6()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := lb.ServeHTTP(8080, "backend-") // on both families' addresses
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := &env{lb: lb, backends: map[string]string{}}
-	addrs := lb.BackendAddrStrings()
-	for i, a := range addrs {
-		e.backends[a+":8080"] = names[i]
+	var addrs, addrs6 []string
+	for i, a := range lb.BackendAddrs {
+		e.backends[netip.AddrPortFrom(a, 8080).String()] = names[i]
+		e.backends[netip.AddrPortFrom(v6.BackendAddrs[i], 8080).String()] = names[i]
+		addrs = append(addrs, a.String())
+		addrs6 = append(addrs6, v6.BackendAddrs[i].String())
 	}
 	if err := lb.Client.AddRoute(netip.MustParsePrefix("198.51.100.0/24"), lb.NodeAddr); err != nil {
 		t.Fatal(err)
 	}
+	if err := lb.Client.AddRoute(netip.MustParsePrefix("2001:db8:200::/64"), v6.NodeAddr); err != nil {
+		t.Fatal(err)
+	}
 	http := []agentproc.Port{{Name: "http", Protocol: "TCP", Port: 80, TargetPort: "8080", EndpointPort: 8080}}
-	affine := agentproc.Service{Name: "affine", ClusterIP: "10.96.0.20", Endpoints: addrs, Ports: http}.YAML()
+	both := append(slices.Clone(addrs), addrs6...)
+	affine := agentproc.Service{Name: "affine", ClusterIP: "10.96.0.20", ClusterIP6: "2001:db8:96::20", Endpoints: both, Ports: http}.YAML()
 	affine = strings.Replace(affine, "  type: ClusterIP\n", "  type: ClusterIP\n  sessionAffinity: ClientIP\n", 1)
-	empty := agentproc.Service{Name: "empty", ClusterIP: "10.96.0.21", Ports: http}.YAML()
-	guarded := agentproc.Service{Name: "guarded", ClusterIP: "10.96.0.22", Endpoints: addrs, Ports: http}.YAML()
-	guarded = blockedService + "---\n" + guarded[strings.Index(guarded, "apiVersion: discovery.k8s.io/v1"):]
+	empty := agentproc.Service{Name: "empty", ClusterIP: "10.96.0.21", ClusterIP6: "2001:db8:96::21", Ports: http}.YAML()
+	// The LoadBalancers: their EndpointSlices as generated, their
+	// Services written above.
+	withSlices := func(s agentproc.Service, svc string) string {
+		y := s.YAML()
+		return svc + "---\n" + y[strings.Index(y, "apiVersion: discovery.k8s.io/v1"):]
+	}
+	guarded := withSlices(agentproc.Service{Name: "guarded", ClusterIP: "10.96.0.22", Endpoints: addrs, Ports: http}, blockedService)
+	guarded6 := withSlices(agentproc.Service{Name: "guarded6", ClusterIP: "2001:db8:96::23", Endpoints: addrs6, Ports: http}, blockedService6)
 	manifest := filepath.Join(t.TempDir(), "services.yaml")
-	if err := agentproc.WriteFile(manifest, agentproc.Manifest(affine, empty, guarded)); err != nil {
+	if err := agentproc.WriteFile(manifest, agentproc.Manifest(affine, empty, guarded, guarded6)); err != nil {
 		t.Fatal(err)
 	}
 	e.agent = agentproc.StartAgent(t, bins, lb.Node, agentproc.AgentConfig{
@@ -139,13 +186,13 @@ func (e *env) dumpPins(t *testing.T) map[string]string {
 }
 
 // explain runs the real `sluicectl explain -o json` in the agent's
-// namespace, from the client's address and the source port sport.
-func (e *env) explain(t *testing.T, sport int, to string) explained {
+// namespace, from the client's address client and the source port sport.
+func (e *env) explain(t *testing.T, client string, sport int, to string) explained {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	cmd := e.agent.NS.Command(ctx, e.agent.Bin.Sluicectl, "--bpffs", e.agent.BPFFS, "--names-file", e.agent.NamesFile,
-		"explain", "--device", e.lb.NodeDev, "--from", fmt.Sprintf("%s:%d", clientAddr, sport), "--to", to, "-o", "json")
+		"explain", "--device", e.lb.NodeDev, "--from", at(client, sport), "--to", to, "-o", "json")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -156,7 +203,7 @@ func (e *env) explain(t *testing.T, sport int, to string) explained {
 	if err := json.Unmarshal(out, &x); err != nil {
 		t.Fatalf("sluicectl explain output: %v\n%s", err, out)
 	}
-	t.Logf("explain %s:%d -> %s: %s", clientAddr, sport, to, out)
+	t.Logf("explain %s -> %s: %s", at(client, sport), to, out)
 	return x
 }
 
@@ -165,12 +212,12 @@ func (e *env) explain(t *testing.T, sport int, to string) explained {
 // whose dumps differ is repeated (with another source port: a dry run
 // that wrote would write anew each time, and its counters would move
 // every time); one run must leave every map as it was.
-func (e *env) explainUnchanged(t *testing.T, sport int, to string) explained {
+func (e *env) explainUnchanged(t *testing.T, client string, sport int, to string) explained {
 	t.Helper()
 	var diffs []string
 	for try := range 3 {
 		before := e.dumpPins(t)
-		x := e.explain(t, sport+try, to)
+		x := e.explain(t, client, sport+try, to)
 		after := e.dumpPins(t)
 		var changed []string
 		for name := range before {
@@ -189,16 +236,22 @@ func (e *env) explainUnchanged(t *testing.T, sport int, to string) explained {
 
 func TestExplainMatchesRealConnections(t *testing.T) {
 	e := setup(t)
+	for _, f := range families {
+		t.Run(f.name, func(t *testing.T) { e.matchesRealConnections(t, f) })
+	}
+}
+
+func (e *env) matchesRealConnections(t *testing.T, f family) {
 	client := e.lb.Client.HTTPClient(3 * time.Second)
 
 	// Affinity: a real request pins the client to a backend; explain
 	// names that backend for the client's next connection, from the
 	// affinity entry, and real requests keep going there.
-	first, err := topology.WhoAnswered(client, "http://"+affineVIP+"/")
+	first, err := topology.WhoAnswered(client, "http://"+f.affineVIP+"/")
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := e.explainUnchanged(t, 41000, affineVIP)
+	x := e.explainUnchanged(t, f.client, 41000, f.affineVIP)
 	if x.Service != "default/affine:http" || !x.AffinityHit || x.Verdict != "pass" || len(x.Candidates) != 3 {
 		t.Fatalf("affine client: %+v", x)
 	}
@@ -208,7 +261,7 @@ func TestExplainMatchesRealConnections(t *testing.T) {
 	// The table says the same, for a person.
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	table, err := e.agent.NS.Command(ctx, e.agent.Bin.Sluicectl, "--bpffs", e.agent.BPFFS, "--names-file", e.agent.NamesFile,
-		"explain", "--device", e.lb.NodeDev, "--from", clientAddr+":41500", "--to", affineVIP).CombinedOutput()
+		"explain", "--device", e.lb.NodeDev, "--from", at(f.client, 41500), "--to", f.affineVIP).CombinedOutput()
 	cancel()
 	if err != nil {
 		t.Fatalf("sluicectl explain: %v: %s", err, table)
@@ -220,7 +273,7 @@ func TestExplainMatchesRealConnections(t *testing.T) {
 		}
 	}
 	for i := range 5 {
-		who, err := topology.WhoAnswered(client, "http://"+affineVIP+"/")
+		who, err := topology.WhoAnswered(client, "http://"+f.affineVIP+"/")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -231,12 +284,12 @@ func TestExplainMatchesRealConnections(t *testing.T) {
 
 	// An emptied Service: explain says reject, a real connection is
 	// refused at once.
-	x = e.explainUnchanged(t, 42000, emptyVIP)
+	x = e.explainUnchanged(t, f.client, 42000, f.emptyVIP)
 	if x.Service != "default/empty:http" || x.Verdict != "reject" || x.Backend != "" || !strings.HasPrefix(x.Reason, "tc_no_backend") {
 		t.Fatalf("empty service: %+v", x)
 	}
 	ctx, cancel = context.WithTimeout(t.Context(), 3*time.Second)
-	c, err := e.lb.Client.DialContext(ctx, "tcp", emptyVIP)
+	c, err := e.lb.Client.DialContext(ctx, "tcp", f.emptyVIP)
 	cancel()
 	if err == nil {
 		c.Close()
@@ -248,12 +301,12 @@ func TestExplainMatchesRealConnections(t *testing.T) {
 
 	// A source outside loadBalancerSourceRanges: explain says drop, a
 	// real connection times out.
-	x = e.explainUnchanged(t, 43000, blockedLB)
-	if x.Service != "default/guarded:http" || x.Verdict != "drop" || !strings.HasPrefix(x.Reason, "tc_src_range_deny") {
+	x = e.explainUnchanged(t, f.client, 43000, f.blockedLB)
+	if !strings.HasPrefix(x.Service, "default/guarded") || x.Verdict != "drop" || !strings.HasPrefix(x.Reason, "tc_src_range_deny") {
 		t.Fatalf("blocked source: %+v", x)
 	}
 	ctx, cancel = context.WithTimeout(t.Context(), 2*time.Second)
-	c, err = e.lb.Client.DialContext(ctx, "tcp", blockedLB)
+	c, err = e.lb.Client.DialContext(ctx, "tcp", f.blockedLB)
 	cancel()
 	if err == nil {
 		c.Close()
@@ -299,25 +352,35 @@ func TestExplainSocket(t *testing.T) {
 	}
 	before := e.dumpPins(t)
 
-	table := run("--to", affineVIP)
-	for _, want := range []string{"sluice_sock_explain", "connect4", "default/affine:http", "CANDIDATES", "VERDICT"} {
-		if !strings.Contains(string(table), want) {
-			t.Errorf("table lacks %q:\n%s", want, table)
+	for _, f := range families {
+		hook := map[string]string{"IPv4": "connect4", "IPv6": "connect6"}[f.name]
+		table := run("--to", f.affineVIP)
+		for _, want := range []string{"sluice_sock_explain", hook, "default/affine:http", "CANDIDATES", "VERDICT"} {
+			if !strings.Contains(string(table), want) {
+				t.Errorf("%s table lacks %q:\n%s", f.name, want, table)
+			}
 		}
-	}
-	x := runJSON("--to", affineVIP)
-	if !x.Socket || x.Service != "default/affine:http" || len(x.Candidates) != 3 || x.Verdict != "connect to backend" || e.backends[x.Backend] == "" {
-		t.Fatalf("affine service: %+v", x)
-	}
-	x = runJSON("--to", emptyVIP)
-	if x.Service != "default/empty:http" || x.Verdict != "reject" || x.Errno != "ECONNREFUSED" || x.Backend != "" ||
-		!strings.HasPrefix(x.Reason, "sock_no_backend") {
-		t.Fatalf("empty service: %+v", x)
-	}
-	run("--to", emptyVIP)
-	x = runJSON("--from", clientAddr, "--to", blockedLB)
-	if x.Service != "default/guarded:http" || x.Verdict != "drop" || x.Errno != "EHOSTUNREACH" || !strings.HasPrefix(x.Reason, "sock_drop") {
-		t.Fatalf("blocked source: %+v", x)
+		// An IPv4-mapped destination: connect6 reaches the IPv4 service.
+		for _, to := range []string{f.affineVIP, f.mapped} {
+			if to == "" {
+				continue
+			}
+			x := runJSON("--to", to)
+			if !x.Socket || x.Service != "default/affine:http" || x.Frontend != f.affineVIP+"/TCP" || len(x.Candidates) != 3 ||
+				x.Verdict != "connect to backend" || e.backends[x.Backend] == "" {
+				t.Fatalf("affine service at %s: %+v", to, x)
+			}
+		}
+		x := runJSON("--to", f.emptyVIP)
+		if x.Service != "default/empty:http" || x.Verdict != "reject" || x.Errno != "ECONNREFUSED" || x.Backend != "" ||
+			!strings.HasPrefix(x.Reason, "sock_no_backend") {
+			t.Fatalf("empty service: %+v", x)
+		}
+		run("--to", f.emptyVIP)
+		x = runJSON("--from", f.client, "--to", f.blockedLB)
+		if !strings.HasPrefix(x.Service, "default/guarded") || x.Verdict != "drop" || x.Errno != "EHOSTUNREACH" || !strings.HasPrefix(x.Reason, "sock_drop") {
+			t.Fatalf("blocked source: %+v", x)
+		}
 	}
 
 	after := e.dumpPins(t)

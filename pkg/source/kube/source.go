@@ -65,7 +65,7 @@ type Config struct {
 	// ObserveProgrammed, if set, is told when a state was programmed
 	// (now) and the trigger times of the changes it brought: the network
 	// programming latency (pkg/metrics.Metrics.ObserveProgrammed).
-	ObserveProgrammed func(now time.Time, triggers []time.Time)
+	ObserveProgrammed func(now time.Time, triggers []model.Trigger)
 	Logger            *slog.Logger
 
 	// Events, if set, records the Events on Services this node cannot
@@ -124,7 +124,7 @@ type Source struct {
 
 type handedState struct {
 	state    *model.State
-	triggers []time.Time
+	triggers []model.Trigger
 	// queued is when the oldest change this state brought arrived (zero:
 	// none, or it was programmed).
 	queued time.Time
@@ -156,7 +156,7 @@ func New(cfg Config) (*Source, error) {
 
 // handOver records that st, carrying the changes of triggers that arrived
 // from queued on, was handed to the caller.
-func (s *Source) handOver(st *model.State, triggers []time.Time, queued time.Time) {
+func (s *Source) handOver(st *model.State, triggers []model.Trigger, queued time.Time) {
 	s.handedMu.Lock()
 	defer s.handedMu.Unlock()
 	if n := len(s.handed); n > 0 && s.handed[n-1].state == st {
@@ -234,7 +234,7 @@ func (s *Source) Programmed(st *model.State) {
 		s.handedMu.Unlock()
 		return // not ours, or already reported
 	}
-	var triggers []time.Time
+	var triggers []model.Trigger
 	for _, h := range s.handed[:i+1] {
 		triggers = append(triggers, h.triggers...)
 	}

@@ -99,8 +99,8 @@ type input struct {
 	// in place, as take hands it out to Sync.
 	slices []*discoveryv1.EndpointSlice
 	// triggers are the last-change-trigger-times of the slice changes
-	// not yet synced.
-	triggers []time.Time
+	// not yet synced, with their slices' families.
+	triggers []model.Trigger
 	dirty    bool // listed in Tracker.dirty
 }
 
@@ -226,7 +226,7 @@ func (t *Tracker) SetSlice(key types.NamespacedName, slice *discoveryv1.Endpoint
 		in.slices = slices.Insert(slices.Clip(in.slices), i, slice) // a copy too
 		t.ownerOf[key] = owner
 	}
-	if trig := triggerTime(slice); !trig.IsZero() {
+	if trig, ok := triggerOf(slice); ok {
 		in.triggers = append(in.triggers, trig)
 	}
 	t.markDirty(owner, in)
@@ -252,25 +252,27 @@ func (t *Tracker) SetNode(node translate.Node) bool {
 	return d != 0
 }
 
-// triggerTime is the endpoints.kubernetes.io/last-change-trigger-time of a
-// slice: when the change it carries (a pod becoming ready, say) happened.
-func triggerTime(slice *discoveryv1.EndpointSlice) time.Time {
+// triggerOf is the endpoints.kubernetes.io/last-change-trigger-time of a
+// slice (when the change it carries, a pod becoming ready say, happened)
+// and its family; false for a slice without one, or of addressType FQDN
+// (no proxier serves it).
+func triggerOf(slice *discoveryv1.EndpointSlice) (model.Trigger, bool) {
 	v, ok := slice.Annotations[corev1.EndpointsLastChangeTriggerTime]
-	if !ok {
-		return time.Time{}
+	if !ok || slice.AddressType == discoveryv1.AddressTypeFQDN {
+		return model.Trigger{}, false
 	}
 	t, err := time.Parse(time.RFC3339Nano, v)
 	if err != nil {
-		return time.Time{}
+		return model.Trigger{}, false
 	}
-	return t
+	return model.Trigger{At: t, IPv6: slice.AddressType == discoveryv1.AddressTypeIPv6}, true
 }
 
 // pending is the input of one sync: the dirty Services with their current
 // objects, taken under the lock so that changes can go on meanwhile.
 type pending struct {
 	services []dirtyService
-	triggers []time.Time
+	triggers []model.Trigger
 	node     translate.Node
 }
 
@@ -316,7 +318,7 @@ type Result struct {
 	// those translated.
 	Changed, Translated int
 	// Triggers are the trigger times of the slice changes this Sync took.
-	Triggers []time.Time
+	Triggers []model.Trigger
 	// Errors are the Services this Sync failed to translate; each keeps
 	// its last good translation until it translates again.
 	Errors []ServiceError

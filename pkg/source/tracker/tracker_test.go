@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -512,5 +513,39 @@ func TestTrackerConflictRestartKeepsHolder(t *testing.T) {
 	tr.Sync()
 	if len(asked) != 0 {
 		t.Errorf("asked the datapath about %v while a holder claims the frontend", asked)
+	}
+}
+
+// TestTrackerTriggersCarryFamily: a slice change's trigger time reaches
+// the Sync that takes it with its slice's family (the family whose
+// network programming latency it is), once; a slice without the
+// annotation, with an unparsable one, or of addressType FQDN has none.
+func TestTrackerTriggersCarryFamily(t *testing.T) {
+	tr := New(translate.Options{})
+	at := time.Date(2026, 11, 28, 9, 0, 0, 0, time.UTC)
+	withTrigger := func(es *discoveryv1.EndpointSlice, v string) *discoveryv1.EndpointSlice {
+		es.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: v}
+		return es
+	}
+	v6 := withTrigger(slice("web", "web-v6", 8080, "2001:db8::1"), at.Add(time.Second).Format(time.RFC3339Nano))
+	v6.AddressType = discoveryv1.AddressTypeIPv6
+	fqdn := withTrigger(slice("web", "web-fqdn", 8080, "db.example"), at.Format(time.RFC3339Nano))
+	fqdn.AddressType = discoveryv1.AddressTypeFQDN
+	tr.SetService(types.NamespacedName{Namespace: "default", Name: "web"}, service("web", "10.96.0.10", 80))
+	for _, es := range []*discoveryv1.EndpointSlice{
+		withTrigger(slice("web", "web-v4", 8080, "10.0.0.1"), at.Format(time.RFC3339Nano)),
+		v6,
+		fqdn,
+		withTrigger(slice("web", "web-bad", 8080, "10.0.0.2"), "yesterday"),
+		slice("web", "web-none", 8080, "10.0.0.3"),
+	} {
+		tr.SetSlice(nameOf(es), es)
+	}
+	want := []model.Trigger{{At: at}, {At: at.Add(time.Second), IPv6: true}}
+	if got := tr.Sync().Triggers; !slices.Equal(got, want) {
+		t.Fatalf("triggers %v, want %v", got, want)
+	}
+	if got := tr.Sync().Triggers; len(got) != 0 {
+		t.Errorf("triggers taken twice: %v", got)
 	}
 }

@@ -46,6 +46,7 @@ type Config struct {
 	LoadTimeout  time.Duration `json:"load_timeout"`   // an initial load past ProgTimeout may finish until then, so connections can still be measured
 	ProbeSample  int           `json:"probe_sample"`   // services probed for "all answering"
 	TestRunCalls int           `json:"test_run_calls"` // BPF_PROG_TEST_RUN single runs per figure
+	Family       string        `json:"family"`         // "IPv4" or "IPv6": the services', clients' and backends' family
 	OutDir       string        `json:"-"`
 	Stamp        string        `json:"stamp"`
 	SluiceBin    string        `json:"-"`
@@ -70,6 +71,7 @@ func ConfigFromEnv() (Config, error) {
 		ProbeSample:  32,
 		TestRunCalls: 20000,
 		OutDir:       "test/bench/results",
+		Family:       rules.IPv4.Name,
 		Stamp:        time.Now().UTC().Format("2006-01-02T150405Z"),
 	}
 	var err error
@@ -108,6 +110,11 @@ func ConfigFromEnv() (Config, error) {
 	get("BENCH_PROBE_SAMPLE", atoi(&c.ProbeSample))
 	get("BENCH_TEST_RUN_CALLS", atoi(&c.TestRunCalls))
 	get("BENCH_OUT", func(v string) error { c.OutDir = v; return nil })
+	get("BENCH_FAMILY", func(v string) error {
+		f, e := rules.FamilyOf(v)
+		c.Family = f.Name
+		return e
+	})
 	get("BENCH_SLUICE", func(v string) error { c.SluiceBin = v; return nil })
 	get("BENCH_MODES", func(v string) error {
 		c.Modes = nil
@@ -129,6 +136,7 @@ func ConfigFromEnv() (Config, error) {
 // runner holds one run's state.
 type runner struct {
 	cfg  Config
+	fam  rules.Family // cfg.Family's plan
 	log  *slog.Logger
 	res  *Results
 	rng  *rand.Rand
@@ -147,6 +155,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) (*Results, error) {
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, cfg.TimeLimit+hardGrace)
 	defer cancel()
+	fam, err := rules.FamilyOf(cfg.Family)
+	if err != nil {
+		return nil, err
+	}
 	tmp, err := os.MkdirTemp("", "sluice-bench-")
 	if err != nil {
 		return nil, err
@@ -158,6 +170,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) (*Results, error) {
 	}()
 	r := &runner{
 		cfg:     cfg,
+		fam:     fam,
 		log:     log,
 		rng:     rand.New(rand.NewPCG(1, uint64(time.Now().UnixNano()))),
 		dead:    time.Now().Add(cfg.TimeLimit),
@@ -166,10 +179,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) (*Results, error) {
 		res:     &Results{Started: time.Now().UTC(), Config: cfg, Machine: DescribeMachine()},
 	}
 	r.res.Settings = []string{
-		"client and node netns: net.ipv4.ip_local_port_range=1024 65535, net.ipv4.tcp_tw_reuse=1",
+		"IP family: " + fam.Name + " (services " + fam.ServiceCIDR + ", backends " + fam.BackendCIDR + ")",
+		"client and node netns: net.ipv4.ip_local_port_range=1024 65535, net.ipv4.tcp_tw_reuse=1 (both families)",
 		"backend netns: net.core.somaxconn=4096, net.ipv4.tcp_max_syn_backlog=4096",
-		"node netns: net.ipv4.ip_forward=1",
-		fmt.Sprintf("client source addresses: %d (%s..)", ClientSources, ClientAddr),
+		"node netns: net.ipv4.ip_forward=1, and net.ipv6.conf.all.forwarding=1 for IPv6",
+		fmt.Sprintf("client source addresses: %d (%s..)", ClientSources, ClientSourceAddrs(fam)[0]),
 		"nf_conntrack_max is global (not settable per netns); left at " + ReadTrim("/proc/sys/net/netfilter/nf_conntrack_max") + ", counted per netns",
 	}
 	defer func() { r.res.Finished = time.Now().UTC() }()
@@ -235,7 +249,7 @@ func (e *env) close() {
 }
 
 func (r *runner) newEnv(ctx context.Context, name string, n int) (*env, error) {
-	tri, err := newTriple(ctx, name)
+	tri, err := newTriple(ctx, name, r.fam)
 	if err != nil {
 		return nil, err
 	}
@@ -258,7 +272,7 @@ func (r *runner) newEnv(ctx context.Context, name string, n int) (*env, error) {
 		if err != nil {
 			r.note("memory: " + err.Error())
 		}
-		l := ruleLoader{ns: tri.Node, bound: r.cfg.ProgTimeout, loadBound: r.loadBound(), cg: cg, tmp: dir}
+		l := ruleLoader{ns: tri.Node, fam: r.fam, bound: r.cfg.ProgTimeout, loadBound: r.loadBound(), cg: cg, tmp: dir}
 		if name == ModeNft {
 			l.tool = "nft"
 			e.m = &nftMode{l}
@@ -288,7 +302,12 @@ func (r *runner) note(s string) {
 
 func (r *runner) startServer(ctx context.Context, ns *topology.NS) (*exec.Cmd, error) {
 	cmd := ns.Command(context.Background(), r.cfg.Self)
-	cmd.Env = append(os.Environ(), load.RoleEnv+"=server", "SLUICE_BENCH_LISTEN=0.0.0.0:"+strconv.Itoa(rules.BackendPort))
+	unspec := netip.IPv4Unspecified()
+	if r.fam.Is6() {
+		unspec = netip.IPv6Unspecified()
+	}
+	listen := netip.AddrPortFrom(unspec, rules.BackendPort).String()
+	cmd.Env = append(os.Environ(), load.RoleEnv+"=server", "SLUICE_BENCH_LISTEN="+listen)
 	cmd.SysProcAttr = &syscall.SysProcAttr{}
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
@@ -352,7 +371,7 @@ func (r *runner) runClient(ctx context.Context, ns *topology.NS, cg *topology.Cg
 // point measures one service count.
 func (r *runner) point(ctx context.Context, p *Point) error {
 	n := p.Services
-	svcs, err := rules.Layout(n, r.cfg.Endpoints)
+	svcs, err := r.fam.Layout(n, r.cfg.Endpoints)
 	if err != nil {
 		return err
 	}
@@ -583,7 +602,7 @@ func (r *runner) updates(ctx context.Context, p *Point, envs []*env, svcs []rule
 	for round := 0; round < r.cfg.Rounds && !time.Now().After(r.dead); round++ {
 		k := r.rng.IntN(len(cur))
 		next := rules.Clone(cur)
-		spare := rules.SpareBackend(p.Services%1000*16 + round)
+		spare := r.fam.SpareBackend(p.Services%1000*16 + round)
 		next[k].Endpoints[0] = spare
 		for _, e := range envs {
 			i, ok := idx[e.name]
@@ -673,7 +692,7 @@ func (r *runner) connections(ctx context.Context, p *Point, envs []*env, svcs []
 					}
 					ns, cg := e.tri.Client, (*topology.Cgroup)(nil)
 					if layer == "packet" {
-						cc.Sources = ClientSourceAddrs()
+						cc.Sources = ClientSourceAddrs(r.fam)
 					} else {
 						ns, cg = e.tri.Node, e.m.socketCgroup()
 					}

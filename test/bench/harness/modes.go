@@ -95,6 +95,7 @@ func runBounded(ctx context.Context, ns *topology.NS, bound time.Duration, cg *m
 // cgroup the loading tool runs in, whose kernel memory is the mode's.
 type ruleLoader struct {
 	ns        *topology.NS
+	fam       rules.Family
 	bound     time.Duration // updates
 	loadBound time.Duration // the initial load
 	cg        *memcg
@@ -129,14 +130,20 @@ type iptMode struct {
 	variant string // "nft" or "legacy"
 }
 
-func (m *iptMode) bin(tool string) string { return tool + "-" + m.variant + "-restore" }
+// bin is the tool of the variant and family: iptables-nft, ip6tables-legacy...
+func (m *iptMode) bin() string {
+	if m.fam.Is6() {
+		return "ip6tables-" + m.variant
+	}
+	return "iptables-" + m.variant
+}
 
 func (m *iptMode) restore(ctx context.Context, data []byte, bound time.Duration) error {
-	return m.load(ctx, "rules.iptables", data, bound, m.bin("iptables"), "-w", "60", "--noflush")
+	return m.load(ctx, "rules.iptables", data, bound, m.bin()+"-restore", "-w", "60", "--noflush")
 }
 
 func (m *iptMode) program(ctx context.Context, svcs []rules.Service) error {
-	return m.restore(ctx, rules.IptablesRestore(svcs, rules.IptablesOptions{Jumps: true}), m.loadBound)
+	return m.restore(ctx, m.fam.IptablesRestore(svcs, rules.IptablesOptions{Jumps: true}), m.loadBound)
 }
 
 func (m *iptMode) update(ctx context.Context, all []rules.Service, old, new rules.Service) error {
@@ -151,11 +158,11 @@ func (m *iptMode) update(ctx context.Context, all []rules.Service, old, new rule
 			stale = append(stale, c)
 		}
 	}
-	return m.restore(ctx, rules.IptablesRestore(all, rules.IptablesOptions{Stale: stale}), m.bound)
+	return m.restore(ctx, m.fam.IptablesRestore(all, rules.IptablesOptions{Stale: stale}), m.bound)
 }
 
 func (m *iptMode) reset(ctx context.Context) error {
-	bin := "iptables-" + m.variant
+	bin := m.bin()
 	for _, t := range []string{"nat", "filter"} {
 		for _, op := range []string{"-F", "-X"} {
 			if err := runBounded(ctx, m.ns, m.bound, nil, bin, "-w", "60", "-t", t, op); err != nil {
@@ -176,13 +183,13 @@ func (m *nftMode) apply(ctx context.Context, data []byte, bound time.Duration) e
 }
 
 func (m *nftMode) program(ctx context.Context, svcs []rules.Service) error {
-	return m.apply(ctx, rules.NftRuleset(svcs), m.loadBound)
+	return m.apply(ctx, m.fam.NftRuleset(svcs), m.loadBound)
 }
 
 func (m *nftMode) update(ctx context.Context, _ []rules.Service, old, new rules.Service) error {
-	return m.apply(ctx, rules.NftEndpointChange(old, new), m.bound)
+	return m.apply(ctx, m.fam.NftEndpointChange(old, new), m.bound)
 }
 
 func (m *nftMode) reset(ctx context.Context) error {
-	return runBounded(ctx, m.ns, m.bound, nil, "nft", "delete", "table", "ip", rules.NftTable)
+	return runBounded(ctx, m.ns, m.bound, nil, "nft", "delete", "table", m.fam.NftFamily(), rules.NftTable)
 }

@@ -31,6 +31,7 @@ type sluiceMode struct {
 	bpffs    string
 	cgroup   *topology.Cgroup
 	manifest string
+	fam      rules.Family
 	agent    *agentproc.Agent
 }
 
@@ -53,7 +54,7 @@ func newSluiceMode(ctx context.Context, r *runner, tri *triple, dir string) (mod
 	if err != nil {
 		return nil, err
 	}
-	m := &sluiceMode{bins: bins, ns: tri.Node, manifest: filepath.Join(dir, "services.json")}
+	m := &sluiceMode{bins: bins, ns: tri.Node, manifest: filepath.Join(dir, "services.json"), fam: r.fam}
 	m.bpffs = filepath.Join(dir, "bpffs")
 	if err := os.MkdirAll(m.bpffs, 0o755); err != nil {
 		return nil, err
@@ -87,6 +88,7 @@ func (m *sluiceMode) writeManifest(svcs []rules.Service) error {
 			"metadata": obj{"namespace": ns, "name": name},
 			"spec": obj{
 				"type": "ClusterIP", "clusterIP": s.VIP.String(), "clusterIPs": []string{s.VIP.String()},
+				"ipFamilies": []string{m.fam.Name}, "ipFamilyPolicy": "SingleStack",
 				"ports": []obj{{"name": rules.PortName, "port": s.Port, "targetPort": rules.BackendPort, "protocol": "TCP"}},
 			},
 		})
@@ -97,7 +99,7 @@ func (m *sluiceMode) writeManifest(svcs []rules.Service) error {
 		items = append(items, obj{
 			"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
 			"metadata":    obj{"namespace": ns, "name": name + "-bench", "labels": obj{"kubernetes.io/service-name": name}},
-			"addressType": "IPv4",
+			"addressType": m.fam.Name,
 			"endpoints":   eps,
 			"ports":       []obj{{"name": rules.PortName, "port": rules.BackendPort, "protocol": "TCP"}},
 		})

@@ -89,7 +89,7 @@ func (r *runner) doTestRun(ctx context.Context, svcs []rules.Service, st *TestRu
 	st.ApplyS = time.Since(t0).Seconds()
 	prog := dp.TCIngress()
 
-	client := netip.MustParseAddr("10.64.1.2")
+	client := netip.MustParseAddr(ClientSourceAddrs(r.fam)[0])
 	target := svcs[r.rng.IntN(len(svcs))]
 	// First, prove the translation: the SYN must leave addressed to one of
 	// the service's endpoints.
@@ -153,7 +153,8 @@ func runOnce(prog *ebpf.Program, in []byte) (time.Duration, error) {
 	return d, nil
 }
 
-// tcpSYN builds the Ethernet + IPv4 + TCP SYN frame of a new flow.
+// tcpSYN builds the Ethernet + IP (the addresses' family) + TCP SYN frame
+// of a new flow.
 func tcpSYN(src netip.Addr, sport uint16, dst netip.Addr, dport uint16) []byte {
 	return packet.Packet{
 		SrcMAC: [6]byte{0x02, 0, 0, 0, 0, 0x01}, DstMAC: [6]byte{0x02, 0, 0, 0, 0, 0x02},

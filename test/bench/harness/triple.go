@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/test/bench/rules"
 )
 
 // The benchmark's network: for each mode a triple of network namespaces,
@@ -17,24 +18,23 @@ import (
 // everything in them (rules, routes, tc programs); a later run removes
 // those of a run that was killed.
 
-// Addresses inside every triple.
+// Devices inside every triple; its addresses are the family plan's
+// (rules.Family): the client <-> node link holds the node's address (host
+// 1) and the client's source addresses (hosts 2..), the node <-> backend
+// link the node's (host 1) and the backend's (host 2).
 const (
-	ClientAddr     = "10.64.1.2" // first client source address; more follow
-	NodeClientAddr = "10.64.1.1"
-	NodeBackAddr   = "10.64.2.1"
-	BackendAddr    = "10.64.2.2"
-	NodeClientDev  = "nc" // the node's client-facing veth
-	NodeBackDev    = "nb"
-	ClientDev      = "c0"
-	BackendDev     = "b0"
-	ClientSources  = 8 // client source addresses 10.64.1.2 .. 10.64.1.9
+	NodeClientDev = "nc" // the node's client-facing veth
+	NodeBackDev   = "nb"
+	ClientDev     = "c0"
+	BackendDev    = "b0"
+	ClientSources = 8 // client source addresses, hosts 2..9 of the client link
 )
 
 // ClientSourceAddrs are the client namespace's source addresses.
-func ClientSourceAddrs() []string {
+func ClientSourceAddrs(f rules.Family) []string {
 	var out []string
 	for i := 0; i < ClientSources; i++ {
-		out = append(out, fmt.Sprintf("10.64.1.%d", 2+i))
+		out = append(out, f.Link(f.ClientLink, 2+i).String())
 	}
 	return out
 }
@@ -46,20 +46,20 @@ type triple struct {
 }
 
 // newTriple creates the triple for a mode.
-func newTriple(ctx context.Context, mode string) (*triple, error) {
+func newTriple(ctx context.Context, mode string, f rules.Family) (*triple, error) {
 	topo, err := topology.New()
 	if err != nil {
 		return nil, err
 	}
 	t := &triple{topo: topo}
-	if err := t.setup(ctx, mode); err != nil {
+	if err := t.setup(ctx, mode, f); err != nil {
 		t.close()
 		return nil, fmt.Errorf("topology %s: %w", mode, err)
 	}
 	return t, nil
 }
 
-func (t *triple) setup(ctx context.Context, mode string) error {
+func (t *triple) setup(ctx context.Context, mode string, f rules.Family) error {
 	var err error
 	for _, ns := range []struct {
 		p    **topology.NS
@@ -69,43 +69,67 @@ func (t *triple) setup(ctx context.Context, mode string) error {
 			return err
 		}
 	}
-	pfx, addr := netip.MustParsePrefix, netip.MustParseAddr
+	pfx := netip.MustParsePrefix
+	clientLink, backLink := pfx(f.ClientLink), pfx(f.BackLink)
+	nodeClient, nodeBack := f.Link(f.ClientLink, 1), f.Link(f.BackLink, 1)
+	backend := f.Link(f.BackLink, 2)
+	on := func(link netip.Prefix, a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, link.Bits()) }
+	ipv, anyDst := "-4", netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+	if f.Is6() {
+		ipv, anyDst = "-6", netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+	}
 	steps := []func() error{
 		func() error { return t.topo.Veth(t.Node, NodeClientDev, t.Client, ClientDev) },
 		func() error { return t.topo.Veth(t.Node, NodeBackDev, t.Backend, BackendDev) },
 	}
-	for _, a := range ClientSourceAddrs() {
-		steps = append(steps, func() error { return t.Client.AddAddr(ClientDev, pfx(a+"/24")) })
+	for _, a := range ClientSourceAddrs(f) {
+		steps = append(steps, func() error { return t.Client.AddAddr(ClientDev, on(clientLink, netip.MustParseAddr(a))) })
 	}
 	steps = append(steps,
-		func() error { return t.Node.AddAddr(NodeClientDev, pfx(NodeClientAddr+"/24")) },
-		func() error { return t.Node.AddAddr(NodeBackDev, pfx(NodeBackAddr+"/24")) },
-		func() error { return t.Node.AddRoute(pfx("10.80.0.0/12"), addr(BackendAddr)) },
+		func() error { return t.Node.AddAddr(NodeClientDev, on(clientLink, nodeClient)) },
+		func() error { return t.Node.AddAddr(NodeBackDev, on(backLink, nodeBack)) },
+		func() error { return t.Node.AddRoute(pfx(f.BackendCIDR), backend) },
 		// Node-local clients need a route to the service CIDR before their
 		// OUTPUT DNAT runs (a real node has a default route). Only locally
 		// generated traffic (iif lo) gets it: forwarded traffic to a VIP no
 		// rule matches still fails at once with "net unreachable", which
 		// keeps the programming-time probes sharp.
 		func() error {
-			return t.Node.Run(ctx, "ip", "route", "add", "10.32.0.0/16", "via", BackendAddr, "table", "100")
+			return t.Node.Run(ctx, "ip", ipv, "route", "add", f.ServiceCIDR, "via", backend.String(), "table", "100")
 		},
-		func() error { return t.Node.Run(ctx, "ip", "rule", "add", "iif", "lo", "lookup", "100", "pref", "100") },
-		func() error { return t.Client.AddRoute(pfx("0.0.0.0/0"), addr(NodeClientAddr)) },
-		func() error { return t.Backend.AddAddr(BackendDev, pfx(BackendAddr+"/24")) },
-		func() error { return t.Backend.AddRoute(pfx("0.0.0.0/0"), addr(NodeBackAddr)) },
+		func() error {
+			return t.Node.Run(ctx, "ip", ipv, "rule", "add", "iif", "lo", "lookup", "100", "pref", "100")
+		},
+		func() error { return t.Client.AddRoute(anyDst, nodeClient) },
+		func() error { return t.Backend.AddAddr(BackendDev, on(backLink, backend)) },
+		func() error { return t.Backend.AddRoute(anyDst, nodeBack) },
 		// Every backend address is local to the backend namespace, so one
-		// listener on 0.0.0.0 answers for all of them.
-		func() error { return t.Backend.Run(ctx, "ip", "route", "add", "local", "10.80.0.0/12", "dev", "lo") },
+		// listener on the unspecified address answers for all of them.
+		func() error {
+			return t.Backend.Run(ctx, "ip", ipv, "route", "add", "local", f.BackendCIDR, "dev", "lo")
+		},
 	)
 	for _, s := range steps {
 		if err := s(); err != nil {
 			return err
 		}
 	}
-	for _, s := range []struct {
+	if f.Is6() {
+		// A nodad IPv6 address routes as local a moment after it is added.
+		for _, w := range []struct {
+			ns *topology.NS
+			a  netip.Addr
+		}{{t.Node, nodeClient}, {t.Node, nodeBack}, {t.Backend, backend}, {t.Client, f.Link(f.ClientLink, 2)}} {
+			if err := w.ns.WaitLocal(w.a); err != nil {
+				return err
+			}
+		}
+	}
+	type sysctl struct {
 		ns   *topology.NS
 		k, v string
-	}{
+	}
+	sysctls := []sysctl{
 		{t.Node, "net.ipv4.ip_forward", "1"},
 		{t.Node, "net.ipv4.ip_local_port_range", "1024 65535"},
 		{t.Node, "net.ipv4.tcp_tw_reuse", "1"},
@@ -113,7 +137,11 @@ func (t *triple) setup(ctx context.Context, mode string) error {
 		{t.Client, "net.ipv4.tcp_tw_reuse", "1"},
 		{t.Backend, "net.core.somaxconn", "4096"},
 		{t.Backend, "net.ipv4.tcp_max_syn_backlog", "4096"},
-	} {
+	}
+	if f.Is6() {
+		sysctls = append(sysctls, sysctl{t.Node, "net.ipv6.conf.all.forwarding", "1"})
+	}
+	for _, s := range sysctls {
 		if err := s.ns.Sysctl(s.k, s.v); err != nil {
 			return err
 		}

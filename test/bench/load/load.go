@@ -26,7 +26,8 @@ import (
 const RoleEnv = "SLUICE_BENCH_ROLE"
 
 // Request bytes: ReqPing gets one byte back, ReqWho gets the backend's
-// local IPv4 address (4 bytes), which tells a prober which endpoint answered.
+// local address (16 bytes, an IPv4 one mapped), which tells a prober which
+// endpoint answered.
 const (
 	ReqPing = 'p'
 	ReqWho  = 'w'
@@ -36,7 +37,7 @@ const (
 // "ready" on stdout once listening.
 func Serve(addr string) error {
 	lc := net.ListenConfig{}
-	ln, err := lc.Listen(context.Background(), "tcp4", addr)
+	ln, err := lc.Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", addr, err)
 	}
@@ -63,7 +64,7 @@ func handle(c net.Conn) {
 	}
 	switch b[0] {
 	case ReqWho:
-		la := c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().As4()
+		la := c.LocalAddr().(*net.TCPAddr).AddrPort().Addr().As16()
 		_, _ = c.Write(la[:])
 	default:
 		_, _ = c.Write([]byte{'r'})
@@ -199,7 +200,7 @@ func Percentile(sorted []time.Duration, p float64) time.Duration {
 // oneConn makes one short connection: connect, one request byte, the reply,
 // close. With ReqWho it stores the answering backend's address in who.
 func oneConn(d *net.Dialer, t netip.AddrPort, req byte, who *netip.Addr) error {
-	c, err := d.Dial("tcp4", t.String())
+	c, err := d.Dial("tcp", t.String())
 	if err != nil {
 		return err
 	}
@@ -210,14 +211,14 @@ func oneConn(d *net.Dialer, t netip.AddrPort, req byte, who *netip.Addr) error {
 	}
 	n := 1
 	if req == ReqWho {
-		n = 4
+		n = 16
 	}
-	var b [4]byte
+	var b [16]byte
 	if _, err := io.ReadFull(c, b[:n]); err != nil {
 		return err
 	}
 	if who != nil {
-		*who = netip.AddrFrom4(b)
+		*who = netip.AddrFrom16(b).Unmap()
 	}
 	return nil
 }

@@ -11,8 +11,8 @@ import (
 )
 
 // The services: N NodePort services, service i with ClusterIP 10.32.x.y
-// (rules.VIP), port 80/TCP -> 8080 on NodePort nodePortBase+i and eps
-// endpoints in 10.80.0.0/12 (rules.Backend) on another node. The measured
+// (rules.IPv4.VIP), port 80/TCP -> 8080 on NodePort nodePortBase+i and eps
+// endpoints in 10.80.0.0/12 (rules.IPv4.Backend) on another node. The measured
 // target is the last service, which also has 53/UDP -> 5353 on the same
 // NodePort: its rules come last in KUBE-SERVICES and KUBE-NODEPORTS, so
 // iptables walks every other service's rules before it matches.
@@ -47,13 +47,13 @@ func layout(n, eps int) ([]service, error) {
 	}
 	svcs := make([]service, n)
 	for i := range svcs {
-		s := service{index: i, name: fmt.Sprintf("np-%05d", i), vip: rules.VIP(i),
+		s := service{index: i, name: fmt.Sprintf("np-%05d", i), vip: rules.IPv4.VIP(i),
 			ports: []svcPort{{"tcp", 80, tcpPort, nodePortBase + i}}}
 		if i == n-1 {
 			s.ports = append(s.ports, svcPort{"udp", 53, udpPort, nodePortBase + i})
 		}
 		for j := range eps {
-			s.endpoints = append(s.endpoints, rules.Backend(i, j, eps).Addr())
+			s.endpoints = append(s.endpoints, rules.IPv4.Backend(i, j, eps).Addr())
 		}
 		svcs[i] = s
 	}
@@ -115,7 +115,7 @@ func chainHash(parts ...string) string {
 func iptablesRestore(svcs []service) []byte {
 	var b bytes.Buffer
 	b.Grow(len(svcs) * 4096)
-	rules.FilterTable(&b, true)
+	rules.IPv4.FilterTable(&b, true)
 	b.WriteString(`*nat
 :KUBE-SERVICES - [0:0]
 :KUBE-NODEPORTS - [0:0]
@@ -163,7 +163,7 @@ func iptablesRestore(svcs []service) []byte {
 			fmt.Fprintf(&b, "-A %s -m comment --comment \"masquerade traffic for %s external destinations\" -j KUBE-MARK-MASQ\n", c.ext, spn)
 			fmt.Fprintf(&b, "-A %s -j %s\n", c.ext, c.svc)
 			fmt.Fprintf(&b, "-A %s -m comment --comment \"%s cluster IP\" -m %s -p %s -d %s/32 --dport %d ! -s %s -j KUBE-MARK-MASQ\n",
-				c.svc, spn, p.proto, p.proto, s.vip, p.port, rules.ClusterCIDR)
+				c.svc, spn, p.proto, p.proto, s.vip, p.port, rules.IPv4.ClusterCIDR)
 			n := len(s.endpoints)
 			for j, ep := range s.endpoints {
 				epp := netip.AddrPortFrom(ep, uint16(p.target)).String()

@@ -28,13 +28,17 @@ func Markdown(res *harness.Results, stamp string) []byte {
 	sort.Strings(tools)
 	fmt.Fprintf(&b, "- tools: %s\n\n", strings.Join(tools, "; "))
 	b.WriteString("## Method\n\n")
-	fmt.Fprintf(&b, "- services N = %v, %d endpoints each, port 80 -> 8080/TCP; %d rounds; within a round the modes take turns (A B C, next round C B A)\n", c.Services, c.Endpoints, c.Rounds)
+	fam := c.Family
+	if fam == "" {
+		fam = "IPv4" // results from before BENCH_FAMILY
+	}
+	fmt.Fprintf(&b, "- services N = %v, %d endpoints each, port 80 -> 8080/TCP, over %s; %d rounds; within a round the modes take turns (A B C, next round C B A)\n", c.Services, c.Endpoints, fam, c.Rounds)
 	fmt.Fprintf(&b, "- one client run: %s or %d connections, %d concurrent workers; a connection is connect, 1-byte request, 1-byte reply, close (latency covers all of it)\n", c.RunTime, c.MaxConns, c.Workers)
-	b.WriteString("- per-packet layer: client netns -> node netns (the rules, or Sluice's tc program on the node's client-facing veth) -> backend netns; socket layer: the client runs in the node netns itself (iptables/nftables OUTPUT hooks, Sluice's cgroup connect4)\n")
+	b.WriteString("- per-packet layer: client netns -> node netns (the rules, or Sluice's tc program on the node's client-facing veth) -> backend netns; socket layer: the client runs in the node netns itself (iptables/nftables OUTPUT hooks, Sluice's cgroup connect4 or connect6)\n")
 	b.WriteString("- targets: `random` = a VIP picked at random per connection among all N; `last` = the VIP whose rule is last in KUBE-SERVICES. `direct` (the floor) connects to a backend of the same service(s) with no rules at all\n")
 	b.WriteString("- ratios are per round against `direct` of the same round, then the median: conns/s ratio < 1 and p99 ratio > 1 mean slower than the floor\n")
 	fmt.Fprintf(&b, "- programming: `initial` = from an empty datapath to %d sampled services (first, last, random) all answering; `update` = one endpoint of one service moved to a new address in the source until a client connection lands on it; each step bounded by %s\n", c.ProbeSample, c.ProgTimeout)
-	b.WriteString("- iptables: kube-proxy-shaped ruleset (KUBE-SERVICES -> KUBE-SVC-* with statistic random 1/(n-i) -> KUBE-SEP-* DNAT, KUBE-MARK-MASQ, KUBE-POSTROUTING, filter KUBE-FORWARD etc.), loaded with `iptables-restore --noflush`; an update rewrites the full table as kube-proxy's full sync does\n")
+	b.WriteString("- iptables: kube-proxy-shaped ruleset (KUBE-SERVICES -> KUBE-SVC-* with statistic random 1/(n-i) -> KUBE-SEP-* DNAT, KUBE-MARK-MASQ, KUBE-POSTROUTING, filter KUBE-FORWARD etc.), loaded with `iptables-restore --noflush` (`ip6tables-restore` over IPv6); an update rewrites the full table as kube-proxy's full sync does\n")
 	b.WriteString("- nftables: kube-proxy-shaped (service-ips verdict map keyed by daddr . l4proto . dport, per-service numgen vmap, per-endpoint DNAT chains); initial load is one `nft -f` transaction, an update is the small transaction kube-proxy sends\n")
 	b.WriteString("- the real kube-proxy is not run: kube-proxy-shaped rules stand in for it\n\n")
 	b.WriteString("### What the run set\n\n")

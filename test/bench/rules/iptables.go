@@ -39,13 +39,14 @@ type IptablesOptions struct {
 
 // IptablesRestore renders services as a kube-proxy-shaped ruleset in
 // iptables-restore format (filter and nat tables), meant for
-// `iptables-restore --noflush`: every chain it declares is flushed and
-// rewritten, the built-in chains are left alone.
-func IptablesRestore(svcs []Service, o IptablesOptions) []byte {
+// `iptables-restore --noflush` (`ip6tables-restore` for IPv6, whose rules
+// kube-proxy's IPv6 proxier writes the same way): every chain it declares
+// is flushed and rewritten, the built-in chains are left alone.
+func (f Family) IptablesRestore(svcs []Service, o IptablesOptions) []byte {
 	var b bytes.Buffer
 	b.Grow(len(svcs) * 4096)
 
-	FilterTable(&b, o.Jumps)
+	f.FilterTable(&b, o.Jumps)
 
 	b.WriteString("*nat\n")
 	for _, c := range []string{"KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUBE-MARK-MASQ"} {
@@ -74,14 +75,14 @@ func IptablesRestore(svcs []Service, o IptablesOptions) []byte {
 -A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
 `)
 	for _, s := range svcs {
-		fmt.Fprintf(&b, "-A KUBE-SERVICES -m comment --comment \"%s cluster IP\" -m tcp -p tcp -d %s/32 --dport %d -j %s\n",
-			s.PortName(), s.VIP, s.Port, SvcChain(s))
+		fmt.Fprintf(&b, "-A KUBE-SERVICES -m comment --comment \"%s cluster IP\" -m tcp -p tcp -d %s/%d --dport %d -j %s\n",
+			s.PortName(), s.VIP, f.HostBits(), s.Port, SvcChain(s))
 	}
 	b.WriteString("-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n")
 	for _, s := range svcs {
 		svc := SvcChain(s)
-		fmt.Fprintf(&b, "-A %s -m comment --comment \"%s cluster IP\" -m tcp -p tcp -d %s/32 --dport %d ! -s %s -j KUBE-MARK-MASQ\n",
-			svc, s.PortName(), s.VIP, s.Port, ClusterCIDR)
+		fmt.Fprintf(&b, "-A %s -m comment --comment \"%s cluster IP\" -m tcp -p tcp -d %s/%d --dport %d ! -s %s -j KUBE-MARK-MASQ\n",
+			svc, s.PortName(), s.VIP, f.HostBits(), s.Port, f.ClusterCIDR)
 		n := len(s.Endpoints)
 		for i, ep := range s.Endpoints {
 			if i < n-1 {
@@ -93,7 +94,7 @@ func IptablesRestore(svcs []Service, o IptablesOptions) []byte {
 		}
 		for _, ep := range s.Endpoints {
 			sep := SepChain(s, ep)
-			fmt.Fprintf(&b, "-A %s -m comment --comment %s -s %s/32 -j KUBE-MARK-MASQ\n", sep, s.PortName(), ep.Addr())
+			fmt.Fprintf(&b, "-A %s -m comment --comment %s -s %s/%d -j KUBE-MARK-MASQ\n", sep, s.PortName(), ep.Addr(), f.HostBits())
 			fmt.Fprintf(&b, "-A %s -m comment --comment %s -m tcp -p tcp -j DNAT --to-destination %s\n", sep, s.PortName(), ep)
 		}
 	}
@@ -109,7 +110,8 @@ func IptablesRestore(svcs []Service, o IptablesOptions) []byte {
 // update leaves those in place), and the KUBE-FORWARD and KUBE-FIREWALL
 // rules. KUBE-SERVICES in filter holds REJECT rules for services without
 // endpoints (none here). The NodePort benchmark writes the same table.
-func FilterTable(b *bytes.Buffer, jumps bool) {
+// KUBE-FIREWALL's localnet rule is IPv4's only, as in kube-proxy.
+func (f Family) FilterTable(b *bytes.Buffer, jumps bool) {
 	b.WriteString("*filter\n")
 	for _, c := range []string{"KUBE-SERVICES", "KUBE-EXTERNAL-SERVICES", "KUBE-FORWARD", "KUBE-NODEPORTS", "KUBE-PROXY-FIREWALL", "KUBE-FIREWALL"} {
 		fmt.Fprintf(b, ":%s - [0:0]\n", c)
@@ -131,7 +133,10 @@ func FilterTable(b *bytes.Buffer, jumps bool) {
 	b.WriteString(`-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
 -A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
--A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment "block incoming localnet connections" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
-COMMIT
 `)
+	if !f.Is6() {
+		b.WriteString(`-A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment "block incoming localnet connections" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
+`)
+	}
+	b.WriteString("COMMIT\n")
 }
