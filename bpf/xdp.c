@@ -23,6 +23,20 @@
  * Session affinity (affinity.h) is followed and kept as tc does; a new
  * flow passed to tc (its backend is local, say) is left for tc to
  * remember.
+ *
+ * IPv6 is served the same way, over the IPv6 maps (sluice6_*: the
+ * conntrack entries and port reservations of tc6.h, ct_create_snat6, the
+ * device addresses of sluice6_devices_v1): the steps are written once,
+ * in xdp_fam.h, for both families. What differs is the parse (only TCP
+ * or UDP right after the fixed header: extension headers, fragments, a
+ * jumbogram and UDP without a checksum go to tc) and the rewrite (no
+ * header checksum; the hop limit decremented). The IPv6 program is one of
+ * its own (sluice6_xdp), which the attached entry tail-calls for an IPv6
+ * frame (sluice6_xdp_v1), as tc.c does tc6.h's: the verifier checks it
+ * apart, and IPv4 pays one comparison of the ethertype for it, on the
+ * path of frames that are not IPv4. IPv6's steps are BPF functions of
+ * their own (its keys, entries and routes do not fit the stack inlined
+ * together), and its port search a global function, as in tc6.h.
  */
 #include "lib/consts.h"
 #include "lib/config.h"
@@ -35,6 +49,7 @@
 #include "lib/affinity.h"
 #include "lib/conntrack.h"
 #include "lib/nat.h"
+#include "lib/nat6.h"
 
 /*
  * xdp_rewrite - set both L4 addresses of @x and decrement its TTL, fixing
@@ -72,162 +87,176 @@ static __always_inline void xdp_rewrite(struct xdp_pkt4 *x, __be32 saddr,
 }
 
 /*
- * xdp_send - send the rewritten packet to the next hop @f names: XDP_TX
- * if that is out of the device it came in on, else a redirect. Returns -1
- * if the neighbour is not resolved (the caller passes the packet to tc
- * before rewriting it, so this is checked first).
+ * xdp_rewrite6 - xdp_rewrite for IPv6: set both L4 addresses of @x and
+ * decrement its hop limit, fixing the L4 checksum (IPv6 has no header
+ * checksum, and the pseudo-header leaves the hop limit out).
  */
-static __always_inline int xdp_send(struct xdp_md *ctx, struct xdp_pkt4 *x,
-				    const struct fib4 *f)
+static __always_inline void xdp_rewrite6(struct xdp_pkt6 *x, union v6addr saddr,
+					 __be16 sport, union v6addr daddr,
+					 __be16 dport)
 {
-	__builtin_memcpy(x->eth->h_dest, f->dmac, ETH_ALEN);
-	__builtin_memcpy(x->eth->h_source, f->smac, ETH_ALEN);
-	if (f->ifindex == ctx->ingress_ifindex)
-		return XDP_TX;
-	return bpf_redirect(f->ifindex, 0);
+	struct ipv6hdr *ip = x->ip;
+	__u16 c = *x->l4csum;
+
+	/* Forwarded: one hop less (xdp_fwd_ok checked it is over 1). */
+	ip->hop_limit--;
+	c = csum_replace_v6(c, &x->p.saddr, &saddr);
+	c = csum_replace_v6(c, &x->p.daddr, &daddr);
+	c = csum_replace16(c, x->ports[0], sport);
+	c = csum_replace16(c, x->ports[1], dport);
+	/* (UDP without a checksum never gets here: parse_ipv6_xdp.) */
+	if (x->p.proto == IPPROTO_UDP && c == 0)
+		c = 0xffff;
+	*x->l4csum = c;
+	__builtin_memcpy(&ip->saddr, &saddr, sizeof(saddr));
+	__builtin_memcpy(&ip->daddr, &daddr, sizeof(daddr));
+	x->ports[0] = sport;
+	x->ports[1] = dport;
 }
 
-/* xdp_rev - the reply of a source-NATed flow. -1: not one. */
-static __always_inline int xdp_rev(struct xdp_md *ctx, struct xdp_pkt4 *x,
-				   __u64 now)
-{
-	struct ct4_key key = {};
-	struct ct4_entry *e;
-	struct fib4 f = {};
-	__be32 fe_addr, client;
-	__be16 fe_port, cport;
+/*
+ * Where a translated packet goes (xdp_fam.h's xdp_out): <saddr:sport ->
+ * daddr:dport>, to the next hop of route f.
+ */
+struct xdp_out4 {
+	struct fib4 f;
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+};
 
-	/* Source-NATed flows only: their reply entries (the port
-	 * reservations) are always in sluice_conntrack.
-	 */
-	ct_key_of(&key, &x->p, CT_REVERSE);
-	e = bpf_map_lookup_elem(&sluice_conntrack_v2, &key);
-	if (!e || !(e->flags & CT_F_SNAT) ||
-	    !ct_alive(READ_ONCE(e->expires), now))
-		return -1;
-	fe_addr = e->nat_addr;
-	fe_port = e->nat_port;
-	client = e->snat_addr;
-	cport = e->snat_port;
-	if (fib4_lookup(ctx, ctx->ingress_ifindex, fe_addr, client, &f) < 0 ||
-	    !f.have_neigh || !xdp_fwd_ok(ctx, x->ip, &f))
-		return XDP_PASS;
-	/* The first reply promotes the flow; if that fails, tc tries again
-	 * and refuses the flow (counted).
-	 */
-	if (!(READ_ONCE(e->flags) & CT_F_REPLIED) &&
-	    ct_promote_snat(&key, e, now))
-		return XDP_PASS;
-	ct_touch(&key, e, now);
-	ct_track_tcp(&x->p, &key, e, now);
-	xdp_rewrite(x, fe_addr, fe_port, client, cport);
-	metric_inc(METRIC_XDP_REV);
-	return xdp_send(ctx, x, &f);
+struct xdp_out6 {
+	struct fib6 f;
+	union v6addr saddr;
+	union v6addr daddr;
+	__be16 sport;
+	__be16 dport;
+};
+
+/*
+ * xdp6_snat_port - reserve a source port on @node for a new flow of @p to
+ * @be (ct_create_snat6, which also records the flow). Returns the port
+ * (network order), or 0 if none was reserved (the range holds no 0).
+ *
+ * A global function, as nat_snat6 (tc6.h) is, for the same reason: the
+ * verifier checks its port search once, on its own. So its pointers may
+ * be NULL as far as it knows; and it has five arguments at most, so the
+ * port is its result.
+ */
+__noinline __u32 xdp6_snat_port(const struct pkt6 *p,
+				const struct lb6_backend *be, __u32 backend_id,
+				__u32 rev_nat_id, const union v6addr *node)
+{
+	__be16 port = 0;
+
+	if (!p || !be || !node ||
+	    ct_create_snat6(p, be, backend_id, rev_nat_id, *node,
+			    bpf_ktime_get_ns(), &port))
+		return 0;
+	return port;
 }
 
-/* xdp_fwd - a packet to an external frontend with a remote backend. */
-static __always_inline int xdp_fwd(struct xdp_md *ctx, struct xdp_pkt4 *x,
-				   __u64 now)
+/*
+ * xdp6_create_snat - ct_create_snat6 by xdp6_snat_port (which reads the
+ * clock itself, @now unused): 0, or 1 (no port).
+ */
+static __always_inline int xdp6_create_snat(const struct pkt6 *p,
+					    const struct lb6_backend *be,
+					    __u32 backend_id, __u32 rev_nat_id,
+					    union v6addr node, __u64 now,
+					    __be16 *port)
 {
-	const struct pkt4 *p = &x->p;
-	struct lb4_affinity_key akey = {};
-	struct lb4_service *svc;
-	struct lb4_backend *be;
-	struct node_dev *dev;
-	struct ct4_key key = {};
-	struct ct4_entry *fwd;
-	struct fib4 f = {};
-	__u32 backend_id = 0;
-	__be32 nat_addr, snat_addr;
-	__be16 nat_port, snat_port = 0;
-	__u16 slot = 0;
-	bool half_open, gone;
-	__u8 flags;
-
-	svc = lookup_service(p->daddr, p->dport, p->proto);
-	if (!svc)
-		return XDP_PASS;
-	flags = svc->flags;
-	if ((flags & (SVC_F_EXTERNAL | SVC_F_LOCAL)) != SVC_F_EXTERNAL ||
-	    svc->count == 0)
-		return XDP_PASS;
-	if ((flags & SVC_F_SRC_RANGES) &&
-	    !source_allowed(p->daddr, p->dport, p->proto, p->saddr)) {
-		metric_inc(METRIC_XDP_SRC_RANGE_DENY);
-		svc_count(svc->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
-		return XDP_DROP;
-	}
-
-	ct_key_of(&key, p, CT_FORWARD);
-	fwd = ct_find(&key, now, &half_open);
-	if (fwd) {
-		/* Not source-NATed: a local backend, tc's to DNAT. Not
-		 * usable: tc re-balances it, or starts it afresh. Its
-		 * backend gone: tc counts the draining flow.
-		 */
-		if (!(fwd->flags & CT_F_SNAT) ||
-		    !ct_fwd_usable(fwd, p, &gone) || gone)
-			return XDP_PASS;
-		nat_addr = fwd->nat_addr;
-		nat_port = fwd->nat_port;
-		snat_addr = fwd->snat_addr;
-		snat_port = fwd->snat_port;
-		if (fib4_lookup(ctx, ctx->ingress_ifindex, snat_addr, nat_addr,
-				&f) < 0 ||
-		    !f.have_neigh || !xdp_fwd_ok(ctx, x->ip, &f))
-			return XDP_PASS;
-		/* A port reservation lost (and maybe taken): tc drops and
-		 * counts, never sends from a port the flow does not own.
-		 */
-		if (ct_check_reverse(p, &key, fwd, now) < 0)
-			return XDP_PASS;
-		ct_refresh(fwd, p->proto, now);
-		ct_track_tcp(p, &key, fwd, now);
-	} else {
-		aff_key(&akey, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr,
-			p->dport, p->proto, svc->scope);
-		be = aff_select(&akey, svc, now, &backend_id, &slot);
-		if (!be)
-			return XDP_PASS;
-		nat_addr = be->addr;
-		nat_port = be->port;
-		if (fib4_lookup(ctx, ctx->ingress_ifindex, p->saddr, nat_addr,
-				&f) < 0 ||
-		    !f.have_neigh)
-			return XDP_PASS;
-		dev = node_dev_of(f.ifindex);
-		if (!dev)
-			return XDP_PASS; /* local backend: tc DNATs */
-		if (!xdp_fwd_ok(ctx, x->ip, &f))
-			return XDP_PASS;
-		snat_addr = dev->addr;
-		if (ct_create_snat(p, be, backend_id, svc->rev_nat_id,
-				   snat_addr, now, &snat_port))
-			return XDP_PASS; /* tc counts and drops */
-		aff_remember(&akey, svc, be, backend_id, slot, now);
-		metric_inc(METRIC_XDP_SNAT_NEW);
-		svc_count(svc->rev_nat_id, SVC_EV_FLOW, 0);
-	}
-	svc_count(svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);
-	xdp_rewrite(x, snat_addr, snat_port, nat_addr, nat_port);
-	metric_inc(METRIC_XDP_FWD);
-	return xdp_send(ctx, x, &f);
+	*port = (__be16)xdp6_snat_port(p, be, backend_id, rev_nat_id, &node);
+	return *port ? 0 : 1;
 }
 
+/*
+ * xdp6_check_reverse - ct_check_reverse6, in a frame of its own (its
+ * entry and key would not fit xdp_fwd6's on the stack with the calls
+ * under it).
+ */
+static __noinline int xdp6_check_reverse(const struct pkt6 *p,
+					 const struct ct6_key *key,
+					 const struct ct6_entry *fwd, __u64 now)
+{
+	return ct_check_reverse6(p, key, fwd, now);
+}
+
+/*
+ * What xdp_fam.h names per family (see there). IPv6's keys, entries and
+ * routes are wider than the stack takes inlined together: its steps are
+ * BPF functions of their own, as tc6.h's are; IPv4's are inlined, as
+ * before IPv6.
+ */
+#define xdp_step_4	    __always_inline
+#define xdp_step_6	    __noinline
+#define xdp_create_snat_4   ct_create_snat
+#define xdp_create_snat_6   xdp6_create_snat
+#define xdp_check_reverse_4 ct_check_reverse
+#define xdp_check_reverse_6 xdp6_check_reverse
+#define xdp_pkt_t_4	    struct xdp_pkt4
+#define xdp_pkt_t_6	    struct xdp_pkt6
+#define xdp_ttl_4(x)	    ((x)->ip->ttl)
+#define xdp_ttl_6(x)	    ((x)->ip->hop_limit)
+#define xdp_out_t_4	    struct xdp_out4
+#define xdp_out_t_6	    struct xdp_out6
+#define fib_t_4		    struct fib4
+#define fib_t_6		    struct fib6
+#define fib_lookup_4(ctx, ifindex, saddr, daddr, f) \
+	fib4_lookup(ctx, ifindex, saddr, daddr, f)
+#define fib_lookup_6(ctx, ifindex, saddr, daddr, f) \
+	fib6_lookup(ctx, ifindex, &(saddr), &(daddr), f)
+#define node_dev_t_4	       struct node_dev
+#define node_dev_t_6	       union v6addr
+#define node_dev_of_4(ifindex) node_dev_of(ifindex)
+#define node_dev_of_6(ifindex) node6_dev_of(ifindex)
+#define dev_addr_4(dev)	       ((dev)->addr)
+#define dev_addr_6(dev)	       (*(dev))
+
+#define LB_FAMILY 4
+#include "lib/xdp_fam.h"
+#undef LB_FAMILY
+#define LB_FAMILY 6
+#include "lib/xdp_fam.h"
+#undef LB_FAMILY
+
+/*
+ * xdp6_divert - run @ctx, an IPv6 frame, through the IPv6 program
+ * (sluice6_xdp_v1). Returns only if there is none (an agent that did not
+ * set it up, or is gone): XDP_PASS, tc serving IPv6 meanwhile.
+ */
+static __always_inline int xdp6_divert(struct xdp_md *ctx)
+{
+	bpf_tail_call(ctx, &sluice6_xdp_v1, 0);
+	return XDP_PASS;
+}
+
+/*
+ * The entry dispatches on the ethertype: IPv6 to its program, the rest to
+ * the IPv4 path (the compiler tests for IPv4 first).
+ */
 SEC("xdp")
 int sluice_xdp(struct xdp_md *ctx)
 {
 	struct xdp_pkt4 x = {};
-	__u64 now;
-	int ret;
 
+	if (xdp_eth(ctx, bpf_htons(ETH_P_IPV6)))
+		return xdp6_divert(ctx);
 	if (!parse_ipv4_xdp(ctx, &x))
 		return XDP_PASS;
-	now = bpf_ktime_get_ns();
-	ret = xdp_rev(ctx, &x, now);
-	if (ret >= 0)
-		return ret;
-	return xdp_fwd(ctx, &x, now);
+	return xdp_translate(ctx, &x);
+}
+
+/* The IPv6 program: never attached, only tail-called. */
+SEC("xdp")
+int sluice6_xdp(struct xdp_md *ctx)
+{
+	struct xdp_pkt6 x = {};
+
+	if (!parse_ipv6_xdp(ctx, &x))
+		return XDP_PASS;
+	return xdp_translate6(ctx, &x);
 }
 
 char __license[] SEC("license") = "Dual BSD/GPL";

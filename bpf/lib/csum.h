@@ -11,7 +11,8 @@
  *
  * tc rewrites through the skb helpers (rewrite_l4addr), which know the
  * skb's checksum offload state. XDP has no skb and writes the headers
- * itself, updating the checksums with csum_replace32/16 (RFC 1624).
+ * itself, updating the checksums with csum_replace32/16, and
+ * csum_replace_v6 for an IPv6 address (RFC 1624).
  */
 #ifndef SLUICE_CSUM_H
 #define SLUICE_CSUM_H
@@ -45,6 +46,29 @@ static __always_inline __u16 csum_replace16(__u16 check, __u16 from, __u16 to)
 	__u32 sum = (__u16)~check;
 
 	sum += (__u16)~from + to;
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/*
+ * csum_replace_v6 - RFC 1624 update of checksum @check for a 128-bit field
+ * (an IPv6 address in a pseudo-header): the sixteen 16-bit differences
+ * summed, then folded once (each term is under 2^16, so 32 bits hold the
+ * sum).
+ */
+static __always_inline __u16
+csum_replace_v6(__u16 check, const union v6addr *from, const union v6addr *to)
+{
+	__u32 sum = (__u16)~check;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < 4; i++) {
+		sum += (__u16)~(__u16)from->p[i] +
+		       (__u16)~(__u16)(from->p[i] >> 16);
+		sum += (__u16)to->p[i] + (__u16)(to->p[i] >> 16);
+	}
 	sum = (sum & 0xffff) + (sum >> 16);
 	sum = (sum & 0xffff) + (sum >> 16);
 	return (__u16)~sum;

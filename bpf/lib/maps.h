@@ -142,6 +142,19 @@ struct {
 	__uint(max_entries, 2);
 } sluice6_tc_v1 SEC(".maps");
 
+/*
+ * Key: __u32 slot (0). Value: a program. The IPv6 XDP program (xdp.c),
+ * which the IPv4 entry tail-calls for an IPv6 frame; put there by the
+ * agent when it loads them. Not pinned, like sluice6_tc_v1: an XDP link
+ * an agent left behind passes IPv6 to tc until the next agent fills it.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+} sluice6_xdp_v1 SEC(".maps");
+
 /* Key: struct sock_rev_key. Value: struct sock_rev_entry. Socket programs. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

@@ -208,20 +208,21 @@ static __always_inline bool fe_external(__be32 addr, __be16 port, __u8 proto)
 }
 
 /*
- * xdp_fwd_ok - whether XDP may send the frame @ip heads to @f itself: its
- * TTL must not expire and it must fit the egress MTU. Otherwise it is left
- * to tc (counted), which answers it as fwd_check says.
+ * xdp_fwd_ok - whether XDP may send its frame, whose TTL (or IPv6 hop
+ * limit) is @ttl, out of @ifindex itself: the TTL must not expire and the
+ * frame must fit the egress MTU. Otherwise it is left to tc (counted),
+ * which answers it as fwd_check (fwd_check6) says.
  */
-static __always_inline bool
-xdp_fwd_ok(struct xdp_md *ctx, const struct iphdr *ip, const struct fib4 *f)
+static __always_inline bool xdp_fwd_ok(struct xdp_md *ctx, __u8 ttl,
+				       __u32 ifindex)
 {
 	__u32 mtu = 0; /* 0: check the frame's length */
 
-	if (ip->ttl <= 1) {
+	if (ttl <= 1) {
 		metric_inc(METRIC_XDP_TTL_EXCEEDED);
 		return false;
 	}
-	if (bpf_check_mtu(ctx, f->ifindex, &mtu, 0, 0)) {
+	if (bpf_check_mtu(ctx, ifindex, &mtu, 0, 0)) {
 		metric_inc(METRIC_XDP_MTU_EXCEEDED);
 		return false;
 	}

@@ -40,11 +40,12 @@ struct fib6 {
 
 /*
  * fib6_lookup - route @daddr (from @saddr) as a packet arriving on
- * @ifindex would be routed. Returns 0, or -1 if there is no usable route.
- * A BPF function of its own: the lookup's parameters (64 bytes) live in
- * its frame, not in its callers' (tc6.h).
+ * @ifindex would be routed (@ctx: the program's, tc's or XDP's). Returns
+ * 0, or -1 if there is no usable route. A BPF function of its own: the
+ * lookup's parameters (64 bytes) live in its frame, not in its callers'
+ * (tc6.h, xdp.c).
  */
-static __noinline int fib6_lookup(struct __sk_buff *skb, __u32 ifindex,
+static __noinline int fib6_lookup(void *ctx, __u32 ifindex,
 				  const union v6addr *saddr,
 				  const union v6addr *daddr, struct fib6 *out)
 {
@@ -56,7 +57,7 @@ static __noinline int fib6_lookup(struct __sk_buff *skb, __u32 ifindex,
 
 	__builtin_memcpy(fib.ipv6_src, saddr, sizeof(*saddr));
 	__builtin_memcpy(fib.ipv6_dst, daddr, sizeof(*daddr));
-	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	ret = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
 	/* FRAG_NEEDED: see fib4_lookup. */
 	if (ret != BPF_FIB_LKUP_RET_SUCCESS &&
 	    ret != BPF_FIB_LKUP_RET_NO_NEIGH &&

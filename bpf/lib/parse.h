@@ -185,14 +185,66 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 	return PARSE_OK;
 }
 
-/* A packet parsed at XDP, with pointers into it for the rewrite. */
-struct xdp_pkt4 {
-	struct pkt4 p;
-	struct ethhdr *eth;
-	struct iphdr *ip;
-	__be16 *ports; /* [0] source, [1] destination */
-	__u16 *l4csum;
-};
+/*
+ * XDP_PKT - struct @name, a packet parsed at XDP: what the programs need
+ * of it (@pkt_t: struct pkt4, or parse6.h's pkt6), with pointers into it
+ * for the rewrite (to its IP header, an @iph_t).
+ */
+#define XDP_PKT(name, pkt_t, iph_t)                              \
+	struct name {                                            \
+		pkt_t p;                                         \
+		struct ethhdr *eth;                              \
+		iph_t *ip;                                       \
+		__be16 *ports; /* [0] source, [1] destination */ \
+		__u16 *l4csum;                                   \
+	}
+
+XDP_PKT(xdp_pkt4, struct pkt4, struct iphdr);
+
+/*
+ * xdp_eth - the Ethernet header of @ctx's frame if the frame holds one
+ * and its ethertype is @proto (network order), else NULL.
+ */
+static __always_inline struct ethhdr *xdp_eth(struct xdp_md *ctx, __be16 proto)
+{
+	struct ethhdr *eth = (void *)(long)ctx->data;
+
+	if ((void *)(eth + 1) > (void *)(long)ctx->data_end ||
+	    eth->h_proto != proto)
+		return NULL;
+	return eth;
+}
+
+/*
+ * xdp_l4 - the TCP or UDP header (IP protocol @proto) at @l4, after @hdr
+ * bytes of IP header of the @len the IP header says, in a frame ending at
+ * @end: whole in both, and with a checksum if @udp_csum and UDP. Sets
+ * @l4csum to its checksum and, for TCP, @tcp_flags to its flags. Returns
+ * false for anything else.
+ */
+static __always_inline bool xdp_l4(void *l4, void *end, __u32 len, __u32 hdr,
+				   __u8 proto, bool udp_csum, __u16 **l4csum,
+				   __u8 *tcp_flags)
+{
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr *th = l4;
+
+		if ((void *)(th + 1) > end || len < hdr + sizeof(*th))
+			return false;
+		*l4csum = (__u16 *)&th->check;
+		*tcp_flags = ((__u8 *)th)[13];
+	} else if (proto == IPPROTO_UDP) {
+		struct udphdr *uh = l4;
+
+		if ((void *)(uh + 1) > end || len < hdr + sizeof(*uh) ||
+		    (udp_csum && !uh->check))
+			return false;
+		*l4csum = (__u16 *)&uh->check;
+	} else {
+		return false;
+	}
+	return true;
+}
 
 /*
  * parse_ipv4_xdp - IPv4 TCP/UDP without options or fragmentation, whole L4
@@ -201,13 +253,12 @@ struct xdp_pkt4 {
 static __always_inline bool parse_ipv4_xdp(struct xdp_md *ctx,
 					   struct xdp_pkt4 *x)
 {
-	void *data = (void *)(long)ctx->data;
+	struct ethhdr *eth = xdp_eth(ctx, bpf_htons(ETH_P_IP));
 	void *end = (void *)(long)ctx->data_end;
-	struct ethhdr *eth = data;
 	struct iphdr *ip;
 	__u32 tot_len;
 
-	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+	if (!eth)
 		return false;
 	/* (Generic XDP on an L3 device: the frame is an IPv4 packet, whose
 	 * source address may read like an IPv4 ethertype.)
@@ -223,24 +274,9 @@ static __always_inline bool parse_ipv4_xdp(struct xdp_md *ctx,
 	 * headers are rewritten, and they are bounds-checked below.)
 	 */
 	tot_len = bpf_ntohs(ip->tot_len);
-	if (ip->protocol == IPPROTO_TCP) {
-		struct tcphdr *th = (void *)(ip + 1);
-
-		if ((void *)(th + 1) > end ||
-		    tot_len < sizeof(*ip) + sizeof(*th))
-			return false;
-		x->l4csum = (__u16 *)&th->check;
-		x->p.tcp_flags = ((__u8 *)th)[13];
-	} else if (ip->protocol == IPPROTO_UDP) {
-		struct udphdr *uh = (void *)(ip + 1);
-
-		if ((void *)(uh + 1) > end ||
-		    tot_len < sizeof(*ip) + sizeof(*uh))
-			return false;
-		x->l4csum = (__u16 *)&uh->check;
-	} else {
+	if (!xdp_l4(ip + 1, end, tot_len, sizeof(*ip), ip->protocol, false,
+		    &x->l4csum, &x->p.tcp_flags))
 		return false;
-	}
 	x->eth = eth;
 	x->ip = ip;
 	x->ports = (void *)(ip + 1);

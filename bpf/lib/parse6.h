@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * IPv6 parsing for tc (parse_ipv6): the IPv6 twin of parse_ipv4, filling
- * a struct pkt6 with what lookup, conntrack (conntrack_fam.h) and the
- * rewrite need.
+ * IPv6 parsing for tc (parse_ipv6) and XDP (parse_ipv6_xdp): the IPv6
+ * twins of parse_ipv4 and parse_ipv4_xdp, filling a struct pkt6 with what
+ * lookup, conntrack (conntrack_fam.h) and the rewrite need.
  *
  * Extension headers (RFC 8200 4) between the fixed header and TCP/UDP are
  * skipped: hop-by-hop and destination options and routing headers by
@@ -278,6 +278,59 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct pkt6 *p)
 			return PARSE_UDP_NO_CSUM;
 	}
 	return PARSE_OK;
+}
+
+/* An IPv6 packet parsed at XDP (parse.h). */
+XDP_PKT(xdp_pkt6, struct pkt6, struct ipv6hdr);
+
+/*
+ * parse_ipv6_xdp - parse_ipv4_xdp for IPv6: TCP or UDP right after the
+ * fixed header (no extension header: a fragment has one), its whole L4
+ * header present, a payload length set (not a jumbogram) and, for UDP, a
+ * checksum (a datagram without one is invalid in IPv6: tc counts it).
+ * Returns false for anything else (left to tc, which walks extension
+ * headers).
+ */
+static __always_inline bool parse_ipv6_xdp(struct xdp_md *ctx,
+					   struct xdp_pkt6 *x)
+{
+	struct ethhdr *eth = xdp_eth(ctx, bpf_htons(ETH_P_IPV6));
+	void *end = (void *)(long)ctx->data_end;
+	struct ipv6hdr *ip;
+	__u32 len;
+
+	if (!eth)
+		return false;
+	/* (Generic XDP on an L3 device: see parse_ipv4_xdp. The frame is an
+	 * IPv6 packet, or an IPv4 one that the IPv4 entry sent here, its
+	 * source address reading like the IPv6 ethertype.)
+	 */
+	if (((eth->h_dest[0] >> 4) == 6 || (eth->h_dest[0] >> 4) == 4) &&
+	    dev_is_l3(ctx->ingress_ifindex))
+		return false;
+	ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > end || ip->version != 6)
+		return false;
+	/* (A frame shorter than the payload length is the stack's to drop:
+	 * only the headers are rewritten, and they are bounds-checked.)
+	 */
+	len = bpf_ntohs(ip->payload_len);
+	if (!xdp_l4(ip + 1, end, len, 0, ip->nexthdr, true, &x->l4csum,
+		    &x->p.tcp_flags))
+		return false;
+	x->eth = eth;
+	x->ip = ip;
+	x->ports = (void *)(ip + 1);
+	__builtin_memcpy(&x->p.saddr, &ip->saddr, sizeof(x->p.saddr));
+	__builtin_memcpy(&x->p.daddr, &ip->daddr, sizeof(x->p.daddr));
+	x->p.sport = x->ports[0];
+	x->p.dport = x->ports[1];
+	x->p.proto = ip->nexthdr;
+	x->p.l3_off = ETH_HLEN;
+	x->p.l4_off = ETH_HLEN + sizeof(*ip);
+	x->p.l3_len = sizeof(*ip) + len;
+	x->p.hop_limit = ip->hop_limit;
+	return true;
 }
 
 #endif /* SLUICE_PARSE6_H */

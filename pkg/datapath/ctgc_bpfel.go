@@ -32,6 +32,7 @@ const (
 	ctgcMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
 	ctgcMapSluice6TcV1             = "sluice6_tc_v1"
 	ctgcMapSluice6UdpStickV1       = "sluice6_udp_stick_v1"
+	ctgcMapSluice6XdpV1            = "sluice6_xdp_v1"
 	ctgcMapSluiceAffFixV1          = "sluice_aff_fix_v1"
 	ctgcMapSluiceBackendsV1        = "sluice_backends_v1"
 	ctgcMapSluiceConntrackV2       = "sluice_conntrack_v2"
@@ -136,6 +137,7 @@ type ctgcMapSpecs struct {
 	Sluice6SrcRangesV1      *ebpf.MapSpec `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.MapSpec `ebpf:"sluice6_tc_v1"`
 	Sluice6UdpStickV1       *ebpf.MapSpec `ebpf:"sluice6_udp_stick_v1"`
+	Sluice6XdpV1            *ebpf.MapSpec `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
@@ -212,6 +214,7 @@ type ctgcMaps struct {
 	Sluice6SrcRangesV1      *ebpf.Map `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.Map `ebpf:"sluice6_tc_v1"`
 	Sluice6UdpStickV1       *ebpf.Map `ebpf:"sluice6_udp_stick_v1"`
+	Sluice6XdpV1            *ebpf.Map `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
@@ -252,6 +255,7 @@ func (m *ctgcMaps) Close() error {
 		m.Sluice6SrcRangesV1,
 		m.Sluice6TcV1,
 		m.Sluice6UdpStickV1,
+		m.Sluice6XdpV1,
 		m.SluiceAffFixV1,
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV2,

@@ -230,8 +230,8 @@ type Datapath struct {
 	dir  string // BPFFS/sluice
 	tc   tcObjects
 	gc   ctgcPrograms
-	sock sockProgs   // nil programs with socket load balancing off
-	xdp  xdpPrograms // nil program with XDP off
+	sock sockProgs // nil programs with socket load balancing off
+	xdp  xdpProgs  // nil programs with XDP off
 	maps *Maps
 
 	// What the kernel offers beyond the minimum (features.go).
@@ -439,6 +439,9 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 	if specs.xdp != nil {
 		if err := specs.xdp.LoadAndAssign(&d.xdp, opts); err != nil {
 			return fmt.Errorf("load XDP program: %w", verifierDetail(err))
+		}
+		if err := d.xdp.setIPv6Program(); err != nil {
+			return err
 		}
 	}
 	d.maps = &Maps{

@@ -301,7 +301,7 @@ func TestTCRedirectTTLAndMTU(t *testing.T) {
 	}
 }
 
-func mustLink(t *testing.T, name string) netlink.Link {
+func mustLink(t testing.TB, name string) netlink.Link {
 	t.Helper()
 	l, err := netlink.LinkByName(name)
 	if err != nil {

@@ -32,6 +32,7 @@ const (
 	migrateMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
 	migrateMapSluice6TcV1             = "sluice6_tc_v1"
 	migrateMapSluice6UdpStickV1       = "sluice6_udp_stick_v1"
+	migrateMapSluice6XdpV1            = "sluice6_xdp_v1"
 	migrateMapSluiceAffFixV1          = "sluice_aff_fix_v1"
 	migrateMapSluiceBackendsV1        = "sluice_backends_v1"
 	migrateMapSluiceConntrackV2       = "sluice_conntrack_v2"
@@ -140,6 +141,7 @@ type migrateMapSpecs struct {
 	Sluice6SrcRangesV1      *ebpf.MapSpec `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.MapSpec `ebpf:"sluice6_tc_v1"`
 	Sluice6UdpStickV1       *ebpf.MapSpec `ebpf:"sluice6_udp_stick_v1"`
+	Sluice6XdpV1            *ebpf.MapSpec `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
@@ -222,6 +224,7 @@ type migrateMaps struct {
 	Sluice6SrcRangesV1      *ebpf.Map `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.Map `ebpf:"sluice6_tc_v1"`
 	Sluice6UdpStickV1       *ebpf.Map `ebpf:"sluice6_udp_stick_v1"`
+	Sluice6XdpV1            *ebpf.Map `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
@@ -265,6 +268,7 @@ func (m *migrateMaps) Close() error {
 		m.Sluice6SrcRangesV1,
 		m.Sluice6TcV1,
 		m.Sluice6UdpStickV1,
+		m.Sluice6XdpV1,
 		m.SluiceAffFixV1,
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV2,

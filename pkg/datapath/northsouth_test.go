@@ -200,10 +200,20 @@ func northSouthNode(t testing.TB) (*topology.NS, int, *Datapath) {
 	return ns, ifindex, d
 }
 
-// nsClient is a request from the client (nsClientIP) to fe, from port
-// sport.
+// ofFamily is v4 or v6 (addresses of the tables), whichever is of a's
+// family: the node's or the client's address as a packet to or from a
+// (IPv4, or IPv6 with addNodeIPv6) sees it.
+func ofFamily(a netip.Addr, v4, v6 string) netip.Addr {
+	if a.Is6() {
+		return addr(v6)
+	}
+	return addr(v4)
+}
+
+// nsClient is a request from the client (nsClientIP, or nsClientIP6) to
+// fe, from port sport.
 func nsClient(sport uint16, fe model.L4Addr) packet.Packet {
-	p := packet.Packet{SrcMAC: clientMAC, DstMAC: macOf(nodeEthMAC), Src: addr(nsClientIP), Dst: fe.Addr,
+	p := packet.Packet{SrcMAC: clientMAC, DstMAC: macOf(nodeEthMAC), Src: ofFamily(fe.Addr, nsClientIP, nsClientIP6), Dst: fe.Addr,
 		SrcPort: sport, DstPort: fe.Port, Proto: uint8(fe.Proto)}
 	if fe.Proto == model.UDP {
 		p.Payload = []byte("nodeport datagram")
@@ -212,12 +222,12 @@ func nsClient(sport uint16, fe model.L4Addr) packet.Packet {
 }
 
 // toRemote is request in as the node sends it on to be on the other node:
-// source-NATed to the node's address and port sp, destination-NATed to be,
-// from eth0 to node 2.
+// source-NATed to the node's address (of be's family) and port sp,
+// destination-NATed to be, from eth0 to node 2.
 func toRemote(in packet.Packet, sp uint16, be testBackend) packet.Packet {
 	in.TTL = fwdTTL // forwarded by tc or XDP
 	in.SrcMAC, in.DstMAC = macOf(nodeEthMAC), macOf(node2MAC)
-	in.Src, in.SrcPort = addr(nsNodeIP), sp
+	in.Src, in.SrcPort = ofFamily(be.addr.Addr, nsNodeIP, nsNodeIP6), sp
 	in.Dst, in.DstPort = be.addr.Addr, be.addr.Port
 	return in
 }
@@ -226,7 +236,7 @@ func toRemote(in packet.Packet, sp uint16, be testBackend) packet.Packet {
 // sp.
 func replyFrom(be testBackend, sp uint16, flags uint8) packet.Packet {
 	p := packet.Packet{SrcMAC: macOf(node2MAC), DstMAC: macOf(nodeEthMAC), Src: be.addr.Addr, SrcPort: be.addr.Port,
-		Dst: addr(nsNodeIP), DstPort: sp, Proto: uint8(be.addr.Proto), TCPFlags: flags}
+		Dst: ofFamily(be.addr.Addr, nsNodeIP, nsNodeIP6), DstPort: sp, Proto: uint8(be.addr.Proto), TCPFlags: flags}
 	if be.addr.Proto == model.UDP {
 		p.Payload = []byte("answer")
 	}
@@ -239,7 +249,7 @@ func toClient(r packet.Packet, fe model.L4Addr, cport uint16) packet.Packet {
 	r.TTL = fwdTTL // forwarded by tc or XDP
 	r.SrcMAC, r.DstMAC = macOf(nodeEthMAC), clientMAC
 	r.Src, r.SrcPort = fe.Addr, fe.Port
-	r.Dst, r.DstPort = addr(nsClientIP), cport
+	r.Dst, r.DstPort = ofFamily(fe.Addr, nsClientIP, nsClientIP6), cport
 	return r
 }
 
@@ -467,6 +477,26 @@ func runXDP(t *testing.T, prog *ebpf.Program, ifindex int, in []byte) (uint32, [
 	return ret, opts.DataOut
 }
 
+// xdpRoundTrip runs in, a request to fe that starts a flow, and then its
+// backend be's reply (TCP flags replyFlags) through d's XDP program,
+// arriving on ifindex: XDP must send both on itself (XDP_TX), rewritten
+// as toRemote and toClient say. It returns the flow's SNAT port.
+func xdpRoundTrip(t *testing.T, d *Datapath, ifindex int, in packet.Packet, fe model.L4Addr, be testBackend, replyFlags uint8) uint16 {
+	t.Helper()
+	verdict, out := runXDP(t, d.XDP(), ifindex, in.Bytes())
+	var sp uint16
+	if fe.Addr.Is6() {
+		sp = snatPort6Of(t, d, in.Src.String(), in.SrcPort, fe)
+	} else {
+		sp = snatPortOf(t, d.Maps(), in.Src.String(), in.SrcPort, fe)
+	}
+	expectPacket(t, fmt.Sprintf("%s request", fe), verdict, xdpTx, out, toRemote(in, sp, be))
+	r := replyFrom(be, sp, replyFlags)
+	verdict, out = runXDP(t, d.XDP(), ifindex, r.Bytes())
+	expectPacket(t, fmt.Sprintf("%s reply", fe), verdict, xdpTx, out, toClient(r, fe, in.SrcPort))
+	return sp
+}
+
 // TestXDPPacketTable: the XDP fast path rewrites external flows to remote
 // backends and their replies exactly like tc and transmits them itself;
 // everything else passes untouched to tc.
@@ -489,26 +519,16 @@ func TestXDPPacketTable(t *testing.T) {
 
 	// TCP: SYN, reply, and the rest of the flow, all in XDP.
 	in := client(41000, npRemote)
-	verdict, out := runXDP(t, xdp, ifindex, in.Bytes())
-	sp := snatPortOf(t, m, nsClientIP, 41000, npRemote)
-	expectPacket(t, "tcp forward", verdict, xdpTx, out, toRemote(in, sp, beRemote))
-	r := replyFrom(beRemote, sp, 0x12)
-	verdict, out = runXDP(t, xdp, ifindex, r.Bytes())
-	expectPacket(t, "tcp reply", verdict, xdpTx, out, toClient(r, npRemote, 41000))
+	sp := xdpRoundTrip(t, d, ifindex, in, npRemote, beRemote, 0x12)
 	ack := in
 	ack.TCPFlags = 0x10
 	ack.Payload = []byte("GET / HTTP/1.0\r\n\r\n")
-	verdict, out = runXDP(t, xdp, ifindex, ack.Bytes())
+	verdict, out := runXDP(t, xdp, ifindex, ack.Bytes())
 	expectPacket(t, "tcp data", verdict, xdpTx, out, toRemote(ack, sp, beRemote))
 
 	// UDP, with a checksum and without one.
 	u := client(5400, npUDP)
-	verdict, out = runXDP(t, xdp, ifindex, u.Bytes())
-	usp := snatPortOf(t, m, nsClientIP, 5400, npUDP)
-	expectPacket(t, "udp forward", verdict, xdpTx, out, toRemote(u, usp, beRemU))
-	ur := replyFrom(beRemU, usp, 0)
-	verdict, out = runXDP(t, xdp, ifindex, ur.Bytes())
-	expectPacket(t, "udp reply", verdict, xdpTx, out, toClient(ur, npUDP, 5400))
+	usp := xdpRoundTrip(t, d, ifindex, u, npUDP, beRemU, 0)
 	u0 := u
 	u0.NoUDPChecksum = true
 	verdict, out = runXDP(t, xdp, ifindex, u0.Bytes())
@@ -586,6 +606,161 @@ func TestXDPPacketTable(t *testing.T) {
 	// tc saw no denied source here: XDP counts its own drops.
 	if cs["tc_src_range_deny"] != 0 {
 		t.Errorf("XDP drop counted as tc_src_range_deny: %v", cs)
+	}
+}
+
+// TestXDP6PacketTable is TestXDPPacketTable over IPv6 (bpf/xdp.c's
+// sluice6_xdp, which the attached program tail-calls for an IPv6 frame),
+// on the node of TestTC6NorthSouthPacketTable: a NodePort flow to a
+// backend on node 2 is DNATed and SNATed to eth0's IPv6 address with a
+// reserved port and transmitted one hop less, its reply rewritten back to
+// the client, by XDP; a flow tc started goes on in XDP; source ranges and
+// session affinity as tc has them; and what XDP cannot finish passes to
+// tc untouched. The packets are built from scratch (checksums over the
+// IPv6 pseudo-header included), so a byte-for-byte match proves the
+// incremental checksum updates exact.
+func TestXDP6PacketTable(t *testing.T) {
+	_, ifindex, d := nodeDatapath6(t, xdpConfig)
+	must := func(err error, what string) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	// A local pod range behind pod0 (its neighbour resolved), and a range
+	// behind a router (2001:db8:100::4) whose neighbour is not.
+	pod0 := mustLink(t, "pod0")
+	for _, r := range []netlink.Route{
+		{LinkIndex: pod0.Attrs().Index, Dst: &net.IPNet{IP: net.ParseIP("2001:db8:1::"), Mask: net.CIDRMask(64, 128)}},
+		{LinkIndex: mustLink(t, "eth0").Attrs().Index, Dst: &net.IPNet{IP: net.ParseIP("2001:db8:4::"), Mask: net.CIDRMask(64, 128)},
+			Gw: net.ParseIP("2001:db8:100::4")},
+	} {
+		must(netlink.RouteAdd(&r), "route "+r.Dst.String())
+	}
+	must(netlink.NeighAdd(&netlink.Neigh{LinkIndex: pod0.Attrs().Index, Family: netlink.FAMILY_V6,
+		State: netlink.NUD_PERMANENT, IP: net.ParseIP("2001:db8:1::7"), HardwareAddr: node3MAC}), "neighbour of the local pod")
+
+	np, npU, be, beU := np6Remote, np6UDP, be6Remote, be6RemU
+	npLocal := l4(nsNodeIP6, 30081, model.TCP)
+	npNoNeigh := l4(nsNodeIP6, 30084, model.TCP)
+	extLocal := l4("2001:db8:100::c9", 80, model.TCP)
+	lbRanges := l4("2001:db8:100::c8", 80, model.TCP)
+	npAff := l4(nsNodeIP6, 30090, model.TCP)
+	m, ext := d.Maps(), reconciler.FlagExternal
+	addExternal(t, m, 13, npLocal, ext, testBackend{13, l4("2001:db8:1::7", 8080, model.TCP)})
+	addExternal(t, m, 14, npNoNeigh, ext, testBackend{14, l4("2001:db8:4::7", 8080, model.TCP)})
+	addExternal(t, m, 15, extLocal, ext|reconciler.FlagLocal, be)
+	must(m.UpsertSourceRange(lbRanges, netip.MustParsePrefix("2001:db8:100::/124")), "source range")
+	addExternal(t, m, 16, lbRanges, ext|reconciler.FlagSourceRanges, be)
+	var affBackends []testBackend
+	for i := range 4 {
+		affBackends = append(affBackends, testBackend{reconciler.BackendID(21 + i), l4(fmt.Sprintf("2001:db8:2::%x", 0x21+i), 8080, model.TCP)})
+	}
+	addService(t, m, 17, npAff, affBackends...)
+	must(m.UpsertMaster(reconciler.DefaultScope(npAff), reconciler.Master{ID: 17, Count: 4,
+		Flags: ext | reconciler.FlagAffinity, AffinityTimeout: 3600}), "affinity master")
+	xdp := d.XDP()
+
+	// TCP: SYN, SYN-ACK, and the rest of the flow, all in XDP; UDP both
+	// ways.
+	syn := nsClient(41000, np)
+	sp := xdpRoundTrip(t, d, ifindex, syn, np, be, packet.SYN|packet.ACK)
+	data := syn.With(func(p *packet.Packet) { p.TCPFlags, p.Payload = packet.ACK, []byte("GET / HTTP/1.0\r\n\r\n") })
+	verdict, out := runXDP(t, xdp, ifindex, data.Bytes())
+	expectPacket(t, "established", verdict, xdpTx, out, toRemote(data, sp, be))
+	xdpRoundTrip(t, d, ifindex, nsClient(5400, npU), npU, beU, 0)
+
+	// A flow tc started goes on in XDP, on the same reservation.
+	tcSyn := nsClient(41001, np)
+	if v, _ := runOn(t, d.TCIngress(), ifindex, tcSyn.Bytes()); v != tcActRedirect {
+		t.Fatalf("tc start: verdict %d", v)
+	}
+	sp2 := snatPort6Of(t, d, nsClientIP6, 41001, np)
+	tcAck := tcSyn.With(func(p *packet.Packet) { p.TCPFlags = packet.ACK })
+	verdict, out = runXDP(t, xdp, ifindex, tcAck.Bytes())
+	expectPacket(t, "tc-started flow in XDP", verdict, xdpTx, out, toRemote(tcAck, sp2, be))
+
+	// Source ranges: allowed goes through XDP, denied is dropped there.
+	allowed := nsClient(41002, lbRanges).With(func(p *packet.Packet) { p.Src = addr("2001:db8:100::5") })
+	verdict, out = runXDP(t, xdp, ifindex, allowed.Bytes())
+	asp := snatPort6Of(t, d, "2001:db8:100::5", 41002, lbRanges)
+	expectPacket(t, "allowed source", verdict, xdpTx, out, toRemote(allowed, asp, be))
+	if v, _ := runXDP(t, xdp, ifindex, nsClient(41003, lbRanges).Bytes()); v != xdpDrop {
+		t.Errorf("denied source: verdict %d, want XDP_DROP", v)
+	}
+
+	// Session affinity: every new flow of the client goes where its
+	// first went, and so does one tc starts (the entries are shared).
+	var first testBackend
+	for i := range 8 {
+		in := nsClient(uint16(42000+i), npAff)
+		verdict, out := runXDP(t, xdp, ifindex, in.Bytes())
+		p, err := packet.Parse(out)
+		must(err, "parse")
+		if i == 0 {
+			first = testBackend{addr: l4(p.Dst.String(), 8080, model.TCP)}
+		}
+		sp := snatPort6Of(t, d, nsClientIP6, in.SrcPort, npAff)
+		expectPacket(t, fmt.Sprintf("affinity flow %d", i), verdict, xdpTx, out, toRemote(in, sp, first))
+	}
+	in := nsClient(42100, npAff)
+	verdict, out = runOn(t, d.TCIngress(), ifindex, in.Bytes())
+	expectPacket(t, "affinity flow started by tc", verdict, tcActRedirect, out,
+		toRemote(in, snatPort6Of(t, d, nsClientIP6, 42100, npAff), first))
+
+	// Left to tc, untouched: what XDP does not translate, and what it
+	// cannot finish (extension headers, fragments, a hop limit that
+	// would expire, an unresolved neighbour, a local backend), and
+	// malformed frames.
+	last := nsClient(41004, np).With(func(p *packet.Packet) { p.TTL = 1 })
+	short := nsClient(41005, np).Bytes()
+	badLen := nsClient(41006, np).Bytes()
+	badLen[14+4], badLen[14+5] = 0, 8 // payload length 8: no whole TCP header
+	v4in6 := nsClient(41007, np).Bytes()
+	v4in6[14] = 0x40 // version 4 under the IPv6 ethertype
+	for name, b := range map[string][]byte{
+		"local backend":        nsClient(41010, npLocal).Bytes(),
+		"unresolved neighbour": nsClient(41011, npNoNeigh).Bytes(),
+		"Local policy":         nsClient(41012, extLocal).Bytes(),
+		"not a service":        nsClient(41013, l4(nsNodeIP6, 22, model.TCP)).Bytes(),
+		"reply of no flow":     replyFrom(be, 61999, packet.SYN|packet.ACK).Bytes(),
+		"hop-by-hop header": nsClient(41014, np).With(func(p *packet.Packet) {
+			p.IPv6.Ext = []packet.ExtHeader{packet.HopByHopHeader([]byte{5, 2, 0, 0})}
+		}).Bytes(),
+		"first fragment": nsClient(41015, np).With(func(p *packet.Packet) {
+			p.IPv6.Ext = []packet.ExtHeader{packet.FragmentHeader(0, true, 7)}
+		}).Bytes(),
+		"UDP without checksum": nsClient(5401, npU).With(func(p *packet.Packet) { p.NoUDPChecksum = true }).Bytes(),
+		"hop limit 1":          last.Bytes(),
+		"truncated TCP header": short[:14+40+10],
+		"IPv6 header only":     short[:14+40],
+		"Ethernet header only": short[:14],
+		"payload length 8":     badLen,
+		"version 4":            v4in6,
+	} {
+		verdict, out := runXDP(t, xdp, ifindex, b)
+		if verdict != xdpPass || !bytes.Equal(out[:len(b)], b) {
+			t.Errorf("%s: verdict %d (want XDP_PASS), output changed: %v", name, verdict, !bytes.Equal(out[:len(b)], b))
+		}
+	}
+	// Over the egress MTU: to tc, which answers packet too big.
+	must(netlink.LinkSetMTU(mustLink(t, "eth0"), 1280), "MTU")
+	big := data.With(func(p *packet.Packet) { p.Payload = bytes.Repeat([]byte("m"), 1300) }).Bytes()
+	if verdict, out := runXDP(t, xdp, ifindex, big); verdict != xdpPass || !bytes.Equal(out[:len(big)], big) {
+		t.Errorf("over the MTU: verdict %d (want XDP_PASS), output changed: %v", verdict, !bytes.Equal(out[:len(big)], big))
+	}
+
+	cs := expectCounted(t, d, "xdp_fwd", "xdp_rev", "xdp_snat_new", "xdp_src_range_deny", "xdp_ttl_exceeded", "xdp_mtu_exceeded")
+	if cs["tc_src_range_deny"] != 0 {
+		t.Errorf("XDP drop counted as tc_src_range_deny: %v", cs)
+	}
+
+	// Without the IPv6 program in sluice6_xdp_v1 (the agent that put it
+	// there is gone), IPv6 passes to tc untouched.
+	must(d.xdp.Sluice6XdpV1.Delete(uint32(0)), "empty sluice6_xdp_v1")
+	fresh := nsClient(41020, np).Bytes()
+	if v, out := runXDP(t, xdp, ifindex, fresh); v != xdpPass || !bytes.Equal(out[:len(fresh)], fresh) {
+		t.Errorf("without the IPv6 program: verdict %d (want XDP_PASS), output changed: %v", v, !bytes.Equal(out[:len(fresh)], fresh))
 	}
 }
 

@@ -557,6 +557,7 @@ const (
 	sockMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
 	sockMapSluice6TcV1             = "sluice6_tc_v1"
 	sockMapSluice6UdpStickV1       = "sluice6_udp_stick_v1"
+	sockMapSluice6XdpV1            = "sluice6_xdp_v1"
 	sockMapSluiceAffFixV1          = "sluice_aff_fix_v1"
 	sockMapSluiceBackendsV1        = "sluice_backends_v1"
 	sockMapSluiceConntrackV2       = "sluice_conntrack_v2"
@@ -682,6 +683,7 @@ type sockMapSpecs struct {
 	Sluice6SrcRangesV1      *ebpf.MapSpec `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.MapSpec `ebpf:"sluice6_tc_v1"`
 	Sluice6UdpStickV1       *ebpf.MapSpec `ebpf:"sluice6_udp_stick_v1"`
+	Sluice6XdpV1            *ebpf.MapSpec `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
@@ -759,6 +761,7 @@ type sockMaps struct {
 	Sluice6SrcRangesV1      *ebpf.Map `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.Map `ebpf:"sluice6_tc_v1"`
 	Sluice6UdpStickV1       *ebpf.Map `ebpf:"sluice6_udp_stick_v1"`
+	Sluice6XdpV1            *ebpf.Map `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
@@ -800,6 +803,7 @@ func (m *sockMaps) Close() error {
 		m.Sluice6SrcRangesV1,
 		m.Sluice6TcV1,
 		m.Sluice6UdpStickV1,
+		m.Sluice6XdpV1,
 		m.SluiceAffFixV1,
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV2,

@@ -60,6 +60,7 @@ const (
 	sockdestroyMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
 	sockdestroyMapSluice6TcV1             = "sluice6_tc_v1"
 	sockdestroyMapSluice6UdpStickV1       = "sluice6_udp_stick_v1"
+	sockdestroyMapSluice6XdpV1            = "sluice6_xdp_v1"
 	sockdestroyMapSluiceAffFixV1          = "sluice_aff_fix_v1"
 	sockdestroyMapSluiceBackendsV1        = "sluice_backends_v1"
 	sockdestroyMapSluiceConntrackV2       = "sluice_conntrack_v2"
@@ -160,6 +161,7 @@ type sockdestroyMapSpecs struct {
 	Sluice6SrcRangesV1      *ebpf.MapSpec `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.MapSpec `ebpf:"sluice6_tc_v1"`
 	Sluice6UdpStickV1       *ebpf.MapSpec `ebpf:"sluice6_udp_stick_v1"`
+	Sluice6XdpV1            *ebpf.MapSpec `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
@@ -236,6 +238,7 @@ type sockdestroyMaps struct {
 	Sluice6SrcRangesV1      *ebpf.Map `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.Map `ebpf:"sluice6_tc_v1"`
 	Sluice6UdpStickV1       *ebpf.Map `ebpf:"sluice6_udp_stick_v1"`
+	Sluice6XdpV1            *ebpf.Map `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
@@ -276,6 +279,7 @@ func (m *sockdestroyMaps) Close() error {
 		m.Sluice6SrcRangesV1,
 		m.Sluice6TcV1,
 		m.Sluice6UdpStickV1,
+		m.Sluice6XdpV1,
 		m.SluiceAffFixV1,
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV2,

@@ -1,14 +1,16 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/cilium/ebpf"
 )
 
-// The tc programs' IPv6 path (bpf/lib/tc6.h): programs of their own,
-// which the tc entries tail-call for an IPv6 packet, so that the verifier
-// checks them apart from the IPv4 programs.
+// The IPv6 paths of the tc programs (bpf/lib/tc6.h) and of the XDP
+// program (bpf/xdp.c): programs of their own, which the entries
+// tail-call for an IPv6 packet, so that the verifier checks them apart
+// from the IPv4 programs.
 
 // The IPv6 conntrack tables (bpf/lib/maps.h), sized as their IPv4 twins.
 const (
@@ -21,6 +23,23 @@ const (
 // order of its slots (TC6_PROG_INGRESS, TC6_PROG_EGRESS).
 func (o *tcObjects) setIPv6Programs() error {
 	return fillProgArray(o.Sluice6TcV1, "sluice6_tc_v1", o.Sluice6Ingress, o.Sluice6Egress)
+}
+
+// xdpProgs are the XDP programs, and the program array through which
+// the attached one, sluice_xdp, tail-calls its IPv6 twin for an IPv6
+// frame (bpf/xdp.c).
+type xdpProgs struct {
+	xdpPrograms
+	Sluice6XdpV1 *ebpf.Map `ebpf:"sluice6_xdp_v1"`
+}
+
+func (p *xdpProgs) Close() error {
+	return errors.Join(p.xdpPrograms.Close(), p.Sluice6XdpV1.Close())
+}
+
+// setIPv6Program puts the IPv6 XDP program into sluice6_xdp_v1.
+func (p *xdpProgs) setIPv6Program() error {
+	return fillProgArray(p.Sluice6XdpV1, "sluice6_xdp_v1", p.Sluice6Xdp)
 }
 
 // fillProgArray puts progs into the program array m (named name, for

@@ -16,7 +16,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -400,7 +399,7 @@ const (
 	nsClientIP6 = "2001:db8:100::50"
 )
 
-func addNodeIPv6(t *testing.T) {
+func addNodeIPv6(t testing.TB) {
 	t.Helper()
 	for _, f := range []string{"/proc/sys/net/ipv6/conf/all/forwarding", "/proc/sys/net/ipv6/conf/default/accept_dad"} {
 		v := "1"
@@ -429,8 +428,32 @@ func addNodeIPv6(t *testing.T) {
 	}
 }
 
+// The IPv6 NodePorts of the IPv6 north-south tables (nodeDatapath6), to
+// backends on node 2.
+var (
+	np6Remote = l4(nsNodeIP6, 30080, model.TCP)
+	np6UDP    = l4(nsNodeIP6, 30053, model.UDP)
+	be6Remote = testBackend{11, l4("2001:db8:2::7", 8080, model.TCP)}
+	be6RemU   = testBackend{12, l4("2001:db8:2::8", 5353, model.UDP)}
+)
+
+// nodeDatapath6 is nodeDatapath on eth0, eth0 with its IPv6 address too
+// (addNodeIPv6, attached again for sluice6_devices_v1), and the NodePorts
+// np6Remote and np6UDP (ids 11 and 12).
+func nodeDatapath6(t testing.TB, base func(bpffs string) Config) (*topology.NS, int, *Datapath) {
+	t.Helper()
+	ns, ifindex, d := nodeDatapath(t, base, "eth0")
+	addNodeIPv6(t)
+	if err := d.AttachDevices([]string{"eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	addExternal(t, d.Maps(), 11, np6Remote, reconciler.FlagExternal, be6Remote)
+	addExternal(t, d.Maps(), 12, np6UDP, reconciler.FlagExternal, be6RemU)
+	return ns, ifindex, d
+}
+
 // snatPort6Of is snatPortOf for an IPv6 flow, source-NATed to nsNodeIP6.
-func snatPort6Of(t *testing.T, d *Datapath, client string, cport uint16, fe model.L4Addr) uint16 {
+func snatPort6Of(t testing.TB, d *Datapath, client string, cport uint16, fe model.L4Addr) uint16 {
 	t.Helper()
 	k := tcCt6Key{Saddr: tcV6addr{Addr: addr(client).As16()}, Daddr: tcV6addr{Addr: fe.Addr.As16()},
 		Sport: be16(cport), Dport: be16(fe.Port), Proto: uint8(fe.Proto), Dir: ctForward}
@@ -455,43 +478,17 @@ func snatPort6Of(t *testing.T, d *Datapath, client string, cport uint16, fe mode
 // packet too big; an unallocated address of the IPv6 service CIDR
 // dropped.
 func TestTC6NorthSouthPacketTable(t *testing.T) {
-	testutil.Privileged(t)
-	_, ifindex := nodeNetns(t)
-	addNodeIPv6(t)
-	d := openTest(t, configWith(smallConfig, func(c *Config) {
+	_, ifindex, d := nodeDatapath6(t, configWith(smallConfig, func(c *Config) {
 		c.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("2001:db8:96::/112")}
-	})(testPinDir(t)))
-	if err := d.AttachDevices([]string{"eth0"}); err != nil {
-		t.Fatal(err)
-	}
-	np := l4(nsNodeIP6, 30080, model.TCP)
-	npU := l4(nsNodeIP6, 30053, model.UDP)
-	be := testBackend{11, l4("2001:db8:2::7", 8080, model.TCP)}
-	beU := testBackend{12, l4("2001:db8:2::8", 5353, model.UDP)}
-	m, ext := d.Maps(), reconciler.FlagExternal
-	addExternal(t, m, 11, np, ext, be)
-	addExternal(t, m, 12, npU, ext, beU)
+	}))
+	np, npU, be, beU := np6Remote, np6UDP, be6Remote, be6RemU
 	ing := d.TCIngress()
 	eth, n2 := macOf(nodeEthMAC), macOf(node2MAC)
 
 	fromClient := func(p packet.Packet) packet.Packet { p.SrcMAC, p.DstMAC = clientMAC, eth; return p }
-	toRemote := func(in packet.Packet, sp uint16, be testBackend) packet.Packet {
-		in.TTL = fwdTTL
-		in.SrcMAC, in.DstMAC = eth, n2
-		in.Src, in.SrcPort = addr(nsNodeIP6), sp
-		in.Dst, in.DstPort = be.addr.Addr, be.addr.Port
-		return in
-	}
 	fromNode2 := func(p packet.Packet) packet.Packet {
 		p.SrcMAC, p.DstMAC = n2, eth
 		return p
-	}
-	toClient := func(r packet.Packet, fe model.L4Addr, cport uint16) packet.Packet {
-		r.TTL = fwdTTL
-		r.SrcMAC, r.DstMAC = eth, clientMAC
-		r.Src, r.SrcPort = fe.Addr, fe.Port
-		r.Dst, r.DstPort = addr(nsClientIP6), cport
-		return r
 	}
 	data := []byte("nodeport datagram")
 

@@ -69,6 +69,7 @@ const (
 	tcMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
 	tcMapSluice6TcV1             = "sluice6_tc_v1"
 	tcMapSluice6UdpStickV1       = "sluice6_udp_stick_v1"
+	tcMapSluice6XdpV1            = "sluice6_xdp_v1"
 	tcMapSluiceAffFixV1          = "sluice_aff_fix_v1"
 	tcMapSluiceBackendsV1        = "sluice_backends_v1"
 	tcMapSluiceConntrackV2       = "sluice_conntrack_v2"
@@ -183,6 +184,7 @@ type tcMapSpecs struct {
 	Sluice6SrcRangesV1      *ebpf.MapSpec `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.MapSpec `ebpf:"sluice6_tc_v1"`
 	Sluice6UdpStickV1       *ebpf.MapSpec `ebpf:"sluice6_udp_stick_v1"`
+	Sluice6XdpV1            *ebpf.MapSpec `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
@@ -259,6 +261,7 @@ type tcMaps struct {
 	Sluice6SrcRangesV1      *ebpf.Map `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.Map `ebpf:"sluice6_tc_v1"`
 	Sluice6UdpStickV1       *ebpf.Map `ebpf:"sluice6_udp_stick_v1"`
+	Sluice6XdpV1            *ebpf.Map `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
@@ -299,6 +302,7 @@ func (m *tcMaps) Close() error {
 		m.Sluice6SrcRangesV1,
 		m.Sluice6TcV1,
 		m.Sluice6UdpStickV1,
+		m.Sluice6XdpV1,
 		m.SluiceAffFixV1,
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV2,

@@ -32,6 +32,7 @@ const (
 	xdpMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
 	xdpMapSluice6TcV1             = "sluice6_tc_v1"
 	xdpMapSluice6UdpStickV1       = "sluice6_udp_stick_v1"
+	xdpMapSluice6XdpV1            = "sluice6_xdp_v1"
 	xdpMapSluiceAffFixV1          = "sluice_aff_fix_v1"
 	xdpMapSluiceBackendsV1        = "sluice_backends_v1"
 	xdpMapSluiceConntrackV2       = "sluice_conntrack_v2"
@@ -52,6 +53,7 @@ const (
 	xdpMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
 	xdpMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
 	xdpMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
+	xdpProgSluice6Xdp             = "sluice6_xdp"
 	xdpProgSluiceXdp              = "sluice_xdp"
 	xdpVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
 	xdpVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
@@ -109,7 +111,8 @@ type xdpSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpProgramSpecs struct {
-	SluiceXdp *ebpf.ProgramSpec `ebpf:"sluice_xdp"`
+	Sluice6Xdp *ebpf.ProgramSpec `ebpf:"sluice6_xdp"`
+	SluiceXdp  *ebpf.ProgramSpec `ebpf:"sluice_xdp"`
 }
 
 // xdpMapSpecs contains maps before they are loaded into the kernel.
@@ -132,6 +135,7 @@ type xdpMapSpecs struct {
 	Sluice6SrcRangesV1      *ebpf.MapSpec `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.MapSpec `ebpf:"sluice6_tc_v1"`
 	Sluice6UdpStickV1       *ebpf.MapSpec `ebpf:"sluice6_udp_stick_v1"`
+	Sluice6XdpV1            *ebpf.MapSpec `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
@@ -208,6 +212,7 @@ type xdpMaps struct {
 	Sluice6SrcRangesV1      *ebpf.Map `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.Map `ebpf:"sluice6_tc_v1"`
 	Sluice6UdpStickV1       *ebpf.Map `ebpf:"sluice6_udp_stick_v1"`
+	Sluice6XdpV1            *ebpf.Map `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
@@ -248,6 +253,7 @@ func (m *xdpMaps) Close() error {
 		m.Sluice6SrcRangesV1,
 		m.Sluice6TcV1,
 		m.Sluice6UdpStickV1,
+		m.Sluice6XdpV1,
 		m.SluiceAffFixV1,
 		m.SluiceBackendsV1,
 		m.SluiceConntrackV2,
@@ -293,11 +299,13 @@ type xdpVariables struct {
 //
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpPrograms struct {
-	SluiceXdp *ebpf.Program `ebpf:"sluice_xdp"`
+	Sluice6Xdp *ebpf.Program `ebpf:"sluice6_xdp"`
+	SluiceXdp  *ebpf.Program `ebpf:"sluice_xdp"`
 }
 
 func (p *xdpPrograms) Close() error {
 	return _XdpClose(
+		p.Sluice6Xdp,
 		p.SluiceXdp,
 	)
 }

@@ -1,0 +1,261 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The family-dependent body of xdp.c, a template (family.h) that xdp.c
+ * includes once per family: xdp_translate and its steps over the IPv4
+ * maps, xdp_translate6 ... over the IPv6 ones. xdp.c defines, per family,
+ * the packet (xdp_pkt_t), its rewrite (xdp_rewrite), its TTL or hop limit
+ * (xdp_ttl), where it goes (xdp_out_t), the route (fib_t, fib_lookup),
+ * the node device the backend's route leaves through (node_dev_t,
+ * node_dev_of, dev_addr), how a flow's port is reserved
+ * (xdp_create_snat) and its reply entry checked (xdp_check_reverse), and
+ * whether the steps are inlined or BPF functions of their own (xdp_step).
+ *
+ * The steps: xdp_rev (a reply), xdp_fwd (a packet to a frontend, of a
+ * flow conntrack knows), xdp_new (one that starts a flow), each handing
+ * the packet to xdp_out; xdp_new is called from the top (xdp_translate),
+ * not from xdp_fwd, so that the port search under it (xdp_create_snat)
+ * has the stack that IPv6's frames leave.
+ * No include guard, on purpose.
+ */
+
+/*
+ * xdp_send - send the rewritten packet to the next hop @f names: XDP_TX
+ * if that is out of the device it came in on, else a redirect.
+ */
+static __always_inline int FN(xdp_send)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
+					const FAM(fib_t) *f)
+{
+	__builtin_memcpy(x->eth->h_dest, f->dmac, ETH_ALEN);
+	__builtin_memcpy(x->eth->h_source, f->smac, ETH_ALEN);
+	if (f->ifindex == ctx->ingress_ifindex)
+		return XDP_TX;
+	return bpf_redirect(f->ifindex, 0);
+}
+
+/*
+ * xdp_out - rewrite @x to <@t->saddr:sport -> @t->daddr:dport> and send it
+ * to the next hop @t->f names (whose neighbour is resolved: the caller
+ * passes the packet to tc before rewriting it otherwise).
+ */
+static FAM(xdp_step) int FN(xdp_out)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
+				     const FAM(xdp_out_t) *t)
+{
+	FN(xdp_rewrite)(x, t->saddr, t->sport, t->daddr, t->dport);
+	return FN(xdp_send)(ctx, x, &t->f);
+}
+
+/*
+ * xdp_route - where @x, a packet of the source-NATed flow of conntrack
+ * entry @e, goes (into @t): to the flow's backend (@to_backend: <node:port
+ * -> backend>) or back to its client (<frontend -> client>), and the next
+ * hop. Returns whether XDP may send it there itself (a route, its
+ * neighbour resolved, a TTL and size xdp_fwd_ok takes).
+ */
+static __always_inline bool FN(xdp_route)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
+					  const FAM(ct_entry_t) *e,
+					  bool to_backend, FAM(xdp_out_t) *t)
+{
+	if (to_backend) {
+		t->saddr = e->snat_addr;
+		t->sport = e->snat_port;
+		t->daddr = e->nat_addr;
+		t->dport = e->nat_port;
+	} else {
+		t->saddr = e->nat_addr;
+		t->sport = e->nat_port;
+		t->daddr = e->snat_addr;
+		t->dport = e->snat_port;
+	}
+	if (FAM(fib_lookup)(ctx, ctx->ingress_ifindex, t->saddr, t->daddr,
+			    &t->f) < 0 ||
+	    !t->f.have_neigh)
+		return false;
+	return xdp_fwd_ok(ctx, FAM(xdp_ttl)(x), t->f.ifindex);
+}
+
+/* xdp_rev - the reply of a source-NATed flow. -1: not one. */
+static FAM(xdp_step) int FN(xdp_rev)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
+				     __u64 now)
+{
+	FAM(ct_key_t) key = {};
+	FAM(ct_entry_t) *e;
+	FAM(xdp_out_t) t = {};
+
+	/* Source-NATed flows only: their reply entries (the port
+	 * reservations) are always in the established table.
+	 */
+	FN(ct_key_of)(&key, &x->p, CT_REVERSE);
+	e = bpf_map_lookup_elem(FAM(ct_est), &key);
+	if (!e || !(e->flags & CT_F_SNAT) ||
+	    !ct_alive(READ_ONCE(e->expires), now))
+		return -1;
+	/* <B -> N:sp> becomes <F -> C>. */
+	if (!FN(xdp_route)(ctx, x, e, false, &t))
+		return XDP_PASS;
+	/* The first reply promotes the flow; if that fails, tc tries again
+	 * and refuses the flow (counted).
+	 */
+	if (!(READ_ONCE(e->flags) & CT_F_REPLIED) &&
+	    FN(ct_promote_snat)(&key, e, now))
+		return XDP_PASS;
+	FN(ct_touch)(&key, e, now);
+	FN(ct_track_tcp)(&x->p, &key, e, now);
+	metric_inc(METRIC_XDP_REV);
+	return FN(xdp_out)(ctx, x, &t);
+}
+
+/*
+ * The verdict of xdp_fwd for a packet that starts a flow, which the
+ * caller hands to xdp_new.
+ */
+#define XDP_NEW_FLOW (-2)
+
+/*
+ * xdp_fwd - a packet to an external frontend with a remote backend: the
+ * frontend's checks, and a flow conntrack knows. Returns an XDP verdict,
+ * or XDP_NEW_FLOW with the frontend in @svcp.
+ */
+static FAM(xdp_step) int FN(xdp_fwd)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
+				     __u64 now, struct lb4_service **svcp)
+{
+	const FAM(pkt_t) *p = &x->p;
+	struct lb4_service *svc;
+	FAM(ct_key_t) key = {};
+	FAM(ct_entry_t) *fwd;
+	FAM(xdp_out_t) t = {};
+	bool half_open, gone;
+	__u8 flags;
+
+	svc = FN(lookup_service)(p->daddr, p->dport, p->proto);
+	if (!svc)
+		return XDP_PASS;
+	flags = svc->flags;
+	if ((flags & (SVC_F_EXTERNAL | SVC_F_LOCAL)) != SVC_F_EXTERNAL ||
+	    svc->count == 0)
+		return XDP_PASS;
+	if ((flags & SVC_F_SRC_RANGES) &&
+	    !FN(source_allowed)(p->daddr, p->dport, p->proto, p->saddr)) {
+		metric_inc(METRIC_XDP_SRC_RANGE_DENY);
+		svc_count(svc->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
+		return XDP_DROP;
+	}
+
+	FN(ct_key_of)(&key, p, CT_FORWARD);
+	fwd = FN(ct_find)(&key, now, &half_open);
+	if (!fwd) {
+		*svcp = svc;
+		return XDP_NEW_FLOW;
+	}
+	/* Not source-NATed: a local backend, tc's to DNAT. Not usable: tc
+	 * re-balances it, or starts it afresh. Its backend gone: tc counts
+	 * the draining flow.
+	 */
+	if (!(fwd->flags & CT_F_SNAT) || !FN(ct_fwd_usable)(fwd, p, &gone) ||
+	    gone)
+		return XDP_PASS;
+	if (!FN(xdp_route)(ctx, x, fwd, true, &t))
+		return XDP_PASS;
+	/* A port reservation lost (and maybe taken): tc drops and counts,
+	 * never sends from a port the flow does not own.
+	 */
+	if (FAM(xdp_check_reverse)(p, &key, fwd, now) < 0)
+		return XDP_PASS;
+	FN(ct_refresh)(fwd, p->proto, now);
+	FN(ct_track_tcp)(p, &key, fwd, now);
+	svc_count(svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);
+	metric_inc(METRIC_XDP_FWD);
+	return FN(xdp_out)(ctx, x, &t);
+}
+
+/*
+ * Session affinity for a new flow of @p to @svc, the client being the
+ * packet's source: steps of their own, whose key lives in their frames.
+ */
+
+/* xdp_aff_select - aff_select for the client of @p. */
+static FAM(xdp_step) FAM(lb_backend) *
+FN(xdp_aff_select)(const FAM(pkt_t) *p, const struct lb4_service *svc,
+		   __u64 now, __u32 *backend_id, __u16 *slot)
+{
+	FAM(aff_key_t) key = {};
+
+	FN(aff_key)(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
+		    p->proto, svc->scope);
+	return FN(aff_select)(&key, svc, now, backend_id, slot);
+}
+
+/*
+ * xdp_aff_remember - aff_remember for the client of @p, sent to @be (of
+ * @svc, which has affinity). (Five arguments at most: it reads the clock.)
+ */
+static FAM(xdp_step) int FN(xdp_aff_remember)(const FAM(pkt_t) *p,
+					      const struct lb4_service *svc,
+					      const FAM(lb_backend) *be,
+					      __u32 backend_id, __u16 slot)
+{
+	FAM(aff_key_t) key = {};
+
+	FN(aff_key)(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
+		    p->proto, svc->scope);
+	FN(aff_remember)(&key, svc, be, backend_id, slot, bpf_ktime_get_ns());
+	return 0;
+}
+
+/*
+ * xdp_new - a packet of @x that starts a flow to external frontend @svc:
+ * to a backend on another node, DNATed and SNATed with a port reserved
+ * for the flow; else XDP_PASS.
+ */
+static FAM(xdp_step) int FN(xdp_new)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
+				     const struct lb4_service *svc, __u64 now)
+{
+	const FAM(pkt_t) *p = &x->p;
+	FAM(lb_backend) *be;
+	FAM(node_dev_t) *dev;
+	FAM(xdp_out_t) t = {};
+	__u32 backend_id = 0;
+	__u16 slot = 0;
+
+	be = FN(xdp_aff_select)(p, svc, now, &backend_id, &slot);
+	if (!be)
+		return XDP_PASS;
+	t.daddr = be->addr;
+	t.dport = be->port;
+	if (FAM(fib_lookup)(ctx, ctx->ingress_ifindex, p->saddr, t.daddr,
+			    &t.f) < 0 ||
+	    !t.f.have_neigh)
+		return XDP_PASS;
+	dev = FAM(node_dev_of)(t.f.ifindex);
+	if (!dev)
+		return XDP_PASS; /* local backend: tc DNATs */
+	if (!xdp_fwd_ok(ctx, FAM(xdp_ttl)(x), t.f.ifindex))
+		return XDP_PASS;
+	t.saddr = FAM(dev_addr)(dev);
+	if (FAM(xdp_create_snat)(p, be, backend_id, svc->rev_nat_id, t.saddr,
+				 now, &t.sport))
+		return XDP_PASS; /* tc counts and drops */
+	if (svc->flags & SVC_F_AFFINITY)
+		FN(xdp_aff_remember)(p, svc, be, backend_id, slot);
+	metric_inc(METRIC_XDP_SNAT_NEW);
+	svc_count(svc->rev_nat_id, SVC_EV_FLOW, 0);
+	svc_count(svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);
+	metric_inc(METRIC_XDP_FWD);
+	return FN(xdp_out)(ctx, x, &t);
+}
+
+/* xdp_translate - the reply or request @x, parsed, or XDP_PASS. */
+static __always_inline int FN(xdp_translate)(struct xdp_md *ctx,
+					     FAM(xdp_pkt_t) *x)
+{
+	__u64 now = bpf_ktime_get_ns();
+	struct lb4_service *svc = NULL;
+	int ret;
+
+	ret = FN(xdp_rev)(ctx, x, now);
+	if (ret >= 0)
+		return ret;
+	ret = FN(xdp_fwd)(ctx, x, now, &svc);
+	if (ret != XDP_NEW_FLOW || !svc)
+		return ret;
+	return FN(xdp_new)(ctx, x, svc, now);
+}
