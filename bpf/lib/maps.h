@@ -133,26 +133,32 @@ struct {
 /*
  * Key: __u32 slot (TC6_PROG_*). Value: a program. The IPv6 tc programs
  * (tc6.h), which the IPv4 entries tail-call for an IPv6 packet; put there
- * by the agent when it loads them. Not pinned, like sluice_dry_v1.
+ * by the agent when it loads them (a new agent replaces them). Pinned, as
+ * the links of the entries that call it are: the kernel empties a program
+ * array when the last reference from user space goes, so an unpinned one
+ * would stop IPv6 translation (and reverse NAT of established IPv6 flows)
+ * whenever the agent stops or restarts.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
 	__type(key, __u32);
 	__type(value, __u32);
 	__uint(max_entries, 2);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sluice6_tc_v1 SEC(".maps");
 
 /*
  * Key: __u32 slot (0). Value: a program. The IPv6 XDP program (xdp.c),
  * which the IPv4 entry tail-calls for an IPv6 frame; put there by the
- * agent when it loads them. Not pinned, like sluice6_tc_v1: an XDP link
- * an agent left behind passes IPv6 to tc until the next agent fills it.
+ * agent when it loads them. Pinned, as sluice6_tc_v1 is; with XDP off the
+ * agent removes the pin (Prune) with the XDP links.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
 	__type(key, __u32);
 	__type(value, __u32);
 	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sluice6_xdp_v1 SEC(".maps");
 
 /* Key: struct sock_rev_key. Value: struct sock_rev_entry. Socket programs. */

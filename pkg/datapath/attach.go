@@ -447,6 +447,14 @@ func (d *Datapath) Prune(cgroup string, devices []string) error {
 	if cgroup == "" {
 		errs = append(errs, d.settle(sockWrittenMaps))
 	}
+	// With XDP off, nothing tail-calls the IPv6 XDP program an earlier
+	// agent left in its pinned program array: the pin goes, and the
+	// program with it.
+	if d.cfg.XDP == XDPOff {
+		if err := os.Remove(filepath.Join(d.dir, mapXDP6)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("unpin %s: %w", mapXDP6, err))
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -371,6 +371,14 @@ func TestPruneFollowsConfiguration(t *testing.T) {
 		t.Fatalf("sluice6_devices of sl-c: %s, %v; want its IPv6 address", addrFrom16(a6), err)
 	}
 	d1.Close()
+	// The IPv6 programs stay in their pinned program arrays once the
+	// agent's objects are closed, for the attached entries to go on
+	// tail-calling them (an unpinned array is emptied then).
+	for _, name := range []string{mapTC6, mapXDP6} {
+		if ids := progArrayIDs(t, filepath.Join(bpffs, "sluice", name)); len(ids) == 0 || slices.Contains(ids, 0) {
+			t.Errorf("%s after the agent's objects closed: programs %v, want every slot filled", name, ids)
+		}
+	}
 
 	cfg := smallConfig(bpffs)
 	cfg.DisableSocketLB = true // and XDP off
@@ -408,6 +416,9 @@ func TestPruneFollowsConfiguration(t *testing.T) {
 	}
 	if want := []string{"tcx_egress_sl-a", "tcx_ingress_sl-a"}; !slices.Equal(names, want) {
 		t.Errorf("pinned links %v, want %v", names, want)
+	}
+	if _, err := os.Stat(filepath.Join(bpffs, "sluice", mapXDP6)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s still pinned with XDP off (%v): it keeps the IPv6 XDP program loaded", mapXDP6, err)
 	}
 	if got := bpfFilters(t, links["sl-c"]); !slices.Equal(got, []string{"other_tool"}) {
 		t.Errorf("filters on sl-c: %v, want only the other tool's", got)
@@ -538,4 +549,25 @@ func TestPinsArePrivate(t *testing.T) {
 	if n < 2+len(smallConfig("").withDefaults().maxEntries())+4+2+1 {
 		t.Errorf("walked only %d pins and directories", n)
 	}
+}
+
+// progArrayIDs returns the ids of the programs in the pinned program
+// array at pin, slot by slot (0: an empty slot).
+func progArrayIDs(t *testing.T, pin string) []ebpf.ProgramID {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(pin, nil)
+	if err != nil {
+		t.Fatalf("%s: %v", pin, err)
+	}
+	defer m.Close()
+	ids := make([]ebpf.ProgramID, m.MaxEntries())
+	for i := range ids {
+		var id uint32
+		if err := m.Lookup(uint32(i), &id); err == nil {
+			ids[i] = ebpf.ProgramID(id)
+		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			t.Fatalf("%s slot %d: %v", pin, i, err)
+		}
+	}
+	return ids
 }

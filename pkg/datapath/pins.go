@@ -59,6 +59,12 @@ const (
 	mapAffFix6     = "sluice6_aff_fix_v1"
 	mapNodeCIDRs6  = "sluice6_node_cidrs_v1"
 	mapDevices6    = "sluice6_devices_v1"
+
+	// The program arrays the attached entries tail-call the IPv6
+	// programs through (tc6.go), pinned so that the IPv6 programs stay
+	// while no agent runs; filled by every agent that loads them.
+	mapTC6  = "sluice6_tc_v1"
+	mapXDP6 = "sluice6_xdp_v1"
 )
 
 // pinMigration turns the pin of a map of the previous release into this

@@ -22,7 +22,7 @@ const (
 // setIPv6Programs puts the tc IPv6 programs into sluice6_tc_v1, in the
 // order of its slots (TC6_PROG_INGRESS, TC6_PROG_EGRESS).
 func (o *tcObjects) setIPv6Programs() error {
-	return fillProgArray(o.Sluice6TcV1, "sluice6_tc_v1", o.Sluice6Ingress, o.Sluice6Egress)
+	return fillProgArray(o.Sluice6TcV1, mapTC6, o.Sluice6Ingress, o.Sluice6Egress)
 }
 
 // xdpProgs are the XDP programs, and the program array through which
@@ -39,7 +39,7 @@ func (p *xdpProgs) Close() error {
 
 // setIPv6Program puts the IPv6 XDP program into sluice6_xdp_v1.
 func (p *xdpProgs) setIPv6Program() error {
-	return fillProgArray(p.Sluice6XdpV1, "sluice6_xdp_v1", p.Sluice6Xdp)
+	return fillProgArray(p.Sluice6XdpV1, mapXDP6, p.Sluice6Xdp)
 }
 
 // fillProgArray puts progs into the program array m (named name, for

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 )
 
@@ -21,6 +22,8 @@ import (
 const (
 	web4VIP   = "10.96.0.20:80"
 	web6VIP   = "[2001:db8:96::20]:80"
+	web4Echo  = "10.96.0.20:9000"
+	web6Echo  = "[2001:db8:96::20]:9000"
 	dns6VIP   = "[2001:db8:96::21]:53"
 	drain4VIP = "10.96.0.22:80"
 	drain6VIP = "[2001:db8:96::22]:80"
@@ -68,7 +71,7 @@ func setupDualStack(t *testing.T) (e *env, write func(drain []string)) {
 		}
 		docs := agentproc.Services(
 			agentproc.Service{Name: "web", ClusterIP: "10.96.0.20", ClusterIP6: "2001:db8:96::20", Endpoints: e.addrs,
-				Ports: []agentproc.Port{agentproc.TCP("http", 80, 8080)}},
+				Ports: []agentproc.Port{agentproc.TCP("http", 80, 8080), agentproc.TCP("echo", 9000, 9000)}},
 			agentproc.Service{Name: "dns6", ClusterIP: "2001:db8:96::21", Endpoints: v6only,
 				Ports: []agentproc.Port{agentproc.UDP("dns", 53, 5353)}},
 			agentproc.Service{Name: "drain", ClusterIP: "10.96.0.22", ClusterIP6: "2001:db8:96::22", Endpoints: drain,
@@ -135,6 +138,54 @@ func TestDualStackEndToEnd(t *testing.T) {
 			}
 		})
 	}
+
+	// Stopping the agent leaves both families' traffic alone, as
+	// kube-proxy's exit leaves its rules: the IPv6 programs, which the
+	// attached entries tail-call, stay in their pinned program arrays
+	// (an unpinned one is emptied by the kernel when the agent's last
+	// reference goes). Established connections over both families go on,
+	// and new ones are translated while no agent runs.
+	t.Run("SurvivesAgentStopAndRestart", func(t *testing.T) {
+		keep := map[string]*topology.EchoConn{}
+		for _, vip := range []string{web4Echo, web6Echo} {
+			keep[vip] = e.lb.Client.MustDialEcho(t, vip, 3*time.Second)
+			defer keep[vip].Close()
+		}
+		if err := e.agent.Stop(); err != nil {
+			t.Fatalf("agent did not exit cleanly on SIGTERM: %v", err)
+		}
+		restarted := false
+		defer func() {
+			// The later subtests need the agent, whatever failed here.
+			if !restarted {
+				_ = e.agent.Start()
+				_ = e.agent.WaitReady(30 * time.Second)
+			}
+		}()
+		for _, vip := range []string{web4VIP, web6VIP} {
+			counts := e.spread(t, vip, 12)
+			if n := counts[e.backends[0]] + counts[e.backends[1]] + counts[e.backends[2]]; n != 12 {
+				t.Errorf("%s while the agent is stopped: %v", vip, counts)
+			}
+		}
+		for vip, c := range keep {
+			if who, err := c.Say("agent down"); err != nil || who != c.Backend {
+				t.Errorf("established connection to %s while the agent is down: %q %v", vip, who, err)
+			}
+		}
+		restarted = true
+		if err := e.agent.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.agent.WaitReady(30 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		for vip, c := range keep {
+			if who, err := c.Say("agent back"); err != nil || who != c.Backend {
+				t.Errorf("established connection to %s after the restart: %q %v", vip, who, err)
+			}
+		}
+	})
 
 	// A node process's connected UDP socket to a backend that leaves is
 	// ended (ECONNABORTED), over each family (bpf/sockdestroy.c, or
