@@ -149,10 +149,55 @@ const (
 	tcpRST  = packet.RST
 )
 
-// Fields of an output frame (Ethernet, IPv4 without options).
-func outSrc(b []byte) string   { return netip.AddrFrom4([4]byte(b[26:30])).String() }
-func outDst(b []byte) string   { return netip.AddrFrom4([4]byte(b[30:34])).String() }
-func outSport(b []byte) uint16 { return binary.BigEndian.Uint16(b[34:]) }
+// Fields of an output frame (Ethernet, then IPv4 without options or IPv6
+// without extension headers).
+func outSrc(b []byte) string {
+	if out6(b) {
+		return netip.AddrFrom16([16]byte(b[22:38])).String()
+	}
+	return netip.AddrFrom4([4]byte(b[26:30])).String()
+}
+
+func outDst(b []byte) string {
+	if out6(b) {
+		return netip.AddrFrom16([16]byte(b[38:54])).String()
+	}
+	return netip.AddrFrom4([4]byte(b[30:34])).String()
+}
+
+func outSport(b []byte) uint16 {
+	if out6(b) {
+		return binary.BigEndian.Uint16(b[54:])
+	}
+	return binary.BigEndian.Uint16(b[34:])
+}
+
+// out6 says whether an output frame is an IPv6 one.
+func out6(b []byte) bool { return len(b) >= 54 && binary.BigEndian.Uint16(b[12:]) == 0x86dd }
+
+// twinAddr is the IPv6 twin of an IPv4 test address when v6 is set
+// (10.1.8.1 -> 2001:db8:a:1:8::1, each octet a group), so that a test
+// written with IPv4 addresses runs over IPv6 with its twins.
+func twinAddr(v6 bool, a string) string {
+	if !v6 {
+		return a
+	}
+	b := netip.MustParseAddr(a).As4()
+	return fmt.Sprintf("2001:db8:%x:%x:%x::%x", b[0], b[1], b[2], b[3])
+}
+
+// twinL4 is twinAddr of a frontend or backend.
+func twinL4(v6 bool, a model.L4Addr) model.L4Addr {
+	a.Addr = addr(twinAddr(v6, a.Addr.String()))
+	return a
+}
+
+// forFamilies runs f as a subtest over IPv4, then over IPv6 (v6).
+func forFamilies(t *testing.T, f func(t *testing.T, v6 bool)) {
+	for _, v6 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "IPv4", true: "IPv6"}[v6], func(t *testing.T) { f(t, v6) })
+	}
+}
 
 // sendTo runs p through prog and returns the verdict and the backend
 // address the output is sent to.
@@ -655,33 +700,36 @@ func TestCTStragglerKeepsNewFlow(t *testing.T) {
 // packets keep their backend, as kube-proxy keeps established connections
 // of terminating endpoints.
 func TestCTBackendGoneSYNReselects(t *testing.T) {
-	d := newTestDatapath(t)
-	m := d.Maps()
-	gone, cur := testBackend{81, l4("10.1.8.1", 8080, model.TCP)}, testBackend{82, l4("10.1.8.2", 8080, model.TCP)}
-	addService(t, m, 1, vipTCP, gone)
-	f := flow{"10.0.8.1", 49000, vipTCP}
-	establish(t, d, f, gone)
-	g := flow{"10.0.8.1", 49001, vipTCP}
-	establish(t, d, g, gone)
-	addService(t, m, 1, vipTCP, cur)
-	if err := m.DeleteBackend(gone.id); err != nil {
-		t.Fatal(err)
-	}
-	if v, dst := sendTo(t, d.TCIngress(), g.pkt(tcpACK)); v != tcActOK || dst != gone.addr.Addr.String() {
-		t.Errorf("established flow's data: verdict %d to %s, want its backend %s", v, dst, gone.addr.Addr)
-	}
-	if v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpSYN_)); v != tcActOK || dst != cur.addr.Addr.String() {
-		t.Errorf("new SYN on the tuple: verdict %d to %s, want %s", v, dst, cur.addr.Addr)
-	}
-	// An id reused for another address is gone too.
-	h := flow{"10.0.8.1", 49002, vipTCP}
-	establish(t, d, h, cur)
-	if err := m.UpsertBackend(cur.id, l4("10.1.8.3", 8080, model.TCP)); err != nil {
-		t.Fatal(err)
-	}
-	if v, dst := sendTo(t, d.TCIngress(), h.pkt(tcpSYN_)); v != tcActOK || dst != "10.1.8.3" {
-		t.Errorf("SYN on a flow whose backend id names another address: verdict %d to %s", v, dst)
-	}
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d := newTestDatapath(t)
+		m := d.Maps()
+		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		gone, cur := testBackend{81, l4(a("10.1.8.1"), 8080, model.TCP)}, testBackend{82, l4(a("10.1.8.2"), 8080, model.TCP)}
+		addService(t, m, 1, vip, gone)
+		f := flow{a("10.0.8.1"), 49000, vip}
+		establish(t, d, f, gone)
+		g := flow{a("10.0.8.1"), 49001, vip}
+		establish(t, d, g, gone)
+		addService(t, m, 1, vip, cur)
+		if err := m.DeleteBackend(gone.id); err != nil {
+			t.Fatal(err)
+		}
+		if v, dst := sendTo(t, d.TCIngress(), g.pkt(tcpACK)); v != tcActOK || dst != gone.addr.Addr.String() {
+			t.Errorf("established flow's data: verdict %d to %s, want its backend %s", v, dst, gone.addr.Addr)
+		}
+		if v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpSYN_)); v != tcActOK || dst != cur.addr.Addr.String() {
+			t.Errorf("new SYN on the tuple: verdict %d to %s, want %s", v, dst, cur.addr.Addr)
+		}
+		// An id reused for another address is gone too.
+		h := flow{a("10.0.8.1"), 49002, vip}
+		establish(t, d, h, cur)
+		if err := m.UpsertBackend(cur.id, l4(a("10.1.8.3"), 8080, model.TCP)); err != nil {
+			t.Fatal(err)
+		}
+		if v, dst := sendTo(t, d.TCIngress(), h.pkt(tcpSYN_)); v != tcActOK || dst != a("10.1.8.3") {
+			t.Errorf("SYN on a flow whose backend id names another address: verdict %d to %s", v, dst)
+		}
+	})
 }
 
 // TestTCSlotVanishes (B6): a reader that read a master's count before a
@@ -689,32 +737,35 @@ func TestCTBackendGoneSYNReselects(t *testing.T) {
 // rather than dropping the packet. The state is the one such a reader
 // sees: the master says 2, slot 2 is gone.
 func TestTCSlotVanishes(t *testing.T) {
-	d := newTestDatapath(t)
-	m := d.Maps()
-	b1, b2 := testBackend{91, l4("10.1.9.1", 8080, model.TCP)}, testBackend{92, l4("10.1.9.2", 8080, model.TCP)}
-	addService(t, m, 1, vipTCP, b1, b2)
-	if err := m.DeleteSlot(reconciler.DefaultScope(vipTCP), 2); err != nil {
-		t.Fatal(err)
-	}
-	dropped := 0
-	// 64 new flows from client, each of which must reach b1.
-	newFlows := func(client string) {
-		for i := range 64 {
-			if v, dst := sendTo(t, d.TCIngress(), flow{client, uint16(50000 + i), vipTCP}.pkt(tcpSYN_)); v != tcActOK || dst != b1.addr.Addr.String() {
-				dropped++
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d := newTestDatapath(t)
+		m := d.Maps()
+		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		b1, b2 := testBackend{91, l4(a("10.1.9.1"), 8080, model.TCP)}, testBackend{92, l4(a("10.1.9.2"), 8080, model.TCP)}
+		addService(t, m, 1, vip, b1, b2)
+		if err := m.DeleteSlot(reconciler.DefaultScope(vip), 2); err != nil {
+			t.Fatal(err)
+		}
+		dropped := 0
+		// 64 new flows from client, each of which must reach b1.
+		newFlows := func(client string) {
+			for i := range 64 {
+				if v, dst := sendTo(t, d.TCIngress(), flow{client, uint16(50000 + i), vip}.pkt(tcpSYN_)); v != tcActOK || dst != b1.addr.Addr.String() {
+					dropped++
+				}
 			}
 		}
-	}
-	newFlows("10.0.9.1")
-	// The slot is there but its backend is gone.
-	addService(t, m, 1, vipTCP, b1, b2)
-	if err := m.DeleteBackend(b2.id); err != nil {
-		t.Fatal(err)
-	}
-	newFlows("10.0.9.2")
-	if dropped != 0 {
-		t.Errorf("%d of 128 new flows not sent to the remaining backend", dropped)
-	}
+		newFlows(a("10.0.9.1"))
+		// The slot is there but its backend is gone.
+		addService(t, m, 1, vip, b1, b2)
+		if err := m.DeleteBackend(b2.id); err != nil {
+			t.Fatal(err)
+		}
+		newFlows(a("10.0.9.2"))
+		if dropped != 0 {
+			t.Errorf("%d of 128 new flows not sent to the remaining backend", dropped)
+		}
+	})
 }
 
 // TestCTConcurrentClose (C6): both ends send their FIN at the same time on
