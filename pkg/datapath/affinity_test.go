@@ -42,17 +42,35 @@ func affinityService(fe model.L4Addr, timeout time.Duration, bes ...model.L4Addr
 	return s
 }
 
-// affTest is a datapath with the reconciler that programs it.
+// affTest is a datapath with the reconciler that programs it, and the
+// family its addresses are of (v6: the IPv6 twins of affVIP, affBEs and
+// clientAddr, twinAddr).
 type affTest struct {
-	t *testing.T
-	d *Datapath
-	r *reconciler.Reconciler
+	t  *testing.T
+	d  *Datapath
+	r  *reconciler.Reconciler
+	v6 bool
 }
 
-func newAffTest(t *testing.T) *affTest {
+func newAffTest(t *testing.T) *affTest { return newAffTestFamily(t, false) }
+
+func newAffTestFamily(t *testing.T, v6 bool) *affTest {
 	d := newTestDatapath(t)
-	return &affTest{t: t, d: d, r: reconciler.New(d.Maps(), nil)}
+	return &affTest{t: t, d: d, r: reconciler.New(d.Maps(), nil), v6: v6}
 }
+
+// vip is affVIP in a's family; bes affBEs; client clientAddr(i).
+func (a *affTest) vip() model.L4Addr { return twinL4(a.v6, affVIP) }
+
+func (a *affTest) bes() []model.L4Addr {
+	var out []model.L4Addr
+	for _, b := range affBEs {
+		out = append(out, twinL4(a.v6, b))
+	}
+	return out
+}
+
+func (a *affTest) client(i int) string { return twinAddr(a.v6, clientAddr(i)) }
 
 func (a *affTest) apply(svcs ...*model.Service) {
 	a.t.Helper()
@@ -82,7 +100,7 @@ func (a *affTest) flow(client string, sport uint16, fe model.L4Addr) model.L4Add
 	if verdict != tcActOK {
 		a.t.Fatalf("%s:%d -> %s: verdict %d", client, sport, fe, verdict)
 	}
-	be := model.L4Addr{Addr: netip.AddrFrom4([4]byte(out[30:34])), Port: uint16(out[36])<<8 | uint16(out[37]), Proto: fe.Proto}
+	be := model.L4Addr{Addr: addr(outDst(out)), Port: outDport(out), Proto: fe.Proto}
 	if want := in.With(func(p *packet.Packet) { p.Dst, p.DstPort = be.Addr, be.Port }).Bytes(); !bytes.Equal(out, want) {
 		a.t.Fatalf("%s:%d -> %s: output packet\n got %x\nwant %x", client, sport, fe, out, want)
 	}
@@ -169,42 +187,46 @@ func TestTCAffinitySticky(t *testing.T) {
 // timeout refreshes it (clients that keep connecting every 0.6 s stay put
 // for 1.8 s, three times what one refresh would give them).
 func TestTCAffinityExpires(t *testing.T) {
-	a := newAffTest(t)
-	a.apply(affinityService(affVIP, time.Second, affBEs...))
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a := newAffTestFamily(t, v6)
+		affVIP, affBEs := a.vip(), a.bes()
+		clientAddr := a.client
+		a.apply(affinityService(affVIP, time.Second, affBEs...))
 
-	const clients = 16
-	first := make([]model.L4Addr, clients)
-	for c := range clients {
-		first[c] = a.flow(clientAddr(c), 40000, affVIP)
-	}
-	// Refreshed by new flows every 0.6 s: still sticky after 1.8 s.
-	for round := 1; round <= 3; round++ {
-		time.Sleep(600 * time.Millisecond)
+		const clients = 16
+		first := make([]model.L4Addr, clients)
 		for c := range clients {
-			if got := a.flow(clientAddr(c), uint16(40000+round), affVIP); got != first[c] {
-				t.Fatalf("round %d (%.1f s): client %s went to %s, stuck to %s: its affinity was not refreshed",
-					round, 0.6*float64(round), clientAddr(c), got, first[c])
+			first[c] = a.flow(clientAddr(c), 40000, affVIP)
+		}
+		// Refreshed by new flows every 0.6 s: still sticky after 1.8 s.
+		for round := 1; round <= 3; round++ {
+			time.Sleep(600 * time.Millisecond)
+			for c := range clients {
+				if got := a.flow(clientAddr(c), uint16(40000+round), affVIP); got != first[c] {
+					t.Fatalf("round %d (%.1f s): client %s went to %s, stuck to %s: its affinity was not refreshed",
+						round, 0.6*float64(round), clientAddr(c), got, first[c])
+				}
 			}
 		}
-	}
-	before := a.entries(affVIP)
-	time.Sleep(1200 * time.Millisecond)
-	moved := 0
-	for c := range clients {
-		if got := a.flow(clientAddr(c), 40010, affVIP); got != first[c] {
-			moved++
+		before := a.entries(affVIP)
+		time.Sleep(1200 * time.Millisecond)
+		moved := 0
+		for c := range clients {
+			if got := a.flow(clientAddr(c), 40010, affVIP); got != first[c] {
+				moved++
+			}
 		}
-	}
-	if moved == 0 {
-		t.Errorf("after idling past the timeout, all %d clients kept their backend: the choice is not made afresh", clients)
-	}
-	after := a.entries(affVIP)
-	for c := range clients {
-		ip := addr(clientAddr(c))
-		if after[ip].Expires <= before[ip].Expires {
-			t.Errorf("client %s: entry expires at %d after its new flow, before at %d", ip, after[ip].Expires, before[ip].Expires)
+		if moved == 0 {
+			t.Errorf("after idling past the timeout, all %d clients kept their backend: the choice is not made afresh", clients)
 		}
-	}
+		after := a.entries(affVIP)
+		for c := range clients {
+			ip := addr(clientAddr(c))
+			if after[ip].Expires <= before[ip].Expires {
+				t.Errorf("client %s: entry expires at %d after its new flow, before at %d", ip, after[ip].Expires, before[ip].Expires)
+			}
+		}
+	})
 }
 
 // TestTCAffinityBackendLeaves: a backend that leaves the frontend ends the
@@ -213,130 +235,138 @@ func TestTCAffinityExpires(t *testing.T) {
 // of old do not return to it. The backend that moves into its slot keeps
 // its clients. A frontend that loses its affinity loses its entries.
 func TestTCAffinityBackendLeaves(t *testing.T) {
-	a := newAffTest(t)
-	a.apply(affinityService(affVIP, time.Hour, affBEs...))
-	m := a.d.Maps()
-	ks, err := m.Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
-	slotOf := map[model.L4Addr]uint32{}
-	for s, id := range ks.Slots[reconciler.DefaultScope(affVIP)] {
-		slotOf[ks.Backends[id]] = s
-	}
-	// Leaving: slot 1's backend. Moving into slot 1: slot 4's.
-	var gone, mover model.L4Addr
-	for b, s := range slotOf {
-		switch s {
-		case 1:
-			gone = b
-		case 4:
-			mover = b
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a := newAffTestFamily(t, v6)
+		affVIP, affBEs := a.vip(), a.bes()
+		clientAddr := a.client
+		a.apply(affinityService(affVIP, time.Hour, affBEs...))
+		m := a.d.Maps()
+		ks, err := m.Dump()
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-
-	// Clients until both gone and mover have some.
-	stuck := map[string]model.L4Addr{}
-	has := map[model.L4Addr]int{}
-	for c := 0; c < 400 && (has[gone] < 3 || has[mover] < 3); c++ {
-		b := a.flow(clientAddr(c), 50000, affVIP)
-		stuck[clientAddr(c)] = b
-		has[b]++
-	}
-	if has[gone] == 0 || has[mover] == 0 {
-		t.Fatalf("no clients on %s or %s: %v", gone, mover, has)
-	}
-
-	var rest []model.L4Addr
-	for _, b := range affBEs {
-		if b != gone {
-			rest = append(rest, b)
-		}
-	}
-	a.apply(affinityService(affVIP, time.Hour, rest...))
-	if s := func() uint32 {
-		ks, _ := m.Dump()
+		slotOf := map[model.L4Addr]uint32{}
 		for s, id := range ks.Slots[reconciler.DefaultScope(affVIP)] {
-			if ks.Backends[id] == mover {
-				return s
+			slotOf[ks.Backends[id]] = s
+		}
+		// Leaving: slot 1's backend. Moving into slot 1: slot 4's.
+		var gone, mover model.L4Addr
+		for b, s := range slotOf {
+			switch s {
+			case 1:
+				gone = b
+			case 4:
+				mover = b
 			}
 		}
-		return 0
-	}(); s != 1 {
-		t.Fatalf("%s is in slot %d after the shrink, want 1 (the test's premise)", mover, s)
-	}
-	for ip, e := range a.entries(affVIP) {
-		if e.Backend == netip.AddrPortFrom(gone.Addr, gone.Port) {
-			t.Errorf("client %s: entry of %s, which left, survived: %+v", ip, gone, e)
-		}
-		if e.Backend == netip.AddrPortFrom(mover.Addr, mover.Port) && e.Slot != 1 {
-			t.Errorf("client %s: entry of %s names slot %d, want 1 (moved)", ip, mover, e.Slot)
-		}
-	}
-	now := map[string]model.L4Addr{}
-	for client, b := range stuck {
-		got := a.flow(client, 50001, affVIP)
-		switch {
-		case got == gone:
-			t.Fatalf("client %s sent to %s, which left", client, gone)
-		case b != gone && got != b:
-			t.Errorf("client %s moved from %s to %s, though its backend stayed", client, b, got)
-		}
-		now[client] = got
-		if again := a.flow(client, 50002, affVIP); again != got {
-			t.Errorf("client %s: after reselecting %s, its next flow went to %s", client, got, again)
-		}
-	}
 
-	// The backend comes back: nobody returns to it.
-	a.apply(affinityService(affVIP, time.Hour, affBEs...))
-	for client, b := range now {
-		if got := a.flow(client, 50003, affVIP); got != b {
-			t.Errorf("client %s: went to %s after %s came back, was stuck to %s", client, got, gone, b)
+		// Clients until both gone and mover have some.
+		stuck := map[string]model.L4Addr{}
+		has := map[model.L4Addr]int{}
+		for c := 0; c < 400 && (has[gone] < 3 || has[mover] < 3); c++ {
+			b := a.flow(clientAddr(c), 50000, affVIP)
+			stuck[clientAddr(c)] = b
+			has[b]++
 		}
-	}
+		if has[gone] == 0 || has[mover] == 0 {
+			t.Fatalf("no clients on %s or %s: %v", gone, mover, has)
+		}
 
-	// Without affinity: no entries left for the frontend.
-	a.apply(affinityService(affVIP, 0, affBEs...))
-	if n := len(a.entries(affVIP)); n != 0 {
-		t.Errorf("%d affinity entries left after the frontend lost its affinity", n)
-	}
+		var rest []model.L4Addr
+		for _, b := range affBEs {
+			if b != gone {
+				rest = append(rest, b)
+			}
+		}
+		a.apply(affinityService(affVIP, time.Hour, rest...))
+		if s := func() uint32 {
+			ks, _ := m.Dump()
+			for s, id := range ks.Slots[reconciler.DefaultScope(affVIP)] {
+				if ks.Backends[id] == mover {
+					return s
+				}
+			}
+			return 0
+		}(); s != 1 {
+			t.Fatalf("%s is in slot %d after the shrink, want 1 (the test's premise)", mover, s)
+		}
+		for ip, e := range a.entries(affVIP) {
+			if e.Backend == netip.AddrPortFrom(gone.Addr, gone.Port) {
+				t.Errorf("client %s: entry of %s, which left, survived: %+v", ip, gone, e)
+			}
+			if e.Backend == netip.AddrPortFrom(mover.Addr, mover.Port) && e.Slot != 1 {
+				t.Errorf("client %s: entry of %s names slot %d, want 1 (moved)", ip, mover, e.Slot)
+			}
+		}
+		now := map[string]model.L4Addr{}
+		for client, b := range stuck {
+			got := a.flow(client, 50001, affVIP)
+			switch {
+			case got == gone:
+				t.Fatalf("client %s sent to %s, which left", client, gone)
+			case b != gone && got != b:
+				t.Errorf("client %s moved from %s to %s, though its backend stayed", client, b, got)
+			}
+			now[client] = got
+			if again := a.flow(client, 50002, affVIP); again != got {
+				t.Errorf("client %s: after reselecting %s, its next flow went to %s", client, got, again)
+			}
+		}
+
+		// The backend comes back: nobody returns to it.
+		a.apply(affinityService(affVIP, time.Hour, affBEs...))
+		for client, b := range now {
+			if got := a.flow(client, 50003, affVIP); got != b {
+				t.Errorf("client %s: went to %s after %s came back, was stuck to %s", client, got, gone, b)
+			}
+		}
+
+		// Without affinity: no entries left for the frontend.
+		a.apply(affinityService(affVIP, 0, affBEs...))
+		if n := len(a.entries(affVIP)); n != 0 {
+			t.Errorf("%d affinity entries left after the frontend lost its affinity", n)
+		}
+	})
 }
 
 // TestTCAffinityRestart: the entries are in a pinned map: an agent that
 // restarts (new datapath and reconciler over the same pins, restored)
 // writes nothing, and every client keeps its backend.
 func TestTCAffinityRestart(t *testing.T) {
-	a := newAffTest(t)
-	svc := affinityService(affVIP, time.Hour, affBEs...)
-	a.apply(svc)
-	stuck := map[string]model.L4Addr{}
-	for c := range 16 {
-		stuck[clientAddr(c)] = a.flow(clientAddr(c), 60000, affVIP)
-	}
-	before := a.entries(affVIP)
-
-	cfg := a.d.cfg
-	a.d.Close()
-	d2 := openTest(t, cfg)
-	r2 := reconciler.New(d2.Maps(), nil)
-	if err := r2.Restore(); err != nil {
-		t.Fatal(err)
-	}
-	w0 := r2.Stats().Writes
-	b := &affTest{t: t, d: d2, r: r2}
-	b.apply(svc)
-	if w := r2.Stats().Writes - w0; w != 0 {
-		t.Errorf("restart: applying the same state wrote %d times", w)
-	}
-	if after := b.entries(affVIP); len(after) != len(before) {
-		t.Errorf("restart: %d affinity entries, had %d", len(after), len(before))
-	}
-	for client, be := range stuck {
-		if got := b.flow(client, 60001, affVIP); got != be {
-			t.Errorf("restart: client %s went to %s, was stuck to %s", client, got, be)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a := newAffTestFamily(t, v6)
+		affVIP, affBEs := a.vip(), a.bes()
+		clientAddr := a.client
+		svc := affinityService(affVIP, time.Hour, affBEs...)
+		a.apply(svc)
+		stuck := map[string]model.L4Addr{}
+		for c := range 16 {
+			stuck[clientAddr(c)] = a.flow(clientAddr(c), 60000, affVIP)
 		}
-	}
+		before := a.entries(affVIP)
+
+		cfg := a.d.cfg
+		a.d.Close()
+		d2 := openTest(t, cfg)
+		r2 := reconciler.New(d2.Maps(), nil)
+		if err := r2.Restore(); err != nil {
+			t.Fatal(err)
+		}
+		w0 := r2.Stats().Writes
+		b := &affTest{t: t, d: d2, r: r2, v6: v6}
+		b.apply(svc)
+		if w := r2.Stats().Writes - w0; w != 0 {
+			t.Errorf("restart: applying the same state wrote %d times", w)
+		}
+		if after := b.entries(affVIP); len(after) != len(before) {
+			t.Errorf("restart: %d affinity entries, had %d", len(after), len(before))
+		}
+		for client, be := range stuck {
+			if got := b.flow(client, 60001, affVIP); got != be {
+				t.Errorf("restart: client %s went to %s, was stuck to %s", client, got, be)
+			}
+		}
+	})
 }
 
 // TestXDPAffinity: the XDP fast path follows and keeps session affinity

@@ -172,6 +172,13 @@ func outSport(b []byte) uint16 {
 	return binary.BigEndian.Uint16(b[34:])
 }
 
+func outDport(b []byte) uint16 {
+	if out6(b) {
+		return binary.BigEndian.Uint16(b[56:])
+	}
+	return binary.BigEndian.Uint16(b[36:])
+}
+
 // out6 says whether an output frame is an IPv6 one.
 func out6(b []byte) bool { return len(b) >= 54 && binary.BigEndian.Uint16(b[12:]) == 0x86dd }
 
