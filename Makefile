@@ -192,6 +192,10 @@ demo: build ## Show ClusterIP load balancing in throwaway network namespaces
 bench: kube-bin-bench ## Run the benchmark suite
 	$(GO) run ./test/bench
 
+.PHONY: bench-kubeproxy
+bench-kubeproxy: kube-bin-bench ## Run the real kube-proxy beside Sluice against a real kube-apiserver
+	$(GO) run ./test/bench/kubeproxy
+
 .PHONY: clean
 clean: ## Remove build output
 	rm -rf bin

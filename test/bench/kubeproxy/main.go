@@ -38,7 +38,8 @@
 //
 // Every mode runs with its defaults besides what it needs to run in a
 // namespace (the kubeconfig, the Node's name, addresses on the namespace's
-// loopback, conntrack left alone). Figures are medians over rounds with
+// loopback, conntrack left alone). BENCH_TIME_LIMIT (or Ctrl-C) stops the
+// run; what was measured by then is written. Figures are medians over rounds with
 // their min-max spread, and ratios are medians of per-round ratios to
 // Sluice in the same round. It writes
 // test/bench/results/kubeproxy-<date>.json and .md.
@@ -77,14 +78,17 @@ type config struct {
 	// SyncTimeout bounds a mode's first sync, ChangeTimeout one change.
 	SyncTimeout   time.Duration `json:"sync_timeout_ns"`
 	ChangeTimeout time.Duration `json:"change_timeout_ns"`
-	OutDir        string        `json:"-"`
-	Stamp         string        `json:"stamp"`
+	// TimeLimit bounds the whole run: what was measured by then is
+	// written, the rest recorded as skipped.
+	TimeLimit time.Duration `json:"time_limit_ns"`
+	OutDir    string        `json:"-"`
+	Stamp     string        `json:"stamp"`
 }
 
 // configFromEnv reads the BENCH_* knobs (see README.md).
 func configFromEnv() (config, error) {
 	cfg := config{Endpoints: 10, Rounds: 3, Changes: 10, ChangeGap: 1200 * time.Millisecond,
-		SyncTimeout: 15 * time.Minute, ChangeTimeout: 3 * time.Minute, OutDir: "test/bench/results",
+		SyncTimeout: 15 * time.Minute, ChangeTimeout: 3 * time.Minute, TimeLimit: 2 * time.Hour, OutDir: "test/bench/results",
 		Modes: allModes, Stamp: time.Now().UTC().Format("2006-01-02T150405Z")}
 	services := "1000,10000,30000"
 	if v := os.Getenv("BENCH_SERVICES"); v != "" {
@@ -112,7 +116,7 @@ func configFromEnv() (config, error) {
 	for _, x := range []struct {
 		env string
 		dst *time.Duration
-	}{{"BENCH_CHANGE_GAP", &cfg.ChangeGap}, {"BENCH_SYNC_TIMEOUT", &cfg.SyncTimeout}, {"BENCH_CHANGE_TIMEOUT", &cfg.ChangeTimeout}} {
+	}{{"BENCH_CHANGE_GAP", &cfg.ChangeGap}, {"BENCH_SYNC_TIMEOUT", &cfg.SyncTimeout}, {"BENCH_CHANGE_TIMEOUT", &cfg.ChangeTimeout}, {"BENCH_TIME_LIMIT", &cfg.TimeLimit}} {
 		if v := os.Getenv(x.env); v != "" {
 			d, err := time.ParseDuration(v)
 			if err != nil || d < 0 {
@@ -153,6 +157,8 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, cfg.TimeLimit)
+	defer cancel()
 	res, runErr := run(ctx, cfg, log)
 	if res != nil {
 		files, err := writeReport(cfg.OutDir, cfg.Stamp, res)

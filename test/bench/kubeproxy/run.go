@@ -77,10 +77,16 @@ func run(ctx context.Context, cfg config, log *slog.Logger) (*result, error) {
 			log.Info("services created", "n", n, "s", pt.CreateS)
 			for round := 1; round <= cfg.Rounds && ctx.Err() == nil; round++ {
 				for _, m := range cfg.Modes {
+					if ctx.Err() != nil {
+						break // stopped: what was measured is written
+					}
 					r := measure(ctx, cfg, c, bins, m, n, round)
 					log.Info("measured", "n", n, "round", round, "mode", m, "first_sync_s", r.FirstSyncS,
 						"latency_median_s", testutil.Median(r.LatencyS), "rss_peak_mib", r.RSSPeakBytes>>20,
 						"cpu_s", r.CPUEndS, "errors", len(r.Errors))
+					for _, e := range r.Errors {
+						log.Warn("error", "n", n, "round", round, "mode", m, "err", e)
+					}
 					pt.Runs = append(pt.Runs, r)
 				}
 			}
