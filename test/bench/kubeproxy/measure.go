@@ -38,6 +38,9 @@ type modeRun struct {
 	// Programmed is how many Services the mode's own state held after the
 	// first sync (Service ports with endpoints).
 	Programmed int `json:"programmed"`
+	// SyncsAtCheck is how many syncs the mode had ended when Programmed
+	// was read.
+	SyncsAtCheck int `json:"syncs_at_check"`
 	// LatencyS is each change's network programming latency as the mode
 	// recorded it; ObservedS the time from the patch until the benchmark
 	// saw it recorded (an upper bound, for cross-checking).
@@ -102,10 +105,25 @@ func measure(ctx context.Context, cfg config, c *cluster, bins binaries, mode st
 		fail("after the first sync: %v", err)
 	}
 	r.RSSSyncBytes, r.CPUSyncS = st.rss, st.cpuAll
-	if r.Programmed, err = p.programmed(ctx); err != nil {
-		fail("count programmed services: %v", err)
-	} else if r.Programmed < n {
-		fail("first sync: %d of %d services programmed", r.Programmed, n)
+	// The count is polled: Sluice sets its sync timestamp a moment before
+	// its count of programmed Services (sluice_services). SyncsAtCheck
+	// says how many syncs had ended by then: 1 shows the first sync
+	// programmed them all.
+	err = waitFor(ctx, cfg.ChangeTimeout, p, func() (bool, error) {
+		var err error
+		if r.Programmed, err = p.programmed(ctx); err != nil {
+			return false, err
+		}
+		body, err := p.metrics()
+		if err != nil {
+			return false, err
+		}
+		cnt, _ := sample(body, metricSyncSeconds+"_count", ipv4Label)
+		r.SyncsAtCheck = int(cnt)
+		return r.Programmed >= n, nil
+	})
+	if err != nil {
+		fail("first sync: %d of %d services programmed: %v", r.Programmed, n, err)
 	}
 
 	// Single changes, one at a time.
