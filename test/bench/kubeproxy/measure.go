@@ -20,9 +20,15 @@ const (
 )
 
 // pollEvery is how often a mode's metrics are read while waiting. The
-// figures do not depend on it: they come from the mode's own timestamps
-// and histogram sums.
-const pollEvery = 25 * time.Millisecond
+// figures do not depend on it (they come from the mode's own timestamps
+// and histogram sums), but the mode's CPU does: a scrape of Sluice's
+// /metrics walks its BPF maps to report how full they are (tens of
+// milliseconds of CPU at 10,000 Services), so the scrapes are counted and
+// their cost measured (scrapeCost), and CPU is also reported without them.
+const pollEvery = 500 * time.Millisecond
+
+// costScrapes is how many scrapes measure a scrape's CPU cost.
+const costScrapes = 10
 
 // modeRun is one mode's figures in one round at one N.
 type modeRun struct {
@@ -52,13 +58,19 @@ type modeRun struct {
 	// Memory and CPU of the process: after the first sync and at the end
 	// (after the changes); CPU with the children it waited for
 	// (iptables-restore, nft) and its own.
-	RSSSyncBytes int64    `json:"rss_after_sync_bytes"`
-	RSSEndBytes  int64    `json:"rss_end_bytes"`
-	RSSPeakBytes int64    `json:"rss_peak_bytes"`
-	CPUSyncS     float64  `json:"cpu_after_sync_s"`
-	CPUEndS      float64  `json:"cpu_end_s"`
-	CPUOwnEndS   float64  `json:"cpu_own_end_s"`
-	Errors       []string `json:"errors,omitempty"`
+	RSSSyncBytes int64   `json:"rss_after_sync_bytes"`
+	RSSEndBytes  int64   `json:"rss_end_bytes"`
+	RSSPeakBytes int64   `json:"rss_peak_bytes"`
+	CPUSyncS     float64 `json:"cpu_after_sync_s"`
+	CPUEndS      float64 `json:"cpu_end_s"`
+	CPUOwnEndS   float64 `json:"cpu_own_end_s"`
+	// Scrapes is how many times the benchmark read the mode's /metrics
+	// until the end, ScrapeCPUS what one read cost the mode, and
+	// CPUNetEndS is CPUEndS less Scrapes reads.
+	Scrapes    int      `json:"scrapes"`
+	ScrapeCPUS float64  `json:"scrape_cpu_s"`
+	CPUNetEndS float64  `json:"cpu_net_end_s"`
+	Errors     []string `json:"errors,omitempty"`
 }
 
 // measure runs mode once at n Services: first sync, changes, memory and
@@ -145,7 +157,30 @@ func measure(ctx context.Context, cfg config, c *cluster, bins binaries, mode st
 		fail("at the end: %v", err)
 	}
 	r.RSSEndBytes, r.RSSPeakBytes, r.CPUEndS, r.CPUOwnEndS = st.rss, st.hwm, st.cpuAll, st.cpuOwn
+	r.Scrapes = p.scrapes
+	if r.ScrapeCPUS, err = scrapeCost(p); err != nil {
+		fail("scrape cost: %v", err)
+	}
+	r.CPUNetEndS = max(0, r.CPUEndS-float64(r.Scrapes)*r.ScrapeCPUS)
 	return r
+}
+
+// scrapeCost is the CPU time one read of the mode's /metrics costs it.
+func scrapeCost(p *proxy) (float64, error) {
+	before, err := readProc(p.pid)
+	if err != nil {
+		return 0, err
+	}
+	for range costScrapes {
+		if _, err := p.metrics(); err != nil {
+			return 0, err
+		}
+	}
+	after, err := readProc(p.pid)
+	if err != nil {
+		return 0, err
+	}
+	return (after.cpuAll - before.cpuAll) / costScrapes, nil
 }
 
 // change waits until the mode's last sync ended at least cfg.ChangeGap

@@ -43,6 +43,8 @@ type proxy struct {
 	// programmed counts the Services programmed, from the mode's own
 	// state: kernel rules or maps, or the agent's count of them.
 	programmed func(ctx context.Context) (int, error)
+	// scrapes counts the reads of its /metrics.
+	scrapes int
 }
 
 // startProxy creates a fresh namespace joined to the control plane's and
@@ -166,6 +168,7 @@ func (p *proxy) close(ctx context.Context, c *cluster) error {
 
 // metrics fetches the mode's Prometheus exposition.
 func (p *proxy) metrics() (string, error) {
+	p.scrapes++
 	c := p.ns.HTTPClient(5 * time.Second)
 	resp, err := c.Get("http://" + metricsAddr + "/metrics")
 	if err != nil {

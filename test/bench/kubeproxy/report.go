@@ -51,6 +51,8 @@ type summary struct {
 	RSSPeakMiB testutil.Spread `json:"rss_peak_mib"`
 	CPUSyncS   testutil.Spread `json:"cpu_after_sync_s"`
 	CPUEndS    testutil.Spread `json:"cpu_end_s"`
+	CPUNetEndS testutil.Spread `json:"cpu_net_end_s"`
+	ScrapeMs   testutil.Spread `json:"scrape_cpu_ms"`
 	Errors     int             `json:"errors"`
 }
 
@@ -64,6 +66,7 @@ type ratio struct {
 	Latency   testutil.Spread `json:"latency_median"`
 	RSSPeak   testutil.Spread `json:"rss_peak"`
 	CPUEnd    testutil.Spread `json:"cpu_end"`
+	CPUNetEnd testutil.Spread `json:"cpu_net_end"`
 }
 
 func newResult(cfg config) *result {
@@ -73,6 +76,7 @@ func newResult(cfg config) *result {
 			"latency: the mode's own kubeproxy_network_programming_duration_seconds (delta of _sum over delta of _count) for one EndpointSlice patch with a fresh last-change-trigger-time, one change at a time, each sent at least the change gap after the mode's last sync ended",
 			"every mode at its defaults (min sync period 1 s, sync period 30 s), kube-proxy with --conntrack-max-per-core=0 and conntrack timeouts left alone (a network namespace cannot set them)",
 			"CPU: utime+stime+cutime+cstime of /proc/<pid>/stat (with the iptables-restore and nft children kube-proxy waited for); RSS: VmRSS, peak VmHWM",
+			"the benchmark reads each mode's /metrics every 500 ms while it waits; a read of Sluice's walks its BPF maps (map fill), so 'without scrapes' subtracts the reads times the CPU one read cost, measured at the end over 10 reads",
 			"the kube-apiserver and etcd run on the same 2 cores: their work while a proxy lists and watches is not counted in the proxy's CPU but slows its first sync alike for every mode",
 		}}
 }
@@ -87,7 +91,7 @@ func (pt *point) finish(modes []string) {
 			}
 		}
 		s := summary{Mode: m, Rounds: len(runs)}
-		var first, lat, rssEnd, rssPeak, cpuSync, cpuEnd []float64
+		var first, lat, rssEnd, rssPeak, cpuSync, cpuEnd, cpuNet, scrape []float64
 		for _, r := range runs {
 			s.Errors += len(r.Errors)
 			for _, e := range r.Errors {
@@ -99,6 +103,8 @@ func (pt *point) finish(modes []string) {
 				rssPeak = append(rssPeak, float64(r.RSSPeakBytes)/(1<<20))
 				cpuSync = append(cpuSync, r.CPUSyncS)
 				cpuEnd = append(cpuEnd, r.CPUEndS)
+				cpuNet = append(cpuNet, r.CPUNetEndS)
+				scrape = append(scrape, r.ScrapeCPUS*1000)
 			}
 			lat = append(lat, r.LatencyS...)
 		}
@@ -106,6 +112,7 @@ func (pt *point) finish(modes []string) {
 		s.LatencyP90 = percentile(lat, 0.9)
 		s.RSSEndMiB, s.RSSPeakMiB = testutil.SpreadOf(rssEnd), testutil.SpreadOf(rssPeak)
 		s.CPUSyncS, s.CPUEndS = testutil.SpreadOf(cpuSync), testutil.SpreadOf(cpuEnd)
+		s.CPUNetEndS, s.ScrapeMs = testutil.SpreadOf(cpuNet), testutil.SpreadOf(scrape)
 		pt.Summary = append(pt.Summary, s)
 	}
 	if !slices.Contains(modes, modeSluice) {
@@ -115,7 +122,7 @@ func (pt *point) finish(modes []string) {
 		if m == modeSluice {
 			continue
 		}
-		var first, lat, rss, cpu []float64
+		var first, lat, rss, cpu, cpuNet []float64
 		for _, r := range pt.Runs {
 			if r.Mode != m {
 				continue
@@ -129,9 +136,11 @@ func (pt *point) finish(modes []string) {
 			lat = appendRatio(lat, testutil.Median(r.LatencyS), testutil.Median(b.LatencyS))
 			rss = appendRatio(rss, float64(r.RSSPeakBytes), float64(b.RSSPeakBytes))
 			cpu = appendRatio(cpu, r.CPUEndS, b.CPUEndS)
+			cpuNet = appendRatio(cpuNet, r.CPUNetEndS, b.CPUNetEndS)
 		}
 		pt.Ratios = append(pt.Ratios, ratio{Mode: m, Base: modeSluice, FirstSync: testutil.SpreadOf(first),
-			Latency: testutil.SpreadOf(lat), RSSPeak: testutil.SpreadOf(rss), CPUEnd: testutil.SpreadOf(cpu)})
+			Latency: testutil.SpreadOf(lat), RSSPeak: testutil.SpreadOf(rss), CPUEnd: testutil.SpreadOf(cpu),
+			CPUNetEnd: testutil.SpreadOf(cpuNet)})
 	}
 }
 
@@ -194,17 +203,17 @@ func markdown(stamp string, r *result) string {
 			continue
 		}
 		fmt.Fprintf(&b, "Services created in %.1f s.\n\n", pt.CreateS)
-		b.WriteString("| mode | first sync (s) | latency median (s) | latency p90 (s) | changes | RSS peak (MiB) | RSS end (MiB) | CPU after sync (s) | CPU end (s) | errors |\n|---|---|---|---|---|---|---|---|---|---|\n")
+		b.WriteString("| mode | first sync (s) | latency median (s) | latency p90 (s) | changes | RSS peak (MiB) | RSS end (MiB) | CPU after sync (s) | CPU end (s) | CPU end without scrapes (s) | one scrape (ms CPU) | errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, s := range pt.Summary {
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %s | %s | %s | %s | %d |\n", s.Mode, spread(s.FirstSyncS, "%.2f"),
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %d |\n", s.Mode, spread(s.FirstSyncS, "%.2f"),
 				spread(s.LatencyS, "%.3f"), spread(testutil.Spread{Median: s.LatencyP90, Min: s.LatencyP90, Max: s.LatencyP90}, "%.3f"), s.Changes, spread(s.RSSPeakMiB, "%.0f"), spread(s.RSSEndMiB, "%.0f"),
-				spread(s.CPUSyncS, "%.2f"), spread(s.CPUEndS, "%.2f"), s.Errors)
+				spread(s.CPUSyncS, "%.2f"), spread(s.CPUEndS, "%.2f"), spread(s.CPUNetEndS, "%.2f"), spread(s.ScrapeMs, "%.0f"), s.Errors)
 		}
 		if len(pt.Ratios) > 0 {
-			b.WriteString("\n| ratio | first sync | latency median | RSS peak | CPU end |\n|---|---|---|---|---|\n")
+			b.WriteString("\n| ratio | first sync | latency median | RSS peak | CPU end | CPU end without scrapes |\n|---|---|---|---|---|---|\n")
 			for _, q := range pt.Ratios {
-				fmt.Fprintf(&b, "| %s / %s | %s | %s | %s | %s |\n", q.Mode, q.Base, spread(q.FirstSync, "%.1fx"),
-					spread(q.Latency, "%.1fx"), spread(q.RSSPeak, "%.1fx"), spread(q.CPUEnd, "%.1fx"))
+				fmt.Fprintf(&b, "| %s / %s | %s | %s | %s | %s | %s |\n", q.Mode, q.Base, spread(q.FirstSync, "%.1fx"),
+					spread(q.Latency, "%.1fx"), spread(q.RSSPeak, "%.1fx"), spread(q.CPUEnd, "%.1fx"), spread(q.CPUNetEnd, "%.1fx"))
 			}
 		}
 		b.WriteString("\n")
