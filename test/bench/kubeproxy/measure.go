@@ -74,10 +74,11 @@ type modeRun struct {
 }
 
 // measure runs mode once at n Services: first sync, changes, memory and
-// CPU; what fails is recorded in the run's errors, and the run goes on
-// where it can.
-func measure(ctx context.Context, cfg config, c *cluster, bins binaries, mode string, n, round int) modeRun {
-	r := modeRun{Mode: mode, Round: round}
+// CPU; what fails is recorded in the run's errors (stopping it too: r is
+// a named result, so the deferred close still adds to it), and the run
+// goes on where it can.
+func measure(ctx context.Context, cfg config, c *cluster, bins binaries, mode string, n, round int) (r modeRun) {
+	r = modeRun{Mode: mode, Round: round}
 	fail := func(format string, args ...any) { r.Errors = append(r.Errors, fmt.Sprintf(format, args...)) }
 	p, started, err := startProxy(c, mode, bins)
 	if err != nil {
