@@ -152,9 +152,9 @@ fuzz: ## Run each fuzz target for FUZZ_TIME (10s), one target per go test
 	done
 
 .PHONY: kube-bin
-kube-bin: ## Build (once; cached) the kube-apiserver and etcd that test/kube runs
+kube-bin: ## Build (once; cached) the kube-apiserver and etcd that test/kube runs, and the kube-proxy test/bench/kubeproxy runs
 	@if [ -n "$${SLUICE_SKIP_KUBE:-}" ]; then echo "SLUICE_SKIP_KUBE set: not building kube binaries"; \
-	else echo "kube binaries in $$(bash test/kube/tools/build.sh kube-apiserver etcd)"; fi
+	else echo "kube binaries in $$(bash test/kube/tools/build.sh kube-apiserver etcd kube-proxy)"; fi
 
 .PHONY: kube-bin-bench
 kube-bin-bench: ## Build (once; cached) kube-apiserver, etcd and kube-proxy for the benchmark
@@ -165,12 +165,12 @@ kube-bin-bench: ## Build (once; cached) kube-apiserver, etcd and kube-proxy for 
 .PHONY: first-run-notice
 first-run-notice:
 	@cold=""; \
-	if [ -z "$${SLUICE_SKIP_KUBE:-}" ] && ! bash test/kube/tools/build.sh --check kube-apiserver etcd >/dev/null 2>&1; then cold="kube-apiserver and etcd (for test/kube)"; fi; \
+	if [ -z "$${SLUICE_SKIP_KUBE:-}" ] && ! bash test/kube/tools/build.sh --check kube-apiserver etcd kube-proxy >/dev/null 2>&1; then cold="kube-apiserver, etcd and kube-proxy (for test/kube and test/bench/kubeproxy)"; fi; \
 	if ! bash deploy/tools/helm.sh --check >/dev/null 2>&1; then cold="$${cold:+$$cold and }helm (for the chart tests)"; fi; \
 	if [ -n "$$cold" ]; then \
 		echo "First run on this machine: building $$cold from source into ~/.cache/sluice."; \
-		echo "That takes up to 30 minutes on 2 cores (measured: kube-apiserver 11-17 min, helm up to 16, etcd 20 s), once;"; \
-		echo "later runs reuse the binaries. SLUICE_SKIP_KUBE=1 skips the kube-apiserver tests and their build."; \
+		echo "That takes up to 30 minutes on 2 cores (measured: kube-apiserver 11-17 min, helm up to 16, etcd 20 s, kube-proxy 2 min), once;"; \
+		echo "later runs reuse the binaries. SLUICE_SKIP_KUBE=1 skips the kube-apiserver and kube-proxy tests and their build."; \
 	fi
 
 .PHONY: test
@@ -191,6 +191,10 @@ demo: build ## Show ClusterIP load balancing in throwaway network namespaces
 .PHONY: bench
 bench: kube-bin-bench ## Run the benchmark suite
 	$(GO) run ./test/bench
+
+.PHONY: bench-kubeproxy
+bench-kubeproxy: kube-bin-bench ## Run the real kube-proxy beside Sluice against a real kube-apiserver
+	$(GO) run ./test/bench/kubeproxy
 
 .PHONY: clean
 clean: ## Remove build output

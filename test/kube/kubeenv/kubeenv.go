@@ -1,5 +1,7 @@
 // Package kubeenv starts a real etcd and kube-apiserver on loopback for a
-// test, and tears them down with t.Cleanup, even when the test fails.
+// test, and tears them down with t.Cleanup, even when the test fails. A
+// command (the control-plane benchmark) runs them the same way through Run,
+// which gives it a TB outside a test.
 //
 // The binaries are the pinned ones test/kube/tools builds (kube-apiserver
 // v1.36.3 and etcd v3.6.8, the version that kube-apiserver pins), cached by
@@ -36,7 +38,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -80,7 +81,7 @@ type Env struct {
 	// Dir holds the data, certificates and logs; it is removed at cleanup.
 	Dir string
 
-	t         testing.TB
+	t         TB
 	bin       string
 	token     string
 	apiArgs   []string
@@ -102,7 +103,7 @@ type proc struct {
 
 // BinDir returns the directory holding kube-apiserver and etcd, building
 // them first if they are missing.
-func BinDir(t testing.TB) string {
+func BinDir(t TB) string {
 	t.Helper()
 	dir, err := builtBinaries()
 	if err != nil {
@@ -149,10 +150,10 @@ type Options struct {
 
 // Start starts etcd and kube-apiserver and waits until the apiserver is
 // ready. Everything is stopped and removed when the test ends.
-func Start(t testing.TB) *Env { t.Helper(); return StartWith(t, Options{}) }
+func Start(t TB) *Env { t.Helper(); return StartWith(t, Options{}) }
 
 // StartWith is Start with options.
-func StartWith(t testing.TB, o Options) *Env {
+func StartWith(t TB, o Options) *Env {
 	t.Helper()
 	if (o.NetNS == "") != (o.Dial == nil) {
 		t.Fatal("kubeenv: NetNS and Dial go together")
@@ -230,7 +231,7 @@ func StartWith(t testing.TB, o Options) *Env {
 		t.Fatal(err)
 	}
 	e.Kubeconfig = filepath.Join(dir, "kubeconfig")
-	writeKubeconfig(t, e.Kubeconfig, e.URL, "admin", e.token)
+	WriteKubeconfig(t, e.Kubeconfig, e.URL, "admin", e.token)
 	e.setupAgent()
 	return e
 }
@@ -483,7 +484,7 @@ func (e *Env) waitHTTP(p *proc, url string, h http.Header, timeout time.Duration
 // freePorts returns n distinct free loopback ports. They are free when
 // returned; another process could take one before it is bound, which on a
 // test machine is rare enough.
-func freePorts(t testing.TB, n int) []int {
+func freePorts(t TB, n int) []int {
 	t.Helper()
 	var ls []net.Listener
 	defer func() {
@@ -503,7 +504,7 @@ func freePorts(t testing.TB, n int) []int {
 	return ports
 }
 
-func rsaKeyPEM(t testing.TB) []byte {
+func rsaKeyPEM(t TB) []byte {
 	t.Helper()
 	key, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
@@ -512,9 +513,9 @@ func rsaKeyPEM(t testing.TB) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})
 }
 
-// writeKubeconfig writes a kubeconfig for the apiserver at server as user,
+// WriteKubeconfig writes a kubeconfig for the apiserver at server as user,
 // authenticated by token.
-func writeKubeconfig(t testing.TB, path, server, user, token string) {
+func WriteKubeconfig(t TB, path, server, user, token string) {
 	t.Helper()
 	writeFile(t, path, []byte(fmt.Sprintf(`apiVersion: v1
 kind: Config
@@ -534,7 +535,7 @@ current-context: kubeenv
 `, server, user, token, user)))
 }
 
-func writeFile(t testing.TB, path string, b []byte) {
+func writeFile(t TB, path string, b []byte) {
 	t.Helper()
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
@@ -542,13 +543,13 @@ func writeFile(t testing.TB, path string, b []byte) {
 }
 
 // Discovery returns a discovery client for cfg.
-func Discovery(t testing.TB, cfg *rest.Config) discovery.DiscoveryInterface {
+func Discovery(t TB, cfg *rest.Config) discovery.DiscoveryInterface {
 	t.Helper()
 	return Clientset(t, cfg).Discovery()
 }
 
 // Clientset returns a typed client for cfg.
-func Clientset(t testing.TB, cfg *rest.Config) kubernetes.Interface {
+func Clientset(t TB, cfg *rest.Config) kubernetes.Interface {
 	t.Helper()
 	c, err := kubernetes.NewForConfig(cfg)
 	if err != nil {

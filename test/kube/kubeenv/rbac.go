@@ -127,7 +127,7 @@ func (e *Env) setupAgent() {
 	e.AgentConfig = rest.AnonymousClientConfig(e.Config)
 	e.AgentConfig.BearerToken = tr.Status.Token
 	e.AgentKubeconfig = filepath.Join(e.Dir, "agent.kubeconfig")
-	writeKubeconfig(t, e.AgentKubeconfig, e.URL, "sluice", tr.Status.Token)
+	WriteKubeconfig(t, e.AgentKubeconfig, e.URL, "sluice", tr.Status.Token)
 }
 
 // AuditEvent is one request of the agent, as the apiserver's audit log

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+)
+
+// TestQuick runs the whole benchmark at 10 Services with 2 changes per
+// mode: every mode (the real kube-proxy in iptables and nftables mode, and
+// Sluice's agent) synced and programmed every Service, recorded every
+// change once in its own network programming histogram, and the report
+// files are written and parse. No timing is asserted.
+func TestQuick(t *testing.T) {
+	if os.Getenv("SLUICE_SKIP_KUBE") != "" {
+		t.Skip("SLUICE_SKIP_KUBE set: no kube-apiserver, etcd or kube-proxy to run")
+	}
+	testutil.Privileged(t)
+	const n, changes = 10, 2
+	cfg := config{Services: []int{n}, Endpoints: 10, Modes: allModes, Rounds: 1, Changes: changes,
+		ChangeGap: 1200 * time.Millisecond, SyncTimeout: 3 * time.Minute, ChangeTimeout: time.Minute,
+		OutDir: t.TempDir(), Stamp: "quick"}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	res, err := run(ctx, cfg, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := writeReport(cfg.OutDir, cfg.Stamp, res)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	b, err := os.ReadFile(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back result
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatalf("report %s does not parse: %v", files[0], err)
+	}
+	if len(back.Points) != 1 {
+		t.Fatalf("%d points in the report, want 1", len(back.Points))
+	}
+	pt := back.Points[0]
+	for _, e := range pt.Errors {
+		t.Errorf("error: %s", e)
+	}
+	if len(pt.Runs) != len(allModes) {
+		t.Fatalf("%d runs, want one per mode (%d)", len(pt.Runs), len(allModes))
+	}
+	for _, r := range pt.Runs {
+		if r.FirstSyncS <= 0 {
+			t.Errorf("%s: no first sync", r.Mode)
+		}
+		if r.Programmed < n {
+			t.Errorf("%s: %d services programmed, want %d", r.Mode, r.Programmed, n)
+		}
+		if len(r.LatencyS) != changes {
+			t.Errorf("%s: %d changes seen in its latency histogram, want %d", r.Mode, len(r.LatencyS), changes)
+		}
+		for i, rec := range r.Recorded {
+			if rec != 1 || r.LatencyS[i] <= 0 {
+				t.Errorf("%s: change %d recorded %d times, latency %v s", r.Mode, i+1, rec, r.LatencyS[i])
+			}
+		}
+		if r.RSSPeakBytes <= 0 || r.CPUEndS <= 0 {
+			t.Errorf("%s: no memory or CPU figures: %+v", r.Mode, r)
+		}
+	}
+	if len(pt.Ratios) != 2 {
+		t.Errorf("%d ratios, want the two kube-proxy modes against Sluice", len(pt.Ratios))
+	}
+	md, err := os.ReadFile(files[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"## 10 Services x 10 endpoints", "| kube-proxy-iptables / sluice |", "| kube-proxy-nftables / sluice |", "Errors: none."} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("%s lacks %q", files[1], want)
+		}
+	}
+}

@@ -1,0 +1,177 @@
+// Command kubeproxy measures the control plane of the real kube-proxy
+// (iptables and nftables modes, the v1.36.3 that test/kube/tools builds)
+// beside Sluice's agent (`sluice --kubeconfig`), all three against one real
+// kube-apiserver and etcd holding N ClusterIP Services of E endpoints each
+// (issue 14). Run it as root from the module root:
+//
+//	go run ./test/bench/kubeproxy                       # N = 1000,10000,30000
+//	BENCH_SERVICES=1000 BENCH_ROUNDS=3 go run ./test/bench/kubeproxy
+//
+// The control plane runs in a network namespace of its own. For every N
+// and every round, each mode in turn (interleaved: A B C, A B C, ...)
+// gets a fresh network namespace joined to the control plane's by a veth
+// pair, so no mode ever sees another's rules, and is measured from its
+// process start to its exit:
+//
+//   - first full sync: from the process's start until the end of its first
+//     successful sync, which is kubeproxy_sync_proxy_rules_last_timestamp_seconds
+//     (ip_family IPv4) the first time it is set. kube-proxy and Sluice both
+//     export it under that name, and neither syncs before its Service and
+//     EndpointSlice informers have synced, so the first sync programs all N
+//     Services; the run checks that afterwards from the mode's own state
+//     (KUBE-SVC jumps in KUBE-SERVICES, elements of the service-ips map,
+//     sluice_services).
+//   - network programming latency of single EndpointSlice changes: one
+//     endpoint address of one Service's slice is patched, with a fresh
+//     endpoints.kubernetes.io/last-change-trigger-time as the EndpointSlice
+//     controller would set, and the latency is what the mode itself records
+//     in kubeproxy_network_programming_duration_seconds (the difference of
+//     its _sum over the difference of its _count, so the histogram's coarse
+//     buckets do not round it). A change is sent only once the previous one
+//     was recorded and the mode's last sync ended at least
+//     BENCH_CHANGE_GAP before, so that no change waits out the min sync
+//     period (1 s in all three modes, their default) behind the previous.
+//   - memory and CPU: VmRSS after the first sync and at the end, VmHWM (the
+//     peak) at the end, and CPU seconds from /proc/<pid>/stat, the
+//     process's own and with the children it waited for (kube-proxy runs
+//     iptables-restore and nft as children: their work is its work).
+//
+// Every mode runs with its defaults besides what it needs to run in a
+// namespace (the kubeconfig, the Node's name, addresses on the namespace's
+// loopback, conntrack left alone). BENCH_TIME_LIMIT (or Ctrl-C) stops the
+// run; what was measured by then is written. Figures are medians over rounds with
+// their min-max spread, and ratios are medians of per-round ratios to
+// Sluice in the same round. It writes
+// test/bench/results/kubeproxy-<date>.json and .md.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Mode names.
+const (
+	modeIptables = "kube-proxy-iptables"
+	modeNftables = "kube-proxy-nftables"
+	modeSluice   = "sluice"
+)
+
+var allModes = []string{modeIptables, modeNftables, modeSluice}
+
+// config is what a run does; ConfigFromEnv reads it from BENCH_* variables.
+type config struct {
+	Services  []int         `json:"services"`
+	Endpoints int           `json:"endpoints_per_service"`
+	Modes     []string      `json:"modes"`
+	Rounds    int           `json:"rounds"`
+	Changes   int           `json:"changes_per_mode_and_round"`
+	ChangeGap time.Duration `json:"change_gap_ns"`
+	// SyncTimeout bounds a mode's first sync, ChangeTimeout one change.
+	SyncTimeout   time.Duration `json:"sync_timeout_ns"`
+	ChangeTimeout time.Duration `json:"change_timeout_ns"`
+	// TimeLimit bounds the whole run: what was measured by then is
+	// written, the rest recorded as skipped.
+	TimeLimit time.Duration `json:"time_limit_ns"`
+	OutDir    string        `json:"-"`
+	Stamp     string        `json:"stamp"`
+}
+
+// configFromEnv reads the BENCH_* knobs (see README.md).
+func configFromEnv() (config, error) {
+	cfg := config{Endpoints: 10, Rounds: 3, Changes: 10, ChangeGap: 1200 * time.Millisecond,
+		SyncTimeout: 15 * time.Minute, ChangeTimeout: 3 * time.Minute, TimeLimit: 2 * time.Hour, OutDir: "test/bench/results",
+		Modes: allModes, Stamp: time.Now().UTC().Format("2006-01-02T150405Z")}
+	services := "1000,10000,30000"
+	if v := os.Getenv("BENCH_SERVICES"); v != "" {
+		services = v
+	}
+	for _, s := range strings.Split(services, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			return cfg, fmt.Errorf("BENCH_SERVICES=%q: want positive counts", services)
+		}
+		cfg.Services = append(cfg.Services, n)
+	}
+	for _, x := range []struct {
+		env string
+		dst *int
+	}{{"BENCH_ENDPOINTS", &cfg.Endpoints}, {"BENCH_ROUNDS", &cfg.Rounds}, {"BENCH_CHANGES", &cfg.Changes}} {
+		if v := os.Getenv(x.env); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return cfg, fmt.Errorf("%s=%q: want a positive count", x.env, v)
+			}
+			*x.dst = n
+		}
+	}
+	for _, x := range []struct {
+		env string
+		dst *time.Duration
+	}{{"BENCH_CHANGE_GAP", &cfg.ChangeGap}, {"BENCH_SYNC_TIMEOUT", &cfg.SyncTimeout}, {"BENCH_CHANGE_TIMEOUT", &cfg.ChangeTimeout}, {"BENCH_TIME_LIMIT", &cfg.TimeLimit}} {
+		if v := os.Getenv(x.env); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 {
+				return cfg, fmt.Errorf("%s=%q: want a duration", x.env, v)
+			}
+			*x.dst = d
+		}
+	}
+	if v := os.Getenv("BENCH_KUBE_MODES"); v != "" {
+		cfg.Modes = nil
+		for _, m := range strings.Split(v, ",") {
+			m = strings.TrimSpace(m)
+			if !slices.Contains(allModes, m) {
+				return cfg, fmt.Errorf("BENCH_KUBE_MODES: unknown mode %q (want %s)", m, strings.Join(allModes, ", "))
+			}
+			cfg.Modes = append(cfg.Modes, m)
+		}
+	}
+	if v := os.Getenv("BENCH_OUT"); v != "" {
+		cfg.OutDir = v
+	}
+	if cfg.Endpoints > 250 {
+		return cfg, fmt.Errorf("BENCH_ENDPOINTS=%d: at most 250", cfg.Endpoints)
+	}
+	return cfg, nil
+}
+
+func main() {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	cfg, err := configFromEnv()
+	if err != nil {
+		log.Error("config", "err", err)
+		os.Exit(2)
+	}
+	if os.Geteuid() != 0 {
+		log.Error("needs root (network namespaces, BPF, iptables)")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, cfg.TimeLimit)
+	defer cancel()
+	res, runErr := run(ctx, cfg, log)
+	if res != nil {
+		files, err := writeReport(cfg.OutDir, cfg.Stamp, res)
+		if err != nil {
+			log.Error("report", "err", err)
+			os.Exit(1)
+		}
+		for _, f := range files {
+			fmt.Println(f)
+		}
+	}
+	if runErr != nil {
+		log.Error("run", "err", runErr)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,343 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The metrics both kinds of proxy export under kube-proxy's names.
+const (
+	metricLastSync    = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+	metricSyncSeconds = "kubeproxy_sync_proxy_rules_duration_seconds"
+	metricProgramming = "kubeproxy_network_programming_duration_seconds"
+	ipv4Label         = `ip_family="IPv4"`
+)
+
+// pollEvery is how often a mode's metrics are read while waiting. The
+// figures do not depend on it (they come from the mode's own timestamps
+// and histogram sums), but the mode's CPU does: a scrape of Sluice's
+// /metrics walks its BPF maps to report how full they are (tens of
+// milliseconds of CPU at 10,000 Services), so the scrapes are counted and
+// their cost measured (scrapeCost), and CPU is also reported without them.
+const pollEvery = 500 * time.Millisecond
+
+// costScrapes is how many scrapes measure a scrape's CPU cost.
+const costScrapes = 10
+
+// modeRun is one mode's figures in one round at one N.
+type modeRun struct {
+	Mode  string `json:"mode"`
+	Round int    `json:"round"`
+	// FirstSyncS is from the process's start to the end of its first
+	// successful sync (its own kubeproxy_sync_proxy_rules_last_timestamp_seconds).
+	FirstSyncS float64 `json:"first_sync_s"`
+	// FirstSyncWorkS is the first sync's own duration
+	// (kubeproxy_sync_proxy_rules_duration_seconds), when it was the only
+	// sync when seen (the poll came before a second one).
+	FirstSyncWorkS float64 `json:"first_sync_work_s,omitempty"`
+	// Programmed is how many Services the mode's own state held after the
+	// first sync (Service ports with endpoints).
+	Programmed int `json:"programmed"`
+	// SyncsAtCheck is how many syncs the mode had ended when Programmed
+	// was read.
+	SyncsAtCheck int `json:"syncs_at_check"`
+	// LatencyS is each change's network programming latency as the mode
+	// recorded it; ObservedS the time from the patch until the benchmark
+	// saw it recorded (an upper bound, for cross-checking).
+	LatencyS  []float64 `json:"latency_s"`
+	ObservedS []float64 `json:"observed_s"`
+	// Recorded is how many latencies the mode recorded per change (1
+	// expected).
+	Recorded []int `json:"recorded"`
+	// Memory and CPU of the process: after the first sync and at the end
+	// (after the changes); CPU with the children it waited for
+	// (iptables-restore, nft) and its own.
+	RSSSyncBytes int64   `json:"rss_after_sync_bytes"`
+	RSSEndBytes  int64   `json:"rss_end_bytes"`
+	RSSPeakBytes int64   `json:"rss_peak_bytes"`
+	CPUSyncS     float64 `json:"cpu_after_sync_s"`
+	CPUEndS      float64 `json:"cpu_end_s"`
+	CPUOwnEndS   float64 `json:"cpu_own_end_s"`
+	// Scrapes is how many times the benchmark read the mode's /metrics
+	// until the end, ScrapeCPUS what one read cost the mode, and
+	// CPUNetEndS is CPUEndS less Scrapes reads.
+	Scrapes    int      `json:"scrapes"`
+	ScrapeCPUS float64  `json:"scrape_cpu_s"`
+	CPUNetEndS float64  `json:"cpu_net_end_s"`
+	Errors     []string `json:"errors,omitempty"`
+}
+
+// measure runs mode once at n Services: first sync, changes, memory and
+// CPU; what fails is recorded in the run's errors (stopping it too: r is
+// a named result, so the deferred close still adds to it), and the run
+// goes on where it can.
+func measure(ctx context.Context, cfg config, c *cluster, bins binaries, mode string, n, round int) (r modeRun) {
+	r = modeRun{Mode: mode, Round: round}
+	fail := func(format string, args ...any) { r.Errors = append(r.Errors, fmt.Sprintf(format, args...)) }
+	p, started, err := startProxy(c, mode, bins)
+	if err != nil {
+		fail("start: %v", err)
+		return r
+	}
+	defer func() {
+		if err := p.close(context.Background(), c); err != nil {
+			fail("stop: %v", err)
+		}
+		if len(r.Errors) > 0 {
+			r.Errors = append(r.Errors, "log tail: "+tail(p.log.String(), 15))
+		}
+	}()
+
+	// First sync.
+	var last float64
+	var body string
+	err = waitFor(ctx, cfg.SyncTimeout, p, func() (bool, error) {
+		var err error
+		if body, err = p.metrics(); err != nil {
+			return false, nil // not serving yet
+		}
+		last, _ = sample(body, metricLastSync, ipv4Label)
+		return last > 0, nil
+	})
+	if err != nil {
+		fail("first sync: %v", err)
+		return r
+	}
+	r.FirstSyncS = last - float64(started.UnixNano())/1e9
+	if cnt, _ := sample(body, metricSyncSeconds+"_count", ipv4Label); cnt == 1 {
+		r.FirstSyncWorkS, _ = sample(body, metricSyncSeconds+"_sum", ipv4Label)
+	}
+	st, err := readProc(p.pid)
+	if err != nil {
+		fail("after the first sync: %v", err)
+	}
+	r.RSSSyncBytes, r.CPUSyncS = st.rss, st.cpuAll
+	// The count is polled: Sluice sets its sync timestamp a moment before
+	// its count of programmed Services (sluice_services). SyncsAtCheck
+	// says how many syncs had ended by then: 1 shows the first sync
+	// programmed them all.
+	err = waitFor(ctx, cfg.ChangeTimeout, p, func() (bool, error) {
+		var err error
+		if r.Programmed, err = p.programmed(ctx); err != nil {
+			return false, err
+		}
+		body, err := p.metrics()
+		if err != nil {
+			return false, err
+		}
+		cnt, _ := sample(body, metricSyncSeconds+"_count", ipv4Label)
+		r.SyncsAtCheck = int(cnt)
+		return r.Programmed >= n, nil
+	})
+	if err != nil {
+		fail("first sync: %d of %d services programmed: %v", r.Programmed, n, err)
+	}
+
+	// Single changes, one at a time.
+	for k := range cfg.Changes {
+		lat, obs, rec, err := change(ctx, cfg, c, p, n)
+		if err != nil {
+			fail("change %d: %v", k+1, err)
+			break
+		}
+		r.LatencyS = append(r.LatencyS, lat)
+		r.ObservedS = append(r.ObservedS, obs)
+		r.Recorded = append(r.Recorded, rec)
+		if rec != 1 {
+			fail("change %d: recorded %d times", k+1, rec)
+		}
+	}
+
+	if st, err = readProc(p.pid); err != nil {
+		fail("at the end: %v", err)
+	}
+	r.RSSEndBytes, r.RSSPeakBytes, r.CPUEndS, r.CPUOwnEndS = st.rss, st.hwm, st.cpuAll, st.cpuOwn
+	r.Scrapes = p.scrapes
+	if r.ScrapeCPUS, err = scrapeCost(p); err != nil {
+		fail("scrape cost: %v", err)
+	}
+	r.CPUNetEndS = max(0, r.CPUEndS-float64(r.Scrapes)*r.ScrapeCPUS)
+	return r
+}
+
+// scrapeCost is the CPU time one read of the mode's /metrics costs it.
+func scrapeCost(p *proxy) (float64, error) {
+	before, err := readProc(p.pid)
+	if err != nil {
+		return 0, err
+	}
+	for range costScrapes {
+		if _, err := p.metrics(); err != nil {
+			return 0, err
+		}
+	}
+	after, err := readProc(p.pid)
+	if err != nil {
+		return 0, err
+	}
+	return (after.cpuAll - before.cpuAll) / costScrapes, nil
+}
+
+// change waits until the mode's last sync ended at least cfg.ChangeGap
+// ago, patches one EndpointSlice and waits until the mode records its
+// programming latency; it returns the latency the mode recorded (the mean
+// if it recorded more than one), the time until the benchmark saw it, and
+// how many the mode recorded.
+func change(ctx context.Context, cfg config, c *cluster, p *proxy, n int) (lat, observed float64, recorded int, err error) {
+	var sum0, cnt0 float64
+	err = waitFor(ctx, cfg.ChangeTimeout, p, func() (bool, error) {
+		body, err := p.metrics()
+		if err != nil {
+			return false, err
+		}
+		last, _ := sample(body, metricLastSync, ipv4Label)
+		sum0, _ = sample(body, metricProgramming+"_sum", "")
+		cnt0, _ = sample(body, metricProgramming+"_count", "")
+		return time.Since(time.Unix(0, int64(last*1e9))) >= cfg.ChangeGap, nil
+	})
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("waiting for a quiet moment: %w", err)
+	}
+	start := time.Now()
+	if _, err := c.change(ctx, n); err != nil {
+		return 0, 0, 0, err
+	}
+	var sum, cnt float64
+	err = waitFor(ctx, cfg.ChangeTimeout, p, func() (bool, error) {
+		body, err := p.metrics()
+		if err != nil {
+			return false, err
+		}
+		sum, _ = sample(body, metricProgramming+"_sum", "")
+		cnt, _ = sample(body, metricProgramming+"_count", "")
+		return cnt > cnt0, nil
+	})
+	observed = time.Since(start).Seconds()
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("waiting for %s to count the change: %w", metricProgramming, err)
+	}
+	recorded = int(math.Round(cnt - cnt0))
+	return (sum - sum0) / (cnt - cnt0), observed, recorded, nil
+}
+
+// errTimeout is a wait that ran into its bound.
+var errTimeout = errors.New("timeout")
+
+// waitFor polls done until it says so, the process exits, ctx ends or
+// timeout passes. An error from done ends the wait only if it persists
+// until the timeout (the last one is returned).
+func waitFor(ctx context.Context, timeout time.Duration, p *proxy, done func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for {
+		ok, err := done()
+		if ok {
+			return nil
+		}
+		last = err
+		if err := p.exited(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			if last != nil {
+				return fmt.Errorf("%w > %v (last: %v)", errTimeout, timeout, last)
+			}
+			return fmt.Errorf("%w > %v", errTimeout, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pollEvery):
+		}
+	}
+}
+
+// sample sums the values of the series of metric name whose labels
+// contain label (every series for ""), in a Prometheus text exposition;
+// ok is false if there is none.
+func sample(body, name, label string) (v float64, ok bool) {
+	for _, l := range strings.Split(body, "\n") {
+		rest, found := strings.CutPrefix(l, name)
+		if !found || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		labels := ""
+		if rest[0] == '{' {
+			end := strings.IndexByte(rest, '}')
+			if end < 0 {
+				continue
+			}
+			labels, rest = rest[1:end], rest[end+1:]
+		}
+		if label != "" && !strings.Contains(labels, label) {
+			continue
+		}
+		f, err := strconv.ParseFloat(strings.Fields(rest)[0], 64)
+		if err != nil {
+			continue
+		}
+		v, ok = v+f, true
+	}
+	return v, ok
+}
+
+// procStat is a process's memory and CPU time.
+type procStat struct {
+	rss, hwm       int64   // VmRSS, VmHWM
+	cpuOwn, cpuAll float64 // utime+stime; plus cutime+cstime
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times (100 on
+// every Linux architecture Go runs on).
+const clockTicks = 100
+
+func readProc(pid int) (procStat, error) {
+	var st procStat
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return st, err
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		for _, x := range []struct {
+			key string
+			dst *int64
+		}{{"VmRSS:", &st.rss}, {"VmHWM:", &st.hwm}} {
+			if v, ok := strings.CutPrefix(l, x.key); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+				*x.dst = kb * 1024
+			}
+		}
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return st, err
+	}
+	// The fields after the command name, which is in parentheses and may
+	// hold spaces: field 3 (state) is rest[0], so utime (14) is rest[11].
+	i := strings.LastIndexByte(string(stat), ')')
+	rest := strings.Fields(string(stat)[i+1:])
+	if len(rest) < 15 {
+		return st, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(rest)+2)
+	}
+	var ticks [4]float64
+	for j := range ticks {
+		ticks[j], _ = strconv.ParseFloat(rest[11+j], 64)
+	}
+	st.cpuOwn = (ticks[0] + ticks[1]) / clockTicks
+	st.cpuAll = (ticks[0] + ticks[1] + ticks[2] + ticks[3]) / clockTicks
+	return st, nil
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,246 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/test/bench/harness"
+)
+
+// result is everything a run measured; it is written as
+// kubeproxy-<date>.json and rendered as kubeproxy-<date>.md.
+type result struct {
+	Started  time.Time         `json:"started"`
+	Finished time.Time         `json:"finished"`
+	Config   config            `json:"config"`
+	Machine  harness.Machine   `json:"machine"`
+	Versions map[string]string `json:"versions"`
+	Notes    []string          `json:"notes"`
+	Points   []*point          `json:"points"`
+}
+
+// point is everything measured at one N.
+type point struct {
+	Services  int       `json:"services"`
+	Endpoints int       `json:"endpoints"`
+	CreateS   float64   `json:"create_s"` // creating the Services not there yet
+	Skipped   string    `json:"skipped,omitempty"`
+	Runs      []modeRun `json:"runs"`
+	Summary   []summary `json:"summary"`
+	Ratios    []ratio   `json:"ratios"`
+	Errors    []string  `json:"errors,omitempty"`
+}
+
+// summary is one mode's figures at one N over the rounds: medians of the
+// rounds' values with their min-max spread; the latency's over every change
+// of every round.
+type summary struct {
+	Mode       string          `json:"mode"`
+	Rounds     int             `json:"rounds"`
+	FirstSyncS testutil.Spread `json:"first_sync_s"`
+	LatencyS   testutil.Spread `json:"latency_s"` // every change of every round
+	LatencyP90 float64         `json:"latency_p90_s"`
+	Changes    int             `json:"changes"`
+	RSSEndMiB  testutil.Spread `json:"rss_end_mib"`
+	RSSPeakMiB testutil.Spread `json:"rss_peak_mib"`
+	CPUSyncS   testutil.Spread `json:"cpu_after_sync_s"`
+	CPUEndS    testutil.Spread `json:"cpu_end_s"`
+	CPUNetEndS testutil.Spread `json:"cpu_net_end_s"`
+	ScrapeMs   testutil.Spread `json:"scrape_cpu_ms"`
+	Errors     int             `json:"errors"`
+}
+
+// ratio is mode / base of the same round, median over rounds with the
+// spread: first sync, the round's median latency, peak RSS, CPU at the
+// end.
+type ratio struct {
+	Mode      string          `json:"mode"`
+	Base      string          `json:"base"`
+	FirstSync testutil.Spread `json:"first_sync"`
+	Latency   testutil.Spread `json:"latency_median"`
+	RSSPeak   testutil.Spread `json:"rss_peak"`
+	CPUEnd    testutil.Spread `json:"cpu_end"`
+	CPUNetEnd testutil.Spread `json:"cpu_net_end"`
+}
+
+func newResult(cfg config) *result {
+	return &result{Started: time.Now().UTC(), Config: cfg, Machine: harness.DescribeMachine(), Versions: map[string]string{},
+		Notes: []string{
+			"first sync: from the process's start to the end of its first successful sync, its own kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}; both wait for their Service and EndpointSlice informers before it",
+			"latency: the mode's own kubeproxy_network_programming_duration_seconds (delta of _sum over delta of _count) for one EndpointSlice patch with a fresh last-change-trigger-time, one change at a time, each sent at least the change gap after the mode's last sync ended",
+			"every mode at its defaults (min sync period 1 s, sync period 30 s), kube-proxy with --conntrack-max-per-core=0 and conntrack timeouts left alone (a network namespace cannot set them)",
+			"CPU: utime+stime+cutime+cstime of /proc/<pid>/stat (with the iptables-restore and nft children kube-proxy waited for); RSS: VmRSS, peak VmHWM",
+			"the benchmark reads each mode's /metrics every 500 ms while it waits; a read of Sluice's walks its BPF maps (map fill), so 'without scrapes' subtracts the reads times the CPU one read cost, measured at the end over 10 reads",
+			"the kube-apiserver and etcd run on the same 2 cores: their work while a proxy lists and watches is not counted in the proxy's CPU but slows its first sync alike for every mode",
+		}}
+}
+
+// add summarises the runs of pt.
+func (pt *point) finish(modes []string) {
+	for _, m := range modes {
+		var runs []modeRun
+		for _, r := range pt.Runs {
+			if r.Mode == m {
+				runs = append(runs, r)
+			}
+		}
+		s := summary{Mode: m, Rounds: len(runs)}
+		var first, lat, rssEnd, rssPeak, cpuSync, cpuEnd, cpuNet, scrape []float64
+		for _, r := range runs {
+			s.Errors += len(r.Errors)
+			for _, e := range r.Errors {
+				pt.Errors = append(pt.Errors, fmt.Sprintf("%s round %d: %s", m, r.Round, e))
+			}
+			if r.FirstSyncS > 0 {
+				first = append(first, r.FirstSyncS)
+				rssEnd = append(rssEnd, float64(r.RSSEndBytes)/(1<<20))
+				rssPeak = append(rssPeak, float64(r.RSSPeakBytes)/(1<<20))
+				cpuSync = append(cpuSync, r.CPUSyncS)
+				cpuEnd = append(cpuEnd, r.CPUEndS)
+				cpuNet = append(cpuNet, r.CPUNetEndS)
+				scrape = append(scrape, r.ScrapeCPUS*1000)
+			}
+			lat = append(lat, r.LatencyS...)
+		}
+		s.FirstSyncS, s.LatencyS, s.Changes = testutil.SpreadOf(first), testutil.SpreadOf(lat), len(lat)
+		s.LatencyP90 = percentile(lat, 0.9)
+		s.RSSEndMiB, s.RSSPeakMiB = testutil.SpreadOf(rssEnd), testutil.SpreadOf(rssPeak)
+		s.CPUSyncS, s.CPUEndS = testutil.SpreadOf(cpuSync), testutil.SpreadOf(cpuEnd)
+		s.CPUNetEndS, s.ScrapeMs = testutil.SpreadOf(cpuNet), testutil.SpreadOf(scrape)
+		pt.Summary = append(pt.Summary, s)
+	}
+	if !slices.Contains(modes, modeSluice) {
+		return
+	}
+	for _, m := range modes {
+		if m == modeSluice {
+			continue
+		}
+		var first, lat, rss, cpu, cpuNet []float64
+		for _, r := range pt.Runs {
+			if r.Mode != m {
+				continue
+			}
+			i := slices.IndexFunc(pt.Runs, func(b modeRun) bool { return b.Mode == modeSluice && b.Round == r.Round })
+			if i < 0 {
+				continue
+			}
+			b := pt.Runs[i]
+			first = appendRatio(first, r.FirstSyncS, b.FirstSyncS)
+			lat = appendRatio(lat, testutil.Median(r.LatencyS), testutil.Median(b.LatencyS))
+			rss = appendRatio(rss, float64(r.RSSPeakBytes), float64(b.RSSPeakBytes))
+			cpu = appendRatio(cpu, r.CPUEndS, b.CPUEndS)
+			cpuNet = appendRatio(cpuNet, r.CPUNetEndS, b.CPUNetEndS)
+		}
+		pt.Ratios = append(pt.Ratios, ratio{Mode: m, Base: modeSluice, FirstSync: testutil.SpreadOf(first),
+			Latency: testutil.SpreadOf(lat), RSSPeak: testutil.SpreadOf(rss), CPUEnd: testutil.SpreadOf(cpu),
+			CPUNetEnd: testutil.SpreadOf(cpuNet)})
+	}
+}
+
+// appendRatio appends a/b when both were measured.
+func appendRatio(v []float64, a, b float64) []float64 {
+	if a > 0 && b > 0 {
+		v = append(v, a/b)
+	}
+	return v
+}
+
+// percentile is the q-quantile of v (nearest rank), 0 for none.
+func percentile(v []float64, q float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	i := int(q*float64(len(s))+0.5) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+// writeReport writes kubeproxy-<stamp>.json and .md into dir and returns
+// their paths.
+func writeReport(dir, stamp string, r *result) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	base := filepath.Join(dir, "kubeproxy-"+stamp)
+	if err := os.WriteFile(base+".json", append(b, '\n'), 0o644); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(base+".md", []byte(markdown(stamp, r)), 0o644); err != nil {
+		return nil, err
+	}
+	return []string{base + ".json", base + ".md"}, nil
+}
+
+func markdown(stamp string, r *result) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# The real kube-proxy beside Sluice, against a real kube-apiserver (%s)\n\n", stamp)
+	fmt.Fprintf(&b, "`go run ./test/bench/kubeproxy`: %d round(s) per N, modes interleaved in every round (%s), %d single EndpointSlice changes per mode and round, %d endpoints per Service. Medians over rounds with [min-max]; ratios are medians of per-round ratios to Sluice in the same round.\n\n",
+		r.Config.Rounds, strings.Join(r.Config.Modes, ", "), r.Config.Changes, r.Config.Endpoints)
+	m := r.Machine
+	fmt.Fprintf(&b, "Machine: %d x %s, %.1f GiB, kernel %s, %s, load at start %s.\n", m.CPUs, m.CPU, float64(m.MemBytes)/(1<<30), m.Kernel, m.Go, m.Load)
+	var vs []string
+	for k, v := range r.Versions {
+		vs = append(vs, k+" "+v)
+	}
+	slices.Sort(vs)
+	fmt.Fprintf(&b, "Versions: %s.\n\n", strings.Join(vs, "; "))
+	for _, pt := range r.Points {
+		fmt.Fprintf(&b, "## %d Services x %d endpoints\n\n", pt.Services, pt.Endpoints)
+		if pt.Skipped != "" {
+			fmt.Fprintf(&b, "Skipped: %s\n\n", pt.Skipped)
+			continue
+		}
+		fmt.Fprintf(&b, "Services created in %.1f s.\n\n", pt.CreateS)
+		b.WriteString("| mode | first sync (s) | latency median (s) | latency p90 (s) | changes | RSS peak (MiB) | RSS end (MiB) | CPU after sync (s) | CPU end (s) | CPU end without scrapes (s) | one scrape (ms CPU) | errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, s := range pt.Summary {
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %d |\n", s.Mode, spread(s.FirstSyncS, "%.2f"),
+				spread(s.LatencyS, "%.3f"), spread(testutil.Spread{Median: s.LatencyP90, Min: s.LatencyP90, Max: s.LatencyP90}, "%.3f"), s.Changes, spread(s.RSSPeakMiB, "%.0f"), spread(s.RSSEndMiB, "%.0f"),
+				spread(s.CPUSyncS, "%.2f"), spread(s.CPUEndS, "%.2f"), spread(s.CPUNetEndS, "%.2f"), spread(s.ScrapeMs, "%.0f"), s.Errors)
+		}
+		if len(pt.Ratios) > 0 {
+			b.WriteString("\n| ratio | first sync | latency median | RSS peak | CPU end | CPU end without scrapes |\n|---|---|---|---|---|---|\n")
+			for _, q := range pt.Ratios {
+				fmt.Fprintf(&b, "| %s / %s | %s | %s | %s | %s | %s |\n", q.Mode, q.Base, spread(q.FirstSync, "%.1fx"),
+					spread(q.Latency, "%.1fx"), spread(q.RSSPeak, "%.1fx"), spread(q.CPUEnd, "%.1fx"), spread(q.CPUNetEnd, "%.1fx"))
+			}
+		}
+		b.WriteString("\n")
+		if len(pt.Errors) > 0 {
+			b.WriteString("Errors:\n\n")
+			for _, e := range pt.Errors {
+				fmt.Fprintf(&b, "- %s\n", strings.ReplaceAll(e, "\n", "\n  "))
+			}
+			b.WriteString("\n")
+		} else {
+			b.WriteString("Errors: none.\n\n")
+		}
+	}
+	b.WriteString("## How\n\n")
+	for _, n := range r.Notes {
+		fmt.Fprintf(&b, "- %s\n", n)
+	}
+	return b.String()
+}
+
+// spread formats a median with its range; "-" for none.
+func spread(s testutil.Spread, f string) string {
+	if s == (testutil.Spread{}) {
+		return "-"
+	}
+	if s.Min == s.Max {
+		return fmt.Sprintf(f, s.Median)
+	}
+	return fmt.Sprintf(f+" ["+f+"-"+f+"]", s.Median, s.Min, s.Max)
+}
