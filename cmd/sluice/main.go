@@ -381,6 +381,9 @@ func prepareDatapath(dp *datapath.Datapath, cfg agent.Config, m *metrics.Metrics
 			m.DeclareSocketTermination(string(f.SockDestroy))
 		}
 	}
+	if !f.MapCount {
+		log.Info("kernel before 6.6 (no bpf_map_sum_elem_count): a /metrics scrape walks the hash maps to count their entries")
+	}
 	dp.Maps().OnSocketTermination(func(st datapath.SocketTermination) {
 		m.ObserveSocketTermination(string(st.Method), st.Destroyed, st.Failed, st.SparedUnconnected, st.SparedStillBackend)
 		args := []any{"method", st.Method, "backends", st.Backends, "destroyed", st.Destroyed, "failed", st.Failed,

@@ -106,7 +106,8 @@ type Reconciler interface {
 
 // Observer is told about every apply: pkg/metrics.Metrics records it,
 // pkg/health's NodePortServer serves the health check ports of every
-// state programmed.
+// state programmed. SetFailures and SetProgrammed come before ObserveSync,
+// so that whoever reads an observer sees a sync end with its state.
 type Observer interface {
 	// ObserveSync is called after every apply, with how long it took and
 	// the error that makes the agent retry it: nil when the apply
@@ -345,14 +346,17 @@ func (a *Agent) applyNewest() error {
 	if applied && len(failures) > 0 {
 		programmed = without(s, failures)
 	}
+	// The state first, then the sync: a metrics scrape between the two
+	// must not see a sync finished (its timestamp set) beside the
+	// counts of the state before it.
 	for _, o := range a.cfg.Observers {
-		o.ObserveSync(took, transient)
 		if fo, ok := o.(FailureObserver); ok {
 			fo.SetFailures(sortedFailures(failures))
 		}
 		if applied {
 			o.SetProgrammed(programmed)
 		}
+		o.ObserveSync(took, transient)
 	}
 	if applied && a.programmed != nil {
 		a.programmed.Programmed(s)

@@ -296,6 +296,10 @@ type countingObserver struct {
 	mu              sync.Mutex
 	syncs, failures int
 	programmed      int // services in the last programmed state
+	// programmedAtSync is programmed when the last successful sync was
+	// observed: a scrape between the two calls must not see a finished
+	// sync beside the state before it.
+	programmedAtSync int
 }
 
 func (o *countingObserver) ObserveSync(_ time.Duration, err error) {
@@ -304,7 +308,9 @@ func (o *countingObserver) ObserveSync(_ time.Duration, err error) {
 	o.syncs++
 	if err != nil {
 		o.failures++
+		return
 	}
+	o.programmedAtSync = o.programmed
 }
 
 func (o *countingObserver) SetProgrammed(s *model.State) {
@@ -326,6 +332,10 @@ func TestObserverSeesEveryApply(t *testing.T) {
 		if obs.syncs != 3 || obs.failures != 2 || obs.programmed != 4 {
 			t.Errorf("observer %d saw %d syncs, %d failures, %d services programmed; want 3, 2, 4",
 				i, obs.syncs, obs.failures, obs.programmed)
+		}
+		if obs.programmedAtSync != 4 {
+			t.Errorf("observer %d was told of the successful sync when %d services were programmed, want 4: "+
+				"the state goes to an observer before the sync that programmed it", i, obs.programmedAtSync)
 		}
 		obs.mu.Unlock()
 	}

@@ -243,6 +243,10 @@ type Datapath struct {
 	// is conntrack.
 	migrations []*migration
 	shim       migratePrograms
+
+	// counter reads the hash maps' element counts (mapcount.go); nil
+	// without Features.MapCount.
+	counter *mapCounter
 }
 
 // The IPv6 socket path's maps (bpf/lib/maps.h), sized like their IPv4
@@ -485,6 +489,11 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 	} else if d.features.SockDestroy == SockDestroyNetlink {
 		d.maps.sockTerm = &sockTerminator{method: SockDestroyNetlink}
 	}
+	if d.features.MapCount = haveMapCount() == nil; d.features.MapCount {
+		if d.counter, err = loadMapCounter(); err != nil {
+			return err
+		}
+	}
 	for _, mg := range d.migrations {
 		if mg.cur, err = d.tc.mapByName(mg.name); err != nil {
 			return err
@@ -623,7 +632,8 @@ func (d *Datapath) closeObjects() error {
 	if d.maps != nil && d.maps.sockTerm != nil {
 		errs = append(errs, d.maps.sockTerm.Close())
 	}
-	return errors.Join(append(errs, d.sock.Close(), d.tc.Close(), d.xdp.Close(), d.gc.Close(), d.shim.Close())...)
+	return errors.Join(append(errs, d.sock.Close(), d.tc.Close(), d.xdp.Close(), d.gc.Close(), d.shim.Close(),
+		d.counter.Close())...)
 }
 
 // CounterNames returns the reasons Counters reports, in a stable order (for

@@ -12,6 +12,8 @@ package datapath
 //	ending connected UDP sockets             iter/udp + bpf_sock_destroy kfunc      6.5
 //	  below that                              netlink SOCK_DESTROY                 CONFIG_INET_DIAG_DESTROY
 //	XDP fast path (xdp.c)                    XDP links, bpf_fib_lookup             5.9
+//	map fill without walking (mapcount.c)    iter/bpf_map + bpf_map_sum_elem_count 6.6
+//	  below that                              the maps are walked                  any
 //
 // The minimum for the whole agent is the newest row of what the flags ask
 // for (README's table): 5.14 for --socket-lb=false --xdp=off. CheckNode
@@ -42,6 +44,10 @@ type Features struct {
 	// SockDestroy is how connected UDP sockets of removed backends are
 	// ended (sockdestroy.go), SockDestroyNone if they cannot be.
 	SockDestroy SockDestroyMethod
+	// MapCount: the entries of the hash maps are the kernel's own count
+	// (the bpf_map_sum_elem_count kfunc, Linux 6.6+, mapcount.go);
+	// without it MapFill walks them.
+	MapCount bool
 }
 
 // SockDestroyMethod is how sockets are ended.
@@ -78,14 +84,22 @@ var sockDestroyMethod = sync.OnceValue(func() SockDestroyMethod {
 
 // haveSockDestroyKfunc reports whether the kernel has the bpf_sock_destroy
 // kfunc (which came with socket iterators being allowed to call it).
-func haveSockDestroyKfunc() error {
+func haveSockDestroyKfunc() error { return haveKfunc("bpf_sock_destroy") }
+
+// haveMapCount reports whether the kernel has the bpf_map_sum_elem_count
+// kfunc; a variable so that the tests can force the answer an older
+// kernel gives.
+var haveMapCount = func() error { return haveKfunc("bpf_map_sum_elem_count") }
+
+// haveKfunc reports whether the kernel's BTF has the kfunc name.
+func haveKfunc(name string) error {
 	spec, err := btf.LoadKernelSpec()
 	if err != nil {
 		return fmt.Errorf("kernel BTF: %w", err)
 	}
 	var fn *btf.Func
-	if err := spec.TypeByName("bpf_sock_destroy", &fn); err != nil {
-		return fmt.Errorf("%w: kfunc bpf_sock_destroy: %w", ebpf.ErrNotSupported, err)
+	if err := spec.TypeByName(name, &fn); err != nil {
+		return fmt.Errorf("%w: kfunc %s: %w", ebpf.ErrNotSupported, name, err)
 	}
 	return nil
 }

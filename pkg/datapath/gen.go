@@ -13,3 +13,4 @@ package datapath
 //go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "-O2 -g -mcpu=v3 -Wall -Werror -nostdinc" -no-global-types ctgc ../../bpf/ctgc.c -- -I../../bpf/vendor
 //go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "-O2 -g -mcpu=v3 -Wall -Werror -nostdinc" -no-global-types -type sock_term_rec -type sock_term6_rec -type sock_term_verdict sockdestroy ../../bpf/sockdestroy.c -- -I../../bpf/vendor
 //go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "-O2 -g -mcpu=v3 -Wall -Werror -nostdinc" -no-global-types migrate ../../bpf/migrate.c -- -I../../bpf/vendor
+//go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -target bpfel -cflags "-O2 -g -mcpu=v3 -Wall -Werror -nostdinc" -no-global-types -type map_count_rec mapcount ../../bpf/mapcount.c -- -I../../bpf/vendor

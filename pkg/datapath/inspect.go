@@ -40,7 +40,7 @@ func (p *Pinned) MapFill() ([]MapFill, error) {
 		}
 		maps[e.Name()] = m
 	}
-	return mapFill(maps)
+	return mapFill(maps, nil)
 }
 
 // ConntrackEntry is one entry of the per-packet conntrack tables.

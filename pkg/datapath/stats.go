@@ -70,26 +70,36 @@ type MapFill struct {
 }
 
 // MapFill counts the entries of every hash-like map the datapath shares
-// (arrays are always full and have no fill), sorted by name. Counting
-// walks each map with batch lookups, a few thousand entries per system
-// call, and costs in proportion to the entries: 5 ms for every map of the
-// default sizes when empty, 115 ms for a full conntrack table of 262144
-// entries (BenchmarkCountFullConntrack, on a 2-core VM). The kernel keeps
-// no count a system call can read; a BPF program could sum the maps'
-// per-CPU element counts (bpf_map_sum_elem_count) instead.
+// (arrays are always full and have no fill), sorted by name. The hash
+// maps' counts are the kernel's own, read by one run of a map iterator
+// (mapcount.go, Features.MapCount) whatever the maps hold; the LPM tries
+// (source ranges, CIDRs: small), and every map on a kernel without the
+// kfunc, are walked with batch lookups, a few thousand entries per system
+// call, at a cost in proportion to the entries: 115 ms for a full
+// conntrack table of 262144 entries (BenchmarkCountFullConntrack, on a
+// 2-core VM).
 func (d *Datapath) MapFill() ([]MapFill, error) {
-	return mapFill(objectsOf[*ebpf.Map](&d.sock, &d.tc, &d.xdp, &d.gc))
+	var counts map[ebpf.MapID]int
+	if d.counter != nil {
+		var err error
+		if counts, err = d.counter.counts(); err != nil {
+			return nil, err
+		}
+	}
+	return mapFill(objectsOf[*ebpf.Map](&d.sock, &d.tc, &d.xdp, &d.gc), counts)
 }
 
-// mapFill counts the entries of the hash-like maps of maps (by pin name).
-func mapFill(maps map[string]*ebpf.Map) ([]MapFill, error) {
+// mapFill counts the entries of the hash-like maps of maps (by pin name):
+// from counts (the kernel's, by map id) where it has the map, else by
+// walking it.
+func mapFill(maps map[string]*ebpf.Map, counts map[ebpf.MapID]int) ([]MapFill, error) {
 	var out []MapFill
 	for _, pin := range sortedKeys(maps) {
 		m := maps[pin]
 		if !countable(m.Type()) {
 			continue
 		}
-		n, err := countEntries(m)
+		n, err := countFrom(m, counts)
 		if err != nil {
 			return nil, fmt.Errorf("count entries of %s: %w", pin, err)
 		}
@@ -107,6 +117,24 @@ func countable(t ebpf.MapType) bool {
 		return true
 	}
 	return false
+}
+
+// countFrom returns the number of entries in m: the kernel's count of it
+// in counts, if m is a hash map (hasElemCount) and counts has it, else
+// walking it.
+func countFrom(m *ebpf.Map, counts map[ebpf.MapID]int) (int, error) {
+	if counts != nil && hasElemCount(m.Type()) {
+		info, err := m.Info()
+		if err != nil {
+			return 0, err
+		}
+		if id, ok := info.ID(); ok {
+			if n, ok := counts[id]; ok {
+				return n, nil
+			}
+		}
+	}
+	return countEntries(m)
 }
 
 // countBatch is how many entries one batch lookup returns at most. A hash

@@ -4,6 +4,9 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/cilium/ebpf"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
@@ -20,10 +23,33 @@ func TestShortMapName(t *testing.T) {
 }
 
 // MapFill counts every hash-like map the programs share, whatever its
-// type (hash, LRU, LPM trie), by walking it: the counts are what was
-// written.
+// type (hash, LRU, LPM trie), by the kernel's count where it has one
+// (Features.MapCount) or by walking it: the counts are what was written.
 func TestMapFill(t *testing.T) {
+	forMapCountMethods(t, testMapFill)
+}
+
+// forMapCountMethods runs test with the kernel's element counts, where
+// this kernel has them, and with the walk an older kernel gets.
+func forMapCountMethods(t *testing.T, test func(t *testing.T)) {
+	for _, kernel := range []bool{true, false} {
+		t.Run(map[bool]string{true: "kernel_count", false: "walk"}[kernel], func(t *testing.T) {
+			if kernel && haveMapCount() != nil {
+				t.Skipf("no bpf_map_sum_elem_count here: %v", haveMapCount())
+			}
+			if !kernel {
+				override(t, &haveMapCount, func() error { return ebpf.ErrNotSupported })
+			}
+			test(t)
+		})
+	}
+}
+
+func testMapFill(t *testing.T) {
 	d := newTestDatapath(t)
+	if d.Features().MapCount != (haveMapCount() == nil) {
+		t.Fatalf("Features().MapCount = %v with the kfunc probe answering %v", d.Features().MapCount, haveMapCount())
+	}
 	lb := l4("192.168.1.200", 80, model.TCP)
 	st := model.NewState()
 	st.Services[lb] = &model.Service{Kind: model.LoadBalancer, Frontend: lb,
@@ -65,6 +91,72 @@ func TestMapFill(t *testing.T) {
 	}
 }
 
+// TestMapCountAgreesWithWalk: the kernel's element counts are the number
+// of entries a walk finds, through what changes them: inserts, deletes,
+// replacing an entry, and an LRU map evicting when full.
+func TestMapCountAgreesWithWalk(t *testing.T) {
+	testutil.Privileged(t)
+	if err := haveMapCount(); err != nil {
+		t.Skipf("no bpf_map_sum_elem_count here: %v", err)
+	}
+	d := newTestDatapath(t)
+	if d.counter == nil {
+		t.Fatal("the kfunc is here but no map counter was loaded")
+	}
+	check := func(step string, m *ebpf.Map, want int) {
+		t.Helper()
+		counts, err := d.counter.counts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := countFrom(m, counts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		walked, err := countEntries(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != walked || want >= 0 && got != want {
+			t.Errorf("%s: %s counts %d, a walk finds %d (want %d)", step, m, got, walked, want)
+		}
+	}
+	ct, ctNew := d.maps.conntrack, d.maps.ctNew // a hash and an LRU hash
+	if ct.Type() != ebpf.Hash || ctNew.Type() != ebpf.LRUHash {
+		t.Fatalf("conntrack is %s and ct_new %s; the test wants a hash and an LRU hash", ct.Type(), ctNew.Type())
+	}
+	key := func(i int) sockCt4Key {
+		return sockCt4Key{Saddr: uint32(i), Daddr: 1, Sport: uint16(i), Dport: 80, Proto: uint8(model.TCP)}
+	}
+	for _, m := range []*ebpf.Map{ct, ctNew} {
+		check("empty", m, 0)
+	}
+	for i := range 1000 {
+		if err := ct.Put(key(i), sockCt4Entry{Expires: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("1000 inserted", ct, 1000)
+	for i := range 100 {
+		if err := ct.Put(key(i), sockCt4Entry{Expires: 2}); err != nil { // replaced
+			t.Fatal(err)
+		}
+		if err := ct.Delete(key(500 + i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("100 replaced, 100 deleted", ct, 900)
+
+	// An LRU hash evicts to take an insert when full: its count stays
+	// what it holds.
+	for i := range 2 * int(ctNew.MaxEntries()) {
+		if err := ctNew.Put(key(i), sockCt4Entry{Expires: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check("LRU filled twice over", ctNew, -1)
+}
+
 // BenchmarkCountFullConntrack counts a full sluice_conntrack of the
 // default size (262144 entries), as a scrape of sluice_bpf_map_entries does.
 func BenchmarkCountFullConntrack(b *testing.B) {
@@ -86,21 +178,45 @@ func BenchmarkCountFullConntrack(b *testing.B) {
 		}
 	}
 	b.ResetTimer()
-	for b.Loop() {
-		n, err := countEntries(m)
-		if err != nil || n != DefaultMaxConntrack {
-			b.Fatalf("counted %d (%v), want %d", n, err, DefaultMaxConntrack)
-		}
+	for _, kernel := range []bool{false, true} {
+		b.Run(map[bool]string{true: "kernel_count", false: "walk"}[kernel], func(b *testing.B) {
+			if kernel && d.counter == nil {
+				b.Skip("no bpf_map_sum_elem_count here")
+			}
+			for b.Loop() {
+				var counts map[ebpf.MapID]int
+				if kernel {
+					var err error
+					if counts, err = d.counter.counts(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				n, err := countFrom(m, counts)
+				if err != nil || n != DefaultMaxConntrack {
+					b.Fatalf("counted %d (%v), want %d", n, err, DefaultMaxConntrack)
+				}
+			}
+		})
 	}
 }
 
 // BenchmarkMapFillEmpty counts every map of a datapath of the default
 // sizes holding nothing: the floor of a scrape's cost.
 func BenchmarkMapFillEmpty(b *testing.B) {
-	d := openTest(b, Config{BPFFS: testPinDir(b)})
-	for b.Loop() {
-		if _, err := d.MapFill(); err != nil {
-			b.Fatal(err)
-		}
+	for _, kernel := range []bool{false, true} {
+		b.Run(map[bool]string{true: "kernel_count", false: "walk"}[kernel], func(b *testing.B) {
+			if kernel && haveMapCount() != nil {
+				b.Skip("no bpf_map_sum_elem_count here")
+			}
+			if !kernel {
+				override(b, &haveMapCount, func() error { return ebpf.ErrNotSupported })
+			}
+			d := openTest(b, Config{BPFFS: testPinDir(b)})
+			for b.Loop() {
+				if _, err := d.MapFill(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
