@@ -252,6 +252,7 @@ func run(args []string) int {
 	}
 	dpCfg.BPFFS = *bpffs
 	dpCfg.DisableSocketLB = !*socketLB
+	dpCfg.DeferDryRun = true // loaded after the first sync (dryRunLoader)
 	if !checkPrerequisites(*manifests, dpCfg.BPFFS, cfg.Cgroup, dpCfg.XDP, log) {
 		return 1
 	}
@@ -317,7 +318,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 	if dpCfg.ServiceMetrics {
 		m.SetServiceStats(dp.Maps())
 	}
-	cfg.Observers = append(cfg.Observers, m)
+	cfg.Observers = append(cfg.Observers, m, &dryRunLoader{dp: dp, log: log})
 	if ns.hc {
 		hc := health.NewNodePortServer(ns.hcHosts, log.With("component", "healthcheck"))
 		defer hc.Close()

@@ -38,6 +38,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -70,6 +71,11 @@ type Config struct {
 	// AttachCgroup then fails. Prune detaches those an earlier agent
 	// attached.
 	DisableSocketLB bool
+
+	// DeferDryRun leaves the tc programs' dry twins (sluicectl explain)
+	// for LoadDryRun to load, after Open (dryrun.go): the agent's start
+	// then verifies half as much.
+	DeferDryRun bool
 
 	// Idle timeouts of per-packet conntrack entries; 0 means the default
 	// (6h for established TCP, 60s for UDP). CTTimeoutSYN is how long a
@@ -228,7 +234,7 @@ func (c Config) maxEntries() map[string]int {
 type Datapath struct {
 	cfg  Config
 	dir  string // BPFFS/sluice
-	tc   tcObjects
+	tc   tcLoaded
 	gc   ctgcPrograms
 	sock sockProgs // nil programs with socket load balancing off
 	xdp  xdpProgs  // nil programs with XDP off
@@ -247,6 +253,12 @@ type Datapath struct {
 	// counter reads the hash maps' element counts (mapcount.go); nil
 	// without Features.MapCount.
 	counter *mapCounter
+
+	// The dry twins of the tc programs (dryrun.go), nil until loaded,
+	// and the tc spec they load from.
+	dryMu  sync.Mutex
+	dry    *tcDry
+	tcSpec *ebpf.CollectionSpec
 }
 
 // The IPv6 socket path's maps (bpf/lib/maps.h), sized like their IPv4
@@ -426,8 +438,11 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 	if err := specs.tc.LoadAndAssign(&d.tc, opts); err != nil {
 		return fmt.Errorf("load tc programs: %w", verifierDetail(err))
 	}
-	if err := d.tc.setDryTwins(); err != nil {
-		return err
+	d.tcSpec = specs.tc
+	if !d.cfg.DeferDryRun {
+		if _, err := d.LoadDryRun(); err != nil {
+			return err
+		}
 	}
 	if err := d.tc.setIPv6Programs(); err != nil {
 		return err
@@ -632,8 +647,8 @@ func (d *Datapath) closeObjects() error {
 	if d.maps != nil && d.maps.sockTerm != nil {
 		errs = append(errs, d.maps.sockTerm.Close())
 	}
-	return errors.Join(append(errs, d.sock.Close(), d.tc.Close(), d.xdp.Close(), d.gc.Close(), d.shim.Close(),
-		d.counter.Close())...)
+	return errors.Join(append(errs, d.closeDryRun(), d.sock.Close(), d.tc.Close(), d.xdp.Close(), d.gc.Close(),
+		d.shim.Close(), d.counter.Close())...)
 }
 
 // CounterNames returns the reasons Counters reports, in a stable order (for

@@ -41,7 +41,7 @@ const (
 // ErrNoExplain says the attached program has no dry-run mode (for the
 // packet's family): it was loaded by an agent older than sluicectl
 // explain (or, for IPv6, than its IPv6 dry runs).
-var ErrNoExplain = errors.New("the attached program has no dry-run mode for this packet's family (an agent older than sluicectl explain, or one that did not set it up): upgrade the agent")
+var ErrNoExplain = errors.New("the attached program has no dry-run mode for this packet's family (an agent older than sluicectl explain: upgrade it; or one that started moments ago and loads it after its first sync: try again)")
 
 // ExplainRequest is the packet to explain: IPv4, or IPv6 (run by the
 // IPv6 program's dry twin, its addresses read from sluice_expl6_v1).
@@ -602,11 +602,4 @@ func (p *Pinned) Candidates(fe netip.AddrPort, proto, scope uint8) ([]Candidate,
 		out = append(out, Candidate{Slot: uint16(n), BackendID: s.BackendId, Addr: be})
 	}
 	return out, nil
-}
-
-// setDryTwins puts the tc programs' dry twins into sluice_dry_v1, where
-// the live programs send a dry run's packet (bpf/lib/explain.h): IPv4's,
-// then IPv6's (EXPLAIN_PROG_IPV6).
-func (o *tcObjects) setDryTwins() error {
-	return fillProgArray(o.SluiceDryV1, "sluice_dry_v1", o.SluiceIngressDry, o.SluiceEgressDry, o.Sluice6IngressDry, o.Sluice6EgressDry)
 }

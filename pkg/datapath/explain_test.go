@@ -365,6 +365,68 @@ func TestExplainWithoutTwin(t *testing.T) {
 	}
 }
 
+// TestDryRunLoadsLater: with Config.DeferDryRun the dry twins are not
+// loaded by Open (a dry run then says ErrNoExplain, and the live path
+// serves as before); LoadDryRun loads them, after which both families'
+// dry runs answer, and a second call loads nothing.
+func TestDryRunLoadsLater(t *testing.T) {
+	d := openTestWith(t, smallConfig, func(c *Config) { c.DeferDryRun = true })
+	applyServices(t, d, clusterIP(vipTCP, beTCP.addr))
+	applyServices(t, d, clusterIP(vip6TCP, be6TCP))
+	cases := [][2]string{{"10.0.0.1:40000", "10.96.0.10:80"}, {at(client6, 40000), fe(vip6TCP)}}
+	for _, c := range cases {
+		if _, err := dryRun(t, d, unix.IPPROTO_TCP, c[0], c[1]); !errors.Is(err, ErrNoExplain) {
+			t.Fatalf("before LoadDryRun, %s -> %s: err %v, want ErrNoExplain", c[0], c[1], err)
+		}
+	}
+	want := netip.AddrPortFrom(beTCP.addr.Addr, beTCP.addr.Port)
+	if ret, dst := liveRun(t, d, unix.IPPROTO_TCP, cases[0][0], cases[0][1]); dst != want {
+		t.Fatalf("live SYN before LoadDryRun: verdict %d to %s, want %s", ret, dst, want)
+	}
+	took, err := d.LoadDryRun()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("dry twins loaded in %v", took)
+	if took == 0 {
+		t.Error("LoadDryRun reported no time spent on its first call")
+	}
+	for _, c := range cases {
+		if e := mustDryRun(t, d, unix.IPPROTO_TCP, c[0], c[1]); !e.DNAT || e.FrontendAddr.String() != c[1] {
+			t.Errorf("%s -> %s after LoadDryRun: %+v", c[0], c[1], e)
+		}
+	}
+	if took, err := d.LoadDryRun(); err != nil || took != 0 {
+		t.Errorf("second LoadDryRun: %v, %v; want 0, nil", took, err)
+	}
+}
+
+// BenchmarkOpen opens a datapath of the default sizes from empty pins
+// (its programs verified, its maps created): with the dry twins, and
+// without them (Config.DeferDryRun), as the agent starts.
+func BenchmarkOpen(b *testing.B) {
+	for _, deferred := range []bool{false, true} {
+		b.Run(map[bool]string{false: "with_dry_run", true: "dry_run_deferred"}[deferred], func(b *testing.B) {
+			testutil.Privileged(b)
+			var cpu time.Duration // the verifier's time is the process's, in the kernel
+			for b.Loop() {
+				t0 := testutil.CPUTime(b)
+				d, err := Open(Config{BPFFS: testPinDir(b), DeferDryRun: deferred})
+				if err != nil {
+					b.Fatal(err)
+				}
+				cpu += testutil.CPUTime(b) - t0
+				b.StopTimer()
+				if err := d.Close(); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "cpu-ms/op")
+		})
+	}
+}
+
 func TestExplainFrameChecksums(t *testing.T) {
 	for _, c := range [][2]string{{"10.0.0.1:40000", "10.96.0.10:80"}, {"[2001:db8::1]:40000", "[2001:db8:96::10]:80"}} {
 		for _, proto := range []uint8{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {

@@ -431,7 +431,7 @@ func (s *shimLinks) detach() error {
 }
 
 // mapByName returns the loaded map of the pin name.
-func (o *tcObjects) mapByName(name string) (*ebpf.Map, error) {
+func (o *tcLoaded) mapByName(name string) (*ebpf.Map, error) {
 	for _, m := range []struct {
 		name string
 		m    *ebpf.Map

@@ -21,7 +21,7 @@ const (
 
 // setIPv6Programs puts the tc IPv6 programs into sluice6_tc_v1, in the
 // order of its slots (TC6_PROG_INGRESS, TC6_PROG_EGRESS).
-func (o *tcObjects) setIPv6Programs() error {
+func (o *tcLoaded) setIPv6Programs() error {
 	return fillProgArray(o.Sluice6TcV1, mapTC6, o.Sluice6Ingress, o.Sluice6Egress)
 }
 

@@ -21,6 +21,7 @@ func objects() []struct {
 		load  func() (*ebpf.CollectionSpec, error)
 	}{
 		{_CtgcBytes, loadCtgc},
+		{_MapcountBytes, loadMapcount},
 		{_MigrateBytes, loadMigrate},
 		{_SockBytes, loadSock},
 		{_SockdestroyBytes, loadSockdestroy},

@@ -156,6 +156,13 @@ func setup(t *testing.T) *env {
 		Devices:   []string{lb.NodeDev},
 		BPFFS:     filepath.Join(testutil.BPFFS, topo.Prefix()+"explain"),
 	}, 30*time.Second)
+	// The agent loads its dry-run programs after its first sync
+	// (datapath.Config.DeferDryRun): until then explain says the
+	// program has no dry-run mode.
+	testutil.Eventually(t, "sluicectl explain answering", time.Minute, func() error {
+		_, err := e.runExplain(t, "10.0.0.1", 40999, "10.96.0.20:80")
+		return err
+	})
 	return e
 }
 
@@ -189,6 +196,20 @@ func (e *env) dumpPins(t *testing.T) map[string]string {
 // namespace, from the client's address client and the source port sport.
 func (e *env) explain(t *testing.T, client string, sport int, to string) explained {
 	t.Helper()
+	out, err := e.runExplain(t, client, sport, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var x explained
+	if err := json.Unmarshal(out, &x); err != nil {
+		t.Fatalf("sluicectl explain output: %v\n%s", err, out)
+	}
+	t.Logf("explain %s -> %s: %s", at(client, sport), to, out)
+	return x
+}
+
+// runExplain runs `sluicectl explain -o json` and returns its output.
+func (e *env) runExplain(t *testing.T, client string, sport int, to string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	cmd := e.agent.NS.Command(ctx, e.agent.Bin.Sluicectl, "--bpffs", e.agent.BPFFS, "--names-file", e.agent.NamesFile,
@@ -197,14 +218,9 @@ func (e *env) explain(t *testing.T, client string, sport int, to string) explain
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("sluicectl explain --to %s: %v: %s", to, err, stderr.String())
+		return nil, fmt.Errorf("sluicectl explain --to %s: %w: %s", to, err, stderr.String())
 	}
-	var x explained
-	if err := json.Unmarshal(out, &x); err != nil {
-		t.Fatalf("sluicectl explain output: %v\n%s", err, out)
-	}
-	t.Logf("explain %s -> %s: %s", at(client, sport), to, out)
-	return x
+	return out, nil
 }
 
 // explainUnchanged is explain, asserting that no pinned map changed. The
