@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
  * Carrying conntrack over to a new map while traffic flows: a resize of
- * sluice_conntrack_v2 or sluice_ct_new_v1, or an upgrade from release 0's
- * sluice_conntrack.
+ * sluice_conntrack_v2 or sluice_ct_new_v1 (and of their IPv6 twins,
+ * sized with them), or an upgrade from release 0's sluice_conntrack.
  *
  * The agent builds the new map, copies the old one's entries into it and
  * swaps the pin before it loads its programs (pkg/datapath, migrate.go).

@@ -24,6 +24,7 @@ const (
 // first (a conntrack migration, migratingIPv6).
 func (o *tcObjects) setIPv6Programs(egressFirst bool) error {
 	if egressFirst {
+		// Slot 1 (egress) first; filling the array then puts it again.
 		if err := o.Sluice6TcV1.Put(uint32(1), o.Sluice6Egress); err != nil {
 			return fmt.Errorf("put program 1 into %s: %w", mapTC6, err)
 		}
