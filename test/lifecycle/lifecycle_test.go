@@ -11,7 +11,8 @@
 //
 // The load is per-packet (tc): new HTTP connections and new UDP flows
 // from the client namespace, one after the other in a few workers, plus
-// long-lived TCP connections opened before the change and used after it.
+// long-lived TCP connections opened before the change and during it, and
+// used after it.
 // The agent is stopped and a new one started while the load runs.
 package lifecycle
 
