@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
  * Carrying conntrack over to a new map while traffic flows: a resize of
- * sluice_conntrack_v2 or sluice_ct_new_v1, or an upgrade from release 0's
- * sluice_conntrack.
+ * sluice_conntrack_v2 or sluice_ct_new_v1 (and of their IPv6 twins,
+ * sized with them), or an upgrade from release 0's sluice_conntrack.
  *
  * The agent builds the new map, copies the old one's entries into it and
  * swaps the pin before it loads its programs (pkg/datapath, migrate.go).
@@ -28,11 +28,20 @@
  * Which is later is told by when each was last seen. A half-open entry in
  * the new maps is a new flow the new programs made: it is never replaced,
  * and neither is the other entry of its flow.
+ *
+ * IPv6 flows are carried over from the old sluice6_conntrack_v1 and
+ * sluice6_ct_new_v1 alike, by the same code (migrate_fam.h: mig_packet6).
+ * The IPv6 programs are tail-called through the pinned sluice6_tc_v1 (and
+ * sluice6_xdp_v1), which switches every device at once: while those maps
+ * are migrated, the agent puts its IPv6 programs there only once these
+ * shims are attached and every link runs its entry programs (attach.go),
+ * and until then the previous agent's IPv6 programs write the old maps.
  */
 #include "lib/consts.h"
 #include "lib/config.h"
 #include "lib/maps.h"
 #include "lib/parse.h"
+#include "lib/parse6.h"
 #include "lib/conntrack.h"
 
 /* struct ct4_entry as release 0 stored it in its sluice_conntrack (LRU). */
@@ -76,80 +85,50 @@ struct {
 	__uint(max_entries, 1);
 } sluice_mig_old_r0 SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct ct6_key);
+	__type(value, struct ct6_entry);
+	__uint(max_entries, 1);
+} sluice6_mig_old_est SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct6_key);
+	__type(value, struct ct6_entry);
+	__uint(max_entries, 1);
+} sluice6_mig_old_new SEC(".maps");
+
 /* Which old maps are passed in (set by the agent before load). */
 volatile const __u8 mig_from_est = 0;
 volatile const __u8 mig_from_new = 0;
 volatile const __u8 mig_from_r0 = 0;
+volatile const __u8 mig_from_est6 = 0;
+volatile const __u8 mig_from_new6 = 0;
 
-/* mig_seen - when @e was last seen: its expiry less its lifetime (to
- * within CT_REFRESH_NS, earlier rather than later).
- */
-static __always_inline __u64 mig_seen(const struct ct4_entry *e, __u8 proto)
-{
-	return READ_ONCE(e->expires) - ct_lifetime(proto, READ_ONCE(e->flags));
-}
+/* The old maps of each family, for migrate_fam.h. */
+#define mig_old_est_4 sluice_mig_old_est
+#define mig_old_est_6 sluice6_mig_old_est
+#define mig_old_new_4 sluice_mig_old_new
+#define mig_old_new_6 sluice6_mig_old_new
+/* Release 0 had IPv4 conntrack only. */
+#define mig_copy_r0_4(key, now)                \
+	do {                                   \
+		if (mig_from_r0)               \
+			mig_copy_r0(key, now); \
+	} while (0)
+#define mig_copy_r0_6(key, now) \
+	do {                    \
+	} while (0)
 
-/*
- * mig_supersedes - whether the old entry @o is to replace @n, the new
- * map's entry under the same key: they are of different flows (another
- * backend, or one closed and the other not) and @o was seen later. That
- * is a tuple reused since the copy at the start (the new map's entry is
- * the finished flow's, copied then; the old map's is the flow the old
- * programs made on it afterwards), or since the shim carried it over.
- */
-static __always_inline bool
-mig_supersedes(__u8 proto, const struct ct4_entry *o, const struct ct4_entry *n)
-{
-	if (o->nat_addr == n->nat_addr && o->nat_port == n->nat_port &&
-	    o->backend_id == n->backend_id &&
-	    ct_closed(o->flags) == ct_closed(READ_ONCE(n->flags)))
-		return false;
-	return (__s64)(mig_seen(o, proto) - mig_seen(n, proto)) > 0;
-}
+static __always_inline void mig_copy_r0(const struct ct4_key *key, __u64 now);
 
-/*
- * mig_put - put @e, found under @key in the old map, into @to (CT_EST if
- * @est) if it is alive and the new maps have nothing under @key, or (into
- * CT_EST) an established entry it supersedes. A half-open entry in the
- * new maps is a new flow's, made by the new programs: it stays. Returns
- * whether it put @e.
- */
-static __always_inline bool mig_put(void *to, bool est,
-				    const struct ct4_key *key,
-				    const struct ct4_entry *e, __u64 now)
-{
-	const struct ct4_entry *n;
-	__u64 flags = BPF_NOEXIST;
-
-	if (!ct_alive(READ_ONCE(e->expires), now) ||
-	    bpf_map_lookup_elem(CT_NEW, key))
-		return false;
-	n = bpf_map_lookup_elem(CT_EST, key);
-	if (n) {
-		if (!est || !mig_supersedes(key->proto, e, n))
-			return false;
-		flags = BPF_ANY;
-	}
-	return bpf_map_update_elem(to, key, e, flags) == 0;
-}
-
-/*
- * mig_copy - copy the entry under @key in @from into @to (see above), and
- * then the other entry of its flow; neither if a new flow took @key.
- */
-static __always_inline void mig_copy(void *from, void *to, bool est,
-				     const struct ct4_key *key, __u64 now)
-{
-	struct ct4_entry *e = bpf_map_lookup_elem(from, key);
-	struct ct4_key pkey;
-
-	if (!e || !mig_put(to, est, key, e, now))
-		return;
-	ct_peer_key(&pkey, key, e);
-	e = bpf_map_lookup_elem(from, &pkey);
-	if (e)
-		mig_put(to, est, &pkey, e, now);
-}
+#define LB_FAMILY 4
+#include "lib/migrate_fam.h"
+#undef LB_FAMILY
+#define LB_FAMILY 6
+#include "lib/migrate_fam.h"
+#undef LB_FAMILY
 
 /*
  * mig_convert_r0 - release 0's entry @o as an established entry of today
@@ -187,31 +166,16 @@ static __always_inline void mig_copy_r0(const struct ct4_key *key, __u64 now)
 		mig_put(CT_EST, true, &pkey, &e, now);
 }
 
-/* mig_packet - carry over the entries of @p's tuple, both directions. */
-static __always_inline void mig_packet(const struct pkt4 *p)
-{
-	struct ct4_key key = {};
-	__u64 now = bpf_ktime_get_ns();
-	__u8 dir;
-
-	for (dir = CT_FORWARD; dir <= CT_REVERSE; dir++) {
-		ct_key_of(&key, p, dir);
-		if (mig_from_est)
-			mig_copy(&sluice_mig_old_est, CT_EST, true, &key, now);
-		if (mig_from_new)
-			mig_copy(&sluice_mig_old_new, CT_NEW, false, &key, now);
-		if (mig_from_r0)
-			mig_copy_r0(&key, now);
-	}
-}
-
 SEC("tc")
 int sluice_mig_tc(struct __sk_buff *skb)
 {
 	struct pkt4 p = {};
+	struct pkt6 p6 = {};
 
 	if (parse_ipv4(skb, &p) == PARSE_OK)
 		mig_packet(&p);
+	else if (parse_ipv6(skb, &p6) == PARSE_OK)
+		mig_packet6(&p6);
 	return TC_ACT_UNSPEC;
 }
 
@@ -219,9 +183,12 @@ SEC("xdp")
 int sluice_mig_xdp(struct xdp_md *ctx)
 {
 	struct xdp_pkt4 x = {};
+	struct xdp_pkt6 x6 = {};
 
 	if (parse_ipv4_xdp(ctx, &x))
 		mig_packet(&x.p);
+	else if (parse_ipv6_xdp(ctx, &x6))
+		mig_packet6(&x6.p);
 	return XDP_PASS;
 }
 

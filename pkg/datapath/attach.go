@@ -191,7 +191,7 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		}
 	}
 	if shim {
-		if err := d.settle(map[string]bool{mapConntrack: true, mapCTNew: true, mapFragments: true}); err != nil {
+		if err := d.finishTCSwitch(); err != nil {
 			return err
 		}
 	}
@@ -442,7 +442,7 @@ func (d *Datapath) Prune(cgroup string, devices []string) error {
 	// What nothing will replace: no program of the previous agent uses
 	// its old maps any more.
 	if len(devices) == 0 {
-		errs = append(errs, d.settle(map[string]bool{mapConntrack: true, mapCTNew: true, mapFragments: true}))
+		errs = append(errs, d.finishTCSwitch())
 	}
 	if cgroup == "" {
 		errs = append(errs, d.settle(sockWrittenMaps))

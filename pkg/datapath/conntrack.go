@@ -238,17 +238,17 @@ func ctClosed(flags uint32) bool {
 	return flags&ctFlagRST != 0 || flags&(ctFlagFinFwd|ctFlagFinRev) == ctFlagFinFwd|ctFlagFinRev
 }
 
-// seen is when e was last seen: its expiry less its lifetime
-// (bpf/migrate.c's mig_seen).
-func (t ctTimeouts) seen(proto uint8, e *sockCt4Entry) uint64 {
-	return e.Expires - t.lifetime(proto, e.Flags)
+// seen is when the entry e (of either family) was last seen: its expiry
+// less its lifetime (bpf/lib/migrate_fam.h's mig_seen).
+func (t ctTimeouts) seen(proto uint8, e ctView) uint64 {
+	return e.expires - t.lifetime(proto, e.flags)
 }
 
-// supersedes is bpf/migrate.c's mig_supersedes: whether the old entry o
-// is of another flow than n, the new map's entry under the same key, and
-// was seen later (a tuple reused since n was copied).
-func (t ctTimeouts) supersedes(proto uint8, o, n *sockCt4Entry) bool {
-	if o.NatAddr == n.NatAddr && o.NatPort == n.NatPort && o.BackendId == n.BackendId && ctClosed(o.Flags) == ctClosed(n.Flags) {
+// supersedes is bpf/lib/migrate_fam.h's mig_supersedes: whether the old
+// entry o is of another flow than n, the new map's entry under the same
+// key, and was seen later (a tuple reused since n was copied).
+func (t ctTimeouts) supersedes(proto uint8, o, n ctView) bool {
+	if o.nat == n.nat && o.backendID == n.backendID && ctClosed(o.flags) == ctClosed(n.flags) {
 		return false
 	}
 	return int64(t.seen(proto, o)-t.seen(proto, n)) > 0
@@ -286,7 +286,7 @@ func convertRelease0Conntrack(old, cur *ebpf.Map, spec *ebpf.CollectionSpec) err
 // it says may go are copied, as it says (inserted, or replacing another
 // flow's): the copy into a live map at the end of a migration (migrate.go;
 // bpf/migrate.c converts the same way).
-func convertConntrack(old, cur *ebpf.Map, t ctTimeouts, place ctPlacer) error {
+func convertConntrack(old, cur *ebpf.Map, t ctTimeouts, place ctPlacer[sockCt4Key, sockCt4Entry]) error {
 	now, err := monotonicNow()
 	if err != nil {
 		return err

@@ -259,6 +259,10 @@ type Datapath struct {
 	dryMu  sync.Mutex
 	dry    *tcDry
 	tcSpec *ebpf.CollectionSpec
+
+	// ipv6Pending: load left the previous agent's IPv6 programs in the
+	// pinned program arrays, for switchIPv6 to replace.
+	ipv6Pending bool
 }
 
 // The IPv6 socket path's maps (bpf/lib/maps.h), sized like their IPv4
@@ -444,8 +448,13 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 			return err
 		}
 	}
-	if err := d.tc.setIPv6Programs(); err != nil {
-		return err
+	// While IPv6 conntrack is migrated, the previous agent's IPv6
+	// programs stay until switchIPv6 (migrate.go).
+	d.ipv6Pending, _ = d.migratingIPv6()
+	if !d.ipv6Pending {
+		if err := d.tc.setIPv6Programs(false); err != nil {
+			return err
+		}
 	}
 	if err := specs.gc.LoadAndAssign(&d.gc, opts); err != nil {
 		return fmt.Errorf("load conntrack GC program: %w", verifierDetail(err))
@@ -459,8 +468,10 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 		if err := specs.xdp.LoadAndAssign(&d.xdp, opts); err != nil {
 			return fmt.Errorf("load XDP program: %w", verifierDetail(err))
 		}
-		if err := d.xdp.setIPv6Program(); err != nil {
-			return err
+		if !d.ipv6Pending {
+			if err := d.xdp.setIPv6Program(); err != nil {
+				return err
+			}
 		}
 	}
 	d.maps = &Maps{

@@ -28,11 +28,21 @@ package datapath
 //
 // The release-0 conntrack, converted by pins.go, is carried over the same
 // way, converted entry by entry.
+//
+// IPv6 conntrack (sluice6_conntrack_v1, sluice6_ct_new_v1, resized with
+// IPv4's) is carried over the same way, by the same shims, with one
+// difference: the IPv6 programs are not behind links of their own but in
+// the pinned program arrays the entries tail-call (tc6.go), which switch
+// every device at once. So while those maps are migrated, load leaves the
+// previous agent's IPv6 programs there, writing the old maps, and
+// switchIPv6 puts this build's in only once the shims run on every device
+// and the links run this build's entries; settle follows.
 
 import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -57,11 +67,12 @@ type migration struct {
 // lost in that moment do not matter.
 var writtenByPrograms = map[string]bool{
 	mapConntrack: true, mapCTNew: true, mapSockRev: true, mapUDPStick: true, mapFragments: true,
-	mapSockRev6: true, mapUDPStick6: true,
+	mapConntrack6: true, mapCTNew6: true, mapSockRev6: true, mapUDPStick6: true,
 }
 
-// conntrackMaps are the maps whose migration needs the shims.
-var conntrackMaps = map[string]bool{mapConntrack: true, mapCTNew: true}
+// tcWrittenMaps are the maps of writtenByPrograms the tc and XDP programs
+// write: settled once those programs are replaced.
+var tcWrittenMaps = map[string]bool{mapConntrack: true, mapCTNew: true, mapFragments: true, mapConntrack6: true, mapCTNew6: true}
 
 // resizePins migrates each map pinned in dir with another size than spec
 // gives it (step 1 above). A map of another type, key or value is left for
@@ -227,6 +238,10 @@ func (d *Datapath) loadShim(opts *ebpf.CollectionOptions) error {
 			m, v = "sluice_mig_old_est", "mig_from_est"
 		case mg.name == mapCTNew:
 			m, v = "sluice_mig_old_new", "mig_from_new"
+		case mg.name == mapConntrack6:
+			m, v = "sluice6_mig_old_est", "mig_from_est6"
+		case mg.name == mapCTNew6:
+			m, v = "sluice6_mig_old_new", "mig_from_new6"
 		default:
 			continue
 		}
@@ -265,7 +280,8 @@ func (d *Datapath) loadShim(opts *ebpf.CollectionOptions) error {
 // find: the SYN must meet an old program and its answer a new one, so
 // egress goes first. (Both sluice_conntrack and sluice_ct_new resized at
 // once leaves such a flow a window of the few microseconds between two
-// link updates.)
+// link updates.) The IPv6 programs follow the same rule, slot by slot
+// (switchIPv6).
 func (d *Datapath) migrating() (shim, egressFirst bool) {
 	if d.shim.SluiceMigTc == nil {
 		return false, false
@@ -278,11 +294,60 @@ func (d *Datapath) migrating() (shim, egressFirst bool) {
 	return true, egressFirst
 }
 
+// migratingIPv6 reports whether IPv6 conntrack is migrated, so that this
+// build's IPv6 programs wait for switchIPv6; and whether their egress
+// program goes in first (migrating's rule).
+func (d *Datapath) migratingIPv6() (ok, egressFirst bool) {
+	for _, mg := range d.migrations {
+		switch mg.name {
+		case mapCTNew6:
+			egressFirst = true
+			ok = true
+		case mapConntrack6:
+			ok = true
+		}
+	}
+	return ok, egressFirst
+}
+
+// switchIPv6 puts this build's IPv6 programs into the pinned program
+// arrays if load left the previous agent's there (migratingIPv6): every
+// device's IPv6 traffic goes to them from then on.
+func (d *Datapath) switchIPv6() error {
+	if !d.ipv6Pending {
+		return nil
+	}
+	_, egressFirst := d.migratingIPv6()
+	if err := d.tc.setIPv6Programs(egressFirst); err != nil {
+		return err
+	}
+	if d.xdp.Sluice6Xdp != nil {
+		if err := d.xdp.setIPv6Program(); err != nil {
+			return err
+		}
+	}
+	d.ipv6Pending = false
+	return nil
+}
+
+// finishTCSwitch ends the migrations of the maps the tc and XDP programs
+// write, once no program of the previous agent writes them: this build's
+// IPv6 programs go in (switchIPv6), then settle.
+func (d *Datapath) finishTCSwitch() error {
+	if err := d.switchIPv6(); err != nil {
+		return err
+	}
+	return d.settle(tcWrittenMaps)
+}
+
 // settle finishes the migrations of the maps names once the programs that
 // wrote their old maps are replaced: it copies what the old maps hold that
 // the new ones lack, and lets the old maps go.
 func (d *Datapath) settle(names map[string]bool) error {
 	var errs []error
+	t := d.cfg.ctTimeouts()
+	place4 := ctPlace[sockCt4Key, sockCt4Entry](t, d.maps.conntrack, d.maps.ctNew)
+	place6 := ctPlace[tcCt6Key, tcCt6Entry](t, d.tc.Sluice6ConntrackV1, d.tc.Sluice6CtNewV1)
 	keep := d.migrations[:0]
 	for _, mg := range d.migrations {
 		if !names[mg.name] {
@@ -292,16 +357,15 @@ func (d *Datapath) settle(names map[string]bool) error {
 		var err error
 		switch {
 		case mg.r0:
-			err = convertConntrack(mg.old, mg.cur, d.cfg.ctTimeouts(), d.ctPlace)
+			err = convertConntrack(mg.old, mg.cur, t, place4)
 		case mg.name == mapCTNew:
-			// Half-open entries only go where nothing is, in
-			// either map (bpf/migrate.c: est false).
-			err = copyConntrack(mg.old, mg.cur, func(k *sockCt4Key, e *sockCt4Entry) (ebpf.MapUpdateFlags, bool) {
-				f, ok := d.ctPlace(k, e)
-				return ebpf.UpdateNoExist, ok && f == ebpf.UpdateNoExist
-			})
-		case conntrackMaps[mg.name]:
-			err = copyConntrack(mg.old, mg.cur, d.ctPlace)
+			err = copyConntrack(mg.old, mg.cur, halfOpen(place4))
+		case mg.name == mapConntrack:
+			err = copyConntrack(mg.old, mg.cur, place4)
+		case mg.name == mapCTNew6:
+			err = copyConntrack(mg.old, mg.cur, halfOpen(place6))
+		case mg.name == mapConntrack6:
+			err = copyConntrack(mg.old, mg.cur, place6)
 		default:
 			err = copyEntries(mg.old, mg.cur, true)
 		}
@@ -314,73 +378,102 @@ func (d *Datapath) settle(names map[string]bool) error {
 	return errors.Join(errs...)
 }
 
-// ctPlacer says whether, and how, an old conntrack entry goes into the
-// new maps at the end of a migration.
-type ctPlacer func(*sockCt4Key, *sockCt4Entry) (ebpf.MapUpdateFlags, bool)
+// ctPlacer says whether, and how, an old conntrack entry (of key K and
+// value V: one family's) goes into the new maps at the end of a
+// migration.
+type ctPlacer[K, V any] func(*K, *V) (ebpf.MapUpdateFlags, bool)
 
-// ctPlace is bpf/migrate.c's mig_put for settle: the old entry e under k
-// goes into sluice_conntrack if the new maps have nothing under k
+// ctMigKey is a conntrack key of either family that can be rebuilt from
+// its tuple: sockCt4Key or tcCt6Key.
+type ctMigKey[K any] interface {
+	ctKey
+	withTuple(src, dst netip.AddrPort, proto, dir uint8) K
+}
+
+func (sockCt4Key) withTuple(src, dst netip.AddrPort, proto, dir uint8) sockCt4Key {
+	return sockCt4Key{Saddr: be32(src.Addr()), Daddr: be32(dst.Addr()), Sport: be16(src.Port()), Dport: be16(dst.Port()),
+		Proto: proto, Dir: dir}
+}
+
+func (tcCt6Key) withTuple(src, dst netip.AddrPort, proto, dir uint8) tcCt6Key {
+	return tcCt6Key{Saddr: tcV6addr{Addr: src.Addr().As16()}, Daddr: tcV6addr{Addr: dst.Addr().As16()},
+		Sport: be16(src.Port()), Dport: be16(dst.Port()), Proto: proto, Dir: dir}
+}
+
+// ctPlace is bpf/lib/migrate_fam.h's mig_put for settle, over one
+// family's new maps est (sluice_conntrack) and half (sluice_ct_new): the
+// old entry e under k goes into est if the new maps have nothing under k
 // (inserted), or an established entry of an earlier flow on the tuple
 // that e supersedes (replaced); never over a half-open entry, the new
 // programs' own. Neither does it go if the other entry of its flow's key
 // is taken by another flow that was seen later.
-func (d *Datapath) ctPlace(k *sockCt4Key, e *sockCt4Entry) (ebpf.MapUpdateFlags, bool) {
-	t := d.cfg.ctTimeouts()
-	var n sockCt4Entry
-	flags := ebpf.UpdateNoExist
-	if d.maps.ctNew.Lookup(k, &n) == nil {
-		return 0, false
-	}
-	if d.maps.conntrack.Lookup(k, &n) == nil {
-		if !t.supersedes(k.Proto, e, &n) {
+func ctPlace[K ctMigKey[K], V ctValue](t ctTimeouts, est, half *ebpf.Map) ctPlacer[K, V] {
+	return func(k *K, e *V) (ebpf.MapUpdateFlags, bool) {
+		var n V
+		flags := ebpf.UpdateNoExist
+		_, _, proto, _ := (*k).tuple()
+		if half.Lookup(k, &n) == nil {
 			return 0, false
 		}
-		flags = ebpf.UpdateAny
+		if est.Lookup(k, &n) == nil {
+			if !t.supersedes(proto, (*e).view(), n.view()) {
+				return 0, false
+			}
+			flags = ebpf.UpdateAny
+		}
+		pk := ctPeerKey(k, e)
+		if half.Lookup(&pk, &n) == nil {
+			return 0, false
+		}
+		if est.Lookup(&pk, &n) == nil && ctPeerKey(&pk, &n) != *k &&
+			int64(t.seen(proto, (*e).view())-t.seen(proto, n.view())) <= 0 {
+			return 0, false
+		}
+		return flags, true
 	}
-	pk := ctPeerKey(k, e)
-	if d.maps.ctNew.Lookup(&pk, &n) == nil {
-		return 0, false
-	}
-	if d.maps.conntrack.Lookup(&pk, &n) == nil && ctPeerKey(&pk, &n) != *k &&
-		int64(t.seen(k.Proto, e)-t.seen(pk.Proto, &n)) <= 0 {
-		return 0, false
-	}
-	return flags, true
 }
 
-// ctPeerKey is bpf/lib/conntrack.h's ct_peer_key: the key of the other
-// entry of the flow of e, found under k.
-func ctPeerKey(k *sockCt4Key, e *sockCt4Entry) sockCt4Key {
-	snat := e.Flags&ctFlagSNAT != 0
-	p := sockCt4Key{Proto: k.Proto}
-	if k.Dir == ctForward {
-		p.Dir, p.Saddr, p.Sport = ctReverse, e.NatAddr, e.NatPort
-		p.Daddr, p.Dport = k.Saddr, k.Sport
+// halfOpen is place for sluice_ct_new's entries: a half-open entry only
+// goes where nothing is, in either map (bpf/migrate.c: est false).
+func halfOpen[K, V any](place ctPlacer[K, V]) ctPlacer[K, V] {
+	return func(k *K, e *V) (ebpf.MapUpdateFlags, bool) {
+		f, ok := place(k, e)
+		return ebpf.UpdateNoExist, ok && f == ebpf.UpdateNoExist
+	}
+}
+
+// ctPeerKey is bpf/lib/conntrack_fam.h's ct_peer_key: the key of the
+// other entry of the flow of e, found under k.
+func ctPeerKey[K ctMigKey[K], V ctValue](k *K, e *V) K {
+	src, dst, proto, dir := (*k).tuple()
+	w := (*e).view()
+	snat := w.flags&ctFlagSNAT != 0
+	if dir == ctForward {
+		// <C -> F> names B (and N:sp): the reply, <B -> N:sp or C>.
 		if snat {
-			p.Daddr, p.Dport = e.SnatAddr, e.SnatPort
+			src = w.snat
 		}
-		return p
+		return (*k).withTuple(w.nat, src, proto, ctReverse)
 	}
-	p.Dir, p.Daddr, p.Dport = ctForward, e.NatAddr, e.NatPort
-	p.Saddr, p.Sport = k.Daddr, k.Dport
+	// <B -> X> names F (and C): the request is <C -> F>.
 	if snat {
-		p.Saddr, p.Sport = e.SnatAddr, e.SnatPort
+		dst = w.snat
 	}
-	return p
+	return (*k).withTuple(dst, w.nat, proto, ctForward)
 }
 
 // copyConntrack copies the live entries of the conntrack map old into cur
 // as place says, as bpf/migrate.c does packet by packet.
-func copyConntrack(old, cur *ebpf.Map, place ctPlacer) error {
+func copyConntrack[K ctMigKey[K], V ctValue](old, cur *ebpf.Map, place ctPlacer[K, V]) error {
 	now, err := monotonicNow()
 	if err != nil {
 		return err
 	}
-	var k sockCt4Key
-	var v sockCt4Entry
+	var k K
+	var v V
 	it := old.Iterate()
 	for it.Next(&k, &v) {
-		if int64(v.Expires-now) <= 0 {
+		if int64(v.view().expires-now) <= 0 {
 			continue
 		}
 		flags, ok := place(&k, &v)
@@ -438,6 +531,7 @@ func (o *tcLoaded) mapByName(name string) (*ebpf.Map, error) {
 	}{
 		{mapServices, o.SluiceServicesV1}, {mapBackends, o.SluiceBackendsV1}, {mapRevNat, o.SluiceRevNatV1},
 		{mapConntrack, o.SluiceConntrackV2}, {mapCTNew, o.SluiceCtNewV1}, {mapCTFlush, o.SluiceCtFlushV1},
+		{mapConntrack6, o.Sluice6ConntrackV1}, {mapCTNew6, o.Sluice6CtNewV1},
 		{mapSockRev, o.SluiceSockRevV1}, {mapUDPStick, o.SluiceUdpStickV1}, {mapMetrics, o.SluiceMetricsV1},
 		{mapSockRev6, o.Sluice6SockRevV1}, {mapUDPStick6, o.Sluice6UdpStickV1},
 		{mapDevices, o.SluiceDevicesV1}, {mapSrcRanges, o.SluiceSrcRangesV1}, {mapFragments, o.SluiceFragmentsV1},

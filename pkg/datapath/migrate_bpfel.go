@@ -24,6 +24,8 @@ const (
 	migrateMapSluice6CtNewV1          = "sluice6_ct_new_v1"
 	migrateMapSluice6DevicesV1        = "sluice6_devices_v1"
 	migrateMapSluice6FragmentsV1      = "sluice6_fragments_v1"
+	migrateMapSluice6MigOldEst        = "sluice6_mig_old_est"
+	migrateMapSluice6MigOldNew        = "sluice6_mig_old_new"
 	migrateMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
 	migrateMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
 	migrateMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
@@ -66,7 +68,9 @@ const (
 	migrateVarHaveClusterCidr6        = "have_cluster_cidr6"
 	migrateVarMasqueradeAll           = "masquerade_all"
 	migrateVarMigFromEst              = "mig_from_est"
+	migrateVarMigFromEst6             = "mig_from_est6"
 	migrateVarMigFromNew              = "mig_from_new"
+	migrateVarMigFromNew6             = "mig_from_new6"
 	migrateVarMigFromR0               = "mig_from_r0"
 	migrateVarNodeIp4                 = "node_ip4"
 	migrateVarNodeIp6                 = "node_ip6"
@@ -133,6 +137,8 @@ type migrateMapSpecs struct {
 	Sluice6CtNewV1          *ebpf.MapSpec `ebpf:"sluice6_ct_new_v1"`
 	Sluice6DevicesV1        *ebpf.MapSpec `ebpf:"sluice6_devices_v1"`
 	Sluice6FragmentsV1      *ebpf.MapSpec `ebpf:"sluice6_fragments_v1"`
+	Sluice6MigOldEst        *ebpf.MapSpec `ebpf:"sluice6_mig_old_est"`
+	Sluice6MigOldNew        *ebpf.MapSpec `ebpf:"sluice6_mig_old_new"`
 	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
 	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
@@ -179,7 +185,9 @@ type migrateVariableSpecs struct {
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	MigFromEst       *ebpf.VariableSpec `ebpf:"mig_from_est"`
+	MigFromEst6      *ebpf.VariableSpec `ebpf:"mig_from_est6"`
 	MigFromNew       *ebpf.VariableSpec `ebpf:"mig_from_new"`
+	MigFromNew6      *ebpf.VariableSpec `ebpf:"mig_from_new6"`
 	MigFromR0        *ebpf.VariableSpec `ebpf:"mig_from_r0"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
@@ -216,6 +224,8 @@ type migrateMaps struct {
 	Sluice6CtNewV1          *ebpf.Map `ebpf:"sluice6_ct_new_v1"`
 	Sluice6DevicesV1        *ebpf.Map `ebpf:"sluice6_devices_v1"`
 	Sluice6FragmentsV1      *ebpf.Map `ebpf:"sluice6_fragments_v1"`
+	Sluice6MigOldEst        *ebpf.Map `ebpf:"sluice6_mig_old_est"`
+	Sluice6MigOldNew        *ebpf.Map `ebpf:"sluice6_mig_old_new"`
 	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
 	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
@@ -260,6 +270,8 @@ func (m *migrateMaps) Close() error {
 		m.Sluice6CtNewV1,
 		m.Sluice6DevicesV1,
 		m.Sluice6FragmentsV1,
+		m.Sluice6MigOldEst,
+		m.Sluice6MigOldNew,
 		m.Sluice6NodeCidrsV1,
 		m.Sluice6RevNatV1,
 		m.Sluice6ServiceIpsV1,
@@ -307,7 +319,9 @@ type migrateVariables struct {
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	MigFromEst       *ebpf.Variable `ebpf:"mig_from_est"`
+	MigFromEst6      *ebpf.Variable `ebpf:"mig_from_est6"`
 	MigFromNew       *ebpf.Variable `ebpf:"mig_from_new"`
+	MigFromNew6      *ebpf.Variable `ebpf:"mig_from_new6"`
 	MigFromR0        *ebpf.Variable `ebpf:"mig_from_r0"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`

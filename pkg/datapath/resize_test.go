@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -150,13 +151,90 @@ func ctFlow(t *testing.T, client string, cport uint16, vip, backend string) (fk 
 	return fk, fv, rk, rv
 }
 
+// ctFamily is one family's conntrack, for the migration tests written
+// once over IPv4 flows: its maps in a datapath, and an IPv4 flow's entry
+// as this family's (the IPv6 twin of each address, twinAddr).
+type ctFamily[K ctMigKey[K], V ctTestValue] struct {
+	v6   bool
+	maps func(d *Datapath) (est, half *ebpf.Map)
+	of   func(sockCt4Key, sockCt4Entry) (K, V)
+}
+
+// ctTestValue is a conntrack entry of either family, compared whole.
+type ctTestValue interface {
+	comparable
+	ctValue
+}
+
+// forCTFamilies runs a test written once over ctFamily with IPv4's
+// conntrack, then IPv6's (forFamilies): pass the generic test function
+// for both.
+func forCTFamilies(t *testing.T, f4 func(*testing.T, ctFamily[sockCt4Key, sockCt4Entry]),
+	f6 func(*testing.T, ctFamily[tcCt6Key, tcCt6Entry]),
+) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		if v6 {
+			f6(t, ct6Family)
+		} else {
+			f4(t, ct4Family)
+		}
+	})
+}
+
+var (
+	ct4Family = ctFamily[sockCt4Key, sockCt4Entry]{
+		maps: func(d *Datapath) (est, half *ebpf.Map) { return d.Maps().conntrack, d.Maps().ctNew },
+		of:   func(k sockCt4Key, v sockCt4Entry) (sockCt4Key, sockCt4Entry) { return k, v },
+	}
+	ct6Family = ctFamily[tcCt6Key, tcCt6Entry]{
+		v6:   true,
+		maps: func(d *Datapath) (est, half *ebpf.Map) { return d.tc.Sluice6ConntrackV1, d.tc.Sluice6CtNewV1 },
+		of: func(k sockCt4Key, v sockCt4Entry) (tcCt6Key, tcCt6Entry) {
+			return tcCt6Key{Saddr: twin6(k.Saddr), Daddr: twin6(k.Daddr), Sport: k.Sport, Dport: k.Dport, Proto: k.Proto, Dir: k.Dir},
+				tcCt6Entry{Expires: v.Expires, Flags: v.Flags, BackendId: v.BackendId, RevNatId: v.RevNatId,
+					NatPort: v.NatPort, SnatPort: v.SnatPort, NatAddr: twin6(v.NatAddr), SnatAddr: twin6(v.SnatAddr)}
+		},
+	}
+)
+
+// twin6 is the IPv6 twin of an IPv4 address in network order (0: none).
+func twin6(a uint32) tcV6addr {
+	if a == 0 {
+		return tcV6addr{}
+	}
+	return tcV6addr{Addr: addr(twinAddr(true, addrFromBE32(a).String())).As16()}
+}
+
+// flow is ctFlow in this family.
+func (f ctFamily[K, V]) flow(t *testing.T, client string, cport uint16, vip, backend string) (fk K, fv V, rk K, rv V) {
+	t.Helper()
+	k4, v4, rk4, rv4 := ctFlow(t, client, cport, vip, backend)
+	fk, fv = f.of(k4, v4)
+	rk, rv = f.of(rk4, rv4)
+	return fk, fv, rk, rv
+}
+
+// ack is the client's ACK of the TCP flow client:cport -> vip:80.
+func (f ctFamily[K, V]) ack(client string, cport uint16, vip string) packet.Packet {
+	return packet.Packet{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr(twinAddr(f.v6, client)), Dst: addr(twinAddr(f.v6, vip)),
+		SrcPort: cport, DstPort: 80, Proto: packet.TCP, TCPFlags: packet.ACK}
+}
+
 // TestResizeCarriesFlowsAddedDuringTheSwitch (C4): between the copy at
 // Open and the update of the links, the previous agent's programs keep
 // adding flows to the old conntrack map. The migration shim, which runs
 // before tc meanwhile, carries a flow over on its next packet; once the
-// links run the new programs, the rest is copied and the shims go.
+// links run the new programs, the rest is copied and the shims go. IPv6
+// flows are carried over as IPv4 ones are (before, the IPv6 maps were
+// copied once, at Open, and what the previous agent's programs added
+// after that was lost), and the previous agent's IPv6 programs stay in
+// the pinned program arrays until the links run the new entries.
 func TestResizeCarriesFlowsAddedDuringTheSwitch(t *testing.T) {
 	testutil.Privileged(t)
+	forCTFamilies(t, testResizeCarries, testResizeCarries)
+}
+
+func testResizeCarries[K ctMigKey[K], V ctTestValue](t *testing.T, fam ctFamily[K, V]) {
 	bpffs := testPinDir(t)
 	ns := topology.NewNS(t, "resize")
 	ns.Enter(t)
@@ -165,7 +243,7 @@ func TestResizeCarriesFlowsAddedDuringTheSwitch(t *testing.T) {
 	if err := d1.AttachDevices([]string{"sl-r"}); err != nil {
 		t.Fatal(err)
 	}
-	old := d1.Maps().conntrack
+	old, _ := fam.maps(d1)
 
 	cfg := smallConfig(bpffs)
 	cfg.MaxConntrack = 8192
@@ -173,32 +251,46 @@ func TestResizeCarriesFlowsAddedDuringTheSwitch(t *testing.T) {
 	if shim, egressFirst := d2.migrating(); !shim || egressFirst {
 		t.Fatalf("migrating() = %v, %v: want the shims, ingress first", shim, egressFirst)
 	}
-	cur := d2.Maps().conntrack
+	if ok, egressFirst := d2.migratingIPv6(); !ok || egressFirst {
+		t.Fatalf("migratingIPv6() = %v, %v: want IPv6 conntrack migrated, ingress first", ok, egressFirst)
+	}
+	cur, half := fam.maps(d2)
 	if cur.MaxEntries() != 8192 {
 		t.Fatalf("new conntrack has %d entries", cur.MaxEntries())
+	}
+	// Until the links run the new entries, IPv6 packets go to the
+	// previous agent's IPv6 programs, which write the old maps.
+	tc6Ingress := func() ebpf.ProgramID {
+		t.Helper()
+		var id uint32
+		if err := d2.tc.Sluice6TcV1.Lookup(uint32(0), &id); err != nil {
+			t.Fatalf("read %s: %v", mapTC6, err)
+		}
+		return ebpf.ProgramID(id)
+	}
+	if got, want := tc6Ingress(), progID(t, d1.tc.Sluice6Ingress); got != want {
+		t.Errorf("before the switch, %s holds program %d, want the previous agent's %d", mapTC6, got, want)
 	}
 
 	// A flow the old programs established after the copy: its next
 	// packet, through the shim, carries both its entries over.
-	fk, fv, rk, rv := ctFlow(t, "10.0.0.9", 40001, "10.96.5.1", "10.2.5.1")
+	fk, fv, rk, rv := fam.flow(t, "10.0.0.9", 40001, "10.96.5.1", "10.2.5.1")
 	for _, e := range []struct {
-		k *sockCt4Key
-		v *sockCt4Entry
+		k *K
+		v *V
 	}{{&fk, &fv}, {&rk, &rv}} {
 		if err := old.Put(e.k, e.v); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ack := packet.Packet{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr("10.0.0.9"), Dst: addr("10.96.5.1"),
-		SrcPort: 40001, DstPort: 80, Proto: packet.TCP, TCPFlags: packet.ACK}
-	if verdict, _ := runProg(t, d2.shim.SluiceMigTc, ack.Bytes()); verdict != uint32(0xffffffff) {
+	if verdict, _ := runProg(t, d2.shim.SluiceMigTc, fam.ack("10.0.0.9", 40001, "10.96.5.1").Bytes()); verdict != uint32(0xffffffff) {
 		t.Errorf("shim verdict %d, want TC_ACT_UNSPEC (on to the next program)", int32(verdict))
 	}
 	for _, e := range []struct {
-		k *sockCt4Key
-		v sockCt4Entry
+		k *K
+		v V
 	}{{&fk, fv}, {&rk, rv}} {
-		var got sockCt4Entry
+		var got V
 		if err := cur.Lookup(e.k, &got); err != nil || got != e.v {
 			t.Errorf("after the shim, new map has %+v (%v) under %+v; want %+v", got, err, *e.k, e.v)
 		}
@@ -208,31 +300,31 @@ func TestResizeCarriesFlowsAddedDuringTheSwitch(t *testing.T) {
 	// the old flow's entries are not carried over beside it, or the new
 	// flow's next packet would find them first and go to the old
 	// backend. Neither are a dead flow's.
-	tk, tv, trk, trv := ctFlow(t, "10.0.0.9", 40003, "10.96.5.1", "10.2.5.1")
-	half := tv
-	half.Flags, half.NatAddr = 0, be32(addr("10.2.5.2"))
-	if err := d2.Maps().ctNew.Put(&tk, &half); err != nil {
+	tk4, tv4, _, _ := ctFlow(t, "10.0.0.9", 40003, "10.96.5.1", "10.2.5.1")
+	half4 := tv4
+	half4.Flags, half4.NatAddr = 0, be32(addr("10.2.5.2"))
+	tk, halfV := fam.of(tk4, half4)
+	if err := half.Put(&tk, &halfV); err != nil {
 		t.Fatal(err)
 	}
-	dk, dv, _, _ := ctFlow(t, "10.0.0.9", 40004, "10.96.5.1", "10.2.5.1")
-	dv.Expires = 1
+	_, tv, trk, trv := fam.flow(t, "10.0.0.9", 40003, "10.96.5.1", "10.2.5.1")
+	dk4, dv4, _, _ := ctFlow(t, "10.0.0.9", 40004, "10.96.5.1", "10.2.5.1")
+	dv4.Expires = 1
+	dk, dv := fam.of(dk4, dv4)
 	for _, e := range []struct {
-		k *sockCt4Key
-		v *sockCt4Entry
+		k *K
+		v *V
 	}{{&tk, &tv}, {&trk, &trv}, {&dk, &dv}} {
 		if err := old.Put(e.k, e.v); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, p := range []packet.Packet{
-		{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr("10.0.0.9"), Dst: addr("10.96.5.1"), SrcPort: 40003, DstPort: 80, Proto: packet.TCP, TCPFlags: packet.ACK},
-		{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr("10.0.0.9"), Dst: addr("10.96.5.1"), SrcPort: 40004, DstPort: 80, Proto: packet.TCP, TCPFlags: packet.ACK},
-	} {
-		runProg(t, d2.shim.SluiceMigTc, p.Bytes())
+	for _, cport := range []uint16{40003, 40004} {
+		runProg(t, d2.shim.SluiceMigTc, fam.ack("10.0.0.9", cport, "10.96.5.1").Bytes())
 	}
 	notCarried := func(when string) {
 		t.Helper()
-		var got sockCt4Entry
+		var got V
 		if err := cur.Lookup(&tk, &got); err == nil {
 			t.Errorf("%s: the old flow's entry of a tuple a new flow took was carried over: %+v", when, got)
 		}
@@ -247,20 +339,23 @@ func TestResizeCarriesFlowsAddedDuringTheSwitch(t *testing.T) {
 
 	// Another one, that sends nothing until the switch is over: copied
 	// when the links run the new programs.
-	fk2, fv2, _, _ := ctFlow(t, "10.0.0.9", 40002, "10.96.5.1", "10.2.5.1")
+	fk2, fv2, _, _ := fam.flow(t, "10.0.0.9", 40002, "10.96.5.1", "10.2.5.1")
 	if err := old.Put(&fk2, &fv2); err != nil {
 		t.Fatal(err)
 	}
 	if err := d2.AttachDevices([]string{"sl-r"}); err != nil {
 		t.Fatal(err)
 	}
-	var got sockCt4Entry
+	var got V
 	if err := cur.Lookup(&fk2, &got); err != nil || got != fv2 {
 		t.Errorf("after the switch, new map has %+v (%v), want %+v", got, err, fv2)
 	}
 	notCarried("after the switch")
 	if len(d2.migrations) != 0 {
 		t.Errorf("migrations left after the switch: %d", len(d2.migrations))
+	}
+	if got, want := tc6Ingress(), progID(t, d2.tc.Sluice6Ingress); got != want {
+		t.Errorf("after the switch, %s holds program %d, want the new agent's %d", mapTC6, got, want)
 	}
 	idx := links["sl-r"].Attrs().Index
 	for _, at := range []struct {
@@ -305,9 +400,14 @@ func TestUpgradeCarriesRelease0FlowsAddedDuringTheSwitch(t *testing.T) {
 	}
 }
 
-// ctPeerKey is conntrack.h's ct_peer_key, both ways, with and without SNAT.
+// ctPeerKey is conntrack_fam.h's ct_peer_key, both ways, with and without
+// SNAT, in each family.
 func TestCTPeerKey(t *testing.T) {
-	fk, fv, rk, rv := ctFlow(t, "10.0.0.9", 40001, "10.96.5.1", "10.2.5.1")
+	forCTFamilies(t, testCTPeerKey, testCTPeerKey)
+}
+
+func testCTPeerKey[K ctMigKey[K], V ctTestValue](t *testing.T, fam ctFamily[K, V]) {
+	fk, fv, rk, rv := fam.flow(t, "10.0.0.9", 40001, "10.96.5.1", "10.2.5.1")
 	if got := ctPeerKey(&fk, &fv); got != rk {
 		t.Errorf("peer of the forward entry %+v, want %+v", got, rk)
 	}
@@ -315,14 +415,17 @@ func TestCTPeerKey(t *testing.T) {
 		t.Errorf("peer of the reply entry %+v, want %+v", got, fk)
 	}
 	// Source-NATed: the reply is <B -> N:sp>, naming the client.
-	fv.Flags |= ctFlagSNAT
-	fv.SnatAddr, fv.SnatPort = be32(addr("192.168.1.1")), be16(61000)
-	want := sockCt4Key{Saddr: be32(addr("10.2.5.1")), Daddr: be32(addr("192.168.1.1")), Sport: be16(8080), Dport: be16(61000),
+	fk4, fv4, _, _ := ctFlow(t, "10.0.0.9", 40001, "10.96.5.1", "10.2.5.1")
+	fv4.Flags |= ctFlagSNAT
+	fv4.SnatAddr, fv4.SnatPort = be32(addr("192.168.1.1")), be16(61000)
+	_, fv = fam.of(fk4, fv4)
+	want4 := sockCt4Key{Saddr: be32(addr("10.2.5.1")), Daddr: be32(addr("192.168.1.1")), Sport: be16(8080), Dport: be16(61000),
 		Proto: uint8(model.TCP), Dir: ctReverse}
+	rv4 := sockCt4Entry{Flags: ctFlagSNAT, NatAddr: fk4.Daddr, NatPort: fk4.Dport, SnatAddr: fk4.Saddr, SnatPort: fk4.Sport}
+	want, rv := fam.of(want4, rv4)
 	if got := ctPeerKey(&fk, &fv); got != want {
 		t.Errorf("peer of a source-NATed forward entry %+v, want %+v", got, want)
 	}
-	rv = sockCt4Entry{Flags: ctFlagSNAT, NatAddr: fk.Daddr, NatPort: fk.Dport, SnatAddr: fk.Saddr, SnatPort: fk.Sport}
 	if got := ctPeerKey(&want, &rv); got != fk {
 		t.Errorf("peer of a port reservation %+v, want %+v", got, fk)
 	}
@@ -331,24 +434,31 @@ func TestCTPeerKey(t *testing.T) {
 // A tuple reused by a new flow after the migration's first copy: the new
 // map holds the finished flow's entry (closed, backend 1), the old map the
 // new flow's (open, backend 2, seen later): the old one supersedes it, as
-// bpf/migrate.c's mig_supersedes decides. Before, the new map's entry was
-// kept, and the new flow's next packet went to the finished flow's backend
-// (1 in ~50k connections failed across an upgrade under load). A flow the
-// new programs made since (seen later than the old map's) is never
-// replaced, nor an entry of the same flow.
+// bpf/lib/migrate_fam.h's mig_supersedes decides. Before, the new map's
+// entry was kept, and the new flow's next packet went to the finished
+// flow's backend (1 in ~50k connections failed across an upgrade under
+// load). A flow the new programs made since (seen later than the old
+// map's) is never replaced, nor an entry of the same flow. Each family's
+// entries are judged alike.
 func TestConntrackSupersedes(t *testing.T) {
+	forCTFamilies(t, testConntrackSupersedes, testConntrackSupersedes)
+}
+
+func testConntrackSupersedes[K ctMigKey[K], V ctTestValue](t *testing.T, fam ctFamily[K, V]) {
 	tm := smallConfig("").ctTimeouts()
 	const now = uint64(1e12)
 	tcp := uint8(model.TCP)
-	entry := func(seen uint64, backend uint32, flags uint32) *sockCt4Entry {
-		e := &sockCt4Entry{Flags: flags | ctFlagReplied, BackendId: backend, NatAddr: backend, NatPort: 8080}
+	entry := func(seen uint64, backend uint32, flags uint32) ctView {
+		e := sockCt4Entry{Flags: flags | ctFlagReplied, BackendId: backend, NatAddr: be32(addr(fmt.Sprintf("10.2.5.%d", backend))),
+			NatPort: be16(8080)}
 		e.Expires = seen + tm.lifetime(tcp, e.Flags)
-		return e
+		_, v := fam.of(sockCt4Key{}, e)
+		return v.view()
 	}
 	closed := ctFlagFinFwd | ctFlagFinRev
 	for _, c := range []struct {
 		what string
-		o, n *sockCt4Entry
+		o, n ctView
 		want bool
 	}{
 		{"reused tuple, another backend", entry(now, 2, 0), entry(now-2e9, 1, closed), true},

@@ -20,8 +20,15 @@ const (
 )
 
 // setIPv6Programs puts the tc IPv6 programs into sluice6_tc_v1, in the
-// order of its slots (TC6_PROG_INGRESS, TC6_PROG_EGRESS).
-func (o *tcLoaded) setIPv6Programs() error {
+// order of its slots (TC6_PROG_INGRESS, TC6_PROG_EGRESS), or egress
+// first (a conntrack migration, migratingIPv6).
+func (o *tcLoaded) setIPv6Programs(egressFirst bool) error {
+	if egressFirst {
+		// Slot 1 (egress) first; filling the array then puts it again.
+		if err := o.Sluice6TcV1.Put(uint32(1), o.Sluice6Egress); err != nil {
+			return fmt.Errorf("put program 1 into %s: %w", mapTC6, err)
+		}
+	}
 	return fillProgArray(o.Sluice6TcV1, mapTC6, o.Sluice6Ingress, o.Sluice6Egress)
 }
 

@@ -11,7 +11,8 @@
 //
 // The load is per-packet (tc): new HTTP connections and new UDP flows
 // from the client namespace, one after the other in a few workers, plus
-// long-lived TCP connections opened before the change and used after it.
+// long-lived TCP connections opened before the change and during it, and
+// used after it.
 // The agent is stopped and a new one started while the load runs.
 package lifecycle
 
@@ -22,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -143,11 +145,13 @@ func untar(b []byte, dir string) error {
 	}
 }
 
-const (
-	webVIP  = "10.96.0.10:80"   // HTTP, backends' :8080
-	dnsVIP  = "10.96.0.11:53"   // UDP echo, backends' :5353
-	echoVIP = "10.96.0.12:9000" // TCP line echo, backends' :9000
-)
+// The Services' ClusterIPs: HTTP (web :80, backends' :8080), UDP echo
+// (dns :53, backends' :5353) and TCP line echo (echo :9000, backends'
+// :9000); over IPv6, their twins in topology.ServiceRange6.
+var vips = map[bool]struct{ web, dns, echo string }{
+	false: {"10.96.0.10", "10.96.0.11", "10.96.0.12"},
+	true:  {"2001:db8:96::10", "2001:db8:96::11", "2001:db8:96::12"},
+}
 
 type env struct {
 	lb       *topology.LB
@@ -155,9 +159,20 @@ type env struct {
 	cgroup   string
 	bpffs    string
 	topo     *topology.Topology
+	v6       bool // the Services and the load are IPv6 (setupFamily)
 }
 
-func setup(t *testing.T) *env {
+// The Services' addresses, in the family of the test.
+func (e *env) webVIP() string  { return net.JoinHostPort(vips[e.v6].web, "80") }
+func (e *env) dnsVIP() string  { return net.JoinHostPort(vips[e.v6].dns, "53") }
+func (e *env) echoVIP() string { return net.JoinHostPort(vips[e.v6].echo, "9000") }
+
+func setup(t *testing.T) *env { return setupFamily(t, false) }
+
+// setupFamily builds the node, its backends and the Services, IPv6 ones
+// over the LB's IPv6 plane (2001:db8::/32, inside the test's namespaces)
+// if v6.
+func setupFamily(t *testing.T, v6 bool) *env {
 	t.Helper()
 	testutil.Privileged(t)
 	testutil.NeedBPFFS(t)
@@ -172,7 +187,15 @@ func setup(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	e := &env{lb: lb, manifest: filepath.Join(t.TempDir(), "services.yaml"), topo: topo,
-		bpffs: filepath.Join(testutil.BPFFS, topo.Prefix()+"lifecycle")}
+		bpffs: filepath.Join(testutil.BPFFS, topo.Prefix()+"lifecycle"), v6: v6}
+	addrs := lb.BackendAddrStrings()
+	if v6 {
+		v6 := mustIPv6(t, lb)
+		addrs = nil
+		for _, a := range v6.BackendAddrs {
+			addrs = append(addrs, a.String())
+		}
+	}
 	names, err := lb.ServeHTTP(8080, "backend-")
 	if err != nil {
 		t.Fatal(err)
@@ -180,21 +203,30 @@ func setup(t *testing.T) *env {
 	if err := lb.ServeEchoes(9000, 5353, names); err != nil {
 		t.Fatal(err)
 	}
-	addrs := lb.BackendAddrStrings()
 	cg, err := topo.AddCgroup(cgMount, "sluice")
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.cgroup = cg.Path
 	docs := agentproc.Services(
-		agentproc.Service{Name: "web", ClusterIP: "10.96.0.10", Endpoints: addrs, Ports: []agentproc.Port{agentproc.TCP("http", 80, 8080)}},
-		agentproc.Service{Name: "dns", ClusterIP: "10.96.0.11", Endpoints: addrs, Ports: []agentproc.Port{agentproc.UDP("dns", 53, 5353)}},
-		agentproc.Service{Name: "echo", ClusterIP: "10.96.0.12", Endpoints: addrs, Ports: []agentproc.Port{agentproc.TCP("echo", 9000, 9000)}},
+		agentproc.Service{Name: "web", ClusterIP: vips[v6].web, Endpoints: addrs, Ports: []agentproc.Port{agentproc.TCP("http", 80, 8080)}},
+		agentproc.Service{Name: "dns", ClusterIP: vips[v6].dns, Endpoints: addrs, Ports: []agentproc.Port{agentproc.UDP("dns", 53, 5353)}},
+		agentproc.Service{Name: "echo", ClusterIP: vips[v6].echo, Endpoints: addrs, Ports: []agentproc.Port{agentproc.TCP("echo", 9000, 9000)}},
 	)
 	if err := agentproc.WriteFile(e.manifest, agentproc.Manifest(docs...)); err != nil {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// mustIPv6 gives lb its IPv6 plane.
+func mustIPv6(t *testing.T, lb *topology.LB) *topology.LB6 {
+	t.Helper()
+	v6, err := lb.AddIPv6()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v6
 }
 
 // agent prepares an agent of bin on the node, attached to eth0 and the
@@ -219,12 +251,16 @@ func (e *env) agent(t *testing.T, bin agentproc.Binaries, devices []string, extr
 
 // load is the traffic kept up across a change.
 type load struct {
-	http, udp *testutil.Traffic
-	long      []*topology.EchoConn
+	http, udp, opener *testutil.Traffic
+	long              []*topology.EchoConn
 
 	mu       sync.Mutex
 	failures []string // when each request failed, and why
 	start    time.Time
+	// opened are the long-lived connections opened while the load ran
+	// (opener): some by the old agent's programs after the new agent
+	// copied the tables, used again once the new programs run.
+	opened []*topology.EchoConn
 }
 
 // record notes a failed request, with when it failed since the load began.
@@ -241,8 +277,9 @@ func (l *load) record(what string, started time.Time, err error) error {
 
 // startLoad starts 3 workers of HTTP requests (a new connection each) and
 // one of UDP exchanges (a new socket, a new flow, each) from the client
-// through the node, each pausing pause between two, and opens 6
-// long-lived TCP connections. (Every flow holds conntrack entries for a
+// through the node, each pausing pause between two, opens 6 long-lived TCP
+// connections, and starts a worker that opens another one every 100 ms
+// (stop uses them all again). (Every flow holds conntrack entries for a
 // while after it is done, 10 s for TCP and 60 s for UDP: a pause keeps
 // their number within the sizes a test resizes to.)
 func (e *env) startLoad(t *testing.T, pause time.Duration) *load {
@@ -255,7 +292,7 @@ func (e *env) startLoad(t *testing.T, pause time.Duration) *load {
 	l.http = testutil.StartTraffic(3, func() error {
 		time.Sleep(pause)
 		start := time.Now()
-		_, err := topology.WhoAnswered(client, "http://"+webVIP+"/")
+		_, err := topology.WhoAnswered(client, "http://"+e.webVIP()+"/")
 		return l.record("HTTP", start, err)
 	})
 	l.udp = testutil.StartTraffic(1, func() error {
@@ -263,15 +300,32 @@ func (e *env) startLoad(t *testing.T, pause time.Duration) *load {
 		start := time.Now()
 		return l.record("UDP", start, e.udpExchange())
 	})
+	l.opener = testutil.StartTraffic(1, func() error {
+		time.Sleep(100 * time.Millisecond)
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		c, err := e.lb.Client.DialEcho(ctx, e.echoVIP())
+		if err == nil {
+			l.mu.Lock()
+			l.opened = append(l.opened, c)
+			l.mu.Unlock()
+		}
+		return l.record("long-lived TCP", start, err)
+	})
 	return l
 }
 
-// udpExchange sends a datagram to dnsVIP from a new socket and waits for
+// udpExchange sends a datagram to the dns Service from a new socket and waits for
 // the echo.
 func (e *env) udpExchange() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	c, err := e.lb.Client.DialContext(ctx, "udp4", dnsVIP)
+	network := "udp4"
+	if e.v6 {
+		network = "udp6"
+	}
+	c, err := e.lb.Client.DialContext(ctx, network, e.dnsVIP())
 	if err != nil {
 		return err
 	}
@@ -298,20 +352,25 @@ func (l *load) stop(t *testing.T, what string) {
 	t.Helper()
 	l.http.Stop()
 	l.udp.Stop()
-	for i, c := range l.long {
+	l.opener.Stop()
+	long := append(l.long, l.opened...)
+	for i, c := range long {
 		if who, err := c.Say(fmt.Sprintf("after %s", what)); err != nil || who != c.Backend {
-			t.Errorf("long-lived connection %d (to %s) after %s: %q, %v", i, c.Backend, what, who, err)
+			t.Errorf("long-lived connection %d of %d (to %s) after %s: %q, %v", i, len(long), c.Backend, what, who, err)
 		}
 		c.Close()
 	}
-	ok := l.http.OK() + l.udp.OK()
-	failed := l.http.Failed() + l.udp.Failed()
-	t.Logf("%s under load: %d HTTP connections and %d UDP flows succeeded, %d and %d failed; %d long-lived connections kept",
-		what, l.http.OK(), l.udp.OK(), l.http.Failed(), l.udp.Failed(), len(l.long))
+	ok := l.http.OK() + l.udp.OK() + l.opener.OK()
+	failed := l.http.Failed() + l.udp.Failed() + l.opener.Failed()
+	t.Logf("%s under load: %d HTTP connections and %d UDP flows succeeded, %d and %d failed; %d long-lived connections kept (%d opened under load, %d failed to open)",
+		what, l.http.OK(), l.udp.OK(), l.http.Failed(), l.udp.Failed(), len(long), len(l.opened), l.opener.Failed())
 	if failed > 0 {
 		first := l.http.FirstErr()
 		if first == nil {
 			first = l.udp.FirstErr()
+		}
+		if first == nil {
+			first = l.opener.FirstErr()
 		}
 		l.mu.Lock()
 		t.Errorf("%s: %d of %d connections failed; first: %v\n%s", what, failed, ok+failed, first, strings.Join(l.failures, "\n"))
@@ -326,7 +385,7 @@ func (l *load) stop(t *testing.T, what string) {
 // client.
 func (e *env) dialEcho(t *testing.T) *topology.EchoConn {
 	t.Helper()
-	return e.lb.Client.MustDialEcho(t, echoVIP, 3*time.Second)
+	return e.lb.Client.MustDialEcho(t, e.echoVIP(), 3*time.Second)
 }
 
 // replace stops a (SIGTERM: it must exit cleanly) and starts it again with
@@ -459,10 +518,23 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 // started with the new size migrates the table (new map, entries copied,
 // pin swapped, programs replaced through their links, the flows added
 // meanwhile carried over) and not one connection fails. Before, the agent
-// refused to start until `sluice cleanup` dropped every flow.
+// refused to start until `sluice cleanup` dropped every flow. The same
+// over IPv6, whose tables are resized with IPv4's (before the IPv6
+// migration shims, the IPv6 flows the previous agent started during the
+// switch were lost from the new table and their connections failed).
 func TestConntrackResizeUnderLoad(t *testing.T) {
-	e := setup(t)
+	for _, v6 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "IPv4", true: "IPv6"}[v6], func(t *testing.T) { testConntrackResizeUnderLoad(t, v6) })
+	}
+}
+
+func testConntrackResizeUnderLoad(t *testing.T, v6 bool) {
+	e := setupFamily(t, v6)
 	cur := agentproc.Shared(t)
+	ct, ctNew := "sluice_conntrack_v2", "sluice_ct_new_v1"
+	if v6 {
+		ct, ctNew = "sluice6_conntrack_v1", "sluice6_ct_new_v1"
+	}
 	a := e.agent(t, cur, []string{e.lb.NodeDev}, "--max-conntrack=65536")
 	if err := a.Start(); err != nil {
 		t.Fatal(err)
@@ -475,9 +547,9 @@ func TestConntrackResizeUnderLoad(t *testing.T) {
 		mapName     string
 		size        uint32
 	}{
-		{"max-conntrack", "131072", "sluice_conntrack_v2", 131072},
-		{"max-conntrack", "98304", "sluice_conntrack_v2", 98304},
-		{"max-conntrack-new", "16384", "sluice_ct_new_v1", 16384},
+		{"max-conntrack", "131072", ct, 131072},
+		{"max-conntrack", "98304", ct, 98304},
+		{"max-conntrack-new", "16384", ctNew, 16384},
 	} {
 		what := fmt.Sprintf("--%s=%s", step.flag, step.value)
 		l := e.startLoad(t, 2*time.Millisecond)

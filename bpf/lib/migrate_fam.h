@@ -1,0 +1,99 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The family-dependent half of migrate.c (its design is there), a
+ * template (family.h) that migrate.c includes once per family: mig_packet
+ * carries an IPv4 packet's entries over from the old sluice_conntrack_v2
+ * and sluice_ct_new_v1 (and release 0's map), mig_packet6 an IPv6
+ * packet's from the old sluice6_conntrack_v1 and sluice6_ct_new_v1. No
+ * include guard, on purpose.
+ */
+
+/* mig_seen - when @e was last seen: its expiry less its lifetime (to
+ * within CT_REFRESH_NS, earlier rather than later).
+ */
+static __always_inline __u64 FN(mig_seen)(const FAM(ct_entry_t) *e, __u8 proto)
+{
+	return READ_ONCE(e->expires) - ct_lifetime(proto, READ_ONCE(e->flags));
+}
+
+/*
+ * mig_supersedes - whether the old entry @o is to replace @n, the new
+ * map's entry under the same key: they are of different flows (another
+ * backend, or one closed and the other not) and @o was seen later. That
+ * is a tuple reused since the copy at the start (the new map's entry is
+ * the finished flow's, copied then; the old map's is the flow the old
+ * programs made on it afterwards), or since the shim carried it over.
+ */
+static __always_inline bool FN(mig_supersedes)(__u8 proto,
+					       const FAM(ct_entry_t) *o,
+					       const FAM(ct_entry_t) *n)
+{
+	if (FAM(addr_eq)(o->nat_addr, n->nat_addr) &&
+	    o->nat_port == n->nat_port && o->backend_id == n->backend_id &&
+	    ct_closed(o->flags) == ct_closed(READ_ONCE(n->flags)))
+		return false;
+	return (__s64)(FN(mig_seen)(o, proto) - FN(mig_seen)(n, proto)) > 0;
+}
+
+/*
+ * mig_put - put @e, found under @key in the old map, into @to (the
+ * established map if @est) if it is alive and the new maps have nothing
+ * under @key, or (into the established map) an established entry it
+ * supersedes. A half-open entry in the new maps is a new flow's, made by
+ * the new programs: it stays. Returns whether it put @e.
+ */
+static __always_inline bool FN(mig_put)(void *to, bool est,
+					const FAM(ct_key_t) *key,
+					const FAM(ct_entry_t) *e, __u64 now)
+{
+	const FAM(ct_entry_t) *n;
+	__u64 flags = BPF_NOEXIST;
+
+	if (!ct_alive(READ_ONCE(e->expires), now) ||
+	    bpf_map_lookup_elem(FAM(ct_new), key))
+		return false;
+	n = bpf_map_lookup_elem(FAM(ct_est), key);
+	if (n) {
+		if (!est || !FN(mig_supersedes)(key->proto, e, n))
+			return false;
+		flags = BPF_ANY;
+	}
+	return bpf_map_update_elem(to, key, e, flags) == 0;
+}
+
+/*
+ * mig_copy - copy the entry under @key in @from into @to (see above), and
+ * then the other entry of its flow; neither if a new flow took @key.
+ */
+static __always_inline void FN(mig_copy)(void *from, void *to, bool est,
+					 const FAM(ct_key_t) *key, __u64 now)
+{
+	FAM(ct_entry_t) *e = bpf_map_lookup_elem(from, key);
+	FAM(ct_key_t) pkey;
+
+	if (!e || !FN(mig_put)(to, est, key, e, now))
+		return;
+	FN(ct_peer_key)(&pkey, key, e);
+	e = bpf_map_lookup_elem(from, &pkey);
+	if (e)
+		FN(mig_put)(to, est, &pkey, e, now);
+}
+
+/* mig_packet - carry over the entries of @p's tuple, both directions. */
+static __always_inline void FN(mig_packet)(const FAM(pkt_t) *p)
+{
+	FAM(ct_key_t) key = {};
+	__u64 now = bpf_ktime_get_ns();
+	__u8 dir;
+
+	for (dir = CT_FORWARD; dir <= CT_REVERSE; dir++) {
+		FN(ct_key_of)(&key, p, dir);
+		if (FN(mig_from_est))
+			FN(mig_copy)(&FAM(mig_old_est), FAM(ct_est), true, &key,
+				     now);
+		if (FN(mig_from_new))
+			FN(mig_copy)(&FAM(mig_old_new), FAM(ct_new), false,
+				     &key, now);
+		FAM(mig_copy_r0)(&key, now);
+	}
+}
