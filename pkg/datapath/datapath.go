@@ -256,9 +256,10 @@ type Datapath struct {
 
 	// The dry twins of the tc programs (dryrun.go), nil until loaded,
 	// and the tc spec they load from.
-	dryMu  sync.Mutex
-	dry    *tcDry
-	tcSpec *ebpf.CollectionSpec
+	dryMu      sync.Mutex
+	dry        *tcDry
+	tcSpec     *ebpf.CollectionSpec
+	dryLoading bool // a LoadDryRun is under way
 
 	// ipv6Pending: load left the previous agent's IPv6 programs in the
 	// pinned program arrays, for switchIPv6 to replace.

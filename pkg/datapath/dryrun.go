@@ -63,23 +63,56 @@ func (p *tcDry) Close() error {
 // loaded yet, and puts them where the live programs send a dry run, and
 // says how long that took (0 if they were loaded already). The agent
 // calls it after its first sync (Config.DeferDryRun); it may run while
-// the maps are being written.
+// the maps are being written, and while the datapath is closed: Close
+// does not wait for the verifier (an agent told to stop must stop), the
+// load then fails or its programs are dropped.
 func (d *Datapath) LoadDryRun() (time.Duration, error) {
 	d.dryMu.Lock()
-	defer d.dryMu.Unlock()
-	if d.dry != nil {
+	switch {
+	case d.dry != nil:
+		d.dryMu.Unlock()
 		return 0, nil
+	case d.tcSpec == nil:
+		d.dryMu.Unlock()
+		return 0, errDryRunClosed
+	case d.dryLoading:
+		d.dryMu.Unlock()
+		return 0, errors.New("load dry-run programs: already being loaded")
 	}
-	if d.tcSpec == nil {
-		return 0, errors.New("load dry-run programs: the datapath is closed")
+	d.dryLoading = true
+	spec := d.tcSpec
+	// Copies of the map descriptors, which Close leaves open.
+	maps := map[string]*ebpf.Map{}
+	var err error
+	for name, m := range objectsOf[*ebpf.Map](&d.tc) {
+		if maps[name], err = m.Clone(); err != nil {
+			break
+		}
 	}
+	d.dryMu.Unlock()
+	defer func() {
+		for _, m := range maps {
+			_ = m.Close() // a copy of a descriptor; the map lives on
+		}
+	}()
+	if err != nil {
+		d.endDryLoad()
+		return 0, fmt.Errorf("load dry-run programs: %w", err)
+	}
+
 	start := time.Now()
 	var dry tcDry
-	opts := &ebpf.CollectionOptions{MapReplacements: objectsOf[*ebpf.Map](&d.tc)}
-	if err := d.tcSpec.LoadAndAssign(&dry, opts); err != nil {
+	err = spec.LoadAndAssign(&dry, &ebpf.CollectionOptions{MapReplacements: maps})
+	d.dryMu.Lock()
+	defer d.dryMu.Unlock()
+	d.dryLoading = false
+	if err != nil {
 		return 0, fmt.Errorf("load dry-run programs: %w", verifierDetail(err))
 	}
-	err := fillProgArray(d.tc.SluiceDryV1, "sluice_dry_v1",
+	if d.tcSpec == nil {
+		return 0, errors.Join(errDryRunClosed, dry.Close())
+	}
+	err = fillProgArray(d.tc.SluiceDryV1, "sluice_dry_v1",
 		dry.SluiceIngressDry, dry.SluiceEgressDry, dry.Sluice6IngressDry, dry.Sluice6EgressDry)
 	if err != nil {
 		return 0, errors.Join(err, dry.Close())
@@ -88,16 +121,24 @@ func (d *Datapath) LoadDryRun() (time.Duration, error) {
 	return time.Since(start), nil
 }
 
+var errDryRunClosed = errors.New("load dry-run programs: the datapath is closed")
+
+func (d *Datapath) endDryLoad() {
+	d.dryMu.Lock()
+	d.dryLoading = false
+	d.dryMu.Unlock()
+}
+
 // closeDryRun releases the dry twins (the live programs' dry runs then
-// find an empty slot: ErrNoExplain) and forgets the spec.
+// find an empty slot: ErrNoExplain) and forgets the spec, so that a load
+// under way drops what it loads.
 func (d *Datapath) closeDryRun() error {
 	d.dryMu.Lock()
-	defer d.dryMu.Unlock()
-	d.tcSpec = nil
-	if d.dry == nil {
+	dry := d.dry
+	d.tcSpec, d.dry = nil, nil
+	d.dryMu.Unlock()
+	if dry == nil {
 		return nil
 	}
-	err := d.dry.Close()
-	d.dry = nil
-	return err
+	return dry.Close()
 }

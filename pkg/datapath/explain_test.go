@@ -401,6 +401,37 @@ func TestDryRunLoadsLater(t *testing.T) {
 	}
 }
 
+// TestDryRunLoadAndClose: Close does not wait for a LoadDryRun under way
+// (an agent told to stop while the verifier works must stop): whichever
+// ends first, the dry twins are released with the datapath, and a load
+// after Close fails.
+func TestDryRunLoadAndClose(t *testing.T) {
+	testutil.Privileged(t)
+	d, err := Open(configWith(smallConfig, func(c *Config) { c.DeferDryRun = true })(testPinDir(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded := make(chan error, 1)
+	go func() {
+		_, err := d.LoadDryRun()
+		loaded <- err
+	}()
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	err = <-loaded
+	t.Logf("LoadDryRun beside Close: %v", err)
+	d.dryMu.Lock()
+	left := d.dry
+	d.dryMu.Unlock()
+	if left != nil {
+		t.Error("dry twins still held after Close")
+	}
+	if _, err := d.LoadDryRun(); !errors.Is(err, errDryRunClosed) {
+		t.Errorf("LoadDryRun after Close: %v, want %v", err, errDryRunClosed)
+	}
+}
+
 // BenchmarkOpen opens a datapath of the default sizes from empty pins
 // (its programs verified, its maps created): with the dry twins, and
 // without them (Config.DeferDryRun), as the agent starts.

@@ -67,6 +67,11 @@ type MapFill struct {
 	Type      string // the kernel's map type: Hash, LRUHash, LPMTrie, ...
 	Entries   int    // entries now
 	Capacity  int    // max_entries
+	// Bytes is the kernel's estimate of the memory the map holds (its
+	// memlock): for a preallocated map, what max_entries cost; for one
+	// that allocates as it grows (BPF_F_NO_PREALLOC: the service maps),
+	// what its entries cost now.
+	Bytes uint64
 }
 
 // MapFill counts the entries of every hash-like map the datapath shares
@@ -99,12 +104,17 @@ func mapFill(maps map[string]*ebpf.Map, counts map[ebpf.MapID]int) ([]MapFill, e
 		if !countable(m.Type()) {
 			continue
 		}
-		n, err := countFrom(m, counts)
+		info, err := m.Info()
+		if err != nil {
+			return nil, fmt.Errorf("information of map %s: %w", pin, err)
+		}
+		n, err := countFrom(m, info, counts)
 		if err != nil {
 			return nil, fmt.Errorf("count entries of %s: %w", pin, err)
 		}
+		bytes, _ := info.Memlock() // 0: the kernel does not say
 		out = append(out, MapFill{Name: shortMapName(pin), Pin: pin, Type: m.Type().String(),
-			Entries: n, Capacity: int(m.MaxEntries())})
+			Entries: n, Capacity: int(m.MaxEntries()), Bytes: bytes})
 	}
 	return out, nil
 }
@@ -119,15 +129,11 @@ func countable(t ebpf.MapType) bool {
 	return false
 }
 
-// countFrom returns the number of entries in m: the kernel's count of it
-// in counts, if m is a hash map (hasElemCount) and counts has it, else
-// walking it.
-func countFrom(m *ebpf.Map, counts map[ebpf.MapID]int) (int, error) {
+// countFrom returns the number of entries in m (described by info): the
+// kernel's count of it in counts, if m is a hash map (hasElemCount) and
+// counts has it, else walking it.
+func countFrom(m *ebpf.Map, info *ebpf.MapInfo, counts map[ebpf.MapID]int) (int, error) {
 	if counts != nil && hasElemCount(m.Type()) {
-		info, err := m.Info()
-		if err != nil {
-			return 0, err
-		}
 		if id, ok := info.ID(); ok {
 			if n, ok := counts[id]; ok {
 				return n, nil

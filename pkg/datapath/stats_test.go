@@ -109,7 +109,11 @@ func TestMapCountAgreesWithWalk(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := countFrom(m, counts)
+		info, err := m.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := countFrom(m, info, counts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,6 +161,60 @@ func TestMapCountAgreesWithWalk(t *testing.T) {
 	check("LRU filled twice over", ctNew, -1)
 }
 
+// TestMapMemory: MapFill reports each map's memory as the kernel
+// estimates it: the service maps, which allocate as they grow, hold more
+// after Services are programmed, in proportion to them; conntrack, which
+// is preallocated, holds its capacity's worth from the start. The test
+// logs what one Service and one backend cost (README's figures: 1,000
+// Services of 10 endpoints each, IPv4).
+func TestMapMemory(t *testing.T) {
+	testutil.Privileged(t)
+	d := openTest(t, Config{BPFFS: testPinDir(t), DeferDryRun: true})
+	bytes := func() map[string]uint64 {
+		t.Helper()
+		fill, err := d.MapFill()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]uint64{}
+		for _, f := range fill {
+			out[f.Name] = f.Bytes
+		}
+		return out
+	}
+	before := bytes()
+	if before["conntrack"] == 0 || before["services"] == 0 {
+		t.Fatalf("no memory reported: %v", before)
+	}
+	const services, endpoints = 1000, 10
+	var svcs []*model.Service
+	for i := range services {
+		fe := model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Port: 80, Proto: model.TCP}
+		var bes []model.L4Addr
+		for j := range endpoints {
+			bes = append(bes, model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), Port: uint16(8000 + j), Proto: model.TCP})
+		}
+		svcs = append(svcs, clusterIP(fe, bes...))
+	}
+	applyServices(t, d, svcs...)
+	after := bytes()
+	if after["conntrack"] != before["conntrack"] {
+		t.Errorf("conntrack (preallocated) went from %d to %d bytes with no flow", before["conntrack"], after["conntrack"])
+	}
+	grew := func(name string) float64 {
+		if after[name] <= before[name] {
+			t.Errorf("%s held %d bytes before %d Services, %d after: it allocates as it grows", name, before[name], services, after[name])
+		}
+		return float64(after[name] - before[name])
+	}
+	// A Service port: a master and one slot per endpoint in services, its
+	// reverse-NAT entry; a backend: its entry in backends.
+	perService := (grew("services") + grew("rev_nat")) / services
+	perBackend := grew("backends") / (services * endpoints)
+	t.Logf("per Service of %d endpoints: %.0f bytes (services, rev_nat); per backend: %.0f bytes (backends); conntrack %d MiB preallocated (%d entries)",
+		endpoints, perService, perBackend, after["conntrack"]>>20, DefaultMaxConntrack)
+}
+
 // BenchmarkCountFullConntrack counts a full sluice_conntrack of the
 // default size (262144 entries), as a scrape of sluice_bpf_map_entries does.
 func BenchmarkCountFullConntrack(b *testing.B) {
@@ -177,6 +235,10 @@ func BenchmarkCountFullConntrack(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	info, err := m.Info()
+	if err != nil {
+		b.Fatal(err)
+	}
 	b.ResetTimer()
 	for _, kernel := range []bool{false, true} {
 		b.Run(map[bool]string{true: "kernel_count", false: "walk"}[kernel], func(b *testing.B) {
@@ -191,7 +253,7 @@ func BenchmarkCountFullConntrack(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				n, err := countFrom(m, counts)
+				n, err := countFrom(m, info, counts)
 				if err != nil || n != DefaultMaxConntrack {
 					b.Fatalf("counted %d (%v), want %d", n, err, DefaultMaxConntrack)
 				}

@@ -22,7 +22,9 @@ import (
 //	    (datapath.CounterNames), so a reason added in C is exported with
 //	    no change here.
 //	sluice_bpf_map_entries{map}, sluice_bpf_map_capacity{map}  how full
-//	    each hash map is, the conntrack tables among them (counted).
+//	    each hash map is, the conntrack tables among them (counted);
+//	    sluice_bpf_map_memory_bytes{map} the memory each holds (the
+//	    kernel's memlock estimate).
 //	sluice_bpf_program_runs_total{program},
 //	sluice_bpf_program_run_seconds_total{program}  run_cnt and
 //	    run_time_ns of each program, counted by the kernel while the agent
@@ -47,6 +49,9 @@ var (
 		"Entries in a BPF hash map, counted at scrape time.", []string{"map"}, nil)
 	mapCapacityDesc = prometheus.NewDesc(namespace+"_bpf_map_capacity",
 		"Maximum entries of a BPF hash map (max_entries).", []string{"map"}, nil)
+	mapBytesDesc = prometheus.NewDesc(namespace+"_bpf_map_memory_bytes",
+		"Memory a BPF hash map or trie holds, as the kernel estimates it (memlock): all of max_entries for a preallocated map, the entries there now for the others (the service maps).",
+		[]string{"map"}, nil)
 	programRunsDesc = prometheus.NewDesc(namespace+"_bpf_program_runs_total",
 		"Times a Sluice BPF program ran since the agent loaded it (the kernel's run_cnt; counted while the agent runs, which enables BPF statistics).",
 		[]string{"program"}, nil)
@@ -94,6 +99,7 @@ func (c *datapathCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	ch <- mapEntriesDesc
 	ch <- mapCapacityDesc
+	ch <- mapBytesDesc
 	ch <- programRunsDesc
 	ch <- programSecondsDesc
 }
@@ -119,6 +125,9 @@ func (c *datapathCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, f := range fill {
 			ch <- prometheus.MustNewConstMetric(mapEntriesDesc, prometheus.GaugeValue, float64(f.Entries), f.Name)
 			ch <- prometheus.MustNewConstMetric(mapCapacityDesc, prometheus.GaugeValue, float64(f.Capacity), f.Name)
+			if f.Bytes > 0 {
+				ch <- prometheus.MustNewConstMetric(mapBytesDesc, prometheus.GaugeValue, float64(f.Bytes), f.Name)
+			}
 		}
 	}
 	if progs, err := c.d.ProgramStats(); err != nil {

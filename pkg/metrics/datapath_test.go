@@ -103,6 +103,12 @@ func TestDatapathCountersScraped(t *testing.T) {
 		}
 	}
 
+	for _, name := range []string{"conntrack", "services", "backends"} {
+		if v := before[`sluice_bpf_map_memory_bytes{map="`+name+`"}`]; v <= 0 {
+			t.Errorf("sluice_bpf_map_memory_bytes{map=%q} = %v, want the kernel's estimate (> 0)", name, v)
+		}
+	}
+
 	client := [6]byte{2, 0, 0, 0, 0, 1}
 	node := [6]byte{2, 0, 0, 0, 0, 2}
 	syn := func(sport uint16, dst model.L4Addr) packet.Packet {

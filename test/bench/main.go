@@ -48,19 +48,12 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	res, runErr := harness.Run(ctx, cfg, log)
+	var write func() ([]string, error)
 	if res != nil {
-		files, err := report.Write(cfg.OutDir, cfg.Stamp, res)
-		if err != nil {
-			log.Error("report", "err", err)
-			os.Exit(1)
-		}
-		for _, f := range files {
-			fmt.Println(f)
-		}
+		write = func() ([]string, error) { return report.Write(cfg.OutDir, cfg.Stamp, res) }
 	}
-	if runErr != nil {
-		log.Error("run", "err", runErr)
-		os.Exit(1)
+	if code := harness.Finish(log, write, runErr); code != 0 {
+		os.Exit(code)
 	}
 }
 

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"os"
 	"strings"
@@ -37,14 +36,7 @@ func TestQuick(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	b, err := os.ReadFile(files[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back result
-	if err := json.Unmarshal(b, &back); err != nil {
-		t.Fatalf("report %s does not parse: %v", files[0], err)
-	}
+	back := testutil.DecodeJSONFile[result](t, files[0])
 	if len(back.Points) != 1 {
 		t.Fatalf("%d points in the report, want 1", len(back.Points))
 	}

@@ -56,6 +56,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/sluice-lb/sluice/test/bench/harness"
 )
 
 // Mode names.
@@ -160,18 +162,11 @@ func main() {
 	ctx, cancel := context.WithTimeout(ctx, cfg.TimeLimit)
 	defer cancel()
 	res, runErr := run(ctx, cfg, log)
+	var write func() ([]string, error)
 	if res != nil {
-		files, err := writeReport(cfg.OutDir, cfg.Stamp, res)
-		if err != nil {
-			log.Error("report", "err", err)
-			os.Exit(1)
-		}
-		for _, f := range files {
-			fmt.Println(f)
-		}
+		write = func() ([]string, error) { return writeReport(cfg.OutDir, cfg.Stamp, res) }
 	}
-	if runErr != nil {
-		log.Error("run", "err", runErr)
-		os.Exit(1)
+	if code := harness.Finish(log, write, runErr); code != 0 {
+		os.Exit(code)
 	}
 }

@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
+	"github.com/sluice-lb/sluice/test/bench/harness"
 )
 
 // config is what a run does.
@@ -81,18 +82,9 @@ func mainErr(args []string) int {
 	defer stop()
 	res, err := run(ctx, cfg, log)
 	if err != nil {
-		log.Error("run", "err", err)
-		return 1
+		return harness.Finish(log, nil, err)
 	}
-	files, err := writeReport(cfg.OutDir, cfg.Stamp, res)
-	if err != nil {
-		log.Error("report", "err", err)
-		return 1
-	}
-	for _, f := range files {
-		fmt.Println(f)
-	}
-	return 0
+	return harness.Finish(log, func() ([]string, error) { return writeReport(cfg.OutDir, cfg.Stamp, res) }, nil)
 }
 
 func parseConfig(args []string) (config, error) {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"os"
 	"strings"
@@ -34,14 +33,7 @@ func TestRunTiny(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	b, err := os.ReadFile(files[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back result
-	if err := json.Unmarshal(b, &back); err != nil {
-		t.Fatalf("report %s does not parse: %v", files[0], err)
-	}
+	back := testutil.DecodeJSONFile[result](t, files[0])
 	if len(back.Modes) != len(allModes) {
 		t.Fatalf("report has %d modes, want %d", len(back.Modes), len(allModes))
 	}
