@@ -3,12 +3,16 @@ package kube
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
@@ -21,16 +25,27 @@ import (
 // kube-apiserver run in the node namespace, the real `sluice --kubeconfig`
 // agent runs there too with its tc programs on the node's client-facing
 // device, backends serve HTTP in their own namespaces, and the client
-// connects to ClusterIPs the apiserver allocated.
+// connects to ClusterIPs the apiserver allocated. With v6 the topology
+// has an IPv6 plane too (LB.AddIPv6), web is a dual-stack Service and the
+// client reaches it at its IPv6 ClusterIP.
 type trafficEnv struct {
 	kube     *kubeenv.Env
 	lb       *topology.LB
 	agent    *agentproc.Agent
 	backends []string // backend names, as their servers answer
-	addrs    []string // backend addresses
+	addrs    []string // backend addresses of the family the client uses
+	v6       bool     // the client uses IPv6
+	slice    string   // web's EndpointSlice of that family
 }
 
 func setupTraffic(t *testing.T, apiServerArgs ...string) *trafficEnv {
+	t.Helper()
+	return setupTrafficFamily(t, false, apiServerArgs...)
+}
+
+// setupTrafficFamily is setupTraffic, with an IPv6 plane that the client
+// uses if v6.
+func setupTrafficFamily(t *testing.T, v6 bool, apiServerArgs ...string) *trafficEnv {
 	t.Helper()
 	if os.Getenv("SLUICE_SKIP_KUBE") != "" {
 		t.Skip("SLUICE_SKIP_KUBE set")
@@ -43,7 +58,17 @@ func setupTraffic(t *testing.T, apiServerArgs ...string) *trafficEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &trafficEnv{lb: lb, addrs: lb.BackendAddrStrings()}
+	e := &trafficEnv{lb: lb, addrs: lb.BackendAddrStrings(), v6: v6}
+	if v6 {
+		plane, err := lb.AddIPv6()
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.addrs = nil
+		for _, a := range plane.BackendAddrs {
+			e.addrs = append(e.addrs, a.String())
+		}
+	}
 	if e.backends, err = lb.ServeHTTP(8080, "backend-"); err != nil {
 		t.Fatal(err)
 	}
@@ -81,24 +106,48 @@ func (e *trafficEnv) answers(t *testing.T, vip string, n int) map[string]int {
 }
 
 // webService creates Service default/web with one slice of the given
-// backends and returns its ClusterIP:80.
+// backends and returns its ClusterIP:80. With v6 the Service is dual stack,
+// with a slice of each family, and the address is its IPv6 ClusterIP's.
 func (e *trafficEnv) webService(t *testing.T, backends ...int) string {
 	t.Helper()
 	c := e.kube.Client
-	svc := createService(t, c, "default", "web", nil, svcPort("http", 80, "http"))
-	var eps []ep
+	var dual func(*corev1.Service)
+	if e.v6 {
+		dual = func(s *corev1.Service) { s.Spec.IPFamilyPolicy = new(corev1.IPFamilyPolicyRequireDualStack) }
+	}
+	svc := createService(t, c, "default", "web", dual, svcPort("http", 80, "http"))
+	var eps, eps4 []ep
 	for _, i := range backends {
 		eps = append(eps, ready(e.addrs[i]))
+		eps4 = append(eps4, ready(e.lb.BackendAddrs[i].String()))
 	}
-	createSlice(t, c, makeSlice("default", "web", "web-a", slicePorts{"http": 8080}, eps...))
-	return svc.Spec.ClusterIP + ":80"
+	createSlice(t, c, makeSlice("default", "web", "web-a", slicePorts{"http": 8080}, eps4...))
+	e.slice = "web-a"
+	if !e.v6 {
+		return svc.Spec.ClusterIP + ":80"
+	}
+	es := makeSlice("default", "web", "web-a6", slicePorts{"http": 8080}, eps...)
+	es.AddressType = discoveryv1.AddressTypeIPv6
+	createSlice(t, c, es)
+	e.slice = es.Name
+	ips := svc.Spec.ClusterIPs
+	if len(ips) != 2 || !netip.MustParseAddr(ips[1]).Is6() {
+		t.Fatalf("RequireDualStack Service: clusterIPs %v, want an IPv4 and an IPv6 one", ips)
+	}
+	return net.JoinHostPort(ips[1], "80")
 }
 
 // A Service created in the API answers through its VIP; scaled down, new
 // connections stop reaching the removed endpoint; deleted, it stops
 // answering.
-func TestTrafficFollowsTheAPI(t *testing.T) {
-	e := setupTraffic(t)
+func TestTrafficFollowsTheAPI(t *testing.T) { testTrafficFollowsTheAPI(t, false) }
+
+// TestTrafficFollowsTheAPIIPv6: TestTrafficFollowsTheAPI for a dual-stack
+// Service reached at its IPv6 ClusterIP, its IPv6 slice scaled down.
+func TestTrafficFollowsTheAPIIPv6(t *testing.T) { testTrafficFollowsTheAPI(t, true) }
+
+func testTrafficFollowsTheAPI(t *testing.T, v6 bool) {
+	e := setupTrafficFamily(t, v6)
 	c := e.kube.Client
 	vip := e.webService(t, 0, 1, 2)
 
@@ -117,7 +166,7 @@ func TestTrafficFollowsTheAPI(t *testing.T) {
 		}
 	}
 
-	updateSlice(t, c, "default", "web-a", ready(e.addrs[0]), ready(e.addrs[1]))
+	updateSlice(t, c, "default", e.slice, ready(e.addrs[0]), ready(e.addrs[1]))
 	removed := e.backends[2]
 	eventually(t, removed+" to get no new connections", 30*time.Second, func() error {
 		if n := e.answers(t, vip, 30)[removed]; n > 0 {
@@ -152,7 +201,11 @@ func TestTrafficFollowsTheAPI(t *testing.T) {
 func (e *trafficEnv) connects(vip string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	c, err := e.lb.Client.DialContext(ctx, "tcp4", vip)
+	network := "tcp4"
+	if e.v6 {
+		network = "tcp6"
+	}
+	c, err := e.lb.Client.DialContext(ctx, network, vip)
 	if err != nil {
 		return false
 	}
@@ -162,8 +215,14 @@ func (e *trafficEnv) connects(vip string) bool {
 
 // Restarting the agent under load: not one connection attempt fails, and
 // the maps are the same before and after.
-func TestTrafficSurvivesAgentRestart(t *testing.T) {
-	e := setupTraffic(t)
+func TestTrafficSurvivesAgentRestart(t *testing.T) { testTrafficSurvivesAgentRestart(t, false) }
+
+// TestTrafficSurvivesAgentRestartIPv6: TestTrafficSurvivesAgentRestart
+// for a dual-stack Service reached at its IPv6 ClusterIP.
+func TestTrafficSurvivesAgentRestartIPv6(t *testing.T) { testTrafficSurvivesAgentRestart(t, true) }
+
+func testTrafficSurvivesAgentRestart(t *testing.T, v6 bool) {
+	e := setupTrafficFamily(t, v6)
 	vip := e.webService(t, 0, 1, 2)
 	eventually(t, "the service to answer", 30*time.Second, func() error {
 		_, err := e.get(vip, time.Second)

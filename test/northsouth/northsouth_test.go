@@ -10,8 +10,11 @@
 // Each agent reads the same manifest (Services and EndpointSlices with
 // nodeName) with its own --node-name and --node-ip, attaches tc to the
 // device holding its node IP, and pins under a bpffs directory of its own.
-// Addresses exist only inside the namespaces. TestNodePortIPv6 gives every
-// link an IPv6 twin (buildFamilies) and reads testdata/ipv6's Services.
+// Addresses exist only inside the namespaces. The IPv6 twins of the tests
+// (TestNodePortIPv6, ...) give every link an IPv6 twin (buildFamilies),
+// route the IPv6 ExternalIP and LB IP to node-a too, and read
+// testdata/ipv6's Services: the same tests over the addresses of family
+// v6 instead of v4.
 package northsouth
 
 import (
@@ -48,7 +51,7 @@ func TestMain(m *testing.M) {
 // helperMain connects to addr, sends a line and prints
 // "<answer>|<peer address the socket reports>".
 func helperMain(addr string) int {
-	c, err := net.DialTimeout("tcp4", addr, 5*time.Second)
+	c, err := net.DialTimeout(familyNetwork("tcp4", addr), addr, 5*time.Second)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -108,13 +111,37 @@ func must(t *testing.T, err error) {
 }
 
 // The IPv6 addresses of the topology (buildFamilies with v6), beside the
-// IPv4 ones: client 2001:db8:a::2, node-a 2001:db8:1::1, node-b
-// 2001:db8:2::1, pod-a 2001:db8:11::2, pod-b 2001:db8:12::2.
+// IPv4 ones: client 2001:db8:a::2, client2 2001:db8:c::2, node-a
+// 2001:db8:1::1, node-b 2001:db8:2::1, pod-a 2001:db8:11::2, pod-b
+// 2001:db8:12::2.
 const (
 	client6 = "2001:db8:a::2"
 	nodeA6  = "2001:db8:1::1"
 	nodeB6  = "2001:db8:2::1"
 )
+
+// family names the addresses of one family in the topology and in its
+// manifest, so that a test and its IPv6 twin share one body.
+type family struct {
+	v6                           bool
+	client, nodeA, nodeB, podA   string
+	clusterIPA, externalIP, lbIP string // web-a's ClusterIP, web-b's ExternalIP, web-local's LB IP
+}
+
+var (
+	ipv4 = family{
+		client: "10.0.0.2", nodeA: "192.168.1.1", nodeB: "192.168.2.1", podA: "10.1.0.2",
+		clusterIPA: "10.96.0.1", externalIP: "203.0.113.10", lbIP: "198.51.100.10",
+	}
+	ipv6 = family{
+		v6:     true,
+		client: client6, nodeA: nodeA6, nodeB: nodeB6, podA: "2001:db8:11::2",
+		clusterIPA: "2001:db8:96::1", externalIP: "2001:db8:ff::10", lbIP: "2001:db8:ff::20",
+	}
+)
+
+// at is host:port, with IPv6 hosts in brackets.
+func at(host string, port int) string { return net.JoinHostPort(host, fmt.Sprint(port)) }
 
 // buildFamilies creates the topology, starts the servers and both agents
 // with extra agent arguments, and waits for them to be ready; with v6 it
@@ -163,6 +190,7 @@ func buildFamilies(t *testing.T, v6 bool, extra ...string) *cluster {
 			dev, addr string
 		}{
 			{router, "c1", "2001:db8:a::1/64"}, {c.client, "eth0", client6 + "/64"},
+			{router, "c2", "2001:db8:c::1/64"}, {c.client2, "eth0", "2001:db8:c::2/64"},
 			{router, "na", "2001:db8:1::fe/64"}, {c.nodeA, "eth0", nodeA6 + "/64"},
 			{router, "nb", "2001:db8:2::fe/64"}, {c.nodeB, "eth0", nodeB6 + "/64"},
 			{c.nodeA, "pa", "2001:db8:11::1/64"}, {c.podA, "eth0", "2001:db8:11::2/64"},
@@ -173,12 +201,15 @@ func buildFamilies(t *testing.T, v6 bool, extra ...string) *cluster {
 		}
 		def6 := pfx("::/0")
 		must(t, c.client.AddRoute(def6, ip("2001:db8:a::1")))
+		must(t, c.client2.AddRoute(def6, ip("2001:db8:c::1")))
 		must(t, c.nodeA.AddRoute(def6, ip("2001:db8:1::fe")))
 		must(t, c.nodeB.AddRoute(def6, ip("2001:db8:2::fe")))
 		must(t, c.podA.AddRoute(def6, ip("2001:db8:11::1")))
 		must(t, c.podB.AddRoute(def6, ip("2001:db8:12::1")))
 		must(t, router.AddRoute(pfx("2001:db8:11::/64"), ip(nodeA6)))
 		must(t, router.AddRoute(pfx("2001:db8:12::/64"), ip(nodeB6)))
+		must(t, router.AddRoute(pfx(ipv6.externalIP+"/128"), ip(nodeA6)))
+		must(t, router.AddRoute(pfx(ipv6.lbIP+"/128"), ip(nodeA6)))
 		for _, n := range []*topology.NS{router, c.nodeA, c.nodeB} {
 			must(t, n.Sysctl("net/ipv6/conf/all/forwarding", "1"))
 		}
@@ -299,16 +330,21 @@ func serveWhoami(t *testing.T, ns *topology.NS, name, family string) {
 	})
 }
 
+// familyNetwork is network nw ("tcp4" or "udp4") in the family of addr's host:
+// "tcp6" or "udp6" for "[v6]:port".
+func familyNetwork(nw, addr string) string {
+	if strings.HasPrefix(addr, "[") {
+		return strings.TrimSuffix(nw, "4") + "6"
+	}
+	return nw
+}
+
 // dial connects from ns to addr, within timeout, over the family of
-// addr's host (network "tcp4" or "udp4" becomes "tcp6" or "udp6" for
-// "[v6]:port").
-func dial(ns *topology.NS, network, addr string, timeout time.Duration) (net.Conn, error) {
+// addr's host (network).
+func dial(ns *topology.NS, nw, addr string, timeout time.Duration) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	if strings.HasPrefix(addr, "[") {
-		network = strings.TrimSuffix(network, "4") + "6"
-	}
-	return ns.DialContext(ctx, network, addr)
+	return ns.DialContext(ctx, familyNetwork(nw, addr), addr)
 }
 
 // askTCP connects from ns to addr, sends a line and returns the answer:
@@ -474,7 +510,6 @@ func TestNodePort(t *testing.T) {
 // counters are IPv6's); without, tc does.
 func TestNodePortIPv6(t *testing.T) {
 	forEachModeFamilies(t, true, func(t *testing.T, c *cluster) {
-		at := func(node string, port int) string { return net.JoinHostPort(node, fmt.Sprint(port)) }
 		expectAnswers(t, c.client,
 			request{"TCP", "node-a -> local pod", at(nodeA6, 30001), "pod-a", client6},
 			request{"UDP", "node-a -> local pod", at(nodeA6, 30001), "pod-a", client6},
@@ -493,17 +528,25 @@ func TestNodePortIPv6(t *testing.T) {
 	})
 }
 
-func TestExternalIPAndLoadBalancer(t *testing.T) {
+func TestExternalIPAndLoadBalancer(t *testing.T) { testExternalIPAndLoadBalancer(t, ipv4) }
+
+// TestExternalIPAndLoadBalancerIPv6: TestExternalIPAndLoadBalancer over
+// IPv6: an IPv6 ExternalIP to a remote endpoint (DNAT and SNAT to node-a's
+// IPv6 address), an IPv6 LoadBalancer IP of externalTrafficPolicy Local
+// that admits the client's IPv6 subnet and refuses client2's.
+func TestExternalIPAndLoadBalancerIPv6(t *testing.T) { testExternalIPAndLoadBalancer(t, ipv6) }
+
+func testExternalIPAndLoadBalancer(t *testing.T, f family) {
 	answered := []request{
-		{"TCP", "ExternalIP -> pod on node-b", "203.0.113.10:80", "pod-b", "192.168.1.1"},
-		{"UDP", "ExternalIP -> pod on node-b", "203.0.113.10:53", "pod-b", "192.168.1.1"},
+		{"TCP", "ExternalIP -> pod on node-b", at(f.externalIP, 80), "pod-b", f.nodeA},
+		{"UDP", "ExternalIP -> pod on node-b", at(f.externalIP, 53), "pod-b", f.nodeA},
 		// LoadBalancer IP, externalTrafficPolicy Local, source ranges
-		// 10.0.0.0/24: client is allowed and seen as itself.
-		{"TCP", "LB IP (Local, allowed source)", "198.51.100.10:80", "pod-a", "10.0.0.2"},
+		// client's subnet: client is allowed and seen as itself.
+		{"TCP", "LB IP (Local, allowed source)", at(f.lbIP, 80), "pod-a", f.client},
 	}
-	forEachMode(t, func(t *testing.T, c *cluster) {
+	forEachModeFamilies(t, f.v6, func(t *testing.T, c *cluster) {
 		expectAnswers(t, c.client, answered...)
-		if a, err := askTCP(c.client2, "198.51.100.10:80", time.Second); err == nil {
+		if a, err := askTCP(c.client2, at(f.lbIP, 80), time.Second); err == nil {
 			t.Fatalf("client2 outside loadBalancerSourceRanges got an answer: %q", a)
 		}
 		if n := c.counter(t, 0, "tc_src_range_deny"); n == 0 {
@@ -512,19 +555,27 @@ func TestExternalIPAndLoadBalancer(t *testing.T) {
 	})
 }
 
-func TestExternalTrafficPolicyLocal(t *testing.T) {
-	forEachMode(t, func(t *testing.T, c *cluster) {
-		a, err := askTCP(c.client, "192.168.1.1:30003", 5*time.Second)
-		expectAnswer(t, "Local NodePort on the endpoint's node", a, err, "pod-a", "10.0.0.2")
-		if a, err := askTCP(c.client, "192.168.2.1:30003", time.Second); err == nil {
+func TestExternalTrafficPolicyLocal(t *testing.T) { testExternalTrafficPolicyLocal(t, ipv4) }
+
+// TestExternalTrafficPolicyLocalIPv6: TestExternalTrafficPolicyLocal over
+// IPv6: the Local NodePort answers on node-a's IPv6 address, keeping the
+// client's, and not on node-b's; the health check answers on both nodes'
+// IPv6 addresses.
+func TestExternalTrafficPolicyLocalIPv6(t *testing.T) { testExternalTrafficPolicyLocal(t, ipv6) }
+
+func testExternalTrafficPolicyLocal(t *testing.T, f family) {
+	forEachModeFamilies(t, f.v6, func(t *testing.T, c *cluster) {
+		a, err := askTCP(c.client, at(f.nodeA, 30003), 5*time.Second)
+		expectAnswer(t, "Local NodePort on the endpoint's node", a, err, "pod-a", f.client)
+		if a, err := askTCP(c.client, at(f.nodeB, 30003), time.Second); err == nil {
 			t.Fatalf("Local NodePort on a node without endpoints answered %q", a)
 		}
 		for _, n := range []struct {
 			addr  string
 			code  int
 			count int
-		}{{"192.168.1.1", 200, 1}, {"192.168.2.1", 503, 0}} {
-			resp, err := c.client.HTTPClient(5 * time.Second).Get("http://" + n.addr + ":32100/")
+		}{{f.nodeA, 200, 1}, {f.nodeB, 503, 0}} {
+			resp, err := c.client.HTTPClient(5 * time.Second).Get("http://" + at(n.addr, 32100) + "/")
 			if err != nil {
 				t.Fatalf("health check %s: %v", n.addr, err)
 			}
@@ -544,8 +595,15 @@ func TestExternalTrafficPolicyLocal(t *testing.T) {
 // through one node to one remote backend: every one is answered (no reset,
 // no tuple collision), each from a source port of its own, and each keeps
 // working until all have been answered.
-func TestManyClientsOneRemoteBackend(t *testing.T) {
-	forEachMode(t, func(t *testing.T, c *cluster) {
+func TestManyClientsOneRemoteBackend(t *testing.T) { testManyClientsOneRemoteBackend(t, ipv4) }
+
+// TestManyClientsOneRemoteBackendIPv6: TestManyClientsOneRemoteBackend
+// over IPv6: the connections are SNATed to node-a's IPv6 address, each to
+// a source port of its own.
+func TestManyClientsOneRemoteBackendIPv6(t *testing.T) { testManyClientsOneRemoteBackend(t, ipv6) }
+
+func testManyClientsOneRemoteBackend(t *testing.T, f family) {
+	forEachModeFamilies(t, f.v6, func(t *testing.T, c *cluster) {
 		const n = 200
 		answers := make([]string, n)
 		errs := make([]error, n)
@@ -556,9 +614,7 @@ func TestManyClientsOneRemoteBackend(t *testing.T) {
 			wg.Go(func() {
 				var once sync.Once
 				defer once.Do(answered.Done)
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				conn, err := c.client.DialContext(ctx, "tcp4", "192.168.1.1:30002")
+				conn, err := dial(c.client, "tcp4", at(f.nodeA, 30002), 10*time.Second)
 				if err != nil {
 					errs[i] = err
 					return
@@ -589,7 +645,7 @@ func TestManyClientsOneRemoteBackend(t *testing.T) {
 		wg.Wait()
 		ports := map[string]int{}
 		for i := range n {
-			expectAnswer(t, fmt.Sprintf("connection %d", i), answers[i], errs[i], "pod-b", "192.168.1.1")
+			expectAnswer(t, fmt.Sprintf("connection %d", i), answers[i], errs[i], "pod-b", f.nodeA)
 			_, peer, _ := strings.Cut(answers[i], " ")
 			if j, dup := ports[peer]; dup {
 				t.Fatalf("connections %d and %d reached the backend from the same %s", j, i, peer)
@@ -605,10 +661,15 @@ func TestManyClientsOneRemoteBackend(t *testing.T) {
 // reply from the address it dialled. The socket hooks translate the
 // connection before any packet exists, so it never leaves the pod and
 // needs no hairpin mode anywhere.
-func TestHairpin(t *testing.T) {
-	forEachMode(t, func(t *testing.T, c *cluster) {
-		for _, addr := range []string{"10.96.0.1:80", "192.168.1.1:30001"} {
-			c.expectFromCgroup(t, c.podA, "pod-a", addr, "pod-a", "10.1.0.2")
+func TestHairpin(t *testing.T) { testHairpin(t, ipv4) }
+
+// TestHairpinIPv6: TestHairpin over IPv6 (connect6, getpeername6).
+func TestHairpinIPv6(t *testing.T) { testHairpin(t, ipv6) }
+
+func testHairpin(t *testing.T, f family) {
+	forEachModeFamilies(t, f.v6, func(t *testing.T, c *cluster) {
+		for _, addr := range []string{at(f.clusterIPA, 80), at(f.nodeA, 30001)} {
+			c.expectFromCgroup(t, c.podA, "pod-a", addr, "pod-a", f.podA)
 		}
 	})
 }
@@ -616,18 +677,26 @@ func TestHairpin(t *testing.T) {
 // TestFromNode: ExternalIPs and NodePorts answer to a process on the node
 // itself: socket load balancing translates its connect() straight to a
 // backend, local or remote, and the socket still reports the address it
-// dialled. The LoadBalancer IP of web-local admits only 10.0.0.0/24, which
-// the node's addresses are not in: the node is refused there, as
-// kube-proxy's firewall chain drops it (its source is the node's address).
-func TestFromNode(t *testing.T) {
-	forEachMode(t, func(t *testing.T, c *cluster) {
+// dialled. The LoadBalancer IP of web-local admits only the client's
+// subnet, which the node's addresses are not in: the node is refused
+// there, as kube-proxy's firewall chain drops it (its source is the node's
+// address).
+func TestFromNode(t *testing.T) { testFromNode(t, ipv4) }
+
+// TestFromNodeIPv6: TestFromNode over IPv6, node-a's IPv6 address being
+// the source that node-b sees and that web-local's IPv6 source ranges
+// refuse.
+func TestFromNodeIPv6(t *testing.T) { testFromNode(t, ipv6) }
+
+func testFromNode(t *testing.T, f family) {
+	forEachModeFamilies(t, f.v6, func(t *testing.T, c *cluster) {
 		for _, x := range []struct{ addr, backend, from string }{
-			{"203.0.113.10:80", "pod-b", "192.168.1.1"},   // ExternalIP, remote backend
-			{"192.168.2.1:30001", "pod-a", "192.168.2.1"}, // another node's NodePort: node-b SNATs back
-			{"192.168.1.1:30002", "pod-b", "192.168.1.1"}, // own NodePort, remote backend
+			{at(f.externalIP, 80), "pod-b", f.nodeA}, // ExternalIP, remote backend
+			{at(f.nodeB, 30001), "pod-a", f.nodeB},   // another node's NodePort: node-b SNATs back
+			{at(f.nodeA, 30002), "pod-b", f.nodeA},   // own NodePort, remote backend
 		} {
 			c.expectFromCgroup(t, c.nodeA, "node-a", x.addr, x.backend, x.from)
 		}
-		c.expectFailFromCgroup(t, c.nodeA, "node-a", "198.51.100.10:80")
+		c.expectFailFromCgroup(t, c.nodeA, "node-a", at(f.lbIP, 80))
 	})
 }
