@@ -88,6 +88,7 @@ func run(args []string) int {
 	fs.IntVar(&dpCfg.MaxAffinity, "max-affinity", datapath.DefaultMaxAffinity, "size of sluice_session_affinity (LRU): clients of Services with sessionAffinity ClientIP")
 	fs.IntVar(&dpCfg.MaxSourceRanges, "max-source-ranges", datapath.DefaultMaxSourceRanges, "size of sluice_src_ranges: loadBalancerSourceRanges of all Services together")
 	fs.IntVar(&dpCfg.MaxDevices, "max-devices", datapath.DefaultMaxDevices, "size of sluice_devices: devices the tc programs are attached to")
+	mapRatio := fs.Float64("map-dynamic-size-ratio", 0, "share of the node's memory (0-1] for the flow tables (conntrack, half-open flows, translated sockets, affinity), each scaled from its default as Cilium's --bpf-map-dynamic-size-ratio (0.0025 in Cilium's chart); a --max-* flag given overrides its table; 0: the fixed defaults")
 	fs.DurationVar(&dpCfg.CTTimeoutTCP, "conntrack-tcp-timeout", datapath.DefaultCTTimeoutTCP, "idle timeout of an answered, open TCP flow in sluice_conntrack (kube-proxy's conntrack.tcpEstablishedTimeout)")
 	fs.DurationVar(&dpCfg.CTTimeoutSYN, "conntrack-tcp-syn-timeout", datapath.DefaultCTTimeoutSYN, "idle timeout of a TCP flow not answered yet (sluice_ct_new)")
 	fs.DurationVar(&dpCfg.CTTimeoutClose, "conntrack-tcp-close-timeout", datapath.DefaultCTTimeoutClose, "how long a TCP flow's entry stays after a RST, or a FIN each way")
@@ -158,6 +159,16 @@ func run(args []string) int {
 		return 2
 	}
 	dpCfg.NodeIPs = opts.Node.Addresses
+	if *mapRatio != 0 {
+		mem, err := memTotal("/proc/meminfo")
+		if err == nil {
+			err = sizeFlowTables(fs, &dpCfg, *mapRatio, mem, log)
+		}
+		if err != nil {
+			log.Error("bad flag", "err", err)
+			return 2
+		}
+	}
 	dpCfg.MasqueradeAll = *masqAll
 	dpCfg.ServiceMetrics = *svcMetrics
 	if dpCfg.ClusterCIDRs, err = parseCIDRs("cluster-cidr", *clusterCIDR); err == nil {

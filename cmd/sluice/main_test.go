@@ -29,6 +29,8 @@ func TestCommandLineErrorsExitTwo(t *testing.T) {
 		{"bad nodeport addresses", []string{"--manifests", manifest, "--nodeport-addresses", "192.168.0.2"}},
 		{"bad IPv6 nodeport addresses", []string{"--manifests", manifest, "--nodeport-addresses", "2001:db8::/129"}},
 		{"no conntrack GC", []string{"--manifests", manifest, "--conntrack-gc-interval", "0"}},
+		{"map size ratio above 1", []string{"--manifests", manifest, "--map-dynamic-size-ratio", "1.5"}},
+		{"negative map size ratio", []string{"--manifests", manifest, "--map-dynamic-size-ratio", "-0.1"}},
 		{"unknown flag", []string{"--frobnicate"}},
 		{"cleanup unknown flag", []string{"cleanup", "--frobnicate"}},
 	} {
