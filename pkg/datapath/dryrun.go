@@ -42,9 +42,7 @@ type tcLive struct {
 	Sluice6Egress  *ebpf.Program `ebpf:"sluice6_egress"`
 }
 
-func (p *tcLive) Close() error {
-	return errors.Join(p.SluiceIngress.Close(), p.SluiceEgress.Close(), p.Sluice6Ingress.Close(), p.Sluice6Egress.Close())
-}
+func (p *tcLive) Close() error { return closePrograms(p) }
 
 // tcDry are the live programs' dry twins, in the order of sluice_dry_v1's
 // slots (IPv4 ingress and egress, then IPv6's: EXPLAIN_PROG_IPV6).
@@ -55,8 +53,16 @@ type tcDry struct {
 	Sluice6EgressDry  *ebpf.Program `ebpf:"sluice6_egress_dry"`
 }
 
-func (p *tcDry) Close() error {
-	return errors.Join(p.SluiceIngressDry.Close(), p.SluiceEgressDry.Close(), p.Sluice6IngressDry.Close(), p.Sluice6EgressDry.Close())
+func (p *tcDry) Close() error { return closePrograms(p) }
+
+// closePrograms closes every program of objs, a pointer to a struct of
+// them (objectsOf).
+func closePrograms(objs any) error {
+	var errs []error
+	for _, p := range objectsOf[*ebpf.Program](objs) {
+		errs = append(errs, p.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // LoadDryRun loads the dry twins of the tc programs, if they are not
