@@ -518,43 +518,46 @@ func TestFixAffinity(t *testing.T) {
 // that scope's master key, to that scope's backend, and its next flows
 // follow the entry, exactly rewritten.
 func TestTCAffinityTwoScopes(t *testing.T) {
-	ns, d, eth0, _ := semanticsNode(t, Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
-	two := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "two"}, Kind: model.NodePort, Frontend: npTwo,
-		Backends: []model.Backend{{L4Addr: beLocal.addr}}, ExternalLocal: true, TwoScopes: true,
-		InternalBackends: []model.Backend{{L4Addr: beRemote.addr}}, AffinityTimeout: time.Hour}
-	r := reconciler.New(d.Maps(), nil)
-	if err := r.Restore(); err != nil {
-		t.Fatal(err)
-	}
-	st := model.NewState()
-	st.Services[npTwo] = two
-	if err := r.Apply(st); err != nil {
-		t.Fatal(err)
-	}
-	ing := d.TCIngress()
-	ns.Enter(t)
-	for i, sport := range []uint16{42000, 42001} {
-		ext := nsClient(sport, npTwo)
-		verdict, out := runOn(t, ing, eth0, ext.Bytes())
-		expectPacket(t, fmt.Sprintf("external flow %d", i), verdict, tcActOK, out, dnat(ext, beLocal))
-		pod := nsClient(sport, npTwo)
-		pod.Src = addr(remotePod)
-		verdict, out = runOn(t, ing, eth0, pod.Bytes())
-		expectPacket(t, fmt.Sprintf("remote pod flow %d", i), verdict, tcActOK, out, dnat(pod, beRemote))
-	}
-	all, err := d.Maps().Affinity()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, e := range all {
-		got = append(got, fmt.Sprintf("%s %s -> %s", e.Frontend, e.Client, e.Backend))
-	}
-	want := []string{
-		fmt.Sprintf("%s internal %s -> %s", npTwo, remotePod, netip.AddrPortFrom(beRemote.addr.Addr, beRemote.addr.Port)),
-		fmt.Sprintf("%s %s -> %s", npTwo, nsClientIP, netip.AddrPortFrom(beLocal.addr.Addr, beLocal.addr.Port)),
-	}
-	if !slices.Equal(got, want) {
-		t.Errorf("affinity entries:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		w := semanticsOf(v6)
+		ns, d, eth0, _ := semanticsNode(t, Config{ClusterCIDRs: w.prefixes("10.0.0.0/8")}, w)
+		two := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "two"}, Kind: model.NodePort, Frontend: w.npTwo,
+			Backends: []model.Backend{{L4Addr: w.beLocal.addr}}, ExternalLocal: true, TwoScopes: true,
+			InternalBackends: []model.Backend{{L4Addr: w.beRemote.addr}}, AffinityTimeout: time.Hour}
+		r := reconciler.New(d.Maps(), nil)
+		if err := r.Restore(); err != nil {
+			t.Fatal(err)
+		}
+		st := model.NewState()
+		st.Services[w.npTwo] = two
+		if err := r.Apply(st); err != nil {
+			t.Fatal(err)
+		}
+		ing := d.TCIngress()
+		ns.Enter(t)
+		for i, sport := range []uint16{42000, 42001} {
+			ext := nsClient(sport, w.npTwo)
+			verdict, out := runOn(t, ing, eth0, ext.Bytes())
+			expectPacket(t, fmt.Sprintf("external flow %d", i), verdict, tcActOK, out, dnat(ext, w.beLocal))
+			pod := nsClient(sport, w.npTwo)
+			pod.Src = addr(w.remotePod)
+			verdict, out = runOn(t, ing, eth0, pod.Bytes())
+			expectPacket(t, fmt.Sprintf("remote pod flow %d", i), verdict, tcActOK, out, dnat(pod, w.beRemote))
+		}
+		all, err := d.Maps().Affinity()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, e := range all {
+			got = append(got, fmt.Sprintf("%s %s -> %s", e.Frontend, e.Client, e.Backend))
+		}
+		want := []string{
+			fmt.Sprintf("%s internal %s -> %s", w.npTwo, w.remotePod, netip.AddrPortFrom(w.beRemote.addr.Addr, w.beRemote.addr.Port)),
+			fmt.Sprintf("%s %s -> %s", w.npTwo, w.client(), netip.AddrPortFrom(w.beLocal.addr.Addr, w.beLocal.addr.Port)),
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("affinity entries:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+	})
 }

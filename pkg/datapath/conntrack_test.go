@@ -148,13 +148,14 @@ func out6(b []byte) bool { return len(b) >= 54 && binary.BigEndian.Uint16(b[12:]
 
 // twinAddr is the IPv6 twin of an IPv4 test address when v6 is set
 // (10.1.8.1 -> 2001:db8:a:1:8::1, each octet a group), so that a test
-// written with IPv4 addresses runs over IPv6 with its twins.
+// written with IPv4 addresses runs over IPv6 with its twins. The twin is
+// in canonical form (2001:db8:a:1::7 for 10.1.0.7), as Go prints it.
 func twinAddr(v6 bool, a string) string {
 	if !v6 {
 		return a
 	}
 	b := netip.MustParseAddr(a).As4()
-	return fmt.Sprintf("2001:db8:%x:%x:%x::%x", b[0], b[1], b[2], b[3])
+	return netip.MustParseAddr(fmt.Sprintf("2001:db8:%x:%x:%x::%x", b[0], b[1], b[2], b[3])).String()
 }
 
 // twinL4 is twinAddr of a frontend or backend.

@@ -161,3 +161,14 @@ func snatPortIn(t testing.TB, d *Datapath, client string, cport uint16, fe model
 	}
 	return snatPortOf(t, d.Maps(), client, cport, fe)
 }
+
+// twinPrefix is the IPv6 twin of an IPv4 prefix p when v6 is set, p's
+// length a whole number of octets: the prefix of the twins of its
+// addresses (twinAddr: 10.96.0.0/16 -> 2001:db8:a:60::/64).
+func twinPrefix(v6 bool, p string) netip.Prefix {
+	pp := netip.MustParsePrefix(p)
+	if !v6 {
+		return pp
+	}
+	return netip.PrefixFrom(addr(twinAddr(true, pp.Addr().String())), 32+2*pp.Bits()).Masked()
+}
