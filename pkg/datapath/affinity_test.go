@@ -52,9 +52,7 @@ type affTest struct {
 	v6 bool
 }
 
-func newAffTest(t *testing.T) *affTest { return newAffTestFamily(t, false) }
-
-func newAffTestFamily(t *testing.T, v6 bool) *affTest {
+func newAffTest(t *testing.T, v6 bool) *affTest {
 	d := newTestDatapath(t)
 	return &affTest{t: t, d: d, r: reconciler.New(d.Maps(), nil), v6: v6}
 }
@@ -132,7 +130,7 @@ func clientAddr(i int) string { return fmt.Sprintf("10.0.%d.%d", 1+i/200, 1+i%20
 // the sticky cases would show if affinity did nothing).
 func TestTCAffinitySticky(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := newAffTestFamily(t, v6)
+		a := newAffTest(t, v6)
 		affVIP, affBEs, affUDP := a.vip(), a.bes(), twinL4(v6, affUDP)
 		clientAddr, c1 := a.client, twinAddr(v6, "10.0.0.1")
 		var udpBEs []model.L4Addr
@@ -192,7 +190,7 @@ func TestTCAffinitySticky(t *testing.T) {
 // for 1.8 s, three times what one refresh would give them).
 func TestTCAffinityExpires(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := newAffTestFamily(t, v6)
+		a := newAffTest(t, v6)
 		affVIP, affBEs := a.vip(), a.bes()
 		clientAddr := a.client
 		a.apply(affinityService(affVIP, time.Second, affBEs...))
@@ -240,7 +238,7 @@ func TestTCAffinityExpires(t *testing.T) {
 // its clients. A frontend that loses its affinity loses its entries.
 func TestTCAffinityBackendLeaves(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := newAffTestFamily(t, v6)
+		a := newAffTest(t, v6)
 		affVIP, affBEs := a.vip(), a.bes()
 		clientAddr := a.client
 		a.apply(affinityService(affVIP, time.Hour, affBEs...))
@@ -338,7 +336,7 @@ func TestTCAffinityBackendLeaves(t *testing.T) {
 // writes nothing, and every client keeps its backend.
 func TestTCAffinityRestart(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := newAffTestFamily(t, v6)
+		a := newAffTest(t, v6)
 		affVIP, affBEs := a.vip(), a.bes()
 		clientAddr := a.client
 		svc := affinityService(affVIP, time.Hour, affBEs...)
