@@ -874,51 +874,59 @@ func TestFlushConntrackSet(t *testing.T) {
 	})
 }
 
-// TestSockSlotVanishes (B6): connect4 and sendmsg4 in the state a reader
-// between a shrink's writes sees (master count 2, slot 2 gone) still
-// translate: a connect never leaves the VIP in place, which nothing
-// answers.
+// TestSockSlotVanishes (B6): connect4 and sendmsg4 (connect6 and
+// sendmsg6, over IPv6) in the state a reader between a shrink's writes
+// sees (master count 2, slot 2 gone) still translate: a connect never
+// leaves the VIP in place, which nothing answers.
 func TestSockSlotVanishes(t *testing.T) {
-	d := newTestDatapath(t)
-	sockNode(t, d, "slot", sockBackends...)
-	m := d.Maps()
-	addService(t, m, 1, sockVIPTCP,
-		testBackend{1, l4(sockBackends[0], 8080, model.TCP)}, testBackend{2, l4(sockBackends[1], 8080, model.TCP)})
-	addService(t, m, 2, sockVIPUDP,
-		testBackend{3, l4(sockBackends[0], 5353, model.UDP)}, testBackend{4, l4(sockBackends[1], 5353, model.UDP)})
-	for _, fe := range []model.L4Addr{sockVIPTCP, sockVIPUDP} {
-		if err := m.DeleteSlot(reconciler.DefaultScope(fe), 2); err != nil {
-			t.Fatal(err)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		f := sockLBFamilies[0] // the rows of TestSockLB: ipv4, ipv6
+		d := newTestDatapath(t)
+		ns, _ := sockNode(t, d, "slot", sockBackends...)
+		if v6 {
+			f = sockLBFamilies[1]
+			addLoopbackAddrs(t, ns, sockBackends6...)
+			startBackends(t, sockBackends6...)
 		}
-	}
-	failed := 0
-	for i := range 32 {
-		fd := newSocket(t, unix.SOCK_STREAM)
-		tv := unix.NsecToTimeval(int64(time.Second))
-		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
-			t.Fatal(err)
+		m := d.Maps()
+		addService(t, m, 1, f.tcp,
+			testBackend{1, l4(f.backends[0], 8080, model.TCP)}, testBackend{2, l4(f.backends[1], 8080, model.TCP)})
+		addService(t, m, 2, f.udp,
+			testBackend{3, l4(f.backends[0], 5353, model.UDP)}, testBackend{4, l4(f.backends[1], 5353, model.UDP)})
+		for _, fe := range []model.L4Addr{f.tcp, f.udp} {
+			if err := m.DeleteSlot(reconciler.DefaultScope(fe), 2); err != nil {
+				t.Fatal(err)
+			}
 		}
-		if err := unix.Connect(fd, sockaddr(sockVIPTCP)); err != nil {
-			failed++
-			t.Logf("TCP connect %d: %v", i, err)
+		failed := 0
+		for i := range 32 {
+			fd := newSocketIn(t, f.domain, unix.SOCK_STREAM)
+			tv := unix.NsecToTimeval(int64(time.Second))
+			if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
+				t.Fatal(err)
+			}
+			if err := unix.Connect(fd, sockaddrIn(f.domain, f.tcp)); err != nil {
+				failed++
+				t.Logf("TCP connect %d: %v", i, err)
+			}
+			ufd := newSocketIn(t, f.domain, unix.SOCK_DGRAM)
+			if err := unix.Connect(ufd, sockaddrIn(f.domain, f.udp)); err != nil {
+				failed++
+				t.Logf("UDP connect %d: %v", i, err)
+				continue
+			}
+			if _, err := unix.Write(ufd, []byte("q")); err != nil {
+				failed++
+				continue
+			}
+			if msg, _ := recvFrom(t, ufd); !isBackendReply(msg) {
+				failed++
+			}
 		}
-		ufd := newSocket(t, unix.SOCK_DGRAM)
-		if err := unix.Connect(ufd, sockaddr(sockVIPUDP)); err != nil {
-			failed++
-			t.Logf("UDP connect %d: %v", i, err)
-			continue
+		if failed != 0 {
+			t.Errorf("%d of 64 connects left on the VIP", failed)
 		}
-		if _, err := unix.Write(ufd, []byte("q")); err != nil {
-			failed++
-			continue
-		}
-		if msg, _ := recvFrom(t, ufd); !isBackendReply(msg) {
-			failed++
-		}
-	}
-	if failed != 0 {
-		t.Errorf("%d of 64 connects left on the VIP", failed)
-	}
+	})
 }
 
 // TestCTFloodRealTraffic (issue item 7, the probe): real TCP connections
