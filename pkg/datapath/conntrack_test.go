@@ -937,122 +937,129 @@ func TestSockSlotVanishes(t *testing.T) {
 // would (here every 100ms, with a short close timeout).
 //
 //	client ns: c0 10.202.0.2/24 -> node ns: n0 10.202.0.1/24 (tc), lo 10.200.0.2
+//	(IPv6: c0 2001:db8:202::2/64 -> n0 2001:db8:202::1/64, lo 2001:db8:200::2)
 func TestCTFloodRealTraffic(t *testing.T) {
-	d := openTestWith(t, smallConfig, func(cfg *Config) {
-		cfg.MaxConntrack = 1024
-		cfg.CTTimeoutClose = 500 * time.Millisecond
-	})
-	m := d.Maps()
-	echo := l4("10.96.0.70", 80, model.TCP)
-	greet := l4("10.96.0.71", 80, model.TCP)
-	// Four echo backends (one address, four ports): a flow re-balanced to
-	// another one is reset.
-	var echoBackends []testBackend
-	for i := range 4 {
-		echoBackends = append(echoBackends, testBackend{reconciler.BackendID(10 + i), l4(sockBackends[0], uint16(9090+i), model.TCP)})
-	}
-	addService(t, m, 1, echo, echoBackends...)
-	addService(t, m, 2, greet, testBackend{2, l4(sockBackends[0], 8080, model.TCP)})
-
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a, be, subnet, network := func(s string) string { return twinAddr(v6, s) }, sockBackends[0], "10.202.0", "tcp4"
+		if v6 {
+			be, subnet, network = sockBackends6[0], "2001:db8:202::", "tcp6"
 		}
-	}
-	nodeNS, clientNS := clientAndNode(t, d, "10.202.0")
-	for _, b := range echoBackends {
-		_, err := nodeNS.ServeTCPEcho(netip.AddrPortFrom(b.addr.Addr, b.addr.Port).String(), fmt.Sprint(b.addr.Port))
-		must(err)
-	}
+		d := openTestWith(t, smallConfig, func(cfg *Config) {
+			cfg.MaxConntrack = 1024
+			cfg.CTTimeoutClose = 500 * time.Millisecond
+		})
+		m := d.Maps()
+		echo := l4(a("10.96.0.70"), 80, model.TCP)
+		greet := l4(a("10.96.0.71"), 80, model.TCP)
+		// Four echo backends (one address, four ports): a flow re-balanced to
+		// another one is reset.
+		var echoBackends []testBackend
+		for i := range 4 {
+			echoBackends = append(echoBackends, testBackend{reconciler.BackendID(10 + i), l4(be, uint16(9090+i), model.TCP)})
+		}
+		addService(t, m, 1, echo, echoBackends...)
+		addService(t, m, 2, greet, testBackend{2, l4(be, 8080, model.TCP)})
 
-	stop := make(chan struct{})
-	gcDone := make(chan struct{})
-	go func() {
-		defer close(gcDone)
-		tk := time.NewTicker(100 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tk.C:
-				if _, err := m.GCConntrack(); err != nil {
-					t.Errorf("GC while connections come and go: %v", err)
-				}
+		must := func(err error) {
+			t.Helper()
+			if err != nil {
+				t.Fatal(err)
 			}
 		}
-	}()
-	defer func() { close(stop); <-gcDone }()
+		nodeNS, clientNS := clientAndNode(t, d, subnet)
+		for _, b := range echoBackends {
+			_, err := nodeNS.ServeTCPEcho(netip.AddrPortFrom(b.addr.Addr, b.addr.Port).String(), fmt.Sprint(b.addr.Port))
+			must(err)
+		}
 
-	dial := func(a model.L4Addr, timeout time.Duration) (net.Conn, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		return clientNS.DialContext(ctx, "tcp4", netip.AddrPortFrom(a.Addr, a.Port).String())
-	}
-	roundTrip := func(c net.Conn) error {
-		c.SetDeadline(time.Now().Add(2 * time.Second))
-		if _, err := c.Write([]byte("ping\n")); err != nil {
-			return err
-		}
-		line, err := bufio.NewReader(c).ReadString('\n')
-		if err == nil && !strings.HasSuffix(line, " ping\n") {
-			err = fmt.Errorf("echo %q", line)
-		}
-		return err
-	}
-	var conns []net.Conn
-	for range 20 {
-		c, err := dial(echo, 2*time.Second)
-		if err != nil {
-			t.Fatalf("connect %s: %v", echo, err)
-		}
-		t.Cleanup(func() { c.Close() })
-		if err := roundTrip(c); err != nil {
-			t.Fatalf("echo: %v", err)
-		}
-		conns = append(conns, c)
-	}
-
-	// The flood: 5000 connections from 50 workers.
-	var ok, refused atomic.Int64
-	var wg sync.WaitGroup
-	for w := range 50 {
-		wg.Add(1)
+		stop := make(chan struct{})
+		gcDone := make(chan struct{})
 		go func() {
-			defer wg.Done()
-			for i := w; i < 5000; i += 50 {
-				c, err := dial(greet, 300*time.Millisecond)
-				if err != nil {
-					refused.Add(1)
-					continue
+			defer close(gcDone)
+			tk := time.NewTicker(100 * time.Millisecond)
+			defer tk.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tk.C:
+					if _, err := m.GCConntrack(); err != nil {
+						t.Errorf("GC while connections come and go: %v", err)
+					}
 				}
-				c.SetReadDeadline(time.Now().Add(time.Second))
-				buf := make([]byte, 64)
-				if n, _ := c.Read(buf); isBackendReply(string(buf[:n])) {
-					ok.Add(1)
-				} else {
-					refused.Add(1)
-				}
-				c.Close()
 			}
 		}()
-	}
-	wg.Wait()
-	t.Logf("flood: %d connections answered, %d refused or timed out", ok.Load(), refused.Load())
+		defer func() { close(stop); <-gcDone }()
 
-	broken := 0
-	for i, c := range conns {
-		if err := roundTrip(c); err != nil {
-			broken++
-			t.Logf("established connection %d: %v", i, err)
+		dial := func(a model.L4Addr, timeout time.Duration) (net.Conn, error) {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			return clientNS.DialContext(ctx, network, netip.AddrPortFrom(a.Addr, a.Port).String())
 		}
-	}
-	if broken != 0 {
-		t.Errorf("%d of %d established connections broken by the flood", broken, len(conns))
-	}
-	cs := counters(t, d)
-	t.Logf("counters: %v", cs)
+		roundTrip := func(c net.Conn) error {
+			c.SetDeadline(time.Now().Add(2 * time.Second))
+			if _, err := c.Write([]byte("ping\n")); err != nil {
+				return err
+			}
+			line, err := bufio.NewReader(c).ReadString('\n')
+			if err == nil && !strings.HasSuffix(line, " ping\n") {
+				err = fmt.Errorf("echo %q", line)
+			}
+			return err
+		}
+		var conns []net.Conn
+		for range 20 {
+			c, err := dial(echo, 2*time.Second)
+			if err != nil {
+				t.Fatalf("connect %s: %v", echo, err)
+			}
+			t.Cleanup(func() { c.Close() })
+			if err := roundTrip(c); err != nil {
+				t.Fatalf("echo: %v", err)
+			}
+			conns = append(conns, c)
+		}
+
+		// The flood: 5000 connections from 50 workers.
+		var ok, refused atomic.Int64
+		var wg sync.WaitGroup
+		for w := range 50 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := w; i < 5000; i += 50 {
+					c, err := dial(greet, 300*time.Millisecond)
+					if err != nil {
+						refused.Add(1)
+						continue
+					}
+					c.SetReadDeadline(time.Now().Add(time.Second))
+					buf := make([]byte, 64)
+					if n, _ := c.Read(buf); isBackendReply(string(buf[:n])) {
+						ok.Add(1)
+					} else {
+						refused.Add(1)
+					}
+					c.Close()
+				}
+			}()
+		}
+		wg.Wait()
+		t.Logf("flood: %d connections answered, %d refused or timed out", ok.Load(), refused.Load())
+
+		broken := 0
+		for i, c := range conns {
+			if err := roundTrip(c); err != nil {
+				broken++
+				t.Logf("established connection %d: %v", i, err)
+			}
+		}
+		if broken != 0 {
+			t.Errorf("%d of %d established connections broken by the flood", broken, len(conns))
+		}
+		cs := counters(t, d)
+		t.Logf("counters: %v", cs)
+	})
 }
 
 // BenchmarkConntrackGC measures a GC pass (sluice_ct_gc) over a full
