@@ -131,63 +131,71 @@ func tcpIDOf(t *testing.T, d *Datapath, fe model.L4Addr) uint32 {
 // TestServiceStatsOff: without --service-metrics the programs count
 // nothing (the verifier pruned the counting) and the array has one entry.
 func TestServiceStatsOff(t *testing.T) {
-	d := newTestDatapath(t)
-	if n := d.maps.svcStats.MaxEntries(); n != 1 {
-		t.Errorf("sluice_svc_stats has %d entries with --service-metrics off, want 1", n)
-	}
-	applyServices(t, d, clusterIP(vipTCP, beTCP.addr), clusterIP(vipEmpty))
-	runProg(t, d.TCIngress(), tcpSYN("10.0.0.1", 40000, "10.96.0.10", 80).Bytes())
-	runProg(t, d.TCIngress(), tcpSYN("10.0.0.1", 40002, "10.96.0.12", 80).Bytes())
-	expectCounted(t, d, "tc_dnat_new", "tc_no_backend")
-	stats, err := d.Maps().ServiceStats()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(stats) != 2 {
-		t.Errorf("%d frontends listed, want 2", len(stats))
-	}
-	for _, s := range stats {
-		if s.NewFlows != 0 || s.Packets != 0 || s.Bytes != 0 {
-			t.Errorf("%s counted with --service-metrics off: %+v", s.Frontend, s)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a := func(s string) string { return twinAddr(v6, s) }
+		vipTCP, vipEmpty, beTCP := twinL4(v6, vipTCP), twinL4(v6, vipEmpty), twinL4(v6, beTCP.addr)
+		d := newTestDatapath(t)
+		if n := d.maps.svcStats.MaxEntries(); n != 1 {
+			t.Errorf("sluice_svc_stats has %d entries with --service-metrics off, want 1", n)
 		}
-		for r, n := range s.DropsByReason() {
-			if n != 0 {
-				t.Errorf("%s: %d drops %s with --service-metrics off", s.Frontend, n, r)
+		applyServices(t, d, clusterIP(vipTCP, beTCP), clusterIP(vipEmpty))
+		runProg(t, d.TCIngress(), tcpSYN(a("10.0.0.1"), 40000, a("10.96.0.10"), 80).Bytes())
+		runProg(t, d.TCIngress(), tcpSYN(a("10.0.0.1"), 40002, a("10.96.0.12"), 80).Bytes())
+		expectCounted(t, d, "tc_dnat_new", "tc_no_backend")
+		stats, err := d.Maps().ServiceStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(stats) != 2 {
+			t.Errorf("%d frontends listed, want 2", len(stats))
+		}
+		for _, s := range stats {
+			if s.NewFlows != 0 || s.Packets != 0 || s.Bytes != 0 {
+				t.Errorf("%s counted with --service-metrics off: %+v", s.Frontend, s)
+			}
+			for r, n := range s.DropsByReason() {
+				if n != 0 {
+					t.Errorf("%s: %d drops %s with --service-metrics off", s.Frontend, n, r)
+				}
 			}
 		}
-	}
+	})
 }
 
 // TestServiceStatsResize: turning --service-metrics on over pins made
 // without it resizes the array (migrate.go) and counting starts.
 func TestServiceStatsResize(t *testing.T) {
-	testutil.Privileged(t)
-	dir := testPinDir(t)
-	cfg := smallConfig(dir)
-	d, err := Open(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.Close()
-	cfg.ServiceMetrics = true
-	d = openTest(t, cfg)
-	pinned, err := ebpf.LoadPinnedMap(dir+"/sluice/"+mapSvcStats, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pinned.Close()
-	if got, want := pinned.MaxEntries(), uint32(svcStatsSize(cfg.withDefaults())); got != want {
-		t.Errorf("pinned sluice_svc_stats has %d entries, want %d", got, want)
-	}
-	applyServices(t, d, clusterIP(vipTCP, beTCP.addr))
-	runProg(t, d.TCIngress(), tcpSYN("10.0.0.1", 40000, "10.96.0.10", 80).Bytes())
-	stats, err := d.Maps().ServiceStats()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s := statsOf(t, stats, vipTCP); s.NewFlows != 1 {
-		t.Errorf("%s after the resize: %+v, want one new flow", vipTCP, s)
-	}
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a := func(s string) string { return twinAddr(v6, s) }
+		vipTCP, beTCP := twinL4(v6, vipTCP), twinL4(v6, beTCP.addr)
+		testutil.Privileged(t)
+		dir := testPinDir(t)
+		cfg := smallConfig(dir)
+		d, err := Open(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Close()
+		cfg.ServiceMetrics = true
+		d = openTest(t, cfg)
+		pinned, err := ebpf.LoadPinnedMap(dir+"/sluice/"+mapSvcStats, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pinned.Close()
+		if got, want := pinned.MaxEntries(), uint32(svcStatsSize(cfg.withDefaults())); got != want {
+			t.Errorf("pinned sluice_svc_stats has %d entries, want %d", got, want)
+		}
+		applyServices(t, d, clusterIP(vipTCP, beTCP))
+		runProg(t, d.TCIngress(), tcpSYN(a("10.0.0.1"), 40000, a("10.96.0.10"), 80).Bytes())
+		stats, err := d.Maps().ServiceStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := statsOf(t, stats, vipTCP); s.NewFlows != 1 {
+			t.Errorf("%s after the resize: %+v, want one new flow", vipTCP, s)
+		}
+	})
 }
 
 // BenchmarkServiceStatsRead30k is the kernel side of a scrape with
@@ -234,9 +242,10 @@ func BenchmarkServiceStatsRead30k(b *testing.B) {
 	}
 }
 
-// TestServiceStatsLoadsWithEveryOption: the programs, counting, pass the
-// verifier with every per-node option that adds paths on (masquerade,
-// cluster and service CIDRs, XDP), as they do counting nothing. Counting
+// TestServiceStatsLoadsWithEveryOption: the programs of both families,
+// counting, pass the verifier with every per-node option that adds paths
+// on (masquerade, cluster and service CIDRs of both families, XDP), as
+// they do counting nothing. Counting
 // nothing, the counting is gone from the programs the kernel runs (the
 // verifier removed it as dead code: service_metrics is a constant), so
 // they are shorter.
@@ -245,9 +254,9 @@ func TestServiceStatsLoadsWithEveryOption(t *testing.T) {
 	xlated := map[bool]map[string]int{}
 	for _, on := range []bool{false, true} {
 		cfg := xdpConfig(testPinDir(t))
-		cfg.NodeIPs = []netip.Addr{addr("192.168.1.1")}
-		cfg.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
-		cfg.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}
+		cfg.NodeIPs = []netip.Addr{addr("192.168.1.1"), addr(nsNodeIP6)}
+		cfg.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), twinPrefix(true, "10.0.0.0/8")}
+		cfg.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), twinPrefix(true, "10.96.0.0/16")}
 		cfg.MasqueradeAll = true
 		cfg.ServiceMetrics = on
 		d, err := Open(cfg)
@@ -255,7 +264,8 @@ func TestServiceStatsLoadsWithEveryOption(t *testing.T) {
 			t.Fatalf("Open with --service-metrics=%v: %v", on, err)
 		}
 		xlated[on] = map[string]int{}
-		for name, p := range map[string]*ebpf.Program{"tc ingress": d.TCIngress(), "xdp": d.XDP(), "connect4": d.sock.Connect4} {
+		for name, p := range map[string]*ebpf.Program{"tc ingress": d.TCIngress(), "xdp": d.XDP(), "connect4": d.sock.Connect4,
+			"tc ingress (IPv6)": d.tc.Sluice6Ingress, "xdp (IPv6)": d.xdp.Sluice6Xdp, "connect6": d.sock.Connect6} {
 			info, err := p.Info()
 			if err != nil {
 				t.Fatal(err)
