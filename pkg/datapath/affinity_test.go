@@ -52,9 +52,7 @@ type affTest struct {
 	v6 bool
 }
 
-func newAffTest(t *testing.T) *affTest { return newAffTestFamily(t, false) }
-
-func newAffTestFamily(t *testing.T, v6 bool) *affTest {
+func newAffTest(t *testing.T, v6 bool) *affTest {
 	d := newTestDatapath(t)
 	return &affTest{t: t, d: d, r: reconciler.New(d.Maps(), nil), v6: v6}
 }
@@ -131,54 +129,58 @@ func clientAddr(i int) string { return fmt.Sprintf("10.0.%d.%d", 1+i/200, 1+i%20
 // backends; without affinity, the same client's flows spread too (what
 // the sticky cases would show if affinity did nothing).
 func TestTCAffinitySticky(t *testing.T) {
-	a := newAffTest(t)
-	var udpBEs []model.L4Addr
-	for i, b := range affBEs {
-		udpBEs = append(udpBEs, l4(b.Addr.String(), 5353, model.UDP))
-		_ = i
-	}
-	noAff := l4("10.96.0.32", 80, model.TCP)
-	a.apply(affinityService(affVIP, time.Hour, affBEs...), affinityService(affUDP, time.Hour, udpBEs...), clusterIP(noAff, affBEs...))
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a := newAffTest(t, v6)
+		affVIP, affBEs, affUDP := a.vip(), a.bes(), twinL4(v6, affUDP)
+		clientAddr, c1 := a.client, twinAddr(v6, "10.0.0.1")
+		var udpBEs []model.L4Addr
+		for i, b := range affBEs {
+			udpBEs = append(udpBEs, l4(b.Addr.String(), 5353, model.UDP))
+			_ = i
+		}
+		noAff := l4(twinAddr(v6, "10.96.0.32"), 80, model.TCP)
+		a.apply(affinityService(affVIP, time.Hour, affBEs...), affinityService(affUDP, time.Hour, udpBEs...), clusterIP(noAff, affBEs...))
 
-	for _, fe := range []model.L4Addr{affVIP, affUDP} {
-		first := a.flow("10.0.0.1", 30000, fe)
-		for i := 1; i < 32; i++ {
-			if got := a.flow("10.0.0.1", uint16(30000+i), fe); got != first {
-				t.Fatalf("%s: flow %d of client 10.0.0.1 went to %s, its first to %s", fe, i, got, first)
+		for _, fe := range []model.L4Addr{affVIP, affUDP} {
+			first := a.flow(c1, 30000, fe)
+			for i := 1; i < 32; i++ {
+				if got := a.flow(c1, uint16(30000+i), fe); got != first {
+					t.Fatalf("%s: flow %d of client %s went to %s, its first to %s", fe, i, c1, got, first)
+				}
+			}
+			e, ok := a.entries(fe)[addr(c1)]
+			if !ok || e.Backend != netip.AddrPortFrom(first.Addr, first.Port) || e.Slot == 0 {
+				t.Errorf("%s: affinity entry of %s %+v (present %v), want it on %s", fe, c1, e, ok, first)
 			}
 		}
-		e, ok := a.entries(fe)[addr("10.0.0.1")]
-		if !ok || e.Backend != netip.AddrPortFrom(first.Addr, first.Port) || e.Slot == 0 {
-			t.Errorf("%s: affinity entry of 10.0.0.1 %+v (present %v), want it on %s", fe, e, ok, first)
-		}
-	}
 
-	// 32 clients: each sticky, together on more than one backend.
-	seen := map[model.L4Addr]int{}
-	for c := range 32 {
-		first := a.flow(clientAddr(c), 31000, affVIP)
-		seen[first]++
-		for i := 1; i < 4; i++ {
-			if got := a.flow(clientAddr(c), uint16(31000+i), affVIP); got != first {
-				t.Fatalf("client %s: flow %d went to %s, its first to %s", clientAddr(c), i, got, first)
+		// 32 clients: each sticky, together on more than one backend.
+		seen := map[model.L4Addr]int{}
+		for c := range 32 {
+			first := a.flow(clientAddr(c), 31000, affVIP)
+			seen[first]++
+			for i := 1; i < 4; i++ {
+				if got := a.flow(clientAddr(c), uint16(31000+i), affVIP); got != first {
+					t.Fatalf("client %s: flow %d went to %s, its first to %s", clientAddr(c), i, got, first)
+				}
 			}
 		}
-	}
-	if len(seen) < 2 {
-		t.Errorf("32 clients all on one backend: %v", seen)
-	}
+		if len(seen) < 2 {
+			t.Errorf("32 clients all on one backend: %v", seen)
+		}
 
-	// The control: no affinity, the same client spreads.
-	spread := map[model.L4Addr]bool{}
-	for i := range 32 {
-		spread[a.flow("10.0.0.1", uint16(32000+i), noAff)] = true
-	}
-	if len(spread) < 2 {
-		t.Errorf("32 flows of one client to a frontend without affinity all reached %v", spread)
-	}
-	if n := len(a.entries(noAff)); n != 0 {
-		t.Errorf("frontend without affinity has %d affinity entries", n)
-	}
+		// The control: no affinity, the same client spreads.
+		spread := map[model.L4Addr]bool{}
+		for i := range 32 {
+			spread[a.flow(c1, uint16(32000+i), noAff)] = true
+		}
+		if len(spread) < 2 {
+			t.Errorf("32 flows of one client to a frontend without affinity all reached %v", spread)
+		}
+		if n := len(a.entries(noAff)); n != 0 {
+			t.Errorf("frontend without affinity has %d affinity entries", n)
+		}
+	})
 }
 
 // TestTCAffinityExpires: with timeoutSeconds 1, a client that makes no new
@@ -188,7 +190,7 @@ func TestTCAffinitySticky(t *testing.T) {
 // for 1.8 s, three times what one refresh would give them).
 func TestTCAffinityExpires(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := newAffTestFamily(t, v6)
+		a := newAffTest(t, v6)
 		affVIP, affBEs := a.vip(), a.bes()
 		clientAddr := a.client
 		a.apply(affinityService(affVIP, time.Second, affBEs...))
@@ -236,7 +238,7 @@ func TestTCAffinityExpires(t *testing.T) {
 // its clients. A frontend that loses its affinity loses its entries.
 func TestTCAffinityBackendLeaves(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := newAffTestFamily(t, v6)
+		a := newAffTest(t, v6)
 		affVIP, affBEs := a.vip(), a.bes()
 		clientAddr := a.client
 		a.apply(affinityService(affVIP, time.Hour, affBEs...))
@@ -334,7 +336,7 @@ func TestTCAffinityBackendLeaves(t *testing.T) {
 // writes nothing, and every client keeps its backend.
 func TestTCAffinityRestart(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := newAffTestFamily(t, v6)
+		a := newAffTest(t, v6)
 		affVIP, affBEs := a.vip(), a.bes()
 		clientAddr := a.client
 		svc := affinityService(affVIP, time.Hour, affBEs...)
@@ -373,41 +375,52 @@ func TestTCAffinityRestart(t *testing.T) {
 // for external flows to remote backends, sharing the entries with tc: a
 // flow tc starts goes where XDP's went.
 func TestXDPAffinity(t *testing.T) {
-	_, ifindex, d := northSouthNode(t)
-	np := l4(nsNodeIP, 30090, model.TCP)
-	var bes []model.L4Addr
-	for i := range 4 {
-		bes = append(bes, l4(fmt.Sprintf("10.2.0.%d", 21+i), 8080, model.TCP))
-	}
-	svc := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "np"}, Kind: model.NodePort, Frontend: np, AffinityTimeout: time.Hour}
-	for _, b := range bes {
-		svc.Backends = append(svc.Backends, model.Backend{L4Addr: b})
-	}
-	// The reconciler, over the frontends northSouthNode wrote: they are
-	// not in its desired state, so they go; XDP and tc need only np.
-	st := model.NewState()
-	st.Services[np] = svc
-	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
-		t.Fatal(err)
-	}
-	m := d.Maps()
-	var first model.L4Addr
-	for i := range 16 {
-		in := nsClient(uint16(42000+i), np)
-		verdict, out := runXDP(t, d.XDP(), ifindex, in.Bytes())
-		sp := snatPortOf(t, m, nsClientIP, in.SrcPort, np)
-		got := l4(netip.AddrFrom4([4]byte(out[30:34])).String(), 8080, model.TCP)
-		if i == 0 {
-			first = got
-		} else if got != first {
-			t.Fatalf("XDP flow %d went to %s, the first to %s", i, got, first)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		var ifindex int
+		var d *Datapath
+		np := l4(nsNodeIP, 30090, model.TCP)
+		beAddr := func(i int) string { return fmt.Sprintf("10.2.0.%d", 21+i) }
+		if v6 {
+			_, ifindex, d = nodeDatapath6(t, xdpConfig)
+			np = l4(nsNodeIP6, 30090, model.TCP)
+			beAddr = func(i int) string { return fmt.Sprintf("2001:db8:2::%x", 0x21+i) } // routed by node 2
+		} else {
+			_, ifindex, d = northSouthNode(t)
 		}
-		expectPacket(t, fmt.Sprintf("XDP flow %d", i), verdict, xdpTx, out, toRemote(in, sp, testBackend{addr: first}))
-	}
-	in := nsClient(42100, np)
-	verdict, out := runOn(t, d.TCIngress(), ifindex, in.Bytes())
-	sp := snatPortOf(t, m, nsClientIP, in.SrcPort, np)
-	expectPacket(t, "tc flow", verdict, tcActRedirect, out, toRemote(in, sp, testBackend{addr: first}))
+		var bes []model.L4Addr
+		for i := range 4 {
+			bes = append(bes, l4(beAddr(i), 8080, model.TCP))
+		}
+		svc := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "np"}, Kind: model.NodePort, Frontend: np, AffinityTimeout: time.Hour}
+		for _, b := range bes {
+			svc.Backends = append(svc.Backends, model.Backend{L4Addr: b})
+		}
+		// The reconciler, over the frontends northSouthNode (nodeDatapath6)
+		// wrote: they are not in its desired state, so they go; XDP and
+		// tc need only np.
+		st := model.NewState()
+		st.Services[np] = svc
+		if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
+			t.Fatal(err)
+		}
+		var first model.L4Addr
+		for i := range 16 {
+			in := nsClient(uint16(42000+i), np)
+			verdict, out := runXDP(t, d.XDP(), ifindex, in.Bytes())
+			sp := snatPortIn(t, d, in.Src.String(), in.SrcPort, np)
+			got := l4(outDst(out), 8080, model.TCP)
+			if i == 0 {
+				first = got
+			} else if got != first {
+				t.Fatalf("XDP flow %d went to %s, the first to %s", i, got, first)
+			}
+			expectPacket(t, fmt.Sprintf("XDP flow %d", i), verdict, xdpTx, out, toRemote(in, sp, testBackend{addr: first}))
+		}
+		in := nsClient(42100, np)
+		verdict, out := runOn(t, d.TCIngress(), ifindex, in.Bytes())
+		sp := snatPortIn(t, d, in.Src.String(), in.SrcPort, np)
+		expectPacket(t, "tc flow", verdict, tcActRedirect, out, toRemote(in, sp, testBackend{addr: first}))
+	})
 }
 
 // TestFixAffinity: sluice_aff_fix (and sluice_aff_fix6, for the IPv6
@@ -518,43 +531,46 @@ func TestFixAffinity(t *testing.T) {
 // that scope's master key, to that scope's backend, and its next flows
 // follow the entry, exactly rewritten.
 func TestTCAffinityTwoScopes(t *testing.T) {
-	ns, d, eth0, _ := semanticsNode(t, Config{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}})
-	two := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "two"}, Kind: model.NodePort, Frontend: npTwo,
-		Backends: []model.Backend{{L4Addr: beLocal.addr}}, ExternalLocal: true, TwoScopes: true,
-		InternalBackends: []model.Backend{{L4Addr: beRemote.addr}}, AffinityTimeout: time.Hour}
-	r := reconciler.New(d.Maps(), nil)
-	if err := r.Restore(); err != nil {
-		t.Fatal(err)
-	}
-	st := model.NewState()
-	st.Services[npTwo] = two
-	if err := r.Apply(st); err != nil {
-		t.Fatal(err)
-	}
-	ing := d.TCIngress()
-	ns.Enter(t)
-	for i, sport := range []uint16{42000, 42001} {
-		ext := nsClient(sport, npTwo)
-		verdict, out := runOn(t, ing, eth0, ext.Bytes())
-		expectPacket(t, fmt.Sprintf("external flow %d", i), verdict, tcActOK, out, dnat(ext, beLocal))
-		pod := nsClient(sport, npTwo)
-		pod.Src = addr(remotePod)
-		verdict, out = runOn(t, ing, eth0, pod.Bytes())
-		expectPacket(t, fmt.Sprintf("remote pod flow %d", i), verdict, tcActOK, out, dnat(pod, beRemote))
-	}
-	all, err := d.Maps().Affinity()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, e := range all {
-		got = append(got, fmt.Sprintf("%s %s -> %s", e.Frontend, e.Client, e.Backend))
-	}
-	want := []string{
-		fmt.Sprintf("%s internal %s -> %s", npTwo, remotePod, netip.AddrPortFrom(beRemote.addr.Addr, beRemote.addr.Port)),
-		fmt.Sprintf("%s %s -> %s", npTwo, nsClientIP, netip.AddrPortFrom(beLocal.addr.Addr, beLocal.addr.Port)),
-	}
-	if !slices.Equal(got, want) {
-		t.Errorf("affinity entries:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		w := semanticsOf(v6)
+		ns, d, eth0, _ := semanticsNode(t, Config{ClusterCIDRs: w.prefixes("10.0.0.0/8")}, w)
+		two := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "two"}, Kind: model.NodePort, Frontend: w.npTwo,
+			Backends: []model.Backend{{L4Addr: w.beLocal.addr}}, ExternalLocal: true, TwoScopes: true,
+			InternalBackends: []model.Backend{{L4Addr: w.beRemote.addr}}, AffinityTimeout: time.Hour}
+		r := reconciler.New(d.Maps(), nil)
+		if err := r.Restore(); err != nil {
+			t.Fatal(err)
+		}
+		st := model.NewState()
+		st.Services[w.npTwo] = two
+		if err := r.Apply(st); err != nil {
+			t.Fatal(err)
+		}
+		ing := d.TCIngress()
+		ns.Enter(t)
+		for i, sport := range []uint16{42000, 42001} {
+			ext := nsClient(sport, w.npTwo)
+			verdict, out := runOn(t, ing, eth0, ext.Bytes())
+			expectPacket(t, fmt.Sprintf("external flow %d", i), verdict, tcActOK, out, dnat(ext, w.beLocal))
+			pod := nsClient(sport, w.npTwo)
+			pod.Src = addr(w.remotePod)
+			verdict, out = runOn(t, ing, eth0, pod.Bytes())
+			expectPacket(t, fmt.Sprintf("remote pod flow %d", i), verdict, tcActOK, out, dnat(pod, w.beRemote))
+		}
+		all, err := d.Maps().Affinity()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, e := range all {
+			got = append(got, fmt.Sprintf("%s %s -> %s", e.Frontend, e.Client, e.Backend))
+		}
+		want := []string{
+			fmt.Sprintf("%s internal %s -> %s", w.npTwo, w.remotePod, netip.AddrPortFrom(w.beRemote.addr.Addr, w.beRemote.addr.Port)),
+			fmt.Sprintf("%s %s -> %s", w.npTwo, w.client(), netip.AddrPortFrom(w.beLocal.addr.Addr, w.beLocal.addr.Port)),
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("affinity entries:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+	})
 }

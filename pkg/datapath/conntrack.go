@@ -111,11 +111,6 @@ func (m *Maps) FlushConntrack(backends []model.L4Addr) error {
 		if err != nil {
 			return fmt.Errorf("flush conntrack: %w", err)
 		}
-		if is6(b.Addr) {
-			// TODO(issue 10): the IPv6 conntrack (tc6's) is not there
-			// yet: nothing of an IPv6 backend to flush.
-			continue
-		}
 		keys = append(keys, sockCtBackendKey{Addr: be32(b.Addr), Port: be16(b.Port), Proto: uint8(b.Proto)})
 	}
 	for batch := range slices.Chunk(keys, ctFlushBatch) {

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
@@ -30,12 +31,10 @@ import (
 // The few helpers that know the conntrack layout are at the top, so the
 // tests themselves speak in flows and packets.
 
-// ctKeyOf is the conntrack key of a packet <src:sport -> dst:dport>.
-func ctKeyOf(src string, sport uint16, dst string, dport uint16, proto model.Protocol, dir uint8) sockCt4Key {
-	return sockCt4Key{
-		Saddr: be32(netip.MustParseAddr(src)), Daddr: be32(netip.MustParseAddr(dst)),
-		Sport: be16(sport), Dport: be16(dport), Proto: uint8(proto), Dir: dir,
-	}
+// ctKeyOf is the conntrack key of a packet <src:sport -> dst:dport>, in
+// the tables of the addresses' family (ctK).
+func ctKeyOf(src string, sport uint16, dst string, dport uint16, proto model.Protocol, dir uint8) ctK {
+	return ctK{src: netip.AddrPortFrom(addr(src), sport), dst: netip.AddrPortFrom(addr(dst), dport), proto: proto, dir: dir}
 }
 
 // ctMaps are the conntrack maps: established, then half-open.
@@ -53,39 +52,6 @@ func ctGet(m *Maps, k sockCt4Key) (sockCt4Entry, bool) {
 	return v, false
 }
 
-// ctDelete deletes the entry under k, as an LRU eviction or the GC would.
-func ctDelete(t *testing.T, m *Maps, k sockCt4Key) {
-	t.Helper()
-	for _, cm := range ctMaps(m) {
-		if cm.Delete(&k) == nil {
-			return
-		}
-	}
-	t.Fatalf("delete conntrack entry %+v: not found", k)
-}
-
-// ctSetSeen makes the entry under k look last refreshed at monotonic
-// time now+delta (negative: in the past).
-func ctSetSeen(t *testing.T, m *Maps, k sockCt4Key, delta time.Duration) {
-	t.Helper()
-	now, err := monotonicNow()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, cm := range ctMaps(m) {
-		var v sockCt4Entry
-		if cm.Lookup(&k, &v) != nil {
-			continue
-		}
-		v.Expires = uint64(int64(now) + delta.Nanoseconds() + ctLifetime(m.cfg, k.Proto, v.Flags).Nanoseconds())
-		if err := cm.Update(&k, &v, ebpf.UpdateExist); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	t.Fatalf("no conntrack entry %+v", k)
-}
-
 // ctLifetime mirrors ct_lifetime in bpf/lib/conntrack.h.
 func ctLifetime(cfg Config, proto uint8, flags uint32) time.Duration {
 	switch {
@@ -98,8 +64,6 @@ func ctLifetime(cfg Config, proto uint8, flags uint32) time.Duration {
 	}
 	return cfg.CTTimeoutSYN
 }
-
-func ctFlags(v sockCt4Entry) uint32 { return v.Flags }
 
 // flushBackends flushes the conntrack of bes.
 func flushBackends(m *Maps, bes ...model.L4Addr) error {
@@ -133,11 +97,11 @@ func (f flow) from(be model.L4Addr, flags uint8) packet.Packet {
 	return p
 }
 
-func (f flow) fwdKey() sockCt4Key {
+func (f flow) fwdKey() ctK {
 	return ctKeyOf(f.client, f.cport, f.fe.Addr.String(), f.fe.Port, f.fe.Proto, ctForward)
 }
 
-func (f flow) revKey(be model.L4Addr) sockCt4Key {
+func (f flow) revKey(be model.L4Addr) ctK {
 	return ctKeyOf(be.Addr.String(), be.Port, f.client, f.cport, be.Proto, ctReverse)
 }
 
@@ -184,13 +148,14 @@ func out6(b []byte) bool { return len(b) >= 54 && binary.BigEndian.Uint16(b[12:]
 
 // twinAddr is the IPv6 twin of an IPv4 test address when v6 is set
 // (10.1.8.1 -> 2001:db8:a:1:8::1, each octet a group), so that a test
-// written with IPv4 addresses runs over IPv6 with its twins.
+// written with IPv4 addresses runs over IPv6 with its twins. The twin is
+// in canonical form (2001:db8:a:1::7 for 10.1.0.7), as Go prints it.
 func twinAddr(v6 bool, a string) string {
 	if !v6 {
 		return a
 	}
 	b := netip.MustParseAddr(a).As4()
-	return fmt.Sprintf("2001:db8:%x:%x:%x::%x", b[0], b[1], b[2], b[3])
+	return netip.MustParseAddr(fmt.Sprintf("2001:db8:%x:%x:%x::%x", b[0], b[1], b[2], b[3])).String()
 }
 
 // twinL4 is twinAddr of a frontend or backend.
@@ -282,146 +247,155 @@ func onCPUs(t *testing.T, cpus []int, fn func(cpu int)) {
 // the entry in between. No reply may leave un-NATed and no client packet
 // may be re-balanced.
 func TestCTConcurrentRefresh(t *testing.T) {
-	d := newTestDatapath(t)
-	bes := []testBackend{{41, l4("10.1.4.1", 8080, model.TCP)}, {42, l4("10.1.4.2", 8080, model.TCP)}}
-	addService(t, d.Maps(), 1, vipTCP, bes...)
-	f := flow{"10.0.4.1", 45000, vipTCP}
-	be := establish(t, d, f, bes...)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		d := newTestDatapath(t)
+		bes := []testBackend{{41, l4(a("10.1.4.1"), 8080, model.TCP)}, {42, l4(a("10.1.4.2"), 8080, model.TCP)}}
+		addService(t, d.Maps(), 1, vip, bes...)
+		f := flow{a("10.0.4.1"), 45000, vip}
+		be := establish(t, d, f, bes...)
 
-	const n = 100000
-	var mu sync.Mutex
-	bad := map[string]int{}
-	reply, ack := f.from(be.addr, tcpACK).Bytes(), f.pkt(tcpACK).Bytes()
-	onCPUs(t, []int{0, 1}, func(cpu int) {
-		untranslated, moved := 0, 0
-		for i := range n {
-			if i%2 == cpu%2 {
-				v, out, err := runProgErr(d.TCEgress(), reply)
-				if err != nil || v != tcActOK || outSrc(out) != f.fe.Addr.String() {
-					untranslated++
-				}
-			} else {
-				v, out, err := runProgErr(d.TCIngress(), ack)
-				if err != nil || v != tcActOK || outDst(out) != be.addr.Addr.String() {
-					moved++
+		const n = 100000
+		var mu sync.Mutex
+		bad := map[string]int{}
+		reply, ack := f.from(be.addr, tcpACK).Bytes(), f.pkt(tcpACK).Bytes()
+		onCPUs(t, []int{0, 1}, func(cpu int) {
+			untranslated, moved := 0, 0
+			for i := range n {
+				if i%2 == cpu%2 {
+					v, out, err := runProgErr(d.TCEgress(), reply)
+					if err != nil || v != tcActOK || outSrc(out) != f.fe.Addr.String() {
+						untranslated++
+					}
+				} else {
+					v, out, err := runProgErr(d.TCIngress(), ack)
+					if err != nil || v != tcActOK || outDst(out) != be.addr.Addr.String() {
+						moved++
+					}
 				}
 			}
+			mu.Lock()
+			bad["replies un-NATed"] += untranslated
+			bad["client packets re-balanced"] += moved
+			mu.Unlock()
+		})
+		for what, c := range bad {
+			if c != 0 {
+				t.Errorf("%d of %d %s", c, n, what)
+			}
 		}
-		mu.Lock()
-		bad["replies un-NATed"] += untranslated
-		bad["client packets re-balanced"] += moved
-		mu.Unlock()
 	})
-	for what, c := range bad {
-		if c != 0 {
-			t.Errorf("%d of %d %s", c, n, what)
-		}
-	}
 }
 
 // TestCTRefreshedAhead (A1, deterministic): an entry another CPU refreshed
 // after this program read the clock is alive, not expired.
 func TestCTRefreshedAhead(t *testing.T) {
-	d := newTestDatapath(t)
-	m := d.Maps()
-	bes := []testBackend{{43, l4("10.1.4.3", 8080, model.TCP)}, {44, l4("10.1.4.4", 8080, model.TCP)}}
-	addService(t, m, 1, vipTCP, bes...)
-	f := flow{"10.0.4.2", 45001, vipTCP}
-	be := establish(t, d, f, bes...)
-	ctSetSeen(t, m, f.revKey(be.addr), 50*time.Millisecond)
-	ctSetSeen(t, m, f.fwdKey(), 50*time.Millisecond)
-	v, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpACK).Bytes())
-	if v != tcActOK || outSrc(out) != vipTCP.Addr.String() {
-		t.Errorf("reply: verdict %d, source %s, want the VIP", v, outSrc(out))
-	}
-	for range 8 {
-		if v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpACK)); v != tcActOK || dst != be.addr.Addr.String() {
-			t.Fatalf("client packet: verdict %d to %s, want %s", v, dst, be.addr.Addr)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		d := newTestDatapath(t)
+		m := d.Maps()
+		bes := []testBackend{{43, l4(a("10.1.4.3"), 8080, model.TCP)}, {44, l4(a("10.1.4.4"), 8080, model.TCP)}}
+		addService(t, m, 1, vip, bes...)
+		f := flow{a("10.0.4.2"), 45001, vip}
+		be := establish(t, d, f, bes...)
+		ctSetSeen(t, m, f.revKey(be.addr), 50*time.Millisecond)
+		ctSetSeen(t, m, f.fwdKey(), 50*time.Millisecond)
+		v, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpACK).Bytes())
+		if v != tcActOK || outSrc(out) != vip.Addr.String() {
+			t.Errorf("reply: verdict %d, source %s, want the VIP", v, outSrc(out))
 		}
-	}
+		for range 8 {
+			if v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpACK)); v != tcActOK || dst != be.addr.Addr.String() {
+				t.Fatalf("client packet: verdict %d to %s, want %s", v, dst, be.addr.Addr)
+			}
+		}
+	})
 }
 
 // TestCTGCKeepsRecreatedFlows (A2): the GC runs while clients come back on
 // the tuples of expired flows. Every flow re-created before, during or
 // after the GC's pass must keep its entries.
 func TestCTGCKeepsRecreatedFlows(t *testing.T) {
-	// Long enough that, on a loaded machine, most flows re-created while
-	// the GC runs are still live when it ends: those are the ones checked.
-	const udpTimeout = 2 * time.Second
-	d := openTestWith(t, smallConfig, func(cfg *Config) {
-		cfg.MaxConntrack = 65536
-		cfg.CTTimeoutUDP = udpTimeout
-	})
-	m := d.Maps()
-	be := testBackend{45, l4("10.1.4.5", 5353, model.UDP)}
-	addService(t, m, 1, vipUDP, be)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipUDP)
+		// Long enough that, on a loaded machine, most flows re-created while
+		// the GC runs are still live when it ends: those are the ones checked.
+		const udpTimeout = 2 * time.Second
+		d := openTestWith(t, smallConfig, func(cfg *Config) {
+			cfg.MaxConntrack = 65536
+			cfg.CTTimeoutUDP = udpTimeout
+		})
+		m := d.Maps()
+		be := testBackend{45, l4(a("10.1.4.5"), 5353, model.UDP)}
+		addService(t, m, 1, vip, be)
 
-	const n = 10000
-	flows := make([]flow, n)
-	for i := range flows {
-		flows[i] = flow{fmt.Sprintf("10.0.%d.%d", 40+i/250, 1+i%250), uint16(20000 + i), vipUDP}
-	}
-	open := func(f flow) error {
-		if v, _, err := runProgErr(d.TCIngress(), f.pkt(0).Bytes()); err != nil || v != tcActOK {
-			return fmt.Errorf("datagram of %+v: verdict %d, %v", f, v, err)
+		const n = 10000
+		flows := make([]flow, n)
+		for i := range flows {
+			flows[i] = flow{a(fmt.Sprintf("10.0.%d.%d", 40+i/250, 1+i%250)), uint16(20000 + i), vip}
 		}
-		if v, _, err := runProgErr(d.TCEgress(), f.from(be.addr, 0).Bytes()); err != nil || v != tcActOK {
-			return fmt.Errorf("answer to %+v: verdict %d, %v", f, v, err)
-		}
-		return nil
-	}
-	for _, f := range flows {
-		if err := open(f); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(udpTimeout + 200*time.Millisecond)
-
-	var wg sync.WaitGroup
-	var gcErr, openErr error
-	var gcDone time.Time
-	reopened := make([]time.Time, n)
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		_, gcErr = m.GCConntrack()
-		gcDone = time.Now()
-	}()
-	go func() {
-		defer wg.Done()
-		for i, f := range flows {
-			if openErr = open(f); openErr != nil {
-				return
+		open := func(f flow) error {
+			if v, _, err := runProgErr(d.TCIngress(), f.pkt(0).Bytes()); err != nil || v != tcActOK {
+				return fmt.Errorf("datagram of %+v: verdict %d, %v", f, v, err)
 			}
-			reopened[i] = time.Now()
+			if v, _, err := runProgErr(d.TCEgress(), f.from(be.addr, 0).Bytes()); err != nil || v != tcActOK {
+				return fmt.Errorf("answer to %+v: verdict %d, %v", f, v, err)
+			}
+			return nil
 		}
-	}()
-	wg.Wait()
-	if gcErr != nil || openErr != nil {
-		t.Fatal(gcErr, openErr)
-	}
-	// A flow re-created so early that it expired again before the GC
-	// ended may rightly be collected (a busy machine stretches the loop
-	// past the timeout): only flows live for the whole GC must survive
-	// it, and they must be present (expired or not by now).
-	checked, lost := 0, 0
-	for i, f := range flows {
-		if !reopened[i].Add(udpTimeout).After(gcDone) {
-			continue
+		for _, f := range flows {
+			if err := open(f); err != nil {
+				t.Fatal(err)
+			}
 		}
-		checked++
-		if _, ok := ctGet(m, f.fwdKey()); !ok {
-			lost++
-		} else if _, ok := ctGet(m, f.revKey(be.addr)); !ok {
-			lost++
+		time.Sleep(udpTimeout + 200*time.Millisecond)
+
+		var wg sync.WaitGroup
+		var gcErr, openErr error
+		var gcDone time.Time
+		reopened := make([]time.Time, n)
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			_, gcErr = m.GCConntrack()
+			gcDone = time.Now()
+		}()
+		go func() {
+			defer wg.Done()
+			for i, f := range flows {
+				if openErr = open(f); openErr != nil {
+					return
+				}
+				reopened[i] = time.Now()
+			}
+		}()
+		wg.Wait()
+		if gcErr != nil || openErr != nil {
+			t.Fatal(gcErr, openErr)
 		}
-	}
-	if checked < n/2 {
-		t.Fatalf("only %d of %d flows were live through the GC: the machine is too slow for this test to mean anything", checked, n)
-	}
-	if lost != 0 {
-		t.Errorf("%d of %d flows re-created during the GC and live through it lost an entry", lost, checked)
-	}
+		// A flow re-created so early that it expired again before the GC
+		// ended may rightly be collected (a busy machine stretches the loop
+		// past the timeout): only flows live for the whole GC must survive
+		// it, and they must be present (expired or not by now).
+		checked, lost := 0, 0
+		for i, f := range flows {
+			if !reopened[i].Add(udpTimeout).After(gcDone) {
+				continue
+			}
+			checked++
+			if _, ok := ctLookup(t, m, f.fwdKey()); !ok {
+				lost++
+			} else if _, ok := ctLookup(t, m, f.revKey(be.addr)); !ok {
+				lost++
+			}
+		}
+		if checked < n/2 {
+			t.Fatalf("only %d of %d flows were live through the GC: the machine is too slow for this test to mean anything", checked, n)
+		}
+		if lost != 0 {
+			t.Errorf("%d of %d flows re-created during the GC and live through it lost an entry", lost, checked)
+		}
+	})
 }
 
 // oneSNATPort leaves a single port for source NAT: a second flow needs
@@ -430,32 +404,42 @@ func oneSNATPort(cfg *Config) { cfg.SNATPortMin, cfg.SNATPortMax = 62000, 62000 
 
 // snatHeld is a source-NATed flow holding the only SNAT port: a node
 // datapath of smallConfig with oneSNATPort on eth0, an external NodePort
-// to a remote backend, and a client's SYN to it.
+// to a remote backend, and a client's SYN to it; over IPv6 (v6) the IPv6
+// node's (nodeDatapath6).
 type snatHeld struct {
 	d       *Datapath
 	m       *Maps
 	bpffs   string
 	ifindex int
 	syn     packet.Packet
-	port    uint16     // the SNAT port the flow holds
-	rev     sockCt4Key // its reservation (the reply entry)
+	port    uint16 // the SNAT port the flow holds
+	rev     ctK    // its reservation (the reply entry)
+	client  string // the SYN's source
 }
 
-func holdSNATPort(t *testing.T) snatHeld {
+func holdSNATPort(t *testing.T, v6 bool) snatHeld {
 	t.Helper()
 	var h snatHeld
-	_, ifindex, d := nodeDatapath(t, func(bpffs string) Config {
+	base := func(bpffs string) Config {
 		h.bpffs = bpffs
 		return configWith(smallConfig, oneSNATPort)(bpffs)
-	}, "eth0")
-	h.d, h.m, h.ifindex = d, d.Maps(), ifindex
-	addExternal(t, h.m, 1, npRemote, reconciler.FlagExternal, beRemote)
-	h.syn = packet.Packet{SrcMAC: clientMAC, DstMAC: macOf(nodeEthMAC), Src: addr(nsClientIP), Dst: addr(nsNodeIP), SrcPort: 43000, DstPort: 30080, Proto: packet.TCP}
-	if v, _ := runOn(t, d.TCIngress(), ifindex, h.syn.Bytes()); v != tcActRedirect {
+	}
+	np, be := npRemote, beRemote
+	if v6 {
+		_, h.ifindex, h.d = nodeDatapath6(t, base)
+		np, be = np6Remote, be6Remote
+	} else {
+		_, h.ifindex, h.d = nodeDatapath(t, base, "eth0")
+		addExternal(t, h.d.Maps(), 1, npRemote, reconciler.FlagExternal, beRemote)
+	}
+	h.m = h.d.Maps()
+	h.syn = nsClient(43000, np)
+	h.client = h.syn.Src.String()
+	if v, _ := runOn(t, h.d.TCIngress(), h.ifindex, h.syn.Bytes()); v != tcActRedirect {
 		t.Fatalf("SYN: verdict %d", v)
 	}
-	h.port = snatPortOf(t, h.m, nsClientIP, 43000, npRemote)
-	h.rev = ctKeyOf("10.2.0.7", 8080, nsNodeIP, h.port, model.TCP, ctReverse)
+	h.port = snatPortIn(t, h.d, h.client, 43000, np)
+	h.rev = ctKeyOf(be.addr.Addr.String(), be.addr.Port, ofFamily(np.Addr, nsNodeIP, nsNodeIP6).String(), h.port, model.TCP, ctReverse)
 	return h
 }
 
@@ -463,96 +447,116 @@ func holdSNATPort(t *testing.T) snatHeld {
 // reservation (reply entry) of a flow whose forward entry is alive, and
 // neither does a new flow looking for a port.
 func TestCTGCKeepsLiveReservation(t *testing.T) {
-	h := holdSNATPort(t)
-	d, m, ifindex, syn, sp, rev := h.d, h.m, h.ifindex, h.syn, h.port, h.rev
-	ctSetSeen(t, m, rev, -7*time.Hour)
-	if _, err := m.GCConntrack(); err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := ctGet(m, rev); !ok {
-		t.Errorf("GC deleted the port reservation %d of a live flow", sp)
-	}
-	other := syn
-	other.Src = addr("172.16.0.30")
-	if v, out := runOn(t, d.TCIngress(), ifindex, other.Bytes()); v == tcActRedirect && outSport(out) == sp {
-		t.Errorf("a new flow took the port %d of a live flow", sp)
-	}
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		h := holdSNATPort(t, v6)
+		d, m, ifindex, syn, sp, rev := h.d, h.m, h.ifindex, h.syn, h.port, h.rev
+		ctSetSeen(t, m, rev, -7*time.Hour)
+		if _, err := m.GCConntrack(); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := ctLookup(t, m, rev); !ok {
+			t.Errorf("GC deleted the port reservation %d of a live flow", sp)
+		}
+		other := syn
+		other.Src = addr(twinAddr(v6, "172.16.0.30"))
+		if v, out := runOn(t, d.TCIngress(), ifindex, other.Bytes()); v == tcActRedirect && outSport(out) == sp {
+			t.Errorf("a new flow took the port %d of a live flow", sp)
+		}
+	})
 }
 
 // TestCTSNATReservationLost (A3): a flow whose port reservation was lost
 // (evicted, or deleted) and taken by another flow must not send from that
 // port any more; the other flow keeps it.
 func TestCTSNATReservationLost(t *testing.T) {
-	ns, ifindex, d := nodeDatapath(t, configWith(xdpConfig, oneSNATPort), "eth0")
-	m := d.Maps()
-	addExternal(t, m, 1, npRemote, reconciler.FlagExternal, beRemote)
-	client := func(src string, sport uint16, flags uint8) packet.Packet {
-		return packet.Packet{SrcMAC: clientMAC, DstMAC: macOf(nodeEthMAC), Src: addr(src), Dst: addr(nsNodeIP), SrcPort: sport, DstPort: 30080, Proto: packet.TCP, TCPFlags: flags}
-	}
-	for _, c := range []struct {
-		name string
-		run  func(t *testing.T, p packet.Packet) (uint32, []byte)
-		a, b string
-	}{
-		{"tc", func(t *testing.T, p packet.Packet) (uint32, []byte) {
-			return runOn(t, d.TCIngress(), ifindex, p.Bytes())
-		}, "172.16.0.10", "172.16.0.11"},
-		{"xdp", func(t *testing.T, p packet.Packet) (uint32, []byte) { return runXDP(t, d.XDP(), ifindex, p.Bytes()) }, "172.16.0.20", "172.16.0.21"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			ns.Enter(t)
-			if v, _ := c.run(t, client(c.a, 40000, tcpSYN_)); v != tcActRedirect && v != xdpTx {
-				t.Fatalf("flow A SYN: verdict %d", v)
-			}
-			if sp := snatPortOf(t, m, c.a, 40000, npRemote); sp != 62000 {
-				t.Fatalf("flow A got port %d", sp)
-			}
-			rev := ctKeyOf("10.2.0.7", 8080, nsNodeIP, 62000, model.TCP, ctReverse)
-			ctDelete(t, m, rev)
-			if v, out := c.run(t, client(c.b, 40000, tcpSYN_)); (v == tcActRedirect || v == xdpTx) && outSport(out) != 62000 {
-				t.Fatalf("flow B sent from port %d", outSport(out))
-			}
-			v, out := c.run(t, client(c.a, 40000, tcpACK))
-			if (v == tcActRedirect || v == xdpTx) && outSrc(out) == nsNodeIP && outSport(out) == 62000 {
-				if r, ok := ctGet(m, rev); ok && addrFromBE32(r.SnatAddr).String() != c.a {
-					t.Errorf("flow A sent from port 62000, which flow %s holds", addrFromBE32(r.SnatAddr))
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		np, be := npRemote, beRemote
+		var ns *topology.NS
+		var ifindex int
+		var d *Datapath
+		if v6 {
+			ns, ifindex, d = nodeDatapath6(t, configWith(xdpConfig, oneSNATPort))
+			np, be = np6Remote, be6Remote
+		} else {
+			ns, ifindex, d = nodeDatapath(t, configWith(xdpConfig, oneSNATPort), "eth0")
+			addExternal(t, d.Maps(), 1, npRemote, reconciler.FlagExternal, beRemote)
+		}
+		m := d.Maps()
+		node := ofFamily(np.Addr, nsNodeIP, nsNodeIP6).String()
+		client := func(src string, sport uint16, flags uint8) packet.Packet {
+			p := nsClient(sport, np)
+			p.Src, p.TCPFlags = addr(src), flags
+			return p
+		}
+		for _, c := range []struct {
+			name string
+			run  func(t *testing.T, p packet.Packet) (uint32, []byte)
+			a, b string
+		}{
+			{"tc", func(t *testing.T, p packet.Packet) (uint32, []byte) {
+				return runOn(t, d.TCIngress(), ifindex, p.Bytes())
+			}, twinAddr(v6, "172.16.0.10"), twinAddr(v6, "172.16.0.11")},
+			{"xdp", func(t *testing.T, p packet.Packet) (uint32, []byte) { return runXDP(t, d.XDP(), ifindex, p.Bytes()) },
+				twinAddr(v6, "172.16.0.20"), twinAddr(v6, "172.16.0.21")},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				ns.Enter(t)
+				if v, _ := c.run(t, client(c.a, 40000, tcpSYN_)); v != tcActRedirect && v != xdpTx {
+					t.Fatalf("flow A SYN: verdict %d", v)
 				}
-			}
-			ctDelete(t, m, ctKeyOf(c.a, 40000, nsNodeIP, 30080, model.TCP, ctForward))
-			ctDelete(t, m, ctKeyOf(c.b, 40000, nsNodeIP, 30080, model.TCP, ctForward))
-			if _, ok := ctGet(m, rev); ok {
-				ctDelete(t, m, rev)
-			}
-		})
-	}
+				if sp := snatPortIn(t, d, c.a, 40000, np); sp != 62000 {
+					t.Fatalf("flow A got port %d", sp)
+				}
+				rev := ctKeyOf(be.addr.Addr.String(), be.addr.Port, node, 62000, model.TCP, ctReverse)
+				ctRemove(t, m, rev)
+				if v, out := c.run(t, client(c.b, 40000, tcpSYN_)); (v == tcActRedirect || v == xdpTx) && outSport(out) != 62000 {
+					t.Fatalf("flow B sent from port %d", outSport(out))
+				}
+				v, out := c.run(t, client(c.a, 40000, tcpACK))
+				if (v == tcActRedirect || v == xdpTx) && outSrc(out) == node && outSport(out) == 62000 {
+					if r, ok := ctLookup(t, m, rev); ok && r.snat.Addr().String() != c.a {
+						t.Errorf("flow A sent from port 62000, which flow %s holds", r.snat.Addr())
+					}
+				}
+				ctRemove(t, m, ctKeyOf(c.a, 40000, node, np.Port, model.TCP, ctForward))
+				ctRemove(t, m, ctKeyOf(c.b, 40000, node, np.Port, model.TCP, ctForward))
+				if _, ok := ctLookup(t, m, rev); ok {
+					ctRemove(t, m, rev)
+				}
+			})
+		}
+	})
 }
 
 // TestTCZeroBackendsKeepsEstablished (A5): a Service that drops to zero
 // endpoints keeps its established flows (kube-proxy rejects only new
 // connections); new ones are refused with ICMP port unreachable.
 func TestTCZeroBackendsKeepsEstablished(t *testing.T) {
-	d := newTestDatapath(t)
-	m := d.Maps()
-	be := testBackend{46, l4("10.1.4.6", 8080, model.TCP)}
-	addService(t, m, 1, vipTCP, be)
-	f := flow{"10.0.4.3", 45002, vipTCP}
-	establish(t, d, f, be)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		d := newTestDatapath(t)
+		m := d.Maps()
+		be := testBackend{46, l4(a("10.1.4.6"), 8080, model.TCP)}
+		addService(t, m, 1, vip, be)
+		f := flow{a("10.0.4.3"), 45002, vip}
+		establish(t, d, f, be)
 
-	if err := m.UpsertMaster(reconciler.DefaultScope(vipTCP), reconciler.Master{ID: 1, Count: 0}); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.DeleteSlot(reconciler.DefaultScope(vipTCP), 1); err != nil {
-		t.Fatal(err)
-	}
-	if v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpACK)); v != tcActOK || dst != be.addr.Addr.String() {
-		t.Errorf("established flow's data: verdict %d to %s, want %s", v, dst, be.addr.Addr)
-	}
-	if v, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpACK).Bytes()); v != tcActOK || outSrc(out) != vipTCP.Addr.String() {
-		t.Errorf("established flow's reply: verdict %d, source %s", v, outSrc(out))
-	}
-	if v, _ := runProg(t, d.TCIngress(), flow{"10.0.4.3", 45003, vipTCP}.pkt(tcpSYN_).Bytes()); v != tcActRedirect {
-		t.Errorf("new connection: verdict %d, want the ICMP reply (redirect)", v)
-	}
+		if err := m.UpsertMaster(reconciler.DefaultScope(vip), reconciler.Master{ID: 1, Count: 0}); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.DeleteSlot(reconciler.DefaultScope(vip), 1); err != nil {
+			t.Fatal(err)
+		}
+		if v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpACK)); v != tcActOK || dst != be.addr.Addr.String() {
+			t.Errorf("established flow's data: verdict %d to %s, want %s", v, dst, be.addr.Addr)
+		}
+		if v, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpACK).Bytes()); v != tcActOK || outSrc(out) != vip.Addr.String() {
+			t.Errorf("established flow's reply: verdict %d, source %s", v, outSrc(out))
+		}
+		if v, _ := runProg(t, d.TCIngress(), flow{a("10.0.4.3"), 45003, vip}.pkt(tcpSYN_).Bytes()); v != tcActRedirect {
+			t.Errorf("new connection: verdict %d, want the ICMP reply (redirect)", v)
+		}
+	})
 }
 
 // TestCTFloodKeepsEstablished (issue item 7, B3): with a small conntrack
@@ -560,63 +564,66 @@ func TestTCZeroBackendsKeepsEstablished(t *testing.T) {
 // flows; once the table of established flows is full, new flows are
 // refused (and counted), not the old ones.
 func TestCTFloodKeepsEstablished(t *testing.T) {
-	d := openTestWith(t, smallConfig, func(cfg *Config) {
-		cfg.MaxConntrack = 1024
-	})
-	m := d.Maps()
-	bes := []testBackend{
-		{51, l4("10.1.5.1", 8080, model.TCP)}, {52, l4("10.1.5.2", 8080, model.TCP)},
-		{53, l4("10.1.5.3", 8080, model.TCP)}, {54, l4("10.1.5.4", 8080, model.TCP)},
-	}
-	addService(t, m, 1, vipTCP, bes...)
-	other := l4("10.96.0.40", 80, model.TCP)
-	ob := testBackend{55, l4("10.1.5.5", 8080, model.TCP)}
-	addService(t, m, 2, other, ob)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		d := openTestWith(t, smallConfig, func(cfg *Config) {
+			cfg.MaxConntrack = 1024
+		})
+		m := d.Maps()
+		bes := []testBackend{
+			{51, l4(a("10.1.5.1"), 8080, model.TCP)}, {52, l4(a("10.1.5.2"), 8080, model.TCP)},
+			{53, l4(a("10.1.5.3"), 8080, model.TCP)}, {54, l4(a("10.1.5.4"), 8080, model.TCP)},
+		}
+		addService(t, m, 1, vip, bes...)
+		other := l4(a("10.96.0.40"), 80, model.TCP)
+		ob := testBackend{55, l4(a("10.1.5.5"), 8080, model.TCP)}
+		addService(t, m, 2, other, ob)
 
-	established := map[flow]testBackend{}
-	for i := range 20 {
-		f := flow{"10.0.5.1", uint16(46000 + i), vipTCP}
-		established[f] = establish(t, d, f, bes...)
-	}
-	check := func(phase string) {
-		t.Helper()
-		broken := 0
-		for f, be := range established {
-			v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpACK))
-			rv, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpACK).Bytes())
-			if v != tcActOK || dst != be.addr.Addr.String() || rv != tcActOK || outSrc(out) != vipTCP.Addr.String() {
-				broken++
+		established := map[flow]testBackend{}
+		for i := range 20 {
+			f := flow{a("10.0.5.1"), uint16(46000 + i), vip}
+			established[f] = establish(t, d, f, bes...)
+		}
+		check := func(phase string) {
+			t.Helper()
+			broken := 0
+			for f, be := range established {
+				v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpACK))
+				rv, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpACK).Bytes())
+				if v != tcActOK || dst != be.addr.Addr.String() || rv != tcActOK || outSrc(out) != vip.Addr.String() {
+					broken++
+				}
+			}
+			if broken != 0 {
+				t.Errorf("%s: %d of %d established flows broken (re-balanced or replies un-NATed)", phase, broken, len(established))
 			}
 		}
-		if broken != 0 {
-			t.Errorf("%s: %d of %d established flows broken (re-balanced or replies un-NATed)", phase, broken, len(established))
-		}
-	}
 
-	// 5000 new connections (SYNs nobody answers) to the other Service.
-	for i := range 5000 {
-		f := flow{fmt.Sprintf("10.0.%d.%d", 60+i/250, 1+i%250), 50000, other}
-		runProg(t, d.TCIngress(), f.pkt(tcpSYN_).Bytes())
-	}
-	check("after 5000 half-open flows")
-
-	// 2000 connections that get answered: more than the table holds.
-	refused := 0
-	for i := range 2000 {
-		f := flow{fmt.Sprintf("10.0.%d.%d", 90+i/250, 1+i%250), 50001, other}
-		runProg(t, d.TCIngress(), f.pkt(tcpSYN_).Bytes())
-		if v, out := runProg(t, d.TCEgress(), f.from(ob.addr, tcpSA).Bytes()); v != tcActOK || outSrc(out) != other.Addr.String() {
-			refused++
+		// 5000 new connections (SYNs nobody answers) to the other Service.
+		for i := range 5000 {
+			f := flow{a(fmt.Sprintf("10.0.%d.%d", 60+i/250, 1+i%250)), 50000, other}
+			runProg(t, d.TCIngress(), f.pkt(tcpSYN_).Bytes())
 		}
-	}
-	check("after 2000 more established flows than fit")
-	if refused == 0 {
-		t.Errorf("all 2000 flows beyond the table's 1024 entries were accepted")
-	}
-	cs := counters(t, d)
-	if got := cs["tc_ct_full"] + cs["tc_ct_est_full"]; got < uint64(refused) {
-		t.Errorf("%d flows refused, counted %d (tc_ct_full + tc_ct_est_full)", refused, got)
-	}
+		check("after 5000 half-open flows")
+
+		// 2000 connections that get answered: more than the table holds.
+		refused := 0
+		for i := range 2000 {
+			f := flow{a(fmt.Sprintf("10.0.%d.%d", 90+i/250, 1+i%250)), 50001, other}
+			runProg(t, d.TCIngress(), f.pkt(tcpSYN_).Bytes())
+			if v, out := runProg(t, d.TCEgress(), f.from(ob.addr, tcpSA).Bytes()); v != tcActOK || outSrc(out) != other.Addr.String() {
+				refused++
+			}
+		}
+		check("after 2000 more established flows than fit")
+		if refused == 0 {
+			t.Errorf("all 2000 flows beyond the table's 1024 entries were accepted")
+		}
+		cs := counters(t, d)
+		if got := cs["tc_ct_full"] + cs["tc_ct_est_full"]; got < uint64(refused) {
+			t.Errorf("%d flows refused, counted %d (tc_ct_full + tc_ct_est_full)", refused, got)
+		}
+	})
 }
 
 // TestCTSharedBackendClash (B1): a client port talking to two VIPs that
@@ -624,35 +631,38 @@ func TestCTFloodKeepsEstablished(t *testing.T) {
 // reply entry (replies would carry the wrong VIP). With another backend it
 // goes there; with none, its SYN is refused.
 func TestCTSharedBackendClash(t *testing.T) {
-	d := newTestDatapath(t)
-	m := d.Maps()
-	shared := testBackend{61, l4("10.1.6.1", 8080, model.TCP)}
-	spare := testBackend{62, l4("10.1.6.2", 8080, model.TCP)}
-	vip1, vip2, vip3 := l4("10.96.0.50", 80, model.TCP), l4("10.96.0.51", 80, model.TCP), l4("10.96.0.52", 80, model.TCP)
-	addService(t, m, 1, vip1, shared)
-	addService(t, m, 2, vip2, shared)
-	addService(t, m, 3, vip3, shared, spare)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a := func(s string) string { return twinAddr(v6, s) }
+		d := newTestDatapath(t)
+		m := d.Maps()
+		shared := testBackend{61, l4(a("10.1.6.1"), 8080, model.TCP)}
+		spare := testBackend{62, l4(a("10.1.6.2"), 8080, model.TCP)}
+		vip1, vip2, vip3 := l4(a("10.96.0.50"), 80, model.TCP), l4(a("10.96.0.51"), 80, model.TCP), l4(a("10.96.0.52"), 80, model.TCP)
+		addService(t, m, 1, vip1, shared)
+		addService(t, m, 2, vip2, shared)
+		addService(t, m, 3, vip3, shared, spare)
 
-	for i := range 16 {
-		f1 := flow{"10.0.6.1", uint16(47000 + i), vip1}
-		establish(t, d, f1, shared)
-		f2, f3 := f1, f1
-		f2.fe, f3.fe = vip2, vip3
-		if v, dst := sendTo(t, d.TCIngress(), f2.pkt(tcpSYN_)); v == tcActOK && dst == shared.addr.Addr.String() {
-			t.Fatalf("flow %d: %s took the reply tuple of its flow to %s", i, vip2, vip1)
-		}
-		if v, dst := sendTo(t, d.TCIngress(), f3.pkt(tcpSYN_)); v != tcActOK || dst != spare.addr.Addr.String() {
-			t.Fatalf("flow %d to %s: verdict %d to %s, want the other backend %s", i, vip3, v, dst, spare.addr.Addr)
-		}
-		for range 2 {
-			if v, _ := sendTo(t, d.TCIngress(), f1.pkt(tcpACK)); v != tcActOK {
-				t.Fatalf("flow %d to %s: verdict %d", i, vip1, v)
+		for i := range 16 {
+			f1 := flow{a("10.0.6.1"), uint16(47000 + i), vip1}
+			establish(t, d, f1, shared)
+			f2, f3 := f1, f1
+			f2.fe, f3.fe = vip2, vip3
+			if v, dst := sendTo(t, d.TCIngress(), f2.pkt(tcpSYN_)); v == tcActOK && dst == shared.addr.Addr.String() {
+				t.Fatalf("flow %d: %s took the reply tuple of its flow to %s", i, vip2, vip1)
 			}
-			if v, out := runProg(t, d.TCEgress(), f1.from(shared.addr, tcpACK).Bytes()); v != tcActOK || outSrc(out) != vip1.Addr.String() {
-				t.Fatalf("flow %d: reply from %s carries %s, want %s", i, shared.addr, outSrc(out), vip1.Addr)
+			if v, dst := sendTo(t, d.TCIngress(), f3.pkt(tcpSYN_)); v != tcActOK || dst != spare.addr.Addr.String() {
+				t.Fatalf("flow %d to %s: verdict %d to %s, want the other backend %s", i, vip3, v, dst, spare.addr.Addr)
+			}
+			for range 2 {
+				if v, _ := sendTo(t, d.TCIngress(), f1.pkt(tcpACK)); v != tcActOK {
+					t.Fatalf("flow %d to %s: verdict %d", i, vip1, v)
+				}
+				if v, out := runProg(t, d.TCEgress(), f1.from(shared.addr, tcpACK).Bytes()); v != tcActOK || outSrc(out) != vip1.Addr.String() {
+					t.Fatalf("flow %d: reply from %s carries %s, want %s", i, shared.addr, outSrc(out), vip1.Addr)
+				}
 			}
 		}
-	}
+	})
 }
 
 // TestCTStragglerKeepsNewFlow (B2, B10): after a flow closed and its tuple
@@ -660,45 +670,48 @@ func TestCTSharedBackendClash(t *testing.T) {
 // old backend must not mark the new flow closed (whose SYN retransmission
 // would then re-select a backend and split the connection).
 func TestCTStragglerKeepsNewFlow(t *testing.T) {
-	d := newTestDatapath(t)
-	m := d.Maps()
-	bes := []testBackend{
-		{71, l4("10.1.7.1", 8080, model.TCP)}, {72, l4("10.1.7.2", 8080, model.TCP)},
-		{73, l4("10.1.7.3", 8080, model.TCP)}, {74, l4("10.1.7.4", 8080, model.TCP)},
-	}
-	for i, straggler := range []uint8{tcpRST, tcpFA} {
-		addService(t, m, 1, vipTCP, bes...)
-		f := flow{"10.0.7.1", uint16(48000 + i), vipTCP}
-		old := establish(t, d, f, bes...)
-		runProg(t, d.TCIngress(), f.pkt(tcpFA).Bytes())
-		runProg(t, d.TCEgress(), f.from(old.addr, tcpFA).Bytes())
-		var rest []testBackend
-		for _, b := range bes {
-			if b != old {
-				rest = append(rest, b)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		d := newTestDatapath(t)
+		m := d.Maps()
+		bes := []testBackend{
+			{71, l4(a("10.1.7.1"), 8080, model.TCP)}, {72, l4(a("10.1.7.2"), 8080, model.TCP)},
+			{73, l4(a("10.1.7.3"), 8080, model.TCP)}, {74, l4(a("10.1.7.4"), 8080, model.TCP)},
+		}
+		for i, straggler := range []uint8{tcpRST, tcpFA} {
+			addService(t, m, 1, vip, bes...)
+			f := flow{a("10.0.7.1"), uint16(48000 + i), vip}
+			old := establish(t, d, f, bes...)
+			runProg(t, d.TCIngress(), f.pkt(tcpFA).Bytes())
+			runProg(t, d.TCEgress(), f.from(old.addr, tcpFA).Bytes())
+			var rest []testBackend
+			for _, b := range bes {
+				if b != old {
+					rest = append(rest, b)
+				}
+			}
+			addService(t, m, 1, vip, rest...) // the old backend leaves
+			if err := m.DeleteSlot(reconciler.DefaultScope(vip), 4); err != nil {
+				t.Fatal(err)
+			}
+			v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpSYN_))
+			if v != tcActOK || dst == old.addr.Addr.String() {
+				t.Fatalf("new flow on the old tuple: verdict %d to %s", v, dst)
+			}
+			runProg(t, d.TCEgress(), f.from(old.addr, straggler).Bytes())
+			if e, ok := ctLookup(t, m, f.fwdKey()); !ok || e.flags&(ctFlagRST|ctFlagFinRev) != 0 {
+				t.Errorf("straggler %#x of the old backend: new flow's forward entry flags %#x (present %v)", straggler, e.flags, ok)
+			}
+			for range 4 {
+				if v, got := sendTo(t, d.TCIngress(), f.pkt(tcpSYN_)); v != tcActOK || got != dst {
+					t.Fatalf("straggler %#x: SYN retransmission to %s, the flow is on %s", straggler, got, dst)
+				}
+			}
+			if err := m.UpsertBackend(old.id, old.addr); err != nil {
+				t.Fatal(err)
 			}
 		}
-		addService(t, m, 1, vipTCP, rest...) // the old backend leaves
-		if err := m.DeleteSlot(reconciler.DefaultScope(vipTCP), 4); err != nil {
-			t.Fatal(err)
-		}
-		v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpSYN_))
-		if v != tcActOK || dst == old.addr.Addr.String() {
-			t.Fatalf("new flow on the old tuple: verdict %d to %s", v, dst)
-		}
-		runProg(t, d.TCEgress(), f.from(old.addr, straggler).Bytes())
-		if e, ok := ctGet(m, f.fwdKey()); !ok || ctFlags(e)&(ctFlagRST|ctFlagFinRev) != 0 {
-			t.Errorf("straggler %#x of the old backend: new flow's forward entry %+v (present %v)", straggler, e, ok)
-		}
-		for range 4 {
-			if v, got := sendTo(t, d.TCIngress(), f.pkt(tcpSYN_)); v != tcActOK || got != dst {
-				t.Fatalf("straggler %#x: SYN retransmission to %s, the flow is on %s", straggler, got, dst)
-			}
-		}
-		if err := m.UpsertBackend(old.id, old.addr); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 }
 
 // TestCTBackendGoneSYNReselects (B4): a pure SYN on the tuple of a live
@@ -779,127 +792,141 @@ func TestTCSlotVanishes(t *testing.T) {
 // two CPUs. Each FIN marks both entries of the flow; neither mark may be
 // lost, or the flow stays "open" for the TCP idle timeout.
 func TestCTConcurrentClose(t *testing.T) {
-	d := openTestWith(t, smallConfig, func(cfg *Config) {
-		cfg.MaxConntrack = 65536
-	})
-	m := d.Maps()
-	be := testBackend{93, l4("10.1.9.3", 8080, model.TCP)}
-	addService(t, m, 1, vipTCP, be)
-	const n = 3000
-	flows := make([]flow, n)
-	for i := range flows {
-		flows[i] = flow{fmt.Sprintf("10.0.%d.%d", 100+i/250, 1+i%250), 51000, vipTCP}
-		establish(t, d, flows[i], be)
-	}
-	// A spin barrier per flow: both CPUs start its FIN together.
-	var arrived, failed atomic.Int64
-	onCPUs(t, []int{0, 1}, func(cpu int) {
-		for i, f := range flows {
-			arrived.Add(1)
-			for arrived.Load() < int64(2*(i+1)) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		d := openTestWith(t, smallConfig, func(cfg *Config) {
+			cfg.MaxConntrack = 65536
+		})
+		m := d.Maps()
+		be := testBackend{93, l4(a("10.1.9.3"), 8080, model.TCP)}
+		addService(t, m, 1, vip, be)
+		const n = 3000
+		flows := make([]flow, n)
+		for i := range flows {
+			flows[i] = flow{a(fmt.Sprintf("10.0.%d.%d", 100+i/250, 1+i%250)), 51000, vip}
+			establish(t, d, flows[i], be)
+		}
+		// A spin barrier per flow: both CPUs start its FIN together.
+		var arrived, failed atomic.Int64
+		onCPUs(t, []int{0, 1}, func(cpu int) {
+			for i, f := range flows {
+				arrived.Add(1)
+				for arrived.Load() < int64(2*(i+1)) {
+				}
+				var err error
+				if cpu == 0 {
+					_, _, err = runProgErr(d.TCIngress(), f.pkt(tcpFA).Bytes())
+				} else {
+					_, _, err = runProgErr(d.TCEgress(), f.from(be.addr, tcpFA).Bytes())
+				}
+				if err != nil {
+					failed.Add(1) // counted, not returned: the other CPU waits at the barrier
+				}
 			}
-			var err error
-			if cpu == 0 {
-				_, _, err = runProgErr(d.TCIngress(), f.pkt(tcpFA).Bytes())
-			} else {
-				_, _, err = runProgErr(d.TCEgress(), f.from(be.addr, tcpFA).Bytes())
-			}
-			if err != nil {
-				failed.Add(1) // counted, not returned: the other CPU waits at the barrier
+		})
+		if c := failed.Load(); c != 0 {
+			t.Fatalf("%d of %d FINs did not run", c, 2*n)
+		}
+		lost := 0
+		both := ctFlagFinFwd | ctFlagFinRev
+		for _, f := range flows {
+			fe, _ := ctLookup(t, m, f.fwdKey())
+			re, _ := ctLookup(t, m, f.revKey(be.addr))
+			if fe.flags&both != both || re.flags&both != both {
+				lost++
 			}
 		}
-	})
-	if c := failed.Load(); c != 0 {
-		t.Fatalf("%d of %d FINs did not run", c, 2*n)
-	}
-	lost := 0
-	both := ctFlagFinFwd | ctFlagFinRev
-	for _, f := range flows {
-		fe, _ := ctGet(m, f.fwdKey())
-		re, _ := ctGet(m, f.revKey(be.addr))
-		if ctFlags(fe)&both != both || ctFlags(re)&both != both {
-			lost++
+		if lost != 0 {
+			t.Errorf("%d of %d flows closed by both ends lost a FIN mark", lost, n)
 		}
-	}
-	if lost != 0 {
-		t.Errorf("%d of %d flows closed by both ends lost a FIN mark", lost, n)
-	}
+	})
 }
 
 // TestFlushConntrackSet (C2): one flush forgets the flows of every backend
 // it names, in both directions, and no other.
 func TestFlushConntrackSet(t *testing.T) {
-	d := newTestDatapath(t)
-	m := d.Maps()
-	bes := []testBackend{{94, l4("10.1.9.4", 5353, model.UDP)}, {95, l4("10.1.9.5", 5353, model.UDP)}, {96, l4("10.1.9.6", 5353, model.UDP)}}
-	flows := map[flow]testBackend{}
-	for i, b := range bes {
-		fe := l4(fmt.Sprintf("10.96.0.%d", 60+i), 53, model.UDP)
-		addService(t, m, reconciler.ServiceID(1+i), fe, b)
-		for j := range 8 {
-			f := flow{"10.0.9.9", uint16(52000 + j), fe}
-			runProg(t, d.TCIngress(), f.pkt(0).Bytes())
-			runProg(t, d.TCEgress(), f.from(b.addr, 0).Bytes())
-			flows[f] = b
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a := func(s string) string { return twinAddr(v6, s) }
+		d := newTestDatapath(t)
+		m := d.Maps()
+		bes := []testBackend{{94, l4(a("10.1.9.4"), 5353, model.UDP)}, {95, l4(a("10.1.9.5"), 5353, model.UDP)}, {96, l4(a("10.1.9.6"), 5353, model.UDP)}}
+		flows := map[flow]testBackend{}
+		for i, b := range bes {
+			fe := l4(a(fmt.Sprintf("10.96.0.%d", 60+i)), 53, model.UDP)
+			addService(t, m, reconciler.ServiceID(1+i), fe, b)
+			for j := range 8 {
+				f := flow{a("10.0.9.9"), uint16(52000 + j), fe}
+				runProg(t, d.TCIngress(), f.pkt(0).Bytes())
+				runProg(t, d.TCEgress(), f.from(b.addr, 0).Bytes())
+				flows[f] = b
+			}
 		}
-	}
-	if err := flushBackends(m, bes[0].addr, bes[1].addr); err != nil {
-		t.Fatal(err)
-	}
-	for f, b := range flows {
-		_, fwd := ctGet(m, f.fwdKey())
-		_, rev := ctGet(m, f.revKey(b.addr))
-		if want := b == bes[2]; fwd != want || rev != want {
-			t.Errorf("flow %+v to %s after the flush: forward entry %v, reply entry %v, want %v", f, b.addr, fwd, rev, want)
+		if err := flushBackends(m, bes[0].addr, bes[1].addr); err != nil {
+			t.Fatal(err)
 		}
-	}
+		for f, b := range flows {
+			_, fwd := ctLookup(t, m, f.fwdKey())
+			_, rev := ctLookup(t, m, f.revKey(b.addr))
+			if want := b == bes[2]; fwd != want || rev != want {
+				t.Errorf("flow %+v to %s after the flush: forward entry %v, reply entry %v, want %v", f, b.addr, fwd, rev, want)
+			}
+		}
+	})
 }
 
-// TestSockSlotVanishes (B6): connect4 and sendmsg4 in the state a reader
-// between a shrink's writes sees (master count 2, slot 2 gone) still
-// translate: a connect never leaves the VIP in place, which nothing
-// answers.
+// TestSockSlotVanishes (B6): connect4 and sendmsg4 (connect6 and
+// sendmsg6, over IPv6) in the state a reader between a shrink's writes
+// sees (master count 2, slot 2 gone) still translate: a connect never
+// leaves the VIP in place, which nothing answers.
 func TestSockSlotVanishes(t *testing.T) {
-	d := newTestDatapath(t)
-	sockNode(t, d, "slot", sockBackends...)
-	m := d.Maps()
-	addService(t, m, 1, sockVIPTCP,
-		testBackend{1, l4(sockBackends[0], 8080, model.TCP)}, testBackend{2, l4(sockBackends[1], 8080, model.TCP)})
-	addService(t, m, 2, sockVIPUDP,
-		testBackend{3, l4(sockBackends[0], 5353, model.UDP)}, testBackend{4, l4(sockBackends[1], 5353, model.UDP)})
-	for _, fe := range []model.L4Addr{sockVIPTCP, sockVIPUDP} {
-		if err := m.DeleteSlot(reconciler.DefaultScope(fe), 2); err != nil {
-			t.Fatal(err)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		f := sockLBFamilies[0] // the rows of TestSockLB: ipv4, ipv6
+		d := newTestDatapath(t)
+		ns, _ := sockNode(t, d, "slot", sockBackends...)
+		if v6 {
+			f = sockLBFamilies[1]
+			addLoopbackAddrs(t, ns, sockBackends6...)
+			startBackends(t, sockBackends6...)
 		}
-	}
-	failed := 0
-	for i := range 32 {
-		fd := newSocket(t, unix.SOCK_STREAM)
-		tv := unix.NsecToTimeval(int64(time.Second))
-		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
-			t.Fatal(err)
+		m := d.Maps()
+		addService(t, m, 1, f.tcp,
+			testBackend{1, l4(f.backends[0], 8080, model.TCP)}, testBackend{2, l4(f.backends[1], 8080, model.TCP)})
+		addService(t, m, 2, f.udp,
+			testBackend{3, l4(f.backends[0], 5353, model.UDP)}, testBackend{4, l4(f.backends[1], 5353, model.UDP)})
+		for _, fe := range []model.L4Addr{f.tcp, f.udp} {
+			if err := m.DeleteSlot(reconciler.DefaultScope(fe), 2); err != nil {
+				t.Fatal(err)
+			}
 		}
-		if err := unix.Connect(fd, sockaddr(sockVIPTCP)); err != nil {
-			failed++
-			t.Logf("TCP connect %d: %v", i, err)
+		failed := 0
+		for i := range 32 {
+			fd := newSocketIn(t, f.domain, unix.SOCK_STREAM)
+			tv := unix.NsecToTimeval(int64(time.Second))
+			if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
+				t.Fatal(err)
+			}
+			if err := unix.Connect(fd, sockaddrIn(f.domain, f.tcp)); err != nil {
+				failed++
+				t.Logf("TCP connect %d: %v", i, err)
+			}
+			ufd := newSocketIn(t, f.domain, unix.SOCK_DGRAM)
+			if err := unix.Connect(ufd, sockaddrIn(f.domain, f.udp)); err != nil {
+				failed++
+				t.Logf("UDP connect %d: %v", i, err)
+				continue
+			}
+			if _, err := unix.Write(ufd, []byte("q")); err != nil {
+				failed++
+				continue
+			}
+			if msg, _ := recvFrom(t, ufd); !isBackendReply(msg) {
+				failed++
+			}
 		}
-		ufd := newSocket(t, unix.SOCK_DGRAM)
-		if err := unix.Connect(ufd, sockaddr(sockVIPUDP)); err != nil {
-			failed++
-			t.Logf("UDP connect %d: %v", i, err)
-			continue
+		if failed != 0 {
+			t.Errorf("%d of 64 connects left on the VIP", failed)
 		}
-		if _, err := unix.Write(ufd, []byte("q")); err != nil {
-			failed++
-			continue
-		}
-		if msg, _ := recvFrom(t, ufd); !isBackendReply(msg) {
-			failed++
-		}
-	}
-	if failed != 0 {
-		t.Errorf("%d of 64 connects left on the VIP", failed)
-	}
+	})
 }
 
 // TestCTFloodRealTraffic (issue item 7, the probe): real TCP connections
@@ -910,122 +937,129 @@ func TestSockSlotVanishes(t *testing.T) {
 // would (here every 100ms, with a short close timeout).
 //
 //	client ns: c0 10.202.0.2/24 -> node ns: n0 10.202.0.1/24 (tc), lo 10.200.0.2
+//	(IPv6: c0 2001:db8:202::2/64 -> n0 2001:db8:202::1/64, lo 2001:db8:200::2)
 func TestCTFloodRealTraffic(t *testing.T) {
-	d := openTestWith(t, smallConfig, func(cfg *Config) {
-		cfg.MaxConntrack = 1024
-		cfg.CTTimeoutClose = 500 * time.Millisecond
-	})
-	m := d.Maps()
-	echo := l4("10.96.0.70", 80, model.TCP)
-	greet := l4("10.96.0.71", 80, model.TCP)
-	// Four echo backends (one address, four ports): a flow re-balanced to
-	// another one is reset.
-	var echoBackends []testBackend
-	for i := range 4 {
-		echoBackends = append(echoBackends, testBackend{reconciler.BackendID(10 + i), l4(sockBackends[0], uint16(9090+i), model.TCP)})
-	}
-	addService(t, m, 1, echo, echoBackends...)
-	addService(t, m, 2, greet, testBackend{2, l4(sockBackends[0], 8080, model.TCP)})
-
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a, be, subnet, network := func(s string) string { return twinAddr(v6, s) }, sockBackends[0], "10.202.0", "tcp4"
+		if v6 {
+			be, subnet, network = sockBackends6[0], "2001:db8:202::", "tcp6"
 		}
-	}
-	nodeNS, clientNS := clientAndNode(t, d, "10.202.0")
-	for _, b := range echoBackends {
-		_, err := nodeNS.ServeTCPEcho(netip.AddrPortFrom(b.addr.Addr, b.addr.Port).String(), fmt.Sprint(b.addr.Port))
-		must(err)
-	}
+		d := openTestWith(t, smallConfig, func(cfg *Config) {
+			cfg.MaxConntrack = 1024
+			cfg.CTTimeoutClose = 500 * time.Millisecond
+		})
+		m := d.Maps()
+		echo := l4(a("10.96.0.70"), 80, model.TCP)
+		greet := l4(a("10.96.0.71"), 80, model.TCP)
+		// Four echo backends (one address, four ports): a flow re-balanced to
+		// another one is reset.
+		var echoBackends []testBackend
+		for i := range 4 {
+			echoBackends = append(echoBackends, testBackend{reconciler.BackendID(10 + i), l4(be, uint16(9090+i), model.TCP)})
+		}
+		addService(t, m, 1, echo, echoBackends...)
+		addService(t, m, 2, greet, testBackend{2, l4(be, 8080, model.TCP)})
 
-	stop := make(chan struct{})
-	gcDone := make(chan struct{})
-	go func() {
-		defer close(gcDone)
-		tk := time.NewTicker(100 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tk.C:
-				if _, err := m.GCConntrack(); err != nil {
-					t.Errorf("GC while connections come and go: %v", err)
-				}
+		must := func(err error) {
+			t.Helper()
+			if err != nil {
+				t.Fatal(err)
 			}
 		}
-	}()
-	defer func() { close(stop); <-gcDone }()
+		nodeNS, clientNS := clientAndNode(t, d, subnet)
+		for _, b := range echoBackends {
+			_, err := nodeNS.ServeTCPEcho(netip.AddrPortFrom(b.addr.Addr, b.addr.Port).String(), fmt.Sprint(b.addr.Port))
+			must(err)
+		}
 
-	dial := func(a model.L4Addr, timeout time.Duration) (net.Conn, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
-		return clientNS.DialContext(ctx, "tcp4", netip.AddrPortFrom(a.Addr, a.Port).String())
-	}
-	roundTrip := func(c net.Conn) error {
-		c.SetDeadline(time.Now().Add(2 * time.Second))
-		if _, err := c.Write([]byte("ping\n")); err != nil {
-			return err
-		}
-		line, err := bufio.NewReader(c).ReadString('\n')
-		if err == nil && !strings.HasSuffix(line, " ping\n") {
-			err = fmt.Errorf("echo %q", line)
-		}
-		return err
-	}
-	var conns []net.Conn
-	for range 20 {
-		c, err := dial(echo, 2*time.Second)
-		if err != nil {
-			t.Fatalf("connect %s: %v", echo, err)
-		}
-		t.Cleanup(func() { c.Close() })
-		if err := roundTrip(c); err != nil {
-			t.Fatalf("echo: %v", err)
-		}
-		conns = append(conns, c)
-	}
-
-	// The flood: 5000 connections from 50 workers.
-	var ok, refused atomic.Int64
-	var wg sync.WaitGroup
-	for w := range 50 {
-		wg.Add(1)
+		stop := make(chan struct{})
+		gcDone := make(chan struct{})
 		go func() {
-			defer wg.Done()
-			for i := w; i < 5000; i += 50 {
-				c, err := dial(greet, 300*time.Millisecond)
-				if err != nil {
-					refused.Add(1)
-					continue
+			defer close(gcDone)
+			tk := time.NewTicker(100 * time.Millisecond)
+			defer tk.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tk.C:
+					if _, err := m.GCConntrack(); err != nil {
+						t.Errorf("GC while connections come and go: %v", err)
+					}
 				}
-				c.SetReadDeadline(time.Now().Add(time.Second))
-				buf := make([]byte, 64)
-				if n, _ := c.Read(buf); isBackendReply(string(buf[:n])) {
-					ok.Add(1)
-				} else {
-					refused.Add(1)
-				}
-				c.Close()
 			}
 		}()
-	}
-	wg.Wait()
-	t.Logf("flood: %d connections answered, %d refused or timed out", ok.Load(), refused.Load())
+		defer func() { close(stop); <-gcDone }()
 
-	broken := 0
-	for i, c := range conns {
-		if err := roundTrip(c); err != nil {
-			broken++
-			t.Logf("established connection %d: %v", i, err)
+		dial := func(a model.L4Addr, timeout time.Duration) (net.Conn, error) {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			return clientNS.DialContext(ctx, network, netip.AddrPortFrom(a.Addr, a.Port).String())
 		}
-	}
-	if broken != 0 {
-		t.Errorf("%d of %d established connections broken by the flood", broken, len(conns))
-	}
-	cs := counters(t, d)
-	t.Logf("counters: %v", cs)
+		roundTrip := func(c net.Conn) error {
+			c.SetDeadline(time.Now().Add(2 * time.Second))
+			if _, err := c.Write([]byte("ping\n")); err != nil {
+				return err
+			}
+			line, err := bufio.NewReader(c).ReadString('\n')
+			if err == nil && !strings.HasSuffix(line, " ping\n") {
+				err = fmt.Errorf("echo %q", line)
+			}
+			return err
+		}
+		var conns []net.Conn
+		for range 20 {
+			c, err := dial(echo, 2*time.Second)
+			if err != nil {
+				t.Fatalf("connect %s: %v", echo, err)
+			}
+			t.Cleanup(func() { c.Close() })
+			if err := roundTrip(c); err != nil {
+				t.Fatalf("echo: %v", err)
+			}
+			conns = append(conns, c)
+		}
+
+		// The flood: 5000 connections from 50 workers.
+		var ok, refused atomic.Int64
+		var wg sync.WaitGroup
+		for w := range 50 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := w; i < 5000; i += 50 {
+					c, err := dial(greet, 300*time.Millisecond)
+					if err != nil {
+						refused.Add(1)
+						continue
+					}
+					c.SetReadDeadline(time.Now().Add(time.Second))
+					buf := make([]byte, 64)
+					if n, _ := c.Read(buf); isBackendReply(string(buf[:n])) {
+						ok.Add(1)
+					} else {
+						refused.Add(1)
+					}
+					c.Close()
+				}
+			}()
+		}
+		wg.Wait()
+		t.Logf("flood: %d connections answered, %d refused or timed out", ok.Load(), refused.Load())
+
+		broken := 0
+		for i, c := range conns {
+			if err := roundTrip(c); err != nil {
+				broken++
+				t.Logf("established connection %d: %v", i, err)
+			}
+		}
+		if broken != 0 {
+			t.Errorf("%d of %d established connections broken by the flood", broken, len(conns))
+		}
+		cs := counters(t, d)
+		t.Logf("counters: %v", cs)
+	})
 }
 
 // BenchmarkConntrackGC measures a GC pass (sluice_ct_gc) over a full

@@ -24,13 +24,20 @@ func TestConntrackTimeoutsReachTheProgram(t *testing.T) {
 	cfg.CTTimeoutClose = 3 * time.Second
 	d := openTest(t, cfg)
 
-	rodata := loadedRodata(t, d.TCIngress())
-	for name, want := range map[string]time.Duration{"ct_timeout_tcp_ns": cfg.CTTimeoutTCP, "ct_timeout_syn_ns": cfg.CTTimeoutSYN,
-		"ct_timeout_udp_ns": cfg.CTTimeoutUDP, "ct_timeout_close_ns": cfg.CTTimeoutClose} {
-		off := rodataOffset(t, name)
-		got := time.Duration(binary.LittleEndian.Uint64(rodata[off : off+8]))
-		if got != want {
-			t.Errorf("%s of the loaded program = %s, want %s", name, got, want)
+	// The IPv6 path is a program of its own (tc6.go), which the IPv4
+	// entry tail-calls: it must see the same timeouts.
+	for _, prog := range []struct {
+		name string
+		p    *ebpf.Program
+	}{{"tc ingress", d.TCIngress()}, {"tc ingress (IPv6)", d.tc.Sluice6Ingress}} {
+		rodata := loadedRodata(t, prog.p)
+		for name, want := range map[string]time.Duration{"ct_timeout_tcp_ns": cfg.CTTimeoutTCP, "ct_timeout_syn_ns": cfg.CTTimeoutSYN,
+			"ct_timeout_udp_ns": cfg.CTTimeoutUDP, "ct_timeout_close_ns": cfg.CTTimeoutClose} {
+			off := rodataOffset(t, name)
+			got := time.Duration(binary.LittleEndian.Uint64(rodata[off : off+8]))
+			if got != want {
+				t.Errorf("%s of the loaded program %s = %s, want %s", name, prog.name, got, want)
+			}
 		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -154,7 +156,9 @@ func sockNode(t *testing.T, d *Datapath, name string, addrs ...string) (*topolog
 // client, c0 <subnet>.2/24 with its default route via <subnet>.1, and a node,
 // n0 <subnet>.1/24, with sockBackends on its loopback device, startBackends'
 // servers listening there and d attached to n0. The calling goroutine is
-// left in the node. subnet is the first three bytes of an IPv4 address.
+// left in the node. subnet is the first three bytes of an IPv4 address, or
+// an IPv6 /64 ("2001:db8:202::"): then c0 is <subnet>2/64 with its default
+// route via <subnet>1/64 on n0, and the node has sockBackends6 too.
 func clientAndNode(t *testing.T, d *Datapath, subnet string) (node, client *topology.NS) {
 	t.Helper()
 	tp := topology.NewT(t)
@@ -165,13 +169,22 @@ func clientAndNode(t *testing.T, d *Datapath, subnet string) (node, client *topo
 			t.Fatal(err)
 		}
 	}
+	sub, bits, dflt, backends := subnet+".", 24, "0.0.0.0/0", sockBackends
+	v6 := strings.Contains(subnet, ":")
+	if v6 {
+		sub, bits, dflt, backends = subnet, 64, "::/0", append(slices.Clone(sockBackends), sockBackends6...)
+	}
 	must(tp.Veth(node, "n0", client, "c0"))
-	must(node.AddAddr("n0", netip.MustParsePrefix(subnet+".1/24")))
-	must(client.AddAddr("c0", netip.MustParsePrefix(subnet+".2/24")))
-	must(client.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), addr(subnet+".1")))
+	must(node.AddAddr("n0", netip.PrefixFrom(addr(sub+"1"), bits)))
+	must(client.AddAddr("c0", netip.PrefixFrom(addr(sub+"2"), bits)))
+	if v6 {
+		must(node.WaitLocal(addr(sub + "1")))
+		must(client.WaitLocal(addr(sub + "2")))
+	}
+	must(client.AddRoute(netip.MustParsePrefix(dflt), addr(sub+"1")))
 	node.Enter(t)
-	addLoopbackAddrs(t, node, sockBackends...)
-	startBackends(t)
+	addLoopbackAddrs(t, node, backends...)
+	startBackends(t, backends...)
 	must(d.AttachDevices([]string{"n0"}))
 	return node, client
 }

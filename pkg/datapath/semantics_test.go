@@ -38,10 +38,54 @@ const (
 	podBackend = "10.1.0.7" // beLocal
 )
 
+// semWorld is the addresses of the semantics tables in one family: the
+// IPv4 ones above, or their IPv6 twins (twinAddr; the node and its
+// NodePorts at nsNodeIP6, the client at nsClientIP6).
+type semWorld struct {
+	v6                                                bool
+	cipLocal, cipRem, cipDrop, npTwo, npTwoNo, npClus model.L4Addr
+	beLocal, beRemote                                 testBackend
+	podClient, remotePod, podBackend                  string
+}
+
+func semanticsOf(v6 bool) semWorld {
+	np := func(fe model.L4Addr) model.L4Addr {
+		if v6 {
+			fe.Addr = addr(nsNodeIP6)
+		}
+		return fe
+	}
+	be := func(b testBackend) testBackend { b.addr = twinL4(v6, b.addr); return b }
+	return semWorld{
+		v6:       v6,
+		cipLocal: twinL4(v6, cipLocal), cipRem: twinL4(v6, cipRem), cipDrop: twinL4(v6, cipDrop),
+		npTwo: np(npTwo), npTwoNo: np(npTwoNo), npClus: np(npClus),
+		beLocal: be(beLocal), beRemote: be(beRemote),
+		podClient: twinAddr(v6, podClient), remotePod: twinAddr(v6, remotePod), podBackend: twinAddr(v6, podBackend),
+	}
+}
+
+// addr is the twin of IPv4 address a in w's family.
+func (w semWorld) addr(a string) string { return twinAddr(w.v6, a) }
+
+// client is the external client's address (nsClient's).
+func (w semWorld) client() string { return ofFamily(w.cipLocal.Addr, nsClientIP, nsClientIP6).String() }
+
+// prefixes is the twins of IPv4 prefixes ps (twinPrefix).
+func (w semWorld) prefixes(ps ...string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range ps {
+		out = append(out, twinPrefix(w.v6, p))
+	}
+	return out
+}
+
 // semanticsNode builds the node namespace with pod0 (MAC pod0MAC, its pods
 // at podMAC), opens a datapath with cfg's settings on eth0 and pod0, and
-// programs the services above.
-func semanticsNode(t *testing.T, cfg Config) (*topology.NS, *Datapath, int, int) {
+// programs the services above, of w's family. Over IPv6, eth0 has its
+// IPv6 address too (addNodeIPv6), pod0 holds the twin of the local pod
+// range and node 2 routes the twin of the remote one.
+func semanticsNode(t *testing.T, cfg Config, w semWorld) (*topology.NS, *Datapath, int, int) {
 	t.Helper()
 	testutil.Privileged(t)
 	ns, eth0 := nodeNetns(t)
@@ -52,29 +96,49 @@ func semanticsNode(t *testing.T, cfg Config) (*topology.NS, *Datapath, int, int)
 	if err := netlink.LinkSetHardwareAddr(pod0, pod0MAC); err != nil {
 		t.Fatal(err)
 	}
-	for _, ip := range []string{podBackend, podClient} {
-		if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: pod0.Attrs().Index, Family: netlink.FAMILY_V4,
+	family := netlink.FAMILY_V4
+	nodeIPs := []netip.Addr{addr(nsNodeIP)}
+	if w.v6 {
+		family = netlink.FAMILY_V6
+		nodeIPs = append(nodeIPs, addr(nsNodeIP6))
+		addNodeIPv6(t)
+		for _, r := range []netlink.Route{
+			{LinkIndex: pod0.Attrs().Index, Dst: prefixNet(twinPrefix(true, "10.1.0.0/24"))},
+			{LinkIndex: eth0, Dst: prefixNet(twinPrefix(true, "10.2.0.0/16")), Gw: net.ParseIP(nsNode2IP6)},
+		} {
+			if err := netlink.RouteAdd(&r); err != nil {
+				t.Fatalf("route %s: %v", r.Dst, err)
+			}
+		}
+	}
+	for _, ip := range []string{w.podBackend, w.podClient} {
+		if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: pod0.Attrs().Index, Family: family,
 			State: netlink.NUD_PERMANENT, IP: net.ParseIP(ip), HardwareAddr: podMAC}); err != nil {
 			t.Fatalf("neighbour %s: %v", ip, err)
 		}
 	}
 	c := smallConfig(testPinDir(t))
-	c.NodeIPs, c.ClusterCIDRs, c.ServiceCIDRs, c.MasqueradeAll = []netip.Addr{addr(nsNodeIP)}, cfg.ClusterCIDRs, cfg.ServiceCIDRs, cfg.MasqueradeAll
+	c.NodeIPs, c.ClusterCIDRs, c.ServiceCIDRs, c.MasqueradeAll = nodeIPs, cfg.ClusterCIDRs, cfg.ServiceCIDRs, cfg.MasqueradeAll
 	d := openTest(t, c)
 	if err := d.AttachDevices([]string{"eth0", "pod0"}); err != nil {
 		t.Fatal(err)
 	}
 	be := func(b testBackend) model.Backend { return model.Backend{L4Addr: b.addr} }
-	drop := clusterIP(cipDrop)
+	drop := clusterIP(w.cipDrop)
 	drop.DropWhenEmpty = true
-	two := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "two"}, Kind: model.NodePort, Frontend: npTwo,
-		Backends: []model.Backend{be(beLocal)}, ExternalLocal: true, TwoScopes: true, InternalBackends: []model.Backend{be(beRemote)}}
-	twoNo := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "two-none"}, Kind: model.NodePort, Frontend: npTwoNo,
-		DropWhenEmpty: true, ExternalLocal: true, TwoScopes: true, InternalBackends: []model.Backend{be(beRemote)}}
-	clus := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "cluster"}, Kind: model.NodePort, Frontend: npClus,
-		Backends: []model.Backend{be(beLocal)}}
-	applyServices(t, d, clusterIP(cipLocal, beLocal.addr), clusterIP(cipRem, beRemote.addr), drop, two, twoNo, clus)
+	two := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "two"}, Kind: model.NodePort, Frontend: w.npTwo,
+		Backends: []model.Backend{be(w.beLocal)}, ExternalLocal: true, TwoScopes: true, InternalBackends: []model.Backend{be(w.beRemote)}}
+	twoNo := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "two-none"}, Kind: model.NodePort, Frontend: w.npTwoNo,
+		DropWhenEmpty: true, ExternalLocal: true, TwoScopes: true, InternalBackends: []model.Backend{be(w.beRemote)}}
+	clus := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "cluster"}, Kind: model.NodePort, Frontend: w.npClus,
+		Backends: []model.Backend{be(w.beLocal)}}
+	applyServices(t, d, clusterIP(w.cipLocal, w.beLocal.addr), clusterIP(w.cipRem, w.beRemote.addr), drop, two, twoNo, clus)
 	return ns, d, eth0, pod0.Attrs().Index
+}
+
+// prefixNet is p as netlink takes it.
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
 // fromPod is a request from pod client src (on pod0) to fe.
@@ -95,7 +159,7 @@ func dnat(in packet.Packet, b testBackend) packet.Packet {
 func masqToPod(in packet.Packet, sp uint16, b testBackend) packet.Packet {
 	in.TTL = fwdTTL
 	in.SrcMAC, in.DstMAC = macOf(pod0MAC), macOf(podMAC)
-	in.Src, in.SrcPort = addr(nsNodeIP), sp
+	in.Src, in.SrcPort = ofFamily(b.addr.Addr, nsNodeIP, nsNodeIP6), sp
 	in.Dst, in.DstPort = b.addr.Addr, b.addr.Port
 	return in
 }
@@ -104,13 +168,17 @@ func masqToPod(in packet.Packet, sp uint16, b testBackend) packet.Packet {
 // pod0.
 func podReply(b testBackend, sp uint16) packet.Packet {
 	return packet.Packet{SrcMAC: macOf(podMAC), DstMAC: macOf(pod0MAC), Src: b.addr.Addr, SrcPort: b.addr.Port,
-		Dst: addr(nsNodeIP), DstPort: sp, Proto: uint8(b.addr.Proto), TCPFlags: 0x12}
+		Dst: ofFamily(b.addr.Addr, nsNodeIP, nsNodeIP6), DstPort: sp, Proto: uint8(b.addr.Proto), TCPFlags: 0x12}
 }
 
-// portUnreachable is the ICMP port unreachable tc answers in with: from
-// its destination, quoting its IPv4 header and TCP header, back out of the
-// device it came in on.
+// portUnreachable is the ICMP (ICMPv6) port unreachable tc answers in
+// with: from its destination, quoting its IP header and TCP header, back
+// out of the device it came in on.
 func portUnreachable(in packet.Packet) []byte {
+	if in.Dst.Is6() {
+		return frame(in.SrcMAC, in.DstMAC, packet.Packet{Src: in.Dst, Dst: in.Src, Proto: packet.ICMPv6,
+			ICMPType: packet.ICMPv6Unreachable, ICMPCode: packet.ICMPv6PortUnreach, Payload: in.L3()[:40+20]})
+	}
 	b := in.Bytes()
 	quote := b[14 : 14+20+20]
 	return frame(in.SrcMAC, in.DstMAC, icmpErr(in.Dst.String(), in.Src.String(), 3, 3, 0, quote))
@@ -135,125 +203,128 @@ func expectVerdict(t *testing.T, name string, verdict, want uint32) {
 // drop or reject as flagged; a ClusterIP's other ports reject, the
 // service CIDR's other addresses drop.
 func TestTCTrafficPolicies(t *testing.T) {
-	ns, d, eth0, pod0 := semanticsNode(t, Config{
-		ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
-		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")},
-	})
-	m, ing := d.Maps(), d.TCIngress()
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		w := semanticsOf(v6)
+		ns, d, eth0, pod0 := semanticsNode(t, Config{
+			ClusterCIDRs: w.prefixes("10.0.0.0/8"),
+			ServiceCIDRs: w.prefixes("10.96.0.0/16"),
+		}, w)
+		ing := d.TCIngress()
 
-	t.Run("external to ClusterIP, backend here: masqueraded there and back", func(t *testing.T) {
-		ns.Enter(t)
-		in := nsClient(41000, cipLocal)
-		verdict, out := runOn(t, ing, eth0, in.Bytes())
-		sp := snatPortOf(t, m, nsClientIP, 41000, cipLocal)
-		expectPacket(t, "forward", verdict, tcActRedirect, out, masqToPod(in, sp, beLocal))
-		reply := podReply(beLocal, sp)
-		expectRun(t, "reply", ing, pod0, reply, tcActRedirect, toClient(reply, cipLocal, 41000))
-	})
+		t.Run("external to ClusterIP, backend here: masqueraded there and back", func(t *testing.T) {
+			ns.Enter(t)
+			in := nsClient(41000, w.cipLocal)
+			verdict, out := runOn(t, ing, eth0, in.Bytes())
+			sp := snatPortIn(t, d, w.client(), 41000, w.cipLocal)
+			expectPacket(t, "forward", verdict, tcActRedirect, out, masqToPod(in, sp, w.beLocal))
+			reply := podReply(w.beLocal, sp)
+			expectRun(t, "reply", ing, pod0, reply, tcActRedirect, toClient(reply, w.cipLocal, 41000))
+		})
 
-	t.Run("external to ClusterIP, backend elsewhere: masqueraded", func(t *testing.T) {
-		ns.Enter(t)
-		in := nsClient(41001, cipRem)
-		verdict, out := runOn(t, ing, eth0, in.Bytes())
-		sp := snatPortOf(t, m, nsClientIP, 41001, cipRem)
-		expectPacket(t, "forward", verdict, tcActRedirect, out, toRemote(in, sp, beRemote))
-	})
+		t.Run("external to ClusterIP, backend elsewhere: masqueraded", func(t *testing.T) {
+			ns.Enter(t)
+			in := nsClient(41001, w.cipRem)
+			verdict, out := runOn(t, ing, eth0, in.Bytes())
+			sp := snatPortIn(t, d, w.client(), 41001, w.cipRem)
+			expectPacket(t, "forward", verdict, tcActRedirect, out, toRemote(in, sp, w.beRemote))
+		})
 
-	t.Run("pod to ClusterIP: not masqueraded", func(t *testing.T) {
-		ns.Enter(t)
-		in := fromPod(podClient, 41002, cipRem)
-		expectRun(t, "forward", ing, pod0, in, tcActOK, dnat(in, beRemote))
-	})
+		t.Run("pod to ClusterIP: not masqueraded", func(t *testing.T) {
+			ns.Enter(t)
+			in := fromPod(w.podClient, 41002, w.cipRem)
+			expectRun(t, "forward", ing, pod0, in, tcActOK, dnat(in, w.beRemote))
+		})
 
-	t.Run("pod to its own ClusterIP: a hairpin, masqueraded", func(t *testing.T) {
-		ns.Enter(t)
-		in := fromPod(podBackend, 41003, cipLocal)
-		verdict, out := runOn(t, ing, pod0, in.Bytes())
-		sp := snatPortOf(t, m, podBackend, 41003, cipLocal)
-		expectPacket(t, "forward", verdict, tcActRedirect, out, masqToPod(in, sp, beLocal))
-		reply := podReply(beLocal, sp)
-		verdict, out = runOn(t, ing, pod0, reply.Bytes())
-		back := reply
-		back.TTL = fwdTTL
-		back.SrcMAC, back.DstMAC = macOf(pod0MAC), macOf(podMAC)
-		back.Src, back.SrcPort = cipLocal.Addr, cipLocal.Port
-		back.Dst, back.DstPort = addr(podBackend), 41003
-		expectPacket(t, "reply", verdict, tcActRedirect, out, back)
-	})
+		t.Run("pod to its own ClusterIP: a hairpin, masqueraded", func(t *testing.T) {
+			ns.Enter(t)
+			in := fromPod(w.podBackend, 41003, w.cipLocal)
+			verdict, out := runOn(t, ing, pod0, in.Bytes())
+			sp := snatPortIn(t, d, w.podBackend, 41003, w.cipLocal)
+			expectPacket(t, "forward", verdict, tcActRedirect, out, masqToPod(in, sp, w.beLocal))
+			reply := podReply(w.beLocal, sp)
+			verdict, out = runOn(t, ing, pod0, reply.Bytes())
+			back := reply
+			back.TTL = fwdTTL
+			back.SrcMAC, back.DstMAC = macOf(pod0MAC), macOf(podMAC)
+			back.Src, back.SrcPort = w.cipLocal.Addr, w.cipLocal.Port
+			back.Dst, back.DstPort = addr(w.podBackend), 41003
+			expectPacket(t, "reply", verdict, tcActRedirect, out, back)
+		})
 
-	t.Run("eTP Local: external clients get the default scope, unmasqueraded", func(t *testing.T) {
-		ns.Enter(t)
-		in := nsClient(41004, npTwo)
-		expectRun(t, "forward", ing, eth0, in, tcActOK, dnat(in, beLocal))
-	})
+		t.Run("eTP Local: external clients get the default scope, unmasqueraded", func(t *testing.T) {
+			ns.Enter(t)
+			in := nsClient(41004, w.npTwo)
+			expectRun(t, "forward", ing, eth0, in, tcActOK, dnat(in, w.beLocal))
+		})
 
-	t.Run("eTP Local: a pod of another node gets the internal scope, unmasqueraded", func(t *testing.T) {
-		ns.Enter(t)
-		in := nsClient(41005, npTwo)
-		in.Src = addr(remotePod)
-		expectRun(t, "forward", ing, eth0, in, tcActOK, dnat(in, beRemote))
-	})
+		t.Run("eTP Local: a pod of another node gets the internal scope, unmasqueraded", func(t *testing.T) {
+			ns.Enter(t)
+			in := nsClient(41005, w.npTwo)
+			in.Src = addr(w.remotePod)
+			expectRun(t, "forward", ing, eth0, in, tcActOK, dnat(in, w.beRemote))
+		})
 
-	t.Run("eTP Local without a local endpoint: external dropped, pods served", func(t *testing.T) {
-		ns.Enter(t)
-		verdict, _ := runOn(t, ing, eth0, nsClient(41006, npTwoNo).Bytes())
-		expectVerdict(t, "external", verdict, tcActShot)
-		in := fromPod(podClient, 41007, npTwoNo)
-		expectRun(t, "pod", ing, pod0, in, tcActOK, dnat(in, beRemote))
-	})
+		t.Run("eTP Local without a local endpoint: external dropped, pods served", func(t *testing.T) {
+			ns.Enter(t)
+			verdict, _ := runOn(t, ing, eth0, nsClient(41006, w.npTwoNo).Bytes())
+			expectVerdict(t, "external", verdict, tcActShot)
+			in := fromPod(w.podClient, 41007, w.npTwoNo)
+			expectRun(t, "pod", ing, pod0, in, tcActOK, dnat(in, w.beRemote))
+		})
 
-	t.Run("eTP Cluster: an external client to a backend here keeps its address", func(t *testing.T) {
-		ns.Enter(t)
-		in := nsClient(41008, npClus)
-		expectRun(t, "forward", ing, eth0, in, tcActOK, dnat(in, beLocal))
-	})
+		t.Run("eTP Cluster: an external client to a backend here keeps its address", func(t *testing.T) {
+			ns.Enter(t)
+			in := nsClient(41008, w.npClus)
+			expectRun(t, "forward", ing, eth0, in, tcActOK, dnat(in, w.beLocal))
+		})
 
-	t.Run("eTP Cluster: a pod is masqueraded, to a backend here too", func(t *testing.T) {
-		ns.Enter(t)
-		in := fromPod(podClient, 41009, npClus)
-		verdict, out := runOn(t, ing, pod0, in.Bytes())
-		sp := snatPortOf(t, m, podClient, 41009, npClus)
-		expectPacket(t, "forward", verdict, tcActRedirect, out, masqToPod(in, sp, beLocal))
-	})
+		t.Run("eTP Cluster: a pod is masqueraded, to a backend here too", func(t *testing.T) {
+			ns.Enter(t)
+			in := fromPod(w.podClient, 41009, w.npClus)
+			verdict, out := runOn(t, ing, pod0, in.Bytes())
+			sp := snatPortIn(t, d, w.podClient, 41009, w.npClus)
+			expectPacket(t, "forward", verdict, tcActRedirect, out, masqToPod(in, sp, w.beLocal))
+		})
 
-	t.Run("iTP Local without a local endpoint: dropped", func(t *testing.T) {
-		ns.Enter(t)
-		verdict, _ := runOn(t, ing, pod0, fromPod(podClient, 41010, cipDrop).Bytes())
-		expectVerdict(t, "pod", verdict, tcActShot)
-	})
+		t.Run("iTP Local without a local endpoint: dropped", func(t *testing.T) {
+			ns.Enter(t)
+			verdict, _ := runOn(t, ing, pod0, fromPod(w.podClient, 41010, w.cipDrop).Bytes())
+			expectVerdict(t, "pod", verdict, tcActShot)
+		})
 
-	t.Run("a ClusterIP's other port or protocol: rejected", func(t *testing.T) {
-		ns.Enter(t)
-		for _, in := range []packet.Packet{
-			fromPod(podClient, 41011, l4("10.96.0.10", 81, model.TCP)),
-			nsClient(41012, l4("10.96.0.11", 443, model.TCP)),
-		} {
-			ifindex := pod0
-			if in.SrcMAC == clientMAC {
-				ifindex = eth0
+		t.Run("a ClusterIP's other port or protocol: rejected", func(t *testing.T) {
+			ns.Enter(t)
+			for _, in := range []packet.Packet{
+				fromPod(w.podClient, 41011, l4(w.addr("10.96.0.10"), 81, model.TCP)),
+				nsClient(41012, l4(w.addr("10.96.0.11"), 443, model.TCP)),
+			} {
+				ifindex := pod0
+				if in.SrcMAC == clientMAC {
+					ifindex = eth0
+				}
+				verdict, out := runOn(t, ing, ifindex, in.Bytes())
+				want := portUnreachable(in)
+				if verdict != tcActRedirect || !bytes.Equal(out, want) {
+					t.Fatalf("%s:%d: verdict %d, output\n got %x\nwant %x", in.Dst, in.DstPort, verdict, out, want)
+				}
+				checkChecksums(t, out)
 			}
-			verdict, out := runOn(t, ing, ifindex, in.Bytes())
-			want := portUnreachable(in)
-			if verdict != tcActRedirect || !bytes.Equal(out, want) {
-				t.Fatalf("%s:%d: verdict %d, output\n got %x\nwant %x", in.Dst, in.DstPort, verdict, out, want)
+		})
+
+		t.Run("the service CIDR's other addresses: dropped; beyond it: untouched", func(t *testing.T) {
+			ns.Enter(t)
+			verdict, _ := runOn(t, ing, eth0, nsClient(41013, l4(w.addr("10.96.5.5"), 80, model.TCP)).Bytes())
+			expectVerdict(t, "unallocated", verdict, tcActShot)
+			in := nsClient(41014, l4(w.addr("10.97.0.1"), 80, model.TCP)).Bytes()
+			verdict, out := runOn(t, ing, eth0, in)
+			if verdict != tcActOK || !bytes.Equal(out, in) {
+				t.Fatalf("outside the service CIDR: verdict %d, packet changed", verdict)
 			}
-			checkChecksums(t, out)
-		}
-	})
+		})
 
-	t.Run("the service CIDR's other addresses: dropped; beyond it: untouched", func(t *testing.T) {
-		ns.Enter(t)
-		verdict, _ := runOn(t, ing, eth0, nsClient(41013, l4("10.96.5.5", 80, model.TCP)).Bytes())
-		expectVerdict(t, "unallocated", verdict, tcActShot)
-		in := nsClient(41014, l4("10.97.0.1", 80, model.TCP)).Bytes()
-		verdict, out := runOn(t, ing, eth0, in)
-		if verdict != tcActOK || !bytes.Equal(out, in) {
-			t.Fatalf("outside the service CIDR: verdict %d, packet changed", verdict)
-		}
+		expectCounted(t, d, "tc_short_circuit", "tc_masq_local", "tc_snat_new", "tc_unknown_port",
+			"tc_service_cidr_drop", "tc_local_no_backend")
 	})
-
-	expectCounted(t, d, "tc_short_circuit", "tc_masq_local", "tc_snat_new", "tc_unknown_port",
-		"tc_service_cidr_drop", "tc_local_no_backend")
 }
 
 // TestTCNoClusterCIDR: without --cluster-cidr no client is internal
@@ -263,30 +334,33 @@ func TestTCTrafficPolicies(t *testing.T) {
 // this node to an externalTrafficPolicy Cluster one is still masqueraded
 // (it did not come from outside); nothing drops as a service CIDR.
 func TestTCNoClusterCIDR(t *testing.T) {
-	ns, d, eth0, pod0 := semanticsNode(t, Config{})
-	m, ing := d.Maps(), d.TCIngress()
-	ns.Enter(t)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		w := semanticsOf(v6)
+		ns, d, eth0, pod0 := semanticsNode(t, Config{}, w)
+		ing := d.TCIngress()
+		ns.Enter(t)
 
-	in := nsClient(42000, cipLocal)
-	expectRun(t, "external to ClusterIP", ing, eth0, in, tcActOK, dnat(in, beLocal))
+		in := nsClient(42000, w.cipLocal)
+		expectRun(t, "external to ClusterIP", ing, eth0, in, tcActOK, dnat(in, w.beLocal))
 
-	in = nsClient(42001, npTwo)
-	in.Src = addr(remotePod)
-	expectRun(t, "remote pod to eTP Local", ing, eth0, in, tcActOK, dnat(in, beLocal))
+		in = nsClient(42001, w.npTwo)
+		in.Src = addr(w.remotePod)
+		expectRun(t, "remote pod to eTP Local", ing, eth0, in, tcActOK, dnat(in, w.beLocal))
 
-	in = fromPod(podClient, 42002, npClus)
-	verdict, out := runOn(t, ing, pod0, in.Bytes())
-	sp := snatPortOf(t, m, podClient, 42002, npClus)
-	expectPacket(t, "pod to eTP Cluster", verdict, tcActRedirect, out, masqToPod(in, sp, beLocal))
+		in = fromPod(w.podClient, 42002, w.npClus)
+		verdict, out := runOn(t, ing, pod0, in.Bytes())
+		sp := snatPortIn(t, d, w.podClient, 42002, w.npClus)
+		expectPacket(t, "pod to eTP Cluster", verdict, tcActRedirect, out, masqToPod(in, sp, w.beLocal))
 
-	// A ClusterIP's other port is still a service IP's; the service CIDR
-	// is unknown.
-	in = nsClient(42003, l4("10.96.5.5", 80, model.TCP))
-	verdict, _ = runOn(t, ing, eth0, in.Bytes())
-	expectVerdict(t, "unallocated address", verdict, tcActOK)
-	if cs, _ := d.Counters(); cs["tc_short_circuit"] != 0 {
-		t.Errorf("tc_short_circuit = %d without a cluster CIDR", cs["tc_short_circuit"])
-	}
+		// A ClusterIP's other port is still a service IP's; the service CIDR
+		// is unknown.
+		in = nsClient(42003, l4(w.addr("10.96.5.5"), 80, model.TCP))
+		verdict, _ = runOn(t, ing, eth0, in.Bytes())
+		expectVerdict(t, "unallocated address", verdict, tcActOK)
+		if cs, _ := d.Counters(); cs["tc_short_circuit"] != 0 {
+			t.Errorf("tc_short_circuit = %d without a cluster CIDR", cs["tc_short_circuit"])
+		}
+	})
 }
 
 // TestTCMasqueradeAll: --masquerade-all masquerades ClusterIP traffic from
@@ -294,23 +368,26 @@ func TestTCNoClusterCIDR(t *testing.T) {
 // externalTrafficPolicy Cluster frontend with a backend here (no
 // deviation); externalTrafficPolicy Local traffic keeps its address.
 func TestTCMasqueradeAll(t *testing.T) {
-	ns, d, eth0, pod0 := semanticsNode(t, Config{
-		ClusterCIDRs:  []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")},
-		MasqueradeAll: true,
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		w := semanticsOf(v6)
+		ns, d, eth0, pod0 := semanticsNode(t, Config{
+			ClusterCIDRs:  w.prefixes("10.0.0.0/8"),
+			MasqueradeAll: true,
+		}, w)
+		ing := d.TCIngress()
+		ns.Enter(t)
+
+		in := fromPod(w.podClient, 43000, w.cipRem)
+		verdict, out := runOn(t, ing, pod0, in.Bytes())
+		sp := snatPortIn(t, d, w.podClient, 43000, w.cipRem)
+		expectPacket(t, "pod to ClusterIP", verdict, tcActRedirect, out, toRemote(in, sp, w.beRemote))
+
+		in = nsClient(43001, w.npClus)
+		verdict, out = runOn(t, ing, eth0, in.Bytes())
+		sp = snatPortIn(t, d, w.client(), 43001, w.npClus)
+		expectPacket(t, "external to eTP Cluster, backend here", verdict, tcActRedirect, out, masqToPod(in, sp, w.beLocal))
+
+		in = nsClient(43002, w.npTwo)
+		expectRun(t, "external to eTP Local", ing, eth0, in, tcActOK, dnat(in, w.beLocal))
 	})
-	m, ing := d.Maps(), d.TCIngress()
-	ns.Enter(t)
-
-	in := fromPod(podClient, 43000, cipRem)
-	verdict, out := runOn(t, ing, pod0, in.Bytes())
-	sp := snatPortOf(t, m, podClient, 43000, cipRem)
-	expectPacket(t, "pod to ClusterIP", verdict, tcActRedirect, out, toRemote(in, sp, beRemote))
-
-	in = nsClient(43001, npClus)
-	verdict, out = runOn(t, ing, eth0, in.Bytes())
-	sp = snatPortOf(t, m, nsClientIP, 43001, npClus)
-	expectPacket(t, "external to eTP Cluster, backend here", verdict, tcActRedirect, out, masqToPod(in, sp, beLocal))
-
-	in = nsClient(43002, npTwo)
-	expectRun(t, "external to eTP Local", ing, eth0, in, tcActOK, dnat(in, beLocal))
 }
