@@ -20,15 +20,16 @@ import (
 // of each family over the same three pods, dns6 is IPv6 only, and drain
 // is dual-stack and loses its endpoints on the way.
 const (
-	web4VIP   = "10.96.0.20:80"
-	web6VIP   = "[2001:db8:96::20]:80"
-	web4Echo  = "10.96.0.20:9000"
-	web6Echo  = "[2001:db8:96::20]:9000"
-	dns6VIP   = "[2001:db8:96::21]:53"
-	drain4VIP = "10.96.0.22:80"
-	drain6VIP = "[2001:db8:96::22]:80"
-	drain4UDP = "10.96.0.22:53"
-	drain6UDP = "[2001:db8:96::22]:53"
+	web4VIP    = "10.96.0.20:80"
+	web6VIP    = "[2001:db8:96::20]:80"
+	web4Echo   = "10.96.0.20:9000"
+	web6Echo   = "[2001:db8:96::20]:9000"
+	dns6VIP    = "[2001:db8:96::21]:53"
+	drain4VIP  = "10.96.0.22:80"
+	drain6VIP  = "[2001:db8:96::22]:80"
+	drain4UDP  = "10.96.0.22:53"
+	drain6UDP  = "[2001:db8:96::22]:53"
+	drain6Echo = "[2001:db8:96::22]:9000"
 )
 
 // setupDualStack starts the agent on the LB topology with its IPv6 plane,
@@ -75,7 +76,7 @@ func setupDualStack(t *testing.T) (e *env, write func(drain []string)) {
 			agentproc.Service{Name: "dns6", ClusterIP: "2001:db8:96::21", Endpoints: v6only,
 				Ports: []agentproc.Port{agentproc.UDP("dns", 53, 5353)}},
 			agentproc.Service{Name: "drain", ClusterIP: "10.96.0.22", ClusterIP6: "2001:db8:96::22", Endpoints: drain,
-				Ports: []agentproc.Port{agentproc.TCP("http", 80, 8080), agentproc.UDP("dns", 53, 5353)}},
+				Ports: []agentproc.Port{agentproc.TCP("http", 80, 8080), agentproc.UDP("dns", 53, 5353), agentproc.TCP("echo", 9000, 9000)}},
 		)
 		if err := agentproc.WriteFile(e.manifest, agentproc.Manifest(docs...)); err != nil {
 			t.Fatal(err)
@@ -185,6 +186,51 @@ func TestDualStackEndToEnd(t *testing.T) {
 				t.Errorf("established connection to %s after the restart: %q %v", vip, who, err)
 			}
 		}
+	})
+
+	// TestClusterIPEndToEnd/RemovedBackendKeepsEstablishedConnection over
+	// IPv6: a backend that leaves gets no new connection, and one
+	// established to it goes on (conntrack keeps its translation).
+	t.Run("RemovedBackendKeepsEstablishedConnection", func(t *testing.T) {
+		removed := e.backends[2]
+		// 50 tries miss one of the two with probability < 2 * (2/3)^50.
+		var onRemoved, other *topology.EchoConn
+		for i := 0; i < 50 && (onRemoved == nil || other == nil); i++ {
+			c := e.lb.Client.MustDialEcho(t, drain6Echo, 3*time.Second)
+			switch {
+			case c.Backend == removed && onRemoved == nil:
+				onRemoved = c
+			case c.Backend != removed && other == nil:
+				other = c
+			default:
+				c.Close()
+			}
+		}
+		if onRemoved == nil || other == nil {
+			t.Fatalf("50 connections to %s did not reach both %s and another backend", drain6Echo, removed)
+		}
+		defer onRemoved.Close()
+		defer other.Close()
+
+		write(e.addrs[:4]) // backends 0 and 1, both families
+		e.waitServices(t, drain6Echo, func(l string) bool {
+			return !strings.Contains(l, e.addrs[5]) && strings.Count(l, ":9000") == 3 // frontend + 2 backends
+		})
+		for i := range 30 {
+			c := e.lb.Client.MustDialEcho(t, drain6Echo, 3*time.Second)
+			c.Close()
+			if c.Backend == removed {
+				t.Fatalf("new connection %d over IPv6 reached removed backend %s", i, removed)
+			}
+		}
+		if who, err := onRemoved.Say("still there"); err != nil || who != removed {
+			t.Errorf("established IPv6 connection to %s after its removal: backend %q, err %v", removed, who, err)
+		}
+		if who, err := other.Say("still there"); err != nil || who != other.Backend {
+			t.Errorf("established IPv6 connection to %s: backend %q, err %v", other.Backend, who, err)
+		}
+		write(e.addrs) // back, for the subtests below
+		e.waitServices(t, drain6Echo, func(l string) bool { return strings.Count(l, ":9000") == 4 })
 	})
 
 	// A node process's connected UDP socket to a backend that leaves is

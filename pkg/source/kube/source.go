@@ -270,8 +270,9 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 	defer cancel()
 
 	nodeName := s.cfg.Options.Node.Name
-	factory := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, s.cfg.ResyncPeriod)
+	factory := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, s.cfg.ResyncPeriod, informers.WithTransform(slim))
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, s.cfg.ResyncPeriod,
+		informers.WithTransform(slim),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 		}))
@@ -322,6 +323,24 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 	s.runner.Request()
 	s.runner.Loop(ctx)
 	return nil
+}
+
+// slim drops from an object the informers cache what nothing here reads
+// and what makes up much of an object in a real cluster: its
+// managedFields (server-side apply's record of each field's manager) and
+// kubectl's last-applied-configuration annotation (a copy of the whole
+// object). The caches hold every Service and EndpointSlice for the
+// agent's life; they are most of its memory. Everything a translation
+// reads stays, other annotations included (topology mode, the trigger
+// time of a slice's change).
+func slim(obj any) (any, error) {
+	if m, ok := obj.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+		if a := m.GetAnnotations(); a != nil {
+			delete(a, corev1.LastAppliedConfigAnnotation)
+		}
+	}
+	return obj, nil
 }
 
 func (s *Source) request(changed bool) {

@@ -287,3 +287,46 @@ func TestProgrammingLatencyTakenWhenAgentReportsProgrammed(t *testing.T) {
 		t.Fatalf("latency samples = %d after a re-apply, want 1", n)
 	}
 }
+
+// TestCachesHoldSlimObjects: the informers' caches keep no managedFields
+// and no last-applied-configuration (slim), and everything else: the
+// other annotations, and the Service still translates.
+func TestCachesHoldSlimObjects(t *testing.T) {
+	svc := service("web", "10.96.0.10", 80)
+	svc.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply,
+		FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:spec":{"f:ports":{}}}`)}}
+	svc.Annotations = map[string]string{
+		corev1.LastAppliedConfigAnnotation: `{"apiVersion":"v1","kind":"Service"}`,
+		corev1.AnnotationTopologyMode:      "Auto",
+	}
+	sl := slice("web", "web-1", 8080, "10.0.0.1")
+	sl.ManagedFields = svc.ManagedFields
+	client := fake.NewClientset(svc, sl)
+	rec := &recorder{}
+	src := run(t, Config{Client: client}, rec)
+	waitFor(t, "first sync", 5*time.Second, func() bool { return rec.count() >= 1 })
+	if got, _ := backendsOf(rec.last(), "10.96.0.10", 80); fmt.Sprint(got) != "[10.0.0.1:8080]" {
+		t.Errorf("backends = %v, want [10.0.0.1:8080]", got)
+	}
+	cached, err := src.services.Services("default").Get("web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cached.ManagedFields) != 0 {
+		t.Errorf("cached Service keeps its managedFields: %v", cached.ManagedFields)
+	}
+	if _, ok := cached.Annotations[corev1.LastAppliedConfigAnnotation]; ok {
+		t.Error("cached Service keeps kubectl's last-applied-configuration")
+	}
+	if cached.Annotations[corev1.AnnotationTopologyMode] != "Auto" {
+		t.Errorf("cached Service lost its other annotations: %v", cached.Annotations)
+	}
+	// The API still has them: the transform changed the cache's copy only.
+	stored, err := client.CoreV1().Services("default").Get(t.Context(), "web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stored.ManagedFields) == 0 {
+		t.Error("the fake API lost the Service's managedFields")
+	}
+}
