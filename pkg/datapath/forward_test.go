@@ -361,7 +361,9 @@ func TestXDPTTLAndMTU(t *testing.T) {
 // whose backend is behind a node device with a smaller MTU. The flow is
 // source-NATed and redirected by tc, bypassing the stack's forwarding, so
 // tc must answer a segment too big for that device itself, with an ICMP
-// fragmentation needed about <client -> NodePort>:
+// fragmentation needed (over IPv6 an ICMPv6 packet too big) about
+// <client -> NodePort>, per family (the IPv6 one on topology.LB's IPv6
+// plane):
 //
 //	client 10.0.0.1 eth0 <-> eth0 10.0.0.2 node bk1 10.1.1.1 (MTU 1400,
 //	tc, SNAT source) <-> eth0 10.1.1.2 (MTU 1500) backend
@@ -371,13 +373,15 @@ func TestXDPTTLAndMTU(t *testing.T) {
 // NIC would put 1500-byte segments on a 1400-byte link); off, it gets
 // 1500-byte packets, which were dropped.
 func TestPMTUNodePortSNATEndToEnd(t *testing.T) {
-	for _, gso := range []bool{true, false} {
-		t.Run(fmt.Sprintf("gso=%v", gso), func(t *testing.T) { pmtuNodePort(t, gso) })
-	}
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		for _, gso := range []bool{true, false} {
+			t.Run(fmt.Sprintf("gso=%v", gso), func(t *testing.T) { pmtuNodePort(t, v6, gso) })
+		}
+	})
 }
 
-func pmtuNodePort(t *testing.T, gso bool) {
-	d, lb := lbDatapath(t)
+func pmtuNodePort(t *testing.T, v6, gso bool) {
+	d, lb, plane := lbDatapathOf(t, v6)
 	setMTU(t, lb.Node, lb.NodeBackendDevs[0], 1400)
 	if !gso {
 		// No TX checksum offload, no TSO: the client's stack
@@ -386,8 +390,8 @@ func pmtuNodePort(t *testing.T, gso bool) {
 			t.Fatal(err)
 		}
 	}
-	be := netip.AddrPortFrom(lb.BackendAddrs[0], 8080)
-	np := l4(lb.NodeAddr.String(), 30080, model.TCP)
+	be := netip.AddrPortFrom(plane.backends[0], 8080)
+	np := l4(plane.node.String(), 30080, model.TCP)
 	addExternal(t, d.Maps(), 1, np, reconciler.FlagExternal, testBackend{1, l4(be.Addr().String(), be.Port(), model.TCP)})
 	if err := lb.Node.Do(func() error {
 		return d.AttachDevices([]string{lb.NodeDev, lb.NodeBackendDevs[0]})

@@ -162,37 +162,39 @@ func TestTCFragmentsNorthSouth(t *testing.T) {
 // bytes leave it in three fragments, which tc DNATs at the node's ingress;
 // the backend's 4000-byte echo comes back in three fragments, which tc
 // reverse-NATs at the node's egress. The client must get the whole echo,
-// from the VIP.
+// from the VIP. Per family: IPv6's fragments carry a fragment header.
 func TestTCFragmentsEndToEnd(t *testing.T) {
-	d, lb := lbDatapath(t)
-	vip := l4("10.96.0.50", 53, model.UDP)
-	be := netip.AddrPortFrom(lb.BackendAddrs[0], 5353)
-	addService(t, d.Maps(), 1, vip, testBackend{1, l4(be.Addr().String(), be.Port(), model.UDP)})
-	if _, err := lb.Backends[0].ServeUDPEcho(be.String(), "be1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := lb.Node.Do(func() error { return d.AttachDevices([]string{lb.NodeDev}) }); err != nil {
-		t.Fatal(err)
-	}
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d, lb, plane := lbDatapathOf(t, v6)
+		vip := l4(vipOf(v6, "10.96.0.50"), 53, model.UDP)
+		be := netip.AddrPortFrom(plane.backends[0], 5353)
+		addService(t, d.Maps(), 1, vip, testBackend{1, l4(be.Addr().String(), be.Port(), model.UDP)})
+		if _, err := lb.Backends[0].ServeUDPEcho(be.String(), "be1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := lb.Node.Do(func() error { return d.AttachDevices([]string{lb.NodeDev}) }); err != nil {
+			t.Fatal(err)
+		}
 
-	c := dialFrom(t, lb.Client, "udp4", vip, 10*time.Second)
-	msg := bytes.Repeat([]byte("0123456789"), 400) // 4000 bytes
-	buf := make([]byte, 8192)
-	for try := range 3 {
-		if _, err := c.Write(msg); err != nil {
-			t.Fatalf("write: %v", err)
+		c := dialFrom(t, lb.Client, netOf("udp", vip.Addr), vip, 10*time.Second)
+		msg := bytes.Repeat([]byte("0123456789"), 400) // 4000 bytes
+		buf := make([]byte, 8192)
+		for try := range 3 {
+			if _, err := c.Write(msg); err != nil {
+				t.Fatalf("write: %v", err)
+			}
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			n, err := c.Read(buf)
+			if err != nil {
+				t.Fatalf("try %d: no echo of a 4000-byte datagram through %s: %v", try, vip, err)
+			}
+			if want := append([]byte("be1 "), msg...); !bytes.Equal(buf[:n], want) {
+				t.Fatalf("try %d: echo of %d bytes, want %d: %.60q...", try, n, len(want), buf[:n])
+			}
 		}
-		c.SetReadDeadline(time.Now().Add(2 * time.Second))
-		n, err := c.Read(buf)
-		if err != nil {
-			t.Fatalf("try %d: no echo of a 4000-byte datagram through %s: %v", try, vip, err)
+		cs := counters(t, d)
+		if cs["tc_frag_later"] < 3*4 {
+			t.Errorf("tc_frag_later = %d, want at least 12 (2 later fragments each way, 3 times)", cs["tc_frag_later"])
 		}
-		if want := append([]byte("be1 "), msg...); !bytes.Equal(buf[:n], want) {
-			t.Fatalf("try %d: echo of %d bytes, want %d: %.60q...", try, n, len(want), buf[:n])
-		}
-	}
-	cs := counters(t, d)
-	if cs["tc_frag_later"] < 3*4 {
-		t.Errorf("tc_frag_later = %d, want at least 12 (2 later fragments each way, 3 times)", cs["tc_frag_later"])
-	}
+	})
 }

@@ -179,45 +179,52 @@ func TestTCICMPErrorsNorthSouth(t *testing.T) {
 
 // TestICMPPortUnreachableEndToEnd: a connected UDP socket to a ClusterIP
 // whose backend has nothing listening gets ECONNREFUSED: the backend's
-// port unreachable, translated at the node, matches the socket.
+// port unreachable (ICMPv6's over IPv6), translated at the node, matches
+// the socket.
 func TestICMPPortUnreachableEndToEnd(t *testing.T) {
-	d, lb := lbDatapath(t)
-	vip := l4("10.96.0.91", 53, model.UDP)
-	addService(t, d.Maps(), 1, vip, testBackend{1, l4(lb.BackendAddrs[0].String(), 5353, model.UDP)})
-	if err := lb.Node.Do(func() error { return d.AttachDevices([]string{lb.NodeDev}) }); err != nil {
-		t.Fatal(err)
-	}
-	c := dialFrom(t, lb.Client, "udp4", vip, 5*time.Second)
-	if _, err := c.Write([]byte("anyone?")); err != nil {
-		t.Fatal(err)
-	}
-	c.SetReadDeadline(time.Now().Add(2 * time.Second))
-	_, err := c.Read(make([]byte, 64))
-	if !errors.Is(err, syscall.ECONNREFUSED) {
-		t.Fatalf("read from %s, whose backend has no listener: %v, want ECONNREFUSED", vip, err)
-	}
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d, lb, plane := lbDatapathOf(t, v6)
+		vip := l4(vipOf(v6, "10.96.0.91"), 53, model.UDP)
+		addService(t, d.Maps(), 1, vip, testBackend{1, l4(plane.backends[0].String(), 5353, model.UDP)})
+		if err := lb.Node.Do(func() error { return d.AttachDevices([]string{lb.NodeDev}) }); err != nil {
+			t.Fatal(err)
+		}
+		c := dialFrom(t, lb.Client, netOf("udp", vip.Addr), vip, 5*time.Second)
+		if _, err := c.Write([]byte("anyone?")); err != nil {
+			t.Fatal(err)
+		}
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err := c.Read(make([]byte, 64))
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("read from %s, whose backend has no listener: %v, want ECONNREFUSED", vip, err)
+		}
+		expectCounted(t, d, "tc_icmp_xlate")
+	})
 }
 
 // TestPMTUThroughVIPEndToEnd: path MTU discovery works through a
 // ClusterIP. The node's link to the backend has MTU 1400 (the backend's
 // end keeps 1500, so neither end's MSS shows it): the client's 1500-byte
-// segments to the VIP get a fragmentation needed from the node about
-// <client -> backend>, which only works once translated to <client -> VIP>.
-// Without it the transfer stalls (a PMTU black hole).
+// segments to the VIP get a fragmentation needed (over IPv6 a packet too
+// big) from the node about <client -> backend>, which only works once
+// translated to <client -> VIP>. Without it the transfer stalls (a PMTU
+// black hole).
 func TestPMTUThroughVIPEndToEnd(t *testing.T) {
-	d, lb := lbDatapath(t)
-	setMTU(t, lb.Node, lb.NodeBackendDevs[0], 1400)
-	be := netip.AddrPortFrom(lb.BackendAddrs[0], 8080)
-	vip := l4("10.96.0.92", 80, model.TCP)
-	addService(t, d.Maps(), 1, vip, testBackend{1, l4(be.Addr().String(), be.Port(), model.TCP)})
-	if err := lb.Node.Do(func() error { return d.AttachDevices([]string{lb.NodeDev}) }); err != nil {
-		t.Fatal(err)
-	}
-	pmtuTransfer(t, lb, be, vip, "a 1400-byte MTU hop")
-	cs := counters(t, d)
-	if cs["tc_icmp_xlate"] == 0 {
-		t.Errorf("tc_icmp_xlate = 0: the transfer needed no translated ICMP error?")
-	}
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d, lb, plane := lbDatapathOf(t, v6)
+		setMTU(t, lb.Node, lb.NodeBackendDevs[0], 1400)
+		be := netip.AddrPortFrom(plane.backends[0], 8080)
+		vip := l4(vipOf(v6, "10.96.0.92"), 80, model.TCP)
+		addService(t, d.Maps(), 1, vip, testBackend{1, l4(be.Addr().String(), be.Port(), model.TCP)})
+		if err := lb.Node.Do(func() error { return d.AttachDevices([]string{lb.NodeDev}) }); err != nil {
+			t.Fatal(err)
+		}
+		pmtuTransfer(t, lb, be, vip, "a 1400-byte MTU hop")
+		cs := counters(t, d)
+		if cs["tc_icmp_xlate"] == 0 {
+			t.Errorf("tc_icmp_xlate = 0: the transfer needed no translated ICMP error?")
+		}
+	})
 }
 
 // lbDatapath is a datapath (not attached yet) and the topology of
@@ -253,7 +260,7 @@ func setMTU(t *testing.T, ns *topology.NS, dev string, mtu int) {
 // the smaller MTU) fails it.
 func pmtuTransfer(t *testing.T, lb *topology.LB, be netip.AddrPort, target model.L4Addr, via string) {
 	t.Helper()
-	ln, err := lb.Backends[0].Listen("tcp4", be.String())
+	ln, err := lb.Backends[0].Listen(netOf("tcp", be.Addr()), be.String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +275,7 @@ func pmtuTransfer(t *testing.T, lb *topology.LB, be netip.AddrPort, target model
 		_, _ = fmt.Fprintf(c, "%d\n", len(line)) // the client checks the answer
 	}()
 
-	c := dialFrom(t, lb.Client, "tcp4", target, 10*time.Second)
+	c := dialFrom(t, lb.Client, netOf("tcp", target.Addr), target, 10*time.Second)
 	c.SetDeadline(time.Now().Add(5 * time.Second))
 	msg := strings.Repeat("x", 256<<10) + "\n"
 	if _, err := io.WriteString(c, msg); err != nil {
