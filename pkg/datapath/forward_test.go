@@ -207,98 +207,115 @@ func icmpAbout(in []byte, typ, code uint8, rest uint32) []byte {
 // needed (with that MTU), one without DF is dropped; and a reply that
 // would be redirected to the client from a pod device but does not fit is
 // handed to the stack as it came, for the stack to forward (and the egress
-// program to translate) or refuse.
+// program to translate) or refuse. Per family: over IPv6 the errors are
+// ICMPv6's (time exceeded, packet too big), every packet over the MTU gets
+// one (no DF: an IPv6 router never fragments), and a pod device's replies
+// go to the stack whatever their size (TestNodePortPodDeviceEndToEndIPv6).
 func TestTCRedirectTTLAndMTU(t *testing.T) {
 	testutil.Privileged(t)
-	_, ethIdx := nodeNetns(t)
-	podIdx := podIfindex(t)
-	eth1, err := netlink.LinkByName("eth1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetMTU(eth1, 1280); err != nil {
-		t.Fatal(err)
-	}
-	d := openTest(t, smallConfig(testPinDir(t)))
-	m := d.Maps()
-	if err := d.AttachDevices([]string{"eth0", "eth1", "pod0"}); err != nil {
-		t.Fatal(err)
-	}
-	ext := reconciler.FlagExternal
-	addExternal(t, m, 1, npRemote, ext, beRemote)
-	npNode3 := l4(nsNodeIP, 30083, model.TCP)
-	addExternal(t, m, 7, npNode3, ext, testBackend{7, l4("10.3.0.7", 8080, model.TCP)})
-	addExternal(t, m, 2, npLocal, ext, beLocal)
-	ing := d.TCIngress()
-	eth := macOf(nodeEthMAC)
-
-	seg := func(src string, sport uint16, dst string, dport uint16, flags uint8, ttl uint8, df bool, n int) packet.Packet {
-		p := tcpPacket(src, sport, dst, dport, flags, bytes.Repeat([]byte("m"), n))
-		p.TTL = ttl
-		if df {
-			p.FragOff = packet.DF
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		_, ethIdx := nodeNetns(t)
+		podIdx := podIfindex(t)
+		if v6 {
+			addNodeIPv6(t)
+			addNode3IPv6(t)
 		}
-		return p
-	}
-	fromClient := func(p packet.Packet) []byte { return frame(eth, clientMAC, p) }
-
-	// TTL 1 on a new flow's SYN: time exceeded, from the NodePort.
-	in := fromClient(seg(nsClientIP, 43000, nsNodeIP, npRemote.Port, 0, 1, true, 0))
-	verdict, out := runOn(t, ing, ethIdx, in)
-	if want := icmpAbout(in, 11, 0, 0); verdict != tcActRedirect || !bytes.Equal(out, want) {
-		t.Errorf("SYN with TTL 1: verdict %d, output %s", verdict, packet.Diff(out, want))
-	}
-
-	// The flow goes on with TTL 64, and its reply comes back with TTL 1:
-	// time exceeded to the backend, from the node.
-	in = fromClient(seg(nsClientIP, 43001, nsNodeIP, npRemote.Port, 0, 0, true, 0))
-	if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActRedirect {
-		t.Fatalf("SYN: verdict %d", verdict)
-	}
-	sp := snatPortOf(t, m, nsClientIP, 43001, npRemote)
-	in = frame(eth, macOf(node2MAC), seg("10.2.0.7", 8080, nsNodeIP, sp, 0x12, 1, true, 0))
-	verdict, out = runOn(t, ing, ethIdx, in)
-	if want := icmpAbout(in, 11, 0, 0); verdict != tcActRedirect || !bytes.Equal(out, want) {
-		t.Errorf("reply with TTL 1: verdict %d, output %s", verdict, packet.Diff(out, want))
-	}
-
-	// Over eth1's MTU (1280) to node 3's backend: with DF, fragmentation
-	// needed with the MTU; without, dropped.
-	in = fromClient(seg(nsClientIP, 43002, nsNodeIP, npNode3.Port, 0x18, 0, true, 1300))
-	verdict, out = runOn(t, ing, ethIdx, in)
-	if want := icmpAbout(in, 3, 4, 1280); verdict != tcActRedirect || !bytes.Equal(out, want) {
-		t.Errorf("1340 bytes with DF to a 1280 MTU: verdict %d, output %s", verdict, packet.Diff(out, want))
-	}
-	in = fromClient(seg(nsClientIP, 43003, nsNodeIP, npNode3.Port, 0x18, 0, false, 1300))
-	if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActShot {
-		t.Errorf("1340 bytes without DF to a 1280 MTU: verdict %d, want drop", verdict)
-	}
-	// What fits goes, one TTL less.
-	in = fromClient(seg(nsClientIP, 43004, nsNodeIP, npNode3.Port, 0x18, 0, true, 1200))
-	if verdict, out := runOn(t, ing, ethIdx, in); verdict != tcActRedirect || out[14+8] != 63 {
-		t.Errorf("1240 bytes to a 1280 MTU: verdict %d, TTL %d; want redirect, 63", verdict, out[14+8])
-	}
-
-	// A local backend's reply at pod0 too big for eth0 (1280 now): passed
-	// up as it came.
-	if err := netlink.LinkSetMTU(mustLink(t, "eth0"), 1280); err != nil {
-		t.Fatal(err)
-	}
-	in = fromClient(seg(nsClientIP, 43005, nsNodeIP, npLocal.Port, 0, 0, true, 0))
-	if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActOK {
-		t.Fatalf("SYN to a local backend: verdict %d", verdict)
-	}
-	in = frame([6]byte{0x02, 0, 0, 0, 0x0a, 0x00}, [6]byte{0x02, 0, 0, 0, 0x0a, 0x01}, seg("10.1.0.7", 8080, nsClientIP, 43005, 0x10, 0, true, 1300))
-	if verdict, out := runOn(t, ing, podIdx, in); verdict != tcActOK || !bytes.Equal(out, in) {
-		t.Errorf("oversize reply at pod0: verdict %d, output %s", verdict, packet.Diff(out, in))
-	}
-
-	cs := counters(t, d)
-	for reason, want := range map[string]uint64{"tc_ttl_exceeded": 2, "tc_frag_needed": 1, "tc_mtu_drop": 1, "tc_fwd_to_stack": 1} {
-		if cs[reason] != want {
-			t.Errorf("%s = %d, want %d", reason, cs[reason], want)
+		eth1, err := netlink.LinkByName("eth1")
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
+		if err := netlink.LinkSetMTU(eth1, 1280); err != nil {
+			t.Fatal(err)
+		}
+		d := openTest(t, smallConfig(testPinDir(t)))
+		m := d.Maps()
+		if err := d.AttachDevices([]string{"eth0", "eth1", "pod0"}); err != nil {
+			t.Fatal(err)
+		}
+		client, node := nsTwin(v6, nsClientIP), nsTwin(v6, nsNodeIP)
+		ext := reconciler.FlagExternal
+		npRem := nsTwinL4(v6, npRemote)
+		addExternal(t, m, 1, npRem, ext, testBackend{beRemote.id, nsTwinL4(v6, beRemote.addr)})
+		npNode3 := l4(node, 30083, model.TCP)
+		addExternal(t, m, 7, npNode3, ext, testBackend{7, l4(nsTwin(v6, "10.3.0.7"), 8080, model.TCP)})
+		ing := d.TCIngress()
+		eth := macOf(nodeEthMAC)
+
+		seg := func(src string, sport uint16, dst string, dport uint16, flags uint8, ttl uint8, df bool, n int) packet.Packet {
+			p := tcpPacket(src, sport, dst, dport, flags, bytes.Repeat([]byte("m"), n))
+			p.TTL = ttl
+			if df {
+				p.FragOff = packet.DF
+			}
+			return p
+		}
+		fromClient := func(p packet.Packet) []byte { return frame(eth, clientMAC, p) }
+
+		// TTL 1 on a new flow's SYN: time exceeded, from the NodePort.
+		in := fromClient(seg(client, 43000, node, npRem.Port, 0, 1, true, 0))
+		verdict, out := runOn(t, ing, ethIdx, in)
+		if want := icmpAboutFam(in, errTimeExceeded, 0); verdict != tcActRedirect || !bytes.Equal(out, want) {
+			t.Errorf("SYN with TTL 1: verdict %d, output %s", verdict, packet.Diff(out, want))
+		}
+
+		// The flow goes on with TTL 64, and its reply comes back with
+		// TTL 1: time exceeded to the backend, from the node.
+		in = fromClient(seg(client, 43001, node, npRem.Port, 0, 0, true, 0))
+		if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActRedirect {
+			t.Fatalf("SYN: verdict %d", verdict)
+		}
+		sp := snatPortFam(t, d, client, 43001, npRem)
+		in = frame(eth, macOf(node2MAC), seg(nsTwin(v6, "10.2.0.7"), 8080, node, sp, 0x12, 1, true, 0))
+		verdict, out = runOn(t, ing, ethIdx, in)
+		if want := icmpAboutFam(in, errTimeExceeded, 0); verdict != tcActRedirect || !bytes.Equal(out, want) {
+			t.Errorf("reply with TTL 1: verdict %d, output %s", verdict, packet.Diff(out, want))
+		}
+
+		// Over eth1's MTU (1280) to node 3's backend: with DF,
+		// fragmentation needed with the MTU; without, dropped.
+		in = fromClient(seg(client, 43002, node, npNode3.Port, 0x18, 0, true, 1300))
+		verdict, out = runOn(t, ing, ethIdx, in)
+		if want := icmpAboutFam(in, errTooBig, 1280); verdict != tcActRedirect || !bytes.Equal(out, want) {
+			t.Errorf("%d bytes with DF to a 1280 MTU: verdict %d, output %s", len(in)-14, verdict, packet.Diff(out, want))
+		}
+		if !v6 {
+			in = fromClient(seg(client, 43003, node, npNode3.Port, 0x18, 0, false, 1300))
+			if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActShot {
+				t.Errorf("1340 bytes without DF to a 1280 MTU: verdict %d, want drop", verdict)
+			}
+		}
+		// What fits goes, one TTL less.
+		in = fromClient(seg(client, 43004, node, npNode3.Port, 0x18, 0, true, 1200))
+		if verdict, out := runOn(t, ing, ethIdx, in); verdict != tcActRedirect || outTTL(out) != fwdTTL {
+			t.Errorf("%d bytes to a 1280 MTU: verdict %d, TTL %d; want redirect, %d", len(in)-14, verdict, outTTL(out), fwdTTL)
+		}
+
+		want := map[string]uint64{"tc_ttl_exceeded": 2, "tc_frag_needed": 1, "tc_mtu_drop": 1, "tc_fwd_to_stack": 1}
+		if v6 {
+			want["tc_mtu_drop"], want["tc_fwd_to_stack"] = 0, 0
+		} else {
+			// A local backend's reply at pod0 too big for eth0
+			// (1280 now): passed up as it came.
+			addExternal(t, m, 2, npLocal, ext, beLocal)
+			if err := netlink.LinkSetMTU(mustLink(t, "eth0"), 1280); err != nil {
+				t.Fatal(err)
+			}
+			in = fromClient(seg(client, 43005, node, npLocal.Port, 0, 0, true, 0))
+			if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActOK {
+				t.Fatalf("SYN to a local backend: verdict %d", verdict)
+			}
+			in = frame([6]byte{0x02, 0, 0, 0, 0x0a, 0x00}, [6]byte{0x02, 0, 0, 0, 0x0a, 0x01}, seg("10.1.0.7", 8080, client, 43005, 0x10, 0, true, 1300))
+			if verdict, out := runOn(t, ing, podIdx, in); verdict != tcActOK || !bytes.Equal(out, in) {
+				t.Errorf("oversize reply at pod0: verdict %d, output %s", verdict, packet.Diff(out, in))
+			}
+		}
+		cs := counters(t, d)
+		for reason, n := range want {
+			if cs[reason] != n {
+				t.Errorf("%s = %d, want %d", reason, cs[reason], n)
+			}
+		}
+	})
 }
 
 func mustLink(t testing.TB, name string) netlink.Link {
@@ -310,51 +327,59 @@ func mustLink(t testing.TB, name string) netlink.Link {
 	return l
 }
 
-// TestXDPTTLAndMTU: XDP decrements the TTL of what it transmits, and
-// leaves to tc (XDP_PASS, counted) a packet whose TTL would expire or that
-// is larger than the egress MTU: tc answers those.
+// TestXDPTTLAndMTU: XDP decrements the TTL (IPv6: hop limit) of what it
+// transmits, and leaves to tc (XDP_PASS, counted) a packet whose TTL
+// would expire or that is larger than the egress MTU: tc answers those.
+// Per family.
 func TestXDPTTLAndMTU(t *testing.T) {
 	testutil.Privileged(t)
-	_, ethIdx := nodeNetns(t)
-	if err := netlink.LinkSetMTU(mustLink(t, "eth1"), 1280); err != nil {
-		t.Fatal(err)
-	}
-	d := openTest(t, xdpConfig(testPinDir(t)))
-	if err := d.AttachDevices([]string{"eth0", "eth1"}); err != nil {
-		t.Fatal(err)
-	}
-	ext := reconciler.FlagExternal
-	addExternal(t, d.Maps(), 1, npRemote, ext, beRemote)
-	npNode3 := l4(nsNodeIP, 30083, model.TCP)
-	addExternal(t, d.Maps(), 7, npNode3, ext, testBackend{7, l4("10.3.0.7", 8080, model.TCP)})
-	eth := macOf(nodeEthMAC)
-	seg := func(sport uint16, fe model.L4Addr, ttl uint8, n int) []byte {
-		p := tcpPacket(nsClientIP, sport, nsNodeIP, fe.Port, 0x18, bytes.Repeat([]byte("x"), n))
-		p.TTL, p.FragOff = ttl, packet.DF
-		return frame(eth, clientMAC, p)
-	}
-	for _, c := range []struct {
-		name    string
-		in      []byte
-		verdict uint32
-		ttl     uint8
-	}{
-		{"ttl_64_sent_with_63", seg(44000, npRemote, 0, 0), xdpTx, 63},
-		{"ttl_1_to_tc", seg(44001, npRemote, 1, 0), xdpPass, 1},
-		{"over_mtu_to_tc", seg(44002, npNode3, 0, 1300), xdpPass, 64},
-	} {
-		verdict, out := runXDP(t, d.XDP(), ethIdx, c.in)
-		if verdict != c.verdict || out[14+8] != c.ttl {
-			t.Errorf("%s: verdict %d TTL %d, want %d and %d", c.name, verdict, out[14+8], c.verdict, c.ttl)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		_, ethIdx := nodeNetns(t)
+		if v6 {
+			addNodeIPv6(t)
+			addNode3IPv6(t)
 		}
-		if c.verdict == xdpPass && !bytes.Equal(out, c.in) {
-			t.Errorf("%s: passed to tc changed: %s", c.name, packet.Diff(out, c.in))
+		if err := netlink.LinkSetMTU(mustLink(t, "eth1"), 1280); err != nil {
+			t.Fatal(err)
 		}
-	}
-	cs := counters(t, d)
-	if cs["xdp_ttl_exceeded"] != 1 || cs["xdp_mtu_exceeded"] != 1 {
-		t.Errorf("xdp_ttl_exceeded %d, xdp_mtu_exceeded %d; want 1 and 1", cs["xdp_ttl_exceeded"], cs["xdp_mtu_exceeded"])
-	}
+		d := openTest(t, xdpConfig(testPinDir(t)))
+		if err := d.AttachDevices([]string{"eth0", "eth1"}); err != nil {
+			t.Fatal(err)
+		}
+		ext := reconciler.FlagExternal
+		npRem := nsTwinL4(v6, npRemote)
+		addExternal(t, d.Maps(), 1, npRem, ext, testBackend{beRemote.id, nsTwinL4(v6, beRemote.addr)})
+		npNode3 := l4(nsTwin(v6, nsNodeIP), 30083, model.TCP)
+		addExternal(t, d.Maps(), 7, npNode3, ext, testBackend{7, l4(nsTwin(v6, "10.3.0.7"), 8080, model.TCP)})
+		eth := macOf(nodeEthMAC)
+		seg := func(sport uint16, fe model.L4Addr, ttl uint8, n int) []byte {
+			p := tcpPacket(nsTwin(v6, nsClientIP), sport, fe.Addr.String(), fe.Port, 0x18, bytes.Repeat([]byte("x"), n))
+			p.TTL, p.FragOff = ttl, packet.DF
+			return frame(eth, clientMAC, p)
+		}
+		for _, c := range []struct {
+			name    string
+			in      []byte
+			verdict uint32
+			ttl     uint8
+		}{
+			{"ttl_64_sent_with_63", seg(44000, npRem, 0, 0), xdpTx, 63},
+			{"ttl_1_to_tc", seg(44001, npRem, 1, 0), xdpPass, 1},
+			{"over_mtu_to_tc", seg(44002, npNode3, 0, 1300), xdpPass, 64},
+		} {
+			verdict, out := runXDP(t, d.XDP(), ethIdx, c.in)
+			if verdict != c.verdict || outTTL(out) != c.ttl {
+				t.Errorf("%s: verdict %d TTL %d, want %d and %d", c.name, verdict, outTTL(out), c.verdict, c.ttl)
+			}
+			if c.verdict == xdpPass && !bytes.Equal(out, c.in) {
+				t.Errorf("%s: passed to tc changed: %s", c.name, packet.Diff(out, c.in))
+			}
+		}
+		cs := counters(t, d)
+		if cs["xdp_ttl_exceeded"] != 1 || cs["xdp_mtu_exceeded"] != 1 {
+			t.Errorf("xdp_ttl_exceeded %d, xdp_mtu_exceeded %d; want 1 and 1", cs["xdp_ttl_exceeded"], cs["xdp_mtu_exceeded"])
+		}
+	})
 }
 
 // TestPMTUNodePortSNATEndToEnd: path MTU discovery through a NodePort

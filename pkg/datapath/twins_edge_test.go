@@ -1,11 +1,18 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"fmt"
+	"net"
 	"net/netip"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/pkg/model"
 )
 
 // IPv6 twins of the edge-case tests (issue 10): the end-to-end PMTU,
@@ -57,4 +64,100 @@ func lbDatapathOf(t *testing.T, v6 bool) (*Datapath, *topology.LB, lbPlane) {
 		t.Fatal(err)
 	}
 	return d, lb, lbPlane{p6.ClientAddr, p6.NodeAddr, p6.BackendAddrs}
+}
+
+// addNode3IPv6 is addNodeIPv6 for nodeNetns's eth1: 2001:db8:103::1/64
+// towards node 3 (2001:db8:103::2, a static neighbour), which routes node
+// 3's pods, 2001:db8:3::/64.
+func addNode3IPv6(t testing.TB) {
+	t.Helper()
+	eth1 := mustLink(t, "eth1")
+	a, _ := netlink.ParseAddr("2001:db8:103::1/64")
+	a.Flags = unix.IFA_F_NODAD
+	if err := netlink.AddrAdd(eth1, a); err != nil {
+		t.Fatalf("address eth1: %v", err)
+	}
+	if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: eth1.Attrs().Index, Family: netlink.FAMILY_V6,
+		State: netlink.NUD_PERMANENT, IP: net.ParseIP("2001:db8:103::2"), HardwareAddr: node3MAC}); err != nil {
+		t.Fatalf("neighbour 2001:db8:103::2: %v", err)
+	}
+	_, pods, _ := net.ParseCIDR("2001:db8:3::/64")
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: eth1.Attrs().Index, Dst: pods, Gw: net.ParseIP("2001:db8:103::2")}); err != nil {
+		t.Fatalf("route to node 3's pods: %v", err)
+	}
+}
+
+// nsTwin is an address of the north-south tables' node namespace
+// (nodeNetns) as a test written for IPv4 names it, or with v6 its IPv6
+// twin there (addNodeIPv6, addNode3IPv6): the node's, node 2's and the
+// client's own, and a pod 10.N.0.H of node N as 2001:db8:N::H.
+func nsTwin(v6 bool, a string) string {
+	if !v6 {
+		return a
+	}
+	switch a {
+	case nsNodeIP:
+		return nsNodeIP6
+	case nsNode2IP:
+		return nsNode2IP6
+	case nsClientIP:
+		return nsClientIP6
+	}
+	b := addr(a).As4()
+	return fmt.Sprintf("2001:db8:%x::%x", b[1], b[3])
+}
+
+// nsTwinL4 is nsTwin of a frontend or backend.
+func nsTwinL4(v6 bool, a model.L4Addr) model.L4Addr {
+	a.Addr = addr(nsTwin(v6, a.Addr.String()))
+	return a
+}
+
+// snatPortFam is snatPortOf, or snatPort6Of for an IPv6 flow.
+func snatPortFam(t testing.TB, d *Datapath, client string, cport uint16, fe model.L4Addr) uint16 {
+	t.Helper()
+	if fe.Addr.Is6() {
+		return snatPort6Of(t, d, client, cport, fe)
+	}
+	return snatPortOf(t, d.Maps(), client, cport, fe)
+}
+
+// outTTL is the TTL (IPv6: hop limit) of an output frame.
+func outTTL(b []byte) uint8 {
+	if out6(b) {
+		return b[14+7]
+	}
+	return b[14+8]
+}
+
+// ICMP errors tc sends back about a frame it cannot forward, per family.
+// An ICMPv6 error quotes as much as its IPv4 twin does (icmpAbout): the
+// IP header and the whole L4 header.
+const (
+	errTimeExceeded = iota
+	errTooBig       // IPv4: fragmentation needed; IPv6: packet too big
+)
+
+// icmpAboutFam is icmpAbout for an IPv4 frame in, and its ICMPv6 twin
+// for an IPv6 one: error kind (errTimeExceeded, errTooBig), with the MTU
+// for errTooBig.
+func icmpAboutFam(in []byte, kind int, mtu uint32) []byte {
+	if !out6(in) {
+		if kind == errTooBig {
+			return icmpAbout(in, packet.ICMPUnreachable, 4, mtu)
+		}
+		return icmpAbout(in, 11, 0, 0)
+	}
+	ip := in[14:]
+	l4len := 8
+	if ip[6] == packet.TCP {
+		l4len = 20
+	}
+	p := packet.Packet{Src: netip.AddrFrom16([16]byte(ip[24:40])), Dst: netip.AddrFrom16([16]byte(ip[8:24])),
+		Proto: packet.ICMPv6, ICMPType: packet.ICMPv6TimeExceeded, Payload: ip[:40+l4len]}
+	if kind == errTooBig {
+		p.ICMPType = packet.ICMPv6PacketTooBig
+		binary.BigEndian.PutUint32(p.ICMPRest[:], mtu)
+	}
+	return frame([6]byte(in[6:12]), [6]byte(in[0:6]), p)
 }
