@@ -12,9 +12,10 @@ import (
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
-// IPv4 fragments: only a datagram's first fragment carries its ports, so
+// Fragments: only a datagram's first fragment carries its ports, so
 // the programs remember them (sluice_fragments, keyed by source,
-// destination, IP id and protocol) and give every later fragment the
+// destination, IP id and protocol; IPv6's by the fragment header's
+// identification) and give every later fragment the
 // translation of its first. The expected fragments are those of the
 // translated datagram built from scratch: the L4 checksum, in the first
 // fragment only, covers the whole datagram.
@@ -37,15 +38,22 @@ func dgramOf(data []byte) func(id uint16, src string, sport uint16, dst string, 
 }
 
 func TestTCFragments(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) { tcFragments(t, v6) })
+}
+
+// tcFragments is TestTCFragments over IPv4, or with v6 over IPv6 with
+// the twins of its addresses (twinAddr), whose fragments carry a fragment
+// header.
+func tcFragments(t *testing.T, v6 bool) {
 	d := newTestDatapath(t)
 	m := d.Maps()
-	vip := l4("10.96.0.40", 53, model.UDP)
-	be := testBackend{41, l4("10.1.4.1", 5353, model.UDP)}
-	empty := l4("10.96.0.41", 53, model.UDP)
+	vip := l4(twinAddr(v6, "10.96.0.40"), 53, model.UDP)
+	be := testBackend{41, l4(twinAddr(v6, "10.1.4.1"), 5353, model.UDP)}
+	empty := l4(twinAddr(v6, "10.96.0.41"), 53, model.UDP)
 	addService(t, m, 1, vip, be)
 	addService(t, m, 2, empty)
 
-	const client = "10.0.0.1"
+	client := twinAddr(v6, "10.0.0.1")
 	dgram := dgramOf(bytes.Repeat([]byte("0123456789abcdef"), 190)) // 3040 bytes: 3 fragments
 	vipS, beS := vip.Addr.String(), be.addr.Addr.String()
 
@@ -82,7 +90,7 @@ func TestTCFragments(t *testing.T) {
 	)
 
 	// A datagram to no service, fragmented: every fragment untouched.
-	for i, f := range fragFrames(dgram(0x4444, client, 5302, "10.96.0.99", 53), 1480) {
+	for i, f := range fragFrames(dgram(0x4444, client, 5302, twinAddr(v6, "10.96.0.99"), 53), 1480) {
 		steps = append(steps, edgeStep{name: fmt.Sprintf("no service, fragment %d", i), in: f, verdict: tcActOK})
 	}
 	runEdgeSteps(t, d, steps)
