@@ -125,44 +125,61 @@ func tcFragments(t *testing.T, v6 bool) {
 // TestTCFragmentsNorthSouth: the fragments of a datagram to a NodePort
 // with a remote backend are all DNATed and SNATed to the same port and
 // redirected to the backend's node, and the fragments of its reply are all
-// rewritten back and redirected to the client.
+// rewritten back and redirected to the client. Per family (the IPv6
+// NodePort of nodeDatapath6).
 func TestTCFragmentsNorthSouth(t *testing.T) {
-	_, ifindex, d := nodeDatapath(t, smallConfig, "eth0")
-	m := d.Maps()
-	addExternal(t, m, 3, npUDP, reconciler.FlagExternal, beRemU)
-	ing := d.TCIngress()
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		var ifindex int
+		var d *Datapath
+		np, be := npUDP, beRemU
+		if v6 {
+			_, ifindex, d = nodeDatapath6(t, smallConfig)
+			np, be = np6UDP, be6RemU
+		} else {
+			_, ifindex, d = nodeDatapath(t, smallConfig, "eth0")
+			addExternal(t, d.Maps(), 3, np, reconciler.FlagExternal, be)
+		}
+		client, node, beS := nsTwin(v6, nsClientIP), nsTwin(v6, nsNodeIP), be.addr.Addr.String()
+		ing := d.TCIngress()
 
-	dgram := dgramOf(bytes.Repeat([]byte("fragmented nodeport "), 100)) // 2000 bytes
-	const cport = 5400
-	in := dgram(0x6666, nsClientIP, cport, nsNodeIP, npUDP.Port).Fragments(1480)
-	verdict, out := runOn(t, ing, ifindex, frame(macOf(nodeEthMAC), clientMAC, in[0]))
-	if verdict != tcActRedirect {
-		t.Fatalf("first fragment: verdict %d, want redirect", verdict)
-	}
-	sp := snatPortOf(t, m, nsClientIP, cport, npUDP)
-	fwd := dgram(0x6666, nsNodeIP, sp, "10.2.0.8", 5353).Fragments(1480)
-	for i, f := range fwd {
-		f.TTL = fwdTTL
-		if i > 0 {
-			verdict, out = runOn(t, ing, ifindex, frame(macOf(nodeEthMAC), clientMAC, in[i]))
+		dgram := dgramOf(bytes.Repeat([]byte("fragmented nodeport "), 100)) // 2000 bytes
+		const cport = 5400
+		// Fragments that fit eth0's 1500 bytes: IPv6's carry a 40-byte
+		// header and an 8-byte fragment header.
+		size := 1480
+		if v6 {
+			size = 1448
 		}
-		want := frame(macOf(node2MAC), macOf(nodeEthMAC), f)
-		if verdict != tcActRedirect || !bytes.Equal(out, want) {
-			t.Errorf("request fragment %d: verdict %d, output %s", i, verdict, packet.Diff(out, want))
+		in := dgram(0x6666, client, cport, node, np.Port).Fragments(size)
+		verdict, out := runOn(t, ing, ifindex, frame(macOf(nodeEthMAC), clientMAC, in[0]))
+		if verdict != tcActRedirect {
+			t.Fatalf("first fragment: verdict %d, want redirect", verdict)
 		}
-	}
+		sp := snatPortFam(t, d, client, cport, np)
+		fwd := dgram(0x6666, node, sp, beS, 5353).Fragments(size)
+		for i, f := range fwd {
+			f.TTL = fwdTTL
+			if i > 0 {
+				verdict, out = runOn(t, ing, ifindex, frame(macOf(nodeEthMAC), clientMAC, in[i]))
+			}
+			want := frame(macOf(node2MAC), macOf(nodeEthMAC), f)
+			if verdict != tcActRedirect || !bytes.Equal(out, want) {
+				t.Errorf("request fragment %d: verdict %d, output %s", i, verdict, packet.Diff(out, want))
+			}
+		}
 
-	rep := dgram(0x7777, "10.2.0.8", 5353, nsNodeIP, sp).Fragments(1480)
-	back := dgram(0x7777, nsNodeIP, npUDP.Port, nsClientIP, cport).Fragments(1480)
-	for i := range rep {
-		verdict, out := runOn(t, ing, ifindex, frame(macOf(nodeEthMAC), macOf(node2MAC), rep[i]))
-		b := back[i]
-		b.TTL = fwdTTL
-		want := frame(clientMAC, macOf(nodeEthMAC), b)
-		if verdict != tcActRedirect || !bytes.Equal(out, want) {
-			t.Errorf("reply fragment %d: verdict %d, output %s", i, verdict, packet.Diff(out, want))
+		rep := dgram(0x7777, beS, 5353, node, sp).Fragments(size)
+		back := dgram(0x7777, node, np.Port, client, cport).Fragments(size)
+		for i := range rep {
+			verdict, out := runOn(t, ing, ifindex, frame(macOf(nodeEthMAC), macOf(node2MAC), rep[i]))
+			b := back[i]
+			b.TTL = fwdTTL
+			want := frame(clientMAC, macOf(nodeEthMAC), b)
+			if verdict != tcActRedirect || !bytes.Equal(out, want) {
+				t.Errorf("reply fragment %d: verdict %d, output %s", i, verdict, packet.Diff(out, want))
+			}
 		}
-	}
+	})
 }
 
 // TestTCFragmentsEndToEnd sends a UDP datagram larger than the MTU through
