@@ -254,7 +254,7 @@ func TestTCRedirectTTLAndMTU(t *testing.T) {
 		// TTL 1 on a new flow's SYN: time exceeded, from the NodePort.
 		in := fromClient(seg(client, 43000, node, npRem.Port, 0, 1, true, 0))
 		verdict, out := runOn(t, ing, ethIdx, in)
-		if want := icmpAboutFam(in, errTimeExceeded, 0); verdict != tcActRedirect || !bytes.Equal(out, want) {
+		if want := icmpAboutFam(in, icmpTimeExceeded, 0); verdict != tcActRedirect || !bytes.Equal(out, want) {
 			t.Errorf("SYN with TTL 1: verdict %d, output %s", verdict, packet.Diff(out, want))
 		}
 
@@ -267,7 +267,7 @@ func TestTCRedirectTTLAndMTU(t *testing.T) {
 		sp := snatPortFam(t, d, client, 43001, npRem)
 		in = frame(eth, macOf(node2MAC), seg(nsTwin(v6, "10.2.0.7"), 8080, node, sp, 0x12, 1, true, 0))
 		verdict, out = runOn(t, ing, ethIdx, in)
-		if want := icmpAboutFam(in, errTimeExceeded, 0); verdict != tcActRedirect || !bytes.Equal(out, want) {
+		if want := icmpAboutFam(in, icmpTimeExceeded, 0); verdict != tcActRedirect || !bytes.Equal(out, want) {
 			t.Errorf("reply with TTL 1: verdict %d, output %s", verdict, packet.Diff(out, want))
 		}
 
@@ -275,7 +275,7 @@ func TestTCRedirectTTLAndMTU(t *testing.T) {
 		// fragmentation needed with the MTU; without, dropped.
 		in = fromClient(seg(client, 43002, node, npNode3.Port, 0x18, 0, true, 1300))
 		verdict, out = runOn(t, ing, ethIdx, in)
-		if want := icmpAboutFam(in, errTooBig, 1280); verdict != tcActRedirect || !bytes.Equal(out, want) {
+		if want := icmpAboutFam(in, icmpTooBig, 1280); verdict != tcActRedirect || !bytes.Equal(out, want) {
 			t.Errorf("%d bytes with DF to a 1280 MTU: verdict %d, output %s", len(in)-14, verdict, packet.Diff(out, want))
 		}
 		if !v6 {

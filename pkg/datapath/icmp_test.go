@@ -33,7 +33,7 @@ import (
 // source-NATed flow the error goes on to the client. Errors about replies
 // (from the client's side) go the other way, to the backend.
 
-// quoteOf returns the first n bytes of the IPv4 packet p (n <= 0: all of
+// quoteOf returns the first n bytes of the IP packet p (n <= 0: all of
 // it): what an ICMP error quotes of it.
 func quoteOf(p packet.Packet, n int) []byte {
 	b := p.L3()
@@ -44,16 +44,24 @@ func quoteOf(p packet.Packet, n int) []byte {
 }
 
 func TestTCICMPErrors(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) { tcICMPErrors(t, v6) })
+}
+
+// tcICMPErrors is TestTCICMPErrors over IPv4, or with v6 over IPv6 with
+// the twins of its addresses (twinAddr) and ICMPv6's messages, whose
+// checksum covers a pseudo-header of the outer addresses too.
+func tcICMPErrors(t *testing.T, v6 bool) {
 	d := newTestDatapath(t)
 	m := d.Maps()
-	vipU := l4("10.96.0.90", 53, model.UDP)
-	vipT := l4("10.96.0.90", 80, model.TCP)
-	beU := testBackend{91, l4("10.1.9.1", 5353, model.UDP)}
-	beT := testBackend{92, l4("10.1.9.1", 8080, model.TCP)}
+	vipU := l4(twinAddr(v6, "10.96.0.90"), 53, model.UDP)
+	vipT := l4(twinAddr(v6, "10.96.0.90"), 80, model.TCP)
+	beU := testBackend{91, l4(twinAddr(v6, "10.1.9.1"), 5353, model.UDP)}
+	beT := testBackend{92, l4(twinAddr(v6, "10.1.9.1"), 8080, model.TCP)}
 	addService(t, m, 1, vipU, beU)
 	addService(t, m, 2, vipT, beT)
-	const client, router = "10.0.0.1", "10.1.9.254"
+	client, router := twinAddr(v6, "10.0.0.1"), twinAddr(v6, "10.1.9.254")
 	vip, be := vipU.Addr.String(), beU.addr.Addr.String()
+	hl := ipHdrLen(v6)
 
 	query := []byte("a query")
 	udp := func(src string, sport uint16, dst string, dport uint16) packet.Packet {
@@ -71,8 +79,8 @@ func TestTCICMPErrors(t *testing.T) {
 		{name: "tcp flow", in: ether(tcp(client, 40000, vip, 80)), verdict: tcActOK, want: ether(tcp(client, 40000, be, 8080))},
 	})
 
-	portUnreach := func(from string, q []byte) packet.Packet { return icmpErr(from, client, 3, 3, 0, q) }
-	fragNeeded := func(from string, q []byte) packet.Packet { return icmpErr(from, client, 3, 4, 1400, q) }
+	portUnreach := func(from string, q []byte) packet.Packet { return icmpMsg(from, client, icmpPortUnreach, 0, q) }
+	fragNeeded := func(from string, q []byte) packet.Packet { return icmpMsg(from, client, icmpTooBig, 1400, q) }
 	steps := []edgeStep{
 		// The backend's port unreachable about the query, leaving
 		// towards the client: from the VIP, about <client -> VIP>.
@@ -84,9 +92,10 @@ func TestTCICMPErrors(t *testing.T) {
 			in:      ether(portUnreach(be, quoteOf(udp(client, 5300, be, 5353), 0))),
 			verdict: tcActOK,
 			want:    ether(portUnreach(vip, quoteOf(udp(client, 5300, vip, 53), 0)))},
-		// A router's fragmentation needed about a TCP segment: the
-		// router stays the source; the quote (128 bytes, a truncated
-		// segment whose TCP checksum covers all of it) is translated.
+		// A router's fragmentation needed (IPv6: packet too big) about
+		// a TCP segment: the router stays the source; the quote (128
+		// bytes, a truncated segment whose TCP checksum covers all of
+		// it) is translated.
 		{name: "frag needed from a router, egress", egress: true,
 			in:      ether(fragNeeded(router, quoteOf(tcp(client, 40000, be, 8080), 128))),
 			verdict: tcActOK,
@@ -94,26 +103,26 @@ func TestTCICMPErrors(t *testing.T) {
 		// RFC 792's minimum quote: the IP header and 8 bytes (the TCP
 		// checksum is not in it).
 		{name: "frag needed, 8-byte quote", egress: true,
-			in:      ether(fragNeeded(router, quoteOf(tcp(client, 40000, be, 8080), 28))),
+			in:      ether(fragNeeded(router, quoteOf(tcp(client, 40000, be, 8080), hl+8))),
 			verdict: tcActOK,
-			want:    ether(fragNeeded(router, quoteOf(tcp(client, 40000, vip, 80), 28)))},
+			want:    ether(fragNeeded(router, quoteOf(tcp(client, 40000, vip, 80), hl+8)))},
 		// The client's port unreachable about a reply (its socket is
 		// gone), to the VIP: on to the backend, about <backend -> client>.
 		{name: "port unreachable from the client about a reply",
-			in:      ether(icmpErr(client, vip, 3, 3, 0, quoteOf(udp(vip, 53, client, 5300), 0))),
+			in:      ether(icmpMsg(client, vip, icmpPortUnreach, 0, quoteOf(udp(vip, 53, client, 5300), 0))),
 			verdict: tcActOK,
-			want:    ether(icmpErr(client, be, 3, 3, 0, quoteOf(udp(be, 5353, client, 5300), 0)))},
+			want:    ether(icmpMsg(client, be, icmpPortUnreach, 0, quoteOf(udp(be, 5353, client, 5300), 0)))},
 		// Left alone: errors about flows Sluice did not translate, a
 		// quote too short to name the flow, errors about ICMP, and
 		// ICMP that is not an error.
 		{name: "error about another flow", egress: true,
 			in: ether(portUnreach(be, quoteOf(udp(client, 5399, be, 5353), 0))), verdict: tcActOK},
 		{name: "quote without ports", egress: true,
-			in: ether(portUnreach(be, quoteOf(udp(client, 5300, be, 5353), 22))), verdict: tcActOK},
+			in: ether(portUnreach(be, quoteOf(udp(client, 5300, be, 5353), hl+2))), verdict: tcActOK},
 		{name: "error about ICMP", egress: true,
-			in: ether(portUnreach(be, icmpErr(client, be, 8, 0, 0, nil).L3())), verdict: tcActOK},
+			in: ether(portUnreach(be, icmpMsg(client, be, icmpEcho, 0, nil).L3())), verdict: tcActOK},
 		{name: "echo request to the VIP",
-			in: ether(icmpErr(client, vip, 8, 0, 0x00010001, []byte("ping"))), verdict: tcActOK},
+			in: ether(icmpMsg(client, vip, icmpEcho, 0x00010001, []byte("ping"))), verdict: tcActOK},
 	}
 	runEdgeSteps(t, d, steps)
 

@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
@@ -130,34 +129,50 @@ func outTTL(b []byte) uint8 {
 	return b[14+8]
 }
 
-// ICMP errors tc sends back about a frame it cannot forward, per family.
-// An ICMPv6 error quotes as much as its IPv4 twin does (icmpAbout): the
-// IP header and the whole L4 header.
-const (
-	errTimeExceeded = iota
-	errTooBig       // IPv4: fragmentation needed; IPv6: packet too big
+// icmpKind is an ICMP message of the tables as either family says it: its
+// ICMP type and code, and its ICMPv6 ones.
+type icmpKind struct{ typ4, code4, typ6, code6 uint8 }
+
+var (
+	icmpPortUnreach  = icmpKind{packet.ICMPUnreachable, 3, packet.ICMPv6Unreachable, packet.ICMPv6PortUnreach}
+	icmpTooBig       = icmpKind{packet.ICMPUnreachable, 4, packet.ICMPv6PacketTooBig, 0} // IPv4: fragmentation needed
+	icmpTimeExceeded = icmpKind{11, 0, packet.ICMPv6TimeExceeded, 0}
+	icmpEcho         = icmpKind{packet.ICMPEcho, 0, packet.ICMPv6EchoRequest, 0}
 )
 
+// icmpMsg is icmpErr for a message of kind k: an ICMPv6 one between IPv6
+// addresses.
+func icmpMsg(src, dst string, k icmpKind, rest uint32, q []byte) packet.Packet {
+	p := icmpErr(src, dst, k.typ4, k.code4, rest, q)
+	if p.Src.Is6() {
+		p.Proto, p.ICMPType, p.ICMPCode = packet.ICMPv6, k.typ6, k.code6
+	}
+	return p
+}
+
+// ipHdrLen is the length of the IP header of v6's family, without options
+// or extension headers: what an error's minimal quote has before the 8
+// bytes of L4 header it adds.
+func ipHdrLen(v6 bool) int {
+	if v6 {
+		return 40
+	}
+	return 20
+}
+
 // icmpAboutFam is icmpAbout for an IPv4 frame in, and its ICMPv6 twin
-// for an IPv6 one: error kind (errTimeExceeded, errTooBig), with the MTU
-// for errTooBig.
-func icmpAboutFam(in []byte, kind int, mtu uint32) []byte {
+// for an IPv6 one: an error of kind k, quoting as much as its IPv4 twin
+// does (the IP header and the whole L4 header), rest its MTU for a too
+// big.
+func icmpAboutFam(in []byte, k icmpKind, rest uint32) []byte {
 	if !out6(in) {
-		if kind == errTooBig {
-			return icmpAbout(in, packet.ICMPUnreachable, 4, mtu)
-		}
-		return icmpAbout(in, 11, 0, 0)
+		return icmpAbout(in, k.typ4, k.code4, rest)
 	}
 	ip := in[14:]
 	l4len := 8
 	if ip[6] == packet.TCP {
 		l4len = 20
 	}
-	p := packet.Packet{Src: netip.AddrFrom16([16]byte(ip[24:40])), Dst: netip.AddrFrom16([16]byte(ip[8:24])),
-		Proto: packet.ICMPv6, ICMPType: packet.ICMPv6TimeExceeded, Payload: ip[:40+l4len]}
-	if kind == errTooBig {
-		p.ICMPType = packet.ICMPv6PacketTooBig
-		binary.BigEndian.PutUint32(p.ICMPRest[:], mtu)
-	}
-	return frame([6]byte(in[6:12]), [6]byte(in[0:6]), p)
+	src, dst := netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40]))
+	return frame([6]byte(in[6:12]), [6]byte(in[0:6]), icmpMsg(dst.String(), src.String(), k, rest, ip[:40+l4len]))
 }
