@@ -135,55 +135,67 @@ func tcICMPErrors(t *testing.T, v6 bool) {
 // TestTCICMPErrorsNorthSouth: errors about source-NATed flows go on to the
 // other end, translated: a router's fragmentation needed about <node:port
 // -> backend> to the client as about <client -> NodePort>, and the
-// client's port unreachable about a reply on to the backend.
+// client's port unreachable about a reply on to the backend. Per family
+// (the IPv6 NodePorts of nodeDatapath6; a packet too big for IPv6).
 func TestTCICMPErrorsNorthSouth(t *testing.T) {
-	_, ifindex, d := nodeDatapath(t, smallConfig, "eth0")
-	m := d.Maps()
-	addExternal(t, m, 1, npRemote, reconciler.FlagExternal, beRemote)
-	addExternal(t, m, 3, npUDP, reconciler.FlagExternal, beRemU)
-	ing := d.TCIngress()
-	eth, n2 := macOf(nodeEthMAC), macOf(node2MAC)
-	const router = "192.168.1.2" // the other node, routing the backends
-
-	// A TCP flow and a UDP flow.
-	seg := func(src string, sport uint16, dst string, dport uint16) packet.Packet {
-		return tcpPacket(src, sport, dst, dport, 0x18, bytes.Repeat([]byte("d"), 1400)).With(func(p *packet.Packet) { p.FragOff, p.TTL = packet.DF, 63 })
-	}
-	dg := func(src string, sport uint16, dst string, dport uint16) packet.Packet {
-		return udpPacket(src, sport, dst, dport, []byte("q")).With(func(p *packet.Packet) { p.TTL = 63 })
-	}
-	const cport = 45000
-	for _, in := range [][]byte{
-		frame(eth, clientMAC, seg(nsClientIP, cport, nsNodeIP, npRemote.Port)),
-		frame(eth, clientMAC, dg(nsClientIP, cport, nsNodeIP, npUDP.Port)),
-	} {
-		if v, _ := runOn(t, ing, ifindex, in); v != tcActRedirect {
-			t.Fatalf("flow: verdict %d", v)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		var ifindex int
+		var d *Datapath
+		np, npU, beT, beU := npRemote, npUDP, beRemote, beRemU
+		if v6 {
+			_, ifindex, d = nodeDatapath6(t, smallConfig)
+			np, npU, beT, beU = np6Remote, np6UDP, be6Remote, be6RemU
+		} else {
+			_, ifindex, d = nodeDatapath(t, smallConfig, "eth0")
+			addExternal(t, d.Maps(), 1, np, reconciler.FlagExternal, beT)
+			addExternal(t, d.Maps(), 3, npU, reconciler.FlagExternal, beU)
 		}
-	}
-	spT := snatPortOf(t, m, nsClientIP, cport, npRemote)
-	spU := snatPortOf(t, m, nsClientIP, cport, npUDP)
+		ing := d.TCIngress()
+		eth, n2 := macOf(nodeEthMAC), macOf(node2MAC)
+		client, node := nsTwin(v6, nsClientIP), nsTwin(v6, nsNodeIP)
+		beTS, beUS := beT.addr.Addr.String(), beU.addr.Addr.String()
+		router := nsTwin(v6, nsNode2IP) // the other node, routing the backends
 
-	fwd := func(p packet.Packet) packet.Packet { p.TTL = 63; return p }
-	for _, c := range []struct {
-		name    string
-		in, out []byte
-	}{
-		{"frag needed from a router about a request",
-			frame(eth, n2, icmpErr(router, nsNodeIP, 3, 4, 1400, quoteOf(seg(nsNodeIP, spT, "10.2.0.7", 8080), 128))),
-			frame(clientMAC, eth, fwd(icmpErr(router, nsClientIP, 3, 4, 1400, quoteOf(seg(nsClientIP, cport, nsNodeIP, npRemote.Port), 128))))},
-		{"port unreachable from the backend",
-			frame(eth, n2, icmpErr("10.2.0.8", nsNodeIP, 3, 3, 0, quoteOf(dg(nsNodeIP, spU, "10.2.0.8", 5353), 0))),
-			frame(clientMAC, eth, fwd(icmpErr(nsNodeIP, nsClientIP, 3, 3, 0, quoteOf(dg(nsClientIP, cport, nsNodeIP, npUDP.Port), 0))))},
-		{"port unreachable from the client about a reply",
-			frame(eth, clientMAC, icmpErr(nsClientIP, nsNodeIP, 3, 3, 0, quoteOf(dg(nsNodeIP, npUDP.Port, nsClientIP, cport), 0))),
-			frame(n2, eth, fwd(icmpErr(nsNodeIP, "10.2.0.8", 3, 3, 0, quoteOf(dg("10.2.0.8", 5353, nsNodeIP, spU), 0))))},
-	} {
-		verdict, out := runOn(t, ing, ifindex, c.in)
-		if verdict != tcActRedirect || !bytes.Equal(out, c.out) {
-			t.Errorf("%s: verdict %d (want redirect), output %s", c.name, verdict, packet.Diff(out, c.out))
+		// A TCP flow and a UDP flow.
+		seg := func(src string, sport uint16, dst string, dport uint16) packet.Packet {
+			return tcpPacket(src, sport, dst, dport, 0x18, bytes.Repeat([]byte("d"), 1400)).With(func(p *packet.Packet) { p.FragOff, p.TTL = packet.DF, 63 })
 		}
-	}
+		dg := func(src string, sport uint16, dst string, dport uint16) packet.Packet {
+			return udpPacket(src, sport, dst, dport, []byte("q")).With(func(p *packet.Packet) { p.TTL = 63 })
+		}
+		const cport = 45000
+		for _, in := range [][]byte{
+			frame(eth, clientMAC, seg(client, cport, node, np.Port)),
+			frame(eth, clientMAC, dg(client, cport, node, npU.Port)),
+		} {
+			if v, _ := runOn(t, ing, ifindex, in); v != tcActRedirect {
+				t.Fatalf("flow: verdict %d", v)
+			}
+		}
+		spT := snatPortFam(t, d, client, cport, np)
+		spU := snatPortFam(t, d, client, cport, npU)
+
+		fwd := func(p packet.Packet) packet.Packet { p.TTL = 63; return p }
+		for _, c := range []struct {
+			name    string
+			in, out []byte
+		}{
+			{"frag needed from a router about a request",
+				frame(eth, n2, icmpMsg(router, node, icmpTooBig, 1400, quoteOf(seg(node, spT, beTS, 8080), 128))),
+				frame(clientMAC, eth, fwd(icmpMsg(router, client, icmpTooBig, 1400, quoteOf(seg(client, cport, node, np.Port), 128))))},
+			{"port unreachable from the backend",
+				frame(eth, n2, icmpMsg(beUS, node, icmpPortUnreach, 0, quoteOf(dg(node, spU, beUS, 5353), 0))),
+				frame(clientMAC, eth, fwd(icmpMsg(node, client, icmpPortUnreach, 0, quoteOf(dg(client, cport, node, npU.Port), 0))))},
+			{"port unreachable from the client about a reply",
+				frame(eth, clientMAC, icmpMsg(client, node, icmpPortUnreach, 0, quoteOf(dg(node, npU.Port, client, cport), 0))),
+				frame(n2, eth, fwd(icmpMsg(node, beUS, icmpPortUnreach, 0, quoteOf(dg(beUS, 5353, node, spU), 0))))},
+		} {
+			verdict, out := runOn(t, ing, ifindex, c.in)
+			if verdict != tcActRedirect || !bytes.Equal(out, c.out) {
+				t.Errorf("%s: verdict %d (want redirect), output %s", c.name, verdict, packet.Diff(out, c.out))
+			}
+		}
+	})
 }
 
 // TestICMPPortUnreachableEndToEnd: a connected UDP socket to a ClusterIP
