@@ -309,46 +309,61 @@ func pmtuTransfer(t *testing.T, lb *topology.LB, be netip.AddrPort, target model
 }
 
 // TestTCICMPErrorTruncated runs every prefix of ICMP errors about a
-// translated flow (their IPv4 total length set to the prefix) through both
-// programs: each is left alone, or translated in the fields translation
-// changes only, never rewritten beyond what is there.
+// translated flow (their IPv4 total length, or IPv6 payload length, set to
+// the prefix) through both programs: each is left alone, or translated in
+// the fields translation changes only, never rewritten beyond what is
+// there. Per family.
 func TestTCICMPErrorTruncated(t *testing.T) {
-	d := newTestDatapath(t)
-	addService(t, d.Maps(), 1, l4("10.96.0.93", 80, model.TCP), testBackend{1, l4("10.1.9.3", 8080, model.TCP)})
-	const client = "10.0.0.1"
-	seg := func(dst string, dport uint16) packet.Packet {
-		return tcpPacket(client, 40000, dst, dport, 0, []byte("data"))
-	}
-	if v, _ := runProg(t, d.TCIngress(), ether(seg("10.96.0.93", 80))); v != tcActOK {
-		t.Fatalf("flow: verdict %d", v)
-	}
-	full := ether(icmpErr("10.1.9.3", client, 3, 3, 0, seg("10.1.9.3", 8080).L3()))
-	translated := 0
-	for n := 14 + 20; n <= len(full); n++ {
-		in := append([]byte(nil), full[:n]...)
-		binary.BigEndian.PutUint16(in[16:], uint16(n-14))
-		for _, prog := range []*ebpf.Program{d.TCIngress(), d.TCEgress()} {
-			verdict, out := runProg(t, prog, in)
-			if verdict != tcActOK || len(out) != len(in) {
-				t.Fatalf("prefix %d: verdict %d, %d bytes out", n, verdict, len(out))
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d := newTestDatapath(t)
+		vip, be := twinAddr(v6, "10.96.0.93"), twinAddr(v6, "10.1.9.3")
+		addService(t, d.Maps(), 1, l4(vip, 80, model.TCP), testBackend{1, l4(be, 8080, model.TCP)})
+		client := twinAddr(v6, "10.0.0.1")
+		seg := func(dst string, dport uint16) packet.Packet {
+			return tcpPacket(client, 40000, dst, dport, 0, []byte("data"))
+		}
+		if v, _ := runProg(t, d.TCIngress(), ether(seg(vip, 80))); v != tcActOK {
+			t.Fatalf("flow: verdict %d", v)
+		}
+		full := ether(icmpMsg(be, client, icmpPortUnreach, 0, seg(be, 8080).L3()))
+		// The bytes translation changes (the rest must stay): the outer
+		// source, the ICMP checksum, the quoted destination and
+		// destination port, and the quoted TCP checksum; IPv4's outer
+		// and quoted header checksums too.
+		changes := func(i int) bool {
+			return (i >= 24 && i < 30) || (i >= 36 && i < 38) || (i >= 52 && i < 54) ||
+				(i >= 58 && i < 62) || (i >= 64 && i < 66) || (i >= 78 && i < 80)
+		}
+		hl, lenOff, uncounted := 20, 16, 0 // the IP header, where its length is, what it leaves out
+		if v6 {
+			hl, lenOff, uncounted = 40, 18, 40
+			changes = func(i int) bool {
+				return (i >= 22 && i < 38) || (i >= 56 && i < 58) || (i >= 86 && i < 102) ||
+					(i >= 104 && i < 106) || (i >= 118 && i < 120)
 			}
-			if bytes.Equal(out, in) {
-				continue
-			}
-			translated++
-			// Outer source and checksum, the ICMP checksum, the
-			// quoted checksum and destination, and the quoted
-			// destination port and TCP checksum.
-			for i := range in {
-				ok := (i >= 24 && i < 30) || (i >= 36 && i < 38) || (i >= 52 && i < 54) ||
-					(i >= 58 && i < 62) || (i >= 64 && i < 66) || (i >= 78 && i < 80)
-				if in[i] != out[i] && !ok {
-					t.Fatalf("prefix %d: byte %d changed: %s", n, i, packet.Diff(out, in))
+		}
+		translated := 0
+		for n := 14 + hl; n <= len(full); n++ {
+			in := append([]byte(nil), full[:n]...)
+			binary.BigEndian.PutUint16(in[lenOff:], uint16(n-14-uncounted))
+			for _, prog := range []*ebpf.Program{d.TCIngress(), d.TCEgress()} {
+				verdict, out := runProg(t, prog, in)
+				if verdict != tcActOK || len(out) != len(in) {
+					t.Fatalf("prefix %d: verdict %d, %d bytes out", n, verdict, len(out))
+				}
+				if bytes.Equal(out, in) {
+					continue
+				}
+				translated++
+				for i := range in {
+					if in[i] != out[i] && !changes(i) {
+						t.Fatalf("prefix %d: byte %d changed: %s", n, i, packet.Diff(out, in))
+					}
 				}
 			}
 		}
-	}
-	if translated == 0 {
-		t.Error("no prefix was translated, not even the whole error")
-	}
+		if translated == 0 {
+			t.Error("no prefix was translated, not even the whole error")
+		}
+	})
 }
