@@ -44,50 +44,71 @@ func podIfindex(t *testing.T) int {
 // at its ingress, and so gets the node's address as its source: it is
 // forwarded to the client (FIB lookup and redirect, TTL one less) instead
 // of being passed up, where the kernel drops it as a martian. A ClusterIP
-// reply is still passed up (its source, a VIP, is not the node's).
+// reply is still passed up (its source, a VIP, is not the node's). Per
+// family: IPv6's stack forwards a packet from the node's own address, so
+// there every reply is reverse-NATed and passed up
+// (TestNodePortPodDeviceEndToEndIPv6 shows it reaching the client).
 func TestTCReplyAtPodDevice(t *testing.T) {
-	_, ethIdx, d := nodeDatapath(t, smallConfig, "eth0", "pod0")
-	podIdx := podIfindex(t)
-	m := d.Maps()
-	ext := reconciler.FlagExternal
-	addExternal(t, m, 2, npLocal, ext, beLocal)
-	etpLocal := l4(nsNodeIP, 30084, model.TCP)
-	addExternal(t, m, 8, etpLocal, ext|reconciler.FlagLocal, beLocal)
-	cip := l4("10.96.0.80", 80, model.TCP)
-	addService(t, m, 9, cip, beLocal)
-	ing := d.TCIngress()
-	// Frames from the client to eth0, and from the pod to pod0.
-	eth, pod0, pod := macOf(nodeEthMAC), [6]byte{0x02, 0, 0, 0, 0x0a, 0x00}, [6]byte{0x02, 0, 0, 0, 0x0a, 0x01}
-	beS := beLocal.addr.Addr.String()
-
-	for i, fe := range []model.L4Addr{npLocal, etpLocal, cip} {
-		cport := uint16(42000 + i)
-		syn := tcpPacket(nsClientIP, cport, fe.Addr.String(), fe.Port, 0, nil)
-		dnat := tcpPacket(nsClientIP, cport, beS, 8080, 0, nil)
-		verdict, out := runOn(t, ing, ethIdx, frame(eth, clientMAC, syn))
-		if want := frame(eth, clientMAC, dnat); verdict != tcActOK || !bytes.Equal(out, want) {
-			t.Fatalf("%s: SYN: verdict %d, output %s", fe, verdict, packet.Diff(out, want))
-		}
-
-		synAck := tcpPacket(beS, 8080, nsClientIP, cport, 0x12, nil)
-		back := tcpPacket(fe.Addr.String(), fe.Port, nsClientIP, cport, 0x12, nil)
-		verdict, out = runOn(t, ing, podIdx, frame(pod0, pod, synAck))
-		if fe == cip {
-			// Passed up, rewritten: the stack routes it.
-			if want := frame(pod0, pod, back); verdict != tcActOK || !bytes.Equal(out, want) {
-				t.Errorf("%s: SYN-ACK at pod0: verdict %d, output %s", fe, verdict, packet.Diff(out, want))
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		_, ethIdx, d := nodeDatapath(t, smallConfig, "eth0", "pod0")
+		podIdx := podIfindex(t)
+		if v6 {
+			addNodeIPv6(t)
+			_, pods, _ := net.ParseCIDR("2001:db8:1::/64") // the local pods, behind pod0
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: podIdx, Dst: pods}); err != nil {
+				t.Fatal(err)
 			}
-			continue
+			if err := d.AttachDevices([]string{"eth0", "pod0"}); err != nil {
+				t.Fatal(err)
+			}
 		}
-		back.TTL = 63
-		if want := frame(clientMAC, eth, back); verdict != tcActRedirect || !bytes.Equal(out, want) {
-			t.Errorf("%s: SYN-ACK at pod0: verdict %d (want redirect %d), output %s", fe, verdict, tcActRedirect, packet.Diff(out, want))
+		m := d.Maps()
+		ext := reconciler.FlagExternal
+		be := testBackend{beLocal.id, nsTwinL4(v6, beLocal.addr)}
+		np := nsTwinL4(v6, npLocal)
+		addExternal(t, m, 2, np, ext, be)
+		etpLocal := l4(nsTwin(v6, nsNodeIP), 30084, model.TCP)
+		addExternal(t, m, 8, etpLocal, ext|reconciler.FlagLocal, be)
+		cip := l4(twinAddr(v6, "10.96.0.80"), 80, model.TCP)
+		addService(t, m, 9, cip, be)
+		ing := d.TCIngress()
+		// Frames from the client to eth0, and from the pod to pod0.
+		eth, pod0, pod := macOf(nodeEthMAC), [6]byte{0x02, 0, 0, 0, 0x0a, 0x00}, [6]byte{0x02, 0, 0, 0, 0x0a, 0x01}
+		client, beS := nsTwin(v6, nsClientIP), be.addr.Addr.String()
+
+		for i, fe := range []model.L4Addr{np, etpLocal, cip} {
+			cport := uint16(42000 + i)
+			syn := tcpPacket(client, cport, fe.Addr.String(), fe.Port, 0, nil)
+			dnat := tcpPacket(client, cport, beS, 8080, 0, nil)
+			verdict, out := runOn(t, ing, ethIdx, frame(eth, clientMAC, syn))
+			if want := frame(eth, clientMAC, dnat); verdict != tcActOK || !bytes.Equal(out, want) {
+				t.Fatalf("%s: SYN: verdict %d, output %s", fe, verdict, packet.Diff(out, want))
+			}
+
+			synAck := tcpPacket(beS, 8080, client, cport, 0x12, nil)
+			back := tcpPacket(fe.Addr.String(), fe.Port, client, cport, 0x12, nil)
+			verdict, out = runOn(t, ing, podIdx, frame(pod0, pod, synAck))
+			if fe == cip || v6 {
+				// Passed up, rewritten: the stack routes it.
+				if want := frame(pod0, pod, back); verdict != tcActOK || !bytes.Equal(out, want) {
+					t.Errorf("%s: SYN-ACK at pod0: verdict %d, output %s", fe, verdict, packet.Diff(out, want))
+				}
+				continue
+			}
+			back.TTL = 63
+			if want := frame(clientMAC, eth, back); verdict != tcActRedirect || !bytes.Equal(out, want) {
+				t.Errorf("%s: SYN-ACK at pod0: verdict %d (want redirect %d), output %s", fe, verdict, tcActRedirect, packet.Diff(out, want))
+			}
 		}
-	}
-	cs := counters(t, d)
-	if cs["tc_rev_redirect"] != 2 {
-		t.Errorf("tc_rev_redirect = %d, want 2 (the NodePort and ETP=Local replies)", cs["tc_rev_redirect"])
-	}
+		cs := counters(t, d)
+		want := uint64(2) // the NodePort and ETP=Local replies
+		if v6 {
+			want = 0
+		}
+		if cs["tc_rev_redirect"] != want || cs["tc_rev_nat"] < 3-want {
+			t.Errorf("tc_rev_redirect = %d, tc_rev_nat = %d; want %d and at least %d", cs["tc_rev_redirect"], cs["tc_rev_nat"], want, 3-want)
+		}
+	})
 }
 
 // TestNodePortPodDeviceEndToEnd runs real NodePort traffic to a backend
