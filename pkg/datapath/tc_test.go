@@ -179,39 +179,40 @@ func TestTCPacketTable(t *testing.T) {
 
 // TestTCConntrackStickiness sends many packets of many flows to a service
 // with four backends: every packet of a flow must reach the backend its
-// first packet got, and the flows must spread over all backends.
+// first packet got, and the flows must spread over all backends. Per
+// family (twinAddr).
 func TestTCConntrackStickiness(t *testing.T) {
-	d := newTestDatapath(t)
-	bes := []model.L4Addr{
-		l4("10.1.1.1", 8080, model.TCP),
-		l4("10.1.1.2", 8080, model.TCP),
-		l4("10.1.1.3", 8080, model.TCP),
-		l4("10.1.1.4", 8080, model.TCP),
-	}
-	applyServices(t, d, clusterIP(vipTCP, bes...))
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d := newTestDatapath(t)
+		var bes []model.L4Addr
+		for _, a := range []string{"10.1.1.1", "10.1.1.2", "10.1.1.3", "10.1.1.4"} {
+			bes = append(bes, l4(twinAddr(v6, a), 8080, model.TCP))
+		}
+		applyServices(t, d, clusterIP(twinL4(v6, vipTCP), bes...))
 
-	seen := map[string]int{}
-	for flow := range 64 {
-		in := tcpSYN("10.0.0.2", uint16(30000+flow), "10.96.0.10", 80)
-		var first string
-		for i := range 16 {
-			verdict, out := runProg(t, d.TCIngress(), in.Bytes())
-			if verdict != tcActOK {
-				t.Fatalf("flow %d packet %d: verdict %d", flow, i, verdict)
-			}
-			checkChecksums(t, out)
-			dst := netip.AddrFrom4([4]byte(out[30:34])).String()
-			if i == 0 {
-				first = dst
-				seen[dst]++
-			} else if dst != first {
-				t.Fatalf("flow %d packet %d went to %s, first packet to %s", flow, i, dst, first)
+		seen := map[string]int{}
+		for flow := range 64 {
+			in := tcpSYN(twinAddr(v6, "10.0.0.2"), uint16(30000+flow), twinAddr(v6, "10.96.0.10"), 80)
+			var first string
+			for i := range 16 {
+				verdict, out := runProg(t, d.TCIngress(), in.Bytes())
+				if verdict != tcActOK {
+					t.Fatalf("flow %d packet %d: verdict %d", flow, i, verdict)
+				}
+				checkChecksums(t, out)
+				dst := outDst(out)
+				if i == 0 {
+					first = dst
+					seen[dst]++
+				} else if dst != first {
+					t.Fatalf("flow %d packet %d went to %s, first packet to %s", flow, i, dst, first)
+				}
 			}
 		}
-	}
-	if len(seen) != len(bes) {
-		t.Errorf("64 flows reached %d of %d backends: %v", len(seen), len(bes), seen)
-	}
+		if len(seen) != len(bes) {
+			t.Errorf("64 flows reached %d of %d backends: %v", len(seen), len(bes), seen)
+		}
+	})
 }
 
 // TestTCBackendChange: when a backend leaves its service, an established
@@ -269,36 +270,40 @@ func TestTCBackendChange(t *testing.T) {
 	expect("tcp after flush", tcpData, newTCP)
 }
 
-// TestTCConntrackTimeout: an idle UDP flow forgets its backend.
+// TestTCConntrackTimeout: an idle UDP flow forgets its backend. Per
+// family (twinAddr).
 func TestTCConntrackTimeout(t *testing.T) {
-	d := openTestWith(t, smallConfig, func(cfg *Config) {
-		cfg.CTTimeoutUDP = 500 * time.Millisecond
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d := openTestWith(t, smallConfig, func(cfg *Config) {
+			cfg.CTTimeoutUDP = 500 * time.Millisecond
+		})
+		m := d.Maps()
+		vip := twinL4(v6, vipUDP)
+		a, b := testBackend{31, l4(twinAddr(v6, "10.1.3.1"), 5353, model.UDP)}, testBackend{32, l4(twinAddr(v6, "10.1.3.2"), 5353, model.UDP)}
+		addService(t, m, 1, vip, a)
+		in := udpDgram(twinAddr(v6, "10.0.0.4"), 42000, vip.Addr.String(), 53)
+		dstOf := func() string {
+			_, out := runProg(t, d.TCIngress(), in.Bytes())
+			return outDst(out)
+		}
+		if got := dstOf(); got != a.addr.Addr.String() {
+			t.Fatalf("first packet to %s", got)
+		}
+		// Slot 1 now names b, but a still exists: the live flow stays on a.
+		if err := m.UpsertBackend(b.id, b.addr); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.UpsertSlot(reconciler.DefaultScope(vip), 1, b.id); err != nil {
+			t.Fatal(err)
+		}
+		if got := dstOf(); got != a.addr.Addr.String() {
+			t.Fatalf("live flow moved to %s", got)
+		}
+		time.Sleep(1200 * time.Millisecond)
+		if got := dstOf(); got != b.addr.Addr.String() {
+			t.Fatalf("idle flow still sent to %s after its timeout", got)
+		}
 	})
-	m := d.Maps()
-	a, b := testBackend{31, l4("10.1.3.1", 5353, model.UDP)}, testBackend{32, l4("10.1.3.2", 5353, model.UDP)}
-	addService(t, m, 1, vipUDP, a)
-	in := udpDgram("10.0.0.4", 42000, "10.96.0.11", 53)
-	dstOf := func() string {
-		_, out := runProg(t, d.TCIngress(), in.Bytes())
-		return netip.AddrFrom4([4]byte(out[30:34])).String()
-	}
-	if got := dstOf(); got != "10.1.3.1" {
-		t.Fatalf("first packet to %s", got)
-	}
-	// Slot 1 now names b, but a still exists: the live flow stays on a.
-	if err := m.UpsertBackend(b.id, b.addr); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.UpsertSlot(reconciler.DefaultScope(vipUDP), 1, b.id); err != nil {
-		t.Fatal(err)
-	}
-	if got := dstOf(); got != "10.1.3.1" {
-		t.Fatalf("live flow moved to %s", got)
-	}
-	time.Sleep(1200 * time.Millisecond)
-	if got := dstOf(); got != "10.1.3.2" {
-		t.Fatalf("idle flow still sent to %s after its timeout", got)
-	}
 }
 
 // TestTCTruncated runs every prefix of valid packets to services (IPv4 and
