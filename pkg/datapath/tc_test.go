@@ -219,55 +219,79 @@ func TestTCConntrackStickiness(t *testing.T) {
 // TCP flow keeps it (as kube-proxy keeps established connections) while a
 // UDP flow moves to a backend that still exists. FlushConntrack forgets
 // both. (A new SYN on the TCP flow's tuple would select again:
-// TestCTBackendGoneSYNReselects.)
+// TestCTBackendGoneSYNReselects.) Per family (twinAddr).
 func TestTCBackendChange(t *testing.T) {
-	d := newTestDatapath(t)
-	m := d.Maps()
-	oldTCP, newTCP := testBackend{21, l4("10.1.2.1", 8080, model.TCP)}, testBackend{22, l4("10.1.2.2", 8080, model.TCP)}
-	oldUDP, newUDP := testBackend{23, l4("10.1.2.3", 5353, model.UDP)}, testBackend{24, l4("10.1.2.4", 5353, model.UDP)}
-	addService(t, m, 1, vipTCP, oldTCP)
-	addService(t, m, 2, vipUDP, oldUDP)
-
-	tcpIn := tcpSYN("10.0.0.3", 41000, "10.96.0.10", 80)
-	udpIn := udpDgram("10.0.0.3", 41000, "10.96.0.11", 53)
-	expect := func(name string, in packet.Packet, b testBackend) {
-		t.Helper()
-		verdict, out := runProg(t, d.TCIngress(), in.Bytes())
-		if want := in.With(toBackend(b)).Bytes(); verdict != tcActOK || !bytes.Equal(out, want) {
-			t.Fatalf("%s: verdict %d, output\n got %x\nwant %x", name, verdict, out, want)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d := newTestDatapath(t)
+		m := d.Maps()
+		be := func(id reconciler.BackendID, a string, port uint16, proto model.Protocol) testBackend {
+			return testBackend{id, l4(twinAddr(v6, a), port, proto)}
 		}
-	}
-	expect("tcp before", tcpIn, oldTCP)
-	expect("udp before", udpIn, oldUDP)
+		oldTCP, newTCP := be(21, "10.1.2.1", 8080, model.TCP), be(22, "10.1.2.2", 8080, model.TCP)
+		oldUDP, newUDP := be(23, "10.1.2.3", 5353, model.UDP), be(24, "10.1.2.4", 5353, model.UDP)
+		vipT, vipU := twinL4(v6, vipTCP), twinL4(v6, vipUDP)
+		addService(t, m, 1, vipT, oldTCP)
+		addService(t, m, 2, vipU, oldUDP)
 
-	// The reconciler replaces the backends: new backend and slot first,
-	// then the old backend goes.
-	addService(t, m, 1, vipTCP, newTCP)
-	addService(t, m, 2, vipUDP, newUDP)
-	if err := m.DeleteBackend(oldTCP.id); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.DeleteBackend(oldUDP.id); err != nil {
-		t.Fatal(err)
-	}
-	tcpData := tcpIn
-	tcpData.TCPFlags = packet.ACK
-	expect("tcp after removal keeps its backend", tcpData, oldTCP)
-	expect("udp after removal re-balances", udpIn, newUDP)
-
-	if err := m.FlushConntrack([]model.L4Addr{oldTCP.addr}); err != nil {
-		t.Fatal(err)
-	}
-	var k sockCt4Key
-	var v sockCt4Entry
-	for _, cm := range ctMaps(m) {
-		for it := cm.Iterate(); it.Next(&k, &v); {
-			if (k.Dir == ctForward && v.NatAddr == be32(oldTCP.addr.Addr)) || (k.Dir == ctReverse && k.Saddr == be32(oldTCP.addr.Addr)) {
-				t.Errorf("conntrack entry of %s survived FlushConntrack: %+v -> %+v", oldTCP.addr, k, v)
+		client := twinAddr(v6, "10.0.0.3")
+		tcpIn := tcpSYN(client, 41000, vipT.Addr.String(), 80)
+		udpIn := udpDgram(client, 41000, vipU.Addr.String(), 53)
+		expect := func(name string, in packet.Packet, b testBackend) {
+			t.Helper()
+			verdict, out := runProg(t, d.TCIngress(), in.Bytes())
+			if want := in.With(toBackend(b)).Bytes(); verdict != tcActOK || !bytes.Equal(out, want) {
+				t.Fatalf("%s: verdict %d, output\n got %x\nwant %x", name, verdict, out, want)
 			}
 		}
-	}
-	expect("tcp after flush", tcpData, newTCP)
+		expect("tcp before", tcpIn, oldTCP)
+		expect("udp before", udpIn, oldUDP)
+
+		// The reconciler replaces the backends: new backend and slot
+		// first, then the old backend goes.
+		addService(t, m, 1, vipT, newTCP)
+		addService(t, m, 2, vipU, newUDP)
+		if err := m.DeleteBackend(oldTCP.id); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.DeleteBackend(oldUDP.id); err != nil {
+			t.Fatal(err)
+		}
+		tcpData := tcpIn
+		tcpData.TCPFlags = packet.ACK
+		expect("tcp after removal keeps its backend", tcpData, oldTCP)
+		expect("udp after removal re-balances", udpIn, newUDP)
+
+		if err := m.FlushConntrack([]model.L4Addr{oldTCP.addr}); err != nil {
+			t.Fatal(err)
+		}
+		// No entry names the old backend: as the NAT address of a
+		// forward entry, or the source of a reverse one.
+		names := func(dir uint8, src, nat netip.Addr) bool {
+			return (dir == ctForward && nat == oldTCP.addr.Addr) || (dir == ctReverse && src == oldTCP.addr.Addr)
+		}
+		if v6 {
+			var k tcCt6Key
+			var v tcCt6Entry
+			for _, cm := range []*ebpf.Map{d.tc.Sluice6ConntrackV1, d.tc.Sluice6CtNewV1} {
+				for it := cm.Iterate(); it.Next(&k, &v); {
+					if names(k.Dir, netip.AddrFrom16(k.Saddr.Addr), netip.AddrFrom16(v.NatAddr.Addr)) {
+						t.Errorf("conntrack entry of %s survived FlushConntrack: %+v -> %+v", oldTCP.addr, k, v)
+					}
+				}
+			}
+		} else {
+			var k sockCt4Key
+			var v sockCt4Entry
+			for _, cm := range ctMaps(m) {
+				for it := cm.Iterate(); it.Next(&k, &v); {
+					if names(k.Dir, addrFromBE32(k.Saddr), addrFromBE32(v.NatAddr)) {
+						t.Errorf("conntrack entry of %s survived FlushConntrack: %+v -> %+v", oldTCP.addr, k, v)
+					}
+				}
+			}
+		}
+		expect("tcp after flush", tcpData, newTCP)
+	})
 }
 
 // TestTCConntrackTimeout: an idle UDP flow forgets its backend. Per
