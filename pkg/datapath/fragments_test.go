@@ -9,7 +9,6 @@ import (
 
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/pkg/model"
-	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // Fragments: only a datagram's first fragment carries its ports, so
@@ -129,16 +128,8 @@ func tcFragments(t *testing.T, v6 bool) {
 // NodePort of nodeDatapath6).
 func TestTCFragmentsNorthSouth(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		var ifindex int
-		var d *Datapath
-		np, be := npUDP, beRemU
-		if v6 {
-			_, ifindex, d = nodeDatapath6(t, smallConfig)
-			np, be = np6UDP, be6RemU
-		} else {
-			_, ifindex, d = nodeDatapath(t, smallConfig, "eth0")
-			addExternal(t, d.Maps(), 3, np, reconciler.FlagExternal, be)
-		}
+		n := nsNodeOf(t, v6, smallConfig)
+		ifindex, d, np, be := n.ifindex, n.d, n.npU, n.beU
 		client, node, beS := nsTwin(v6, nsClientIP), nsTwin(v6, nsNodeIP), be.addr.Addr.String()
 		ing := d.TCIngress()
 

@@ -19,7 +19,6 @@ import (
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
-	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // ICMP errors about translated flows (B7). An error quotes the packet that
@@ -139,17 +138,8 @@ func tcICMPErrors(t *testing.T, v6 bool) {
 // (the IPv6 NodePorts of nodeDatapath6; a packet too big for IPv6).
 func TestTCICMPErrorsNorthSouth(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		var ifindex int
-		var d *Datapath
-		np, npU, beT, beU := npRemote, npUDP, beRemote, beRemU
-		if v6 {
-			_, ifindex, d = nodeDatapath6(t, smallConfig)
-			np, npU, beT, beU = np6Remote, np6UDP, be6Remote, be6RemU
-		} else {
-			_, ifindex, d = nodeDatapath(t, smallConfig, "eth0")
-			addExternal(t, d.Maps(), 1, np, reconciler.FlagExternal, beT)
-			addExternal(t, d.Maps(), 3, npU, reconciler.FlagExternal, beU)
-		}
+		n := nsNodeOf(t, v6, smallConfig)
+		ifindex, d, np, npU, beT, beU := n.ifindex, n.d, n.np, n.npU, n.be, n.beU
 		ing := d.TCIngress()
 		eth, n2 := macOf(nodeEthMAC), macOf(node2MAC)
 		client, node := nsTwin(v6, nsClientIP), nsTwin(v6, nsNodeIP)

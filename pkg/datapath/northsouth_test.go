@@ -389,16 +389,8 @@ func northSouthSNATPorts(t *testing.T, v6 bool) {
 		cfg.SNATPortMin, cfg.SNATPortMax = 62000, 62031
 		cfg.CTTimeoutClose = 50 * time.Millisecond
 	})
-	var ifindex int
-	var d *Datapath
-	np, be := npRemote, beRemote
-	if v6 {
-		_, ifindex, d = nodeDatapath6(t, cfg)
-		np, be = np6Remote, be6Remote
-	} else {
-		_, ifindex, d = nodeDatapath(t, cfg, "eth0")
-		addExternal(t, d.Maps(), 1, np, reconciler.FlagExternal, be)
-	}
+	n := nsNodeOf(t, v6, cfg)
+	ifindex, d, np, be := n.ifindex, n.d, n.np, n.be
 	m := d.Maps()
 	ing := d.TCIngress()
 	tw := func(a string) string {

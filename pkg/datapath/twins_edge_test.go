@@ -12,6 +12,7 @@ import (
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // IPv6 twins of the edge-case tests (issue 10): the end-to-end PMTU,
@@ -175,4 +176,28 @@ func icmpAboutFam(in []byte, k icmpKind, rest uint32) []byte {
 	}
 	src, dst := netip.AddrFrom16([16]byte(ip[8:24])), netip.AddrFrom16([16]byte(ip[24:40]))
 	return frame([6]byte(in[6:12]), [6]byte(in[0:6]), icmpMsg(dst.String(), src.String(), k, rest, ip[:40+l4len]))
+}
+
+// nsNode is a north-south tables' node of one family: nodeNetns entered,
+// a datapath of base on eth0, and its NodePorts np (TCP) and npU (UDP) to
+// the backends be and beU on node 2.
+type nsNode struct {
+	ifindex int
+	d       *Datapath
+	np, npU model.L4Addr
+	be, beU testBackend
+}
+
+// nsNodeOf is the node with IPv4's NodePorts npRemote and npUDP (ids 1
+// and 3), or with v6 nodeDatapath6's IPv6 ones.
+func nsNodeOf(t *testing.T, v6 bool, base func(bpffs string) Config) nsNode {
+	t.Helper()
+	if v6 {
+		_, ifindex, d := nodeDatapath6(t, base)
+		return nsNode{ifindex, d, np6Remote, np6UDP, be6Remote, be6RemU}
+	}
+	_, ifindex, d := nodeDatapath(t, base, "eth0")
+	addExternal(t, d.Maps(), 1, npRemote, reconciler.FlagExternal, beRemote)
+	addExternal(t, d.Maps(), 3, npUDP, reconciler.FlagExternal, beRemU)
+	return nsNode{ifindex, d, npRemote, npUDP, beRemote, beRemU}
 }
