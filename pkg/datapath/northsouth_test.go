@@ -358,10 +358,6 @@ func TestNorthSouthPacketTable(t *testing.T) {
 	expectCounted(t, d, "tc_snat_new", "tc_local_no_backend", "tc_src_range_deny", "tc_rev_nat")
 }
 
-// TestNorthSouthSNATPorts: many clients through one node to one remote
-// backend each get a port of their own; once the range is used up, new
-// flows are refused rather than given a port in use; and ports of flows
-// that closed come back after the close timeout, through GCConntrack.
 func TestDevicesAndAddresses(t *testing.T) {
 	testutil.Privileged(t)
 	nodeNetns(t)
@@ -375,6 +371,11 @@ func TestDevicesAndAddresses(t *testing.T) {
 	}
 }
 
+// TestNorthSouthSNATPorts: many clients through one node to one remote
+// backend each get a port of their own; once the range is used up, new
+// flows are refused rather than given a port in use; and ports of flows
+// that closed come back after the close timeout, through GCConntrack. Per
+// family.
 func TestNorthSouthSNATPorts(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) { northSouthSNATPorts(t, v6) })
 }
