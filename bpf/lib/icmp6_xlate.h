@@ -12,11 +12,12 @@
  *   about a request:  R -> N  [N:sp -> B:bp]  becomes  R -> C  [C:cp -> F:fp]
  *   about a reply:    C -> F  [F:fp -> C:cp]  becomes  N -> B  [B:bp -> N:sp]
  *
- * The quote is an IPv6 header without extension headers and 8 bytes of
- * TCP or UDP (anything else passes untouched). ICMPv6's checksum covers a
- * pseudo-header with the outer addresses, and the whole message: it is
- * updated for every field that changes, outer or quoted, and for the
- * quoted UDP checksum, which is updated as the whole datagram's would be.
+ * The quote is an IPv6 header without extension headers and at least 8
+ * bytes of TCP or UDP (anything else passes untouched). ICMPv6's checksum
+ * covers a pseudo-header with the outer addresses, and the whole message:
+ * it is updated for every field that changes, outer or quoted, and for
+ * the quoted TCP or UDP checksum, when the quote holds it, which is
+ * updated as the whole segment's or datagram's would be.
  * The error is rewritten in place and goes on through the stack; it
  * refreshes no conntrack entry.
  */
@@ -73,8 +74,9 @@ static __always_inline int icmp6_set_addr(struct __sk_buff *skb, __u32 off,
 
 /*
  * icmp6_rewrite_quote - make the quote @q of the error @p name <@to> in
- * place of its source (@src) or destination, and keep its UDP checksum and
- * the ICMPv6 checksum exact. Returns 0 or a negative error.
+ * place of its source (@src) or destination, and keep its TCP or UDP
+ * checksum (when quoted) and the ICMPv6 checksum exact. Returns 0 or a
+ * negative error.
  */
 static __noinline int icmp6_rewrite_quote(struct __sk_buff *skb,
 					  const struct pkt6 *p,
@@ -86,26 +88,39 @@ static __noinline int icmp6_rewrite_quote(struct __sk_buff *skb,
 	__u32 addr_off = q_off + (src ? offsetof(struct ipv6hdr, saddr) :
 					offsetof(struct ipv6hdr, daddr));
 	__u32 port_off = q_off + sizeof(struct ipv6hdr) + (src ? 0 : 2);
-	__be16 check = q->w[1], fixed;
+	bool udp = q->ip.nexthdr == IPPROTO_UDP, have_check;
+	__u32 check_off = q_off + sizeof(struct ipv6hdr) + (udp ? 6 : 16);
+	__be16 check = 0, fixed;
 	__s64 sum;
 
 	__builtin_memcpy(&from.addr, src ? &q->ip.saddr : &q->ip.daddr,
 			 sizeof(from.addr));
 	from.port = src ? q->sport : q->dport;
-	if (q->ip.nexthdr == IPPROTO_UDP && check) {
+	/* The quoted L4 checksum, if quoted: UDP's always (zero: none);
+	 * TCP's when the quote goes past RFC 4443's minimum, as a stack's
+	 * does (as much of the packet as fits in 1280 bytes).
+	 */
+	if (udp) {
+		check = q->w[1];
+		have_check = check != 0;
+	} else {
+		have_check = check_off + 2 <= p->l3_off + p->l3_len &&
+			     !bpf_skb_load_bytes(skb, check_off, &check, 2);
+	}
+	if (have_check) {
 		sum = bpf_csum_diff((__be32 *)&from, sizeof(from), (__be32 *)to,
 				    sizeof(*to), (__u16)~check);
 		if (sum < 0)
 			return -1;
 		fixed = csum_fold((__u32)sum);
-		if (!fixed)
+		if (udp && !fixed)
 			fixed = 0xffff;
 		if (bpf_l4_csum_replace(skb, csum_off, check, fixed, 2) < 0 ||
-		    bpf_skb_store_bytes(skb, q_off + sizeof(struct ipv6hdr) + 6,
-					&fixed, 2, 0) < 0)
+		    bpf_skb_store_bytes(skb, check_off, &fixed, 2, 0) < 0)
 			return -1;
 		/* For a second rewrite of the same quote. */
-		q->w[1] = fixed;
+		if (udp)
+			q->w[1] = fixed;
 	}
 	if (icmp6_set_addr(skb, addr_off, csum_off, &from.addr, &to->addr,
 			   false) < 0)

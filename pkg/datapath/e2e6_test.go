@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/netip"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -18,8 +19,9 @@ import (
 // routed to the node of topology.LB's IPv6 plane, whose client-facing
 // device runs tc (DNAT at its ingress, reverse NAT of the backends'
 // replies at its egress); the backends are namespaces of their own behind
-// the node. A Service without endpoints refuses with ICMPv6 port
-// unreachable, which the client's TCP sees as ECONNREFUSED.
+// the node; UDP too. A Service without endpoints refuses with ICMPv6 port
+// unreachable, which the client's TCP and connected UDP socket see as
+// ECONNREFUSED.
 func TestTC6EndToEnd(t *testing.T) {
 	d := newTestDatapath(t)
 	lb, err := topology.NewT(t).BuildLB(2)
@@ -34,13 +36,19 @@ func TestTC6EndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := lb.ServeEchoes(9090, 5353, names); err != nil {
+		t.Fatal(err)
+	}
 	vip := l4("2001:db8:96::30", 80, model.TCP)
+	vipU := l4("2001:db8:96::30", 53, model.UDP)
 	empty := l4("2001:db8:96::31", 80, model.TCP)
-	var bes []model.L4Addr
+	emptyU := l4("2001:db8:96::31", 53, model.UDP)
+	var bes, besU []model.L4Addr
 	for _, a := range v6.BackendAddrs {
 		bes = append(bes, model.L4Addr{Addr: a, Port: 8080, Proto: model.TCP})
+		besU = append(besU, model.L4Addr{Addr: a, Port: 5353, Proto: model.UDP})
 	}
-	applyServices(t, d, clusterIP(vip, bes...), clusterIP(empty))
+	applyServices(t, d, clusterIP(vip, bes...), clusterIP(vipU, besU...), clusterIP(empty), clusterIP(emptyU))
 	if err := lb.Node.Do(func() error { return d.AttachDevices([]string{lb.NodeDev}) }); err != nil {
 		t.Fatal(err)
 	}
@@ -70,6 +78,29 @@ func TestTC6EndToEnd(t *testing.T) {
 	}
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("TCP connect to %s (no endpoints): %v, want ECONNREFUSED", empty, err)
+	}
+
+	// UDP, as TestTCEndToEnd's: a backend's echo, from the VIP; a
+	// Service without endpoints refuses a connected socket.
+	u := dialFrom(t, lb.Client, "udp6", vipU, 3*time.Second)
+	for range 3 {
+		if _, err := u.Write([]byte("q")); err != nil {
+			t.Fatal(err)
+		}
+		u.SetReadDeadline(time.Now().Add(3 * time.Second))
+		buf := make([]byte, 100)
+		n, err := u.Read(buf) // a connected socket takes only the VIP's datagrams
+		if err != nil || !slices.ContainsFunc(names, func(name string) bool { return string(buf[:n]) == name+" q" }) {
+			t.Fatalf("UDP through %s: %q, %v; want a backend's echo", vipU, buf[:n], err)
+		}
+	}
+	r := dialFrom(t, lb.Client, "udp6", emptyU, 3*time.Second)
+	if _, err := r.Write([]byte("q")); err != nil {
+		t.Fatal(err)
+	}
+	r.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := r.Read(make([]byte, 10)); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("UDP to %s (no endpoints): %v, want ECONNREFUSED", emptyU, err)
 	}
 
 	cs := expectCounted(t, d, "tc_dnat_new", "tc_dnat_ct", "tc_rev_nat", "tc_no_backend")

@@ -44,50 +44,71 @@ func podIfindex(t *testing.T) int {
 // at its ingress, and so gets the node's address as its source: it is
 // forwarded to the client (FIB lookup and redirect, TTL one less) instead
 // of being passed up, where the kernel drops it as a martian. A ClusterIP
-// reply is still passed up (its source, a VIP, is not the node's).
+// reply is still passed up (its source, a VIP, is not the node's). Per
+// family: IPv6's stack forwards a packet from the node's own address, so
+// there every reply is reverse-NATed and passed up
+// (TestNodePortPodDeviceEndToEndIPv6 shows it reaching the client).
 func TestTCReplyAtPodDevice(t *testing.T) {
-	_, ethIdx, d := nodeDatapath(t, smallConfig, "eth0", "pod0")
-	podIdx := podIfindex(t)
-	m := d.Maps()
-	ext := reconciler.FlagExternal
-	addExternal(t, m, 2, npLocal, ext, beLocal)
-	etpLocal := l4(nsNodeIP, 30084, model.TCP)
-	addExternal(t, m, 8, etpLocal, ext|reconciler.FlagLocal, beLocal)
-	cip := l4("10.96.0.80", 80, model.TCP)
-	addService(t, m, 9, cip, beLocal)
-	ing := d.TCIngress()
-	// Frames from the client to eth0, and from the pod to pod0.
-	eth, pod0, pod := macOf(nodeEthMAC), [6]byte{0x02, 0, 0, 0, 0x0a, 0x00}, [6]byte{0x02, 0, 0, 0, 0x0a, 0x01}
-	beS := beLocal.addr.Addr.String()
-
-	for i, fe := range []model.L4Addr{npLocal, etpLocal, cip} {
-		cport := uint16(42000 + i)
-		syn := tcpPacket(nsClientIP, cport, fe.Addr.String(), fe.Port, 0, nil)
-		dnat := tcpPacket(nsClientIP, cport, beS, 8080, 0, nil)
-		verdict, out := runOn(t, ing, ethIdx, frame(eth, clientMAC, syn))
-		if want := frame(eth, clientMAC, dnat); verdict != tcActOK || !bytes.Equal(out, want) {
-			t.Fatalf("%s: SYN: verdict %d, output %s", fe, verdict, packet.Diff(out, want))
-		}
-
-		synAck := tcpPacket(beS, 8080, nsClientIP, cport, 0x12, nil)
-		back := tcpPacket(fe.Addr.String(), fe.Port, nsClientIP, cport, 0x12, nil)
-		verdict, out = runOn(t, ing, podIdx, frame(pod0, pod, synAck))
-		if fe == cip {
-			// Passed up, rewritten: the stack routes it.
-			if want := frame(pod0, pod, back); verdict != tcActOK || !bytes.Equal(out, want) {
-				t.Errorf("%s: SYN-ACK at pod0: verdict %d, output %s", fe, verdict, packet.Diff(out, want))
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		_, ethIdx, d := nodeDatapath(t, smallConfig, "eth0", "pod0")
+		podIdx := podIfindex(t)
+		if v6 {
+			addNodeIPv6(t)
+			_, pods, _ := net.ParseCIDR("2001:db8:1::/64") // the local pods, behind pod0
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: podIdx, Dst: pods}); err != nil {
+				t.Fatal(err)
 			}
-			continue
+			if err := d.AttachDevices([]string{"eth0", "pod0"}); err != nil {
+				t.Fatal(err)
+			}
 		}
-		back.TTL = 63
-		if want := frame(clientMAC, eth, back); verdict != tcActRedirect || !bytes.Equal(out, want) {
-			t.Errorf("%s: SYN-ACK at pod0: verdict %d (want redirect %d), output %s", fe, verdict, tcActRedirect, packet.Diff(out, want))
+		m := d.Maps()
+		ext := reconciler.FlagExternal
+		be := testBackend{beLocal.id, nsTwinL4(v6, beLocal.addr)}
+		np := nsTwinL4(v6, npLocal)
+		addExternal(t, m, 2, np, ext, be)
+		etpLocal := l4(nsTwin(v6, nsNodeIP), 30084, model.TCP)
+		addExternal(t, m, 8, etpLocal, ext|reconciler.FlagLocal, be)
+		cip := l4(twinAddr(v6, "10.96.0.80"), 80, model.TCP)
+		addService(t, m, 9, cip, be)
+		ing := d.TCIngress()
+		// Frames from the client to eth0, and from the pod to pod0.
+		eth, pod0, pod := macOf(nodeEthMAC), [6]byte{0x02, 0, 0, 0, 0x0a, 0x00}, [6]byte{0x02, 0, 0, 0, 0x0a, 0x01}
+		client, beS := nsTwin(v6, nsClientIP), be.addr.Addr.String()
+
+		for i, fe := range []model.L4Addr{np, etpLocal, cip} {
+			cport := uint16(42000 + i)
+			syn := tcpPacket(client, cport, fe.Addr.String(), fe.Port, 0, nil)
+			dnat := tcpPacket(client, cport, beS, 8080, 0, nil)
+			verdict, out := runOn(t, ing, ethIdx, frame(eth, clientMAC, syn))
+			if want := frame(eth, clientMAC, dnat); verdict != tcActOK || !bytes.Equal(out, want) {
+				t.Fatalf("%s: SYN: verdict %d, output %s", fe, verdict, packet.Diff(out, want))
+			}
+
+			synAck := tcpPacket(beS, 8080, client, cport, 0x12, nil)
+			back := tcpPacket(fe.Addr.String(), fe.Port, client, cport, 0x12, nil)
+			verdict, out = runOn(t, ing, podIdx, frame(pod0, pod, synAck))
+			if fe == cip || v6 {
+				// Passed up, rewritten: the stack routes it.
+				if want := frame(pod0, pod, back); verdict != tcActOK || !bytes.Equal(out, want) {
+					t.Errorf("%s: SYN-ACK at pod0: verdict %d, output %s", fe, verdict, packet.Diff(out, want))
+				}
+				continue
+			}
+			back.TTL = 63
+			if want := frame(clientMAC, eth, back); verdict != tcActRedirect || !bytes.Equal(out, want) {
+				t.Errorf("%s: SYN-ACK at pod0: verdict %d (want redirect %d), output %s", fe, verdict, tcActRedirect, packet.Diff(out, want))
+			}
 		}
-	}
-	cs := counters(t, d)
-	if cs["tc_rev_redirect"] != 2 {
-		t.Errorf("tc_rev_redirect = %d, want 2 (the NodePort and ETP=Local replies)", cs["tc_rev_redirect"])
-	}
+		cs := counters(t, d)
+		want := uint64(2) // the NodePort and ETP=Local replies
+		if v6 {
+			want = 0
+		}
+		if cs["tc_rev_redirect"] != want || cs["tc_rev_nat"] < 3-want {
+			t.Errorf("tc_rev_redirect = %d, tc_rev_nat = %d; want %d and at least %d", cs["tc_rev_redirect"], cs["tc_rev_nat"], want, 3-want)
+		}
+	})
 }
 
 // TestNodePortPodDeviceEndToEnd runs real NodePort traffic to a backend
@@ -207,98 +228,115 @@ func icmpAbout(in []byte, typ, code uint8, rest uint32) []byte {
 // needed (with that MTU), one without DF is dropped; and a reply that
 // would be redirected to the client from a pod device but does not fit is
 // handed to the stack as it came, for the stack to forward (and the egress
-// program to translate) or refuse.
+// program to translate) or refuse. Per family: over IPv6 the errors are
+// ICMPv6's (time exceeded, packet too big), every packet over the MTU gets
+// one (no DF: an IPv6 router never fragments), and a pod device's replies
+// go to the stack whatever their size (TestNodePortPodDeviceEndToEndIPv6).
 func TestTCRedirectTTLAndMTU(t *testing.T) {
 	testutil.Privileged(t)
-	_, ethIdx := nodeNetns(t)
-	podIdx := podIfindex(t)
-	eth1, err := netlink.LinkByName("eth1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetMTU(eth1, 1280); err != nil {
-		t.Fatal(err)
-	}
-	d := openTest(t, smallConfig(testPinDir(t)))
-	m := d.Maps()
-	if err := d.AttachDevices([]string{"eth0", "eth1", "pod0"}); err != nil {
-		t.Fatal(err)
-	}
-	ext := reconciler.FlagExternal
-	addExternal(t, m, 1, npRemote, ext, beRemote)
-	npNode3 := l4(nsNodeIP, 30083, model.TCP)
-	addExternal(t, m, 7, npNode3, ext, testBackend{7, l4("10.3.0.7", 8080, model.TCP)})
-	addExternal(t, m, 2, npLocal, ext, beLocal)
-	ing := d.TCIngress()
-	eth := macOf(nodeEthMAC)
-
-	seg := func(src string, sport uint16, dst string, dport uint16, flags uint8, ttl uint8, df bool, n int) packet.Packet {
-		p := tcpPacket(src, sport, dst, dport, flags, bytes.Repeat([]byte("m"), n))
-		p.TTL = ttl
-		if df {
-			p.FragOff = packet.DF
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		_, ethIdx := nodeNetns(t)
+		podIdx := podIfindex(t)
+		if v6 {
+			addNodeIPv6(t)
+			addNode3IPv6(t)
 		}
-		return p
-	}
-	fromClient := func(p packet.Packet) []byte { return frame(eth, clientMAC, p) }
-
-	// TTL 1 on a new flow's SYN: time exceeded, from the NodePort.
-	in := fromClient(seg(nsClientIP, 43000, nsNodeIP, npRemote.Port, 0, 1, true, 0))
-	verdict, out := runOn(t, ing, ethIdx, in)
-	if want := icmpAbout(in, 11, 0, 0); verdict != tcActRedirect || !bytes.Equal(out, want) {
-		t.Errorf("SYN with TTL 1: verdict %d, output %s", verdict, packet.Diff(out, want))
-	}
-
-	// The flow goes on with TTL 64, and its reply comes back with TTL 1:
-	// time exceeded to the backend, from the node.
-	in = fromClient(seg(nsClientIP, 43001, nsNodeIP, npRemote.Port, 0, 0, true, 0))
-	if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActRedirect {
-		t.Fatalf("SYN: verdict %d", verdict)
-	}
-	sp := snatPortOf(t, m, nsClientIP, 43001, npRemote)
-	in = frame(eth, macOf(node2MAC), seg("10.2.0.7", 8080, nsNodeIP, sp, 0x12, 1, true, 0))
-	verdict, out = runOn(t, ing, ethIdx, in)
-	if want := icmpAbout(in, 11, 0, 0); verdict != tcActRedirect || !bytes.Equal(out, want) {
-		t.Errorf("reply with TTL 1: verdict %d, output %s", verdict, packet.Diff(out, want))
-	}
-
-	// Over eth1's MTU (1280) to node 3's backend: with DF, fragmentation
-	// needed with the MTU; without, dropped.
-	in = fromClient(seg(nsClientIP, 43002, nsNodeIP, npNode3.Port, 0x18, 0, true, 1300))
-	verdict, out = runOn(t, ing, ethIdx, in)
-	if want := icmpAbout(in, 3, 4, 1280); verdict != tcActRedirect || !bytes.Equal(out, want) {
-		t.Errorf("1340 bytes with DF to a 1280 MTU: verdict %d, output %s", verdict, packet.Diff(out, want))
-	}
-	in = fromClient(seg(nsClientIP, 43003, nsNodeIP, npNode3.Port, 0x18, 0, false, 1300))
-	if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActShot {
-		t.Errorf("1340 bytes without DF to a 1280 MTU: verdict %d, want drop", verdict)
-	}
-	// What fits goes, one TTL less.
-	in = fromClient(seg(nsClientIP, 43004, nsNodeIP, npNode3.Port, 0x18, 0, true, 1200))
-	if verdict, out := runOn(t, ing, ethIdx, in); verdict != tcActRedirect || out[14+8] != 63 {
-		t.Errorf("1240 bytes to a 1280 MTU: verdict %d, TTL %d; want redirect, 63", verdict, out[14+8])
-	}
-
-	// A local backend's reply at pod0 too big for eth0 (1280 now): passed
-	// up as it came.
-	if err := netlink.LinkSetMTU(mustLink(t, "eth0"), 1280); err != nil {
-		t.Fatal(err)
-	}
-	in = fromClient(seg(nsClientIP, 43005, nsNodeIP, npLocal.Port, 0, 0, true, 0))
-	if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActOK {
-		t.Fatalf("SYN to a local backend: verdict %d", verdict)
-	}
-	in = frame([6]byte{0x02, 0, 0, 0, 0x0a, 0x00}, [6]byte{0x02, 0, 0, 0, 0x0a, 0x01}, seg("10.1.0.7", 8080, nsClientIP, 43005, 0x10, 0, true, 1300))
-	if verdict, out := runOn(t, ing, podIdx, in); verdict != tcActOK || !bytes.Equal(out, in) {
-		t.Errorf("oversize reply at pod0: verdict %d, output %s", verdict, packet.Diff(out, in))
-	}
-
-	cs := counters(t, d)
-	for reason, want := range map[string]uint64{"tc_ttl_exceeded": 2, "tc_frag_needed": 1, "tc_mtu_drop": 1, "tc_fwd_to_stack": 1} {
-		if cs[reason] != want {
-			t.Errorf("%s = %d, want %d", reason, cs[reason], want)
+		eth1, err := netlink.LinkByName("eth1")
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
+		if err := netlink.LinkSetMTU(eth1, 1280); err != nil {
+			t.Fatal(err)
+		}
+		d := openTest(t, smallConfig(testPinDir(t)))
+		m := d.Maps()
+		if err := d.AttachDevices([]string{"eth0", "eth1", "pod0"}); err != nil {
+			t.Fatal(err)
+		}
+		client, node := nsTwin(v6, nsClientIP), nsTwin(v6, nsNodeIP)
+		ext := reconciler.FlagExternal
+		npRem := nsTwinL4(v6, npRemote)
+		addExternal(t, m, 1, npRem, ext, testBackend{beRemote.id, nsTwinL4(v6, beRemote.addr)})
+		npNode3 := l4(node, 30083, model.TCP)
+		addExternal(t, m, 7, npNode3, ext, testBackend{7, l4(nsTwin(v6, "10.3.0.7"), 8080, model.TCP)})
+		ing := d.TCIngress()
+		eth := macOf(nodeEthMAC)
+
+		seg := func(src string, sport uint16, dst string, dport uint16, flags uint8, ttl uint8, df bool, n int) packet.Packet {
+			p := tcpPacket(src, sport, dst, dport, flags, bytes.Repeat([]byte("m"), n))
+			p.TTL = ttl
+			if df {
+				p.FragOff = packet.DF
+			}
+			return p
+		}
+		fromClient := func(p packet.Packet) []byte { return frame(eth, clientMAC, p) }
+
+		// TTL 1 on a new flow's SYN: time exceeded, from the NodePort.
+		in := fromClient(seg(client, 43000, node, npRem.Port, 0, 1, true, 0))
+		verdict, out := runOn(t, ing, ethIdx, in)
+		if want := icmpAboutFam(in, icmpTimeExceeded, 0); verdict != tcActRedirect || !bytes.Equal(out, want) {
+			t.Errorf("SYN with TTL 1: verdict %d, output %s", verdict, packet.Diff(out, want))
+		}
+
+		// The flow goes on with TTL 64, and its reply comes back with
+		// TTL 1: time exceeded to the backend, from the node.
+		in = fromClient(seg(client, 43001, node, npRem.Port, 0, 0, true, 0))
+		if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActRedirect {
+			t.Fatalf("SYN: verdict %d", verdict)
+		}
+		sp := snatPortFam(t, d, client, 43001, npRem)
+		in = frame(eth, macOf(node2MAC), seg(nsTwin(v6, "10.2.0.7"), 8080, node, sp, 0x12, 1, true, 0))
+		verdict, out = runOn(t, ing, ethIdx, in)
+		if want := icmpAboutFam(in, icmpTimeExceeded, 0); verdict != tcActRedirect || !bytes.Equal(out, want) {
+			t.Errorf("reply with TTL 1: verdict %d, output %s", verdict, packet.Diff(out, want))
+		}
+
+		// Over eth1's MTU (1280) to node 3's backend: with DF,
+		// fragmentation needed with the MTU; without, dropped.
+		in = fromClient(seg(client, 43002, node, npNode3.Port, 0x18, 0, true, 1300))
+		verdict, out = runOn(t, ing, ethIdx, in)
+		if want := icmpAboutFam(in, icmpTooBig, 1280); verdict != tcActRedirect || !bytes.Equal(out, want) {
+			t.Errorf("%d bytes with DF to a 1280 MTU: verdict %d, output %s", len(in)-14, verdict, packet.Diff(out, want))
+		}
+		if !v6 {
+			in = fromClient(seg(client, 43003, node, npNode3.Port, 0x18, 0, false, 1300))
+			if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActShot {
+				t.Errorf("1340 bytes without DF to a 1280 MTU: verdict %d, want drop", verdict)
+			}
+		}
+		// What fits goes, one TTL less.
+		in = fromClient(seg(client, 43004, node, npNode3.Port, 0x18, 0, true, 1200))
+		if verdict, out := runOn(t, ing, ethIdx, in); verdict != tcActRedirect || outTTL(out) != fwdTTL {
+			t.Errorf("%d bytes to a 1280 MTU: verdict %d, TTL %d; want redirect, %d", len(in)-14, verdict, outTTL(out), fwdTTL)
+		}
+
+		want := map[string]uint64{"tc_ttl_exceeded": 2, "tc_frag_needed": 1, "tc_mtu_drop": 1, "tc_fwd_to_stack": 1}
+		if v6 {
+			want["tc_mtu_drop"], want["tc_fwd_to_stack"] = 0, 0
+		} else {
+			// A local backend's reply at pod0 too big for eth0
+			// (1280 now): passed up as it came.
+			addExternal(t, m, 2, npLocal, ext, beLocal)
+			if err := netlink.LinkSetMTU(mustLink(t, "eth0"), 1280); err != nil {
+				t.Fatal(err)
+			}
+			in = fromClient(seg(client, 43005, node, npLocal.Port, 0, 0, true, 0))
+			if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActOK {
+				t.Fatalf("SYN to a local backend: verdict %d", verdict)
+			}
+			in = frame([6]byte{0x02, 0, 0, 0, 0x0a, 0x00}, [6]byte{0x02, 0, 0, 0, 0x0a, 0x01}, seg("10.1.0.7", 8080, client, 43005, 0x10, 0, true, 1300))
+			if verdict, out := runOn(t, ing, podIdx, in); verdict != tcActOK || !bytes.Equal(out, in) {
+				t.Errorf("oversize reply at pod0: verdict %d, output %s", verdict, packet.Diff(out, in))
+			}
+		}
+		cs := counters(t, d)
+		for reason, n := range want {
+			if cs[reason] != n {
+				t.Errorf("%s = %d, want %d", reason, cs[reason], n)
+			}
+		}
+	})
 }
 
 func mustLink(t testing.TB, name string) netlink.Link {
@@ -310,58 +348,68 @@ func mustLink(t testing.TB, name string) netlink.Link {
 	return l
 }
 
-// TestXDPTTLAndMTU: XDP decrements the TTL of what it transmits, and
-// leaves to tc (XDP_PASS, counted) a packet whose TTL would expire or that
-// is larger than the egress MTU: tc answers those.
+// TestXDPTTLAndMTU: XDP decrements the TTL (IPv6: hop limit) of what it
+// transmits, and leaves to tc (XDP_PASS, counted) a packet whose TTL
+// would expire or that is larger than the egress MTU: tc answers those.
+// Per family.
 func TestXDPTTLAndMTU(t *testing.T) {
 	testutil.Privileged(t)
-	_, ethIdx := nodeNetns(t)
-	if err := netlink.LinkSetMTU(mustLink(t, "eth1"), 1280); err != nil {
-		t.Fatal(err)
-	}
-	d := openTest(t, xdpConfig(testPinDir(t)))
-	if err := d.AttachDevices([]string{"eth0", "eth1"}); err != nil {
-		t.Fatal(err)
-	}
-	ext := reconciler.FlagExternal
-	addExternal(t, d.Maps(), 1, npRemote, ext, beRemote)
-	npNode3 := l4(nsNodeIP, 30083, model.TCP)
-	addExternal(t, d.Maps(), 7, npNode3, ext, testBackend{7, l4("10.3.0.7", 8080, model.TCP)})
-	eth := macOf(nodeEthMAC)
-	seg := func(sport uint16, fe model.L4Addr, ttl uint8, n int) []byte {
-		p := tcpPacket(nsClientIP, sport, nsNodeIP, fe.Port, 0x18, bytes.Repeat([]byte("x"), n))
-		p.TTL, p.FragOff = ttl, packet.DF
-		return frame(eth, clientMAC, p)
-	}
-	for _, c := range []struct {
-		name    string
-		in      []byte
-		verdict uint32
-		ttl     uint8
-	}{
-		{"ttl_64_sent_with_63", seg(44000, npRemote, 0, 0), xdpTx, 63},
-		{"ttl_1_to_tc", seg(44001, npRemote, 1, 0), xdpPass, 1},
-		{"over_mtu_to_tc", seg(44002, npNode3, 0, 1300), xdpPass, 64},
-	} {
-		verdict, out := runXDP(t, d.XDP(), ethIdx, c.in)
-		if verdict != c.verdict || out[14+8] != c.ttl {
-			t.Errorf("%s: verdict %d TTL %d, want %d and %d", c.name, verdict, out[14+8], c.verdict, c.ttl)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		_, ethIdx := nodeNetns(t)
+		if v6 {
+			addNodeIPv6(t)
+			addNode3IPv6(t)
 		}
-		if c.verdict == xdpPass && !bytes.Equal(out, c.in) {
-			t.Errorf("%s: passed to tc changed: %s", c.name, packet.Diff(out, c.in))
+		if err := netlink.LinkSetMTU(mustLink(t, "eth1"), 1280); err != nil {
+			t.Fatal(err)
 		}
-	}
-	cs := counters(t, d)
-	if cs["xdp_ttl_exceeded"] != 1 || cs["xdp_mtu_exceeded"] != 1 {
-		t.Errorf("xdp_ttl_exceeded %d, xdp_mtu_exceeded %d; want 1 and 1", cs["xdp_ttl_exceeded"], cs["xdp_mtu_exceeded"])
-	}
+		d := openTest(t, xdpConfig(testPinDir(t)))
+		if err := d.AttachDevices([]string{"eth0", "eth1"}); err != nil {
+			t.Fatal(err)
+		}
+		ext := reconciler.FlagExternal
+		npRem := nsTwinL4(v6, npRemote)
+		addExternal(t, d.Maps(), 1, npRem, ext, testBackend{beRemote.id, nsTwinL4(v6, beRemote.addr)})
+		npNode3 := l4(nsTwin(v6, nsNodeIP), 30083, model.TCP)
+		addExternal(t, d.Maps(), 7, npNode3, ext, testBackend{7, l4(nsTwin(v6, "10.3.0.7"), 8080, model.TCP)})
+		eth := macOf(nodeEthMAC)
+		seg := func(sport uint16, fe model.L4Addr, ttl uint8, n int) []byte {
+			p := tcpPacket(nsTwin(v6, nsClientIP), sport, fe.Addr.String(), fe.Port, 0x18, bytes.Repeat([]byte("x"), n))
+			p.TTL, p.FragOff = ttl, packet.DF
+			return frame(eth, clientMAC, p)
+		}
+		for _, c := range []struct {
+			name    string
+			in      []byte
+			verdict uint32
+			ttl     uint8
+		}{
+			{"ttl_64_sent_with_63", seg(44000, npRem, 0, 0), xdpTx, 63},
+			{"ttl_1_to_tc", seg(44001, npRem, 1, 0), xdpPass, 1},
+			{"over_mtu_to_tc", seg(44002, npNode3, 0, 1300), xdpPass, 64},
+		} {
+			verdict, out := runXDP(t, d.XDP(), ethIdx, c.in)
+			if verdict != c.verdict || outTTL(out) != c.ttl {
+				t.Errorf("%s: verdict %d TTL %d, want %d and %d", c.name, verdict, outTTL(out), c.verdict, c.ttl)
+			}
+			if c.verdict == xdpPass && !bytes.Equal(out, c.in) {
+				t.Errorf("%s: passed to tc changed: %s", c.name, packet.Diff(out, c.in))
+			}
+		}
+		cs := counters(t, d)
+		if cs["xdp_ttl_exceeded"] != 1 || cs["xdp_mtu_exceeded"] != 1 {
+			t.Errorf("xdp_ttl_exceeded %d, xdp_mtu_exceeded %d; want 1 and 1", cs["xdp_ttl_exceeded"], cs["xdp_mtu_exceeded"])
+		}
+	})
 }
 
 // TestPMTUNodePortSNATEndToEnd: path MTU discovery through a NodePort
 // whose backend is behind a node device with a smaller MTU. The flow is
 // source-NATed and redirected by tc, bypassing the stack's forwarding, so
 // tc must answer a segment too big for that device itself, with an ICMP
-// fragmentation needed about <client -> NodePort>:
+// fragmentation needed (over IPv6 an ICMPv6 packet too big) about
+// <client -> NodePort>, per family (the IPv6 one on topology.LB's IPv6
+// plane):
 //
 //	client 10.0.0.1 eth0 <-> eth0 10.0.0.2 node bk1 10.1.1.1 (MTU 1400,
 //	tc, SNAT source) <-> eth0 10.1.1.2 (MTU 1500) backend
@@ -371,13 +419,15 @@ func TestXDPTTLAndMTU(t *testing.T) {
 // NIC would put 1500-byte segments on a 1400-byte link); off, it gets
 // 1500-byte packets, which were dropped.
 func TestPMTUNodePortSNATEndToEnd(t *testing.T) {
-	for _, gso := range []bool{true, false} {
-		t.Run(fmt.Sprintf("gso=%v", gso), func(t *testing.T) { pmtuNodePort(t, gso) })
-	}
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		for _, gso := range []bool{true, false} {
+			t.Run(fmt.Sprintf("gso=%v", gso), func(t *testing.T) { pmtuNodePort(t, v6, gso) })
+		}
+	})
 }
 
-func pmtuNodePort(t *testing.T, gso bool) {
-	d, lb := lbDatapath(t)
+func pmtuNodePort(t *testing.T, v6, gso bool) {
+	d, lb, plane := lbDatapathOf(t, v6)
 	setMTU(t, lb.Node, lb.NodeBackendDevs[0], 1400)
 	if !gso {
 		// No TX checksum offload, no TSO: the client's stack
@@ -386,8 +436,8 @@ func pmtuNodePort(t *testing.T, gso bool) {
 			t.Fatal(err)
 		}
 	}
-	be := netip.AddrPortFrom(lb.BackendAddrs[0], 8080)
-	np := l4(lb.NodeAddr.String(), 30080, model.TCP)
+	be := netip.AddrPortFrom(plane.backends[0], 8080)
+	np := l4(plane.node.String(), 30080, model.TCP)
 	addExternal(t, d.Maps(), 1, np, reconciler.FlagExternal, testBackend{1, l4(be.Addr().String(), be.Port(), model.TCP)})
 	if err := lb.Node.Do(func() error {
 		return d.AttachDevices([]string{lb.NodeDev, lb.NodeBackendDevs[0]})

@@ -714,39 +714,53 @@ func TestFuzzXDP6Randomized(t *testing.T) {
 	}
 }
 
-// The checks are not vacuous: they reject what a wrong rewrite makes.
+// The checks are not vacuous: they reject what a wrong rewrite makes, of
+// either family (an ICMP error tc makes is checked for IPv4 only:
+// checkICMPReply).
 func TestFuzzChecksCatchBadRewrites(t *testing.T) {
-	in := ether(tcpPacket("10.1.0.50", 40000, fzVIPTCP.Addr.String(), 80, 0x02, []byte("payload")))
-	dnat := ether(tcpPacket("10.1.0.50", 40000, fzLocalTCP.Addr.String(), 8080, 0x02, []byte("payload")))
-	if err := checkOutput(hookTCIngress, in, tcActOK, dnat); err != nil {
-		t.Errorf("a correct DNAT rejected: %v", err)
-	}
-	payload := bytes.Clone(dnat)
-	payload[len(payload)-1] ^= 1
-	stale := bytes.Clone(in)
-	copy(stale[30:34], dnat[30:34]) // destination rewritten, checksums not
-	reply := frame(clientMAC, nodeMAC, icmpErr(fzVIPTCP.Addr.String(), "10.1.0.50", 3, 3, 0, in[14:14+40]))
-	badQuote := bytes.Clone(reply)
-	badQuote[len(badQuote)-1] ^= 1
-	for _, c := range []struct {
-		name    string
-		h       fuzzHook
-		verdict uint32
-		out     []byte
-	}{
-		{"payload changed", hookTCIngress, tcActOK, payload},
-		{"checksums left stale", hookTCIngress, tcActOK, stale},
-		{"length changed", hookTCEgress, tcActOK, dnat[:len(dnat)-1]},
-		{"XDP_PASS of a changed frame", hookXDP, xdpPass, dnat},
-		{"XDP_ABORTED", hookXDP, 0, in},
-		{"unknown tc verdict", hookTCIngress, 1, in},
-		{"ICMP reply quoting other bytes", hookTCIngress, tcActRedirect, badQuote},
-	} {
-		if err := checkOutput(c.h, in, c.verdict, c.out); err == nil {
-			t.Errorf("%s: accepted", c.name)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		client, vip, be := twinAddr(v6, "10.1.0.50"), twinAddr(v6, fzVIPTCP.Addr.String()), twinAddr(v6, fzLocalTCP.Addr.String())
+		in := ether(tcpPacket(client, 40000, vip, 80, 0x02, []byte("payload")))
+		dnat := ether(tcpPacket(client, 40000, be, 8080, 0x02, []byte("payload")))
+		if err := checkOutput(hookTCIngress, in, tcActOK, dnat); err != nil {
+			t.Errorf("a correct DNAT rejected: %v", err)
 		}
-	}
-	if err := checkOutput(hookTCIngress, in, tcActRedirect, reply); err != nil {
-		t.Errorf("a correct ICMP reply rejected: %v", err)
-	}
+		payload := bytes.Clone(dnat)
+		payload[len(payload)-1] ^= 1
+		stale := bytes.Clone(in)
+		dst := [2]int{30, 34} // the destination address
+		if v6 {
+			dst = [2]int{38, 54}
+		}
+		copy(stale[dst[0]:dst[1]], dnat[dst[0]:dst[1]]) // destination rewritten, checksums not
+		for _, c := range []struct {
+			name    string
+			h       fuzzHook
+			verdict uint32
+			out     []byte
+		}{
+			{"payload changed", hookTCIngress, tcActOK, payload},
+			{"checksums left stale", hookTCIngress, tcActOK, stale},
+			{"length changed", hookTCEgress, tcActOK, dnat[:len(dnat)-1]},
+			{"XDP_PASS of a changed frame", hookXDP, xdpPass, dnat},
+			{"XDP_ABORTED", hookXDP, 0, in},
+			{"unknown tc verdict", hookTCIngress, 1, in},
+		} {
+			if err := checkOutput(c.h, in, c.verdict, c.out); err == nil {
+				t.Errorf("%s: accepted", c.name)
+			}
+		}
+		if v6 {
+			return
+		}
+		reply := frame(clientMAC, nodeMAC, icmpErr(vip, client, 3, 3, 0, in[14:14+40]))
+		badQuote := bytes.Clone(reply)
+		badQuote[len(badQuote)-1] ^= 1
+		if err := checkOutput(hookTCIngress, in, tcActRedirect, badQuote); err == nil {
+			t.Errorf("ICMP reply quoting other bytes: accepted")
+		}
+		if err := checkOutput(hookTCIngress, in, tcActRedirect, reply); err != nil {
+			t.Errorf("a correct ICMP reply rejected: %v", err)
+		}
+	})
 }

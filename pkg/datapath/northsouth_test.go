@@ -2,7 +2,6 @@ package datapath
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
@@ -359,10 +358,6 @@ func TestNorthSouthPacketTable(t *testing.T) {
 	expectCounted(t, d, "tc_snat_new", "tc_local_no_backend", "tc_src_range_deny", "tc_rev_nat")
 }
 
-// TestNorthSouthSNATPorts: many clients through one node to one remote
-// backend each get a port of their own; once the range is used up, new
-// flows are refused rather than given a port in use; and ports of flows
-// that closed come back after the close timeout, through GCConntrack.
 func TestDevicesAndAddresses(t *testing.T) {
 	testutil.Privileged(t)
 	nodeNetns(t)
@@ -376,19 +371,39 @@ func TestDevicesAndAddresses(t *testing.T) {
 	}
 }
 
+// TestNorthSouthSNATPorts: many clients through one node to one remote
+// backend each get a port of their own; once the range is used up, new
+// flows are refused rather than given a port in use; and ports of flows
+// that closed come back after the close timeout, through GCConntrack. Per
+// family.
 func TestNorthSouthSNATPorts(t *testing.T) {
-	_, ifindex, d := nodeDatapath(t, configWith(smallConfig, func(cfg *Config) {
+	forFamilies(t, func(t *testing.T, v6 bool) { northSouthSNATPorts(t, v6) })
+}
+
+// northSouthSNATPorts is TestNorthSouthSNATPorts over IPv4, or with v6
+// over IPv6: the NodePort of nodeDatapath6, its clients 172.16.x.y's
+// twins on eth0's IPv6 subnet (2001:db8:100::10:x:y).
+func northSouthSNATPorts(t *testing.T, v6 bool) {
+	cfg := configWith(smallConfig, func(cfg *Config) {
 		// As many ports as a new flow tries (SNAT_TRIES): every free
 		// port is found, so the test is exact.
 		cfg.SNATPortMin, cfg.SNATPortMax = 62000, 62031
 		cfg.CTTimeoutClose = 50 * time.Millisecond
-	}), "eth0")
+	})
+	n := nsNodeOf(t, v6, cfg)
+	ifindex, d, np, be := n.ifindex, n.d, n.np, n.be
 	m := d.Maps()
-	addExternal(t, m, 1, npRemote, reconciler.FlagExternal, beRemote)
 	ing := d.TCIngress()
+	tw := func(a string) string {
+		if !v6 {
+			return a
+		}
+		b := addr(a).As4()
+		return fmt.Sprintf("2001:db8:100::%x:%x:%x", b[1], b[2], b[3])
+	}
 
 	syn := func(client string, sport uint16) packet.Packet {
-		return packet.Packet{SrcMAC: clientMAC, DstMAC: macOf(nodeEthMAC), Src: addr(client), Dst: addr(nsNodeIP), SrcPort: sport, DstPort: 30080, Proto: 6}
+		return packet.Packet{SrcMAC: clientMAC, DstMAC: macOf(nodeEthMAC), Src: addr(tw(client)), Dst: np.Addr, SrcPort: sport, DstPort: 30080, Proto: 6}
 	}
 	used := map[uint16]string{}
 	// 32 clients, two of them sharing a source port: every flow a port.
@@ -402,7 +417,7 @@ func TestNorthSouthSNATPorts(t *testing.T) {
 		if verdict != tcActRedirect {
 			t.Fatalf("flow %d: verdict %d", i, verdict)
 		}
-		sp := binary.BigEndian.Uint16(out[14+20:])
+		sp := outSport(out)
 		if sp < 62000 || sp > 62031 {
 			t.Fatalf("flow %d: SNAT port %d outside the range", i, sp)
 		}
@@ -422,14 +437,14 @@ func TestNorthSouthSNATPorts(t *testing.T) {
 	}
 
 	// Close client 0's flow: FIN from the client, FIN from the backend.
-	sp0 := snatPortOf(t, m, "172.16.0.1", 40000, npRemote)
+	sp0 := snatPortFam(t, d, tw("172.16.0.1"), 40000, np)
 	fin := syn("172.16.0.1", 40000)
 	fin.TCPFlags = 0x11
 	if v, _ := runOn(t, ing, ifindex, fin.Bytes()); v != tcActRedirect {
 		t.Fatalf("client FIN: verdict %d", v)
 	}
-	rfin := packet.Packet{SrcMAC: macOf(node2MAC), DstMAC: macOf(nodeEthMAC), Src: addr("10.2.0.7"), SrcPort: 8080,
-		Dst: addr(nsNodeIP), DstPort: sp0, Proto: 6, TCPFlags: 0x11}
+	rfin := packet.Packet{SrcMAC: macOf(node2MAC), DstMAC: macOf(nodeEthMAC), Src: be.addr.Addr, SrcPort: 8080,
+		Dst: np.Addr, DstPort: sp0, Proto: 6, TCPFlags: 0x11}
 	if v, _ := runOn(t, ing, ifindex, rfin.Bytes()); v != tcActRedirect {
 		t.Fatalf("backend FIN: verdict %d", v)
 	}
@@ -446,7 +461,7 @@ func TestNorthSouthSNATPorts(t *testing.T) {
 	if verdict != tcActRedirect {
 		t.Fatalf("new flow after close: verdict %d", verdict)
 	}
-	if sp := binary.BigEndian.Uint16(out[14+20:]); sp != sp0 {
+	if sp := outSport(out); sp != sp0 {
 		t.Fatalf("new flow got port %d, want the freed %d", sp, sp0)
 	}
 }

@@ -179,126 +179,155 @@ func TestTCPacketTable(t *testing.T) {
 
 // TestTCConntrackStickiness sends many packets of many flows to a service
 // with four backends: every packet of a flow must reach the backend its
-// first packet got, and the flows must spread over all backends.
+// first packet got, and the flows must spread over all backends. Per
+// family (twinAddr).
 func TestTCConntrackStickiness(t *testing.T) {
-	d := newTestDatapath(t)
-	bes := []model.L4Addr{
-		l4("10.1.1.1", 8080, model.TCP),
-		l4("10.1.1.2", 8080, model.TCP),
-		l4("10.1.1.3", 8080, model.TCP),
-		l4("10.1.1.4", 8080, model.TCP),
-	}
-	applyServices(t, d, clusterIP(vipTCP, bes...))
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d := newTestDatapath(t)
+		var bes []model.L4Addr
+		for _, a := range []string{"10.1.1.1", "10.1.1.2", "10.1.1.3", "10.1.1.4"} {
+			bes = append(bes, l4(twinAddr(v6, a), 8080, model.TCP))
+		}
+		applyServices(t, d, clusterIP(twinL4(v6, vipTCP), bes...))
 
-	seen := map[string]int{}
-	for flow := range 64 {
-		in := tcpSYN("10.0.0.2", uint16(30000+flow), "10.96.0.10", 80)
-		var first string
-		for i := range 16 {
-			verdict, out := runProg(t, d.TCIngress(), in.Bytes())
-			if verdict != tcActOK {
-				t.Fatalf("flow %d packet %d: verdict %d", flow, i, verdict)
-			}
-			checkChecksums(t, out)
-			dst := netip.AddrFrom4([4]byte(out[30:34])).String()
-			if i == 0 {
-				first = dst
-				seen[dst]++
-			} else if dst != first {
-				t.Fatalf("flow %d packet %d went to %s, first packet to %s", flow, i, dst, first)
+		seen := map[string]int{}
+		for flow := range 64 {
+			in := tcpSYN(twinAddr(v6, "10.0.0.2"), uint16(30000+flow), twinAddr(v6, "10.96.0.10"), 80)
+			var first string
+			for i := range 16 {
+				verdict, out := runProg(t, d.TCIngress(), in.Bytes())
+				if verdict != tcActOK {
+					t.Fatalf("flow %d packet %d: verdict %d", flow, i, verdict)
+				}
+				checkChecksums(t, out)
+				dst := outDst(out)
+				if i == 0 {
+					first = dst
+					seen[dst]++
+				} else if dst != first {
+					t.Fatalf("flow %d packet %d went to %s, first packet to %s", flow, i, dst, first)
+				}
 			}
 		}
-	}
-	if len(seen) != len(bes) {
-		t.Errorf("64 flows reached %d of %d backends: %v", len(seen), len(bes), seen)
-	}
+		if len(seen) != len(bes) {
+			t.Errorf("64 flows reached %d of %d backends: %v", len(seen), len(bes), seen)
+		}
+	})
 }
 
 // TestTCBackendChange: when a backend leaves its service, an established
 // TCP flow keeps it (as kube-proxy keeps established connections) while a
 // UDP flow moves to a backend that still exists. FlushConntrack forgets
 // both. (A new SYN on the TCP flow's tuple would select again:
-// TestCTBackendGoneSYNReselects.)
+// TestCTBackendGoneSYNReselects.) Per family (twinAddr).
 func TestTCBackendChange(t *testing.T) {
-	d := newTestDatapath(t)
-	m := d.Maps()
-	oldTCP, newTCP := testBackend{21, l4("10.1.2.1", 8080, model.TCP)}, testBackend{22, l4("10.1.2.2", 8080, model.TCP)}
-	oldUDP, newUDP := testBackend{23, l4("10.1.2.3", 5353, model.UDP)}, testBackend{24, l4("10.1.2.4", 5353, model.UDP)}
-	addService(t, m, 1, vipTCP, oldTCP)
-	addService(t, m, 2, vipUDP, oldUDP)
-
-	tcpIn := tcpSYN("10.0.0.3", 41000, "10.96.0.10", 80)
-	udpIn := udpDgram("10.0.0.3", 41000, "10.96.0.11", 53)
-	expect := func(name string, in packet.Packet, b testBackend) {
-		t.Helper()
-		verdict, out := runProg(t, d.TCIngress(), in.Bytes())
-		if want := in.With(toBackend(b)).Bytes(); verdict != tcActOK || !bytes.Equal(out, want) {
-			t.Fatalf("%s: verdict %d, output\n got %x\nwant %x", name, verdict, out, want)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d := newTestDatapath(t)
+		m := d.Maps()
+		be := func(id reconciler.BackendID, a string, port uint16, proto model.Protocol) testBackend {
+			return testBackend{id, l4(twinAddr(v6, a), port, proto)}
 		}
-	}
-	expect("tcp before", tcpIn, oldTCP)
-	expect("udp before", udpIn, oldUDP)
+		oldTCP, newTCP := be(21, "10.1.2.1", 8080, model.TCP), be(22, "10.1.2.2", 8080, model.TCP)
+		oldUDP, newUDP := be(23, "10.1.2.3", 5353, model.UDP), be(24, "10.1.2.4", 5353, model.UDP)
+		vipT, vipU := twinL4(v6, vipTCP), twinL4(v6, vipUDP)
+		addService(t, m, 1, vipT, oldTCP)
+		addService(t, m, 2, vipU, oldUDP)
 
-	// The reconciler replaces the backends: new backend and slot first,
-	// then the old backend goes.
-	addService(t, m, 1, vipTCP, newTCP)
-	addService(t, m, 2, vipUDP, newUDP)
-	if err := m.DeleteBackend(oldTCP.id); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.DeleteBackend(oldUDP.id); err != nil {
-		t.Fatal(err)
-	}
-	tcpData := tcpIn
-	tcpData.TCPFlags = packet.ACK
-	expect("tcp after removal keeps its backend", tcpData, oldTCP)
-	expect("udp after removal re-balances", udpIn, newUDP)
-
-	if err := m.FlushConntrack([]model.L4Addr{oldTCP.addr}); err != nil {
-		t.Fatal(err)
-	}
-	var k sockCt4Key
-	var v sockCt4Entry
-	for _, cm := range ctMaps(m) {
-		for it := cm.Iterate(); it.Next(&k, &v); {
-			if (k.Dir == ctForward && v.NatAddr == be32(oldTCP.addr.Addr)) || (k.Dir == ctReverse && k.Saddr == be32(oldTCP.addr.Addr)) {
-				t.Errorf("conntrack entry of %s survived FlushConntrack: %+v -> %+v", oldTCP.addr, k, v)
+		client := twinAddr(v6, "10.0.0.3")
+		tcpIn := tcpSYN(client, 41000, vipT.Addr.String(), 80)
+		udpIn := udpDgram(client, 41000, vipU.Addr.String(), 53)
+		expect := func(name string, in packet.Packet, b testBackend) {
+			t.Helper()
+			verdict, out := runProg(t, d.TCIngress(), in.Bytes())
+			if want := in.With(toBackend(b)).Bytes(); verdict != tcActOK || !bytes.Equal(out, want) {
+				t.Fatalf("%s: verdict %d, output\n got %x\nwant %x", name, verdict, out, want)
 			}
 		}
-	}
-	expect("tcp after flush", tcpData, newTCP)
+		expect("tcp before", tcpIn, oldTCP)
+		expect("udp before", udpIn, oldUDP)
+
+		// The reconciler replaces the backends: new backend and slot
+		// first, then the old backend goes.
+		addService(t, m, 1, vipT, newTCP)
+		addService(t, m, 2, vipU, newUDP)
+		if err := m.DeleteBackend(oldTCP.id); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.DeleteBackend(oldUDP.id); err != nil {
+			t.Fatal(err)
+		}
+		tcpData := tcpIn
+		tcpData.TCPFlags = packet.ACK
+		expect("tcp after removal keeps its backend", tcpData, oldTCP)
+		expect("udp after removal re-balances", udpIn, newUDP)
+
+		if err := m.FlushConntrack([]model.L4Addr{oldTCP.addr}); err != nil {
+			t.Fatal(err)
+		}
+		// No entry names the old backend: as the NAT address of a
+		// forward entry, or the source of a reverse one.
+		names := func(dir uint8, src, nat netip.Addr) bool {
+			return (dir == ctForward && nat == oldTCP.addr.Addr) || (dir == ctReverse && src == oldTCP.addr.Addr)
+		}
+		if v6 {
+			var k tcCt6Key
+			var v tcCt6Entry
+			for _, cm := range []*ebpf.Map{d.tc.Sluice6ConntrackV1, d.tc.Sluice6CtNewV1} {
+				for it := cm.Iterate(); it.Next(&k, &v); {
+					if names(k.Dir, netip.AddrFrom16(k.Saddr.Addr), netip.AddrFrom16(v.NatAddr.Addr)) {
+						t.Errorf("conntrack entry of %s survived FlushConntrack: %+v -> %+v", oldTCP.addr, k, v)
+					}
+				}
+			}
+		} else {
+			var k sockCt4Key
+			var v sockCt4Entry
+			for _, cm := range ctMaps(m) {
+				for it := cm.Iterate(); it.Next(&k, &v); {
+					if names(k.Dir, addrFromBE32(k.Saddr), addrFromBE32(v.NatAddr)) {
+						t.Errorf("conntrack entry of %s survived FlushConntrack: %+v -> %+v", oldTCP.addr, k, v)
+					}
+				}
+			}
+		}
+		expect("tcp after flush", tcpData, newTCP)
+	})
 }
 
-// TestTCConntrackTimeout: an idle UDP flow forgets its backend.
+// TestTCConntrackTimeout: an idle UDP flow forgets its backend. Per
+// family (twinAddr).
 func TestTCConntrackTimeout(t *testing.T) {
-	d := openTestWith(t, smallConfig, func(cfg *Config) {
-		cfg.CTTimeoutUDP = 500 * time.Millisecond
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d := openTestWith(t, smallConfig, func(cfg *Config) {
+			cfg.CTTimeoutUDP = 500 * time.Millisecond
+		})
+		m := d.Maps()
+		vip := twinL4(v6, vipUDP)
+		a, b := testBackend{31, l4(twinAddr(v6, "10.1.3.1"), 5353, model.UDP)}, testBackend{32, l4(twinAddr(v6, "10.1.3.2"), 5353, model.UDP)}
+		addService(t, m, 1, vip, a)
+		in := udpDgram(twinAddr(v6, "10.0.0.4"), 42000, vip.Addr.String(), 53)
+		dstOf := func() string {
+			_, out := runProg(t, d.TCIngress(), in.Bytes())
+			return outDst(out)
+		}
+		if got := dstOf(); got != a.addr.Addr.String() {
+			t.Fatalf("first packet to %s", got)
+		}
+		// Slot 1 now names b, but a still exists: the live flow stays on a.
+		if err := m.UpsertBackend(b.id, b.addr); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.UpsertSlot(reconciler.DefaultScope(vip), 1, b.id); err != nil {
+			t.Fatal(err)
+		}
+		if got := dstOf(); got != a.addr.Addr.String() {
+			t.Fatalf("live flow moved to %s", got)
+		}
+		time.Sleep(1200 * time.Millisecond)
+		if got := dstOf(); got != b.addr.Addr.String() {
+			t.Fatalf("idle flow still sent to %s after its timeout", got)
+		}
 	})
-	m := d.Maps()
-	a, b := testBackend{31, l4("10.1.3.1", 5353, model.UDP)}, testBackend{32, l4("10.1.3.2", 5353, model.UDP)}
-	addService(t, m, 1, vipUDP, a)
-	in := udpDgram("10.0.0.4", 42000, "10.96.0.11", 53)
-	dstOf := func() string {
-		_, out := runProg(t, d.TCIngress(), in.Bytes())
-		return netip.AddrFrom4([4]byte(out[30:34])).String()
-	}
-	if got := dstOf(); got != "10.1.3.1" {
-		t.Fatalf("first packet to %s", got)
-	}
-	// Slot 1 now names b, but a still exists: the live flow stays on a.
-	if err := m.UpsertBackend(b.id, b.addr); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.UpsertSlot(reconciler.DefaultScope(vipUDP), 1, b.id); err != nil {
-		t.Fatal(err)
-	}
-	if got := dstOf(); got != "10.1.3.1" {
-		t.Fatalf("live flow moved to %s", got)
-	}
-	time.Sleep(1200 * time.Millisecond)
-	if got := dstOf(); got != "10.1.3.2" {
-		t.Fatalf("idle flow still sent to %s after its timeout", got)
-	}
 }
 
 // TestTCTruncated runs every prefix of valid packets to services (IPv4 and

@@ -167,7 +167,8 @@ type LB6 struct {
 
 // AddIPv6 gives lb an IPv6 plane (LB6), on the same devices, and returns
 // it; lb.V6 holds it too. Its addresses are usable when it returns (no
-// DAD, and routed as local: NS.WaitLocal).
+// DAD, and routed as local: NS.WaitLocal), and the node forwards at once
+// (its devices' link-local addresses past DAD: NS.WaitDAD).
 func (lb *LB) AddIPv6() (*LB6, error) {
 	if lb.V6 != nil {
 		return lb.V6, nil
@@ -206,6 +207,11 @@ func (lb *LB) AddIPv6() (*LB6, error) {
 		a  netip.Addr
 	}{{lb.Client, v6.ClientAddr}, {lb.Node, v6.NodeAddr}} {
 		if err := w.ns.WaitLocal(w.a); err != nil {
+			return nil, err
+		}
+	}
+	for _, dev := range append([]string{lb.NodeDev}, lb.NodeBackendDevs...) {
+		if err := lb.Node.WaitDAD(dev); err != nil {
 			return nil, err
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -191,6 +192,32 @@ func (n *NS) WaitLocal(a netip.Addr) error {
 		}
 	}
 	return fmt.Errorf("%s in %s: not routed as local 10s after it was added (%v, %v)", a, n.Name, rs, err)
+}
+
+// WaitDAD waits until no IPv6 address of dev is tentative. The kernel's
+// own link-local address of a device goes through duplicate address
+// detection for a second or two after the device comes up, whatever
+// AddAddr's addresses skip; until it is done, a packet the namespace
+// forwards through dev to a neighbour not yet resolved waits without a
+// neighbour solicitation (one needs a source address of dev's, the
+// link-local, or the forwarded packet's own, not the namespace's), and
+// after three such tries it is dropped: a single datagram forwarded in
+// that moment is lost, where IPv4's ARP would have gone out at once.
+func (n *NS) WaitDAD(dev string) error {
+	link, err := n.nl.LinkByName(dev)
+	if err != nil {
+		return fmt.Errorf("find %s in %s: %w", dev, n.Name, err)
+	}
+	var as []netlink.Addr
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if as, err = n.nl.AddrList(link, netlink.FAMILY_V6); err != nil {
+			return fmt.Errorf("addresses of %s in %s: %w", dev, n.Name, err)
+		}
+		if !slices.ContainsFunc(as, func(a netlink.Addr) bool { return a.Flags&unix.IFA_F_TENTATIVE != 0 }) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s in %s: addresses still tentative 10s on: %v", dev, n.Name, as)
 }
 
 // AddRoute routes dst via the gateway via, which must be on a connected
