@@ -19,6 +19,11 @@
  * them from there (frag_later: only its addresses are rewritten, the L4
  * checksum being in the first), or, its first not seen, is
  * PARSE_FRAGMENT and passes untouched.
+ *
+ * Unlike parse_ipv4 (parse.h), tc's parse reads the common packet in
+ * place (parse_ipv6_linear): TCP or UDP right after the fixed header,
+ * all in the skb's linear data. Every other packet is copied out by
+ * bpf_skb_load_bytes, as IPv4's are; both ways decide alike.
  */
 #ifndef SLUICE_PARSE6_H
 #define SLUICE_PARSE6_H

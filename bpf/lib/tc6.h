@@ -34,9 +34,10 @@
  * scope.
  *
  * rev_nat6, nat6_forward, lb6_follow, lb6_new_flow, nat_need6, ct_new6,
- * the affinity steps and icmp6_reply are BPF functions of their own:
- * their conntrack and affinity keys and entries, routes and the quote
- * live in their own frames, which the stack has no room for at once; and
+ * the affinity steps, rewrite6_l4addr and icmp6_reply are BPF functions
+ * of their own: their conntrack and affinity keys and entries, routes
+ * and the quote live in their own frames, which the stack has no room
+ * for at once; and
  * nat_snat6, the SNAT port search, is a global function, which the
  * verifier checks once, on its own.
  *
@@ -81,6 +82,10 @@
  * the destination, else the source), updating the TCP/UDP checksum, whose
  * pseudo-header covers the address (IPv6 has no header checksum).
  * Returns 0 or a negative error (the packet may be half rewritten).
+ *
+ * A BPF function of its own: inlined, its checksum arithmetic took 16
+ * bytes more of the entry's frame, which with icmp6_reply's on top has
+ * none to give.
  */
 static __noinline int rewrite6_l4addr(struct __sk_buff *skb,
 				      const struct pkt6 *p, bool to_dst,
