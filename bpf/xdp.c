@@ -90,29 +90,37 @@ static __always_inline void xdp_rewrite(struct xdp_pkt4 *x, __be32 saddr,
  * xdp_rewrite6 - xdp_rewrite for IPv6: set both L4 addresses of @x and
  * decrement its hop limit, fixing the L4 checksum (IPv6 has no header
  * checksum, and the pseudo-header leaves the hop limit out).
+ *
+ * The addresses are passed by reference (xdp_fam.h's xdp_out names them
+ * as xdp_rewrite's, by value, through the macro below): read where they
+ * are used, they do not all sit in registers at once, which spilled them
+ * to the stack of xdp_out6, whose frame is on the program's deepest path.
  */
-static __always_inline void xdp_rewrite6(struct xdp_pkt6 *x, union v6addr saddr,
-					 __be16 sport, union v6addr daddr,
-					 __be16 dport)
+static __always_inline void
+xdp_rewrite6_at(struct xdp_pkt6 *x, const union v6addr *saddr, __be16 sport,
+		const union v6addr *daddr, __be16 dport)
 {
 	struct ipv6hdr *ip = x->ip;
 	__u16 c = *x->l4csum;
 
 	/* Forwarded: one hop less (xdp_fwd_ok checked it is over 1). */
 	ip->hop_limit--;
-	c = csum_replace_v6(c, &x->p.saddr, &saddr);
-	c = csum_replace_v6(c, &x->p.daddr, &daddr);
+	c = csum_replace_v6(c, &x->p.saddr, saddr);
+	c = csum_replace_v6(c, &x->p.daddr, daddr);
 	c = csum_replace16(c, x->ports[0], sport);
 	c = csum_replace16(c, x->ports[1], dport);
 	/* (UDP without a checksum never gets here: parse_ipv6_xdp.) */
 	if (x->p.proto == IPPROTO_UDP && c == 0)
 		c = 0xffff;
 	*x->l4csum = c;
-	__builtin_memcpy(&ip->saddr, &saddr, sizeof(saddr));
-	__builtin_memcpy(&ip->daddr, &daddr, sizeof(daddr));
+	__builtin_memcpy(&ip->saddr, saddr, sizeof(*saddr));
+	__builtin_memcpy(&ip->daddr, daddr, sizeof(*daddr));
 	x->ports[0] = sport;
 	x->ports[1] = dport;
 }
+
+#define xdp_rewrite6(x, saddr, sport, daddr, dport) \
+	xdp_rewrite6_at(x, &(saddr), sport, &(daddr), dport)
 
 /*
  * Where a translated packet goes (xdp_fam.h's xdp_out): <saddr:sport ->
