@@ -193,22 +193,7 @@ func TestDualStackEndToEnd(t *testing.T) {
 	// established to it goes on (conntrack keeps its translation).
 	t.Run("RemovedBackendKeepsEstablishedConnection", func(t *testing.T) {
 		removed := e.backends[2]
-		// 50 tries miss one of the two with probability < 2 * (2/3)^50.
-		var onRemoved, other *topology.EchoConn
-		for i := 0; i < 50 && (onRemoved == nil || other == nil); i++ {
-			c := e.lb.Client.MustDialEcho(t, drain6Echo, 3*time.Second)
-			switch {
-			case c.Backend == removed && onRemoved == nil:
-				onRemoved = c
-			case c.Backend != removed && other == nil:
-				other = c
-			default:
-				c.Close()
-			}
-		}
-		if onRemoved == nil || other == nil {
-			t.Fatalf("50 connections to %s did not reach both %s and another backend", drain6Echo, removed)
-		}
+		onRemoved, other := e.echoOnAndBeside(t, drain6Echo, removed)
 		defer onRemoved.Close()
 		defer other.Close()
 

@@ -340,6 +340,28 @@ func (e *env) dialEcho(t *testing.T) *topology.EchoConn {
 	return e.lb.Client.MustDialEcho(t, echoVIP, 3*time.Second)
 }
 
+// echoOnAndBeside opens echo connections from the client to vip until one
+// reaches the backend removed and one another backend, and closes the
+// rest; 50 tries fail with probability < 2 * (2/3)^50, about 3e-9.
+func (e *env) echoOnAndBeside(t *testing.T, vip, removed string) (on, beside *topology.EchoConn) {
+	t.Helper()
+	for i := 0; i < 50 && (on == nil || beside == nil); i++ {
+		c := e.lb.Client.MustDialEcho(t, vip, 3*time.Second)
+		switch {
+		case c.Backend == removed && on == nil:
+			on = c
+		case c.Backend != removed && beside == nil:
+			beside = c
+		default:
+			c.Close()
+		}
+	}
+	if on == nil || beside == nil {
+		t.Fatalf("50 connections to %s did not reach both %s and another backend", vip, removed)
+	}
+	return on, beside
+}
+
 // udpFromClient sends n datagrams to vip from the client, each on a new
 // connected socket (a new flow, a new pick), and counts the answers per
 // backend; any datagram without its answer fails the test. A connected
@@ -590,24 +612,8 @@ func TestClusterIPEndToEnd(t *testing.T) {
 	var keep *topology.EchoConn // an established connection that outlives later changes
 	t.Run("RemovedBackendKeepsEstablishedConnection", func(t *testing.T) {
 		removed := e.backends[2]
-		// Open connections until one reaches the backend to remove and one
-		// another backend; 50 tries fail with probability < 2 * (2/3)^50,
-		// about 3e-9.
 		var onRemoved *topology.EchoConn
-		for i := 0; i < 50 && (onRemoved == nil || keep == nil); i++ {
-			c := e.dialEcho(t)
-			switch {
-			case c.Backend == removed && onRemoved == nil:
-				onRemoved = c
-			case c.Backend != removed && keep == nil:
-				keep = c
-			default:
-				c.Close()
-			}
-		}
-		if onRemoved == nil || keep == nil {
-			t.Fatalf("50 connections did not reach both %s and another backend", removed)
-		}
+		onRemoved, keep = e.echoOnAndBeside(t, echoVIP, removed)
 		defer onRemoved.Close()
 
 		e.write(t, e.addrs[:2], e.addrs)
