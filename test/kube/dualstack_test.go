@@ -1,7 +1,6 @@
 package kube
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
@@ -51,8 +50,8 @@ func TestDualStackServices(t *testing.T) {
 	v4, v6 := dual.Spec.ClusterIPs[0], dual.Spec.ClusterIPs[1]
 	want := map[string][]string{
 		feOf(v4, 80):                     {be("10.0.4.1", 8080), be("10.0.4.2", 8080)},
-		feOf(v6, 80):                     {be6("2001:db8:4::1", 8080)},
-		feOf(single6.Spec.ClusterIP, 80): {be6("2001:db8:5::1", 8080), be6("2001:db8:5::2", 8080)},
+		feOf(v6, 80):                     {be("2001:db8:4::1", 8080)},
+		feOf(single6.Spec.ClusterIP, 80): {be("2001:db8:5::1", 8080), be("2001:db8:5::2", 8080)},
 	}
 	wantView(t, "the source's state", func() map[string][]string { return emitted(p) }, want)
 	// Nothing else: no IPv4 frontend for the IPv6 single-stack Service.
@@ -67,16 +66,8 @@ func TestDualStackServices(t *testing.T) {
 
 	// An IPv6 endpoint change reaches the IPv6 frontend only.
 	updateSlice(t, c, "default", "dual-6", ready("2001:db8:4::1"), ready("2001:db8:4::9"))
-	want[feOf(v6, 80)] = []string{be6("2001:db8:4::1", 8080), be6("2001:db8:4::9", 8080)}
+	want[feOf(v6, 80)] = []string{be("2001:db8:4::1", 8080), be("2001:db8:4::9", 8080)}
 	wantView(t, "the source's state after an IPv6 slice change", func() map[string][]string { return emitted(p) }, want)
 	wantProgrammed(t, dp, want)
 	checkFake(t, dp)
 }
-
-// feOf is the frontend of ClusterIP ip, port/TCP, as model.L4Addr prints it.
-func feOf(ip string, port uint16) string {
-	return fmt.Sprintf("%s/TCP", netip.AddrPortFrom(netip.MustParseAddr(ip), port))
-}
-
-// be6 is be for an IPv6 backend.
-func be6(ip string, port uint16) string { return feOf(ip, port) }

@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -63,7 +64,9 @@ func waitEvent(t *testing.T, c kubernetes.Interface, ns, name, reason string) ev
 // Services that cannot be programmed get one Warning event each, through
 // the agent's own identity (deploy/'s ClusterRole): a frontend claimed
 // twice (the loser), and a Service the maps have no room for. Syncs that
-// find the same cause again add none.
+// find the same cause again add none. Per family, over one agent: each
+// family's Services are deleted before the next family's come, so each
+// finds the maps as empty.
 func TestEventsOnUnprogrammableServices(t *testing.T) {
 	env := startEnv(t)
 	c := env.Client
@@ -94,52 +97,69 @@ func TestEventsOnUnprogrammableServices(t *testing.T) {
 		return nil
 	})
 
-	withIP := func(ip string) func(*corev1.Service) {
-		return func(s *corev1.Service) { s.Spec.ExternalIPs = []string{ip} }
-	}
-	createService(t, c, "default", "winner", withIP("192.0.2.50"), svcPort("http", 80, "http"))
-	time.Sleep(300 * time.Millisecond) // the winner is programmed first, and keeps it
-	// loser asks for winner's external IP and port: of its two
-	// frontends (ClusterIP and external IP) it loses the latter. The
-	// maps are then full (kubernetes's, winner's two, loser's
-	// ClusterIP): overflow's ClusterIP finds no room.
-	createService(t, c, "default", "loser", withIP("192.0.2.50"), svcPort("http", 80, "http"))
-	conflict := waitEvent(t, c, "default", "loser", kube.ReasonFrontendConflict)
-	createService(t, c, "default", "overflow", nil, svcPort("http", 80, "http"))
-	full := waitEvent(t, c, "default", "overflow", kube.ReasonDatapathFull)
-	for _, e := range []eventsv1.Event{conflict, full} {
-		if e.Type != corev1.EventTypeWarning || e.Action != "Program" || e.ReportingController != "sluice" ||
-			e.Regarding.UID == "" || !strings.Contains(e.Note, "Sluice") {
-			t.Errorf("event %s: type %q action %q controller %q regarding %v note %q", e.Reason, e.Type, e.Action,
-				e.ReportingController, e.Regarding, e.Note)
+	forFamilies(t, func(t *testing.T, f family) {
+		ns := f.namespace(t, c, "events")
+		names := []string{"winner", "loser", "overflow"}
+		t.Cleanup(func() {
+			for _, name := range names {
+				err := c.CoreV1().Services(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
+				if err != nil && !apierrors.IsNotFound(err) { // not created: the subtest failed before
+					t.Errorf("delete service %s/%s: %v", ns, name, err)
+				}
+			}
+			eventually(t, "the maps to hold default/kubernetes's frontend alone", 30*time.Second, func() error {
+				if n, _, _ := dp.Sizes(); n != 1 {
+					return fmt.Errorf("%d frontends:\n%s", n, dp.String())
+				}
+				return nil
+			})
+		})
+		extIP := f.externalIP(50)
+		withIP := func(s *corev1.Service) { s.Spec.ExternalIPs = []string{extIP} }
+		f.service(t, c, ns, "winner", withIP, svcPort("http", 80, "http"))
+		time.Sleep(300 * time.Millisecond) // the winner is programmed first, and keeps it
+		// loser asks for winner's external IP and port: of its two
+		// frontends (ClusterIP and external IP) it loses the latter. The
+		// maps are then full (kubernetes's, winner's two, loser's
+		// ClusterIP): overflow's ClusterIP finds no room.
+		f.service(t, c, ns, "loser", withIP, svcPort("http", 80, "http"))
+		conflict := waitEvent(t, c, ns, "loser", kube.ReasonFrontendConflict)
+		f.service(t, c, ns, "overflow", nil, svcPort("http", 80, "http"))
+		full := waitEvent(t, c, ns, "overflow", kube.ReasonDatapathFull)
+		for _, e := range []eventsv1.Event{conflict, full} {
+			if e.Type != corev1.EventTypeWarning || e.Action != "Program" || e.ReportingController != "sluice" ||
+				e.Regarding.UID == "" || !strings.Contains(e.Note, "Sluice") {
+				t.Errorf("event %s: type %q action %q controller %q regarding %v note %q", e.Reason, e.Type, e.Action,
+					e.ReportingController, e.Regarding, e.Note)
+			}
 		}
-	}
-	if !strings.Contains(conflict.Note, "192.0.2.50:80/TCP") || !strings.Contains(conflict.Note, "default/winner:http") {
-		t.Errorf("conflict note %q: want the frontend and the Service that keeps it", conflict.Note)
-	}
-	if !strings.Contains(full.Note, "--max-") {
-		t.Errorf("capacity note %q: want what to raise", full.Note)
-	}
-	// Several syncs and resyncs later: still one event per cause, no
-	// series, none on the winner.
-	time.Sleep(3 * time.Second)
-	var evs []eventsv1.Event
-	for _, name := range []string{"loser", "overflow"} {
-		got, err := eventsOn(c, "default", name)
-		if err != nil {
-			t.Fatal(err)
+		if !strings.Contains(conflict.Note, feOf(extIP, 80)) || !strings.Contains(conflict.Note, ns+"/winner:http") {
+			t.Errorf("conflict note %q: want the frontend (%s) and the Service that keeps it", conflict.Note, feOf(extIP, 80))
 		}
-		if len(got) != 1 {
-			t.Errorf("after many syncs %d events on %s, want 1: %v", len(got), name, got)
+		if !strings.Contains(full.Note, "--max-") {
+			t.Errorf("capacity note %q: want what to raise", full.Note)
 		}
-		evs = append(evs, got...)
-	}
-	for _, e := range evs {
-		if e.Series != nil {
-			t.Errorf("event %s became a series: the agent reported the same cause again", e.Reason)
+		// Several syncs and resyncs later: still one event per cause, no
+		// series, none on the winner.
+		time.Sleep(3 * time.Second)
+		var evs []eventsv1.Event
+		for _, name := range []string{"loser", "overflow"} {
+			got, err := eventsOn(c, ns, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 1 {
+				t.Errorf("after many syncs %d events on %s, want 1: %v", len(got), name, got)
+			}
+			evs = append(evs, got...)
 		}
-	}
-	if evs, err := eventsOn(c, "default", "winner"); err != nil || len(evs) != 0 {
-		t.Errorf("events on the winner: %v (%v)", evs, err)
-	}
+		for _, e := range evs {
+			if e.Series != nil {
+				t.Errorf("event %s became a series: the agent reported the same cause again", e.Reason)
+			}
+		}
+		if evs, err := eventsOn(c, ns, "winner"); err != nil || len(evs) != 0 {
+			t.Errorf("events on the winner: %v (%v)", evs, err)
+		}
+	})
 }

@@ -2,7 +2,7 @@ package kube
 
 import (
 	"context"
-	"fmt"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -110,8 +110,14 @@ func updateSlice(t *testing.T, c kubernetes.Interface, ns, name string, eps ...e
 	}
 }
 
-func fe(svc *corev1.Service, port int32) string {
-	return fmt.Sprintf("%s:%d/TCP", svc.Spec.ClusterIP, port)
+// feOf is the frontend ip:port/TCP, as model.L4Addr prints it (an IPv6
+// address in brackets).
+func feOf(ip string, port int32) string {
+	return netip.AddrPortFrom(netip.MustParseAddr(ip), uint16(port)).String() + "/TCP"
 }
 
-func be(ip string, port int32) string { return fmt.Sprintf("%s:%d/TCP", ip, port) }
+// fe is Service svc's frontend on its (first) ClusterIP.
+func fe(svc *corev1.Service, port int32) string { return feOf(svc.Spec.ClusterIP, port) }
+
+// be is the backend ip:port/TCP, printed as a frontend is.
+func be(ip string, port int32) string { return feOf(ip, port) }
