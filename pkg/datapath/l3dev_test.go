@@ -60,48 +60,74 @@ func runCtx(t *testing.T, prog *ebpf.Program, ctx any, in []byte) (uint32, []byt
 
 // TestTCBigTCP: a GSO packet with tot_len 0 (IPv4 BIG TCP) is translated,
 // its length taken from the skb, as the kernel does (iph_totlen); tot_len
-// 0 on a packet that is not TCP GSO is still malformed.
+// 0 on a packet that is not TCP GSO is still malformed. Its IPv6 twin
+// takes both forms of IPv6 BIG TCP (ipv6_big_tcp, parse6.h): payload
+// length 0 behind a hop-by-hop header holding only a jumbo payload option,
+// what Linux 6.0 to 6.19 (this one, 6.18) put on a GSO packet over 64 KiB
+// both ways (ip6_xmit, ipv6_gro_complete: a packet socket on a device with
+// gso_max_size 200000 sees "00 c2 04" after the fixed header), and
+// payload length 0 straight before TCP, Linux 7.0's form, IPv4's.
 func TestTCBigTCP(t *testing.T) {
-	d := newTestDatapath(t)
-	vip := l4("10.96.0.70", 80, model.TCP)
-	be := testBackend{71, l4("10.1.7.1", 8080, model.TCP)}
-	addService(t, d.Maps(), 1, vip, be)
-	vipS, beS := vip.Addr.String(), be.addr.Addr.String()
-	const client = "10.0.0.7"
-	// BPF_PROG_TEST_RUN takes at most a page: 2400 bytes, 2 segments.
-	data := bytes.Repeat([]byte("big tcp "), 300)
-	seg := func(src string, sport uint16, dst string, dport uint16) []byte {
-		p := tcpPacket(src, sport, dst, dport, 0x18, data)
-		p.FragOff, p.ZeroTotalLen = packet.DF, true
-		return ether(p)
-	}
-	gso := gsoCtx{GSOSegs: 2, GSOSize: 1448}
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d := newTestDatapath(t)
+		vip := twinL4(v6, l4("10.96.0.70", 80, model.TCP))
+		be := testBackend{71, twinL4(v6, l4("10.1.7.1", 8080, model.TCP))}
+		addService(t, d.Maps(), 1, vip, be)
+		vipS, beS := vip.Addr.String(), be.addr.Addr.String()
+		client := twinAddr(v6, "10.0.0.7")
+		// BPF_PROG_TEST_RUN takes at most a page: 2400 bytes, 2 segments.
+		data := bytes.Repeat([]byte("big tcp "), 300)
+		// seg is a segment of the GSO packet, IPv6's with the jumbo
+		// header of Linux before 7.0 unless noHBH.
+		seg := func(src string, sport uint16, dst string, dport uint16, noHBH bool) []byte {
+			p := tcpPacket(src, sport, dst, dport, 0x18, data)
+			p.FragOff, p.ZeroTotalLen = packet.DF, true
+			if v6 && !noHBH { // option 0xc2 (IPV6_TLV_JUMBO), 4 bytes: the payload length
+				jumbo := binary.BigEndian.AppendUint32([]byte{0xc2, 4}, uint32(8+20+len(data)))
+				p.IPv6.Ext = []packet.ExtHeader{packet.HopByHopHeader(jumbo)}
+			}
+			return ether(p)
+		}
+		gso := gsoCtx{GSOSegs: 2, GSOSize: 1448}
 
-	for _, c := range []struct {
-		name    string
-		prog    *ebpf.Program
-		ctx     gsoCtx
-		in, out []byte // out nil: unchanged
-	}{
-		{"request_dnat", d.TCIngress(), gso, seg(client, 40000, vipS, 80), seg(client, 40000, beS, 8080)},
-		{"reply_rev_nat_egress", d.TCEgress(), gso, seg(beS, 8080, client, 40000), seg(vipS, 80, client, 40000)},
-		{"not_gso_malformed", d.TCIngress(), gsoCtx{}, seg(client, 40001, vipS, 80), nil},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			verdict, out := runCtx(t, c.prog, c.ctx, c.in)
-			want := c.out
-			if want == nil {
-				want = c.in
+		type step struct {
+			name    string
+			prog    *ebpf.Program
+			ctx     gsoCtx
+			in, out []byte // out nil: unchanged
+		}
+		steps := []step{
+			{"request_dnat", d.TCIngress(), gso, seg(client, 40000, vipS, 80, false), seg(client, 40000, beS, 8080, false)},
+			{"reply_rev_nat_egress", d.TCEgress(), gso, seg(beS, 8080, client, 40000, false), seg(vipS, 80, client, 40000, false)},
+			{"not_gso_malformed", d.TCIngress(), gsoCtx{}, seg(client, 40001, vipS, 80, false), nil},
+		}
+		if v6 {
+			steps = append(steps,
+				step{"request_dnat_no_hbh", d.TCIngress(), gso, seg(client, 40002, vipS, 80, true), seg(client, 40002, beS, 8080, true)},
+				step{"reply_rev_nat_egress_no_hbh", d.TCEgress(), gso, seg(beS, 8080, client, 40002, true), seg(vipS, 80, client, 40002, true)},
+				step{"not_gso_no_hbh_malformed", d.TCIngress(), gsoCtx{}, seg(client, 40003, vipS, 80, true), nil})
+		}
+		malformed := 0
+		for _, c := range steps {
+			if c.out == nil {
+				malformed++
 			}
-			if verdict != tcActOK || !bytes.Equal(out, want) {
-				t.Fatalf("verdict %d (want %d), output %s", verdict, tcActOK, packet.Diff(out, want))
-			}
-		})
-	}
-	cs := counters(t, d)
-	if cs["tc_malformed"] != 1 {
-		t.Errorf("tc_malformed = %d, want 1 (tot_len 0 without GSO)", cs["tc_malformed"])
-	}
+			t.Run(c.name, func(t *testing.T) {
+				verdict, out := runCtx(t, c.prog, c.ctx, c.in)
+				want := c.out
+				if want == nil {
+					want = c.in
+				}
+				if verdict != tcActOK || !bytes.Equal(out, want) {
+					t.Fatalf("verdict %d (want %d), output %s", verdict, tcActOK, packet.Diff(out, want))
+				}
+			})
+		}
+		cs := counters(t, d)
+		if cs["tc_malformed"] != uint64(malformed) {
+			t.Errorf("tc_malformed = %d, want %d (length 0 without GSO)", cs["tc_malformed"], malformed)
+		}
+	})
 }
 
 // tunIfreq is struct ifreq for TUNSETIFF.
