@@ -405,11 +405,9 @@ func TestTCL3DeviceEndToEnd(t *testing.T) {
 		if p == nil {
 			t.Fatalf("no answer through tun0 to a query to %s", vip)
 		}
-		hl, src, dst := 20, net.IP(p[12:16]), net.IP(p[16:20])
+		hl, src, dst := int(p[0]&0xf)*4, net.IP(p[12:16]), net.IP(p[16:20])
 		if v6 {
 			hl, src, dst = 40, net.IP(p[8:24]), net.IP(p[24:40])
-		} else {
-			hl = int(p[0]&0xf) * 4
 		}
 		sport := binary.BigEndian.Uint16(p[hl:])
 		payload := string(p[hl+8:])
