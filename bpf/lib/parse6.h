@@ -271,11 +271,41 @@ static __always_inline int parse_ipv6_linear(struct __sk_buff *skb,
 }
 
 /*
+ * ipv6_big_tcp - whether @skb, an IPv6 packet at @l3_off with payload
+ * length 0 and first next header @nexthdr, is a BIG TCP GSO packet, whose
+ * length is the skb's. Linux 6.0 to 6.19 mark one with a hop-by-hop
+ * header holding only a jumbo payload option (RFC 2675), inserted by
+ * ip6_xmit on the way out and by GRO (ipv6_gro_complete) on the way in,
+ * so tc sees it both ways (ipv6_has_hopopt_jumbo); Linux 7.0 dropped that
+ * header, and the TCP header follows the fixed one, as IPv4 BIG TCP's
+ * follows a tot_len of 0. Both are taken. A jumbogram that is not a GSO
+ * packet is not: it is PARSE_MALFORMED, passed untouched, as a payload
+ * length of 0 was.
+ */
+static __always_inline bool ipv6_big_tcp(struct __sk_buff *skb, __u32 l3_off,
+					 __u8 nexthdr)
+{
+	__u8 hbh[4]; /* next header, length, option type and length */
+
+	if (!skb->gso_size)
+		return false;
+	if (nexthdr == IPPROTO_TCP)
+		return true;
+	if (nexthdr != IPPROTO_HOPOPTS ||
+	    bpf_skb_load_bytes(skb, l3_off + sizeof(struct ipv6hdr), hbh,
+			       sizeof(hbh)) < 0)
+		return false;
+	return hbh[0] == IPPROTO_TCP && hbh[1] == 0 &&
+	       hbh[2] == IPV6_TLV_JUMBO && hbh[3] == 4;
+}
+
+/*
  * parse_ipv6 - parse the Ethernet (unless on an L3 device), IPv6,
  * extension and L4 port headers of @skb, as parse_ipv4 does IPv4's: the
  * whole L4 header must be inside both the payload length and the skb.
- * An IPv6 BIG TCP packet (payload length 0, GSO) takes its length from
- * the skb, as the kernel does (ipv6_payload_len).
+ * An IPv6 BIG TCP packet (payload length 0, GSO, with or without a
+ * hop-by-hop jumbo header: ipv6_big_tcp) takes its length from the skb,
+ * as the kernel does (ipv6_payload_len).
  *
  * A UDP checksum of 0 is invalid in IPv6 (RFC 8200 8.1): the stack drops
  * such a datagram (udp6_csum_init) and netfilter's conntrack, which
@@ -311,7 +341,7 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct pkt6 *p)
 	if (ip.version != 6)
 		return PARSE_MALFORMED;
 	end = l3_off + sizeof(ip) + bpf_ntohs(ip.payload_len);
-	if (!ip.payload_len && ip.nexthdr == IPPROTO_TCP && skb->gso_size)
+	if (!ip.payload_len && ipv6_big_tcp(skb, l3_off, ip.nexthdr))
 		end = skb->len;
 	if (end > skb->len)
 		return PARSE_MALFORMED;

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"testing"
 
@@ -30,8 +31,9 @@ import (
 //     leave it byte for byte as it came, or change only the fields NAT
 //     and forwarding may change (natFields: MACs, TTL, addresses, ports,
 //     checksums, and in an ICMP error those of the quoted packet), at the
-//     length it came with; or turn it into the ICMP error tc answers with
-//     (port unreachable, time exceeded, fragmentation needed: checkICMPReply);
+//     length it came with; or turn it into the ICMP (ICMPv6) error tc
+//     answers with (port unreachable, time exceeded, fragmentation
+//     needed or packet too big: checkICMPReply), quoting the packet;
 //   - keep checksums valid: a frame whose checksums were valid comes out
 //     with valid ones (packet.Verify);
 //   - pass to tc untouched what XDP does not finish (XDP_PASS).
@@ -42,11 +44,11 @@ import (
 // a packet with IP options, a fragment treated as a first one).
 //
 // FuzzTCIngress, FuzzTCEgress and FuzzXDP are the go test -fuzz targets;
-// their seed corpus (fuzzSeeds) is valid TCP, UDP and ICMP packets to and
-// from every kind of frontend, ICMP errors about translated flows, and
-// fragments. TestFuzzPacketsRandomized runs the same checks on a fixed
-// pseudo-random stream in plain go test, and TestFuzzXDP6Randomized on
-// IPv6 frames (fuzzSeeds6) through XDP.
+// their seed corpus (fuzzSeeds, fuzzSeeds6) is valid TCP, UDP and ICMP
+// (ICMPv6) packets to and from every kind of frontend, ICMP errors about
+// translated flows, and fragments. TestFuzzPacketsRandomized runs the same
+// checks on a fixed pseudo-random stream in plain go test, and
+// TestFuzzPackets6Randomized on IPv6 frames (fuzzSeeds6).
 
 // fuzzNode is the node namespace, a datapath on its devices, and the
 // frontends the frames aim at.
@@ -84,15 +86,22 @@ var (
 	fzNP6UDP     = l4(nsNodeIP6, 30053, model.UDP)
 	fzRemote6TCP = l4("2001:db8:2::7", 8080, model.TCP)
 	fzRemote6UDP = l4("2001:db8:2::8", 5353, model.UDP)
+	// And NodePorts without endpoints, which tc answers with an ICMPv6
+	// port unreachable.
+	fzNP6Empty  = l4(nsNodeIP6, 30082, model.TCP)
+	fzNP6EmptyU = l4(nsNodeIP6, 30054, model.UDP)
 )
 
 // fuzzFrontends6 are the IPv6 frontends of newFuzzNode (kept apart from
 // fuzzFrontends, whose addresses mutate writes into IPv4 headers).
 func fuzzFrontends6() []*model.Service {
 	var out []*model.Service
-	for _, c := range [][2]model.L4Addr{{fzNP6Remote, fzRemote6TCP}, {fzNP6UDP, fzRemote6UDP}} {
-		out = append(out, &model.Service{Name: model.ServicePortName{Namespace: "fuzz", Name: c[0].String()},
-			Kind: model.NodePort, Frontend: c[0], Backends: []model.Backend{{L4Addr: c[1]}}})
+	for _, c := range [][]model.L4Addr{{fzNP6Remote, fzRemote6TCP}, {fzNP6UDP, fzRemote6UDP}, {fzNP6Empty}, {fzNP6EmptyU}} {
+		s := &model.Service{Name: model.ServicePortName{Namespace: "fuzz", Name: c[0].String()}, Kind: model.NodePort, Frontend: c[0]}
+		for _, b := range c[1:] {
+			s.Backends = append(s.Backends, model.Backend{L4Addr: b})
+		}
+		out = append(out, s)
 	}
 	return out
 }
@@ -323,15 +332,41 @@ func natFields(in []byte) []bool {
 		}
 	}
 	mark(0, 12)
-	if ip6, ok := ipv6Of(in); ok {
-		// The hop limit and addresses; the ports and checksum of TCP
-		// or UDP right after the fixed header (XDP translates no
-		// other IPv6 packet).
+	markL4 := func(proto uint8, off int) {
+		switch proto {
+		case packet.TCP:
+			mark(off, 4)
+			mark(off+16, 2)
+		case packet.UDP:
+			mark(off, 4)
+			mark(off+6, 2)
+		}
+	}
+	if _, ok := ipv6Of(in); ok {
+		// The hop limit and addresses; unless a later fragment, the
+		// ports and checksum of TCP or UDP after the extension
+		// headers, or an ICMPv6 checksum, and in an error the quoted
+		// packet's addresses, ports and L4 checksum (icmp6_xlate.h).
 		mark(14+7, 1)
 		mark(14+8, 32)
-		if nh := ip6[6]; nh == packet.TCP || nh == packet.UDP {
-			mark(14+40, 4)
-			mark(14+40+map[uint8]int{packet.TCP: 16, packet.UDP: 6}[nh], 2)
+		proto, l4, later, ok := ipv6L4(in[14:])
+		if later || !ok {
+			return allow
+		}
+		l4 += 14
+		switch proto {
+		case packet.TCP, packet.UDP:
+			markL4(proto, l4)
+		case packet.ICMPv6:
+			mark(l4+2, 2)
+			q := l4 + 8
+			if l4 >= len(in) || in[l4] < 1 || in[l4] > 4 || q+40 > len(in) {
+				break
+			}
+			mark(q+8, 32)
+			if qproto, ql4, qlater, ok := ipv6L4(in[q:]); ok && !qlater {
+				markL4(qproto, q+ql4)
+			}
 		}
 		return allow
 	}
@@ -344,16 +379,6 @@ func natFields(in []byte) []bool {
 	mark(14+12, 8) // addresses
 	if binary.BigEndian.Uint16(ip[6:])&0x1fff != 0 {
 		return allow // a later fragment: no L4 header
-	}
-	markL4 := func(proto uint8, off int) {
-		switch proto {
-		case packet.TCP:
-			mark(off, 4)
-			mark(off+16, 2)
-		case packet.UDP:
-			mark(off, 4)
-			mark(off+6, 2)
-		}
 	}
 	switch ip[9] {
 	case packet.TCP, packet.UDP:
@@ -381,34 +406,87 @@ func isICMPError(typ uint8) bool {
 	return false
 }
 
-// isICMPReply reports whether out is an ICMP error tc made from in (a TCP
-// or UDP packet) rather than in translated.
+// ipv6L4 walks the extension headers of b, an IPv6 packet from its fixed
+// header on (hop-by-hop and destination options, routing, fragment), and
+// returns its upper-layer protocol, the offset in b of that header, and
+// whether b is a later fragment (no upper-layer header); ok is false if
+// the headers do not fit in b.
+func ipv6L4(b []byte) (proto uint8, off int, later, ok bool) {
+	if len(b) < 40 || b[0]>>4 != 6 {
+		return 0, 0, false, false
+	}
+	proto, off = b[6], 40
+	for range 8 {
+		switch proto {
+		case packet.HopByHop, packet.Routing, packet.DestOpts:
+			if off+2 > len(b) {
+				return 0, 0, false, false
+			}
+			proto, off = b[off], off+(int(b[off+1])+1)*8
+		case packet.FragmentExt:
+			if off+8 > len(b) {
+				return 0, 0, false, false
+			}
+			later = binary.BigEndian.Uint16(b[off+2:])&0xfff8 != 0
+			proto, off = b[off], off+8
+		default:
+			return proto, off, later, off <= len(b)
+		}
+	}
+	return proto, off, later, off <= len(b)
+}
+
+// ipOf returns the source and destination addresses of an IPv4 or IPv6
+// frame, its upper-layer protocol and the frame offset of that header
+// (after IPv4 options or IPv6 extension headers), if the headers fit and
+// it is no later fragment.
+func ipOf(frame []byte) (src, dst []byte, proto uint8, l4 int, ok bool) {
+	if ip, l4, ok := ipv4Of(frame); ok && binary.BigEndian.Uint16(ip[6:])&0x1fff == 0 {
+		return ip[12:16], ip[16:20], ip[9], l4, true
+	}
+	if ip6, ok := ipv6Of(frame); ok {
+		proto, off, later, ok := ipv6L4(frame[14:])
+		return ip6[8:24], ip6[24:40], proto, 14 + off, ok && !later
+	}
+	return nil, nil, 0, 0, false
+}
+
+// isICMPReply reports whether out is an ICMP (ICMPv6) error tc made from
+// in (a TCP or UDP packet of the same family) rather than in translated.
 func isICMPReply(in, out []byte) bool {
-	ipIn, _, ok1 := ipv4Of(in)
-	ipOut, _, ok2 := ipv4Of(out)
-	return ok1 && ok2 && ipIn[9] != packet.ICMP && ipOut[9] == packet.ICMP
+	srcIn, _, pIn, _, ok1 := ipOf(in)
+	srcOut, _, pOut, _, ok2 := ipOf(out)
+	icmp := map[int]uint8{4: packet.ICMP, 16: packet.ICMPv6}[len(srcIn)]
+	return ok1 && ok2 && len(srcIn) == len(srcOut) && (pIn == packet.TCP || pIn == packet.UDP) && pOut == icmp
 }
 
 // checkICMPReply checks out is the ICMP error about in that icmp_reply
-// builds: MACs swapped, from in's destination to its source, with valid
-// checksums, quoting in's IPv4 header and whole fixed L4 header.
+// (icmp6_reply for IPv6) builds: MACs swapped, from in's destination to
+// its source, with valid checksums, quoting in's IP header (IPv6: and its
+// extension headers) and whole fixed L4 header: a destination unreachable
+// or time exceeded, or IPv6's packet too big (IPv4's is an unreachable).
 func checkICMPReply(in, out []byte) error {
-	ipIn, l4In, _ := ipv4Of(in)
-	ipOut, l4Out, _ := ipv4Of(out)
+	srcIn, dstIn, pIn, l4In, _ := ipOf(in)
+	srcOut, dstOut, _, l4Out, _ := ipOf(out)
 	if !bytes.Equal(out[0:6], in[6:12]) || !bytes.Equal(out[6:12], in[0:6]) {
 		return errors.New("ICMP reply: MACs not swapped")
 	}
-	if !bytes.Equal(ipOut[12:16], ipIn[16:20]) || !bytes.Equal(ipOut[16:20], ipIn[12:16]) {
+	if !bytes.Equal(srcOut, dstIn) || !bytes.Equal(dstOut, srcIn) {
 		return errors.New("ICMP reply: not from the packet's destination to its source")
 	}
-	if len(ipOut) != 20 || l4Out+8 > len(out) {
-		return fmt.Errorf("ICMP reply: header of %d bytes in %d", len(ipOut), len(out))
+	v6 := len(srcIn) == 16
+	if l4Out != 14+ipHdrLen(v6) || l4Out+8 > len(out) {
+		return fmt.Errorf("ICMP reply: headers of %d bytes in %d", l4Out-14, len(out))
 	}
-	if t := out[l4Out]; t != 3 && t != 11 {
+	types := []uint8{3, 11}
+	if v6 {
+		types = []uint8{packet.ICMPv6Unreachable, packet.ICMPv6PacketTooBig, packet.ICMPv6TimeExceeded}
+	}
+	if t := out[l4Out]; !slices.Contains(types, t) {
 		return fmt.Errorf("ICMP reply of type %d", t)
 	}
 	hdr := 8
-	if ipIn[9] == packet.TCP {
+	if pIn == packet.TCP {
 		hdr = 20
 	}
 	want := in[14:min(l4In+hdr, len(in))]
@@ -544,10 +622,11 @@ func fuzzSeeds() [][]byte {
 	return seeds
 }
 
-// fuzzSeeds6 are valid IPv6 frames for the XDP program (fuzzFrontends6):
-// new flows and later packets to the IPv6 NodePorts, their backends'
-// answers to the node, and frames XDP leaves to tc (an extension header, a
-// fragment, a hop limit of 1, ICMPv6).
+// fuzzSeeds6 are valid IPv6 frames (fuzzFrontends6): new flows and later
+// packets to the IPv6 NodePorts, their backends' answers to the node,
+// frames XDP leaves to tc (an extension header, a fragment, a hop limit of
+// 1, ICMPv6), new flows to the NodePorts without endpoints (tc answers an
+// ICMPv6 port unreachable) and ICMPv6 errors about a flow to a backend.
 func fuzzSeeds6() [][]byte {
 	var seeds [][]byte
 	for i, c := range []struct {
@@ -563,6 +642,13 @@ func fuzzSeeds6() [][]byte {
 		}
 		seeds = append(seeds, nsClient(40013, c.fe).With(func(p *packet.Packet) { p.TTL = 1 }).Bytes())
 	}
+	for _, fe := range []model.L4Addr{fzNP6Empty, fzNP6EmptyU} {
+		seeds = append(seeds, nsClient(40014, fe).Bytes())
+	}
+	q := replyFrom(testBackend{addr: fzRemote6TCP}, 61000, 0x12).With(func(p *packet.Packet) { p.Src, p.Dst = p.Dst, p.Src }).L3()
+	for _, k := range []icmpKind{icmpPortUnreach, icmpTooBig, icmpTimeExceeded} {
+		seeds = append(seeds, frame(macOf(nodeEthMAC), macOf(node2MAC), icmpMsg("2001:db8:2::1", nsNodeIP6, k, 1280, q[:40+20])))
+	}
 	echo := nsClient(0, fzNP6Remote).With(func(p *packet.Packet) { p.Proto, p.ICMPType = packet.ICMPv6, 128 })
 	return append(seeds, echo.Bytes())
 }
@@ -574,7 +660,7 @@ func fuzzSeeds6() [][]byte {
 // flow one input starts, a later one may continue.
 func fuzzTarget(f *testing.F, h fuzzHook) {
 	n := newFuzzNode(f)
-	for _, s := range fuzzSeeds() {
+	for _, s := range append(fuzzSeeds(), fuzzSeeds6()...) {
 		f.Add(s, false)
 		f.Add(s, true)
 	}
@@ -677,6 +763,14 @@ func TestFuzzPacketsRandomized(t *testing.T) {
 			t.Errorf("round %d: %v", i, err)
 		}
 	}
+	n.expectExercised(t)
+}
+
+// expectExercised logs what each hook made of a randomized stream and
+// fails t unless tc ingress and XDP each translated some frames and left
+// some alone, and tc ingress answered some with an ICMP (ICMPv6) error.
+func (n *fuzzNode) expectExercised(t *testing.T) {
+	t.Helper()
 	for h := range fuzzHook(3) {
 		t.Logf("%s: %d unchanged, %d translated, %d answered with an ICMP error", h,
 			n.same[h].Load(), n.translated[h].Load(), n.replied[h].Load())
@@ -689,10 +783,12 @@ func TestFuzzPacketsRandomized(t *testing.T) {
 	}
 }
 
-// TestFuzzXDP6Randomized runs the fuzz checks on the XDP program's IPv6
-// path: fuzzSeeds6, then a fixed pseudo-random stream of their mutations
-// (half with their checksums fixed), through XDP alone.
-func TestFuzzXDP6Randomized(t *testing.T) {
+// TestFuzzPackets6Randomized runs the fuzz checks on the IPv6 paths of
+// tc and XDP: fuzzSeeds6, then a fixed pseudo-random stream of their
+// mutations (half with their checksums fixed), through every hook; the
+// ICMPv6 errors tc answers with are checked as IPv4's are
+// (checkICMPReply).
+func TestFuzzPackets6Randomized(t *testing.T) {
 	n := newFuzzNode(t)
 	seeds := fuzzSeeds6()
 	rng := rand.New(rand.NewPCG(6, 2026))
@@ -704,19 +800,15 @@ func TestFuzzXDP6Randomized(t *testing.T) {
 				f = fixChecksums(f)
 			}
 		}
-		if err := n.check(f, hookXDP); err != nil {
+		if err := n.check(f); err != nil {
 			t.Errorf("frame %d: %v", i, err)
 		}
 	}
-	t.Logf("XDP: %d unchanged, %d translated", n.same[hookXDP].Load(), n.translated[hookXDP].Load())
-	if n.translated[hookXDP].Load() == 0 || n.same[hookXDP].Load() == 0 {
-		t.Error("the stream translated no IPv6 frame, or left none alone: it tests nothing")
-	}
+	n.expectExercised(t)
 }
 
 // The checks are not vacuous: they reject what a wrong rewrite makes, of
-// either family (an ICMP error tc makes is checked for IPv4 only:
-// checkICMPReply).
+// either family, and an ICMP (ICMPv6) error quoting other bytes.
 func TestFuzzChecksCatchBadRewrites(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		client, vip, be := twinAddr(v6, "10.1.0.50"), twinAddr(v6, fzVIPTCP.Addr.String()), twinAddr(v6, fzLocalTCP.Addr.String())
@@ -750,10 +842,7 @@ func TestFuzzChecksCatchBadRewrites(t *testing.T) {
 				t.Errorf("%s: accepted", c.name)
 			}
 		}
-		if v6 {
-			return
-		}
-		reply := frame(clientMAC, nodeMAC, icmpErr(vip, client, 3, 3, 0, in[14:14+40]))
+		reply := frame(clientMAC, nodeMAC, icmpMsg(vip, client, icmpPortUnreach, 0, in[14:14+ipHdrLen(v6)+20]))
 		badQuote := bytes.Clone(reply)
 		badQuote[len(badQuote)-1] ^= 1
 		if err := checkOutput(hookTCIngress, in, tcActRedirect, badQuote); err == nil {

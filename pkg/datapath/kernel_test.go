@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // Kernel support (C1). This host runs a recent kernel, so an older one is
@@ -113,7 +114,8 @@ func TestOpenLoadsOnlyWhatIsConfigured(t *testing.T) {
 // call bpf_set_retval (before 6.1), the variants without it are loaded: a
 // connect or sendto to a Service without endpoints is refused with the
 // kernel's EPERM (instead of ECONNREFUSED), and translation works as
-// ever. Forced here; the probe says the same on such a kernel.
+// ever, over IPv4, IPv6 and IPv4-mapped addresses (sockLBFamilies).
+// Forced here; the probe says the same on such a kernel.
 func TestSockLBWithoutSetRetval(t *testing.T) {
 	testutil.Privileged(t)
 	for _, tc := range []struct {
@@ -158,25 +160,31 @@ func TestSockLBWithoutSetRetval(t *testing.T) {
 				}
 			}
 
-			sockNode(t, d, "retval", sockBackends...)
+			ns, _ := sockNode(t, d, "retval", sockBackends...)
+			addLoopbackAddrs(t, ns, sockBackends6...)
+			startBackends(t, sockBackends6...)
 			m := d.Maps()
-			addService(t, m, 1, sockVIPTCP, testBackend{1, l4(sockBackends[0], 8080, model.TCP)})
-			addService(t, m, 3, sockVIPEmpty)
-			addService(t, m, 4, sockVIPEmptU)
-
-			// IPv4 sockets, and dual-stack ones (connect6, sendmsg6).
-			for _, domain := range []int{unix.AF_INET, unix.AF_INET6} {
-				fd := newSocketIn(t, domain, unix.SOCK_STREAM)
-				if err := unix.Connect(fd, sockaddrIn(domain, sockVIPTCP)); err != nil {
-					t.Fatalf("connect %s (domain %d): %v", sockVIPTCP, domain, err)
+			// IPv4 sockets, native IPv6 ones over the IPv6 maps, and
+			// dual-stack ones reaching the IPv4 services (connect6,
+			// sendmsg6 each).
+			for _, f := range sockLBFamilies {
+				id := reconciler.ServiceID(f.id)
+				if f.name != "ipv4_mapped" {
+					addService(t, m, id+1, f.tcp, testBackend{reconciler.BackendID(f.id + 1), l4(f.backends[0], 8080, model.TCP)})
+					addService(t, m, id+3, f.empty)
+					addService(t, m, id+4, f.emptyU)
 				}
-				fd = newSocketIn(t, domain, unix.SOCK_STREAM)
-				if err := unix.Connect(fd, sockaddrIn(domain, sockVIPEmpty)); !errors.Is(err, tc.want) {
-					t.Errorf("TCP connect to %s without endpoints (domain %d): %v, want %v", sockVIPEmpty, domain, err, tc.want)
+				fd := newSocketIn(t, f.domain, unix.SOCK_STREAM)
+				if err := unix.Connect(fd, sockaddrIn(f.domain, f.tcp)); err != nil {
+					t.Fatalf("%s: connect %s: %v", f.name, f.tcp, err)
 				}
-				ufd := newSocketIn(t, domain, unix.SOCK_DGRAM)
-				if err := unix.Sendto(ufd, []byte("hi"), 0, sockaddrIn(domain, sockVIPEmptU)); !errors.Is(err, tc.want) {
-					t.Errorf("UDP sendto %s without endpoints (domain %d): %v, want %v", sockVIPEmptU, domain, err, tc.want)
+				fd = newSocketIn(t, f.domain, unix.SOCK_STREAM)
+				if err := unix.Connect(fd, sockaddrIn(f.domain, f.empty)); !errors.Is(err, tc.want) {
+					t.Errorf("%s: TCP connect to %s without endpoints: %v, want %v", f.name, f.empty, err, tc.want)
+				}
+				ufd := newSocketIn(t, f.domain, unix.SOCK_DGRAM)
+				if err := unix.Sendto(ufd, []byte("hi"), 0, sockaddrIn(f.domain, f.emptyU)); !errors.Is(err, tc.want) {
+					t.Errorf("%s: UDP sendto %s without endpoints: %v, want %v", f.name, f.emptyU, err, tc.want)
 				}
 			}
 		})

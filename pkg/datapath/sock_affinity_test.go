@@ -41,8 +41,6 @@ var (
 		[]string{"10.200.1.1", "10.200.1.2", "10.200.1.3", "10.200.1.4"}}
 	sockAff6 = sockAffFamily{"ipv6", unix.AF_INET6, l4("2001:db8:96::40", 80, model.TCP), l4("2001:db8:96::41", 53, model.UDP),
 		[]string{"2001:db8:201::1", "2001:db8:201::2", "2001:db8:201::3", "2001:db8:201::4"}}
-
-	sockAffVIP, sockAffBEs = sockAff4.vip, sockAff4.bes
 )
 
 // affinityNS is a namespace with the backends of both families' affinity
@@ -318,37 +316,43 @@ func netnsCookie(t *testing.T, ns *topology.NS) uint64 {
 // an externalTrafficPolicy Local frontend with session affinity keeps it
 // in its internal scope: a namespace sticks to one of all the endpoints
 // (never held to the external scope's one), under the internal scope's
-// master key.
+// master key. Over each family (sockAff4, sockAff6: the IPv6 one in
+// sluice6's affinity map).
 func TestSockAffinityTwoScopes(t *testing.T) {
-	d := newTestDatapath(t)
-	joinSockCgroup(t, d)
-	ns := affinityNS(t, "afftwo")
-	s := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "two"}, Kind: model.NodePort, Frontend: sockAffVIP,
-		Backends: []model.Backend{{L4Addr: l4(sockAffBEs[0], 8080, model.TCP)}}, ExternalLocal: true, TwoScopes: true,
-		AffinityTimeout: time.Hour}
-	for _, b := range sockAffBEs {
-		s.InternalBackends = append(s.InternalBackends, model.Backend{L4Addr: l4(b, 8080, model.TCP)})
-	}
-	st := model.NewState()
-	st.Services[s.Frontend] = s
-	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
-		t.Fatal(err)
-	}
+	for _, f := range []sockAffFamily{sockAff4, sockAff6} {
+		t.Run(f.name, func(t *testing.T) {
+			d := newTestDatapath(t)
+			joinSockCgroup(t, d)
+			ns := affinityNS(t, "afftwo")
+			s := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "two"}, Kind: model.NodePort, Frontend: f.vip,
+				Backends: []model.Backend{{L4Addr: l4(f.bes[0], 8080, model.TCP)}}, ExternalLocal: true, TwoScopes: true,
+				AffinityTimeout: time.Hour}
+			for _, b := range f.bes {
+				s.InternalBackends = append(s.InternalBackends, model.Backend{L4Addr: l4(b, 8080, model.TCP)})
+			}
+			st := model.NewState()
+			st.Services[s.Frontend] = s
+			if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
+				t.Fatal(err)
+			}
 
-	// Clients of the internal scope spread over all four endpoints, so a
-	// namespace that reached the same one 16 times is stuck to it.
-	first := sockConnect(t, ns, sockAff4)
-	for i := range 16 {
-		if got := sockConnect(t, ns, sockAff4); got != first {
-			t.Fatalf("connection %d reached %s, the first %s", i+1, got, first)
-		}
-	}
-	all, err := d.Maps().Affinity()
-	if err != nil {
-		t.Fatal(err)
-	}
-	in := reconciler.Frontend{L4Addr: sockAffVIP, Scope: reconciler.ScopeInternal}
-	if len(all) != 1 || all[0].Frontend != in || all[0].NetnsCookie != netnsCookie(t, ns) || all[0].Backend.Addr().String() != first {
-		t.Fatalf("affinity entries %+v: want one, of %s, for %s's namespace, on %s", all, in, ns.Name, first)
+			// Clients of the internal scope spread over all four
+			// endpoints, so a namespace that reached the same one 16
+			// times is stuck to it.
+			first := sockConnect(t, ns, f)
+			for i := range 16 {
+				if got := sockConnect(t, ns, f); got != first {
+					t.Fatalf("connection %d reached %s, the first %s", i+1, got, first)
+				}
+			}
+			all, err := d.Maps().Affinity()
+			if err != nil {
+				t.Fatal(err)
+			}
+			in := reconciler.Frontend{L4Addr: f.vip, Scope: reconciler.ScopeInternal}
+			if len(all) != 1 || all[0].Frontend != in || all[0].NetnsCookie != netnsCookie(t, ns) || all[0].Backend.Addr().String() != first {
+				t.Fatalf("affinity entries %+v: want one, of %s, for %s's namespace, on %s", all, in, ns.Name, first)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"bytes"
 	"errors"
 	"net/netip"
 	"os"
@@ -303,29 +304,46 @@ func TestAttachReplacesRenamedProgram(t *testing.T) {
 	}
 }
 
-// TestSessionAffinityPinNotMigrated: the session affinity map is new in
-// this release, under a name release 0's migration does not touch (and
+// TestSessionAffinityPinNotMigrated: the session affinity maps are new in
+// this release, under names release 0's migration does not touch (and
 // that the kernel's 15-character map names keep apart from release 0's
 // "sluice_affinity", the UDP stickiness map). A rollback to release 0 and
 // an upgrade again move that release's sluice_affinity to
-// sluice_udp_stick_v1 and leave the session affinity entries as they
-// were.
+// sluice_udp_stick_v1 and leave the session affinity entries, IPv4's and
+// IPv6's (sluice6_affinity_v1), as they were.
 func TestSessionAffinityPinNotMigrated(t *testing.T) {
 	d, bpffs := newTestDatapathAt(t)
 	fe := l4("10.96.0.10", 80, model.TCP)
 	k := sockLb4AffinityKey{Client: uint64(be32(netip.MustParseAddr("10.0.0.2"))), Kind: uint32(sockAffinityClientAFFINITY_CLIENT_ADDR)}
 	k.Master, _ = serviceKey(reconciler.DefaultScope(fe), 0)
 	v := sockLb4Affinity{Expires: 1 << 62, BackendId: 7, Addr: be32(netip.MustParseAddr("10.1.0.7")), Port: be16(8080), Slot: 1}
-	if err := d.Maps().affinity.Put(&k, &v); err != nil {
-		t.Fatal(err)
+	// The IPv6 twin of the entry, in the IPv6 map.
+	k6 := sockLb6AffinityKey{Master: lb6Key(k.Master, addr(twinAddr(true, "10.96.0.10"))), Client: v6addr(addr(twinAddr(true, "10.0.0.2"))), Kind: k.Kind}
+	v6 := sockLb6Affinity{Expires: v.Expires, BackendId: v.BackendId, Addr: v6addr(addr(twinAddr(true, "10.1.0.7"))), Port: v.Port, Slot: v.Slot}
+	pins := []struct {
+		name string
+		m    func(*Maps) *ebpf.Map
+		k, v any
+	}{
+		{mapAffinity, func(m *Maps) *ebpf.Map { return m.affinity }, &k, &v},
+		{mapAffinity6, func(m *Maps) *ebpf.Map { return m.affinity6 }, &k6, &v6},
 	}
-	affID := mapID(t, d.Maps().affinity)
-	info, err := d.Maps().affinity.Info()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.HasPrefix(info.Name, "sluice_affinity") {
-		t.Errorf("session affinity map's kernel name %q reads as release 0's UDP stickiness map", info.Name)
+	ids, entries := make([]ebpf.MapID, len(pins)), make([][]byte, len(pins))
+	for i, p := range pins {
+		if err := p.m(d.Maps()).Put(p.k, p.v); err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = mapID(t, p.m(d.Maps()))
+		if err := p.m(d.Maps()).Lookup(p.k, &entries[i]); err != nil {
+			t.Fatal(err)
+		}
+		info, err := p.m(d.Maps()).Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(info.Name, "sluice_affinity") {
+			t.Errorf("%s's kernel name %q reads as release 0's UDP stickiness map", p.name, info.Name)
+		}
 	}
 	d.Close()
 
@@ -340,8 +358,14 @@ func TestSessionAffinityPinNotMigrated(t *testing.T) {
 
 	d2 := openTest(t, smallConfig(bpffs))
 	m := d2.Maps()
-	if id := mapID(t, m.affinity); id != affID {
-		t.Errorf("session affinity map is map %d after the upgrade, was %d", id, affID)
+	for i, p := range pins {
+		if id := mapID(t, p.m(m)); id != ids[i] {
+			t.Errorf("%s is map %d after the upgrade, was %d", p.name, id, ids[i])
+		}
+		var got []byte
+		if err := p.m(m).Lookup(p.k, &got); err != nil || !bytes.Equal(got, entries[i]) {
+			t.Errorf("%s entry after the upgrade: %x, %v; want %x", p.name, got, err, entries[i])
+		}
 	}
 	var got sockLb4Affinity
 	if err := m.affinity.Lookup(&k, &got); err != nil || got != v {

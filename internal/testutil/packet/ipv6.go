@@ -138,7 +138,9 @@ func (p Packet) ipv6() []byte {
 	}
 	h := make([]byte, 40, 40+len(ext)+len(l4))
 	binary.BigEndian.PutUint32(h[0:], 6<<28|uint32(p.IPv6.TrafficClass)<<20|p.IPv6.FlowLabel&0xfffff)
-	binary.BigEndian.PutUint16(h[4:], uint16(len(ext)+len(l4)))
+	if !p.ZeroTotalLen {
+		binary.BigEndian.PutUint16(h[4:], uint16(len(ext)+len(l4)))
+	}
 	h[6] = p.Proto
 	if len(p.IPv6.Ext) > 0 {
 		h[6] = p.IPv6.Ext[0].Type

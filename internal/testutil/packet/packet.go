@@ -99,10 +99,10 @@ type Packet struct {
 	// bytes of a UDP header, now as data, as the middle of a datagram
 	// would. Fragments builds the real fragments of a datagram.
 	FragOff uint16
-	// ZeroTotalLen leaves the IPv4 total length 0, as IPv4 BIG TCP sends
-	// a GSO packet over 64 KiB (the kernel takes the length from the
-	// skb). Parse and Verify refuse such a frame, as the stack would
-	// without GSO.
+	// ZeroTotalLen leaves the IPv4 total length (the IPv6 payload length)
+	// 0, as BIG TCP sends a GSO packet over 64 KiB (the kernel takes the
+	// length from the skb). Parse and Verify refuse such a frame, as the
+	// stack would without GSO.
 	ZeroTotalLen bool
 	// IPOptions are IPv4 options, appended to the 20-byte header; their
 	// length must be a multiple of 4.

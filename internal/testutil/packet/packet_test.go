@@ -206,23 +206,28 @@ func TestFragments(t *testing.T) {
 	}
 }
 
-// ZeroTotalLen leaves the total length 0 (BIG TCP) and nothing else
-// changes: the header checksum covers the zero.
+// ZeroTotalLen leaves the total length (IPv6: the payload length) 0 (BIG
+// TCP) and nothing else changes: the IPv4 header checksum covers the zero.
 func TestZeroTotalLen(t *testing.T) {
-	p := samples()["tcp"]
-	b := p.With(func(p *Packet) { p.ZeroTotalLen = true }).Bytes()
-	if hl := binary.BigEndian.Uint16(b[14+2:]); hl != 0 {
-		t.Fatalf("total length %d, want 0", hl)
-	}
-	if s := fold(sum(0, b[14:14+20])); s != 0 {
-		t.Errorf("IPv4 header sums to %#04x, want 0", ^s)
-	}
-	full := p.Bytes()
-	if !bytes.Equal(b[14+20:], full[14+20:]) {
-		t.Error("the TCP segment differs from the one with a total length")
-	}
-	if Verify(b) == nil {
-		t.Error("Verify accepted a total length of 0")
+	for _, c := range []struct {
+		name       string
+		p          Packet
+		lenOff, hl int // the length field's offset in the frame, the IP header's length
+	}{{"IPv4", samples()["tcp"], 14 + 2, 20}, {"IPv6", samples6()["tcp"], 14 + 4, 40}} {
+		b := c.p.With(func(p *Packet) { p.ZeroTotalLen = true }).Bytes()
+		if l := binary.BigEndian.Uint16(b[c.lenOff:]); l != 0 {
+			t.Fatalf("%s: length %d, want 0", c.name, l)
+		}
+		if s := fold(sum(0, b[14:14+20])); c.name == "IPv4" && s != 0 {
+			t.Errorf("IPv4 header sums to %#04x, want 0", ^s)
+		}
+		full := c.p.Bytes()
+		if !bytes.Equal(b[:c.lenOff], full[:c.lenOff]) || !bytes.Equal(b[14+c.hl:], full[14+c.hl:]) {
+			t.Errorf("%s: the frame differs from the one with a length beyond the length field", c.name)
+		}
+		if Verify(b) == nil {
+			t.Errorf("%s: Verify accepted a length of 0", c.name)
+		}
 	}
 }
 

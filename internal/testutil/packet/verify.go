@@ -79,8 +79,11 @@ func laterFragment6(ext []ExtHeader) bool {
 func parseL4(p *Packet, l4 []byte) error {
 	switch p.Proto {
 	case TCP:
-		if len(l4) < 20 || int(l4[12]>>4)*4 != 20 {
-			return fmt.Errorf("TCP header: %d bytes, data offset %d: want 20 bytes without options", len(l4), int(l4[12]>>4)*4)
+		if len(l4) < 20 {
+			return fmt.Errorf("TCP header: %d bytes", len(l4))
+		}
+		if int(l4[12]>>4)*4 != 20 {
+			return fmt.Errorf("TCP header: data offset %d: want 20 bytes without options", int(l4[12]>>4)*4)
 		}
 		p.SrcPort, p.DstPort = binary.BigEndian.Uint16(l4[0:]), binary.BigEndian.Uint16(l4[2:])
 		p.Seq, p.Ack = binary.BigEndian.Uint32(l4[4:]), binary.BigEndian.Uint32(l4[8:])
