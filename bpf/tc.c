@@ -420,7 +420,11 @@ lb4_aff_select(const struct pkt4 *p, const struct lb4_service *svc, __u64 now,
 	return be;
 }
 
-/* lb4_aff_remember - aff_remember for the client of @p, as of now. */
+/*
+ * lb4_aff_remember - aff_remember for the client of @p, as of now. Its
+ * caller asks only for a frontend with affinity: a call and a clock read
+ * less on every other new flow (as lb6_aff_remember).
+ */
 static __noinline int lb4_aff_remember(const struct pkt4 *p,
 				       const struct lb4_service *svc,
 				       const struct lb4_backend *be,
@@ -496,7 +500,8 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb,
 		}
 		explain_flag(p, EXPLAIN_F_NEW_FLOW);
 		explain_backend(p, backend_id, slot, be->addr, be->port);
-		lb4_aff_remember(p, svc, be, backend_id, slot);
+		if (svc->flags & SVC_F_AFFINITY)
+			lb4_aff_remember(p, svc, be, backend_id, slot);
 		svc_count_pkt(p, svc->rev_nat_id, SVC_EV_FLOW, 0);
 		return 0;
 	}
