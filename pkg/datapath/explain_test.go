@@ -434,7 +434,10 @@ func TestDryRunLoadAndClose(t *testing.T) {
 
 // BenchmarkOpen opens a datapath of the default sizes from empty pins
 // (its programs verified, its maps created): with the dry twins, and
-// without them (Config.DeferDryRun), as the agent starts.
+// without them (Config.DeferDryRun), as the agent starts. "insns" is what
+// the verifier walked for the four live tc programs (the kernel's
+// verified_insns): the figure to watch in review, as it does not depend
+// on the machine's load.
 func BenchmarkOpen(b *testing.B) {
 	for _, deferred := range []bool{false, true} {
 		b.Run(map[bool]string{false: "with_dry_run", true: "dry_run_deferred"}[deferred], func(b *testing.B) {
@@ -454,6 +457,7 @@ func BenchmarkOpen(b *testing.B) {
 				b.StartTimer()
 			}
 			b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "cpu-ms/op")
+			b.ReportMetric(float64(liveVerifiedInsns(b, deferred)), "insns")
 		})
 	}
 }
@@ -485,4 +489,27 @@ func TestExplainFrameChecksums(t *testing.T) {
 			t.Errorf("%s -> %s: %v, want %q", c.from, c.to, err, c.want)
 		}
 	}
+}
+
+// liveVerifiedInsns is the instructions the verifier walked for the live
+// tc programs of a datapath opened as BenchmarkOpen does.
+func liveVerifiedInsns(b *testing.B, deferred bool) uint32 {
+	d, err := Open(Config{BPFFS: testPinDir(b), DeferDryRun: deferred})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = d.Close() }()
+	var sum uint32
+	for _, p := range []*ebpf.Program{d.tc.SluiceIngress, d.tc.SluiceEgress, d.tc.Sluice6Ingress, d.tc.Sluice6Egress} {
+		info, err := p.Info()
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, ok := info.VerifiedInstructions()
+		if !ok {
+			b.Skip("the kernel does not report verified instructions (5.16+)")
+		}
+		sum += n
+	}
+	return sum
 }
