@@ -95,13 +95,13 @@ func upsertTwin[E, K4, V4, K6, V6 any](t twin[K4, V4, K6, V6], es []E, addr func
 		var n int
 		var err error
 		if v6 {
-			n, err = upsertBatch(t.m6, t.name6, es[done:end], func(e E) (K6, V6, error) {
+			n, err = upsertBatch(t.m6, t.name6, done, len(es), es[done:end], func(e E) (K6, V6, error) {
 				k, v, err := enc(e)
 				k6, v6 := t.to6(k, v, addr(e))
 				return k6, v6, err
 			})
 		} else {
-			n, err = upsertBatch(t.m4, t.name4, es[done:end], enc)
+			n, err = upsertBatch(t.m4, t.name4, done, len(es), es[done:end], enc)
 		}
 		done += n
 		if err != nil {
