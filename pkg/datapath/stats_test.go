@@ -170,61 +170,63 @@ func TestMapCountAgreesWithWalk(t *testing.T) {
 // sluice6_* maps (MapFill's services6, rev_nat6, backends6), the other
 // family's maps unchanged.
 func TestMapMemory(t *testing.T) {
-	forFamilies(t, func(t *testing.T, v6 bool) {
-		testutil.Privileged(t)
-		d := openTest(t, Config{BPFFS: testPinDir(t), DeferDryRun: true})
-		bytes := func() map[string]uint64 {
-			t.Helper()
-			fill, err := d.MapFill()
-			if err != nil {
-				t.Fatal(err)
-			}
-			out := map[string]uint64{}
-			for _, f := range fill {
-				out[f.Name] = f.Bytes
-			}
-			return out
+	forFamilies(t, testMapMemory)
+}
+
+func testMapMemory(t *testing.T, v6 bool) {
+	testutil.Privileged(t)
+	d := openTest(t, Config{BPFFS: testPinDir(t), DeferDryRun: true})
+	bytes := func() map[string]uint64 {
+		t.Helper()
+		fill, err := d.MapFill()
+		if err != nil {
+			t.Fatal(err)
 		}
-		// The family's maps by their MapFill names, and the other's.
-		fam, other := "", "6"
-		if v6 {
-			fam, other = other, fam
+		out := map[string]uint64{}
+		for _, f := range fill {
+			out[f.Name] = f.Bytes
 		}
-		before := bytes()
-		if before["conntrack"+fam] == 0 || before["services"+fam] == 0 {
-			t.Fatalf("no memory reported: %v", before)
+		return out
+	}
+	// The family's maps by their MapFill names, and the other's.
+	fam, other := "", "6"
+	if v6 {
+		fam, other = other, fam
+	}
+	before := bytes()
+	if before["conntrack"+fam] == 0 || before["services"+fam] == 0 {
+		t.Fatalf("no memory reported: %v", before)
+	}
+	const services, endpoints = 1000, 10
+	var svcs []*model.Service
+	for i := range services {
+		fe := netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})
+		var bes []model.L4Addr
+		for j := range endpoints {
+			be := netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
+			bes = append(bes, l4(twinAddr(v6, be.String()), uint16(8000+j), model.TCP))
 		}
-		const services, endpoints = 1000, 10
-		var svcs []*model.Service
-		for i := range services {
-			fe := netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})
-			var bes []model.L4Addr
-			for j := range endpoints {
-				be := netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
-				bes = append(bes, l4(twinAddr(v6, be.String()), uint16(8000+j), model.TCP))
-			}
-			svcs = append(svcs, clusterIP(l4(twinAddr(v6, fe.String()), 80, model.TCP), bes...))
+		svcs = append(svcs, clusterIP(l4(twinAddr(v6, fe.String()), 80, model.TCP), bes...))
+	}
+	applyServices(t, d, svcs...)
+	after := bytes()
+	for _, name := range []string{"conntrack" + fam, "services" + other, "rev_nat" + other, "backends" + other} {
+		if after[name] != before[name] {
+			t.Errorf("%s went from %d to %d bytes with no flow and no Service of its family", name, before[name], after[name])
 		}
-		applyServices(t, d, svcs...)
-		after := bytes()
-		for _, name := range []string{"conntrack" + fam, "services" + other, "rev_nat" + other, "backends" + other} {
-			if after[name] != before[name] {
-				t.Errorf("%s went from %d to %d bytes with no flow and no Service of its family", name, before[name], after[name])
-			}
+	}
+	grew := func(name string) float64 {
+		if after[name] <= before[name] {
+			t.Errorf("%s held %d bytes before %d Services, %d after: it allocates as it grows", name, before[name], services, after[name])
 		}
-		grew := func(name string) float64 {
-			if after[name] <= before[name] {
-				t.Errorf("%s held %d bytes before %d Services, %d after: it allocates as it grows", name, before[name], services, after[name])
-			}
-			return float64(after[name] - before[name])
-		}
-		// A Service port: a master and one slot per endpoint in services, its
-		// reverse-NAT entry; a backend: its entry in backends.
-		perService := (grew("services"+fam) + grew("rev_nat"+fam)) / services
-		perBackend := grew("backends"+fam) / (services * endpoints)
-		t.Logf("per Service of %d endpoints: %.0f bytes (services%s, rev_nat%s); per backend: %.0f bytes (backends%s); conntrack%s %d MiB preallocated (%d entries)",
-			endpoints, perService, fam, fam, perBackend, fam, fam, after["conntrack"+fam]>>20, DefaultMaxConntrack)
-	})
+		return float64(after[name] - before[name])
+	}
+	// A Service port: a master and one slot per endpoint in services, its
+	// reverse-NAT entry; a backend: its entry in backends.
+	perService := (grew("services"+fam) + grew("rev_nat"+fam)) / services
+	perBackend := grew("backends"+fam) / (services * endpoints)
+	t.Logf("per Service of %d endpoints: %.0f bytes (services%s, rev_nat%s); per backend: %.0f bytes (backends%s); conntrack%s %d MiB preallocated (%d entries)",
+		endpoints, perService, fam, fam, perBackend, fam, fam, after["conntrack"+fam]>>20, DefaultMaxConntrack)
 }
 
 // BenchmarkCountFullConntrack counts a full sluice_conntrack of the
