@@ -53,15 +53,19 @@ func upsertBatch[E, K, V any](m *ebpf.Map, what string, first, total int, es []E
 		values = append(values, v)
 	}
 	n, err := putBatch(m, keys, values)
-	if errors.Is(err, unix.E2BIG) {
-		// A hash map's E2BIG, which cilium/ebpf words "key too big
-		// for map".
-		err = fmt.Errorf("full (%d entries): %w", m.MaxEntries(), err)
-	}
 	if err != nil {
-		return n, fmt.Errorf("upsert %s (entry %d of %d): %w", what, first+n, total, err)
+		return n, fmt.Errorf("upsert %s (entry %d of %d): %w", what, first+n, total, whenFull(m, err))
 	}
 	return n, encErr
+}
+
+// whenFull says that m is full where err is a hash map's E2BIG, which
+// cilium/ebpf words "key too big for map".
+func whenFull(m *ebpf.Map, err error) error {
+	if errors.Is(err, unix.E2BIG) {
+		return fmt.Errorf("full (%d entries): %w", m.MaxEntries(), err)
+	}
+	return err
 }
 
 // UpsertBackends writes backends, in order.

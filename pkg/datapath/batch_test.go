@@ -137,6 +137,12 @@ func TestBatchStopsWhenFull(t *testing.T) {
 		if !strings.Contains(err.Error(), what) {
 			t.Errorf("UpsertBackends: %v; want it to say %q", err, what)
 		}
+		// A single write into the full map says so too.
+		last := bes[len(bes)-1]
+		what = fmt.Sprintf("%s: full (%d entries)", name, cfg.MaxBackends)
+		if err := m.UpsertBackend(last.ID, last.Addr); err == nil || !strings.Contains(err.Error(), what) {
+			t.Errorf("UpsertBackend into the full map: %v; want it to say %q", err, what)
+		}
 		if !errors.Is(err, ebpf.ErrNotSupported) {
 			ks, _ := m.Dump()
 			want := map[reconciler.BackendID]model.L4Addr{}
