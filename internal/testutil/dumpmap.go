@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"encoding/hex"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -40,4 +41,25 @@ func DumpMap(tb testing.TB, name string, m *ebpf.Map) string {
 	}
 	slices.Sort(lines)
 	return strings.Join(lines, "\n")
+}
+
+// ProgArrayIDs returns the ids of the programs in the pinned program array
+// at pin, slot by slot (0: an empty slot).
+func ProgArrayIDs(tb testing.TB, pin string) []ebpf.ProgramID {
+	tb.Helper()
+	m, err := ebpf.LoadPinnedMap(pin, nil)
+	if err != nil {
+		tb.Fatalf("%s: %v", pin, err)
+	}
+	defer m.Close()
+	ids := make([]ebpf.ProgramID, m.MaxEntries())
+	for i := range ids {
+		var id uint32
+		if err := m.Lookup(uint32(i), &id); err == nil {
+			ids[i] = ebpf.ProgramID(id)
+		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			tb.Fatalf("%s slot %d: %v", pin, i, err)
+		}
+	}
+	return ids
 }

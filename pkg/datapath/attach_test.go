@@ -375,7 +375,7 @@ func TestPruneFollowsConfiguration(t *testing.T) {
 	// agent's objects are closed, for the attached entries to go on
 	// tail-calling them (an unpinned array is emptied then).
 	for _, name := range []string{mapTC6, mapXDP6} {
-		if ids := progArrayIDs(t, filepath.Join(bpffs, "sluice", name)); len(ids) == 0 || slices.Contains(ids, 0) {
+		if ids := testutil.ProgArrayIDs(t, filepath.Join(bpffs, "sluice", name)); len(ids) == 0 || slices.Contains(ids, 0) {
 			t.Errorf("%s after the agent's objects closed: programs %v, want every slot filled", name, ids)
 		}
 	}
@@ -549,25 +549,4 @@ func TestPinsArePrivate(t *testing.T) {
 	if n < 2+len(smallConfig("").withDefaults().maxEntries())+4+2+1 {
 		t.Errorf("walked only %d pins and directories", n)
 	}
-}
-
-// progArrayIDs returns the ids of the programs in the pinned program
-// array at pin, slot by slot (0: an empty slot).
-func progArrayIDs(t *testing.T, pin string) []ebpf.ProgramID {
-	t.Helper()
-	m, err := ebpf.LoadPinnedMap(pin, nil)
-	if err != nil {
-		t.Fatalf("%s: %v", pin, err)
-	}
-	defer m.Close()
-	ids := make([]ebpf.ProgramID, m.MaxEntries())
-	for i := range ids {
-		var id uint32
-		if err := m.Lookup(uint32(i), &id); err == nil {
-			ids[i] = ebpf.ProgramID(id)
-		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
-			t.Fatalf("%s slot %d: %v", pin, i, err)
-		}
-	}
-	return ids
 }

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
@@ -36,8 +37,9 @@ func putBatch[K, V any](m *ebpf.Map, keys []K, values []V) (int, error) {
 
 // upsertBatch encodes entries with enc and writes them in one batch. An
 // entry enc refuses ends the batch there: those before it are written,
-// and its error returned.
-func upsertBatch[E, K, V any](m *ebpf.Map, what string, es []E, enc func(E) (K, V, error)) (int, error) {
+// and its error returned. es are entries first.. of a batch of total
+// (upsertTwin's runs of one family), which a failed write's error names.
+func upsertBatch[E, K, V any](m *ebpf.Map, what string, first, total int, es []E, enc func(E) (K, V, error)) (int, error) {
 	keys := make([]K, 0, len(es))
 	values := make([]V, 0, len(es))
 	var encErr error
@@ -52,9 +54,18 @@ func upsertBatch[E, K, V any](m *ebpf.Map, what string, es []E, enc func(E) (K, 
 	}
 	n, err := putBatch(m, keys, values)
 	if err != nil {
-		return n, fmt.Errorf("upsert %s (entry %d of %d): %w", what, n, len(es), err)
+		return n, fmt.Errorf("upsert %s (entry %d of %d): %w", what, first+n, total, whenFull(m, err))
 	}
 	return n, encErr
+}
+
+// whenFull says that m is full where err is a hash map's E2BIG, which
+// cilium/ebpf words "key too big for map".
+func whenFull(m *ebpf.Map, err error) error {
+	if errors.Is(err, unix.E2BIG) {
+		return fmt.Errorf("full (%d entries): %w", m.MaxEntries(), err)
+	}
+	return err
 }
 
 // UpsertBackends writes backends, in order.

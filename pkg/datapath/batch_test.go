@@ -2,8 +2,10 @@ package datapath
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -46,79 +48,115 @@ func (b batches) upsert(dp reconciler.Datapath) ([]int, error) {
 
 // TestBatchWritesAsSingle: the batch writes leave the maps as the single
 // writes of the same entries do (the fake applies batches one entry at a
-// time), and batched deletes of missing entries succeed.
+// time), and batched deletes of missing entries succeed; over IPv6, in
+// the sluice6_* maps.
 func TestBatchWritesAsSingle(t *testing.T) {
-	testutil.Privileged(t)
-	m := openTest(t, smallConfig(testPinDir(t))).Maps()
-	f := fakedp.New(256, 1024, 4096)
-	fe := reconciler.DefaultScope(l4("10.96.0.1", 80, model.TCP))
-	in := reconciler.Frontend{L4Addr: fe.L4Addr, Scope: reconciler.ScopeInternal}
-	b := batches{
-		bes: []reconciler.BackendEntry{{ID: 1, Addr: l4("10.1.0.1", 8080, model.TCP)}, {ID: 2, Addr: l4("10.1.0.2", 8080, model.TCP)}},
-		rns: []reconciler.RevNatEntry{{ID: 1, Frontend: in}, {ID: 2, Frontend: fe}},
-		sls: []reconciler.SlotEntry{{Frontend: in, Slot: 1, Backend: 2}, {Frontend: fe, Slot: 1, Backend: 1}, {Frontend: fe, Slot: 2, Backend: 2}},
-		ms: []reconciler.MasterEntry{
-			{Frontend: in, Master: reconciler.Master{ID: 1, Count: 1}},
-			{Frontend: fe, Master: reconciler.Master{ID: 2, Count: 2, Flags: reconciler.FlagTwoScopes, AffinityTimeout: 30}},
-		},
-		ips: []netip.Addr{fe.Addr},
-	}
-	for _, dp := range []reconciler.Datapath{m, f} {
-		if _, err := b.upsert(dp); err != nil {
-			t.Fatalf("%T: %v", dp, err)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		testutil.Privileged(t)
+		tw := func(s string) string { return twinAddr(v6, s) }
+		m := openTest(t, smallConfig(testPinDir(t))).Maps()
+		f := fakedp.New(256, 1024, 4096)
+		fe := reconciler.DefaultScope(l4(tw("10.96.0.1"), 80, model.TCP))
+		in := reconciler.Frontend{L4Addr: fe.L4Addr, Scope: reconciler.ScopeInternal}
+		b := batches{
+			bes: []reconciler.BackendEntry{{ID: 1, Addr: l4(tw("10.1.0.1"), 8080, model.TCP)}, {ID: 2, Addr: l4(tw("10.1.0.2"), 8080, model.TCP)}},
+			rns: []reconciler.RevNatEntry{{ID: 1, Frontend: in}, {ID: 2, Frontend: fe}},
+			sls: []reconciler.SlotEntry{{Frontend: in, Slot: 1, Backend: 2}, {Frontend: fe, Slot: 1, Backend: 1}, {Frontend: fe, Slot: 2, Backend: 2}},
+			ms: []reconciler.MasterEntry{
+				{Frontend: in, Master: reconciler.Master{ID: 1, Count: 1}},
+				{Frontend: fe, Master: reconciler.Master{ID: 2, Count: 2, Flags: reconciler.FlagTwoScopes, AffinityTimeout: 30}},
+			},
+			ips: []netip.Addr{fe.Addr},
 		}
-	}
-	got, _ := m.Dump()
-	want, _ := f.Dump()
-	if got.String() != want.String() {
-		t.Errorf("maps after batches:\n%s\nwant:\n%s", got, want)
-	}
-	if v := f.Check(); len(v) > 0 {
-		t.Errorf("the batches leave violations: %v", v)
-	}
+		for _, dp := range []reconciler.Datapath{m, f} {
+			if _, err := b.upsert(dp); err != nil {
+				t.Fatalf("%T: %v", dp, err)
+			}
+		}
+		got, _ := m.Dump()
+		want, _ := f.Dump()
+		if got.String() != want.String() || !strings.Contains(got.String(), fe.String()) {
+			t.Errorf("maps after batches:\n%s\nwant:\n%s", got, want)
+		}
+		if v := f.Check(); len(v) > 0 {
+			t.Errorf("the batches leave violations: %v", v)
+		}
+		// The entries are in the family's maps (services: 2 masters, 3
+		// slots).
+		for name, x := range map[string]struct {
+			m4, m6 *ebpf.Map
+			n      int
+		}{"services": {m.services, m.services6, 5}, "backends": {m.backends, m.backends6, 2}, "rev_nat": {m.revNat, m.revNat6, 2}} {
+			if n, err := countEntries(map[bool]*ebpf.Map{false: x.m4, true: x.m6}[v6]); n != x.n || err != nil {
+				t.Errorf("the family's %s map holds %d entries (%v), want %d", name, n, err, x.n)
+			}
+		}
 
-	// Deletes: the second and a missing one (batches stop at ENOENT).
-	if n, err := m.DeleteRevNats([]reconciler.ServiceID{7, 1, 8}); n != 3 || err != nil {
-		t.Fatalf("DeleteRevNats = %d, %v", n, err)
-	}
-	if n, err := m.DeleteBackends([]reconciler.BackendID{9, 2}); n != 2 || err != nil {
-		t.Fatalf("DeleteBackends = %d, %v", n, err)
-	}
-	ks, err := m.Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := map[reconciler.BackendID]model.L4Addr{1: b.bes[0].Addr}; !reflect.DeepEqual(ks.Backends, want) {
-		t.Errorf("backends = %v, want %v", ks.Backends, want)
-	}
-	if want := map[reconciler.ServiceID]reconciler.Frontend{2: fe}; !reflect.DeepEqual(ks.RevNat, want) {
-		t.Errorf("rev_nat = %v, want %v", ks.RevNat, want)
-	}
+		// Deletes: the second and a missing one (batches stop at ENOENT).
+		if n, err := m.DeleteRevNats([]reconciler.ServiceID{7, 1, 8}); n != 3 || err != nil {
+			t.Fatalf("DeleteRevNats = %d, %v", n, err)
+		}
+		if n, err := m.DeleteBackends([]reconciler.BackendID{9, 2}); n != 2 || err != nil {
+			t.Fatalf("DeleteBackends = %d, %v", n, err)
+		}
+		ks, err := m.Dump()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[reconciler.BackendID]model.L4Addr{1: b.bes[0].Addr}; !reflect.DeepEqual(ks.Backends, want) {
+			t.Errorf("backends = %v, want %v", ks.Backends, want)
+		}
+		if want := map[reconciler.ServiceID]reconciler.Frontend{2: fe}; !reflect.DeepEqual(ks.RevNat, want) {
+			t.Errorf("rev_nat = %v, want %v", ks.RevNat, want)
+		}
+	})
 }
 
 // TestBatchStopsWhenFull: a batch that does not fit writes a prefix and
-// says how long it is, and an entry the encoder refuses ends the batch
-// there.
+// says how long it is, in an error that names the full map and the entry
+// it stopped at; what it wrote stays programmed. An entry the encoder
+// refuses ends the batch there. Over IPv6, sluice6_backends fills.
 func TestBatchStopsWhenFull(t *testing.T) {
-	testutil.Privileged(t)
-	cfg := smallConfig(testPinDir(t))
-	m := openTest(t, cfg).Maps()
-	var bes []reconciler.BackendEntry
-	for i := range cfg.MaxBackends + 5 {
-		bes = append(bes, reconciler.BackendEntry{ID: reconciler.BackendID(i + 1), Addr: model.L4Addr{
-			Addr: netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), Port: 8080, Proto: model.TCP}})
-	}
-	n, err := m.UpsertBackends(bes)
-	if n != cfg.MaxBackends || err == nil {
-		t.Fatalf("UpsertBackends of %d into %d = %d, %v", len(bes), cfg.MaxBackends, n, err)
-	}
-	if !errors.Is(err, ebpf.ErrNotSupported) {
-		if ks, _ := m.Dump(); len(ks.Backends) != n {
-			t.Errorf("%d backends written, the batch said %d", len(ks.Backends), n)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		testutil.Privileged(t)
+		cfg := smallConfig(testPinDir(t))
+		m := openTest(t, cfg).Maps()
+		// One backend of the other family first, then more than the
+		// family's map holds.
+		bes := []reconciler.BackendEntry{{ID: 1, Addr: l4(twinAddr(!v6, "10.2.0.1"), 8080, model.TCP)}}
+		for i := range cfg.MaxBackends + 5 {
+			a := netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
+			bes = append(bes, reconciler.BackendEntry{ID: reconciler.BackendID(i + 2), Addr: l4(twinAddr(v6, a.String()), 8080, model.TCP)})
 		}
-	}
-	bad := []reconciler.RevNatEntry{{ID: 1, Frontend: reconciler.DefaultScope(l4("10.96.0.1", 80, model.TCP))}, {ID: 0}}
-	if n, err := m.UpsertRevNats(bad); n != 1 || err == nil {
-		t.Errorf("UpsertRevNats with id 0 second = %d, %v; want 1 and an error", n, err)
-	}
+		n, err := m.UpsertBackends(bes)
+		if n != 1+cfg.MaxBackends || err == nil {
+			t.Fatalf("UpsertBackends of %d into %d = %d, %v", len(bes), cfg.MaxBackends, n, err)
+		}
+		name := map[bool]string{false: mapBackends, true: mapBackends6}[v6]
+		what := fmt.Sprintf("upsert %s (entry %d of %d): full (%d entries)", name, n, len(bes), cfg.MaxBackends)
+		if !strings.Contains(err.Error(), what) {
+			t.Errorf("UpsertBackends: %v; want it to say %q", err, what)
+		}
+		// A single write into the full map says so too.
+		last := bes[len(bes)-1]
+		what = fmt.Sprintf("%s: full (%d entries)", name, cfg.MaxBackends)
+		if err := m.UpsertBackend(last.ID, last.Addr); err == nil || !strings.Contains(err.Error(), what) {
+			t.Errorf("UpsertBackend into the full map: %v; want it to say %q", err, what)
+		}
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			ks, _ := m.Dump()
+			want := map[reconciler.BackendID]model.L4Addr{}
+			for _, e := range bes[:n] {
+				want[e.ID] = e.Addr
+			}
+			if !reflect.DeepEqual(ks.Backends, want) {
+				t.Errorf("%d backends programmed, want the batch's first %d as written", len(ks.Backends), n)
+			}
+		}
+		fe := reconciler.DefaultScope(l4(twinAddr(v6, "10.96.0.1"), 80, model.TCP))
+		bad := []reconciler.RevNatEntry{{ID: 1, Frontend: fe}, {ID: 0, Frontend: fe}}
+		if n, err := m.UpsertRevNats(bad); n != 1 || err == nil {
+			t.Errorf("UpsertRevNats with id 0 second = %d, %v; want 1 and an error", n, err)
+		}
+	})
 }

@@ -61,13 +61,22 @@ type twin[K4, V4, K6, V6 any] struct {
 	to6          func(k K4, v V4, a netip.Addr) (K6, V6)
 }
 
-// put writes k -> v, for address a, into its family's map.
+// put writes k -> v, for address a, into its family's map; an error
+// names the map.
 func (t twin[K4, V4, K6, V6]) put(a netip.Addr, k K4, v V4) error {
+	m, name := t.m4, t.name4
+	var err error
 	if is6(a) {
+		m, name = t.m6, t.name6
 		k6, v6 := t.to6(k, v, a)
-		return t.m6.Put(&k6, &v6)
+		err = m.Put(&k6, &v6)
+	} else {
+		err = m.Put(&k, &v)
 	}
-	return t.m4.Put(&k, &v)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, whenFull(m, err))
+	}
+	return nil
 }
 
 // del deletes k, for address a, from its family's map; deleting a
@@ -95,13 +104,13 @@ func upsertTwin[E, K4, V4, K6, V6 any](t twin[K4, V4, K6, V6], es []E, addr func
 		var n int
 		var err error
 		if v6 {
-			n, err = upsertBatch(t.m6, t.name6, es[done:end], func(e E) (K6, V6, error) {
+			n, err = upsertBatch(t.m6, t.name6, done, len(es), es[done:end], func(e E) (K6, V6, error) {
 				k, v, err := enc(e)
 				k6, v6 := t.to6(k, v, addr(e))
 				return k6, v6, err
 			})
 		} else {
-			n, err = upsertBatch(t.m4, t.name4, es[done:end], enc)
+			n, err = upsertBatch(t.m4, t.name4, done, len(es), es[done:end], enc)
 		}
 		done += n
 		if err != nil {

@@ -6,7 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -14,106 +17,142 @@ import (
 )
 
 // TestMapsDumpRoundTrip: what the reconciler writes, Dump reads back, and
-// a new Open over the same pins sees the same state.
+// a new Open over the same pins sees the same state; over IPv6, from the
+// sluice6_* maps, with the addresses printed as the dump of sluicectl
+// services --raw shows them.
 func TestMapsDumpRoundTrip(t *testing.T) {
-	d, bpffs := newTestDatapathAt(t)
-	m := d.Maps()
-	fe := l4("10.96.1.1", 443, model.TCP)
-	feU := l4("10.96.1.1", 443, model.UDP)
-	b1, b2 := testBackend{7, l4("10.2.0.1", 8443, model.TCP)}, testBackend{8, l4("10.2.0.2", 8443, model.TCP)}
-	addService(t, m, 5, fe, b1, b2)
-	addService(t, m, 6, feU)
-	// A reverse-NAT entry no master names (yet) keeps its protocol too.
-	orphan := l4("10.96.1.2", 53, model.UDP)
-	if err := m.UpsertRevNat(9, reconciler.DefaultScope(orphan)); err != nil {
-		t.Fatal(err)
-	}
-
-	// A frontend's internal scope and its rev_nat scope, and a service IP,
-	// read back as written.
-	in := reconciler.Frontend{L4Addr: fe, Scope: reconciler.ScopeInternal}
-	if err := m.UpsertRevNat(10, in); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.UpsertSlot(in, 1, b2.id); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.UpsertMaster(in, reconciler.Master{ID: 10, Count: 1, Flags: reconciler.FlagExternal}); err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		if err := m.UpsertServiceIP(fe.Addr); err != nil {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a := func(s string) string { return twinAddr(v6, s) }
+		d, bpffs := newTestDatapathAt(t)
+		m := d.Maps()
+		fe := l4(a("10.96.1.1"), 443, model.TCP)
+		feU := l4(a("10.96.1.1"), 443, model.UDP)
+		b1, b2 := testBackend{7, l4(a("10.2.0.1"), 8443, model.TCP)}, testBackend{8, l4(a("10.2.0.2"), 8443, model.TCP)}
+		addService(t, m, 5, fe, b1, b2)
+		addService(t, m, 6, feU)
+		// A reverse-NAT entry no master names (yet) keeps its protocol too.
+		orphan := l4(a("10.96.1.2"), 53, model.UDP)
+		if err := m.UpsertRevNat(9, reconciler.DefaultScope(orphan)); err != nil {
 			t.Fatal(err)
 		}
-	}
 
-	dfe, dfeU := reconciler.DefaultScope(fe), reconciler.DefaultScope(feU)
-	want := &reconciler.KernelState{
-		Masters: map[reconciler.Frontend]reconciler.Master{
-			dfe:  {ID: 5, Count: 2},
-			dfeU: {ID: 6, Count: 0},
-			in:   {ID: 10, Count: 1, Flags: reconciler.FlagExternal},
-		},
-		Slots:      map[reconciler.Frontend]map[uint32]reconciler.BackendID{dfe: {1: 7, 2: 8}, in: {1: 8}},
-		Backends:   map[reconciler.BackendID]model.L4Addr{7: b1.addr, 8: b2.addr},
-		RevNat:     map[reconciler.ServiceID]reconciler.Frontend{5: dfe, 6: dfeU, 9: reconciler.DefaultScope(orphan), 10: in},
-		ServiceIPs: []netip.Addr{fe.Addr},
-	}
-	got, err := m.Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("Dump\n got %+v\nwant %+v", got, want)
-	}
-
-	// Idempotent deletes, including of things that are not there.
-	for range 2 {
-		if err := m.DeleteSlot(reconciler.DefaultScope(fe), 2); err != nil {
+		// A frontend's internal scope and its rev_nat scope, and a service IP,
+		// read back as written.
+		in := reconciler.Frontend{L4Addr: fe, Scope: reconciler.ScopeInternal}
+		if err := m.UpsertRevNat(10, in); err != nil {
 			t.Fatal(err)
 		}
-		if err := m.DeleteBackend(8); err != nil {
+		if err := m.UpsertSlot(in, 1, b2.id); err != nil {
 			t.Fatal(err)
 		}
-		if err := m.DeleteRevNat(99); err != nil {
+		if err := m.UpsertMaster(in, reconciler.Master{ID: 10, Count: 1, Flags: reconciler.FlagExternal}); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if err := m.UpsertMaster(reconciler.DefaultScope(fe), reconciler.Master{ID: 5, Count: 1}); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.DeleteSlot(in, 1); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.DeleteSlot(in, 0); err != nil {
-		t.Fatal(err)
-	}
-	for range 2 {
-		if err := m.DeleteServiceIP(fe.Addr); err != nil {
-			t.Fatal(err)
+		for range 2 {
+			if err := m.UpsertServiceIP(fe.Addr); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	delete(want.Slots[dfe], 2)
-	delete(want.Slots, in)
-	delete(want.Masters, in)
-	delete(want.Backends, 8)
-	want.Masters[dfe] = reconciler.Master{ID: 5, Count: 1}
-	want.ServiceIPs = nil
 
-	// A restarted agent finds the same state in the pinned maps.
-	d2 := openTest(t, smallConfig(bpffs))
-	got, err = d2.Maps().Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("Dump after re-Open\n got %+v\nwant %+v", got, want)
-	}
+		dfe, dfeU := reconciler.DefaultScope(fe), reconciler.DefaultScope(feU)
+		want := &reconciler.KernelState{
+			Masters: map[reconciler.Frontend]reconciler.Master{
+				dfe:  {ID: 5, Count: 2},
+				dfeU: {ID: 6, Count: 0},
+				in:   {ID: 10, Count: 1, Flags: reconciler.FlagExternal},
+			},
+			Slots:      map[reconciler.Frontend]map[uint32]reconciler.BackendID{dfe: {1: 7, 2: 8}, in: {1: 8}},
+			Backends:   map[reconciler.BackendID]model.L4Addr{7: b1.addr, 8: b2.addr},
+			RevNat:     map[reconciler.ServiceID]reconciler.Frontend{5: dfe, 6: dfeU, 9: reconciler.DefaultScope(orphan), 10: in},
+			ServiceIPs: []netip.Addr{fe.Addr},
+		}
+		got, err := m.Dump()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("Dump\n got %+v\nwant %+v", got, want)
+		}
+		// Every entry is in its family's maps, none in the other's.
+		type familyMap struct {
+			name string
+			m    *ebpf.Map
+		}
+		ms := []familyMap{{mapServices, m.services}, {mapBackends, m.backends}, {mapRevNat, m.revNat}, {mapServiceIPs, m.serviceIPs}}
+		others := []familyMap{{mapServices6, m.services6}, {mapBackends6, m.backends6}, {mapRevNat6, m.revNat6}, {mapServiceIPs6, m.serviceIPs6}}
+		if v6 {
+			ms, others = others, ms
+		}
+		for i, n := range []int{6, 2, 4, 1} {
+			if got, err := countEntries(ms[i].m); got != n || err != nil {
+				t.Errorf("%s holds %d entries (%v), want %d", ms[i].name, got, err, n)
+			}
+			if got, err := countEntries(others[i].m); got != 0 || err != nil {
+				t.Errorf("%s holds %d entries (%v), want none", others[i].name, got, err)
+			}
+		}
+		// The dump (sluicectl services --raw) names the addresses as
+		// they are written, an IPv6 one in brackets.
+		line := map[bool]string{false: "10.96.1.1:443/TCP [1] backend=7 10.2.0.1:8443/TCP",
+			true: "[2001:db8:a:60:1::1]:443/TCP [1] backend=7 [2001:db8:a:2::1]:8443/TCP"}[v6]
+		if !strings.Contains(got.String(), "\n  "+line+"\n") {
+			t.Errorf("dump without %q:\n%s", line, got)
+		}
 
-	s, b, e := m.Capacity()
-	if s != 256 || b != 1024 || e != 4096 {
-		t.Errorf("Capacity() = %d, %d, %d; want 256, 1024, 4096", s, b, e)
-	}
+		// Idempotent deletes, including of things that are not there.
+		for range 2 {
+			if err := m.DeleteSlot(reconciler.DefaultScope(fe), 2); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.DeleteBackend(8); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.DeleteRevNat(99); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := m.UpsertMaster(reconciler.DefaultScope(fe), reconciler.Master{ID: 5, Count: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.DeleteSlot(in, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.DeleteSlot(in, 0); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if err := m.DeleteServiceIP(fe.Addr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		delete(want.Slots[dfe], 2)
+		delete(want.Slots, in)
+		delete(want.Masters, in)
+		delete(want.Backends, 8)
+		want.Masters[dfe] = reconciler.Master{ID: 5, Count: 1}
+		want.ServiceIPs = nil
+
+		// A restarted agent finds the same state in the pinned maps.
+		d2 := openTest(t, smallConfig(bpffs))
+		got, err = d2.Maps().Dump()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("Dump after re-Open\n got %+v\nwant %+v", got, want)
+		}
+
+		s, b, e := m.Capacity()
+		if s != 256 || b != 1024 || e != 4096 {
+			t.Errorf("Capacity() = %d, %d, %d; want 256, 1024, 4096", s, b, e)
+		}
+		// The family's maps have those sizes (services, backends, rev_nat).
+		for i, n := range []int{e, b, s} {
+			if got := int(ms[i].m.MaxEntries()); got != n {
+				t.Errorf("%s has room for %d entries, want %d", ms[i].name, got, n)
+			}
+		}
+	})
 }
 
 func TestMapsRejectInvalid(t *testing.T) {

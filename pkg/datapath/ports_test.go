@@ -1,10 +1,15 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"os"
+	"slices"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
@@ -53,6 +58,38 @@ func TestReserveSNATPorts(t *testing.T) {
 	if got := strings.TrimSpace(string(b)); got != "8080,9000-9100,61000-65535" {
 		t.Errorf("ip_local_reserved_ports = %q, want the others' entries and the SNAT range", got)
 	}
+	// The reservation holds for both families (the kernel's IPv6 sockets
+	// read net.ipv4's list, and the IPv6 datapath's SNAT ports are the
+	// same range): with 20 ephemeral ports, 10 of them SNAT ports, the
+	// kernel hands a socket of either family only the other 10.
+	if err := os.WriteFile(sysctlPortRange, []byte("60990 61009"), 0); err != nil {
+		t.Fatal(err)
+	}
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		network, wildcard := "udp4", "0.0.0.0:0"
+		if v6 {
+			network, wildcard = "udp6", "[::]:0"
+		}
+		var ports []int
+		err := ns.Do(func() error {
+			for range 20 {
+				c, err := net.ListenPacket(network, wildcard)
+				if errors.Is(err, unix.EADDRINUSE) {
+					return nil // no ephemeral port left
+				}
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				ports = append(ports, c.LocalAddr().(*net.UDPAddr).Port)
+			}
+			return nil
+		})
+		slices.Sort(ports)
+		if err != nil || len(ports) != 10 || ports[0] != 60990 || ports[9] != 60999 {
+			t.Errorf("%s sockets were given ports %v (%v), want 60990-60999: none of the SNAT range", network, ports, err)
+		}
+	})
 	if res, err := reserveSNATPorts(61000, 65535); err != nil || res.Added {
 		t.Errorf("again: %+v, %v; want nothing to do", res, err)
 	}

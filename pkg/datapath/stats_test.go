@@ -166,8 +166,14 @@ func TestMapCountAgreesWithWalk(t *testing.T) {
 // after Services are programmed, in proportion to them; conntrack, which
 // is preallocated, holds its capacity's worth from the start. The test
 // logs what one Service and one backend cost (README's figures: 1,000
-// Services of 10 endpoints each, IPv4).
+// Services of 10 endpoints each), over IPv4, then over IPv6 in the
+// sluice6_* maps (MapFill's services6, rev_nat6, backends6), the other
+// family's maps unchanged.
 func TestMapMemory(t *testing.T) {
+	forFamilies(t, testMapMemory)
+}
+
+func testMapMemory(t *testing.T, v6 bool) {
 	testutil.Privileged(t)
 	d := openTest(t, Config{BPFFS: testPinDir(t), DeferDryRun: true})
 	bytes := func() map[string]uint64 {
@@ -182,24 +188,32 @@ func TestMapMemory(t *testing.T) {
 		}
 		return out
 	}
+	// The family's maps by their MapFill names, and the other's.
+	fam, other := "", "6"
+	if v6 {
+		fam, other = other, fam
+	}
 	before := bytes()
-	if before["conntrack"] == 0 || before["services"] == 0 {
+	if before["conntrack"+fam] == 0 || before["services"+fam] == 0 {
 		t.Fatalf("no memory reported: %v", before)
 	}
 	const services, endpoints = 1000, 10
 	var svcs []*model.Service
 	for i := range services {
-		fe := model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Port: 80, Proto: model.TCP}
+		fe := netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})
 		var bes []model.L4Addr
 		for j := range endpoints {
-			bes = append(bes, model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), Port: uint16(8000 + j), Proto: model.TCP})
+			be := netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
+			bes = append(bes, l4(twinAddr(v6, be.String()), uint16(8000+j), model.TCP))
 		}
-		svcs = append(svcs, clusterIP(fe, bes...))
+		svcs = append(svcs, clusterIP(l4(twinAddr(v6, fe.String()), 80, model.TCP), bes...))
 	}
 	applyServices(t, d, svcs...)
 	after := bytes()
-	if after["conntrack"] != before["conntrack"] {
-		t.Errorf("conntrack (preallocated) went from %d to %d bytes with no flow", before["conntrack"], after["conntrack"])
+	for _, name := range []string{"conntrack" + fam, "services" + other, "rev_nat" + other, "backends" + other} {
+		if after[name] != before[name] {
+			t.Errorf("%s went from %d to %d bytes with no flow and no Service of its family", name, before[name], after[name])
+		}
 	}
 	grew := func(name string) float64 {
 		if after[name] <= before[name] {
@@ -209,10 +223,10 @@ func TestMapMemory(t *testing.T) {
 	}
 	// A Service port: a master and one slot per endpoint in services, its
 	// reverse-NAT entry; a backend: its entry in backends.
-	perService := (grew("services") + grew("rev_nat")) / services
-	perBackend := grew("backends") / (services * endpoints)
-	t.Logf("per Service of %d endpoints: %.0f bytes (services, rev_nat); per backend: %.0f bytes (backends); conntrack %d MiB preallocated (%d entries)",
-		endpoints, perService, perBackend, after["conntrack"]>>20, DefaultMaxConntrack)
+	perService := (grew("services"+fam) + grew("rev_nat"+fam)) / services
+	perBackend := grew("backends"+fam) / (services * endpoints)
+	t.Logf("per Service of %d endpoints: %.0f bytes (services%s, rev_nat%s); per backend: %.0f bytes (backends%s); conntrack%s %d MiB preallocated (%d entries)",
+		endpoints, perService, fam, fam, perBackend, fam, fam, after["conntrack"+fam]>>20, DefaultMaxConntrack)
 }
 
 // BenchmarkCountFullConntrack counts a full sluice_conntrack of the

@@ -523,8 +523,13 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 // migration shims, the IPv6 flows the previous agent started during the
 // switch were lost from the new table and their connections failed).
 func TestConntrackResizeUnderLoad(t *testing.T) {
+	forFamilies(t, testConntrackResizeUnderLoad)
+}
+
+// forFamilies runs f as a subtest over IPv4, then over IPv6 (v6).
+func forFamilies(t *testing.T, f func(t *testing.T, v6 bool)) {
 	for _, v6 := range []bool{false, true} {
-		t.Run(map[bool]string{false: "IPv4", true: "IPv6"}[v6], func(t *testing.T) { testConntrackResizeUnderLoad(t, v6) })
+		t.Run(map[bool]string{false: "IPv4", true: "IPv6"}[v6], func(t *testing.T) { f(t, v6) })
 	}
 }
 
@@ -564,10 +569,17 @@ func testConntrackResizeUnderLoad(t *testing.T, v6 bool) {
 // TestAttachmentsFollowConfiguration (C3): an agent that ran with two
 // devices, XDP and socket load balancing is replaced by one with one
 // device, --xdp=off and --socket-lb=false: the dropped device, XDP and the
-// cgroup programs are detached, and traffic through the device kept goes
-// on.
+// cgroup programs of both families are detached, the IPv6 XDP program's
+// array (sluice6_xdp_v1) unpinned, the IPv6 tc programs' array
+// (sluice6_tc_v1) holds the new agent's programs, and traffic through the
+// device kept goes on: IPv4 traffic, then (the IPv6 subtest) IPv6
+// traffic, which runs through the IPv6 programs that array holds.
 func TestAttachmentsFollowConfiguration(t *testing.T) {
-	e := setup(t)
+	forFamilies(t, testAttachmentsFollowConfiguration)
+}
+
+func testAttachmentsFollowConfiguration(t *testing.T, v6 bool) {
+	e := setupFamily(t, v6)
 	cur := agentproc.Shared(t)
 	dropped := e.lb.NodeBackendDevs[0]
 	a := e.agent(t, cur, []string{e.lb.NodeDev, dropped}, "--xdp=generic")
@@ -578,18 +590,19 @@ func TestAttachmentsFollowConfiguration(t *testing.T) {
 		t.Fatalf("%v\n%s", err, a.Log.String())
 	}
 	att := e.attachments(t)
-	for _, want := range []string{"tcx " + e.lb.NodeDev, "tcx " + dropped, "xdp " + e.lb.NodeDev, "xdp " + dropped, "cgroup"} {
+	for _, want := range []string{"tcx " + e.lb.NodeDev, "tcx " + dropped, "xdp " + e.lb.NodeDev, "xdp " + dropped, "cgroup", "cgroup6", tc6, xdp6} {
 		if !att[want] {
 			t.Fatalf("%s not attached by the first agent: %v", want, att)
 		}
 	}
+	first6 := e.progArray(t, tc6)
 	args := withFlag(withFlag(withFlag(a.Args, "devices", e.lb.NodeDev), "xdp", "off"), "socket-lb", "false")
 	args = withFlag(args, "cgroup", "")
 	l := e.startLoad(t, 0)
 	replace(t, l, a, cur, args)
 	l.stop(t, "a change of configuration")
 	att = e.attachments(t)
-	for _, gone := range []string{"tcx " + dropped, "xdp " + e.lb.NodeDev, "xdp " + dropped, "cgroup"} {
+	for _, gone := range []string{"tcx " + dropped, "xdp " + e.lb.NodeDev, "xdp " + dropped, "cgroup", "cgroup6", xdp6} {
 		if att[gone] {
 			t.Errorf("%s still attached after the agent restarted without it: %v", gone, att)
 		}
@@ -597,11 +610,37 @@ func TestAttachmentsFollowConfiguration(t *testing.T) {
 	if !att["tcx "+e.lb.NodeDev] {
 		t.Errorf("%s lost its tc programs: %v", e.lb.NodeDev, att)
 	}
+	if !att[tc6] {
+		t.Errorf("%s lost its IPv6 programs: %v", tc6, att)
+	}
+	if ids := e.progArray(t, tc6); slices.ContainsFunc(ids, func(id ebpf.ProgramID) bool { return slices.Contains(first6, id) }) {
+		t.Errorf("%s holds programs %v after the restart, some of the first agent's %v", tc6, ids, first6)
+	}
+}
+
+// The pinned program arrays of the IPv6 programs, which the attached
+// IPv4 entries tail-call for an IPv6 packet (pkg/datapath, tc6.go).
+const (
+	tc6  = "sluice6_tc_v1"
+	xdp6 = "sluice6_xdp_v1"
+)
+
+// progArray returns the ids of the programs in the agent's pinned program
+// array name, slot by slot (0: an empty slot), or nil if it is not pinned.
+func (e *env) progArray(t *testing.T, name string) []ebpf.ProgramID {
+	t.Helper()
+	pin := filepath.Join(e.bpffs, "sluice", name)
+	if _, err := os.Stat(pin); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return testutil.ProgArrayIDs(t, pin)
 }
 
 // attachments says what is attached in the node: "tcx DEV" and "xdp DEV"
-// for each device of the node with such programs, "cgroup" if the test
-// cgroup has socket programs.
+// for each device of the node with such programs, "cgroup" and "cgroup6"
+// if the test cgroup has socket programs of IPv4 (connect4) and of IPv6
+// (connect6), and tc6 and xdp6 if those program arrays are pinned with
+// every slot filled.
 func (e *env) attachments(t *testing.T) map[string]bool {
 	t.Helper()
 	out := map[string]bool{}
@@ -634,10 +673,16 @@ func (e *env) attachments(t *testing.T) map[string]bool {
 		t.Fatal(err)
 	}
 	defer cg.Close()
-	res, err := link.QueryPrograms(link.QueryOptions{Target: int(cg.Fd()), Attach: ebpf.AttachCGroupInet4Connect})
-	if err != nil {
-		t.Fatal(err)
+	for name, at := range map[string]ebpf.AttachType{"cgroup": ebpf.AttachCGroupInet4Connect, "cgroup6": ebpf.AttachCGroupInet6Connect} {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: int(cg.Fd()), Attach: at})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[name] = len(res.Programs) > 0
 	}
-	out["cgroup"] = len(res.Programs) > 0
+	for _, name := range []string{tc6, xdp6} {
+		ids := e.progArray(t, name)
+		out[name] = len(ids) > 0 && !slices.Contains(ids, 0)
+	}
 	return out
 }
