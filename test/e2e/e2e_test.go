@@ -974,69 +974,103 @@ func eventuallyReadyWithoutReports(t *testing.T, agent *agentproc.Agent, what st
 
 // TestOversizedServiceDoesNotBlockOthers: a Service with more endpoints
 // than the service map has room for (--max-service-entries) is not
-// programmed; the good Service beside it is, and answers; the agent is
+// programmed; the good Services beside it are, and answer; the agent is
 // ready and names the oversized one in /readyz, in /metrics and in one log
-// line. Shrunk to fit, it is programmed too.
+// line. Shrunk to fit, it is programmed too. One of each family, big and
+// big6 (IPv6 only, in the IPv6 map of the same size), good and good6:
+// neither oversized Service blocks a Service of either family.
 func TestOversizedServiceDoesNotBlockOthers(t *testing.T) {
 	bins, topo, lb := newLB(t, 2)
+	v6, err := lb.AddIPv6()
+	if err != nil {
+		t.Fatal(err)
+	}
 	backends, err := lb.ServeHTTP(8080, "backend-")
 	if err != nil {
 		t.Fatal(err)
 	}
+	var addrs6 []string
+	for _, a := range v6.BackendAddrs {
+		addrs6 = append(addrs6, a.String())
+	}
 	manifest := filepath.Join(t.TempDir(), "services.yaml")
 	http := []agentproc.Port{agentproc.TCP("http", 80, 8080)}
 	write := func(bigEndpoints int) {
-		eps := slices.Clone(lb.BackendAddrStrings())
+		eps, eps6 := slices.Clone(lb.BackendAddrStrings()), slices.Clone(addrs6)
 		for i := len(eps); i < bigEndpoints; i++ {
-			eps = append(eps, fmt.Sprintf("10.244.9.%d", i+1)) // answers nothing; never chosen while big is unprogrammed
+			// They answer nothing; never chosen while big is unprogrammed.
+			eps = append(eps, fmt.Sprintf("10.244.9.%d", i+1))
+			eps6 = append(eps6, fmt.Sprintf("2001:db8:244:9::%d", i+1))
 		}
-		docs := []string{
-			agentproc.Service{Name: "big", ClusterIP: "10.96.2.1", Endpoints: eps, Ports: http}.YAML(),
-			agentproc.Service{Name: "good", ClusterIP: "10.96.2.2", Endpoints: lb.BackendAddrStrings(), Ports: http}.YAML(),
-		}
+		docs := agentproc.Services(
+			agentproc.Service{Name: "big", ClusterIP: "10.96.2.1", Endpoints: eps, Ports: http},
+			agentproc.Service{Name: "good", ClusterIP: "10.96.2.2", Endpoints: lb.BackendAddrStrings(), Ports: http},
+			agentproc.Service{Name: "big6", ClusterIP: "2001:db8:96::201", Endpoints: eps6, Ports: http},
+			agentproc.Service{Name: "good6", ClusterIP: "2001:db8:96::202", Endpoints: addrs6, Ports: http},
+		)
 		if err := agentproc.WriteFile(manifest, agentproc.Manifest(docs...)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// 16 service entries: good takes 3 (master and 2 slots), big would
-	// take 41.
+	// 24 service entries: good takes 3 (master and 2 slots), big would
+	// take 41; the same in the IPv6 map. Shrunk, all four take 18: they
+	// fit even counted together, as the reconciler counts them today (one
+	// count over both families' maps, each of which has room for 24).
 	write(40)
 	agent := agentproc.StartAgent(t, bins, lb.Node, agentproc.AgentConfig{
 		Manifests: manifest,
 		Devices:   []string{lb.NodeDev},
 		BPFFS:     filepath.Join(testutil.BPFFS, topo.Prefix()+"oversized"),
-		Extra:     []string{"--max-service-entries", "16"},
+		Extra:     []string{"--max-service-entries", "24"},
 	}, 30*time.Second)
 
-	who, err := topology.WhoAnswered(lb.Client.HTTPClient(3*time.Second), "http://10.96.2.2:80/")
-	if err != nil || !slices.Contains(backends, who) {
-		t.Fatalf("the good Service: answer %q, %v; want one of %v", who, err, backends)
+	for _, good := range []string{"10.96.2.2:80", "[2001:db8:96::202]:80"} {
+		who, err := topology.WhoAnswered(lb.Client.HTTPClient(3*time.Second), "http://"+good+"/")
+		if err != nil || !slices.Contains(backends, who) {
+			t.Fatalf("the good Service at %s: answer %q, %v; want one of %v", good, who, err, backends)
+		}
 	}
 	body, err := agent.Get(agent.HealthAddr, "/readyz")
 	if err != nil {
 		t.Fatalf("/readyz: %v", err)
 	}
-	if !strings.HasPrefix(body, "ok\n") || !strings.Contains(body, "default/big:http") || !strings.Contains(body, "capacity") {
-		t.Errorf("/readyz body does not report default/big:http for capacity:\n%s", body)
-	}
 	m, err := agent.Metrics()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := `sluice_service_unprogrammed_frontends{reason="capacity",service="default/big:http"} 1`; !strings.Contains(m, want) {
-		t.Errorf("/metrics lacks %s", want)
-	}
-	if dump, _ := agent.Services(t.Context()); strings.Contains(dump, "10.96.2.1:80") {
-		t.Errorf("the oversized Service is programmed:\n%s", dump)
-	}
+	dump, _ := agent.Services(t.Context())
 	time.Sleep(time.Second) // resyncs and retries, if any, would log again
-	if n := strings.Count(agent.Log.String(), "service not programmed"); n != 1 {
-		t.Errorf("the oversized Service was logged %d times, want once", n)
+	logged := agent.Log.String()
+	for _, big := range []struct{ name, frontend string }{{"default/big:http", "10.96.2.1:80"}, {"default/big6:http", "[2001:db8:96::201]:80"}} {
+		if !strings.HasPrefix(body, "ok\n") || !strings.Contains(body, big.name) || !strings.Contains(body, "capacity") {
+			t.Errorf("/readyz body does not report %s for capacity:\n%s", big.name, body)
+		}
+		if want := fmt.Sprintf(`sluice_service_unprogrammed_frontends{reason="capacity",service=%q} 1`, big.name); !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+		if strings.Contains(dump, big.frontend) {
+			t.Errorf("the oversized Service %s is programmed:\n%s", big.name, dump)
+		}
+		n := 0
+		for _, l := range strings.Split(logged, "\n") {
+			if strings.Contains(l, "service not programmed") && strings.Contains(l, big.name+" ") {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("the oversized Service %s was logged %d times, want once", big.name, n)
+		}
+	}
+	if n := strings.Count(logged, "service not programmed"); n != 2 {
+		t.Errorf("%d Services logged as not programmed, want the 2 oversized ones", n)
 	}
 
-	write(5) // 6 entries: it fits now
-	eventuallyReadyWithoutReports(t, agent, "the shrunk Service to be programmed")
-	if dump, _ := agent.Services(t.Context()); !strings.Contains(dump, "10.96.2.1:80") {
-		t.Errorf("the shrunk Service is not programmed:\n%s", dump)
+	write(5) // 6 entries: they fit now
+	eventuallyReadyWithoutReports(t, agent, "the shrunk Services to be programmed")
+	dump, _ = agent.Services(t.Context())
+	for _, fe := range []string{"10.96.2.1:80", "[2001:db8:96::201]:80"} {
+		if !strings.Contains(dump, fe) {
+			t.Errorf("the shrunk Service at %s is not programmed:\n%s", fe, dump)
+		}
 	}
 }
