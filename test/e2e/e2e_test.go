@@ -686,8 +686,9 @@ func (e *env) cleanupRemovesEverything(t *testing.T, prefix string, vips ...stri
 		t.Errorf("%s still present after sluice cleanup (stat: %v)", dir, err)
 	}
 	// The kernel frees an object once its last reference goes, after a
-	// grace period.
-	testutil.Eventually(t, "the kernel to free what was pinned as "+prefix+"*", 10*time.Second, func() error {
+	// grace period (RCU's: seconds on a loaded machine).
+	start := time.Now()
+	testutil.Eventually(t, "the kernel to free what was pinned as "+prefix+"*", 30*time.Second, func() error {
 		var left []string
 		for _, o := range objs {
 			if exec.Command("bpftool", o.kind, "show", "id", fmt.Sprint(o.id)).Run() == nil {
@@ -699,6 +700,7 @@ func (e *env) cleanupRemovesEverything(t *testing.T, prefix string, vips ...stri
 		}
 		return nil
 	})
+	t.Logf("%d maps and programs freed %v after sluice cleanup", len(objs), time.Since(start).Round(time.Millisecond))
 	// Untranslated, a VIP leads nowhere: the node has no route for it.
 	for _, vip := range vips {
 		if who, err := e.get(vip); err == nil {
