@@ -265,19 +265,8 @@ func TestDualStackEndToEnd(t *testing.T) {
 			keep[vip] = e.lb.Client.MustDialEcho(t, vip, 3*time.Second)
 			defer keep[vip].Close()
 		}
-		before, err := e.agent.Services(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
 		// IPv6 requests run throughout the stop and the restart.
-		traffic := testutil.StartTraffic(1, func() error {
-			_, err := e.get(web6VIP)
-			return err
-		})
-		defer traffic.Stop()
-		if err := e.agent.Stop(); err != nil {
-			t.Fatalf("agent did not exit cleanly on SIGTERM: %v", err)
-		}
+		before, traffic := e.stopUnderTraffic(t, web6VIP)
 		restarted := false
 		defer func() {
 			// The later subtests need the agent, whatever failed here.
@@ -303,19 +292,7 @@ func TestDualStackEndToEnd(t *testing.T) {
 			}
 		}
 		restarted = true
-		if err := e.agent.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.agent.WaitReady(30 * time.Second); err != nil {
-			t.Fatal(err)
-		}
-		traffic.Stop()
-		if after, err := e.agent.Services(t.Context()); err != nil || after != before {
-			t.Errorf("restart changed the datapath (%v):\nbefore:\n%s\nafter:\n%s", err, before, after)
-		}
-		if n := traffic.Failed(); n > 0 || traffic.OK() == 0 {
-			t.Errorf("%d of %d IPv6 requests failed across stop and restart; first: %v", n, n+traffic.OK(), traffic.FirstErr())
-		}
+		e.restartUnchanged(t, before, traffic)
 		for vip, c := range keep {
 			if who, err := c.Say("agent back"); err != nil || who != c.Backend {
 				t.Errorf("established connection to %s after the restart: %q %v", vip, who, err)

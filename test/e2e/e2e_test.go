@@ -768,6 +768,51 @@ func kernelObjects(t *testing.T, dir, prefix string) []kernelObject {
 	return objs
 }
 
+// stopUnderTraffic reads the datapath's state, starts HTTP requests to
+// vip from the client, one at a time, and stops the agent, which must exit
+// cleanly on SIGTERM. It returns the state read and the requests, which go
+// on until restartUnchanged (or the test's end) stops them.
+func (e *env) stopUnderTraffic(t *testing.T, vip string) (before string, traffic *testutil.Traffic) {
+	t.Helper()
+	before, err := e.agent.Services(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	traffic = testutil.StartTraffic(1, func() error {
+		_, err := e.get(vip)
+		return err
+	})
+	t.Cleanup(traffic.Stop)
+	if err := e.agent.Stop(); err != nil {
+		t.Fatalf("agent did not exit cleanly on SIGTERM: %v", err)
+	}
+	return before, traffic
+}
+
+// restartUnchanged starts the agent stopUnderTraffic stopped and waits
+// until it is ready: the datapath must be as before, and every request
+// of traffic, which it stops, must have succeeded.
+func (e *env) restartUnchanged(t *testing.T, before string, traffic *testutil.Traffic) {
+	t.Helper()
+	if err := e.agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.agent.WaitReady(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	traffic.Stop()
+	after, err := e.agent.Services(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != before {
+		t.Errorf("restart changed the datapath:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if n := traffic.Failed(); n > 0 || traffic.OK() == 0 {
+		t.Errorf("%d of %d requests failed across stop and restart; first: %v", n, n+traffic.OK(), traffic.FirstErr())
+	}
+}
+
 func TestClusterIPEndToEnd(t *testing.T) {
 	e := setup(t)
 
@@ -841,20 +886,7 @@ func TestClusterIPEndToEnd(t *testing.T) {
 		if keep == nil {
 			t.Skip("no established connection from the earlier subtest")
 		}
-		before, err := e.agent.Services(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		// Traffic runs throughout the stop and the restart.
-		traffic := testutil.StartTraffic(1, func() error {
-			_, err := e.get(webVIP)
-			return err
-		})
-		defer traffic.Stop()
-
-		if err := e.agent.Stop(); err != nil {
-			t.Fatalf("agent did not exit cleanly on SIGTERM: %v", err)
-		}
+		before, traffic := e.stopUnderTraffic(t, webVIP)
 		// Requests go on succeeding while no agent runs.
 		down := traffic.OK()
 		testutil.Eventually(t, "20 requests to succeed while the agent is stopped", 10*time.Second, func() error {
@@ -870,23 +902,7 @@ func TestClusterIPEndToEnd(t *testing.T) {
 			t.Errorf("pins gone after SIGTERM: %v", err)
 		}
 
-		if err := e.agent.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.agent.WaitReady(30 * time.Second); err != nil {
-			t.Fatal(err)
-		}
-		traffic.Stop()
-		after, err := e.agent.Services(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if after != before {
-			t.Errorf("restart changed the datapath:\nbefore:\n%s\nafter:\n%s", before, after)
-		}
-		if n := traffic.Failed(); n > 0 {
-			t.Errorf("%d of %d requests failed across stop and restart; first: %v", n, n+traffic.OK(), traffic.FirstErr())
-		}
+		e.restartUnchanged(t, before, traffic)
 		if who, err := keep.Say("agent back"); err != nil || who != keep.Backend {
 			t.Errorf("established connection after restart: %q %v", who, err)
 		}
