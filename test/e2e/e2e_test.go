@@ -11,6 +11,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -531,83 +532,302 @@ func (h *heldUDP) ended() string {
 	return h.out.Text()
 }
 
+// readyAndProgrammed checks an agent that started: ready, every one of
+// frontends ("VIP/PROTO") in `sluicectl services`, /healthz answering, and
+// /metrics counting services frontends and backends backends after a
+// successful sync.
+func (e *env) readyAndProgrammed(t *testing.T, frontends []string, services, backends int) {
+	t.Helper()
+	if err := e.agent.Ready(); err != nil {
+		t.Fatal(err)
+	}
+	dump, err := e.agent.Services(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fe := range frontends {
+		if !strings.Contains(dump, fe) {
+			t.Errorf("frontend %s not programmed:\n%s", fe, dump)
+		}
+	}
+	if _, err := e.agent.Get(e.agent.HealthAddr, "/healthz"); err != nil {
+		t.Errorf("/healthz: %v", err)
+	}
+	m, err := e.agent.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{fmt.Sprintf("\nsluice_services %d\n", services), fmt.Sprintf("\nsluice_backends %d\n", backends), `sluice_syncs_total{result="success"}`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %q", strings.TrimSpace(want))
+		}
+	}
+}
+
+// malformedReported checks that the agent reported the malformed object
+// name ("namespace/name") and programmed nothing at addr, an address the
+// object names.
+func (e *env) malformedReported(t *testing.T, name, addr string) {
+	t.Helper()
+	testutil.EventuallyTrue(t, "the agent to report the malformed Service "+name, 5*time.Second, func() bool {
+		return strings.Contains(e.agent.Log.String(), name)
+	})
+	if dump, _ := e.agent.Services(t.Context()); strings.Contains(dump, addr) {
+		t.Errorf("malformed Service programmed:\n%s", dump)
+	}
+}
+
+// spreadsUniformly makes 600 HTTP requests to vip, a Service over the
+// three backends, from the client, each on a new connection, and checks
+// that the picks are uniform and that every one was a new per-packet
+// translation.
+//
+// Each count is Binomial(600, 1/3), mean 200, standard deviation
+// sqrt(600*1/3*2/3) = 11.5. [130, 270] is mean +- 70, i.e. +- 6 standard
+// deviations: a fair picker falls outside with probability about 3 * 2e-9,
+// while a picker that skips a backend (0), favours one (e.g. 1/2 -> 300)
+// or never picks the last slot fails it.
+func (e *env) spreadsUniformly(t *testing.T, vip string) {
+	t.Helper()
+	const n = 600
+	before := e.counters(t)["tc_dnat_new"]
+	counts := e.spread(t, vip, n)
+	t.Logf("distribution over %d connections to %s: %v", n, vip, counts)
+	total := 0
+	for _, b := range e.backends {
+		total += counts[b]
+		if c := counts[b]; c < 130 || c > 270 {
+			t.Errorf("%s answered %d of %d connections, want 130..270", b, c, n)
+		}
+	}
+	if total != n {
+		t.Errorf("answers from unknown backends: %v", counts)
+	}
+	// Every connection was a new per-packet translation (either family's
+	// counts as tc_dnat_new).
+	if got := e.counters(t)["tc_dnat_new"] - before; got < n {
+		t.Errorf("sluicectl counters: tc_dnat_new grew by %d, want >= %d", got, n)
+	}
+}
+
+// allBackendsAnswered fails t unless every backend, and no other, is in
+// seen (answers per backend to what: a mode and a VIP).
+func (e *env) allBackendsAnswered(t *testing.T, what string, seen map[string]int) {
+	t.Helper()
+	t.Logf("%s distribution: %v", what, seen)
+	total := 0
+	for _, b := range e.backends {
+		total += seen[b]
+		if seen[b] == 0 {
+			t.Errorf("%s never answered %s: %v", b, what, seen)
+		}
+	}
+	for who, n := range seen {
+		if !slices.Contains(e.backends, who) {
+			t.Errorf("%d answers to %s from %q, no backend", n, what, who)
+		}
+	}
+}
+
+// udpReachesAll sends 60 datagrams to vip from the client (udpFromClient),
+// each on a new socket: a new flow and a new pick. With 60 flows a
+// backend is missed with probability 3 * (2/3)^60 < 1e-10.
+func (e *env) udpReachesAll(t *testing.T, vip string) {
+	t.Helper()
+	e.allBackendsAnswered(t, "UDP "+vip, e.udpFromClient(t, vip, 60))
+}
+
+// socketLBFromNodeCgroup checks socket load balancing to web (TCP HTTP)
+// and dns (UDP echo), Services of one family over the three backends,
+// from the node: a process outside the agent's cgroup gets no
+// translation, the node having no route to the service range at all;
+// a client process started in the node namespace and the cgroup reaches
+// every backend through the VIP, over TCP (connect, getpeername) and UDP
+// (sendmsg, recvmsg), and sees the VIP as its peer. Each of 60 exchanges
+// picks anew: a backend is missed with probability 3*(2/3)^60 < 1e-10.
+func (e *env) socketLBFromNodeCgroup(t *testing.T, web, dns string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	if c, err := e.lb.Node.DialContext(ctx, network("tcp", web), web); err == nil {
+		c.Close()
+		t.Fatalf("a socket outside the cgroup reached %s", web)
+	}
+	before := e.counters(t)["sock_xlate"]
+	for _, c := range []struct{ mode, vip string }{{"tcp", web}, {"udp", dns}} {
+		e.allBackendsAnswered(t, "socket LB "+c.mode+" "+c.vip, e.cgroupSpread(t, c.mode, c.vip, 60))
+	}
+	// The socket programs counted every exchange they translated (either
+	// family's counts as sock_xlate).
+	if n := e.counters(t)["sock_xlate"] - before; n < 120 {
+		t.Errorf("sluicectl counters: sock_xlate grew by %d, want >= 120", n)
+	}
+}
+
+// cleanupRemovesEverything stops the agent and runs `sluice cleanup`, and
+// checks that this removed everything: the pins (<bpffs>/sluice), and with
+// them the kernel's maps pinned as prefix* ("sluice_" for IPv4's maps,
+// "sluice6_" for IPv6's) and the programs in those that are program
+// arrays (IPv6's tc and XDP programs, which the attached entries
+// tail-call); the programs on the cgroup; every one of vips, which no
+// longer answers. Then it removes the BPFFS directory, as the agent's own
+// cleanup does.
+func (e *env) cleanupRemovesEverything(t *testing.T, prefix string, vips ...string) {
+	t.Helper()
+	dir := filepath.Join(e.agent.BPFFS, "sluice")
+	objs := kernelObjects(t, dir, prefix)
+	if err := e.agent.Stop(); err != nil {
+		t.Fatalf("agent stop: %v", err)
+	}
+	if err := e.agent.Uninstall(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("%s still present after sluice cleanup (stat: %v)", dir, err)
+	}
+	// The kernel frees an object once its last reference goes, after a
+	// grace period (RCU's: seconds on a loaded machine).
+	start := time.Now()
+	testutil.Eventually(t, "the kernel to free what was pinned as "+prefix+"*", 30*time.Second, func() error {
+		var left []string
+		for _, o := range objs {
+			if exec.Command("bpftool", o.kind, "show", "id", fmt.Sprint(o.id)).Run() == nil {
+				left = append(left, o.what)
+			}
+		}
+		if len(left) > 0 {
+			return fmt.Errorf("still loaded: %v", left)
+		}
+		return nil
+	})
+	t.Logf("%d maps and programs freed %v after sluice cleanup", len(objs), time.Since(start).Round(time.Millisecond))
+	// Untranslated, a VIP leads nowhere: the node has no route for it.
+	for _, vip := range vips {
+		if who, err := e.get(vip); err == nil {
+			t.Errorf("%s still answered (by %s) after cleanup", vip, who)
+		}
+	}
+	if out, err := exec.Command("bpftool", "cgroup", "show", e.cgroup).CombinedOutput(); err == nil && strings.TrimSpace(string(out)) != "" {
+		t.Errorf("programs still attached to %s:\n%s", e.cgroup, out)
+	}
+	if err := e.agent.Cleanup(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// kernelObject is a map or program the kernel holds: bpftool's kind
+// ("map", "prog"), its id, and what it is, for messages.
+type kernelObject struct {
+	kind, what string
+	id         int
+}
+
+// kernelObjects returns the maps pinned in dir as prefix*, and the
+// programs in those that are program arrays; it fails t if there are
+// none.
+func kernelObjects(t *testing.T, dir, prefix string) []kernelObject {
+	t.Helper()
+	pins, err := filepath.Glob(filepath.Join(dir, prefix+"*"))
+	if err != nil || len(pins) == 0 {
+		t.Fatalf("no maps pinned as %s%s* (%v)", dir+"/", prefix, err)
+	}
+	var objs []kernelObject
+	for _, pin := range pins {
+		var m struct {
+			ID   int    `json:"id"`
+			Type string `json:"type"`
+		}
+		out, err := exec.Command("bpftool", "-j", "map", "show", "pinned", pin).Output()
+		if err == nil {
+			err = json.Unmarshal(out, &m)
+		}
+		if err != nil {
+			t.Fatalf("bpftool map show pinned %s: %v", pin, err)
+		}
+		objs = append(objs, kernelObject{kind: "map", what: filepath.Base(pin), id: m.ID})
+		if m.Type != "prog_array" {
+			continue
+		}
+		var entries []struct {
+			Formatted struct {
+				Value int `json:"value"`
+			} `json:"formatted"`
+		}
+		out, err = exec.Command("bpftool", "-j", "map", "dump", "pinned", pin).Output()
+		if err == nil {
+			err = json.Unmarshal(out, &entries)
+		}
+		if err != nil {
+			t.Fatalf("bpftool map dump pinned %s: %v: %s", pin, err, out)
+		}
+		for _, en := range entries {
+			id := en.Formatted.Value
+			objs = append(objs, kernelObject{kind: "prog", what: fmt.Sprintf("program %d in %s", id, filepath.Base(pin)), id: id})
+		}
+	}
+	return objs
+}
+
+// stopUnderTraffic reads the datapath's state, starts HTTP requests to
+// vip from the client, one at a time, and stops the agent, which must exit
+// cleanly on SIGTERM. It returns the state read and the requests, which go
+// on until restartUnchanged (or the test's end) stops them.
+func (e *env) stopUnderTraffic(t *testing.T, vip string) (before string, traffic *testutil.Traffic) {
+	t.Helper()
+	before, err := e.agent.Services(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	traffic = testutil.StartTraffic(1, func() error {
+		_, err := e.get(vip)
+		return err
+	})
+	t.Cleanup(traffic.Stop)
+	if err := e.agent.Stop(); err != nil {
+		t.Fatalf("agent did not exit cleanly on SIGTERM: %v", err)
+	}
+	return before, traffic
+}
+
+// restartUnchanged starts the agent stopUnderTraffic stopped and waits
+// until it is ready: the datapath must be as before, and every request
+// of traffic, which it stops, must have succeeded.
+func (e *env) restartUnchanged(t *testing.T, before string, traffic *testutil.Traffic) {
+	t.Helper()
+	if err := e.agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.agent.WaitReady(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	traffic.Stop()
+	after, err := e.agent.Services(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != before {
+		t.Errorf("restart changed the datapath:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if n := traffic.Failed(); n > 0 || traffic.OK() == 0 {
+		t.Errorf("%d of %d requests failed across stop and restart; first: %v", n, n+traffic.OK(), traffic.FirstErr())
+	}
+}
+
 func TestClusterIPEndToEnd(t *testing.T) {
 	e := setup(t)
 
 	t.Run("ReadyAndProgrammed", func(t *testing.T) {
-		if err := e.agent.Ready(); err != nil {
-			t.Fatal(err)
-		}
-		dump, err := e.agent.Services(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, fe := range []string{webVIP + "/TCP", dnsVIP + "/UDP", echoVIP + "/TCP", drainVIP + "/TCP"} {
-			if !strings.Contains(dump, fe) {
-				t.Errorf("frontend %s not programmed:\n%s", fe, dump)
-			}
-		}
-		if _, err := e.agent.Get(e.agent.HealthAddr, "/healthz"); err != nil {
-			t.Errorf("/healthz: %v", err)
-		}
-		m, err := e.agent.Metrics()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, want := range []string{"\nsluice_services 4\n", "\nsluice_backends 9\n", `sluice_syncs_total{result="success"}`} {
-			if !strings.Contains(m, want) {
-				t.Errorf("/metrics lacks %q", strings.TrimSpace(want))
-			}
-		}
+		e.readyAndProgrammed(t, []string{webVIP + "/TCP", dnsVIP + "/UDP", echoVIP + "/TCP", drainVIP + "/TCP"}, 4, 9)
 	})
 
 	t.Run("MalformedObjectReportedRestApplied", func(t *testing.T) {
 		// The rest was applied: ReadyAndProgrammed saw all four frontends.
-		testutil.EventuallyTrue(t, "the agent to report the malformed Service default/broken", 5*time.Second, func() bool {
-			return strings.Contains(e.agent.Log.String(), "default/broken")
-		})
-		if dump, _ := e.agent.Services(t.Context()); strings.Contains(dump, "10.96.0.300") {
-			t.Errorf("malformed Service programmed:\n%s", dump)
-		}
+		e.malformedReported(t, "default/broken", "10.96.0.300")
 	})
 
-	t.Run("TCPSpreadsUniformly", func(t *testing.T) {
-		// 600 connections over 3 backends: each count is Binomial(600,
-		// 1/3), mean 200, standard deviation sqrt(600*1/3*2/3) = 11.5.
-		// [130, 270] is mean +- 70, i.e. +- 6 standard deviations: a fair
-		// picker falls outside with probability about 3 * 2e-9, while a
-		// picker that skips a backend (0), favours one (e.g. 1/2 -> 300)
-		// or never picks the last slot fails it.
-		const n = 600
-		counts := e.spread(t, webVIP, n)
-		t.Logf("distribution over %d connections: %v", n, counts)
-		total := 0
-		for _, b := range e.backends {
-			total += counts[b]
-			if c := counts[b]; c < 130 || c > 270 {
-				t.Errorf("%s answered %d of %d connections, want 130..270", b, c, n)
-			}
-		}
-		if total != n {
-			t.Errorf("answers from unknown backends: %v", counts)
-		}
-		// Every connection was a new per-packet translation.
-		if got := e.counters(t)["tc_dnat_new"]; got < n {
-			t.Errorf("sluicectl counters: tc_dnat_new %d, want >= %d", got, n)
-		}
-	})
+	t.Run("TCPSpreadsUniformly", func(t *testing.T) { e.spreadsUniformly(t, webVIP) })
 
-	t.Run("UDPNamedTargetPort", func(t *testing.T) {
-		// Each datagram on a new socket is a new flow and a new pick. With
-		// 60 flows a backend is missed with probability 3 * (2/3)^60 < 1e-10.
-		seen := e.udpFromClient(t, dnsVIP, 60)
-		t.Logf("UDP distribution: %v", seen)
-		for _, b := range e.backends {
-			if seen[b] == 0 {
-				t.Errorf("%s never answered on %s: %v", b, dnsVIP, seen)
-			}
-		}
-	})
+	t.Run("UDPNamedTargetPort", func(t *testing.T) { e.udpReachesAll(t, dnsVIP) })
 
 	var keep *topology.EchoConn // an established connection that outlives later changes
 	t.Run("RemovedBackendKeepsEstablishedConnection", func(t *testing.T) {
@@ -660,54 +880,13 @@ func TestClusterIPEndToEnd(t *testing.T) {
 		}
 	})
 
-	t.Run("SocketLBFromNodeCgroup", func(t *testing.T) {
-		// A process outside the cgroup gets no translation: the node has
-		// no route to the service range at all.
-		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
-		defer cancel()
-		if c, err := e.lb.Node.DialContext(ctx, "tcp4", webVIP); err == nil {
-			c.Close()
-			t.Fatalf("a socket outside the cgroup reached %s", webVIP)
-		}
-		// A client process started in the node namespace and the cgroup
-		// reaches every backend through the VIP, over TCP (connect4,
-		// getpeername4) and over UDP (sendmsg4, recvmsg4), and sees the
-		// VIP as its peer. Each of 60 exchanges picks anew: a backend is
-		// missed with probability 3*(2/3)^60 < 1e-10.
-		for _, c := range []struct{ mode, vip string }{{"tcp", webVIP}, {"udp", dnsVIP}} {
-			seen := e.cgroupSpread(t, c.mode, c.vip, 60)
-			t.Logf("socket LB %s distribution: %v", c.mode, seen)
-			for _, b := range e.backends {
-				if seen[b] == 0 {
-					t.Errorf("%s never answered %s through socket LB: %v", b, c.mode, seen)
-				}
-			}
-		}
-
-		// The socket programs counted every exchange they translated.
-		if n := e.counters(t)["sock_xlate"]; n < 120 {
-			t.Errorf("sluicectl counters: sock_xlate %d, want >= 120", n)
-		}
-	})
+	t.Run("SocketLBFromNodeCgroup", func(t *testing.T) { e.socketLBFromNodeCgroup(t, webVIP, dnsVIP) })
 
 	t.Run("SurvivesAgentStopAndRestart", func(t *testing.T) {
 		if keep == nil {
 			t.Skip("no established connection from the earlier subtest")
 		}
-		before, err := e.agent.Services(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		// Traffic runs throughout the stop and the restart.
-		traffic := testutil.StartTraffic(1, func() error {
-			_, err := e.get(webVIP)
-			return err
-		})
-		defer traffic.Stop()
-
-		if err := e.agent.Stop(); err != nil {
-			t.Fatalf("agent did not exit cleanly on SIGTERM: %v", err)
-		}
+		before, traffic := e.stopUnderTraffic(t, webVIP)
 		// Requests go on succeeding while no agent runs.
 		down := traffic.OK()
 		testutil.Eventually(t, "20 requests to succeed while the agent is stopped", 10*time.Second, func() error {
@@ -723,47 +902,14 @@ func TestClusterIPEndToEnd(t *testing.T) {
 			t.Errorf("pins gone after SIGTERM: %v", err)
 		}
 
-		if err := e.agent.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.agent.WaitReady(30 * time.Second); err != nil {
-			t.Fatal(err)
-		}
-		traffic.Stop()
-		after, err := e.agent.Services(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if after != before {
-			t.Errorf("restart changed the datapath:\nbefore:\n%s\nafter:\n%s", before, after)
-		}
-		if n := traffic.Failed(); n > 0 {
-			t.Errorf("%d of %d requests failed across stop and restart; first: %v", n, n+traffic.OK(), traffic.FirstErr())
-		}
+		e.restartUnchanged(t, before, traffic)
 		if who, err := keep.Say("agent back"); err != nil || who != keep.Backend {
 			t.Errorf("established connection after restart: %q %v", who, err)
 		}
 		keep.Close()
 	})
 
-	t.Run("CleanupRemovesEverything", func(t *testing.T) {
-		if err := e.agent.Stop(); err != nil {
-			t.Fatalf("agent stop: %v", err)
-		}
-		if err := e.agent.Cleanup(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := os.Stat(e.agent.BPFFS); !os.IsNotExist(err) {
-			t.Errorf("%s still present after cleanup (stat: %v)", e.agent.BPFFS, err)
-		}
-		// Untranslated, the VIP leads nowhere: the node has no route for it.
-		if who, err := e.get(webVIP); err == nil {
-			t.Errorf("%s still answered (by %s) after cleanup", webVIP, who)
-		}
-		if out, err := exec.Command("bpftool", "cgroup", "show", e.cgroup).CombinedOutput(); err == nil && strings.TrimSpace(string(out)) != "" {
-			t.Errorf("programs still attached to %s:\n%s", e.cgroup, out)
-		}
-	})
+	t.Run("CleanupRemovesEverything", func(t *testing.T) { e.cleanupRemovesEverything(t, "sluice_", webVIP) })
 }
 
 // TestReadyzFollowsDesiredState: /readyz is 200 once everything of the
@@ -846,69 +992,103 @@ func eventuallyReadyWithoutReports(t *testing.T, agent *agentproc.Agent, what st
 
 // TestOversizedServiceDoesNotBlockOthers: a Service with more endpoints
 // than the service map has room for (--max-service-entries) is not
-// programmed; the good Service beside it is, and answers; the agent is
+// programmed; the good Services beside it are, and answer; the agent is
 // ready and names the oversized one in /readyz, in /metrics and in one log
-// line. Shrunk to fit, it is programmed too.
+// line. Shrunk to fit, it is programmed too. One of each family, big and
+// big6 (IPv6 only, in the IPv6 map of the same size), good and good6:
+// neither oversized Service blocks a Service of either family.
 func TestOversizedServiceDoesNotBlockOthers(t *testing.T) {
 	bins, topo, lb := newLB(t, 2)
+	v6, err := lb.AddIPv6()
+	if err != nil {
+		t.Fatal(err)
+	}
 	backends, err := lb.ServeHTTP(8080, "backend-")
 	if err != nil {
 		t.Fatal(err)
 	}
+	var addrs6 []string
+	for _, a := range v6.BackendAddrs {
+		addrs6 = append(addrs6, a.String())
+	}
 	manifest := filepath.Join(t.TempDir(), "services.yaml")
 	http := []agentproc.Port{agentproc.TCP("http", 80, 8080)}
 	write := func(bigEndpoints int) {
-		eps := slices.Clone(lb.BackendAddrStrings())
+		eps, eps6 := slices.Clone(lb.BackendAddrStrings()), slices.Clone(addrs6)
 		for i := len(eps); i < bigEndpoints; i++ {
-			eps = append(eps, fmt.Sprintf("10.244.9.%d", i+1)) // answers nothing; never chosen while big is unprogrammed
+			// They answer nothing; never chosen while big is unprogrammed.
+			eps = append(eps, fmt.Sprintf("10.244.9.%d", i+1))
+			eps6 = append(eps6, fmt.Sprintf("2001:db8:244:9::%d", i+1))
 		}
-		docs := []string{
-			agentproc.Service{Name: "big", ClusterIP: "10.96.2.1", Endpoints: eps, Ports: http}.YAML(),
-			agentproc.Service{Name: "good", ClusterIP: "10.96.2.2", Endpoints: lb.BackendAddrStrings(), Ports: http}.YAML(),
-		}
+		docs := agentproc.Services(
+			agentproc.Service{Name: "big", ClusterIP: "10.96.2.1", Endpoints: eps, Ports: http},
+			agentproc.Service{Name: "good", ClusterIP: "10.96.2.2", Endpoints: lb.BackendAddrStrings(), Ports: http},
+			agentproc.Service{Name: "big6", ClusterIP: "2001:db8:96::201", Endpoints: eps6, Ports: http},
+			agentproc.Service{Name: "good6", ClusterIP: "2001:db8:96::202", Endpoints: addrs6, Ports: http},
+		)
 		if err := agentproc.WriteFile(manifest, agentproc.Manifest(docs...)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// 16 service entries: good takes 3 (master and 2 slots), big would
-	// take 41.
+	// 24 service entries: good takes 3 (master and 2 slots), big would
+	// take 41; the same in the IPv6 map. Shrunk, all four take 18: they
+	// fit even counted together, as the reconciler counts them today (one
+	// count over both families' maps, each of which has room for 24).
 	write(40)
 	agent := agentproc.StartAgent(t, bins, lb.Node, agentproc.AgentConfig{
 		Manifests: manifest,
 		Devices:   []string{lb.NodeDev},
 		BPFFS:     filepath.Join(testutil.BPFFS, topo.Prefix()+"oversized"),
-		Extra:     []string{"--max-service-entries", "16"},
+		Extra:     []string{"--max-service-entries", "24"},
 	}, 30*time.Second)
 
-	who, err := topology.WhoAnswered(lb.Client.HTTPClient(3*time.Second), "http://10.96.2.2:80/")
-	if err != nil || !slices.Contains(backends, who) {
-		t.Fatalf("the good Service: answer %q, %v; want one of %v", who, err, backends)
+	for _, good := range []string{"10.96.2.2:80", "[2001:db8:96::202]:80"} {
+		who, err := topology.WhoAnswered(lb.Client.HTTPClient(3*time.Second), "http://"+good+"/")
+		if err != nil || !slices.Contains(backends, who) {
+			t.Fatalf("the good Service at %s: answer %q, %v; want one of %v", good, who, err, backends)
+		}
 	}
 	body, err := agent.Get(agent.HealthAddr, "/readyz")
 	if err != nil {
 		t.Fatalf("/readyz: %v", err)
 	}
-	if !strings.HasPrefix(body, "ok\n") || !strings.Contains(body, "default/big:http") || !strings.Contains(body, "capacity") {
-		t.Errorf("/readyz body does not report default/big:http for capacity:\n%s", body)
-	}
 	m, err := agent.Metrics()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := `sluice_service_unprogrammed_frontends{reason="capacity",service="default/big:http"} 1`; !strings.Contains(m, want) {
-		t.Errorf("/metrics lacks %s", want)
-	}
-	if dump, _ := agent.Services(t.Context()); strings.Contains(dump, "10.96.2.1:80") {
-		t.Errorf("the oversized Service is programmed:\n%s", dump)
-	}
+	dump, _ := agent.Services(t.Context())
 	time.Sleep(time.Second) // resyncs and retries, if any, would log again
-	if n := strings.Count(agent.Log.String(), "service not programmed"); n != 1 {
-		t.Errorf("the oversized Service was logged %d times, want once", n)
+	logged := agent.Log.String()
+	for _, big := range []struct{ name, frontend string }{{"default/big:http", "10.96.2.1:80"}, {"default/big6:http", "[2001:db8:96::201]:80"}} {
+		if !strings.HasPrefix(body, "ok\n") || !strings.Contains(body, big.name) || !strings.Contains(body, "capacity") {
+			t.Errorf("/readyz body does not report %s for capacity:\n%s", big.name, body)
+		}
+		if want := fmt.Sprintf(`sluice_service_unprogrammed_frontends{reason="capacity",service=%q} 1`, big.name); !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+		if strings.Contains(dump, big.frontend) {
+			t.Errorf("the oversized Service %s is programmed:\n%s", big.name, dump)
+		}
+		n := 0
+		for _, l := range strings.Split(logged, "\n") {
+			if strings.Contains(l, "service not programmed") && strings.Contains(l, big.name+" ") {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("the oversized Service %s was logged %d times, want once", big.name, n)
+		}
+	}
+	if n := strings.Count(logged, "service not programmed"); n != 2 {
+		t.Errorf("%d Services logged as not programmed, want the 2 oversized ones", n)
 	}
 
-	write(5) // 6 entries: it fits now
-	eventuallyReadyWithoutReports(t, agent, "the shrunk Service to be programmed")
-	if dump, _ := agent.Services(t.Context()); !strings.Contains(dump, "10.96.2.1:80") {
-		t.Errorf("the shrunk Service is not programmed:\n%s", dump)
+	write(5) // 6 entries: they fit now
+	eventuallyReadyWithoutReports(t, agent, "the shrunk Services to be programmed")
+	dump, _ = agent.Services(t.Context())
+	for _, fe := range []string{"10.96.2.1:80", "[2001:db8:96::201]:80"} {
+		if !strings.Contains(dump, fe) {
+			t.Errorf("the shrunk Service at %s is not programmed:\n%s", fe, dump)
+		}
 	}
 }

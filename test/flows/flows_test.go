@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -108,7 +109,7 @@ func TestCorpus(t *testing.T) {
 }
 
 // TestVariants checks that a variant gets its node settings and its
-// overrides, and only those.
+// overrides, and only those, in kube-proxy's case and in its IPv6 twin.
 func TestVariants(t *testing.T) {
 	c, err := Load(".")
 	if err != nil {
@@ -118,6 +119,35 @@ func TestVariants(t *testing.T) {
 	for _, cs := range c.Cases {
 		byName[cs.Name] = cs
 	}
+	for _, tc := range []struct {
+		family corev1.IPFamily
+		prefix string
+		// kubeProxy is kube-proxy's answer to a flow: iptables' in the
+		// ported case; in the derived twin, which names no kube-proxy
+		// test, the nftables answer beside a deviation, else the
+		// expectation.
+		kubeProxy func(f *Flow) (Expect, bool)
+	}{
+		{corev1.IPv4Protocol, "kubeproxy/internal-external-masquerade/InternalExternalMasquerade/",
+			func(f *Flow) (Expect, bool) { return f.KubeProxyExpect(ModeIPTables) }},
+		{corev1.IPv6Protocol, "extras/v6/internal-external-masquerade/InternalExternalMasquerade/",
+			func(f *Flow) (Expect, bool) {
+				if f.KubeProxy.NFTables != nil {
+					return *f.KubeProxy.NFTables, true
+				}
+				return f.Expect, f.Deviation == ""
+			}},
+	} {
+		t.Run(string(tc.family), func(t *testing.T) {
+			checkVariants(t, byName, tc.prefix, tc.family, tc.kubeProxy)
+		})
+	}
+}
+
+// checkVariants checks the four variants of TestInternalExternalMasquerade
+// under prefix, cases of family.
+func checkVariants(t *testing.T, byName map[string]*Case, prefix string, family corev1.IPFamily, kubeProxy func(f *Flow) (Expect, bool)) {
+	t.Helper()
 	flow := func(cs *Case, name string) *Flow {
 		t.Helper()
 		for _, st := range cs.Steps {
@@ -130,12 +160,17 @@ func TestVariants(t *testing.T) {
 		t.Fatalf("%s: no flow %q", cs.Name, name)
 		return nil
 	}
-	const prefix = "kubeproxy/internal-external-masquerade/InternalExternalMasquerade/"
 	base, noLD, all := byName[prefix+"base"], byName[prefix+"no LocalTrafficDetector"], byName[prefix+"masqueradeAll"]
 	if base == nil || noLD == nil || all == nil {
 		t.Fatalf("variants missing: %v %v %v", base, noLD, all)
 	}
-	if !base.Node.ClusterCIDR.IsValid() || noLD.Node.ClusterCIDR.IsValid() || base.Node.MasqueradeAll || !all.Node.MasqueradeAll {
+	for _, cs := range []*Case{base, noLD, all} {
+		if cs.IPFamily != family {
+			t.Errorf("%s: family %s, want %s", cs.Name, cs.IPFamily, family)
+		}
+	}
+	if !base.Node.ClusterCIDR.IsValid() || base.Node.ClusterCIDR.Addr().Is6() != (family == corev1.IPv6Protocol) ||
+		noLD.Node.ClusterCIDR.IsValid() || base.Node.MasqueradeAll || !all.Node.MasqueradeAll {
 		t.Errorf("node settings: base %+v, no detector %+v, masqueradeAll %+v", base.Node, noLD.Node, all.Node)
 	}
 	if got := flow(base, "pod to ClusterIP").Expect.Masquerade; got != MasqueradeNo {
@@ -153,9 +188,8 @@ func TestVariants(t *testing.T) {
 		if (f.Deviation != "") != want || (f.Expect.Masquerade == MasqueradeRemote) != want {
 			t.Errorf("%s: external to NodePort: deviation %q, masquerade %v", cs.Name, f.Deviation, f.Expect.Masquerade)
 		}
-		kp, ok := f.KubeProxyExpect(ModeIPTables)
-		if !ok || kp.Masquerade != MasqueradeYes {
-			t.Errorf("%s: external to NodePort: kube-proxy iptables expects %v (%v), want masqueraded", cs.Name, kp, ok)
+		if kp, ok := kubeProxy(f); !ok || kp.Masquerade != MasqueradeYes {
+			t.Errorf("%s: external to NodePort: kube-proxy expects %v (%v), want masqueraded", cs.Name, kp, ok)
 		}
 	}
 	// Flows the variants do not override are the base's.
@@ -165,21 +199,42 @@ func TestVariants(t *testing.T) {
 }
 
 // TestSteps checks that each step sees the objects in effect then, and that
-// Manifest renders them as YAML that decodes to the same objects.
+// Manifest renders them as YAML that decodes to the same objects, in
+// kube-proxy's case and in its IPv6 twin.
 func TestSteps(t *testing.T) {
 	c, err := Load(".")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cs *Case
-	for _, x := range c.Cases {
-		if x.Name == "kubeproxy/internal-traffic-policy/internalTrafficPolicy is cluster" {
-			cs = x
-		}
+	for _, tc := range []struct{ name, clusterIP string }{
+		{"kubeproxy/internal-traffic-policy/internalTrafficPolicy is cluster", "172.30.1.1"},
+		{"extras/v6/internal-traffic-policy/internalTrafficPolicy is cluster", "fd00:172:30::1:1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var cs *Case
+			for _, x := range c.Cases {
+				if x.Name == tc.name {
+					cs = x
+				}
+			}
+			if cs == nil || len(cs.Steps) != 2 {
+				t.Fatalf("case: %+v", cs)
+			}
+			checkSteps(t, cs, tc.clusterIP)
+		})
 	}
-	if cs == nil || len(cs.Steps) != 2 {
-		t.Fatalf("case: %+v", cs)
+	// A step without objects (every one deleted) must not be an empty
+	// file, which the agent takes for one caught mid-write: only white
+	// space means that (pkg/source/manifest).
+	if m, err := Manifest(nil); err != nil || len(bytes.TrimSpace(m)) == 0 {
+		t.Errorf("manifest of no objects %q (%v): want a comment", m, err)
 	}
+}
+
+// checkSteps checks the two steps of an "internalTrafficPolicy is cluster"
+// case: the Service svc1 at clusterIP and its slice, then the Service alone.
+func checkSteps(t *testing.T, cs *Case, clusterIP string) {
+	t.Helper()
 	kinds := func(objs []Object) (k []string) {
 		for _, o := range objs {
 			k = append(k, o.Ref().Kind)
@@ -204,14 +259,8 @@ func TestSteps(t *testing.T) {
 	if err := yaml.UnmarshalStrict(docs[0], &svc); err != nil {
 		t.Fatal(err)
 	}
-	if svc.Spec.ClusterIP != "172.30.1.1" || svc.Name != "svc1" {
+	if svc.Spec.ClusterIP != clusterIP || svc.Name != "svc1" {
 		t.Errorf("manifest Service: %+v", svc)
-	}
-	// A step without objects (every one deleted) must not be an empty
-	// file, which the agent takes for one caught mid-write: only white
-	// space means that (pkg/source/manifest).
-	if m, err := Manifest(nil); err != nil || len(bytes.TrimSpace(m)) == 0 {
-		t.Errorf("manifest of no objects %q (%v): want a comment", m, err)
 	}
 }
 
@@ -225,6 +274,40 @@ func TestAffinityTimeout(t *testing.T) {
 	}
 	if got := AffinityTimeout(&svc); got.Seconds() != 2 {
 		t.Errorf("2 s: %v", got)
+	}
+}
+
+// TestAffinityTimeoutTwins checks that each session affinity case's IPv6
+// twin gives its Services the timeouts the IPv4 case does (the runner
+// waits them out), and that one of them is not the default.
+func TestAffinityTimeoutTwins(t *testing.T) {
+	c, err := Load(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	timeouts := map[string]map[string]string{} // file -> case/step/Service -> timeout
+	for _, cs := range c.Cases {
+		if cs.File != "extras/session-affinity.yaml" && cs.File != "extras/v6/session-affinity.yaml" {
+			continue
+		}
+		_, name, _ := strings.Cut(strings.TrimPrefix(cs.Name, "extras/"), "session-affinity/")
+		for i, st := range cs.Steps {
+			for _, o := range st.Objects() {
+				if o.Service != nil {
+					if timeouts[cs.File] == nil {
+						timeouts[cs.File] = map[string]string{}
+					}
+					timeouts[cs.File][fmt.Sprintf("%s/%d/%s", name, i, o.Service.Name)] = AffinityTimeout(o.Service).String()
+				}
+			}
+		}
+	}
+	v4, v6 := timeouts["extras/session-affinity.yaml"], timeouts["extras/v6/session-affinity.yaml"]
+	if len(v4) == 0 || fmt.Sprint(v4) != fmt.Sprint(v6) {
+		t.Errorf("session affinity timeouts by case, step and Service:\nIPv4 %v\nIPv6 %v", v4, v6)
+	}
+	if !slices.ContainsFunc(slices.Collect(maps.Values(v4)), func(d string) bool { return d != "3h0m0s" }) {
+		t.Errorf("no session affinity case has a timeout of its own: %v", v4)
 	}
 }
 
