@@ -53,6 +53,7 @@
 #include "lib/csum.h"
 #include "lib/lb.h"
 #include "lib/affinity.h"
+#define CT_SNAT_TRY_GLOBAL /* conntrack_fam.h: ct_snat_try */
 #include "lib/conntrack.h"
 #include "lib/icmp.h"
 #include "lib/nat.h"
@@ -295,8 +296,9 @@ static __always_inline bool lb4_masquerade(const struct pkt4 *p,
  * may be NULL as far as it knows. @ids carries the backend id (low 32
  * bits) and the rev NAT id (high): five arguments at most, so ct_snat4
  * reads the clock itself (as nat_snat6). sluice_ingress verified 424,897
- * instructions with both inlined, 157,765 now; the agent's start spends
- * half the CPU it did loading the programs (BenchmarkOpen).
+ * instructions with both inlined, 127,963 now (with conntrack_fam.h's
+ * ct_snat_try a global function too); the agent's start spends half the
+ * CPU it did loading the programs (BenchmarkOpen).
  */
 __noinline int ct_new4(const struct pkt4 *p, const struct lb4_backend *be,
 		       __u64 ids, __u64 now)

@@ -433,6 +433,31 @@ static __always_inline int FN(ct_create)(const FAM(pkt_t) *p,
 }
 
 /*
+ * ct_snat_try - one try of ct_create_snat's port search: ct_est_insert of
+ * the reply entry @e under @key, or for a dry run (@dry) ct_est_free.
+ * With CT_SNAT_TRY_GLOBAL defined (tc.c) a global function, which the
+ * verifier checks once, on its own, instead of in each of the SNAT_TRIES
+ * iterations of every path that searches (its pointers may then be NULL
+ * as far as it knows); XDP, whose IPv6 stack has no room for another
+ * frame, inlines it.
+ */
+#ifdef CT_SNAT_TRY_GLOBAL
+#define CT_SNAT_TRY_FN __noinline int
+#else
+#define CT_SNAT_TRY_FN static __always_inline int
+#endif
+CT_SNAT_TRY_FN FN(ct_snat_try)(const FAM(ct_key_t) *key,
+			       const FAM(ct_entry_t) *e, __u64 now, bool dry)
+{
+	if (!key || !e)
+		return -ENOENT;
+	if (dry)
+		return FN(ct_est_free)(key, now, true);
+	return FN(ct_est_insert)(key, e, now, true);
+}
+#undef CT_SNAT_TRY_FN
+
+/*
  * ct_create_snat - record a flow from @p's client to an external frontend,
  * translated to remote backend @be and source-NATed to @node: reserve a
  * source port by inserting the reply entry <be -> node:port> into
@@ -479,10 +504,7 @@ FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
 	start = bpf_get_prandom_u32();
 	for (i = 0; i < SNAT_TRIES; i++) {
 		key.dport = bpf_htons((__u16)(lo + (start + i) % range));
-		if (explain_dry(p))
-			err = FN(ct_est_free)(&key, now, true);
-		else
-			err = FN(ct_est_insert)(&key, &e, now, true);
+		err = FN(ct_snat_try)(&key, &e, now, explain_dry(p));
 		if (!err) {
 			ok = true;
 			break;
