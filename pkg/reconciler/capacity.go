@@ -132,7 +132,7 @@ func (r *Reconciler) capacityNeeded(fe Frontend, d *desiredFrontend) sizes {
 // checkCapacity returns an ErrCapacity error naming every map that has no
 // room for need: how many entries it needs, how many the map holds, of
 // how many (the map of the family that has no room, for the per-family
-// maps).
+// maps). A map need adds nothing to never refuses it.
 func (r *Reconciler) checkCapacity(need, capacity sizes) error {
 	var short []string
 	use := r.inUse()
@@ -140,15 +140,15 @@ func (r *Reconciler) checkCapacity(need, capacity sizes) error {
 		short = append(short, fmt.Sprintf("services, of both families: %d in use of %d", use.services, capacity.services))
 	}
 	for _, f := range []family{ipv4, ipv6} {
-		if use.backends[f]+need.backends[f] > capacity.backends[f] {
+		if need.backends[f] > 0 && use.backends[f]+need.backends[f] > capacity.backends[f] {
 			short = append(short, fmt.Sprintf("%d new %s backends: %d in use of %d in %s",
 				need.backends[f], f, use.backends[f], capacity.backends[f], f.mapName("backends")))
 		}
-		if use.entries[f]+need.entries[f] > capacity.entries[f] {
+		if need.entries[f] > 0 && use.entries[f]+need.entries[f] > capacity.entries[f] {
 			short = append(short, fmt.Sprintf("%d new %s service entries: %d in use of %d in %s",
 				need.entries[f], f, use.entries[f], capacity.entries[f], f.mapName("services")))
 		}
-		if use.ranges[f]+need.ranges[f] > capacity.ranges[f] {
+		if need.ranges[f] > 0 && use.ranges[f]+need.ranges[f] > capacity.ranges[f] {
 			short = append(short, fmt.Sprintf("%d new %s source ranges: %d in use of %d in %s",
 				need.ranges[f], f, use.ranges[f], capacity.ranges[f], f.mapName("src_ranges")))
 		}
