@@ -219,8 +219,8 @@ func (c Config) maxEntries() map[string]int {
 		mapServiceIPs: c.MaxServices,
 		mapSvcStats:   svcStatsSize(c),
 		// The IPv6 twins are sized like the IPv4 maps: the
-		// reconciler counts both families against one size
-		// (Maps.Capacity).
+		// reconciler counts each family against its own maps, of
+		// one size (Maps.Capacity).
 		mapServices6:   c.MaxServiceEntries,
 		mapBackends6:   c.MaxBackends,
 		mapRevNat6:     c.MaxServices,

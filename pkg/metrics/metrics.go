@@ -76,6 +76,7 @@ type Metrics struct {
 	last        *model.State
 	lastCounts  Counts
 	backendRefs map[model.L4Addr]int
+	backends6   int // IPv6 addresses in backendRefs
 	// noLocal counts, per Service port with a Local traffic policy and
 	// no local endpoints, its frontends that drop for that reason, by
 	// family (familyOf) and kind: [family][noLocalInternal] and
@@ -95,10 +96,15 @@ type Metrics struct {
 type unprogrammedKey struct{ service, reason string }
 
 // Counts is what a programmed state holds, in the units of the BPF maps.
+// Backends and ServiceEntries are of both address families; each family
+// has its own maps (sluice6_backends, sluice6_services) of the same size,
+// so Backends6 and ServiceEntries6 say how many of them are IPv6's.
 type Counts struct {
 	Services       int // frontends: one reverse-NAT entry each
 	Backends       int // distinct backend addresses
 	ServiceEntries int // service map entries: one master plus one slot per backend
+
+	Backends6, ServiceEntries6 int
 }
 
 // CountState counts what programming s takes.
@@ -108,13 +114,24 @@ func CountState(s *model.State) Counts {
 	for _, svc := range s.Services {
 		c.Services++
 		c.ServiceEntries += 1 + len(svc.Backends)
+		if familyOf(svc) == 1 {
+			c.ServiceEntries6 += 1 + len(svc.Backends)
+		}
 		for _, b := range svc.Backends {
 			backends[b.L4Addr] = struct{}{}
 		}
 	}
 	c.Backends = len(backends)
+	for a := range backends {
+		if is6(a) {
+			c.Backends6++
+		}
+	}
 	return c
 }
+
+// is6 reports whether a is in the IPv6 maps.
+func is6(a model.L4Addr) bool { return !a.Addr.Unmap().Is4() }
 
 // New returns Metrics registered in a new registry, together with the Go
 // runtime and process collectors.
@@ -263,12 +280,13 @@ func (m *Metrics) SetProgrammed(s *model.State) {
 		}
 	} else {
 		m.backendRefs = make(map[model.L4Addr]int, len(m.backendRefs))
+		m.backends6 = 0
 		m.noLocal = [2][2]map[model.ServicePortName]int{{{}, {}}, {{}, {}}}
 		for _, svc := range s.Services {
 			m.count(&c, svc, 1)
 		}
 	}
-	c.Backends = len(m.backendRefs)
+	c.Backends, c.Backends6 = len(m.backendRefs), m.backends6
 	m.last, m.lastCounts = s, c
 	var noLocal [2][2]int
 	for f := range m.noLocal {
@@ -288,9 +306,19 @@ func (m *Metrics) SetProgrammed(s *model.State) {
 func (m *Metrics) count(c *Counts, svc *model.Service, d int) {
 	c.Services += d
 	c.ServiceEntries += d * (1 + len(svc.Backends))
+	if familyOf(svc) == 1 {
+		c.ServiceEntries6 += d * (1 + len(svc.Backends))
+	}
 	for _, b := range svc.Backends {
-		if m.backendRefs[b.L4Addr] += d; m.backendRefs[b.L4Addr] <= 0 {
+		old := m.backendRefs[b.L4Addr]
+		n := old + d
+		if n <= 0 {
 			delete(m.backendRefs, b.L4Addr)
+		} else {
+			m.backendRefs[b.L4Addr] = n
+		}
+		if is6(b.L4Addr) && (old > 0) != (n > 0) {
+			m.backends6 += d
 		}
 	}
 	if k := noLocalKind(svc); k >= 0 {
@@ -365,14 +393,18 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	if capacity == nil {
 		return
 	}
+	// Each family's maps are that large; rev_nat counts the frontends of
+	// both, as the reconciler does (service ids are one space).
 	services, backends, entries := capacity()
 	for _, f := range []struct {
 		name      string
 		used, max int
 	}{
 		{"rev_nat", counts.Services, services},
-		{"backends", counts.Backends, backends},
-		{"services", counts.ServiceEntries, entries},
+		{"backends", counts.Backends - counts.Backends6, backends},
+		{"backends6", counts.Backends6, backends},
+		{"services", counts.ServiceEntries - counts.ServiceEntries6, entries},
+		{"services6", counts.ServiceEntries6, entries},
 	} {
 		if f.max <= 0 {
 			continue

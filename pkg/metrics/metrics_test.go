@@ -29,8 +29,12 @@ func TestCountsAndFillRatio(t *testing.T) {
 	s.Services[l4("10.96.0.2", 80)] = &model.Service{Frontend: l4("10.96.0.2", 80),
 		Backends: []model.Backend{shared}}
 	s.Services[l4("10.96.0.3", 80)] = &model.Service{Frontend: l4("10.96.0.3", 80)}
+	// An IPv6 Service: its entries fill the IPv6 maps, each as large as
+	// the IPv4 one.
+	s.Services[l4("2001:db8:96::1", 80)] = &model.Service{Frontend: l4("2001:db8:96::1", 80),
+		Backends: []model.Backend{{L4Addr: l4("2001:db8::1", 80)}, {L4Addr: l4("2001:db8::2", 80)}}}
 
-	if got, want := CountState(s), (Counts{Services: 3, Backends: 2, ServiceEntries: 6}); got != want {
+	if got, want := CountState(s), (Counts{Services: 4, Backends: 4, ServiceEntries: 9, Backends6: 2, ServiceEntries6: 3}); got != want {
 		t.Fatalf("CountState = %+v, want %+v", got, want)
 	}
 	m.SetProgrammed(s)
@@ -39,15 +43,17 @@ func TestCountsAndFillRatio(t *testing.T) {
 	want := `
 # HELP sluice_backends Distinct backends programmed.
 # TYPE sluice_backends gauge
-sluice_backends 2
+sluice_backends 4
 # HELP sluice_map_fill_ratio Fraction of a BPF map's capacity in use.
 # TYPE sluice_map_fill_ratio gauge
 sluice_map_fill_ratio{map="backends"} 0.2
-sluice_map_fill_ratio{map="rev_nat"} 0.03
+sluice_map_fill_ratio{map="backends6"} 0.2
+sluice_map_fill_ratio{map="rev_nat"} 0.04
 sluice_map_fill_ratio{map="services"} 0.1
+sluice_map_fill_ratio{map="services6"} 0.05
 # HELP sluice_services Service frontends programmed.
 # TYPE sluice_services gauge
-sluice_services 3
+sluice_services 4
 `
 	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want),
 		"sluice_backends", "sluice_services", "sluice_map_fill_ratio"); err != nil {
@@ -137,15 +143,22 @@ sluice_service_unprogrammed_frontends{reason="write",service="default/flaky"} 1
 // TestCountsFollowChanges: states that say what changed since the one
 // before (model.State.BaseGen) are counted by their changes, and must
 // count what CountState counts; so must a state that does not say so.
+// The odd frontends are IPv6, with IPv6 backends.
 func TestCountsFollowChanges(t *testing.T) {
 	m := New()
+	frontend := func(i int) model.L4Addr {
+		if i%2 == 1 {
+			return l4(fmt.Sprintf("2001:db8:96::%d", i), 80)
+		}
+		return l4(fmt.Sprintf("10.96.0.%d", i), 80)
+	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	var prev *model.State
 	for round := range 300 {
 		s := model.NewState()
 		s.Gen = model.NewGeneration()
 		for i := range 20 {
-			fe := l4(fmt.Sprintf("10.96.0.%d", i), 80)
+			fe := frontend(i)
 			if prev != nil && prev.Services[fe] != nil && rng.IntN(4) > 0 {
 				s.Services[fe] = prev.Services[fe]
 				continue
@@ -155,7 +168,11 @@ func TestCountsFollowChanges(t *testing.T) {
 			}
 			svc := &model.Service{Frontend: fe}
 			for range rng.IntN(5) {
-				svc.Backends = append(svc.Backends, model.Backend{L4Addr: l4(fmt.Sprintf("10.0.0.%d", rng.IntN(12)), 80)})
+				b := l4(fmt.Sprintf("10.0.0.%d", rng.IntN(12)), 80)
+				if i%2 == 1 {
+					b = l4(fmt.Sprintf("2001:db8::%d", rng.IntN(12)), 80)
+				}
+				svc.Backends = append(svc.Backends, model.Backend{L4Addr: b})
 			}
 			svc.Backends = model.SortBackends(svc.Backends)
 			s.Services[fe] = svc
@@ -163,7 +180,7 @@ func TestCountsFollowChanges(t *testing.T) {
 		if prev != nil && rng.IntN(10) > 0 {
 			s.BaseGen = prev.Gen
 			for i := range 20 {
-				fe := l4(fmt.Sprintf("10.96.0.%d", i), 80)
+				fe := frontend(i)
 				if s.Services[fe] != prev.Services[fe] {
 					s.Changed = append(s.Changed, fe)
 				}

@@ -132,7 +132,11 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 	naddrs := 0
 	for _, d := range ds {
 		naddrs += len(d.addrs)
-		upper = sizes{upper.services + 1, upper.backends + len(d.addrs), upper.entries + 1 + len(d.addrs), upper.ranges + len(d.ranges)}
+		f := familyOf(d.fe.Addr)
+		upper.services++
+		upper.backends[f] += len(d.addrs)
+		upper.entries[f] += 1 + len(d.addrs)
+		upper.ranges[f] += len(d.ranges)
 	}
 	roomy := r.checkCapacity(upper, capacity) == nil
 	var need sizes
@@ -151,10 +155,10 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		n := r.capacityNeeded(d.fe, d)
 		for _, a := range d.addrs {
 			if counted[a] {
-				n.backends--
+				n.backends[familyOf(a.Addr)]--
 			}
 		}
-		total := sizes{need.services + n.services, need.backends + n.backends, need.entries + n.entries, need.ranges + n.ranges}
+		total := need.add(n)
 		if err := r.checkCapacity(total, capacity); err != nil {
 			fail(d, err)
 			continue
@@ -212,7 +216,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 	r.batch(len(bes),
 		func() (int, error) { return r.dp.UpsertBackends(bes) },
 		func(i int) error { return r.dp.UpsertBackend(bes[i].ID, bes[i].Addr) },
-		func(i int) { r.backends[bes[i].ID] = bes[i].Addr },
+		func(i int) { r.putBackend(bes[i].ID, bes[i].Addr) },
 		func(i int, err error) {
 			beErr[bes[i].ID] = fmt.Errorf("upsert backend %d (%s): %w", bes[i].ID, bes[i].Addr, err)
 		})
@@ -321,7 +325,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 			if isClusterIP(fe, m) {
 				r.refServiceIP(fe.Addr)
 			}
-			r.entries++
+			r.entries[v.fam]++
 			v.hasMaster, v.master = true, m
 			r.masterRef[m.ID]++
 		},

@@ -125,14 +125,16 @@ type Datapath interface {
 	// Dump reads the current contents of the service, backend,
 	// reverse-NAT, source-range and service-IP maps.
 	Dump() (*KernelState, error)
-	// Capacity returns the maximum number of services (reverse-NAT entries),
-	// backends, and service map entries (masters plus slots), of both
-	// address families together: ids are one space over both, and each
-	// family's maps hold as many. The service IPs fit: there are no more
-	// of them than services.
+	// Capacity returns the sizes of each address family's reverse-NAT,
+	// backend and service maps (masters plus slots): each family has its
+	// own, of the same sizes. The reconciler counts backends and service
+	// map entries per family against them, and services over both
+	// families together: service ids are one space over both (the
+	// per-Service counters are indexed by them). The service IPs fit:
+	// there are no more of them than services.
 	Capacity() (services, backends, serviceEntries int)
-	// SourceRangeCapacity returns the maximum number of source ranges, of
-	// all frontends (of both families) together.
+	// SourceRangeCapacity returns the size of each family's source-range
+	// map: the source ranges of all its frontends together.
 	SourceRangeCapacity() int
 	// FlushConntrack removes per-packet conntrack entries that point at
 	// any of backends (used for UDP when backends go away, so stale flows

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 )
@@ -176,7 +175,7 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 		if err := r.dp.UpsertBackend(id, a); err != nil {
 			return fmt.Errorf("upsert backend %d (%s): %w", id, a, err)
 		}
-		r.backends[id] = a
+		r.putBackend(id, a)
 		r.backendCand[id] = true // until a slot names it
 	}
 
@@ -270,7 +269,7 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 			r.revNatCand[v.master.ID] = true
 			r.maybeReleaseService(v.master.ID, fe)
 		} else {
-			r.entries++
+			r.entries[v.fam]++
 		}
 		v.hasMaster, v.master = true, wantM
 		r.masterRef[sid]++
@@ -314,68 +313,6 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 	return nil
 }
 
-// sizes counts entries per map: in use, available, or needed.
-type sizes struct {
-	services int // rev_nat entries
-	backends int
-	entries  int // service map entries: masters plus slots
-	ranges   int // source ranges
-}
-
-// capacityNeeded returns what programming d adds to the maps at its peak,
-// before the frontend's old slots and source ranges go.
-func (r *Reconciler) capacityNeeded(fe Frontend, d *desiredFrontend) sizes {
-	var n sizes
-	v := r.frontends[fe]
-	if sid, ok := r.serviceOf[fe]; !ok {
-		n.services = 1
-	} else if _, ok := r.revNat[sid]; !ok {
-		n.services = 1
-	}
-	for _, a := range d.addrs {
-		if id, ok := r.backendOf[a]; !ok || !r.isReal(id) {
-			n.backends++
-		}
-	}
-	for s := uint32(0); s <= uint32(len(d.addrs)); s++ {
-		if v == nil {
-			n.entries++
-		} else if s == 0 && !v.hasMaster {
-			n.entries++
-		} else if _, ok := v.slots.get(s); s > 0 && !ok {
-			n.entries++
-		}
-	}
-	for _, p := range d.ranges {
-		if v == nil || !v.hasRange(p) {
-			n.ranges++
-		}
-	}
-	return n
-}
-
-// checkCapacity returns an ErrCapacity error naming every map that has no
-// room for need.
-func (r *Reconciler) checkCapacity(need, capacity sizes) error {
-	var short []string
-	if len(r.revNat)+need.services > capacity.services {
-		short = append(short, fmt.Sprintf("services: %d in use of %d", len(r.revNat), capacity.services))
-	}
-	if nb := len(r.backends); nb+need.backends > capacity.backends {
-		short = append(short, fmt.Sprintf("%d new backends: %d in use of %d", need.backends, nb, capacity.backends))
-	}
-	if r.entries+need.entries > capacity.entries {
-		short = append(short, fmt.Sprintf("%d new service entries: %d in use of %d", need.entries, r.entries, capacity.entries))
-	}
-	if r.ranges+need.ranges > capacity.ranges {
-		short = append(short, fmt.Sprintf("%d new source ranges: %d in use of %d", need.ranges, r.ranges, capacity.ranges))
-	}
-	if len(short) > 0 {
-		return fmt.Errorf("%w (%s); previous programming kept", ErrCapacity, strings.Join(short, "; "))
-	}
-	return nil
-}
-
 // removeFrontend deletes a frontend nobody wants: master first (a
 // ClusterIP's last master after its address left the service IPs), then
 // its slots and source ranges. Its rev_nat entry goes at the end of Apply.
@@ -402,7 +339,7 @@ func (r *Reconciler) removeFrontend(fe Frontend) error {
 			r.unrefServiceIP(fe.Addr)
 		}
 		v.hasMaster, v.synced = false, false
-		r.entries--
+		r.entries[v.fam]--
 		r.masterRef[v.master.ID]--
 		r.revNatCand[v.master.ID] = true
 		r.maybeReleaseService(v.master.ID, fe)

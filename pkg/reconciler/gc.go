@@ -48,6 +48,7 @@ func (r *Reconciler) deleteUnusedBackends(want func() map[model.L4Addr]bool) err
 	return deleteUnused(r, idEntries[BackendID, model.L4Addr]{
 		what: "backend", cand: r.backendCand, entries: r.backends, idOf: r.backendOf, users: r.slotRefs,
 		wanted:  func(a model.L4Addr) bool { return want()[a] },
+		deleted: func(a model.L4Addr) { r.nbackends[familyOf(a.Addr)]-- },
 		del:     r.dp.DeleteBackend,
 		delMany: r.dp.DeleteBackends,
 		release: r.maybeReleaseBackend,
@@ -79,6 +80,7 @@ type idEntries[ID ~uint32, K comparable] struct {
 	idOf    map[K]ID    // the id chosen for each key, held or reserved
 	users   map[ID]int  // slots or masters naming each id
 	wanted  func(K) bool
+	deleted func(K) // if set, hears of every entry deleted
 	del     func(ID) error
 	delMany func([]ID) (int, error)
 	release func(ID, K)
@@ -107,6 +109,9 @@ func deleteUnused[ID ~uint32, K comparable](r *Reconciler, e idEntries[ID, K]) e
 		id := ids[i]
 		k := e.entries[id]
 		delete(e.entries, id)
+		if e.deleted != nil {
+			e.deleted(k)
+		}
 		delete(e.cand, id)
 		if e.idOf[k] == id {
 			delete(e.idOf, k)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -329,7 +330,10 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 
 // TestRandomizedCapacity checks that with tight maps every service either
 // is programmed exactly or keeps its previous programming, and the
-// invariants always hold.
+// invariants always hold. Half the frontends are IPv6, in maps of their
+// own (fakedp refuses a write to a full one: a write error, not a
+// capacity one); a frontend refused for capacity is refused for its own
+// family's maps, or for services of both families.
 func TestRandomizedCapacity(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	f := fakedp.New(5, 12, 20)
@@ -342,10 +346,15 @@ func TestRandomizedCapacity(t *testing.T) {
 			if rng.IntN(3) == 0 {
 				continue
 			}
-			fe := vip(i)
+			v6 := i%2 == 1
+			fe := famFrontend(v6, i)
 			var bs []model.Backend
 			for range rng.IntN(6) {
-				bs = append(bs, be(0, 1+rng.IntN(16), model.TCP))
+				b := be(0, 1+rng.IntN(16), model.TCP)
+				if v6 {
+					b.Addr = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: b.Addr.As4()[3]})
+				}
+				bs = append(bs, b)
 			}
 			st.Services[fe] = svc(fe, fmt.Sprint("s", i), bs...)
 		}
@@ -356,6 +365,15 @@ func TestRandomizedCapacity(t *testing.T) {
 		}
 		if err != nil && !errors.Is(err, reconciler.ErrCapacity) {
 			t.Fatalf("round %d: %v", round, err)
+		}
+		for fe, e := range frontendErrors(t, err) {
+			fam := "IPv4"
+			if fe.Addr.Is6() {
+				fam = "IPv6"
+			}
+			if msg := e.Error(); !strings.Contains(msg, " "+fam+" ") && !strings.Contains(msg, "both families") {
+				t.Fatalf("round %d: %s refused for another family's maps: %v", round, fe, e)
+			}
 		}
 		after := programmed(t, f)
 		for fe, s := range st.Services {

@@ -30,9 +30,9 @@
 // conntrack need them until then). An emptied service keeps its master
 // with count 0, so the datapath refuses connections to the VIP (rejects
 // them, or drops them with FlagDropEmpty) instead of letting them leak to
-// whatever would answer it. A service that does not fit in the maps (any
-// of them, source ranges included) fails alone, before any write, and
-// keeps its previous programming.
+// whatever would answer it. A service that does not fit in the maps of
+// its address family (any of them, source ranges included; capacity.go)
+// fails alone, before any write, and keeps its previous programming.
 //
 // A frontend with session affinity (both scopes of a two-scope one) whose
 // backends move down into holes has its clients' affinity entries moved
@@ -54,8 +54,9 @@
 // The files follow the phases: reconciler.go is Apply's orchestration,
 // view.go the view of the maps, frontend.go the programming of one
 // frontend, srcranges.go its source ranges, serviceips.go the service
-// IPs, flags.go the master flags, gc.go the deletes of what
-// nobody names and the release of ids (idalloc.go). dump.go prints a
+// IPs, flags.go the master flags, capacity.go what fits in the maps of
+// each address family, gc.go the deletes of what nobody names and the
+// release of ids (idalloc.go). dump.go prints a
 // KernelState as text: the one form of the maps that the golden tests,
 // fakedp and `sluicectl services --raw` share, so a golden case can be
 // replayed against real maps.
@@ -86,7 +87,11 @@ const (
 	BackendIDQuarantine = 1024
 )
 
-// Stats says how much is programmed, and how much fits.
+// Stats says how much is programmed, and how much fits. The counts are
+// of both address families; the ones ending in 6 say how many of them are
+// IPv6. The capacities are per family (each family's maps are that
+// large, capacity.go), but for MaxServices: services of both families
+// together.
 type Stats struct {
 	Services       int // frontends with a master entry
 	Backends       int // backend entries
@@ -94,6 +99,8 @@ type Stats struct {
 	RevNat         int // reverse-NAT entries
 	SourceRanges   int // source ranges, of all frontends
 	ServiceIPs     int // addresses of ClusterIP frontends
+
+	Backends6, ServiceEntries6, SourceRanges6 int
 
 	MaxServices       int
 	MaxBackends       int
@@ -115,8 +122,11 @@ type Reconciler struct {
 	frontends map[Frontend]*frontendView
 	backends  map[BackendID]model.L4Addr
 	revNat    map[ServiceID]Frontend
-	entries   int               // masters plus slots
-	ranges    int               // source ranges, of all frontends
+	// Per family (capacity.go): backend entries, service map entries
+	// (masters plus slots), and source ranges of all frontends.
+	nbackends [2]int
+	entries   [2]int
+	ranges    [2]int
 	slotRefs  map[BackendID]int // slots (of any frontend, within count or not) naming a backend id
 	masterRef map[ServiceID]int // masters naming a service id
 
@@ -182,8 +192,9 @@ func (r *Reconciler) reset() {
 	r.frontends = map[Frontend]*frontendView{}
 	r.backends = map[BackendID]model.L4Addr{}
 	r.revNat = map[ServiceID]Frontend{}
-	r.entries = 0
-	r.ranges = 0
+	r.nbackends = [2]int{}
+	r.entries = [2]int{}
+	r.ranges = [2]int{}
 	r.slotRefs = map[BackendID]int{}
 	r.masterRef = map[ServiceID]int{}
 	r.backendCand = map[BackendID]bool{}
@@ -243,7 +254,12 @@ func (r *Reconciler) InSync() bool {
 func (r *Reconciler) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	s := Stats{RevNat: len(r.revNat), ServiceEntries: r.entries, SourceRanges: r.ranges, ServiceIPs: len(r.ipSet), Writes: r.writes}
+	s := Stats{
+		RevNat: len(r.revNat), ServiceIPs: len(r.ipSet), Writes: r.writes,
+		ServiceEntries: r.entries[ipv4] + r.entries[ipv6], ServiceEntries6: r.entries[ipv6],
+		SourceRanges: r.ranges[ipv4] + r.ranges[ipv6], SourceRanges6: r.ranges[ipv6],
+		Backends6: r.nbackends[ipv6],
+	}
 	for _, v := range r.frontends {
 		if v.hasMaster {
 			s.Services++
@@ -268,9 +284,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 
-	var capacity sizes
-	capacity.services, capacity.backends, capacity.entries = r.dp.Capacity()
-	capacity.ranges = r.dp.SourceRangeCapacity()
+	capacity := capacityOf(r.dp)
 	writes0 := r.writes
 	var errs []error
 	if r.refreshEvery > 0 && time.Since(r.lastRead) > r.refreshEvery {

@@ -56,7 +56,12 @@ func bigState(n, k int) *model.State {
 // operation (turn CheckAll off for big states), and reports violations at
 // the end of the test.
 func newFake(t testing.TB) *fakedp.Fake {
-	f := fakedp.New(1<<16, 1<<20, 1<<20)
+	return newFakeSized(t, 1<<16, 1<<20, 1<<20)
+}
+
+// newFakeSized is newFake with the given capacities (fakedp.New).
+func newFakeSized(t testing.TB, services, backends, serviceEntries int) *fakedp.Fake {
+	f := fakedp.New(services, backends, serviceEntries)
 	f.CheckAll = true
 	t.Cleanup(func() {
 		for _, v := range f.Violations() {

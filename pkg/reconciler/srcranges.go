@@ -42,7 +42,7 @@ func (r *Reconciler) addRanges(fe model.L4Addr, v *frontendView, want []netip.Pr
 			return fmt.Errorf("upsert source range %s: %w", p, err)
 		}
 		v.addRange(p)
-		r.ranges++
+		r.ranges[v.fam]++
 	}
 	return nil
 }
@@ -58,7 +58,7 @@ func (r *Reconciler) pruneRanges(fe model.L4Addr, v *frontendView, want []netip.
 			return fmt.Errorf("delete source range %s: %w", p, err)
 		}
 		v.deleteRange(p)
-		r.ranges--
+		r.ranges[v.fam]--
 	}
 	return nil
 }

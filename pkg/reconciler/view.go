@@ -21,6 +21,7 @@ type frontendView struct {
 	master    Master
 	slots     slotMap        // slot >= 1 -> backend
 	ranges    []netip.Prefix // source ranges, sorted by netip.Prefix.Compare
+	fam       family         // the maps it is in (capacity.go)
 
 	// synced says the frontend was last fully programmed with
 	// syncedAddrs and syncedRanges and nothing touched it since (a fast
@@ -50,7 +51,7 @@ func (r *Reconciler) refresh() error {
 func (r *Reconciler) loadKernel(ks *KernelState) {
 	r.lastRead = time.Now()
 	for id, addr := range ks.Backends {
-		r.backends[id] = addr
+		r.putBackend(id, addr)
 		r.beIDs.markUsed(uint32(id))
 	}
 	for id, fe := range ks.RevNat {
@@ -60,7 +61,7 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 	for fe, m := range ks.Masters {
 		v := r.frontend(fe)
 		v.hasMaster, v.master = true, m
-		r.entries++
+		r.entries[v.fam]++
 		r.masterRef[m.ID]++
 		r.svcIDs.markUsed(uint32(m.ID))
 		if isClusterIP(fe, m) {
@@ -79,7 +80,7 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 				continue
 			}
 			v.slots.put(s, id)
-			r.entries++
+			r.entries[v.fam]++
 			r.slotRefs[id]++
 			r.beIDs.markUsed(uint32(id))
 		}
@@ -90,7 +91,7 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 		}
 		v := r.frontend(DefaultScope(fe))
 		v.ranges = slices.Compact(slices.SortedFunc(slices.Values(ps), netip.Prefix.Compare))
-		r.ranges += len(v.ranges)
+		r.ranges[v.fam] += len(v.ranges)
 	}
 	// Choose the id each frontend and backend address is known by. A
 	// master's id wins over a rev_nat entry naming the same frontend; of
@@ -130,7 +131,7 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 func (r *Reconciler) frontend(fe Frontend) *frontendView {
 	v := r.frontends[fe]
 	if v == nil {
-		v = &frontendView{}
+		v = &frontendView{fam: familyOf(fe.Addr)}
 		r.frontends[fe] = v
 	}
 	return v
@@ -145,7 +146,7 @@ func (r *Reconciler) setSlot(v *frontendView, s uint32, id BackendID) {
 	if old, ok := v.slots.get(s); ok {
 		r.unref(old)
 	} else {
-		r.entries++
+		r.entries[v.fam]++
 	}
 	v.slots.put(s, id)
 	r.slotRefs[id]++
@@ -158,7 +159,7 @@ func (r *Reconciler) deleteSlot(v *frontendView, s uint32) {
 		return
 	}
 	v.slots.del(s)
-	r.entries--
+	r.entries[v.fam]--
 	r.unref(old)
 }
 

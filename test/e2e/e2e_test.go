@@ -996,7 +996,8 @@ func eventuallyReadyWithoutReports(t *testing.T, agent *agentproc.Agent, what st
 // ready and names the oversized one in /readyz, in /metrics and in one log
 // line. Shrunk to fit, it is programmed too. One of each family, big and
 // big6 (IPv6 only, in the IPv6 map of the same size), good and good6:
-// neither oversized Service blocks a Service of either family.
+// neither oversized Service blocks a Service of either family, and each
+// family's Services are counted against their own family's map.
 func TestOversizedServiceDoesNotBlockOthers(t *testing.T) {
 	bins, topo, lb := newLB(t, 2)
 	v6, err := lb.AddIPv6()
@@ -1030,16 +1031,16 @@ func TestOversizedServiceDoesNotBlockOthers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// 24 service entries: good takes 3 (master and 2 slots), big would
-	// take 41; the same in the IPv6 map. Shrunk, all four take 18: they
-	// fit even counted together, as the reconciler counts them today (one
-	// count over both families' maps, each of which has room for 24).
+	// 16 service entries in each family's map: good takes 3 (master
+	// and 2 slots), big would take 41; the same in the IPv6 map. Shrunk,
+	// big and good take 9 of their map's 16, and big6 and good6 9 of
+	// theirs: they fit only counted per family (18 together).
 	write(40)
 	agent := agentproc.StartAgent(t, bins, lb.Node, agentproc.AgentConfig{
 		Manifests: manifest,
 		Devices:   []string{lb.NodeDev},
 		BPFFS:     filepath.Join(testutil.BPFFS, topo.Prefix()+"oversized"),
-		Extra:     []string{"--max-service-entries", "24"},
+		Extra:     []string{"--max-service-entries", "16"},
 	}, 30*time.Second)
 
 	for _, good := range []string{"10.96.2.2:80", "[2001:db8:96::202]:80"} {
@@ -1059,9 +1060,21 @@ func TestOversizedServiceDoesNotBlockOthers(t *testing.T) {
 	dump, _ := agent.Services(t.Context())
 	time.Sleep(time.Second) // resyncs and retries, if any, would log again
 	logged := agent.Log.String()
-	for _, big := range []struct{ name, frontend string }{{"default/big:http", "10.96.2.1:80"}, {"default/big6:http", "[2001:db8:96::201]:80"}} {
+	// (How many are in use depends on whether good was programmed first.)
+	for _, big := range []struct {
+		name, frontend string
+		full           []string
+	}{
+		{"default/big:http", "10.96.2.1:80", []string{"41 new IPv4 service entries: ", " in use of 16 in sluice_services"}},
+		{"default/big6:http", "[2001:db8:96::201]:80", []string{"41 new IPv6 service entries: ", " in use of 16 in sluice6_services"}},
+	} {
 		if !strings.HasPrefix(body, "ok\n") || !strings.Contains(body, big.name) || !strings.Contains(body, "capacity") {
 			t.Errorf("/readyz body does not report %s for capacity:\n%s", big.name, body)
+		}
+		for _, full := range big.full {
+			if !strings.Contains(body, full) {
+				t.Errorf("/readyz body does not say %q:\n%s", full, body)
+			}
 		}
 		if want := fmt.Sprintf(`sluice_service_unprogrammed_frontends{reason="capacity",service=%q} 1`, big.name); !strings.Contains(m, want) {
 			t.Errorf("/metrics lacks %s", want)

@@ -1,7 +1,9 @@
 // Package fakedp is an in-memory reconciler.Datapath for tests.
 //
-// It behaves like the pinned BPF maps (upserts of new keys fail when a map
-// is full, every operation is idempotent) and, after every single
+// It behaves like the pinned BPF maps (each address family has its own
+// maps, each of the sizes given to New, as sluice_services and
+// sluice6_services are; upserts of new keys fail when the map of their
+// family is full; every operation is idempotent) and, after every single
 // operation, checks the invariants a concurrent datapath reader relies on:
 //
 //   - every master's slots 1..count exist (and so name existing backends),
@@ -130,8 +132,9 @@ type Fake struct {
 	ranges   map[model.L4Addr]map[netip.Prefix]bool
 	ips      map[netip.Addr]bool
 	cips     map[netip.Addr]int // ClusterIP masters per address
-	nslots   int
-	nranges  int
+	// Entries per address family (fam): each family has its maps, of
+	// the same sizes.
+	nbackends, nrevNat, nmasters, nslots, nranges, nips [2]int
 
 	slotRefs   map[reconciler.BackendID]int // slots naming a backend
 	masterRefs map[reconciler.ServiceID]int // masters naming a service id
@@ -163,7 +166,7 @@ const DefaultSourceRanges = 16384
 
 // New returns an empty fake with the given capacities (services = rev_nat
 // entries, backends, service map entries = masters plus slots), and room
-// for DefaultSourceRanges source ranges.
+// for DefaultSourceRanges source ranges: those of each family's maps.
 func New(services, backends, serviceEntries int) *Fake {
 	return &Fake{
 		masters:     map[reconciler.Frontend]reconciler.Master{},
@@ -181,8 +184,8 @@ func New(services, backends, serviceEntries int) *Fake {
 	}
 }
 
-// SetSourceRangeCapacity sets how many source ranges fit, of all
-// frontends together.
+// SetSourceRangeCapacity sets how many source ranges fit in each
+// family's map, of all its frontends together.
 func (f *Fake) SetSourceRangeCapacity(n int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -230,10 +233,15 @@ func (f *Fake) upsertBackend(id reconciler.BackendID, b model.L4Addr, batch bool
 	if id == 0 {
 		f.violate(op, "backend id 0")
 	}
-	if _, ok := f.backends[id]; !ok && len(f.backends) >= f.maxBackends {
-		return fmt.Errorf("backends: %w", ErrFull)
+	old, ok := f.backends[id]
+	if (!ok || fam(old.Addr) != fam(b.Addr)) && f.nbackends[fam(b.Addr)] >= f.maxBackends {
+		return fmt.Errorf("%s: %w", mapName(b.Addr, "backends"), ErrFull)
+	}
+	if ok {
+		f.nbackends[fam(old.Addr)]--
 	}
 	f.backends[id] = b
+	f.nbackends[fam(b.Addr)]++
 	f.done(op)
 	return nil
 }
@@ -249,7 +257,10 @@ func (f *Fake) deleteBackend(id reconciler.BackendID, batch bool) error {
 	if err := f.begin(op); err != nil {
 		return err
 	}
-	delete(f.backends, id)
+	if old, ok := f.backends[id]; ok {
+		delete(f.backends, id)
+		f.nbackends[fam(old.Addr)]--
+	}
 	if f.slotRefs[id] > 0 {
 		f.violate(op, "backend %d deleted while %d slots name it", id, f.slotRefs[id])
 	}
@@ -271,10 +282,15 @@ func (f *Fake) upsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend, bat
 	if id == 0 {
 		f.violate(op, "service id 0")
 	}
-	if _, ok := f.revNat[id]; !ok && len(f.revNat) >= f.maxServices {
-		return fmt.Errorf("rev_nat: %w", ErrFull)
+	old, ok := f.revNat[id]
+	if (!ok || fam(old.Addr) != fam(fe.Addr)) && f.nrevNat[fam(fe.Addr)] >= f.maxServices {
+		return fmt.Errorf("%s: %w", mapName(fe.Addr, "rev_nat"), ErrFull)
+	}
+	if ok {
+		f.nrevNat[fam(old.Addr)]--
 	}
 	f.revNat[id] = fe
+	f.nrevNat[fam(fe.Addr)]++
 	f.done(op)
 	return nil
 }
@@ -290,7 +306,10 @@ func (f *Fake) deleteRevNat(id reconciler.ServiceID, batch bool) error {
 	if err := f.begin(op); err != nil {
 		return err
 	}
-	delete(f.revNat, id)
+	if old, ok := f.revNat[id]; ok {
+		delete(f.revNat, id)
+		f.nrevNat[fam(old.Addr)]--
+	}
 	if f.masterRefs[id] > 0 {
 		f.violate(op, "rev_nat %d deleted while a master names it", id)
 	}
@@ -298,7 +317,26 @@ func (f *Fake) deleteRevNat(id reconciler.ServiceID, batch bool) error {
 	return nil
 }
 
-func (f *Fake) entries() int { return len(f.masters) + f.nslots }
+// entries returns the service map entries (masters plus slots) of the
+// family of a.
+func (f *Fake) entries(a netip.Addr) int { return f.nmasters[fam(a)] + f.nslots[fam(a)] }
+
+// fam indexes the per-family counts: 0 for IPv4, 1 for IPv6.
+func fam(a netip.Addr) int {
+	if a.Is6() && !a.Is4In6() {
+		return 1
+	}
+	return 0
+}
+
+// mapName names the map of a's family of a kind, as pkg/datapath's
+// errors do.
+func mapName(a netip.Addr, kind string) string {
+	if fam(a) == 1 {
+		return "sluice6_" + kind
+	}
+	return "sluice_" + kind
+}
 
 func (f *Fake) UpsertSlot(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) error {
 	f.mu.Lock()
@@ -316,8 +354,8 @@ func (f *Fake) upsertSlot(fe reconciler.Frontend, slot uint32, id reconciler.Bac
 	}
 	s := f.slots[fe]
 	old, exists := s[slot]
-	if !exists && f.entries() >= f.maxEntries {
-		return fmt.Errorf("services: %w", ErrFull)
+	if !exists && f.entries(fe.Addr) >= f.maxEntries {
+		return fmt.Errorf("%s: %w", mapName(fe.Addr, "services"), ErrFull)
 	}
 	if s == nil {
 		s = map[uint32]reconciler.BackendID{}
@@ -326,7 +364,7 @@ func (f *Fake) upsertSlot(fe reconciler.Frontend, slot uint32, id reconciler.Bac
 	if exists {
 		f.unref(old)
 	} else {
-		f.nslots++
+		f.nslots[fam(fe.Addr)]++
 	}
 	s[slot] = id
 	f.slotRefs[id]++
@@ -357,14 +395,16 @@ func (f *Fake) upsertMaster(fe reconciler.Frontend, m reconciler.Master, batch b
 		return err
 	}
 	old, exists := f.masters[fe]
-	if !exists && f.entries() >= f.maxEntries {
-		return fmt.Errorf("services: %w", ErrFull)
+	if !exists && f.entries(fe.Addr) >= f.maxEntries {
+		return fmt.Errorf("%s: %w", mapName(fe.Addr, "services"), ErrFull)
 	}
 	if exists {
 		if f.masterRefs[old.ID]--; f.masterRefs[old.ID] <= 0 {
 			delete(f.masterRefs, old.ID)
 		}
 		f.countClusterIP(fe, old, -1)
+	} else {
+		f.nmasters[fam(fe.Addr)]++
 	}
 	f.masters[fe] = m
 	f.countClusterIP(fe, m, 1)
@@ -441,6 +481,7 @@ func (f *Fake) DeleteSlot(fe reconciler.Frontend, slot uint32) error {
 	if slot == 0 {
 		if m, ok := f.masters[fe]; ok {
 			delete(f.masters, fe)
+			f.nmasters[fam(fe.Addr)]--
 			if f.masterRefs[m.ID]--; f.masterRefs[m.ID] <= 0 {
 				delete(f.masterRefs, m.ID)
 			}
@@ -457,7 +498,7 @@ func (f *Fake) DeleteSlot(fe reconciler.Frontend, slot uint32) error {
 		if len(f.slots[fe]) == 0 {
 			delete(f.slots, fe)
 		}
-		f.nslots--
+		f.nslots[fam(fe.Addr)]--
 		f.unref(id)
 		if m, ok := f.masters[fe]; ok && m.Count >= slot {
 			f.violate(op, "slot %d deleted while the master counts %d", slot, m.Count)
@@ -478,8 +519,8 @@ func (f *Fake) UpsertSourceRange(fe model.L4Addr, p netip.Prefix) error {
 		f.violate(op, "prefix has host bits set")
 	}
 	rs := f.ranges[fe]
-	if !rs[p] && f.nranges >= f.maxRanges {
-		return fmt.Errorf("src_ranges: %w", ErrFull)
+	if !rs[p] && f.nranges[fam(fe.Addr)] >= f.maxRanges {
+		return fmt.Errorf("%s: %w", mapName(fe.Addr, "src_ranges"), ErrFull)
 	}
 	if rs == nil {
 		rs = map[netip.Prefix]bool{}
@@ -487,7 +528,7 @@ func (f *Fake) UpsertSourceRange(fe model.L4Addr, p netip.Prefix) error {
 	}
 	if !rs[p] {
 		rs[p] = true
-		f.nranges++
+		f.nranges[fam(fe.Addr)]++
 	}
 	f.done(op)
 	return nil
@@ -502,7 +543,7 @@ func (f *Fake) DeleteSourceRange(fe model.L4Addr, p netip.Prefix) error {
 	}
 	if f.ranges[fe][p] {
 		delete(f.ranges[fe], p)
-		f.nranges--
+		f.nranges[fam(fe.Addr)]--
 		if len(f.ranges[fe]) == 0 {
 			delete(f.ranges, fe)
 			if m, ok := f.masters[reconciler.DefaultScope(fe)]; ok && m.Flags&reconciler.FlagSourceRanges != 0 {
@@ -527,10 +568,13 @@ func (f *Fake) upsertServiceIP(a netip.Addr, batch bool) error {
 	if err := f.begin(op); err != nil {
 		return err
 	}
-	if !f.ips[a] && len(f.ips) >= f.maxServices {
-		return fmt.Errorf("service_ips: %w", ErrFull)
+	if !f.ips[a] && f.nips[fam(a)] >= f.maxServices {
+		return fmt.Errorf("%s: %w", mapName(a, "service_ips"), ErrFull)
 	}
-	f.ips[a] = true
+	if !f.ips[a] {
+		f.ips[a] = true
+		f.nips[fam(a)]++
+	}
 	if f.clusterIPMasters(a) == 0 {
 		f.violate(op, "service IP %s added while no ClusterIP master is at it", a)
 	}
@@ -546,7 +590,10 @@ func (f *Fake) DeleteServiceIP(a netip.Addr) error {
 	if err := f.begin(op); err != nil {
 		return err
 	}
-	delete(f.ips, a)
+	if f.ips[a] {
+		delete(f.ips, a)
+		f.nips[fam(a)]--
+	}
 	f.done(op)
 	return nil
 }
@@ -637,7 +684,7 @@ func (f *Fake) snapshot() *reconciler.KernelState {
 	return ks
 }
 
-// Capacity returns the capacities given to New.
+// Capacity returns the capacities given to New: of each family's maps.
 func (f *Fake) Capacity() (services, backends, serviceEntries int) {
 	return f.maxServices, f.maxBackends, f.maxEntries
 }
@@ -661,13 +708,21 @@ func (f *Fake) Seed(ks *reconciler.KernelState) {
 	f.slots = map[reconciler.Frontend]map[uint32]reconciler.BackendID{}
 	f.slotRefs = map[reconciler.BackendID]int{}
 	f.ips = map[netip.Addr]bool{}
+	f.nbackends, f.nrevNat, f.nmasters, f.nslots, f.nranges, f.nips = [2]int{}, [2]int{}, [2]int{}, [2]int{}, [2]int{}, [2]int{}
 	for _, a := range ks.ServiceIPs {
-		f.ips[a] = true
+		if !f.ips[a] {
+			f.ips[a] = true
+			f.nips[fam(a)]++
+		}
+	}
+	for _, b := range f.backends {
+		f.nbackends[fam(b.Addr)]++
+	}
+	for _, fe := range f.revNat {
+		f.nrevNat[fam(fe.Addr)]++
 	}
 	f.masterRefs = map[reconciler.ServiceID]int{}
-	f.nslots = 0
 	f.ranges = map[model.L4Addr]map[netip.Prefix]bool{}
-	f.nranges = 0
 	for fe, ps := range ks.SourceRanges {
 		for _, p := range ps {
 			if f.ranges[fe] == nil {
@@ -675,7 +730,7 @@ func (f *Fake) Seed(ks *reconciler.KernelState) {
 			}
 			if !f.ranges[fe][p] {
 				f.ranges[fe][p] = true
-				f.nranges++
+				f.nranges[fam(fe.Addr)]++
 			}
 		}
 	}
@@ -687,13 +742,14 @@ func (f *Fake) Seed(ks *reconciler.KernelState) {
 			}
 			c[n] = id
 			f.slotRefs[id]++
-			f.nslots++
+			f.nslots[fam(fe.Addr)]++
 		}
 		f.slots[fe] = c
 	}
 	f.cips = map[netip.Addr]int{}
 	for fe, m := range f.masters {
 		f.masterRefs[m.ID]++
+		f.nmasters[fam(fe.Addr)]++
 		f.countClusterIP(fe, m, 1)
 	}
 	if f.masters == nil {
@@ -841,7 +897,7 @@ func (f *Fake) Flushed() []model.L4Addr {
 func (f *Fake) Sizes() (services, backends, serviceEntries int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return len(f.revNat), len(f.backends), f.entries()
+	return len(f.revNat), len(f.backends), len(f.masters) + f.nslots[0] + f.nslots[1]
 }
 
 // String dumps the maps as the golden files hold them (see

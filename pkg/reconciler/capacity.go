@@ -1,0 +1,169 @@
+package reconciler
+
+// Capacity accounting. Each address family has its own service, backend
+// and source-range maps (sluice_services and sluice6_services, and so on),
+// each as large as the datapath's Capacity and SourceRangeCapacity say, so
+// service entries, backends and source ranges are counted per family and
+// checked against their own family's maps: a full IPv4 service map refuses
+// no IPv6 Service, and the reverse. Services (rev_nat entries) are counted
+// over both families together: service ids are one space over both (the
+// per-Service counters are indexed by them), so the number of services of
+// both families is what must fit, and then each rev_nat map and service-IP
+// set fits too.
+//
+// A frontend is checked before its first write (programFrontend, and
+// programFresh for many at once), against what it adds at its peak: the
+// make-before-break order writes its new slots and source ranges before
+// its old ones go.
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// family indexes what is counted per address family.
+type family uint8
+
+const (
+	ipv4 family = iota
+	ipv6
+)
+
+// familyOf returns a's address family.
+func familyOf(a netip.Addr) family {
+	if a.Is6() && !a.Is4In6() {
+		return ipv6
+	}
+	return ipv4
+}
+
+func (f family) String() string {
+	if f == ipv6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+// mapName returns the name of f's map of a kind ("services", "backends",
+// "src_ranges"), as pinned, without its version: for errors.
+func (f family) mapName(kind string) string {
+	if f == ipv6 {
+		return "sluice6_" + kind
+	}
+	return "sluice_" + kind
+}
+
+// sizes counts entries per map: in use, available, or needed. Service
+// map entries, backends and source ranges are per family (indexed by
+// family), services are of both families.
+type sizes struct {
+	services int    // rev_nat entries, of both families
+	backends [2]int // backend entries
+	entries  [2]int // service map entries: masters plus slots
+	ranges   [2]int // source ranges
+}
+
+// add returns s plus t.
+func (s sizes) add(t sizes) sizes {
+	s.services += t.services
+	for f := range s.entries {
+		s.backends[f] += t.backends[f]
+		s.entries[f] += t.entries[f]
+		s.ranges[f] += t.ranges[f]
+	}
+	return s
+}
+
+// capacityOf returns the capacity of the datapath's maps: each family's
+// maps are as large as Capacity and SourceRangeCapacity say.
+func capacityOf(dp Datapath) sizes {
+	var c sizes
+	services, backends, entries := dp.Capacity()
+	ranges := dp.SourceRangeCapacity()
+	c.services = services
+	c.backends = [2]int{backends, backends}
+	c.entries = [2]int{entries, entries}
+	c.ranges = [2]int{ranges, ranges}
+	return c
+}
+
+// inUse returns what the view says the maps hold.
+func (r *Reconciler) inUse() sizes {
+	return sizes{services: len(r.revNat), backends: r.nbackends, entries: r.entries, ranges: r.ranges}
+}
+
+// capacityNeeded returns what programming d adds to the maps at its peak,
+// before the frontend's old slots and source ranges go. All of it is of
+// d's family (validate refuses backends and ranges of the other one).
+func (r *Reconciler) capacityNeeded(fe Frontend, d *desiredFrontend) sizes {
+	var n sizes
+	f := familyOf(fe.Addr)
+	v := r.frontends[fe]
+	if sid, ok := r.serviceOf[fe]; !ok {
+		n.services = 1
+	} else if _, ok := r.revNat[sid]; !ok {
+		n.services = 1
+	}
+	for _, a := range d.addrs {
+		if id, ok := r.backendOf[a]; !ok || !r.isReal(id) {
+			n.backends[f]++
+		}
+	}
+	for s := uint32(0); s <= uint32(len(d.addrs)); s++ {
+		if v == nil {
+			n.entries[f]++
+		} else if s == 0 && !v.hasMaster {
+			n.entries[f]++
+		} else if _, ok := v.slots.get(s); s > 0 && !ok {
+			n.entries[f]++
+		}
+	}
+	for _, p := range d.ranges {
+		if v == nil || !v.hasRange(p) {
+			n.ranges[f]++
+		}
+	}
+	return n
+}
+
+// checkCapacity returns an ErrCapacity error naming every map that has no
+// room for need: how many entries it needs, how many the map holds, of
+// how many (the map of the family that has no room, for the per-family
+// maps). A map need adds nothing to never refuses it.
+func (r *Reconciler) checkCapacity(need, capacity sizes) error {
+	var short []string
+	use := r.inUse()
+	if use.services+need.services > capacity.services {
+		short = append(short, fmt.Sprintf("services, of both families: %d in use of %d", use.services, capacity.services))
+	}
+	for _, f := range []family{ipv4, ipv6} {
+		if need.backends[f] > 0 && use.backends[f]+need.backends[f] > capacity.backends[f] {
+			short = append(short, fmt.Sprintf("%d new %s backends: %d in use of %d in %s",
+				need.backends[f], f, use.backends[f], capacity.backends[f], f.mapName("backends")))
+		}
+		if need.entries[f] > 0 && use.entries[f]+need.entries[f] > capacity.entries[f] {
+			short = append(short, fmt.Sprintf("%d new %s service entries: %d in use of %d in %s",
+				need.entries[f], f, use.entries[f], capacity.entries[f], f.mapName("services")))
+		}
+		if need.ranges[f] > 0 && use.ranges[f]+need.ranges[f] > capacity.ranges[f] {
+			short = append(short, fmt.Sprintf("%d new %s source ranges: %d in use of %d in %s",
+				need.ranges[f], f, use.ranges[f], capacity.ranges[f], f.mapName("src_ranges")))
+		}
+	}
+	if len(short) > 0 {
+		return fmt.Errorf("%w (%s); previous programming kept", ErrCapacity, strings.Join(short, "; "))
+	}
+	return nil
+}
+
+// putBackend records that the backend map of a's family holds id -> a.
+func (r *Reconciler) putBackend(id BackendID, a model.L4Addr) {
+	if old, ok := r.backends[id]; ok {
+		r.nbackends[familyOf(old.Addr)]--
+	}
+	r.backends[id] = a
+	r.nbackends[familyOf(a.Addr)]++
+}
