@@ -382,23 +382,18 @@ static __always_inline bool FN(ct_reopens)(const FAM(pkt_t) *p,
  */
 static __always_inline bool FN(ct_reap_closed)(void *map,
 					       const FAM(ct_key_t) *key,
-					       FAM(ct_entry_t) *e, __u64 seen,
-					       __u64 now)
+					       FAM(ct_entry_t) *e, __u64 seen)
 {
 	FAM(ct_entry_t) *pe;
 	FAM(ct_key_t) pkey;
-	bool half_open;
 
 	FN(ct_peer_key)(&pkey, key, e);
-	pe = FN(ct_find)(&pkey, now, &half_open);
-	if (pe && FN(ct_is_peer)(key, e, pe)) {
-		if (half_open)
-			FN(ct_reap)(FAM(ct_new), &pkey, pe,
-				    READ_ONCE(pe->expires));
-		else
-			FN(ct_reap)(FAM(ct_est), &pkey, pe,
-				    READ_ONCE(pe->expires));
-	}
+	pe = bpf_map_lookup_elem(FAM(ct_est), &pkey);
+	if (pe && FN(ct_is_peer)(key, e, pe))
+		FN(ct_reap)(FAM(ct_est), &pkey, pe, READ_ONCE(pe->expires));
+	pe = bpf_map_lookup_elem(FAM(ct_new), &pkey);
+	if (pe && FN(ct_is_peer)(key, e, pe))
+		FN(ct_reap)(FAM(ct_new), &pkey, pe, READ_ONCE(pe->expires));
 	return FN(ct_reap)(map, key, e, seen);
 }
 
@@ -472,24 +467,25 @@ static __always_inline int FN(ct_create)(const FAM(pkt_t) *p,
 	if (explain_dry(p))
 		return 0;
 
+	if (half_reopen)
+		FN(ct_reap_closed)(FAM(ct_new), &key, half, half_seen);
+	/* A closed flow's reply entry that is refreshed meanwhile (by a
+	 * straggler) stays, and its replies would find it first: a clash
+	 * still, until the next retransmission of the SYN.
+	 */
+	if (reopen) {
+		if (!FN(ct_reap_closed)(FAM(ct_est), &key, old, seen))
+			return CT_CLASH;
+		old = NULL;
+	}
 	{
 		FAM(ct_key_t) fkey;
 
 		FN(ct_key_of)(&fkey, p, CT_FORWARD);
 		FN(ct_supersede)(&fkey);
 	}
-	/* A closed flow's reply entry that is refreshed meanwhile (by a
-	 * straggler) stays, and its replies would find it first: a clash
-	 * still, until the next retransmission of the SYN.
-	 */
-	if (reopen) {
-		if (!FN(ct_reap_closed)(FAM(ct_est), &key, old, seen, now))
-			return CT_CLASH;
-	} else if (old) {
+	if (old)
 		FN(ct_reap)(FAM(ct_est), &key, old, seen);
-	}
-	if (half_reopen)
-		FN(ct_reap_closed)(FAM(ct_new), &key, half, half_seen, now);
 
 	/* Reverse first: a reply never finds a forward entry without it. */
 	err = bpf_map_update_elem(FAM(ct_new), &key, &e, BPF_ANY);
