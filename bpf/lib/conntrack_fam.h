@@ -358,6 +358,46 @@ static __always_inline void FN(ct_supersede)(const FAM(ct_key_t) *fkey)
 }
 
 /*
+ * ct_reopens - whether @p, a new flow's packet, may take a tuple that @e,
+ * a live entry of another flow, holds: @p is a pure TCP SYN and @e's flow
+ * has closed. netfilter's rule: a new SYN reopens the tuple of a closed
+ * TCP conntrack (TIME_WAIT, CLOSE).
+ */
+static __always_inline bool FN(ct_reopens)(const FAM(pkt_t) *p,
+					   const FAM(ct_entry_t) *e)
+{
+	return p->proto == IPPROTO_TCP &&
+	       (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN &&
+	       ct_closed(READ_ONCE(e->flags));
+}
+
+/*
+ * ct_reap_closed - a new flow takes the reply tuple @key from @e, found in
+ * @map with expiry @seen, an entry of a closed flow (ct_reopens): delete
+ * that flow's forward entry if it still points back at @e, then @e
+ * (ct_reap: not if it was refreshed or claimed since). The forward entry
+ * goes first, so that a straggler of the closed flow does not find it and
+ * re-create the reply entry (ct_check_reverse) under the new flow. Returns
+ * whether @e was deleted.
+ */
+static __always_inline bool FN(ct_reap_closed)(void *map,
+					       const FAM(ct_key_t) *key,
+					       FAM(ct_entry_t) *e, __u64 seen)
+{
+	FAM(ct_entry_t) *pe;
+	FAM(ct_key_t) pkey;
+
+	FN(ct_peer_key)(&pkey, key, e);
+	pe = bpf_map_lookup_elem(FAM(ct_est), &pkey);
+	if (pe && FN(ct_is_peer)(key, e, pe))
+		FN(ct_reap)(FAM(ct_est), &pkey, pe, READ_ONCE(pe->expires));
+	pe = bpf_map_lookup_elem(FAM(ct_new), &pkey);
+	if (pe && FN(ct_is_peer)(key, e, pe))
+		FN(ct_reap)(FAM(ct_new), &pkey, pe, READ_ONCE(pe->expires));
+	return FN(ct_reap)(map, key, e, seen);
+}
+
+/*
  * ct_create - record a new flow from @p's client to the service, translated
  * to backend @be (@backend_id) of service @rev_nat_id, as half-open entries
  * in sluice_ct_new.
@@ -369,7 +409,11 @@ static __always_inline void FN(ct_supersede)(const FAM(ct_key_t) *fkey)
  * (both are the same tuple at the backend, too). So a live reply entry on
  * the tuple that names another frontend is a clash, left to the caller
  * (another backend, or a drop). One that names this frontend is an earlier
- * flow of this very tuple, which this one supersedes.
+ * flow of this very tuple, which this one supersedes. A new TCP
+ * connection also supersedes a closed flow to another frontend
+ * (ct_reopens): a client that closed its connection to VIP1 and opens one
+ * to VIP2 from the same port (Linux allows that at once: the 4-tuple
+ * differs) would otherwise be refused until the old entry's close timeout.
  *
  * Returns 0, CT_CLASH, or a negative map update error.
  */
@@ -394,7 +438,8 @@ static __always_inline int FN(ct_create)(const FAM(pkt_t) *p,
 		.rev_nat_id = rev_nat_id,
 	};
 	FAM(ct_entry_t) *old, *half;
-	__u64 seen = CT_DEAD;
+	__u64 seen = CT_DEAD, half_seen = CT_DEAD;
+	bool reopen = false, half_reopen = false;
 	int err;
 
 	old = bpf_map_lookup_elem(FAM(ct_est), &key);
@@ -402,17 +447,37 @@ static __always_inline int FN(ct_create)(const FAM(pkt_t) *p,
 		seen = READ_ONCE(old->expires);
 		if (ct_alive(seen, now) &&
 		    (!FAM(addr_eq)(old->nat_addr, p->daddr) ||
-		     old->nat_port != p->dport || (old->flags & CT_F_SNAT)))
-			return CT_CLASH;
+		     old->nat_port != p->dport || (old->flags & CT_F_SNAT))) {
+			if (!FN(ct_reopens)(p, old))
+				return CT_CLASH;
+			reopen = true;
+		}
 	}
 	half = bpf_map_lookup_elem(FAM(ct_new), &key);
-	if (half && ct_alive(READ_ONCE(half->expires), now) &&
-	    (!FAM(addr_eq)(half->nat_addr, p->daddr) ||
-	     half->nat_port != p->dport))
-		return CT_CLASH;
+	if (half) {
+		half_seen = READ_ONCE(half->expires);
+		if (ct_alive(half_seen, now) &&
+		    (!FAM(addr_eq)(half->nat_addr, p->daddr) ||
+		     half->nat_port != p->dport)) {
+			if (!FN(ct_reopens)(p, half))
+				return CT_CLASH;
+			half_reopen = true;
+		}
+	}
 	if (explain_dry(p))
 		return 0;
 
+	if (half_reopen)
+		FN(ct_reap_closed)(FAM(ct_new), &key, half, half_seen);
+	/* A closed flow's reply entry that is refreshed meanwhile (by a
+	 * straggler) stays, and its replies would find it first: a clash
+	 * still, until the next retransmission of the SYN.
+	 */
+	if (reopen) {
+		if (!FN(ct_reap_closed)(FAM(ct_est), &key, old, seen))
+			return CT_CLASH;
+		old = NULL;
+	}
 	{
 		FAM(ct_key_t) fkey;
 

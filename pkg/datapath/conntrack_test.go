@@ -665,6 +665,103 @@ func TestCTSharedBackendClash(t *testing.T) {
 	})
 }
 
+// TestCTClosedReplyTupleReopens: a client port whose flow to one VIP has
+// closed (FINs both ways, or a RST either way) opens a new one to another
+// VIP that has only the same backend. The old flow's reply entry still
+// holds <B -> C:P> until the close timeout; a SYN takes it over, as
+// netfilter reopens a closed TCP conntrack, instead of clashing on every
+// retransmission until the old entry expires. An open flow, or a packet
+// that is not a SYN, still clashes (counted).
+func TestCTClosedReplyTupleReopens(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a := func(s string) string { return twinAddr(v6, s) }
+		d := newTestDatapath(t)
+		m := d.Maps()
+		shared := testBackend{63, l4(a("10.1.6.3"), 8080, model.TCP)}
+		vip1, vip2 := l4(a("10.96.0.53"), 80, model.TCP), l4(a("10.96.0.54"), 80, model.TCP)
+		addService(t, m, 1, vip1, shared)
+		addService(t, m, 2, vip2, shared)
+		toVIP := func(t *testing.T, f flow, flags uint8) (uint32, string) {
+			return sendTo(t, d.TCIngress(), f.pkt(flags))
+		}
+		fromBackend := func(t *testing.T, f flow, flags uint8) (uint32, []byte) {
+			return runProg(t, d.TCEgress(), f.from(shared.addr, flags).Bytes())
+		}
+		clashes := func(t *testing.T) uint64 { return counters(t, d)["tc_ct_clash"] }
+
+		for i, c := range []struct {
+			name     string
+			halfOpen bool                       // the old flow saw no reply
+			close    func(t *testing.T, f flow) // nil: the flow stays open
+		}{
+			{"FIN both ways", false, func(t *testing.T, f flow) { toVIP(t, f, tcpFA); fromBackend(t, f, tcpFA) }},
+			{"RST from the client", false, func(t *testing.T, f flow) { toVIP(t, f, tcpRST) }},
+			{"RST from the backend", false, func(t *testing.T, f flow) { fromBackend(t, f, tcpRST) }},
+			{"half-open, RST from the client", true, func(t *testing.T, f flow) { toVIP(t, f, tcpRST) }},
+			{"open", false, nil},
+			{"half-open", true, nil},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				f1 := flow{a("10.0.6.3"), uint16(47100 + i), vip1}
+				if c.halfOpen {
+					toVIP(t, f1, tcpSYN_)
+				} else {
+					establish(t, d, f1, shared)
+				}
+				f2 := f1
+				f2.fe = vip2
+				be := shared.addr.Addr.String()
+				if c.close == nil {
+					n := clashes(t)
+					if v, dst := toVIP(t, f2, tcpSYN_); v == tcActOK && dst == be {
+						t.Fatalf("%s took the reply tuple of the open flow to %s", vip2, vip1)
+					}
+					if clashes(t) == n {
+						t.Errorf("SYN to %s refused, tc_ct_clash not counted", vip2)
+					}
+					if v, out := fromBackend(t, f1, tcpSA); v != tcActOK || outSrc(out) != vip1.Addr.String() {
+						t.Errorf("reply of the open flow carries %s, want %s", outSrc(out), vip1.Addr)
+					}
+					return
+				}
+				c.close(t, f1)
+				// Not a SYN: no new connection; the closed flow keeps
+				// its tuple.
+				n := clashes(t)
+				if v, dst := toVIP(t, f2, tcpACK); v == tcActOK && dst == be {
+					t.Fatalf("an ACK to %s took the reply tuple of the closed flow to %s", vip2, vip1)
+				}
+				if clashes(t) == n {
+					t.Errorf("ACK to %s refused, tc_ct_clash not counted", vip2)
+				}
+
+				n = clashes(t)
+				if v, dst := toVIP(t, f2, tcpSYN_); v != tcActOK || dst != be {
+					t.Fatalf("SYN to %s on the closed flow's tuple: verdict %d to %s, want %s", vip2, v, dst, be)
+				}
+				if got := clashes(t); got != n {
+					t.Errorf("tc_ct_clash counted %d for the SYN that reopened the tuple", got-n)
+				}
+				if e, ok := ctLookup(t, m, f2.revKey(shared.addr)); !ok || e.nat != netip.AddrPortFrom(vip2.Addr, vip2.Port) || e.flags != 0 {
+					t.Errorf("reply entry %s: %+v (present %v), want a new flow's naming %s", f2.revKey(shared.addr), e, ok, vip2)
+				}
+				if e, ok := ctLookup(t, m, f1.fwdKey()); ok {
+					t.Errorf("the closed flow's forward entry %s is left: %+v", f1.fwdKey(), e)
+				}
+				if v, out := fromBackend(t, f2, tcpSA); v != tcActOK || outSrc(out) != vip2.Addr.String() || outSport(out) != vip2.Port {
+					t.Fatalf("SYN-ACK from %s: verdict %d, source %s:%d, want %s", shared.addr, v, outSrc(out), outSport(out), vip2)
+				}
+				if v, dst := toVIP(t, f2, tcpACK); v != tcActOK || dst != be {
+					t.Errorf("ACK of the new flow: verdict %d to %s", v, dst)
+				}
+				if e, ok := ctLookup(t, m, f2.fwdKey()); !ok || e.nat != netip.AddrPortFrom(shared.addr.Addr, shared.addr.Port) || e.flags&ctFlagReplied == 0 {
+					t.Errorf("new flow's forward entry %+v (present %v), want established to %s", e, ok, shared.addr)
+				}
+			})
+		}
+	})
+}
+
 // TestCTStragglerKeepsNewFlow (B2, B10): after a flow closed and its tuple
 // was reused for a new flow to another backend, a late FIN or RST of the
 // old backend must not mark the new flow closed (whose SYN retransmission
