@@ -244,11 +244,13 @@ func TestDualStackEndToEnd(t *testing.T) {
 	})
 
 	// Last before the cleanup, the subtests that send many connections
-	// to web: after them, a new connection to drain, whose pods and
-	// ports are web's, can find a pod's reply tuple held by a closed
-	// connection to web and be dropped when drain has no other pod to
-	// try (tc_ct_clash), until that entry expires. Reported; kube-proxy
-	// (netfilter) would give the new connection another source port.
+	// to web: a new connection to drain, whose pods and ports are web's,
+	// could find a pod's reply tuple held by a closed connection to web,
+	// and was dropped when drain had no other pod to try (tc_ct_clash)
+	// until that entry expired. A SYN now reopens a closed flow's tuple
+	// (ct_reopens, TestCTClosedReplyTupleReopens); the order stays, as
+	// two connections open at once from one port would still clash
+	// (README, Limitations).
 	for _, vip := range []string{web4VIP, web6VIP} {
 		t.Run("TCPSpreadsUniformly/"+vip, func(t *testing.T) { e.spreadsUniformly(t, vip) })
 	}
