@@ -338,9 +338,7 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 // the agent's life; they are most of its memory. Everything a
 // translation reads stays, other annotations included (topology mode,
 // the trigger time of a slice's change), as do the endpoints' node
-// names, zones and hints. The endpoints' conditions, three booleans
-// behind pointers, are made to point at two shared ones (cached objects
-// are read, never written: client-go's rule).
+// names, zones and hints.
 func slim(obj any) (any, error) {
 	if m, ok := obj.(metav1.Object); ok {
 		m.SetManagedFields(nil)
@@ -352,30 +350,13 @@ func slim(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *discoveryv1.EndpointSlice:
 		for i := range o.Endpoints {
-			e := &o.Endpoints[i]
-			e.TargetRef = nil
-			e.DeprecatedTopology = nil
-			c := &e.Conditions
-			c.Ready, c.Serving, c.Terminating = sharedBool(c.Ready), sharedBool(c.Serving), sharedBool(c.Terminating)
+			o.Endpoints[i].TargetRef = nil
+			o.Endpoints[i].DeprecatedTopology = nil
 		}
 	case *corev1.Node:
 		o.Status.Images = nil
 	}
 	return obj, nil
-}
-
-// sharedTrue and sharedFalse are what slim points the endpoints'
-// conditions at: one allocation each instead of three an endpoint.
-var sharedTrue, sharedFalse = true, false
-
-func sharedBool(b *bool) *bool {
-	switch {
-	case b == nil:
-		return nil
-	case *b:
-		return &sharedTrue
-	}
-	return &sharedFalse
 }
 
 func (s *Source) request(changed bool) {
