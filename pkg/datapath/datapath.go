@@ -255,11 +255,14 @@ type Datapath struct {
 	counter *mapCounter
 
 	// The dry twins of the tc programs (dryrun.go), nil until loaded,
-	// and the tc spec they load from.
+	// and the tc spec they load from, dropped once they are loaded (a
+	// few MiB of instructions and BTF the agent would otherwise keep for
+	// its life); dryClosed: Close was called.
 	dryMu      sync.Mutex
 	dry        *tcDry
 	tcSpec     *ebpf.CollectionSpec
 	dryLoading bool // a LoadDryRun is under way
+	dryClosed  bool
 
 	// ipv6Pending: load left the previous agent's IPv6 programs in the
 	// pinned program arrays, for switchIPv6 to replace.

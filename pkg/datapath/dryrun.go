@@ -78,7 +78,7 @@ func (d *Datapath) LoadDryRun() (time.Duration, error) {
 	case d.dry != nil:
 		d.dryMu.Unlock()
 		return 0, nil
-	case d.tcSpec == nil:
+	case d.dryClosed:
 		d.dryMu.Unlock()
 		return 0, errDryRunClosed
 	case d.dryLoading:
@@ -115,7 +115,7 @@ func (d *Datapath) LoadDryRun() (time.Duration, error) {
 	if err != nil {
 		return 0, fmt.Errorf("load dry-run programs: %w", verifierDetail(err))
 	}
-	if d.tcSpec == nil {
+	if d.dryClosed {
 		return 0, errors.Join(errDryRunClosed, dry.Close())
 	}
 	err = fillProgArray(d.tc.SluiceDryV1, "sluice_dry_v1",
@@ -123,7 +123,8 @@ func (d *Datapath) LoadDryRun() (time.Duration, error) {
 	if err != nil {
 		return 0, errors.Join(err, dry.Close())
 	}
-	d.dry = &dry
+	// Loaded once for the agent's life: the spec is not needed again.
+	d.dry, d.tcSpec = &dry, nil
 	return time.Since(start), nil
 }
 
@@ -136,12 +137,12 @@ func (d *Datapath) endDryLoad() {
 }
 
 // closeDryRun releases the dry twins (the live programs' dry runs then
-// find an empty slot: ErrNoExplain) and forgets the spec, so that a load
-// under way drops what it loads.
+// find an empty slot: ErrNoExplain), forgets the spec and says the
+// datapath is closed, so that a load under way drops what it loads.
 func (d *Datapath) closeDryRun() error {
 	d.dryMu.Lock()
 	dry := d.dry
-	d.tcSpec, d.dry = nil, nil
+	d.tcSpec, d.dry, d.dryClosed = nil, nil, true
 	d.dryMu.Unlock()
 	if dry == nil {
 		return nil

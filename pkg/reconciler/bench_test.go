@@ -178,6 +178,7 @@ func (nopDatapath) UpsertRevNats(es []reconciler.RevNatEntry) (int, error)   { r
 func (nopDatapath) UpsertSlots(es []reconciler.SlotEntry) (int, error)       { return len(es), nil }
 func (nopDatapath) UpsertMasters(es []reconciler.MasterEntry) (int, error)   { return len(es), nil }
 func (nopDatapath) UpsertServiceIPs(as []netip.Addr) (int, error)            { return len(as), nil }
+func (nopDatapath) ResetServiceStats(reconciler.ServiceID) error             { return nil }
 
 // BenchmarkFromEmptyView is issue 14's first program at N services with
 // 2 to 10 backends each, without a datapath: the reconciler's own time,

@@ -74,11 +74,11 @@ func (r *Reconciler) deleteUnusedRevNat(services map[model.L4Addr]*model.Service
 // allocates, as deleteUnused sees it: backends (key: the backend address)
 // or rev_nat entries (key: the frontend).
 type idEntries[ID ~uint32, K comparable] struct {
-	what    string      // the map, for errors
-	cand    map[ID]bool // entries that may have lost their last user
-	entries map[ID]K    // what the map holds
-	idOf    map[K]ID    // the id chosen for each key, held or reserved
-	users   map[ID]int  // slots or masters naming each id
+	what    string       // the map, for errors
+	cand    map[ID]bool  // entries that may have lost their last user
+	entries map[ID]K     // what the map holds
+	idOf    map[K]ID     // the id chosen for each key, held or reserved
+	users   map[ID]int32 // slots or masters naming each id
 	wanted  func(K) bool
 	deleted func(K) // if set, hears of every entry deleted
 	del     func(ID) error

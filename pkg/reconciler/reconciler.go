@@ -127,8 +127,8 @@ type Reconciler struct {
 	nbackends [2]int
 	entries   [2]int
 	ranges    [2]int
-	slotRefs  map[BackendID]int // slots (of any frontend, within count or not) naming a backend id
-	masterRef map[ServiceID]int // masters naming a service id
+	slotRefs  map[BackendID]int32 // slots (of any frontend, within count or not) naming a backend id
+	masterRef map[ServiceID]int32 // masters naming a service id
 
 	// Entries that may have lost their last user: backends no slot names,
 	// rev_nat entries no master names. Only these are considered for
@@ -195,8 +195,8 @@ func (r *Reconciler) reset() {
 	r.nbackends = [2]int{}
 	r.entries = [2]int{}
 	r.ranges = [2]int{}
-	r.slotRefs = map[BackendID]int{}
-	r.masterRef = map[ServiceID]int{}
+	r.slotRefs = map[BackendID]int32{}
+	r.masterRef = map[ServiceID]int32{}
 	r.backendCand = map[BackendID]bool{}
 	r.revNatCand = map[ServiceID]bool{}
 	r.backendOf = map[model.L4Addr]BackendID{}
@@ -519,12 +519,12 @@ func (r *Reconciler) presize(changed []*desiredFrontend) {
 	nf := len(changed)
 	if len(r.backends) == 0 && len(r.slotRefs) == 0 && len(r.backendOf) == 0 {
 		r.backends = make(map[BackendID]model.L4Addr, nb)
-		r.slotRefs = make(map[BackendID]int, nb)
+		r.slotRefs = make(map[BackendID]int32, nb)
 		r.backendOf = make(map[model.L4Addr]BackendID, nb)
 	}
 	if len(r.revNat) == 0 && len(r.masterRef) == 0 && len(r.serviceOf) == 0 {
 		r.revNat = make(map[ServiceID]Frontend, nf)
-		r.masterRef = make(map[ServiceID]int, nf)
+		r.masterRef = make(map[ServiceID]int32, nf)
 		r.serviceOf = make(map[Frontend]ServiceID, nf)
 	}
 	r.frontends = make(map[Frontend]*frontendView, nf)

@@ -330,3 +330,34 @@ func TestCachesHoldSlimObjects(t *testing.T) {
 		t.Error("the fake API lost the Service's managedFields")
 	}
 }
+
+// slim drops what no translation reads from the endpoints and the Node
+// and keeps what one does.
+func TestSlimEndpointsAndNode(t *testing.T) {
+	sl := slice("web", "web-1", 8080, "10.0.0.1")
+	sl.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: "web", UID: "u1"}}
+	ep := &sl.Endpoints[0]
+	ep.TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "web-0", UID: "u2"}
+	ep.DeprecatedTopology = map[string]string{corev1.LabelHostname: node}
+	ep.NodeName, ep.Zone = new(node), new("zone-a")
+	ep.Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-a"}}}
+	if _, err := slim(sl); err != nil {
+		t.Fatal(err)
+	}
+	if sl.OwnerReferences != nil || ep.TargetRef != nil || ep.DeprecatedTopology != nil {
+		t.Errorf("slimmed slice keeps owner %v, target %v, topology %v", sl.OwnerReferences, ep.TargetRef, ep.DeprecatedTopology)
+	}
+	if *ep.NodeName != node || *ep.Zone != "zone-a" || ep.Hints == nil || ep.Addresses[0] != "10.0.0.1" || !*ep.Conditions.Ready ||
+		sl.Labels[discoveryv1.LabelServiceName] != "web" {
+		t.Errorf("slimmed slice lost what a translation reads: %+v", sl)
+	}
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{corev1.LabelTopologyZone: "zone-a"}},
+		Status: corev1.NodeStatus{Images: []corev1.ContainerImage{{Names: []string{"registry.example/app:v1"}, SizeBytes: 1 << 20}},
+			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.10"}}}}
+	if _, err := slim(n); err != nil {
+		t.Fatal(err)
+	}
+	if n.Status.Images != nil || len(n.Status.Addresses) != 1 || n.Labels[corev1.LabelTopologyZone] != "zone-a" {
+		t.Errorf("slimmed Node: images %v, addresses %v, labels %v", n.Status.Images, n.Status.Addresses, n.Labels)
+	}
+}

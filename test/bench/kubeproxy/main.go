@@ -65,6 +65,10 @@ const (
 	modeIptables = "kube-proxy-iptables"
 	modeNftables = "kube-proxy-nftables"
 	modeSluice   = "sluice"
+	// modeSluiceBase is another build of the agent (BENCH_SLUICE_BASE,
+	// e.g. main's), run like Sluice and interleaved with it, so that a
+	// change is measured against what it changes in the same rounds.
+	modeSluiceBase = "sluice-base"
 )
 
 var allModes = []string{modeIptables, modeNftables, modeSluice}
@@ -84,7 +88,9 @@ type config struct {
 	// written, the rest recorded as skipped.
 	TimeLimit time.Duration `json:"time_limit_ns"`
 	OutDir    string        `json:"-"`
-	Stamp     string        `json:"stamp"`
+	// SluiceBase is the agent binary mode sluice-base runs.
+	SluiceBase string `json:"sluice_base,omitempty"`
+	Stamp      string `json:"stamp"`
 }
 
 // configFromEnv reads the BENCH_* knobs (see README.md).
@@ -131,11 +137,15 @@ func configFromEnv() (config, error) {
 		cfg.Modes = nil
 		for _, m := range strings.Split(v, ",") {
 			m = strings.TrimSpace(m)
-			if !slices.Contains(allModes, m) {
+			if !slices.Contains(allModes, m) && m != modeSluiceBase {
 				return cfg, fmt.Errorf("BENCH_KUBE_MODES: unknown mode %q (want %s)", m, strings.Join(allModes, ", "))
 			}
 			cfg.Modes = append(cfg.Modes, m)
 		}
+	}
+	cfg.SluiceBase = os.Getenv("BENCH_SLUICE_BASE")
+	if slices.Contains(cfg.Modes, modeSluiceBase) != (cfg.SluiceBase != "") {
+		return cfg, fmt.Errorf("mode %s and BENCH_SLUICE_BASE (its agent binary) go together", modeSluiceBase)
 	}
 	if v := os.Getenv("BENCH_OUT"); v != "" {
 		cfg.OutDir = v

@@ -25,6 +25,8 @@ const metricsAddr = "127.0.0.1:10249"
 type binaries struct {
 	agent     agentproc.Binaries
 	kubeProxy string
+	// agentBase is mode sluice-base's agent (config.SluiceBase).
+	agentBase string
 }
 
 // proxy is one mode's process, running in a namespace of its own.
@@ -61,7 +63,7 @@ func startProxy(c *cluster, mode string, bins binaries) (_ *proxy, started time.
 			err = errors.Join(err, topo.Close())
 		}
 	}()
-	short := map[string]string{modeIptables: "ipt", modeNftables: "nft", modeSluice: "sluice"}[mode]
+	short := map[string]string{modeIptables: "ipt", modeNftables: "nft", modeSluice: "sluice", modeSluiceBase: "base"}[mode]
 	ns, err := topo.AddNS(short)
 	if err != nil {
 		return nil, started, err
@@ -112,7 +114,7 @@ func startProxy(c *cluster, mode string, bins binaries) (_ *proxy, started time.
 		} else {
 			p.programmed = p.nftablesServices
 		}
-	case modeSluice:
+	case modeSluice, modeSluiceBase:
 		mnt, err := datapath.CgroupV2Mount()
 		if err != nil {
 			return nil, started, err
@@ -121,7 +123,11 @@ func startProxy(c *cluster, mode string, bins binaries) (_ *proxy, started time.
 		if err != nil {
 			return nil, started, err
 		}
-		a := agentproc.NewAgent(bins.agent, ns, agentproc.AgentConfig{
+		bin := bins.agent
+		if mode == modeSluiceBase {
+			bin.Sluice = bins.agentBase
+		}
+		a := agentproc.NewAgent(bin, ns, agentproc.AgentConfig{
 			Devices: []string{"eth0"},
 			Cgroup:  cg.Path,
 			BPFFS:   filepath.Join(testutil.BPFFS, topo.Prefix()+"sluice"),

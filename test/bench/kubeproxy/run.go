@@ -43,6 +43,9 @@ func run(ctx context.Context, cfg config, log *slog.Logger) (*result, error) {
 	// their version.
 	res.Versions["kube-proxy, kube-apiserver"] = pinnedKubeVersion(ctx)
 	res.Versions["sluice"] = version(bins.agent.Sluice, "--version")
+	if bins.agentBase = cfg.SluiceBase; bins.agentBase != "" {
+		res.Versions[modeSluiceBase] = version(bins.agentBase, "--version")
+	}
 	res.Versions["iptables"] = version("iptables", "--version")
 	res.Versions["nft"] = version("nft", "--version")
 
