@@ -129,6 +129,8 @@ type loader struct {
 	// that only patches objects (patch.go); nil when it cannot.
 	last       *lastLoad
 	parsed     atomic.Int64 // files parsed (not served from cache), for tests
+	reads      atomic.Int64 // files read, for tests
+	loads      atomic.Int64 // loads, for tests
 	decoded    atomic.Int64 // objects decoded (not served from units), for tests
 	translated int          // Services translated, for tests
 	patches    int          // loads that only patched objects, for tests
@@ -236,7 +238,15 @@ func isManifest(name string) bool {
 	return false
 }
 
-func (l *loader) load(path string) (*Result, error) {
+func (l *loader) load(path string) (*Result, error) { return l.loadChanged(path, nil) }
+
+// loadChanged is load when only the files named in changed (base names)
+// can have changed since the last load: the others, if that load read
+// them, are taken from it unread. The watch names the files an event is
+// about (Source.Run), so an edit of one file of a directory of many costs
+// that file. nil: every file may have changed.
+func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, error) {
+	l.loads.Add(1)
 	paths, err := files(path)
 	if err != nil {
 		return nil, fmt.Errorf("read manifests: %w", err)
@@ -252,6 +262,12 @@ func (l *loader) load(path string) (*Result, error) {
 	var patched []patchedFile
 	cached := 0 // files read whose last result is cached
 	for i, file := range paths {
+		if c, ok := l.cache[file]; ok && changed != nil && !changed[filepath.Base(file)] {
+			results[i] = c
+			cached++
+			continue
+		}
+		l.reads.Add(1)
 		data, err := readFile(file, l.buf)
 		if err != nil {
 			// Unreadable (e.g. removed between listing and reading):

@@ -163,23 +163,14 @@ func BenchmarkScale(b *testing.B) {
 						}
 						check(l.load(p))
 					}
-					b.ReportAllocs()
 					moved := netip.MustParseAddr(movedAddr)
-					var cpu time.Duration
-					i := 0
-					for b.Loop() {
-						writeUntimed(b, p, i, changed, orig)
-						i++
-						t0 := testutil.CPUTime(b)
-						res, err := l.load(p)
-						cpu += testutil.CPUTime(b) - t0
+					changeLoop(b, p, changed, orig, func() (*Result, error) { return l.load(p) }, func(res *Result, err error, i int) {
 						check(res, err)
 						s := res.State.Services[scaleFrontend(n/2)]
 						if s == nil || hasBackend(s, moved) != (i%2 == 1) {
 							b.Fatalf("the change is not in the state: %v", s)
 						}
-					}
-					b.ReportMetric(float64(cpu.Microseconds())/1000/float64(i), "cpu-ms/op")
+					})
 				})
 			})
 		}
@@ -198,6 +189,24 @@ func loadFresh(b *testing.B, p string, orig []byte) (*loader, *Result) {
 		b.Fatal(err)
 	}
 	return l, res
+}
+
+// changeLoop times load after each of a run of alternating edits of p
+// (writeUntimed), hands each result to check with the count of loads so
+// far (odd: after changed), and reports the CPU of a load.
+func changeLoop(b *testing.B, p string, changed, orig []byte, load func() (*Result, error), check func(res *Result, err error, i int)) {
+	b.ReportAllocs()
+	var cpu time.Duration
+	i := 0
+	for b.Loop() {
+		writeUntimed(b, p, i, changed, orig)
+		i++
+		t0 := testutil.CPUTime(b)
+		res, err := load()
+		cpu += testutil.CPUTime(b) - t0
+		check(res, err, i)
+	}
+	b.ReportMetric(float64(cpu.Microseconds())/1000/float64(i), "cpu-ms/op")
 }
 
 // writeUntimed writes the i-th of a run of alternating edits to p with the
@@ -222,4 +231,56 @@ func hasBackend(s *model.Service, a netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// BenchmarkDirectoryOneChange is the one change of issue 14 through a
+// directory: 30,000 Services x 10 endpoints as writeCluster lays them out
+// (a Service file and an EndpointSlice file per 1,000 Services, 60 files),
+// one endpoint of one EndpointSlice changed, loaded as the watch asks when
+// its event names the file ("named") and as a load of every file
+// ("all", the watch's answer to an event it cannot place).
+func BenchmarkDirectoryOneChange(b *testing.B) {
+	const n = 30000
+	dir := b.TempDir()
+	writeCluster(b, dir, n, 10)
+	name := "slices-15000.yaml"
+	p := filepath.Join(dir, name)
+	orig, err := os.ReadFile(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	changed := bytes.Replace(orig, []byte("[10.59.152.1]"), []byte("[10.59.152.99]"), 1)
+	if bytes.Equal(orig, changed) {
+		b.Fatal("no endpoint to change")
+	}
+	for _, c := range []struct {
+		mode  string
+		names map[string]bool
+	}{{"named", map[string]bool{name: true}}, {"all", nil}} {
+		b.Run(c.mode, func(b *testing.B) {
+			l := newLoader(translate.Options{})
+			if _, err := l.load(dir); err != nil {
+				b.Fatal(err)
+			}
+			for _, data := range [][]byte{changed, orig} { // untimed, as BenchmarkScale's
+				if err := os.WriteFile(p, data, 0o644); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := l.loadChanged(dir, c.names); err != nil {
+					b.Fatal(err)
+				}
+			}
+			moved := netip.MustParseAddr("10.59.152.99")
+			fe := model.L4Addr{Addr: netip.MustParseAddr("10.96.58.152"), Port: 80, Proto: model.TCP}
+			load := func() (*Result, error) { return l.loadChanged(dir, c.names) }
+			changeLoop(b, p, changed, orig, load, func(res *Result, err error, i int) {
+				if err != nil || len(res.Errors) > 0 || len(res.State.Services) != n {
+					b.Fatalf("%v %v", err, res.Errors)
+				}
+				if s := res.State.Services[fe]; s == nil || hasBackend(s, moved) != (i%2 == 1) {
+					b.Fatalf("the change is not in the state: %v", s)
+				}
+			})
+		})
+	}
 }

@@ -69,10 +69,14 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 		return fmt.Errorf("manifest source: watch %s: %w", dir, err)
 	}
 
-	if err := s.reload(apply); err != nil {
+	if err := s.reload(apply, nil); err != nil {
 		return err
 	}
 
+	// What the events since the last load were about: the files named
+	// (base names), or all when an event cannot say (the kubelet's swap
+	// of a ConfigMap volume's ..data, a lost event).
+	changed, all := map[string]bool{}, false
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
@@ -83,9 +87,14 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 			if !ok {
 				return nil
 			}
-			if ev.Op == fsnotify.Chmod || !relevant(filepath.Base(ev.Name), file) {
+			name := filepath.Base(ev.Name)
+			if ev.Op == fsnotify.Chmod || !relevant(name, file) {
 				continue
 			}
+			if strings.HasPrefix(name, "..") {
+				all = true
+			}
+			changed[name] = true
 			timer.Reset(s.debounce)
 		case err, ok := <-w.Errors:
 			if !ok {
@@ -93,9 +102,15 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 			}
 			// An overflow loses events: reload to be sure.
 			s.log.Warn("Manifest watch error; reloading", "path", s.path, "error", err)
+			all = true
 			timer.Reset(s.debounce)
 		case <-timer.C:
-			if err := s.reload(apply); err != nil {
+			only := changed
+			if all {
+				only = nil
+			}
+			changed, all = map[string]bool{}, false
+			if err := s.reload(apply, only); err != nil {
 				// The path went away: keep the last state programmed
 				// and wait for it to come back.
 				s.log.Error("Reload manifests", "path", s.path, "error", err)
@@ -122,10 +137,11 @@ func relevant(name, file string) bool {
 	return isManifest(name)
 }
 
-// reload loads the manifests and calls apply. Errors and warnings are
-// logged when they first appear, not again while they persist.
-func (s *Source) reload(apply func(*model.State)) error {
-	res, err := s.loader.load(s.path)
+// reload loads the manifests, reading only the files named in changed
+// (nil: all), and calls apply. Errors and warnings are logged when they
+// first appear, not again while they persist.
+func (s *Source) reload(apply func(*model.State), changed map[string]bool) error {
+	res, err := s.loader.loadChanged(s.path, changed)
 	if err != nil {
 		return fmt.Errorf("manifest source: %w", err)
 	}

@@ -53,11 +53,43 @@ func (s *states) waitFor(t *testing.T, want string) {
 	}
 }
 
-func runSource(t *testing.T, path string, st *states) {
+func runSource(t *testing.T, path string, st *states) *Source {
 	t.Helper()
 	src := NewSource(path, translate.Options{}, slog.New(slog.DiscardHandler))
 	src.debounce = 20 * time.Millisecond
 	testutil.RunUntilCleanup(t, "Run", func(ctx context.Context) error { return src.Run(ctx, st.apply) })
+	return src
+}
+
+// An edit of one file of a directory reads that file again, not the
+// others: each load after the first reads one file.
+func TestSourceReadsOnlyTheChangedFile(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "a.yaml", svcA)
+	writeFile(t, dir, "slice.yaml", sliceA)
+	writeFile(t, dir, "other.yaml", strings.NewReplacer("name: a,", "name: b,", "10.96.0.1", "10.96.0.2").Replace(svcA))
+	st := newStates()
+	l := runSource(t, dir, st).loader
+	st.waitFor(t, "10.96.0.1:80/TCP ns/a:http -> 10.0.0.1:8080/TCP\n10.96.0.2:80/TCP ns/b:http ->")
+	reads, loads := l.reads.Load(), l.loads.Load()
+	if reads != 3 || loads != 1 {
+		t.Fatalf("first load: %d files read in %d loads, want 3 in 1", reads, loads)
+	}
+
+	writeFile(t, dir, "slice.yaml", strings.Replace(sliceA, "10.0.0.1", "10.0.0.2", 1))
+	st.waitFor(t, "10.96.0.1:80/TCP ns/a:http -> 10.0.0.2:8080/TCP\n10.96.0.2:80/TCP ns/b:http ->")
+	if r, n := l.reads.Load()-reads, l.loads.Load()-loads; n == 0 || r != n {
+		t.Errorf("after one file's edit: %d files read in %d loads, want one per load", r, n)
+	}
+
+	// A file the watch cannot name (a ConfigMap's ..data swap) reads all.
+	reads = l.reads.Load()
+	writeFile(t, dir, "..data", "")
+	writeFile(t, dir, "other.yaml", strings.NewReplacer("name: a,", "name: b,", "10.96.0.1", "10.96.0.3").Replace(svcA))
+	st.waitFor(t, "10.96.0.1:80/TCP ns/a:http -> 10.0.0.2:8080/TCP\n10.96.0.3:80/TCP ns/b:http ->")
+	if r := l.reads.Load() - reads; r < 3 {
+		t.Errorf("after a ..data event: %d files read, want all 3", r)
+	}
 }
 
 func TestSourceWatchesDirectory(t *testing.T) {
@@ -153,7 +185,7 @@ func TestSourceLogsEachErrorOnce(t *testing.T) {
 	src := NewSource(dir, translate.Options{}, slog.New(h))
 	applied := 0
 	for range 3 { // three reloads, as three unrelated changes would cause
-		if err := src.reload(func(*model.State) { applied++ }); err != nil {
+		if err := src.reload(func(*model.State) { applied++ }, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -166,7 +198,7 @@ func TestSourceLogsEachErrorOnce(t *testing.T) {
 	// Fixed, then broken again: logged again.
 	for _, content := range []string{svcA, strings.Replace(svcA, "port: 80", "port: 70000", 1)} {
 		writeFile(t, dir, "bad.yaml", content)
-		if err := src.reload(func(*model.State) {}); err != nil {
+		if err := src.reload(func(*model.State) {}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
