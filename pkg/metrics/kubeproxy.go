@@ -36,7 +36,7 @@ var ipFamilies = [2]string{"IPv4", "IPv6"}
 
 // familyOf is the index in ipFamilies of svc's frontend's family.
 func familyOf(svc *model.Service) int {
-	return familyIndex(!svc.Frontend.Addr.Unmap().Is4())
+	return familyIndex(is6(svc.Frontend))
 }
 
 // familyIndex is the index in ipFamilies of IPv6 (v6) or IPv4.
