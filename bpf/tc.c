@@ -294,9 +294,9 @@ static __always_inline bool lb4_masquerade(const struct pkt4 *p,
  * path of the program that reaches it (the port search's SNAT_TRIES
  * iterations, and lb4_new_flow's CT_CLASH_TRIES, for each). Their pointers
  * may be NULL as far as it knows. @ids carries the backend id (low 32
- * bits) and the rev NAT id (high): five arguments at most, so ct_snat4
- * reads the clock itself (as nat_snat6). sluice_ingress verified 424,897
- * instructions with both inlined, 127,963 now (with conntrack_fam.h's
+ * bits) and the rev NAT id (high), and ct_snat4's @x the node address and
+ * the port it reserves: five arguments at most. sluice_ingress verified
+ * 424,897 instructions with both inlined, 127,963 now (with conntrack_fam.h's
  * ct_snat_try a global function too); the agent's start spends half the
  * CPU it did loading the programs (BenchmarkOpen).
  */
@@ -309,12 +309,12 @@ __noinline int ct_new4(const struct pkt4 *p, const struct lb4_backend *be,
 }
 
 __noinline int ct_snat4(const struct pkt4 *p, const struct lb4_backend *be,
-			__u64 ids, __be32 node, __be16 *port)
+			__u64 ids, __u64 now, struct lb4_xlate *x)
 {
-	if (!p || !be || !port)
+	if (!p || !be || !x)
 		return -1;
-	return ct_create_snat(p, be, (__u32)ids, (__u32)(ids >> 32), node,
-			      bpf_ktime_get_ns(), port);
+	return ct_create_snat(p, be, (__u32)ids, (__u32)(ids >> 32),
+			      x->snat_addr, now, &x->snat_port);
 }
 
 /*
@@ -358,8 +358,8 @@ nat_remote(struct __sk_buff *skb, const struct pkt4 *p,
 	}
 	x->snat = true;
 	x->have_fib = true;
-	err = ct_snat4(p, be, (__u64)svc->rev_nat_id << 32 | backend_id,
-		       x->snat_addr, &x->snat_port);
+	err = ct_snat4(p, be, (__u64)svc->rev_nat_id << 32 | backend_id, now,
+		       x);
 	if (err) {
 		/* Without its reply entry the flow cannot work: refuse it
 		 * rather than half-NAT it.

@@ -372,16 +372,17 @@ static __noinline int nat_need6(struct __sk_buff *skb, const struct pkt6 *p,
  * nat_snat6 - record a new flow of @p to frontend @svc, sent to the
  * backend @x names, source-NATed to @x->snat_addr (nat_need6 said so, as
  * @need): reserve a source port for it (ct_create_snat6), which also
- * records the flow. Returns 0 with @x->snat_port set, or -1 if the flow
- * must be dropped (counted): as nat_remote, rather than half-NAT it.
+ * records the flow, as of @now. Returns 0 with @x->snat_port set, or -1
+ * if the flow must be dropped (counted): as nat_remote, rather than
+ * half-NAT it.
  *
- * A global function, the one of the IPv6 path: the verifier checks it
+ * A global function (as ct_new6): the verifier checks it
  * once, on its own, not again for every path of the program that reaches
  * it, which with its port search (SNAT_TRIES) would not fit its limit. So
  * its pointers may be NULL as far as it knows.
  */
 __noinline int nat_snat6(const struct pkt6 *p, const struct lb4_service *svc,
-			 struct lb6_xlate *x, int need)
+			 struct lb6_xlate *x, int need, __u64 now)
 {
 	struct lb6_backend be = {};
 	int err;
@@ -391,7 +392,7 @@ __noinline int nat_snat6(const struct pkt6 *p, const struct lb4_service *svc,
 	be.addr = x->addr;
 	be.port = x->port;
 	err = ct_create_snat6(p, &be, x->backend_id, svc->rev_nat_id,
-			      x->snat_addr, bpf_ktime_get_ns(), &x->snat_port);
+			      x->snat_addr, now, &x->snat_port);
 	if (err) {
 		if (err > 0)
 			metric_count(p, METRIC_TC_SNAT_EXHAUSTED);
@@ -630,7 +631,7 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 	if (ret == 2 && svc->count) {
 		ret = lb6_new_flow(skb, p, svc, now, x);
 		if (ret > 0)
-			ret = nat_snat6(p, svc, x, ret);
+			ret = nat_snat6(p, svc, x, ret, now);
 		if (!ret) {
 			explain_flag(p, EXPLAIN_F_NEW_FLOW);
 			lb6_aff_remember(p, svc, x);
