@@ -1,12 +1,16 @@
 package harness
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"testing"
 	"time"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
 )
 
 // The three benchmark commands (this harness through package report,
@@ -68,4 +72,27 @@ func TempDir(prefix string, log *slog.Logger) (string, func(), error) {
 			log.Warn("remove temporary directory", "dir", dir, "err", err)
 		}
 	}, nil
+}
+
+// RunAndReadBack is a benchmark command's end-to-end test: it runs the
+// benchmark (run, bounded by timeout, logging to stderr), writes its
+// report (write), and returns the record decoded back from the JSON file
+// and the Markdown file's text, failing tb on any error.
+func RunAndReadBack[R any](tb testing.TB, timeout time.Duration, run func(context.Context, *slog.Logger) (*R, error), write func(*R) ([]string, error)) (R, string) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	res, err := run(ctx, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	files, err := write(res)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	md, err := os.ReadFile(files[1])
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return testutil.DecodeJSONFile[R](tb, files[0]), string(md)
 }
