@@ -154,6 +154,19 @@ func dnat(in packet.Packet, b testBackend) packet.Packet {
 	return in
 }
 
+// expectMasqueraded runs in through d's tc ingress on ifindex and expects
+// it redirected to be as masq builds it from in, the source port the
+// datapath reserved for in's flow and be; it returns that port.
+func expectMasqueraded(t *testing.T, d *Datapath, name string, ifindex int, in packet.Packet,
+	masq func(packet.Packet, uint16, testBackend) packet.Packet, be testBackend) uint16 {
+	t.Helper()
+	verdict, out := runOn(t, d.TCIngress(), ifindex, in.Bytes())
+	fe := model.L4Addr{Addr: in.Dst, Port: in.DstPort, Proto: model.Protocol(in.Proto)}
+	sp := snatPortIn(t, d, in.Src.String(), in.SrcPort, fe)
+	expectPacket(t, name, verdict, tcActRedirect, out, masq(in, sp, be))
+	return sp
+}
+
 // masqToPod is in as the node sends it to the local pod backend b:
 // source-NATed to the node's address and port sp, out of pod0.
 func masqToPod(in packet.Packet, sp uint16, b testBackend) packet.Packet {
@@ -213,20 +226,14 @@ func TestTCTrafficPolicies(t *testing.T) {
 
 		t.Run("external to ClusterIP, backend here: masqueraded there and back", func(t *testing.T) {
 			ns.Enter(t)
-			in := nsClient(41000, w.cipLocal)
-			verdict, out := runOn(t, ing, eth0, in.Bytes())
-			sp := snatPortIn(t, d, w.client(), 41000, w.cipLocal)
-			expectPacket(t, "forward", verdict, tcActRedirect, out, masqToPod(in, sp, w.beLocal))
+			sp := expectMasqueraded(t, d, "forward", eth0, nsClient(41000, w.cipLocal), masqToPod, w.beLocal)
 			reply := podReply(w.beLocal, sp)
 			expectRun(t, "reply", ing, pod0, reply, tcActRedirect, toClient(reply, w.cipLocal, 41000))
 		})
 
 		t.Run("external to ClusterIP, backend elsewhere: masqueraded", func(t *testing.T) {
 			ns.Enter(t)
-			in := nsClient(41001, w.cipRem)
-			verdict, out := runOn(t, ing, eth0, in.Bytes())
-			sp := snatPortIn(t, d, w.client(), 41001, w.cipRem)
-			expectPacket(t, "forward", verdict, tcActRedirect, out, toRemote(in, sp, w.beRemote))
+			expectMasqueraded(t, d, "forward", eth0, nsClient(41001, w.cipRem), toRemote, w.beRemote)
 		})
 
 		t.Run("pod to ClusterIP: not masqueraded", func(t *testing.T) {
@@ -237,12 +244,9 @@ func TestTCTrafficPolicies(t *testing.T) {
 
 		t.Run("pod to its own ClusterIP: a hairpin, masqueraded", func(t *testing.T) {
 			ns.Enter(t)
-			in := fromPod(w.podBackend, 41003, w.cipLocal)
-			verdict, out := runOn(t, ing, pod0, in.Bytes())
-			sp := snatPortIn(t, d, w.podBackend, 41003, w.cipLocal)
-			expectPacket(t, "forward", verdict, tcActRedirect, out, masqToPod(in, sp, w.beLocal))
+			sp := expectMasqueraded(t, d, "forward", pod0, fromPod(w.podBackend, 41003, w.cipLocal), masqToPod, w.beLocal)
 			reply := podReply(w.beLocal, sp)
-			verdict, out = runOn(t, ing, pod0, reply.Bytes())
+			verdict, out := runOn(t, ing, pod0, reply.Bytes())
 			back := reply
 			back.TTL = fwdTTL
 			back.SrcMAC, back.DstMAC = macOf(pod0MAC), macOf(podMAC)
@@ -280,10 +284,7 @@ func TestTCTrafficPolicies(t *testing.T) {
 
 		t.Run("eTP Cluster: a pod is masqueraded, to a backend here too", func(t *testing.T) {
 			ns.Enter(t)
-			in := fromPod(w.podClient, 41009, w.npClus)
-			verdict, out := runOn(t, ing, pod0, in.Bytes())
-			sp := snatPortIn(t, d, w.podClient, 41009, w.npClus)
-			expectPacket(t, "forward", verdict, tcActRedirect, out, masqToPod(in, sp, w.beLocal))
+			expectMasqueraded(t, d, "forward", pod0, fromPod(w.podClient, 41009, w.npClus), masqToPod, w.beLocal)
 		})
 
 		t.Run("iTP Local without a local endpoint: dropped", func(t *testing.T) {
@@ -347,15 +348,12 @@ func TestTCNoClusterCIDR(t *testing.T) {
 		in.Src = addr(w.remotePod)
 		expectRun(t, "remote pod to eTP Local", ing, eth0, in, tcActOK, dnat(in, w.beLocal))
 
-		in = fromPod(w.podClient, 42002, w.npClus)
-		verdict, out := runOn(t, ing, pod0, in.Bytes())
-		sp := snatPortIn(t, d, w.podClient, 42002, w.npClus)
-		expectPacket(t, "pod to eTP Cluster", verdict, tcActRedirect, out, masqToPod(in, sp, w.beLocal))
+		expectMasqueraded(t, d, "pod to eTP Cluster", pod0, fromPod(w.podClient, 42002, w.npClus), masqToPod, w.beLocal)
 
 		// A ClusterIP's other port is still a service IP's; the service CIDR
 		// is unknown.
 		in = nsClient(42003, l4(w.addr("10.96.5.5"), 80, model.TCP))
-		verdict, _ = runOn(t, ing, eth0, in.Bytes())
+		verdict, _ := runOn(t, ing, eth0, in.Bytes())
 		expectVerdict(t, "unallocated address", verdict, tcActOK)
 		if cs, _ := d.Counters(); cs["tc_short_circuit"] != 0 {
 			t.Errorf("tc_short_circuit = %d without a cluster CIDR", cs["tc_short_circuit"])
@@ -377,17 +375,10 @@ func TestTCMasqueradeAll(t *testing.T) {
 		ing := d.TCIngress()
 		ns.Enter(t)
 
-		in := fromPod(w.podClient, 43000, w.cipRem)
-		verdict, out := runOn(t, ing, pod0, in.Bytes())
-		sp := snatPortIn(t, d, w.podClient, 43000, w.cipRem)
-		expectPacket(t, "pod to ClusterIP", verdict, tcActRedirect, out, toRemote(in, sp, w.beRemote))
+		expectMasqueraded(t, d, "pod to ClusterIP", pod0, fromPod(w.podClient, 43000, w.cipRem), toRemote, w.beRemote)
+		expectMasqueraded(t, d, "external to eTP Cluster, backend here", eth0, nsClient(43001, w.npClus), masqToPod, w.beLocal)
 
-		in = nsClient(43001, w.npClus)
-		verdict, out = runOn(t, ing, eth0, in.Bytes())
-		sp = snatPortIn(t, d, w.client(), 43001, w.npClus)
-		expectPacket(t, "external to eTP Cluster, backend here", verdict, tcActRedirect, out, masqToPod(in, sp, w.beLocal))
-
-		in = nsClient(43002, w.npTwo)
+		in := nsClient(43002, w.npTwo)
 		expectRun(t, "external to eTP Local", ing, eth0, in, tcActOK, dnat(in, w.beLocal))
 	})
 }
