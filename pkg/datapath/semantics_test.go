@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
@@ -154,6 +155,14 @@ func dnat(in packet.Packet, b testBackend) packet.Packet {
 	return in
 }
 
+// expectDNAT runs in through prog on ifindex and expects it passed on to
+// the stack with its destination translated to be, and nothing else: not
+// masqueraded.
+func expectDNAT(t *testing.T, name string, prog *ebpf.Program, ifindex int, in packet.Packet, be testBackend) {
+	t.Helper()
+	expectRun(t, name, prog, ifindex, in, tcActOK, dnat(in, be))
+}
+
 // expectMasqueraded runs in through d's tc ingress on ifindex and expects
 // it redirected to be as masq builds it from in, the source port the
 // datapath reserved for in's flow and be; it returns that port.
@@ -238,8 +247,7 @@ func TestTCTrafficPolicies(t *testing.T) {
 
 		t.Run("pod to ClusterIP: not masqueraded", func(t *testing.T) {
 			ns.Enter(t)
-			in := fromPod(w.podClient, 41002, w.cipRem)
-			expectRun(t, "forward", ing, pod0, in, tcActOK, dnat(in, w.beRemote))
+			expectDNAT(t, "forward", ing, pod0, fromPod(w.podClient, 41002, w.cipRem), w.beRemote)
 		})
 
 		t.Run("pod to its own ClusterIP: a hairpin, masqueraded", func(t *testing.T) {
@@ -257,29 +265,26 @@ func TestTCTrafficPolicies(t *testing.T) {
 
 		t.Run("eTP Local: external clients get the default scope, unmasqueraded", func(t *testing.T) {
 			ns.Enter(t)
-			in := nsClient(41004, w.npTwo)
-			expectRun(t, "forward", ing, eth0, in, tcActOK, dnat(in, w.beLocal))
+			expectDNAT(t, "forward", ing, eth0, nsClient(41004, w.npTwo), w.beLocal)
 		})
 
 		t.Run("eTP Local: a pod of another node gets the internal scope, unmasqueraded", func(t *testing.T) {
 			ns.Enter(t)
 			in := nsClient(41005, w.npTwo)
 			in.Src = addr(w.remotePod)
-			expectRun(t, "forward", ing, eth0, in, tcActOK, dnat(in, w.beRemote))
+			expectDNAT(t, "forward", ing, eth0, in, w.beRemote)
 		})
 
 		t.Run("eTP Local without a local endpoint: external dropped, pods served", func(t *testing.T) {
 			ns.Enter(t)
 			verdict, _ := runOn(t, ing, eth0, nsClient(41006, w.npTwoNo).Bytes())
 			expectVerdict(t, "external", verdict, tcActShot)
-			in := fromPod(w.podClient, 41007, w.npTwoNo)
-			expectRun(t, "pod", ing, pod0, in, tcActOK, dnat(in, w.beRemote))
+			expectDNAT(t, "pod", ing, pod0, fromPod(w.podClient, 41007, w.npTwoNo), w.beRemote)
 		})
 
 		t.Run("eTP Cluster: an external client to a backend here keeps its address", func(t *testing.T) {
 			ns.Enter(t)
-			in := nsClient(41008, w.npClus)
-			expectRun(t, "forward", ing, eth0, in, tcActOK, dnat(in, w.beLocal))
+			expectDNAT(t, "forward", ing, eth0, nsClient(41008, w.npClus), w.beLocal)
 		})
 
 		t.Run("eTP Cluster: a pod is masqueraded, to a backend here too", func(t *testing.T) {
@@ -341,12 +346,11 @@ func TestTCNoClusterCIDR(t *testing.T) {
 		ing := d.TCIngress()
 		ns.Enter(t)
 
-		in := nsClient(42000, w.cipLocal)
-		expectRun(t, "external to ClusterIP", ing, eth0, in, tcActOK, dnat(in, w.beLocal))
+		expectDNAT(t, "external to ClusterIP", ing, eth0, nsClient(42000, w.cipLocal), w.beLocal)
 
-		in = nsClient(42001, w.npTwo)
+		in := nsClient(42001, w.npTwo)
 		in.Src = addr(w.remotePod)
-		expectRun(t, "remote pod to eTP Local", ing, eth0, in, tcActOK, dnat(in, w.beLocal))
+		expectDNAT(t, "remote pod to eTP Local", ing, eth0, in, w.beLocal)
 
 		expectMasqueraded(t, d, "pod to eTP Cluster", pod0, fromPod(w.podClient, 42002, w.npClus), masqToPod, w.beLocal)
 
@@ -378,7 +382,6 @@ func TestTCMasqueradeAll(t *testing.T) {
 		expectMasqueraded(t, d, "pod to ClusterIP", pod0, fromPod(w.podClient, 43000, w.cipRem), toRemote, w.beRemote)
 		expectMasqueraded(t, d, "external to eTP Cluster, backend here", eth0, nsClient(43001, w.npClus), masqToPod, w.beLocal)
 
-		in := nsClient(43002, w.npTwo)
-		expectRun(t, "external to eTP Local", ing, eth0, in, tcActOK, dnat(in, w.beLocal))
+		expectDNAT(t, "external to eTP Local", ing, eth0, nsClient(43002, w.npTwo), w.beLocal)
 	})
 }
