@@ -59,10 +59,7 @@ spec:
 func setupDualStack(t *testing.T, extraArgs ...string) (e *env, write func(drain []string)) {
 	t.Helper()
 	bins, topo, lb := newLB(t, 3)
-	v6, err := lb.AddIPv6()
-	if err != nil {
-		t.Fatal(err)
-	}
+	v6 := lb.AddIPv6T(t)
 	cgMount, err := datapath.CgroupV2Mount()
 	if err != nil {
 		t.Fatalf("no cgroup v2 mount (`make deps` mounts one): %v", err)
