@@ -203,7 +203,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 				r.backendOf[a] = id
 			}
 			ids[i][j] = id
-			if cur, ok := r.backends[id]; (ok && cur == a) || queued.has(uint32(id)) {
+			if cur, ok := r.backend(id); (ok && cur == a) || queued.has(uint32(id)) {
 				continue
 			}
 			queued.set(uint32(id))
@@ -238,7 +238,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		if failed[d.fe] {
 			continue
 		}
-		if cur, ok := r.revNat[sids[i]]; !ok || cur != d.fe {
+		if cur, ok := r.revNat.get(uint32(sids[i])); !ok || cur != d.fe {
 			rns = append(rns, RevNatEntry{ID: sids[i], Frontend: d.fe})
 			rnOf = append(rnOf, d)
 		}
@@ -246,10 +246,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 	r.batch(len(rns),
 		func() (int, error) { return r.dp.UpsertRevNats(rns) },
 		func(i int) error { return r.dp.UpsertRevNat(rns[i].ID, rns[i].Frontend) },
-		func(i int) {
-			r.revNat[rns[i].ID] = rns[i].Frontend
-			r.revNatCand[rns[i].ID] = true // until a master names it
-		},
+		func(i int) { r.revNat.put(uint32(rns[i].ID), rns[i].Frontend) },
 		func(i int, err error) { fail(rnOf[i], fmt.Errorf("upsert rev_nat %d: %w", rns[i].ID, err)) })
 
 	// 3. Slots 1..m, in the order of the frontend's backends.
@@ -281,7 +278,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 	// go. (Marked only now, rather than each until its slot is written
 	// as programFrontend does: 300,000 map inserts and deletes fewer.)
 	for _, e := range bes {
-		if r.backends[e.ID] == e.Addr && r.slotRefs[e.ID] == 0 {
+		if a, ok := r.backend(e.ID); ok && a == e.Addr && r.backends.refs(uint32(e.ID)) == 0 {
 			r.backendCand[e.ID] = true
 		}
 	}
@@ -327,9 +324,16 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 			}
 			r.entries[v.fam]++
 			v.hasMaster, v.master = true, m
-			r.masterRef[m.ID]++
+			r.revNat.addRefs(uint32(m.ID), 1)
 		},
 		func(i int, err error) { fail(mOf[i], fmt.Errorf("upsert master: %w", err)) })
+	// A rev_nat entry written that no master names (its frontend failed)
+	// may go: marked only now, as the backends are.
+	for _, e := range rns {
+		if fe, ok := r.revNat.get(uint32(e.ID)); ok && fe == e.Frontend && r.revNat.refs(uint32(e.ID)) == 0 {
+			r.revNatCand[e.ID] = true
+		}
+	}
 
 	// 6. The addresses of the ClusterIP masters among the service IPs.
 	var ips []netip.Addr

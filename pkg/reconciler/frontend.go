@@ -72,7 +72,7 @@ func (r *Reconciler) inSyncFrontend(fe Frontend, d *desiredFrontend) bool {
 	if !ok || v.master != masterOf(sid, d) {
 		return false
 	}
-	if a, ok := r.revNat[sid]; !ok || a != fe || r.masterRef[sid] != 1 {
+	if a, ok := r.revNat.get(uint32(sid)); !ok || a != fe || r.revNat.refs(uint32(sid)) != 1 {
 		return false
 	}
 	if v.slots.n != len(d.addrs) || !slices.Equal(v.ranges, d.ranges) {
@@ -88,7 +88,7 @@ func (r *Reconciler) inSyncFrontend(fe Frontend, d *desiredFrontend) bool {
 	seen := make(map[BackendID]bool, len(d.addrs))
 	for s := uint32(1); s <= uint32(len(d.addrs)); s++ {
 		id, ok := v.slots.get(s)
-		a, real := r.backends[id]
+		a, real := r.backend(id)
 		if !ok || seen[id] || !real || !wantsAddr(d, a) || r.backendOf[a] != id {
 			return false
 		}
@@ -152,7 +152,8 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 		slotOf = make(map[BackendID]uint32, v.master.Count)
 		for s := uint32(1); s <= v.master.Count; s++ {
 			if id, ok := v.slots.get(s); ok && r.isReal(id) {
-				before = append(before, r.backends[id])
+				a, _ := r.backend(id)
+				before = append(before, a)
 				beforeIDs = append(beforeIDs, id)
 				slotOf[id] = s
 			}
@@ -168,7 +169,7 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 			r.backendOf[a] = id
 		}
 		ids[i] = id
-		if cur, ok := r.backends[id]; ok && cur == a {
+		if cur, ok := r.backend(id); ok && cur == a {
 			continue
 		}
 		r.writes++
@@ -180,12 +181,12 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 	}
 
 	// 2. Reverse NAT.
-	if cur, ok := r.revNat[sid]; !ok || cur != fe {
+	if cur, ok := r.revNat.get(uint32(sid)); !ok || cur != fe {
 		r.writes++
 		if err := r.dp.UpsertRevNat(sid, fe); err != nil {
 			return fmt.Errorf("upsert rev_nat %d: %w", sid, err)
 		}
-		r.revNat[sid] = fe
+		r.revNat.put(uint32(sid), fe)
 		r.revNatCand[sid] = true // until a master names it
 	}
 
@@ -265,14 +266,14 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 			r.refServiceIP(fe.Addr)
 		}
 		if v.hasMaster {
-			r.masterRef[v.master.ID]--
+			r.revNat.addRefs(uint32(v.master.ID), -1)
 			r.revNatCand[v.master.ID] = true
 			r.maybeReleaseService(v.master.ID, fe)
 		} else {
 			r.entries[v.fam]++
 		}
 		v.hasMaster, v.master = true, wantM
-		r.masterRef[sid]++
+		r.revNat.addRefs(uint32(sid), 1)
 	}
 	// From here on no new connection can pick a backend that left: flush
 	// the conntrack entries of the UDP ones so their flows re-balance.
@@ -322,7 +323,8 @@ func (r *Reconciler) removeFrontend(fe Frontend) error {
 	if v.hasMaster {
 		for s := uint32(1); s <= v.master.Count; s++ {
 			if id, ok := v.slots.get(s); ok && r.isReal(id) {
-				named = append(named, r.backends[id])
+				a, _ := r.backend(id)
+				named = append(named, a)
 			}
 		}
 		cip := isClusterIP(fe, v.master)
@@ -340,7 +342,7 @@ func (r *Reconciler) removeFrontend(fe Frontend) error {
 		}
 		v.hasMaster, v.synced = false, false
 		r.entries[v.fam]--
-		r.masterRef[v.master.ID]--
+		r.revNat.addRefs(uint32(v.master.ID), -1)
 		r.revNatCand[v.master.ID] = true
 		r.maybeReleaseService(v.master.ID, fe)
 		if v.master.Flags&FlagAffinity != 0 {

@@ -120,15 +120,16 @@ type Reconciler struct {
 
 	// The view of the kernel's maps.
 	frontends map[Frontend]*frontendView
-	backends  map[BackendID]model.L4Addr
-	revNat    map[ServiceID]Frontend
+	// The backend and rev_nat entries by id, with the slots (of any
+	// frontend, within its count or not) naming each backend id and the
+	// masters naming each service id.
+	backends idTable[model.L4Addr]
+	revNat   idTable[Frontend]
 	// Per family (capacity.go): backend entries, service map entries
 	// (masters plus slots), and source ranges of all frontends.
 	nbackends [2]int
 	entries   [2]int
 	ranges    [2]int
-	slotRefs  map[BackendID]int32 // slots (of any frontend, within count or not) naming a backend id
-	masterRef map[ServiceID]int32 // masters naming a service id
 
 	// Entries that may have lost their last user: backends no slot names,
 	// rev_nat entries no master names. Only these are considered for
@@ -190,13 +191,11 @@ func New(dp Datapath, log *slog.Logger) *Reconciler {
 
 func (r *Reconciler) reset() {
 	r.frontends = map[Frontend]*frontendView{}
-	r.backends = map[BackendID]model.L4Addr{}
-	r.revNat = map[ServiceID]Frontend{}
+	r.backends = idTable[model.L4Addr]{}
+	r.revNat = idTable[Frontend]{}
 	r.nbackends = [2]int{}
 	r.entries = [2]int{}
 	r.ranges = [2]int{}
-	r.slotRefs = map[BackendID]int32{}
-	r.masterRef = map[ServiceID]int32{}
 	r.backendCand = map[BackendID]bool{}
 	r.revNatCand = map[ServiceID]bool{}
 	r.backendOf = map[model.L4Addr]BackendID{}
@@ -224,7 +223,7 @@ func (r *Reconciler) Restore() error {
 	}
 	r.reset()
 	r.loadKernel(ks)
-	r.log.Info("Restored datapath state", "frontends", len(ks.Masters), "backends", len(r.backends), "rev_nat", len(r.revNat))
+	r.log.Info("Restored datapath state", "frontends", len(ks.Masters), "backends", r.backends.len(), "rev_nat", r.revNat.len())
 	return nil
 }
 
@@ -255,7 +254,7 @@ func (r *Reconciler) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := Stats{
-		RevNat: len(r.revNat), ServiceIPs: len(r.ipSet), Writes: r.writes,
+		RevNat: r.revNat.len(), ServiceIPs: len(r.ipSet), Writes: r.writes,
 		ServiceEntries: r.entries[ipv4] + r.entries[ipv6], ServiceEntries6: r.entries[ipv6],
 		SourceRanges: r.ranges[ipv4] + r.ranges[ipv6], SourceRanges6: r.ranges[ipv6],
 		Backends6: r.nbackends[ipv6],
@@ -265,7 +264,7 @@ func (r *Reconciler) Stats() Stats {
 			s.Services++
 		}
 	}
-	s.Backends = len(r.backends)
+	s.Backends = r.backends.len()
 	s.MaxServices, s.MaxBackends, s.MaxServiceEntries = r.dp.Capacity()
 	s.MaxSourceRanges = r.dp.SourceRangeCapacity()
 	return s
@@ -517,17 +516,21 @@ func (r *Reconciler) presize(changed []*desiredFrontend) {
 		nb += len(d.addrs)
 	}
 	nf := len(changed)
-	if len(r.backends) == 0 && len(r.slotRefs) == 0 && len(r.backendOf) == 0 {
-		r.backends = make(map[BackendID]model.L4Addr, nb)
-		r.slotRefs = make(map[BackendID]int32, nb)
+	// Ids are handed out from 1 up: the tables need one more entry.
+	r.backends.grow(nb + 1)
+	r.revNat.grow(nf + 1)
+	if len(r.backendOf) == 0 {
 		r.backendOf = make(map[model.L4Addr]BackendID, nb)
 	}
-	if len(r.revNat) == 0 && len(r.masterRef) == 0 && len(r.serviceOf) == 0 {
-		r.revNat = make(map[ServiceID]Frontend, nf)
-		r.masterRef = make(map[ServiceID]int32, nf)
+	if len(r.serviceOf) == 0 {
 		r.serviceOf = make(map[Frontend]ServiceID, nf)
 	}
 	r.frontends = make(map[Frontend]*frontendView, nf)
+	if len(r.ipRefs) == 0 && len(r.ipSet) == 0 {
+		// At most one address each (most are ClusterIPs').
+		r.ipRefs = make(map[netip.Addr]int, nf)
+		r.ipSet = make(map[netip.Addr]bool, nf)
+	}
 }
 
 // compareAffinityFix orders fixes by frontend, then backend and slot, for
