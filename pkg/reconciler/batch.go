@@ -196,6 +196,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		}
 		sids[i] = sid
 		ids[i], flat = flat[:len(d.addrs):len(d.addrs)], flat[len(d.addrs):]
+		d.ids = ids[i]
 		for j, a := range d.addrs {
 			id, ok := r.backendOf[a]
 			if !ok {

@@ -20,6 +20,7 @@ type desiredFrontend struct {
 	flags  uint8          // MasterFlags
 	addrs  []model.L4Addr // sorted, unique
 	ranges []netip.Prefix // see desiredRanges
+	ids    []BackendID    // the backend ids of addrs, once known (inSyncFrontend, programming)
 }
 
 func newDesired(fe Frontend, svc *model.Service) *desiredFrontend {
@@ -40,7 +41,7 @@ func newDesired(fe Frontend, svc *model.Service) *desiredFrontend {
 // make it false: the full check then decides.)
 func (r *Reconciler) fastInSync(v *frontendView, fe Frontend, svc *model.Service) bool {
 	bs := scopeBackends(svc, fe.Scope)
-	if v == nil || !v.synced || len(v.syncedAddrs) != len(bs) || v.master.Flags != MasterFlags(svc, fe.Scope) ||
+	if v == nil || !v.synced || len(v.syncedIDs) != len(bs) || v.master.Flags != MasterFlags(svc, fe.Scope) ||
 		v.master.AffinityTimeout != AffinitySeconds(svc) {
 		return false
 	}
@@ -49,7 +50,7 @@ func (r *Reconciler) fastInSync(v *frontendView, fe Frontend, svc *model.Service
 		return false
 	}
 	for i, b := range bs {
-		if b.L4Addr != v.syncedAddrs[i] {
+		if a, ok := r.backend(v.syncedIDs[i]); !ok || a != b.L4Addr {
 			return false
 		}
 	}
@@ -58,7 +59,7 @@ func (r *Reconciler) fastInSync(v *frontendView, fe Frontend, svc *model.Service
 
 func (r *Reconciler) markSynced(fe Frontend, d *desiredFrontend) {
 	if v := r.frontends[fe]; v != nil {
-		v.synced, v.syncedAddrs, v.syncedRanges, v.name = true, d.addrs, d.ranges, d.svc.Name
+		v.synced, v.syncedIDs, v.syncedRanges, v.name = true, d.ids, d.ranges, d.svc.Name
 	}
 }
 
@@ -78,11 +79,13 @@ func (r *Reconciler) inSyncFrontend(fe Frontend, d *desiredFrontend) bool {
 	if v.slots.n != len(d.addrs) || !slices.Equal(v.ranges, d.ranges) {
 		return false
 	}
-	for _, a := range d.addrs {
+	ids := make([]BackendID, len(d.addrs))
+	for i, a := range d.addrs {
 		id, ok := r.backendOf[a]
 		if !ok || !r.isReal(id) {
 			return false
 		}
+		ids[i] = id
 	}
 	// Every slot 1..m must hold a wanted backend, each exactly once.
 	seen := make(map[BackendID]bool, len(d.addrs))
@@ -94,6 +97,7 @@ func (r *Reconciler) inSyncFrontend(fe Frontend, d *desiredFrontend) bool {
 		}
 		seen[id] = true
 	}
+	d.ids = ids
 	return true
 }
 
@@ -162,6 +166,7 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 
 	// 1. Backends.
 	ids := make([]BackendID, len(d.addrs))
+	d.ids = ids // for markSynced, once all is written
 	for i, a := range d.addrs {
 		id, ok := r.backendOf[a]
 		if !ok {

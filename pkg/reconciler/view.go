@@ -23,11 +23,13 @@ type frontendView struct {
 	ranges    []netip.Prefix // source ranges, sorted by netip.Prefix.Compare
 	fam       family         // the maps it is in (capacity.go)
 
-	// synced says the frontend was last fully programmed with
-	// syncedAddrs and syncedRanges and nothing touched it since (a fast
-	// path for Apply).
+	// synced says the frontend was last fully programmed with the
+	// backends of ids syncedIDs (in the order of their addresses) and
+	// syncedRanges, and nothing touched it since (a fast path for Apply).
+	// Ids rather than addresses: an eighth of the memory, and a slot
+	// names each of them, so each holds its address while synced holds.
 	synced       bool
-	syncedAddrs  []model.L4Addr
+	syncedIDs    []BackendID
 	syncedRanges []netip.Prefix
 
 	name model.ServicePortName // who it was programmed for; empty if restored
