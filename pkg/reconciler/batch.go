@@ -31,7 +31,7 @@ var errBatchSkipped = errors.New("skipped")
 
 // freshAddr reports whether the view has nothing at a, in either scope.
 func (r *Reconciler) freshAddr(a model.L4Addr) bool {
-	return r.frontends[DefaultScope(a)] == nil && r.frontends[Frontend{L4Addr: a, Scope: ScopeInternal}] == nil
+	return r.frontends.val(DefaultScope(a)) == nil && r.frontends.val(Frontend{L4Addr: a, Scope: ScopeInternal}) == nil
 }
 
 // splitFresh splits changed (sorted) into the frontends programFresh
@@ -165,7 +165,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		}
 		need = total
 		for _, a := range d.addrs {
-			if id, ok := r.backendOf[a]; !ok || !r.isReal(id) {
+			if id, ok := r.backendOf.get(a); !ok || !r.isReal(id) {
 				counted[a] = true
 			}
 		}
@@ -181,7 +181,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		if failed[d.fe] {
 			continue
 		}
-		sid, ok := r.serviceOf[d.fe]
+		sid, ok := r.serviceOf.get(d.fe)
 		if !ok {
 			sid = ServiceID(r.svcIDs.alloc())
 			// As program does: a reused id must not carry the counters
@@ -192,16 +192,16 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 				fail(d, fmt.Errorf("reset counters of service %d: %w", sid, err))
 				continue
 			}
-			r.serviceOf[d.fe] = sid
+			r.serviceOf.put(d.fe, sid)
 		}
 		sids[i] = sid
 		ids[i], flat = flat[:len(d.addrs):len(d.addrs)], flat[len(d.addrs):]
 		d.ids = ids[i]
 		for j, a := range d.addrs {
-			id, ok := r.backendOf[a]
+			id, ok := r.backendOf.get(a)
 			if !ok {
 				id = BackendID(r.beIDs.alloc())
-				r.backendOf[a] = id
+				r.backendOf.put(a, id)
 			}
 			ids[i][j] = id
 			if cur, ok := r.backend(id); (ok && cur == a) || queued.has(uint32(id)) {
@@ -273,7 +273,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 			}
 			return r.dp.UpsertSlot(sls[i].Frontend, sls[i].Slot, sls[i].Backend)
 		},
-		func(i int) { r.setSlot(r.frontends[sls[i].Frontend], sls[i].Slot, sls[i].Backend) },
+		func(i int) { r.setSlot(r.frontends.val(sls[i].Frontend), sls[i].Slot, sls[i].Backend) },
 		func(i int, err error) { fail(slOf[i], fmt.Errorf("upsert slot %d: %w", sls[i].Slot, err)) })
 	// A backend written that no slot names (its frontends failed) may
 	// go. (Marked only now, rather than each until its slot is written
@@ -289,7 +289,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		if failed[d.fe] || len(d.ranges) == 0 {
 			continue
 		}
-		if err := r.addRanges(d.fe.L4Addr, r.frontends[d.fe], d.ranges); err != nil {
+		if err := r.addRanges(d.fe.L4Addr, r.frontends.val(d.fe), d.ranges); err != nil {
 			fail(d, err)
 		}
 	}
@@ -319,7 +319,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		},
 		func(i int) {
 			fe, m := ms[i].Frontend, ms[i].Master
-			v := r.frontends[fe]
+			v := r.frontends.val(fe)
 			if isClusterIP(fe, m) {
 				r.refServiceIP(fe.Addr)
 			}
@@ -341,7 +341,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 	ipOf := make(map[netip.Addr][]*desiredFrontend)
 	for k, e := range ms {
 		a := e.Frontend.Addr
-		if v := r.frontends[e.Frontend]; !v.hasMaster || !isClusterIP(e.Frontend, e.Master) || r.ipSet[a] {
+		if v := r.frontends.val(e.Frontend); !v.hasMaster || !isClusterIP(e.Frontend, e.Master) || r.ipSet[a] {
 			continue
 		}
 		if ipOf[a] == nil {

@@ -101,14 +101,14 @@ func (r *Reconciler) inUse() sizes {
 func (r *Reconciler) capacityNeeded(fe Frontend, d *desiredFrontend) sizes {
 	var n sizes
 	f := familyOf(fe.Addr)
-	v := r.frontends[fe]
-	if sid, ok := r.serviceOf[fe]; !ok {
+	v := r.frontends.val(fe)
+	if sid, ok := r.serviceOf.get(fe); !ok {
 		n.services = 1
 	} else if !r.revNat.has(uint32(sid)) {
 		n.services = 1
 	}
 	for _, a := range d.addrs {
-		if id, ok := r.backendOf[a]; !ok || !r.isReal(id) {
+		if id, ok := r.backendOf.get(a); !ok || !r.isReal(id) {
 			n.backends[f]++
 		}
 	}

@@ -58,18 +58,18 @@ func (r *Reconciler) fastInSync(v *frontendView, fe Frontend, svc *model.Service
 }
 
 func (r *Reconciler) markSynced(fe Frontend, d *desiredFrontend) {
-	if v := r.frontends[fe]; v != nil {
+	if v := r.frontends.val(fe); v != nil {
 		v.synced, v.syncedIDs, v.syncedRanges, v.name = true, d.ids, d.ranges, d.svc.Name
 	}
 }
 
 // inSyncFrontend reports whether fe is programmed exactly as d asks.
 func (r *Reconciler) inSyncFrontend(fe Frontend, d *desiredFrontend) bool {
-	v := r.frontends[fe]
+	v := r.frontends.val(fe)
 	if v == nil || !v.hasMaster {
 		return false
 	}
-	sid, ok := r.serviceOf[fe]
+	sid, ok := r.serviceOf.get(fe)
 	if !ok || v.master != masterOf(sid, d) {
 		return false
 	}
@@ -81,7 +81,7 @@ func (r *Reconciler) inSyncFrontend(fe Frontend, d *desiredFrontend) bool {
 	}
 	ids := make([]BackendID, len(d.addrs))
 	for i, a := range d.addrs {
-		id, ok := r.backendOf[a]
+		id, ok := r.backendOf.get(a)
 		if !ok || !r.isReal(id) {
 			return false
 		}
@@ -92,7 +92,7 @@ func (r *Reconciler) inSyncFrontend(fe Frontend, d *desiredFrontend) bool {
 	for s := uint32(1); s <= uint32(len(d.addrs)); s++ {
 		id, ok := v.slots.get(s)
 		a, real := r.backend(id)
-		if !ok || seen[id] || !real || !wantsAddr(d, a) || r.backendOf[a] != id {
+		if !ok || seen[id] || !real || !wantsAddr(d, a) || r.backendOf.val(a) != id {
 			return false
 		}
 		seen[id] = true
@@ -115,7 +115,7 @@ func wantsAddr(d *desiredFrontend, a model.L4Addr) bool {
 // make-before-break order, stopping at the first failed write (the view
 // then says how far it got).
 func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity sizes) error {
-	v := r.frontends[fe]
+	v := r.frontends.val(fe)
 	m := uint32(len(d.addrs))
 
 	// Checked before any write, so a service that does not fit keeps its
@@ -127,14 +127,14 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 		return err
 	}
 
-	sid, haveSID := r.serviceOf[fe]
+	sid, haveSID := r.serviceOf.get(fe)
 	if !haveSID {
 		sid = ServiceID(r.svcIDs.alloc())
 		if err := r.dp.ResetServiceStats(sid); err != nil {
 			r.svcIDs.release(uint32(sid))
 			return fmt.Errorf("reset counters of service %d: %w", sid, err)
 		}
-		r.serviceOf[fe] = sid
+		r.serviceOf.put(fe, sid)
 	}
 	if v != nil {
 		v.synced = false
@@ -168,10 +168,10 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 	ids := make([]BackendID, len(d.addrs))
 	d.ids = ids // for markSynced, once all is written
 	for i, a := range d.addrs {
-		id, ok := r.backendOf[a]
+		id, ok := r.backendOf.get(a)
 		if !ok {
 			id = BackendID(r.beIDs.alloc())
-			r.backendOf[a] = id
+			r.backendOf.put(a, id)
 		}
 		ids[i] = id
 		if cur, ok := r.backend(id); ok && cur == a {
@@ -323,7 +323,7 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 // ClusterIP's last master after its address left the service IPs), then
 // its slots and source ranges. Its rev_nat entry goes at the end of Apply.
 func (r *Reconciler) removeFrontend(fe Frontend) error {
-	v := r.frontends[fe]
+	v := r.frontends.val(fe)
 	var named []model.L4Addr
 	if v.hasMaster {
 		for s := uint32(1); s <= v.master.Count; s++ {
@@ -369,7 +369,7 @@ func (r *Reconciler) removeFrontend(fe Frontend) error {
 	if err := r.pruneRanges(fe.L4Addr, v, nil); err != nil {
 		return err
 	}
-	delete(r.frontends, fe)
+	r.frontends.del(fe)
 	return nil
 }
 

@@ -16,24 +16,24 @@ import (
 // releaseReservations drops the ids chosen for frontends and backend
 // addresses that neither the maps hold nor the desired state wants.
 func (r *Reconciler) releaseReservations(services map[model.L4Addr]*model.Service, want map[model.L4Addr]bool) {
-	for fe, id := range r.serviceOf {
+	for fe, id := range r.serviceOf.all() {
 		if wanted(services, fe) {
 			continue
 		}
-		if _, ok := r.frontends[fe]; ok {
+		if _, ok := r.frontends.get(fe); ok {
 			continue
 		}
 		if cur, ok := r.revNat.get(uint32(id)); ok && cur == fe {
 			continue
 		}
-		delete(r.serviceOf, fe)
+		r.serviceOf.del(fe)
 		r.maybeReleaseService(id, fe)
 	}
-	for a, id := range r.backendOf {
+	for a, id := range r.backendOf.all() {
 		if r.isReal(id) || want[a] || r.backends.refs(uint32(id)) > 0 {
 			continue
 		}
-		delete(r.backendOf, a)
+		r.backendOf.del(a)
 		r.maybeReleaseBackend(id, a)
 	}
 }
@@ -46,7 +46,7 @@ func (r *Reconciler) deleteUnusedBackends(want func() map[model.L4Addr]bool) err
 		return nil // the common case: no closures or iterator to allocate
 	}
 	return deleteUnused(r, idEntries[BackendID, model.L4Addr]{
-		what: "backend", cand: r.backendCand, entries: &r.backends, idOf: r.backendOf,
+		what: "backend", cand: r.backendCand, entries: &r.backends, idOf: &r.backendOf,
 		wanted:  func(a model.L4Addr) bool { return want()[a] },
 		deleted: func(a model.L4Addr) { r.nbackends[familyOf(a.Addr)]-- },
 		del:     r.dp.DeleteBackend,
@@ -62,7 +62,7 @@ func (r *Reconciler) deleteUnusedRevNat(services map[model.L4Addr]*model.Service
 		return nil // the common case: no closures or iterator to allocate
 	}
 	return deleteUnused(r, idEntries[ServiceID, Frontend]{
-		what: "rev_nat", cand: r.revNatCand, entries: &r.revNat, idOf: r.serviceOf,
+		what: "rev_nat", cand: r.revNatCand, entries: &r.revNat, idOf: &r.serviceOf,
 		wanted:  func(fe Frontend) bool { return wanted(services, fe) },
 		del:     r.dp.DeleteRevNat,
 		delMany: r.dp.DeleteRevNats,
@@ -74,15 +74,21 @@ func (r *Reconciler) deleteUnusedRevNat(services map[model.L4Addr]*model.Service
 // allocates, as deleteUnused sees it: backends (key: the backend address)
 // or rev_nat entries (key: the frontend).
 type idEntries[ID ~uint32, K comparable] struct {
-	what    string       // the map, for errors
-	cand    map[ID]bool // entries that may have lost their last user
-	entries *idTable[K] // what the map holds, and the slots or masters naming each id
-	idOf    map[K]ID    // the id chosen for each key, held or reserved
+	what    string         // the map, for errors
+	cand    map[ID]bool    // entries that may have lost their last user
+	entries *idTable[K]    // what the map holds, and the slots or masters naming each id
+	idOf    idIndex[K, ID] // the id chosen for each key, held or reserved
 	wanted  func(K) bool
 	deleted func(K) // if set, hears of every entry deleted
 	del     func(ID) error
 	delMany func([]ID) (int, error)
 	release func(ID, K)
+}
+
+// idIndex is the id of each key (Reconciler.backendOf, serviceOf).
+type idIndex[K, ID any] interface {
+	val(K) ID
+	del(K)
 }
 
 // deleteUnused deletes, in id order, the candidate entries nothing names,
@@ -99,7 +105,7 @@ func deleteUnused[ID ~uint32, K comparable](r *Reconciler, e idEntries[ID, K]) e
 			delete(e.cand, id)
 			continue
 		}
-		if e.wanted(k) && e.idOf[k] == id {
+		if e.wanted(k) && e.idOf.val(k) == id {
 			continue
 		}
 		ids = append(ids, id)
@@ -112,8 +118,8 @@ func deleteUnused[ID ~uint32, K comparable](r *Reconciler, e idEntries[ID, K]) e
 			e.deleted(k)
 		}
 		delete(e.cand, id)
-		if e.idOf[k] == id {
-			delete(e.idOf, k)
+		if e.idOf.val(k) == id {
+			e.idOf.del(k)
 		}
 		e.release(id, k)
 	}
@@ -141,7 +147,7 @@ func (r *Reconciler) maybeReleaseService(id ServiceID, fe Frontend) {
 		return
 	}
 	r.revNat.clearRefs(uint32(id))
-	if r.serviceOf[fe] == id {
+	if r.serviceOf.val(fe) == id {
 		return
 	}
 	r.svcIDs.release(uint32(id))
@@ -149,7 +155,7 @@ func (r *Reconciler) maybeReleaseService(id ServiceID, fe Frontend) {
 
 // maybeReleaseBackend frees a backend id once nothing holds or reserves it.
 func (r *Reconciler) maybeReleaseBackend(id BackendID, a model.L4Addr) {
-	if r.isReal(id) || r.backends.refs(uint32(id)) > 0 || r.backendOf[a] == id {
+	if r.isReal(id) || r.backends.refs(uint32(id)) > 0 || r.backendOf.val(a) == id {
 		return
 	}
 	r.beIDs.release(uint32(id))

@@ -119,7 +119,7 @@ type Reconciler struct {
 	log *slog.Logger
 
 	// The view of the kernel's maps.
-	frontends map[Frontend]*frontendView
+	frontends keyMap[Frontend, *frontendView, frontendKeys]
 	// The backend and rev_nat entries by id, with the slots (of any
 	// frontend, within its count or not) naming each backend id and the
 	// masters naming each service id.
@@ -139,8 +139,8 @@ type Reconciler struct {
 
 	// The id each backend address and each frontend is (to be) programmed
 	// under. An id named here is reserved even before its entry is written.
-	backendOf map[model.L4Addr]BackendID
-	serviceOf map[Frontend]ServiceID
+	backendOf keyMap[model.L4Addr, BackendID, backendKeys]
+	serviceOf keyMap[Frontend, ServiceID, frontendKeys]
 
 	// The service IPs: what the map holds, how many ClusterIP masters
 	// each address has, and the addresses whose membership may be wrong
@@ -190,7 +190,7 @@ func New(dp Datapath, log *slog.Logger) *Reconciler {
 }
 
 func (r *Reconciler) reset() {
-	r.frontends = map[Frontend]*frontendView{}
+	r.frontends = makeKeyMap[Frontend, *frontendView, frontendKeys](0)
 	r.backends = idTable[model.L4Addr]{}
 	r.revNat = idTable[Frontend]{}
 	r.nbackends = [2]int{}
@@ -198,8 +198,8 @@ func (r *Reconciler) reset() {
 	r.ranges = [2]int{}
 	r.backendCand = map[BackendID]bool{}
 	r.revNatCand = map[ServiceID]bool{}
-	r.backendOf = map[model.L4Addr]BackendID{}
-	r.serviceOf = map[Frontend]ServiceID{}
+	r.backendOf = makeKeyMap[model.L4Addr, BackendID, backendKeys](0)
+	r.serviceOf = makeKeyMap[Frontend, ServiceID, frontendKeys](0)
 	r.ipSet = map[netip.Addr]bool{}
 	r.ipRefs = map[netip.Addr]int{}
 	r.ipDirty = map[netip.Addr]bool{}
@@ -259,7 +259,7 @@ func (r *Reconciler) Stats() Stats {
 		SourceRanges: r.ranges[ipv4] + r.ranges[ipv6], SourceRanges6: r.ranges[ipv6],
 		Backends6: r.nbackends[ipv6],
 	}
-	for _, v := range r.frontends {
+	for _, v := range r.frontends.all() {
 		if v.hasMaster {
 			s.Services++
 		}
@@ -337,7 +337,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 		for _, a := range st.Changed {
 			for _, scope := range []Scope{ScopeDefault, ScopeInternal} {
 				fe := Frontend{L4Addr: a, Scope: scope}
-				v := r.frontends[fe]
+				v := r.frontends.val(fe)
 				if svc := services[a]; svc != nil && scope < scopes(svc) {
 					consider(fe, v, svc)
 				} else if v != nil {
@@ -353,15 +353,15 @@ func (r *Reconciler) Apply(st *model.State) error {
 			}
 			for scope := range scopes(svc) {
 				fe := Frontend{L4Addr: a, Scope: scope}
-				v := r.frontends[fe]
+				v := r.frontends.val(fe)
 				if v != nil {
 					known++
 				}
 				consider(fe, v, svc)
 			}
 		}
-		if known < len(r.frontends) { // else every frontend of the view is wanted
-			for fe := range r.frontends {
+		if known < r.frontends.len() { // else every frontend of the view is wanted
+			for fe := range r.frontends.all() {
 				unwanted(fe)
 			}
 		}
@@ -412,7 +412,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 		if d.flags&FlagTwoScopes != 0 {
 			// Its master would name an internal scope that failed to be
 			// programmed: it keeps its previous programming.
-			if v := r.frontends[Frontend{L4Addr: d.fe.L4Addr, Scope: ScopeInternal}]; v == nil || !v.hasMaster {
+			if v := r.frontends.val(Frontend{L4Addr: d.fe.L4Addr, Scope: ScopeInternal}); v == nil || !v.hasMaster {
 				errs = append(errs, frontendError(d.svc.Name, d.fe, false, errInternalScope))
 				continue
 			}
@@ -493,11 +493,11 @@ func wanted(services map[model.L4Addr]*model.Service, fe Frontend) bool {
 // removal failed, an error already) is kept for it.
 func (r *Reconciler) remove(fe Frontend, errs []error) []error {
 	if fe.Scope == ScopeInternal {
-		if v := r.frontends[DefaultScope(fe.L4Addr)]; v != nil && v.hasMaster && v.master.Flags&FlagTwoScopes != 0 {
+		if v := r.frontends.val(DefaultScope(fe.L4Addr)); v != nil && v.hasMaster && v.master.Flags&FlagTwoScopes != 0 {
 			return errs
 		}
 	}
-	name := r.frontends[fe].name
+	name := r.frontends.val(fe).name
 	if err := r.removeFrontend(fe); err != nil {
 		return append(errs, frontendError(name, fe, true, err))
 	}
@@ -508,24 +508,28 @@ func (r *Reconciler) remove(fe Frontend, errs []error) []error {
 // maps), so that programming 30,000 frontends does not rehash them a dozen
 // times over.
 func (r *Reconciler) presize(changed []*desiredFrontend) {
-	if len(r.frontends) != 0 || len(changed) < 64 {
+	if r.frontends.len() != 0 || len(changed) < 64 {
 		return
 	}
-	nb := 0
+	nb, nf := 0, len(changed)
+	nb4, nf4 := 0, 0 // IPv4's, packed in the key maps
 	for _, d := range changed {
 		nb += len(d.addrs)
+		if d.fe.Addr.Is4() {
+			nb4 += len(d.addrs)
+			nf4++
+		}
 	}
-	nf := len(changed)
 	// Ids are handed out from 1 up: the tables need one more entry.
 	r.backends.grow(nb + 1)
 	r.revNat.grow(nf + 1)
-	if len(r.backendOf) == 0 {
-		r.backendOf = make(map[model.L4Addr]BackendID, nb)
+	if r.backendOf.len() == 0 {
+		r.backendOf = makeKeyMap[model.L4Addr, BackendID, backendKeys](nb4)
 	}
-	if len(r.serviceOf) == 0 {
-		r.serviceOf = make(map[Frontend]ServiceID, nf)
+	if r.serviceOf.len() == 0 {
+		r.serviceOf = makeKeyMap[Frontend, ServiceID, frontendKeys](nf4)
 	}
-	r.frontends = make(map[Frontend]*frontendView, nf)
+	r.frontends = makeKeyMap[Frontend, *frontendView, frontendKeys](nf4)
 	if len(r.ipRefs) == 0 && len(r.ipSet) == 0 {
 		// At most one address each (most are ClusterIPs').
 		r.ipRefs = make(map[netip.Addr]int, nf)

@@ -7,6 +7,7 @@ package reconciler
 
 import (
 	"fmt"
+	"iter"
 	"maps"
 	"net/netip"
 	"slices"
@@ -100,15 +101,15 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 	// master's id wins over a rev_nat entry naming the same frontend; of
 	// several ids for one backend address (strays), the most named, then the
 	// lowest, wins. The losers are rewritten and deleted by the next Apply.
-	for _, fe := range slices.SortedFunc(maps.Keys(r.frontends), Frontend.Compare) {
-		if v := r.frontends[fe]; v.hasMaster && r.revNat.refs(uint32(v.master.ID)) == 1 {
-			r.serviceOf[fe] = v.master.ID
+	for _, fe := range slices.SortedFunc(r.frontends.keys(), Frontend.Compare) {
+		if v := r.frontends.val(fe); v.hasMaster && r.revNat.refs(uint32(v.master.ID)) == 1 {
+			r.serviceOf.put(fe, v.master.ID)
 		}
 	}
 	for _, id := range r.revNat.ids() {
 		fe, _ := r.revNat.get(id)
-		if _, ok := r.serviceOf[fe]; !ok && r.revNat.refs(id) == 0 {
-			r.serviceOf[fe] = ServiceID(id)
+		if _, ok := r.serviceOf.get(fe); !ok && r.revNat.refs(id) == 0 {
+			r.serviceOf.put(fe, ServiceID(id))
 		}
 		if r.revNat.refs(id) == 0 {
 			r.revNatCand[ServiceID(id)] = true
@@ -116,9 +117,9 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 	}
 	for _, id := range r.backends.ids() {
 		a, _ := r.backends.get(id)
-		cur, ok := r.backendOf[a]
+		cur, ok := r.backendOf.get(a)
 		if !ok || r.backends.refs(id) > r.backends.refs(uint32(cur)) {
-			r.backendOf[a] = BackendID(id)
+			r.backendOf.put(a, BackendID(id))
 		}
 		if r.backends.refs(id) == 0 {
 			r.backendCand[BackendID(id)] = true
@@ -154,10 +155,10 @@ func (r *Reconciler) presizeKernel(ks *KernelState) {
 }
 
 func (r *Reconciler) frontend(fe Frontend) *frontendView {
-	v := r.frontends[fe]
+	v := r.frontends.val(fe)
 	if v == nil {
 		v = &frontendView{fam: familyOf(fe.Addr)}
-		r.frontends[fe] = v
+		r.frontends.put(fe, v)
 	}
 	return v
 }
@@ -415,4 +416,122 @@ func (t *idTable[V]) ids() []uint32 {
 		}
 	}
 	return out
+}
+
+// keyMap is a Go map keyed by an address with a port and protocol (a
+// backend's address, or a frontend in its scope, P says which). An IPv4
+// key, the common case, is packed into a uint64 (address, port,
+// protocol, scope): a third of the memory of the whole key (a netip.Addr
+// is 16 bytes and a pointer), and quicker to hash. The others are keyed
+// as they are.
+type keyMap[K comparable, V any, P keyPacking[K]] struct {
+	packed map[uint64]V
+	other  map[K]V
+}
+
+// keyPacking packs the keys of a keyMap that fit in a uint64, and
+// unpacks them.
+type keyPacking[K any] interface {
+	pack(K) (uint64, bool)
+	unpack(uint64) K
+}
+
+type (
+	backendKeys  struct{} // packs a backend's model.L4Addr
+	frontendKeys struct{} // packs a Frontend
+)
+
+func (backendKeys) pack(a model.L4Addr) (uint64, bool) { return packL4(a, 0) }
+func (backendKeys) unpack(k uint64) model.L4Addr       { return unpackL4(k).L4Addr }
+func (frontendKeys) pack(fe Frontend) (uint64, bool)   { return packL4(fe.L4Addr, fe.Scope) }
+func (frontendKeys) unpack(k uint64) Frontend          { return unpackL4(k) }
+
+// packL4 packs an IPv4 address, port, protocol and scope.
+func packL4(a model.L4Addr, scope Scope) (uint64, bool) {
+	if !a.Addr.Is4() {
+		return 0, false
+	}
+	b := a.Addr.As4()
+	return uint64(b[0])<<56 | uint64(b[1])<<48 | uint64(b[2])<<40 | uint64(b[3])<<32 |
+		uint64(a.Port)<<16 | uint64(a.Proto)<<8 | uint64(scope), true
+}
+
+func unpackL4(k uint64) Frontend {
+	return Frontend{
+		L4Addr: model.L4Addr{
+			Addr: netip.AddrFrom4([4]byte{byte(k >> 56), byte(k >> 48), byte(k >> 40), byte(k >> 32)}),
+			Port: uint16(k >> 16), Proto: model.Protocol(k >> 8),
+		},
+		Scope: Scope(k),
+	}
+}
+
+// makeKeyMap returns a keyMap with room for n IPv4 keys.
+func makeKeyMap[K comparable, V any, P keyPacking[K]](n int) keyMap[K, V, P] {
+	return keyMap[K, V, P]{packed: make(map[uint64]V, n), other: map[K]V{}}
+}
+
+func (m *keyMap[K, V, P]) get(k K) (V, bool) {
+	var p P
+	if pk, ok := p.pack(k); ok {
+		v, ok := m.packed[pk]
+		return v, ok
+	}
+	v, ok := m.other[k]
+	return v, ok
+}
+
+// val returns k's value, or the zero value if it has none.
+func (m *keyMap[K, V, P]) val(k K) V {
+	v, _ := m.get(k)
+	return v
+}
+
+func (m *keyMap[K, V, P]) put(k K, v V) {
+	var p P
+	if pk, ok := p.pack(k); ok {
+		m.packed[pk] = v
+		return
+	}
+	m.other[k] = v
+}
+
+func (m *keyMap[K, V, P]) del(k K) {
+	var p P
+	if pk, ok := p.pack(k); ok {
+		delete(m.packed, pk)
+		return
+	}
+	delete(m.other, k)
+}
+
+func (m *keyMap[K, V, P]) len() int { return len(m.packed) + len(m.other) }
+
+// all yields every key and value, in no order. The body may delete the
+// key it is given.
+func (m *keyMap[K, V, P]) all() iter.Seq2[K, V] {
+	return func(yield func(K, V) bool) {
+		var p P
+		for pk, v := range m.packed {
+			if !yield(p.unpack(pk), v) {
+				return
+			}
+		}
+		for k, v := range m.other {
+			if !yield(k, v) {
+				return
+			}
+		}
+	}
+}
+
+// keys yields every key, in no order.
+func (m *keyMap[K, V, P]) keys() iter.Seq[K] {
+	return func(yield func(K) bool) {
+		for k := range m.all() {
+			if !yield(k) {
+				return
+			}
+		}
+	}
 }
