@@ -76,13 +76,20 @@ func (r *Reconciler) deleteUnusedRevNat(services map[model.L4Addr]*model.Service
 type idEntries[ID ~uint32, K comparable] struct {
 	what    string         // the map, for errors
 	cand    map[ID]bool    // entries that may have lost their last user
-	entries *idTable[K]    // what the map holds, and the slots or masters naming each id
+	entries idTableOf[K]   // what the map holds, and the slots or masters naming each id
 	idOf    idIndex[K, ID] // the id chosen for each key, held or reserved
 	wanted  func(K) bool
 	deleted func(K) // if set, hears of every entry deleted
 	del     func(ID) error
 	delMany func([]ID) (int, error)
 	release func(ID, K)
+}
+
+// idTableOf is an idTable of values K (Reconciler.backends, revNat).
+type idTableOf[K any] interface {
+	get(id uint32) (K, bool)
+	refs(id uint32) int32
+	del(id uint32)
 }
 
 // idIndex is the id of each key (Reconciler.backendOf, serviceOf).

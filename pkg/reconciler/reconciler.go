@@ -123,8 +123,8 @@ type Reconciler struct {
 	// The backend and rev_nat entries by id, with the slots (of any
 	// frontend, within its count or not) naming each backend id and the
 	// masters naming each service id.
-	backends idTable[model.L4Addr]
-	revNat   idTable[Frontend]
+	backends idTable[model.L4Addr, backendKeys]
+	revNat   idTable[Frontend, frontendKeys]
 	// Per family (capacity.go): backend entries, service map entries
 	// (masters plus slots), and source ranges of all frontends.
 	nbackends [2]int
@@ -191,8 +191,8 @@ func New(dp Datapath, log *slog.Logger) *Reconciler {
 
 func (r *Reconciler) reset() {
 	r.frontends = makeKeyMap[Frontend, *frontendView, frontendKeys](0)
-	r.backends = idTable[model.L4Addr]{}
-	r.revNat = idTable[Frontend]{}
+	r.backends = idTable[model.L4Addr, backendKeys]{}
+	r.revNat = idTable[Frontend, frontendKeys]{}
 	r.nbackends = [2]int{}
 	r.entries = [2]int{}
 	r.ranges = [2]int{}

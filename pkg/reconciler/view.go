@@ -261,21 +261,30 @@ func (m *slotMap) keys(from uint32) []uint32 {
 // allocates (backends, rev_nat) and how many users name each id (slots,
 // masters; an id may be named without an entry: a stray restored from the
 // kernel), indexed by id. The allocators keep ids dense (idAllocator), so
-// a slice beats a Go map keyed by id: a tenth of the memory at 30,000
-// services, and a first program touches it in order instead of at random.
-// An id far above the ones in use (a stray restored from the kernel) goes
-// in a map instead, so that it cannot make the slice huge.
-type idTable[V comparable] struct {
-	dense []idEntry[V]
-	high  map[uint32]*idEntry[V]
-	n     int // entries present
+// a slice beats a Go map keyed by id: in memory, and a first program
+// touches it in order instead of at random. A value is held packed (P),
+// as the keyMaps pack their keys: 16 bytes an id for an IPv4 backend
+// where the model.L4Addr alone takes 32; the others (IPv6) go in a map
+// beside. An id far above the ones in use (a stray restored from the
+// kernel) goes in a map too, so that it cannot make the slice huge.
+type idTable[V comparable, P keyPacking[V]] struct {
+	dense []idEntry
+	high  map[uint32]*idEntry
+	wide  map[uint32]V // the values that do not pack
+	n     int          // entries present
 }
 
-type idEntry[V comparable] struct {
-	val  V
-	refs int32 // users naming the id
-	ok   bool  // the map holds val under the id
+type idEntry struct {
+	key  uint64 // the value, packed, if held is heldPacked
+	refs int32  // users naming the id
+	held uint8  // whether the map holds a value under the id, and where
 }
+
+const (
+	heldNone   = iota
+	heldPacked // in key
+	heldWide   // in idTable.wide
+)
 
 // idTableSlack is how far above the dense range an id may be and still
 // grow it (besides doubling): ids handed out by an allocator are at most
@@ -284,7 +293,7 @@ const idTableSlack = 1 << 16
 
 // at returns id's entry, or nil if it has none (no value, no users).
 // The pointer is good until the next call that adds an id.
-func (t *idTable[V]) at(id uint32) *idEntry[V] {
+func (t *idTable[V, P]) at(id uint32) *idEntry {
 	if int64(id) < int64(len(t.dense)) {
 		return &t.dense[id]
 	}
@@ -292,7 +301,7 @@ func (t *idTable[V]) at(id uint32) *idEntry[V] {
 }
 
 // make returns id's entry, adding it (empty) if it has none.
-func (t *idTable[V]) make(id uint32) *idEntry[V] {
+func (t *idTable[V, P]) make(id uint32) *idEntry {
 	if int64(id) < int64(len(t.dense)) {
 		return &t.dense[id]
 	}
@@ -303,9 +312,9 @@ func (t *idTable[V]) make(id uint32) *idEntry[V] {
 	e := t.high[id]
 	if e == nil {
 		if t.high == nil {
-			t.high = map[uint32]*idEntry[V]{}
+			t.high = map[uint32]*idEntry{}
 		}
-		e = &idEntry[V]{}
+		e = &idEntry{}
 		t.high[id] = e
 	}
 	return e
@@ -313,7 +322,7 @@ func (t *idTable[V]) make(id uint32) *idEntry[V] {
 
 // grow makes the dense range hold ids below n, moving the entries of
 // ids now in range out of high.
-func (t *idTable[V]) grow(n int) {
+func (t *idTable[V, P]) grow(n int) {
 	if n <= len(t.dense) {
 		return
 	}
@@ -322,53 +331,75 @@ func (t *idTable[V]) grow(n int) {
 	t.dense = t.dense[:cap(t.dense)] // the whole capacity: grow again only when it is full
 	clear(t.dense[old:])
 	for id, e := range t.high {
-		if int64(id) < int64(n) {
+		if int64(id) < int64(len(t.dense)) {
 			t.dense[id] = *e
 			delete(t.high, id)
 		}
 	}
 }
 
-// get returns the value held under id.
-func (t *idTable[V]) get(id uint32) (V, bool) {
-	if e := t.at(id); e != nil && e.ok {
-		return e.val, true
+// value returns the value e, id's entry, holds.
+func (t *idTable[V, P]) value(id uint32, e *idEntry) (V, bool) {
+	var p P
+	switch {
+	case e == nil:
+	case e.held == heldPacked:
+		return p.unpack(e.key), true
+	case e.held == heldWide:
+		return t.wide[id], true
 	}
 	var zero V
 	return zero, false
 }
 
+// get returns the value held under id.
+func (t *idTable[V, P]) get(id uint32) (V, bool) { return t.value(id, t.at(id)) }
+
 // has reports whether the map holds an entry under id.
-func (t *idTable[V]) has(id uint32) bool {
+func (t *idTable[V, P]) has(id uint32) bool {
 	e := t.at(id)
-	return e != nil && e.ok
+	return e != nil && e.held != heldNone
 }
 
 // put records that the map holds v under id, returning what it held.
-func (t *idTable[V]) put(id uint32, v V) (old V, had bool) {
+func (t *idTable[V, P]) put(id uint32, v V) (old V, had bool) {
+	var p P
 	e := t.make(id)
-	old, had = e.val, e.ok
+	old, had = t.value(id, e)
 	if !had {
 		t.n++
 	}
-	e.val, e.ok = v, true
+	if e.held == heldWide {
+		delete(t.wide, id)
+	}
+	if k, ok := p.pack(v); ok {
+		e.key, e.held = k, heldPacked
+		return old, had
+	}
+	if t.wide == nil {
+		t.wide = map[uint32]V{}
+	}
+	t.wide[id] = v
+	e.key, e.held = 0, heldWide
 	return old, had
 }
 
 // del records that the map holds nothing under id.
-func (t *idTable[V]) del(id uint32) {
+func (t *idTable[V, P]) del(id uint32) {
 	e := t.at(id)
-	if e == nil || !e.ok {
+	if e == nil || e.held == heldNone {
 		return
 	}
-	var zero V
-	e.val, e.ok = zero, false
+	if e.held == heldWide {
+		delete(t.wide, id)
+	}
+	e.key, e.held = 0, heldNone
 	t.n--
 	t.prune(id, e)
 }
 
 // refs returns how many users name id.
-func (t *idTable[V]) refs(id uint32) int32 {
+func (t *idTable[V, P]) refs(id uint32) int32 {
 	if e := t.at(id); e != nil {
 		return e.refs
 	}
@@ -376,7 +407,7 @@ func (t *idTable[V]) refs(id uint32) int32 {
 }
 
 // addRefs adds d users of id and returns how many there are.
-func (t *idTable[V]) addRefs(id uint32, d int32) int32 {
+func (t *idTable[V, P]) addRefs(id uint32, d int32) int32 {
 	e := t.make(id)
 	e.refs += d
 	n := e.refs
@@ -385,7 +416,7 @@ func (t *idTable[V]) addRefs(id uint32, d int32) int32 {
 }
 
 // clearRefs forgets the users of id.
-func (t *idTable[V]) clearRefs(id uint32) {
+func (t *idTable[V, P]) clearRefs(id uint32) {
 	if e := t.at(id); e != nil {
 		e.refs = 0
 		t.prune(id, e)
@@ -393,25 +424,25 @@ func (t *idTable[V]) clearRefs(id uint32) {
 }
 
 // prune drops id's entry from high once it holds nothing.
-func (t *idTable[V]) prune(id uint32, e *idEntry[V]) {
-	if !e.ok && e.refs == 0 && int64(id) >= int64(len(t.dense)) {
+func (t *idTable[V, P]) prune(id uint32, e *idEntry) {
+	if e.held == heldNone && e.refs == 0 && int64(id) >= int64(len(t.dense)) {
 		delete(t.high, id)
 	}
 }
 
 // len returns how many entries the map holds.
-func (t *idTable[V]) len() int { return t.n }
+func (t *idTable[V, P]) len() int { return t.n }
 
 // ids returns the ids the map holds entries under, in order.
-func (t *idTable[V]) ids() []uint32 {
+func (t *idTable[V, P]) ids() []uint32 {
 	out := make([]uint32, 0, t.n)
 	for id := range t.dense {
-		if t.dense[id].ok {
+		if t.dense[id].held != heldNone {
 			out = append(out, uint32(id))
 		}
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.high)) {
-		if t.high[id].ok {
+		if t.high[id].held != heldNone {
 			out = append(out, id)
 		}
 	}
