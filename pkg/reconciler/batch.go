@@ -341,7 +341,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 	ipOf := make(map[netip.Addr][]*desiredFrontend)
 	for k, e := range ms {
 		a := e.Frontend.Addr
-		if v := r.frontends.val(e.Frontend); !v.hasMaster || !isClusterIP(e.Frontend, e.Master) || r.ipSet[a] {
+		if v := r.frontends.val(e.Frontend); !v.hasMaster || !isClusterIP(e.Frontend, e.Master) || r.ipSet.val(a) {
 			continue
 		}
 		if ipOf[a] == nil {
@@ -353,7 +353,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		func() (int, error) { return r.dp.UpsertServiceIPs(ips) },
 		func(i int) error { return r.dp.UpsertServiceIP(ips[i]) },
 		func(i int) {
-			r.ipSet[ips[i]] = true
+			r.ipSet.put(ips[i], true)
 			delete(r.ipDirty, ips[i])
 		},
 		func(i int, err error) {

@@ -145,8 +145,8 @@ type Reconciler struct {
 	// The service IPs: what the map holds, how many ClusterIP masters
 	// each address has, and the addresses whose membership may be wrong
 	// (serviceips.go).
-	ipSet   map[netip.Addr]bool
-	ipRefs  map[netip.Addr]int
+	ipSet   keyMap[netip.Addr, bool, addrKeys]
+	ipRefs  keyMap[netip.Addr, int, addrKeys]
 	ipDirty map[netip.Addr]bool
 
 	svcIDs *idAllocator
@@ -200,8 +200,8 @@ func (r *Reconciler) reset() {
 	r.revNatCand = map[ServiceID]bool{}
 	r.backendOf = makeKeyMap[model.L4Addr, BackendID, backendKeys](0)
 	r.serviceOf = makeKeyMap[Frontend, ServiceID, frontendKeys](0)
-	r.ipSet = map[netip.Addr]bool{}
-	r.ipRefs = map[netip.Addr]int{}
+	r.ipSet = makeKeyMap[netip.Addr, bool, addrKeys](0)
+	r.ipRefs = makeKeyMap[netip.Addr, int, addrKeys](0)
 	r.ipDirty = map[netip.Addr]bool{}
 	r.svcIDs = newIDAllocator(ServiceIDQuarantine)
 	r.beIDs = newIDAllocator(BackendIDQuarantine)
@@ -254,7 +254,7 @@ func (r *Reconciler) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := Stats{
-		RevNat: r.revNat.len(), ServiceIPs: len(r.ipSet), Writes: r.writes,
+		RevNat: r.revNat.len(), ServiceIPs: r.ipSet.len(), Writes: r.writes,
 		ServiceEntries: r.entries[ipv4] + r.entries[ipv6], ServiceEntries6: r.entries[ipv6],
 		SourceRanges: r.ranges[ipv4] + r.ranges[ipv6], SourceRanges6: r.ranges[ipv6],
 		Backends6: r.nbackends[ipv6],
@@ -530,10 +530,10 @@ func (r *Reconciler) presize(changed []*desiredFrontend) {
 		r.serviceOf = makeKeyMap[Frontend, ServiceID, frontendKeys](nf4)
 	}
 	r.frontends = makeKeyMap[Frontend, *frontendView, frontendKeys](nf4)
-	if len(r.ipRefs) == 0 && len(r.ipSet) == 0 {
+	if r.ipRefs.len() == 0 && r.ipSet.len() == 0 {
 		// At most one address each (most are ClusterIPs').
-		r.ipRefs = make(map[netip.Addr]int, nf)
-		r.ipSet = make(map[netip.Addr]bool, nf)
+		r.ipRefs = makeKeyMap[netip.Addr, int, addrKeys](nf4)
+		r.ipSet = makeKeyMap[netip.Addr, bool, addrKeys](nf4)
 	}
 }
 

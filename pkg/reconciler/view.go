@@ -74,7 +74,7 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 		}
 	}
 	for _, a := range ks.ServiceIPs {
-		r.ipSet[a] = true
+		r.ipSet.put(a, true)
 		r.ipDirty[a] = true
 	}
 	for fe, slots := range ks.Slots {
@@ -468,10 +468,13 @@ type keyPacking[K any] interface {
 }
 
 type (
+	addrKeys     struct{} // packs a netip.Addr
 	backendKeys  struct{} // packs a backend's model.L4Addr
 	frontendKeys struct{} // packs a Frontend
 )
 
+func (addrKeys) pack(a netip.Addr) (uint64, bool)      { return packL4(model.L4Addr{Addr: a}, 0) }
+func (addrKeys) unpack(k uint64) netip.Addr            { return unpackL4(k).Addr }
 func (backendKeys) pack(a model.L4Addr) (uint64, bool) { return packL4(a, 0) }
 func (backendKeys) unpack(k uint64) model.L4Addr       { return unpackL4(k).L4Addr }
 func (frontendKeys) pack(fe Frontend) (uint64, bool)   { return packL4(fe.L4Addr, fe.Scope) }
