@@ -257,8 +257,9 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		if failed[d.fe] {
 			continue
 		}
-		if v := r.frontend(d.fe); v.slots.ids == nil {
-			v.slots.ids = make([]slotEntry, 0, len(ids[i])+1) // slots 0..m, filled below
+		d.view = r.frontend(d.fe)
+		if d.view.slots.ids == nil {
+			d.view.slots.ids = make([]slotEntry, 0, len(ids[i])+1) // slots 0..m, filled below
 		}
 		for j, id := range ids[i] {
 			sls = append(sls, SlotEntry{Frontend: d.fe, Slot: uint32(j + 1), Backend: id})
@@ -273,7 +274,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 			}
 			return r.dp.UpsertSlot(sls[i].Frontend, sls[i].Slot, sls[i].Backend)
 		},
-		func(i int) { r.setSlot(r.frontends.val(sls[i].Frontend), sls[i].Slot, sls[i].Backend) },
+		func(i int) { r.setSlot(slOf[i].view, sls[i].Slot, sls[i].Backend) },
 		func(i int, err error) { fail(slOf[i], fmt.Errorf("upsert slot %d: %w", sls[i].Slot, err)) })
 	// A backend written that no slot names (its frontends failed) may
 	// go. (Marked only now, rather than each until its slot is written
@@ -289,7 +290,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		if failed[d.fe] || len(d.ranges) == 0 {
 			continue
 		}
-		if err := r.addRanges(d.fe.L4Addr, r.frontends.val(d.fe), d.ranges); err != nil {
+		if err := r.addRanges(d.fe.L4Addr, d.view, d.ranges); err != nil {
 			fail(d, err)
 		}
 	}
@@ -318,8 +319,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 			return r.dp.UpsertMaster(ms[i].Frontend, ms[i].Master)
 		},
 		func(i int) {
-			fe, m := ms[i].Frontend, ms[i].Master
-			v := r.frontends.val(fe)
+			fe, m, v := ms[i].Frontend, ms[i].Master, mOf[i].view
 			if isClusterIP(fe, m) {
 				r.refServiceIP(fe.Addr)
 			}
@@ -338,16 +338,31 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 
 	// 6. The addresses of the ClusterIP masters among the service IPs.
 	var ips []netip.Addr
-	ipOf := make(map[netip.Addr][]*desiredFrontend)
+	queuedIP := makeKeyMap[netip.Addr, bool, addrKeys](len(ms))
+	cipMaster := func(k int) bool {
+		e := ms[k]
+		return mOf[k].view.hasMaster && isClusterIP(e.Frontend, e.Master)
+	}
 	for k, e := range ms {
 		a := e.Frontend.Addr
-		if v := r.frontends.val(e.Frontend); !v.hasMaster || !isClusterIP(e.Frontend, e.Master) || r.ipSet.val(a) {
+		if !cipMaster(k) || r.ipSet.val(a) || queuedIP.val(a) {
 			continue
 		}
-		if ipOf[a] == nil {
-			ips = append(ips, a)
+		queuedIP.put(a, true)
+		ips = append(ips, a)
+	}
+	// The frontends of each address, made on the first failure.
+	var ipOf map[netip.Addr][]*desiredFrontend
+	frontendsOf := func(a netip.Addr) []*desiredFrontend {
+		if ipOf == nil {
+			ipOf = make(map[netip.Addr][]*desiredFrontend)
+			for k, e := range ms {
+				if cipMaster(k) {
+					ipOf[e.Frontend.Addr] = append(ipOf[e.Frontend.Addr], mOf[k])
+				}
+			}
 		}
-		ipOf[a] = append(ipOf[a], mOf[k])
+		return ipOf[a]
 	}
 	r.batch(len(ips),
 		func() (int, error) { return r.dp.UpsertServiceIPs(ips) },
@@ -358,14 +373,14 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		},
 		func(i int, err error) {
 			r.ipDirty[ips[i]] = true
-			for _, d := range ipOf[ips[i]] {
+			for _, d := range frontendsOf(ips[i]) {
 				fail(d, fmt.Errorf("upsert service IP %s: %w", ips[i], err))
 			}
 		})
 
 	for _, d := range ds {
 		if !failed[d.fe] {
-			r.markSynced(d.fe, d)
+			d.view.markSynced(d)
 		}
 	}
 	return errs

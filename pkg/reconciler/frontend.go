@@ -21,6 +21,7 @@ type desiredFrontend struct {
 	addrs  []model.L4Addr // sorted, unique
 	ranges []netip.Prefix // see desiredRanges
 	ids    []BackendID    // the backend ids of addrs, once known (inSyncFrontend, programming)
+	view   *frontendView  // its view, once programFresh made it
 }
 
 func newDesired(fe Frontend, svc *model.Service) *desiredFrontend {
@@ -59,8 +60,12 @@ func (r *Reconciler) fastInSync(v *frontendView, fe Frontend, svc *model.Service
 
 func (r *Reconciler) markSynced(fe Frontend, d *desiredFrontend) {
 	if v := r.frontends.val(fe); v != nil {
-		v.synced, v.syncedIDs, v.syncedRanges, v.name = true, d.ids, d.ranges, d.svc.Name
+		v.markSynced(d)
 	}
+}
+
+func (v *frontendView) markSynced(d *desiredFrontend) {
+	v.synced, v.syncedIDs, v.syncedRanges, v.name = true, d.ids, d.ranges, d.svc.Name
 }
 
 // inSyncFrontend reports whether fe is programmed exactly as d asks.
