@@ -270,6 +270,16 @@ func (r *Reconciler) Stats() Stats {
 	return s
 }
 
+// BackendCounts returns how many entries the backend maps hold, of both
+// families, and how many of them are IPv6's: Stats' Backends and
+// Backends6, without its walk of every frontend (pkg/metrics asks after
+// every change).
+func (r *Reconciler) BackendCounts() (backends, backends6 int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.backends.len(), r.nbackends[ipv6]
+}
+
 // Apply programs st. It writes only what differs from the view, and returns
 // a joined error naming every service that could not be (fully) programmed,
 // one *FrontendError each (see errors.go); all the others are programmed
