@@ -112,15 +112,21 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 			errs = append(errs, frontendError(d.svc.Name, d.fe, false, err))
 		}
 	}
-	inBatch := make(map[Frontend]bool, len(ds))
-	for _, d := range ds {
-		inBatch[d.fe] = true
-	}
 	// internalFailed reports whether d's master would say two scopes
 	// while its internal scope failed (or is not programmed here).
+	var inBatch map[Frontend]bool // made when a two-scope frontend first asks
 	internalFailed := func(d *desiredFrontend) bool {
+		if d.flags&FlagTwoScopes == 0 {
+			return false
+		}
+		if inBatch == nil {
+			inBatch = make(map[Frontend]bool, len(ds))
+			for _, d := range ds {
+				inBatch[d.fe] = true
+			}
+		}
 		in := Frontend{L4Addr: d.fe.L4Addr, Scope: ScopeInternal}
-		return d.flags&FlagTwoScopes != 0 && (!inBatch[in] || failed[in])
+		return !inBatch[in] || failed[in]
 	}
 
 	// Checked before any write, as programFrontend checks them: a
@@ -337,7 +343,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 	}
 
 	// 6. The addresses of the ClusterIP masters among the service IPs.
-	var ips []netip.Addr
+	ips := make([]netip.Addr, 0, len(ms))
 	queuedIP := makeKeyMap[netip.Addr, bool, addrKeys](len(ms))
 	cipMaster := func(k int) bool {
 		e := ms[k]
