@@ -202,7 +202,6 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		}
 		sids[i] = sid
 		ids[i], flat = flat[:len(d.addrs):len(d.addrs)], flat[len(d.addrs):]
-		d.ids = ids[i]
 		for j, a := range d.addrs {
 			id, ok := r.backendOf.get(a)
 			if !ok {
@@ -384,10 +383,13 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 			}
 		})
 
+	// Their backends' keys in one array, the fast path's (markSynced).
+	keys := make([]uint64, naddrs)
 	for _, d := range ds {
 		if !failed[d.fe] {
-			d.view.markSynced(d)
+			d.view.markSynced(d, keys[:0:len(d.addrs)])
 		}
+		keys = keys[len(d.addrs):]
 	}
 	return errs
 }

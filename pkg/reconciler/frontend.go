@@ -20,7 +20,6 @@ type desiredFrontend struct {
 	flags  uint8          // MasterFlags
 	addrs  []model.L4Addr // sorted, unique
 	ranges []netip.Prefix // see desiredRanges
-	ids    []BackendID    // the backend ids of addrs, once known (inSyncFrontend, programming)
 	view   *frontendView  // its view, once programFresh made it
 }
 
@@ -42,7 +41,7 @@ func newDesired(fe Frontend, svc *model.Service) *desiredFrontend {
 // make it false: the full check then decides.)
 func (r *Reconciler) fastInSync(v *frontendView, fe Frontend, svc *model.Service) bool {
 	bs := scopeBackends(svc, fe.Scope)
-	if v == nil || !v.synced || len(v.syncedIDs) != len(bs) || v.master.Flags != MasterFlags(svc, fe.Scope) ||
+	if v == nil || !v.synced || v.syncedLen() != len(bs) || v.master.Flags != MasterFlags(svc, fe.Scope) ||
 		v.master.AffinityTimeout != AffinitySeconds(svc) {
 		return false
 	}
@@ -50,8 +49,16 @@ func (r *Reconciler) fastInSync(v *frontendView, fe Frontend, svc *model.Service
 	if len(v.syncedRanges) > 0 && !slices.Equal(v.syncedRanges, svc.SourceRanges) {
 		return false
 	}
+	if v.syncedAddrs != nil {
+		for i, b := range bs {
+			if b.L4Addr != v.syncedAddrs[i] {
+				return false
+			}
+		}
+		return true
+	}
 	for i, b := range bs {
-		if a, ok := r.backend(v.syncedIDs[i]); !ok || a != b.L4Addr {
+		if k, ok := packL4(b.L4Addr, 0); !ok || k != v.syncedKeys[i] {
 			return false
 		}
 	}
@@ -60,12 +67,35 @@ func (r *Reconciler) fastInSync(v *frontendView, fe Frontend, svc *model.Service
 
 func (r *Reconciler) markSynced(fe Frontend, d *desiredFrontend) {
 	if v := r.frontends.val(fe); v != nil {
-		v.markSynced(d)
+		v.markSynced(d, nil)
 	}
 }
 
-func (v *frontendView) markSynced(d *desiredFrontend) {
-	v.synced, v.syncedIDs, v.syncedRanges, v.name = true, d.ids, d.ranges, d.svc.Name
+// markSynced records that v holds d, packing its backends into buf if
+// it has room.
+func (v *frontendView) markSynced(d *desiredFrontend, buf []uint64) {
+	v.synced, v.syncedRanges, v.name = true, d.ranges, d.svc.Name
+	v.syncedKeys, v.syncedAddrs = nil, nil
+	if cap(buf) < len(d.addrs) {
+		buf = make([]uint64, 0, len(d.addrs))
+	}
+	keys := buf[:0]
+	for _, a := range d.addrs {
+		k, ok := packL4(a, 0)
+		if !ok {
+			v.syncedAddrs = d.addrs
+			return
+		}
+		keys = append(keys, k)
+	}
+	v.syncedKeys = keys
+}
+
+func (v *frontendView) syncedLen() int {
+	if v.syncedAddrs != nil {
+		return len(v.syncedAddrs)
+	}
+	return len(v.syncedKeys)
 }
 
 // inSyncFrontend reports whether fe is programmed exactly as d asks.
@@ -84,13 +114,11 @@ func (r *Reconciler) inSyncFrontend(fe Frontend, d *desiredFrontend) bool {
 	if v.slots.n != len(d.addrs) || !slices.Equal(v.ranges, d.ranges) {
 		return false
 	}
-	ids := make([]BackendID, len(d.addrs))
-	for i, a := range d.addrs {
+	for _, a := range d.addrs {
 		id, ok := r.backendOf.get(a)
 		if !ok || !r.isReal(id) {
 			return false
 		}
-		ids[i] = id
 	}
 	// Every slot 1..m must hold a wanted backend, each exactly once.
 	seen := make(map[BackendID]bool, len(d.addrs))
@@ -102,7 +130,6 @@ func (r *Reconciler) inSyncFrontend(fe Frontend, d *desiredFrontend) bool {
 		}
 		seen[id] = true
 	}
-	d.ids = ids
 	return true
 }
 
@@ -171,7 +198,6 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 
 	// 1. Backends.
 	ids := make([]BackendID, len(d.addrs))
-	d.ids = ids // for markSynced, once all is written
 	for i, a := range d.addrs {
 		id, ok := r.backendOf.get(a)
 		if !ok {

@@ -25,12 +25,13 @@ type frontendView struct {
 	fam       family         // the maps it is in (capacity.go)
 
 	// synced says the frontend was last fully programmed with the
-	// backends of ids syncedIDs (in the order of their addresses) and
-	// syncedRanges, and nothing touched it since (a fast path for Apply).
-	// Ids rather than addresses: an eighth of the memory, and a slot
-	// names each of them, so each holds its address while synced holds.
+	// backends syncedKeys (their addresses packed as keyMap packs them,
+	// in order; a quarter of the memory of the addresses) or, if one
+	// of them does not pack, syncedAddrs, and with syncedRanges, and
+	// nothing touched it since (a fast path for Apply).
 	synced       bool
-	syncedIDs    []BackendID
+	syncedKeys   []uint64
+	syncedAddrs  []model.L4Addr
 	syncedRanges []netip.Prefix
 
 	name model.ServicePortName // who it was programmed for; empty if restored
