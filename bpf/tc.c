@@ -325,9 +325,10 @@ static __always_inline bool lb4_masquerade(const struct pkt4 *p,
  * may be NULL as far as it knows. @ids carries the backend id (low 32
  * bits) and the rev NAT id (high), and ct_snat4's @x the node address and
  * the port it reserves: five arguments at most. sluice_ingress verified
- * 424,897 instructions with both inlined, 127,963 now (with conntrack_fam.h's
- * ct_snat_try a global function too); the agent's start spends half the
- * CPU it did loading the programs (BenchmarkOpen).
+ * 424,897 instructions with both inlined, 127,963 then (with
+ * conntrack_fam.h's ct_snat_try a global function too), 129,305 now
+ * (lb4_remap and rev_dport4 global as well); the agent's start spends half
+ * the CPU it did loading the programs (BenchmarkOpen).
  */
 __noinline int ct_new4(const struct pkt4 *p, const struct lb4_backend *be,
 		       __u64 ids, __u64 now)
