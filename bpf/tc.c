@@ -348,6 +348,21 @@ __noinline int ct_snat4(const struct pkt4 *p, const struct lb4_backend *be,
 }
 
 /*
+ * snat_refused - count why ct_snat4 refused a flow of @p with @err:
+ * @exhausted if every port tried was taken, else the table that is full.
+ */
+static __always_inline void snat_refused(const struct pkt4 *p, int err,
+					 enum metric_reason exhausted)
+{
+	if (err > 0)
+		metric_count(p, exhausted);
+	else if (err == -E2BIG)
+		metric_count(p, METRIC_TC_CT_EST_FULL);
+	else
+		metric_count(p, METRIC_TC_CT_FULL);
+}
+
+/*
  * nat_remote - source-NAT a new flow of @p to backend @be (@backend_id) if
  * lb4_masquerade says so: to the address of the node device its route
  * leaves through (a backend on another node), or to node_ip4 (one on this
@@ -394,12 +409,7 @@ nat_remote(struct __sk_buff *skb, const struct pkt4 *p,
 		/* Without its reply entry the flow cannot work: refuse it
 		 * rather than half-NAT it.
 		 */
-		if (err > 0)
-			metric_count(p, METRIC_TC_SNAT_EXHAUSTED);
-		else if (err == -E2BIG)
-			metric_count(p, METRIC_TC_CT_EST_FULL);
-		else
-			metric_count(p, METRIC_TC_CT_FULL);
+		snat_refused(p, err, METRIC_TC_SNAT_EXHAUSTED);
 		return -1;
 	}
 	metric_count(p, dev ? METRIC_TC_SNAT_NEW : METRIC_TC_MASQ_LOCAL);
@@ -536,12 +546,7 @@ __noinline int lb4_remap(const struct pkt4 *p, const struct lb4_backend *be,
 	x->snat_addr = p->saddr;
 	err = ct_snat4(p, be, ids, now, x);
 	if (err) {
-		if (err > 0)
-			metric_count(p, METRIC_TC_CT_CLASH);
-		else if (err == -E2BIG)
-			metric_count(p, METRIC_TC_CT_EST_FULL);
-		else
-			metric_count(p, METRIC_TC_CT_FULL);
+		snat_refused(p, err, METRIC_TC_CT_CLASH);
 		return -1;
 	}
 	x->snat = true;
