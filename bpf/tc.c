@@ -326,7 +326,7 @@ static __always_inline bool lb4_masquerade(const struct pkt4 *p,
  * bits) and the rev NAT id (high), and ct_snat4's @x the node address and
  * the port it reserves: five arguments at most. sluice_ingress verified
  * 424,897 instructions with both inlined, 127,963 then (with
- * conntrack_fam.h's ct_snat_try a global function too), 129,305 now
+ * conntrack_fam.h's ct_snat_try a global function too), 128,088 now
  * (lb4_remap and rev_dport4 global as well); the agent's start spends half
  * the CPU it did loading the programs (BenchmarkOpen).
  */
