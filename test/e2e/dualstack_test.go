@@ -245,9 +245,9 @@ func TestDualStackEndToEnd(t *testing.T) {
 	// could find a pod's reply tuple held by a closed connection to web,
 	// and was dropped when drain had no other pod to try (tc_ct_clash)
 	// until that entry expired. A SYN now reopens a closed flow's tuple
-	// (ct_reopens, TestCTClosedReplyTupleReopens); the order stays, as
-	// two connections open at once from one port would still clash
-	// (README, Limitations).
+	// (ct_reopens, TestCTClosedReplyTupleReopens), and one that clashes
+	// with an open flow leaves from another client port (lb4_remap,
+	// TestTCClashRemap); the order stays.
 	for _, vip := range []string{web4VIP, web6VIP} {
 		t.Run("TCPSpreadsUniformly/"+vip, func(t *testing.T) { e.spreadsUniformly(t, vip) })
 	}
