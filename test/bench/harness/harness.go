@@ -46,6 +46,7 @@ type Config struct {
 	LoadTimeout  time.Duration `json:"load_timeout"`   // an initial load past ProgTimeout may finish until then, so connections can still be measured
 	ProbeSample  int           `json:"probe_sample"`   // services probed for "all answering"
 	TestRunCalls int           `json:"test_run_calls"` // BPF_PROG_TEST_RUN single runs per figure
+	BPFStats     bool          `json:"bpf_stats"`      // kernel BPF run-time statistics on during the load runs: Sluice's program cost per connection (progcost.go)
 	Family       string        `json:"family"`         // "IPv4" or "IPv6": the services', clients' and backends' family
 	OutDir       string        `json:"-"`
 	Stamp        string        `json:"stamp"`
@@ -110,6 +111,7 @@ func ConfigFromEnv() (Config, error) {
 	get("BENCH_PROBE_SAMPLE", atoi(&c.ProbeSample))
 	get("BENCH_TEST_RUN_CALLS", atoi(&c.TestRunCalls))
 	get("BENCH_OUT", func(v string) error { c.OutDir = v; return nil })
+	get("BENCH_BPF_STATS", func(v string) error { b, e := strconv.ParseBool(v); c.BPFStats = b; return e })
 	get("BENCH_FAMILY", func(v string) error {
 		f, e := rules.FamilyOf(v)
 		c.Family = f.Name
@@ -656,6 +658,15 @@ func (r *runner) connections(ctx context.Context, p *Point, envs []*env, svcs []
 		}
 		return out
 	}
+	if r.cfg.BPFStats {
+		stats, err := enableBPFStats()
+		if err != nil {
+			r.note("BENCH_BPF_STATS: " + err.Error())
+		} else {
+			defer stats.Close()
+			r.note("BPF run-time statistics on during the load runs (BENCH_BPF_STATS): every program run pays two clock reads the floor does not")
+		}
+	}
 	for round := 0; round < r.cfg.Rounds; round++ {
 		for _, layer := range []string{"packet", "socket"} {
 			for _, target := range []string{"random", "last"} {
@@ -692,12 +703,18 @@ func (r *runner) connections(ctx context.Context, p *Point, envs []*env, svcs []
 					} else {
 						ns, cg = e.tri.Node, e.m.socketCgroup()
 					}
+					pid, before := r.progCounters(e)
 					res, err := r.runClient(ctx, ns, cg, cc)
 					if err != nil {
 						res.Errors++
 						res.FirstError = err.Error()
 					}
 					st.Rounds = append(st.Rounds, res)
+					if before != nil {
+						if after, err := agentProgCounters(pid); err == nil {
+							st.ProgRounds = append(st.ProgRounds, progCosts(before, after, res.Conns))
+						}
+					}
 					if n, ok := conntrackCount(e.tri.Node); ok && n > p.ConntrackPeak[e.name] {
 						if p.ConntrackPeak == nil {
 							p.ConntrackPeak = map[string]int{}
@@ -728,9 +745,26 @@ func (r *runner) connections(ctx context.Context, p *Point, envs []*env, svcs []
 			}
 		}
 		st.ConnsPerS, st.P50us, st.P99us = testutil.SpreadOf(cps), testutil.SpreadOf(p50), testutil.SpreadOf(p99)
+		st.Prog = medianProgCosts(st.ProgRounds)
 		st.RatioConnsPerS, st.RatioP99 = testutil.Median(rc), testutil.Median(rp)
+		st.RatioSpread = testutil.SpreadOf(rc)
 		p.Conn = append(p.Conn, *st)
 	}
+}
+
+// progCounters is the agent's pid and its programs' counters, for a
+// sluice mode's load run under BENCH_BPF_STATS; nil otherwise.
+func (r *runner) progCounters(e *env) (int, progCounters) {
+	sm, ok := e.m.(*sluiceMode)
+	if !r.cfg.BPFStats || !ok || sm.agent == nil || sm.agent.Pid() == 0 {
+		return 0, nil
+	}
+	c, err := agentProgCounters(sm.agent.Pid())
+	if err != nil {
+		r.note("BENCH_BPF_STATS: " + err.Error())
+		return 0, nil
+	}
+	return sm.agent.Pid(), c
 }
 
 // conntrackCount reads the node namespace's conntrack entry count; false

@@ -58,8 +58,13 @@ type ConnStat struct {
 	P99us     Stat `json:"p99_us"`
 	// Medians over rounds of the per-round ratio to the floor (direct).
 	RatioConnsPerS float64 `json:"ratio_conns_per_s,omitempty"`
+	RatioSpread    Stat    `json:"ratio_spread,omitempty"` // RatioConnsPerS with the min..max of the per-round ratios
 	RatioP99       float64 `json:"ratio_p99,omitempty"`
 	Errors         int     `json:"errors"`
+	// Sluice's programs in these runs (BENCH_BPF_STATS): per round, and
+	// the median per program over rounds.
+	ProgRounds [][]ProgCost `json:"prog_rounds,omitempty"`
+	Prog       []ProgCost   `json:"prog,omitempty"`
 }
 
 // Stat is a median over rounds with the range it came from.

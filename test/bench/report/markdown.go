@@ -62,7 +62,7 @@ func Markdown(res *harness.Results, stamp string) []byte {
 	b.WriteString("\n")
 
 	b.WriteString("## Summary: new connections vs direct\n\n")
-	b.WriteString("Each cell: conns/s as a fraction of `direct` / p99 latency as a multiple of `direct` (medians of per-round ratios). Below 1 / above 1 = slower than the floor.\n\n")
+	b.WriteString("Each cell: conns/s as a fraction of `direct` (median of per-round ratios, with their min-max where recorded) / p99 latency as a multiple of `direct` (median of per-round ratios). Below 1 / above 1 = slower than the floor.\n\n")
 	b.WriteString("| N | mode | packet, random VIP | packet, last VIP | socket, random VIP | socket, last VIP |\n|---:|---|---:|---:|---:|---:|\n")
 	for _, p := range res.Points {
 		for _, mode := range p.Modes {
@@ -77,6 +77,9 @@ func Markdown(res *harness.Results, stamp string) []byte {
 					for _, cs := range p.Conn {
 						if cs.Layer == layer && cs.Target == target && cs.Mode == mode && cs.RatioConnsPerS > 0 {
 							cell = fmt.Sprintf("%.2f / %.2f", cs.RatioConnsPerS, cs.RatioP99)
+							if r := cs.RatioSpread; r.Max > 0 {
+								cell = fmt.Sprintf("%.2f (%.2f-%.2f) / %.2f", cs.RatioConnsPerS, r.Min, r.Max, cs.RatioP99)
+							}
 							any = true
 						}
 					}
@@ -168,6 +171,7 @@ func Markdown(res *harness.Results, stamp string) []byte {
 			fmt.Fprintf(&b, "| %d | %s | %.1f | %.1f | %s |\n", p.Services, ms.Mode, float64(ms.KernelBytes)/(1<<20), float64(ms.AgentRSS)/(1<<20), ms.How)
 		}
 	}
+	progCostTable(&b, res)
 	b.WriteString("\n## tc program per packet (BPF_PROG_TEST_RUN)\n\n")
 	b.WriteString("Sluice's tc ingress program with N services in its maps (programmed through the production reconciler). The kernel's repeat loop reruns one skb that the first run already translated, so each figure is the median of many single runs (the kernel's timing of each): `new flow` = a SYN from a fresh source port (service lookup, backend pick, conntrack insert, DNAT); `established` = the same segment again (conntrack hit, DNAT). Spread = min-max of 5 chunk medians.\n\n")
 	b.WriteString("| N | new flow ns/packet median (min-max) | established ns/packet median (min-max) | runs | reconciler apply of N services s | result |\n|---:|---:|---:|---:|---:|---|\n")
@@ -210,4 +214,23 @@ func medianOr(v []float64, scale float64, format string) string {
 		return "-"
 	}
 	return fmt.Sprintf(format, testutil.Median(v)*scale)
+}
+
+// progCostTable renders, for a run with BENCH_BPF_STATS, what Sluice's
+// programs cost in the load runs themselves.
+func progCostTable(b *bytes.Buffer, res *harness.Results) {
+	head := false
+	for _, p := range res.Points {
+		for _, cs := range p.Conn {
+			for _, pc := range cs.Prog {
+				if !head {
+					b.WriteString("\n## Sluice's programs in the load runs (BENCH_BPF_STATS)\n\n")
+					b.WriteString("The kernel's BPF run-time statistics of every program the agent holds, read before and after each client run of the sluice mode, over the connections it made: medians over rounds. Unlike BPF_PROG_TEST_RUN, this is real traffic, with the cache misses of many flows and services.\n\n")
+					b.WriteString("| N | layer | target | program | runs per connection | ns per run | us per connection |\n|---:|---|---|---|---:|---:|---:|\n")
+					head = true
+				}
+				fmt.Fprintf(b, "| %d | %s | %s | %s | %.2f | %.0f | %.2f |\n", p.Services, cs.Layer, cs.Target, pc.Prog, pc.RunsPerConn, pc.NsPerRun, pc.NsPerConn/1e3)
+			}
+		}
+	}
 }
