@@ -33,7 +33,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -271,6 +270,7 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 	defer cancel()
 
 	nodeName := s.cfg.Options.Node.Name
+	slim := newSlimmer().slim
 	factory := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, s.cfg.ResyncPeriod, informers.WithTransform(slim))
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, s.cfg.ResyncPeriod,
 		informers.WithTransform(slim),
@@ -324,39 +324,6 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 	s.runner.Request()
 	s.runner.Loop(ctx)
 	return nil
-}
-
-// slim drops from an object the informers cache what nothing here reads
-// and what makes up much of an object in a real cluster: its
-// managedFields (server-side apply's record of each field's manager),
-// kubectl's last-applied-configuration annotation (a copy of the whole
-// object) and its owner references (an EndpointSlice's names its
-// Service); of an EndpointSlice's endpoints, the reference to the Pod
-// behind each address (seven strings an endpoint) and the deprecated
-// copy of its Node's topology labels; of the Node, the images it holds
-// (often hundreds). The caches hold every Service and EndpointSlice for
-// the agent's life; they are most of its memory. Everything a
-// translation reads stays, other annotations included (topology mode,
-// the trigger time of a slice's change), as do the endpoints' node
-// names, zones and hints.
-func slim(obj any) (any, error) {
-	if m, ok := obj.(metav1.Object); ok {
-		m.SetManagedFields(nil)
-		m.SetOwnerReferences(nil)
-		if a := m.GetAnnotations(); a != nil {
-			delete(a, corev1.LastAppliedConfigAnnotation)
-		}
-	}
-	switch o := obj.(type) {
-	case *discoveryv1.EndpointSlice:
-		for i := range o.Endpoints {
-			o.Endpoints[i].TargetRef = nil
-			o.Endpoints[i].DeprecatedTopology = nil
-		}
-	case *corev1.Node:
-		o.Status.Images = nil
-	}
-	return obj, nil
 }
 
 func (s *Source) request(changed bool) {
