@@ -33,10 +33,13 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -281,6 +284,16 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 	defer nodeFactory.Shutdown()
 	defer factory.Shutdown()
 	defer cancel()
+
+	// The Services and EndpointSlices without the namespace index the
+	// factory's informers keep: a set of keys per namespace, which
+	// nothing here looks up (the events' lister gets Services by key).
+	factory.InformerFor(&corev1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, nil)
+	})
+	factory.InformerFor(&discoveryv1.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, nil)
+	})
 
 	s.runner = newRunner(func(periodic bool) { s.syncOnce(apply, periodic) },
 		s.cfg.MinSyncPeriod, s.cfg.SyncPeriod)
