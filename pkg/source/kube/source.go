@@ -112,12 +112,11 @@ type Source struct {
 	handed   []handedState
 	// What events.go needs: the recorder and the Service cache (set by
 	// Run before any state is handed over), and under evMu the causes
-	// reported and the Services' generations.
-	recorder    events.EventRecorder
-	services    corelisters.ServiceLister
-	evMu        sync.Mutex
-	emitted     map[eventKey]origin
-	generations map[types.NamespacedName]int64
+	// reported.
+	recorder events.EventRecorder
+	services corelisters.ServiceLister
+	evMu     sync.Mutex
+	emitted  map[eventKey]origin
 
 	// queued is when the oldest change not yet taken by a sync arrived
 	// (zero: none); counted from the first sync on, as kube-proxy counts
@@ -154,7 +153,7 @@ func New(cfg Config) (*Source, error) {
 		cfg.Logger = slog.Default()
 	}
 	return &Source{cfg: cfg, log: cfg.Logger.With("source", "kube"), tracker: tracker.New(cfg.Options),
-		emitted: map[eventKey]origin{}, generations: map[types.NamespacedName]int64{}}, nil
+		emitted: map[eventKey]origin{}}, nil
 }
 
 // handOver records that st, carrying the changes of triggers that arrived
@@ -356,13 +355,14 @@ func objectOf(obj any) any {
 	return obj
 }
 
-func (s *Source) onService(obj any, deleted bool) {
+func (s *Source) onService(old, obj any, deleted bool) {
 	if svc, ok := objectOf(obj).(*corev1.Service); ok {
-		s.followService(svc, deleted) // events.go: before the tracker sees it
+		o, _ := old.(*corev1.Service)
+		s.followService(o, svc, deleted) // events.go: before the tracker sees it
 	}
 	onObject(s, obj, deleted, s.tracker.SetService)
 }
-func (s *Source) onSlice(obj any, deleted bool) { onObject(s, obj, deleted, s.tracker.SetSlice) }
+func (s *Source) onSlice(_, obj any, deleted bool) { onObject(s, obj, deleted, s.tracker.SetSlice) }
 
 // onObject hands a Service or an EndpointSlice to set under its name: the
 // object as it is now, or nil once it is deleted.
@@ -383,7 +383,7 @@ func onObject[T any, P interface {
 
 // onNode follows the labels of this node's Node object, and whether it is
 // going away.
-func (s *Source) onNode(obj any, deleted bool) {
+func (s *Source) onNode(_, obj any, deleted bool) {
 	node, ok := objectOf(obj).(*corev1.Node)
 	if !ok || node.Name != s.cfg.Options.Node.Name {
 		return
@@ -401,12 +401,13 @@ func (s *Source) onNode(obj any, deleted bool) {
 }
 
 // handler routes an informer's adds, updates and deletes to on, which is
-// told whether the object went.
-func handler(on func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
+// told the version the cache held before an update (nil otherwise) and
+// whether the object went.
+func handler(on func(old, obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { on(obj, false) },
-		UpdateFunc: func(_, obj any) { on(obj, false) },
-		DeleteFunc: func(obj any) { on(obj, true) },
+		AddFunc:    func(obj any) { on(nil, obj, false) },
+		UpdateFunc: func(old, obj any) { on(old, obj, false) },
+		DeleteFunc: func(obj any) { on(nil, obj, true) },
 	}
 }
 
