@@ -26,8 +26,12 @@ import (
 // and of its endpoints the reference to the Pod behind each address
 // (seven strings an endpoint) and the deprecated copy of its Node's
 // topology labels; of the Node, the images it holds (often hundreds).
-// Everything a translation reads stays: annotations (topology mode, the
-// trigger time of a slice's change), the Service's spec and load-balancer
+// A slice's endpoints.kubernetes.io/last-change-trigger-time annotation
+// (a map of its own, most slices' only annotation) is taken off it and
+// kept aside until the event handler hands it to the tracker with the
+// slice (takeTrigger): nothing reads it afterwards.
+// Everything a translation reads stays: annotations (the Service's
+// topology mode, say), the Service's spec and load-balancer
 // status, the endpoints' addresses, conditions, node names, zones and
 // hints (slim_test.go checks it).
 //
@@ -40,6 +44,9 @@ import (
 type slimmer struct {
 	mu      sync.Mutex
 	strings map[string]*string
+	// triggers holds the trigger times taken off the slices that the
+	// event handler has not seen yet.
+	triggers map[*discoveryv1.EndpointSlice]string
 }
 
 // maxShared bounds slimmer.strings: past it, the names seen are forgotten
@@ -49,7 +56,27 @@ const maxShared = 4096
 
 var sharedTrue, sharedFalse = new(true), new(false)
 
-func newSlimmer() *slimmer { return &slimmer{strings: map[string]*string{}} }
+// maxTriggers bounds slimmer.triggers, should slices it saw never reach
+// the handler (a deletion the informer's queue folds into another): past
+// it, the trigger times waiting are dropped, and the programming latency
+// of those changes is not measured.
+const maxTriggers = 1 << 20
+
+func newSlimmer() *slimmer {
+	return &slimmer{strings: map[string]*string{}, triggers: map[*discoveryv1.EndpointSlice]string{}}
+}
+
+// takeTrigger returns (and forgets) the trigger time taken off es, "" if
+// none.
+func (sl *slimmer) takeTrigger(es *discoveryv1.EndpointSlice) string {
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	v, ok := sl.triggers[es]
+	if ok {
+		delete(sl.triggers, es)
+	}
+	return v
+}
 
 func (sl *slimmer) slim(obj any) (any, error) {
 	if m, ok := obj.(metav1.Object); ok {
@@ -69,6 +96,16 @@ func (sl *slimmer) slim(obj any) (any, error) {
 			o.Endpoints = slices.Clone(o.Endpoints)
 		}
 		sl.mu.Lock()
+		if v, ok := o.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
+			delete(o.Annotations, corev1.EndpointsLastChangeTriggerTime)
+			if len(o.Annotations) == 0 {
+				o.Annotations = nil
+			}
+			if len(sl.triggers) >= maxTriggers {
+				clear(sl.triggers)
+			}
+			sl.triggers[o] = v
+		}
 		for i := range o.Endpoints {
 			e := &o.Endpoints[i]
 			e.TargetRef = nil

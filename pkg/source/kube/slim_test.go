@@ -79,10 +79,14 @@ func TestSlimmedTranslatesTheSame(t *testing.T) {
 			if wn != gn || wok != gok {
 				t.Errorf("%s: slimmed slice %d belongs to %v %v, want %v %v", v.name, i, gn, gok, wn, wok)
 			}
-			// The tracker's trigger time and the resync check.
-			if slimEps[i].Annotations[corev1.EndpointsLastChangeTriggerTime] != eps[i].Annotations[corev1.EndpointsLastChangeTriggerTime] ||
-				slimEps[i].ResourceVersion != eps[i].ResourceVersion {
-				t.Errorf("%s: slimmed slice %d lost its trigger time or resourceVersion", v.name, i)
+			// The tracker's trigger time (kept aside, once) and the
+			// resync check; the slice's other annotations.
+			want := eps[i].Annotations[corev1.EndpointsLastChangeTriggerTime]
+			if got, again := sl.takeTrigger(slimEps[i]), sl.takeTrigger(slimEps[i]); got != want || again != "" {
+				t.Errorf("%s: slice %d's trigger time taken %q then %q, want %q then none", v.name, i, got, again, want)
+			}
+			if slimEps[i].ResourceVersion != eps[i].ResourceVersion || slimEps[i].Annotations["example.com/note"] != "kept" {
+				t.Errorf("%s: slimmed slice %d lost its resourceVersion or annotations: %+v", v.name, i, slimEps[i].ObjectMeta)
 			}
 		}
 		// What events.go reads of a Service.

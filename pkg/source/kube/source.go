@@ -101,6 +101,9 @@ type Source struct {
 	runner  *runner
 	synced  atomic.Bool // the caches synced and the first state was handed over
 
+	// slimmer is the informers' transform (set by Run).
+	slimmer *slimmer
+
 	// Owned by the sync goroutine: the last state handed over.
 	state *model.State
 
@@ -272,10 +275,10 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 	defer cancel()
 
 	nodeName := s.cfg.Options.Node.Name
-	slim := newSlimmer().slim
-	factory := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, s.cfg.ResyncPeriod, informers.WithTransform(slim))
+	s.slimmer = newSlimmer()
+	factory := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, s.cfg.ResyncPeriod, informers.WithTransform(s.slimmer.slim))
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, s.cfg.ResyncPeriod,
-		informers.WithTransform(slim),
+		informers.WithTransform(s.slimmer.slim),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 		}))
@@ -362,7 +365,15 @@ func (s *Source) onService(old, obj any, deleted bool) {
 	}
 	onObject(s, obj, deleted, s.tracker.SetService)
 }
-func (s *Source) onSlice(_, obj any, deleted bool) { onObject(s, obj, deleted, s.tracker.SetSlice) }
+func (s *Source) onSlice(_, obj any, deleted bool) {
+	var trigger string
+	if es, ok := objectOf(obj).(*discoveryv1.EndpointSlice); ok {
+		trigger = s.slimmer.takeTrigger(es) // forgotten for a deleted slice too
+	}
+	onObject(s, obj, deleted, func(key types.NamespacedName, es *discoveryv1.EndpointSlice) bool {
+		return s.tracker.SetSliceTriggered(key, es, trigger)
+	})
+}
 
 // onObject hands a Service or an EndpointSlice to set under its name: the
 // object as it is now, or nil once it is deleted.
