@@ -117,14 +117,14 @@ func firstStateClient(b *testing.B, svcs *corev1.ServiceList, eps *discoveryv1.E
 		}
 		return fake.NewClientset(objs...)
 	}
-	svcBytes, err := svcs.Marshal()
-	if err != nil {
-		b.Fatal(err)
+	var raw [2][]byte
+	for i, l := range []interface{ Marshal() ([]byte, error) }{svcs, eps} {
+		var err error
+		if raw[i], err = l.Marshal(); err != nil {
+			b.Fatal(err)
+		}
 	}
-	epsBytes, err := eps.Marshal()
-	if err != nil {
-		b.Fatal(err)
-	}
+	svcBytes, epsBytes := raw[0], raw[1]
 	client := fake.NewClientset()
 	client.PrependReactor("list", "services", func(k8stesting.Action) (bool, k8sruntime.Object, error) {
 		l := &corev1.ServiceList{}
