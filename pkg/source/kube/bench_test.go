@@ -7,8 +7,13 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/source/translate"
@@ -21,61 +26,151 @@ import (
 // holds afterwards (its informer caches, the change tracker and the
 // state), without the fake server's own copies: the source's share of
 // the agent's memory. alloc-MiB/op is what the first state allocated.
+//
+// minimal: the objects carry only what the translation needs, and the
+// fake server hands out copies sharing its strings. decoded: the objects
+// carry what an API server's do (uid, resourceVersion, labels, selector,
+// the trigger-time annotation, Pod references, endpoints' node names,
+// zones and conditions), and every list is decoded from protobuf as the
+// agent's client decodes it, so every string is the source's own: what a
+// real cluster costs.
 func BenchmarkFirstState(b *testing.B) {
 	const n = 30000
-	objs := make([]k8sruntime.Object, 0, 2*n)
-	for i := range n {
-		name := fmt.Sprintf("svc-%d", i)
-		objs = append(objs, service(name, fmt.Sprintf("10.%d.%d.%d", 96+i>>16, (i>>8)&0xff, i&0xff), 80))
-		ips := make([]string, 10)
-		for j := range ips {
-			k := i*10 + j
-			ips[j] = fmt.Sprintf("10.%d.%d.%d", 128+k>>16, (k>>8)&0xff, k&0xff)
-		}
-		objs = append(objs, slice(name, name+"-1", 8080, ips...))
-	}
-	var live, alloc float64
-	runs := 0
-	for b.Loop() {
-		b.StopTimer()
-		client := fake.NewClientset(objs...)
-		src, err := New(Config{Client: client, Options: translate.Options{Node: translate.Node{Name: node}}, SyncPeriod: time.Hour})
-		if err != nil {
-			b.Fatal(err)
-		}
-		var before, after runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&before)
-		ctx, cancel := context.WithCancel(b.Context())
-		got := make(chan *model.State, 1)
-		done := make(chan error, 1)
-		b.StartTimer()
-		go func() {
-			done <- src.Run(ctx, func(st *model.State) {
-				select {
-				case got <- st:
-				default:
+	for _, decoded := range []bool{false, true} {
+		b.Run(map[bool]string{false: "minimal", true: "decoded"}[decoded], func(b *testing.B) {
+			var svcs corev1.ServiceList
+			var eps discoveryv1.EndpointSliceList
+			for i := range n {
+				name := fmt.Sprintf("svc-%d", i)
+				svc := service(name, fmt.Sprintf("10.%d.%d.%d", 96+i>>16, (i>>8)&0xff, i&0xff), 80)
+				ips := make([]string, 10)
+				for j := range ips {
+					k := i*10 + j
+					ips[j] = fmt.Sprintf("10.%d.%d.%d", 128+k>>16, (k>>8)&0xff, k&0xff)
 				}
-			})
-		}()
-		st := <-got
-		b.StopTimer()
-		if len(st.Services) != n {
-			b.Fatalf("first state: %d frontends, want %d", len(st.Services), n)
+				es := slice(name, name+"-1", 8080, ips...)
+				if decoded {
+					asServed(svc, es, i)
+				}
+				svcs.Items = append(svcs.Items, *svc)
+				eps.Items = append(eps.Items, *es)
+			}
+			client := firstStateClient(b, &svcs, &eps, decoded)
+			var live, alloc float64
+			runs := 0
+			for b.Loop() {
+				b.StopTimer()
+				src, err := New(Config{Client: client, Options: translate.Options{Node: translate.Node{Name: node}}, SyncPeriod: time.Hour})
+				if err != nil {
+					b.Fatal(err)
+				}
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				ctx, cancel := context.WithCancel(b.Context())
+				got := make(chan *model.State, 1)
+				done := make(chan error, 1)
+				b.StartTimer()
+				go func() {
+					done <- src.Run(ctx, func(st *model.State) {
+						select {
+						case got <- st:
+						default:
+						}
+					})
+				}()
+				st := <-got
+				b.StopTimer()
+				if len(st.Services) != n {
+					b.Fatalf("first state: %d frontends, want %d", len(st.Services), n)
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				live += float64(after.HeapAlloc-min(before.HeapAlloc, after.HeapAlloc)) / (1 << 20)
+				alloc += float64(after.TotalAlloc-before.TotalAlloc) / (1 << 20)
+				runs++
+				runtime.KeepAlive(src)
+				runtime.KeepAlive(st)
+				cancel()
+				if err := <-done; err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			b.ReportMetric(live/float64(runs), "live-MiB")
+			b.ReportMetric(alloc/float64(runs), "alloc-MiB/op")
+		})
+	}
+}
+
+// firstStateClient serves svcs and eps. decoded: each list of them is
+// decoded afresh from protobuf, as the agent's client decodes the API
+// server's answer.
+func firstStateClient(b *testing.B, svcs *corev1.ServiceList, eps *discoveryv1.EndpointSliceList, decoded bool) *fake.Clientset {
+	if !decoded {
+		objs := make([]k8sruntime.Object, 0, len(svcs.Items)+len(eps.Items))
+		for i := range svcs.Items {
+			objs = append(objs, &svcs.Items[i])
 		}
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		live += float64(after.HeapAlloc-min(before.HeapAlloc, after.HeapAlloc)) / (1 << 20)
-		alloc += float64(after.TotalAlloc-before.TotalAlloc) / (1 << 20)
-		runs++
-		runtime.KeepAlive(src)
-		runtime.KeepAlive(st)
-		cancel()
-		if err := <-done; err != nil {
+		for i := range eps.Items {
+			objs = append(objs, &eps.Items[i])
+		}
+		return fake.NewClientset(objs...)
+	}
+	var raw [2][]byte
+	for i, l := range []interface{ Marshal() ([]byte, error) }{svcs, eps} {
+		var err error
+		if raw[i], err = l.Marshal(); err != nil {
 			b.Fatal(err)
 		}
-		b.StartTimer()
 	}
-	b.ReportMetric(live/float64(runs), "live-MiB")
-	b.ReportMetric(alloc/float64(runs), "alloc-MiB/op")
+	svcBytes, epsBytes := raw[0], raw[1]
+	client := fake.NewClientset()
+	client.PrependReactor("list", "services", func(k8stesting.Action) (bool, k8sruntime.Object, error) {
+		l := &corev1.ServiceList{}
+		return true, l, l.Unmarshal(svcBytes)
+	})
+	client.PrependReactor("list", "endpointslices", func(k8stesting.Action) (bool, k8sruntime.Object, error) {
+		l := &discoveryv1.EndpointSliceList{}
+		return true, l, l.Unmarshal(epsBytes)
+	})
+	return client
+}
+
+// asServed gives the i-th Service and its slice what an API server's
+// objects carry besides what the tests set: the metadata, the Service's
+// selector and defaulted fields, the slice's controller labels and
+// annotation, and each endpoint's Pod, node (one of 100), zone (one of 3)
+// and conditions.
+func asServed(svc *corev1.Service, es *discoveryv1.EndpointSlice, i int) {
+	created := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, i, 0, time.UTC))
+	app := map[string]string{"app.kubernetes.io/name": svc.Name}
+	svc.UID = types.UID(fmt.Sprintf("5e1c0000-0000-4000-8000-%012d", 2*i))
+	svc.ResourceVersion = fmt.Sprint(1000 + 2*i)
+	svc.Generation = 1
+	svc.CreationTimestamp = created
+	svc.Labels = app
+	svc.Spec.Selector = app
+	svc.Spec.SessionAffinity = corev1.ServiceAffinityNone
+	svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol}
+	svc.Spec.IPFamilyPolicy = new(corev1.IPFamilyPolicySingleStack)
+	svc.Spec.InternalTrafficPolicy = new(corev1.ServiceInternalTrafficPolicyCluster)
+	es.GenerateName = svc.Name + "-"
+	es.UID = types.UID(fmt.Sprintf("5e1c0000-0000-4000-8000-%012d", 2*i+1))
+	es.ResourceVersion = fmt.Sprint(1001 + 2*i)
+	es.Generation = 1
+	es.CreationTimestamp = created
+	es.Labels[discoveryv1.LabelManagedBy] = "endpointslice-controller.k8s.io"
+	es.Labels["app.kubernetes.io/name"] = svc.Name
+	es.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: created.UTC().Format(time.RFC3339)}
+	es.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: svc.Name, UID: svc.UID,
+		Controller: new(true), BlockOwnerDeletion: new(true)}}
+	for j := range es.Endpoints {
+		e := &es.Endpoints[j]
+		e.Conditions = discoveryv1.EndpointConditions{Ready: new(true), Serving: new(true), Terminating: new(false)}
+		e.NodeName = new(fmt.Sprintf("node-%d", (i*10+j)%100))
+		e.Zone = new(fmt.Sprintf("zone-%c", 'a'+(i*10+j)%3))
+		e.TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: svc.Namespace, Name: fmt.Sprintf("%s-%d", svc.Name, j),
+			UID: types.UID(fmt.Sprintf("90d00000-0000-4000-8000-%012d", i*10+j))}
+	}
 }

@@ -153,13 +153,15 @@ func portOf(n model.ServicePortName) string {
 }
 
 // followService forgets the causes of a Service that was deleted, and the
-// translation causes of one whose spec changed, so that they are reported
+// translation causes of one whose spec changed (its generation differs
+// from old's, the version the cache held before: nil for a Service seen
+// for the first time, which has no causes yet), so that they are reported
 // again if they remain.
-func (s *Source) followService(svc *corev1.Service, deleted bool) {
+func (s *Source) followService(old, svc *corev1.Service, deleted bool) {
 	key := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	if deleted {
 		s.forgetService(key, true)
-	} else if s.specChanged(key, svc.Generation) {
+	} else if old != nil && old.Generation != svc.Generation {
 		s.forgetService(key, false)
 	}
 }
@@ -173,9 +175,6 @@ func (s *Source) forgetService(svc types.NamespacedName, all bool) {
 		if k.svc == svc && (all || o == fromTranslation) {
 			delete(s.emitted, k)
 		}
-	}
-	if all {
-		delete(s.generations, svc)
 	}
 }
 
@@ -222,15 +221,4 @@ func (s *Source) newEventRecorder(ctx context.Context) (rec events.EventRecorder
 		return nil, nil, fmt.Errorf("start recording events: %w", err)
 	}
 	return b.NewRecorder(scheme.Scheme, eventController), b.Shutdown, nil
-}
-
-// specChanged records svc's generation and reports whether it differs
-// from the one last seen (a Service seen for the first time has not
-// changed: it has no causes yet).
-func (s *Source) specChanged(key types.NamespacedName, generation int64) bool {
-	s.evMu.Lock()
-	defer s.evMu.Unlock()
-	old, ok := s.generations[key]
-	s.generations[key] = generation
-	return ok && old != generation
 }

@@ -117,3 +117,34 @@ func TestEventsOncePerCause(t *testing.T) {
 		t.Errorf("event on a Service not in the cache: %q", got)
 	}
 }
+
+// A Service's translation causes are reported again after its spec
+// changed (a new generation), not after a change of its metadata alone.
+func TestEventsAgainAfterSpecChange(t *testing.T) {
+	sctp := service("sctp", "10.96.0.30", 80)
+	sctp.Generation = 1
+	sctp.Spec.Ports = append(sctp.Spec.Ports, corev1.ServicePort{Name: "assoc", Port: 9999, Protocol: corev1.ProtocolSCTP})
+	client := fake.NewClientset(sctp)
+	fr := events.NewFakeRecorder(100)
+	rec := &recorder{}
+	run(t, Config{Client: client, Events: fr, MinSyncPeriod: 50 * time.Millisecond, SyncPeriod: time.Hour}, rec)
+	waitFor(t, "first sync", 5*time.Second, func() bool { return rec.count() >= 1 })
+	if got := drain(fr, time.Second); len(got) != 1 || !strings.HasPrefix(got[0], "Warning NotServedAsAsked") {
+		t.Fatalf("events %q, want one NotServedAsAsked", got)
+	}
+	for _, c := range []struct {
+		generation int64
+		want       int
+	}{{1, 0}, {2, 1}} {
+		// An annotation changed: the tracker translates the Service
+		// again (a sync within MinSyncPeriod), finding the same cause.
+		sctp.Annotations = map[string]string{"example.com/generation": fmt.Sprint(c.generation)}
+		sctp.Generation = c.generation
+		if _, err := client.CoreV1().Services("default").Update(t.Context(), sctp, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if got := drain(fr, time.Second); len(got) != c.want {
+			t.Errorf("update at generation %d: events %q, want %d", c.generation, got, c.want)
+		}
+	}
+}

@@ -38,6 +38,8 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -99,6 +101,9 @@ type Source struct {
 	runner  *runner
 	synced  atomic.Bool // the caches synced and the first state was handed over
 
+	// slimmer is the informers' transform (set by Run).
+	slimmer *slimmer
+
 	// Owned by the sync goroutine: the last state handed over.
 	state *model.State
 
@@ -110,12 +115,11 @@ type Source struct {
 	handed   []handedState
 	// What events.go needs: the recorder and the Service cache (set by
 	// Run before any state is handed over), and under evMu the causes
-	// reported and the Services' generations.
-	recorder    events.EventRecorder
-	services    corelisters.ServiceLister
-	evMu        sync.Mutex
-	emitted     map[eventKey]origin
-	generations map[types.NamespacedName]int64
+	// reported.
+	recorder events.EventRecorder
+	services corelisters.ServiceLister
+	evMu     sync.Mutex
+	emitted  map[eventKey]origin
 
 	// queued is when the oldest change not yet taken by a sync arrived
 	// (zero: none); counted from the first sync on, as kube-proxy counts
@@ -152,7 +156,7 @@ func New(cfg Config) (*Source, error) {
 		cfg.Logger = slog.Default()
 	}
 	return &Source{cfg: cfg, log: cfg.Logger.With("source", "kube"), tracker: tracker.New(cfg.Options),
-		emitted: map[eventKey]origin{}, generations: map[types.NamespacedName]int64{}}, nil
+		emitted: map[eventKey]origin{}}, nil
 }
 
 // handOver records that st, carrying the changes of triggers that arrived
@@ -271,9 +275,10 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 	defer cancel()
 
 	nodeName := s.cfg.Options.Node.Name
-	factory := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, s.cfg.ResyncPeriod, informers.WithTransform(slim))
+	s.slimmer = newSlimmer()
+	factory := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, s.cfg.ResyncPeriod, informers.WithTransform(s.slimmer.slim))
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(s.cfg.Client, s.cfg.ResyncPeriod,
-		informers.WithTransform(slim),
+		informers.WithTransform(s.slimmer.slim),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 		}))
@@ -281,6 +286,16 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 	defer nodeFactory.Shutdown()
 	defer factory.Shutdown()
 	defer cancel()
+
+	// The Services and EndpointSlices without the namespace index the
+	// factory's informers keep: a set of keys per namespace, which
+	// nothing here looks up (the events' lister gets Services by key).
+	factory.InformerFor(&corev1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, nil)
+	})
+	factory.InformerFor(&discoveryv1.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, nil)
+	})
 
 	s.runner = newRunner(func(periodic bool) { s.syncOnce(apply, periodic) },
 		s.cfg.MinSyncPeriod, s.cfg.SyncPeriod)
@@ -326,39 +341,6 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 	return nil
 }
 
-// slim drops from an object the informers cache what nothing here reads
-// and what makes up much of an object in a real cluster: its
-// managedFields (server-side apply's record of each field's manager),
-// kubectl's last-applied-configuration annotation (a copy of the whole
-// object) and its owner references (an EndpointSlice's names its
-// Service); of an EndpointSlice's endpoints, the reference to the Pod
-// behind each address (seven strings an endpoint) and the deprecated
-// copy of its Node's topology labels; of the Node, the images it holds
-// (often hundreds). The caches hold every Service and EndpointSlice for
-// the agent's life; they are most of its memory. Everything a
-// translation reads stays, other annotations included (topology mode,
-// the trigger time of a slice's change), as do the endpoints' node
-// names, zones and hints.
-func slim(obj any) (any, error) {
-	if m, ok := obj.(metav1.Object); ok {
-		m.SetManagedFields(nil)
-		m.SetOwnerReferences(nil)
-		if a := m.GetAnnotations(); a != nil {
-			delete(a, corev1.LastAppliedConfigAnnotation)
-		}
-	}
-	switch o := obj.(type) {
-	case *discoveryv1.EndpointSlice:
-		for i := range o.Endpoints {
-			o.Endpoints[i].TargetRef = nil
-			o.Endpoints[i].DeprecatedTopology = nil
-		}
-	case *corev1.Node:
-		o.Status.Images = nil
-	}
-	return obj, nil
-}
-
 func (s *Source) request(changed bool) {
 	if changed {
 		s.queue()
@@ -376,13 +358,22 @@ func objectOf(obj any) any {
 	return obj
 }
 
-func (s *Source) onService(obj any, deleted bool) {
+func (s *Source) onService(old, obj any, deleted bool) {
 	if svc, ok := objectOf(obj).(*corev1.Service); ok {
-		s.followService(svc, deleted) // events.go: before the tracker sees it
+		o, _ := old.(*corev1.Service)
+		s.followService(o, svc, deleted) // events.go: before the tracker sees it
 	}
 	onObject(s, obj, deleted, s.tracker.SetService)
 }
-func (s *Source) onSlice(obj any, deleted bool) { onObject(s, obj, deleted, s.tracker.SetSlice) }
+func (s *Source) onSlice(_, obj any, deleted bool) {
+	var trigger string
+	if es, ok := objectOf(obj).(*discoveryv1.EndpointSlice); ok {
+		trigger = s.slimmer.takeTrigger(es) // forgotten for a deleted slice too
+	}
+	onObject(s, obj, deleted, func(key types.NamespacedName, es *discoveryv1.EndpointSlice) bool {
+		return s.tracker.SetSliceTriggered(key, es, trigger)
+	})
+}
 
 // onObject hands a Service or an EndpointSlice to set under its name: the
 // object as it is now, or nil once it is deleted.
@@ -403,7 +394,7 @@ func onObject[T any, P interface {
 
 // onNode follows the labels of this node's Node object, and whether it is
 // going away.
-func (s *Source) onNode(obj any, deleted bool) {
+func (s *Source) onNode(_, obj any, deleted bool) {
 	node, ok := objectOf(obj).(*corev1.Node)
 	if !ok || node.Name != s.cfg.Options.Node.Name {
 		return
@@ -421,12 +412,13 @@ func (s *Source) onNode(obj any, deleted bool) {
 }
 
 // handler routes an informer's adds, updates and deletes to on, which is
-// told whether the object went.
-func handler(on func(obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
+// told the version the cache held before an update (nil otherwise) and
+// whether the object went.
+func handler(on func(old, obj any, deleted bool)) cache.ResourceEventHandlerFuncs {
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { on(obj, false) },
-		UpdateFunc: func(_, obj any) { on(obj, false) },
-		DeleteFunc: func(obj any) { on(obj, true) },
+		AddFunc:    func(obj any) { on(nil, obj, false) },
+		UpdateFunc: func(old, obj any) { on(old, obj, false) },
+		DeleteFunc: func(obj any) { on(nil, obj, true) },
 	}
 }
 

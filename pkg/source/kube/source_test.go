@@ -341,7 +341,7 @@ func TestSlimEndpointsAndNode(t *testing.T) {
 	ep.DeprecatedTopology = map[string]string{corev1.LabelHostname: node}
 	ep.NodeName, ep.Zone = new(node), new("zone-a")
 	ep.Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-a"}}}
-	if _, err := slim(sl); err != nil {
+	if _, err := newSlimmer().slim(sl); err != nil {
 		t.Fatal(err)
 	}
 	if sl.OwnerReferences != nil || ep.TargetRef != nil || ep.DeprecatedTopology != nil {
@@ -354,7 +354,7 @@ func TestSlimEndpointsAndNode(t *testing.T) {
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{corev1.LabelTopologyZone: "zone-a"}},
 		Status: corev1.NodeStatus{Images: []corev1.ContainerImage{{Names: []string{"registry.example/app:v1"}, SizeBytes: 1 << 20}},
 			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.10"}}}}
-	if _, err := slim(n); err != nil {
+	if _, err := newSlimmer().slim(n); err != nil {
 		t.Fatal(err)
 	}
 	if n.Status.Images != nil || len(n.Status.Addresses) != 1 || n.Labels[corev1.LabelTopologyZone] != "zone-a" {

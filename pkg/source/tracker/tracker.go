@@ -190,6 +190,18 @@ func sameObject(a, b *corev1.Service) bool {
 // label names; a slice without one belongs to no Service and is ignored.
 // It reports whether anything was marked dirty.
 func (t *Tracker) SetSlice(key types.NamespacedName, slice *discoveryv1.EndpointSlice) bool {
+	var trigger string
+	if slice != nil {
+		trigger = slice.Annotations[corev1.EndpointsLastChangeTriggerTime]
+	}
+	return t.SetSliceTriggered(key, slice, trigger)
+}
+
+// SetSliceTriggered is SetSlice for a source that took the slice's
+// endpoints.kubernetes.io/last-change-trigger-time annotation off it (the
+// Kubernetes source, whose cache need not keep it): trigger is its value,
+// "" for none.
+func (t *Tracker) SetSliceTriggered(key types.NamespacedName, slice *discoveryv1.EndpointSlice, trigger string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var owner types.NamespacedName
@@ -226,7 +238,7 @@ func (t *Tracker) SetSlice(key types.NamespacedName, slice *discoveryv1.Endpoint
 		in.slices = slices.Insert(slices.Clip(in.slices), i, slice) // a copy too
 		t.ownerOf[key] = owner
 	}
-	if trig, ok := triggerOf(slice); ok {
+	if trig, ok := triggerOf(slice, trigger); ok {
 		in.triggers = append(in.triggers, trig)
 	}
 	t.markDirty(owner, in)
@@ -252,13 +264,12 @@ func (t *Tracker) SetNode(node translate.Node) bool {
 	return d != 0
 }
 
-// triggerOf is the endpoints.kubernetes.io/last-change-trigger-time of a
-// slice (when the change it carries, a pod becoming ready say, happened)
-// and its family; false for a slice without one, or of addressType FQDN
-// (no proxier serves it).
-func triggerOf(slice *discoveryv1.EndpointSlice) (model.Trigger, bool) {
-	v, ok := slice.Annotations[corev1.EndpointsLastChangeTriggerTime]
-	if !ok || slice.AddressType == discoveryv1.AddressTypeFQDN {
+// triggerOf is the time an endpoints.kubernetes.io/last-change-trigger-time
+// v of a slice says (when the change it carries, a pod becoming ready say,
+// happened), with the slice's family; false for none, or for a slice of
+// addressType FQDN (no proxier serves it).
+func triggerOf(slice *discoveryv1.EndpointSlice, v string) (model.Trigger, bool) {
+	if v == "" || slice.AddressType == discoveryv1.AddressTypeFQDN {
 		return model.Trigger{}, false
 	}
 	t, err := time.Parse(time.RFC3339Nano, v)

@@ -158,6 +158,14 @@ const (
 	SkipNoClusterIP  = "no cluster IP allocated"
 )
 
+// The labels a translation reads, of a Service and of an EndpointSlice: a
+// source may drop the others (pkg/source/kube caches only these). Keep
+// them in step with ServiceToModel and ServiceNameOfSlice.
+var (
+	ServiceLabelsRead = []string{LabelServiceProxyName, corev1.IsHeadlessService}
+	SliceLabelsRead   = []string{discoveryv1.LabelServiceName}
+)
+
 // ServiceNameOfSlice returns the Service an EndpointSlice belongs to, from
 // its kubernetes.io/service-name label.
 func ServiceNameOfSlice(es *discoveryv1.EndpointSlice) (types.NamespacedName, bool) {
