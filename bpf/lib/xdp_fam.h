@@ -45,6 +45,54 @@ static FAM(xdp_step) int FN(xdp_out)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 }
 
 /*
+ * xdp_fib - fib_lookup of <@saddr -> @daddr> for a packet of an
+ * established flow that came in on @ctx's device, into @f, through the
+ * route cache (xdp.c says when an entry is used): a packet of @now.
+ * Returns 0, or -1 if there is no usable route.
+ */
+static FAM(xdp_step) int FN(xdp_fib)(struct xdp_md *ctx,
+				     const FAM(addr_t) *saddr,
+				     const FAM(addr_t) *daddr, FAM(fib_t) *f,
+				     __u64 now)
+{
+	__u32 gen = READ_ONCE(fib_gen);
+	FAM(fib_key_t) key = {};
+	union {
+		struct bpf_fib_lookup fib;
+		struct fib_hop hop;
+	} u;
+	struct fib_hop *hop;
+	int ret;
+
+	key.ifindex = ctx->ingress_ifindex;
+	key.saddr = *saddr;
+	key.daddr = *daddr;
+	hop = bpf_map_lookup_elem(&FAM(fib_cache), &key);
+	if (hop && hop->gen == gen && now - hop->stamp < fib_cache_ns) {
+		f->ifindex = hop->ifindex;
+		__builtin_memcpy(f->smac, hop->smac, ETH_ALEN);
+		__builtin_memcpy(f->dmac, hop->dmac, ETH_ALEN);
+		f->have_neigh = true;
+		return 0;
+	}
+	__builtin_memset(&u, 0, sizeof(u)); /* a miss: zeroed only now */
+	FAM(fib_params)(&u.fib, &key);
+	ret = bpf_fib_lookup(ctx, &u.fib, sizeof(u.fib), 0);
+	if (FAM(fib_result)(&u.fib, ret, f) < 0)
+		return -1;
+	if (ret != BPF_FIB_LKUP_RET_SUCCESS)
+		return 0;
+	u.hop.stamp = now;
+	u.hop.gen = gen;
+	u.hop.ifindex = f->ifindex;
+	__builtin_memcpy(u.hop.smac, f->smac, ETH_ALEN);
+	__builtin_memcpy(u.hop.dmac, f->dmac, ETH_ALEN);
+	__builtin_memset(u.hop.pad, 0, sizeof(u.hop.pad));
+	bpf_map_update_elem(&FAM(fib_cache), &key, &u.hop, BPF_ANY);
+	return 0;
+}
+
+/*
  * xdp_route - where @x, a packet of the source-NATed flow of conntrack
  * entry @e, goes (into @t): to the flow's backend (@to_backend: <node:port
  * -> backend>) or back to its client (<frontend -> client>), and the next
@@ -53,7 +101,8 @@ static FAM(xdp_step) int FN(xdp_out)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
  */
 static __always_inline bool FN(xdp_route)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 					  const FAM(ct_entry_t) *e,
-					  bool to_backend, FAM(xdp_out_t) *t)
+					  bool to_backend, FAM(xdp_out_t) *t,
+					  __u64 now)
 {
 	if (to_backend) {
 		t->saddr = e->snat_addr;
@@ -66,8 +115,7 @@ static __always_inline bool FN(xdp_route)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 		t->daddr = e->snat_addr;
 		t->dport = e->snat_port;
 	}
-	if (FAM(fib_lookup)(ctx, ctx->ingress_ifindex, t->saddr, t->daddr,
-			    &t->f) < 0 ||
+	if (FN(xdp_fib)(ctx, &t->saddr, &t->daddr, &t->f, now) < 0 ||
 	    !t->f.have_neigh)
 		return false;
 	return xdp_fwd_ok(ctx, FAM(xdp_ttl)(x), t->f.ifindex);
@@ -90,7 +138,7 @@ static FAM(xdp_step) int FN(xdp_rev)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 	    !ct_alive(READ_ONCE(e->expires), now))
 		return -1;
 	/* <B -> N:sp> becomes <F -> C>. */
-	if (!FN(xdp_route)(ctx, x, e, false, &t))
+	if (!FN(xdp_route)(ctx, x, e, false, &t, now))
 		return XDP_PASS;
 	/* The first reply promotes the flow; if that fails, tc tries again
 	 * and refuses the flow (counted).
@@ -153,7 +201,7 @@ static FAM(xdp_step) int FN(xdp_fwd)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 	if (!(fwd->flags & CT_F_SNAT) || !FN(ct_fwd_usable)(fwd, p, &gone) ||
 	    gone)
 		return XDP_PASS;
-	if (!FN(xdp_route)(ctx, x, fwd, true, &t))
+	if (!FN(xdp_route)(ctx, x, fwd, true, &t, now))
 		return XDP_PASS;
 	/* A port reservation lost (and maybe taken): tc drops and counts,
 	 * never sends from a port the flow does not own.
