@@ -8,12 +8,14 @@
  * as the tc path, see ct_create_snat), and a reply of such a flow is
  * rewritten back to <frontend -> client>; both are sent straight to their
  * next hop (bpf_fib_lookup, then XDP_TX out of the same device or
- * bpf_redirect to another). Everything else, and anything this path cannot
- * finish (IP options, fragments, an unresolved neighbour, a local backend,
- * a full table), is XDP_PASSed untouched to the tc program, which handles
- * every case; the two share sluice_conntrack, so a flow may start in tc and
- * continue here. XDP counts its outcomes under reasons of its own
- * (METRIC_XDP_*), so that a counter names the hook that saw the packet.
+ * bpf_redirect to another); an established flow's next hops come from
+ * the route cache below while it is fresh. Everything else, and anything
+ * this path cannot finish (IP options, fragments, an unresolved
+ * neighbour, a local backend, a full table), is XDP_PASSed untouched to
+ * the tc program, which handles every case; the two share
+ * sluice_conntrack, so a flow may start in tc and continue here. XDP
+ * counts its outcomes under reasons of its own (METRIC_XDP_*), so that a
+ * counter names the hook that saw the packet.
  *
  * Checksums are updated incrementally (RFC 1624). Packets from the wire
  * carry complete checksums; a packet a local stack handed over a veth with

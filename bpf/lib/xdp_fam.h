@@ -4,7 +4,8 @@
  * includes once per family: xdp_translate and its steps over the IPv4
  * maps, xdp_translate6 ... over the IPv6 ones. xdp.c defines, per family,
  * the packet (xdp_pkt_t), its rewrite (xdp_rewrite), its TTL or hop limit
- * (xdp_ttl), where it goes (xdp_out_t), the route (fib_t, fib_lookup),
+ * (xdp_ttl), where it goes (xdp_out_t), the route (fib_t, fib_lookup;
+ * for the route cache: fib_params, fib_result, fib_key_t, fib_cache),
  * the node device the backend's route leaves through (node_dev_t,
  * node_dev_of, dev_addr), how a flow's port is reserved
  * (xdp_create_snat) and its reply entry checked (xdp_check_reverse), and
@@ -96,8 +97,9 @@ static FAM(xdp_step) int FN(xdp_fib)(struct xdp_md *ctx,
  * xdp_route - where @x, a packet of the source-NATed flow of conntrack
  * entry @e, goes (into @t): to the flow's backend (@to_backend: <node:port
  * -> backend>) or back to its client (<frontend -> client>), and the next
- * hop. Returns whether XDP may send it there itself (a route, its
- * neighbour resolved, a TTL and size xdp_fwd_ok takes).
+ * hop (xdp_fib: a packet of @now). Returns whether XDP may send it there
+ * itself (a route, its neighbour resolved, a TTL and size xdp_fwd_ok
+ * takes: the size is checked on every packet, the route cached or not).
  */
 static __always_inline bool FN(xdp_route)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 					  const FAM(ct_entry_t) *e,

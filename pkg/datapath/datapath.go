@@ -247,6 +247,10 @@ type Datapath struct {
 	xdp  xdpProgs  // nil programs with XDP off
 	maps *Maps
 
+	// routeGen is what WatchRouting last set XDP's route cache's
+	// generation to (routecache.go).
+	routeGen routeGen
+
 	// What the kernel offers beyond the minimum (features.go).
 	features Features
 

@@ -26,27 +26,32 @@ import (
 const DefaultXDPRouteCacheAge = time.Second
 
 // xdpRoutes are the route cache's maps and generation in the loaded XDP
-// object: its own, not pinned (a new object starts empty).
+// object: its own, not pinned (a new object starts empty). Only fields
+// the loader assigns: MapFill walks them.
 type xdpRoutes struct {
 	Fib4   *ebpf.Map      `ebpf:"sluice_fib_v1"`
 	Fib6   *ebpf.Map      `ebpf:"sluice6_fib_v1"`
 	FibGen *ebpf.Variable `ebpf:"fib_gen"`
-
-	mu  sync.Mutex // orders the bumps of FibGen
-	gen uint32
 }
 
 func (r *xdpRoutes) Close() error {
 	return errors.Join(r.Fib4.Close(), r.Fib6.Close())
 }
 
-// bump makes every cached route stale: the next packet of each flow
-// looks its route up again.
-func (r *xdpRoutes) bump() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.gen++
-	if err := r.FibGen.Set(r.gen); err != nil {
+// routeGen is the generation of the node's routing that the route cache
+// was last told of (fib_gen).
+type routeGen struct {
+	mu sync.Mutex // orders the bumps
+	n  uint32
+}
+
+// bumpRoutes makes every cached route stale: the next packet of each
+// flow looks its route up again.
+func (d *Datapath) bumpRoutes() error {
+	d.routeGen.mu.Lock()
+	defer d.routeGen.mu.Unlock()
+	d.routeGen.n++
+	if err := d.xdp.FibGen.Set(d.routeGen.n); err != nil {
 		return fmt.Errorf("bump the XDP route cache's generation: %w", err)
 	}
 	return nil
@@ -95,16 +100,16 @@ func (d *Datapath) WatchRouting() (*RoutingWatch, error) {
 		s.Close()
 		return nil, fmt.Errorf("subscribe to nexthop changes: %w", err)
 	}
-	if err := d.xdp.bump(); err != nil {
+	if err := d.bumpRoutes(); err != nil {
 		s.Close()
 		return nil, err
 	}
 	w.s = s
-	go w.run(&d.xdp.xdpRoutes)
+	go w.run(d)
 	return w, nil
 }
 
-func (w *RoutingWatch) run(r *xdpRoutes) {
+func (w *RoutingWatch) run(d *Datapath) {
 	defer close(w.done)
 	for {
 		_, _, err := w.s.Receive()
@@ -118,7 +123,7 @@ func (w *RoutingWatch) run(r *xdpRoutes) {
 			w.err = fmt.Errorf("receive routing changes: %w", err)
 			return
 		}
-		if err := r.bump(); err != nil {
+		if err := d.bumpRoutes(); err != nil {
 			w.err = err
 			return
 		}

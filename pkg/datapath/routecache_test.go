@@ -102,8 +102,8 @@ func cached(t *testing.T, m *ebpf.Map, key any) (xdpFibHop, bool) {
 	return h, true
 }
 
-// routeGen is the route cache's generation, as the programs read it.
-func routeGen(t *testing.T, d *Datapath) uint32 {
+// cacheGen is the route cache's generation, as the programs read it.
+func cacheGen(t *testing.T, d *Datapath) uint32 {
 	t.Helper()
 	var g uint32
 	if err := d.xdp.FibGen.Get(&g); err != nil {
@@ -151,7 +151,7 @@ func TestXDPRouteCacheForwardsAsUncached(t *testing.T) {
 			v, out = n.run(t, n.reply)
 			expectPacket(t, "reply, "+round, v, xdpTx, out, wantReply)
 		}
-		gen := routeGen(t, n.d)
+		gen := cacheGen(t, n.d)
 		for name, c := range map[string]struct {
 			key  any
 			dmac net.HardwareAddr
@@ -162,12 +162,25 @@ func TestXDPRouteCacheForwardsAsUncached(t *testing.T) {
 			}
 		}
 
+		// The metrics see the caches' fill.
+		fills, err := n.d.MapFill()
+		if err != nil {
+			t.Fatal(err)
+		}
+		filled := map[string]int{}
+		for _, f := range fills {
+			filled[f.Pin] = f.Entries
+		}
+		if filled["sluice_fib_v1"]+filled["sluice6_fib_v1"] < 2 {
+			t.Errorf("route caches' fill %v, want the flow's 2 routes", filled)
+		}
+
 		// The route changes and no one bumps the generation: the
 		// cached one still routes the flow.
 		replaceRoute(t, v6)
 		v, out := n.run(t, n.req)
 		expectPacket(t, "request, route changed, generation not bumped", v, xdpTx, out, wantReq)
-		if err := n.d.xdp.bump(); err != nil {
+		if err := n.d.bumpRoutes(); err != nil {
 			t.Fatal(err)
 		}
 		v, out = n.run(t, n.req)
@@ -240,11 +253,11 @@ func TestXDPRouteCacheFollowsRouting(t *testing.T) {
 		}
 		change := func(what string, f func() error) {
 			t.Helper()
-			gen := routeGen(t, n.d)
+			gen := cacheGen(t, n.d)
 			if err := f(); err != nil {
 				t.Fatalf("%s: %v", what, err)
 			}
-			for deadline := time.Now().Add(10 * time.Second); routeGen(t, n.d) == gen; time.Sleep(time.Millisecond) {
+			for deadline := time.Now().Add(10 * time.Second); cacheGen(t, n.d) == gen; time.Sleep(time.Millisecond) {
 				if time.Now().After(deadline) {
 					t.Fatalf("%s: the route cache's generation is still %d", what, gen)
 				}
@@ -318,7 +331,7 @@ func TestXDPRouteCacheFollowsRouting(t *testing.T) {
 				t.Fatalf("request to a local address: verdict %d (want XDP_PASS), output changed: %v", v, !bytes.Equal(out[:len(b)], b))
 			}
 		}
-		if h, ok := cached(t, m, reqKey); ok && h.Gen == routeGen(t, n.d) {
+		if h, ok := cached(t, m, reqKey); ok && h.Gen == cacheGen(t, n.d) {
 			t.Errorf("a route to a local address cached: %+v", h)
 		}
 	})
@@ -338,12 +351,12 @@ func TestXDPRouteCacheAgesOut(t *testing.T) {
 		if _, ok := cached(t, m, reqKey); !ok {
 			t.Fatal("request route not cached")
 		}
-		gen := routeGen(t, n.d)
+		gen := cacheGen(t, n.d)
 		replaceRoute(t, v6)
 		time.Sleep(4 * age)
 		v, out := n.run(t, n.req)
 		expectPacket(t, "request, route changed, entry aged", v, xdpRedirect, out, n.sentReq(nodeEth1MAC, node3MAC))
-		if g := routeGen(t, n.d); g != gen {
+		if g := cacheGen(t, n.d); g != gen {
 			t.Errorf("generation bumped (%d to %d) with no watch", gen, g)
 		}
 	})
