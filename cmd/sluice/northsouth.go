@@ -16,18 +16,31 @@ import (
 // flag. (loadBalancerSourceRanges are the reconciler's,
 // health check ports an agent Observer: see runAgent.)
 
-// routingWatcher is what followRouting needs of *datapath.Datapath.
-type routingWatcher interface {
-	WatchRouting() (*datapath.RoutingWatch, error)
+// routingWatch is a running watch of the node's routing
+// (*datapath.RoutingWatch).
+type routingWatch interface {
+	Done() <-chan struct{}
+	Close() error
+}
+
+// watchRouting starts dp's watch of the node's routing.
+func watchRouting(dp *datapath.Datapath) func() (routingWatch, error) {
+	return func() (routingWatch, error) {
+		w, err := dp.WatchRouting()
+		if err != nil {
+			return nil, err
+		}
+		return w, nil
+	}
 }
 
 // followRouting keeps XDP's route cache following the node's routing
-// (datapath.WatchRouting) until ctx is done. A watch that fails is logged
-// and started again after retry: meanwhile XDP uses a cached route for
-// at most its age (--xdp's route cache, 1s).
-func followRouting(ctx context.Context, dp routingWatcher, retry time.Duration, log *slog.Logger) {
+// (watch: datapath.WatchRouting) until ctx is done. A watch that fails
+// is logged and started again after retry: meanwhile XDP uses a cached
+// route for at most its age (1s).
+func followRouting(ctx context.Context, watch func() (routingWatch, error), retry time.Duration, log *slog.Logger) {
 	for {
-		w, err := dp.WatchRouting()
+		w, err := watch()
 		if err == nil {
 			select {
 			case <-ctx.Done():
