@@ -299,11 +299,20 @@ static __always_inline int FN(xdp_translate)(struct xdp_md *ctx,
 {
 	__u64 now = bpf_ktime_get_ns();
 	struct lb4_service *svc = NULL;
+	__u16 dport = bpf_ntohs(x->p.dport);
 	int ret;
 
-	ret = FN(xdp_rev)(ctx, x, now);
-	if (ret >= 0)
-		return ret;
+	/* A reply of a source-NATed flow comes back to a port SNAT
+	 * reserved, from snat_port_min to snat_port_max (ct_create_snat):
+	 * a packet to another port (a NodePort's, a frontend's) is none,
+	 * and skips the reverse lookup. (A flow reserved by an agent with
+	 * another range has its replies passed to tc, which serves them.)
+	 */
+	if (dport >= snat_port_min && dport <= snat_port_max) {
+		ret = FN(xdp_rev)(ctx, x, now);
+		if (ret >= 0)
+			return ret;
+	}
 	ret = FN(xdp_fwd)(ctx, x, now, &svc);
 	if (ret != XDP_NEW_FLOW || !svc)
 		return ret;

@@ -362,3 +362,28 @@ func TestXDPRouteCacheAgesOut(t *testing.T) {
 		}
 	})
 }
+
+// TestXDPRepliesOutsideSNATRange: XDP looks a packet up as the reply of
+// a source-NATed flow only if it comes to a port of the SNAT range (the
+// reverse lookup is skipped for the rest). A flow whose port another
+// agent reserved, from another range, is then served by tc: its reply,
+// passed by the XDP program of an agent whose range leaves the port out,
+// is sent back to the client by tc, per family.
+func TestXDPRepliesOutsideSNATRange(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		n := newCacheNode(t, v6, time.Hour)
+		// The next agent, on the same pins, reserves from another
+		// range.
+		cfg := n.d.cfg
+		cfg.SNATPortMin, cfg.SNATPortMax = 50000, 50999
+		d2 := openTest(t, cfg)
+		b := n.reply.Bytes()
+		if v, out := runXDP(t, d2.XDP(), n.eth0, b); v != xdpPass || !bytes.Equal(out[:len(b)], b) {
+			t.Errorf("reply to port %d, outside %d-%d: verdict %d (want XDP_PASS), output changed: %v",
+				n.sp, cfg.SNATPortMin, cfg.SNATPortMax, v, !bytes.Equal(out[:len(b)], b))
+		}
+		v, out := runOn(t, d2.TCIngress(), n.eth0, b)
+		expectPacket(t, "reply by tc", v, tcActRedirect, out[:len(toClient(n.reply, n.np, n.req.SrcPort).Bytes())],
+			toClient(n.reply, n.np, n.req.SrcPort))
+	})
+}
