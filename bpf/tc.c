@@ -98,8 +98,23 @@ static __always_inline enum pkt_kind parse_tc(struct __sk_buff *skb,
 }
 
 /*
+ * rev_dport4 - rewrite the destination port of @p, a reply, to @port. A
+ * global function, which the verifier checks once, on its own, rather
+ * than on every path of rev_dnat's (as ct_new4, below).
+ */
+__noinline int rev_dport4(struct __sk_buff *skb, const struct pkt4 *p,
+			  __be16 port)
+{
+	if (!skb || !p)
+		return -1;
+	return rewrite_l4addr(skb, p, true, p->daddr, port);
+}
+
+/*
  * rev_dnat - the reply @p of a flow that was DNATed only gets the frontend
- * <@fe_addr, @fe_port> back as its source. Returns a TC verdict.
+ * <@fe_addr, @fe_port> back as its source, and @cport as its destination
+ * port (the client's, which a clash remap changed: lb4_remap; else @p's
+ * own). Returns a TC verdict.
  *
  * At @ingress of a device, a reply to an external frontend (the pod's
  * device, when --devices lists it) would then carry the node's own
@@ -116,7 +131,7 @@ static __always_inline enum pkt_kind parse_tc(struct __sk_buff *skb,
  */
 static __always_inline int rev_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 				    __be32 fe_addr, __be16 fe_port,
-				    bool ingress)
+				    __be16 cport, bool ingress)
 {
 	struct fib4 f = {};
 	bool redirect = ingress && fe_external(fe_addr, fe_port, p->proto) &&
@@ -128,7 +143,8 @@ static __always_inline int rev_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 		if (ret >= 0)
 			return ret;
 	}
-	if (rewrite_l4addr(skb, p, false, fe_addr, fe_port) < 0) {
+	if (rewrite_l4addr(skb, p, false, fe_addr, fe_port) < 0 ||
+	    (cport != p->dport && rev_dport4(skb, p, cport) < 0)) {
 		metric_count(p, METRIC_TC_REWRITE_ERR);
 		return TC_ACT_SHOT;
 	}
@@ -144,6 +160,11 @@ static __always_inline int rev_dnat(struct __sk_buff *skb, const struct pkt4 *p,
  * to the frontend (and, for a source-NATed flow, its destination back to
  * the client, then send it to the client). @ingress: @p is at a device's
  * ingress. Returns a TC verdict, or -1 if @p is not such a reply.
+ *
+ * A flow remapped on a clash (lb4_remap) is source-NATed to the client's
+ * own address: its reply <B:q -> C:p'> is already addressed to the client
+ * and passes where a DNATed flow's does, so it is translated as one
+ * (rev_dnat), its destination port back to the client's.
  */
 static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
 				   __u64 now, bool ingress)
@@ -170,13 +191,17 @@ static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
 	fe_addr = e->nat_addr;
 	fe_port = e->nat_port;
 	explain_reply(p, fe_addr, fe_port);
-	if (!(e->flags & CT_F_SNAT))
-		return rev_dnat(skb, p, fe_addr, fe_port, ingress);
+	client = p->daddr;
+	cport = p->dport;
+	if (e->flags & CT_F_SNAT) {
+		client = e->snat_addr;
+		cport = e->snat_port;
+		explain_snat(p, EXPLAIN_F_SNAT, client, cport);
+	}
+	if (client == p->daddr)
+		return rev_dnat(skb, p, fe_addr, fe_port, cport, ingress);
 
 	/* <B -> N:sp> becomes <F -> C>. */
-	client = e->snat_addr;
-	cport = e->snat_port;
-	explain_snat(p, EXPLAIN_F_SNAT, client, cport);
 	if (fib4_lookup(skb, skb->ifindex, fe_addr, client, &f) < 0) {
 		metric_count(p, METRIC_TC_FIB_ERR);
 		return TC_ACT_SHOT;
@@ -247,7 +272,11 @@ struct lb4_xlate {
 	__be16 nat_port;
 	__be16 snat_port; /* snat: the flow's port on this node */
 	bool snat;	  /* source-NATed to this node */
-	bool have_fib;	  /* fib is the route to the backend */
+	/* snat to the client's own address, another port (lb4_remap): sent
+	 * on as a DNATed flow's packet is
+	 */
+	bool remap;
+	bool have_fib; /* fib is the route to the backend */
 	/* in: the client is internal (the cluster CIDR) */
 	bool internal;
 	/* in: the client is external and came in through a node device
@@ -292,13 +321,14 @@ static __always_inline bool lb4_masquerade(const struct pkt4 *p,
  * ct_new4 and ct_snat4 - ct_create and ct_create_snat as global functions:
  * the verifier checks each once, on its own, instead of again for every
  * path of the program that reaches it (the port search's SNAT_TRIES
- * iterations, and lb4_new_flow's CT_CLASH_TRIES, for each). Their pointers
+ * iterations; a masquerade and a clash remap both search). Their pointers
  * may be NULL as far as it knows. @ids carries the backend id (low 32
  * bits) and the rev NAT id (high), and ct_snat4's @x the node address and
  * the port it reserves: five arguments at most. sluice_ingress verified
- * 424,897 instructions with both inlined, 127,963 now (with conntrack_fam.h's
- * ct_snat_try a global function too); the agent's start spends half the
- * CPU it did loading the programs (BenchmarkOpen).
+ * 424,897 instructions with both inlined, 127,963 then (with
+ * conntrack_fam.h's ct_snat_try a global function too), 128,088 now
+ * (lb4_remap and rev_dport4 global as well); the agent's start spends half
+ * the CPU it did loading the programs (BenchmarkOpen).
  */
 __noinline int ct_new4(const struct pkt4 *p, const struct lb4_backend *be,
 		       __u64 ids, __u64 now)
@@ -315,6 +345,21 @@ __noinline int ct_snat4(const struct pkt4 *p, const struct lb4_backend *be,
 		return -1;
 	return ct_create_snat(p, be, (__u32)ids, (__u32)(ids >> 32),
 			      x->snat_addr, now, &x->snat_port);
+}
+
+/*
+ * snat_refused - count why ct_snat4 refused a flow of @p with @err:
+ * @exhausted if every port tried was taken, else the table that is full.
+ */
+static __always_inline void snat_refused(const struct pkt4 *p, int err,
+					 enum metric_reason exhausted)
+{
+	if (err > 0)
+		metric_count(p, exhausted);
+	else if (err == -E2BIG)
+		metric_count(p, METRIC_TC_CT_EST_FULL);
+	else
+		metric_count(p, METRIC_TC_CT_FULL);
 }
 
 /*
@@ -364,12 +409,7 @@ nat_remote(struct __sk_buff *skb, const struct pkt4 *p,
 		/* Without its reply entry the flow cannot work: refuse it
 		 * rather than half-NAT it.
 		 */
-		if (err > 0)
-			metric_count(p, METRIC_TC_SNAT_EXHAUSTED);
-		else if (err == -E2BIG)
-			metric_count(p, METRIC_TC_CT_EST_FULL);
-		else
-			metric_count(p, METRIC_TC_CT_FULL);
+		snat_refused(p, err, METRIC_TC_SNAT_EXHAUSTED);
 		return -1;
 	}
 	metric_count(p, dev ? METRIC_TC_SNAT_NEW : METRIC_TC_MASQ_LOCAL);
@@ -394,6 +434,7 @@ static __always_inline int lb4_ct_follow(const struct pkt4 *p,
 		x->snat = true;
 		x->snat_addr = fwd->snat_addr;
 		x->snat_port = fwd->snat_port;
+		x->remap = fwd->snat_addr == p->saddr;
 	}
 	explain_flag(p, EXPLAIN_F_CT_HIT);
 	explain_backend(p, fwd->backend_id, 0, x->nat_addr, x->nat_port);
@@ -472,11 +513,53 @@ static __noinline int lb4_aff_remember(const struct pkt4 *p,
 }
 
 /*
+ * lb4_remap - a new flow of @p to backend @be (@ids as ct_new4's) whose
+ * reply tuple <B:q -> C:p> is a live flow's of another frontend (a client
+ * port talking to two Services that share an endpoint: ct_create's
+ * clash) is source-NATed to the client's own address C with another port
+ * p', reserved as a masqueraded flow's is (ct_create_snat, whose search
+ * also passes over the half-open flows' tuples, ct_snat_try): the endpoint
+ * sees C:p', and rev_nat turns its replies back into <F -> C:p>.
+ *
+ * This is netfilter's answer, which kube-proxy gets: its DNAT rule picks
+ * the endpoint, and the implicit source NAT of nf_nat (get_unique_tuple)
+ * then finds the reply tuple taken and moves the source port, keeping the
+ * endpoint. Only a packet that may open a connection (a pure TCP SYN, or
+ * UDP) is remapped; any other clashes as before (a straggler of a flow
+ * Sluice does not know would otherwise open one).
+ *
+ * Returns 0 with @x's snat fields set, or -1 if the flow must be dropped
+ * (counted tc_ct_clash: no port left, or not an opening packet). A global
+ * function, as ct_snat4.
+ */
+__noinline int lb4_remap(const struct pkt4 *p, const struct lb4_backend *be,
+			 __u64 ids, __u64 now, struct lb4_xlate *x)
+{
+	int err;
+
+	if (!p || !be || !x)
+		return -1;
+	if (!ct_opens(p)) {
+		metric_count(p, METRIC_TC_CT_CLASH);
+		return -1;
+	}
+	x->snat_addr = p->saddr;
+	err = ct_snat4(p, be, ids, now, x);
+	if (err) {
+		snat_refused(p, err, METRIC_TC_CT_CLASH);
+		return -1;
+	}
+	x->snat = true;
+	x->remap = true;
+	metric_count(p, METRIC_TC_CT_CLASH_REMAP);
+	return 0;
+}
+
+/*
  * lb4_new_flow - select a backend for a new flow of @p to frontend @svc
  * and record the flow in conntrack (source-NATed when the backend is
- * remote, see nat_remote). A backend whose reply tuple is another flow's
- * (ct_create's clash: two VIPs sharing a backend) is passed over for the
- * next slot's, up to CT_CLASH_TRIES backends.
+ * remote, see nat_remote; or to another client port when its reply tuple
+ * is another flow's, see lb4_remap).
  *
  * With session affinity (affinity.h), the client is the packet's source
  * as it arrived: the backend it is stuck to comes first, and the backend
@@ -485,60 +568,48 @@ static __noinline int lb4_aff_remember(const struct pkt4 *p,
  * Returns 0 with @x filled in, or -1 if the packet must be dropped
  * (counted).
  */
-#define CT_CLASH_TRIES 4
-
 static __always_inline int lb4_new_flow(struct __sk_buff *skb,
 					const struct pkt4 *p,
 					const struct lb4_service *svc,
 					__u64 now, struct lb4_xlate *x)
 {
-	__u32 count = svc->count, backend_id = 0, i;
+	__u64 ids = (__u64)svc->rev_nat_id << 32;
+	__u32 backend_id = 0;
 	struct lb4_backend *be;
 	__u16 slot = 0;
 	int ret;
 
 	be = lb4_aff_select(p, svc, now, &backend_id, &slot);
-	for (i = 0; i < CT_CLASH_TRIES; i++) {
-		if (i > 0) {
-			if (i >= count)
-				break;
-			slot = slot % count + 1;
-			be = slot_backend(p->daddr, p->dport, p->proto,
-					  svc->scope, slot, &backend_id);
-		}
-		if (!be) {
-			metric_count(p, METRIC_TC_BACKEND_MISSING);
-			svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
-			return -1;
-		}
-		x->nat_addr = be->addr;
-		x->nat_port = be->port;
-		ret = nat_remote(skb, p, svc, be, backend_id, now, x);
-		if (ret < 0) {
-			svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK,
-				      0);
-			return -1;
-		}
-		if (ret == 0) {
-			ret = ct_new4(p, be,
-				      (__u64)svc->rev_nat_id << 32 | backend_id,
-				      now);
-			if (ret == CT_CLASH)
-				continue;
+	if (!be) {
+		metric_count(p, METRIC_TC_BACKEND_MISSING);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
+		return -1;
+	}
+	ids |= backend_id;
+	x->nat_addr = be->addr;
+	x->nat_port = be->port;
+	ret = nat_remote(skb, p, svc, be, backend_id, now, x);
+	if (ret == 0) {
+		ret = ct_new4(p, be, ids, now);
+		if (ret == CT_CLASH) {
+			ret = lb4_remap(p, be, ids, now, x);
+		} else {
 			if (ret < 0)
 				metric_count(p, METRIC_TC_CT_FULL);
 			metric_count(p, METRIC_TC_DNAT_NEW);
+			ret = 0;
 		}
-		explain_flag(p, EXPLAIN_F_NEW_FLOW);
-		explain_backend(p, backend_id, slot, be->addr, be->port);
-		if (svc->flags & SVC_F_AFFINITY)
-			lb4_aff_remember(p, svc, be, backend_id, slot);
-		svc_count_pkt(p, svc->rev_nat_id, SVC_EV_FLOW, 0);
-		return 0;
 	}
-	metric_count(p, METRIC_TC_CT_CLASH);
-	svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
-	return -1;
+	if (ret < 0) {
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
+		return -1;
+	}
+	explain_flag(p, EXPLAIN_F_NEW_FLOW);
+	explain_backend(p, backend_id, slot, be->addr, be->port);
+	if (svc->flags & SVC_F_AFFINITY)
+		lb4_aff_remember(p, svc, be, backend_id, slot);
+	svc_count_pkt(p, svc->rev_nat_id, SVC_EV_FLOW, 0);
+	return 0;
 }
 
 /*
@@ -671,8 +742,9 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	if (ret > 0)
 		return lb4_refuse(skb, p, svc);
 
-	if (x.snat) {
+	if (x.snat)
 		explain_snat(p, EXPLAIN_F_SNAT, x.snat_addr, x.snat_port);
+	if (x.snat && !x.remap) {
 		if (!x.have_fib && fib4_lookup(skb, skb->ifindex, x.snat_addr,
 					       x.nat_addr, &x.fib) < 0) {
 			metric_count(p, METRIC_TC_FIB_ERR);
@@ -692,7 +764,7 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	}
 	/* Its first packet is also counted as a new flow (lb4_new_flow). */
 	svc_count_pkt(p, svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);
-	if (!x.snat)
+	if (!x.snat || x.remap)
 		return TC_ACT_OK;
 	return redirect_fib(skb, p, &x.fib);
 }

@@ -358,6 +358,18 @@ static __always_inline void FN(ct_supersede)(const FAM(ct_key_t) *fkey)
 }
 
 /*
+ * ct_opens - whether @p may open a connection: a pure TCP SYN, or any UDP
+ * datagram (UDP has no opening packet).
+ */
+static __always_inline bool FN(ct_opens)(const FAM(pkt_t) *p)
+{
+	if (p->proto == IPPROTO_UDP)
+		return true;
+	return p->proto == IPPROTO_TCP &&
+	       (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+}
+
+/*
  * ct_reopens - whether @p, a new flow's packet, may take a tuple that @e,
  * a live entry of another flow, holds: @p is a pure TCP SYN and @e's flow
  * has closed. netfilter's rule: a new SYN reopens the tuple of a closed
@@ -366,8 +378,7 @@ static __always_inline void FN(ct_supersede)(const FAM(ct_key_t) *fkey)
 static __always_inline bool FN(ct_reopens)(const FAM(pkt_t) *p,
 					   const FAM(ct_entry_t) *e)
 {
-	return p->proto == IPPROTO_TCP &&
-	       (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN &&
+	return p->proto == IPPROTO_TCP && FN(ct_opens)(p) &&
 	       ct_closed(READ_ONCE(e->flags));
 }
 
@@ -499,7 +510,12 @@ static __always_inline int FN(ct_create)(const FAM(pkt_t) *p,
 
 /*
  * ct_snat_try - one try of ct_create_snat's port search: ct_est_insert of
- * the reply entry @e under @key, or for a dry run (@dry) ct_est_free.
+ * the reply entry @e under @key, or for a dry run (@dry) ct_est_free. At
+ * tc, a live half-open flow's reply entry (sluice_ct_new) under @key
+ * holds the tuple too: tc's clash remap (tc.c, lb4_remap) searches the
+ * client's own address, whose other new flows have their reply entries
+ * there. XDP never remaps (its flows are source-NATed to a node address,
+ * which no half-open entry names) and skips the lookup.
  * With CT_SNAT_TRY_GLOBAL defined (tc.c) a global function, which the
  * verifier checks once, on its own, instead of in each of the SNAT_TRIES
  * iterations of every path that searches (its pointers may then be NULL
@@ -514,8 +530,17 @@ static __always_inline int FN(ct_create)(const FAM(pkt_t) *p,
 CT_SNAT_TRY_FN FN(ct_snat_try)(const FAM(ct_key_t) *key,
 			       const FAM(ct_entry_t) *e, __u64 now, bool dry)
 {
+#ifdef CT_SNAT_TRY_GLOBAL
+	FAM(ct_entry_t) *half;
+#endif
+
 	if (!key || !e)
 		return -ENOENT;
+#ifdef CT_SNAT_TRY_GLOBAL
+	half = bpf_map_lookup_elem(FAM(ct_new), key);
+	if (half && ct_alive(READ_ONCE(half->expires), now))
+		return -EEXIST;
+#endif
 	if (dry)
 		return FN(ct_est_free)(key, now, true);
 	return FN(ct_est_insert)(key, e, now, true);

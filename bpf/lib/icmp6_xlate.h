@@ -240,12 +240,18 @@ static __noinline int icmp6_err_xlate(struct __sk_buff *skb, struct pkt6 *p)
 	struct icmp6_quote q;
 	struct ct6_key key = {};
 	struct ct6_entry *e;
-	bool about_reply;
+	bool about_reply, remap;
 
 	e = icmp6_find(skb, p, &q, &key, &about_reply);
 	if (!e)
 		return TC_ACT_OK;
-	if (e->flags & CT_F_SNAT)
+	/* A flow remapped to another port of the client (tc.c, lb4_remap)
+	 * is a DNATed flow's, its quote getting the client's port back too.
+	 */
+	remap = (e->flags & CT_F_SNAT) &&
+		lb6_addr_eq(&e->snat_addr,
+			    about_reply ? &key.saddr : &key.daddr);
+	if ((e->flags & CT_F_SNAT) && !remap)
 		return TC6_ICMP_SNAT;
 	to.addr = e->nat_addr;
 	to.port = e->nat_port;
@@ -266,6 +272,13 @@ static __noinline int icmp6_err_xlate(struct __sk_buff *skb, struct pkt6 *p)
 	}
 	if (icmp6_rewrite_quote(skb, p, &q, about_reply, &to) < 0)
 		goto err;
+	if (remap) {
+		/* [C:p' -> B] names C:p, [F -> C:p] C:p'. */
+		to.addr = e->snat_addr;
+		to.port = e->snat_port;
+		if (icmp6_rewrite_quote(skb, p, &q, !about_reply, &to) < 0)
+			goto err;
+	}
 	metric_inc(METRIC_TC_ICMP_XLATE);
 	return TC_ACT_OK;
 err:

@@ -222,6 +222,12 @@ static __always_inline int icmp_err_xlate(struct __sk_buff *skb,
 			x.saddr = e->snat_addr;
 			x.sport = e->snat_port;
 		}
+		/* A flow remapped to another port of the client (lb4_remap)
+		 * is a DNATed flow's, its quote getting the client's port
+		 * back too.
+		 */
+		if (snat && e->snat_addr == key.daddr)
+			snat = false;
 		/* Replies to an external frontend go to the client from
 		 * ingress, or the stack drops them (rev_dnat).
 		 */
@@ -240,6 +246,8 @@ static __always_inline int icmp_err_xlate(struct __sk_buff *skb,
 			x.daddr = e->snat_addr;
 			x.dport = e->snat_port;
 		}
+		if (snat && e->snat_addr == key.saddr)
+			snat = false; /* remapped: see above */
 		redirect = snat;
 	}
 	/* A source-NATed flow's errors arrive at the node, at ingress. */

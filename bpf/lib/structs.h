@@ -290,7 +290,9 @@ enum metric_reason {
 	 */
 	METRIC_TC_CT_EST_FULL,
 	/* a new flow's reply tuple is a live flow's of another frontend
-	 * (two VIPs sharing a backend) with every backend tried: dropped
+	 * (two VIPs sharing a backend), and the flow cannot be remapped to
+	 * another client port (no free port, or not a TCP SYN or UDP):
+	 * dropped; or a packet of a flow whose reply tuple another holds
 	 */
 	METRIC_TC_CT_CLASH,
 	/* a packet of a source-NATed flow whose port another flow now
@@ -335,6 +337,12 @@ enum metric_reason {
 	 * drops it): passed untouched
 	 */
 	METRIC_TC6_UDP_NO_CSUM,
+	/* a new flow's reply tuple is a live flow's of another frontend
+	 * (one client port to two Services sharing an endpoint): the flow
+	 * is source-NATed to the client's own address with another port,
+	 * as netfilter's NAT makes a tuple unique
+	 */
+	METRIC_TC_CT_CLASH_REMAP,
 	METRIC_MAX,
 };
 

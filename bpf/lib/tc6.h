@@ -179,6 +179,10 @@ struct lb6_xlate {
 	 * with an IPv6 address (not a pod of this node)
 	 */
 	bool outside;
+	/* snat to the client's own address, another port (a clash remap,
+	 * lb4_remap in tc.c): sent on as a DNATed flow's packet is
+	 */
+	bool remap;
 };
 
 /*
@@ -190,10 +194,19 @@ struct lb6_xlate {
 #define TC6_FORWARD (-4)
 
 /*
+ * lb6_new_flow's answer for a flow to remap to another client port (after
+ * nat_need6's 1 and 2), which nat_snat6 then records.
+ */
+#define TC6_NEED_REMAP 3
+
+/*
  * rev_nat6 - if @p is a reply of a translated flow, rewrite its source
  * back to the frontend. Returns a TC verdict, -1 if @p is not such a
  * reply, or TC6_FORWARD for a reply of a source-NATed flow, with @x
- * saying where it goes (<frontend -> client>, as rev_nat does it).
+ * saying where it goes (<frontend -> client>, as rev_nat does it). A
+ * remapped flow's reply <B:q -> C:p'> (lb6_new_flow) is addressed to the
+ * client already: it gets its destination port back, and goes on as a
+ * DNATed flow's reply.
  */
 static __noinline int rev_nat6(struct __sk_buff *skb, const struct pkt6 *p,
 			       __u64 now, struct lb6_xlate *x)
@@ -220,16 +233,20 @@ static __noinline int rev_nat6(struct __sk_buff *skb, const struct pkt6 *p,
 	fe_port = e->nat_port;
 	metric_count(p, METRIC_TC_REV_NAT);
 	explain_reply6(p, fe, fe_port);
+	x->port = p->dport;
 	if (e->flags & CT_F_SNAT) {
 		explain_snat6(p, EXPLAIN_F_SNAT, e->snat_addr, e->snat_port);
-		/* <B -> N:sp> becomes <F -> C>. */
-		x->snat_addr = fe;
-		x->snat_port = fe_port;
-		x->addr = e->snat_addr;
 		x->port = e->snat_port;
-		return TC6_FORWARD;
+		if (!lb6_addr_eq(&e->snat_addr, &p->daddr)) {
+			/* <B -> N:sp> becomes <F -> C>. */
+			x->snat_addr = fe;
+			x->snat_port = fe_port;
+			x->addr = e->snat_addr;
+			return TC6_FORWARD;
+		}
 	}
-	if (rewrite6_l4addr(skb, p, false, &fe, fe_port) < 0) {
+	if (rewrite6_l4addr(skb, p, false, &fe, fe_port) < 0 ||
+	    rewrite6_l4addr(skb, p, true, &p->daddr, x->port) < 0) {
 		metric_count(p, METRIC_TC_REWRITE_ERR);
 		return TC_ACT_SHOT;
 	}
@@ -371,10 +388,11 @@ static __noinline int nat_need6(struct __sk_buff *skb, const struct pkt6 *p,
 /*
  * nat_snat6 - record a new flow of @p to frontend @svc, sent to the
  * backend @x names, source-NATed to @x->snat_addr (nat_need6 said so, as
- * @need): reserve a source port for it (ct_create_snat6), which also
- * records the flow, as of @now. Returns 0 with @x->snat_port set, or -1
- * if the flow must be dropped (counted): as nat_remote, rather than
- * half-NAT it.
+ * @need; or lb6_new_flow, TC6_NEED_REMAP: the client's own address):
+ * reserve a source port for it (ct_create_snat6), which also records the
+ * flow, as of @now. Returns 0 with @x->snat_port set, or -1 if the flow
+ * must be dropped (counted): as nat_remote, rather than half-NAT it; a
+ * remap without a free port is counted as the clash it is.
  *
  * A global function (as ct_new6): the verifier checks it
  * once, on its own, not again for every path of the program that reaches
@@ -395,7 +413,9 @@ __noinline int nat_snat6(const struct pkt6 *p, const struct lb4_service *svc,
 			      x->snat_addr, now, &x->snat_port);
 	if (err) {
 		if (err > 0)
-			metric_count(p, METRIC_TC_SNAT_EXHAUSTED);
+			metric_count(p, need == TC6_NEED_REMAP ?
+						METRIC_TC_CT_CLASH :
+						METRIC_TC_SNAT_EXHAUSTED);
 		else if (err == -E2BIG)
 			metric_count(p, METRIC_TC_CT_EST_FULL);
 		else
@@ -404,7 +424,10 @@ __noinline int nat_snat6(const struct pkt6 *p, const struct lb4_service *svc,
 		return -1;
 	}
 	x->snat = true;
-	metric_count(p, need == 1 ? METRIC_TC_SNAT_NEW : METRIC_TC_MASQ_LOCAL);
+	x->remap = need == TC6_NEED_REMAP;
+	metric_count(p, need == 1 ? METRIC_TC_SNAT_NEW :
+			need == 2 ? METRIC_TC_MASQ_LOCAL :
+				    METRIC_TC_CT_CLASH_REMAP);
 	svc_count_pkt(p, svc->rev_nat_id, SVC_EV_FLOW, 0);
 	return 0;
 }
@@ -412,9 +435,9 @@ __noinline int nat_snat6(const struct pkt6 *p, const struct lb4_service *svc,
 /*
  * ct_new6 - ct_create6, in a frame of its own (its keys and entries would
  * not fit lb6_new_flow's on the stack with nat_need6's route). A global
- * function, as nat_snat6: checked once rather than for each of
- * lb6_new_flow's CT_CLASH_TRIES and every path that reaches them (69,041
- * of the program's 246,350 instructions verified, 2,158 now).
+ * function, as nat_snat6: checked once rather than for every path of
+ * the program that reaches it (69,041 of the program's
+ * 246,350 instructions verified, 2,158 then).
  */
 __noinline int ct_new6(const struct pkt6 *p, const struct lb6_backend *be,
 		       __u32 backend_id, __u32 rev_nat_id, __u64 now)
@@ -428,53 +451,49 @@ __noinline int ct_new6(const struct pkt6 *p, const struct lb6_backend *be,
  * lb6_new_flow - send a new flow of @p to @svc to the backend
  * lb6_aff_select chooses (a random slot, or the client's backend with
  * session affinity: the backend it returns is used, not looked up again
- * by its id), or on a reply tuple clash to the next slots' (as
- * lb4_new_flow), and record the flow in conntrack; unless nat_need6 says
- * the flow is source-NATed, which the caller then records (nat_snat6).
- * Returns 0 with @x filled in, nat_need6's 1 or 2 with @x filled in but
- * nothing recorded, or -1 if the packet must be dropped (counted).
+ * by its id), and record the flow in conntrack; unless nat_need6 says
+ * the flow is source-NATed, which the caller then records (nat_snat6),
+ * or its reply tuple is another flow's (ct_create6's clash): then it is
+ * source-NATed to the client's own address with another port, as
+ * lb4_remap (tc.c) does and says why, which the caller records too.
+ * Returns 0 with @x filled in, nat_need6's 1 or 2 or TC6_NEED_REMAP with
+ * @x filled in but nothing recorded, or -1 if the packet must be dropped
+ * (counted).
  */
 static __noinline int lb6_new_flow(struct __sk_buff *skb, const struct pkt6 *p,
 				   const struct lb4_service *svc, __u64 now,
 				   struct lb6_xlate *x)
 {
 	struct lb6_backend *be = lb6_aff_select(p, svc, now, x);
-	__u32 count = svc->count, backend_id = x->backend_id, i;
-	__u16 slot = x->slot;
 	int ret;
 
-	for (i = 0; i < CT_CLASH_TRIES; i++) {
-		if (i > 0) {
-			if (i >= count)
-				break;
-			slot = slot % count + 1;
-			be = slot_backend6(p->daddr, p->dport, p->proto,
-					   svc->scope, slot, &backend_id);
-		}
-		if (!be) {
-			metric_count(p, METRIC_TC_BACKEND_MISSING);
-			svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
+	if (!be) {
+		metric_count(p, METRIC_TC_BACKEND_MISSING);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
+		return -1;
+	}
+	x->addr = be->addr;
+	x->port = be->port;
+	ret = nat_need6(skb, p, svc, be, x);
+	if (ret)
+		return ret;
+	ret = ct_new6(p, be, x->backend_id, svc->rev_nat_id, now);
+	if (ret == CT_CLASH) {
+		if (!ct_opens6(p)) {
+			/* Not an opening packet: see lb4_remap. */
+			metric_count(p, METRIC_TC_CT_CLASH);
+			svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK,
+				      0);
 			return -1;
 		}
-		x->addr = be->addr;
-		x->port = be->port;
-		x->backend_id = backend_id;
-		x->slot = slot;
-		ret = nat_need6(skb, p, svc, be, x);
-		if (ret)
-			return ret;
-		ret = ct_new6(p, be, backend_id, svc->rev_nat_id, now);
-		if (ret == CT_CLASH)
-			continue;
-		if (ret < 0)
-			metric_count(p, METRIC_TC_CT_FULL);
-		metric_count(p, METRIC_TC_DNAT_NEW);
-		svc_count_pkt(p, svc->rev_nat_id, SVC_EV_FLOW, 0);
-		return 0;
+		x->snat_addr = p->saddr;
+		return TC6_NEED_REMAP;
 	}
-	metric_count(p, METRIC_TC_CT_CLASH);
-	svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
-	return -1;
+	if (ret < 0)
+		metric_count(p, METRIC_TC_CT_FULL);
+	metric_count(p, METRIC_TC_DNAT_NEW);
+	svc_count_pkt(p, svc->rev_nat_id, SVC_EV_FLOW, 0);
+	return 0;
 }
 
 /*
@@ -506,6 +525,7 @@ static __noinline int lb6_follow(const struct pkt6 *p,
 			x->snat = true;
 			x->snat_addr = fwd->snat_addr;
 			x->snat_port = fwd->snat_port;
+			x->remap = lb6_addr_eq(&fwd->snat_addr, &p->saddr);
 		}
 		if (!explain_dry(p))
 			ct_refresh6(fwd, p->proto, now);
@@ -653,9 +673,12 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 	svc_count_pkt(p, svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);
 	if (x->snat) {
 		explain_snat6(p, EXPLAIN_F_SNAT, x->snat_addr, x->snat_port);
-		return TC6_FORWARD;
+		if (!x->remap)
+			return TC6_FORWARD;
 	}
-	if (rewrite6_l4addr(skb, p, true, &x->addr, x->port) < 0) {
+	if (rewrite6_l4addr(skb, p, true, &x->addr, x->port) < 0 ||
+	    (x->remap &&
+	     rewrite6_l4addr(skb, p, false, &x->snat_addr, x->snat_port) < 0)) {
 		metric_count(p, METRIC_TC_REWRITE_ERR);
 		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
 		return TC_ACT_SHOT;

@@ -132,11 +132,14 @@ static FAM(xdp_step) int FN(xdp_rev)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 	FAM(xdp_out_t) t = {};
 
 	/* Source-NATed flows only: their reply entries (the port
-	 * reservations) are always in the established table.
+	 * reservations) are always in the established table. Not one
+	 * remapped to another client port (tc.c, lb4_remap): its reply is
+	 * addressed to the client already, and tc translates it.
 	 */
 	FN(ct_key_of)(&key, &x->p, CT_REVERSE);
 	e = bpf_map_lookup_elem(FAM(ct_est), &key);
 	if (!e || !(e->flags & CT_F_SNAT) ||
+	    FAM(addr_eq)(e->snat_addr, key.daddr) ||
 	    !ct_alive(READ_ONCE(e->expires), now))
 		return -1;
 	/* <B -> N:sp> becomes <F -> C>. */
@@ -196,12 +199,14 @@ static FAM(xdp_step) int FN(xdp_fwd)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 		*svcp = svc;
 		return XDP_NEW_FLOW;
 	}
-	/* Not source-NATed: a local backend, tc's to DNAT. Not usable: tc
+	/* Not source-NATed (or remapped to another port of the client,
+	 * lb4_remap): a local backend, tc's to DNAT. Not usable: tc
 	 * re-balances it, or starts it afresh. Its backend gone: tc counts
 	 * the draining flow.
 	 */
-	if (!(fwd->flags & CT_F_SNAT) || !FN(ct_fwd_usable)(fwd, p, &gone) ||
-	    gone)
+	if (!(fwd->flags & CT_F_SNAT) ||
+	    FAM(addr_eq)(fwd->snat_addr, p->saddr) ||
+	    !FN(ct_fwd_usable)(fwd, p, &gone) || gone)
 		return XDP_PASS;
 	if (!FN(xdp_route)(ctx, x, fwd, true, &t, now))
 		return XDP_PASS;

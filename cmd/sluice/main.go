@@ -336,6 +336,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 		cfg.Observers = append(cfg.Observers, hc)
 	}
 	rec := reconciler.New(dp.Maps(), log.With("component", "reconciler"))
+	m.SetBackendCounter(rec.BackendCounts) // the reconciler's count: no second map of every backend
 	a := agent.New(cfg, dp, rec, log)
 
 	ctx, cancel := context.WithCancelCause(ctx)

@@ -10,8 +10,7 @@ import (
 // one by its tuple, then the rest by Service with --yes, which more than
 // one flow needs.
 func TestConntrackDelete(t *testing.T) {
-	bpffs, names, _ := liveDatapath(t)
-	base := []string{"--bpffs", bpffs, "--names-file", names}
+	base := liveArgs(t)
 	list := func(args ...string) []ConntrackRow {
 		t.Helper()
 		return decode[[]ConntrackRow](t, runOK(t, append(append(append([]string{}, base...), "conntrack", "-o", "json"), args...)...))

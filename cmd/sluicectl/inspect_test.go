@@ -24,6 +24,14 @@ import (
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
+// liveArgs makes liveDatapath's pins and names file and returns the
+// flags that point sluicectl at them.
+func liveArgs(t *testing.T) []string {
+	t.Helper()
+	bpffs, names, _ := liveDatapath(t)
+	return []string{"--bpffs", bpffs, "--names-file", names}
+}
+
 // liveDatapath programs two Services into pins of the test's own, writes
 // their names file as the agent does, and sends two flows from
 // 10.0.0.1 through the tc program (BPF_PROG_TEST_RUN): two SYNs to web's

@@ -10,11 +10,11 @@ import (
 
 // status shows /healthz and /livez, and why one fails.
 func TestStatusHealth(t *testing.T) {
-	bpffs, names, _ := liveDatapath(t)
+	live := liveArgs(t)
 	p := health.NewProxier(time.Minute, nil)
 	p.SetNode(false, "node node-a is tainted ToBeDeletedByClusterAutoscaler")
 	healthAddr := serve(t, health.HandlerWith(func() error { return nil }, nil, p))
-	base := []string{"--bpffs", bpffs, "--names-file", names, "status", "--health-addr", healthAddr, "--metrics-addr", "127.0.0.1:1"}
+	base := append(live, "status", "--health-addr", healthAddr, "--metrics-addr", "127.0.0.1:1")
 
 	s := decode[Status](t, runOK(t, append(base, "-o", "json")...))
 	if s.Agent.Healthz != "503: node node-a is tainted ToBeDeletedByClusterAutoscaler" || s.Agent.Livez != "ok" {

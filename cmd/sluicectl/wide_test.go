@@ -11,8 +11,7 @@ import (
 // decoded flags, backends how many frontends use them, conntrack the ids
 // the entries name.
 func TestWideOutput(t *testing.T) {
-	bpffs, names, _ := liveDatapath(t)
-	base := []string{"--bpffs", bpffs, "--names-file", names}
+	base := liveArgs(t)
 	lines := func(args ...string) []string {
 		t.Helper()
 		return strings.Split(strings.TrimRight(runOK(t, append(append([]string{}, base...), args...)...), "\n"), "\n")

@@ -20,7 +20,9 @@
 //     ICMP) with checksums computed from scratch, and the checker that
 //     recomputes the checksums of a program's output;
 //   - agentproc: the real sluice agent as a process in a namespace (build
-//     once, start, readiness, manifests, teardown).
+//     once, start, readiness, manifests, teardown);
+//   - kubeclient: writes to Kubernetes objects through client-go (a Node's
+//     update), against the fake clientset and the real apiserver alike.
 //
 // None of it imports pkg/datapath: the datapath's own tests use it, and an
 // import back would be a cycle.

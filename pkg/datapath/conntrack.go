@@ -426,20 +426,14 @@ func deleteFlow[K ctKey, V ctValue](tables []*ebpf.Map, e ConntrackEntry, key fu
 		peer = key(client, e.NAT, ctForward)
 	}
 	n := 0
+	nat := netip.AddrPortFrom(e.NAT.Addr().Unmap(), e.NAT.Port())
 	for _, m := range tables {
-		var v V
-		if err := m.Lookup(&self, &v); err != nil {
-			if errors.Is(err, ebpf.ErrKeyNotExist) {
-				continue
-			}
-			return n, fmt.Errorf("look up conntrack entry: %w", err)
-		}
-		if w := v.view(); w.nat != netip.AddrPortFrom(e.NAT.Addr().Unmap(), e.NAT.Port()) || w.backendID != e.BackendID {
-			return n, nil // another flow holds the tuple now
-		}
-		ok, err := deleteIfPresent(m, &self)
+		ok, foreign, err := deleteIfOurs[K, V](m, &self, func(w ctView) bool { return w.nat == nat && w.backendID == e.BackendID })
 		if err != nil {
 			return n, err
+		}
+		if foreign {
+			return n, nil // another flow holds the tuple now
 		}
 		n += b2n(ok)
 	}
@@ -452,23 +446,31 @@ func deleteFlow[K ctKey, V ctValue](tables []*ebpf.Map, e ConntrackEntry, key fu
 		back = dst
 	}
 	for _, m := range tables {
-		var v V
-		if err := m.Lookup(&peer, &v); err != nil {
-			if errors.Is(err, ebpf.ErrKeyNotExist) {
-				continue
-			}
-			return n, fmt.Errorf("look up conntrack entry: %w", err)
-		}
-		if v.view().nat != back {
-			continue
-		}
-		ok, err := deleteIfPresent(m, &peer)
+		ok, _, err := deleteIfOurs[K, V](m, &peer, func(w ctView) bool { return w.nat == back })
 		if err != nil {
 			return n, err
 		}
 		n += b2n(ok)
 	}
 	return n, nil
+}
+
+// deleteIfOurs deletes key's entry from m if ours says it is the flow's,
+// reporting whether it deleted it, or found it held by another (foreign);
+// a missing entry is neither.
+func deleteIfOurs[K any, V ctValue](m *ebpf.Map, key *K, ours func(ctView) bool) (deleted, foreign bool, err error) {
+	var v V
+	if err := m.Lookup(key, &v); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return false, false, nil
+		}
+		return false, false, fmt.Errorf("look up conntrack entry: %w", err)
+	}
+	if !ours(v.view()) {
+		return false, true, nil
+	}
+	deleted, err = deleteIfPresent(m, key)
+	return deleted, false, err
 }
 
 // deleteIfPresent deletes key from m, reporting whether it was there.

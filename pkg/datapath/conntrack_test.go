@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -628,8 +629,10 @@ func TestCTFloodKeepsEstablished(t *testing.T) {
 
 // TestCTSharedBackendClash (B1): a client port talking to two VIPs that
 // share a backend: the second flow must not take over the first one's
-// reply entry (replies would carry the wrong VIP). With another backend it
-// goes there; with none, its SYN is refused.
+// reply entry (replies would carry the wrong VIP). As netfilter's NAT does
+// for kube-proxy, it keeps the backend it was sent to and leaves from
+// another client port (lb4_remap, counted tc_ct_clash_remap), whose
+// replies come back as the second VIP's to the client's own port.
 func TestCTSharedBackendClash(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		a := func(s string) string { return twinAddr(v6, s) }
@@ -641,18 +644,46 @@ func TestCTSharedBackendClash(t *testing.T) {
 		addService(t, m, 1, vip1, shared)
 		addService(t, m, 2, vip2, shared)
 		addService(t, m, 3, vip3, shared, spare)
+		remaps := func() uint64 { return counters(t, d)["tc_ct_clash_remap"] }
 
+		// sendRemapped sends f's SYN and checks it reaches be, from
+		// another client port when be is shared (whose reply then comes
+		// back as f's frontend to f's port).
+		sendRemapped := func(i int, f flow, bes ...testBackend) {
+			t.Helper()
+			n := remaps()
+			v, out := runProg(t, d.TCIngress(), f.pkt(tcpSYN_).Bytes())
+			if v != tcActOK || outSrc(out) != f.client {
+				t.Fatalf("flow %d to %s: verdict %d from %s", i, f.fe, v, outSrc(out))
+			}
+			var be testBackend
+			for _, b := range bes {
+				if b.addr.Addr.String() == outDst(out) {
+					be = b
+				}
+			}
+			if be.id == 0 {
+				t.Fatalf("flow %d to %s went to %s, not one of its backends", i, f.fe, outDst(out))
+			}
+			sp := outSport(out)
+			if want := be.id == shared.id; (sp != f.cport) != want || (remaps()-n == 1) != want {
+				t.Fatalf("flow %d to %s: to %s from port %d (the client's %d), tc_ct_clash_remap +%d", i, f.fe, be.addr, sp, f.cport, remaps()-n)
+			}
+			reply := f.from(be.addr, tcpSA)
+			reply.DstPort = sp
+			if v, out := runProg(t, d.TCEgress(), reply.Bytes()); v != tcActOK || outSrc(out) != f.fe.Addr.String() ||
+				outSport(out) != f.fe.Port || outDst(out) != f.client || outDport(out) != f.cport {
+				t.Fatalf("flow %d: reply to port %d: verdict %d, %s:%d -> %s:%d, want %s -> %s:%d", i, sp, v,
+					outSrc(out), outSport(out), outDst(out), outDport(out), f.fe, f.client, f.cport)
+			}
+		}
 		for i := range 16 {
 			f1 := flow{a("10.0.6.1"), uint16(47000 + i), vip1}
 			establish(t, d, f1, shared)
 			f2, f3 := f1, f1
 			f2.fe, f3.fe = vip2, vip3
-			if v, dst := sendTo(t, d.TCIngress(), f2.pkt(tcpSYN_)); v == tcActOK && dst == shared.addr.Addr.String() {
-				t.Fatalf("flow %d: %s took the reply tuple of its flow to %s", i, vip2, vip1)
-			}
-			if v, dst := sendTo(t, d.TCIngress(), f3.pkt(tcpSYN_)); v != tcActOK || dst != spare.addr.Addr.String() {
-				t.Fatalf("flow %d to %s: verdict %d to %s, want the other backend %s", i, vip3, v, dst, spare.addr.Addr)
-			}
+			sendRemapped(i, f2, shared)
+			sendRemapped(i, f3, shared, spare)
 			for range 2 {
 				if v, _ := sendTo(t, d.TCIngress(), f1.pkt(tcpACK)); v != tcActOK {
 					t.Fatalf("flow %d to %s: verdict %d", i, vip1, v)
@@ -665,13 +696,110 @@ func TestCTSharedBackendClash(t *testing.T) {
 	})
 }
 
+// TestTCClashRemap: the packets of two flows from one client port to two
+// VIPs sharing a backend, exactly, checksums included, over both families
+// and protocols. The second flow leaves from the only SNAT port (62000,
+// oneSNATPort) to the same backend; its replies, at the client's device's
+// egress or at the backend's device's ingress, come back as the second
+// VIP's to the client's own port; the first flow is untouched. What cannot
+// be remapped clashes as before (tc_ct_clash): a TCP packet that is not a
+// SYN, a flow with no port left, or a port whose tuple a half-open flow of
+// the client holds (ct_snat_try).
+func TestTCClashRemap(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a := func(s string) string { return twinAddr(v6, s) }
+		for _, proto := range []model.Protocol{model.TCP, model.UDP} {
+			t.Run(proto.String(), func(t *testing.T) {
+				d := openTestWith(t, smallConfig, oneSNATPort)
+				m := d.Maps()
+				be := testBackend{71, l4(a("10.1.7.1"), 8080, proto)}
+				vip1, vip2, vip3 := l4(a("10.96.0.70"), 80, proto), l4(a("10.96.0.71"), 80, proto), l4(a("10.96.0.72"), 80, proto)
+				addService(t, m, 1, vip1, be)
+				addService(t, m, 2, vip2, be)
+				addService(t, m, 3, vip3, be)
+				const cport, remapped = 47300, 62000
+				f1 := flow{a("10.0.7.1"), cport, vip1}
+				f2, f3 := f1, f1
+				f2.fe, f3.fe = vip2, vip3
+				// A client whose half-open flow holds port 62000 (h1).
+				h0, h1, h2 := flow{a("10.0.7.2"), cport, vip1}, flow{a("10.0.7.2"), remapped, vip1}, flow{a("10.0.7.2"), cport, vip2}
+				syn, ack, sa := uint8(tcpSYN_), uint8(tcpACK), uint8(tcpSA)
+				if proto == model.UDP {
+					syn, ack, sa = 0, 0, 0
+				}
+				dnat := func(in packet.Packet, sport uint16) *packet.Packet {
+					return with(in, func(p *packet.Packet) { p.Dst, p.DstPort, p.SrcPort = be.addr.Addr, be.addr.Port, sport })
+				}
+				reply := func(f flow, dport uint16, flags uint8) packet.Packet {
+					p := f.from(be.addr, flags)
+					p.DstPort = dport
+					return p
+				}
+				unNAT := func(in packet.Packet, f flow) *packet.Packet {
+					return with(in, func(p *packet.Packet) { p.Src, p.SrcPort, p.DstPort = f.fe.Addr, f.fe.Port, f.cport })
+				}
+				type step struct {
+					name    string
+					egress  bool
+					in      packet.Packet
+					verdict uint32
+					out     *packet.Packet // nil: dropped
+					counted string         // grows by one
+				}
+				steps := []step{
+					{"first flow: DNAT", false, f1.pkt(syn), tcActOK, dnat(f1.pkt(syn), cport), "tc_dnat_new"},
+					{"first flow's reply", true, reply(f1, cport, sa), tcActOK, unNAT(reply(f1, cport, sa), f1), "tc_rev_nat"},
+				}
+				if proto == model.TCP {
+					steps = append(steps, step{"second flow's ACK, which opens nothing: clash", false, f2.pkt(ack), tcActShot, nil, "tc_ct_clash"})
+				}
+				steps = append(steps,
+					step{"second flow: remapped to another client port", false, f2.pkt(syn), tcActOK, dnat(f2.pkt(syn), remapped), "tc_ct_clash_remap"},
+					step{"second flow's reply at egress: the second VIP to the client's port", true, reply(f2, remapped, sa), tcActOK, unNAT(reply(f2, remapped, sa), f2), "tc_rev_nat"},
+					step{"second flow's next packet: the remapped port", false, f2.pkt(ack), tcActOK, dnat(f2.pkt(ack), remapped), "tc_dnat_ct"},
+					step{"first flow's next packet: its own port", false, f1.pkt(ack), tcActOK, dnat(f1.pkt(ack), cport), "tc_dnat_ct"},
+					step{"first flow's next reply", true, reply(f1, cport, ack), tcActOK, unNAT(reply(f1, cport, ack), f1), "tc_rev_nat"},
+					step{"second flow's reply at the backend device's ingress", false, reply(f2, remapped, ack), tcActOK, unNAT(reply(f2, remapped, ack), f2), "tc_rev_nat"},
+					step{"third flow: no port left: clash", false, f3.pkt(syn), tcActShot, nil, "tc_ct_clash"},
+					step{"a half-open flow from port 62000", false, h1.pkt(syn), tcActOK, dnat(h1.pkt(syn), remapped), "tc_dnat_new"},
+					step{"the same client's first flow", false, h0.pkt(syn), tcActOK, dnat(h0.pkt(syn), cport), "tc_dnat_new"},
+					step{"its second flow: port 62000 is the half-open flow's: clash", false, h2.pkt(syn), tcActShot, nil, "tc_ct_clash"},
+				)
+				for _, s := range steps {
+					prog := d.TCIngress()
+					if s.egress {
+						prog = d.TCEgress()
+					}
+					n := counters(t, d)[s.counted]
+					v, out := runProg(t, prog, s.in.Bytes())
+					if v != s.verdict {
+						t.Fatalf("%s: verdict %d, want %d", s.name, v, s.verdict)
+					}
+					if got := counters(t, d)[s.counted] - n; got != 1 {
+						t.Errorf("%s: %s counted %d, want 1", s.name, s.counted, got)
+					}
+					if s.out == nil {
+						continue
+					}
+					if want := s.out.Bytes(); !bytes.Equal(out, want) {
+						t.Fatalf("%s: output packet\n got %x\nwant %x", s.name, out, want)
+					}
+					checkChecksums(t, out)
+				}
+			})
+		}
+	})
+}
+
 // TestCTClosedReplyTupleReopens: a client port whose flow to one VIP has
 // closed (FINs both ways, or a RST either way) opens a new one to another
 // VIP that has only the same backend. The old flow's reply entry still
 // holds <B -> C:P> until the close timeout; a SYN takes it over, as
 // netfilter reopens a closed TCP conntrack, instead of clashing on every
-// retransmission until the old entry expires. An open flow, or a packet
-// that is not a SYN, still clashes (counted).
+// retransmission until the old entry expires. An open flow keeps its
+// tuple: a SYN to the other VIP leaves from another client port instead
+// (TestCTSharedBackendClash); a packet that is not a SYN opens nothing and
+// still clashes (counted tc_ct_clash).
 func TestCTClosedReplyTupleReopens(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		a := func(s string) string { return twinAddr(v6, s) }
@@ -713,11 +841,11 @@ func TestCTClosedReplyTupleReopens(t *testing.T) {
 				be := shared.addr.Addr.String()
 				if c.close == nil {
 					n := clashes(t)
-					if v, dst := toVIP(t, f2, tcpSYN_); v == tcActOK && dst == be {
-						t.Fatalf("%s took the reply tuple of the open flow to %s", vip2, vip1)
+					if v, out := runProg(t, d.TCIngress(), f2.pkt(tcpSYN_).Bytes()); v != tcActOK || outDst(out) != be || outSport(out) == f2.cport {
+						t.Fatalf("SYN to %s: verdict %d to %s from port %d, want %s from another port than the open flow's to %s", vip2, v, outDst(out), outSport(out), be, vip1)
 					}
-					if clashes(t) == n {
-						t.Errorf("SYN to %s refused, tc_ct_clash not counted", vip2)
+					if got := clashes(t); got != n {
+						t.Errorf("tc_ct_clash counted %d for the remapped SYN", got-n)
 					}
 					if v, out := fromBackend(t, f1, tcpSA); v != tcActOK || outSrc(out) != vip1.Addr.String() {
 						t.Errorf("reply of the open flow carries %s, want %s", outSrc(out), vip1.Addr)

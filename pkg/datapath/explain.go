@@ -339,7 +339,6 @@ func explainMap(prog *ebpf.Program, name string, size int) (*ebpf.Map, error) {
 // explanation turns the record into an Explanation; r6, an IPv6 run's
 // addresses, is nil for IPv4.
 func explanation(r sockExplainRecord, r6 *sockExplain6Record, ret uint32, out []byte) *Explanation {
-	has := func(f sockExplainFlags) bool { return r.Flags&uint32(f) != 0 }
 	var a6 sockExplain6Record
 	if r6 != nil {
 		a6 = *r6
@@ -360,28 +359,19 @@ func explanation(r sockExplainRecord, r6 *sockExplain6Record, ret uint32, out []
 			e.Reasons = append(e.Reasons, fmt.Sprintf("reason_%d", n))
 		}
 	}
-	if has(sockExplainFlagsEXPLAIN_F_FRONTEND) || has(sockExplainFlagsEXPLAIN_F_REPLY) {
+	e.setFlags(r.Flags)
+	if e.Frontend || e.Reply {
 		e.FrontendAddr = netip.AddrPortFrom(addr(r.Vip, a6.Vip), portFromBE16(r.Vport))
 	}
-	e.Frontend = has(sockExplainFlagsEXPLAIN_F_FRONTEND)
 	e.SvcFlags = r.SvcFlags
-	if has(sockExplainFlagsEXPLAIN_F_SCOPE) {
-		e.Scoped = true
+	if e.Scoped {
 		e.Scope, e.ScopeCount, e.ServiceID = r.Scope, r.Count, r.RevNatId
 	}
-	e.Internal = has(sockExplainFlagsEXPLAIN_F_INTERNAL)
-	e.Outside = has(sockExplainFlagsEXPLAIN_F_OUTSIDE)
-	e.ConntrackHit = has(sockExplainFlagsEXPLAIN_F_CT_HIT)
-	e.AffinityHit = has(sockExplainFlagsEXPLAIN_F_AFFINITY_HIT)
-	e.NewFlow = has(sockExplainFlagsEXPLAIN_F_NEW_FLOW)
-	e.Reply = has(sockExplainFlagsEXPLAIN_F_REPLY)
-	if has(sockExplainFlagsEXPLAIN_F_DNAT) {
-		e.DNAT = true
+	if e.DNAT {
 		e.BackendID, e.Slot = r.BackendId, r.Slot
 		e.Backend = netip.AddrPortFrom(addr(r.BeAddr, a6.BeAddr), portFromBE16(r.BePort))
 	}
-	if has(sockExplainFlagsEXPLAIN_F_SNAT) {
-		e.SNAT = true
+	if e.SNAT {
 		e.SNATTo = netip.AddrPortFrom(addr(r.SnatAddr, a6.SnatAddr), portFromBE16(r.SnatPort))
 	}
 	e.Verdict = verdictName(ret)
@@ -394,6 +384,25 @@ func explanation(r sockExplainRecord, r6 *sockExplain6Record, ret uint32, out []
 	}
 	e.OutSrc, e.OutDst = frameAddrs(out)
 	return e
+}
+
+// setFlags sets what the dry run's EXPLAIN_F_* flags say about the
+// packet or socket, for tc and socket records alike: each program sets
+// only the flags of what it does (a socket has no conntrack entry, no
+// SNAT and no reply; tc has no sticky socket entry).
+func (e *Explanation) setFlags(flags uint32) {
+	has := func(f sockExplainFlags) bool { return flags&uint32(f) != 0 }
+	e.Frontend = has(sockExplainFlagsEXPLAIN_F_FRONTEND)
+	e.Scoped = has(sockExplainFlagsEXPLAIN_F_SCOPE)
+	e.Internal = has(sockExplainFlagsEXPLAIN_F_INTERNAL)
+	e.Outside = has(sockExplainFlagsEXPLAIN_F_OUTSIDE)
+	e.ConntrackHit = has(sockExplainFlagsEXPLAIN_F_CT_HIT)
+	e.AffinityHit = has(sockExplainFlagsEXPLAIN_F_AFFINITY_HIT)
+	e.StickyHit = has(sockExplainFlagsEXPLAIN_F_STICKY_HIT)
+	e.NewFlow = has(sockExplainFlagsEXPLAIN_F_NEW_FLOW)
+	e.Reply = has(sockExplainFlagsEXPLAIN_F_REPLY)
+	e.DNAT = has(sockExplainFlagsEXPLAIN_F_DNAT)
+	e.SNAT = has(sockExplainFlagsEXPLAIN_F_SNAT)
 }
 
 // verdictName names a tc verdict (linux/pkt_cls.h).

@@ -357,3 +357,51 @@ func TestTCICMPErrorTruncated(t *testing.T) {
 		}
 	})
 }
+
+// TestTCICMPErrorsClashRemap: errors about a flow remapped to another port
+// of its client (lb4_remap) are translated as a DNATed flow's, at egress
+// as at ingress, the quote getting the client's own port back: a
+// backend's or a router's error about <client:62000 -> backend> reaches
+// the client as about <client:5300 -> VIP2>, and the client's error about
+// a reply goes on to the backend as about <backend -> client:62000>. The
+// first flow's errors are as ever. Per family.
+func TestTCICMPErrorsClashRemap(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d := openTestWith(t, smallConfig, oneSNATPort)
+		m := d.Maps()
+		vip1, vip2 := l4(twinAddr(v6, "10.96.0.92"), 53, model.UDP), l4(twinAddr(v6, "10.96.0.93"), 53, model.UDP)
+		be := testBackend{93, l4(twinAddr(v6, "10.1.9.3"), 5353, model.UDP)}
+		addService(t, m, 1, vip1, be)
+		addService(t, m, 2, vip2, be)
+		client, router := twinAddr(v6, "10.0.0.1"), twinAddr(v6, "10.1.9.254")
+		v1, v2, b := vip1.Addr.String(), vip2.Addr.String(), be.addr.Addr.String()
+		udp := func(src string, sport uint16, dst string, dport uint16) packet.Packet {
+			return udpPacket(src, sport, dst, dport, []byte("a query")).With(func(p *packet.Packet) { p.ID, p.TTL = 0x0903, 63 })
+		}
+		portUnreach := func(from string, q []byte) packet.Packet { return icmpMsg(from, client, icmpPortUnreach, 0, q) }
+		fragNeeded := func(from string, q []byte) packet.Packet { return icmpMsg(from, client, icmpTooBig, 1400, q) }
+		remapped := quoteOf(udp(client, 62000, b, 5353), 0)
+		asVIP2 := quoteOf(udp(client, 5300, v2, 53), 0)
+		runEdgeSteps(t, d, []edgeStep{
+			{name: "first flow", in: ether(udp(client, 5300, v1, 53)), verdict: tcActOK, want: ether(udp(client, 5300, b, 5353))},
+			{name: "second flow: remapped", in: ether(udp(client, 5300, v2, 53)), verdict: tcActOK, want: ether(udp(client, 62000, b, 5353))},
+			{name: "port unreachable from the backend about the remapped flow, egress", egress: true,
+				in: ether(portUnreach(b, remapped)), verdict: tcActOK, want: ether(portUnreach(v2, asVIP2))},
+			{name: "port unreachable from the backend about the remapped flow, ingress",
+				in: ether(portUnreach(b, remapped)), verdict: tcActOK, want: ether(portUnreach(v2, asVIP2))},
+			{name: "frag needed from a router about the remapped flow, egress", egress: true,
+				in: ether(fragNeeded(router, remapped)), verdict: tcActOK, want: ether(fragNeeded(router, asVIP2))},
+			{name: "port unreachable from the client about a reply of the remapped flow",
+				in:      ether(icmpMsg(client, v2, icmpPortUnreach, 0, quoteOf(udp(v2, 53, client, 5300), 0))),
+				verdict: tcActOK,
+				want:    ether(icmpMsg(client, b, icmpPortUnreach, 0, quoteOf(udp(b, 5353, client, 62000), 0)))},
+			{name: "port unreachable from the backend about the first flow", egress: true,
+				in:      ether(portUnreach(b, quoteOf(udp(client, 5300, b, 5353), 0))),
+				verdict: tcActOK,
+				want:    ether(portUnreach(v1, quoteOf(udp(client, 5300, v1, 53), 0)))},
+		})
+		if got := counters(t, d)["tc_icmp_xlate"]; got != 5 {
+			t.Errorf("tc_icmp_xlate = %d, want 5", got)
+		}
+	})
+}

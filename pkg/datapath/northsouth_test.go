@@ -850,3 +850,82 @@ func TestAttachXDPModes(t *testing.T) {
 		t.Error(`ParseXDPMode("fast") succeeded`)
 	}
 }
+
+// TestXDPPassesClashRemap: XDP takes a remapped flow's entries (source-NATed
+// to the client's own address, lb4_remap) for no source-NATed flow of its
+// own: the reply of a pod's remapped flow to a backend on another node,
+// arriving on eth0, passes to tc untouched (XDP would send it to the pod's
+// veth itself, where nothing receives an XDP frame), which translates it;
+// so does the next packet of an external client's remapped flow to a
+// NodePort whose endpoint is the pod.
+func TestXDPPassesClashRemap(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		base := configWith(xdpConfig, oneSNATPort)
+		var ifindex int
+		var d *Datapath
+		be, client := beRemote, "10.1.0.7"
+		if v6 {
+			_, ifindex, d = nodeDatapath6(t, base)
+			be, client = be6Remote, "2001:db8:1::7"
+			pod0 := mustLink(t, "pod0")
+			route := netlink.Route{LinkIndex: pod0.Attrs().Index, Dst: &net.IPNet{IP: net.ParseIP("2001:db8:1::"), Mask: net.CIDRMask(64, 128)}}
+			if err := netlink.RouteAdd(&route); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			_, ifindex, d = nodeDatapath(t, base, "eth0")
+		}
+		// The client's neighbour is resolved: XDP could send to it.
+		if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: mustLink(t, "pod0").Attrs().Index, Family: map[bool]int{false: netlink.FAMILY_V4, true: netlink.FAMILY_V6}[v6],
+			State: netlink.NUD_PERMANENT, IP: net.ParseIP(client), HardwareAddr: node3MAC}); err != nil {
+			t.Fatal(err)
+		}
+		m := d.Maps()
+		vip1, vip2 := l4(twinAddr(v6, "10.96.0.80"), 80, model.TCP), l4(twinAddr(v6, "10.96.0.81"), 80, model.TCP)
+		addService(t, m, 31, vip1, be)
+		addService(t, m, 32, vip2, be)
+		f1 := flow{client, 47500, vip1}
+		f2 := f1
+		f2.fe = vip2
+		pod := mustLink(t, "pod0").Attrs().Index
+		for _, f := range []flow{f1, f2} {
+			if v, _ := runOn(t, d.TCIngress(), pod, f.pkt(tcpSYN_).Bytes()); v != tcActOK {
+				t.Fatalf("SYN to %s: verdict %d", f.fe, v)
+			}
+		}
+		reply := f2.from(be.addr, tcpSA)
+		reply.DstPort = 62000
+		in := reply.Bytes()
+		if v, out := runXDP(t, d.XDP(), ifindex, in); v != xdpPass || !bytes.Equal(out[:len(in)], in) {
+			t.Fatalf("XDP: reply of the remapped flow: verdict %d, want %d and the frame untouched", v, xdpPass)
+		}
+		want := reply.With(func(p *packet.Packet) { p.Src, p.SrcPort, p.DstPort = vip2.Addr, vip2.Port, f2.cport })
+		if v, out := runOn(t, d.TCIngress(), ifindex, in); v != tcActOK || !bytes.Equal(out[:len(in)], want.Bytes()) {
+			t.Fatalf("tc: reply of the remapped flow: verdict %d\n got %x\nwant %x", v, out[:len(in)], want.Bytes())
+		}
+
+		// An external client's flows to two NodePorts whose endpoint is
+		// the pod (DNAT only: Sluice's deviation keeps the client's
+		// address): the second's next packet passes XDP to tc too.
+		node := ofFamily(vip1.Addr, nsNodeIP, nsNodeIP6).String()
+		local := testBackend{33, l4(client, 8080, model.TCP)}
+		np1, np2 := l4(node, 30101, model.TCP), l4(node, 30102, model.TCP)
+		addExternal(t, m, 33, np1, reconciler.FlagExternal, local)
+		addExternal(t, m, 34, np2, reconciler.FlagExternal, local)
+		for _, np := range []model.L4Addr{np1, np2} {
+			if v, _ := runOn(t, d.TCIngress(), ifindex, nsClient(47600, np).Bytes()); v != tcActOK {
+				t.Fatalf("SYN to %s: verdict %d", np, v)
+			}
+		}
+		ack := nsClient(47600, np2)
+		ack.TCPFlags = tcpACK
+		in = ack.Bytes()
+		if v, out := runXDP(t, d.XDP(), ifindex, in); v != xdpPass || !bytes.Equal(out[:len(in)], in) {
+			t.Fatalf("XDP: next packet of the remapped flow: verdict %d, want %d and the frame untouched", v, xdpPass)
+		}
+		want = ack.With(func(p *packet.Packet) { p.Dst, p.DstPort, p.SrcPort = local.addr.Addr, local.addr.Port, 62000 })
+		if v, out := runOn(t, d.TCIngress(), ifindex, in); v != tcActOK || !bytes.Equal(out[:len(in)], want.Bytes()) {
+			t.Fatalf("tc: next packet of the remapped flow: verdict %d\n got %x\nwant %x", v, out[:len(in)], want.Bytes())
+		}
+	})
+}

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
@@ -154,6 +155,27 @@ func dnat(in packet.Packet, b testBackend) packet.Packet {
 	return in
 }
 
+// expectDNAT runs in through prog on ifindex and expects it passed on to
+// the stack with its destination translated to be, and nothing else: not
+// masqueraded.
+func expectDNAT(t *testing.T, name string, prog *ebpf.Program, ifindex int, in packet.Packet, be testBackend) {
+	t.Helper()
+	expectRun(t, name, prog, ifindex, in, tcActOK, dnat(in, be))
+}
+
+// expectMasqueraded runs in through d's tc ingress on ifindex and expects
+// it redirected to be as masq builds it from in, the source port the
+// datapath reserved for in's flow and be; it returns that port.
+func expectMasqueraded(t *testing.T, d *Datapath, name string, ifindex int, in packet.Packet,
+	masq func(packet.Packet, uint16, testBackend) packet.Packet, be testBackend) uint16 {
+	t.Helper()
+	verdict, out := runOn(t, d.TCIngress(), ifindex, in.Bytes())
+	fe := model.L4Addr{Addr: in.Dst, Port: in.DstPort, Proto: model.Protocol(in.Proto)}
+	sp := snatPortIn(t, d, in.Src.String(), in.SrcPort, fe)
+	expectPacket(t, name, verdict, tcActRedirect, out, masq(in, sp, be))
+	return sp
+}
+
 // masqToPod is in as the node sends it to the local pod backend b:
 // source-NATed to the node's address and port sp, out of pod0.
 func masqToPod(in packet.Packet, sp uint16, b testBackend) packet.Packet {
@@ -213,36 +235,26 @@ func TestTCTrafficPolicies(t *testing.T) {
 
 		t.Run("external to ClusterIP, backend here: masqueraded there and back", func(t *testing.T) {
 			ns.Enter(t)
-			in := nsClient(41000, w.cipLocal)
-			verdict, out := runOn(t, ing, eth0, in.Bytes())
-			sp := snatPortIn(t, d, w.client(), 41000, w.cipLocal)
-			expectPacket(t, "forward", verdict, tcActRedirect, out, masqToPod(in, sp, w.beLocal))
+			sp := expectMasqueraded(t, d, "forward", eth0, nsClient(41000, w.cipLocal), masqToPod, w.beLocal)
 			reply := podReply(w.beLocal, sp)
 			expectRun(t, "reply", ing, pod0, reply, tcActRedirect, toClient(reply, w.cipLocal, 41000))
 		})
 
 		t.Run("external to ClusterIP, backend elsewhere: masqueraded", func(t *testing.T) {
 			ns.Enter(t)
-			in := nsClient(41001, w.cipRem)
-			verdict, out := runOn(t, ing, eth0, in.Bytes())
-			sp := snatPortIn(t, d, w.client(), 41001, w.cipRem)
-			expectPacket(t, "forward", verdict, tcActRedirect, out, toRemote(in, sp, w.beRemote))
+			expectMasqueraded(t, d, "forward", eth0, nsClient(41001, w.cipRem), toRemote, w.beRemote)
 		})
 
 		t.Run("pod to ClusterIP: not masqueraded", func(t *testing.T) {
 			ns.Enter(t)
-			in := fromPod(w.podClient, 41002, w.cipRem)
-			expectRun(t, "forward", ing, pod0, in, tcActOK, dnat(in, w.beRemote))
+			expectDNAT(t, "forward", ing, pod0, fromPod(w.podClient, 41002, w.cipRem), w.beRemote)
 		})
 
 		t.Run("pod to its own ClusterIP: a hairpin, masqueraded", func(t *testing.T) {
 			ns.Enter(t)
-			in := fromPod(w.podBackend, 41003, w.cipLocal)
-			verdict, out := runOn(t, ing, pod0, in.Bytes())
-			sp := snatPortIn(t, d, w.podBackend, 41003, w.cipLocal)
-			expectPacket(t, "forward", verdict, tcActRedirect, out, masqToPod(in, sp, w.beLocal))
+			sp := expectMasqueraded(t, d, "forward", pod0, fromPod(w.podBackend, 41003, w.cipLocal), masqToPod, w.beLocal)
 			reply := podReply(w.beLocal, sp)
-			verdict, out = runOn(t, ing, pod0, reply.Bytes())
+			verdict, out := runOn(t, ing, pod0, reply.Bytes())
 			back := reply
 			back.TTL = fwdTTL
 			back.SrcMAC, back.DstMAC = macOf(pod0MAC), macOf(podMAC)
@@ -253,37 +265,31 @@ func TestTCTrafficPolicies(t *testing.T) {
 
 		t.Run("eTP Local: external clients get the default scope, unmasqueraded", func(t *testing.T) {
 			ns.Enter(t)
-			in := nsClient(41004, w.npTwo)
-			expectRun(t, "forward", ing, eth0, in, tcActOK, dnat(in, w.beLocal))
+			expectDNAT(t, "forward", ing, eth0, nsClient(41004, w.npTwo), w.beLocal)
 		})
 
 		t.Run("eTP Local: a pod of another node gets the internal scope, unmasqueraded", func(t *testing.T) {
 			ns.Enter(t)
 			in := nsClient(41005, w.npTwo)
 			in.Src = addr(w.remotePod)
-			expectRun(t, "forward", ing, eth0, in, tcActOK, dnat(in, w.beRemote))
+			expectDNAT(t, "forward", ing, eth0, in, w.beRemote)
 		})
 
 		t.Run("eTP Local without a local endpoint: external dropped, pods served", func(t *testing.T) {
 			ns.Enter(t)
 			verdict, _ := runOn(t, ing, eth0, nsClient(41006, w.npTwoNo).Bytes())
 			expectVerdict(t, "external", verdict, tcActShot)
-			in := fromPod(w.podClient, 41007, w.npTwoNo)
-			expectRun(t, "pod", ing, pod0, in, tcActOK, dnat(in, w.beRemote))
+			expectDNAT(t, "pod", ing, pod0, fromPod(w.podClient, 41007, w.npTwoNo), w.beRemote)
 		})
 
 		t.Run("eTP Cluster: an external client to a backend here keeps its address", func(t *testing.T) {
 			ns.Enter(t)
-			in := nsClient(41008, w.npClus)
-			expectRun(t, "forward", ing, eth0, in, tcActOK, dnat(in, w.beLocal))
+			expectDNAT(t, "forward", ing, eth0, nsClient(41008, w.npClus), w.beLocal)
 		})
 
 		t.Run("eTP Cluster: a pod is masqueraded, to a backend here too", func(t *testing.T) {
 			ns.Enter(t)
-			in := fromPod(w.podClient, 41009, w.npClus)
-			verdict, out := runOn(t, ing, pod0, in.Bytes())
-			sp := snatPortIn(t, d, w.podClient, 41009, w.npClus)
-			expectPacket(t, "forward", verdict, tcActRedirect, out, masqToPod(in, sp, w.beLocal))
+			expectMasqueraded(t, d, "forward", pod0, fromPod(w.podClient, 41009, w.npClus), masqToPod, w.beLocal)
 		})
 
 		t.Run("iTP Local without a local endpoint: dropped", func(t *testing.T) {
@@ -340,22 +346,18 @@ func TestTCNoClusterCIDR(t *testing.T) {
 		ing := d.TCIngress()
 		ns.Enter(t)
 
-		in := nsClient(42000, w.cipLocal)
-		expectRun(t, "external to ClusterIP", ing, eth0, in, tcActOK, dnat(in, w.beLocal))
+		expectDNAT(t, "external to ClusterIP", ing, eth0, nsClient(42000, w.cipLocal), w.beLocal)
 
-		in = nsClient(42001, w.npTwo)
+		in := nsClient(42001, w.npTwo)
 		in.Src = addr(w.remotePod)
-		expectRun(t, "remote pod to eTP Local", ing, eth0, in, tcActOK, dnat(in, w.beLocal))
+		expectDNAT(t, "remote pod to eTP Local", ing, eth0, in, w.beLocal)
 
-		in = fromPod(w.podClient, 42002, w.npClus)
-		verdict, out := runOn(t, ing, pod0, in.Bytes())
-		sp := snatPortIn(t, d, w.podClient, 42002, w.npClus)
-		expectPacket(t, "pod to eTP Cluster", verdict, tcActRedirect, out, masqToPod(in, sp, w.beLocal))
+		expectMasqueraded(t, d, "pod to eTP Cluster", pod0, fromPod(w.podClient, 42002, w.npClus), masqToPod, w.beLocal)
 
 		// A ClusterIP's other port is still a service IP's; the service CIDR
 		// is unknown.
 		in = nsClient(42003, l4(w.addr("10.96.5.5"), 80, model.TCP))
-		verdict, _ = runOn(t, ing, eth0, in.Bytes())
+		verdict, _ := runOn(t, ing, eth0, in.Bytes())
 		expectVerdict(t, "unallocated address", verdict, tcActOK)
 		if cs, _ := d.Counters(); cs["tc_short_circuit"] != 0 {
 			t.Errorf("tc_short_circuit = %d without a cluster CIDR", cs["tc_short_circuit"])
@@ -377,17 +379,9 @@ func TestTCMasqueradeAll(t *testing.T) {
 		ing := d.TCIngress()
 		ns.Enter(t)
 
-		in := fromPod(w.podClient, 43000, w.cipRem)
-		verdict, out := runOn(t, ing, pod0, in.Bytes())
-		sp := snatPortIn(t, d, w.podClient, 43000, w.cipRem)
-		expectPacket(t, "pod to ClusterIP", verdict, tcActRedirect, out, toRemote(in, sp, w.beRemote))
+		expectMasqueraded(t, d, "pod to ClusterIP", pod0, fromPod(w.podClient, 43000, w.cipRem), toRemote, w.beRemote)
+		expectMasqueraded(t, d, "external to eTP Cluster, backend here", eth0, nsClient(43001, w.npClus), masqToPod, w.beLocal)
 
-		in = nsClient(43001, w.npClus)
-		verdict, out = runOn(t, ing, eth0, in.Bytes())
-		sp = snatPortIn(t, d, w.client(), 43001, w.npClus)
-		expectPacket(t, "external to eTP Cluster, backend here", verdict, tcActRedirect, out, masqToPod(in, sp, w.beLocal))
-
-		in = nsClient(43002, w.npTwo)
-		expectRun(t, "external to eTP Local", ing, eth0, in, tcActOK, dnat(in, w.beLocal))
+		expectDNAT(t, "external to eTP Local", ing, eth0, nsClient(43002, w.npTwo), w.beLocal)
 	})
 }

@@ -58,14 +58,7 @@ func TestFlowTableBytesMatchTheKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := openTest(t, Config{BPFFS: testPinDir(t), DeferDryRun: true})
-	fill, err := d.MapFill()
-	if err != nil {
-		t.Fatal(err)
-	}
-	pins := map[string]uint64{}
-	for _, f := range fill {
-		pins[f.Pin] = f.Bytes
-	}
+	pins := mapBytes(t, d, func(f MapFill) string { return f.Pin })
 	for i, n := range DefaultFlowTables.fields() {
 		var kernel uint64
 		for _, name := range flowTableMaps[i] {

@@ -65,57 +65,60 @@ func affinityNS(t *testing.T, name string) *topology.NS {
 // the backend that answered.
 func sockConnect(t *testing.T, ns *topology.NS, f sockAffFamily) string {
 	t.Helper()
-	var name string
-	err := ns.Do(func() error {
-		fd, err := unix.Socket(f.domain, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return err
-		}
-		c := fdConn(fd)
-		defer c.Close()
+	return sockAnswer(t, ns, f.domain, unix.SOCK_STREAM, func(fd int) (string, error) {
 		if err := unix.Connect(fd, sockaddrIn(f.domain, f.vip)); err != nil {
-			return fmt.Errorf("connect %s: %w", f.vip, err)
+			return "", fmt.Errorf("connect %s: %w", f.vip, err)
 		}
 		if _, err := unix.Write(fd, []byte("hi\n")); err != nil {
-			return err
+			return "", err
 		}
-		line, err := bufio.NewReader(c).ReadString('\n')
+		line, err := bufio.NewReader(fdReader(fd)).ReadString('\n')
 		if err != nil {
-			return fmt.Errorf("read from %s: %w", f.vip, err)
+			return "", fmt.Errorf("read from %s: %w", f.vip, err)
 		}
-		name, _, _ = strings.Cut(line, " ")
-		return nil
+		return line, nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return name
 }
 
 // sockSendto sends one datagram from a new unconnected UDP socket in ns to
 // f's UDP VIP and returns the backend that answered.
 func sockSendto(t *testing.T, ns *topology.NS, f sockAffFamily) string {
 	t.Helper()
-	var name string
-	err := ns.Do(func() error {
-		fd, err := unix.Socket(f.domain, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
+	return sockAnswer(t, ns, f.domain, unix.SOCK_DGRAM, func(fd int) (string, error) {
 		tv := unix.NsecToTimeval(int64(2 * time.Second))
 		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-			return err
+			return "", err
 		}
 		if err := unix.Sendto(fd, []byte("hi"), 0, sockaddrIn(f.domain, f.udp)); err != nil {
-			return fmt.Errorf("sendto %s: %w", f.udp, err)
+			return "", fmt.Errorf("sendto %s: %w", f.udp, err)
 		}
 		buf := make([]byte, 100)
 		n, _, err := unix.Recvfrom(fd, buf, 0)
 		if err != nil {
-			return fmt.Errorf("recvfrom %s: %w", f.udp, err)
+			return "", fmt.Errorf("recvfrom %s: %w", f.udp, err)
 		}
-		name, _, _ = strings.Cut(string(buf[:n]), " ")
+		return string(buf[:n]), nil
+	})
+}
+
+// sockAnswer opens a new socket of domain and typ in ns, has exchange
+// send over it and return the answer, and returns the answer's first word:
+// the name of the backend that answered (the echo servers of affinityNS
+// prefix their answers with it).
+func sockAnswer(t *testing.T, ns *topology.NS, domain, typ int, exchange func(fd int) (string, error)) string {
+	t.Helper()
+	var name string
+	err := ns.Do(func() error {
+		fd, err := unix.Socket(domain, typ|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		answer, err := exchange(fd)
+		if err != nil {
+			return err
+		}
+		name, _, _ = strings.Cut(answer, " ")
 		return nil
 	})
 	if err != nil {
@@ -124,11 +127,10 @@ func sockSendto(t *testing.T, ns *topology.NS, f sockAffFamily) string {
 	return name
 }
 
-// fdConn wraps a connected socket for buffered reads (closing closes fd).
-type fdConn int
+// fdReader reads a socket, for buffered reads.
+type fdReader int
 
-func (f fdConn) Read(p []byte) (int, error) { return unix.Read(int(f), p) }
-func (f fdConn) Close() error               { return unix.Close(int(f)) }
+func (f fdReader) Read(p []byte) (int, error) { return unix.Read(int(f), p) }
 
 // applySockAffinity programs f's TCP and UDP affinity Services with
 // backends bes.

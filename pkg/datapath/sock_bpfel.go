@@ -350,7 +350,8 @@ const (
 	sockMetricReasonMETRIC_SOCK_DROP            sockMetricReason = 42
 	sockMetricReasonMETRIC_TC6EXT_HDR           sockMetricReason = 43
 	sockMetricReasonMETRIC_TC6UDP_NO_CSUM       sockMetricReason = 44
-	sockMetricReasonMETRIC_MAX                  sockMetricReason = 45
+	sockMetricReasonMETRIC_TC_CT_CLASH_REMAP    sockMetricReason = 45
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 46
 )
 
 type sockNodeCidr6Key struct {

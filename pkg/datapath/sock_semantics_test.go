@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -42,14 +43,20 @@ func TestSockSemantics(t *testing.T) {
 	svc := func(kind model.FrontendKind, fe model.L4Addr, bs ...model.Backend) *model.Service {
 		return &model.Service{Name: model.ServicePortName{Namespace: "test", Name: fe.String()}, Kind: kind, Frontend: fe, Backends: bs}
 	}
-	two := svc(model.LoadBalancer, twoScopes, tcp(b0))
-	two.ExternalLocal, two.TwoScopes, two.InternalBackends = true, true, []model.Backend{tcp(b1)}
-	none := svc(model.NodePort, twoNone)
-	none.ExternalLocal, none.TwoScopes, none.DropWhenEmpty, none.InternalBackends = true, true, true, []model.Backend{tcp(b0)}
-	rng := svc(model.LoadBalancer, ranged, tcp(b0))
-	rng.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.200.0.0/24")}
-	drop := svc(model.ClusterIP, cipDrop)
-	drop.DropWhenEmpty = true
+	// scoped is one family's Services of two scopes (eTP Local, default
+	// scope b0, internal b1), of two scopes with none here (internal b0),
+	// of a source range (b0), and the iTP Local one with none here.
+	scoped := func(b0, b1 string, twoScopes, twoNone, ranged, cipDrop model.L4Addr, sourceRange string) []*model.Service {
+		two := svc(model.LoadBalancer, twoScopes, tcp(b0))
+		two.ExternalLocal, two.TwoScopes, two.InternalBackends = true, true, []model.Backend{tcp(b1)}
+		none := svc(model.NodePort, twoNone)
+		none.ExternalLocal, none.TwoScopes, none.DropWhenEmpty, none.InternalBackends = true, true, true, []model.Backend{tcp(b0)}
+		rng := svc(model.LoadBalancer, ranged, tcp(b0))
+		rng.SourceRanges = []netip.Prefix{netip.MustParsePrefix(sourceRange)}
+		drop := svc(model.ClusterIP, cipDrop)
+		drop.DropWhenEmpty = true
+		return []*model.Service{two, none, rng, drop}
+	}
 	// IPv6 twins of the first five.
 	c0, c1 := sockBackends6[0], sockBackends6[1]
 	var (
@@ -59,17 +66,12 @@ func TestSockSemantics(t *testing.T) {
 		cip6       = l4("2001:db8:96::30", 80, model.TCP)
 		cipDrop6   = l4("2001:db8:96::31", 80, model.TCP)
 	)
-	two6 := svc(model.LoadBalancer, twoScopes6, tcp(c0))
-	two6.ExternalLocal, two6.TwoScopes, two6.InternalBackends = true, true, []model.Backend{tcp(c1)}
-	none6 := svc(model.NodePort, twoNone6)
-	none6.ExternalLocal, none6.TwoScopes, none6.DropWhenEmpty, none6.InternalBackends = true, true, true, []model.Backend{tcp(c0)}
-	rng6 := svc(model.LoadBalancer, ranged6, tcp(c0))
-	rng6.SourceRanges = []netip.Prefix{netip.MustParsePrefix("2001:db8:200::/64")}
-	drop6 := svc(model.ClusterIP, cipDrop6)
-	drop6.DropWhenEmpty = true
-	applyServices(t, d, two, none, rng, drop, svc(model.ClusterIP, cip, tcp(b0), tcp(b1)),
-		svc(model.NodePort, lhTCP, tcp(b0), tcp(b1)), svc(model.NodePort, lhUDP, udp(b0), udp(b1)),
-		two6, none6, rng6, drop6, svc(model.ClusterIP, cip6, tcp(c0), tcp(c1)))
+	applyServices(t, d, slices.Concat(
+		scoped(b0, b1, twoScopes, twoNone, ranged, cipDrop, "10.200.0.0/24"),
+		[]*model.Service{svc(model.ClusterIP, cip, tcp(b0), tcp(b1)),
+			svc(model.NodePort, lhTCP, tcp(b0), tcp(b1)), svc(model.NodePort, lhUDP, udp(b0), udp(b1))},
+		scoped(c0, c1, twoScopes6, twoNone6, ranged6, cipDrop6, "2001:db8:200::/64"),
+		[]*model.Service{svc(model.ClusterIP, cip6, tcp(c0), tcp(c1))})...)
 
 	// connect connects a TCP socket of fe's family, bound to src first
 	// unless empty, to fe and returns the greeting or the error.

@@ -275,26 +275,20 @@ func routeSource(dst netip.Addr) netip.Addr {
 
 // sockExplanation turns the dry run's context into an Explanation.
 func sockExplanation(x sockSockExplainCtx) *Explanation {
-	has := func(f sockExplainFlags) bool { return x.Flags&uint32(f) != 0 }
 	e := &Explanation{Reasons: []string{}, Socket: true}
 	if names := metricNames(); int(x.Reason) < len(names) {
 		e.Reasons = append(e.Reasons, names[x.Reason])
 	}
 	fe, be := sockAddrs(x)
-	e.Frontend = has(sockExplainFlagsEXPLAIN_F_FRONTEND)
+	e.setFlags(x.Flags)
 	if e.Frontend {
 		e.FrontendAddr = netip.AddrPortFrom(fe, portFromBE16(x.Port))
 		e.SvcFlags = x.SvcFlags
 	}
-	if has(sockExplainFlagsEXPLAIN_F_SCOPE) {
-		e.Scoped = true
+	if e.Scoped {
 		e.Scope, e.ScopeCount, e.ServiceID = x.Scope, x.Count, x.RevNatId
 	}
-	e.AffinityHit = has(sockExplainFlagsEXPLAIN_F_AFFINITY_HIT)
-	e.StickyHit = has(sockExplainFlagsEXPLAIN_F_STICKY_HIT)
-	e.NewFlow = has(sockExplainFlagsEXPLAIN_F_NEW_FLOW)
-	if has(sockExplainFlagsEXPLAIN_F_DNAT) {
-		e.DNAT = true
+	if e.DNAT {
 		e.BackendID, e.Slot = x.BackendId, x.Slot
 		e.Backend = netip.AddrPortFrom(be, portFromBE16(x.BePort))
 	}

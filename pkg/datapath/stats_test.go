@@ -173,20 +173,27 @@ func TestMapMemory(t *testing.T) {
 	forFamilies(t, testMapMemory)
 }
 
+// mapBytes is the memory d's maps hold (MapFill's Bytes), by key's name
+// of each map.
+func mapBytes(t *testing.T, d *Datapath, key func(MapFill) string) map[string]uint64 {
+	t.Helper()
+	fill, err := d.MapFill()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]uint64{}
+	for _, f := range fill {
+		out[key(f)] = f.Bytes
+	}
+	return out
+}
+
 func testMapMemory(t *testing.T, v6 bool) {
 	testutil.Privileged(t)
 	d := openTest(t, Config{BPFFS: testPinDir(t), DeferDryRun: true})
 	bytes := func() map[string]uint64 {
 		t.Helper()
-		fill, err := d.MapFill()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[string]uint64{}
-		for _, f := range fill {
-			out[f.Name] = f.Bytes
-		}
-		return out
+		return mapBytes(t, d, func(f MapFill) string { return f.Name })
 	}
 	// The family's maps by their MapFill names, and the other's.
 	fam, other := "", "6"

@@ -8,6 +8,8 @@ import (
 
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/model/modeltest"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
 )
 
 // TestSetProgrammedIncremental: the counts and the no_local_endpoints
@@ -45,6 +47,31 @@ func TestSetProgrammedIncremental(t *testing.T) {
 		}
 		if noLocal == 0 {
 			t.Errorf("seed %d: no Service port without local endpoints: the test does not exercise them", seed)
+		}
+	}
+}
+
+// TestBackendCounterFollowsReconciler: with the agent's reconciler
+// counting the backends, the counts after each state it programmed are
+// those recounted from the whole state, over a random chain of states
+// whose Services share backends.
+func TestBackendCounterFollowsReconciler(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 14))
+	next := modeltest.Chain(rng, 24, func(*rand.Rand, *model.Service) {})
+	rec := reconciler.New(fakedp.New(64, 64, 256), nil)
+	m := New()
+	m.SetBackendCounter(rec.BackendCounts)
+	for round := range 40 {
+		st := next()
+		if err := rec.Apply(st); err != nil {
+			t.Fatal(err)
+		}
+		m.SetProgrammed(st)
+		if got, want := m.counts, CountState(st); got != want {
+			t.Fatalf("round %d: counts %+v, recounted %+v", round, got, want)
+		}
+		if m.backendRefs != nil {
+			t.Fatalf("round %d: SetProgrammed keeps its own map of %d backends", round, len(m.backendRefs))
 		}
 	}
 }

@@ -39,6 +39,11 @@ const namespace = "sluice"
 // reconciler.Datapath's Capacity method.
 type Capacity func() (services, backends, serviceEntries int)
 
+// BackendCounter reports how many entries the backend maps hold, of both
+// families, and how many of them are IPv6's
+// (reconciler.Reconciler.BackendCounts).
+type BackendCounter func() (backends, backends6 int)
+
 // Metrics is the set of metrics one agent exports. The zero value is not
 // usable; call New.
 type Metrics struct {
@@ -72,11 +77,15 @@ type Metrics struct {
 	// counted, its counts, and how many of its frontends name each
 	// backend, so that a state made from it (model.State.BaseGen) is
 	// counted by its changes only, not by a walk of 30,000 Services.
-	countMu     sync.Mutex
-	last        *model.State
-	lastCounts  Counts
-	backendRefs map[model.L4Addr]int
-	backends6   int // IPv6 addresses in backendRefs
+	// With a backendCounter (the agent's reconciler, which knows its
+	// backend map already), the backends are not counted here at all:
+	// backendRefs would be a second map of every backend address.
+	countMu        sync.Mutex
+	last           *model.State
+	lastCounts     Counts
+	backendCounter BackendCounter
+	backendRefs    map[model.L4Addr]int
+	backends6      int // IPv6 addresses in backendRefs
 	// noLocal counts, per Service port with a Local traffic policy and
 	// no local endpoints, its frontends that drop for that reason, by
 	// family (familyOf) and kind: [family][noLocalInternal] and
@@ -279,14 +288,20 @@ func (m *Metrics) SetProgrammed(s *model.State) {
 			}
 		}
 	} else {
-		m.backendRefs = make(map[model.L4Addr]int, len(m.backendRefs))
+		if m.backendCounter == nil {
+			m.backendRefs = make(map[model.L4Addr]int, len(m.backendRefs))
+		}
 		m.backends6 = 0
 		m.noLocal = [2][2]map[model.ServicePortName]int{{{}, {}}, {{}, {}}}
 		for _, svc := range s.Services {
 			m.count(&c, svc, 1)
 		}
 	}
-	c.Backends, c.Backends6 = len(m.backendRefs), m.backends6
+	if m.backendCounter != nil {
+		c.Backends, c.Backends6 = m.backendCounter()
+	} else {
+		c.Backends, c.Backends6 = len(m.backendRefs), m.backends6
+	}
 	m.last, m.lastCounts = s, c
 	var noLocal [2][2]int
 	for f := range m.noLocal {
@@ -309,16 +324,18 @@ func (m *Metrics) count(c *Counts, svc *model.Service, d int) {
 	if familyOf(svc) == 1 {
 		c.ServiceEntries6 += d * (1 + len(svc.Backends))
 	}
-	for _, b := range svc.Backends {
-		old := m.backendRefs[b.L4Addr]
-		n := old + d
-		if n <= 0 {
-			delete(m.backendRefs, b.L4Addr)
-		} else {
-			m.backendRefs[b.L4Addr] = n
-		}
-		if is6(b.L4Addr) && (old > 0) != (n > 0) {
-			m.backends6 += d
+	if m.backendRefs != nil { // else backendCounter counts them
+		for _, b := range svc.Backends {
+			old := m.backendRefs[b.L4Addr]
+			n := old + d
+			if n <= 0 {
+				delete(m.backendRefs, b.L4Addr)
+			} else {
+				m.backendRefs[b.L4Addr] = n
+			}
+			if is6(b.L4Addr) && (old > 0) != (n > 0) {
+				m.backends6 += d
+			}
 		}
 	}
 	if k := noLocalKind(svc); k >= 0 {
@@ -327,6 +344,18 @@ func (m *Metrics) count(c *Counts, svc *model.Service, d int) {
 			delete(n, svc.Name)
 		}
 	}
+}
+
+// SetBackendCounter makes the backend counts (sluice_backends, the
+// backend maps' fill ratios) those c reports after each programmed state,
+// instead of the distinct backend addresses of the state, which
+// SetProgrammed would keep a map of. The agent sets its reconciler's:
+// what the maps hold, which is what the fill ratios are about.
+func (m *Metrics) SetBackendCounter(c BackendCounter) {
+	m.countMu.Lock()
+	defer m.countMu.Unlock()
+	m.backendCounter = c
+	m.last, m.backendRefs, m.backends6 = nil, nil, 0 // the next state is counted afresh
 }
 
 // SetFailures records the frontends the last apply could not program

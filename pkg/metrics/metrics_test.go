@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
 )
 
 func l4(addr string, port uint16) model.L4Addr {
@@ -21,7 +22,6 @@ func l4(addr string, port uint16) model.L4Addr {
 }
 
 func TestCountsAndFillRatio(t *testing.T) {
-	m := New()
 	s := model.NewState()
 	shared := model.Backend{L4Addr: l4("10.0.0.1", 80)}
 	s.Services[l4("10.96.0.1", 80)] = &model.Service{Frontend: l4("10.96.0.1", 80),
@@ -37,7 +37,28 @@ func TestCountsAndFillRatio(t *testing.T) {
 	if got, want := CountState(s), (Counts{Services: 4, Backends: 4, ServiceEntries: 9, Backends6: 2, ServiceEntries6: 3}); got != want {
 		t.Fatalf("CountState = %+v, want %+v", got, want)
 	}
-	m.SetProgrammed(s)
+	for _, counter := range []bool{false, true} {
+		m := New()
+		if counter {
+			// The backends as the agent counts them: the reconciler's.
+			rec := reconciler.New(fakedp.New(100, 10, 60), nil)
+			if err := rec.Apply(s); err != nil {
+				t.Fatal(err)
+			}
+			m.SetBackendCounter(rec.BackendCounts)
+		}
+		m.SetProgrammed(s)
+		if counter && m.backendRefs != nil {
+			t.Errorf("with a backend counter, SetProgrammed keeps its own map of %d backends", len(m.backendRefs))
+		}
+		checkCountsAndFillRatio(t, m)
+	}
+}
+
+// checkCountsAndFillRatio checks the gauges of TestCountsAndFillRatio's
+// state.
+func checkCountsAndFillRatio(t *testing.T, m *Metrics) {
+	t.Helper()
 	m.SetCapacity(func() (int, int, int) { return 100, 10, 60 })
 
 	want := `

@@ -31,7 +31,7 @@ var errBatchSkipped = errors.New("skipped")
 
 // freshAddr reports whether the view has nothing at a, in either scope.
 func (r *Reconciler) freshAddr(a model.L4Addr) bool {
-	return r.frontends[DefaultScope(a)] == nil && r.frontends[Frontend{L4Addr: a, Scope: ScopeInternal}] == nil
+	return r.frontends.val(DefaultScope(a)) == nil && r.frontends.val(Frontend{L4Addr: a, Scope: ScopeInternal}) == nil
 }
 
 // splitFresh splits changed (sorted) into the frontends programFresh
@@ -112,15 +112,21 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 			errs = append(errs, frontendError(d.svc.Name, d.fe, false, err))
 		}
 	}
-	inBatch := make(map[Frontend]bool, len(ds))
-	for _, d := range ds {
-		inBatch[d.fe] = true
-	}
 	// internalFailed reports whether d's master would say two scopes
 	// while its internal scope failed (or is not programmed here).
+	var inBatch map[Frontend]bool // made when a two-scope frontend first asks
 	internalFailed := func(d *desiredFrontend) bool {
+		if d.flags&FlagTwoScopes == 0 {
+			return false
+		}
+		if inBatch == nil {
+			inBatch = make(map[Frontend]bool, len(ds))
+			for _, d := range ds {
+				inBatch[d.fe] = true
+			}
+		}
 		in := Frontend{L4Addr: d.fe.L4Addr, Scope: ScopeInternal}
-		return d.flags&FlagTwoScopes != 0 && (!inBatch[in] || failed[in])
+		return !inBatch[in] || failed[in]
 	}
 
 	// Checked before any write, as programFrontend checks them: a
@@ -165,7 +171,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		}
 		need = total
 		for _, a := range d.addrs {
-			if id, ok := r.backendOf[a]; !ok || !r.isReal(id) {
+			if id, ok := r.backendOf.get(a); !ok || !r.isReal(id) {
 				counted[a] = true
 			}
 		}
@@ -181,7 +187,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		if failed[d.fe] {
 			continue
 		}
-		sid, ok := r.serviceOf[d.fe]
+		sid, ok := r.serviceOf.get(d.fe)
 		if !ok {
 			sid = ServiceID(r.svcIDs.alloc())
 			// As program does: a reused id must not carry the counters
@@ -192,18 +198,18 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 				fail(d, fmt.Errorf("reset counters of service %d: %w", sid, err))
 				continue
 			}
-			r.serviceOf[d.fe] = sid
+			r.serviceOf.put(d.fe, sid)
 		}
 		sids[i] = sid
 		ids[i], flat = flat[:len(d.addrs):len(d.addrs)], flat[len(d.addrs):]
 		for j, a := range d.addrs {
-			id, ok := r.backendOf[a]
+			id, ok := r.backendOf.get(a)
 			if !ok {
 				id = BackendID(r.beIDs.alloc())
-				r.backendOf[a] = id
+				r.backendOf.put(a, id)
 			}
 			ids[i][j] = id
-			if cur, ok := r.backends[id]; (ok && cur == a) || queued.has(uint32(id)) {
+			if cur, ok := r.backend(id); (ok && cur == a) || queued.has(uint32(id)) {
 				continue
 			}
 			queued.set(uint32(id))
@@ -238,7 +244,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		if failed[d.fe] {
 			continue
 		}
-		if cur, ok := r.revNat[sids[i]]; !ok || cur != d.fe {
+		if cur, ok := r.revNat.get(uint32(sids[i])); !ok || cur != d.fe {
 			rns = append(rns, RevNatEntry{ID: sids[i], Frontend: d.fe})
 			rnOf = append(rnOf, d)
 		}
@@ -246,10 +252,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 	r.batch(len(rns),
 		func() (int, error) { return r.dp.UpsertRevNats(rns) },
 		func(i int) error { return r.dp.UpsertRevNat(rns[i].ID, rns[i].Frontend) },
-		func(i int) {
-			r.revNat[rns[i].ID] = rns[i].Frontend
-			r.revNatCand[rns[i].ID] = true // until a master names it
-		},
+		func(i int) { r.revNat.put(uint32(rns[i].ID), rns[i].Frontend) },
 		func(i int, err error) { fail(rnOf[i], fmt.Errorf("upsert rev_nat %d: %w", rns[i].ID, err)) })
 
 	// 3. Slots 1..m, in the order of the frontend's backends.
@@ -259,8 +262,9 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		if failed[d.fe] {
 			continue
 		}
-		if v := r.frontend(d.fe); v.slots.ids == nil {
-			v.slots.ids = make([]slotEntry, 0, len(ids[i])+1) // slots 0..m, filled below
+		d.view = r.frontend(d.fe)
+		if d.view.slots.ids == nil {
+			d.view.slots.ids = make([]slotEntry, 0, len(ids[i])+1) // slots 0..m, filled below
 		}
 		for j, id := range ids[i] {
 			sls = append(sls, SlotEntry{Frontend: d.fe, Slot: uint32(j + 1), Backend: id})
@@ -275,13 +279,13 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 			}
 			return r.dp.UpsertSlot(sls[i].Frontend, sls[i].Slot, sls[i].Backend)
 		},
-		func(i int) { r.setSlot(r.frontends[sls[i].Frontend], sls[i].Slot, sls[i].Backend) },
+		func(i int) { r.setSlot(slOf[i].view, sls[i].Slot, sls[i].Backend) },
 		func(i int, err error) { fail(slOf[i], fmt.Errorf("upsert slot %d: %w", sls[i].Slot, err)) })
 	// A backend written that no slot names (its frontends failed) may
 	// go. (Marked only now, rather than each until its slot is written
 	// as programFrontend does: 300,000 map inserts and deletes fewer.)
 	for _, e := range bes {
-		if r.backends[e.ID] == e.Addr && r.slotRefs[e.ID] == 0 {
+		if a, ok := r.backend(e.ID); ok && a == e.Addr && r.backends.refs(uint32(e.ID)) == 0 {
 			r.backendCand[e.ID] = true
 		}
 	}
@@ -291,7 +295,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		if failed[d.fe] || len(d.ranges) == 0 {
 			continue
 		}
-		if err := r.addRanges(d.fe.L4Addr, r.frontends[d.fe], d.ranges); err != nil {
+		if err := r.addRanges(d.fe.L4Addr, d.view, d.ranges); err != nil {
 			fail(d, err)
 		}
 	}
@@ -320,48 +324,72 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 			return r.dp.UpsertMaster(ms[i].Frontend, ms[i].Master)
 		},
 		func(i int) {
-			fe, m := ms[i].Frontend, ms[i].Master
-			v := r.frontends[fe]
+			fe, m, v := ms[i].Frontend, ms[i].Master, mOf[i].view
 			if isClusterIP(fe, m) {
 				r.refServiceIP(fe.Addr)
 			}
 			r.entries[v.fam]++
 			v.hasMaster, v.master = true, m
-			r.masterRef[m.ID]++
+			r.revNat.addRefs(uint32(m.ID), 1)
 		},
 		func(i int, err error) { fail(mOf[i], fmt.Errorf("upsert master: %w", err)) })
+	// A rev_nat entry written that no master names (its frontend failed)
+	// may go: marked only now, as the backends are.
+	for _, e := range rns {
+		if fe, ok := r.revNat.get(uint32(e.ID)); ok && fe == e.Frontend && r.revNat.refs(uint32(e.ID)) == 0 {
+			r.revNatCand[e.ID] = true
+		}
+	}
 
 	// 6. The addresses of the ClusterIP masters among the service IPs.
-	var ips []netip.Addr
-	ipOf := make(map[netip.Addr][]*desiredFrontend)
+	ips := make([]netip.Addr, 0, len(ms))
+	queuedIP := makeKeyMap[netip.Addr, bool, addrKeys](len(ms))
+	cipMaster := func(k int) bool {
+		e := ms[k]
+		return mOf[k].view.hasMaster && isClusterIP(e.Frontend, e.Master)
+	}
 	for k, e := range ms {
 		a := e.Frontend.Addr
-		if v := r.frontends[e.Frontend]; !v.hasMaster || !isClusterIP(e.Frontend, e.Master) || r.ipSet[a] {
+		if !cipMaster(k) || r.ipSet.val(a) || queuedIP.val(a) {
 			continue
 		}
-		if ipOf[a] == nil {
-			ips = append(ips, a)
+		queuedIP.put(a, true)
+		ips = append(ips, a)
+	}
+	// The frontends of each address, made on the first failure.
+	var ipOf map[netip.Addr][]*desiredFrontend
+	frontendsOf := func(a netip.Addr) []*desiredFrontend {
+		if ipOf == nil {
+			ipOf = make(map[netip.Addr][]*desiredFrontend)
+			for k, e := range ms {
+				if cipMaster(k) {
+					ipOf[e.Frontend.Addr] = append(ipOf[e.Frontend.Addr], mOf[k])
+				}
+			}
 		}
-		ipOf[a] = append(ipOf[a], mOf[k])
+		return ipOf[a]
 	}
 	r.batch(len(ips),
 		func() (int, error) { return r.dp.UpsertServiceIPs(ips) },
 		func(i int) error { return r.dp.UpsertServiceIP(ips[i]) },
 		func(i int) {
-			r.ipSet[ips[i]] = true
+			r.ipSet.put(ips[i], true)
 			delete(r.ipDirty, ips[i])
 		},
 		func(i int, err error) {
 			r.ipDirty[ips[i]] = true
-			for _, d := range ipOf[ips[i]] {
+			for _, d := range frontendsOf(ips[i]) {
 				fail(d, fmt.Errorf("upsert service IP %s: %w", ips[i], err))
 			}
 		})
 
+	// Their backends' keys in one array, the fast path's (markSynced).
+	keys := make([]uint64, naddrs)
 	for _, d := range ds {
 		if !failed[d.fe] {
-			r.markSynced(d.fe, d)
+			d.view.markSynced(d, keys[:0:len(d.addrs)])
 		}
+		keys = keys[len(d.addrs):]
 	}
 	return errs
 }

@@ -92,7 +92,7 @@ func capacityOf(dp Datapath) sizes {
 
 // inUse returns what the view says the maps hold.
 func (r *Reconciler) inUse() sizes {
-	return sizes{services: len(r.revNat), backends: r.nbackends, entries: r.entries, ranges: r.ranges}
+	return sizes{services: r.revNat.len(), backends: r.nbackends, entries: r.entries, ranges: r.ranges}
 }
 
 // capacityNeeded returns what programming d adds to the maps at its peak,
@@ -101,14 +101,14 @@ func (r *Reconciler) inUse() sizes {
 func (r *Reconciler) capacityNeeded(fe Frontend, d *desiredFrontend) sizes {
 	var n sizes
 	f := familyOf(fe.Addr)
-	v := r.frontends[fe]
-	if sid, ok := r.serviceOf[fe]; !ok {
+	v := r.frontends.val(fe)
+	if sid, ok := r.serviceOf.get(fe); !ok {
 		n.services = 1
-	} else if _, ok := r.revNat[sid]; !ok {
+	} else if !r.revNat.has(uint32(sid)) {
 		n.services = 1
 	}
 	for _, a := range d.addrs {
-		if id, ok := r.backendOf[a]; !ok || !r.isReal(id) {
+		if id, ok := r.backendOf.get(a); !ok || !r.isReal(id) {
 			n.backends[f]++
 		}
 	}
@@ -161,9 +161,8 @@ func (r *Reconciler) checkCapacity(need, capacity sizes) error {
 
 // putBackend records that the backend map of a's family holds id -> a.
 func (r *Reconciler) putBackend(id BackendID, a model.L4Addr) {
-	if old, ok := r.backends[id]; ok {
+	if old, ok := r.backends.put(uint32(id), a); ok {
 		r.nbackends[familyOf(old.Addr)]--
 	}
-	r.backends[id] = a
 	r.nbackends[familyOf(a.Addr)]++
 }

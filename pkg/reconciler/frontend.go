@@ -20,6 +20,7 @@ type desiredFrontend struct {
 	flags  uint8          // MasterFlags
 	addrs  []model.L4Addr // sorted, unique
 	ranges []netip.Prefix // see desiredRanges
+	view   *frontendView  // its view, once programFresh made it
 }
 
 func newDesired(fe Frontend, svc *model.Service) *desiredFrontend {
@@ -40,7 +41,7 @@ func newDesired(fe Frontend, svc *model.Service) *desiredFrontend {
 // make it false: the full check then decides.)
 func (r *Reconciler) fastInSync(v *frontendView, fe Frontend, svc *model.Service) bool {
 	bs := scopeBackends(svc, fe.Scope)
-	if v == nil || !v.synced || len(v.syncedAddrs) != len(bs) || v.master.Flags != MasterFlags(svc, fe.Scope) ||
+	if v == nil || !v.synced || v.syncedLen() != len(bs) || v.master.Flags != MasterFlags(svc, fe.Scope) ||
 		v.master.AffinityTimeout != AffinitySeconds(svc) {
 		return false
 	}
@@ -48,8 +49,16 @@ func (r *Reconciler) fastInSync(v *frontendView, fe Frontend, svc *model.Service
 	if len(v.syncedRanges) > 0 && !slices.Equal(v.syncedRanges, svc.SourceRanges) {
 		return false
 	}
+	if v.syncedAddrs != nil {
+		for i, b := range bs {
+			if b.L4Addr != v.syncedAddrs[i] {
+				return false
+			}
+		}
+		return true
+	}
 	for i, b := range bs {
-		if b.L4Addr != v.syncedAddrs[i] {
+		if k, ok := packL4(b.L4Addr, 0); !ok || k != v.syncedKeys[i] {
 			return false
 		}
 	}
@@ -57,29 +66,56 @@ func (r *Reconciler) fastInSync(v *frontendView, fe Frontend, svc *model.Service
 }
 
 func (r *Reconciler) markSynced(fe Frontend, d *desiredFrontend) {
-	if v := r.frontends[fe]; v != nil {
-		v.synced, v.syncedAddrs, v.syncedRanges, v.name = true, d.addrs, d.ranges, d.svc.Name
+	if v := r.frontends.val(fe); v != nil {
+		v.markSynced(d, nil)
 	}
+}
+
+// markSynced records that v holds d, packing its backends into buf if
+// it has room.
+func (v *frontendView) markSynced(d *desiredFrontend, buf []uint64) {
+	v.synced, v.syncedRanges, v.name = true, d.ranges, d.svc.Name
+	v.syncedKeys, v.syncedAddrs = nil, nil
+	if cap(buf) < len(d.addrs) {
+		buf = make([]uint64, 0, len(d.addrs))
+	}
+	keys := buf[:0]
+	for _, a := range d.addrs {
+		k, ok := packL4(a, 0)
+		if !ok {
+			v.syncedAddrs = d.addrs
+			return
+		}
+		keys = append(keys, k)
+	}
+	v.syncedKeys = keys
+}
+
+func (v *frontendView) syncedLen() int {
+	if v.syncedAddrs != nil {
+		return len(v.syncedAddrs)
+	}
+	return len(v.syncedKeys)
 }
 
 // inSyncFrontend reports whether fe is programmed exactly as d asks.
 func (r *Reconciler) inSyncFrontend(fe Frontend, d *desiredFrontend) bool {
-	v := r.frontends[fe]
+	v := r.frontends.val(fe)
 	if v == nil || !v.hasMaster {
 		return false
 	}
-	sid, ok := r.serviceOf[fe]
+	sid, ok := r.serviceOf.get(fe)
 	if !ok || v.master != masterOf(sid, d) {
 		return false
 	}
-	if a, ok := r.revNat[sid]; !ok || a != fe || r.masterRef[sid] != 1 {
+	if a, ok := r.revNat.get(uint32(sid)); !ok || a != fe || r.revNat.refs(uint32(sid)) != 1 {
 		return false
 	}
 	if v.slots.n != len(d.addrs) || !slices.Equal(v.ranges, d.ranges) {
 		return false
 	}
 	for _, a := range d.addrs {
-		id, ok := r.backendOf[a]
+		id, ok := r.backendOf.get(a)
 		if !ok || !r.isReal(id) {
 			return false
 		}
@@ -88,8 +124,8 @@ func (r *Reconciler) inSyncFrontend(fe Frontend, d *desiredFrontend) bool {
 	seen := make(map[BackendID]bool, len(d.addrs))
 	for s := uint32(1); s <= uint32(len(d.addrs)); s++ {
 		id, ok := v.slots.get(s)
-		a, real := r.backends[id]
-		if !ok || seen[id] || !real || !wantsAddr(d, a) || r.backendOf[a] != id {
+		a, real := r.backend(id)
+		if !ok || seen[id] || !real || !wantsAddr(d, a) || r.backendOf.val(a) != id {
 			return false
 		}
 		seen[id] = true
@@ -111,7 +147,7 @@ func wantsAddr(d *desiredFrontend, a model.L4Addr) bool {
 // make-before-break order, stopping at the first failed write (the view
 // then says how far it got).
 func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity sizes) error {
-	v := r.frontends[fe]
+	v := r.frontends.val(fe)
 	m := uint32(len(d.addrs))
 
 	// Checked before any write, so a service that does not fit keeps its
@@ -123,14 +159,14 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 		return err
 	}
 
-	sid, haveSID := r.serviceOf[fe]
+	sid, haveSID := r.serviceOf.get(fe)
 	if !haveSID {
 		sid = ServiceID(r.svcIDs.alloc())
 		if err := r.dp.ResetServiceStats(sid); err != nil {
 			r.svcIDs.release(uint32(sid))
 			return fmt.Errorf("reset counters of service %d: %w", sid, err)
 		}
-		r.serviceOf[fe] = sid
+		r.serviceOf.put(fe, sid)
 	}
 	if v != nil {
 		v.synced = false
@@ -152,7 +188,8 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 		slotOf = make(map[BackendID]uint32, v.master.Count)
 		for s := uint32(1); s <= v.master.Count; s++ {
 			if id, ok := v.slots.get(s); ok && r.isReal(id) {
-				before = append(before, r.backends[id])
+				a, _ := r.backend(id)
+				before = append(before, a)
 				beforeIDs = append(beforeIDs, id)
 				slotOf[id] = s
 			}
@@ -162,13 +199,13 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 	// 1. Backends.
 	ids := make([]BackendID, len(d.addrs))
 	for i, a := range d.addrs {
-		id, ok := r.backendOf[a]
+		id, ok := r.backendOf.get(a)
 		if !ok {
 			id = BackendID(r.beIDs.alloc())
-			r.backendOf[a] = id
+			r.backendOf.put(a, id)
 		}
 		ids[i] = id
-		if cur, ok := r.backends[id]; ok && cur == a {
+		if cur, ok := r.backend(id); ok && cur == a {
 			continue
 		}
 		r.writes++
@@ -180,12 +217,12 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 	}
 
 	// 2. Reverse NAT.
-	if cur, ok := r.revNat[sid]; !ok || cur != fe {
+	if cur, ok := r.revNat.get(uint32(sid)); !ok || cur != fe {
 		r.writes++
 		if err := r.dp.UpsertRevNat(sid, fe); err != nil {
 			return fmt.Errorf("upsert rev_nat %d: %w", sid, err)
 		}
-		r.revNat[sid] = fe
+		r.revNat.put(uint32(sid), fe)
 		r.revNatCand[sid] = true // until a master names it
 	}
 
@@ -265,14 +302,14 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 			r.refServiceIP(fe.Addr)
 		}
 		if v.hasMaster {
-			r.masterRef[v.master.ID]--
+			r.revNat.addRefs(uint32(v.master.ID), -1)
 			r.revNatCand[v.master.ID] = true
 			r.maybeReleaseService(v.master.ID, fe)
 		} else {
 			r.entries[v.fam]++
 		}
 		v.hasMaster, v.master = true, wantM
-		r.masterRef[sid]++
+		r.revNat.addRefs(uint32(sid), 1)
 	}
 	// From here on no new connection can pick a backend that left: flush
 	// the conntrack entries of the UDP ones so their flows re-balance.
@@ -317,12 +354,13 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 // ClusterIP's last master after its address left the service IPs), then
 // its slots and source ranges. Its rev_nat entry goes at the end of Apply.
 func (r *Reconciler) removeFrontend(fe Frontend) error {
-	v := r.frontends[fe]
+	v := r.frontends.val(fe)
 	var named []model.L4Addr
 	if v.hasMaster {
 		for s := uint32(1); s <= v.master.Count; s++ {
 			if id, ok := v.slots.get(s); ok && r.isReal(id) {
-				named = append(named, r.backends[id])
+				a, _ := r.backend(id)
+				named = append(named, a)
 			}
 		}
 		cip := isClusterIP(fe, v.master)
@@ -340,7 +378,7 @@ func (r *Reconciler) removeFrontend(fe Frontend) error {
 		}
 		v.hasMaster, v.synced = false, false
 		r.entries[v.fam]--
-		r.masterRef[v.master.ID]--
+		r.revNat.addRefs(uint32(v.master.ID), -1)
 		r.revNatCand[v.master.ID] = true
 		r.maybeReleaseService(v.master.ID, fe)
 		if v.master.Flags&FlagAffinity != 0 {
@@ -362,7 +400,7 @@ func (r *Reconciler) removeFrontend(fe Frontend) error {
 	if err := r.pruneRanges(fe.L4Addr, v, nil); err != nil {
 		return err
 	}
-	delete(r.frontends, fe)
+	r.frontends.del(fe)
 	return nil
 }
 

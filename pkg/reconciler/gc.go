@@ -16,24 +16,24 @@ import (
 // releaseReservations drops the ids chosen for frontends and backend
 // addresses that neither the maps hold nor the desired state wants.
 func (r *Reconciler) releaseReservations(services map[model.L4Addr]*model.Service, want map[model.L4Addr]bool) {
-	for fe, id := range r.serviceOf {
+	for fe, id := range r.serviceOf.all() {
 		if wanted(services, fe) {
 			continue
 		}
-		if _, ok := r.frontends[fe]; ok {
+		if _, ok := r.frontends.get(fe); ok {
 			continue
 		}
-		if cur, ok := r.revNat[id]; ok && cur == fe {
+		if cur, ok := r.revNat.get(uint32(id)); ok && cur == fe {
 			continue
 		}
-		delete(r.serviceOf, fe)
+		r.serviceOf.del(fe)
 		r.maybeReleaseService(id, fe)
 	}
-	for a, id := range r.backendOf {
-		if _, ok := r.backends[id]; ok || want[a] || r.slotRefs[id] > 0 {
+	for a, id := range r.backendOf.all() {
+		if r.isReal(id) || want[a] || r.backends.refs(uint32(id)) > 0 {
 			continue
 		}
-		delete(r.backendOf, a)
+		r.backendOf.del(a)
 		r.maybeReleaseBackend(id, a)
 	}
 }
@@ -46,7 +46,7 @@ func (r *Reconciler) deleteUnusedBackends(want func() map[model.L4Addr]bool) err
 		return nil // the common case: no closures or iterator to allocate
 	}
 	return deleteUnused(r, idEntries[BackendID, model.L4Addr]{
-		what: "backend", cand: r.backendCand, entries: r.backends, idOf: r.backendOf, users: r.slotRefs,
+		what: "backend", cand: r.backendCand, entries: &r.backends, idOf: &r.backendOf,
 		wanted:  func(a model.L4Addr) bool { return want()[a] },
 		deleted: func(a model.L4Addr) { r.nbackends[familyOf(a.Addr)]-- },
 		del:     r.dp.DeleteBackend,
@@ -62,7 +62,7 @@ func (r *Reconciler) deleteUnusedRevNat(services map[model.L4Addr]*model.Service
 		return nil // the common case: no closures or iterator to allocate
 	}
 	return deleteUnused(r, idEntries[ServiceID, Frontend]{
-		what: "rev_nat", cand: r.revNatCand, entries: r.revNat, idOf: r.serviceOf, users: r.masterRef,
+		what: "rev_nat", cand: r.revNatCand, entries: &r.revNat, idOf: &r.serviceOf,
 		wanted:  func(fe Frontend) bool { return wanted(services, fe) },
 		del:     r.dp.DeleteRevNat,
 		delMany: r.dp.DeleteRevNats,
@@ -74,16 +74,28 @@ func (r *Reconciler) deleteUnusedRevNat(services map[model.L4Addr]*model.Service
 // allocates, as deleteUnused sees it: backends (key: the backend address)
 // or rev_nat entries (key: the frontend).
 type idEntries[ID ~uint32, K comparable] struct {
-	what    string       // the map, for errors
-	cand    map[ID]bool  // entries that may have lost their last user
-	entries map[ID]K     // what the map holds
-	idOf    map[K]ID     // the id chosen for each key, held or reserved
-	users   map[ID]int32 // slots or masters naming each id
+	what    string         // the map, for errors
+	cand    map[ID]bool    // entries that may have lost their last user
+	entries idTableOf[K]   // what the map holds, and the slots or masters naming each id
+	idOf    idIndex[K, ID] // the id chosen for each key, held or reserved
 	wanted  func(K) bool
 	deleted func(K) // if set, hears of every entry deleted
 	del     func(ID) error
 	delMany func([]ID) (int, error)
 	release func(ID, K)
+}
+
+// idTableOf is an idTable of values K (Reconciler.backends, revNat).
+type idTableOf[K any] interface {
+	get(id uint32) (K, bool)
+	refs(id uint32) int32
+	del(id uint32)
+}
+
+// idIndex is the id of each key (Reconciler.backendOf, serviceOf).
+type idIndex[K, ID any] interface {
+	val(K) ID
+	del(K)
 }
 
 // deleteUnused deletes, in id order, the candidate entries nothing names,
@@ -95,31 +107,32 @@ func deleteUnused[ID ~uint32, K comparable](r *Reconciler, e idEntries[ID, K]) e
 	var errs []error
 	var ids []ID
 	for _, id := range slices.Sorted(maps.Keys(e.cand)) {
-		k, ok := e.entries[id]
-		if !ok || e.users[id] > 0 {
+		k, ok := e.entries.get(uint32(id))
+		if !ok || e.entries.refs(uint32(id)) > 0 {
 			delete(e.cand, id)
 			continue
 		}
-		if e.wanted(k) && e.idOf[k] == id {
+		if e.wanted(k) && e.idOf.val(k) == id {
 			continue
 		}
 		ids = append(ids, id)
 	}
 	deleted := func(i int) {
 		id := ids[i]
-		k := e.entries[id]
-		delete(e.entries, id)
+		k, _ := e.entries.get(uint32(id))
+		e.entries.del(uint32(id))
 		if e.deleted != nil {
 			e.deleted(k)
 		}
 		delete(e.cand, id)
-		if e.idOf[k] == id {
-			delete(e.idOf, k)
+		if e.idOf.val(k) == id {
+			e.idOf.del(k)
 		}
 		e.release(id, k)
 	}
 	failed := func(i int, err error) {
-		errs = append(errs, fmt.Errorf("delete %s %d (%v): %w", e.what, ids[i], e.entries[ids[i]], err))
+		k, _ := e.entries.get(uint32(ids[i]))
+		errs = append(errs, fmt.Errorf("delete %s %d (%v): %w", e.what, ids[i], k, err))
 	}
 	one := func(i int) error { return e.del(ids[i]) }
 	if len(ids) == 1 {
@@ -137,11 +150,11 @@ func deleteUnused[ID ~uint32, K comparable](r *Reconciler, e idEntries[ID, K]) e
 
 // maybeReleaseService frees a service id once nothing holds or reserves it.
 func (r *Reconciler) maybeReleaseService(id ServiceID, fe Frontend) {
-	if _, ok := r.revNat[id]; ok || r.masterRef[id] > 0 {
+	if r.revNat.has(uint32(id)) || r.revNat.refs(uint32(id)) > 0 {
 		return
 	}
-	delete(r.masterRef, id)
-	if r.serviceOf[fe] == id {
+	r.revNat.clearRefs(uint32(id))
+	if r.serviceOf.val(fe) == id {
 		return
 	}
 	r.svcIDs.release(uint32(id))
@@ -149,7 +162,7 @@ func (r *Reconciler) maybeReleaseService(id ServiceID, fe Frontend) {
 
 // maybeReleaseBackend frees a backend id once nothing holds or reserves it.
 func (r *Reconciler) maybeReleaseBackend(id BackendID, a model.L4Addr) {
-	if _, ok := r.backends[id]; ok || r.slotRefs[id] > 0 || r.backendOf[a] == id {
+	if r.isReal(id) || r.backends.refs(uint32(id)) > 0 || r.backendOf.val(a) == id {
 		return
 	}
 	r.beIDs.release(uint32(id))

@@ -119,16 +119,17 @@ type Reconciler struct {
 	log *slog.Logger
 
 	// The view of the kernel's maps.
-	frontends map[Frontend]*frontendView
-	backends  map[BackendID]model.L4Addr
-	revNat    map[ServiceID]Frontend
+	frontends keyMap[Frontend, *frontendView, frontendKeys]
+	// The backend and rev_nat entries by id, with the slots (of any
+	// frontend, within its count or not) naming each backend id and the
+	// masters naming each service id.
+	backends idTable[model.L4Addr, backendKeys]
+	revNat   idTable[Frontend, frontendKeys]
 	// Per family (capacity.go): backend entries, service map entries
 	// (masters plus slots), and source ranges of all frontends.
 	nbackends [2]int
 	entries   [2]int
 	ranges    [2]int
-	slotRefs  map[BackendID]int32 // slots (of any frontend, within count or not) naming a backend id
-	masterRef map[ServiceID]int32 // masters naming a service id
 
 	// Entries that may have lost their last user: backends no slot names,
 	// rev_nat entries no master names. Only these are considered for
@@ -138,14 +139,14 @@ type Reconciler struct {
 
 	// The id each backend address and each frontend is (to be) programmed
 	// under. An id named here is reserved even before its entry is written.
-	backendOf map[model.L4Addr]BackendID
-	serviceOf map[Frontend]ServiceID
+	backendOf keyMap[model.L4Addr, BackendID, backendKeys]
+	serviceOf keyMap[Frontend, ServiceID, frontendKeys]
 
 	// The service IPs: what the map holds, how many ClusterIP masters
 	// each address has, and the addresses whose membership may be wrong
 	// (serviceips.go).
-	ipSet   map[netip.Addr]bool
-	ipRefs  map[netip.Addr]int
+	ipSet   keyMap[netip.Addr, bool, addrKeys]
+	ipRefs  keyMap[netip.Addr, int, addrKeys]
 	ipDirty map[netip.Addr]bool
 
 	svcIDs *idAllocator
@@ -189,20 +190,18 @@ func New(dp Datapath, log *slog.Logger) *Reconciler {
 }
 
 func (r *Reconciler) reset() {
-	r.frontends = map[Frontend]*frontendView{}
-	r.backends = map[BackendID]model.L4Addr{}
-	r.revNat = map[ServiceID]Frontend{}
+	r.frontends = makeKeyMap[Frontend, *frontendView, frontendKeys](0)
+	r.backends = idTable[model.L4Addr, backendKeys]{}
+	r.revNat = idTable[Frontend, frontendKeys]{}
 	r.nbackends = [2]int{}
 	r.entries = [2]int{}
 	r.ranges = [2]int{}
-	r.slotRefs = map[BackendID]int32{}
-	r.masterRef = map[ServiceID]int32{}
 	r.backendCand = map[BackendID]bool{}
 	r.revNatCand = map[ServiceID]bool{}
-	r.backendOf = map[model.L4Addr]BackendID{}
-	r.serviceOf = map[Frontend]ServiceID{}
-	r.ipSet = map[netip.Addr]bool{}
-	r.ipRefs = map[netip.Addr]int{}
+	r.backendOf = makeKeyMap[model.L4Addr, BackendID, backendKeys](0)
+	r.serviceOf = makeKeyMap[Frontend, ServiceID, frontendKeys](0)
+	r.ipSet = makeKeyMap[netip.Addr, bool, addrKeys](0)
+	r.ipRefs = makeKeyMap[netip.Addr, int, addrKeys](0)
 	r.ipDirty = map[netip.Addr]bool{}
 	r.svcIDs = newIDAllocator(ServiceIDQuarantine)
 	r.beIDs = newIDAllocator(BackendIDQuarantine)
@@ -224,7 +223,7 @@ func (r *Reconciler) Restore() error {
 	}
 	r.reset()
 	r.loadKernel(ks)
-	r.log.Info("Restored datapath state", "frontends", len(ks.Masters), "backends", len(r.backends), "rev_nat", len(r.revNat))
+	r.log.Info("Restored datapath state", "frontends", len(ks.Masters), "backends", r.backends.len(), "rev_nat", r.revNat.len())
 	return nil
 }
 
@@ -255,20 +254,30 @@ func (r *Reconciler) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := Stats{
-		RevNat: len(r.revNat), ServiceIPs: len(r.ipSet), Writes: r.writes,
+		RevNat: r.revNat.len(), ServiceIPs: r.ipSet.len(), Writes: r.writes,
 		ServiceEntries: r.entries[ipv4] + r.entries[ipv6], ServiceEntries6: r.entries[ipv6],
 		SourceRanges: r.ranges[ipv4] + r.ranges[ipv6], SourceRanges6: r.ranges[ipv6],
 		Backends6: r.nbackends[ipv6],
 	}
-	for _, v := range r.frontends {
+	for _, v := range r.frontends.all() {
 		if v.hasMaster {
 			s.Services++
 		}
 	}
-	s.Backends = len(r.backends)
+	s.Backends = r.backends.len()
 	s.MaxServices, s.MaxBackends, s.MaxServiceEntries = r.dp.Capacity()
 	s.MaxSourceRanges = r.dp.SourceRangeCapacity()
 	return s
+}
+
+// BackendCounts returns how many entries the backend maps hold, of both
+// families, and how many of them are IPv6's: Stats' Backends and
+// Backends6, without its walk of every frontend (pkg/metrics asks after
+// every change).
+func (r *Reconciler) BackendCounts() (backends, backends6 int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.backends.len(), r.nbackends[ipv6]
 }
 
 // Apply programs st. It writes only what differs from the view, and returns
@@ -338,7 +347,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 		for _, a := range st.Changed {
 			for _, scope := range []Scope{ScopeDefault, ScopeInternal} {
 				fe := Frontend{L4Addr: a, Scope: scope}
-				v := r.frontends[fe]
+				v := r.frontends.val(fe)
 				if svc := services[a]; svc != nil && scope < scopes(svc) {
 					consider(fe, v, svc)
 				} else if v != nil {
@@ -354,15 +363,15 @@ func (r *Reconciler) Apply(st *model.State) error {
 			}
 			for scope := range scopes(svc) {
 				fe := Frontend{L4Addr: a, Scope: scope}
-				v := r.frontends[fe]
+				v := r.frontends.val(fe)
 				if v != nil {
 					known++
 				}
 				consider(fe, v, svc)
 			}
 		}
-		if known < len(r.frontends) { // else every frontend of the view is wanted
-			for fe := range r.frontends {
+		if known < r.frontends.len() { // else every frontend of the view is wanted
+			for fe := range r.frontends.all() {
 				unwanted(fe)
 			}
 		}
@@ -413,7 +422,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 		if d.flags&FlagTwoScopes != 0 {
 			// Its master would name an internal scope that failed to be
 			// programmed: it keeps its previous programming.
-			if v := r.frontends[Frontend{L4Addr: d.fe.L4Addr, Scope: ScopeInternal}]; v == nil || !v.hasMaster {
+			if v := r.frontends.val(Frontend{L4Addr: d.fe.L4Addr, Scope: ScopeInternal}); v == nil || !v.hasMaster {
 				errs = append(errs, frontendError(d.svc.Name, d.fe, false, errInternalScope))
 				continue
 			}
@@ -494,11 +503,11 @@ func wanted(services map[model.L4Addr]*model.Service, fe Frontend) bool {
 // removal failed, an error already) is kept for it.
 func (r *Reconciler) remove(fe Frontend, errs []error) []error {
 	if fe.Scope == ScopeInternal {
-		if v := r.frontends[DefaultScope(fe.L4Addr)]; v != nil && v.hasMaster && v.master.Flags&FlagTwoScopes != 0 {
+		if v := r.frontends.val(DefaultScope(fe.L4Addr)); v != nil && v.hasMaster && v.master.Flags&FlagTwoScopes != 0 {
 			return errs
 		}
 	}
-	name := r.frontends[fe].name
+	name := r.frontends.val(fe).name
 	if err := r.removeFrontend(fe); err != nil {
 		return append(errs, frontendError(name, fe, true, err))
 	}
@@ -509,25 +518,33 @@ func (r *Reconciler) remove(fe Frontend, errs []error) []error {
 // maps), so that programming 30,000 frontends does not rehash them a dozen
 // times over.
 func (r *Reconciler) presize(changed []*desiredFrontend) {
-	if len(r.frontends) != 0 || len(changed) < 64 {
+	if r.frontends.len() != 0 || len(changed) < 64 {
 		return
 	}
-	nb := 0
+	nb, nf := 0, len(changed)
+	nb4, nf4 := 0, 0 // IPv4's, packed in the key maps
 	for _, d := range changed {
 		nb += len(d.addrs)
+		if d.fe.Addr.Is4() {
+			nb4 += len(d.addrs)
+			nf4++
+		}
 	}
-	nf := len(changed)
-	if len(r.backends) == 0 && len(r.slotRefs) == 0 && len(r.backendOf) == 0 {
-		r.backends = make(map[BackendID]model.L4Addr, nb)
-		r.slotRefs = make(map[BackendID]int32, nb)
-		r.backendOf = make(map[model.L4Addr]BackendID, nb)
+	// Ids are handed out from 1 up: the tables need one more entry.
+	r.backends.grow(nb + 1)
+	r.revNat.grow(nf + 1)
+	if r.backendOf.len() == 0 {
+		r.backendOf = makeKeyMap[model.L4Addr, BackendID, backendKeys](nb4)
 	}
-	if len(r.revNat) == 0 && len(r.masterRef) == 0 && len(r.serviceOf) == 0 {
-		r.revNat = make(map[ServiceID]Frontend, nf)
-		r.masterRef = make(map[ServiceID]int32, nf)
-		r.serviceOf = make(map[Frontend]ServiceID, nf)
+	if r.serviceOf.len() == 0 {
+		r.serviceOf = makeKeyMap[Frontend, ServiceID, frontendKeys](nf4)
 	}
-	r.frontends = make(map[Frontend]*frontendView, nf)
+	r.frontends = makeKeyMap[Frontend, *frontendView, frontendKeys](nf4)
+	if r.ipRefs.len() == 0 && r.ipSet.len() == 0 {
+		// At most one address each (most are ClusterIPs').
+		r.ipRefs = makeKeyMap[netip.Addr, int, addrKeys](nf4)
+		r.ipSet = makeKeyMap[netip.Addr, bool, addrKeys](nf4)
+	}
 }
 
 // compareAffinityFix orders fixes by frontend, then backend and slot, for

@@ -21,13 +21,15 @@ import (
 )
 
 // refServiceIP counts a ClusterIP master programmed at a.
-func (r *Reconciler) refServiceIP(a netip.Addr) { r.ipRefs[a]++ }
+func (r *Reconciler) refServiceIP(a netip.Addr) { r.ipRefs.put(a, r.ipRefs.val(a)+1) }
 
 // unrefServiceIP counts a ClusterIP master at a gone.
 func (r *Reconciler) unrefServiceIP(a netip.Addr) {
-	if r.ipRefs[a]--; r.ipRefs[a] <= 0 {
-		delete(r.ipRefs, a)
-		if r.ipSet[a] {
+	if n := r.ipRefs.val(a) - 1; n > 0 {
+		r.ipRefs.put(a, n)
+	} else {
+		r.ipRefs.del(a)
+		if r.ipSet.val(a) {
 			r.ipDirty[a] = true // left behind by a failure: repaired by syncServiceIPs
 		}
 	}
@@ -35,7 +37,7 @@ func (r *Reconciler) unrefServiceIP(a netip.Addr) {
 
 // joinServiceIPs adds a to the service IPs if it is not there.
 func (r *Reconciler) joinServiceIPs(a netip.Addr) error {
-	if r.ipSet[a] {
+	if r.ipSet.val(a) {
 		return nil
 	}
 	r.writes++
@@ -43,7 +45,7 @@ func (r *Reconciler) joinServiceIPs(a netip.Addr) error {
 		r.ipDirty[a] = true
 		return fmt.Errorf("upsert service IP %s: %w", a, err)
 	}
-	r.ipSet[a] = true
+	r.ipSet.put(a, true)
 	delete(r.ipDirty, a)
 	return nil
 }
@@ -51,14 +53,14 @@ func (r *Reconciler) joinServiceIPs(a netip.Addr) error {
 // leaveServiceIPs removes a from the service IPs if the ClusterIP master
 // about to go (or stop being one) is the last at a.
 func (r *Reconciler) leaveServiceIPs(a netip.Addr) error {
-	if !r.ipSet[a] || r.ipRefs[a] > 1 {
+	if !r.ipSet.val(a) || r.ipRefs.val(a) > 1 {
 		return nil
 	}
 	r.writes++
 	if err := r.dp.DeleteServiceIP(a); err != nil {
 		return fmt.Errorf("delete service IP %s: %w", a, err)
 	}
-	delete(r.ipSet, a)
+	r.ipSet.del(a)
 	delete(r.ipDirty, a)
 	return nil
 }
@@ -73,15 +75,15 @@ func (r *Reconciler) syncServiceIPs() error {
 	var errs []error
 	for _, a := range slices.SortedFunc(maps.Keys(r.ipDirty), netip.Addr.Compare) {
 		var err error
-		switch want := r.ipRefs[a] > 0; {
-		case want && !r.ipSet[a]:
+		switch want := r.ipRefs.val(a) > 0; {
+		case want && !r.ipSet.val(a):
 			err = r.joinServiceIPs(a)
-		case !want && r.ipSet[a]:
+		case !want && r.ipSet.val(a):
 			r.writes++
 			if err = r.dp.DeleteServiceIP(a); err != nil {
 				err = fmt.Errorf("delete service IP %s: %w", a, err)
 			} else {
-				delete(r.ipSet, a)
+				r.ipSet.del(a)
 			}
 		}
 		if err != nil {

@@ -59,10 +59,7 @@ spec:
 func setupDualStack(t *testing.T, extraArgs ...string) (e *env, write func(drain []string)) {
 	t.Helper()
 	bins, topo, lb := newLB(t, 3)
-	v6, err := lb.AddIPv6()
-	if err != nil {
-		t.Fatal(err)
-	}
+	v6 := lb.AddIPv6T(t)
 	cgMount, err := datapath.CgroupV2Mount()
 	if err != nil {
 		t.Fatalf("no cgroup v2 mount (`make deps` mounts one): %v", err)
@@ -248,9 +245,9 @@ func TestDualStackEndToEnd(t *testing.T) {
 	// could find a pod's reply tuple held by a closed connection to web,
 	// and was dropped when drain had no other pod to try (tc_ct_clash)
 	// until that entry expired. A SYN now reopens a closed flow's tuple
-	// (ct_reopens, TestCTClosedReplyTupleReopens); the order stays, as
-	// two connections open at once from one port would still clash
-	// (README, Limitations).
+	// (ct_reopens, TestCTClosedReplyTupleReopens), and one that clashes
+	// with an open flow leaves from another client port (lb4_remap,
+	// TestTCClashRemap); the order stays.
 	for _, vip := range []string{web4VIP, web6VIP} {
 		t.Run("TCPSpreadsUniformly/"+vip, func(t *testing.T) { e.spreadsUniformly(t, vip) })
 	}

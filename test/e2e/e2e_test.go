@@ -192,11 +192,7 @@ func newLB(t *testing.T, backends int) (agentproc.Binaries, *topology.Topology, 
 	requirePrivileges(t)
 	bins := agentproc.Shared(t)
 	topo := topology.NewT(t)
-	lb, err := topo.BuildLB(backends)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bins, topo, lb
+	return bins, topo, topo.BuildLBT(t, backends)
 }
 
 const (
@@ -1000,10 +996,7 @@ func eventuallyReadyWithoutReports(t *testing.T, agent *agentproc.Agent, what st
 // family's Services are counted against their own family's map.
 func TestOversizedServiceDoesNotBlockOthers(t *testing.T) {
 	bins, topo, lb := newLB(t, 2)
-	v6, err := lb.AddIPv6()
-	if err != nil {
-		t.Fatal(err)
-	}
+	v6 := lb.AddIPv6T(t)
 	backends, err := lb.ServeHTTP(8080, "backend-")
 	if err != nil {
 		t.Fatal(err)

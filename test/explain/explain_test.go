@@ -108,14 +108,8 @@ func setup(t *testing.T) *env {
 	testutil.Privileged(t)
 	bins := agentproc.Shared(t)
 	topo := topology.NewT(t)
-	lb, err := topo.BuildLB(3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v6, err := lb.AddIPv6()
-	if err != nil {
-		t.Fatal(err)
-	}
+	lb := topo.BuildLBT(t, 3)
+	v6 := lb.AddIPv6T(t)
 	names, err := lb.ServeHTTP(8080, "backend-") // on both families' addresses
 	if err != nil {
 		t.Fatal(err)

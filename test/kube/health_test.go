@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/kubeclient"
 	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/health"
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -117,14 +118,7 @@ func TestHealthzFollowsNodeLivezStaleness(t *testing.T) {
 	}
 	updateNode := func(mutate func(*corev1.Node)) {
 		t.Helper()
-		n, err := c.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		mutate(n)
-		if _, err := c.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		kubeclient.UpdateNode(t, ctx, c, nodeName, mutate)
 	}
 
 	eventually(t, "first sync", 30*time.Second, func() error {

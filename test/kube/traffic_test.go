@@ -54,21 +54,12 @@ func setupTrafficFamily(t *testing.T, v6 bool, apiServerArgs ...string) *traffic
 	kubeenv.BinDir(t) // build (or find) the control plane before the namespaces exist
 	bins := agentproc.Shared(t)
 	topo := topology.NewT(t)
-	lb, err := topo.BuildLB(3)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lb := topo.BuildLBT(t, 3)
 	e := &trafficEnv{lb: lb, addrs: lb.BackendAddrStrings(), v6: v6}
 	if v6 {
-		plane, err := lb.AddIPv6()
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.addrs = nil
-		for _, a := range plane.BackendAddrs {
-			e.addrs = append(e.addrs, a.String())
-		}
+		e.addrs = lb.AddIPv6T(t).BackendAddrStrings()
 	}
+	var err error
 	if e.backends, err = lb.ServeHTTP(8080, "backend-"); err != nil {
 		t.Fatal(err)
 	}

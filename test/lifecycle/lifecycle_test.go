@@ -182,19 +182,12 @@ func setupFamily(t *testing.T, v6 bool) *env {
 		t.Fatalf("no cgroup v2 mount: %v", err)
 	}
 	topo := topology.NewT(t)
-	lb, err := topo.BuildLB(3)
-	if err != nil {
-		t.Fatal(err)
-	}
+	lb := topo.BuildLBT(t, 3)
 	e := &env{lb: lb, manifest: filepath.Join(t.TempDir(), "services.yaml"), topo: topo,
 		bpffs: filepath.Join(testutil.BPFFS, topo.Prefix()+"lifecycle"), v6: v6}
 	addrs := lb.BackendAddrStrings()
 	if v6 {
-		v6 := mustIPv6(t, lb)
-		addrs = nil
-		for _, a := range v6.BackendAddrs {
-			addrs = append(addrs, a.String())
-		}
+		addrs = lb.AddIPv6T(t).BackendAddrStrings()
 	}
 	names, err := lb.ServeHTTP(8080, "backend-")
 	if err != nil {
@@ -217,16 +210,6 @@ func setupFamily(t *testing.T, v6 bool) *env {
 		t.Fatal(err)
 	}
 	return e
-}
-
-// mustIPv6 gives lb its IPv6 plane.
-func mustIPv6(t *testing.T, lb *topology.LB) *topology.LB6 {
-	t.Helper()
-	v6, err := lb.AddIPv6()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v6
 }
 
 // agent prepares an agent of bin on the node, attached to eth0 and the

@@ -170,13 +170,18 @@ func buildFamilies(t *testing.T, v6 bool, extra ...string) *cluster {
 	link(router, "nb", "192.168.2.254/24", c.nodeB, "eth0", "192.168.2.1/24")
 	link(c.nodeA, "pa", "10.1.0.1/24", c.podA, "eth0", "10.1.0.2/24")
 	link(c.nodeB, "pb", "10.2.0.1/24", c.podB, "eth0", "10.2.0.2/24")
-	def := pfx("0.0.0.0/0")
-	must(t, c.client.AddRoute(def, ip("10.0.0.1")))
-	must(t, c.client2.AddRoute(def, ip("10.0.2.1")))
-	must(t, c.nodeA.AddRoute(def, ip("192.168.1.254")))
-	must(t, c.nodeB.AddRoute(def, ip("192.168.2.254")))
-	must(t, c.podA.AddRoute(def, ip("10.1.0.1")))
-	must(t, c.podB.AddRoute(def, ip("10.2.0.1")))
+	// Every end host's default route, over IPv4 and (with v6) IPv6.
+	defaults := []struct {
+		ns         *topology.NS
+		via4, via6 string
+	}{
+		{c.client, "10.0.0.1", "2001:db8:a::1"}, {c.client2, "10.0.2.1", "2001:db8:c::1"},
+		{c.nodeA, "192.168.1.254", "2001:db8:1::fe"}, {c.nodeB, "192.168.2.254", "2001:db8:2::fe"},
+		{c.podA, "10.1.0.1", "2001:db8:11::1"}, {c.podB, "10.2.0.1", "2001:db8:12::1"},
+	}
+	for _, d := range defaults {
+		must(t, d.ns.AddRoute(pfx("0.0.0.0/0"), ip(d.via4)))
+	}
 	must(t, router.AddRoute(pfx("10.1.0.0/24"), ip("192.168.1.1")))
 	must(t, router.AddRoute(pfx("10.2.0.0/24"), ip("192.168.2.1")))
 	must(t, router.AddRoute(pfx("203.0.113.10/32"), ip("192.168.1.1")))
@@ -199,13 +204,9 @@ func buildFamilies(t *testing.T, v6 bool, extra ...string) *cluster {
 			must(t, a.ns.AddAddr(a.dev, pfx(a.addr)))
 			must(t, a.ns.WaitLocal(pfx(a.addr).Addr()))
 		}
-		def6 := pfx("::/0")
-		must(t, c.client.AddRoute(def6, ip("2001:db8:a::1")))
-		must(t, c.client2.AddRoute(def6, ip("2001:db8:c::1")))
-		must(t, c.nodeA.AddRoute(def6, ip("2001:db8:1::fe")))
-		must(t, c.nodeB.AddRoute(def6, ip("2001:db8:2::fe")))
-		must(t, c.podA.AddRoute(def6, ip("2001:db8:11::1")))
-		must(t, c.podB.AddRoute(def6, ip("2001:db8:12::1")))
+		for _, d := range defaults {
+			must(t, d.ns.AddRoute(pfx("::/0"), ip(d.via6)))
+		}
 		must(t, router.AddRoute(pfx("2001:db8:11::/64"), ip(nodeA6)))
 		must(t, router.AddRoute(pfx("2001:db8:12::/64"), ip(nodeB6)))
 		must(t, router.AddRoute(pfx(ipv6.externalIP+"/128"), ip(nodeA6)))

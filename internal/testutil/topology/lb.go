@@ -3,6 +3,7 @@ package topology
 import (
 	"fmt"
 	"net/netip"
+	"testing"
 )
 
 // ServiceRange is where tests put service VIPs. Only the client has a route
@@ -140,12 +141,32 @@ func (lb *LB) backendAddrs(i int) []netip.Addr {
 }
 
 // BackendAddrStrings are BackendAddrs as strings, as manifests list them.
-func (lb *LB) BackendAddrStrings() []string {
+func (lb *LB) BackendAddrStrings() []string { return addrStrings(lb.BackendAddrs) }
+
+// BackendAddrStrings are the IPv6 BackendAddrs as strings, as manifests
+// list them.
+func (v6 *LB6) BackendAddrStrings() []string { return addrStrings(v6.BackendAddrs) }
+
+func addrStrings(as []netip.Addr) []string {
 	var out []string
-	for _, a := range lb.BackendAddrs {
+	for _, a := range as {
 		out = append(out, a.String())
 	}
 	return out
+}
+
+// BuildLBT is BuildLB for a test: it fails tb if the topology cannot be
+// built.
+func (t *Topology) BuildLBT(tb testing.TB, n int) *LB {
+	tb.Helper()
+	return orFail(t.BuildLB(n))(tb)
+}
+
+// AddIPv6T is AddIPv6 for a test: it fails tb if the plane cannot be
+// added.
+func (lb *LB) AddIPv6T(tb testing.TB) *LB6 {
+	tb.Helper()
+	return orFail(lb.AddIPv6())(tb)
 }
 
 // ServiceRange6 is where tests put IPv6 service VIPs, as ServiceRange: only

@@ -16,14 +16,8 @@ import (
 func TestLBIPv6Plane(t *testing.T) {
 	testutil.Privileged(t)
 	topo := NewT(t)
-	lb, err := topo.BuildLB(2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v6, err := lb.AddIPv6()
-	if err != nil {
-		t.Fatal(err)
-	}
+	lb := topo.BuildLBT(t, 2)
+	v6 := lb.AddIPv6T(t)
 	if again, err := lb.AddIPv6(); err != nil || again != v6 {
 		t.Fatalf("AddIPv6 again = %v, %v; want the same plane", again, err)
 	}

@@ -83,11 +83,20 @@ func NewNS(t testing.TB, name string) *NS {
 // AddNST is AddNS for a test: it fails tb if the namespace cannot be made.
 func (t *Topology) AddNST(tb testing.TB, name string) *NS {
 	tb.Helper()
-	ns, err := t.AddNS(name)
-	if err != nil {
-		tb.Fatalf("topology: %v", err)
+	return orFail(t.AddNS(name))(tb)
+}
+
+// orFail is what the test forms of the constructors (AddNST, BuildLBT,
+// AddIPv6T) return: v, once it has failed tb if err is not nil. Called as
+// orFail(constructor(...))(tb).
+func orFail[V any](v V, err error) func(testing.TB) V {
+	return func(tb testing.TB) V {
+		tb.Helper()
+		if err != nil {
+			tb.Fatalf("topology: %v", err)
+		}
+		return v
 	}
-	return ns
 }
 
 // Prefix is the string every namespace name of this topology starts with.

@@ -9,6 +9,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/sluice-lb/sluice/internal/testutil/kubeclient"
 )
 
 // healthRecorder is a fake Health.
@@ -51,14 +53,7 @@ func TestNodeEligibility(t *testing.T) {
 	ctx := context.Background()
 	update := func(mutate func(*corev1.Node)) {
 		t.Helper()
-		n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		mutate(n)
-		if _, err := client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		kubeclient.UpdateNode(t, ctx, client, node, mutate)
 	}
 	wait := func(what string, eligible bool, why string) {
 		t.Helper()

@@ -295,14 +295,20 @@ var (
 	// rather than reject.
 	deadThere = ep{addr: "10.2.0.8", node: "node-b", ready: ptr(false), serving: ptr(false), terminate: ptr(true)}
 
-	// Their IPv6 twins.
-	here6      = ep{addr: "2001:db8:1::1", node: "node-a"}
-	here62     = ep{addr: "2001:db8:1::2", node: "node-a"}
-	there6     = ep{addr: "2001:db8:2::1", node: "node-b"}
-	termHere6  = ep{addr: "2001:db8:1::9", node: "node-a", ready: ptr(false), serving: ptr(true), terminate: ptr(true)}
-	termThere6 = ep{addr: "2001:db8:2::9", node: "node-b", ready: ptr(false), serving: ptr(true), terminate: ptr(true)}
-	deadThere6 = ep{addr: "2001:db8:2::8", node: "node-b", ready: ptr(false), serving: ptr(false), terminate: ptr(true)}
+	// Their IPv6 twins: the same node and conditions.
+	here6      = here.at("2001:db8:1::1")
+	here62     = here2.at("2001:db8:1::2")
+	there6     = there.at("2001:db8:2::1")
+	termHere6  = termHere.at("2001:db8:1::9")
+	termThere6 = termThere.at("2001:db8:2::9")
+	deadThere6 = deadThere.at("2001:db8:2::8")
 )
+
+// at is e at address a instead.
+func (e ep) at(a string) ep {
+	e.addr = a
+	return e
+}
 
 // The traffic policies (issue 9 points 1, 2 and 5): which endpoints each
 // frontend and each kind of client get, and whether an empty set rejects

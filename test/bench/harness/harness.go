@@ -159,15 +159,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) (*Results, error) {
 	if err != nil {
 		return nil, err
 	}
-	tmp, err := os.MkdirTemp("", "sluice-bench-")
+	tmp, removeTmp, err := TempDir("sluice-bench-", log)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err := os.RemoveAll(tmp); err != nil {
-			log.Warn("remove temporary directory", "dir", tmp, "err", err)
-		}
-	}()
+	defer removeTmp()
 	r := &runner{
 		cfg:     cfg,
 		fam:     fam,
@@ -176,7 +172,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) (*Results, error) {
 		dead:    time.Now().Add(cfg.TimeLimit),
 		tmp:     tmp,
 		dropped: map[string]string{},
-		res:     &Results{Started: time.Now().UTC(), Config: cfg, Machine: DescribeMachine()},
+		res:     &Results{Span: StartSpan(), Config: cfg, Machine: DescribeMachine()},
 	}
 	r.res.Settings = []string{
 		"IP family: " + fam.Name + " (services " + fam.ServiceCIDR + ", backends " + fam.BackendCIDR + ")",
@@ -186,7 +182,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) (*Results, error) {
 		fmt.Sprintf("client source addresses: %d (%s..)", ClientSources, ClientSourceAddrs(fam)[0]),
 		"nf_conntrack_max is global (not settable per netns); left at " + ReadTrim("/proc/sys/net/netfilter/nf_conntrack_max") + ", counted per netns",
 	}
-	defer func() { r.res.Finished = time.Now().UTC() }()
+	defer r.res.Finish()
 	if slices.Contains(cfg.Modes, ModeSluice) {
 		r.res.Settings = append(r.res.Settings,
 			"sluice: agent from cmd/sluice, --devices "+NodeClientDev+" (node's client-facing veth), --cgroup <a cgroup v2 dir the bench creates; socket-layer clients start in it>, its own bpffs mount, --resync-interval 0",

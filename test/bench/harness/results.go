@@ -1,8 +1,6 @@
 package harness
 
 import (
-	"time"
-
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/test/bench/load"
 )
@@ -10,13 +8,12 @@ import (
 // Results is everything one benchmark run measured; it is written as
 // results/<date>.json and rendered as <date>.md and PNG plots.
 type Results struct {
-	Started  time.Time `json:"started"`
-	Finished time.Time `json:"finished"`
-	Config   Config    `json:"config"`
-	Machine  Machine   `json:"machine"`
-	Settings []string  `json:"settings"` // sysctls and similar that the run set
-	Notes    []string  `json:"notes"`
-	Points   []Point   `json:"points"`
+	Span
+	Config   Config   `json:"config"`
+	Machine  Machine  `json:"machine"`
+	Settings []string `json:"settings"` // sysctls and similar that the run set
+	Notes    []string `json:"notes"`
+	Points   []Point  `json:"points"`
 }
 
 // Machine describes where the run happened.

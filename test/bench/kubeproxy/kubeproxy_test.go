@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/test/bench/harness"
 )
 
 // TestQuick runs the whole benchmark at 10 Services with 2 changes per
@@ -25,18 +26,9 @@ func TestQuick(t *testing.T) {
 	cfg := config{Services: []int{n}, Endpoints: 10, Modes: allModes, Rounds: 1, Changes: changes,
 		ChangeGap: 1200 * time.Millisecond, SyncTimeout: 3 * time.Minute, ChangeTimeout: time.Minute,
 		OutDir: t.TempDir(), Stamp: "quick"}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	res, err := run(ctx, cfg, slog.New(slog.NewTextHandler(os.Stderr, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := writeReport(cfg.OutDir, cfg.Stamp, res)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	back := testutil.DecodeJSONFile[result](t, files[0])
+	back, md := harness.RunAndReadBack(t, 10*time.Minute,
+		func(ctx context.Context, log *slog.Logger) (*result, error) { return run(ctx, cfg, log) },
+		func(r *result) ([]string, error) { return writeReport(cfg.OutDir, cfg.Stamp, r) })
 	if len(back.Points) != 1 {
 		t.Fatalf("%d points in the report, want 1", len(back.Points))
 	}
@@ -69,13 +61,9 @@ func TestQuick(t *testing.T) {
 	if len(pt.Ratios) != 2 {
 		t.Errorf("%d ratios, want the two kube-proxy modes against Sluice", len(pt.Ratios))
 	}
-	md, err := os.ReadFile(files[1])
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, want := range []string{"## 10 Services x 10 endpoints", "| kube-proxy-iptables / sluice |", "| kube-proxy-nftables / sluice |", "Errors: none."} {
-		if !strings.Contains(string(md), want) {
-			t.Errorf("%s lacks %q", files[1], want)
+		if !strings.Contains(md, want) {
+			t.Errorf("the Markdown report lacks %q", want)
 		}
 	}
 }

@@ -1,13 +1,9 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/test/bench/harness"
@@ -16,8 +12,7 @@ import (
 // result is everything a run measured; it is written as
 // kubeproxy-<date>.json and rendered as kubeproxy-<date>.md.
 type result struct {
-	Started  time.Time         `json:"started"`
-	Finished time.Time         `json:"finished"`
+	harness.Span
 	Config   config            `json:"config"`
 	Machine  harness.Machine   `json:"machine"`
 	Versions map[string]string `json:"versions"`
@@ -70,7 +65,7 @@ type ratio struct {
 }
 
 func newResult(cfg config) *result {
-	return &result{Started: time.Now().UTC(), Config: cfg, Machine: harness.DescribeMachine(), Versions: map[string]string{},
+	return &result{Span: harness.StartSpan(), Config: cfg, Machine: harness.DescribeMachine(), Versions: map[string]string{},
 		Notes: []string{
 			"first sync: from the process's start to the end of its first successful sync, its own kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}; both wait for their Service and EndpointSlice informers before it",
 			"latency: the mode's own kubeproxy_network_programming_duration_seconds (delta of _sum over delta of _count) for one EndpointSlice patch with a fresh last-change-trigger-time, one change at a time, each sent at least the change gap after the mode's last sync ended",
@@ -166,21 +161,7 @@ func percentile(v []float64, q float64) float64 {
 // writeReport writes kubeproxy-<stamp>.json and .md into dir and returns
 // their paths.
 func writeReport(dir, stamp string, r *result) ([]string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	b, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	base := filepath.Join(dir, "kubeproxy-"+stamp)
-	if err := os.WriteFile(base+".json", append(b, '\n'), 0o644); err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(base+".md", []byte(markdown(stamp, r)), 0o644); err != nil {
-		return nil, err
-	}
-	return []string{base + ".json", base + ".md"}, nil
+	return harness.WriteRecord(dir, "kubeproxy-"+stamp, r, []byte(markdown(stamp, r)))
 }
 
 func markdown(stamp string, r *result) string {

@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/test/bench/harness"
 	"github.com/sluice-lb/sluice/test/kube/kubeenv"
 )
 
@@ -21,21 +22,17 @@ import (
 // fails part way.
 func run(ctx context.Context, cfg config, log *slog.Logger) (*result, error) {
 	res := newResult(cfg)
-	defer func() { res.Finished = time.Now().UTC() }()
+	defer res.Finish()
 	var bins binaries
 	var err error
 	if bins.kubeProxy, err = kubeBinary(ctx, "kube-proxy"); err != nil {
 		return nil, err
 	}
-	binDir, err := os.MkdirTemp("", "sluice-kpbench-")
+	binDir, removeBinDir, err := harness.TempDir("sluice-kpbench-", log)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err := os.RemoveAll(binDir); err != nil {
-			log.Error("remove the built binaries", "err", err)
-		}
-	}()
+	defer removeBinDir()
 	if bins.agent, err = agentproc.Build(ctx, binDir); err != nil {
 		return nil, err
 	}

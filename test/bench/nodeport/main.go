@@ -32,7 +32,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -304,8 +303,4 @@ func tail(s string, n int) string {
 		return "..." + s[len(s)-n:]
 	}
 	return s
-}
-
-func outPath(dir, stamp, ext string) string {
-	return filepath.Join(dir, "nodeport-"+stamp+"."+ext)
 }

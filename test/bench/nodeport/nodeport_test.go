@@ -3,12 +3,12 @@ package main
 import (
 	"context"
 	"log/slog"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/test/bench/harness"
 )
 
 // TestRunTiny runs the whole benchmark at a tiny N: every mode forwards
@@ -22,18 +22,9 @@ func TestRunTiny(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	res, err := run(ctx, cfg, slog.New(slog.NewTextHandler(os.Stderr, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := writeReport(cfg.OutDir, cfg.Stamp, res)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	back := testutil.DecodeJSONFile[result](t, files[0])
+	back, md := harness.RunAndReadBack(t, 3*time.Minute,
+		func(ctx context.Context, log *slog.Logger) (*result, error) { return run(ctx, cfg, log) },
+		func(r *result) ([]string, error) { return writeReport(cfg.OutDir, cfg.Stamp, r) })
 	if len(back.Modes) != len(allModes) {
 		t.Fatalf("report has %d modes, want %d", len(back.Modes), len(allModes))
 	}
@@ -64,13 +55,9 @@ func TestRunTiny(t *testing.T) {
 			t.Errorf("%s: no per-packet time: %+v", p.Packet, p)
 		}
 	}
-	md, err := os.ReadFile(files[1])
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, want := range []string{"## Ratios", "| xdp-native | tc |", "## Per packet", "## Caveats"} {
-		if !strings.Contains(string(md), want) {
-			t.Errorf("%s lacks %q", files[1], want)
+		if !strings.Contains(md, want) {
+			t.Errorf("the Markdown report lacks %q", want)
 		}
 	}
 }

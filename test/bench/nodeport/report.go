@@ -1,13 +1,10 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
 	"runtime"
 	"strings"
-	"time"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/test/bench/harness"
@@ -16,8 +13,7 @@ import (
 // result is what a run measured; it is written as JSON and rendered as
 // Markdown.
 type result struct {
-	Started  time.Time    `json:"started"`
-	Finished time.Time    `json:"finished"`
+	harness.Span
 	Machine  machine      `json:"machine"`
 	Config   config       `json:"config"`
 	Target   string       `json:"target"`
@@ -61,7 +57,7 @@ type ratio struct {
 }
 
 func newResult(cfg config) *result {
-	r := &result{Started: time.Now().UTC(), Config: cfg}
+	r := &result{Span: harness.StartSpan(), Config: cfg}
 	m := harness.DescribeMachine()
 	r.Machine = machine{CPUs: m.CPUs, CPU: m.CPU, Kernel: m.Kernel, Go: m.Go, Load: m.Load, Source: sourceState()}
 	for _, m := range cfg.Modes {
@@ -92,7 +88,7 @@ func (r *result) modeResult(mode string) *modeStats {
 }
 
 func (r *result) finish() {
-	r.Finished = time.Now().UTC()
+	r.Finish()
 	udp := func(m *modeStats) []float64 {
 		var xs []float64
 		for _, u := range m.UDP {
@@ -150,29 +146,14 @@ func (r *result) finish() {
 
 // writeReport writes nodeport-<stamp>.json and .md into dir.
 func writeReport(dir, stamp string, r *result) ([]string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	js, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	jp, mp := outPath(dir, stamp, "json"), outPath(dir, stamp, "md")
-	if err := os.WriteFile(jp, append(js, '\n'), 0o644); err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(mp, []byte(markdown(stamp, r)), 0o644); err != nil {
-		return nil, err
-	}
-	return []string{jp, mp}, nil
+	return harness.WriteRecord(dir, "nodeport-"+stamp, r, []byte(markdown(stamp, r)))
 }
 
 func markdown(stamp string, r *result) string {
 	var b strings.Builder
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
 	p("# NodePort to a remote backend: XDP vs tc vs iptables, %s\n\n", stamp)
-	p("Started %s, finished %s (%s). `go run ./test/bench/nodeport` (issue #4).\n\n",
-		r.Started.Format("2006-01-02 15:04:05Z"), r.Finished.Format("15:04:05Z"), r.Finished.Sub(r.Started).Round(time.Second))
+	p("%s. `go run ./test/bench/nodeport` (issue #4).\n\n", r.Times())
 	p("## Machine\n\n- %d CPUs (%s), kernel %s, %s\n- load average at start: %s\n- agent built from: %s\n\n", r.Machine.CPUs, r.Machine.CPU, r.Machine.Kernel, r.Machine.Go, r.Machine.Load, r.Machine.Source)
 	c := r.Config
 	p("## Method\n\n")

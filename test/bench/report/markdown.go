@@ -15,8 +15,7 @@ func Markdown(res *harness.Results, stamp string) []byte {
 	var b bytes.Buffer
 	c := res.Config
 	fmt.Fprintf(&b, "# Sluice benchmark %s\n\n", stamp)
-	fmt.Fprintf(&b, "Started %s, finished %s (%s).\n\n", res.Started.Format("2006-01-02 15:04:05Z"),
-		res.Finished.Format("15:04:05Z"), res.Finished.Sub(res.Started).Round(1e9))
+	fmt.Fprintf(&b, "%s.\n\n", res.Times())
 	b.WriteString("## Machine\n\n")
 	m := res.Machine
 	fmt.Fprintf(&b, "- kernel %s, %d CPUs (%s), %.1f GiB memory, %s\n", m.Kernel, m.CPUs, m.CPU, float64(m.MemBytes)/(1<<30), m.Go)

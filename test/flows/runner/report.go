@@ -146,28 +146,12 @@ func Summarize(results []*FlowResult) Summary {
 			s.Skipped++
 			continue
 		}
-		s.Run++
-		if r.Derived {
-			s.Derived++
-		} else {
-			s.Ported++
-		}
-		if r.IPv6 {
-			s.IPv6++
-		}
+		count(r, &s.Run, &s.Ported, &s.Derived, &s.IPv6)
 		for _, f := range r.Unsupported {
 			s.Unsupported[f]++
 		}
 		if r.Pass {
-			s.Pass++
-			if r.Derived {
-				s.DerivedPass++
-			} else {
-				s.PortedPass++
-			}
-			if r.IPv6 {
-				s.IPv6Pass++
-			}
+			count(r, &s.Pass, &s.PortedPass, &s.DerivedPass, &s.IPv6Pass)
 			if len(r.Unsupported) > 0 {
 				s.UnsupportedPass++
 			}
@@ -176,6 +160,20 @@ func Summarize(results []*FlowResult) Summary {
 		s.Classes[expectKind(r)+": "+r.Class]++
 	}
 	return s
+}
+
+// count adds r to a total and to the counts of its kinds: ported from
+// kube-proxy or derived, and IPv6.
+func count(r *FlowResult, total, ported, derived, ipv6 *int) {
+	*total++
+	if r.Derived {
+		*derived++
+	} else {
+		*ported++
+	}
+	if r.IPv6 {
+		*ipv6++
+	}
 }
 
 // Line is the run's one-line summary.
