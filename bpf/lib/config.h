@@ -54,6 +54,13 @@ volatile const union v6addr node_ip6 = {};
 volatile const __u8 have_cluster_cidr6 = 0;
 
 /*
+ * How long XDP uses a route it looked up for an established flow at most
+ * (xdp.c's route cache), when no change of the node's routing made it
+ * look again sooner: the bound on how stale a cached route can be.
+ */
+volatile const __u64 fib_cache_ns = NSEC_PER_SEC;
+
+/*
  * --service-metrics: count per Service (svcstats.h). A constant, so that
  * with it off the verifier removes the counting of every svc_count as
  * dead code: what is left of one is the read of this constant.

@@ -44,6 +44,29 @@ struct fib4 {
 };
 
 /*
+ * fib4_result - @out from @fib, whose bpf_fib_lookup returned @ret.
+ * Returns 0, or -1 if there is no usable route.
+ */
+static __always_inline int fib4_result(const struct bpf_fib_lookup *fib,
+				       int ret, struct fib4 *out)
+{
+	/* FRAG_NEEDED: the route and neighbour were found, but the skb is
+	 * larger than the egress device's MTU. fwd_check decides what to
+	 * do about that (bpf_check_mtu knows GSO packets too).
+	 */
+	if (ret != BPF_FIB_LKUP_RET_SUCCESS &&
+	    ret != BPF_FIB_LKUP_RET_NO_NEIGH &&
+	    ret != BPF_FIB_LKUP_RET_FRAG_NEEDED)
+		return -1;
+	out->ifindex = fib->ifindex;
+	out->nexthop = fib->ipv4_dst;
+	out->have_neigh = ret != BPF_FIB_LKUP_RET_NO_NEIGH;
+	__builtin_memcpy(out->smac, fib->smac, ETH_ALEN);
+	__builtin_memcpy(out->dmac, fib->dmac, ETH_ALEN);
+	return 0;
+}
+
+/*
  * fib4_lookup - route @daddr (from @saddr) as a packet arriving on
  * @ifindex would be routed. Returns 0, or -1 if there is no usable route.
  */
@@ -58,20 +81,7 @@ static __always_inline int fib4_lookup(void *ctx, __u32 ifindex, __be32 saddr,
 	};
 	int ret = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
 
-	/* FRAG_NEEDED: the route and neighbour were found, but the skb is
-	 * larger than the egress device's MTU. fwd_check decides what to
-	 * do about that (bpf_check_mtu knows GSO packets too).
-	 */
-	if (ret != BPF_FIB_LKUP_RET_SUCCESS &&
-	    ret != BPF_FIB_LKUP_RET_NO_NEIGH &&
-	    ret != BPF_FIB_LKUP_RET_FRAG_NEEDED)
-		return -1;
-	out->ifindex = fib.ifindex;
-	out->nexthop = fib.ipv4_dst;
-	out->have_neigh = ret != BPF_FIB_LKUP_RET_NO_NEIGH;
-	__builtin_memcpy(out->smac, fib.smac, ETH_ALEN);
-	__builtin_memcpy(out->dmac, fib.dmac, ETH_ALEN);
-	return 0;
+	return fib4_result(&fib, ret, out);
 }
 
 /*

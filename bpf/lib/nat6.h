@@ -38,6 +38,23 @@ struct fib6 {
 	bool have_neigh; /* dmac is valid */
 };
 
+/* fib6_result - fib4_result (nat.h) for IPv6. */
+static __always_inline int fib6_result(const struct bpf_fib_lookup *fib,
+				       int ret, struct fib6 *out)
+{
+	/* FRAG_NEEDED: see fib4_result. */
+	if (ret != BPF_FIB_LKUP_RET_SUCCESS &&
+	    ret != BPF_FIB_LKUP_RET_NO_NEIGH &&
+	    ret != BPF_FIB_LKUP_RET_FRAG_NEEDED)
+		return -1;
+	out->ifindex = fib->ifindex;
+	__builtin_memcpy(&out->nexthop, fib->ipv6_dst, sizeof(out->nexthop));
+	out->have_neigh = ret != BPF_FIB_LKUP_RET_NO_NEIGH;
+	__builtin_memcpy(out->smac, fib->smac, ETH_ALEN);
+	__builtin_memcpy(out->dmac, fib->dmac, ETH_ALEN);
+	return 0;
+}
+
 /*
  * fib6_lookup - route @daddr (from @saddr) as a packet arriving on
  * @ifindex would be routed (@ctx: the program's, tc's or XDP's). Returns
@@ -58,17 +75,7 @@ static __noinline int fib6_lookup(void *ctx, __u32 ifindex,
 	__builtin_memcpy(fib.ipv6_src, saddr, sizeof(*saddr));
 	__builtin_memcpy(fib.ipv6_dst, daddr, sizeof(*daddr));
 	ret = bpf_fib_lookup(ctx, &fib, sizeof(fib), 0);
-	/* FRAG_NEEDED: see fib4_lookup. */
-	if (ret != BPF_FIB_LKUP_RET_SUCCESS &&
-	    ret != BPF_FIB_LKUP_RET_NO_NEIGH &&
-	    ret != BPF_FIB_LKUP_RET_FRAG_NEEDED)
-		return -1;
-	out->ifindex = fib.ifindex;
-	__builtin_memcpy(&out->nexthop, fib.ipv6_dst, sizeof(out->nexthop));
-	out->have_neigh = ret != BPF_FIB_LKUP_RET_NO_NEIGH;
-	__builtin_memcpy(out->smac, fib.smac, ETH_ALEN);
-	__builtin_memcpy(out->dmac, fib.dmac, ETH_ALEN);
-	return 0;
+	return fib6_result(&fib, ret, out);
 }
 
 /*

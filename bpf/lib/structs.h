@@ -628,6 +628,35 @@ union v6addr {
 	__be32 p[4];
 };
 
+/*
+ * XDP's route cache (xdp.c): sluice_fib_v1, struct fib4_key -> struct
+ * fib_hop, and sluice6_fib_v1, struct fib6_key -> struct fib_hop. The key
+ * is what XDP asks bpf_fib_lookup (its answer depends on nothing else:
+ * no mark, no ports, no TOS, no packet length); the value is the next hop
+ * it answered, with when and in which generation of the node's routing
+ * (fib_gen).
+ */
+struct fib4_key {
+	__u32 ifindex; /* host order: the device the packet came in on */
+	__be32 saddr;  /* network order */
+	__be32 daddr;  /* network order */
+};
+
+struct fib6_key {
+	__u32 ifindex; /* host order, as fib4_key.ifindex */
+	union v6addr saddr;
+	union v6addr daddr;
+};
+
+struct fib_hop {
+	__u64 stamp;   /* bpf_ktime_get_ns() of the packet that looked it up */
+	__u32 gen;     /* fib_gen when it was looked up */
+	__u32 ifindex; /* host order: the egress device */
+	__u8 smac[6];  /* the egress device's address */
+	__u8 dmac[6];  /* the next hop's (resolved: only SUCCESS is kept) */
+	__u8 pad[4];
+};
+
 /* The metric reasons an explain_record keeps, in the order counted. */
 #define EXPLAIN_REASONS 8
 
@@ -1000,5 +1029,8 @@ _Static_assert(sizeof(struct sock6_rev_entry) == 24, "sock6_rev_entry size");
 _Static_assert(sizeof(struct sock6_udp_stick_key) == 32,
 	       "sock6_udp_stick_key size");
 _Static_assert(sizeof(struct sock6_udp_stick) == 24, "sock6_udp_stick size");
+_Static_assert(sizeof(struct fib4_key) == 12, "fib4_key size");
+_Static_assert(sizeof(struct fib6_key) == 36, "fib6_key size");
+_Static_assert(sizeof(struct fib_hop) == 32, "fib_hop size");
 
 #endif /* SLUICE_STRUCTS_H */

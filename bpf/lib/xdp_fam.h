@@ -4,7 +4,8 @@
  * includes once per family: xdp_translate and its steps over the IPv4
  * maps, xdp_translate6 ... over the IPv6 ones. xdp.c defines, per family,
  * the packet (xdp_pkt_t), its rewrite (xdp_rewrite), its TTL or hop limit
- * (xdp_ttl), where it goes (xdp_out_t), the route (fib_t, fib_lookup),
+ * (xdp_ttl), where it goes (xdp_out_t), the route (fib_t, fib_lookup;
+ * for the route cache: fib_params, fib_result, fib_key_t, fib_cache),
  * the node device the backend's route leaves through (node_dev_t,
  * node_dev_of, dev_addr), how a flow's port is reserved
  * (xdp_create_snat) and its reply entry checked (xdp_check_reverse), and
@@ -37,23 +38,85 @@ static __always_inline int FN(xdp_send)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
  * to the next hop @t->f names (whose neighbour is resolved: the caller
  * passes the packet to tc before rewriting it otherwise).
  */
-static FAM(xdp_step) int FN(xdp_out)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
-				     const FAM(xdp_out_t) *t)
+static __always_inline int FN(xdp_out)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
+				       const FAM(xdp_out_t) *t)
 {
 	FN(xdp_rewrite)(x, t->saddr, t->sport, t->daddr, t->dport);
 	return FN(xdp_send)(ctx, x, &t->f);
 }
 
 /*
+ * xdp_out_new - xdp_out for xdp_new, a step of its own for IPv6: inlined
+ * there, it would grow the frame of the program's deepest path (to the
+ * port search); inlined in xdp_rev and xdp_fwd, it saves a call on every
+ * packet of an established flow.
+ */
+static FAM(xdp_step) int FN(xdp_out_new)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
+					 const FAM(xdp_out_t) *t)
+{
+	return FN(xdp_out)(ctx, x, t);
+}
+
+/*
+ * xdp_fib - fib_lookup of <@saddr -> @daddr> for a packet of an
+ * established flow that came in on @ctx's device, into @f, through the
+ * route cache (xdp.c says when an entry is used): a packet of @now.
+ * Returns 0, or -1 if there is no usable route.
+ */
+static FAM(xdp_step) int FN(xdp_fib)(struct xdp_md *ctx,
+				     const FAM(addr_t) *saddr,
+				     const FAM(addr_t) *daddr, FAM(fib_t) *f,
+				     __u64 now)
+{
+	__u32 gen = READ_ONCE(fib_gen);
+	FAM(fib_key_t) key = {};
+	union {
+		struct bpf_fib_lookup fib;
+		struct fib_hop hop;
+	} u;
+	struct fib_hop *hop;
+	int ret;
+
+	key.ifindex = ctx->ingress_ifindex;
+	key.saddr = *saddr;
+	key.daddr = *daddr;
+	hop = bpf_map_lookup_elem(&FAM(fib_cache), &key);
+	if (hop && hop->gen == gen && now - hop->stamp < fib_cache_ns) {
+		f->ifindex = hop->ifindex;
+		__builtin_memcpy(f->smac, hop->smac, ETH_ALEN);
+		__builtin_memcpy(f->dmac, hop->dmac, ETH_ALEN);
+		f->have_neigh = true;
+		return 0;
+	}
+	__builtin_memset(&u, 0, sizeof(u)); /* a miss: zeroed only now */
+	FAM(fib_params)(&u.fib, &key);
+	ret = bpf_fib_lookup(ctx, &u.fib, sizeof(u.fib), 0);
+	if (FAM(fib_result)(&u.fib, ret, f) < 0)
+		return -1;
+	if (ret != BPF_FIB_LKUP_RET_SUCCESS)
+		return 0;
+	u.hop.stamp = now;
+	u.hop.gen = gen;
+	u.hop.ifindex = f->ifindex;
+	__builtin_memcpy(u.hop.smac, f->smac, ETH_ALEN);
+	__builtin_memcpy(u.hop.dmac, f->dmac, ETH_ALEN);
+	__builtin_memset(u.hop.pad, 0, sizeof(u.hop.pad));
+	bpf_map_update_elem(&FAM(fib_cache), &key, &u.hop, BPF_ANY);
+	return 0;
+}
+
+/*
  * xdp_route - where @x, a packet of the source-NATed flow of conntrack
  * entry @e, goes (into @t): to the flow's backend (@to_backend: <node:port
  * -> backend>) or back to its client (<frontend -> client>), and the next
- * hop. Returns whether XDP may send it there itself (a route, its
- * neighbour resolved, a TTL and size xdp_fwd_ok takes).
+ * hop (xdp_fib: a packet of @now). Returns whether XDP may send it there
+ * itself (a route, its neighbour resolved, a TTL and size xdp_fwd_ok
+ * takes: the size is checked on every packet, the route cached or not).
  */
 static __always_inline bool FN(xdp_route)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 					  const FAM(ct_entry_t) *e,
-					  bool to_backend, FAM(xdp_out_t) *t)
+					  bool to_backend, FAM(xdp_out_t) *t,
+					  __u64 now)
 {
 	if (to_backend) {
 		t->saddr = e->snat_addr;
@@ -66,8 +129,7 @@ static __always_inline bool FN(xdp_route)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 		t->daddr = e->snat_addr;
 		t->dport = e->snat_port;
 	}
-	if (FAM(fib_lookup)(ctx, ctx->ingress_ifindex, t->saddr, t->daddr,
-			    &t->f) < 0 ||
+	if (FN(xdp_fib)(ctx, &t->saddr, &t->daddr, &t->f, now) < 0 ||
 	    !t->f.have_neigh)
 		return false;
 	return xdp_fwd_ok(ctx, FAM(xdp_ttl)(x), t->f.ifindex);
@@ -93,7 +155,7 @@ static FAM(xdp_step) int FN(xdp_rev)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 	    !ct_alive(READ_ONCE(e->expires), now))
 		return -1;
 	/* <B -> N:sp> becomes <F -> C>. */
-	if (!FN(xdp_route)(ctx, x, e, false, &t))
+	if (!FN(xdp_route)(ctx, x, e, false, &t, now))
 		return XDP_PASS;
 	/* The first reply promotes the flow; if that fails, tc tries again
 	 * and refuses the flow (counted).
@@ -158,7 +220,7 @@ static FAM(xdp_step) int FN(xdp_fwd)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 	    FAM(addr_eq)(fwd->snat_addr, p->saddr) ||
 	    !FN(ct_fwd_usable)(fwd, p, &gone) || gone)
 		return XDP_PASS;
-	if (!FN(xdp_route)(ctx, x, fwd, true, &t))
+	if (!FN(xdp_route)(ctx, x, fwd, true, &t, now))
 		return XDP_PASS;
 	/* A port reservation lost (and maybe taken): tc drops and counts,
 	 * never sends from a port the flow does not own.
@@ -245,7 +307,7 @@ static FAM(xdp_step) int FN(xdp_new)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 	svc_count(svc->rev_nat_id, SVC_EV_FLOW, 0);
 	svc_count(svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);
 	metric_inc(METRIC_XDP_FWD);
-	return FN(xdp_out)(ctx, x, &t);
+	return FN(xdp_out_new)(ctx, x, &t);
 }
 
 /* xdp_translate - the reply or request @x, parsed, or XDP_PASS. */
@@ -254,11 +316,20 @@ static __always_inline int FN(xdp_translate)(struct xdp_md *ctx,
 {
 	__u64 now = bpf_ktime_get_ns();
 	struct lb4_service *svc = NULL;
+	__u16 dport = bpf_ntohs(x->p.dport);
 	int ret;
 
-	ret = FN(xdp_rev)(ctx, x, now);
-	if (ret >= 0)
-		return ret;
+	/* A reply of a source-NATed flow comes back to a port SNAT
+	 * reserved, from snat_port_min to snat_port_max (ct_create_snat):
+	 * a packet to another port (a NodePort's, a frontend's) is none,
+	 * and skips the reverse lookup. (A flow reserved by an agent with
+	 * another range has its replies passed to tc, which serves them.)
+	 */
+	if (dport >= snat_port_min && dport <= snat_port_max) {
+		ret = FN(xdp_rev)(ctx, x, now);
+		if (ret >= 0)
+			return ret;
+	}
 	ret = FN(xdp_fwd)(ctx, x, now, &svc);
 	if (ret != XDP_NEW_FLOW || !svc)
 		return ret;

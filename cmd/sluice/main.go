@@ -362,6 +362,9 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 		serve("metrics", func() error { return serveHTTP(ctx, metricsL, mux, log) })
 	}
 	go runConntrackGC(ctx, observedGC{dp.Maps(), m.ObserveConntrackGC}, ns.gcEvery, log.With("component", "conntrack-gc"))
+	if dpCfg.XDP != datapath.XDPOff {
+		go followRouting(ctx, watchRouting(dp), 5*time.Second, log.With("component", "xdp-routes"))
+	}
 	runErr := a.Run(ctx, src)
 	cancel(nil)
 	for range servers {

@@ -11,9 +11,56 @@ import (
 	"github.com/sluice-lb/sluice/pkg/datapath"
 )
 
-// North-south helpers beside the reconciler: conntrack garbage collection
-// and the --node-ip flag. (loadBalancerSourceRanges are the reconciler's,
+// North-south helpers beside the reconciler: conntrack garbage collection,
+// following the node's routing for XDP's route cache, and the --node-ip
+// flag. (loadBalancerSourceRanges are the reconciler's,
 // health check ports an agent Observer: see runAgent.)
+
+// routingWatch is a running watch of the node's routing
+// (*datapath.RoutingWatch).
+type routingWatch interface {
+	Done() <-chan struct{}
+	Close() error
+}
+
+// watchRouting starts dp's watch of the node's routing.
+func watchRouting(dp *datapath.Datapath) func() (routingWatch, error) {
+	return func() (routingWatch, error) {
+		w, err := dp.WatchRouting()
+		if err != nil {
+			return nil, err
+		}
+		return w, nil
+	}
+}
+
+// followRouting keeps XDP's route cache following the node's routing
+// (watch: datapath.WatchRouting) until ctx is done. A watch that fails
+// is logged and started again after retry: meanwhile XDP uses a cached
+// route for at most its age (1s).
+func followRouting(ctx context.Context, watch func() (routingWatch, error), retry time.Duration, log *slog.Logger) {
+	for {
+		w, err := watch()
+		if err == nil {
+			select {
+			case <-ctx.Done():
+				if err := w.Close(); err != nil {
+					log.Error("following the node's routing for the XDP route cache", "err", err)
+				}
+				return
+			case <-w.Done():
+				err = w.Close()
+			}
+		}
+		log.Error("following the node's routing for the XDP route cache failed: cached routes are used until they age out; retrying",
+			"err", err, "retry_in", retry)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry):
+		}
+	}
+}
 
 // conntrackGC is what runConntrackGC needs of *datapath.Maps.
 type conntrackGC interface {

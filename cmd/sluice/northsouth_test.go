@@ -16,6 +16,57 @@ import (
 	"github.com/sluice-lb/sluice/pkg/metrics"
 )
 
+// fakeWatch is a routing watch that ends, with err, when the test closes
+// end.
+type fakeWatch struct {
+	end    chan struct{}
+	err    error
+	closed chan struct{}
+}
+
+func (w *fakeWatch) Done() <-chan struct{} { return w.end }
+func (w *fakeWatch) Close() error          { close(w.closed); return w.err }
+
+// TestFollowRouting: a routing watch that cannot start, or that ends, is
+// logged and started again after the retry interval; stopping closes the
+// running one.
+func TestFollowRouting(t *testing.T) {
+	var out testutil.Buffer
+	log := slog.New(slog.NewTextHandler(&out, nil))
+	watches := make(chan *fakeWatch, 4)
+	starts := 0
+	watch := func() (routingWatch, error) {
+		starts++
+		if starts == 1 {
+			return nil, errors.New("no netlink")
+		}
+		w := &fakeWatch{end: make(chan struct{}), err: errors.New("socket gone"), closed: make(chan struct{})}
+		watches <- w
+		return w, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		followRouting(ctx, watch, time.Millisecond, log)
+	}()
+	first := <-watches // started again after the failed start
+	close(first.end)   // the watch ends with an error
+	second := <-watches
+	cancel()
+	<-done
+	select {
+	case <-second.closed:
+	default:
+		t.Error("the running watch was not closed when ctx was done")
+	}
+	for _, want := range []string{`err="no netlink"`, `err="socket gone"`} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("log lacks %s:\n%s", want, out.String())
+		}
+	}
+}
+
 // fakeCT stands in for the datapath's conntrack: a refusal counter the
 // test raises, and a table that is as full as the test says.
 type fakeCT struct {

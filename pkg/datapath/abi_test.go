@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -58,29 +59,36 @@ func TestMetricNames(t *testing.T) {
 // size, as one object's view of a map the others see differently).
 func TestObjectsShareMaps(t *testing.T) {
 	specs := loadSpecs(t)
-	ref := specs["sock"]
-	// The socket path's dry-run record is sock's own, and unpinned: only
-	// sluicectl's load of sluice_sock_explain creates it (sockexplain.go).
-	if ms := ref.Maps[sockExplainMap]; ms == nil || ms.Pinning != ebpf.PinNone {
-		t.Errorf("sock: %s is %v, want an unpinned map", sockExplainMap, ms)
+	ref := specs["tc"]
+	// The maps an object has alone, unpinned: the socket path's dry-run
+	// record (only sluicectl's load of sluice_sock_explain creates it,
+	// sockexplain.go), XDP's route cache and its generation
+	// (routecache.go).
+	own := map[string][]string{
+		"sock": {sockExplainMap},
+		"xdp":  {"sluice_fib_v1", "sluice6_fib_v1", ".bss"},
 	}
 	for obj, spec := range specs {
-		own := 0
-		if obj == "sock" {
-			own = 1
+		for _, name := range own[obj] {
+			if ms := spec.Maps[name]; ms == nil || ms.Pinning != ebpf.PinNone {
+				t.Errorf("%s: %s is %v, want an unpinned map", obj, name, ms)
+			}
 		}
-		if len(spec.Maps)+1-own != len(ref.Maps) {
-			t.Errorf("%s declares %d maps, sock %d (one its own)", obj, len(spec.Maps), len(ref.Maps))
+		if len(spec.Maps)-len(own[obj]) != len(ref.Maps) {
+			t.Errorf("%s declares %d maps, %d its own; tc %d", obj, len(spec.Maps), len(own[obj]), len(ref.Maps))
 		}
 		for name, ms := range spec.Maps {
+			if slices.Contains(own[obj], name) {
+				continue
+			}
 			r, ok := ref.Maps[name]
 			if !ok {
-				t.Errorf("%s declares %s, sock does not", obj, name)
+				t.Errorf("%s declares %s, tc does not", obj, name)
 				continue
 			}
 			if ms.Type != r.Type || ms.KeySize != r.KeySize || ms.ValueSize != r.ValueSize ||
 				ms.MaxEntries != r.MaxEntries || ms.Flags != r.Flags || ms.Pinning != r.Pinning {
-				t.Errorf("%s: %s is %v, in sock %v", obj, name, ms, r)
+				t.Errorf("%s: %s is %v, in tc %v", obj, name, ms, r)
 			}
 		}
 	}
@@ -96,6 +104,7 @@ func TestConfigDefaults(t *testing.T) {
 			"ct_timeout_syn_ns":   uint64(DefaultCTTimeoutSYN / time.Nanosecond),
 			"ct_timeout_udp_ns":   uint64(DefaultCTTimeoutUDP / time.Nanosecond),
 			"ct_timeout_close_ns": uint64(DefaultCTTimeoutClose / time.Nanosecond),
+			"fib_cache_ns":        uint64(DefaultXDPRouteCacheAge / time.Nanosecond),
 		} {
 			var got uint64
 			if vs := spec.Variables[name]; vs == nil || vs.Get(&got) != nil || got != want {

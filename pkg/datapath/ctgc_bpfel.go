@@ -60,6 +60,7 @@ const (
 	ctgcVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	ctgcVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	ctgcVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
+	ctgcVarFibCacheNs              = "fib_cache_ns"
 	ctgcVarHaveClusterCidr         = "have_cluster_cidr"
 	ctgcVarHaveClusterCidr6        = "have_cluster_cidr6"
 	ctgcVarMasqueradeAll           = "masquerade_all"
@@ -168,6 +169,7 @@ type ctgcVariableSpecs struct {
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
@@ -287,6 +289,7 @@ type ctgcVariables struct {
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`

@@ -92,6 +92,10 @@ type Config struct {
 	// XDP is how the XDP fast path is attached to the devices: XDPOff
 	// (the default), XDPGeneric or XDPNative.
 	XDP XDPMode
+	// XDPRouteCacheAge is how long XDP uses a route it looked up for an
+	// established flow at most (default 1s): how stale a route can be
+	// when no WatchRouting follows the node's routing (routecache.go).
+	XDPRouteCacheAge time.Duration
 
 	// NodeIPs are this node's addresses. On a device that holds one of
 	// them, external flows to remote backends are source-NATed to it;
@@ -193,6 +197,9 @@ func (c Config) withDefaults() Config {
 	if c.SNATPortMin == 0 && c.SNATPortMax == 0 {
 		c.SNATPortMin, c.SNATPortMax = DefaultSNATPortMin, DefaultSNATPortMax
 	}
+	if c.XDPRouteCacheAge == 0 {
+		c.XDPRouteCacheAge = DefaultXDPRouteCacheAge
+	}
 	return c
 }
 
@@ -239,6 +246,10 @@ type Datapath struct {
 	sock sockProgs // nil programs with socket load balancing off
 	xdp  xdpProgs  // nil programs with XDP off
 	maps *Maps
+
+	// routeGen is what WatchRouting last set XDP's route cache's
+	// generation to (routecache.go).
+	routeGen routeGen
 
 	// What the kernel offers beyond the minimum (features.go).
 	features Features
@@ -308,6 +319,9 @@ func Open(cfg Config) (*Datapath, error) {
 		if n <= 0 || n > 1<<30 {
 			return nil, fmt.Errorf("size of %s: %d out of range", name, n)
 		}
+	}
+	if cfg.XDPRouteCacheAge < 0 {
+		return nil, fmt.Errorf("XDP route cache age %s is negative", cfg.XDPRouteCacheAge)
 	}
 	if cfg.SNATPortMin == 0 || cfg.SNATPortMax < cfg.SNATPortMin {
 		return nil, fmt.Errorf("SNAT port range %d-%d is empty", cfg.SNATPortMin, cfg.SNATPortMax)
@@ -561,6 +575,7 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		"have_cluster_cidr6":  boolU8(hasCIDR(cidrs, nodeCIDRCluster, true)),
 		"masquerade_all":      boolU8(cfg.MasqueradeAll),
 		"service_metrics":     boolU8(cfg.ServiceMetrics),
+		"fib_cache_ns":        uint64(cfg.XDPRouteCacheAge.Nanoseconds()),
 	}
 	for _, ip := range cfg.NodeIPs {
 		if ip.Unmap().Is4() {

@@ -64,6 +64,7 @@ const (
 	migrateVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	migrateVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	migrateVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
+	migrateVarFibCacheNs              = "fib_cache_ns"
 	migrateVarHaveClusterCidr         = "have_cluster_cidr"
 	migrateVarHaveClusterCidr6        = "have_cluster_cidr6"
 	migrateVarMasqueradeAll           = "masquerade_all"
@@ -181,6 +182,7 @@ type migrateVariableSpecs struct {
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
@@ -315,6 +317,7 @@ type migrateVariables struct {
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`

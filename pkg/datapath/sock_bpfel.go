@@ -597,6 +597,7 @@ const (
 	sockVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	sockVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	sockVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
+	sockVarFibCacheNs              = "fib_cache_ns"
 	sockVarHaveClusterCidr         = "have_cluster_cidr"
 	sockVarHaveClusterCidr6        = "have_cluster_cidr6"
 	sockVarMasqueradeAll           = "masquerade_all"
@@ -716,6 +717,7 @@ type sockVariableSpecs struct {
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
@@ -837,6 +839,7 @@ type sockVariables struct {
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`

@@ -86,6 +86,7 @@ const (
 	sockdestroyVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	sockdestroyVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	sockdestroyVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
+	sockdestroyVarFibCacheNs              = "fib_cache_ns"
 	sockdestroyVarHaveClusterCidr         = "have_cluster_cidr"
 	sockdestroyVarHaveClusterCidr6        = "have_cluster_cidr6"
 	sockdestroyVarMasqueradeAll           = "masquerade_all"
@@ -192,6 +193,7 @@ type sockdestroyVariableSpecs struct {
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
@@ -311,6 +313,7 @@ type sockdestroyVariables struct {
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`

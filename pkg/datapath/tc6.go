@@ -38,10 +38,11 @@ func (o *tcLoaded) setIPv6Programs(egressFirst bool) error {
 type xdpProgs struct {
 	xdpPrograms
 	Sluice6XdpV1 *ebpf.Map `ebpf:"sluice6_xdp_v1"`
+	xdpRoutes
 }
 
 func (p *xdpProgs) Close() error {
-	return errors.Join(p.xdpPrograms.Close(), p.Sluice6XdpV1.Close())
+	return errors.Join(p.xdpPrograms.Close(), p.Sluice6XdpV1.Close(), p.xdpRoutes.Close())
 }
 
 // setIPv6Program puts the IPv6 XDP program into sluice6_xdp_v1.

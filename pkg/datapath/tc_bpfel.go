@@ -102,6 +102,7 @@ const (
 	tcVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	tcVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	tcVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
+	tcVarFibCacheNs              = "fib_cache_ns"
 	tcVarHaveClusterCidr         = "have_cluster_cidr"
 	tcVarHaveClusterCidr6        = "have_cluster_cidr6"
 	tcVarMasqueradeAll           = "masquerade_all"
@@ -215,6 +216,7 @@ type tcVariableSpecs struct {
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
@@ -334,6 +336,7 @@ type tcVariables struct {
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`

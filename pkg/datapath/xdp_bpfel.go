@@ -8,9 +8,40 @@ import (
 	_ "embed"
 	"fmt"
 	"io"
+	"structs"
 
 	"github.com/cilium/ebpf"
 )
+
+type xdpFib4Key struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Saddr   uint32
+	Daddr   uint32
+}
+
+type xdpFib6Key struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Saddr   struct {
+		_    structs.HostLayout
+		Addr [16]uint8
+	}
+	Daddr struct {
+		_    structs.HostLayout
+		Addr [16]uint8
+	}
+}
+
+type xdpFibHop struct {
+	_       structs.HostLayout
+	Stamp   uint64
+	Gen     uint32
+	Ifindex uint32
+	Smac    [6]uint8
+	Dmac    [6]uint8
+	Pad     [4]uint8
+}
 
 // Names of all BPF objects in the ELF.
 //
@@ -23,6 +54,7 @@ const (
 	xdpMapSluice6CtFlushV1        = "sluice6_ct_flush_v1"
 	xdpMapSluice6CtNewV1          = "sluice6_ct_new_v1"
 	xdpMapSluice6DevicesV1        = "sluice6_devices_v1"
+	xdpMapSluice6FibV1            = "sluice6_fib_v1"
 	xdpMapSluice6FragmentsV1      = "sluice6_fragments_v1"
 	xdpMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
 	xdpMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
@@ -42,6 +74,7 @@ const (
 	xdpMapSluiceDryV1             = "sluice_dry_v1"
 	xdpMapSluiceExpl6V1           = "sluice_expl6_v1"
 	xdpMapSluiceExplV1            = "sluice_expl_v1"
+	xdpMapSluiceFibV1             = "sluice_fib_v1"
 	xdpMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	xdpMapSluiceMetricsV1         = "sluice_metrics_v1"
 	xdpMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
@@ -59,6 +92,8 @@ const (
 	xdpVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	xdpVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	xdpVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
+	xdpVarFibCacheNs              = "fib_cache_ns"
+	xdpVarFibGen                  = "fib_gen"
 	xdpVarHaveClusterCidr         = "have_cluster_cidr"
 	xdpVarHaveClusterCidr6        = "have_cluster_cidr6"
 	xdpVarMasqueradeAll           = "masquerade_all"
@@ -126,6 +161,7 @@ type xdpMapSpecs struct {
 	Sluice6CtFlushV1        *ebpf.MapSpec `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.MapSpec `ebpf:"sluice6_ct_new_v1"`
 	Sluice6DevicesV1        *ebpf.MapSpec `ebpf:"sluice6_devices_v1"`
+	Sluice6FibV1            *ebpf.MapSpec `ebpf:"sluice6_fib_v1"`
 	Sluice6FragmentsV1      *ebpf.MapSpec `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
@@ -145,6 +181,7 @@ type xdpMapSpecs struct {
 	SluiceDryV1             *ebpf.MapSpec `ebpf:"sluice_dry_v1"`
 	SluiceExpl6V1           *ebpf.MapSpec `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
+	SluiceFibV1             *ebpf.MapSpec `ebpf:"sluice_fib_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
@@ -166,6 +203,8 @@ type xdpVariableSpecs struct {
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
+	FibGen           *ebpf.VariableSpec `ebpf:"fib_gen"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
@@ -203,6 +242,7 @@ type xdpMaps struct {
 	Sluice6CtFlushV1        *ebpf.Map `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.Map `ebpf:"sluice6_ct_new_v1"`
 	Sluice6DevicesV1        *ebpf.Map `ebpf:"sluice6_devices_v1"`
+	Sluice6FibV1            *ebpf.Map `ebpf:"sluice6_fib_v1"`
 	Sluice6FragmentsV1      *ebpf.Map `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
@@ -222,6 +262,7 @@ type xdpMaps struct {
 	SluiceDryV1             *ebpf.Map `ebpf:"sluice_dry_v1"`
 	SluiceExpl6V1           *ebpf.Map `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
+	SluiceFibV1             *ebpf.Map `ebpf:"sluice_fib_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
@@ -244,6 +285,7 @@ func (m *xdpMaps) Close() error {
 		m.Sluice6CtFlushV1,
 		m.Sluice6CtNewV1,
 		m.Sluice6DevicesV1,
+		m.Sluice6FibV1,
 		m.Sluice6FragmentsV1,
 		m.Sluice6NodeCidrsV1,
 		m.Sluice6RevNatV1,
@@ -263,6 +305,7 @@ func (m *xdpMaps) Close() error {
 		m.SluiceDryV1,
 		m.SluiceExpl6V1,
 		m.SluiceExplV1,
+		m.SluiceFibV1,
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
 		m.SluiceNodeCidrsV1,
@@ -285,6 +328,8 @@ type xdpVariables struct {
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
+	FibGen           *ebpf.Variable `ebpf:"fib_gen"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
