@@ -265,34 +265,35 @@ func TestNorthSouthPacketTable(t *testing.T) {
 	ing, eg := d.TCIngress(), d.TCEgress()
 	client := nsClient
 
-	t.Run("tcp_remote_dnat_snat_redirect", func(t *testing.T) {
-		ns.Enter(t)
-		in := client(40000, npRemote)
-		verdict, out := runOn(t, ing, ifindex, in.Bytes())
-		sp := snatPortOf(t, m, nsClientIP, 40000, npRemote)
-		if sp < DefaultSNATPortMin {
-			t.Fatalf("SNAT port %d outside %d-%d", sp, DefaultSNATPortMin, DefaultSNATPortMax)
-		}
-		want := toRemote(in, sp, beRemote) // 10.2.0.7:8080, via node 2
-		expectPacket(t, "forward", verdict, tcActRedirect, out, want)
-
-		// Same flow again: same port, same rewrite.
-		expectRun(t, "forward again", ing, ifindex, in, tcActRedirect, want)
-
-		// The reply arrives from the other node and goes back to the client.
-		reply := replyFrom(beRemote, sp, 0x12)
-		expectRun(t, "reply", ing, ifindex, reply, tcActRedirect, toClient(reply, npRemote, 40000))
-	})
-
-	t.Run("udp_remote_dnat_snat_redirect", func(t *testing.T) {
-		ns.Enter(t)
-		in := client(5300, npUDP)
-		verdict, out := runOn(t, ing, ifindex, in.Bytes())
-		sp := snatPortOf(t, m, nsClientIP, 5300, npUDP)
-		expectPacket(t, "forward", verdict, tcActRedirect, out, toRemote(in, sp, beRemU)) // 10.2.0.8:5353
-		reply := replyFrom(beRemU, sp, 0)
-		expectRun(t, "reply", ing, ifindex, reply, tcActRedirect, toClient(reply, npUDP, 5300))
-	})
+	// A remote backend: the request leaves source-NATed to a port of the
+	// node's range and destination-NATed, redirected to node 2; the same
+	// flow again keeps its port and rewrite; the reply from node 2 goes
+	// back to the client.
+	for _, c := range []struct {
+		name       string
+		sport      uint16
+		fe         model.L4Addr
+		be         testBackend // 10.2.0.7:8080 and 10.2.0.8:5353, via node 2
+		replyFlags uint8
+	}{
+		{"tcp_remote_dnat_snat_redirect", 40000, npRemote, beRemote, 0x12},
+		{"udp_remote_dnat_snat_redirect", 5300, npUDP, beRemU, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ns.Enter(t)
+			in := client(c.sport, c.fe)
+			verdict, out := runOn(t, ing, ifindex, in.Bytes())
+			sp := snatPortOf(t, m, nsClientIP, c.sport, c.fe)
+			if sp < DefaultSNATPortMin {
+				t.Fatalf("SNAT port %d outside %d-%d", sp, DefaultSNATPortMin, DefaultSNATPortMax)
+			}
+			want := toRemote(in, sp, c.be)
+			expectPacket(t, "forward", verdict, tcActRedirect, out, want)
+			expectRun(t, "forward again", ing, ifindex, in, tcActRedirect, want)
+			reply := replyFrom(c.be, sp, c.replyFlags)
+			expectRun(t, "reply", ing, ifindex, reply, tcActRedirect, toClient(reply, c.fe, c.sport))
+		})
+	}
 
 	t.Run("tcp_local_dnat_only", func(t *testing.T) {
 		ns.Enter(t)
