@@ -264,6 +264,14 @@ func TestNorthSouthPacketTable(t *testing.T) {
 	addExternal(t, m, 6, lbRanges, ext|reconciler.FlagSourceRanges, beLocal)
 	ing, eg := d.TCIngress(), d.TCEgress()
 	client := nsClient
+	// expectDNATOnly: ingress passes in on with only its destination
+	// rewritten, to the backend at dst:8080.
+	expectDNATOnly := func(t *testing.T, name string, in packet.Packet, dst string) {
+		t.Helper()
+		want := in
+		want.Dst, want.DstPort = addr(dst), 8080
+		expectRun(t, name, ing, ifindex, in, tcActOK, want)
+	}
 
 	// A remote backend: the request leaves source-NATed to a port of the
 	// node's range and destination-NATed, redirected to node 2; the same
@@ -297,27 +305,18 @@ func TestNorthSouthPacketTable(t *testing.T) {
 
 	t.Run("tcp_local_dnat_only", func(t *testing.T) {
 		ns.Enter(t)
-		in := client(40001, npLocal)
-		verdict, out := runOn(t, ing, ifindex, in.Bytes())
-		want := in
-		want.Dst, want.DstPort = addr("10.1.0.7"), 8080
-		expectPacket(t, "forward", verdict, tcActOK, out, want)
+		expectDNATOnly(t, "forward", client(40001, npLocal), "10.1.0.7")
 		// The pod's reply leaves through eth0: egress restores the frontend.
 		reply := packet.Packet{SrcMAC: macOf(nodeEthMAC), DstMAC: clientMAC, Src: addr("10.1.0.7"), SrcPort: 8080,
 			Dst: addr(nsClientIP), DstPort: 40001, Proto: 6, TCPFlags: 0x12}
-		verdict, out = runOn(t, eg, ifindex, reply.Bytes())
 		back := reply
 		back.Src, back.SrcPort = addr(nsNodeIP), 30081
-		expectPacket(t, "reply", verdict, tcActOK, out, back)
+		expectRun(t, "reply", eg, ifindex, reply, tcActOK, back)
 	})
 
 	t.Run("local_policy_remote_backend_no_snat", func(t *testing.T) {
 		ns.Enter(t)
-		in := client(40002, extIP)
-		verdict, out := runOn(t, ing, ifindex, in.Bytes())
-		want := in
-		want.Dst, want.DstPort = addr("10.2.0.7"), 8080
-		expectPacket(t, "forward", verdict, tcActOK, out, want)
+		expectDNATOnly(t, "forward", client(40002, extIP), "10.2.0.7")
 	})
 
 	t.Run("local_policy_no_backend_drops", func(t *testing.T) {
@@ -332,15 +331,10 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		ns.Enter(t)
 		allowed := client(40004, lbRanges)
 		allowed.Src = addr("192.168.1.5")
-		verdict, out := runOn(t, ing, ifindex, allowed.Bytes())
-		want := allowed
-		want.Dst, want.DstPort = addr("10.1.0.7"), 8080
-		expectPacket(t, "allowed", verdict, tcActOK, out, want)
+		expectDNATOnly(t, "allowed", allowed, "10.1.0.7")
 		other := allowed
 		other.Src = addr("172.20.1.1")
-		want = other
-		want.Dst, want.DstPort = addr("10.1.0.7"), 8080
-		expectRun(t, "allowed by second range", ing, ifindex, other, tcActOK, want)
+		expectDNATOnly(t, "allowed by second range", other, "10.1.0.7")
 		denied := client(40005, lbRanges) // 192.168.1.50 is outside 192.168.1.0/28
 		if verdict, _ := runOn(t, ing, ifindex, denied.Bytes()); verdict != tcActShot {
 			t.Fatalf("denied source: verdict %d, want drop", verdict)
