@@ -264,59 +264,59 @@ func TestNorthSouthPacketTable(t *testing.T) {
 	addExternal(t, m, 6, lbRanges, ext|reconciler.FlagSourceRanges, beLocal)
 	ing, eg := d.TCIngress(), d.TCEgress()
 	client := nsClient
+	// expectDNATOnly: ingress passes in on with only its destination
+	// rewritten, to the backend at dst:8080.
+	expectDNATOnly := func(t *testing.T, name string, in packet.Packet, dst string) {
+		t.Helper()
+		want := in
+		want.Dst, want.DstPort = addr(dst), 8080
+		expectRun(t, name, ing, ifindex, in, tcActOK, want)
+	}
 
-	t.Run("tcp_remote_dnat_snat_redirect", func(t *testing.T) {
-		ns.Enter(t)
-		in := client(40000, npRemote)
-		verdict, out := runOn(t, ing, ifindex, in.Bytes())
-		sp := snatPortOf(t, m, nsClientIP, 40000, npRemote)
-		if sp < DefaultSNATPortMin {
-			t.Fatalf("SNAT port %d outside %d-%d", sp, DefaultSNATPortMin, DefaultSNATPortMax)
-		}
-		want := toRemote(in, sp, beRemote) // 10.2.0.7:8080, via node 2
-		expectPacket(t, "forward", verdict, tcActRedirect, out, want)
-
-		// Same flow again: same port, same rewrite.
-		expectRun(t, "forward again", ing, ifindex, in, tcActRedirect, want)
-
-		// The reply arrives from the other node and goes back to the client.
-		reply := replyFrom(beRemote, sp, 0x12)
-		expectRun(t, "reply", ing, ifindex, reply, tcActRedirect, toClient(reply, npRemote, 40000))
-	})
-
-	t.Run("udp_remote_dnat_snat_redirect", func(t *testing.T) {
-		ns.Enter(t)
-		in := client(5300, npUDP)
-		verdict, out := runOn(t, ing, ifindex, in.Bytes())
-		sp := snatPortOf(t, m, nsClientIP, 5300, npUDP)
-		expectPacket(t, "forward", verdict, tcActRedirect, out, toRemote(in, sp, beRemU)) // 10.2.0.8:5353
-		reply := replyFrom(beRemU, sp, 0)
-		expectRun(t, "reply", ing, ifindex, reply, tcActRedirect, toClient(reply, npUDP, 5300))
-	})
+	// A remote backend: the request leaves source-NATed to a port of the
+	// node's range and destination-NATed, redirected to node 2; the same
+	// flow again keeps its port and rewrite; the reply from node 2 goes
+	// back to the client.
+	for _, c := range []struct {
+		name       string
+		sport      uint16
+		fe         model.L4Addr
+		be         testBackend // 10.2.0.7:8080 and 10.2.0.8:5353, via node 2
+		replyFlags uint8
+	}{
+		{"tcp_remote_dnat_snat_redirect", 40000, npRemote, beRemote, 0x12},
+		{"udp_remote_dnat_snat_redirect", 5300, npUDP, beRemU, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ns.Enter(t)
+			in := client(c.sport, c.fe)
+			verdict, out := runOn(t, ing, ifindex, in.Bytes())
+			sp := snatPortOf(t, m, nsClientIP, c.sport, c.fe)
+			if sp < DefaultSNATPortMin {
+				t.Fatalf("SNAT port %d outside %d-%d", sp, DefaultSNATPortMin, DefaultSNATPortMax)
+			}
+			want := toRemote(in, sp, c.be)
+			expectPacket(t, "forward", verdict, tcActRedirect, out, want)
+			expectRun(t, "forward again", ing, ifindex, in, tcActRedirect, want)
+			reply := replyFrom(c.be, sp, c.replyFlags)
+			expectRun(t, "reply", ing, ifindex, reply, tcActRedirect, toClient(reply, c.fe, c.sport))
+		})
+	}
 
 	t.Run("tcp_local_dnat_only", func(t *testing.T) {
 		ns.Enter(t)
-		in := client(40001, npLocal)
-		verdict, out := runOn(t, ing, ifindex, in.Bytes())
-		want := in
-		want.Dst, want.DstPort = addr("10.1.0.7"), 8080
-		expectPacket(t, "forward", verdict, tcActOK, out, want)
+		expectDNATOnly(t, "forward", client(40001, npLocal), "10.1.0.7")
 		// The pod's reply leaves through eth0: egress restores the frontend.
 		reply := packet.Packet{SrcMAC: macOf(nodeEthMAC), DstMAC: clientMAC, Src: addr("10.1.0.7"), SrcPort: 8080,
 			Dst: addr(nsClientIP), DstPort: 40001, Proto: 6, TCPFlags: 0x12}
-		verdict, out = runOn(t, eg, ifindex, reply.Bytes())
 		back := reply
 		back.Src, back.SrcPort = addr(nsNodeIP), 30081
-		expectPacket(t, "reply", verdict, tcActOK, out, back)
+		expectRun(t, "reply", eg, ifindex, reply, tcActOK, back)
 	})
 
 	t.Run("local_policy_remote_backend_no_snat", func(t *testing.T) {
 		ns.Enter(t)
-		in := client(40002, extIP)
-		verdict, out := runOn(t, ing, ifindex, in.Bytes())
-		want := in
-		want.Dst, want.DstPort = addr("10.2.0.7"), 8080
-		expectPacket(t, "forward", verdict, tcActOK, out, want)
+		expectDNATOnly(t, "forward", client(40002, extIP), "10.2.0.7")
 	})
 
 	t.Run("local_policy_no_backend_drops", func(t *testing.T) {
@@ -331,15 +331,10 @@ func TestNorthSouthPacketTable(t *testing.T) {
 		ns.Enter(t)
 		allowed := client(40004, lbRanges)
 		allowed.Src = addr("192.168.1.5")
-		verdict, out := runOn(t, ing, ifindex, allowed.Bytes())
-		want := allowed
-		want.Dst, want.DstPort = addr("10.1.0.7"), 8080
-		expectPacket(t, "allowed", verdict, tcActOK, out, want)
+		expectDNATOnly(t, "allowed", allowed, "10.1.0.7")
 		other := allowed
 		other.Src = addr("172.20.1.1")
-		want = other
-		want.Dst, want.DstPort = addr("10.1.0.7"), 8080
-		expectRun(t, "allowed by second range", ing, ifindex, other, tcActOK, want)
+		expectDNATOnly(t, "allowed by second range", other, "10.1.0.7")
 		denied := client(40005, lbRanges) // 192.168.1.50 is outside 192.168.1.0/28
 		if verdict, _ := runOn(t, ing, ifindex, denied.Bytes()); verdict != tcActShot {
 			t.Fatalf("denied source: verdict %d, want drop", verdict)

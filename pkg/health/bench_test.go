@@ -1,10 +1,10 @@
 package health
 
 import (
-	"fmt"
 	"log/slog"
 	"testing"
 
+	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/model/modeltest"
 )
 
@@ -12,20 +12,16 @@ import (
 // the health check ports at N services (issue 14: per change,
 // O(changed)).
 func BenchmarkSyncOneChange(b *testing.B) {
-	for _, n := range []int{30000, 100000} {
-		b.Run(fmt.Sprintf("%dk", n/1000), func(b *testing.B) {
-			st, next := modeltest.Scale(n)
-			s := NewNodePortServer(nil, slog.New(slog.DiscardHandler))
-			defer s.Close()
+	modeltest.BenchOneChange(b, func(b *testing.B, st *model.State) func(*model.State) {
+		s := NewNodePortServer(nil, slog.New(slog.DiscardHandler))
+		b.Cleanup(s.Close)
+		if err := s.Sync(st); err != nil {
+			b.Fatal(err)
+		}
+		return func(st *model.State) {
 			if err := s.Sync(st); err != nil {
 				b.Fatal(err)
 			}
-			b.ReportAllocs()
-			for b.Loop() {
-				if err := s.Sync(next()); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
+		}
+	})
 }

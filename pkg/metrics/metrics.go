@@ -142,6 +142,16 @@ func CountState(s *model.State) Counts {
 // is6 reports whether a is in the IPv6 maps.
 func is6(a model.L4Addr) bool { return !a.Addr.Unmap().Is4() }
 
+// counter and counterVec make New's counters, named in the sluice_
+// namespace.
+func counter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help})
+}
+
+func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, labels)
+}
+
 // New returns Metrics registered in a new registry, together with the Go
 // runtime and process collectors.
 func New() *Metrics {
@@ -160,36 +170,22 @@ func New() *Metrics {
 			Buckets: append(prometheus.ExponentialBuckets(0.001, 2, 15), // 1ms .. ~16s
 				30, 60, 120, 300),
 		}),
-		SyncErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: namespace,
-			Name:      "sync_errors_total",
-			Help:      "Syncs that failed and were retried.",
-		}),
-		Syncs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace,
-			Name:      "syncs_total",
-			Help:      "Syncs by result.",
-		}, []string{"result"}),
-		SocketTerminations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace,
-			Name:      "socket_terminations_total",
-			Help:      "Connected UDP sockets ended because their backend left the Service they were translated for, by method and result.",
-		}, []string{"method", "result"}),
-		SocketsSpared: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace,
-			Name:      "sockets_spared_total",
-			Help:      "Sockets that had talked to a removed backend and were left open: unconnected ones, and ones whose Service still has the backend.",
-		}, []string{"reason"}),
-		ConntrackGCRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace,
-			Name:      "conntrack_gc_runs_total",
-			Help:      "Garbage collections of the per-packet conntrack table, by result.",
-		}, []string{"result"}),
-		ConntrackGCDeleted: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: namespace,
-			Name:      "conntrack_gc_deleted_entries_total",
-			Help:      "Expired per-packet conntrack entries the garbage collection deleted.",
-		}),
+		SyncErrors: counter("sync_errors_total",
+			"Syncs that failed and were retried."),
+		Syncs: counterVec("syncs_total",
+			"Syncs by result.",
+			"result"),
+		SocketTerminations: counterVec("socket_terminations_total",
+			"Connected UDP sockets ended because their backend left the Service they were translated for, by method and result.",
+			"method", "result"),
+		SocketsSpared: counterVec("sockets_spared_total",
+			"Sockets that had talked to a removed backend and were left open: unconnected ones, and ones whose Service still has the backend.",
+			"reason"),
+		ConntrackGCRuns: counterVec("conntrack_gc_runs_total",
+			"Garbage collections of the per-packet conntrack table, by result.",
+			"result"),
+		ConntrackGCDeleted: counter("conntrack_gc_deleted_entries_total",
+			"Expired per-packet conntrack entries the garbage collection deleted."),
 	}
 	m.ConntrackGCRuns.WithLabelValues("success")
 	m.ConntrackGCRuns.WithLabelValues("error")

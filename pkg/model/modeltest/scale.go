@@ -3,6 +3,7 @@ package modeltest
 import (
 	"fmt"
 	"net/netip"
+	"testing"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 )
@@ -43,5 +44,22 @@ func Scale(n int) (*model.State, func() *model.State) {
 		s.BaseGen = states[i%2].Gen
 		s.Changed = []model.L4Addr{fe}
 		return s
+	}
+}
+
+// BenchOneChange benchmarks following one change at 30k and 100k services
+// (sub-benchmarks 30k and 100k, issue 14): start gets Scale's first state
+// and returns what follows a state; the loop times it on Scale's next
+// states.
+func BenchOneChange(b *testing.B, start func(b *testing.B, st *model.State) func(*model.State)) {
+	for _, n := range []int{30000, 100000} {
+		b.Run(fmt.Sprintf("%dk", n/1000), func(b *testing.B) {
+			st, next := Scale(n)
+			follow := start(b, st)
+			b.ReportAllocs()
+			for b.Loop() {
+				follow(next())
+			}
+		})
 	}
 }

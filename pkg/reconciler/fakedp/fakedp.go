@@ -233,15 +233,9 @@ func (f *Fake) upsertBackend(id reconciler.BackendID, b model.L4Addr, batch bool
 	if id == 0 {
 		f.violate(op, "backend id 0")
 	}
-	old, ok := f.backends[id]
-	if (!ok || fam(old.Addr) != fam(b.Addr)) && f.nbackends[fam(b.Addr)] >= f.maxBackends {
-		return fmt.Errorf("%s: %w", mapName(b.Addr, "backends"), ErrFull)
+	if err := putCounted(f.backends, &f.nbackends, f.maxBackends, "backends", id, b, addrOfBackend); err != nil {
+		return err
 	}
-	if ok {
-		f.nbackends[fam(old.Addr)]--
-	}
-	f.backends[id] = b
-	f.nbackends[fam(b.Addr)]++
 	f.done(op)
 	return nil
 }
@@ -257,10 +251,7 @@ func (f *Fake) deleteBackend(id reconciler.BackendID, batch bool) error {
 	if err := f.begin(op); err != nil {
 		return err
 	}
-	if old, ok := f.backends[id]; ok {
-		delete(f.backends, id)
-		f.nbackends[fam(old.Addr)]--
-	}
+	deleteCounted(f.backends, &f.nbackends, id, addrOfBackend)
 	if f.slotRefs[id] > 0 {
 		f.violate(op, "backend %d deleted while %d slots name it", id, f.slotRefs[id])
 	}
@@ -282,15 +273,9 @@ func (f *Fake) upsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend, bat
 	if id == 0 {
 		f.violate(op, "service id 0")
 	}
-	old, ok := f.revNat[id]
-	if (!ok || fam(old.Addr) != fam(fe.Addr)) && f.nrevNat[fam(fe.Addr)] >= f.maxServices {
-		return fmt.Errorf("%s: %w", mapName(fe.Addr, "rev_nat"), ErrFull)
+	if err := putCounted(f.revNat, &f.nrevNat, f.maxServices, "rev_nat", id, fe, addrOfFrontend); err != nil {
+		return err
 	}
-	if ok {
-		f.nrevNat[fam(old.Addr)]--
-	}
-	f.revNat[id] = fe
-	f.nrevNat[fam(fe.Addr)]++
 	f.done(op)
 	return nil
 }
@@ -306,10 +291,7 @@ func (f *Fake) deleteRevNat(id reconciler.ServiceID, batch bool) error {
 	if err := f.begin(op); err != nil {
 		return err
 	}
-	if old, ok := f.revNat[id]; ok {
-		delete(f.revNat, id)
-		f.nrevNat[fam(old.Addr)]--
-	}
+	deleteCounted(f.revNat, &f.nrevNat, id, addrOfFrontend)
 	if f.masterRefs[id] > 0 {
 		f.violate(op, "rev_nat %d deleted while a master names it", id)
 	}
@@ -328,6 +310,36 @@ func fam(a netip.Addr) int {
 	}
 	return 0
 }
+
+// putCounted writes m[id] = v, keeping n, the entries of m per family
+// of their address (addr), up to date: an id that is new to the map of
+// v's family (absent, or present in the other family's) needs room there
+// below capacity, else ErrFull names the map of kind, and m is unchanged.
+func putCounted[K comparable, V any](m map[K]V, n *[2]int, capacity int, kind string, id K, v V, addr func(V) netip.Addr) error {
+	old, ok := m[id]
+	if (!ok || fam(addr(old)) != fam(addr(v))) && n[fam(addr(v))] >= capacity {
+		return fmt.Errorf("%s: %w", mapName(addr(v), kind), ErrFull)
+	}
+	if ok {
+		n[fam(addr(old))]--
+	}
+	m[id] = v
+	n[fam(addr(v))]++
+	return nil
+}
+
+// deleteCounted deletes m[id] (if there) and counts it out of n, as
+// putCounted keeps it.
+func deleteCounted[K comparable, V any](m map[K]V, n *[2]int, id K, addr func(V) netip.Addr) {
+	if old, ok := m[id]; ok {
+		delete(m, id)
+		n[fam(addr(old))]--
+	}
+}
+
+func addrOfBackend(b model.L4Addr) netip.Addr { return b.Addr }
+
+func addrOfFrontend(fe reconciler.Frontend) netip.Addr { return fe.Addr }
 
 // mapName names the map of a's family of a kind, as pkg/datapath's
 // errors do.
