@@ -4,16 +4,19 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
 )
 
 // checkFastDecode decodes js with the fast decoder and with encoding/json
@@ -358,4 +361,207 @@ func FuzzFastDecode(f *testing.F) {
 	}
 	f.Add([]byte(`{"apiVersion":"v1","kind":"Service","metadata":{"name":"a","namespace":"b"},"spec":{"ports":[{"port":80,"targetPort":"x"}]}}`))
 	f.Fuzz(func(t *testing.T, js []byte) { checkFastDecode(t, js) })
+}
+
+// checkYAMLToJSON converts doc with blockYAMLToJSON and with YAMLToJSON:
+// if the first does not decline, the second must succeed and give the
+// same JSON value. It reports whether blockYAMLToJSON converted doc.
+func checkYAMLToJSON(t *testing.T, doc []byte) bool {
+	t.Helper()
+	got, _, ok := blockYAMLToJSON(doc, nil, nil)
+	if !ok {
+		return false
+	}
+	want, err := yaml.YAMLToJSON(doc)
+	if err != nil {
+		t.Fatalf("converted what YAMLToJSON refuses (%v):\n%s", err, doc)
+	}
+	g, w := jsonValue(t, got), jsonValue(t, want)
+	if !reflect.DeepEqual(g, w) {
+		t.Fatalf("converted\n%s\nto\n%s\nwhere YAMLToJSON gives\n%s", doc, got, want)
+	}
+	return true
+}
+
+func jsonValue(t *testing.T, js []byte) any {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		t.Fatalf("%v:\n%s", err, js)
+	}
+	return v
+}
+
+// writeYAML writes v as block YAML in a random style: indentation,
+// sequences at or under their key, quoting, comments; if wild, also
+// strings unquoted whatever they hold, and YAML that is not plain
+// (anchors, flow collections, block scalars, tabs).
+func writeYAML(r *rand.Rand, b *bytes.Buffer, v any, indent int, placed, wild bool) {
+	pad := func(n int) { b.WriteString(strings.Repeat(" ", n)) }
+	comment := func() {
+		if r.IntN(15) == 0 {
+			b.WriteString(pick(r, " # c", "  #: x"))
+		}
+		b.WriteByte('\n')
+		if r.IntN(20) == 0 {
+			pad(r.IntN(6))
+			b.WriteString(pick(r, "# a comment\n", "\n"))
+		}
+	}
+	step := pick(r, 2, 4)
+	switch v := v.(type) {
+	case map[string]any:
+		keys := slices.Sorted(maps.Keys(v))
+		r.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
+		for i, k := range keys {
+			if i > 0 || !placed {
+				pad(indent)
+			}
+			b.WriteString(k)
+			b.WriteByte(':')
+			writeYAMLValue(r, b, v[k], indent, step, wild, true, comment)
+		}
+	default:
+		panic("not a mapping")
+	}
+}
+
+func writeYAMLValue(r *rand.Rand, b *bytes.Buffer, v any, indent, step int, wild, inMap bool, comment func()) {
+	switch v := v.(type) {
+	case map[string]any:
+		if len(v) == 0 {
+			b.WriteString(" {}")
+			comment()
+			return
+		}
+		comment()
+		writeYAML(r, b, v, indent+step, false, wild)
+	case []any:
+		if len(v) == 0 {
+			b.WriteString(" []")
+			comment()
+			return
+		}
+		comment()
+		in := indent + step
+		if inMap && r.IntN(2) == 0 {
+			in = indent // a sequence at its key's indentation
+		}
+		for _, e := range v {
+			b.WriteString(strings.Repeat(" ", in))
+			b.WriteByte('-')
+			if m, ok := e.(map[string]any); ok && len(m) > 0 && r.IntN(5) > 0 {
+				// A mapping starting on the item's line.
+				sp := pick(r, " ", "   ")
+				b.WriteString(sp)
+				writeYAML(r, b, m, in+1+len(sp), true, wild)
+				continue
+			}
+			writeYAMLValue(r, b, e, in, step, wild, false, comment)
+		}
+	default:
+		b.WriteByte(' ')
+		b.WriteString(yamlScalar(r, v, wild))
+		comment()
+	}
+}
+
+func yamlScalar(r *rand.Rand, v any, wild bool) string {
+	if wild && r.IntN(60) == 0 {
+		return pick(r, "yes", "On", "~", "0x1F", "012", "1_000", "1.5", ".inf", "+1", "-1", "-0", "&a x", "*a", "!!str x",
+			"|\n  text", "{a: b}", "[a, b]", "'it''s'", `"a\tb"`, "a: b", "a #b", "2026-01-01", "1e3", "99999999999999999999", "\tx", "é",
+			"0c7f-11", "0b101", "0o17", "12:30", "2001:db8::1", "1.2.3", "1_0", "0x_1F", "1234-5", "10.0.0.0/8", "0.5", "1.")
+	}
+	switch v := v.(type) {
+	case nil:
+		return pick(r, "null", "")
+	case bool:
+		return strconv.FormatBool(v)
+	case json.Number:
+		return string(v)
+	case string:
+		switch r.IntN(5) {
+		case 0:
+			return "'" + strings.ReplaceAll(v, "'", "''") + "'"
+		case 1:
+			if !strings.ContainsAny(v, "\"\\") {
+				return `"` + v + `"`
+			}
+		}
+		if wild || v != "" && !strings.ContainsAny(v, ":#'\"\\") && isLetter(v[0]) && !yaml11Word([]byte(v)) {
+			return v
+		}
+		return "'" + strings.ReplaceAll(v, "'", "''") + "'"
+	}
+	panic(fmt.Sprintf("%T", v))
+}
+
+// blockYAMLToJSON converts Services and EndpointSlices with every field
+// translate reads, written in the styles kubectl and people write, as
+// YAMLToJSON does, and declines what YAMLToJSON refuses or reads its own
+// way. The objects it converts then decode fast as encoding/json decodes
+// YAMLToJSON's JSON.
+func TestBlockYAMLToJSONMatchesYAMLToJSON(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	converted, declined, wildConverted := 0, 0, 0
+	for i := range 3000 {
+		var obj any = randService(r, i)
+		if i%2 == 1 {
+			obj = randSlice(r, i)
+		}
+		js, err := json.Marshal(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		y, err := yaml.JSONToYAML(js)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// As sigs.k8s.io/yaml writes it, then in random styles.
+		docs := [][]byte{y}
+		var v any
+		if err := json.Unmarshal(js, &v); err != nil {
+			t.Fatal(err)
+		}
+		v = jsonValue(t, js)
+		for _, wild := range []bool{false, true} {
+			var b bytes.Buffer
+			writeYAML(r, &b, v.(map[string]any), 0, false, wild)
+			docs = append(docs, b.Bytes())
+		}
+		for k, doc := range docs {
+			ok := checkYAMLToJSON(t, doc)
+			// What sigs.k8s.io/yaml writes is converted, unless it
+			// holds what the converter leaves to YAMLToJSON.
+			if k == 0 && !ok && !bytes.ContainsAny(doc, "éö") && !bytes.Contains(doc, []byte(`a"b`)) {
+				t.Fatalf("declined:\n%s", doc)
+			}
+			switch {
+			case ok && k == 2:
+				wildConverted++
+			case ok:
+				converted++
+			default:
+				declined++
+			}
+			if js, _, ok := blockYAMLToJSON(doc, nil, nil); ok {
+				checkFastDecode(t, js)
+			}
+		}
+	}
+	t.Logf("%d converted, %d declined (%d wild converted)", converted, declined, wildConverted)
+	if converted < 3000 || wildConverted < 400 {
+		t.Errorf("%d converted, %d wild: want most", converted, wildConverted)
+	}
+}
+
+// FuzzBlockYAMLToJSON: on any bytes, blockYAMLToJSON declines or gives
+// YAMLToJSON's value.
+func FuzzBlockYAMLToJSON(f *testing.F) {
+	f.Add([]byte(svcA))
+	f.Add([]byte(sliceA))
+	f.Add([]byte("a:\n- b: 1\n  c:\n  - 10.0.0.1\nd: 'x''y'\n"))
+	f.Fuzz(func(t *testing.T, doc []byte) { checkYAMLToJSON(t, doc) })
 }

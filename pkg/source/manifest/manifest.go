@@ -383,6 +383,15 @@ type fileResult struct {
 	// load can decode only the part that changed (patch.go); nil if the
 	// file is not shaped for that.
 	layout *layout
+	// dec decodes the documents while the file is parsed; nil after.
+	dec *docDecoder
+}
+
+// docDecoder is what decodeDocument reuses from one document to the next.
+type docDecoder struct {
+	fast  fastDecoder
+	js    []byte // the last document converted from YAML (yamljson.go)
+	lines []yamlLine
 }
 
 type sumUnit struct {
@@ -407,6 +416,8 @@ func (l *loader) parseFile(file string, data []byte) *fileResult {
 		return fr
 	}
 	lost := false
+	fr.dec = &docDecoder{}
+	defer func() { fr.dec = nil }()
 	docs := splitDocuments(file, data)
 	perDoc := make([]int, len(docs)) // objects per document, for the layout
 	docObjs := make([][]*object, len(docs))
@@ -520,8 +531,12 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 	var spans []span   // where they are in doc
 	jsonOK := false
 	var pre fastObject // doc decoded by the fast decoder, if it did
+	dd := fr.dec
+	if dd == nil {
+		dd = &docDecoder{}
+	}
+	d := &dd.fast
 	if isJSONObject(doc) {
-		var d fastDecoder
 		if ftm, svc, slice, ok := d.decodeTyped(doc); ok {
 			tm, jsonOK, pre = ftm, true, fastObject{svc, slice}
 		} else if rest, sps, ok := splitJSONListSpans(doc); ok && json.Unmarshal(rest, &tm) == nil {
@@ -533,6 +548,18 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 			tm = typeMeta{}
 			jsonOK = json.Unmarshal(doc, &tm) == nil
 			items = rawItems(tm.Items)
+		}
+	}
+	if !jsonOK {
+		// The plain YAML most files hold, converted without going
+		// through generic values, if the object then decodes fast.
+		var ok bool
+		if dd.js, dd.lines, ok = blockYAMLToJSON(doc, dd.js[:0], dd.lines); ok {
+			var svc *corev1.Service
+			var slice *discoveryv1.EndpointSlice
+			if tm, svc, slice, ok = d.decodeTyped(dd.js); ok {
+				jsonOK, pre = true, fastObject{svc, slice}
+			}
 		}
 	}
 	if !jsonOK {
