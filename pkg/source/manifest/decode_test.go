@@ -429,6 +429,15 @@ func writeYAML(r *rand.Rand, b *bytes.Buffer, v any, indent int, placed, wild bo
 }
 
 func writeYAMLValue(r *rand.Rand, b *bytes.Buffer, v any, indent, step int, wild, inMap bool, comment func()) {
+	switch v.(type) {
+	case map[string]any, []any:
+		if r.IntN(4) == 0 {
+			b.WriteByte(' ')
+			writeFlow(r, b, v, wild)
+			comment()
+			return
+		}
+	}
 	switch v := v.(type) {
 	case map[string]any:
 		if len(v) == 0 {
@@ -465,6 +474,36 @@ func writeYAMLValue(r *rand.Rand, b *bytes.Buffer, v any, indent, step int, wild
 		b.WriteByte(' ')
 		b.WriteString(yamlScalar(r, v, wild))
 		comment()
+	}
+}
+
+// writeFlow writes v in YAML's flow style, on one line.
+func writeFlow(r *rand.Rand, b *bytes.Buffer, v any, wild bool) {
+	sep := func(i int) {
+		if i > 0 {
+			b.WriteString(pick(r, ", ", ",", " , "))
+		}
+	}
+	switch v := v.(type) {
+	case map[string]any:
+		b.WriteString(pick(r, "{", "{ "))
+		keys := slices.Sorted(maps.Keys(v))
+		r.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
+		for i, k := range keys {
+			sep(i)
+			b.WriteString(k + ": ")
+			writeFlow(r, b, v[k], wild)
+		}
+		b.WriteString(pick(r, "}", " }"))
+	case []any:
+		b.WriteString(pick(r, "[", "[ "))
+		for i, e := range v {
+			sep(i)
+			writeFlow(r, b, e, wild)
+		}
+		b.WriteString(pick(r, "]", " ]"))
+	default:
+		b.WriteString(yamlScalar(r, v, wild))
 	}
 }
 

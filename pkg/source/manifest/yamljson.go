@@ -9,17 +9,19 @@ package manifest
 // blockYAMLToJSON converts, in one pass, the plain subset such files are
 // written in: block mappings and sequences (a sequence may sit at its
 // key's indentation), plain and single- or double-quoted scalars on one
-// line, comments, and `{}` and `[]`. It declines (ok false) anything else,
-// and anything it is not sure go-yaml reads the same way, for the caller
-// to convert the document with YAMLToJSON as before: anchors, tags, block
-// and multi-line scalars, flow collections, tabs, non-ASCII bytes, quoted
-// keys, escapes, a key twice, and every plain scalar YAML 1.1 could read
-// as something other than a string (yes, on, ~, 0x1F, 012, 1_000, 1.5,
-// .inf, +1, -1, ...) except a plain decimal integer, true, false and null.
-// Its JSON differs from YAMLToJSON's only in the order of keys (YAMLToJSON
-// sorts them), which is the same to the fast JSON decoder it feeds
-// (decode.go), which declines a key that differs from another only in
-// case (the one case where the order of keys counts to encoding/json).
+// line, comments, and one-line flow collections of those ({name: a},
+// [10.0.0.1]). It declines (ok false) anything else, and anything it is
+// not sure go-yaml reads the same way, for the caller to convert the
+// document with YAMLToJSON as before: anchors, tags, block and
+// multi-line scalars, flow collections over several lines, tabs,
+// non-ASCII bytes, quoted keys, escapes, a key twice, and every plain
+// scalar YAML 1.1 could read as something other than a string (yes, on,
+// ~, 0x1F, 012, 1_000, 1.5, .inf, +1, -1, a timestamp, ...) except a
+// plain decimal integer, true, false and null. Its JSON differs from
+// YAMLToJSON's only in the order of keys (YAMLToJSON sorts them), which
+// is the same to the fast JSON decoder it feeds (decode.go): that one
+// declines a key that differs from another only in case, the one case
+// where the order of keys counts to encoding/json.
 
 import (
 	"bytes"
@@ -253,37 +255,130 @@ func stripComment(t []byte) []byte {
 	return bytes.TrimRight(t, " ")
 }
 
-// scalar converts a scalar written on one line (comment removed).
+// scalar converts a scalar, or a flow collection, written on one line
+// (comment removed).
 func (c *yamlConv) scalar(t []byte) bool {
+	var rest []byte
+	ok := false
 	switch t[0] {
 	case '"', '\'':
-		q := t[0]
-		body := t[1:]
-		end := bytes.IndexByte(body, q)
-		if q == '\'' {
-			// '' is a quote inside.
-			var s []byte
-			for end >= 0 && end+1 < len(body) && body[end+1] == '\'' {
-				s = append(s, body[:end+1]...)
-				body = body[end+2:]
-				end = bytes.IndexByte(body, q)
-			}
-			if end < 0 || len(bytes.TrimRight(body[end+1:], " ")) > 0 {
-				return false
-			}
-			return c.jsonString(append(s, body[:end]...))
-		}
-		if end < 0 || bytes.IndexByte(body[:end], '\\') >= 0 || len(bytes.TrimRight(body[end+1:], " ")) > 0 {
-			return false
-		}
-		return c.jsonString(body[:end])
+		rest, ok = c.quoted(t)
 	case '{', '[':
-		if string(t) == "{}" || string(t) == "[]" {
-			c.out = append(c.out, t...)
-			return true
-		}
-		return false
+		rest, ok = c.flow(t)
+	default:
+		return c.plain(t)
 	}
+	return ok && len(bytes.TrimLeft(rest, " ")) == 0
+}
+
+// quoted converts the single- or double-quoted scalar t starts with (a
+// double-quoted one without escapes) and returns what follows it.
+func (c *yamlConv) quoted(t []byte) (rest []byte, ok bool) {
+	q := t[0]
+	body := t[1:]
+	end := bytes.IndexByte(body, q)
+	var s []byte // the text, if '' made it differ from body[:end]
+	if q == '\'' {
+		for end >= 0 && end+1 < len(body) && body[end+1] == '\'' {
+			s = append(s, body[:end+1]...)
+			body = body[end+2:]
+			end = bytes.IndexByte(body, q)
+		}
+	} else if end >= 0 && bytes.IndexByte(body[:end], '\\') >= 0 {
+		return nil, false
+	}
+	if end < 0 {
+		return nil, false
+	}
+	if s != nil {
+		c.jsonString(append(s, body[:end]...))
+	} else {
+		c.jsonString(body[:end])
+	}
+	return body[end+1:], true
+}
+
+// flow converts the flow mapping or sequence t starts with, on one line,
+// of plain keys and of plain scalars without ':' or '#' (or quoted ones),
+// and returns what follows it.
+func (c *yamlConv) flow(t []byte) (rest []byte, ok bool) {
+	open, closing := t[0], byte(']')
+	if open == '{' {
+		closing = '}'
+	}
+	c.out = append(c.out, open)
+	t = bytes.TrimLeft(t[1:], " ")
+	if len(t) > 0 && t[0] == closing {
+		c.out = append(c.out, closing)
+		return t[1:], true
+	}
+	var buf [16][]byte
+	keys := buf[:0]
+	for {
+		if open == '{' {
+			key, r, ok := splitKey(t)
+			if !ok {
+				return nil, false
+			}
+			for _, k := range keys {
+				if bytes.Equal(k, key) {
+					return nil, false
+				}
+			}
+			keys = append(keys, key)
+			c.out = append(c.out, '"')
+			c.out = append(c.out, key...)
+			c.out = append(c.out, '"', ':')
+			t = r
+		}
+		if t, ok = c.flowNode(t); !ok {
+			return nil, false
+		}
+		t = bytes.TrimLeft(t, " ")
+		switch {
+		case len(t) == 0:
+			return nil, false
+		case t[0] == ',':
+			t = bytes.TrimLeft(t[1:], " ")
+			if len(t) == 0 || t[0] == closing {
+				return nil, false // an empty entry
+			}
+			c.out = append(c.out, ',')
+		case t[0] == closing:
+			c.out = append(c.out, closing)
+			return t[1:], true
+		default:
+			return nil, false
+		}
+	}
+}
+
+// flowNode converts the node t starts with, inside a flow collection.
+func (c *yamlConv) flowNode(t []byte) (rest []byte, ok bool) {
+	t = bytes.TrimLeft(t, " ")
+	if len(t) == 0 {
+		return nil, false
+	}
+	switch t[0] {
+	case '{', '[':
+		return c.flow(t)
+	case '"', '\'':
+		return c.quoted(t)
+	}
+	k := bytes.IndexAny(t, ",]}")
+	if k < 0 {
+		return nil, false
+	}
+	p := bytes.TrimRight(t[:k], " ")
+	if len(p) == 0 || bytes.ContainsAny(p, ":#") || !c.plain(p) {
+		return nil, false
+	}
+	return t[k:], true
+}
+
+// plain converts a plain scalar that YAML 1.1 reads as a string, a
+// decimal integer, true, false or null.
+func (c *yamlConv) plain(t []byte) bool {
 	switch string(t) {
 	case "true", "false", "null":
 		c.out = append(c.out, t...)
