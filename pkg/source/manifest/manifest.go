@@ -389,9 +389,28 @@ type fileResult struct {
 
 // docDecoder is what decodeDocument reuses from one document to the next.
 type docDecoder struct {
-	fast  fastDecoder
-	js    []byte // the last document converted from YAML (yamljson.go)
-	lines []yamlLine
+	fast fastDecoder
+	yaml yamlConv
+}
+
+// readJSON reads js, a JSON object: its type meta, and the object if the
+// fast decoder can (pre), or the items of a List (and where they are in
+// js, if it split them without decoding them). err is encoding/json's if
+// the type meta does not decode.
+func (d *fastDecoder) readJSON(js []byte) (tm typeMeta, pre fastObject, items [][]byte, spans []span, err error) {
+	if ftm, svc, slice, ok := d.decodeTyped(js); ok {
+		return ftm, fastObject{svc, slice}, nil, nil, nil
+	}
+	if rest, sps, ok := splitJSONListSpans(js); ok && json.Unmarshal(rest, &tm) == nil {
+		items = make([][]byte, len(sps))
+		for j, sp := range sps {
+			items[j] = js[sp.start:sp.end:sp.end]
+		}
+		return tm, fastObject{}, items, sps, nil
+	}
+	tm = typeMeta{}
+	err = json.Unmarshal(js, &tm)
+	return tm, fastObject{}, rawItems(tm.Items), nil, err
 }
 
 type sumUnit struct {
@@ -535,30 +554,23 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 	if dd == nil {
 		dd = &docDecoder{}
 	}
-	d := &dd.fast
 	if isJSONObject(doc) {
-		if ftm, svc, slice, ok := d.decodeTyped(doc); ok {
-			tm, jsonOK, pre = ftm, true, fastObject{svc, slice}
-		} else if rest, sps, ok := splitJSONListSpans(doc); ok && json.Unmarshal(rest, &tm) == nil {
-			items, spans, jsonOK = make([][]byte, len(sps)), sps, true
-			for j, sp := range sps {
-				items[j] = doc[sp.start:sp.end:sp.end]
-			}
-		} else {
-			tm = typeMeta{}
-			jsonOK = json.Unmarshal(doc, &tm) == nil
-			items = rawItems(tm.Items)
-		}
+		var err error
+		tm, pre, items, spans, err = dd.fast.readJSON(doc)
+		jsonOK = err == nil
 	}
 	if !jsonOK {
 		// The plain YAML most files hold, converted without going
-		// through generic values, if the object then decodes fast.
-		var ok bool
-		if dd.js, dd.lines, ok = blockYAMLToJSON(doc, dd.js[:0], dd.lines); ok {
-			var svc *corev1.Service
-			var slice *discoveryv1.EndpointSlice
-			if tm, svc, slice, ok = d.decodeTyped(dd.js); ok {
-				jsonOK, pre = true, fastObject{svc, slice}
+		// through generic values: the same JSON as YAMLToJSON's
+		// (yamljson.go), read as JSON.
+		if conv, ok := dd.yaml.convert(doc); ok {
+			var err error
+			if tm, pre, items, _, err = dd.fast.readJSON(conv); err != nil {
+				return nil, nil, []error{fmt.Errorf("%s: document %d: not an object: %w", file, idx, err)}, true
+			}
+			jsonOK, js = true, conv
+			if items != nil {
+				dd.yaml = yamlConv{} // the items are in its buffer
 			}
 		}
 	}

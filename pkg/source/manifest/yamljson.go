@@ -17,15 +17,15 @@ package manifest
 // non-ASCII bytes, quoted keys, escapes, a key twice, and every plain
 // scalar YAML 1.1 could read as something other than a string (yes, on,
 // ~, 0x1F, 012, 1_000, 1.5, .inf, +1, -1, a timestamp, ...) except a
-// plain decimal integer, true, false and null. Its JSON differs from
-// YAMLToJSON's only in the order of keys (YAMLToJSON sorts them), which
-// is the same to the fast JSON decoder it feeds (decode.go): that one
-// declines a key that differs from another only in case, the one case
-// where the order of keys counts to encoding/json.
+// plain decimal integer, true, false and null. Its JSON is YAMLToJSON's
+// but for white space and escapes (json.Marshal writes < as \u003c):
+// the same keys, in the same (sorted) order, the same values. So
+// encoding/json decodes the two alike, errors included.
 
 import (
 	"bytes"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -40,12 +40,61 @@ type yamlConv struct {
 	lines []yamlLine
 	pos   int
 	out   []byte
+	tmp   []byte // for sortMembers
 }
 
-// blockYAMLToJSON converts doc, appending to out. ok is false if it
-// declines (see above).
-func blockYAMLToJSON(doc, out []byte, lines []yamlLine) (js []byte, scratch []yamlLine, ok bool) {
-	c := yamlConv{lines: lines[:0], out: out}
+// member is where a member of an object is in yamlConv.out.
+type member struct {
+	key        []byte
+	start, end int // "key":value
+}
+
+// addKey starts a member of the object whose members so far are ms.
+func (c *yamlConv) addKey(ms []member, key []byte) ([]member, bool) {
+	for _, m := range ms {
+		if bytes.Equal(m.key, key) {
+			return nil, false // go-yaml keeps the last; not worth the care
+		}
+	}
+	if len(ms) > 0 {
+		c.out = append(c.out, ',')
+	}
+	ms = append(ms, member{key: key, start: len(c.out)})
+	c.out = append(c.out, '"')
+	c.out = append(c.out, key...)
+	c.out = append(c.out, '"', ':')
+	return ms, true
+}
+
+// sortMembers puts the members of an object (their ends set) in the
+// order of their keys, as json.Marshal writes a map.
+func (c *yamlConv) sortMembers(ms []member) {
+	if slices.IsSortedFunc(ms, func(a, b member) int { return bytes.Compare(a.key, b.key) }) {
+		return
+	}
+	from, to := ms[0].start, ms[len(ms)-1].end
+	c.tmp = append(c.tmp[:0], c.out[from:to]...)
+	sorted := slices.SortedFunc(slices.Values(ms), func(a, b member) int { return bytes.Compare(a.key, b.key) })
+	out := c.out[:from]
+	for i, m := range sorted {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, c.tmp[m.start-from:m.end-from]...)
+	}
+	c.out = out
+}
+
+// blockYAMLToJSON converts doc. ok is false if it declines (see above).
+func blockYAMLToJSON(doc []byte) (js []byte, ok bool) {
+	var c yamlConv
+	return c.convert(doc)
+}
+
+// convert is blockYAMLToJSON reusing c's memory: js is valid until the
+// next call.
+func (c *yamlConv) convert(doc []byte) (js []byte, ok bool) {
+	c.lines, c.pos, c.out = c.lines[:0], 0, c.out[:0]
 	for line := range bytes.Lines(doc) {
 		line = bytes.TrimSuffix(line, []byte("\n"))
 		n := 0
@@ -54,7 +103,7 @@ func blockYAMLToJSON(doc, out []byte, lines []yamlLine) (js []byte, scratch []ya
 		}
 		for _, b := range line {
 			if b < 0x20 || b >= 0x7f {
-				return nil, c.lines, false // tabs, CR, non-ASCII
+				return nil, false // tabs, CR, non-ASCII
 			}
 		}
 		t := line[n:]
@@ -62,17 +111,17 @@ func blockYAMLToJSON(doc, out []byte, lines []yamlLine) (js []byte, scratch []ya
 			continue
 		}
 		if n == 0 && (t[0] == '%' || bytes.HasPrefix(t, []byte("---")) || bytes.HasPrefix(t, []byte("..."))) {
-			return nil, c.lines, false
+			return nil, false
 		}
 		c.lines = append(c.lines, yamlLine{n, t})
 	}
 	if len(c.lines) == 0 || c.lines[0].indent != 0 || isSeqItem(c.lines[0].text) {
-		return nil, c.lines, false // a mapping at the top, or declined
+		return nil, false // a mapping at the top, or declined
 	}
 	if !c.mapping(0) || c.pos != len(c.lines) {
-		return nil, c.lines, false
+		return nil, false
 	}
-	return c.out, c.lines, true
+	return c.out, true
 }
 
 func isSeqItem(t []byte) bool { return len(t) > 0 && t[0] == '-' && (len(t) == 1 || t[1] == ' ') }
@@ -92,8 +141,8 @@ func (c *yamlConv) node(parent int) bool {
 // mapping converts the mapping whose keys are at indent.
 func (c *yamlConv) mapping(indent int) bool {
 	c.out = append(c.out, '{')
-	var buf [16][]byte
-	keys := buf[:0]
+	var buf [16]member
+	ms := buf[:0]
 	for c.pos < len(c.lines) {
 		l := c.lines[c.pos]
 		if l.indent < indent || l.indent == indent && isSeqItem(l.text) {
@@ -107,25 +156,21 @@ func (c *yamlConv) mapping(indent int) bool {
 			return false
 		}
 		rest = bytes.TrimLeft(rest, " ")
-		for _, k := range keys {
-			if bytes.Equal(k, key) {
-				return false
-			}
+		if ms, ok = c.addKey(ms, key); !ok {
+			return false
 		}
-		keys = append(keys, key)
-		if len(keys) > 1 {
-			c.out = append(c.out, ',')
-		}
-		c.out = append(c.out, '"')
-		c.out = append(c.out, key...)
-		c.out = append(c.out, '"', ':')
 		c.pos++
 		if !c.value(indent, rest, true) {
 			return false
 		}
+		ms[len(ms)-1].end = len(c.out)
 	}
+	if len(ms) == 0 {
+		return false
+	}
+	c.sortMembers(ms)
 	c.out = append(c.out, '}')
-	return len(keys) > 0
+	return true
 }
 
 // value converts what follows a key (in a mapping at indent) or a "- "
@@ -312,27 +357,24 @@ func (c *yamlConv) flow(t []byte) (rest []byte, ok bool) {
 		c.out = append(c.out, closing)
 		return t[1:], true
 	}
-	var buf [16][]byte
-	keys := buf[:0]
+	var buf [16]member
+	ms := buf[:0]
 	for {
 		if open == '{' {
 			key, r, ok := splitKey(t)
 			if !ok {
 				return nil, false
 			}
-			for _, k := range keys {
-				if bytes.Equal(k, key) {
-					return nil, false
-				}
+			if ms, ok = c.addKey(ms, key); !ok {
+				return nil, false
 			}
-			keys = append(keys, key)
-			c.out = append(c.out, '"')
-			c.out = append(c.out, key...)
-			c.out = append(c.out, '"', ':')
 			t = r
 		}
 		if t, ok = c.flowNode(t); !ok {
 			return nil, false
+		}
+		if open == '{' {
+			ms[len(ms)-1].end = len(c.out)
 		}
 		t = bytes.TrimLeft(t, " ")
 		switch {
@@ -343,8 +385,13 @@ func (c *yamlConv) flow(t []byte) (rest []byte, ok bool) {
 			if len(t) == 0 || t[0] == closing {
 				return nil, false // an empty entry
 			}
-			c.out = append(c.out, ',')
+			if open == '[' {
+				c.out = append(c.out, ',')
+			}
 		case t[0] == closing:
+			if open == '{' {
+				c.sortMembers(ms)
+			}
 			c.out = append(c.out, closing)
 			return t[1:], true
 		default:
