@@ -762,7 +762,10 @@ func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx, ite
 			err = json.Unmarshal(js, o.svc)
 		}
 		if err == nil {
-			o.svc.Namespace = key.Namespace
+			// A file's objects have no versions: a resourceVersion (as
+			// kubectl get -o yaml writes it) kept through an edit must
+			// not make the tracker take the edit for a resync.
+			o.svc.Namespace, o.svc.ResourceVersion = key.Namespace, ""
 			err = translate.ValidateService(o.svc)
 		}
 	case "EndpointSlice":
@@ -773,7 +776,7 @@ func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx, ite
 			err = json.Unmarshal(js, o.slice)
 		}
 		if err == nil {
-			o.slice.Namespace = key.Namespace
+			o.slice.Namespace, o.slice.ResourceVersion = key.Namespace, ""
 			err = translate.ValidateEndpointSlice(o.slice)
 			o.owner, o.hasOwner = translate.ServiceNameOfSlice(o.slice)
 		}

@@ -327,3 +327,30 @@ func TestLoadReportsConflictsAndSkipped(t *testing.T) {
 		t.Errorf("state: %s", got)
 	}
 }
+
+// An edit of a file whose objects carry a resourceVersion (as kubectl get
+// -o yaml writes them) is applied though the version stays: the tracker
+// takes two versions of an object with the same resourceVersion for one.
+func TestEditKeepingResourceVersion(t *testing.T) {
+	dir := t.TempDir()
+	withRV := func(s string) string {
+		return strings.Replace(s, "metadata:", "metadata:\n  resourceVersion: \"7\"", 1)
+	}
+	svc := withRV(strings.Replace(svcA, "metadata: {name: a, namespace: ns}", "metadata:\n  name: a\n  namespace: ns", 1))
+	l := newLoader(translate.Options{})
+	for _, c := range []struct{ svc, slice, want string }{
+		{svc, withRV(sliceA), goodA},
+		{svc, withRV(strings.Replace(sliceA, "10.0.0.1", "10.0.0.2", 1)), "10.96.0.1:80/TCP ns/a:http -> 10.0.0.2:8080/TCP"},
+		{strings.Replace(svc, "port: 80,", "port: 81,", 1), withRV(strings.Replace(sliceA, "10.0.0.1", "10.0.0.2", 1)),
+			"10.96.0.1:81/TCP ns/a:http -> 10.0.0.2:8080/TCP"},
+	} {
+		writeFile(t, dir, "a.yaml", c.svc+"---\n"+c.slice)
+		res, err := l.load(dir)
+		if err != nil || len(res.Errors) > 0 {
+			t.Fatalf("%v %v", err, res.Errors)
+		}
+		if got := render(res.State); got != c.want {
+			t.Errorf("state %q, want %q", got, c.want)
+		}
+	}
+}
