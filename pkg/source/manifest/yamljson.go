@@ -40,7 +40,9 @@ type yamlConv struct {
 	lines []yamlLine
 	pos   int
 	out   []byte
-	tmp   []byte // for sortMembers
+	// for sortMembers
+	tmp    []byte
+	sorted []member
 }
 
 // member is where a member of an object is in yamlConv.out.
@@ -74,9 +76,10 @@ func (c *yamlConv) sortMembers(ms []member) {
 	}
 	from, to := ms[0].start, ms[len(ms)-1].end
 	c.tmp = append(c.tmp[:0], c.out[from:to]...)
-	sorted := slices.SortedFunc(slices.Values(ms), func(a, b member) int { return bytes.Compare(a.key, b.key) })
+	c.sorted = append(c.sorted[:0], ms...)
+	slices.SortFunc(c.sorted, func(a, b member) int { return bytes.Compare(a.key, b.key) })
 	out := c.out[:from]
-	for i, m := range sorted {
+	for i, m := range c.sorted {
 		if i > 0 {
 			out = append(out, ',')
 		}
