@@ -520,6 +520,29 @@ func exact[T any](s []T) []T {
 	return append([]T(nil), s...)
 }
 
+// objects reads an array of objects into a []T (null: nil), member
+// reading each member of each (as object's member, given the element).
+// scratch, if not nil, is reused from one array to the next.
+func objects[T any](d *fastDecoder, scratch *[]T, member func(e *T, key []byte) uint) []T {
+	if d.null() {
+		return nil
+	}
+	var s []T
+	if scratch != nil {
+		s = (*scratch)[:0]
+	}
+	d.array(func() {
+		var zero T
+		s = append(s, zero)
+		e := &s[len(s)-1]
+		d.object(func(key []byte) uint { return member(e, key) })
+	})
+	if scratch != nil {
+		*scratch = s
+	}
+	return exact(s)
+}
+
 // other reads the value of key, a member of the struct *v that the
 // decoder does not read by hand: a field's value is decoded into that
 // field by encoding/json; a key that matches a field only by case, or
@@ -762,40 +785,30 @@ func (d *fastDecoder) serviceSpec(sp *corev1.ServiceSpec) {
 }
 
 func (d *fastDecoder) servicePorts() []corev1.ServicePort {
-	if d.null() {
-		return nil
-	}
-	ports := d.sports[:0]
-	d.array(func() {
-		ports = append(ports, corev1.ServicePort{})
-		p := &ports[len(ports)-1]
-		d.object(func(key []byte) uint {
-			switch string(key) {
-			case "name":
-				p.Name = d.str()
-			case "protocol":
-				p.Protocol = corev1.Protocol(d.str())
-				return 1
-			case "appProtocol":
-				p.AppProtocol = d.strPtr()
-				return 2
-			case "port":
-				p.Port = d.int32v()
-				return 3
-			case "targetPort":
-				p.TargetPort = d.intOrString()
-				return 4
-			case "nodePort":
-				p.NodePort = d.int32v()
-				return 5
-			default:
-				return d.other(p, key)
-			}
-			return 0
-		})
+	return objects(d, &d.sports, func(p *corev1.ServicePort, key []byte) uint {
+		switch string(key) {
+		case "name":
+			p.Name = d.str()
+		case "protocol":
+			p.Protocol = corev1.Protocol(d.str())
+			return 1
+		case "appProtocol":
+			p.AppProtocol = d.strPtr()
+			return 2
+		case "port":
+			p.Port = d.int32v()
+			return 3
+		case "targetPort":
+			p.TargetPort = d.intOrString()
+			return 4
+		case "nodePort":
+			p.NodePort = d.int32v()
+			return 5
+		default:
+			return d.other(p, key)
+		}
+		return 0
 	})
-	d.sports = ports
-	return exact(ports)
 }
 
 // intOrString reads what IntOrString.UnmarshalJSON reads.
@@ -849,30 +862,21 @@ func (d *fastDecoder) serviceStatus(st *corev1.ServiceStatus) {
 			if string(key) != "ingress" {
 				return d.other(lb, key)
 			}
-			if d.null() {
+			lb.Ingress = objects(d, nil, func(ing *corev1.LoadBalancerIngress, key []byte) uint {
+				switch string(key) {
+				case "ip":
+					ing.IP = d.str()
+				case "hostname":
+					ing.Hostname = d.str()
+					return 1
+				case "ipMode":
+					ing.IPMode = (*corev1.LoadBalancerIPMode)(d.strPtr())
+					return 2
+				default:
+					return d.other(ing, key)
+				}
 				return 0
-			}
-			var ings []corev1.LoadBalancerIngress
-			d.array(func() {
-				ings = append(ings, corev1.LoadBalancerIngress{})
-				ing := &ings[len(ings)-1]
-				d.object(func(key []byte) uint {
-					switch string(key) {
-					case "ip":
-						ing.IP = d.str()
-					case "hostname":
-						ing.Hostname = d.str()
-						return 1
-					case "ipMode":
-						ing.IPMode = (*corev1.LoadBalancerIPMode)(d.strPtr())
-						return 2
-					default:
-						return d.other(ing, key)
-					}
-					return 0
-				})
 			})
-			lb.Ingress = exact(ings)
 			return 0
 		})
 		return 0
@@ -909,40 +913,30 @@ func (d *fastDecoder) endpointSlice() *discoveryv1.EndpointSlice {
 }
 
 func (d *fastDecoder) endpoints() []discoveryv1.Endpoint {
-	if d.null() {
-		return nil
-	}
-	eps := d.eps[:0]
-	d.array(func() {
-		eps = append(eps, discoveryv1.Endpoint{})
-		e := &eps[len(eps)-1]
-		d.object(func(key []byte) uint {
-			switch string(key) {
-			case "addresses":
-				e.Addresses = d.strings()
-			case "conditions":
-				d.conditions(&e.Conditions)
-				return 1
-			case "hostname":
-				e.Hostname = d.strPtr()
-				return 2
-			case "nodeName":
-				e.NodeName = d.strPtr()
-				return 3
-			case "zone":
-				e.Zone = d.strPtr()
-				return 4
-			case "hints":
-				e.Hints = d.hints()
-				return 5
-			default:
-				return d.other(e, key)
-			}
-			return 0
-		})
+	return objects(d, &d.eps, func(e *discoveryv1.Endpoint, key []byte) uint {
+		switch string(key) {
+		case "addresses":
+			e.Addresses = d.strings()
+		case "conditions":
+			d.conditions(&e.Conditions)
+			return 1
+		case "hostname":
+			e.Hostname = d.strPtr()
+			return 2
+		case "nodeName":
+			e.NodeName = d.strPtr()
+			return 3
+		case "zone":
+			e.Zone = d.strPtr()
+			return 4
+		case "hints":
+			e.Hints = d.hints()
+			return 5
+		default:
+			return d.other(e, key)
+		}
+		return 0
 	})
-	d.eps = eps
-	return exact(eps)
 }
 
 func (d *fastDecoder) conditions(c *discoveryv1.EndpointConditions) {
@@ -974,39 +968,21 @@ func (d *fastDecoder) hints() *discoveryv1.EndpointHints {
 	d.object(func(key []byte) uint {
 		switch string(key) {
 		case "forZones":
-			if d.null() {
+			h.ForZones = objects(d, nil, func(z *discoveryv1.ForZone, key []byte) uint {
+				if string(key) != "name" {
+					return d.other(z, key)
+				}
+				z.Name = d.str()
 				return 0
-			}
-			var zs []discoveryv1.ForZone
-			d.array(func() {
-				zs = append(zs, discoveryv1.ForZone{})
-				z := &zs[len(zs)-1]
-				d.object(func(key []byte) uint {
-					if string(key) != "name" {
-						return d.other(z, key)
-					}
-					z.Name = d.str()
-					return 0
-				})
 			})
-			h.ForZones = exact(zs)
 		case "forNodes":
-			if d.null() {
-				return 1
-			}
-			var ns []discoveryv1.ForNode
-			d.array(func() {
-				ns = append(ns, discoveryv1.ForNode{})
-				n := &ns[len(ns)-1]
-				d.object(func(key []byte) uint {
-					if string(key) != "name" {
-						return d.other(n, key)
-					}
-					n.Name = d.str()
-					return 0
-				})
+			h.ForNodes = objects(d, nil, func(n *discoveryv1.ForNode, key []byte) uint {
+				if string(key) != "name" {
+					return d.other(n, key)
+				}
+				n.Name = d.str()
+				return 0
 			})
-			h.ForNodes = exact(ns)
 			return 1
 		default:
 			return d.other(h, key)
@@ -1017,32 +993,22 @@ func (d *fastDecoder) hints() *discoveryv1.EndpointHints {
 }
 
 func (d *fastDecoder) endpointPorts() []discoveryv1.EndpointPort {
-	if d.null() {
-		return nil
-	}
-	ports := d.eports[:0]
-	d.array(func() {
-		ports = append(ports, discoveryv1.EndpointPort{})
-		p := &ports[len(ports)-1]
-		d.object(func(key []byte) uint {
-			switch string(key) {
-			case "name":
-				p.Name = d.strPtr()
-			case "protocol":
-				p.Protocol = (*corev1.Protocol)(d.strPtr())
-				return 1
-			case "port":
-				p.Port = d.int32Ptr()
-				return 2
-			case "appProtocol":
-				p.AppProtocol = d.strPtr()
-				return 3
-			default:
-				return d.other(p, key)
-			}
-			return 0
-		})
+	return objects(d, &d.eports, func(p *discoveryv1.EndpointPort, key []byte) uint {
+		switch string(key) {
+		case "name":
+			p.Name = d.strPtr()
+		case "protocol":
+			p.Protocol = (*corev1.Protocol)(d.strPtr())
+			return 1
+		case "port":
+			p.Port = d.int32Ptr()
+			return 2
+		case "appProtocol":
+			p.AppProtocol = d.strPtr()
+			return 3
+		default:
+			return d.other(p, key)
+		}
+		return 0
 	})
-	d.eports = ports
-	return exact(ports)
 }

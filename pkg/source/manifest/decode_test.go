@@ -188,6 +188,20 @@ func randSlice(r *rand.Rand, i int) *discoveryv1.EndpointSlice {
 	return es
 }
 
+// randObjectJSON returns randService(r, i) for even i, randSlice(r, i)
+// for odd i, as encoding/json writes it.
+func randObjectJSON(r *rand.Rand, i int) []byte {
+	var obj any = randService(r, i)
+	if i%2 == 1 {
+		obj = randSlice(r, i)
+	}
+	js, err := json.Marshal(obj)
+	if err != nil {
+		panic(err)
+	}
+	return js
+}
+
 func pick[T any](r *rand.Rand, vs ...T) T { return vs[r.IntN(len(vs))] }
 
 func ptr[T any](v T) *T { return &v }
@@ -320,14 +334,7 @@ func TestFastDecodeMatchesEncodingJSON(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	decoded, declined := 0, 0
 	for i := range 4000 {
-		var obj any = randService(r, i)
-		if i%2 == 1 {
-			obj = randSlice(r, i)
-		}
-		js, err := json.Marshal(obj)
-		if err != nil {
-			t.Fatal(err)
-		}
+		js := randObjectJSON(r, i)
 		// As encoding/json writes it: always decoded.
 		if !checkFastDecode(t, js) {
 			t.Fatalf("declined:\n%s", js)
@@ -353,12 +360,7 @@ func TestFastDecodeMatchesEncodingJSON(t *testing.T) {
 func FuzzFastDecode(f *testing.F) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for i := range 20 {
-		var obj any = randService(r, i)
-		if i%2 == 1 {
-			obj = randSlice(r, i)
-		}
-		js, _ := json.Marshal(obj)
-		f.Add(js)
+		f.Add(randObjectJSON(r, i))
 	}
 	f.Add([]byte(`{"apiVersion":"v1","kind":"Service","metadata":{"name":"a","namespace":"b"},"spec":{"ports":[{"port":80,"targetPort":"x"}]}}`))
 	f.Fuzz(func(t *testing.T, js []byte) { checkFastDecode(t, js) })
@@ -565,25 +567,14 @@ func TestBlockYAMLToJSONMatchesYAMLToJSON(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	converted, declined, wildConverted := 0, 0, 0
 	for i := range 3000 {
-		var obj any = randService(r, i)
-		if i%2 == 1 {
-			obj = randSlice(r, i)
-		}
-		js, err := json.Marshal(obj)
-		if err != nil {
-			t.Fatal(err)
-		}
+		js := randObjectJSON(r, i)
 		y, err := yaml.JSONToYAML(js)
 		if err != nil {
 			t.Fatal(err)
 		}
 		// As sigs.k8s.io/yaml writes it, then in random styles.
 		docs := [][]byte{y}
-		var v any
-		if err := json.Unmarshal(js, &v); err != nil {
-			t.Fatal(err)
-		}
-		v = jsonValue(t, js)
+		v := jsonValue(t, js)
 		for _, wild := range []bool{false, true} {
 			var b bytes.Buffer
 			writeYAML(r, &b, v.(map[string]any), 0, false, wild)
