@@ -439,24 +439,29 @@ func (l *loader) parseFile(file string, data []byte) *fileResult {
 	defer func() { fr.dec = nil }()
 	docs := splitDocuments(file, data)
 	perDoc := make([]int, len(docs)) // objects per document, for the layout
-	docObjs := make([][]*object, len(docs))
+	// Decoded first, so that the map of objects seen is made its size.
+	type decoded struct {
+		objs []*object
+		errs []error
+	}
+	decs := make([]decoded, len(docs))
 	n := 0
 	for i, doc := range docs {
 		idx := i + 1
 		objs, warns, errs, broken := l.decodeDocument(fr, file, idx, doc)
-		perDoc[i], docObjs[i] = len(objs), objs
+		perDoc[i], decs[i] = len(objs), decoded{objs, errs}
 		n += len(objs)
 		for _, w := range warns {
 			fr.warns = append(fr.warns, fmt.Sprintf("%s: document %d: %s", file, idx, w))
 		}
-		fr.errs = append(fr.errs, errs...)
 		lost = lost || broken
 	}
 	seen := make(map[objKey]*object, n)
 	fr.objs = make([]*object, 0, n)
-	for i, objs := range docObjs {
+	for i, dec := range decs {
 		idx := i + 1
-		for _, o := range objs {
+		fr.errs = append(fr.errs, dec.errs...)
+		for _, o := range dec.objs {
 			if prev, dup := seen[o.key]; dup {
 				fr.errs = append(fr.errs, fmt.Errorf("%s: document %d: %s: already defined in %s; ignored", file, idx, o.key, prev.where()))
 				continue
