@@ -354,3 +354,20 @@ func TestEditKeepingResourceVersion(t *testing.T) {
 		}
 	}
 }
+
+// A file's errors come in the order of its documents, a duplicate's where
+// the duplicate is.
+func TestErrorsInDocumentOrder(t *testing.T) {
+	dir := t.TempDir()
+	bad := strings.Replace(strings.Replace(svcA, "name: a,", "name: b,", 1), "port: 80", "port: 0", 1)
+	writeFile(t, dir, "a.yaml", svcA+"---\n"+svcA+"---\n"+bad)
+	res, err := Load(dir, translate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := errorStrings(res.Errors)
+	if len(errs) != 2 || !strings.Contains(errs[0], "document 2: Service ns/a: already defined") ||
+		!strings.Contains(errs[1], "document 3: Service ns/b:") {
+		t.Errorf("errors %q, want document 2's duplicate, then document 3's port", errs)
+	}
+}
