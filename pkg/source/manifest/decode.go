@@ -932,11 +932,51 @@ func (d *fastDecoder) endpoints() []discoveryv1.Endpoint {
 		case "hints":
 			e.Hints = d.hints()
 			return 5
+		case "targetRef":
+			e.TargetRef = d.objectReference()
+			return 6
 		default:
 			return d.other(e, key)
 		}
 		return 0
 	})
+}
+
+// objectReference reads an endpoint's targetRef, which kubectl prints for
+// every endpoint of a Pod.
+func (d *fastDecoder) objectReference() *corev1.ObjectReference {
+	if d.null() {
+		return nil
+	}
+	r := &corev1.ObjectReference{}
+	d.object(func(key []byte) uint {
+		switch string(key) {
+		case "kind":
+			r.Kind = d.str()
+		case "namespace":
+			r.Namespace = d.str()
+			return 1
+		case "name":
+			r.Name = d.str()
+			return 2
+		case "uid":
+			r.UID = types.UID(d.str())
+			return 3
+		case "apiVersion":
+			r.APIVersion = d.str()
+			return 4
+		case "resourceVersion":
+			r.ResourceVersion = d.str()
+			return 5
+		case "fieldPath":
+			r.FieldPath = d.str()
+			return 6
+		default:
+			return d.other(r, key)
+		}
+		return 0
+	})
+	return r
 }
 
 func (d *fastDecoder) conditions(c *discoveryv1.EndpointConditions) {

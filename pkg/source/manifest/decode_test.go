@@ -164,7 +164,8 @@ func randSlice(r *rand.Rand, i int) *discoveryv1.EndpointSlice {
 			e.Hints = &discoveryv1.EndpointHints{ForNodes: []discoveryv1.ForNode{{Name: "node-1"}}, ForZones: []discoveryv1.ForZone{}}
 		}
 		if r.IntN(3) == 0 {
-			e.TargetRef = &corev1.ObjectReference{Kind: "Pod", Name: "p", Namespace: "ns"}
+			e.TargetRef = &corev1.ObjectReference{Kind: "Pod", Name: "p", Namespace: "ns", UID: "u-1", ResourceVersion: pick(r, "", "9"),
+				APIVersion: "v1", FieldPath: pick(r, "", "spec.x")}
 			e.DeprecatedTopology = map[string]string{"a": "b"}
 		}
 		es.Endpoints = append(es.Endpoints, e)
