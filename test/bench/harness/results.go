@@ -44,6 +44,9 @@ type Point struct {
 	// Verified says, per mode, whether every one of the N services answered
 	// a connection after the initial programming (untimed).
 	Verified map[string]string `json:"verified,omitempty"`
+	// MemEnd is the memory again at the end of the point, after the load
+	// runs and the endpoint changes (Mem is right after the initial load).
+	MemEnd []MemStat `json:"mem_end,omitempty"`
 }
 
 // ConnStat is one mode's connection figures for a layer and a target set.

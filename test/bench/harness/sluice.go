@@ -197,15 +197,9 @@ func (m *sluiceMode) memory() memStat {
 		return memStat{How: "agent not running"}
 	}
 	pid := m.agent.Pid()
-	st := memStat{How: "agent VmRSS; BPF maps: sum of memlock in /proc/<agent>/fdinfo of its map fds"}
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-				st.AgentRSS = kb * 1024
-			}
-		}
-	}
+	st := memStat{How: "agent VmRSS (peak: VmHWM); BPF maps: sum of memlock in /proc/<agent>/fdinfo of its map fds"}
+	vm := procStatusBytes(pid, "VmRSS", "VmHWM")
+	st.AgentRSS, st.AgentPeakRSS = vm["VmRSS"], vm["VmHWM"]
 	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fdinfo", pid))
 	seen := map[string]bool{}
 	var parts []string

@@ -1,0 +1,76 @@
+package report
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+
+	"github.com/sluice-lb/sluice/test/bench/harness"
+)
+
+// agentMemTable renders the agent's memory over a point: RSS right after
+// the initial load, at the end (after the load runs and the endpoint
+// changes), its peak (VmHWM), and the BPF maps at the end. Runs from
+// before mem_end was recorded have no such table.
+func agentMemTable(b *bytes.Buffer, res *harness.Results) {
+	var rows []string
+	for _, p := range res.Points {
+		for _, end := range p.MemEnd {
+			var start harness.MemStat
+			for _, ms := range p.Mem {
+				if ms.Mode == end.Mode {
+					start = ms
+				}
+			}
+			rows = append(rows, fmt.Sprintf("| %d | %s | %s | %s | %s | %s |", p.Services, end.Mode,
+				mib(start.AgentRSS), mib(end.AgentRSS), mib(max(start.AgentPeakRSS, end.AgentPeakRSS)), mib(end.KernelBytes)))
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	b.WriteString("\nOver the whole point: `after load` = the Memory table's RSS; `end` = after the load runs and the endpoint changes; `peak` = the agent's VmHWM (the largest RSS of that agent process; an agent restarted for a repeated initial programming starts again); BPF maps at the end.\n\n")
+	b.WriteString("| N | mode | RSS after load MiB | RSS end MiB | RSS peak MiB | BPF maps end MiB |\n|---:|---|---:|---:|---:|---:|\n")
+	b.WriteString(strings.Join(rows, "\n") + "\n")
+}
+
+func mib(v int64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", float64(v)/(1<<20))
+}
+
+// loadRunErrors lists the errors of every client run, in round order,
+// per N, layer, target and mode, so that a run with errors is seen even
+// where the medians hide it.
+func loadRunErrors(b *bytes.Buffer, res *harness.Results) {
+	var rows []string
+	runs, bad := 0, 0
+	for _, p := range res.Points {
+		for _, cs := range p.Conn {
+			var errs []string
+			for _, rr := range cs.Rounds {
+				runs++
+				if rr.Errors > 0 {
+					bad++
+				}
+				errs = append(errs, fmt.Sprint(rr.Errors))
+			}
+			first := ""
+			for _, rr := range cs.Rounds {
+				if rr.FirstError != "" {
+					first = rr.FirstError
+					break
+				}
+			}
+			rows = append(rows, fmt.Sprintf("| %d | %s | %s | %s | %s | %s |", p.Services, cs.Layer, cs.Target, cs.Mode, strings.Join(errs, " "), first))
+		}
+	}
+	if runs == 0 {
+		return
+	}
+	fmt.Fprintf(b, "\n## Errors of every load run\n\n%d client runs, %d with errors. Per run, in round order (connections that failed: connect, request, reply):\n\n", runs, bad)
+	b.WriteString("| N | layer | target | mode | errors per run | first error |\n|---:|---|---|---|---|---|\n")
+	b.WriteString(strings.Join(rows, "\n") + "\n")
+}
