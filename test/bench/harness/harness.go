@@ -568,7 +568,7 @@ func (r *runner) programInitial(ctx context.Context, p *Point, envs []*env, svcs
 			if err != nil {
 				st.InitialResult = describeErr(err)
 				e.failed = "initial programming: " + st.InitialResult
-				r.log.Warn("programming failed", "mode", e.name, "services", p.Services, "err", err)
+				r.log.Warn("programming failed", "mode", e.name, "services", p.Services, "err", err, "agent_log", agentLogTail(e.m))
 				continue
 			}
 			if el > r.cfg.ProgTimeout {
@@ -580,7 +580,9 @@ func (r *runner) programInitial(ctx context.Context, p *Point, envs []*env, svcs
 				continue
 			}
 			st.InitialS = append(st.InitialS, el.Seconds())
-			recordSync(e.m, t0, &st.InitialSourceS, &st.InitialApplyS)
+			start := agentStart(e.m, t0)
+			st.InitialFromStartS = append(st.InitialFromStartS, (el - start.Sub(t0)).Seconds())
+			recordSync(e.m, start, &st.InitialSourceS, &st.InitialApplyS)
 			r.log.Info("programmed", "mode", e.name, "services", p.Services, "seconds", el.Seconds())
 		}
 	}

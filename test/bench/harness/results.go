@@ -94,6 +94,10 @@ type ProgStat struct {
 	InitialApplyS  []float64 `json:"initial_apply_s,omitempty"`
 	UpdateSourceS  []float64 `json:"update_source_s,omitempty"`
 	UpdateApplyS   []float64 `json:"update_apply_s,omitempty"`
+	// InitialFromStartS is InitialS less the time to write the sluice
+	// mode's manifest: from the agent's start to all sampled services
+	// answering (the source's initial share is from the same start).
+	InitialFromStartS []float64 `json:"initial_from_start_s,omitempty"`
 }
 
 // MemStat is one mode's memory at N.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // What the benchmark adds for its largest rows (issue 14, 100,000 Services
@@ -63,4 +64,22 @@ func procStatusBytes(pid int, fields ...string) map[string]int64 {
 		}
 	}
 	return out
+}
+
+// agentLogTail is the end of the sluice mode's agent log, for a failure's
+// log line ("" for other modes).
+func agentLogTail(m mode) string {
+	if sm, ok := m.(*sluiceMode); ok && sm.agent != nil {
+		return sm.logTail()
+	}
+	return ""
+}
+
+// agentStart is when the sluice mode's agent started, its manifest
+// written; t0 for other modes, which have nothing to write first.
+func agentStart(m mode, t0 time.Time) time.Time {
+	if sm, ok := m.(*sluiceMode); ok && sm.started.After(t0) {
+		return sm.started
+	}
+	return t0
 }

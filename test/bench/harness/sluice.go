@@ -33,6 +33,7 @@ type sluiceMode struct {
 	manifest string
 	fam      rules.Family
 	agent    *agentproc.Agent
+	started  time.Time // when the agent was last started, its manifest already written
 }
 
 // sluiceBinaries returns the agent binary: BENCH_SLUICE, or cmd/sluice
@@ -144,6 +145,7 @@ func (m *sluiceMode) program(ctx context.Context, svcs []rules.Service) error {
 			"--max-service-entries", strconv.Itoa(mapSize(entries)),
 		},
 	})
+	m.started = time.Now()
 	if err := m.agent.Start(); err != nil {
 		return fmt.Errorf("start agent: %w", err)
 	}

@@ -150,6 +150,7 @@ func Markdown(res *harness.Results, stamp string) []byte {
 		b.WriteString("| N | mode | initial source s | initial apply s | update source ms | update apply ms |\n|---:|---|---:|---:|---:|---:|\n")
 		b.WriteString(strings.Join(bd, "\n") + "\n")
 	}
+	fromStartTable(&b, res)
 	var ver []string
 	for _, p := range res.Points {
 		for _, m := range p.Modes {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/test/bench/harness"
 )
 
@@ -72,5 +73,28 @@ func loadRunErrors(b *bytes.Buffer, res *harness.Results) {
 	}
 	fmt.Fprintf(b, "\n## Errors of every load run\n\n%d client runs, %d with errors. Per run, in round order (connections that failed: connect, request, reply):\n\n", runs, bad)
 	b.WriteString("| N | layer | target | mode | errors per run | first error |\n|---:|---|---|---|---|---|\n")
+	b.WriteString(strings.Join(rows, "\n") + "\n")
+}
+
+// fromStartTable renders the initial programming from the agent's start
+// (its manifest already written), beside the total the Programming table
+// gives.
+func fromStartTable(b *bytes.Buffer, res *harness.Results) {
+	var rows []string
+	for _, p := range res.Points {
+		for _, ps := range p.Prog {
+			if len(ps.InitialFromStartS) == 0 {
+				continue
+			}
+			st := testutil.SpreadOf(ps.InitialFromStartS)
+			rows = append(rows, fmt.Sprintf("| %d | %s | %s | %.3f (%.3f-%.3f) n=%d |", p.Services, ps.Mode,
+				medianOr(ps.InitialS, 1, "%.3f"), st.Median, st.Min, st.Max, len(ps.InitialFromStartS)))
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	b.WriteString("\nThe initial programming from the agent's start: the total less the time the benchmark took to write the manifest file (a JSON List of N Services and N EndpointSlices) before starting the agent.\n\n")
+	b.WriteString("| N | mode | initial s (total) | from the agent's start s median (min-max) |\n|---:|---|---:|---:|\n")
 	b.WriteString(strings.Join(rows, "\n") + "\n")
 }
