@@ -250,8 +250,9 @@ func (m *sluiceMode) socketCgroup() *topology.Cgroup { return m.cgroup }
 // translation) and how long the reconciler's Apply took.
 func (m *sluiceMode) lastSync(t0 time.Time) (sourceS, applyS float64, ok bool) {
 	// The agent logs the sync after its map writes, which the probe may
-	// already have seen: give the line a moment to appear.
-	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	// already have seen: give the line a moment to appear (at 100,000
+	// Services on a loaded machine, more than 3 s).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if sourceS, applyS, ok = m.parseSync(t0); ok || time.Now().After(deadline) {
 			return sourceS, applyS, ok
 		}
