@@ -580,7 +580,7 @@ func (r *runner) programInitial(ctx context.Context, p *Point, envs []*env, svcs
 				continue
 			}
 			st.InitialS = append(st.InitialS, el.Seconds())
-			start := agentStart(e.m, t0)
+			start := sourceReady(e.m, t0)
 			st.InitialFromStartS = append(st.InitialFromStartS, (el - start.Sub(t0)).Seconds())
 			recordSync(e.m, start, &st.InitialSourceS, &st.InitialApplyS)
 			r.log.Info("programmed", "mode", e.name, "services", p.Services, "seconds", el.Seconds())
@@ -640,7 +640,9 @@ func (r *runner) updates(ctx context.Context, p *Point, envs []*env, svcs []rule
 				continue
 			}
 			st.UpdateS = append(st.UpdateS, el.Seconds())
-			recordSync(e.m, t0, &st.UpdateSourceS, &st.UpdateApplyS)
+			ready := sourceReady(e.m, t0)
+			st.UpdateFromWriteS = append(st.UpdateFromWriteS, (el - ready.Sub(t0)).Seconds())
+			recordSync(e.m, ready, &st.UpdateSourceS, &st.UpdateApplyS)
 		}
 		cur = next
 	}

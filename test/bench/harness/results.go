@@ -98,6 +98,9 @@ type ProgStat struct {
 	// mode's manifest: from the agent's start to all sampled services
 	// answering (the source's initial share is from the same start).
 	InitialFromStartS []float64 `json:"initial_from_start_s,omitempty"`
+	// UpdateFromWriteS is UpdateS from the manifest's rename into place,
+	// without the time the benchmark took to render and write it.
+	UpdateFromWriteS []float64 `json:"update_from_write_s,omitempty"`
 }
 
 // MemStat is one mode's memory at N.

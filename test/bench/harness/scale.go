@@ -75,11 +75,13 @@ func agentLogTail(m mode) string {
 	return ""
 }
 
-// agentStart is when the sluice mode's agent started, its manifest
-// written; t0 for other modes, which have nothing to write first.
-func agentStart(m mode, t0 time.Time) time.Time {
-	if sm, ok := m.(*sluiceMode); ok && sm.started.After(t0) {
-		return sm.started
+// sourceReady is when the sluice mode's agent had its input, for a step
+// that began at t0: its start (initial programming) or its manifest's
+// rename into place (an update), after the benchmark wrote the file; t0
+// for other modes, which write nothing first.
+func sourceReady(m mode, t0 time.Time) time.Time {
+	if sm, ok := m.(*sluiceMode); ok && sm.ready.After(t0) {
+		return sm.ready
 	}
 	return t0
 }

@@ -33,7 +33,9 @@ type sluiceMode struct {
 	manifest string
 	fam      rules.Family
 	agent    *agentproc.Agent
-	started  time.Time // when the agent was last started, its manifest already written
+	// ready is when the agent last had something new to read: its start
+	// (its manifest already written), or the manifest's rename into place.
+	ready time.Time
 }
 
 // sluiceBinaries returns the agent binary: BENCH_SLUICE, or cmd/sluice
@@ -109,7 +111,11 @@ func (m *sluiceMode) writeManifest(svcs []rules.Service) error {
 	if err != nil {
 		return err
 	}
-	return agentproc.WriteFile(m.manifest, string(data))
+	if err := agentproc.WriteFile(m.manifest, string(data)); err != nil {
+		return err
+	}
+	m.ready = time.Now()
+	return nil
 }
 
 // needs counts the map entries svcs take.
@@ -145,7 +151,7 @@ func (m *sluiceMode) program(ctx context.Context, svcs []rules.Service) error {
 			"--max-service-entries", strconv.Itoa(mapSize(entries)),
 		},
 	})
-	m.started = time.Now()
+	m.ready = time.Now()
 	if err := m.agent.Start(); err != nil {
 		return fmt.Errorf("start agent: %w", err)
 	}
