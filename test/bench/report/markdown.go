@@ -134,17 +134,11 @@ func Markdown(res *harness.Results, stamp string) []byte {
 			fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s |\n", p.Services, ps.Mode, ini, ps.InitialResult, upd, ps.UpdateResult)
 		}
 	}
-	var bd []string
-	for _, p := range res.Points {
-		for _, ps := range p.Prog {
-			if len(ps.InitialSourceS)+len(ps.UpdateSourceS) == 0 {
-				continue
-			}
-			bd = append(bd, fmt.Sprintf("| %d | %s | %s | %s | %s | %s |", p.Services, ps.Mode,
-				medianOr(ps.InitialSourceS, 1, "%.3f"), medianOr(ps.InitialApplyS, 1, "%.3f"),
-				medianOr(ps.UpdateSourceS, 1e3, "%.1f"), medianOr(ps.UpdateApplyS, 1e3, "%.1f")))
-		}
-	}
+	bd := progRows(res, func(ps harness.ProgStat) bool { return len(ps.InitialSourceS)+len(ps.UpdateSourceS) > 0 },
+		func(ps harness.ProgStat) []string {
+			return []string{medianOr(ps.InitialSourceS, 1, "%.3f"), medianOr(ps.InitialApplyS, 1, "%.3f"),
+				medianOr(ps.UpdateSourceS, 1e3, "%.1f"), medianOr(ps.UpdateApplyS, 1e3, "%.1f")}
+		})
 	if len(bd) > 0 {
 		b.WriteString("\nWhere Sluice's time goes (from the agent's log; medians): `source` = from writing the manifest file (initial: from starting the agent) until the manifest source had loaded and translated it (includes its 100 ms debounce on updates); `apply` = the reconciler writing the maps. The rest of the total is the agent's start (BPF load, attach) and the probe.\n\n")
 		b.WriteString("| N | mode | initial source s | initial apply s | update source ms | update apply ms |\n|---:|---|---:|---:|---:|---:|\n")

@@ -81,17 +81,11 @@ func loadRunErrors(b *bytes.Buffer, res *harness.Results) {
 // and N EndpointSlices: seconds at 100,000): the initial programming from
 // the agent's start, and an update from the file's rename into place.
 func fromStartTable(b *bytes.Buffer, res *harness.Results) {
-	var rows []string
-	for _, p := range res.Points {
-		for _, ps := range p.Prog {
-			if len(ps.InitialFromStartS)+len(ps.UpdateFromWriteS) == 0 {
-				continue
-			}
-			rows = append(rows, fmt.Sprintf("| %d | %s | %s | %s | %s | %s |", p.Services, ps.Mode,
-				medianOr(ps.InitialS, 1, "%.3f"), spreadOr(ps.InitialFromStartS, 1, "%.3f"),
-				medianOr(ps.UpdateS, 1e3, "%.1f"), spreadOr(ps.UpdateFromWriteS, 1e3, "%.1f")))
-		}
-	}
+	rows := progRows(res, func(ps harness.ProgStat) bool { return len(ps.InitialFromStartS)+len(ps.UpdateFromWriteS) > 0 },
+		func(ps harness.ProgStat) []string {
+			return []string{medianOr(ps.InitialS, 1, "%.3f"), spreadOr(ps.InitialFromStartS, 1, "%.3f"),
+				medianOr(ps.UpdateS, 1e3, "%.1f"), spreadOr(ps.UpdateFromWriteS, 1e3, "%.1f")}
+		})
 	if len(rows) == 0 {
 		return
 	}
@@ -109,4 +103,18 @@ func spreadOr(v []float64, scale float64, format string) string {
 	st := testutil.SpreadOf(v)
 	f := format + " (" + format + "-" + format + ") n=%d"
 	return fmt.Sprintf(f, st.Median*scale, st.Min*scale, st.Max*scale, len(v))
+}
+
+// progRows renders a programming table's rows: one per N and mode whose
+// ProgStat has what the table shows (has), its cells after N and mode.
+func progRows(res *harness.Results, has func(harness.ProgStat) bool, cells func(harness.ProgStat) []string) []string {
+	var rows []string
+	for _, p := range res.Points {
+		for _, ps := range p.Prog {
+			if has(ps) {
+				rows = append(rows, fmt.Sprintf("| %d | %s | %s |", p.Services, ps.Mode, strings.Join(cells(ps), " | ")))
+			}
+		}
+	}
+	return rows
 }
