@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 )
@@ -57,7 +56,7 @@ type external struct {
 
 // externalOf reads what svc's north-south frontends of the family (IPv6
 // if v6) share, on node; eps are the Service's slices of the family.
-func externalOf(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node, v6 bool) external {
+func externalOf(svc *corev1.Service, eps []*Slice, node Node, v6 bool) external {
 	x := external{node: node, v6: v6}
 	typ := svc.Spec.Type
 	x.nodePorts = typ == corev1.ServiceTypeNodePort || typ == corev1.ServiceTypeLoadBalancer

@@ -185,6 +185,13 @@ func ServiceNameOfSlice(es *discoveryv1.EndpointSlice) (types.NamespacedName, bo
 // of other Services are ignored). A Service deliberately not served is not
 // an error: its Translation says why it was skipped.
 func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Options) (Translation, error) {
+	return ServiceToModelSlices(svc, SlicesOf(eps), opts)
+}
+
+// ServiceToModelSlices is ServiceToModel with the slices as a translation
+// reads them (Slice): the same result as with the objects they were made
+// from.
+func ServiceToModelSlices(svc *corev1.Service, eps []*Slice, opts Options) (Translation, error) {
 	if svc == nil {
 		return Translation{}, errors.New("nil Service")
 	}
@@ -214,7 +221,7 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 	// (validated) and its north-south addresses.
 	type family struct {
 		vip    netip.Addr
-		slices []*discoveryv1.EndpointSlice
+		slices []*Slice
 		ext    external
 	}
 	node := opts.Node
@@ -225,11 +232,11 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 		f := &fams[i]
 		f.vip = vip
 		for _, es := range eps {
-			nn, ok := ServiceNameOfSlice(es)
+			nn, ok := es.ServiceName()
 			if !ok || nn.Namespace != svc.Namespace || nn.Name != svc.Name || es.AddressType != addressTypeOf(vip) {
 				continue
 			}
-			if err := ValidateEndpointSlice(es); err != nil {
+			if err := es.Invalid; err != nil {
 				return Translation{}, fmt.Errorf("service %q: %w", objName(svc.Namespace, svc.Name), err)
 			}
 			f.slices = append(f.slices, es)
