@@ -97,11 +97,61 @@ type input struct {
 	// gives a stable translation). Most Services have one or two: a
 	// sorted slice costs less than a map. It is replaced, never modified
 	// in place, as take hands it out to Sync.
-	slices []*discoveryv1.EndpointSlice
+	slices []sliceRef
 	// triggers are the last-change-trigger-times of the slice changes
 	// not yet synced, with their slices' families.
 	triggers []model.Trigger
 	dirty    bool // listed in Tracker.dirty
+}
+
+// sliceRef is one of a Service's EndpointSlices as its source gave it: what a
+// translation reads of it (compact, from SetCompactSlice: the Kubernetes
+// source's informers hold only that), or the API object (obj, from
+// SetSlice: the manifest source's loader keeps the objects anyway, so
+// what a translation reads is made from it at each translation, as
+// garbage, rather than held beside it).
+type sliceRef struct {
+	compact *translate.Slice
+	obj     *discoveryv1.EndpointSlice
+}
+
+func (s sliceRef) isNil() bool { return s.compact == nil && s.obj == nil }
+
+func (s sliceRef) name() string {
+	if s.compact != nil {
+		return s.compact.Name
+	}
+	return s.obj.Name
+}
+
+func (s sliceRef) resourceVersion() string {
+	if s.compact != nil {
+		return s.compact.ResourceVersion
+	}
+	return s.obj.ResourceVersion
+}
+
+func (s sliceRef) addressType() discoveryv1.AddressType {
+	if s.compact != nil {
+		return s.compact.AddressType
+	}
+	return s.obj.AddressType
+}
+
+// serviceName is the Service the slice belongs to (ServiceNameOfSlice).
+func (s sliceRef) serviceName() (types.NamespacedName, bool) {
+	if s.compact != nil {
+		return s.compact.ServiceName()
+	}
+	return translate.ServiceNameOfSlice(s.obj)
+}
+
+// read returns what a translation reads of the slice.
+func (s sliceRef) read() *translate.Slice {
+	if s.compact != nil {
+		return s.compact
+	}
+	return translate.SliceOf(s.obj)
 }
 
 // New returns a Tracker that translates with opts; opts.Node is the node
@@ -201,13 +251,24 @@ func (t *Tracker) SetSlice(key types.NamespacedName, slice *discoveryv1.Endpoint
 // endpoints.kubernetes.io/last-change-trigger-time annotation off it (the
 // Kubernetes source, whose cache need not keep it): trigger is its value,
 // "" for none.
-func (t *Tracker) SetSliceTriggered(key types.NamespacedName, slice *discoveryv1.EndpointSlice, trigger string) bool {
+func (t *Tracker) SetSliceTriggered(key types.NamespacedName, es *discoveryv1.EndpointSlice, trigger string) bool {
+	return t.setSlice(key, sliceRef{obj: es}, trigger)
+}
+
+// SetCompactSlice is SetSliceTriggered for a source that keeps only what a
+// translation reads of the slice (translate.SliceOf; the Kubernetes
+// source): es translates exactly as the object it was made from.
+func (t *Tracker) SetCompactSlice(key types.NamespacedName, es *translate.Slice, trigger string) bool {
+	return t.setSlice(key, sliceRef{compact: es}, trigger)
+}
+
+func (t *Tracker) setSlice(key types.NamespacedName, es sliceRef, trigger string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var owner types.NamespacedName
 	hasOwner := false
-	if slice != nil {
-		owner, hasOwner = translate.ServiceNameOfSlice(slice)
+	if !es.isNil() {
+		owner, hasOwner = es.serviceName()
 	}
 	changed := false
 	oldOwner, had := t.ownerOf[key]
@@ -228,17 +289,17 @@ func (t *Tracker) SetSliceTriggered(key types.NamespacedName, slice *discoveryv1
 	in := t.input(owner)
 	i, found := findSlice(in.slices, key.Name)
 	if found {
-		if old := in.slices[i]; old == slice || old.ResourceVersion != "" && old.ResourceVersion == slice.ResourceVersion {
+		if old := in.slices[i]; old == es || old.resourceVersion() != "" && old.resourceVersion() == es.resourceVersion() {
 			return changed // an informer resync
 		}
 		eps := slices.Clone(in.slices) // a copy, see input
-		eps[i] = slice
+		eps[i] = es
 		in.slices = eps
 	} else {
-		in.slices = slices.Insert(slices.Clip(in.slices), i, slice) // a copy too
+		in.slices = slices.Insert(slices.Clip(in.slices), i, es) // a copy too
 		t.ownerOf[key] = owner
 	}
-	if trig, ok := triggerOf(slice, trigger); ok {
+	if trig, ok := triggerOf(es.addressType(), trigger); ok {
 		in.triggers = append(in.triggers, trig)
 	}
 	t.markDirty(owner, in)
@@ -246,9 +307,9 @@ func (t *Tracker) SetSliceTriggered(key types.NamespacedName, slice *discoveryv1
 }
 
 // findSlice returns where the slice called name is, or would be, in eps.
-func findSlice(eps []*discoveryv1.EndpointSlice, name string) (int, bool) {
-	return slices.BinarySearchFunc(eps, name, func(es *discoveryv1.EndpointSlice, name string) int {
-		return cmp.Compare(es.Name, name)
+func findSlice(eps []sliceRef, name string) (int, bool) {
+	return slices.BinarySearchFunc(eps, name, func(es sliceRef, name string) int {
+		return cmp.Compare(es.name(), name)
 	})
 }
 
@@ -265,18 +326,18 @@ func (t *Tracker) SetNode(node translate.Node) bool {
 }
 
 // triggerOf is the time an endpoints.kubernetes.io/last-change-trigger-time
-// v of a slice says (when the change it carries, a pod becoming ready say,
-// happened), with the slice's family; false for none, or for a slice of
-// addressType FQDN (no proxier serves it).
-func triggerOf(slice *discoveryv1.EndpointSlice, v string) (model.Trigger, bool) {
-	if v == "" || slice.AddressType == discoveryv1.AddressTypeFQDN {
+// v of a slice of addressType at says (when the change it carries, a pod
+// becoming ready say, happened), with the slice's family; false for none,
+// or for a slice of addressType FQDN (no proxier serves it).
+func triggerOf(at discoveryv1.AddressType, v string) (model.Trigger, bool) {
+	if v == "" || at == discoveryv1.AddressTypeFQDN {
 		return model.Trigger{}, false
 	}
 	t, err := time.Parse(time.RFC3339Nano, v)
 	if err != nil {
 		return model.Trigger{}, false
 	}
-	return model.Trigger{At: t, IPv6: slice.AddressType == discoveryv1.AddressTypeIPv6}, true
+	return model.Trigger{At: t, IPv6: at == discoveryv1.AddressTypeIPv6}, true
 }
 
 // pending is the input of one sync: the dirty Services with their current
@@ -290,7 +351,7 @@ type pending struct {
 type dirtyService struct {
 	key    types.NamespacedName
 	svc    *corev1.Service // nil: deleted
-	slices []*discoveryv1.EndpointSlice
+	slices []sliceRef
 }
 
 // take returns and clears the pending changes.
@@ -396,7 +457,11 @@ func (t *Tracker) Sync() Result {
 		} else {
 			r.Translated++
 			t.created[key] = svc.CreationTimestamp.Time
-			tr, err := translate.ServiceToModel(svc, d.slices, t.opts)
+			read := make([]*translate.Slice, len(d.slices))
+			for i, es := range d.slices {
+				read[i] = es.read()
+			}
+			tr, err := translate.ServiceToModelSlices(svc, read, t.opts)
 			if err != nil {
 				// A malformed Service must not stop the others: it
 				// keeps its last good translation until it is fixed.

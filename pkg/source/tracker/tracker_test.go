@@ -36,7 +36,10 @@ func take(tr *Tracker) (services map[types.NamespacedName]*corev1.Service, slice
 	for _, d := range tr.take().services {
 		services[d.key] = d.svc
 		if d.slices != nil {
-			slices[d.key] = d.slices
+			slices[d.key] = make([]*discoveryv1.EndpointSlice, len(d.slices))
+			for i, es := range d.slices {
+				slices[d.key][i] = es.obj // fed by SetSlice
+			}
 		}
 	}
 	return services, slices
