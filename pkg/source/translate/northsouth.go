@@ -105,7 +105,10 @@ func policyOf(svc *corev1.Service, sp corev1.ServicePort, x external) portPolicy
 }
 
 // northSouth returns the north-south frontends of service port sp, with
-// the port's endpoint categories cat.
+// the port's endpoint categories cat. They share cat's arrays of backends
+// with each other and the port's ClusterIP frontend: nothing modifies a
+// translation (model.State), and a LoadBalancer Service's port has one
+// frontend per node address, external IP and load-balancer IP.
 func northSouth(svc *corev1.Service, sp corev1.ServicePort, proto model.Protocol, cat categories, x external) (out []*model.Service) {
 	backends := cat.cluster
 	if x.local {
@@ -121,7 +124,7 @@ func northSouth(svc *corev1.Service, sp corev1.ServicePort, proto model.Protocol
 			Name:                name,
 			Kind:                kind,
 			Frontend:            model.L4Addr{Addr: ip, Port: uint16(port), Proto: proto},
-			Backends:            slices.Clone(backends),
+			Backends:            backends,
 			DropWhenEmpty:       cat.hasAny && len(backends) == 0,
 			ExternalLocal:       x.local,
 			HealthCheckNodePort: x.hc,
@@ -129,7 +132,7 @@ func northSouth(svc *corev1.Service, sp corev1.ServicePort, proto model.Protocol
 		}
 		if x.local {
 			s.TwoScopes = true
-			s.InternalBackends = slices.Clone(cat.cluster)
+			s.InternalBackends = cat.cluster
 		}
 		out = append(out, s)
 		return s

@@ -161,9 +161,16 @@ func availableForTopology(e *endpoint, mode, nodeName, zone string) bool {
 }
 
 // filterEndpoints returns the backends of the endpoints keep accepts,
-// terminating ones marked, never nil.
+// terminating ones marked, never nil, in an array of their number: the
+// frontends of a Service port share it (model.State is never modified).
 func filterEndpoints(eps []endpoint, keep func(*endpoint) bool) []model.Backend {
-	out := make([]model.Backend, 0, len(eps))
+	n := 0
+	for i := range eps {
+		if keep(&eps[i]) {
+			n++
+		}
+	}
+	out := make([]model.Backend, 0, n)
 	for i := range eps {
 		if e := &eps[i]; keep(e) {
 			b := e.b

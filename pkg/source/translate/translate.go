@@ -281,7 +281,7 @@ func ServiceToModelSlices(svc *corev1.Service, eps []*Slice, opts Options) (Tran
 				Name:          model.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: sp.Name},
 				Kind:          model.ClusterIP,
 				Frontend:      model.L4Addr{Addr: f.vip, Port: uint16(sp.Port), Proto: proto},
-				Backends:      slices.Clone(internal),
+				Backends:      internal,
 				DropWhenEmpty: cat.hasAny && len(internal) == 0,
 
 				AffinityTimeout: affinity,
