@@ -552,3 +552,58 @@ func TestTrackerTriggersCarryFamily(t *testing.T) {
 		t.Errorf("triggers taken twice: %v", got)
 	}
 }
+
+// A slice given as what a translation reads of it (SetCompactSlice, the
+// Kubernetes source) is tracked as the object it was made from (SetSlice):
+// the same states after each change, a resync (the same resourceVersion)
+// marks nothing, a relabelled slice leaves its first Service, and its
+// trigger time is taken with its family.
+func TestTrackerCompactSlicesTrackAsObjects(t *testing.T) {
+	full, compact := New(translate.Options{}), New(translate.Options{})
+	at := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	trigger := at.Format(time.RFC3339Nano)
+	for _, name := range []string{"a", "b"} {
+		svc := service(name, map[string]string{"a": "10.96.0.1", "b": "10.96.0.2"}[name], 80)
+		full.SetService(nameOf(svc), svc)
+		compact.SetService(nameOf(svc), svc)
+	}
+	a1 := slice("a", "a-1", 8080, "10.0.0.1")
+	v6 := slice("a", "a-2", 8080, "2001:db8::1")
+	v6.AddressType = discoveryv1.AddressTypeIPv6
+	v6.ResourceVersion = "9"
+	relabelled := slice("b", "a-1", 8080, "10.0.0.3")
+	relabelled.ResourceVersion = "3"
+	steps := []struct {
+		key    types.NamespacedName
+		es     *discoveryv1.EndpointSlice // nil: deleted
+		change bool
+	}{
+		{nameOf(a1), a1, true},
+		{nameOf(v6), v6, true},
+		{nameOf(v6), v6.DeepCopy(), false}, // a resync
+		{nameOf(relabelled), relabelled, true},
+		{nameOf(v6), nil, true},
+		{nameOf(v6), nil, false},
+	}
+	for i, s := range steps {
+		if s.es != nil && s.es.ResourceVersion == "" {
+			s.es.ResourceVersion = "1"
+		}
+		fc := full.SetSliceTriggered(s.key, s.es, trigger)
+		cc := compact.SetCompactSlice(s.key, translate.SliceOf(s.es), trigger)
+		if fc != s.change || cc != s.change {
+			t.Errorf("step %d: changed %v (objects), %v (compact); want %v", i, fc, cc, s.change)
+		}
+		fr, cr := full.Sync(), compact.Sync()
+		if got, want := render(cr.State), render(fr.State); got != want {
+			t.Errorf("step %d: compact slices give\n%s\nwant\n%s", i, got, want)
+		}
+		if !slices.Equal(cr.Triggers, fr.Triggers) {
+			t.Errorf("step %d: compact triggers %v, want %v", i, cr.Triggers, fr.Triggers)
+		}
+	}
+	if got := render(compact.Sync().State); !strings.Contains(got, "10.96.0.2:80/TCP default/b:http -> 10.0.0.3:8080/TCP") ||
+		strings.Contains(got, "10.0.0.1") {
+		t.Errorf("after the relabel and the deletion:\n%s", got)
+	}
+}
