@@ -73,8 +73,18 @@ func SliceOf(es *discoveryv1.EndpointSlice) *Slice {
 // own; es is not nil.
 func MakeSlice(es *discoveryv1.EndpointSlice) Slice {
 	s := Slice{Namespace: es.Namespace, Name: es.Name, ResourceVersion: es.ResourceVersion,
-		Service: es.Labels[discoveryv1.LabelServiceName], AddressType: constant(es.AddressType, addressTypes),
-		Invalid: ValidateEndpointSlice(es)}
+		Service: es.Labels[discoveryv1.LabelServiceName], AddressType: constant(es.AddressType, addressTypes)}
+	if len(es.Endpoints) > 0 {
+		s.Endpoints = make([]SliceEndpoint, len(es.Endpoints))
+	}
+	// Validation parses the addresses: it gives the first ones of the
+	// endpoints 0 to given-1 (all of them, in a valid IPv4 or IPv6
+	// slice); the others are parsed below.
+	given := 0
+	s.Invalid = validateEndpointSlice(es, func(i int, ip netip.Addr) {
+		s.Endpoints[i].Addr = ip
+		given = i + 1
+	})
 	if len(es.Ports) > 0 {
 		s.Ports = make([]SlicePort, len(es.Ports))
 		for i, p := range es.Ports {
@@ -85,18 +95,15 @@ func MakeSlice(es *discoveryv1.EndpointSlice) Slice {
 			}
 		}
 	}
-	if len(es.Endpoints) > 0 {
-		s.Endpoints = make([]SliceEndpoint, len(es.Endpoints))
-		for i := range es.Endpoints {
-			e := &es.Endpoints[i]
-			out := &s.Endpoints[i]
-			if len(e.Addresses) > 0 {
-				out.Addr, _ = parseIPSloppy(e.Addresses[0])
-			}
-			out.NodeName, out.Hints = e.NodeName, e.Hints
-			c := &e.Conditions
-			out.Ready, out.Serving, out.Terminating = ptrOr(c.Ready, true), ptrOr(c.Serving, true), ptrOr(c.Terminating, false)
+	for i := range es.Endpoints {
+		e := &es.Endpoints[i]
+		out := &s.Endpoints[i]
+		if i >= given && len(e.Addresses) > 0 {
+			out.Addr, _ = parseIPSloppy(e.Addresses[0])
 		}
+		out.NodeName, out.Hints = e.NodeName, e.Hints
+		c := &e.Conditions
+		out.Ready, out.Serving, out.Terminating = ptrOr(c.Ready, true), ptrOr(c.Serving, true), ptrOr(c.Terminating, false)
 	}
 	return s
 }

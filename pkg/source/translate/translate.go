@@ -494,6 +494,13 @@ func ValidateService(svc *corev1.Service) error {
 // ValidateEndpointSlice checks the fields Sluice relies on. Errors name the
 // object and, where it applies, the port or endpoint.
 func ValidateEndpointSlice(es *discoveryv1.EndpointSlice) error {
+	return validateEndpointSlice(es, nil)
+}
+
+// validateEndpointSlice is ValidateEndpointSlice, telling first (if not
+// nil) the first address of endpoint i as it parsed it (an IPv4 or IPv6
+// slice's, up to the first error), so that MakeSlice parses it once.
+func validateEndpointSlice(es *discoveryv1.EndpointSlice, first func(i int, ip netip.Addr)) error {
 	fail, err := checkMeta("EndpointSlice", "endpointslice", es)
 	if err != nil {
 		return err
@@ -530,13 +537,17 @@ func ValidateEndpointSlice(es *discoveryv1.EndpointSlice) error {
 		if len(e.Addresses) == 0 {
 			return fail("endpoints[%d]: no addresses", i)
 		}
-		for _, a := range e.Addresses {
+		for j, a := range e.Addresses {
 			switch es.AddressType {
 			case discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6:
 				// parseIPSloppy makes an IPv4-mapped address IPv4:
 				// valid in an IPv4 slice, not in an IPv6 one.
-				if ip, ok := parseIPSloppy(a); !ok || ip.Is6() != (es.AddressType == discoveryv1.AddressTypeIPv6) {
+				ip, ok := parseIPSloppy(a)
+				if !ok || ip.Is6() != (es.AddressType == discoveryv1.AddressTypeIPv6) {
 					return fail("endpoints[%d]: invalid %s address %q", i, es.AddressType, a)
+				}
+				if j == 0 && first != nil {
+					first(i, ip)
 				}
 			}
 		}
