@@ -45,9 +45,16 @@ type slimmer struct {
 	mu      sync.Mutex
 	strings map[string]*string
 	// triggers holds the trigger times taken off the slices that the
-	// event handler has not seen yet.
-	triggers map[*cachedSlice]string
+	// event handler has not seen yet; triggersPeak is the most it held
+	// since it was made. A Go map keeps the room it grew to: once the
+	// first list's 30,000 are taken, a new map replaces it.
+	triggers     map[*cachedSlice]string
+	triggersPeak int
 }
+
+// shrinkTriggers is the peak past which slimmer.triggers is replaced once
+// empty.
+const shrinkTriggers = 1024
 
 // maxShared bounds slimmer.strings: past it, the names seen are forgotten
 // (objects keep theirs) and sharing starts over, so that the node names
@@ -72,6 +79,9 @@ func (sl *slimmer) takeTrigger(es *cachedSlice) string {
 	v, ok := sl.triggers[es]
 	if ok {
 		delete(sl.triggers, es)
+		if len(sl.triggers) == 0 && sl.triggersPeak > shrinkTriggers {
+			sl.triggers, sl.triggersPeak = map[*cachedSlice]string{}, 0
+		}
 	}
 	return v
 }
@@ -128,6 +138,7 @@ func (sl *slimmer) slimSlice(es *discoveryv1.EndpointSlice) *cachedSlice {
 			clear(sl.triggers)
 		}
 		sl.triggers[c] = trigger
+		sl.triggersPeak = max(sl.triggersPeak, len(sl.triggers))
 	}
 	return c
 }
