@@ -354,6 +354,9 @@ type dirtyService struct {
 	slices []sliceRef
 }
 
+// maxKeptDirty is the most room Tracker.dirty keeps between syncs.
+const maxKeptDirty = 1024
+
 // take returns and clears the pending changes.
 func (t *Tracker) take() pending {
 	t.mu.Lock()
@@ -377,6 +380,9 @@ func (t *Tracker) take() pending {
 		}
 	}
 	t.dirty = t.dirty[:0]
+	if cap(t.dirty) > maxKeptDirty {
+		t.dirty = nil // the first sync's 30,000: not kept for the next ones
+	}
 	return p
 }
 
