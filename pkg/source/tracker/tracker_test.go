@@ -496,6 +496,38 @@ func TestTrackerConflictOldestWins(t *testing.T) {
 	}
 }
 
+// The conflict rule reads a Service's creationTimestamp as of its last
+// translation: a Service recreated (a new timestamp, and an annotation:
+// the tracker does not translate again for the timestamp alone) whose
+// translation did not change, or that no longer translates and keeps its
+// last translation, is as old as its new timestamp when the holder lets
+// go.
+func TestTrackerConflictOldestAfterRecreate(t *testing.T) {
+	for _, invalid := range []bool{false, true} {
+		tr := New(translate.Options{})
+		claim(tr, "aa", "10.0.0.1", time.Unix(1000, 0))
+		claim(tr, "bb", "10.0.0.2", time.Unix(6000, 0))
+		claim(tr, "cc", "10.0.0.3", time.Unix(5000, 0))
+		if got := render(tr.Sync().State); !strings.Contains(got, "default/aa:http") {
+			t.Fatalf("got %s, want aa's (the oldest)", got)
+		}
+		bb := service("bb", "10.96.0.1", 80)
+		bb.CreationTimestamp = metav1.NewTime(time.Unix(100, 0))
+		bb.Annotations = map[string]string{"example.com/recreated": "yes"}
+		if invalid {
+			bb.Spec.ExternalIPs = []string{"not-an-address"}
+		}
+		tr.SetService(types.NamespacedName{Namespace: "default", Name: "bb"}, bb)
+		if r := tr.Sync(); r.Changed != 0 || len(r.Errors) != map[bool]int{false: 0, true: 1}[invalid] {
+			t.Fatalf("invalid %v: recreated bb changed %d translations, errors %v", invalid, r.Changed, r.Errors)
+		}
+		tr.SetService(types.NamespacedName{Namespace: "default", Name: "aa"}, nil)
+		if got := render(tr.Sync().State); got != "10.96.0.1:80/TCP default/bb:http -> 10.0.0.2:8080/TCP" {
+			t.Errorf("invalid %v: got %s, want bb's (created at 100 now)", invalid, got)
+		}
+	}
+}
+
 // After a restart (a new tracker), the Service the datapath holds the
 // frontend for keeps it, whatever its age or name.
 func TestTrackerConflictRestartKeepsHolder(t *testing.T) {
