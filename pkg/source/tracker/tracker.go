@@ -69,7 +69,7 @@ type Tracker struct {
 
 	// Owned by the goroutine that calls Sync.
 	opts       translate.Options // opts.Node is the node translations were made for
-	translated map[types.NamespacedName][]*model.Service
+	translated map[types.NamespacedName]translation
 	// facts holds what of the node each Service's translation read, for
 	// the Services that read any.
 	facts map[types.NamespacedName]translate.NodeFacts
@@ -81,13 +81,18 @@ type Tracker struct {
 	conflicts []Conflict
 	errs      map[types.NamespacedName]error
 	skipped   map[types.NamespacedName]string
-	// created is each translated Service's creationTimestamp (zero if it
-	// has none), for the conflict rule.
-	created map[types.NamespacedName]time.Time
 	// holds reports whether the datapath holds a frontend as a Service
 	// port's translation would program it (nil: never).
 	holds    func(*model.Service) bool
 	warnings map[types.NamespacedName][]string
+}
+
+// translation is a Service's last translation that has frontends, and the
+// Service's creationTimestamp (zero if it has none), for the conflict
+// rule: one map of both costs less than two at 30,000 Services.
+type translation struct {
+	services []*model.Service
+	created  time.Time
 }
 
 // input is what one Service's translation reads.
@@ -162,11 +167,10 @@ func New(opts translate.Options) *Tracker {
 		ownerOf:    map[types.NamespacedName]types.NamespacedName{},
 		node:       opts.Node,
 		opts:       opts,
-		translated: map[types.NamespacedName][]*model.Service{},
+		translated: map[types.NamespacedName]translation{},
 		facts:      map[types.NamespacedName]translate.NodeFacts{},
 		errs:       map[types.NamespacedName]error{},
 		skipped:    map[types.NamespacedName]string{},
-		created:    map[types.NamespacedName]time.Time{},
 		warnings:   map[types.NamespacedName][]string{},
 	}
 }
@@ -448,21 +452,21 @@ func (t *Tracker) Sync() Result {
 	t.opts.Node = p.node
 	r := Result{Triggers: p.triggers}
 	if len(t.translated) == 0 {
-		t.translated = make(map[types.NamespacedName][]*model.Service, len(p.services))
+		t.translated = make(map[types.NamespacedName]translation, len(p.services))
 	}
 	var changes []change
 	for _, d := range p.services {
 		key, svc := d.key, d.svc
 		var out []*model.Service
+		var created time.Time
 		if svc == nil {
 			delete(t.errs, key)
 			delete(t.skipped, key)
 			delete(t.facts, key)
-			delete(t.created, key)
 			delete(t.warnings, key)
 		} else {
 			r.Translated++
-			t.created[key] = svc.CreationTimestamp.Time
+			created = svc.CreationTimestamp.Time
 			read := make([]*translate.Slice, len(d.slices))
 			for i, es := range d.slices {
 				read[i] = es.read()
@@ -473,6 +477,10 @@ func (t *Tracker) Sync() Result {
 				// keeps its last good translation until it is fixed.
 				t.errs[key] = err
 				r.Errors = append(r.Errors, ServiceError{key, err})
+				if last, ok := t.translated[key]; ok {
+					last.created = created
+					t.translated[key] = last
+				}
 				continue
 			}
 			delete(t.errs, key)
@@ -497,8 +505,16 @@ func (t *Tracker) Sync() Result {
 			}
 			out = tr.Services
 		}
-		prev, had := t.translated[key]
-		if len(out) == 0 && !had || had && reflect.DeepEqual(out, prev) {
+		last, had := t.translated[key]
+		prev := last.services
+		if len(out) == 0 && !had {
+			continue
+		}
+		if had && reflect.DeepEqual(out, prev) {
+			if svc != nil && !last.created.Equal(created) {
+				last.created = created
+				t.translated[key] = last
+			}
 			continue
 		}
 		r.Changed++
@@ -511,7 +527,7 @@ func (t *Tracker) Sync() Result {
 		if !had {
 			t.order = nil
 		}
-		t.translated[key] = out
+		t.translated[key] = translation{out, created}
 	}
 	if r.Changed > 0 || t.state == nil {
 		if t.state == nil || !t.patch(changes) {
@@ -594,7 +610,7 @@ func (t *Tracker) build() {
 	var holder map[model.L4Addr]*claimant
 	contested := false
 	for _, k := range t.order {
-		for _, svc := range t.translated[k] {
+		for _, svc := range t.translated[k].services {
 			cur, taken := st.Services[svc.Frontend]
 			if !taken {
 				st.Services[svc.Frontend] = svc
@@ -618,7 +634,7 @@ func (t *Tracker) build() {
 	if contested {
 		// Every claim that lost, in Service order.
 		for _, k := range t.order {
-			for _, svc := range t.translated[k] {
+			for _, svc := range t.translated[k].services {
 				if w := st.Services[svc.Frontend]; w != svc {
 					t.conflicts = append(t.conflicts, Conflict{Frontend: svc.Frontend, Winner: w.Name, Loser: svc.Name})
 				}
@@ -637,7 +653,7 @@ type claimant struct {
 }
 
 func (t *Tracker) claimant(svc *model.Service, prev map[model.L4Addr]*model.Service) *claimant {
-	c := &claimant{svc: svc, created: t.created[types.NamespacedName{Namespace: svc.Name.Namespace, Name: svc.Name.Name}]}
+	c := &claimant{svc: svc, created: t.translated[types.NamespacedName{Namespace: svc.Name.Namespace, Name: svc.Name.Name}].created}
 	if p := prev[svc.Frontend]; p != nil && p.Name == svc.Name {
 		c.holder = true
 	}
