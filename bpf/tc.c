@@ -773,15 +773,16 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 #include "lib/tc6.h"
 
 /*
- * tc_ingress and tc_egress are the programs' bodies, with pkt4.dry a
- * constant (@dry): the live programs are built with false, so the
- * compiler drops every dry-run branch from them; their dry twins with
+ * tc_body - the programs' body, at a device's @ingress or egress, with
+ * pkt4.dry a constant (@dry): the live programs are built with false, so
+ * the compiler drops every dry-run branch from them; their dry twins with
  * true, which drops every write. The twins are programs of their own
  * (reached by a tail call, explain_divert), not a second copy inside the
  * live ones: each copy costs the verifier as much as the whole program,
- * and two would not fit its limit.
+ * and two would not fit its limit. Egress only translates replies back.
  */
-static __always_inline int tc_ingress(struct __sk_buff *skb, bool dry)
+static __always_inline int tc_body(struct __sk_buff *skb, bool dry,
+				   bool ingress)
 {
 	struct pkt4 p = { .dry = dry };
 	__u64 now;
@@ -792,92 +793,62 @@ static __always_inline int tc_ingress(struct __sk_buff *skb, bool dry)
 	case PKT_L4:
 		break;
 	case PKT_ICMP_ERR:
-		return icmp_err_xlate(skb, &p, true);
+		return icmp_err_xlate(skb, &p, ingress);
 	default:
 		return TC_ACT_OK;
 	}
 	now = bpf_ktime_get_ns();
-	ret = rev_nat(skb, &p, now, true);
+	ret = rev_nat(skb, &p, now, ingress);
 	if (ret >= 0)
 		return ret;
-	return lb4_dnat(skb, &p, now);
+	return ingress ? lb4_dnat(skb, &p, now) : TC_ACT_OK;
 }
 
-static __always_inline int tc_egress(struct __sk_buff *skb, bool dry)
+/*
+ * tc_entry - the attached programs' body: a packet to explain goes to the
+ * dry twin, an IPv6 one to the IPv6 program (tc6_divert), the rest
+ * through tc_body.
+ */
+static __always_inline int tc_entry(struct __sk_buff *skb, bool ingress)
 {
-	struct pkt4 p = { .dry = dry };
-	int ret;
-
-	explain_begin(skb, p.dry);
-	switch (parse_tc(skb, &p)) {
-	case PKT_L4:
-		break;
-	case PKT_ICMP_ERR:
-		return icmp_err_xlate(skb, &p, false);
-	default:
-		return TC_ACT_OK;
-	}
-	ret = rev_nat(skb, &p, bpf_ktime_get_ns(), false);
-	return ret >= 0 ? ret : TC_ACT_OK;
+	if (explain_mark(skb))
+		return explain_divert(skb, ingress ? EXPLAIN_PROG_INGRESS :
+						     EXPLAIN_PROG_EGRESS);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return tc6_divert(skb,
+				  ingress ? TC6_PROG_INGRESS : TC6_PROG_EGRESS);
+	return tc_body(skb, false, ingress);
 }
 
 SEC("tc")
 int sluice_ingress(struct __sk_buff *skb)
 {
-	if (explain_mark(skb))
-		return explain_divert(skb, EXPLAIN_PROG_INGRESS);
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return tc6_divert(skb, TC6_PROG_INGRESS);
-	return tc_ingress(skb, false);
+	return tc_entry(skb, true);
 }
 
 SEC("tc")
 int sluice_egress(struct __sk_buff *skb)
 {
-	if (explain_mark(skb))
-		return explain_divert(skb, EXPLAIN_PROG_EGRESS);
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return tc6_divert(skb, TC6_PROG_EGRESS);
-	return tc_egress(skb, false);
+	return tc_entry(skb, false);
 }
 
-/* The IPv6 programs: never attached, only tail-called (tc6.h). */
-SEC("tc")
-int sluice6_ingress(struct __sk_buff *skb)
-{
-	return tc6_ingress(skb, false);
-}
+/*
+ * TC_BODY_PROG - the program @name: @body (tc_body or tc6_body) with
+ * pkt.dry @dry, at ingress (@ingress) or egress. These are never
+ * attached, only tail-called: the IPv6 programs (tc6.h) and the dry twins
+ * (explain.h; the IPv6 ones' with EXPLAIN_PROG_IPV6 on).
+ */
+#define TC_BODY_PROG(name, body, dry, ingress)    \
+	SEC("tc") int name(struct __sk_buff *skb) \
+	{                                         \
+		return body(skb, dry, ingress);   \
+	}
 
-SEC("tc")
-int sluice6_egress(struct __sk_buff *skb)
-{
-	return tc6_egress(skb, false);
-}
-
-/* The dry twins: never attached, only tail-called (explain.h). */
-SEC("tc")
-int sluice_ingress_dry(struct __sk_buff *skb)
-{
-	return tc_ingress(skb, true);
-}
-
-SEC("tc")
-int sluice_egress_dry(struct __sk_buff *skb)
-{
-	return tc_egress(skb, true);
-}
-
-/* The IPv6 programs' dry twins (EXPLAIN_PROG_IPV6 on, explain.h). */
-SEC("tc")
-int sluice6_ingress_dry(struct __sk_buff *skb)
-{
-	return tc6_ingress(skb, true);
-}
-
-SEC("tc")
-int sluice6_egress_dry(struct __sk_buff *skb)
-{
-	return tc6_egress(skb, true);
-}
+TC_BODY_PROG(sluice6_ingress, tc6_body, false, true)
+TC_BODY_PROG(sluice6_egress, tc6_body, false, false)
+TC_BODY_PROG(sluice_ingress_dry, tc_body, true, true)
+TC_BODY_PROG(sluice_egress_dry, tc_body, true, false)
+TC_BODY_PROG(sluice6_ingress_dry, tc6_body, true, true)
+TC_BODY_PROG(sluice6_egress_dry, tc6_body, true, false)
 
 char __license[] SEC("license") = "Dual BSD/GPL";

@@ -46,9 +46,9 @@
  * forwards a packet from the node's own address, which IPv4's drops as a
  * martian.
  *
- * Dry runs (explain.h): tc6_ingress and tc6_egress are built twice, as
- * tc.c's bodies are, the dry twins with pkt6.dry true: they write no map
- * and note what they decide, the addresses in sluice_expl6_v1. The BPF
+ * Dry runs (explain.h): tc6_body is built twice, as tc.c's tc_body is,
+ * the dry twins with pkt6.dry true: they write no map and note what they
+ * decide, the addresses in sluice_expl6_v1. The BPF
  * functions of their own read the bit from the packet. A dry run is a
  * TCP or UDP packet (sluicectl crafts no other): the twins pass ICMPv6
  * errors untouched.
@@ -702,10 +702,11 @@ static __always_inline int tc6_divert(struct __sk_buff *skb, __u32 prog)
 }
 
 /*
- * tc6_ingress and tc6_egress - the bodies of the IPv6 programs, and with
- * @dry true of their dry twins (see the top).
+ * tc6_body - the body of the IPv6 programs, at a device's @ingress or
+ * egress, and with @dry true of their dry twins (see the top).
  */
-static __always_inline int tc6_ingress(struct __sk_buff *skb, bool dry)
+static __always_inline int tc6_body(struct __sk_buff *skb, bool dry,
+				    bool ingress)
 {
 	struct pkt6 p = { .dry = dry };
 	struct lb6_xlate x = {};
@@ -721,44 +722,22 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb, bool dry)
 		if (dry)
 			return TC_ACT_OK;
 		ret = icmp6_err_xlate(skb, &p);
+		if (ret != TC6_ICMP_SNAT)
+			return ret;
 		/* A source-NATed flow's errors arrive at the node, at
 		 * ingress.
 		 */
-		return ret == TC6_ICMP_SNAT ? icmp6_snat_xlate(skb, &p) : ret;
+		return ingress ? icmp6_snat_xlate(skb, &p) : TC_ACT_OK;
 	default:
 		return TC_ACT_OK;
 	}
 	now = bpf_ktime_get_ns();
 	ret = rev_nat6(skb, &p, now, &x);
-	if (ret == -1)
-		ret = lb6_dnat(skb, &p, now, &x);
-	if (ret == TC6_FORWARD)
-		ret = nat6_forward(skb, &p, &x, &mtu);
-	return tc6_answer(skb, &p, ret, mtu);
-}
-
-static __always_inline int tc6_egress(struct __sk_buff *skb, bool dry)
-{
-	struct pkt6 p = { .dry = dry };
-	struct lb6_xlate x = {};
-	__u32 mtu = 0;
-	int ret;
-
-	explain_begin(skb, dry);
-	switch (parse_tc6(skb, &p)) {
-	case PKT_L4:
-		break;
-	case PKT_ICMP_ERR:
-		if (dry)
+	if (ret == -1) {
+		if (!ingress)
 			return TC_ACT_OK;
-		ret = icmp6_err_xlate(skb, &p);
-		return ret == TC6_ICMP_SNAT ? TC_ACT_OK : ret;
-	default:
-		return TC_ACT_OK;
+		ret = lb6_dnat(skb, &p, now, &x);
 	}
-	ret = rev_nat6(skb, &p, bpf_ktime_get_ns(), &x);
-	if (ret == -1)
-		return TC_ACT_OK;
 	if (ret == TC6_FORWARD)
 		ret = nat6_forward(skb, &p, &x, &mtu);
 	return tc6_answer(skb, &p, ret, mtu);
