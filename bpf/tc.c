@@ -97,6 +97,36 @@ static __always_inline enum pkt_kind parse_tc(struct __sk_buff *skb,
 	}
 }
 
+/* Where lb4_select sends a packet to a service. */
+struct lb4_xlate {
+	__be32 nat_addr;  /* the backend */
+	__be32 snat_addr; /* snat: this node's address */
+	__be16 nat_port;
+	__be16 snat_port; /* snat: the flow's port on this node */
+	bool snat;	  /* source-NATed to this node */
+	/* snat to the client's own address, another port (lb4_remap): sent
+	 * on as a DNATed flow's packet is
+	 */
+	bool remap;
+	bool have_fib; /* fib is the route to the backend */
+	/* in: the client is internal (the cluster CIDR) */
+	bool internal;
+	/* in: the client is external and came in through a node device
+	 * with an address (not a pod of this node)
+	 */
+	bool outside;
+	struct fib4 fib;
+};
+
+/* The steps both families take alike (tc_fam.h): lb4_check_source, ... */
+#define lb_xlate_t_4	       struct lb4_xlate
+#define tc_have_cluster_cidr_4 have_cluster_cidr
+#define tc_node_dev_of_4       node_dev_of
+#define tc_port_unreachable_4  reply_port_unreachable
+#define LB_FAMILY	       4
+#include "lib/tc_fam.h"
+#undef LB_FAMILY
+
 /*
  * rev_dport4 - rewrite the destination port of @p, a reply, to @port. A
  * global function, which the verifier checks once, on its own, rather
@@ -174,20 +204,11 @@ static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
 	__be32 fe_addr, client;
 	__be16 fe_port, cport;
 	struct fib4 f = {};
-	int err, ret;
+	int ret;
 
-	e = ct_reply(p, &key, now, &err);
-	if (err) {
-		/* The first reply of a flow that cannot become established:
-		 * the flow is refused (see conntrack.h).
-		 */
-		metric_count(p, err == -EEXIST ? METRIC_TC_CT_CLASH :
-						 METRIC_TC_CT_EST_FULL);
-		return TC_ACT_SHOT;
-	}
+	e = lb4_reply_ct(p, &key, now, &ret);
 	if (!e)
-		return -1;
-	ct_track_tcp(p, &key, e, now);
+		return ret;
 	fe_addr = e->nat_addr;
 	fe_port = e->nat_port;
 	explain_reply(p, fe_addr, fe_port);
@@ -217,74 +238,6 @@ static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
 	metric_count(p, METRIC_TC_REV_NAT);
 	return redirect_fib(skb, p, &f);
 }
-
-/*
- * lb4_check_source - a frontend's loadBalancerSourceRanges. Returns a TC
- * verdict to end with, or -1 if @p may go on.
- */
-static __always_inline int lb4_check_source(const struct pkt4 *p,
-					    const struct lb4_service *svc)
-{
-	if ((svc->flags & SVC_F_SRC_RANGES) &&
-	    !source_allowed(p->daddr, p->dport, p->proto, p->saddr)) {
-		metric_count(p, METRIC_TC_SRC_RANGE_DENY);
-		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
-		return TC_ACT_SHOT;
-	}
-	return -1;
-}
-
-/*
- * lb4_refuse - the answer to a new flow to frontend @svc, which has no
- * backends: ICMP port unreachable, or a drop when the service has usable
- * endpoints elsewhere (SVC_F_DROP_EMPTY: a Local traffic policy on a node
- * without a local endpoint, as kube-proxy decides). Returns a TC verdict.
- */
-static __always_inline int lb4_refuse(struct __sk_buff *skb,
-				      const struct pkt4 *p,
-				      const struct lb4_service *svc)
-{
-	int ret;
-
-	if (svc->flags & SVC_F_DROP_EMPTY) {
-		/* An external load balancer health-checks nodes and stops
-		 * sending here; a client of the ClusterIP times out, as
-		 * with kube-proxy.
-		 */
-		metric_count(p, METRIC_TC_LOCAL_NO_BACKEND);
-		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_NO_LOCAL_ENDPOINTS,
-			      0);
-		return TC_ACT_SHOT;
-	}
-	ret = reply_port_unreachable(skb, p);
-	metric_count(p, ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR :
-					     METRIC_TC_NO_BACKEND);
-	svc_count_pkt(
-		p, svc->rev_nat_id,
-		ret == TC_ACT_SHOT ? SVC_DROP_ERROR : SVC_DROP_NO_ENDPOINTS, 0);
-	return ret;
-}
-
-/* Where lb4_select sends a packet to a service. */
-struct lb4_xlate {
-	__be32 nat_addr;  /* the backend */
-	__be32 snat_addr; /* snat: this node's address */
-	__be16 nat_port;
-	__be16 snat_port; /* snat: the flow's port on this node */
-	bool snat;	  /* source-NATed to this node */
-	/* snat to the client's own address, another port (lb4_remap): sent
-	 * on as a DNATed flow's packet is
-	 */
-	bool remap;
-	bool have_fib; /* fib is the route to the backend */
-	/* in: the client is internal (the cluster CIDR) */
-	bool internal;
-	/* in: the client is external and came in through a node device
-	 * with an address (not a pod of this node)
-	 */
-	bool outside;
-	struct fib4 fib;
-};
 
 /*
  * lb4_masquerade - whether a new flow of @p to backend @be of frontend
@@ -660,55 +613,6 @@ static __always_inline int lb4_select(struct __sk_buff *skb,
 }
 
 /*
- * lb4_no_service - the answer to @p, a packet to no frontend: ICMP port
- * unreachable if its destination is a ClusterIP (a port or protocol it
- * does not serve), a drop if it is another address of the service CIDR
- * (unallocated), else nothing (-1): the packet is not for a service.
- * kube-proxy's nftables mode does the same; its iptables mode lets both
- * through untranslated.
- */
-static __always_inline int lb4_no_service(struct __sk_buff *skb,
-					  const struct pkt4 *p)
-{
-	int ret;
-
-	if (service_ip(p->daddr)) {
-		ret = reply_port_unreachable(skb, p);
-		metric_count(p, ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR :
-						     METRIC_TC_UNKNOWN_PORT);
-		return ret;
-	}
-	if (node_cidr(p->daddr, NODE_CIDR_SERVICE)) {
-		metric_count(p, METRIC_TC_SERVICE_CIDR_DROP);
-		return TC_ACT_SHOT;
-	}
-	return -1;
-}
-
-/*
- * lb4_scope - the master that serves @p's client at frontend @svc (its
- * default scope): the internal scope of a two-scope frontend for an
- * internal client (@x->internal), else @svc. The agent writes the internal
- * scope before the flag that names it; should a reader miss it anyway, the
- * default scope serves.
- */
-static __always_inline struct lb4_service *lb4_scope(const struct pkt4 *p,
-						     struct lb4_service *svc,
-						     const struct lb4_xlate *x)
-{
-	struct lb4_service *in;
-
-	if (!(svc->flags & SVC_F_TWO_SCOPES) || !x->internal)
-		return svc;
-	in = lookup_service_scope(p->daddr, p->dport, p->proto,
-				  LB_SCOPE_INTERNAL);
-	if (!in)
-		return svc;
-	metric_count(p, METRIC_TC_SHORT_CIRCUIT);
-	return in;
-}
-
-/*
  * lb4_dnat - translate a packet to a service to one of its backends (and,
  * for a flow lb4_masquerade source-NATs, source-NAT it and send it to the
  * backend). Returns a TC verdict.
@@ -721,21 +625,13 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	int ret;
 
 	svc = lookup_service(p->daddr, p->dport, p->proto);
-	if (!svc) {
-		ret = lb4_no_service(skb, p);
-		return ret >= 0 ? ret : TC_ACT_OK;
-	}
+	if (!svc)
+		return lb4_no_service(skb, p);
 	explain_frontend(p, svc);
 	ret = lb4_check_source(p, svc);
 	if (ret >= 0)
 		return ret;
-	x.internal = have_cluster_cidr &&
-		     node_cidr(p->saddr, NODE_CIDR_CLUSTER);
-	x.outside = !x.internal && node_dev_of(skb->ifindex);
-	svc = lb4_scope(p, svc, &x);
-	explain_flag(p, (x.internal ? EXPLAIN_F_INTERNAL : 0) |
-				(x.outside ? EXPLAIN_F_OUTSIDE : 0));
-	explain_scope(p, svc);
+	svc = lb4_scope(skb, p, svc, &x);
 	ret = lb4_select(skb, p, svc, now, &x);
 	if (ret < 0)
 		return TC_ACT_SHOT;
