@@ -114,17 +114,11 @@ static __noinline int rewrite6_l4addr(struct __sk_buff *skb,
 		if (err < 0)
 			return err;
 	}
-	if (old_port != port && !p->frag_later) {
-		err = bpf_l4_csum_replace(skb, p->csum_off, old_port, port,
-					  l4_flags | sizeof(port));
-		if (err < 0)
-			return err;
-		err = bpf_skb_store_bytes(
-			skb, p->l4_off + (to_dst ? L4_DPORT_OFF : L4_SPORT_OFF),
-			&port, sizeof(port), 0);
-		if (err < 0)
-			return err;
-	}
+	if (old_port != port && !p->frag_later)
+		return rewrite_port(skb, p->csum_off, l4_flags,
+				    p->l4_off + (to_dst ? L4_DPORT_OFF :
+							  L4_SPORT_OFF),
+				    old_port, port);
 	return 0;
 }
 
