@@ -624,14 +624,9 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	struct lb4_xlate x = {};
 	int ret;
 
-	svc = lookup_service(p->daddr, p->dport, p->proto);
+	svc = lb4_frontend(skb, p, &x, &ret);
 	if (!svc)
-		return lb4_no_service(skb, p);
-	explain_frontend(p, svc);
-	ret = lb4_check_source(p, svc);
-	if (ret >= 0)
 		return ret;
-	svc = lb4_scope(skb, p, svc, &x);
 	ret = lb4_select(skb, p, svc, now, &x);
 	if (ret < 0)
 		return TC_ACT_SHOT;

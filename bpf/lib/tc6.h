@@ -557,14 +557,9 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 	struct lb4_service *svc;
 	int ret;
 
-	svc = lookup_service6(p->daddr, p->dport, p->proto);
+	svc = lb6_frontend(skb, p, x, &ret);
 	if (!svc)
-		return lb6_no_service(skb, p);
-	explain_frontend6(p, svc);
-	ret = lb6_check_source(p, svc);
-	if (ret >= 0)
 		return ret;
-	svc = lb6_scope(skb, p, svc, x);
 	/* Conntrack first: a Service that has dropped to zero endpoints
 	 * keeps its established flows, as kube-proxy does.
 	 */

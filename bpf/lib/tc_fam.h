@@ -128,6 +128,30 @@ static __always_inline struct lb4_service *LB_FN(scope)(struct __sk_buff *skb,
 }
 
 /*
+ * frontend - the frontend @p is for, in the scope that serves its client
+ * (scope, which fills in @x->internal and @x->outside). NULL if there is
+ * none (@ret: no_service's verdict) or its source ranges refuse @p
+ * (@ret: check_source's).
+ */
+static __always_inline struct lb4_service *
+LB_FN(frontend)(struct __sk_buff *skb, const FAM(pkt_t) *p, FAM(lb_xlate_t) *x,
+		int *ret)
+{
+	struct lb4_service *svc;
+
+	svc = FN(lookup_service)(p->daddr, p->dport, p->proto);
+	if (!svc) {
+		*ret = LB_FN(no_service)(skb, p);
+		return NULL;
+	}
+	FN(explain_frontend)(p, svc);
+	*ret = LB_FN(check_source)(p, svc);
+	if (*ret >= 0)
+		return NULL;
+	return LB_FN(scope)(skb, p, svc, x);
+}
+
+/*
  * reply_ct - the conntrack entry of the flow @p is a reply of, its key in
  * @key, tracked (ct_track_tcp). NULL if there is none, with @ret -1; or
  * with @ret TC_ACT_SHOT if @p is the first reply of a flow that cannot
