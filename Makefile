@@ -192,6 +192,13 @@ demo: build ## Show ClusterIP load balancing in throwaway network namespaces
 bench: kube-bin-bench ## Run the benchmark suite
 	$(GO) run ./test/bench
 
+.PHONY: bench-100k
+bench-100k: ## Run the benchmark's 100,000-Service row: Sluice and the floor, 10,000 as the reference (~40 min; BENCH_* in the environment win)
+	BENCH_SERVICES=$${BENCH_SERVICES:-10000,100000} BENCH_MODES=$${BENCH_MODES:-sluice} \
+	BENCH_ROUNDS=$${BENCH_ROUNDS:-3} BENCH_BPF_STATS=$${BENCH_BPF_STATS:-1} \
+	BENCH_PROG_TIMEOUT=$${BENCH_PROG_TIMEOUT:-600s} BENCH_PROG_REPEAT_MAX=$${BENCH_PROG_REPEAT_MAX:-10m} \
+	BENCH_TIME_LIMIT=$${BENCH_TIME_LIMIT:-40m} $(GO) run ./test/bench
+
 .PHONY: bench-kubeproxy
 bench-kubeproxy: kube-bin-bench ## Run the real kube-proxy beside Sluice against a real kube-apiserver
 	$(GO) run ./test/bench/kubeproxy

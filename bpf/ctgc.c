@@ -30,31 +30,6 @@
 #include "lib/maps.h"
 #include "lib/conntrack.h"
 
-#define LB_FAMILY 4
-#include "lib/ctgc_fam.h"
-#undef LB_FAMILY
-#define LB_FAMILY 6
-#include "lib/ctgc_fam.h"
-#undef LB_FAMILY
-
-/* sluice_ct_gc - one pass over the conntrack maps of args->family. */
-SEC("syscall")
-int sluice_ct_gc(struct ct_gc_args *args)
-{
-	struct ct_gc_args a = {
-		.flush = args->flush,
-		.family = args->family,
-		.now = bpf_ktime_get_ns(),
-	};
-
-	if (a.family == 6)
-		ct_gc_run6(&a);
-	else
-		ct_gc_run(&a);
-	*args = a;
-	return 0;
-}
-
 /*
  * aff_fix_apply - apply the fixes in @fixes to the session affinity entry
  * under @key in @map: move it to the slot its backend now has (into
@@ -92,56 +67,33 @@ static __always_inline long aff_fix_apply(void *fixes, void *fk,
 	return 0;
 }
 
-/* aff_fix_one - aff_fix_apply over sluice_session_affinity. */
-static long aff_fix_one(void *map, const struct lb4_affinity_key *key,
-			struct lb4_affinity *a, struct affinity_fix_args *args)
+/* The affinity fix sets of each family, for ctgc_fam.h. */
+#define aff_fix_key_t_4 struct affinity_fix_key
+#define aff_fix_key_t_6 struct affinity_fix6_key
+#define aff_fix_map_4	sluice_aff_fix_v1
+#define aff_fix_map_6	sluice6_aff_fix_v1
+
+#define LB_FAMILY 4
+#include "lib/ctgc_fam.h"
+#undef LB_FAMILY
+#define LB_FAMILY 6
+#include "lib/ctgc_fam.h"
+#undef LB_FAMILY
+
+/* sluice_ct_gc - one pass over the conntrack maps of args->family. */
+SEC("syscall")
+int sluice_ct_gc(struct ct_gc_args *args)
 {
-	struct affinity_fix_key fk = {
-		.master = key->master,
-		.backend_id = READ_ONCE(a->backend_id),
+	struct ct_gc_args a = {
+		.flush = args->flush,
+		.family = args->family,
+		.now = bpf_ktime_get_ns(),
 	};
 
-	return aff_fix_apply(&sluice_aff_fix_v1, &fk, &fk.backend_id, &a->slot,
-			     map, key, args);
-}
-
-/* aff_fix6_one - aff_fix_apply over sluice6_affinity. */
-static long aff_fix6_one(void *map, const struct lb6_affinity_key *key,
-			 struct lb6_affinity *a, struct affinity_fix_args *args)
-{
-	struct affinity_fix6_key fk = {
-		.master = key->master,
-		.backend_id = READ_ONCE(a->backend_id),
-	};
-
-	return aff_fix_apply(&sluice6_aff_fix_v1, &fk, &fk.backend_id, &a->slot,
-			     map, key, args);
-}
-
-/*
- * sluice_aff_fix - one pass over sluice_session_affinity for the
- * frontends and backends in sluice_aff_fix: the agent's upkeep when
- * backends leave a frontend with session affinity or move to another of
- * its slots (pkg/reconciler), which would otherwise end or revive
- * clients' affinity wrongly.
- */
-SEC("syscall")
-int sluice_aff_fix(struct affinity_fix_args *args)
-{
-	struct affinity_fix_args a = {};
-
-	bpf_for_each_map_elem(&sluice_session_affinity_v1, aff_fix_one, &a, 0);
-	*args = a;
-	return 0;
-}
-
-/* sluice_aff_fix6 - sluice_aff_fix for IPv6 frontends (sluice6_affinity). */
-SEC("syscall")
-int sluice_aff_fix6(struct affinity_fix_args *args)
-{
-	struct affinity_fix_args a = {};
-
-	bpf_for_each_map_elem(&sluice6_affinity_v1, aff_fix6_one, &a, 0);
+	if (a.family == 6)
+		ct_gc_run6(&a);
+	else
+		ct_gc_run(&a);
 	*args = a;
 	return 0;
 }

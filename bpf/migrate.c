@@ -64,40 +64,24 @@ _Static_assert(sizeof(struct ct4_entry_r0) == 32, "ct4_entry_r0 size");
  * are not pinned; their size is the old map's). A map that is not being
  * replaced is left as declared, and its mig_from_* is 0.
  */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, struct ct4_key);
-	__type(value, struct ct4_entry);
-	__uint(max_entries, 1);
-} sluice_mig_old_est SEC(".maps");
+#define MIG_OLD_MAP(name, map_type, key_type, value_type) \
+	struct {                                          \
+		__uint(type, map_type);                   \
+		__type(key, key_type);                    \
+		__type(value, value_type);                \
+		__uint(max_entries, 1);                   \
+	} name SEC(".maps")
 
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct ct4_key);
-	__type(value, struct ct4_entry);
-	__uint(max_entries, 1);
-} sluice_mig_old_new SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct ct4_key);
-	__type(value, struct ct4_entry_r0);
-	__uint(max_entries, 1);
-} sluice_mig_old_r0 SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__type(key, struct ct6_key);
-	__type(value, struct ct6_entry);
-	__uint(max_entries, 1);
-} sluice6_mig_old_est SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__type(key, struct ct6_key);
-	__type(value, struct ct6_entry);
-	__uint(max_entries, 1);
-} sluice6_mig_old_new SEC(".maps");
+MIG_OLD_MAP(sluice_mig_old_est, BPF_MAP_TYPE_HASH, struct ct4_key,
+	    struct ct4_entry);
+MIG_OLD_MAP(sluice_mig_old_new, BPF_MAP_TYPE_LRU_HASH, struct ct4_key,
+	    struct ct4_entry);
+MIG_OLD_MAP(sluice_mig_old_r0, BPF_MAP_TYPE_LRU_HASH, struct ct4_key,
+	    struct ct4_entry_r0);
+MIG_OLD_MAP(sluice6_mig_old_est, BPF_MAP_TYPE_HASH, struct ct6_key,
+	    struct ct6_entry);
+MIG_OLD_MAP(sluice6_mig_old_new, BPF_MAP_TYPE_LRU_HASH, struct ct6_key,
+	    struct ct6_entry);
 
 /* Which old maps are passed in (set by the agent before load). */
 volatile const __u8 mig_from_est = 0;

@@ -199,11 +199,13 @@ static __always_inline void sock6_ctx_rev(struct bpf_sock_addr *ctx)
 		sock6_ctx_set(ctx, &addr, port);
 }
 
-SEC("cgroup/connect4")
-int sluice_connect4(struct bpf_sock_addr *ctx)
+/*
+ * sock_verdict - a forward hook's verdict after sock4_ctx_fwd or
+ * sock6_ctx_fwd returned @err: a refusal carries its errno
+ * (bpf_set_retval, 6.1).
+ */
+static __always_inline int sock_verdict(int err)
 {
-	int err = sock4_ctx_fwd(ctx, false);
-
 	if (err < 0) {
 		bpf_set_retval(err);
 		return SYS_REJECT;
@@ -211,97 +213,39 @@ int sluice_connect4(struct bpf_sock_addr *ctx)
 	return SYS_PROCEED;
 }
 
-/* sluice_connect4 for kernels before 6.1: a refusal is EPERM. */
-SEC("cgroup/connect4")
-int sluice_eperm_connect4(struct bpf_sock_addr *ctx)
-{
-	return sock4_ctx_fwd(ctx, false) < 0 ? SYS_REJECT : SYS_PROCEED;
-}
-
-SEC("cgroup/sendmsg4")
-int sluice_sendmsg4(struct bpf_sock_addr *ctx)
-{
-	int err = sock4_ctx_fwd(ctx, true);
-
-	if (err < 0) {
-		bpf_set_retval(err);
-		return SYS_REJECT;
+/*
+ * SOCK_FWD_PROGS - the programs of the forward hook @hook (connect4,
+ * sendmsg6, ...), over @fwd (sock4_ctx_fwd or sock6_ctx_fwd) with
+ * @sticky: sluice_<hook>, and sluice_eperm_<hook> for kernels before 6.1,
+ * where a refusal is EPERM.
+ */
+#define SOCK_FWD_PROGS(hook, fwd, sticky)                                 \
+	SEC("cgroup/" #hook) int sluice_##hook(struct bpf_sock_addr *ctx) \
+	{                                                                 \
+		return sock_verdict(fwd(ctx, sticky));                    \
+	}                                                                 \
+	SEC("cgroup/" #hook)                                              \
+	int sluice_eperm_##hook(struct bpf_sock_addr *ctx)                \
+	{                                                                 \
+		return fwd(ctx, sticky) < 0 ? SYS_REJECT : SYS_PROCEED;   \
 	}
-	return SYS_PROCEED;
-}
 
-/* sluice_sendmsg4 for kernels before 6.1: a refusal is EPERM. */
-SEC("cgroup/sendmsg4")
-int sluice_eperm_sendmsg4(struct bpf_sock_addr *ctx)
-{
-	return sock4_ctx_fwd(ctx, true) < 0 ? SYS_REJECT : SYS_PROCEED;
-}
-
-SEC("cgroup/recvmsg4")
-int sluice_recvmsg4(struct bpf_sock_addr *ctx)
-{
-	sock4_ctx_rev(ctx);
-	return SYS_PROCEED;
-}
-
-SEC("cgroup/getpeername4")
-int sluice_getpeername4(struct bpf_sock_addr *ctx)
-{
-	sock4_ctx_rev(ctx);
-	return SYS_PROCEED;
-}
-
-SEC("cgroup/connect6")
-int sluice_connect6(struct bpf_sock_addr *ctx)
-{
-	int err = sock6_ctx_fwd(ctx, false);
-
-	if (err < 0) {
-		bpf_set_retval(err);
-		return SYS_REJECT;
+/* SOCK_REV_PROG - the program of the reverse hook @hook, over @rev. */
+#define SOCK_REV_PROG(hook, rev)                                          \
+	SEC("cgroup/" #hook) int sluice_##hook(struct bpf_sock_addr *ctx) \
+	{                                                                 \
+		rev(ctx);                                                 \
+		return SYS_PROCEED;                                       \
 	}
-	return SYS_PROCEED;
-}
 
-/* sluice_connect6 for kernels before 6.1: a refusal is EPERM. */
-SEC("cgroup/connect6")
-int sluice_eperm_connect6(struct bpf_sock_addr *ctx)
-{
-	return sock6_ctx_fwd(ctx, false) < 0 ? SYS_REJECT : SYS_PROCEED;
-}
-
-SEC("cgroup/sendmsg6")
-int sluice_sendmsg6(struct bpf_sock_addr *ctx)
-{
-	int err = sock6_ctx_fwd(ctx, true);
-
-	if (err < 0) {
-		bpf_set_retval(err);
-		return SYS_REJECT;
-	}
-	return SYS_PROCEED;
-}
-
-/* sluice_sendmsg6 for kernels before 6.1: a refusal is EPERM. */
-SEC("cgroup/sendmsg6")
-int sluice_eperm_sendmsg6(struct bpf_sock_addr *ctx)
-{
-	return sock6_ctx_fwd(ctx, true) < 0 ? SYS_REJECT : SYS_PROCEED;
-}
-
-SEC("cgroup/recvmsg6")
-int sluice_recvmsg6(struct bpf_sock_addr *ctx)
-{
-	sock6_ctx_rev(ctx);
-	return SYS_PROCEED;
-}
-
-SEC("cgroup/getpeername6")
-int sluice_getpeername6(struct bpf_sock_addr *ctx)
-{
-	sock6_ctx_rev(ctx);
-	return SYS_PROCEED;
-}
+SOCK_FWD_PROGS(connect4, sock4_ctx_fwd, false)
+SOCK_FWD_PROGS(sendmsg4, sock4_ctx_fwd, true)
+SOCK_REV_PROG(recvmsg4, sock4_ctx_rev)
+SOCK_REV_PROG(getpeername4, sock4_ctx_rev)
+SOCK_FWD_PROGS(connect6, sock6_ctx_fwd, false)
+SOCK_FWD_PROGS(sendmsg6, sock6_ctx_fwd, true)
+SOCK_REV_PROG(recvmsg6, sock6_ctx_rev)
+SOCK_REV_PROG(getpeername6, sock6_ctx_rev)
 
 /*
  * sluice_sockx_v1: __u32 0 -> struct sock_explain_ctx, per CPU: the

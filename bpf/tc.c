@@ -97,6 +97,36 @@ static __always_inline enum pkt_kind parse_tc(struct __sk_buff *skb,
 	}
 }
 
+/* Where lb4_select sends a packet to a service. */
+struct lb4_xlate {
+	__be32 nat_addr;  /* the backend */
+	__be32 snat_addr; /* snat: this node's address */
+	__be16 nat_port;
+	__be16 snat_port; /* snat: the flow's port on this node */
+	bool snat;	  /* source-NATed to this node */
+	/* snat to the client's own address, another port (lb4_remap): sent
+	 * on as a DNATed flow's packet is
+	 */
+	bool remap;
+	bool have_fib; /* fib is the route to the backend */
+	/* in: the client is internal (the cluster CIDR) */
+	bool internal;
+	/* in: the client is external and came in through a node device
+	 * with an address (not a pod of this node)
+	 */
+	bool outside;
+	struct fib4 fib;
+};
+
+/* The steps both families take alike (tc_fam.h): lb4_check_source, ... */
+#define lb_xlate_t_4	       struct lb4_xlate
+#define tc_have_cluster_cidr_4 have_cluster_cidr
+#define tc_node_dev_of_4       node_dev_of
+#define tc_port_unreachable_4  reply_port_unreachable
+#define LB_FAMILY	       4
+#include "lib/tc_fam.h"
+#undef LB_FAMILY
+
 /*
  * rev_dport4 - rewrite the destination port of @p, a reply, to @port. A
  * global function, which the verifier checks once, on its own, rather
@@ -174,20 +204,11 @@ static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
 	__be32 fe_addr, client;
 	__be16 fe_port, cport;
 	struct fib4 f = {};
-	int err, ret;
+	int ret;
 
-	e = ct_reply(p, &key, now, &err);
-	if (err) {
-		/* The first reply of a flow that cannot become established:
-		 * the flow is refused (see conntrack.h).
-		 */
-		metric_count(p, err == -EEXIST ? METRIC_TC_CT_CLASH :
-						 METRIC_TC_CT_EST_FULL);
-		return TC_ACT_SHOT;
-	}
+	e = lb4_reply_ct(p, &key, now, &ret);
 	if (!e)
-		return -1;
-	ct_track_tcp(p, &key, e, now);
+		return ret;
 	fe_addr = e->nat_addr;
 	fe_port = e->nat_port;
 	explain_reply(p, fe_addr, fe_port);
@@ -217,74 +238,6 @@ static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
 	metric_count(p, METRIC_TC_REV_NAT);
 	return redirect_fib(skb, p, &f);
 }
-
-/*
- * lb4_check_source - a frontend's loadBalancerSourceRanges. Returns a TC
- * verdict to end with, or -1 if @p may go on.
- */
-static __always_inline int lb4_check_source(const struct pkt4 *p,
-					    const struct lb4_service *svc)
-{
-	if ((svc->flags & SVC_F_SRC_RANGES) &&
-	    !source_allowed(p->daddr, p->dport, p->proto, p->saddr)) {
-		metric_count(p, METRIC_TC_SRC_RANGE_DENY);
-		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
-		return TC_ACT_SHOT;
-	}
-	return -1;
-}
-
-/*
- * lb4_refuse - the answer to a new flow to frontend @svc, which has no
- * backends: ICMP port unreachable, or a drop when the service has usable
- * endpoints elsewhere (SVC_F_DROP_EMPTY: a Local traffic policy on a node
- * without a local endpoint, as kube-proxy decides). Returns a TC verdict.
- */
-static __always_inline int lb4_refuse(struct __sk_buff *skb,
-				      const struct pkt4 *p,
-				      const struct lb4_service *svc)
-{
-	int ret;
-
-	if (svc->flags & SVC_F_DROP_EMPTY) {
-		/* An external load balancer health-checks nodes and stops
-		 * sending here; a client of the ClusterIP times out, as
-		 * with kube-proxy.
-		 */
-		metric_count(p, METRIC_TC_LOCAL_NO_BACKEND);
-		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_NO_LOCAL_ENDPOINTS,
-			      0);
-		return TC_ACT_SHOT;
-	}
-	ret = reply_port_unreachable(skb, p);
-	metric_count(p, ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR :
-					     METRIC_TC_NO_BACKEND);
-	svc_count_pkt(
-		p, svc->rev_nat_id,
-		ret == TC_ACT_SHOT ? SVC_DROP_ERROR : SVC_DROP_NO_ENDPOINTS, 0);
-	return ret;
-}
-
-/* Where lb4_select sends a packet to a service. */
-struct lb4_xlate {
-	__be32 nat_addr;  /* the backend */
-	__be32 snat_addr; /* snat: this node's address */
-	__be16 nat_port;
-	__be16 snat_port; /* snat: the flow's port on this node */
-	bool snat;	  /* source-NATed to this node */
-	/* snat to the client's own address, another port (lb4_remap): sent
-	 * on as a DNATed flow's packet is
-	 */
-	bool remap;
-	bool have_fib; /* fib is the route to the backend */
-	/* in: the client is internal (the cluster CIDR) */
-	bool internal;
-	/* in: the client is external and came in through a node device
-	 * with an address (not a pod of this node)
-	 */
-	bool outside;
-	struct fib4 fib;
-};
 
 /*
  * lb4_masquerade - whether a new flow of @p to backend @be of frontend
@@ -660,55 +613,6 @@ static __always_inline int lb4_select(struct __sk_buff *skb,
 }
 
 /*
- * lb4_no_service - the answer to @p, a packet to no frontend: ICMP port
- * unreachable if its destination is a ClusterIP (a port or protocol it
- * does not serve), a drop if it is another address of the service CIDR
- * (unallocated), else nothing (-1): the packet is not for a service.
- * kube-proxy's nftables mode does the same; its iptables mode lets both
- * through untranslated.
- */
-static __always_inline int lb4_no_service(struct __sk_buff *skb,
-					  const struct pkt4 *p)
-{
-	int ret;
-
-	if (service_ip(p->daddr)) {
-		ret = reply_port_unreachable(skb, p);
-		metric_count(p, ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR :
-						     METRIC_TC_UNKNOWN_PORT);
-		return ret;
-	}
-	if (node_cidr(p->daddr, NODE_CIDR_SERVICE)) {
-		metric_count(p, METRIC_TC_SERVICE_CIDR_DROP);
-		return TC_ACT_SHOT;
-	}
-	return -1;
-}
-
-/*
- * lb4_scope - the master that serves @p's client at frontend @svc (its
- * default scope): the internal scope of a two-scope frontend for an
- * internal client (@x->internal), else @svc. The agent writes the internal
- * scope before the flag that names it; should a reader miss it anyway, the
- * default scope serves.
- */
-static __always_inline struct lb4_service *lb4_scope(const struct pkt4 *p,
-						     struct lb4_service *svc,
-						     const struct lb4_xlate *x)
-{
-	struct lb4_service *in;
-
-	if (!(svc->flags & SVC_F_TWO_SCOPES) || !x->internal)
-		return svc;
-	in = lookup_service_scope(p->daddr, p->dport, p->proto,
-				  LB_SCOPE_INTERNAL);
-	if (!in)
-		return svc;
-	metric_count(p, METRIC_TC_SHORT_CIRCUIT);
-	return in;
-}
-
-/*
  * lb4_dnat - translate a packet to a service to one of its backends (and,
  * for a flow lb4_masquerade source-NATs, source-NAT it and send it to the
  * backend). Returns a TC verdict.
@@ -720,22 +624,9 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	struct lb4_xlate x = {};
 	int ret;
 
-	svc = lookup_service(p->daddr, p->dport, p->proto);
-	if (!svc) {
-		ret = lb4_no_service(skb, p);
-		return ret >= 0 ? ret : TC_ACT_OK;
-	}
-	explain_frontend(p, svc);
-	ret = lb4_check_source(p, svc);
-	if (ret >= 0)
+	svc = lb4_frontend(skb, p, &x, &ret);
+	if (!svc)
 		return ret;
-	x.internal = have_cluster_cidr &&
-		     node_cidr(p->saddr, NODE_CIDR_CLUSTER);
-	x.outside = !x.internal && node_dev_of(skb->ifindex);
-	svc = lb4_scope(p, svc, &x);
-	explain_flag(p, (x.internal ? EXPLAIN_F_INTERNAL : 0) |
-				(x.outside ? EXPLAIN_F_OUTSIDE : 0));
-	explain_scope(p, svc);
 	ret = lb4_select(skb, p, svc, now, &x);
 	if (ret < 0)
 		return TC_ACT_SHOT;
@@ -773,15 +664,16 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 #include "lib/tc6.h"
 
 /*
- * tc_ingress and tc_egress are the programs' bodies, with pkt4.dry a
- * constant (@dry): the live programs are built with false, so the
- * compiler drops every dry-run branch from them; their dry twins with
+ * tc_body - the programs' body, at a device's @ingress or egress, with
+ * pkt4.dry a constant (@dry): the live programs are built with false, so
+ * the compiler drops every dry-run branch from them; their dry twins with
  * true, which drops every write. The twins are programs of their own
  * (reached by a tail call, explain_divert), not a second copy inside the
  * live ones: each copy costs the verifier as much as the whole program,
- * and two would not fit its limit.
+ * and two would not fit its limit. Egress only translates replies back.
  */
-static __always_inline int tc_ingress(struct __sk_buff *skb, bool dry)
+static __always_inline int tc_body(struct __sk_buff *skb, bool dry,
+				   bool ingress)
 {
 	struct pkt4 p = { .dry = dry };
 	__u64 now;
@@ -792,92 +684,62 @@ static __always_inline int tc_ingress(struct __sk_buff *skb, bool dry)
 	case PKT_L4:
 		break;
 	case PKT_ICMP_ERR:
-		return icmp_err_xlate(skb, &p, true);
+		return icmp_err_xlate(skb, &p, ingress);
 	default:
 		return TC_ACT_OK;
 	}
 	now = bpf_ktime_get_ns();
-	ret = rev_nat(skb, &p, now, true);
+	ret = rev_nat(skb, &p, now, ingress);
 	if (ret >= 0)
 		return ret;
-	return lb4_dnat(skb, &p, now);
+	return ingress ? lb4_dnat(skb, &p, now) : TC_ACT_OK;
 }
 
-static __always_inline int tc_egress(struct __sk_buff *skb, bool dry)
+/*
+ * tc_entry - the attached programs' body: a packet to explain goes to the
+ * dry twin, an IPv6 one to the IPv6 program (tc6_divert), the rest
+ * through tc_body.
+ */
+static __always_inline int tc_entry(struct __sk_buff *skb, bool ingress)
 {
-	struct pkt4 p = { .dry = dry };
-	int ret;
-
-	explain_begin(skb, p.dry);
-	switch (parse_tc(skb, &p)) {
-	case PKT_L4:
-		break;
-	case PKT_ICMP_ERR:
-		return icmp_err_xlate(skb, &p, false);
-	default:
-		return TC_ACT_OK;
-	}
-	ret = rev_nat(skb, &p, bpf_ktime_get_ns(), false);
-	return ret >= 0 ? ret : TC_ACT_OK;
+	if (explain_mark(skb))
+		return explain_divert(skb, ingress ? EXPLAIN_PROG_INGRESS :
+						     EXPLAIN_PROG_EGRESS);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return tc6_divert(skb,
+				  ingress ? TC6_PROG_INGRESS : TC6_PROG_EGRESS);
+	return tc_body(skb, false, ingress);
 }
 
 SEC("tc")
 int sluice_ingress(struct __sk_buff *skb)
 {
-	if (explain_mark(skb))
-		return explain_divert(skb, EXPLAIN_PROG_INGRESS);
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return tc6_divert(skb, TC6_PROG_INGRESS);
-	return tc_ingress(skb, false);
+	return tc_entry(skb, true);
 }
 
 SEC("tc")
 int sluice_egress(struct __sk_buff *skb)
 {
-	if (explain_mark(skb))
-		return explain_divert(skb, EXPLAIN_PROG_EGRESS);
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return tc6_divert(skb, TC6_PROG_EGRESS);
-	return tc_egress(skb, false);
+	return tc_entry(skb, false);
 }
 
-/* The IPv6 programs: never attached, only tail-called (tc6.h). */
-SEC("tc")
-int sluice6_ingress(struct __sk_buff *skb)
-{
-	return tc6_ingress(skb, false);
-}
+/*
+ * TC_BODY_PROG - the program @name: @body (tc_body or tc6_body) with
+ * pkt.dry @dry, at ingress (@ingress) or egress. These are never
+ * attached, only tail-called: the IPv6 programs (tc6.h) and the dry twins
+ * (explain.h; the IPv6 ones' with EXPLAIN_PROG_IPV6 on).
+ */
+#define TC_BODY_PROG(name, body, dry, ingress)    \
+	SEC("tc") int name(struct __sk_buff *skb) \
+	{                                         \
+		return body(skb, dry, ingress);   \
+	}
 
-SEC("tc")
-int sluice6_egress(struct __sk_buff *skb)
-{
-	return tc6_egress(skb, false);
-}
-
-/* The dry twins: never attached, only tail-called (explain.h). */
-SEC("tc")
-int sluice_ingress_dry(struct __sk_buff *skb)
-{
-	return tc_ingress(skb, true);
-}
-
-SEC("tc")
-int sluice_egress_dry(struct __sk_buff *skb)
-{
-	return tc_egress(skb, true);
-}
-
-/* The IPv6 programs' dry twins (EXPLAIN_PROG_IPV6 on, explain.h). */
-SEC("tc")
-int sluice6_ingress_dry(struct __sk_buff *skb)
-{
-	return tc6_ingress(skb, true);
-}
-
-SEC("tc")
-int sluice6_egress_dry(struct __sk_buff *skb)
-{
-	return tc6_egress(skb, true);
-}
+TC_BODY_PROG(sluice6_ingress, tc6_body, false, true)
+TC_BODY_PROG(sluice6_egress, tc6_body, false, false)
+TC_BODY_PROG(sluice_ingress_dry, tc_body, true, true)
+TC_BODY_PROG(sluice_egress_dry, tc_body, true, false)
+TC_BODY_PROG(sluice6_ingress_dry, tc6_body, true, true)
+TC_BODY_PROG(sluice6_egress_dry, tc6_body, true, false)
 
 char __license[] SEC("license") = "Dual BSD/GPL";

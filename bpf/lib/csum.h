@@ -100,6 +100,24 @@ csum_replace_v6(__u16 check, const union v6addr *from, const union v6addr *to)
 #define L4_DPORT_OFF 2
 
 /*
+ * rewrite_port - write the port @to over @from at @off, and update the L4
+ * checksum at @csum_off (@l4_flags: bpf_l4_csum_replace's flags, but the
+ * size). The port half of rewrite_l4addr and rewrite6_l4addr (tc6.h).
+ * Returns 0 or a negative error from a helper.
+ */
+static __always_inline int rewrite_port(struct __sk_buff *skb, __u32 csum_off,
+					__u64 l4_flags, __u32 off, __be16 from,
+					__be16 to)
+{
+	int err = bpf_l4_csum_replace(skb, csum_off, from, to,
+				      l4_flags | sizeof(to));
+
+	if (err < 0)
+		return err;
+	return bpf_skb_store_bytes(skb, off, &to, sizeof(to), 0);
+}
+
+/*
  * rewrite_l4addr - replace one <address, port> of @p's packet.
  * @to_dst: rewrite the destination if true, else the source.
  *
@@ -139,16 +157,9 @@ static __always_inline int rewrite_l4addr(struct __sk_buff *skb,
 		if (err < 0)
 			return err;
 	}
-	if (old_port != new_port && !p->frag_later) {
-		err = bpf_l4_csum_replace(skb, p->csum_off, old_port, new_port,
-					  l4_flags | sizeof(new_port));
-		if (err < 0)
-			return err;
-		err = bpf_skb_store_bytes(skb, port_off, &new_port,
-					  sizeof(new_port), 0);
-		if (err < 0)
-			return err;
-	}
+	if (old_port != new_port && !p->frag_later)
+		return rewrite_port(skb, p->csum_off, l4_flags, port_off,
+				    old_port, new_port);
 	return 0;
 }
 

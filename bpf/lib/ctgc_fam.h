@@ -2,8 +2,9 @@
 /*
  * The family-dependent half of ctgc.c (its design is there), a template
  * (family.h) that ctgc.c includes once per family: ct_gc_run over the
- * IPv4 conntrack maps, ct_gc_run6 over the IPv6 ones. No include guard,
- * on purpose.
+ * IPv4 conntrack maps, ct_gc_run6 over the IPv6 ones; the program
+ * sluice_aff_fix over sluice_session_affinity, sluice_aff_fix6 over
+ * sluice6_affinity. No include guard, on purpose.
  */
 static long FN(ct_gc_one)(void *map, const FAM(ct_key_t) *key,
 			  FAM(ct_entry_t) *e, struct ct_gc_args *a)
@@ -72,4 +73,36 @@ static __always_inline void FN(ct_gc_run)(struct ct_gc_args *a)
 	} else {
 		bpf_for_each_map_elem(FAM(ct_est), FN(ct_gc_one), a, 0);
 	}
+}
+
+/* aff_fix_one - aff_fix_apply (ctgc.c) over the family's affinity map. */
+static long FN(aff_fix_one)(void *map, const FAM(aff_key_t) *key, FAM(aff_t) *a,
+			    struct affinity_fix_args *args)
+{
+	FAM(aff_fix_key_t)
+	fk = {
+		.master = key->master,
+		.backend_id = READ_ONCE(a->backend_id),
+	};
+
+	return aff_fix_apply(&FAM(aff_fix_map), &fk, &fk.backend_id, &a->slot,
+			     map, key, args);
+}
+
+/*
+ * sluice_aff_fix - one pass over the family's session affinity map for
+ * the frontends and backends in its fix set (sluice_aff_fix,
+ * sluice6_aff_fix): the agent's upkeep when backends leave a frontend
+ * with session affinity or move to another of its slots
+ * (pkg/reconciler), which would otherwise end or revive clients'
+ * affinity wrongly.
+ */
+SEC("syscall")
+int FN(sluice_aff_fix)(struct affinity_fix_args *args)
+{
+	struct affinity_fix_args a = {};
+
+	bpf_for_each_map_elem(&FAM(aff_map), FN(aff_fix_one), &a, 0);
+	*args = a;
+	return 0;
 }

@@ -73,15 +73,10 @@ static __always_inline void frag_record(const struct pkt4 *p)
 static __always_inline bool frag_follow(struct pkt4 *p)
 {
 	struct frag4_key key;
-	struct frag4_ports *ports;
 
 	frag_key_of(&key, p);
-	ports = bpf_map_lookup_elem(&sluice_fragments_v1, &key);
-	if (!ports)
-		return false;
-	p->sport = ports->sport;
-	p->dport = ports->dport;
-	return true;
+	return frag_ports_take(bpf_map_lookup_elem(&sluice_fragments_v1, &key),
+			       &p->sport, &p->dport);
 }
 
 #endif /* SLUICE_FRAG_H */

@@ -51,6 +51,38 @@ struct icmp_err_hdr {
 };
 
 /*
+ * icmp_send_back - the end of icmp_reply and icmp6_reply (icmp6.h): turn
+ * @skb into the error, the @hdr_len bytes at @hdr (its IP and ICMP
+ * headers) followed by the first @quote_len bytes of the packet at
+ * @l3_off, with @eth (the packet's Ethernet header, if @l3_off is not 0)
+ * sent back where it came from, and redirect it out of its ingress
+ * device. Returns TC_ACT_REDIRECT, or TC_ACT_SHOT if a helper failed.
+ */
+static __always_inline int icmp_send_back(struct __sk_buff *skb, __u32 l3_off,
+					  __u32 quote_len, struct ethhdr *eth,
+					  const void *hdr, __u32 hdr_len)
+{
+	__u8 mac[ETH_ALEN];
+
+	__builtin_memcpy(mac, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, mac, ETH_ALEN);
+
+	if (bpf_skb_change_tail(skb, l3_off + quote_len, 0) < 0)
+		return TC_ACT_SHOT;
+	if (bpf_skb_adjust_room(skb, hdr_len, BPF_ADJ_ROOM_MAC, 0) < 0)
+		return TC_ACT_SHOT;
+	if (l3_off && bpf_skb_store_bytes(skb, 0, eth, sizeof(*eth),
+					  BPF_F_RECOMPUTE_CSUM) < 0)
+		return TC_ACT_SHOT;
+	if (bpf_skb_store_bytes(skb, l3_off, hdr, hdr_len,
+				BPF_F_RECOMPUTE_CSUM) < 0)
+		return TC_ACT_SHOT;
+
+	return bpf_redirect(skb->ifindex, 0);
+}
+
+/*
  * icmp_reply - rewrite @skb, the packet @p, into the ICMP error @err
  * (ICMP_ERR: type, code, and the next-hop MTU of a fragmentation needed)
  * about it, and redirect it back out of its ingress device.
@@ -75,7 +107,6 @@ static __noinline int icmp_reply(struct __sk_buff *skb, const struct pkt4 *p,
 	} body = {};
 	struct icmp_err_hdr hdr = {};
 	struct ethhdr eth = {};
-	__u8 mac[ETH_ALEN];
 	__u32 quote_len = p->ihl_len;
 
 	if (p->frag_later)
@@ -109,22 +140,8 @@ static __noinline int icmp_reply(struct __sk_buff *skb, const struct pkt4 *p,
 	hdr.ip.check = csum_buf(&hdr.ip, sizeof(hdr.ip));
 	hdr.icmp = body.icmp;
 
-	__builtin_memcpy(mac, eth.h_dest, ETH_ALEN);
-	__builtin_memcpy(eth.h_dest, eth.h_source, ETH_ALEN);
-	__builtin_memcpy(eth.h_source, mac, ETH_ALEN);
-
-	if (bpf_skb_change_tail(skb, p->l3_off + quote_len, 0) < 0)
-		return TC_ACT_SHOT;
-	if (bpf_skb_adjust_room(skb, sizeof(hdr), BPF_ADJ_ROOM_MAC, 0) < 0)
-		return TC_ACT_SHOT;
-	if (p->l3_off && bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth),
-					     BPF_F_RECOMPUTE_CSUM) < 0)
-		return TC_ACT_SHOT;
-	if (bpf_skb_store_bytes(skb, p->l3_off, &hdr, sizeof(hdr),
-				BPF_F_RECOMPUTE_CSUM) < 0)
-		return TC_ACT_SHOT;
-
-	return bpf_redirect(skb->ifindex, 0);
+	return icmp_send_back(skb, p->l3_off, quote_len, &eth, &hdr,
+			      sizeof(hdr));
 }
 
 /*

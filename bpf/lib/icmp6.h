@@ -22,6 +22,7 @@
 #include "consts.h"
 #include "csum.h"
 #include "parse6.h"
+#include "icmp.h"
 
 /* The longest quote: headers and extension headers up to 160 bytes, and
  * a TCP header. A packet whose L4 header ends further in is dropped
@@ -58,7 +59,6 @@ static __noinline int icmp6_reply(struct __sk_buff *skb, const struct pkt6 *p,
 	} body = {};
 	struct icmp6_err_hdr hdr = {};
 	struct ethhdr eth = {};
-	__u8 mac[ETH_ALEN];
 	__u32 quote_len = p->l4_off - p->l3_off;
 
 	quote_len += p->proto == IPPROTO_TCP ? sizeof(struct tcphdr) :
@@ -91,22 +91,8 @@ static __noinline int icmp6_reply(struct __sk_buff *skb, const struct pkt6 *p,
 	__builtin_memcpy(&hdr.ip.daddr, &p->saddr, sizeof(p->saddr));
 	hdr.icmp = body.icmp;
 
-	__builtin_memcpy(mac, eth.h_dest, ETH_ALEN);
-	__builtin_memcpy(eth.h_dest, eth.h_source, ETH_ALEN);
-	__builtin_memcpy(eth.h_source, mac, ETH_ALEN);
-
-	if (bpf_skb_change_tail(skb, p->l3_off + quote_len, 0) < 0)
-		return TC_ACT_SHOT;
-	if (bpf_skb_adjust_room(skb, sizeof(hdr), BPF_ADJ_ROOM_MAC, 0) < 0)
-		return TC_ACT_SHOT;
-	if (p->l3_off && bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth),
-					     BPF_F_RECOMPUTE_CSUM) < 0)
-		return TC_ACT_SHOT;
-	if (bpf_skb_store_bytes(skb, p->l3_off, &hdr, sizeof(hdr),
-				BPF_F_RECOMPUTE_CSUM) < 0)
-		return TC_ACT_SHOT;
-
-	return bpf_redirect(skb->ifindex, 0);
+	return icmp_send_back(skb, p->l3_off, quote_len, &eth, &hdr,
+			      sizeof(hdr));
 }
 
 #endif /* SLUICE_ICMP6_H */

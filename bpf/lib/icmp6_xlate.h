@@ -46,15 +46,6 @@ struct csum_l4addr {
 	__u16 pad;
 };
 
-/* ct_peek6 - the live entry under @key, established or half-open. */
-static __always_inline struct ct6_entry *ct_peek6(const struct ct6_key *key,
-						  __u64 now)
-{
-	bool half_open;
-
-	return ct_find6(key, now, &half_open);
-}
-
 /*
  * icmp6_set_addr - write @to over the address at @off (@old there now),
  * updating the ICMPv6 checksum at @csum_off: through the pseudo-header
@@ -142,6 +133,7 @@ icmp6_find(struct __sk_buff *skb, const struct pkt6 *p, struct icmp6_quote *q,
 {
 	__u64 now = bpf_ktime_get_ns();
 	struct ct6_entry *e;
+	bool half_open;
 
 	*about_reply = false;
 	if (bpf_skb_load_bytes(skb, p->l4_off + 8, q, sizeof(*q)) < 0 ||
@@ -155,12 +147,15 @@ icmp6_find(struct __sk_buff *skb, const struct pkt6 *p, struct icmp6_quote *q,
 	key->dport = q->sport;
 	key->proto = q->ip.nexthdr;
 	key->dir = CT_REVERSE;
-	e = ct_peek6(key, now);
+	/* Live entries, established or half-open, not refreshed (as
+	 * icmp_err_xlate).
+	 */
+	e = ct_find6(key, now, &half_open);
 	if (e)
 		return e;
 	key->dir = CT_FORWARD;
 	*about_reply = true;
-	return ct_peek6(key, now);
+	return ct_find6(key, now, &half_open);
 }
 
 /*

@@ -75,19 +75,6 @@ struct icmp_xlate {
 	__be16 dport;
 };
 
-/*
- * ct_peek - the live conntrack entry under @key, established or
- * half-open, not refreshed: an ICMP error keeps no flow alive. NULL if
- * there is none.
- */
-static __always_inline struct ct4_entry *ct_peek(const struct ct4_key *key,
-						 __u64 now)
-{
-	bool half_open;
-
-	return ct_find(key, now, &half_open);
-}
-
 /* rewrite_l3 - replace the IPv4 address at @off (the header at @l3_off). */
 static __always_inline int rewrite_l3(struct __sk_buff *skb, __u32 l3_off,
 				      __u32 off, __be32 from, __be32 to)
@@ -185,7 +172,7 @@ static __always_inline int icmp_err_xlate(struct __sk_buff *skb,
 	struct ct4_key key = {};
 	struct ct4_entry *e;
 	struct fib4 f = {};
-	bool snat, redirect;
+	bool snat, redirect, half_open;
 	__u64 now;
 
 	if (bpf_skb_load_bytes(skb, q_off, &q.ip, sizeof(q.ip)) < 0)
@@ -212,7 +199,10 @@ static __always_inline int icmp_err_xlate(struct __sk_buff *skb,
 	x.daddr = q.ip.daddr;
 	x.sport = q.sport;
 	x.dport = q.dport;
-	e = ct_peek(&key, now);
+	/* The live entry, established or half-open, not refreshed: an ICMP
+	 * error keeps no flow alive.
+	 */
+	e = ct_find(&key, now, &half_open);
 	if (e) {
 		/* About a request: [C or N:sp -> B] becomes [C -> F]. */
 		snat = e->flags & CT_F_SNAT;
@@ -235,7 +225,7 @@ static __always_inline int icmp_err_xlate(struct __sk_buff *skb,
 			   (snat || fe_external(x.daddr, x.dport, key.proto));
 	} else {
 		key.dir = CT_FORWARD;
-		e = ct_peek(&key, now);
+		e = ct_find(&key, now, &half_open);
 		if (!e)
 			return TC_ACT_OK;
 		/* About a reply: [F -> C] becomes [B -> C or N:sp]. */

@@ -161,9 +161,10 @@ static __always_inline int fwd_check(struct __sk_buff *skb,
 }
 
 /*
- * redirect_fib - send @skb, the packet @p (already rewritten, and checked
- * by fwd_check), to the next hop @f names, one TTL less. Returns a TC
- * verdict.
+ * redirect_hop - the end of redirect_fib and redirect_fib6 (nat6.h): send
+ * @skb, an IPv4 (@v4) or IPv6 packet at @l3_off, out of @ifindex: with
+ * the MACs @dmac and @smac (@have_neigh), else through the neighbour
+ * subsystem, to the next hop @nexthop. Returns a TC verdict.
  *
  * A packet from an L3 device has no Ethernet header to write the MACs
  * into, and bpf_redirect_neigh, which has the neighbour subsystem build
@@ -171,6 +172,40 @@ static __always_inline int fwd_check(struct __sk_buff *skb,
  * without one: it gets an empty one first (bpf_skb_change_head, made for
  * this), which bpf_redirect_neigh takes off again. To an L3 device from
  * an Ethernet one, bpf_redirect drops the Ethernet header itself.
+ */
+static __always_inline int redirect_hop(struct __sk_buff *skb, __u32 l3_off,
+					bool v4, const void *nexthop,
+					__u32 ifindex, bool have_neigh,
+					const __u8 *dmac, const __u8 *smac)
+{
+	if (!have_neigh || l3_off == 0) {
+		struct bpf_redir_neigh nh = {
+			.nh_family = v4 ? AF_INET : AF_INET6,
+		};
+		__be16 proto = bpf_htons(v4 ? ETH_P_IP : ETH_P_IPV6);
+
+		if (v4)
+			nh.ipv4_nh = *(const __be32 *)nexthop;
+		else
+			__builtin_memcpy(nh.ipv6_nh, nexthop,
+					 sizeof(nh.ipv6_nh));
+		if (l3_off == 0 &&
+		    (bpf_skb_change_head(skb, ETH_HLEN, 0) < 0 ||
+		     bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto),
+					 &proto, sizeof(proto), 0) < 0))
+			return TC_ACT_SHOT;
+		return bpf_redirect_neigh(ifindex, &nh, sizeof(nh), 0);
+	}
+	if (bpf_skb_store_bytes(skb, 0, dmac, ETH_ALEN, 0) < 0 ||
+	    bpf_skb_store_bytes(skb, ETH_ALEN, smac, ETH_ALEN, 0) < 0)
+		return TC_ACT_SHOT;
+	return bpf_redirect(ifindex, 0);
+}
+
+/*
+ * redirect_fib - send @skb, the packet @p (already rewritten, and checked
+ * by fwd_check), to the next hop @f names, one TTL less (redirect_hop).
+ * Returns a TC verdict.
  */
 static __always_inline int
 redirect_fib(struct __sk_buff *skb, const struct pkt4 *p, const struct fib4 *f)
@@ -186,24 +221,8 @@ redirect_fib(struct __sk_buff *skb, const struct pkt4 *p, const struct fib4 *f)
 	    bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct iphdr, ttl),
 				&ttl, 1, 0) < 0)
 		return TC_ACT_SHOT;
-	if (!f->have_neigh || p->l3_off == 0) {
-		struct bpf_redir_neigh nh = {
-			.nh_family = AF_INET,
-			.ipv4_nh = f->nexthop,
-		};
-		__be16 proto = bpf_htons(ETH_P_IP);
-
-		if (p->l3_off == 0 &&
-		    (bpf_skb_change_head(skb, ETH_HLEN, 0) < 0 ||
-		     bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto),
-					 &proto, sizeof(proto), 0) < 0))
-			return TC_ACT_SHOT;
-		return bpf_redirect_neigh(f->ifindex, &nh, sizeof(nh), 0);
-	}
-	if (bpf_skb_store_bytes(skb, 0, f->dmac, ETH_ALEN, 0) < 0 ||
-	    bpf_skb_store_bytes(skb, ETH_ALEN, f->smac, ETH_ALEN, 0) < 0)
-		return TC_ACT_SHOT;
-	return bpf_redirect(f->ifindex, 0);
+	return redirect_hop(skb, p->l3_off, true, &f->nexthop, f->ifindex,
+			    f->have_neigh, f->dmac, f->smac);
 }
 
 /*

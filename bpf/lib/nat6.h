@@ -162,9 +162,8 @@ static __always_inline int tc6_answer(struct __sk_buff *skb,
 
 /*
  * redirect_fib6 - send @skb, the packet @p (already rewritten, and checked
- * by fwd_check6), to the next hop @f names, one hop less. Returns a TC
- * verdict. A packet of an L3 device gets an empty Ethernet header first,
- * as redirect_fib says.
+ * by fwd_check6), to the next hop @f names, one hop less (redirect_hop,
+ * nat.h). Returns a TC verdict.
  */
 static __always_inline int
 redirect_fib6(struct __sk_buff *skb, const struct pkt6 *p, const struct fib6 *f)
@@ -175,24 +174,8 @@ redirect_fib6(struct __sk_buff *skb, const struct pkt6 *p, const struct fib6 *f)
 				p->l3_off + offsetof(struct ipv6hdr, hop_limit),
 				&hops, 1, 0) < 0)
 		return TC_ACT_SHOT;
-	if (!f->have_neigh || p->l3_off == 0) {
-		struct bpf_redir_neigh nh = {
-			.nh_family = AF_INET6,
-		};
-		__be16 proto = bpf_htons(ETH_P_IPV6);
-
-		__builtin_memcpy(nh.ipv6_nh, &f->nexthop, sizeof(nh.ipv6_nh));
-		if (p->l3_off == 0 &&
-		    (bpf_skb_change_head(skb, ETH_HLEN, 0) < 0 ||
-		     bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_proto),
-					 &proto, sizeof(proto), 0) < 0))
-			return TC_ACT_SHOT;
-		return bpf_redirect_neigh(f->ifindex, &nh, sizeof(nh), 0);
-	}
-	if (bpf_skb_store_bytes(skb, 0, f->dmac, ETH_ALEN, 0) < 0 ||
-	    bpf_skb_store_bytes(skb, ETH_ALEN, f->smac, ETH_ALEN, 0) < 0)
-		return TC_ACT_SHOT;
-	return bpf_redirect(f->ifindex, 0);
+	return redirect_hop(skb, p->l3_off, false, &f->nexthop, f->ifindex,
+			    f->have_neigh, f->dmac, f->smac);
 }
 
 #endif /* SLUICE_NAT6_H */

@@ -78,6 +78,42 @@ static __always_inline bool dev_is_l3(__u32 ifindex)
 }
 
 /*
+ * frag_ports_take - the ports @ports (NULL: none recorded) into @sport and
+ * @dport; whether there were. (The end of frag_follow,
+ * frag.h, and frag6_follow, parse6.h.)
+ */
+static __always_inline bool frag_ports_take(const struct frag4_ports *ports,
+					    __be16 *sport, __be16 *dport)
+{
+	if (!ports)
+		return false;
+	*sport = ports->sport;
+	*dport = ports->dport;
+	return true;
+}
+
+/*
+ * skb_l3_at - whether @skb holds an IP packet of @version (ethertype
+ * @proto), its header at @l3_off: ETH_HLEN as the caller set it, or 0 on
+ * a device without a link-layer header. @eth: room for the Ethernet
+ * header, the caller's (a frame of its own costs the stack more). Without one the packet starts
+ * with the IP version. A destination MAC can start so too (46:... for
+ * IPv4), so the device decides, and is asked only then.
+ */
+static __always_inline bool skb_l3_at(struct __sk_buff *skb, __u8 version,
+				      __be16 proto, struct ethhdr *eth,
+				      __u32 *l3_off)
+{
+	if (bpf_skb_load_bytes(skb, 0, eth, sizeof(*eth)) < 0)
+		return false;
+	if ((eth->h_dest[0] >> 4) == version && dev_is_l3(skb->ifindex))
+		*l3_off = 0;
+	else if (eth->h_proto != proto)
+		return false;
+	return true;
+}
+
+/*
  * parse_ipv4 - parse the Ethernet (unless on an L3 device), IPv4 and L4
  * port headers of @skb.
  *
@@ -106,15 +142,7 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return PARSE_PASS;
-	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
-		return PARSE_PASS;
-	/* Without a link-layer header the packet starts with the IPv4
-	 * version, 4. A destination MAC can start so too (46:...), so the
-	 * device decides, and is asked only then.
-	 */
-	if ((eth.h_dest[0] >> 4) == 4 && dev_is_l3(skb->ifindex))
-		l3_off = 0;
-	else if (eth.h_proto != bpf_htons(ETH_P_IP))
+	if (!skb_l3_at(skb, 4, bpf_htons(ETH_P_IP), &eth, &l3_off))
 		return PARSE_PASS;
 	if (bpf_skb_load_bytes(skb, l3_off, &ip, sizeof(ip)) < 0)
 		return PARSE_MALFORMED;

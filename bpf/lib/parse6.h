@@ -148,15 +148,10 @@ static __always_inline void frag6_record(const struct pkt6 *p, __be32 id)
 static __always_inline bool frag6_follow(struct pkt6 *p, __be32 id)
 {
 	struct frag6_key key;
-	struct frag4_ports *ports;
 
 	frag6_key_of(&key, p, id);
-	ports = bpf_map_lookup_elem(&sluice6_fragments_v1, &key);
-	if (!ports)
-		return false;
-	p->sport = ports->sport;
-	p->dport = ports->dport;
-	return true;
+	return frag_ports_take(bpf_map_lookup_elem(&sluice6_fragments_v1, &key),
+			       &p->sport, &p->dport);
 }
 
 /*
@@ -330,11 +325,7 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct pkt6 *p)
 	proto = parse_ipv6_linear(skb, p);
 	if (proto >= 0)
 		return proto;
-	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
-		return PARSE_PASS;
-	if ((eth.h_dest[0] >> 4) == 6 && dev_is_l3(skb->ifindex))
-		l3_off = 0;
-	else if (eth.h_proto != bpf_htons(ETH_P_IPV6))
+	if (!skb_l3_at(skb, 6, bpf_htons(ETH_P_IPV6), &eth, &l3_off))
 		return PARSE_PASS;
 	if (bpf_skb_load_bytes(skb, l3_off, &ip, sizeof(ip)) < 0)
 		return PARSE_MALFORMED;

@@ -46,9 +46,9 @@
  * forwards a packet from the node's own address, which IPv4's drops as a
  * martian.
  *
- * Dry runs (explain.h): tc6_ingress and tc6_egress are built twice, as
- * tc.c's bodies are, the dry twins with pkt6.dry true: they write no map
- * and note what they decide, the addresses in sluice_expl6_v1. The BPF
+ * Dry runs (explain.h): tc6_body is built twice, as tc.c's tc_body is,
+ * the dry twins with pkt6.dry true: they write no map and note what they
+ * decide, the addresses in sluice_expl6_v1. The BPF
  * functions of their own read the bit from the packet. A dry run is a
  * TCP or UDP packet (sluicectl crafts no other): the twins pass ICMPv6
  * errors untouched.
@@ -114,17 +114,11 @@ static __noinline int rewrite6_l4addr(struct __sk_buff *skb,
 		if (err < 0)
 			return err;
 	}
-	if (old_port != port && !p->frag_later) {
-		err = bpf_l4_csum_replace(skb, p->csum_off, old_port, port,
-					  l4_flags | sizeof(port));
-		if (err < 0)
-			return err;
-		err = bpf_skb_store_bytes(
-			skb, p->l4_off + (to_dst ? L4_DPORT_OFF : L4_SPORT_OFF),
-			&port, sizeof(port), 0);
-		if (err < 0)
-			return err;
-	}
+	if (old_port != port && !p->frag_later)
+		return rewrite_port(skb, p->csum_off, l4_flags,
+				    p->l4_off + (to_dst ? L4_DPORT_OFF :
+							  L4_SPORT_OFF),
+				    old_port, port);
 	return 0;
 }
 
@@ -185,6 +179,16 @@ struct lb6_xlate {
 	bool remap;
 };
 
+/* The steps both families take alike (tc_fam.h): lb6_check_source, ... */
+#define lb_xlate_t_6	       struct lb6_xlate
+#define tc_have_cluster_cidr_6 have_cluster_cidr6
+#define tc_node_dev_of_6       node6_dev_of
+#define tc_port_unreachable_6(skb, p) \
+	icmp6_reply(skb, p, ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, 0)
+#define LB_FAMILY 6
+#include "tc_fam.h"
+#undef LB_FAMILY
+
 /*
  * The verdict of rev_nat6 and lb6_dnat for a packet of a source-NATed
  * flow, which the entry sends on by nat6_forward: the route and its
@@ -215,20 +219,11 @@ static __noinline int rev_nat6(struct __sk_buff *skb, const struct pkt6 *p,
 	struct ct6_entry *e;
 	union v6addr fe;
 	__be16 fe_port;
-	int err;
+	int ret;
 
-	e = ct_reply6(p, &key, now, &err);
-	if (err) {
-		/* The first reply of a flow that cannot become established
-		 * (conntrack.h).
-		 */
-		metric_count(p, err == -EEXIST ? METRIC_TC_CT_CLASH :
-						 METRIC_TC_CT_EST_FULL);
-		return TC_ACT_SHOT;
-	}
+	e = lb6_reply_ct(p, &key, now, &ret);
 	if (!e)
-		return -1;
-	ct_track_tcp6(p, &key, e, now);
+		return ret;
 	fe = e->nat_addr;
 	fe_port = e->nat_port;
 	metric_count(p, METRIC_TC_REV_NAT);
@@ -551,63 +546,6 @@ static __noinline int lb6_follow(const struct pkt6 *p,
 }
 
 /*
- * lb6_refuse - ICMPv6 port unreachable for @p (to frontend @id, or to no
- * frontend when @id is 0), counted as @reason. Returns a TC verdict.
- */
-static __always_inline int lb6_refuse(struct __sk_buff *skb,
-				      const struct pkt6 *p, __u32 id,
-				      enum metric_reason reason)
-{
-	int ret = icmp6_reply(skb, p, ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH,
-			      0);
-
-	metric_count(p, ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR : reason);
-	if (id)
-		svc_count_pkt(p, id,
-			      ret == TC_ACT_SHOT ? SVC_DROP_ERROR :
-						   SVC_DROP_NO_ENDPOINTS,
-			      0);
-	return ret;
-}
-
-/*
- * lb6_no_service - lb4_no_service for IPv6: the answer to @p, a packet to
- * no frontend: ICMPv6 port unreachable to a ClusterIP, a drop to another
- * address of the IPv6 service CIDR, else TC_ACT_OK (not for a service).
- */
-static __always_inline int lb6_no_service(struct __sk_buff *skb,
-					  const struct pkt6 *p)
-{
-	if (service_ip6(p->daddr))
-		return lb6_refuse(skb, p, 0, METRIC_TC_UNKNOWN_PORT);
-	if (node_cidr6(p->daddr, NODE_CIDR_SERVICE)) {
-		metric_count(p, METRIC_TC_SERVICE_CIDR_DROP);
-		return TC_ACT_SHOT;
-	}
-	return TC_ACT_OK;
-}
-
-/*
- * lb6_scope - lb4_scope for IPv6: the internal scope of a two-scope
- * frontend for an internal client, else @svc.
- */
-static __always_inline struct lb4_service *lb6_scope(const struct pkt6 *p,
-						     struct lb4_service *svc,
-						     const struct lb6_xlate *x)
-{
-	struct lb4_service *in;
-
-	if (!(svc->flags & SVC_F_TWO_SCOPES) || !x->internal)
-		return svc;
-	in = lookup_service_scope6(p->daddr, p->dport, p->proto,
-				   LB_SCOPE_INTERNAL);
-	if (!in)
-		return svc;
-	metric_count(p, METRIC_TC_SHORT_CIRCUIT);
-	return in;
-}
-
-/*
  * lb6_dnat - translate a packet to an IPv6 frontend to one of its
  * backends (and, for a flow lb6_masquerade source-NATs, source-NAT it and
  * have the entry send it to the backend), or refuse it. Returns a TC
@@ -619,23 +557,9 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 	struct lb4_service *svc;
 	int ret;
 
-	svc = lookup_service6(p->daddr, p->dport, p->proto);
+	svc = lb6_frontend(skb, p, x, &ret);
 	if (!svc)
-		return lb6_no_service(skb, p);
-	explain_frontend6(p, svc);
-	if ((svc->flags & SVC_F_SRC_RANGES) &&
-	    !source_allowed6(p->daddr, p->dport, p->proto, p->saddr)) {
-		metric_count(p, METRIC_TC_SRC_RANGE_DENY);
-		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
-		return TC_ACT_SHOT;
-	}
-	x->internal = have_cluster_cidr6 &&
-		      node_cidr6(p->saddr, NODE_CIDR_CLUSTER);
-	x->outside = !x->internal && node6_dev_of(skb->ifindex);
-	svc = lb6_scope(p, svc, x);
-	explain_flag(p, (x->internal ? EXPLAIN_F_INTERNAL : 0) |
-				(x->outside ? EXPLAIN_F_OUTSIDE : 0));
-	explain_scope(p, svc);
+		return ret;
 	/* Conntrack first: a Service that has dropped to zero endpoints
 	 * keeps its established flows, as kube-proxy does.
 	 */
@@ -659,16 +583,8 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 	}
 	if (ret < 0)
 		return TC_ACT_SHOT;
-	if (ret > 0) {
-		if (svc->flags & SVC_F_DROP_EMPTY) {
-			metric_count(p, METRIC_TC_LOCAL_NO_BACKEND);
-			svc_count_pkt(p, svc->rev_nat_id,
-				      SVC_DROP_NO_LOCAL_ENDPOINTS, 0);
-			return TC_ACT_SHOT;
-		}
-		return lb6_refuse(skb, p, svc->rev_nat_id,
-				  METRIC_TC_NO_BACKEND);
-	}
+	if (ret > 0)
+		return lb6_refuse(skb, p, svc);
 	explain_backend6(p, x->backend_id, x->slot, x->addr, x->port);
 	svc_count_pkt(p, svc->rev_nat_id, SVC_EV_PACKET, p->l3_len);
 	if (x->snat) {
@@ -702,10 +618,11 @@ static __always_inline int tc6_divert(struct __sk_buff *skb, __u32 prog)
 }
 
 /*
- * tc6_ingress and tc6_egress - the bodies of the IPv6 programs, and with
- * @dry true of their dry twins (see the top).
+ * tc6_body - the body of the IPv6 programs, at a device's @ingress or
+ * egress, and with @dry true of their dry twins (see the top).
  */
-static __always_inline int tc6_ingress(struct __sk_buff *skb, bool dry)
+static __always_inline int tc6_body(struct __sk_buff *skb, bool dry,
+				    bool ingress)
 {
 	struct pkt6 p = { .dry = dry };
 	struct lb6_xlate x = {};
@@ -721,44 +638,22 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb, bool dry)
 		if (dry)
 			return TC_ACT_OK;
 		ret = icmp6_err_xlate(skb, &p);
+		if (ret != TC6_ICMP_SNAT)
+			return ret;
 		/* A source-NATed flow's errors arrive at the node, at
 		 * ingress.
 		 */
-		return ret == TC6_ICMP_SNAT ? icmp6_snat_xlate(skb, &p) : ret;
+		return ingress ? icmp6_snat_xlate(skb, &p) : TC_ACT_OK;
 	default:
 		return TC_ACT_OK;
 	}
 	now = bpf_ktime_get_ns();
 	ret = rev_nat6(skb, &p, now, &x);
-	if (ret == -1)
-		ret = lb6_dnat(skb, &p, now, &x);
-	if (ret == TC6_FORWARD)
-		ret = nat6_forward(skb, &p, &x, &mtu);
-	return tc6_answer(skb, &p, ret, mtu);
-}
-
-static __always_inline int tc6_egress(struct __sk_buff *skb, bool dry)
-{
-	struct pkt6 p = { .dry = dry };
-	struct lb6_xlate x = {};
-	__u32 mtu = 0;
-	int ret;
-
-	explain_begin(skb, dry);
-	switch (parse_tc6(skb, &p)) {
-	case PKT_L4:
-		break;
-	case PKT_ICMP_ERR:
-		if (dry)
+	if (ret == -1) {
+		if (!ingress)
 			return TC_ACT_OK;
-		ret = icmp6_err_xlate(skb, &p);
-		return ret == TC6_ICMP_SNAT ? TC_ACT_OK : ret;
-	default:
-		return TC_ACT_OK;
+		ret = lb6_dnat(skb, &p, now, &x);
 	}
-	ret = rev_nat6(skb, &p, bpf_ktime_get_ns(), &x);
-	if (ret == -1)
-		return TC_ACT_OK;
 	if (ret == TC6_FORWARD)
 		ret = nat6_forward(skb, &p, &x, &mtu);
 	return tc6_answer(skb, &p, ret, mtu);

@@ -12,16 +12,17 @@ import (
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/model/modeltest"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 func TestWriteServicesListsBackendsInSlotOrder(t *testing.T) {
-	fe := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: model.TCP}
-	empty := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.9"), Port: 53, Proto: model.UDP}
+	fe := modeltest.L4("10.96.0.10", 80, model.TCP)
+	empty := modeltest.L4("10.96.0.9", 53, model.UDP)
 	b := func(s string) model.L4Addr {
-		return model.L4Addr{Addr: netip.MustParseAddr(s), Port: 8080, Proto: model.TCP}
+		return modeltest.L4(s, 8080, model.TCP)
 	}
-	np := model.L4Addr{Addr: netip.MustParseAddr("192.168.1.1"), Port: 30080, Proto: model.TCP}
+	np := modeltest.L4("192.168.1.1", 30080, model.TCP)
 	npIn := reconciler.Frontend{L4Addr: np, Scope: reconciler.ScopeInternal}
 	ks := &reconciler.KernelState{
 		Masters: map[reconciler.Frontend]reconciler.Master{
@@ -97,8 +98,8 @@ func TestUsageErrors(t *testing.T) {
 // not change them.
 func TestReadsPinsOfAnySize(t *testing.T) {
 	bpffs, dp := openSmallPins(t)
-	fe := model.L4Addr{Addr: netip.MustParseAddr("10.96.3.1"), Port: 80, Proto: model.TCP}
-	be := model.L4Addr{Addr: netip.MustParseAddr("10.3.0.1"), Port: 8080, Proto: model.TCP}
+	fe := modeltest.L4("10.96.3.1", 80, model.TCP)
+	be := modeltest.L4("10.3.0.1", 8080, model.TCP)
 	m := dp.Maps()
 	for _, err := range []error{
 		m.UpsertBackend(1, be), m.UpsertSlot(reconciler.DefaultScope(fe), 1, 1), m.UpsertRevNat(2, reconciler.DefaultScope(fe)),
@@ -144,10 +145,10 @@ func TestServicesFlags(t *testing.T) {
 // (its golden format), source ranges included, read from the pins.
 func TestServicesRaw(t *testing.T) {
 	bpffs, dp := openSmallPins(t)
-	fe := model.L4Addr{Addr: netip.MustParseAddr("192.168.1.200"), Port: 80, Proto: model.TCP}
+	fe := modeltest.L4("192.168.1.200", 80, model.TCP)
 	st := model.NewState()
 	st.Services[fe] = &model.Service{Kind: model.LoadBalancer, Frontend: fe,
-		Backends:     []model.Backend{{L4Addr: model.L4Addr{Addr: netip.MustParseAddr("10.3.0.1"), Port: 8080, Proto: model.TCP}}},
+		Backends:     []model.Backend{{L4Addr: modeltest.L4("10.3.0.1", 8080, model.TCP)}},
 		SourceRanges: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}}
 	if err := reconciler.New(dp.Maps(), nil).Apply(st); err != nil {
 		t.Fatal(err)

@@ -106,6 +106,17 @@ func (a *affTest) flow(client string, sport uint16, fe model.L4Addr) model.L4Add
 	return be
 }
 
+// flows sends a new flow from sport of each of the first n clients
+// (a.client) to fe and returns the backend each reached, by client.
+func (a *affTest) flows(n int, sport uint16, fe model.L4Addr) []model.L4Addr {
+	a.t.Helper()
+	out := make([]model.L4Addr, n)
+	for c := range n {
+		out[c] = a.flow(a.client(c), sport, fe)
+	}
+	return out
+}
+
 // entries returns the session affinity entries of fe, by client address.
 func (a *affTest) entries(fe model.L4Addr) map[netip.Addr]AffinityEntry {
 	a.t.Helper()
@@ -196,10 +207,7 @@ func TestTCAffinityExpires(t *testing.T) {
 		a.apply(affinityService(affVIP, time.Second, affBEs...))
 
 		const clients = 16
-		first := make([]model.L4Addr, clients)
-		for c := range clients {
-			first[c] = a.flow(clientAddr(c), 40000, affVIP)
-		}
+		first := a.flows(clients, 40000, affVIP)
 		// Refreshed by new flows every 0.6 s: still sticky after 1.8 s.
 		for round := 1; round <= 3; round++ {
 			time.Sleep(600 * time.Millisecond)
@@ -341,10 +349,7 @@ func TestTCAffinityRestart(t *testing.T) {
 		clientAddr := a.client
 		svc := affinityService(affVIP, time.Hour, affBEs...)
 		a.apply(svc)
-		stuck := map[string]model.L4Addr{}
-		for c := range 16 {
-			stuck[clientAddr(c)] = a.flow(clientAddr(c), 60000, affVIP)
-		}
+		stuck := a.flows(16, 60000, affVIP)
 		before := a.entries(affVIP)
 
 		cfg := a.d.cfg
@@ -363,9 +368,9 @@ func TestTCAffinityRestart(t *testing.T) {
 		if after := b.entries(affVIP); len(after) != len(before) {
 			t.Errorf("restart: %d affinity entries, had %d", len(after), len(before))
 		}
-		for client, be := range stuck {
-			if got := b.flow(client, 60001, affVIP); got != be {
-				t.Errorf("restart: client %s went to %s, was stuck to %s", client, got, be)
+		for c, be := range stuck {
+			if got := b.flow(clientAddr(c), 60001, affVIP); got != be {
+				t.Errorf("restart: client %s went to %s, was stuck to %s", clientAddr(c), got, be)
 			}
 		}
 	})

@@ -37,7 +37,7 @@ func dgramOf(data []byte) func(id uint16, src string, sport uint16, dst string, 
 }
 
 func TestTCFragments(t *testing.T) {
-	forFamilies(t, func(t *testing.T, v6 bool) { tcFragments(t, v6) })
+	forFamilies(t, tcFragments)
 }
 
 // tcFragments is TestTCFragments over IPv4, or with v6 over IPv6 with

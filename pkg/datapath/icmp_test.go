@@ -43,7 +43,7 @@ func quoteOf(p packet.Packet, n int) []byte {
 }
 
 func TestTCICMPErrors(t *testing.T) {
-	forFamilies(t, func(t *testing.T, v6 bool) { tcICMPErrors(t, v6) })
+	forFamilies(t, tcICMPErrors)
 }
 
 // tcICMPErrors is TestTCICMPErrors over IPv4, or with v6 over IPv6 with

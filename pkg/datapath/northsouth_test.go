@@ -372,7 +372,7 @@ func TestDevicesAndAddresses(t *testing.T) {
 // that closed come back after the close timeout, through GCConntrack. Per
 // family.
 func TestNorthSouthSNATPorts(t *testing.T) {
-	forFamilies(t, func(t *testing.T, v6 bool) { northSouthSNATPorts(t, v6) })
+	forFamilies(t, northSouthSNATPorts)
 }
 
 // northSouthSNATPorts is TestNorthSouthSNATPorts over IPv4, or with v6

@@ -116,6 +116,21 @@ func quick(t *testing.T, fam string) {
 			t.Errorf("%s: sweep of all services: %q", m, v)
 		}
 	}
+	// What the 100,000 row added (issue 14): the memory again at the end
+	// with the agent's peak, and Sluice's times without the manifest write.
+	if len(p.MemEnd) != len(cfg.Modes) {
+		t.Errorf("memory at the end for %d modes, want %d", len(p.MemEnd), len(cfg.Modes))
+	}
+	for _, ms := range p.MemEnd {
+		if ms.Mode == harness.ModeSluice && (ms.AgentRSS == 0 || ms.AgentPeakRSS < ms.AgentRSS) {
+			t.Errorf("sluice at the end: RSS %d, peak %d", ms.AgentRSS, ms.AgentPeakRSS)
+		}
+	}
+	for _, ps := range p.Prog {
+		if ps.Mode == harness.ModeSluice && (len(ps.InitialFromStartS) != len(ps.InitialS) || len(ps.UpdateFromWriteS) != len(ps.UpdateS)) {
+			t.Errorf("sluice from its start / the rename: %v / %v", ps.InitialFromStartS, ps.UpdateFromWriteS)
+		}
+	}
 	if len(p.Prog) != len(cfg.Modes) {
 		t.Errorf("programming measured for %d modes, want %d", len(p.Prog), len(cfg.Modes))
 	}

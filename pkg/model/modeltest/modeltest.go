@@ -2,7 +2,7 @@
 // consumes model.State's change hints (Gen, BaseGen, Changed): each state
 // is made from the one before as the sources' tracker makes it, so a test
 // can check that a consumer's incremental result equals its full
-// recomputation.
+// recomputation. L4 is a small constructor for the fixtures of any test.
 package modeltest
 
 import (

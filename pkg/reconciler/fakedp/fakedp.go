@@ -194,16 +194,19 @@ func (f *Fake) SetSourceRangeCapacity(n int) {
 
 var _ reconciler.Datapath = (*Fake)(nil)
 
-func (f *Fake) begin(op Op) error {
+// write makes one map operation, with f.mu held: Fail may refuse it
+// first; apply changes the maps (noting violations), and an operation it
+// fails (a full map, a bad argument) is neither checked, counted nor
+// recorded, as a write the kernel refused.
+func (f *Fake) write(op Op, apply func() error) error {
 	if f.Fail != nil {
 		if err := f.Fail(op); err != nil {
 			return err
 		}
 	}
-	return nil
-}
-
-func (f *Fake) done(op Op) {
+	if err := apply(); err != nil {
+		return err
+	}
 	if f.CheckAll {
 		for _, v := range f.check() {
 			f.violate(op, "%s", v)
@@ -213,6 +216,14 @@ func (f *Fake) done(op Op) {
 	if f.Record {
 		f.Ops = append(f.Ops, op)
 	}
+	return nil
+}
+
+// locked runs fn with f.mu held.
+func (f *Fake) locked(fn func() error) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return fn()
 }
 
 func (f *Fake) violate(op Op, format string, a ...any) {
@@ -220,83 +231,61 @@ func (f *Fake) violate(op Op, format string, a ...any) {
 }
 
 func (f *Fake) UpsertBackend(id reconciler.BackendID, b model.L4Addr) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.upsertBackend(id, b, false)
+	return f.locked(func() error { return f.upsertBackend(id, b, false) })
 }
 
 func (f *Fake) upsertBackend(id reconciler.BackendID, b model.L4Addr, batch bool) error {
 	op := Op{Batch: batch, Kind: OpUpsertBackend, Backend: id, Addr: b}
-	if err := f.begin(op); err != nil {
-		return err
-	}
-	if id == 0 {
-		f.violate(op, "backend id 0")
-	}
-	if err := putCounted(f.backends, &f.nbackends, f.maxBackends, "backends", id, b, addrOfBackend); err != nil {
-		return err
-	}
-	f.done(op)
-	return nil
+	return f.write(op, func() error {
+		if id == 0 {
+			f.violate(op, "backend id 0")
+		}
+		return putCounted(f.backends, &f.nbackends, f.maxBackends, "backends", id, b, addrOfBackend)
+	})
 }
 
 func (f *Fake) DeleteBackend(id reconciler.BackendID) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.deleteBackend(id, false)
+	return f.locked(func() error { return f.deleteBackend(id, false) })
 }
 
 func (f *Fake) deleteBackend(id reconciler.BackendID, batch bool) error {
 	op := Op{Batch: batch, Kind: OpDeleteBackend, Backend: id}
-	if err := f.begin(op); err != nil {
-		return err
-	}
-	deleteCounted(f.backends, &f.nbackends, id, addrOfBackend)
-	if f.slotRefs[id] > 0 {
-		f.violate(op, "backend %d deleted while %d slots name it", id, f.slotRefs[id])
-	}
-	f.done(op)
-	return nil
+	return f.write(op, func() error {
+		deleteCounted(f.backends, &f.nbackends, id, addrOfBackend)
+		if f.slotRefs[id] > 0 {
+			f.violate(op, "backend %d deleted while %d slots name it", id, f.slotRefs[id])
+		}
+		return nil
+	})
 }
 
 func (f *Fake) UpsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.upsertRevNat(id, fe, false)
+	return f.locked(func() error { return f.upsertRevNat(id, fe, false) })
 }
 
 func (f *Fake) upsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend, batch bool) error {
 	op := Op{Batch: batch, Kind: OpUpsertRevNat, Service: id, Frontend: fe}
-	if err := f.begin(op); err != nil {
-		return err
-	}
-	if id == 0 {
-		f.violate(op, "service id 0")
-	}
-	if err := putCounted(f.revNat, &f.nrevNat, f.maxServices, "rev_nat", id, fe, addrOfFrontend); err != nil {
-		return err
-	}
-	f.done(op)
-	return nil
+	return f.write(op, func() error {
+		if id == 0 {
+			f.violate(op, "service id 0")
+		}
+		return putCounted(f.revNat, &f.nrevNat, f.maxServices, "rev_nat", id, fe, addrOfFrontend)
+	})
 }
 
 func (f *Fake) DeleteRevNat(id reconciler.ServiceID) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.deleteRevNat(id, false)
+	return f.locked(func() error { return f.deleteRevNat(id, false) })
 }
 
 func (f *Fake) deleteRevNat(id reconciler.ServiceID, batch bool) error {
 	op := Op{Batch: batch, Kind: OpDeleteRevNat, Service: id}
-	if err := f.begin(op); err != nil {
-		return err
-	}
-	deleteCounted(f.revNat, &f.nrevNat, id, addrOfFrontend)
-	if f.masterRefs[id] > 0 {
-		f.violate(op, "rev_nat %d deleted while a master names it", id)
-	}
-	f.done(op)
-	return nil
+	return f.write(op, func() error {
+		deleteCounted(f.revNat, &f.nrevNat, id, addrOfFrontend)
+		if f.masterRefs[id] > 0 {
+			f.violate(op, "rev_nat %d deleted while a master names it", id)
+		}
+		return nil
+	})
 }
 
 // entries returns the service map entries (masters plus slots) of the
@@ -351,42 +340,38 @@ func mapName(a netip.Addr, kind string) string {
 }
 
 func (f *Fake) UpsertSlot(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.upsertSlot(fe, slot, id, false)
+	return f.locked(func() error { return f.upsertSlot(fe, slot, id, false) })
 }
 
 func (f *Fake) upsertSlot(fe reconciler.Frontend, slot uint32, id reconciler.BackendID, batch bool) error {
 	op := Op{Batch: batch, Kind: OpUpsertSlot, Frontend: fe, Slot: slot, Backend: id}
-	if err := f.begin(op); err != nil {
-		return err
-	}
-	if slot == 0 {
-		return errors.New("UpsertSlot: slot 0 is the master")
-	}
-	s := f.slots[fe]
-	old, exists := s[slot]
-	if !exists && f.entries(fe.Addr) >= f.maxEntries {
-		return fmt.Errorf("%s: %w", mapName(fe.Addr, "services"), ErrFull)
-	}
-	if s == nil {
-		s = map[uint32]reconciler.BackendID{}
-		f.slots[fe] = s
-	}
-	if exists {
-		f.unref(old)
-	} else {
-		f.nslots[fam(fe.Addr)]++
-	}
-	s[slot] = id
-	f.slotRefs[id]++
-	if b, ok := f.backends[id]; !ok {
-		f.violate(op, "slot names backend %d, which does not exist", id)
-	} else if b.Addr.Is6() != fe.Addr.Is6() {
-		f.violate(op, "slot names backend %d (%s), of the other address family", id, b)
-	}
-	f.done(op)
-	return nil
+	return f.write(op, func() error {
+		if slot == 0 {
+			return errors.New("UpsertSlot: slot 0 is the master")
+		}
+		s := f.slots[fe]
+		old, exists := s[slot]
+		if !exists && f.entries(fe.Addr) >= f.maxEntries {
+			return fmt.Errorf("%s: %w", mapName(fe.Addr, "services"), ErrFull)
+		}
+		if s == nil {
+			s = map[uint32]reconciler.BackendID{}
+			f.slots[fe] = s
+		}
+		if exists {
+			f.unref(old)
+		} else {
+			f.nslots[fam(fe.Addr)]++
+		}
+		s[slot] = id
+		f.slotRefs[id]++
+		if b, ok := f.backends[id]; !ok {
+			f.violate(op, "slot names backend %d, which does not exist", id)
+		} else if b.Addr.Is6() != fe.Addr.Is6() {
+			f.violate(op, "slot names backend %d (%s), of the other address family", id, b)
+		}
+		return nil
+	})
 }
 
 func (f *Fake) unref(id reconciler.BackendID) {
@@ -396,56 +381,52 @@ func (f *Fake) unref(id reconciler.BackendID) {
 }
 
 func (f *Fake) UpsertMaster(fe reconciler.Frontend, m reconciler.Master) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.upsertMaster(fe, m, false)
+	return f.locked(func() error { return f.upsertMaster(fe, m, false) })
 }
 
 func (f *Fake) upsertMaster(fe reconciler.Frontend, m reconciler.Master, batch bool) error {
 	op := Op{Batch: batch, Kind: OpUpsertMaster, Frontend: fe, Master: m}
-	if err := f.begin(op); err != nil {
-		return err
-	}
-	old, exists := f.masters[fe]
-	if !exists && f.entries(fe.Addr) >= f.maxEntries {
-		return fmt.Errorf("%s: %w", mapName(fe.Addr, "services"), ErrFull)
-	}
-	if exists {
-		if f.masterRefs[old.ID]--; f.masterRefs[old.ID] <= 0 {
-			delete(f.masterRefs, old.ID)
+	return f.write(op, func() error {
+		old, exists := f.masters[fe]
+		if !exists && f.entries(fe.Addr) >= f.maxEntries {
+			return fmt.Errorf("%s: %w", mapName(fe.Addr, "services"), ErrFull)
 		}
-		f.countClusterIP(fe, old, -1)
-	} else {
-		f.nmasters[fam(fe.Addr)]++
-	}
-	f.masters[fe] = m
-	f.countClusterIP(fe, m, 1)
-	f.masterRefs[m.ID]++
-	if m.ID == 0 {
-		f.violate(op, "service id 0")
-	}
-	if rn, ok := f.revNat[m.ID]; !ok {
-		f.violate(op, "master names service %d, which has no rev_nat entry", m.ID)
-	} else if rn.Addr.Is6() != fe.Addr.Is6() {
-		f.violate(op, "master names service %d, whose rev_nat entry (%s) is of the other address family", m.ID, rn)
-	}
-	for s := uint32(1); s <= m.Count; s++ {
-		if _, ok := f.slots[fe][s]; !ok {
-			f.violate(op, "master count %d but slot %d does not exist", m.Count, s)
-			break
+		if exists {
+			if f.masterRefs[old.ID]--; f.masterRefs[old.ID] <= 0 {
+				delete(f.masterRefs, old.ID)
+			}
+			f.countClusterIP(fe, old, -1)
+		} else {
+			f.nmasters[fam(fe.Addr)]++
 		}
-	}
-	if m.Flags&reconciler.FlagSourceRanges != 0 && len(f.ranges[fe.L4Addr]) == 0 {
-		f.violate(op, "master checks source ranges but its frontend has none")
-	}
-	if m.Flags&reconciler.FlagTwoScopes != 0 && !f.hasInternal(fe.L4Addr) {
-		f.violate(op, "master says two scopes but the internal scope has no master")
-	}
-	if exists && clusterIP(fe, old) && !clusterIP(fe, m) && f.ips[fe.Addr] && f.clusterIPMasters(fe.Addr) == 0 {
-		f.violate(op, "the last ClusterIP master at %s stopped being one while it is a service IP", fe.Addr)
-	}
-	f.done(op)
-	return nil
+		f.masters[fe] = m
+		f.countClusterIP(fe, m, 1)
+		f.masterRefs[m.ID]++
+		if m.ID == 0 {
+			f.violate(op, "service id 0")
+		}
+		if rn, ok := f.revNat[m.ID]; !ok {
+			f.violate(op, "master names service %d, which has no rev_nat entry", m.ID)
+		} else if rn.Addr.Is6() != fe.Addr.Is6() {
+			f.violate(op, "master names service %d, whose rev_nat entry (%s) is of the other address family", m.ID, rn)
+		}
+		for s := uint32(1); s <= m.Count; s++ {
+			if _, ok := f.slots[fe][s]; !ok {
+				f.violate(op, "master count %d but slot %d does not exist", m.Count, s)
+				break
+			}
+		}
+		if m.Flags&reconciler.FlagSourceRanges != 0 && len(f.ranges[fe.L4Addr]) == 0 {
+			f.violate(op, "master checks source ranges but its frontend has none")
+		}
+		if m.Flags&reconciler.FlagTwoScopes != 0 && !f.hasInternal(fe.L4Addr) {
+			f.violate(op, "master says two scopes but the internal scope has no master")
+		}
+		if exists && clusterIP(fe, old) && !clusterIP(fe, m) && f.ips[fe.Addr] && f.clusterIPMasters(fe.Addr) == 0 {
+			f.violate(op, "the last ClusterIP master at %s stopped being one while it is a service IP", fe.Addr)
+		}
+		return nil
+	})
 }
 
 // clusterIP reports whether m, the master of fe, is a ClusterIP's.
@@ -487,111 +468,101 @@ func (f *Fake) DeleteSlot(fe reconciler.Frontend, slot uint32) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	op := Op{Kind: OpDeleteSlot, Frontend: fe, Slot: slot}
-	if err := f.begin(op); err != nil {
-		return err
-	}
-	if slot == 0 {
-		if m, ok := f.masters[fe]; ok {
-			delete(f.masters, fe)
-			f.nmasters[fam(fe.Addr)]--
-			if f.masterRefs[m.ID]--; f.masterRefs[m.ID] <= 0 {
-				delete(f.masterRefs, m.ID)
+	return f.write(op, func() error {
+		if slot == 0 {
+			if m, ok := f.masters[fe]; ok {
+				delete(f.masters, fe)
+				f.nmasters[fam(fe.Addr)]--
+				if f.masterRefs[m.ID]--; f.masterRefs[m.ID] <= 0 {
+					delete(f.masterRefs, m.ID)
+				}
+				f.countClusterIP(fe, m, -1)
+				if clusterIP(fe, m) && f.ips[fe.Addr] && f.clusterIPMasters(fe.Addr) == 0 {
+					f.violate(op, "the last ClusterIP master at %s deleted while it is a service IP", fe.Addr)
+				}
+				if dm, ok := f.masters[reconciler.DefaultScope(fe.L4Addr)]; fe.Scope == reconciler.ScopeInternal && ok && dm.Flags&reconciler.FlagTwoScopes != 0 {
+					f.violate(op, "internal scope deleted while the default scope's master says two scopes")
+				}
 			}
-			f.countClusterIP(fe, m, -1)
-			if clusterIP(fe, m) && f.ips[fe.Addr] && f.clusterIPMasters(fe.Addr) == 0 {
-				f.violate(op, "the last ClusterIP master at %s deleted while it is a service IP", fe.Addr)
+		} else if id, ok := f.slots[fe][slot]; ok {
+			delete(f.slots[fe], slot)
+			if len(f.slots[fe]) == 0 {
+				delete(f.slots, fe)
 			}
-			if dm, ok := f.masters[reconciler.DefaultScope(fe.L4Addr)]; fe.Scope == reconciler.ScopeInternal && ok && dm.Flags&reconciler.FlagTwoScopes != 0 {
-				f.violate(op, "internal scope deleted while the default scope's master says two scopes")
+			f.nslots[fam(fe.Addr)]--
+			f.unref(id)
+			if m, ok := f.masters[fe]; ok && m.Count >= slot {
+				f.violate(op, "slot %d deleted while the master counts %d", slot, m.Count)
 			}
 		}
-	} else if id, ok := f.slots[fe][slot]; ok {
-		delete(f.slots[fe], slot)
-		if len(f.slots[fe]) == 0 {
-			delete(f.slots, fe)
-		}
-		f.nslots[fam(fe.Addr)]--
-		f.unref(id)
-		if m, ok := f.masters[fe]; ok && m.Count >= slot {
-			f.violate(op, "slot %d deleted while the master counts %d", slot, m.Count)
-		}
-	}
-	f.done(op)
-	return nil
+		return nil
+	})
 }
 
 func (f *Fake) UpsertSourceRange(fe model.L4Addr, p netip.Prefix) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	op := Op{Kind: OpUpsertSourceRange, Frontend: reconciler.DefaultScope(fe), Prefix: p}
-	if err := f.begin(op); err != nil {
-		return err
-	}
-	if p != p.Masked() {
-		f.violate(op, "prefix has host bits set")
-	}
-	rs := f.ranges[fe]
-	if !rs[p] && f.nranges[fam(fe.Addr)] >= f.maxRanges {
-		return fmt.Errorf("%s: %w", mapName(fe.Addr, "src_ranges"), ErrFull)
-	}
-	if rs == nil {
-		rs = map[netip.Prefix]bool{}
-		f.ranges[fe] = rs
-	}
-	if !rs[p] {
-		rs[p] = true
-		f.nranges[fam(fe.Addr)]++
-	}
-	f.done(op)
-	return nil
+	return f.write(op, func() error {
+		if p != p.Masked() {
+			f.violate(op, "prefix has host bits set")
+		}
+		rs := f.ranges[fe]
+		if !rs[p] && f.nranges[fam(fe.Addr)] >= f.maxRanges {
+			return fmt.Errorf("%s: %w", mapName(fe.Addr, "src_ranges"), ErrFull)
+		}
+		if rs == nil {
+			rs = map[netip.Prefix]bool{}
+			f.ranges[fe] = rs
+		}
+		if !rs[p] {
+			rs[p] = true
+			f.nranges[fam(fe.Addr)]++
+		}
+		return nil
+	})
 }
 
 func (f *Fake) DeleteSourceRange(fe model.L4Addr, p netip.Prefix) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	op := Op{Kind: OpDeleteSourceRange, Frontend: reconciler.DefaultScope(fe), Prefix: p}
-	if err := f.begin(op); err != nil {
-		return err
-	}
-	if f.ranges[fe][p] {
-		delete(f.ranges[fe], p)
-		f.nranges[fam(fe.Addr)]--
-		if len(f.ranges[fe]) == 0 {
-			delete(f.ranges, fe)
-			if m, ok := f.masters[reconciler.DefaultScope(fe)]; ok && m.Flags&reconciler.FlagSourceRanges != 0 {
-				f.violate(op, "last source range deleted while the master checks them")
+	return f.write(op, func() error {
+		if f.ranges[fe][p] {
+			delete(f.ranges[fe], p)
+			f.nranges[fam(fe.Addr)]--
+			if len(f.ranges[fe]) == 0 {
+				delete(f.ranges, fe)
+				if m, ok := f.masters[reconciler.DefaultScope(fe)]; ok && m.Flags&reconciler.FlagSourceRanges != 0 {
+					f.violate(op, "last source range deleted while the master checks them")
+				}
 			}
 		}
-	}
-	f.done(op)
-	return nil
+		return nil
+	})
 }
 
 // UpsertServiceIP adds a service IP; the set is as large as rev_nat (each
 // ClusterIP has a frontend).
 func (f *Fake) UpsertServiceIP(a netip.Addr) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.upsertServiceIP(a, false)
+	return f.locked(func() error { return f.upsertServiceIP(a, false) })
 }
 
 func (f *Fake) upsertServiceIP(a netip.Addr, batch bool) error {
 	op := Op{Batch: batch, Kind: OpUpsertServiceIP, IP: a}
-	if err := f.begin(op); err != nil {
-		return err
-	}
-	if !f.ips[a] && f.nips[fam(a)] >= f.maxServices {
-		return fmt.Errorf("%s: %w", mapName(a, "service_ips"), ErrFull)
-	}
-	if !f.ips[a] {
-		f.ips[a] = true
-		f.nips[fam(a)]++
-	}
-	if f.clusterIPMasters(a) == 0 {
-		f.violate(op, "service IP %s added while no ClusterIP master is at it", a)
-	}
-	f.done(op)
-	return nil
+	return f.write(op, func() error {
+		if !f.ips[a] && f.nips[fam(a)] >= f.maxServices {
+			return fmt.Errorf("%s: %w", mapName(a, "service_ips"), ErrFull)
+		}
+		if !f.ips[a] {
+			f.ips[a] = true
+			f.nips[fam(a)]++
+		}
+		if f.clusterIPMasters(a) == 0 {
+			f.violate(op, "service IP %s added while no ClusterIP master is at it", a)
+		}
+		return nil
+	})
 }
 
 // DeleteServiceIP removes a service IP.
@@ -599,27 +570,23 @@ func (f *Fake) DeleteServiceIP(a netip.Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	op := Op{Kind: OpDeleteServiceIP, IP: a}
-	if err := f.begin(op); err != nil {
-		return err
-	}
-	if f.ips[a] {
-		delete(f.ips, a)
-		f.nips[fam(a)]--
-	}
-	f.done(op)
-	return nil
+	return f.write(op, func() error {
+		if f.ips[a] {
+			delete(f.ips, a)
+			f.nips[fam(a)]--
+		}
+		return nil
+	})
 }
 
 func (f *Fake) FlushConntrack(bs []model.L4Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	op := Op{Kind: OpFlushConntrack, Addrs: slices.Clone(bs)}
-	if err := f.begin(op); err != nil {
-		return err
-	}
-	f.flushed = append(f.flushed, bs...)
-	f.done(op)
-	return nil
+	return f.write(op, func() error {
+		f.flushed = append(f.flushed, bs...)
+		return nil
+	})
 }
 
 // FixAffinity records fixes. A move must name a slot that holds its
@@ -631,20 +598,18 @@ func (f *Fake) FixAffinity(fixes []reconciler.AffinityFix) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	op := Op{Kind: OpFixAffinity, Fixes: slices.Clone(fixes)}
-	if err := f.begin(op); err != nil {
-		return err
-	}
-	for _, x := range fixes {
-		switch {
-		case x.Backend == 0 && x.Slot != 0:
-			f.violate(op, "%s: moves every backend to slot %d", x.Frontend, x.Slot)
-		case x.Slot != 0 && f.slots[x.Frontend][x.Slot] != x.Backend:
-			f.violate(op, "%s: moves backend %d to slot %d, which names %d", x.Frontend, x.Backend, x.Slot, f.slots[x.Frontend][x.Slot])
+	return f.write(op, func() error {
+		for _, x := range fixes {
+			switch {
+			case x.Backend == 0 && x.Slot != 0:
+				f.violate(op, "%s: moves every backend to slot %d", x.Frontend, x.Slot)
+			case x.Slot != 0 && f.slots[x.Frontend][x.Slot] != x.Backend:
+				f.violate(op, "%s: moves backend %d to slot %d, which names %d", x.Frontend, x.Backend, x.Slot, f.slots[x.Frontend][x.Slot])
+			}
 		}
-	}
-	f.fixed = append(f.fixed, fixes...)
-	f.done(op)
-	return nil
+		f.fixed = append(f.fixed, fixes...)
+		return nil
+	})
 }
 
 // ResetServiceStats zeroes the per-Service counters of id. The fake keeps
@@ -655,20 +620,18 @@ func (f *Fake) ResetServiceStats(id reconciler.ServiceID) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	op := Op{Kind: OpResetStats, Service: id}
-	if err := f.begin(op); err != nil {
-		return err
-	}
-	if id == 0 {
-		f.violate(op, "service id 0")
-	}
-	if fe, ok := f.revNat[id]; ok {
-		f.violate(op, "service id %d is in use: rev_nat names %s", id, fe)
-	}
-	if f.masterRefs[id] > 0 {
-		f.violate(op, "service id %d is in use by %d masters", id, f.masterRefs[id])
-	}
-	f.done(op)
-	return nil
+	return f.write(op, func() error {
+		if id == 0 {
+			f.violate(op, "service id 0")
+		}
+		if fe, ok := f.revNat[id]; ok {
+			f.violate(op, "service id %d is in use: rev_nat names %s", id, fe)
+		}
+		if f.masterRefs[id] > 0 {
+			f.violate(op, "service id %d is in use by %d masters", id, f.masterRefs[id])
+		}
+		return nil
+	})
 }
 
 // Dump returns a copy of the maps.

@@ -7,16 +7,17 @@ import (
 	"testing"
 
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/model/modeltest"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 func TestFakeDetectsViolations(t *testing.T) {
-	l4 := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.1"), Port: 80, Proto: model.TCP}
+	l4 := modeltest.L4("10.96.0.1", 80, model.TCP)
 	fe := reconciler.DefaultScope(l4)
 	in := reconciler.Frontend{L4Addr: l4, Scope: reconciler.ScopeInternal}
-	l4b := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.1"), Port: 81, Proto: model.TCP}
+	l4b := modeltest.L4("10.96.0.1", 81, model.TCP)
 	feb := reconciler.DefaultScope(l4b)
-	b := model.L4Addr{Addr: netip.MustParseAddr("10.0.0.1"), Port: 8080, Proto: model.TCP}
+	b := modeltest.L4("10.0.0.1", 8080, model.TCP)
 	ext := reconciler.FlagExternal
 	// The writes most sequences start with: backend 5 in slot 1 of at, and
 	// a master of at with its rev_nat entry (the order that is right).
@@ -149,7 +150,7 @@ func TestFakeDetectsViolations(t *testing.T) {
 
 func TestFakeCapacityAndFailures(t *testing.T) {
 	f := New(1, 1, 1)
-	b := model.L4Addr{Addr: netip.MustParseAddr("10.0.0.1"), Port: 8080, Proto: model.TCP}
+	b := modeltest.L4("10.0.0.1", 8080, model.TCP)
 	if err := f.UpsertBackend(1, b); err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +195,7 @@ func mustWriteClean(t *testing.T, f *Fake, errs ...error) {
 // master does not check ranges is a leftover; replacing one range by
 // another under a checking master is not a violation.
 func TestFakeCheckSourceRanges(t *testing.T) {
-	l4 := model.L4Addr{Addr: netip.MustParseAddr("192.168.1.200"), Port: 80, Proto: model.TCP}
+	l4 := modeltest.L4("192.168.1.200", 80, model.TCP)
 	fe := reconciler.DefaultScope(l4)
 	p1, p2 := netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12")
 	f := New(10, 10, 10)
@@ -230,9 +231,9 @@ func TestFakeCheckSourceRanges(t *testing.T) {
 // without a master that says two scopes is a leftover, and the service IPs
 // are exactly the ClusterIP masters' addresses.
 func TestFakeCheckBetweenApplies(t *testing.T) {
-	l4 := model.L4Addr{Addr: netip.MustParseAddr("192.168.1.200"), Port: 80, Proto: model.TCP}
+	l4 := modeltest.L4("192.168.1.200", 80, model.TCP)
 	fe, in := reconciler.DefaultScope(l4), reconciler.Frontend{L4Addr: l4, Scope: reconciler.ScopeInternal}
-	cip := reconciler.DefaultScope(model.L4Addr{Addr: netip.MustParseAddr("10.96.0.1"), Port: 80, Proto: model.TCP})
+	cip := reconciler.DefaultScope(modeltest.L4("10.96.0.1", 80, model.TCP))
 	f := New(10, 10, 10)
 	f.CheckAll = true
 	mustWriteClean(t, f,
@@ -268,7 +269,7 @@ func TestFakeCheckBetweenApplies(t *testing.T) {
 func TestBatchStopsAtFailure(t *testing.T) {
 	f := New(16, 16, 64)
 	f.CheckAll = true
-	fe := reconciler.DefaultScope(model.L4Addr{Addr: netip.MustParseAddr("10.96.0.1"), Port: 80, Proto: model.TCP})
+	fe := reconciler.DefaultScope(modeltest.L4("10.96.0.1", 80, model.TCP))
 	f.Fail = func(op Op) error {
 		if op.Batch && op.Kind == OpUpsertBackend && op.Backend == 3 {
 			return errors.New("injected")

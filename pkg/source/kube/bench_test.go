@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
@@ -25,7 +26,9 @@ import (
 // synced, every Service translated). live-MiB is the heap the source
 // holds afterwards (its informer caches, the change tracker and the
 // state), without the fake server's own copies: the source's share of
-// the agent's memory. alloc-MiB/op is what the first state allocated.
+// the agent's memory. alloc-MiB/op is what the first state allocated,
+// cpu-ms/op the CPU time the process spent on it (testutil.CPUTime: the
+// collector's work counts, the fake server's decoding too).
 //
 // minimal: the objects carry only what the translation needs, and the
 // fake server hands out copies sharing its strings. decoded: the objects
@@ -57,6 +60,7 @@ func BenchmarkFirstState(b *testing.B) {
 			}
 			client := firstStateClient(b, &svcs, &eps, decoded)
 			var live, alloc float64
+			var cpu time.Duration
 			runs := 0
 			for b.Loop() {
 				b.StopTimer()
@@ -71,6 +75,7 @@ func BenchmarkFirstState(b *testing.B) {
 				got := make(chan *model.State, 1)
 				done := make(chan error, 1)
 				b.StartTimer()
+				t0 := testutil.CPUTime(b)
 				go func() {
 					done <- src.Run(ctx, func(st *model.State) {
 						select {
@@ -80,6 +85,7 @@ func BenchmarkFirstState(b *testing.B) {
 					})
 				}()
 				st := <-got
+				cpu += testutil.CPUTime(b) - t0
 				b.StopTimer()
 				if len(st.Services) != n {
 					b.Fatalf("first state: %d frontends, want %d", len(st.Services), n)
@@ -99,6 +105,7 @@ func BenchmarkFirstState(b *testing.B) {
 			}
 			b.ReportMetric(live/float64(runs), "live-MiB")
 			b.ReportMetric(alloc/float64(runs), "alloc-MiB/op")
+			b.ReportMetric(float64(cpu.Microseconds())/1000/float64(runs), "cpu-ms/op")
 		})
 	}
 }

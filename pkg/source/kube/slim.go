@@ -16,45 +16,50 @@ import (
 // caches hold every Service and EndpointSlice for the agent's life; they
 // are most of its memory.
 //
-// Dropped, of every object: its managedFields (server-side apply's record
-// of each field's manager), kubectl's last-applied-configuration
-// annotation (a copy of the whole object) and its owner references (an
-// EndpointSlice's names its Service). Of a Service: its selector (the
-// endpoints come from the slices) and its labels but the ones a
-// translation reads (translate.ServiceLabelsRead); of an EndpointSlice:
-// its labels but kubernetes.io/service-name (translate.SliceLabelsRead),
-// and of its endpoints the reference to the Pod behind each address
-// (seven strings an endpoint) and the deprecated copy of its Node's
-// topology labels; of the Node, the images it holds (often hundreds).
-// A slice's endpoints.kubernetes.io/last-change-trigger-time annotation
-// (a map of its own, most slices' only annotation) is taken off it and
-// kept aside until the event handler hands it to the tracker with the
-// slice (takeTrigger): nothing reads it afterwards.
-// Everything a translation reads stays: annotations (the Service's
-// topology mode, say), the Service's spec and load-balancer
-// status, the endpoints' addresses, conditions, node names, zones and
-// hints (slim_test.go checks it).
+// An EndpointSlice is cached as what a translation reads of it
+// (cachedSlice, translate.Slice: the namespace, name, resourceVersion,
+// service-name label, addressType, ports, and of each endpoint its first
+// address parsed, its conditions, node name and hints, and whether the
+// slice is valid), with its annotations but the trigger time: about a
+// third of the API object, whose Endpoint alone is 96 bytes and its
+// address a string in an array of its own. Its
+// endpoints.kubernetes.io/last-change-trigger-time annotation is kept
+// aside until the event handler hands it to the tracker with the slice
+// (takeTrigger): nothing reads it afterwards.
 //
-// Shared: the endpoints' condition pointers (one true, one false) and
-// their node names and zones (one *string per name, of the last few
-// thousand seen), which a decoded list allocates for every endpoint; and
-// a slice's endpoints are copied to an array of their length (a decoded
-// list's grows by doubling). Nothing writes to a cached object, so
+// Dropped, of a Service and the Node: their managedFields (server-side
+// apply's record of each field's manager), kubectl's
+// last-applied-configuration annotation (a copy of the whole object) and
+// their owner references. Of a Service: its selector (the endpoints come
+// from the slices) and its labels but the ones a translation reads
+// (translate.ServiceLabelsRead); of the Node, the images it holds (often
+// hundreds). Everything a translation reads stays: the Service's
+// annotations (its topology mode, say), spec and load-balancer status
+// (slim_test.go checks it).
+//
+// Shared: the endpoints' node names (one *string per name, of the last few
+// thousand seen), the slices' namespaces and port names, which a decoded
+// list allocates for every one. Nothing writes to a cached object, so
 // sharing is safe.
 type slimmer struct {
 	mu      sync.Mutex
 	strings map[string]*string
 	// triggers holds the trigger times taken off the slices that the
-	// event handler has not seen yet.
-	triggers map[*discoveryv1.EndpointSlice]string
+	// event handler has not seen yet; triggersPeak is the most it held
+	// since it was made. A Go map keeps the room it grew to: once the
+	// first list's 30,000 are taken, a new map replaces it.
+	triggers     map[*cachedSlice]string
+	triggersPeak int
 }
+
+// shrinkTriggers is the peak past which slimmer.triggers is replaced once
+// empty.
+const shrinkTriggers = 1024
 
 // maxShared bounds slimmer.strings: past it, the names seen are forgotten
 // (objects keep theirs) and sharing starts over, so that the node names
 // of a cluster whose nodes come and go do not pile up.
 const maxShared = 4096
-
-var sharedTrue, sharedFalse = new(true), new(false)
 
 // maxTriggers bounds slimmer.triggers, should slices it saw never reach
 // the handler (a deletion the informer's queue folds into another): past
@@ -63,22 +68,31 @@ var sharedTrue, sharedFalse = new(true), new(false)
 const maxTriggers = 1 << 20
 
 func newSlimmer() *slimmer {
-	return &slimmer{strings: map[string]*string{}, triggers: map[*discoveryv1.EndpointSlice]string{}}
+	return &slimmer{strings: map[string]*string{}, triggers: map[*cachedSlice]string{}}
 }
 
 // takeTrigger returns (and forgets) the trigger time taken off es, "" if
 // none.
-func (sl *slimmer) takeTrigger(es *discoveryv1.EndpointSlice) string {
+func (sl *slimmer) takeTrigger(es *cachedSlice) string {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
 	v, ok := sl.triggers[es]
 	if ok {
 		delete(sl.triggers, es)
+		if len(sl.triggers) == 0 && sl.triggersPeak > shrinkTriggers {
+			sl.triggers, sl.triggersPeak = map[*cachedSlice]string{}, 0
+		}
 	}
 	return v
 }
 
 func (sl *slimmer) slim(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *cachedSlice:
+		return o, nil // made already
+	case *discoveryv1.EndpointSlice:
+		return sl.slimSlice(o), nil
+	}
 	if m, ok := obj.(metav1.Object); ok {
 		m.SetManagedFields(nil)
 		m.SetOwnerReferences(nil)
@@ -90,35 +104,43 @@ func (sl *slimmer) slim(obj any) (any, error) {
 	case *corev1.Service:
 		o.Spec.Selector = nil
 		o.Labels = keepOnly(o.Labels, translate.ServiceLabelsRead)
-	case *discoveryv1.EndpointSlice:
-		o.Labels = keepOnly(o.Labels, translate.SliceLabelsRead)
-		if cap(o.Endpoints) > len(o.Endpoints) {
-			o.Endpoints = slices.Clone(o.Endpoints)
-		}
-		sl.mu.Lock()
-		if v, ok := o.Annotations[corev1.EndpointsLastChangeTriggerTime]; ok {
-			delete(o.Annotations, corev1.EndpointsLastChangeTriggerTime)
-			if len(o.Annotations) == 0 {
-				o.Annotations = nil
-			}
-			if len(sl.triggers) >= maxTriggers {
-				clear(sl.triggers)
-			}
-			sl.triggers[o] = v
-		}
-		for i := range o.Endpoints {
-			e := &o.Endpoints[i]
-			e.TargetRef = nil
-			e.DeprecatedTopology = nil
-			c := &e.Conditions
-			c.Ready, c.Serving, c.Terminating = shareBool(c.Ready), shareBool(c.Serving), shareBool(c.Terminating)
-			e.NodeName, e.Zone = sl.share(e.NodeName), sl.share(e.Zone)
-		}
-		sl.mu.Unlock()
 	case *corev1.Node:
 		o.Status.Images = nil
 	}
 	return obj, nil
+}
+
+// slimSlice returns what the cache keeps of es.
+func (sl *slimmer) slimSlice(es *discoveryv1.EndpointSlice) *cachedSlice {
+	c := &cachedSlice{Slice: translate.MakeSlice(es)}
+	trigger, triggered := es.Annotations[corev1.EndpointsLastChangeTriggerTime]
+	if len(es.Annotations) > 0 {
+		// es is the decoded object's: its map may be taken.
+		delete(es.Annotations, corev1.EndpointsLastChangeTriggerTime)
+		delete(es.Annotations, corev1.LastAppliedConfigAnnotation)
+		if len(es.Annotations) > 0 {
+			c.annotations = es.Annotations
+		}
+	}
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	c.Namespace = sl.shareValue(c.Namespace)
+	for i := range c.Ports {
+		p := &c.Ports[i]
+		p.Name = sl.shareValue(p.Name)
+	}
+	for i := range c.Endpoints {
+		e := &c.Endpoints[i]
+		e.NodeName = sl.share(e.NodeName)
+	}
+	if triggered {
+		if len(sl.triggers) >= maxTriggers {
+			clear(sl.triggers)
+		}
+		sl.triggers[c] = trigger
+		sl.triggersPeak = max(sl.triggersPeak, len(sl.triggers))
+	}
+	return c
 }
 
 // keepOnly deletes from labels the keys not in keep; nil if none is left.
@@ -134,16 +156,6 @@ func keepOnly(labels map[string]string, keep []string) map[string]string {
 	return labels
 }
 
-func shareBool(b *bool) *bool {
-	switch {
-	case b == nil:
-		return nil
-	case *b:
-		return sharedTrue
-	}
-	return sharedFalse
-}
-
 // share returns the shared pointer to *s's value. Called with mu held.
 func (sl *slimmer) share(s *string) *string {
 	if s == nil {
@@ -157,4 +169,17 @@ func (sl *slimmer) share(s *string) *string {
 	}
 	sl.strings[*s] = s
 	return s
+}
+
+// shareValue returns the shared copy of s. Called with mu held.
+func (sl *slimmer) shareValue(s string) string {
+	if p, ok := sl.strings[s]; ok {
+		return *p
+	}
+	if s == "" {
+		return s
+	}
+	p := new(string)
+	*p = s
+	return *sl.share(p)
 }

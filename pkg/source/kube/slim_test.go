@@ -1,7 +1,9 @@
 package kube
 
 import (
+	"cmp"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"reflect"
 	"testing"
@@ -14,8 +16,9 @@ import (
 	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
-// A Service and its slices translate the same after the informers' transform
-// as before it, whatever of what a translation reads they use: traffic
+// A Service and its slices translate the same as the informers' transform
+// caches them (the Service slimmed, each slice as what a translation reads
+// of it) as whole, whatever of what a translation reads they use: traffic
 // policies, topology hints, terminating endpoints, both families, the
 // north-south frontends, the labels that skip a Service, and for nodes
 // that match an endpoint's node name and zone or not.
@@ -52,41 +55,20 @@ func TestSlimmedTranslatesTheSame(t *testing.T) {
 	for _, v := range variants {
 		svc, eps := fullObjects()
 		v.svc(svc)
-		slimSvc := svc.DeepCopy()
-		var slimEps []*discoveryv1.EndpointSlice
 		sl := newSlimmer()
-		if _, err := sl.slim(slimSvc); err != nil {
-			t.Fatal(err)
-		}
-		for _, es := range eps {
-			c := es.DeepCopy()
-			if _, err := sl.slim(c); err != nil {
-				t.Fatal(err)
-			}
-			slimEps = append(slimEps, c)
-		}
+		slimSvc, cached := slimmed(t, sl, svc, eps)
 		for _, n := range nodes {
-			opts := translate.Options{Node: n}
-			want, werr := translate.ServiceToModel(svc, eps, opts)
-			got, gerr := translate.ServiceToModel(slimSvc, slimEps, opts)
-			if fmt.Sprint(werr) != fmt.Sprint(gerr) || !reflect.DeepEqual(got, want) {
-				t.Errorf("%s on %s: slimmed translates to\n%+v (%v)\nwant\n%+v (%v)", v.name, n.Name, got, gerr, want, werr)
-			}
+			compareTranslations(t, v.name, svc, eps, slimSvc, cached, translate.Options{Node: n})
 		}
 		for i := range eps {
-			wn, wok := translate.ServiceNameOfSlice(eps[i])
-			gn, gok := translate.ServiceNameOfSlice(slimEps[i])
-			if wn != gn || wok != gok {
-				t.Errorf("%s: slimmed slice %d belongs to %v %v, want %v %v", v.name, i, gn, gok, wn, wok)
-			}
 			// The tracker's trigger time (kept aside, once) and the
 			// resync check; the slice's other annotations.
 			want := eps[i].Annotations[corev1.EndpointsLastChangeTriggerTime]
-			if got, again := sl.takeTrigger(slimEps[i]), sl.takeTrigger(slimEps[i]); got != want || again != "" {
+			if got, again := sl.takeTrigger(cached[i]), sl.takeTrigger(cached[i]); got != want || again != "" {
 				t.Errorf("%s: slice %d's trigger time taken %q then %q, want %q then none", v.name, i, got, again, want)
 			}
-			if slimEps[i].ResourceVersion != eps[i].ResourceVersion || slimEps[i].Annotations["example.com/note"] != "kept" {
-				t.Errorf("%s: slimmed slice %d lost its resourceVersion or annotations: %+v", v.name, i, slimEps[i].ObjectMeta)
+			if cached[i].GetResourceVersion() != eps[i].ResourceVersion || cached[i].GetAnnotations()["example.com/note"] != "kept" {
+				t.Errorf("%s: cached slice %d lost its resourceVersion or annotations: %+v", v.name, i, cached[i])
 			}
 		}
 		// What events.go reads of a Service.
@@ -95,6 +77,226 @@ func TestSlimmedTranslatesTheSame(t *testing.T) {
 			t.Errorf("%s: slimmed Service lost its identity", v.name)
 		}
 	}
+}
+
+// The same over Services and slices drawn at random from what a
+// translation reads: both families and dual-stack, every Service type,
+// named and unnamed ports of every protocol, external and LoadBalancer
+// IPs, source ranges, both traffic policies, affinity, the labels that
+// skip a Service, headless, and slices of every addressType, of this
+// Service, another or none, with ports missing a name, protocol or
+// number, endpoints listed twice, several addresses, addresses written
+// with leading zeros or not parsing, every condition unknown, true or
+// false, node names and hints.
+func TestSlimmedTranslatesTheSameRandom(t *testing.T) {
+	r := rand.New(rand.NewPCG(14, 2))
+	nodes := []translate.Node{
+		{Name: "node-a", Labels: map[string]string{corev1.LabelTopologyZone: "zone-a"},
+			IPs:       []netip.Addr{netip.MustParseAddr("203.0.113.9"), netip.MustParseAddr("2001:db8::9")},
+			Addresses: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")}},
+		{Name: "node-b", Labels: map[string]string{corev1.LabelTopologyZone: "zone-b"}},
+	}
+	for i := range 3000 {
+		svc, eps := randomObjects(r)
+		slimSvc, cached := slimmed(t, newSlimmer(), svc, eps)
+		for _, n := range nodes {
+			compareTranslations(t, fmt.Sprintf("case %d", i), svc, eps, slimSvc, cached, translate.Options{Node: n})
+		}
+	}
+}
+
+// slimmed returns what the informers' transform sl caches of svc and eps,
+// which it leaves as they are.
+func slimmed(t *testing.T, sl *slimmer, svc *corev1.Service, eps []*discoveryv1.EndpointSlice) (*corev1.Service, []*cachedSlice) {
+	t.Helper()
+	o, err := sl.slim(svc.DeepCopy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cached []*cachedSlice
+	for _, es := range eps {
+		c, err := sl.slim(es.DeepCopy())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cached = append(cached, c.(*cachedSlice))
+	}
+	return o.(*corev1.Service), cached
+}
+
+// compareTranslations checks that the cached objects translate as the
+// whole ones do, and belong to the same Services.
+func compareTranslations(t *testing.T, name string, svc *corev1.Service, eps []*discoveryv1.EndpointSlice,
+	slimSvc *corev1.Service, cached []*cachedSlice, opts translate.Options) {
+	t.Helper()
+	read := make([]*translate.Slice, len(cached))
+	for i, c := range cached {
+		read[i] = &c.Slice
+	}
+	want, werr := translate.ServiceToModel(svc, eps, opts)
+	got, gerr := translate.ServiceToModelSlices(slimSvc, read, opts)
+	if fmt.Sprint(werr) != fmt.Sprint(gerr) || !reflect.DeepEqual(got, want) {
+		t.Errorf("%s on %s: cached translates to\n%+v (%v)\nwant\n%+v (%v)", name, opts.Node.Name, got, gerr, want, werr)
+	}
+	for i := range eps {
+		wn, wok := translate.ServiceNameOfSlice(eps[i])
+		gn, gok := read[i].ServiceName()
+		if wn != gn || wok != gok {
+			t.Errorf("%s: cached slice %d belongs to %v %v, want %v %v", name, i, gn, gok, wn, wok)
+		}
+	}
+}
+
+// randomObjects draws a Service default/web and its slices from r (see
+// TestSlimmedTranslatesTheSameRandom).
+func randomObjects(r *rand.Rand) (*corev1.Service, []*discoveryv1.EndpointSlice) {
+	pick := func(n int) int { return r.IntN(n) }
+	some := func(pool []string, most int) []string {
+		var out []string
+		for range pick(most + 1) {
+			out = append(out, pool[pick(len(pool))])
+		}
+		return out
+	}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", ResourceVersion: "3",
+		Labels: map[string]string{"app": "web"}, Annotations: map[string]string{}}}
+	sp := &svc.Spec
+	sp.Type = []corev1.ServiceType{"", corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeNodePort,
+		corev1.ServiceTypeLoadBalancer, corev1.ServiceTypeLoadBalancer, corev1.ServiceTypeLoadBalancer,
+		corev1.ServiceTypeExternalName}[pick(8)]
+	switch pick(12) {
+	case 0:
+		sp.ClusterIPs = []string{"10.96.0.10"}
+	case 1:
+		sp.ClusterIPs = []string{"fd00::10"}
+	case 2, 3, 8, 9, 10:
+		sp.ClusterIPs = []string{"10.96.0.10", "fd00::10"}
+	case 4:
+		sp.ClusterIPs = []string{"fd00::10", "10.96.0.10"}
+	case 5:
+		sp.ClusterIPs = []string{corev1.ClusterIPNone}
+	case 6:
+		sp.ClusterIP = "10.96.0.10" // as a manifest may give it
+	}
+	if len(sp.ClusterIPs) > 0 {
+		sp.ClusterIP = sp.ClusterIPs[0]
+	}
+	portNames := []string{"http", "dns", "metrics"}
+	nports := 1 + pick(3)
+	for i := range nports {
+		p := corev1.ServicePort{Name: portNames[i], Port: int32(80 + i), Protocol: []corev1.Protocol{"", corev1.ProtocolTCP,
+			corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolUDP, corev1.ProtocolSCTP}[pick(6)]}
+		if nports == 1 && pick(2) == 0 {
+			p.Name = ""
+		}
+		if pick(3) > 0 {
+			p.NodePort = int32(30080 + i)
+		}
+		sp.Ports = append(sp.Ports, p)
+	}
+	sp.ExternalIPs = some([]string{"198.51.100.7", "2001:db8::7", "198.51.100.17"}, 2)
+	for _, ip := range some([]string{"198.51.100.8", "2001:db8::8", "198.51.100.18"}, 2) {
+		ing := corev1.LoadBalancerIngress{IP: ip}
+		if pick(4) == 0 {
+			ing.IPMode = new(corev1.LoadBalancerIPModeProxy)
+		}
+		svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, ing)
+	}
+	sp.LoadBalancerSourceRanges = some([]string{"203.0.113.0/24", "0.0.0.0/0", "not-a-cidr", "2001:db8::/32", " 10.0.0.0/8"}, 2)
+	sp.ExternalTrafficPolicy = []corev1.ServiceExternalTrafficPolicy{"", corev1.ServiceExternalTrafficPolicyCluster,
+		corev1.ServiceExternalTrafficPolicyLocal}[pick(3)]
+	sp.InternalTrafficPolicy = []*corev1.ServiceInternalTrafficPolicy{nil, new(corev1.ServiceInternalTrafficPolicyCluster),
+		new(corev1.ServiceInternalTrafficPolicyLocal)}[pick(3)]
+	sp.HealthCheckNodePort = []int32{0, 32000}[pick(2)]
+	switch pick(4) {
+	case 0:
+		sp.SessionAffinity = corev1.ServiceAffinityClientIP
+	case 1:
+		sp.SessionAffinity = corev1.ServiceAffinityClientIP
+		sp.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: new(int32(60))}}
+	}
+	switch pick(20) {
+	case 0:
+		svc.Labels[translate.LabelServiceProxyName] = "other"
+	case 1:
+		svc.Labels[translate.LabelServiceProxyName] = translate.DefaultProxyName
+	case 2:
+		svc.Labels[corev1.IsHeadlessService] = ""
+	}
+	if pick(4) == 0 {
+		svc.Annotations[corev1.AnnotationTopologyMode] = "Auto"
+	}
+
+	var eps []*discoveryv1.EndpointSlice
+	addrs := map[discoveryv1.AddressType][]string{
+		discoveryv1.AddressTypeIPv4: {"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.04", "10.0.0.5"},
+		discoveryv1.AddressTypeIPv6: {"fd01::1", "fd01::2", "fd01::3", "fd01::0:4", "fd01::5"},
+		discoveryv1.AddressTypeFQDN: {"a.example", "b.example"},
+	}
+	conds := []*bool{nil, new(true), new(false), new(true)}
+	nslices := 1 + pick(4)
+	if pick(10) == 0 {
+		nslices = 0
+	}
+	for i := range nslices {
+		at := []discoveryv1.AddressType{discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6,
+			discoveryv1.AddressTypeIPv6, discoveryv1.AddressTypeFQDN}[pick(5)]
+		es := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("web-%d", i),
+			ResourceVersion: "5", Labels: map[string]string{discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"},
+			Annotations: map[string]string{corev1.EndpointsLastChangeTriggerTime: "2026-01-01T00:00:00Z"}}, AddressType: at}
+		switch pick(10) {
+		case 0: // none
+		case 1:
+			es.Labels[discoveryv1.LabelServiceName] = "other"
+		case 2:
+			es.Labels[discoveryv1.LabelServiceName] = ""
+		default:
+			es.Labels[discoveryv1.LabelServiceName] = "web"
+		}
+		// Mostly the Service's ports, as the EndpointSlice controller
+		// writes them.
+		for j, svp := range sp.Ports {
+			p := discoveryv1.EndpointPort{Name: new(svp.Name), Port: new(int32(8080 + j)), Protocol: new(cmp.Or(svp.Protocol, corev1.ProtocolTCP))}
+			switch pick(20) {
+			case 0:
+				p.Name = nil
+			case 1:
+				p.Name = new("other")
+			case 2:
+				p.Port = nil
+			case 3:
+				p.Protocol = nil
+			case 4:
+				p.Protocol = new(corev1.ProtocolUDP)
+			case 5:
+				continue
+			}
+			es.Ports = append(es.Ports, p)
+		}
+		for range pick(7) {
+			e := discoveryv1.Endpoint{Addresses: some(addrs[at], 2),
+				Conditions: discoveryv1.EndpointConditions{Ready: conds[pick(4)], Serving: conds[pick(4)], Terminating: conds[pick(3)]}}
+			switch {
+			case len(e.Addresses) == 0 && pick(50) > 0:
+				e.Addresses = addrs[at][:1]
+			case pick(100) == 0:
+				e.Addresses = append(e.Addresses, "not-an-address")
+			}
+			if n := pick(3); n > 0 {
+				e.NodeName = new(fmt.Sprintf("node-%c", 'a'+n-1))
+				e.Zone = new(fmt.Sprintf("zone-%c", 'a'+n-1))
+			}
+			if pick(3) == 0 {
+				e.Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: []string{"zone-a", "zone-b"}[pick(2)]}}}
+				if pick(2) == 0 {
+					e.Hints.ForNodes = []discoveryv1.ForNode{{Name: []string{"node-a", "node-b"}[pick(2)]}}
+				}
+			}
+			es.Endpoints = append(es.Endpoints, e)
+		}
+		eps = append(eps, es)
+	}
+	return svc, eps
 }
 
 // fullObjects is a dual-stack LoadBalancer Service with everything an API

@@ -365,13 +365,19 @@ func (s *Source) onService(old, obj any, deleted bool) {
 	}
 	onObject(s, obj, deleted, s.tracker.SetService)
 }
+
+// onSlice hands the tracker what a translation reads of a slice: the cache
+// holds nothing else (slimmer).
 func (s *Source) onSlice(_, obj any, deleted bool) {
 	var trigger string
-	if es, ok := objectOf(obj).(*discoveryv1.EndpointSlice); ok {
+	if es, ok := objectOf(obj).(*cachedSlice); ok {
 		trigger = s.slimmer.takeTrigger(es) // forgotten for a deleted slice too
 	}
-	onObject(s, obj, deleted, func(key types.NamespacedName, es *discoveryv1.EndpointSlice) bool {
-		return s.tracker.SetSliceTriggered(key, es, trigger)
+	onObject(s, obj, deleted, func(key types.NamespacedName, es *cachedSlice) bool {
+		if es == nil {
+			return s.tracker.SetCompactSlice(key, nil, trigger)
+		}
+		return s.tracker.SetCompactSlice(key, &es.Slice, trigger)
 	})
 }
 

@@ -331,8 +331,9 @@ func TestCachesHoldSlimObjects(t *testing.T) {
 	}
 }
 
-// slim drops what no translation reads from the endpoints and the Node
-// and keeps what one does.
+// slim caches of a slice what a translation reads of its endpoints (the
+// cache's form has no place for their Pod references and deprecated
+// topology), and drops from the Node what no translation reads.
 func TestSlimEndpointsAndNode(t *testing.T) {
 	sl := slice("web", "web-1", 8080, "10.0.0.1")
 	sl.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: "web", UID: "u1"}}
@@ -341,15 +342,20 @@ func TestSlimEndpointsAndNode(t *testing.T) {
 	ep.DeprecatedTopology = map[string]string{corev1.LabelHostname: node}
 	ep.NodeName, ep.Zone = new(node), new("zone-a")
 	ep.Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-a"}}}
-	if _, err := newSlimmer().slim(sl); err != nil {
+	o, err := newSlimmer().slim(sl)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if sl.OwnerReferences != nil || ep.TargetRef != nil || ep.DeprecatedTopology != nil {
-		t.Errorf("slimmed slice keeps owner %v, target %v, topology %v", sl.OwnerReferences, ep.TargetRef, ep.DeprecatedTopology)
+	c, ok := o.(*cachedSlice)
+	if !ok {
+		t.Fatalf("slim made a %T of a slice, want *cachedSlice", o)
 	}
-	if *ep.NodeName != node || *ep.Zone != "zone-a" || ep.Hints == nil || ep.Addresses[0] != "10.0.0.1" || !*ep.Conditions.Ready ||
-		sl.Labels[discoveryv1.LabelServiceName] != "web" {
-		t.Errorf("slimmed slice lost what a translation reads: %+v", sl)
+	if c.GetOwnerReferences() != nil {
+		t.Errorf("cached slice keeps owner %v", c.GetOwnerReferences())
+	}
+	if e := c.Endpoints[0]; *e.NodeName != node || e.Hints == nil || e.Addr != netip.MustParseAddr("10.0.0.1") || !e.Ready ||
+		c.Service != "web" || c.GetName() != "web-1" || c.GetNamespace() != "default" {
+		t.Errorf("cached slice lost what a translation reads: %+v", c)
 	}
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{corev1.LabelTopologyZone: "zone-a"}},
 		Status: corev1.NodeStatus{Images: []corev1.ContainerImage{{Names: []string{"registry.example/app:v1"}, SizeBytes: 1 << 20}},

@@ -69,7 +69,7 @@ type Tracker struct {
 
 	// Owned by the goroutine that calls Sync.
 	opts       translate.Options // opts.Node is the node translations were made for
-	translated map[types.NamespacedName][]*model.Service
+	translated map[types.NamespacedName]translation
 	// facts holds what of the node each Service's translation read, for
 	// the Services that read any.
 	facts map[types.NamespacedName]translate.NodeFacts
@@ -81,13 +81,18 @@ type Tracker struct {
 	conflicts []Conflict
 	errs      map[types.NamespacedName]error
 	skipped   map[types.NamespacedName]string
-	// created is each translated Service's creationTimestamp (zero if it
-	// has none), for the conflict rule.
-	created map[types.NamespacedName]time.Time
 	// holds reports whether the datapath holds a frontend as a Service
 	// port's translation would program it (nil: never).
 	holds    func(*model.Service) bool
 	warnings map[types.NamespacedName][]string
+}
+
+// translation is a Service's last translation that has frontends, and the
+// Service's creationTimestamp (zero if it has none), for the conflict
+// rule: one map of both costs less than two at 30,000 Services.
+type translation struct {
+	services []*model.Service
+	created  time.Time
 }
 
 // input is what one Service's translation reads.
@@ -97,11 +102,61 @@ type input struct {
 	// gives a stable translation). Most Services have one or two: a
 	// sorted slice costs less than a map. It is replaced, never modified
 	// in place, as take hands it out to Sync.
-	slices []*discoveryv1.EndpointSlice
+	slices []sliceRef
 	// triggers are the last-change-trigger-times of the slice changes
 	// not yet synced, with their slices' families.
 	triggers []model.Trigger
 	dirty    bool // listed in Tracker.dirty
+}
+
+// sliceRef is one of a Service's EndpointSlices as its source gave it: what a
+// translation reads of it (compact, from SetCompactSlice: the Kubernetes
+// source's informers hold only that), or the API object (obj, from
+// SetSlice: the manifest source's loader keeps the objects anyway, so
+// what a translation reads is made from it at each translation, as
+// garbage, rather than held beside it).
+type sliceRef struct {
+	compact *translate.Slice
+	obj     *discoveryv1.EndpointSlice
+}
+
+func (s sliceRef) isNil() bool { return s.compact == nil && s.obj == nil }
+
+func (s sliceRef) name() string {
+	if s.compact != nil {
+		return s.compact.Name
+	}
+	return s.obj.Name
+}
+
+func (s sliceRef) resourceVersion() string {
+	if s.compact != nil {
+		return s.compact.ResourceVersion
+	}
+	return s.obj.ResourceVersion
+}
+
+func (s sliceRef) addressType() discoveryv1.AddressType {
+	if s.compact != nil {
+		return s.compact.AddressType
+	}
+	return s.obj.AddressType
+}
+
+// serviceName is the Service the slice belongs to (ServiceNameOfSlice).
+func (s sliceRef) serviceName() (types.NamespacedName, bool) {
+	if s.compact != nil {
+		return s.compact.ServiceName()
+	}
+	return translate.ServiceNameOfSlice(s.obj)
+}
+
+// read returns what a translation reads of the slice.
+func (s sliceRef) read() *translate.Slice {
+	if s.compact != nil {
+		return s.compact
+	}
+	return translate.SliceOf(s.obj)
 }
 
 // New returns a Tracker that translates with opts; opts.Node is the node
@@ -112,11 +167,10 @@ func New(opts translate.Options) *Tracker {
 		ownerOf:    map[types.NamespacedName]types.NamespacedName{},
 		node:       opts.Node,
 		opts:       opts,
-		translated: map[types.NamespacedName][]*model.Service{},
+		translated: map[types.NamespacedName]translation{},
 		facts:      map[types.NamespacedName]translate.NodeFacts{},
 		errs:       map[types.NamespacedName]error{},
 		skipped:    map[types.NamespacedName]string{},
-		created:    map[types.NamespacedName]time.Time{},
 		warnings:   map[types.NamespacedName][]string{},
 	}
 }
@@ -201,13 +255,24 @@ func (t *Tracker) SetSlice(key types.NamespacedName, slice *discoveryv1.Endpoint
 // endpoints.kubernetes.io/last-change-trigger-time annotation off it (the
 // Kubernetes source, whose cache need not keep it): trigger is its value,
 // "" for none.
-func (t *Tracker) SetSliceTriggered(key types.NamespacedName, slice *discoveryv1.EndpointSlice, trigger string) bool {
+func (t *Tracker) SetSliceTriggered(key types.NamespacedName, es *discoveryv1.EndpointSlice, trigger string) bool {
+	return t.setSlice(key, sliceRef{obj: es}, trigger)
+}
+
+// SetCompactSlice is SetSliceTriggered for a source that keeps only what a
+// translation reads of the slice (translate.SliceOf; the Kubernetes
+// source): es translates exactly as the object it was made from.
+func (t *Tracker) SetCompactSlice(key types.NamespacedName, es *translate.Slice, trigger string) bool {
+	return t.setSlice(key, sliceRef{compact: es}, trigger)
+}
+
+func (t *Tracker) setSlice(key types.NamespacedName, es sliceRef, trigger string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var owner types.NamespacedName
 	hasOwner := false
-	if slice != nil {
-		owner, hasOwner = translate.ServiceNameOfSlice(slice)
+	if !es.isNil() {
+		owner, hasOwner = es.serviceName()
 	}
 	changed := false
 	oldOwner, had := t.ownerOf[key]
@@ -228,17 +293,17 @@ func (t *Tracker) SetSliceTriggered(key types.NamespacedName, slice *discoveryv1
 	in := t.input(owner)
 	i, found := findSlice(in.slices, key.Name)
 	if found {
-		if old := in.slices[i]; old == slice || old.ResourceVersion != "" && old.ResourceVersion == slice.ResourceVersion {
+		if old := in.slices[i]; old == es || old.resourceVersion() != "" && old.resourceVersion() == es.resourceVersion() {
 			return changed // an informer resync
 		}
 		eps := slices.Clone(in.slices) // a copy, see input
-		eps[i] = slice
+		eps[i] = es
 		in.slices = eps
 	} else {
-		in.slices = slices.Insert(slices.Clip(in.slices), i, slice) // a copy too
+		in.slices = slices.Insert(slices.Clip(in.slices), i, es) // a copy too
 		t.ownerOf[key] = owner
 	}
-	if trig, ok := triggerOf(slice, trigger); ok {
+	if trig, ok := triggerOf(es.addressType(), trigger); ok {
 		in.triggers = append(in.triggers, trig)
 	}
 	t.markDirty(owner, in)
@@ -246,9 +311,9 @@ func (t *Tracker) SetSliceTriggered(key types.NamespacedName, slice *discoveryv1
 }
 
 // findSlice returns where the slice called name is, or would be, in eps.
-func findSlice(eps []*discoveryv1.EndpointSlice, name string) (int, bool) {
-	return slices.BinarySearchFunc(eps, name, func(es *discoveryv1.EndpointSlice, name string) int {
-		return cmp.Compare(es.Name, name)
+func findSlice(eps []sliceRef, name string) (int, bool) {
+	return slices.BinarySearchFunc(eps, name, func(es sliceRef, name string) int {
+		return cmp.Compare(es.name(), name)
 	})
 }
 
@@ -265,18 +330,18 @@ func (t *Tracker) SetNode(node translate.Node) bool {
 }
 
 // triggerOf is the time an endpoints.kubernetes.io/last-change-trigger-time
-// v of a slice says (when the change it carries, a pod becoming ready say,
-// happened), with the slice's family; false for none, or for a slice of
-// addressType FQDN (no proxier serves it).
-func triggerOf(slice *discoveryv1.EndpointSlice, v string) (model.Trigger, bool) {
-	if v == "" || slice.AddressType == discoveryv1.AddressTypeFQDN {
+// v of a slice of addressType at says (when the change it carries, a pod
+// becoming ready say, happened), with the slice's family; false for none,
+// or for a slice of addressType FQDN (no proxier serves it).
+func triggerOf(at discoveryv1.AddressType, v string) (model.Trigger, bool) {
+	if v == "" || at == discoveryv1.AddressTypeFQDN {
 		return model.Trigger{}, false
 	}
 	t, err := time.Parse(time.RFC3339Nano, v)
 	if err != nil {
 		return model.Trigger{}, false
 	}
-	return model.Trigger{At: t, IPv6: slice.AddressType == discoveryv1.AddressTypeIPv6}, true
+	return model.Trigger{At: t, IPv6: at == discoveryv1.AddressTypeIPv6}, true
 }
 
 // pending is the input of one sync: the dirty Services with their current
@@ -290,8 +355,11 @@ type pending struct {
 type dirtyService struct {
 	key    types.NamespacedName
 	svc    *corev1.Service // nil: deleted
-	slices []*discoveryv1.EndpointSlice
+	slices []sliceRef
 }
+
+// maxKeptDirty is the most room Tracker.dirty keeps between syncs.
+const maxKeptDirty = 1024
 
 // take returns and clears the pending changes.
 func (t *Tracker) take() pending {
@@ -316,6 +384,9 @@ func (t *Tracker) take() pending {
 		}
 	}
 	t.dirty = t.dirty[:0]
+	if cap(t.dirty) > maxKeptDirty {
+		t.dirty = nil // the first sync's 30,000: not kept for the next ones
+	}
 	return p
 }
 
@@ -381,27 +452,35 @@ func (t *Tracker) Sync() Result {
 	t.opts.Node = p.node
 	r := Result{Triggers: p.triggers}
 	if len(t.translated) == 0 {
-		t.translated = make(map[types.NamespacedName][]*model.Service, len(p.services))
+		t.translated = make(map[types.NamespacedName]translation, len(p.services))
 	}
 	var changes []change
 	for _, d := range p.services {
 		key, svc := d.key, d.svc
 		var out []*model.Service
+		var created time.Time
 		if svc == nil {
 			delete(t.errs, key)
 			delete(t.skipped, key)
 			delete(t.facts, key)
-			delete(t.created, key)
 			delete(t.warnings, key)
 		} else {
 			r.Translated++
-			t.created[key] = svc.CreationTimestamp.Time
-			tr, err := translate.ServiceToModel(svc, d.slices, t.opts)
+			created = svc.CreationTimestamp.Time
+			read := make([]*translate.Slice, len(d.slices))
+			for i, es := range d.slices {
+				read[i] = es.read()
+			}
+			tr, err := translate.ServiceToModelSlices(svc, read, t.opts)
 			if err != nil {
 				// A malformed Service must not stop the others: it
 				// keeps its last good translation until it is fixed.
 				t.errs[key] = err
 				r.Errors = append(r.Errors, ServiceError{key, err})
+				if last, ok := t.translated[key]; ok {
+					last.created = created
+					t.translated[key] = last
+				}
 				continue
 			}
 			delete(t.errs, key)
@@ -426,8 +505,16 @@ func (t *Tracker) Sync() Result {
 			}
 			out = tr.Services
 		}
-		prev, had := t.translated[key]
-		if len(out) == 0 && !had || had && reflect.DeepEqual(out, prev) {
+		last, had := t.translated[key]
+		prev := last.services
+		if len(out) == 0 && !had {
+			continue
+		}
+		if had && reflect.DeepEqual(out, prev) {
+			if svc != nil && !last.created.Equal(created) {
+				last.created = created
+				t.translated[key] = last
+			}
 			continue
 		}
 		r.Changed++
@@ -440,7 +527,7 @@ func (t *Tracker) Sync() Result {
 		if !had {
 			t.order = nil
 		}
-		t.translated[key] = out
+		t.translated[key] = translation{out, created}
 	}
 	if r.Changed > 0 || t.state == nil {
 		if t.state == nil || !t.patch(changes) {
@@ -523,7 +610,7 @@ func (t *Tracker) build() {
 	var holder map[model.L4Addr]*claimant
 	contested := false
 	for _, k := range t.order {
-		for _, svc := range t.translated[k] {
+		for _, svc := range t.translated[k].services {
 			cur, taken := st.Services[svc.Frontend]
 			if !taken {
 				st.Services[svc.Frontend] = svc
@@ -547,7 +634,7 @@ func (t *Tracker) build() {
 	if contested {
 		// Every claim that lost, in Service order.
 		for _, k := range t.order {
-			for _, svc := range t.translated[k] {
+			for _, svc := range t.translated[k].services {
 				if w := st.Services[svc.Frontend]; w != svc {
 					t.conflicts = append(t.conflicts, Conflict{Frontend: svc.Frontend, Winner: w.Name, Loser: svc.Name})
 				}
@@ -566,7 +653,7 @@ type claimant struct {
 }
 
 func (t *Tracker) claimant(svc *model.Service, prev map[model.L4Addr]*model.Service) *claimant {
-	c := &claimant{svc: svc, created: t.created[types.NamespacedName{Namespace: svc.Name.Namespace, Name: svc.Name.Name}]}
+	c := &claimant{svc: svc, created: t.translated[types.NamespacedName{Namespace: svc.Name.Namespace, Name: svc.Name.Name}].created}
 	if p := prev[svc.Frontend]; p != nil && p.Name == svc.Name {
 		c.holder = true
 	}

@@ -36,7 +36,10 @@ func take(tr *Tracker) (services map[types.NamespacedName]*corev1.Service, slice
 	for _, d := range tr.take().services {
 		services[d.key] = d.svc
 		if d.slices != nil {
-			slices[d.key] = d.slices
+			slices[d.key] = make([]*discoveryv1.EndpointSlice, len(d.slices))
+			for i, es := range d.slices {
+				slices[d.key][i] = es.obj // fed by SetSlice
+			}
 		}
 	}
 	return services, slices
@@ -493,6 +496,38 @@ func TestTrackerConflictOldestWins(t *testing.T) {
 	}
 }
 
+// The conflict rule reads a Service's creationTimestamp as of its last
+// translation: a Service recreated (a new timestamp, and an annotation:
+// the tracker does not translate again for the timestamp alone) whose
+// translation did not change, or that no longer translates and keeps its
+// last translation, is as old as its new timestamp when the holder lets
+// go.
+func TestTrackerConflictOldestAfterRecreate(t *testing.T) {
+	for _, invalid := range []bool{false, true} {
+		tr := New(translate.Options{})
+		claim(tr, "aa", "10.0.0.1", time.Unix(1000, 0))
+		claim(tr, "bb", "10.0.0.2", time.Unix(6000, 0))
+		claim(tr, "cc", "10.0.0.3", time.Unix(5000, 0))
+		if got := render(tr.Sync().State); !strings.Contains(got, "default/aa:http") {
+			t.Fatalf("got %s, want aa's (the oldest)", got)
+		}
+		bb := service("bb", "10.96.0.1", 80)
+		bb.CreationTimestamp = metav1.NewTime(time.Unix(100, 0))
+		bb.Annotations = map[string]string{"example.com/recreated": "yes"}
+		if invalid {
+			bb.Spec.ExternalIPs = []string{"not-an-address"}
+		}
+		tr.SetService(types.NamespacedName{Namespace: "default", Name: "bb"}, bb)
+		if r := tr.Sync(); r.Changed != 0 || len(r.Errors) != map[bool]int{false: 0, true: 1}[invalid] {
+			t.Fatalf("invalid %v: recreated bb changed %d translations, errors %v", invalid, r.Changed, r.Errors)
+		}
+		tr.SetService(types.NamespacedName{Namespace: "default", Name: "aa"}, nil)
+		if got := render(tr.Sync().State); got != "10.96.0.1:80/TCP default/bb:http -> 10.0.0.2:8080/TCP" {
+			t.Errorf("invalid %v: got %s, want bb's (created at 100 now)", invalid, got)
+		}
+	}
+}
+
 // After a restart (a new tracker), the Service the datapath holds the
 // frontend for keeps it, whatever its age or name.
 func TestTrackerConflictRestartKeepsHolder(t *testing.T) {
@@ -547,5 +582,60 @@ func TestTrackerTriggersCarryFamily(t *testing.T) {
 	}
 	if got := tr.Sync().Triggers; len(got) != 0 {
 		t.Errorf("triggers taken twice: %v", got)
+	}
+}
+
+// A slice given as what a translation reads of it (SetCompactSlice, the
+// Kubernetes source) is tracked as the object it was made from (SetSlice):
+// the same states after each change, a resync (the same resourceVersion)
+// marks nothing, a relabelled slice leaves its first Service, and its
+// trigger time is taken with its family.
+func TestTrackerCompactSlicesTrackAsObjects(t *testing.T) {
+	full, compact := New(translate.Options{}), New(translate.Options{})
+	at := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	trigger := at.Format(time.RFC3339Nano)
+	for _, name := range []string{"a", "b"} {
+		svc := service(name, map[string]string{"a": "10.96.0.1", "b": "10.96.0.2"}[name], 80)
+		full.SetService(nameOf(svc), svc)
+		compact.SetService(nameOf(svc), svc)
+	}
+	a1 := slice("a", "a-1", 8080, "10.0.0.1")
+	v6 := slice("a", "a-2", 8080, "2001:db8::1")
+	v6.AddressType = discoveryv1.AddressTypeIPv6
+	v6.ResourceVersion = "9"
+	relabelled := slice("b", "a-1", 8080, "10.0.0.3")
+	relabelled.ResourceVersion = "3"
+	steps := []struct {
+		key    types.NamespacedName
+		es     *discoveryv1.EndpointSlice // nil: deleted
+		change bool
+	}{
+		{nameOf(a1), a1, true},
+		{nameOf(v6), v6, true},
+		{nameOf(v6), v6.DeepCopy(), false}, // a resync
+		{nameOf(relabelled), relabelled, true},
+		{nameOf(v6), nil, true},
+		{nameOf(v6), nil, false},
+	}
+	for i, s := range steps {
+		if s.es != nil && s.es.ResourceVersion == "" {
+			s.es.ResourceVersion = "1"
+		}
+		fc := full.SetSliceTriggered(s.key, s.es, trigger)
+		cc := compact.SetCompactSlice(s.key, translate.SliceOf(s.es), trigger)
+		if fc != s.change || cc != s.change {
+			t.Errorf("step %d: changed %v (objects), %v (compact); want %v", i, fc, cc, s.change)
+		}
+		fr, cr := full.Sync(), compact.Sync()
+		if got, want := render(cr.State), render(fr.State); got != want {
+			t.Errorf("step %d: compact slices give\n%s\nwant\n%s", i, got, want)
+		}
+		if !slices.Equal(cr.Triggers, fr.Triggers) {
+			t.Errorf("step %d: compact triggers %v, want %v", i, cr.Triggers, fr.Triggers)
+		}
+	}
+	if got := render(compact.Sync().State); !strings.Contains(got, "10.96.0.2:80/TCP default/b:http -> 10.0.0.3:8080/TCP") ||
+		strings.Contains(got, "10.0.0.1") {
+		t.Errorf("after the relabel and the deletion:\n%s", got)
 	}
 }

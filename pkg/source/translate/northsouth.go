@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 )
@@ -57,7 +56,7 @@ type external struct {
 
 // externalOf reads what svc's north-south frontends of the family (IPv6
 // if v6) share, on node; eps are the Service's slices of the family.
-func externalOf(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, node Node, v6 bool) external {
+func externalOf(svc *corev1.Service, eps []*Slice, node Node, v6 bool) external {
 	x := external{node: node, v6: v6}
 	typ := svc.Spec.Type
 	x.nodePorts = typ == corev1.ServiceTypeNodePort || typ == corev1.ServiceTypeLoadBalancer
@@ -106,7 +105,10 @@ func policyOf(svc *corev1.Service, sp corev1.ServicePort, x external) portPolicy
 }
 
 // northSouth returns the north-south frontends of service port sp, with
-// the port's endpoint categories cat.
+// the port's endpoint categories cat. They share cat's arrays of backends
+// with each other and the port's ClusterIP frontend: nothing modifies a
+// translation (model.State), and a LoadBalancer Service's port has one
+// frontend per node address, external IP and load-balancer IP.
 func northSouth(svc *corev1.Service, sp corev1.ServicePort, proto model.Protocol, cat categories, x external) (out []*model.Service) {
 	backends := cat.cluster
 	if x.local {
@@ -122,7 +124,7 @@ func northSouth(svc *corev1.Service, sp corev1.ServicePort, proto model.Protocol
 			Name:                name,
 			Kind:                kind,
 			Frontend:            model.L4Addr{Addr: ip, Port: uint16(port), Proto: proto},
-			Backends:            slices.Clone(backends),
+			Backends:            backends,
 			DropWhenEmpty:       cat.hasAny && len(backends) == 0,
 			ExternalLocal:       x.local,
 			HealthCheckNodePort: x.hc,
@@ -130,7 +132,7 @@ func northSouth(svc *corev1.Service, sp corev1.ServicePort, proto model.Protocol
 		}
 		if x.local {
 			s.TwoScopes = true
-			s.InternalBackends = slices.Clone(cat.cluster)
+			s.InternalBackends = cat.cluster
 		}
 		out = append(out, s)
 		return s

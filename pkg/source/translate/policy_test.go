@@ -58,9 +58,10 @@ func TestCategorizeEndpoints(t *testing.T) {
 					t.Fatalf("want one port, the corpus has %d", len(svc.Spec.Ports))
 				}
 				sp := svc.Spec.Ports[0]
-				x := externalOf(svc, eps, node, v6)
+				read := SlicesOf(eps)
+				x := externalOf(svc, read, node, v6)
 				pol := policyOf(svc, sp, x)
-				cat := categorize(endpointsFor(sp.Name, corev1.ProtocolTCP, model.TCP, eps, node.Name), pol, node.Name, tr.Node.Zone)
+				cat := categorize(endpointsFor(sp.Name, corev1.ProtocolTCP, model.TCP, read, node.Name), pol, node.Name, tr.Node.Zone)
 
 				// kube-proxy's test compares contents; nil and empty are
 				// the same to it.

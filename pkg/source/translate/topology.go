@@ -26,7 +26,6 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	netutils "k8s.io/utils/net"
 
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -162,9 +161,16 @@ func availableForTopology(e *endpoint, mode, nodeName, zone string) bool {
 }
 
 // filterEndpoints returns the backends of the endpoints keep accepts,
-// terminating ones marked, never nil.
+// terminating ones marked, never nil, in an array of their number: the
+// frontends of a Service port share it (model.State is never modified).
 func filterEndpoints(eps []endpoint, keep func(*endpoint) bool) []model.Backend {
-	out := make([]model.Backend, 0, len(eps))
+	n := 0
+	for i := range eps {
+		if keep(&eps[i]) {
+			n++
+		}
+	}
+	out := make([]model.Backend, 0, n)
 	for i := range eps {
 		if e := &eps[i]; keep(e) {
 			b := e.b
@@ -181,7 +187,7 @@ func filterEndpoints(eps []endpoint, keep func(*endpoint) bool) []model.Backend 
 // Addresses are read as kube-proxy reads them (netutils.ParseIPSloppy:
 // leading zeros are decimal), and only the first of an endpoint's
 // addresses is used: the API says the others are fungible copies.
-func endpointsFor(portName string, kproto corev1.Protocol, proto model.Protocol, eps []*discoveryv1.EndpointSlice, nodeName string) []endpoint {
+func endpointsFor(portName string, kproto corev1.Protocol, proto model.Protocol, eps []*Slice, nodeName string) []endpoint {
 	n := 0
 	for _, es := range eps {
 		n += len(es.Endpoints)
@@ -189,26 +195,23 @@ func endpointsFor(portName string, kproto corev1.Protocol, proto model.Protocol,
 	cands := make([]endpoint, 0, n)
 	for _, es := range eps {
 		for _, ep := range es.Ports {
-			if ptrOr(ep.Name, "") != portName || ptrOr(ep.Protocol, corev1.ProtocolTCP) != kproto || ep.Port == nil {
+			if ep.Name != portName || ep.Protocol != kproto || !ep.HasPort {
 				continue
 			}
-			for _, e := range es.Endpoints {
-				if len(e.Addresses) == 0 {
+			for i := range es.Endpoints {
+				e := &es.Endpoints[i]
+				if !e.Addr.IsValid() {
 					continue
 				}
-				ip, ok := parseIPSloppy(e.Addresses[0])
-				if !ok {
-					continue
-				}
-				node := ptrOr(e.NodeName, "")
+				node := e.nodeName()
 				c := endpoint{
 					b: model.Backend{
-						L4Addr:   model.L4Addr{Addr: ip, Port: uint16(*ep.Port), Proto: proto},
+						L4Addr:   model.L4Addr{Addr: e.Addr, Port: uint16(ep.Port), Proto: proto},
 						NodeName: node,
 					},
-					ready:       ptrOr(e.Conditions.Ready, true),
-					serving:     ptrOr(e.Conditions.Serving, true),
-					terminating: ptrOr(e.Conditions.Terminating, false),
+					ready:       e.Ready,
+					serving:     e.Serving,
+					terminating: e.Terminating,
 					local:       nodeName != "" && node == nodeName,
 				}
 				if h := e.Hints; h != nil {
@@ -246,7 +249,7 @@ func endpointsFor(portName string, kproto corev1.Protocol, proto model.Protocol,
 // localReady returns the addresses of the ready endpoints on this node in
 // any of eps' ports, sorted and unique: what the health check counts
 // (kube-proxy's LocalReadyEndpoints, by address across the ports).
-func localReady(eps []*discoveryv1.EndpointSlice, nodeName string) []netip.Addr {
+func localReady(eps []*Slice, nodeName string) []netip.Addr {
 	if nodeName == "" {
 		return nil
 	}
@@ -255,12 +258,9 @@ func localReady(eps []*discoveryv1.EndpointSlice, nodeName string) []netip.Addr 
 		if len(es.Ports) == 0 {
 			continue
 		}
-		for _, e := range es.Endpoints {
-			if len(e.Addresses) == 0 || ptrOr(e.NodeName, "") != nodeName || !ptrOr(e.Conditions.Ready, true) {
-				continue
-			}
-			if ip, ok := parseIPSloppy(e.Addresses[0]); ok {
-				out = append(out, ip)
+		for i := range es.Endpoints {
+			if e := &es.Endpoints[i]; e.Addr.IsValid() && e.nodeName() == nodeName && e.Ready {
+				out = append(out, e.Addr)
 			}
 		}
 	}

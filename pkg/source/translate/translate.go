@@ -185,6 +185,13 @@ func ServiceNameOfSlice(es *discoveryv1.EndpointSlice) (types.NamespacedName, bo
 // of other Services are ignored). A Service deliberately not served is not
 // an error: its Translation says why it was skipped.
 func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Options) (Translation, error) {
+	return ServiceToModelSlices(svc, SlicesOf(eps), opts)
+}
+
+// ServiceToModelSlices is ServiceToModel with the slices as a translation
+// reads them (Slice): the same result as with the objects they were made
+// from.
+func ServiceToModelSlices(svc *corev1.Service, eps []*Slice, opts Options) (Translation, error) {
 	if svc == nil {
 		return Translation{}, errors.New("nil Service")
 	}
@@ -214,7 +221,7 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 	// (validated) and its north-south addresses.
 	type family struct {
 		vip    netip.Addr
-		slices []*discoveryv1.EndpointSlice
+		slices []*Slice
 		ext    external
 	}
 	node := opts.Node
@@ -225,11 +232,11 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 		f := &fams[i]
 		f.vip = vip
 		for _, es := range eps {
-			nn, ok := ServiceNameOfSlice(es)
+			nn, ok := es.ServiceName()
 			if !ok || nn.Namespace != svc.Namespace || nn.Name != svc.Name || es.AddressType != addressTypeOf(vip) {
 				continue
 			}
-			if err := ValidateEndpointSlice(es); err != nil {
+			if err := es.Invalid; err != nil {
 				return Translation{}, fmt.Errorf("service %q: %w", objName(svc.Namespace, svc.Name), err)
 			}
 			f.slices = append(f.slices, es)
@@ -274,7 +281,7 @@ func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts 
 				Name:          model.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: sp.Name},
 				Kind:          model.ClusterIP,
 				Frontend:      model.L4Addr{Addr: f.vip, Port: uint16(sp.Port), Proto: proto},
-				Backends:      slices.Clone(internal),
+				Backends:      internal,
 				DropWhenEmpty: cat.hasAny && len(internal) == 0,
 
 				AffinityTimeout: affinity,
@@ -487,6 +494,13 @@ func ValidateService(svc *corev1.Service) error {
 // ValidateEndpointSlice checks the fields Sluice relies on. Errors name the
 // object and, where it applies, the port or endpoint.
 func ValidateEndpointSlice(es *discoveryv1.EndpointSlice) error {
+	return validateEndpointSlice(es, nil)
+}
+
+// validateEndpointSlice is ValidateEndpointSlice, telling first (if not
+// nil) the first address of endpoint i as it parsed it (an IPv4 or IPv6
+// slice's, up to the first error), so that MakeSlice parses it once.
+func validateEndpointSlice(es *discoveryv1.EndpointSlice, first func(i int, ip netip.Addr)) error {
 	fail, err := checkMeta("EndpointSlice", "endpointslice", es)
 	if err != nil {
 		return err
@@ -523,13 +537,17 @@ func ValidateEndpointSlice(es *discoveryv1.EndpointSlice) error {
 		if len(e.Addresses) == 0 {
 			return fail("endpoints[%d]: no addresses", i)
 		}
-		for _, a := range e.Addresses {
+		for j, a := range e.Addresses {
 			switch es.AddressType {
 			case discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6:
 				// parseIPSloppy makes an IPv4-mapped address IPv4:
 				// valid in an IPv4 slice, not in an IPv6 one.
-				if ip, ok := parseIPSloppy(a); !ok || ip.Is6() != (es.AddressType == discoveryv1.AddressTypeIPv6) {
+				ip, ok := parseIPSloppy(a)
+				if !ok || ip.Is6() != (es.AddressType == discoveryv1.AddressTypeIPv6) {
 					return fail("endpoints[%d]: invalid %s address %q", i, es.AddressType, a)
+				}
+				if j == 0 && first != nil {
+					first(i, ip)
 				}
 			}
 		}

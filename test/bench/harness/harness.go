@@ -52,6 +52,13 @@ type Config struct {
 	Stamp        string        `json:"stamp"`
 	SluiceBin    string        `json:"-"`
 	Self         string        `json:"-"` // binary that serves the child roles
+
+	// RulesMaxServices is the largest N at which the iptables and nftables
+	// modes run; above it they are recorded as not run, with the reason.
+	RulesMaxServices int `json:"rules_max_services,omitempty"`
+	// ProgRepeatMax: an initial programming that took longer than this is
+	// not repeated in later rounds (measured once).
+	ProgRepeatMax time.Duration `json:"prog_repeat_max,omitempty"`
 }
 
 // AllModes is every mode the harness knows, floor excluded.
@@ -75,6 +82,7 @@ func ConfigFromEnv() (Config, error) {
 		Family:       rules.IPv4.Name,
 		Stamp:        time.Now().UTC().Format("2006-01-02T150405Z"),
 	}
+	c.RulesMaxServices, c.ProgRepeatMax = defaultRulesMaxServices, 20*time.Second
 	var err error
 	get := func(k string, f func(string) error) {
 		if v := os.Getenv(k); v != "" && err == nil {
@@ -110,6 +118,8 @@ func ConfigFromEnv() (Config, error) {
 	get("BENCH_LOAD_TIMEOUT", dur(&c.LoadTimeout))
 	get("BENCH_PROBE_SAMPLE", atoi(&c.ProbeSample))
 	get("BENCH_TEST_RUN_CALLS", atoi(&c.TestRunCalls))
+	get("BENCH_RULES_MAX_SERVICES", atoi(&c.RulesMaxServices))
+	get("BENCH_PROG_REPEAT_MAX", dur(&c.ProgRepeatMax))
 	get("BENCH_OUT", func(v string) error { c.OutDir = v; return nil })
 	get("BENCH_BPF_STATS", func(v string) error { b, e := strconv.ParseBool(v); c.BPFStats = b; return e })
 	get("BENCH_FAMILY", func(v string) error {
@@ -185,6 +195,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) (*Results, error) {
 		"nf_conntrack_max is global (not settable per netns); left at " + ReadTrim("/proc/sys/net/netfilter/nf_conntrack_max") + ", counted per netns",
 	}
 	defer r.res.Finish()
+	if cfg.RulesMaxServices > 0 && slices.ContainsFunc(cfg.Services, func(n int) bool { return n > cfg.RulesMaxServices }) {
+		r.note(fmt.Sprintf("iptables-nft, iptables-legacy and nftables run only up to N=%d (BENCH_RULES_MAX_SERVICES): %s", cfg.RulesMaxServices, rulesCapReason))
+	}
 	if slices.Contains(cfg.Modes, ModeSluice) {
 		r.res.Settings = append(r.res.Settings,
 			"sluice: agent from cmd/sluice, --devices "+NodeClientDev+" (node's client-facing veth), --cgroup <a cgroup v2 dir the bench creates; socket-layer clients start in it>, its own bpffs mount, --resync-interval 0",
@@ -385,6 +398,10 @@ func (r *runner) point(ctx context.Context, p *Point) error {
 			p.Failed[name] = why
 			continue
 		}
+		if why := r.rulesCapped(name, n); why != "" {
+			p.Failed[name] = why
+			continue
+		}
 		e, err := r.newEnv(ctx, name, n)
 		if err != nil {
 			if name == ModeFloor {
@@ -431,6 +448,7 @@ func (r *runner) point(ctx context.Context, p *Point) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	p.MemEnd = memoryAtEnd(envs)
 	p.TestRun = r.testRun(ctx, svcs)
 	for _, e := range envs {
 		if e.failed != "" {
@@ -533,7 +551,7 @@ func (r *runner) programInitial(ctx context.Context, p *Point, envs []*env, svcs
 			}
 			if round > 0 {
 				// Repeat only cheap programming: a slow one is measured once.
-				if len(st.InitialS) == 0 || st.InitialS[len(st.InitialS)-1] > 20 || time.Now().After(r.dead) {
+				if len(st.InitialS) == 0 || st.InitialS[len(st.InitialS)-1] > r.cfg.ProgRepeatMax.Seconds() || time.Now().After(r.dead) {
 					continue
 				}
 				if err := e.m.reset(ctx); err != nil {
@@ -550,7 +568,7 @@ func (r *runner) programInitial(ctx context.Context, p *Point, envs []*env, svcs
 			if err != nil {
 				st.InitialResult = describeErr(err)
 				e.failed = "initial programming: " + st.InitialResult
-				r.log.Warn("programming failed", "mode", e.name, "services", p.Services, "err", err)
+				r.log.Warn("programming failed", "mode", e.name, "services", p.Services, "err", err, "agent_log", agentLogTail(e.m))
 				continue
 			}
 			if el > r.cfg.ProgTimeout {
@@ -562,7 +580,9 @@ func (r *runner) programInitial(ctx context.Context, p *Point, envs []*env, svcs
 				continue
 			}
 			st.InitialS = append(st.InitialS, el.Seconds())
-			recordSync(e.m, t0, &st.InitialSourceS, &st.InitialApplyS)
+			start := sourceReady(e.m, t0)
+			st.InitialFromStartS = append(st.InitialFromStartS, (el - start.Sub(t0)).Seconds())
+			recordSync(e.m, start, &st.InitialSourceS, &st.InitialApplyS)
 			r.log.Info("programmed", "mode", e.name, "services", p.Services, "seconds", el.Seconds())
 		}
 	}
@@ -620,7 +640,9 @@ func (r *runner) updates(ctx context.Context, p *Point, envs []*env, svcs []rule
 				continue
 			}
 			st.UpdateS = append(st.UpdateS, el.Seconds())
-			recordSync(e.m, t0, &st.UpdateSourceS, &st.UpdateApplyS)
+			ready := sourceReady(e.m, t0)
+			st.UpdateFromWriteS = append(st.UpdateFromWriteS, (el - ready.Sub(t0)).Seconds())
+			recordSync(e.m, ready, &st.UpdateSourceS, &st.UpdateApplyS)
 		}
 		cur = next
 	}

@@ -53,6 +53,9 @@ type memStat struct {
 	KernelBytes int64  `json:"kernel_bytes,omitempty"` // ruleset or BPF map memory
 	AgentRSS    int64  `json:"agent_rss_bytes,omitempty"`
 	How         string `json:"how"`
+
+	// AgentPeakRSS is the agent's VmHWM: its largest RSS so far.
+	AgentPeakRSS int64 `json:"agent_peak_rss_bytes,omitempty"`
 }
 
 // floor programs nothing: clients connect to backends directly.

@@ -44,6 +44,9 @@ type Point struct {
 	// Verified says, per mode, whether every one of the N services answered
 	// a connection after the initial programming (untimed).
 	Verified map[string]string `json:"verified,omitempty"`
+	// MemEnd is the memory again at the end of the point, after the load
+	// runs and the endpoint changes (Mem is right after the initial load).
+	MemEnd []MemStat `json:"mem_end,omitempty"`
 }
 
 // ConnStat is one mode's connection figures for a layer and a target set.
@@ -91,6 +94,13 @@ type ProgStat struct {
 	InitialApplyS  []float64 `json:"initial_apply_s,omitempty"`
 	UpdateSourceS  []float64 `json:"update_source_s,omitempty"`
 	UpdateApplyS   []float64 `json:"update_apply_s,omitempty"`
+	// InitialFromStartS is InitialS less the time to write the sluice
+	// mode's manifest: from the agent's start to all sampled services
+	// answering (the source's initial share is from the same start).
+	InitialFromStartS []float64 `json:"initial_from_start_s,omitempty"`
+	// UpdateFromWriteS is UpdateS from the manifest's rename into place,
+	// without the time the benchmark took to render and write it.
+	UpdateFromWriteS []float64 `json:"update_from_write_s,omitempty"`
 }
 
 // MemStat is one mode's memory at N.

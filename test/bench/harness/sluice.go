@@ -33,6 +33,9 @@ type sluiceMode struct {
 	manifest string
 	fam      rules.Family
 	agent    *agentproc.Agent
+	// ready is when the agent last had something new to read: its start
+	// (its manifest already written), or the manifest's rename into place.
+	ready time.Time
 }
 
 // sluiceBinaries returns the agent binary: BENCH_SLUICE, or cmd/sluice
@@ -108,7 +111,11 @@ func (m *sluiceMode) writeManifest(svcs []rules.Service) error {
 	if err != nil {
 		return err
 	}
-	return agentproc.WriteFile(m.manifest, string(data))
+	if err := agentproc.WriteFile(m.manifest, string(data)); err != nil {
+		return err
+	}
+	m.ready = time.Now()
+	return nil
 }
 
 // needs counts the map entries svcs take.
@@ -144,6 +151,7 @@ func (m *sluiceMode) program(ctx context.Context, svcs []rules.Service) error {
 			"--max-service-entries", strconv.Itoa(mapSize(entries)),
 		},
 	})
+	m.ready = time.Now()
 	if err := m.agent.Start(); err != nil {
 		return fmt.Errorf("start agent: %w", err)
 	}
@@ -197,15 +205,9 @@ func (m *sluiceMode) memory() memStat {
 		return memStat{How: "agent not running"}
 	}
 	pid := m.agent.Pid()
-	st := memStat{How: "agent VmRSS; BPF maps: sum of memlock in /proc/<agent>/fdinfo of its map fds"}
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-				st.AgentRSS = kb * 1024
-			}
-		}
-	}
+	st := memStat{How: "agent VmRSS (peak: VmHWM); BPF maps: sum of memlock in /proc/<agent>/fdinfo of its map fds"}
+	vm := procStatusBytes(pid, "VmRSS", "VmHWM")
+	st.AgentRSS, st.AgentPeakRSS = vm["VmRSS"], vm["VmHWM"]
 	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fdinfo", pid))
 	seen := map[string]bool{}
 	var parts []string
@@ -254,8 +256,9 @@ func (m *sluiceMode) socketCgroup() *topology.Cgroup { return m.cgroup }
 // translation) and how long the reconciler's Apply took.
 func (m *sluiceMode) lastSync(t0 time.Time) (sourceS, applyS float64, ok bool) {
 	// The agent logs the sync after its map writes, which the probe may
-	// already have seen: give the line a moment to appear.
-	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	// already have seen: give the line a moment to appear (at 100,000
+	// Services on a loaded machine, more than 3 s).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if sourceS, applyS, ok = m.parseSync(t0); ok || time.Now().After(deadline) {
 			return sourceS, applyS, ok
 		}

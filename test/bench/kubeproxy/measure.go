@@ -41,6 +41,11 @@ type modeRun struct {
 	// (kubeproxy_sync_proxy_rules_duration_seconds), when it was the only
 	// sync when seen (the poll came before a second one).
 	FirstSyncWorkS float64 `json:"first_sync_work_s,omitempty"`
+	// StartupS and CachesS split a Sluice agent's first sync by its log:
+	// from the process's start until its Kubernetes source began waiting
+	// for the informers, and that wait (their lists); see startPhases.
+	StartupS float64 `json:"startup_s,omitempty"`
+	CachesS  float64 `json:"caches_s,omitempty"`
 	// Programmed is how many Services the mode's own state held after the
 	// first sync (Service ports with endpoints).
 	Programmed int `json:"programmed"`
@@ -112,6 +117,12 @@ func measure(ctx context.Context, cfg config, c *cluster, bins binaries, mode st
 	r.FirstSyncS = last - float64(started.UnixNano())/1e9
 	if cnt, _ := sample(body, metricSyncSeconds+"_count", ipv4Label); cnt == 1 {
 		r.FirstSyncWorkS, _ = sample(body, metricSyncSeconds+"_sum", ipv4Label)
+	}
+	if mode == modeSluice || mode == modeSluiceBase {
+		var ok bool
+		if r.StartupS, r.CachesS, ok = startPhases(p.log.String(), started); !ok {
+			fail("first sync: no \"waiting for caches to sync\" and \"caches synced\" lines in the agent's log")
+		}
 	}
 	st, err := readProc(p.pid)
 	if err != nil {

@@ -167,7 +167,7 @@ func writeReport(dir, stamp string, r *result) ([]string, error) {
 func markdown(stamp string, r *result) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# The real kube-proxy beside Sluice, against a real kube-apiserver (%s)\n\n", stamp)
-	fmt.Fprintf(&b, "`go run ./test/bench/kubeproxy`: %d round(s) per N, modes interleaved in every round (%s), %d single EndpointSlice changes per mode and round, %d endpoints per Service. Medians over rounds with [min-max]; ratios are medians of per-round ratios to Sluice in the same round.\n\n",
+	fmt.Fprintf(&b, "`go run ./test/bench/kubeproxy`: %d round(s) per N, modes interleaved in every round (%s; reversed in even rounds), %d single EndpointSlice changes per mode and round, %d endpoints per Service. Medians over rounds with [min-max]; ratios are medians of per-round ratios to Sluice in the same round.\n\n",
 		r.Config.Rounds, strings.Join(r.Config.Modes, ", "), r.Config.Changes, r.Config.Endpoints)
 	m := r.Machine
 	fmt.Fprintf(&b, "Machine: %d x %s, %.1f GiB, kernel %s, %s, load at start %s.\n", m.CPUs, m.CPU, float64(m.MemBytes)/(1<<30), m.Kernel, m.Go, m.Load)

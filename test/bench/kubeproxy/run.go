@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -76,12 +77,13 @@ func run(ctx context.Context, cfg config, log *slog.Logger) (*result, error) {
 			pt.CreateS = time.Since(start).Seconds()
 			log.Info("services created", "n", n, "s", pt.CreateS)
 			for round := 1; round <= cfg.Rounds && ctx.Err() == nil; round++ {
-				for _, m := range cfg.Modes {
+				for _, m := range roundOrder(cfg.Modes, round) {
 					if ctx.Err() != nil {
 						break // stopped: what was measured is written
 					}
 					r := measure(ctx, cfg, c, bins, m, n, round)
 					log.Info("measured", "n", n, "round", round, "mode", m, "first_sync_s", r.FirstSyncS,
+						"startup_s", r.StartupS, "caches_s", r.CachesS,
 						"latency_median_s", testutil.Median(r.LatencyS), "rss_peak_mib", r.RSSPeakBytes>>20,
 						"cpu_s", r.CPUEndS, "errors", len(r.Errors))
 					for _, e := range r.Errors {
@@ -140,4 +142,17 @@ func version(bin string, args ...string) string {
 		return "unknown: " + err.Error()
 	}
 	return strings.SplitN(strings.TrimSpace(string(out)), "\n", 2)[0]
+}
+
+// roundOrder is the order of the modes in round (from 1): as given in odd
+// rounds, reversed in even ones, so that no mode always comes first after
+// the Services' creation or the same other mode (the API server's and the
+// machine's state after a run is not the same for the next).
+func roundOrder(modes []string, round int) []string {
+	if round%2 == 1 {
+		return modes
+	}
+	r := slices.Clone(modes)
+	slices.Reverse(r)
+	return r
 }

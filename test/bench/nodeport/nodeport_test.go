@@ -28,6 +28,9 @@ func TestRunTiny(t *testing.T) {
 	if len(back.Modes) != len(allModes) {
 		t.Fatalf("report has %d modes, want %d", len(back.Modes), len(allModes))
 	}
+	if m := back.Machine; m.CPUs == 0 || m.Kernel == "" || m.Source == "" {
+		t.Errorf("the report's machine lacks its CPUs, kernel or source: %+v", m)
+	}
 	for _, m := range back.Modes {
 		if len(m.UDP) != 1 || m.UDP[0].RecvPPS <= 0 {
 			t.Errorf("%s: no UDP reached the backend: %+v", m.Mode, m.UDP)

@@ -26,12 +26,10 @@ type result struct {
 	ProgRun []progResult `json:"prog_run"`
 }
 
+// machine is the harness's description of the machine, and what the agent
+// was built from.
 type machine struct {
-	CPUs   int    `json:"nproc"`
-	CPU    string `json:"cpu"`
-	Kernel string `json:"kernel"`
-	Go     string `json:"go"`
-	Load   string `json:"loadavg_at_start"`
+	harness.Machine
 	// Source is the commit the agent was built from, and whether the
 	// work tree had changes under bpf/, pkg/ or cmd/ (they are built in).
 	Source string `json:"source"`
@@ -58,8 +56,7 @@ type ratio struct {
 
 func newResult(cfg config) *result {
 	r := &result{Span: harness.StartSpan(), Config: cfg}
-	m := harness.DescribeMachine()
-	r.Machine = machine{CPUs: m.CPUs, CPU: m.CPU, Kernel: m.Kernel, Go: m.Go, Load: m.Load, Source: sourceState()}
+	r.Machine = machine{Machine: harness.DescribeMachine(), Source: sourceState()}
 	for _, m := range cfg.Modes {
 		r.Modes = append(r.Modes, &modeStats{Mode: m})
 	}

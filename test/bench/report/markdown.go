@@ -134,22 +134,17 @@ func Markdown(res *harness.Results, stamp string) []byte {
 			fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %s |\n", p.Services, ps.Mode, ini, ps.InitialResult, upd, ps.UpdateResult)
 		}
 	}
-	var bd []string
-	for _, p := range res.Points {
-		for _, ps := range p.Prog {
-			if len(ps.InitialSourceS)+len(ps.UpdateSourceS) == 0 {
-				continue
-			}
-			bd = append(bd, fmt.Sprintf("| %d | %s | %s | %s | %s | %s |", p.Services, ps.Mode,
-				medianOr(ps.InitialSourceS, 1, "%.3f"), medianOr(ps.InitialApplyS, 1, "%.3f"),
-				medianOr(ps.UpdateSourceS, 1e3, "%.1f"), medianOr(ps.UpdateApplyS, 1e3, "%.1f")))
-		}
-	}
+	bd := progRows(res, func(ps harness.ProgStat) bool { return len(ps.InitialSourceS)+len(ps.UpdateSourceS) > 0 },
+		func(ps harness.ProgStat) []string {
+			return []string{medianOr(ps.InitialSourceS, 1, "%.3f"), medianOr(ps.InitialApplyS, 1, "%.3f"),
+				medianOr(ps.UpdateSourceS, 1e3, "%.1f"), medianOr(ps.UpdateApplyS, 1e3, "%.1f")}
+		})
 	if len(bd) > 0 {
 		b.WriteString("\nWhere Sluice's time goes (from the agent's log; medians): `source` = from writing the manifest file (initial: from starting the agent) until the manifest source had loaded and translated it (includes its 100 ms debounce on updates); `apply` = the reconciler writing the maps. The rest of the total is the agent's start (BPF load, attach) and the probe.\n\n")
 		b.WriteString("| N | mode | initial source s | initial apply s | update source ms | update apply ms |\n|---:|---|---:|---:|---:|---:|\n")
 		b.WriteString(strings.Join(bd, "\n") + "\n")
 	}
+	fromStartTable(&b, res)
 	var ver []string
 	for _, p := range res.Points {
 		for _, m := range p.Modes {
@@ -171,6 +166,8 @@ func Markdown(res *harness.Results, stamp string) []byte {
 			fmt.Fprintf(&b, "| %d | %s | %.1f | %.1f | %s |\n", p.Services, ms.Mode, float64(ms.KernelBytes)/(1<<20), float64(ms.AgentRSS)/(1<<20), ms.How)
 		}
 	}
+	agentMemTable(&b, res)
+	loadRunErrors(&b, res)
 	progCostTable(&b, res)
 	b.WriteString("\n## tc program per packet (BPF_PROG_TEST_RUN)\n\n")
 	b.WriteString("Sluice's tc ingress program with N services in its maps (programmed through the production reconciler). The kernel's repeat loop reruns one skb that the first run already translated, so each figure is the median of many single runs (the kernel's timing of each): `new flow` = a SYN from a fresh source port (service lookup, backend pick, conntrack insert, DNAT); `established` = the same segment again (conntrack hit, DNAT). Spread = min-max of 5 chunk medians.\n\n")

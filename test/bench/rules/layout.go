@@ -6,13 +6,17 @@
 // that live only inside the benchmark's network namespaces:
 //
 //	IPv4              IPv6
-//	10.32.0.0/16      2001:db8:32::/112     service VIPs (the "service
-//	                                        CIDR"), port 80/TCP
+//	10.32.0.0/15      2001:db8:32::/111     service VIPs (the "service
+//	                                        CIDR"), port 80/TCP: room for
+//	                                        100,000 Services
 //	10.64.0.0/10      2001:db8:64::/48      the "cluster CIDR" (pods):
 //	                                        clients and backends are in it,
 //	                                        so, as for pod-to-service
 //	                                        traffic, nothing is masqueraded
-//	10.80.0.0/12      2001:db8:64:80::/96   backend addresses, port 8080
+//	10.80.0.0/12      2001:db8:64:80::/96   backend addresses, port 8080:
+//	                                        1,040,384 for endpoints (100,000
+//	                                        Services x 10), the last 8192
+//	                                        spare
 //	                                        (routed as local to one backend
 //	                                        namespace, so one listener
 //	                                        answers for all of them)
@@ -30,9 +34,9 @@ const (
 	BackendPort  = 8080
 	Namespace    = "bench"
 	PortName     = "http"
-	maxServices  = 65000
+	maxServices  = 131000 // the service CIDR's /15 (/111), less the network address
 	maxBackends  = 1 << 20
-	spareBackend = 1 << 19 // spare addresses start here, used by endpoint changes
+	spareBackend = maxBackends - 1<<13 // spare addresses start here, used by endpoint changes
 )
 
 // Family is one IP family's address plan and how its rules are spelled.
@@ -50,12 +54,12 @@ type Family struct {
 // The two plans.
 var (
 	IPv4 = Family{
-		Name: "IPv4", ServiceCIDR: "10.32.0.0/16", ClusterCIDR: "10.64.0.0/10", BackendCIDR: "10.80.0.0/12",
+		Name: "IPv4", ServiceCIDR: "10.32.0.0/15", ClusterCIDR: "10.64.0.0/10", BackendCIDR: "10.80.0.0/12",
 		ClientLink: "10.64.1.0/24", BackLink: "10.64.2.0/24",
 		vipBase: netip.MustParseAddr("10.32.0.0"), backendBase: netip.MustParseAddr("10.80.0.0"),
 	}
 	IPv6 = Family{
-		Name: "IPv6", ServiceCIDR: "2001:db8:32::/112", ClusterCIDR: "2001:db8:64::/48", BackendCIDR: "2001:db8:64:80::/96",
+		Name: "IPv6", ServiceCIDR: "2001:db8:32::/111", ClusterCIDR: "2001:db8:64::/48", BackendCIDR: "2001:db8:64:80::/96",
 		ClientLink: "2001:db8:64:1::/64", BackLink: "2001:db8:64:2::/64",
 		vipBase: netip.MustParseAddr("2001:db8:32::"), backendBase: netip.MustParseAddr("2001:db8:64:80::"),
 	}

@@ -132,20 +132,29 @@ func TestNftParses(t *testing.T) {
 
 func TestLayoutBounds(t *testing.T) {
 	for _, f := range []Family{IPv4, IPv6} {
-		if _, err := f.Layout(30000, 10); err != nil {
+		// 100,000 Services x 10 endpoints: the suite's largest row (issue 14).
+		if _, err := f.Layout(100000, 10); err != nil {
 			t.Fatal(err)
+		}
+		if _, err := f.Layout(maxServices+1, 1); err == nil {
+			t.Fatalf("%d services accepted", maxServices+1)
 		}
 		if _, err := f.Layout(0, 10); err == nil {
 			t.Fatal("0 services accepted")
 		}
-		a, b := f.Backend(29999, 9, 10), f.SpareBackend(0)
+		a, b := f.Backend(99999, 9, 10), f.SpareBackend(0)
 		if a.Addr().Compare(b.Addr()) >= 0 {
 			t.Fatalf("%s: spare %s overlaps backends (last %s)", f.Name, b, a)
 		}
 		for _, in := range []struct {
 			a      string
 			prefix string
-		}{{f.VIP(64999).String(), f.ServiceCIDR}, {b.Addr().String(), f.BackendCIDR}, {a.Addr().String(), f.ClusterCIDR}} {
+		}{
+			{f.VIP(maxServices - 1).String(), f.ServiceCIDR},
+			{b.Addr().String(), f.BackendCIDR},
+			{f.SpareBackend(maxBackends - spareBackend - 1).Addr().String(), f.BackendCIDR},
+			{a.Addr().String(), f.ClusterCIDR},
+		} {
 			if !netip.MustParsePrefix(in.prefix).Contains(netip.MustParseAddr(in.a)) {
 				t.Errorf("%s: %s not in %s", f.Name, in.a, in.prefix)
 			}

@@ -1,0 +1,179 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The steps of the tc path that both families take alike, a template
+ * (family.h) that tc.c includes for IPv4 and tc6.h for IPv6: LB_FAMILY 4
+ * defines lb4_check_source and the rest over struct pkt4, lb4_xlate and
+ * the IPv4 maps; LB_FAMILY 6 lb6_check_source ... over struct pkt6,
+ * lb6_xlate and the IPv6 maps. Its includer defines the family's
+ * lb_xlate_t_N, tc_have_cluster_cidr_N, tc_node_dev_of_N and
+ * tc_port_unreachable_N(skb, p) (an ICMP port unreachable about @p:
+ * icmp_reply, icmp6_reply). No include guard, on
+ * purpose.
+ */
+#ifndef LB_FN
+/* LB_FN(x) - lb4_x or lb6_x, after LB_FAMILY. */
+#define LB_FN(x) FAM_CAT(FAM_CAT(lb, LB_FAMILY), _##x)
+#endif
+
+/*
+ * check_source - a frontend's loadBalancerSourceRanges. Returns a TC
+ * verdict to end with, or -1 if @p may go on.
+ */
+static __always_inline int LB_FN(check_source)(const FAM(pkt_t) *p,
+					       const struct lb4_service *svc)
+{
+	if ((svc->flags & SVC_F_SRC_RANGES) &&
+	    !FN(source_allowed)(p->daddr, p->dport, p->proto, p->saddr)) {
+		metric_count(p, METRIC_TC_SRC_RANGE_DENY);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
+		return TC_ACT_SHOT;
+	}
+	return -1;
+}
+
+/*
+ * unreachable - answer @p with an ICMP port unreachable from its
+ * destination, counted as @reason. Returns a TC verdict.
+ */
+static __always_inline int LB_FN(unreachable)(struct __sk_buff *skb,
+					      const FAM(pkt_t) *p,
+					      enum metric_reason reason)
+{
+	int ret = FAM(tc_port_unreachable)(skb, p);
+
+	metric_count(p, ret == TC_ACT_SHOT ? METRIC_TC_REWRITE_ERR : reason);
+	return ret;
+}
+
+/*
+ * refuse - the answer to a new flow to frontend @svc, which has no
+ * backends: ICMP port unreachable, or a drop when the service has usable
+ * endpoints elsewhere (SVC_F_DROP_EMPTY: a Local traffic policy on a node
+ * without a local endpoint, as kube-proxy decides). Returns a TC verdict.
+ */
+static __always_inline int LB_FN(refuse)(struct __sk_buff *skb,
+					 const FAM(pkt_t) *p,
+					 const struct lb4_service *svc)
+{
+	int ret;
+
+	if (svc->flags & SVC_F_DROP_EMPTY) {
+		/* An external load balancer health-checks nodes and stops
+		 * sending here; a client of the ClusterIP times out, as
+		 * with kube-proxy.
+		 */
+		metric_count(p, METRIC_TC_LOCAL_NO_BACKEND);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_NO_LOCAL_ENDPOINTS,
+			      0);
+		return TC_ACT_SHOT;
+	}
+	ret = LB_FN(unreachable)(skb, p, METRIC_TC_NO_BACKEND);
+	svc_count_pkt(
+		p, svc->rev_nat_id,
+		ret == TC_ACT_SHOT ? SVC_DROP_ERROR : SVC_DROP_NO_ENDPOINTS, 0);
+	return ret;
+}
+
+/*
+ * no_service - the answer to @p, a packet to no frontend: ICMP port
+ * unreachable if its destination is a ClusterIP (a port or protocol it
+ * does not serve), a drop if it is another address of the service CIDR
+ * (unallocated), else TC_ACT_OK: the packet is not for a service.
+ * kube-proxy's nftables mode does the same; its iptables mode lets both
+ * through untranslated.
+ */
+static __always_inline int LB_FN(no_service)(struct __sk_buff *skb,
+					     const FAM(pkt_t) *p)
+{
+	if (FN(service_ip)(p->daddr))
+		return LB_FN(unreachable)(skb, p, METRIC_TC_UNKNOWN_PORT);
+	if (FN(node_cidr)(p->daddr, NODE_CIDR_SERVICE)) {
+		metric_count(p, METRIC_TC_SERVICE_CIDR_DROP);
+		return TC_ACT_SHOT;
+	}
+	return TC_ACT_OK;
+}
+
+/*
+ * scope - the master that serves @p's client at frontend @svc (its
+ * default scope), having set @x->internal (the client is in the cluster
+ * CIDR) and @x->outside (it is external and came in through a node device
+ * with an address): the internal scope of a two-scope frontend for an
+ * internal client, else @svc. The agent writes the internal scope before
+ * the flag that names it; should a reader miss it anyway, the default
+ * scope serves.
+ */
+static __always_inline struct lb4_service *LB_FN(scope)(struct __sk_buff *skb,
+							const FAM(pkt_t) *p,
+							struct lb4_service *svc,
+							FAM(lb_xlate_t) *x)
+{
+	struct lb4_service *in;
+
+	x->internal = FAM(tc_have_cluster_cidr) &&FN(
+		node_cidr)(p->saddr, NODE_CIDR_CLUSTER);
+	x->outside = !x->internal && FAM(tc_node_dev_of)(skb->ifindex);
+	if ((svc->flags & SVC_F_TWO_SCOPES) && x->internal) {
+		in = FN(lookup_service_scope)(p->daddr, p->dport, p->proto,
+					      LB_SCOPE_INTERNAL);
+		if (in) {
+			metric_count(p, METRIC_TC_SHORT_CIRCUIT);
+			svc = in;
+		}
+	}
+	explain_flag(p, (x->internal ? EXPLAIN_F_INTERNAL : 0) |
+				(x->outside ? EXPLAIN_F_OUTSIDE : 0));
+	explain_scope(p, svc);
+	return svc;
+}
+
+/*
+ * frontend - the frontend @p is for, in the scope that serves its client
+ * (scope, which fills in @x->internal and @x->outside). NULL if there is
+ * none (@ret: no_service's verdict) or its source ranges refuse @p
+ * (@ret: check_source's).
+ */
+static __always_inline struct lb4_service *
+LB_FN(frontend)(struct __sk_buff *skb, const FAM(pkt_t) *p, FAM(lb_xlate_t) *x,
+		int *ret)
+{
+	struct lb4_service *svc;
+
+	svc = FN(lookup_service)(p->daddr, p->dport, p->proto);
+	if (!svc) {
+		*ret = LB_FN(no_service)(skb, p);
+		return NULL;
+	}
+	FN(explain_frontend)(p, svc);
+	*ret = LB_FN(check_source)(p, svc);
+	if (*ret >= 0)
+		return NULL;
+	return LB_FN(scope)(skb, p, svc, x);
+}
+
+/*
+ * reply_ct - the conntrack entry of the flow @p is a reply of, its key in
+ * @key, tracked (ct_track_tcp). NULL if there is none, with @ret -1; or
+ * with @ret TC_ACT_SHOT if @p is the first reply of a flow that cannot
+ * become established: the flow is refused (see conntrack.h), counted.
+ */
+static __always_inline FAM(ct_entry_t) *
+LB_FN(reply_ct)(const FAM(pkt_t) *p, FAM(ct_key_t) *key, __u64 now, int *ret)
+{
+	FAM(ct_entry_t) *e;
+	int err;
+
+	e = FN(ct_reply)(p, key, now, &err);
+	if (err) {
+		metric_count(p, err == -EEXIST ? METRIC_TC_CT_CLASH :
+						 METRIC_TC_CT_EST_FULL);
+		*ret = TC_ACT_SHOT;
+		return NULL;
+	}
+	if (!e) {
+		*ret = -1;
+		return NULL;
+	}
+	FN(ct_track_tcp)(p, key, e, now);
+	return e;
+}
