@@ -320,10 +320,15 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 	wg.Wait()
 
 	res := &Result{}
-	effective := make(map[objKey]*object, len(l.lastGood))
+	nobjs, nunits := 0, 0
+	for _, fr := range results {
+		nobjs += len(fr.objs)
+		nunits += len(fr.units)
+	}
+	effective := make(map[objKey]*object, nobjs)
 	newByFile := map[string][]*object{}
 	newCache := map[string]*fileResult{}
-	units := make(map[unitSum]*unit, len(l.units))
+	units := make(map[unitSum]*unit, nunits)
 	for i, file := range paths {
 		fr := results[i]
 		if fr.sum != (unitSum{}) {
@@ -378,6 +383,34 @@ type fileResult struct {
 	// load can decode only the part that changed (patch.go); nil if the
 	// file is not shaped for that.
 	layout *layout
+	// dec decodes the documents while the file is parsed; nil after.
+	dec *docDecoder
+}
+
+// docDecoder is what decodeDocument reuses from one document to the next.
+type docDecoder struct {
+	fast fastDecoder
+	yaml yamlConv
+}
+
+// readJSON reads js, a JSON object: its type meta, and the object if the
+// fast decoder can (pre), or the items of a List (and where they are in
+// js, if it split them without decoding them). err is encoding/json's if
+// the type meta does not decode.
+func (d *fastDecoder) readJSON(js []byte) (tm typeMeta, pre fastObject, items [][]byte, spans []span, err error) {
+	if ftm, svc, slice, ok := d.decodeTyped(js); ok {
+		return ftm, fastObject{svc, slice}, nil, nil, nil
+	}
+	if rest, sps, ok := splitJSONListSpans(js); ok && json.Unmarshal(rest, &tm) == nil {
+		items = make([][]byte, len(sps))
+		for j, sp := range sps {
+			items[j] = js[sp.start:sp.end:sp.end]
+		}
+		return tm, fastObject{}, items, sps, nil
+	}
+	tm = typeMeta{}
+	err = json.Unmarshal(js, &tm)
+	return tm, fastObject{}, rawItems(tm.Items), nil, err
 }
 
 type sumUnit struct {
@@ -401,20 +434,34 @@ func (l *loader) parseFile(file string, data []byte) *fileResult {
 		}
 		return fr
 	}
-	seen := map[objKey]*object{}
 	lost := false
+	fr.dec = &docDecoder{}
+	defer func() { fr.dec = nil }()
 	docs := splitDocuments(file, data)
 	perDoc := make([]int, len(docs)) // objects per document, for the layout
+	// Decoded first, so that the map of objects seen is made its size.
+	type decoded struct {
+		objs []*object
+		errs []error
+	}
+	decs := make([]decoded, len(docs))
+	n := 0
 	for i, doc := range docs {
 		idx := i + 1
 		objs, warns, errs, broken := l.decodeDocument(fr, file, idx, doc)
-		perDoc[i] = len(objs)
+		perDoc[i], decs[i] = len(objs), decoded{objs, errs}
+		n += len(objs)
 		for _, w := range warns {
 			fr.warns = append(fr.warns, fmt.Sprintf("%s: document %d: %s", file, idx, w))
 		}
-		fr.errs = append(fr.errs, errs...)
 		lost = lost || broken
-		for _, o := range objs {
+	}
+	seen := make(map[objKey]*object, n)
+	fr.objs = make([]*object, 0, n)
+	for i, dec := range decs {
+		idx := i + 1
+		fr.errs = append(fr.errs, dec.errs...)
+		for _, o := range dec.objs {
 			if prev, dup := seen[o.key]; dup {
 				fr.errs = append(fr.errs, fmt.Errorf("%s: document %d: %s: already defined in %s; ignored", file, idx, o.key, prev.where()))
 				continue
@@ -507,16 +554,29 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 	var items [][]byte // a JSON List's items, split without decoding them
 	var spans []span   // where they are in doc
 	jsonOK := false
+	var pre fastObject // doc decoded by the fast decoder, if it did
+	dd := fr.dec
+	if dd == nil {
+		dd = &docDecoder{}
+	}
 	if isJSONObject(doc) {
-		if rest, sps, ok := splitJSONListSpans(doc); ok && json.Unmarshal(rest, &tm) == nil {
-			items, spans, jsonOK = make([][]byte, len(sps)), sps, true
-			for j, sp := range sps {
-				items[j] = doc[sp.start:sp.end:sp.end]
+		var err error
+		tm, pre, items, spans, err = dd.fast.readJSON(doc)
+		jsonOK = err == nil
+	}
+	if !jsonOK {
+		// The plain YAML most files hold, converted without going
+		// through generic values: the same JSON as YAMLToJSON's
+		// (yamljson.go), read as JSON.
+		if conv, ok := dd.yaml.convert(doc); ok {
+			var err error
+			if tm, pre, items, _, err = dd.fast.readJSON(conv); err != nil {
+				return nil, nil, []error{fmt.Errorf("%s: document %d: not an object: %w", file, idx, err)}, true
 			}
-		} else {
-			tm = typeMeta{}
-			jsonOK = json.Unmarshal(doc, &tm) == nil
-			items = rawItems(tm.Items)
+			jsonOK, js = true, conv
+			if items != nil {
+				dd.yaml = yamlConv{} // the items are in its buffer
+			}
 		}
 	}
 	if !jsonOK {
@@ -576,7 +636,7 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 		}
 		return objs, warns, errs, broken
 	}
-	o, w, err := l.decodeObject(fr, sum, file, idx, "", tm, js)
+	o, w, err := l.decodeObject(fr, sum, file, idx, -1, tm, js, pre)
 	if w != "" {
 		warns = append(warns, w)
 	}
@@ -603,16 +663,17 @@ type itemOutcome struct {
 // gained nothing measurable on a busy 2-core machine: GC and allocation
 // dominate.)
 func (l *loader) decodeItems(fr *fileResult, file string, idx int, items [][]byte, todo []int, outs []itemOutcome) {
+	var d fastDecoder
 	for _, j := range todo {
 		out := &outs[j]
-		var itm typeMeta
-		if err := json.Unmarshal(items[j], &itm); err != nil {
+		itm, pre, err := d.decodeItem(items[j])
+		if err != nil {
 			out.err = fmt.Errorf("%s: document %d: items[%d]: not an object: %w", file, idx, j, err)
 			out.broken = true
 			continue
 		}
 		n := len(fr.units)
-		out.o, out.w, out.err = l.decodeObject(fr, out.sum, file, idx, fmt.Sprintf("items[%d]: ", j), itm, items[j])
+		out.o, out.w, out.err = l.decodeObject(fr, out.sum, file, idx, j, itm, items[j], pre)
 		if len(fr.units) > n {
 			out.unit = n
 		}
@@ -643,11 +704,39 @@ func (l *loader) fromUnit(fr *fileResult, sum unitSum, u *unit, file string, idx
 	return &object{key: u.key, svc: u.svc, slice: u.slice, file: file, doc: idx, owner: last.owner, hasOwner: last.hasOwner}, ""
 }
 
-// decodeObject decodes and validates one object. On error it returns the
-// object's last good version, if any, with the error.
+// itemPrefix is what messages about item (an index in a List, -1 for
+// none) start with.
+func itemPrefix(item int) string {
+	if item < 0 {
+		return ""
+	}
+	return fmt.Sprintf("items[%d]: ", item)
+}
+
+// fastObject is an object the fast decoder decoded (decode.go), or
+// nothing (the zero value).
+type fastObject struct {
+	svc   *corev1.Service
+	slice *discoveryv1.EndpointSlice
+}
+
+// decodeItem reads the type meta of item, an item of a List, and the
+// object if d can (pre; zero if not). err is encoding/json's when the
+// type meta does not decode.
+func (d *fastDecoder) decodeItem(item []byte) (tm typeMeta, pre fastObject, err error) {
+	if tm, svc, slice, ok := d.decodeTyped(item); ok {
+		return tm, fastObject{svc, slice}, nil
+	}
+	err = json.Unmarshal(item, &tm)
+	return tm, fastObject{}, err
+}
+
+// decodeObject decodes and validates one object (js, or what the fast
+// decoder made of it: pre, if not nil). On error it returns the object's
+// last good version, if any, with the error.
 //
 // Clean outcomes are recorded in fr.units under sum, the content's sum.
-func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx int, prefix string, tm typeMeta, js []byte) (*object, string, error) {
+func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx, item int, tm typeMeta, js []byte, pre fastObject) (*object, string, error) {
 	l.decoded.Add(1)
 	var kind string
 	switch {
@@ -662,7 +751,7 @@ func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx int,
 		}
 		ignore := tm.APIVersion + " " + what
 		fr.units = append(fr.units, sumUnit{sum, &unit{ignore: ignore}})
-		return nil, prefix + "ignoring " + ignore, nil
+		return nil, itemPrefix(item) + "ignoring " + ignore, nil
 	}
 	key := objKey{Kind: kind, NamespacedName: types.NamespacedName{
 		Namespace: cmp.Or(tm.Metadata.Namespace, "default"), Name: tm.Metadata.Name,
@@ -671,15 +760,28 @@ func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx int,
 	var err error
 	switch kind {
 	case "Service":
-		o.svc = &corev1.Service{}
-		if err = json.Unmarshal(js, o.svc); err == nil {
-			o.svc.Namespace = key.Namespace
+		if pre.svc != nil {
+			o.svc = pre.svc
+		} else {
+			o.svc = &corev1.Service{}
+			err = json.Unmarshal(js, o.svc)
+		}
+		if err == nil {
+			// A file's objects have no versions: a resourceVersion (as
+			// kubectl get -o yaml writes it) kept through an edit must
+			// not make the tracker take the edit for a resync.
+			o.svc.Namespace, o.svc.ResourceVersion = key.Namespace, ""
 			err = translate.ValidateService(o.svc)
 		}
 	case "EndpointSlice":
-		o.slice = &discoveryv1.EndpointSlice{}
-		if err = json.Unmarshal(js, o.slice); err == nil {
-			o.slice.Namespace = key.Namespace
+		if pre.slice != nil {
+			o.slice = pre.slice
+		} else {
+			o.slice = &discoveryv1.EndpointSlice{}
+			err = json.Unmarshal(js, o.slice)
+		}
+		if err == nil {
+			o.slice.Namespace, o.slice.ResourceVersion = key.Namespace, ""
 			err = translate.ValidateEndpointSlice(o.slice)
 			o.owner, o.hasOwner = translate.ServiceNameOfSlice(o.slice)
 		}
@@ -688,7 +790,7 @@ func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx int,
 		fr.units = append(fr.units, sumUnit{sum, &unit{key: key, svc: o.svc, slice: o.slice, last: o}})
 		return o, "", nil
 	}
-	err = fmt.Errorf("%s: document %d: %s%s: %w", file, idx, prefix, key, err)
+	err = fmt.Errorf("%s: document %d: %s%s: %w", file, idx, itemPrefix(item), key, err)
 	if prev, ok := l.lastGood[key]; ok && key.Name != "" {
 		return prev, "", fmt.Errorf("%w (keeping the last good version)", err)
 	}

@@ -327,3 +327,47 @@ func TestLoadReportsConflictsAndSkipped(t *testing.T) {
 		t.Errorf("state: %s", got)
 	}
 }
+
+// An edit of a file whose objects carry a resourceVersion (as kubectl get
+// -o yaml writes them) is applied though the version stays: the tracker
+// takes two versions of an object with the same resourceVersion for one.
+func TestEditKeepingResourceVersion(t *testing.T) {
+	dir := t.TempDir()
+	withRV := func(s string) string {
+		return strings.Replace(s, "metadata:", "metadata:\n  resourceVersion: \"7\"", 1)
+	}
+	svc := withRV(strings.Replace(svcA, "metadata: {name: a, namespace: ns}", "metadata:\n  name: a\n  namespace: ns", 1))
+	l := newLoader(translate.Options{})
+	for _, c := range []struct{ svc, slice, want string }{
+		{svc, withRV(sliceA), goodA},
+		{svc, withRV(strings.Replace(sliceA, "10.0.0.1", "10.0.0.2", 1)), "10.96.0.1:80/TCP ns/a:http -> 10.0.0.2:8080/TCP"},
+		{strings.Replace(svc, "port: 80,", "port: 81,", 1), withRV(strings.Replace(sliceA, "10.0.0.1", "10.0.0.2", 1)),
+			"10.96.0.1:81/TCP ns/a:http -> 10.0.0.2:8080/TCP"},
+	} {
+		writeFile(t, dir, "a.yaml", c.svc+"---\n"+c.slice)
+		res, err := l.load(dir)
+		if err != nil || len(res.Errors) > 0 {
+			t.Fatalf("%v %v", err, res.Errors)
+		}
+		if got := render(res.State); got != c.want {
+			t.Errorf("state %q, want %q", got, c.want)
+		}
+	}
+}
+
+// A file's errors come in the order of its documents, a duplicate's where
+// the duplicate is.
+func TestErrorsInDocumentOrder(t *testing.T) {
+	dir := t.TempDir()
+	bad := strings.Replace(strings.Replace(svcA, "name: a,", "name: b,", 1), "port: 80", "port: 0", 1)
+	writeFile(t, dir, "a.yaml", svcA+"---\n"+svcA+"---\n"+bad)
+	res, err := Load(dir, translate.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	errs := errorStrings(res.Errors)
+	if len(errs) != 2 || !strings.Contains(errs[0], "document 2: Service ns/a: already defined") ||
+		!strings.Contains(errs[1], "document 3: Service ns/b:") {
+		t.Errorf("errors %q, want document 2's duplicate, then document 3's port", errs)
+	}
+}

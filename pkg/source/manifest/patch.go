@@ -3,7 +3,6 @@ package manifest
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"hash/maphash"
 	"path/filepath"
@@ -321,11 +320,12 @@ func (l *loader) decodeItem(fr *fileResult, file string, j int, item []byte) (*o
 		o, w := l.fromUnit(fr, isum, u, file, 1, j)
 		return o, w, nil
 	}
-	var itm typeMeta
-	if err := json.Unmarshal(item, &itm); err != nil {
+	var d fastDecoder
+	itm, pre, err := d.decodeItem(item)
+	if err != nil {
 		return nil, "", fmt.Errorf("%s: document 1: items[%d]: not an object: %w", file, j, err)
 	}
-	return l.decodeObject(fr, isum, file, 1, fmt.Sprintf("items[%d]: ", j), itm, item)
+	return l.decodeObject(fr, isum, file, 1, j, itm, item, pre)
 }
 
 // patchedFile is a file patchFile patched: its last result and its new

@@ -1,0 +1,1054 @@
+package manifest
+
+// A faster decoder of the two kinds the manifest source serves.
+//
+// Decoding JSON into the Kubernetes types with encoding/json dominated a
+// load from empty (4.9 M allocations and about half the CPU at 30,000
+// Services: reflection per field, and every pointer, string and slice
+// allocated on its own). fastDecoder reads a Service or an EndpointSlice
+// in one pass over the bytes, filling the fields by hand, and allocates
+// strings, pointers and short slices from chunks shared by many objects.
+//
+// It is an optimization, never a second dialect: for any input it either
+// declines (returns false), and the caller decodes the bytes with
+// encoding/json exactly as before, errors and all, or it returns what
+// encoding/json would have (TestFastDecodeMatchesEncodingJSON). So it
+// declines whatever it is not sure to read the same way: any syntax or
+// type error (encoding/json's message is the one reported), a key that
+// matches a field only case-insensitively or appears twice, a key with
+// escapes or non-ASCII bytes, a number that is not a plain int32, null
+// inside an array or a map. A field it does not decode by hand (an
+// object's uid, a Service's status conditions, an endpoint's targetRef,
+// ...) is decoded by encoding/json into that field alone; an unknown key
+// is checked for syntax and skipped, as encoding/json skips it.
+
+import (
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
+	"sync"
+	"unicode/utf8"
+	"unsafe"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// noBit is the bit of a key object does not mark (1<<64 is 0).
+const noBit = 64
+
+// errDecline unwinds the decoder when it declines an input.
+var errDecline = errors.New("declined")
+
+// fastDecoder decodes objects one after another; the objects share its
+// chunks (of string bytes, of pointed-to values), which hold nothing
+// else, so a decoder's objects live and die together. Not safe for
+// concurrent use.
+type fastDecoder struct {
+	b []byte // the object's bytes
+	i int    // the read position in b
+
+	text  chunk[byte]   // the bytes of decoded strings
+	strs  chunk[string] // []string backing arrays and *string targets
+	bools chunk[bool]
+	i32s  chunk[int32]
+	// Reused while an array is read, then copied to its exact size.
+	eps    []discoveryv1.Endpoint
+	sports []corev1.ServicePort
+	eports []discoveryv1.EndpointPort
+}
+
+// chunk hands out values and runs of values from shared arrays.
+type chunk[T any] struct{ buf []T }
+
+// take returns n consecutive zero values, capped so that appending to
+// them cannot reach the next.
+func (c *chunk[T]) take(n int) []T {
+	if len(c.buf)+n > cap(c.buf) {
+		c.buf = make([]T, 0, max(n, min(2*cap(c.buf), 4096), 16))
+	}
+	c.buf = c.buf[:len(c.buf)+n]
+	return c.buf[len(c.buf)-n : len(c.buf) : len(c.buf)]
+}
+
+func (c *chunk[T]) ptr(v T) *T {
+	p := &c.take(1)[0]
+	*p = v
+	return p
+}
+
+// decodeTyped decodes js, a Service or an EndpointSlice, as
+// decodeDocument and decodeObject would with encoding/json: the type
+// meta it reads first, and the object. ok is false if the decoder
+// declines (see above): the caller then decodes js as before.
+func (d *fastDecoder) decodeTyped(js []byte) (tm typeMeta, svc *corev1.Service, slice *discoveryv1.EndpointSlice, ok bool) {
+	var apiVersion, kind string
+	switch av, k := topKindOf(js); {
+	case string(k) == "Service" && string(av) == "v1":
+		apiVersion, kind = "v1", "Service"
+	case string(k) == "EndpointSlice" && string(av) == "discovery.k8s.io/v1":
+		apiVersion, kind = "discovery.k8s.io/v1", "EndpointSlice"
+	default:
+		return tm, nil, nil, false
+	}
+	d.b, d.i = js, 0
+	defer func() {
+		d.b = nil
+		if r := recover(); r != nil {
+			if r != errDecline { //nolint:errorlint // our own sentinel, never wrapped
+				panic(r)
+			}
+			tm, svc, slice, ok = typeMeta{}, nil, nil, false
+		}
+	}()
+	var meta *metav1.ObjectMeta
+	if kind == "Service" {
+		svc = d.service()
+		tm.APIVersion, tm.Kind, meta = svc.APIVersion, svc.Kind, &svc.ObjectMeta
+	} else {
+		slice = d.endpointSlice()
+		tm.APIVersion, tm.Kind, meta = slice.APIVersion, slice.Kind, &slice.ObjectMeta
+	}
+	d.ws()
+	if d.i != len(d.b) {
+		d.decline()
+	}
+	if tm.APIVersion != apiVersion || tm.Kind != kind {
+		d.decline() // not what the quick look at the keys found
+	}
+	tm.Metadata.Name, tm.Metadata.Namespace = meta.Name, meta.Namespace
+	return tm, svc, slice, true
+}
+
+// topKindOf returns the apiVersion and kind members of js, a JSON object,
+// looking only at its top-level keys (plain ones: anything else, and the
+// decoder declines later).
+func topKindOf(js []byte) (apiVersion, kind []byte) {
+	i := skipSpace(js, 0)
+	if i >= len(js) || js[i] != '{' {
+		return nil, nil
+	}
+	i++
+	for n := 0; n < 2; {
+		i = skipSpace(js, i)
+		if i >= len(js) || js[i] != '"' {
+			return nil, nil
+		}
+		end, ok := skipString(js, i)
+		if !ok {
+			return nil, nil
+		}
+		key := js[i+1 : end-1]
+		i = skipSpace(js, end)
+		if i >= len(js) || js[i] != ':' {
+			return nil, nil
+		}
+		i = skipSpace(js, i+1)
+		vend, ok := skipValue(js, i)
+		if !ok {
+			return nil, nil
+		}
+		if string(key) == "apiVersion" || string(key) == "kind" {
+			v := js[i:vend]
+			if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' {
+				return nil, nil
+			}
+			if string(key) == "kind" {
+				kind = v[1 : len(v)-1]
+			} else {
+				apiVersion = v[1 : len(v)-1]
+			}
+			n++
+		}
+		if i, _, ok = skipSeparator(js, vend, '}'); !ok {
+			return nil, nil
+		}
+	}
+	return apiVersion, kind
+}
+
+func (d *fastDecoder) decline() { panic(errDecline) }
+
+func (d *fastDecoder) ws() {
+	for d.i < len(d.b) {
+		switch d.b[d.i] {
+		case ' ', '\t', '\n', '\r':
+			d.i++
+		default:
+			return
+		}
+	}
+}
+
+// peek returns the next byte that is not white space.
+func (d *fastDecoder) peek() byte {
+	d.ws()
+	if d.i >= len(d.b) {
+		d.decline()
+	}
+	return d.b[d.i]
+}
+
+func (d *fastDecoder) expect(c byte) {
+	if d.peek() != c {
+		d.decline()
+	}
+	d.i++
+}
+
+// literal consumes lit, which must end where a value may end.
+func (d *fastDecoder) literal(lit string) bool {
+	if string(d.b[d.i:min(d.i+len(lit), len(d.b))]) != lit {
+		return false
+	}
+	d.i += len(lit)
+	d.endOfValue()
+	return true
+}
+
+// endOfValue declines unless the value just read ends here.
+func (d *fastDecoder) endOfValue() {
+	if d.i < len(d.b) {
+		switch d.b[d.i] {
+		case ' ', '\t', '\n', '\r', ',', '}', ']':
+		default:
+			d.decline()
+		}
+	}
+}
+
+// null consumes a null, if that is the next value.
+func (d *fastDecoder) null() bool { return d.peek() == 'n' && d.literal("null") }
+
+// rawString reads a string and returns its bytes between the quotes, and
+// whether they need decoding (escapes, bytes that are not valid UTF-8).
+func (d *fastDecoder) rawString() (raw []byte, decode bool) {
+	d.expect('"')
+	start := d.i
+	ascii := true
+	for d.i < len(d.b) {
+		c := d.b[d.i]
+		switch {
+		case c == '"':
+			raw = d.b[start:d.i]
+			d.i++
+			return raw, decode || !ascii && !utf8.Valid(raw)
+		case c < 0x20:
+			d.decline()
+		case c == '\\':
+			decode = true
+			d.i++
+			if d.i >= len(d.b) {
+				d.decline()
+			}
+			switch d.b[d.i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				if d.i+4 >= len(d.b) {
+					d.decline()
+				}
+				for _, h := range d.b[d.i+1 : d.i+5] {
+					if !isHex(h) {
+						d.decline()
+					}
+				}
+				d.i += 4
+			default:
+				d.decline()
+			}
+		case c >= 0x80:
+			ascii = false
+		}
+		d.i++
+	}
+	d.decline()
+	return nil, false
+}
+
+func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
+
+// str reads a string (null: ""), as encoding/json decodes it.
+func (d *fastDecoder) str() string {
+	if d.null() {
+		return ""
+	}
+	return d.strValue()
+}
+
+func (d *fastDecoder) strValue() string {
+	s := d.strToken()
+	d.endOfValue()
+	return s
+}
+
+// strToken reads a string, as strValue but for where it ends (a key's
+// is followed by a colon).
+func (d *fastDecoder) strToken() string {
+	start := d.i
+	raw, decode := d.rawString()
+	if decode {
+		var s string
+		if json.Unmarshal(d.b[start:d.i], &s) != nil {
+			d.decline()
+		}
+		return s
+	}
+	if len(raw) == 0 {
+		return ""
+	}
+	t := d.text.take(len(raw))
+	copy(t, raw)
+	// The chunk's bytes are written once, here, and never again.
+	return unsafe.String(&t[0], len(t))
+}
+
+// strPtr reads a string into a new pointer (null: nil).
+func (d *fastDecoder) strPtr() *string {
+	if d.null() {
+		return nil
+	}
+	return d.strs.ptr(d.strValue())
+}
+
+// key reads an object's key: plain ASCII without escapes, else declined
+// (encoding/json matches keys case-insensitively, by Unicode folding).
+func (d *fastDecoder) key() []byte {
+	k, decode := d.rawString()
+	if decode {
+		d.decline()
+	}
+	for _, c := range k {
+		if c >= 0x80 {
+			d.decline()
+		}
+	}
+	d.expect(':')
+	return k
+}
+
+// int32v reads a plain integer that fits an int32 (null: 0).
+func (d *fastDecoder) int32v() int32 {
+	if d.null() {
+		return 0
+	}
+	return d.int32Value()
+}
+
+func (d *fastDecoder) int32Value() int32 {
+	d.peek()
+	neg := d.b[d.i] == '-'
+	if neg {
+		d.i++
+	}
+	start := d.i
+	var v int64
+	for d.i < len(d.b) && '0' <= d.b[d.i] && d.b[d.i] <= '9' && d.i-start < 11 {
+		v = 10*v + int64(d.b[d.i]-'0')
+		d.i++
+	}
+	n := d.i - start
+	if n == 0 || n > 10 || n > 1 && d.b[start] == '0' {
+		d.decline()
+	}
+	d.endOfValue() // a fraction or an exponent, for one, is declined
+	if neg {
+		v = -v
+	}
+	if v != int64(int32(v)) {
+		d.decline()
+	}
+	return int32(v)
+}
+
+func (d *fastDecoder) int32Ptr() *int32 {
+	if d.null() {
+		return nil
+	}
+	return d.i32s.ptr(d.int32Value())
+}
+
+func (d *fastDecoder) boolv() bool {
+	switch {
+	case d.null():
+		return false
+	case d.literal("true"):
+		return true
+	case d.literal("false"):
+		return false
+	}
+	d.decline()
+	return false
+}
+
+func (d *fastDecoder) boolPtr() *bool {
+	if d.null() {
+		return nil
+	}
+	return d.bools.ptr(d.boolv())
+}
+
+// object reads an object, calling member for each key with the value
+// next to read; member declines or reads it. seen marks the keys read,
+// by the bit member gives them (once): a key twice is declined.
+func (d *fastDecoder) object(member func(key []byte) (bit uint)) {
+	d.expect('{')
+	if d.peek() == '}' {
+		d.i++
+		return
+	}
+	var seen uint64
+	for {
+		bit := member(d.key())
+		if seen&(1<<bit) != 0 {
+			d.decline()
+		}
+		seen |= 1 << bit
+		switch d.peek() {
+		case ',':
+			d.i++
+		case '}':
+			d.i++
+			return
+		default:
+			d.decline()
+		}
+	}
+}
+
+// array reads an array, calling elem for each element (never null).
+func (d *fastDecoder) array(elem func()) {
+	d.expect('[')
+	if d.peek() == ']' {
+		d.i++
+		return
+	}
+	for {
+		if d.null() {
+			d.decline() // the element's zero value: not worth the care
+		}
+		elem()
+		switch d.peek() {
+		case ',':
+			d.i++
+		case ']':
+			d.i++
+			return
+		default:
+			d.decline()
+		}
+	}
+}
+
+// strings reads a []string (null: nil; []: empty, not nil).
+func (d *fastDecoder) strings() []string {
+	if d.null() {
+		return nil
+	}
+	start, n := d.i, 0
+	d.array(func() { n++; d.skipString() })
+	if n == 0 {
+		return []string{}
+	}
+	out := d.strs.take(n)
+	end := d.i
+	d.i, n = start, 0
+	d.array(func() { out[n] = d.strValue(); n++ })
+	d.i = end
+	return out
+}
+
+func (d *fastDecoder) skipString() {
+	d.rawString()
+	d.endOfValue()
+}
+
+// typedStrings reads a slice of a string type.
+func typedStrings[T ~string](d *fastDecoder) []T {
+	ss := d.strings()
+	if ss == nil {
+		return nil
+	}
+	// The same memory, as []T: T's underlying type is string.
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(ss))), len(ss))
+}
+
+// stringMap reads a map[string]string (null: nil).
+func (d *fastDecoder) stringMap() map[string]string {
+	if d.null() {
+		return nil
+	}
+	m := map[string]string{}
+	d.expect('{')
+	if d.peek() == '}' {
+		d.i++
+		return m
+	}
+	for {
+		// A key is decoded as a string is; a key twice: the last wins,
+		// as encoding/json has it.
+		if d.peek() != '"' {
+			d.decline()
+		}
+		k := d.strToken()
+		d.expect(':')
+		if d.null() {
+			d.decline()
+		}
+		m[k] = d.strValue()
+		switch d.peek() {
+		case ',':
+			d.i++
+		case '}':
+			d.i++
+			return m
+		default:
+			d.decline()
+		}
+	}
+}
+
+// exact copies what was read into a slice of its exact size, non-nil as
+// encoding/json makes an empty array.
+func exact[T any](s []T) []T {
+	if len(s) == 0 {
+		return []T{}
+	}
+	return append([]T(nil), s...)
+}
+
+// objects reads an array of objects into a []T (null: nil), member
+// reading each member of each (as object's member, given the element).
+// scratch, if not nil, is reused from one array to the next.
+func objects[T any](d *fastDecoder, scratch *[]T, member func(e *T, key []byte) uint) []T {
+	if d.null() {
+		return nil
+	}
+	var s []T
+	if scratch != nil {
+		s = (*scratch)[:0]
+	}
+	d.array(func() {
+		var zero T
+		s = append(s, zero)
+		e := &s[len(s)-1]
+		d.object(func(key []byte) uint { return member(e, key) })
+	})
+	if scratch != nil {
+		*scratch = s
+	}
+	return exact(s)
+}
+
+// other reads the value of key, a member of the struct *v that the
+// decoder does not read by hand: a field's value is decoded into that
+// field by encoding/json; a key that matches a field only by case, or
+// that the type-meta decoding reads (items), is declined; an unknown
+// key's value is checked and skipped. It returns key's bit for object.
+func (d *fastDecoder) other(v any, key []byte) uint {
+	rv := reflect.ValueOf(v).Elem()
+	fs := fieldsOf(rv.Type())
+	d.ws()
+	start := d.i
+	end, ok := skipValue(d.b, start)
+	if !ok {
+		d.decline()
+	}
+	d.i = end
+	d.endOfValue()
+	val := d.b[start:end]
+	if f, ok := fs.byName[string(key)]; ok {
+		if json.Unmarshal(val, rv.FieldByIndex(f.index).Addr().Interface()) != nil {
+			d.decline()
+		}
+		return 32 + f.bit
+	}
+	for _, name := range fs.names {
+		if asciiEqualFold(key, name) {
+			d.decline()
+		}
+	}
+	if !json.Valid(val) {
+		d.decline()
+	}
+	return noBit // unknown keys may repeat
+}
+
+func asciiEqualFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range b {
+		x, y := b[i], s[i]
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
+}
+
+// structFields are a struct's JSON members, as encoding/json finds them
+// (embedded structs without a name promote theirs).
+type structFields struct {
+	byName map[string]field
+	names  []string // and "items", which typeMeta reads beside them
+}
+
+type field struct {
+	index []int
+	bit   uint // the key's bit for object (below 31)
+}
+
+var fieldCache sync.Map // reflect.Type -> *structFields
+
+func fieldsOf(t reflect.Type) *structFields {
+	if fs, ok := fieldCache.Load(t); ok {
+		return fs.(*structFields)
+	}
+	fs := &structFields{byName: map[string]field{}, names: []string{"items"}}
+	var walk func(t reflect.Type, index []int)
+	walk = func(t reflect.Type, index []int) {
+		for i := range t.NumField() {
+			sf := t.Field(i)
+			idx := append(append([]int(nil), index...), i)
+			name, _, _ := strings.Cut(sf.Tag.Get("json"), ",")
+			if name == "-" {
+				continue
+			}
+			if sf.Anonymous && name == "" && sf.Type.Kind() == reflect.Struct {
+				walk(sf.Type, idx)
+				continue
+			}
+			if !sf.IsExported() {
+				continue
+			}
+			if name == "" {
+				name = sf.Name
+			}
+			fs.byName[name] = field{idx, uint(len(fs.names)) % 31}
+			fs.names = append(fs.names, name)
+		}
+	}
+	walk(t, nil)
+	got, _ := fieldCache.LoadOrStore(t, fs)
+	return got.(*structFields)
+}
+
+// The bits of the members read by hand, per struct (0-31; other uses 32-63).
+func (d *fastDecoder) service() *corev1.Service {
+	s := &corev1.Service{}
+	d.object(func(key []byte) uint {
+		switch string(key) {
+		case "apiVersion":
+			s.APIVersion = d.str()
+		case "kind":
+			s.Kind = d.str()
+			return 1
+		case "metadata":
+			d.objectMeta(&s.ObjectMeta)
+			return 2
+		case "spec":
+			d.serviceSpec(&s.Spec)
+			return 3
+		case "status":
+			d.serviceStatus(&s.Status)
+			return 4
+		default:
+			return d.other(s, key)
+		}
+		return 0
+	})
+	return s
+}
+
+func (d *fastDecoder) objectMeta(m *metav1.ObjectMeta) {
+	if d.null() {
+		return
+	}
+	d.object(func(key []byte) uint {
+		switch string(key) {
+		case "name":
+			m.Name = d.str()
+		case "namespace":
+			m.Namespace = d.str()
+			return 1
+		case "labels":
+			m.Labels = d.stringMap()
+			return 2
+		case "annotations":
+			m.Annotations = d.stringMap()
+			return 3
+		case "resourceVersion":
+			m.ResourceVersion = d.str()
+			return 4
+		case "uid":
+			m.UID = types.UID(d.str())
+			return 5
+		case "generateName":
+			m.GenerateName = d.str()
+			return 6
+		case "creationTimestamp":
+			if !d.null() {
+				start := d.i
+				d.skipString()
+				if m.CreationTimestamp.UnmarshalJSON(d.b[start:d.i]) != nil {
+					d.decline()
+				}
+			}
+			return 7
+		default:
+			return d.other(m, key)
+		}
+		return 0
+	})
+}
+
+func (d *fastDecoder) serviceSpec(sp *corev1.ServiceSpec) {
+	if d.null() {
+		return
+	}
+	d.object(func(key []byte) uint {
+		switch string(key) {
+		case "ports":
+			sp.Ports = d.servicePorts()
+		case "selector":
+			sp.Selector = d.stringMap()
+			return 1
+		case "clusterIP":
+			sp.ClusterIP = d.str()
+			return 2
+		case "clusterIPs":
+			sp.ClusterIPs = d.strings()
+			return 3
+		case "type":
+			sp.Type = corev1.ServiceType(d.str())
+			return 4
+		case "externalIPs":
+			sp.ExternalIPs = d.strings()
+			return 5
+		case "sessionAffinity":
+			sp.SessionAffinity = corev1.ServiceAffinity(d.str())
+			return 6
+		case "loadBalancerIP":
+			sp.LoadBalancerIP = d.str()
+			return 7
+		case "loadBalancerSourceRanges":
+			sp.LoadBalancerSourceRanges = d.strings()
+			return 8
+		case "externalName":
+			sp.ExternalName = d.str()
+			return 9
+		case "externalTrafficPolicy":
+			sp.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicy(d.str())
+			return 10
+		case "healthCheckNodePort":
+			sp.HealthCheckNodePort = d.int32v()
+			return 11
+		case "publishNotReadyAddresses":
+			sp.PublishNotReadyAddresses = d.boolv()
+			return 12
+		case "sessionAffinityConfig":
+			sp.SessionAffinityConfig = d.sessionAffinityConfig()
+			return 13
+		case "ipFamilies":
+			sp.IPFamilies = typedStrings[corev1.IPFamily](d)
+			return 14
+		case "ipFamilyPolicy":
+			sp.IPFamilyPolicy = (*corev1.IPFamilyPolicy)(d.strPtr())
+			return 15
+		case "allocateLoadBalancerNodePorts":
+			sp.AllocateLoadBalancerNodePorts = d.boolPtr()
+			return 16
+		case "loadBalancerClass":
+			sp.LoadBalancerClass = d.strPtr()
+			return 17
+		case "internalTrafficPolicy":
+			sp.InternalTrafficPolicy = (*corev1.ServiceInternalTrafficPolicy)(d.strPtr())
+			return 18
+		case "trafficDistribution":
+			sp.TrafficDistribution = d.strPtr()
+			return 19
+		default:
+			return d.other(sp, key)
+		}
+		return 0
+	})
+}
+
+func (d *fastDecoder) servicePorts() []corev1.ServicePort {
+	return objects(d, &d.sports, func(p *corev1.ServicePort, key []byte) uint {
+		switch string(key) {
+		case "name":
+			p.Name = d.str()
+		case "protocol":
+			p.Protocol = corev1.Protocol(d.str())
+			return 1
+		case "appProtocol":
+			p.AppProtocol = d.strPtr()
+			return 2
+		case "port":
+			p.Port = d.int32v()
+			return 3
+		case "targetPort":
+			p.TargetPort = d.intOrString()
+			return 4
+		case "nodePort":
+			p.NodePort = d.int32v()
+			return 5
+		default:
+			return d.other(p, key)
+		}
+		return 0
+	})
+}
+
+// intOrString reads what IntOrString.UnmarshalJSON reads.
+func (d *fastDecoder) intOrString() intstr.IntOrString {
+	switch {
+	case d.null():
+		return intstr.IntOrString{}
+	case d.b[d.i] == '"':
+		return intstr.IntOrString{Type: intstr.String, StrVal: d.strValue()}
+	}
+	return intstr.IntOrString{Type: intstr.Int, IntVal: d.int32Value()}
+}
+
+func (d *fastDecoder) sessionAffinityConfig() *corev1.SessionAffinityConfig {
+	if d.null() {
+		return nil
+	}
+	c := &corev1.SessionAffinityConfig{}
+	d.object(func(key []byte) uint {
+		if string(key) != "clientIP" {
+			return d.other(c, key)
+		}
+		if !d.null() {
+			c.ClientIP = &corev1.ClientIPConfig{}
+			d.object(func(key []byte) uint {
+				if string(key) != "timeoutSeconds" {
+					return d.other(c.ClientIP, key)
+				}
+				c.ClientIP.TimeoutSeconds = d.int32Ptr()
+				return 0
+			})
+		}
+		return 0
+	})
+	return c
+}
+
+func (d *fastDecoder) serviceStatus(st *corev1.ServiceStatus) {
+	if d.null() {
+		return
+	}
+	d.object(func(key []byte) uint {
+		if string(key) != "loadBalancer" {
+			return d.other(st, key)
+		}
+		if d.null() {
+			return 0
+		}
+		lb := &st.LoadBalancer
+		d.object(func(key []byte) uint {
+			if string(key) != "ingress" {
+				return d.other(lb, key)
+			}
+			lb.Ingress = objects(d, nil, func(ing *corev1.LoadBalancerIngress, key []byte) uint {
+				switch string(key) {
+				case "ip":
+					ing.IP = d.str()
+				case "hostname":
+					ing.Hostname = d.str()
+					return 1
+				case "ipMode":
+					ing.IPMode = (*corev1.LoadBalancerIPMode)(d.strPtr())
+					return 2
+				default:
+					return d.other(ing, key)
+				}
+				return 0
+			})
+			return 0
+		})
+		return 0
+	})
+}
+
+func (d *fastDecoder) endpointSlice() *discoveryv1.EndpointSlice {
+	es := &discoveryv1.EndpointSlice{}
+	d.object(func(key []byte) uint {
+		switch string(key) {
+		case "apiVersion":
+			es.APIVersion = d.str()
+		case "kind":
+			es.Kind = d.str()
+			return 1
+		case "metadata":
+			d.objectMeta(&es.ObjectMeta)
+			return 2
+		case "addressType":
+			es.AddressType = discoveryv1.AddressType(d.str())
+			return 3
+		case "endpoints":
+			es.Endpoints = d.endpoints()
+			return 4
+		case "ports":
+			es.Ports = d.endpointPorts()
+			return 5
+		default:
+			return d.other(es, key)
+		}
+		return 0
+	})
+	return es
+}
+
+func (d *fastDecoder) endpoints() []discoveryv1.Endpoint {
+	return objects(d, &d.eps, func(e *discoveryv1.Endpoint, key []byte) uint {
+		switch string(key) {
+		case "addresses":
+			e.Addresses = d.strings()
+		case "conditions":
+			d.conditions(&e.Conditions)
+			return 1
+		case "hostname":
+			e.Hostname = d.strPtr()
+			return 2
+		case "nodeName":
+			e.NodeName = d.strPtr()
+			return 3
+		case "zone":
+			e.Zone = d.strPtr()
+			return 4
+		case "hints":
+			e.Hints = d.hints()
+			return 5
+		case "targetRef":
+			e.TargetRef = d.objectReference()
+			return 6
+		default:
+			return d.other(e, key)
+		}
+		return 0
+	})
+}
+
+// objectReference reads an endpoint's targetRef, which kubectl prints for
+// every endpoint of a Pod.
+func (d *fastDecoder) objectReference() *corev1.ObjectReference {
+	if d.null() {
+		return nil
+	}
+	r := &corev1.ObjectReference{}
+	d.object(func(key []byte) uint {
+		switch string(key) {
+		case "kind":
+			r.Kind = d.str()
+		case "namespace":
+			r.Namespace = d.str()
+			return 1
+		case "name":
+			r.Name = d.str()
+			return 2
+		case "uid":
+			r.UID = types.UID(d.str())
+			return 3
+		case "apiVersion":
+			r.APIVersion = d.str()
+			return 4
+		case "resourceVersion":
+			r.ResourceVersion = d.str()
+			return 5
+		case "fieldPath":
+			r.FieldPath = d.str()
+			return 6
+		default:
+			return d.other(r, key)
+		}
+		return 0
+	})
+	return r
+}
+
+func (d *fastDecoder) conditions(c *discoveryv1.EndpointConditions) {
+	if d.null() {
+		return
+	}
+	d.object(func(key []byte) uint {
+		switch string(key) {
+		case "ready":
+			c.Ready = d.boolPtr()
+		case "serving":
+			c.Serving = d.boolPtr()
+			return 1
+		case "terminating":
+			c.Terminating = d.boolPtr()
+			return 2
+		default:
+			return d.other(c, key)
+		}
+		return 0
+	})
+}
+
+func (d *fastDecoder) hints() *discoveryv1.EndpointHints {
+	if d.null() {
+		return nil
+	}
+	h := &discoveryv1.EndpointHints{}
+	d.object(func(key []byte) uint {
+		switch string(key) {
+		case "forZones":
+			h.ForZones = objects(d, nil, func(z *discoveryv1.ForZone, key []byte) uint {
+				if string(key) != "name" {
+					return d.other(z, key)
+				}
+				z.Name = d.str()
+				return 0
+			})
+		case "forNodes":
+			h.ForNodes = objects(d, nil, func(n *discoveryv1.ForNode, key []byte) uint {
+				if string(key) != "name" {
+					return d.other(n, key)
+				}
+				n.Name = d.str()
+				return 0
+			})
+			return 1
+		default:
+			return d.other(h, key)
+		}
+		return 0
+	})
+	return h
+}
+
+func (d *fastDecoder) endpointPorts() []discoveryv1.EndpointPort {
+	return objects(d, &d.eports, func(p *discoveryv1.EndpointPort, key []byte) uint {
+		switch string(key) {
+		case "name":
+			p.Name = d.strPtr()
+		case "protocol":
+			p.Protocol = (*corev1.Protocol)(d.strPtr())
+			return 1
+		case "port":
+			p.Port = d.int32Ptr()
+			return 2
+		case "appProtocol":
+			p.AppProtocol = d.strPtr()
+			return 3
+		default:
+			return d.other(p, key)
+		}
+		return 0
+	})
+}
