@@ -44,7 +44,10 @@ int sluice_ct_gc(struct ct_gc_args *args)
 	struct ct_gc_args a = {
 		.flush = args->flush,
 		.family = args->family,
-		.now = bpf_ktime_get_ns(),
+		/* The agent reads the clock: a syscall program may not call
+		 * bpf_ktime_get_coarse_ns (clock_now).
+		 */
+		.now = args->now,
 	};
 
 	if (a.family == 6)

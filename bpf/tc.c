@@ -507,8 +507,7 @@ static __noinline int lb4_aff_remember(const struct pkt4 *p,
 		return 0;
 	aff_key(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
 		p->proto, svc->scope);
-	aff_remember(&key, svc, be, backend_id, (__u16)slot,
-		     bpf_ktime_get_ns());
+	aff_remember(&key, svc, be, backend_id, (__u16)slot, clock_now());
 	return 0;
 }
 
@@ -796,7 +795,7 @@ static __always_inline int tc_ingress(struct __sk_buff *skb, bool dry)
 	default:
 		return TC_ACT_OK;
 	}
-	now = bpf_ktime_get_ns();
+	now = clock_now();
 	ret = rev_nat(skb, &p, now, true);
 	if (ret >= 0)
 		return ret;
@@ -817,7 +816,7 @@ static __always_inline int tc_egress(struct __sk_buff *skb, bool dry)
 	default:
 		return TC_ACT_OK;
 	}
-	ret = rev_nat(skb, &p, bpf_ktime_get_ns(), false);
+	ret = rev_nat(skb, &p, clock_now(), false);
 	return ret >= 0 ? ret : TC_ACT_OK;
 }
 

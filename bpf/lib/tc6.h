@@ -328,8 +328,7 @@ static __noinline int lb6_aff_remember(const struct pkt6 *p,
 		return 0;
 	aff_key6(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
 		 p->proto, svc->scope);
-	aff_remember6(&key, svc, be, x->backend_id, x->slot,
-		      bpf_ktime_get_ns());
+	aff_remember6(&key, svc, be, x->backend_id, x->slot, clock_now());
 	return 0;
 }
 
@@ -728,7 +727,7 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb, bool dry)
 	default:
 		return TC_ACT_OK;
 	}
-	now = bpf_ktime_get_ns();
+	now = clock_now();
 	ret = rev_nat6(skb, &p, now, &x);
 	if (ret == -1)
 		ret = lb6_dnat(skb, &p, now, &x);
@@ -756,7 +755,7 @@ static __always_inline int tc6_egress(struct __sk_buff *skb, bool dry)
 	default:
 		return TC_ACT_OK;
 	}
-	ret = rev_nat6(skb, &p, bpf_ktime_get_ns(), &x);
+	ret = rev_nat6(skb, &p, clock_now(), &x);
 	if (ret == -1)
 		return TC_ACT_OK;
 	if (ret == TC6_FORWARD)
