@@ -44,10 +44,7 @@ int sluice_ct_gc(struct ct_gc_args *args)
 	struct ct_gc_args a = {
 		.flush = args->flush,
 		.family = args->family,
-		/* The agent reads the clock: a syscall program may not call
-		 * bpf_ktime_get_coarse_ns (clock_now).
-		 */
-		.now = args->now,
+		.now = bpf_ktime_get_ns(),
 	};
 
 	if (a.family == 6)

@@ -507,7 +507,8 @@ static __noinline int lb4_aff_remember(const struct pkt4 *p,
 		return 0;
 	aff_key(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
 		p->proto, svc->scope);
-	aff_remember(&key, svc, be, backend_id, (__u16)slot, clock_now());
+	aff_remember(&key, svc, be, backend_id, (__u16)slot,
+		     bpf_ktime_get_ns());
 	return 0;
 }
 
@@ -795,7 +796,7 @@ static __always_inline int tc_ingress(struct __sk_buff *skb, bool dry)
 	default:
 		return TC_ACT_OK;
 	}
-	now = clock_now();
+	now = bpf_ktime_get_ns();
 	ret = rev_nat(skb, &p, now, true);
 	if (ret >= 0)
 		return ret;
@@ -816,7 +817,7 @@ static __always_inline int tc_egress(struct __sk_buff *skb, bool dry)
 	default:
 		return TC_ACT_OK;
 	}
-	ret = rev_nat(skb, &p, clock_now(), false);
+	ret = rev_nat(skb, &p, bpf_ktime_get_ns(), false);
 	return ret >= 0 ? ret : TC_ACT_OK;
 }
 

@@ -26,23 +26,6 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
-/*
- * clock_now - the clock of every expiry and age the programs keep in maps
- * (conntrack, session affinity, the XDP route cache): the monotonic clock
- * at the scheduler tick's granularity (bpf_ktime_get_coarse_ns; the agent
- * reads the same clock as CLOCK_MONOTONIC_COARSE). Timeouts are seconds
- * and refreshes move an expiry by a second or more, so a tick (1-10 ms)
- * changes nothing; and the coarse clock is a read of the timekeeper's last
- * tick, where bpf_ktime_get_ns reads the clock source (in a VM, pvclock:
- * ~0.1 us per call, issue 14). Tracing and syscall programs may not call
- * it: the agent passes the time to sluice_ct_gc, and sluicectl's socket
- * explain reads bpf_ktime_get_ns.
- */
-static __always_inline __u64 clock_now(void)
-{
-	return bpf_ktime_get_coarse_ns();
-}
-
 /* errno values returned to user space (linux/errno.h is not a UAPI header). */
 #define EPERM	     1
 #define ENOENT	     2

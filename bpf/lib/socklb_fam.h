@@ -190,11 +190,7 @@ SOCK_FN(select)(FAM(addr_t) vip, __be16 port, __u8 proto, FAM(addr_t) src,
 	if (ret <= 0 || !svc)
 		return ret;
 
-	/* sluicectl's explain is a raw_tp program, which may not read the
-	 * coarse clock (it is not NMI-safe): it reads the precise one, at
-	 * most a tick ahead.
-	 */
-	now = x ? bpf_ktime_get_ns() : clock_now();
+	now = bpf_ktime_get_ns();
 	FN(aff_key)(&akey, FAM(netns_client)(netns), AFFINITY_CLIENT_NETNS, vip,
 		    port, proto, svc->scope);
 	if (sticky) {

@@ -128,7 +128,7 @@ enum ct_dir {
 
 struct ct4_entry {
 	/*
-	 * clock_now() from which on the entry is dead, compared
+	 * bpf_ktime_get_ns() from which on the entry is dead, compared
 	 * signed (so a clock read before another CPU's refresh never makes
 	 * it look expired); moved with compare-and-swap, forward only and
 	 * by at least a second at a time, except to CT_DEAD (0: claimed for
@@ -170,11 +170,11 @@ struct ct_backend_key {
 	__u8 pad;
 };
 
-/* The context of sluice_ct_gc (BPF_PROG_RUN): its mode and time in, counts out. */
+/* The context of sluice_ct_gc (BPF_PROG_RUN): its mode in, counts out. */
 struct ct_gc_args {
 	__u32 flush;   /* 0: delete expired entries; 1: flush sluice_ct_flush */
 	__u32 family;  /* 4 (or 0): the IPv4 conntrack maps; 6: the IPv6 ones */
-	__u64 now;     /* in: clock_now() to judge by (monotonicNow) */
+	__u64 now;     /* out: bpf_ktime_get_ns() the run judged by */
 	__u64 deleted; /* out: entries deleted */
 	__u64 live;    /* out: entries left in sluice_conntrack */
 	__u64 pending; /* out: of them, reservations of half-open flows */
@@ -418,7 +418,7 @@ enum affinity_client {
 
 struct lb4_affinity {
 	/*
-	 * clock_now() from which on the entry is dead, compared
+	 * bpf_ktime_get_ns() from which on the entry is dead, compared
 	 * signed; every new connection of the client moves it forward with
 	 * compare-and-swap (never back: a CPU whose clock reading is older
 	 * than another's refresh leaves it), as ct4_entry.expires.
@@ -649,7 +649,7 @@ struct fib6_key {
 };
 
 struct fib_hop {
-	__u64 stamp;   /* clock_now() of the packet that looked it up */
+	__u64 stamp;   /* bpf_ktime_get_ns() of the packet that looked it up */
 	__u32 gen;     /* fib_gen when it was looked up */
 	__u32 ifindex; /* host order: the egress device */
 	__u8 smac[6];  /* the egress device's address */

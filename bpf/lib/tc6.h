@@ -328,7 +328,8 @@ static __noinline int lb6_aff_remember(const struct pkt6 *p,
 		return 0;
 	aff_key6(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
 		 p->proto, svc->scope);
-	aff_remember6(&key, svc, be, x->backend_id, x->slot, clock_now());
+	aff_remember6(&key, svc, be, x->backend_id, x->slot,
+		      bpf_ktime_get_ns());
 	return 0;
 }
 
@@ -727,7 +728,7 @@ static __always_inline int tc6_ingress(struct __sk_buff *skb, bool dry)
 	default:
 		return TC_ACT_OK;
 	}
-	now = clock_now();
+	now = bpf_ktime_get_ns();
 	ret = rev_nat6(skb, &p, now, &x);
 	if (ret == -1)
 		ret = lb6_dnat(skb, &p, now, &x);
@@ -755,7 +756,7 @@ static __always_inline int tc6_egress(struct __sk_buff *skb, bool dry)
 	default:
 		return TC_ACT_OK;
 	}
-	ret = rev_nat6(skb, &p, clock_now(), &x);
+	ret = rev_nat6(skb, &p, bpf_ktime_get_ns(), &x);
 	if (ret == -1)
 		return TC_ACT_OK;
 	if (ret == TC6_FORWARD)

@@ -179,11 +179,7 @@ func runOverSet[K, V any](set *ebpf.Map, name string, keys []K, vals []V, run fu
 // runCTGC runs sluice_ct_gc in mode (0: collect, 1: flush) over the
 // conntrack tables of family (4 or 6).
 func (m *Maps) runCTGC(mode, family uint32) (sockCtGcArgs, error) {
-	now, err := monotonicNow()
-	if err != nil {
-		return sockCtGcArgs{}, err
-	}
-	in := sockCtGcArgs{Flush: mode, Family: family, Now: now}
+	in := sockCtGcArgs{Flush: mode, Family: family}
 	var out sockCtGcArgs
 	if _, err := m.ctGC.Run(&ebpf.RunOptions{Context: in, ContextOut: &out}); err != nil {
 		return out, fmt.Errorf("run sluice_ct_gc: %w", err)
@@ -191,13 +187,10 @@ func (m *Maps) runCTGC(mode, family uint32) (sockCtGcArgs, error) {
 	return out, nil
 }
 
-// monotonicNow is the programs' clock (clock_now in bpf/lib/consts.h:
-// bpf_ktime_get_coarse_ns), which every expiry in the maps is measured in.
-// The precise CLOCK_MONOTONIC would run up to a tick ahead of it: an entry
-// the programs still hold alive could look expired here.
+// monotonicNow is bpf_ktime_get_ns's clock.
 func monotonicNow() (uint64, error) {
 	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts); err != nil {
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		return 0, err
 	}
 	return uint64(ts.Nano()), nil
