@@ -177,9 +177,21 @@ func (fl *tcFlows) backendOf(b *testing.B, f *tcFlow) netip.AddrPort {
 	return netip.AddrPortFrom(addrFromBE32(v.NatAddr), portFromBE16(v.NatPort))
 }
 
-// forget adds batch to the flows in conntrack and deletes the oldest
-// beyond tcFlowWindow, both of their entries.
+// forget checks that the programs took every flow of batch through its
+// life (its forward entry established and closed in both directions: the
+// replies were translated, not passed through), adds batch to the flows in
+// conntrack, and deletes the oldest beyond tcFlowWindow, both of their
+// entries.
 func (fl *tcFlows) forget(b *testing.B, batch []tcFlow) {
+	for _, f := range batch {
+		k := sockCt4Key{Saddr: be32(f.client.Addr()), Daddr: be32(f.fe.Addr()), Sport: be16(f.client.Port()), Dport: be16(f.fe.Port()),
+			Proto: uint8(model.TCP), Dir: ctForward}
+		var v sockCt4Entry
+		const want = ctFlagReplied | ctFlagFinFwd | ctFlagFinRev
+		if err := fl.d.Maps().conntrack.Lookup(&k, &v); err != nil || uint32(v.Flags)&want != want {
+			b.Fatalf("flow %s -> %s (backend %s) not established and closed: %v, flags %#x", f.client, f.fe, f.be, err, v.Flags)
+		}
+	}
 	fl.old = append(fl.old, batch...)
 	drop := max(len(fl.old)-tcFlowWindow, 0)
 	for _, f := range fl.old[:drop] {
