@@ -17,8 +17,8 @@ import (
 // entries other packets have pushed out of the cache, as in real traffic,
 // where BenchmarkClusterIPFamilies reruns one flow on hot entries.
 //
-// N ClusterIP services x 10 endpoints are programmed (the agent's default
-// map sizes). Each iteration is one TCP connection from a client tuple
+// N ClusterIP services x 10 endpoints (benchServices) are programmed
+// (the agent's default map sizes). Each iteration is one TCP connection from a client tuple
 // never used before to a VIP picked at random, the ten packets a short
 // request and response make (the load runs' mix: six client packets at
 // the client-facing device's ingress, four replies at its egress):
@@ -51,15 +51,7 @@ func BenchmarkTCFlows(b *testing.B) {
 				c.MaxServices, c.MaxBackends, c.MaxServiceEntries = DefaultMaxServices, max(DefaultMaxBackends, 11*n), 1<<20
 				c.MaxConntrack, c.MaxConntrackNew = DefaultMaxConntrack, DefaultMaxConntrackNew
 			})
-			svcs := make([]*model.Service, n)
-			for i := range svcs {
-				fe := model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, byte(96 + i>>16), byte(i >> 8), byte(i)}), Port: 80, Proto: model.TCP}
-				var bes []model.L4Addr
-				for j := range 10 {
-					bes = append(bes, model.L4Addr{Addr: netip.AddrFrom4([4]byte{byte(11 + j), byte(i >> 16), byte(i >> 8), byte(i)}), Port: 8080, Proto: model.TCP})
-				}
-				svcs[i] = clusterIP(fe, bes...)
-			}
+			svcs := benchServices(n)
 			applyServices(b, d, svcs...)
 			fl := &tcFlows{d: d, svcs: svcs, rng: rand.New(rand.NewPCG(1, uint64(n)))}
 			fl.run(b)
