@@ -27,14 +27,8 @@ func BenchmarkMapsFromEmpty(b *testing.B) {
 	}
 	for _, n := range sizes {
 		st := model.NewState()
-		for i := range n {
-			fe := model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, byte(96 + i>>16), byte(i >> 8), byte(i)}), Port: 80, Proto: model.TCP}
-			s := &model.Service{Name: model.ServicePortName{Namespace: "bench", Name: fmt.Sprint("svc-", i)}, Frontend: fe}
-			for j := range 10 {
-				s.Backends = append(s.Backends, model.Backend{L4Addr: model.L4Addr{
-					Addr: netip.AddrFrom4([4]byte{byte(11 + j), byte(i >> 16), byte(i >> 8), byte(i)}), Port: 8080, Proto: model.TCP}})
-			}
-			st.Services[fe] = s
+		for _, s := range benchServices(n) {
+			st.Services[s.Frontend] = s
 		}
 		cfg := smallConfig(testPinDir(b))
 		cfg.MaxServices, cfg.MaxBackends, cfg.MaxServiceEntries = n+n/4, 11*n+64, 12*n
@@ -61,4 +55,21 @@ func BenchmarkMapsFromEmpty(b *testing.B) {
 			b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 		})
 	}
+}
+
+// benchServices is the scale benchmarks' cluster: n ClusterIP services
+// (10.96.0.0 on, port 80) of 10 endpoints each (11-20.x.y.z:8080, with
+// x.y.z the service's number).
+func benchServices(n int) []*model.Service {
+	svcs := make([]*model.Service, n)
+	for i := range svcs {
+		fe := model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, byte(96 + i>>16), byte(i >> 8), byte(i)}), Port: 80, Proto: model.TCP}
+		s := &model.Service{Name: model.ServicePortName{Namespace: "bench", Name: fmt.Sprint("svc-", i)}, Kind: model.ClusterIP, Frontend: fe}
+		for j := range 10 {
+			s.Backends = append(s.Backends, model.Backend{L4Addr: model.L4Addr{
+				Addr: netip.AddrFrom4([4]byte{byte(11 + j), byte(i >> 16), byte(i >> 8), byte(i)}), Port: 8080, Proto: model.TCP}})
+		}
+		svcs[i] = s
+	}
+	return svcs
 }
