@@ -397,7 +397,8 @@ type fileResult struct {
 	// document that could not be parsed (Result.Unknown).
 	unknown bool
 	// lists counts the documents that are Lists; listSpans are the items
-	// of the last, if it was split without decoding it (splitJSONList).
+	// of the last, if it was split without decoding it (splitJSONList),
+	// while the file is parsed (newLayout takes them).
 	lists     int
 	listSpans []span
 	// layout says where the objects are in the content, so that the next
@@ -501,6 +502,7 @@ func (l *loader) parseFile(file string, data []byte) *fileResult {
 		}
 	}
 	fr.layout = newLayout(file, data, fr, perDoc)
+	fr.listSpans = nil // in the layout now, if anywhere: kept for as long as the result
 	return fr
 }
 
