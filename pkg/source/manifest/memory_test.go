@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -16,7 +17,7 @@ import (
 // place in cur: endpoint 1 of one of three Services moves to a new
 // address each time (a patch), and edits 5, 15, 25, ... add or remove a
 // Service (a full parse).
-func memoryEdit(t *testing.T, cur []byte, n, k int) []byte {
+func memoryEdit(t testing.TB, cur []byte, n, k int) []byte {
 	t.Helper()
 	if k%10 == 5 {
 		extra := []byte(`,{"apiVersion":"v1","kind":"Service","metadata":{"name":"extra","namespace":"bench"},"spec":{"clusterIP":"10.95.0.1","ports":[{"port":80}]}}]}`)
@@ -143,4 +144,69 @@ func TestFullParseKeepsReadBuffer(t *testing.T) {
 		}
 		sameResult(t, "edit "+strconv.Itoa(k), got, want)
 	}
+}
+
+// BenchmarkEditsMemory is TestLiveHeapBoundedOverEdits at 30,000 and
+// 100,000 Services (issue 14): 20 edits (memoryEdit) of a JSON List after
+// a load. live-MiB and end-live-MiB are the loader's live heap after the
+// load and after the 20 edits; MiB/patch and MiB/parse what an edit that
+// patched, or was parsed in full (2 of 20), allocated (medians; and the
+// most a patched edit allocated). Run with -benchtime 1x: each run is 20
+// edits.
+func BenchmarkEditsMemory(b *testing.B) {
+	for _, n := range scaleSizes() {
+		b.Run(strconv.Itoa(n/1000)+"k", func(b *testing.B) {
+			p := filepath.Join(b.TempDir(), "services.json")
+			orig, _ := scaleFile(b, "json", n, 0)
+			cur := make([]byte, len(orig), len(orig)+4096)
+			copy(cur, orig)
+			orig = nil
+			var ms runtime.MemStats
+			allocated := func() uint64 { runtime.GC(); runtime.ReadMemStats(&ms); return ms.TotalAlloc }
+			for b.Loop() {
+				if err := os.WriteFile(p, cur, 0o644); err != nil {
+					b.Fatal(err)
+				}
+				base := liveHeap()
+				l := newLoader(translate.Options{})
+				if _, err := l.load(p); err != nil {
+					b.Fatal(err)
+				}
+				first := liveHeap()
+				var patch, parse []float64
+				for k := 1; k <= 20; k++ {
+					cur = memoryEdit(b, cur, n, k)
+					if err := os.WriteFile(p, cur, 0o644); err != nil {
+						b.Fatal(err)
+					}
+					t0, patches := allocated(), l.patches
+					res, err := l.load(p)
+					if err != nil || len(res.Errors) > 0 {
+						b.Fatalf("edit %d: %v %v", k, err, res.Errors)
+					}
+					mib := float64(allocated()-t0) / (1 << 20)
+					if l.patches > patches {
+						patch = append(patch, mib)
+					} else {
+						parse = append(parse, mib)
+					}
+				}
+				end := liveHeap()
+				runtime.KeepAlive(l)
+				b.ReportMetric(float64(first-base)/(1<<20), "live-MiB")
+				b.ReportMetric(float64(end-base)/(1<<20), "end-live-MiB")
+				b.ReportMetric(median(patch), "MiB/patch")
+				b.ReportMetric(slices.Max(patch), "max-MiB/patch")
+				b.ReportMetric(median(parse), "MiB/parse")
+			}
+		})
+	}
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	return v[len(v)/2]
 }
