@@ -160,7 +160,6 @@ func BenchmarkEditsMemory(b *testing.B) {
 			orig, _ := scaleFile(b, "json", n, 0)
 			cur := make([]byte, len(orig), len(orig)+4096)
 			copy(cur, orig)
-			orig = nil
 			var ms runtime.MemStats
 			allocated := func() uint64 { runtime.GC(); runtime.ReadMemStats(&ms); return ms.TotalAlloc }
 			for b.Loop() {
