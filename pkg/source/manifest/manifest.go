@@ -123,7 +123,8 @@ type loader struct {
 	fed      map[objKey]*object // the objects the tracker holds
 	seed     maphash.Seed
 	// buf is read into, so that an edit of a big file does not allocate
-	// (and collect) its size every time.
+	// (and collect) its size every time; after a full parse, it is the
+	// largest buffer parsed.
 	buf []byte
 	// last is what the last load found outside the objects, for a load
 	// that only patches objects (patch.go); nil when it cannot.
@@ -176,16 +177,22 @@ type unit struct {
 	last   *object // the object it was decoded as (nil if ignored)
 }
 
-// readFile reads file into buf (reallocated if too small), as os.ReadFile
-// does into a new buffer.
+// readSlack is the least room readFile leaves after a file's content.
+const readSlack = 4096
+
+// readFile reads file into buf (reallocated if too small, or more than
+// twice the size), as os.ReadFile does into a new buffer.
 func readFile(file string, buf []byte) ([]byte, error) {
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = f.Close() }() // read only: nothing to lose
-	if fi, err := f.Stat(); err == nil && int64(cap(buf)) < fi.Size()+512 {
-		buf = make([]byte, 0, fi.Size()+512) // room to see EOF, or growth
+	if fi, err := f.Stat(); err == nil && (int64(cap(buf)) <= fi.Size() || int64(cap(buf)) > 2*fi.Size()+2*readSlack) {
+		// Room to see EOF, and for the file to grow by an edit or a few
+		// objects added without a new buffer: an edit that made the
+		// file one byte longer used to allocate its size again.
+		buf = make([]byte, 0, fi.Size()+fi.Size()/64+readSlack)
 	}
 	buf = buf[:0]
 	for {
@@ -302,6 +309,17 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 	if len(todo) == 0 && cached == len(paths) && cached == len(l.cache) && l.patchObjects(patched) {
 		return l.patchResult(patched), nil
 	}
+	// parseFile keeps nothing of the content it parses (decoded strings
+	// are copies, a layout keeps offsets and copies of its head and
+	// tail): the largest buffer it is given is read into after it, so
+	// that the first edit after a full parse (the first load, a Service
+	// added or removed) does not allocate the file's size again.
+	var spare []byte
+	for _, i := range todo {
+		if cap(datas[i]) > cap(spare) {
+			spare = datas[i]
+		}
+	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
 	for _, i := range todo {
@@ -318,6 +336,9 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 		}()
 	}
 	wg.Wait()
+	if cap(spare) > cap(l.buf) {
+		l.buf = spare[:0]
+	}
 
 	res := &Result{}
 	nobjs, nunits := 0, 0
@@ -376,7 +397,8 @@ type fileResult struct {
 	// document that could not be parsed (Result.Unknown).
 	unknown bool
 	// lists counts the documents that are Lists; listSpans are the items
-	// of the last, if it was split without decoding it (splitJSONList).
+	// of the last, if it was split without decoding it (splitJSONList),
+	// while the file is parsed (newLayout takes them).
 	lists     int
 	listSpans []span
 	// layout says where the objects are in the content, so that the next
@@ -480,6 +502,7 @@ func (l *loader) parseFile(file string, data []byte) *fileResult {
 		}
 	}
 	fr.layout = newLayout(file, data, fr, perDoc)
+	fr.listSpans = nil // in the layout now, if anywhere: kept for as long as the result
 	return fr
 }
 
