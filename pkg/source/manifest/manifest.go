@@ -41,6 +41,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
@@ -783,29 +784,9 @@ func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx, ite
 	var err error
 	switch kind {
 	case "Service":
-		if pre.svc != nil {
-			o.svc = pre.svc
-		} else {
-			o.svc = &corev1.Service{}
-			err = json.Unmarshal(js, o.svc)
-		}
-		if err == nil {
-			// A file's objects have no versions: a resourceVersion (as
-			// kubectl get -o yaml writes it) kept through an edit must
-			// not make the tracker take the edit for a resync.
-			o.svc.Namespace, o.svc.ResourceVersion = key.Namespace, ""
-			err = translate.ValidateService(o.svc)
-		}
+		o.svc, err = decodeAs(pre.svc, js, key.Namespace, translate.ValidateService)
 	case "EndpointSlice":
-		if pre.slice != nil {
-			o.slice = pre.slice
-		} else {
-			o.slice = &discoveryv1.EndpointSlice{}
-			err = json.Unmarshal(js, o.slice)
-		}
-		if err == nil {
-			o.slice.Namespace, o.slice.ResourceVersion = key.Namespace, ""
-			err = translate.ValidateEndpointSlice(o.slice)
+		if o.slice, err = decodeAs(pre.slice, js, key.Namespace, translate.ValidateEndpointSlice); err == nil {
 			o.owner, o.hasOwner = translate.ServiceNameOfSlice(o.slice)
 		}
 	}
@@ -818,6 +799,26 @@ func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx, ite
 		return prev, "", fmt.Errorf("%w (keeping the last good version)", err)
 	}
 	return nil, "", err
+}
+
+// decodeAs returns pre (what the fast decoder made), or else js decoded
+// into a new object, in namespace ns and validated. A file's objects have
+// no versions: a resourceVersion (as kubectl get -o yaml writes it) kept
+// through an edit must not make the tracker take the edit for a resync.
+func decodeAs[T any, P interface {
+	*T
+	metav1.Object
+}](pre P, js []byte, ns string, validate func(P) error) (P, error) {
+	o := pre
+	if o == nil {
+		o = new(T)
+		if err := json.Unmarshal(js, o); err != nil {
+			return o, err
+		}
+	}
+	o.SetNamespace(ns)
+	o.SetResourceVersion("")
+	return o, validate(o)
 }
 
 func isBlank(doc []byte) bool {
