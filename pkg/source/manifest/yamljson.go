@@ -249,15 +249,21 @@ func (c *yamlConv) sequence(indent int) bool {
 	return true
 }
 
+// maxPlainKey is the longest plain key splitKey takes: go-yaml refuses an
+// implicit key of more than 1,024 characters ("mapping values are not
+// allowed in this context"); longer ones, with some margin, go to the old
+// path, which gives its error.
+const maxPlainKey = 1000
+
 // splitKey splits "key: rest" or "key:" with a plain key that is a string
 // to YAML 1.1 (letters, digits, and . / - _, starting with a letter, and
-// not a boolean or null word).
+// not a boolean or null word) of at most maxPlainKey bytes.
 func splitKey(t []byte) (key, rest []byte, ok bool) {
 	i := 0
 	for i < len(t) && (isAlnum(t[i]) || i > 0 && (t[i] == '.' || t[i] == '/' || t[i] == '-' || t[i] == '_')) {
 		i++
 	}
-	if i == 0 || !isLetter(t[0]) || i == len(t) || t[i] != ':' || i+1 < len(t) && t[i+1] != ' ' {
+	if i == 0 || i > maxPlainKey || !isLetter(t[0]) || i == len(t) || t[i] != ':' || i+1 < len(t) && t[i+1] != ' ' {
 		return nil, nil, false
 	}
 	if yaml11Word(t[:i]) {
