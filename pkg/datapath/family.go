@@ -178,6 +178,45 @@ func deleteIDs(ms []*ebpf.Map, what string, keys []uint32) (int, error) {
 	return len(keys), nil
 }
 
+// eachBackend calls f with every backend of the backends map m of a
+// family (nil: none): the present entries of an array (backendPresent),
+// read in batches (an array's keys are all its indexes, hundreds of
+// thousands), or every entry of the previous release's hash.
+func eachBackend[V any](m *ebpf.Map, name string, flags func(*V) uint8, f func(id *uint32, v *V)) error {
+	if m == nil || m.Type() != ebpf.Array {
+		return eachEntry(m, name, f)
+	}
+	err := eachArrayEntry(m, func(id uint32, v *V) {
+		if flags(v)&bePresent != 0 {
+			f(&id, v)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("dump %s: %w", name, err)
+	}
+	return nil
+}
+
+// eachArrayEntry calls f with every entry of the array m, a batch lookup
+// of a few thousand at a time.
+func eachArrayEntry[V any](m *ebpf.Map, f func(k uint32, v *V)) error {
+	const batch = 4096
+	keys, values := make([]uint32, batch), make([]V, batch)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, values, nil)
+		for i := range n {
+			f(keys[i], &values[i])
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
 // eachEntry calls f with every entry of m (nil: none, a map an older agent
 // did not pin).
 func eachEntry[K, V any](m *ebpf.Map, name string, f func(k *K, v *V)) error {

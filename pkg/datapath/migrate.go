@@ -45,6 +45,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 
 	"github.com/cilium/ebpf"
@@ -184,16 +185,7 @@ func copyEntries(old, cur *ebpf.Map, missingOnly bool) error {
 	case ebpf.PerCPUArray:
 		return copyCounters(old, cur, nil)
 	case ebpf.Array:
-		v := make([]byte, old.ValueSize())
-		for k := range min(old.MaxEntries(), cur.MaxEntries()) {
-			if err := old.Lookup(k, v); err != nil {
-				return fmt.Errorf("read entry %d: %w", k, err)
-			}
-			if err := cur.Put(k, v); err != nil {
-				return fmt.Errorf("write entry %d: %w", k, err)
-			}
-		}
-		return nil
+		return copyArray(old, cur)
 	}
 	flags := ebpf.UpdateAny
 	if missingOnly {
@@ -219,6 +211,42 @@ func copyEntries(old, cur *ebpf.Map, missingOnly bool) error {
 		return fmt.Errorf("read entries: %w", err)
 	}
 	return nil
+}
+
+// copyArray copies the non-zero entries of the array old into the array
+// cur (new, all zero), a batch at a time. A zero entry is an absent one
+// (the backends arrays, structs.h): one beyond cur is dropped, any other
+// is an error, as a hash's copy into a map too small is.
+func copyArray(old, cur *ebpf.Map) error {
+	const batch = 4096
+	// Values as a slice of byte arrays of the map's value size: the
+	// batch API wants one element per entry.
+	value := reflect.ArrayOf(int(old.ValueSize()), reflect.TypeFor[byte]())
+	keys := make([]uint32, batch)
+	values := reflect.MakeSlice(reflect.SliceOf(value), batch, batch)
+	zero := reflect.Zero(value).Interface()
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := old.BatchLookup(&cursor, keys, values.Interface(), nil)
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("read entries: %w", err)
+		}
+		for i := range n {
+			v := values.Index(i).Interface()
+			if v == zero {
+				continue
+			}
+			if keys[i] >= cur.MaxEntries() {
+				return fmt.Errorf("entry %d does not fit in the new size, %d", keys[i], cur.MaxEntries())
+			}
+			if err := cur.Put(keys[i], v); err != nil {
+				return fmt.Errorf("write entry %d: %w", keys[i], err)
+			}
+		}
+		if err != nil {
+			return nil
+		}
+	}
 }
 
 // loadShim loads bpf/migrate.c's programs if a conntrack map is being
@@ -529,7 +557,7 @@ func (o *tcLoaded) mapByName(name string) (*ebpf.Map, error) {
 		name string
 		m    *ebpf.Map
 	}{
-		{mapServices, o.SluiceServicesV1}, {mapBackends, o.SluiceBackendsV1}, {mapRevNat, o.SluiceRevNatV1},
+		{mapServices, o.SluiceServicesV1}, {mapBackends, o.SluiceBackendsV2}, {mapRevNat, o.SluiceRevNatV1},
 		{mapConntrack, o.SluiceConntrackV2}, {mapCTNew, o.SluiceCtNewV1}, {mapCTFlush, o.SluiceCtFlushV1},
 		{mapConntrack6, o.Sluice6ConntrackV1}, {mapCTNew6, o.Sluice6CtNewV1},
 		{mapSockRev, o.SluiceSockRevV1}, {mapUDPStick, o.SluiceUdpStickV1}, {mapMetrics, o.SluiceMetricsV1},
