@@ -388,11 +388,13 @@ func dumpState(ms stateMaps) (*reconciler.KernelState, error) {
 	return ks, nil
 }
 
-// Capacity returns the sizes of sluice_rev_nat, sluice_backends and
-// sluice_services. Their IPv6 twins have the same sizes: the reconciler
-// counts each family's backends and service entries against its own maps,
-// and services of both families together, as service ids are one space
-// (the per-Service counters are sized for MaxServices ids).
+// Capacity returns the sizes of sluice_rev_nat, sluice_backends (the
+// backends it holds: as an array it has an entry for every id,
+// backendSlots) and sluice_services. Their IPv6 twins have the same sizes:
+// the reconciler counts each family's backends and service entries
+// against its own maps, and services of both families together, as
+// service ids are one space (the per-Service counters are sized for
+// MaxServices ids).
 func (m *Maps) Capacity() (services, backends, serviceEntries int) {
 	return m.cfg.MaxServices, m.cfg.MaxBackends, m.cfg.MaxServiceEntries
 }
