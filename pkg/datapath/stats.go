@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/pkg/reconciler"
-	"golang.org/x/sys/unix"
 )
 
 // What an operator asks of the loaded datapath besides its counters: how
