@@ -45,7 +45,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"reflect"
 	"slices"
 
 	"github.com/cilium/ebpf"
@@ -213,40 +212,20 @@ func copyEntries(old, cur *ebpf.Map, missingOnly bool) error {
 	return nil
 }
 
-// copyArray copies the non-zero entries of the array old into the array
-// cur (new, all zero), a batch at a time. A zero entry is an absent one
-// (the backends arrays, structs.h): one beyond cur is dropped, any other
-// is an error, as a hash's copy into a map too small is.
+// copyArray copies the entries of the array old that are not all zero
+// into the array cur (new, all zero). A zero entry is an absent one (the
+// backends arrays, structs.h): one beyond cur is dropped, any other is an
+// error, as a hash's copy into a map too small is.
 func copyArray(old, cur *ebpf.Map) error {
-	const batch = 4096
-	// Values as a slice of byte arrays of the map's value size: the
-	// batch API wants one element per entry.
-	value := reflect.ArrayOf(int(old.ValueSize()), reflect.TypeFor[byte]())
-	keys := make([]uint32, batch)
-	values := reflect.MakeSlice(reflect.SliceOf(value), batch, batch)
-	zero := reflect.Zero(value).Interface()
-	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := old.BatchLookup(&cursor, keys, values.Interface(), nil)
-		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("read entries: %w", err)
+	return eachArrayEntry(old, func(k uint32, v []byte) error {
+		if k >= cur.MaxEntries() {
+			return fmt.Errorf("entry %d does not fit in the new size, %d", k, cur.MaxEntries())
 		}
-		for i := range n {
-			v := values.Index(i).Interface()
-			if v == zero {
-				continue
-			}
-			if keys[i] >= cur.MaxEntries() {
-				return fmt.Errorf("entry %d does not fit in the new size, %d", keys[i], cur.MaxEntries())
-			}
-			if err := cur.Put(keys[i], v); err != nil {
-				return fmt.Errorf("write entry %d: %w", keys[i], err)
-			}
+		if err := cur.Put(k, v); err != nil {
+			return fmt.Errorf("write entry %d: %w", k, err)
 		}
-		if err != nil {
-			return nil
-		}
-	}
+		return nil
+	})
 }
 
 // loadShim loads bpf/migrate.c's programs if a conntrack map is being

@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -196,14 +195,16 @@ func countEntries(m *ebpf.Map) (int, error) {
 }
 
 // countPresent counts the present entries (BE_F_PRESENT) of a backends
-// array, with batch lookups.
+// array.
 func countPresent(m *ebpf.Map) (int, error) {
 	n := 0
-	if int(m.ValueSize()) == binary.Size(sockLb6Backend{}) {
-		err := eachBackend(m, mapBackends6, func(v *sockLb6Backend) uint8 { return v.Flags }, func(*uint32, *sockLb6Backend) { n++ })
-		return n, err
-	}
-	err := eachBackend(m, mapBackends, func(v *sockLb4Backend) uint8 { return v.Flags }, func(*uint32, *sockLb4Backend) { n++ })
+	err := eachArrayEntry(m, func(_ uint32, v []byte) error {
+		// flags is the value's last byte in both families (structs.h).
+		if v[len(v)-1]&bePresent != 0 {
+			n++
+		}
+		return nil
+	})
 	return n, err
 }
 
