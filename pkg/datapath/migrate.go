@@ -219,7 +219,7 @@ func copyEntries(old, cur *ebpf.Map, missingOnly bool) error {
 func copyArray(old, cur *ebpf.Map) error {
 	return eachArrayEntry(old, func(k uint32, v []byte) error {
 		if k >= cur.MaxEntries() {
-			return fmt.Errorf("entry %d does not fit in the new size, %d", k, cur.MaxEntries())
+			return fmt.Errorf("the new size, %d, is too small: entry %d is in use (choose a larger size)", cur.MaxEntries(), k)
 		}
 		if err := cur.Put(k, v); err != nil {
 			return fmt.Errorf("write entry %d: %w", k, err)
