@@ -1,7 +1,6 @@
 package kube
 
 import (
-	"slices"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -88,10 +87,12 @@ func (sl *slimmer) takeTrigger(es *cachedSlice) string {
 
 func (sl *slimmer) slim(obj any) (any, error) {
 	switch o := obj.(type) {
-	case *cachedSlice:
+	case *cachedSlice, *cachedService:
 		return o, nil // made already
 	case *discoveryv1.EndpointSlice:
 		return sl.slimSlice(o), nil
+	case *corev1.Service:
+		return sl.slimService(o), nil
 	}
 	if m, ok := obj.(metav1.Object); ok {
 		m.SetManagedFields(nil)
@@ -100,14 +101,24 @@ func (sl *slimmer) slim(obj any) (any, error) {
 			delete(a, corev1.LastAppliedConfigAnnotation)
 		}
 	}
-	switch o := obj.(type) {
-	case *corev1.Service:
-		o.Spec.Selector = nil
-		o.Labels = keepOnly(o.Labels, translate.ServiceLabelsRead)
-	case *corev1.Node:
-		o.Status.Images = nil
+	if n, ok := obj.(*corev1.Node); ok {
+		n.Status.Images = nil
 	}
 	return obj, nil
+}
+
+// slimService returns what the cache keeps of svc.
+func (sl *slimmer) slimService(svc *corev1.Service) *cachedService {
+	c := &cachedService{Service: translate.MakeService(svc), uid: svc.UID}
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	c.Namespace = sl.shareValue(c.Namespace)
+	c.ProxyName = sl.shareValue(c.ProxyName)
+	for i := range c.Ports {
+		p := &c.Ports[i]
+		p.Name = sl.shareValue(p.Name)
+	}
+	return c
 }
 
 // slimSlice returns what the cache keeps of es.
@@ -141,19 +152,6 @@ func (sl *slimmer) slimSlice(es *discoveryv1.EndpointSlice) *cachedSlice {
 		sl.triggersPeak = max(sl.triggersPeak, len(sl.triggers))
 	}
 	return c
-}
-
-// keepOnly deletes from labels the keys not in keep; nil if none is left.
-func keepOnly(labels map[string]string, keep []string) map[string]string {
-	for k := range labels {
-		if !slices.Contains(keep, k) {
-			delete(labels, k)
-		}
-	}
-	if len(labels) == 0 {
-		return nil
-	}
-	return labels
 }
 
 // share returns the shared pointer to *s's value. Called with mu held.

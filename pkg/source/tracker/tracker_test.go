@@ -34,7 +34,7 @@ func take(tr *Tracker) (services map[types.NamespacedName]*corev1.Service, slice
 	services = map[types.NamespacedName]*corev1.Service{}
 	slices = map[types.NamespacedName][]*discoveryv1.EndpointSlice{}
 	for _, d := range tr.take().services {
-		services[d.key] = d.svc
+		services[d.key] = d.svc.obj // fed by SetService
 		if d.slices != nil {
 			slices[d.key] = make([]*discoveryv1.EndpointSlice, len(d.slices))
 			for i, es := range d.slices {
