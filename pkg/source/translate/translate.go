@@ -159,8 +159,8 @@ const (
 )
 
 // The labels a translation reads, of a Service and of an EndpointSlice: a
-// source may drop the others (pkg/source/kube caches only these). Keep
-// them in step with ServiceToModel and ServiceNameOfSlice.
+// source may drop the others (Service and Slice keep what these say as
+// fields). Keep them in step with MakeService and ServiceNameOfSlice.
 var (
 	ServiceLabelsRead = []string{LabelServiceProxyName, corev1.IsHeadlessService}
 	SliceLabelsRead   = []string{discoveryv1.LabelServiceName}
