@@ -171,7 +171,7 @@ func TestCompactTracksTheSameRandom(t *testing.T) {
 // translation reads differently from the plain case: addresses written
 // with leading zeros, IPv4-mapped or with a zone, clusterIPs that
 // disagree, an unknown type, affinity or protocol, ports out of range or
-// duplicated, an empty name or namespace.
+// duplicated, an empty name, namespace or proxy-name label.
 func oddService(r *rand.Rand, svc *corev1.Service) {
 	sp := &svc.Spec
 	switch r.IntN(56) {
@@ -240,6 +240,8 @@ func oddService(r *rand.Rand, svc *corev1.Service) {
 		sp.Ports[0].Protocol = corev1.ProtocolSCTP
 	case 28:
 		sp.ClusterIP, sp.ClusterIPs = "", []string{corev1.ClusterIPNone}
+	case 29:
+		svc.Labels[translate.LabelServiceProxyName] = ""
 	}
 }
 

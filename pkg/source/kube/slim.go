@@ -20,7 +20,7 @@ import (
 // creationTimestamp, why it is skipped, whether it is valid, and of a
 // valid one its ClusterIPs, ports, external and load-balancer IPs parsed,
 // source ranges, traffic policies, health check node port and affinity
-// timeout), with its uid for the events: about 440 bytes where the
+// timeout), with its uid for the events: about 360 bytes where the
 // decoded API object, slimmed as it was before, was about 980.
 //
 // An EndpointSlice is cached as what a translation reads of it
@@ -116,7 +116,7 @@ func (sl *slimmer) slimService(svc *corev1.Service) *cachedService {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
 	c.Namespace = sl.shareValue(c.Namespace)
-	c.ProxyName = sl.shareValue(c.ProxyName)
+	c.ProxyName = sl.share(c.ProxyName)
 	for i := range c.Ports {
 		p := &c.Ports[i]
 		p.Name = sl.shareValue(p.Name)

@@ -60,30 +60,31 @@ func externalOf(svc *Service, eps []*Slice, node Node, v6 bool) external {
 	x := external{node: node, v6: v6}
 	typ := svc.Type
 	x.nodePorts = typ == corev1.ServiceTypeNodePort || typ == corev1.ServiceTypeLoadBalancer
-	for _, ip := range svc.ExternalIPs {
+	ext := svc.external()
+	for _, ip := range ext.IPs {
 		if ip.Is6() == v6 {
 			x.externalIPs = append(x.externalIPs, ip)
 		}
 	}
-	for _, ip := range svc.LoadBalancerIPs { // a LoadBalancer Service's, not Proxy mode
+	for _, ip := range ext.LoadBalancerIPs { // a LoadBalancer Service's, not Proxy mode
 		if ip.Is6() == v6 {
 			x.lbIPs = append(x.lbIPs, ip)
 		}
 	}
 	// kube-proxy's ExternallyAccessible and ExternalPolicyLocal.
-	accessible := x.nodePorts || (typ == "" || typ == corev1.ServiceTypeClusterIP) && len(svc.ExternalIPs) > 0
+	accessible := x.nodePorts || (typ == "" || typ == corev1.ServiceTypeClusterIP) && len(ext.IPs) > 0
 	x.local = accessible && svc.ExternalLocal
 	if x.nodePorts {
 		// With no address today there is no NodePort frontend, but
 		// there will be once the node has one.
 		x.facts |= NodeAddresses
 	}
-	if len(x.lbIPs) > 0 && len(svc.SourceRanges) > 0 {
-		x.ranges, x.closed, x.warnings = sourceRanges(svc.SourceRanges, node.primaryIP(v6), x.lbIPs)
+	if len(x.lbIPs) > 0 && len(ext.SourceRanges) > 0 {
+		x.ranges, x.closed, x.warnings = sourceRanges(ext.SourceRanges, node.primaryIP(v6), x.lbIPs)
 		x.facts |= NodeAddresses // node.IPs
 	}
-	if x.local && typ == corev1.ServiceTypeLoadBalancer && svc.HealthCheckNodePort > 0 && svc.HealthCheckNodePort <= 65535 {
-		x.hc = uint16(svc.HealthCheckNodePort)
+	if x.local && typ == corev1.ServiceTypeLoadBalancer && ext.HealthCheckNodePort > 0 && ext.HealthCheckNodePort <= 65535 {
+		x.hc = uint16(ext.HealthCheckNodePort)
 		x.localReady = localReady(eps, node.Name)
 		x.facts |= NodeName
 	}

@@ -33,36 +33,42 @@ type Service struct {
 	Created    time.Time
 	Generation int64
 	Type       corev1.ServiceType
-	// ProxyName is its service.kubernetes.io/service-proxy-name label,
-	// if HasProxyName.
-	ProxyName    string
-	HasProxyName bool
+	// ProxyName is its service.kubernetes.io/service-proxy-name label
+	// (nil: none).
+	ProxyName *string
 	// HeadlessLabel: it is labelled service.kubernetes.io/headless;
 	// HeadlessIP: its clusterIP (or clusterIPs[0]) is None.
 	HeadlessLabel, HeadlessIP bool
+	// ExternalLocal: externalTrafficPolicy Local (whether the Service is
+	// externally accessible is the translation's to say);
+	// InternalLocal: internalTrafficPolicy Local.
+	ExternalLocal, InternalLocal bool
+	// Affinity is the sessionAffinity ClientIP timeout, 0 for none
+	// (affinityTimeout).
+	Affinity time.Duration
 	// Invalid is what ValidateService said of it (nil: valid). The
 	// fields below are set only for a valid Service.
 	Invalid error
 	// ClusterIPs are its ClusterIPs, at most one per family (clusterIPs).
 	ClusterIPs []netip.Addr
 	Ports      []ServicePort
-	// ExternalIPs are its spec.externalIPs, parsed (validation has
-	// checked that each does).
-	ExternalIPs []netip.Addr
+	// External is what few Services have (nil: none of it).
+	External *ServiceExternal
+}
+
+// ServiceExternal is the part of a Service that most have none of: a
+// Service holds a pointer to it, 8 bytes where the fields are 76.
+type ServiceExternal struct {
+	// IPs are its spec.externalIPs, parsed (validation has checked that
+	// each does).
+	IPs []netip.Addr
 	// LoadBalancerIPs are, for a LoadBalancer Service, the ingress IPs
 	// whose ipMode is not Proxy that parse (northsouth.go);
 	// SourceRanges its loadBalancerSourceRanges as written, if it has
 	// any such IP.
-	LoadBalancerIPs []netip.Addr
-	SourceRanges    []string
-	// ExternalLocal: externalTrafficPolicy Local (whether the Service is
-	// externally accessible is the translation's to say);
-	// InternalLocal: internalTrafficPolicy Local.
-	ExternalLocal, InternalLocal bool
-	HealthCheckNodePort          int32
-	// Affinity is the sessionAffinity ClientIP timeout, 0 for none
-	// (affinityTimeout).
-	Affinity time.Duration
+	LoadBalancerIPs     []netip.Addr
+	SourceRanges        []string
+	HealthCheckNodePort int32
 }
 
 // ServicePort is a Service port as a translation reads it: its name,
@@ -91,7 +97,9 @@ func MakeService(svc *corev1.Service) Service {
 	s := Service{Namespace: svc.Namespace, Name: svc.Name, ResourceVersion: svc.ResourceVersion,
 		Created: svc.CreationTimestamp.Time, Generation: svc.Generation, Type: constant(sp.Type, serviceTypes),
 		HeadlessIP: sp.ClusterIP == corev1.ClusterIPNone || (len(sp.ClusterIPs) > 0 && sp.ClusterIPs[0] == corev1.ClusterIPNone)}
-	s.ProxyName, s.HasProxyName = svc.Labels[LabelServiceProxyName]
+	if p, ok := svc.Labels[LabelServiceProxyName]; ok {
+		s.ProxyName = &p
+	}
 	_, s.HeadlessLabel = svc.Labels[corev1.IsHeadlessService]
 	if s.Invalid = ValidateService(svc); s.Invalid != nil {
 		return s
@@ -103,23 +111,38 @@ func MakeService(svc *corev1.Service) Service {
 			s.Ports[i] = ServicePort{Name: p.Name, Protocol: constant(p.Protocol, protocols), Port: p.Port, NodePort: p.NodePort}
 		}
 	}
-	s.ExternalIPs = parseAll(sp.ExternalIPs, func(ip string) string { return ip })
+	var x ServiceExternal
+	x.IPs = parseAll(sp.ExternalIPs, func(ip string) string { return ip })
 	if s.Type == corev1.ServiceTypeLoadBalancer {
-		s.LoadBalancerIPs = parseAll(svc.Status.LoadBalancer.Ingress, func(ing corev1.LoadBalancerIngress) string {
+		x.LoadBalancerIPs = parseAll(svc.Status.LoadBalancer.Ingress, func(ing corev1.LoadBalancerIngress) string {
 			if ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy {
 				return ""
 			}
 			return ing.IP
 		})
-		if len(s.LoadBalancerIPs) > 0 {
-			s.SourceRanges = sp.LoadBalancerSourceRanges
+		if len(x.LoadBalancerIPs) > 0 {
+			x.SourceRanges = sp.LoadBalancerSourceRanges
 		}
+	}
+	x.HealthCheckNodePort = sp.HealthCheckNodePort
+	if x.IPs != nil || x.LoadBalancerIPs != nil || x.SourceRanges != nil || x.HealthCheckNodePort != 0 {
+		s.External = &x
 	}
 	s.ExternalLocal = sp.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 	s.InternalLocal = sp.InternalTrafficPolicy != nil && *sp.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
-	s.HealthCheckNodePort = sp.HealthCheckNodePort
 	s.Affinity = affinityTimeout(svc)
 	return s
+}
+
+// noExternal is the ServiceExternal of a Service with none.
+var noExternal ServiceExternal
+
+// external returns s.External, or an empty one.
+func (s *Service) external() *ServiceExternal {
+	if s.External == nil {
+		return &noExternal
+	}
+	return s.External
 }
 
 var serviceTypes = []corev1.ServiceType{corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort,
@@ -146,8 +169,8 @@ func (s *Service) skipped(opts Options) string {
 	switch {
 	case s.Type == corev1.ServiceTypeExternalName:
 		return SkipExternalName
-	case s.HasProxyName && s.ProxyName != opts.proxyName():
-		return LabelServiceProxyName + "=" + s.ProxyName
+	case s.ProxyName != nil && *s.ProxyName != opts.proxyName():
+		return LabelServiceProxyName + "=" + *s.ProxyName
 	case s.HeadlessLabel, s.HeadlessIP:
 		return SkipHeadless
 	}
