@@ -126,7 +126,8 @@ func MakeService(svc *corev1.Service) Service {
 	}
 	x.HealthCheckNodePort = sp.HealthCheckNodePort
 	if x.IPs != nil || x.LoadBalancerIPs != nil || x.SourceRanges != nil || x.HealthCheckNodePort != 0 {
-		s.External = &x
+		e := x // x stays on the stack: most Services have none of it
+		s.External = &e
 	}
 	s.ExternalLocal = sp.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 	s.InternalLocal = sp.InternalTrafficPolicy != nil && *sp.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
