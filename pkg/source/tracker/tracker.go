@@ -97,7 +97,7 @@ type translation struct {
 
 // input is what one Service's translation reads.
 type input struct {
-	svc *corev1.Service // nil: none (yet, or any more)
+	svc serviceRef // none (yet, or any more): isNil
 	// slices are the Service's slices sorted by name (a stable input
 	// gives a stable translation). Most Services have one or two: a
 	// sorted slice costs less than a map. It is replaced, never modified
@@ -121,6 +121,34 @@ type sliceRef struct {
 }
 
 func (s sliceRef) isNil() bool { return s.compact == nil && s.obj == nil }
+
+// serviceRef is a Service as its source gave it, as sliceRef is a slice:
+// what a translation reads of it (compact, from SetCompactService: the
+// Kubernetes source's informers hold only that), or the API object (obj,
+// from SetService: the manifest source's, made into what a translation
+// reads at each translation).
+type serviceRef struct {
+	compact *translate.Service
+	obj     *corev1.Service
+}
+
+func (s serviceRef) isNil() bool { return s.compact == nil && s.obj == nil }
+
+// created is the Service's creationTimestamp, zero if it has none.
+func (s serviceRef) created() time.Time {
+	if s.compact != nil {
+		return s.compact.Created
+	}
+	return s.obj.CreationTimestamp.Time
+}
+
+// read returns what a translation reads of the Service.
+func (s serviceRef) read() *translate.Service {
+	if s.compact != nil {
+		return s.compact
+	}
+	return translate.ServiceOf(s.obj)
+}
 
 func (s sliceRef) name() string {
 	if s.compact != nil {
@@ -205,38 +233,78 @@ func (t *Tracker) markDirty(key types.NamespacedName, in *input) {
 // SetService records the latest version of the Service key (nil: deleted).
 // It reports whether anything was marked dirty.
 func (t *Tracker) SetService(key types.NamespacedName, svc *corev1.Service) bool {
+	var ref serviceRef
+	if svc != nil {
+		ref.obj = svc
+	}
+	return t.setService(key, ref)
+}
+
+// SetCompactService is SetService for a source that keeps only what a
+// translation reads of the Service (translate.ServiceOf; the Kubernetes
+// source): svc translates exactly as the object it was made from.
+func (t *Tracker) SetCompactService(key types.NamespacedName, svc *translate.Service) bool {
+	var ref serviceRef
+	if svc != nil {
+		ref.compact = svc
+	}
+	return t.setService(key, ref)
+}
+
+func (t *Tracker) setService(key types.NamespacedName, svc serviceRef) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	in := t.inputs[key]
-	var old *corev1.Service
+	var old serviceRef
 	if in != nil {
 		old = in.svc
 	}
-	if old == nil && svc == nil {
+	if old.isNil() && svc.isNil() {
 		return false
 	}
 	if in == nil {
 		in = t.input(key)
 	}
 	in.svc = svc
-	if old != nil && svc != nil && sameObject(old, svc) {
+	if !old.isNil() && !svc.isNil() && sameVersion(old, svc) {
 		return false
 	}
 	t.markDirty(key, in)
 	return true
 }
 
-// sameObject reports whether b translates as a does: the same object
+// sameVersion reports whether b translates as a does: the same object
 // version (an informer resync), or an update of nothing the translation
 // reads (most status updates). Objects read from files carry no
-// resourceVersion, so it is compared only when there is one.
-func sameObject(a, b *corev1.Service) bool {
-	if a == b || a.ResourceVersion != "" && a.ResourceVersion == b.ResourceVersion {
+// resourceVersion, so it is compared only when there is one. Of a compact
+// Service, everything is read but the resourceVersion (its
+// creationTimestamp too, the conflict rule's, and its generation: see
+// translate.Service).
+func sameVersion(a, b serviceRef) bool {
+	if a == b {
 		return true
 	}
-	return reflect.DeepEqual(a.Spec, b.Spec) && reflect.DeepEqual(a.Labels, b.Labels) &&
-		reflect.DeepEqual(a.Annotations, b.Annotations) &&
-		reflect.DeepEqual(a.Status.LoadBalancer, b.Status.LoadBalancer)
+	switch {
+	case a.obj != nil && b.obj != nil:
+		a, b := a.obj, b.obj
+		if a.ResourceVersion != "" && a.ResourceVersion == b.ResourceVersion {
+			return true
+		}
+		return reflect.DeepEqual(a.Spec, b.Spec) && reflect.DeepEqual(a.Labels, b.Labels) &&
+			reflect.DeepEqual(a.Annotations, b.Annotations) &&
+			reflect.DeepEqual(a.Status.LoadBalancer, b.Status.LoadBalancer)
+	case a.compact != nil && b.compact != nil:
+		if a.compact.ResourceVersion != "" && a.compact.ResourceVersion == b.compact.ResourceVersion {
+			return true
+		}
+		a, b := *a.compact, *b.compact
+		if !a.Created.Equal(b.Created) {
+			return false
+		}
+		a.ResourceVersion, a.Created, b.ResourceVersion, b.Created = "", time.Time{}, "", time.Time{}
+		return reflect.DeepEqual(a, b)
+	}
+	return false
 }
 
 // SetSlice records the latest version of the EndpointSlice key (nil:
@@ -354,7 +422,7 @@ type pending struct {
 
 type dirtyService struct {
 	key    types.NamespacedName
-	svc    *corev1.Service // nil: deleted
+	svc    serviceRef // isNil: deleted
 	slices []sliceRef
 }
 
@@ -379,7 +447,7 @@ func (t *Tracker) take() pending {
 		p.services = append(p.services, dirtyService{k, in.svc, in.slices})
 		p.triggers = append(p.triggers, in.triggers...)
 		in.triggers, in.dirty = nil, false
-		if in.svc == nil && len(in.slices) == 0 {
+		if in.svc.isNil() && len(in.slices) == 0 {
 			delete(t.inputs, k)
 		}
 	}
@@ -459,19 +527,19 @@ func (t *Tracker) Sync() Result {
 		key, svc := d.key, d.svc
 		var out []*model.Service
 		var created time.Time
-		if svc == nil {
+		if svc.isNil() {
 			delete(t.errs, key)
 			delete(t.skipped, key)
 			delete(t.facts, key)
 			delete(t.warnings, key)
 		} else {
 			r.Translated++
-			created = svc.CreationTimestamp.Time
+			created = svc.created()
 			read := make([]*translate.Slice, len(d.slices))
 			for i, es := range d.slices {
 				read[i] = es.read()
 			}
-			tr, err := translate.ServiceToModelSlices(svc, read, t.opts)
+			tr, err := translate.Translate(svc.read(), read, t.opts)
 			if err != nil {
 				// A malformed Service must not stop the others: it
 				// keeps its last good translation until it is fixed.
@@ -511,7 +579,7 @@ func (t *Tracker) Sync() Result {
 			continue
 		}
 		if had && reflect.DeepEqual(out, prev) {
-			if svc != nil && !last.created.Equal(created) {
+			if !svc.isNil() && !last.created.Equal(created) {
 				last.created = created
 				t.translated[key] = last
 			}

@@ -57,10 +57,10 @@ func TestCategorizeEndpoints(t *testing.T) {
 				if len(svc.Spec.Ports) != 1 {
 					t.Fatalf("want one port, the corpus has %d", len(svc.Spec.Ports))
 				}
-				sp := svc.Spec.Ports[0]
-				read := SlicesOf(eps)
-				x := externalOf(svc, read, node, v6)
-				pol := policyOf(svc, sp, x)
+				read, cs := SlicesOf(eps), ServiceOf(svc)
+				sp := cs.Ports[0]
+				x := externalOf(cs, read, node, v6)
+				pol := policyOf(cs, sp, x)
 				cat := categorize(endpointsFor(sp.Name, corev1.ProtocolTCP, model.TCP, read, node.Name), pol, node.Name, tr.Node.Zone)
 
 				// kube-proxy's test compares contents; nil and empty are
