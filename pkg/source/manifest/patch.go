@@ -47,13 +47,13 @@ const chunkSize = 4096
 
 // layout is where a file's pieces are, and hashes of its content.
 type layout struct {
-	n      int      // content length
+	n int // content length
 	// fwd and bwd are the hashes of the content's chunks counted from
 	// the start and from the end; nil while the content is held and was
 	// patched (fileResult.stale).
 	fwd, bwd []uint64
-	list   bool     // the pieces are the items of one JSON List; else YAML documents
-	pieces []piece
+	list     bool // the pieces are the items of one JSON List; else YAML documents
+	pieces   []piece
 	// head and tail are the content before the first piece and after
 	// the last (a List's header and closing brackets), if short: a
 	// change in the first or last chunk is then no change of them.
