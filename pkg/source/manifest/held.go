@@ -74,6 +74,20 @@ func (l *loader) readHeld(file string) (data []byte, prefix, suffix int, same bo
 			break
 		}
 	}
+	// The new content goes where the old one is, or, if it does not
+	// fit, to a new buffer; the prefix stays where it is. The suffix is
+	// found from the end; if the file grew, each block of it is written
+	// to its new place as it is compared (after the old bytes it lands
+	// on were compared), else it is moved there after.
+	buf := old[:min(m, cap(old))]
+	if m > n {
+		l.held = ""
+		if m > cap(old) {
+			buf = make([]byte, m, m+m/64+readSlack) // room to grow, as readFile
+			copy(buf, old[:prefix])
+		}
+		l.buf = buf
+	}
 	for prefix+suffix < lim {
 		k := min(len(sc), lim-prefix-suffix)
 		b, err := read(k, m-suffix-k)
@@ -81,22 +95,21 @@ func (l *loader) readHeld(file string) (data []byte, prefix, suffix int, same bo
 			return nil, 0, 0, false, err
 		}
 		d := commonSuffix(b, old[:n-suffix])
+		if m > n {
+			copy(buf[m-suffix-d:m-suffix], b[k-d:])
+		}
 		suffix += d
 		if d < k {
 			break
 		}
 	}
 	if prefix != n || n != m {
-		// The prefix stays where it is, the suffix moves to the new
-		// end, and the bytes between are read in place.
 		l.held = ""
-		buf := old[:min(m, cap(old))]
-		if m > cap(old) {
-			buf = make([]byte, m, m+m/64+readSlack) // room to grow, as readFile
-			copy(buf, old[:prefix])
+		if m < n {
+			copy(buf[m-suffix:], old[n-suffix:n])
 		}
-		copy(buf[m-suffix:], old[n-suffix:n])
 		l.buf = buf
+		// The bytes between are read in place.
 		if _, err := f.ReadAt(buf[prefix:m-suffix], int64(prefix)); err != nil {
 			if err == io.EOF {
 				err = errChangedWhileRead
