@@ -53,6 +53,10 @@ func (l *loader) readHeld(file string) (data []byte, prefix, suffix int, same bo
 	if err != nil {
 		return nil, 0, 0, false, err
 	}
+	if !fi.Mode().IsRegular() {
+		// Its size says nothing of its content: read it to the end.
+		return nil, 0, 0, false, errors.New("not a regular file")
+	}
 	old, m := l.buf, int(fi.Size())
 	n := len(old)
 	if cap(l.scratch) < compareBlock {
