@@ -82,11 +82,14 @@ const (
 	LoadBalancer
 )
 
-// Backend is one endpoint a frontend may send traffic to.
+// Backend is one endpoint a frontend may send traffic to. It holds only
+// what the datapath or the choice of backends needs (the node an endpoint
+// runs on decides that choice in pkg/source/translate, and is not kept):
+// the state holds one per endpoint and Service port, 240,000 at 30,000
+// Services.
 type Backend struct {
 	L4Addr
-	NodeName    string // the node the endpoint runs on, if known
-	Terminating bool   // serving but terminating: used only when no backend is ready
+	Terminating bool // serving but terminating: used only when no backend is ready
 }
 
 // Service is one frontend and the backends it balances over.

@@ -40,13 +40,13 @@ func TestL4AddrLessAndString(t *testing.T) {
 func TestSortBackends(t *testing.T) {
 	bs := []Backend{
 		{L4Addr: addr("10.0.0.3", 80, TCP)},
-		{L4Addr: addr("10.0.0.1", 80, TCP), NodeName: "first"},
+		{L4Addr: addr("10.0.0.1", 80, TCP), Terminating: true},
 		{L4Addr: addr("10.0.0.2", 80, TCP)},
-		{L4Addr: addr("10.0.0.1", 80, TCP), NodeName: "second"},
+		{L4Addr: addr("10.0.0.1", 80, TCP)},
 	}
 	got := SortBackends(bs)
 	want := []Backend{
-		{L4Addr: addr("10.0.0.1", 80, TCP), NodeName: "first"},
+		{L4Addr: addr("10.0.0.1", 80, TCP), Terminating: true},
 		{L4Addr: addr("10.0.0.2", 80, TCP)},
 		{L4Addr: addr("10.0.0.3", 80, TCP)},
 	}
