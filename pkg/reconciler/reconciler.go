@@ -145,9 +145,9 @@ type Reconciler struct {
 	// The service IPs: what the map holds, how many ClusterIP masters
 	// each address has, and the addresses whose membership may be wrong
 	// (serviceips.go).
-	ipSet   keyMap[netip.Addr, bool, addrKeys]
-	ipRefs  keyMap[netip.Addr, int, addrKeys]
-	ipDirty map[netip.Addr]bool
+	ips         keyMap[netip.Addr, serviceIP, addrKeys]
+	nServiceIPs int // addresses the map holds
+	ipDirty     map[netip.Addr]bool
 
 	svcIDs *idAllocator
 	beIDs  *idAllocator
@@ -200,8 +200,7 @@ func (r *Reconciler) reset() {
 	r.revNatCand = map[ServiceID]bool{}
 	r.backendOf = makeKeyMap[model.L4Addr, BackendID, backendKeys](0)
 	r.serviceOf = makeKeyMap[Frontend, ServiceID, frontendKeys](0)
-	r.ipSet = makeKeyMap[netip.Addr, bool, addrKeys](0)
-	r.ipRefs = makeKeyMap[netip.Addr, int, addrKeys](0)
+	r.ips, r.nServiceIPs = makeKeyMap[netip.Addr, serviceIP, addrKeys](0), 0
 	r.ipDirty = map[netip.Addr]bool{}
 	r.svcIDs = newIDAllocator(ServiceIDQuarantine)
 	r.beIDs = newIDAllocator(BackendIDQuarantine)
@@ -254,7 +253,7 @@ func (r *Reconciler) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := Stats{
-		RevNat: r.revNat.len(), ServiceIPs: r.ipSet.len(), Writes: r.writes,
+		RevNat: r.revNat.len(), ServiceIPs: r.nServiceIPs, Writes: r.writes,
 		ServiceEntries: r.entries[ipv4] + r.entries[ipv6], ServiceEntries6: r.entries[ipv6],
 		SourceRanges: r.ranges[ipv4] + r.ranges[ipv6], SourceRanges6: r.ranges[ipv6],
 		Backends6: r.nbackends[ipv6],
@@ -540,10 +539,9 @@ func (r *Reconciler) presize(changed []*desiredFrontend) {
 		r.serviceOf = makeKeyMap[Frontend, ServiceID, frontendKeys](nf4)
 	}
 	r.frontends = makeKeyMap[Frontend, *frontendView, frontendKeys](nf4)
-	if r.ipRefs.len() == 0 && r.ipSet.len() == 0 {
+	if r.ips.len() == 0 {
 		// At most one address each (most are ClusterIPs').
-		r.ipRefs = makeKeyMap[netip.Addr, int, addrKeys](nf4)
-		r.ipSet = makeKeyMap[netip.Addr, bool, addrKeys](nf4)
+		r.ips = makeKeyMap[netip.Addr, serviceIP, addrKeys](nf4)
 	}
 }
 

@@ -75,7 +75,7 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 		}
 	}
 	for _, a := range ks.ServiceIPs {
-		r.ipSet.put(a, true)
+		r.setInServiceIPs(a, true)
 		r.ipDirty[a] = true
 	}
 	for fe, slots := range ks.Slots {
