@@ -68,15 +68,17 @@ type Tracker struct {
 	nodeChanged translate.NodeFacts
 
 	// Owned by the goroutine that calls Sync.
-	opts       translate.Options // opts.Node is the node translations were made for
-	translated map[types.NamespacedName]translation
+	opts translate.Options // opts.Node is the node translations were made for
+	// ntranslated counts the inputs that hold a translation
+	// (input.translation).
+	ntranslated int
 	// facts holds what of the node each Service's translation read, for
 	// the Services that read any.
 	facts map[types.NamespacedName]translate.NodeFacts
-	// order lists the keys of translated sorted by namespace/name (the
-	// conflict rule's order); nil when a key came or went since it was
-	// sorted.
-	order     []types.NamespacedName
+	// order lists the inputs that hold a translation, sorted by
+	// namespace/name (the conflict rule's order); nil when one came or
+	// went since it was sorted.
+	order     []translated
 	state     *model.State
 	conflicts []Conflict
 	errs      map[types.NamespacedName]error
@@ -89,13 +91,22 @@ type Tracker struct {
 
 // translation is a Service's last translation that has frontends, and the
 // Service's creationTimestamp (zero if it has none), for the conflict
-// rule: one map of both costs less than two at 30,000 Services.
+// rule.
 type translation struct {
 	services []*model.Service
 	created  time.Time
 }
 
-// input is what one Service's translation reads.
+// translated is a Service that has a translation, and its input.
+type translated struct {
+	key types.NamespacedName
+	in  *input
+}
+
+// input is what one Service's translation reads, and its last translation
+// with frontends. The translation is the Sync goroutine's: Set* never
+// touch it, and it is not a map of its own beside Tracker.inputs (at
+// 30,000 Services such a map cost 5 MiB, mostly keys and empty slots).
 type input struct {
 	svc *corev1.Service // nil: none (yet, or any more)
 	// slices are the Service's slices sorted by name (a stable input
@@ -107,6 +118,12 @@ type input struct {
 	// not yet synced, with their slices' families.
 	triggers []model.Trigger
 	dirty    bool // listed in Tracker.dirty
+
+	// Owned by the goroutine that calls Sync. The input stays in
+	// Tracker.inputs while it has a translation: take drops only inputs
+	// with neither a Service nor slices, whose translation the same Sync
+	// then drops.
+	translation translation
 }
 
 // sliceRef is one of a Service's EndpointSlices as its source gave it: what a
@@ -163,15 +180,14 @@ func (s sliceRef) read() *translate.Slice {
 // until SetNode changes it.
 func New(opts translate.Options) *Tracker {
 	return &Tracker{
-		inputs:     map[types.NamespacedName]*input{},
-		ownerOf:    map[types.NamespacedName]types.NamespacedName{},
-		node:       opts.Node,
-		opts:       opts,
-		translated: map[types.NamespacedName]translation{},
-		facts:      map[types.NamespacedName]translate.NodeFacts{},
-		errs:       map[types.NamespacedName]error{},
-		skipped:    map[types.NamespacedName]string{},
-		warnings:   map[types.NamespacedName][]string{},
+		inputs:   map[types.NamespacedName]*input{},
+		ownerOf:  map[types.NamespacedName]types.NamespacedName{},
+		node:     opts.Node,
+		opts:     opts,
+		facts:    map[types.NamespacedName]translate.NodeFacts{},
+		errs:     map[types.NamespacedName]error{},
+		skipped:  map[types.NamespacedName]string{},
+		warnings: map[types.NamespacedName][]string{},
 	}
 }
 
@@ -354,6 +370,7 @@ type pending struct {
 
 type dirtyService struct {
 	key    types.NamespacedName
+	in     *input          // the Service's, for its translation
 	svc    *corev1.Service // nil: deleted
 	slices []sliceRef
 }
@@ -376,7 +393,7 @@ func (t *Tracker) take() pending {
 	p := pending{services: make([]dirtyService, 0, len(t.dirty)), node: t.node}
 	for _, k := range t.dirty {
 		in := t.inputs[k]
-		p.services = append(p.services, dirtyService{k, in.svc, in.slices})
+		p.services = append(p.services, dirtyService{k, in, in.svc, in.slices})
 		p.triggers = append(p.triggers, in.triggers...)
 		in.triggers, in.dirty = nil, false
 		if in.svc == nil && len(in.slices) == 0 {
@@ -451,12 +468,9 @@ func (t *Tracker) Sync() Result {
 	p := t.take()
 	t.opts.Node = p.node
 	r := Result{Triggers: p.triggers}
-	if len(t.translated) == 0 {
-		t.translated = make(map[types.NamespacedName]translation, len(p.services))
-	}
 	var changes []change
 	for _, d := range p.services {
-		key, svc := d.key, d.svc
+		key, svc, in := d.key, d.svc, d.in
 		var out []*model.Service
 		var created time.Time
 		if svc == nil {
@@ -477,9 +491,8 @@ func (t *Tracker) Sync() Result {
 				// keeps its last good translation until it is fixed.
 				t.errs[key] = err
 				r.Errors = append(r.Errors, ServiceError{key, err})
-				if last, ok := t.translated[key]; ok {
-					last.created = created
-					t.translated[key] = last
+				if in.translation.services != nil {
+					in.translation.created = created
 				}
 				continue
 			}
@@ -505,29 +518,31 @@ func (t *Tracker) Sync() Result {
 			}
 			out = tr.Services
 		}
-		last, had := t.translated[key]
+		last := &in.translation
 		prev := last.services
+		had := prev != nil
 		if len(out) == 0 && !had {
 			continue
 		}
 		if had && reflect.DeepEqual(out, prev) {
 			if svc != nil && !last.created.Equal(created) {
 				last.created = created
-				t.translated[key] = last
 			}
 			continue
 		}
 		r.Changed++
 		changes = append(changes, change{key, prev, out})
 		if len(out) == 0 {
-			delete(t.translated, key)
+			*last = translation{}
+			t.ntranslated--
 			t.order = nil
 			continue
 		}
 		if !had {
+			t.ntranslated++
 			t.order = nil
 		}
-		t.translated[key] = translation{out, created}
+		*last = translation{out, created}
 	}
 	if r.Changed > 0 || t.state == nil {
 		if t.state == nil || !t.patch(changes) {
@@ -592,13 +607,17 @@ func (t *Tracker) patch(changes []change) bool {
 // order Services are visited in.
 func (t *Tracker) build() {
 	if t.order == nil {
-		t.order = make([]types.NamespacedName, 0, len(t.translated))
-		for k := range t.translated {
-			t.order = append(t.order, k)
+		t.order = make([]translated, 0, t.ntranslated)
+		t.mu.Lock()
+		for k, in := range t.inputs {
+			if in.translation.services != nil {
+				t.order = append(t.order, translated{k, in})
+			}
 		}
-		slices.SortFunc(t.order, compareNames)
+		t.mu.Unlock()
+		slices.SortFunc(t.order, func(a, b translated) int { return compareNames(a.key, b.key) })
 	}
-	n := len(t.translated)
+	n := t.ntranslated
 	var prev map[model.L4Addr]*model.Service
 	if t.state != nil {
 		n = len(t.state.Services)
@@ -609,8 +628,8 @@ func (t *Tracker) build() {
 	// The ranks of the Services in st, for the contested frontends only.
 	var holder map[model.L4Addr]*claimant
 	contested := false
-	for _, k := range t.order {
-		for _, svc := range t.translated[k].services {
+	for _, o := range t.order {
+		for _, svc := range o.in.translation.services {
 			cur, taken := st.Services[svc.Frontend]
 			if !taken {
 				st.Services[svc.Frontend] = svc
@@ -633,8 +652,8 @@ func (t *Tracker) build() {
 	}
 	if contested {
 		// Every claim that lost, in Service order.
-		for _, k := range t.order {
-			for _, svc := range t.translated[k].services {
+		for _, o := range t.order {
+			for _, svc := range o.in.translation.services {
 				if w := st.Services[svc.Frontend]; w != svc {
 					t.conflicts = append(t.conflicts, Conflict{Frontend: svc.Frontend, Winner: w.Name, Loser: svc.Name})
 				}
@@ -653,7 +672,13 @@ type claimant struct {
 }
 
 func (t *Tracker) claimant(svc *model.Service, prev map[model.L4Addr]*model.Service) *claimant {
-	c := &claimant{svc: svc, created: t.translated[types.NamespacedName{Namespace: svc.Name.Namespace, Name: svc.Name.Name}].created}
+	t.mu.Lock()
+	in := t.inputs[types.NamespacedName{Namespace: svc.Name.Namespace, Name: svc.Name.Name}]
+	t.mu.Unlock()
+	c := &claimant{svc: svc}
+	if in != nil {
+		c.created = in.translation.created
+	}
 	if p := prev[svc.Frontend]; p != nil && p.Name == svc.Name {
 		c.holder = true
 	}
