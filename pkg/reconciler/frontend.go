@@ -51,7 +51,7 @@ func (r *Reconciler) fastInSync(v *frontendView, fe Frontend, svc *model.Service
 	}
 	if v.syncedAddrs != nil {
 		for i, b := range bs {
-			if b.L4Addr != v.syncedAddrs[i] {
+			if b.L4Addr != (*v.syncedAddrs)[i] {
 				return false
 			}
 		}
@@ -74,7 +74,7 @@ func (r *Reconciler) markSynced(fe Frontend, d *desiredFrontend) {
 // markSynced records that v holds d, packing its backends into buf if
 // it has room.
 func (v *frontendView) markSynced(d *desiredFrontend, buf []uint64) {
-	v.synced, v.syncedRanges, v.name = true, d.ranges, d.svc.Name
+	v.synced, v.syncedRanges, v.svc = true, d.ranges, d.svc
 	v.syncedKeys, v.syncedAddrs = nil, nil
 	if cap(buf) < len(d.addrs) {
 		buf = make([]uint64, 0, len(d.addrs))
@@ -83,7 +83,8 @@ func (v *frontendView) markSynced(d *desiredFrontend, buf []uint64) {
 	for _, a := range d.addrs {
 		k, ok := packL4(a, 0)
 		if !ok {
-			v.syncedAddrs = d.addrs
+			addrs := d.addrs
+			v.syncedAddrs = &addrs
 			return
 		}
 		keys = append(keys, k)
@@ -93,7 +94,7 @@ func (v *frontendView) markSynced(d *desiredFrontend, buf []uint64) {
 
 func (v *frontendView) syncedLen() int {
 	if v.syncedAddrs != nil {
-		return len(v.syncedAddrs)
+		return len(*v.syncedAddrs)
 	}
 	return len(v.syncedKeys)
 }

@@ -319,6 +319,9 @@ func (r *Reconciler) Apply(st *model.State) error {
 	var changed []*desiredFrontend
 	consider := func(fe Frontend, v *frontendView, svc *model.Service) {
 		if r.fastInSync(v, fe, svc) {
+			if v.svc != svc && v.svc != nil && v.svc.Name == svc.Name {
+				v.svc = svc // the newer state's, so that v keeps the older one's no longer alive
+			}
 			return
 		}
 		d := newDesired(fe, svc)
@@ -506,7 +509,7 @@ func (r *Reconciler) remove(fe Frontend, errs []error) []error {
 			return errs
 		}
 	}
-	name := r.frontends.val(fe).name
+	name := r.frontends.val(fe).name()
 	if err := r.removeFrontend(fe); err != nil {
 		return append(errs, frontendError(name, fe, true, err))
 	}
