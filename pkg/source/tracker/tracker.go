@@ -60,10 +60,16 @@ type Tracker struct {
 	inputs map[types.NamespacedName]*input
 	// dirty lists the Services changed since the last Sync, once each.
 	dirty []types.NamespacedName
-	// ownerOf is the Service each slice was last filed under, so that a
-	// slice relabelled to another Service leaves the first.
-	ownerOf map[types.NamespacedName]types.NamespacedName
-	node    translate.Node
+	// ownerOf is the name of the Service each slice was last filed
+	// under, so that a slice relabelled to another Service leaves the
+	// first. A slice's Service is in the slice's namespace, its key's:
+	// the name alone is kept (16 bytes an entry less than the whole
+	// name, at 30,000 slices 1 MiB). ownerElsewhere holds the owners of
+	// the slices filed in another namespace than their key's (a source
+	// whose key is not the object's; nil if none).
+	ownerOf        map[types.NamespacedName]string
+	ownerElsewhere map[types.NamespacedName]types.NamespacedName
+	node           translate.Node
 	// nodeChanged are the parts of the node changed since the last Sync.
 	nodeChanged translate.NodeFacts
 
@@ -181,7 +187,7 @@ func (s sliceRef) read() *translate.Slice {
 func New(opts translate.Options) *Tracker {
 	return &Tracker{
 		inputs:   map[types.NamespacedName]*input{},
-		ownerOf:  map[types.NamespacedName]types.NamespacedName{},
+		ownerOf:  map[types.NamespacedName]string{},
 		node:     opts.Node,
 		opts:     opts,
 		facts:    map[types.NamespacedName]translate.NodeFacts{},
@@ -291,7 +297,7 @@ func (t *Tracker) setSlice(key types.NamespacedName, es sliceRef, trigger string
 		owner, hasOwner = es.serviceName()
 	}
 	changed := false
-	oldOwner, had := t.ownerOf[key]
+	oldOwner, had := t.owner(key)
 	if had && (!hasOwner || oldOwner != owner) {
 		// Deleted, or relabelled to another Service: it leaves the
 		// one it was filed under.
@@ -300,6 +306,7 @@ func (t *Tracker) setSlice(key types.NamespacedName, es sliceRef, trigger string
 			in.slices = slices.Delete(slices.Clone(in.slices), i, i+1) // a copy, see input
 		}
 		delete(t.ownerOf, key)
+		delete(t.ownerElsewhere, key)
 		t.markDirty(oldOwner, in)
 		changed = true
 	}
@@ -317,13 +324,34 @@ func (t *Tracker) setSlice(key types.NamespacedName, es sliceRef, trigger string
 		in.slices = eps
 	} else {
 		in.slices = slices.Insert(slices.Clip(in.slices), i, es) // a copy too
-		t.ownerOf[key] = owner
+		t.setOwner(key, owner)
 	}
 	if trig, ok := triggerOf(es.addressType(), trigger); ok {
 		in.triggers = append(in.triggers, trig)
 	}
 	t.markDirty(owner, in)
 	return true
+}
+
+// owner returns the Service the slice key is filed under.
+func (t *Tracker) owner(key types.NamespacedName) (types.NamespacedName, bool) {
+	if o, ok := t.ownerElsewhere[key]; ok {
+		return o, true
+	}
+	name, ok := t.ownerOf[key]
+	return types.NamespacedName{Namespace: key.Namespace, Name: name}, ok
+}
+
+// setOwner files the slice key under the Service owner.
+func (t *Tracker) setOwner(key, owner types.NamespacedName) {
+	if owner.Namespace == key.Namespace {
+		t.ownerOf[key] = owner.Name
+		return
+	}
+	if t.ownerElsewhere == nil {
+		t.ownerElsewhere = map[types.NamespacedName]types.NamespacedName{}
+	}
+	t.ownerElsewhere[key] = owner
 }
 
 // findSlice returns where the slice called name is, or would be, in eps.
