@@ -383,13 +383,10 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 			}
 		})
 
-	// Their backends' keys in one array, the fast path's (markSynced).
-	keys := make([]uint64, naddrs)
 	for _, d := range ds {
 		if !failed[d.fe] {
-			d.view.markSynced(d, keys[:0:len(d.addrs)])
+			d.view.markSynced(d)
 		}
-		keys = keys[len(d.addrs):]
 	}
 	return errs
 }

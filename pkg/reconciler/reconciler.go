@@ -172,6 +172,10 @@ type Reconciler struct {
 	// batches (batch.go); 0 never does.
 	batchMin int
 
+	// Room for fastInSync's sorted copy of a frontend's backends.
+	scratchKeys  []uint64
+	scratchAddrs []model.L4Addr
+
 	refreshEvery time.Duration
 	lastRead     time.Time // when the view was last read from the maps
 	writes       uint64
