@@ -60,23 +60,31 @@ type Tracker struct {
 	inputs map[types.NamespacedName]*input
 	// dirty lists the Services changed since the last Sync, once each.
 	dirty []types.NamespacedName
-	// ownerOf is the Service each slice was last filed under, so that a
-	// slice relabelled to another Service leaves the first.
-	ownerOf map[types.NamespacedName]types.NamespacedName
-	node    translate.Node
+	// ownerOf is the name of the Service each slice was last filed
+	// under, so that a slice relabelled to another Service leaves the
+	// first. A slice's Service is in the slice's namespace, its key's:
+	// the name alone is kept (16 bytes an entry less than the whole
+	// name, at 30,000 slices 1 MiB). ownerElsewhere holds the owners of
+	// the slices filed in another namespace than their key's (a source
+	// whose key is not the object's; nil if none).
+	ownerOf        map[types.NamespacedName]string
+	ownerElsewhere map[types.NamespacedName]types.NamespacedName
+	node           translate.Node
 	// nodeChanged are the parts of the node changed since the last Sync.
 	nodeChanged translate.NodeFacts
 
 	// Owned by the goroutine that calls Sync.
-	opts       translate.Options // opts.Node is the node translations were made for
-	translated map[types.NamespacedName]translation
+	opts translate.Options // opts.Node is the node translations were made for
+	// ntranslated counts the inputs that hold a translation
+	// (input.translation).
+	ntranslated int
 	// facts holds what of the node each Service's translation read, for
 	// the Services that read any.
 	facts map[types.NamespacedName]translate.NodeFacts
-	// order lists the keys of translated sorted by namespace/name (the
-	// conflict rule's order); nil when a key came or went since it was
-	// sorted.
-	order     []types.NamespacedName
+	// order lists the inputs that hold a translation, sorted by
+	// namespace/name (the conflict rule's order); nil when one came or
+	// went since it was sorted.
+	order     []translated
 	state     *model.State
 	conflicts []Conflict
 	errs      map[types.NamespacedName]error
@@ -89,13 +97,22 @@ type Tracker struct {
 
 // translation is a Service's last translation that has frontends, and the
 // Service's creationTimestamp (zero if it has none), for the conflict
-// rule: one map of both costs less than two at 30,000 Services.
+// rule.
 type translation struct {
 	services []*model.Service
 	created  time.Time
 }
 
-// input is what one Service's translation reads.
+// translated is a Service that has a translation, and its input.
+type translated struct {
+	key types.NamespacedName
+	in  *input
+}
+
+// input is what one Service's translation reads, and its last translation
+// with frontends. The translation is the Sync goroutine's: Set* never
+// touch it, and it is not a map of its own beside Tracker.inputs (at
+// 30,000 Services such a map cost 5 MiB, mostly keys and empty slots).
 type input struct {
 	svc serviceRef // none (yet, or any more): isNil
 	// slices are the Service's slices sorted by name (a stable input
@@ -107,6 +124,12 @@ type input struct {
 	// not yet synced, with their slices' families.
 	triggers []model.Trigger
 	dirty    bool // listed in Tracker.dirty
+
+	// Owned by the goroutine that calls Sync. The input stays in
+	// Tracker.inputs while it has a translation: take drops only inputs
+	// with neither a Service nor slices, whose translation the same Sync
+	// then drops.
+	translation translation
 }
 
 // sliceRef is one of a Service's EndpointSlices as its source gave it: what a
@@ -191,15 +214,14 @@ func (s sliceRef) read() *translate.Slice {
 // until SetNode changes it.
 func New(opts translate.Options) *Tracker {
 	return &Tracker{
-		inputs:     map[types.NamespacedName]*input{},
-		ownerOf:    map[types.NamespacedName]types.NamespacedName{},
-		node:       opts.Node,
-		opts:       opts,
-		translated: map[types.NamespacedName]translation{},
-		facts:      map[types.NamespacedName]translate.NodeFacts{},
-		errs:       map[types.NamespacedName]error{},
-		skipped:    map[types.NamespacedName]string{},
-		warnings:   map[types.NamespacedName][]string{},
+		inputs:   map[types.NamespacedName]*input{},
+		ownerOf:  map[types.NamespacedName]string{},
+		node:     opts.Node,
+		opts:     opts,
+		facts:    map[types.NamespacedName]translate.NodeFacts{},
+		errs:     map[types.NamespacedName]error{},
+		skipped:  map[types.NamespacedName]string{},
+		warnings: map[types.NamespacedName][]string{},
 	}
 }
 
@@ -343,7 +365,7 @@ func (t *Tracker) setSlice(key types.NamespacedName, es sliceRef, trigger string
 		owner, hasOwner = es.serviceName()
 	}
 	changed := false
-	oldOwner, had := t.ownerOf[key]
+	oldOwner, had := t.owner(key)
 	if had && (!hasOwner || oldOwner != owner) {
 		// Deleted, or relabelled to another Service: it leaves the
 		// one it was filed under.
@@ -352,6 +374,7 @@ func (t *Tracker) setSlice(key types.NamespacedName, es sliceRef, trigger string
 			in.slices = slices.Delete(slices.Clone(in.slices), i, i+1) // a copy, see input
 		}
 		delete(t.ownerOf, key)
+		delete(t.ownerElsewhere, key)
 		t.markDirty(oldOwner, in)
 		changed = true
 	}
@@ -369,13 +392,34 @@ func (t *Tracker) setSlice(key types.NamespacedName, es sliceRef, trigger string
 		in.slices = eps
 	} else {
 		in.slices = slices.Insert(slices.Clip(in.slices), i, es) // a copy too
-		t.ownerOf[key] = owner
+		t.setOwner(key, owner)
 	}
 	if trig, ok := triggerOf(es.addressType(), trigger); ok {
 		in.triggers = append(in.triggers, trig)
 	}
 	t.markDirty(owner, in)
 	return true
+}
+
+// owner returns the Service the slice key is filed under.
+func (t *Tracker) owner(key types.NamespacedName) (types.NamespacedName, bool) {
+	if o, ok := t.ownerElsewhere[key]; ok {
+		return o, true
+	}
+	name, ok := t.ownerOf[key]
+	return types.NamespacedName{Namespace: key.Namespace, Name: name}, ok
+}
+
+// setOwner files the slice key under the Service owner.
+func (t *Tracker) setOwner(key, owner types.NamespacedName) {
+	if owner.Namespace == key.Namespace {
+		t.ownerOf[key] = owner.Name
+		return
+	}
+	if t.ownerElsewhere == nil {
+		t.ownerElsewhere = map[types.NamespacedName]types.NamespacedName{}
+	}
+	t.ownerElsewhere[key] = owner
 }
 
 // findSlice returns where the slice called name is, or would be, in eps.
@@ -422,6 +466,7 @@ type pending struct {
 
 type dirtyService struct {
 	key    types.NamespacedName
+	in     *input     // the Service's, for its translation
 	svc    serviceRef // isNil: deleted
 	slices []sliceRef
 }
@@ -444,7 +489,7 @@ func (t *Tracker) take() pending {
 	p := pending{services: make([]dirtyService, 0, len(t.dirty)), node: t.node}
 	for _, k := range t.dirty {
 		in := t.inputs[k]
-		p.services = append(p.services, dirtyService{k, in.svc, in.slices})
+		p.services = append(p.services, dirtyService{k, in, in.svc, in.slices})
 		p.triggers = append(p.triggers, in.triggers...)
 		in.triggers, in.dirty = nil, false
 		if in.svc.isNil() && len(in.slices) == 0 {
@@ -519,12 +564,9 @@ func (t *Tracker) Sync() Result {
 	p := t.take()
 	t.opts.Node = p.node
 	r := Result{Triggers: p.triggers}
-	if len(t.translated) == 0 {
-		t.translated = make(map[types.NamespacedName]translation, len(p.services))
-	}
 	var changes []change
 	for _, d := range p.services {
-		key, svc := d.key, d.svc
+		key, svc, in := d.key, d.svc, d.in
 		var out []*model.Service
 		var created time.Time
 		if svc.isNil() {
@@ -545,9 +587,8 @@ func (t *Tracker) Sync() Result {
 				// keeps its last good translation until it is fixed.
 				t.errs[key] = err
 				r.Errors = append(r.Errors, ServiceError{key, err})
-				if last, ok := t.translated[key]; ok {
-					last.created = created
-					t.translated[key] = last
+				if in.translation.services != nil {
+					in.translation.created = created
 				}
 				continue
 			}
@@ -573,29 +614,31 @@ func (t *Tracker) Sync() Result {
 			}
 			out = tr.Services
 		}
-		last, had := t.translated[key]
+		last := &in.translation
 		prev := last.services
+		had := prev != nil
 		if len(out) == 0 && !had {
 			continue
 		}
 		if had && reflect.DeepEqual(out, prev) {
 			if !svc.isNil() && !last.created.Equal(created) {
 				last.created = created
-				t.translated[key] = last
 			}
 			continue
 		}
 		r.Changed++
 		changes = append(changes, change{key, prev, out})
 		if len(out) == 0 {
-			delete(t.translated, key)
+			*last = translation{}
+			t.ntranslated--
 			t.order = nil
 			continue
 		}
 		if !had {
+			t.ntranslated++
 			t.order = nil
 		}
-		t.translated[key] = translation{out, created}
+		*last = translation{out, created}
 	}
 	if r.Changed > 0 || t.state == nil {
 		if t.state == nil || !t.patch(changes) {
@@ -660,13 +703,17 @@ func (t *Tracker) patch(changes []change) bool {
 // order Services are visited in.
 func (t *Tracker) build() {
 	if t.order == nil {
-		t.order = make([]types.NamespacedName, 0, len(t.translated))
-		for k := range t.translated {
-			t.order = append(t.order, k)
+		t.order = make([]translated, 0, t.ntranslated)
+		t.mu.Lock()
+		for k, in := range t.inputs {
+			if in.translation.services != nil {
+				t.order = append(t.order, translated{k, in})
+			}
 		}
-		slices.SortFunc(t.order, compareNames)
+		t.mu.Unlock()
+		slices.SortFunc(t.order, func(a, b translated) int { return compareNames(a.key, b.key) })
 	}
-	n := len(t.translated)
+	n := t.ntranslated
 	var prev map[model.L4Addr]*model.Service
 	if t.state != nil {
 		n = len(t.state.Services)
@@ -677,8 +724,8 @@ func (t *Tracker) build() {
 	// The ranks of the Services in st, for the contested frontends only.
 	var holder map[model.L4Addr]*claimant
 	contested := false
-	for _, k := range t.order {
-		for _, svc := range t.translated[k].services {
+	for _, o := range t.order {
+		for _, svc := range o.in.translation.services {
 			cur, taken := st.Services[svc.Frontend]
 			if !taken {
 				st.Services[svc.Frontend] = svc
@@ -701,8 +748,8 @@ func (t *Tracker) build() {
 	}
 	if contested {
 		// Every claim that lost, in Service order.
-		for _, k := range t.order {
-			for _, svc := range t.translated[k].services {
+		for _, o := range t.order {
+			for _, svc := range o.in.translation.services {
 				if w := st.Services[svc.Frontend]; w != svc {
 					t.conflicts = append(t.conflicts, Conflict{Frontend: svc.Frontend, Winner: w.Name, Loser: svc.Name})
 				}
@@ -721,7 +768,13 @@ type claimant struct {
 }
 
 func (t *Tracker) claimant(svc *model.Service, prev map[model.L4Addr]*model.Service) *claimant {
-	c := &claimant{svc: svc, created: t.translated[types.NamespacedName{Namespace: svc.Name.Namespace, Name: svc.Name.Name}].created}
+	t.mu.Lock()
+	in := t.inputs[types.NamespacedName{Namespace: svc.Name.Namespace, Name: svc.Name.Name}]
+	t.mu.Unlock()
+	c := &claimant{svc: svc}
+	if in != nil {
+		c.created = in.translation.created
+	}
 	if p := prev[svc.Frontend]; p != nil && p.Name == svc.Name {
 		c.holder = true
 	}

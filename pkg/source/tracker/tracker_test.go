@@ -253,6 +253,22 @@ func TestTrackerSliceRelabelled(t *testing.T) {
 	if got := render(tr.Sync().State); got != want {
 		t.Errorf("unlabelled: got\n%s\nwant\n%s", got, want)
 	}
+
+	// A slice given under a key of another namespace than its own (a
+	// source whose keys are not the objects'): filed under the Service
+	// of its own namespace, it leaves it when deleted under that key.
+	es = slice("b", "b-9", 8080, "10.0.0.9")
+	key := types.NamespacedName{Namespace: "other", Name: es.Name}
+	tr.SetSlice(key, es)
+	want = "10.96.0.1:80/TCP default/a:http ->\n10.96.0.2:80/TCP default/b:http -> 10.0.0.9:8080/TCP"
+	if got := render(tr.Sync().State); got != want {
+		t.Errorf("key of another namespace: got\n%s\nwant\n%s", got, want)
+	}
+	tr.SetSlice(key, nil)
+	want = "10.96.0.1:80/TCP default/a:http ->\n10.96.0.2:80/TCP default/b:http ->"
+	if got := render(tr.Sync().State); got != want {
+		t.Errorf("key of another namespace, deleted: got\n%s\nwant\n%s", got, want)
+	}
 }
 
 // Two Services claiming one frontend, arriving together (as at start) and

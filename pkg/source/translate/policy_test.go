@@ -674,7 +674,7 @@ func TestSCTPPortSkipped(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := "10.96.0.1:53/UDP default/web:dns -> 10.1.0.1:5353/UDP@node-a\n10.96.0.1:80/TCP default/web:http -> 10.1.0.1:8080/TCP@node-a\n"
-	if got := render(tr.Services); got != want {
+	if got := render(tr.Services, []*discoveryv1.EndpointSlice{es}); got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
 	if w := []string{`port "sig": protocol SCTP is not supported; the port is not served`}; !slices.Equal(tr.Warnings, w) {

@@ -35,6 +35,7 @@ import (
 // reads of it.
 type endpoint struct {
 	b                           model.Backend
+	node                        string // the node it runs on ("": unknown)
 	ready, serving, terminating bool
 	local                       bool     // on this node
 	zones, nodes                []string // hints.forZones, hints.forNodes
@@ -205,10 +206,8 @@ func endpointsFor(portName string, kproto corev1.Protocol, proto model.Protocol,
 				}
 				node := e.nodeName()
 				c := endpoint{
-					b: model.Backend{
-						L4Addr:   model.L4Addr{Addr: e.Addr, Port: uint16(ep.Port), Proto: proto},
-						NodeName: node,
-					},
+					b:           model.Backend{L4Addr: model.L4Addr{Addr: e.Addr, Port: uint16(ep.Port), Proto: proto}},
+					node:        node,
 					ready:       e.Ready,
 					serving:     e.Serving,
 					terminating: e.Terminating,
