@@ -44,19 +44,28 @@ struct fib4 {
 };
 
 /*
+ * fib_ret_unusable - whether bpf_fib_lookup's return code @ret leaves no
+ * route to forward by (fib4_result, fib6_result in nat6.h). Usable:
+ * SUCCESS; NO_NEIGH, the route found but not the next hop's MAC (no
+ * have_neigh); FRAG_NEEDED, the route and neighbour found, but the skb is
+ * larger than the egress device's MTU: fwd_check decides what to do about
+ * that (bpf_check_mtu knows GSO packets too).
+ */
+static __always_inline bool fib_ret_unusable(int ret)
+{
+	return ret != BPF_FIB_LKUP_RET_SUCCESS &&
+	       ret != BPF_FIB_LKUP_RET_NO_NEIGH &&
+	       ret != BPF_FIB_LKUP_RET_FRAG_NEEDED;
+}
+
+/*
  * fib4_result - @out from @fib, whose bpf_fib_lookup returned @ret.
  * Returns 0, or -1 if there is no usable route.
  */
 static __always_inline int fib4_result(const struct bpf_fib_lookup *fib,
 				       int ret, struct fib4 *out)
 {
-	/* FRAG_NEEDED: the route and neighbour were found, but the skb is
-	 * larger than the egress device's MTU. fwd_check decides what to
-	 * do about that (bpf_check_mtu knows GSO packets too).
-	 */
-	if (ret != BPF_FIB_LKUP_RET_SUCCESS &&
-	    ret != BPF_FIB_LKUP_RET_NO_NEIGH &&
-	    ret != BPF_FIB_LKUP_RET_FRAG_NEEDED)
+	if (fib_ret_unusable(ret))
 		return -1;
 	out->ifindex = fib->ifindex;
 	out->nexthop = fib->ipv4_dst;

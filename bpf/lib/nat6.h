@@ -42,10 +42,7 @@ struct fib6 {
 static __always_inline int fib6_result(const struct bpf_fib_lookup *fib,
 				       int ret, struct fib6 *out)
 {
-	/* FRAG_NEEDED: see fib4_result. */
-	if (ret != BPF_FIB_LKUP_RET_SUCCESS &&
-	    ret != BPF_FIB_LKUP_RET_NO_NEIGH &&
-	    ret != BPF_FIB_LKUP_RET_FRAG_NEEDED)
+	if (fib_ret_unusable(ret))
 		return -1;
 	out->ifindex = fib->ifindex;
 	__builtin_memcpy(&out->nexthop, fib->ipv6_dst, sizeof(out->nexthop));

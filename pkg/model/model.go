@@ -82,11 +82,14 @@ const (
 	LoadBalancer
 )
 
-// Backend is one endpoint a frontend may send traffic to.
+// Backend is one endpoint a frontend may send traffic to. It holds only
+// what the datapath or the choice of backends needs (the node an endpoint
+// runs on decides that choice in pkg/source/translate, and is not kept):
+// the state holds one per endpoint and Service port, 240,000 at 30,000
+// Services.
 type Backend struct {
 	L4Addr
-	NodeName    string // the node the endpoint runs on, if known
-	Terminating bool   // serving but terminating: used only when no backend is ready
+	Terminating bool // serving but terminating: used only when no backend is ready
 }
 
 // Service is one frontend and the backends it balances over.
@@ -98,13 +101,11 @@ type Backend struct {
 // cluster-internal ones (sources in the cluster CIDR, and the node itself
 // through the socket path).
 type Service struct {
-	Name     ServicePortName
-	Kind     FrontendKind
-	Frontend L4Addr
-	// Backends is sorted by L4Addr and holds no duplicates. Empty means the
-	// service exists and refuses new connections: rejected (ICMP port
-	// unreachable, ECONNREFUSED), or dropped if DropWhenEmpty.
-	Backends []Backend
+	Name ServicePortName
+	// The small fields are together, ahead of the frontend: one word for
+	// all of them (a Service is 192 bytes where it was 216, one per
+	// frontend).
+	Kind FrontendKind
 	// DropWhenEmpty makes an empty Backends drop new connections instead
 	// of rejecting them: the Service has usable endpoints, but none for
 	// this traffic here (internalTrafficPolicy Local on a node without a
@@ -114,22 +115,28 @@ type Service struct {
 	// TwoScopes says InternalBackends is the set for internal clients
 	// (externalTrafficPolicy Local: kube-proxy's short-circuit of traffic
 	// from pods and from the node to all of the Service's endpoints).
-	// InternalBackends is sorted and unique like Backends; empty rejects.
-	TwoScopes        bool
-	InternalBackends []Backend
-
+	TwoScopes bool
 	// North-south settings (NodePort, ExternalIP and LoadBalancer kinds).
 	// ExternalLocal is externalTrafficPolicy: Local: Backends holds only
 	// this node's endpoints and the client's source is preserved.
-	// SourceRanges, if any, are the only sources allowed
-	// (loadBalancerSourceRanges). HealthCheckNodePort, if non-zero, is
-	// where this node reports LocalReady, the addresses of the Service
-	// port's ready endpoints on this node (terminating ones do not count,
-	// so that load balancers drain a node whose endpoints terminate).
+	// HealthCheckNodePort, if non-zero, is where this node reports
+	// LocalReady, the addresses of the Service port's ready endpoints on
+	// this node (terminating ones do not count, so that load balancers
+	// drain a node whose endpoints terminate). SourceRanges, if any, are
+	// the only sources allowed (loadBalancerSourceRanges).
 	ExternalLocal       bool
-	SourceRanges        []netip.Prefix
 	HealthCheckNodePort uint16
-	LocalReady          []netip.Addr
+
+	Frontend L4Addr
+	// Backends is sorted by L4Addr and holds no duplicates. Empty means the
+	// service exists and refuses new connections: rejected (ICMP port
+	// unreachable, ECONNREFUSED), or dropped if DropWhenEmpty.
+	Backends []Backend
+	// InternalBackends, with TwoScopes, is sorted and unique like
+	// Backends; empty rejects.
+	InternalBackends []Backend
+	SourceRanges     []netip.Prefix
+	LocalReady       []netip.Addr
 
 	// AffinityTimeout is sessionAffinity ClientIP's timeout: a client
 	// keeps reaching the backend it was last sent to until it opens no

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"unsafe"
 )
 
 func addr(s string, port uint16, p Protocol) L4Addr {
@@ -40,13 +41,13 @@ func TestL4AddrLessAndString(t *testing.T) {
 func TestSortBackends(t *testing.T) {
 	bs := []Backend{
 		{L4Addr: addr("10.0.0.3", 80, TCP)},
-		{L4Addr: addr("10.0.0.1", 80, TCP), NodeName: "first"},
+		{L4Addr: addr("10.0.0.1", 80, TCP), Terminating: true},
 		{L4Addr: addr("10.0.0.2", 80, TCP)},
-		{L4Addr: addr("10.0.0.1", 80, TCP), NodeName: "second"},
+		{L4Addr: addr("10.0.0.1", 80, TCP)},
 	}
 	got := SortBackends(bs)
 	want := []Backend{
-		{L4Addr: addr("10.0.0.1", 80, TCP), NodeName: "first"},
+		{L4Addr: addr("10.0.0.1", 80, TCP), Terminating: true},
 		{L4Addr: addr("10.0.0.2", 80, TCP)},
 		{L4Addr: addr("10.0.0.3", 80, TCP)},
 	}
@@ -67,5 +68,19 @@ func TestServicePortName(t *testing.T) {
 	}
 	if st := NewState(); st.Services == nil || len(st.Services) != 0 {
 		t.Error("NewState")
+	}
+}
+
+// A Service and a Backend stay as small as the field order makes them:
+// the state holds one per frontend and one per endpoint and port.
+func TestSizes(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("sizes of a 64-bit platform")
+	}
+	if n := unsafe.Sizeof(Service{}); n != 192 {
+		t.Errorf("Service is %d bytes, want 192", n)
+	}
+	if n := unsafe.Sizeof(Backend{}); n != 40 {
+		t.Errorf("Backend is %d bytes, want 40", n)
 	}
 }

@@ -350,7 +350,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 	}
 	for k, e := range ms {
 		a := e.Frontend.Addr
-		if !cipMaster(k) || r.ipSet.val(a) || queuedIP.val(a) {
+		if !cipMaster(k) || r.inServiceIPs(a) || queuedIP.val(a) {
 			continue
 		}
 		queuedIP.put(a, true)
@@ -373,7 +373,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		func() (int, error) { return r.dp.UpsertServiceIPs(ips) },
 		func(i int) error { return r.dp.UpsertServiceIP(ips[i]) },
 		func(i int) {
-			r.ipSet.put(ips[i], true)
+			r.setInServiceIPs(ips[i], true)
 			delete(r.ipDirty, ips[i])
 		},
 		func(i int, err error) {
@@ -383,13 +383,10 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 			}
 		})
 
-	// Their backends' keys in one array, the fast path's (markSynced).
-	keys := make([]uint64, naddrs)
 	for _, d := range ds {
 		if !failed[d.fe] {
-			d.view.markSynced(d, keys[:0:len(d.addrs)])
+			d.view.markSynced(d)
 		}
-		keys = keys[len(d.addrs):]
 	}
 	return errs
 }

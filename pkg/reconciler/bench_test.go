@@ -1,17 +1,28 @@
 package reconciler_test
 
 import (
+	"flag"
 	"fmt"
 	"maps"
 	"net/netip"
+	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
+	"github.com/sluice-lb/sluice/pkg/source/tracker"
+	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 // programFresh programs st on a new fake, with room for the largest state
@@ -218,4 +229,140 @@ func BenchmarkFromEmptyView(b *testing.B) {
 			b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/(1<<20), "view-MiB")
 		})
 	}
+}
+
+var heapProfile = flag.String("heapprofile", "", "BenchmarkDesiredState: write a heap profile of the live tracker, state and view to this file")
+
+// BenchmarkDesiredState is issue 14's desired state and view at 30,000
+// ClusterIP Services x 8 endpoints, as the Kubernetes source makes them:
+// its change tracker fed with each Service and its slice as the source's
+// caches hold it (translate.Slice, the endpoints with their node names),
+// synced, and the state programmed on the fake datapath. state-MiB is the
+// live heap the tracker and its state hold after the first Sync (without
+// the objects fed: the caches' share), view-MiB what the reconciler
+// holds once it programmed that state (without the fake's maps).
+// one-change is one endpoint of one Service changed, synced and applied:
+// the agent's work per change, but for the informers'.
+// -heapprofile writes the heap profile of the tracker, state and view,
+// while they are live.
+func BenchmarkDesiredState(b *testing.B) {
+	const n, k = 30000, 8
+	opts := translate.Options{Node: translate.Node{Name: "node-0"}}
+	nodes := make([]string, 100)
+	for i := range nodes {
+		nodes[i] = fmt.Sprintf("node-%d", i)
+	}
+	svcs := make([]*corev1.Service, n)
+	eps := make([]*translate.Slice, n)
+	for i := range n {
+		name := fmt.Sprintf("svc-%d", i)
+		svcs[i] = &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, ResourceVersion: "1"},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIP: scaleVIP(i).Addr.String(),
+				ClusterIPs: []string{scaleVIP(i).Addr.String()},
+				Ports:      []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(8080)}}},
+		}
+		es := &discoveryv1.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: "default", Name: name + "-1", ResourceVersion: "1", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: new("http"), Port: new(int32(8080)), Protocol: new(corev1.ProtocolTCP)}},
+		}
+		for j := range k {
+			x := i*k + j
+			es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{
+				Addresses:  []string{fmt.Sprintf("10.%d.%d.%d", 128+x>>16, (x>>8)&0xff, x&0xff)},
+				Conditions: discoveryv1.EndpointConditions{Ready: new(true)},
+				NodeName:   &nodes[x%len(nodes)],
+			})
+		}
+		eps[i] = translate.SliceOf(es)
+	}
+	key := func(i int) (types.NamespacedName, types.NamespacedName) {
+		return types.NamespacedName{Namespace: "default", Name: svcs[i].Name}, types.NamespacedName{Namespace: "default", Name: eps[i].Name}
+	}
+	first := func() (*tracker.Tracker, *model.State) {
+		tr := tracker.New(opts)
+		for i := range n {
+			sk, ek := key(i)
+			tr.SetService(sk, svcs[i])
+			tr.SetCompactSlice(ek, eps[i], "")
+		}
+		st := tr.Sync().State
+		if len(st.Services) != n {
+			b.Fatalf("%d frontends, want %d", len(st.Services), n)
+		}
+		return tr, st
+	}
+	liveMiB := func() float64 {
+		var m runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&m)
+		return float64(m.HeapAlloc) / (1 << 20)
+	}
+	b.Run("initial", func(b *testing.B) {
+		var state, view float64
+		runs := 0
+		for b.Loop() {
+			b.StopTimer()
+			f := fakedp.New(1<<16, 1<<20, 1<<20)
+			before := liveMiB()
+			b.StartTimer()
+			tr, st := first()
+			b.StopTimer()
+			mid := liveMiB()
+			b.StartTimer()
+			r := reconciler.New(f, nil)
+			mustApply(b, r, st)
+			b.StopTimer()
+			withView := liveMiB()
+			if *heapProfile != "" && runs == 0 {
+				out, err := os.Create(*heapProfile)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := pprof.Lookup("heap").WriteTo(out, 0); err != nil {
+					b.Fatal(err)
+				}
+				out.Close()
+			}
+			runtime.KeepAlive(r) // its last use: the reading below goes without it
+			state += mid - before
+			view += withView - liveMiB()
+			runs++
+			runtime.KeepAlive(tr)
+			runtime.KeepAlive(st)
+			runtime.KeepAlive(f)
+			b.StartTimer()
+		}
+		b.ReportMetric(state/float64(runs), "state-MiB")
+		b.ReportMetric(view/float64(runs), "view-MiB")
+	})
+	b.Run("one-change", func(b *testing.B) {
+		tr, st := first()
+		r := reconciler.New(fakedp.New(1<<16, 1<<20, 1<<20), nil)
+		mustApply(b, r, st)
+		i := n / 2
+		orig := eps[i]
+		changed := *orig
+		changed.ResourceVersion = "2"
+		changed.Endpoints = slices.Clone(orig.Endpoints)
+		changed.Endpoints[0].Addr = netip.MustParseAddr("10.250.250.250")
+		_, ek := key(i)
+		b.ReportAllocs()
+		cpu0, runs := testutil.CPUTime(b), 0
+		for b.Loop() {
+			es := orig
+			if runs%2 == 0 {
+				es = &changed
+			}
+			tr.SetCompactSlice(ek, es, "")
+			res := tr.Sync()
+			if res.Changed != 1 {
+				b.Fatal(res.Changed)
+			}
+			mustApply(b, r, res.State)
+			runs++
+		}
+		b.ReportMetric(float64((testutil.CPUTime(b)-cpu0).Microseconds())/1000/float64(runs), "cpu-ms/op")
+	})
 }

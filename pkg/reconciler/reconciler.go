@@ -155,9 +155,9 @@ type Reconciler struct {
 	// The service IPs: what the map holds, how many ClusterIP masters
 	// each address has, and the addresses whose membership may be wrong
 	// (serviceips.go).
-	ipSet   keyMap[netip.Addr, bool, addrKeys]
-	ipRefs  keyMap[netip.Addr, int, addrKeys]
-	ipDirty map[netip.Addr]bool
+	ips         keyMap[netip.Addr, serviceIP, addrKeys]
+	nServiceIPs int // addresses the map holds
+	ipDirty     map[netip.Addr]bool
 
 	svcIDs *idAllocator
 	beIDs  *idAllocator
@@ -181,6 +181,10 @@ type Reconciler struct {
 	// batchMin is the fewest new frontends an Apply programs in
 	// batches (batch.go); 0 never does.
 	batchMin int
+
+	// Room for fastInSync's sorted copy of a frontend's backends.
+	scratchKeys  []uint64
+	scratchAddrs []model.L4Addr
 
 	refreshEvery time.Duration
 	lastRead     time.Time // when the view was last read from the maps
@@ -210,8 +214,7 @@ func (r *Reconciler) reset() {
 	r.revNatCand = map[ServiceID]bool{}
 	r.backendOf = makeKeyMap[model.L4Addr, BackendID, backendKeys](0)
 	r.serviceOf = makeKeyMap[Frontend, ServiceID, frontendKeys](0)
-	r.ipSet = makeKeyMap[netip.Addr, bool, addrKeys](0)
-	r.ipRefs = makeKeyMap[netip.Addr, int, addrKeys](0)
+	r.ips, r.nServiceIPs = makeKeyMap[netip.Addr, serviceIP, addrKeys](0), 0
 	r.ipDirty = map[netip.Addr]bool{}
 	r.svcIDs = newIDAllocator(ServiceIDQuarantine)
 	r.beIDs = newIDAllocator(BackendIDQuarantine)
@@ -264,7 +267,7 @@ func (r *Reconciler) Stats() Stats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := Stats{
-		RevNat: r.revNat.len(), ServiceIPs: r.ipSet.len(), Writes: r.writes,
+		RevNat: r.revNat.len(), ServiceIPs: r.nServiceIPs, Writes: r.writes,
 		ServiceEntries: r.entries[ipv4] + r.entries[ipv6], ServiceEntries6: r.entries[ipv6],
 		SourceRanges: r.ranges[ipv4] + r.ranges[ipv6], SourceRanges6: r.ranges[ipv6],
 		Backends6: r.nbackends[ipv6],
@@ -330,6 +333,9 @@ func (r *Reconciler) Apply(st *model.State) error {
 	var changed []*desiredFrontend
 	consider := func(fe Frontend, v *frontendView, svc *model.Service) {
 		if r.fastInSync(v, fe, svc) {
+			if v.svc != svc && v.svc != nil && v.svc.Name == svc.Name {
+				v.svc = svc // the newer state's, so that v keeps the older one's no longer alive
+			}
 			return
 		}
 		d := newDesired(fe, svc)
@@ -517,7 +523,7 @@ func (r *Reconciler) remove(fe Frontend, errs []error) []error {
 			return errs
 		}
 	}
-	name := r.frontends.val(fe).name
+	name := r.frontends.val(fe).name()
 	if err := r.removeFrontend(fe); err != nil {
 		return append(errs, frontendError(name, fe, true, err))
 	}
@@ -550,10 +556,9 @@ func (r *Reconciler) presize(changed []*desiredFrontend) {
 		r.serviceOf = makeKeyMap[Frontend, ServiceID, frontendKeys](nf4)
 	}
 	r.frontends = makeKeyMap[Frontend, *frontendView, frontendKeys](nf4)
-	if r.ipRefs.len() == 0 && r.ipSet.len() == 0 {
+	if r.ips.len() == 0 {
 		// At most one address each (most are ClusterIPs').
-		r.ipRefs = makeKeyMap[netip.Addr, int, addrKeys](nf4)
-		r.ipSet = makeKeyMap[netip.Addr, bool, addrKeys](nf4)
+		r.ips = makeKeyMap[netip.Addr, serviceIP, addrKeys](nf4)
 	}
 }
 

@@ -3,11 +3,14 @@ package reconciler_test
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+	"weak"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
@@ -644,5 +647,41 @@ func TestRefreshRepairsTampering(t *testing.T) {
 	mustApply(t, r, st)
 	if got := f.String(); got != want {
 		t.Fatalf("not repaired:\n%s\nwant\n%s", got, want)
+	}
+}
+
+// TestViewKeepsNoOlderService: the view names the Service each frontend
+// was programmed for by pointing at the desired state's; once a newer
+// state's Service for the frontend is applied (programmed the same, so
+// only looked at), the older one is garbage, whether the newer state says
+// what changed (BaseGen) or not.
+func TestViewKeepsNoOlderService(t *testing.T) {
+	for _, hint := range []bool{true, false} {
+		f := newFake(t)
+		r := reconciler.New(f, nil)
+		older := svc(vip(1), "a", be(1, 1, model.TCP), be(1, 2, model.TCP))
+		st := state(older, svc(vip(2), "b", be(2, 1, model.TCP)))
+		st.Gen = model.NewGeneration()
+		mustApply(t, r, st)
+		newer := *older
+		newer.Backends = slices.Clone(older.Backends)
+		next := &model.State{Services: maps.Clone(st.Services), Gen: model.NewGeneration()}
+		next.Services[vip(1)] = &newer
+		if hint {
+			next.BaseGen, next.Changed = st.Gen, []model.L4Addr{vip(1)}
+		}
+		gone := weak.Make(older)
+		older, st = nil, nil
+		f.ResetCounts()
+		mustApply(t, r, next)
+		if f.Writes() != 0 {
+			t.Fatalf("hint %v: %d writes for a state programmed the same", hint, f.Writes())
+		}
+		runtime.GC()
+		if gone.Value() != nil {
+			t.Errorf("hint %v: the view keeps the older state's Service alive", hint)
+		}
+		runtime.KeepAlive(r)
+		runtime.KeepAlive(next)
 	}
 }

@@ -160,7 +160,15 @@ func TestServiceIPs(t *testing.T) {
 	dns := svc(model.L4Addr{Addr: vip(1).Addr, Port: 53, Proto: model.UDP}, "a", be(1, 1, model.UDP))
 	ext := svc(model.L4Addr{Addr: netip.MustParseAddr("203.0.113.7"), Port: 80, Proto: model.TCP}, "a", be(1, 1, model.TCP))
 	ext.Kind = model.ExternalIP
+	// Stats counts the addresses the map holds.
+	counted := func() {
+		t.Helper()
+		if ks, _ := f.Dump(); r.Stats().ServiceIPs != len(ks.ServiceIPs) {
+			t.Errorf("Stats: %d service IPs, the map holds %d", r.Stats().ServiceIPs, len(ks.ServiceIPs))
+		}
+	}
 	mustApply(t, r, state(http, dns, ext))
+	counted()
 	if ks, _ := f.Dump(); len(ks.ServiceIPs) != 1 || ks.ServiceIPs[0] != vip(1).Addr {
 		t.Fatalf("service IPs %v, want only the ClusterIP", ks.ServiceIPs)
 	}
@@ -171,12 +179,14 @@ func TestServiceIPs(t *testing.T) {
 	// One port goes: the address stays.
 	f.ResetCounts()
 	mustApply(t, r, state(http, ext))
+	counted()
 	if n := f.Count(fakedp.OpDeleteServiceIP); n != 0 {
 		t.Errorf("service IP deleted while a port of it is left")
 	}
 
 	// A failed add is repaired by the next Apply.
 	mustApply(t, r, state(ext))
+	counted()
 	f.Fail = func(op fakedp.Op) error {
 		if op.Kind == fakedp.OpUpsertServiceIP {
 			return errors.New("injected")
@@ -186,8 +196,10 @@ func TestServiceIPs(t *testing.T) {
 	if err := r.Apply(state(http, ext)); err == nil {
 		t.Fatal("no error")
 	}
+	counted()
 	f.Fail = nil
 	mustApply(t, r, state(http, ext))
+	counted()
 	if v := f.Check(); len(v) > 0 {
 		t.Fatalf("not repaired: %v", v)
 	}

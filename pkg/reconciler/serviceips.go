@@ -20,24 +20,62 @@ import (
 	"slices"
 )
 
+// serviceIP is what the reconciler knows of one address: how many
+// ClusterIP masters are programmed at it, and whether the map holds it.
+// One map of both (Reconciler.ips) costs half of two: an address of
+// neither is not in it.
+type serviceIP struct {
+	refs  int32
+	inSet bool
+}
+
+// ipRefs returns how many ClusterIP masters are programmed at a.
+func (r *Reconciler) ipRefs(a netip.Addr) int32 { return r.ips.val(a).refs }
+
+// inServiceIPs reports whether the map holds a.
+func (r *Reconciler) inServiceIPs(a netip.Addr) bool { return r.ips.val(a).inSet }
+
+// setInServiceIPs records whether the map holds a.
+func (r *Reconciler) setInServiceIPs(a netip.Addr, in bool) {
+	e := r.ips.val(a)
+	switch {
+	case in && !e.inSet:
+		r.nServiceIPs++
+	case !in && e.inSet:
+		r.nServiceIPs--
+	}
+	e.inSet = in
+	r.putServiceIP(a, e)
+}
+
+func (r *Reconciler) putServiceIP(a netip.Addr, e serviceIP) {
+	if e == (serviceIP{}) {
+		r.ips.del(a)
+		return
+	}
+	r.ips.put(a, e)
+}
+
 // refServiceIP counts a ClusterIP master programmed at a.
-func (r *Reconciler) refServiceIP(a netip.Addr) { r.ipRefs.put(a, r.ipRefs.val(a)+1) }
+func (r *Reconciler) refServiceIP(a netip.Addr) {
+	e := r.ips.val(a)
+	e.refs++
+	r.ips.put(a, e)
+}
 
 // unrefServiceIP counts a ClusterIP master at a gone.
 func (r *Reconciler) unrefServiceIP(a netip.Addr) {
-	if n := r.ipRefs.val(a) - 1; n > 0 {
-		r.ipRefs.put(a, n)
-	} else {
-		r.ipRefs.del(a)
-		if r.ipSet.val(a) {
-			r.ipDirty[a] = true // left behind by a failure: repaired by syncServiceIPs
-		}
+	e := r.ips.val(a)
+	e.refs = max(e.refs-1, 0)
+	r.putServiceIP(a, e)
+	if e.refs == 0 && e.inSet {
+		r.ipDirty[a] = true // left behind by a failure: repaired by syncServiceIPs
 	}
 }
 
 // joinServiceIPs adds a to the service IPs if it is not there.
 func (r *Reconciler) joinServiceIPs(a netip.Addr) error {
-	if r.ipSet.val(a) {
+	if r.inServiceIPs(a) {
 		return nil
 	}
 	r.writes++
@@ -45,7 +83,7 @@ func (r *Reconciler) joinServiceIPs(a netip.Addr) error {
 		r.ipDirty[a] = true
 		return fmt.Errorf("upsert service IP %s: %w", a, err)
 	}
-	r.ipSet.put(a, true)
+	r.setInServiceIPs(a, true)
 	delete(r.ipDirty, a)
 	return nil
 }
@@ -53,14 +91,14 @@ func (r *Reconciler) joinServiceIPs(a netip.Addr) error {
 // leaveServiceIPs removes a from the service IPs if the ClusterIP master
 // about to go (or stop being one) is the last at a.
 func (r *Reconciler) leaveServiceIPs(a netip.Addr) error {
-	if !r.ipSet.val(a) || r.ipRefs.val(a) > 1 {
+	if !r.inServiceIPs(a) || r.ipRefs(a) > 1 {
 		return nil
 	}
 	r.writes++
 	if err := r.dp.DeleteServiceIP(a); err != nil {
 		return fmt.Errorf("delete service IP %s: %w", a, err)
 	}
-	r.ipSet.del(a)
+	r.setInServiceIPs(a, false)
 	delete(r.ipDirty, a)
 	return nil
 }
@@ -75,15 +113,15 @@ func (r *Reconciler) syncServiceIPs() error {
 	var errs []error
 	for _, a := range slices.SortedFunc(maps.Keys(r.ipDirty), netip.Addr.Compare) {
 		var err error
-		switch want := r.ipRefs.val(a) > 0; {
-		case want && !r.ipSet.val(a):
+		switch want := r.ipRefs(a) > 0; {
+		case want && !r.inServiceIPs(a):
 			err = r.joinServiceIPs(a)
-		case !want && r.ipSet.val(a):
+		case !want && r.inServiceIPs(a):
 			r.writes++
 			if err = r.dp.DeleteServiceIP(a); err != nil {
 				err = fmt.Errorf("delete service IP %s: %w", a, err)
 			} else {
-				r.ipSet.del(a)
+				r.setInServiceIPs(a, false)
 			}
 		}
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 )
@@ -140,5 +141,16 @@ func TestKeyMapPacking(t *testing.T) {
 	}
 	if m.len() != 0 {
 		t.Errorf("%d keys left after deleting them all", m.len())
+	}
+}
+
+// TestFrontendViewSize: the view holds one per frontend; its layout keeps
+// it in the 112-byte size class.
+func TestFrontendViewSize(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("sizes of a 64-bit platform")
+	}
+	if n := unsafe.Sizeof(frontendView{}); n > 112 {
+		t.Errorf("frontendView is %d bytes, want at most 112", n)
 	}
 }

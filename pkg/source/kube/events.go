@@ -111,12 +111,13 @@ func (s *Source) emit(k eventKey) {
 	if s.recorder == nil || s.services == nil {
 		return
 	}
-	svc, err := s.services.Services(k.svc.Namespace).Get(k.svc.Name)
-	if err != nil {
+	obj, ok, err := s.services.GetByKey(k.svc.String())
+	svc, isSvc := obj.(*cachedService)
+	if err != nil || !ok || !isSvc {
 		return
 	}
 	ref := &corev1.ObjectReference{Kind: "Service", APIVersion: "v1", Namespace: svc.Namespace, Name: svc.Name,
-		UID: svc.UID, ResourceVersion: svc.ResourceVersion}
+		UID: svc.uid, ResourceVersion: svc.ResourceVersion}
 	s.recorder.Eventf(ref, nil, corev1.EventTypeWarning, k.reason, eventAction, "%s", k.note)
 	s.log.Debug("event", "service", k.svc, "reason", k.reason, "note", k.note)
 }
@@ -157,7 +158,7 @@ func portOf(n model.ServicePortName) string {
 // from old's, the version the cache held before: nil for a Service seen
 // for the first time, which has no causes yet), so that they are reported
 // again if they remain.
-func (s *Source) followService(old, svc *corev1.Service, deleted bool) {
+func (s *Source) followService(old, svc *cachedService, deleted bool) {
 	key := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	if deleted {
 		s.forgetService(key, true)

@@ -136,8 +136,9 @@ func TestEventsAgainAfterSpecChange(t *testing.T) {
 		generation int64
 		want       int
 	}{{1, 0}, {2, 1}} {
-		// An annotation changed: the tracker translates the Service
-		// again (a sync within MinSyncPeriod), finding the same cause.
+		// An annotation changed, and at generation 2 the spec: the
+		// tracker translates the Service again for the new generation
+		// (a sync within MinSyncPeriod), finding the same cause.
 		sctp.Annotations = map[string]string{"example.com/generation": fmt.Sprint(c.generation)}
 		sctp.Generation = c.generation
 		if _, err := client.CoreV1().Services("default").Update(t.Context(), sctp, metav1.UpdateOptions{}); err != nil {

@@ -1,7 +1,6 @@
 package kube
 
 import (
-	"slices"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,6 +15,14 @@ import (
 // caches hold every Service and EndpointSlice for the agent's life; they
 // are most of its memory.
 //
+// A Service is cached as what a translation reads of it (cachedService,
+// translate.Service: its namespace, name, resourceVersion, generation and
+// creationTimestamp, why it is skipped, whether it is valid, and of a
+// valid one its ClusterIPs, ports, external and load-balancer IPs parsed,
+// source ranges, traffic policies, health check node port and affinity
+// timeout), with its uid for the events: about 360 bytes where the
+// decoded API object, slimmed as it was before, was about 980.
+//
 // An EndpointSlice is cached as what a translation reads of it
 // (cachedSlice, translate.Slice: the namespace, name, resourceVersion,
 // service-name label, addressType, ports, and of each endpoint its first
@@ -27,20 +34,15 @@ import (
 // aside until the event handler hands it to the tracker with the slice
 // (takeTrigger): nothing reads it afterwards.
 //
-// Dropped, of a Service and the Node: their managedFields (server-side
-// apply's record of each field's manager), kubectl's
-// last-applied-configuration annotation (a copy of the whole object) and
-// their owner references. Of a Service: its selector (the endpoints come
-// from the slices) and its labels but the ones a translation reads
-// (translate.ServiceLabelsRead); of the Node, the images it holds (often
-// hundreds). Everything a translation reads stays: the Service's
-// annotations (its topology mode, say), spec and load-balancer status
-// (slim_test.go checks it).
+// Dropped, of the Node: its managedFields (server-side apply's record of
+// each field's manager), kubectl's last-applied-configuration annotation
+// (a copy of the whole object), its owner references and the images it
+// holds (often hundreds).
 //
 // Shared: the endpoints' node names (one *string per name, of the last few
-// thousand seen), the slices' namespaces and port names, which a decoded
-// list allocates for every one. Nothing writes to a cached object, so
-// sharing is safe.
+// thousand seen), the namespaces, the port names and a Service's
+// proxy-name label, which a decoded list allocates for every object.
+// Nothing writes to a cached object, so sharing is safe.
 type slimmer struct {
 	mu      sync.Mutex
 	strings map[string]*string
@@ -88,10 +90,12 @@ func (sl *slimmer) takeTrigger(es *cachedSlice) string {
 
 func (sl *slimmer) slim(obj any) (any, error) {
 	switch o := obj.(type) {
-	case *cachedSlice:
+	case *cachedSlice, *cachedService:
 		return o, nil // made already
 	case *discoveryv1.EndpointSlice:
 		return sl.slimSlice(o), nil
+	case *corev1.Service:
+		return sl.slimService(o), nil
 	}
 	if m, ok := obj.(metav1.Object); ok {
 		m.SetManagedFields(nil)
@@ -100,14 +104,24 @@ func (sl *slimmer) slim(obj any) (any, error) {
 			delete(a, corev1.LastAppliedConfigAnnotation)
 		}
 	}
-	switch o := obj.(type) {
-	case *corev1.Service:
-		o.Spec.Selector = nil
-		o.Labels = keepOnly(o.Labels, translate.ServiceLabelsRead)
-	case *corev1.Node:
-		o.Status.Images = nil
+	if n, ok := obj.(*corev1.Node); ok {
+		n.Status.Images = nil
 	}
 	return obj, nil
+}
+
+// slimService returns what the cache keeps of svc.
+func (sl *slimmer) slimService(svc *corev1.Service) *cachedService {
+	c := &cachedService{Service: translate.MakeService(svc), uid: svc.UID}
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	c.Namespace = sl.shareValue(c.Namespace)
+	c.ProxyName = sl.share(c.ProxyName)
+	for i := range c.Ports {
+		p := &c.Ports[i]
+		p.Name = sl.shareValue(p.Name)
+	}
+	return c
 }
 
 // slimSlice returns what the cache keeps of es.
@@ -141,19 +155,6 @@ func (sl *slimmer) slimSlice(es *discoveryv1.EndpointSlice) *cachedSlice {
 		sl.triggersPeak = max(sl.triggersPeak, len(sl.triggers))
 	}
 	return c
-}
-
-// keepOnly deletes from labels the keys not in keep; nil if none is left.
-func keepOnly(labels map[string]string, keep []string) map[string]string {
-	for k := range labels {
-		if !slices.Contains(keep, k) {
-			delete(labels, k)
-		}
-	}
-	if len(labels) == 0 {
-		return nil
-	}
-	return labels
 }
 
 // share returns the shared pointer to *s's value. Called with mu held.

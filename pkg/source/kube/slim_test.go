@@ -71,9 +71,9 @@ func TestSlimmedTranslatesTheSame(t *testing.T) {
 				t.Errorf("%s: cached slice %d lost its resourceVersion or annotations: %+v", v.name, i, cached[i])
 			}
 		}
-		// What events.go reads of a Service.
-		if slimSvc.UID != svc.UID || slimSvc.ResourceVersion != svc.ResourceVersion || slimSvc.Generation != svc.Generation ||
-			!slimSvc.CreationTimestamp.Equal(&svc.CreationTimestamp) {
+		// What events.go and the informer's store read of a Service.
+		if slimSvc.GetUID() != svc.UID || slimSvc.GetResourceVersion() != svc.ResourceVersion || slimSvc.GetGeneration() != svc.Generation ||
+			!slimSvc.Created.Equal(svc.CreationTimestamp.Time) || slimSvc.GetName() != svc.Name || slimSvc.GetNamespace() != svc.Namespace {
 			t.Errorf("%s: slimmed Service lost its identity", v.name)
 		}
 	}
@@ -107,7 +107,7 @@ func TestSlimmedTranslatesTheSameRandom(t *testing.T) {
 
 // slimmed returns what the informers' transform sl caches of svc and eps,
 // which it leaves as they are.
-func slimmed(t *testing.T, sl *slimmer, svc *corev1.Service, eps []*discoveryv1.EndpointSlice) (*corev1.Service, []*cachedSlice) {
+func slimmed(t *testing.T, sl *slimmer, svc *corev1.Service, eps []*discoveryv1.EndpointSlice) (*cachedService, []*cachedSlice) {
 	t.Helper()
 	o, err := sl.slim(svc.DeepCopy())
 	if err != nil {
@@ -121,20 +121,20 @@ func slimmed(t *testing.T, sl *slimmer, svc *corev1.Service, eps []*discoveryv1.
 		}
 		cached = append(cached, c.(*cachedSlice))
 	}
-	return o.(*corev1.Service), cached
+	return o.(*cachedService), cached
 }
 
 // compareTranslations checks that the cached objects translate as the
 // whole ones do, and belong to the same Services.
 func compareTranslations(t *testing.T, name string, svc *corev1.Service, eps []*discoveryv1.EndpointSlice,
-	slimSvc *corev1.Service, cached []*cachedSlice, opts translate.Options) {
+	slimSvc *cachedService, cached []*cachedSlice, opts translate.Options) {
 	t.Helper()
 	read := make([]*translate.Slice, len(cached))
 	for i, c := range cached {
 		read[i] = &c.Slice
 	}
 	want, werr := translate.ServiceToModel(svc, eps, opts)
-	got, gerr := translate.ServiceToModelSlices(slimSvc, read, opts)
+	got, gerr := translate.Translate(&slimSvc.Service, read, opts)
 	if fmt.Sprint(werr) != fmt.Sprint(gerr) || !reflect.DeepEqual(got, want) {
 		t.Errorf("%s on %s: cached translates to\n%+v (%v)\nwant\n%+v (%v)", name, opts.Node.Name, got, gerr, want, werr)
 	}

@@ -41,7 +41,6 @@ import (
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
 	"k8s.io/client-go/kubernetes"
-	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 
@@ -117,7 +116,7 @@ type Source struct {
 	// Run before any state is handed over), and under evMu the causes
 	// reported.
 	recorder events.EventRecorder
-	services corelisters.ServiceLister
+	services cache.Store // of *cachedService
 	evMu     sync.Mutex
 	emitted  map[eventKey]origin
 
@@ -299,7 +298,7 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 
 	s.runner = newRunner(func(periodic bool) { s.syncOnce(apply, periodic) },
 		s.cfg.MinSyncPeriod, s.cfg.SyncPeriod)
-	s.services = factory.Core().V1().Services().Lister()
+	s.services = factory.Core().V1().Services().Informer().GetStore()
 	s.recorder = s.cfg.Events
 	if s.recorder == nil {
 		rec, stop, err := s.newEventRecorder(ctx)
@@ -358,12 +357,19 @@ func objectOf(obj any) any {
 	return obj
 }
 
+// onService hands the tracker what a translation reads of a Service: the
+// cache holds nothing else (slimmer).
 func (s *Source) onService(old, obj any, deleted bool) {
-	if svc, ok := objectOf(obj).(*corev1.Service); ok {
-		o, _ := old.(*corev1.Service)
+	if svc, ok := objectOf(obj).(*cachedService); ok {
+		o, _ := old.(*cachedService)
 		s.followService(o, svc, deleted) // events.go: before the tracker sees it
 	}
-	onObject(s, obj, deleted, s.tracker.SetService)
+	onObject(s, obj, deleted, func(key types.NamespacedName, svc *cachedService) bool {
+		if svc == nil {
+			return s.tracker.SetCompactService(key, nil)
+		}
+		return s.tracker.SetCompactService(key, &svc.Service)
+	})
 }
 
 // onSlice hands the tracker what a translation reads of a slice: the cache

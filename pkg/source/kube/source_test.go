@@ -288,11 +288,13 @@ func TestProgrammingLatencyTakenWhenAgentReportsProgrammed(t *testing.T) {
 	}
 }
 
-// TestCachesHoldSlimObjects: the informers' caches keep no managedFields
-// and no last-applied-configuration (slim), and everything else: the
-// other annotations, and the Service still translates.
+// TestCachesHoldSlimObjects: the informers' caches keep what a
+// translation reads and what the events read (cachedService): no
+// managedFields, no last-applied-configuration, no annotations at all
+// (no translation reads them), and the Service still translates.
 func TestCachesHoldSlimObjects(t *testing.T) {
 	svc := service("web", "10.96.0.10", 80)
+	svc.UID, svc.Generation = "uid-web", 3
 	svc.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply,
 		FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:spec":{"f:ports":{}}}`)}}
 	svc.Annotations = map[string]string{
@@ -308,18 +310,20 @@ func TestCachesHoldSlimObjects(t *testing.T) {
 	if got, _ := backendsOf(rec.last(), "10.96.0.10", 80); fmt.Sprint(got) != "[10.0.0.1:8080]" {
 		t.Errorf("backends = %v, want [10.0.0.1:8080]", got)
 	}
-	cached, err := src.services.Services("default").Get("web")
-	if err != nil {
-		t.Fatal(err)
+	obj, ok, err := src.services.GetByKey("default/web")
+	if err != nil || !ok {
+		t.Fatalf("cached Service: %v, %v", ok, err)
 	}
-	if len(cached.ManagedFields) != 0 {
-		t.Errorf("cached Service keeps its managedFields: %v", cached.ManagedFields)
+	cached, isCached := obj.(*cachedService)
+	if !isCached {
+		t.Fatalf("the cache holds a %T, want *cachedService", obj)
 	}
-	if _, ok := cached.Annotations[corev1.LastAppliedConfigAnnotation]; ok {
-		t.Error("cached Service keeps kubectl's last-applied-configuration")
+	if len(cached.GetManagedFields()) != 0 || cached.GetAnnotations() != nil {
+		t.Errorf("cached Service keeps managedFields %v or annotations %v", cached.GetManagedFields(), cached.GetAnnotations())
 	}
-	if cached.Annotations[corev1.AnnotationTopologyMode] != "Auto" {
-		t.Errorf("cached Service lost its other annotations: %v", cached.Annotations)
+	if cached.GetUID() != "uid-web" || cached.GetGeneration() != 3 || cached.Ports[0].Port != 80 ||
+		cached.ClusterIPs[0] != netip.MustParseAddr("10.96.0.10") {
+		t.Errorf("cached Service lost what the events or a translation read: %+v", cached)
 	}
 	// The API still has them: the transform changed the cache's copy only.
 	stored, err := client.CoreV1().Services("default").Get(t.Context(), "web", metav1.GetOptions{})

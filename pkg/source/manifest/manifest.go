@@ -125,8 +125,12 @@ type loader struct {
 	seed     maphash.Seed
 	// buf is read into, so that an edit of a big file does not allocate
 	// (and collect) its size every time; after a full parse, it is the
-	// largest buffer parsed.
-	buf []byte
+	// largest buffer parsed. It holds the content of the file held, if
+	// any: the file's cached result is of exactly that content, and the
+	// next load of the file compares the file with it (held.go).
+	buf     []byte
+	held    string
+	scratch []byte // the block readHeld reads into
 	// last is what the last load found outside the objects, for a load
 	// that only patches objects (patch.go); nil when it cannot.
 	last       *lastLoad
@@ -270,12 +274,39 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 	var patched []patchedFile
 	cached := 0 // files read whose last result is cached
 	for i, file := range paths {
-		if c, ok := l.cache[file]; ok && changed != nil && !changed[filepath.Base(file)] {
+		c, ok := l.cache[file]
+		if ok && changed != nil && !changed[filepath.Base(file)] {
 			results[i] = c
 			cached++
 			continue
 		}
 		l.reads.Add(1)
+		if ok && file == l.held {
+			data, prefix, suffix, same, err := l.readHeld(file)
+			if err == nil {
+				cached++
+				if same {
+					results[i] = c
+					continue
+				}
+				if !l.noPatch {
+					if fr, repl, ok := l.patchFile(file, data, prefix, suffix, c); ok {
+						fr.stale = true // the hashes and sum are of older content
+						results[i] = fr
+						patched = append(patched, patchedFile{file, c, fr, repl})
+						l.held = file
+						continue
+					}
+				}
+				sum, fwd := l.fileSum(data)
+				l.buf = nil // parseFile has it
+				datas[i], sums[i], fwds[i] = data, sum, fwd
+				todo = append(todo, i)
+				continue
+			}
+			// Read it in full, with what it held if it still does.
+		}
+		l.evict()
 		data, err := readFile(file, l.buf)
 		if err != nil {
 			// Unreadable (e.g. removed between listing and reading):
@@ -284,23 +315,27 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 			continue
 		}
 		sum, fwd := l.fileSum(data)
-		c, ok := l.cache[file]
 		if ok {
 			cached++
 		}
 		// Nothing keeps data once a file is found unchanged or patched:
-		// the next file, or the next load, reads into it.
+		// the next file, or the next load, reads into it (or compares
+		// with it, if it is the same file).
 		l.buf = data
-		if ok && c.sum == sum {
+		if ok && !c.stale && c.sum == sum {
 			results[i] = c
+			l.held = file
 			continue
 		}
-		if ok && !l.noPatch {
-			if fr, repl, ok := l.patchFile(file, data, fwd, c); ok {
-				fr.sum = sum
-				results[i] = fr
-				patched = append(patched, patchedFile{file, c, fr, repl})
-				continue
+		if ok && !l.noPatch && !c.stale {
+			if prefix, suffix, bwd, ok := c.layout.hashedChange(data, fwd); ok {
+				if fr, repl, ok := l.patchFile(file, data, prefix, suffix, c); ok {
+					fr.sum, fr.layout.fwd, fr.layout.bwd = sum, fwd, bwd
+					results[i] = fr
+					patched = append(patched, patchedFile{file, c, fr, repl})
+					l.held = file
+					continue
+				}
 			}
 		}
 		l.buf = nil // parseFile has it
@@ -316,9 +351,10 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 	// that the first edit after a full parse (the first load, a Service
 	// added or removed) does not allocate the file's size again.
 	var spare []byte
+	spareFile := ""
 	for _, i := range todo {
 		if cap(datas[i]) > cap(spare) {
-			spare = datas[i]
+			spare, spareFile = datas[i], paths[i]
 		}
 	}
 	var wg sync.WaitGroup
@@ -338,7 +374,8 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 	}
 	wg.Wait()
 	if cap(spare) > cap(l.buf) {
-		l.buf = spare[:0]
+		// Still that file's content, which its result reflects.
+		l.buf, l.held = spare, spareFile
 	}
 
 	res := &Result{}
@@ -406,6 +443,9 @@ type fileResult struct {
 	// load can decode only the part that changed (patch.go); nil if the
 	// file is not shaped for that.
 	layout *layout
+	// stale says sum and the layout's hashes are of an older content:
+	// the file is held and was patched since (held.go).
+	stale bool
 	// dec decodes the documents while the file is parsed; nil after.
 	dec *docDecoder
 }

@@ -16,15 +16,29 @@ import (
 // but splitting the file into its objects, hashing each, and rebuilding
 // every per-object map still walked them all: hundreds of milliseconds at
 // 30,000 Services. So a file that parsed cleanly keeps its layout: where
-// each piece (a document of a YAML stream, an item of a JSON List) is,
-// and hashes of its content in fixed chunks counted from the start and
-// from the end. The next load of that file compares the chunk hashes to
-// find the region that changed, splits and decodes only the pieces in it,
-// and, if they are the same objects (kind, namespace, name) in the same
-// places, patches the last result instead of parsing the file: the
-// outcome is exactly what parseFile would return. Anything else (a piece
-// added or removed, an object renamed, an error or a warning, a List in a
-// YAML stream) falls back to parsing the whole file.
+// each piece (a document of a YAML stream, an item of a JSON List) is.
+// The next load of that file finds the region that changed, splits and
+// decodes only the pieces in it, and, if they are the same objects (kind,
+// namespace, name) in the same places, patches the last result instead of
+// parsing the file: the outcome is exactly what parseFile would return.
+// Anything else (a piece added or removed, an object renamed, an error or
+// a warning, a List in a YAML stream) falls back to parsing the whole
+// file.
+//
+// The region that changed is found in one of two ways. The file whose
+// content the loader holds (its read buffer, see loader.held: in a
+// single-file source, always the file) is read in blocks and compared with
+// that content byte for byte, forward for the common prefix and, from the
+// end, for the common suffix; only the bytes between them are read into
+// the buffer, where the suffix is moved to its new place (readHeld). That
+// finds every changed byte, with no hashing and no second buffer: the
+// file is read once, in blocks that stay in the CPU's cache. Any other
+// file is read in full, and hashes of its content in fixed chunks, counted
+// from the start and from the end, compared with those of its last
+// content (hashedChange): to chunk granularity, with a keyed 64-bit hash.
+// Those hashes are computed when a file is read in full, or when the
+// buffer passes from one file to another (evict): a file patched while
+// held has none until then.
 
 // chunkSize is the granularity of the change detection: the pieces in the
 // changed chunks are split again (their decoding is still skipped if
@@ -33,11 +47,13 @@ const chunkSize = 4096
 
 // layout is where a file's pieces are, and hashes of its content.
 type layout struct {
-	n      int      // content length
-	fwd    []uint64 // hashes of content[k*chunkSize:], chunk by chunk
-	bwd    []uint64 // hashes of the chunks counted from the end
-	list   bool     // the pieces are the items of one JSON List; else YAML documents
-	pieces []piece
+	n int // content length
+	// fwd and bwd are the hashes of the content's chunks counted from
+	// the start and from the end; nil while the content is held and was
+	// patched (fileResult.stale).
+	fwd, bwd []uint64
+	list     bool // the pieces are the items of one JSON List; else YAML documents
+	pieces   []piece
 	// head and tail are the content before the first piece and after
 	// the last (a List's header and closing brackets), if short: a
 	// change in the first or last chunk is then no change of them.
@@ -160,23 +176,17 @@ type replacement struct {
 	oldSum   unitSum
 }
 
-// patchFile returns what parseFile would return for the file's new
-// content data (whose hashes from the start are fwd), given its last
-// result old, decoding only the pieces in
-// the region that changed; ok is false if it cannot (see the top of this
-// file). It reads the loader's state only, and changes old only when it
-// patches: fr is then old, made the new result in place. The load
-// replaces the file's last result with what it finds, patched or parsed,
-// so nothing reads old as it was after that, and copying its slices (the
-// size of the file's objects: 14 MiB at 100,000 Services) every edit
-// would only make garbage.
-func (l *loader) patchFile(file string, data []byte, fwd []uint64, old *fileResult) (fr *fileResult, repl []replacement, ok bool) {
-	lo := old.layout
-	if lo == nil || len(lo.pieces) == 0 || lo.fwd == nil {
-		return nil, nil, false
+// hashedChange returns how much of data, a file's new content whose
+// chunk hashes from the start are fwd, is the layout's content at the
+// start (prefix) and at the end (suffix), as far as the chunk hashes and
+// the head and tail say; and the hashes from the end, for the layout if
+// the file is patched. ok is false if there is no layout, or it has no
+// hashes.
+func (lo *layout) hashedChange(data []byte, fwd []uint64) (prefix, suffix int, bwd []uint64, ok bool) {
+	if lo == nil || lo.fwd == nil {
+		return 0, 0, nil, false
 	}
-	bwd := bwdHashes(data)
-	prefix, suffix := 0, 0
+	bwd = bwdHashes(data)
 	for k := 0; k < len(fwd) && k < len(lo.fwd) && fwd[k] == lo.fwd[k]; k++ {
 		prefix = min(len(data), lo.n, (k+1)*chunkSize)
 	}
@@ -191,6 +201,26 @@ func (l *loader) patchFile(file string, data []byte, fwd []uint64, old *fileResu
 	}
 	if m := min(len(data), lo.n); prefix+suffix > m {
 		suffix = m - prefix
+	}
+	return prefix, suffix, bwd, true
+}
+
+// patchFile returns what parseFile would return for the file's new
+// content data, given its last result old and that data begins with the
+// first prefix bytes of old's content and ends with its last suffix bytes
+// (prefix+suffix at most the shorter length), decoding only the pieces in
+// the region between; ok is false if it cannot (see the top of this
+// file). It reads the loader's state only, and changes old only when it
+// patches: fr is then old, made the new result in place (with the layout's
+// hashes unset: the caller sets them, or marks them stale). The load
+// replaces the file's last result with what it finds, patched or parsed,
+// so nothing reads old as it was after that, and copying its slices (the
+// size of the file's objects: 14 MiB at 100,000 Services) every edit
+// would only make garbage.
+func (l *loader) patchFile(file string, data []byte, prefix, suffix int, old *fileResult) (fr *fileResult, repl []replacement, ok bool) {
+	lo := old.layout
+	if lo == nil || len(lo.pieces) == 0 || prefix+suffix > min(len(data), lo.n) {
+		return nil, nil, false
 	}
 	delta := len(data) - lo.n
 
@@ -209,11 +239,23 @@ func (l *loader) patchFile(file string, data []byte, fwd []uint64, old *fileResu
 	if b >= 0 && ps[b].end < tail {
 		b++
 	}
+	if lo.list {
+		// The items are split from the first byte of item a to the
+		// last of item b, which must be unchanged: a change that ends
+		// at an item's start or begins at its end (white space
+		// inserted between items) takes in the item next to it.
+		if a > 0 && ps[a].start == prefix {
+			a--
+		}
+		if b >= 0 && b < len(ps)-1 && ps[b].end == tail {
+			b++
+		}
+	}
 	if a < 0 || b >= len(ps) || b < 0 || a > b {
 		return nil, nil, false
 	}
 	from, to := ps[a].start, ps[b].end+delta
-	if from > prefix || ps[b].end < tail || to < from || to > len(data) {
+	if from > prefix || lo.list && from == prefix || ps[b].end < tail || to < from || to > len(data) {
 		return nil, nil, false
 	}
 	var spans []span
@@ -299,7 +341,7 @@ func (l *loader) patchFile(file string, data []byte, fwd []uint64, old *fileResu
 			ps[i].end += delta
 		}
 	}
-	lo.n, lo.fwd, lo.bwd = len(data), fwd, bwd
+	lo.n, lo.fwd, lo.bwd = len(data), nil, nil
 	return fr, repl, true
 }
 

@@ -60,23 +60,31 @@ type Tracker struct {
 	inputs map[types.NamespacedName]*input
 	// dirty lists the Services changed since the last Sync, once each.
 	dirty []types.NamespacedName
-	// ownerOf is the Service each slice was last filed under, so that a
-	// slice relabelled to another Service leaves the first.
-	ownerOf map[types.NamespacedName]types.NamespacedName
-	node    translate.Node
+	// ownerOf is the name of the Service each slice was last filed
+	// under, so that a slice relabelled to another Service leaves the
+	// first. A slice's Service is in the slice's namespace, its key's:
+	// the name alone is kept (16 bytes an entry less than the whole
+	// name, at 30,000 slices 1 MiB). ownerElsewhere holds the owners of
+	// the slices filed in another namespace than their key's (a source
+	// whose key is not the object's; nil if none).
+	ownerOf        map[types.NamespacedName]string
+	ownerElsewhere map[types.NamespacedName]types.NamespacedName
+	node           translate.Node
 	// nodeChanged are the parts of the node changed since the last Sync.
 	nodeChanged translate.NodeFacts
 
 	// Owned by the goroutine that calls Sync.
-	opts       translate.Options // opts.Node is the node translations were made for
-	translated map[types.NamespacedName]translation
+	opts translate.Options // opts.Node is the node translations were made for
+	// ntranslated counts the inputs that hold a translation
+	// (input.translation).
+	ntranslated int
 	// facts holds what of the node each Service's translation read, for
 	// the Services that read any.
 	facts map[types.NamespacedName]translate.NodeFacts
-	// order lists the keys of translated sorted by namespace/name (the
-	// conflict rule's order); nil when a key came or went since it was
-	// sorted.
-	order     []types.NamespacedName
+	// order lists the inputs that hold a translation, sorted by
+	// namespace/name (the conflict rule's order); nil when one came or
+	// went since it was sorted.
+	order     []translated
 	state     *model.State
 	conflicts []Conflict
 	errs      map[types.NamespacedName]error
@@ -89,15 +97,24 @@ type Tracker struct {
 
 // translation is a Service's last translation that has frontends, and the
 // Service's creationTimestamp (zero if it has none), for the conflict
-// rule: one map of both costs less than two at 30,000 Services.
+// rule.
 type translation struct {
 	services []*model.Service
 	created  time.Time
 }
 
-// input is what one Service's translation reads.
+// translated is a Service that has a translation, and its input.
+type translated struct {
+	key types.NamespacedName
+	in  *input
+}
+
+// input is what one Service's translation reads, and its last translation
+// with frontends. The translation is the Sync goroutine's: Set* never
+// touch it, and it is not a map of its own beside Tracker.inputs (at
+// 30,000 Services such a map cost 5 MiB, mostly keys and empty slots).
 type input struct {
-	svc *corev1.Service // nil: none (yet, or any more)
+	svc serviceRef // none (yet, or any more): isNil
 	// slices are the Service's slices sorted by name (a stable input
 	// gives a stable translation). Most Services have one or two: a
 	// sorted slice costs less than a map. It is replaced, never modified
@@ -107,6 +124,12 @@ type input struct {
 	// not yet synced, with their slices' families.
 	triggers []model.Trigger
 	dirty    bool // listed in Tracker.dirty
+
+	// Owned by the goroutine that calls Sync. The input stays in
+	// Tracker.inputs while it has a translation: take drops only inputs
+	// with neither a Service nor slices, whose translation the same Sync
+	// then drops.
+	translation translation
 }
 
 // sliceRef is one of a Service's EndpointSlices as its source gave it: what a
@@ -121,6 +144,34 @@ type sliceRef struct {
 }
 
 func (s sliceRef) isNil() bool { return s.compact == nil && s.obj == nil }
+
+// serviceRef is a Service as its source gave it, as sliceRef is a slice:
+// what a translation reads of it (compact, from SetCompactService: the
+// Kubernetes source's informers hold only that), or the API object (obj,
+// from SetService: the manifest source's, made into what a translation
+// reads at each translation).
+type serviceRef struct {
+	compact *translate.Service
+	obj     *corev1.Service
+}
+
+func (s serviceRef) isNil() bool { return s.compact == nil && s.obj == nil }
+
+// created is the Service's creationTimestamp, zero if it has none.
+func (s serviceRef) created() time.Time {
+	if s.compact != nil {
+		return s.compact.Created
+	}
+	return s.obj.CreationTimestamp.Time
+}
+
+// read returns what a translation reads of the Service.
+func (s serviceRef) read() *translate.Service {
+	if s.compact != nil {
+		return s.compact
+	}
+	return translate.ServiceOf(s.obj)
+}
 
 func (s sliceRef) name() string {
 	if s.compact != nil {
@@ -163,15 +214,14 @@ func (s sliceRef) read() *translate.Slice {
 // until SetNode changes it.
 func New(opts translate.Options) *Tracker {
 	return &Tracker{
-		inputs:     map[types.NamespacedName]*input{},
-		ownerOf:    map[types.NamespacedName]types.NamespacedName{},
-		node:       opts.Node,
-		opts:       opts,
-		translated: map[types.NamespacedName]translation{},
-		facts:      map[types.NamespacedName]translate.NodeFacts{},
-		errs:       map[types.NamespacedName]error{},
-		skipped:    map[types.NamespacedName]string{},
-		warnings:   map[types.NamespacedName][]string{},
+		inputs:   map[types.NamespacedName]*input{},
+		ownerOf:  map[types.NamespacedName]string{},
+		node:     opts.Node,
+		opts:     opts,
+		facts:    map[types.NamespacedName]translate.NodeFacts{},
+		errs:     map[types.NamespacedName]error{},
+		skipped:  map[types.NamespacedName]string{},
+		warnings: map[types.NamespacedName][]string{},
 	}
 }
 
@@ -205,38 +255,78 @@ func (t *Tracker) markDirty(key types.NamespacedName, in *input) {
 // SetService records the latest version of the Service key (nil: deleted).
 // It reports whether anything was marked dirty.
 func (t *Tracker) SetService(key types.NamespacedName, svc *corev1.Service) bool {
+	var ref serviceRef
+	if svc != nil {
+		ref.obj = svc
+	}
+	return t.setService(key, ref)
+}
+
+// SetCompactService is SetService for a source that keeps only what a
+// translation reads of the Service (translate.ServiceOf; the Kubernetes
+// source): svc translates exactly as the object it was made from.
+func (t *Tracker) SetCompactService(key types.NamespacedName, svc *translate.Service) bool {
+	var ref serviceRef
+	if svc != nil {
+		ref.compact = svc
+	}
+	return t.setService(key, ref)
+}
+
+func (t *Tracker) setService(key types.NamespacedName, svc serviceRef) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	in := t.inputs[key]
-	var old *corev1.Service
+	var old serviceRef
 	if in != nil {
 		old = in.svc
 	}
-	if old == nil && svc == nil {
+	if old.isNil() && svc.isNil() {
 		return false
 	}
 	if in == nil {
 		in = t.input(key)
 	}
 	in.svc = svc
-	if old != nil && svc != nil && sameObject(old, svc) {
+	if !old.isNil() && !svc.isNil() && sameVersion(old, svc) {
 		return false
 	}
 	t.markDirty(key, in)
 	return true
 }
 
-// sameObject reports whether b translates as a does: the same object
+// sameVersion reports whether b translates as a does: the same object
 // version (an informer resync), or an update of nothing the translation
 // reads (most status updates). Objects read from files carry no
-// resourceVersion, so it is compared only when there is one.
-func sameObject(a, b *corev1.Service) bool {
-	if a == b || a.ResourceVersion != "" && a.ResourceVersion == b.ResourceVersion {
+// resourceVersion, so it is compared only when there is one. Of a compact
+// Service, everything is read but the resourceVersion (its
+// creationTimestamp too, the conflict rule's, and its generation: see
+// translate.Service).
+func sameVersion(a, b serviceRef) bool {
+	if a == b {
 		return true
 	}
-	return reflect.DeepEqual(a.Spec, b.Spec) && reflect.DeepEqual(a.Labels, b.Labels) &&
-		reflect.DeepEqual(a.Annotations, b.Annotations) &&
-		reflect.DeepEqual(a.Status.LoadBalancer, b.Status.LoadBalancer)
+	switch {
+	case a.obj != nil && b.obj != nil:
+		a, b := a.obj, b.obj
+		if a.ResourceVersion != "" && a.ResourceVersion == b.ResourceVersion {
+			return true
+		}
+		return reflect.DeepEqual(a.Spec, b.Spec) && reflect.DeepEqual(a.Labels, b.Labels) &&
+			reflect.DeepEqual(a.Annotations, b.Annotations) &&
+			reflect.DeepEqual(a.Status.LoadBalancer, b.Status.LoadBalancer)
+	case a.compact != nil && b.compact != nil:
+		if a.compact.ResourceVersion != "" && a.compact.ResourceVersion == b.compact.ResourceVersion {
+			return true
+		}
+		a, b := *a.compact, *b.compact
+		if !a.Created.Equal(b.Created) {
+			return false
+		}
+		a.ResourceVersion, a.Created, b.ResourceVersion, b.Created = "", time.Time{}, "", time.Time{}
+		return reflect.DeepEqual(a, b)
+	}
+	return false
 }
 
 // SetSlice records the latest version of the EndpointSlice key (nil:
@@ -275,7 +365,7 @@ func (t *Tracker) setSlice(key types.NamespacedName, es sliceRef, trigger string
 		owner, hasOwner = es.serviceName()
 	}
 	changed := false
-	oldOwner, had := t.ownerOf[key]
+	oldOwner, had := t.owner(key)
 	if had && (!hasOwner || oldOwner != owner) {
 		// Deleted, or relabelled to another Service: it leaves the
 		// one it was filed under.
@@ -284,6 +374,7 @@ func (t *Tracker) setSlice(key types.NamespacedName, es sliceRef, trigger string
 			in.slices = slices.Delete(slices.Clone(in.slices), i, i+1) // a copy, see input
 		}
 		delete(t.ownerOf, key)
+		delete(t.ownerElsewhere, key)
 		t.markDirty(oldOwner, in)
 		changed = true
 	}
@@ -301,13 +392,34 @@ func (t *Tracker) setSlice(key types.NamespacedName, es sliceRef, trigger string
 		in.slices = eps
 	} else {
 		in.slices = slices.Insert(slices.Clip(in.slices), i, es) // a copy too
-		t.ownerOf[key] = owner
+		t.setOwner(key, owner)
 	}
 	if trig, ok := triggerOf(es.addressType(), trigger); ok {
 		in.triggers = append(in.triggers, trig)
 	}
 	t.markDirty(owner, in)
 	return true
+}
+
+// owner returns the Service the slice key is filed under.
+func (t *Tracker) owner(key types.NamespacedName) (types.NamespacedName, bool) {
+	if o, ok := t.ownerElsewhere[key]; ok {
+		return o, true
+	}
+	name, ok := t.ownerOf[key]
+	return types.NamespacedName{Namespace: key.Namespace, Name: name}, ok
+}
+
+// setOwner files the slice key under the Service owner.
+func (t *Tracker) setOwner(key, owner types.NamespacedName) {
+	if owner.Namespace == key.Namespace {
+		t.ownerOf[key] = owner.Name
+		return
+	}
+	if t.ownerElsewhere == nil {
+		t.ownerElsewhere = map[types.NamespacedName]types.NamespacedName{}
+	}
+	t.ownerElsewhere[key] = owner
 }
 
 // findSlice returns where the slice called name is, or would be, in eps.
@@ -354,7 +466,8 @@ type pending struct {
 
 type dirtyService struct {
 	key    types.NamespacedName
-	svc    *corev1.Service // nil: deleted
+	in     *input     // the Service's, for its translation
+	svc    serviceRef // isNil: deleted
 	slices []sliceRef
 }
 
@@ -376,10 +489,10 @@ func (t *Tracker) take() pending {
 	p := pending{services: make([]dirtyService, 0, len(t.dirty)), node: t.node}
 	for _, k := range t.dirty {
 		in := t.inputs[k]
-		p.services = append(p.services, dirtyService{k, in.svc, in.slices})
+		p.services = append(p.services, dirtyService{k, in, in.svc, in.slices})
 		p.triggers = append(p.triggers, in.triggers...)
 		in.triggers, in.dirty = nil, false
-		if in.svc == nil && len(in.slices) == 0 {
+		if in.svc.isNil() && len(in.slices) == 0 {
 			delete(t.inputs, k)
 		}
 	}
@@ -451,35 +564,31 @@ func (t *Tracker) Sync() Result {
 	p := t.take()
 	t.opts.Node = p.node
 	r := Result{Triggers: p.triggers}
-	if len(t.translated) == 0 {
-		t.translated = make(map[types.NamespacedName]translation, len(p.services))
-	}
 	var changes []change
 	for _, d := range p.services {
-		key, svc := d.key, d.svc
+		key, svc, in := d.key, d.svc, d.in
 		var out []*model.Service
 		var created time.Time
-		if svc == nil {
+		if svc.isNil() {
 			delete(t.errs, key)
 			delete(t.skipped, key)
 			delete(t.facts, key)
 			delete(t.warnings, key)
 		} else {
 			r.Translated++
-			created = svc.CreationTimestamp.Time
+			created = svc.created()
 			read := make([]*translate.Slice, len(d.slices))
 			for i, es := range d.slices {
 				read[i] = es.read()
 			}
-			tr, err := translate.ServiceToModelSlices(svc, read, t.opts)
+			tr, err := translate.Translate(svc.read(), read, t.opts)
 			if err != nil {
 				// A malformed Service must not stop the others: it
 				// keeps its last good translation until it is fixed.
 				t.errs[key] = err
 				r.Errors = append(r.Errors, ServiceError{key, err})
-				if last, ok := t.translated[key]; ok {
-					last.created = created
-					t.translated[key] = last
+				if in.translation.services != nil {
+					in.translation.created = created
 				}
 				continue
 			}
@@ -505,29 +614,31 @@ func (t *Tracker) Sync() Result {
 			}
 			out = tr.Services
 		}
-		last, had := t.translated[key]
+		last := &in.translation
 		prev := last.services
+		had := prev != nil
 		if len(out) == 0 && !had {
 			continue
 		}
 		if had && reflect.DeepEqual(out, prev) {
-			if svc != nil && !last.created.Equal(created) {
+			if !svc.isNil() && !last.created.Equal(created) {
 				last.created = created
-				t.translated[key] = last
 			}
 			continue
 		}
 		r.Changed++
 		changes = append(changes, change{key, prev, out})
 		if len(out) == 0 {
-			delete(t.translated, key)
+			*last = translation{}
+			t.ntranslated--
 			t.order = nil
 			continue
 		}
 		if !had {
+			t.ntranslated++
 			t.order = nil
 		}
-		t.translated[key] = translation{out, created}
+		*last = translation{out, created}
 	}
 	if r.Changed > 0 || t.state == nil {
 		if t.state == nil || !t.patch(changes) {
@@ -592,13 +703,17 @@ func (t *Tracker) patch(changes []change) bool {
 // order Services are visited in.
 func (t *Tracker) build() {
 	if t.order == nil {
-		t.order = make([]types.NamespacedName, 0, len(t.translated))
-		for k := range t.translated {
-			t.order = append(t.order, k)
+		t.order = make([]translated, 0, t.ntranslated)
+		t.mu.Lock()
+		for k, in := range t.inputs {
+			if in.translation.services != nil {
+				t.order = append(t.order, translated{k, in})
+			}
 		}
-		slices.SortFunc(t.order, compareNames)
+		t.mu.Unlock()
+		slices.SortFunc(t.order, func(a, b translated) int { return compareNames(a.key, b.key) })
 	}
-	n := len(t.translated)
+	n := t.ntranslated
 	var prev map[model.L4Addr]*model.Service
 	if t.state != nil {
 		n = len(t.state.Services)
@@ -609,8 +724,8 @@ func (t *Tracker) build() {
 	// The ranks of the Services in st, for the contested frontends only.
 	var holder map[model.L4Addr]*claimant
 	contested := false
-	for _, k := range t.order {
-		for _, svc := range t.translated[k].services {
+	for _, o := range t.order {
+		for _, svc := range o.in.translation.services {
 			cur, taken := st.Services[svc.Frontend]
 			if !taken {
 				st.Services[svc.Frontend] = svc
@@ -633,8 +748,8 @@ func (t *Tracker) build() {
 	}
 	if contested {
 		// Every claim that lost, in Service order.
-		for _, k := range t.order {
-			for _, svc := range t.translated[k].services {
+		for _, o := range t.order {
+			for _, svc := range o.in.translation.services {
 				if w := st.Services[svc.Frontend]; w != svc {
 					t.conflicts = append(t.conflicts, Conflict{Frontend: svc.Frontend, Winner: w.Name, Loser: svc.Name})
 				}
@@ -653,7 +768,13 @@ type claimant struct {
 }
 
 func (t *Tracker) claimant(svc *model.Service, prev map[model.L4Addr]*model.Service) *claimant {
-	c := &claimant{svc: svc, created: t.translated[types.NamespacedName{Namespace: svc.Name.Namespace, Name: svc.Name.Name}].created}
+	t.mu.Lock()
+	in := t.inputs[types.NamespacedName{Namespace: svc.Name.Namespace, Name: svc.Name.Name}]
+	t.mu.Unlock()
+	c := &claimant{svc: svc}
+	if in != nil {
+		c.created = in.translation.created
+	}
 	if p := prev[svc.Frontend]; p != nil && p.Name == svc.Name {
 		c.holder = true
 	}

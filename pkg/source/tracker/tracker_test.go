@@ -34,7 +34,7 @@ func take(tr *Tracker) (services map[types.NamespacedName]*corev1.Service, slice
 	services = map[types.NamespacedName]*corev1.Service{}
 	slices = map[types.NamespacedName][]*discoveryv1.EndpointSlice{}
 	for _, d := range tr.take().services {
-		services[d.key] = d.svc
+		services[d.key] = d.svc.obj // fed by SetService
 		if d.slices != nil {
 			slices[d.key] = make([]*discoveryv1.EndpointSlice, len(d.slices))
 			for i, es := range d.slices {
@@ -90,6 +90,50 @@ func TestTrackerFoldsToNetChanges(t *testing.T) {
 	// Deleting an unknown slice or Service is no change.
 	if tr.SetSlice(types.NamespacedName{Namespace: "default", Name: "nope"}, nil) || tr.SetService(types.NamespacedName{Name: "nope"}, nil) {
 		t.Error("deleting unknown objects marked something dirty")
+	}
+}
+
+// A compact Service (SetCompactService, the Kubernetes source's) is a
+// change when anything of it but its resourceVersion is: a resync or an
+// update of what no translation reads (a status condition, an annotation)
+// is not; a new generation (a spec change of any part) and a new
+// creationTimestamp (the conflict rule's) are, as is what a translation
+// reads.
+func TestTrackerCompactServiceChanges(t *testing.T) {
+	tr := New(translate.Options{})
+	web := types.NamespacedName{Namespace: "default", Name: "web"}
+	svc := service("web", "10.96.0.10", 80)
+	svc.ResourceVersion, svc.Generation = "1", 1
+	if !tr.SetCompactService(web, translate.ServiceOf(svc)) {
+		t.Fatal("a new Service is not a change")
+	}
+	tr.take()
+	for _, c := range []struct {
+		what   string
+		change func(*corev1.Service)
+		want   bool
+	}{
+		{"a resync", func(*corev1.Service) {}, false},
+		{"a status condition", func(s *corev1.Service) {
+			s.ResourceVersion = "2"
+			s.Status.Conditions = []metav1.Condition{{Type: "Ready"}}
+		}, false},
+		{"an annotation", func(s *corev1.Service) { s.ResourceVersion, s.Annotations = "2", map[string]string{"a": "b"} }, false},
+		{"a new generation", func(s *corev1.Service) { s.ResourceVersion, s.Generation = "2", 2 }, true},
+		{"a new creationTimestamp", func(s *corev1.Service) { s.ResourceVersion, s.CreationTimestamp = "2", metav1.Unix(5, 0) }, true},
+		{"a port", func(s *corev1.Service) { s.ResourceVersion, s.Spec.Ports[0].Port = "2", 81 }, true},
+		{"another port at the same resourceVersion", func(s *corev1.Service) { s.Spec.Ports[0].Port = 81 }, false}, // the same version
+	} {
+		s := svc.DeepCopy()
+		c.change(s)
+		if got := tr.SetCompactService(web, translate.ServiceOf(s)); got != c.want {
+			t.Errorf("%s: changed %v, want %v", c.what, got, c.want)
+		}
+		tr.SetCompactService(web, translate.ServiceOf(svc))
+		tr.take()
+	}
+	if !tr.SetCompactService(web, nil) || tr.SetCompactService(web, nil) {
+		t.Error("deleting the Service is not a change once")
 	}
 }
 
@@ -208,6 +252,22 @@ func TestTrackerSliceRelabelled(t *testing.T) {
 	want = "10.96.0.1:80/TCP default/a:http ->\n10.96.0.2:80/TCP default/b:http ->"
 	if got := render(tr.Sync().State); got != want {
 		t.Errorf("unlabelled: got\n%s\nwant\n%s", got, want)
+	}
+
+	// A slice given under a key of another namespace than its own (a
+	// source whose keys are not the objects'): filed under the Service
+	// of its own namespace, it leaves it when deleted under that key.
+	es = slice("b", "b-9", 8080, "10.0.0.9")
+	key := types.NamespacedName{Namespace: "other", Name: es.Name}
+	tr.SetSlice(key, es)
+	want = "10.96.0.1:80/TCP default/a:http ->\n10.96.0.2:80/TCP default/b:http -> 10.0.0.9:8080/TCP"
+	if got := render(tr.Sync().State); got != want {
+		t.Errorf("key of another namespace: got\n%s\nwant\n%s", got, want)
+	}
+	tr.SetSlice(key, nil)
+	want = "10.96.0.1:80/TCP default/a:http ->\n10.96.0.2:80/TCP default/b:http ->"
+	if got := render(tr.Sync().State); got != want {
+		t.Errorf("key of another namespace, deleted: got\n%s\nwant\n%s", got, want)
 	}
 }
 

@@ -142,6 +142,7 @@ func checkService(t *testing.T, svc *corev1.Service, eps []*discoveryv1.Endpoint
 	// Backends: sorted, no duplicates, of the frontend's protocol, on
 	// valid addresses and ports, each listed by a slice of the Service;
 	// terminating ones only in place of ready ones, never beside them.
+	nodes := nodesOf(s, eps)
 	for i, b := range s.Backends {
 		if !b.Addr.IsValid() || b.Addr.Is4In6() || b.Addr.Is6() != fe.Addr.Is6() || b.Port == 0 || b.Proto != fe.Proto {
 			t.Fatalf("%s: invalid backend %s", fe, b.L4Addr)
@@ -155,8 +156,8 @@ func checkService(t *testing.T, svc *corev1.Service, eps []*discoveryv1.Endpoint
 		if !listed(svc, eps, b) {
 			t.Fatalf("%s: backend %s is listed by no slice of the Service", fe, b.L4Addr)
 		}
-		if s.ExternalLocal && (b.NodeName == "" || b.NodeName != node.Name) {
-			t.Fatalf("%s: externalTrafficPolicy Local, but backend %s is on node %q, not %q", fe, b.L4Addr, b.NodeName, node.Name)
+		if n := nodes[b.L4Addr]; s.ExternalLocal && (n == "" || n != node.Name) {
+			t.Fatalf("%s: externalTrafficPolicy Local, but backend %s is on node %q, not %q", fe, b.L4Addr, n, node.Name)
 		}
 	}
 

@@ -56,39 +56,35 @@ type external struct {
 
 // externalOf reads what svc's north-south frontends of the family (IPv6
 // if v6) share, on node; eps are the Service's slices of the family.
-func externalOf(svc *corev1.Service, eps []*Slice, node Node, v6 bool) external {
+func externalOf(svc *Service, eps []*Slice, node Node, v6 bool) external {
 	x := external{node: node, v6: v6}
-	typ := svc.Spec.Type
+	typ := svc.Type
 	x.nodePorts = typ == corev1.ServiceTypeNodePort || typ == corev1.ServiceTypeLoadBalancer
-	for _, s := range svc.Spec.ExternalIPs {
-		if ip, ok := parseIPSloppy(s); ok && ip.Is6() == v6 {
+	ext := svc.external()
+	for _, ip := range ext.IPs {
+		if ip.Is6() == v6 {
 			x.externalIPs = append(x.externalIPs, ip)
 		}
 	}
-	if typ == corev1.ServiceTypeLoadBalancer {
-		for _, ing := range svc.Status.LoadBalancer.Ingress {
-			if ing.IPMode != nil && *ing.IPMode == corev1.LoadBalancerIPModeProxy {
-				continue
-			}
-			if ip, ok := parseIPSloppy(ing.IP); ok && ip.Is6() == v6 {
-				x.lbIPs = append(x.lbIPs, ip)
-			}
+	for _, ip := range ext.LoadBalancerIPs { // a LoadBalancer Service's, not Proxy mode
+		if ip.Is6() == v6 {
+			x.lbIPs = append(x.lbIPs, ip)
 		}
 	}
 	// kube-proxy's ExternallyAccessible and ExternalPolicyLocal.
-	accessible := x.nodePorts || (typ == "" || typ == corev1.ServiceTypeClusterIP) && len(svc.Spec.ExternalIPs) > 0
-	x.local = accessible && svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+	accessible := x.nodePorts || (typ == "" || typ == corev1.ServiceTypeClusterIP) && len(ext.IPs) > 0
+	x.local = accessible && svc.ExternalLocal
 	if x.nodePorts {
 		// With no address today there is no NodePort frontend, but
 		// there will be once the node has one.
 		x.facts |= NodeAddresses
 	}
-	if len(x.lbIPs) > 0 && len(svc.Spec.LoadBalancerSourceRanges) > 0 {
-		x.ranges, x.closed, x.warnings = sourceRanges(svc.Spec.LoadBalancerSourceRanges, node.primaryIP(v6), x.lbIPs)
+	if len(x.lbIPs) > 0 && len(ext.SourceRanges) > 0 {
+		x.ranges, x.closed, x.warnings = sourceRanges(ext.SourceRanges, node.primaryIP(v6), x.lbIPs)
 		x.facts |= NodeAddresses // node.IPs
 	}
-	if x.local && typ == corev1.ServiceTypeLoadBalancer && svc.Spec.HealthCheckNodePort > 0 && svc.Spec.HealthCheckNodePort <= 65535 {
-		x.hc = uint16(svc.Spec.HealthCheckNodePort)
+	if x.local && typ == corev1.ServiceTypeLoadBalancer && ext.HealthCheckNodePort > 0 && ext.HealthCheckNodePort <= 65535 {
+		x.hc = uint16(ext.HealthCheckNodePort)
 		x.localReady = localReady(eps, node.Name)
 		x.facts |= NodeName
 	}
@@ -96,9 +92,9 @@ func externalOf(svc *corev1.Service, eps []*Slice, node Node, v6 bool) external 
 }
 
 // policyOf returns how the traffic policies apply to port sp of svc.
-func policyOf(svc *corev1.Service, sp corev1.ServicePort, x external) portPolicy {
+func policyOf(svc *Service, sp ServicePort, x external) portPolicy {
 	return portPolicy{
-		internalLocal: svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal,
+		internalLocal: svc.InternalLocal,
 		externalLocal: x.local,
 		accessible:    x.nodePorts && sp.NodePort > 0 || len(x.externalIPs) > 0 || len(x.lbIPs) > 0,
 	}
@@ -109,7 +105,7 @@ func policyOf(svc *corev1.Service, sp corev1.ServicePort, x external) portPolicy
 // with each other and the port's ClusterIP frontend: nothing modifies a
 // translation (model.State), and a LoadBalancer Service's port has one
 // frontend per node address, external IP and load-balancer IP.
-func northSouth(svc *corev1.Service, sp corev1.ServicePort, proto model.Protocol, cat categories, x external) (out []*model.Service) {
+func northSouth(svc *Service, sp ServicePort, proto model.Protocol, cat categories, x external) (out []*model.Service) {
 	backends := cat.cluster
 	if x.local {
 		backends = cat.local

@@ -57,10 +57,10 @@ func TestCategorizeEndpoints(t *testing.T) {
 				if len(svc.Spec.Ports) != 1 {
 					t.Fatalf("want one port, the corpus has %d", len(svc.Spec.Ports))
 				}
-				sp := svc.Spec.Ports[0]
-				read := SlicesOf(eps)
-				x := externalOf(svc, read, node, v6)
-				pol := policyOf(svc, sp, x)
+				read, cs := SlicesOf(eps), ServiceOf(svc)
+				sp := cs.Ports[0]
+				x := externalOf(cs, read, node, v6)
+				pol := policyOf(cs, sp, x)
 				cat := categorize(endpointsFor(sp.Name, corev1.ProtocolTCP, model.TCP, read, node.Name), pol, node.Name, tr.Node.Zone)
 
 				// kube-proxy's test compares contents; nil and empty are
@@ -674,7 +674,7 @@ func TestSCTPPortSkipped(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := "10.96.0.1:53/UDP default/web:dns -> 10.1.0.1:5353/UDP@node-a\n10.96.0.1:80/TCP default/web:http -> 10.1.0.1:8080/TCP@node-a\n"
-	if got := render(tr.Services); got != want {
+	if got := render(tr.Services, []*discoveryv1.EndpointSlice{es}); got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
 	if w := []string{`port "sig": protocol SCTP is not supported; the port is not served`}; !slices.Equal(tr.Warnings, w) {

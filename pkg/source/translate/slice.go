@@ -12,7 +12,7 @@ import (
 // source that keeps every slice (pkg/source/kube's informers) keeps these
 // instead of the API objects, which cost about three times as much (the
 // API's Endpoint is 96 bytes and its address a string in an array of its
-// own; its labels a map). SliceOf makes one; ServiceToModelSlices
+// own; its labels a map). SliceOf makes one; Translate
 // translates with them exactly as ServiceToModel does with the objects
 // they were made from.
 //

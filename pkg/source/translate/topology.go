@@ -35,6 +35,7 @@ import (
 // reads of it.
 type endpoint struct {
 	b                           model.Backend
+	node                        string // the node it runs on ("": unknown)
 	ready, serving, terminating bool
 	local                       bool     // on this node
 	zones, nodes                []string // hints.forZones, hints.forNodes
@@ -205,10 +206,8 @@ func endpointsFor(portName string, kproto corev1.Protocol, proto model.Protocol,
 				}
 				node := e.nodeName()
 				c := endpoint{
-					b: model.Backend{
-						L4Addr:   model.L4Addr{Addr: e.Addr, Port: uint16(ep.Port), Proto: proto},
-						NodeName: node,
-					},
+					b:           model.Backend{L4Addr: model.L4Addr{Addr: e.Addr, Port: uint16(ep.Port), Proto: proto}},
+					node:        node,
 					ready:       e.Ready,
 					serving:     e.Serving,
 					terminating: e.Terminating,
@@ -283,8 +282,15 @@ func hintsRead(eps []endpoint) (name, zone bool) {
 
 // parseIPSloppy parses an address of either family as kube-proxy does
 // (netutils.ParseIPSloppy: "10.180.00.001" is 10.180.0.1), an IPv4-mapped
-// one as IPv4 (netutils.IPFamilyOf).
+// one as IPv4 (netutils.IPFamilyOf). netip parses what both accept without
+// allocating (netutils makes a net.IP of every address: a 30,000-Service
+// cluster's first list has hundreds of thousands); what netip refuses
+// (leading zeros) or takes and netutils does not (a zone) goes to
+// netutils.
 func parseIPSloppy(s string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" {
+		return a.Unmap(), true
+	}
 	ip := netutils.ParseIPSloppy(s)
 	if ip == nil {
 		return netip.Addr{}, false

@@ -159,8 +159,8 @@ const (
 )
 
 // The labels a translation reads, of a Service and of an EndpointSlice: a
-// source may drop the others (pkg/source/kube caches only these). Keep
-// them in step with ServiceToModel and ServiceNameOfSlice.
+// source may drop the others (Service and Slice keep what these say as
+// fields). Keep them in step with MakeService and ServiceNameOfSlice.
 var (
 	ServiceLabelsRead = []string{LabelServiceProxyName, corev1.IsHeadlessService}
 	SliceLabelsRead   = []string{discoveryv1.LabelServiceName}
@@ -185,33 +185,24 @@ func ServiceNameOfSlice(es *discoveryv1.EndpointSlice) (types.NamespacedName, bo
 // of other Services are ignored). A Service deliberately not served is not
 // an error: its Translation says why it was skipped.
 func ServiceToModel(svc *corev1.Service, eps []*discoveryv1.EndpointSlice, opts Options) (Translation, error) {
-	return ServiceToModelSlices(svc, SlicesOf(eps), opts)
+	return Translate(ServiceOf(svc), SlicesOf(eps), opts)
 }
 
-// ServiceToModelSlices is ServiceToModel with the slices as a translation
-// reads them (Slice): the same result as with the objects they were made
-// from.
-func ServiceToModelSlices(svc *corev1.Service, eps []*Slice, opts Options) (Translation, error) {
+// Translate is ServiceToModel with the Service and slices as a translation
+// reads them (Service, Slice): the same result as with the objects they
+// were made from.
+func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 	if svc == nil {
 		return Translation{}, errors.New("nil Service")
 	}
-	if svc.Spec.Type == corev1.ServiceTypeExternalName {
-		return Translation{Skipped: SkipExternalName}, nil
+	if why := svc.skipped(opts); why != "" {
+		return Translation{Skipped: why}, nil
 	}
-	if p, ok := svc.Labels[LabelServiceProxyName]; ok && p != opts.proxyName() {
-		return Translation{Skipped: LabelServiceProxyName + "=" + p}, nil
-	}
-	if _, ok := svc.Labels[corev1.IsHeadlessService]; ok {
-		return Translation{Skipped: SkipHeadless}, nil
-	}
-	if svc.Spec.ClusterIP == corev1.ClusterIPNone || (len(svc.Spec.ClusterIPs) > 0 && svc.Spec.ClusterIPs[0] == corev1.ClusterIPNone) {
-		return Translation{Skipped: SkipHeadless}, nil
-	}
-	if err := ValidateService(svc); err != nil {
-		return Translation{}, err
+	if svc.Invalid != nil {
+		return Translation{}, svc.Invalid
 	}
 
-	vips := clusterIPs(svc)
+	vips := svc.ClusterIPs
 	if len(vips) == 0 {
 		return Translation{Skipped: SkipNoClusterIP}, nil
 	}
@@ -225,7 +216,7 @@ func ServiceToModelSlices(svc *corev1.Service, eps []*Slice, opts Options) (Tran
 		ext    external
 	}
 	node := opts.Node
-	affinity := affinityTimeout(svc)
+	affinity := svc.Affinity
 	var t Translation
 	fams := make([]family, len(vips))
 	for i, vip := range vips {
@@ -250,12 +241,12 @@ func ServiceToModelSlices(svc *corev1.Service, eps []*Slice, opts Options) (Tran
 			}
 		}
 	}
-	for i, sp := range svc.Spec.Ports {
+	for i, sp := range svc.Ports {
 		proto, err := protocolOf(sp.Protocol)
 		if err != nil {
 			// SCTP, the one protocol validation lets through that the
 			// datapath cannot serve: the port is left out.
-			t.Warnings = append(t.Warnings, fmt.Sprintf("%s: protocol %s is not supported; the port is not served", portName(svc, i), sp.Protocol))
+			t.Warnings = append(t.Warnings, fmt.Sprintf("%s: protocol %s is not supported; the port is not served", svc.portName(i), sp.Protocol))
 			continue
 		}
 		for _, f := range fams {
@@ -355,14 +346,6 @@ func affinityTimeout(svc *corev1.Service) time.Duration {
 		return time.Duration(*c.ClientIP.TimeoutSeconds) * time.Second
 	}
 	return DefaultAffinityTimeout
-}
-
-// portName names port i of svc in messages.
-func portName(svc *corev1.Service, i int) string {
-	if n := svc.Spec.Ports[i].Name; n != "" {
-		return "port " + strconv.Quote(n)
-	}
-	return "ports[" + strconv.Itoa(i) + "]"
 }
 
 // object is a Service or an EndpointSlice, as the validators get it (the

@@ -57,23 +57,45 @@ func eport(name string, port int32, proto corev1.Protocol) discoveryv1.EndpointP
 	return discoveryv1.EndpointPort{Name: ptr(name), Port: ptr(port), Protocol: ptr(proto)}
 }
 
-// render prints services compactly: "frontend name -> b1,b2".
-func render(svcs []*model.Service) string {
+// render prints services, translated from eps, compactly: "frontend
+// name -> b1 b2@node", with the node of the endpoint listing each backend
+// was taken from (endpointsFor's choice among an endpoint's listings; the
+// model does not keep it).
+func render(svcs []*model.Service, eps []*discoveryv1.EndpointSlice) string {
 	var sb strings.Builder
 	for _, s := range svcs {
+		nodes := nodesOf(s, eps)
 		fmt.Fprintf(&sb, "%s %s ->", s.Frontend, s.Name)
 		for _, b := range s.Backends {
 			fmt.Fprintf(&sb, " %s", b.L4Addr)
 			if b.Terminating {
 				sb.WriteString("(term)")
 			}
-			if b.NodeName != "" {
-				fmt.Fprintf(&sb, "@%s", b.NodeName)
+			if n := nodes[b.L4Addr]; n != "" {
+				fmt.Fprintf(&sb, "@%s", n)
 			}
 		}
 		sb.WriteString("\n")
 	}
 	return sb.String()
+}
+
+// nodesOf returns the node of each endpoint of s's port in the slices of
+// its Service and family among eps, from the listing endpointsFor
+// chooses, by backend.
+func nodesOf(s *model.Service, eps []*discoveryv1.EndpointSlice) map[model.L4Addr]string {
+	var read []*Slice
+	for _, es := range eps {
+		if nn, ok := ServiceNameOfSlice(es); ok && nn.Namespace == s.Name.Namespace && nn.Name == s.Name.Name &&
+			es.AddressType == addressTypeOf(s.Frontend.Addr) {
+			read = append(read, SliceOf(es))
+		}
+	}
+	nodes := map[model.L4Addr]string{}
+	for _, e := range endpointsFor(s.Name.Port, corev1.Protocol(s.Frontend.Proto.String()), s.Frontend.Proto, read, "") {
+		nodes[e.b.L4Addr] = e.node
+	}
+	return nodes
 }
 
 func TestServiceToModel(t *testing.T) {
@@ -222,7 +244,7 @@ func TestServiceToModel(t *testing.T) {
 			if skip != tc.skip {
 				t.Fatalf("skipped = %q, want %q", skip, tc.skip)
 			}
-			if r := render(got); r != tc.want {
+			if r := render(got, tc.slices); r != tc.want {
 				t.Errorf("got\n%s\nwant\n%s", r, tc.want)
 			}
 		})
