@@ -54,8 +54,8 @@ static __always_inline bool lb6_addr_eq(const union v6addr *a,
 #define lb_backend_6	  struct lb6_backend
 #define services_map_4	  sluice_services_v1
 #define services_map_6	  sluice6_services_v1
-#define backends_map_4	  sluice_backends_v1
-#define backends_map_6	  sluice6_backends_v1
+#define backends_map_4	  sluice_backends_v2
+#define backends_map_6	  sluice6_backends_v2
 #define service_ips_map_4 sluice_service_ips_v1
 #define service_ips_map_6 sluice6_service_ips_v1
 #define src_range_key_4	  struct src_range_key

@@ -34,9 +34,19 @@ FN(lookup_service)(FAM(addr_t) vip, __be16 port, __u8 proto)
 	return FN(lookup_service_scope)(vip, port, proto, LB_SCOPE_DEFAULT);
 }
 
+/*
+ * lookup_backend - the backend of id @backend_id, or NULL if no backend
+ * holds it: out of the array, or an absent entry (no BE_F_PRESENT). Every
+ * reader of the backends maps goes through here.
+ */
 static __always_inline FAM(lb_backend) *FN(lookup_backend)(__u32 backend_id)
 {
-	return bpf_map_lookup_elem(&FAM(backends_map), &backend_id);
+	FAM(lb_backend) *be =
+		bpf_map_lookup_elem(&FAM(backends_map), &backend_id);
+
+	if (!be || !(be->flags & BE_F_PRESENT))
+		return NULL;
+	return be;
 }
 
 /* lookup_slot - slot @slot (>= 1) of a frontend in @scope, or NULL. */

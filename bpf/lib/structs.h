@@ -66,12 +66,24 @@ struct lb4_service {
 	__u8 pad[2];
 };
 
-/* sluice_backends_v1: __u32 backend id (host order) -> struct lb4_backend. */
+/*
+ * sluice_backends_v2 (array): __u32 backend id (host order) -> struct
+ * lb4_backend. An array has an entry under every index: the ids no backend
+ * holds are entries whose flags lack BE_F_PRESENT. A new array is all zero,
+ * all absent; the agent deletes a backend by writing a zero entry. Readers
+ * treat an absent entry as a hash's missing key (lookup_backend).
+ */
 struct lb4_backend {
 	__be32 addr; /* network order */
 	__be16 port; /* network order */
 	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
-	__u8 flags;  /* reserved, zero */
+	__u8 flags;  /* enum backend_flags */
+};
+
+/* Flags of a backend entry (lb4_backend.flags, lb6_backend.flags). */
+enum backend_flags {
+	/* a backend holds the id: without it the entry is absent */
+	BE_F_PRESENT = 1,
 };
 
 /*
@@ -836,12 +848,15 @@ struct lb6_key {
 	__u16 pad1;
 };
 
-/* sluice6_backends_v1: __u32 backend id (host order) -> struct lb6_backend. */
+/*
+ * sluice6_backends_v2 (array): __u32 backend id (host order) -> struct
+ * lb6_backend, as sluice_backends_v2 (absent without BE_F_PRESENT).
+ */
 struct lb6_backend {
 	union v6addr addr; /* network order */
 	__be16 port;	   /* network order */
 	__u8 proto;	   /* IPPROTO_TCP or IPPROTO_UDP */
-	__u8 flags;	   /* reserved, zero */
+	__u8 flags;	   /* enum backend_flags */
 };
 
 /* sluice6_rev_nat_v1: __u32 service id (host order) -> struct lb6_rev_nat. */
@@ -979,6 +994,7 @@ BTF_EXPORT(enum ct_dir, ct_dir);
 BTF_EXPORT(enum ct_flags, ct_flags);
 BTF_EXPORT(struct ct_gc_args, ct_gc_args);
 BTF_EXPORT(enum svc_flags, svc_flags);
+BTF_EXPORT(enum backend_flags, backend_flags);
 BTF_EXPORT(enum lb_scope, lb_scope);
 BTF_EXPORT(enum node_dev_flags, node_dev_flags);
 BTF_EXPORT(enum affinity_client, affinity_client);

@@ -109,9 +109,36 @@ func (m *Maps) UpsertServiceIPs(as []netip.Addr) (int, error) {
 }
 
 // DeleteBackends deletes backends, of either family; deleting a missing
-// one succeeds.
+// one succeeds. An array has no deletes: each id's entry is made absent
+// (zero, without BE_F_PRESENT) in both families' arrays, as ids are one
+// space over both, in batches.
 func (m *Maps) DeleteBackends(ids []reconciler.BackendID) (int, error) {
-	return deleteIDs([]*ebpf.Map{m.backends, m.backends6}, mapBackends, idKeys(ids))
+	if err := clearIDs[sockLb4Backend](m.backends, mapBackends, ids); err != nil {
+		return 0, err
+	}
+	if err := clearIDs[sockLb6Backend](m.backends6, mapBackends6, ids); err != nil {
+		return 0, err
+	}
+	return len(ids), nil
+}
+
+// clearIDs writes the zero V, an absent entry, under each of ids in the
+// array m, in one batch. An id beyond the array holds nothing to clear.
+func clearIDs[V any](m *ebpf.Map, name string, ids []reconciler.BackendID) error {
+	if m == nil {
+		return nil
+	}
+	keys := make([]uint32, 0, len(ids))
+	for _, id := range ids {
+		if uint32(id) < m.MaxEntries() {
+			keys = append(keys, uint32(id))
+		}
+	}
+	values := make([]V, len(keys))
+	if n, err := putBatch(m, keys, values); err != nil {
+		return fmt.Errorf("delete %s (entry %d of %d): %w", name, n, len(keys), err)
+	}
+	return nil
 }
 
 // DeleteRevNats deletes reverse-NAT entries, of either family; deleting a

@@ -115,31 +115,36 @@ func TestBatchWritesAsSingle(t *testing.T) {
 // TestBatchStopsWhenFull: a batch that does not fit writes a prefix and
 // says how long it is, in an error that names the full map and the entry
 // it stopped at; what it wrote stays programmed. An entry the encoder
-// refuses ends the batch there. Over IPv6, sluice6_backends fills.
+// refuses ends the batch there. Over IPv6, sluice6_backends fills. (The
+// backends maps are arrays indexed by the id: what does not fit is an id
+// beyond them; the batch's ids end there.)
 func TestBatchStopsWhenFull(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		testutil.Privileged(t)
 		cfg := smallConfig(testPinDir(t))
 		m := openTest(t, cfg).Maps()
+		slots := backendSlots(cfg.withDefaults())
 		// One backend of the other family first, then more than the
-		// family's map holds.
+		// family's map holds: MaxBackends ids up to its last entry,
+		// five beyond.
 		bes := []reconciler.BackendEntry{{ID: 1, Addr: l4(twinAddr(!v6, "10.2.0.1"), 8080, model.TCP)}}
 		for i := range cfg.MaxBackends + 5 {
 			a := netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)})
-			bes = append(bes, reconciler.BackendEntry{ID: reconciler.BackendID(i + 2), Addr: l4(twinAddr(v6, a.String()), 8080, model.TCP)})
+			id := reconciler.BackendID(slots - cfg.MaxBackends + i)
+			bes = append(bes, reconciler.BackendEntry{ID: id, Addr: l4(twinAddr(v6, a.String()), 8080, model.TCP)})
 		}
 		n, err := m.UpsertBackends(bes)
 		if n != 1+cfg.MaxBackends || err == nil {
 			t.Fatalf("UpsertBackends of %d into %d = %d, %v", len(bes), cfg.MaxBackends, n, err)
 		}
 		name := map[bool]string{false: mapBackends, true: mapBackends6}[v6]
-		what := fmt.Sprintf("upsert %s (entry %d of %d): full (%d entries)", name, n, len(bes), cfg.MaxBackends)
+		what := fmt.Sprintf("upsert %s (entry %d of %d): full (%d entries)", name, n, len(bes), slots)
 		if !strings.Contains(err.Error(), what) {
 			t.Errorf("UpsertBackends: %v; want it to say %q", err, what)
 		}
 		// A single write into the full map says so too.
 		last := bes[len(bes)-1]
-		what = fmt.Sprintf("%s: full (%d entries)", name, cfg.MaxBackends)
+		what = fmt.Sprintf("%s: full (%d entries)", name, slots)
 		if err := m.UpsertBackend(last.ID, last.Addr); err == nil || !strings.Contains(err.Error(), what) {
 			t.Errorf("UpsertBackend into the full map: %v; want it to say %q", err, what)
 		}

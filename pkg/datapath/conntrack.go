@@ -364,10 +364,8 @@ func (p *Pinned) DeleteConntrack(flows []ConntrackEntry) (int, error) {
 			return 0, err
 		}
 		path := filepath.Join(p.dir, t.name)
-		if prev := previousPin(t.name); prev != "" {
-			if _, err := os.Stat(filepath.Join(p.dir, prev)); err == nil {
-				path = filepath.Join(p.dir, prev)
-			}
+		if prev := previousPin(p.dir, t.name); prev != "" {
+			path = filepath.Join(p.dir, prev)
 		}
 		ro.Close()
 		m, err := ebpf.LoadPinnedMap(path, nil)

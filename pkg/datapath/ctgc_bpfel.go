@@ -18,7 +18,7 @@ import (
 const (
 	ctgcMapSluice6AffFixV1         = "sluice6_aff_fix_v1"
 	ctgcMapSluice6AffinityV1       = "sluice6_affinity_v1"
-	ctgcMapSluice6BackendsV1       = "sluice6_backends_v1"
+	ctgcMapSluice6BackendsV2       = "sluice6_backends_v2"
 	ctgcMapSluice6ConntrackV1      = "sluice6_conntrack_v1"
 	ctgcMapSluice6CtFlushV1        = "sluice6_ct_flush_v1"
 	ctgcMapSluice6CtNewV1          = "sluice6_ct_new_v1"
@@ -34,7 +34,7 @@ const (
 	ctgcMapSluice6UdpStickV1       = "sluice6_udp_stick_v1"
 	ctgcMapSluice6XdpV1            = "sluice6_xdp_v1"
 	ctgcMapSluiceAffFixV1          = "sluice_aff_fix_v1"
-	ctgcMapSluiceBackendsV1        = "sluice_backends_v1"
+	ctgcMapSluiceBackendsV2        = "sluice_backends_v2"
 	ctgcMapSluiceConntrackV2       = "sluice_conntrack_v2"
 	ctgcMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
 	ctgcMapSluiceCtNewV1           = "sluice_ct_new_v1"
@@ -124,7 +124,7 @@ type ctgcProgramSpecs struct {
 type ctgcMapSpecs struct {
 	Sluice6AffFixV1         *ebpf.MapSpec `ebpf:"sluice6_aff_fix_v1"`
 	Sluice6AffinityV1       *ebpf.MapSpec `ebpf:"sluice6_affinity_v1"`
-	Sluice6BackendsV1       *ebpf.MapSpec `ebpf:"sluice6_backends_v1"`
+	Sluice6BackendsV2       *ebpf.MapSpec `ebpf:"sluice6_backends_v2"`
 	Sluice6ConntrackV1      *ebpf.MapSpec `ebpf:"sluice6_conntrack_v1"`
 	Sluice6CtFlushV1        *ebpf.MapSpec `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.MapSpec `ebpf:"sluice6_ct_new_v1"`
@@ -140,7 +140,7 @@ type ctgcMapSpecs struct {
 	Sluice6UdpStickV1       *ebpf.MapSpec `ebpf:"sluice6_udp_stick_v1"`
 	Sluice6XdpV1            *ebpf.MapSpec `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
-	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
+	SluiceBackendsV2        *ebpf.MapSpec `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
 	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
@@ -202,7 +202,7 @@ func (o *ctgcObjects) Close() error {
 type ctgcMaps struct {
 	Sluice6AffFixV1         *ebpf.Map `ebpf:"sluice6_aff_fix_v1"`
 	Sluice6AffinityV1       *ebpf.Map `ebpf:"sluice6_affinity_v1"`
-	Sluice6BackendsV1       *ebpf.Map `ebpf:"sluice6_backends_v1"`
+	Sluice6BackendsV2       *ebpf.Map `ebpf:"sluice6_backends_v2"`
 	Sluice6ConntrackV1      *ebpf.Map `ebpf:"sluice6_conntrack_v1"`
 	Sluice6CtFlushV1        *ebpf.Map `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.Map `ebpf:"sluice6_ct_new_v1"`
@@ -218,7 +218,7 @@ type ctgcMaps struct {
 	Sluice6UdpStickV1       *ebpf.Map `ebpf:"sluice6_udp_stick_v1"`
 	Sluice6XdpV1            *ebpf.Map `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
-	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
+	SluiceBackendsV2        *ebpf.Map `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
 	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
@@ -243,7 +243,7 @@ func (m *ctgcMaps) Close() error {
 	return _CtgcClose(
 		m.Sluice6AffFixV1,
 		m.Sluice6AffinityV1,
-		m.Sluice6BackendsV1,
+		m.Sluice6BackendsV2,
 		m.Sluice6ConntrackV1,
 		m.Sluice6CtFlushV1,
 		m.Sluice6CtNewV1,
@@ -259,7 +259,7 @@ func (m *ctgcMaps) Close() error {
 		m.Sluice6UdpStickV1,
 		m.Sluice6XdpV1,
 		m.SluiceAffFixV1,
-		m.SluiceBackendsV1,
+		m.SluiceBackendsV2,
 		m.SluiceConntrackV2,
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,

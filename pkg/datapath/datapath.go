@@ -51,7 +51,9 @@ type Config struct {
 	BPFFS string
 
 	// Map sizes; 0 means the default. MaxServices sizes sluice_rev_nat
-	// (65536), MaxBackends sluice_backends (262144), MaxServiceEntries
+	// (65536), MaxBackends the backends of each family (262144; the
+	// arrays sluice_backends and sluice6_backends have an entry for every
+	// id the agent may hand out, backendSlots), MaxServiceEntries
 	// sluice_services, masters plus slots (1<<20), MaxConntrack
 	// sluice_conntrack, the established flows and SNAT port reservations
 	// (262144; when it is full new flows are refused), MaxConntrackNew
@@ -207,7 +209,7 @@ func (c Config) withDefaults() Config {
 func (c Config) maxEntries() map[string]int {
 	return map[string]int{
 		mapServices:  c.MaxServiceEntries,
-		mapBackends:  c.MaxBackends,
+		mapBackends:  backendSlots(c),
 		mapRevNat:    c.MaxServices,
 		mapConntrack: c.MaxConntrack,
 		mapCTNew:     c.MaxConntrackNew,
@@ -229,7 +231,7 @@ func (c Config) maxEntries() map[string]int {
 		// reconciler counts each family against its own maps, of
 		// one size (Maps.Capacity).
 		mapServices6:   c.MaxServiceEntries,
-		mapBackends6:   c.MaxBackends,
+		mapBackends6:   backendSlots(c),
 		mapRevNat6:     c.MaxServices,
 		mapAffinity6:   c.MaxAffinity,
 		mapSrcRanges6:  c.MaxSourceRanges,
@@ -494,7 +496,7 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 	}
 	d.maps = &Maps{
 		services:   d.tc.SluiceServicesV1,
-		backends:   d.tc.SluiceBackendsV1,
+		backends:   d.tc.SluiceBackendsV2,
 		revNat:     d.tc.SluiceRevNatV1,
 		conntrack:  d.tc.SluiceConntrackV2,
 		ctNew:      d.tc.SluiceCtNewV1,
@@ -514,7 +516,7 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 		cfg:        d.cfg,
 
 		services6:   d.tc.Sluice6ServicesV1,
-		backends6:   d.tc.Sluice6BackendsV1,
+		backends6:   d.tc.Sluice6BackendsV2,
 		revNat6:     d.tc.Sluice6RevNatV1,
 		srcRanges6:  d.tc.Sluice6SrcRangesV1,
 		serviceIPs6: d.tc.Sluice6ServiceIpsV1,

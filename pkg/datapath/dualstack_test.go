@@ -134,7 +134,7 @@ func TestDualStackApply(t *testing.T) {
 	if err := m.backends6.Lookup(slot.BackendId, &be); err != nil {
 		t.Fatalf("backend %d: %v", slot.BackendId, err)
 	}
-	if want := (sockLb6Backend{Addr: v6addr(addr("2001:db8:1::1")), Port: be16(8080), Proto: uint8(model.TCP)}); be != want {
+	if want := (sockLb6Backend{Addr: v6addr(addr("2001:db8:1::1")), Port: be16(8080), Proto: uint8(model.TCP), Flags: bePresent}); be != want {
 		t.Errorf("backend %d = %+v, want %+v", slot.BackendId, be, want)
 	}
 	var rn sockLb6RevNat
@@ -173,9 +173,15 @@ func TestDualStackApply(t *testing.T) {
 			}
 		}
 	}
-	rn6, be6 := inBoth(m.revNat6, &sockLb6RevNat{}), inBoth(m.backends6, &sockLb6Backend{})
+	rn6 := inBoth(m.revNat6, &sockLb6RevNat{})
 	must(t, eachEntry(m.revNat, mapRevNat, func(k *uint32, _ *sockLb4RevNat) { rn6(k) }))
-	must(t, eachEntry(m.backends, mapBackends, func(k *uint32, _ *sockLb4Backend) { be6(k) }))
+	// The backends arrays have every id: none is present in both.
+	must(t, eachBackend(m.backends, mapBackends, func(v *sockLb4Backend) uint8 { return v.Flags }, func(k *uint32, _ *sockLb4Backend) {
+		var v sockLb6Backend
+		if m.backends6.Lookup(k, &v) == nil && v.Flags&bePresent != 0 {
+			t.Errorf("id %d in both families' maps (%s)", *k, m.backends6)
+		}
+	}))
 
 	// The per-Service counters name the frontends of both families.
 	stats, err := m.ServiceStats()

@@ -585,10 +585,16 @@ func (p *Pinned) Candidates(fe netip.AddrPort, proto, scope uint8) ([]Candidate,
 		if v6 {
 			var be sockLb6Backend
 			err := p.backends6.Lookup(id, &be)
+			if err == nil && !backendPresent(p.backends6, be.Flags) {
+				err = ebpf.ErrKeyNotExist
+			}
 			return netip.AddrPortFrom(addrFrom16(be.Addr), portFromBE16(be.Port)), err
 		}
 		var be sockLb4Backend
 		err := p.backends.Lookup(id, &be)
+		if err == nil && !backendPresent(p.backends, be.Flags) {
+			err = ebpf.ErrKeyNotExist
+		}
 		return netip.AddrPortFrom(addrFromBE32(be.Addr), portFromBE16(be.Port)), err
 	}
 	var master sockLb4Service

@@ -131,6 +131,21 @@ func deleteIgnoringMissing(m *ebpf.Map, key any) error {
 	return nil
 }
 
+// backendSlots is the number of entries of each family's backends array
+// for cfg: every id the reconciler may hand out (reconciler.BackendIDSlots:
+// ids are one space over both families, each with MaxBackends).
+func backendSlots(cfg Config) int {
+	return reconciler.BackendIDSlots(cfg.MaxBackends)
+}
+
+// backendPresent says whether a backend entry of m, with flags, is a
+// backend: in the arrays, an entry without BE_F_PRESENT is an id no
+// backend holds (structs.h); in the previous release's hash maps
+// (read by OpenPinned while that agent runs) every entry is one.
+func backendPresent(m *ebpf.Map, flags uint8) bool {
+	return m.Type() != ebpf.Array || flags&bePresent != 0
+}
+
 // backendEntry encodes backend id -> b for sluice_backends.
 func backendEntry(id reconciler.BackendID, b model.L4Addr) (uint32, sockLb4Backend, error) {
 	if err := idOK("backend", uint32(id)); err != nil {
@@ -140,7 +155,8 @@ func backendEntry(id reconciler.BackendID, b model.L4Addr) (uint32, sockLb4Backe
 	if err != nil {
 		return 0, sockLb4Backend{}, fmt.Errorf("upsert backend %d: %w", id, err)
 	}
-	return uint32(id), sockLb4Backend{Addr: addr4(b.Addr), Port: be16(b.Port), Proto: uint8(b.Proto)}, nil
+	return uint32(id), sockLb4Backend{Addr: addr4(b.Addr), Port: be16(b.Port), Proto: uint8(b.Proto),
+		Flags: bePresent}, nil
 }
 
 // The maps of each kind of entry, with their IPv6 twins.
@@ -175,7 +191,7 @@ func (m *Maps) UpsertBackend(id reconciler.BackendID, b model.L4Addr) error {
 
 // DeleteBackend deletes backend id; deleting a missing backend succeeds.
 func (m *Maps) DeleteBackend(id reconciler.BackendID) error {
-	if err := deleteID([]*ebpf.Map{m.backends, m.backends6}, uint32(id)); err != nil {
+	if _, err := m.DeleteBackends([]reconciler.BackendID{id}); err != nil {
 		return fmt.Errorf("delete backend %d: %w", id, err)
 	}
 	return nil
@@ -347,10 +363,10 @@ func dumpState(ms stateMaps) (*reconciler.KernelState, error) {
 		eachEntry(ms.services6, mapServices6, func(k *sockLb6Key, v *sockLb4Service) {
 			service(frontendOf(addrFrom16(k.Vip), k.Port, k.Proto, k.Scope), k.Slot, v)
 		}),
-		eachEntry(ms.backends, mapBackends, func(k *uint32, v *sockLb4Backend) {
+		eachBackend(ms.backends, mapBackends, func(v *sockLb4Backend) uint8 { return v.Flags }, func(k *uint32, v *sockLb4Backend) {
 			ks.Backends[reconciler.BackendID(*k)] = l4Of(addrFromBE32(v.Addr), v.Port, v.Proto)
 		}),
-		eachEntry(ms.backends6, mapBackends6, func(k *uint32, v *sockLb6Backend) {
+		eachBackend(ms.backends6, mapBackends6, func(v *sockLb6Backend) uint8 { return v.Flags }, func(k *uint32, v *sockLb6Backend) {
 			ks.Backends[reconciler.BackendID(*k)] = l4Of(addrFrom16(v.Addr), v.Port, v.Proto)
 		}),
 		eachEntry(ms.revNat, mapRevNat, func(k *uint32, v *sockLb4RevNat) {
@@ -372,11 +388,13 @@ func dumpState(ms stateMaps) (*reconciler.KernelState, error) {
 	return ks, nil
 }
 
-// Capacity returns the sizes of sluice_rev_nat, sluice_backends and
-// sluice_services. Their IPv6 twins have the same sizes: the reconciler
-// counts each family's backends and service entries against its own maps,
-// and services of both families together, as service ids are one space
-// (the per-Service counters are sized for MaxServices ids).
+// Capacity returns the sizes of sluice_rev_nat, sluice_backends (the
+// backends it holds: as an array it has an entry for every id,
+// backendSlots) and sluice_services. Their IPv6 twins have the same sizes:
+// the reconciler counts each family's backends and service entries
+// against its own maps, and services of both families together, as
+// service ids are one space (the per-Service counters are sized for
+// MaxServices ids).
 func (m *Maps) Capacity() (services, backends, serviceEntries int) {
 	return m.cfg.MaxServices, m.cfg.MaxBackends, m.cfg.MaxServiceEntries
 }

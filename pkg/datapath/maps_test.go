@@ -146,8 +146,9 @@ func TestMapsDumpRoundTrip(t *testing.T) {
 		if s != 256 || b != 1024 || e != 4096 {
 			t.Errorf("Capacity() = %d, %d, %d; want 256, 1024, 4096", s, b, e)
 		}
-		// The family's maps have those sizes (services, backends, rev_nat).
-		for i, n := range []int{e, b, s} {
+		// The family's maps have those sizes (services, backends, rev_nat):
+		// the backends array an entry for every id (backendSlots).
+		for i, n := range []int{e, reconciler.BackendIDSlots(b), s} {
 			if got := int(ms[i].m.MaxEntries()); got != n {
 				t.Errorf("%s has room for %d entries, want %d", ms[i].name, got, n)
 			}

@@ -184,16 +184,7 @@ func copyEntries(old, cur *ebpf.Map, missingOnly bool) error {
 	case ebpf.PerCPUArray:
 		return copyCounters(old, cur, nil)
 	case ebpf.Array:
-		v := make([]byte, old.ValueSize())
-		for k := range min(old.MaxEntries(), cur.MaxEntries()) {
-			if err := old.Lookup(k, v); err != nil {
-				return fmt.Errorf("read entry %d: %w", k, err)
-			}
-			if err := cur.Put(k, v); err != nil {
-				return fmt.Errorf("write entry %d: %w", k, err)
-			}
-		}
-		return nil
+		return copyArray(old, cur)
 	}
 	flags := ebpf.UpdateAny
 	if missingOnly {
@@ -219,6 +210,22 @@ func copyEntries(old, cur *ebpf.Map, missingOnly bool) error {
 		return fmt.Errorf("read entries: %w", err)
 	}
 	return nil
+}
+
+// copyArray copies the entries of the array old that are not all zero
+// into the array cur (new, all zero). A zero entry is an absent one (the
+// backends arrays, structs.h): one beyond cur is dropped, any other is an
+// error, as a hash's copy into a map too small is.
+func copyArray(old, cur *ebpf.Map) error {
+	return eachArrayEntry(old, func(k uint32, v []byte) error {
+		if k >= cur.MaxEntries() {
+			return fmt.Errorf("the new size, %d, is too small: entry %d is in use (choose a larger size)", cur.MaxEntries(), k)
+		}
+		if err := cur.Put(k, v); err != nil {
+			return fmt.Errorf("write entry %d: %w", k, err)
+		}
+		return nil
+	})
 }
 
 // loadShim loads bpf/migrate.c's programs if a conntrack map is being
@@ -529,7 +536,7 @@ func (o *tcLoaded) mapByName(name string) (*ebpf.Map, error) {
 		name string
 		m    *ebpf.Map
 	}{
-		{mapServices, o.SluiceServicesV1}, {mapBackends, o.SluiceBackendsV1}, {mapRevNat, o.SluiceRevNatV1},
+		{mapServices, o.SluiceServicesV1}, {mapBackends, o.SluiceBackendsV2}, {mapRevNat, o.SluiceRevNatV1},
 		{mapConntrack, o.SluiceConntrackV2}, {mapCTNew, o.SluiceCtNewV1}, {mapCTFlush, o.SluiceCtFlushV1},
 		{mapConntrack6, o.Sluice6ConntrackV1}, {mapCTNew6, o.Sluice6CtNewV1},
 		{mapSockRev, o.SluiceSockRevV1}, {mapUDPStick, o.SluiceUdpStickV1}, {mapMetrics, o.SluiceMetricsV1},

@@ -88,16 +88,18 @@ func openPinnedMap(dir, name string, ms *ebpf.MapSpec) (*ebpf.Map, error) {
 		return nil, fmt.Errorf("map %s missing from BPF object", name)
 	}
 	path := filepath.Join(dir, name)
-	if prev := previousPin(name); prev != "" {
-		if _, err := os.Stat(filepath.Join(dir, prev)); err == nil {
-			path = filepath.Join(dir, prev)
-		}
+	prevHash := false
+	if prev := previousPin(dir, name); prev != "" {
+		path = filepath.Join(dir, prev)
+		// The previous backends maps were hashes of the same entries
+		// (backendPresent reads both).
+		prevHash = name == mapBackends || name == mapBackends6
 	}
 	m, info, err := loadPinnedInfo(path, &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		return nil, err
 	}
-	if info.Type != ms.Type || info.KeySize != ms.KeySize || info.ValueSize != ms.ValueSize {
+	if (info.Type != ms.Type && !(prevHash && info.Type == ebpf.Hash)) || info.KeySize != ms.KeySize || info.ValueSize != ms.ValueSize {
 		m.Close()
 		return nil, fmt.Errorf("pinned map %s is %s with key/value size %d/%d, this build reads %s with %d/%d",
 			path, info.Type, info.KeySize, info.ValueSize, ms.Type, ms.KeySize, ms.ValueSize)

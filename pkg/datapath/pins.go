@@ -24,7 +24,7 @@ import (
 // Open checks that each of these is in every object.
 const (
 	mapServices  = "sluice_services_v1"
-	mapBackends  = "sluice_backends_v1"
+	mapBackends  = "sluice_backends_v2"
 	mapRevNat    = "sluice_rev_nat_v1"
 	mapConntrack = "sluice_conntrack_v2"
 	mapCTNew     = "sluice_ct_new_v1"
@@ -51,7 +51,7 @@ const (
 	// migrate, an agent upgraded from a pin directory without them
 	// creates them.
 	mapServices6   = "sluice6_services_v1"
-	mapBackends6   = "sluice6_backends_v1"
+	mapBackends6   = "sluice6_backends_v2"
 	mapRevNat6     = "sluice6_rev_nat_v1"
 	mapSrcRanges6  = "sluice6_src_ranges_v1"
 	mapServiceIPs6 = "sluice6_service_ips_v1"
@@ -104,9 +104,18 @@ type pinMigration struct {
 // whose v2 holds expiry times instead of last-seen times and is a plain
 // hash of established flows (half-open ones are in sluice_ct_new, which
 // release 0 did not have).
+//
+// The backends of both families were hashes in release 0 (IPv4 only) and
+// under their _v1 names; v2 are arrays indexed by the id (maps.h), whose
+// entries carry BE_F_PRESENT: convertBackends copies each id's entry to
+// its index, with the flag. No program writes them, so the copy is
+// complete; the previous agent's programs read the old map until their
+// links are replaced, and no agent writes either meanwhile.
 var pinMigrations = []pinMigration{
 	{from: "sluice_services", to: mapServices},
-	{from: "sluice_backends", to: mapBackends},
+	{from: "sluice_backends", to: mapBackends, convert: convertBackends4},
+	{from: "sluice_backends_v1", to: mapBackends, convert: convertBackends4},
+	{from: "sluice6_backends_v1", to: mapBackends6, convert: convertBackends6},
 	{from: "sluice_rev_nat", to: mapRevNat},
 	{from: "sluice_conntrack", to: mapConntrack, convert: convertRelease0Conntrack, live: true},
 	{from: "sluice_sock_rev", to: mapSockRev},
@@ -212,11 +221,51 @@ func copyCounters(old, cur *ebpf.Map, _ *ebpf.CollectionSpec) error {
 	return nil
 }
 
-// previousPin returns the previous release's name of the map pinned as
-// name, or "".
-func previousPin(name string) string {
+// convertBackends4 and convertBackends6 copy the backends of a hash of
+// the previous layout (id -> entry, no flags) into the array cur, each
+// under its id's index and flagged BE_F_PRESENT. An id beyond the array
+// is an error: the conntrack entries that name it would lose their
+// backend.
+func convertBackends4(old, cur *ebpf.Map, _ *ebpf.CollectionSpec) error {
+	return convertBackends(old, cur, func(v *sockLb4Backend) { v.Flags |= bePresent })
+}
+
+func convertBackends6(old, cur *ebpf.Map, _ *ebpf.CollectionSpec) error {
+	return convertBackends(old, cur, func(v *sockLb6Backend) { v.Flags |= bePresent })
+}
+
+const bePresent = uint8(sockBackendFlagsBE_F_PRESENT)
+
+func convertBackends[V any](old, cur *ebpf.Map, setPresent func(*V)) error {
+	var ids []uint32
+	var vals []V
+	var id uint32
+	var v V
+	it := old.Iterate()
+	for it.Next(&id, &v) {
+		if id >= cur.MaxEntries() {
+			return fmt.Errorf("backend id %d does not fit in %d entries (a larger --max-backends keeps it)", id, cur.MaxEntries())
+		}
+		setPresent(&v)
+		ids, vals = append(ids, id), append(vals, v)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read backends: %w", err)
+	}
+	if n, err := putBatch(cur, ids, vals); err != nil {
+		return fmt.Errorf("write backend %d of %d: %w", n, len(ids), err)
+	}
+	return nil
+}
+
+// previousPin returns the name of the previous layout's pin of the map
+// pinned as name that is in dir, or "".
+func previousPin(dir, name string) string {
 	for _, pm := range pinMigrations {
-		if pm.to == name {
+		if pm.to != name {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(dir, pm.from)); err == nil {
 			return pm.from
 		}
 	}

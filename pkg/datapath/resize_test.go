@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // pinnedMaxEntries returns the size of the map pinned as name.
@@ -121,6 +122,43 @@ func TestOpenResizesPinnedMaps(t *testing.T) {
 	}
 	if n := pinnedMaxEntries(t, bpffs, mapDevices); n != 16 {
 		t.Errorf("a refused resize left %s with %d entries, want the 16 it had", mapDevices, n)
+	}
+}
+
+// TestOpenResizesBackendsArrays: the backends maps are arrays indexed by
+// the id, so a smaller --max-backends shrinks them only if no backend's
+// id is beyond the new size: else Open refuses, naming the map, and the
+// pin is left as it was; a size that keeps every id keeps every backend.
+func TestOpenResizesBackendsArrays(t *testing.T) {
+	d, bpffs := newTestDatapathAt(t)
+	cfg := smallConfig(bpffs)
+	high := testBackend{reconciler.BackendID(backendSlots(cfg.withDefaults()) - 10), l4("10.2.5.9", 8080, model.TCP)}
+	addService(t, d.Maps(), 4, l4("10.96.5.1", 80, model.TCP), high)
+	want, err := d.Maps().Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	before := pinnedMaxEntries(t, bpffs, mapBackends)
+
+	cfg.MaxBackends = 512 // backendSlots 2,049: below the id
+	if d, err := Open(cfg); err == nil {
+		d.Close()
+		t.Fatalf("Open shrinking %s below backend id %d succeeded", mapBackends, high.id)
+	} else if !strings.Contains(err.Error(), mapBackends) || !strings.Contains(err.Error(), "too small") {
+		t.Errorf("error does not say which map and why: %v", err)
+	}
+	if n := pinnedMaxEntries(t, bpffs, mapBackends); n != before {
+		t.Errorf("a refused resize left %s with %d entries, want the %d it had", mapBackends, n, before)
+	}
+
+	cfg.MaxBackends = 1020 // the id still fits
+	d2 := openTest(t, cfg)
+	if n := pinnedMaxEntries(t, bpffs, mapBackends); n != uint32(backendSlots(cfg.withDefaults())) {
+		t.Errorf("%s has %d entries after the resize, want %d", mapBackends, n, backendSlots(cfg.withDefaults()))
+	}
+	if got, err := d2.Maps().Dump(); err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("state after the resize: %+v, %v; want %+v", got, err, want)
 	}
 }
 

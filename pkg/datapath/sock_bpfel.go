@@ -38,6 +38,12 @@ type sockAffinityFixKey struct {
 	BackendId uint32
 }
 
+type sockBackendFlags uint32
+
+const (
+	sockBackendFlagsBE_F_PRESENT sockBackendFlags = 1
+)
+
 type sockCt4Entry struct {
 	_         structs.HostLayout
 	Expires   uint64
@@ -544,7 +550,7 @@ type sockV6addr struct {
 const (
 	sockMapSluice6AffFixV1         = "sluice6_aff_fix_v1"
 	sockMapSluice6AffinityV1       = "sluice6_affinity_v1"
-	sockMapSluice6BackendsV1       = "sluice6_backends_v1"
+	sockMapSluice6BackendsV2       = "sluice6_backends_v2"
 	sockMapSluice6ConntrackV1      = "sluice6_conntrack_v1"
 	sockMapSluice6CtFlushV1        = "sluice6_ct_flush_v1"
 	sockMapSluice6CtNewV1          = "sluice6_ct_new_v1"
@@ -560,7 +566,7 @@ const (
 	sockMapSluice6UdpStickV1       = "sluice6_udp_stick_v1"
 	sockMapSluice6XdpV1            = "sluice6_xdp_v1"
 	sockMapSluiceAffFixV1          = "sluice_aff_fix_v1"
-	sockMapSluiceBackendsV1        = "sluice_backends_v1"
+	sockMapSluiceBackendsV2        = "sluice_backends_v2"
 	sockMapSluiceConntrackV2       = "sluice_conntrack_v2"
 	sockMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
 	sockMapSluiceCtNewV1           = "sluice_ct_new_v1"
@@ -671,7 +677,7 @@ type sockProgramSpecs struct {
 type sockMapSpecs struct {
 	Sluice6AffFixV1         *ebpf.MapSpec `ebpf:"sluice6_aff_fix_v1"`
 	Sluice6AffinityV1       *ebpf.MapSpec `ebpf:"sluice6_affinity_v1"`
-	Sluice6BackendsV1       *ebpf.MapSpec `ebpf:"sluice6_backends_v1"`
+	Sluice6BackendsV2       *ebpf.MapSpec `ebpf:"sluice6_backends_v2"`
 	Sluice6ConntrackV1      *ebpf.MapSpec `ebpf:"sluice6_conntrack_v1"`
 	Sluice6CtFlushV1        *ebpf.MapSpec `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.MapSpec `ebpf:"sluice6_ct_new_v1"`
@@ -687,7 +693,7 @@ type sockMapSpecs struct {
 	Sluice6UdpStickV1       *ebpf.MapSpec `ebpf:"sluice6_udp_stick_v1"`
 	Sluice6XdpV1            *ebpf.MapSpec `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
-	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
+	SluiceBackendsV2        *ebpf.MapSpec `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
 	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
@@ -750,7 +756,7 @@ func (o *sockObjects) Close() error {
 type sockMaps struct {
 	Sluice6AffFixV1         *ebpf.Map `ebpf:"sluice6_aff_fix_v1"`
 	Sluice6AffinityV1       *ebpf.Map `ebpf:"sluice6_affinity_v1"`
-	Sluice6BackendsV1       *ebpf.Map `ebpf:"sluice6_backends_v1"`
+	Sluice6BackendsV2       *ebpf.Map `ebpf:"sluice6_backends_v2"`
 	Sluice6ConntrackV1      *ebpf.Map `ebpf:"sluice6_conntrack_v1"`
 	Sluice6CtFlushV1        *ebpf.Map `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.Map `ebpf:"sluice6_ct_new_v1"`
@@ -766,7 +772,7 @@ type sockMaps struct {
 	Sluice6UdpStickV1       *ebpf.Map `ebpf:"sluice6_udp_stick_v1"`
 	Sluice6XdpV1            *ebpf.Map `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
-	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
+	SluiceBackendsV2        *ebpf.Map `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
 	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
@@ -792,7 +798,7 @@ func (m *sockMaps) Close() error {
 	return _SockClose(
 		m.Sluice6AffFixV1,
 		m.Sluice6AffinityV1,
-		m.Sluice6BackendsV1,
+		m.Sluice6BackendsV2,
 		m.Sluice6ConntrackV1,
 		m.Sluice6CtFlushV1,
 		m.Sluice6CtNewV1,
@@ -808,7 +814,7 @@ func (m *sockMaps) Close() error {
 		m.Sluice6UdpStickV1,
 		m.Sluice6XdpV1,
 		m.SluiceAffFixV1,
-		m.SluiceBackendsV1,
+		m.SluiceBackendsV2,
 		m.SluiceConntrackV2,
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,

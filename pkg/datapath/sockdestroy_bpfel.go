@@ -46,7 +46,7 @@ const (
 const (
 	sockdestroyMapSluice6AffFixV1         = "sluice6_aff_fix_v1"
 	sockdestroyMapSluice6AffinityV1       = "sluice6_affinity_v1"
-	sockdestroyMapSluice6BackendsV1       = "sluice6_backends_v1"
+	sockdestroyMapSluice6BackendsV2       = "sluice6_backends_v2"
 	sockdestroyMapSluice6ConntrackV1      = "sluice6_conntrack_v1"
 	sockdestroyMapSluice6CtFlushV1        = "sluice6_ct_flush_v1"
 	sockdestroyMapSluice6CtNewV1          = "sluice6_ct_new_v1"
@@ -62,7 +62,7 @@ const (
 	sockdestroyMapSluice6UdpStickV1       = "sluice6_udp_stick_v1"
 	sockdestroyMapSluice6XdpV1            = "sluice6_xdp_v1"
 	sockdestroyMapSluiceAffFixV1          = "sluice_aff_fix_v1"
-	sockdestroyMapSluiceBackendsV1        = "sluice_backends_v1"
+	sockdestroyMapSluiceBackendsV2        = "sluice_backends_v2"
 	sockdestroyMapSluiceConntrackV2       = "sluice_conntrack_v2"
 	sockdestroyMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
 	sockdestroyMapSluiceCtNewV1           = "sluice_ct_new_v1"
@@ -148,7 +148,7 @@ type sockdestroyProgramSpecs struct {
 type sockdestroyMapSpecs struct {
 	Sluice6AffFixV1         *ebpf.MapSpec `ebpf:"sluice6_aff_fix_v1"`
 	Sluice6AffinityV1       *ebpf.MapSpec `ebpf:"sluice6_affinity_v1"`
-	Sluice6BackendsV1       *ebpf.MapSpec `ebpf:"sluice6_backends_v1"`
+	Sluice6BackendsV2       *ebpf.MapSpec `ebpf:"sluice6_backends_v2"`
 	Sluice6ConntrackV1      *ebpf.MapSpec `ebpf:"sluice6_conntrack_v1"`
 	Sluice6CtFlushV1        *ebpf.MapSpec `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.MapSpec `ebpf:"sluice6_ct_new_v1"`
@@ -164,7 +164,7 @@ type sockdestroyMapSpecs struct {
 	Sluice6UdpStickV1       *ebpf.MapSpec `ebpf:"sluice6_udp_stick_v1"`
 	Sluice6XdpV1            *ebpf.MapSpec `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
-	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
+	SluiceBackendsV2        *ebpf.MapSpec `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
 	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
@@ -226,7 +226,7 @@ func (o *sockdestroyObjects) Close() error {
 type sockdestroyMaps struct {
 	Sluice6AffFixV1         *ebpf.Map `ebpf:"sluice6_aff_fix_v1"`
 	Sluice6AffinityV1       *ebpf.Map `ebpf:"sluice6_affinity_v1"`
-	Sluice6BackendsV1       *ebpf.Map `ebpf:"sluice6_backends_v1"`
+	Sluice6BackendsV2       *ebpf.Map `ebpf:"sluice6_backends_v2"`
 	Sluice6ConntrackV1      *ebpf.Map `ebpf:"sluice6_conntrack_v1"`
 	Sluice6CtFlushV1        *ebpf.Map `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.Map `ebpf:"sluice6_ct_new_v1"`
@@ -242,7 +242,7 @@ type sockdestroyMaps struct {
 	Sluice6UdpStickV1       *ebpf.Map `ebpf:"sluice6_udp_stick_v1"`
 	Sluice6XdpV1            *ebpf.Map `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
-	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
+	SluiceBackendsV2        *ebpf.Map `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
 	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
@@ -267,7 +267,7 @@ func (m *sockdestroyMaps) Close() error {
 	return _SockdestroyClose(
 		m.Sluice6AffFixV1,
 		m.Sluice6AffinityV1,
-		m.Sluice6BackendsV1,
+		m.Sluice6BackendsV2,
 		m.Sluice6ConntrackV1,
 		m.Sluice6CtFlushV1,
 		m.Sluice6CtNewV1,
@@ -283,7 +283,7 @@ func (m *sockdestroyMaps) Close() error {
 		m.Sluice6UdpStickV1,
 		m.Sluice6XdpV1,
 		m.SluiceAffFixV1,
-		m.SluiceBackendsV1,
+		m.SluiceBackendsV2,
 		m.SluiceConntrackV2,
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,

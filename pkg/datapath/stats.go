@@ -11,6 +11,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // What an operator asks of the loaded datapath besides its counters: how
@@ -75,7 +77,8 @@ type MapFill struct {
 }
 
 // MapFill counts the entries of every hash-like map the datapath shares
-// (arrays are always full and have no fill), sorted by name. The hash
+// (arrays are always full and have no fill, but for the backends arrays,
+// whose fill is their present entries of MaxBackends), sorted by name. The hash
 // maps' counts are the kernel's own, read by one run of a map iterator
 // (mapcount.go, Features.MapCount) whatever the maps hold; the LPM tries
 // (source ranges, CIDRs: small), and every map on a kernel without the
@@ -101,20 +104,29 @@ func mapFill(maps map[string]*ebpf.Map, counts map[ebpf.MapID]int) ([]MapFill, e
 	var out []MapFill
 	for _, pin := range sortedKeys(maps) {
 		m := maps[pin]
-		if !countable(m.Type()) {
+		backends := pin == mapBackends || pin == mapBackends6
+		if !countable(m.Type()) && !backends {
 			continue
 		}
 		info, err := m.Info()
 		if err != nil {
 			return nil, fmt.Errorf("information of map %s: %w", pin, err)
 		}
-		n, err := countFrom(m, info, counts)
+		var n int
+		capacity := int(m.MaxEntries())
+		if backends {
+			n, err = countEntries(m)
+			// Its entries are every id; a family holds fewer.
+			capacity = (capacity - reconciler.BackendIDQuarantine - 1) / 2
+		} else {
+			n, err = countFrom(m, info, counts)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("count entries of %s: %w", pin, err)
 		}
 		bytes, _ := info.Memlock() // 0: the kernel does not say
 		out = append(out, MapFill{Name: shortMapName(pin), Pin: pin, Type: m.Type().String(),
-			Entries: n, Capacity: int(m.MaxEntries()), Bytes: bytes})
+			Entries: n, Capacity: capacity, Bytes: bytes})
 	}
 	return out, nil
 }
@@ -150,9 +162,12 @@ const countBatch = 4096
 
 // countEntries returns the number of entries in m: batch lookups where the
 // kernel has them for the map's type (hashes), else one key at a time
-// (LPM tries, whose keys only are read).
+// (LPM tries, whose keys only are read). Of an array (Sluice's only ones,
+// the backends maps), the present entries.
 func countEntries(m *ebpf.Map) (int, error) {
 	switch m.Type() {
+	case ebpf.Array:
+		return countPresent(m)
 	case ebpf.LPMTrie:
 		return countByKey(m)
 	case ebpf.PerCPUHash, ebpf.LRUCPUHash:
@@ -177,6 +192,20 @@ func countEntries(m *ebpf.Map) (int, error) {
 			return 0, err
 		}
 	}
+}
+
+// countPresent counts the present entries (BE_F_PRESENT) of a backends
+// array.
+func countPresent(m *ebpf.Map) (int, error) {
+	n := 0
+	err := eachArrayEntry(m, func(_ uint32, v []byte) error {
+		// flags is the value's last byte in both families (structs.h).
+		if v[len(v)-1]&bePresent != 0 {
+			n++
+		}
+		return nil
+	})
+	return n, err
 }
 
 // countByKey counts m's entries by walking its keys.

@@ -163,9 +163,10 @@ func TestMapCountAgreesWithWalk(t *testing.T) {
 
 // TestMapMemory: MapFill reports each map's memory as the kernel
 // estimates it: the service maps, which allocate as they grow, hold more
-// after Services are programmed, in proportion to them; conntrack, which
-// is preallocated, holds its capacity's worth from the start. The test
-// logs what one Service and one backend cost (README's figures: 1,000
+// after Services are programmed, in proportion to them; conntrack and the
+// backends arrays, which are preallocated, hold their capacity's worth
+// from the start. The test logs what one Service and one backend cost
+// (README's figures: 1,000
 // Services of 10 endpoints each), over IPv4, then over IPv6 in the
 // sluice6_* maps (MapFill's services6, rev_nat6, backends6), the other
 // family's maps unchanged.
@@ -217,7 +218,7 @@ func testMapMemory(t *testing.T, v6 bool) {
 	}
 	applyServices(t, d, svcs...)
 	after := bytes()
-	for _, name := range []string{"conntrack" + fam, "services" + other, "rev_nat" + other, "backends" + other} {
+	for _, name := range []string{"conntrack" + fam, "backends" + fam, "services" + other, "rev_nat" + other, "backends" + other} {
 		if after[name] != before[name] {
 			t.Errorf("%s went from %d to %d bytes with no flow and no Service of its family", name, before[name], after[name])
 		}
@@ -229,11 +230,12 @@ func testMapMemory(t *testing.T, v6 bool) {
 		return float64(after[name] - before[name])
 	}
 	// A Service port: a master and one slot per endpoint in services, its
-	// reverse-NAT entry; a backend: its entry in backends.
+	// reverse-NAT entry; a backend: its entry in backends, preallocated
+	// for every id.
 	perService := (grew("services"+fam) + grew("rev_nat"+fam)) / services
-	perBackend := grew("backends"+fam) / (services * endpoints)
-	t.Logf("per Service of %d endpoints: %.0f bytes (services%s, rev_nat%s); per backend: %.0f bytes (backends%s); conntrack%s %d MiB preallocated (%d entries)",
-		endpoints, perService, fam, fam, perBackend, fam, fam, after["conntrack"+fam]>>20, DefaultMaxConntrack)
+	slots := backendSlots(Config{}.withDefaults())
+	t.Logf("per Service of %d endpoints: %.0f bytes (services%s, rev_nat%s); backends%s %.1f MiB preallocated (%d entries of %d bytes); conntrack%s %d MiB preallocated (%d entries)",
+		endpoints, perService, fam, fam, fam, float64(after["backends"+fam])/(1<<20), slots, after["backends"+fam]/uint64(slots), fam, after["conntrack"+fam]>>20, DefaultMaxConntrack)
 }
 
 // BenchmarkCountFullConntrack counts a full sluice_conntrack of the

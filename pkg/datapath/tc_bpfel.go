@@ -55,7 +55,7 @@ type tcV6addr struct {
 const (
 	tcMapSluice6AffFixV1         = "sluice6_aff_fix_v1"
 	tcMapSluice6AffinityV1       = "sluice6_affinity_v1"
-	tcMapSluice6BackendsV1       = "sluice6_backends_v1"
+	tcMapSluice6BackendsV2       = "sluice6_backends_v2"
 	tcMapSluice6ConntrackV1      = "sluice6_conntrack_v1"
 	tcMapSluice6CtFlushV1        = "sluice6_ct_flush_v1"
 	tcMapSluice6CtNewV1          = "sluice6_ct_new_v1"
@@ -71,7 +71,7 @@ const (
 	tcMapSluice6UdpStickV1       = "sluice6_udp_stick_v1"
 	tcMapSluice6XdpV1            = "sluice6_xdp_v1"
 	tcMapSluiceAffFixV1          = "sluice_aff_fix_v1"
-	tcMapSluiceBackendsV1        = "sluice_backends_v1"
+	tcMapSluiceBackendsV2        = "sluice_backends_v2"
 	tcMapSluiceConntrackV2       = "sluice_conntrack_v2"
 	tcMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
 	tcMapSluiceCtNewV1           = "sluice_ct_new_v1"
@@ -171,7 +171,7 @@ type tcProgramSpecs struct {
 type tcMapSpecs struct {
 	Sluice6AffFixV1         *ebpf.MapSpec `ebpf:"sluice6_aff_fix_v1"`
 	Sluice6AffinityV1       *ebpf.MapSpec `ebpf:"sluice6_affinity_v1"`
-	Sluice6BackendsV1       *ebpf.MapSpec `ebpf:"sluice6_backends_v1"`
+	Sluice6BackendsV2       *ebpf.MapSpec `ebpf:"sluice6_backends_v2"`
 	Sluice6ConntrackV1      *ebpf.MapSpec `ebpf:"sluice6_conntrack_v1"`
 	Sluice6CtFlushV1        *ebpf.MapSpec `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.MapSpec `ebpf:"sluice6_ct_new_v1"`
@@ -187,7 +187,7 @@ type tcMapSpecs struct {
 	Sluice6UdpStickV1       *ebpf.MapSpec `ebpf:"sluice6_udp_stick_v1"`
 	Sluice6XdpV1            *ebpf.MapSpec `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
-	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
+	SluiceBackendsV2        *ebpf.MapSpec `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
 	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
@@ -249,7 +249,7 @@ func (o *tcObjects) Close() error {
 type tcMaps struct {
 	Sluice6AffFixV1         *ebpf.Map `ebpf:"sluice6_aff_fix_v1"`
 	Sluice6AffinityV1       *ebpf.Map `ebpf:"sluice6_affinity_v1"`
-	Sluice6BackendsV1       *ebpf.Map `ebpf:"sluice6_backends_v1"`
+	Sluice6BackendsV2       *ebpf.Map `ebpf:"sluice6_backends_v2"`
 	Sluice6ConntrackV1      *ebpf.Map `ebpf:"sluice6_conntrack_v1"`
 	Sluice6CtFlushV1        *ebpf.Map `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.Map `ebpf:"sluice6_ct_new_v1"`
@@ -265,7 +265,7 @@ type tcMaps struct {
 	Sluice6UdpStickV1       *ebpf.Map `ebpf:"sluice6_udp_stick_v1"`
 	Sluice6XdpV1            *ebpf.Map `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
-	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
+	SluiceBackendsV2        *ebpf.Map `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
 	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
@@ -290,7 +290,7 @@ func (m *tcMaps) Close() error {
 	return _TcClose(
 		m.Sluice6AffFixV1,
 		m.Sluice6AffinityV1,
-		m.Sluice6BackendsV1,
+		m.Sluice6BackendsV2,
 		m.Sluice6ConntrackV1,
 		m.Sluice6CtFlushV1,
 		m.Sluice6CtNewV1,
@@ -306,7 +306,7 @@ func (m *tcMaps) Close() error {
 		m.Sluice6UdpStickV1,
 		m.Sluice6XdpV1,
 		m.SluiceAffFixV1,
-		m.SluiceBackendsV1,
+		m.SluiceBackendsV2,
 		m.SluiceConntrackV2,
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,

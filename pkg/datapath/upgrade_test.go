@@ -14,8 +14,10 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
@@ -41,6 +43,9 @@ func pinRelease0(t *testing.T, bpffs string) map[string]*ebpf.Map {
 	sizes := smallConfig(bpffs).withDefaults().maxEntries()
 	maps := map[string]*ebpf.Map{}
 	for _, pm := range pinMigrations {
+		if strings.HasSuffix(pm.from, "_v1") {
+			continue // a later release's
+		}
 		ms := spec.Maps[pm.to].Copy()
 		ms.Name = pm.from
 		if n, ok := sizes[pm.to]; ok {
@@ -51,6 +56,10 @@ func pinRelease0(t *testing.T, bpffs string) map[string]*ebpf.Map {
 		}
 		if pm.to == mapConntrack {
 			ms.Type = ebpf.LRUHash // and ct4EntryRelease0 values
+		}
+		if pm.to == mapBackends {
+			ms.Type, ms.Flags = ebpf.Hash, unix.BPF_F_NO_PREALLOC
+			ms.MaxEntries = uint32(smallConfig(bpffs).withDefaults().MaxBackends)
 		}
 		m, err := ebpf.NewMapWithOptions(ms, ebpf.MapOptions{PinPath: dir})
 		if err != nil {
@@ -378,4 +387,126 @@ func TestSessionAffinityPinNotMigrated(t *testing.T) {
 	if err := m.udpStick.Lookup(&stickKey, &stick); err != nil || stick != stickVal {
 		t.Errorf("UDP stickiness entry after the upgrade: %+v, %v", stick, err)
 	}
+}
+
+// TestOpenMigratesBackendsV1: the backends maps were hashes under their
+// _v1 names (sluice_backends_v1, sluice6_backends_v1) and are arrays as
+// v2. An agent started over v1 pins converts them (each backend under its
+// id's index, flagged present), removes the v1 pins, and a flow that
+// started before the upgrade keeps its backend: the programs find it by
+// the id the flow's conntrack entry names (no tc_ct_backend_gone). Both
+// families' v1 pins are there, as the previous agent pinned both; the
+// flow is of one family.
+func TestOpenMigratesBackendsV1(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		testutil.Privileged(t)
+		bpffs := testPinDir(t)
+		cfg := smallConfig(bpffs)
+		dir := filepath.Join(bpffs, "sluice")
+		fe := twinL4(v6, vipTCP)
+		bes := []testBackend{{7, twinL4(v6, l4("10.1.2.7", 8080, model.TCP))}, {9, twinL4(v6, l4("10.1.2.9", 8080, model.TCP))}}
+		other := testBackend{12, twinL4(!v6, l4("10.1.3.12", 8080, model.TCP))}
+		syn := tcpSYN(twinAddr(v6, "10.0.0.3"), 41000, fe.Addr.String(), 80)
+
+		// The previous agent: a Service, a flow to it, a backend of the
+		// other family.
+		d, err := Open(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		addService(t, d.Maps(), 1, fe, bes...)
+		if err := d.Maps().UpsertBackend(other.id, other.addr); err != nil {
+			t.Fatal(err)
+		}
+		want, err := d.Maps().Dump()
+		if err != nil {
+			t.Fatal(err)
+		}
+		verdict, out := runProg(t, d.TCIngress(), syn.Bytes())
+		var chosen testBackend
+		for _, b := range bes {
+			if bytes.Equal(out, syn.With(toBackend(b)).Bytes()) {
+				chosen = b
+			}
+		}
+		if verdict != tcActOK || chosen.id == 0 {
+			t.Fatalf("SYN: verdict %d, output %x: not to a backend", verdict, out)
+		}
+		d.Close()
+
+		// Its backends maps, as v1 had them: hashes, entries without
+		// flags.
+		spec, err := loadSock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range []struct{ v1, v2 string }{{"sluice_backends_v1", mapBackends}, {"sluice6_backends_v1", mapBackends6}} {
+			cur, err := ebpf.LoadPinnedMap(filepath.Join(dir, x.v2), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ms := spec.Maps[x.v2].Copy()
+			ms.Name, ms.Type, ms.Flags, ms.MaxEntries = x.v1, ebpf.Hash, unix.BPF_F_NO_PREALLOC, uint32(cfg.MaxBackends)
+			old, err := ebpf.NewMapWithOptions(ms, ebpf.MapOptions{PinPath: dir})
+			if err != nil {
+				t.Fatalf("create %s: %v", x.v1, err)
+			}
+			k, v := make([]byte, cur.KeySize()), make([]byte, cur.ValueSize())
+			for it := cur.Iterate(); it.Next(&k, &v); {
+				if v[len(v)-1] == 0 {
+					continue // absent
+				}
+				v[len(v)-1] = 0 // flags: reserved, zero in v1
+				if err := old.Put(k, v); err != nil {
+					t.Fatal(err)
+				}
+			}
+			old.Close()
+			cur.Close()
+			if err := os.Remove(filepath.Join(dir, x.v2)); err != nil {
+				t.Fatal(err)
+			}
+		}
+
+		d = openTest(t, cfg)
+		for _, name := range []string{"sluice_backends_v1", "sluice6_backends_v1"} {
+			if _, err := os.Stat(filepath.Join(dir, name)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("pin %s still there after Open: %v", name, err)
+			}
+		}
+		if got, err := d.Maps().Dump(); err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("Dump after migration: %+v, %v; want %+v", got, err, want)
+		}
+		// The arrays' content: each backend under its id, present.
+		m := d.Maps()
+		for _, b := range append(bes, other) {
+			var flags uint8
+			var got netip.AddrPort
+			if is6(b.addr.Addr) {
+				var v sockLb6Backend
+				if err := m.backends6.Lookup(uint32(b.id), &v); err != nil {
+					t.Fatal(err)
+				}
+				flags, got = v.Flags, netip.AddrPortFrom(addrFrom16(v.Addr), portFromBE16(v.Port))
+			} else {
+				var v sockLb4Backend
+				if err := m.backends.Lookup(uint32(b.id), &v); err != nil {
+					t.Fatal(err)
+				}
+				flags, got = v.Flags, netip.AddrPortFrom(addrFromBE32(v.Addr), portFromBE16(v.Port))
+			}
+			if w := netip.AddrPortFrom(b.addr.Addr, b.addr.Port); flags != bePresent || got != w {
+				t.Errorf("backend %d after migration: %s flags %d, want %s present", b.id, got, flags, w)
+			}
+		}
+		ack := syn
+		ack.TCPFlags = packet.ACK
+		verdict, out = runProg(t, d.TCIngress(), ack.Bytes())
+		if want := ack.With(toBackend(chosen)).Bytes(); verdict != tcActOK || !bytes.Equal(out, want) {
+			t.Errorf("ACK after the upgrade: verdict %d, output\n got %x\nwant %x (to backend %d)", verdict, out, want, chosen.id)
+		}
+		if c := counters(t, d); c["tc_ct_backend_gone"] != 0 {
+			t.Errorf("tc_ct_backend_gone %d after the upgrade: the flow lost its backend", c["tc_ct_backend_gone"])
+		}
+	})
 }

@@ -49,7 +49,7 @@ type xdpFibHop struct {
 const (
 	xdpMapSluice6AffFixV1         = "sluice6_aff_fix_v1"
 	xdpMapSluice6AffinityV1       = "sluice6_affinity_v1"
-	xdpMapSluice6BackendsV1       = "sluice6_backends_v1"
+	xdpMapSluice6BackendsV2       = "sluice6_backends_v2"
 	xdpMapSluice6ConntrackV1      = "sluice6_conntrack_v1"
 	xdpMapSluice6CtFlushV1        = "sluice6_ct_flush_v1"
 	xdpMapSluice6CtNewV1          = "sluice6_ct_new_v1"
@@ -66,7 +66,7 @@ const (
 	xdpMapSluice6UdpStickV1       = "sluice6_udp_stick_v1"
 	xdpMapSluice6XdpV1            = "sluice6_xdp_v1"
 	xdpMapSluiceAffFixV1          = "sluice_aff_fix_v1"
-	xdpMapSluiceBackendsV1        = "sluice_backends_v1"
+	xdpMapSluiceBackendsV2        = "sluice_backends_v2"
 	xdpMapSluiceConntrackV2       = "sluice_conntrack_v2"
 	xdpMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
 	xdpMapSluiceCtNewV1           = "sluice_ct_new_v1"
@@ -156,7 +156,7 @@ type xdpProgramSpecs struct {
 type xdpMapSpecs struct {
 	Sluice6AffFixV1         *ebpf.MapSpec `ebpf:"sluice6_aff_fix_v1"`
 	Sluice6AffinityV1       *ebpf.MapSpec `ebpf:"sluice6_affinity_v1"`
-	Sluice6BackendsV1       *ebpf.MapSpec `ebpf:"sluice6_backends_v1"`
+	Sluice6BackendsV2       *ebpf.MapSpec `ebpf:"sluice6_backends_v2"`
 	Sluice6ConntrackV1      *ebpf.MapSpec `ebpf:"sluice6_conntrack_v1"`
 	Sluice6CtFlushV1        *ebpf.MapSpec `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.MapSpec `ebpf:"sluice6_ct_new_v1"`
@@ -173,7 +173,7 @@ type xdpMapSpecs struct {
 	Sluice6UdpStickV1       *ebpf.MapSpec `ebpf:"sluice6_udp_stick_v1"`
 	Sluice6XdpV1            *ebpf.MapSpec `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
-	SluiceBackendsV1        *ebpf.MapSpec `ebpf:"sluice_backends_v1"`
+	SluiceBackendsV2        *ebpf.MapSpec `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
 	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
@@ -237,7 +237,7 @@ func (o *xdpObjects) Close() error {
 type xdpMaps struct {
 	Sluice6AffFixV1         *ebpf.Map `ebpf:"sluice6_aff_fix_v1"`
 	Sluice6AffinityV1       *ebpf.Map `ebpf:"sluice6_affinity_v1"`
-	Sluice6BackendsV1       *ebpf.Map `ebpf:"sluice6_backends_v1"`
+	Sluice6BackendsV2       *ebpf.Map `ebpf:"sluice6_backends_v2"`
 	Sluice6ConntrackV1      *ebpf.Map `ebpf:"sluice6_conntrack_v1"`
 	Sluice6CtFlushV1        *ebpf.Map `ebpf:"sluice6_ct_flush_v1"`
 	Sluice6CtNewV1          *ebpf.Map `ebpf:"sluice6_ct_new_v1"`
@@ -254,7 +254,7 @@ type xdpMaps struct {
 	Sluice6UdpStickV1       *ebpf.Map `ebpf:"sluice6_udp_stick_v1"`
 	Sluice6XdpV1            *ebpf.Map `ebpf:"sluice6_xdp_v1"`
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
-	SluiceBackendsV1        *ebpf.Map `ebpf:"sluice_backends_v1"`
+	SluiceBackendsV2        *ebpf.Map `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
 	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
@@ -280,7 +280,7 @@ func (m *xdpMaps) Close() error {
 	return _XdpClose(
 		m.Sluice6AffFixV1,
 		m.Sluice6AffinityV1,
-		m.Sluice6BackendsV1,
+		m.Sluice6BackendsV2,
 		m.Sluice6ConntrackV1,
 		m.Sluice6CtFlushV1,
 		m.Sluice6CtNewV1,
@@ -297,7 +297,7 @@ func (m *xdpMaps) Close() error {
 		m.Sluice6UdpStickV1,
 		m.Sluice6XdpV1,
 		m.SluiceAffFixV1,
-		m.SluiceBackendsV1,
+		m.SluiceBackendsV2,
 		m.SluiceConntrackV2,
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,

@@ -87,6 +87,16 @@ const (
 	BackendIDQuarantine = 1024
 )
 
+// BackendIDSlots bounds the backend ids the reconciler hands out when each
+// family's backends map holds maxBackends (Datapath.Capacity): ids are
+// below it. The datapath's backends maps are arrays indexed by the id, of
+// this many entries. Ids are one space over both families, each with
+// maxBackends in use at most; the allocator keeps them dense, at most its
+// quarantine above the number in use; and id 0 is never used.
+func BackendIDSlots(maxBackends int) int {
+	return 2*maxBackends + BackendIDQuarantine + 1
+}
+
 // Stats says how much is programmed, and how much fits. The counts are
 // of both address families; the ones ending in 6 say how many of them are
 // IPv6. The capacities are per family (each family's maps are that

@@ -7,6 +7,8 @@
 // operation, checks the invariants a concurrent datapath reader relies on:
 //
 //   - every master's slots 1..count exist (and so name existing backends),
+//   - every backend id is below BackendIDSlots (the backends maps are
+//     arrays indexed by it),
 //   - every slot names an existing backend,
 //   - every master's service id has a rev_nat entry,
 //   - every master flagged FlagSourceRanges has at least one source range
@@ -239,6 +241,12 @@ func (f *Fake) upsertBackend(id reconciler.BackendID, b model.L4Addr, batch bool
 	return f.write(op, func() error {
 		if id == 0 {
 			f.violate(op, "backend id 0")
+		}
+		// The backends maps are arrays indexed by the id, of
+		// BackendIDSlots entries: an id beyond cannot be written.
+		if slots := reconciler.BackendIDSlots(f.maxBackends); int64(id) >= int64(slots) {
+			f.violate(op, "backend id %d beyond the %d entries of the backends arrays", id, slots)
+			return fmt.Errorf("backend id %d: beyond the %d entries of the backends array", id, slots)
 		}
 		return putCounted(f.backends, &f.nbackends, f.maxBackends, "backends", id, b, addrOfBackend)
 	})

@@ -177,6 +177,23 @@ func TestFakeCapacityAndFailures(t *testing.T) {
 	}
 }
 
+// TestFakeBackendIDBound: the backends maps are arrays indexed by the id,
+// of BackendIDSlots entries: the fake refuses a write beyond, as the
+// kernel does, and records it, as the reconciler must never hand such an
+// id out.
+func TestFakeBackendIDBound(t *testing.T) {
+	f := New(1, 1, 1)
+	b := modeltest.L4("10.0.0.1", 8080, model.TCP)
+	last := reconciler.BackendID(reconciler.BackendIDSlots(1) - 1)
+	mustWriteClean(t, f, f.UpsertBackend(last, b))
+	if err := f.UpsertBackend(last+1, b); err == nil {
+		t.Fatalf("backend id %d written, beyond the %d entries", last+1, last+1)
+	}
+	if v := f.Violations(); len(v) != 1 || !strings.Contains(v[0], "beyond the") {
+		t.Errorf("violations %q, want the id beyond the arrays", v)
+	}
+}
+
 // mustWriteClean fails t unless every write in errs succeeded and left f
 // with neither a violation nor a leftover.
 func mustWriteClean(t *testing.T, f *Fake, errs ...error) {
