@@ -70,8 +70,11 @@ struct lb4_service {
  * sluice_backends_v2 (array): __u32 backend id (host order) -> struct
  * lb4_backend. An array has an entry under every index: the ids no backend
  * holds are entries whose flags lack BE_F_PRESENT. A new array is all zero,
- * all absent; the agent deletes a backend by writing a zero entry. Readers
- * treat an absent entry as a hash's missing key (lookup_backend).
+ * all absent; the agent deletes a backend by writing its entry back with
+ * BE_F_PRESENT cleared and the rest kept, so that a program reading it
+ * while it is written (an array's update copies in place) reads it present
+ * or absent, never half an address. Readers treat an absent entry as a
+ * hash's missing key (lookup_backend).
  */
 struct lb4_backend {
 	__be32 addr; /* network order */

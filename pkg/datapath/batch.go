@@ -110,21 +110,27 @@ func (m *Maps) UpsertServiceIPs(as []netip.Addr) (int, error) {
 
 // DeleteBackends deletes backends, of either family; deleting a missing
 // one succeeds. An array has no deletes: each id's entry is made absent
-// (zero, without BE_F_PRESENT) in both families' arrays, as ids are one
-// space over both, in batches.
+// (BE_F_PRESENT cleared) in both families' arrays, as ids are one space
+// over both, in batches.
 func (m *Maps) DeleteBackends(ids []reconciler.BackendID) (int, error) {
-	if err := clearIDs[sockLb4Backend](m.backends, mapBackends, ids); err != nil {
+	if err := clearIDs(m.backends, mapBackends, ids, func(v *sockLb4Backend) { v.Flags &^= bePresent }); err != nil {
 		return 0, err
 	}
-	if err := clearIDs[sockLb6Backend](m.backends6, mapBackends6, ids); err != nil {
+	if err := clearIDs(m.backends6, mapBackends6, ids, func(v *sockLb6Backend) { v.Flags &^= bePresent }); err != nil {
 		return 0, err
 	}
 	return len(ids), nil
 }
 
-// clearIDs writes the zero V, an absent entry, under each of ids in the
-// array m, in one batch. An id beyond the array holds nothing to clear.
-func clearIDs[V any](m *ebpf.Map, name string, ids []reconciler.BackendID) error {
+// clearIDs makes each of ids absent in the array m, in one batch: its
+// entry is written back as it is with absent applied (BE_F_PRESENT
+// cleared), its address kept. An array's update copies the value into the
+// entry in place (not the swap of a hash's element), so a program reading
+// the entry meanwhile may read it half old, half new: with only the flags'
+// byte different, it reads the backend present or absent, never half an
+// address (TestBackendDeleteKeepsAddress). An id beyond the array holds
+// nothing to clear.
+func clearIDs[V any](m *ebpf.Map, name string, ids []reconciler.BackendID, absent func(*V)) error {
 	if m == nil {
 		return nil
 	}
@@ -135,6 +141,12 @@ func clearIDs[V any](m *ebpf.Map, name string, ids []reconciler.BackendID) error
 		}
 	}
 	values := make([]V, len(keys))
+	if err := arrayValues(m, keys, values); err != nil {
+		return fmt.Errorf("delete %s: %w", name, err)
+	}
+	for i := range values {
+		absent(&values[i])
+	}
 	if n, err := putBatch(m, keys, values); err != nil {
 		return fmt.Errorf("delete %s (entry %d of %d): %w", name, n, len(keys), err)
 	}

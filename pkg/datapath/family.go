@@ -215,10 +215,8 @@ func eachBackend[V any](m *ebpf.Map, name string, flags func(*V) uint8, f func(i
 // batch lookups. An entry that a write changes meanwhile may be read half
 // old, half new, as by any reader.
 func eachArrayEntry(m *ebpf.Map, f func(k uint32, v []byte) error) error {
-	n, size := int(m.MaxEntries()), int(m.ValueSize())
-	stride := (size + 7) &^ 7 // the kernel's elem_size
-	page := os.Getpagesize()
-	mem, err := unix.Mmap(m.FD(), 0, (n*stride+page-1)&^(page-1), unix.PROT_READ, unix.MAP_SHARED)
+	n := int(m.MaxEntries())
+	mem, stride, size, err := mapArray(m)
 	if err != nil {
 		return eachArrayBatch(m, f)
 	}
@@ -234,6 +232,42 @@ func eachArrayEntry(m *ebpf.Map, f func(k uint32, v []byte) error) error {
 		}
 	}
 	return nil
+}
+
+// arrayValues reads the entries of keys of the array m into values,
+// through a mapping of its memory (BPF_F_MMAPABLE), or with lookups where
+// it cannot be mapped.
+func arrayValues[V any](m *ebpf.Map, keys []uint32, values []V) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	mem, stride, size, err := mapArray(m)
+	if err != nil {
+		for i, k := range keys {
+			if err := m.Lookup(k, &values[i]); err != nil {
+				return fmt.Errorf("entry %d: %w", k, err)
+			}
+		}
+		return nil
+	}
+	defer func() { _ = unix.Munmap(mem) }() // only fails for a bad range
+	for i, k := range keys {
+		if _, err := binary.Decode(mem[int(k)*stride:int(k)*stride+size], binary.NativeEndian, &values[i]); err != nil {
+			return fmt.Errorf("entry %d: %w", k, err)
+		}
+	}
+	return nil
+}
+
+// mapArray maps the memory of the array m (BPF_F_MMAPABLE) read-only: its
+// entries, each stride bytes (the kernel's elem_size) of which the first
+// size are the value.
+func mapArray(m *ebpf.Map) (mem []byte, stride, size int, err error) {
+	size = int(m.ValueSize())
+	stride = (size + 7) &^ 7
+	page := os.Getpagesize()
+	mem, err = unix.Mmap(m.FD(), 0, (int(m.MaxEntries())*stride+page-1)&^(page-1), unix.PROT_READ, unix.MAP_SHARED)
+	return mem, stride, size, err
 }
 
 // eachArrayBatch is eachArrayEntry with batch lookups.

@@ -212,12 +212,16 @@ func copyEntries(old, cur *ebpf.Map, missingOnly bool) error {
 	return nil
 }
 
-// copyArray copies the entries of the array old that are not all zero
-// into the array cur (new, all zero). A zero entry is an absent one (the
-// backends arrays, structs.h): one beyond cur is dropped, any other is an
-// error, as a hash's copy into a map too small is.
+// copyArray copies the present entries of the array old (the backends
+// arrays, the only arrays pinned: structs.h) into the array cur (new, all
+// absent). An absent entry (zero, or a deleted backend's, which keeps its
+// address: clearIDs) is left out; a present one beyond cur is an error,
+// as a hash's copy into a map too small is.
 func copyArray(old, cur *ebpf.Map) error {
 	return eachArrayEntry(old, func(k uint32, v []byte) error {
+		if !presentEntry(v) {
+			return nil
+		}
 		if k >= cur.MaxEntries() {
 			return fmt.Errorf("the new size, %d, is too small: entry %d is in use (choose a larger size)", cur.MaxEntries(), k)
 		}

@@ -128,7 +128,8 @@ func TestOpenResizesPinnedMaps(t *testing.T) {
 // TestOpenResizesBackendsArrays: the backends maps are arrays indexed by
 // the id, so a smaller --max-backends shrinks them only if no backend's
 // id is beyond the new size: else Open refuses, naming the map, and the
-// pin is left as it was; a size that keeps every id keeps every backend.
+// pin is left as it was; a size that keeps every id keeps every backend,
+// and a deleted backend's id does not hold the size.
 func TestOpenResizesBackendsArrays(t *testing.T) {
 	d, bpffs := newTestDatapathAt(t)
 	cfg := smallConfig(bpffs)
@@ -159,6 +160,25 @@ func TestOpenResizesBackendsArrays(t *testing.T) {
 	}
 	if got, err := d2.Maps().Dump(); err != nil || !reflect.DeepEqual(got, want) {
 		t.Errorf("state after the resize: %+v, %v; want %+v", got, err, want)
+	}
+
+	// A deleted backend's entry keeps its address with BE_F_PRESENT
+	// cleared (a program reading it as it is written sees it present or
+	// absent, never half an address: clearIDs), and is absent to a
+	// resize: the size below its id now shrinks the array.
+	must(t, d2.Maps().DeleteBackend(high.id))
+	var v sockLb4Backend
+	if err := d2.Maps().backends.Lookup(uint32(high.id), &v); err != nil {
+		t.Fatal(err)
+	}
+	if want := (sockLb4Backend{Addr: be32(addr("10.2.5.9")), Port: be16(8080), Proto: uint8(model.TCP)}); v != want {
+		t.Errorf("deleted backend's entry %+v, want %+v (its address kept, flags 0)", v, want)
+	}
+	d2.Close()
+	cfg.MaxBackends = 512
+	d3 := openTest(t, cfg)
+	if got, err := d3.Maps().Dump(); err != nil || len(got.Backends) != 0 {
+		t.Errorf("backends after shrinking below a deleted one's id: %v, %v; want none", got.Backends, err)
 	}
 }
 

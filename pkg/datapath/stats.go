@@ -199,14 +199,18 @@ func countEntries(m *ebpf.Map) (int, error) {
 func countPresent(m *ebpf.Map) (int, error) {
 	n := 0
 	err := eachArrayEntry(m, func(_ uint32, v []byte) error {
-		// flags is the value's last byte in both families (structs.h).
-		if v[len(v)-1]&bePresent != 0 {
+		if presentEntry(v) {
 			n++
 		}
 		return nil
 	})
 	return n, err
 }
+
+// presentEntry says whether v, the value of a backends array's entry, is a
+// backend (BE_F_PRESENT): flags is the value's last byte in both families
+// (structs.h).
+func presentEntry(v []byte) bool { return v[len(v)-1]&bePresent != 0 }
 
 // countByKey counts m's entries by walking its keys.
 func countByKey(m *ebpf.Map) (int, error) {
