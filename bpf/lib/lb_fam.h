@@ -6,11 +6,12 @@
  * over the sluice6_* maps. No include guard, on purpose.
  */
 /*
- * lookup_service_scope - the master entry of a frontend in @scope (enum
- * lb_scope), or NULL.
+ * lookup_slot - slot @slot of a frontend in @scope (slot 0: its master
+ * entry, >= 1: a backend slot), or NULL.
  */
 static __always_inline struct lb4_service *
-FN(lookup_service_scope)(FAM(addr_t) vip, __be16 port, __u8 proto, __u8 scope)
+FN(lookup_slot)(FAM(addr_t) vip, __be16 port, __u8 proto, __u8 scope,
+		__u16 slot)
 {
 	FAM(lb_key)
 	key = {
@@ -18,10 +19,20 @@ FN(lookup_service_scope)(FAM(addr_t) vip, __be16 port, __u8 proto, __u8 scope)
 		.port = port,
 		.proto = proto,
 		.scope = scope,
-		.slot = 0,
+		.slot = slot,
 	};
 
 	return bpf_map_lookup_elem(&FAM(services_map), &key);
+}
+
+/*
+ * lookup_service_scope - the master entry of a frontend in @scope (enum
+ * lb_scope), or NULL.
+ */
+static __always_inline struct lb4_service *
+FN(lookup_service_scope)(FAM(addr_t) vip, __be16 port, __u8 proto, __u8 scope)
+{
+	return FN(lookup_slot)(vip, port, proto, scope, 0);
 }
 
 /*
@@ -47,23 +58,6 @@ static __always_inline FAM(lb_backend) *FN(lookup_backend)(__u32 backend_id)
 	if (!be || !(be->flags & BE_F_PRESENT))
 		return NULL;
 	return be;
-}
-
-/* lookup_slot - slot @slot (>= 1) of a frontend in @scope, or NULL. */
-static __always_inline struct lb4_service *
-FN(lookup_slot)(FAM(addr_t) vip, __be16 port, __u8 proto, __u8 scope,
-		__u16 slot)
-{
-	FAM(lb_key)
-	key = {
-		.vip = vip,
-		.port = port,
-		.proto = proto,
-		.scope = scope,
-		.slot = slot,
-	};
-
-	return bpf_map_lookup_elem(&FAM(services_map), &key);
 }
 
 /*
