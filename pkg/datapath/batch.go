@@ -128,7 +128,7 @@ func (m *Maps) DeleteBackends(ids []reconciler.BackendID) (int, error) {
 // entry in place (not the swap of a hash's element), so a program reading
 // the entry meanwhile may read it half old, half new: with only the flags'
 // byte different, it reads the backend present or absent, never half an
-// address (TestBackendDeleteKeepsAddress). An id beyond the array holds
+// address (TestOpenResizesBackendsArrays). An id beyond the array holds
 // nothing to clear.
 func clearIDs[V any](m *ebpf.Map, name string, ids []reconciler.BackendID, absent func(*V)) error {
 	if m == nil {
