@@ -615,3 +615,34 @@ func FuzzBlockYAMLToJSON(f *testing.F) {
 	f.Add([]byte("a:\n- b: 1\n  c:\n  - 10.0.0.1\nd: 'x''y'\n"))
 	f.Fuzz(func(t *testing.T, doc []byte) { checkYAMLToJSON(t, doc) })
 }
+
+// Every pair of printable ASCII characters, at the start, in the middle
+// and at the end of a scalar or key in each place the converter reads
+// one (a block value, a sequence item, a flow mapping's value and key, a
+// flow sequence's item, quoted or not): it declines or agrees with
+// YAMLToJSON. The fuzzer found '?' in a flow scalar (go-yaml ends a plain
+// scalar there) only after minutes of CPU; this walks the whole alphabet.
+func TestBlockYAMLToJSONEveryCharacterPair(t *testing.T) {
+	templates := []string{
+		"a: %s\n", "a:\n- %s\n", "a: {b: %s}\n", "a: {b: x, c: %s}\n",
+		"a: {%s: x}\n", "a: [%s]\n", "a: [x, %s]\n", "%s: x\n",
+		"a: '%s'\n", "a: \"%s\"\n", "a: [\"%s\"]\n", "a: %s # c\n",
+	}
+	converted := 0
+	for c1 := byte(0x20); c1 < 0x7f; c1++ {
+		for c2 := byte(0x20); c2 < 0x7f; c2++ {
+			pair := string([]byte{c1, c2})
+			for _, s := range []string{pair, "x" + pair, pair + "x", "x" + pair + "1", "1" + pair} {
+				for _, tmpl := range templates {
+					if checkYAMLToJSON(t, []byte(fmt.Sprintf(tmpl, s))) {
+						converted++
+					}
+				}
+			}
+		}
+	}
+	t.Logf("%d of %d converted", converted, 95*95*5*len(templates))
+	if converted < 95*95*5*len(templates)/4 {
+		t.Errorf("only %d converted", converted)
+	}
+}

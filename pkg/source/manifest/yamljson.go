@@ -353,7 +353,7 @@ func (c *yamlConv) quoted(t []byte) (rest []byte, ok bool) {
 }
 
 // flow converts the flow mapping or sequence t starts with, on one line,
-// of plain keys and of plain scalars without ':' or '#' (or quoted ones),
+// of plain keys and of plain scalars without ':', '#' or '?' (or quoted ones),
 // and returns what follows it.
 func (c *yamlConv) flow(t []byte) (rest []byte, ok bool) {
 	open, closing := t[0], byte(']')
@@ -426,7 +426,10 @@ func (c *yamlConv) flowNode(t []byte) (rest []byte, ok bool) {
 		return nil, false
 	}
 	p := bytes.TrimRight(t[:k], " ")
-	if len(p) == 0 || bytes.ContainsAny(p, ":#") || !c.plain(p) {
+	// go-yaml ends a plain scalar in a flow collection at '?' too
+	// (scannerc.go, yaml_parser_scan_plain_scalar), and then refuses
+	// what follows it.
+	if len(p) == 0 || bytes.ContainsAny(p, ":#?") || !c.plain(p) {
 		return nil, false
 	}
 	return t[k:], true
