@@ -176,7 +176,7 @@ func TestDualStackApply(t *testing.T) {
 	rn6 := inBoth(m.revNat6, &sockLb6RevNat{})
 	must(t, eachEntry(m.revNat, mapRevNat, func(k *uint32, _ *sockLb4RevNat) { rn6(k) }))
 	// The backends arrays have every id: none is present in both.
-	must(t, eachBackend(m.backends, mapBackends, func(v *sockLb4Backend) uint8 { return v.Flags }, func(k *uint32, _ *sockLb4Backend) {
+	must(t, eachBackend(m.backends, mapBackends, func(k *uint32, _ *sockLb4Backend) {
 		var v sockLb6Backend
 		if m.backends6.Lookup(k, &v) == nil && v.Flags&bePresent != 0 {
 			t.Errorf("id %d in both families' maps (%s)", *k, m.backends6)

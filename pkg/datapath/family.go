@@ -184,20 +184,21 @@ func deleteIDs(ms []*ebpf.Map, what string, keys []uint32) (int, error) {
 }
 
 // eachBackend calls f with every backend of the backends map m of a
-// family (nil: none): the present entries of the array (eachArrayEntry),
-// or every entry of the previous release's hash.
-func eachBackend[V any](m *ebpf.Map, name string, flags func(*V) uint8, f func(id *uint32, v *V)) error {
+// family (nil: none): the present entries of the array (eachArrayEntry,
+// presentEntry), or every entry of the previous release's hash.
+func eachBackend[V any](m *ebpf.Map, name string, f func(id *uint32, v *V)) error {
 	if m == nil || m.Type() != ebpf.Array {
 		return eachEntry(m, name, f)
 	}
 	err := eachArrayEntry(m, func(id uint32, b []byte) error {
+		if !presentEntry(b) {
+			return nil
+		}
 		var v V
 		if _, err := binary.Decode(b, binary.NativeEndian, &v); err != nil {
 			return fmt.Errorf("entry %d: %w", id, err)
 		}
-		if flags(&v)&bePresent != 0 {
-			f(&id, &v)
-		}
+		f(&id, &v)
 		return nil
 	})
 	if err != nil {

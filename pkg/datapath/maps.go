@@ -363,10 +363,10 @@ func dumpState(ms stateMaps) (*reconciler.KernelState, error) {
 		eachEntry(ms.services6, mapServices6, func(k *sockLb6Key, v *sockLb4Service) {
 			service(frontendOf(addrFrom16(k.Vip), k.Port, k.Proto, k.Scope), k.Slot, v)
 		}),
-		eachBackend(ms.backends, mapBackends, func(v *sockLb4Backend) uint8 { return v.Flags }, func(k *uint32, v *sockLb4Backend) {
+		eachBackend(ms.backends, mapBackends, func(k *uint32, v *sockLb4Backend) {
 			ks.Backends[reconciler.BackendID(*k)] = l4Of(addrFromBE32(v.Addr), v.Port, v.Proto)
 		}),
-		eachBackend(ms.backends6, mapBackends6, func(v *sockLb6Backend) uint8 { return v.Flags }, func(k *uint32, v *sockLb6Backend) {
+		eachBackend(ms.backends6, mapBackends6, func(k *uint32, v *sockLb6Backend) {
 			ks.Backends[reconciler.BackendID(*k)] = l4Of(addrFrom16(v.Addr), v.Port, v.Proto)
 		}),
 		eachEntry(ms.revNat, mapRevNat, func(k *uint32, v *sockLb4RevNat) {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -211,6 +212,12 @@ func countPresent(m *ebpf.Map) (int, error) {
 // backend (BE_F_PRESENT): flags is the value's last byte in both families
 // (structs.h).
 func presentEntry(v []byte) bool { return v[len(v)-1]&bePresent != 0 }
+
+// The build fails if Flags stops being the last byte of either value.
+var (
+	_ = [1]struct{}{}[unsafe.Sizeof(sockLb4Backend{})-1-unsafe.Offsetof(sockLb4Backend{}.Flags)]
+	_ = [1]struct{}{}[unsafe.Sizeof(sockLb6Backend{})-1-unsafe.Offsetof(sockLb6Backend{}.Flags)]
+)
 
 // countByKey counts m's entries by walking its keys.
 func countByKey(m *ebpf.Map) (int, error) {
