@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"syscall"
+	"unsafe"
 )
 
 // What a load keeps of a file's content is not the content but a hash of
@@ -77,9 +78,17 @@ func appendBlocks(bh *blockHashes, seed maphash.Seed, data []byte, from, to int)
 	for i := range k {
 		end := from + (to-from)*(i+1)/k
 		bh.ends = append(bh.ends, end)
-		bh.sums = append(bh.sums, maphash.Bytes(seed, data[start:end]))
+		bh.sums = append(bh.sums, blockSum(seed, data[start:end]))
 		start = end
 	}
+}
+
+// blockSum hashes a block: as maphash.Bytes, but in one pass of the
+// runtime's hash over it (4 times as fast: maphash.Bytes hashes 128
+// bytes at a time). The string is b's bytes, not a copy, and does not
+// outlive the call.
+func blockSum(seed maphash.Seed, b []byte) uint64 {
+	return maphash.Comparable(seed, unsafe.String(unsafe.SliceData(b), len(b)))
 }
 
 // hashBlocks returns the blocks of data, a file's whole content.
@@ -178,7 +187,7 @@ func (l *loader) changeOf(data []byte, bh *blockHashes, lo *layout) fileChange {
 	delta := m - n
 	// The blocks before block i are unchanged: the prefix.
 	i, prefix := 0, 0
-	for i < len(bh.ends) && bh.ends[i] <= m && maphash.Bytes(l.seed, data[prefix:bh.ends[i]]) == bh.sums[i] {
+	for i < len(bh.ends) && bh.ends[i] <= m && blockSum(l.seed, data[prefix:bh.ends[i]]) == bh.sums[i] {
 		prefix = bh.ends[i]
 		i++
 	}
@@ -191,7 +200,7 @@ func (l *loader) changeOf(data []byte, bh *blockHashes, lo *layout) fileChange {
 	j, suffix := len(bh.ends)-1, 0
 	for ; j >= i; j-- {
 		s, e := bh.start(j)+delta, bh.ends[j]+delta
-		if s < prefix || maphash.Bytes(l.seed, data[s:e]) != bh.sums[j] {
+		if s < prefix || blockSum(l.seed, data[s:e]) != bh.sums[j] {
 			break
 		}
 		suffix = n - bh.start(j)

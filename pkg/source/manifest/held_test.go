@@ -238,7 +238,7 @@ func checkBlocks(t *testing.T, what string, seed maphash.Seed, bh *blockHashes, 
 		if end <= start || end-start > 2*blockSize {
 			t.Fatalf("%s: block %d is %d..%d", what, k, start, end)
 		}
-		if maphash.Bytes(seed, data[start:end]) != bh.sums[k] {
+		if maphash.Comparable(seed, string(data[start:end])) != bh.sums[k] {
 			t.Fatalf("%s: block %d (%d..%d) is not the file's", what, k, start, end)
 		}
 	}
