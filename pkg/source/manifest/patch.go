@@ -33,7 +33,7 @@ type layout struct {
 	pieces []piece
 	// head and tail are the content before the first piece and after
 	// the last (a List's header and closing brackets), if short: a
-	// change in the first or last chunk is then no change of them.
+	// change in the first or last block is then no change of them.
 	head, tail []byte
 }
 
