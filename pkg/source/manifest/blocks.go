@@ -67,9 +67,10 @@ func (bh *blockHashes) start(k int) int {
 	return bh.ends[k-1]
 }
 
-// appendBlocks appends to bh the blocks of data[from:to], about
-// blockSize long each, hashed with seed.
-func appendBlocks(bh *blockHashes, seed maphash.Seed, data []byte, from, to int) {
+// appendBlocks appends to bh the blocks of a content from from to to,
+// about blockSize long each, hashed with seed; data is the content from
+// base on.
+func appendBlocks(bh *blockHashes, seed maphash.Seed, data []byte, base, from, to int) {
 	if to <= from {
 		return
 	}
@@ -78,7 +79,7 @@ func appendBlocks(bh *blockHashes, seed maphash.Seed, data []byte, from, to int)
 	for i := range k {
 		end := from + (to-from)*(i+1)/k
 		bh.ends = append(bh.ends, end)
-		bh.sums = append(bh.sums, blockSum(seed, data[start:end]))
+		bh.sums = append(bh.sums, blockSum(seed, data[start-base:end-base]))
 		start = end
 	}
 }
@@ -95,7 +96,7 @@ func blockSum(seed maphash.Seed, b []byte) uint64 {
 func (l *loader) hashBlocks(data []byte) *blockHashes {
 	k := (len(data) + blockSize/2) / blockSize
 	bh := &blockHashes{ends: make([]int, 0, k+1), sums: make([]uint64, 0, k+1)}
-	appendBlocks(bh, l.seed, data, 0, len(data))
+	appendBlocks(bh, l.seed, data, 0, 0, len(data))
 	return bh
 }
 
@@ -107,9 +108,10 @@ type fileChange struct {
 	// at the start and at the end (prefix+suffix at most the shorter
 	// length), as far as the blocks and the layout's head and tail say.
 	prefix, suffix int
-	// win is a copy of the new content from base on, of the pieces of
-	// the layout that the change touches (layout.region); nil if the
-	// file has no layout, or the change is outside its pieces.
+	// win is a copy of the new content from base on: the region
+	// between prefix and suffix, and the pieces of the layout that the
+	// change touches (layout.region), if it has one and the change is
+	// in its pieces.
 	win  []byte
 	base int
 	// blocks are the new content's blocks: the old ones outside the
@@ -206,28 +208,35 @@ func (l *loader) changeOf(data []byte, bh *blockHashes, lo *layout) fileChange {
 		suffix = n - bh.start(j)
 	}
 	ch := fileChange{size: m, prefix: prefix, suffix: suffix}
+	// The window copied out is the changed region, and the pieces it
+	// touches if there is a layout. The new blocks are hashed from the
+	// copy, not the mapping: if the file is being written, the blocks
+	// kept are still of exactly the bytes decoded (and the unchanged
+	// ones of the old bytes, which the result reflects), so that the
+	// next load finds whatever else changed.
+	from, to := prefix, m-suffix
+	if lo != nil {
+		// The layout's head and tail, if the change is next to them,
+		// make the prefix or suffix more exact than a block: a change
+		// in the first item of a List is no change of its header.
+		if lo.head != nil && len(lo.head) > ch.prefix && bytes.HasPrefix(data, lo.head) {
+			ch.prefix = len(lo.head)
+		}
+		if lo.tail != nil && len(lo.tail) > ch.suffix && bytes.HasSuffix(data, lo.tail) {
+			ch.suffix = len(lo.tail)
+		}
+		ch.suffix = min(ch.suffix, min(m, n)-ch.prefix)
+		if r, ok := lo.region(ch.prefix, ch.suffix, m); ok {
+			from, to = min(from, r.from), max(to, r.to)
+		}
+	}
+	ch.win, ch.base = append([]byte(nil), data[from:to]...), from
 	nb := &blockHashes{ends: make([]int, 0, len(bh.ends)+2), sums: make([]uint64, 0, len(bh.ends)+2)}
 	nb.ends, nb.sums = append(nb.ends, bh.ends[:i]...), append(nb.sums, bh.sums[:i]...)
-	appendBlocks(nb, l.seed, data, prefix, m-suffix)
+	appendBlocks(nb, l.seed, ch.win, from, prefix, m-suffix)
 	for k := j + 1; k < len(bh.ends); k++ {
 		nb.ends, nb.sums = append(nb.ends, bh.ends[k]+delta), append(nb.sums, bh.sums[k])
 	}
 	ch.blocks = nb
-	if lo == nil {
-		return ch
-	}
-	// The layout's head and tail, if the change is next to them, make
-	// the prefix or suffix more exact than a block: a change in the
-	// first item of a List is no change of the List's header.
-	if lo.head != nil && len(lo.head) > ch.prefix && bytes.HasPrefix(data, lo.head) {
-		ch.prefix = len(lo.head)
-	}
-	if lo.tail != nil && len(lo.tail) > ch.suffix && bytes.HasSuffix(data, lo.tail) {
-		ch.suffix = len(lo.tail)
-	}
-	ch.suffix = min(ch.suffix, min(m, n)-ch.prefix)
-	if r, ok := lo.region(ch.prefix, ch.suffix, m); ok {
-		ch.win, ch.base = append([]byte(nil), data[r.from:r.to]...), r.from
-	}
 	return ch
 }
