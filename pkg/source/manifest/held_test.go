@@ -3,10 +3,12 @@ package manifest
 import (
 	"bytes"
 	"fmt"
+	"hash/maphash"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 
 	"github.com/sluice-lb/sluice/pkg/source/translate"
@@ -104,7 +106,9 @@ func checkFresh(t *testing.T, what string, got *Result, p string) {
 // its buffer, the file replaced by a rename, truncated to nothing,
 // rewritten with the same bytes), a loader that holds the file and
 // compares it with what it holds (held.go) finds what a new loader finds
-// in the file, and one that never patches, given the same edits, agrees.
+// in the file, and one that never patches, given the same edits, agrees;
+// and what the loader keeps of the file, the hashes of its blocks
+// (blocks.go), is of the file's content.
 func TestHeldFileEquivalence(t *testing.T) {
 	for _, format := range []string{"json", "yaml"} {
 		t.Run(format, func(t *testing.T) {
@@ -112,8 +116,8 @@ func TestHeldFileEquivalence(t *testing.T) {
 			c := newHeldCluster(format, 300)
 			p := filepath.Join(t.TempDir(), "services."+format)
 			cur := c.render()
-			if len(cur) < compareBlock {
-				t.Fatalf("file of %d bytes: want more than one block", len(cur))
+			if len(cur) < 32*blockSize {
+				t.Fatalf("file of %d bytes: want many blocks", len(cur))
 			}
 			if err := os.WriteFile(p, cur, 0o644); err != nil {
 				t.Fatal(err)
@@ -195,9 +199,7 @@ func TestHeldFileEquivalence(t *testing.T) {
 				} else {
 					sameResult(t, what+" against a loader that parses", got, want)
 				}
-				if l.held != p || !bytes.Equal(l.buf, data) {
-					t.Fatalf("%s: held %q, %d bytes, equal to the file: %v", what, l.held, len(l.buf), bytes.Equal(l.buf, data))
-				}
+				checkBlocks(t, what, l.seed, l.cache[p].blocks, data)
 				if op == "same" && (l.parsed.Load() != parsed || l.decoded.Load() != decoded || l.translated != translated) {
 					t.Errorf("%s: the same bytes were parsed (%d), decoded (%d) or translated (%d) again", what,
 						l.parsed.Load()-parsed, l.decoded.Load()-decoded, l.translated-translated)
@@ -223,19 +225,39 @@ func diffBytes(a, b []byte) int {
 	return d
 }
 
+// checkBlocks fails the test if bh, the blocks a loader keeps of a file,
+// are not those of data: they cover it, none is empty or much longer than
+// blockSize, and each has the hash of its bytes.
+func checkBlocks(t *testing.T, what string, seed maphash.Seed, bh *blockHashes, data []byte) {
+	t.Helper()
+	if bh == nil || bh.size() != len(data) || len(bh.ends) != len(bh.sums) {
+		t.Fatalf("%s: blocks %v of %d bytes, the file %d", what, bh != nil, bh.size(), len(data))
+	}
+	for k, end := range bh.ends {
+		start := bh.start(k)
+		if end <= start || end-start > 2*blockSize {
+			t.Fatalf("%s: block %d is %d..%d", what, k, start, end)
+		}
+		if maphash.Comparable(seed, string(data[start:end])) != bh.sums[k] {
+			t.Fatalf("%s: block %d (%d..%d) is not the file's", what, k, start, end)
+		}
+	}
+}
+
 // TestHeldEditsEverywhere: one byte changed, inserted or deleted at every
-// offset class of a file the loader holds (the first and last byte, block
-// and step boundaries, the middle) is found: the held content becomes the
-// file's, and the prefix and suffix readHeld reports are the longest
-// common ones.
+// offset class of a file the loader has hashed (the first and last byte,
+// block boundaries, the middle) is found: the region scanFile reports
+// changed holds the edit and is at most a few blocks more, the new blocks
+// are the file's, the window it copies is the file's, and the next load
+// finds what a loader that never patches finds.
 func TestHeldEditsEverywhere(t *testing.T) {
 	orig := newHeldCluster("yaml", 600).render()
 	p := filepath.Join(t.TempDir(), "services.yaml")
 	n := len(orig)
-	if n < 2*compareBlock {
-		t.Fatalf("file of %d bytes: want at least two blocks", n)
+	if n < 8*blockSize {
+		t.Fatalf("file of %d bytes: want many blocks", n)
 	}
-	for _, off := range []int{0, 1, cmpStep - 1, cmpStep, compareBlock - 1, compareBlock, compareBlock + 1, n / 2, n - compareBlock, n - cmpStep, n - 2, n - 1} {
+	for _, off := range []int{0, 1, blockSize - 1, blockSize, blockSize + 1, 2*blockSize - 1, n / 2, n - 2*blockSize, n - blockSize, n - blockSize/2, n - 2, n - 1} {
 		for _, kind := range []string{"change", "insert", "delete"} {
 			var data []byte
 			switch kind {
@@ -247,29 +269,33 @@ func TestHeldEditsEverywhere(t *testing.T) {
 			case "delete":
 				data = slices.Delete(bytes.Clone(orig), off, off+1)
 			}
-			l := newLoader(translate.Options{})
+			l, parse := loaders()
 			if err := os.WriteFile(p, orig, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := l.load(p); err != nil || l.held != p {
-				t.Fatalf("held %q: %v", l.held, err)
-			}
+			loadBoth(t, "the first load", l, parse, p)
 			if err := os.WriteFile(p, data, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			got, prefix, suffix, same, err := l.readHeld(p)
+			c := l.cache[p]
+			ch, err := l.scanFile(p, c.blocks, c.layout)
 			what := fmt.Sprintf("%s at %d", kind, off)
-			if err != nil || same {
-				t.Fatalf("%s: same %v, err %v", what, same, err)
+			if err != nil || ch.same {
+				t.Fatalf("%s: same %v, err %v", what, ch.same, err)
 			}
-			if !bytes.Equal(got, data) {
-				t.Fatalf("%s: held content is not the file's", what)
-			}
+			checkBlocks(t, what, l.seed, ch.blocks, data)
 			wantPrefix := commonPrefixNaive(orig, data)
-			wantSuffix := min(commonPrefixNaive(reversed(orig), reversed(data)), min(len(orig), len(data))-wantPrefix)
-			if prefix != wantPrefix || suffix != wantSuffix {
-				t.Errorf("%s: prefix %d suffix %d, want %d and %d", what, prefix, suffix, wantPrefix, wantSuffix)
+			wantSuffix := min(commonPrefixNaive(reversed(orig), reversed(data)), min(len(orig), len(data))-ch.prefix)
+			if ch.size != len(data) || ch.prefix > wantPrefix || ch.suffix > wantSuffix || ch.prefix < wantPrefix-3*blockSize || ch.suffix < wantSuffix-3*blockSize {
+				t.Errorf("%s: size %d, prefix %d suffix %d, want %d, at most %d and %d", what, ch.size, ch.prefix, ch.suffix, len(data), wantPrefix, wantSuffix)
 			}
+			if ch.win != nil && (ch.base > ch.prefix || ch.base+len(ch.win) < len(data)-ch.suffix || !bytes.Equal(ch.win, data[ch.base:ch.base+len(ch.win)])) {
+				t.Errorf("%s: window %d..%d is not the file's changed region", what, ch.base, ch.base+len(ch.win))
+			}
+			// Some edits break the file: what was good is kept, as by a
+			// loader that parses.
+			loadBoth(t, what, l, parse, p)
+			checkBlocks(t, what+", loaded", l.seed, l.cache[p].blocks, data)
 		}
 	}
 }
@@ -288,36 +314,46 @@ func reversed(b []byte) []byte {
 	return r
 }
 
-// TestCommonPrefixSuffix: the block comparisons readHeld relies on give
-// the naive answer, for a difference anywhere (and none).
+// TestCommonPrefixSuffix: the block comparison scanFile relies on
+// (changeOf) finds, in memory, a difference anywhere (and none): the
+// prefix and suffix it reports are common to both contents and at most a
+// few blocks short of the longest, and the new blocks are the content's.
 func TestCommonPrefixSuffix(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	a := make([]byte, 3*cmpStep+17)
+	a := make([]byte, 9*blockSize+17)
 	for i := range a {
 		a[i] = byte(rng.IntN(256))
 	}
-	for _, at := range []int{-1, 0, 1, cmpStep - 1, cmpStep, 2*cmpStep + 5, len(a) - 1} {
-		for _, cut := range []int{0, 1, cmpStep + 3} {
+	l := &loader{seed: maphash.MakeSeed()}
+	bh := l.hashBlocks(a)
+	for _, at := range []int{-1, 0, 1, blockSize - 1, blockSize, 4*blockSize + 5, len(a) - blockSize, len(a) - 1} {
+		for _, cut := range []int{0, 1, blockSize + 3} {
 			b := bytes.Clone(a)
 			if at >= 0 {
 				b[at] ^= 1
 			}
-			b = b[cut:]
-			if got, want := commonPrefix(a[cut:], b), commonPrefixNaive(a[cut:], b); got != want {
-				t.Errorf("prefix, difference at %d, cut %d: %d, want %d", at, cut, got, want)
-			}
-			b = b[:len(b)-cut]
-			if got, want := commonSuffix(a, b), commonPrefixNaive(reversed(a), reversed(b)); got != want {
-				t.Errorf("suffix, difference at %d, cut %d: %d, want %d", at, cut, got, want)
+			for _, b := range [][]byte{b, b[cut:], b[:len(b)-cut], append(bytes.Clone(b[:len(b)/2]), append(make([]byte, cut), b[len(b)/2:]...)...)} {
+				what := fmt.Sprintf("difference at %d, cut %d, %d bytes", at, cut, len(b))
+				ch := l.changeOf(b, bh, nil)
+				if ch.same != bytes.Equal(a, b) {
+					t.Fatalf("%s: same %v", what, ch.same)
+				}
+				if ch.same {
+					continue
+				}
+				checkBlocks(t, what, l.seed, ch.blocks, b)
+				p, s := commonPrefixNaive(a, b), commonPrefixNaive(reversed(a), reversed(b))
+				if ch.prefix > p || ch.suffix > s || ch.prefix+ch.suffix > min(len(a), len(b)) || ch.prefix < p-3*blockSize || ch.suffix < min(s, min(len(a), len(b))-ch.prefix)-3*blockSize {
+					t.Errorf("%s: prefix %d suffix %d, longest %d and %d", what, ch.prefix, ch.suffix, p, s)
+				}
 			}
 		}
 	}
 }
 
-// TestHeldPassesBetweenFiles: in a directory, the buffer holds the file
-// read last; editing another file reads that one in full, after the one
-// held had its hashes computed (evict), so that editing it again patches
-// (by its hashes) and finds what a new loader finds.
+// TestHeldPassesBetweenFiles: in a directory, editing one file and then
+// another, and the first again, patches each (by the hashes of its
+// blocks, kept for every file) and finds what a new loader finds.
 func TestHeldPassesBetweenFiles(t *testing.T) {
 	dir := t.TempDir()
 	cs := map[string]*heldCluster{"a.yaml": newHeldCluster("yaml", 50), "b.json": newHeldCluster("json", 50)}
@@ -345,7 +381,7 @@ func TestHeldPassesBetweenFiles(t *testing.T) {
 		if err := os.WriteFile(p, c.render(), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		patches, wasHeld := l.patches, l.held == p
+		patches := l.patches
 		got, err := l.loadChanged(dir, map[string]bool{name: true})
 		if err != nil {
 			t.Fatal(err)
@@ -355,12 +391,43 @@ func TestHeldPassesBetweenFiles(t *testing.T) {
 		if l.patches != patches+1 {
 			t.Errorf("%s: not patched", what)
 		}
-		if l.held != p {
-			t.Errorf("%s: held %q", what, l.held)
-		}
-		// Compared with what it held, or read in full and hashed.
-		if fr := l.cache[p]; fr.stale != wasHeld {
-			t.Errorf("%s: held before %v, stale after %v", what, wasHeld, fr.stale)
-		}
+		checkBlocks(t, what, l.seed, l.cache[p].blocks, c.render())
 	}
+}
+
+// TestMappedFileTruncated: a file truncated while it is mapped faults
+// when its lost pages are read (SIGBUS); readMapped turns that into an
+// error (the loader then reads the file in full) instead of a crash.
+func TestMappedFileTruncated(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "services.json")
+	if err := os.WriteFile(p, bytes.Repeat([]byte{' '}, 4*os.Getpagesize()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.Close() }()
+	data, err := syscall.Mmap(int(f.Fd()), 0, 4*os.Getpagesize(), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = syscall.Munmap(data) }()
+	var sum int
+	if err := readMapped(func() { sum += int(data[3*os.Getpagesize()]) }); err != nil || sum != ' ' {
+		t.Fatalf("before truncating: read %d, err %v", sum, err)
+	}
+	if err := os.Truncate(p, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := readMapped(func() { sum += int(data[3*os.Getpagesize()]) }); err != errChangedWhileRead {
+		t.Fatalf("after truncating: err %v, want %v", err, errChangedWhileRead)
+	}
+	// Other panics are not swallowed.
+	defer func() {
+		if r := recover(); r != "other" {
+			t.Errorf("recovered %v, want the panic", r)
+		}
+	}()
+	_ = readMapped(func() { panic("other") })
 }

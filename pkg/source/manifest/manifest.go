@@ -29,7 +29,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/maphash"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -123,14 +122,6 @@ type loader struct {
 	tracker  *tracker.Tracker
 	fed      map[objKey]*object // the objects the tracker holds
 	seed     maphash.Seed
-	// buf is read into, so that an edit of a big file does not allocate
-	// (and collect) its size every time; after a full parse, it is the
-	// largest buffer parsed. It holds the content of the file held, if
-	// any: the file's cached result is of exactly that content, and the
-	// next load of the file compares the file with it (held.go).
-	buf     []byte
-	held    string
-	scratch []byte // the block readHeld reads into
 	// last is what the last load found outside the objects, for a load
 	// that only patches objects (patch.go); nil when it cannot.
 	last       *lastLoad
@@ -180,39 +171,6 @@ type unit struct {
 	slice  *discoveryv1.EndpointSlice
 	ignore string  // not served: "apiVersion Kind", reported as a warning
 	last   *object // the object it was decoded as (nil if ignored)
-}
-
-// readSlack is the least room readFile leaves after a file's content.
-const readSlack = 4096
-
-// readFile reads file into buf (reallocated if too small, or more than
-// twice the size), as os.ReadFile does into a new buffer.
-func readFile(file string, buf []byte) ([]byte, error) {
-	f, err := os.Open(file)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = f.Close() }() // read only: nothing to lose
-	if fi, err := f.Stat(); err == nil && (int64(cap(buf)) <= fi.Size() || int64(cap(buf)) > 2*fi.Size()+2*readSlack) {
-		// Room to see EOF, and for the file to grow by an edit or a few
-		// objects added without a new buffer: an edit that made the
-		// file one byte longer used to allocate its size again.
-		buf = make([]byte, 0, fi.Size()+fi.Size()/64+readSlack)
-	}
-	buf = buf[:0]
-	for {
-		n, err := f.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			return buf, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)] // grow
-		}
-	}
 }
 
 // files lists the manifest files of path.
@@ -269,8 +227,6 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 	results := make([]*fileResult, len(paths))
 	var todo []int
 	datas := make([][]byte, len(paths))
-	sums := make([]unitSum, len(paths))
-	fwds := make([][]uint64, len(paths))
 	var patched []patchedFile
 	cached := 0 // files read whose last result is cached
 	for i, file := range paths {
@@ -281,65 +237,36 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 			continue
 		}
 		l.reads.Add(1)
-		if ok && file == l.held {
-			data, prefix, suffix, same, err := l.readHeld(file)
-			if err == nil {
+		if ok {
+			// Hashed in blocks against what it was (blocks.go); read
+			// in full if that fails, or the patch does.
+			ch, err := l.scanFile(file, c.blocks, c.layout)
+			if err == nil && ch.same {
+				results[i] = c
 				cached++
-				if same {
-					results[i] = c
-					continue
-				}
-				if !l.noPatch {
-					if fr, repl, ok := l.patchFile(file, data, prefix, suffix, c); ok {
-						fr.stale = true // the hashes and sum are of older content
-						results[i] = fr
-						patched = append(patched, patchedFile{file, c, fr, repl})
-						l.held = file
-						continue
-					}
-				}
-				sum, fwd := l.fileSum(data)
-				l.buf = nil // parseFile has it
-				datas[i], sums[i], fwds[i] = data, sum, fwd
-				todo = append(todo, i)
 				continue
 			}
-			// Read it in full, with what it held if it still does.
+			if err == nil && !l.noPatch && ch.win != nil {
+				if fr, repl, ok := l.patchFile(file, ch.win, ch.base, ch.size, ch.prefix, ch.suffix, c); ok {
+					fr.blocks = ch.blocks
+					results[i] = fr
+					cached++
+					patched = append(patched, patchedFile{file, c, fr, repl})
+					continue
+				}
+			}
 		}
-		l.evict()
-		data, err := readFile(file, l.buf)
+		data, err := os.ReadFile(file)
 		if err != nil {
 			// Unreadable (e.g. removed between listing and reading):
 			// keep what it contributed last time.
 			results[i] = &fileResult{objs: l.byFile[file], errs: []error{fmt.Errorf("%s: %w", file, err)}, unknown: true}
 			continue
 		}
-		sum, fwd := l.fileSum(data)
 		if ok {
 			cached++
 		}
-		// Nothing keeps data once a file is found unchanged or patched:
-		// the next file, or the next load, reads into it (or compares
-		// with it, if it is the same file).
-		l.buf = data
-		if ok && !c.stale && c.sum == sum {
-			results[i] = c
-			l.held = file
-			continue
-		}
-		if ok && !l.noPatch && !c.stale {
-			if prefix, suffix, bwd, ok := c.layout.hashedChange(data, fwd); ok {
-				if fr, repl, ok := l.patchFile(file, data, prefix, suffix, c); ok {
-					fr.sum, fr.layout.fwd, fr.layout.bwd = sum, fwd, bwd
-					results[i] = fr
-					patched = append(patched, patchedFile{file, c, fr, repl})
-					l.held = file
-					continue
-				}
-			}
-		}
-		l.buf = nil // parseFile has it
-		datas[i], sums[i], fwds[i] = data, sum, fwd
+		datas[i] = data
 		todo = append(todo, i)
 	}
 	if len(todo) == 0 && cached == len(paths) && cached == len(l.cache) && l.patchObjects(patched) {
@@ -347,16 +274,8 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 	}
 	// parseFile keeps nothing of the content it parses (decoded strings
 	// are copies, a layout keeps offsets and copies of its head and
-	// tail): the largest buffer it is given is read into after it, so
-	// that the first edit after a full parse (the first load, a Service
-	// added or removed) does not allocate the file's size again.
-	var spare []byte
-	spareFile := ""
-	for _, i := range todo {
-		if cap(datas[i]) > cap(spare) {
-			spare, spareFile = datas[i], paths[i]
-		}
-	}
+	// tail), and neither does the loader: what it keeps of a file is the
+	// hashes of its blocks, which the next load compares it with.
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
 	for _, i := range todo {
@@ -365,18 +284,11 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			results[i] = l.parseFile(paths[i], datas[i])
-			results[i].sum = sums[i]
-			if lo := results[i].layout; lo != nil {
-				lo.withHashes(datas[i], fwds[i])
-			}
-			datas[i], fwds[i] = nil, nil
+			results[i].blocks = l.hashBlocks(datas[i])
+			datas[i] = nil
 		}()
 	}
 	wg.Wait()
-	if cap(spare) > cap(l.buf) {
-		// Still that file's content, which its result reflects.
-		l.buf, l.held = spare, spareFile
-	}
 
 	res := &Result{}
 	nobjs, nunits := 0, 0
@@ -390,7 +302,7 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 	units := make(map[unitSum]*unit, nunits)
 	for i, file := range paths {
 		fr := results[i]
-		if fr.sum != (unitSum{}) {
+		if fr.blocks != nil {
 			newCache[file] = fr
 			for _, u := range fr.units {
 				units[u.sum] = u.unit
@@ -426,11 +338,13 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 
 // fileResult is the outcome of parsing one file, cached by content.
 type fileResult struct {
-	sum   unitSum // of the content; zero if the file could not be read
-	objs  []*object
-	warns []string
-	errs  []error
-	units []sumUnit // what it decoded, or found decoded, by content
+	// blocks are the hashes of the content's blocks (blocks.go); nil if
+	// the file could not be read.
+	blocks *blockHashes
+	objs   []*object
+	warns  []string
+	errs   []error
+	units  []sumUnit // what it decoded, or found decoded, by content
 	// unknown says the content is not known: empty, unreadable, or with a
 	// document that could not be parsed (Result.Unknown).
 	unknown bool
@@ -443,9 +357,6 @@ type fileResult struct {
 	// load can decode only the part that changed (patch.go); nil if the
 	// file is not shaped for that.
 	layout *layout
-	// stale says sum and the layout's hashes are of an older content:
-	// the file is held and was patched since (held.go).
-	stale bool
 	// dec decodes the documents while the file is parsed; nil after.
 	dec *docDecoder
 }

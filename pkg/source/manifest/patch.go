@@ -1,10 +1,7 @@
 package manifest
 
 import (
-	"bytes"
-	"encoding/binary"
 	"fmt"
-	"hash/maphash"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -25,38 +22,18 @@ import (
 // a warning, a List in a YAML stream) falls back to parsing the whole
 // file.
 //
-// The region that changed is found in one of two ways. The file whose
-// content the loader holds (its read buffer, see loader.held: in a
-// single-file source, always the file) is read in blocks and compared with
-// that content byte for byte, forward for the common prefix and, from the
-// end, for the common suffix; only the bytes between them are read into
-// the buffer, where the suffix is moved to its new place (readHeld). That
-// finds every changed byte, with no hashing and no second buffer: the
-// file is read once, in blocks that stay in the CPU's cache. Any other
-// file is read in full, and hashes of its content in fixed chunks, counted
-// from the start and from the end, compared with those of its last
-// content (hashedChange): to chunk granularity, with a keyed 64-bit hash.
-// Those hashes are computed when a file is read in full, or when the
-// buffer passes from one file to another (evict): a file patched while
-// held has none until then.
-
-// chunkSize is the granularity of the change detection: the pieces in the
-// changed chunks are split again (their decoding is still skipped if
-// their bytes did not change).
-const chunkSize = 4096
+// The region that changed is found by hashing the file in blocks
+// (blocks.go), to block granularity, made exact next to the head and the
+// tail.
 
 // layout is where a file's pieces are, and hashes of its content.
 type layout struct {
-	n int // content length
-	// fwd and bwd are the hashes of the content's chunks counted from
-	// the start and from the end; nil while the content is held and was
-	// patched (fileResult.stale).
-	fwd, bwd []uint64
-	list     bool // the pieces are the items of one JSON List; else YAML documents
-	pieces   []piece
+	n      int  // content length
+	list   bool // the pieces are the items of one JSON List; else YAML documents
+	pieces []piece
 	// head and tail are the content before the first piece and after
 	// the last (a List's header and closing brackets), if short: a
-	// change in the first or last chunk is then no change of them.
+	// change in the first or last block is then no change of them.
 	head, tail []byte
 }
 
@@ -111,16 +88,8 @@ func newLayout(file string, data []byte, fr *fileResult, perDoc []int) *layout {
 			return nil
 		}
 	}
-	// The caller, which has the hashes from the start, adds the hashes
-	// (withHashes).
 	lo.setHeadTail(data)
 	return lo
-}
-
-// withHashes adds the chunk hashes of data, the layout's content, given
-// those from the start.
-func (lo *layout) withHashes(data []byte, fwd []uint64) {
-	lo.fwd, lo.bwd = fwd, bwdHashes(data)
 }
 
 func (lo *layout) setHeadTail(data []byte) {
@@ -136,38 +105,6 @@ func (lo *layout) setHeadTail(data []byte) {
 	}
 }
 
-var chunkSeed = maphash.MakeSeed()
-
-// fwdHashes hashes data in chunks from the start.
-func fwdHashes(data []byte) []uint64 {
-	fwd := make([]uint64, (len(data)+chunkSize-1)/chunkSize)
-	for k := range fwd {
-		fwd[k] = maphash.Bytes(chunkSeed, data[k*chunkSize:min(len(data), (k+1)*chunkSize)])
-	}
-	return fwd
-}
-
-// bwdHashes hashes data in chunks from the end.
-func bwdHashes(data []byte) []uint64 {
-	bwd := make([]uint64, (len(data)+chunkSize-1)/chunkSize)
-	for k := range bwd {
-		bwd[k] = maphash.Bytes(chunkSeed, data[max(0, len(data)-(k+1)*chunkSize):len(data)-k*chunkSize])
-	}
-	return bwd
-}
-
-// fileSum returns the sum of a file's content, and the hashes of its
-// chunks from the start it is made of: one pass over the content serves
-// both the check for a change and patchFile.
-func (l *loader) fileSum(data []byte) (unitSum, []uint64) {
-	fwd := fwdHashes(data)
-	b := make([]byte, 0, 8*len(fwd))
-	for _, h := range fwd {
-		b = binary.LittleEndian.AppendUint64(b, h)
-	}
-	return unitSum{hash: maphash.Bytes(l.seed, b), n: len(data)}, fwd
-}
-
 // replacement is an object a patch replaced: the object at index obj of
 // the file's objects was old, decoded from the unit oldSum, and is now new.
 type replacement struct {
@@ -176,56 +113,20 @@ type replacement struct {
 	oldSum   unitSum
 }
 
-// hashedChange returns how much of data, a file's new content whose
-// chunk hashes from the start are fwd, is the layout's content at the
-// start (prefix) and at the end (suffix), as far as the chunk hashes and
-// the head and tail say; and the hashes from the end, for the layout if
-// the file is patched. ok is false if there is no layout, or it has no
-// hashes.
-func (lo *layout) hashedChange(data []byte, fwd []uint64) (prefix, suffix int, bwd []uint64, ok bool) {
-	if lo == nil || lo.fwd == nil {
-		return 0, 0, nil, false
-	}
-	bwd = bwdHashes(data)
-	for k := 0; k < len(fwd) && k < len(lo.fwd) && fwd[k] == lo.fwd[k]; k++ {
-		prefix = min(len(data), lo.n, (k+1)*chunkSize)
-	}
-	for k := 0; k < len(bwd) && k < len(lo.bwd) && bwd[k] == lo.bwd[k]; k++ {
-		suffix = min(len(data), lo.n, (k+1)*chunkSize)
-	}
-	if lo.head != nil && bytes.HasPrefix(data, lo.head) {
-		prefix = max(prefix, len(lo.head))
-	}
-	if lo.tail != nil && bytes.HasSuffix(data, lo.tail) {
-		suffix = max(suffix, len(lo.tail))
-	}
-	if m := min(len(data), lo.n); prefix+suffix > m {
-		suffix = m - prefix
-	}
-	return prefix, suffix, bwd, true
-}
+// pieceRegion is where the pieces a..b of a layout are in a file's new
+// content: from the first byte of piece a to the last of piece b.
+type pieceRegion struct{ a, b, from, to int }
 
-// patchFile returns what parseFile would return for the file's new
-// content data, given its last result old and that data begins with the
-// first prefix bytes of old's content and ends with its last suffix bytes
-// (prefix+suffix at most the shorter length), decoding only the pieces in
-// the region between; ok is false if it cannot (see the top of this
-// file). It reads the loader's state only, and changes old only when it
-// patches: fr is then old, made the new result in place (with the layout's
-// hashes unset: the caller sets them, or marks them stale). The load
-// replaces the file's last result with what it finds, patched or parsed,
-// so nothing reads old as it was after that, and copying its slices (the
-// size of the file's objects: 14 MiB at 100,000 Services) every edit
-// would only make garbage.
-func (l *loader) patchFile(file string, data []byte, prefix, suffix int, old *fileResult) (fr *fileResult, repl []replacement, ok bool) {
-	lo := old.layout
-	if lo == nil || len(lo.pieces) == 0 || prefix+suffix > min(len(data), lo.n) {
-		return nil, nil, false
+// region returns the pieces of the layout that cover the change of a
+// content of length m that begins with its first prefix bytes and ends
+// with its last suffix bytes (prefix+suffix at most the shorter length),
+// with what lies between them: the bytes before piece a and after piece
+// b are unchanged. ok is false if there are none (the change is in the
+// head or the tail).
+func (lo *layout) region(prefix, suffix, m int) (r pieceRegion, ok bool) {
+	if lo == nil || len(lo.pieces) == 0 || prefix+suffix > min(m, lo.n) {
+		return r, false
 	}
-	delta := len(data) - lo.n
-
-	// The pieces a..b cover the change, with what lies between them:
-	// the bytes before piece a and after piece b are unchanged.
 	ps := lo.pieces
 	a, _ := slices.BinarySearchFunc(ps, prefix, func(p piece, off int) int { return p.end - off })
 	if a == len(ps) || ps[a].start > prefix {
@@ -252,22 +153,52 @@ func (l *loader) patchFile(file string, data []byte, prefix, suffix int, old *fi
 		}
 	}
 	if a < 0 || b >= len(ps) || b < 0 || a > b {
+		return r, false
+	}
+	// A List's items are split from item a's first byte on: if that is
+	// the end of the prefix (a is the first item, the prefix the head),
+	// splitItems finds an item there only if the change left one
+	// starting there, as a parse of the List would.
+	from, to := ps[a].start, ps[b].end+m-lo.n
+	if from > prefix || ps[b].end < tail || to < from || to > m {
+		return r, false
+	}
+	return pieceRegion{a, b, from, to}, true
+}
+
+// patchFile returns what parseFile would return for the file's new
+// content, of length m, given its last result old and that the content
+// begins with the first prefix bytes of old's content and ends with its
+// last suffix bytes (prefix+suffix at most the shorter length), decoding
+// only the pieces in the region between; win is the new content from
+// base on, at least of that region's pieces (layout.region). ok is false
+// if it cannot (see the top of this file). It reads the loader's state
+// only, and changes old only when it patches: fr is then old, made the
+// new result in place (the caller sets its blocks). The load replaces the
+// file's last result with what it finds, patched or parsed, so nothing
+// reads old as it was after that, and copying its slices (the size of the
+// file's objects: 14 MiB at 100,000 Services) every edit would only make
+// garbage.
+func (l *loader) patchFile(file string, win []byte, base, m, prefix, suffix int, old *fileResult) (fr *fileResult, repl []replacement, ok bool) {
+	lo := old.layout
+	r, ok := lo.region(prefix, suffix, m)
+	if !ok || r.from < base || r.to > base+len(win) {
 		return nil, nil, false
 	}
-	from, to := ps[a].start, ps[b].end+delta
-	if from > prefix || lo.list && from == prefix || ps[b].end < tail || to < from || to > len(data) {
-		return nil, nil, false
-	}
+	delta := m - lo.n
+	ps, a, b := lo.pieces, r.a, r.b
+	// data is the window, indexed by offsets in the file.
+	data := func(from, to int) []byte { return win[from-base : to-base : to-base] }
 	var spans []span
+	shift := base // of what was split, in the file
 	if lo.list {
-		spans, ok = splitItems(data, from, to)
+		spans, ok = splitItems(win, r.from-base, r.to-base)
 	} else {
-		spans = documentSpans(data[from:to])
-		for i := range spans {
-			spans[i].start += from
-			spans[i].end += from
-		}
-		ok = true
+		spans, ok, shift = documentSpans(data(r.from, r.to)), true, r.from
+	}
+	for i := range spans {
+		spans[i].start += shift
+		spans[i].end += shift
 	}
 	if !ok || len(spans) != b-a+1 {
 		return nil, nil, false
@@ -285,7 +216,7 @@ func (l *loader) patchFile(file string, data []byte, prefix, suffix int, old *fi
 	scratch := &fileResult{}
 	for i, sp := range spans {
 		p := ps[a+i]
-		doc := data[sp.start:sp.end:sp.end]
+		doc := data(sp.start, sp.end)
 		var objs []*object
 		var warns []string
 		var errs []error
@@ -301,7 +232,7 @@ func (l *loader) patchFile(file string, data []byte, prefix, suffix int, old *fi
 				errs = []error{err}
 			}
 		} else {
-			if len(doc) == 0 && sp.start == len(data) {
+			if len(doc) == 0 && sp.start == m {
 				doc = nil // as splitDocuments
 			}
 			objs, warns, errs, broken = l.decodeDocument(scratch, file, a+i+1, doc)
@@ -341,7 +272,7 @@ func (l *loader) patchFile(file string, data []byte, prefix, suffix int, old *fi
 			ps[i].end += delta
 		}
 	}
-	lo.n, lo.fwd, lo.bwd = len(data), nil, nil
+	lo.n = m
 	return fr, repl, true
 }
 
