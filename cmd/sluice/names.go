@@ -45,18 +45,18 @@ func (w *namesWriter) SetProgrammed(s *model.State) {
 		w.log.Warn("write the names file sluicectl reads", "path", w.path, "err", err)
 		return
 	}
-	w.written = make(map[model.L4Addr]nameOf, len(s.Services))
-	for fe, svc := range s.Services {
+	w.written = make(map[model.L4Addr]nameOf, s.Services.Len())
+	for fe, svc := range s.Services.All() {
 		w.written[fe] = nameOf{svc.Name, svc.Kind}
 	}
 }
 
 // unchanged says whether the file names the frontends of s as s does.
 func (w *namesWriter) unchanged(s *model.State) bool {
-	if w.written == nil || len(w.written) != len(s.Services) {
+	if w.written == nil || len(w.written) != s.Services.Len() {
 		return false
 	}
-	for fe, svc := range s.Services {
+	for fe, svc := range s.Services.All() {
 		if n, ok := w.written[fe]; !ok || n != (nameOf{svc.Name, svc.Kind}) {
 			return false
 		}

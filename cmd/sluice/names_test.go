@@ -21,8 +21,8 @@ func TestNamesWriter(t *testing.T) {
 	np := model.L4Addr{Addr: netip.MustParseAddr("192.168.0.2"), Port: 30080, Proto: model.TCP}
 	st := model.NewState()
 	web := model.ServicePortName{Namespace: "default", Name: "web", Port: "http"}
-	st.Services[fe] = &model.Service{Name: web, Kind: model.ClusterIP, Frontend: fe}
-	st.Services[np] = &model.Service{Name: web, Kind: model.NodePort, Frontend: np}
+	st.Services.Set(fe, &model.Service{Name: web, Kind: model.ClusterIP, Frontend: fe})
+	st.Services.Set(np, &model.Service{Name: web, Kind: model.NodePort, Frontend: np})
 	w.SetProgrammed(st)
 
 	got, err := namesfile.Read(path, "/sys/fs/bpf")
@@ -45,7 +45,7 @@ func TestNamesWriter(t *testing.T) {
 	if fi, err := os.Stat(path); err != nil || !fi.ModTime().Equal(old) {
 		t.Errorf("unchanged names rewrote the file (%v)", err)
 	}
-	delete(st.Services, np)
+	st.Services.Delete(np)
 	w.SetProgrammed(st)
 	if got, err := namesfile.Read(path, "/sys/fs/bpf"); err != nil || len(got) != 1 {
 		t.Errorf("after a frontend went: %v %v, want one name", got, err)

@@ -50,8 +50,8 @@ func BenchmarkTracker(b *testing.B) {
 			b.StartTimer()
 			tr := feed()
 			r := tr.Sync()
-			if len(r.State.Services) != n {
-				b.Fatal(len(r.State.Services))
+			if r.State.Services.Len() != n {
+				b.Fatal(r.State.Services.Len())
 			}
 			b.StopTimer()
 			runtime.GC()
