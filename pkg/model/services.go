@@ -34,12 +34,14 @@ const (
 	leafMax = 64
 )
 
-// snode is a node of the trie: interior if kids is not nil, else a leaf.
+// snode is a node of the trie: interior (its children in kids, in the
+// node itself: one memory access a level less) or a leaf.
 type snode struct {
 	// edit is the ServicesBuilder edit that made the node: that edit may
 	// change it in place, no other may.
-	edit *edit
-	kids []*snode // sfan of them, or nil
+	edit     *edit
+	interior bool
+	kids     [sfan]*snode
 	// A leaf's frontends, and their hashes (hashOf) apart: a lookup
 	// scans 8 bytes a frontend, not 48.
 	hashes []uint64
@@ -93,7 +95,7 @@ func (s Services) Has(k L4Addr) bool {
 func (s Services) Lookup(k L4Addr) (*Service, bool) {
 	n := s.root
 	h := hashOf(k)
-	for d := 0; n != nil && n.kids != nil; d++ {
+	for d := 0; n != nil && n.interior; d++ {
 		n = n.kids[index(h, d)]
 	}
 	if n != nil {
@@ -115,9 +117,11 @@ func (n *snode) all(yield func(L4Addr, *Service) bool) bool {
 	if n == nil {
 		return true
 	}
-	for _, k := range n.kids {
-		if !k.all(yield) {
-			return false
+	if n.interior {
+		for _, k := range n.kids {
+			if !k.all(yield) {
+				return false
+			}
 		}
 	}
 	for _, e := range n.ents {
@@ -223,10 +227,8 @@ func (b *ServicesBuilder) mutable(n *snode) *snode {
 	if n.edit == b.ed {
 		return n
 	}
-	c := &snode{edit: b.ed}
-	if n.kids != nil {
-		c.kids = slices.Clone(n.kids)
-	} else {
+	c := &snode{edit: b.ed, interior: n.interior, kids: n.kids}
+	if !n.interior {
 		c.hashes = append(make([]uint64, 0, len(n.hashes)+1), n.hashes...)
 		c.ents = append(make([]sentry, 0, len(n.ents)+1), n.ents...)
 	}
@@ -240,7 +242,7 @@ func (b *ServicesBuilder) set(n *snode, d int, h uint64, k L4Addr, v *Service) (
 		return &snode{edit: b.ed, hashes: hashes, ents: ents}, true
 	}
 	n = b.mutable(n)
-	if n.kids != nil {
+	if n.interior {
 		i := index(h, d)
 		var added bool
 		n.kids[i], added = b.set(n.kids[i], d+1, h, k, v)
@@ -255,7 +257,7 @@ func (b *ServicesBuilder) set(n *snode, d int, h uint64, k L4Addr, v *Service) (
 	n.hashes, n.ents = append(n.hashes, h), append(n.ents, sentry{k, v})
 	if len(n.ents) > leafMax && canSplit(d) {
 		hashes, ents := n.hashes, n.ents
-		n.hashes, n.ents, n.kids = nil, nil, make([]*snode, sfan)
+		n.hashes, n.ents, n.interior = nil, nil, true
 		for j, e := range ents {
 			i := index(hashes[j], d)
 			n.kids[i], _ = b.set(n.kids[i], d+1, hashes[j], e.key, e.svc)
@@ -267,7 +269,7 @@ func (b *ServicesBuilder) set(n *snode, d int, h uint64, k L4Addr, v *Service) (
 // del removes k, which n holds; it returns nil for a node left empty.
 func (b *ServicesBuilder) del(n *snode, d int, h uint64, k L4Addr) *snode {
 	n = b.mutable(n)
-	if n.kids != nil {
+	if n.interior {
 		i := index(h, d)
 		n.kids[i] = b.del(n.kids[i], d+1, h, k)
 		for _, c := range n.kids {

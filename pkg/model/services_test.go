@@ -100,8 +100,10 @@ func nodes(s Services) map[*snode]bool {
 			return
 		}
 		seen[n] = true
-		for _, k := range n.kids {
-			walk(k)
+		if n.interior {
+			for _, k := range n.kids {
+				walk(k)
+			}
 		}
 	}
 	walk(s.root)
