@@ -43,7 +43,7 @@ type snode struct {
 	interior bool
 	kids     [sfan]*snode
 	// A leaf's frontends, and their hashes (hashOf) apart: a lookup
-	// scans 8 bytes a frontend, not 48.
+	// scans 8 bytes a frontend, not 48 (hash, frontend and Service).
 	hashes []uint64
 	ents   []sentry
 }
