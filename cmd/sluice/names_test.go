@@ -2,6 +2,7 @@ package main
 
 import (
 	"log/slog"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/sluice-lb/sluice/internal/namesfile"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/model/modeltest"
 )
 
 // The agent writes the names of what it programmed for sluicectl, only
@@ -21,8 +23,8 @@ func TestNamesWriter(t *testing.T) {
 	np := model.L4Addr{Addr: netip.MustParseAddr("192.168.0.2"), Port: 30080, Proto: model.TCP}
 	st := model.NewState()
 	web := model.ServicePortName{Namespace: "default", Name: "web", Port: "http"}
-	st.Services[fe] = &model.Service{Name: web, Kind: model.ClusterIP, Frontend: fe}
-	st.Services[np] = &model.Service{Name: web, Kind: model.NodePort, Frontend: np}
+	st.Services.Set(fe, &model.Service{Name: web, Kind: model.ClusterIP, Frontend: fe})
+	st.Services.Set(np, &model.Service{Name: web, Kind: model.NodePort, Frontend: np})
 	w.SetProgrammed(st)
 
 	got, err := namesfile.Read(path, "/sys/fs/bpf")
@@ -45,12 +47,35 @@ func TestNamesWriter(t *testing.T) {
 	if fi, err := os.Stat(path); err != nil || !fi.ModTime().Equal(old) {
 		t.Errorf("unchanged names rewrote the file (%v)", err)
 	}
-	delete(st.Services, np)
+	st.Services.Delete(np)
 	w.SetProgrammed(st)
 	if got, err := namesfile.Read(path, "/sys/fs/bpf"); err != nil || len(got) != 1 {
 		t.Errorf("after a frontend went: %v %v, want one name", got, err)
 	}
 	if ents, _ := os.ReadDir(filepath.Dir(path)); len(ents) != 1 {
 		t.Errorf("the directory holds %d files, want the names file alone (no temporary left)", len(ents))
+	}
+}
+
+// Along a chain of states each made from the one before, which the writer
+// compares by their changed frontends only, the file always names what
+// the state does.
+func TestNamesWriterFollowsChanges(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "names.json")
+	w := &namesWriter{path: path, bpffs: "/sys/fs/bpf/", log: slog.New(slog.DiscardHandler)}
+	rng := rand.New(rand.NewPCG(3, 4))
+	next := modeltest.Chain(rng, 64, func(rng *rand.Rand, s *model.Service) {
+		s.Kind = model.FrontendKind(rng.IntN(2))
+	})
+	for i := range 200 {
+		st := next()
+		w.SetProgrammed(st)
+		want, err := namesfile.Of("/sys/fs/bpf/", st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := os.ReadFile(path); err != nil || string(got) != string(want) {
+			t.Fatalf("state %d (BaseGen %v): the file names\n%s\nwant\n%s", i, st.BaseGen != 0, got, want)
+		}
 	}
 }

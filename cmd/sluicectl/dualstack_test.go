@@ -22,7 +22,7 @@ func TestCommandsShowIPv6(t *testing.T) {
 	for fe, be := range map[model.L4Addr]model.L4Addr{
 		tcp("10.96.0.10", 80): tcp("10.1.0.1", 8080), tcp("2001:db8::10", 80): tcp("2001:db8:1::1", 8080),
 	} {
-		st.Services[fe] = &model.Service{Name: name, Frontend: fe, Backends: []model.Backend{{L4Addr: be}}}
+		st.Services.Set(fe, &model.Service{Name: name, Frontend: fe, Backends: []model.Backend{{L4Addr: be}}})
 	}
 	base := []string{"--bpffs", bpffs, "--names-file", programNamed(t, bpffs, dp, st)}
 

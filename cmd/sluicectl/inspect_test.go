@@ -45,10 +45,10 @@ func liveDatapath(t *testing.T) (bpffs, names string, st *model.State) {
 	}
 	web, db := tcp("10.96.0.10", 80), tcp("10.96.0.20", 5432)
 	st = model.NewState()
-	st.Services[web] = &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Frontend: web,
-		Backends: []model.Backend{{L4Addr: tcp("10.1.0.1", 8080)}, {L4Addr: tcp("10.1.0.2", 8080)}}}
-	st.Services[db] = &model.Service{Name: model.ServicePortName{Namespace: "prod", Name: "db"}, Frontend: db,
-		Backends: []model.Backend{{L4Addr: tcp("10.1.0.1", 5432)}}}
+	st.Services.Set(web, &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Frontend: web,
+		Backends: []model.Backend{{L4Addr: tcp("10.1.0.1", 8080)}, {L4Addr: tcp("10.1.0.2", 8080)}}})
+	st.Services.Set(db, &model.Service{Name: model.ServicePortName{Namespace: "prod", Name: "db"}, Frontend: db,
+		Backends: []model.Backend{{L4Addr: tcp("10.1.0.1", 5432)}}})
 	names = programNamed(t, bpffs, dp, st)
 
 	client, node := [6]byte{2, 0, 0, 0, 0, 1}, [6]byte{2, 0, 0, 0, 0, 2}

@@ -147,9 +147,9 @@ func TestServicesRaw(t *testing.T) {
 	bpffs, dp := openSmallPins(t)
 	fe := modeltest.L4("192.168.1.200", 80, model.TCP)
 	st := model.NewState()
-	st.Services[fe] = &model.Service{Kind: model.LoadBalancer, Frontend: fe,
+	st.Services.Set(fe, &model.Service{Kind: model.LoadBalancer, Frontend: fe,
 		Backends:     []model.Backend{{L4Addr: modeltest.L4("10.3.0.1", 8080, model.TCP)}},
-		SourceRanges: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}}
+		SourceRanges: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24")}})
 	if err := reconciler.New(dp.Maps(), nil).Apply(st); err != nil {
 		t.Fatal(err)
 	}

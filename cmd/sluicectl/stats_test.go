@@ -23,9 +23,9 @@ func TestServicesStats(t *testing.T) {
 	}
 	web, empty := tcp("10.96.0.10", 80), tcp("10.96.0.30", 80)
 	st := model.NewState()
-	st.Services[web] = &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Frontend: web,
-		Backends: []model.Backend{{L4Addr: tcp("10.1.0.1", 8080)}}}
-	st.Services[empty] = &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "empty"}, Frontend: empty}
+	st.Services.Set(web, &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Frontend: web,
+		Backends: []model.Backend{{L4Addr: tcp("10.1.0.1", 8080)}}})
+	st.Services.Set(empty, &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "empty"}, Frontend: empty})
 	names := programNamed(t, bpffs, dp, st)
 	client, node := [6]byte{2, 0, 0, 0, 0, 1}, [6]byte{2, 0, 0, 0, 0, 2}
 	syn := func(dst model.L4Addr, sport uint16) {

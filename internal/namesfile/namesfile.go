@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -47,8 +46,8 @@ var kindNames = map[model.FrontendKind]string{
 // encoded.
 func Of(bpffs string, s *model.State) ([]byte, error) {
 	f := File{BPFFS: filepath.Clean(bpffs), Frontends: []Frontend{}}
-	for _, fe := range slices.SortedFunc(maps.Keys(s.Services), model.L4Addr.Compare) {
-		svc := s.Services[fe]
+	for _, fe := range slices.SortedFunc(s.Services.Keys(), model.L4Addr.Compare) {
+		svc := s.Services.Get(fe)
 		f.Frontends = append(f.Frontends, Frontend{Frontend: fe.String(), Service: svc.Name.String(), Kind: kindNames[svc.Kind]})
 	}
 	return json.Marshal(f)

@@ -383,7 +383,7 @@ func (a *Agent) applyNewest() error {
 		level = slog.LevelDebug // a resync of a state already applied
 	}
 	a.log.Log(context.Background(), level, "desired state applied", "generation", n,
-		"services", len(s.Services), "unprogrammed", len(failures), "took", took.Round(time.Microsecond))
+		"services", s.Services.Len(), "unprogrammed", len(failures), "took", took.Round(time.Microsecond))
 	return nil
 }
 
@@ -419,11 +419,11 @@ func splitApplyError(err error) (map[model.L4Addr]*reconciler.FrontendError, err
 
 // without returns s without the failed frontends (a copy; s is shared).
 func without(s *model.State, failures map[model.L4Addr]*reconciler.FrontendError) *model.State {
-	out := &model.State{Services: maps.Clone(s.Services)}
+	b := s.Services.Edit()
 	for fe := range failures {
-		delete(out.Services, fe)
+		b.Delete(fe)
 	}
-	return out
+	return &model.State{Services: b.Services()}
 }
 
 // reportFailures logs each permanent failure once, when it appears or its

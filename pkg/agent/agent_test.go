@@ -58,7 +58,7 @@ func (r *fakeReconciler) Apply(s *model.State) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.add("apply %d", len(s.Services))
+	r.add("apply %d", s.Services.Len())
 	if r.failures > 0 {
 		r.failures--
 		r.inSync = false
@@ -105,7 +105,7 @@ func stateWith(n int) *model.State {
 	s := model.NewState()
 	for i := range n {
 		fe := model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, 0, byte(i + 1)}), Port: 80, Proto: model.TCP}
-		s.Services[fe] = &model.Service{Frontend: fe}
+		s.Services.Set(fe, &model.Service{Frontend: fe})
 	}
 	return s
 }
@@ -215,7 +215,7 @@ func TestFailedApplyIsRetriedUntilItSucceeds(t *testing.T) {
 	if applies != 4 {
 		t.Errorf("Apply called %d times, want 4 (3 failures, 1 success)", applies)
 	}
-	if got := recon.appliedStates(); len(got) != 1 || len(got[0].Services) != 1 {
+	if got := recon.appliedStates(); len(got) != 1 || got[0].Services.Len() != 1 {
 		t.Errorf("applied states = %v", got)
 	}
 }
@@ -239,8 +239,8 @@ func TestBurstFoldsIntoNewestState(t *testing.T) {
 	close(gate)
 	eventually(t, "ready", func() bool { return h.agent.Ready() == nil })
 	got := recon.appliedStates()
-	if last := got[len(got)-1]; len(last.Services) != 6 {
-		t.Errorf("last applied state has %d services, want the newest (6)", len(last.Services))
+	if last := got[len(got)-1]; last.Services.Len() != 6 {
+		t.Errorf("last applied state has %d services, want the newest (6)", last.Services.Len())
 	}
 	if len(got) > 3 {
 		t.Errorf("%d applies for a burst of 6 states; want them folded (<= 3)", len(got))
@@ -316,7 +316,7 @@ func (o *countingObserver) ObserveSync(_ time.Duration, err error) {
 func (o *countingObserver) SetProgrammed(s *model.State) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.programmed = len(s.Services)
+	o.programmed = s.Services.Len()
 }
 
 // TestObserverSeesEveryApply: every observer (metrics and the health
@@ -363,8 +363,8 @@ func TestResyncReappliesNewestState(t *testing.T) {
 	h.src.states <- stateWith(3)
 	eventually(t, "several re-applies", func() bool { return len(recon.appliedStates()) >= 3 })
 	for _, s := range recon.appliedStates() {
-		if len(s.Services) != 3 {
-			t.Fatalf("resync applied a state with %d services, want 3", len(s.Services))
+		if s.Services.Len() != 3 {
+			t.Fatalf("resync applied a state with %d services, want 3", s.Services.Len())
 		}
 	}
 }

@@ -34,7 +34,7 @@ func (r *failingReconciler) Apply(s *model.State) error {
 	defer r.mu.Unlock()
 	call := int(r.applies.Add(1))
 	var errs []error
-	for fe, svc := range s.Services {
+	for fe, svc := range s.Services.All() {
 		if err := r.fail(fe, call); err != nil {
 			errs = append(errs, &reconciler.FrontendError{Service: svc.Name, Frontend: fe, Err: err})
 		}
@@ -76,7 +76,7 @@ func (o *failureObserver) SetFailures(fs []*reconciler.FrontendError) {
 // namedState is stateWith(n) with Service names svc-1..svc-n.
 func namedState(n int) *model.State {
 	s := stateWith(n)
-	for fe, svc := range s.Services {
+	for fe, svc := range s.Services.All() {
 		svc.Name = model.ServicePortName{Namespace: "default", Name: fmt.Sprintf("svc-%d", fe.Addr.As4()[3])}
 	}
 	return s
@@ -104,7 +104,7 @@ var errCapacity = fmt.Errorf("%w (3 new service entries: 62 in use of 64); previ
 func TestPermanentFailureIsReportedNotRetried(t *testing.T) {
 	bad := stateWith(2)
 	var badFE model.L4Addr
-	for fe := range bad.Services {
+	for fe := range bad.Services.All() {
 		if fe.Addr.As4()[3] == 2 {
 			badFE = fe
 		}
@@ -134,14 +134,14 @@ func TestPermanentFailureIsReportedNotRetried(t *testing.T) {
 	if len(obs.failures) != 1 || obs.failures[0].Frontend != badFE || obs.failures[0].Reason() != "capacity" {
 		t.Errorf("observer told of failures %v, want the one capacity failure", obs.failures)
 	}
-	if obs.programmed == nil || len(obs.programmed.Services) != 1 || obs.programmed.Services[badFE] != nil {
+	if obs.programmed == nil || obs.programmed.Services.Len() != 1 || obs.programmed.Services.Get(badFE) != nil {
 		t.Errorf("observer told of a programmed state of %v, want the good frontend alone", obs.programmed)
 	}
 	if last := obs.syncErrs[len(obs.syncErrs)-1]; last != nil {
 		t.Errorf("ObserveSync got %v: a sync that programmed all it could is no sync error", last)
 	}
-	if len(st.Services) != 2 {
-		t.Errorf("the source's state was modified: %d services", len(st.Services))
+	if st.Services.Len() != 2 {
+		t.Errorf("the source's state was modified: %d services", st.Services.Len())
 	}
 	obs.mu.Unlock()
 

@@ -76,7 +76,7 @@ func (a *affTest) apply(svcs ...*model.Service) {
 	for _, s := range svcs {
 		c := *s
 		c.Backends = model.SortBackends(slices.Clone(s.Backends))
-		st.Services[c.Frontend] = &c
+		st.Services.Set(c.Frontend, &c)
 	}
 	if err := a.r.Apply(st); err != nil {
 		a.t.Fatalf("reconciler.Apply: %v", err)
@@ -404,7 +404,7 @@ func TestXDPAffinity(t *testing.T) {
 		// wrote: they are not in its desired state, so they go; XDP and
 		// tc need only np.
 		st := model.NewState()
-		st.Services[np] = svc
+		st.Services.Set(np, svc)
 		if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
 			t.Fatal(err)
 		}
@@ -547,7 +547,7 @@ func TestTCAffinityTwoScopes(t *testing.T) {
 			t.Fatal(err)
 		}
 		st := model.NewState()
-		st.Services[w.npTwo] = two
+		st.Services.Set(w.npTwo, two)
 		if err := r.Apply(st); err != nil {
 			t.Fatal(err)
 		}

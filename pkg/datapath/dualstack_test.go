@@ -34,7 +34,7 @@ func dualStackState() *model.State {
 			SourceRanges: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}},
 	} {
 		s.Backends = model.SortBackends(s.Backends)
-		st.Services[s.Frontend] = s
+		st.Services.Set(s.Frontend, s)
 	}
 	return st
 }
@@ -42,9 +42,9 @@ func dualStackState() *model.State {
 // withoutIPv6 is st without its IPv6 frontends.
 func withoutIPv6(st *model.State) *model.State {
 	out := model.NewState()
-	for a, s := range st.Services {
+	for a, s := range st.Services.All() {
 		if a.Addr.Is4() {
-			out.Services[a] = s
+			out.Services.Set(a, s)
 		}
 	}
 	return out
@@ -71,14 +71,14 @@ func TestDualStackApply(t *testing.T) {
 			states = nil
 			acc := model.NewState()
 			for _, a := range []string{"10.96.0.10", "2001:db8:96::10", "2001:db8:96::11", "2001:db8:200::1", "192.0.2.1"} {
-				for fe, s := range st.Services {
+				for fe, s := range st.Services.All() {
 					if fe.Addr == addr(a) {
-						acc.Services[fe] = s
+						acc.Services.Set(fe, s)
 					}
 				}
 				next := model.NewState()
-				for fe, s := range acc.Services {
-					next.Services[fe] = s
+				for fe, s := range acc.Services.All() {
+					next.Services.Set(fe, s)
 				}
 				states = append(states, next)
 			}
@@ -185,7 +185,7 @@ func TestDualStackApply(t *testing.T) {
 
 	// The per-Service counters name the frontends of both families.
 	stats, err := m.ServiceStats()
-	if err != nil || len(stats) != len(st.Services) || stats[len(stats)-1].Frontend != l4("2001:db8:200::1", 443, model.TCP) {
+	if err != nil || len(stats) != st.Services.Len() || stats[len(stats)-1].Frontend != l4("2001:db8:200::1", 443, model.TCP) {
 		t.Errorf("ServiceStats: %d rows (%v), want one per frontend, IPv6 last: %+v", len(stats), err, stats)
 	}
 
@@ -220,9 +220,9 @@ func TestDualStackApply(t *testing.T) {
 	// A frontend with a backend of the other family fails by name and
 	// keeps its programming; the others are programmed regardless.
 	bad := dualStackState()
-	svc := *bad.Services[fe6.L4Addr]
+	svc := *bad.Services.Get(fe6.L4Addr)
 	svc.Backends = append([]model.Backend{{L4Addr: l4("10.1.0.9", 8080, model.TCP)}}, svc.Backends...)
-	bad.Services[fe6.L4Addr] = &svc
+	bad.Services.Set(fe6.L4Addr, &svc)
 	err = r2.Apply(bad)
 	var fe *reconciler.FrontendError
 	if !errors.As(err, &fe) || !errors.Is(err, reconciler.ErrInvalid) || !strings.Contains(err.Error(), svc.Name.String()) ||
@@ -356,7 +356,7 @@ func TestDualStackCapacity(t *testing.T) {
 		if fe.Addr.Is6() {
 			b = l4("2001:db8:1::1", 8080, model.TCP)
 		}
-		st.Services[fe] = clusterIP(fe, b)
+		st.Services.Set(fe, clusterIP(fe, b))
 	}
 	err := reconciler.New(m, nil).Apply(st)
 	var fe *reconciler.FrontendError
@@ -469,7 +469,7 @@ func TestDualStackRandomAgainstFake(t *testing.T) {
 			if rng.IntN(3) == 0 {
 				s.AffinityTimeout = time.Hour
 			}
-			st.Services[fe] = s
+			st.Services.Set(fe, s)
 		}
 		if rng.IntN(8) == 0 { // both agents restart: ids come from the maps
 			rm, rf = reconciler.New(d.Maps(), nil), reconciler.New(f, nil)

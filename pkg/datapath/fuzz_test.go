@@ -149,7 +149,7 @@ func newFuzzNode(tb testing.TB) *fuzzNode {
 	st := model.NewState()
 	for _, s := range append(fuzzFrontends(), fuzzFrontends6()...) {
 		s.Backends = model.SortBackends(s.Backends)
-		st.Services[s.Frontend] = s
+		st.Services.Set(s.Frontend, s)
 	}
 	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
 		tb.Fatalf("reconciler.Apply: %v", err)

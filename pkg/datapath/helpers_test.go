@@ -269,7 +269,7 @@ func applyServices(t testing.TB, d *Datapath, svcs ...*model.Service) {
 	st := model.NewState()
 	for _, s := range svcs {
 		s.Backends = model.SortBackends(s.Backends)
-		st.Services[s.Frontend] = s
+		st.Services.Set(s.Frontend, s)
 	}
 	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
 		t.Fatalf("reconciler.Apply: %v", err)

@@ -192,7 +192,7 @@ func BenchmarkMapsApply(b *testing.B) {
 				s.Backends = append(s.Backends, model.Backend{L4Addr: model.L4Addr{
 					Addr: netip.AddrFrom4([4]byte{10, byte(1 + i>>8), byte(i), byte(j + 1)}), Port: 8080, Proto: model.TCP}})
 			}
-			st.Services[fe] = s
+			st.Services.Set(fe, s)
 		}
 		cfg := smallConfig(testPinDir(b))
 		cfg.MaxServices, cfg.MaxBackends, cfg.MaxServiceEntries = n+n/4, 11*n+64, 12*n

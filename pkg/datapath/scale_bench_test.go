@@ -26,10 +26,11 @@ func BenchmarkMapsFromEmpty(b *testing.B) {
 		sizes = sizes[:1]
 	}
 	for _, n := range sizes {
-		st := model.NewState()
+		var sb model.ServicesBuilder
 		for _, s := range benchServices(n) {
-			st.Services[s.Frontend] = s
+			sb.Set(s.Frontend, s)
 		}
+		st := &model.State{Services: sb.Services()}
 		cfg := smallConfig(testPinDir(b))
 		cfg.MaxServices, cfg.MaxBackends, cfg.MaxServiceEntries = n+n/4, 11*n+64, 12*n
 		b.Run(fmt.Sprintf("%dk", n/1000), func(b *testing.B) {

@@ -144,7 +144,7 @@ func applySockAffinity(t *testing.T, r *reconciler.Reconciler, f sockAffFamily, 
 	st := model.NewState()
 	for _, s := range []*model.Service{affinityService(f.vip, time.Hour, tcp...), affinityService(f.udp, time.Hour, udp...)} {
 		s.Backends = model.SortBackends(s.Backends)
-		st.Services[s.Frontend] = s
+		st.Services.Set(s.Frontend, s)
 	}
 	if err := r.Apply(st); err != nil {
 		t.Fatal(err)
@@ -333,7 +333,7 @@ func TestSockAffinityTwoScopes(t *testing.T) {
 				s.InternalBackends = append(s.InternalBackends, model.Backend{L4Addr: l4(b, 8080, model.TCP)})
 			}
 			st := model.NewState()
-			st.Services[s.Frontend] = s
+			st.Services.Set(s.Frontend, s)
 			if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
 				t.Fatal(err)
 			}

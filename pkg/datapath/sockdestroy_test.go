@@ -142,16 +142,16 @@ func testSockDestroy(t *testing.T, method SockDestroyMethod, f sockLBFamily) {
 			svc.Backends = append(svc.Backends, model.Backend{L4Addr: be(a, 5353, model.UDP)})
 		}
 		svc.Backends = model.SortBackends(svc.Backends)
-		st.Services[vip] = svc
+		st.Services.Set(vip, svc)
 		o := clusterIP(other, be(backends[0], 5353, model.UDP), be(backends[1], 5353, model.UDP))
 		o.Backends = model.SortBackends(o.Backends)
-		st.Services[other] = o
+		st.Services.Set(other, o)
 		tcpSvc := clusterIP(tcpVIP)
 		for _, a := range udp {
 			tcpSvc.Backends = append(tcpSvc.Backends, model.Backend{L4Addr: be(a, 8080, model.TCP)})
 		}
 		tcpSvc.Backends = model.SortBackends(tcpSvc.Backends)
-		st.Services[tcpVIP] = tcpSvc
+		st.Services.Set(tcpVIP, tcpSvc)
 		return st
 	}
 	rec := reconciler.New(d.Maps(), nil)

@@ -133,7 +133,7 @@ func TestSourceRangesSizedByConfig(t *testing.T) {
 		c := clusterIP(l4(tw("10.96.9.3"), 80, model.TCP), l4(tw("10.9.0.3"), 8080, model.TCP))
 		st := model.NewState()
 		for _, s := range []*model.Service{a, b, c} {
-			st.Services[s.Frontend] = s
+			st.Services.Set(s.Frontend, s)
 		}
 		err := reconciler.New(d.Maps(), nil).Apply(st)
 		if !errors.Is(err, reconciler.ErrCapacity) || strings.Count(err.Error(), "test/") != 1 {

@@ -52,11 +52,11 @@ func testMapFill(t *testing.T) {
 	}
 	lb := l4("192.168.1.200", 80, model.TCP)
 	st := model.NewState()
-	st.Services[lb] = &model.Service{Kind: model.LoadBalancer, Frontend: lb,
+	st.Services.Set(lb, &model.Service{Kind: model.LoadBalancer, Frontend: lb,
 		Backends:     []model.Backend{{L4Addr: beTCP.addr}, {L4Addr: beUDP.addr}},
-		SourceRanges: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24"), netip.MustParsePrefix("10.0.1.0/24")}}
-	st.Services[vipTCP] = clusterIP(vipTCP, beTCP.addr)
-	applyServices(t, d, st.Services[lb], st.Services[vipTCP])
+		SourceRanges: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/24"), netip.MustParsePrefix("10.0.1.0/24")}})
+	st.Services.Set(vipTCP, clusterIP(vipTCP, beTCP.addr))
+	applyServices(t, d, st.Services.Get(lb), st.Services.Get(vipTCP))
 
 	fill, err := d.MapFill()
 	if err != nil {

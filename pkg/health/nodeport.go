@@ -168,10 +168,10 @@ func (x *localIndex) update(st *model.State) []uint16 {
 	touched := map[uint16]bool{}
 	if x.last != nil && st != nil && st.BaseGen != 0 && st.BaseGen == x.last.Gen {
 		for _, a := range st.Changed {
-			if old := x.last.Services[a]; old != nil {
+			if old := x.last.Services.Get(a); old != nil {
 				x.add(old, -1, touched)
 			}
-			if s := st.Services[a]; s != nil {
+			if s := st.Services.Get(a); s != nil {
 				x.add(s, 1, touched)
 			}
 		}
@@ -181,7 +181,7 @@ func (x *localIndex) update(st *model.State) []uint16 {
 		}
 		x.ports = map[uint16]*portFrontends{}
 		if st != nil {
-			for _, s := range st.Services {
+			for _, s := range st.Services.All() {
 				x.add(s, 1, touched)
 			}
 		}

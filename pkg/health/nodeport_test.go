@@ -64,7 +64,7 @@ func TestNodePortServer(t *testing.T) {
 	}
 	st := model.NewState()
 	for _, s := range []*model.Service{svc("192.168.1.1", 30080, be("10.1.0.1"), be("10.1.0.2")), svc("198.51.100.1", 80, be("10.1.0.1"), be("10.1.0.2"))} {
-		st.Services[s.Frontend] = s
+		st.Services.Set(s.Frontend, s)
 	}
 	if err := s.Sync(st); err != nil {
 		t.Fatal(err)
@@ -80,7 +80,7 @@ func TestNodePortServer(t *testing.T) {
 	}
 
 	// Terminating local endpoints still serve, but are not ready.
-	for _, s := range st.Services {
+	for _, s := range st.Services.All() {
 		s.LocalReady = nil
 	}
 	if err := s.Sync(st); err != nil {
@@ -131,7 +131,7 @@ func TestNodePortServerPerFamily(t *testing.T) {
 		svc("dual", "2001:db8:100::1", dual, addrs("2001:db8:1::1", "2001:db8:1::2")),
 		svc("single", "198.51.100.2", single, addrs("10.1.0.4")),
 	} {
-		st.Services[sv.Frontend] = sv
+		st.Services.Set(sv.Frontend, sv)
 	}
 	if err := s.Sync(st); err != nil {
 		t.Fatal(err)
@@ -154,7 +154,7 @@ func TestNodePortServerPerFamily(t *testing.T) {
 
 	// The IPv6 endpoints leave: the IPv6 answer fails over, the IPv4
 	// one still serves.
-	st.Services[model.L4Addr{Addr: netip.MustParseAddr("2001:db8:100::1"), Port: 80, Proto: model.TCP}].LocalReady = nil
+	st.Services.Get(model.L4Addr{Addr: netip.MustParseAddr("2001:db8:100::1"), Port: 80, Proto: model.TCP}).LocalReady = nil
 	if err := s.Sync(st); err != nil {
 		t.Fatal(err)
 	}
@@ -182,10 +182,10 @@ func TestNodePortServerObserves(t *testing.T) {
 	st := model.NewState()
 	for i, hc := range []uint16{busy, free} {
 		fe := model.L4Addr{Addr: netip.AddrFrom4([4]byte{198, 51, 100, byte(i + 1)}), Port: 80, Proto: model.TCP}
-		st.Services[fe] = &model.Service{Name: model.ServicePortName{Namespace: "default", Name: fmt.Sprint("web", i)},
+		st.Services.Set(fe, &model.Service{Name: model.ServicePortName{Namespace: "default", Name: fmt.Sprint("web", i)},
 			Kind: model.LoadBalancer, Frontend: fe, ExternalLocal: true, HealthCheckNodePort: hc,
 			Backends:   []model.Backend{{L4Addr: model.L4Addr{Addr: netip.MustParseAddr("10.1.0.1"), Port: 8080, Proto: model.TCP}}},
-			LocalReady: []netip.Addr{netip.MustParseAddr("10.1.0.1")}}
+			LocalReady: []netip.Addr{netip.MustParseAddr("10.1.0.1")}})
 	}
 	s.ObserveSync(time.Millisecond, nil) // changes nothing
 	s.SetProgrammed(st)

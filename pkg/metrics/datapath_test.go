@@ -67,9 +67,9 @@ func TestDatapathCountersScraped(t *testing.T) {
 	}
 	vip, empty, be := tcp("10.96.0.10", 80), tcp("10.96.0.12", 80), tcp("10.1.0.1", 8080)
 	st := model.NewState()
-	st.Services[vip] = &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "web"}, Frontend: vip,
-		Backends: []model.Backend{{L4Addr: be}}}
-	st.Services[empty] = &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "empty"}, Frontend: empty}
+	st.Services.Set(vip, &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "web"}, Frontend: vip,
+		Backends: []model.Backend{{L4Addr: be}}})
+	st.Services.Set(empty, &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "empty"}, Frontend: empty})
 	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
 		t.Fatal(err)
 	}

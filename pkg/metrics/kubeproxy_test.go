@@ -146,7 +146,7 @@ func TestNoLocalEndpoints(t *testing.T) {
 			t.Fatalf("%s: %v %q", c.svc.Name, err, tr.Skipped)
 		}
 		for _, s := range tr.Services {
-			st.Services[s.Frontend] = s
+			st.Services.Set(s.Frontend, s)
 		}
 	}
 	// An IPv6 ClusterIP frontend dropping for want of a local endpoint
@@ -154,8 +154,8 @@ func TestNoLocalEndpoints(t *testing.T) {
 	// IPv6 family only, its IPv4 twin of the same Service port in IPv4.
 	for _, vip := range []string{"2001:db8:96::8", "10.96.0.8"} {
 		fe := model.L4Addr{Addr: netip.MustParseAddr(vip), Port: 80, Proto: model.TCP}
-		st.Services[fe] = &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "dual-itp-elsewhere", Port: "http"},
-			Kind: model.ClusterIP, Frontend: fe, DropWhenEmpty: true}
+		st.Services.Set(fe, &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "dual-itp-elsewhere", Port: "http"},
+			Kind: model.ClusterIP, Frontend: fe, DropWhenEmpty: true})
 	}
 	m := New()
 	m.SetProgrammed(st)

@@ -120,7 +120,7 @@ type Counts struct {
 func CountState(s *model.State) Counts {
 	var c Counts
 	backends := map[model.L4Addr]struct{}{}
-	for _, svc := range s.Services {
+	for _, svc := range s.Services.All() {
 		c.Services++
 		c.ServiceEntries += 1 + len(svc.Backends)
 		if familyOf(svc) == 1 {
@@ -276,10 +276,10 @@ func (m *Metrics) SetProgrammed(s *model.State) {
 	if m.last != nil && s.BaseGen != 0 && s.BaseGen == m.last.Gen {
 		c = m.lastCounts
 		for _, a := range s.Changed {
-			if old := m.last.Services[a]; old != nil {
+			if old := m.last.Services.Get(a); old != nil {
 				m.count(&c, old, -1)
 			}
-			if svc := s.Services[a]; svc != nil {
+			if svc := s.Services.Get(a); svc != nil {
 				m.count(&c, svc, 1)
 			}
 		}
@@ -289,7 +289,7 @@ func (m *Metrics) SetProgrammed(s *model.State) {
 		}
 		m.backends6 = 0
 		m.noLocal = [2][2]map[model.ServicePortName]int{{{}, {}}, {{}, {}}}
-		for _, svc := range s.Services {
+		for _, svc := range s.Services.All() {
 			m.count(&c, svc, 1)
 		}
 	}

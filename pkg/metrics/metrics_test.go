@@ -24,15 +24,15 @@ func l4(addr string, port uint16) model.L4Addr {
 func TestCountsAndFillRatio(t *testing.T) {
 	s := model.NewState()
 	shared := model.Backend{L4Addr: l4("10.0.0.1", 80)}
-	s.Services[l4("10.96.0.1", 80)] = &model.Service{Frontend: l4("10.96.0.1", 80),
-		Backends: []model.Backend{shared, {L4Addr: l4("10.0.0.2", 80)}}}
-	s.Services[l4("10.96.0.2", 80)] = &model.Service{Frontend: l4("10.96.0.2", 80),
-		Backends: []model.Backend{shared}}
-	s.Services[l4("10.96.0.3", 80)] = &model.Service{Frontend: l4("10.96.0.3", 80)}
+	s.Services.Set(l4("10.96.0.1", 80), &model.Service{Frontend: l4("10.96.0.1", 80),
+		Backends: []model.Backend{shared, {L4Addr: l4("10.0.0.2", 80)}}})
+	s.Services.Set(l4("10.96.0.2", 80), &model.Service{Frontend: l4("10.96.0.2", 80),
+		Backends: []model.Backend{shared}})
+	s.Services.Set(l4("10.96.0.3", 80), &model.Service{Frontend: l4("10.96.0.3", 80)})
 	// An IPv6 Service: its entries fill the IPv6 maps, each as large as
 	// the IPv4 one.
-	s.Services[l4("2001:db8:96::1", 80)] = &model.Service{Frontend: l4("2001:db8:96::1", 80),
-		Backends: []model.Backend{{L4Addr: l4("2001:db8::1", 80)}, {L4Addr: l4("2001:db8::2", 80)}}}
+	s.Services.Set(l4("2001:db8:96::1", 80), &model.Service{Frontend: l4("2001:db8:96::1", 80),
+		Backends: []model.Backend{{L4Addr: l4("2001:db8::1", 80)}, {L4Addr: l4("2001:db8::2", 80)}}})
 
 	if got, want := CountState(s), (Counts{Services: 4, Backends: 4, ServiceEntries: 9, Backends6: 2, ServiceEntries6: 3}); got != want {
 		t.Fatalf("CountState = %+v, want %+v", got, want)
@@ -180,8 +180,8 @@ func TestCountsFollowChanges(t *testing.T) {
 		s.Gen = model.NewGeneration()
 		for i := range 20 {
 			fe := frontend(i)
-			if prev != nil && prev.Services[fe] != nil && rng.IntN(4) > 0 {
-				s.Services[fe] = prev.Services[fe]
+			if prev != nil && prev.Services.Get(fe) != nil && rng.IntN(4) > 0 {
+				s.Services.Set(fe, prev.Services.Get(fe))
 				continue
 			}
 			if rng.IntN(3) == 0 {
@@ -196,13 +196,13 @@ func TestCountsFollowChanges(t *testing.T) {
 				svc.Backends = append(svc.Backends, model.Backend{L4Addr: b})
 			}
 			svc.Backends = model.SortBackends(svc.Backends)
-			s.Services[fe] = svc
+			s.Services.Set(fe, svc)
 		}
 		if prev != nil && rng.IntN(10) > 0 {
 			s.BaseGen = prev.Gen
 			for i := range 20 {
 				fe := frontend(i)
-				if s.Services[fe] != prev.Services[fe] {
+				if s.Services.Get(fe) != prev.Services.Get(fe) {
 					s.Changed = append(s.Changed, fe)
 				}
 			}

@@ -116,7 +116,7 @@ func (c *serviceCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	sums := make(map[servicePort]*serviceSums, len(stats))
 	for _, s := range stats {
-		svc := st.Services[s.Frontend]
+		svc := st.Services.Get(s.Frontend)
 		if svc == nil {
 			continue
 		}

@@ -42,9 +42,9 @@ func TestServiceCountersScraped(t *testing.T) {
 	dnsFE := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.53"), Port: 53, Proto: model.UDP}
 	orphan := l4("10.96.0.99", 80)
 	st := model.NewState()
-	st.Services[cip] = &model.Service{Name: web, Kind: model.ClusterIP, Frontend: cip}
-	st.Services[np] = &model.Service{Name: web, Kind: model.NodePort, Frontend: np}
-	st.Services[dnsFE] = &model.Service{Name: dns, Kind: model.ClusterIP, Frontend: dnsFE}
+	st.Services.Set(cip, &model.Service{Name: web, Kind: model.ClusterIP, Frontend: cip})
+	st.Services.Set(np, &model.Service{Name: web, Kind: model.NodePort, Frontend: np})
+	st.Services.Set(dnsFE, &model.Service{Name: dns, Kind: model.ClusterIP, Frontend: dnsFE})
 
 	m := New()
 	src := &fakeServiceStats{stats: []datapath.ServiceStats{
@@ -119,8 +119,8 @@ func BenchmarkServiceScrape30k(b *testing.B) {
 	src := &fakeServiceStats{}
 	for i := range n {
 		fe := model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Port: 80, Proto: model.TCP}
-		st.Services[fe] = &model.Service{Name: model.ServicePortName{Namespace: fmt.Sprintf("ns%d", i%100), Name: fmt.Sprintf("svc%d", i), Port: "http"},
-			Kind: model.ClusterIP, Frontend: fe}
+		st.Services.Set(fe, &model.Service{Name: model.ServicePortName{Namespace: fmt.Sprintf("ns%d", i%100), Name: fmt.Sprintf("svc%d", i), Port: "http"},
+			Kind: model.ClusterIP, Frontend: fe})
 		src.stats = append(src.stats, datapath.ServiceStats{Frontend: fe, NewFlows: uint64(i), Packets: uint64(10 * i), Bytes: uint64(1000 * i), Drops: drops("no_endpoints", i%3)})
 	}
 	m := New()

@@ -147,7 +147,7 @@ type Service struct {
 
 // State is the whole desired state, keyed by frontend.
 type State struct {
-	Services map[L4Addr]*Service
+	Services Services
 
 	// Gen identifies a state made by NewGeneration's caller (0: none).
 	// A state whose BaseGen is not 0 is the state of generation BaseGen
@@ -166,7 +166,7 @@ var generations atomic.Uint64
 func NewGeneration() uint64 { return generations.Add(1) }
 
 // NewState returns an empty State.
-func NewState() *State { return &State{Services: map[L4Addr]*Service{}} }
+func NewState() *State { return &State{} }
 
 // SortBackends sorts backends by address and removes duplicates, keeping the
 // first of each.

@@ -66,7 +66,7 @@ func TestServicePortName(t *testing.T) {
 	if s := (ServicePortName{Namespace: "ns", Name: "web"}).String(); s != "ns/web" {
 		t.Error(s)
 	}
-	if st := NewState(); st.Services == nil || len(st.Services) != 0 {
+	if st := NewState(); st.Services.Len() != 0 {
 		t.Error("NewState")
 	}
 }

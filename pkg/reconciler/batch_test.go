@@ -28,7 +28,7 @@ func mixedState(n int) *model.State {
 			s.ExternalLocal, s.TwoScopes = true, true
 			s.InternalBackends = model.SortBackends([]model.Backend{be(i, 1, model.TCP), be(i, 9, model.TCP)})
 		}
-		st.Services[s.Frontend] = s
+		st.Services.Set(s.Frontend, s)
 	}
 	return st
 }

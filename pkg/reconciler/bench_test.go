@@ -3,7 +3,6 @@ package reconciler_test
 import (
 	"flag"
 	"fmt"
-	"maps"
 	"net/netip"
 	"os"
 	"runtime"
@@ -58,7 +57,7 @@ func BenchmarkApply(b *testing.B) {
 	b.Run("one-endpoint-change", func(b *testing.B) {
 		st := bigState(n, k)
 		f, r := programFresh(b, st)
-		s := st.Services[vip(42)]
+		s := st.Services.Get(vip(42))
 		orig := slices.Clone(s.Backends)
 		changed := model.SortBackends(append(slices.Clone(orig[1:]), be(42, 99, model.TCP)))
 		f.ResetCounts()
@@ -93,7 +92,7 @@ func BenchmarkApply(b *testing.B) {
 // 2+i%9), the shape of the sources' scale benchmarks. Backend j of
 // service i is 10.(16*(i>>16)+j+1).(i>>8).(i):8080/TCP.
 func scaleState(n int) *model.State {
-	st := model.NewState()
+	var sb model.ServicesBuilder
 	for i := range n {
 		bs := make([]model.Backend, 0, 2+i%9)
 		for j := range 2 + i%9 {
@@ -101,9 +100,9 @@ func scaleState(n int) *model.State {
 				Addr: netip.AddrFrom4([4]byte{10, byte(16*(i>>16) + j + 1), byte(i >> 8), byte(i)}), Port: 8080, Proto: model.TCP}})
 		}
 		fe := scaleVIP(i)
-		st.Services[fe] = svc(fe, fmt.Sprintf("svc-%d", i), bs...)
+		sb.Set(fe, svc(fe, fmt.Sprintf("svc-%d", i), bs...))
 	}
-	return st
+	return &model.State{Services: sb.Services()}
 }
 
 // scaleVIP is the frontend of service i: 10.(96+i>>16).(i>>8).(i):80/TCP.
@@ -147,12 +146,12 @@ func BenchmarkApplyScale(b *testing.B) {
 			}
 			b.Run(name, func(b *testing.B) {
 				fe := scaleVIP(n / 2)
-				s := st.Services[fe]
+				s := st.Services.Get(fe)
 				moved := *s
 				moved.Backends = model.SortBackends(append(slices.Clone(s.Backends[1:]),
 					model.Backend{L4Addr: model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 250, 250, 250}), Port: 8080, Proto: model.TCP}}))
-				states := [2]*model.State{{Services: maps.Clone(st.Services)}, {Services: st.Services}}
-				states[0].Services[fe] = &moved
+				states := [2]*model.State{{Services: st.Services}, {Services: st.Services}}
+				states[0].Services.Set(fe, &moved)
 				if hint {
 					// Each is made from the other.
 					g0, g1 := model.NewGeneration(), model.NewGeneration()
@@ -288,8 +287,8 @@ func BenchmarkDesiredState(b *testing.B) {
 			tr.SetCompactSlice(ek, eps[i], "")
 		}
 		st := tr.Sync().State
-		if len(st.Services) != n {
-			b.Fatalf("%d frontends, want %d", len(st.Services), n)
+		if st.Services.Len() != n {
+			b.Fatalf("%d frontends, want %d", st.Services.Len(), n)
 		}
 		return tr, st
 	}

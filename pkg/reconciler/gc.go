@@ -15,7 +15,7 @@ import (
 
 // releaseReservations drops the ids chosen for frontends and backend
 // addresses that neither the maps hold nor the desired state wants.
-func (r *Reconciler) releaseReservations(services map[model.L4Addr]*model.Service, want map[model.L4Addr]bool) {
+func (r *Reconciler) releaseReservations(services model.Services, want map[model.L4Addr]bool) {
 	for fe, id := range r.serviceOf.all() {
 		if wanted(services, fe) {
 			continue
@@ -57,7 +57,7 @@ func (r *Reconciler) deleteUnusedBackends(want func() map[model.L4Addr]bool) err
 
 // deleteUnusedRevNat deletes the rev_nat entries of services no master
 // names, unless a desired frontend is being programmed under that id.
-func (r *Reconciler) deleteUnusedRevNat(services map[model.L4Addr]*model.Service) error {
+func (r *Reconciler) deleteUnusedRevNat(services model.Services) error {
 	if len(r.revNatCand) == 0 {
 		return nil // the common case: no closures or iterator to allocate
 	}

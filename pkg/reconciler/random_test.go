@@ -212,9 +212,9 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 	randomState := func() *model.State {
 		st := model.NewState()
 		for i, fe := range fes {
-			if opts.hints && prev != nil && prev.Services[fe] != nil && rng.IntN(2) == 0 {
-				s := prev.Services[fe]
-				st.Services[fe] = s
+			if opts.hints && prev != nil && prev.Services.Get(fe) != nil && rng.IntN(2) == 0 {
+				s := prev.Services.Get(fe)
+				st.Services.Set(fe, s)
 				if s.TwoScopes {
 					scopesSeen++
 				}
@@ -249,14 +249,14 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 			if opts.affinity {
 				s.AffinityTimeout = []time.Duration{0, time.Second, time.Hour}[rng.IntN(3)]
 			}
-			st.Services[fe] = s
+			st.Services.Set(fe, s)
 		}
 		if opts.hints {
 			st.Gen = model.NewGeneration()
 			if prev != nil {
 				st.BaseGen = prev.Gen
 				for _, fe := range fes {
-					if st.Services[fe] != prev.Services[fe] {
+					if st.Services.Get(fe) != prev.Services.Get(fe) {
 						st.Changed = append(st.Changed, fe)
 					}
 				}
@@ -356,7 +356,7 @@ func TestRandomizedCapacity(t *testing.T) {
 				}
 				bs = append(bs, b)
 			}
-			st.Services[fe] = svc(fe, fmt.Sprint("s", i), bs...)
+			st.Services.Set(fe, svc(fe, fmt.Sprint("s", i), bs...))
 		}
 		before := programmed(t, f)
 		err := r.Apply(st)
@@ -376,7 +376,7 @@ func TestRandomizedCapacity(t *testing.T) {
 			}
 		}
 		after := programmed(t, f)
-		for fe, s := range st.Services {
+		for fe, s := range st.Services.All() {
 			var want []model.L4Addr
 			for _, b := range s.Backends {
 				want = append(want, b.L4Addr)
@@ -388,7 +388,7 @@ func TestRandomizedCapacity(t *testing.T) {
 			}
 		}
 		for fe := range after {
-			if _, ok := st.Services[fe.L4Addr]; !ok {
+			if _, ok := st.Services.Lookup(fe.L4Addr); !ok {
 				t.Fatalf("round %d: %s still programmed", round, fe)
 			}
 		}

@@ -314,7 +314,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 			errs = append(errs, err)
 		}
 	}
-	var services map[model.L4Addr]*model.Service
+	var services model.Services
 	if st != nil {
 		services = st.Services
 	}
@@ -353,7 +353,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 	unwanted := func(fe Frontend) {
 		switch {
 		case wanted(services, fe):
-		case fe.Scope == ScopeInternal && services[fe.L4Addr] != nil:
+		case fe.Scope == ScopeInternal && services.Get(fe.L4Addr) != nil:
 			goneAfter = append(goneAfter, fe)
 		default:
 			gone = append(gone, fe)
@@ -364,7 +364,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 			for _, scope := range []Scope{ScopeDefault, ScopeInternal} {
 				fe := Frontend{L4Addr: a, Scope: scope}
 				v := r.frontends.val(fe)
-				if svc := services[a]; svc != nil && scope < scopes(svc) {
+				if svc := services.Get(a); svc != nil && scope < scopes(svc) {
 					consider(fe, v, svc)
 				} else if v != nil {
 					unwanted(fe)
@@ -373,7 +373,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 		}
 	} else {
 		known := 0 // desired frontends the view has
-		for a, svc := range services {
+		for a, svc := range services.All() {
 			if svc == nil {
 				continue
 			}
@@ -501,7 +501,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 		r.appliedGen = st.Gen
 	}
 	if len(changed) > 0 || len(gone) > 0 || err != nil {
-		r.log.Debug("Applied desired state", "frontends", len(services), "changed", len(changed),
+		r.log.Debug("Applied desired state", "frontends", services.Len(), "changed", len(changed),
 			"removed", len(gone), "writes", r.writes-writes0, "errors", len(errs))
 	}
 	return err
@@ -509,8 +509,8 @@ func (r *Reconciler) Apply(st *model.State) error {
 
 // wanted reports whether the desired services want frontend fe (in its
 // scope).
-func wanted(services map[model.L4Addr]*model.Service, fe Frontend) bool {
-	svc := services[fe.L4Addr]
+func wanted(services model.Services, fe Frontend) bool {
+	svc := services.Get(fe.L4Addr)
 	return svc != nil && fe.Scope < scopes(svc)
 }
 

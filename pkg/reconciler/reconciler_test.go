@@ -3,7 +3,6 @@ package reconciler_test
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"net/netip"
 	"runtime"
 	"slices"
@@ -37,7 +36,7 @@ func svc(fe model.L4Addr, name string, bs ...model.Backend) *model.Service {
 func state(svcs ...*model.Service) *model.State {
 	st := model.NewState()
 	for _, s := range svcs {
-		st.Services[s.Frontend] = s
+		st.Services.Set(s.Frontend, s)
 	}
 	return st
 }
@@ -50,7 +49,7 @@ func bigState(n, k int) *model.State {
 		for j := range k {
 			bs = append(bs, be(i, j+1, model.TCP))
 		}
-		st.Services[vip(i)] = svc(vip(i), fmt.Sprintf("svc-%d", i), bs...)
+		st.Services.Set(vip(i), svc(vip(i), fmt.Sprintf("svc-%d", i), bs...))
 	}
 	return st
 }
@@ -119,7 +118,7 @@ func checkProgrammed(t testing.TB, f *fakedp.Fake, st *model.State) {
 	t.Helper()
 	got := programmed(t, f)
 	n := 0
-	for a, s := range st.Services {
+	for a, s := range st.Services.All() {
 		scopes := map[reconciler.Scope][]model.Backend{reconciler.ScopeDefault: s.Backends}
 		if s.TwoScopes && s.Kind != model.ClusterIP {
 			scopes[reconciler.ScopeInternal] = s.InternalBackends
@@ -162,7 +161,7 @@ func checkProgrammed(t testing.TB, f *fakedp.Fake, st *model.State) {
 		}
 	}
 	// Source ranges: exactly those of the frontends that check them.
-	for fe, s := range st.Services {
+	for fe, s := range st.Services.All() {
 		var want []netip.Prefix
 		if s.Kind != model.ClusterIP {
 			for _, p := range s.SourceRanges {
@@ -177,7 +176,7 @@ func checkProgrammed(t testing.TB, f *fakedp.Fake, st *model.State) {
 		}
 	}
 	for fe, ps := range ks.SourceRanges {
-		if st.Services[fe] == nil && len(ps) > 0 {
+		if st.Services.Get(fe) == nil && len(ps) > 0 {
 			t.Errorf("%s: source ranges %v left behind", fe, ps)
 		}
 	}
@@ -335,7 +334,7 @@ func TestMinimalWritesAtScale(t *testing.T) {
 	// service IP.
 	f.ResetCounts()
 	extra := vip(20000)
-	st.Services[extra] = svc(extra, "extra", be(20000, 1, model.TCP), be(20000, 2, model.TCP), be(20000, 3, model.TCP))
+	st.Services.Set(extra, svc(extra, "extra", be(20000, 1, model.TCP), be(20000, 2, model.TCP), be(20000, 3, model.TCP)))
 	mustApply(t, r, st)
 	if n := f.Writes(); n != 9 {
 		t.Errorf("adding one service wrote %d entries, want 9", n)
@@ -343,7 +342,7 @@ func TestMinimalWritesAtScale(t *testing.T) {
 
 	// One endpoint of one service replaced: backend, slot, delete backend.
 	f.ResetCounts()
-	s := st.Services[vip(42)]
+	s := st.Services.Get(vip(42))
 	s.Backends = model.SortBackends(append(slices.Clone(s.Backends[1:]), be(42, 99, model.TCP)))
 	mustApply(t, r, st)
 	if n := f.Writes(); n != 3 {
@@ -357,9 +356,9 @@ func TestRestartRestore(t *testing.T) {
 	r := reconciler.New(f, nil)
 	st := bigState(50, 3)
 	// Share a backend across two services, and leave some id holes.
-	st.Services[vip(1)].Backends = model.SortBackends(append(slices.Clone(st.Services[vip(1)].Backends), be(2, 1, model.TCP)))
+	st.Services.Get(vip(1)).Backends = model.SortBackends(append(slices.Clone(st.Services.Get(vip(1)).Backends), be(2, 1, model.TCP)))
 	mustApply(t, r, st)
-	delete(st.Services, vip(10))
+	st.Services.Delete(vip(10))
 	mustApply(t, r, st)
 	before := f.String()
 
@@ -377,7 +376,7 @@ func TestRestartRestore(t *testing.T) {
 	}
 	// New ids never collide with restored ones, and the id freed just
 	// before the restart is not handed out again at once.
-	st.Services[vip(10)] = svc(vip(10), "again", be(10, 1, model.TCP))
+	st.Services.Set(vip(10), svc(vip(10), "again", be(10, 1, model.TCP)))
 	mustApply(t, r2, st)
 	checkProgrammed(t, f, st)
 	ks, _ := f.Dump()
@@ -507,7 +506,7 @@ func TestCapacity(t *testing.T) {
 	before := f.String()
 
 	// c needs 3 backends; only 1 is free.
-	st2 := state(st.Services[a], st.Services[b], svc(c, "c", be(3, 1, model.TCP), be(3, 2, model.TCP), be(3, 3, model.TCP)))
+	st2 := state(st.Services.Get(a), st.Services.Get(b), svc(c, "c", be(3, 1, model.TCP), be(3, 2, model.TCP), be(3, 3, model.TCP)))
 	err := r.Apply(st2)
 	if !errors.Is(err, reconciler.ErrCapacity) || !strings.Contains(err.Error(), "default/c") {
 		t.Fatalf("err = %v, want a capacity error naming default/c", err)
@@ -520,7 +519,7 @@ func TestCapacity(t *testing.T) {
 	}
 
 	// Growing b past the backends capacity keeps b's old programming.
-	st3 := state(st.Services[a], svc(b, "b", be(2, 1, model.TCP), be(1, 1, model.TCP), be(1, 2, model.TCP), be(2, 2, model.TCP), be(2, 3, model.TCP)))
+	st3 := state(st.Services.Get(a), svc(b, "b", be(2, 1, model.TCP), be(1, 1, model.TCP), be(1, 2, model.TCP), be(2, 2, model.TCP), be(2, 3, model.TCP)))
 	err = r.Apply(st3)
 	if !errors.Is(err, reconciler.ErrCapacity) || !strings.Contains(err.Error(), "default/b") {
 		t.Fatalf("err = %v, want a capacity error naming default/b", err)
@@ -530,7 +529,7 @@ func TestCapacity(t *testing.T) {
 	}
 
 	// Removing a frees room for c.
-	st4 := state(st.Services[b], svc(c, "c", be(3, 1, model.TCP), be(3, 2, model.TCP), be(3, 3, model.TCP)))
+	st4 := state(st.Services.Get(b), svc(c, "c", be(3, 1, model.TCP), be(3, 2, model.TCP), be(3, 3, model.TCP)))
 	mustApply(t, r, st4)
 	checkProgrammed(t, f, st4)
 	if v := f.Violations(); len(v) > 0 {
@@ -552,9 +551,9 @@ func TestWriteFailureAndRecovery(t *testing.T) {
 				mustApply(t, r, st1)
 				// Target: service 1 changes, service 2 goes, service 9 comes.
 				st2 := bigState(4, 3)
-				st2.Services[vip(1)].Backends = []model.Backend{be(1, 7, model.TCP), be(1, 8, model.TCP)}
-				delete(st2.Services, vip(2))
-				st2.Services[vip(9)] = svc(vip(9), "svc-9", be(9, 1, model.TCP), be(1, 8, model.TCP))
+				st2.Services.Get(vip(1)).Backends = []model.Backend{be(1, 7, model.TCP), be(1, 8, model.TCP)}
+				st2.Services.Delete(vip(2))
+				st2.Services.Set(vip(9), svc(vip(9), "svc-9", be(9, 1, model.TCP), be(1, 8, model.TCP)))
 
 				seen := 0
 				f.Fail = func(op fakedp.Op) error {
@@ -665,8 +664,8 @@ func TestViewKeepsNoOlderService(t *testing.T) {
 		mustApply(t, r, st)
 		newer := *older
 		newer.Backends = slices.Clone(older.Backends)
-		next := &model.State{Services: maps.Clone(st.Services), Gen: model.NewGeneration()}
-		next.Services[vip(1)] = &newer
+		next := &model.State{Services: st.Services, Gen: model.NewGeneration()}
+		next.Services.Set(vip(1), &newer)
 		if hint {
 			next.BaseGen, next.Changed = st.Gen, []model.L4Addr{vip(1)}
 		}

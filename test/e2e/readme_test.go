@@ -33,10 +33,10 @@ func TestReadmeManifestLoads(t *testing.T) {
 	if len(res.Errors) > 0 || len(res.Warnings) > 0 {
 		t.Fatalf("README example: errors %v, warnings %v", res.Errors, res.Warnings)
 	}
-	if len(res.State.Services) != 1 {
-		t.Fatalf("README example gives %d frontends, want 1", len(res.State.Services))
+	if res.State.Services.Len() != 1 {
+		t.Fatalf("README example gives %d frontends, want 1", res.State.Services.Len())
 	}
-	for fe, svc := range res.State.Services {
+	for fe, svc := range res.State.Services.All() {
 		if fe.String() != "10.96.0.10:80/TCP" || len(svc.Backends) != 2 {
 			t.Errorf("README example: %s with %d backends, want 10.96.0.10:80/TCP with 2", fe, len(svc.Backends))
 		}

@@ -56,7 +56,7 @@ func TestDualStackServices(t *testing.T) {
 	wantView(t, "the source's state", func() map[string][]string { return emitted(p) }, want)
 	// Nothing else: no IPv4 frontend for the IPv6 single-stack Service.
 	n := map[string]int{}
-	for _, svc := range p.last.Load().Services {
+	for _, svc := range p.last.Load().Services.All() {
 		n[svc.Name.Namespace+"/"+svc.Name.Name]++
 	}
 	if n["default/dual"] != 2 || n["default/single6"] != 1 {

@@ -176,7 +176,7 @@ func emitted(p *proxy) map[string][]string {
 	if st == nil {
 		return out
 	}
-	for fe, s := range st.Services {
+	for fe, s := range st.Services.All() {
 		bs := []string{}
 		for _, b := range s.Backends {
 			bs = append(bs, b.L4Addr.String())

@@ -38,7 +38,7 @@ func TestServicesLoad(t *testing.T) {
 		"[2001:db8:96::11]:53/UDP": {"[2001:db8:1:1::2]:5353/UDP", "[2001:db8:1:2::2]:5353/UDP"},
 	}
 	got := map[string][]string{}
-	for fe, svc := range res.State.Services {
+	for fe, svc := range res.State.Services.All() {
 		for _, b := range svc.Backends {
 			got[fe.String()] = append(got[fe.String()], b.String())
 		}

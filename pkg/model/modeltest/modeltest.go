@@ -22,11 +22,12 @@ import (
 func Chain(rng *rand.Rand, frontends int, shape func(rng *rand.Rand, s *model.Service)) func() *model.State {
 	var prev *model.State
 	return func() *model.State {
-		st := &model.State{Services: map[model.L4Addr]*model.Service{}, Gen: model.NewGeneration()}
+		st := &model.State{Gen: model.NewGeneration()}
+		var b model.ServicesBuilder
 		for i := range frontends {
 			fe := model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Port: 80, Proto: model.TCP}
-			if prev != nil && prev.Services[fe] != nil && rng.IntN(2) == 0 {
-				st.Services[fe] = prev.Services[fe]
+			if prev != nil && prev.Services.Get(fe) != nil && rng.IntN(2) == 0 {
+				b.Set(fe, prev.Services.Get(fe))
 				continue
 			}
 			if rng.IntN(4) == 0 {
@@ -39,13 +40,14 @@ func Chain(rng *rand.Rand, frontends int, shape func(rng *rand.Rand, s *model.Se
 			}
 			s.Backends = model.SortBackends(s.Backends)
 			shape(rng, s)
-			st.Services[fe] = s
+			b.Set(fe, s)
 		}
+		st.Services = b.Services()
 		if prev != nil && rng.IntN(8) != 0 {
 			st.BaseGen = prev.Gen
 			for i := range frontends {
 				fe := model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Port: 80, Proto: model.TCP}
-				if st.Services[fe] != prev.Services[fe] {
+				if st.Services.Get(fe) != prev.Services.Get(fe) {
 					st.Changed = append(st.Changed, fe)
 				}
 			}

@@ -13,7 +13,8 @@ import (
 // the next of two states made from each other that differ in one backend
 // of one service, with change hints, for one-change benchmarks.
 func Scale(n int) (*model.State, func() *model.State) {
-	st := &model.State{Services: make(map[model.L4Addr]*model.Service, n), Gen: model.NewGeneration()}
+	st := &model.State{Gen: model.NewGeneration()}
+	var b model.ServicesBuilder
 	for i := range n {
 		fe := model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, byte(96 + i>>16), byte(i >> 8), byte(i)}), Port: 80, Proto: model.TCP}
 		s := &model.Service{Name: model.ServicePortName{Namespace: "bench", Name: fmt.Sprint("svc-", i), Port: "http"}, Frontend: fe}
@@ -21,17 +22,15 @@ func Scale(n int) (*model.State, func() *model.State) {
 			s.Backends = append(s.Backends, model.Backend{L4Addr: model.L4Addr{
 				Addr: netip.AddrFrom4([4]byte{byte(11 + j), byte(i >> 16), byte(i >> 8), byte(i)}), Port: 8080, Proto: model.TCP}})
 		}
-		st.Services[fe] = s
+		b.Set(fe, s)
 	}
+	st.Services = b.Services()
 	fe := model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, byte(96 + (n/2)>>16), byte((n / 2) >> 8), byte(n / 2)}), Port: 80, Proto: model.TCP}
-	moved := *st.Services[fe]
+	moved := *st.Services.Get(fe)
 	moved.Backends = append([]model.Backend{{L4Addr: model.L4Addr{Addr: netip.MustParseAddr("10.250.250.250"), Port: 8080, Proto: model.TCP}}}, moved.Backends[1:]...)
 	moved.Backends = model.SortBackends(moved.Backends)
-	other := make(map[model.L4Addr]*model.Service, n)
-	for a, s := range st.Services {
-		other[a] = s
-	}
-	other[fe] = &moved
+	other := st.Services // shares all but the path to fe
+	other.Set(fe, &moved)
 	states := [2]*model.State{
 		{Services: other, Gen: model.NewGeneration(), BaseGen: st.Gen, Changed: []model.L4Addr{fe}},
 		st,

@@ -87,8 +87,8 @@ func BenchmarkFirstState(b *testing.B) {
 				st := <-got
 				cpu += testutil.CPUTime(b) - t0
 				b.StopTimer()
-				if len(st.Services) != n {
-					b.Fatalf("first state: %d frontends, want %d", len(st.Services), n)
+				if st.Services.Len() != n {
+					b.Fatalf("first state: %d frontends, want %d", st.Services.Len(), n)
 				}
 				runtime.GC()
 				runtime.ReadMemStats(&after)

@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"flag"
 	"fmt"
-	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -141,7 +140,7 @@ func TestCompactTracksTheSameRandom(t *testing.T) {
 			}
 			w, g := whole.Sync(), compact.Sync()
 			what := fmt.Sprintf("case %d round %d", c, round)
-			if !reflect.DeepEqual(g.State.Services, w.State.Services) {
+			if !reflect.DeepEqual(g.State.Services.Map(), w.State.Services.Map()) {
 				t.Fatalf("%s: compact state\n%s\nwant\n%s", what, sourcetest.Render(g.State), sourcetest.Render(w.State))
 			}
 			werrs, wskipped, wconflicts := whole.Issues()
@@ -154,7 +153,7 @@ func TestCompactTracksTheSameRandom(t *testing.T) {
 				t.Fatalf("%s: compact warnings %v, want %v", what, gw, ww)
 			}
 			fmt.Fprintf(&transcript, "%s%v\n%v\n%v\n%v\n", dump(w.State), werrs, wskipped, wconflicts, whole.Warnings())
-			seen.frontends += len(w.State.Services)
+			seen.frontends += w.State.Services.Len()
 			seen.errs, seen.skipped, seen.conflicts = seen.errs+len(werrs), seen.skipped+len(wskipped), seen.conflicts+len(wconflicts)
 		}
 		sums = append(sums, fmt.Sprintf("%d %x", c, sha256.Sum256([]byte(transcript.String()))))
@@ -275,8 +274,8 @@ func compareGolden(t *testing.T, golden, got string) {
 // dump is every field of every frontend of st, a line each, sorted.
 func dump(st *model.State) string {
 	var b strings.Builder
-	for _, fe := range slices.SortedFunc(maps.Keys(st.Services), model.L4Addr.Compare) {
-		s := st.Services[fe]
+	for _, fe := range slices.SortedFunc(st.Services.Keys(), model.L4Addr.Compare) {
+		s := st.Services.Get(fe)
 		fmt.Fprintf(&b, "%v %v %v %v drop=%v two=%v %v local=%v %v hc=%d %v %v\n", fe, s.Name, s.Kind, s.Backends, s.DropWhenEmpty,
 			s.TwoScopes, s.InternalBackends, s.ExternalLocal, s.SourceRanges, s.HealthCheckNodePort, s.LocalReady, s.AffinityTimeout)
 	}

@@ -482,8 +482,8 @@ func (s *Source) syncOnce(apply func(*model.State), periodic bool) {
 	s.handOver(s.state, r.Triggers, queued)
 	apply(s.state)
 	if !s.synced.Swap(true) {
-		s.log.Info("first sync done", "services", len(s.state.Services))
+		s.log.Info("first sync done", "services", s.state.Services.Len())
 	}
 	s.log.Debug("synced", "changed", r.Changed, "periodic", periodic,
-		"frontends", len(s.state.Services), "took", time.Since(start))
+		"frontends", s.state.Services.Len(), "took", time.Since(start))
 }

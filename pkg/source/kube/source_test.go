@@ -77,7 +77,7 @@ func backendsOf(st *model.State, vip string, port uint16) ([]string, bool) {
 	if st == nil {
 		return nil, false
 	}
-	svc, ok := st.Services[model.L4Addr{Addr: netip.MustParseAddr(vip), Port: port, Proto: model.TCP}]
+	svc, ok := st.Services.Lookup(model.L4Addr{Addr: netip.MustParseAddr(vip), Port: port, Proto: model.TCP})
 	if !ok {
 		return nil, false
 	}

@@ -192,7 +192,7 @@ func TestConfigMapPrivateNamesIgnored(t *testing.T) {
 	}
 	src := NewSource(dir, translate.Options{}, slog.New(slog.DiscardHandler))
 	var n int
-	if err := src.reload(func(s *model.State) { n = len(s.Services) }, nil); err != nil || n != 1 {
+	if err := src.reload(func(s *model.State) { n = s.Services.Len() }, nil); err != nil || n != 1 {
 		t.Errorf("reload: %v, %d frontends", err, n)
 	}
 }

@@ -62,8 +62,8 @@ func BenchmarkLoad(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if len(res.Errors) > 0 || len(res.State.Services) != 10000 {
-			b.Fatalf("%d errors, %d services", len(res.Errors), len(res.State.Services))
+		if len(res.Errors) > 0 || res.State.Services.Len() != 10000 {
+			b.Fatalf("%d errors, %d services", len(res.Errors), res.State.Services.Len())
 		}
 	}
 }
@@ -83,10 +83,10 @@ func TestLoadAtScale(t *testing.T) {
 	if l.parsed.Load() != 4 {
 		t.Errorf("parsed %d files, want 4", l.parsed.Load())
 	}
-	if len(res.Errors) > 0 || len(res.State.Services) != n || res.Services != n || res.Slices != n {
-		t.Fatalf("%v, %d frontends", res.Errors, len(res.State.Services))
+	if len(res.Errors) > 0 || res.State.Services.Len() != n || res.Services != n || res.Slices != n {
+		t.Fatalf("%v, %d frontends", res.Errors, res.State.Services.Len())
 	}
-	for _, s := range res.State.Services {
+	for _, s := range res.State.Services.All() {
 		if len(s.Backends) != 10 {
 			t.Fatalf("%s has %d backends", s.Name, len(s.Backends))
 		}
@@ -112,7 +112,7 @@ func TestLoadAtScale(t *testing.T) {
 		t.Fatalf("reload: %v", res2.Errors)
 	}
 	found := false
-	for _, s := range res2.State.Services {
+	for _, s := range res2.State.Services.All() {
 		for _, b := range s.Backends {
 			found = found || b.Addr.String() == "10.4.232.99"
 		}
@@ -187,7 +187,7 @@ func BenchmarkLoadList(b *testing.B) {
 					var err error
 					l = newLoader(translate.Options{})
 					res, err = l.load(p)
-					if err != nil || len(res.Errors) > 0 || len(res.State.Services) != n {
+					if err != nil || len(res.Errors) > 0 || res.State.Services.Len() != n {
 						b.Fatalf("%v %v", err, res.Errors)
 					}
 				}
@@ -208,7 +208,7 @@ func BenchmarkLoadList(b *testing.B) {
 					writeUntimed(b, p, i, changed, orig)
 					i++
 					res, err := l.load(p)
-					if err != nil || len(res.Errors) > 0 || len(res.State.Services) != n {
+					if err != nil || len(res.Errors) > 0 || res.State.Services.Len() != n {
 						b.Fatalf("%v %v", err, res.Errors)
 					}
 				}

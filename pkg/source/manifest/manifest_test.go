@@ -160,8 +160,8 @@ func TestLoadSCTPPortWarns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Errors) != 0 || len(res.State.Services) != 1 {
-		t.Fatalf("errors %v, %d frontends; want the TCP port served", res.Errors, len(res.State.Services))
+	if len(res.Errors) != 0 || res.State.Services.Len() != 1 {
+		t.Fatalf("errors %v, %d frontends; want the TCP port served", res.Errors, res.State.Services.Len())
 	}
 	want := `f.yaml: document 1: Service ns/a: port "sig": protocol SCTP is not supported; the port is not served`
 	if len(res.Warnings) != 1 || !strings.HasSuffix(res.Warnings[0], "/"+want) {
@@ -227,7 +227,7 @@ func TestLastGoodRetention(t *testing.T) {
 	if len(res.Errors) != 1 || strings.Contains(res.Errors[0].Error(), "keeping") {
 		t.Fatalf("errors: %v", res.Errors)
 	}
-	if len(res.State.Services) != 2 {
+	if res.State.Services.Len() != 2 {
 		t.Fatalf("got\n%s", render(res.State))
 	}
 

@@ -123,7 +123,7 @@ func BenchmarkScale(b *testing.B) {
 					b.Fatal(err)
 				}
 				check := func(res *Result, err error) {
-					if err != nil || len(res.Errors) > 0 || len(res.State.Services) != n {
+					if err != nil || len(res.Errors) > 0 || res.State.Services.Len() != n {
 						b.Fatalf("%v %v", err, res.Errors)
 					}
 				}
@@ -166,7 +166,7 @@ func BenchmarkScale(b *testing.B) {
 					moved := netip.MustParseAddr(movedAddr)
 					changeLoop(b, p, changed, orig, func() (*Result, error) { return l.load(p) }, func(res *Result, err error, i int) {
 						check(res, err)
-						s := res.State.Services[scaleFrontend(n/2)]
+						s := res.State.Services.Get(scaleFrontend(n / 2))
 						if s == nil || hasBackend(s, moved) != (i%2 == 1) {
 							b.Fatalf("the change is not in the state: %v", s)
 						}
@@ -274,10 +274,10 @@ func BenchmarkDirectoryOneChange(b *testing.B) {
 			fe := model.L4Addr{Addr: netip.MustParseAddr("10.96.58.152"), Port: 80, Proto: model.TCP}
 			load := func() (*Result, error) { return l.loadChanged(dir, c.names) }
 			changeLoop(b, p, changed, orig, load, func(res *Result, err error, i int) {
-				if err != nil || len(res.Errors) > 0 || len(res.State.Services) != n {
+				if err != nil || len(res.Errors) > 0 || res.State.Services.Len() != n {
 					b.Fatalf("%v %v", err, res.Errors)
 				}
-				if s := res.State.Services[fe]; s == nil || hasBackend(s, moved) != (i%2 == 1) {
+				if s := res.State.Services.Get(fe); s == nil || hasBackend(s, moved) != (i%2 == 1) {
 					b.Fatalf("the change is not in the state: %v", s)
 				}
 			})

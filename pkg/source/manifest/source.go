@@ -177,7 +177,7 @@ func (s *Source) reload(apply func(*model.State), changed map[string]bool) error
 		return nil
 	}
 	s.log.Info("Loaded manifests", "path", s.path, "services", res.Services, "endpointslices", res.Slices,
-		"frontends", len(res.State.Services), "errors", len(res.Errors), "ignored", len(res.Warnings), "skipped", len(res.Skipped))
+		"frontends", res.State.Services.Len(), "errors", len(res.Errors), "ignored", len(res.Warnings), "skipped", len(res.Skipped))
 	s.applied = true
 	apply(res.State)
 	return nil

@@ -657,11 +657,14 @@ type change struct {
 }
 
 // patch makes the new state from the last one by replacing the frontends of
-// the changed Services: what build would make, at the cost of a copy of the
-// map instead of a walk of every Service. That holds while no conflict
-// involves them; if one does, or would, patch reports false and does
-// nothing. Scenario: one endpoint of one of 30,000 Services changes; the
-// state is a copy of the last one with that Service's frontends replaced.
+// the changed Services: what build would make, at the cost of what changed
+// instead of a walk of every Service. That holds while no conflict involves
+// them; if one does, or would, patch reports false and does nothing.
+// Scenario: one endpoint of one of 30,000 Services changes; the state is
+// the last one with that Service's frontends replaced, and shares all the
+// rest with it (model.Services copies the paths to the changed frontends
+// only: the last state does not change, and the cost does not grow with
+// the number of Services).
 func (t *Tracker) patch(changes []change) bool {
 	for _, c := range t.conflicts {
 		for _, ch := range changes {
@@ -670,28 +673,28 @@ func (t *Tracker) patch(changes []change) bool {
 			}
 		}
 	}
-	st := maps.Clone(t.state.Services)
+	st := t.state.Services.Edit()
 	var touched []model.L4Addr
 	for _, ch := range changes {
 		for _, svc := range ch.prev {
-			if cur := st[svc.Frontend]; cur != nil && sameService(cur.Name, ch.key) {
-				delete(st, svc.Frontend)
+			if cur := st.Get(svc.Frontend); cur != nil && sameService(cur.Name, ch.key) {
+				st.Delete(svc.Frontend)
 				touched = append(touched, svc.Frontend)
 			}
 		}
 	}
 	for _, ch := range changes {
 		for _, svc := range ch.out {
-			if _, taken := st[svc.Frontend]; taken {
+			if st.Has(svc.Frontend) {
 				return false // a new conflict
 			}
-			st[svc.Frontend] = svc
+			st.Set(svc.Frontend, svc)
 			touched = append(touched, svc.Frontend)
 		}
 	}
 	// The reconciler then looks at these frontends only (model.State).
 	slices.SortFunc(touched, model.L4Addr.Compare)
-	t.state = &model.State{Services: st, Gen: model.NewGeneration(), BaseGen: t.state.Gen,
+	t.state = &model.State{Services: st.Services(), Gen: model.NewGeneration(), BaseGen: t.state.Gen,
 		Changed: slices.Compact(touched)}
 	return true
 }
@@ -713,22 +716,20 @@ func (t *Tracker) build() {
 		t.mu.Unlock()
 		slices.SortFunc(t.order, func(a, b translated) int { return compareNames(a.key, b.key) })
 	}
-	n := t.ntranslated
-	var prev map[model.L4Addr]*model.Service
+	var prev model.Services
 	if t.state != nil {
-		n = len(t.state.Services)
 		prev = t.state.Services
 	}
-	st := &model.State{Services: make(map[model.L4Addr]*model.Service, n), Gen: model.NewGeneration()}
+	var b model.ServicesBuilder
 	t.conflicts = nil
 	// The ranks of the Services in st, for the contested frontends only.
 	var holder map[model.L4Addr]*claimant
 	contested := false
 	for _, o := range t.order {
 		for _, svc := range o.in.translation.services {
-			cur, taken := st.Services[svc.Frontend]
-			if !taken {
-				st.Services[svc.Frontend] = svc
+			cur := b.Get(svc.Frontend)
+			if cur == nil {
+				b.Set(svc.Frontend, svc)
 				continue
 			}
 			contested = true
@@ -741,16 +742,17 @@ func (t *Tracker) build() {
 			}
 			if nc := t.claimant(svc, prev); t.before(nc, c) {
 				c = nc
-				st.Services[svc.Frontend] = svc
+				b.Set(svc.Frontend, svc)
 			}
 			holder[svc.Frontend] = c
 		}
 	}
+	st := &model.State{Services: b.Services(), Gen: model.NewGeneration()}
 	if contested {
 		// Every claim that lost, in Service order.
 		for _, o := range t.order {
 			for _, svc := range o.in.translation.services {
-				if w := st.Services[svc.Frontend]; w != svc {
+				if w := st.Services.Get(svc.Frontend); w != svc {
 					t.conflicts = append(t.conflicts, Conflict{Frontend: svc.Frontend, Winner: w.Name, Loser: svc.Name})
 				}
 			}
@@ -767,7 +769,7 @@ type claimant struct {
 	created time.Time
 }
 
-func (t *Tracker) claimant(svc *model.Service, prev map[model.L4Addr]*model.Service) *claimant {
+func (t *Tracker) claimant(svc *model.Service, prev model.Services) *claimant {
 	t.mu.Lock()
 	in := t.inputs[types.NamespacedName{Namespace: svc.Name.Namespace, Name: svc.Name.Name}]
 	t.mu.Unlock()
@@ -775,7 +777,7 @@ func (t *Tracker) claimant(svc *model.Service, prev map[model.L4Addr]*model.Serv
 	if in != nil {
 		c.created = in.translation.created
 	}
-	if p := prev[svc.Frontend]; p != nil && p.Name == svc.Name {
+	if p := prev.Get(svc.Frontend); p != nil && p.Name == svc.Name {
 		c.holder = true
 	}
 	return c

@@ -177,8 +177,8 @@ func TestTrackerTranslatesOnlyWhatChanged(t *testing.T) {
 		tr.SetSlice(nameOf(es), es)
 	}
 	r := tr.Sync()
-	if r.Translated != 10 || r.Changed != 10 || len(r.State.Services) != 10 {
-		t.Fatalf("first sync: translated %d, changed %d, %d frontends", r.Translated, r.Changed, len(r.State.Services))
+	if r.Translated != 10 || r.Changed != 10 || r.State.Services.Len() != 10 {
+		t.Fatalf("first sync: translated %d, changed %d, %d frontends", r.Translated, r.Changed, r.State.Services.Len())
 	}
 	first := r.State
 
@@ -203,14 +203,14 @@ func TestTrackerTranslatesOnlyWhatChanged(t *testing.T) {
 		t.Fatalf("endpoint change: translated %d, changed %d", r.Translated, r.Changed)
 	}
 	fe := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.4"), Port: 80, Proto: model.TCP}
-	if b := r.State.Services[fe].Backends; len(b) != 1 || b[0].Addr != netip.MustParseAddr("10.0.0.99") {
+	if b := r.State.Services.Get(fe).Backends; len(b) != 1 || b[0].Addr != netip.MustParseAddr("10.0.0.99") {
 		t.Errorf("backends of %s = %v", fe, b)
 	}
-	if len(first.Services[fe].Backends) != 1 || first.Services[fe].Backends[0].Addr != netip.MustParseAddr("10.0.0.4") {
+	if len(first.Services.Get(fe).Backends) != 1 || first.Services.Get(fe).Backends[0].Addr != netip.MustParseAddr("10.0.0.4") {
 		t.Error("a state handed out before was modified")
 	}
 	other := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.1"), Port: 80, Proto: model.TCP}
-	if r.State.Services[other] != first.Services[other] {
+	if r.State.Services.Get(other) != first.Services.Get(other) {
 		t.Error("an unchanged Service was translated again")
 	}
 }
@@ -333,8 +333,8 @@ func TestTrackerErrorsAndSkipped(t *testing.T) {
 	tr.SetService(web, nil)
 	tr.SetService(ext, nil)
 	r = tr.Sync()
-	if errs, skipped, _ := tr.Issues(); len(errs) != 0 || len(skipped) != 0 || len(r.State.Services) != 0 {
-		t.Errorf("after deletion: Issues = %v, %v; %d frontends", errs, skipped, len(r.State.Services))
+	if errs, skipped, _ := tr.Issues(); len(errs) != 0 || len(skipped) != 0 || r.State.Services.Len() != 0 {
+		t.Errorf("after deletion: Issues = %v, %v; %d frontends", errs, skipped, r.State.Services.Len())
 	}
 }
 
@@ -409,7 +409,7 @@ func TestTrackerNodeChange(t *testing.T) {
 		t.Errorf("address change: translated %d, changed %d; want the 2 NodePort Services", r.Translated, r.Changed)
 	}
 	fe := model.L4Addr{Addr: netip.MustParseAddr("192.168.2.1"), Port: 30080, Proto: model.TCP}
-	if _, ok := r.State.Services[fe]; !ok {
+	if _, ok := r.State.Services.Lookup(fe); !ok {
 		t.Errorf("no NodePort on the new address:\n%s", render(r.State))
 	}
 
@@ -422,7 +422,7 @@ func TestTrackerNodeChange(t *testing.T) {
 		t.Errorf("name change: translated %d, changed %d; want the Local Service", r.Translated, r.Changed)
 	}
 	lfe := model.L4Addr{Addr: netip.MustParseAddr("192.168.1.1"), Port: 30081, Proto: model.TCP}
-	if s := r.State.Services[lfe]; s == nil || len(s.Backends) != 0 {
+	if s := r.State.Services.Get(lfe); s == nil || len(s.Backends) != 0 {
 		t.Errorf("Local NodePort on node-b: %v", s)
 	}
 }
@@ -473,7 +473,7 @@ func TestTrackerIncrementalMatchesFresh(t *testing.T) {
 		got := tr.Sync()
 		fresh := New(translate.Options{})
 		fresh.SetHolds(func(svc *model.Service) bool {
-			p := prev.Services[svc.Frontend]
+			p := prev.Services.Get(svc.Frontend)
 			return p != nil && p.Name == svc.Name
 		})
 		prev = got.State

@@ -69,6 +69,7 @@ func (r *runner) doTestRun(ctx context.Context, svcs []rules.Service, st *TestRu
 	}
 	defer dp.Close()
 	state := model.NewState()
+	var b model.ServicesBuilder
 	for _, s := range svcs {
 		fe := model.L4Addr{Addr: s.VIP, Port: s.Port, Proto: model.TCP}
 		ms := &model.Service{
@@ -80,8 +81,9 @@ func (r *runner) doTestRun(ctx context.Context, svcs []rules.Service, st *TestRu
 			ms.Backends = append(ms.Backends, model.Backend{L4Addr: model.L4Addr{Addr: ep.Addr(), Port: ep.Port(), Proto: model.TCP}})
 		}
 		ms.Backends = model.SortBackends(ms.Backends)
-		state.Services[fe] = ms
+		b.Set(fe, ms)
 	}
+	state.Services = b.Services()
 	t0 := time.Now()
 	if err := reconciler.New(dp.Maps(), nil).Apply(state); err != nil {
 		return fmt.Errorf("apply %d services: %w", len(svcs), err)

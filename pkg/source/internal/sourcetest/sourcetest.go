@@ -50,7 +50,7 @@ func Slice(svc, name string, port int32, ips ...string) *discoveryv1.EndpointSli
 // "frontend name -> backend...".
 func Render(st *model.State) string {
 	var lines []string
-	for fe, s := range st.Services {
+	for fe, s := range st.Services.All() {
 		l := fmt.Sprintf("%s %s ->", fe, s.Name)
 		for _, b := range s.Backends {
 			l += " " + b.L4Addr.String()
