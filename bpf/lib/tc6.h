@@ -557,7 +557,10 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 	struct lb4_service *svc;
 	int ret;
 
-	svc = lb6_frontend(skb, p, x, &ret);
+	svc = lookup_service6(p->daddr, p->dport, p->proto);
+	if (!svc)
+		return lb6_no_service(skb, p);
+	svc = lb6_frontend(skb, p, svc, x, &ret);
 	if (!svc)
 		return ret;
 	/* Conntrack first: a Service that has dropped to zero endpoints
