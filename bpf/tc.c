@@ -697,10 +697,11 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
  * LoadBalancer IP that is a node address may have a port of the SNAT
  * range (snat_port_min-max, 61000-65535 by default; a NodePort, in
  * 30000-32767 by default, has not), and a client's address and port may
- * be any frontend's. Such a reply has no forward entry of its own tuple,
- * so it is still found as a reply before anything takes it for a new
- * flow: a packet conntrack knows as a reply is never translated as a
- * request, in this order as in the one before.
+ * be any frontend's. Unless its tuple is also another flow's forward key
+ * (below), such a reply has no forward entry, so it is still found as a
+ * reply before anything takes it for a new flow: a packet conntrack knows
+ * as a reply is never translated as a request, in this order as in the
+ * one before.
  *
  * What the order changes is which of two live flows gets a packet whose
  * tuple is one flow's forward key <S:s -> F> and the other's reply key
