@@ -3,15 +3,17 @@
  * Per-packet ClusterIP load balancing at tc, for traffic the socket hooks
  * never saw (pods in other network namespaces, other hosts).
  *
- * Ingress: a reply of a translated flow (CT_REVERSE hit) gets its source
- * rewritten back to the VIP; a packet to a service is DNATed to a backend,
- * reusing the flow's conntrack entry when there is one; a new flow to a
- * service without backends is answered with ICMP port unreachable, or
- * dropped when the service has backends elsewhere (SVC_F_DROP_EMPTY; its
- * established flows go on: conntrack comes first). A packet to no
- * frontend is rejected if its destination is a ClusterIP (another port or
- * protocol), dropped if it is another address of the service CIDR, and
- * passed otherwise (lb4_no_service), as kube-proxy's nftables mode does.
+ * Ingress: a packet of a flow to a service (CT_FORWARD hit) is DNATed to
+ * the flow's backend; else a reply of a translated flow (CT_REVERSE hit)
+ * gets its source rewritten back to the VIP; else a packet to a service
+ * starts a flow to a backend (the order, and why it is sound:
+ * tc_ingress); a new flow to a service without backends is answered with
+ * ICMP port unreachable, or dropped when the service has backends
+ * elsewhere (SVC_F_DROP_EMPTY; its established flows go on: conntrack
+ * comes first). A packet to no frontend is rejected if its destination is
+ * a ClusterIP (another port or protocol), dropped if it is another
+ * address of the service CIDR, and passed otherwise (lb4_no_service), as
+ * kube-proxy's nftables mode does.
  * Egress: replies leaving towards the client get their source rewritten
  * back to the VIP. Both: ICMP errors about translated flows are
  * translated back (icmp_xlate.h), and later IPv4 fragments get their first
@@ -566,30 +568,44 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb,
 }
 
 /*
+ * lb4_fwd_find - the usable forward entry (ct_fwd_usable) of @p's flow,
+ * @p being a packet to a frontend, its key in @key; NULL if there is none
+ * (@p starts a flow, or is a reply whose destination is a frontend's:
+ * tc_ingress). @gone: ct_fwd_usable's, the entry's backend has left.
+ */
+static __always_inline struct ct4_entry *
+lb4_fwd_find(const struct pkt4 *p, struct ct4_key *key, __u64 now, bool *gone)
+{
+	struct ct4_entry *fwd;
+	bool half_open;
+
+	ct_key_of(key, p, CT_FORWARD);
+	fwd = ct_find(key, now, &half_open);
+	if (fwd && ct_fwd_usable(fwd, p, gone))
+		return fwd;
+	return NULL;
+}
+
+/*
  * lb4_select - where a packet to frontend @svc goes: the backend of its
- * flow's conntrack entry while that is usable (ct_fwd_usable), else a
- * backend selected now (lb4_new_flow). Conntrack comes first, so a
- * Service that has dropped to zero endpoints keeps its established flows,
- * as kube-proxy does; only a new flow is refused.
+ * flow's usable conntrack entry @fwd (under @key; lb4_fwd_find, which
+ * set @gone), else, when @fwd is NULL, a backend selected now
+ * (lb4_new_flow). Conntrack comes first, so a Service that has dropped to
+ * zero endpoints keeps its established flows, as kube-proxy does; only a
+ * new flow is refused.
  *
  * Returns 0 with @x filled in, 1 if @p starts a flow to a frontend without
  * backends (to refuse), or -1 if it must be dropped (counted).
  */
-static __always_inline int lb4_select(struct __sk_buff *skb,
-				      const struct pkt4 *p,
-				      const struct lb4_service *svc, __u64 now,
-				      struct lb4_xlate *x)
+static __always_inline int
+lb4_select(struct __sk_buff *skb, const struct pkt4 *p,
+	   const struct lb4_service *svc, const struct ct4_key *key,
+	   struct ct4_entry *fwd, bool gone, __u64 now, struct lb4_xlate *x)
 {
-	struct ct4_key key = {};
-	struct ct4_entry *fwd;
-	bool half_open, gone;
-
-	ct_key_of(&key, p, CT_FORWARD);
-	fwd = ct_find(&key, now, &half_open);
-	if (fwd && ct_fwd_usable(fwd, p, &gone)) {
+	if (fwd) {
 		if (gone)
 			metric_count(p, METRIC_TC_CT_BACKEND_GONE);
-		if (lb4_ct_follow(p, &key, fwd, now, x) < 0) {
+		if (lb4_ct_follow(p, key, fwd, now, x) < 0) {
 			svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK,
 				      0);
 			return -1;
@@ -613,21 +629,24 @@ static __always_inline int lb4_select(struct __sk_buff *skb,
 }
 
 /*
- * lb4_dnat - translate a packet to a service to one of its backends (and,
- * for a flow lb4_masquerade source-NATs, source-NAT it and send it to the
- * backend). Returns a TC verdict.
+ * lb4_dnat - translate @p, a packet to frontend @svc (of the flow of
+ * @fwd, under @key, with @gone, as lb4_fwd_find found; or NULL: a new
+ * one), to one of its backends (and, for a flow lb4_masquerade
+ * source-NATs, source-NAT it and send it to the backend). Returns a TC
+ * verdict.
  */
 static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
-				    __u64 now)
+				    struct lb4_service *svc,
+				    const struct ct4_key *key,
+				    struct ct4_entry *fwd, bool gone, __u64 now)
 {
-	struct lb4_service *svc;
 	struct lb4_xlate x = {};
 	int ret;
 
-	svc = lb4_frontend(skb, p, &x, &ret);
+	svc = lb4_frontend(skb, p, svc, &x, &ret);
 	if (!svc)
 		return ret;
-	ret = lb4_select(skb, p, svc, now, &x);
+	ret = lb4_select(skb, p, svc, key, fwd, gone, now, &x);
 	if (ret < 0)
 		return TC_ACT_SHOT;
 	if (ret > 0)
@@ -660,6 +679,67 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	return redirect_fib(skb, p, &x.fib);
 }
 
+/*
+ * tc_ingress - @p at a device's ingress: a packet of a flow to a
+ * frontend, a reply of a translated flow, or neither. Returns a TC
+ * verdict.
+ *
+ * The order saves a client packet of an established flow the reply
+ * lookup (its tuple as a CT_REVERSE key, in both conntrack maps: two
+ * misses): the frontend first, then the flow's forward entry; only a
+ * packet with no usable forward entry is looked up as a reply, and only
+ * if it is not one is it taken for a new flow to the frontend (or for no
+ * service's). A reply costs one frontend lookup (a miss) more.
+ *
+ * A packet can be a reply and addressed to a frontend: its destination,
+ * the flow's client <C:p> or the node address and port the flow was
+ * source-NATed to <N:sp>, may be a frontend's. An ExternalIP or
+ * LoadBalancer IP that is a node address may have a port of the SNAT
+ * range (snat_port_min-max, 61000-65535 by default; a NodePort, in
+ * 30000-32767 by default, has not), and a client's address and port may
+ * be any frontend's. Unless its tuple is also another flow's forward key
+ * (below), such a reply has no forward entry, so it is still found as a
+ * reply before anything takes it for a new flow: a packet conntrack knows
+ * as a reply is never translated as a request, in this order as in the
+ * one before.
+ *
+ * What the order changes is which of two live flows gets a packet whose
+ * tuple is one flow's forward key <S:s -> F> and the other's reply key
+ * (the other's backend is S:s, and its client, or its SNAT address and
+ * port, F). The forward entry is the older: when it was made, its first
+ * packet was looked up as a reply and found none; ct_create and
+ * ct_create_snat check a new reply key against other reply keys only.
+ * netfilter keeps a tuple to one connection in both directions
+ * (nf_nat_used_tuple; the clash check at confirm): the newcomer gets
+ * another source port or is refused, and the older flow keeps its
+ * packets. Here the older flow now keeps them too (the reply lookup first
+ * gave them to the newcomer); the newcomer's replies go to it, as before
+ * the older flow's packets went astray. (XDP, which looks a packet up as
+ * a reply only at a port of the SNAT range, let the forward entry decide
+ * already.) TestTCReplyToFrontend checks both cases.
+ */
+static __always_inline int tc_ingress(struct __sk_buff *skb,
+				      const struct pkt4 *p, __u64 now)
+{
+	struct ct4_key key = {};
+	struct ct4_entry *fwd = NULL;
+	struct lb4_service *svc;
+	bool gone = false;
+	int ret;
+
+	svc = lookup_service(p->daddr, p->dport, p->proto);
+	if (svc)
+		fwd = lb4_fwd_find(p, &key, now, &gone);
+	if (!fwd) {
+		ret = rev_nat(skb, p, now, true);
+		if (ret >= 0)
+			return ret;
+		if (!svc)
+			return lb4_no_service(skb, p);
+	}
+	return lb4_dnat(skb, p, svc, &key, fwd, gone, now);
+}
+
 /* The IPv6 path (sluice6_ingress, sluice6_egress below). */
 #include "lib/tc6.h"
 
@@ -689,10 +769,10 @@ static __always_inline int tc_body(struct __sk_buff *skb, bool dry,
 		return TC_ACT_OK;
 	}
 	now = bpf_ktime_get_ns();
-	ret = rev_nat(skb, &p, now, ingress);
-	if (ret >= 0)
-		return ret;
-	return ingress ? lb4_dnat(skb, &p, now) : TC_ACT_OK;
+	if (ingress)
+		return tc_ingress(skb, &p, now);
+	ret = rev_nat(skb, &p, now, false);
+	return ret >= 0 ? ret : TC_ACT_OK;
 }
 
 /*

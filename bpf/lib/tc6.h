@@ -3,10 +3,11 @@
  * The IPv6 per-packet path of tc.c: what the IPv4 path does, for IPv6
  * frontends (sluice6_services_v1).
  *
- * Ingress: a reply of a translated flow (a CT_REVERSE hit in the IPv6
- * conntrack) gets its source rewritten back to the frontend; a packet to
- * a frontend is DNATed to a backend, its flow's conntrack entry (ct6)
- * deciding while it is usable, else a random slot; a new flow to a
+ * Ingress (in tc.c's order, lb6_dnat): a packet to a frontend is DNATed
+ * to a backend, its flow's conntrack entry (ct6) deciding while it is
+ * usable; else a reply of a translated flow (a CT_REVERSE hit in the IPv6
+ * conntrack) gets its source rewritten back to the frontend; else a
+ * packet to a frontend starts a flow to a random slot; a new flow to a
  * frontend without backends is answered with ICMPv6 port unreachable
  * (dropped with SVC_F_DROP_EMPTY); a packet to a ClusterIP no frontend
  * serves (sluice6_service_ips_v1) is answered the same way, one to
@@ -546,24 +547,58 @@ static __noinline int lb6_follow(const struct pkt6 *p,
 }
 
 /*
- * lb6_dnat - translate a packet to an IPv6 frontend to one of its
- * backends (and, for a flow lb6_masquerade source-NATs, source-NAT it and
- * have the entry send it to the backend), or refuse it. Returns a TC
- * verdict, or TC6_FORWARD with @x saying where to (nat6_forward).
+ * lb6_has_flow - whether @p, a packet to a frontend, has a usable forward
+ * entry (ct_fwd_usable6), which lb6_follow then follows. A BPF function
+ * of its own, as lb6_follow: the key and entry live in its frame.
+ */
+static __noinline int lb6_has_flow(const struct pkt6 *p, __u64 now)
+{
+	struct ct6_key key = {};
+	struct ct6_entry *fwd;
+	bool half_open, gone;
+
+	ct_key_of6(&key, p, CT_FORWARD);
+	fwd = ct_find6(&key, now, &half_open);
+	return fwd && ct_fwd_usable6(fwd, p, &gone);
+}
+
+/*
+ * lb6_dnat - @p at a device's ingress: translate a packet to an IPv6
+ * frontend to one of its backends (and, for a flow lb6_masquerade
+ * source-NATs, source-NAT it and have the entry send it to the backend),
+ * refuse it, or, if it is a reply of a translated flow, rewrite it back
+ * (rev_nat6). Returns a TC verdict, -1 for a packet of neither, or
+ * TC6_FORWARD with @x saying where to (nat6_forward).
+ *
+ * In tc.c's order (tc_ingress says why it is sound): the frontend, then
+ * the flow's forward entry; a packet without one is looked up as a reply
+ * before it is taken for a new flow. A packet of an established flow
+ * saves the reply lookup's two misses, for a second look at its forward
+ * entry (lb6_follow), hot by then.
  */
 static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 				    __u64 now, struct lb6_xlate *x)
 {
 	struct lb4_service *svc;
-	int ret;
+	int ret, flow = 0;
 
-	svc = lb6_frontend(skb, p, x, &ret);
+	svc = lookup_service6(p->daddr, p->dport, p->proto);
+	if (svc)
+		flow = lb6_has_flow(p, now);
+	if (!flow) {
+		ret = rev_nat6(skb, p, now, x);
+		if (ret != -1)
+			return ret;
+		if (!svc)
+			return lb6_no_service(skb, p);
+	}
+	svc = lb6_frontend(skb, p, svc, x, &ret);
 	if (!svc)
 		return ret;
 	/* Conntrack first: a Service that has dropped to zero endpoints
 	 * keeps its established flows, as kube-proxy does.
 	 */
-	ret = lb6_follow(p, svc, now, x);
+	ret = flow ? lb6_follow(p, svc, now, x) : 2;
 	if (ret == 2 && p->frag_later) {
 		/* A later fragment follows its flow and never starts one
 		 * (see lb4_select).
@@ -648,12 +683,12 @@ static __always_inline int tc6_body(struct __sk_buff *skb, bool dry,
 		return TC_ACT_OK;
 	}
 	now = bpf_ktime_get_ns();
-	ret = rev_nat6(skb, &p, now, &x);
-	if (ret == -1) {
-		if (!ingress)
-			return TC_ACT_OK;
+	if (ingress)
 		ret = lb6_dnat(skb, &p, now, &x);
-	}
+	else
+		ret = rev_nat6(skb, &p, now, &x);
+	if (ret == -1)
+		return TC_ACT_OK;
 	if (ret == TC6_FORWARD)
 		ret = nat6_forward(skb, &p, &x, &mtu);
 	return tc6_answer(skb, &p, ret, mtu);

@@ -128,22 +128,15 @@ static __always_inline struct lb4_service *LB_FN(scope)(struct __sk_buff *skb,
 }
 
 /*
- * frontend - the frontend @p is for, in the scope that serves its client
- * (scope, which fills in @x->internal and @x->outside). NULL if there is
- * none (@ret: no_service's verdict) or its source ranges refuse @p
- * (@ret: check_source's).
+ * frontend - frontend @svc, which @p is for (its caller looked it up:
+ * tc_ingress), in the scope that serves @p's client (scope, which fills
+ * in @x->internal and @x->outside). NULL if its source ranges refuse @p
+ * (@ret: check_source's verdict).
  */
 static __always_inline struct lb4_service *
-LB_FN(frontend)(struct __sk_buff *skb, const FAM(pkt_t) *p, FAM(lb_xlate_t) *x,
-		int *ret)
+LB_FN(frontend)(struct __sk_buff *skb, const FAM(pkt_t) *p,
+		struct lb4_service *svc, FAM(lb_xlate_t) *x, int *ret)
 {
-	struct lb4_service *svc;
-
-	svc = FN(lookup_service)(p->daddr, p->dport, p->proto);
-	if (!svc) {
-		*ret = LB_FN(no_service)(skb, p);
-		return NULL;
-	}
 	FN(explain_frontend)(p, svc);
 	*ret = LB_FN(check_source)(p, svc);
 	if (*ret >= 0)

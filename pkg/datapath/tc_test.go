@@ -507,3 +507,49 @@ func onlyNATFieldsDiffer(a, b []byte) bool {
 	}
 	return true
 }
+
+// TestTCReplyToFrontend: tc's ingress looks a packet to a frontend up as
+// its flow's first, and as a reply only when it has no flow (tc_ingress
+// in bpf/tc.c says why that order is sound). Two flows meet where a
+// client's address and port are a frontend's (UDP: a resolver that
+// forwards queries from its own port 53; two Services, A and B):
+//
+//   - the reply of a flow whose client is B's frontend, addressed to
+//     <B>, is still a reply: its source becomes A's frontend, and it is
+//     not taken for a new flow to B;
+//   - a flow to B from A's frontend, whose reply tuple is the tuple of an
+//     established flow to A (from B's backend), does not take that
+//     flow's packets: the older flow keeps them, as netfilter keeps a
+//     tuple to one flow.
+func TestTCReplyToFrontend(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d := newTestDatapath(t)
+		feA, feB := twinL4(v6, l4("10.96.0.20", 53, model.UDP)), twinL4(v6, l4("10.96.0.21", 53, model.UDP))
+		beA, beB := twinL4(v6, l4("10.1.3.1", 53, model.UDP)), twinL4(v6, l4("10.1.3.2", 53, model.UDP))
+		applyServices(t, d, clusterIP(feA, beA), clusterIP(feB, beB))
+		dgram := func(from, to model.L4Addr) packet.Packet {
+			return udpDgram(from.Addr.String(), from.Port, to.Addr.String(), to.Port)
+		}
+		at := func(a model.L4Addr) func(*packet.Packet) {
+			return func(p *packet.Packet) { p.Dst, p.DstPort = a.Addr, a.Port }
+		}
+		from := func(a model.L4Addr) func(*packet.Packet) {
+			return func(p *packet.Packet) { p.Src, p.SrcPort = a.Addr, a.Port }
+		}
+		runPacketCases(t, d, []packetCase{
+			// B's frontend asks A: DNAT to A's backend.
+			{name: "request_from_frontend", in: dgram(feB, feA), verdict: tcActOK, out: with(dgram(feB, feA), at(beA))},
+			// A's backend answers <beA -> feB>: a reply, not a flow
+			// to B.
+			{name: "reply_to_frontend", in: dgram(beA, feB), verdict: tcActOK, out: with(dgram(beA, feB), from(feA))},
+			// B's backend asks A, from its own port: a flow to A.
+			{name: "backend_asks_a", in: dgram(beB, feA), verdict: tcActOK, out: with(dgram(beB, feA), at(beA))},
+			// A's frontend, as a client, asks B: its reply tuple
+			// <beB -> feA> is the flow above's.
+			{name: "frontend_asks_b", in: dgram(feA, feB), verdict: tcActOK, out: with(dgram(feA, feB), at(beB))},
+			// B's backend asks A again: its flow's, to A's backend,
+			// not a reply of the newer flow from A's frontend.
+			{name: "backend_asks_a_again", in: dgram(beB, feA), verdict: tcActOK, out: with(dgram(beB, feA), at(beA))},
+		})
+	})
+}
