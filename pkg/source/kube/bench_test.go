@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"runtime/metrics"
 	"sync"
 	"testing"
 	"time"
@@ -35,10 +34,9 @@ import (
 // collector's work counts, the fake server's decoding too).
 //
 // peak-MiB is the most heap the process held above what it held before
-// Run (runtime/metrics' heap objects, sampled every millisecond, garbage
-// not yet collected included): the start's peak, which the agent's peak
-// RSS follows; peak-live-MiB the most a collection found live, which the
-// collector lets the heap grow to twice of (GOGC=100).
+// Run (testutil.HeapPeak: garbage not yet collected included), the
+// start's peak, which the agent's peak RSS follows; peak-live-MiB the most
+// a collection found live.
 //
 // minimal: the objects carry only what the translation needs, and the
 // fake server hands out copies sharing its strings. decoded: the objects
@@ -92,7 +90,7 @@ func BenchmarkFirstState(b *testing.B) {
 				done := make(chan error, 1)
 				b.StartTimer()
 				t0 := testutil.CPUTime(b)
-				stopPeak := samplePeak()
+				stopPeak := testutil.HeapPeak()
 				go func() {
 					done <- src.Run(ctx, func(st *model.State) {
 						select {
@@ -245,35 +243,6 @@ type streamWatch struct {
 
 func (w *streamWatch) ResultChan() <-chan watch.Event { return w.ch }
 func (w *streamWatch) Stop()                          { w.once.Do(func() { close(w.stop) }) }
-
-// samplePeak samples the heap every millisecond until the function it
-// returns is called, which returns the most seen of its objects (live and
-// garbage not yet collected) and of what a collection found live.
-func samplePeak() func() (objects, live uint64) {
-	done := make(chan struct{})
-	top := make(chan [2]uint64)
-	go func() {
-		s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/gc/heap/live:bytes"}}
-		var most [2]uint64
-		t := time.NewTicker(time.Millisecond)
-		defer t.Stop()
-		for {
-			metrics.Read(s)
-			most[0], most[1] = max(most[0], s[0].Value.Uint64()), max(most[1], s[1].Value.Uint64())
-			select {
-			case <-t.C:
-			case <-done:
-				top <- most
-				return
-			}
-		}
-	}()
-	return func() (uint64, uint64) {
-		close(done)
-		most := <-top
-		return most[0], most[1]
-	}
-}
 
 // asServed gives the i-th Service and its slice what an API server's
 // objects carry besides what the tests set: the metadata, the Service's
