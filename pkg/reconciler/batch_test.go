@@ -67,61 +67,100 @@ func TestFreshBatches(t *testing.T) {
 	}
 }
 
+// TestFreshBatchesInChunks: a first program larger than a chunk is
+// programmed chunk after chunk (the batches' copies of the entries stay
+// small), exactly as one write at a time; chunks of 7 of the 50
+// frontends end between the two scopes of a NodePort's address, which
+// go together.
+func TestFreshBatchesInChunks(t *testing.T) {
+	st := mixedState(40)
+	chunked, single := newFake(t), newFake(t)
+	rc, rs := reconciler.New(chunked, nil), reconciler.New(single, nil)
+	reconciler.SetFreshChunk(rc, 7)
+	reconciler.SetBatchMin(rs, 0)
+	mustApply(t, rc, st)
+	mustApply(t, rs, st)
+	checkProgrammed(t, chunked, st)
+	if got, want := chunked.String(), single.String(); got != want {
+		t.Errorf("programming in chunks differs:\n%s\none write at a time:\n%s", got, want)
+	}
+	// Five batches a chunk, 6 or 7 chunks (some 8 long), fewer when a
+	// chunk's backends or service IPs are all written already.
+	if n := chunked.Batches(); n < 25 || n > 35 {
+		t.Errorf("%d batches, want 5 for each of 6-7 chunks", n)
+	}
+	if cw, sw := chunked.Writes(), single.Writes(); cw != sw {
+		t.Errorf("%d entries written in chunks, %d one at a time", cw, sw)
+	}
+	restartWritesNothing(t, chunked, st)
+}
+
 // TestFreshBatchFails fails one entry inside each batch in turn: the
 // batch stops there (the fake checks the invariants after every entry),
 // only the frontends that entry belongs to fail, the others are
-// programmed, and the next Apply converges.
+// programmed, and the next Apply converges; in one chunk and in chunks of
+// 7 frontends (a backend that failed in one chunk is written again for
+// the next).
 func TestFreshBatchFails(t *testing.T) {
-	for _, kind := range []fakedp.OpKind{fakedp.OpUpsertBackend, fakedp.OpUpsertRevNat, fakedp.OpUpsertSlot, fakedp.OpUpsertMaster, fakedp.OpUpsertServiceIP} {
-		for _, nth := range []int{1, 7, 20} {
-			t.Run(fmt.Sprintf("%s#%d", kind, nth), func(t *testing.T) {
-				st := mixedState(40)
-				f := newFake(t)
-				r := reconciler.New(f, nil)
-				seen, inBatch := 0, false
-				f.Fail = func(op fakedp.Op) error {
-					if op.Kind == kind && op.Batch {
-						if seen++; seen == nth {
-							inBatch = true
-							return errors.New("injected")
-						}
-					}
-					return nil
-				}
-				err := r.Apply(st)
-				if !inBatch {
-					t.Fatalf("no batch entry %d of %s: %v", nth, kind, err)
-				}
-				if err == nil || !strings.Contains(err.Error(), "injected") || !strings.Contains(err.Error(), "service default/svc-") {
-					t.Fatalf("err = %v, want the injected error naming a service", err)
-				}
-				// A backend shared by several services fails them all;
-				// anything else fails one frontend (or both scopes of
-				// one). Every other frontend is programmed (a service IP
-				// fails after its master).
-				failed := 0
-				for _, e := range errs(err) {
-					var fe *reconciler.FrontendError
-					if !errors.As(e, &fe) {
-						t.Errorf("not a frontend's error: %v", e)
-					}
-					failed++
-				}
-				if kind != fakedp.OpUpsertBackend && failed > 2 {
-					t.Errorf("%d frontends failed: %v", failed, err)
-				}
-				const frontends = 50 // 40 services, 10 of them with two scopes
-				ok := len(programmed(t, f))
-				if kind == fakedp.OpUpsertServiceIP {
-					ok -= failed
-				}
-				if ok+failed != frontends {
-					t.Errorf("%d frontends programmed and %d failed, of %d", ok, failed, frontends)
-				}
-				recoversAfterFailure(t, f, r, st)
-			})
+	for _, chunk := range []int{0, 7} {
+		for _, kind := range []fakedp.OpKind{fakedp.OpUpsertBackend, fakedp.OpUpsertRevNat, fakedp.OpUpsertSlot, fakedp.OpUpsertMaster, fakedp.OpUpsertServiceIP} {
+			for _, nth := range []int{1, 7, 20} {
+				freshBatchFails(t, chunk, kind, nth)
+			}
 		}
 	}
+}
+
+func freshBatchFails(t *testing.T, chunk int, kind fakedp.OpKind, nth int) {
+	t.Run(fmt.Sprintf("chunk%d/%s#%d", chunk, kind, nth), func(t *testing.T) {
+		st := mixedState(40)
+		f := newFake(t)
+		r := reconciler.New(f, nil)
+		if chunk > 0 {
+			reconciler.SetFreshChunk(r, chunk)
+		}
+		seen, inBatch := 0, false
+		f.Fail = func(op fakedp.Op) error {
+			if op.Kind == kind && op.Batch {
+				if seen++; seen == nth {
+					inBatch = true
+					return errors.New("injected")
+				}
+			}
+			return nil
+		}
+		err := r.Apply(st)
+		if !inBatch {
+			t.Fatalf("no batch entry %d of %s: %v", nth, kind, err)
+		}
+		if err == nil || !strings.Contains(err.Error(), "injected") || !strings.Contains(err.Error(), "service default/svc-") {
+			t.Fatalf("err = %v, want the injected error naming a service", err)
+		}
+		// A backend shared by several services fails them all;
+		// anything else fails one frontend (or both scopes of
+		// one). Every other frontend is programmed (a service IP
+		// fails after its master).
+		failed := 0
+		for _, e := range errs(err) {
+			var fe *reconciler.FrontendError
+			if !errors.As(e, &fe) {
+				t.Errorf("not a frontend's error: %v", e)
+			}
+			failed++
+		}
+		if kind != fakedp.OpUpsertBackend && failed > 2 {
+			t.Errorf("%d frontends failed: %v", failed, err)
+		}
+		const frontends = 50 // 40 services, 10 of them with two scopes
+		ok := len(programmed(t, f))
+		if kind == fakedp.OpUpsertServiceIP {
+			ok -= failed
+		}
+		if ok+failed != frontends {
+			t.Errorf("%d frontends programmed and %d failed, of %d", ok, failed, frontends)
+		}
+		recoversAfterFailure(t, f, r, st)
+	})
 }
 
 // errs unwraps a joined error.
