@@ -37,26 +37,11 @@ func mixedState(n int) *model.State {
 // and end up exactly as programmed one write at a time.
 func TestFreshBatches(t *testing.T) {
 	st := mixedState(40)
-	batched, single := newFake(t), newFake(t)
-	rb, rs := reconciler.New(batched, nil), reconciler.New(single, nil)
-	reconciler.SetBatchMin(rs, 0)
-	mustApply(t, rb, st)
-	mustApply(t, rs, st)
-	checkProgrammed(t, batched, st)
-	if got, want := batched.String(), single.String(); got != want {
-		t.Errorf("batched programming differs:\n%s\none write at a time:\n%s", got, want)
-	}
+	batched, rb, n := programsAsOneWriteAtATime(t, st, func(*reconciler.Reconciler) {})
 	// Backends, rev_nat, slots, masters, service IPs.
-	if n := batched.Batches(); n != 5 {
+	if n != 5 {
 		t.Errorf("%d batches, want 5", n)
 	}
-	if n := single.Batches(); n != 0 {
-		t.Errorf("%d batches with batching off", n)
-	}
-	if bw, sw := batched.Writes(), single.Writes(); bw != sw {
-		t.Errorf("%d entries written in batches, %d one at a time", bw, sw)
-	}
-	restartWritesNothing(t, batched, st)
 
 	// Removing them all deletes backends and rev_nat entries in batches.
 	batched.ResetCounts()
@@ -73,26 +58,39 @@ func TestFreshBatches(t *testing.T) {
 // frontends end between the two scopes of a NodePort's address, which
 // go together.
 func TestFreshBatchesInChunks(t *testing.T) {
-	st := mixedState(40)
-	chunked, single := newFake(t), newFake(t)
-	rc, rs := reconciler.New(chunked, nil), reconciler.New(single, nil)
-	reconciler.SetFreshChunk(rc, 7)
-	reconciler.SetBatchMin(rs, 0)
-	mustApply(t, rc, st)
-	mustApply(t, rs, st)
-	checkProgrammed(t, chunked, st)
-	if got, want := chunked.String(), single.String(); got != want {
-		t.Errorf("programming in chunks differs:\n%s\none write at a time:\n%s", got, want)
-	}
+	_, _, n := programsAsOneWriteAtATime(t, mixedState(40), func(r *reconciler.Reconciler) { reconciler.SetFreshChunk(r, 7) })
 	// Five batches a chunk, 6 or 7 chunks (some 8 long), fewer when a
 	// chunk's backends or service IPs are all written already.
-	if n := chunked.Batches(); n < 25 || n > 35 {
+	if n < 25 || n > 35 {
 		t.Errorf("%d batches, want 5 for each of 6-7 chunks", n)
 	}
-	if cw, sw := chunked.Writes(), single.Writes(); cw != sw {
-		t.Errorf("%d entries written in chunks, %d one at a time", cw, sw)
+}
+
+// programsAsOneWriteAtATime programs st from empty with a reconciler
+// set up by setup, and checks it wrote what one writing one entry at a
+// time writes, and that a restart over it writes nothing. It returns the
+// fake, the reconciler and how many batches programming took.
+func programsAsOneWriteAtATime(t *testing.T, st *model.State, setup func(*reconciler.Reconciler)) (*fakedp.Fake, *reconciler.Reconciler, int) {
+	t.Helper()
+	batched, single := newFake(t), newFake(t)
+	rb, rs := reconciler.New(batched, nil), reconciler.New(single, nil)
+	setup(rb)
+	reconciler.SetBatchMin(rs, 0)
+	mustApply(t, rb, st)
+	mustApply(t, rs, st)
+	checkProgrammed(t, batched, st)
+	if got, want := batched.String(), single.String(); got != want {
+		t.Errorf("batched programming differs:\n%s\none write at a time:\n%s", got, want)
 	}
-	restartWritesNothing(t, chunked, st)
+	if n := single.Batches(); n != 0 {
+		t.Errorf("%d batches with batching off", n)
+	}
+	if bw, sw := batched.Writes(), single.Writes(); bw != sw {
+		t.Errorf("%d entries written in batches, %d one at a time", bw, sw)
+	}
+	n := batched.Batches()
+	restartWritesNothing(t, batched, st)
+	return batched, rb, n
 }
 
 // TestFreshBatchFails fails one entry inside each batch in turn: the
