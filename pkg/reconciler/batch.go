@@ -63,6 +63,28 @@ func (r *Reconciler) splitFresh(changed []*desiredFrontend) (fresh, rest []*desi
 	return fresh, rest
 }
 
+// defaultFreshChunk is how many fresh frontends programFresh programs at
+// once (Reconciler.freshChunk, unless a test sets it). Its batches hold copies of their entries (and the datapath's
+// marshalled keys and values, once more), all live until the batch is
+// written: a first program of 30,000 Services x 8 in one go held about
+// 30 MiB of them at its peak, on top of the view it builds, which the
+// collector then let the heap grow to twice of. A few thousand frontends
+// keep them small and still make every batch large (a map write costs a
+// system call whatever the batch's size).
+const defaultFreshChunk = 4096
+
+// freshChunk returns how many of fresh (sorted) programFresh takes next:
+// size, and then as many more as it takes to keep both scopes of an
+// address together (a default scope's master names its internal scope,
+// which must be programmed in the same go).
+func freshChunk(fresh []*desiredFrontend, size int) int {
+	n := min(len(fresh), max(1, size))
+	for n < len(fresh) && fresh[n].fe.L4Addr == fresh[n-1].fe.L4Addr {
+		n++
+	}
+	return n
+}
+
 // batch writes n entries: entries 0..n-1 in one operation (many), and
 // those after the one it failed on one at a time (one). ok hears of every
 // entry written, fail of every entry that failed (not of those one

@@ -37,26 +37,11 @@ func mixedState(n int) *model.State {
 // and end up exactly as programmed one write at a time.
 func TestFreshBatches(t *testing.T) {
 	st := mixedState(40)
-	batched, single := newFake(t), newFake(t)
-	rb, rs := reconciler.New(batched, nil), reconciler.New(single, nil)
-	reconciler.SetBatchMin(rs, 0)
-	mustApply(t, rb, st)
-	mustApply(t, rs, st)
-	checkProgrammed(t, batched, st)
-	if got, want := batched.String(), single.String(); got != want {
-		t.Errorf("batched programming differs:\n%s\none write at a time:\n%s", got, want)
-	}
+	batched, rb, n := programsAsOneWriteAtATime(t, st, func(*reconciler.Reconciler) {})
 	// Backends, rev_nat, slots, masters, service IPs.
-	if n := batched.Batches(); n != 5 {
+	if n != 5 {
 		t.Errorf("%d batches, want 5", n)
 	}
-	if n := single.Batches(); n != 0 {
-		t.Errorf("%d batches with batching off", n)
-	}
-	if bw, sw := batched.Writes(), single.Writes(); bw != sw {
-		t.Errorf("%d entries written in batches, %d one at a time", bw, sw)
-	}
-	restartWritesNothing(t, batched, st)
 
 	// Removing them all deletes backends and rev_nat entries in batches.
 	batched.ResetCounts()
@@ -67,61 +52,113 @@ func TestFreshBatches(t *testing.T) {
 	}
 }
 
+// TestFreshBatchesInChunks: a first program larger than a chunk is
+// programmed chunk after chunk (the batches' copies of the entries stay
+// small), exactly as one write at a time; chunks of 7 of the 50
+// frontends end between the two scopes of a NodePort's address, which
+// go together.
+func TestFreshBatchesInChunks(t *testing.T) {
+	_, _, n := programsAsOneWriteAtATime(t, mixedState(40), func(r *reconciler.Reconciler) { reconciler.SetFreshChunk(r, 7) })
+	// Five batches a chunk, 6 or 7 chunks (some 8 long), fewer when a
+	// chunk's backends or service IPs are all written already.
+	if n < 25 || n > 35 {
+		t.Errorf("%d batches, want 5 for each of 6-7 chunks", n)
+	}
+}
+
+// programsAsOneWriteAtATime programs st from empty with a reconciler
+// set up by setup, and checks it wrote what one writing one entry at a
+// time writes, and that a restart over it writes nothing. It returns the
+// fake, the reconciler and how many batches programming took.
+func programsAsOneWriteAtATime(t *testing.T, st *model.State, setup func(*reconciler.Reconciler)) (*fakedp.Fake, *reconciler.Reconciler, int) {
+	t.Helper()
+	batched, single := newFake(t), newFake(t)
+	rb, rs := reconciler.New(batched, nil), reconciler.New(single, nil)
+	setup(rb)
+	reconciler.SetBatchMin(rs, 0)
+	mustApply(t, rb, st)
+	mustApply(t, rs, st)
+	checkProgrammed(t, batched, st)
+	if got, want := batched.String(), single.String(); got != want {
+		t.Errorf("batched programming differs:\n%s\none write at a time:\n%s", got, want)
+	}
+	if n := single.Batches(); n != 0 {
+		t.Errorf("%d batches with batching off", n)
+	}
+	if bw, sw := batched.Writes(), single.Writes(); bw != sw {
+		t.Errorf("%d entries written in batches, %d one at a time", bw, sw)
+	}
+	n := batched.Batches()
+	restartWritesNothing(t, batched, st)
+	return batched, rb, n
+}
+
 // TestFreshBatchFails fails one entry inside each batch in turn: the
 // batch stops there (the fake checks the invariants after every entry),
 // only the frontends that entry belongs to fail, the others are
-// programmed, and the next Apply converges.
+// programmed, and the next Apply converges; in one chunk and in chunks of
+// 7 frontends (a backend that failed in one chunk is written again for
+// the next).
 func TestFreshBatchFails(t *testing.T) {
-	for _, kind := range []fakedp.OpKind{fakedp.OpUpsertBackend, fakedp.OpUpsertRevNat, fakedp.OpUpsertSlot, fakedp.OpUpsertMaster, fakedp.OpUpsertServiceIP} {
-		for _, nth := range []int{1, 7, 20} {
-			t.Run(fmt.Sprintf("%s#%d", kind, nth), func(t *testing.T) {
-				st := mixedState(40)
-				f := newFake(t)
-				r := reconciler.New(f, nil)
-				seen, inBatch := 0, false
-				f.Fail = func(op fakedp.Op) error {
-					if op.Kind == kind && op.Batch {
-						if seen++; seen == nth {
-							inBatch = true
-							return errors.New("injected")
-						}
-					}
-					return nil
-				}
-				err := r.Apply(st)
-				if !inBatch {
-					t.Fatalf("no batch entry %d of %s: %v", nth, kind, err)
-				}
-				if err == nil || !strings.Contains(err.Error(), "injected") || !strings.Contains(err.Error(), "service default/svc-") {
-					t.Fatalf("err = %v, want the injected error naming a service", err)
-				}
-				// A backend shared by several services fails them all;
-				// anything else fails one frontend (or both scopes of
-				// one). Every other frontend is programmed (a service IP
-				// fails after its master).
-				failed := 0
-				for _, e := range errs(err) {
-					var fe *reconciler.FrontendError
-					if !errors.As(e, &fe) {
-						t.Errorf("not a frontend's error: %v", e)
-					}
-					failed++
-				}
-				if kind != fakedp.OpUpsertBackend && failed > 2 {
-					t.Errorf("%d frontends failed: %v", failed, err)
-				}
-				const frontends = 50 // 40 services, 10 of them with two scopes
-				ok := len(programmed(t, f))
-				if kind == fakedp.OpUpsertServiceIP {
-					ok -= failed
-				}
-				if ok+failed != frontends {
-					t.Errorf("%d frontends programmed and %d failed, of %d", ok, failed, frontends)
-				}
-				recoversAfterFailure(t, f, r, st)
-			})
+	for _, chunk := range []int{0, 7} {
+		for _, kind := range []fakedp.OpKind{fakedp.OpUpsertBackend, fakedp.OpUpsertRevNat, fakedp.OpUpsertSlot, fakedp.OpUpsertMaster, fakedp.OpUpsertServiceIP} {
+			for _, nth := range []int{1, 7, 20} {
+				freshBatchFails(t, chunk, kind, nth)
+			}
 		}
 	}
+}
+
+func freshBatchFails(t *testing.T, chunk int, kind fakedp.OpKind, nth int) {
+	t.Run(fmt.Sprintf("chunk%d/%s#%d", chunk, kind, nth), func(t *testing.T) {
+		st := mixedState(40)
+		f := newFake(t)
+		r := reconciler.New(f, nil)
+		if chunk > 0 {
+			reconciler.SetFreshChunk(r, chunk)
+		}
+		seen, inBatch := 0, false
+		f.Fail = func(op fakedp.Op) error {
+			if op.Kind == kind && op.Batch {
+				if seen++; seen == nth {
+					inBatch = true
+					return errors.New("injected")
+				}
+			}
+			return nil
+		}
+		err := r.Apply(st)
+		if !inBatch {
+			t.Fatalf("no batch entry %d of %s: %v", nth, kind, err)
+		}
+		if err == nil || !strings.Contains(err.Error(), "injected") || !strings.Contains(err.Error(), "service default/svc-") {
+			t.Fatalf("err = %v, want the injected error naming a service", err)
+		}
+		// A backend shared by several services fails them all;
+		// anything else fails one frontend (or both scopes of
+		// one). Every other frontend is programmed (a service IP
+		// fails after its master).
+		failed := 0
+		for _, e := range errs(err) {
+			var fe *reconciler.FrontendError
+			if !errors.As(e, &fe) {
+				t.Errorf("not a frontend's error: %v", e)
+			}
+			failed++
+		}
+		if kind != fakedp.OpUpsertBackend && failed > 2 {
+			t.Errorf("%d frontends failed: %v", failed, err)
+		}
+		const frontends = 50 // 40 services, 10 of them with two scopes
+		ok := len(programmed(t, f))
+		if kind == fakedp.OpUpsertServiceIP {
+			ok -= failed
+		}
+		if ok+failed != frontends {
+			t.Errorf("%d frontends programmed and %d failed, of %d", ok, failed, frontends)
+		}
+		recoversAfterFailure(t, f, r, st)
+	})
 }
 
 // errs unwraps a joined error.

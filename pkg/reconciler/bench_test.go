@@ -197,7 +197,9 @@ func (nopDatapath) ResetServiceStats(reconciler.ServiceID) error             { r
 // BenchmarkFromEmptyView is issue 14's first program at N services with
 // 2 to 10 backends each, without a datapath: the reconciler's own time,
 // and the live heap its view of the maps holds afterwards (view-MiB, the
-// reconciler's share of the agent's memory).
+// reconciler's share of the agent's memory); peak-MiB and peak-live-MiB
+// are the heap's most during the first program (testutil.HeapPeak), less
+// what it held before (the state).
 func BenchmarkFromEmptyView(b *testing.B) {
 	for _, n := range []int{30000, 100000} {
 		b.Run(fmt.Sprintf("%dk", n/1000), func(b *testing.B) {
@@ -216,9 +218,11 @@ func BenchmarkFromEmptyView(b *testing.B) {
 			runtime.GC()
 			runtime.ReadMemStats(&before)
 			r := reconciler.New(nopDatapath{}, nil)
+			stopPeak := testutil.HeapPeak()
 			if err := r.Apply(st); err != nil {
 				b.Fatal(err)
 			}
+			peak, peakLive := stopPeak()
 			runtime.GC()
 			runtime.ReadMemStats(&after)
 			// st too: dead after the Apply, it would be collected
@@ -226,6 +230,8 @@ func BenchmarkFromEmptyView(b *testing.B) {
 			runtime.KeepAlive(r)
 			runtime.KeepAlive(st)
 			b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/(1<<20), "view-MiB")
+			b.ReportMetric(float64(peak-min(peak, before.HeapAlloc))/(1<<20), "peak-MiB")
+			b.ReportMetric(float64(peakLive-min(peakLive, before.HeapAlloc))/(1<<20), "peak-live-MiB")
 		})
 	}
 }

@@ -15,3 +15,10 @@ func SetBatchMin(r *Reconciler, n int) {
 	defer r.mu.Unlock()
 	r.batchMin = n
 }
+
+// SetFreshChunk sets how many new frontends r programs at once.
+func SetFreshChunk(r *Reconciler, n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.freshChunk = n
+}

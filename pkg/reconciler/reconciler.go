@@ -181,6 +181,9 @@ type Reconciler struct {
 	// batchMin is the fewest new frontends an Apply programs in
 	// batches (batch.go); 0 never does.
 	batchMin int
+	// freshChunk is how many of them it programs at once
+	// (defaultFreshChunk).
+	freshChunk int
 
 	// Room for fastInSync's sorted copy of a frontend's backends.
 	scratchKeys  []uint64
@@ -197,7 +200,7 @@ func New(dp Datapath, log *slog.Logger) *Reconciler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Reconciler{dp: dp, log: log, refreshEvery: DefaultRefreshInterval, batchMin: defaultBatchMin}
+	r := &Reconciler{dp: dp, log: log, refreshEvery: DefaultRefreshInterval, batchMin: defaultBatchMin, freshChunk: defaultFreshChunk}
 	r.reset()
 	r.lastRead = time.Now()
 	return r
@@ -431,8 +434,10 @@ func (r *Reconciler) Apply(st *model.State) error {
 	// addresses the view knows nothing of) go first, in batches
 	// (batch.go): no other frontend depends on them.
 	fresh, rest := r.splitFresh(changed)
-	if len(fresh) > 0 {
-		errs = append(errs, r.programFresh(fresh, capacity)...)
+	for len(fresh) > 0 {
+		n := freshChunk(fresh, r.freshChunk)
+		errs = append(errs, r.programFresh(fresh[:n], capacity)...)
+		fresh = fresh[n:]
 	}
 	for _, d := range rest {
 		if d.flags&FlagTwoScopes != 0 {

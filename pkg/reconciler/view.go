@@ -469,14 +469,15 @@ func (t *idTable[V, P]) ids() []uint32 {
 	return out
 }
 
-// keyMap is a Go map keyed by an address with a port and protocol (a
+// keyMap is a map keyed by an address with a port and protocol (a
 // backend's address, or a frontend in its scope, P says which). An IPv4
 // key, the common case, is packed into a uint64 (address, port,
-// protocol, scope): a third of the memory of the whole key (a netip.Addr
-// is 16 bytes and a pointer), and quicker to hash. The others are keyed
-// as they are.
+// protocol, scope) and held in a packedMap: a third of the memory of the
+// whole key (a netip.Addr is 16 bytes and a pointer), quicker to hash,
+// and no Go map's groups around it. The others go in a Go map, keyed as
+// they are.
 type keyMap[K comparable, V any, P keyPacking[K]] struct {
-	packed map[uint64]V
+	packed packedMap[V]
 	other  map[K]V
 }
 
@@ -522,14 +523,13 @@ func unpackL4(k uint64) Frontend {
 
 // makeKeyMap returns a keyMap with room for n IPv4 keys.
 func makeKeyMap[K comparable, V any, P keyPacking[K]](n int) keyMap[K, V, P] {
-	return keyMap[K, V, P]{packed: make(map[uint64]V, n), other: map[K]V{}}
+	return keyMap[K, V, P]{packed: makePackedMap[V](n), other: map[K]V{}}
 }
 
 func (m *keyMap[K, V, P]) get(k K) (V, bool) {
 	var p P
 	if pk, ok := p.pack(k); ok {
-		v, ok := m.packed[pk]
-		return v, ok
+		return m.packed.get(pk)
 	}
 	v, ok := m.other[k]
 	return v, ok
@@ -544,7 +544,7 @@ func (m *keyMap[K, V, P]) val(k K) V {
 func (m *keyMap[K, V, P]) put(k K, v V) {
 	var p P
 	if pk, ok := p.pack(k); ok {
-		m.packed[pk] = v
+		m.packed.put(pk, v)
 		return
 	}
 	m.other[k] = v
@@ -553,20 +553,20 @@ func (m *keyMap[K, V, P]) put(k K, v V) {
 func (m *keyMap[K, V, P]) del(k K) {
 	var p P
 	if pk, ok := p.pack(k); ok {
-		delete(m.packed, pk)
+		m.packed.del(pk)
 		return
 	}
 	delete(m.other, k)
 }
 
-func (m *keyMap[K, V, P]) len() int { return len(m.packed) + len(m.other) }
+func (m *keyMap[K, V, P]) len() int { return m.packed.n + len(m.other) }
 
 // all yields every key and value, in no order. The body may delete the
 // key it is given.
 func (m *keyMap[K, V, P]) all() iter.Seq2[K, V] {
 	return func(yield func(K, V) bool) {
 		var p P
-		for pk, v := range m.packed {
+		for pk, v := range m.packed.all() {
 			if !yield(p.unpack(pk), v) {
 				return
 			}

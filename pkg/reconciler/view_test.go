@@ -124,8 +124,8 @@ func TestKeyMapPacking(t *testing.T) {
 	for i, fe := range fes {
 		m.put(fe, i)
 	}
-	if m.len() != len(fes) || len(m.packed) != 4 {
-		t.Fatalf("%d keys, %d packed; want %d, 4", m.len(), len(m.packed), len(fes))
+	if m.len() != len(fes) || m.packed.n != 4 {
+		t.Fatalf("%d keys, %d packed; want %d, 4", m.len(), m.packed.n, len(fes))
 	}
 	got := map[Frontend]int{}
 	for fe, i := range m.all() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -30,17 +33,28 @@ import (
 // cpu-ms/op the CPU time the process spent on it (testutil.CPUTime: the
 // collector's work counts, the fake server's decoding too).
 //
+// peak-MiB is the most heap the process held above what it held before
+// Run (testutil.HeapPeak: garbage not yet collected included), the
+// start's peak, which the agent's peak RSS follows; peak-live-MiB the most
+// a collection found live.
+//
 // minimal: the objects carry only what the translation needs, and the
 // fake server hands out copies sharing its strings. decoded: the objects
 // carry what an API server's do (uid, resourceVersion, labels, selector,
 // the trigger-time annotation, Pod references, endpoints' node names,
 // zones and conditions), and every list is decoded from protobuf as the
 // agent's client decodes it, so every string is the source's own: what a
-// real cluster costs.
+// real cluster costs. streamed: the same objects, served as an API server
+// of 1.34 and later serves an informer's first list, and as the agent's
+// client (client-go's WatchListClient, on by default since 1.35) asks for
+// it: a watch that sends every object as its own event, each decoded
+// alone, then a bookmark (KEP-3157's streaming list), where decoded is an
+// API server without it: one list decoded whole.
 func BenchmarkFirstState(b *testing.B) {
 	const n = 30000
-	for _, decoded := range []bool{false, true} {
-		b.Run(map[bool]string{false: "minimal", true: "decoded"}[decoded], func(b *testing.B) {
+	for _, mode := range []string{"minimal", "decoded", "streamed"} {
+		decoded := mode != "minimal"
+		b.Run(mode, func(b *testing.B) {
 			var svcs corev1.ServiceList
 			var eps discoveryv1.EndpointSliceList
 			for i := range n {
@@ -58,8 +72,8 @@ func BenchmarkFirstState(b *testing.B) {
 				svcs.Items = append(svcs.Items, *svc)
 				eps.Items = append(eps.Items, *es)
 			}
-			client := firstStateClient(b, &svcs, &eps, decoded)
-			var live, alloc float64
+			client := firstStateClient(b, &svcs, &eps, mode)
+			var live, peak, peakLive, alloc float64
 			var cpu time.Duration
 			runs := 0
 			for b.Loop() {
@@ -76,6 +90,7 @@ func BenchmarkFirstState(b *testing.B) {
 				done := make(chan error, 1)
 				b.StartTimer()
 				t0 := testutil.CPUTime(b)
+				stopPeak := testutil.HeapPeak()
 				go func() {
 					done <- src.Run(ctx, func(st *model.State) {
 						select {
@@ -87,6 +102,9 @@ func BenchmarkFirstState(b *testing.B) {
 				st := <-got
 				cpu += testutil.CPUTime(b) - t0
 				b.StopTimer()
+				top, topLive := stopPeak()
+				peak += float64(top-min(before.HeapAlloc, top)) / (1 << 20)
+				peakLive += float64(topLive-min(before.HeapAlloc, topLive)) / (1 << 20)
 				if st.Services.Len() != n {
 					b.Fatalf("first state: %d frontends, want %d", st.Services.Len(), n)
 				}
@@ -104,17 +122,21 @@ func BenchmarkFirstState(b *testing.B) {
 				b.StartTimer()
 			}
 			b.ReportMetric(live/float64(runs), "live-MiB")
+			b.ReportMetric(peak/float64(runs), "peak-MiB")
+			b.ReportMetric(peakLive/float64(runs), "peak-live-MiB")
 			b.ReportMetric(alloc/float64(runs), "alloc-MiB/op")
 			b.ReportMetric(float64(cpu.Microseconds())/1000/float64(runs), "cpu-ms/op")
 		})
 	}
 }
 
-// firstStateClient serves svcs and eps. decoded: each list of them is
-// decoded afresh from protobuf, as the agent's client decodes the API
-// server's answer.
-func firstStateClient(b *testing.B, svcs *corev1.ServiceList, eps *discoveryv1.EndpointSliceList, decoded bool) *fake.Clientset {
-	if !decoded {
+// firstStateClient serves svcs and eps: the fake's own objects
+// (minimal), each list decoded afresh from protobuf as the agent's client
+// decodes an API server's answer (decoded), or every object decoded alone
+// from a watch that streams the first list (streamed).
+func firstStateClient(b *testing.B, svcs *corev1.ServiceList, eps *discoveryv1.EndpointSliceList, mode string) kubernetes.Interface {
+	switch mode {
+	case "minimal":
 		objs := make([]k8sruntime.Object, 0, len(svcs.Items)+len(eps.Items))
 		for i := range svcs.Items {
 			objs = append(objs, &svcs.Items[i])
@@ -123,6 +145,12 @@ func firstStateClient(b *testing.B, svcs *corev1.ServiceList, eps *discoveryv1.E
 			objs = append(objs, &eps.Items[i])
 		}
 		return fake.NewClientset(objs...)
+	case "streamed":
+		client := fake.NewClientset()
+		streamFirstList(b, client, "services", marshalEach(b, svcs.Items), func() protoObject { return &corev1.Service{} })
+		streamFirstList(b, client, "endpointslices", marshalEach(b, eps.Items), func() protoObject { return &discoveryv1.EndpointSlice{} })
+		streamFirstList(b, client, "nodes", nil, func() protoObject { return &corev1.Node{} })
+		return streamingClient{client}
 	}
 	var raw [2][]byte
 	for i, l := range []interface{ Marshal() ([]byte, error) }{svcs, eps} {
@@ -143,6 +171,78 @@ func firstStateClient(b *testing.B, svcs *corev1.ServiceList, eps *discoveryv1.E
 	})
 	return client
 }
+
+// streamingClient is the fake clientset, telling the informers' reflectors
+// that it serves streaming lists (streamFirstList), which the fake itself
+// says it does not.
+type streamingClient struct{ *fake.Clientset }
+
+func (streamingClient) IsWatchListSemanticsUnSupported() bool { return false }
+
+type protoObject interface {
+	k8sruntime.Object
+	metav1.Object
+	Unmarshal([]byte) error
+}
+
+func marshalEach[T any, P interface {
+	*T
+	Marshal() ([]byte, error)
+}](b *testing.B, items []T) [][]byte {
+	out := make([][]byte, len(items))
+	for i := range items {
+		var err error
+		if out[i], err = P(&items[i]).Marshal(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return out
+}
+
+// streamFirstList serves watches of resource as an API server serves a
+// watch that asks for the initial events (sendInitialEvents, KEP-3157):
+// every object, decoded from its own bytes only when the watcher takes the
+// one before, then a bookmark that ends them. A watch that does not ask
+// for them sends nothing.
+func streamFirstList(b *testing.B, client *fake.Clientset, resource string, items [][]byte, newObj func() protoObject) {
+	client.PrependWatchReactor(resource, func(a k8stesting.Action) (bool, watch.Interface, error) {
+		w := &streamWatch{ch: make(chan watch.Event), stop: make(chan struct{})}
+		initial := a.(k8stesting.WatchActionImpl).ListOptions.SendInitialEvents
+		go func() {
+			defer close(w.ch)
+			for i := 0; initial != nil && *initial && i <= len(items); i++ {
+				o := newObj()
+				ev := watch.Event{Type: watch.Added, Object: o}
+				if i < len(items) {
+					if err := o.Unmarshal(items[i]); err != nil {
+						b.Error(err)
+						return
+					}
+				} else {
+					ev.Type = watch.Bookmark
+					o.SetResourceVersion("999999")
+					o.SetAnnotations(map[string]string{metav1.InitialEventsAnnotationKey: "true"})
+				}
+				select {
+				case w.ch <- ev:
+				case <-w.stop:
+					return
+				}
+			}
+			<-w.stop
+		}()
+		return true, w, nil
+	})
+}
+
+type streamWatch struct {
+	ch   chan watch.Event
+	stop chan struct{}
+	once sync.Once
+}
+
+func (w *streamWatch) ResultChan() <-chan watch.Event { return w.ch }
+func (w *streamWatch) Stop()                          { w.once.Do(func() { close(w.stop) }) }
 
 // asServed gives the i-th Service and its slice what an API server's
 // objects carry besides what the tests set: the metadata, the Service's
