@@ -503,3 +503,44 @@ func TestRepeatedBlocksPrefixSuffixApart(t *testing.T) {
 		checkBlocks(t, fmt.Sprintf("%d bytes cut", cut), l.seed, ch.blocks, b)
 	}
 }
+
+// TestPatchReusesBlockList: a patched edit's block list is the one the
+// edit before it replaced (the loader's spare), not a new one, and it is
+// the file's blocks after each edit, the endpoint moved back and forth.
+func TestPatchReusesBlockList(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "services.yaml")
+	orig, changed := scaleFile(t, "yaml", 300, 150)
+	l := newLoader(translate.Options{})
+	var replaced *blockHashes
+	for k, data := range [][]byte{orig, changed, orig, changed, orig} {
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var before *blockHashes
+		if c := l.cache[p]; c != nil {
+			before = c.blocks
+		}
+		patches := l.patches
+		got, err := l.load(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		what := fmt.Sprintf("load %d", k)
+		checkFresh(t, what, got, p)
+		now := l.cache[p].blocks
+		checkBlocks(t, what, l.seed, now, data)
+		if k == 0 {
+			continue
+		}
+		if l.patches != patches+1 {
+			t.Fatalf("%s: not patched", what)
+		}
+		if now == before || l.spareBlocks != before {
+			t.Errorf("%s: the list replaced is not the spare", what)
+		}
+		if k >= 2 && now != replaced {
+			t.Errorf("%s: a new block list, not the one the edit before replaced", what)
+		}
+		replaced = before
+	}
+}
