@@ -274,9 +274,9 @@ func (l *loader) changeOf(data []byte, bh *blockHashes, lo *layout) fileChange {
 // (the old content's count, which a change rarely exceeds): the loader's
 // spare one, the list the last patch replaced (loadChanged), if it has
 // the room, else a new one with room for 2 more. A change of the 34 MiB file allocated 0.14 MiB
-// for its new list, 5 in 6 of what it allocated: with the spare reused,
+// for its new list, 9 in 10 of what it allocated: with the spare reused,
 // the collector, which marks the whole heap (130 MiB at 30,000
-// Services), runs 6 times less often for the same edits. The spare is
+// Services), runs 9 times less often for the same edits. The spare is
 // taken, not shared: if the patch then fails, the file is parsed and the
 // list dropped.
 func (l *loader) takeSpareBlocks(n int) *blockHashes {
