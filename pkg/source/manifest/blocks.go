@@ -16,13 +16,15 @@ import (
 // end: 0.14 MiB at 30,000 Services in one 34 MiB file, where holding the
 // content took 34 MiB of heap. The next load of the file maps it
 // read-only and hashes it block by block, from the start for the common
-// prefix, and from the end, at the old blocks' places moved by how much
-// the file's length changed, for the common suffix; only the bytes
-// between are copied out of the mapping (with the pieces they touch,
-// patch.go) and hashed into new blocks. Mapping the file instead of
-// reading it spares copying it out of the page cache: the file's bytes
-// are read once, from memory, by the hash; nothing is held or compared
-// with.
+// prefix, then on from the first block that differs, at the old blocks'
+// places moved by how much the file's length changed, to the end: the
+// blocks after the last that differs are the common suffix. The file is
+// read once, forward (suffixBlocks says why not from the end). Only the
+// bytes between prefix and suffix are copied out of the mapping (with
+// the pieces they touch, patch.go) and hashed into new blocks. Mapping
+// the file instead of reading it spares copying it out of the page
+// cache: the file's bytes are read once, from memory, by the hash;
+// nothing is held or compared with.
 //
 // Nothing is skipped unread: metadata (size, mtime, inode) cannot prove
 // that a byte did not change (a rewrite within the clock's granularity, a
@@ -182,6 +184,37 @@ func readMapped(read func()) (err error) {
 	return nil
 }
 
+// suffixBlocks returns j such that the blocks of bh after j, at their
+// places moved by how much data, the new content, is longer than bh's,
+// are data's bytes and start at or after prefix, the common prefix (the
+// first i blocks): the common suffix is the old content from block j+1
+// on (j is i-1 if that is every block from i on).
+//
+// The blocks from i on are hashed forward, in the file's order, and the
+// last that differs is j, rather than from the end backward until one
+// differs. Both hash what follows the prefix to the end; this also
+// hashes the changed region, which the load then copies and decodes
+// anyway (a file changed everywhere: one more pass of the hash before a
+// full parse). Hashed from the end backward, 4
+// KiB after the 4 KiB before it, the second half of the 34 MiB file of
+// BenchmarkScale took 2.5 times as long as the first half hashed forward
+// (the CPU's prefetcher follows a stream forward, not blocks that each
+// step backward); in groups of 16 blocks hashed forward, the groups from
+// the end, still 1.4 times.
+func (l *loader) suffixBlocks(data []byte, bh *blockHashes, i, prefix int) int {
+	delta := len(data) - bh.size()
+	j := i - 1
+	for k := i; k < len(bh.ends); k++ {
+		// A block that would start in the prefix is not in the suffix:
+		// the prefix and the suffix do not overlap.
+		s := bh.start(k) + delta
+		if s < prefix || blockSum(l.seed, data[s:bh.ends[k]+delta]) != bh.sums[k] {
+			j = k
+		}
+	}
+	return j
+}
+
 // changeOf compares data, a file's new content, with bh, the blocks of
 // its old content, and copies what changed (see fileChange).
 func (l *loader) changeOf(data []byte, bh *blockHashes, lo *layout) fileChange {
@@ -199,13 +232,10 @@ func (l *loader) changeOf(data []byte, bh *blockHashes, lo *layout) fileChange {
 	// The blocks after block j, at their places moved by delta, are
 	// unchanged: the suffix. They start after the prefix, in the old
 	// content and in the new.
-	j, suffix := len(bh.ends)-1, 0
-	for ; j >= i; j-- {
-		s, e := bh.start(j)+delta, bh.ends[j]+delta
-		if s < prefix || blockSum(l.seed, data[s:e]) != bh.sums[j] {
-			break
-		}
-		suffix = n - bh.start(j)
+	j := l.suffixBlocks(data, bh, i, prefix)
+	suffix := 0
+	if j+1 < len(bh.ends) {
+		suffix = n - bh.start(j+1)
 	}
 	ch := fileChange{size: m, prefix: prefix, suffix: suffix}
 	// The window copied out is the changed region, and the pieces it
@@ -231,7 +261,7 @@ func (l *loader) changeOf(data []byte, bh *blockHashes, lo *layout) fileChange {
 		}
 	}
 	ch.win, ch.base = append([]byte(nil), data[from:to]...), from
-	nb := &blockHashes{ends: make([]int, 0, len(bh.ends)+2), sums: make([]uint64, 0, len(bh.ends)+2)}
+	nb := l.takeSpareBlocks(len(bh.ends))
 	nb.ends, nb.sums = append(nb.ends, bh.ends[:i]...), append(nb.sums, bh.sums[:i]...)
 	appendBlocks(nb, l.seed, ch.win, from, prefix, m-suffix)
 	for k := j + 1; k < len(bh.ends); k++ {
@@ -239,4 +269,23 @@ func (l *loader) changeOf(data []byte, bh *blockHashes, lo *layout) fileChange {
 	}
 	ch.blocks = nb
 	return ch
+}
+
+// takeSpareBlocks returns an empty block list with room for n blocks
+// (the old content's count, which a change rarely exceeds): the loader's
+// spare one, the list the last patch replaced (loadChanged), if it has
+// the room, else a new one with room for 2 more. A change of the 34 MiB file allocated 0.14 MiB
+// for its new list, 9 in 10 of what it allocated: with the spare reused,
+// the collector, which marks the whole heap (130 MiB at 30,000
+// Services), runs 9 times less often for the same edits. The spare is
+// taken, not shared: if the patch then fails, the file is parsed and the
+// list dropped.
+func (l *loader) takeSpareBlocks(n int) *blockHashes {
+	bh := l.spareBlocks
+	l.spareBlocks = nil
+	if bh == nil || cap(bh.ends) < n || cap(bh.sums) < n {
+		return &blockHashes{ends: make([]int, 0, n+2), sums: make([]uint64, 0, n+2)}
+	}
+	bh.ends, bh.sums = bh.ends[:0], bh.sums[:0]
+	return bh
 }

@@ -431,3 +431,116 @@ func TestMappedFileTruncated(t *testing.T) {
 	}()
 	_ = readMapped(func() { panic("other") })
 }
+
+// TestChangesApartFound: two edits far apart (changed, inserted or
+// deleted bytes, in blocks from the first to the last, with many
+// unchanged blocks between) are both in the changed region changeOf
+// reports: the blocks after the first that differs are hashed to the end,
+// and the suffix begins after the last that differs, not the first.
+func TestChangesApartFound(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	a := make([]byte, 40*blockSize+123)
+	for i := range a {
+		a[i] = byte(rng.IntN(256))
+	}
+	l := &loader{seed: maphash.MakeSeed()}
+	bh := l.hashBlocks(a)
+	offs := []int{0, blockSize - 1, 3*blockSize + 7, 20 * blockSize, len(a) - 2*blockSize, len(a) - 1}
+	edit := func(b []byte, at int, kind string) []byte {
+		switch kind {
+		case "insert":
+			return slices.Insert(b, at, 'x')
+		case "delete":
+			return slices.Delete(b, at, at+1)
+		}
+		b[at] ^= 0x40
+		return b
+	}
+	for x, first := range offs {
+		for _, second := range offs[x+1:] {
+			for _, kind := range []string{"change", "insert", "delete"} {
+				// The second edit first, so that the first's offset
+				// holds.
+				b := edit(edit(bytes.Clone(a), second, kind), first, "change")
+				what := fmt.Sprintf("changed at %d and %s at %d", first, kind, second)
+				ch := l.changeOf(b, bh, nil)
+				if ch.same {
+					t.Fatalf("%s: same", what)
+				}
+				checkBlocks(t, what, l.seed, ch.blocks, b)
+				// Both edits are between the prefix and the suffix.
+				last := second + 1 // where the second edit ends in b
+				if kind == "delete" {
+					last = second
+				}
+				if ch.prefix > first || len(b)-ch.suffix < last {
+					t.Errorf("%s: prefix %d, suffix from %d: not both edits", what, ch.prefix, len(b)-ch.suffix)
+				}
+				if ch.prefix < first-3*blockSize || len(b)-ch.suffix > last+3*blockSize {
+					t.Errorf("%s: prefix %d, suffix from %d: more than a few blocks around the edits", what, ch.prefix, len(b)-ch.suffix)
+				}
+			}
+		}
+	}
+}
+
+// TestRepeatedBlocksPrefixSuffixApart: in a content whose blocks are all
+// alike (a long run of spaces), a block cut from it leaves old blocks
+// that match the new content at places inside the common prefix: the
+// suffix changeOf reports does not take them, so that the prefix and
+// the suffix do not overlap.
+func TestRepeatedBlocksPrefixSuffixApart(t *testing.T) {
+	a := bytes.Repeat([]byte{' '}, 12*blockSize)
+	l := &loader{seed: maphash.MakeSeed()}
+	bh := l.hashBlocks(a)
+	for _, cut := range []int{1, blockSize - 1, blockSize, 3*blockSize + 5} {
+		b := a[:len(a)-cut]
+		ch := l.changeOf(b, bh, nil)
+		if ch.same || ch.prefix+ch.suffix > len(b) {
+			t.Errorf("%d bytes cut: same %v, prefix %d and suffix %d of %d bytes", cut, ch.same, ch.prefix, ch.suffix, len(b))
+			continue
+		}
+		checkBlocks(t, fmt.Sprintf("%d bytes cut", cut), l.seed, ch.blocks, b)
+	}
+}
+
+// TestPatchReusesBlockList: a patched edit's block list is the one the
+// edit before it replaced (the loader's spare), not a new one, and it is
+// the file's blocks after each edit, the endpoint moved back and forth.
+func TestPatchReusesBlockList(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "services.yaml")
+	orig, changed := scaleFile(t, "yaml", 300, 150)
+	l := newLoader(translate.Options{})
+	var replaced *blockHashes
+	for k, data := range [][]byte{orig, changed, orig, changed, orig} {
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var before *blockHashes
+		if c := l.cache[p]; c != nil {
+			before = c.blocks
+		}
+		patches := l.patches
+		got, err := l.load(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		what := fmt.Sprintf("load %d", k)
+		checkFresh(t, what, got, p)
+		now := l.cache[p].blocks
+		checkBlocks(t, what, l.seed, now, data)
+		if k == 0 {
+			continue
+		}
+		if l.patches != patches+1 {
+			t.Fatalf("%s: not patched", what)
+		}
+		if now == before || l.spareBlocks != before {
+			t.Errorf("%s: the list replaced is not the spare", what)
+		}
+		if k >= 2 && now != replaced {
+			t.Errorf("%s: a new block list, not the one the edit before replaced", what)
+		}
+		replaced = before
+	}
+}

@@ -122,6 +122,10 @@ type loader struct {
 	tracker  *tracker.Tracker
 	fed      map[objKey]*object // the objects the tracker holds
 	seed     maphash.Seed
+	// spareBlocks is the block list of a file's content before its last
+	// patch, which nothing reads any more: the next scan fills it
+	// (takeSpareBlocks) instead of allocating one. nil if none.
+	spareBlocks *blockHashes
 	// last is what the last load found outside the objects, for a load
 	// that only patches objects (patch.go); nil when it cannot.
 	last       *lastLoad
@@ -248,7 +252,9 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 			}
 			if err == nil && !l.noPatch && ch.win != nil {
 				if fr, repl, ok := l.patchFile(file, ch.win, ch.base, ch.size, ch.prefix, ch.suffix, c); ok {
-					fr.blocks = ch.blocks
+					// c's blocks were of the old content: the
+					// next scan may reuse them.
+					l.spareBlocks, fr.blocks = c.blocks, ch.blocks
 					results[i] = fr
 					cached++
 					patched = append(patched, patchedFile{file, c, fr, repl})

@@ -185,6 +185,10 @@ func FuzzPatch(f *testing.F) {
 	f.Add(list, bytes.Replace(list, []byte(scaleAddr(1, 0)), []byte("10.9.9.9"), 1), true)
 	f.Add(list, bytes.Replace(list, []byte(`},{`), []byte(`} , {`), 1), true)
 	f.Add([]byte(svcA+"---\n"+sliceA), []byte(svcA+"---\n"+strings.Replace(sliceA, "10.0.0.1", "10.0.0.2", 1)), false)
+	// Many blocks, two edits far apart: both must be found (blocks.go).
+	big, _ := scaleFile(f, "yaml", 60, 0)
+	twice := bytes.Replace(bytes.Replace(big, []byte(" "+scaleAddr(2, 0)+"\n"), []byte(" 10.9.9.9\n"), 1), []byte(" "+scaleAddr(57, 1)+"\n"), []byte(" 10.8.8.8\n"), 1)
+	f.Add(big, twice, false)
 	f.Fuzz(func(t *testing.T, first, second []byte, json bool) {
 		name := "f.yaml"
 		if json {
