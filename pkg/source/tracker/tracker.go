@@ -171,14 +171,6 @@ type serviceRef struct {
 
 func (s serviceRef) isNil() bool { return s.compact == nil && s.obj == nil }
 
-// created is the Service's creationTimestamp, zero if it has none.
-func (s serviceRef) created() time.Time {
-	if s.compact != nil {
-		return s.compact.Created
-	}
-	return s.obj.CreationTimestamp.Time
-}
-
 // readService returns what a translation reads of the Service: the
 // compact form as it is, an object read into t.svcRead (valid until the
 // next call).
@@ -247,7 +239,6 @@ func (s sliceRef) serviceName() (types.NamespacedName, bool) {
 	}
 	return translate.ServiceNameOfSlice(s.obj)
 }
-
 
 // New returns a Tracker that translates with opts; opts.Node is the node
 // until SetNode changes it.

@@ -256,6 +256,7 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 			}
 		}
 	}
+	// Sized for the ClusterIP frontends (north-south ones grow it).
 	t.Services = make([]*model.Service, 0, len(svc.Ports)*len(fams))
 	scratch := endpointScratch.Get().(*[]endpoint)
 	defer putEndpointScratch(scratch)
@@ -302,6 +303,9 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 			}
 			t.Services = append(t.Services, ns...)
 		}
+	}
+	if len(t.Services) == 0 {
+		t.Services = nil // none, as before the array was sized above
 	}
 	slices.SortFunc(t.Services, func(a, b *model.Service) int { return a.Frontend.Compare(b.Frontend) })
 	return t, nil
