@@ -324,7 +324,8 @@ func (t *Tracker) setService(key types.NamespacedName, svc serviceRef) bool {
 		return false
 	}
 	if in == nil {
-		in = t.input(key)
+		in = &input{} // not t.input: the lookup is done
+		t.inputs[key] = in
 	}
 	in.svc = svc
 	if !old.isNil() && !svc.isNil() && sameVersion(old, svc) {
@@ -669,7 +670,9 @@ func (t *Tracker) Sync() Result {
 			continue
 		}
 		r.Changed++
-		changes = append(changes, change{key, prev, out})
+		if t.state != nil { // a first state is built, not patched: no list of 30,000 changes
+			changes = append(changes, change{key, prev, out})
+		}
 		t.nfrontends += len(out) - len(prev)
 		if len(out) == 0 {
 			*last = translation{}
