@@ -69,11 +69,131 @@ func canSplit(d int) bool { return d*sbits < 64 }
 
 // NewServices returns a Services holding the entries of m.
 func NewServices(m map[L4Addr]*Service) Services {
-	var b ServicesBuilder
+	ents := make([]ServiceEntry, 0, len(m))
 	for k, v := range m {
-		b.Set(k, v)
+		ents = append(ents, ServiceEntry{k, v})
 	}
-	return b.Services()
+	s, _ := BuildServices(ents)
+	return s
+}
+
+// ServiceEntry is a frontend and its Service, as BuildServices takes them.
+type ServiceEntry struct {
+	Key L4Addr
+	Svc *Service
+}
+
+// BuildServices returns a Services holding ents, made in one pass from
+// the bottom up: the trie a ServicesBuilder would make by setting them
+// one by one in that order (the same nodes, each leaf's frontends in the
+// same order), without its cost. Set one by one, each frontend walks its
+// path from the root, and a leaf that fills is split and its frontends
+// set again; here the frontends are sorted into their subtrees by the
+// bits of their hashes, level by level (a stable counting sort), a node
+// is made once its frontends are known, and the leaves' arrays and the
+// nodes are cut from a few large ones: about a dozen allocations where
+// the inserts made one or two a node, and some per split (a first
+// desired state, or a state made after a conflict, at 30,000 frontends).
+//
+// It reports false, and returns an empty Services, if a frontend comes
+// twice in ents: the caller decides which one holds it.
+func BuildServices(ents []ServiceEntry) (Services, bool) {
+	if len(ents) == 0 {
+		return Services{}, true
+	}
+	b := bulkBuild{
+		hs: make([]uint64, len(ents)), es: make([]sentry, len(ents)),
+		hs2: make([]uint64, len(ents)), es2: make([]sentry, len(ents)),
+		leafHs: make([]uint64, 0, len(ents)), leafEs: make([]sentry, 0, len(ents)),
+	}
+	for i, e := range ents {
+		b.hs[i], b.es[i] = hashOf(e.Key), sentry{e.Key, e.Svc}
+	}
+	root := b.node(0, 0, len(ents), false)
+	if b.dup {
+		return Services{}, false
+	}
+	return Services{root: root, n: len(ents)}, true
+}
+
+// bulkBuild is the state of one BuildServices.
+type bulkBuild struct {
+	// The frontends and their hashes, sorted level by level into their
+	// subtrees: a node at depth d sorts its range of one pair into the
+	// same range of the other (hs, es at even depths, hs2, es2 at odd).
+	hs, hs2 []uint64
+	es, es2 []sentry
+	// The leaves' arrays, cut from these in turn; nodes, cut likewise.
+	leafHs []uint64
+	leafEs []sentry
+	nodes  []snode
+	dup    bool
+}
+
+// alloc returns a new node, cut from a block of them.
+func (b *bulkBuild) alloc() *snode {
+	if len(b.nodes) == cap(b.nodes) {
+		b.nodes = make([]snode, 0, 256)
+	}
+	b.nodes = b.nodes[:len(b.nodes)+1]
+	// Its edit is nil, no builder's (a builder has one before its first
+	// change): every builder copies it before a change.
+	return &b.nodes[len(b.nodes)-1]
+}
+
+// node makes the node at depth d of the frontends in [lo, hi) of the pair
+// that odd says (hs2, es2 if odd).
+func (b *bulkBuild) node(d, lo, hi int, odd bool) *snode {
+	hs, es, dhs, des := b.hs, b.es, b.hs2, b.es2
+	if odd {
+		hs, es, dhs, des = dhs, des, hs, es
+	}
+	if hi-lo <= leafMax || !canSplit(d) {
+		return b.leaf(hs[lo:hi], es[lo:hi])
+	}
+	// A stable counting sort by the child each goes to: the order of
+	// the frontends within a child stays the order they were given in,
+	// as the inserts would leave it.
+	var count [sfan + 1]int
+	for _, h := range hs[lo:hi] {
+		count[index(h, d)+1]++
+	}
+	for i := 1; i <= sfan; i++ {
+		count[i] += count[i-1]
+	}
+	next := count
+	for j := lo; j < hi; j++ {
+		i := index(hs[j], d)
+		dhs[lo+next[i]], des[lo+next[i]] = hs[j], es[j]
+		next[i]++
+	}
+	n := b.alloc()
+	n.interior = true
+	for i := range sfan {
+		if count[i] < count[i+1] {
+			n.kids[i] = b.node(d+1, lo+count[i], lo+count[i+1], !odd)
+		}
+	}
+	return n
+}
+
+// leaf makes a leaf of hs and es, checking that no frontend comes twice
+// (the same frontend has the same hash: it can only be in the same leaf).
+func (b *bulkBuild) leaf(hs []uint64, es []sentry) *snode {
+	for i := range hs {
+		for j := range i {
+			if hs[j] == hs[i] && es[j].key == es[i].key {
+				b.dup = true
+			}
+		}
+	}
+	m := len(b.leafHs)
+	b.leafHs, b.leafEs = append(b.leafHs, hs...), append(b.leafEs, es...)
+	n := b.alloc()
+	// Cut to their length: an append to a leaf must not reach into the
+	// next one's (no builder appends to these in place, see alloc).
+	n.hashes, n.ents = b.leafHs[m:len(b.leafHs):len(b.leafHs)], b.leafEs[m:len(b.leafEs):len(b.leafEs)]
+	return n
 }
 
 // Len returns the number of frontends.

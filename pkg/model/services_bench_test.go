@@ -59,6 +59,18 @@ func BenchmarkServices(b *testing.B) {
 				sb.Services()
 			}
 		})
+		b.Run(fmt.Sprintf("%dk/trie/build-one-pass", n/1000), func(b *testing.B) {
+			b.ReportAllocs()
+			ents := make([]ServiceEntry, n)
+			for b.Loop() {
+				for i := range n {
+					ents[i] = ServiceEntry{keys[i], svcs[i]}
+				}
+				if _, ok := BuildServices(ents); !ok {
+					b.Fatal("a frontend twice")
+				}
+			}
+		})
 		b.Run(fmt.Sprintf("%dk/map/build", n/1000), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {

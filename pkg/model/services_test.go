@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 )
 
@@ -140,5 +141,105 @@ func TestServicesSetSharesTheRest(t *testing.T) {
 			t.Errorf("%d: %d of %d nodes copied (old %d nodes), want the path only", n, fresh, len(cn), len(on))
 		}
 		t.Logf("%d frontends: %d nodes, %d copied", n, len(cn), fresh)
+	}
+}
+
+// sameTrie fails unless a and b are the same trie: the same nodes, interior
+// or leaf, in the same places, each leaf with the same frontends and
+// Services in the same order.
+func sameTrie(t *testing.T, what string, a, b *snode, path []int) {
+	t.Helper()
+	switch {
+	case (a == nil) != (b == nil):
+		t.Fatalf("%s: at %v: node %v, want %v", what, path, a != nil, b != nil)
+	case a == nil:
+		return
+	case a.interior != b.interior:
+		t.Fatalf("%s: at %v: interior %v, want %v", what, path, a.interior, b.interior)
+	case a.interior:
+		for i := range a.kids {
+			sameTrie(t, what, a.kids[i], b.kids[i], append(path, i))
+		}
+		return
+	}
+	if !slices.Equal(a.hashes, b.hashes) || !slices.Equal(a.ents, b.ents) {
+		t.Fatalf("%s: at %v: leaf of %d frontends, want %d (or another order)", what, path, len(a.ents), len(b.ents))
+	}
+}
+
+// BuildServices makes the trie that setting the same frontends one by one
+// through a ServicesBuilder makes (random sets of random sizes, around the
+// leaves' size and well past it, keys from narrow and wide ranges), and
+// it is a Services like any other: changes copy, never change it.
+func TestBuildServicesAsInserts(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	sizes := []int{0, 1, 2, leafMax - 1, leafMax, leafMax + 1, 8 * leafMax, 8*leafMax + 1, 30000}
+	for range 60 {
+		sizes = append(sizes, rng.IntN(3000))
+	}
+	for run, n := range sizes {
+		span := 1 + rng.IntN(4) // third octets: a narrow range repeats keys more
+		if run%3 == 0 {
+			span = 256
+		}
+		seen := map[L4Addr]bool{}
+		var ents []ServiceEntry
+		var b ServicesBuilder
+		want := map[L4Addr]*Service{}
+		for tries := 0; len(ents) < n && tries < 4*n; tries++ {
+			k := L4Addr{Addr: netip.AddrFrom4([4]byte{10, byte(rng.IntN(4)), byte(rng.IntN(span)), byte(rng.IntN(256))}),
+				Port: uint16(rng.IntN(3)), Proto: Protocol(6 + 11*rng.IntN(2))}
+			if seen[k] {
+				continue // at most 4n tries: the range may hold fewer
+			}
+			seen[k] = true
+			v := &Service{Frontend: k}
+			ents = append(ents, ServiceEntry{k, v})
+			b.Set(k, v)
+			want[k] = v
+		}
+		what := fmt.Sprintf("run %d, %d frontends", run, len(ents))
+		got, ok := BuildServices(ents)
+		if !ok {
+			t.Fatalf("%s: reports a frontend twice", what)
+		}
+		inc := b.Services()
+		sameTrie(t, what, got.root, inc.root, nil)
+		checkServices(t, what, got, want)
+		if len(ents) == 0 {
+			continue
+		}
+		// A change of the built Services copies: the original holds
+		// what it held.
+		c := got
+		e := ents[rng.IntN(len(ents))]
+		c.Set(e.Key, &Service{})
+		c.Delete(ents[rng.IntN(len(ents))].Key)
+		c.Set(L4Addr{Addr: netip.AddrFrom4([4]byte{192, 0, 2, 1}), Port: 1, Proto: TCP}, &Service{})
+		checkServices(t, what+", after changes of a copy", got, want)
+	}
+}
+
+// BuildServices reports a frontend given twice, wherever it is among the
+// others.
+func TestBuildServicesDuplicate(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, n := range []int{2, 3, leafMax, leafMax + 1, 1000, 20000} {
+		ents := make([]ServiceEntry, n)
+		for i := range ents {
+			k := L4Addr{Addr: netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), Port: 80, Proto: TCP}
+			ents[i] = ServiceEntry{k, &Service{Frontend: k}}
+		}
+		if _, ok := BuildServices(ents); !ok {
+			t.Fatalf("%d distinct frontends: reported twice", n)
+		}
+		i, j := rng.IntN(n), rng.IntN(n-1)
+		if j >= i {
+			j++
+		}
+		ents[j].Key = ents[i].Key
+		if s, ok := BuildServices(ents); ok || s.Len() != 0 {
+			t.Fatalf("%d frontends, %d as %d: not reported (Len %d)", n, j, i, s.Len())
+		}
 	}
 }

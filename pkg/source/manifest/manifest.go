@@ -139,8 +139,12 @@ type loader struct {
 }
 
 func newLoader(opts translate.Options) *loader {
+	t := tracker.New(opts)
+	// decodeObject validates every object, and the tracker gets no
+	// other (a bad one's last good version, or nothing).
+	t.TrustValidation()
 	return &loader{lastGood: map[objKey]*object{}, byFile: map[string][]*object{},
-		units: map[unitSum]*unit{}, tracker: tracker.New(opts), seed: maphash.MakeSeed()}
+		units: map[unitSum]*unit{}, tracker: t, seed: maphash.MakeSeed()}
 }
 
 // unitSum identifies content: a 64-bit keyed hash and the length. The

@@ -58,8 +58,10 @@ type Tracker struct {
 	// Service's slices arrive independently, possibly before the Service
 	// itself.
 	inputs map[types.NamespacedName]*input
-	// dirty lists the Services changed since the last Sync, once each.
-	dirty []types.NamespacedName
+	// dirty lists the Services changed since the last Sync, once each,
+	// with their inputs (take then looks none up: an input stays in
+	// inputs while it is dirty).
+	dirty []dirtyKey
 	// ownerOf is the name of the Service each slice was last filed
 	// under, so that a slice relabelled to another Service leaves the
 	// first. A slice's Service is in the slice's namespace, its key's:
@@ -78,6 +80,9 @@ type Tracker struct {
 	// ntranslated counts the inputs that hold a translation
 	// (input.translation).
 	ntranslated int
+	// nfrontends counts the frontends of those translations (claimed
+	// twice or not): the size of build's array.
+	nfrontends int
 	// facts holds what of the node each Service's translation read, for
 	// the Services that read any.
 	facts map[types.NamespacedName]translate.NodeFacts
@@ -93,6 +98,15 @@ type Tracker struct {
 	// port's translation would program it (nil: never).
 	holds    func(*model.Service) bool
 	warnings map[types.NamespacedName][]string
+	// svcRead, sliceRead and reads are what Sync reads of objects (from
+	// SetService and SetSlice), reused from one translation to the next
+	// (readService, readSlices). Translate keeps none of it.
+	svcRead   translate.Service
+	sliceRead []translate.Slice
+	reads     []*translate.Slice
+	// validated: every object SetService and SetSlice get has been
+	// validated (TrustValidation).
+	validated bool
 }
 
 // translation is a Service's last translation that has frontends, and the
@@ -157,20 +171,44 @@ type serviceRef struct {
 
 func (s serviceRef) isNil() bool { return s.compact == nil && s.obj == nil }
 
-// created is the Service's creationTimestamp, zero if it has none.
-func (s serviceRef) created() time.Time {
-	if s.compact != nil {
-		return s.compact.Created
-	}
-	return s.obj.CreationTimestamp.Time
-}
-
-// read returns what a translation reads of the Service.
-func (s serviceRef) read() *translate.Service {
+// readService returns what a translation reads of the Service: the
+// compact form as it is, an object read into t.svcRead (valid until the
+// next call).
+func (t *Tracker) readService(s serviceRef) *translate.Service {
 	if s.compact != nil {
 		return s.compact
 	}
-	return translate.ServiceOf(s.obj)
+	if t.validated {
+		translate.ReadValidService(&t.svcRead, s.obj)
+	} else {
+		translate.ReadService(&t.svcRead, s.obj)
+	}
+	return &t.svcRead
+}
+
+// readSlices returns what a translation reads of the slices, as
+// readService does (valid until the next call): the translation of a
+// Service from objects, 30,000 of them in a first sync, leaves no garbage
+// of what it read but what the arrays outgrow.
+func (t *Tracker) readSlices(eps []sliceRef) []*translate.Slice {
+	if n := len(eps); len(t.sliceRead) < n {
+		t.sliceRead = append(t.sliceRead, make([]translate.Slice, n-len(t.sliceRead))...)
+	}
+	read := t.reads[:0]
+	for i, es := range eps {
+		if es.compact != nil {
+			read = append(read, es.compact)
+			continue
+		}
+		if t.validated {
+			translate.ReadValidSlice(&t.sliceRead[i], es.obj)
+		} else {
+			translate.ReadSlice(&t.sliceRead[i], es.obj)
+		}
+		read = append(read, &t.sliceRead[i])
+	}
+	t.reads = read
+	return read
 }
 
 func (s sliceRef) name() string {
@@ -202,14 +240,6 @@ func (s sliceRef) serviceName() (types.NamespacedName, bool) {
 	return translate.ServiceNameOfSlice(s.obj)
 }
 
-// read returns what a translation reads of the slice.
-func (s sliceRef) read() *translate.Slice {
-	if s.compact != nil {
-		return s.compact
-	}
-	return translate.SliceOf(s.obj)
-}
-
 // New returns a Tracker that translates with opts; opts.Node is the node
 // until SetNode changes it.
 func New(opts translate.Options) *Tracker {
@@ -234,6 +264,15 @@ func (t *Tracker) SetHolds(holds func(*model.Service) bool) {
 	t.holds = holds
 }
 
+// TrustValidation tells the tracker that every Service and EndpointSlice
+// object SetService and SetSlice will get has passed
+// translate.ValidateService or ValidateEndpointSlice, and is not changed
+// after: a translation then reads them without validating them again.
+// The manifest source validates each object as it decodes it, to keep
+// the last good version of a bad one, and hands the tracker no other. Call
+// it before the first Set*.
+func (t *Tracker) TrustValidation() { t.validated = true }
+
 // input returns the input of Service key, creating it.
 func (t *Tracker) input(key types.NamespacedName) *input {
 	in := t.inputs[key]
@@ -248,7 +287,7 @@ func (t *Tracker) input(key types.NamespacedName) *input {
 func (t *Tracker) markDirty(key types.NamespacedName, in *input) {
 	if !in.dirty {
 		in.dirty = true
-		t.dirty = append(t.dirty, key)
+		t.dirty = append(t.dirty, dirtyKey{key, in})
 	}
 }
 
@@ -285,7 +324,8 @@ func (t *Tracker) setService(key types.NamespacedName, svc serviceRef) bool {
 		return false
 	}
 	if in == nil {
-		in = t.input(key)
+		in = &input{} // not t.input: the lookup is done
+		t.inputs[key] = in
 	}
 	in.svc = svc
 	if !old.isNil() && !svc.isNil() && sameVersion(old, svc) {
@@ -464,6 +504,12 @@ type pending struct {
 	node     translate.Node
 }
 
+// dirtyKey is a Service listed in Tracker.dirty, and its input.
+type dirtyKey struct {
+	key types.NamespacedName
+	in  *input
+}
+
 type dirtyService struct {
 	key    types.NamespacedName
 	in     *input     // the Service's, for its translation
@@ -487,8 +533,8 @@ func (t *Tracker) take() pending {
 		t.nodeChanged = 0
 	}
 	p := pending{services: make([]dirtyService, 0, len(t.dirty)), node: t.node}
-	for _, k := range t.dirty {
-		in := t.inputs[k]
+	for _, dk := range t.dirty {
+		k, in := dk.key, dk.in
 		p.services = append(p.services, dirtyService{k, in, in.svc, in.slices})
 		p.triggers = append(p.triggers, in.triggers...)
 		in.triggers, in.dirty = nil, false
@@ -576,12 +622,9 @@ func (t *Tracker) Sync() Result {
 			delete(t.warnings, key)
 		} else {
 			r.Translated++
-			created = svc.created()
-			read := make([]*translate.Slice, len(d.slices))
-			for i, es := range d.slices {
-				read[i] = es.read()
-			}
-			tr, err := translate.Translate(svc.read(), read, t.opts)
+			read := t.readService(svc)
+			created = read.Created
+			tr, err := translate.Translate(read, t.readSlices(d.slices), t.opts)
 			if err != nil {
 				// A malformed Service must not stop the others: it
 				// keeps its last good translation until it is fixed.
@@ -627,7 +670,10 @@ func (t *Tracker) Sync() Result {
 			continue
 		}
 		r.Changed++
-		changes = append(changes, change{key, prev, out})
+		if t.state != nil { // a first state is built, not patched: no list of 30,000 changes
+			changes = append(changes, change{key, prev, out})
+		}
+		t.nfrontends += len(out) - len(prev)
 		if len(out) == 0 {
 			*last = translation{}
 			t.ntranslated--
@@ -704,7 +750,33 @@ func (t *Tracker) patch(changes []change) bool {
 // the last state, if it still claims it, else to the first by the rule of
 // the package comment (claimant.before), which does not depend on the
 // order Services are visited in.
+//
+// Most states have no frontend claimed twice: build then makes the state
+// in one pass (model.BuildServices), in the order of t.inputs, without
+// sorting the Services by name, which only the conflicts' report needs.
+// If a frontend is claimed twice, it builds the state again by
+// resolveClaims.
 func (t *Tracker) build() {
+	ents := make([]model.ServiceEntry, 0, t.nfrontends)
+	t.mu.Lock()
+	for _, in := range t.inputs {
+		for _, svc := range in.translation.services {
+			ents = append(ents, model.ServiceEntry{Key: svc.Frontend, Svc: svc})
+		}
+	}
+	t.mu.Unlock()
+	if s, ok := model.BuildServices(ents); ok {
+		t.conflicts = nil
+		t.state = &model.State{Services: s, Gen: model.NewGeneration()}
+		return
+	}
+	t.resolveClaims()
+}
+
+// resolveClaims is build for a state in which a frontend is claimed
+// twice: it sets the frontends one by one, in Service order, each
+// contested one to the claimant that wins it.
+func (t *Tracker) resolveClaims() {
 	if t.order == nil {
 		t.order = make([]translated, 0, t.ntranslated)
 		t.mu.Lock()

@@ -1,6 +1,8 @@
 package translate
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -39,6 +41,7 @@ func FuzzServiceToModel(f *testing.F) {
 		}
 
 		tr, err := ServiceToModel(svc, eps, opts)
+		checkReads(t, svc, eps)
 
 		if !reflect.DeepEqual(svc, svc0) || !reflect.DeepEqual(eps, eps0) {
 			t.Fatal("ServiceToModel changed its input objects")
@@ -371,4 +374,90 @@ func fuzzInput(c *testutil.Choices) (*corev1.Service, []*discoveryv1.EndpointSli
 		opts.Node.Labels = map[string]string{"topology.kubernetes.io/zone": "here"}
 	}
 	return svc, eps, opts
+}
+
+// checkReads fails t unless reading svc and eps into arrays that held
+// other objects' (the tracker's reuse: ReadService, ReadSlice) gives what
+// MakeService and MakeSlice make, and so does reading them without
+// validating again (ReadValidService, ReadValidSlice) when they validate.
+func checkReads(t *testing.T, svc *corev1.Service, eps []*discoveryv1.EndpointSlice) {
+	t.Helper()
+	want := MakeService(svc)
+	for _, valid := range []bool{false, true} {
+		if valid && ValidateService(svc) != nil {
+			continue
+		}
+		got := dirtyService()
+		if valid {
+			ReadValidService(&got, svc)
+		} else {
+			ReadService(&got, svc)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("ReadService (valid %v) into used arrays:\n%+v\nMakeService:\n%+v", valid, got, want)
+		}
+	}
+	for _, es := range eps {
+		want := MakeSlice(es)
+		for _, valid := range []bool{false, true} {
+			if valid && ValidateEndpointSlice(es) != nil {
+				continue
+			}
+			got := dirtySlice()
+			if valid {
+				ReadValidSlice(&got, es)
+			} else {
+				ReadSlice(&got, es)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("ReadSlice (valid %v) into used arrays:\n%+v\nMakeSlice:\n%+v", valid, got, want)
+			}
+		}
+	}
+}
+
+// dirtyService is a Service read from another one, with room in its
+// arrays for more than the fuzzer's Services have.
+func dirtyService() Service {
+	svc := service("old", []string{"10.0.0.9", "fd00::9"}, sport("a", 1, corev1.ProtocolUDP), sport("b", 2, ""),
+		sport("c", 3, ""), sport("d", 4, ""), sport("e", 5, ""))
+	svc.Spec.Type = corev1.ServiceTypeLoadBalancer
+	svc.Spec.ExternalIPs = []string{"192.0.2.9"}
+	svc.Spec.ClusterIP = "10.0.0.9"
+	svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+	s := MakeService(svc)
+	if s.Invalid != nil || len(s.Ports) != 5 || len(s.ClusterIPs) != 2 {
+		panic(fmt.Sprintf("dirtyService: %v", s.Invalid))
+	}
+	return s
+}
+
+// dirtySlice is dirtyService's for a slice: 12 endpoints, every field
+// set, 4 ports.
+func dirtySlice() Slice {
+	var eps []ep
+	for i := range 12 {
+		eps = append(eps, ep{addr: fmt.Sprintf("10.9.9.%d", i+1), node: "n", ready: ptr(true)})
+	}
+	es := slice("old", "old", []discoveryv1.EndpointPort{eport("a", 1, ""), eport("b", 2, ""), eport("c", 3, ""), eport("d", 4, "")}, eps...)
+	for i := range es.Endpoints {
+		es.Endpoints[i].Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "z"}}}
+		es.Endpoints[i].Conditions.Terminating = ptr(true)
+	}
+	return MakeSlice(es)
+}
+
+// The reads the tracker makes of objects into reused arrays make what
+// MakeService and MakeSlice make, for the fuzzer's inputs from random
+// bytes (FuzzServiceToModel checks each input it tries alike).
+func TestReadsAsMake(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for range 3000 {
+		data := make([]byte, 20+rng.IntN(200))
+		for i := range data {
+			data[i] = byte(rng.IntN(256))
+		}
+		svc, eps, _ := fuzzInput(testutil.NewChoices(data))
+		checkReads(t, svc, eps)
+	}
 }

@@ -61,7 +61,7 @@ func TestCategorizeEndpoints(t *testing.T) {
 				sp := cs.Ports[0]
 				x := externalOf(cs, read, node, v6)
 				pol := policyOf(cs, sp, x)
-				cat := categorize(endpointsFor(sp.Name, corev1.ProtocolTCP, model.TCP, read, node.Name), pol, node.Name, tr.Node.Zone)
+				cat := categorize(endpointsFor(nil, sp.Name, corev1.ProtocolTCP, model.TCP, read, node.Name), pol, node.Name, tr.Node.Zone)
 
 				// kube-proxy's test compares contents; nil and empty are
 				// the same to it.

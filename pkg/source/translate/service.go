@@ -2,6 +2,7 @@ package translate
 
 import (
 	"net/netip"
+	"slices"
 	"strconv"
 	"time"
 
@@ -93,20 +94,40 @@ func ServiceOf(svc *corev1.Service) *Service {
 // MakeService is ServiceOf for a source that embeds the Service in a type
 // of its own; svc is not nil.
 func MakeService(svc *corev1.Service) Service {
+	var s Service
+	ReadService(&s, svc)
+	return s
+}
+
+// ReadService is MakeService into *s, reusing the arrays of its ClusterIPs
+// and Ports, as ReadSlice does for a slice: for a source that reads the
+// object again at each translation and drops what it read once
+// translated. Nothing of what s held before is read or kept.
+func ReadService(s *Service, svc *corev1.Service) { readService(s, svc, true) }
+
+// ReadValidService is ReadService for a Service ValidateService has passed
+// (and nothing changed since): it is not validated again.
+func ReadValidService(s *Service, svc *corev1.Service) { readService(s, svc, false) }
+
+func readService(s *Service, svc *corev1.Service, validate bool) {
+	ips, ports := s.ClusterIPs[:0], s.Ports[:0]
 	sp := &svc.Spec
-	s := Service{Namespace: svc.Namespace, Name: svc.Name, ResourceVersion: svc.ResourceVersion,
+	*s = Service{Namespace: svc.Namespace, Name: svc.Name, ResourceVersion: svc.ResourceVersion,
 		Created: svc.CreationTimestamp.Time, Generation: svc.Generation, Type: constant(sp.Type, serviceTypes),
 		HeadlessIP: sp.ClusterIP == corev1.ClusterIPNone || (len(sp.ClusterIPs) > 0 && sp.ClusterIPs[0] == corev1.ClusterIPNone)}
 	if p, ok := svc.Labels[LabelServiceProxyName]; ok {
-		s.ProxyName = &p
+		name := p // not p: a variable the map lookup declares would be allocated for every Service
+		s.ProxyName = &name
 	}
 	_, s.HeadlessLabel = svc.Labels[corev1.IsHeadlessService]
-	if s.Invalid = ValidateService(svc); s.Invalid != nil {
-		return s
+	if validate {
+		if s.Invalid = ValidateService(svc); s.Invalid != nil {
+			return
+		}
 	}
-	s.ClusterIPs = clusterIPs(svc)
-	if len(sp.Ports) > 0 {
-		s.Ports = make([]ServicePort, len(sp.Ports))
+	s.ClusterIPs = appendClusterIPs(ips, svc)
+	if n := len(sp.Ports); n > 0 {
+		s.Ports = slices.Grow(ports, n)[:n]
 		for i, p := range sp.Ports {
 			s.Ports[i] = ServicePort{Name: p.Name, Protocol: constant(p.Protocol, protocols), Port: p.Port, NodePort: p.NodePort}
 		}
@@ -132,7 +153,6 @@ func MakeService(svc *corev1.Service) Service {
 	s.ExternalLocal = sp.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
 	s.InternalLocal = sp.InternalTrafficPolicy != nil && *sp.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 	s.Affinity = affinityTimeout(svc)
-	return s
 }
 
 // noExternal is the ServiceExternal of a Service with none.

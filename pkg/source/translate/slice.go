@@ -2,6 +2,7 @@ package translate
 
 import (
 	"net/netip"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -72,21 +73,42 @@ func SliceOf(es *discoveryv1.EndpointSlice) *Slice {
 // MakeSlice is SliceOf for a source that embeds the Slice in a type of its
 // own; es is not nil.
 func MakeSlice(es *discoveryv1.EndpointSlice) Slice {
-	s := Slice{Namespace: es.Namespace, Name: es.Name, ResourceVersion: es.ResourceVersion,
+	var s Slice
+	ReadSlice(&s, es)
+	return s
+}
+
+// ReadSlice is MakeSlice into *s, reusing the arrays of s: for a source
+// that reads the object again at each translation and drops what it read
+// once translated (pkg/source/tracker's objects from SetSlice), so that a
+// first sync of 30,000 slices makes no garbage of them. Nothing of what s
+// held before is read or kept.
+func ReadSlice(s *Slice, es *discoveryv1.EndpointSlice) { readSlice(s, es, true) }
+
+// ReadValidSlice is ReadSlice for a slice ValidateEndpointSlice has passed
+// (and nothing changed since): it is not validated again.
+func ReadValidSlice(s *Slice, es *discoveryv1.EndpointSlice) { readSlice(s, es, false) }
+
+func readSlice(s *Slice, es *discoveryv1.EndpointSlice, validate bool) {
+	eps, ports := s.Endpoints[:0], s.Ports[:0]
+	*s = Slice{Namespace: es.Namespace, Name: es.Name, ResourceVersion: es.ResourceVersion,
 		Service: es.Labels[discoveryv1.LabelServiceName], AddressType: constant(es.AddressType, addressTypes)}
-	if len(es.Endpoints) > 0 {
-		s.Endpoints = make([]SliceEndpoint, len(es.Endpoints))
+	if n := len(es.Endpoints); n > 0 {
+		s.Endpoints = slices.Grow(eps, n)[:n]
+		clear(s.Endpoints)
 	}
 	// Validation parses the addresses: it gives the first ones of the
 	// endpoints 0 to given-1 (all of them, in a valid IPv4 or IPv6
 	// slice); the others are parsed below.
 	given := 0
-	s.Invalid = validateEndpointSlice(es, func(i int, ip netip.Addr) {
-		s.Endpoints[i].Addr = ip
-		given = i + 1
-	})
-	if len(es.Ports) > 0 {
-		s.Ports = make([]SlicePort, len(es.Ports))
+	if validate {
+		s.Invalid = validateEndpointSlice(es, func(i int, ip netip.Addr) {
+			s.Endpoints[i].Addr = ip
+			given = i + 1
+		})
+	}
+	if n := len(es.Ports); n > 0 {
+		s.Ports = slices.Grow(ports, n)[:n]
 		for i, p := range es.Ports {
 			s.Ports[i] = SlicePort{Name: ptrOr(p.Name, ""), Protocol: constant(ptrOr(p.Protocol, corev1.ProtocolTCP), protocols),
 				HasPort: p.Port != nil}
@@ -105,7 +127,6 @@ func MakeSlice(es *discoveryv1.EndpointSlice) Slice {
 		c := &e.Conditions
 		out.Ready, out.Serving, out.Terminating = ptrOr(c.Ready, true), ptrOr(c.Serving, true), ptrOr(c.Terminating, false)
 	}
-	return s
 }
 
 var (

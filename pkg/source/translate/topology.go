@@ -187,13 +187,15 @@ func filterEndpoints(eps []endpoint, keep func(*endpoint) bool) []model.Backend 
 // are counted once: the first ready listing wins, else the first listing.
 // Addresses are read as kube-proxy reads them (netutils.ParseIPSloppy:
 // leading zeros are decimal), and only the first of an endpoint's
-// addresses is used: the API says the others are fungible copies.
-func endpointsFor(portName string, kproto corev1.Protocol, proto model.Protocol, eps []*Slice, nodeName string) []endpoint {
+// addresses is used: the API says the others are fungible copies. The
+// endpoints are appended to cands (a scratch array, length 0), which is
+// grown as needed.
+func endpointsFor(cands []endpoint, portName string, kproto corev1.Protocol, proto model.Protocol, eps []*Slice, nodeName string) []endpoint {
 	n := 0
 	for _, es := range eps {
 		n += len(es.Endpoints)
 	}
-	cands := make([]endpoint, 0, n)
+	cands = slices.Grow(cands[:0], n)
 	for _, es := range eps {
 		for _, ep := range es.Ports {
 			if ep.Name != portName || ep.Protocol != kproto || !ep.HasPort {

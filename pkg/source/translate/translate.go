@@ -51,6 +51,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -218,19 +219,33 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 	node := opts.Node
 	affinity := svc.Affinity
 	var t Translation
-	fams := make([]family, len(vips))
-	for i, vip := range vips {
-		f := &fams[i]
-		f.vip = vip
-		for _, es := range eps {
+	var famArray [2]family // a ClusterIP of each family at most: no allocation
+	fams := famArray[:0]
+	for _, vip := range vips {
+		fams = append(fams, family{vip: vip})
+		f := &fams[len(fams)-1]
+		of := func(es *Slice) bool {
 			nn, ok := es.ServiceName()
-			if !ok || nn.Namespace != svc.Namespace || nn.Name != svc.Name || es.AddressType != addressTypeOf(vip) {
+			return ok && nn.Namespace == svc.Namespace && nn.Name == svc.Name && es.AddressType == addressTypeOf(vip)
+		}
+		all := true
+		for _, es := range eps {
+			if !of(es) {
+				all = false
 				continue
 			}
 			if err := es.Invalid; err != nil {
 				return Translation{}, fmt.Errorf("service %q: %w", objName(svc.Namespace, svc.Name), err)
 			}
-			f.slices = append(f.slices, es)
+		}
+		if all {
+			f.slices = eps // nearly always: every slice of the Service is of its one family
+		} else {
+			for _, es := range eps {
+				if of(es) {
+					f.slices = append(f.slices, es)
+				}
+			}
 		}
 		f.ext = externalOf(svc, f.slices, node, vip.Is6())
 		t.NodeFacts |= f.ext.facts
@@ -241,6 +256,10 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 			}
 		}
 	}
+	// Sized for the ClusterIP frontends (north-south ones grow it).
+	t.Services = make([]*model.Service, 0, len(svc.Ports)*len(fams))
+	scratch := endpointScratch.Get().(*[]endpoint)
+	defer putEndpointScratch(scratch)
 	for i, sp := range svc.Ports {
 		proto, err := protocolOf(sp.Protocol)
 		if err != nil {
@@ -251,7 +270,8 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 		}
 		for _, f := range fams {
 			pol := policyOf(svc, sp, f.ext)
-			es := endpointsFor(sp.Name, cmp.Or(sp.Protocol, corev1.ProtocolTCP), proto, f.slices, node.Name)
+			es := endpointsFor((*scratch)[:0], sp.Name, cmp.Or(sp.Protocol, corev1.ProtocolTCP), proto, f.slices, node.Name)
+			*scratch = es[:0]
 			cat := categorize(es, pol, node.Name, node.Labels[corev1.LabelTopologyZone])
 			if pol.usesLocal() {
 				t.NodeFacts |= NodeName
@@ -284,24 +304,53 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 			t.Services = append(t.Services, ns...)
 		}
 	}
+	if len(t.Services) == 0 {
+		t.Services = nil // none, as before the array was sized above
+	}
 	slices.SortFunc(t.Services, func(a, b *model.Service) int { return a.Frontend.Compare(b.Frontend) })
 	return t, nil
+}
+
+// endpointScratch holds arrays for endpointsFor's endpoints, which live
+// for one Service port's translation only (its backends are copied out of
+// them): a first sync of 30,000 Services would otherwise make 30,000 of
+// them, a kilobyte each, as garbage.
+var endpointScratch = sync.Pool{New: func() any { return new([]endpoint) }}
+
+// maxScratchEndpoints is the largest array endpointScratch keeps.
+const maxScratchEndpoints = 4096
+
+// putEndpointScratch returns an array to endpointScratch, cleared (it
+// must not keep node names and hints alive), unless it is too large.
+func putEndpointScratch(s *[]endpoint) {
+	if cap(*s) > maxScratchEndpoints {
+		return
+	}
+	clear((*s)[:cap(*s)])
+	*s = (*s)[:0]
+	endpointScratch.Put(s)
 }
 
 // clusterIPs returns the Service's ClusterIPs, at most one per family
 // (ValidateService has checked that): clusterIPs, or clusterIP when a
 // manifest gives only that. kube-proxy's GetClusterIPByFamily picks the
 // same address for each family's proxier.
-func clusterIPs(svc *corev1.Service) []netip.Addr {
-	ips := svc.Spec.ClusterIPs
-	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
-		ips = []string{svc.Spec.ClusterIP}
+func clusterIPs(svc *corev1.Service) []netip.Addr { return appendClusterIPs(nil, svc) }
+
+// appendClusterIPs is clusterIPs appended to out (nil for none).
+func appendClusterIPs(out []netip.Addr, svc *corev1.Service) []netip.Addr {
+	if svc.Spec.ClusterIP != "" && len(svc.Spec.ClusterIPs) == 0 {
+		if ip, ok := parseIPSloppy(svc.Spec.ClusterIP); ok {
+			out = append(out, ip)
+		}
 	}
-	var out []netip.Addr
-	for _, s := range ips {
+	for _, s := range svc.Spec.ClusterIPs {
 		if ip, ok := parseIPSloppy(s); ok {
 			out = append(out, ip)
 		}
+	}
+	if len(out) == 0 {
+		return nil
 	}
 	return out
 }
@@ -357,32 +406,69 @@ type object[T any] interface {
 }
 
 // checkMeta checks what both kinds are keyed by (a namespaced object with
-// a name) and returns the constructor of the kind's errors, which name the
+// a name) and returns the maker of the kind's errors, which name the
 // object after prefix: `service "ns/name": ...`.
-func checkMeta[T any, P object[T]](kind, prefix string, obj P) (fail func(format string, a ...any) error, err error) {
+func checkMeta[T any, P object[T]](kind, prefix string, obj P) (failer, error) {
 	if obj == nil {
-		return nil, errors.New("nil " + kind)
+		return failer{}, errors.New("nil " + kind)
 	}
-	id := objName(obj.GetNamespace(), obj.GetName())
-	fail = func(format string, a ...any) error {
-		return fmt.Errorf("%s %q: %s", prefix, id, fmt.Sprintf(format, a...))
+	f := failer{prefix: prefix, ns: obj.GetNamespace(), name: obj.GetName()}
+	if f.name == "" {
+		return f, f.fail("metadata.name is empty")
 	}
-	if obj.GetName() == "" {
-		return fail, fail("metadata.name is empty")
+	if f.ns == "" {
+		return f, f.fail("metadata.namespace is empty")
 	}
-	if obj.GetNamespace() == "" {
-		return fail, fail("metadata.namespace is empty")
+	return f, nil
+}
+
+// failer makes the errors of one object's validation. It is a value, and
+// names the object only when it fails: validating a valid object (every
+// Service and slice of a first list, twice over for a manifest's)
+// allocates nothing for its errors.
+type failer struct{ prefix, ns, name string }
+
+func (f failer) fail(format string, a ...any) error {
+	return fmt.Errorf("%s %q: %s", f.prefix, objName(f.ns, f.name), fmt.Sprintf(format, a...))
+}
+
+// portID names port i, called name, in a validation's messages.
+func portID(name string, i int) string {
+	if name == "" {
+		return "ports[" + strconv.Itoa(i) + "]"
 	}
-	return fail, nil
+	return "port " + strconv.Quote(name)
+}
+
+// smallSet is how many entries a validation compares by a linear scan
+// instead of a map (a Service's ports, a slice's port names): nearly all
+// objects have fewer, and a scan of them costs less than hashing.
+const smallSet = 16
+
+// seenBefore reports whether an element of s before i has the key of
+// s[i]; m holds the keys of those before once len(s) > smallSet (the
+// caller makes it then, and adds each key after asking).
+func seenBefore[E any, K comparable](s []E, i int, key func(*E) K, m map[K]bool) bool {
+	k := key(&s[i])
+	if m != nil {
+		return m[k]
+	}
+	for j := range i {
+		if key(&s[j]) == k {
+			return true
+		}
+	}
+	return false
 }
 
 // ValidateService checks the fields Sluice relies on. Errors name the
 // object and, where it applies, the port.
 func ValidateService(svc *corev1.Service) error {
-	fail, err := checkMeta("Service", "service", svc)
+	f, err := checkMeta("Service", "service", svc)
 	if err != nil {
 		return err
 	}
+	fail := f.fail
 	switch svc.Spec.Type {
 	case "", corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer, corev1.ServiceTypeExternalName:
 	default:
@@ -393,7 +479,7 @@ func ValidateService(svc *corev1.Service) error {
 			return fail("invalid clusterIP %q", ip)
 		}
 	}
-	families := map[bool]bool{} // a clusterIPs entry of each family, by IPv6
+	var families [2]bool // a clusterIPs entry of each family: IPv4, IPv6
 	for i, ip := range svc.Spec.ClusterIPs {
 		if ip == corev1.ClusterIPNone {
 			continue
@@ -403,10 +489,11 @@ func ValidateService(svc *corev1.Service) error {
 			return fail("invalid clusterIPs entry %q", ip)
 		}
 		v6 := a.Is6()
-		if families[v6] {
+		fam := &families[b2i(v6)]
+		if *fam {
 			return fail("clusterIPs %q: more than one %s address", svc.Spec.ClusterIPs, familyName(v6))
 		}
-		families[v6] = true
+		*fam = true
 		// ipFamilies[i] is clusterIPs[i]'s family: kube-proxy finds a
 		// family's ClusterIP by it.
 		if i < len(svc.Spec.IPFamilies) && string(svc.Spec.IPFamilies[i]) != familyName(v6) {
@@ -434,41 +521,47 @@ func ValidateService(svc *corev1.Service) error {
 	default:
 		return fail("unknown sessionAffinity %q: want %s or %s", svc.Spec.SessionAffinity, corev1.ServiceAffinityClientIP, corev1.ServiceAffinityNone)
 	}
-	names := map[string]bool{}
 	type pp struct {
 		port  int32
 		proto corev1.Protocol
 	}
-	seen := map[pp]bool{}
-	for i, sp := range svc.Spec.Ports {
-		portID := "port " + strconv.Quote(sp.Name)
-		if sp.Name == "" {
-			portID = "ports[" + strconv.Itoa(i) + "]"
-			if len(svc.Spec.Ports) > 1 {
-				return fail("%s: name is required when a Service has several ports", portID)
-			}
+	ports := svc.Spec.Ports
+	portName := func(sp *corev1.ServicePort) string { return sp.Name }
+	portProto := func(sp *corev1.ServicePort) pp { return pp{sp.Port, cmp.Or(sp.Protocol, corev1.ProtocolTCP)} }
+	var names map[string]bool
+	var seen map[pp]bool
+	if len(ports) > smallSet {
+		names, seen = make(map[string]bool, len(ports)), make(map[pp]bool, len(ports))
+	}
+	for i := range ports {
+		sp := &ports[i]
+		if sp.Name == "" && len(ports) > 1 {
+			return fail("%s: name is required when a Service has several ports", portID(sp.Name, i))
 		}
-		if names[sp.Name] {
-			return fail("%s: duplicate port name", portID)
+		if seenBefore(ports, i, portName, names) {
+			return fail("%s: duplicate port name", portID(sp.Name, i))
 		}
-		names[sp.Name] = true
+		if names != nil {
+			names[sp.Name] = true
+		}
 		// SCTP is valid: ServiceToModel leaves the port out and says so.
 		if _, err := protocolOf(sp.Protocol); err != nil && sp.Protocol != corev1.ProtocolSCTP {
-			return fail("%s: %v", portID, err)
+			return fail("%s: %v", portID(sp.Name, i), err)
 		}
 		if sp.Port < 1 || sp.Port > 65535 {
-			return fail("%s: port %d out of range", portID, sp.Port)
+			return fail("%s: port %d out of range", portID(sp.Name, i), sp.Port)
 		}
-		proto := cmp.Or(sp.Protocol, corev1.ProtocolTCP)
-		if seen[pp{sp.Port, proto}] {
-			return fail("%s: duplicate port %d/%s", portID, sp.Port, proto)
+		if seenBefore(ports, i, portProto, seen) {
+			return fail("%s: duplicate port %d/%s", portID(sp.Name, i), sp.Port, portProto(sp).proto)
 		}
-		seen[pp{sp.Port, proto}] = true
+		if seen != nil {
+			seen[portProto(sp)] = true
+		}
 		if sp.NodePort < 0 || sp.NodePort > 65535 {
-			return fail("%s: nodePort %d out of range", portID, sp.NodePort)
+			return fail("%s: nodePort %d out of range", portID(sp.Name, i), sp.NodePort)
 		}
 		if sp.TargetPort.Type == 0 && sp.TargetPort.IntVal != 0 && (sp.TargetPort.IntVal < 1 || sp.TargetPort.IntVal > 65535) {
-			return fail("%s: targetPort %d out of range", portID, sp.TargetPort.IntVal)
+			return fail("%s: targetPort %d out of range", portID(sp.Name, i), sp.TargetPort.IntVal)
 		}
 	}
 	return nil
@@ -484,10 +577,11 @@ func ValidateEndpointSlice(es *discoveryv1.EndpointSlice) error {
 // nil) the first address of endpoint i as it parsed it (an IPv4 or IPv6
 // slice's, up to the first error), so that MakeSlice parses it once.
 func validateEndpointSlice(es *discoveryv1.EndpointSlice, first func(i int, ip netip.Addr)) error {
-	fail, err := checkMeta("EndpointSlice", "endpointslice", es)
+	f, err := checkMeta("EndpointSlice", "endpointslice", es)
 	if err != nil {
 		return err
 	}
+	fail := f.fail
 	if v, ok := es.Labels[discoveryv1.LabelServiceName]; ok && v == "" {
 		return fail("label %s is empty", discoveryv1.LabelServiceName)
 	}
@@ -496,24 +590,28 @@ func validateEndpointSlice(es *discoveryv1.EndpointSlice, first func(i int, ip n
 	default:
 		return fail("unknown addressType %q", es.AddressType)
 	}
-	names := map[string]bool{}
-	for i, p := range es.Ports {
-		n := ptrOr(p.Name, "")
-		portID := "port " + strconv.Quote(n)
-		if n == "" {
-			portID = "ports[" + strconv.Itoa(i) + "]"
+	eports := es.Ports
+	epName := func(p *discoveryv1.EndpointPort) string { return ptrOr(p.Name, "") }
+	var names map[string]bool
+	if len(eports) > smallSet {
+		names = make(map[string]bool, len(eports))
+	}
+	for i := range eports {
+		p := &eports[i]
+		n := epName(p)
+		if seenBefore(eports, i, epName, names) {
+			return fail("%s: duplicate port name", portID(n, i))
 		}
-		if names[n] {
-			return fail("%s: duplicate port name", portID)
+		if names != nil {
+			names[n] = true
 		}
-		names[n] = true
 		if p.Protocol != nil {
 			if _, err := protocolOf(*p.Protocol); err != nil && *p.Protocol != corev1.ProtocolSCTP {
-				return fail("%s: %v", portID, err)
+				return fail("%s: %v", portID(n, i), err)
 			}
 		}
 		if p.Port != nil && (*p.Port < 1 || *p.Port > 65535) {
-			return fail("%s: port %d out of range", portID, *p.Port)
+			return fail("%s: port %d out of range", portID(n, i), *p.Port)
 		}
 	}
 	for i, e := range es.Endpoints {
@@ -557,6 +655,13 @@ func objName(ns, name string) string {
 		return name
 	}
 	return ns + "/" + name
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func ptrOr[T any](p *T, def T) T {

@@ -92,7 +92,7 @@ func nodesOf(s *model.Service, eps []*discoveryv1.EndpointSlice) map[model.L4Add
 		}
 	}
 	nodes := map[model.L4Addr]string{}
-	for _, e := range endpointsFor(s.Name.Port, corev1.Protocol(s.Frontend.Proto.String()), s.Frontend.Proto, read, "") {
+	for _, e := range endpointsFor(nil, s.Name.Port, corev1.Protocol(s.Frontend.Proto.String()), s.Frontend.Proto, read, "") {
 		nodes[e.b.L4Addr] = e.node
 	}
 	return nodes
