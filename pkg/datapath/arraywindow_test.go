@@ -103,3 +103,55 @@ func TestArrayScanMapsAWindow(t *testing.T) {
 		t.Errorf("%d KiB of the array still mapped after the scan", after>>10)
 	}
 }
+
+// TestArrayValuesMapsWindows: reading some entries of a mappable array (a
+// delete of backends, which clears their ids in both families' arrays)
+// maps only windows that hold them, one at a time, and reads each entry
+// into its place whatever the order of the keys. Mapping the whole array
+// (as before) put all of its pages in the RSS: the kernel maps them when
+// the array is.
+func TestArrayValuesMapsWindows(t *testing.T) {
+	testutil.Privileged(t)
+	const n = 300_000
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 20, MaxEntries: n, Flags: unix.BPF_F_MMAPABLE})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	per := windowEntries(24)
+	keys := []uint32{n - 1, 0, uint32(per), n / 2, uint32(per - 1), 5, uint32(per)}
+	for _, k := range keys {
+		var v [20]byte
+		binary.NativeEndian.PutUint32(v[:], k+1)
+		if err := m.Put(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var lengths []int
+	override(t, &mmapArray, func(fd int, off int64, length, prot, flags int) ([]byte, error) {
+		lengths = append(lengths, length)
+		return unix.Mmap(fd, off, length, prot, flags)
+	})
+	base := bpfMapRSS(t)
+	values := make([][20]byte, len(keys))
+	if err := arrayValues(m, keys, values); err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		if got := binary.NativeEndian.Uint32(values[i][:]); got != k+1 {
+			t.Errorf("entry %d read as %d's", k, got-1)
+		}
+	}
+	// Windows 0, 1 and those of n/2 and n-1, each once.
+	if len(lengths) != 4 {
+		t.Errorf("%d mappings %v, want one per window with keys (4)", len(lengths), lengths)
+	}
+	for _, l := range lengths {
+		if l > arrayWindow+os.Getpagesize() {
+			t.Errorf("mapped %d KiB at once, want at most a window (%d KiB)", l>>10, arrayWindow>>10)
+		}
+	}
+	if after := bpfMapRSS(t) - base; after != 0 {
+		t.Errorf("%d KiB of the array still mapped after the read", after>>10)
+	}
+}

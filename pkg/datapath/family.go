@@ -13,12 +13,14 @@ package datapath
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"reflect"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -289,43 +291,72 @@ func gcd(a, b int) int {
 func mapArrayWindow(m *ebpf.Map, first, count, stride int) ([]byte, error) {
 	page := os.Getpagesize()
 	off := first * stride
-	return unix.Mmap(m.FD(), int64(off), (count*stride+page-1)&^(page-1), unix.PROT_READ, unix.MAP_SHARED)
+	return mmapArray(m.FD(), int64(off), (count*stride+page-1)&^(page-1), unix.PROT_READ, unix.MAP_SHARED)
 }
 
+// mmapArray is unix.Mmap; tests see the mappings through it.
+var mmapArray = unix.Mmap
+
 // arrayValues reads the entries of keys of the array m into values,
-// through a mapping of its memory (BPF_F_MMAPABLE), or with lookups where
-// it cannot be mapped.
+// through mappings of its memory (BPF_F_MMAPABLE), or with lookups where
+// it cannot be mapped. The keys are read in order, each window
+// (arrayWindow) that holds some mapped once: a mapping of the whole array
+// would put all of it in the RSS (its pages are mapped when it is), for
+// the few entries a delete of backends clears in each family's array.
 func arrayValues[V any](m *ebpf.Map, keys []uint32, values []V) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	mem, stride, size, err := mapArray(m)
-	if err != nil {
-		for i, k := range keys {
-			if err := m.Lookup(k, &values[i]); err != nil {
-				return fmt.Errorf("entry %d: %w", k, err)
-			}
-		}
-		return nil
+	n, size := int(m.MaxEntries()), int(m.ValueSize())
+	stride := (size + 7) &^ 7
+	per := windowEntries(stride)
+	order := make([]int, len(keys))
+	for i := range order {
+		order[i] = i
 	}
-	defer func() { _ = unix.Munmap(mem) }() // only fails for a bad range
-	for i, k := range keys {
-		if _, err := binary.Decode(mem[int(k)*stride:int(k)*stride+size], binary.NativeEndian, &values[i]); err != nil {
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(keys[a], keys[b]) })
+	var mem []byte
+	defer func() {
+		if mem != nil {
+			_ = unix.Munmap(mem) // only fails for a bad range
+		}
+	}()
+	window := -1
+	for _, i := range order {
+		k := int(keys[i])
+		if k >= n {
+			return fmt.Errorf("entry %d: beyond the array's %d", k, n)
+		}
+		if w := k / per; w != window {
+			if mem != nil {
+				_ = unix.Munmap(mem)
+				mem = nil
+			}
+			var err error
+			if mem, err = mapArrayWindow(m, w*per, min(per, n-w*per), stride); err != nil {
+				if window < 0 {
+					return lookupValues(m, keys, values)
+				}
+				return fmt.Errorf("map entry %d: %w", k, err)
+			}
+			window = w
+		}
+		off := (k - window*per) * stride
+		if _, err := binary.Decode(mem[off:off+size], binary.NativeEndian, &values[i]); err != nil {
 			return fmt.Errorf("entry %d: %w", k, err)
 		}
 	}
 	return nil
 }
 
-// mapArray maps the memory of the array m (BPF_F_MMAPABLE) read-only: its
-// entries, each stride bytes (the kernel's elem_size) of which the first
-// size are the value.
-func mapArray(m *ebpf.Map) (mem []byte, stride, size int, err error) {
-	size = int(m.ValueSize())
-	stride = (size + 7) &^ 7
-	page := os.Getpagesize()
-	mem, err = unix.Mmap(m.FD(), 0, (int(m.MaxEntries())*stride+page-1)&^(page-1), unix.PROT_READ, unix.MAP_SHARED)
-	return mem, stride, size, err
+// lookupValues is arrayValues with lookups.
+func lookupValues[V any](m *ebpf.Map, keys []uint32, values []V) error {
+	for i, k := range keys {
+		if err := m.Lookup(k, &values[i]); err != nil {
+			return fmt.Errorf("entry %d: %w", k, err)
+		}
+	}
+	return nil
 }
 
 // eachArrayBatch is eachArrayEntry with batch lookups.
