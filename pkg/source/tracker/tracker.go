@@ -133,11 +133,12 @@ type input struct {
 }
 
 // sliceRef is one of a Service's EndpointSlices as its source gave it: what a
-// translation reads of it (compact, from SetCompactSlice: the Kubernetes
-// source's informers hold only that), or the API object (obj, from
-// SetSlice: the manifest source's loader keeps the objects anyway, so
-// what a translation reads is made from it at each translation, as
-// garbage, rather than held beside it).
+// translation reads of it (compact, from SetCompactSlice: both sources
+// hand that over, the Kubernetes source's informers and the manifest
+// source's loader hold only that), or the API object (obj, from SetSlice,
+// for a caller that holds the objects anyway: what a translation reads is
+// made from it at each translation, as garbage, rather than held beside
+// it).
 type sliceRef struct {
 	compact *translate.Slice
 	obj     *discoveryv1.EndpointSlice
@@ -146,10 +147,9 @@ type sliceRef struct {
 func (s sliceRef) isNil() bool { return s.compact == nil && s.obj == nil }
 
 // serviceRef is a Service as its source gave it, as sliceRef is a slice:
-// what a translation reads of it (compact, from SetCompactService: the
-// Kubernetes source's informers hold only that), or the API object (obj,
-// from SetService: the manifest source's, made into what a translation
-// reads at each translation).
+// what a translation reads of it (compact, from SetCompactService: both
+// sources'), or the API object (obj, from SetService, made into what a
+// translation reads at each translation).
 type serviceRef struct {
 	compact *translate.Service
 	obj     *corev1.Service
@@ -263,8 +263,8 @@ func (t *Tracker) SetService(key types.NamespacedName, svc *corev1.Service) bool
 }
 
 // SetCompactService is SetService for a source that keeps only what a
-// translation reads of the Service (translate.ServiceOf; the Kubernetes
-// source): svc translates exactly as the object it was made from.
+// translation reads of the Service (translate.ServiceOf; both sources):
+// svc translates exactly as the object it was made from.
 func (t *Tracker) SetCompactService(key types.NamespacedName, svc *translate.Service) bool {
 	var ref serviceRef
 	if svc != nil {
@@ -350,8 +350,8 @@ func (t *Tracker) SetSliceTriggered(key types.NamespacedName, es *discoveryv1.En
 }
 
 // SetCompactSlice is SetSliceTriggered for a source that keeps only what a
-// translation reads of the slice (translate.SliceOf; the Kubernetes
-// source): es translates exactly as the object it was made from.
+// translation reads of the slice (translate.SliceOf; both sources): es
+// translates exactly as the object it was made from.
 func (t *Tracker) SetCompactSlice(key types.NamespacedName, es *translate.Slice, trigger string) bool {
 	return t.setSlice(key, sliceRef{compact: es}, trigger)
 }
