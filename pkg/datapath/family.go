@@ -13,12 +13,14 @@ package datapath
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"reflect"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -208,67 +210,153 @@ func eachBackend[V any](m *ebpf.Map, name string, f func(id *uint32, v *V)) erro
 }
 
 // eachArrayEntry calls f with the value of every entry of the array m
-// (BPF_F_MMAPABLE) that is not all zero, read through a read-only mapping
+// (BPF_F_MMAPABLE) that is not all zero, read through read-only mappings
 // of its memory: a scan, where batch lookups of the two backends arrays
 // of the default size (525,313 entries each) take 0.3-0.4 s. A map opened
 // read-only (OpenPinned) cannot be mapped (the kernel wants a shared
 // mapping, which a read-only descriptor does not give): it is read with
 // batch lookups. An entry that a write changes meanwhile may be read half
 // old, half new, as by any reader.
+//
+// The array is mapped a window (arrayWindow) at a time: every page read
+// through a mapping counts in the agent's RSS for as long as it is mapped,
+// and a scan reads them all (4 and 12 MiB for the two backends arrays at
+// the default size, 76 MiB together at 1,000,000 backends), at each
+// scrape of the metrics (countPresent) as at the refresh of the view. So
+// a scan adds at most a window (1 MiB) to the RSS, not the array (issue
+// 14).
 func eachArrayEntry(m *ebpf.Map, f func(k uint32, v []byte) error) error {
 	n := int(m.MaxEntries())
-	mem, stride, size, err := mapArray(m)
-	if err != nil {
-		return eachArrayBatch(m, f)
-	}
-	defer func() { _ = unix.Munmap(mem) }() // only fails for a bad range
+	size := int(m.ValueSize())
+	stride := (size + 7) &^ 7
+	per := windowEntries(stride)
 	zero := make([]byte, size)
-	for k := range n {
-		v := mem[k*stride : k*stride+size]
-		if bytes.Equal(v, zero) {
-			continue
+	for first := 0; first < n; first += per {
+		count := min(per, n-first)
+		mem, err := mapArrayWindow(m, first, count, stride)
+		if err != nil {
+			if first == 0 {
+				return eachArrayBatch(m, f)
+			}
+			return fmt.Errorf("map entries %d-%d: %w", first, first+count-1, err)
 		}
-		if err := f(uint32(k), v); err != nil {
+		err = eachWindowEntry(mem, first, count, stride, size, zero, f)
+		_ = unix.Munmap(mem) // only fails for a bad range
+		if err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// eachWindowEntry calls f with the entries first to first+count-1, not all
+// zero, of mem, their window (mapArrayWindow).
+func eachWindowEntry(mem []byte, first, count, stride, size int, zero []byte, f func(k uint32, v []byte) error) error {
+	for i := range count {
+		v := mem[i*stride : i*stride+size]
+		if bytes.Equal(v, zero) {
+			continue
+		}
+		if err := f(uint32(first+i), v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// arrayWindow is about how many bytes of an array eachArrayEntry maps at
+// a time: 16 mappings for the two backends arrays at the default size (a
+// 64 KiB window, 256 of them, made a scrape's count of them 1.3-2 times
+// as long on a loaded machine).
+const arrayWindow = 1 << 20
+
+// windowEntries returns how many entries of stride bytes a window holds:
+// a multiple of the entries of a whole number of pages (a mapping starts
+// at a page), about arrayWindow bytes.
+func windowEntries(stride int) int {
+	page := os.Getpagesize()
+	unit := page / gcd(page, stride) // entries that fill whole pages
+	return unit * max(1, arrayWindow/(unit*stride))
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// mapArrayWindow maps the entries first to first+count-1 of the array m,
+// each stride bytes, read-only; first*stride is at a page.
+func mapArrayWindow(m *ebpf.Map, first, count, stride int) ([]byte, error) {
+	page := os.Getpagesize()
+	off := first * stride
+	return mmapArray(m.FD(), int64(off), (count*stride+page-1)&^(page-1), unix.PROT_READ, unix.MAP_SHARED)
+}
+
+// mmapArray is unix.Mmap; tests see the mappings through it.
+var mmapArray = unix.Mmap
+
 // arrayValues reads the entries of keys of the array m into values,
-// through a mapping of its memory (BPF_F_MMAPABLE), or with lookups where
-// it cannot be mapped.
+// through mappings of its memory (BPF_F_MMAPABLE), or with lookups where
+// it cannot be mapped. The keys are read in order, each window
+// (arrayWindow) that holds some mapped once: a mapping of the whole array
+// would put all of it in the RSS (its pages are mapped when it is), for
+// the few entries a delete of backends clears in each family's array.
 func arrayValues[V any](m *ebpf.Map, keys []uint32, values []V) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	mem, stride, size, err := mapArray(m)
-	if err != nil {
-		for i, k := range keys {
-			if err := m.Lookup(k, &values[i]); err != nil {
-				return fmt.Errorf("entry %d: %w", k, err)
-			}
-		}
-		return nil
+	n, size := int(m.MaxEntries()), int(m.ValueSize())
+	stride := (size + 7) &^ 7
+	per := windowEntries(stride)
+	order := make([]int, len(keys))
+	for i := range order {
+		order[i] = i
 	}
-	defer func() { _ = unix.Munmap(mem) }() // only fails for a bad range
-	for i, k := range keys {
-		if _, err := binary.Decode(mem[int(k)*stride:int(k)*stride+size], binary.NativeEndian, &values[i]); err != nil {
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(keys[a], keys[b]) })
+	var mem []byte
+	defer func() {
+		if mem != nil {
+			_ = unix.Munmap(mem) // only fails for a bad range
+		}
+	}()
+	window := -1
+	for _, i := range order {
+		k := int(keys[i])
+		if k >= n {
+			return fmt.Errorf("entry %d: beyond the array's %d", k, n)
+		}
+		if w := k / per; w != window {
+			if mem != nil {
+				_ = unix.Munmap(mem)
+				mem = nil
+			}
+			var err error
+			if mem, err = mapArrayWindow(m, w*per, min(per, n-w*per), stride); err != nil {
+				if window < 0 {
+					return lookupValues(m, keys, values)
+				}
+				return fmt.Errorf("map entry %d: %w", k, err)
+			}
+			window = w
+		}
+		off := (k - window*per) * stride
+		if _, err := binary.Decode(mem[off:off+size], binary.NativeEndian, &values[i]); err != nil {
 			return fmt.Errorf("entry %d: %w", k, err)
 		}
 	}
 	return nil
 }
 
-// mapArray maps the memory of the array m (BPF_F_MMAPABLE) read-only: its
-// entries, each stride bytes (the kernel's elem_size) of which the first
-// size are the value.
-func mapArray(m *ebpf.Map) (mem []byte, stride, size int, err error) {
-	size = int(m.ValueSize())
-	stride = (size + 7) &^ 7
-	page := os.Getpagesize()
-	mem, err = unix.Mmap(m.FD(), 0, (int(m.MaxEntries())*stride+page-1)&^(page-1), unix.PROT_READ, unix.MAP_SHARED)
-	return mem, stride, size, err
+// lookupValues is arrayValues with lookups.
+func lookupValues[V any](m *ebpf.Map, keys []uint32, values []V) error {
+	for i, k := range keys {
+		if err := m.Lookup(k, &values[i]); err != nil {
+			return fmt.Errorf("entry %d: %w", k, err)
+		}
+	}
+	return nil
 }
 
 // eachArrayBatch is eachArrayEntry with batch lookups.

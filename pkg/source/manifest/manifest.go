@@ -88,16 +88,16 @@ type objKey struct {
 
 func (k objKey) String() string { return k.Kind + " " + k.NamespacedName.String() }
 
-// object is one decoded, validated object and where it came from.
+// object is one decoded, validated object, as the loader keeps it (what
+// a translation reads of it: compact.go), and where it came from.
 type object struct {
 	key   objKey
-	svc   *corev1.Service
-	slice *discoveryv1.EndpointSlice
+	svc   *translate.Service
+	slice *translate.Slice
 	file  string
 	doc   int // 1-based document index in file
-	// owner is the Service an EndpointSlice names, if it names one
-	// (translate.ServiceNameOfSlice), found once when it is decoded.
-	owner    types.NamespacedName
+	// hasOwner says an EndpointSlice names a Service (its
+	// kubernetes.io/service-name label), found once when it is decoded.
 	hasOwner bool
 }
 
@@ -120,6 +120,7 @@ type loader struct {
 	cache    map[string]*fileResult
 	units    map[unitSum]*unit // what the last load decoded, by content
 	tracker  *tracker.Tracker
+	compact  compacter          // what is kept of each object decoded (compact.go)
 	fed      map[objKey]*object // the objects the tracker holds
 	seed     maphash.Seed
 	// spareBlocks is the block list of a file's content before its last
@@ -140,9 +141,6 @@ type loader struct {
 
 func newLoader(opts translate.Options) *loader {
 	t := tracker.New(opts)
-	// decodeObject validates every object, and the tracker gets no
-	// other (a bad one's last good version, or nothing).
-	t.TrustValidation()
 	return &loader{lastGood: map[objKey]*object{}, byFile: map[string][]*object{},
 		units: map[unitSum]*unit{}, tracker: t, seed: maphash.MakeSeed()}
 }
@@ -172,11 +170,10 @@ func (l *loader) sum(data []byte) unitSum {
 
 // unit is the outcome of decoding one object's bytes, when it is not an
 // error: the same bytes always decode to it. The decoded objects are
-// shared between loads and never modified.
+// shared between loads and never modified: the same bytes elsewhere (in
+// another file or document) are last's key and compact form with
+// another place.
 type unit struct {
-	key    objKey
-	svc    *corev1.Service
-	slice  *discoveryv1.EndpointSlice
 	ignore string  // not served: "apiVersion Kind", reported as a warning
 	last   *object // the object it was decoded as (nil if ignored)
 }
@@ -685,8 +682,9 @@ func (l *loader) fromUnit(fr *fileResult, sum unitSum, u *unit, file string, idx
 	if o := u.last; o.file == file && o.doc == idx {
 		return o, ""
 	}
-	last := u.last
-	return &object{key: u.key, svc: u.svc, slice: u.slice, file: file, doc: idx, owner: last.owner, hasOwner: last.hasOwner}, ""
+	o := *u.last
+	o.file, o.doc = file, idx
+	return &o, ""
 }
 
 // itemPrefix is what messages about item (an index in a List, -1 for
@@ -738,21 +736,32 @@ func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx, ite
 		fr.units = append(fr.units, sumUnit{sum, &unit{ignore: ignore}})
 		return nil, itemPrefix(item) + "ignoring " + ignore, nil
 	}
+	// The key's strings are the loader's: the fast decoder's would keep
+	// its chunk of text (compact.go).
 	key := objKey{Kind: kind, NamespacedName: types.NamespacedName{
-		Namespace: cmp.Or(tm.Metadata.Namespace, "default"), Name: tm.Metadata.Name,
+		Namespace: l.compact.shareValue(cmp.Or(tm.Metadata.Namespace, "default")), Name: strings.Clone(tm.Metadata.Name),
 	}}
 	o := &object{key: key, file: file, doc: idx}
 	var err error
 	switch kind {
 	case "Service":
-		o.svc, err = decodeAs(pre.svc, js, key.Namespace, translate.ValidateService)
+		var svc *corev1.Service
+		if svc, err = decodeAs(pre.svc, js, key.Namespace); err == nil {
+			o.svc = l.compact.service(svc, key.NamespacedName)
+			err = o.svc.Invalid // translate.ValidateService's
+		}
 	case "EndpointSlice":
-		if o.slice, err = decodeAs(pre.slice, js, key.Namespace, translate.ValidateEndpointSlice); err == nil {
-			o.owner, o.hasOwner = translate.ServiceNameOfSlice(o.slice)
+		var es *discoveryv1.EndpointSlice
+		if es, err = decodeAs(pre.slice, js, key.Namespace); err == nil {
+			o.slice = l.compact.slice(es, key.NamespacedName)
+			err = o.slice.Invalid // translate.ValidateEndpointSlice's
+		}
+		if err == nil {
+			_, o.hasOwner = o.slice.ServiceName()
 		}
 	}
 	if err == nil {
-		fr.units = append(fr.units, sumUnit{sum, &unit{key: key, svc: o.svc, slice: o.slice, last: o}})
+		fr.units = append(fr.units, sumUnit{sum, &unit{last: o}})
 		return o, "", nil
 	}
 	err = fmt.Errorf("%s: document %d: %s%s: %w", file, idx, itemPrefix(item), key, err)
@@ -763,13 +772,13 @@ func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx, ite
 }
 
 // decodeAs returns pre (what the fast decoder made), or else js decoded
-// into a new object, in namespace ns and validated. A file's objects have
-// no versions: a resourceVersion (as kubectl get -o yaml writes it) kept
-// through an edit must not make the tracker take the edit for a resync.
+// into a new object, in namespace ns. A file's objects have no versions:
+// a resourceVersion (as kubectl get -o yaml writes it) kept through an
+// edit must not make the tracker take the edit for a resync.
 func decodeAs[T any, P interface {
 	*T
 	metav1.Object
-}](pre P, js []byte, ns string, validate func(P) error) (P, error) {
+}](pre P, js []byte, ns string) (P, error) {
 	o := pre
 	if o == nil {
 		o = new(T)
@@ -779,7 +788,7 @@ func decodeAs[T any, P interface {
 	}
 	o.SetNamespace(ns)
 	o.SetResourceVersion("")
-	return o, validate(o)
+	return o, nil
 }
 
 func isBlank(doc []byte) bool {
@@ -806,7 +815,7 @@ func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
 		case o.svc != nil:
 			res.Services++
 			if prev == nil || prev.svc != o.svc {
-				l.tracker.SetService(k.NamespacedName, o.svc)
+				l.tracker.SetCompactService(k.NamespacedName, o.svc)
 			}
 		case o.slice != nil:
 			res.Slices++
@@ -814,7 +823,9 @@ func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
 				orphans = append(orphans, o)
 			}
 			if prev == nil || prev.slice != o.slice {
-				l.tracker.SetSlice(k.NamespacedName, o.slice)
+				// No trigger time: the network programming latency is
+				// the Kubernetes source's (Sync's Triggers go unread).
+				l.tracker.SetCompactSlice(k.NamespacedName, o.slice, "")
 			}
 		}
 	}
@@ -826,9 +837,9 @@ func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
 			continue
 		}
 		if prev.svc != nil {
-			l.tracker.SetService(k.NamespacedName, nil)
+			l.tracker.SetCompactService(k.NamespacedName, nil)
 		} else {
-			l.tracker.SetSlice(k.NamespacedName, nil)
+			l.tracker.SetCompactSlice(k.NamespacedName, nil, "")
 		}
 	}
 	l.fed = objs

@@ -381,9 +381,9 @@ func (l *loader) patchResult(patched []patchedFile) *Result {
 	for _, p := range patched {
 		for _, r := range p.repl {
 			if r.new.svc != nil {
-				l.tracker.SetService(r.new.key.NamespacedName, r.new.svc)
+				l.tracker.SetCompactService(r.new.key.NamespacedName, r.new.svc)
 			} else {
-				l.tracker.SetSlice(r.new.key.NamespacedName, r.new.slice)
+				l.tracker.SetCompactSlice(r.new.key.NamespacedName, r.new.slice, "")
 			}
 		}
 	}

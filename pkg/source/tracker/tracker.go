@@ -104,9 +104,6 @@ type Tracker struct {
 	svcRead   translate.Service
 	sliceRead []translate.Slice
 	reads     []*translate.Slice
-	// validated: every object SetService and SetSlice get has been
-	// validated (TrustValidation).
-	validated bool
 }
 
 // translation is a Service's last translation that has frontends, and the
@@ -147,11 +144,12 @@ type input struct {
 }
 
 // sliceRef is one of a Service's EndpointSlices as its source gave it: what a
-// translation reads of it (compact, from SetCompactSlice: the Kubernetes
-// source's informers hold only that), or the API object (obj, from
-// SetSlice: the manifest source's loader keeps the objects anyway, so
-// what a translation reads is made from it at each translation, as
-// garbage, rather than held beside it).
+// translation reads of it (compact, from SetCompactSlice: both sources
+// hand that over, the Kubernetes source's informers and the manifest
+// source's loader hold only that), or the API object (obj, from SetSlice,
+// for a caller that holds the objects anyway: what a translation reads is
+// made from it at each translation, as garbage, rather than held beside
+// it).
 type sliceRef struct {
 	compact *translate.Slice
 	obj     *discoveryv1.EndpointSlice
@@ -160,10 +158,9 @@ type sliceRef struct {
 func (s sliceRef) isNil() bool { return s.compact == nil && s.obj == nil }
 
 // serviceRef is a Service as its source gave it, as sliceRef is a slice:
-// what a translation reads of it (compact, from SetCompactService: the
-// Kubernetes source's informers hold only that), or the API object (obj,
-// from SetService: the manifest source's, made into what a translation
-// reads at each translation).
+// what a translation reads of it (compact, from SetCompactService: both
+// sources'), or the API object (obj, from SetService, made into what a
+// translation reads at each translation).
 type serviceRef struct {
 	compact *translate.Service
 	obj     *corev1.Service
@@ -178,11 +175,7 @@ func (t *Tracker) readService(s serviceRef) *translate.Service {
 	if s.compact != nil {
 		return s.compact
 	}
-	if t.validated {
-		translate.ReadValidService(&t.svcRead, s.obj)
-	} else {
-		translate.ReadService(&t.svcRead, s.obj)
-	}
+	translate.ReadService(&t.svcRead, s.obj)
 	return &t.svcRead
 }
 
@@ -200,11 +193,7 @@ func (t *Tracker) readSlices(eps []sliceRef) []*translate.Slice {
 			read = append(read, es.compact)
 			continue
 		}
-		if t.validated {
-			translate.ReadValidSlice(&t.sliceRead[i], es.obj)
-		} else {
-			translate.ReadSlice(&t.sliceRead[i], es.obj)
-		}
+		translate.ReadSlice(&t.sliceRead[i], es.obj)
 		read = append(read, &t.sliceRead[i])
 	}
 	t.reads = read
@@ -264,15 +253,6 @@ func (t *Tracker) SetHolds(holds func(*model.Service) bool) {
 	t.holds = holds
 }
 
-// TrustValidation tells the tracker that every Service and EndpointSlice
-// object SetService and SetSlice will get has passed
-// translate.ValidateService or ValidateEndpointSlice, and is not changed
-// after: a translation then reads them without validating them again.
-// The manifest source validates each object as it decodes it, to keep
-// the last good version of a bad one, and hands the tracker no other. Call
-// it before the first Set*.
-func (t *Tracker) TrustValidation() { t.validated = true }
-
 // input returns the input of Service key, creating it.
 func (t *Tracker) input(key types.NamespacedName) *input {
 	in := t.inputs[key]
@@ -302,8 +282,8 @@ func (t *Tracker) SetService(key types.NamespacedName, svc *corev1.Service) bool
 }
 
 // SetCompactService is SetService for a source that keeps only what a
-// translation reads of the Service (translate.ServiceOf; the Kubernetes
-// source): svc translates exactly as the object it was made from.
+// translation reads of the Service (translate.ServiceOf; both sources):
+// svc translates exactly as the object it was made from.
 func (t *Tracker) SetCompactService(key types.NamespacedName, svc *translate.Service) bool {
 	var ref serviceRef
 	if svc != nil {
@@ -390,8 +370,8 @@ func (t *Tracker) SetSliceTriggered(key types.NamespacedName, es *discoveryv1.En
 }
 
 // SetCompactSlice is SetSliceTriggered for a source that keeps only what a
-// translation reads of the slice (translate.SliceOf; the Kubernetes
-// source): es translates exactly as the object it was made from.
+// translation reads of the slice (translate.SliceOf; both sources): es
+// translates exactly as the object it was made from.
 func (t *Tracker) SetCompactSlice(key types.NamespacedName, es *translate.Slice, trigger string) bool {
 	return t.setSlice(key, sliceRef{compact: es}, trigger)
 }

@@ -378,40 +378,21 @@ func fuzzInput(c *testutil.Choices) (*corev1.Service, []*discoveryv1.EndpointSli
 
 // checkReads fails t unless reading svc and eps into arrays that held
 // other objects' (the tracker's reuse: ReadService, ReadSlice) gives what
-// MakeService and MakeSlice make, and so does reading them without
-// validating again (ReadValidService, ReadValidSlice) when they validate.
+// MakeService and MakeSlice make.
 func checkReads(t *testing.T, svc *corev1.Service, eps []*discoveryv1.EndpointSlice) {
 	t.Helper()
 	want := MakeService(svc)
-	for _, valid := range []bool{false, true} {
-		if valid && ValidateService(svc) != nil {
-			continue
-		}
-		got := dirtyService()
-		if valid {
-			ReadValidService(&got, svc)
-		} else {
-			ReadService(&got, svc)
-		}
-		if !reflect.DeepEqual(got, want) {
-			t.Fatalf("ReadService (valid %v) into used arrays:\n%+v\nMakeService:\n%+v", valid, got, want)
-		}
+	got := dirtyService()
+	ReadService(&got, svc)
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("ReadService into used arrays:\n%+v\nMakeService:\n%+v", got, want)
 	}
 	for _, es := range eps {
 		want := MakeSlice(es)
-		for _, valid := range []bool{false, true} {
-			if valid && ValidateEndpointSlice(es) != nil {
-				continue
-			}
-			got := dirtySlice()
-			if valid {
-				ReadValidSlice(&got, es)
-			} else {
-				ReadSlice(&got, es)
-			}
-			if !reflect.DeepEqual(got, want) {
-				t.Fatalf("ReadSlice (valid %v) into used arrays:\n%+v\nMakeSlice:\n%+v", valid, got, want)
-			}
+		got := dirtySlice()
+		ReadSlice(&got, es)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("ReadSlice into used arrays:\n%+v\nMakeSlice:\n%+v", got, want)
 		}
 	}
 }

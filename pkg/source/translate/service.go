@@ -103,13 +103,7 @@ func MakeService(svc *corev1.Service) Service {
 // and Ports, as ReadSlice does for a slice: for a source that reads the
 // object again at each translation and drops what it read once
 // translated. Nothing of what s held before is read or kept.
-func ReadService(s *Service, svc *corev1.Service) { readService(s, svc, true) }
-
-// ReadValidService is ReadService for a Service ValidateService has passed
-// (and nothing changed since): it is not validated again.
-func ReadValidService(s *Service, svc *corev1.Service) { readService(s, svc, false) }
-
-func readService(s *Service, svc *corev1.Service, validate bool) {
+func ReadService(s *Service, svc *corev1.Service) {
 	ips, ports := s.ClusterIPs[:0], s.Ports[:0]
 	sp := &svc.Spec
 	*s = Service{Namespace: svc.Namespace, Name: svc.Name, ResourceVersion: svc.ResourceVersion,
@@ -120,10 +114,8 @@ func readService(s *Service, svc *corev1.Service, validate bool) {
 		s.ProxyName = &name
 	}
 	_, s.HeadlessLabel = svc.Labels[corev1.IsHeadlessService]
-	if validate {
-		if s.Invalid = ValidateService(svc); s.Invalid != nil {
-			return
-		}
+	if s.Invalid = ValidateService(svc); s.Invalid != nil {
+		return
 	}
 	s.ClusterIPs = appendClusterIPs(ips, svc)
 	if n := len(sp.Ports); n > 0 {

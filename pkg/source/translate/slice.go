@@ -83,13 +83,7 @@ func MakeSlice(es *discoveryv1.EndpointSlice) Slice {
 // once translated (pkg/source/tracker's objects from SetSlice), so that a
 // first sync of 30,000 slices makes no garbage of them. Nothing of what s
 // held before is read or kept.
-func ReadSlice(s *Slice, es *discoveryv1.EndpointSlice) { readSlice(s, es, true) }
-
-// ReadValidSlice is ReadSlice for a slice ValidateEndpointSlice has passed
-// (and nothing changed since): it is not validated again.
-func ReadValidSlice(s *Slice, es *discoveryv1.EndpointSlice) { readSlice(s, es, false) }
-
-func readSlice(s *Slice, es *discoveryv1.EndpointSlice, validate bool) {
+func ReadSlice(s *Slice, es *discoveryv1.EndpointSlice) {
 	eps, ports := s.Endpoints[:0], s.Ports[:0]
 	*s = Slice{Namespace: es.Namespace, Name: es.Name, ResourceVersion: es.ResourceVersion,
 		Service: es.Labels[discoveryv1.LabelServiceName], AddressType: constant(es.AddressType, addressTypes)}
@@ -101,12 +95,10 @@ func readSlice(s *Slice, es *discoveryv1.EndpointSlice, validate bool) {
 	// endpoints 0 to given-1 (all of them, in a valid IPv4 or IPv6
 	// slice); the others are parsed below.
 	given := 0
-	if validate {
-		s.Invalid = validateEndpointSlice(es, func(i int, ip netip.Addr) {
-			s.Endpoints[i].Addr = ip
-			given = i + 1
-		})
-	}
+	s.Invalid = validateEndpointSlice(es, func(i int, ip netip.Addr) {
+		s.Endpoints[i].Addr = ip
+		given = i + 1
+	})
 	if n := len(es.Ports); n > 0 {
 		s.Ports = slices.Grow(ports, n)[:n]
 		for i, p := range es.Ports {
