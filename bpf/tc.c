@@ -149,8 +149,9 @@ struct ip4_rewrite {
  * call). The IPv4 header checksum, which no offload touches, is updated
  * here (RFC 1624, as bpf_l3_csum_replace would), and the bytes from it to
  * the destination port are one store when the header has no options:
- * three helper calls for an address and a port where rewrite_l4addr
- * makes five, six for two of each where it makes ten.
+ * three helper calls for an address and a port where a rewrite field by
+ * field (a checksum helper each, a store each) makes five, six for two
+ * of each where it makes ten.
  *
  * A global function, which the verifier checks once, on its own. Returns
  * 0 or a negative error from a helper (the packet may then be half
