@@ -129,85 +129,17 @@ struct lb4_xlate {
 #include "lib/tc_fam.h"
 #undef LB_FAMILY
 
-/* rewrite4's fields of the IPv4 header, from the checksum on. */
-struct ip4_rewrite {
-	__u16 check;
-	__be16 addrs[4]; /* source, destination: as 16-bit words */
-	__be16 ports[2]; /* source, destination: without IP options only */
-};
-
 /*
- * rewrite4 - rewrite @p's packet to <@saddr:@sport -> @daddr:@dport>
- * (@addrs: the source in the low 32 bits, the destination in the high;
- * @ports: the source port in the low 16 bits), the fields @p has already
- * left as they are. A later fragment (p->frag_later) gets only its
- * addresses rewritten.
- *
- * The L4 checksum goes through the helper, one call per changed field: it
- * knows the skb's checksum state (a CHECKSUM_PARTIAL packet's field holds
- * the pseudo-header's sum only, so an address and a port cannot share a
- * call). The IPv4 header checksum, which no offload touches, is updated
- * here (RFC 1624, as bpf_l3_csum_replace would), and the bytes from it to
- * the destination port are one store when the header has no options:
- * three helper calls for an address and a port where a rewrite field by
- * field (a checksum helper each, a store each) makes five, six for two
- * of each where it makes ten.
- *
- * A global function, which the verifier checks once, on its own. Returns
- * 0 or a negative error from a helper (the packet may then be half
- * rewritten: callers drop it).
+ * rev_dport4 - rewrite the destination port of @p, a reply, to @port. A
+ * global function, which the verifier checks once, on its own, rather
+ * than on every path of rev_dnat's (as ct_new4, below).
  */
-__noinline int rewrite4(struct __sk_buff *skb, const struct pkt4 *p,
-			__u64 addrs, __u32 ports)
+__noinline int rev_dport4(struct __sk_buff *skb, const struct pkt4 *p,
+			  __be16 port)
 {
-	__be32 saddr = (__u32)addrs, daddr = (__u32)(addrs >> 32);
-	__be16 sport = (__u16)ports, dport = (__u16)(ports >> 16);
-	bool l4 = p && !p->frag_later;
-	struct ip4_rewrite w;
-	__u64 flags;
-	__u32 len;
-
 	if (!skb || !p)
 		return -1;
-	flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
-	if (l4 && ((saddr != p->saddr &&
-		    bpf_l4_csum_replace(skb, p->csum_off, p->saddr, saddr,
-					flags | BPF_F_PSEUDO_HDR | 4) < 0) ||
-		   (daddr != p->daddr &&
-		    bpf_l4_csum_replace(skb, p->csum_off, p->daddr, daddr,
-					flags | BPF_F_PSEUDO_HDR | 4) < 0) ||
-		   (sport != p->sport &&
-		    bpf_l4_csum_replace(skb, p->csum_off, p->sport, sport,
-					flags | 2) < 0) ||
-		   (dport != p->dport &&
-		    bpf_l4_csum_replace(skb, p->csum_off, p->dport, dport,
-					flags | 2) < 0)))
-		return -1;
-	w.check = csum_replace32(csum_replace32(p->ip_check, p->saddr, saddr),
-				 p->daddr, daddr);
-	__builtin_memcpy(&w.addrs[0], &saddr, sizeof(saddr));
-	__builtin_memcpy(&w.addrs[2], &daddr, sizeof(daddr));
-	w.ports[0] = sport;
-	w.ports[1] = dport;
-	len = offsetof(struct ip4_rewrite, ports);
-	if (l4 && p->ihl_len == sizeof(struct iphdr))
-		len = sizeof(w);
-	if ((saddr != p->saddr || daddr != p->daddr || len == sizeof(w)) &&
-	    bpf_skb_store_bytes(skb, p->l3_off + IP_CSUM_OFF, &w, len, 0) < 0)
-		return -1;
-	if (l4 && len != sizeof(w) && (sport != p->sport || dport != p->dport))
-		return bpf_skb_store_bytes(skb, p->l4_off, w.ports,
-					   sizeof(w.ports), 0);
-	return 0;
-}
-
-/* rewrite4_to - rewrite4 with each field apart. */
-static __always_inline int rewrite4_to(struct __sk_buff *skb,
-				       const struct pkt4 *p, __be32 saddr,
-				       __be16 sport, __be32 daddr, __be16 dport)
-{
-	return rewrite4(skb, p, (__u64)daddr << 32 | saddr,
-			(__u32)dport << 16 | sport);
+	return rewrite_l4addr(skb, p, true, p->daddr, port);
 }
 
 /*
@@ -243,7 +175,8 @@ static __always_inline int rev_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 		if (ret >= 0)
 			return ret;
 	}
-	if (rewrite4_to(skb, p, fe_addr, fe_port, p->daddr, cport) < 0) {
+	if (rewrite_l4addr(skb, p, false, fe_addr, fe_port) < 0 ||
+	    (cport != p->dport && rev_dport4(skb, p, cport) < 0)) {
 		metric_count(p, METRIC_TC_REWRITE_ERR);
 		return TC_ACT_SHOT;
 	}
@@ -299,7 +232,8 @@ static __always_inline int rev_nat(struct __sk_buff *skb, const struct pkt4 *p,
 	ret = fwd_check(skb, p, &f, false);
 	if (ret >= 0)
 		return ret;
-	if (rewrite4_to(skb, p, fe_addr, fe_port, client, cport) < 0) {
+	if (rewrite_l4addr(skb, p, false, fe_addr, fe_port) < 0 ||
+	    rewrite_l4addr(skb, p, true, client, cport) < 0) {
 		metric_count(p, METRIC_TC_REWRITE_ERR);
 		return TC_ACT_SHOT;
 	}
@@ -347,10 +281,9 @@ static __always_inline bool lb4_masquerade(const struct pkt4 *p,
  * bits) and the rev NAT id (high), and ct_snat4's @x the node address and
  * the port it reserves: five arguments at most. sluice_ingress verified
  * 424,897 instructions with both inlined, 127,963 then (with
- * conntrack_fam.h's ct_snat_try a global function too), 128,088 then
- * (lb4_remap, and a port rewrite since folded into rewrite4, global as
- * well); the agent's start spends half the CPU it did loading the
- * programs (BenchmarkOpen).
+ * conntrack_fam.h's ct_snat_try a global function too), 128,088 now
+ * (lb4_remap and rev_dport4 global as well); the agent's start spends half
+ * the CPU it did loading the programs (BenchmarkOpen).
  */
 __noinline int ct_new4(const struct pkt4 *p, const struct lb4_backend *be,
 		       __u64 ids, __u64 now)
@@ -733,9 +666,9 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 		if (ret >= 0)
 			return ret;
 	}
-	if (rewrite4_to(skb, p, x.snat ? x.snat_addr : p->saddr,
-			x.snat ? x.snat_port : p->sport, x.nat_addr,
-			x.nat_port) < 0) {
+	if (rewrite_l4addr(skb, p, true, x.nat_addr, x.nat_port) < 0 ||
+	    (x.snat &&
+	     rewrite_l4addr(skb, p, false, x.snat_addr, x.snat_port) < 0)) {
 		metric_count(p, METRIC_TC_REWRITE_ERR);
 		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
 		return TC_ACT_SHOT;

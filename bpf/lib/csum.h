@@ -9,8 +9,7 @@
  * zero: BPF_F_MARK_MANGLED_0 makes the kernel leave it alone, and write
  * 0xffff should an update ever produce zero.
  *
- * tc rewrites the L4 checksum through the skb helpers (rewrite4 in tc.c,
- * rewrite6_l4addr in tc6.h), which know the
+ * tc rewrites through the skb helpers (rewrite_l4addr), which know the
  * skb's checksum offload state. XDP has no skb and writes the headers
  * itself, updating the checksums with csum_replace32/16, and
  * csum_replace_v6 for an IPv6 address (RFC 1624).
@@ -103,7 +102,7 @@ csum_replace_v6(__u16 check, const union v6addr *from, const union v6addr *to)
 /*
  * rewrite_port - write the port @to over @from at @off, and update the L4
  * checksum at @csum_off (@l4_flags: bpf_l4_csum_replace's flags, but the
- * size). The port half of rewrite6_l4addr (tc6.h).
+ * size). The port half of rewrite_l4addr and rewrite6_l4addr (tc6.h).
  * Returns 0 or a negative error from a helper.
  */
 static __always_inline int rewrite_port(struct __sk_buff *skb, __u32 csum_off,
@@ -116,6 +115,52 @@ static __always_inline int rewrite_port(struct __sk_buff *skb, __u32 csum_off,
 	if (err < 0)
 		return err;
 	return bpf_skb_store_bytes(skb, off, &to, sizeof(to), 0);
+}
+
+/*
+ * rewrite_l4addr - replace one <address, port> of @p's packet.
+ * @to_dst: rewrite the destination if true, else the source.
+ *
+ * A later fragment (p->frag_later) gets only its address rewritten.
+ *
+ * Returns 0 or a negative error from a helper (the packet may then be half
+ * rewritten: callers drop it).
+ */
+static __always_inline int rewrite_l4addr(struct __sk_buff *skb,
+					  const struct pkt4 *p, bool to_dst,
+					  __be32 new_addr, __be16 new_port)
+{
+	__be32 old_addr = to_dst ? p->daddr : p->saddr;
+	__be16 old_port = to_dst ? p->dport : p->sport;
+	__u32 addr_off = p->l3_off + (to_dst ? IP_DADDR_OFF : IP_SADDR_OFF);
+	__u32 port_off = p->l4_off + (to_dst ? L4_DPORT_OFF : L4_SPORT_OFF);
+	__u64 l4_flags = p->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	int err;
+
+	if (old_addr != new_addr) {
+		/* A later fragment has no L4 header: its first fragment's
+		 * rewrite fixes the checksum of the whole datagram.
+		 */
+		if (!p->frag_later) {
+			err = bpf_l4_csum_replace(
+				skb, p->csum_off, old_addr, new_addr,
+				l4_flags | BPF_F_PSEUDO_HDR | sizeof(new_addr));
+			if (err < 0)
+				return err;
+		}
+		err = bpf_l3_csum_replace(skb, p->l3_off + IP_CSUM_OFF,
+					  old_addr, new_addr, sizeof(new_addr));
+		if (err < 0)
+			return err;
+		err = bpf_skb_store_bytes(skb, addr_off, &new_addr,
+					  sizeof(new_addr), 0);
+		if (err < 0)
+			return err;
+	}
+	if (old_port != new_port && !p->frag_later)
+		return rewrite_port(skb, p->csum_off, l4_flags, port_off,
+				    old_port, new_port);
+	return 0;
 }
 
 /* csum_buf - the Internet checksum of @len bytes at @buf (len % 4 == 0). */

@@ -40,8 +40,7 @@ struct pkt4 {
 	__be32 daddr;
 	__be16 sport;
 	__be16 dport;
-	__be16 ip_id;	/* IP identification (fragments) */
-	__u16 ip_check; /* the IPv4 header checksum as it came (rewrite4) */
+	__be16 ip_id; /* IP identification (fragments) */
 	__u8 proto;
 	__u8 ihl_len;	/* IPv4 header length in bytes, 20..60 */
 	__u8 tcp_flags; /* byte 13 of the TCP header (flags); 0 for UDP */
@@ -172,7 +171,6 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 	p->saddr = ip.saddr;
 	p->daddr = ip.daddr;
 	p->ip_id = ip.id;
-	p->ip_check = ip.check;
 	p->proto = ip.protocol;
 	p->ihl_len = ihl_len;
 	p->ttl = ip.ttl;
