@@ -381,6 +381,7 @@ static __always_inline int lb4_ct_follow(const struct pkt4 *p,
 					 struct ct4_entry *fwd, __u64 now,
 					 struct lb4_xlate *x)
 {
+	bool refreshed = false;
 	int err;
 
 	x->nat_addr = fwd->nat_addr;
@@ -394,9 +395,9 @@ static __always_inline int lb4_ct_follow(const struct pkt4 *p,
 	explain_flag(p, EXPLAIN_F_CT_HIT);
 	explain_backend(p, fwd->backend_id, 0, x->nat_addr, x->nat_port);
 	if (!explain_dry(p))
-		ct_refresh(fwd, p->proto, now);
+		refreshed = ct_refresh(fwd, p->proto, now);
 	ct_track_tcp(p, key, fwd, now);
-	err = ct_check_reverse(p, key, fwd, now);
+	err = ct_check_reverse_due(p, key, fwd, now, refreshed);
 	if (err == -EEXIST) {
 		/* Another flow holds the reply tuple (the SNAT port): its
 		 * replies would go there. Never send from a tuple the flow
@@ -643,7 +644,7 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	struct lb4_xlate x = {};
 	int ret;
 
-	svc = lb4_frontend(skb, p, svc, &x, &ret);
+	svc = lb4_frontend(skb, p, svc, &x, fwd, &ret);
 	if (!svc)
 		return ret;
 	ret = lb4_select(skb, p, svc, key, fwd, gone, now, &x);

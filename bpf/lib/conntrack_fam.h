@@ -846,3 +846,33 @@ static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
 		return bpf_map_update_elem(FAM(ct_new), &rkey, &e, BPF_ANY);
 	return FN(ct_est_insert)(&rkey, &e, now, false);
 }
+
+/*
+ * ct_check_reverse_due - ct_check_reverse for a packet of the live
+ * forward entry @fwd (under @key), whose refresh by this packet stored
+ * (@refreshed) or not; skipped for an established flow that is not
+ * source-NATed while its forward entry needs no refresh. Returns as
+ * ct_check_reverse.
+ *
+ * Such a flow's reply entry was checked whenever its forward entry's
+ * expiry last moved: by the promotion, which inserted both; by a client
+ * packet whose refresh stored (this check); by a reply, whose ct_touch
+ * refreshes the reply entry first. So it lives until a second before the
+ * forward entry at the earliest, and once the forward entry is due again
+ * its next packet checks. Deleted alone it is not: the GC keeps an entry
+ * whose flow's other entry lives, and a flush, a deletion by sluicectl,
+ * a superseding or reopening flow take both. A source-NATed flow
+ * (its reply entry holds its port) and a half-open one (an LRU may evict
+ * its reply entry alone) are checked on every packet, as is a dry run's.
+ */
+static __always_inline int FN(ct_check_reverse_due)(const FAM(pkt_t) *p,
+						    const FAM(ct_key_t) *key,
+						    const FAM(ct_entry_t) *fwd,
+						    __u64 now, bool refreshed)
+{
+	if (!refreshed && !explain_dry(p) &&
+	    (READ_ONCE(fwd->flags) & (CT_F_REPLIED | CT_F_SNAT)) ==
+		    CT_F_REPLIED)
+		return 0;
+	return FN(ct_check_reverse)(p, key, fwd, now);
+}

@@ -504,7 +504,7 @@ static __noinline int lb6_follow(const struct pkt6 *p,
 {
 	struct ct6_key key = {};
 	struct ct6_entry *fwd;
-	bool half_open, gone;
+	bool half_open, gone, refreshed = false;
 	int err;
 
 	ct_key_of6(&key, p, CT_FORWARD);
@@ -524,9 +524,9 @@ static __noinline int lb6_follow(const struct pkt6 *p,
 			x->remap = lb6_addr_eq(&fwd->snat_addr, &p->saddr);
 		}
 		if (!explain_dry(p))
-			ct_refresh6(fwd, p->proto, now);
+			refreshed = ct_refresh6(fwd, p->proto, now);
 		ct_track_tcp6(p, &key, fwd, now);
-		err = ct_check_reverse6(p, &key, fwd, now);
+		err = ct_check_reverse_due6(p, &key, fwd, now, refreshed);
 		if (err == -EEXIST || (err < 0 && x->snat)) {
 			/* Another flow holds the reply tuple (the SNAT port),
 			 * or the port is not reserved: never send from a
@@ -592,7 +592,7 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 		if (!svc)
 			return lb6_no_service(skb, p);
 	}
-	svc = lb6_frontend(skb, p, svc, x, &ret);
+	svc = lb6_frontend(skb, p, svc, x, false, &ret);
 	if (!svc)
 		return ret;
 	/* Conntrack first: a Service that has dropped to zero endpoints

@@ -132,15 +132,25 @@ static __always_inline struct lb4_service *LB_FN(scope)(struct __sk_buff *skb,
  * tc_ingress), in the scope that serves @p's client (scope, which fills
  * in @x->internal and @x->outside). NULL if its source ranges refuse @p
  * (@ret: check_source's verdict).
+ *
+ * @follow: @p's flow has a usable forward entry, which decides where it
+ * goes. Only a new flow needs @x->internal and @x->outside (whether it is
+ * masqueraded), so such a packet to a frontend of one scope skips scope's
+ * lookups (the client's CIDR, its device); of two, the scope is still
+ * found, whose id its packets are counted under (svcstats.h). A dry run
+ * (explain.h) finds it anyway, to report it.
  */
 static __always_inline struct lb4_service *
 LB_FN(frontend)(struct __sk_buff *skb, const FAM(pkt_t) *p,
-		struct lb4_service *svc, FAM(lb_xlate_t) *x, int *ret)
+		struct lb4_service *svc, FAM(lb_xlate_t) *x, bool follow,
+		int *ret)
 {
 	FN(explain_frontend)(p, svc);
 	*ret = LB_FN(check_source)(p, svc);
 	if (*ret >= 0)
 		return NULL;
+	if (follow && !explain_dry(p) && !(svc->flags & SVC_F_TWO_SCOPES))
+		return svc;
 	return LB_FN(scope)(skb, p, svc, x);
 }
 

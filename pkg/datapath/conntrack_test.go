@@ -288,6 +288,63 @@ func TestCTConcurrentRefresh(t *testing.T) {
 	})
 }
 
+// TestCTReverseCheckedWhenDue: a client packet of an established flow
+// checks (refreshes, or re-creates) the flow's reply entry when its
+// forward entry's refresh is due, and leaves it alone while it is not
+// (ct_check_reverse_due: a cold lookup saved on most packets). The reply
+// entry then still lives as long as the forward entry, less a second.
+func TestCTReverseCheckedWhenDue(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		d := newTestDatapath(t)
+		m := d.Maps()
+		bes := []testBackend{{47, l4(a("10.1.4.7"), 8080, model.TCP)}}
+		addService(t, m, 1, vip, bes...)
+		f := flow{a("10.0.4.7"), 45007, vip}
+		be := establish(t, d, f, bes...)
+		rev := f.revKey(be.addr)
+		expires := func() uint64 {
+			t.Helper()
+			e, ok := ctLookup(t, m, rev)
+			if !ok {
+				t.Fatalf("no reply entry %s", rev)
+			}
+			return e.expires
+		}
+		client := func() {
+			t.Helper()
+			if v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpACK)); v != tcActOK || dst != be.addr.Addr.String() {
+				t.Fatalf("client packet: verdict %d to %s, want %s", v, dst, be.addr.Addr)
+			}
+		}
+
+		// The forward entry needs no refresh (it looks refreshed ahead):
+		// the reply entry, 5 s behind, is not touched.
+		ctSetSeen(t, m, f.fwdKey(), 10*time.Second)
+		ctSetSeen(t, m, rev, -5*time.Second)
+		before := expires()
+		client()
+		if after := expires(); after != before {
+			t.Errorf("reply entry's expiry moved by %v while the forward entry needed no refresh", time.Duration(after-before))
+		}
+
+		// Its refresh due, the reply entry is refreshed too.
+		ctSetSeen(t, m, f.fwdKey(), -5*time.Second)
+		client()
+		if after := expires(); after <= before {
+			t.Errorf("reply entry not refreshed with the forward entry: expiry %d, was %d", after, before)
+		}
+
+		// And a reply entry gone is re-created: the replies translate.
+		ctRemove(t, m, rev)
+		ctSetSeen(t, m, f.fwdKey(), -5*time.Second)
+		client()
+		if v, out := runProg(t, d.TCEgress(), f.from(be.addr, tcpACK).Bytes()); v != tcActOK || outSrc(out) != vip.Addr.String() {
+			t.Errorf("reply after its entry was re-created: verdict %d, source %s, want the VIP", v, outSrc(out))
+		}
+	})
+}
+
 // TestCTRefreshedAhead (A1, deterministic): an entry another CPU refreshed
 // after this program read the clock is alive, not expired.
 func TestCTRefreshedAhead(t *testing.T) {
