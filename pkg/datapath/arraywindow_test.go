@@ -48,6 +48,20 @@ func bpfMapRSS(t *testing.T) int {
 	return total
 }
 
+// mappableArray is a mappable BPF array of n entries of 20 bytes (24 in
+// its memory, as the backends arrays' values are laid out), closed when t
+// ends; privileged.
+func mappableArray(t *testing.T, n uint32) *ebpf.Map {
+	t.Helper()
+	testutil.Privileged(t)
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 20, MaxEntries: n, Flags: unix.BPF_F_MMAPABLE})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
 // TestArrayScanMapsAWindow: a scan of a mappable array (the backends
 // arrays, at each metrics scrape and refresh of the view) keeps no more
 // than a window of it mapped at a time, so in the agent's RSS, and nothing
@@ -55,13 +69,8 @@ func bpfMapRSS(t *testing.T) int {
 // windows' edges too. With the whole array mapped for the scan (as before),
 // the 24-byte entries of the array below add 7 MiB to the RSS.
 func TestArrayScanMapsAWindow(t *testing.T) {
-	testutil.Privileged(t)
 	const n = 300_000
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 20, MaxEntries: n, Flags: unix.BPF_F_MMAPABLE})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := mappableArray(t, n)
 	per := windowEntries(24)
 	if per*24%os.Getpagesize() != 0 || per*24 > arrayWindow+os.Getpagesize() {
 		t.Fatalf("a window of %d entries of 24 bytes", per)
@@ -79,7 +88,7 @@ func TestArrayScanMapsAWindow(t *testing.T) {
 	base := bpfMapRSS(t)
 	most := 0
 	var got []uint32
-	err = eachArrayEntry(m, func(k uint32, v []byte) error {
+	err := eachArrayEntry(m, func(k uint32, v []byte) error {
 		if binary.NativeEndian.Uint32(v) != k+1 || !bytes.Equal(v[4:19], make([]byte, 15)) || v[19] != 1 {
 			t.Errorf("entry %d: %x", k, v)
 		}
@@ -111,13 +120,8 @@ func TestArrayScanMapsAWindow(t *testing.T) {
 // (as before) put all of its pages in the RSS: the kernel maps them when
 // the array is.
 func TestArrayValuesMapsWindows(t *testing.T) {
-	testutil.Privileged(t)
 	const n = 300_000
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 20, MaxEntries: n, Flags: unix.BPF_F_MMAPABLE})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := mappableArray(t, n)
 	per := windowEntries(24)
 	keys := []uint32{n - 1, 0, uint32(per), n / 2, uint32(per - 1), 5, uint32(per)}
 	for _, k := range keys {
