@@ -21,7 +21,10 @@ package manifest
 // decoded beside it. So every string the compact forms keep is a copy
 // (the names) or shared through compacter (what repeats between objects:
 // namespaces, port names, node names, zone names), never the decoded
-// object's (TestCompactKeepsNoDecodedBytes).
+// object's (TestCompactKeepsNoDecodedBytes). A valid object's type,
+// protocols and address type are already translate's constants (its
+// validation rejects any other), and an invalid object's compact form is
+// not kept.
 
 import (
 	"strings"
@@ -89,11 +92,10 @@ func (c *compacter) service(svc *corev1.Service, key types.NamespacedName) *tran
 	s := translate.ServiceOf(svc)
 	s.Namespace, s.Name = key.Namespace, keyName(s.Name, key)
 	s.ResourceVersion = strings.Clone(s.ResourceVersion)
-	s.Type = corev1.ServiceType(c.shareValue(string(s.Type)))
 	s.ProxyName = c.sharePtr(s.ProxyName)
 	for i := range s.Ports {
 		p := &s.Ports[i]
-		p.Name, p.Protocol = c.shareValue(p.Name), corev1.Protocol(c.shareValue(string(p.Protocol)))
+		p.Name = c.shareValue(p.Name)
 	}
 	if x := s.External; x != nil && x.SourceRanges != nil {
 		ranges := make([]string, len(x.SourceRanges))
@@ -112,10 +114,9 @@ func (c *compacter) slice(es *discoveryv1.EndpointSlice, key types.NamespacedNam
 	s := translate.SliceOf(es)
 	s.Namespace, s.Name = key.Namespace, keyName(s.Name, key)
 	s.ResourceVersion, s.Service = strings.Clone(s.ResourceVersion), strings.Clone(s.Service)
-	s.AddressType = discoveryv1.AddressType(c.shareValue(string(s.AddressType)))
 	for i := range s.Ports {
 		p := &s.Ports[i]
-		p.Name, p.Protocol = c.shareValue(p.Name), corev1.Protocol(c.shareValue(string(p.Protocol)))
+		p.Name = c.shareValue(p.Name)
 	}
 	for i := range s.Endpoints {
 		e := &s.Endpoints[i]

@@ -140,9 +140,8 @@ type loader struct {
 }
 
 func newLoader(opts translate.Options) *loader {
-	t := tracker.New(opts)
 	return &loader{lastGood: map[objKey]*object{}, byFile: map[string][]*object{},
-		units: map[unitSum]*unit{}, tracker: t, seed: maphash.MakeSeed()}
+		units: map[unitSum]*unit{}, tracker: tracker.New(opts), seed: maphash.MakeSeed()}
 }
 
 // unitSum identifies content: a 64-bit keyed hash and the length. The

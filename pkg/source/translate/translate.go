@@ -424,8 +424,7 @@ func checkMeta[T any, P object[T]](kind, prefix string, obj P) (failer, error) {
 
 // failer makes the errors of one object's validation. It is a value, and
 // names the object only when it fails: validating a valid object (every
-// Service and slice of a first list, twice over for a manifest's)
-// allocates nothing for its errors.
+// Service and slice of a first list) allocates nothing for its errors.
 type failer struct{ prefix, ns, name string }
 
 func (f failer) fail(format string, a ...any) error {
