@@ -226,21 +226,18 @@ func eachBackend[V any](m *ebpf.Map, name string, f func(id *uint32, v *V)) erro
 // a scan adds at most a window (1 MiB) to the RSS, not the array (issue
 // 14).
 func eachArrayEntry(m *ebpf.Map, f func(k uint32, v []byte) error) error {
-	n := int(m.MaxEntries())
-	size := int(m.ValueSize())
-	stride := (size + 7) &^ 7
-	per := windowEntries(stride)
-	zero := make([]byte, size)
-	for first := 0; first < n; first += per {
-		count := min(per, n-first)
-		mem, err := mapArrayWindow(m, first, count, stride)
+	a := layoutOf(m)
+	zero := make([]byte, a.size)
+	for first := 0; first < a.n; first += a.per {
+		count := min(a.per, a.n-first)
+		mem, err := a.window(m, first/a.per)
 		if err != nil {
 			if first == 0 {
 				return eachArrayBatch(m, f)
 			}
 			return fmt.Errorf("map entries %d-%d: %w", first, first+count-1, err)
 		}
-		err = eachWindowEntry(mem, first, count, stride, size, zero, f)
+		err = eachWindowEntry(mem, first, count, a.stride, a.size, zero, f)
 		_ = unix.Munmap(mem) // only fails for a bad range
 		if err != nil {
 			return err
@@ -250,7 +247,7 @@ func eachArrayEntry(m *ebpf.Map, f func(k uint32, v []byte) error) error {
 }
 
 // eachWindowEntry calls f with the entries first to first+count-1, not all
-// zero, of mem, their window (mapArrayWindow).
+// zero, of mem, their window (arrayLayout.window).
 func eachWindowEntry(mem []byte, first, count, stride, size int, zero []byte, f func(k uint32, v []byte) error) error {
 	for i := range count {
 		v := mem[i*stride : i*stride+size]
@@ -286,12 +283,23 @@ func gcd(a, b int) int {
 	return a
 }
 
-// mapArrayWindow maps the entries first to first+count-1 of the array m,
-// each stride bytes, read-only; first*stride is at a page.
-func mapArrayWindow(m *ebpf.Map, first, count, stride int) ([]byte, error) {
+// arrayLayout is how an array's values lie in its memory, and the windows
+// it is mapped in: n entries of size bytes, each at a stride of size
+// rounded up to 8, per entries a window (windowEntries).
+type arrayLayout struct{ n, size, stride, per int }
+
+func layoutOf(m *ebpf.Map) arrayLayout {
+	size := int(m.ValueSize())
+	stride := (size + 7) &^ 7
+	return arrayLayout{n: int(m.MaxEntries()), size: size, stride: stride, per: windowEntries(stride)}
+}
+
+// window maps window w of the array m (its entries w*per on, per of them
+// or to the end), read-only; it starts at a page.
+func (a arrayLayout) window(m *ebpf.Map, w int) ([]byte, error) {
 	page := os.Getpagesize()
-	off := first * stride
-	return mmapArray(m.FD(), int64(off), (count*stride+page-1)&^(page-1), unix.PROT_READ, unix.MAP_SHARED)
+	count := min(a.per, a.n-w*a.per)
+	return mmapArray(m.FD(), int64(w*a.per*a.stride), (count*a.stride+page-1)&^(page-1), unix.PROT_READ, unix.MAP_SHARED)
 }
 
 // mmapArray is unix.Mmap; tests see the mappings through it.
@@ -307,9 +315,7 @@ func arrayValues[V any](m *ebpf.Map, keys []uint32, values []V) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	n, size := int(m.MaxEntries()), int(m.ValueSize())
-	stride := (size + 7) &^ 7
-	per := windowEntries(stride)
+	a := layoutOf(m)
 	order := make([]int, len(keys))
 	for i := range order {
 		order[i] = i
@@ -324,16 +330,16 @@ func arrayValues[V any](m *ebpf.Map, keys []uint32, values []V) error {
 	window := -1
 	for _, i := range order {
 		k := int(keys[i])
-		if k >= n {
-			return fmt.Errorf("entry %d: beyond the array's %d", k, n)
+		if k >= a.n {
+			return fmt.Errorf("entry %d: beyond the array's %d", k, a.n)
 		}
-		if w := k / per; w != window {
+		if w := k / a.per; w != window {
 			if mem != nil {
 				_ = unix.Munmap(mem)
 				mem = nil
 			}
 			var err error
-			if mem, err = mapArrayWindow(m, w*per, min(per, n-w*per), stride); err != nil {
+			if mem, err = a.window(m, w); err != nil {
 				if window < 0 {
 					return lookupValues(m, keys, values)
 				}
@@ -341,8 +347,8 @@ func arrayValues[V any](m *ebpf.Map, keys []uint32, values []V) error {
 			}
 			window = w
 		}
-		off := (k - window*per) * stride
-		if _, err := binary.Decode(mem[off:off+size], binary.NativeEndian, &values[i]); err != nil {
+		off := (k - window*a.per) * a.stride
+		if _, err := binary.Decode(mem[off:off+a.size], binary.NativeEndian, &values[i]); err != nil {
 			return fmt.Errorf("entry %d: %w", k, err)
 		}
 	}
