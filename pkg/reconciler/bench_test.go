@@ -89,13 +89,18 @@ func BenchmarkApply(b *testing.B) {
 }
 
 // scaleState is n services with 2 to 10 backends each (service i has
-// 2+i%9), the shape of the sources' scale benchmarks. Backend j of
-// service i is 10.(16*(i>>16)+j+1).(i>>8).(i):8080/TCP.
+// 2+i%9), the shape of the sources' scale benchmarks.
 func scaleState(n int) *model.State {
+	return sizedState(n, func(i int) int { return 2 + i%9 })
+}
+
+// sizedState is n services, service i with backends(i) backends.
+// Backend j of service i is 10.(16*(i>>16)+j+1).(i>>8).(i):8080/TCP.
+func sizedState(n int, backends func(i int) int) *model.State {
 	var sb model.ServicesBuilder
 	for i := range n {
-		bs := make([]model.Backend, 0, 2+i%9)
-		for j := range 2 + i%9 {
+		bs := make([]model.Backend, 0, backends(i))
+		for j := range backends(i) {
 			bs = append(bs, model.Backend{L4Addr: model.L4Addr{
 				Addr: netip.AddrFrom4([4]byte{10, byte(16*(i>>16) + j + 1), byte(i >> 8), byte(i)}), Port: 8080, Proto: model.TCP}})
 		}
@@ -195,23 +200,6 @@ func (nopDatapath) UpsertServiceIPs(as []netip.Addr) (int, error)            { r
 func (nopDatapath) ResetServiceStats(reconciler.ServiceID) error             { return nil }
 func (nopDatapath) Dump() (*reconciler.KernelState, error)                   { return &reconciler.KernelState{}, nil }
 
-// tenState is n services of 10 backends each: the load run's shape
-// (test/bench: 30,000 Services x 10 endpoints, 300,000 backends).
-// Backend j of service i is 10.(16*(i>>16)+j+1).(i>>8).(i):8080/TCP.
-func tenState(n int) *model.State {
-	var sb model.ServicesBuilder
-	for i := range n {
-		bs := make([]model.Backend, 0, 10)
-		for j := range 10 {
-			bs = append(bs, model.Backend{L4Addr: model.L4Addr{
-				Addr: netip.AddrFrom4([4]byte{10, byte(16*(i>>16) + j + 1), byte(i >> 8), byte(i)}), Port: 8080, Proto: model.TCP}})
-		}
-		fe := scaleVIP(i)
-		sb.Set(fe, svc(fe, fmt.Sprintf("svc-%d", i), bs...))
-	}
-	return &model.State{Services: sb.Services()}
-}
-
 // BenchmarkFromEmptyView is issue 14's first program at N services with
 // 2 to 10 backends each (30kx10: 10 each, the load run's shape), without
 // a datapath: the reconciler's own time in the agent's first apply (a
@@ -227,7 +215,8 @@ func BenchmarkFromEmptyView(b *testing.B) {
 		state func() *model.State
 	}{
 		{"30k", func() *model.State { return scaleState(30000) }},
-		{"30kx10", func() *model.State { return tenState(30000) }},
+		// The load run's shape (test/bench: 300,000 backends).
+		{"30kx10", func() *model.State { return sizedState(30000, func(int) int { return 10 }) }},
 		{"100k", func() *model.State { return scaleState(100000) }},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
