@@ -65,13 +65,14 @@ func (r *Reconciler) splitFresh(changed []*desiredFrontend) (fresh, rest []*desi
 }
 
 // defaultFreshChunk is how many fresh frontends programFresh programs at
-// once (Reconciler.freshChunk, unless a test sets it). Its batches hold copies of their entries (and the datapath's
-// marshalled keys and values, once more), all live until the batch is
-// written: a first program of 30,000 Services x 8 in one go held about
-// 30 MiB of them at its peak, on top of the view it builds, which the
-// collector then let the heap grow to twice of. A few thousand frontends
-// keep them small and still make every batch large (a map write costs a
-// system call whatever the batch's size).
+// once (Reconciler.freshChunk, unless a test sets it). Its batches hold
+// copies of their entries, live until the batch is written (and their
+// room then serves the next chunk, freshBufs): a first program of 30,000
+// Services x 8 in one go held about 30 MiB of them at its peak, on top
+// of the view it builds, which the collector then let the heap grow to
+// twice of. A few thousand frontends keep them small and still make
+// every batch large (the datapath writes a batch in system calls of
+// 1,024 entries).
 const defaultFreshChunk = 4096
 
 // freshChunk returns how many of fresh (sorted) programFresh takes next:
