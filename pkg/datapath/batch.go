@@ -38,7 +38,7 @@ func putBatch[K, V any](m *ebpf.Map, keys []K, values []V) (int, error) {
 // encodeChunk is how many entries upsertBatch encodes and writes at
 // once. Its keys and values are copies of the reconciler's entries, which
 // the collector must catch up with: encoded all at once, a first program
-// of 30,000 Services x 10 made 13 MB of them. A system call per 1024
+// of 30,000 Services x 10 made about 13 MB of them. A system call per 1024
 // entries costs nothing beside the kernel's work on each.
 const encodeChunk = 1024
 
