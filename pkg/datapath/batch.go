@@ -35,28 +35,44 @@ func putBatch[K, V any](m *ebpf.Map, keys []K, values []V) (int, error) {
 	return n, err
 }
 
-// upsertBatch encodes entries with enc and writes them in one batch. An
-// entry enc refuses ends the batch there: those before it are written,
-// and its error returned. es are entries first.. of a batch of total
-// (upsertTwin's runs of one family), which a failed write's error names.
+// encodeChunk is how many entries upsertBatch encodes and writes at
+// once. Its keys and values are copies of the reconciler's entries, which
+// the collector must catch up with: encoded all at once, a first program
+// of 30,000 Services x 10 made about 13 MB of them. A system call per 1024
+// entries costs nothing beside the kernel's work on each.
+const encodeChunk = 1024
+
+// upsertBatch encodes entries with enc and writes them, in order, in
+// batches of encodeChunk. An entry enc refuses ends the batch there:
+// those before it are written, and its error returned. es are entries
+// first.. of a batch of total (upsertTwin's runs of one family), which a
+// failed write's error names.
 func upsertBatch[E, K, V any](m *ebpf.Map, what string, first, total int, es []E, enc func(E) (K, V, error)) (int, error) {
-	keys := make([]K, 0, len(es))
-	values := make([]V, 0, len(es))
-	var encErr error
-	for _, e := range es {
-		k, v, err := enc(e)
-		if err != nil {
-			encErr = err
-			break
+	keys := make([]K, 0, min(len(es), encodeChunk))
+	values := make([]V, 0, cap(keys))
+	done := 0
+	for done < len(es) {
+		keys, values = keys[:0], values[:0]
+		var encErr error
+		for _, e := range es[done:min(len(es), done+encodeChunk)] {
+			k, v, err := enc(e)
+			if err != nil {
+				encErr = err
+				break
+			}
+			keys = append(keys, k)
+			values = append(values, v)
 		}
-		keys = append(keys, k)
-		values = append(values, v)
+		n, err := putBatch(m, keys, values)
+		done += n
+		if err != nil {
+			return done, fmt.Errorf("upsert %s (entry %d of %d): %w", what, first+done, total, whenFull(m, err))
+		}
+		if encErr != nil {
+			return done, encErr
+		}
 	}
-	n, err := putBatch(m, keys, values)
-	if err != nil {
-		return n, fmt.Errorf("upsert %s (entry %d of %d): %w", what, first+n, total, whenFull(m, err))
-	}
-	return n, encErr
+	return done, nil
 }
 
 // whenFull says that m is full where err is a hash map's E2BIG, which

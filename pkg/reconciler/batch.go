@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 )
@@ -64,13 +65,14 @@ func (r *Reconciler) splitFresh(changed []*desiredFrontend) (fresh, rest []*desi
 }
 
 // defaultFreshChunk is how many fresh frontends programFresh programs at
-// once (Reconciler.freshChunk, unless a test sets it). Its batches hold copies of their entries (and the datapath's
-// marshalled keys and values, once more), all live until the batch is
-// written: a first program of 30,000 Services x 8 in one go held about
-// 30 MiB of them at its peak, on top of the view it builds, which the
-// collector then let the heap grow to twice of. A few thousand frontends
-// keep them small and still make every batch large (a map write costs a
-// system call whatever the batch's size).
+// once (Reconciler.freshChunk, unless a test sets it). Its batches hold
+// copies of their entries, live until the batch is written (and their
+// room then serves the next chunk, freshBufs): a first program of 30,000
+// Services x 8 in one go held about 30 MiB of them at its peak, on top
+// of the view it builds, which the collector then let the heap grow to
+// twice of. A few thousand frontends keep them small and still make
+// every batch large (the datapath writes a batch in system calls of
+// 1,024 entries).
 const defaultFreshChunk = 4096
 
 // freshChunk returns how many of fresh (sorted) programFresh takes next:
@@ -122,10 +124,35 @@ func (r *Reconciler) batch(n int, many func() (int, error), one func(i int) erro
 	}
 }
 
+// freshBufs are programFresh's batches and its indexes into them, kept
+// from one chunk of fresh frontends to the next in one Apply: a first
+// program of 30,000 Services x 10 made a new set per chunk, 30 MB in all
+// (of 70) that the collector then had to catch up with, on the agent's
+// heap of the manifests or the informers' caches. Their entries are
+// copies (of ids, addresses and frontends): nothing outlives the Apply.
+type freshBufs struct {
+	ids  [][]BackendID
+	flat []BackendID
+	sids []ServiceID
+	bes  []BackendEntry
+	rns  []RevNatEntry
+	sls  []SlotEntry
+	ms   []MasterEntry
+	ips  []netip.Addr
+	// The frontend of each entry of rns, sls and ms.
+	rnOf, slOf, mOf []*desiredFrontend
+}
+
+// reuse returns s emptied, with room for n.
+func reuse[T any](s []T, n int) []T {
+	return slices.Grow(s[:0], n)
+}
+
 // programFresh programs fresh frontends (see splitFresh) in batches and
 // returns one error per frontend it could not program. It leaves the
-// view as programFrontend would have, frontend by frontend.
-func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error {
+// view as programFrontend would have, frontend by frontend. buf holds
+// the batches of the chunk before (if any), whose room it reuses.
+func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *freshBufs) []error {
 	var errs []error
 	failed := make(map[Frontend]bool)
 	fail := func(d *desiredFrontend, err error) {
@@ -200,10 +227,13 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 	}
 
 	// Ids: the ones reserved before, or new ones.
-	ids := make([][]BackendID, len(ds))
-	flat := make([]BackendID, naddrs)
-	sids := make([]ServiceID, len(ds))
-	bes := make([]BackendEntry, 0, naddrs)
+	// (A frontend failed already has no ids: sids is read only where
+	// set below.)
+	buf.ids, buf.flat, buf.sids = reuse(buf.ids, len(ds))[:len(ds)], reuse(buf.flat, naddrs)[:naddrs], reuse(buf.sids, len(ds))[:len(ds)]
+	ids, flat, sids := buf.ids, buf.flat, buf.sids
+	clear(ids)
+	bes := reuse(buf.bes, naddrs)
+	defer func() { buf.bes = bes }()
 	var queued bitset
 	for i, d := range ds {
 		if failed[d.fe] {
@@ -260,8 +290,8 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 	}
 
 	// 2. Reverse NAT.
-	rns := make([]RevNatEntry, 0, len(ds))
-	rnOf := make([]*desiredFrontend, 0, len(ds))
+	rns, rnOf := reuse(buf.rns, len(ds)), reuse(buf.rnOf, len(ds))
+	defer func() { buf.rns, buf.rnOf = rns, rnOf }()
 	for i, d := range ds {
 		if failed[d.fe] {
 			continue
@@ -278,8 +308,8 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 		func(i int, err error) { fail(rnOf[i], fmt.Errorf("upsert rev_nat %d: %w", rns[i].ID, err)) })
 
 	// 3. Slots 1..m, in the order of the frontend's backends.
-	sls := make([]SlotEntry, 0, naddrs)
-	slOf := make([]*desiredFrontend, 0, naddrs)
+	sls, slOf := reuse(buf.sls, naddrs), reuse(buf.slOf, naddrs)
+	defer func() { buf.sls, buf.slOf = sls, slOf }()
 	for i, d := range ds {
 		if failed[d.fe] {
 			continue
@@ -323,8 +353,8 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 	}
 
 	// 5. Masters, a frontend's internal scope before its default one.
-	ms := make([]MasterEntry, 0, len(ds))
-	mOf := make([]*desiredFrontend, 0, len(ds))
+	ms, mOf := reuse(buf.ms, len(ds)), reuse(buf.mOf, len(ds))
+	defer func() { buf.ms, buf.mOf = ms, mOf }()
 	for i, d := range ds {
 		if failed[d.fe] {
 			continue
@@ -364,7 +394,8 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes) []error
 	}
 
 	// 6. The addresses of the ClusterIP masters among the service IPs.
-	ips := make([]netip.Addr, 0, len(ms))
+	ips := reuse(buf.ips, len(ms))
+	defer func() { buf.ips = ips }()
 	queuedIP := makeKeyMap[netip.Addr, bool, addrKeys](len(ms))
 	cipMaster := func(k int) bool {
 		e := ms[k]

@@ -96,6 +96,12 @@ type KernelState struct {
 	ServiceIPs []netip.Addr
 }
 
+// empty reports whether ks holds no entry at all.
+func (ks *KernelState) empty() bool {
+	return len(ks.Masters) == 0 && len(ks.Slots) == 0 && len(ks.Backends) == 0 && len(ks.RevNat) == 0 &&
+		len(ks.SourceRanges) == 0 && len(ks.ServiceIPs) == 0
+}
+
 // Datapath is the set of map operations the reconciler needs. pkg/datapath
 // implements it over the pinned BPF maps; tests use an in-memory fake. Every
 // operation is idempotent.

@@ -8,6 +8,14 @@ func IncrementalApplies(r *Reconciler) int {
 	return r.incremental
 }
 
+// ReservationSweeps counts the Applies of r that looked for reserved
+// ids to release (after a failure, or a Restore that read entries).
+func ReservationSweeps(r *Reconciler) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.sweeps
+}
+
 // SetBatchMin sets the fewest new frontends r programs in batches; 0
 // never batches.
 func SetBatchMin(r *Reconciler, n int) {

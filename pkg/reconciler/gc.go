@@ -14,23 +14,26 @@ import (
 )
 
 // releaseReservations drops the ids chosen for frontends and backend
-// addresses that neither the maps hold nor the desired state wants.
-func (r *Reconciler) releaseReservations(services model.Services, want map[model.L4Addr]bool) {
+// addresses that neither the maps hold nor the desired state wants (want,
+// made on first use). The cheap checks come first: after an Apply that
+// left everything programmed, every id is held, and the set of wanted
+// backends (300,000 addresses at 30,000 Services) is never made.
+func (r *Reconciler) releaseReservations(services model.Services, want func() map[model.L4Addr]bool) {
 	for fe, id := range r.serviceOf.all() {
-		if wanted(services, fe) {
+		if cur, ok := r.revNat.get(uint32(id)); ok && cur == fe {
 			continue
 		}
 		if _, ok := r.frontends.get(fe); ok {
 			continue
 		}
-		if cur, ok := r.revNat.get(uint32(id)); ok && cur == fe {
+		if wanted(services, fe) {
 			continue
 		}
 		r.serviceOf.del(fe)
 		r.maybeReleaseService(id, fe)
 	}
 	for a, id := range r.backendOf.all() {
-		if r.isReal(id) || want[a] || r.backends.refs(uint32(id)) > 0 {
+		if r.isReal(id) || r.backends.refs(uint32(id)) > 0 || want()[a] {
 			continue
 		}
 		r.backendOf.del(a)

@@ -177,6 +177,7 @@ type Reconciler struct {
 	// last Apply programmed entirely, or 0.
 	appliedGen  uint64
 	incremental int // Applies that looked at st.Changed only, for tests
+	sweeps      int // Applies that looked for reservations to release, for tests
 
 	// batchMin is the fewest new frontends an Apply programs in
 	// batches (batch.go); 0 never does.
@@ -434,9 +435,10 @@ func (r *Reconciler) Apply(st *model.State) error {
 	// addresses the view knows nothing of) go first, in batches
 	// (batch.go): no other frontend depends on them.
 	fresh, rest := r.splitFresh(changed)
+	var buf freshBufs
 	for len(fresh) > 0 {
 		n := freshChunk(fresh, r.freshChunk)
-		errs = append(errs, r.programFresh(fresh[:n], capacity)...)
+		errs = append(errs, r.programFresh(fresh[:n], capacity, &buf)...)
 		fresh = fresh[n:]
 	}
 	for _, d := range rest {
@@ -496,7 +498,8 @@ func (r *Reconciler) Apply(st *model.State) error {
 	// that are gone, are freed. Only failures and Restore leave such
 	// reservations behind, so the scan is skipped otherwise.
 	if len(errs) > 0 || r.dirty {
-		r.releaseReservations(services, wantBackend())
+		r.releaseReservations(services, wantBackend)
+		r.sweeps++
 		r.dirty = len(errs) > 0
 	}
 

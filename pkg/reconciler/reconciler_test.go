@@ -385,6 +385,63 @@ func TestRestartRestore(t *testing.T) {
 	}
 }
 
+// TestRestoreOfEmptyMapsSweepsNothing: the agent's first start restores
+// empty maps, and its first program then does not look at every id it
+// just handed out for one to release (300,000 backend addresses at
+// 30,000 Services); a restore that read entries leaves ids a stray may
+// have reserved, and the Apply after it looks, once.
+func TestRestoreOfEmptyMapsSweepsNothing(t *testing.T) {
+	f := newFake(t)
+	st := bigState(50, 3)
+	r := reconciler.New(f, nil)
+	if err := r.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	mustApply(t, r, st)
+	if n := reconciler.ReservationSweeps(r); n != 0 {
+		t.Errorf("first program after restoring empty maps swept %d times, want 0", n)
+	}
+	r2 := reconciler.New(f, nil)
+	if err := r2.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	mustApply(t, r2, st)
+	mustApply(t, r2, st)
+	if n := reconciler.ReservationSweeps(r2); n != 1 {
+		t.Errorf("two Applies after restoring programmed maps swept %d times, want 1", n)
+	}
+}
+
+// TestFailedBackendKeepsItsID: a backend whose write failed keeps the id
+// chosen for it while the desired state still wants it, and the retry
+// writes it under that id: the sweep after the failure releases only the
+// ids nobody wants.
+func TestFailedBackendKeepsItsID(t *testing.T) {
+	f := newFake(t)
+	r := reconciler.New(f, nil)
+	st := state(svc(vip(1), "a", be(1, 1, model.TCP)))
+	var tried reconciler.BackendID
+	f.Fail = func(op fakedp.Op) error {
+		if op.Kind == fakedp.OpUpsertBackend {
+			tried = op.Backend
+			return errors.New("injected")
+		}
+		return nil
+	}
+	if err := r.Apply(st); err == nil || tried == 0 {
+		t.Fatalf("Apply with the backend's write failing = %v (backend %d tried)", err, tried)
+	}
+	f.Fail = nil
+	mustApply(t, r, st)
+	ks, err := f.Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ks.Slots[reconciler.DefaultScope(vip(1))][1]; got != tried {
+		t.Errorf("retry programmed the backend as %d, want %d (the id its failed write had)", got, tried)
+	}
+}
+
 func TestIDQuarantine(t *testing.T) {
 	f := newFake(t)
 	f.CheckAll = false

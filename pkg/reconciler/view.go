@@ -137,7 +137,11 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 			r.backendCand[BackendID(id)] = true
 		}
 	}
-	r.dirty = true
+	// What was read may hold ids the next Apply leaves reserved but
+	// unused (a stray's), for its releaseReservations. Empty maps (the
+	// agent's first start) hold none: the view is as New made it, and
+	// a first program of 30,000 Services skips that walk.
+	r.dirty = !ks.empty()
 }
 
 // presizeKernel makes the dense range of the id tables hold the ids of
