@@ -288,12 +288,21 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 		nobjs += len(fr.objs)
 		nunits += len(fr.units)
 	}
-	effective := make(map[objKey]*object, nobjs)
+	var effective map[objKey]*object
+	if len(paths) == 1 && results[0].seen != nil {
+		// One file, parsed: the objects in effect are its objects,
+		// which its parse put in a map by key (8 MiB at 30,000
+		// Services, not made twice).
+		effective = results[0].seen
+	} else {
+		effective = make(map[objKey]*object, nobjs)
+	}
 	newByFile := map[string][]*object{}
 	newCache := map[string]*fileResult{}
 	units := make(map[unitSum]*unit, nunits)
 	for i, file := range paths {
 		fr := results[i]
+		fr.seen = nil // the map is effective, or garbage
 		if fr.blocks != nil {
 			newCache[file] = fr
 			for _, u := range fr.units {
@@ -305,8 +314,12 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 		if fr.unknown {
 			res.Unknown = append(res.Unknown, file)
 		}
+		if len(fr.objs) > 0 {
+			newByFile[file] = make([]*object, 0, len(fr.objs))
+		}
 		for _, o := range fr.objs {
-			if prev, dup := effective[o.key]; dup {
+			// (o itself is there if effective is the file's map.)
+			if prev, dup := effective[o.key]; dup && prev != o {
 				res.Errors = append(res.Errors, fmt.Errorf("%s: %s: already defined in %s; ignored", o.where(), o.key, prev.where()))
 				continue
 			}
@@ -351,6 +364,9 @@ type fileResult struct {
 	layout *layout
 	// dec decodes the documents while the file is parsed; nil after.
 	dec *docDecoder
+	// seen holds objs by key, from the parse until loadChanged takes it
+	// (as the map of objects in effect, if the file is the only one).
+	seen map[objKey]*object
 }
 
 // docDecoder is what decodeDocument reuses from one document to the next.
@@ -445,6 +461,7 @@ func (l *loader) parseFile(file string, data []byte) *fileResult {
 			}
 		}
 	}
+	fr.seen = seen
 	fr.layout = newLayout(file, data, fr, perDoc)
 	fr.listSpans = nil // in the layout now, if anywhere: kept for as long as the result
 	return fr
@@ -563,6 +580,7 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 	if tm.Kind == "List" || strings.HasSuffix(tm.Kind, "List") && tm.Items != nil {
 		fr.lists++
 		fr.listSpans = spans
+		fr.units = slices.Grow(fr.units, len(items))
 		outs := make([]itemOutcome, len(items))
 		var todo []int
 		mark := len(fr.units)
@@ -789,6 +807,16 @@ func isBlank(doc []byte) bool {
 // translate feeds the tracker the objects in effect that changed since the
 // last load, and returns the desired state it builds.
 func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
+	if len(l.fed) == 0 {
+		// The first state: the tracker's maps made their size.
+		svcs := 0
+		for _, o := range objs {
+			if o.svc != nil {
+				svcs++
+			}
+		}
+		l.tracker.Reserve(svcs, len(objs)-svcs)
+	}
 	var orphans []*object
 	kept := 0 // objects the tracker holds that are still in effect
 	for k, o := range objs {
