@@ -492,7 +492,7 @@ func documentSpans(data []byte) []span {
 	for line := range bytes.Lines(data) {
 		t := bytes.TrimRight(line, " \t\r\n")
 		if bytes.Equal(t, []byte("---")) || bytes.HasPrefix(t, []byte("--- ")) {
-			docs = append(docs, span{start, off})
+			docs = appendSpan(docs, span{start, off})
 			start = off + len(line)
 		}
 		off += len(line)
@@ -583,6 +583,11 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 		fr.units = slices.Grow(fr.units, len(items))
 		outs := make([]itemOutcome, len(items))
 		var todo []int
+		if len(l.units) == 0 {
+			// Nothing decoded before: every item is to decode.
+			todo = make([]int, 0, len(items))
+		}
+		objs = make([]*object, 0, len(items))
 		mark := len(fr.units)
 		for j, item := range items {
 			isum := l.sum(item)
