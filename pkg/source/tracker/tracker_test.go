@@ -3,8 +3,8 @@ package tracker
 import (
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
