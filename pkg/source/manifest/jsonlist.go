@@ -129,8 +129,8 @@ func skipSeparator(doc []byte, i int, closing byte) (next int, more, ok bool) {
 
 // appendSpan appends sp to spans, doubling their room when full, where
 // append grows a long slice by a quarter: the spans of a List's 60,000
-// items (or a stream's documents), garbage once the file is parsed, were
-// four times their final size in arrays left behind.
+// items (or a stream's documents), garbage once the file is parsed, took
+// 5.2 MB of arrays for 0.9 MB of spans.
 func appendSpan(spans []span, sp span) []span {
 	if len(spans) == cap(spans) {
 		spans = slices.Grow(spans, max(len(spans), 16))
