@@ -120,9 +120,9 @@ func BenchmarkScale(b *testing.B) {
 		for _, n := range scaleSizes() {
 			b.Run(fmt.Sprintf("%s/%dk", format, n/1000), func(b *testing.B) {
 				p := filepath.Join(b.TempDir(), "services."+format)
-				// The contents are on disk only while a load runs, as
-				// for the agent: in the heap they would add to the
-				// collector's goal (peak-MiB).
+				// The contents are on disk only (initial and one-change
+				// read them back), as for the agent: held in the heap,
+				// they would add to the collector's goal (peak-MiB).
 				orig, changed := scaleFile(b, format, n, n/2)
 				fileMiB := float64(len(orig)) / (1 << 20)
 				for _, f := range []struct {
@@ -133,7 +133,6 @@ func BenchmarkScale(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				orig, changed = nil, nil
 				check := func(res *Result, err error) {
 					if err != nil || len(res.Errors) > 0 || res.State.Services.Len() != n {
 						b.Fatalf("%v %v", err, res.Errors)
