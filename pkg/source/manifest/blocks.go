@@ -3,10 +3,12 @@ package manifest
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"os"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"syscall"
 	"unsafe"
 )
@@ -160,6 +162,81 @@ func (l *loader) scanFile(file string, bh *blockHashes, lo *layout) (ch fileChan
 		return fileChange{}, errChangedWhileRead
 	}
 	return ch, nil
+}
+
+// readFile parses file in full (parseFile), with the hashes of the
+// content parsed (hashBlocks); a file that cannot be read keeps what it
+// contributed last time (e.g. one removed between listing and reading).
+//
+// The content is parsed from a read-only mapping of the file
+// (parseMapped), not from a copy in the heap: parseFile keeps nothing of
+// the content (decoded strings are copies, a layout keeps offsets and
+// copies of its head and tail), so the content is never garbage for the
+// collector. Read into the heap, the 44 MB List of 30,000 Services was
+// live through the whole parse, while the compact forms grew beside it,
+// and the collector's goal is twice the live heap: the agent's heap
+// reached 141-162 MB during its first load (84-88 mapped), its peak
+// once the first apply's batches reused their room. Mapped, the file's
+// pages are in the agent's RSS only while they are mapped (page cache,
+// not heap), and not twice. The price is the collector's: the copy was
+// a large object without pointers, which raised its goal at no cost to
+// its marking, so that it runs more often while the load's live heap
+// grows (a load's CPU 1.03-1.08 times what it was). What cannot be
+// mapped (empty, not a regular file) or changes while parsed is read in
+// full, as before.
+func (l *loader) readFile(file string) *fileResult {
+	if fr, err := l.parseMapped(file); err == nil {
+		return fr
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return &fileResult{objs: l.byFile[file], errs: []error{fmt.Errorf("%s: %w", file, err)}, unknown: true}
+	}
+	fr := l.parseFile(file, data)
+	fr.blocks = l.hashBlocks(data)
+	return fr
+}
+
+// parseMapped is readFile's parse of file from a mapping. An error says
+// to read it in full: it could not be mapped, or it changed while it was
+// parsed. The content is hashed before the parse and after: the hashes
+// kept are of exactly the bytes parsed (as scanFile's of the bytes it
+// copied), or the parse is not kept, so that the next load finds whatever
+// changed. A file truncated under the mapping faults, which readMapped
+// makes an error.
+func (l *loader) parseMapped(file string) (fr *fileResult, err error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }() // read only: nothing to lose
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	m := fi.Size()
+	if !fi.Mode().IsRegular() || m == 0 || m != int64(int(m)) {
+		return nil, errors.New("not a regular file with content")
+	}
+	data, err := syscall.Mmap(int(f.Fd()), 0, int(m), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = syscall.Munmap(data) }() // parseFile keeps nothing of it
+	var same bool
+	if err := readMapped(func() {
+		bh := l.hashBlocks(data)
+		fr = l.parseFile(file, data)
+		fr.blocks = l.hashBlocks(data)
+		same = slices.Equal(bh.sums, fr.blocks.sums)
+	}); err != nil {
+		return nil, err
+	}
+	var one [1]byte
+	if k, _ := f.ReadAt(one[:], m); k != 0 || !same {
+		return nil, errChangedWhileRead
+	}
+	return fr, nil
 }
 
 // readMapped runs read, which reads a mapped file, and returns

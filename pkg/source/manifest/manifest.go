@@ -230,8 +230,7 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 	// Parse the files whose content changed since the last load (all of
 	// them the first time), in parallel; reuse the outcome of the others.
 	results := make([]*fileResult, len(paths))
-	var todo []int
-	datas := make([][]byte, len(paths))
+	var todo []int // the files to read in full and parse
 	var patched []patchedFile
 	cached := 0 // files read whose last result is cached
 	for i, file := range paths {
@@ -263,26 +262,14 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 				}
 			}
 		}
-		data, err := os.ReadFile(file)
-		if err != nil {
-			// Unreadable (e.g. removed between listing and reading):
-			// keep what it contributed last time.
-			results[i] = &fileResult{objs: l.byFile[file], errs: []error{fmt.Errorf("%s: %w", file, err)}, unknown: true}
-			continue
-		}
 		if ok {
 			cached++
 		}
-		datas[i] = data
 		todo = append(todo, i)
 	}
 	if len(todo) == 0 && cached == len(paths) && cached == len(l.cache) && l.patchObjects(patched) {
 		return l.patchResult(patched), nil
 	}
-	// parseFile keeps nothing of the content it parses (decoded strings
-	// are copies, a layout keeps offsets and copies of its head and
-	// tail), and neither does the loader: what it keeps of a file is the
-	// hashes of its blocks, which the next load compares it with.
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
 	for _, i := range todo {
@@ -290,9 +277,7 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			results[i] = l.parseFile(paths[i], datas[i])
-			results[i].blocks = l.hashBlocks(datas[i])
-			datas[i] = nil
+			results[i] = l.readFile(paths[i])
 		}()
 	}
 	wg.Wait()
