@@ -227,7 +227,6 @@ func TestFirstLoadCopiesNoContent(t *testing.T) {
 	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	content = ""
 	l := newLoader(translate.Options{})
 	var before, after runtime.MemStats
 	runtime.GC()
