@@ -175,15 +175,15 @@ func (l *loader) scanFile(file string, bh *blockHashes, lo *layout) (ch fileChan
 // collector. Read into the heap, the 44 MB List of 30,000 Services was
 // live through the whole parse, while the compact forms grew beside it,
 // and the collector's goal is twice the live heap: the agent's heap
-// reached 141-162 MB during its first load (84-88 mapped), its peak
+// reached 141-162 MB during its first load (83-88 mapped), its peak
 // once the first apply's batches reused their room. Mapped, the file's
 // pages are in the agent's RSS only while they are mapped (page cache,
 // not heap), and not twice. The price is the collector's: the copy was
 // a large object without pointers, which raised its goal at no cost to
 // its marking, so that it runs more often while the load's live heap
-// grows (a load's CPU 1.03-1.08 times what it was). What cannot be
-// mapped (empty, not a regular file) or changes while parsed is read in
-// full, as before.
+// grows (a load's CPU 1.00-1.08 times what it was, in three sets of
+// rounds). What cannot be mapped (empty, not a regular file) or changes
+// while parsed is read in full, as before.
 func (l *loader) readFile(file string) *fileResult {
 	if fr, err := l.parseMapped(file); err == nil {
 		return fr
