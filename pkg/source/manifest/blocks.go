@@ -133,33 +133,11 @@ var errChangedWhileRead = errors.New("changed size while read")
 // size while mapped; or it could not be read at all, which reading it in
 // full reports).
 func (l *loader) scanFile(file string, bh *blockHashes, lo *layout) (ch fileChange, err error) {
-	f, err := os.Open(file)
-	if err != nil {
-		return ch, err
-	}
-	defer func() { _ = f.Close() }() // read only: nothing to lose
-	fi, err := f.Stat()
-	if err != nil {
-		return ch, err
-	}
-	m := fi.Size()
-	if !fi.Mode().IsRegular() || m == 0 || m != int64(int(m)) {
-		// Its size says nothing of its content (read it to the end), or
-		// there is nothing to map.
-		return ch, errors.New("not a regular file with content")
-	}
-	data, err := syscall.Mmap(int(f.Fd()), 0, int(m), syscall.PROT_READ, syscall.MAP_SHARED)
-	if err != nil {
-		return ch, err
-	}
-	defer func() { _ = syscall.Munmap(data) }() // nothing reads it after
-	if err := readMapped(func() { ch = l.changeOf(data, bh, lo) }); err != nil {
+	if err := readFileMapped(file, func(data []byte) bool {
+		ch = l.changeOf(data, bh, lo)
+		return true
+	}); err != nil {
 		return fileChange{}, err
-	}
-	// All of it: a file that grew since the stat is read in full.
-	var one [1]byte
-	if k, _ := f.ReadAt(one[:], m); k != 0 {
-		return fileChange{}, errChangedWhileRead
 	}
 	return ch, nil
 }
@@ -202,41 +180,55 @@ func (l *loader) readFile(file string) *fileResult {
 // parsed. The content is hashed before the parse and after: the hashes
 // kept are of exactly the bytes parsed (as scanFile's of the bytes it
 // copied), or the parse is not kept, so that the next load finds whatever
-// changed. A file truncated under the mapping faults, which readMapped
-// makes an error.
+// changed.
 func (l *loader) parseMapped(file string) (fr *fileResult, err error) {
+	if err := readFileMapped(file, func(data []byte) bool {
+		bh := l.hashBlocks(data)
+		fr = l.parseFile(file, data)
+		fr.blocks = l.hashBlocks(data)
+		return slices.Equal(bh.sums, fr.blocks.sums)
+	}); err != nil {
+		return nil, err
+	}
+	return fr, nil
+}
+
+// readFileMapped maps file read-only and runs read on its content, which
+// nothing may keep after read returns (it is unmapped then). An error
+// says to read the file in full: it is not a regular file or is empty
+// (its size says nothing of its content, or there is nothing to map), it
+// could not be mapped, it was truncated under the mapping (a fault,
+// which readMapped makes an error), it grew since it was mapped, or read
+// found it changed (returned false).
+func readFileMapped(file string, read func(data []byte) bool) error {
 	f, err := os.Open(file)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer func() { _ = f.Close() }() // read only: nothing to lose
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	m := fi.Size()
 	if !fi.Mode().IsRegular() || m == 0 || m != int64(int(m)) {
-		return nil, errors.New("not a regular file with content")
+		return errors.New("not a regular file with content")
 	}
 	data, err := syscall.Mmap(int(f.Fd()), 0, int(m), syscall.PROT_READ, syscall.MAP_SHARED)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	defer func() { _ = syscall.Munmap(data) }() // parseFile keeps nothing of it
+	defer func() { _ = syscall.Munmap(data) }() // nothing reads it after
 	var same bool
-	if err := readMapped(func() {
-		bh := l.hashBlocks(data)
-		fr = l.parseFile(file, data)
-		fr.blocks = l.hashBlocks(data)
-		same = slices.Equal(bh.sums, fr.blocks.sums)
-	}); err != nil {
-		return nil, err
+	if err := readMapped(func() { same = read(data) }); err != nil {
+		return err
 	}
+	// All of it: a file that grew since the stat is read in full.
 	var one [1]byte
 	if k, _ := f.ReadAt(one[:], m); k != 0 || !same {
-		return nil, errChangedWhileRead
+		return errChangedWhileRead
 	}
-	return fr, nil
+	return nil
 }
 
 // readMapped runs read, which reads a mapped file, and returns
