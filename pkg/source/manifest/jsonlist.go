@@ -1,6 +1,9 @@
 package manifest
 
-import "bytes"
+import (
+	"bytes"
+	"slices"
+)
 
 // splitJSONList finds, without decoding them, the elements of the "items"
 // array of doc, a JSON object (a List, as kubectl get -o json prints it),
@@ -100,7 +103,7 @@ func skipItems(doc []byte, i int) (end int, items []span, ok bool) {
 		if i, ok = skipValue(doc, start); !ok {
 			return 0, nil, false
 		}
-		items = append(items, span{start, i})
+		items = appendSpan(items, span{start, i})
 		if i, more, ok = skipSeparator(doc, i, ']'); !ok {
 			return 0, nil, false
 		}
@@ -122,6 +125,17 @@ func skipSeparator(doc []byte, i int, closing byte) (next int, more, ok bool) {
 		return i + 1, false, true
 	}
 	return 0, false, false
+}
+
+// appendSpan appends sp to spans, doubling their room when full, where
+// append grows a long slice by a quarter: the spans of a List's 60,000
+// items (or a stream's documents), garbage once the file is parsed, took
+// 5.2 MB of arrays for 0.9 MB of spans.
+func appendSpan(spans []span, sp span) []span {
+	if len(spans) == cap(spans) {
+		spans = slices.Grow(spans, max(len(spans), 16))
+	}
+	return append(spans, sp)
 }
 
 func skipSpace(doc []byte, i int) int {

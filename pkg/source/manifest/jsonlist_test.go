@@ -86,3 +86,34 @@ func FuzzSplitJSONList(f *testing.F) {
 	f.Add([]byte(`{"items":[1],"n":1e400,"kind":"List"}`))
 	f.Fuzz(func(t *testing.T, doc []byte) { checkSplit(t, doc) })
 }
+
+// The spans of a long List's items grow by doubling (appendSpan): at
+// 60,000 items append's growth by a quarter left 5.2 MB of arrays behind
+// for 0.9 MB of spans. Split, a List of 60,000 items makes 13 arrays
+// (16 spans to 65,536), where append's growth made 26.
+func TestSplitListSpansDouble(t *testing.T) {
+	const n = 60000
+	var b bytes.Buffer
+	b.WriteString(`{"kind":"List","items":[`)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`{}`)
+	}
+	b.WriteString(`]}`)
+	doc := b.Bytes()
+	var items []span
+	allocs := testing.AllocsPerRun(3, func() {
+		var ok bool
+		if _, items, ok = splitJSONListSpans(doc); !ok {
+			t.Fatal("not split")
+		}
+	})
+	if len(items) != n {
+		t.Fatalf("%d items, want %d", len(items), n)
+	}
+	if allocs > 16 {
+		t.Errorf("splitting %d items: %.0f allocations, want at most 16", n, allocs)
+	}
+}

@@ -253,6 +253,27 @@ func (t *Tracker) SetHolds(holds func(*model.Service) bool) {
 	t.holds = holds
 }
 
+// Reserve makes room for services Services and slices EndpointSlices, for
+// a source about to hand over that many to a tracker that holds none (a
+// first state: the manifest source counts its objects before it feeds
+// them). Grown an entry at a time, the maps of inputs and owners and the
+// dirty list left garbage behind (at 30,000 Services, 11.6 MB of the 214
+// a first load of the manifest source allocated), and were rehashed at
+// each growth. A tracker that holds any is left as it is.
+func (t *Tracker) Reserve(services, slices int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.inputs) == 0 && services > 0 {
+		t.inputs = make(map[types.NamespacedName]*input, services)
+	}
+	if len(t.ownerOf) == 0 && slices > 0 {
+		t.ownerOf = make(map[types.NamespacedName]string, slices)
+	}
+	if len(t.dirty) == 0 && services > 0 {
+		t.dirty = make([]dirtyKey, 0, services)
+	}
+}
+
 // input returns the input of Service key, creating it.
 func (t *Tracker) input(key types.NamespacedName) *input {
 	in := t.inputs[key]
