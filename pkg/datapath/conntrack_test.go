@@ -1034,6 +1034,40 @@ func TestCTBackendGoneSYNReselects(t *testing.T) {
 	})
 }
 
+// TestCTNewFlowSupersedesLapsed: a SYN on the tuple of a flow whose
+// forward entry has lapsed while its reply entry lives (a server that kept
+// sending) starts a new flow, which supersedes the old one: the old
+// backend's reply entry goes, so that its stragglers are no longer sent
+// back as the VIP. A new flow skips ct_supersede's lookups only when the
+// forward key was not found at all (ct_create's @fresh), not when it was
+// found lapsed.
+func TestCTNewFlowSupersedesLapsed(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d := newTestDatapath(t)
+		m := d.Maps()
+		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		old, cur := testBackend{91, l4(a("10.1.9.1"), 8080, model.TCP)}, testBackend{92, l4(a("10.1.9.2"), 8080, model.TCP)}
+		addService(t, m, 1, vip, old)
+		f := flow{a("10.0.9.1"), 49100, vip}
+		establish(t, d, f, old)
+		fwd, ok := ctLookup(t, m, f.fwdKey())
+		if !ok {
+			t.Fatalf("no forward entry %s", f.fwdKey())
+		}
+		ctSetSeen(t, m, f.fwdKey(), -ctLifetime(m.cfg, uint8(model.TCP), fwd.flags)-time.Minute)
+		addService(t, m, 1, vip, cur)
+		if v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpSYN_)); v != tcActOK || dst != cur.addr.Addr.String() {
+			t.Fatalf("SYN on the lapsed flow's tuple: verdict %d to %s, want %s", v, dst, cur.addr.Addr)
+		}
+		if _, ok := ctLookup(t, m, f.revKey(old.addr)); ok {
+			t.Errorf("the superseded flow's reply entry %s is still there", f.revKey(old.addr))
+		}
+		if v, out := runProg(t, d.TCEgress(), f.from(old.addr, tcpACK).Bytes()); v != tcActOK || outSrc(out) == vip.Addr.String() {
+			t.Errorf("straggler of the old backend: verdict %d, source %s, want it untranslated", v, outSrc(out))
+		}
+	})
+}
+
 // TestTCSlotVanishes (B6): a reader that read a master's count before a
 // shrink finds its slot (or the slot's backend) gone. It selects again
 // rather than dropping the packet. The state is the one such a reader
