@@ -996,6 +996,23 @@ func TestCTStragglerKeepsNewFlow(t *testing.T) {
 	})
 }
 
+// flowToLeave opens a datapath whose service 1 (vipTCP) has one backend,
+// old (id 10n+1, 10.1.n.1:8080), and establishes the flow f from
+// 10.0.n.1:cport to it; cur (id 10n+2, 10.1.n.2:8080) is the backend a
+// test puts in old's place.
+func flowToLeave(t *testing.T, v6 bool, n int, cport uint16) (d *Datapath, f flow, old, cur testBackend) {
+	t.Helper()
+	a := func(s string) string { return twinAddr(v6, s) }
+	vip := twinL4(v6, vipTCP)
+	d = newTestDatapath(t)
+	old = testBackend{reconciler.BackendID(10*n + 1), l4(a(fmt.Sprintf("10.1.%d.1", n)), 8080, model.TCP)}
+	cur = testBackend{reconciler.BackendID(10*n + 2), l4(a(fmt.Sprintf("10.1.%d.2", n)), 8080, model.TCP)}
+	addService(t, d.Maps(), 1, vip, old)
+	f = flow{a(fmt.Sprintf("10.0.%d.1", n)), cport, vip}
+	establish(t, d, f, old)
+	return d, f, old, cur
+}
+
 // TestCTBackendGoneSYNReselects (B4): a pure SYN on the tuple of a live
 // TCP flow whose backend has left the service (a client that crashed and
 // reuses its port) selects a current backend; the established flow's own
@@ -1003,13 +1020,9 @@ func TestCTStragglerKeepsNewFlow(t *testing.T) {
 // of terminating endpoints.
 func TestCTBackendGoneSYNReselects(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		d := newTestDatapath(t)
-		m := d.Maps()
-		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
-		gone, cur := testBackend{81, l4(a("10.1.8.1"), 8080, model.TCP)}, testBackend{82, l4(a("10.1.8.2"), 8080, model.TCP)}
-		addService(t, m, 1, vip, gone)
-		f := flow{a("10.0.8.1"), 49000, vip}
-		establish(t, d, f, gone)
+		a := func(s string) string { return twinAddr(v6, s) }
+		d, f, gone, cur := flowToLeave(t, v6, 8, 49000)
+		m, vip := d.Maps(), f.fe
 		g := flow{a("10.0.8.1"), 49001, vip}
 		establish(t, d, g, gone)
 		addService(t, m, 1, vip, cur)
@@ -1043,13 +1056,8 @@ func TestCTBackendGoneSYNReselects(t *testing.T) {
 // found lapsed.
 func TestCTNewFlowSupersedesLapsed(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		d := newTestDatapath(t)
-		m := d.Maps()
-		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
-		old, cur := testBackend{91, l4(a("10.1.9.1"), 8080, model.TCP)}, testBackend{92, l4(a("10.1.9.2"), 8080, model.TCP)}
-		addService(t, m, 1, vip, old)
-		f := flow{a("10.0.9.1"), 49100, vip}
-		establish(t, d, f, old)
+		d, f, old, cur := flowToLeave(t, v6, 9, 49100)
+		m, vip := d.Maps(), f.fe
 		fwd, ok := ctLookup(t, m, f.fwdKey())
 		if !ok {
 			t.Fatalf("no forward entry %s", f.fwdKey())
