@@ -278,19 +278,20 @@ static __always_inline bool lb4_masquerade(const struct pkt4 *p,
  * path of the program that reaches it (the port search's SNAT_TRIES
  * iterations; a masquerade and a clash remap both search). Their pointers
  * may be NULL as far as it knows. @ids carries the backend id (low 32
- * bits) and the rev NAT id (high), and ct_snat4's @x the node address and
- * the port it reserves: five arguments at most. sluice_ingress verified
+ * bits) and the rev NAT id (high), ct_new4's @fresh ct_create's, and
+ * ct_snat4's @x the node address and the port it reserves: five arguments
+ * at most. sluice_ingress verified
  * 424,897 instructions with both inlined, 127,963 then (with
  * conntrack_fam.h's ct_snat_try a global function too), 128,088 now
  * (lb4_remap and rev_dport4 global as well); the agent's start spends half
  * the CPU it did loading the programs (BenchmarkOpen).
  */
 __noinline int ct_new4(const struct pkt4 *p, const struct lb4_backend *be,
-		       __u64 ids, __u64 now)
+		       __u64 ids, __u64 now, bool fresh)
 {
 	if (!p || !be)
 		return -1;
-	return ct_create(p, be, (__u32)ids, (__u32)(ids >> 32), now);
+	return ct_create(p, be, (__u32)ids, (__u32)(ids >> 32), now, fresh);
 }
 
 __noinline int ct_snat4(const struct pkt4 *p, const struct lb4_backend *be,
@@ -521,13 +522,17 @@ __noinline int lb4_remap(const struct pkt4 *p, const struct lb4_backend *be,
  * as it arrived: the backend it is stuck to comes first, and the backend
  * the flow goes to is remembered for its next one.
  *
+ * @fresh: lb4_fwd_find found no entry at all under the flow's forward
+ * key (ct_create).
+ *
  * Returns 0 with @x filled in, or -1 if the packet must be dropped
  * (counted).
  */
 static __always_inline int lb4_new_flow(struct __sk_buff *skb,
 					const struct pkt4 *p,
 					const struct lb4_service *svc,
-					__u64 now, struct lb4_xlate *x)
+					__u64 now, bool fresh,
+					struct lb4_xlate *x)
 {
 	__u64 ids = (__u64)svc->rev_nat_id << 32;
 	__u32 backend_id = 0;
@@ -546,7 +551,7 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb,
 	x->nat_port = be->port;
 	ret = nat_remote(skb, p, svc, be, backend_id, now, x);
 	if (ret == 0) {
-		ret = ct_new4(p, be, ids, now);
+		ret = ct_new4(p, be, ids, now, fresh);
 		if (ret == CT_CLASH) {
 			ret = lb4_remap(p, be, ids, now, x);
 		} else {
@@ -573,15 +578,18 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb,
  * @p being a packet to a frontend, its key in @key; NULL if there is none
  * (@p starts a flow, or is a reply whose destination is a frontend's:
  * tc_ingress). @gone: ct_fwd_usable's, the entry's backend has left.
+ * @fresh: ct_find_any's @none, no entry at all under @key.
  */
-static __always_inline struct ct4_entry *
-lb4_fwd_find(const struct pkt4 *p, struct ct4_key *key, __u64 now, bool *gone)
+static __always_inline struct ct4_entry *lb4_fwd_find(const struct pkt4 *p,
+						      struct ct4_key *key,
+						      __u64 now, bool *gone,
+						      bool *fresh)
 {
 	struct ct4_entry *fwd;
 	bool half_open;
 
 	ct_key_of(key, p, CT_FORWARD);
-	fwd = ct_find(key, now, &half_open);
+	fwd = ct_find_any(key, now, &half_open, fresh);
 	if (fwd && ct_fwd_usable(fwd, p, gone))
 		return fwd;
 	return NULL;
@@ -590,7 +598,7 @@ lb4_fwd_find(const struct pkt4 *p, struct ct4_key *key, __u64 now, bool *gone)
 /*
  * lb4_select - where a packet to frontend @svc goes: the backend of its
  * flow's usable conntrack entry @fwd (under @key; lb4_fwd_find, which
- * set @gone), else, when @fwd is NULL, a backend selected now
+ * set @gone and @fresh), else, when @fwd is NULL, a backend selected now
  * (lb4_new_flow). Conntrack comes first, so a Service that has dropped to
  * zero endpoints keeps its established flows, as kube-proxy does; only a
  * new flow is refused.
@@ -601,7 +609,8 @@ lb4_fwd_find(const struct pkt4 *p, struct ct4_key *key, __u64 now, bool *gone)
 static __always_inline int
 lb4_select(struct __sk_buff *skb, const struct pkt4 *p,
 	   const struct lb4_service *svc, const struct ct4_key *key,
-	   struct ct4_entry *fwd, bool gone, __u64 now, struct lb4_xlate *x)
+	   struct ct4_entry *fwd, bool gone, bool fresh, __u64 now,
+	   struct lb4_xlate *x)
 {
 	if (fwd) {
 		if (gone)
@@ -626,20 +635,21 @@ lb4_select(struct __sk_buff *skb, const struct pkt4 *p,
 	}
 	if (svc->count == 0)
 		return 1;
-	return lb4_new_flow(skb, p, svc, now, x);
+	return lb4_new_flow(skb, p, svc, now, fresh, x);
 }
 
 /*
  * lb4_dnat - translate @p, a packet to frontend @svc (of the flow of
  * @fwd, under @key, with @gone, as lb4_fwd_find found; or NULL: a new
- * one), to one of its backends (and, for a flow lb4_masquerade
- * source-NATs, source-NAT it and send it to the backend). Returns a TC
- * verdict.
+ * one, with @fresh), to one of its backends (and, for a flow
+ * lb4_masquerade source-NATs, source-NAT it and send it to the backend).
+ * Returns a TC verdict.
  */
 static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 				    struct lb4_service *svc,
 				    const struct ct4_key *key,
-				    struct ct4_entry *fwd, bool gone, __u64 now)
+				    struct ct4_entry *fwd, bool gone,
+				    bool fresh, __u64 now)
 {
 	struct lb4_xlate x = {};
 	int ret;
@@ -647,7 +657,7 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	svc = lb4_frontend(skb, p, svc, &x, fwd, &ret);
 	if (!svc)
 		return ret;
-	ret = lb4_select(skb, p, svc, key, fwd, gone, now, &x);
+	ret = lb4_select(skb, p, svc, key, fwd, gone, fresh, now, &x);
 	if (ret < 0)
 		return TC_ACT_SHOT;
 	if (ret > 0)
@@ -725,12 +735,12 @@ static __always_inline int tc_ingress(struct __sk_buff *skb,
 	struct ct4_key key = {};
 	struct ct4_entry *fwd = NULL;
 	struct lb4_service *svc;
-	bool gone = false;
+	bool gone = false, fresh = false;
 	int ret;
 
 	svc = lookup_service(p->daddr, p->dport, p->proto);
 	if (svc)
-		fwd = lb4_fwd_find(p, &key, now, &gone);
+		fwd = lb4_fwd_find(p, &key, now, &gone, &fresh);
 	if (!fwd) {
 		ret = rev_nat(skb, p, now, true);
 		if (ret >= 0)
@@ -738,7 +748,7 @@ static __always_inline int tc_ingress(struct __sk_buff *skb,
 		if (!svc)
 			return lb4_no_service(skb, p);
 	}
-	return lb4_dnat(skb, p, svc, &key, fwd, gone, now);
+	return lb4_dnat(skb, p, svc, &key, fwd, gone, fresh, now);
 }
 
 /* The IPv6 path (sluice6_ingress, sluice6_egress below). */

@@ -143,23 +143,44 @@ static __always_inline bool FN(ct_is_peer)(const FAM(ct_key_t) *key,
 }
 
 /*
+ * ct_find_any - ct_find, which also says whether it found no entry under
+ * @key at all, live or lapsed, in either map (@none): a new flow on a
+ * forward key so found has no earlier flow to supersede (ct_create).
+ */
+static __always_inline FAM(ct_entry_t) *
+FN(ct_find_any)(const FAM(ct_key_t) *key, __u64 now, bool *half_open,
+		bool *none)
+{
+	FAM(ct_entry_t) *e = bpf_map_lookup_elem(FAM(ct_est), key);
+
+	*half_open = false;
+	*none = false;
+	if (e) {
+		if (ct_alive(READ_ONCE(e->expires), now))
+			return e;
+	} else {
+		*none = true;
+	}
+	e = bpf_map_lookup_elem(FAM(ct_new), key);
+	if (!e)
+		return NULL;
+	*none = false;
+	if (!ct_alive(READ_ONCE(e->expires), now))
+		return NULL;
+	*half_open = true;
+	return e;
+}
+
+/*
  * ct_find - the live entry under @key: the established one, else the
  * half-open one (@half_open says which), or NULL.
  */
 static __always_inline FAM(ct_entry_t) *FN(ct_find)(const FAM(ct_key_t) *key,
 						    __u64 now, bool *half_open)
 {
-	FAM(ct_entry_t) *e = bpf_map_lookup_elem(FAM(ct_est), key);
+	bool none;
 
-	*half_open = false;
-	if (e && ct_alive(READ_ONCE(e->expires), now))
-		return e;
-	e = bpf_map_lookup_elem(FAM(ct_new), key);
-	if (e && ct_alive(READ_ONCE(e->expires), now)) {
-		*half_open = true;
-		return e;
-	}
-	return NULL;
+	return FN(ct_find_any)(key, now, half_open, &none);
 }
 
 /*
@@ -426,12 +447,22 @@ static __always_inline bool FN(ct_reap_closed)(void *map,
  * to VIP2 from the same port (Linux allows that at once: the 4-tuple
  * differs) would otherwise be refused until the old entry's close timeout.
  *
+ * An earlier flow on @p's own tuple (its forward entry, closed, lapsed or
+ * its backend gone) is superseded (ct_supersede), unless @fresh: the
+ * caller's ct_find_any, looking for the flow's forward entry, found none
+ * in either map, live or lapsed, so ct_supersede's lookups would find
+ * nothing either (two cold lookups saved on nearly every new flow). An
+ * entry another CPU makes in between is one ct_supersede could have
+ * missed as well, had it been made just after: a second SYN of the same
+ * tuple racing this one; the later insert wins its forward key either
+ * way.
+ *
  * Returns 0, CT_CLASH, or a negative map update error.
  */
 static __always_inline int FN(ct_create)(const FAM(pkt_t) *p,
 					 const FAM(lb_backend) *be,
 					 __u32 backend_id, __u32 rev_nat_id,
-					 __u64 now)
+					 __u64 now, bool fresh)
 {
 	FAM(ct_key_t) key = {
 		.saddr = be->addr,
@@ -489,7 +520,7 @@ static __always_inline int FN(ct_create)(const FAM(pkt_t) *p,
 			return CT_CLASH;
 		old = NULL;
 	}
-	{
+	if (!fresh) {
 		FAM(ct_key_t) fkey;
 
 		FN(ct_key_of)(&fkey, p, CT_FORWARD);

@@ -178,6 +178,10 @@ struct lb6_xlate {
 	 * lb4_remap in tc.c): sent on as a DNATed flow's packet is
 	 */
 	bool remap;
+	/* in: new flow: no entry at all under its forward key (lb6_has_flow;
+	 * ct_create's @fresh)
+	 */
+	bool fresh;
 };
 
 /* The steps both families take alike (tc_fam.h): lb6_check_source, ... */
@@ -429,18 +433,19 @@ __noinline int nat_snat6(const struct pkt6 *p, const struct lb4_service *svc,
 }
 
 /*
- * ct_new6 - ct_create6, in a frame of its own (its keys and entries would
- * not fit lb6_new_flow's on the stack with nat_need6's route). A global
- * function, as nat_snat6: checked once rather than for every path of
- * the program that reaches it (69,041 of the program's
+ * ct_new6 - ct_create6 of a new flow of @p to @be (@x: its backend id,
+ * and whether its forward key is fresh), in a frame of its own (its keys
+ * and entries would not fit lb6_new_flow's on the stack with nat_need6's
+ * route). A global function, as nat_snat6: checked once rather than for
+ * every path of the program that reaches it (69,041 of the program's
  * 246,350 instructions verified, 2,158 then).
  */
 __noinline int ct_new6(const struct pkt6 *p, const struct lb6_backend *be,
-		       __u32 backend_id, __u32 rev_nat_id, __u64 now)
+		       const struct lb6_xlate *x, __u32 rev_nat_id, __u64 now)
 {
-	if (!p || !be)
+	if (!p || !be || !x)
 		return -1;
-	return ct_create6(p, be, backend_id, rev_nat_id, now);
+	return ct_create6(p, be, x->backend_id, rev_nat_id, now, x->fresh);
 }
 
 /*
@@ -473,7 +478,7 @@ static __noinline int lb6_new_flow(struct __sk_buff *skb, const struct pkt6 *p,
 	ret = nat_need6(skb, p, svc, be, x);
 	if (ret)
 		return ret;
-	ret = ct_new6(p, be, x->backend_id, svc->rev_nat_id, now);
+	ret = ct_new6(p, be, x, svc->rev_nat_id, now);
 	if (ret == CT_CLASH) {
 		if (!ct_opens6(p)) {
 			/* Not an opening packet: see lb4_remap. */
@@ -548,17 +553,21 @@ static __noinline int lb6_follow(const struct pkt6 *p,
 
 /*
  * lb6_has_flow - whether @p, a packet to a frontend, has a usable forward
- * entry (ct_fwd_usable6), which lb6_follow then follows. A BPF function
- * of its own, as lb6_follow: the key and entry live in its frame.
+ * entry (ct_fwd_usable6), which lb6_follow then follows; if not, with
+ * @x->fresh set if there is no entry at all under its key
+ * (ct_find_any6). A BPF function of its own, as lb6_follow: the key and
+ * entry live in its frame.
  */
-static __noinline int lb6_has_flow(const struct pkt6 *p, __u64 now)
+static __noinline int lb6_has_flow(const struct pkt6 *p, __u64 now,
+				   struct lb6_xlate *x)
 {
 	struct ct6_key key = {};
 	struct ct6_entry *fwd;
-	bool half_open, gone;
+	bool half_open, gone, none;
 
 	ct_key_of6(&key, p, CT_FORWARD);
-	fwd = ct_find6(&key, now, &half_open);
+	fwd = ct_find_any6(&key, now, &half_open, &none);
+	x->fresh = none;
 	return fwd && ct_fwd_usable6(fwd, p, &gone);
 }
 
@@ -574,7 +583,9 @@ static __noinline int lb6_has_flow(const struct pkt6 *p, __u64 now)
  * the flow's forward entry; a packet without one is looked up as a reply
  * before it is taken for a new flow. A packet of an established flow
  * saves the reply lookup's two misses, for a second look at its forward
- * entry (lb6_follow), hot by then.
+ * entry (lb6_follow), hot by then; and to a frontend of one scope, scope's
+ * lookups (lb6_frontend). Should its entry be gone at the second look,
+ * the packet starts a flow, and scope runs then.
  */
 static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 				    __u64 now, struct lb6_xlate *x)
@@ -584,7 +595,7 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 
 	svc = lookup_service6(p->daddr, p->dport, p->proto);
 	if (svc)
-		flow = lb6_has_flow(p, now);
+		flow = lb6_has_flow(p, now, x);
 	if (!flow) {
 		ret = rev_nat6(skb, p, now, x);
 		if (ret != -1)
@@ -592,13 +603,15 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 		if (!svc)
 			return lb6_no_service(skb, p);
 	}
-	svc = lb6_frontend(skb, p, svc, x, false, &ret);
+	svc = lb6_frontend(skb, p, svc, x, flow, &ret);
 	if (!svc)
 		return ret;
 	/* Conntrack first: a Service that has dropped to zero endpoints
 	 * keeps its established flows, as kube-proxy does.
 	 */
 	ret = flow ? lb6_follow(p, svc, now, x) : 2;
+	if (ret == 2 && lb6_scope_skipped(p, svc, flow))
+		svc = lb6_scope(skb, p, svc, x);
 	if (ret == 2 && p->frag_later) {
 		/* A later fragment follows its flow and never starts one
 		 * (see lb4_select).

@@ -102,6 +102,12 @@ static __always_inline int LB_FN(no_service)(struct __sk_buff *skb,
  * internal client, else @svc. The agent writes the internal scope before
  * the flag that names it; should a reader miss it anyway, the default
  * scope serves.
+ *
+ * Only an external frontend's masquerade reads @x->outside
+ * (lb4_masquerade, lb6_masquerade; an internal client, the only one
+ * another scope serves, is never outside): for any other frontend it is
+ * left false, without the device lookup, except in a dry run, which
+ * reports it.
  */
 static __always_inline struct lb4_service *LB_FN(scope)(struct __sk_buff *skb,
 							const FAM(pkt_t) *p,
@@ -112,7 +118,9 @@ static __always_inline struct lb4_service *LB_FN(scope)(struct __sk_buff *skb,
 
 	x->internal = FAM(tc_have_cluster_cidr) &&FN(
 		node_cidr)(p->saddr, NODE_CIDR_CLUSTER);
-	x->outside = !x->internal && FAM(tc_node_dev_of)(skb->ifindex);
+	x->outside = !x->internal &&
+		     ((svc->flags & SVC_F_EXTERNAL) || explain_dry(p)) &&
+		     FAM(tc_node_dev_of)(skb->ifindex);
 	if ((svc->flags & SVC_F_TWO_SCOPES) && x->internal) {
 		in = FN(lookup_service_scope)(p->daddr, p->dport, p->proto,
 					      LB_SCOPE_INTERNAL);
@@ -128,6 +136,17 @@ static __always_inline struct lb4_service *LB_FN(scope)(struct __sk_buff *skb,
 }
 
 /*
+ * scope_skipped - whether frontend skips scope for @p to @svc, @follow as
+ * there.
+ */
+static __always_inline bool LB_FN(scope_skipped)(const FAM(pkt_t) *p,
+						 const struct lb4_service *svc,
+						 bool follow)
+{
+	return follow && !explain_dry(p) && !(svc->flags & SVC_F_TWO_SCOPES);
+}
+
+/*
  * frontend - frontend @svc, which @p is for (its caller looked it up:
  * tc_ingress), in the scope that serves @p's client (scope, which fills
  * in @x->internal and @x->outside). NULL if its source ranges refuse @p
@@ -136,9 +155,11 @@ static __always_inline struct lb4_service *LB_FN(scope)(struct __sk_buff *skb,
  * @follow: @p's flow has a usable forward entry, which decides where it
  * goes. Only a new flow needs @x->internal and @x->outside (whether it is
  * masqueraded), so such a packet to a frontend of one scope skips scope's
- * lookups (the client's CIDR, its device); of two, the scope is still
- * found, whose id its packets are counted under (svcstats.h). A dry run
- * (explain.h) finds it anyway, to report it.
+ * lookups (the client's CIDR, its device: scope_skipped); of two, the
+ * scope is still found, whose id its packets are counted under
+ * (svcstats.h). A dry run (explain.h) finds it anyway, to report it. A
+ * caller that may yet start a flow for @p (its entry gone meanwhile:
+ * lb6_dnat) runs scope then.
  */
 static __always_inline struct lb4_service *
 LB_FN(frontend)(struct __sk_buff *skb, const FAM(pkt_t) *p,
@@ -149,7 +170,7 @@ LB_FN(frontend)(struct __sk_buff *skb, const FAM(pkt_t) *p,
 	*ret = LB_FN(check_source)(p, svc);
 	if (*ret >= 0)
 		return NULL;
-	if (follow && !explain_dry(p) && !(svc->flags & SVC_F_TWO_SCOPES))
+	if (LB_FN(scope_skipped)(p, svc, follow))
 		return svc;
 	return LB_FN(scope)(skb, p, svc, x);
 }

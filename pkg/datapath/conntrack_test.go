@@ -996,6 +996,23 @@ func TestCTStragglerKeepsNewFlow(t *testing.T) {
 	})
 }
 
+// flowToLeave opens a datapath whose service 1 (vipTCP) has one backend,
+// old (id 10n+1, 10.1.n.1:8080), and establishes the flow f from
+// 10.0.n.1:cport to it; cur (id 10n+2, 10.1.n.2:8080) is the backend a
+// test puts in old's place.
+func flowToLeave(t *testing.T, v6 bool, n int, cport uint16) (d *Datapath, f flow, old, cur testBackend) {
+	t.Helper()
+	a := func(s string) string { return twinAddr(v6, s) }
+	vip := twinL4(v6, vipTCP)
+	d = newTestDatapath(t)
+	old = testBackend{reconciler.BackendID(10*n + 1), l4(a(fmt.Sprintf("10.1.%d.1", n)), 8080, model.TCP)}
+	cur = testBackend{reconciler.BackendID(10*n + 2), l4(a(fmt.Sprintf("10.1.%d.2", n)), 8080, model.TCP)}
+	addService(t, d.Maps(), 1, vip, old)
+	f = flow{a(fmt.Sprintf("10.0.%d.1", n)), cport, vip}
+	establish(t, d, f, old)
+	return d, f, old, cur
+}
+
 // TestCTBackendGoneSYNReselects (B4): a pure SYN on the tuple of a live
 // TCP flow whose backend has left the service (a client that crashed and
 // reuses its port) selects a current backend; the established flow's own
@@ -1003,13 +1020,9 @@ func TestCTStragglerKeepsNewFlow(t *testing.T) {
 // of terminating endpoints.
 func TestCTBackendGoneSYNReselects(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		d := newTestDatapath(t)
-		m := d.Maps()
-		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
-		gone, cur := testBackend{81, l4(a("10.1.8.1"), 8080, model.TCP)}, testBackend{82, l4(a("10.1.8.2"), 8080, model.TCP)}
-		addService(t, m, 1, vip, gone)
-		f := flow{a("10.0.8.1"), 49000, vip}
-		establish(t, d, f, gone)
+		a := func(s string) string { return twinAddr(v6, s) }
+		d, f, gone, cur := flowToLeave(t, v6, 8, 49000)
+		m, vip := d.Maps(), f.fe
 		g := flow{a("10.0.8.1"), 49001, vip}
 		establish(t, d, g, gone)
 		addService(t, m, 1, vip, cur)
@@ -1030,6 +1043,35 @@ func TestCTBackendGoneSYNReselects(t *testing.T) {
 		}
 		if v, dst := sendTo(t, d.TCIngress(), h.pkt(tcpSYN_)); v != tcActOK || dst != a("10.1.8.3") {
 			t.Errorf("SYN on a flow whose backend id names another address: verdict %d to %s", v, dst)
+		}
+	})
+}
+
+// TestCTNewFlowSupersedesLapsed: a SYN on the tuple of a flow whose
+// forward entry has lapsed while its reply entry lives (a server that kept
+// sending) starts a new flow, which supersedes the old one: the old
+// backend's reply entry goes, so that its stragglers are no longer sent
+// back as the VIP. A new flow skips ct_supersede's lookups only when the
+// forward key was not found at all (ct_create's @fresh), not when it was
+// found lapsed.
+func TestCTNewFlowSupersedesLapsed(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d, f, old, cur := flowToLeave(t, v6, 9, 49100)
+		m, vip := d.Maps(), f.fe
+		fwd, ok := ctLookup(t, m, f.fwdKey())
+		if !ok {
+			t.Fatalf("no forward entry %s", f.fwdKey())
+		}
+		ctSetSeen(t, m, f.fwdKey(), -ctLifetime(m.cfg, uint8(model.TCP), fwd.flags)-time.Minute)
+		addService(t, m, 1, vip, cur)
+		if v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpSYN_)); v != tcActOK || dst != cur.addr.Addr.String() {
+			t.Fatalf("SYN on the lapsed flow's tuple: verdict %d to %s, want %s", v, dst, cur.addr.Addr)
+		}
+		if _, ok := ctLookup(t, m, f.revKey(old.addr)); ok {
+			t.Errorf("the superseded flow's reply entry %s is still there", f.revKey(old.addr))
+		}
+		if v, out := runProg(t, d.TCEgress(), f.from(old.addr, tcpACK).Bytes()); v != tcActOK || outSrc(out) == vip.Addr.String() {
+			t.Errorf("straggler of the old backend: verdict %d, source %s, want it untranslated", v, outSrc(out))
 		}
 	})
 }

@@ -273,6 +273,15 @@ func TestTCTrafficPolicies(t *testing.T) {
 			in := nsClient(41005, w.npTwo)
 			in.Src = addr(w.remotePod)
 			expectDNAT(t, "forward", ing, eth0, in, w.beRemote)
+			// Its flow's next packet, which its forward entry sends, is
+			// served by the internal scope too (a two-scope frontend's
+			// followed packet still finds its scope: lb4_frontend).
+			before := counters(t, d)["tc_short_circuit"]
+			in.TCPFlags = packet.ACK
+			expectDNAT(t, "its ACK", ing, eth0, in, w.beRemote)
+			if after := counters(t, d)["tc_short_circuit"]; after != before+1 {
+				t.Errorf("tc_short_circuit %d after the flow's ACK, want %d: not served by the internal scope", after, before+1)
+			}
 		})
 
 		t.Run("eTP Local without a local endpoint: external dropped, pods served", func(t *testing.T) {
