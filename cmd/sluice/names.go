@@ -14,21 +14,21 @@ type namesWriter struct {
 	path  string
 	bpffs string // where the maps it names are pinned
 	log   *slog.Logger
-	// written is what the file holds, by frontend: compared with each
-	// programmed state, so that the file is encoded and written only
-	// when a name changes, not at every apply (endpoints change far
-	// more often than names; at 30,000 frontends the comparison costs
-	// map lookups, the encoding megabytes).
-	written map[model.L4Addr]nameOf
+	// written is what the file holds: the frontends of the state last
+	// written, or found to hold the names written (ok: one was). It is
+	// compared with each programmed state, so that the file is encoded
+	// and written only when a name changes, not at every apply
+	// (endpoints change far more often than names; at 30,000 frontends
+	// the comparison costs lookups, the encoding megabytes). A Services
+	// is a persistent map whose nodes never change: it shares them with
+	// the states made since, and costs no copy of 30,000 names (a map of
+	// them was 6 MB of the agent's heap at 30,000).
+	written model.Services
+	ok      bool
 	// gen is the Gen of the last state found to hold the names written
 	// (0: none): a state made from it (model.State.BaseGen) is compared
 	// by its Changed frontends only, not all 30,000.
 	gen uint64
-}
-
-type nameOf struct {
-	name model.ServicePortName
-	kind model.FrontendKind
 }
 
 func (w *namesWriter) ObserveSync(time.Duration, error) {}
@@ -37,45 +37,41 @@ func (w *namesWriter) ObserveSync(time.Duration, error) {}
 // changed. A failed write is logged: sluicectl then shows the older names
 // or none, and the next apply tries again.
 func (w *namesWriter) SetProgrammed(s *model.State) {
-	if w.unchanged(s) {
-		w.gen = s.Gen
-		return
+	if !w.unchanged(s) {
+		if err := namesfile.WriteState(w.path, w.bpffs, s); err != nil {
+			w.log.Warn("write the names file sluicectl reads", "path", w.path, "err", err)
+			return
+		}
 	}
-	b, err := namesfile.Of(w.bpffs, s)
-	if err != nil {
-		w.log.Error("encode the names file", "err", err)
-		return
-	}
-	if err := namesfile.WriteAtomic(w.path, b); err != nil {
-		w.log.Warn("write the names file sluicectl reads", "path", w.path, "err", err)
-		return
-	}
-	w.written = make(map[model.L4Addr]nameOf, s.Services.Len())
-	for fe, svc := range s.Services.All() {
-		w.written[fe] = nameOf{svc.Name, svc.Kind}
-	}
-	w.gen = s.Gen
+	w.written, w.ok, w.gen = s.Services, true, s.Gen
 }
 
 // unchanged says whether the file names the frontends of s as s does.
 func (w *namesWriter) unchanged(s *model.State) bool {
-	if w.written == nil || len(w.written) != s.Services.Len() {
+	if !w.ok || w.written.Len() != s.Services.Len() {
 		return false
 	}
 	if s.BaseGen != 0 && s.BaseGen == w.gen {
 		for _, fe := range s.Changed {
-			svc := s.Services.Get(fe)
-			n, ok := w.written[fe]
-			if svc == nil && ok || svc != nil && (!ok || n != (nameOf{svc.Name, svc.Kind})) {
+			if !sameName(w.written.Get(fe), s.Services.Get(fe)) {
 				return false
 			}
 		}
 		return true
 	}
 	for fe, svc := range s.Services.All() {
-		if n, ok := w.written[fe]; !ok || n != (nameOf{svc.Name, svc.Kind}) {
+		if !sameName(w.written.Get(fe), svc) {
 			return false
 		}
 	}
 	return true
+}
+
+// sameName says whether the names file names a frontend of Service a as
+// one of b (nil: no such frontend).
+func sameName(a, b *model.Service) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Name == b.Name && a.Kind == b.Kind
 }

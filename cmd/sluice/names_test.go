@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluice-lb/sluice/internal/namesfile"
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/model/modeltest"
 )
@@ -77,5 +78,26 @@ func TestNamesWriterFollowsChanges(t *testing.T) {
 		if got, err := os.ReadFile(path); err != nil || string(got) != string(want) {
 			t.Fatalf("state %d (BaseGen %v): the file names\n%s\nwant\n%s", i, st.BaseGen != 0, got, want)
 		}
+	}
+}
+
+// The writer keeps what it wrote as the state's own persistent Services,
+// not a copy of the names: writing 3,000 new names allocates less than
+// the file is long (a map of them was more than the file again).
+func TestNamesWriterKeepsNoCopy(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "names.json")
+	w := &namesWriter{path: path, bpffs: "/sys/fs/bpf/", log: slog.New(slog.DiscardHandler)}
+	st, _ := modeltest.Scale(3000)
+	alloc := testutil.Allocated(func() { w.SetProgrammed(st) })
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if alloc >= uint64(fi.Size()) {
+		t.Errorf("writing %d names (%d bytes) allocated %d bytes, want less than the file", st.Services.Len(), fi.Size(), alloc)
+	}
+	// And it knows them: the same state again is not written.
+	if allocs := testing.AllocsPerRun(10, func() { w.SetProgrammed(st) }); allocs != 0 {
+		t.Errorf("the same names again: %v allocations, want none (no write)", allocs)
 	}
 }

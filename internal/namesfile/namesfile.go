@@ -9,9 +9,12 @@
 package namesfile
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -45,12 +48,94 @@ var kindNames = map[model.FrontendKind]string{
 // Of returns the names of the frontends of s, programmed under bpffs,
 // encoded.
 func Of(bpffs string, s *model.State) ([]byte, error) {
-	f := File{BPFFS: filepath.Clean(bpffs), Frontends: []Frontend{}}
-	for _, fe := range slices.SortedFunc(s.Services.Keys(), model.L4Addr.Compare) {
-		svc := s.Services.Get(fe)
-		f.Frontends = append(f.Frontends, Frontend{Frontend: fe.String(), Service: svc.Name.String(), Kind: kindNames[svc.Kind]})
+	var b bytes.Buffer
+	if err := encode(&b, bpffs, s); err != nil {
+		return nil, err
 	}
-	return json.Marshal(f)
+	return b.Bytes(), nil
+}
+
+// WriteState writes the names of the frontends of s, programmed under
+// bpffs, to path, atomically (as WriteAtomic). It encodes a File as
+// json.Marshal does, a frontend at a time into the file: at 30,000
+// frontends the File and its encoding would be 10 MB of the agent's heap,
+// and their growth 25 MB allocated, at the end of the agent's first apply,
+// its peak of memory.
+func WriteState(path, bpffs string, s *model.State) error {
+	return writeAtomic(path, func(f *os.File) error { return encode(f, bpffs, s) })
+}
+
+// encode writes the File naming the frontends of s to w, as json.Marshal
+// would encode it, a frontend at a time, in writes of about chunk bytes.
+func encode(w io.Writer, bpffs string, s *model.State) error {
+	fes := make([]model.L4Addr, 0, s.Services.Len())
+	fes = slices.AppendSeq(fes, s.Services.Keys())
+	slices.SortFunc(fes, model.L4Addr.Compare)
+	q, err := json.Marshal(filepath.Clean(bpffs))
+	if err != nil {
+		return err
+	}
+	b := make([]byte, 0, chunk+1024)
+	b = append(append(append(b, `{"bpffs":`...), q...), `,"frontends":[`...)
+	var scratch []byte
+	for i, fe := range fes {
+		svc := s.Services.Get(fe)
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"frontend":`...)
+		scratch = appendFrontend(scratch[:0], fe)
+		b = appendString(b, scratch)
+		b = append(b, `,"service":`...)
+		scratch = appendName(scratch[:0], svc.Name)
+		b = appendString(b, scratch)
+		b = append(b, `,"kind":`...)
+		b = appendString(b, append(scratch[:0], kindNames[svc.Kind]...))
+		b = append(b, '}')
+		if len(b) >= chunk {
+			if _, err := w.Write(b); err != nil {
+				return err
+			}
+			b = b[:0]
+		}
+	}
+	b = append(b, "]}"...)
+	_, err = w.Write(b)
+	return err
+}
+
+// chunk is about how much of the file encode writes at once.
+const chunk = 32 << 10
+
+// appendFrontend appends fe as model.L4Addr's String spells it.
+func appendFrontend(b []byte, fe model.L4Addr) []byte {
+	b = netip.AddrPortFrom(fe.Addr, fe.Port).AppendTo(b)
+	return append(append(b, '/'), fe.Proto.String()...)
+}
+
+// appendName appends n as model.ServicePortName's String spells it.
+func appendName(b []byte, n model.ServicePortName) []byte {
+	b = append(append(append(b, n.Namespace...), '/'), n.Name...)
+	if n.Port != "" {
+		b = append(append(b, ':'), n.Port...)
+	}
+	return b
+}
+
+// appendString appends s as a JSON string, as json.Marshal encodes it:
+// as it is, quoted, if it holds printable ASCII only that JSON or
+// json.Marshal's HTML escaping would not escape (addresses and Kubernetes
+// names do); else by json.Marshal.
+func appendString(b, s []byte) []byte {
+	for _, c := range s {
+		if c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(string(s)) // a string always encodes
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // Read returns the Service of each frontend (by model.L4Addr's String) in
@@ -81,6 +166,15 @@ func Read(path, bpffs string) (map[string]Frontend, error) {
 // WriteAtomic replaces path with b: a reader sees the old file or the new
 // one, never a part.
 func WriteAtomic(path string, b []byte) error {
+	return writeAtomic(path, func(f *os.File) error {
+		_, err := f.Write(b)
+		return err
+	})
+}
+
+// writeAtomic writes path by fill, through a temporary file renamed into
+// place.
+func writeAtomic(path string, fill func(*os.File) error) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
@@ -88,7 +182,7 @@ func WriteAtomic(path string, b []byte) error {
 	if err != nil {
 		return err
 	}
-	_, err = tmp.Write(b)
+	err = fill(tmp)
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}

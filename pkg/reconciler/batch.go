@@ -186,11 +186,11 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 	var upper sizes
 	naddrs := 0
 	for _, d := range ds {
-		naddrs += len(d.addrs)
+		naddrs += len(d.backends)
 		f := familyOf(d.fe.Addr)
 		upper.services++
-		upper.backends[f] += len(d.addrs)
-		upper.entries[f] += 1 + len(d.addrs)
+		upper.backends[f] += len(d.backends)
+		upper.entries[f] += 1 + len(d.backends)
 		upper.ranges[f] += len(d.ranges)
 	}
 	roomy := r.checkCapacity(upper, capacity) == nil
@@ -208,7 +208,8 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 			continue
 		}
 		n := r.capacityNeeded(d.fe, d)
-		for _, a := range d.addrs {
+		for _, b := range d.backends {
+			a := b.L4Addr
 			if counted[a] {
 				n.backends[familyOf(a.Addr)]--
 			}
@@ -219,7 +220,8 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 			continue
 		}
 		need = total
-		for _, a := range d.addrs {
+		for _, b := range d.backends {
+			a := b.L4Addr
 			if id, ok := r.backendOf.get(a); !ok || !r.isReal(id) {
 				counted[a] = true
 			}
@@ -253,8 +255,9 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 			r.serviceOf.put(d.fe, sid)
 		}
 		sids[i] = sid
-		ids[i], flat = flat[:len(d.addrs):len(d.addrs)], flat[len(d.addrs):]
-		for j, a := range d.addrs {
+		ids[i], flat = flat[:len(d.backends):len(d.backends)], flat[len(d.backends):]
+		for j, b := range d.backends {
+			a := b.L4Addr
 			id, ok := r.backendOf.get(a)
 			if !ok {
 				id = BackendID(r.beIDs.alloc())

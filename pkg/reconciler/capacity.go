@@ -107,12 +107,13 @@ func (r *Reconciler) capacityNeeded(fe Frontend, d *desiredFrontend) sizes {
 	} else if !r.revNat.has(uint32(sid)) {
 		n.services = 1
 	}
-	for _, a := range d.addrs {
+	for _, b := range d.backends {
+		a := b.L4Addr
 		if id, ok := r.backendOf.get(a); !ok || !r.isReal(id) {
 			n.backends[f]++
 		}
 	}
-	for s := uint32(0); s <= uint32(len(d.addrs)); s++ {
+	for s := uint32(0); s <= uint32(len(d.backends)); s++ {
 		if v == nil {
 			n.entries[f]++
 		} else if s == 0 && !v.hasMaster {

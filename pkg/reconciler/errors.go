@@ -94,10 +94,11 @@ func validate(d *desiredFrontend) error {
 	if err := validL4(d.fe.L4Addr); err != nil {
 		return fmt.Errorf("%w: frontend %s: %v", ErrInvalid, d.fe, err)
 	}
-	if len(d.addrs) > MaxSlots {
-		return fmt.Errorf("%w: %d backends, a frontend has %d slots; previous programming kept", ErrInvalid, len(d.addrs), MaxSlots)
+	if len(d.backends) > MaxSlots {
+		return fmt.Errorf("%w: %d backends, a frontend has %d slots; previous programming kept", ErrInvalid, len(d.backends), MaxSlots)
 	}
-	for _, a := range d.addrs {
+	for _, b := range d.backends {
+		a := b.L4Addr
 		err := validL4(a)
 		if err == nil && a.Addr.Is6() != d.fe.Addr.Is6() {
 			err = errors.New("not of the frontend's address family")

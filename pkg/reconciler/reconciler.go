@@ -405,11 +405,12 @@ func (r *Reconciler) Apply(st *model.State) error {
 		if want == nil {
 			n := 0
 			for _, d := range changed {
-				n += len(d.addrs)
+				n += len(d.backends)
 			}
 			want = make(map[model.L4Addr]bool, n)
 			for _, d := range changed {
-				for _, a := range d.addrs {
+				for _, b := range d.backends {
+					a := b.L4Addr
 					want[a] = true
 				}
 			}
@@ -548,9 +549,9 @@ func (r *Reconciler) presize(changed []*desiredFrontend) {
 	nb, nf := 0, len(changed)
 	nb4, nf4 := 0, 0 // IPv4's, packed in the key maps
 	for _, d := range changed {
-		nb += len(d.addrs)
+		nb += len(d.backends)
 		if d.fe.Addr.Is4() {
-			nb4 += len(d.addrs)
+			nb4 += len(d.backends)
 			nf4++
 		}
 	}

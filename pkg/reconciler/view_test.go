@@ -154,3 +154,35 @@ func TestFrontendViewSize(t *testing.T) {
 		t.Errorf("frontendView is %d bytes, want at most 112", n)
 	}
 }
+
+// A desired frontend reads the backends of its Service where they are
+// sorted and unique, as the translation makes them, and copies them only
+// to sort them, never changing the Service's.
+func TestDesiredSharesSortedBackends(t *testing.T) {
+	be := func(addr string, terminating bool) model.Backend {
+		return model.Backend{L4Addr: model.L4Addr{Addr: netip.MustParseAddr(addr), Port: 8080, Proto: model.TCP}, Terminating: terminating}
+	}
+	fe := Frontend{L4Addr: model.L4Addr{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: model.TCP}}
+	sorted := &model.Service{Frontend: fe.L4Addr, Backends: []model.Backend{be("10.0.0.1", false), be("10.0.0.2", true), be("10.0.0.3", false)}}
+	d := newDesired(fe, sorted)
+	if len(d.backends) != 3 || &d.backends[0] != &sorted.Backends[0] {
+		t.Errorf("sorted backends: %v, want the Service's own", d.backends)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { newDesired(fe, sorted) }); allocs != 1 {
+		t.Errorf("a desired frontend of sorted backends: %v allocations, want 1 (itself)", allocs)
+	}
+
+	unsorted := []model.Backend{be("10.0.0.3", false), be("10.0.0.1", false), be("10.0.0.3", true), be("10.0.0.2", false)}
+	svc := &model.Service{Frontend: fe.L4Addr, Backends: slices.Clone(unsorted)}
+	d = newDesired(fe, svc)
+	var got []string
+	for _, b := range d.backends {
+		got = append(got, b.Addr.String())
+	}
+	if want := []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"}; !slices.Equal(got, want) {
+		t.Errorf("unsorted backends, with one twice: %v, want %v", got, want)
+	}
+	if !slices.Equal(svc.Backends, unsorted) {
+		t.Errorf("the Service's backends changed: %v, want %v", svc.Backends, unsorted)
+	}
+}
