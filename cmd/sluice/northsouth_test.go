@@ -105,6 +105,18 @@ func (f *fakeCT) ConntrackRefused() (uint64, error) {
 	return f.refused, nil
 }
 
+// runGCAnHour runs runConntrackGC on f with an interval of an hour, so
+// that only pressure makes it collect, until the test ends.
+func runGCAnHour(t *testing.T, f *fakeCT, log *slog.Logger) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runConntrackGC(ctx, f, time.Hour, log)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
 // TestConntrackGCPressure: flows refused by a full table make the GC run
 // at once (not at its hour-long interval here) and say so in the log; so
 // does a table over 90% full.
@@ -112,13 +124,7 @@ func TestConntrackGCPressure(t *testing.T) {
 	var out testutil.Buffer
 	log := slog.New(slog.NewTextHandler(&out, nil))
 	f := &fakeCT{live: 100}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runConntrackGC(ctx, f, time.Hour, log)
-	}()
-	defer func() { cancel(); <-done }()
+	runGCAnHour(t, f, log)
 
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
@@ -152,13 +158,7 @@ func TestConntrackGCPressure(t *testing.T) {
 func TestConntrackGCFillingUp(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	f := &fakeCT{live: 100, entries: 100}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runConntrackGC(ctx, f, time.Hour, log)
-	}()
-	defer func() { cancel(); <-done }()
+	runGCAnHour(t, f, log)
 
 	runs := func() int {
 		f.mu.Lock()
