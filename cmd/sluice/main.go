@@ -361,7 +361,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 		mux.Handle("GET /metrics", m.Handler())
 		serve("metrics", func() error { return serveHTTP(ctx, metricsL, mux, log) })
 	}
-	go runConntrackGC(ctx, observedGC{dp.Maps(), m.ObserveConntrackGC}, ns.gcEvery, log.With("component", "conntrack-gc"))
+	go runConntrackGC(ctx, observedGC{ctUpkeep{dp.Maps(), dp}, m.ObserveConntrackGC}, ns.gcEvery, log.With("component", "conntrack-gc"))
 	if dpCfg.XDP != datapath.XDPOff {
 		go followRouting(ctx, watchRouting(dp), 5*time.Second, log.With("component", "xdp-routes"))
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -68,11 +69,14 @@ func TestFollowRouting(t *testing.T) {
 }
 
 // fakeCT stands in for the datapath's conntrack: a refusal counter the
-// test raises, and a table that is as full as the test says.
+// test raises, and a table that is as full as the test says (live
+// entries, and entries counted expired ones included, which a collection
+// brings down to live).
 type fakeCT struct {
 	mu      sync.Mutex
 	refused uint64
 	live    int
+	entries int
 	runs    int
 	deleted int   // what each collection deletes
 	fail    error // what each collection fails with
@@ -85,13 +89,32 @@ func (f *fakeCT) GCConntrack() (datapath.ConntrackStats, error) {
 	if f.fail != nil {
 		return datapath.ConntrackStats{}, f.fail
 	}
+	f.entries = f.live
 	return datapath.ConntrackStats{Deleted: f.deleted, Live: f.live, Max: 1000, Refused: f.refused}, nil
+}
+
+func (f *fakeCT) ConntrackEntries() (n, size int, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.entries, 1000, nil
 }
 
 func (f *fakeCT) ConntrackRefused() (uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.refused, nil
+}
+
+// runGCAnHour runs runConntrackGC on f with an interval of an hour, so
+// that only pressure makes it collect, until the test ends.
+func runGCAnHour(t *testing.T, f *fakeCT, log *slog.Logger) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runConntrackGC(ctx, f, time.Hour, log)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
 }
 
 // TestConntrackGCPressure: flows refused by a full table make the GC run
@@ -101,13 +124,7 @@ func TestConntrackGCPressure(t *testing.T) {
 	var out testutil.Buffer
 	log := slog.New(slog.NewTextHandler(&out, nil))
 	f := &fakeCT{live: 100}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runConntrackGC(ctx, f, time.Hour, log)
-	}()
-	defer func() { cancel(); <-done }()
+	runGCAnHour(t, f, log)
 
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
@@ -132,6 +149,39 @@ func TestConntrackGCPressure(t *testing.T) {
 	waitFor("no warning about a nearly full table", func() bool {
 		return strings.Contains(out.String(), `msg="conntrack table nearly full" established=950`)
 	})
+}
+
+// TestConntrackGCFillingUp: a table that expired entries of short flows
+// fill to 3/4 between two collections is collected at once (not at the
+// hour-long interval here), before the datapath refuses a flow; the bench's
+// last VIP stalled a second per worker and run on such refusals.
+func TestConntrackGCFillingUp(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	f := &fakeCT{live: 100, entries: 100}
+	runGCAnHour(t, f, log)
+
+	runs := func() int {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.runs
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if n := runs(); n != 0 {
+		t.Fatalf("GC ran %d times with a table 1/10 full and an interval of an hour", n)
+	}
+	f.mu.Lock()
+	f.entries = 760 // 100 alive, 660 expired: no flow refused yet
+	f.mu.Unlock()
+	for deadline := time.Now().Add(5 * time.Second); runs() == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a table 3/4 full of expired entries was not collected before it refused a flow")
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.entries != f.live || f.refused != 0 {
+		t.Errorf("after the collection: %d entries (%d live), %d refused", f.entries, f.live, f.refused)
+	}
 }
 
 // The agent's conntrack GC records each collection: how many it deleted,

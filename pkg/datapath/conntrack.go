@@ -489,3 +489,39 @@ func b2n(b bool) int {
 	}
 	return 0
 }
+
+// ConntrackEntries returns how many entries the fuller family's
+// sluice_conntrack holds now, expired ones that no collection has deleted
+// yet included, and its size: the kernel's own element counts (one run of
+// the map iterator, mapcount.go), cheap enough to poll every second. Expired
+// entries take room until the GC deletes them, so a table that short
+// flows fill between two collections refuses new flows (their first reply
+// is dropped: a second's stall for the client) although few of its entries
+// are alive; the agent collects once it is 3/4 full (runConntrackGC). size
+// is 0 on a kernel without the count (Features.MapCount): only a collection
+// tells then.
+func (d *Datapath) ConntrackEntries() (n, size int, err error) {
+	if d.counter == nil {
+		return 0, 0, nil
+	}
+	counts, err := d.counter.counts()
+	if err != nil {
+		return 0, 0, err
+	}
+	maps := objectsOf[*ebpf.Map](&d.sock, &d.tc, &d.xdp, &d.gc)
+	for _, pin := range []string{mapConntrack, mapConntrack6} {
+		m := maps[pin]
+		if m == nil {
+			continue
+		}
+		info, err := m.Info()
+		if err != nil {
+			return 0, 0, fmt.Errorf("information of map %s: %w", pin, err)
+		}
+		if id, ok := info.ID(); ok {
+			n = max(n, counts[id])
+		}
+		size = int(m.MaxEntries())
+	}
+	return n, size, nil
+}

@@ -305,3 +305,28 @@ func BenchmarkMapFillEmpty(b *testing.B) {
 		})
 	}
 }
+
+// TestConntrackEntries: the agent's poll of the conntrack table's fill
+// counts expired entries too (the GC has not deleted them: they take room
+// all the same), by the kernel's count, with the table's size; the fuller
+// family's.
+func TestConntrackEntries(t *testing.T) {
+	testutil.Privileged(t)
+	if err := haveMapCount(); err != nil {
+		t.Skipf("no bpf_map_sum_elem_count here: %v", err)
+	}
+	d := newTestDatapath(t)
+	for i := range 300 {
+		k := sockCt4Key{Saddr: uint32(i), Daddr: 1, Sport: uint16(i), Dport: 80, Proto: uint8(model.TCP)}
+		if err := d.maps.conntrack.Put(k, sockCt4Entry{Expires: 1}); err != nil { // long expired
+			t.Fatal(err)
+		}
+	}
+	n, size, err := d.ConntrackEntries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := smallConfig("").MaxConntrack; n != 300 || size != want {
+		t.Errorf("ConntrackEntries() = %d of %d, want 300 of %d", n, size, want)
+	}
+}
