@@ -101,8 +101,8 @@ func (o observedGC) GCConntrack() (datapath.ConntrackStats, error) {
 // it has one): short flows (a client opening thousands a second) fill
 // the table with expired entries between two collections, and a flow
 // refused is a client stalled a second (its first reply is dropped; the
-// bench's last VIP lost a quarter of its connections per second so). A sweep of a full table of 262144
-// entries takes milliseconds. Pressure is logged: flows refused, or a
+// bench's last VIP lost a quarter of its connections per second so). A
+// sweep of a full table of 262144 entries takes milliseconds. Pressure is logged: flows refused, or a
 // table over 90% full.
 func runConntrackGC(ctx context.Context, m conntrackGC, every time.Duration, log *slog.Logger) {
 	poll := time.NewTicker(time.Second)

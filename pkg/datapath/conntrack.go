@@ -490,8 +490,8 @@ func b2n(b bool) int {
 	return 0
 }
 
-// ConntrackEntries returns how many entries the fuller family's
-// sluice_conntrack holds now, expired ones that no collection has deleted
+// ConntrackEntries returns how many entries the fuller family's (by its
+// share of its size) sluice_conntrack holds now, expired ones that no collection has deleted
 // yet included, and its size: the kernel's own element counts (one run of
 // the map iterator, mapcount.go), cheap enough to poll every second. Expired
 // entries take room until the GC deletes them, so a table that short
@@ -518,10 +518,14 @@ func (d *Datapath) ConntrackEntries() (n, size int, err error) {
 		if err != nil {
 			return 0, 0, fmt.Errorf("information of map %s: %w", pin, err)
 		}
-		if id, ok := info.ID(); ok {
-			n = max(n, counts[id])
+		id, ok := info.ID()
+		if !ok {
+			continue
 		}
-		size = int(m.MaxEntries())
+		// The families' tables may differ in size (their entries do).
+		if c, s := counts[id], int(m.MaxEntries()); size == 0 || c*size > n*s {
+			n, size = c, s
+		}
 	}
 	return n, size, nil
 }
