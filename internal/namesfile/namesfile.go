@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -84,10 +83,10 @@ func encode(w io.Writer, bpffs string, s *model.State) error {
 			b = append(b, ',')
 		}
 		b = append(b, `{"frontend":`...)
-		scratch = appendFrontend(scratch[:0], fe)
+		scratch = fe.AppendTo(scratch[:0])
 		b = appendString(b, scratch)
 		b = append(b, `,"service":`...)
-		scratch = appendName(scratch[:0], svc.Name)
+		scratch = svc.Name.AppendTo(scratch[:0])
 		b = appendString(b, scratch)
 		b = append(b, `,"kind":`...)
 		b = appendString(b, append(scratch[:0], kindNames[svc.Kind]...))
@@ -106,21 +105,6 @@ func encode(w io.Writer, bpffs string, s *model.State) error {
 
 // chunk is about how much of the file encode writes at once.
 const chunk = 32 << 10
-
-// appendFrontend appends fe as model.L4Addr's String spells it.
-func appendFrontend(b []byte, fe model.L4Addr) []byte {
-	b = netip.AddrPortFrom(fe.Addr, fe.Port).AppendTo(b)
-	return append(append(b, '/'), fe.Proto.String()...)
-}
-
-// appendName appends n as model.ServicePortName's String spells it.
-func appendName(b []byte, n model.ServicePortName) []byte {
-	b = append(append(append(b, n.Namespace...), '/'), n.Name...)
-	if n.Port != "" {
-		b = append(append(b, ':'), n.Port...)
-	}
-	return b
-}
 
 // appendString appends s as a JSON string, as json.Marshal encodes it:
 // as it is, quoted, if it holds printable ASCII only that JSON or

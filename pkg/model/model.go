@@ -39,8 +39,17 @@ type L4Addr struct {
 	Proto Protocol
 }
 
-func (a L4Addr) String() string {
-	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(a.Addr, a.Port), a.Proto)
+func (a L4Addr) String() string { return string(a.AppendTo(nil)) }
+
+// AppendTo appends a as String spells it ("10.96.0.1:443/TCP"), for an
+// encoder that would not allocate a string per address (the names file).
+func (a L4Addr) AppendTo(b []byte) []byte {
+	if !a.Addr.IsValid() {
+		b = append(b, "invalid AddrPort"...) // netip.AddrPort's String
+	} else {
+		b = netip.AddrPortFrom(a.Addr, a.Port).AppendTo(b)
+	}
+	return append(append(b, '/'), a.Proto.String()...)
 }
 
 // Compare orders L4Addrs by address, port, then protocol: -1, 0 or +1,
@@ -65,11 +74,16 @@ type ServicePortName struct {
 	Port      string // the ServicePort's name; may be empty for a single-port Service
 }
 
-func (n ServicePortName) String() string {
-	if n.Port == "" {
-		return n.Namespace + "/" + n.Name
+func (n ServicePortName) String() string { return string(n.AppendTo(nil)) }
+
+// AppendTo appends n as String spells it ("ns/name:port", or "ns/name"
+// for a port without a name).
+func (n ServicePortName) AppendTo(b []byte) []byte {
+	b = append(append(append(b, n.Namespace...), '/'), n.Name...)
+	if n.Port != "" {
+		b = append(append(b, ':'), n.Port...)
 	}
-	return n.Namespace + "/" + n.Name + ":" + n.Port
+	return b
 }
 
 // FrontendKind says how traffic reaches a frontend.

@@ -2,6 +2,7 @@ package model
 
 import (
 	"cmp"
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
@@ -82,5 +83,34 @@ func TestSizes(t *testing.T) {
 	}
 	if n := unsafe.Sizeof(Backend{}); n != 40 {
 		t.Errorf("Backend is %d bytes, want 40", n)
+	}
+}
+
+// L4Addr's and ServicePortName's String spell what their AppendTo
+// appends (the names file's encoder), as they were spelled before it: the
+// formulas below.
+func TestStringsAsAppendTo(t *testing.T) {
+	for _, a := range []L4Addr{
+		{},
+		{Addr: netip.MustParseAddr("10.96.0.1"), Port: 443, Proto: TCP},
+		{Addr: netip.MustParseAddr("2001:db8::a"), Port: 53, Proto: UDP},
+		{Addr: netip.MustParseAddr("fe80::1%eth0"), Port: 80, Proto: Protocol(99)},
+	} {
+		want := fmt.Sprintf("%s/%s", netip.AddrPortFrom(a.Addr, a.Port), a.Proto)
+		if got := a.String(); got != want {
+			t.Errorf("String of %#v = %q, want %q", a, got, want)
+		}
+		if got := string(a.AppendTo([]byte("x"))); got != "x"+want {
+			t.Errorf("AppendTo of %#v = %q, want %q", a, got, "x"+want)
+		}
+	}
+	for _, n := range []ServicePortName{{}, {Namespace: "ns", Name: "a"}, {Namespace: "ns", Name: "a", Port: "http"}} {
+		want := n.Namespace + "/" + n.Name
+		if n.Port != "" {
+			want += ":" + n.Port
+		}
+		if got := n.String(); got != want {
+			t.Errorf("String of %#v = %q, want %q", n, got, want)
+		}
 	}
 }
