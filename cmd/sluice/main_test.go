@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -55,5 +57,36 @@ func TestSplitList(t *testing.T) {
 	}
 	if got := splitList(""); got != nil {
 		t.Errorf("splitList(\"\") = %q, want nil", got)
+	}
+}
+
+// BPF_ENABLE_STATS is system wide: every run of every BPF program on the
+// node pays two clock reads while it is on (issue 14, twenty-third pass:
+// about 1% of a per-packet connection's CPU), so the agent holds it only
+// when asked.
+func TestProgramStatsOffByDefault(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := os.Stderr
+	os.Stderr = w
+	code := run([]string{"--help"})
+	os.Stderr = stderr
+	_ = w.Close()
+	out, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != 0 {
+		t.Fatalf("sluice --help exited %d", code)
+	}
+	i := bytes.Index(out, []byte("-bpf-program-stats"))
+	if i < 0 {
+		t.Fatalf("--help lists no -bpf-program-stats:\n%s", out)
+	}
+	line, _, _ := bytes.Cut(out[i:], []byte("\n  -"))
+	if bytes.Contains(line, []byte("(default true)")) {
+		t.Errorf("--bpf-program-stats is on by default: %s", line)
 	}
 }

@@ -47,6 +47,7 @@ type Config struct {
 	ProbeSample  int           `json:"probe_sample"`   // services probed for "all answering"
 	TestRunCalls int           `json:"test_run_calls"` // BPF_PROG_TEST_RUN single runs per figure
 	BPFStats     bool          `json:"bpf_stats"`      // kernel BPF run-time statistics on during the load runs: Sluice's program cost per connection (progcost.go)
+	PerfDir      string        `json:"perf_dir"`       // a system-wide perf profile of every client run goes here (perfrec.go)
 	Family       string        `json:"family"`         // "IPv4" or "IPv6": the services', clients' and backends' family
 	OutDir       string        `json:"-"`
 	Stamp        string        `json:"stamp"`
@@ -122,6 +123,7 @@ func ConfigFromEnv() (Config, error) {
 	get("BENCH_PROG_REPEAT_MAX", dur(&c.ProgRepeatMax))
 	get("BENCH_OUT", func(v string) error { c.OutDir = v; return nil })
 	get("BENCH_BPF_STATS", func(v string) error { b, e := strconv.ParseBool(v); c.BPFStats = b; return e })
+	get("BENCH_PERF", func(v string) error { c.PerfDir = v; return os.MkdirAll(v, 0o755) })
 	get("BENCH_FAMILY", func(v string) error {
 		f, e := rules.FamilyOf(v)
 		c.Family = f.Name
@@ -726,7 +728,9 @@ func (r *runner) connections(ctx context.Context, p *Point, envs []*env, svcs []
 						ns, cg = e.tri.Node, e.m.socketCgroup()
 					}
 					pid, before := r.progCounters(e)
+					rec := r.startPerf(ctx, p.Services, layer, target, e.name, round)
 					res, err := r.runClient(ctx, ns, cg, cc)
+					rec.stop(res.Conns)
 					if err != nil {
 						res.Errors++
 						res.FirstError = err.Error()
