@@ -523,6 +523,59 @@ func TestCTGCKeepsLiveReservation(t *testing.T) {
 	})
 }
 
+// TestCTSNATFullTableOverflow: a source-NATed flow answered while the
+// established table is full (its port reservation is there already, its
+// forward entry cannot join it) stays established in sluice_ct_new
+// (tc_ct_est_overflow): its reply is translated and its next packet still
+// leaves from its port, where the reply was dropped and the flow refused.
+func TestCTSNATFullTableOverflow(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		h := holdSNATPort(t, v6)
+		be, np := beRemote, npRemote
+		est := h.m.conntrack
+		if v6 {
+			be, np, est = be6Remote, np6Remote, h.d.tc.Sluice6ConntrackV1
+		}
+		now, err := monotonicNow()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Live entries of other flows fill the table.
+		for i := 0; ; i++ {
+			var err error
+			if v6 {
+				k := tcCt6Key{Daddr: tcV6addr{Addr: [16]byte{15: 1}}, Sport: uint16(i), Dport: 80, Proto: 6}
+				binary.BigEndian.PutUint32(k.Saddr.Addr[12:], uint32(i+1))
+				err = est.Update(&k, &tcCt6Entry{Expires: now + uint64(time.Hour), Flags: ctFlagReplied}, ebpf.UpdateNoExist)
+			} else {
+				err = est.Update(&sockCt4Key{Saddr: uint32(i + 1), Daddr: 1, Sport: uint16(i), Dport: 80, Proto: 6},
+					&sockCt4Entry{Expires: now + uint64(time.Hour), Flags: ctFlagReplied}, ebpf.UpdateNoExist)
+			}
+			if err != nil {
+				if i == 0 {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+		v, out := runOn(t, h.d.TCIngress(), h.ifindex, replyFrom(be, h.port, tcpSA).Bytes())
+		if v != tcActRedirect || outSrc(out) != np.Addr.String() || outDst(out) != h.client {
+			t.Errorf("SYN-ACK with the table full: verdict %d from %s to %s, want %s to %s", v, outSrc(out), outDst(out), np.Addr, h.client)
+		}
+		if cs := counters(t, h.d); cs["tc_ct_est_overflow"] != 1 || cs["tc_ct_est_full"] != 0 {
+			t.Errorf("tc_ct_est_overflow %d, tc_ct_est_full %d; want 1 and 0", cs["tc_ct_est_overflow"], cs["tc_ct_est_full"])
+		}
+		ack := h.syn
+		ack.TCPFlags = tcpACK
+		if v, out := runOn(t, h.d.TCIngress(), h.ifindex, ack.Bytes()); v != tcActRedirect || outSport(out) != h.port {
+			t.Errorf("the client's ACK: verdict %d from port %d, want %d", v, outSport(out), h.port)
+		}
+		if r, ok := ctLookup(t, h.m, h.rev); !ok || r.flags&ctFlagReplied == 0 {
+			t.Errorf("port reservation %+v (found %v), want it there and marked answered", r, ok)
+		}
+	})
+}
+
 // TestCTSNATReservationLost (A3): a flow whose port reservation was lost
 // (evicted, or deleted) and taken by another flow must not send from that
 // port any more; the other flow keeps it.
