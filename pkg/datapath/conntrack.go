@@ -31,7 +31,7 @@ type ConntrackStats struct {
 	Deleted int // expired entries deleted
 	Live    int // entries left in sluice_conntrack (established flows, SNAT reservations); of the fuller family's table
 	Pending int // of them, port reservations of flows not answered yet
-	Max     int // sluice_conntrack's size (each family's): new flows are refused when Live reaches it
+	Max     int // sluice_conntrack's size (each family's): new flows stay in sluice_ct_new when Live reaches it
 
 	// Refused counts the new flows sluice_conntrack had no room for so
 	// far (since the pins were created): refused (tc_ct_est_full: port
