@@ -56,6 +56,7 @@
 #include "lib/lb.h"
 #include "lib/affinity.h"
 #define CT_SNAT_TRY_GLOBAL /* conntrack_fam.h: ct_snat_try */
+#define CT_EST_OVERFLOW	   /* conntrack_fam.h: ct_overflow */
 #include "lib/conntrack.h"
 #include "lib/icmp.h"
 #include "lib/nat.h"

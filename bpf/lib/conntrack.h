@@ -12,8 +12,15 @@
  * promotes both to sluice_conntrack, a plain hash that nothing evicts: so a
  * flood of new flows (a SYN flood, a scan, a burst of connections) can
  * only evict half-open flows, never established ones. When sluice_conntrack
- * is full, the flow is refused instead: its reply is dropped and counted
- * (nf_conntrack's promise: when the table is full, new flows are refused).
+ * is full, the flow stays in sluice_ct_new, marked established
+ * (ct_overflow): it works, but is of the kind a flood may evict, and so
+ * no established flow is ever pushed out to make room for it. A table
+ * full of expired entries (closed flows in their close timeout, which
+ * only the agent's GC deletes) then costs no refused connection, where
+ * netfilter reclaims them on insert; the agent collects at once when it
+ * sees the overflow counted. Only a port reservation (SNAT), which needs
+ * the one table, is refused when it is full: the SYN is dropped and
+ * counted.
  * A source-NATed flow's port reservation (its reply entry) lives in
  * sluice_conntrack from the start, since uniqueness of a port needs one
  * map, and an LRU must never evict it apart from its flow; its
@@ -47,6 +54,7 @@
 #include "consts.h"
 #include "config.h"
 #include "maps.h"
+#include "metrics.h"
 #include "lb.h"
 #include "parse.h"
 #include "explain.h"
@@ -63,6 +71,8 @@
 
 /* ct_create's result when the reply tuple belongs to another flow. */
 #define CT_CLASH 1
+/* ct_promote's result when the flow stays in sluice_ct_new (ct_overflow). */
+#define CT_OVERFLOW 1
 
 #define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
 

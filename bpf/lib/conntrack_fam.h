@@ -665,14 +665,33 @@ FN(ct_half_open_elsewhere)(const FAM(ct_key_t) *fkey, const FAM(ct_key_t) *rkey,
 }
 
 /*
+ * ct_overflow - keep the entry @e of a flow answered while sluice_conntrack
+ * is full in sluice_ct_new, under @key, as it is (CT_F_REPLIED: it lives
+ * as an established entry, and its packets no longer try to promote it).
+ * So the flow works where it was refused before, and nothing established
+ * is evicted for it; it is the evictable kind, as a half-open flow is,
+ * until it ends. The table is full mostly of expired entries that only
+ * the agent's GC deletes (a burst of short connections, in their close
+ * timeout): the agent collects at once when this count grows.
+ */
+static __always_inline int FN(ct_overflow)(const FAM(ct_key_t) *key,
+					   const FAM(ct_entry_t) *e)
+{
+	return bpf_map_update_elem(FAM(ct_new), key, e, BPF_ANY);
+}
+
+/*
  * ct_promote - the first reply of the half-open flow whose reply entry
  * @rev was found in sluice_ct_new under @rkey: insert both of the flow's
  * entries into sluice_conntrack (established), then drop the half-open
  * ones. The forward entry is rebuilt from @rev, which names everything.
+ * If the table is full, both stay in sluice_ct_new, established
+ * (ct_overflow, counted tc_ct_est_overflow).
  *
- * Returns 0, or a negative error: -E2BIG if the table is full (the flow
- * is refused), -EEXIST if a live entry of another flow holds a key,
- * -ENOENT if @rev is stale (ct_half_open_elsewhere: it is deleted).
+ * Returns 0; CT_OVERFLOW if the flow stays in sluice_ct_new; or a negative
+ * error: -EEXIST if a live entry of another flow holds a key, -ENOENT if
+ * @rev is stale (ct_half_open_elsewhere: it is deleted), another map
+ * update error.
  */
 static __always_inline int FN(ct_promote)(const FAM(ct_key_t) *rkey,
 					  const FAM(ct_entry_t) *rev, __u64 now)
@@ -697,7 +716,7 @@ static __always_inline int FN(ct_promote)(const FAM(ct_key_t) *rkey,
 	if (err == -EEXIST && FN(ct_est_same)(rkey, &r, now))
 		err = 0;
 	if (err)
-		return err;
+		goto overflow;
 	err = FN(ct_est_insert)(&fkey, &f, now, false);
 	if (err == -EEXIST && FN(ct_est_same)(&fkey, &f, now))
 		err = 0;
@@ -705,19 +724,38 @@ static __always_inline int FN(ct_promote)(const FAM(ct_key_t) *rkey,
 		ins = bpf_map_lookup_elem(FAM(ct_est), rkey);
 		if (ins)
 			FN(ct_reap)(FAM(ct_est), rkey, ins, r.expires);
-		return err;
+		goto overflow;
 	}
 	bpf_map_delete_elem(FAM(ct_new), rkey);
 	bpf_map_delete_elem(FAM(ct_new), &fkey);
 	return 0;
+
+overflow:
+#ifdef CT_EST_OVERFLOW
+	if (err != -E2BIG)
+		return err;
+	/* Reverse first, as ct_create: a reply never finds a forward entry
+	 * without it.
+	 */
+	err = FN(ct_overflow)(rkey, &r);
+	if (!err)
+		err = FN(ct_overflow)(&fkey, &f);
+	if (err)
+		return err;
+	metric_inc(METRIC_TC_CT_EST_OVERFLOW);
+	return CT_OVERFLOW;
+#else
+	return err;
+#endif
 }
 
 /*
  * ct_promote_snat - the first reply of a source-NATed flow, whose
  * reservation @rev (under @rkey) is already in sluice_conntrack: insert the
  * forward entry there (rebuilt from @rev), mark the reservation
- * established, drop the half-open forward entry. Returns 0 or a negative
- * error, as ct_promote.
+ * established, drop the half-open forward entry; if the table is full,
+ * the forward entry stays in sluice_ct_new, established (ct_overflow).
+ * Returns as ct_promote.
  */
 static __always_inline int FN(ct_promote_snat)(const FAM(ct_key_t) *rkey,
 					       FAM(ct_entry_t) *rev, __u64 now)
@@ -740,12 +778,22 @@ static __always_inline int FN(ct_promote_snat)(const FAM(ct_key_t) *rkey,
 	err = FN(ct_est_insert)(&fkey, &f, now, false);
 	if (err == -EEXIST && FN(ct_est_same)(&fkey, &f, now))
 		err = 0;
-	if (err)
+#ifdef CT_EST_OVERFLOW
+	if (err == -E2BIG) {
+		err = FN(ct_overflow)(&fkey, &f);
+		if (err)
+			return err;
+		metric_inc(METRIC_TC_CT_EST_OVERFLOW);
+		err = CT_OVERFLOW;
+	}
+#endif
+	if (err < 0)
 		return err;
 	__sync_fetch_and_or(&rev->flags, CT_F_REPLIED);
 	FN(ct_refresh)(rev, rkey->proto, now);
-	bpf_map_delete_elem(FAM(ct_new), &fkey);
-	return 0;
+	if (!err)
+		bpf_map_delete_elem(FAM(ct_new), &fkey);
+	return err;
 }
 
 /*
@@ -791,7 +839,7 @@ FN(ct_reply)(const FAM(pkt_t) *p, FAM(ct_key_t) *key, __u64 now, int *err)
 		if ((READ_ONCE(e->flags) & (CT_F_REPLIED | CT_F_SNAT)) ==
 		    CT_F_SNAT) {
 			*err = FN(ct_promote_snat)(key, e, now);
-			if (*err == -ENOENT)
+			if (*err == -ENOENT || *err == CT_OVERFLOW)
 				*err = 0;
 			if (*err)
 				return NULL;
@@ -802,9 +850,18 @@ FN(ct_reply)(const FAM(pkt_t) *p, FAM(ct_key_t) *key, __u64 now, int *err)
 	e = bpf_map_lookup_elem(FAM(ct_new), key);
 	if (!e || !ct_alive(READ_ONCE(e->expires), now))
 		return NULL;
+	/* A flow kept here while the table was full (ct_overflow). */
+	if (READ_ONCE(e->flags) & CT_F_REPLIED) {
+		FN(ct_touch)(key, e, now);
+		return e;
+	}
 	*err = FN(ct_promote)(key, e, now);
 	if (*err == -ENOENT)
 		*err = 0;
+	if (*err == CT_OVERFLOW) {
+		*err = 0;
+		return bpf_map_lookup_elem(FAM(ct_new), key);
+	}
 	if (*err)
 		return NULL;
 	return bpf_map_lookup_elem(FAM(ct_est), key);
@@ -840,12 +897,19 @@ static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
 	FAM(ct_entry_t) *rev;
 	FAM(ct_key_t) rkey;
 	__u64 seen;
+	int err;
 
 	FN(ct_peer_key)(&rkey, key, fwd);
-	if (half_open)
+	if (half_open) {
 		rev = bpf_map_lookup_elem(FAM(ct_new), &rkey);
-	else
+	} else {
 		rev = bpf_map_lookup_elem(FAM(ct_est), &rkey);
+#ifdef CT_EST_OVERFLOW
+		/* An established flow kept in sluice_ct_new (ct_overflow). */
+		if (!rev && !(flags & CT_F_SNAT))
+			rev = bpf_map_lookup_elem(FAM(ct_new), &rkey);
+#endif
+	}
 	if (rev) {
 		seen = READ_ONCE(rev->expires);
 		if (FN(ct_is_peer)(key, fwd, rev)) {
@@ -875,7 +939,12 @@ static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
 		return half_open ? 0 : FN(ct_est_free)(&rkey, now, false);
 	if (half_open)
 		return bpf_map_update_elem(FAM(ct_new), &rkey, &e, BPF_ANY);
-	return FN(ct_est_insert)(&rkey, &e, now, false);
+	err = FN(ct_est_insert)(&rkey, &e, now, false);
+#ifdef CT_EST_OVERFLOW
+	if (err == -E2BIG && !(flags & CT_F_SNAT))
+		err = FN(ct_overflow)(&rkey, &e);
+#endif
+	return err;
 }
 
 /*

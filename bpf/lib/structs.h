@@ -358,6 +358,11 @@ enum metric_reason {
 	 * as netfilter's NAT makes a tuple unique
 	 */
 	METRIC_TC_CT_CLASH_REMAP,
+	/* a new flow answered while the established conntrack table is
+	 * full: kept in sluice_ct_new, the LRU, as established (the agent's
+	 * GC is due), instead of refused (ct_overflow)
+	 */
+	METRIC_TC_CT_EST_OVERFLOW,
 	METRIC_MAX,
 };
 

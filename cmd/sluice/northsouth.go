@@ -93,17 +93,19 @@ func (o observedGC) GCConntrack() (datapath.ConntrackStats, error) {
 // runConntrackGC deletes expired conntrack entries every period until ctx
 // is done. Established flows are deleted by nothing else: their table is
 // not an LRU, so that new flows cannot evict them, and when it is full new
-// flows are refused. So the collection speeds up under pressure: every 5s
-// while the table is over half full, every second while it is over 3/4
-// full, and at once when the datapath has refused flows since the last
-// one (a counter polled every second) or when the table, expired entries
-// included, is 3/4 full (the kernel's count, polled every second where
-// it has one): short flows (a client opening thousands a second) fill
-// the table with expired entries between two collections, and a flow
-// refused is a client stalled a second (its first reply is dropped; the
-// bench's last VIP lost a quarter of its connections per second so). A
-// sweep of a full table of 262144 entries takes milliseconds. Pressure is logged: flows refused, or a
-// table over 90% full.
+// flows stay in the LRU of half-open ones, where a flood may evict them
+// (a port reservation, which needs the table, is refused). So the
+// collection speeds up under pressure: every 5s while the table is over
+// half full, every second while it is over 3/4 full, and at once when the
+// datapath had no room for flows since the last one (the counters polled
+// every second) or when the table, expired entries included, is 3/4 full
+// (the kernel's count, polled every second where it has one): short
+// flows (a client opening thousands a second) fill the table with expired
+// entries between two collections (before the datapath kept such flows
+// in the LRU, each was refused, a client stalled a second: the bench's
+// last VIP lost a quarter of its connections per second so). A sweep of
+// a full table of 262144 entries takes milliseconds. Pressure is logged:
+// flows without room, or a table over 90% full.
 func runConntrackGC(ctx context.Context, m conntrackGC, every time.Duration, log *slog.Logger) {
 	poll := time.NewTicker(time.Second)
 	defer poll.Stop()
@@ -132,7 +134,7 @@ func runConntrackGC(ctx context.Context, m conntrackGC, every time.Duration, log
 		}
 		switch {
 		case st.Refused > refused:
-			log.Warn("conntrack table full: new flows refused", "refused", st.Refused-refused,
+			log.Warn("conntrack table full: new flows refused or kept in the LRU", "refused", st.Refused-refused,
 				"established", st.Live, "max", st.Max, "deleted", st.Deleted)
 		case st.Live*10 >= st.Max*9:
 			log.Warn("conntrack table nearly full", "established", st.Live, "max", st.Max, "deleted", st.Deleted)

@@ -303,7 +303,7 @@ func backendRows(ks *reconciler.KernelState, names map[string]namesfile.Frontend
 
 // ConntrackRow is one line of `conntrack`.
 type ConntrackRow struct {
-	State     string   `json:"state"`     // established or new
+	State     string   `json:"state"`     // established, new, or overflow (answered while the established table was full: kept in sluice_ct_new)
 	Direction string   `json:"direction"` // forward (the client's tuple) or reverse (the reply's)
 	Proto     string   `json:"proto"`
 	Src       string   `json:"src"`
@@ -554,8 +554,11 @@ func conntrackRows(sel []datapath.ConntrackEntry, ks *reconciler.KernelState, na
 		if r.Flags == nil {
 			r.Flags = []string{}
 		}
-		if e.Established {
+		switch {
+		case e.Established:
 			r.State = "established"
+		case slices.Contains(e.Flags, "replied"):
+			r.State = "overflow"
 		}
 		if e.Reverse {
 			r.Direction = "reverse"

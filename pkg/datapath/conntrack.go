@@ -31,10 +31,12 @@ type ConntrackStats struct {
 	Deleted int // expired entries deleted
 	Live    int // entries left in sluice_conntrack (established flows, SNAT reservations); of the fuller family's table
 	Pending int // of them, port reservations of flows not answered yet
-	Max     int // sluice_conntrack's size (each family's): new flows are refused when Live reaches it
+	Max     int // sluice_conntrack's size (each family's): new flows stay in sluice_ct_new when Live reaches it
 
-	// Refused counts the new flows refused so far because sluice_conntrack
-	// was full (the tc_ct_est_full counter, since the pins were created).
+	// Refused counts the new flows sluice_conntrack had no room for so
+	// far (since the pins were created): refused (tc_ct_est_full: port
+	// reservations), or kept in sluice_ct_new, the LRU, instead
+	// (tc_ct_est_overflow: answered flows).
 	Refused uint64
 }
 
@@ -65,17 +67,25 @@ func (m *Maps) GCConntrack() (ConntrackStats, error) {
 	return st, nil
 }
 
-// ConntrackRefused returns how many new flows were refused so far because
-// sluice_conntrack was full (the tc_ct_est_full counter): one map lookup,
-// cheap enough to poll.
+// ConntrackRefused returns how many new flows sluice_conntrack had no room
+// for so far (ConntrackStats.Refused: the tc_ct_est_full and
+// tc_ct_est_overflow counters): two map lookups, cheap enough to poll.
 func (m *Maps) ConntrackRefused() (uint64, error) {
-	var perCPU []uint64
-	if err := m.metrics.Lookup(uint32(sockMetricReasonMETRIC_TC_CT_EST_FULL), &perCPU); err != nil {
-		return 0, fmt.Errorf("read tc_ct_est_full: %w", err)
-	}
 	var sum uint64
-	for _, n := range perCPU {
-		sum += n
+	for _, c := range []struct {
+		reason sockMetricReason
+		name   string
+	}{
+		{sockMetricReasonMETRIC_TC_CT_EST_FULL, "tc_ct_est_full"},
+		{sockMetricReasonMETRIC_TC_CT_EST_OVERFLOW, "tc_ct_est_overflow"},
+	} {
+		var perCPU []uint64
+		if err := m.metrics.Lookup(uint32(c.reason), &perCPU); err != nil {
+			return 0, fmt.Errorf("read %s: %w", c.name, err)
+		}
+		for _, n := range perCPU {
+			sum += n
+		}
 	}
 	return sum, nil
 }

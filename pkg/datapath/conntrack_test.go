@@ -523,6 +523,59 @@ func TestCTGCKeepsLiveReservation(t *testing.T) {
 	})
 }
 
+// TestCTSNATFullTableOverflow: a source-NATed flow answered while the
+// established table is full (its port reservation is there already, its
+// forward entry cannot join it) stays established in sluice_ct_new
+// (tc_ct_est_overflow): its reply is translated and its next packet still
+// leaves from its port, where the reply was dropped and the flow refused.
+func TestCTSNATFullTableOverflow(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		h := holdSNATPort(t, v6)
+		be, np := beRemote, npRemote
+		est := h.m.conntrack
+		if v6 {
+			be, np, est = be6Remote, np6Remote, h.d.tc.Sluice6ConntrackV1
+		}
+		now, err := monotonicNow()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Live entries of other flows fill the table.
+		for i := 0; ; i++ {
+			var err error
+			if v6 {
+				k := tcCt6Key{Daddr: tcV6addr{Addr: [16]byte{15: 1}}, Sport: uint16(i), Dport: 80, Proto: 6}
+				binary.BigEndian.PutUint32(k.Saddr.Addr[12:], uint32(i+1))
+				err = est.Update(&k, &tcCt6Entry{Expires: now + uint64(time.Hour), Flags: ctFlagReplied}, ebpf.UpdateNoExist)
+			} else {
+				err = est.Update(&sockCt4Key{Saddr: uint32(i + 1), Daddr: 1, Sport: uint16(i), Dport: 80, Proto: 6},
+					&sockCt4Entry{Expires: now + uint64(time.Hour), Flags: ctFlagReplied}, ebpf.UpdateNoExist)
+			}
+			if err != nil {
+				if i == 0 {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+		v, out := runOn(t, h.d.TCIngress(), h.ifindex, replyFrom(be, h.port, tcpSA).Bytes())
+		if v != tcActRedirect || outSrc(out) != np.Addr.String() || outDst(out) != h.client {
+			t.Errorf("SYN-ACK with the table full: verdict %d from %s to %s, want %s to %s", v, outSrc(out), outDst(out), np.Addr, h.client)
+		}
+		if cs := counters(t, h.d); cs["tc_ct_est_overflow"] != 1 || cs["tc_ct_est_full"] != 0 {
+			t.Errorf("tc_ct_est_overflow %d, tc_ct_est_full %d; want 1 and 0", cs["tc_ct_est_overflow"], cs["tc_ct_est_full"])
+		}
+		ack := h.syn
+		ack.TCPFlags = tcpACK
+		if v, out := runOn(t, h.d.TCIngress(), h.ifindex, ack.Bytes()); v != tcActRedirect || outSport(out) != h.port {
+			t.Errorf("the client's ACK: verdict %d from port %d, want %d", v, outSport(out), h.port)
+		}
+		if r, ok := ctLookup(t, h.m, h.rev); !ok || r.flags&ctFlagReplied == 0 {
+			t.Errorf("port reservation %+v (found %v), want it there and marked answered", r, ok)
+		}
+	})
+}
+
 // TestCTSNATReservationLost (A3): a flow whose port reservation was lost
 // (evicted, or deleted) and taken by another flow must not send from that
 // port any more; the other flow keeps it.
@@ -619,8 +672,8 @@ func TestTCZeroBackendsKeepsEstablished(t *testing.T) {
 
 // TestCTFloodKeepsEstablished (issue item 7, B3): with a small conntrack
 // table, a flood of new flows to another Service never evicts established
-// flows; once the table of established flows is full, new flows are
-// refused (and counted), not the old ones.
+// flows; once the table of established flows is full, new flows stay in
+// the LRU of half-open ones (tc_ct_est_overflow), not the old ones out.
 func TestCTFloodKeepsEstablished(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
@@ -674,12 +727,119 @@ func TestCTFloodKeepsEstablished(t *testing.T) {
 			}
 		}
 		check("after 2000 more established flows than fit")
-		if refused == 0 {
-			t.Errorf("all 2000 flows beyond the table's 1024 entries were accepted")
-		}
 		cs := counters(t, d)
-		if got := cs["tc_ct_full"] + cs["tc_ct_est_full"]; got < uint64(refused) {
-			t.Errorf("%d flows refused, counted %d (tc_ct_full + tc_ct_est_full)", refused, got)
+		if refused != 0 || cs["tc_ct_est_full"] != 0 {
+			t.Errorf("%d of 2000 answered flows refused (tc_ct_est_full %d), want none: those beyond the table stay in sluice_ct_new", refused, cs["tc_ct_est_full"])
+		}
+		// 2000 flows of 2 entries each, 40 of the table's 1024 taken.
+		if got := cs["tc_ct_est_overflow"]; got < 2000-(1024-40)/2 {
+			t.Errorf("tc_ct_est_overflow = %d, want >= %d (the flows beyond the table)", got, 2000-(1024-40)/2)
+		}
+	})
+}
+
+// TestCTFullOfClosedFlows: a burst of short connections fills the table of
+// established flows with closed ones (in their close timeout, then
+// expired), which only the agent's GC deletes. A new flow answered then
+// works, kept in sluice_ct_new (tc_ct_est_overflow), where it was refused
+// before (its SYN-ACK dropped: a second lost to the client's SYN
+// retransmit); a flood of new flows evicts no established flow; and once
+// the GC has run, a new flow is established in the table again.
+func TestCTFullOfClosedFlows(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		d := openTestWith(t, smallConfig, func(cfg *Config) {
+			cfg.MaxConntrack = 64
+			cfg.MaxConntrackNew = 1024
+			cfg.CTTimeoutClose = 300 * time.Millisecond
+		})
+		m := d.Maps()
+		be := testBackend{71, l4(a("10.1.7.1"), 8080, model.TCP)}
+		addService(t, m, 1, vip, be)
+		other := l4(a("10.96.0.41"), 80, model.TCP)
+		ob := testBackend{72, l4(a("10.1.7.2"), 8080, model.TCP)}
+		addService(t, m, 2, other, ob)
+		est := m.conntrack
+		if v6 {
+			est = d.tc.Sluice6ConntrackV1
+		}
+
+		// 32 flows of 2 entries fill the table; 24 of them close.
+		var live []flow
+		for i := range 32 {
+			f := flow{a("10.0.7.1"), uint16(47000 + i), vip}
+			establish(t, d, f, be)
+			if i < 24 {
+				if v, _ := sendTo(t, d.TCIngress(), f.pkt(tcpRST)); v != tcActOK {
+					t.Fatalf("RST of flow %d: verdict %d", i, v)
+				}
+			} else {
+				live = append(live, f)
+			}
+		}
+		if n := mapLen(t, est); n != 64 {
+			t.Fatalf("%d entries in the established table, want it full (64)", n)
+		}
+		works := func(phase string, f flow, b testBackend, fl uint8) {
+			t.Helper()
+			if v, dst := sendTo(t, d.TCIngress(), f.pkt(fl)); v != tcActOK || dst != b.addr.Addr.String() {
+				t.Errorf("%s: %v's packet: verdict %d to %s, want %s", phase, f, v, dst, b.addr.Addr)
+			}
+			if v, out := runProg(t, d.TCEgress(), f.from(b.addr, tcpACK).Bytes()); v != tcActOK || outSrc(out) != f.fe.Addr.String() {
+				t.Errorf("%s: %v's reply: verdict %d from %s, want %s", phase, f, v, outSrc(out), f.fe.Addr)
+			}
+		}
+		newFlow := func(phase string, f flow, b testBackend) {
+			t.Helper()
+			if v, dst := sendTo(t, d.TCIngress(), f.pkt(tcpSYN_)); v != tcActOK || dst != b.addr.Addr.String() {
+				t.Fatalf("%s: SYN: verdict %d to %s", phase, v, dst)
+			}
+			if v, out := runProg(t, d.TCEgress(), f.from(b.addr, tcpSA).Bytes()); v != tcActOK || outSrc(out) != f.fe.Addr.String() {
+				t.Errorf("%s: SYN-ACK: verdict %d from %s, want it translated (the flow refused?)", phase, v, outSrc(out))
+			}
+			works(phase, f, b, tcpACK)
+		}
+
+		// In the close timeout, and then expired: a new flow works.
+		newFlow("table full of closed flows", flow{a("10.0.7.2"), 48000, vip}, be)
+		time.Sleep(400 * time.Millisecond)
+		newFlow("table full of expired flows", flow{a("10.0.7.2"), 48001, vip}, be)
+		cs := counters(t, d)
+		if cs["tc_ct_est_full"] != 0 || cs["tc_ct_est_overflow"] != 2 {
+			t.Errorf("tc_ct_est_full %d, tc_ct_est_overflow %d; want 0 and 2", cs["tc_ct_est_full"], cs["tc_ct_est_overflow"])
+		}
+		// What the agent polls to collect at once.
+		if r, err := m.ConntrackRefused(); err != nil || r != 2 {
+			t.Errorf("ConntrackRefused = %d, %v; want the 2 flows kept out of the table", r, err)
+		}
+
+		// A flood of new flows, answered and not, evicts no established
+		// flow (the flows kept in sluice_ct_new are fair game).
+		for i := range 3000 {
+			f := flow{a(fmt.Sprintf("10.0.%d.%d", 110+i/250, 1+i%250)), 50002, other}
+			runProg(t, d.TCIngress(), f.pkt(tcpSYN_).Bytes())
+			if i%2 == 0 {
+				runProg(t, d.TCEgress(), f.from(ob.addr, tcpSA).Bytes())
+			}
+		}
+		for _, f := range live {
+			works("after the flood", f, be, tcpACK)
+		}
+		if n := mapLen(t, est); n != 64 {
+			t.Errorf("%d entries in the established table after the flood, want 64 (nothing evicted, nothing added)", n)
+		}
+
+		// The GC deletes the expired flows; the next flow is established.
+		if _, err := m.GCConntrack(); err != nil {
+			t.Fatal(err)
+		}
+		before := counters(t, d)["tc_ct_est_overflow"]
+		newFlow("after the GC", flow{a("10.0.7.2"), 48002, vip}, be)
+		if got := counters(t, d)["tc_ct_est_overflow"]; got != before {
+			t.Errorf("a flow after the GC was kept out of the table (tc_ct_est_overflow %d -> %d)", before, got)
+		}
+		if n := mapLen(t, est); n != 8*2+2 {
+			t.Errorf("%d entries in the established table after the GC and a new flow, want %d", n, 8*2+2)
 		}
 	})
 }

@@ -56,9 +56,11 @@ type Config struct {
 	// id the agent may hand out, backendSlots), MaxServiceEntries
 	// sluice_services, masters plus slots (1<<20), MaxConntrack
 	// sluice_conntrack, the established flows and SNAT port reservations
-	// (262144; when it is full new flows are refused), MaxConntrackNew
-	// sluice_ct_new, the flows not answered yet (65536; an LRU: a flood of
-	// new flows evicts only its own kind), MaxSockRev sluice_sock_rev and
+	// (262144; when it is full new flows stay in sluice_ct_new, and new
+	// port reservations are refused), MaxConntrackNew sluice_ct_new, the
+	// flows not answered yet and those the full sluice_conntrack could
+	// not take (65536; an LRU: a flood of new flows evicts only its own
+	// kind), MaxSockRev sluice_sock_rev and
 	// sluice_udp_stick (262144), MaxAffinity sluice_session_affinity, the
 	// session affinity of clients (65536, as Cilium's; an LRU: the
 	// clients seen longest ago make room), MaxSourceRanges

@@ -357,7 +357,8 @@ const (
 	sockMetricReasonMETRIC_TC6EXT_HDR           sockMetricReason = 43
 	sockMetricReasonMETRIC_TC6UDP_NO_CSUM       sockMetricReason = 44
 	sockMetricReasonMETRIC_TC_CT_CLASH_REMAP    sockMetricReason = 45
-	sockMetricReasonMETRIC_MAX                  sockMetricReason = 46
+	sockMetricReasonMETRIC_TC_CT_EST_OVERFLOW   sockMetricReason = 46
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 47
 )
 
 type sockNodeCidr6Key struct {

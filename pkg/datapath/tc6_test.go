@@ -204,8 +204,13 @@ func TestTC6UnreachableMessage(t *testing.T) {
 // count6 is the number of entries of an IPv6 conntrack table.
 func count6(t *testing.T, m *ebpf.Map) int {
 	t.Helper()
-	var k tcCt6Key
-	var v tcCt6Entry
+	return mapLen(t, m)
+}
+
+// mapLen is the number of entries of the hash map m, by iteration.
+func mapLen(t *testing.T, m *ebpf.Map) int {
+	t.Helper()
+	k, v := make([]byte, m.KeySize()), make([]byte, m.ValueSize())
 	n := 0
 	it := m.Iterate()
 	for it.Next(&k, &v) {
