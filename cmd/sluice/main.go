@@ -88,6 +88,7 @@ func run(args []string) int {
 	fs.IntVar(&dpCfg.MaxAffinity, "max-affinity", datapath.DefaultMaxAffinity, "size of sluice_session_affinity (LRU): clients of Services with sessionAffinity ClientIP")
 	fs.IntVar(&dpCfg.MaxSourceRanges, "max-source-ranges", datapath.DefaultMaxSourceRanges, "size of sluice_src_ranges and sluice6_src_ranges: loadBalancerSourceRanges of all Services of each family")
 	fs.IntVar(&dpCfg.MaxDevices, "max-devices", datapath.DefaultMaxDevices, "size of sluice_devices: devices the tc programs are attached to")
+	fs.BoolVar(&dpCfg.PreallocateMaps, "preallocate-bpf-maps", false, "create the service maps (sluice_services, sluice_rev_nat, sluice_service_ips and their IPv6 twins) preallocated, as Cilium's flag of the name: an insert takes the kernel about 0.7 of the time (at 30,000 Services x 10 endpoints, the first apply 0.05-0.06 s of CPU less, the maps' creation 0.03 s more), but the maps hold what their --max-service-entries and --max-services entries cost from the start, whatever the cluster has (222 MiB of kernel memory at the default sizes, both families, where the empty maps take 36 MiB without it; size those flags from the cluster with it on); switching rebuilds the pinned maps with their entries")
 	mapRatio := fs.Float64("map-dynamic-size-ratio", 0, "share of the node's memory (0-1] for the flow tables (conntrack, half-open flows, translated sockets, affinity), each scaled from its default as Cilium's --bpf-map-dynamic-size-ratio (0.0025 in Cilium's chart); a --max-* flag given overrides its table; 0: the fixed defaults")
 	fs.DurationVar(&dpCfg.CTTimeoutTCP, "conntrack-tcp-timeout", datapath.DefaultCTTimeoutTCP, "idle timeout of an answered, open TCP flow in sluice_conntrack (kube-proxy's conntrack.tcpEstablishedTimeout)")
 	fs.DurationVar(&dpCfg.CTTimeoutSYN, "conntrack-tcp-syn-timeout", datapath.DefaultCTTimeoutSYN, "idle timeout of a TCP flow not answered yet (sluice_ct_new)")
@@ -322,6 +323,14 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 	dp, err := datapath.Open(dpCfg)
 	if err != nil {
 		return fmt.Errorf("open datapath: %w", err)
+	}
+	if dpCfg.PreallocateMaps {
+		b, err := dp.PreallocatedBytes()
+		if err != nil {
+			_ = dp.Close()
+			return err
+		}
+		log.Info("service maps preallocated", "kernel_mib", b>>20)
 	}
 	prepareDatapath(dp, cfg, m, log)
 	m.SetCapacity(dp.Maps().Capacity)

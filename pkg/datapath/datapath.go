@@ -70,6 +70,14 @@ type Config struct {
 	// migrated to this one at Open (migrate.go).
 	MaxServices, MaxBackends, MaxServiceEntries, MaxConntrack, MaxConntrackNew, MaxSockRev, MaxAffinity int
 	MaxSourceRanges, MaxDevices                                                                         int
+	// PreallocateMaps (--preallocate-bpf-maps) creates the service maps
+	// the reconciler fills (preallocatedMaps) preallocated, as Cilium's
+	// --preallocate-bpf-maps: their max_entries' memory is held from the
+	// start, and an insert takes an element off a free list instead of
+	// allocating one (prealloc.go). Pinned maps made the other way are
+	// rebuilt at Open, with their entries (migrate.go).
+	PreallocateMaps bool
+
 	// DisableSocketLB leaves the socket programs unloaded (--socket-lb=false):
 	// they need more of the kernel than the rest (features.go), and
 	// AttachCgroup then fails. Prune detaches those an earlier agent
@@ -559,6 +567,9 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		}
 		ms.MaxEntries = uint32(n)
 	}
+	if err := setPreallocation(spec, cfg.PreallocateMaps); err != nil {
+		return err
+	}
 	if ms, ok := spec.Maps[mapMetrics]; !ok || int(ms.MaxEntries) < len(metricNames()) {
 		return fmt.Errorf("map %s: missing from BPF object, or without room for its %d reasons", mapMetrics, len(metricNames()))
 	}
@@ -623,6 +634,9 @@ func checkPinned(spec *ebpf.CollectionSpec, dir string) error {
 		case info.MaxEntries != ms.MaxEntries:
 			return fmt.Errorf("pinned map %s has max_entries %d, configured %d: restore the old size or remove it with Cleanup",
 				path, info.MaxEntries, ms.MaxEntries)
+		case info.Flags != ms.Flags:
+			return fmt.Errorf("pinned map %s has flags %#x, want %#x (%s): remove it with Cleanup",
+				path, info.Flags, ms.Flags, preallocation(ms.Flags))
 		}
 		return nil
 	})

@@ -74,19 +74,22 @@ var writtenByPrograms = map[string]bool{
 // write: settled once those programs are replaced.
 var tcWrittenMaps = map[string]bool{mapConntrack: true, mapCTNew: true, mapFragments: true, mapConntrack6: true, mapCTNew6: true}
 
-// resizePins migrates each map pinned in dir with another size than spec
-// gives it (step 1 above). A map of another type, key or value is left for
-// checkPinned to report.
+// resizePins migrates each map pinned in dir with another size or
+// preallocation than spec gives it (step 1 above; prealloc.go). A map of
+// another type, key or value is left for checkPinned to report.
 func resizePins(dir string, spec *ebpf.CollectionSpec) (migs []*migration, err error) {
 	defer dropOnError(&migs, &err)
 	err = eachPin(spec, dir, func(name, path string, ms *ebpf.MapSpec, old *ebpf.Map, info *ebpf.MapInfo) error {
 		if info.Type != ms.Type || info.KeySize != ms.KeySize || info.ValueSize != ms.ValueSize ||
-			info.MaxEntries == ms.MaxEntries {
+			(info.MaxEntries == ms.MaxEntries && !preallocationDiffers(info, ms)) {
 			old.Close()
 			return nil
 		}
 		if err := resizePin(old, path, ms, writtenByPrograms[name]); err != nil {
 			old.Close()
+			if info.MaxEntries == ms.MaxEntries {
+				return fmt.Errorf("rebuild pinned map %s %s: %w", path, preallocation(ms.Flags), err)
+			}
 			return fmt.Errorf("resize pinned map %s from %d to %d entries: %w", path, info.MaxEntries, ms.MaxEntries, err)
 		}
 		if writtenByPrograms[name] {

@@ -217,7 +217,9 @@ func loadSockExplain(dir string) (*ebpf.Collection, error) {
 			closeAll()
 			return nil, fmt.Errorf("info of pinned map %s: %w", name, err)
 		}
-		ms.MaxEntries = info.MaxEntries
+		// The agent's sizes and preallocation (prealloc.go), which
+		// this reader does not know.
+		ms.MaxEntries, ms.Flags = info.MaxEntries, info.Flags
 		ms.Pinning = ebpf.PinNone
 	}
 	defer closeAll()

@@ -71,9 +71,12 @@ type MapFill struct {
 	Entries   int    // entries now
 	Capacity  int    // max_entries
 	// Bytes is the kernel's estimate of the memory the map holds (its
-	// memlock): for a preallocated map, what max_entries cost; for one
-	// that allocates as it grows (BPF_F_NO_PREALLOC: the service maps),
-	// what its entries cost now.
+	// memlock): for a preallocated map (the service maps too with
+	// Config.PreallocateMaps), its buckets and what max_entries cost;
+	// for one that allocates as it grows (BPF_F_NO_PREALLOC: the service
+	// maps by default), its buckets and what its entries cost now
+	// (TestPreallocatedMapsMemory). Kernels before 6.4 estimate every
+	// map from max_entries, preallocated or not.
 	Bytes uint64
 }
 
