@@ -493,6 +493,33 @@ func deleteIfPresent[K any](m *ebpf.Map, key *K) (bool, error) {
 	return false, fmt.Errorf("delete conntrack entry: %w", err)
 }
 
+// countedTable is a conntrack table as ConntrackEntries polls it: its id
+// in the kernel's element counts and its size.
+type countedTable struct {
+	id   ebpf.MapID
+	size int
+}
+
+// countedTables looks up the ids and sizes of the conntrack tables once,
+// when the datapath is loaded, so that the poll does not (a nil map, as
+// in a datapath without IPv6, and a map without an id are left out).
+func countedTables(maps ...*ebpf.Map) ([]countedTable, error) {
+	var out []countedTable
+	for _, m := range maps {
+		if m == nil {
+			continue
+		}
+		info, err := m.Info()
+		if err != nil {
+			return nil, fmt.Errorf("information of conntrack map: %w", err)
+		}
+		if id, ok := info.ID(); ok {
+			out = append(out, countedTable{id: id, size: int(m.MaxEntries())})
+		}
+	}
+	return out, nil
+}
+
 func b2n(b bool) int {
 	if b {
 		return 1
@@ -518,23 +545,10 @@ func (d *Datapath) ConntrackEntries() (n, size int, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	maps := objectsOf[*ebpf.Map](&d.sock, &d.tc, &d.xdp, &d.gc)
-	for _, pin := range []string{mapConntrack, mapConntrack6} {
-		m := maps[pin]
-		if m == nil {
-			continue
-		}
-		info, err := m.Info()
-		if err != nil {
-			return 0, 0, fmt.Errorf("information of map %s: %w", pin, err)
-		}
-		id, ok := info.ID()
-		if !ok {
-			continue
-		}
+	for _, t := range d.ctCounted {
 		// The families' tables may differ in size (their entries do).
-		if c, s := counts[id], int(m.MaxEntries()); size == 0 || c*size > n*s {
-			n, size = c, s
+		if c := counts[t.id]; size == 0 || c*size > n*t.size {
+			n, size = c, t.size
 		}
 	}
 	return n, size, nil

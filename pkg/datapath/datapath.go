@@ -276,6 +276,9 @@ type Datapath struct {
 	// counter reads the hash maps' element counts (mapcount.go); nil
 	// without Features.MapCount.
 	counter *mapCounter
+	// ctCounted: the conntrack tables whose fill ConntrackEntries polls
+	// every second, their ids and sizes looked up once at load.
+	ctCounted []countedTable
 
 	// The dry twins of the tc programs (dryrun.go), nil until loaded,
 	// and the tc spec they load from, dropped once they are loaded (a
@@ -547,6 +550,9 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 	}
 	if d.features.MapCount = haveMapCount() == nil; d.features.MapCount {
 		if d.counter, err = loadMapCounter(); err != nil {
+			return err
+		}
+		if d.ctCounted, err = countedTables(d.tc.SluiceConntrackV2, d.tc.Sluice6ConntrackV1); err != nil {
 			return err
 		}
 	}
