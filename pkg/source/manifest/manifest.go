@@ -374,6 +374,10 @@ type docDecoder struct {
 	yaml yamlConv
 }
 
+// newDocDecoder returns a docDecoder whose fast decoder reuses its room
+// (decodeObject keeps nothing of a decoded object: compact.go).
+func newDocDecoder() *docDecoder { return &docDecoder{fast: fastDecoder{reuse: true}} }
+
 // readJSON reads js, a JSON object: its type meta, and the object if the
 // fast decoder can (pre), or the items of a List (and where they are in
 // js, if it split them without decoding them). err is encoding/json's if
@@ -416,7 +420,7 @@ func (l *loader) parseFile(file string, data []byte) *fileResult {
 		return fr
 	}
 	lost := false
-	fr.dec = &docDecoder{}
+	fr.dec = newDocDecoder()
 	defer func() { fr.dec = nil }()
 	docs := splitDocuments(file, data)
 	perDoc := make([]int, len(docs)) // objects per document, for the layout
@@ -540,7 +544,7 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 	var pre fastObject // doc decoded by the fast decoder, if it did
 	dd := fr.dec
 	if dd == nil {
-		dd = &docDecoder{}
+		dd = newDocDecoder()
 	}
 	if isJSONObject(doc) {
 		var err error
@@ -652,7 +656,8 @@ type itemOutcome struct {
 // gained nothing measurable on a busy 2-core machine: GC and allocation
 // dominate.)
 func (l *loader) decodeItems(fr *fileResult, file string, idx int, items [][]byte, todo []int, outs []itemOutcome) {
-	var d fastDecoder
+	// Each object is dead once decodeObject has its compact form.
+	d := fastDecoder{reuse: true}
 	for _, j := range todo {
 		out := &outs[j]
 		itm, pre, err := d.decodeItem(items[j])
