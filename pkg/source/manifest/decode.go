@@ -172,6 +172,13 @@ func topKindOf(js []byte) (apiVersion, kind []byte) {
 			return nil, nil
 		}
 		key := js[i+1 : end-1]
+		if string(key) == "items" {
+			// A List's, most likely, which the fast decoder declines
+			// anyway (other): not worth a pass over its items (all of
+			// a List of 30,000 Services that encoding/json wrote, its
+			// keys sorted) to find its kind.
+			return nil, nil
+		}
 		i = skipSpace(js, end)
 		if i >= len(js) || js[i] != ':' {
 			return nil, nil

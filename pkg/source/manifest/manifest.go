@@ -137,6 +137,7 @@ type loader struct {
 	translated int          // Services translated, for tests
 	patches    int          // loads that only patched objects, for tests
 	noPatch    bool         // never patch (patch.go), for tests
+	afterItem  func()       // called after each item of a List is decoded, for tests
 }
 
 func newLoader(opts translate.Options) *loader {
@@ -363,6 +364,9 @@ type fileResult struct {
 	layout *layout
 	// dec decodes the documents while the file is parsed; nil after.
 	dec *docDecoder
+	// pages drops the pages of the file's mapping that the parse has
+	// read, while it is parsed (nil: not mapped, or after).
+	pages *mappedPages
 	// seen holds objs by key, from the parse until loadChanged takes it
 	// (as the map of objects in effect, if the file is the only one).
 	seen map[objKey]*object
@@ -408,6 +412,12 @@ type sumUnit struct {
 // parsed, what the file contributed last time that is not redefined. It
 // only reads the loader's state, so files can be parsed in parallel.
 func (l *loader) parseFile(file string, data []byte) *fileResult {
+	return l.parseFileMapped(file, data, nil)
+}
+
+// parseFileMapped is parseFile of data, a mapping whose pages its passes
+// drop behind them (pages; nil: data is not mapped).
+func (l *loader) parseFileMapped(file string, data []byte, pages *mappedPages) *fileResult {
 	l.parsed.Add(1)
 	fr := &fileResult{}
 	if len(bytes.TrimSpace(data)) == 0 {
@@ -420,9 +430,10 @@ func (l *loader) parseFile(file string, data []byte) *fileResult {
 		return fr
 	}
 	lost := false
-	fr.dec = newDocDecoder()
-	defer func() { fr.dec = nil }()
+	fr.dec, fr.pages = newDocDecoder(), pages
+	defer func() { fr.dec, fr.pages = nil, nil }()
 	docs := splitDocuments(file, data)
+	pages.dropAll() // a stream's split read it all
 	perDoc := make([]int, len(docs)) // objects per document, for the layout
 	// Decoded first, so that the map of objects seen is made its size.
 	type decoded struct {
@@ -434,6 +445,7 @@ func (l *loader) parseFile(file string, data []byte) *fileResult {
 	for i, doc := range docs {
 		idx := i + 1
 		objs, warns, errs, broken := l.decodeDocument(fr, file, idx, doc)
+		pages.passed(doc)
 		perDoc[i], decs[i] = len(objs), decoded{objs, errs}
 		n += len(objs)
 		for _, w := range warns {
@@ -465,7 +477,9 @@ func (l *loader) parseFile(file string, data []byte) *fileResult {
 		}
 	}
 	fr.seen = seen
+	pages.dropAll()
 	fr.layout = newLayout(file, data, fr, perDoc)
+	pages.dropAll() // a stream's layout splits it again
 	fr.listSpans = nil // in the layout now, if anywhere: kept for as long as the result
 	return fr
 }
@@ -581,6 +595,7 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 		items = rawItems(tm.Items)
 	}
 	if tm.Kind == "List" || strings.HasSuffix(tm.Kind, "List") && tm.Items != nil {
+		fr.pages.dropAll() // the split read all of the List
 		fr.lists++
 		fr.listSpans = spans
 		fr.units = slices.Grow(fr.units, len(items))
@@ -603,7 +618,9 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 			}
 			outs[j].sum = isum
 			todo = append(todo, j)
+			fr.pages.passed(item)
 		}
+		fr.pages.dropAll()
 		l.decodeItems(fr, file, idx, items, todo, outs)
 		if len(todo) > 0 && len(todo) < len(items) {
 			// The units in item order, as the layout (patch.go) expects.
@@ -668,6 +685,10 @@ func (l *loader) decodeItems(fr *fileResult, file string, idx int, items [][]byt
 		}
 		n := len(fr.units)
 		out.o, out.w, out.err = l.decodeObject(fr, out.sum, file, idx, j, itm, items[j], pre)
+		fr.pages.passed(items[j])
+		if l.afterItem != nil {
+			l.afterItem()
+		}
 		if len(fr.units) > n {
 			out.unit = n
 		}
