@@ -433,7 +433,7 @@ func (l *loader) parseFileMapped(file string, data []byte, pages *mappedPages) *
 	fr.dec, fr.pages = newDocDecoder(), pages
 	defer func() { fr.dec, fr.pages = nil, nil }()
 	docs := splitDocuments(file, data)
-	pages.dropAll() // a stream's split read it all
+	pages.dropAll()                  // a stream's split read it all
 	perDoc := make([]int, len(docs)) // objects per document, for the layout
 	// Decoded first, so that the map of objects seen is made its size.
 	type decoded struct {
@@ -479,7 +479,7 @@ func (l *loader) parseFileMapped(file string, data []byte, pages *mappedPages) *
 	fr.seen = seen
 	pages.dropAll()
 	fr.layout = newLayout(file, data, fr, perDoc)
-	pages.dropAll() // a stream's layout splits it again
+	pages.dropAll()    // a stream's layout splits it again
 	fr.listSpans = nil // in the layout now, if anywhere: kept for as long as the result
 	return fr
 }
