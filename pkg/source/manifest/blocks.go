@@ -168,7 +168,8 @@ func (l *loader) scanFile(file string, bh *blockHashes, lo *layout) (ch fileChan
 // reached 141-162 MB during its first load (83-88 mapped), its peak
 // once the first apply's batches reused their room. Mapped, the file's
 // pages are in the agent's RSS only while they are mapped (page cache,
-// not heap), and not twice. The price is the collector's: the copy was
+// not heap), and not twice; and each pass drops those it has read
+// (mappedPages), so that about a MiB of them is in the RSS at a time. The price is the collector's: the copy was
 // a large object without pointers, which raised its goal at no cost to
 // its marking, so that it runs more often while the load's live heap
 // grows (a load's CPU 1.00-1.08 times what it was, in three sets of
