@@ -692,15 +692,20 @@ func fieldsOf(t reflect.Type) *structFields {
 	return got.(*structFields)
 }
 
+// into returns what to decode an object into: own, zeroed, if the
+// decoder reuses its objects (reuse), else a new one.
+func into[T any](reuse bool, own *T) *T {
+	if !reuse {
+		return new(T)
+	}
+	var zero T
+	*own = zero
+	return own
+}
+
 // The bits of the members read by hand, per struct (0-31; other uses 32-63).
 func (d *fastDecoder) service() *corev1.Service {
-	var s *corev1.Service
-	if d.reuse {
-		d.svc = corev1.Service{}
-		s = &d.svc
-	} else {
-		s = new(corev1.Service)
-	}
+	s := into(d.reuse, &d.svc)
 	d.object(func(key []byte) uint {
 		switch string(key) {
 		case "apiVersion":
@@ -939,13 +944,7 @@ func (d *fastDecoder) serviceStatus(st *corev1.ServiceStatus) {
 }
 
 func (d *fastDecoder) endpointSlice() *discoveryv1.EndpointSlice {
-	var es *discoveryv1.EndpointSlice
-	if d.reuse {
-		d.slice = discoveryv1.EndpointSlice{}
-		es = &d.slice
-	} else {
-		es = new(discoveryv1.EndpointSlice)
-	}
+	es := into(d.reuse, &d.slice)
 	d.object(func(key []byte) uint {
 		switch string(key) {
 		case "apiVersion":

@@ -2,7 +2,6 @@ package manifest
 
 import (
 	"bufio"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -102,8 +101,9 @@ func TestFirstLoadDropsMappedPages(t *testing.T) {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		fmt.Fprintf(&b, `{"apiVersion":"v1","kind":"Service","metadata":{"name":"svc-%d","namespace":"bench","annotations":{"pad":"%s"}},`+
-			`"spec":{"clusterIP":"10.96.%d.%d","ports":[{"port":80}]}}`, i, pad, i/250, i%250+1)
+		b.WriteString(`{"apiVersion":"v1","kind":"Service","metadata":{"name":"svc-` + strconv.Itoa(i) +
+			`","namespace":"bench","annotations":{"pad":"` + pad + `"}},"spec":{"clusterIP":"10.96.` +
+			strconv.Itoa(i/250) + "." + strconv.Itoa(i%250+1) + `","ports":[{"port":80}]}}`)
 	}
 	b.WriteString(`]}`)
 	p := filepath.Join(t.TempDir(), "services.json")
