@@ -75,6 +75,12 @@ func (bh *blockHashes) start(k int) int {
 // about blockSize long each, hashed with seed; data is the content from
 // base on.
 func appendBlocks(bh *blockHashes, seed maphash.Seed, data []byte, base, from, to int) {
+	appendBlocksDropping(bh, seed, data, base, from, to, nil)
+}
+
+// appendBlocksDropping is appendBlocks over a mapping whose pages it
+// drops behind it (data is the whole mapping, base 0).
+func appendBlocksDropping(bh *blockHashes, seed maphash.Seed, data []byte, base, from, to int, pages *mappedPages) {
 	if to <= from {
 		return
 	}
@@ -85,6 +91,7 @@ func appendBlocks(bh *blockHashes, seed maphash.Seed, data []byte, base, from, t
 		bh.ends = append(bh.ends, end)
 		bh.sums = append(bh.sums, blockSum(seed, data[start-base:end-base]))
 		start = end
+		pages.upTo(end)
 	}
 }
 
@@ -97,10 +104,15 @@ func blockSum(seed maphash.Seed, b []byte) uint64 {
 }
 
 // hashBlocks returns the blocks of data, a file's whole content.
-func (l *loader) hashBlocks(data []byte) *blockHashes {
+func (l *loader) hashBlocks(data []byte) *blockHashes { return l.hashMapped(data, nil) }
+
+// hashMapped is hashBlocks of a mapping whose pages it drops behind it
+// (nil: data is not a mapping).
+func (l *loader) hashMapped(data []byte, pages *mappedPages) *blockHashes {
 	k := (len(data) + blockSize/2) / blockSize
 	bh := &blockHashes{ends: make([]int, 0, k+1), sums: make([]uint64, 0, k+1)}
-	appendBlocks(bh, l.seed, data, 0, 0, len(data))
+	appendBlocksDropping(bh, l.seed, data, 0, 0, len(data), pages)
+	pages.dropAll()
 	return bh
 }
 
@@ -133,8 +145,8 @@ var errChangedWhileRead = errors.New("changed size while read")
 // size while mapped; or it could not be read at all, which reading it in
 // full reports).
 func (l *loader) scanFile(file string, bh *blockHashes, lo *layout) (ch fileChange, err error) {
-	if err := readFileMapped(file, func(data []byte) bool {
-		ch = l.changeOf(data, bh, lo)
+	if err := readFileMapped(file, func(data []byte, pages *mappedPages) bool {
+		ch = l.changeOfMapped(data, bh, lo, pages)
 		return true
 	}); err != nil {
 		return fileChange{}, err
@@ -156,7 +168,8 @@ func (l *loader) scanFile(file string, bh *blockHashes, lo *layout) (ch fileChan
 // reached 141-162 MB during its first load (83-88 mapped), its peak
 // once the first apply's batches reused their room. Mapped, the file's
 // pages are in the agent's RSS only while they are mapped (page cache,
-// not heap), and not twice. The price is the collector's: the copy was
+// not heap), and not twice; and each pass drops those it has read
+// (mappedPages), so that about a MiB of them is in the RSS at a time. The price is the collector's: the copy was
 // a large object without pointers, which raised its goal at no cost to
 // its marking, so that it runs more often while the load's live heap
 // grows (a load's CPU 1.00-1.08 times what it was, in three sets of
@@ -182,10 +195,10 @@ func (l *loader) readFile(file string) *fileResult {
 // copied), or the parse is not kept, so that the next load finds whatever
 // changed.
 func (l *loader) parseMapped(file string) (fr *fileResult, err error) {
-	if err := readFileMapped(file, func(data []byte) bool {
-		bh := l.hashBlocks(data)
-		fr = l.parseFile(file, data)
-		fr.blocks = l.hashBlocks(data)
+	if err := readFileMapped(file, func(data []byte, pages *mappedPages) bool {
+		bh := l.hashMapped(data, pages)
+		fr = l.parseFileMapped(file, data, pages)
+		fr.blocks = l.hashMapped(data, pages)
 		return slices.Equal(bh.sums, fr.blocks.sums)
 	}); err != nil {
 		return nil, err
@@ -200,7 +213,7 @@ func (l *loader) parseMapped(file string) (fr *fileResult, err error) {
 // could not be mapped, it was truncated under the mapping (a fault,
 // which readMapped makes an error), it grew since it was mapped, or read
 // found it changed (returned false).
-func readFileMapped(file string, read func(data []byte) bool) error {
+func readFileMapped(file string, read func(data []byte, pages *mappedPages) bool) error {
 	f, err := os.Open(file)
 	if err != nil {
 		return err
@@ -220,7 +233,7 @@ func readFileMapped(file string, read func(data []byte) bool) error {
 	}
 	defer func() { _ = syscall.Munmap(data) }() // nothing reads it after
 	var same bool
-	if err := readMapped(func() { same = read(data) }); err != nil {
+	if err := readMapped(func() { same = read(data, &mappedPages{data: data}) }); err != nil {
 		return err
 	}
 	// All of it: a file that grew since the stat is read in full.
@@ -270,7 +283,7 @@ func readMapped(read func()) (err error) {
 // (the CPU's prefetcher follows a stream forward, not blocks that each
 // step backward); in groups of 16 blocks hashed forward, the groups from
 // the end, still 1.4 times.
-func (l *loader) suffixBlocks(data []byte, bh *blockHashes, i, prefix int) int {
+func (l *loader) suffixBlocks(data []byte, bh *blockHashes, i, prefix int, pages *mappedPages) int {
 	delta := len(data) - bh.size()
 	j := i - 1
 	for k := i; k < len(bh.ends); k++ {
@@ -280,6 +293,7 @@ func (l *loader) suffixBlocks(data []byte, bh *blockHashes, i, prefix int) int {
 		if s < prefix || blockSum(l.seed, data[s:bh.ends[k]+delta]) != bh.sums[k] {
 			j = k
 		}
+		pages.upTo(bh.ends[k] + delta)
 	}
 	return j
 }
@@ -287,6 +301,12 @@ func (l *loader) suffixBlocks(data []byte, bh *blockHashes, i, prefix int) int {
 // changeOf compares data, a file's new content, with bh, the blocks of
 // its old content, and copies what changed (see fileChange).
 func (l *loader) changeOf(data []byte, bh *blockHashes, lo *layout) fileChange {
+	return l.changeOfMapped(data, bh, lo, nil)
+}
+
+// changeOfMapped is changeOf of data, a mapping whose pages the scan
+// drops behind it (pages; nil: data is not mapped).
+func (l *loader) changeOfMapped(data []byte, bh *blockHashes, lo *layout, pages *mappedPages) fileChange {
 	m, n := len(data), bh.size()
 	delta := m - n
 	// The blocks before block i are unchanged: the prefix.
@@ -294,6 +314,7 @@ func (l *loader) changeOf(data []byte, bh *blockHashes, lo *layout) fileChange {
 	for i < len(bh.ends) && bh.ends[i] <= m && blockSum(l.seed, data[prefix:bh.ends[i]]) == bh.sums[i] {
 		prefix = bh.ends[i]
 		i++
+		pages.upTo(prefix)
 	}
 	if i == len(bh.ends) && m == n {
 		return fileChange{same: true, size: m}
@@ -301,7 +322,7 @@ func (l *loader) changeOf(data []byte, bh *blockHashes, lo *layout) fileChange {
 	// The blocks after block j, at their places moved by delta, are
 	// unchanged: the suffix. They start after the prefix, in the old
 	// content and in the new.
-	j := l.suffixBlocks(data, bh, i, prefix)
+	j := l.suffixBlocks(data, bh, i, prefix, pages)
 	suffix := 0
 	if j+1 < len(bh.ends) {
 		suffix = n - bh.start(j+1)
@@ -357,4 +378,67 @@ func (l *loader) takeSpareBlocks(n int) *blockHashes {
 	}
 	bh.ends, bh.sums = bh.ends[:0], bh.sums[:0]
 	return bh
+}
+
+// dropStep is how much of a mapped file a pass reads between two drops of
+// the pages it read.
+const dropStep = 1 << 20
+
+var pageSize = os.Getpagesize()
+
+// mappedPages drops from the agent's RSS the pages of a file's read-only
+// mapping that a pass over it has read (madvise MADV_DONTNEED: the page
+// cache keeps them, and a later read of them maps them again from it).
+// Every page of the mapping that a pass reads counts in the RSS
+// (RssFile) until it is unmapped: the 44 MB List of 30,000 Services x 10
+// was all of it in the RSS while it was parsed, on top of the heap the
+// parse grows, the first load's peak; and again at each change, whose
+// scan reads the whole file, on top of the agent's heap at its largest
+// (issue 14). The passes over a file (the hash of its blocks before its
+// parse and after, the split of a List into items or of a stream into
+// documents, the decoding of each, a change's scan) drop what they have
+// read every dropStep bytes, or all of it when they end. nil drops
+// nothing (data not mapped).
+type mappedPages struct {
+	data []byte
+	done int // the pages before it are dropped, in this pass
+}
+
+// upTo drops the pages wholly before off, if dropStep bytes or more are
+// left to drop.
+func (m *mappedPages) upTo(off int) {
+	if m == nil || off-m.done < dropStep {
+		return
+	}
+	end := min(off, len(m.data)) / pageSize * pageSize
+	if end <= m.done {
+		return
+	}
+	// Dropping is only a saving: on an error the pages stay mapped.
+	_ = syscall.Madvise(m.data[m.done:end], syscall.MADV_DONTNEED)
+	m.done = end
+}
+
+// passed drops the pages before the end of b, which a pass has read, if b
+// is in the mapping (a YAML document converted to JSON is not).
+func (m *mappedPages) passed(b []byte) {
+	if m == nil || len(b) == 0 {
+		return
+	}
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(m.data)))
+	p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	if p < base || p-base >= uintptr(len(m.data)) {
+		return
+	}
+	m.upTo(int(p-base) + len(b))
+}
+
+// dropAll drops every page, at the end of a pass: the next starts from
+// the beginning.
+func (m *mappedPages) dropAll() {
+	if m == nil {
+		return
+	}
+	_ = syscall.Madvise(m.data, syscall.MADV_DONTNEED)
+	m.done = 0
 }

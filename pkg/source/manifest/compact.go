@@ -21,7 +21,11 @@ package manifest
 // decoded beside it. So every string the compact forms keep is a copy
 // (the names) or shared through compacter (what repeats between objects:
 // namespaces, port names, node names, zone names), never the decoded
-// object's (TestCompactKeepsNoDecodedBytes). A valid object's type,
+// object's (TestCompactKeepsNoDecodedBytes). The loader's decoder goes
+// further (fastDecoder.reuse): it decodes every object into the same
+// object, maps, arrays and chunks, so a compact form that kept any of
+// them would change as the next objects are decoded
+// (TestReusedDecoderKeepsEachObject). A valid object's type,
 // protocols and address type are already translate's constants (its
 // validation rejects any other), and an invalid object's compact form is
 // not kept.

@@ -82,11 +82,31 @@ func Load(path string, opts translate.Options) (*Result, error) {
 
 // objKey identifies an object across loads.
 type objKey struct {
-	Kind string // "Service" or "EndpointSlice"
+	Kind objKind
 	types.NamespacedName
 }
 
-func (k objKey) String() string { return k.Kind + " " + k.NamespacedName.String() }
+func (k objKey) String() string { return k.Kind.String() + " " + k.NamespacedName.String() }
+
+// objKind is what kind of object a key names: a byte, not the kind's
+// name, in the 60,000 keys of 30,000 Services (the loader's map of
+// objects in effect, and each object's key: 2 MiB less, issue 14).
+type objKind uint8
+
+const (
+	kindService objKind = iota + 1
+	kindSlice
+)
+
+func (k objKind) String() string {
+	switch k {
+	case kindService:
+		return "Service"
+	case kindSlice:
+		return "EndpointSlice"
+	}
+	return "(no kind)"
+}
 
 // object is one decoded, validated object, as the loader keeps it (what
 // a translation reads of it: compact.go), and where it came from.
@@ -95,7 +115,7 @@ type object struct {
 	svc   *translate.Service
 	slice *translate.Slice
 	file  string
-	doc   int // 1-based document index in file
+	doc   int32 // 1-based document index in file (80 bytes an object, not 96)
 	// hasOwner says an EndpointSlice names a Service (its
 	// kubernetes.io/service-name label), found once when it is decoded.
 	hasOwner bool
@@ -137,6 +157,7 @@ type loader struct {
 	translated int          // Services translated, for tests
 	patches    int          // loads that only patched objects, for tests
 	noPatch    bool         // never patch (patch.go), for tests
+	afterItem  func()       // called after each item of a List is decoded, for tests
 }
 
 func newLoader(opts translate.Options) *loader {
@@ -149,7 +170,10 @@ func newLoader(opts translate.Options) *loader {
 // collision (2^-64) cannot be provoked by crafted input.
 type unitSum struct {
 	hash uint64
-	n    int
+	// n is the length, the low 32 bits of it (16 bytes a sum, not 24,
+	// in the map of 60,000 units at 30,000 Services: a unit 4 GiB longer
+	// than another goes by its hash alone).
+	n uint32
 	// item says the bytes are an item of a JSON List, which only JSON
 	// decodes: the same bytes as a whole document may be YAML.
 	item bool
@@ -164,7 +188,7 @@ func rawItems(items []json.RawMessage) [][]byte {
 }
 
 func (l *loader) sum(data []byte) unitSum {
-	return unitSum{hash: maphash.Bytes(l.seed, data), n: len(data)}
+	return unitSum{hash: maphash.Bytes(l.seed, data), n: uint32(len(data))}
 }
 
 // unit is the outcome of decoding one object's bytes, when it is not an
@@ -363,6 +387,9 @@ type fileResult struct {
 	layout *layout
 	// dec decodes the documents while the file is parsed; nil after.
 	dec *docDecoder
+	// pages drops the pages of the file's mapping that the parse has
+	// read, while it is parsed (nil: not mapped, or after).
+	pages *mappedPages
 	// seen holds objs by key, from the parse until loadChanged takes it
 	// (as the map of objects in effect, if the file is the only one).
 	seen map[objKey]*object
@@ -373,6 +400,10 @@ type docDecoder struct {
 	fast fastDecoder
 	yaml yamlConv
 }
+
+// newDocDecoder returns a docDecoder whose fast decoder reuses its room
+// (decodeObject keeps nothing of a decoded object: compact.go).
+func newDocDecoder() *docDecoder { return &docDecoder{fast: fastDecoder{reuse: true}} }
 
 // readJSON reads js, a JSON object: its type meta, and the object if the
 // fast decoder can (pre), or the items of a List (and where they are in
@@ -404,6 +435,12 @@ type sumUnit struct {
 // parsed, what the file contributed last time that is not redefined. It
 // only reads the loader's state, so files can be parsed in parallel.
 func (l *loader) parseFile(file string, data []byte) *fileResult {
+	return l.parseFileMapped(file, data, nil)
+}
+
+// parseFileMapped is parseFile of data, a mapping whose pages its passes
+// drop behind them (pages; nil: data is not mapped).
+func (l *loader) parseFileMapped(file string, data []byte, pages *mappedPages) *fileResult {
 	l.parsed.Add(1)
 	fr := &fileResult{}
 	if len(bytes.TrimSpace(data)) == 0 {
@@ -416,9 +453,10 @@ func (l *loader) parseFile(file string, data []byte) *fileResult {
 		return fr
 	}
 	lost := false
-	fr.dec = &docDecoder{}
-	defer func() { fr.dec = nil }()
+	fr.dec, fr.pages = newDocDecoder(), pages
+	defer func() { fr.dec, fr.pages = nil, nil }()
 	docs := splitDocuments(file, data)
+	pages.dropAll()                  // a stream's split read it all
 	perDoc := make([]int, len(docs)) // objects per document, for the layout
 	// Decoded first, so that the map of objects seen is made its size.
 	type decoded struct {
@@ -430,6 +468,7 @@ func (l *loader) parseFile(file string, data []byte) *fileResult {
 	for i, doc := range docs {
 		idx := i + 1
 		objs, warns, errs, broken := l.decodeDocument(fr, file, idx, doc)
+		pages.passed(doc)
 		perDoc[i], decs[i] = len(objs), decoded{objs, errs}
 		n += len(objs)
 		for _, w := range warns {
@@ -461,7 +500,9 @@ func (l *loader) parseFile(file string, data []byte) *fileResult {
 		}
 	}
 	fr.seen = seen
+	pages.dropAll()
 	fr.layout = newLayout(file, data, fr, perDoc)
+	pages.dropAll()    // a stream's layout splits it again
 	fr.listSpans = nil // in the layout now, if anywhere: kept for as long as the result
 	return fr
 }
@@ -540,7 +581,7 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 	var pre fastObject // doc decoded by the fast decoder, if it did
 	dd := fr.dec
 	if dd == nil {
-		dd = &docDecoder{}
+		dd = newDocDecoder()
 	}
 	if isJSONObject(doc) {
 		var err error
@@ -577,6 +618,7 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 		items = rawItems(tm.Items)
 	}
 	if tm.Kind == "List" || strings.HasSuffix(tm.Kind, "List") && tm.Items != nil {
+		fr.pages.dropAll() // the split read all of the List
 		fr.lists++
 		fr.listSpans = spans
 		fr.units = slices.Grow(fr.units, len(items))
@@ -599,7 +641,9 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 			}
 			outs[j].sum = isum
 			todo = append(todo, j)
+			fr.pages.passed(item)
 		}
+		fr.pages.dropAll()
 		l.decodeItems(fr, file, idx, items, todo, outs)
 		if len(todo) > 0 && len(todo) < len(items) {
 			// The units in item order, as the layout (patch.go) expects.
@@ -652,7 +696,8 @@ type itemOutcome struct {
 // gained nothing measurable on a busy 2-core machine: GC and allocation
 // dominate.)
 func (l *loader) decodeItems(fr *fileResult, file string, idx int, items [][]byte, todo []int, outs []itemOutcome) {
-	var d fastDecoder
+	// Each object is dead once decodeObject has its compact form.
+	d := fastDecoder{reuse: true}
 	for _, j := range todo {
 		out := &outs[j]
 		itm, pre, err := d.decodeItem(items[j])
@@ -663,6 +708,10 @@ func (l *loader) decodeItems(fr *fileResult, file string, idx int, items [][]byt
 		}
 		n := len(fr.units)
 		out.o, out.w, out.err = l.decodeObject(fr, out.sum, file, idx, j, itm, items[j], pre)
+		fr.pages.passed(items[j])
+		if l.afterItem != nil {
+			l.afterItem()
+		}
 		if len(fr.units) > n {
 			out.unit = n
 		}
@@ -686,11 +735,11 @@ func (l *loader) fromUnit(fr *fileResult, sum unitSum, u *unit, file string, idx
 		}
 		return nil, "ignoring " + u.ignore
 	}
-	if o := u.last; o.file == file && o.doc == idx {
+	if o := u.last; o.file == file && int(o.doc) == idx {
 		return o, ""
 	}
 	o := *u.last
-	o.file, o.doc = file, idx
+	o.file, o.doc = file, int32(idx)
 	return &o, ""
 }
 
@@ -728,12 +777,12 @@ func (d *fastDecoder) decodeItem(item []byte) (tm typeMeta, pre fastObject, err 
 // Clean outcomes are recorded in fr.units under sum, the content's sum.
 func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx, item int, tm typeMeta, js []byte, pre fastObject) (*object, string, error) {
 	l.decoded.Add(1)
-	var kind string
+	var kind objKind
 	switch {
 	case tm.Kind == "Service" && tm.APIVersion == "v1":
-		kind = "Service"
+		kind = kindService
 	case tm.Kind == "EndpointSlice" && tm.APIVersion == "discovery.k8s.io/v1":
-		kind = "EndpointSlice"
+		kind = kindSlice
 	default:
 		what := tm.Kind
 		if what == "" {
@@ -748,16 +797,16 @@ func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx, ite
 	key := objKey{Kind: kind, NamespacedName: types.NamespacedName{
 		Namespace: l.compact.shareValue(cmp.Or(tm.Metadata.Namespace, "default")), Name: strings.Clone(tm.Metadata.Name),
 	}}
-	o := &object{key: key, file: file, doc: idx}
+	o := &object{key: key, file: file, doc: int32(idx)}
 	var err error
 	switch kind {
-	case "Service":
+	case kindService:
 		var svc *corev1.Service
 		if svc, err = decodeAs(pre.svc, js, key.Namespace); err == nil {
 			o.svc = l.compact.service(svc, key.NamespacedName)
 			err = o.svc.Invalid // translate.ValidateService's
 		}
-	case "EndpointSlice":
+	case kindSlice:
 		var es *discoveryv1.EndpointSlice
 		if es, err = decodeAs(pre.slice, js, key.Namespace); err == nil {
 			o.slice = l.compact.slice(es, key.NamespacedName)
@@ -890,7 +939,7 @@ func (l *loader) sync(objs map[objKey]*object, res *Result) *model.State {
 // of the one it lost a frontend to). Skipped Services go to res.Skipped.
 func (l *loader) issues(objs map[objKey]*object, res *Result) []error {
 	svc := func(nn types.NamespacedName) (objKey, string) {
-		k := objKey{Kind: "Service", NamespacedName: nn}
+		k := objKey{Kind: kindService, NamespacedName: nn}
 		if o := objs[k]; o != nil {
 			return k, o.where()
 		}
