@@ -165,3 +165,39 @@ func TestBatchStopsWhenFull(t *testing.T) {
 		}
 	})
 }
+
+// TestSlotBatchKeysEachFrontend: a batch of slots encodes a frontend's key
+// once for the slots that follow it, and each slot still lands under its
+// own frontend: frontends that differ only in scope, a frontend that
+// comes back after another, and a slot 0 (the master's, refused) after
+// them, which ends the batch there; over IPv6 too.
+func TestSlotBatchKeysEachFrontend(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		testutil.Privileged(t)
+		tw := func(s string) string { return twinAddr(v6, s) }
+		m := openTest(t, smallConfig(testPinDir(t))).Maps()
+		a := reconciler.DefaultScope(l4(tw("10.96.0.1"), 80, model.TCP))
+		b := reconciler.Frontend{L4Addr: a.L4Addr, Scope: reconciler.ScopeInternal}
+		c := reconciler.DefaultScope(l4(tw("10.96.0.2"), 80, model.TCP))
+		if _, err := m.UpsertBackends([]reconciler.BackendEntry{{ID: 1, Addr: l4(tw("10.1.0.1"), 8080, model.TCP)}}); err != nil {
+			t.Fatal(err)
+		}
+		sls := []reconciler.SlotEntry{
+			{Frontend: a, Slot: 1, Backend: 1}, {Frontend: a, Slot: 2, Backend: 1}, {Frontend: b, Slot: 1, Backend: 1},
+			{Frontend: a, Slot: 3, Backend: 1}, {Frontend: c, Slot: 7, Backend: 1}, {Frontend: c, Slot: 0, Backend: 1},
+			{Frontend: c, Slot: 8, Backend: 1},
+		}
+		n, err := m.UpsertSlots(sls)
+		if n != 5 || err == nil || !strings.Contains(err.Error(), "slot 0") {
+			t.Fatalf("UpsertSlots = %d, %v; want 5 and the error of slot 0", n, err)
+		}
+		ks, err := m.Dump()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[reconciler.Frontend]map[uint32]reconciler.BackendID{a: {1: 1, 2: 1, 3: 1}, b: {1: 1}, c: {7: 1}}
+		if !reflect.DeepEqual(ks.Slots, want) {
+			t.Errorf("slots = %v, want %v", ks.Slots, want)
+		}
+	})
+}

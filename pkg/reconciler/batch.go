@@ -237,6 +237,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 	bes := reuse(buf.bes, naddrs)
 	defer func() { buf.bes = bes }()
 	var queued bitset
+	newBackendID := func() BackendID { return BackendID(r.beIDs.alloc()) }
 	for i, d := range ds {
 		if failed[d.fe] {
 			continue
@@ -258,11 +259,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 		ids[i], flat = flat[:len(d.backends):len(d.backends)], flat[len(d.backends):]
 		for j, b := range d.backends {
 			a := b.L4Addr
-			id, ok := r.backendOf.get(a)
-			if !ok {
-				id = BackendID(r.beIDs.alloc())
-				r.backendOf.put(a, id)
-			}
+			id, _ := r.backendOf.getOrPut(a, newBackendID)
 			ids[i][j] = id
 			if cur, ok := r.backend(id); (ok && cur == a) || queued.has(uint32(id)) {
 				continue

@@ -97,8 +97,12 @@ func validate(d *desiredFrontend) error {
 	if len(d.backends) > MaxSlots {
 		return fmt.Errorf("%w: %d backends, a frontend has %d slots; previous programming kept", ErrInvalid, len(d.backends), MaxSlots)
 	}
+	v4 := d.fe.Addr.Is4()
 	for _, b := range d.backends {
 		a := b.L4Addr
+		if v4 && a.Addr.Is4() && (a.Proto == model.TCP || a.Proto == model.UDP) {
+			continue // what validL4 and the family's check accept, at once
+		}
 		err := validL4(a)
 		if err == nil && a.Addr.Is6() != d.fe.Addr.Is6() {
 			err = errors.New("not of the frontend's address family")

@@ -43,12 +43,23 @@ func newDesired(fe Frontend, svc *model.Service) *desiredFrontend {
 // compareBackends orders backends by address.
 func compareBackends(a, b model.Backend) int { return a.L4Addr.Compare(b.L4Addr) }
 
-// sortedUnique reports whether bs are sorted by address, each once.
+// sortedUnique reports whether bs are sorted by address, each once. Two
+// IPv4 addresses compare packed (packL4 keeps their order).
 func sortedUnique(bs []model.Backend) bool {
+	if len(bs) == 0 {
+		return true
+	}
+	prev, prevOK := packL4(bs[0].L4Addr, 0)
 	for i := 1; i < len(bs); i++ {
-		if compareBackends(bs[i-1], bs[i]) >= 0 {
+		k, ok := packL4(bs[i].L4Addr, 0)
+		if ok && prevOK {
+			if k <= prev {
+				return false
+			}
+		} else if compareBackends(bs[i-1], bs[i]) >= 0 {
 			return false
 		}
+		prev, prevOK = k, ok
 	}
 	return true
 }

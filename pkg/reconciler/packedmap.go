@@ -75,6 +75,26 @@ func (m *packedMap[V]) get(k uint64) (V, bool) {
 	return zero, false
 }
 
+// getOrPut returns k's value, or adds k with the value mk returns (and
+// reports false): one probe where a get and then a put make two.
+func (m *packedMap[V]) getOrPut(k uint64, mk func() V) (V, bool) {
+	i, ok := 0, false
+	if len(m.keys) > 0 {
+		if i, ok = m.find(k); ok {
+			return m.vals[i], true
+		}
+	}
+	if (m.n+1)*packedMaxLoadDen > len(m.keys)*packedMaxLoadNum {
+		m.resize(max(packedMinSlots, len(m.keys)+len(m.keys)/2))
+		i, _ = m.find(k)
+	}
+	v := mk()
+	m.keys[i], m.vals[i] = k, v
+	m.full[i/64] |= 1 << (i % 64)
+	m.n++
+	return v, false
+}
+
 func (m *packedMap[V]) put(k uint64, v V) {
 	if len(m.keys) > 0 {
 		if i, ok := m.find(k); ok {

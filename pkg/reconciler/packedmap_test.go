@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// TestPackedMapAsGoMap: random puts, deletes and walks that delete part of
+// TestPackedMapAsGoMap: random puts, getOrPuts, deletes and walks that delete part of
 // what they yield leave a packedMap holding what a Go map does after each
 // step. Few keys from a small range crowd a small table (long runs of
 // probes, runs that wrap past its end, tables grown from every size);
@@ -25,11 +25,23 @@ func TestPackedMapAsGoMap(t *testing.T) {
 			return k << (rnd.IntN(2) * 32) // high or low bits only
 		}
 		for step := range 400 {
-			switch op := rnd.IntN(10); {
+			switch op := rnd.IntN(12); {
 			case op < 5:
 				k, v := key(), rnd.Int()
 				m.put(k, v)
 				want[k] = v
+			case op >= 10:
+				// getOrPut: an existing key's value, or a new one's.
+				k, v := key(), rnd.Int()
+				wv, had := want[k]
+				got, ok := m.getOrPut(k, func() int { return v })
+				if !had {
+					wv = v
+					want[k] = v
+				}
+				if got != wv || ok != had {
+					t.Fatalf("seed %d step %d: getOrPut %d = %d %v, want %d %v", seed, step, k, got, ok, wv, had)
+				}
 			case op < 9:
 				k := key()
 				m.del(k)

@@ -396,7 +396,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 			}
 		}
 	}
-	slices.SortFunc(changed, func(a, b *desiredFrontend) int { return a.fe.Compare(b.fe) })
+	sortDesired(changed)
 	r.presize(changed)
 	// The backends the changed frontends want: made only when a
 	// backend may have to be deleted (a first program deletes none).
@@ -537,6 +537,31 @@ func (r *Reconciler) remove(fe Frontend, errs []error) []error {
 		return append(errs, frontendError(name, fe, true, err))
 	}
 	return errs
+}
+
+// sortDesired sorts ds by frontend (Frontend.Compare). IPv4 frontends
+// (all of them, the common case) sort by a packed key, whose order is
+// theirs: a first program of 30,000 compared the whole frontends half a
+// million times.
+func sortDesired(ds []*desiredFrontend) {
+	type keyed struct {
+		k uint64
+		d *desiredFrontend
+	}
+	ks := make([]keyed, len(ds))
+	for i, d := range ds {
+		// The internal scope first: packed as 0, the default as 1.
+		k, ok := packL4(d.fe.L4Addr, ScopeInternal-d.fe.Scope)
+		if !ok || d.fe.Scope > ScopeInternal {
+			slices.SortFunc(ds, func(a, b *desiredFrontend) int { return a.fe.Compare(b.fe) })
+			return
+		}
+		ks[i] = keyed{k, d}
+	}
+	slices.SortFunc(ks, func(a, b keyed) int { return cmp.Compare(a.k, b.k) })
+	for i := range ks {
+		ds[i] = ks[i].d
+	}
 }
 
 // presize makes room in the view's maps for a first program (empty

@@ -545,6 +545,21 @@ func (m *keyMap[K, V, P]) val(k K) V {
 	return v
 }
 
+// getOrPut returns k's value, or adds k with the value mk returns (and
+// reports false).
+func (m *keyMap[K, V, P]) getOrPut(k K, mk func() V) (V, bool) {
+	var p P
+	if pk, ok := p.pack(k); ok {
+		return m.packed.getOrPut(pk, mk)
+	}
+	if v, ok := m.other[k]; ok {
+		return v, true
+	}
+	v := mk()
+	m.other[k] = v
+	return v, false
+}
+
 func (m *keyMap[K, V, P]) put(k K, v V) {
 	var p P
 	if pk, ok := p.pack(k); ok {
