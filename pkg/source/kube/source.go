@@ -124,6 +124,10 @@ type Source struct {
 	// (zero: none); counted from the first sync on, as kube-proxy counts
 	// from its initialisation.
 	queued time.Time
+
+	// reserved makes the tracker room for the first lists, once
+	// (reserve).
+	reserved sync.Once
 }
 
 type handedState struct {
@@ -312,11 +316,13 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 		s.recorder = rec
 	}
 
-	svcReg, err := factory.Core().V1().Services().Informer().AddEventHandler(handler(s.onService))
+	sliceStore := factory.Discovery().V1().EndpointSlices().Informer().GetStore()
+	reserve := func() { s.reserve(s.services, sliceStore) }
+	svcReg, err := factory.Core().V1().Services().Informer().AddEventHandler(initialHandler(reserve, s.onService))
 	if err != nil {
 		return fmt.Errorf("watch services: %w", err)
 	}
-	sliceReg, err := factory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(handler(s.onSlice))
+	sliceReg, err := factory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(initialHandler(reserve, s.onSlice))
 	if err != nil {
 		return fmt.Errorf("watch endpointslices: %w", err)
 	}
@@ -432,6 +438,43 @@ func handler(on func(old, obj any, deleted bool)) cache.ResourceEventHandlerFunc
 		UpdateFunc: func(old, obj any) { on(old, obj, false) },
 		DeleteFunc: func(obj any) { on(nil, obj, true) },
 	}
+}
+
+// initialHandler is handler, calling first before the first object of an
+// informer's initial list is handed on.
+func initialHandler(first func(), on func(old, obj any, deleted bool)) cache.ResourceEventHandlerDetailedFuncs {
+	h := handler(on)
+	return cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(obj any, initial bool) {
+			if initial {
+				first()
+			}
+			h.AddFunc(obj)
+		},
+		UpdateFunc: h.UpdateFunc,
+		DeleteFunc: h.DeleteFunc,
+	}
+}
+
+// reserve makes the tracker room for the first lists, once, before the
+// first object of either is handed to it: as many Services and slices as
+// the informers' stores hold then. An informer hands its initial list on
+// only once its store holds all of it; the other's may not yet, and then
+// as many as the first's are reserved for it (a Service has one slice,
+// most often). Grown an entry at a time, the tracker's maps leave their
+// smaller tables behind as garbage and rehash what they hold at each
+// growth (Tracker.Reserve).
+func (s *Source) reserve(services, slices cache.Store) {
+	s.reserved.Do(func() {
+		nSvc, nSlice := len(services.ListKeys()), len(slices.ListKeys())
+		if nSvc == 0 {
+			nSvc = nSlice
+		}
+		if nSlice == 0 {
+			nSlice = nSvc
+		}
+		s.tracker.Reserve(nSvc, nSlice)
+	})
 }
 
 // nodeEligible says whether load balancers should keep sending traffic to
