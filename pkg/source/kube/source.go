@@ -126,8 +126,10 @@ type Source struct {
 	queued time.Time
 
 	// reserved makes the tracker room for the first lists, once
-	// (reserve).
-	reserved sync.Once
+	// (reserve), with reserveTracker (the tracker's Reserve; tests
+	// watch it).
+	reserved       sync.Once
+	reserveTracker func(services, slices int)
 }
 
 type handedState struct {
@@ -158,8 +160,10 @@ func New(cfg Config) (*Source, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Source{cfg: cfg, log: cfg.Logger.With("source", "kube"), tracker: tracker.New(cfg.Options),
-		emitted: map[eventKey]origin{}}, nil
+	s := &Source{cfg: cfg, log: cfg.Logger.With("source", "kube"), tracker: tracker.New(cfg.Options),
+		emitted: map[eventKey]origin{}}
+	s.reserveTracker = s.tracker.Reserve
+	return s, nil
 }
 
 // handOver records that st, carrying the changes of triggers that arrived
@@ -473,7 +477,7 @@ func (s *Source) reserve(services, slices cache.Store) {
 		if nSlice == 0 {
 			nSlice = nSvc
 		}
-		s.tracker.Reserve(nSvc, nSlice)
+		s.reserveTracker(nSvc, nSlice)
 	})
 }
 
