@@ -124,6 +124,12 @@ type Source struct {
 	// (zero: none); counted from the first sync on, as kube-proxy counts
 	// from its initialisation.
 	queued time.Time
+
+	// reserved makes the tracker room for the first lists, once
+	// (reserve), with reserveTracker (the tracker's Reserve; tests
+	// watch it).
+	reserved       sync.Once
+	reserveTracker func(services, slices int)
 }
 
 type handedState struct {
@@ -154,8 +160,10 @@ func New(cfg Config) (*Source, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Source{cfg: cfg, log: cfg.Logger.With("source", "kube"), tracker: tracker.New(cfg.Options),
-		emitted: map[eventKey]origin{}}, nil
+	s := &Source{cfg: cfg, log: cfg.Logger.With("source", "kube"), tracker: tracker.New(cfg.Options),
+		emitted: map[eventKey]origin{}}
+	s.reserveTracker = s.tracker.Reserve
+	return s, nil
 }
 
 // handOver records that st, carrying the changes of triggers that arrived
@@ -312,11 +320,13 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 		s.recorder = rec
 	}
 
-	svcReg, err := factory.Core().V1().Services().Informer().AddEventHandler(handler(s.onService))
+	sliceStore := factory.Discovery().V1().EndpointSlices().Informer().GetStore()
+	reserve := func() { s.reserve(s.services, sliceStore) }
+	svcReg, err := factory.Core().V1().Services().Informer().AddEventHandler(initialHandler(reserve, s.onService))
 	if err != nil {
 		return fmt.Errorf("watch services: %w", err)
 	}
-	sliceReg, err := factory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(handler(s.onSlice))
+	sliceReg, err := factory.Discovery().V1().EndpointSlices().Informer().AddEventHandler(initialHandler(reserve, s.onSlice))
 	if err != nil {
 		return fmt.Errorf("watch endpointslices: %w", err)
 	}
@@ -432,6 +442,43 @@ func handler(on func(old, obj any, deleted bool)) cache.ResourceEventHandlerFunc
 		UpdateFunc: func(old, obj any) { on(old, obj, false) },
 		DeleteFunc: func(obj any) { on(nil, obj, true) },
 	}
+}
+
+// initialHandler is handler, calling first before the first object of an
+// informer's initial list is handed on.
+func initialHandler(first func(), on func(old, obj any, deleted bool)) cache.ResourceEventHandlerDetailedFuncs {
+	h := handler(on)
+	return cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(obj any, initial bool) {
+			if initial {
+				first()
+			}
+			h.AddFunc(obj)
+		},
+		UpdateFunc: h.UpdateFunc,
+		DeleteFunc: h.DeleteFunc,
+	}
+}
+
+// reserve makes the tracker room for the first lists, once, before the
+// first object of either is handed to it: as many Services and slices as
+// the informers' stores hold then. An informer hands its initial list on
+// only once its store holds all of it; the other's may not yet, and then
+// as many as the first's are reserved for it (a Service has one slice,
+// most often). Grown an entry at a time, the tracker's maps leave their
+// smaller tables behind as garbage and rehash what they hold at each
+// growth (Tracker.Reserve).
+func (s *Source) reserve(services, slices cache.Store) {
+	s.reserved.Do(func() {
+		nSvc, nSlice := len(services.ListKeys()), len(slices.ListKeys())
+		if nSvc == 0 {
+			nSvc = nSlice
+		}
+		if nSlice == 0 {
+			nSlice = nSvc
+		}
+		s.reserveTracker(nSvc, nSlice)
+	})
 }
 
 // nodeEligible says whether load balancers should keep sending traffic to

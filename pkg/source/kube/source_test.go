@@ -371,3 +371,36 @@ func TestSlimEndpointsAndNode(t *testing.T) {
 		t.Errorf("slimmed Node: images %v, addresses %v, labels %v", n.Status.Images, n.Status.Addresses, n.Labels)
 	}
 }
+
+// The tracker is given room for the first lists once: as many as the
+// informers' stores hold, the other's count standing in for a store not
+// filled yet.
+func TestFirstListsReserveTheTracker(t *testing.T) {
+	const n = 40
+	objs := make([]runtime.Object, 0, 2*n)
+	for i := range n {
+		name := fmt.Sprintf("svc-%d", i)
+		objs = append(objs, service(name, fmt.Sprintf("10.96.1.%d", i), 80), slice(name, name+"-1", 8080, fmt.Sprintf("10.0.1.%d", i)))
+	}
+	src := newSource(t, Config{Client: fake.NewClientset(objs...)})
+	var mu sync.Mutex
+	var calls [][2]int
+	reserve := src.reserveTracker
+	src.reserveTracker = func(services, slices int) {
+		mu.Lock()
+		calls = append(calls, [2]int{services, slices})
+		mu.Unlock()
+		reserve(services, slices)
+	}
+	rec := &recorder{}
+	testutil.RunUntilCleanup(t, "Run", func(ctx context.Context) error { return src.Run(ctx, rec.apply) })
+	waitFor(t, "first sync", 5*time.Second, func() bool { return rec.count() == 1 })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) != 1 || calls[0] != [2]int{n, n} {
+		t.Fatalf("tracker reserved %v, want once for %d Services and %d slices", calls, n, n)
+	}
+	if got := rec.last().Services.Len(); got != n {
+		t.Fatalf("first state: %d frontends, want %d", got, n)
+	}
+}
