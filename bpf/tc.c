@@ -466,7 +466,7 @@ static __noinline int lb4_aff_remember(const struct pkt4 *p,
 	aff_key(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
 		p->proto, svc->scope);
 	aff_remember(&key, svc, be, backend_id, (__u16)slot,
-		     bpf_ktime_get_ns());
+		     ct_now());
 	return 0;
 }
 
@@ -780,7 +780,7 @@ static __always_inline int tc_body(struct __sk_buff *skb, bool dry,
 	default:
 		return TC_ACT_OK;
 	}
-	now = bpf_ktime_get_ns();
+	now = ct_now();
 	if (ingress)
 		return tc_ingress(skb, &p, now);
 	ret = rev_nat(skb, &p, now, false);

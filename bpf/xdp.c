@@ -210,7 +210,7 @@ __noinline __u32 xdp6_snat_port(const struct pkt6 *p,
 
 	if (!p || !be || !node ||
 	    ct_create_snat6(p, be, backend_id, rev_nat_id, *node,
-			    bpf_ktime_get_ns(), &port))
+			    ct_now(), &port))
 		return 0;
 	return port;
 }
