@@ -328,8 +328,7 @@ static __noinline int lb6_aff_remember(const struct pkt6 *p,
 		return 0;
 	aff_key6(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
 		 p->proto, svc->scope);
-	aff_remember6(&key, svc, be, x->backend_id, x->slot,
-		      ct_now());
+	aff_remember6(&key, svc, be, x->backend_id, x->slot, ct_now());
 	return 0;
 }
 
