@@ -76,24 +76,6 @@
 
 #define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
 
-/*
- * ct_now - the per-packet programs' clock (tc, XDP): CLOCK_MONOTONIC at
- * the last timer tick (bpf_ktime_get_coarse_ns), the clock of
- * bpf_ktime_get_ns that the agent's GC, sluicectl and the socket hooks
- * read, behind it by less than a tick (1-10 ms) and never ahead. That is
- * enough for what a packet compares: lifetimes of seconds, refreshes a
- * second apart (CT_REFRESH_NS), affinity timeouts of seconds. An entry
- * so looks alive to the datapath up to a tick longer than to the GC, which
- * may delete it meanwhile: as an entry the GC deleted a tick later. The
- * coarse read is the timekeeper's stored value, where bpf_ktime_get_ns
- * reads the clock source (rdtsc, or pvclock in a VM): issue 14's
- * attribution put that read at 0.39 us of a connection's programs.
- */
-static __always_inline __u64 ct_now(void)
-{
-	return bpf_ktime_get_coarse_ns();
-}
-
 static __always_inline bool ct_closed(__u32 flags)
 {
 	return (flags & CT_F_RST) || (flags & (CT_F_FIN_FWD | CT_F_FIN_REV)) ==
