@@ -71,14 +71,49 @@ enum pkt_kind {
 };
 
 /*
+ * parse_ipv4_tc - parse_ipv4 into @q, a global function, which the
+ * verifier checks once, on its own. parse_ipv4 reads the common packet in
+ * place (parse_ipv4_linear) and copies any other's headers: inlined, the
+ * two ways' results (constants the one, ranges the other) are two sets of
+ * states for the rest of the program, and sluice_ingress verified 422,319
+ * instructions instead of 250,665. From here the rest sees one.
+ */
+__noinline int parse_ipv4_tc(struct __sk_buff *skb, struct pkt4 *q)
+{
+	if (!skb || !q)
+		return PARSE_PASS;
+	return parse_ipv4(skb, q);
+}
+
+/*
  * parse_tc - parse @skb, counting the reason when it is not translatable.
  * A first fragment's ports are recorded for the later ones, which take
- * them from there (frag.h).
+ * them from there (frag.h). @p's dry stays the constant its program set
+ * (parse_ipv4_tc fills a copy).
  */
 static __always_inline enum pkt_kind parse_tc(struct __sk_buff *skb,
 					      struct pkt4 *p)
 {
-	switch (parse_ipv4(skb, p)) {
+	struct pkt4 q = {};
+	int ret = parse_ipv4_tc(skb, &q);
+
+	p->l3_off = q.l3_off;
+	p->l3_len = q.l3_len;
+	p->l4_off = q.l4_off;
+	p->csum_off = q.csum_off;
+	p->saddr = q.saddr;
+	p->daddr = q.daddr;
+	p->sport = q.sport;
+	p->dport = q.dport;
+	p->ip_id = q.ip_id;
+	p->proto = q.proto;
+	p->ihl_len = q.ihl_len;
+	p->tcp_flags = q.tcp_flags;
+	p->ttl = q.ttl;
+	p->df = q.df;
+	p->frag_first = q.frag_first;
+	p->frag_later = q.frag_later;
+	switch (ret) {
 	case PARSE_OK:
 		if (p->frag_first)
 			frag_record(p);

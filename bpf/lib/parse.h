@@ -4,10 +4,12 @@
  * (parse_ipv4_xdp). Both fill a struct pkt4, which is all the lookup,
  * conntrack and selection code needs of a packet.
  *
- * tc copies headers with bpf_skb_load_bytes rather than reading through
- * direct packet pointers: it works on non-linear skbs, every read is bounds
- * checked by the kernel, and the offsets it yields stay valid across the
- * helpers that rewrite the packet (which invalidate packet pointers). XDP
+ * tc reads the common packet in place (parse_ipv4_linear: TCP or UDP
+ * after a 20-byte IPv4 header, unfragmented, all in the skb's linear
+ * data) and copies every other one's headers with bpf_skb_load_bytes,
+ * which works on non-linear skbs; both ways decide alike, and yield
+ * offsets, not pointers, which stay valid across the helpers that rewrite
+ * the packet (and invalidate packet pointers). XDP
  * has no helpers to rewrite with: it keeps pointers into the frame and
  * rewrites through them, so it takes only what it can finish (no IP
  * options, no fragments) and leaves the rest to tc.
@@ -114,6 +116,140 @@ static __always_inline bool skb_l3_at(struct __sk_buff *skb, __u8 version,
 }
 
 /*
+ * skb_l3_in_place - the IP header of @version (ethertype @proto) of @skb,
+ * read in place (parse_ipv4_linear, parse_ipv6_linear): a packet pointer
+ * to its first @len bytes, where skb_l3_at would find it (ETH_HLEN, or 0
+ * on a device without a link-layer header, in @l3_off). NULL with @ret
+ * PARSE_PASS if the frame is of another ethertype, or -1 if those bytes
+ * are not all in the linear data.
+ */
+static __always_inline void *skb_l3_in_place(struct __sk_buff *skb,
+					     __u8 version, __be16 proto,
+					     __u32 len, __u32 *l3_off, int *ret)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	void *l3;
+
+	*ret = -1;
+	if ((void *)(eth + 1) > data_end)
+		return NULL;
+	if ((eth->h_dest[0] >> 4) == version && dev_is_l3(skb->ifindex)) {
+		*l3_off = 0;
+		l3 = data;
+	} else if (eth->h_proto != proto) {
+		*ret = PARSE_PASS;
+		return NULL;
+	} else {
+		*l3_off = ETH_HLEN;
+		l3 = eth + 1;
+	}
+	if (l3 + len > data_end)
+		return NULL;
+	return l3;
+}
+
+/*
+ * l4_in_place - the TCP or UDP header (IP protocol @proto) at @l4, read in
+ * place up to @data_end: a pointer to its ports if the whole header is
+ * there, with its length in @l4_min, its TCP flags in @flags (0 for UDP)
+ * and, for UDP, its checksum in @check (1 for TCP); else NULL (another
+ * protocol, or a header beyond the linear data).
+ */
+static __always_inline __be16 *l4_in_place(void *l4, void *data_end, __u8 proto,
+					   __u32 *l4_min, __u8 *flags,
+					   __u16 *check)
+{
+	if (proto == IPPROTO_TCP) {
+		struct tcphdr *th = l4;
+
+		if ((void *)(th + 1) > data_end)
+			return NULL;
+		*l4_min = sizeof(*th);
+		*flags = ((__u8 *)l4)[13];
+		*check = 1;
+	} else if (proto == IPPROTO_UDP) {
+		struct udphdr *uh = l4;
+
+		if ((void *)(uh + 1) > data_end)
+			return NULL;
+		*l4_min = sizeof(*uh);
+		*flags = 0;
+		*check = uh->check;
+	} else {
+		return NULL;
+	}
+	return l4;
+}
+
+/*
+ * parse_ipv4_linear - parse_ipv4 for the common packet, read in place: TCP
+ * or UDP right after a 20-byte IPv4 header, not a fragment, its headers
+ * all in the skb's linear data. Returns what parse_ipv4 would, having
+ * filled in @p as it would; or -1 for any other packet (IP options, a
+ * fragment, ICMP, other protocols, headers beyond the linear data), which
+ * parse_ipv4 then reads by copies.
+ *
+ * Reading in place saves parse_ipv4's four bpf_skb_load_bytes calls, a
+ * helper call and a copy each (issue 14's attribution: 0.44 us of a
+ * connection's 7.35 us of programs), as parse_ipv6_linear does IPv6's.
+ * The packet pointers are used here only, before any helper that could
+ * move the data.
+ */
+static __always_inline int parse_ipv4_linear(struct __sk_buff *skb,
+					     struct pkt4 *p)
+{
+	void *data_end = (void *)(long)skb->data_end;
+	__u32 l3_off, tot_len, l4_min;
+	__u16 frag, check;
+	struct iphdr *ip;
+	__be16 *ports;
+	__u8 flags;
+	int ret;
+
+	ip = skb_l3_in_place(skb, 4, bpf_htons(ETH_P_IP), sizeof(*ip), &l3_off,
+			     &ret);
+	if (!ip)
+		return ret;
+	if (ip->version != 4 || ip->ihl < 5)
+		return PARSE_MALFORMED;
+	frag = bpf_ntohs(ip->frag_off);
+	if (ip->ihl != 5 || (frag & (IP_MF | IP_OFFSET)))
+		return -1;
+	/* Each header's fields are read where its bounds are checked. */
+	ports = l4_in_place(ip + 1, data_end, ip->protocol, &l4_min, &flags,
+			    &check);
+	if (!ports)
+		return -1;
+	tot_len = bpf_ntohs(ip->tot_len);
+	if (tot_len == 0 && ip->protocol == IPPROTO_TCP && skb->gso_size)
+		tot_len = skb->len - l3_off;
+	if (tot_len < sizeof(*ip) || l3_off + tot_len > skb->len)
+		return PARSE_MALFORMED;
+
+	p->l3_off = l3_off;
+	p->l3_len = tot_len;
+	p->l4_off = l3_off + sizeof(*ip);
+	p->saddr = ip->saddr;
+	p->daddr = ip->daddr;
+	p->ip_id = ip->id;
+	p->proto = ip->protocol;
+	p->ihl_len = sizeof(*ip);
+	p->ttl = ip->ttl;
+	p->df = frag & IP_DF;
+	if (tot_len < sizeof(*ip) + l4_min)
+		return PARSE_MALFORMED;
+	p->csum_off = p->l4_off + (p->proto == IPPROTO_TCP ?
+					   offsetof(struct tcphdr, check) :
+					   offsetof(struct udphdr, check));
+	p->tcp_flags = flags;
+	p->sport = ports[0];
+	p->dport = ports[1];
+	return PARSE_OK;
+}
+
+/*
  * parse_ipv4 - parse the Ethernet (unless on an L3 device), IPv4 and L4
  * port headers of @skb.
  *
@@ -139,9 +275,13 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 	__u32 l3_off = ETH_HLEN, ihl_len, tot_len, l4_min;
 	__u16 frag;
 	__be16 ports[2];
+	int ret;
 
 	if (skb->protocol != bpf_htons(ETH_P_IP))
 		return PARSE_PASS;
+	ret = parse_ipv4_linear(skb, p);
+	if (ret >= 0)
+		return ret;
 	if (!skb_l3_at(skb, 4, bpf_htons(ETH_P_IP), &eth, &l3_off))
 		return PARSE_PASS;
 	if (bpf_skb_load_bytes(skb, l3_off, &ip, sizeof(ip)) < 0)
@@ -254,22 +394,18 @@ static __always_inline bool xdp_l4(void *l4, void *end, __u32 len, __u32 hdr,
 				   __u8 proto, bool udp_csum, __u16 **l4csum,
 				   __u8 *tcp_flags)
 {
-	if (proto == IPPROTO_TCP) {
-		struct tcphdr *th = l4;
+	__u32 l4_min;
+	__u16 check;
+	__u8 flags;
 
-		if ((void *)(th + 1) > end || len < hdr + sizeof(*th))
-			return false;
-		*l4csum = (__u16 *)&th->check;
-		*tcp_flags = ((__u8 *)th)[13];
-	} else if (proto == IPPROTO_UDP) {
-		struct udphdr *uh = l4;
-
-		if ((void *)(uh + 1) > end || len < hdr + sizeof(*uh) ||
-		    (udp_csum && !uh->check))
-			return false;
-		*l4csum = (__u16 *)&uh->check;
-	} else {
+	if (!l4_in_place(l4, end, proto, &l4_min, &flags, &check) ||
+	    len < hdr + l4_min || (udp_csum && !check))
 		return false;
+	if (proto == IPPROTO_TCP) {
+		*l4csum = l4 + offsetof(struct tcphdr, check);
+		*tcp_flags = flags;
+	} else {
+		*l4csum = l4 + offsetof(struct udphdr, check);
 	}
 	return true;
 }

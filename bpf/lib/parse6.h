@@ -198,48 +198,25 @@ static __always_inline int parse_icmp6_err(struct __sk_buff *skb,
 static __always_inline int parse_ipv6_linear(struct __sk_buff *skb,
 					     struct pkt6 *p)
 {
-	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	__u32 l3_off = ETH_HLEN, end, off, l4_min;
+	__u32 l3_off, end, off, l4_min;
 	struct ipv6hdr *ip;
-	__be16 *ports;
 	__u16 check;
-	__u8 *l4, flags;
+	__be16 *ports;
+	__u8 flags;
+	int ret;
 
-	if ((void *)(eth + 1) > data_end)
-		return -1;
-	if ((eth->h_dest[0] >> 4) == 6 && dev_is_l3(skb->ifindex))
-		l3_off = 0;
-	else if (eth->h_proto != bpf_htons(ETH_P_IPV6))
-		return PARSE_PASS;
-	ip = l3_off ? (void *)(eth + 1) : data;
-	if ((void *)(ip + 1) > data_end)
-		return -1;
+	ip = skb_l3_in_place(skb, 6, bpf_htons(ETH_P_IPV6), sizeof(*ip),
+			     &l3_off, &ret);
+	if (!ip)
+		return ret;
 	if (ip->version != 6)
 		return PARSE_MALFORMED;
 	/* Each header's fields are read where its bounds are checked. */
-	l4 = (void *)(ip + 1);
-	if (ip->nexthdr == IPPROTO_TCP) {
-		struct tcphdr *th = (void *)l4;
-
-		if ((void *)(th + 1) > data_end)
-			return -1;
-		l4_min = sizeof(*th);
-		flags = l4[13];
-		check = 1;
-	} else if (ip->nexthdr == IPPROTO_UDP) {
-		struct udphdr *uh = (void *)l4;
-
-		if ((void *)(uh + 1) > data_end)
-			return -1;
-		l4_min = sizeof(*uh);
-		flags = 0;
-		check = uh->check;
-	} else {
+	ports = l4_in_place(ip + 1, data_end, ip->nexthdr, &l4_min, &flags,
+			    &check);
+	if (!ports)
 		return -1;
-	}
-	ports = (__be16 *)l4;
 	end = l3_off + sizeof(*ip) + bpf_ntohs(ip->payload_len);
 	if (!ip->payload_len && ip->nexthdr == IPPROTO_TCP && skb->gso_size)
 		end = skb->len;
