@@ -3,6 +3,7 @@ package datapath
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -441,20 +442,36 @@ func ipv6L4(b []byte) (proto uint8, off int, later, ok bool) {
 // (after IPv4 options or IPv6 extension headers), if the headers fit and
 // it is no later fragment.
 func ipOf(frame []byte) (src, dst []byte, proto uint8, l4 int, ok bool) {
-	if ip, l4, ok := ipv4Of(frame); ok && binary.BigEndian.Uint16(ip[6:])&0x1fff == 0 {
-		return ip[12:16], ip[16:20], ip[9], l4, true
+	src, dst, proto, l4, later, ok := ipHeaders(frame)
+	return src, dst, proto, l4, ok && !later
+}
+
+// quotedOf is ipOf for a packet tc may answer with an ICMP error, a later
+// fragment too (a router answers one whose hop limit runs out): its
+// protocol is then its first fragment's and l4 where its payload starts,
+// what the error quotes as that protocol's header.
+func quotedOf(frame []byte) (src, dst []byte, proto uint8, l4 int, ok bool) {
+	src, dst, proto, l4, _, ok = ipHeaders(frame)
+	return src, dst, proto, l4, ok
+}
+
+// ipHeaders is ipOf and whether the frame is a later fragment.
+func ipHeaders(frame []byte) (src, dst []byte, proto uint8, l4 int, later, ok bool) {
+	if ip, l4, ok := ipv4Of(frame); ok {
+		return ip[12:16], ip[16:20], ip[9], l4, binary.BigEndian.Uint16(ip[6:])&0x1fff != 0, true
 	}
 	if ip6, ok := ipv6Of(frame); ok {
 		proto, off, later, ok := ipv6L4(frame[14:])
-		return ip6[8:24], ip6[24:40], proto, 14 + off, ok && !later
+		return ip6[8:24], ip6[24:40], proto, 14 + off, later, ok
 	}
-	return nil, nil, 0, 0, false
+	return nil, nil, 0, 0, false, false
 }
 
 // isICMPReply reports whether out is an ICMP (ICMPv6) error tc made from
-// in (a TCP or UDP packet of the same family) rather than in translated.
+// in (a TCP or UDP packet of the same family, or a later fragment of
+// one) rather than in translated.
 func isICMPReply(in, out []byte) bool {
-	srcIn, _, pIn, _, ok1 := ipOf(in)
+	srcIn, _, pIn, _, ok1 := quotedOf(in)
 	srcOut, _, pOut, _, ok2 := ipOf(out)
 	icmp := map[int]uint8{4: packet.ICMP, 16: packet.ICMPv6}[len(srcIn)]
 	return ok1 && ok2 && len(srcIn) == len(srcOut) && (pIn == packet.TCP || pIn == packet.UDP) && pOut == icmp
@@ -466,7 +483,7 @@ func isICMPReply(in, out []byte) bool {
 // extension headers) and whole fixed L4 header: a destination unreachable
 // or time exceeded, or IPv6's packet too big (IPv4's is an unreachable).
 func checkICMPReply(in, out []byte) error {
-	srcIn, dstIn, pIn, l4In, _ := ipOf(in)
+	srcIn, dstIn, pIn, l4In, _ := quotedOf(in)
 	srcOut, dstOut, _, l4Out, _ := ipOf(out)
 	if !bytes.Equal(out[0:6], in[6:12]) || !bytes.Equal(out[6:12], in[0:6]) {
 		return errors.New("ICMP reply: MACs not swapped")
@@ -852,4 +869,25 @@ func TestFuzzChecksCatchBadRewrites(t *testing.T) {
 			t.Errorf("a correct ICMP reply rejected: %v", err)
 		}
 	})
+}
+
+// TestICMPReplyToLaterFragment: FuzzTCIngress's input (found on 2026-12-03,
+// a flow an earlier input started): a later IPv6 fragment of a UDP flow,
+// its hop limit run out, that tc answers with an ICMPv6 time exceeded
+// quoting its headers and the 8 bytes after its fragment header. The
+// check took the answer for a translation of another length.
+func TestICMPReplyToLaterFragment(t *testing.T) {
+	in, _ := hex.DecodeString("30303030303030303030303086dd6130303000202c0137010db801000000000000000000005020010db8010000000000000000000001113030303030000930303030303030303030303030303030303030303030303030")
+	out, _ := hex.DecodeString("30303030303030303030303086dd6000000000403a4020010db801000000000000000000000137010db801000000000000000000005003002323000000006130303000202c0137010db801000000000000000000005020010db801000000000000000000000111303030303000093030303030303030")
+	if !isICMPReply(in, out) {
+		t.Fatal("isICMPReply = false for an ICMPv6 error about a later fragment")
+	}
+	if err := checkOutput(hookTCIngress, in, tcActRedirect, out); err != nil {
+		t.Fatal(err)
+	}
+	// The same answer quoting a byte too few is not the error tc builds.
+	short := slices.Clone(out[:len(out)-1])
+	if err := checkICMPReply(in, short); err == nil {
+		t.Error("checkICMPReply accepted a quote a byte short")
+	}
 }
