@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -16,9 +17,46 @@ import (
 	"github.com/sluice-lb/sluice/internal/testutil"
 )
 
-// bpfMapRSS is the RSS of the process's mappings of BPF maps
-// (/proc/self/smaps), in bytes.
-func bpfMapRSS(t *testing.T) int {
+// mappedWindows records the address ranges of the windows the array code
+// maps (through mmapArray) while a test runs, so that the RSS it counts is
+// theirs alone, not that of another BPF map the test process maps or
+// unmaps meanwhile (an earlier test's datapath: a page of one that went
+// away made a scan's RSS -4 KiB once).
+type mappedWindows struct {
+	ranges  [][2]uintptr
+	lengths []int
+}
+
+// recordWindows makes mmapArray record its mappings in the result until
+// t ends.
+func recordWindows(t *testing.T) *mappedWindows {
+	t.Helper()
+	w := &mappedWindows{}
+	override(t, &mmapArray, func(fd int, off int64, length, prot, flags int) ([]byte, error) {
+		b, err := unix.Mmap(fd, off, length, prot, flags)
+		if err == nil && len(b) > 0 {
+			p := uintptr(unsafe.Pointer(&b[0]))
+			w.ranges = append(w.ranges, [2]uintptr{p, p + uintptr(len(b))})
+			w.lengths = append(w.lengths, length)
+		}
+		return b, err
+	})
+	return w
+}
+
+// holds reports whether [start, end) overlaps a recorded window.
+func (w *mappedWindows) holds(start, end uintptr) bool {
+	for _, r := range w.ranges {
+		if start < r[1] && r[0] < end {
+			return true
+		}
+	}
+	return false
+}
+
+// rss is the RSS of the process's mappings of BPF maps (/proc/self/smaps)
+// that lie on the recorded windows, in bytes.
+func (w *mappedWindows) rss(t *testing.T) int {
 	t.Helper()
 	f, err := os.Open("/proc/self/smaps")
 	if err != nil {
@@ -31,7 +69,13 @@ func bpfMapRSS(t *testing.T) int {
 		line := sc.Text()
 		fields := strings.Fields(line)
 		if len(fields) >= 5 && strings.Contains(fields[0], "-") && !strings.HasSuffix(fields[0], ":") {
-			inMap = len(fields) >= 6 && fields[5] == "anon_inode:bpf-map"
+			start, end, _ := strings.Cut(fields[0], "-")
+			s, err1 := strconv.ParseUint(start, 16, 64)
+			e, err2 := strconv.ParseUint(end, 16, 64)
+			if err1 != nil || err2 != nil {
+				t.Fatalf("smaps: %q", line)
+			}
+			inMap = len(fields) >= 6 && fields[5] == "anon_inode:bpf-map" && w.holds(uintptr(s), uintptr(e))
 			continue
 		}
 		if inMap && len(fields) == 3 && fields[0] == "Rss:" {
@@ -85,7 +129,7 @@ func TestArrayScanMapsAWindow(t *testing.T) {
 		}
 	}
 
-	base := bpfMapRSS(t)
+	windows := recordWindows(t)
 	most := 0
 	var got []uint32
 	err := eachArrayEntry(m, func(k uint32, v []byte) error {
@@ -93,7 +137,7 @@ func TestArrayScanMapsAWindow(t *testing.T) {
 			t.Errorf("entry %d: %x", k, v)
 		}
 		got = append(got, k)
-		most = max(most, bpfMapRSS(t)-base)
+		most = max(most, windows.rss(t))
 		return nil
 	})
 	if err != nil {
@@ -108,7 +152,7 @@ func TestArrayScanMapsAWindow(t *testing.T) {
 	if most == 0 {
 		t.Errorf("no mapping seen during the scan: the test does not see what it checks")
 	}
-	if after := bpfMapRSS(t) - base; after != 0 {
+	if after := windows.rss(t); after != 0 {
 		t.Errorf("%d KiB of the array still mapped after the scan", after>>10)
 	}
 }
@@ -131,12 +175,7 @@ func TestArrayValuesMapsWindows(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var lengths []int
-	override(t, &mmapArray, func(fd int, off int64, length, prot, flags int) ([]byte, error) {
-		lengths = append(lengths, length)
-		return unix.Mmap(fd, off, length, prot, flags)
-	})
-	base := bpfMapRSS(t)
+	windows := recordWindows(t)
 	values := make([][20]byte, len(keys))
 	if err := arrayValues(m, keys, values); err != nil {
 		t.Fatal(err)
@@ -147,15 +186,15 @@ func TestArrayValuesMapsWindows(t *testing.T) {
 		}
 	}
 	// Windows 0, 1 and those of n/2 and n-1, each once.
-	if len(lengths) != 4 {
-		t.Errorf("%d mappings %v, want one per window with keys (4)", len(lengths), lengths)
+	if len(windows.lengths) != 4 {
+		t.Errorf("%d mappings %v, want one per window with keys (4)", len(windows.lengths), windows.lengths)
 	}
-	for _, l := range lengths {
+	for _, l := range windows.lengths {
 		if l > arrayWindow+os.Getpagesize() {
 			t.Errorf("mapped %d KiB at once, want at most a window (%d KiB)", l>>10, arrayWindow>>10)
 		}
 	}
-	if after := bpfMapRSS(t) - base; after != 0 {
+	if after := windows.rss(t); after != 0 {
 		t.Errorf("%d KiB of the array still mapped after the read", after>>10)
 	}
 }
