@@ -143,10 +143,7 @@ func (sl *slimmer) slimSlice(es *discoveryv1.EndpointSlice) *cachedSlice {
 		p := &c.Ports[i]
 		p.Name = sl.shareValue(p.Name)
 	}
-	for i := range c.Endpoints {
-		e := &c.Endpoints[i]
-		e.NodeName = sl.share(e.NodeName)
-	}
+	c.Endpoints.Share(sl.share, nil)
 	if triggered {
 		if len(sl.triggers) >= maxTriggers {
 			clear(sl.triggers)
