@@ -374,8 +374,12 @@ func BenchmarkDesiredState(b *testing.B) {
 		orig := eps[i]
 		changed := *orig
 		changed.ResourceVersion = "2"
-		changed.Endpoints = slices.Clone(orig.Endpoints)
-		changed.Endpoints[0].Addr = netip.MustParseAddr("10.250.250.250")
+		endpoints := make([]translate.SliceEndpoint, orig.Endpoints.Len())
+		for j := range endpoints {
+			endpoints[j] = orig.Endpoints.At(j)
+		}
+		endpoints[0].Addr = netip.MustParseAddr("10.250.250.250")
+		changed.Endpoints = translate.MakeSliceEndpoints(endpoints)
 		_, ek := key(i)
 		b.ReportAllocs()
 		cpu0, runs := testutil.CPUTime(b), 0

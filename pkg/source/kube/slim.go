@@ -27,9 +27,10 @@ import (
 // (cachedSlice, translate.Slice: the namespace, name, resourceVersion,
 // service-name label, addressType, ports, and of each endpoint its first
 // address parsed, its conditions, node name and hints, and whether the
-// slice is valid), with its annotations but the trigger time: about a
-// third of the API object, whose Endpoint alone is 96 bytes and its
-// address a string in an array of its own. Its
+// slice is valid), with its annotations but the trigger time: an IPv4
+// endpoint in 16 bytes (translate.SliceEndpoints), where the API's
+// Endpoint alone is 96 and its address a string in an array of its own.
+// Its
 // endpoints.kubernetes.io/last-change-trigger-time annotation is kept
 // aside until the event handler hands it to the tracker with the slice
 // (takeTrigger): nothing reads it afterwards.
@@ -41,11 +42,18 @@ import (
 //
 // Shared: the endpoints' node names (one *string per name, of the last few
 // thousand seen), the namespaces, the port names and a Service's
-// proxy-name label, which a decoded list allocates for every object.
-// Nothing writes to a cached object, so sharing is safe.
+// proxy-name label, which a decoded list allocates for every object; and
+// the arrays of ports of one or two (a slice's, a Service's): most
+// Services of a cluster have one of a few port lists (80/TCP, 443/TCP,
+// ...), so most objects share one array instead of 48 bytes each of
+// their own. Nothing writes to a cached object, so sharing is safe.
 type slimmer struct {
 	mu      sync.Mutex
 	strings map[string]*string
+	// slicePorts and servicePorts are the port arrays shared, by their
+	// ports (of the last few hundred lists seen).
+	slicePorts   map[portsKey[translate.SlicePort]][]translate.SlicePort
+	servicePorts map[portsKey[translate.ServicePort]][]translate.ServicePort
 	// triggers holds the trigger times taken off the slices that the
 	// event handler has not seen yet; triggersPeak is the most it held
 	// since it was made. A Go map keeps the room it grew to: once the
@@ -69,8 +77,15 @@ const maxShared = 4096
 // of those changes is not measured.
 const maxTriggers = 1 << 20
 
+// maxSharedPorts bounds slimmer.slicePorts and servicePorts, as
+// maxShared does strings: a NodePort Service's ports are its own (its
+// nodePorts), and a cluster of them should not fill the maps.
+const maxSharedPorts = 512
+
 func newSlimmer() *slimmer {
-	return &slimmer{strings: map[string]*string{}, triggers: map[*cachedSlice]string{}}
+	return &slimmer{strings: map[string]*string{}, triggers: map[*cachedSlice]string{},
+		slicePorts:   map[portsKey[translate.SlicePort]][]translate.SlicePort{},
+		servicePorts: map[portsKey[translate.ServicePort]][]translate.ServicePort{}}
 }
 
 // takeTrigger returns (and forgets) the trigger time taken off es, "" if
@@ -121,6 +136,7 @@ func (sl *slimmer) slimService(svc *corev1.Service) *cachedService {
 		p := &c.Ports[i]
 		p.Name = sl.shareValue(p.Name)
 	}
+	c.Ports = sharePorts(sl.servicePorts, c.Ports)
 	return c
 }
 
@@ -143,10 +159,8 @@ func (sl *slimmer) slimSlice(es *discoveryv1.EndpointSlice) *cachedSlice {
 		p := &c.Ports[i]
 		p.Name = sl.shareValue(p.Name)
 	}
-	for i := range c.Endpoints {
-		e := &c.Endpoints[i]
-		e.NodeName = sl.share(e.NodeName)
-	}
+	c.Ports = sharePorts(sl.slicePorts, c.Ports)
+	c.Endpoints.Share(sl.share, nil)
 	if triggered {
 		if len(sl.triggers) >= maxTriggers {
 			clear(sl.triggers)
@@ -183,4 +197,30 @@ func (sl *slimmer) shareValue(s string) string {
 	p := new(string)
 	*p = s
 	return *sl.share(p)
+}
+
+// portsKey is a list of one or two ports, as slimmer's maps of shared
+// port arrays key it.
+type portsKey[P comparable] struct {
+	n int
+	p [2]P
+}
+
+// sharePorts returns the array in shared that holds the same ports as
+// ports, if it has one, else ports (then shared, if ports are one or two).
+// Called with mu held.
+func sharePorts[P comparable](shared map[portsKey[P]][]P, ports []P) []P {
+	if len(ports) == 0 || len(ports) > 2 {
+		return ports
+	}
+	var k portsKey[P]
+	k.n = copy(k.p[:], ports)
+	if s, ok := shared[k]; ok {
+		return s
+	}
+	if len(shared) >= maxSharedPorts {
+		clear(shared)
+	}
+	shared[k] = ports
+	return ports
 }

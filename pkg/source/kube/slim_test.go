@@ -357,3 +357,43 @@ func fullObjects() (*corev1.Service, []*discoveryv1.EndpointSlice) {
 	}
 	return svc, eps
 }
+
+// One transform over many objects shares their port arrays, and what it
+// caches of each is still what a translation reads of it: port lists of
+// one or two that are the same share an array; lists that differ in a
+// name, protocol, number or nodePort do not.
+func TestSlimSharesPortArrays(t *testing.T) {
+	r := rand.New(rand.NewPCG(14, 31))
+	sl := newSlimmer()
+	seen := map[any]bool{}
+	var sharedSvc, sharedSlice int
+	for i := range 3000 {
+		svc, eps := randomObjects(r)
+		slimSvc, cached := slimmed(t, sl, svc, eps)
+		if want := translate.MakeService(svc); !reflect.DeepEqual(slimSvc.Service, want) {
+			t.Fatalf("case %d: cached Service\n%+v\nwant\n%+v", i, slimSvc.Service, want)
+		}
+		if len(slimSvc.Ports) > 0 {
+			if a := &slimSvc.Ports[0]; seen[a] {
+				sharedSvc++
+			} else {
+				seen[a] = true
+			}
+		}
+		for j, c := range cached {
+			if want := translate.MakeSlice(eps[j]); !reflect.DeepEqual(c.Slice, want) {
+				t.Fatalf("case %d: cached slice %d\n%+v\nwant\n%+v", i, j, c.Slice, want)
+			}
+			if len(c.Ports) > 0 {
+				if a := &c.Ports[0]; seen[a] {
+					sharedSlice++
+				} else {
+					seen[a] = true
+				}
+			}
+		}
+	}
+	if sharedSvc < 300 || sharedSlice < 1000 {
+		t.Errorf("%d Services' and %d slices' port arrays shared: the objects miss the case", sharedSvc, sharedSlice)
+	}
+}

@@ -357,7 +357,7 @@ func TestSlimEndpointsAndNode(t *testing.T) {
 	if c.GetOwnerReferences() != nil {
 		t.Errorf("cached slice keeps owner %v", c.GetOwnerReferences())
 	}
-	if e := c.Endpoints[0]; *e.NodeName != node || e.Hints == nil || e.Addr != netip.MustParseAddr("10.0.0.1") || !e.Ready ||
+	if e := c.Endpoints.At(0); *e.NodeName != node || e.Hints == nil || e.Addr != netip.MustParseAddr("10.0.0.1") || !e.Ready ||
 		c.Service != "web" || c.GetName() != "web-1" || c.GetNamespace() != "default" {
 		t.Errorf("cached slice lost what a translation reads: %+v", c)
 	}

@@ -122,13 +122,7 @@ func (c *compacter) slice(es *discoveryv1.EndpointSlice, key types.NamespacedNam
 		p := &s.Ports[i]
 		p.Name = c.shareValue(p.Name)
 	}
-	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		e.NodeName = c.sharePtr(e.NodeName)
-		if e.Hints != nil {
-			e.Hints = c.hints(e.Hints)
-		}
-	}
+	s.Endpoints.Share(c.sharePtr, c.hints)
 	return s
 }
 

@@ -65,7 +65,7 @@ func TestCompactKeepsNoDecodedBytes(t *testing.T) {
 			mustUnmarshal(t, js, &es)
 			es.ResourceVersion = ""
 			want = translate.SliceOf(&es)
-			if o.slice.Invalid != nil || len(o.slice.Endpoints) != 2 || o.slice.Endpoints[0].Hints == nil {
+			if o.slice.Invalid != nil || o.slice.Endpoints.Len() != 2 || o.slice.Endpoints.At(0).Hints == nil {
 				t.Fatalf("not the slice meant: %+v", o.slice)
 			}
 		}

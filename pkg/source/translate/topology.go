@@ -193,7 +193,7 @@ func filterEndpoints(eps []endpoint, keep func(*endpoint) bool) []model.Backend 
 func endpointsFor(cands []endpoint, portName string, kproto corev1.Protocol, proto model.Protocol, eps []*Slice, nodeName string) []endpoint {
 	n := 0
 	for _, es := range eps {
-		n += len(es.Endpoints)
+		n += es.Endpoints.Len()
 	}
 	cands = slices.Grow(cands[:0], n)
 	for _, es := range eps {
@@ -201,8 +201,8 @@ func endpointsFor(cands []endpoint, portName string, kproto corev1.Protocol, pro
 			if ep.Name != portName || ep.Protocol != kproto || !ep.HasPort {
 				continue
 			}
-			for i := range es.Endpoints {
-				e := &es.Endpoints[i]
+			for i := range es.Endpoints.Len() {
+				e := es.Endpoints.At(i)
 				if !e.Addr.IsValid() {
 					continue
 				}
@@ -259,8 +259,8 @@ func localReady(eps []*Slice, nodeName string) []netip.Addr {
 		if len(es.Ports) == 0 {
 			continue
 		}
-		for i := range es.Endpoints {
-			if e := &es.Endpoints[i]; e.Addr.IsValid() && e.nodeName() == nodeName && e.Ready {
+		for i := range es.Endpoints.Len() {
+			if e := es.Endpoints.At(i); e.Addr.IsValid() && e.nodeName() == nodeName && e.Ready {
 				out = append(out, e.Addr)
 			}
 		}
