@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"regexp"
 	"slices"
 	"strconv"
@@ -15,12 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/sluice-lb/sluice/internal/testutil"
-	"github.com/sluice-lb/sluice/pkg/agent"
-	"github.com/sluice-lb/sluice/pkg/reconciler"
 	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
 	"github.com/sluice-lb/sluice/pkg/source/kube"
-	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
 // nodeEvents lists the events.k8s.io/v1 Events the agent reported on its
@@ -48,10 +43,6 @@ func nodeEvents(c kubernetes.Interface) ([]eventsv1.Event, error) {
 func TestFullMapsReportedBounded(t *testing.T) {
 	env := startEnv(t)
 	c := env.Client
-	client, err := kubernetes.NewForConfig(env.AgentConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const ns, n = "full", 45
 	createNamespace(t, c, ns)
 	services := map[string]string{} // frontend -> Service name
@@ -66,21 +57,8 @@ func TestFullMapsReportedBounded(t *testing.T) {
 		services[fe(svc, 80)] = name
 	}
 
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	src, err := kube.New(kube.Config{
-		Client:        client,
-		Options:       translate.Options{Node: translate.Node{Name: nodeName}},
-		MinSyncPeriod: 100 * time.Millisecond,
-		SyncPeriod:    500 * time.Millisecond, // many syncs, each finding the maps full
-		Logger:        log,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	dp := fakedp.New(1000, 50, 10000)
-	rec := reconciler.New(dp, log.With("component", "reconciler"))
-	a := agent.New(agent.Config{Observers: []agent.Observer{src}, Resync: 300 * time.Millisecond}, noPrograms{}, rec, log.With("component", "agent"))
-	testutil.RunUntilCleanup(t, "agent", func(ctx context.Context) error { return a.Run(ctx, src) })
+	src, a := startEventsAgent(t, env, dp)
 	inMaps := func() []string {
 		var in []string
 		for f := range programmed(t, dp) {
