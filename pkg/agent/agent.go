@@ -18,8 +18,8 @@
 //     represented (a Service with more endpoints than there is room for).
 //     Trying the same state again cannot help, so the agent does not: it
 //     reports the frontend (one log line when the failure appears or
-//     changes its reason, a metric labelled with the Service, the readiness
-//     body) and tries again when a new desired state arrives (the Service
+//     changes its reason, past 32 at once one line counting the rest; a
+//     metric labelled with the Service; the readiness body) and tries again when a new desired state arrives (the Service
 //     changed, or another one did and may have freed room) or at the next
 //     resync;
 //   - transient: a map write failed, or something that concerns no one
@@ -426,10 +426,20 @@ func without(s *model.State, failures map[model.L4Addr]*reconciler.FrontendError
 	return &model.State{Services: b.Services()}
 }
 
+// maxLogged is how many frontends reportFailures logs one by one after an
+// apply, as failing and as no longer failing each; the rest get one line
+// per reason. Maps that are full leave out every Service after them, all
+// at once: thousands of lines would bury the log and say nothing the
+// metric (sluice_service_unprogrammed_frontends) and sluicectl status do
+// not.
+const maxLogged = 32
+
 // reportFailures logs each permanent failure once, when it appears or its
-// Service or reason changes, and each that went away. (Transient failures
-// are logged with every failed apply, whose retries back off.)
+// Service or reason changes, and each that went away; past maxLogged of
+// either, it counts them in one line. (Transient failures are logged with
+// every failed apply, whose retries back off.)
 func (a *Agent) reportFailures(failures map[model.L4Addr]*reconciler.FrontendError) {
+	logged, more := 0, map[string]int{}
 	for _, f := range sortedFailures(failures) {
 		if !f.Permanent() {
 			continue
@@ -438,17 +448,36 @@ func (a *Agent) reportFailures(failures map[model.L4Addr]*reconciler.FrontendErr
 			continue
 		}
 		a.reported[f.Frontend] = f
+		if logged == maxLogged {
+			more[f.Reason()]++
+			continue
+		}
+		logged++
 		a.log.Warn("service not programmed; the others are", "service", f.Service.String(),
 			"frontend", f.Frontend.String(), "reason", f.Reason(), "err", f.Err)
 	}
+	for _, reason := range slices.Sorted(maps.Keys(more)) {
+		a.log.Warn("more services not programmed, not logged one by one; sluicectl status lists them", "reason", reason,
+			"frontends", more[reason], "logged", logged)
+	}
+	gone, notLogged := 0, 0
 	for _, fe := range slices.SortedFunc(maps.Keys(a.reported), model.L4Addr.Compare) {
 		if f := failures[fe]; f != nil && f.Permanent() {
 			continue
 		}
 		old := a.reported[fe]
 		delete(a.reported, fe)
-		if failures[fe] == nil {
-			a.log.Info("service no longer failing", "service", old.Service.String(), "frontend", fe.String())
+		if failures[fe] != nil {
+			continue
 		}
+		if gone == maxLogged {
+			notLogged++
+			continue
+		}
+		gone++
+		a.log.Info("service no longer failing", "service", old.Service.String(), "frontend", fe.String())
+	}
+	if notLogged > 0 {
+		a.log.Info("more services no longer failing, not logged one by one", "frontends", notLogged, "logged", gone)
 	}
 }

@@ -190,6 +190,41 @@ func TestPermanentFailureLoggedOncePerChange(t *testing.T) {
 	}
 }
 
+// Maps that are full fail every Service after them at once: the first
+// maxLogged are logged one by one, the rest in one line; so is their
+// recovery. Every one of them is still reported (Unprogrammed, observers).
+func TestManyPermanentFailuresLoggedInFew(t *testing.T) {
+	const n = maxLogged + 40
+	var full atomic.Bool
+	full.Store(true)
+	recon := &failingReconciler{fail: func(model.L4Addr, int) error {
+		if full.Load() {
+			return errCapacity
+		}
+		return nil
+	}}
+	a, src, logs := startFailing(t, Config{}, recon)
+	src.states <- namedState(n)
+	eventually(t, "ready with every Service failing permanently", func() bool { return a.Ready() == nil && len(a.Unprogrammed()) == n })
+	eventually(t, "the failures logged", func() bool { return strings.Contains(logs.String(), "more services not programmed") })
+	if got := strings.Count(logs.String(), "service not programmed; the others are"); got != maxLogged {
+		t.Errorf("%d failures logged one by one, want %d:\n%s", got, maxLogged, logs)
+	}
+	if !strings.Contains(logs.String(), "reason=capacity frontends=40 ") {
+		t.Errorf("the 40 others not counted in one line:\n%s", logs)
+	}
+	full.Store(false)
+	src.states <- namedState(n)
+	eventually(t, "all programmed", func() bool { return len(a.Unprogrammed()) == 0 })
+	eventually(t, "the recovery logged", func() bool { return strings.Contains(logs.String(), "more services no longer failing") })
+	if got := strings.Count(logs.String(), "service no longer failing"); got != maxLogged {
+		t.Errorf("%d recoveries logged one by one, want %d:\n%s", got, maxLogged, logs)
+	}
+	if !strings.Contains(logs.String(), "frontends=40 logged=32") {
+		t.Errorf("the 40 other recoveries not counted in one line:\n%s", logs)
+	}
+}
+
 // A failed write (a transient failure) is retried with backoff until it
 // succeeds, and the agent is not ready meanwhile, even though the other
 // frontends are programmed.

@@ -154,6 +154,11 @@ type ReadyFunc func() error
 // Service that does not fit is reported, not waited for).
 type NotesFunc func() []string
 
+// maxNotes is how many of NotesFunc's lines /readyz shows; it counts the
+// rest. Maps that are full leave out thousands of Services at once, and a
+// probe every few seconds has no use for a body of hundreds of kilobytes.
+const maxNotes = 100
+
 // Handler returns the mux serving /healthz, /livez and /readyz, the first
 // two answering 200 while the process runs. notes may be nil.
 func Handler(ready ReadyFunc, notes NotesFunc) http.Handler {
@@ -180,7 +185,12 @@ func HandlerWith(ready ReadyFunc, notes NotesFunc, p *Proxier) http.Handler {
 		}
 		if notes != nil {
 			if lines := notes(); len(lines) > 0 {
-				body += "not programmed:\n  " + strings.Join(lines, "\n  ") + "\n"
+				more := ""
+				if len(lines) > maxNotes {
+					more = fmt.Sprintf("  and %d more (sluicectl status lists them all)\n", len(lines)-maxNotes)
+					lines = lines[:maxNotes]
+				}
+				body += "not programmed:\n  " + strings.Join(lines, "\n  ") + "\n" + more
 			}
 		}
 		reply(w, code, body)

@@ -214,12 +214,11 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 				n.backends[familyOf(a.Addr)]--
 			}
 		}
-		total := need.add(n)
-		if err := r.checkCapacity(total, capacity); err != nil {
+		if err := checkRoom(r.inUse().add(need), n, capacity); err != nil {
 			fail(d, err)
 			continue
 		}
-		need = total
+		need = need.add(n)
 		for _, b := range d.backends {
 			a := b.L4Addr
 			if id, ok := r.backendOf.get(a); !ok || !r.isReal(id) {

@@ -135,8 +135,16 @@ func (r *Reconciler) capacityNeeded(fe Frontend, d *desiredFrontend) sizes {
 // how many (the map of the family that has no room, for the per-family
 // maps). A map need adds nothing to never refuses it.
 func (r *Reconciler) checkCapacity(need, capacity sizes) error {
+	return checkRoom(r.inUse(), need, capacity)
+}
+
+// checkRoom is checkCapacity with the maps holding use: programFresh
+// counts what the frontends before one in its batch take as in use, so
+// that each frontend's error names what it needs itself, as
+// programFrontend's do (the same numbers from one apply to the next: a
+// Service's event about it does not change).
+func checkRoom(use, need, capacity sizes) error {
 	var short []string
-	use := r.inUse()
 	if use.services+need.services > capacity.services {
 		short = append(short, fmt.Sprintf("services, of both families: %d in use of %d", use.services, capacity.services))
 	}

@@ -68,10 +68,11 @@ func TestCapacityPerFamily(t *testing.T) {
 				}
 				wants := []string{"default/svc-3", " " + fam + " backends: ", " of 7 in " + prefix + "backends",
 					" " + fam + " service entries: ", " of 8 in " + prefix + "services"}
-				if !batch { // (a batch counts what it adds in all)
-					wants = append(wants, "5 new "+fam+" backends: 3 in use of 7 in "+prefix+"backends",
-						"6 new "+fam+" service entries: 4 in use of 8 in "+prefix+"services")
-				}
+				// A batch names what the frontend needs itself, what
+				// the ones before it in the batch take counted in use,
+				// as programmed frontend by frontend.
+				wants = append(wants, "5 new "+fam+" backends: 3 in use of 7 in "+prefix+"backends",
+					"6 new "+fam+" service entries: 4 in use of 8 in "+prefix+"services")
 				for _, want := range wants {
 					if !errors.Is(err, reconciler.ErrCapacity) || !strings.Contains(err.Error(), want) {
 						t.Errorf("error %q: not a capacity error saying %q", err, want)
@@ -128,4 +129,33 @@ func TestCapacitySourceRangesPerFamily(t *testing.T) {
 		t.Errorf("errors %v, want one for %s naming the full sluice6_src_ranges", errs, c.Frontend)
 	}
 	checkProgrammed(t, f, state(a, b))
+}
+
+// TestCapacityErrorSameEveryApply: a frontend that does not fit is
+// refused with the same error by the first apply (all frontends in a
+// batch) and by the next ones (frontend by frontend): the error is what
+// the Kubernetes source puts in a Service's event, and an error that
+// changed would be news to report again.
+func TestCapacityErrorSameEveryApply(t *testing.T) {
+	f := newFakeSized(t, 16, 25, 100)
+	r := reconciler.New(f, nil)
+	var svcs []*model.Service
+	for i := 1; i <= 5; i++ {
+		svcs = append(svcs, famService(false, i, 10))
+	}
+	st := state(svcs...)
+	first := frontendErrors(t, r.Apply(st))
+	again := frontendErrors(t, r.Apply(st))
+	if len(first) != 3 || len(again) != 3 {
+		t.Fatalf("errors %v then %v, want 3 Services of 10 backends refused by 25 backends", first, again)
+	}
+	for fe, err := range first {
+		if again[fe] == nil || err.Error() != again[fe].Error() {
+			t.Errorf("%s: error %q on the first apply, %v on the next", fe, err, again[fe])
+		}
+		if !strings.Contains(err.Error(), "10 new IPv4 backends: 20 in use of 25 in sluice_backends") {
+			t.Errorf("%s: error %q, want the 10 backends it needs and the 20 in use", fe, err)
+		}
+	}
+	checkProgrammed(t, f, state(svcs[:2]...))
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
 	"github.com/sluice-lb/sluice/pkg/source/kube"
 	"github.com/sluice-lb/sluice/pkg/source/translate"
+	"github.com/sluice-lb/sluice/test/kube/kubeenv"
 )
 
 // eventsOn lists the events.k8s.io/v1 Events the agent reported
@@ -34,6 +35,32 @@ func eventsOn(c kubernetes.Interface, ns, name string) ([]eventsv1.Event, error)
 		return nil, err
 	}
 	return l.Items, nil
+}
+
+// startEventsAgent runs, until the test ends, the Kubernetes source (its
+// real event broadcaster, with the agent's identity) and an agent over dp,
+// with many syncs and resyncs, each finding the causes to report again.
+func startEventsAgent(t *testing.T, env *kubeenv.Env, dp reconciler.Datapath) (*kube.Source, *agent.Agent) {
+	t.Helper()
+	client, err := kubernetes.NewForConfig(env.AgentConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	src, err := kube.New(kube.Config{
+		Client:        client,
+		Options:       translate.Options{Node: translate.Node{Name: nodeName}},
+		MinSyncPeriod: 100 * time.Millisecond,
+		SyncPeriod:    500 * time.Millisecond,
+		Logger:        log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := reconciler.New(dp, log.With("component", "reconciler"))
+	a := agent.New(agent.Config{Observers: []agent.Observer{src}, Resync: 300 * time.Millisecond}, noPrograms{}, rec, log.With("component", "agent"))
+	testutil.RunUntilCleanup(t, "agent", func(ctx context.Context) error { return a.Run(ctx, src) })
+	return src, a
 }
 
 // waitEvent waits for exactly one event with reason on Service ns/name and
@@ -70,26 +97,9 @@ func waitEvent(t *testing.T, c kubernetes.Interface, ns, name, reason string) ev
 func TestEventsOnUnprogrammableServices(t *testing.T) {
 	env := startEnv(t)
 	c := env.Client
-	client, err := kubernetes.NewForConfig(env.AgentConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	src, err := kube.New(kube.Config{
-		Client:        client,
-		Options:       translate.Options{Node: translate.Node{Name: nodeName}},
-		MinSyncPeriod: 100 * time.Millisecond,
-		SyncPeriod:    500 * time.Millisecond, // many syncs, each finding the causes again
-		Logger:        log,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Room for four frontends: default/kubernetes's, and three.
 	dp := fakedp.New(4, 100, 100)
-	rec := reconciler.New(dp, log.With("component", "reconciler"))
-	a := agent.New(agent.Config{Observers: []agent.Observer{src}, Resync: 300 * time.Millisecond}, noPrograms{}, rec, log.With("component", "agent"))
-	testutil.RunUntilCleanup(t, "agent", func(ctx context.Context) error { return a.Run(ctx, src) })
+	src, _ := startEventsAgent(t, env, dp)
 	eventually(t, "first sync", 30*time.Second, func() error {
 		if !src.Synced() {
 			return errors.New("not synced")

@@ -119,6 +119,9 @@ type Source struct {
 	services cache.Store // of *cachedService
 	evMu     sync.Mutex
 	emitted  map[eventKey]origin
+	// nodeUID is this node's Node's UID (a types.UID), once its
+	// informer saw it: the events about the node name it.
+	nodeUID atomic.Value
 
 	// queued is when the oldest change not yet taken by a sync arrived
 	// (zero: none); counted from the first sync on, as kube-proxy counts
@@ -420,6 +423,9 @@ func (s *Source) onNode(_, obj any, deleted bool) {
 	node, ok := objectOf(obj).(*corev1.Node)
 	if !ok || node.Name != s.cfg.Options.Node.Name {
 		return
+	}
+	if !deleted {
+		s.nodeUID.Store(node.UID)
 	}
 	if s.cfg.Health != nil {
 		eligible, why := nodeEligible(node, deleted)

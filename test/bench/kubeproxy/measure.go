@@ -144,7 +144,10 @@ func measure(ctx context.Context, cfg config, c *cluster, bins binaries, mode st
 		}
 		cnt, _ := sample(body, metricSyncSeconds+"_count", ipv4Label)
 		r.SyncsAtCheck = int(cnt)
-		return r.Programmed >= n, nil
+		if r.Programmed >= n {
+			return true, nil
+		}
+		return false, mapsFull(body)
 	})
 	if err != nil {
 		fail("first sync: %d of %d services programmed: %v", r.Programmed, n, err)
@@ -240,6 +243,11 @@ func change(ctx context.Context, cfg config, c *cluster, p *proxy, n int) (lat, 
 // errTimeout is a wait that ran into its bound.
 var errTimeout = errors.New("timeout")
 
+// errHopeless, from a wait's done function, ends the wait at once: what it
+// waits for cannot come (an agent whose maps are full programs no more
+// Services however long it is given).
+var errHopeless = errors.New("will not come")
+
 // waitFor polls done until it says so, the process exits, ctx ends or
 // timeout passes. An error from done ends the wait only if it persists
 // until the timeout (the last one is returned).
@@ -250,6 +258,9 @@ func waitFor(ctx context.Context, timeout time.Duration, p *proxy, done func() (
 		ok, err := done()
 		if ok {
 			return nil
+		}
+		if errors.Is(err, errHopeless) {
+			return err
 		}
 		last = err
 		if err := p.exited(); err != nil {
@@ -267,6 +278,16 @@ func waitFor(ctx context.Context, timeout time.Duration, p *proxy, done func() (
 		case <-time.After(pollEvery):
 		}
 	}
+}
+
+// mapsFull returns an errHopeless error if a Sluice agent's metrics say
+// its maps are full (frontends not programmed for capacity: it programs
+// no more until something changes), else nil.
+func mapsFull(body string) error {
+	if full, _ := sample(body, "sluice_service_unprogrammed_frontends", `reason="capacity"`); full > 0 {
+		return fmt.Errorf("%w: the agent's maps are full, %d frontends not programmed for capacity (sluice_service_unprogrammed_frontends): raise its --max-* flags", errHopeless, int(full))
+	}
+	return nil
 }
 
 // sample sums the values of the series of metric name whose labels

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -39,5 +40,26 @@ func TestRoundOrder(t *testing.T) {
 	}
 	if strings.Join(modes, " ") != "a b c" {
 		t.Errorf("roundOrder changed its argument: %v", modes)
+	}
+}
+
+// A Sluice agent whose maps are full is not waited for: the wait for every
+// Service to be programmed ends at once, saying why, rather than at its
+// timeout (the twenty-seventh pass's round that waited for it).
+func TestWaitEndsWhenMapsAreFull(t *testing.T) {
+	body := "sluice_services 26215\n" +
+		`sluice_service_unprogrammed_frontends{reason="capacity",service="default/svc-1:http"} 1` + "\n" +
+		`sluice_service_unprogrammed_frontends{reason="capacity",service="default/svc-2:http"} 1` + "\n"
+	p := &proxy{exited: func() error { return nil }}
+	polls := 0
+	err := waitFor(t.Context(), time.Hour, p, func() (bool, error) {
+		polls++
+		return false, mapsFull(body)
+	})
+	if !errors.Is(err, errHopeless) || polls != 1 || !strings.Contains(err.Error(), "2 frontends not programmed for capacity") {
+		t.Errorf("waiting on full maps: %v after %d polls, want at once an error counting the 2 frontends", err, polls)
+	}
+	if err := mapsFull("sluice_services 3\n"); err != nil {
+		t.Errorf("maps not full: %v", err)
 	}
 }
