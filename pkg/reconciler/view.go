@@ -68,24 +68,25 @@ func (v *frontendView) syncedRanges() []netip.Prefix {
 
 // setRanges sets the ranges v holds (sorted).
 func (v *frontendView) setRanges(ps []netip.Prefix) {
-	if v.rs == nil {
-		if len(ps) == 0 {
-			return
-		}
-		v.rs = &viewRanges{}
+	if rs := v.rangesToSet(ps); rs != nil {
+		rs.ranges = ps
 	}
-	v.rs.ranges = ps
 }
 
 // setSyncedRanges sets the ranges v was last fully programmed with.
 func (v *frontendView) setSyncedRanges(ps []netip.Prefix) {
-	if v.rs == nil {
-		if len(ps) == 0 {
-			return
-		}
+	if rs := v.rangesToSet(ps); rs != nil {
+		rs.synced = ps
+	}
+}
+
+// rangesToSet returns v's ranges, made if ps are some; nil if v has none
+// and ps are none (nothing to set).
+func (v *frontendView) rangesToSet(ps []netip.Prefix) *viewRanges {
+	if v.rs == nil && len(ps) > 0 {
 		v.rs = &viewRanges{}
 	}
-	v.rs.synced = ps
+	return v.rs
 }
 
 // name is the Service port v was programmed for; empty if restored.
