@@ -339,6 +339,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 		m.SetServiceStats(dp.Maps())
 	}
 	cfg.Observers = append(cfg.Observers, m, &dryRunLoader{dp: dp, log: log})
+	cfg.BeforeFirstApply = collectBeforeFirstApply
 	if ns.hc {
 		hc := health.NewNodePortServer(ns.hcHosts, log.With("component", "healthcheck"))
 		defer hc.Close()

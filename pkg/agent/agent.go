@@ -142,6 +142,9 @@ type Config struct {
 	Resync time.Duration
 	// Observers are told about every apply, in order.
 	Observers []Observer
+	// BeforeFirstApply, if set, is called once, right before the first
+	// Apply (cmd/sluice: a collection; see there).
+	BeforeFirstApply func()
 }
 
 // Agent drives one datapath from one source.
@@ -164,6 +167,9 @@ type Agent struct {
 	// frontend, permanent or not.
 	failures map[model.L4Addr]*reconciler.FrontendError
 	wake     chan struct{}
+	// applying says an Apply was started (BeforeFirstApply called);
+	// the apply goroutine's.
+	applying bool
 
 	// reported are the permanent failures logged, by frontend (the
 	// apply goroutine's): logged again only when the Service or the
@@ -330,6 +336,12 @@ func (a *Agent) applyNewest() error {
 	a.mu.Unlock()
 	if s == nil {
 		return nil
+	}
+	if !a.applying {
+		a.applying = true
+		if a.cfg.BeforeFirstApply != nil {
+			a.cfg.BeforeFirstApply()
+		}
 	}
 	start := time.Now()
 	err := a.rec.Apply(s)

@@ -180,6 +180,24 @@ func TestRunRestoresThenAttachesThenApplies(t *testing.T) {
 	}
 }
 
+// TestBeforeFirstApplyOnce: the hook runs once, right before the first
+// Apply, not before the retries of a failed one or before later states.
+func TestBeforeFirstApplyOnce(t *testing.T) {
+	recon := &fakeReconciler{recorder: &recorder{}, failures: 1}
+	h := start(t, Config{BeforeFirstApply: func() { recon.add("before first apply") }}, recon, nil)
+	h.src.states <- stateWith(1)
+	eventually(t, "ready", func() bool { return h.agent.Ready() == nil })
+	h.src.states <- stateWith(2)
+	eventually(t, "second state applied", func() bool { return len(recon.appliedStates()) == 2 })
+	if err := h.stop(t); err != nil {
+		t.Fatalf("Run after cancel = %v, want nil", err)
+	}
+	want := []string{"restore", "before first apply", "apply 1", "apply 1", "apply 2", "close"}
+	if got := h.rec.list(); !slices.Equal(got, want) {
+		t.Errorf("calls = %q\nwant    %q", got, want)
+	}
+}
+
 func TestSocketLBOffSkipsCgroup(t *testing.T) {
 	recon := &fakeReconciler{recorder: &recorder{}}
 	h := start(t, Config{}, recon, nil)

@@ -52,6 +52,9 @@ func (r *Reconciler) splitFresh(changed []*desiredFrontend) (fresh, rest []*desi
 	if n < r.batchMin {
 		return nil, changed
 	}
+	if n == len(changed) {
+		return changed, nil // a first program's: no copy
+	}
 	fresh = make([]*desiredFrontend, 0, n)
 	rest = make([]*desiredFrontend, 0, len(changed)-n)
 	for _, d := range changed {
@@ -70,10 +73,13 @@ func (r *Reconciler) splitFresh(changed []*desiredFrontend) (fresh, rest []*desi
 // room then serves the next chunk, freshBufs): a first program of 30,000
 // Services x 8 in one go held about 30 MiB of them at its peak, on top
 // of the view it builds, which the collector then let the heap grow to
-// twice of. A few thousand frontends keep them small and still make
-// every batch large (the datapath writes a batch in system calls of
-// 1,024 entries).
-const defaultFreshChunk = 4096
+// twice of; 4,096 frontends x 10 held about 4.5 MB, on top of the
+// agent's heap at its peak (the collector does not run during a first
+// program). A thousand keep them about 1 MB and still make every batch
+// large (the datapath writes a batch in system calls of 1,024 entries:
+// the masters' and rev_nat's in one, the slots' and backends' in about
+// ten).
+const defaultFreshChunk = 1024
 
 // freshChunk returns how many of fresh (sorted) programFresh takes next:
 // size, and then as many more as it takes to keep both scopes of an
@@ -235,7 +241,10 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 	clear(ids)
 	bes := reuse(buf.bes, naddrs)
 	defer func() { buf.bes = bes }()
-	var queued bitset
+	// The ids handed out below are under next+naddrs: room for them at
+	// once, up to a million (grown by append as the ids came, the set
+	// allocated 0.3 MB in a first program of 30,000 x 10).
+	queued := make(bitset, 0, min(int(r.beIDs.next)+naddrs, 1<<20)/64+1)
 	newBackendID := func() BackendID { return BackendID(r.beIDs.alloc()) }
 	for i, d := range ds {
 		if failed[d.fe] {

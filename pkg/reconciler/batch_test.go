@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -167,4 +168,44 @@ func errs(err error) []error {
 		return j.Unwrap()
 	}
 	return []error{err}
+}
+
+// TestFirstProgramAllocatesLittleBeyondItsView: a first program of
+// 10,000 Services x 10 allocates its view and, beyond it, what it must
+// hold at once (a desired frontend each, 112 bytes, with its sort key
+// and its place in the list of changes, 24) and one chunk's batches:
+// no copy of the whole state, no list grown by append, no chunk's
+// batches of thousands of frontends (they held 4.7 MB at 4,096 x 10).
+// The collector does not run during the agent's first program: what it
+// allocates is on top of the agent's heap at its peak.
+func TestFirstProgramAllocatesLittleBeyondItsView(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's build allocates more (see raceEnabled)")
+	}
+	const n = 10000
+	st := sizedState(n, func(int) int { return 10 })
+	r := reconciler.New(nopDatapath{}, nil)
+	if err := r.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	if err := r.Apply(st); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	allocated := after.TotalAlloc - before.TotalAlloc
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(r)
+	runtime.KeepAlive(st)
+	view := after.HeapAlloc - min(after.HeapAlloc, before.HeapAlloc)
+	beyond := int64(allocated) - int64(view)
+	t.Logf("allocated %d bytes, the view %d: %d bytes a frontend beyond it", allocated, view, beyond/n)
+	// 1.5 MiB: a chunk's batches (1,024 frontends x 10: slots of 48
+	// bytes, backends of 40, their frontends' pointers) and the rest.
+	if limit := int64(n*(112+24) + 3<<19); beyond > limit {
+		t.Errorf("a first program of %d frontends allocated %d bytes beyond its view of %d, want at most %d", n, beyond, view, limit)
+	}
 }

@@ -80,7 +80,7 @@ func (r *Reconciler) fastInSync(v *frontendView, fe Frontend, svc *model.Service
 		return false
 	}
 	// Equal flags: both check ranges, or neither does (and v has none).
-	if len(v.syncedRanges) > 0 && !slices.Equal(v.syncedRanges, svc.SourceRanges) {
+	if synced := v.syncedRanges(); len(synced) > 0 && !slices.Equal(synced, svc.SourceRanges) {
 		return false
 	}
 	// Packed (IPv4), the common case: the order of the keys is the
@@ -144,7 +144,8 @@ func (r *Reconciler) markSynced(fe Frontend, d *desiredFrontend) {
 
 // markSynced records that v holds d.
 func (v *frontendView) markSynced(d *desiredFrontend) {
-	v.synced, v.syncedRanges, v.svc = true, d.ranges, d.svc
+	v.synced, v.svc = true, d.svc
+	v.setSyncedRanges(d.ranges)
 }
 
 // inSyncFrontend reports whether fe is programmed exactly as d asks.
@@ -160,7 +161,7 @@ func (r *Reconciler) inSyncFrontend(fe Frontend, d *desiredFrontend) bool {
 	if a, ok := r.revNat.get(uint32(sid)); !ok || a != fe || r.revNat.refs(uint32(sid)) != 1 {
 		return false
 	}
-	if v.slots.n != len(d.backends) || !slices.Equal(v.ranges, d.ranges) {
+	if v.slots.n != len(d.backends) || !slices.Equal(v.ranges(), d.ranges) {
 		return false
 	}
 	for _, b := range d.backends {

@@ -49,7 +49,7 @@ func (r *Reconciler) addRanges(fe model.L4Addr, v *frontendView, want []netip.Pr
 
 // pruneRanges deletes the ranges v holds that want (sorted) does not name.
 func (r *Reconciler) pruneRanges(fe model.L4Addr, v *frontendView, want []netip.Prefix) error {
-	for _, p := range slices.Clone(v.ranges) {
+	for _, p := range slices.Clone(v.ranges()) {
 		if _, ok := slices.BinarySearchFunc(want, p, netip.Prefix.Compare); ok {
 			continue
 		}
@@ -64,18 +64,18 @@ func (r *Reconciler) pruneRanges(fe model.L4Addr, v *frontendView, want []netip.
 }
 
 func (v *frontendView) hasRange(p netip.Prefix) bool {
-	_, ok := slices.BinarySearchFunc(v.ranges, p, netip.Prefix.Compare)
+	_, ok := slices.BinarySearchFunc(v.ranges(), p, netip.Prefix.Compare)
 	return ok
 }
 
 func (v *frontendView) addRange(p netip.Prefix) {
-	if i, ok := slices.BinarySearchFunc(v.ranges, p, netip.Prefix.Compare); !ok {
-		v.ranges = slices.Insert(v.ranges, i, p)
+	if i, ok := slices.BinarySearchFunc(v.ranges(), p, netip.Prefix.Compare); !ok {
+		v.setRanges(slices.Insert(v.ranges(), i, p))
 	}
 }
 
 func (v *frontendView) deleteRange(p netip.Prefix) {
-	if i, ok := slices.BinarySearchFunc(v.ranges, p, netip.Prefix.Compare); ok {
-		v.ranges = slices.Delete(v.ranges, i, i+1)
+	if i, ok := slices.BinarySearchFunc(v.ranges(), p, netip.Prefix.Compare); ok {
+		v.setRanges(slices.Delete(v.ranges(), i, i+1))
 	}
 }

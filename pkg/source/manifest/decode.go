@@ -338,7 +338,12 @@ func (d *fastDecoder) strToken() string {
 	}
 	t := d.text.take(len(raw))
 	copy(t, raw)
-	// The chunk's bytes are written once, here, and never again.
+	// Without reuse, the chunk's bytes are written once, here, and never
+	// again. With reuse (the loader's), recycle hands the same bytes to
+	// the next object, which overwrites them: the string is valid only
+	// until then. What outlives the object (compact.go's forms) holds
+	// copies (strings.Clone, or the compacter's shared copies), never
+	// these strings.
 	return unsafe.String(&t[0], len(t))
 }
 

@@ -1,0 +1,5 @@
+//go:build !race
+
+package reconciler_test
+
+const raceEnabled = false
