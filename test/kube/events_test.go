@@ -189,10 +189,10 @@ func growingEndpoints(n int) []ep {
 // room in the node's backends map, shrink to fit (fits says when the agent
 // programmed them all), and grow again. The Service itself does not
 // change, so the return is the same Event to the broadcaster (regarding,
-// reason): it patches the first into a series of 2, and returns that.
+// reason): it patches the first into a series of 2.
 // (Later returns the broadcaster counts in its cache, and writes when the
 // series ends, 6 minutes quiet, or every 30 minutes: not waited for here.)
-func causeComesBack(t *testing.T, c kubernetes.Interface, ns, name string, fit, grow int, fits func() error) eventsv1.Event {
+func causeComesBack(t *testing.T, c kubernetes.Interface, ns, name string, fit, grow int, fits func() error) {
 	t.Helper()
 	updateSlice(t, c, ns, name+"-a", growingEndpoints(grow)...)
 	first := waitEvent(t, c, ns, name, kube.ReasonDatapathFull)
@@ -226,7 +226,6 @@ func causeComesBack(t *testing.T, c kubernetes.Interface, ns, name string, fit, 
 	if got.Note != first.Note {
 		t.Errorf("series note %q, was %q", got.Note, first.Note)
 	}
-	return got
 }
 
 // A cause that goes away and comes back within client-go's event-series
