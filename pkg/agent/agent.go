@@ -290,11 +290,12 @@ func (a *Agent) Unprogrammed() []string {
 	return out
 }
 
-// sortedFailures returns the failures by Service, then frontend.
+// sortedFailures returns the failures by Service (as spelled), then
+// frontend.
 func sortedFailures(m map[model.L4Addr]*reconciler.FrontendError) []*reconciler.FrontendError {
-	out := slices.Collect(maps.Values(m))
+	out := slices.AppendSeq(make([]*reconciler.FrontendError, 0, len(m)), maps.Values(m))
 	slices.SortFunc(out, func(x, y *reconciler.FrontendError) int {
-		return cmp.Or(cmp.Compare(x.Service.String(), y.Service.String()), x.Frontend.Compare(y.Frontend))
+		return cmp.Or(x.Service.Compare(y.Service), x.Frontend.Compare(y.Frontend))
 	})
 	return out
 }

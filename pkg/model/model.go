@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sort"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -84,6 +85,55 @@ func (n ServicePortName) AppendTo(b []byte) []byte {
 		b = append(append(b, ':'), n.Port...)
 	}
 	return b
+}
+
+// Compare orders n and m as their spellings (String) compare, byte by
+// byte, without building them: an apply's failures are sorted so, and
+// sorting thousands that way made two strings a comparison. The spelling
+// is not the order of the fields ("a-b/x" before "a/x": '-' before '/').
+func (n ServicePortName) Compare(m ServicePortName) int {
+	if n.Namespace == m.Namespace && n.Name == m.Name {
+		// One Service's ports: "ns/name" before "ns/name:port".
+		if n.Port == "" || m.Port == "" {
+			return cmp.Compare(len(n.Port), len(m.Port))
+		}
+		return strings.Compare(n.Port, m.Port)
+	}
+	a, b := n.spelled(), m.spelled()
+	var i, j int
+	x, y := a[0], b[0]
+	for {
+		for x == "" && i < len(a)-1 {
+			i++
+			x = a[i]
+		}
+		for y == "" && j < len(b)-1 {
+			j++
+			y = b[j]
+		}
+		switch {
+		case x == "" && y == "":
+			return 0
+		case x == "":
+			return -1
+		case y == "":
+			return 1
+		}
+		k := min(len(x), len(y))
+		if c := strings.Compare(x[:k], y[:k]); c != 0 {
+			return c
+		}
+		x, y = x[k:], y[k:]
+	}
+}
+
+// spelled is n as String spells it, in parts.
+func (n ServicePortName) spelled() [5]string {
+	colon := ""
+	if n.Port != "" {
+		colon = ":"
+	}
+	return [5]string{n.Namespace, "/", n.Name, colon, n.Port}
 }
 
 // FrontendKind says how traffic reaches a frontend.

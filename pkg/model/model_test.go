@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 )
@@ -111,6 +112,28 @@ func TestStringsAsAppendTo(t *testing.T) {
 		}
 		if got := n.String(); got != want {
 			t.Errorf("String of %#v = %q, want %q", n, got, want)
+		}
+	}
+}
+
+// ServicePortName.Compare is the order of the spellings, for every pair of
+// names, including those where one part is a prefix of the other's.
+func TestServicePortNameCompareAsSpelled(t *testing.T) {
+	parts := []string{"", "a", "a-b", "a0", "ab", "a/b", "b", "z"}
+	ports := []string{"", "p", "p-1", "0", "a"}
+	var names []ServicePortName
+	for _, ns := range parts {
+		for _, name := range parts {
+			for _, port := range ports {
+				names = append(names, ServicePortName{Namespace: ns, Name: name, Port: port})
+			}
+		}
+	}
+	for _, n := range names {
+		for _, m := range names {
+			if got, want := n.Compare(m), strings.Compare(n.String(), m.String()); got != want {
+				t.Errorf("%q.Compare(%q) = %d, want %d", n, m, got, want)
+			}
 		}
 	}
 }

@@ -173,3 +173,97 @@ func TestEventsOnUnprogrammableServices(t *testing.T) {
 		}
 	})
 }
+
+// growingEndpoints is a Service's endpoints, n of them, at 10.9.0.1 and on.
+func growingEndpoints(n int) []ep {
+	eps := make([]ep, n)
+	for i := range eps {
+		eps[i] = ready(fmt.Sprintf("10.9.0.%d", i+1))
+	}
+	return eps
+}
+
+// causeComesBack makes the DatapathFull cause of Service ns/name (whose
+// slice is name+"-a") come, go and come back within client-go's
+// event-series window (6 minutes): its endpoints grow to grow, past the
+// room in the node's backends map, shrink to fit (fits says when the agent
+// programmed them all), and grow again. The Service itself does not
+// change, so the return is the same Event to the broadcaster (regarding,
+// reason): it patches the first into a series of 2.
+// (Later returns the broadcaster counts in its cache, and writes when the
+// series ends, 6 minutes quiet, or every 30 minutes: not waited for here.)
+func causeComesBack(t *testing.T, c kubernetes.Interface, ns, name string, fit, grow int, fits func() error) {
+	t.Helper()
+	updateSlice(t, c, ns, name+"-a", growingEndpoints(grow)...)
+	first := waitEvent(t, c, ns, name, kube.ReasonDatapathFull)
+	if first.Series != nil {
+		t.Errorf("first %s event already a series: %v", first.Reason, first.Series)
+	}
+	updateSlice(t, c, ns, name+"-a", growingEndpoints(fit)...)
+	eventually(t, "the endpoints to fit again", 30*time.Second, fits)
+	updateSlice(t, c, ns, name+"-a", growingEndpoints(grow)...)
+	var got eventsv1.Event
+	eventually(t, "the event patched into a series", 30*time.Second, func() error {
+		evs, err := eventsOn(c, ns, name)
+		if err != nil {
+			return err
+		}
+		if len(evs) != 1 {
+			return fmt.Errorf("%d events: %v", len(evs), evs)
+		}
+		got = evs[0]
+		if got.Name != first.Name || got.Reason != kube.ReasonDatapathFull {
+			return fmt.Errorf("event %s %s, want %s (the first) patched into a series", got.Name, got.Reason, first.Name)
+		}
+		if got.Series == nil || got.Series.Count != 2 {
+			return fmt.Errorf("series %v, want count 2", got.Series)
+		}
+		return nil
+	})
+	if !got.Series.LastObservedTime.After(first.EventTime.Time) {
+		t.Errorf("series last observed %v, not after the first event's time %v", got.Series.LastObservedTime, first.EventTime)
+	}
+	if got.Note != first.Note {
+		t.Errorf("series note %q, was %q", got.Note, first.Note)
+	}
+}
+
+// A cause that goes away and comes back within client-go's event-series
+// window: the broadcaster patches the Service's Event into a series (its
+// count and last observed time move) rather than creating another, with
+// the agent's own identity, which deploy/'s ClusterRole lets patch (the
+// audit log shows the patches and no request refused).
+func TestEventSeriesWhenCauseComesBack(t *testing.T) {
+	env := startEnv(t)
+	c := env.Client
+	const ns, name = "comeback", "grow"
+	createNamespace(t, c, ns)
+	createService(t, c, ns, name, nil, svcPort("http", 80, "http"))
+	createSlice(t, c, makeSlice(ns, name, name+"-a", slicePorts{"http": 8080}, growingEndpoints(4)...))
+	// Room for 8 backends: default/kubernetes's one, grow's 4 and not 10.
+	dp := fakedp.New(100, 8, 1000)
+	src, a := startEventsAgent(t, env, dp)
+	fits := func() error {
+		if !src.Synced() {
+			return errors.New("not synced")
+		}
+		if u := a.Unprogrammed(); len(u) > 0 {
+			return fmt.Errorf("not programmed: %v", u)
+		}
+		return nil
+	}
+	eventually(t, "the Service programmed", 30*time.Second, fits)
+	causeComesBack(t, c, ns, name, 4, 10, fits)
+	patches := 0
+	for _, ev := range env.AgentRequests() {
+		if ev.ResponseStatus != nil && ev.ResponseStatus.Code == 403 {
+			t.Errorf("the apiserver refused the agent %s %s", ev.Verb, ev.RequestURI)
+		}
+		if ev.Verb == "patch" && ev.ObjectRef != nil && ev.ObjectRef.Resource == "events" {
+			patches++
+		}
+	}
+	if patches != 1 {
+		t.Errorf("%d patches of events by the agent, want the series' one", patches)
+	}
+}

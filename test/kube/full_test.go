@@ -36,9 +36,9 @@ func nodeEvents(c kubernetes.Interface) ([]eventsv1.Event, error) {
 // The agent is ready and its first sync done with the rest left out; a
 // bounded number of them get a DatapathFull event each and one event on
 // the Node counts the others and names the flag; syncs that find the maps
-// full again report nothing more and never update an event (a series,
-// which the agent's role may not patch: the audit log shows no request
-// refused); what is programmed stays programmed; and deleting programmed
+// full again report nothing more and never update an event (no series:
+// the same cause is reported once while it lasts; the audit log shows no
+// request refused); what is programmed stays programmed; and deleting programmed
 // Services lets others in on that change.
 func TestFullMapsReportedBounded(t *testing.T) {
 	env := startEnv(t)

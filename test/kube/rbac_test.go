@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,7 +23,10 @@ import (
 // watches). The apiservers' audit logs of that identity show: no request
 // refused (a missing permission), and every permission the role grants
 // used in one run or the other (an excessive one: a rule the agent never
-// needs is a rule to remove).
+// needs is a rule to remove). A cause of an event that goes away and comes
+// back (a Service's endpoints that outgrow the agent's backends map, shrink
+// and grow again) makes client-go's broadcaster patch the Event into a
+// series, which the role must grant as it grants kube-proxy's.
 func TestAgentUsesExactlyItsClusterRole(t *testing.T) {
 	_, role, _, err := kubeenv.DeployRBAC()
 	if err != nil {
@@ -50,7 +55,9 @@ func TestAgentUsesExactlyItsClusterRole(t *testing.T) {
 		{"lists then watches", []string{"--feature-gates=WatchList=false"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			e := setupTraffic(t, c.args...)
+			// Room for 16 backends of a family: web's 3, the
+			// kubernetes Service's and grow's 4, not 20 of grow.
+			e := setupTrafficAgent(t, false, []string{"--max-backends", "16"}, c.args...)
 			vip := e.webService(t, 0)
 			eventually(t, "the service to answer", 30*time.Second, func() error {
 				_, err := e.get(vip, time.Second)
@@ -69,6 +76,22 @@ func TestAgentUsesExactlyItsClusterRole(t *testing.T) {
 				}
 				return errors.New("no event yet")
 			})
+			// A cause that comes back: the Event patched.
+			createService(t, e.kube.Client, "default", "grow", nil, svcPort("http", 80, "http"))
+			createSlice(t, e.kube.Client, makeSlice("default", "grow", "grow-a", slicePorts{"http": 8080}, growingEndpoints(4)...))
+			unprogrammed := regexp.MustCompile(`(?m)^sluice_service_unprogrammed_frontends\{[^}]*default/grow`)
+			fits := func() error {
+				m, err := e.agent.Metrics()
+				if err != nil {
+					return err
+				}
+				if !strings.Contains(m, "sluice_") || unprogrammed.MatchString(m) {
+					return errors.New("default/grow not programmed")
+				}
+				return nil
+			}
+			eventually(t, "grow programmed", 30*time.Second, fits)
+			causeComesBack(t, e.kube.Client, "default", "grow", 4, 20, fits)
 			requests := e.kube.AgentRequests()
 			if len(requests) == 0 {
 				t.Fatal("no request of the agent in the audit log: the test proves nothing")

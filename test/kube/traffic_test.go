@@ -47,6 +47,13 @@ func setupTraffic(t *testing.T, apiServerArgs ...string) *trafficEnv {
 // uses if v6.
 func setupTrafficFamily(t *testing.T, v6 bool, apiServerArgs ...string) *trafficEnv {
 	t.Helper()
+	return setupTrafficAgent(t, v6, nil, apiServerArgs...)
+}
+
+// setupTrafficAgent is setupTrafficFamily with agentArgs added to the
+// agent's command line.
+func setupTrafficAgent(t *testing.T, v6 bool, agentArgs []string, apiServerArgs ...string) *trafficEnv {
+	t.Helper()
 	if os.Getenv("SLUICE_SKIP_KUBE") != "" {
 		t.Skip("SLUICE_SKIP_KUBE set")
 	}
@@ -70,7 +77,7 @@ func setupTrafficFamily(t *testing.T, v6 bool, apiServerArgs ...string) *traffic
 	e.agent = agentproc.StartAgent(t, bins, lb.Node, agentproc.AgentConfig{
 		Devices: []string{lb.NodeDev},
 		BPFFS:   filepath.Join(testutil.BPFFS, topo.Prefix()+"kube"),
-		Extra:   []string{"--kubeconfig", e.kube.AgentKubeconfig, "--min-sync-period", "100ms"},
+		Extra:   append([]string{"--kubeconfig", e.kube.AgentKubeconfig, "--min-sync-period", "100ms"}, agentArgs...),
 	}, 60*time.Second)
 	return e
 }
