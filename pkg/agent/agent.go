@@ -19,9 +19,9 @@
 //     Trying the same state again cannot help, so the agent does not: it
 //     reports the frontend (one log line when the failure appears or
 //     changes its reason, past 32 at once one line counting the rest; a
-//     metric labelled with the Service; the readiness body) and tries again when a new desired state arrives (the Service
-//     changed, or another one did and may have freed room) or at the next
-//     resync;
+//     metric labelled with the Service; the readiness body) and tries
+//     again when a new desired state arrives (the Service changed, or
+//     another one did and may have freed room) or at the next resync;
 //   - transient: a map write failed, or something that concerns no one
 //     frontend did (reading the maps back). That state is retried with
 //     exponential backoff (or as soon as a newer state arrives) until it
