@@ -302,26 +302,28 @@ func (s *Source) SetFailures(failures []*reconciler.FrontendError) {
 	s.forget(fromDatapath, seen)
 }
 
-// datapathReason is the reason of the event about f.
-func datapathReason(f *reconciler.FrontendError) string {
+// datapathCause is the reason of the event about f and what to do about
+// it.
+func datapathCause(f *reconciler.FrontendError) (reason, hint string) {
 	switch f.Reason() {
 	case "capacity":
-		return ReasonDatapathFull
+		return ReasonDatapathFull, "Raise the agents' --max-* flags (or remove Services you no longer need); the agent retries when something changes."
 	case "invalid":
-		return ReasonNotRepresentable
+		return ReasonNotRepresentable, "Change the Service or its endpoints."
 	}
-	return ReasonProgrammingFailed
+	return ReasonProgrammingFailed, "The agent retries; see its logs if this persists."
+}
+
+// datapathReason is the reason of the event about f.
+func datapathReason(f *reconciler.FrontendError) string {
+	reason, _ := datapathCause(f)
+	return reason
 }
 
 // datapathHint says what to do about f.
 func datapathHint(f *reconciler.FrontendError) string {
-	switch f.Reason() {
-	case "capacity":
-		return "Raise the agents' --max-* flags (or remove Services you no longer need); the agent retries when something changes."
-	case "invalid":
-		return "Change the Service or its endpoints."
-	}
-	return "The agent retries; see its logs if this persists."
+	_, hint := datapathCause(f)
+	return hint
 }
 
 // serviceNote is the note of the event on the Service of first, whose
