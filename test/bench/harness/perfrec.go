@@ -12,8 +12,8 @@ import (
 
 // perfRecord is a system-wide `perf record -a -g` around one client run
 // (BENCH_PERF): what the whole machine did while the run's connections
-// were made, to be divided by them (see the README's "twenty-third
-// pass"). Its file is <dir>/<N>-<layer>-<target>-<mode>-r<round>.data,
+// were made, to be divided by them (see test/bench/performance.md's
+// "twenty-third pass"). Its file is <dir>/<N>-<layer>-<target>-<mode>-r<round>.data,
 // and beside it a .txt with the run's connections and duration.
 type perfRecord struct {
 	cmd  *exec.Cmd
