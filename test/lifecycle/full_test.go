@@ -73,12 +73,7 @@ func TestRaiseFullMapsUnderLoad(t *testing.T) {
 			e.writeServices(t, e.extraService(row.port))
 			cur := agentproc.Shared(t)
 			a := e.agent(t, cur, []string{e.lb.NodeDev}, "--"+row.flag+"="+row.small)
-			if err := a.Start(); err != nil {
-				t.Fatal(err)
-			}
-			if err := a.WaitReady(60 * time.Second); err != nil {
-				t.Fatalf("%v\n%s", err, a.Log.String())
-			}
+			startReady(t, a)
 			// Full: ready, "more" reported for capacity, and it
 			// alone.
 			testutil.Eventually(t, "the agent to report more for capacity", 10*time.Second, func() error {
@@ -178,12 +173,7 @@ func TestShrinkBelowProgrammedRefusedUnderLoad(t *testing.T) {
 			e := setup(t)
 			cur := agentproc.Shared(t)
 			a := e.agent(t, cur, []string{e.lb.NodeDev}, "--"+row.flag+"="+row.from)
-			if err := a.Start(); err != nil {
-				t.Fatal(err)
-			}
-			if err := a.WaitReady(60 * time.Second); err != nil {
-				t.Fatalf("%v\n%s", err, a.Log.String())
-			}
+			startReady(t, a)
 			size := e.pinnedSize(t, row.mapName)
 			args := a.Args
 			what := fmt.Sprintf("--%s=%s refused", row.flag, row.to)
@@ -213,17 +203,23 @@ func TestShrinkBelowProgrammedRefusedUnderLoad(t *testing.T) {
 			}
 			time.Sleep(2 * time.Second) // load on the datapath alone
 			a.Args = args
-			if err := a.Start(); err != nil {
-				t.Fatal(err)
-			}
-			if err := a.WaitReady(60 * time.Second); err != nil {
-				t.Fatalf("%v\n%s", err, a.Log.String())
-			}
+			startReady(t, a)
 			time.Sleep(2 * time.Second) // load on the agent started again
 			l.stop(t, what)
 			if err := e.reportsOnly(a); err != nil {
 				t.Error(err)
 			}
 		})
+	}
+}
+
+// startReady starts a and waits until it is ready.
+func startReady(t *testing.T, a *agentproc.Agent) {
+	t.Helper()
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.WaitReady(60 * time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, a.Log.String())
 	}
 }
