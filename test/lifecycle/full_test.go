@@ -1,8 +1,8 @@
 package lifecycle
 
 import (
-	"context"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +18,7 @@ import (
 // small value leaves out: it needs one more of what the flag bounds.
 var fullRows = []struct {
 	flag         string
+	v6           bool // the Services, the load and "more" are IPv6
 	small, large string
 	extra        agentproc.Service
 	// port is the extra Service's backends' HTTP port (8080: web's
@@ -33,6 +34,11 @@ var fullRows = []struct {
 		mapName: "sluice_backends_v2", smallSize: 2*9 + 1025, largeSize: 2*64 + 1025,
 	},
 	{
+		// The same in the IPv6 backends map.
+		flag: "max-backends", v6: true, small: "9", large: "64", port: 8081,
+		mapName: "sluice6_backends_v2", smallSize: 2*9 + 1025, largeSize: 2*64 + 1025,
+	},
+	{
 		// web's backends, but 4 entries more: 12 in use of 12.
 		flag: "max-service-entries", small: "12", large: "64", port: 8080,
 		mapName: "sluice_services_v1", smallSize: 12, largeSize: 64,
@@ -45,11 +51,16 @@ var fullRows = []struct {
 }
 
 // extraService is the Service a row's small size leaves out, at
-// 10.96.1.1:80, on the backends' HTTP port.
+// moreVIP, on the backends' HTTP port.
 func (e *env) extraService(port uint16) agentproc.Service {
-	return agentproc.Service{Name: "more", ClusterIP: "10.96.1.1", Endpoints: e.addrs,
+	return agentproc.Service{Name: "more", ClusterIP: moreIP[e.v6], Endpoints: e.addrs,
 		Ports: []agentproc.Port{agentproc.TCP("http", 80, int(port))}}
 }
+
+// moreIP is extraService's ClusterIP in each family.
+var moreIP = map[bool]string{false: "10.96.1.1", true: "2001:db8:96::20"}
+
+func (e *env) moreVIP() string { return net.JoinHostPort(moreIP[e.v6], "80") }
 
 // TestRaiseFullMapsUnderLoad: an agent whose maps are full (a --max-*
 // flag too small for the manifest: the Service "more" is not programmed,
@@ -60,11 +71,11 @@ func (e *env) extraService(port uint16) agentproc.Service {
 // answers, /readyz is "ok" with nothing reported, the metric has no
 // series, and not one connection failed (long-lived ones stay on their
 // backends). One row for each of --max-backends, --max-service-entries
-// and --max-services.
+// and --max-services, and --max-backends over IPv6.
 func TestRaiseFullMapsUnderLoad(t *testing.T) {
 	for _, row := range fullRows {
-		t.Run(row.flag, func(t *testing.T) {
-			e := setup(t)
+		t.Run(row.flag+map[bool]string{true: "/IPv6"}[row.v6], func(t *testing.T) {
+			e := setupFamily(t, row.v6)
 			if row.port != 8080 {
 				if _, err := e.lb.ServeHTTP(row.port, "backend-"); err != nil {
 					t.Fatal(err)
@@ -87,7 +98,7 @@ func TestRaiseFullMapsUnderLoad(t *testing.T) {
 			}
 
 			l := e.startLoad(t, 2*time.Millisecond)
-			what := fmt.Sprintf("--%s=%s to %s, maps full", row.flag, row.small, row.large)
+			what := fmt.Sprintf("--%s=%s to %s, maps full%s", row.flag, row.small, row.large, map[bool]string{true: ", IPv6"}[row.v6])
 			replace(t, l, a, cur, withFlag(a.Args, row.flag, row.large))
 			l.stop(t, what)
 
@@ -97,12 +108,12 @@ func TestRaiseFullMapsUnderLoad(t *testing.T) {
 			if err := e.reportsOnly(a); err != nil {
 				t.Error(err)
 			}
-			for _, vip := range []string{"10.96.1.1:80", e.webVIP()} {
+			for _, vip := range []string{e.moreVIP(), e.webVIP()} {
 				if who, err := topology.WhoAnswered(e.lb.Client.HTTPClient(3*time.Second), "http://"+vip+"/"); err != nil {
 					t.Errorf("%s after %s: %q, %v", vip, what, who, err)
 				}
 			}
-			if c, err := e.lb.Client.DialEcho(context.Background(), e.echoVIP()); err != nil {
+			if c, err := e.lb.Client.DialEcho(t.Context(), e.echoVIP()); err != nil {
 				t.Errorf("echo after %s: %v", what, err)
 			} else {
 				c.Close()
