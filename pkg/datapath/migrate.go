@@ -111,7 +111,7 @@ func resizePins(dir string, spec *ebpf.CollectionSpec) (migs []*migration, err e
 			if info.MaxEntries == ms.MaxEntries {
 				return fmt.Errorf("rebuild pinned map %s %s: %w", path, preallocation(ms.Flags), err)
 			}
-			return fmt.Errorf("resize pinned map %s from %d to %d entries: %w (no map was changed)", path, info.MaxEntries, ms.MaxEntries, err)
+			return fmt.Errorf("resize pinned map %s from %d to %d entries: %w (no pin was resized)", path, info.MaxEntries, ms.MaxEntries, err)
 		}
 		built = append(built, resized{name: name, path: path, old: old, cur: cur})
 		return nil
