@@ -370,6 +370,11 @@ func Open(cfg Config) (*Datapath, error) {
 			return nil, err
 		}
 	}
+	// A size below what the service maps hold is refused before any pin
+	// changes (shrink.go).
+	if err := checkShrink(dir, cfg); err != nil {
+		return nil, err
+	}
 	// The objects declare every pinned map alike (TestObjectsShareMaps):
 	// the tc object, always loaded, stands for all.
 	if d.migrations, err = migratePins(dir, specs.tc); err != nil {

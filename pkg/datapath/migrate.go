@@ -77,29 +77,57 @@ var tcWrittenMaps = map[string]bool{mapConntrack: true, mapCTNew: true, mapFragm
 // resizePins migrates each map pinned in dir with another size or
 // preallocation than spec gives it (step 1 above; prealloc.go). A map of
 // another type, key or value is left for checkPinned to report.
+//
+// Every new map is built and filled before any pin is renamed: a map too
+// small for what its old one holds (a conntrack table with more flows
+// than the new size) refuses the resize with every pin as it was. Before,
+// the maps were swapped one by one in name order, so a refusal of
+// sluice_conntrack_v2 came after sluice6_conntrack_v1's pin named a copy
+// the previous agent's IPv6 programs did not write: the next agent
+// carried that copy over, without the IPv6 flows added since.
 func resizePins(dir string, spec *ebpf.CollectionSpec) (migs []*migration, err error) {
-	defer dropOnError(&migs, &err)
+	type resized struct {
+		name, path string
+		old, cur   *ebpf.Map
+	}
+	var built []resized
+	defer func() {
+		for _, r := range built {
+			r.cur.Close()
+			if err != nil || !writtenByPrograms[r.name] {
+				r.old.Close()
+			}
+		}
+	}()
 	err = eachPin(spec, dir, func(name, path string, ms *ebpf.MapSpec, old *ebpf.Map, info *ebpf.MapInfo) error {
 		if info.Type != ms.Type || info.KeySize != ms.KeySize || info.ValueSize != ms.ValueSize ||
 			(info.MaxEntries == ms.MaxEntries && !preallocationDiffers(info, ms)) {
 			old.Close()
 			return nil
 		}
-		if err := resizePin(old, path, ms, writtenByPrograms[name]); err != nil {
+		cur, err := buildMap(ms, func(cur *ebpf.Map) error { return copyResized(old, cur, writtenByPrograms[name]) })
+		if err != nil {
 			old.Close()
 			if info.MaxEntries == ms.MaxEntries {
 				return fmt.Errorf("rebuild pinned map %s %s: %w", path, preallocation(ms.Flags), err)
 			}
-			return fmt.Errorf("resize pinned map %s from %d to %d entries: %w", path, info.MaxEntries, ms.MaxEntries, err)
+			return fmt.Errorf("resize pinned map %s from %d to %d entries: %w (no pin was resized)", path, info.MaxEntries, ms.MaxEntries, err)
 		}
-		if writtenByPrograms[name] {
-			migs = append(migs, &migration{name: name, old: old})
-		} else {
-			old.Close()
-		}
+		built = append(built, resized{name: name, path: path, old: old, cur: cur})
 		return nil
 	})
-	return migs, err
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range built {
+		if err := pinOver(r.cur, r.path, "_resizing"); err != nil {
+			return nil, fmt.Errorf("resize pinned map %s: %w", r.path, err)
+		}
+		if writtenByPrograms[r.name] {
+			migs = append(migs, &migration{name: r.name, old: r.old})
+		}
+	}
+	return migs, nil
 }
 
 // eachPin calls f, in name order, for each map of spec pinned by name
@@ -138,33 +166,46 @@ func dropOnError(migs *[]*migration, err *error) {
 	}
 }
 
-// resizePin builds the map of ms, copies old's entries into it and renames
-// its pin over old's at path. live: programs are writing old meanwhile
-// (an iteration they disturb is cut short; settle copies the rest).
-func resizePin(old *ebpf.Map, path string, ms *ebpf.MapSpec, live bool) error {
-	return replacePin(path, "_resizing", ms, func(cur *ebpf.Map) error {
-		if err := copyEntries(old, cur, false); err != nil && !(live && errors.Is(err, ebpf.ErrIterationAborted)) {
-			return err
-		}
-		return nil
-	})
+// copyResized copies old's entries into cur, its resized map. live:
+// programs are writing old meanwhile (an iteration they disturb is cut
+// short; settle copies the rest).
+func copyResized(old, cur *ebpf.Map, live bool) error {
+	if err := copyEntries(old, cur, false); err != nil && !(live && errors.Is(err, ebpf.ErrIterationAborted)) {
+		return err
+	}
+	return nil
 }
 
 // replacePin creates a map of ms, has fill fill it, and pins it at path,
-// in place of whatever is pinned there: under the temporary name
-// path+suffix first, then renamed into place, as rename(2) replaces a pin
-// in one step. An agent that dies half way leaves the old pin or the
-// complete new one, never none or a partial one (a stale temporary pin is
-// removed by the next attempt).
+// in place of whatever is pinned there (buildMap, pinOver).
 func replacePin(path, suffix string, ms *ebpf.MapSpec, fill func(cur *ebpf.Map) error) error {
-	cur, err := ebpf.NewMap(unpinned(ms))
+	cur, err := buildMap(ms, fill)
 	if err != nil {
-		return fmt.Errorf("create: %w", err)
-	}
-	defer cur.Close()
-	if err := fill(cur); err != nil {
 		return err
 	}
+	defer cur.Close()
+	return pinOver(cur, path, suffix)
+}
+
+// buildMap creates a map of ms, unpinned, and has fill fill it.
+func buildMap(ms *ebpf.MapSpec, fill func(cur *ebpf.Map) error) (*ebpf.Map, error) {
+	cur, err := ebpf.NewMap(unpinned(ms))
+	if err != nil {
+		return nil, fmt.Errorf("create: %w", err)
+	}
+	if err := fill(cur); err != nil {
+		cur.Close()
+		return nil, err
+	}
+	return cur, nil
+}
+
+// pinOver pins cur at path, in place of whatever is pinned there: under
+// the temporary name path+suffix first, then renamed into place, as
+// rename(2) replaces a pin in one step. An agent that dies half way
+// leaves the old pin or the complete new one, never none or a partial
+// one (a stale temporary pin is removed by the next attempt).
+func pinOver(cur *ebpf.Map, path, suffix string) error {
 	tmp := path + suffix // (bpffs refuses names with a dot)
 	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err

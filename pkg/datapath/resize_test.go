@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -527,5 +528,70 @@ func testConntrackSupersedes[K ctMigKey[K], V ctTestValue](t *testing.T, fam ctF
 		if got := tm.supersedes(tcp, c.o, c.n); got != c.want {
 			t.Errorf("%s: supersedes = %v, want %v", c.what, got, c.want)
 		}
+	}
+}
+
+// TestShrinkBelowProgrammedRefused: a --max-backends,
+// --max-service-entries or --max-services smaller than what the pinned
+// maps hold is refused before any pin changes, naming the flag and the
+// size that keeps what is programmed (shrink.go); so is a --max-conntrack
+// smaller than the flows (the copy fails), with every pin as it was,
+// IPv6's too, which the resize used to swap first. The same pins then
+// open as they were.
+func TestShrinkBelowProgrammedRefused(t *testing.T) {
+	d, bpffs := newTestDatapathAt(t)
+	for s := range 3 {
+		var bes []testBackend
+		for b := range 4 {
+			bes = append(bes, testBackend{reconciler.BackendID(4*s + b + 1), l4(fmt.Sprintf("10.2.%d.%d", s, b+1), 8080, model.TCP)})
+		}
+		addService(t, d.Maps(), reconciler.ServiceID(s+1), l4(fmt.Sprintf("10.96.5.%d", s+1), 80, model.TCP), bes...)
+	}
+	for p := range 40 {
+		k, v := ctEntry(t, "10.0.0.9", uint16(40000+p), "10.96.5.1", "10.2.0.1")
+		if err := d.Maps().conntrack.Put(&k, &v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := d.Maps().Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	cfg := smallConfig(bpffs)
+	sizes := func() map[string]uint32 {
+		out := map[string]uint32{}
+		for name := range cfg.withDefaults().maxEntries() {
+			out[name] = pinnedMaxEntries(t, bpffs, name)
+		}
+		return out
+	}
+	before := sizes()
+	for _, tc := range []struct {
+		set  func(*Config)
+		want string // in the error
+	}{
+		// 12 backends, ids 1-12, within the arrays of a size of 8.
+		{func(c *Config) { c.MaxBackends = 8 }, "--max-backends=8 is too small for the 12 backends in sluice_backends_v2 programmed now: start the agent with --max-backends=12 or more"},
+		// 3 masters and 12 slots.
+		{func(c *Config) { c.MaxServiceEntries = 10 }, "--max-service-entries=10 is too small for the 15 service entries in sluice_services_v1 programmed now: start the agent with --max-service-entries=15 or more"},
+		{func(c *Config) { c.MaxServices = 2 }, "start the agent with --max-services=3 or more"},
+		{func(c *Config) { c.MaxConntrack = 16 }, "resize pinned map " + filepath.Join(bpffs, "sluice", mapConntrack) + " from 4096 to 16 entries: the new size, 16, is too small"},
+	} {
+		c := cfg
+		tc.set(&c)
+		if d, err := Open(c); err == nil {
+			d.Close()
+			t.Errorf("Open with %+v, below what the maps hold, succeeded", c)
+		} else if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Open's error\n%v\ndoes not say %q", err, tc.want)
+		}
+		if got := sizes(); !maps.Equal(got, before) {
+			t.Errorf("a refused Open changed the pins' sizes: %v, were %v", got, before)
+		}
+	}
+	d2 := openTest(t, cfg)
+	if got, err := d2.Maps().Dump(); err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("state after the refusals: %+v, %v; want %+v", got, err, want)
 	}
 }

@@ -159,7 +159,8 @@ type env struct {
 	cgroup   string
 	bpffs    string
 	topo     *topology.Topology
-	v6       bool // the Services and the load are IPv6 (setupFamily)
+	v6       bool     // the Services and the load are IPv6 (setupFamily)
+	addrs    []string // the backends' addresses in the test's family
 }
 
 // The Services' addresses, in the family of the test.
@@ -201,15 +202,23 @@ func setupFamily(t *testing.T, v6 bool) *env {
 		t.Fatal(err)
 	}
 	e.cgroup = cg.Path
-	docs := agentproc.Services(
-		agentproc.Service{Name: "web", ClusterIP: vips[v6].web, Endpoints: addrs, Ports: []agentproc.Port{agentproc.TCP("http", 80, 8080)}},
-		agentproc.Service{Name: "dns", ClusterIP: vips[v6].dns, Endpoints: addrs, Ports: []agentproc.Port{agentproc.UDP("dns", 53, 5353)}},
-		agentproc.Service{Name: "echo", ClusterIP: vips[v6].echo, Endpoints: addrs, Ports: []agentproc.Port{agentproc.TCP("echo", 9000, 9000)}},
-	)
+	e.addrs = addrs
+	e.writeServices(t)
+	return e
+}
+
+// writeServices writes the manifest: web, dns and echo, on the backends'
+// addresses of the test's family, and extra.
+func (e *env) writeServices(t *testing.T, extra ...agentproc.Service) {
+	t.Helper()
+	docs := agentproc.Services(append([]agentproc.Service{
+		{Name: "web", ClusterIP: vips[e.v6].web, Endpoints: e.addrs, Ports: []agentproc.Port{agentproc.TCP("http", 80, 8080)}},
+		{Name: "dns", ClusterIP: vips[e.v6].dns, Endpoints: e.addrs, Ports: []agentproc.Port{agentproc.UDP("dns", 53, 5353)}},
+		{Name: "echo", ClusterIP: vips[e.v6].echo, Endpoints: e.addrs, Ports: []agentproc.Port{agentproc.TCP("echo", 9000, 9000)}},
+	}, extra...)...)
 	if err := agentproc.WriteFile(e.manifest, agentproc.Manifest(docs...)); err != nil {
 		t.Fatal(err)
 	}
-	return e
 }
 
 // agent prepares an agent of bin on the node, attached to eth0 and the
