@@ -41,12 +41,19 @@ package datapath
 // those maps are migrated again, the others not (the old programs' writes
 // since the copy lost for those: the window of a few unlinks).
 //
+// One Open at a time on a pin directory, as one agent per node: an Open
+// beside another's uncommitted start would put that start's pins back.
+//
 // Not put back: the previous agent's IPv6 programs in the pinned program
 // arrays (sluice6_tc_v1), which load replaces when IPv6 conntrack is not
 // migrated (their maps other than conntrack are the agent's, copied, or
 // an LRU of affinity), the XDP link the shims took over (it hands every
-// packet to tc, which the old programs still run), and a link that a
-// failed AttachCgroup updated (the socket programs write no conntrack).
+// packet to tc, which the old programs still run), the cgroup links
+// AttachCgroup updated before the start failed (the socket programs
+// write no conntrack; what they write to a resized sluice_sock_rev or
+// sluice_udp_stick meanwhile is lost, which breaks no connection:
+// migrate.go), and what Prune detached (a device dropped from
+// --devices).
 
 import (
 	"errors"
