@@ -2,11 +2,8 @@ package datapath
 
 import (
 	"errors"
-	"maps"
-	"os"
 	"path/filepath"
 	"reflect"
-	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -15,30 +12,6 @@ import (
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
-
-// pinIDs returns the maps pinned in bpffs/sluice (links/ aside), by pin
-// name: the id of each.
-func pinIDs(t *testing.T, bpffs string) map[string]ebpf.MapID {
-	t.Helper()
-	dir := filepath.Join(bpffs, "sluice")
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]ebpf.MapID{}
-	for _, e := range entries {
-		if e.IsDir() {
-			continue
-		}
-		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, e.Name()), &ebpf.LoadPinOptions{ReadOnly: true})
-		if err != nil {
-			t.Fatalf("pin %s: %v", e.Name(), err)
-		}
-		out[e.Name()] = mapID(t, m)
-		m.Close()
-	}
-	return out
-}
 
 // errFailedStart is what a test makes a start fail with.
 var errFailedStart = errors.New("the start fails here (test)")
@@ -92,7 +65,7 @@ func TestFailedStartLeavesPinsAsTheyWere(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			before := pinIDs(t, bpffs)
+			before := testutil.PinnedMapIDs(t, filepath.Join(bpffs, "sluice"))
 
 			cfg := smallConfig(bpffs)
 			tc.set(&cfg)
@@ -127,19 +100,8 @@ func TestFailedStartLeavesPinsAsTheyWere(t *testing.T) {
 				}
 				failAfterLoad = nil
 			}
-			if got := pinIDs(t, bpffs); tc.fail != "kill" && !maps.Equal(got, before) {
-				names := slices.Collect(maps.Keys(got))
-				for n := range before {
-					if _, ok := got[n]; !ok {
-						names = append(names, n)
-					}
-				}
-				slices.Sort(names)
-				for _, n := range names {
-					if got[n] != before[n] {
-						t.Errorf("after the failed start, pin %s names map %d, was %d (0: none)", n, got[n], before[n])
-					}
-				}
+			if tc.fail != "kill" {
+				testutil.SamePinnedMaps(t, "after the failed start", testutil.PinnedMapIDs(t, filepath.Join(bpffs, "sluice")), before)
 			}
 			p, err = OpenPinned(bpffs)
 			if err != nil {

@@ -1,9 +1,6 @@
 package lifecycle
 
 import (
-	"fmt"
-	"maps"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,35 +11,6 @@ import (
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
 )
-
-// pinIDs returns the maps the agent pinned (links/ aside), by pin name:
-// the id of each.
-func (e *env) pinIDs(t *testing.T) map[string]ebpf.MapID {
-	t.Helper()
-	dir := filepath.Join(e.bpffs, "sluice")
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]ebpf.MapID{}
-	for _, en := range entries {
-		if en.IsDir() {
-			continue
-		}
-		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, en.Name()), &ebpf.LoadPinOptions{ReadOnly: true})
-		if err != nil {
-			t.Fatalf("pin %s: %v", en.Name(), err)
-		}
-		info, err := m.Info()
-		m.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		id, _ := info.ID()
-		out[en.Name()] = id
-	}
-	return out
-}
 
 // TestFailedResizeStartUnderLoad: an agent restarted with a larger
 // --max-conntrack fails after it resized the conntrack tables (a device
@@ -74,29 +42,11 @@ func TestFailedResizeStartUnderLoad(t *testing.T) {
 	if err := a.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if err := testutil.Poll(30*time.Second, func() error {
-		if a.Exited() == nil {
-			return fmt.Errorf("still running")
-		}
-		return nil
-	}); err != nil {
-		t.Fatalf("the agent with a missing device did not stop: %v", err)
-	}
+	waitExited(t, a, "the agent with a missing device")
 	if want := "attach to sl-nosuch0"; !strings.Contains(a.Log.String(), want) {
 		t.Errorf("the failed agent's log does not say %q:\n%s", want, a.Log.String())
 	}
-	if got := e.pinIDs(t); !maps.Equal(got, before) {
-		for name, id := range got {
-			if before[name] != id {
-				t.Errorf("after the failed start, pin %s names map %d, was %d (0: none)", name, id, before[name])
-			}
-		}
-		for name, id := range before {
-			if _, ok := got[name]; !ok {
-				t.Errorf("after the failed start, pin %s (map %d) is gone", name, id)
-			}
-		}
-	}
+	testutil.SamePinnedMaps(t, "after the failed start", e.pinIDs(t), before)
 	time.Sleep(2 * time.Second) // load on the datapath alone
 	a.Args = withFlag(args, "max-conntrack", "131072")
 	startReady(t, a)
@@ -105,4 +55,10 @@ func TestFailedResizeStartUnderLoad(t *testing.T) {
 	if got := e.pinnedSize(t, "sluice_conntrack_v2"); got != 131072 {
 		t.Errorf("after the next start, sluice_conntrack_v2 has %d entries, want 131072", got)
 	}
+}
+
+// pinIDs returns the maps the agent pinned, by pin name: the id of each.
+func (e *env) pinIDs(t *testing.T) map[string]ebpf.MapID {
+	t.Helper()
+	return testutil.PinnedMapIDs(t, filepath.Join(e.bpffs, "sluice"))
 }
