@@ -327,8 +327,8 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 	if dpCfg.PreallocateMaps {
 		b, err := dp.PreallocatedBytes()
 		if err != nil {
-			_ = dp.Close()
-			return err
+			// The start failed: the pins go back as they were.
+			return errors.Join(err, dp.Abort())
 		}
 		log.Info("service maps preallocated", "kernel_mib", b>>20)
 	}

@@ -90,9 +90,17 @@ type Holder interface {
 type Datapath interface {
 	AttachCgroup(path string) error
 	AttachDevices(devs []string) error
+	// Commit says the start is complete: what opening the datapath
+	// changed in its pins (maps converted or resized) stays from then
+	// on, even if the agent is killed.
+	Commit() error
 	// Close releases the agent's handles and leaves pins and links in
 	// place, so traffic keeps flowing after the agent exits.
 	Close() error
+	// Abort is Close for a start that failed before Commit: the pins are
+	// put back as they were before the datapath was opened, for the
+	// previous agent's programs, still attached, and the next start.
+	Abort() error
 }
 
 // Reconciler is what the agent needs of pkg/reconciler. Apply's error
@@ -196,11 +204,18 @@ func New(cfg Config, dp Datapath, rec Reconciler, log *slog.Logger) *Agent {
 }
 
 // Run restores, attaches and runs src until ctx is done or src fails. It
-// closes the datapath handles on return but removes nothing from the kernel.
+// closes the datapath handles on return but removes nothing from the
+// kernel; a start that fails before everything is attached puts the pins
+// back as they were (Datapath.Abort).
 func (a *Agent) Run(ctx context.Context, src Source) (err error) {
+	started := false
 	defer func() {
-		if cerr := a.dp.Close(); cerr != nil {
-			err = errors.Join(err, fmt.Errorf("close datapath: %w", cerr))
+		closeDP, what := a.dp.Close, "close datapath"
+		if err != nil && !started {
+			closeDP, what = a.dp.Abort, "put the datapath's pins back"
+		}
+		if cerr := closeDP(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("%s: %w", what, cerr))
 		}
 	}()
 	if err := a.rec.Restore(); err != nil {
@@ -218,6 +233,11 @@ func (a *Agent) Run(ctx context.Context, src Source) (err error) {
 		}
 		a.log.Info("tc programs attached", "devices", a.cfg.Devices)
 	}
+	// Before the first apply writes the maps.
+	if err := a.dp.Commit(); err != nil {
+		return fmt.Errorf("complete the datapath's start: %w", err)
+	}
+	started = true
 
 	if hs, ok := src.(HoldsSource); ok {
 		if h, ok := a.rec.(Holder); ok {

@@ -38,7 +38,9 @@ type fakeDatapath struct{ *recorder }
 
 func (d fakeDatapath) AttachCgroup(p string) error     { d.add("attach-cgroup %s", p); return nil }
 func (d fakeDatapath) AttachDevices(ds []string) error { d.add("attach-devices %v", ds); return nil }
+func (d fakeDatapath) Commit() error                   { d.add("commit"); return nil }
 func (d fakeDatapath) Close() error                    { d.add("close"); return nil }
+func (d fakeDatapath) Abort() error                    { d.add("abort"); return nil }
 
 type fakeReconciler struct {
 	*recorder
@@ -174,7 +176,7 @@ func TestRunRestoresThenAttachesThenApplies(t *testing.T) {
 	if err := h.stop(t); err != nil {
 		t.Fatalf("Run after cancel = %v, want nil", err)
 	}
-	want := []string{"restore", "attach-cgroup /sys/fs/cgroup/test", "attach-devices [eth0 eth1]", "apply 2", "close"}
+	want := []string{"restore", "attach-cgroup /sys/fs/cgroup/test", "attach-devices [eth0 eth1]", "commit", "apply 2", "close"}
 	if got := h.rec.list(); !slices.Equal(got, want) {
 		t.Errorf("calls = %q\nwant    %q", got, want)
 	}
@@ -192,7 +194,7 @@ func TestBeforeFirstApplyOnce(t *testing.T) {
 	if err := h.stop(t); err != nil {
 		t.Fatalf("Run after cancel = %v, want nil", err)
 	}
-	want := []string{"restore", "before first apply", "apply 1", "apply 1", "apply 2", "close"}
+	want := []string{"restore", "commit", "before first apply", "apply 1", "apply 1", "apply 2", "close"}
 	if got := h.rec.list(); !slices.Equal(got, want) {
 		t.Errorf("calls = %q\nwant    %q", got, want)
 	}
@@ -207,7 +209,7 @@ func TestSocketLBOffSkipsCgroup(t *testing.T) {
 		t.Fatalf("Run after cancel = %v, want nil", err)
 	}
 	for _, c := range h.rec.list() {
-		if c != "restore" && c != "apply 1" && c != "close" {
+		if c != "restore" && c != "commit" && c != "apply 1" && c != "close" {
 			t.Errorf("unexpected call %q with no cgroup and no devices", c)
 		}
 	}
@@ -283,6 +285,8 @@ func TestNewerStateMakesItNotReadyUntilApplied(t *testing.T) {
 	}
 }
 
+// TestRestoreFailureStopsBeforeAttaching: and the start failed, so the
+// datapath is aborted (its pins put back), not closed.
 func TestRestoreFailureStopsBeforeAttaching(t *testing.T) {
 	recon := &fakeReconciler{recorder: &recorder{}, restoreErr: errors.New("bad pin")}
 	a := New(Config{Cgroup: "/cg", Devices: []string{"eth0"}}, fakeDatapath{recon.recorder}, recon, slog.New(slog.DiscardHandler))
@@ -290,7 +294,7 @@ func TestRestoreFailureStopsBeforeAttaching(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "bad pin") {
 		t.Fatalf("Run = %v, want the restore error", err)
 	}
-	if got, want := recon.list(), []string{"restore", "close"}; !slices.Equal(got, want) {
+	if got, want := recon.list(), []string{"restore", "abort"}; !slices.Equal(got, want) {
 		t.Errorf("calls = %q, want %q", got, want)
 	}
 }
@@ -384,5 +388,29 @@ func TestResyncReappliesNewestState(t *testing.T) {
 		if s.Services.Len() != 3 {
 			t.Fatalf("resync applied a state with %d services, want 3", s.Services.Len())
 		}
+	}
+}
+
+// failingAttach is a fakeDatapath whose devices cannot be attached.
+type failingAttach struct{ fakeDatapath }
+
+func (d failingAttach) AttachDevices(ds []string) error {
+	d.add("attach-devices %v", ds)
+	return errors.New("no such device")
+}
+
+// TestAttachFailureAborts: a start that fails at attaching puts the
+// datapath's pins back (Abort) instead of keeping what Open changed; one
+// that attached commits them before the first apply, and closes.
+func TestAttachFailureAborts(t *testing.T) {
+	recon := &fakeReconciler{recorder: &recorder{}}
+	a := New(Config{Cgroup: "/cg", Devices: []string{"eth9"}}, failingAttach{fakeDatapath{recon.recorder}}, recon, slog.New(slog.DiscardHandler))
+	err := a.Run(context.Background(), chanSource{states: make(chan *model.State)})
+	if err == nil || !strings.Contains(err.Error(), "no such device") {
+		t.Fatalf("Run = %v, want the attach error", err)
+	}
+	want := []string{"restore", "attach-cgroup /cg", "attach-devices [eth9]", "abort"}
+	if got := recon.list(); !slices.Equal(got, want) {
+		t.Errorf("calls = %q, want %q", got, want)
 	}
 }

@@ -151,7 +151,9 @@ func (d *Datapath) tcProg(dir tcDir) *ebpf.Program {
 // migration shims go in front of the programs on every device first, the
 // programs are replaced device after device, ingress before egress or the
 // other way round as migrating says, and once all are, the rest of the old
-// map is carried over, XDP attached and the shims removed.
+// map is carried over, XDP attached and the shims removed. The start is
+// complete (Commit) before the first program is replaced: a failure
+// before that leaves the pins for Abort to put back.
 func (d *Datapath) AttachDevices(devs []string) error {
 	ifindex := make([]int, len(devs))
 	for i, dev := range devs {
@@ -182,6 +184,11 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		if egressFirst {
 			dirs = []tcDir{tcEgress, tcIngress}
 		}
+	}
+	// From the first link updated on, this build's programs write the
+	// maps Open made: a failure from here on keeps them (rollback.go).
+	if err := d.Commit(); err != nil {
+		return err
 	}
 	for _, dir := range dirs {
 		for i, dev := range devs {

@@ -293,6 +293,11 @@ type Datapath struct {
 	// ipv6Pending: load left the previous agent's IPv6 programs in the
 	// pinned program arrays, for switchIPv6 to replace.
 	ipv6Pending bool
+
+	// pins: what Open changed in the pin directory, put back if the
+	// start fails before Commit (rollback.go); nil once committed or
+	// put back.
+	pins *pinJournal
 }
 
 // The IPv6 socket path's maps (bpf/lib/maps.h), sized like their IPv4
@@ -328,6 +333,10 @@ func (p *sockProgs) Close() error {
 // map whose pin replaces the old one. A pinned map whose type, key or
 // value differ from what this agent wants, under the same name, is an
 // error: that is not a layout this build knows.
+//
+// The pins it changes are kept until the start is complete (Commit): an
+// Open that fails, or an Abort, puts every one back as it was, and the
+// next Open puts back those of a start that was killed (rollback.go).
 func Open(cfg Config) (*Datapath, error) {
 	cfg = cfg.withDefaults()
 	for name, n := range cfg.maxEntries() {
@@ -370,35 +379,57 @@ func Open(cfg Config) (*Datapath, error) {
 			return nil, err
 		}
 	}
+	// A start killed before it was complete left the pins it changed
+	// kept: they are put back first (rollback.go).
+	if d.pins, err = startPinJournal(dir); err != nil {
+		return nil, err
+	}
 	// A size below what the service maps hold is refused before any pin
 	// changes (shrink.go).
 	if err := checkShrink(dir, cfg); err != nil {
 		return nil, err
 	}
-	// The objects declare every pinned map alike (TestObjectsShareMaps):
-	// the tc object, always loaded, stands for all.
-	if d.migrations, err = migratePins(dir, specs.tc); err != nil {
-		return nil, err
-	}
-	resized, err := resizePins(dir, specs.tc)
-	if err != nil {
+	if err := d.migratePins(specs); err != nil {
+		// Every pin changed is put back (rollback.go).
 		d.closeMigrations()
-		return nil, err
-	}
-	d.migrations = append(d.migrations, resized...)
-	if err := checkPinned(specs.tc, dir); err != nil {
-		d.closeMigrations()
-		return nil, err
+		return nil, errors.Join(err, d.pins.undo())
 	}
 	if err := d.load(specs); err != nil {
 		d.closeMigrations()
-		return nil, err
+		return nil, errors.Join(err, d.pins.undo())
 	}
 	if err := d.maps.setNodeCIDRs(cidrs); err != nil {
-		return nil, errors.Join(err, d.Close())
+		return nil, errors.Join(err, d.Abort())
+	}
+	if failAfterLoad != nil {
+		if err := failAfterLoad(); err != nil {
+			return nil, errors.Join(err, d.Abort())
+		}
 	}
 	return d, nil
 }
+
+// migratePins converts the previous release's pins and resizes the maps
+// pinned with another size, noting each pin it changes in d.pins.
+func (d *Datapath) migratePins(specs objectSpecs) error {
+	// The objects declare every pinned map alike (TestObjectsShareMaps):
+	// the tc object, always loaded, stands for all.
+	var err error
+	if d.migrations, err = migratePins(d.dir, specs.tc, d.pins); err != nil {
+		return err
+	}
+	resized, err := resizePins(d.dir, specs.tc, d.pins)
+	if err != nil {
+		return err
+	}
+	d.migrations = append(d.migrations, resized...)
+	return checkPinned(specs.tc, d.dir)
+}
+
+// failAfterLoad, set by a test, makes Open fail once the pins are
+// converted and resized and the programs loaded: as a verifier rejection
+// of a later program, or a start cancelled there, would.
+var failAfterLoad func() error
 
 // objectSpecs are the collections Open loads; nil ones are not loaded.
 type objectSpecs struct {
@@ -695,10 +726,12 @@ func (d *Datapath) TCEgress() *ebpf.Program { return d.tc.SluiceEgress }
 func (d *Datapath) Features() Features { return d.features }
 
 // Close releases the agent's file descriptors. Pins and links stay, so
-// traffic keeps flowing while no agent runs.
+// traffic keeps flowing while no agent runs; the pins Open converted or
+// resized too (Commit). A start that failed closes with Abort instead.
 func (d *Datapath) Close() error {
+	err := d.Commit()
 	d.closeMigrations()
-	return d.closeObjects()
+	return errors.Join(err, d.closeObjects())
 }
 
 func (d *Datapath) closeObjects() error {

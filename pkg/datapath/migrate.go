@@ -13,6 +13,9 @@ package datapath
 //  3. The Attach methods replace those programs through their links. The
 //     old map is no longer read after that.
 //
+// Until 3 begins, the old map stays pinned as <name>_previous too: a start
+// that fails or is killed before then puts it back (rollback.go).
+//
 // Maps only the agent writes (services, backends, ...) need nothing more:
 // no agent writes between 1 and 3. Maps the programs write do: the flows
 // the old programs add between 1 and 3 would be lost, so the old map is
@@ -85,7 +88,10 @@ var tcWrittenMaps = map[string]bool{mapConntrack: true, mapCTNew: true, mapFragm
 // sluice_conntrack_v2 came after sluice6_conntrack_v1's pin named a copy
 // the previous agent's IPv6 programs did not write: the next agent
 // carried that copy over, without the IPv6 flows added since.
-func resizePins(dir string, spec *ebpf.CollectionSpec) (migs []*migration, err error) {
+//
+// Each pin renamed over is kept in j first, to be put back if the start
+// fails (rollback.go).
+func resizePins(dir string, spec *ebpf.CollectionSpec, j *pinJournal) (migs []*migration, err error) {
 	type resized struct {
 		name, path string
 		old, cur   *ebpf.Map
@@ -120,6 +126,9 @@ func resizePins(dir string, spec *ebpf.CollectionSpec) (migs []*migration, err e
 		return nil, err
 	}
 	for _, r := range built {
+		if err := j.keep(r.path); err != nil {
+			return nil, err
+		}
 		if err := pinOver(r.cur, r.path, "_resizing"); err != nil {
 			return nil, fmt.Errorf("resize pinned map %s: %w", r.path, err)
 		}
@@ -204,7 +213,7 @@ func buildMap(ms *ebpf.MapSpec, fill func(cur *ebpf.Map) error) (*ebpf.Map, erro
 // the temporary name path+suffix first, then renamed into place, as
 // rename(2) replaces a pin in one step. An agent that dies half way
 // leaves the old pin or the complete new one, never none or a partial
-// one (a stale temporary pin is removed by the next attempt).
+// one (a stale temporary pin is removed by the next Open: recoverPins).
 func pinOver(cur *ebpf.Map, path, suffix string) error {
 	tmp := path + suffix // (bpffs refuses names with a dot)
 	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {

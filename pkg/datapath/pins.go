@@ -133,8 +133,9 @@ var pinMigrations = []pinMigration{
 // even if a pin of the new name exists too, which happens only if an
 // agent of the previous release ran again after an upgrade (a rollback):
 // the new-named pin is then older. The old maps of live conversions are
-// returned, for the switch (migrate.go).
-func migratePins(dir string, spec *ebpf.CollectionSpec) (migs []*migration, err error) {
+// returned, for the switch (migrate.go). Each pin replaced or removed is
+// kept in j first, to be put back if the start fails (rollback.go).
+func migratePins(dir string, spec *ebpf.CollectionSpec, j *pinJournal) (migs []*migration, err error) {
 	defer dropOnError(&migs, &err)
 	for _, pm := range pinMigrations {
 		from, to := filepath.Join(dir, pm.from), filepath.Join(dir, pm.to)
@@ -149,7 +150,10 @@ func migratePins(dir string, spec *ebpf.CollectionSpec) (migs []*migration, err 
 		if err != nil {
 			return migs, fmt.Errorf("migrate pin %s: %w", from, err)
 		}
-		err = migratePin(old, from, to, spec, ms, pm.convert)
+		err = errors.Join(j.keep(from), j.keep(to))
+		if err == nil {
+			err = migratePin(old, from, to, spec, ms, pm.convert)
+		}
 		if err != nil {
 			old.Close()
 			return migs, fmt.Errorf("migrate pin %s to %s: %w", from, pm.to, err)

@@ -109,6 +109,8 @@ type noPrograms struct{}
 func (noPrograms) AttachCgroup(string) error    { return nil }
 func (noPrograms) AttachDevices([]string) error { return nil }
 func (noPrograms) Close() error                 { return nil }
+func (noPrograms) Commit() error                { return nil }
+func (noPrograms) Abort() error                 { return nil }
 
 // countApplies counts the states the agent applies, and keeps the last.
 type countApplies struct {

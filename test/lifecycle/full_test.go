@@ -198,14 +198,7 @@ func TestShrinkBelowProgrammedRefusedUnderLoad(t *testing.T) {
 			if err := a.Start(); err != nil {
 				t.Fatal(err)
 			}
-			if err := testutil.Poll(30*time.Second, func() error {
-				if a.Exited() == nil {
-					return fmt.Errorf("still running")
-				}
-				return nil
-			}); err != nil {
-				t.Fatalf("the agent with --%s=%s did not stop: %v", row.flag, row.to, err)
-			}
+			waitExited(t, a, fmt.Sprintf("the agent with --%s=%s", row.flag, row.to))
 			if !strings.Contains(a.Log.String(), row.want) {
 				t.Errorf("the refused agent's log does not say %q:\n%s", row.want, a.Log.String())
 			}
@@ -221,6 +214,19 @@ func TestShrinkBelowProgrammedRefusedUnderLoad(t *testing.T) {
 				t.Error(err)
 			}
 		})
+	}
+}
+
+// waitExited waits until a (what, for the failure) has exited.
+func waitExited(t *testing.T, a *agentproc.Agent, what string) {
+	t.Helper()
+	if err := testutil.Poll(30*time.Second, func() error {
+		if a.Exited() == nil {
+			return fmt.Errorf("still running")
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("%s did not stop: %v", what, err)
 	}
 }
 

@@ -118,6 +118,8 @@ type nopDatapath struct{}
 func (nopDatapath) AttachCgroup(string) error    { return nil }
 func (nopDatapath) AttachDevices([]string) error { return nil }
 func (nopDatapath) Close() error                 { return nil }
+func (nopDatapath) Commit() error                { return nil }
+func (nopDatapath) Abort() error                 { return nil }
 
 // runAgent runs a source under an agent, as cmd/sluice does, with rec as
 // its reconciler and m its Observer, until the test ends.
