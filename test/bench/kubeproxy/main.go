@@ -101,10 +101,11 @@ type config struct {
 	// the API, the rest copies of it written to etcd: seconds) or "api"
 	// (every one through the API: most of an hour at 30,000).
 	Populate string `json:"populate"`
-	// CPUChanges, if not 0, is K for a pair of CPU windows per mode and
-	// round after the latency changes (cpuWindows): K changes CPUGap
-	// apart, and as long without.
+	// CPUChanges, if not 0, is K for the CPU blocks per mode and round
+	// after the latency changes (cpuBlocks): blocks of CPUBlock changes
+	// CPUGap apart, each followed by as long without.
 	CPUChanges int           `json:"cpu_changes,omitempty"`
+	CPUBlock   int           `json:"cpu_block,omitempty"`
 	CPUGap     time.Duration `json:"cpu_gap_ns,omitempty"`
 	Stamp      string        `json:"stamp"`
 }
@@ -112,7 +113,7 @@ type config struct {
 // configFromEnv reads the BENCH_* knobs (see README.md).
 func configFromEnv() (config, error) {
 	cfg := config{Endpoints: 10, Rounds: 3, Changes: 10, ChangeGap: 1200 * time.Millisecond,
-		SyncTimeout: 15 * time.Minute, ChangeTimeout: 3 * time.Minute, Populate: "etcd", CPUGap: 1200 * time.Millisecond, TimeLimit: 2 * time.Hour, OutDir: "test/bench/results",
+		SyncTimeout: 15 * time.Minute, ChangeTimeout: 3 * time.Minute, Populate: "etcd", CPUBlock: 20, CPUGap: 1200 * time.Millisecond, TimeLimit: 2 * time.Hour, OutDir: "test/bench/results",
 		Modes: allModes, Stamp: time.Now().UTC().Format("2006-01-02T150405Z")}
 	services := "1000,10000,30000"
 	if v := os.Getenv("BENCH_SERVICES"); v != "" {
@@ -128,7 +129,7 @@ func configFromEnv() (config, error) {
 	for _, x := range []struct {
 		env string
 		dst *int
-	}{{"BENCH_ENDPOINTS", &cfg.Endpoints}, {"BENCH_ROUNDS", &cfg.Rounds}, {"BENCH_CHANGES", &cfg.Changes}, {"BENCH_CPU_CHANGES", &cfg.CPUChanges}} {
+	}{{"BENCH_ENDPOINTS", &cfg.Endpoints}, {"BENCH_ROUNDS", &cfg.Rounds}, {"BENCH_CHANGES", &cfg.Changes}, {"BENCH_CPU_CHANGES", &cfg.CPUChanges}, {"BENCH_CPU_BLOCK", &cfg.CPUBlock}} {
 		if v := os.Getenv(x.env); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 {

@@ -77,9 +77,9 @@ type modeRun struct {
 	Scrapes    int     `json:"scrapes"`
 	ScrapeCPUS float64 `json:"scrape_cpu_s"`
 	CPUNetEndS float64 `json:"cpu_net_end_s"`
-	// CPUWindows is the pair of CPU windows (BENCH_CPU_CHANGES), if any.
-	CPUWindows *cpuWindows `json:"cpu_windows,omitempty"`
-	Errors     []string    `json:"errors,omitempty"`
+	// CPUBlocks are the CPU blocks (BENCH_CPU_CHANGES), if any.
+	CPUBlocks *cpuBlocks `json:"cpu_blocks,omitempty"`
+	Errors    []string   `json:"errors,omitempty"`
 }
 
 // measure runs mode once at n Services: first sync, changes, memory and
@@ -179,13 +179,13 @@ func measure(ctx context.Context, cfg config, c *cluster, bins binaries, mode st
 	}
 
 	if cfg.CPUChanges > 0 && len(r.Errors) == 0 {
-		w, err := measureCPUPerChange(ctx, c, p, n, cfg.CPUChanges, cfg.CPUGap, round%2 == 1)
+		w, err := measureCPUPerChange(ctx, c, p, n, cfg.CPUChanges, cfg.CPUBlock, cfg.CPUGap)
 		if err != nil {
-			fail("CPU windows: %v", err)
+			fail("CPU blocks: %v", err)
 		} else {
-			r.CPUWindows = &w
-			if w.Recorded != w.Changes {
-				fail("CPU windows: %d changes, %d latencies recorded", w.Changes, w.Recorded)
+			r.CPUBlocks = &w
+			if want := w.PerPair * len(w.ChangeCPUS); w.Recorded != want {
+				fail("CPU blocks: %d changes, %d latencies recorded", want, w.Recorded)
 			}
 		}
 	}

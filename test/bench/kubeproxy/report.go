@@ -77,7 +77,7 @@ func newResult(cfg config) *result {
 			"every mode at its defaults (min sync period 1 s, sync period 30 s), kube-proxy with --conntrack-max-per-core=0 and conntrack timeouts left alone (a network namespace cannot set them)",
 			"CPU: utime+stime+cutime+cstime of /proc/<pid>/stat (with the iptables-restore and nft children kube-proxy waited for); RSS: VmRSS, peak VmHWM",
 			"the benchmark reads each mode's /metrics every 500 ms while it waits; a read of Sluice's walks its BPF maps (map fill), so 'without scrapes' subtracts the reads times the CPU one read cost, measured at the end over 10 reads",
-			"CPU per change (BENCH_CPU_CHANGES=K): after the latency changes, K changes BENCH_CPU_GAP apart and a window as long without any (the order alternating by round), no /metrics read inside either; (CPU with - CPU without) / K",
+			"CPU per change (BENCH_CPU_CHANGES=K): after the latency changes, blocks of BENCH_CPU_BLOCK changes BENCH_CPU_GAP apart, each followed by a block as long without any, no /metrics read inside either; per pair (CPU with - CPU without) / BENCH_CPU_BLOCK, from every thread's schedstat; the median over every pair of every round with its range (a pair holding a rare cost, such as Sluice's re-read of its maps every 5 minutes, is the outlier)",
 			"the kube-apiserver and etcd run on the same 2 cores: their work while a proxy lists and watches is not counted in the proxy's CPU but slows its first sync alike for every mode",
 		}}
 }
@@ -109,9 +109,9 @@ func (pt *point) finish(modes []string) {
 				rssSync = append(rssSync, float64(r.RSSSyncBytes)/(1<<20))
 				hwmSync = append(hwmSync, float64(r.HWMSyncBytes)/(1<<20))
 			}
-			if w := r.CPUWindows; w != nil && w.Changes > 0 {
-				perChange = append(perChange, w.perChangeMs())
-				idle = append(idle, w.idleMsPerS())
+			if w := r.CPUBlocks; w != nil {
+				perChange = append(perChange, w.perChangeMs()...)
+				idle = append(idle, w.idleMsPerS()...)
 			}
 			lat = append(lat, r.LatencyS...)
 		}
@@ -204,7 +204,7 @@ func markdown(stamp string, r *result) string {
 				spread(s.LatencyS, "%.3f"), spread(testutil.Spread{Median: s.LatencyP90, Min: s.LatencyP90, Max: s.LatencyP90}, "%.3f"), s.Changes, spread(s.RSSPeakMiB, "%.0f"), spread(s.RSSEndMiB, "%.0f"),
 				spread(s.CPUSyncS, "%.2f"), spread(s.CPUEndS, "%.2f"), spread(s.CPUNetEndS, "%.2f"), spread(s.ScrapeMs, "%.0f"), s.Errors)
 		}
-		b.WriteString("\n| mode | RSS at first sync (MiB) | RSS peak at first sync (MiB) | CPU per change, windows (ms) | CPU idle (ms/s) |\n|---|---|---|---|---|\n")
+		b.WriteString("\n| mode | RSS at first sync (MiB) | RSS peak at first sync (MiB) | CPU per change, every pair of blocks (ms) | CPU idle, every idle block (ms/s) |\n|---|---|---|---|---|\n")
 		for _, s := range pt.Summary {
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", s.Mode, spread(s.RSSSyncMiB, "%.1f"), spread(s.HWMSyncMiB, "%.1f"),
 				spread(s.CPUChangeMs, "%.2f"), spread(s.IdleMsPerS, "%.2f"))
