@@ -383,9 +383,8 @@ func addrAt(base netip.Addr, n int) netip.Addr {
 }
 
 // change replaces one endpoint address of a random Service's slice with a
-// new one, and sets the slice's trigger time to now, in one patch. It
-// returns the Service's name.
-func (c *cluster) change(ctx context.Context, n int) (string, error) {
+// new one, and sets the slice's trigger time to now, in one patch.
+func (c *cluster) change(ctx context.Context, n int) error {
 	i := c.rng.IntN(n)
 	name := svcName(i)
 	eps := make([]discoveryv1.Endpoint, c.endpoints)
@@ -399,10 +398,10 @@ func (c *cluster) change(ctx context.Context, n int) (string, error) {
 		"endpoints": eps,
 	})
 	if err != nil {
-		return "", err
+		return err
 	}
 	if _, err := c.env.Client.DiscoveryV1().EndpointSlices(namespace).Patch(ctx, name+"-0", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		return "", fmt.Errorf("patch endpointslice %s-0: %w", name, err)
+		return fmt.Errorf("patch endpointslice %s-0: %w", name, err)
 	}
-	return name, nil
+	return nil
 }

@@ -24,10 +24,7 @@ import (
 // apiserver's eyes (a Service asking for one is refused) with nothing for
 // its repair loop to mend (no event).
 func TestStoredAsCreated(t *testing.T) {
-	if os.Getenv("SLUICE_SKIP_KUBE") != "" {
-		t.Skip("SLUICE_SKIP_KUBE set: no kube-apiserver or etcd to run")
-	}
-	testutil.Privileged(t)
+	needsKube(t)
 	ctx := context.Background()
 	topo, err := topology.New()
 	if err != nil {
@@ -132,4 +129,14 @@ func js(v any) string {
 		return err.Error()
 	}
 	return string(b)
+}
+
+// needsKube skips a test that runs the real kube-apiserver and etcd (and
+// namespaces, so as root) where SLUICE_SKIP_KUBE is set or without root.
+func needsKube(t *testing.T) {
+	t.Helper()
+	if os.Getenv("SLUICE_SKIP_KUBE") != "" {
+		t.Skip("SLUICE_SKIP_KUBE set: no kube-apiserver, etcd or kube-proxy to run")
+	}
+	testutil.Privileged(t)
 }

@@ -131,7 +131,7 @@ func measureCPUPerChange(ctx context.Context, c *cluster, p *proxy, n, k, b int,
 				return 0, err
 			}
 			if changes {
-				if _, err := c.change(ctx, n); err != nil {
+				if err := c.change(ctx, n); err != nil {
 					return 0, err
 				}
 			}

@@ -241,7 +241,7 @@ func change(ctx context.Context, cfg config, c *cluster, p *proxy, n int) (lat, 
 		return 0, 0, 0, fmt.Errorf("waiting for a quiet moment: %w", err)
 	}
 	start := time.Now()
-	if _, err := c.change(ctx, n); err != nil {
+	if err := c.change(ctx, n); err != nil {
 		return 0, 0, 0, err
 	}
 	var sum, cnt float64
