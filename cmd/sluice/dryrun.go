@@ -68,3 +68,14 @@ func (l *dryRunLoader) SetProgrammed(*model.State) {}
 // the load's last collection was tried: one start of six skipped it,
 // its VmHWM 150 MiB.)
 func collectBeforeFirstApply() { runtime.GC() }
+
+// collectAroundRefresh is the reconciler's refresh hook: a collection
+// before and after an Apply that re-reads the maps (every 5 minutes). The
+// read holds a dump of every map and a new view (at 30,000 Services x 10,
+// 42 MiB of dump, 80 MiB of heap made); a collection that falls in it
+// took 107-127 MB for live where 77-80 is, and the heap grew to twice
+// that before the next, the agent's RSS to 225-244 MiB (issue 14,
+// thirty-third pass). Collected before, the read starts on the live heap
+// alone; after, its garbage sets no goal. Two marks of the live heap
+// every 5 minutes.
+func collectAroundRefresh() { runtime.GC() }

@@ -347,6 +347,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 	}
 	rec := reconciler.New(dp.Maps(), log.With("component", "reconciler"))
 	m.SetBackendCounter(rec.BackendCounts) // the reconciler's count: no second map of every backend
+	rec.SetRefreshHook(collectAroundRefresh)
 	a := agent.New(cfg, dp, rec, log)
 
 	ctx, cancel := context.WithCancelCause(ctx)

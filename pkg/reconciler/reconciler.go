@@ -192,6 +192,7 @@ type Reconciler struct {
 
 	refreshEvery time.Duration
 	lastRead     time.Time // when the view was last read from the maps
+	aroundRead   func()    // SetRefreshHook's
 	writes       uint64
 }
 
@@ -255,6 +256,19 @@ func (r *Reconciler) SetRefreshInterval(d time.Duration) {
 	r.refreshEvery = d
 }
 
+// SetRefreshHook makes an Apply that re-reads the maps (SetRefreshInterval)
+// call f right before the read and again at its end. The agent collects
+// its heap there: the read holds a dump of every map and a new view
+// beside the state (about 80 MiB of heap made, 40 live, at 30,000
+// Services x 10), which a collection in it would take for the live heap,
+// setting the collector's goal to twice that until its next collection;
+// and one before it starts the read on the live heap alone.
+func (r *Reconciler) SetRefreshHook(f func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.aroundRead = f
+}
+
 // DefaultRefreshInterval is how often Apply re-reads the maps by default.
 const DefaultRefreshInterval = 5 * time.Minute
 
@@ -314,6 +328,10 @@ func (r *Reconciler) Apply(st *model.State) error {
 	writes0 := r.writes
 	var errs []error
 	if r.refreshEvery > 0 && time.Since(r.lastRead) > r.refreshEvery {
+		if r.aroundRead != nil {
+			r.aroundRead()
+			defer r.aroundRead() // runs before the unlock
+		}
 		if err := r.refresh(); err != nil {
 			errs = append(errs, err)
 		}

@@ -706,6 +706,43 @@ func TestRefreshRepairsTampering(t *testing.T) {
 	}
 }
 
+// dumpCounter counts the reads of the maps.
+type dumpCounter struct {
+	reconciler.Datapath
+	dumps int
+}
+
+func (d *dumpCounter) Dump() (*reconciler.KernelState, error) {
+	d.dumps++
+	return d.Datapath.Dump()
+}
+
+// TestRefreshHookAroundRead: the hook runs right before an Apply reads the
+// maps again and once more at that Apply's end, and in no other Apply.
+func TestRefreshHookAroundRead(t *testing.T) {
+	d := &dumpCounter{Datapath: newFake(t)}
+	r := reconciler.New(d, nil)
+	var calls []int // the dumps each call saw
+	r.SetRefreshHook(func() { calls = append(calls, d.dumps) })
+	st := bigState(3, 2)
+	mustApply(t, r, st)
+	mustApply(t, r, st)
+	if len(calls) != 0 || d.dumps != 0 {
+		t.Fatalf("within the refresh interval: hook calls %v, dumps %d, want none", calls, d.dumps)
+	}
+	r.SetRefreshInterval(time.Nanosecond)
+	time.Sleep(time.Millisecond)
+	mustApply(t, r, st)
+	if !slices.Equal(calls, []int{0, 1}) {
+		t.Fatalf("hook calls saw %v dumps, want [0 1] (before the read and after it)", calls)
+	}
+	r.SetRefreshInterval(time.Hour)
+	mustApply(t, r, st)
+	if len(calls) != 2 {
+		t.Fatalf("an Apply without a read called the hook: %v", calls)
+	}
+}
+
 // TestViewKeepsNoOlderService: the view names the Service each frontend
 // was programmed for by pointing at the desired state's; once a newer
 // state's Service for the frontend is applied (programmed the same, so

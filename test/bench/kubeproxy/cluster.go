@@ -14,10 +14,14 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/uuid"
 
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/test/kube/kubeenv"
@@ -63,6 +67,10 @@ type cluster struct {
 	services                         int // Services created so far: svc-00000 ..
 	changes                          int // endpoint addresses changed so far
 	rng                              *rand.Rand
+	// viaAPI creates every Service through the API (BENCH_POPULATE=api);
+	// else all but the first are written to etcd, copies of tmpl.
+	viaAPI bool
+	tmpl   *template
 }
 
 // startCluster starts etcd and kube-apiserver in a namespace of topo,
@@ -101,9 +109,39 @@ func startCluster(ctx context.Context, t kubeenv.TB, topo *topology.Topology, en
 // grow creates Services (and their EndpointSlices) until there are n,
 // with a few concurrent clients. Their trigger times are the time of
 // creation: before any mode starts, so no mode counts them as changes.
+//
+// Through the API (c.viaAPI) the apiserver takes most of an hour for
+// 30,000: each ClusterIP it allocates makes an IPAddress object and then
+// counts every IPAddress of its lister twice for its metrics
+// (ipallocator's createIPAddress calls Used and Free), so a create costs
+// time in proportion to the Services there already (121 Services a second
+// up to 2,000, 72 from 2,000 to 4,000, about 10 near 30,000). Otherwise
+// the first Service is created through the API, as a template of what the
+// apiserver makes of the bench's objects (defaults, uid, managedFields, the
+// IPAddress), and the rest are copies of it written straight to etcd
+// (storeService), which the apiserver's watch picks up: the same objects,
+// in seconds.
 func (c *cluster) grow(ctx context.Context, n int) error {
 	if n <= c.services {
 		return nil
+	}
+	from := c.services
+	if !c.viaAPI && c.tmpl == nil {
+		if err := c.createService(ctx, from); err != nil {
+			return err
+		}
+		if err := c.takeTemplate(ctx, from); err != nil {
+			return err
+		}
+		from++
+	}
+	do := c.createService
+	if !c.viaAPI {
+		free, err := c.freeClusterIPs(ctx, n-from)
+		if err != nil {
+			return err
+		}
+		do = func(ctx context.Context, i int) error { return c.storeService(ctx, i, free[i-from]) }
 	}
 	const workers = 8
 	next := make(chan int)
@@ -114,7 +152,7 @@ func (c *cluster) grow(ctx context.Context, n int) error {
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				if err := c.createService(ctx, i); err != nil {
+				if err := do(ctx, i); err != nil {
 					errs <- err
 					return
 				}
@@ -123,7 +161,7 @@ func (c *cluster) grow(ctx context.Context, n int) error {
 	}
 	var err error
 feed:
-	for i := c.services; i < n; i++ {
+	for i := from; i < n; i++ {
 		select {
 		case next <- i:
 		case err = <-errs:
@@ -141,6 +179,9 @@ feed:
 		default:
 		}
 	}
+	if err == nil && !c.viaAPI {
+		err = c.waitListed(ctx, n)
+	}
 	if err != nil {
 		return err
 	}
@@ -150,24 +191,27 @@ feed:
 
 func svcName(i int) string { return fmt.Sprintf("svc-%05d", i) }
 
-// createService creates Service i (ClusterIP, TCP port 80 to 8080) and its
-// EndpointSlice of c.endpoints ready endpoints on another node.
-func (c *cluster) createService(ctx context.Context, i int) error {
+// serviceObject is Service i as the bench creates it: ClusterIP, TCP port
+// 80 to 8080, selecting app=svc-NNNNN.
+func serviceObject(i int) *corev1.Service {
 	name := svcName(i)
-	svc := &corev1.Service{
+	return &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
 		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, Selector: map[string]string{"app": name},
 			Ports: []corev1.ServicePort{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(8080)}}},
 	}
-	if _, err := c.env.Client.CoreV1().Services(namespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create service %s: %w", name, err)
-	}
+}
+
+// sliceObject is Service i's EndpointSlice as the bench creates it:
+// c.endpoints ready endpoints on another node, triggered now.
+func (c *cluster) sliceObject(i int) *discoveryv1.EndpointSlice {
+	name := svcName(i)
 	eps := make([]discoveryv1.Endpoint, c.endpoints)
 	for j := range eps {
 		eps[j] = endpoint(addrAt(endpointBase, i*c.endpoints+j))
 	}
 	port, proto, portName := int32(8080), corev1.ProtocolTCP, "http"
-	slice := &discoveryv1.EndpointSlice{
+	return &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: name + "-0", Namespace: namespace,
 			Labels: map[string]string{discoveryv1.LabelServiceName: name,
 				discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"},
@@ -176,10 +220,153 @@ func (c *cluster) createService(ctx context.Context, i int) error {
 		Endpoints:   eps,
 		Ports:       []discoveryv1.EndpointPort{{Name: &portName, Protocol: &proto, Port: &port}},
 	}
+}
+
+// createService creates Service i and its EndpointSlice through the API.
+func (c *cluster) createService(ctx context.Context, i int) error {
+	if _, err := c.env.Client.CoreV1().Services(namespace).Create(ctx, serviceObject(i), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create service %s: %w", svcName(i), err)
+	}
+	slice := c.sliceObject(i)
 	if _, err := c.env.Client.DiscoveryV1().EndpointSlices(namespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create endpointslice %s: %w", slice.Name, err)
 	}
 	return nil
+}
+
+// template is what the apiserver made of one Service created through the
+// API: the Service, its EndpointSlice and its ClusterIP's IPAddress.
+type template struct {
+	svc   *corev1.Service
+	slice *discoveryv1.EndpointSlice
+	addr  *networkingv1.IPAddress
+}
+
+// takeTemplate reads Service i, its slice and IPAddress back as c.tmpl.
+func (c *cluster) takeTemplate(ctx context.Context, i int) error {
+	svc, err := c.env.Client.CoreV1().Services(namespace).Get(ctx, svcName(i), metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("template: %w", err)
+	}
+	slice, err := c.env.Client.DiscoveryV1().EndpointSlices(namespace).Get(ctx, svcName(i)+"-0", metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("template: %w", err)
+	}
+	addr, err := c.env.Client.NetworkingV1().IPAddresses().Get(ctx, svc.Spec.ClusterIP, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("template: the IPAddress of %s: %w", svc.Name, err)
+	}
+	c.tmpl = &template{svc: svc, slice: slice, addr: addr}
+	return nil
+}
+
+// freeClusterIPs returns k addresses of the Service range that no
+// IPAddress holds, in a random order (the apiserver's allocator starts
+// at a random offset too).
+func (c *cluster) freeClusterIPs(ctx context.Context, k int) ([]string, error) {
+	used := map[string]bool{}
+	list, err := c.env.Client.NetworkingV1().IPAddresses().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list IPAddresses: %w", err)
+	}
+	for _, a := range list.Items {
+		used[a.Name] = true
+	}
+	prefix := netip.MustParsePrefix(kubeenv.ServiceCIDR)
+	size := 1 << (32 - prefix.Bits())
+	var free []string
+	// Not the network's address nor the last (the allocator's range).
+	for _, off := range c.rng.Perm(size - 2) {
+		a := addrAt(prefix.Addr(), off+1).String()
+		if !used[a] {
+			free = append(free, a)
+			if len(free) == k {
+				return free, nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("%s has %d free addresses, want %d", kubeenv.ServiceCIDR, len(free), k)
+}
+
+// storeService writes Service i with ClusterIP ip, its IPAddress and its
+// EndpointSlice straight to etcd, as copies of c.tmpl with what differs
+// from Service to Service (names, uids, times, the address, the selector,
+// labels, annotation and endpoints) taken from the objects the API path
+// creates. The IPAddress goes first, as the allocator writes it before the
+// Service.
+func (c *cluster) storeService(ctx context.Context, i int, ip string) error {
+	now := metav1.NewTime(time.Now().Truncate(time.Second))
+	fresh := func(m *metav1.ObjectMeta, name string) {
+		m.Name, m.UID, m.CreationTimestamp, m.ResourceVersion = name, uuid.NewUUID(), now, ""
+		for j := range m.ManagedFields {
+			m.ManagedFields[j].Time = &now
+		}
+	}
+	want := serviceObject(i)
+	addr := c.tmpl.addr.DeepCopy()
+	fresh(&addr.ObjectMeta, ip)
+	addr.Spec.ParentRef.Name = want.Name
+	if err := c.env.Store(ctx, kubeenv.StorageKey("ipaddresses", "", ip), addr, networkingv1.SchemeGroupVersion.WithKind("IPAddress")); err != nil {
+		return err
+	}
+	svc := c.tmpl.svc.DeepCopy()
+	fresh(&svc.ObjectMeta, want.Name)
+	svc.Spec.Selector = want.Spec.Selector
+	svc.Spec.ClusterIP, svc.Spec.ClusterIPs = ip, []string{ip}
+	if err := c.env.Store(ctx, kubeenv.StorageKey("services/specs", namespace, svc.Name), svc, corev1.SchemeGroupVersion.WithKind("Service")); err != nil {
+		return err
+	}
+	wantSlice := c.sliceObject(i)
+	slice := c.tmpl.slice.DeepCopy()
+	fresh(&slice.ObjectMeta, wantSlice.Name)
+	slice.Labels, slice.Annotations, slice.Endpoints = wantSlice.Labels, wantSlice.Annotations, wantSlice.Endpoints
+	return c.env.Store(ctx, kubeenv.StorageKey("endpointslices", namespace, slice.Name), slice, discoveryv1.SchemeGroupVersion.WithKind("EndpointSlice"))
+}
+
+// waitListed waits until the apiserver lists n Services and n
+// EndpointSlices in the namespace (its watch of etcd has caught up with
+// what storeService wrote), and as many IPAddresses beside the rest.
+func (c *cluster) waitListed(ctx context.Context, n int) error {
+	count := func(list func(metav1.ListOptions) (metav1.ListInterface, error)) (int, error) {
+		l, err := list(metav1.ListOptions{Limit: 1})
+		if err != nil {
+			return 0, err
+		}
+		got := 0
+		if meta.LenList(l.(runtime.Object)) > 0 {
+			got = 1
+		}
+		if r := l.GetRemainingItemCount(); r != nil {
+			got += int(*r)
+		}
+		return got, nil
+	}
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		svcs, err := count(func(o metav1.ListOptions) (metav1.ListInterface, error) {
+			return c.env.Client.CoreV1().Services(namespace).List(ctx, o)
+		})
+		if err != nil {
+			return err
+		}
+		slices, err := count(func(o metav1.ListOptions) (metav1.ListInterface, error) {
+			return c.env.Client.DiscoveryV1().EndpointSlices(namespace).List(ctx, o)
+		})
+		if err != nil {
+			return err
+		}
+		if svcs >= n && slices >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the apiserver lists %d Services and %d EndpointSlices of %d written to etcd", svcs, slices, n)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 func endpoint(a netip.Addr) discoveryv1.Endpoint {
@@ -196,9 +383,8 @@ func addrAt(base netip.Addr, n int) netip.Addr {
 }
 
 // change replaces one endpoint address of a random Service's slice with a
-// new one, and sets the slice's trigger time to now, in one patch. It
-// returns the Service's name.
-func (c *cluster) change(ctx context.Context, n int) (string, error) {
+// new one, and sets the slice's trigger time to now, in one patch.
+func (c *cluster) change(ctx context.Context, n int) error {
 	i := c.rng.IntN(n)
 	name := svcName(i)
 	eps := make([]discoveryv1.Endpoint, c.endpoints)
@@ -212,10 +398,10 @@ func (c *cluster) change(ctx context.Context, n int) (string, error) {
 		"endpoints": eps,
 	})
 	if err != nil {
-		return "", err
+		return err
 	}
 	if _, err := c.env.Client.DiscoveryV1().EndpointSlices(namespace).Patch(ctx, name+"-0", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		return "", fmt.Errorf("patch endpointslice %s-0: %w", name, err)
+		return fmt.Errorf("patch endpointslice %s-0: %w", name, err)
 	}
-	return name, nil
+	return nil
 }

@@ -3,12 +3,10 @@ package main
 import (
 	"context"
 	"log/slog"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/test/bench/harness"
 )
 
@@ -18,10 +16,7 @@ import (
 // change once in its own network programming histogram, and the report
 // files are written and parse. No timing is asserted.
 func TestQuick(t *testing.T) {
-	if os.Getenv("SLUICE_SKIP_KUBE") != "" {
-		t.Skip("SLUICE_SKIP_KUBE set: no kube-apiserver, etcd or kube-proxy to run")
-	}
-	testutil.Privileged(t)
+	needsKube(t)
 	const n, changes = 10, 2
 	cfg := config{Services: []int{n}, Endpoints: 10, Modes: allModes, Rounds: 1, Changes: changes,
 		ChangeGap: 1200 * time.Millisecond, SyncTimeout: 3 * time.Minute, ChangeTimeout: time.Minute,

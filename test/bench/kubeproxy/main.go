@@ -88,15 +88,32 @@ type config struct {
 	// written, the rest recorded as skipped.
 	TimeLimit time.Duration `json:"time_limit_ns"`
 	OutDir    string        `json:"-"`
+	// LogDir, if set (BENCH_LOG_DIR), keeps each mode's log there as
+	// <N>-<mode>-r<round>.log.
+	LogDir string `json:"-"`
 	// SluiceBase is the agent binary mode sluice-base runs.
 	SluiceBase string `json:"sluice_base,omitempty"`
-	Stamp      string `json:"stamp"`
+	// SluiceArgs are added to both agent modes' command lines
+	// (BENCH_SLUICE_ARGS, split at spaces), e.g. a --max-backends that
+	// holds N x E.
+	SluiceArgs []string `json:"sluice_args,omitempty"`
+	// Populate is how the Services are made: "etcd" (the first through
+	// the API, the rest copies of it written to etcd: seconds) or "api"
+	// (every one through the API: most of an hour at 30,000).
+	Populate string `json:"populate"`
+	// CPUChanges, if not 0, is K for the CPU blocks per mode and round
+	// after the latency changes (cpuBlocks): blocks of CPUBlock changes
+	// CPUGap apart, each followed by as long without.
+	CPUChanges int           `json:"cpu_changes,omitempty"`
+	CPUBlock   int           `json:"cpu_block,omitempty"`
+	CPUGap     time.Duration `json:"cpu_gap_ns,omitempty"`
+	Stamp      string        `json:"stamp"`
 }
 
 // configFromEnv reads the BENCH_* knobs (see README.md).
 func configFromEnv() (config, error) {
 	cfg := config{Endpoints: 10, Rounds: 3, Changes: 10, ChangeGap: 1200 * time.Millisecond,
-		SyncTimeout: 15 * time.Minute, ChangeTimeout: 3 * time.Minute, TimeLimit: 2 * time.Hour, OutDir: "test/bench/results",
+		SyncTimeout: 15 * time.Minute, ChangeTimeout: 3 * time.Minute, Populate: "etcd", CPUBlock: 20, CPUGap: 1200 * time.Millisecond, TimeLimit: 2 * time.Hour, OutDir: "test/bench/results",
 		Modes: allModes, Stamp: time.Now().UTC().Format("2006-01-02T150405Z")}
 	services := "1000,10000,30000"
 	if v := os.Getenv("BENCH_SERVICES"); v != "" {
@@ -112,7 +129,7 @@ func configFromEnv() (config, error) {
 	for _, x := range []struct {
 		env string
 		dst *int
-	}{{"BENCH_ENDPOINTS", &cfg.Endpoints}, {"BENCH_ROUNDS", &cfg.Rounds}, {"BENCH_CHANGES", &cfg.Changes}} {
+	}{{"BENCH_ENDPOINTS", &cfg.Endpoints}, {"BENCH_ROUNDS", &cfg.Rounds}, {"BENCH_CHANGES", &cfg.Changes}, {"BENCH_CPU_CHANGES", &cfg.CPUChanges}, {"BENCH_CPU_BLOCK", &cfg.CPUBlock}} {
 		if v := os.Getenv(x.env); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 {
@@ -124,7 +141,7 @@ func configFromEnv() (config, error) {
 	for _, x := range []struct {
 		env string
 		dst *time.Duration
-	}{{"BENCH_CHANGE_GAP", &cfg.ChangeGap}, {"BENCH_SYNC_TIMEOUT", &cfg.SyncTimeout}, {"BENCH_CHANGE_TIMEOUT", &cfg.ChangeTimeout}, {"BENCH_TIME_LIMIT", &cfg.TimeLimit}} {
+	}{{"BENCH_CHANGE_GAP", &cfg.ChangeGap}, {"BENCH_CPU_GAP", &cfg.CPUGap}, {"BENCH_SYNC_TIMEOUT", &cfg.SyncTimeout}, {"BENCH_CHANGE_TIMEOUT", &cfg.ChangeTimeout}, {"BENCH_TIME_LIMIT", &cfg.TimeLimit}} {
 		if v := os.Getenv(x.env); v != "" {
 			d, err := time.ParseDuration(v)
 			if err != nil || d < 0 {
@@ -146,6 +163,14 @@ func configFromEnv() (config, error) {
 	cfg.SluiceBase = os.Getenv("BENCH_SLUICE_BASE")
 	if slices.Contains(cfg.Modes, modeSluiceBase) != (cfg.SluiceBase != "") {
 		return cfg, fmt.Errorf("mode %s and BENCH_SLUICE_BASE (its agent binary) go together", modeSluiceBase)
+	}
+	cfg.LogDir = os.Getenv("BENCH_LOG_DIR")
+	cfg.SluiceArgs = strings.Fields(os.Getenv("BENCH_SLUICE_ARGS"))
+	if v := os.Getenv("BENCH_POPULATE"); v != "" {
+		if v != "etcd" && v != "api" {
+			return cfg, fmt.Errorf("BENCH_POPULATE=%q: want etcd or api", v)
+		}
+		cfg.Populate = v
 	}
 	if v := os.Getenv("BENCH_OUT"); v != "" {
 		cfg.OutDir = v

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -64,6 +65,7 @@ type modeRun struct {
 	// (after the changes); CPU with the children it waited for
 	// (iptables-restore, nft) and its own.
 	RSSSyncBytes int64   `json:"rss_after_sync_bytes"`
+	HWMSyncBytes int64   `json:"rss_peak_after_sync_bytes"`
 	RSSEndBytes  int64   `json:"rss_end_bytes"`
 	RSSPeakBytes int64   `json:"rss_peak_bytes"`
 	CPUSyncS     float64 `json:"cpu_after_sync_s"`
@@ -72,10 +74,12 @@ type modeRun struct {
 	// Scrapes is how many times the benchmark read the mode's /metrics
 	// until the end, ScrapeCPUS what one read cost the mode, and
 	// CPUNetEndS is CPUEndS less Scrapes reads.
-	Scrapes    int      `json:"scrapes"`
-	ScrapeCPUS float64  `json:"scrape_cpu_s"`
-	CPUNetEndS float64  `json:"cpu_net_end_s"`
-	Errors     []string `json:"errors,omitempty"`
+	Scrapes    int     `json:"scrapes"`
+	ScrapeCPUS float64 `json:"scrape_cpu_s"`
+	CPUNetEndS float64 `json:"cpu_net_end_s"`
+	// CPUBlocks are the CPU blocks (BENCH_CPU_CHANGES), if any.
+	CPUBlocks *cpuBlocks `json:"cpu_blocks,omitempty"`
+	Errors    []string   `json:"errors,omitempty"`
 }
 
 // measure runs mode once at n Services: first sync, changes, memory and
@@ -96,6 +100,12 @@ func measure(ctx context.Context, cfg config, c *cluster, bins binaries, mode st
 		}
 		if len(r.Errors) > 0 {
 			r.Errors = append(r.Errors, "log tail: "+tail(p.log.String(), 15))
+		}
+		if cfg.LogDir != "" {
+			name := filepath.Join(cfg.LogDir, fmt.Sprintf("%d-%s-r%d.log", n, mode, round))
+			if err := os.WriteFile(name, []byte(p.log.String()), 0o644); err != nil {
+				fail("keep the log: %v", err)
+			}
 		}
 	}()
 
@@ -128,7 +138,7 @@ func measure(ctx context.Context, cfg config, c *cluster, bins binaries, mode st
 	if err != nil {
 		fail("after the first sync: %v", err)
 	}
-	r.RSSSyncBytes, r.CPUSyncS = st.rss, st.cpuAll
+	r.RSSSyncBytes, r.HWMSyncBytes, r.CPUSyncS = st.rss, st.hwm, st.cpuAll
 	// The count is polled: Sluice sets its sync timestamp a moment before
 	// its count of programmed Services (sluice_services). SyncsAtCheck
 	// says how many syncs had ended by then: 1 shows the first sync
@@ -165,6 +175,18 @@ func measure(ctx context.Context, cfg config, c *cluster, bins binaries, mode st
 		r.Recorded = append(r.Recorded, rec)
 		if rec != 1 {
 			fail("change %d: recorded %d times", k+1, rec)
+		}
+	}
+
+	if cfg.CPUChanges > 0 && len(r.Errors) == 0 {
+		w, err := measureCPUPerChange(ctx, c, p, n, cfg.CPUChanges, cfg.CPUBlock, cfg.CPUGap)
+		if err != nil {
+			fail("CPU blocks: %v", err)
+		} else {
+			r.CPUBlocks = &w
+			if want := w.PerPair * len(w.ChangeCPUS); w.Recorded != want {
+				fail("CPU blocks: %d changes, %d latencies recorded", want, w.Recorded)
+			}
 		}
 	}
 
@@ -219,7 +241,7 @@ func change(ctx context.Context, cfg config, c *cluster, p *proxy, n int) (lat, 
 		return 0, 0, 0, fmt.Errorf("waiting for a quiet moment: %w", err)
 	}
 	start := time.Now()
-	if _, err := c.change(ctx, n); err != nil {
+	if err := c.change(ctx, n); err != nil {
 		return 0, 0, 0, err
 	}
 	var sum, cnt float64

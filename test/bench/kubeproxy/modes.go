@@ -27,6 +27,8 @@ type binaries struct {
 	kubeProxy string
 	// agentBase is mode sluice-base's agent (config.SluiceBase).
 	agentBase string
+	// agentArgs are added to both agents' flags (config.SluiceArgs).
+	agentArgs []string
 }
 
 // proxy is one mode's process, running in a namespace of its own.
@@ -131,7 +133,7 @@ func startProxy(c *cluster, mode string, bins binaries) (_ *proxy, started time.
 			Devices: []string{"eth0"},
 			Cgroup:  cg.Path,
 			BPFFS:   filepath.Join(testutil.BPFFS, topo.Prefix()+"sluice"),
-			Extra:   []string{"--kubeconfig", c.agentKubeconfig, "--log-level", "info"},
+			Extra:   append([]string{"--kubeconfig", c.agentKubeconfig, "--log-level", "info"}, bins.agentArgs...),
 		})
 		a.Log = p.log
 		a.MetricsAddr = metricsAddr

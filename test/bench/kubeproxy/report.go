@@ -48,7 +48,12 @@ type summary struct {
 	CPUEndS    testutil.Spread `json:"cpu_end_s"`
 	CPUNetEndS testutil.Spread `json:"cpu_net_end_s"`
 	ScrapeMs   testutil.Spread `json:"scrape_cpu_ms"`
-	Errors     int             `json:"errors"`
+	// The memory at the first sync; the CPU windows' figures.
+	RSSSyncMiB  testutil.Spread `json:"rss_after_sync_mib"`
+	HWMSyncMiB  testutil.Spread `json:"rss_peak_after_sync_mib"`
+	CPUChangeMs testutil.Spread `json:"cpu_per_change_ms,omitzero"`
+	IdleMsPerS  testutil.Spread `json:"idle_cpu_ms_per_s,omitzero"`
+	Errors      int             `json:"errors"`
 }
 
 // ratio is mode / base of the same round, median over rounds with the
@@ -72,6 +77,7 @@ func newResult(cfg config) *result {
 			"every mode at its defaults (min sync period 1 s, sync period 30 s), kube-proxy with --conntrack-max-per-core=0 and conntrack timeouts left alone (a network namespace cannot set them)",
 			"CPU: utime+stime+cutime+cstime of /proc/<pid>/stat (with the iptables-restore and nft children kube-proxy waited for); RSS: VmRSS, peak VmHWM",
 			"the benchmark reads each mode's /metrics every 500 ms while it waits; a read of Sluice's walks its BPF maps (map fill), so 'without scrapes' subtracts the reads times the CPU one read cost, measured at the end over 10 reads",
+			"CPU per change (BENCH_CPU_CHANGES=K): after the latency changes, blocks of BENCH_CPU_BLOCK changes BENCH_CPU_GAP apart, each followed by a block as long without any, no /metrics read inside either; per pair (CPU with - CPU without) / BENCH_CPU_BLOCK, from every thread's schedstat; the median over every pair of every round with its range (a pair holding a rare cost, such as Sluice's re-read of its maps every 5 minutes, is the outlier)",
 			"the kube-apiserver and etcd run on the same 2 cores: their work while a proxy lists and watches is not counted in the proxy's CPU but slows its first sync alike for every mode",
 		}}
 }
@@ -86,7 +92,7 @@ func (pt *point) finish(modes []string) {
 			}
 		}
 		s := summary{Mode: m, Rounds: len(runs)}
-		var first, lat, rssEnd, rssPeak, cpuSync, cpuEnd, cpuNet, scrape []float64
+		var first, lat, rssEnd, rssPeak, cpuSync, cpuEnd, cpuNet, scrape, rssSync, hwmSync, perChange, idle []float64
 		for _, r := range runs {
 			s.Errors += len(r.Errors)
 			for _, e := range r.Errors {
@@ -100,6 +106,12 @@ func (pt *point) finish(modes []string) {
 				cpuEnd = append(cpuEnd, r.CPUEndS)
 				cpuNet = append(cpuNet, r.CPUNetEndS)
 				scrape = append(scrape, r.ScrapeCPUS*1000)
+				rssSync = append(rssSync, float64(r.RSSSyncBytes)/(1<<20))
+				hwmSync = append(hwmSync, float64(r.HWMSyncBytes)/(1<<20))
+			}
+			if w := r.CPUBlocks; w != nil {
+				perChange = append(perChange, w.perChangeMs()...)
+				idle = append(idle, w.idleMsPerS()...)
 			}
 			lat = append(lat, r.LatencyS...)
 		}
@@ -108,6 +120,8 @@ func (pt *point) finish(modes []string) {
 		s.RSSEndMiB, s.RSSPeakMiB = testutil.SpreadOf(rssEnd), testutil.SpreadOf(rssPeak)
 		s.CPUSyncS, s.CPUEndS = testutil.SpreadOf(cpuSync), testutil.SpreadOf(cpuEnd)
 		s.CPUNetEndS, s.ScrapeMs = testutil.SpreadOf(cpuNet), testutil.SpreadOf(scrape)
+		s.RSSSyncMiB, s.HWMSyncMiB = testutil.SpreadOf(rssSync), testutil.SpreadOf(hwmSync)
+		s.CPUChangeMs, s.IdleMsPerS = testutil.SpreadOf(perChange), testutil.SpreadOf(idle)
 		pt.Summary = append(pt.Summary, s)
 	}
 	if !slices.Contains(modes, modeSluice) {
@@ -183,12 +197,17 @@ func markdown(stamp string, r *result) string {
 			fmt.Fprintf(&b, "Skipped: %s\n\n", pt.Skipped)
 			continue
 		}
-		fmt.Fprintf(&b, "Services created in %.1f s.\n\n", pt.CreateS)
+		fmt.Fprintf(&b, "Services created in %.1f s (%s).\n\n", pt.CreateS, r.Config.Populate)
 		b.WriteString("| mode | first sync (s) | latency median (s) | latency p90 (s) | changes | RSS peak (MiB) | RSS end (MiB) | CPU after sync (s) | CPU end (s) | CPU end without scrapes (s) | one scrape (ms CPU) | errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, s := range pt.Summary {
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %d |\n", s.Mode, spread(s.FirstSyncS, "%.2f"),
 				spread(s.LatencyS, "%.3f"), spread(testutil.Spread{Median: s.LatencyP90, Min: s.LatencyP90, Max: s.LatencyP90}, "%.3f"), s.Changes, spread(s.RSSPeakMiB, "%.0f"), spread(s.RSSEndMiB, "%.0f"),
 				spread(s.CPUSyncS, "%.2f"), spread(s.CPUEndS, "%.2f"), spread(s.CPUNetEndS, "%.2f"), spread(s.ScrapeMs, "%.0f"), s.Errors)
+		}
+		b.WriteString("\n| mode | RSS at first sync (MiB) | RSS peak at first sync (MiB) | CPU per change, every pair of blocks (ms) | CPU idle, every idle block (ms/s) |\n|---|---|---|---|---|\n")
+		for _, s := range pt.Summary {
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", s.Mode, spread(s.RSSSyncMiB, "%.1f"), spread(s.HWMSyncMiB, "%.1f"),
+				spread(s.CPUChangeMs, "%.2f"), spread(s.IdleMsPerS, "%.2f"))
 		}
 		if len(pt.Ratios) > 0 {
 			b.WriteString("\n| ratio | first sync | latency median | RSS peak | CPU end | CPU end without scrapes |\n|---|---|---|---|---|---|\n")

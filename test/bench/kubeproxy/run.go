@@ -44,6 +44,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) (*result, error) {
 	if bins.agentBase = cfg.SluiceBase; bins.agentBase != "" {
 		res.Versions[modeSluiceBase] = version(bins.agentBase, "--version")
 	}
+	bins.agentArgs = cfg.SluiceArgs
 	res.Versions["iptables"] = version("iptables", "--version")
 	res.Versions["nft"] = version("nft", "--version")
 
@@ -62,6 +63,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) (*result, error) {
 		if err != nil {
 			return err
 		}
+		c.viaAPI = cfg.Populate == "api"
 		for _, n := range cfg.Services {
 			pt := &point{Services: n, Endpoints: cfg.Endpoints}
 			res.Points = append(res.Points, pt)

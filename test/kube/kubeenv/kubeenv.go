@@ -80,6 +80,9 @@ type Env struct {
 	URL string
 	// Dir holds the data, certificates and logs; it is removed at cleanup.
 	Dir string
+	// EtcdURL is etcd's client address (reached through Options.Dial when
+	// the control plane runs in a namespace); see Store.
+	EtcdURL string
 
 	t         TB
 	bin       string
@@ -90,6 +93,9 @@ type Env struct {
 	apiStarts int
 	extras    []*proc
 	opts      Options
+
+	etcdClientOnce sync.Once
+	etcdClient     *http.Client
 }
 
 // proc is a child process and the channel that closes when it exits.
@@ -181,6 +187,7 @@ func StartWith(t TB, o Options) *Env {
 		"--unsafe-no-fsync", // test data: durability across power loss is moot
 	)
 	e.waitHTTP(e.etcd, etcdClient+"/health", nil, 30*time.Second)
+	e.EtcdURL = etcdClient
 
 	tokenBytes := make([]byte, 16)
 	rand.Read(tokenBytes)
