@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/netip"
 
-
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
@@ -76,4 +75,3 @@ func (m *Maps) DeleteSourceRange(fe model.L4Addr, p netip.Prefix) error {
 func (m *Maps) SourceRangeCapacity() int {
 	return int(m.srcRanges.MaxEntries())
 }
-
