@@ -70,12 +70,13 @@ func (l *dryRunLoader) SetProgrammed(*model.State) {}
 func collectBeforeFirstApply() { runtime.GC() }
 
 // collectAroundRefresh is the reconciler's refresh hook: a collection
-// before and after an Apply that re-reads the maps (every 5 minutes). The
-// read holds a dump of every map and a new view (at 30,000 Services x 10,
-// 42 MiB of dump, 80 MiB of heap made); a collection that falls in it
-// took 107-127 MB for live where 77-80 is, and the heap grew to twice
-// that before the next, the agent's RSS to 225-244 MiB (issue 14,
-// thirty-third pass). Collected before, the read starts on the live heap
-// alone; after, its garbage sets no goal. Two marks of the live heap
-// every 5 minutes.
+// before and after an Apply that rebuilds its view from a dump of the maps
+// (a re-read, every 5 minutes, that found them drifted from the view; one
+// that finds no drift compares them as it walks them and calls no hook,
+// issue 14, thirty-sixth pass). The rebuild holds a dump of every map and
+// a new view (at 30,000 Services x 10, 42 MiB of dump, 80 MiB of heap
+// made); a collection that falls in it took 107-127 MB for live where
+// 77-80 is, and the heap grew to twice that before the next, the agent's
+// RSS to 225-244 MiB (thirty-third pass). Collected before, the rebuild
+// starts on the live heap alone; after, its garbage sets no goal.
 func collectAroundRefresh() { runtime.GC() }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/cilium/ebpf"
 
@@ -336,56 +337,164 @@ func l4Of(a netip.Addr, port uint16, proto uint8) model.L4Addr {
 }
 
 // dumpState reads ms into a KernelState (shared by Maps and the read-only
-// Pinned).
+// Pinned): what walkState gives, collected.
 func dumpState(ms stateMaps) (*reconciler.KernelState, error) {
-	ks := &reconciler.KernelState{
+	d := &dumper{ks: &reconciler.KernelState{
 		Masters:  map[reconciler.Frontend]reconciler.Master{},
 		Slots:    map[reconciler.Frontend]map[uint32]reconciler.BackendID{},
 		Backends: map[reconciler.BackendID]model.L4Addr{},
 		RevNat:   map[reconciler.ServiceID]reconciler.Frontend{},
+	}}
+	if err := walkState(ms, d); err != nil {
+		return nil, err
 	}
-	service := func(fe reconciler.Frontend, slot uint16, sv *sockLb4Service) {
+	slices.SortFunc(d.ks.ServiceIPs, netip.Addr.Compare)
+	return d.ks, nil
+}
+
+// dumper collects what walkState gives into a KernelState.
+type dumper struct{ ks *reconciler.KernelState }
+
+func (d *dumper) Master(fe reconciler.Frontend, m reconciler.Master) bool {
+	d.ks.Masters[fe] = m
+	return true
+}
+
+func (d *dumper) Slot(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) bool {
+	if d.ks.Slots[fe] == nil {
+		d.ks.Slots[fe] = map[uint32]reconciler.BackendID{}
+	}
+	d.ks.Slots[fe][slot] = id
+	return true
+}
+
+func (d *dumper) Backend(id reconciler.BackendID, a model.L4Addr) bool {
+	d.ks.Backends[id] = a
+	return true
+}
+
+func (d *dumper) RevNat(id reconciler.ServiceID, fe reconciler.Frontend) bool {
+	d.ks.RevNat[id] = fe
+	return true
+}
+
+func (d *dumper) SourceRange(fe model.L4Addr, p netip.Prefix) bool {
+	if d.ks.SourceRanges == nil {
+		d.ks.SourceRanges = map[model.L4Addr][]netip.Prefix{}
+	}
+	d.ks.SourceRanges[fe] = append(d.ks.SourceRanges[fe], p)
+	return true
+}
+
+func (d *dumper) ServiceIP(a netip.Addr) bool {
+	d.ks.ServiceIPs = append(d.ks.ServiceIPs, a)
+	return true
+}
+
+// Walk gives v the entries of the service, backend, reverse-NAT,
+// source-range and service-IP maps of both families, as Dump reads them,
+// one at a time.
+func (m *Maps) Walk(v reconciler.KernelVisitor) error {
+	return walkState(m.stateMaps(), v)
+}
+
+// walkState gives v the entries of ms, map by map, until a method of v
+// returns false or a read fails (shared by Maps and the read-only Pinned,
+// and by Dump).
+func walkState(ms stateMaps, v reconciler.KernelVisitor) error {
+	more := true // v wants more
+	service := func(fe reconciler.Frontend, slot uint16, sv *sockLb4Service) bool {
 		if slot == 0 {
-			id := reconciler.ServiceID(sv.RevNatId)
 			// BackendId is the union's affinity_timeout here.
-			ks.Masters[fe] = reconciler.Master{ID: id, Count: sv.Count, Flags: sv.Flags, AffinityTimeout: sv.BackendId}
-			return
+			more = v.Master(fe, reconciler.Master{ID: reconciler.ServiceID(sv.RevNatId), Count: sv.Count, Flags: sv.Flags, AffinityTimeout: sv.BackendId})
+		} else {
+			more = v.Slot(fe, uint32(slot), reconciler.BackendID(sv.BackendId))
 		}
-		if ks.Slots[fe] == nil {
-			ks.Slots[fe] = map[uint32]reconciler.BackendID{}
+		return more
+	}
+	var bad uint32 // a source-range key that covers no whole frontend, or 0
+	sourceRange := func(fe model.L4Addr, saddr netip.Addr, prefixlen, feBits uint32) bool {
+		bits := int(prefixlen) - int(feBits)
+		if bits < 0 || bits > saddr.BitLen() {
+			// Only a key that covers a whole frontend can be told
+			// apart; the agent writes no other.
+			bad = prefixlen
+			return false
 		}
-		ks.Slots[fe][uint32(slot)] = reconciler.BackendID(sv.BackendId)
+		more = v.SourceRange(fe, netip.PrefixFrom(saddr, bits))
+		return more
 	}
-	err := errors.Join(
-		eachEntry(ms.services, mapServices, func(k *sockLb4Key, v *sockLb4Service) {
-			service(frontendOf(addrFromBE32(k.Vip), k.Port, k.Proto, k.Scope), k.Slot, v)
-		}),
-		eachEntry(ms.services6, mapServices6, func(k *sockLb6Key, v *sockLb4Service) {
-			service(frontendOf(addrFrom16(k.Vip), k.Port, k.Proto, k.Scope), k.Slot, v)
-		}),
-		eachBackend(ms.backends, mapBackends, func(k *uint32, v *sockLb4Backend) {
-			ks.Backends[reconciler.BackendID(*k)] = l4Of(addrFromBE32(v.Addr), v.Port, v.Proto)
-		}),
-		eachBackend(ms.backends6, mapBackends6, func(k *uint32, v *sockLb6Backend) {
-			ks.Backends[reconciler.BackendID(*k)] = l4Of(addrFrom16(v.Addr), v.Port, v.Proto)
-		}),
-		eachEntry(ms.revNat, mapRevNat, func(k *uint32, v *sockLb4RevNat) {
-			ks.RevNat[reconciler.ServiceID(*k)] = frontendOf(addrFromBE32(v.Vip), v.Port, v.Proto, v.Scope)
-		}),
-		eachEntry(ms.revNat6, mapRevNat6, func(k *uint32, v *sockLb6RevNat) {
-			ks.RevNat[reconciler.ServiceID(*k)] = frontendOf(addrFrom16(v.Vip), v.Port, v.Proto, v.Scope)
-		}),
-	)
-	if err != nil {
-		return nil, err
+	walks := []func() error{
+		func() error {
+			return eachEntryWhile(ms.services, mapServices, func(k *sockLb4Key, sv *sockLb4Service) bool {
+				return service(frontendOf(addrFromBE32(k.Vip), k.Port, k.Proto, k.Scope), k.Slot, sv)
+			})
+		},
+		func() error {
+			return eachEntryWhile(ms.services6, mapServices6, func(k *sockLb6Key, sv *sockLb4Service) bool {
+				return service(frontendOf(addrFrom16(k.Vip), k.Port, k.Proto, k.Scope), k.Slot, sv)
+			})
+		},
+		func() error {
+			return eachBackendWhile(ms.backends, mapBackends, func(k *uint32, b *sockLb4Backend) bool {
+				more = v.Backend(reconciler.BackendID(*k), l4Of(addrFromBE32(b.Addr), b.Port, b.Proto))
+				return more
+			})
+		},
+		func() error {
+			return eachBackendWhile(ms.backends6, mapBackends6, func(k *uint32, b *sockLb6Backend) bool {
+				more = v.Backend(reconciler.BackendID(*k), l4Of(addrFrom16(b.Addr), b.Port, b.Proto))
+				return more
+			})
+		},
+		func() error {
+			return eachEntryWhile(ms.revNat, mapRevNat, func(k *uint32, rn *sockLb4RevNat) bool {
+				more = v.RevNat(reconciler.ServiceID(*k), frontendOf(addrFromBE32(rn.Vip), rn.Port, rn.Proto, rn.Scope))
+				return more
+			})
+		},
+		func() error {
+			return eachEntryWhile(ms.revNat6, mapRevNat6, func(k *uint32, rn *sockLb6RevNat) bool {
+				more = v.RevNat(reconciler.ServiceID(*k), frontendOf(addrFrom16(rn.Vip), rn.Port, rn.Proto, rn.Scope))
+				return more
+			})
+		},
+		func() error {
+			err := eachEntryWhile(ms.srcRanges, mapSrcRanges, func(k *sockSrcRangeKey, _ *uint8) bool {
+				return sourceRange(l4Of(addrFromBE32(k.Vip), k.Port, k.Proto), addrFromBE32(k.Saddr), k.Prefixlen, 64)
+			})
+			if err == nil {
+				err = eachEntryWhile(ms.srcRanges6, mapSrcRanges6, func(k *sockSrcRange6Key, _ *uint8) bool {
+					return sourceRange(l4Of(addrFrom16(k.Vip), k.Port, k.Proto), addrFrom16(k.Saddr), k.Prefixlen, 160)
+				})
+			}
+			if err == nil && bad != 0 {
+				err = fmt.Errorf("dump %s: key with prefix length %d", mapSrcRanges, bad)
+			}
+			return err
+		},
+		func() error {
+			return eachEntryWhile(ms.serviceIPs, mapServiceIPs, func(k *uint32, _ *uint8) bool {
+				more = v.ServiceIP(addrFromBE32(*k))
+				return more
+			})
+		},
+		func() error {
+			return eachEntryWhile(ms.serviceIPs6, mapServiceIPs6, func(k *sockV6addr, _ *uint8) bool {
+				more = v.ServiceIP(addrFrom16(*k))
+				return more
+			})
+		},
 	}
-	if ks.SourceRanges, err = dumpSourceRanges(ms.srcRanges, ms.srcRanges6); err != nil {
-		return nil, err
+	for _, walk := range walks {
+		if err := walk(); err != nil {
+			return err
+		}
+		if !more {
+			return nil
+		}
 	}
-	if ks.ServiceIPs, err = dumpServiceIPs(ms.serviceIPs, ms.serviceIPs6); err != nil {
-		return nil, err
-	}
-	return ks, nil
+	return nil
 }
 
 // Capacity returns the sizes of sluice_rev_nat, sluice_backends (the

@@ -57,20 +57,6 @@ func (m *Maps) DeleteServiceIP(a netip.Addr) error {
 	return nil
 }
 
-// dumpServiceIPs reads sluice_service_ips and its IPv6 twin back, sorted.
-func dumpServiceIPs(serviceIPs, serviceIPs6 *ebpf.Map) ([]netip.Addr, error) {
-	var out []netip.Addr
-	err := errors.Join(
-		eachEntry(serviceIPs, mapServiceIPs, func(k *uint32, _ *uint8) { out = append(out, addrFromBE32(*k)) }),
-		eachEntry(serviceIPs6, mapServiceIPs6, func(k *sockV6addr, _ *uint8) { out = append(out, addrFrom16(*k)) }),
-	)
-	if err != nil {
-		return nil, err
-	}
-	slices.SortFunc(out, netip.Addr.Compare)
-	return out, nil
-}
-
 // NodeCIDR is one of the node's CIDRs as sluice_node_cidrs (an IPv4
 // prefix) or sluice6_node_cidrs (an IPv6 one) holds it.
 type NodeCIDR struct {

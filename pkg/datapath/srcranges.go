@@ -6,11 +6,8 @@ package datapath
 // srcranges.go); here each is one idempotent map update or delete.
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
-
-	"github.com/cilium/ebpf"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 )
@@ -77,39 +74,4 @@ func (m *Maps) DeleteSourceRange(fe model.L4Addr, p netip.Prefix) error {
 // SourceRangeCapacity returns the size of sluice_src_ranges.
 func (m *Maps) SourceRangeCapacity() int {
 	return int(m.srcRanges.MaxEntries())
-}
-
-// dumpSourceRanges reads sluice_src_ranges and its IPv6 twin back:
-// frontend -> prefixes (nil if both are empty).
-func dumpSourceRanges(srcRanges, srcRanges6 *ebpf.Map) (map[model.L4Addr][]netip.Prefix, error) {
-	var out map[model.L4Addr][]netip.Prefix
-	var bad uint32 // a key that covers no whole frontend, or 0
-	add := func(fe model.L4Addr, saddr netip.Addr, prefixlen, feBits uint32) {
-		bits := int(prefixlen) - int(feBits)
-		if bits < 0 || bits > saddr.BitLen() {
-			// Only a key that covers a whole frontend can be told
-			// apart; the agent writes no other.
-			bad = prefixlen
-			return
-		}
-		if out == nil {
-			out = map[model.L4Addr][]netip.Prefix{}
-		}
-		out[fe] = append(out[fe], netip.PrefixFrom(saddr, bits))
-	}
-	err := errors.Join(
-		eachEntry(srcRanges, mapSrcRanges, func(k *sockSrcRangeKey, _ *uint8) {
-			add(l4Of(addrFromBE32(k.Vip), k.Port, k.Proto), addrFromBE32(k.Saddr), k.Prefixlen, 64)
-		}),
-		eachEntry(srcRanges6, mapSrcRanges6, func(k *sockSrcRange6Key, _ *uint8) {
-			add(l4Of(addrFrom16(k.Vip), k.Port, k.Proto), addrFrom16(k.Saddr), k.Prefixlen, 160)
-		}),
-	)
-	if err == nil && bad != 0 {
-		err = fmt.Errorf("dump %s: key with prefix length %d", mapSrcRanges, bad)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
 }

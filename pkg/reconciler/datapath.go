@@ -102,6 +102,19 @@ func (ks *KernelState) empty() bool {
 		len(ks.SourceRanges) == 0 && len(ks.ServiceIPs) == 0
 }
 
+// KernelVisitor is given the entries of the maps by Datapath.Walk: the
+// entries of a KernelState, one at a time. A method returning false stops
+// the walk.
+type KernelVisitor interface {
+	Master(fe Frontend, m Master) bool
+	// Slot is given slots >= 1.
+	Slot(fe Frontend, slot uint32, id BackendID) bool
+	Backend(id BackendID, addr model.L4Addr) bool
+	RevNat(id ServiceID, fe Frontend) bool
+	SourceRange(fe model.L4Addr, p netip.Prefix) bool
+	ServiceIP(a netip.Addr) bool
+}
+
 // Datapath is the set of map operations the reconciler needs. pkg/datapath
 // implements it over the pinned BPF maps; tests use an in-memory fake. Every
 // operation is idempotent.
@@ -131,6 +144,11 @@ type Datapath interface {
 	// Dump reads the current contents of the service, backend,
 	// reverse-NAT, source-range and service-IP maps.
 	Dump() (*KernelState, error)
+	// Walk gives v the entries Dump reads, one at a time, in no order,
+	// without collecting them: the reconciler's periodic re-read
+	// compares them with its view as they come. It stops, returning
+	// nil, once a method of v returns false.
+	Walk(v KernelVisitor) error
 	// Capacity returns the sizes of each address family's reverse-NAT,
 	// backend and service maps (masters plus slots): each family has its
 	// own, of the same sizes. The reconciler counts backends and service

@@ -30,3 +30,19 @@ func SetFreshChunk(r *Reconciler, n int) {
 	defer r.mu.Unlock()
 	r.freshChunk = n
 }
+
+// Rechecks counts the re-reads of the maps by r that found no drift and
+// kept the view.
+func Rechecks(r *Reconciler) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.rechecks
+}
+
+// MapsMatchView is the periodic re-read's comparison of the maps with
+// r's view, alone.
+func MapsMatchView(r *Reconciler) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.mapsMatchView()
+}

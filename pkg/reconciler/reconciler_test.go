@@ -717,10 +717,13 @@ func (d *dumpCounter) Dump() (*reconciler.KernelState, error) {
 	return d.Datapath.Dump()
 }
 
-// TestRefreshHookAroundRead: the hook runs right before an Apply reads the
-// maps again and once more at that Apply's end, and in no other Apply.
+// TestRefreshHookAroundRead: the hook runs right before an Apply rebuilds
+// its view from a dump of the maps (they drifted) and once more at that
+// Apply's end, and in no other Apply: not in one whose re-read found no
+// drift.
 func TestRefreshHookAroundRead(t *testing.T) {
-	d := &dumpCounter{Datapath: newFake(t)}
+	f := newFake(t)
+	d := &dumpCounter{Datapath: f}
 	r := reconciler.New(d, nil)
 	var calls []int // the dumps each call saw
 	r.SetRefreshHook(func() { calls = append(calls, d.dumps) })
@@ -731,6 +734,15 @@ func TestRefreshHookAroundRead(t *testing.T) {
 		t.Fatalf("within the refresh interval: hook calls %v, dumps %d, want none", calls, d.dumps)
 	}
 	r.SetRefreshInterval(time.Nanosecond)
+	time.Sleep(time.Millisecond)
+	mustApply(t, r, st)
+	if len(calls) != 0 || d.dumps != 0 {
+		t.Fatalf("a re-read without drift: hook calls %v, dumps %d, want none", calls, d.dumps)
+	}
+	ks, _ := f.Dump()
+	delete(ks.Masters, reconciler.DefaultScope(vip(1)))
+	delete(ks.Slots, reconciler.DefaultScope(vip(1)))
+	f.Seed(ks)
 	time.Sleep(time.Millisecond)
 	mustApply(t, r, st)
 	if !slices.Equal(calls, []int{0, 1}) {

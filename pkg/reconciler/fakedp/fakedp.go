@@ -157,6 +157,7 @@ type Fake struct {
 
 	counts     map[OpKind]int
 	batches    int
+	walks      int // calls of Walk
 	flushed    []model.L4Addr
 	fixed      []reconciler.AffinityFix
 	violations []string
@@ -647,6 +648,56 @@ func (f *Fake) Dump() (*reconciler.KernelState, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.snapshot(), nil
+}
+
+// Walk gives v the entries Dump returns, one at a time, without copying
+// the maps. v must not call the fake (it is locked).
+func (f *Fake) Walk(v reconciler.KernelVisitor) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.walks++
+	for fe, m := range f.masters {
+		if !v.Master(fe, m) {
+			return nil
+		}
+	}
+	for fe, s := range f.slots {
+		for slot, id := range s {
+			if !v.Slot(fe, slot, id) {
+				return nil
+			}
+		}
+	}
+	for id, b := range f.backends {
+		if !v.Backend(id, b) {
+			return nil
+		}
+	}
+	for id, fe := range f.revNat {
+		if !v.RevNat(id, fe) {
+			return nil
+		}
+	}
+	for fe, rs := range f.ranges {
+		for p := range rs {
+			if !v.SourceRange(fe, p) {
+				return nil
+			}
+		}
+	}
+	for a := range f.ips {
+		if !v.ServiceIP(a) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// Walks counts the calls of Walk.
+func (f *Fake) Walks() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.walks
 }
 
 func (f *Fake) snapshot() *reconciler.KernelState {
