@@ -277,10 +277,11 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 		}
 	}
 	// The backends to write, in the order their ids first came: made in
-	// a walk of their own. In the walk above each address's id takes
+	// a walk of their own. In the walk above each new address takes
 	// stores to random cache lines of the address-to-id table, which
 	// the CPU commits in order: the entries' stores waited behind them
-	// there (a sixth of a first program's own time at 30,000 x 10).
+	// there (about a sixth of a first program's own CPU at 30,000 x 10);
+	// here they do not, though part of that wait moves to the lookups.
 	for i, d := range ds {
 		for j, id := range ids[i] {
 			if queued.has(uint32(id)) {
