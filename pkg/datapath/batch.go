@@ -9,6 +9,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 
 	"github.com/cilium/ebpf"
@@ -96,25 +97,122 @@ func (m *Maps) UpsertRevNats(es []reconciler.RevNatEntry) (int, error) {
 		func(e reconciler.RevNatEntry) (uint32, sockLb4RevNat, error) { return revNatEntry(e.ID, e.Frontend) })
 }
 
-// UpsertSlots writes slots >= 1, in order.
-func (m *Maps) UpsertSlots(es []reconciler.SlotEntry) (int, error) {
-	// A frontend's slots come together (a first program writes 300,000
-	// of 30,000 frontends): its key is checked and encoded once, and
-	// each of its slots takes it with its own slot number.
-	var last reconciler.Frontend
-	var lastKey sockLb4Key
-	have := false
-	return upsertTwin(m.serviceMaps(), es, func(e reconciler.SlotEntry) netip.Addr { return e.Frontend.Addr },
-		func(e reconciler.SlotEntry) (sockLb4Key, sockLb4Service, error) {
-			if have && e.Frontend == last && e.Slot != 0 && e.Slot <= 0xffff && e.Backend != 0 {
-				k := lastKey
-				k.Slot = uint16(e.Slot)
-				return k, sockLb4Service{BackendId: uint32(e.Backend)}, nil
+// UpsertSlots writes the slots of runs, in order. Each run's key is
+// checked and encoded once, as UpsertSlot encodes it (slotEntry), and its
+// slots take it with their own numbers straight into the system calls'
+// buffers (a first program writes 300,000 slots of 30,000 frontends): no
+// entry per slot is made to be read back.
+func (m *Maps) UpsertSlots(runs []reconciler.SlotRun) (int, error) {
+	w := slotWriter{t: m.serviceMaps()}
+	for _, run := range runs {
+		w.total += len(run.IDs)
+	}
+	for _, run := range runs {
+		if err := w.add(run); err != nil {
+			return w.done, err
+		}
+	}
+	return w.done, w.flush()
+}
+
+// slotWriter gathers slots of one family, up to encodeChunk, and writes
+// them in one batch (putBatch) when the family changes, the buffers are
+// full, or a slot is refused.
+type slotWriter struct {
+	t      twin[sockLb4Key, sockLb4Service, sockLb6Key, sockLb4Service]
+	keys4  []sockLb4Key
+	keys6  []sockLb6Key
+	values []sockLb4Service
+	v6     bool // the family of what the buffers hold
+	// done slots written, of total.
+	done, total int
+}
+
+// add buffers the slots of run, writing the buffers as they fill. A slot
+// that slotEntry refuses writes what came before it and returns its
+// error.
+func (w *slotWriter) add(run reconciler.SlotRun) error {
+	if len(run.IDs) == 0 {
+		return nil
+	}
+	k, _, err := slotEntry(run.Frontend, run.First, run.IDs[0])
+	if err != nil {
+		return w.refused(err)
+	}
+	if v6 := is6(run.Frontend.Addr); v6 != w.v6 {
+		if err := w.flush(); err != nil {
+			return err
+		}
+		w.v6 = v6
+	}
+	// Room for a system call's worth, made once (a family's keys when
+	// it comes).
+	n := min(w.total, encodeChunk)
+	if w.values == nil {
+		w.values = make([]sockLb4Service, 0, n)
+	}
+	var k6 sockLb6Key
+	switch {
+	case w.v6:
+		k6 = lb6Key(k, run.Frontend.Addr)
+		if w.keys6 == nil {
+			w.keys6 = make([]sockLb6Key, 0, n)
+		}
+	case w.keys4 == nil:
+		w.keys4 = make([]sockLb4Key, 0, n)
+	}
+	for j, id := range run.IDs {
+		slot := uint64(run.First) + uint64(j)
+		if slot > 0xffff || id == 0 {
+			_, _, err := slotEntry(run.Frontend, uint32(min(slot, math.MaxUint32)), id)
+			return w.refused(err)
+		}
+		if len(w.values) == encodeChunk {
+			if err := w.flush(); err != nil {
+				return err
 			}
-			k, v, err := slotEntry(e.Frontend, e.Slot, e.Backend)
-			last, lastKey, have = e.Frontend, k, err == nil
-			return k, v, err
-		})
+		}
+		if w.v6 {
+			k6.Slot = uint16(slot)
+			w.keys6 = append(w.keys6, k6)
+		} else {
+			k.Slot = uint16(slot)
+			w.keys4 = append(w.keys4, k)
+		}
+		w.values = append(w.values, sockLb4Service{BackendId: uint32(id)})
+	}
+	return nil
+}
+
+// refused writes what the buffers hold and returns err, a refused
+// slot's, unless the write failed first.
+func (w *slotWriter) refused(err error) error {
+	if ferr := w.flush(); ferr != nil {
+		return ferr
+	}
+	return err
+}
+
+// flush writes the buffers, emptied for the next slots.
+func (w *slotWriter) flush() error {
+	if len(w.values) == 0 {
+		return nil
+	}
+	m, name := w.t.m4, w.t.name4
+	var n int
+	var err error
+	if w.v6 {
+		m, name = w.t.m6, w.t.name6
+		n, err = putBatch(m, w.keys6, w.values)
+	} else {
+		n, err = putBatch(m, w.keys4, w.values)
+	}
+	w.done += n
+	w.keys4, w.keys6, w.values = w.keys4[:0], w.keys6[:0], w.values[:0]
+	if err != nil {
+		return fmt.Errorf("upsert %s (entry %d of %d): %w", name, w.done, w.total, whenFull(m, err))
+	}
+	return nil
 }
 
 // UpsertMasters writes masters, in order.

@@ -3,10 +3,12 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -20,7 +22,7 @@ import (
 type batches struct {
 	bes []reconciler.BackendEntry
 	rns []reconciler.RevNatEntry
-	sls []reconciler.SlotEntry
+	sls []reconciler.SlotRun
 	ms  []reconciler.MasterEntry
 	ips []netip.Addr
 }
@@ -61,7 +63,7 @@ func TestBatchWritesAsSingle(t *testing.T) {
 		b := batches{
 			bes: []reconciler.BackendEntry{{ID: 1, Addr: l4(tw("10.1.0.1"), 8080, model.TCP)}, {ID: 2, Addr: l4(tw("10.1.0.2"), 8080, model.TCP)}},
 			rns: []reconciler.RevNatEntry{{ID: 1, Frontend: in}, {ID: 2, Frontend: fe}},
-			sls: []reconciler.SlotEntry{{Frontend: in, Slot: 1, Backend: 2}, {Frontend: fe, Slot: 1, Backend: 1}, {Frontend: fe, Slot: 2, Backend: 2}},
+			sls: []reconciler.SlotRun{{Frontend: in, First: 1, IDs: []reconciler.BackendID{2}}, {Frontend: fe, First: 1, IDs: []reconciler.BackendID{1, 2}}},
 			ms: []reconciler.MasterEntry{
 				{Frontend: in, Master: reconciler.Master{ID: 1, Count: 1}},
 				{Frontend: fe, Master: reconciler.Master{ID: 2, Count: 2, Flags: reconciler.FlagTwoScopes, AffinityTimeout: 30}},
@@ -182,10 +184,11 @@ func TestSlotBatchKeysEachFrontend(t *testing.T) {
 		if _, err := m.UpsertBackends([]reconciler.BackendEntry{{ID: 1, Addr: l4(tw("10.1.0.1"), 8080, model.TCP)}}); err != nil {
 			t.Fatal(err)
 		}
-		sls := []reconciler.SlotEntry{
-			{Frontend: a, Slot: 1, Backend: 1}, {Frontend: a, Slot: 2, Backend: 1}, {Frontend: b, Slot: 1, Backend: 1},
-			{Frontend: a, Slot: 3, Backend: 1}, {Frontend: c, Slot: 7, Backend: 1}, {Frontend: c, Slot: 0, Backend: 1},
-			{Frontend: c, Slot: 8, Backend: 1},
+		one := []reconciler.BackendID{1}
+		sls := []reconciler.SlotRun{
+			{Frontend: a, First: 1, IDs: []reconciler.BackendID{1, 1}}, {Frontend: b, First: 1, IDs: one},
+			{Frontend: a, First: 3, IDs: one}, {Frontend: c, First: 7, IDs: one}, {Frontend: c, First: 0, IDs: one},
+			{Frontend: c, First: 8, IDs: one},
 		}
 		n, err := m.UpsertSlots(sls)
 		if n != 5 || err == nil || !strings.Contains(err.Error(), "slot 0") {
@@ -200,4 +203,107 @@ func TestSlotBatchKeysEachFrontend(t *testing.T) {
 			t.Errorf("slots = %v, want %v", ks.Slots, want)
 		}
 	})
+}
+
+// TestSlotRunsAsSingleSlots: slot runs written in batches leave the
+// service maps byte for byte as UpsertSlot leaves them, slot by slot, for
+// random runs of both families and both scopes (long stretches of one
+// family, so that batches fill up, and frontends that come back with
+// other slots); and a run's slot that UpsertSlot refuses (slot 0, backend
+// 0, a slot past 65535 within a run) ends the batch just before it.
+func TestSlotRunsAsSingleSlots(t *testing.T) {
+	testutil.Privileged(t)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	var fes []reconciler.Frontend
+	for i := range 64 {
+		a := netip.AddrFrom4([4]byte{10, 96, byte(i / 16), byte(i)})
+		if i%2 == 1 {
+			a = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 15: byte(i)})
+		}
+		fe := reconciler.DefaultScope(model.L4Addr{Addr: a, Port: uint16(80 + i%3), Proto: []model.Protocol{model.TCP, model.UDP}[i/2%2]})
+		fes = append(fes, fe, reconciler.Frontend{L4Addr: fe.L4Addr, Scope: reconciler.ScopeInternal})
+	}
+	var runs []reconciler.SlotRun
+	total := 0
+	for i := range 400 {
+		fe := fes[rng.IntN(len(fes))]
+		if i < 160 { // an IPv4 stretch of more than a batch
+			fe = fes[4*rng.IntN(len(fes)/4)+rng.IntN(2)]
+		}
+		run := reconciler.SlotRun{Frontend: fe, First: 1 + rng.Uint32N(20)}
+		for range 1 + rng.IntN(12) {
+			run.IDs = append(run.IDs, reconciler.BackendID(1+rng.IntN(1000)))
+		}
+		runs = append(runs, run)
+		total += len(run.IDs)
+	}
+
+	batched := openTest(t, smallConfig(testPinDir(t))).Maps()
+	single := openTest(t, smallConfig(testPinDir(t))).Maps()
+	if n, err := batched.UpsertSlots(runs); n != total || err != nil {
+		t.Fatalf("UpsertSlots = %d, %v; want %d", n, err, total)
+	}
+	for _, run := range runs {
+		for j, id := range run.IDs {
+			must(t, single.UpsertSlot(run.Frontend, run.First+uint32(j), id))
+		}
+	}
+	rawEqual := func(what string) {
+		t.Helper()
+		for _, ms := range [][2]*ebpf.Map{{batched.services, single.services}, {batched.services6, single.services6}} {
+			got, want := rawEntries(t, ms[0]), rawEntries(t, ms[1])
+			if len(want) == 0 || !reflect.DeepEqual(got, want) {
+				t.Errorf("%s: %s holds %d entries, UpsertSlot's %d; they differ: %v", what, ms[0], len(got), len(want), !reflect.DeepEqual(got, want))
+			}
+		}
+	}
+	rawEqual("random runs")
+
+	// A refused slot ends the batch just before it; what follows is not
+	// written.
+	fe4, fe6 := fes[0], fes[3]
+	for _, c := range []struct {
+		name string
+		runs []reconciler.SlotRun
+		n    int
+		err  string
+	}{
+		{"slot 0", []reconciler.SlotRun{{Frontend: fe4, First: 30, IDs: []reconciler.BackendID{1, 2}}, {Frontend: fe6, First: 0, IDs: []reconciler.BackendID{3}}, {Frontend: fe4, First: 40, IDs: []reconciler.BackendID{4}}}, 2, "slot 0"},
+		{"backend 0", []reconciler.SlotRun{{Frontend: fe6, First: 50, IDs: []reconciler.BackendID{1, 0, 2}}}, 1, "backend id 0"},
+		{"past 65535", []reconciler.SlotRun{{Frontend: fe4, First: 0xfffe, IDs: []reconciler.BackendID{1, 2, 3}}}, 2, "slot 65536 out of range"},
+	} {
+		n, err := batched.UpsertSlots(c.runs)
+		if n != c.n || err == nil || !strings.Contains(err.Error(), c.err) {
+			t.Errorf("%s: UpsertSlots = %d, %v; want %d and %q", c.name, n, err, c.n, c.err)
+		}
+		k := 0
+	written:
+		for _, run := range c.runs {
+			for j, id := range run.IDs {
+				if k == c.n {
+					break written
+				}
+				must(t, single.UpsertSlot(run.Frontend, run.First+uint32(j), id))
+				k++
+			}
+		}
+		rawEqual(c.name)
+	}
+}
+
+// rawEntries returns m's entries, key bytes to value bytes.
+func rawEntries(t *testing.T, m *ebpf.Map) map[string]string {
+	t.Helper()
+	out := make(map[string]string)
+	var k, v []byte
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out[string(k)] = string(v)
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

@@ -265,8 +265,8 @@ func TestBatchDualStack(t *testing.T) {
 		bes: []reconciler.BackendEntry{{ID: 1, Addr: l4("10.1.0.1", 80, model.TCP)}, {ID: 2, Addr: l4("2001:db8:1::1", 80, model.TCP)},
 			{ID: 3, Addr: l4("2001:db8:1::2", 80, model.TCP)}, {ID: 4, Addr: l4("10.1.0.2", 80, model.TCP)}},
 		rns: []reconciler.RevNatEntry{{ID: 2, Frontend: fe6}, {ID: 1, Frontend: fe4}},
-		sls: []reconciler.SlotEntry{{Frontend: fe4, Slot: 1, Backend: 1}, {Frontend: fe6, Slot: 1, Backend: 2},
-			{Frontend: fe6, Slot: 2, Backend: 3}, {Frontend: fe4, Slot: 2, Backend: 4}},
+		sls: []reconciler.SlotRun{{Frontend: fe4, First: 1, IDs: []reconciler.BackendID{1}}, {Frontend: fe6, First: 1, IDs: []reconciler.BackendID{2, 3}},
+			{Frontend: fe4, First: 2, IDs: []reconciler.BackendID{4}}},
 		ms:  []reconciler.MasterEntry{{Frontend: fe6, Master: reconciler.Master{ID: 2, Count: 2}}, {Frontend: fe4, Master: reconciler.Master{ID: 1, Count: 2}}},
 		ips: []netip.Addr{fe6.Addr, fe4.Addr},
 	}
@@ -281,8 +281,10 @@ func TestBatchDualStack(t *testing.T) {
 	for _, e := range b.rns {
 		must(t, single.UpsertRevNat(e.ID, e.Frontend))
 	}
-	for _, e := range b.sls {
-		must(t, single.UpsertSlot(e.Frontend, e.Slot, e.Backend))
+	for _, run := range b.sls {
+		for j, id := range run.IDs {
+			must(t, single.UpsertSlot(run.Frontend, run.First+uint32(j), id))
+		}
 	}
 	for _, e := range b.ms {
 		must(t, single.UpsertMaster(e.Frontend, e.Master))
@@ -303,7 +305,7 @@ func TestBatchDualStack(t *testing.T) {
 	}
 
 	// An IPv6 frontend's entry the encoder refuses ends the batch there.
-	n, err := batched.UpsertSlots([]reconciler.SlotEntry{{Frontend: fe6, Slot: 3, Backend: 1}, {Frontend: fe6, Slot: 1 << 16, Backend: 1}})
+	n, err := batched.UpsertSlots([]reconciler.SlotRun{{Frontend: fe6, First: 3, IDs: []reconciler.BackendID{1}}, {Frontend: fe6, First: 1 << 16, IDs: []reconciler.BackendID{1}}})
 	if n != 1 || err == nil {
 		t.Errorf("UpsertSlots with a bad slot = %d, %v", n, err)
 	}

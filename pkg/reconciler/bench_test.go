@@ -194,12 +194,18 @@ func (nopDatapath) Capacity() (int, int, int)                                { r
 func (nopDatapath) SourceRangeCapacity() int                                 { return 1 << 30 }
 func (nopDatapath) UpsertBackends(es []reconciler.BackendEntry) (int, error) { return len(es), nil }
 func (nopDatapath) UpsertRevNats(es []reconciler.RevNatEntry) (int, error)   { return len(es), nil }
-func (nopDatapath) UpsertSlots(es []reconciler.SlotEntry) (int, error)       { return len(es), nil }
-func (nopDatapath) UpsertMasters(es []reconciler.MasterEntry) (int, error)   { return len(es), nil }
-func (nopDatapath) UpsertServiceIPs(as []netip.Addr) (int, error)            { return len(as), nil }
-func (nopDatapath) ResetServiceStats(reconciler.ServiceID) error             { return nil }
-func (nopDatapath) Dump() (*reconciler.KernelState, error)                   { return &reconciler.KernelState{}, nil }
-func (nopDatapath) Walk(reconciler.KernelVisitor) error                      { return nil }
+func (nopDatapath) UpsertSlots(runs []reconciler.SlotRun) (int, error) {
+	n := 0
+	for _, run := range runs {
+		n += len(run.IDs)
+	}
+	return n, nil
+}
+func (nopDatapath) UpsertMasters(es []reconciler.MasterEntry) (int, error) { return len(es), nil }
+func (nopDatapath) UpsertServiceIPs(as []netip.Addr) (int, error)          { return len(as), nil }
+func (nopDatapath) ResetServiceStats(reconciler.ServiceID) error           { return nil }
+func (nopDatapath) Dump() (*reconciler.KernelState, error)                 { return &reconciler.KernelState{}, nil }
+func (nopDatapath) Walk(reconciler.KernelVisitor) error                    { return nil }
 
 // BenchmarkFromEmptyView is issue 14's first program at N services with
 // 2 to 10 backends each (30kx10: 10 each, the load run's shape), without

@@ -190,8 +190,11 @@ type Datapath interface {
 type BatchDatapath interface {
 	UpsertBackends(entries []BackendEntry) (int, error)
 	UpsertRevNats(entries []RevNatEntry) (int, error)
-	// UpsertSlots writes slots >= 1.
-	UpsertSlots(entries []SlotEntry) (int, error)
+	// UpsertSlots writes the slots of runs, run after run, each run's
+	// slots in its order: one write per slot, as UpsertSlot would make
+	// them. It counts (and a failure's prefix counts) slots, over all
+	// runs together.
+	UpsertSlots(runs []SlotRun) (int, error)
 	UpsertMasters(entries []MasterEntry) (int, error)
 	UpsertServiceIPs(addrs []netip.Addr) (int, error)
 	// DeleteBackends and DeleteRevNats delete entries; deleting a
@@ -212,11 +215,15 @@ type RevNatEntry struct {
 	Frontend Frontend
 }
 
-// SlotEntry is one slot (>= 1) of a frontend.
-type SlotEntry struct {
+// SlotRun is slots First, First+1, ... (>= 1) of a frontend, naming IDs
+// in that order: a first program's batch of slots is one run per
+// frontend, 30,000 runs at 30,000 Services x 10 where one entry per
+// slot made 300,000 copies of their frontends that the datapath then
+// read back to encode.
+type SlotRun struct {
 	Frontend Frontend
-	Slot     uint32
-	Backend  BackendID
+	First    uint32
+	IDs      []BackendID
 }
 
 // MasterEntry is the master (slot 0) of a frontend.

@@ -237,8 +237,8 @@ func (c *counting) UpsertRevNats(es []reconciler.RevNatEntry) (int, error) {
 	return c.countBatch(c.Datapath.UpsertRevNats(es))
 }
 
-func (c *counting) UpsertSlots(es []reconciler.SlotEntry) (int, error) {
-	return c.countBatch(c.Datapath.UpsertSlots(es))
+func (c *counting) UpsertSlots(runs []reconciler.SlotRun) (int, error) {
+	return c.countBatch(c.Datapath.UpsertSlots(runs))
 }
 
 func (c *counting) UpsertMasters(es []reconciler.MasterEntry) (int, error) {

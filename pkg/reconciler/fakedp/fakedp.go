@@ -966,8 +966,23 @@ func (f *Fake) UpsertRevNats(es []reconciler.RevNatEntry) (int, error) {
 	return f.eachInBatch(len(es), func(i int) error { return f.upsertRevNat(es[i].ID, es[i].Frontend, true) })
 }
 
-func (f *Fake) UpsertSlots(es []reconciler.SlotEntry) (int, error) {
-	return f.eachInBatch(len(es), func(i int) error { return f.upsertSlot(es[i].Frontend, es[i].Slot, es[i].Backend, true) })
+// UpsertSlots writes each slot of runs as UpsertSlot would, one after
+// the other: the checks see every slot's write, in the order the maps
+// get them.
+func (f *Fake) UpsertSlots(runs []reconciler.SlotRun) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.batches++
+	n := 0
+	for _, run := range runs {
+		for j, id := range run.IDs {
+			if err := f.upsertSlot(run.Frontend, run.First+uint32(j), id, true); err != nil {
+				return n, err
+			}
+			n++
+		}
+	}
+	return n, nil
 }
 
 func (f *Fake) UpsertMasters(es []reconciler.MasterEntry) (int, error) {

@@ -305,7 +305,7 @@ func TestBatchStopsAtFailure(t *testing.T) {
 	}
 	// A slot batch naming a backend the failed batch did not write is
 	// a violation, seen at that entry.
-	if _, err := f.UpsertSlots([]reconciler.SlotEntry{{Frontend: fe, Slot: 1, Backend: 1}, {Frontend: fe, Slot: 2, Backend: 3}}); err != nil {
+	if _, err := f.UpsertSlots([]reconciler.SlotRun{{Frontend: fe, First: 1, IDs: []reconciler.BackendID{1, 3}}}); err != nil {
 		t.Fatal(err)
 	}
 	v := f.Violations()
