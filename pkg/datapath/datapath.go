@@ -398,6 +398,9 @@ func Open(cfg Config) (*Datapath, error) {
 		d.closeMigrations()
 		return nil, errors.Join(err, d.pins.undo())
 	}
+	if err := errors.Join(d.pins.keepEntries(d.maps.nodeCIDRs, mapNodeCIDRs), d.pins.keepEntries(d.maps.nodeCIDRs6, mapNodeCIDRs6)); err != nil {
+		return nil, errors.Join(err, d.Abort())
+	}
 	if err := d.maps.setNodeCIDRs(cidrs); err != nil {
 		return nil, errors.Join(err, d.Abort())
 	}
@@ -521,6 +524,9 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 	// programs stay until switchIPv6 (migrate.go).
 	d.ipv6Pending, _ = d.migratingIPv6()
 	if !d.ipv6Pending {
+		if err := d.pins.keepProgArray(d.tc.Sluice6TcV1, mapTC6, false); err != nil {
+			return err
+		}
 		if err := d.tc.setIPv6Programs(false); err != nil {
 			return err
 		}
@@ -538,6 +544,9 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 			return fmt.Errorf("load XDP program: %w", verifierDetail(err))
 		}
 		if !d.ipv6Pending {
+			if err := d.pins.keepProgArray(d.xdp.Sluice6XdpV1, mapXDP6, false); err != nil {
+				return err
+			}
 			if err := d.xdp.setIPv6Program(); err != nil {
 				return err
 			}
