@@ -384,6 +384,7 @@ func Open(cfg Config) (*Datapath, error) {
 	if d.pins, err = startPinJournal(dir); err != nil {
 		return nil, err
 	}
+	d.pins.carryBack = d.carryBack
 	// A size below what the service maps hold is refused before any pin
 	// changes (shrink.go).
 	if err := checkShrink(dir, cfg); err != nil {

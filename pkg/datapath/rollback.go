@@ -78,6 +78,9 @@ type pinJournal struct {
 	// (switchedDir is there).
 	steps    []restoreStep
 	switched bool
+	// carryBack, set by Open, copies what this build's programs added to
+	// the new conntrack maps into the old ones: the undo's last step.
+	carryBack func(*pinJournal) error
 }
 
 // startPinJournal puts back what a start that did not finish left in dir
@@ -278,9 +281,14 @@ func (d *Datapath) Abort() error {
 //
 // So the previous agent's programs run again on every hook, on the maps
 // the pins name once more, and the next start migrates as this one did.
-// Flows the new programs added to the new maps between their link's
-// update and the undo are not carried back (the window of a failed
-// AttachDevices: milliseconds).
+// Flows the new programs added to the new conntrack maps between their
+// link's update and the undo are carried back into the old maps once
+// every hook runs the old programs again (carryBack), as settle carries
+// the old ones forward: a UDP flow or a connection established meanwhile
+// keeps its backend. A packet of such a flow answered by an old program
+// before the undo (its reply at an egress not yet updated) finds no entry
+// there: the window of a failed AttachDevices, milliseconds. Release 0's
+// conntrack, of another layout, is not carried back.
 //
 // A kill after the first link update cannot undo anything: the start
 // marks that moment with a directory in the pin directory (switchedDir),
@@ -296,6 +304,73 @@ func (d *Datapath) Abort() error {
 // kernel then), what Prune detached (a device dropped from --devices),
 // and the SNAT ports the agent reserved (ip_local_reserved_ports: the
 // previous agent's range, or the node's own business).
+
+// carryBack copies the live flows this build's programs added to the new
+// conntrack maps (of both families) into the old maps that the previous
+// agent's programs use again, where the old maps are kept (_previous,
+// the same layout): the undo of a failed start, once every hook runs the
+// old programs. Half-open flows go into the old sluice_ct_new only if it
+// was replaced too (it is shared otherwise).
+func (d *Datapath) carryBack(j *pinJournal) error {
+	old := func(name string) (*ebpf.Map, error) {
+		path := filepath.Join(d.dir, name)
+		if !slices.Contains(j.kept, path) {
+			return nil, nil
+		}
+		return ebpf.LoadPinnedMap(path+previousSuffix, nil)
+	}
+	t := d.cfg.ctTimeouts()
+	var errs []error
+	for _, fam := range []struct {
+		est, half string
+		carry     func(curEst, curHalf, oldEst, oldHalf *ebpf.Map) error
+	}{
+		{mapConntrack, mapCTNew, func(curEst, curHalf, oldEst, oldHalf *ebpf.Map) error {
+			return carryFlows(curEst, curHalf, oldEst, oldHalf, ctPlace[sockCt4Key, sockCt4Entry](t, oldEst, oldHalf))
+		}},
+		{mapConntrack6, mapCTNew6, func(curEst, curHalf, oldEst, oldHalf *ebpf.Map) error {
+			return carryFlows(curEst, curHalf, oldEst, oldHalf, ctPlace[tcCt6Key, tcCt6Entry](t, oldEst, oldHalf))
+		}},
+	} {
+		curEst, err1 := d.tc.mapByName(fam.est)
+		curHalf, err2 := d.tc.mapByName(fam.half)
+		oldEst, err3 := old(fam.est)
+		oldHalf, err4 := old(fam.half)
+		if err := errors.Join(err1, err2, err3, err4); err != nil {
+			errs = append(errs, fmt.Errorf("carry %s back: %w", fam.est, err))
+		} else if oldEst != nil || oldHalf != nil {
+			if oldEst == nil {
+				oldEst = curEst // shared
+			}
+			if oldHalf == nil {
+				oldHalf = curHalf
+			}
+			if err := fam.carry(curEst, curHalf, oldEst, oldHalf); err != nil {
+				errs = append(errs, fmt.Errorf("carry %s back: %w", fam.est, err))
+			}
+		}
+		for _, m := range []*ebpf.Map{oldEst, oldHalf} {
+			if m != nil && m != curEst && m != curHalf {
+				m.Close()
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// carryFlows copies the flows of the new maps into the old ones where
+// they differ (an old map of another layout is left alone): established
+// ones as place says, half-open ones only where nothing is.
+func carryFlows[K ctMigKey[K], V ctValue](curEst, curHalf, oldEst, oldHalf *ebpf.Map, place ctPlacer[K, V]) error {
+	var errs []error
+	if oldEst != curEst && oldEst.KeySize() == curEst.KeySize() && oldEst.ValueSize() == curEst.ValueSize() {
+		errs = append(errs, copyConntrack(curEst, oldEst, place))
+	}
+	if oldHalf != curHalf && oldHalf.KeySize() == curHalf.KeySize() && oldHalf.ValueSize() == curHalf.ValueSize() {
+		errs = append(errs, copyConntrack(curHalf, oldHalf, halfOpen(place)))
+	}
+	return errors.Join(errs...)
+}
 
 // switchedDir marks, while it exists, that a start not yet committed has
 // updated a link: a kill from then on keeps its pins (recoverPins).
@@ -317,6 +392,10 @@ func (j *pinJournal) note(switching bool, undo func() error, release func()) err
 			return fmt.Errorf("mark the start as switching: %w", err)
 		}
 		j.switched = true
+		if j.carryBack != nil {
+			// Undone after every hook runs the old programs again.
+			j.steps = append(j.steps, restoreStep{undo: func() error { return j.carryBack(j) }, release: func() {}})
+		}
 	}
 	if release == nil {
 		release = func() {}

@@ -217,6 +217,10 @@ func TestFailedStartPutsProgramsBack(t *testing.T) {
 			if err := d.AttachDevices([]string{"sl-a", "sl-b", "sl-c"}); err == nil {
 				t.Fatal("AttachDevices with sl-c's pin a directory succeeded")
 			}
+			// A flow the new programs established before the start
+			// failed: carried back into the old maps.
+			synThrough(t, progID(t, d.TCIngress()), 40003)
+			synAckThrough(t, progID(t, d.TCEgress()), 40003)
 			if tc.kill {
 				// What the kernel does to a killed agent's handles.
 				d.closeMigrations()
@@ -233,6 +237,9 @@ func TestFailedStartPutsProgramsBack(t *testing.T) {
 				t.Fatalf("ingress on sl-a after the failed start: %v", ingress)
 			}
 			if !tc.kill {
+				if !pinnedFlow(t, bpffs, 40003, mapConntrack) {
+					t.Error("the flow the new programs established before the failure is not in the old conntrack map")
+				}
 				sameHooks(t, "after the failed start", now, before)
 				testutil.SamePinnedMaps(t, "after the failed start", testutil.PinnedMapIDs(t, filepath.Join(bpffs, "sluice")), pins)
 			}
@@ -268,7 +275,7 @@ func TestFailedStartPutsProgramsBack(t *testing.T) {
 			// Killed, what the links not yet updated wrote to the
 			// old map after the copy is lost (the flow the old
 			// egress established).
-			for _, cport := range []uint16{40001, 40002} {
+			for _, cport := range []uint16{40001, 40002, 40003} {
 				if tc.kill && cport == 40002 {
 					continue
 				}
