@@ -11,7 +11,6 @@ import (
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
-	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
@@ -172,11 +171,7 @@ func TestFailedStartPutsProgramsBack(t *testing.T) {
 		{name: "max-conntrack, killed", base: smallConfig, set: func(c *Config) { c.MaxConntrack = 8192 }, kill: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			testutil.Privileged(t)
-			bpffs := testPinDir(t)
-			cg := newTestCgroup(t).Path
-			ns := topology.NewNS(t, "failstart")
-			ns.Enter(t)
+			bpffs, cg := attachNode(t, "failstart")
 			links := addVeths(t, [2]string{"sl-a", "sl-a1"}, [2]string{"sl-b", "sl-b1"}, [2]string{"sl-c", "sl-c1"})
 
 			// The previous agent: tcx on sl-a, a clsact filter of
@@ -298,17 +293,21 @@ func TestFailedStartPutsProgramsBack(t *testing.T) {
 // programMapIDs returns the maps program id uses.
 func programMapIDs(t *testing.T, id ebpf.ProgramID) []ebpf.MapID {
 	t.Helper()
-	p, err := ebpf.NewProgramFromID(id)
+	info, err := programInfo(id)
 	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	info, err := p.Info()
-	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("program %d: %v", id, err)
 	}
 	ids, _ := info.MapIDs()
 	return ids
+}
+
+func programInfo(id ebpf.ProgramID) (*ebpf.ProgramInfo, error) {
+	p, err := ebpf.NewProgramFromID(id)
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	return p.Info()
 }
 
 func cutPrevious(name string) (string, bool) {
