@@ -178,9 +178,21 @@ func (d *Datapath) AttachDevices(devs []string) error {
 	dirs := []tcDir{tcIngress, tcEgress}
 	var shims shimLinks
 	if shim {
-		// On an error below; on success the last line detaches them
-		// and reports how.
-		defer func() { _ = shims.detach() }()
+		// On success the last line detaches them and reports how. On
+		// an error below, before Commit, they go with the undo, after
+		// it has put the previous programs back (noted first, undone
+		// last): detaching a tcx link waits for an RCU grace period,
+		// milliseconds during which a link this start updated would
+		// still run the new programs beside the old ones (a reply at
+		// an old egress missing the flow a new ingress started).
+		// After Commit, on return.
+		detachShims := func() error { return shims.detach() }
+		if err := d.pins.note(false, detachShims, func() { _ = detachShims() }); err != nil {
+			return err
+		}
+		if d.pins == nil {
+			defer func() { _ = shims.detach() }()
+		}
 		for i, dev := range devs {
 			for _, dir := range dirs {
 				if err := d.attachShim(dev, ifindex[i], dir, &shims); err != nil {

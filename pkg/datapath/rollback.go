@@ -387,6 +387,9 @@ type restoreStep struct {
 // makes this build's programs run on a hook (a link updated or attached,
 // IPv6 programs put in at the switch), after which a kill keeps the pins.
 func (j *pinJournal) note(switching bool, undo func() error, release func()) error {
+	if j == nil {
+		return nil
+	}
 	if switching && !j.switched {
 		if err := os.Mkdir(filepath.Join(j.dir, switchedDir), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("mark the start as switching: %w", err)
