@@ -97,9 +97,10 @@ type Datapath interface {
 	// Close releases the agent's handles and leaves pins and links in
 	// place, so traffic keeps flowing after the agent exits.
 	Close() error
-	// Abort is Close for a start that failed before Commit: the pins are
-	// put back as they were before the datapath was opened, for the
-	// previous agent's programs, still attached, and the next start.
+	// Abort is Close for a start that failed before Commit: the previous
+	// agent's programs are put back on the hooks the start updated, and
+	// the pins as they were before the datapath was opened, for those
+	// programs and the next start.
 	Abort() error
 }
 

@@ -99,12 +99,23 @@ func (d *Datapath) AttachCgroup(path string) error {
 		if old != nil {
 			info, err := old.Info()
 			if err == nil && info.Cgroup() != nil && info.Cgroup().CgroupId == cgroupID {
+				if err := d.pins.keepLinkProgram(pin, old); err != nil {
+					old.Close()
+					return fmt.Errorf("update %s link on cgroup %s: %w", cp.name, path, err)
+				}
 				err = old.Update(prog)
 				old.Close()
 				if err != nil {
 					return fmt.Errorf("update %s link on cgroup %s: %w", cp.name, path, err)
 				}
 				continue
+			}
+		}
+		// A link on another cgroup is not put back if the start
+		// fails (rollback.go): the new one stays.
+		if old == nil {
+			if err := d.pins.keepNoLink(pin); err != nil {
+				return fmt.Errorf("attach %s to cgroup %s: %w", cp.name, path, err)
 			}
 		}
 		l, err := link.AttachCgroup(link.CgroupOptions{Path: path, Attach: cp.attach, Program: prog})
@@ -151,9 +162,9 @@ func (d *Datapath) tcProg(dir tcDir) *ebpf.Program {
 // migration shims go in front of the programs on every device first, the
 // programs are replaced device after device, ingress before egress or the
 // other way round as migrating says, and once all are, the rest of the old
-// map is carried over, XDP attached and the shims removed. The start is
-// complete (Commit) before the first program is replaced: a failure
-// before that leaves the pins for Abort to put back.
+// map is carried over, XDP attached and the shims removed. Until Commit,
+// each link and program array it changes is noted: a start that fails
+// (Abort) puts the previous programs back, and the pins (rollback.go).
 func (d *Datapath) AttachDevices(devs []string) error {
 	ifindex := make([]int, len(devs))
 	for i, dev := range devs {
@@ -167,9 +178,21 @@ func (d *Datapath) AttachDevices(devs []string) error {
 	dirs := []tcDir{tcIngress, tcEgress}
 	var shims shimLinks
 	if shim {
-		// On an error below; on success the last line detaches them
-		// and reports how.
-		defer func() { _ = shims.detach() }()
+		// On success the last line detaches them and reports how. On
+		// an error below, before Commit, they go with the undo, after
+		// it has put the previous programs back (noted first, undone
+		// last): detaching a tcx link waits for an RCU grace period,
+		// milliseconds during which a link this start updated would
+		// still run the new programs beside the old ones (a reply at
+		// an old egress missing the flow a new ingress started).
+		// After Commit, on return.
+		detachShims := func() error { return shims.detach() }
+		if err := d.pins.note(false, detachShims, func() { _ = detachShims() }); err != nil {
+			return err
+		}
+		if d.pins == nil {
+			defer func() { _ = shims.detach() }()
+		}
 		for i, dev := range devs {
 			for _, dir := range dirs {
 				if err := d.attachShim(dev, ifindex[i], dir, &shims); err != nil {
@@ -185,11 +208,6 @@ func (d *Datapath) AttachDevices(devs []string) error {
 			dirs = []tcDir{tcEgress, tcIngress}
 		}
 	}
-	// From the first link updated on, this build's programs write the
-	// maps Open made: a failure from here on keeps them (rollback.go).
-	if err := d.Commit(); err != nil {
-		return err
-	}
 	for _, dir := range dirs {
 		for i, dev := range devs {
 			if err := d.attachTC(dev, ifindex[i], dir); err != nil {
@@ -201,6 +219,9 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		if err := d.finishTCSwitch(); err != nil {
 			return err
 		}
+	}
+	if err := errors.Join(d.pins.keepEntries(d.maps.devices, mapDevices), d.pins.keepEntries(d.maps.devices6, mapDevices6)); err != nil {
+		return err
 	}
 	for i, dev := range devs {
 		if err := d.attachXDP(dev, ifindex[i]); err != nil {
@@ -236,6 +257,9 @@ func (d *Datapath) AttachDevices(devs []string) error {
 // kernel was upgraded, they would translate a second time).
 func (d *Datapath) attachTC(dev string, ifindex int, dir tcDir) error {
 	prog := d.tcProg(dir)
+	if err := d.pins.keepFilters(ifindex, dir.parent); err != nil {
+		return fmt.Errorf("attach tc %s to %s: %w", dir.name, dev, err)
+	}
 	err := d.attachTCX(dev, ifindex, dir.name, dir.attach, prog)
 	if errors.Is(err, ebpf.ErrNotSupported) {
 		if err := attachClsact(ifindex, dir.parent, filterPrefix+dir.name, prog, d.keepFilter); err != nil {
@@ -288,6 +312,10 @@ func (d *Datapath) attachTCX(dev string, ifindex int, dir string, attach ebpf.At
 	if old != nil {
 		info, err := old.Info()
 		if err == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex {
+			if err := d.pins.keepLinkProgram(pin, old); err != nil {
+				old.Close()
+				return fmt.Errorf("update tcx %s link of %s: %w", dir, dev, err)
+			}
 			err = old.Update(prog)
 			old.Close()
 			if err != nil {
@@ -295,6 +323,10 @@ func (d *Datapath) attachTCX(dev string, ifindex int, dir string, attach ebpf.At
 			}
 			return nil
 		}
+	}
+	if err := d.pins.keepNoLink(pin); err != nil {
+		closeLink(old)
+		return fmt.Errorf("attach tcx %s to %s: %w", dir, dev, err)
 	}
 	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: attach})
 	if err != nil {
@@ -323,7 +355,9 @@ func (d *Datapath) updateXDPTo(dev string, ifindex int, prog *ebpf.Program) erro
 		}
 		info, err := l.Info()
 		if err == nil && info.XDP() != nil && int(info.XDP().Ifindex) == ifindex {
-			err = l.Update(prog)
+			if err = d.pins.keepLinkProgram(d.linkPin("xdp_"+string(m)+"_"+dev), l); err == nil {
+				err = l.Update(prog)
+			}
 		}
 		l.Close()
 		if err != nil {
@@ -342,6 +376,9 @@ func (d *Datapath) attachXDP(dev string, ifindex int) error {
 		if m == d.cfg.XDP {
 			continue
 		}
+		if err := d.pins.keepXDPLink(d.linkPin("xdp_"+string(m)+"_"+dev), xdpFlags(m)); err != nil {
+			return fmt.Errorf("detach XDP (%s) from %s: %w", m, dev, err)
+		}
 		if err := detachPinnedLink(d.linkPin("xdp_" + string(m) + "_" + dev)); err != nil {
 			return fmt.Errorf("detach XDP (%s) from %s: %w", m, dev, err)
 		}
@@ -349,10 +386,7 @@ func (d *Datapath) attachXDP(dev string, ifindex int) error {
 	if d.cfg.XDP == XDPOff || d.cfg.XDP == "" {
 		return nil
 	}
-	flags := link.XDPGenericMode
-	if d.cfg.XDP == XDPNative {
-		flags = link.XDPDriverMode
-	}
+	flags := xdpFlags(d.cfg.XDP)
 	pin := d.linkPin("xdp_" + string(d.cfg.XDP) + "_" + dev)
 	old, err := loadPinnedLink(pin)
 	if err != nil {
@@ -361,6 +395,10 @@ func (d *Datapath) attachXDP(dev string, ifindex int) error {
 	if old != nil {
 		info, err := old.Info()
 		if err == nil && info.XDP() != nil && int(info.XDP().Ifindex) == ifindex {
+			if err := d.pins.keepLinkProgram(pin, old); err != nil {
+				old.Close()
+				return fmt.Errorf("update XDP link of %s: %w", dev, err)
+			}
 			err = old.Update(d.xdp.SluiceXdp)
 			old.Close()
 			if err != nil {
@@ -372,6 +410,9 @@ func (d *Datapath) attachXDP(dev string, ifindex int) error {
 		_ = old.Unpin()
 		old.Close()
 	}
+	if err := d.pins.keepNoLink(pin); err != nil {
+		return fmt.Errorf("attach XDP to %s: %w", dev, err)
+	}
 	l, err := link.AttachXDP(link.XDPOptions{Program: d.xdp.SluiceXdp, Interface: ifindex, Flags: flags})
 	if err != nil {
 		return fmt.Errorf("attach XDP (%s) to %s: %w", d.cfg.XDP, dev, err)
@@ -380,6 +421,14 @@ func (d *Datapath) attachXDP(dev string, ifindex int) error {
 		return fmt.Errorf("pin XDP link of %s: %w", dev, err)
 	}
 	return nil
+}
+
+// xdpFlags are the attach flags of XDP mode m (generic unless native).
+func xdpFlags(m XDPMode) link.XDPAttachFlags {
+	if m == XDPNative {
+		return link.XDPDriverMode
+	}
+	return link.XDPGenericMode
 }
 
 // Prune detaches what an earlier agent attached and this configuration

@@ -384,6 +384,7 @@ func Open(cfg Config) (*Datapath, error) {
 	if d.pins, err = startPinJournal(dir); err != nil {
 		return nil, err
 	}
+	d.pins.carryBack = d.carryBack
 	// A size below what the service maps hold is refused before any pin
 	// changes (shrink.go).
 	if err := checkShrink(dir, cfg); err != nil {
@@ -397,6 +398,9 @@ func Open(cfg Config) (*Datapath, error) {
 	if err := d.load(specs); err != nil {
 		d.closeMigrations()
 		return nil, errors.Join(err, d.pins.undo())
+	}
+	if err := errors.Join(d.pins.keepEntries(d.maps.nodeCIDRs, mapNodeCIDRs), d.pins.keepEntries(d.maps.nodeCIDRs6, mapNodeCIDRs6)); err != nil {
+		return nil, errors.Join(err, d.Abort())
 	}
 	if err := d.maps.setNodeCIDRs(cidrs); err != nil {
 		return nil, errors.Join(err, d.Abort())
@@ -521,6 +525,9 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 	// programs stay until switchIPv6 (migrate.go).
 	d.ipv6Pending, _ = d.migratingIPv6()
 	if !d.ipv6Pending {
+		if err := d.pins.keepProgArray(d.tc.Sluice6TcV1, mapTC6, false); err != nil {
+			return err
+		}
 		if err := d.tc.setIPv6Programs(false); err != nil {
 			return err
 		}
@@ -538,6 +545,9 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 			return fmt.Errorf("load XDP program: %w", verifierDetail(err))
 		}
 		if !d.ipv6Pending {
+			if err := d.pins.keepProgArray(d.xdp.Sluice6XdpV1, mapXDP6, false); err != nil {
+				return err
+			}
 			if err := d.xdp.setIPv6Program(); err != nil {
 				return err
 			}

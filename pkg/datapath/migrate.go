@@ -13,8 +13,11 @@ package datapath
 //  3. The Attach methods replace those programs through their links. The
 //     old map is no longer read after that.
 //
-// Until 3 begins, the old map stays pinned as <name>_previous too: a start
-// that fails or is killed before then puts it back (rollback.go).
+// Until the start is complete (Commit, after 3), the old map stays pinned
+// as <name>_previous too: a start that fails before then puts the
+// previous programs back on the links it updated and the old map's pin
+// back; one killed before its first link update is put back by the next
+// start (rollback.go).
 //
 // Maps only the agent writes (services, backends, ...) need nothing more:
 // no agent writes between 1 and 3. Maps the programs write do: the flows
@@ -382,10 +385,16 @@ func (d *Datapath) switchIPv6() error {
 		return nil
 	}
 	_, egressFirst := d.migratingIPv6()
+	if err := d.pins.keepProgArray(d.tc.Sluice6TcV1, mapTC6, true); err != nil {
+		return err
+	}
 	if err := d.tc.setIPv6Programs(egressFirst); err != nil {
 		return err
 	}
 	if d.xdp.Sluice6Xdp != nil {
+		if err := d.pins.keepProgArray(d.xdp.Sluice6XdpV1, mapXDP6, true); err != nil {
+			return err
+		}
 		if err := d.xdp.setIPv6Program(); err != nil {
 			return err
 		}

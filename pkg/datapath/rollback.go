@@ -22,11 +22,12 @@ package datapath
 //     load created): every pin names the map it named before, and the
 //     next start migrates again, from the maps the old programs still
 //     write;
-//   - the start is complete (Commit) once this build's programs are about
-//     to write the maps: AttachDevices commits right before its first tc
-//     link update, the agent once it has attached everything, and Close;
-//     the _previous pins go then. A failure after that keeps the new pins:
-//     this build's programs write them.
+//   - the start is complete (Commit) once everything is attached, before
+//     the agent's first apply writes the maps (and at Close); the
+//     _previous pins go then. A failure after that keeps the new pins:
+//     this build's programs write them. A failure before it, after the
+//     Attach methods updated links, puts the previous programs back on
+//     them first (below: the thirty-ninth pass).
 //
 // A kill (SIGKILL, OOM) half way leaves the _previous pins on bpffs, with
 // the old programs still attached and writing those maps; the next Open
@@ -37,23 +38,14 @@ package datapath
 // takes the old-named pin as the live one), or a new map the old programs
 // do not use, which the next start reuses. A temporary pin of pinOver's
 // (_resizing, _migrating) is removed there too. A kill while Commit
-// removes the _previous pins, before any link was updated, leaves some:
-// those maps are migrated again, the others not (the old programs' writes
-// since the copy lost for those: the window of a few unlinks).
+// removes the _previous pins leaves some, with the links updated: the
+// next Open finds the start's mark (switchedDir, below) and removes them.
 //
 // One Open at a time on a pin directory, as one agent per node: an Open
 // beside another's uncommitted start would put that start's pins back.
 //
-// Not put back: the previous agent's IPv6 programs in the pinned program
-// arrays (sluice6_tc_v1), which load replaces when IPv6 conntrack is not
-// migrated (their maps other than conntrack are the agent's, copied, or
-// an LRU of affinity), the XDP link the shims took over (it hands every
-// packet to tc, which the old programs still run), the cgroup links
-// AttachCgroup updated before the start failed (the socket programs
-// write no conntrack; what they write to a resized sluice_sock_rev or
-// sluice_udp_stick meanwhile is lost, which breaks no connection:
-// migrate.go), and what Prune detached (a device dropped from
-// --devices).
+// The programs a start put on the hooks are put back too (below), and
+// what it cannot put back is listed there.
 
 import (
 	"errors"
@@ -64,6 +56,8 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 )
 
 // previousSuffix names the second pin of a map Open replaced or removed,
@@ -79,6 +73,14 @@ type pinJournal struct {
 	dir    string
 	before map[string]bool // the pins in dir when Open began
 	kept   []string        // the pins kept as <name>_previous
+	// steps are the replacements other than pins, in the order made;
+	// switched: one of them ran this build's programs on a hook
+	// (switchedDir is there).
+	steps    []restoreStep
+	switched bool
+	// carryBack, set by Open, copies what this build's programs added to
+	// the new conntrack maps into the old ones: the undo's last step.
+	carryBack func(*pinJournal) error
 }
 
 // startPinJournal puts back what a start that did not finish left in dir
@@ -115,16 +117,26 @@ func pinNames(dir string) ([]string, error) {
 
 // recoverPins renames each <name>_previous pin in dir back over its name,
 // and removes pinOver's temporary pins: a start killed between Open's
-// changes and Commit left them (the top of this file).
+// changes and Commit left them (the top of this file). If that start had
+// updated a link (switchedDir), its pins stay instead, as a commit would
+// have them: the links it updated use them.
 func recoverPins(dir string) error {
 	names, err := pinNames(dir)
 	if err != nil {
 		return err
 	}
+	_, err = os.Stat(filepath.Join(dir, switchedDir))
+	switched := err == nil
 	var errs []error
 	for _, n := range names {
 		p := filepath.Join(dir, n)
 		if orig, ok := strings.CutSuffix(n, previousSuffix); ok {
+			if switched {
+				if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+					errs = append(errs, fmt.Errorf("remove pin %s that a start killed after its switch left: %w", n, err))
+				}
+				continue
+			}
 			if err := os.Rename(p, filepath.Join(dir, orig)); err != nil {
 				errs = append(errs, fmt.Errorf("put back pin %s that an unfinished start left: %w", orig, err))
 			}
@@ -134,6 +146,11 @@ func recoverPins(dir string) error {
 			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 				errs = append(errs, fmt.Errorf("remove temporary pin %s: %w", n, err))
 			}
+		}
+	}
+	if switched && len(errs) == 0 {
+		if err := os.Remove(filepath.Join(dir, switchedDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove the mark of a start killed after its switch: %w", err))
 		}
 	}
 	return errors.Join(errs...)
@@ -165,15 +182,19 @@ func (j *pinJournal) keep(path string) error {
 	return nil
 }
 
-// undo puts every pin back as the journal found it: the kept ones first,
-// each renamed over its name in one step, then the pins created since
-// removed. A kill between the two leaves created pins beside the previous
-// ones, which the next start copes with (the top of this file).
+// undo puts back what the start replaced: the programs on the hooks and
+// the other steps, last first, then every pin as the journal found it:
+// the kept ones first, each renamed over its name in one step, then the
+// pins created since removed. A kill between the two leaves created pins
+// beside the previous ones, which the next start copes with (the top of
+// this file).
 func (j *pinJournal) undo() error {
 	if j == nil {
 		return nil
 	}
-	var errs []error
+	// The hooks run the previous programs again: from here a kill
+	// should find the pins put back (recoverPins), so the mark goes.
+	errs := []error{j.undoSteps(), j.unmarkSwitched()}
 	for _, p := range j.kept {
 		if err := os.Rename(p+previousSuffix, p); err != nil {
 			errs = append(errs, fmt.Errorf("put back pin %s: %w", p, err))
@@ -199,32 +220,439 @@ func (j *pinJournal) commit() error {
 	if j == nil {
 		return nil
 	}
+	j.releaseSteps()
 	var errs []error
 	for _, p := range j.kept {
 		if err := os.Remove(p + previousSuffix); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove pin %s%s: %w", p, previousSuffix, err))
 		}
 	}
+	// After the _previous pins: a kill between the two finds the mark
+	// and lets the rest go too.
+	if len(errs) == 0 {
+		errs = append(errs, j.unmarkSwitched())
+	}
 	return errors.Join(errs...)
 }
 
-// Commit says the start is complete: the pins Open converted or resized
-// stay, even if the agent fails or is killed from now on. Call it once
-// the programs are attached, before the maps are written. AttachDevices
-// commits before it updates its first link, and Close commits.
+// Commit says the start is complete: the pins Open converted or resized,
+// and the programs the Attach methods put on the hooks, stay, even if the
+// agent fails or is killed from now on. Call it once the programs are
+// attached, before the maps are written; Close commits.
 func (d *Datapath) Commit() error {
 	j := d.pins
 	d.pins = nil
 	return j.commit()
 }
 
-// Abort is Close for a start that failed before Commit: it puts back every
-// pin Open converted or resized, and removes the pins it created, so that
-// the previous agent's programs, still attached, go on with the maps the
-// pins name and the next start migrates again. After Commit it is Close.
+// Abort is Close for a start that failed before Commit: it puts the
+// previous agent's programs back on every hook the Attach methods (and
+// Open, in the program arrays) changed, then every pin Open converted or
+// resized, and removes the pins it created, so that the previous agent's
+// programs go on with the maps the pins name and the next start migrates
+// again. After Commit it is Close.
 func (d *Datapath) Abort() error {
 	j := d.pins
 	d.pins = nil
 	d.closeMigrations()
 	return errors.Join(j.undo(), d.closeObjects())
+}
+
+// Putting back the programs (issue 14, thirty-ninth pass). A start
+// replaces more than pins, and before Commit each replacement is noted
+// in the journal with how to undo it, in the order made; a start that
+// fails undoes them in reverse, then puts the pins back:
+//
+//   - the program behind a pinned link it updated in place (tcx, XDP,
+//     cgroup): the link runs its previous program again, whose id the
+//     link's info gave before the update, held open meanwhile (the link
+//     was its only holder);
+//   - a link it attached where none was (a device or cgroup the previous
+//     agent did not attach, a device re-created since): detached;
+//   - an XDP link of the other mode it detached (--xdp changed): attached
+//     again, with its program;
+//   - Sluice's clsact filters it replaced or removed (a kernel without
+//     tcx; release 0's, or those of an agent that ran before the kernel
+//     had tcx, removed once the tcx link is in): put back as they were;
+//   - the slots of the pinned program arrays (sluice6_tc_v1,
+//     sluice6_xdp_v1) it filled: the previous agent's IPv6 programs again;
+//   - the entries of the node maps it rewrote (sluice_node_cidrs,
+//     sluice_devices and their IPv6 twins): as they were.
+//
+// So the previous agent's programs run again on every hook, on the maps
+// the pins name once more, and the next start migrates as this one did.
+// Flows the new programs added to the new conntrack maps between their
+// link's update and the undo are carried back into the old maps once
+// every hook runs the old programs again (carryBack), as settle carries
+// the old ones forward: a UDP flow or a connection established meanwhile
+// keeps its backend. A packet of such a flow answered by an old program
+// before the undo (its reply at an egress not yet updated) finds no entry
+// there: the window of a failed AttachDevices, milliseconds. Release 0's
+// conntrack, of another layout, is not carried back.
+//
+// A kill after the first link update cannot undo anything: the start
+// marks that moment with a directory in the pin directory (switchedDir),
+// and the next Open, finding it, keeps the killed start's pins, which the
+// links it updated use, as a commit would (the links not yet updated ran
+// the old programs on the old maps, whose writes since are lost, as
+// before this pass); without the mark it puts them back (recoverPins).
+//
+// Not put back: a cgroup link the start moved from another cgroup (the
+// old cgroup's path is not in the link's info: the new link stays, or
+// the node would have no socket load balancing at all), a link of a
+// device re-created since the previous agent attached it (detached by the
+// kernel then), what Prune detached (a device dropped from --devices),
+// and the SNAT ports the agent reserved (ip_local_reserved_ports: the
+// previous agent's range, or the node's own business).
+
+// carryBack copies the live flows this build's programs added to the new
+// conntrack maps (of both families) into the old maps that the previous
+// agent's programs use again, where the old maps are kept (_previous,
+// the same layout): the undo of a failed start, once every hook runs the
+// old programs. Half-open flows go into the old sluice_ct_new only if it
+// was replaced too (it is shared otherwise).
+func (d *Datapath) carryBack(j *pinJournal) error {
+	old := func(name string) (*ebpf.Map, error) {
+		path := filepath.Join(d.dir, name)
+		if !slices.Contains(j.kept, path) {
+			return nil, nil
+		}
+		return ebpf.LoadPinnedMap(path+previousSuffix, nil)
+	}
+	t := d.cfg.ctTimeouts()
+	var errs []error
+	for _, fam := range []struct {
+		est, half string
+		carry     func(curEst, curHalf, oldEst, oldHalf *ebpf.Map) error
+	}{
+		{mapConntrack, mapCTNew, func(curEst, curHalf, oldEst, oldHalf *ebpf.Map) error {
+			return carryFlows(curEst, curHalf, oldEst, oldHalf, ctPlace[sockCt4Key, sockCt4Entry](t, oldEst, oldHalf))
+		}},
+		{mapConntrack6, mapCTNew6, func(curEst, curHalf, oldEst, oldHalf *ebpf.Map) error {
+			return carryFlows(curEst, curHalf, oldEst, oldHalf, ctPlace[tcCt6Key, tcCt6Entry](t, oldEst, oldHalf))
+		}},
+	} {
+		curEst, err1 := d.tc.mapByName(fam.est)
+		curHalf, err2 := d.tc.mapByName(fam.half)
+		oldEst, err3 := old(fam.est)
+		oldHalf, err4 := old(fam.half)
+		if err := errors.Join(err1, err2, err3, err4); err != nil {
+			errs = append(errs, fmt.Errorf("carry %s back: %w", fam.est, err))
+		} else if oldEst != nil || oldHalf != nil {
+			if oldEst == nil {
+				oldEst = curEst // shared
+			}
+			if oldHalf == nil {
+				oldHalf = curHalf
+			}
+			if err := fam.carry(curEst, curHalf, oldEst, oldHalf); err != nil {
+				errs = append(errs, fmt.Errorf("carry %s back: %w", fam.est, err))
+			}
+		}
+		for _, m := range []*ebpf.Map{oldEst, oldHalf} {
+			if m != nil && m != curEst && m != curHalf {
+				m.Close()
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// carryFlows copies the flows of the new maps into the old ones where
+// they differ (an old map of another layout is left alone): established
+// ones as place says, half-open ones only where nothing is.
+func carryFlows[K ctMigKey[K], V ctValue](curEst, curHalf, oldEst, oldHalf *ebpf.Map, place ctPlacer[K, V]) error {
+	var errs []error
+	if oldEst != curEst && oldEst.KeySize() == curEst.KeySize() && oldEst.ValueSize() == curEst.ValueSize() {
+		errs = append(errs, copyConntrack(curEst, oldEst, place))
+	}
+	if oldHalf != curHalf && oldHalf.KeySize() == curHalf.KeySize() && oldHalf.ValueSize() == curHalf.ValueSize() {
+		errs = append(errs, copyConntrack(curHalf, oldHalf, halfOpen(place)))
+	}
+	return errors.Join(errs...)
+}
+
+// switchedDir marks, while it exists, that a start not yet committed has
+// updated a link: a kill from then on keeps its pins (recoverPins).
+const switchedDir = "switched"
+
+// restoreStep is one replacement the start made other than a pin: undo
+// puts it back, release lets go of what undo would need.
+type restoreStep struct {
+	undo    func() error
+	release func()
+}
+
+// note adds a replacement to the journal. switching: the replacement
+// makes this build's programs run on a hook (a link updated or attached,
+// IPv6 programs put in at the switch), after which a kill keeps the pins.
+func (j *pinJournal) note(switching bool, undo func() error, release func()) error {
+	if j == nil {
+		return nil
+	}
+	if switching && !j.switched {
+		if err := os.Mkdir(filepath.Join(j.dir, switchedDir), 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("mark the start as switching: %w", err)
+		}
+		j.switched = true
+		if j.carryBack != nil {
+			// Undone after every hook runs the old programs again.
+			j.steps = append(j.steps, restoreStep{undo: func() error { return j.carryBack(j) }, release: func() {}})
+		}
+	}
+	if release == nil {
+		release = func() {}
+	}
+	j.steps = append(j.steps, restoreStep{undo: undo, release: release})
+	return nil
+}
+
+// undoSteps undoes the journal's steps, last first, and releases them.
+func (j *pinJournal) undoSteps() error {
+	var errs []error
+	for _, s := range slices.Backward(j.steps) {
+		errs = append(errs, s.undo())
+	}
+	j.releaseSteps()
+	return errors.Join(errs...)
+}
+
+func (j *pinJournal) releaseSteps() {
+	for _, s := range j.steps {
+		s.release()
+	}
+	j.steps = nil
+}
+
+// unmarkSwitched removes switchedDir.
+func (j *pinJournal) unmarkSwitched() error {
+	j.switched = false
+	if err := os.Remove(filepath.Join(j.dir, switchedDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove the start's mark: %w", err)
+	}
+	return nil
+}
+
+// keepLinkProgram notes the program behind the link pinned at pin (l,
+// opened from it) before the start updates it: undo updates the link back
+// to it.
+func (j *pinJournal) keepLinkProgram(pin string, l link.Link) error {
+	if j == nil {
+		return nil
+	}
+	info, err := l.Info()
+	if err != nil {
+		return fmt.Errorf("info of link %s: %w", pin, err)
+	}
+	prev, err := ebpf.NewProgramFromID(info.Program)
+	if err != nil {
+		return fmt.Errorf("program %d of link %s: %w", info.Program, pin, err)
+	}
+	return j.note(true, func() error {
+		l, err := loadPinnedLink(pin)
+		if err != nil || l == nil {
+			return err // the device or cgroup went, and its link with it
+		}
+		defer l.Close()
+		if err := l.Update(prev); err != nil {
+			return fmt.Errorf("put program %d back on link %s: %w", info.Program, pin, err)
+		}
+		return nil
+	}, func() { prev.Close() })
+}
+
+// keepNoLink notes that the start attaches a link at pin where none was
+// (or a dead one): undo detaches it.
+func (j *pinJournal) keepNoLink(pin string) error {
+	if j == nil {
+		return nil
+	}
+	return j.note(true, func() error {
+		if err := detachPinnedLink(pin); err != nil {
+			return fmt.Errorf("detach link %s of the failed start: %w", pin, err)
+		}
+		return nil
+	}, nil)
+}
+
+// keepXDPLink notes the XDP link pinned at pin, in mode flags, before the
+// start detaches it (another XDP mode configured): undo attaches its
+// program again in that mode, after the undo of the new mode's link.
+func (j *pinJournal) keepXDPLink(pin string, flags link.XDPAttachFlags) error {
+	if j == nil {
+		return nil
+	}
+	l, err := loadPinnedLink(pin)
+	if err != nil || l == nil {
+		return err
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil || info.XDP() == nil {
+		return nil // not an XDP link this build knows: nothing to put back
+	}
+	ifindex := int(info.XDP().Ifindex)
+	prev, err := ebpf.NewProgramFromID(info.Program)
+	if err != nil {
+		return fmt.Errorf("program %d of link %s: %w", info.Program, pin, err)
+	}
+	return j.note(true, func() error {
+		l, err := link.AttachXDP(link.XDPOptions{Program: prev, Interface: ifindex, Flags: flags})
+		if err != nil {
+			return fmt.Errorf("attach XDP program %d again (%s): %w", info.Program, pin, err)
+		}
+		return replacePinned(nil, l, pin)
+	}, func() { prev.Close() })
+}
+
+// keepFilters notes Sluice's clsact filters of parent on ifindex (the
+// migration shims' aside, which go anyway) before the start replaces or
+// removes any: undo removes those it added and puts those back.
+func (j *pinJournal) keepFilters(ifindex int, parent uint32) error {
+	if j == nil {
+		return nil
+	}
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return err
+	}
+	list, err := netlink.FilterList(l, parent)
+	if err != nil {
+		list = nil // no clsact qdisc: no filters
+	}
+	ours := func(f netlink.Filter) (*netlink.BpfFilter, bool) {
+		bf, ok := f.(*netlink.BpfFilter)
+		return bf, ok && strings.HasPrefix(bf.Name, filterPrefix) && !strings.HasPrefix(bf.Name, filterPrefix+"mig_")
+	}
+	type kept struct {
+		f    netlink.BpfFilter
+		prog *ebpf.Program
+	}
+	var prev []kept
+	release := func() {
+		for _, k := range prev {
+			k.prog.Close()
+		}
+	}
+	for _, f := range list {
+		bf, ok := ours(f)
+		if !ok {
+			continue
+		}
+		p, err := ebpf.NewProgramFromID(ebpf.ProgramID(bf.Id))
+		if err != nil {
+			release()
+			return fmt.Errorf("program %d of filter %s: %w", bf.Id, bf.Name, err)
+		}
+		prev = append(prev, kept{*bf, p})
+	}
+	return j.note(false, func() error {
+		var errs []error
+		if err := removeSluiceFilters(ifindex, parent, func(f *netlink.BpfFilter) bool {
+			return strings.HasPrefix(f.Name, filterPrefix+"mig_")
+		}); err != nil {
+			errs = append(errs, err)
+		}
+		for _, k := range prev {
+			f := k.f
+			f.Fd = k.prog.FD()
+			if err := netlink.FilterReplace(&f); err != nil {
+				errs = append(errs, fmt.Errorf("put filter %s back: %w", f.Name, err))
+			}
+		}
+		return errors.Join(errs...)
+	}, release)
+}
+
+// keepProgArray notes the programs in the slots of the program array m
+// (pinned as name) before the start puts its own there. switching: at
+// the switch of a migration, not at the load.
+func (j *pinJournal) keepProgArray(m *ebpf.Map, name string, switching bool) error {
+	if j == nil || m == nil {
+		return nil
+	}
+	arr, err := m.Clone()
+	if err != nil {
+		return fmt.Errorf("keep %s: %w", name, err)
+	}
+	prev := make([]*ebpf.Program, arr.MaxEntries())
+	release := func() {
+		for _, p := range prev {
+			if p != nil {
+				p.Close()
+			}
+		}
+		arr.Close()
+	}
+	for i := range prev {
+		var id uint32
+		err := arr.Lookup(uint32(i), &id)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			continue
+		}
+		if err == nil {
+			prev[i], err = ebpf.NewProgramFromID(ebpf.ProgramID(id))
+		}
+		if err != nil {
+			release()
+			return fmt.Errorf("keep slot %d of %s: %w", i, name, err)
+		}
+	}
+	return j.note(switching, func() error {
+		var errs []error
+		for i, p := range prev {
+			var err error
+			if p != nil {
+				err = arr.Put(uint32(i), p)
+			} else if err = arr.Delete(uint32(i)); errors.Is(err, ebpf.ErrKeyNotExist) {
+				err = nil
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("put slot %d of %s back: %w", i, name, err))
+			}
+		}
+		return errors.Join(errs...)
+	}, release)
+}
+
+// keepEntries notes every entry of the small map m (named name) before
+// the start rewrites it: undo makes m hold exactly those again.
+func (j *pinJournal) keepEntries(m *ebpf.Map, name string) error {
+	if j == nil || m == nil {
+		return nil
+	}
+	c, err := m.Clone()
+	if err != nil {
+		return fmt.Errorf("keep %s: %w", name, err)
+	}
+	prev := map[string][]byte{}
+	k, v := make([]byte, c.KeySize()), make([]byte, c.ValueSize())
+	it := c.Iterate()
+	for it.Next(&k, &v) {
+		prev[string(k)] = slices.Clone(v)
+	}
+	if err := it.Err(); err != nil {
+		c.Close()
+		return fmt.Errorf("keep %s: %w", name, err)
+	}
+	return j.note(false, func() error {
+		var stale [][]byte
+		k := make([]byte, c.KeySize())
+		for it := c.Iterate(); it.Next(&k, &v); {
+			if _, ok := prev[string(k)]; !ok {
+				stale = append(stale, slices.Clone(k))
+			}
+		}
+		var errs []error
+		for _, k := range stale {
+			errs = append(errs, deleteIgnoringMissing(c, k))
+		}
+		for k, v := range prev {
+			errs = append(errs, c.Put([]byte(k), v))
+		}
+		if err := errors.Join(errs...); err != nil {
+			return fmt.Errorf("put %s back: %w", name, err)
+		}
+		return nil
+	}, func() { c.Close() })
 }
