@@ -144,7 +144,6 @@ func run(args []string) int {
 	if *configFile != "" {
 		kp.log(log, *configFile)
 	}
-	setGCPercent(*gcPercent, os.Getenv("GOGC"), log)
 	if *nodeName == "" {
 		h, err := os.Hostname()
 		if err != nil {
@@ -277,6 +276,7 @@ func run(args []string) int {
 	if *namesFile != "" {
 		cfg.Observers = append(cfg.Observers, &namesWriter{path: *namesFile, bpffs: *bpffs, log: log.With("component", "names")})
 	}
+	cfg.Observers = append(cfg.Observers, &gcTarget{percent: *gcPercent, gogc: os.Getenv("GOGC"), log: log})
 	if *progStats {
 		// Held open for the agent's life: the kernel counts while
 		// someone holds it.
