@@ -31,7 +31,11 @@
 //     was recorded and the mode's last sync ended at least
 //     BENCH_CHANGE_GAP before, so that no change waits out the min sync
 //     period (1 s in all three modes, their default) behind the previous.
-//   - memory and CPU: VmRSS after the first sync and at the end, VmHWM (the
+//   - memory under steady change (BENCH_STEADY_RATE for
+//     BENCH_STEADY_DURATION, off by default): changes one after another at
+//     a steady rate, after the others; see steadyChanges.
+//   - memory and CPU: VmRSS and VmHWM sampled every 2 s from the start to
+//     the end (memSample), VmRSS after the first sync and at the end, VmHWM (the
 //     peak) at the end, and CPU seconds from /proc/<pid>/stat, the
 //     process's own and with the children it waited for (kube-proxy runs
 //     iptables-restore and nft as children: their work is its work).
