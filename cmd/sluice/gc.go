@@ -22,11 +22,11 @@ import (
 // second at 20 EndpointSlice changes a second). The runtime keeps the
 // pages it freed while its heap stays under the goal (and up to a tenth
 // over it), so the agent's RSS follows the largest heap between two
-// collections, not the live heap: at GOGC 100 that was 114-119 MB (the
+// collections, not the live heap: at GOGC 100 that was 114-140 MB (the
 // runtime's own collection every 2 minutes came before the goal) and
-// the RSS 155-163 MiB; at 40 the goal was 108-113 MB and the RSS 150 MiB,
-// the binary's mapped pages (about 28 MiB) on top (issue 14,
-// thirty-seventh pass). At 25 the goal is about 100 MB. Each collection
+// VmHWM 155-178 MiB; at 40 the goal was 108-113 MB and VmHWM 150.1 MiB,
+// the binary's mapped pages (about 28 MiB) on top; at 25, 97-101 MB and
+// 145.6 MiB (issue 14, thirty-seventh pass). Each collection
 // marks the live heap (about 0.1-0.2 CPU-second at 30,000): one every
 // 20 MB of garbage, under a minute at that rate, where the runtime's
 // 2-minute one came first before. Calico's Felix, another node agent
