@@ -76,6 +76,7 @@ func run(args []string) int {
 		progStats   = fs.Bool("bpf-program-stats", false, "have the kernel count the run count and run time of BPF programs (BPF_ENABLE_STATS, system wide, while the agent runs), exported as sluice_bpf_program_runs_total and sluice_bpf_program_run_seconds_total (off by default: every run of every BPF program on the node then pays two clock reads)")
 		namesFile   = fs.String("names-file", namesfile.Default, "write which Service each programmed frontend belongs to here (JSON), for sluicectl to show beside the addresses (empty: off)")
 		configFile  = fs.String("config", "", "kube-proxy's configuration file (a KubeProxyConfiguration): the fields that apply set the flags they map to; flags given on the command line override it")
+		gcPercent   = fs.Int("gc-percent", defaultGCPercent, "the Go collector's target (GOGC): the heap may grow by this percentage of what the last collection found live before the next; lower trades CPU for memory (negative: off); the environment's GOGC, if set, wins")
 		showVersion = fs.Bool("version", false, "print the version, the commit and the digest of the BPF objects, and exit")
 		dpCfg       datapath.Config
 	)
@@ -275,6 +276,7 @@ func run(args []string) int {
 	if *namesFile != "" {
 		cfg.Observers = append(cfg.Observers, &namesWriter{path: *namesFile, bpffs: *bpffs, log: log.With("component", "names")})
 	}
+	cfg.Observers = append(cfg.Observers, &gcTarget{percent: *gcPercent, gogc: os.Getenv("GOGC"), log: log})
 	if *progStats {
 		// Held open for the agent's life: the kernel counts while
 		// someone holds it.

@@ -13,14 +13,16 @@ import (
 // TestQuick runs the whole benchmark at 10 Services with 2 changes per
 // mode: every mode (the real kube-proxy in iptables and nftables mode, and
 // Sluice's agent) synced and programmed every Service, recorded every
-// change once in its own network programming histogram, and the report
-// files are written and parse. No timing is asserted.
+// change once in its own network programming histogram, then took changes
+// at a steady rate for a few seconds, had its memory sampled from its
+// start to its end, and the report files are written and parse. No
+// timing is asserted.
 func TestQuick(t *testing.T) {
 	needsKube(t)
 	const n, changes = 10, 2
 	cfg := config{Services: []int{n}, Endpoints: 10, Modes: allModes, Rounds: 1, Changes: changes,
 		ChangeGap: 1200 * time.Millisecond, SyncTimeout: 3 * time.Minute, ChangeTimeout: time.Minute,
-		OutDir: t.TempDir(), Stamp: "quick"}
+		SteadyRate: 5, SteadyFor: 3 * time.Second, OutDir: t.TempDir(), Stamp: "quick"}
 	back, md := harness.RunAndReadBack(t, 10*time.Minute,
 		func(ctx context.Context, log *slog.Logger) (*result, error) { return run(ctx, cfg, log) },
 		func(r *result) ([]string, error) { return writeReport(cfg.OutDir, cfg.Stamp, r) })
@@ -52,11 +54,24 @@ func TestQuick(t *testing.T) {
 		if r.RSSPeakBytes <= 0 || r.CPUEndS <= 0 {
 			t.Errorf("%s: no memory or CPU figures: %+v", r.Mode, r)
 		}
+		// Sampled from before the first sync to after the steady
+		// changes; none above the peak read at the end.
+		if len(r.Mem) < 2 || r.Mem[0].T > r.FirstSyncS || r.Steady == nil || r.Mem[len(r.Mem)-1].T < r.Steady.ToS {
+			t.Errorf("%s: memory sampled %d times, not from the first sync to the steady changes' end: %+v", r.Mode, len(r.Mem), r.Mem)
+		}
+		for _, m := range r.Mem {
+			if m.RSS <= 0 || m.HWM > r.RSSPeakBytes || m.RSS > r.RSSSampledMaxBytes {
+				t.Errorf("%s: sample %+v against VmHWM at the end %d and largest RSS %d", r.Mode, m, r.RSSPeakBytes, r.RSSSampledMaxBytes)
+			}
+		}
+		if w := r.Steady; w == nil || w.Sent != 15 || w.Syncs < 1 || w.Recorded < 1 || w.RSSMax <= 0 || w.HWMAfter < w.HWMBefore {
+			t.Errorf("%s: steady changes (5/s for 3 s) %+v: want 15 sent, synced, recorded and sampled", r.Mode, w)
+		}
 	}
 	if len(pt.Ratios) != 2 {
 		t.Errorf("%d ratios, want the two kube-proxy modes against Sluice", len(pt.Ratios))
 	}
-	for _, want := range []string{"## 10 Services x 10 endpoints", "| kube-proxy-iptables / sluice |", "| kube-proxy-nftables / sluice |", "Errors: none."} {
+	for _, want := range []string{"## 10 Services x 10 endpoints", "| kube-proxy-iptables / sluice |", "| kube-proxy-nftables / sluice |", "| sluice | ", "steady 5/s", "Errors: none."} {
 		if !strings.Contains(md, want) {
 			t.Errorf("the Markdown report lacks %q", want)
 		}

@@ -31,7 +31,11 @@
 //     was recorded and the mode's last sync ended at least
 //     BENCH_CHANGE_GAP before, so that no change waits out the min sync
 //     period (1 s in all three modes, their default) behind the previous.
-//   - memory and CPU: VmRSS after the first sync and at the end, VmHWM (the
+//   - memory under steady change (BENCH_STEADY_RATE for
+//     BENCH_STEADY_DURATION, off by default): changes one after another at
+//     a steady rate, after the others; see steadyChanges.
+//   - memory and CPU: VmRSS and VmHWM sampled every 2 s from the start to
+//     the end (memSample), VmRSS after the first sync and at the end, VmHWM (the
 //     peak) at the end, and CPU seconds from /proc/<pid>/stat, the
 //     process's own and with the children it waited for (kube-proxy runs
 //     iptables-restore and nft as children: their work is its work).
@@ -107,6 +111,10 @@ type config struct {
 	CPUChanges int           `json:"cpu_changes,omitempty"`
 	CPUBlock   int           `json:"cpu_block,omitempty"`
 	CPUGap     time.Duration `json:"cpu_gap_ns,omitempty"`
+	// SteadyRate, if not 0, sends changes at that rate a second for
+	// SteadyFor per mode and round, after the others (steadyChanges).
+	SteadyRate float64       `json:"steady_rate,omitempty"`
+	SteadyFor  time.Duration `json:"steady_for_ns,omitempty"`
 	Stamp      string        `json:"stamp"`
 }
 
@@ -141,7 +149,7 @@ func configFromEnv() (config, error) {
 	for _, x := range []struct {
 		env string
 		dst *time.Duration
-	}{{"BENCH_CHANGE_GAP", &cfg.ChangeGap}, {"BENCH_CPU_GAP", &cfg.CPUGap}, {"BENCH_SYNC_TIMEOUT", &cfg.SyncTimeout}, {"BENCH_CHANGE_TIMEOUT", &cfg.ChangeTimeout}, {"BENCH_TIME_LIMIT", &cfg.TimeLimit}} {
+	}{{"BENCH_CHANGE_GAP", &cfg.ChangeGap}, {"BENCH_CPU_GAP", &cfg.CPUGap}, {"BENCH_STEADY_DURATION", &cfg.SteadyFor}, {"BENCH_SYNC_TIMEOUT", &cfg.SyncTimeout}, {"BENCH_CHANGE_TIMEOUT", &cfg.ChangeTimeout}, {"BENCH_TIME_LIMIT", &cfg.TimeLimit}} {
 		if v := os.Getenv(x.env); v != "" {
 			d, err := time.ParseDuration(v)
 			if err != nil || d < 0 {
@@ -149,6 +157,16 @@ func configFromEnv() (config, error) {
 			}
 			*x.dst = d
 		}
+	}
+	if v := os.Getenv("BENCH_STEADY_RATE"); v != "" {
+		r, err := strconv.ParseFloat(v, 64)
+		if err != nil || r <= 0 || r > 1000 {
+			return cfg, fmt.Errorf("BENCH_STEADY_RATE=%q: want changes a second, above 0 and at most 1000", v)
+		}
+		cfg.SteadyRate = r
+	}
+	if (cfg.SteadyRate > 0) != (cfg.SteadyFor > 0) {
+		return cfg, fmt.Errorf("BENCH_STEADY_RATE and BENCH_STEADY_DURATION go together")
 	}
 	if v := os.Getenv("BENCH_KUBE_MODES"); v != "" {
 		cfg.Modes = nil

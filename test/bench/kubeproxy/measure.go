@@ -79,7 +79,15 @@ type modeRun struct {
 	CPUNetEndS float64 `json:"cpu_net_end_s"`
 	// CPUBlocks are the CPU blocks (BENCH_CPU_CHANGES), if any.
 	CPUBlocks *cpuBlocks `json:"cpu_blocks,omitempty"`
-	Errors    []string   `json:"errors,omitempty"`
+	// Steady is the window of changes at a steady rate
+	// (BENCH_STEADY_RATE), if any.
+	Steady *steadyRun `json:"steady,omitempty"`
+	// Mem is VmRSS and VmHWM every memEvery from the start to the end;
+	// RSSSampledMaxBytes the largest VmRSS in it, at RSSSampledMaxS.
+	Mem                []memSample `json:"mem_samples,omitempty"`
+	RSSSampledMaxBytes int64       `json:"rss_sampled_max_bytes,omitempty"`
+	RSSSampledMaxS     float64     `json:"rss_sampled_max_s,omitempty"`
+	Errors             []string    `json:"errors,omitempty"`
 }
 
 // measure runs mode once at n Services: first sync, changes, memory and
@@ -108,6 +116,22 @@ func measure(ctx context.Context, cfg config, c *cluster, bins binaries, mode st
 			}
 		}
 	}()
+	stopMem, memStopped := sampleMemory(p.pid, started, memEvery), false
+	collectMem := func() {
+		if memStopped {
+			return
+		}
+		memStopped = true
+		r.Mem = stopMem()
+		if rss, at, ok := rssMax(r.Mem, 0, math.Inf(1)); ok {
+			r.RSSSampledMaxBytes, r.RSSSampledMaxS = rss, at
+		}
+		if w := r.Steady; w != nil {
+			// The window and the sync after it (steadyChanges waits 2 s).
+			w.RSSMax, _, _ = rssMax(r.Mem, w.FromS, w.ToS+2+memEvery.Seconds())
+		}
+	}
+	defer collectMem() // before the close above: the process is still there
 
 	// First sync.
 	var last float64
@@ -190,6 +214,15 @@ func measure(ctx context.Context, cfg config, c *cluster, bins binaries, mode st
 		}
 	}
 
+	if cfg.SteadyRate > 0 && cfg.SteadyFor > 0 && len(r.Errors) == 0 {
+		w, err := steadyChanges(ctx, c, p, n, cfg.SteadyRate, cfg.SteadyFor, started)
+		if err != nil {
+			fail("steady changes: %v", err)
+		}
+		r.Steady = &w
+	}
+
+	collectMem()
 	if st, err = readProc(p.pid); err != nil {
 		fail("at the end: %v", err)
 	}

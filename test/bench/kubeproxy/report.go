@@ -53,7 +53,12 @@ type summary struct {
 	HWMSyncMiB  testutil.Spread `json:"rss_peak_after_sync_mib"`
 	CPUChangeMs testutil.Spread `json:"cpu_per_change_ms,omitzero"`
 	IdleMsPerS  testutil.Spread `json:"idle_cpu_ms_per_s,omitzero"`
-	Errors      int             `json:"errors"`
+	// The largest VmRSS of the samples every memEvery; in the steady
+	// window, and VmHWM at its end.
+	RSSSampledMaxMiB testutil.Spread `json:"rss_sampled_max_mib,omitzero"`
+	SteadyRSSMaxMiB  testutil.Spread `json:"steady_rss_max_mib,omitzero"`
+	SteadyHWMMiB     testutil.Spread `json:"steady_hwm_after_mib,omitzero"`
+	Errors           int             `json:"errors"`
 }
 
 // ratio is mode / base of the same round, median over rounds with the
@@ -93,6 +98,7 @@ func (pt *point) finish(modes []string) {
 		}
 		s := summary{Mode: m, Rounds: len(runs)}
 		var first, lat, rssEnd, rssPeak, cpuSync, cpuEnd, cpuNet, scrape, rssSync, hwmSync, perChange, idle []float64
+		var sampledMax, steadyMax, steadyHWM []float64
 		for _, r := range runs {
 			s.Errors += len(r.Errors)
 			for _, e := range r.Errors {
@@ -113,8 +119,16 @@ func (pt *point) finish(modes []string) {
 				perChange = append(perChange, w.perChangeMs()...)
 				idle = append(idle, w.idleMsPerS()...)
 			}
+			if r.RSSSampledMaxBytes > 0 {
+				sampledMax = append(sampledMax, float64(r.RSSSampledMaxBytes)/(1<<20))
+			}
+			if w := r.Steady; w != nil && w.HWMAfter > 0 {
+				steadyMax = append(steadyMax, float64(w.RSSMax)/(1<<20))
+				steadyHWM = append(steadyHWM, float64(w.HWMAfter)/(1<<20))
+			}
 			lat = append(lat, r.LatencyS...)
 		}
+		s.RSSSampledMaxMiB, s.SteadyRSSMaxMiB, s.SteadyHWMMiB = testutil.SpreadOf(sampledMax), testutil.SpreadOf(steadyMax), testutil.SpreadOf(steadyHWM)
 		s.FirstSyncS, s.LatencyS, s.Changes = testutil.SpreadOf(first), testutil.SpreadOf(lat), len(lat)
 		s.LatencyP90 = percentile(lat, 0.9)
 		s.RSSEndMiB, s.RSSPeakMiB = testutil.SpreadOf(rssEnd), testutil.SpreadOf(rssPeak)
@@ -209,6 +223,19 @@ func markdown(stamp string, r *result) string {
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", s.Mode, spread(s.RSSSyncMiB, "%.1f"), spread(s.HWMSyncMiB, "%.1f"),
 				spread(s.CPUChangeMs, "%.2f"), spread(s.IdleMsPerS, "%.2f"))
 		}
+		b.WriteString("\n| mode | RSS sampled, largest (MiB) | steady changes: RSS largest (MiB) | steady changes: VmHWM after (MiB) |\n|---|---|---|---|\n")
+		for _, s := range pt.Summary {
+			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", s.Mode, spread(s.RSSSampledMaxMiB, "%.1f"), spread(s.SteadyRSSMaxMiB, "%.1f"), spread(s.SteadyHWMMiB, "%.1f"))
+		}
+		b.WriteString("\nPer run, VmRSS sampled every 2 s, the largest of each minute from the start (MiB), and the steady window:\n\n")
+		for _, r := range pt.Runs {
+			fmt.Fprintf(&b, "- %s round %d: %s", r.Mode, r.Round, strings.Join(perMinute(r.Mem), ", "))
+			if w := r.Steady; w != nil {
+				fmt.Fprintf(&b, "; steady %.0f/s from %.0f s to %.0f s: %d sent, %d syncs, %d latencies recorded (mean %.3f s), VmHWM %.1f -> %.1f MiB",
+					w.Rate, w.FromS, w.ToS, w.Sent, w.Syncs, w.Recorded, w.LatencyMeanS, float64(w.HWMBefore)/(1<<20), float64(w.HWMAfter)/(1<<20))
+			}
+			b.WriteString("\n")
+		}
 		if len(pt.Ratios) > 0 {
 			b.WriteString("\n| ratio | first sync | latency median | RSS peak | CPU end | CPU end without scrapes |\n|---|---|---|---|---|---|\n")
 			for _, q := range pt.Ratios {
@@ -232,6 +259,27 @@ func markdown(stamp string, r *result) string {
 		fmt.Fprintf(&b, "- %s\n", n)
 	}
 	return b.String()
+}
+
+// perMinute is the largest VmRSS of the samples in each minute from the
+// process's start, in MiB ("-" for a minute without a sample).
+func perMinute(s []memSample) []string {
+	var top []int64
+	for _, x := range s {
+		m := int(x.T / 60)
+		for len(top) <= m {
+			top = append(top, -1)
+		}
+		top[m] = max(top[m], x.RSS)
+	}
+	out := make([]string, len(top))
+	for i, v := range top {
+		out[i] = "-"
+		if v >= 0 {
+			out[i] = fmt.Sprintf("%.0f", float64(v)/(1<<20))
+		}
+	}
+	return out
 }
 
 // spread formats a median with its range; "-" for none.
