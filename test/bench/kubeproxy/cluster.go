@@ -119,8 +119,8 @@ func startCluster(ctx context.Context, t kubeenv.TB, topo *topology.Topology, en
 // the first Service is created through the API, as a template of what the
 // apiserver makes of the bench's objects (defaults, uid, managedFields, the
 // IPAddress), and the rest are copies of it written straight to etcd
-// (storeService), which the apiserver's watch picks up: the same objects,
-// in seconds.
+// (storeIPAddress, then storeService), which the apiserver's watch picks
+// up: the same objects, in seconds.
 func (c *cluster) grow(ctx context.Context, n int) error {
 	if n <= c.services {
 		return nil
@@ -135,14 +135,55 @@ func (c *cluster) grow(ctx context.Context, n int) error {
 		}
 		from++
 	}
-	do := c.createService
-	if !c.viaAPI {
-		free, err := c.freeClusterIPs(ctx, n-from)
-		if err != nil {
+	if c.viaAPI {
+		if err := inParallel(ctx, from, n, c.createService); err != nil {
 			return err
 		}
-		do = func(ctx context.Context, i int) error { return c.storeService(ctx, i, free[i-from]) }
+		c.services = n
+		return nil
 	}
+	free, err := c.freeClusterIPs(ctx, n-from)
+	if err != nil {
+		return err
+	}
+	// Every IPAddress first, and in the apiserver's watch cache before
+	// any Service naming one is written: its ClusterIP repair loop checks
+	// each Service it hears of against its IPAddress informer and, not
+	// finding the address there yet, reports the ClusterIP as not
+	// allocated (an event) and tries to create it. The allocator's own
+	// order, with the wait its API round trips give it.
+	var mu sync.Mutex
+	var newest int64
+	newestIP := ""
+	if err := inParallel(ctx, from, n, func(ctx context.Context, i int) error {
+		rev, err := c.storeIPAddress(ctx, i, free[i-from])
+		mu.Lock()
+		if rev > newest {
+			newest, newestIP = rev, free[i-from]
+		}
+		mu.Unlock()
+		return err
+	}); err != nil {
+		return err
+	}
+	if err := c.waitCached(ctx, newestIP); err != nil {
+		return err
+	}
+	if err := inParallel(ctx, from, n, func(ctx context.Context, i int) error {
+		return c.storeService(ctx, i, free[i-from])
+	}); err != nil {
+		return err
+	}
+	if err := c.waitListed(ctx, n); err != nil {
+		return err
+	}
+	c.services = n
+	return nil
+}
+
+// inParallel runs do for from..n-1 on a few concurrent clients and
+// returns the first error (the rest are not started).
+func inParallel(ctx context.Context, from, n int, do func(context.Context, int) error) error {
 	const workers = 8
 	next := make(chan int)
 	errs := make(chan error, workers)
@@ -179,14 +220,7 @@ feed:
 		default:
 		}
 	}
-	if err == nil && !c.viaAPI {
-		err = c.waitListed(ctx, n)
-	}
-	if err != nil {
-		return err
-	}
-	c.services = n
-	return nil
+	return err
 }
 
 func svcName(i int) string { return fmt.Sprintf("svc-%05d", i) }
@@ -288,39 +322,69 @@ func (c *cluster) freeClusterIPs(ctx context.Context, k int) ([]string, error) {
 	return nil, fmt.Errorf("%s has %d free addresses, want %d", kubeenv.ServiceCIDR, len(free), k)
 }
 
-// storeService writes Service i with ClusterIP ip, its IPAddress and its
-// EndpointSlice straight to etcd, as copies of c.tmpl with what differs
-// from Service to Service (names, uids, times, the address, the selector,
-// labels, annotation and endpoints) taken from the objects the API path
-// creates. The IPAddress goes first, as the allocator writes it before the
-// Service.
-func (c *cluster) storeService(ctx context.Context, i int, ip string) error {
-	now := metav1.NewTime(time.Now().Truncate(time.Second))
-	fresh := func(m *metav1.ObjectMeta, name string) {
-		m.Name, m.UID, m.CreationTimestamp, m.ResourceVersion = name, uuid.NewUUID(), now, ""
-		for j := range m.ManagedFields {
-			m.ManagedFields[j].Time = &now
-		}
-	}
-	want := serviceObject(i)
+// storeIPAddress writes the IPAddress of Service i's ClusterIP ip
+// straight to etcd, a copy of c.tmpl's with its own name, uid, times and
+// parent (as the API path creates it), and returns etcd's revision after
+// it.
+func (c *cluster) storeIPAddress(ctx context.Context, i int, ip string) (int64, error) {
 	addr := c.tmpl.addr.DeepCopy()
 	fresh(&addr.ObjectMeta, ip)
-	addr.Spec.ParentRef.Name = want.Name
-	if err := c.env.Store(ctx, kubeenv.StorageKey("ipaddresses", "", ip), addr, networkingv1.SchemeGroupVersion.WithKind("IPAddress")); err != nil {
-		return err
-	}
+	addr.Spec.ParentRef.Name = svcName(i)
+	return c.env.Store(ctx, kubeenv.StorageKey("ipaddresses", "", ip), addr, networkingv1.SchemeGroupVersion.WithKind("IPAddress"))
+}
+
+// storeService writes Service i with ClusterIP ip and its EndpointSlice
+// straight to etcd, as copies of c.tmpl with what differs from Service to
+// Service (names, uids, times, the address, the selector, labels,
+// annotation and endpoints) taken from the objects the API path creates.
+// The IPAddress is storeIPAddress's, written before.
+func (c *cluster) storeService(ctx context.Context, i int, ip string) error {
+	want := serviceObject(i)
 	svc := c.tmpl.svc.DeepCopy()
 	fresh(&svc.ObjectMeta, want.Name)
 	svc.Spec.Selector = want.Spec.Selector
 	svc.Spec.ClusterIP, svc.Spec.ClusterIPs = ip, []string{ip}
-	if err := c.env.Store(ctx, kubeenv.StorageKey("services/specs", namespace, svc.Name), svc, corev1.SchemeGroupVersion.WithKind("Service")); err != nil {
+	if _, err := c.env.Store(ctx, kubeenv.StorageKey("services/specs", namespace, svc.Name), svc, corev1.SchemeGroupVersion.WithKind("Service")); err != nil {
 		return err
 	}
 	wantSlice := c.sliceObject(i)
 	slice := c.tmpl.slice.DeepCopy()
 	fresh(&slice.ObjectMeta, wantSlice.Name)
 	slice.Labels, slice.Annotations, slice.Endpoints = wantSlice.Labels, wantSlice.Annotations, wantSlice.Endpoints
-	return c.env.Store(ctx, kubeenv.StorageKey("endpointslices", namespace, slice.Name), slice, discoveryv1.SchemeGroupVersion.WithKind("EndpointSlice"))
+	_, err := c.env.Store(ctx, kubeenv.StorageKey("endpointslices", namespace, slice.Name), slice, discoveryv1.SchemeGroupVersion.WithKind("EndpointSlice"))
+	return err
+}
+
+// fresh gives a copied object its own name and uid and this second as
+// its creation and managedFields times; etcd gives it its resourceVersion.
+func fresh(m *metav1.ObjectMeta, name string) {
+	now := metav1.NewTime(time.Now().Truncate(time.Second))
+	m.Name, m.UID, m.CreationTimestamp, m.ResourceVersion = name, uuid.NewUUID(), now, ""
+	for j := range m.ManagedFields {
+		m.ManagedFields[j].Time = &now
+	}
+}
+
+// waitCached waits until the apiserver's watch cache serves IPAddress ip
+// (a get at resourceVersion 0 is answered from it). The cache applies
+// etcd's events in revision order, so with the newest write there, every
+// earlier one is too.
+func (c *cluster) waitCached(ctx context.Context, ip string) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, err := c.env.Client.NetworkingV1().IPAddresses().Get(ctx, ip, metav1.GetOptions{ResourceVersion: "0"})
+		if err == nil {
+			return nil
+		}
+		if !apierrors.IsNotFound(err) || time.Now().After(deadline) {
+			return fmt.Errorf("IPAddress %s written to etcd, not in the apiserver's cache: %w", ip, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // waitListed waits until the apiserver lists n Services and n

@@ -39,7 +39,11 @@ func TestStoredAsCreated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const stored, created = 2, 3 // svc-00000 is the template, 1 and 2 stored
+	// svc-00000 is the template, 1 to 39 stored (enough for the
+	// apiserver's repair loop to catch a Service stored before its
+	// IPAddress reached the apiserver's cache: it did, at 2, once in
+	// four runs), svc-00002 compared with the created svc-00040.
+	const stored, created = 2, 40
 	if err := c.grow(ctx, created); err != nil {
 		t.Fatal(err)
 	}
@@ -106,20 +110,21 @@ func TestStoredAsCreated(t *testing.T) {
 			t.Errorf("stored and created differ beyond their own fields:\n%s\n%s", js(want[k]), js(got[k]))
 		}
 	}
+	taken := serviceObject(created + 1)
+	taken.Spec.ClusterIP = storedIP
+	_, err = cl.CoreV1().Services(namespace).Create(ctx, taken, metav1.CreateOptions{})
+	if err == nil || !strings.Contains(err.Error(), "already allocated") {
+		t.Errorf("a Service asking for the stored ClusterIP %s: %v, want it refused as allocated", storedIP, err)
+	}
 	// The apiserver's repair of ClusterIPs would make a missing IPAddress
-	// (and say so in an event), hiding one not stored.
+	// (and say so in an event), hiding one not stored. Listed last, to give
+	// the apiserver's event recorder the time of the checks above.
 	events, err := cl.CoreV1().Events(namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range events.Items {
 		t.Errorf("event %s on %s: %s", e.Reason, e.InvolvedObject.Name, e.Message)
-	}
-	taken := serviceObject(created + 1)
-	taken.Spec.ClusterIP = storedIP
-	_, err = cl.CoreV1().Services(namespace).Create(ctx, taken, metav1.CreateOptions{})
-	if err == nil || !strings.Contains(err.Error(), "already allocated") {
-		t.Errorf("a Service asking for the stored ClusterIP %s: %v, want it refused as allocated", storedIP, err)
 	}
 }
 

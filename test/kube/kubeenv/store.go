@@ -24,7 +24,9 @@ import (
 // set: uid, creationTimestamp, managedFields, defaults, and any object an
 // allocation would have made beside it), best by copying one the
 // apiserver created; key is the apiserver's, as StorageKey spells it.
-func (e *Env) Store(ctx context.Context, key string, obj runtime.Object, gvk schema.GroupVersionKind) error {
+// It returns etcd's revision after the write: the resourceVersion the
+// apiserver will give the object.
+func (e *Env) Store(ctx context.Context, key string, obj runtime.Object, gvk schema.GroupVersionKind) (int64, error) {
 	obj = obj.DeepCopyObject()
 	obj.GetObjectKind().SetGroupVersionKind(gvk)
 	if m, ok := obj.(interface{ SetResourceVersion(string) }); ok {
@@ -32,7 +34,7 @@ func (e *Env) Store(ctx context.Context, key string, obj runtime.Object, gvk sch
 	}
 	var val bytes.Buffer
 	if err := storeSerializer.Encode(obj, &val); err != nil {
-		return fmt.Errorf("encode %s: %w", key, err)
+		return 0, fmt.Errorf("encode %s: %w", key, err)
 	}
 	// etcd's JSON gateway (/v3/kv/put): keys and values base64 in JSON,
 	// which encoding/json does for []byte.
@@ -41,22 +43,31 @@ func (e *Env) Store(ctx context.Context, key string, obj runtime.Object, gvk sch
 		Value []byte `json:"value"`
 	}{[]byte(key), val.Bytes()})
 	if err != nil {
-		return err
+		return 0, err
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.EtcdURL+"/v3/kv/put", bytes.NewReader(body))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	resp, err := e.etcdHTTP().Do(req)
 	if err != nil {
-		return fmt.Errorf("put %s in etcd: %w", key, err)
+		return 0, fmt.Errorf("put %s in etcd: %w", key, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("put %s in etcd: %s: %s", key, resp.Status, b)
+		return 0, fmt.Errorf("put %s in etcd: %s: %s", key, resp.Status, b)
 	}
-	return nil
+	// The gateway spells int64s as JSON strings.
+	var put struct {
+		Header struct {
+			Revision int64 `json:"revision,string"`
+		} `json:"header"`
+	}
+	if err := json.Unmarshal(b, &put); err != nil || put.Header.Revision == 0 {
+		return 0, fmt.Errorf("put %s in etcd: no revision in %q (%v)", key, b, err)
+	}
+	return put.Header.Revision, nil
 }
 
 // StorageKey is where the apiserver keeps an object of resource (plural,
