@@ -147,9 +147,9 @@ func firstStateClient(b *testing.B, svcs *corev1.ServiceList, eps *discoveryv1.E
 		return fake.NewClientset(objs...)
 	case "streamed":
 		client := fake.NewClientset()
-		streamFirstList(b, client, "services", marshalEach(b, svcs.Items), func() protoObject { return &corev1.Service{} })
-		streamFirstList(b, client, "endpointslices", marshalEach(b, eps.Items), func() protoObject { return &discoveryv1.EndpointSlice{} })
-		streamFirstList(b, client, "nodes", nil, func() protoObject { return &corev1.Node{} })
+		streamFirstList(b, client, "services", marshalEach(b, svcs.Items), nil, func() protoObject { return &corev1.Service{} })
+		streamFirstList(b, client, "endpointslices", marshalEach(b, eps.Items), nil, func() protoObject { return &discoveryv1.EndpointSlice{} })
+		streamFirstList(b, client, "nodes", nil, nil, func() protoObject { return &corev1.Node{} })
 		return streamingClient{client}
 	}
 	var raw [2][]byte
@@ -202,9 +202,10 @@ func marshalEach[T any, P interface {
 // streamFirstList serves watches of resource as an API server serves a
 // watch that asks for the initial events (sendInitialEvents, KEP-3157):
 // every object, decoded from its own bytes only when the watcher takes the
-// one before, then a bookmark that ends them. A watch that does not ask
-// for them sends nothing.
-func streamFirstList(b *testing.B, client *fake.Clientset, resource string, items [][]byte, newObj func() protoObject) {
+// one before, then a bookmark that ends them; then each object read from
+// updates (nil: none), decoded, as a modification. A watch that does not
+// ask for the initial events sends nothing.
+func streamFirstList(b *testing.B, client *fake.Clientset, resource string, items [][]byte, updates <-chan []byte, newObj func() protoObject) {
 	client.PrependWatchReactor(resource, func(a k8stesting.Action) (bool, watch.Interface, error) {
 		w := &streamWatch{ch: make(chan watch.Event), stop: make(chan struct{})}
 		initial := a.(k8stesting.WatchActionImpl).ListOptions.SendInitialEvents
@@ -225,6 +226,24 @@ func streamFirstList(b *testing.B, client *fake.Clientset, resource string, item
 				}
 				select {
 				case w.ch <- ev:
+				case <-w.stop:
+					return
+				}
+			}
+			for initial != nil && *initial {
+				var raw []byte
+				select {
+				case raw = <-updates:
+				case <-w.stop:
+					return
+				}
+				o := newObj()
+				if err := o.Unmarshal(raw); err != nil {
+					b.Error(err)
+					return
+				}
+				select {
+				case w.ch <- watch.Event{Type: watch.Modified, Object: o}:
 				case <-w.stop:
 					return
 				}
