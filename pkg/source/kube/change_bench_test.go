@@ -80,7 +80,6 @@ func benchOneSliceChange(b *testing.B, n int) {
 	streamFirstList(b, client, "services", marshalEach(b, svcs), nil, func() protoObject { return &corev1.Service{} })
 	streamFirstList(b, client, "endpointslices", marshalEach(b, eps), updates, func() protoObject { return &discoveryv1.EndpointSlice{} })
 	streamFirstList(b, client, "nodes", nil, nil, func() protoObject { return &corev1.Node{} })
-	svcs, eps = nil, nil // the fake server keeps only the bytes
 
 	src, err := New(Config{Client: streamingClient{client}, Options: translate.Options{Node: translate.Node{Name: node}},
 		SyncPeriod: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -158,9 +157,9 @@ func benchOneSliceChange(b *testing.B, n int) {
 	}
 	writeAllocs(".base")
 	// Timed from a collection: 3,000 changes then make 45 MB, short of
-	// the next one, which at this heap (the fake server's bytes and the
-	// objects of the first sync too) would be a tenth of a CPU-second,
-	// 30 us a change, in some runs and not others.
+	// the next one, which at this heap (about 140 MB live: the fake
+	// server's bytes and the first sync's objects too) would be 0.2
+	// CPU-second, 70 us a change, in some runs and not others.
 	runtime.GC()
 
 	b.ReportAllocs()
