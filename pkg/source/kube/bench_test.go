@@ -57,21 +57,7 @@ func BenchmarkFirstState(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			var svcs corev1.ServiceList
 			var eps discoveryv1.EndpointSliceList
-			for i := range n {
-				name := fmt.Sprintf("svc-%d", i)
-				svc := service(name, fmt.Sprintf("10.%d.%d.%d", 96+i>>16, (i>>8)&0xff, i&0xff), 80)
-				ips := make([]string, 10)
-				for j := range ips {
-					k := i*10 + j
-					ips[j] = fmt.Sprintf("10.%d.%d.%d", 128+k>>16, (k>>8)&0xff, k&0xff)
-				}
-				es := slice(name, name+"-1", 8080, ips...)
-				if decoded {
-					asServed(svc, es, i)
-				}
-				svcs.Items = append(svcs.Items, *svc)
-				eps.Items = append(eps.Items, *es)
-			}
+			svcs.Items, eps.Items = benchObjects(n, decoded)
 			client := firstStateClient(b, &svcs, &eps, mode)
 			var live, peak, peakLive, alloc float64
 			var cpu time.Duration
@@ -128,6 +114,29 @@ func BenchmarkFirstState(b *testing.B) {
 			b.ReportMetric(float64(cpu.Microseconds())/1000/float64(runs), "cpu-ms/op")
 		})
 	}
+}
+
+// benchObjects returns n ClusterIP Services, Service i at
+// 10.(96+i>>16).(i>>8).(i):80, each with a slice of 10 endpoints; served:
+// with what an API server's objects carry (asServed).
+func benchObjects(n int, served bool) ([]corev1.Service, []discoveryv1.EndpointSlice) {
+	svcs := make([]corev1.Service, n)
+	eps := make([]discoveryv1.EndpointSlice, n)
+	for i := range n {
+		name := fmt.Sprintf("svc-%d", i)
+		svc := service(name, fmt.Sprintf("10.%d.%d.%d", 96+i>>16, (i>>8)&0xff, i&0xff), 80)
+		ips := make([]string, 10)
+		for j := range ips {
+			k := i*10 + j
+			ips[j] = fmt.Sprintf("10.%d.%d.%d", 128+k>>16, (k>>8)&0xff, k&0xff)
+		}
+		es := slice(name, name+"-1", 8080, ips...)
+		if served {
+			asServed(svc, es, i)
+		}
+		svcs[i], eps[i] = *svc, *es
+	}
+	return svcs, eps
 }
 
 // firstStateClient serves svcs and eps: the fake's own objects

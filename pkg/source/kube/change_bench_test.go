@@ -22,6 +22,7 @@ import (
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
 	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
 
@@ -38,8 +39,8 @@ var changeProfile = flag.String("changeprofile", "", "BenchmarkOneSliceChange/30
 // programmed. One endpoint's address goes back and forth, timed once the
 // first BackendIDQuarantine+64 changes are made (warm-B/change). B/op is the
 // garbage a change leaves (nearly all of it: the state a change makes
-// shares the rest), which sets how often the agent collects and how far
-// its heap rises between collections; cpu-us/op the process's CPU time.
+// shares the rest), which sets how often the agent collects (test/bench/
+// performance.md, fortieth pass); cpu-us/op the process's CPU time.
 func BenchmarkOneSliceChange(b *testing.B) {
 	for _, n := range benchSizes() {
 		b.Run(fmt.Sprintf("%dk", n/1000), func(b *testing.B) { benchOneSliceChange(b, n) })
@@ -47,20 +48,7 @@ func BenchmarkOneSliceChange(b *testing.B) {
 }
 
 func benchOneSliceChange(b *testing.B, n int) {
-	svcs := make([]corev1.Service, n)
-	eps := make([]discoveryv1.EndpointSlice, n)
-	for i := range n {
-		name := fmt.Sprintf("svc-%d", i)
-		svc := service(name, fmt.Sprintf("10.%d.%d.%d", 96+i>>16, (i>>8)&0xff, i&0xff), 80)
-		ips := make([]string, 10)
-		for j := range ips {
-			k := i*10 + j
-			ips[j] = fmt.Sprintf("10.%d.%d.%d", 128+k>>16, (k>>8)&0xff, k&0xff)
-		}
-		es := slice(name, name+"-1", 8080, ips...)
-		asServed(svc, es, i)
-		svcs[i], eps[i] = *svc, *es
-	}
+	svcs, eps := benchObjects(n, true)
 	// The changed slice's two versions, as the API server would send
 	// them: the first endpoint moved, and back.
 	var versions [2][]byte
@@ -96,7 +84,7 @@ func benchOneSliceChange(b *testing.B, n int) {
 			b.Error(err)
 		}
 	}()
-	rec := reconciler.New(nopMaps{}, nil)
+	rec := reconciler.New(fakedp.Nop{}, nil)
 	if err := rec.Restore(); err != nil {
 		b.Fatal(err)
 	}
@@ -172,42 +160,6 @@ func benchOneSliceChange(b *testing.B, n int) {
 	b.ReportMetric(float64((testutil.CPUTime(b)-cpu0).Microseconds())/float64(i-i0), "cpu-us/op")
 	// After the loop: its start drops the metrics reported before.
 	b.ReportMetric(float64(after.TotalAlloc-before.TotalAlloc)/warm, "warm-B/change")
-}
-
-// nopMaps is a reconciler.Datapath that takes every write and holds
-// nothing.
-type nopMaps struct{}
-
-func (nopMaps) UpsertBackend(reconciler.BackendID, model.L4Addr) error             { return nil }
-func (nopMaps) DeleteBackend(reconciler.BackendID) error                           { return nil }
-func (nopMaps) UpsertRevNat(reconciler.ServiceID, reconciler.Frontend) error       { return nil }
-func (nopMaps) DeleteRevNat(reconciler.ServiceID) error                            { return nil }
-func (nopMaps) UpsertSlot(reconciler.Frontend, uint32, reconciler.BackendID) error { return nil }
-func (nopMaps) UpsertMaster(reconciler.Frontend, reconciler.Master) error          { return nil }
-func (nopMaps) DeleteSlot(reconciler.Frontend, uint32) error                       { return nil }
-func (nopMaps) UpsertSourceRange(model.L4Addr, netip.Prefix) error                 { return nil }
-func (nopMaps) DeleteSourceRange(model.L4Addr, netip.Prefix) error                 { return nil }
-func (nopMaps) UpsertServiceIP(netip.Addr) error                                   { return nil }
-func (nopMaps) DeleteServiceIP(netip.Addr) error                                   { return nil }
-func (nopMaps) Dump() (*reconciler.KernelState, error)                             { return &reconciler.KernelState{}, nil }
-func (nopMaps) Walk(reconciler.KernelVisitor) error                                { return nil }
-func (nopMaps) Capacity() (int, int, int)                                          { return 1 << 30, 1 << 30, 1 << 30 }
-func (nopMaps) SourceRangeCapacity() int                                           { return 1 << 30 }
-func (nopMaps) FlushConntrack([]model.L4Addr) error                                { return nil }
-func (nopMaps) FixAffinity([]reconciler.AffinityFix) error                         { return nil }
-func (nopMaps) ResetServiceStats(reconciler.ServiceID) error                       { return nil }
-func (nopMaps) UpsertBackends(es []reconciler.BackendEntry) (int, error)           { return len(es), nil }
-func (nopMaps) UpsertRevNats(es []reconciler.RevNatEntry) (int, error)             { return len(es), nil }
-func (nopMaps) UpsertMasters(es []reconciler.MasterEntry) (int, error)             { return len(es), nil }
-func (nopMaps) UpsertServiceIPs(as []netip.Addr) (int, error)                      { return len(as), nil }
-func (nopMaps) DeleteBackends(ids []reconciler.BackendID) (int, error)             { return len(ids), nil }
-func (nopMaps) DeleteRevNats(ids []reconciler.ServiceID) (int, error)              { return len(ids), nil }
-func (nopMaps) UpsertSlots(runs []reconciler.SlotRun) (int, error) {
-	n := 0
-	for _, r := range runs {
-		n += len(r.IDs)
-	}
-	return n, nil
 }
 
 // benchSizes are BenchmarkOneSliceChange's N: 10,000 and 30,000, and
