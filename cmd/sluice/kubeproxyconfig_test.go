@@ -19,6 +19,7 @@ hostnameOverride: node-1
 bindAddress: 192.168.1.10
 healthzBindAddress: 0.0.0.0:10256
 metricsBindAddress: 0.0.0.0:10249
+enableProfiling: true
 clientConnection:
   kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
   qps: 50
@@ -58,6 +59,7 @@ func TestConfigPrecedence(t *testing.T) {
 		fs.String(f, "", "")
 	}
 	fs.Bool("localhost-nodeports", true, "")
+	profiling := fs.Bool("profiling", false, "")
 	tcpTimeout := fs.Duration("conntrack-tcp-timeout", time.Hour, "")
 	udpTimeout := fs.Duration("conntrack-udp-timeout", time.Minute, "")
 	if err := fs.Parse([]string{"--cluster-cidr", "10.0.0.0/8", "--manifests", "m.yaml", "--sync-period", "5s"}); err != nil {
@@ -73,9 +75,9 @@ func TestConfigPrecedence(t *testing.T) {
 	if *kube.kubeconfig != "" {
 		t.Errorf("--kubeconfig %q set from the file beside --manifests: two sources", *kube.kubeconfig)
 	}
-	if !*masqAll || *nodeName != "node-1" || *kube.apiQPS != 50 || *kube.minSyncPeriod != 2*time.Second {
-		t.Errorf("file not applied: --masquerade-all %v, --node-name %q, --kube-api-qps %v, --min-sync-period %s",
-			*masqAll, *nodeName, *kube.apiQPS, *kube.minSyncPeriod)
+	if !*masqAll || *nodeName != "node-1" || *kube.apiQPS != 50 || *kube.minSyncPeriod != 2*time.Second || !*profiling {
+		t.Errorf("file not applied: --masquerade-all %v, --node-name %q, --kube-api-qps %v, --min-sync-period %s, --profiling %v",
+			*masqAll, *nodeName, *kube.apiQPS, *kube.minSyncPeriod, *profiling)
 	}
 	if *tcpTimeout != 24*time.Hour || *udpTimeout != 2*time.Minute {
 		t.Errorf("conntrack timeouts not applied: --conntrack-tcp-timeout %s, --conntrack-udp-timeout %s", *tcpTimeout, *udpTimeout)
@@ -87,8 +89,8 @@ func TestConfigPrecedence(t *testing.T) {
 	if want := []string{"clientConnection.kubeconfig", "clusterCIDR", "iptables.syncPeriod"}; !reflect.DeepEqual(overridden, want) {
 		t.Errorf("overridden %q, want %q", overridden, want)
 	}
-	if len(kp.applied)+len(kp.overridden) != 14 {
-		t.Errorf("%d settings applied and %d overridden, want 14 in all", len(kp.applied), len(kp.overridden))
+	if len(kp.applied)+len(kp.overridden) != 15 {
+		t.Errorf("%d settings applied and %d overridden, want 15 in all", len(kp.applied), len(kp.overridden))
 	}
 }
 
@@ -184,5 +186,28 @@ func TestConntrackTimeoutMustBePositive(t *testing.T) {
 	})
 	if !strings.Contains(stderr, "--conntrack-udp-timeout 0s: must be > 0") {
 		t.Errorf("stderr:\n%s", stderr)
+	}
+}
+
+// TestProfilingFromConfig: enableProfiling turns --profiling on, unless
+// the command line says otherwise.
+func TestProfilingFromConfig(t *testing.T) {
+	path := writeConfig(t, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nenableProfiling: true\n")
+	for _, c := range []struct {
+		args []string
+		want bool
+	}{{nil, true}, {[]string{"--profiling=false"}, false}} {
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		profiling := fs.Bool("profiling", false, "")
+		if err := fs.Parse(c.args); err != nil {
+			t.Fatal(err)
+		}
+		kp, err := applyKubeProxyConfig(fs, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if *profiling != c.want || len(kp.ignored) != 0 {
+			t.Errorf("%q: --profiling %v, ignored %v; want %v, none", c.args, *profiling, kp.ignored, c.want)
+		}
 	}
 }

@@ -76,6 +76,7 @@ func run(args []string) int {
 		progStats   = fs.Bool("bpf-program-stats", false, "have the kernel count the run count and run time of BPF programs (BPF_ENABLE_STATS, system wide, while the agent runs), exported as sluice_bpf_program_runs_total and sluice_bpf_program_run_seconds_total (off by default: every run of every BPF program on the node then pays two clock reads)")
 		namesFile   = fs.String("names-file", namesfile.Default, "write which Service each programmed frontend belongs to here (JSON), for sluicectl to show beside the addresses (empty: off)")
 		configFile  = fs.String("config", "", "kube-proxy's configuration file (a KubeProxyConfiguration): the fields that apply set the flags they map to; flags given on the command line override it")
+		profiling   = fs.Bool("profiling", false, "serve Go's profiles (net/http/pprof: /debug/pprof/heap, allocs, profile, ...) on the --metrics-addr server, as kube-proxy's enableProfiling (off by default: they expose the agent's internals; keep --metrics-addr on loopback)")
 		gcPercent   = fs.Int("gc-percent", defaultGCPercent, "the Go collector's target (GOGC): the heap may grow by this percentage of what the last collection found live before the next; lower trades CPU for memory (negative: off); the environment's GOGC, if set, wins")
 		showVersion = fs.Bool("version", false, "print the version, the commit and the digest of the BPF objects, and exit")
 		dpCfg       datapath.Config
@@ -290,7 +291,11 @@ func run(args []string) int {
 			defer func() { _ = stats.Close() }()
 		}
 	}
-	if err := runAgent(ctx, cfg, dpCfg, ns, src, m, prox, *healthAddr, *metricsAddr, log); err != nil {
+	if *profiling && *metricsAddr == "" {
+		log.Warn("--profiling without --metrics-addr: the profiles are not served")
+	}
+	srv := listenAddrs{health: *healthAddr, metrics: *metricsAddr, profiling: *profiling}
+	if err := runAgent(ctx, cfg, dpCfg, ns, src, m, prox, srv, log); err != nil {
 		log.Error("agent failed", "err", err)
 		return 1
 	}
@@ -305,19 +310,25 @@ type northSouthConfig struct {
 	hcHosts []string      // on these hosts ("": every address)
 }
 
+// listenAddrs is where runAgent serves health and metrics ("": not served).
+type listenAddrs struct {
+	health, metrics string
+	profiling       bool // net/http/pprof on the metrics server
+}
+
 // runAgent opens the datapath and runs the agent, serving health and
 // metrics beside it, until ctx is done or something fails.
-func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns northSouthConfig, src agent.Source, m *metrics.Metrics, prox *health.Proxier, healthAddr, metricsAddr string, log *slog.Logger) error {
+func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns northSouthConfig, src agent.Source, m *metrics.Metrics, prox *health.Proxier, srv listenAddrs, log *slog.Logger) error {
 	// Listen before touching the datapath, so a taken port fails fast.
 	var healthL, metricsL net.Listener
 	var err error
-	if healthAddr != "" {
-		if healthL, err = net.Listen("tcp", healthAddr); err != nil {
+	if srv.health != "" {
+		if healthL, err = net.Listen("tcp", srv.health); err != nil {
 			return fmt.Errorf("health listener: %w", err)
 		}
 	}
-	if metricsAddr != "" {
-		if metricsL, err = net.Listen("tcp", metricsAddr); err != nil {
+	if srv.metrics != "" {
+		if metricsL, err = net.Listen("tcp", srv.metrics); err != nil {
 			return fmt.Errorf("metrics listener: %w", err)
 		}
 	}
@@ -370,9 +381,8 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 	}
 	if metricsL != nil {
 		servers++
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", m.Handler())
-		serve("metrics", func() error { return serveHTTP(ctx, metricsL, mux, log) })
+		h := metricsHandler(m.Handler(), srv.profiling)
+		serve("metrics", func() error { return serveHTTP(ctx, metricsL, h, log) })
 	}
 	go runConntrackGC(ctx, observedGC{ctUpkeep{dp.Maps(), dp}, m.ObserveConntrackGC}, ns.gcEvery, log.With("component", "conntrack-gc"))
 	if dpCfg.XDP != datapath.XDPOff {

@@ -218,6 +218,12 @@ func (m *mapper) mapFields(c *KubeProxyConfiguration) error {
 		}
 		m.set(b.field, b.flag, addr)
 	}
+	// kube-proxy serves /debug/pprof on its metrics server when asked;
+	// so does --profiling. false is the default of both.
+	m.applied["enableProfiling"] = true
+	if c.EnableProfiling {
+		m.set("enableProfiling", "profiling", "true")
+	}
 	// Sluice always fails when it cannot listen: true asks for that,
 	// false (kube-proxy's default) is not worth a warning.
 	m.applied["bindAddressHardFail"] = true
@@ -380,7 +386,6 @@ const otherMode = "<other mode>"
 var why = map[string]string{
 	"featureGates":                "kube-proxy's feature gates do not configure Sluice",
 	"logging":                     "Sluice logs with log/slog at --log-level",
-	"enableProfiling":             "Sluice serves no /debug/pprof",
 	"showHiddenMetricsForVersion": "Sluice has no hidden metrics",
 	"mode":                        "Sluice is its own (eBPF) datapath: the mode only says which section's masqueradeAll, localhostNodePorts and sync periods apply",
 	"iptables":                    otherMode,

@@ -40,6 +40,7 @@ bindAddress: 192.168.1.10
 bindAddressHardFail: true
 healthzBindAddress: 0.0.0.0
 metricsBindAddress: 192.168.1.10:10249
+enableProfiling: true
 clientConnection:
   kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
   qps: 50
@@ -78,6 +79,7 @@ oomScoreAdj: -999
 		{"bindAddress", "node-ip", "192.168.1.10"},
 		{"healthzBindAddress", "health-addr", "0.0.0.0:10256"},
 		{"metricsBindAddress", "metrics-addr", "192.168.1.10:10249"},
+		{"enableProfiling", "profiling", "true"},
 		{"clientConnection.kubeconfig", "kubeconfig", "/var/lib/kube-proxy/kubeconfig.conf"},
 		{"clientConnection.qps", "kube-api-qps", "50"},
 		{"clusterCIDR", "cluster-cidr", "10.244.0.0/16,fd00:10:244::/56"},

@@ -184,7 +184,7 @@ func TestFirstProgramAllocatesLittleBeyondItsView(t *testing.T) {
 	}
 	const n = 10000
 	st := sizedState(n, func(int) int { return 10 })
-	r := reconciler.New(nopDatapath{}, nil)
+	r := reconciler.New(fakedp.Nop{}, nil)
 	if err := r.Restore(); err != nil {
 		t.Fatal(err)
 	}

@@ -186,27 +186,6 @@ func BenchmarkApplyScale(b *testing.B) {
 	}
 }
 
-// nopDatapath accepts every batch and holds nothing: what a first
-// program costs the reconciler alone, and what its view holds.
-type nopDatapath struct{ reconciler.Datapath }
-
-func (nopDatapath) Capacity() (int, int, int)                                { return 1 << 30, 1 << 30, 1 << 30 }
-func (nopDatapath) SourceRangeCapacity() int                                 { return 1 << 30 }
-func (nopDatapath) UpsertBackends(es []reconciler.BackendEntry) (int, error) { return len(es), nil }
-func (nopDatapath) UpsertRevNats(es []reconciler.RevNatEntry) (int, error)   { return len(es), nil }
-func (nopDatapath) UpsertSlots(runs []reconciler.SlotRun) (int, error) {
-	n := 0
-	for _, run := range runs {
-		n += len(run.IDs)
-	}
-	return n, nil
-}
-func (nopDatapath) UpsertMasters(es []reconciler.MasterEntry) (int, error) { return len(es), nil }
-func (nopDatapath) UpsertServiceIPs(as []netip.Addr) (int, error)          { return len(as), nil }
-func (nopDatapath) ResetServiceStats(reconciler.ServiceID) error           { return nil }
-func (nopDatapath) Dump() (*reconciler.KernelState, error)                 { return &reconciler.KernelState{}, nil }
-func (nopDatapath) Walk(reconciler.KernelVisitor) error                    { return nil }
-
 // BenchmarkFromEmptyView is issue 14's first program at N services with
 // 2 to 10 backends each (30kx10: 10 each, the load run's shape), without
 // a datapath: the reconciler's own time in the agent's first apply (a
@@ -231,7 +210,7 @@ func BenchmarkFromEmptyView(b *testing.B) {
 			b.ReportAllocs()
 			cpu0, runs := testutil.CPUTime(b), 0
 			for b.Loop() {
-				r := reconciler.New(nopDatapath{}, nil)
+				r := reconciler.New(fakedp.Nop{}, nil)
 				if err := r.Restore(); err != nil {
 					b.Fatal(err)
 				}
@@ -245,7 +224,7 @@ func BenchmarkFromEmptyView(b *testing.B) {
 			var before, after runtime.MemStats
 			runtime.GC()
 			runtime.ReadMemStats(&before)
-			r := reconciler.New(nopDatapath{}, nil)
+			r := reconciler.New(fakedp.Nop{}, nil)
 			if err := r.Restore(); err != nil {
 				b.Fatal(err)
 			}

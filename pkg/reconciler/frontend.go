@@ -236,6 +236,8 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 		oldTimeout = v.master.AffinityTimeout
 	}
 	if v != nil && v.hasMaster {
+		// Sized, not grown by append: five arrays for ten backends.
+		before, beforeIDs = make([]model.L4Addr, 0, v.master.Count), make([]BackendID, 0, v.master.Count)
 		slotOf = make(map[BackendID]uint32, v.master.Count)
 		for s := uint32(1); s <= v.master.Count; s++ {
 			if id, ok := v.slots.get(s); ok && r.isReal(id) {

@@ -57,21 +57,7 @@ func BenchmarkFirstState(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			var svcs corev1.ServiceList
 			var eps discoveryv1.EndpointSliceList
-			for i := range n {
-				name := fmt.Sprintf("svc-%d", i)
-				svc := service(name, fmt.Sprintf("10.%d.%d.%d", 96+i>>16, (i>>8)&0xff, i&0xff), 80)
-				ips := make([]string, 10)
-				for j := range ips {
-					k := i*10 + j
-					ips[j] = fmt.Sprintf("10.%d.%d.%d", 128+k>>16, (k>>8)&0xff, k&0xff)
-				}
-				es := slice(name, name+"-1", 8080, ips...)
-				if decoded {
-					asServed(svc, es, i)
-				}
-				svcs.Items = append(svcs.Items, *svc)
-				eps.Items = append(eps.Items, *es)
-			}
+			svcs.Items, eps.Items = benchObjects(n, decoded)
 			client := firstStateClient(b, &svcs, &eps, mode)
 			var live, peak, peakLive, alloc float64
 			var cpu time.Duration
@@ -130,6 +116,29 @@ func BenchmarkFirstState(b *testing.B) {
 	}
 }
 
+// benchObjects returns n ClusterIP Services, Service i at
+// 10.(96+i>>16).(i>>8).(i):80, each with a slice of 10 endpoints; served:
+// with what an API server's objects carry (asServed).
+func benchObjects(n int, served bool) ([]corev1.Service, []discoveryv1.EndpointSlice) {
+	svcs := make([]corev1.Service, n)
+	eps := make([]discoveryv1.EndpointSlice, n)
+	for i := range n {
+		name := fmt.Sprintf("svc-%d", i)
+		svc := service(name, fmt.Sprintf("10.%d.%d.%d", 96+i>>16, (i>>8)&0xff, i&0xff), 80)
+		ips := make([]string, 10)
+		for j := range ips {
+			k := i*10 + j
+			ips[j] = fmt.Sprintf("10.%d.%d.%d", 128+k>>16, (k>>8)&0xff, k&0xff)
+		}
+		es := slice(name, name+"-1", 8080, ips...)
+		if served {
+			asServed(svc, es, i)
+		}
+		svcs[i], eps[i] = *svc, *es
+	}
+	return svcs, eps
+}
+
 // firstStateClient serves svcs and eps: the fake's own objects
 // (minimal), each list decoded afresh from protobuf as the agent's client
 // decodes an API server's answer (decoded), or every object decoded alone
@@ -147,9 +156,9 @@ func firstStateClient(b *testing.B, svcs *corev1.ServiceList, eps *discoveryv1.E
 		return fake.NewClientset(objs...)
 	case "streamed":
 		client := fake.NewClientset()
-		streamFirstList(b, client, "services", marshalEach(b, svcs.Items), func() protoObject { return &corev1.Service{} })
-		streamFirstList(b, client, "endpointslices", marshalEach(b, eps.Items), func() protoObject { return &discoveryv1.EndpointSlice{} })
-		streamFirstList(b, client, "nodes", nil, func() protoObject { return &corev1.Node{} })
+		streamFirstList(b, client, "services", marshalEach(b, svcs.Items), nil, func() protoObject { return &corev1.Service{} })
+		streamFirstList(b, client, "endpointslices", marshalEach(b, eps.Items), nil, func() protoObject { return &discoveryv1.EndpointSlice{} })
+		streamFirstList(b, client, "nodes", nil, nil, func() protoObject { return &corev1.Node{} })
 		return streamingClient{client}
 	}
 	var raw [2][]byte
@@ -202,9 +211,10 @@ func marshalEach[T any, P interface {
 // streamFirstList serves watches of resource as an API server serves a
 // watch that asks for the initial events (sendInitialEvents, KEP-3157):
 // every object, decoded from its own bytes only when the watcher takes the
-// one before, then a bookmark that ends them. A watch that does not ask
-// for them sends nothing.
-func streamFirstList(b *testing.B, client *fake.Clientset, resource string, items [][]byte, newObj func() protoObject) {
+// one before, then a bookmark that ends them; then each object read from
+// updates (nil: none), decoded, as a modification. A watch that does not
+// ask for the initial events sends nothing.
+func streamFirstList(b *testing.B, client *fake.Clientset, resource string, items [][]byte, updates <-chan []byte, newObj func() protoObject) {
 	client.PrependWatchReactor(resource, func(a k8stesting.Action) (bool, watch.Interface, error) {
 		w := &streamWatch{ch: make(chan watch.Event), stop: make(chan struct{})}
 		initial := a.(k8stesting.WatchActionImpl).ListOptions.SendInitialEvents
@@ -225,6 +235,24 @@ func streamFirstList(b *testing.B, client *fake.Clientset, resource string, item
 				}
 				select {
 				case w.ch <- ev:
+				case <-w.stop:
+					return
+				}
+			}
+			for initial != nil && *initial {
+				var raw []byte
+				select {
+				case raw = <-updates:
+				case <-w.stop:
+					return
+				}
+				o := newObj()
+				if err := o.Unmarshal(raw); err != nil {
+					b.Error(err)
+					return
+				}
+				select {
+				case w.ch <- watch.Event{Type: watch.Modified, Object: o}:
 				case <-w.stop:
 					return
 				}

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"bytes"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/sluice-lb/sluice/pkg/health"
+)
+
+// TestProfilingOnTheMetricsServer: with --profiling the metrics server
+// serves net/http/pprof's handlers (a heap profile is gzipped protobuf);
+// without it they are 404, and the health server never has them.
+func TestProfilingOnTheMetricsServer(t *testing.T) {
+	metrics := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("sluice_up 1\n")) })
+	get := func(h http.Handler, method, path string) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
+		return rec
+	}
+	on := metricsHandler(metrics, true)
+	for _, path := range []string{"/debug/pprof/heap", "/debug/pprof/allocs", "/debug/pprof/goroutine"} {
+		rec := get(on, "GET", path)
+		if rec.Code != http.StatusOK || !bytes.HasPrefix(rec.Body.Bytes(), []byte{0x1f, 0x8b}) {
+			t.Errorf("--profiling: GET %s: %d, %d bytes, want 200 and a gzipped profile", path, rec.Code, rec.Body.Len())
+		}
+	}
+	for _, r := range []struct{ method, path string }{
+		{"GET", "/debug/pprof/"}, {"GET", "/debug/pprof/cmdline"}, {"GET", "/debug/pprof/symbol"}, {"POST", "/debug/pprof/symbol"},
+	} {
+		if rec := get(on, r.method, r.path); rec.Code != http.StatusOK {
+			t.Errorf("--profiling: %s %s: %d, want 200", r.method, r.path, rec.Code)
+		}
+	}
+	off := metricsHandler(metrics, false)
+	healthz := health.Handler(func() error { return nil }, nil)
+	for _, h := range []struct {
+		name string
+		h    http.Handler
+	}{{"metrics without --profiling", off}, {"health", healthz}} {
+		for _, path := range []string{"/debug/pprof/", "/debug/pprof/heap", "/debug/pprof/profile", "/debug/pprof/cmdline"} {
+			if rec := get(h.h, "GET", path); rec.Code != http.StatusNotFound {
+				t.Errorf("%s: GET %s: %d, want 404", h.name, path, rec.Code)
+			}
+		}
+	}
+	for _, h := range []http.Handler{on, off} {
+		if rec := get(h, "GET", "/metrics"); rec.Code != http.StatusOK || rec.Body.String() != "sluice_up 1\n" {
+			t.Errorf("GET /metrics: %d %q", rec.Code, rec.Body.String())
+		}
+	}
+}
