@@ -79,17 +79,19 @@ func TestRecheckWithoutDrift(t *testing.T) {
 	}
 }
 
-// TestRecheckFindsDrift: every kind of entry changed, removed or added
-// behind the reconciler's back is found by the re-read, which then
-// rebuilds the view from a dump (calling the hook around it) as the
-// re-read always did, and the next Apply repairs it.
-func TestRecheckFindsDrift(t *testing.T) {
+// driftCase is a way to change the maps behind the reconciler's back:
+// tamper changes a dump of recheckState's maps, which are then seeded
+// with it.
+type driftCase struct {
+	name   string
+	tamper func(ks *reconciler.KernelState)
+}
+
+// driftCases are an entry of each kind changed, removed and added: 18.
+func driftCases() []driftCase {
 	fe := reconciler.DefaultScope(vip(1))
 	lbFE := lb(1, "", nil).Frontend
-	for _, c := range []struct {
-		name   string
-		tamper func(ks *reconciler.KernelState)
-	}{
+	return []driftCase{
 		{"master changed", func(ks *reconciler.KernelState) {
 			m := ks.Masters[fe]
 			m.Flags ^= 0x80
@@ -130,39 +132,97 @@ func TestRecheckFindsDrift(t *testing.T) {
 			m.Count = 1
 			ks.Masters[six] = m
 		}},
-	} {
+	}
+}
+
+// drifted returns a reconciler that programmed recheckState into a fake,
+// whose maps then drifted as c says (behind its back), with the re-read
+// due at its next Apply, and the fake and the dumps it was asked for (its
+// invariants checked at the end of the test if repaired). A
+// reference one (rebuild) rebuilds its view from a dump on any drift, as
+// every re-read that found drift did before the repair entry by entry.
+func drifted(t *testing.T, c driftCase, rebuild, repaired bool) (*reconciler.Reconciler, *fakedp.Fake, *dumpCounter) {
+	t.Helper()
+	f := newFake(t)
+	if c.name == "backend removed" || !repaired {
+		// Removing a backend a slot names breaks the fake's
+		// invariants, which its next write reports: the fake checks
+		// none in that case, nor when the test leaves it unrepaired.
+		f = fakedp.New(1<<16, 1<<20, 1<<20)
+	}
+	d := &dumpCounter{Datapath: f}
+	r := reconciler.New(d, nil)
+	if rebuild {
+		reconciler.RebuildOnDrift(r)
+	}
+	mustApply(t, r, recheckState())
+	ks, err := f.Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.tamper(ks)
+	f.Seed(ks)
+	refreshNow(r)
+	return r, f, d
+}
+
+// TestRecheckFindsDrift: every kind of entry changed, removed or added
+// behind the reconciler's back is found by the re-read, which brings
+// what the maps hold for it into the view (no dump, no hook): the view
+// it makes is the one a rebuild from a dump made (the reference), and
+// the next Apply leaves the maps exactly as after that rebuild, repaired.
+func TestRecheckFindsDrift(t *testing.T) {
+	for _, c := range driftCases() {
 		t.Run(c.name, func(t *testing.T) {
-			// Removing a backend a slot names breaks the fake's
-			// invariants, which its next write reports: the fake
-			// checks none in that case.
-			broken := c.name == "backend removed"
-			f := newFake(t)
-			if broken {
-				f = fakedp.New(1<<16, 1<<20, 1<<20)
-			}
-			d := &dumpCounter{Datapath: f}
-			r := reconciler.New(d, nil)
-			var hooks []int // the dumps each hook call saw
-			r.SetRefreshHook(func() { hooks = append(hooks, d.dumps) })
 			st := recheckState()
-			mustApply(t, r, st)
-			ks, err := f.Dump()
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.tamper(ks)
-			f.Seed(ks)
+			// The view the re-read makes, against a rebuild's.
+			r, _, _ := drifted(t, c, false, false)
+			ref, _, _ := drifted(t, c, true, false)
 			if reconciler.MapsMatchView(r) {
 				t.Fatal("drift not found")
 			}
-			refreshNow(r)
+			for _, x := range []struct {
+				r    *reconciler.Reconciler
+				want string
+			}{{r, "repaired"}, {ref, "rebuilt"}} {
+				if got, err := reconciler.RecheckNow(x.r); err != nil || got != x.want {
+					t.Fatalf("re-read: %s (%v), want %s", got, err, x.want)
+				}
+			}
+			if got, want := reconciler.ViewString(r), reconciler.ViewString(ref); got != want {
+				t.Errorf("the view the repair made:\n%s\nthe view a rebuild from a dump made:\n%s", got, want)
+			}
+			if !reconciler.MapsMatchView(r) {
+				t.Error("the maps do not match the view the repair made")
+			}
+
+			// Re-read and repaired by an Apply, against the reference.
+			r, f, d := drifted(t, c, false, true)
+			hooks := 0
+			r.SetRefreshHook(func() { hooks++ })
+			ref, fref, dref := drifted(t, c, true, true)
 			mustApply(t, r, st)
-			if d.dumps != 1 || len(hooks) != 2 || hooks[0] != 0 || hooks[1] != 1 || reconciler.Rechecks(r) != 0 {
-				t.Errorf("dumps %d, hook calls saw %v dumps, rechecks %d: want the view rebuilt from one dump, the hook around it",
-					d.dumps, hooks, reconciler.Rechecks(r))
+			mustApply(t, ref, st)
+			if d.dumps != 0 || hooks != 0 || reconciler.Repairs(r) != 1 || reconciler.Rechecks(r) != 0 {
+				t.Errorf("dumps %d, hook calls %d, repairs %d, rechecks %d: want the drift repaired entry by entry, once",
+					d.dumps, hooks, reconciler.Repairs(r), reconciler.Rechecks(r))
+			}
+			if dref.dumps != 1 {
+				t.Errorf("the reference dumped the maps %d times, want 1", dref.dumps)
+			}
+			if got, want := f.String(), fref.String(); got != want {
+				t.Errorf("maps after the repair:\n%s\nafter a rebuild from a dump:\n%s", got, want)
+			}
+			if got, want := reconciler.ViewString(r), reconciler.ViewString(ref); got != want {
+				t.Errorf("view after the repair:\n%s\nafter a rebuild from a dump:\n%s", got, want)
+			}
+			if got, want := r.Stats(), ref.Stats(); got.Services != want.Services || got.Backends != want.Backends ||
+				got.ServiceEntries != want.ServiceEntries || got.RevNat != want.RevNat ||
+				got.SourceRanges != want.SourceRanges || got.ServiceIPs != want.ServiceIPs || got.Backends6 != want.Backends6 {
+				t.Errorf("stats after the repair %+v, after a rebuild %+v", got, want)
 			}
 			checkProgrammed(t, f, st)
-			if v := f.Check(); len(v) != 0 && !broken {
+			if v := f.Check(); len(v) != 0 && c.name != "backend removed" {
 				t.Errorf("after the repair: %v", v)
 			}
 			if !reconciler.MapsMatchView(r) {

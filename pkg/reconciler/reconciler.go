@@ -194,6 +194,8 @@ type Reconciler struct {
 	lastRead     time.Time // when the view was last read from the maps
 	aroundRead   func()    // SetRefreshHook's
 	rechecks     int       // re-reads that found no drift (kept the view), for tests
+	repairs      int       // re-reads that brought drift into the view entry by entry, for tests
+	noRepair     bool      // re-reads rebuild the view from a dump on any drift (tests: the old way)
 	writes       uint64
 }
 
@@ -258,16 +260,20 @@ func (r *Reconciler) SetRefreshInterval(d time.Duration) {
 }
 
 // SetRefreshHook makes an Apply that rebuilds its view from a dump of the
-// maps (SetRefreshInterval, when they drifted from the view) call f right
-// before the dump and again at the Apply's end. The agent collects its
+// maps (SetRefreshInterval, when they drifted from the view in a way the
+// re-read does not repair entry by entry: its walk failed, or more than
+// maxDrift entries drifted) call f right before the dump and again at
+// the Apply's end. The agent collects its
 // heap there: the rebuild holds a dump of every map and a new view beside
 // the state (about 80 MiB of heap made, 40 live, at 30,000 Services x
 // 10), which a collection in it would take for the live heap, setting the
 // collector's goal to twice that until its next collection; and one
 // before it starts the rebuild on the live heap alone. A re-read that
 // finds no drift compares the maps with the view as it reads them,
-// making next to no heap: it calls no f, as a collection around it
-// would cost CPU and free nothing the read made.
+// making next to no heap, and one that finds a few entries drifted
+// brings those into the view (repair.go), making heap in proportion to
+// them: neither calls f, as a collection around them would cost CPU and
+// free nothing they made.
 func (r *Reconciler) SetRefreshHook(f func()) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -334,11 +340,17 @@ func (r *Reconciler) Apply(st *model.State) error {
 	var errs []error
 	if r.refreshEvery > 0 && time.Since(r.lastRead) > r.refreshEvery {
 		// The common case: nothing drifted, and the view stays as it
-		// is (recheck.go). Else the view is rebuilt from a dump.
-		if r.mapsMatchView() {
+		// is (recheck.go). Drift is brought into the view entry by entry
+		// (repair.go) for this Apply to repair; only when that cannot
+		// be is the view rebuilt from a dump.
+		switch r.recheckMaps() {
+		case noDrift:
 			r.lastRead = time.Now()
 			r.rechecks++
-		} else {
+		case repaired:
+			r.lastRead = time.Now()
+			r.repairs++
+		case rebuild:
 			if r.aroundRead != nil {
 				r.aroundRead()
 				defer r.aroundRead() // runs before the unlock
