@@ -46,7 +46,7 @@ const maxDrift = 4096
 type viewCheck struct {
 	r       *Reconciler
 	matched [nMaps]int
-	d       *drift // nil when limit is 0
+	d       drift // in the visitor, which is made on the heap anyway: one allocation
 	n       int    // differences found
 	limit   int
 	over    bool
@@ -194,9 +194,9 @@ func (r *Reconciler) recheckMaps() recheckOutcome {
 		}
 		return rebuild
 	}
-	d := &drift{}
-	c := viewCheck{r: r, d: d, limit: maxDrift}
-	if err := r.dp.Walk(&c); err != nil {
+	c := &viewCheck{r: r, limit: maxDrift}
+	d := &c.d
+	if err := r.dp.Walk(c); err != nil {
 		r.log.Debug("Walk of the datapath maps failed, reading them whole", "err", err)
 		return rebuild
 	}
