@@ -47,7 +47,7 @@ type viewCheck struct {
 	r       *Reconciler
 	matched [nMaps]int
 	d       drift // in the visitor, which is made on the heap anyway: one allocation
-	n       int    // differences found
+	n       int   // differences found
 	limit   int
 	over    bool
 }

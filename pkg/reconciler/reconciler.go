@@ -56,7 +56,8 @@
 // frontend, srcranges.go its source ranges, serviceips.go the service
 // IPs, flags.go the master flags, capacity.go what fits in the maps of
 // each address family, gc.go the deletes of what nobody names and the
-// release of ids (idalloc.go). dump.go prints a
+// release of ids (idalloc.go), recheck.go the periodic re-read of the
+// maps and repair.go the repair of the drift it finds. dump.go prints a
 // KernelState as text: the one form of the maps that the golden tests,
 // fakedp and `sluicectl services --raw` share, so a golden case can be
 // replayed against real maps.
@@ -248,10 +249,12 @@ func (r *Reconciler) Restore() error {
 	return nil
 }
 
-// SetRefreshInterval makes Apply re-read the maps (as Restore does) when
-// more than d has passed since they were last read, so that entries changed
-// or deleted behind the reconciler's back are repaired by the next Apply
-// (the agent's periodic resync). Zero disables it; the default is
+// SetRefreshInterval makes Apply re-read the maps when more than d has
+// passed since they were last read, so that entries changed or deleted
+// behind the reconciler's back are repaired by the next Apply (the
+// agent's periodic resync): the re-read compares the maps with the view
+// (recheck.go) and brings what drifted into it (repair.go), or rebuilds
+// the view from a dump, as Restore reads it, when it cannot. Zero disables it; the default is
 // DefaultRefreshInterval.
 func (r *Reconciler) SetRefreshInterval(d time.Duration) {
 	r.mu.Lock()

@@ -3,7 +3,8 @@ package reconciler
 // The reconciler's view of the kernel's maps: what each frontend holds
 // (master, slots), the backends and rev_nat entries, and the reference
 // counts that say when an entry lost its last user. It is filled from a
-// dump (Restore, refresh) and updated after every write that succeeded.
+// dump (Restore, refresh), updated after every write that succeeded, and
+// brought to what the maps hold for entries that drifted (repair.go).
 
 import (
 	"fmt"
