@@ -137,14 +137,7 @@ func TestRepairOnRealMaps(t *testing.T) {
 					if n := r.Stats().Writes - w; n != 0 || dumps != 0 {
 						t.Errorf("a re-read after the repair wrote %d entries (hook called %d times), want none", n, dumps)
 					}
-					again := reconciler.New(m, nil)
-					if err := again.Restore(); err != nil {
-						t.Fatal(err)
-					}
-					if err := again.Apply(st); err != nil {
-						t.Fatal(err)
-					}
-					if n := again.Stats().Writes; n != 0 {
+					if _, n := restarted(t, m, st); n != 0 {
 						t.Errorf("a restarted reconciler wrote %d entries after the repair, want none", n)
 					}
 				}
@@ -154,4 +147,18 @@ func TestRepairOnRealMaps(t *testing.T) {
 			}
 		})
 	}
+}
+
+// restarted returns a reconciler restarted over m (its view restored
+// from the maps) that programmed st, and how many writes that took.
+func restarted(t *testing.T, m reconciler.Datapath, st *model.State) (*reconciler.Reconciler, uint64) {
+	t.Helper()
+	r := reconciler.New(m, nil)
+	if err := r.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Apply(st); err != nil {
+		t.Fatal(err)
+	}
+	return r, r.Stats().Writes
 }

@@ -97,29 +97,33 @@ func (c *viewCheck) Slot(fe Frontend, slot uint32, id BackendID) bool {
 }
 
 func (c *viewCheck) Backend(id BackendID, addr model.L4Addr) bool {
-	got, ok := c.r.backends.get(uint32(id))
-	if ok && got == addr {
-		c.matched[mapBackends]++
-		return true
+	more, record := checkEntry(c, &c.r.backends, mapBackends, uint32(id), addr)
+	if record {
+		c.d.backends = append(c.d.backends, backendDrift{id: id, addr: addr, present: true})
 	}
-	if !c.differs(mapBackends, ok) {
-		return false
-	}
-	c.d.backends = append(c.d.backends, backendDrift{id: id, addr: addr, present: true})
-	return true
+	return more
 }
 
 func (c *viewCheck) RevNat(id ServiceID, fe Frontend) bool {
-	got, ok := c.r.revNat.get(uint32(id))
-	if ok && got == fe {
-		c.matched[mapRevNat]++
-		return true
+	more, record := checkEntry(c, &c.r.revNat, mapRevNat, uint32(id), fe)
+	if record {
+		c.d.revNat = append(c.d.revNat, revNatDrift{id: id, fe: fe, present: true})
 	}
-	if !c.differs(mapRevNat, ok) {
-		return false
+	return more
+}
+
+// checkEntry compares v, what map k holds under id, with tab's entry: it
+// reports whether the walk goes on, and whether to write the entry down.
+func checkEntry[V comparable, P keyPacking[V]](c *viewCheck, tab *idTable[V, P], k int, id uint32, v V) (more, record bool) {
+	got, ok := tab.get(id)
+	if ok && got == v {
+		c.matched[k]++
+		return true, false
 	}
-	c.d.revNat = append(c.d.revNat, revNatDrift{id: id, fe: fe, present: true})
-	return true
+	if !c.differs(k, ok) {
+		return false, false
+	}
+	return true, true
 }
 
 func (c *viewCheck) SourceRange(fe model.L4Addr, p netip.Prefix) bool {

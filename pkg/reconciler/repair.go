@@ -355,34 +355,42 @@ func (r *Reconciler) patchSlot(e slotDrift, t *touched) {
 }
 
 func (r *Reconciler) patchBackend(e backendDrift, t *touched) {
-	if old, ok := r.backends.get(uint32(e.id)); ok {
-		t.addrs[old] = true
-		if !e.present {
-			r.backends.del(uint32(e.id))
+	patchEntry(&r.backends, r.beIDs, uint32(e.id), e.addr, e.present,
+		func(a model.L4Addr) { t.addrs[a] = true },
+		func(id uint32, a model.L4Addr) { r.putBackend(BackendID(id), a) },
+		func(id uint32, old model.L4Addr) {
+			r.backends.del(id)
 			r.nbackends[familyOf(old.Addr)]--
-		}
-	}
-	if e.present {
-		r.putBackend(e.id, e.addr)
-		r.beIDs.markUsed(uint32(e.id))
-		t.addrs[e.addr] = true
-	}
+		})
 	t.ids[e.id] = true
 }
 
 func (r *Reconciler) patchRevNat(e revNatDrift, t *touched) {
-	if old, ok := r.revNat.get(uint32(e.id)); ok {
-		t.fes[old] = true
-		if !e.present {
-			r.revNat.del(uint32(e.id))
+	patchEntry(&r.revNat, r.svcIDs, uint32(e.id), e.fe, e.present,
+		func(fe Frontend) { t.fes[fe] = true },
+		func(id uint32, fe Frontend) { r.revNat.put(id, fe) },
+		func(id uint32, _ Frontend) { r.revNat.del(id) })
+	t.sids[ServiceID(e.id)] = true
+}
+
+// patchEntry brings the entry of tab under id to what the maps hold: v
+// if present, else none, with put and del; the id is marked used in ids
+// (as loadKernel marks the ids it reads), and touch hears of the value
+// it held and the one it holds.
+func patchEntry[V comparable, P keyPacking[V]](tab *idTable[V, P], ids *idAllocator, id uint32, v V, present bool,
+	touch func(V), put, del func(uint32, V),
+) {
+	if old, ok := tab.get(id); ok {
+		touch(old)
+		if !present {
+			del(id, old)
 		}
 	}
-	if e.present {
-		r.revNat.put(uint32(e.id), e.fe)
-		r.svcIDs.markUsed(uint32(e.id))
-		t.fes[e.fe] = true
+	if present {
+		put(id, v)
+		ids.markUsed(id)
+		touch(v)
 	}
-	t.sids[e.id] = true
 }
 
 func (r *Reconciler) patchRange(e rangeDrift, t *touched) {
@@ -453,18 +461,9 @@ func (r *Reconciler) settle(t *touched) {
 			}
 		}
 	}
-	for id := range t.sids {
-		held, refs := r.revNat.has(uint32(id)), r.revNat.refs(uint32(id))
-		if held && refs == 0 {
-			r.revNatCand[id] = true
-		} else {
-			delete(r.revNatCand, id)
-		}
-		if !held && refs <= 0 {
-			r.revNat.clearRefs(uint32(id))
-			r.svcIDs.release(uint32(id)) // no frontend is known by it: serviceOf names held ids only now
-		}
-	}
+	settleIDs(&r.revNat, r.revNatCand, t.sids, func(id ServiceID) {
+		r.svcIDs.release(uint32(id)) // no frontend is known by it: serviceOf names held ids only now
+	})
 
 	// Backend ids, and the addresses they hold.
 	for id := range t.ids {
@@ -497,19 +496,8 @@ func (r *Reconciler) settle(t *touched) {
 			}
 		}
 	}
-	var unheld []BackendID // neither held nor named: released unless reserved
-	for id := range t.ids {
-		held, refs := r.backends.has(uint32(id)), r.backends.refs(uint32(id))
-		if held && refs == 0 {
-			r.backendCand[id] = true
-		} else {
-			delete(r.backendCand, id)
-		}
-		if !held && refs <= 0 {
-			r.backends.clearRefs(uint32(id))
-			unheld = append(unheld, id)
-		}
-	}
+	var unheld []BackendID // released unless an address is known by it
+	settleIDs(&r.backends, r.backendCand, t.ids, func(id BackendID) { unheld = append(unheld, id) })
 	if len(unheld) > 0 {
 		reserved := map[BackendID]bool{}
 		for _, id := range r.backendOf.all() {
@@ -541,6 +529,25 @@ func (r *Reconciler) settle(t *touched) {
 		v.synced = false
 		if !v.hasMaster && v.slots.n == 0 && len(v.ranges()) == 0 {
 			r.frontends.del(fe) // as a dump would not have made it
+		}
+	}
+}
+
+// settleIDs makes the ids touched of tab that hold an entry nobody
+// names the candidates for deletion cand holds (and no others touched),
+// as loadKernel makes them; those that neither hold an entry nor are
+// named go to gone.
+func settleIDs[ID ~uint32, V comparable, P keyPacking[V]](tab *idTable[V, P], cand, touched map[ID]bool, gone func(ID)) {
+	for id := range touched {
+		held, refs := tab.has(uint32(id)), tab.refs(uint32(id))
+		if held && refs == 0 {
+			cand[id] = true
+		} else {
+			delete(cand, id)
+		}
+		if !held && refs <= 0 {
+			tab.clearRefs(uint32(id))
+			gone(id)
 		}
 	}
 }
