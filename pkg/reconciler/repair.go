@@ -169,9 +169,11 @@ func (r *Reconciler) findMissing(d *drift, short [nMaps]int) bool {
 	}
 	err := r.dp.Walk(&w)
 	var found [nMaps]int
+	over := false // more than maxDrift: d is left short of some
 	room := func(k int) bool {
 		found[k]++
-		return d.len() < maxDrift
+		over = over || d.len() >= maxDrift
+		return !over
 	}
 	if w.want[mapMasters] || w.want[mapSlots] || w.want[mapRanges] {
 		for fe, v := range r.frontends.all() {
@@ -227,7 +229,7 @@ func (r *Reconciler) findMissing(d *drift, short [nMaps]int) bool {
 	case found != short:
 		r.log.Debug("The datapath maps changed between two walks, reading them whole")
 		return false
-	case d.len() > maxDrift:
+	case over:
 		r.log.Info("Datapath maps drifted from the reconciler's view in more entries than it repairs one by one, reading them whole",
 			"entries", maxDrift)
 		return false

@@ -281,3 +281,47 @@ func TestRepairMatchesRebuild(t *testing.T) {
 	}
 	t.Logf("%d of %d Applies allocated other ids than after a rebuild", otherIDs, 2*seeds)
 }
+
+// TestRecheckRebuildsMassDrift: maps that drifted in more entries than a
+// re-read repairs one by one (emptied, or filled with entries nobody
+// wrote) have the view rebuilt from a dump, with the refresh hook around
+// it, and are repaired all the same.
+func TestRecheckRebuildsMassDrift(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		tamper func(ks *reconciler.KernelState)
+	}{
+		{"emptied", func(ks *reconciler.KernelState) { *ks = reconciler.KernelState{} }},
+		{"extra backends", func(ks *reconciler.KernelState) {
+			for i := range 5000 {
+				ks.Backends[reconciler.BackendID(20000+i)] = be(200+i/250, 1+i%250, model.UDP).L4Addr
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := fakedp.New(1<<16, 1<<20, 1<<20) // its invariants checked at the end: at every write, 5,000 entries are slow
+			d := &dumpCounter{Datapath: f}
+			r := reconciler.New(d, nil)
+			hooks := 0
+			r.SetRefreshHook(func() { hooks++ })
+			st := bigState(500, 10)
+			mustApply(t, r, st)
+			ks, _ := f.Dump()
+			c.tamper(ks)
+			f.Seed(ks)
+			refreshNow(r)
+			mustApply(t, r, st)
+			if d.dumps != 1 || hooks != 2 || reconciler.Repairs(r) != 0 {
+				t.Errorf("dumps %d, hook calls %d, repairs %d: want the view rebuilt from one dump, the hook around it",
+					d.dumps, hooks, reconciler.Repairs(r))
+			}
+			checkProgrammed(t, f, st)
+			if v := f.Check(); len(v) > 0 {
+				t.Errorf("after the repair: %d violations, the first %s", len(v), v[0])
+			}
+			if !reconciler.MapsMatchView(r) {
+				t.Error("the maps do not match the view after the repair")
+			}
+		})
+	}
+}
