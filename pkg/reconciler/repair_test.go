@@ -325,3 +325,53 @@ func TestRecheckRebuildsMassDrift(t *testing.T) {
 		})
 	}
 }
+
+// walkHook is a datapath that calls before(n) ahead of its n-th Walk.
+type walkHook struct {
+	reconciler.Datapath
+	walks  int
+	before func(n int)
+}
+
+func (w *walkHook) Walk(v reconciler.KernelVisitor) error {
+	w.walks++
+	w.before(w.walks)
+	return w.Datapath.Walk(v)
+}
+
+// TestRecheckRebuildsWhenMapsMoveBetweenWalks: a slot deleted behind the
+// reconciler's back, and another one between the re-read's two walks:
+// the second walk finds two missing where the first counted one, and the
+// view is rebuilt from a dump (the hook around it), then repaired.
+func TestRecheckRebuildsWhenMapsMoveBetweenWalks(t *testing.T) {
+	f := fakedp.New(1<<16, 1<<20, 1<<20)
+	fe := reconciler.DefaultScope(vip(1))
+	w := &walkHook{Datapath: f, before: func(int) {}}
+	d := &dumpCounter{Datapath: w}
+	r := reconciler.New(d, nil)
+	hooks := 0
+	r.SetRefreshHook(func() { hooks++ })
+	st := bigState(4, 3)
+	mustApply(t, r, st)
+	if err := f.DeleteSlot(fe, 3); err != nil {
+		t.Fatal(err)
+	}
+	w.walks = 0
+	w.before = func(n int) {
+		if n == 2 {
+			if err := f.DeleteSlot(fe, 2); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	refreshNow(r)
+	mustApply(t, r, st)
+	if d.dumps != 1 || hooks != 2 || reconciler.Repairs(r) != 0 {
+		t.Errorf("dumps %d, hook calls %d, repairs %d: want the view rebuilt from one dump, the hook around it",
+			d.dumps, hooks, reconciler.Repairs(r))
+	}
+	checkProgrammed(t, f, st)
+	if v := f.Check(); len(v) > 0 {
+		t.Errorf("after the repair: %v", v)
+	}
+}
