@@ -1,7 +1,10 @@
 package reconciler_test
 
 import (
+	"bytes"
+	"log/slog"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -142,6 +145,11 @@ func driftCases() []driftCase {
 // reference one (rebuild) rebuilds its view from a dump on any drift, as
 // every re-read that found drift did before the repair entry by entry.
 func drifted(t *testing.T, c driftCase, rebuild, repaired bool) (*reconciler.Reconciler, *fakedp.Fake, *dumpCounter) {
+	return driftedLogging(t, c, rebuild, repaired, nil)
+}
+
+// driftedLogging is drifted with a reconciler that logs to log.
+func driftedLogging(t *testing.T, c driftCase, rebuild, repaired bool, log *slog.Logger) (*reconciler.Reconciler, *fakedp.Fake, *dumpCounter) {
 	t.Helper()
 	f := newFake(t)
 	if c.name == "backend removed" || !repaired {
@@ -151,7 +159,7 @@ func drifted(t *testing.T, c driftCase, rebuild, repaired bool) (*reconciler.Rec
 		f = fakedp.New(1<<16, 1<<20, 1<<20)
 	}
 	d := &dumpCounter{Datapath: f}
-	r := reconciler.New(d, nil)
+	r := reconciler.New(d, log)
 	if rebuild {
 		reconciler.RebuildOnDrift(r)
 	}
@@ -197,7 +205,8 @@ func TestRecheckFindsDrift(t *testing.T) {
 			}
 
 			// Re-read and repaired by an Apply, against the reference.
-			r, f, d := drifted(t, c, false, true)
+			var logged bytes.Buffer
+			r, f, d := driftedLogging(t, c, false, true, slog.New(slog.NewTextHandler(&logged, nil)))
 			hooks := 0
 			r.SetRefreshHook(func() { hooks++ })
 			ref, fref, dref := drifted(t, c, true, true)
@@ -206,6 +215,9 @@ func TestRecheckFindsDrift(t *testing.T) {
 			if d.dumps != 0 || hooks != 0 || reconciler.Repairs(r) != 1 || reconciler.Rechecks(r) != 0 {
 				t.Errorf("dumps %d, hook calls %d, repairs %d, rechecks %d: want the drift repaired entry by entry, once",
 					d.dumps, hooks, reconciler.Repairs(r), reconciler.Rechecks(r))
+			}
+			if line := logged.String(); !strings.Contains(line, "Datapath maps drifted from the reconciler's view, repairing the entries that differ") {
+				t.Errorf("the repair logged %q, want a line saying the maps drifted", line)
 			}
 			if dref.dumps != 1 {
 				t.Errorf("the reference dumped the maps %d times, want 1", dref.dumps)
