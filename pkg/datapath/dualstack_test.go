@@ -203,14 +203,8 @@ func TestDualStackApply(t *testing.T) {
 
 	// A restarted agent keeps every id and writes nothing.
 	d2 := openTest(t, smallConfig(bpffs))
-	r2 := reconciler.New(d2.Maps(), nil)
-	if err := r2.Restore(); err != nil {
-		t.Fatal(err)
-	}
-	if err := r2.Apply(st); err != nil {
-		t.Fatal(err)
-	}
-	if w := r2.Stats().Writes; w != 0 {
+	r2, w := restarted(t, d2.Maps(), st)
+	if w != 0 {
 		t.Errorf("restarted agent wrote %d times", w)
 	}
 	if again, _ := d2.Maps().Dump(); !reflect.DeepEqual(again, ks) {

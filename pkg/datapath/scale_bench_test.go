@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -108,11 +109,15 @@ func benchServices(n int) []*model.Service {
 
 // BenchmarkMapsRefresh is the reconciler's periodic re-read of the maps
 // (SetRefreshInterval) at 30,000 ClusterIP services x 10 endpoints over
-// the real maps, nothing drifted: one op is an Apply of the programmed
-// state with the re-read due. walk compares the maps with the view as it
-// walks them (the agent's); dump rebuilds the view from a dump (what every
-// re-read did before, and what one that finds drift does: its walk is made
-// to fail); none is the Apply without a re-read, to subtract.
+// the real maps: one op is an Apply of the programmed state with the
+// re-read due. walk compares the maps with the view as it walks them, nothing
+// drifted (the agent's common case); drift is the same after one entry
+// of each kind was changed and another deleted behind the reconciler's
+// back (driftOnce, not timed), the re-read finding and the Apply
+// repairing them; dump rebuilds the view from a dump (what every re-read
+// did before, and what one that cannot repair drift entry by entry does:
+// its walk is made to fail); none is the Apply without a re-read, to
+// subtract.
 func BenchmarkMapsRefresh(b *testing.B) {
 	testutil.Privileged(b)
 	const n = 30000
@@ -125,7 +130,7 @@ func BenchmarkMapsRefresh(b *testing.B) {
 	cfg.MaxServices, cfg.MaxBackends, cfg.MaxServiceEntries = n+n/4, 11*n+64, 12*n
 	cfg.DeferDryRun = true
 	d := openTest(b, cfg)
-	for _, mode := range []string{"walk", "dump", "none"} {
+	for _, mode := range []string{"walk", "drift", "dump", "none"} {
 		b.Run(mode, func(b *testing.B) {
 			var dp reconciler.Datapath = d.Maps()
 			if mode == "dump" {
@@ -141,6 +146,12 @@ func BenchmarkMapsRefresh(b *testing.B) {
 			var cpu time.Duration
 			b.ReportAllocs()
 			for b.Loop() {
+				if mode == "drift" {
+					b.StopTimer()
+					driftOnce(b, d.Maps(), st)
+					runtime.GC() // the search's garbage, not the re-read's
+					b.StartTimer()
+				}
 				time.Sleep(time.Microsecond) // the re-read is due
 				cpu0 := testutil.CPUTime(b)
 				if err := r.Apply(st); err != nil {
@@ -158,3 +169,71 @@ func BenchmarkMapsRefresh(b *testing.B) {
 type noWalk struct{ reconciler.Datapath }
 
 func (noWalk) Walk(reconciler.KernelVisitor) error { return errors.New("no walk") }
+
+// driftOnce changes or deletes, behind the reconciler's back (as bpftool
+// would), one entry of each kind that the maps of st hold: a master
+// changed and another deleted, a slot changed and another deleted, a
+// backend changed and another deleted, a rev_nat entry changed and
+// another deleted, and a service IP deleted, of seven frontends of st.
+func driftOnce(b *testing.B, m reconciler.Datapath, st *model.State) {
+	b.Helper()
+	find := &entriesOf{masters: map[reconciler.Frontend]reconciler.Master{}, slots: map[reconciler.Frontend][]reconciler.BackendID{}}
+	for i := 100; i < 107; i++ { // benchServices' frontends
+		a := model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, byte(96 + i>>16), byte(i >> 8), byte(i)}), Port: 80, Proto: model.TCP}
+		find.fes = append(find.fes, reconciler.DefaultScope(a))
+	}
+	for _, fe := range find.fes {
+		if st.Services.Get(fe.L4Addr) == nil {
+			b.Fatalf("%s is not in the state", fe)
+		}
+		find.slots[fe] = make([]reconciler.BackendID, 11)
+	}
+	if err := m.Walk(find); err != nil {
+		b.Fatal(err)
+	}
+	fe := find.fes
+	changed := find.masters[fe[0]]
+	changed.Flags ^= 0x80
+	other := reconciler.DefaultScope(model.L4Addr{Addr: netip.MustParseAddr("10.95.0.1"), Port: 80, Proto: model.TCP})
+	for _, err := range []error{
+		m.UpsertMaster(fe[0], changed),
+		m.DeleteSlot(fe[1], 0),
+		m.UpsertSlot(fe[2], 1, find.slots[fe[2]][2]),
+		m.DeleteSlot(fe[2], 3),
+		m.UpsertBackend(find.slots[fe[3]][1], model.L4Addr{Addr: netip.MustParseAddr("10.9.9.9"), Port: 9, Proto: model.UDP}),
+		m.DeleteBackend(find.slots[fe[3]][2]),
+		m.UpsertRevNat(find.masters[fe[4]].ID, other),
+		m.DeleteRevNat(find.masters[fe[5]].ID),
+		m.DeleteServiceIP(fe[6].Addr),
+	} {
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// entriesOf is a KernelVisitor that keeps the masters and slots of fes.
+type entriesOf struct {
+	fes     []reconciler.Frontend
+	masters map[reconciler.Frontend]reconciler.Master
+	slots   map[reconciler.Frontend][]reconciler.BackendID
+}
+
+func (e *entriesOf) Master(fe reconciler.Frontend, m reconciler.Master) bool {
+	if _, ok := e.slots[fe]; ok {
+		e.masters[fe] = m
+	}
+	return true
+}
+
+func (e *entriesOf) Slot(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) bool {
+	if s, ok := e.slots[fe]; ok && int(slot) < len(s) {
+		s[slot] = id
+	}
+	return true
+}
+
+func (*entriesOf) Backend(reconciler.BackendID, model.L4Addr) bool       { return true }
+func (*entriesOf) RevNat(reconciler.ServiceID, reconciler.Frontend) bool { return true }
+func (*entriesOf) SourceRange(model.L4Addr, netip.Prefix) bool           { return true }
+func (*entriesOf) ServiceIP(netip.Addr) bool                             { return true }

@@ -1,5 +1,12 @@
 package reconciler
 
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+)
+
 // IncrementalApplies counts the Applies of r that looked at the changed
 // frontends of their state only (model.State.BaseGen).
 func IncrementalApplies(r *Reconciler) int {
@@ -45,4 +52,100 @@ func MapsMatchView(r *Reconciler) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.mapsMatchView()
+}
+
+// Repairs counts the re-reads of the maps by r that found drift and
+// brought it into the view entry by entry (no dump).
+func Repairs(r *Reconciler) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.repairs
+}
+
+// RebuildOnDrift makes r's re-reads rebuild the view from a dump on any
+// drift, as they did before drift was repaired entry by entry: the
+// reference the repair is compared with.
+func RebuildOnDrift(r *Reconciler) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.noRepair = true
+}
+
+// RecheckNow is the re-read an Apply makes when it is due, alone: it
+// returns "no drift", "repaired" (drift brought into the view entry by
+// entry) or "rebuilt" (the view rebuilt from a dump).
+func RecheckNow(r *Reconciler) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch r.recheckMaps() {
+	case noDrift:
+		return "no drift", nil
+	case repaired:
+		return "repaired", nil
+	}
+	return "rebuilt", r.refresh()
+}
+
+// ViewString prints what r's view says of the maps and what it derives
+// from them, sorted: the frontends' masters, slots and source ranges, the
+// backend and rev_nat entries with the users naming each id, the id each
+// backend address and frontend is known by, the candidates for deletion,
+// the service IPs with their ClusterIP masters, and the counts per
+// family. (Not whether frontends are in sync, their Services, the id
+// allocators or the service IPs to look at again: a rebuild from a dump
+// forgets those.)
+func ViewString(r *Reconciler) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var sb strings.Builder
+	for _, fe := range slices.SortedFunc(r.frontends.keys(), Frontend.Compare) {
+		v := r.frontends.val(fe)
+		fmt.Fprintf(&sb, "frontend %s master=%v %+v ranges=%v slots:", fe, v.hasMaster, v.master, v.ranges())
+		for _, s := range v.slots.keys(0) {
+			id, _ := v.slots.get(s)
+			fmt.Fprintf(&sb, " %d=%d", s, id)
+		}
+		sb.WriteString("\n")
+	}
+	ids := map[uint32]bool{}
+	for id := range len(r.backends.dense) + len(r.revNat.dense) {
+		ids[uint32(id)] = true
+	}
+	for id := range r.backends.high {
+		ids[id] = true
+	}
+	for id := range r.revNat.high {
+		ids[id] = true
+	}
+	for _, id := range slices.Sorted(maps.Keys(ids)) {
+		if a, ok := r.backends.get(id); ok || r.backends.refs(id) != 0 {
+			fmt.Fprintf(&sb, "backend %d held=%v %s refs=%d\n", id, ok, a, r.backends.refs(id))
+		}
+		if fe, ok := r.revNat.get(id); ok || r.revNat.refs(id) != 0 {
+			fmt.Fprintf(&sb, "rev_nat %d held=%v %s refs=%d\n", id, ok, fe, r.revNat.refs(id))
+		}
+	}
+	var lines []string
+	for a, id := range r.backendOf.all() {
+		lines = append(lines, fmt.Sprintf("backendOf %s=%d", a, id))
+	}
+	for fe, id := range r.serviceOf.all() {
+		lines = append(lines, fmt.Sprintf("serviceOf %s=%d", fe, id))
+	}
+	for id := range r.backendCand {
+		lines = append(lines, fmt.Sprintf("backendCand %d", id))
+	}
+	for id := range r.revNatCand {
+		lines = append(lines, fmt.Sprintf("revNatCand %d", id))
+	}
+	for a, e := range r.ips.all() {
+		lines = append(lines, fmt.Sprintf("ip %s refs=%d in=%v", a, e.refs, e.inSet))
+	}
+	slices.Sort(lines)
+	for _, l := range lines {
+		sb.WriteString(l + "\n")
+	}
+	fmt.Fprintf(&sb, "nbackends=%v entries=%v ranges=%v backends=%d rev_nat=%d service_ips=%d\n",
+		r.nbackends, r.entries, r.ranges, r.backends.len(), r.revNat.len(), r.nServiceIPs)
+	return sb.String()
 }

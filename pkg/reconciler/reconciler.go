@@ -56,7 +56,8 @@
 // frontend, srcranges.go its source ranges, serviceips.go the service
 // IPs, flags.go the master flags, capacity.go what fits in the maps of
 // each address family, gc.go the deletes of what nobody names and the
-// release of ids (idalloc.go). dump.go prints a
+// release of ids (idalloc.go), recheck.go the periodic re-read of the
+// maps and repair.go the repair of the drift it finds. dump.go prints a
 // KernelState as text: the one form of the maps that the golden tests,
 // fakedp and `sluicectl services --raw` share, so a golden case can be
 // replayed against real maps.
@@ -194,6 +195,8 @@ type Reconciler struct {
 	lastRead     time.Time // when the view was last read from the maps
 	aroundRead   func()    // SetRefreshHook's
 	rechecks     int       // re-reads that found no drift (kept the view), for tests
+	repairs      int       // re-reads that brought drift into the view entry by entry, for tests
+	noRepair     bool      // re-reads rebuild the view from a dump on any drift (tests: the old way)
 	writes       uint64
 }
 
@@ -246,10 +249,12 @@ func (r *Reconciler) Restore() error {
 	return nil
 }
 
-// SetRefreshInterval makes Apply re-read the maps (as Restore does) when
-// more than d has passed since they were last read, so that entries changed
-// or deleted behind the reconciler's back are repaired by the next Apply
-// (the agent's periodic resync). Zero disables it; the default is
+// SetRefreshInterval makes Apply re-read the maps when more than d has
+// passed since they were last read, so that entries changed or deleted
+// behind the reconciler's back are repaired by the next Apply (the
+// agent's periodic resync): the re-read compares the maps with the view
+// (recheck.go) and brings what drifted into it (repair.go), or rebuilds
+// the view from a dump, as Restore reads it, when it cannot. Zero disables it; the default is
 // DefaultRefreshInterval.
 func (r *Reconciler) SetRefreshInterval(d time.Duration) {
 	r.mu.Lock()
@@ -258,16 +263,20 @@ func (r *Reconciler) SetRefreshInterval(d time.Duration) {
 }
 
 // SetRefreshHook makes an Apply that rebuilds its view from a dump of the
-// maps (SetRefreshInterval, when they drifted from the view) call f right
-// before the dump and again at the Apply's end. The agent collects its
+// maps (SetRefreshInterval, when they drifted from the view in a way the
+// re-read does not repair entry by entry: its walk failed, or more than
+// maxDrift entries drifted) call f right before the dump and again at
+// the Apply's end. The agent collects its
 // heap there: the rebuild holds a dump of every map and a new view beside
 // the state (about 80 MiB of heap made, 40 live, at 30,000 Services x
 // 10), which a collection in it would take for the live heap, setting the
 // collector's goal to twice that until its next collection; and one
 // before it starts the rebuild on the live heap alone. A re-read that
 // finds no drift compares the maps with the view as it reads them,
-// making next to no heap: it calls no f, as a collection around it
-// would cost CPU and free nothing the read made.
+// making next to no heap, and one that finds a few entries drifted
+// brings those into the view (repair.go), making heap in proportion to
+// them: neither calls f, as a collection around them would cost CPU and
+// free nothing they made.
 func (r *Reconciler) SetRefreshHook(f func()) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -334,11 +343,17 @@ func (r *Reconciler) Apply(st *model.State) error {
 	var errs []error
 	if r.refreshEvery > 0 && time.Since(r.lastRead) > r.refreshEvery {
 		// The common case: nothing drifted, and the view stays as it
-		// is (recheck.go). Else the view is rebuilt from a dump.
-		if r.mapsMatchView() {
+		// is (recheck.go). Drift is brought into the view entry by entry
+		// (repair.go) for this Apply to repair; only when that cannot
+		// be is the view rebuilt from a dump.
+		switch r.recheckMaps() {
+		case noDrift:
 			r.lastRead = time.Now()
 			r.rechecks++
-		} else {
+		case repaired:
+			r.lastRead = time.Now()
+			r.repairs++
+		case rebuild:
 			if r.aroundRead != nil {
 				r.aroundRead()
 				defer r.aroundRead() // runs before the unlock

@@ -717,13 +717,28 @@ func (d *dumpCounter) Dump() (*reconciler.KernelState, error) {
 	return d.Datapath.Dump()
 }
 
+// walkFails is a datapath whose Walk fails once fail is set.
+type walkFails struct {
+	reconciler.Datapath
+	fail bool
+}
+
+func (w *walkFails) Walk(v reconciler.KernelVisitor) error {
+	if w.fail {
+		return errors.New("walk failed")
+	}
+	return w.Datapath.Walk(v)
+}
+
 // TestRefreshHookAroundRead: the hook runs right before an Apply rebuilds
-// its view from a dump of the maps (they drifted) and once more at that
-// Apply's end, and in no other Apply: not in one whose re-read found no
-// drift.
+// its view from a dump of the maps (they drifted, and the walk that
+// would repair them entry by entry failed) and once more at that Apply's
+// end, and in no other Apply: not in one whose re-read found no drift,
+// nor in one whose re-read repaired it entry by entry.
 func TestRefreshHookAroundRead(t *testing.T) {
 	f := newFake(t)
-	d := &dumpCounter{Datapath: f}
+	w := &walkFails{Datapath: f}
+	d := &dumpCounter{Datapath: w}
 	r := reconciler.New(d, nil)
 	var calls []int // the dumps each call saw
 	r.SetRefreshHook(func() { calls = append(calls, d.dumps) })
@@ -743,6 +758,14 @@ func TestRefreshHookAroundRead(t *testing.T) {
 	delete(ks.Masters, reconciler.DefaultScope(vip(1)))
 	delete(ks.Slots, reconciler.DefaultScope(vip(1)))
 	f.Seed(ks)
+	time.Sleep(time.Millisecond)
+	mustApply(t, r, st)
+	if len(calls) != 0 || d.dumps != 0 {
+		t.Fatalf("a re-read that repaired drift entry by entry: hook calls %v, dumps %d, want none", calls, d.dumps)
+	}
+	// A walk that fails: the view is rebuilt from a dump.
+	f.Seed(ks)
+	w.fail = true
 	time.Sleep(time.Millisecond)
 	mustApply(t, r, st)
 	if !slices.Equal(calls, []int{0, 1}) {

@@ -27,6 +27,9 @@ import (
 type serviceIP struct {
 	refs  int32
 	inSet bool
+	// walked says a re-read's second walk found the address in the map
+	// (repair.go).
+	walked bool
 }
 
 // ipRefs returns how many ClusterIP masters are programmed at a.

@@ -3,7 +3,8 @@ package reconciler
 // The reconciler's view of the kernel's maps: what each frontend holds
 // (master, slots), the backends and rev_nat entries, and the reference
 // counts that say when an entry lost its last user. It is filled from a
-// dump (Restore, refresh) and updated after every write that succeeded.
+// dump (Restore, refresh), updated after every write that succeeded, and
+// brought to what the maps hold for entries that drifted (repair.go).
 
 import (
 	"fmt"
@@ -27,6 +28,9 @@ type frontendView struct {
 	// and nothing touched it since (a fast path for Apply: fastInSync).
 	synced bool
 	fam    family // the maps it is in (capacity.go)
+	// walked says a re-read's second walk found its master (repair.go);
+	// false but during that walk. It takes a byte of the padding.
+	walked bool
 	master Master
 	slots  slotMap // slot >= 1 -> backend
 	// rs are its source ranges, nil for none: few frontends have any
@@ -278,8 +282,9 @@ type slotMap struct {
 }
 
 type slotEntry struct {
-	id BackendID
-	ok bool
+	id     BackendID
+	ok     bool
+	walked bool // as frontendView.walked, for the slot
 }
 
 func (m *slotMap) get(s uint32) (BackendID, bool) {
@@ -298,7 +303,7 @@ func (m *slotMap) put(s uint32, id BackendID) {
 	if !m.ids[s].ok {
 		m.n++
 	}
-	m.ids[s] = slotEntry{id, true}
+	m.ids[s] = slotEntry{id: id, ok: true}
 }
 
 func (m *slotMap) del(s uint32) {
@@ -343,6 +348,8 @@ type idEntry struct {
 	key  uint64 // the value, packed, if held is heldPacked
 	refs int32  // users naming the id
 	held uint8  // whether the map holds a value under the id, and where
+	// walked says a re-read's second walk found the entry (repair.go).
+	walked bool
 }
 
 const (
