@@ -71,9 +71,10 @@ func collectBeforeFirstApply() { runtime.GC() }
 
 // collectAroundRefresh is the reconciler's refresh hook: a collection
 // before and after an Apply that rebuilds its view from a dump of the maps
-// (a re-read, every 5 minutes, that found them drifted from the view; one
-// that finds no drift compares them as it walks them and calls no hook,
-// issue 14, thirty-sixth pass). The rebuild holds a dump of every map and
+// (a re-read, every 5 minutes, whose walk failed or found more than 4,096
+// entries drifted; one that finds no drift compares them as it walks them,
+// and one that finds a few brings those into the view, and neither calls
+// the hook: issue 14, thirty-sixth and forty-first passes). The rebuild holds a dump of every map and
 // a new view (at 30,000 Services x 10, 42 MiB of dump, 80 MiB of heap
 // made); a collection that falls in it took 107-127 MB for live where
 // 77-80 is, and the heap grew to twice that before the next, the agent's

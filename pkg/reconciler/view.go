@@ -198,7 +198,8 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 }
 
 // presizeKernel makes the dense range of the id tables hold the ids of
-// ks, when they are dense enough (as the allocators leave them).
+// ks, and the quarantine's worth above them, when they are dense enough
+// (as the allocators leave them).
 func (r *Reconciler) presizeKernel(ks *KernelState) {
 	var maxBackend, maxService uint32
 	for id := range ks.Backends {
@@ -215,11 +216,13 @@ func (r *Reconciler) presizeKernel(ks *KernelState) {
 	for _, m := range ks.Masters {
 		maxService = max(maxService, uint32(m.ID))
 	}
+	// With the quarantine's room, as presize gives a first program: the
+	// changes after a restart hand new ids above the ones read.
 	if int64(maxBackend) < 2*int64(len(ks.Backends))+idTableSlack {
-		r.backends.grow(int(maxBackend) + 1)
+		r.backends.grow(int(maxBackend) + 1 + BackendIDQuarantine)
 	}
 	if int64(maxService) < 2*int64(len(ks.RevNat))+idTableSlack {
-		r.revNat.grow(int(maxService) + 1)
+		r.revNat.grow(int(maxService) + 1 + ServiceIDQuarantine)
 	}
 }
 
