@@ -62,6 +62,7 @@ func run(args []string) int {
 		nodeName    = fs.String("node-name", "", "this node's name (default: the host name)")
 		proxyName   = fs.String("proxy-name", "", "serve Services labelled service.kubernetes.io/service-proxy-name=NAME (default: unlabelled ones)")
 		resync      = fs.Duration("resync-interval", time.Minute, "re-apply the desired state this often, repairing drift (0: never)")
+		mapRefresh  = fs.Duration("map-refresh-interval", reconciler.DefaultRefreshInterval, "re-read the BPF maps this often to find entries changed or deleted behind the agent's back (e.g. with bpftool), which are then rewritten; the re-read happens inside an apply, so at the first resync (--resync-interval) or change after the interval (0: never)")
 		nodeIPs     = fs.String("node-ip", "", "comma-separated addresses of this node, of either family or both (\"IPv4,IPv6\" in either order, the first of each family its primary address): NodePorts are served on them, and external flows to other nodes' backends are source-NATed to them (also makes --devices default to the devices holding them)")
 		ctGC        = fs.Duration("conntrack-gc-interval", 30*time.Second, "delete expired per-packet conntrack entries this often (must be > 0: nothing else empties the established table)")
 		xdpMode     = fs.String("xdp", "off", "XDP fast path for NodePort/ExternalIP/LoadBalancer traffic to other nodes' backends on --devices: native, generic or off")
@@ -131,6 +132,10 @@ func run(args []string) int {
 			fmt.Fprintf(os.Stderr, "sluice: --%s %s: must be > 0\n", name, d)
 			return 2
 		}
+	}
+	if *mapRefresh < 0 {
+		fmt.Fprintf(os.Stderr, "sluice: --map-refresh-interval %s: must be >= 0 (0: never)\n", *mapRefresh)
+		return 2
 	}
 	if *ctGC <= 0 {
 		fmt.Fprintf(os.Stderr, "sluice: --conntrack-gc-interval %s: must be > 0 (nothing else deletes expired established flows)\n", *ctGC)
@@ -295,7 +300,7 @@ func run(args []string) int {
 		log.Warn("--profiling without --metrics-addr: the profiles are not served")
 	}
 	srv := listenAddrs{health: *healthAddr, metrics: *metricsAddr, profiling: *profiling}
-	if err := runAgent(ctx, cfg, dpCfg, ns, src, m, prox, srv, log); err != nil {
+	if err := runAgent(ctx, cfg, dpCfg, *mapRefresh, ns, src, m, prox, srv, log); err != nil {
 		log.Error("agent failed", "err", err)
 		return 1
 	}
@@ -317,8 +322,9 @@ type listenAddrs struct {
 }
 
 // runAgent opens the datapath and runs the agent, serving health and
-// metrics beside it, until ctx is done or something fails.
-func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns northSouthConfig, src agent.Source, m *metrics.Metrics, prox *health.Proxier, srv listenAddrs, log *slog.Logger) error {
+// metrics beside it, until ctx is done or something fails. The reconciler
+// re-reads the maps every mapRefresh (0: never).
+func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapRefresh time.Duration, ns northSouthConfig, src agent.Source, m *metrics.Metrics, prox *health.Proxier, srv listenAddrs, log *slog.Logger) error {
 	// Listen before touching the datapath, so a taken port fails fast.
 	var healthL, metricsL net.Listener
 	var err error
@@ -361,6 +367,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, ns n
 	rec := reconciler.New(dp.Maps(), log.With("component", "reconciler"))
 	m.SetBackendCounter(rec.BackendCounts) // the reconciler's count: no second map of every backend
 	rec.SetRefreshHook(collectAroundRefresh)
+	rec.SetRefreshInterval(mapRefresh)
 	a := agent.New(cfg, dp, rec, log)
 
 	ctx, cancel := context.WithCancelCause(ctx)
