@@ -197,7 +197,7 @@ type Reconciler struct {
 	rechecks     int       // re-reads that found no drift (kept the view), for tests
 	repairs      int       // re-reads that brought drift into the view entry by entry, for tests
 	drift        DriftStats
-	noRepair     bool      // re-reads rebuild the view from a dump on any drift (tests: the old way)
+	noRepair     bool // re-reads rebuild the view from a dump on any drift (tests: the old way)
 	writes       uint64
 }
 
