@@ -366,6 +366,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	}
 	rec := reconciler.New(dp.Maps(), log.With("component", "reconciler"))
 	m.SetBackendCounter(rec.BackendCounts) // the reconciler's count: no second map of every backend
+	m.SetDriftCounter(rec.Drift)
 	rec.SetRefreshHook(collectAroundRefresh)
 	rec.SetRefreshInterval(mapRefresh)
 	a := agent.New(cfg, dp, rec, log)

@@ -95,6 +95,8 @@ type Metrics struct {
 	mu       sync.Mutex
 	counts   Counts
 	capacity Capacity
+	// driftCounter is SetDriftCounter's (drift.go).
+	driftCounter DriftCounter
 	// unprogrammed counts the frontends that failed in the last apply,
 	// by Service port and reason.
 	unprogrammed map[unprogrammedKey]int
@@ -200,6 +202,7 @@ func New() *Metrics {
 		m.ConntrackGCRuns,
 		m.ConntrackGCDeleted,
 		stateCollector{m},
+		driftCollector{m},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

@@ -230,6 +230,9 @@ func (r *Reconciler) recheckMaps() recheckOutcome {
 		return rebuild
 	}
 	r.log.Info("Datapath maps drifted from the reconciler's view, repairing the entries that differ", d.logAttrs()...)
+	for k, n := range d.counts() {
+		r.drift.Entries[k] += uint64(n)
+	}
 	r.patchView(d)
 	return repaired
 }

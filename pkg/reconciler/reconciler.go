@@ -196,7 +196,8 @@ type Reconciler struct {
 	aroundRead   func()    // SetRefreshHook's
 	rechecks     int       // re-reads that found no drift (kept the view), for tests
 	repairs      int       // re-reads that brought drift into the view entry by entry, for tests
-	noRepair     bool      // re-reads rebuild the view from a dump on any drift (tests: the old way)
+	drift        DriftStats
+	noRepair     bool // re-reads rebuild the view from a dump on any drift (tests: the old way)
 	writes       uint64
 }
 
@@ -325,6 +326,26 @@ func (r *Reconciler) BackendCounts() (backends, backends6 int) {
 	return r.backends.len(), r.nbackends[ipv6]
 }
 
+// DriftStats counts the periodic re-reads of the maps
+// (SetRefreshInterval) since New, by what they came to, and the entries
+// the repaired ones found drifted.
+type DriftStats struct {
+	NoDrift  uint64 // the maps held what the view says
+	Repaired uint64 // entries drifted and were brought into the view one by one
+	Rebuilt  uint64 // the view was rebuilt from a dump (mass drift, or a walk that failed)
+	// Entries counts the drifted entries of the repaired re-reads, per
+	// map (DriftMaps names them); a rebuilt one does not count them.
+	Entries [nMaps]uint64
+}
+
+// Drift returns the re-reads' counts (pkg/metrics exports them at scrape
+// time).
+func (r *Reconciler) Drift() DriftStats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.drift
+}
+
 // Apply programs st. It writes only what differs from the view, and returns
 // a joined error naming every service that could not be (fully) programmed,
 // one *FrontendError each (see errors.go); all the others are programmed
@@ -350,10 +371,13 @@ func (r *Reconciler) Apply(st *model.State) error {
 		case noDrift:
 			r.lastRead = time.Now()
 			r.rechecks++
+			r.drift.NoDrift++
 		case repaired:
 			r.lastRead = time.Now()
 			r.repairs++
+			r.drift.Repaired++
 		case rebuild:
+			r.drift.Rebuilt++
 			if r.aroundRead != nil {
 				r.aroundRead()
 				defer r.aroundRead() // runs before the unlock

@@ -84,13 +84,29 @@ func (d *drift) len() int {
 	return len(d.masters) + len(d.slots) + len(d.backends) + len(d.revNat) + len(d.ranges) + len(d.ips)
 }
 
+// DriftMaps names the maps a re-read counts drifted entries in, in the
+// order of DriftStats.Entries, as the repair's log line names them
+// (masters and slots are both in the services maps).
+var DriftMaps = [nMaps]string{
+	mapMasters: "masters", mapSlots: "slots", mapBackends: "backends",
+	mapRevNat: "rev_nat", mapRanges: "source_ranges", mapServiceIPs: "service_ips",
+}
+
+// counts are d's entries, per map.
+func (d *drift) counts() [nMaps]int {
+	return [nMaps]int{
+		mapMasters: len(d.masters), mapSlots: len(d.slots), mapBackends: len(d.backends),
+		mapRevNat: len(d.revNat), mapRanges: len(d.ranges), mapServiceIPs: len(d.ips),
+	}
+}
+
 // logAttrs are d's counts, per map, for the log.
 func (d *drift) logAttrs() []any {
-	return []any{
-		slog.Int("masters", len(d.masters)), slog.Int("slots", len(d.slots)),
-		slog.Int("backends", len(d.backends)), slog.Int("rev_nat", len(d.revNat)),
-		slog.Int("source_ranges", len(d.ranges)), slog.Int("service_ips", len(d.ips)),
+	attrs := make([]any, 0, nMaps)
+	for k, n := range d.counts() {
+		attrs = append(attrs, slog.Int(DriftMaps[k], n))
 	}
+	return attrs
 }
 
 // rangeKey is a source range of a frontend.

@@ -105,6 +105,26 @@ func TestAgentRepairsMapsChangedBehindItsBack(t *testing.T) {
 	if !strings.Contains(e.agent.Log.String(), repairLog) {
 		t.Errorf("the agent's log has no %q", repairLog)
 	}
+	// The repair is counted where an operator can alert on it: the
+	// re-read that repaired, the slot deleted and the backend
+	// overwritten.
+	m, err := e.agent.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	samples, err := testutil.Samples(strings.NewReader(m), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, series := range []string{
+		`sluice_map_rereads_total{result="repaired"}`,
+		`sluice_map_drift_entries_total{map="slots"}`,
+		`sluice_map_drift_entries_total{map="backends"}`,
+	} {
+		if samples[series] < 1 {
+			t.Errorf("/metrics has %s %v after the repair, want at least 1", series, samples[series])
+		}
+	}
 	after := webSlots(t, services, backends)
 	if len(after) != len(before) {
 		t.Errorf("after the repair %s has slots %v, want %v", webVIP, after, before)
