@@ -340,15 +340,8 @@ func (r *Reconciler) patchMaster(e masterDrift, t *touched) {
 		r.entries[v.fam]--
 	}
 	if e.present {
-		v.hasMaster, v.master = true, e.m
-		r.entries[v.fam]++
-		r.revNat.addRefs(uint32(e.m.ID), 1)
-		r.svcIDs.markUsed(uint32(e.m.ID))
+		r.holdMaster(e.fe, v, e.m)
 		t.sids[e.m.ID] = true
-		if isClusterIP(e.fe, e.m) {
-			r.refServiceIP(e.fe.Addr)
-			r.ipDirty[e.fe.Addr] = true
-		}
 	}
 }
 
@@ -364,10 +357,7 @@ func (r *Reconciler) patchSlot(e slotDrift, t *touched) {
 		r.entries[v.fam]--
 	}
 	if e.present {
-		v.slots.put(e.slot, e.id)
-		r.entries[v.fam]++
-		r.backends.addRefs(uint32(e.id), 1)
-		r.beIDs.markUsed(uint32(e.id))
+		r.holdSlot(v, e.slot, e.id)
 		t.ids[e.id] = true
 	}
 }

@@ -128,15 +128,7 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 		r.svcIDs.markUsed(uint32(id))
 	}
 	for fe, m := range ks.Masters {
-		v := r.frontend(fe)
-		v.hasMaster, v.master = true, m
-		r.entries[v.fam]++
-		r.revNat.addRefs(uint32(m.ID), 1)
-		r.svcIDs.markUsed(uint32(m.ID))
-		if isClusterIP(fe, m) {
-			r.refServiceIP(fe.Addr)
-			r.ipDirty[fe.Addr] = true
-		}
+		r.holdMaster(fe, r.frontend(fe), m)
 	}
 	for _, a := range ks.ServiceIPs {
 		r.setInServiceIPs(a, true)
@@ -148,10 +140,7 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 			if s == 0 {
 				continue
 			}
-			v.slots.put(s, id)
-			r.entries[v.fam]++
-			r.backends.addRefs(uint32(id), 1)
-			r.beIDs.markUsed(uint32(id))
+			r.holdSlot(v, s, id)
 		}
 	}
 	for fe, ps := range ks.SourceRanges {
@@ -195,6 +184,28 @@ func (r *Reconciler) loadKernel(ks *KernelState) {
 	// agent's first start) hold none: the view is as New made it, and
 	// a first program of 30,000 Services skips that walk.
 	r.dirty = !ks.empty()
+}
+
+// holdMaster makes m fe's master in its view v, as read from the maps:
+// its rev_nat id's users and its ClusterIP counted, the id used.
+func (r *Reconciler) holdMaster(fe Frontend, v *frontendView, m Master) {
+	v.hasMaster, v.master = true, m
+	r.entries[v.fam]++
+	r.revNat.addRefs(uint32(m.ID), 1)
+	r.svcIDs.markUsed(uint32(m.ID))
+	if isClusterIP(fe, m) {
+		r.refServiceIP(fe.Addr)
+		r.ipDirty[fe.Addr] = true
+	}
+}
+
+// holdSlot makes slot s of view v name backend id, as read from the maps:
+// the backend's users counted, the id used.
+func (r *Reconciler) holdSlot(v *frontendView, s uint32, id BackendID) {
+	v.slots.put(s, id)
+	r.entries[v.fam]++
+	r.backends.addRefs(uint32(id), 1)
+	r.beIDs.markUsed(uint32(id))
 }
 
 // presizeKernel makes the dense range of the id tables hold the ids of
