@@ -46,7 +46,10 @@
 // run; what was measured by then is written. Figures are medians over rounds with
 // their min-max spread, and ratios are medians of per-round ratios to
 // Sluice in the same round. It writes
-// test/bench/results/kubeproxy-<date>.json and .md.
+// test/bench/results/kubeproxy-<date>.json and .md, and plots of the
+// summary's figures over N, kubeproxy-<date>-<figure>.png;
+// `go run ./test/bench/kubeproxy plot <kubeproxy-<date>.json>...` draws
+// the plots of a recorded run.
 package main
 
 import (
@@ -201,6 +204,17 @@ func configFromEnv() (config, error) {
 
 func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if len(os.Args) > 1 && os.Args[1] == "plot" {
+		files, err := plotRecorded(os.Args[2:])
+		for _, f := range files {
+			fmt.Println(f)
+		}
+		if err != nil {
+			log.Error("plot", "err", err)
+			os.Exit(1)
+		}
+		return
+	}
 	cfg, err := configFromEnv()
 	if err != nil {
 		log.Error("config", "err", err)

@@ -186,10 +186,15 @@ func percentile(v []float64, q float64) float64 {
 	return s[max(0, min(i, len(s)-1))]
 }
 
-// writeReport writes kubeproxy-<stamp>.json and .md into dir and returns
-// their paths.
+// writeReport writes kubeproxy-<stamp>.json and .md, and the plots, into
+// dir and returns their paths.
 func writeReport(dir, stamp string, r *result) ([]string, error) {
-	return harness.WriteRecord(dir, "kubeproxy-"+stamp, r, []byte(markdown(stamp, r)))
+	files, err := harness.WriteRecord(dir, "kubeproxy-"+stamp, r, []byte(markdown(stamp, r)))
+	if err != nil {
+		return files, err
+	}
+	pngs, err := plots(dir, stamp, r)
+	return append(files, pngs...), err
 }
 
 func markdown(stamp string, r *result) string {

@@ -48,6 +48,42 @@ func modeColor(m string) int {
 	return 6
 }
 
+// ModeColor is the palette index of a mode: the load runs' modes by their
+// names, the real kube-proxy's (test/bench/kubeproxy) in the colour of the
+// ruleset they write, so that a chart of either kind reads alike.
+func ModeColor(m string) int {
+	switch m {
+	case "kube-proxy-iptables":
+		return modeColor(harness.ModeIptNft)
+	case "kube-proxy-nftables":
+		return modeColor(harness.ModeNft)
+	}
+	return modeColor(m)
+}
+
+// PaletteColor is the colour of palette index i, as Chart draws it.
+func PaletteColor(i int) color.RGBA { return palette[i%len(palette)] }
+
+// Line is one line of a Chart: a point per N (Xs, ascending) with its
+// median (Ys) and min..max spread (Lo, Hi), drawn in palette colour Color
+// (ModeColor).
+type Line struct {
+	Name           string
+	Xs, Ys, Lo, Hi []float64
+	Dashed         bool
+	Color          int
+}
+
+// Chart draws lines over a log10 N axis ("services (N, log)") as a PNG at
+// path: what Plots draws, for other benchmarks' figures.
+func Chart(path, title, ylabel string, logY bool, lines []Line) error {
+	ss := make([]series, len(lines))
+	for i, l := range lines {
+		ss[i] = series{name: l.Name, xs: l.Xs, ys: l.Ys, lo: l.Lo, hi: l.Hi, dashed: l.Dashed, colorIdx: l.Color}
+	}
+	return chart(path, title, ylabel, logY, ss)
+}
+
 // Plots draws the PNG plots and returns their paths.
 func Plots(dir, stamp string, res *harness.Results) ([]string, error) {
 	var files []string
