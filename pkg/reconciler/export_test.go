@@ -43,7 +43,7 @@ func SetFreshChunk(r *Reconciler, n int) {
 func Rechecks(r *Reconciler) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.rechecks
+	return int(r.drift.NoDrift)
 }
 
 // MapsMatchView is the periodic re-read's comparison of the maps with
@@ -59,7 +59,7 @@ func MapsMatchView(r *Reconciler) bool {
 func Repairs(r *Reconciler) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.repairs
+	return int(r.drift.Repaired)
 }
 
 // RebuildOnDrift makes r's re-reads rebuild the view from a dump on any
@@ -68,7 +68,12 @@ func Repairs(r *Reconciler) int {
 func RebuildOnDrift(r *Reconciler) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.noRepair = true
+	r.recheck = func() recheckOutcome {
+		if r.mapsMatchView() {
+			return noDrift
+		}
+		return rebuild
+	}
 }
 
 // RecheckNow is the re-read an Apply makes when it is due, alone: it
@@ -77,7 +82,7 @@ func RebuildOnDrift(r *Reconciler) {
 func RecheckNow(r *Reconciler) (string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	switch r.recheckMaps() {
+	switch r.reread() {
 	case noDrift:
 		return "no drift", nil
 	case repaired:
@@ -148,4 +153,16 @@ func ViewString(r *Reconciler) string {
 	fmt.Fprintf(&sb, "nbackends=%v entries=%v ranges=%v backends=%d rev_nat=%d service_ips=%d\n",
 		r.nbackends, r.entries, r.ranges, r.backends.len(), r.revNat.len(), r.nServiceIPs)
 	return sb.String()
+}
+
+// mapsMatchView reports whether the maps hold exactly what the view says
+// they hold: every entry read is in the view as it is, and each map holds
+// as many entries as the view has of it. An error reading them is reported
+// as a difference.
+func (r *Reconciler) mapsMatchView() bool {
+	c := viewCheck{r: r}
+	if err := r.dp.Walk(&c); err != nil || c.over {
+		return false
+	}
+	return c.matched == r.viewCounts()
 }

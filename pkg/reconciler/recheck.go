@@ -166,16 +166,20 @@ func (r *Reconciler) viewCounts() [nMaps]int {
 	return n
 }
 
-// mapsMatchView reports whether the maps hold exactly what the view says
-// they hold: every entry read is in the view as it is, and each map holds
-// as many entries as the view has of it. An error reading them is reported
-// as a difference.
-func (r *Reconciler) mapsMatchView() bool {
-	c := viewCheck{r: r}
-	if err := r.dp.Walk(&c); err != nil || c.over {
-		return false
+// reread is the periodic re-read of the maps: recheckMaps, or the tests'
+// reference set in recheck.
+func (r *Reconciler) reread() recheckOutcome {
+	if r.recheck != nil {
+		return r.recheck()
 	}
-	return c.matched == r.viewCounts()
+	return r.recheckMaps()
+}
+
+// logMassDrift says that a re-read found more drifted entries than
+// maxDrift, so the view is rebuilt from a dump.
+func (r *Reconciler) logMassDrift() {
+	r.log.Info("Datapath maps drifted from the reconciler's view in more entries than it repairs one by one, reading them whole",
+		"entries", maxDrift)
 }
 
 // recheckOutcome is what a re-read of the maps came to.
@@ -192,12 +196,6 @@ const (
 // that differ (repair.go), so that the Apply rewrites or deletes those.
 // rebuild says it could not: the caller rebuilds the view from a dump.
 func (r *Reconciler) recheckMaps() recheckOutcome {
-	if r.noRepair {
-		if r.mapsMatchView() {
-			return noDrift
-		}
-		return rebuild
-	}
 	c := &viewCheck{r: r, limit: maxDrift}
 	d := &c.d
 	if err := r.dp.Walk(c); err != nil {
@@ -205,8 +203,7 @@ func (r *Reconciler) recheckMaps() recheckOutcome {
 		return rebuild
 	}
 	if c.over {
-		r.log.Info("Datapath maps drifted from the reconciler's view in more entries than it repairs one by one, reading them whole",
-			"entries", maxDrift)
+		r.logMassDrift()
 		return rebuild
 	}
 	// Entries the view holds that the maps do not: per map, those it

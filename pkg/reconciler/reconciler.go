@@ -194,11 +194,12 @@ type Reconciler struct {
 	refreshEvery time.Duration
 	lastRead     time.Time // when the view was last read from the maps
 	aroundRead   func()    // SetRefreshHook's
-	rechecks     int       // re-reads that found no drift (kept the view), for tests
-	repairs      int       // re-reads that brought drift into the view entry by entry, for tests
 	drift        DriftStats
-	noRepair     bool // re-reads rebuild the view from a dump on any drift (tests: the old way)
-	writes       uint64
+	// recheck, when set, replaces recheckMaps as the periodic re-read:
+	// the tests' reference that rebuilds the view on any drift
+	// (export_test.go's RebuildOnDrift).
+	recheck func() recheckOutcome
+	writes  uint64
 }
 
 // New returns a Reconciler with an empty view. Call Restore before the
@@ -367,14 +368,12 @@ func (r *Reconciler) Apply(st *model.State) error {
 		// is (recheck.go). Drift is brought into the view entry by entry
 		// (repair.go) for this Apply to repair; only when that cannot
 		// be is the view rebuilt from a dump.
-		switch r.recheckMaps() {
+		switch r.reread() {
 		case noDrift:
 			r.lastRead = time.Now()
-			r.rechecks++
 			r.drift.NoDrift++
 		case repaired:
 			r.lastRead = time.Now()
-			r.repairs++
 			r.drift.Repaired++
 		case rebuild:
 			r.drift.Rebuilt++

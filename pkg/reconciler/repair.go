@@ -246,8 +246,7 @@ func (r *Reconciler) findMissing(d *drift, short [nMaps]int) bool {
 		r.log.Debug("The datapath maps changed between two walks, reading them whole")
 		return false
 	case over:
-		r.log.Info("Datapath maps drifted from the reconciler's view in more entries than it repairs one by one, reading them whole",
-			"entries", maxDrift)
+		r.logMassDrift()
 		return false
 	}
 	return true
