@@ -602,7 +602,7 @@ func (o *tcLoaded) mapByName(name string) (*ebpf.Map, error) {
 		name string
 		m    *ebpf.Map
 	}{
-		{mapServices, o.SluiceServicesV1}, {mapBackends, o.SluiceBackendsV2}, {mapRevNat, o.SluiceRevNatV1},
+		{mapServices, o.SluiceServicesV2}, {mapSlots, o.SluiceSlotsV1}, {mapBackends, o.SluiceBackendsV2}, {mapRevNat, o.SluiceRevNatV1},
 		{mapConntrack, o.SluiceConntrackV2}, {mapCTNew, o.SluiceCtNewV1}, {mapCTFlush, o.SluiceCtFlushV1},
 		{mapConntrack6, o.Sluice6ConntrackV1}, {mapCTNew6, o.Sluice6CtNewV1},
 		{mapSockRev, o.SluiceSockRevV1}, {mapUDPStick, o.SluiceUdpStickV1}, {mapMetrics, o.SluiceMetricsV1},

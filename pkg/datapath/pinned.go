@@ -56,6 +56,8 @@ func OpenPinned(bpffs string) (*Pinned, error) {
 		{mapServiceIPs, &p.serviceIPs, true},
 		{mapSvcStats, &p.svcStats, true},
 		{mapServices6, &p.services6, true},
+		{mapSlots, &p.slotArr4, false},
+		{mapSlots6, &p.slotArr6, true},
 		{mapBackends6, &p.backends6, true},
 		{mapRevNat6, &p.revNat6, true},
 		{mapSrcRanges6, &p.srcRanges6, true},
@@ -123,7 +125,7 @@ func (p *Pinned) Counters() (map[string]uint64, error) {
 func (p *Pinned) Close() error {
 	var errs []error
 	for _, m := range []*ebpf.Map{p.services, p.backends, p.revNat, p.srcRanges, p.metrics, p.serviceIPs, p.svcStats,
-		p.services6, p.backends6, p.revNat6, p.srcRanges6, p.serviceIPs6} {
+		p.services6, p.backends6, p.revNat6, p.srcRanges6, p.serviceIPs6, p.slotArr4, p.slotArr6} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}
