@@ -50,6 +50,9 @@ type slotAlloc struct {
 	// time on.
 	quarantine []quarantined
 	now        func() time.Time
+	// onFree, if set, is told of each range leaving the quarantine
+	// before it is handed out again (slotTable empties it).
+	onFree func(slotRange)
 	// inUse is the entries of the ranges handed out (metrics).
 	inUse uint64
 }
@@ -145,6 +148,9 @@ func (a *slotAlloc) release() {
 	now := a.now()
 	i := 0
 	for i < len(a.quarantine) && !now.Before(a.quarantine[i].free) {
+		if a.onFree != nil {
+			a.onFree(a.quarantine[i].r)
+		}
 		a.put(a.quarantine[i].r)
 		i++
 	}

@@ -78,6 +78,7 @@ func openSlotTable(arr *ebpf.Map, name string) (*slotTable, error) {
 	t := &slotTable{arr: arr, name: name, mem: mem, alloc: newSlotAlloc(uint32(n)),
 		ranges: map[reconciler.Frontend]slotEntry{}}
 	t.words = unsafe.Slice((*uint32)(unsafe.Pointer(&mem[0])), n*slotStride/4)
+	t.alloc.onFree = t.zero
 	return t, nil
 }
 
@@ -135,6 +136,8 @@ func (t *slotTable) move(fe reconciler.Frontend, e slotEntry, had bool, count ui
 	if err != nil {
 		return fmt.Errorf("slots of %s (%d): %s: %w", fe, count, t.name, err)
 	}
+	// Empty already, but for a range a rebuild found free (after
+	// drift, or slots above a master's count).
 	t.zero(nr)
 	for i := range e.r.cap {
 		t.store(nr.base+i, t.load(e.r.base+i))
@@ -236,6 +239,7 @@ func (t *slotTable) rebuild(masters map[reconciler.Frontend][2]uint32) {
 		used = append(used, slotRange{base: bc[0], cap: slotCap(bc[1])})
 	}
 	a, bad := rebuildSlotAlloc(uint32(len(t.words)/2), used)
+	a.onFree = t.zero
 	t.alloc = a
 	for i, fe := range fes {
 		if bad[i] {
