@@ -295,6 +295,10 @@ func addService(t testing.TB, m *Maps, id reconciler.ServiceID, fe model.L4Addr,
 			t.Fatal(err)
 		}
 	}
+	if isServicesV1(m.services) {
+		addServiceV1(t, m, id, fe, bes...)
+		return
+	}
 	for i, b := range bes {
 		if err := m.UpsertSlot(reconciler.DefaultScope(fe), uint32(i+1), b.id); err != nil {
 			t.Fatal(err)
@@ -472,4 +476,34 @@ func slotOf(t *testing.T, services *ebpf.Map, arr *ebpf.Map, k any, slot uint32)
 		t.Fatalf("slot %d of master %+v: %v", slot, master, err)
 	}
 	return id
+}
+
+// addServiceV1 is addService into a services map of the previous layout
+// (v1: masters and slots in one hash, lb4ServiceV1), as an agent of the
+// previous release wrote it; the backends are written.
+func addServiceV1(t testing.TB, m *Maps, id reconciler.ServiceID, fe model.L4Addr, bes ...testBackend) {
+	t.Helper()
+	dfe := reconciler.DefaultScope(fe)
+	put := func(slot uint32, v lb4ServiceV1) {
+		k, err := serviceKey(dfe, slot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if is6(fe.Addr) {
+			k6 := lb6Key(k, fe.Addr)
+			err = m.services6.Put(&k6, &v)
+		} else {
+			err = m.services.Put(&k, &v)
+		}
+		if err != nil {
+			t.Fatalf("v1 slot %d of %s: %v", slot, fe, err)
+		}
+	}
+	for i, b := range bes {
+		put(uint32(i+1), lb4ServiceV1{BackendId: uint32(b.id)})
+	}
+	if err := m.UpsertRevNat(id, dfe); err != nil {
+		t.Fatal(err)
+	}
+	put(0, lb4ServiceV1{Count: uint32(len(bes)), RevNatId: uint32(id)})
 }

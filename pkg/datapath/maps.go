@@ -481,6 +481,17 @@ func walkState(ms stateMaps, v reconciler.KernelVisitor) error {
 		more = v.Master(fe, reconciler.Master{ID: reconciler.ServiceID(sv.RevNatId), Count: sv.Count, Flags: sv.Flags, AffinityTimeout: sv.BackendId})
 		return more
 	}
+	// The previous release's services maps (v1, read by the read-only
+	// Pinned until the agent of this one converts them): masters and
+	// slots in one hash.
+	serviceV1 := func(fe reconciler.Frontend, slot uint16, sv *lb4ServiceV1) bool {
+		if slot == 0 {
+			more = v.Master(fe, reconciler.Master{ID: reconciler.ServiceID(sv.RevNatId), Count: sv.Count, Flags: sv.Flags, AffinityTimeout: sv.BackendId})
+		} else {
+			more = v.Slot(fe, uint32(slot), reconciler.BackendID(sv.BackendId))
+		}
+		return more
+	}
 	slots := func(t *slotTable, arr *ebpf.Map, name string, bases map[reconciler.Frontend][2]uint32) error {
 		if t != nil {
 			t.mu.Lock()
@@ -510,11 +521,21 @@ func walkState(ms stateMaps, v reconciler.KernelVisitor) error {
 	}
 	walks := []func() error{
 		func() error {
+			if isServicesV1(ms.services) {
+				return eachEntryWhile(ms.services, mapServices, func(k *sockLb4Key, sv *lb4ServiceV1) bool {
+					return serviceV1(frontendOf(addrFromBE32(k.Vip), k.Port, k.Proto, k.Scope), k.Slot, sv)
+				})
+			}
 			return eachEntryWhile(ms.services, mapServices, func(k *sockLb4Key, sv *sockLb4Service) bool {
 				return master(ms.slots4, &bases4, frontendOf(addrFromBE32(k.Vip), k.Port, k.Proto, k.Scope), sv)
 			})
 		},
 		func() error {
+			if isServicesV1(ms.services6) {
+				return eachEntryWhile(ms.services6, mapServices6, func(k *sockLb6Key, sv *lb4ServiceV1) bool {
+					return serviceV1(frontendOf(addrFrom16(k.Vip), k.Port, k.Proto, k.Scope), k.Slot, sv)
+				})
+			}
 			return eachEntryWhile(ms.services6, mapServices6, func(k *sockLb6Key, sv *sockLb4Service) bool {
 				return master(ms.slots6, &bases6, frontendOf(addrFrom16(k.Vip), k.Port, k.Proto, k.Scope), sv)
 			})

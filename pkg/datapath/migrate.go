@@ -269,13 +269,16 @@ func copyEntries(old, cur *ebpf.Map, missingOnly bool) error {
 }
 
 // copyArray copies the present entries of the array old (the backends
-// arrays, the only arrays pinned: structs.h) into the array cur (new, all
-// absent). An absent entry (zero, or a deleted backend's, which keeps its
-// address: clearIDs) is left out; a present one beyond cur is an error,
-// as a hash's copy into a map too small is.
+// arrays and the slots arrays, the only arrays pinned: structs.h) into the
+// array cur (new, all absent). An absent entry (zero, or a deleted
+// backend's, which keeps its address: clearIDs) is left out; a present
+// one beyond cur is an error, as a hash's copy into a map too small is. A
+// slots array's entry is present when it names a backend (not 0): a
+// smaller array must still hold every range in use.
 func copyArray(old, cur *ebpf.Map) error {
+	slots := old.ValueSize() == 4 // a __u32 backend id (slots.go)
 	return eachArrayEntry(old, func(k uint32, v []byte) error {
-		if !presentEntry(v) {
+		if !slots && !presentEntry(v) {
 			return nil
 		}
 		if k >= cur.MaxEntries() {

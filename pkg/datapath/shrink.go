@@ -168,7 +168,7 @@ func countServiceEntries(dir string) (int, string, error) {
 			most, which = n, name
 		}
 	}
-	return most, fmt.Sprintf("%d service entries (masters and their slots) in %s", most, which), nil
+	return most, fmt.Sprintf("%d service entries in %s", most, which), nil
 }
 
 // countServices returns the rev_nat entries of both families (services

@@ -4,6 +4,7 @@ package datapath
 // slots in one hash) into v2's masters and slots array (pins.go).
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -22,6 +23,11 @@ type lb4ServiceV1 struct {
 	Flags     uint8
 	Scope     uint8
 	Pad       [2]uint8
+}
+
+// isServicesV1 says whether m is a services map of the previous layout.
+func isServicesV1(m *ebpf.Map) bool {
+	return m != nil && m.ValueSize() == uint32(binary.Size(lb4ServiceV1{}))
 }
 
 func convertServices4(old, cur *ebpf.Map, spec *ebpf.CollectionSpec, dir string, j *pinJournal) error {
