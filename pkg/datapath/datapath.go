@@ -53,8 +53,10 @@ type Config struct {
 	// Map sizes; 0 means the default. MaxServices sizes sluice_rev_nat
 	// (65536), MaxBackends the backends of each family (262144; the
 	// arrays sluice_backends and sluice6_backends have an entry for every
-	// id the agent may hand out, backendSlots), MaxServiceEntries
-	// sluice_services, masters plus slots (1<<20), MaxConntrack
+	// id the agent may hand out, backendSlots), MaxServiceEntries the
+	// masters plus slots of each family (1<<20): sluice_services (the
+	// masters) and sluice_slots, twice as large (slotEntries: slots lie
+	// in ranges of powers of two), MaxConntrack
 	// sluice_conntrack, the established flows and SNAT port reservations
 	// (262144; when it is full new flows stay in sluice_ct_new, and new
 	// port reservations are refused), MaxConntrackNew sluice_ct_new, the

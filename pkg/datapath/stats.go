@@ -124,8 +124,12 @@ func mapFill(maps map[string]*ebpf.Map, counts map[ebpf.MapID]int) ([]MapFill, e
 			// Its entries are every id; a family holds fewer.
 			capacity = (capacity - reconciler.BackendIDQuarantine - 1) / 2
 		} else if slots {
-			// The slots in use: the entries not empty.
+			// The slots in use: the entries not empty, of the
+			// --max-service-entries the array is twice the size of
+			// (slotEntries), so that its fill ratio says how near
+			// the reconciler's bound the slots are.
 			n, err = countSlots(m)
+			capacity /= 2
 		} else {
 			n, err = countFrom(m, info, counts)
 		}
