@@ -367,7 +367,7 @@ func (m *Maps) Dump() (*reconciler.KernelState, error) {
 
 func (m *Maps) stateMaps() stateMaps {
 	return stateMaps{
-		slots4: m.slots4, slots6: m.slots6,
+		slots4: m.slots4, slots6: m.slots6, slotArr4: m.slots4.array(), slotArr6: m.slots6.array(),
 		services: m.services, backends: m.backends, revNat: m.revNat, srcRanges: m.srcRanges, serviceIPs: m.serviceIPs,
 		services6: m.services6, backends6: m.backends6, revNat6: m.revNat6, srcRanges6: m.srcRanges6, serviceIPs6: m.serviceIPs6,
 	}

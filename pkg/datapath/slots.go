@@ -82,6 +82,14 @@ func openSlotTable(arr *ebpf.Map, name string) (*slotTable, error) {
 	return t, nil
 }
 
+// array is the slots array, nil for no table.
+func (t *slotTable) array() *ebpf.Map {
+	if t == nil {
+		return nil
+	}
+	return t.arr
+}
+
 // close unmaps the array.
 func (t *slotTable) close() error {
 	if t == nil || t.mem == nil {
