@@ -45,9 +45,13 @@ import (
 
 func TestMain(m *testing.M) {
 	code := agentproc.RunTests(m)
-	if release0.dir != "" {
-		_ = os.RemoveAll(release0.dir) // a temporary directory; the exit code stands
+	builtAgents.Lock()
+	for _, b := range builtAgents.by {
+		if b.dir != "" {
+			_ = os.RemoveAll(b.dir) // a temporary directory; the exit code stands
+		}
 	}
+	builtAgents.Unlock()
 	os.Exit(code)
 }
 
@@ -56,12 +60,25 @@ func TestMain(m *testing.M) {
 // the agent it shipped.
 const previousRelease = "6dde642"
 
-var release0 struct {
+// servicesV1Commit is the last commit whose agent kept the backend slots
+// in the services maps (sluice_services_v1) before they moved to the
+// slots arrays (issue 14, forty-third pass): the upgrade from it converts
+// those maps under load.
+const servicesV1Commit = "7f1b7c4"
+
+// builtAgent is an agent built from a commit's tree, once per test
+// process.
+type builtAgent struct {
 	once sync.Once
 	dir  string
 	bin  string
 	err  error
 }
+
+var builtAgents = struct {
+	sync.Mutex
+	by map[string]*builtAgent
+}{by: map[string]*builtAgent{}}
 
 // previousAgent builds the previous release's agent from its tree (git
 // archive of the commit, go build ./cmd/sluice), once per test process,
@@ -76,34 +93,48 @@ func previousAgent(t *testing.T) string {
 	if bin := os.Getenv("SLUICE_PREVIOUS_AGENT"); bin != "" {
 		return bin
 	}
-	release0.once.Do(func() {
+	return agentAt(t, previousRelease, "SLUICE_PREVIOUS_AGENT")
+}
+
+// agentAt builds the agent of commit as previousAgent does (env names the
+// variable that gives a binary built already, for the error).
+func agentAt(t *testing.T, commit, env string) string {
+	t.Helper()
+	builtAgents.Lock()
+	ba := builtAgents.by[commit]
+	if ba == nil {
+		ba = &builtAgent{}
+		builtAgents.by[commit] = ba
+	}
+	builtAgents.Unlock()
+	ba.once.Do(func() {
 		ctx := context.Background()
 		root, err := testutil.ModuleRoot(ctx)
 		if err != nil {
-			release0.err = err
+			ba.err = err
 			return
 		}
-		if release0.dir, release0.err = os.MkdirTemp("", "sluice-"+previousRelease+"-"); release0.err != nil {
+		if ba.dir, ba.err = os.MkdirTemp("", "sluice-"+commit+"-"); ba.err != nil {
 			return
 		}
-		src := filepath.Join(release0.dir, "src")
-		archive, err := exec.CommandContext(ctx, "git", "-C", root, "archive", "--format=tar", previousRelease).Output()
+		src := filepath.Join(ba.dir, "src")
+		archive, err := exec.CommandContext(ctx, "git", "-C", root, "archive", "--format=tar", commit).Output()
 		if err != nil {
-			release0.err = fmt.Errorf("git archive %s: %w (a shallow clone lacks the previous release: clone the whole history, or set SLUICE_PREVIOUS_AGENT to its agent binary)", previousRelease, err)
+			ba.err = fmt.Errorf("git archive %s: %w (a shallow clone lacks it: clone the whole history, or set %s to its agent binary)", commit, err, env)
 			return
 		}
-		if release0.err = untar(archive, src); release0.err != nil {
+		if ba.err = untar(archive, src); ba.err != nil {
 			return
 		}
-		release0.bin = filepath.Join(release0.dir, "sluice")
-		if err := agentproc.GoBuild(ctx, src, "./cmd/sluice", release0.bin, "GOFLAGS=-mod=readonly"); err != nil {
-			release0.err = fmt.Errorf("build the agent of %s: %w", previousRelease, err)
+		ba.bin = filepath.Join(ba.dir, "sluice")
+		if err := agentproc.GoBuild(ctx, src, "./cmd/sluice", ba.bin, "GOFLAGS=-mod=readonly"); err != nil {
+			ba.err = fmt.Errorf("build the agent of %s: %w", commit, err)
 		}
 	})
-	if release0.err != nil {
-		t.Fatal(release0.err)
+	if ba.err != nil {
+		t.Fatal(ba.err)
 	}
-	return release0.bin
+	return ba.bin
 }
 
 func untar(b []byte, dir string) error {
@@ -502,6 +533,55 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(e.bpffs, "sluice", "sluice_conntrack_v2")); err != nil {
 		t.Errorf("no sluice_conntrack_v2 after the upgrade: %v", err)
+	}
+}
+
+// TestUpgradeFromServicesV1: the agent of the last commit that kept the
+// backend slots in the services maps (servicesV1Commit, pins
+// sluice_services_v1) runs the node under load; this build's agent,
+// started on its pins, converts them into sluice_services_v2 and the
+// slots arrays (pkg/datapath's convertServices), the Services, their
+// service and backend ids unchanged, and not one connection fails.
+// SLUICE_SERVICES_V1_AGENT names that agent built already.
+func TestUpgradeFromServicesV1(t *testing.T) {
+	e := setup(t)
+	cur := agentproc.Shared(t)
+	bin := os.Getenv("SLUICE_SERVICES_V1_AGENT")
+	if bin == "" {
+		bin = agentAt(t, servicesV1Commit, "SLUICE_SERVICES_V1_AGENT")
+	}
+	a := e.agent(t, agentproc.Binaries{Sluice: bin, Sluicectl: cur.Sluicectl}, []string{e.lb.NodeDev})
+	args := a.Args
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.WaitReady(60 * time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, a.Log.String())
+	}
+	before, err := a.Services(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(e.bpffs, "sluice", "sluice_services_v1")); err != nil {
+		t.Fatalf("the services_v1 pins are not there: %v", err)
+	}
+
+	l := e.startLoad(t, 0)
+	replace(t, l, a, cur, args)
+	l.stop(t, "upgrade from "+servicesV1Commit)
+
+	after, err := a.Services(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != before {
+		t.Errorf("services changed across the upgrade:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	for name, there := range map[string]bool{"sluice_services_v1": false, "sluice6_services_v1": false,
+		"sluice_services_v2": true, "sluice_slots_v1": true, "sluice6_services_v2": true, "sluice6_slots_v1": true} {
+		if _, err := os.Stat(filepath.Join(e.bpffs, "sluice", name)); (err == nil) != there {
+			t.Errorf("after the upgrade, pin %s: %v (want there: %v)", name, err, there)
+		}
 	}
 }
 
