@@ -320,18 +320,3 @@ func TestSlotRunsAsSingleSlots(t *testing.T) {
 		rawEqual(c.name)
 	}
 }
-
-// rawEntries returns m's entries, key bytes to value bytes.
-func rawEntries(t *testing.T, m *ebpf.Map) map[string]string {
-	t.Helper()
-	out := make(map[string]string)
-	var k, v []byte
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		out[string(k)] = string(v)
-	}
-	if err := it.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}

@@ -258,16 +258,6 @@ func (t *slotTable) rebuild(masters map[reconciler.Frontend][2]uint32) {
 	}
 }
 
-// inUse returns the entries of the ranges handed out, and the array's.
-func (t *slotTable) inUse() (used uint64, size uint64) {
-	if t == nil {
-		return 0, 0
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.alloc.inUse, uint64(t.alloc.n)
-}
-
 // slotTableOf returns fe's family's table.
 func (m *Maps) slotTableOf(fe reconciler.Frontend) *slotTable {
 	if is6(fe.Addr) {
