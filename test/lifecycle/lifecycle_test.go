@@ -493,33 +493,10 @@ func (e *env) pinnedSize(t *testing.T, name string) uint32 {
 // open across the upgrade stay on their backends.
 func TestUpgradeFromPreviousRelease(t *testing.T) {
 	e := setup(t)
-	cur := agentproc.Shared(t)
-	prev := agentproc.Binaries{Sluice: previousAgent(t), Sluicectl: cur.Sluicectl}
-	a := e.agent(t, prev, []string{e.lb.NodeDev})
-	args := a.Args
-	a.Args = withoutFlag(args, "names-file") // newer than the previous release
-	if err := a.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.WaitReady(60 * time.Second); err != nil {
-		t.Fatalf("%v\n%s", err, a.Log.String())
-	}
-	before, err := a.Services(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(e.bpffs, "sluice", "sluice_conntrack")); err != nil {
-		t.Fatalf("the previous release's pins are not there: %v", err)
-	}
-
-	l := e.startLoad(t, 0)
-	replace(t, l, a, cur, args)
-	l.stop(t, "upgrade from "+previousRelease)
-
-	after, err := a.Services(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
+	before, after := e.upgradeUnderLoad(t, previousAgent(t), previousRelease, "sluice_conntrack",
+		func(args []string) []string {
+			return withoutFlag(args, "names-file") // newer than the previous release
+		})
 	// The previous release writes no Service names (the SERVICE column is
 	// "-" until the new agent writes them): the maps are what must not
 	// change.
@@ -536,22 +513,19 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 	}
 }
 
-// TestUpgradeFromServicesV1: the agent of the last commit that kept the
-// backend slots in the services maps (servicesV1Commit, pins
-// sluice_services_v1) runs the node under load; this build's agent,
-// started on its pins, converts them into sluice_services_v2 and the
-// slots arrays (pkg/datapath's convertServices), the Services, their
-// service and backend ids unchanged, and not one connection fails.
-// SLUICE_SERVICES_V1_AGENT names that agent built already.
-func TestUpgradeFromServicesV1(t *testing.T) {
-	e := setup(t)
+// upgradeUnderLoad runs the node on the agent bin (of commit, its
+// arguments this build's agent's changed by prevArgs, if not nil) until
+// it is ready with its pins (pin one of them), then replaces it under
+// load with this build's agent: what `sluicectl services` said before and
+// after.
+func (e *env) upgradeUnderLoad(t *testing.T, bin, commit, pin string, prevArgs func([]string) []string) (before, after string) {
+	t.Helper()
 	cur := agentproc.Shared(t)
-	bin := os.Getenv("SLUICE_SERVICES_V1_AGENT")
-	if bin == "" {
-		bin = agentAt(t, servicesV1Commit, "SLUICE_SERVICES_V1_AGENT")
-	}
 	a := e.agent(t, agentproc.Binaries{Sluice: bin, Sluicectl: cur.Sluicectl}, []string{e.lb.NodeDev})
 	args := a.Args
+	if prevArgs != nil {
+		a.Args = prevArgs(args)
+	}
 	if err := a.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -562,18 +536,34 @@ func TestUpgradeFromServicesV1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(e.bpffs, "sluice", "sluice_services_v1")); err != nil {
-		t.Fatalf("the services_v1 pins are not there: %v", err)
+	if _, err := os.Stat(filepath.Join(e.bpffs, "sluice", pin)); err != nil {
+		t.Fatalf("the pins of %s are not there: %v", commit, err)
 	}
 
 	l := e.startLoad(t, 0)
 	replace(t, l, a, cur, args)
-	l.stop(t, "upgrade from "+servicesV1Commit)
+	l.stop(t, "upgrade from "+commit)
 
-	after, err := a.Services(t.Context())
-	if err != nil {
+	if after, err = a.Services(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	return before, after
+}
+
+// TestUpgradeFromServicesV1: the agent of the last commit that kept the
+// backend slots in the services maps (servicesV1Commit, pins
+// sluice_services_v1) runs the node under load; this build's agent,
+// started on its pins, converts them into sluice_services_v2 and the
+// slots arrays (pkg/datapath's convertServices), the Services, their
+// service and backend ids unchanged, and not one connection fails.
+// SLUICE_SERVICES_V1_AGENT names that agent built already.
+func TestUpgradeFromServicesV1(t *testing.T) {
+	e := setup(t)
+	bin := os.Getenv("SLUICE_SERVICES_V1_AGENT")
+	if bin == "" {
+		bin = agentAt(t, servicesV1Commit, "SLUICE_SERVICES_V1_AGENT")
+	}
+	before, after := e.upgradeUnderLoad(t, bin, servicesV1Commit, "sluice_services_v1", nil)
 	if after != before {
 		t.Errorf("services changed across the upgrade:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
