@@ -201,18 +201,13 @@ func TestOpenMigratesServicesV1(t *testing.T) {
 	old, err := OpenPinned(bpffs)
 	must(t, err)
 	old.Close()
-	backends, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapBackends), nil)
-	must(t, err)
-	defer backends.Close()
-	backends6, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapBackends6), nil)
-	must(t, err)
-	defer backends6.Close()
-	revNat, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapRevNat), nil)
-	must(t, err)
-	defer revNat.Close()
-	revNat6, err := ebpf.LoadPinnedMap(filepath.Join(dir, mapRevNat6), nil)
-	must(t, err)
-	defer revNat6.Close()
+	pinned := func(name string) *ebpf.Map {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), nil)
+		must(t, err)
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	backends, backends6, revNat, revNat6 := pinned(mapBackends), pinned(mapBackends6), pinned(mapRevNat), pinned(mapRevNat6)
 	m0 := &Maps{services: s4, services6: s6, backends: backends, backends6: backends6, revNat: revNat, revNat6: revNat6}
 	type svc struct {
 		v6  bool
