@@ -52,8 +52,10 @@ static __always_inline bool lb6_addr_eq(const union v6addr *a,
 #define lb_key_6	  struct lb6_key
 #define lb_backend_4	  struct lb4_backend
 #define lb_backend_6	  struct lb6_backend
-#define services_map_4	  sluice_services_v1
-#define services_map_6	  sluice6_services_v1
+#define services_map_4	  sluice_services_v2
+#define services_map_6	  sluice6_services_v2
+#define slots_map_4	  sluice_slots_v1
+#define slots_map_6	  sluice6_slots_v1
 #define backends_map_4	  sluice_backends_v2
 #define backends_map_6	  sluice6_backends_v2
 #define service_ips_map_4 sluice_service_ips_v1

@@ -25,6 +25,10 @@
 #include "maps.h"
 #include "family.h"
 
+#ifndef READ_ONCE
+#define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
+#endif
+
 /* random_slot - a slot in 1..@count (@count >= 1), uniformly. */
 static __always_inline __u16 random_slot(__u32 count)
 {

@@ -6,12 +6,11 @@
  * over the sluice6_* maps. No include guard, on purpose.
  */
 /*
- * lookup_slot - slot @slot of a frontend in @scope (slot 0: its master
- * entry, >= 1: a backend slot), or NULL.
+ * lookup_service_scope - the master entry of a frontend in @scope (enum
+ * lb_scope), or NULL.
  */
 static __always_inline struct lb4_service *
-FN(lookup_slot)(FAM(addr_t) vip, __be16 port, __u8 proto, __u8 scope,
-		__u16 slot)
+FN(lookup_service_scope)(FAM(addr_t) vip, __be16 port, __u8 proto, __u8 scope)
 {
 	FAM(lb_key)
 	key = {
@@ -19,20 +18,26 @@ FN(lookup_slot)(FAM(addr_t) vip, __be16 port, __u8 proto, __u8 scope,
 		.port = port,
 		.proto = proto,
 		.scope = scope,
-		.slot = slot,
 	};
 
 	return bpf_map_lookup_elem(&FAM(services_map), &key);
 }
 
 /*
- * lookup_service_scope - the master entry of a frontend in @scope (enum
- * lb_scope), or NULL.
+ * lookup_slot - the entry of slot @slot (1..count) of the frontend whose
+ * master is @master, in the slots array (structs.h), or NULL: a slot
+ * beyond the count, or a range beyond the array (which the agent never
+ * writes). The array's lookup checks the bound.
  */
-static __always_inline struct lb4_service *
-FN(lookup_service_scope)(FAM(addr_t) vip, __be16 port, __u8 proto, __u8 scope)
+static __always_inline __u32 *FN(lookup_slot)(const struct lb4_service *master,
+					      __u32 slot)
 {
-	return FN(lookup_slot)(vip, port, proto, scope, 0);
+	__u32 idx;
+
+	if (slot == 0 || slot > master->count)
+		return NULL;
+	idx = master->slots_base + slot - 1;
+	return bpf_map_lookup_elem(&FAM(slots_map), &idx);
 }
 
 /*
@@ -61,20 +66,20 @@ static __always_inline FAM(lb_backend) *FN(lookup_backend)(__u32 backend_id)
 }
 
 /*
- * slot_backend - the backend slot @slot (>= 1) of a frontend in @scope
- * names, with its id in @backend_id; NULL if the slot or the backend is
- * missing.
+ * slot_backend - the backend slot @slot (>= 1) of the frontend whose master
+ * is @master names, with its id in @backend_id; NULL if the slot is beyond
+ * the count, empty, or names a backend that is missing.
  */
 static __always_inline FAM(lb_backend) *
-FN(slot_backend)(FAM(addr_t) vip, __be16 port, __u8 proto, __u8 scope,
-		 __u16 slot, __u32 *backend_id)
+FN(slot_backend)(const struct lb4_service *master, __u32 slot,
+		 __u32 *backend_id)
 {
-	struct lb4_service *s = FN(lookup_slot)(vip, port, proto, scope, slot);
+	__u32 *id = FN(lookup_slot)(master, slot);
 
-	if (!s)
+	if (!id)
 		return NULL;
-	*backend_id = s->backend_id;
-	return FN(lookup_backend)(s->backend_id);
+	*backend_id = READ_ONCE(*id);
+	return FN(lookup_backend)(*backend_id);
 }
 
 /*
@@ -107,7 +112,7 @@ FN(select_backend_slot)(FAM(addr_t) vip, __be16 port, __u8 proto,
 	if (count == 0)
 		return NULL;
 	*slot = random_slot(count);
-	be = FN(slot_backend)(vip, port, proto, scope, *slot, backend_id);
+	be = FN(slot_backend)(master, *slot, backend_id);
 	if (be)
 		return be;
 
@@ -115,11 +120,11 @@ FN(select_backend_slot)(FAM(addr_t) vip, __be16 port, __u8 proto,
 	if (!master || master->count == 0)
 		return NULL;
 	*slot = random_slot(master->count);
-	be = FN(slot_backend)(vip, port, proto, scope, *slot, backend_id);
+	be = FN(slot_backend)(master, *slot, backend_id);
 	if (be)
 		return be;
 	*slot = 1;
-	return FN(slot_backend)(vip, port, proto, scope, 1, backend_id);
+	return FN(slot_backend)(master, 1, backend_id);
 }
 
 /*
@@ -143,13 +148,10 @@ FN(slot_still_names)(FAM(addr_t) vip, __be16 port, __u8 proto,
 		     const struct lb4_service *master, __u16 slot,
 		     __u32 backend_id, FAM(addr_t) be_addr, __be16 be_port)
 {
-	struct lb4_service *s;
+	__u32 *id = FN(lookup_slot)(master, slot);
 	FAM(lb_backend) *be;
 
-	if (slot == 0 || slot > master->count)
-		return NULL;
-	s = FN(lookup_slot)(vip, port, proto, master->scope, slot);
-	if (!s || s->backend_id != backend_id)
+	if (!id || READ_ONCE(*id) != backend_id)
 		return NULL;
 	be = FN(lookup_backend)(backend_id);
 	if (!be || !FAM(addr_eq)(be->addr, be_addr) || be->port != be_port)

@@ -11,7 +11,7 @@
 
 /* FN(slot_names)' bpf_loop state: is <addr, port> in slot 1..count? */
 struct FN(slot_search) {
-	FAM(lb_key) key; /* the frontend; slot set per iteration */
+	struct lb4_service master; /* the frontend's, as read once */
 	FAM(addr_t) addr;
 	__be16 port;
 	bool found;
@@ -20,14 +20,13 @@ struct FN(slot_search) {
 static long FN(slot_names)(__u32 i, void *data)
 {
 	struct FN(slot_search) *s = data;
-	struct lb4_service *slot;
 	FAM(lb_backend) *be;
+	__u32 *id;
 
-	s->key.slot = i + 1;
-	slot = bpf_map_lookup_elem(&FAM(services_map), &s->key);
-	if (!slot)
+	id = FN(lookup_slot)(&s->master, i + 1);
+	if (!id)
 		return 0;
-	be = FN(lookup_backend)(slot->backend_id);
+	be = FN(lookup_backend)(READ_ONCE(*id));
 	if (be && FAM(addr_eq)(be->addr, s->addr) && be->port == s->port) {
 		s->found = true;
 		return 1;
@@ -43,9 +42,6 @@ static __always_inline bool FN(still_backend)(const FAM(sock_rev_t) *rev,
 					      FAM(addr_t) addr, __be16 port)
 {
 	struct FN(slot_search) s = {
-		.key = { .vip = rev->vip,
-			 .port = rev->port,
-			 .proto = IPPROTO_UDP },
 		.addr = addr,
 		.port = port,
 	};
@@ -54,7 +50,8 @@ static __always_inline bool FN(still_backend)(const FAM(sock_rev_t) *rev,
 
 	if (!master || master->count == 0)
 		return false;
-	bpf_loop(master->count, FN(slot_names), &s, 0);
+	s.master = *master;
+	bpf_loop(s.master.count, FN(slot_names), &s, 0);
 	return s.found;
 }
 

@@ -20,25 +20,38 @@
 #include "consts.h"
 
 /*
- * sluice_services_v1: key -> struct lb4_service.
+ * sluice_services_v2: key -> struct lb4_service, the frontends' masters.
+ * sluice_slots_v1 (array): __u32 index (host order) -> __u32 backend id
+ * (host order; 0: empty), the frontends' backend slots.
  *
- * One service frontend <vip, port, proto> owns count+1 entries per scope:
- * slot 0 (the master) holds the backend count and the service id; slots
- * 1..count hold backend ids. The agent writes backends, then slots, then
- * slot 0, so a reader never sees a slot that names a backend that does not
- * exist yet.
+ * One service frontend <vip, port, proto> has, per scope, one master entry
+ * (key slot 0) holding the backend count, the service id and where its
+ * slots are: slot i (1..count) is sluice_slots_v1[slots_base + i - 1], in
+ * a range of the array the agent allocated to the frontend (at least count
+ * entries; pkg/datapath slotalloc.go). The agent writes backends, then
+ * slots, then the master, so a reader never sees a slot that names a
+ * backend that does not exist yet. A frontend that outgrows its range gets
+ * a larger one: the agent copies its slots there, writes the master with
+ * the new base, and reuses the old range only a second later, so that a
+ * program that read the old master finds its slots, or empty ones (id 0:
+ * no backend), never another frontend's.
+ *
+ * Until v1 the slots were entries of the services hash under slot 1..count
+ * (96 bytes of kernel memory and a hash insert each): the key keeps its
+ * slot field, always 0 now, so that the keys that embed it (session
+ * affinity's) keep their layout.
  *
  * Most frontends have one scope, LB_SCOPE_DEFAULT. One whose master says
- * SVC_F_TWO_SCOPES (externalTrafficPolicy Local) has a second set under
- * LB_SCOPE_INTERNAL, for internal clients (the cluster CIDR, the node's
- * sockets), written before the flag that names it.
+ * SVC_F_TWO_SCOPES (externalTrafficPolicy Local) has a second master and
+ * range under LB_SCOPE_INTERNAL, for internal clients (the cluster CIDR,
+ * the node's sockets), written before the flag that names it.
  */
 struct lb4_key {
 	__be32 vip;  /* network order */
 	__be16 port; /* network order */
 	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
 	__u8 scope;  /* enum lb_scope; pinned before scopes existed: 0 */
-	__u16 slot;  /* host order; 0 = master entry */
+	__u16 slot;  /* host order; always 0 (a master) in sluice_services_v2 */
 	__u16 pad1;
 };
 
@@ -52,18 +65,21 @@ enum lb_scope {
 
 struct lb4_service {
 	union {
-		/* host order; slots >= 1: the backend */
+		/* host order; unused (0): v1's slots held their backend
+		 * here
+		 */
 		__u32 backend_id;
-		/* host order; slot 0 with SVC_F_AFFINITY: the
-		 * sessionAffinity ClientIP timeout, in seconds
+		/* host order; with SVC_F_AFFINITY: the sessionAffinity
+		 * ClientIP timeout, in seconds
 		 */
 		__u32 affinity_timeout;
 	};
-	__u32 count;	  /* host order; slot 0 only: number of backend slots */
+	__u32 count;	  /* host order; number of backend slots */
 	__u32 rev_nat_id; /* host order; service id, key of sluice_rev_nat_v1 */
-	__u8 flags;	  /* enum svc_flags (slot 0 only) */
-	__u8 scope; /* slot 0 only: its key's scope, where its slots are */
+	__u8 flags;	  /* enum svc_flags */
+	__u8 scope;	  /* its key's scope */
 	__u8 pad[2];
+	__u32 slots_base; /* host order; index of slot 1 in sluice_slots_v1 */
 };
 
 /*
@@ -846,13 +862,14 @@ struct frag6_key {
 
 _Static_assert(sizeof(struct frag6_key) == 40, "frag6_key size");
 
-/* sluice6_services_v1: struct lb6_key -> struct lb4_service (as IPv4). */
+/* sluice6_services_v2: struct lb6_key -> struct lb4_service (as IPv4); its
+ * slots are in sluice6_slots_v1. */
 struct lb6_key {
 	union v6addr vip; /* network order */
 	__be16 port;	  /* network order */
 	__u8 proto;	  /* IPPROTO_TCP or IPPROTO_UDP */
 	__u8 scope;	  /* enum lb_scope */
-	__u16 slot;	  /* host order; 0 = master entry */
+	__u16 slot;	  /* host order; always 0 (a master) */
 	__u16 pad1;
 };
 
@@ -1015,7 +1032,7 @@ BTF_EXPORT(struct sock_explain_ctx, sock_explain_ctx);
 
 /* The layouts above are an ABI: a size change must be deliberate. */
 _Static_assert(sizeof(struct lb4_key) == 12, "lb4_key size");
-_Static_assert(sizeof(struct lb4_service) == 16, "lb4_service size");
+_Static_assert(sizeof(struct lb4_service) == 20, "lb4_service size");
 _Static_assert(sizeof(struct lb4_backend) == 8, "lb4_backend size");
 _Static_assert(sizeof(struct lb4_rev_nat) == 8, "lb4_rev_nat size");
 _Static_assert(sizeof(struct ct4_key) == 16, "ct4_key size");

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * The IPv6 per-packet path of tc.c: what the IPv4 path does, for IPv6
- * frontends (sluice6_services_v1).
+ * frontends (sluice6_services_v2).
  *
  * Ingress (in tc.c's order, lb6_dnat): a packet to a frontend is DNATed
  * to a backend, its flow's conntrack entry (ct6) deciding while it is

@@ -84,7 +84,7 @@ func run(args []string) int {
 	)
 	fs.IntVar(&dpCfg.MaxServices, "max-services", datapath.DefaultMaxServices, "size of sluice_rev_nat and sluice6_rev_nat: service frontends, of both families together")
 	fs.IntVar(&dpCfg.MaxBackends, "max-backends", datapath.DefaultMaxBackends, "size of sluice_backends and sluice6_backends: distinct backends of each family")
-	fs.IntVar(&dpCfg.MaxServiceEntries, "max-service-entries", datapath.DefaultMaxServiceEntries, "size of sluice_services and sluice6_services: frontends plus backend slots of each family")
+	fs.IntVar(&dpCfg.MaxServiceEntries, "max-service-entries", datapath.DefaultMaxServiceEntries, "service entries (frontends plus backend slots) of each family: the size of sluice_services and sluice6_services (the frontends), and half that of sluice_slots and sluice6_slots (the slots, in ranges of powers of two)")
 	fs.IntVar(&dpCfg.MaxConntrack, "max-conntrack", datapath.DefaultMaxConntrack, "size of sluice_conntrack: established per-packet flows and SNAT port reservations (when full, new flows stay in sluice_ct_new, an LRU, and new SNAT port reservations are refused)")
 	fs.IntVar(&dpCfg.MaxConntrackNew, "max-conntrack-new", datapath.DefaultMaxConntrackNew, "size of sluice_ct_new (LRU): per-packet flows not answered yet")
 	fs.IntVar(&dpCfg.MaxSockRev, "max-sock-rev", datapath.DefaultMaxSockRev, "size of sluice_sock_rev (LRU): translated sockets")

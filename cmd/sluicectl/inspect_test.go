@@ -219,8 +219,9 @@ func TestStatus(t *testing.T) {
 	if f := fill["conntrack"]; f.Entries != 2 || f.Capacity != 256 {
 		t.Errorf("conntrack fill %+v, want 2 of 256 (the answered flow's two entries)", f)
 	}
-	if f := fill["services"]; f.Entries != 5 {
-		t.Errorf("services fill %+v, want 5 entries (two masters, three slots)", f)
+	// The masters in the services map, their slots in the slots array.
+	if f, sl := fill["services"], fill["slots"]; f.Entries+sl.Entries != 5 || f.Entries != 2 {
+		t.Errorf("services fill %+v and slots fill %+v, want 5 entries (two masters, three slots)", f, sl)
 	}
 	table := runOK(t, base...)
 	for _, want := range []string{"Agent:           ready\n", "Last sync:       ", "Frontends:       2 programmed\n",

@@ -97,120 +97,67 @@ func (m *Maps) UpsertRevNats(es []reconciler.RevNatEntry) (int, error) {
 		func(e reconciler.RevNatEntry) (uint32, sockLb4RevNat, error) { return revNatEntry(e.ID, e.Frontend) })
 }
 
-// UpsertSlots writes the slots of runs, in order. Each run's key is
-// checked and encoded once, as UpsertSlot encodes it (slotEntry), and its
-// slots take it with their own numbers straight into the system calls'
-// buffers (a first program writes 300,000 slots of 30,000 frontends): no
-// entry per slot is made to be read back.
+// UpsertSlots writes the slots of runs, in order, into the frontends'
+// ranges of the slots arrays (slots.go): stores into the arrays' memory,
+// no system call but where a frontend that has a master moves to a larger
+// range. It returns how many slots were written; a slot refused (slot 0
+// or beyond 65535, backend id 0) or a frontend that finds no room ends it
+// there.
 func (m *Maps) UpsertSlots(runs []reconciler.SlotRun) (int, error) {
-	w := slotWriter{t: m.serviceMaps()}
+	done := 0
+	var locked *slotTable
+	defer func() {
+		if locked != nil {
+			locked.mu.Unlock()
+		}
+	}()
 	for _, run := range runs {
-		w.total += len(run.IDs)
-	}
-	for _, run := range runs {
-		if err := w.add(run); err != nil {
-			return w.done, err
+		if len(run.IDs) == 0 {
+			continue
 		}
-	}
-	return w.done, w.flush()
-}
-
-// slotWriter gathers slots of one family, up to encodeChunk, and writes
-// them in one batch (putBatch) when the family changes, the buffers are
-// full, or a slot is refused.
-type slotWriter struct {
-	t      twin[sockLb4Key, sockLb4Service, sockLb6Key, sockLb4Service]
-	keys4  []sockLb4Key
-	keys6  []sockLb6Key
-	values []sockLb4Service
-	v6     bool // the family of what the buffers hold
-	// done slots written, of total.
-	done, total int
-}
-
-// add buffers the slots of run, writing the buffers as they fill. A slot
-// that slotEntry refuses writes what came before it and returns its
-// error.
-func (w *slotWriter) add(run reconciler.SlotRun) error {
-	if len(run.IDs) == 0 {
-		return nil
-	}
-	k, _, err := slotEntry(run.Frontend, run.First, run.IDs[0])
-	if err != nil {
-		return w.refused(err)
-	}
-	if v6 := is6(run.Frontend.Addr); v6 != w.v6 {
-		if err := w.flush(); err != nil {
-			return err
+		// The run's frontend is checked once, with its first slot;
+		// the other slots' numbers and ids each.
+		if err := checkSlot(run.Frontend, run.First, run.IDs[0]); err != nil {
+			return done, err
 		}
-		w.v6 = v6
-	}
-	// Room for a system call's worth, made once (a family's keys when
-	// it comes).
-	n := min(w.total, encodeChunk)
-	if w.values == nil {
-		w.values = make([]sockLb4Service, 0, n)
-	}
-	var k6 sockLb6Key
-	switch {
-	case w.v6:
-		k6 = lb6Key(k, run.Frontend.Addr)
-		if w.keys6 == nil {
-			w.keys6 = make([]sockLb6Key, 0, n)
-		}
-	case w.keys4 == nil:
-		w.keys4 = make([]sockLb4Key, 0, n)
-	}
-	for j, id := range run.IDs {
-		slot := uint64(run.First) + uint64(j)
-		if slot > 0xffff || id == 0 {
-			_, _, err := slotEntry(run.Frontend, uint32(min(slot, math.MaxUint32)), id)
-			return w.refused(err)
-		}
-		if len(w.values) == encodeChunk {
-			if err := w.flush(); err != nil {
-				return err
+		n := len(run.IDs)
+		var refused error
+		for j, id := range run.IDs {
+			if slot := uint64(run.First) + uint64(j); slot > 0xffff || id == 0 {
+				n, refused = j, checkSlot(run.Frontend, uint32(min(slot, math.MaxUint32)), id)
+				break
 			}
 		}
-		if w.v6 {
-			k6.Slot = uint16(slot)
-			w.keys6 = append(w.keys6, k6)
-		} else {
-			k.Slot = uint16(slot)
-			w.keys4 = append(w.keys4, k)
+		if n > 0 {
+			if err := m.writeRun(&locked, run.Frontend, run.First, run.IDs[:n]); err != nil {
+				return done, err
+			}
+			done += n
 		}
-		w.values = append(w.values, sockLb4Service{BackendId: uint32(id)})
+		if refused != nil {
+			return done, refused
+		}
 	}
-	return nil
+	return done, nil
 }
 
-// refused writes what the buffers hold and returns err, a refused
-// slot's, unless the write failed first.
-func (w *slotWriter) refused(err error) error {
-	if ferr := w.flush(); ferr != nil {
-		return ferr
+// writeRun writes ids into slots first.. of fe, with fe's family's table
+// locked (held in *locked across runs of one family).
+func (m *Maps) writeRun(locked **slotTable, fe reconciler.Frontend, first uint32, ids []reconciler.BackendID) error {
+	fe = frontendKey(fe)
+	t := m.slotTableOf(fe)
+	if t == nil {
+		return fmt.Errorf("upsert slots of %s: no slots array", fe)
 	}
-	return err
-}
-
-// flush writes the buffers, emptied for the next slots.
-func (w *slotWriter) flush() error {
-	if len(w.values) == 0 {
-		return nil
+	if *locked != t {
+		if *locked != nil {
+			(*locked).mu.Unlock()
+		}
+		t.mu.Lock()
+		*locked = t
 	}
-	m, name := w.t.m4, w.t.name4
-	var n int
-	var err error
-	if w.v6 {
-		m, name = w.t.m6, w.t.name6
-		n, err = putBatch(m, w.keys6, w.values)
-	} else {
-		n, err = putBatch(m, w.keys4, w.values)
-	}
-	w.done += n
-	w.keys4, w.keys6, w.values = w.keys4[:0], w.keys6[:0], w.values[:0]
-	if err != nil {
-		return fmt.Errorf("upsert %s (entry %d of %d): %w", name, w.done, w.total, whenFull(m, err))
+	if err := t.write(fe, first, ids, m.rebaseMaster); err != nil {
+		return fmt.Errorf("upsert slots %d-%d of %s: %w", first, first+uint32(len(ids))-1, fe, err)
 	}
 	return nil
 }
@@ -219,7 +166,7 @@ func (w *slotWriter) flush() error {
 func (m *Maps) UpsertMasters(es []reconciler.MasterEntry) (int, error) {
 	return upsertTwin(m.serviceMaps(), es, func(e reconciler.MasterEntry) netip.Addr { return e.Frontend.Addr },
 		func(e reconciler.MasterEntry) (sockLb4Key, sockLb4Service, error) {
-			return masterEntry(e.Frontend, e.Master)
+			return m.masterWithBase(e.Frontend, e.Master)
 		})
 }
 

@@ -27,7 +27,8 @@ const (
 	ctgcMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
 	ctgcMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
 	ctgcMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
-	ctgcMapSluice6ServicesV1       = "sluice6_services_v1"
+	ctgcMapSluice6ServicesV2       = "sluice6_services_v2"
+	ctgcMapSluice6SlotsV1          = "sluice6_slots_v1"
 	ctgcMapSluice6SockRevV1        = "sluice6_sock_rev_v1"
 	ctgcMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
 	ctgcMapSluice6TcV1             = "sluice6_tc_v1"
@@ -47,8 +48,9 @@ const (
 	ctgcMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
 	ctgcMapSluiceRevNatV1          = "sluice_rev_nat_v1"
 	ctgcMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
-	ctgcMapSluiceServicesV1        = "sluice_services_v1"
+	ctgcMapSluiceServicesV2        = "sluice_services_v2"
 	ctgcMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
+	ctgcMapSluiceSlotsV1           = "sluice_slots_v1"
 	ctgcMapSluiceSockRevV1         = "sluice_sock_rev_v1"
 	ctgcMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
 	ctgcMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
@@ -133,7 +135,8 @@ type ctgcMapSpecs struct {
 	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
 	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
-	Sluice6ServicesV1       *ebpf.MapSpec `ebpf:"sluice6_services_v1"`
+	Sluice6ServicesV2       *ebpf.MapSpec `ebpf:"sluice6_services_v2"`
+	Sluice6SlotsV1          *ebpf.MapSpec `ebpf:"sluice6_slots_v1"`
 	Sluice6SockRevV1        *ebpf.MapSpec `ebpf:"sluice6_sock_rev_v1"`
 	Sluice6SrcRangesV1      *ebpf.MapSpec `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.MapSpec `ebpf:"sluice6_tc_v1"`
@@ -153,8 +156,9 @@ type ctgcMapSpecs struct {
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV1          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
 	SluiceServiceIpsV1      *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1        *ebpf.MapSpec `ebpf:"sluice_services_v1"`
+	SluiceServicesV2        *ebpf.MapSpec `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
+	SluiceSlotsV1           *ebpf.MapSpec `ebpf:"sluice_slots_v1"`
 	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
 	SluiceSvcStatsV1        *ebpf.MapSpec `ebpf:"sluice_svc_stats_v1"`
@@ -211,7 +215,8 @@ type ctgcMaps struct {
 	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
 	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
-	Sluice6ServicesV1       *ebpf.Map `ebpf:"sluice6_services_v1"`
+	Sluice6ServicesV2       *ebpf.Map `ebpf:"sluice6_services_v2"`
+	Sluice6SlotsV1          *ebpf.Map `ebpf:"sluice6_slots_v1"`
 	Sluice6SockRevV1        *ebpf.Map `ebpf:"sluice6_sock_rev_v1"`
 	Sluice6SrcRangesV1      *ebpf.Map `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.Map `ebpf:"sluice6_tc_v1"`
@@ -231,8 +236,9 @@ type ctgcMaps struct {
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV1          *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
 	SluiceServiceIpsV1      *ebpf.Map `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1        *ebpf.Map `ebpf:"sluice_services_v1"`
+	SluiceServicesV2        *ebpf.Map `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
+	SluiceSlotsV1           *ebpf.Map `ebpf:"sluice_slots_v1"`
 	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
 	SluiceSvcStatsV1        *ebpf.Map `ebpf:"sluice_svc_stats_v1"`
@@ -252,7 +258,8 @@ func (m *ctgcMaps) Close() error {
 		m.Sluice6NodeCidrsV1,
 		m.Sluice6RevNatV1,
 		m.Sluice6ServiceIpsV1,
-		m.Sluice6ServicesV1,
+		m.Sluice6ServicesV2,
+		m.Sluice6SlotsV1,
 		m.Sluice6SockRevV1,
 		m.Sluice6SrcRangesV1,
 		m.Sluice6TcV1,
@@ -272,8 +279,9 @@ func (m *ctgcMaps) Close() error {
 		m.SluiceNodeCidrsV1,
 		m.SluiceRevNatV1,
 		m.SluiceServiceIpsV1,
-		m.SluiceServicesV1,
+		m.SluiceServicesV2,
 		m.SluiceSessionAffinityV1,
+		m.SluiceSlotsV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
 		m.SluiceSvcStatsV1,

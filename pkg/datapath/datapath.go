@@ -53,8 +53,10 @@ type Config struct {
 	// Map sizes; 0 means the default. MaxServices sizes sluice_rev_nat
 	// (65536), MaxBackends the backends of each family (262144; the
 	// arrays sluice_backends and sluice6_backends have an entry for every
-	// id the agent may hand out, backendSlots), MaxServiceEntries
-	// sluice_services, masters plus slots (1<<20), MaxConntrack
+	// id the agent may hand out, backendSlots), MaxServiceEntries the
+	// masters plus slots of each family (1<<20): sluice_services (the
+	// masters) and sluice_slots, twice as large (slotEntries: slots lie
+	// in ranges of powers of two), MaxConntrack
 	// sluice_conntrack, the established flows and SNAT port reservations
 	// (262144; when it is full new flows stay in sluice_ct_new, and new
 	// port reservations are refused), MaxConntrackNew sluice_ct_new, the
@@ -219,6 +221,7 @@ func (c Config) withDefaults() Config {
 func (c Config) maxEntries() map[string]int {
 	return map[string]int{
 		mapServices:  c.MaxServiceEntries,
+		mapSlots:     slotEntries(c),
 		mapBackends:  backendSlots(c),
 		mapRevNat:    c.MaxServices,
 		mapConntrack: c.MaxConntrack,
@@ -241,6 +244,7 @@ func (c Config) maxEntries() map[string]int {
 		// reconciler counts each family against its own maps, of
 		// one size (Maps.Capacity).
 		mapServices6:   c.MaxServiceEntries,
+		mapSlots6:      slotEntries(c),
 		mapBackends6:   backendSlots(c),
 		mapRevNat6:     c.MaxServices,
 		mapAffinity6:   c.MaxAffinity,
@@ -554,7 +558,7 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 		}
 	}
 	d.maps = &Maps{
-		services:   d.tc.SluiceServicesV1,
+		services:   d.tc.SluiceServicesV2,
 		backends:   d.tc.SluiceBackendsV2,
 		revNat:     d.tc.SluiceRevNatV1,
 		conntrack:  d.tc.SluiceConntrackV2,
@@ -574,7 +578,7 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 		svcStats:   d.tc.SluiceSvcStatsV1,
 		cfg:        d.cfg,
 
-		services6:   d.tc.Sluice6ServicesV1,
+		services6:   d.tc.Sluice6ServicesV2,
 		backends6:   d.tc.Sluice6BackendsV2,
 		revNat6:     d.tc.Sluice6RevNatV1,
 		srcRanges6:  d.tc.Sluice6SrcRangesV1,
@@ -586,6 +590,16 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 		devices6:    d.tc.Sluice6DevicesV1,
 	}
 	d.maps.ctFlush6 = d.tc.Sluice6CtFlushV1
+	if d.maps.slots4, err = openSlotTable(d.tc.SluiceSlotsV1, mapSlots); err != nil {
+		return err
+	}
+	if d.maps.slots6, err = openSlotTable(d.tc.Sluice6SlotsV1, mapSlots6); err != nil {
+		return err
+	}
+	// The ranges in use are the masters' (slots.go).
+	if err := d.maps.rebuildSlots(); err != nil {
+		return err
+	}
 	d.maps.sockRev6 = d.tc.Sluice6SockRevV1
 	if specs.sockDestroy != nil {
 		if d.maps.sockTerm, err = loadSockTerminator(specs.sockDestroy, opts); err != nil {
@@ -748,6 +762,9 @@ func (d *Datapath) closeObjects() error {
 	var errs []error
 	if d.maps != nil && d.maps.sockTerm != nil {
 		errs = append(errs, d.maps.sockTerm.Close())
+	}
+	if d.maps != nil {
+		errs = append(errs, d.maps.closeSlots())
 	}
 	return errors.Join(append(errs, d.closeDryRun(), d.sock.Close(), d.tc.Close(), d.xdp.Close(), d.gc.Close(),
 		d.shim.Close(), d.counter.Close())...)

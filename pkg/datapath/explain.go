@@ -573,13 +573,17 @@ func (p *Pinned) Candidates(fe netip.AddrPort, proto, scope uint8) ([]Candidate,
 		return nil, nil
 	}
 	key := sockLb4Key{Vip: addr4(a), Port: be16(fe.Port()), Proto: proto, Scope: scope}
-	slot := func(n uint16, out *sockLb4Service) error {
-		key.Slot = n
+	readMaster := func(out *sockLb4Service) error {
 		if v6 {
 			k6 := lb6Key(key, a)
 			return p.services6.Lookup(&k6, out)
 		}
 		return p.services.Lookup(&key, out)
+	}
+	// Slot n of the master's, in its family's slots array.
+	slots := p.slotArr4
+	if v6 {
+		slots = p.slotArr6
 	}
 	backend := func(id uint32) (netip.AddrPort, error) {
 		if v6 {
@@ -598,23 +602,23 @@ func (p *Pinned) Candidates(fe netip.AddrPort, proto, scope uint8) ([]Candidate,
 		return netip.AddrPortFrom(addrFromBE32(be.Addr), portFromBE16(be.Port)), err
 	}
 	var master sockLb4Service
-	if err := slot(0, &master); err != nil {
+	if err := readMaster(&master); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return nil, nil
 		}
 		return nil, fmt.Errorf("read frontend %s: %w", fe, err)
 	}
 	out := make([]Candidate, 0, master.Count)
-	for n := uint32(1); n <= master.Count && n <= 0xffff; n++ {
-		var s sockLb4Service
-		if err := slot(uint16(n), &s); err != nil {
-			continue // a shrink racing this read
+	for n := uint32(1); n <= master.Count && n <= 0xffff && slots != nil; n++ {
+		var id uint32
+		if err := slots.Lookup(master.SlotsBase+n-1, &id); err != nil || id == 0 {
+			continue // a shrink racing this read, or a range beyond the array
 		}
-		be, err := backend(s.BackendId)
+		be, err := backend(id)
 		if err != nil {
 			continue
 		}
-		out = append(out, Candidate{Slot: uint16(n), BackendID: s.BackendId, Addr: be})
+		out = append(out, Candidate{Slot: uint16(n), BackendID: id, Addr: be})
 	}
 	return out, nil
 }

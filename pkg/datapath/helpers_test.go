@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -294,6 +295,10 @@ func addService(t testing.TB, m *Maps, id reconciler.ServiceID, fe model.L4Addr,
 			t.Fatal(err)
 		}
 	}
+	if isServicesV1(m.services) {
+		addServiceV1(t, m, id, fe, bes...)
+		return
+	}
 	for i, b := range bes {
 		if err := m.UpsertSlot(reconciler.DefaultScope(fe), uint32(i+1), b.id); err != nil {
 			t.Fatal(err)
@@ -418,4 +423,87 @@ func expectCounted(t *testing.T, d *Datapath, reasons ...string) map[string]uint
 		}
 	}
 	return cs
+}
+
+// serviceEntries counts what a services map of m and its family's slots
+// array hold together, as the kernel has them: each master and the slots
+// 1..count of its range that name a backend (the entries the services
+// hash held before slots moved to an array).
+func serviceEntries(m *Maps, services *ebpf.Map) (int, error) {
+	arr := m.slots4
+	if services == m.services6 {
+		arr = m.slots6
+	}
+	n := 0
+	var bases [][2]uint32
+	k := make([]byte, services.KeySize())
+	var v sockLb4Service
+	it := services.Iterate()
+	for it.Next(k, &v) {
+		n++
+		bases = append(bases, [2]uint32{v.SlotsBase, v.Count})
+	}
+	if err := it.Err(); err != nil || arr == nil {
+		return n, err
+	}
+	for _, bc := range bases {
+		for i := range bc[1] {
+			var id uint32
+			if err := arr.arr.Lookup(bc[0]+i, &id); err != nil {
+				return n, err
+			}
+			if id != 0 {
+				n++
+			}
+		}
+	}
+	return n, nil
+}
+
+// slotOf returns the backend of slot (>= 1) of the frontend whose master
+// is k, in the slots array arr.
+func slotOf(t *testing.T, services *ebpf.Map, arr *ebpf.Map, k any, slot uint32) uint32 {
+	t.Helper()
+	var master sockLb4Service
+	if err := services.Lookup(k, &master); err != nil {
+		t.Fatalf("master %+v: %v", k, err)
+	}
+	if slot == 0 || slot > master.Count {
+		t.Fatalf("slot %d of master %+v", slot, master)
+	}
+	var id uint32
+	if err := arr.Lookup(master.SlotsBase+slot-1, &id); err != nil {
+		t.Fatalf("slot %d of master %+v: %v", slot, master, err)
+	}
+	return id
+}
+
+// addServiceV1 is addService into a services map of the previous layout
+// (v1: masters and slots in one hash, lb4ServiceV1), as an agent of the
+// previous release wrote it; the backends are written.
+func addServiceV1(t testing.TB, m *Maps, id reconciler.ServiceID, fe model.L4Addr, bes ...testBackend) {
+	t.Helper()
+	dfe := reconciler.DefaultScope(fe)
+	put := func(slot uint32, v lb4ServiceV1) {
+		k, err := serviceKey(dfe, slot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if is6(fe.Addr) {
+			k6 := lb6Key(k, fe.Addr)
+			err = m.services6.Put(&k6, &v)
+		} else {
+			err = m.services.Put(&k, &v)
+		}
+		if err != nil {
+			t.Fatalf("v1 slot %d of %s: %v", slot, fe, err)
+		}
+	}
+	for i, b := range bes {
+		put(uint32(i+1), lb4ServiceV1{BackendId: uint32(b.id)})
+	}
+	if err := m.UpsertRevNat(id, dfe); err != nil {
+		t.Fatal(err)
+	}
+	put(0, lb4ServiceV1{Count: uint32(len(bes)), RevNatId: uint32(id)})
 }

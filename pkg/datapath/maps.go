@@ -35,6 +35,10 @@ type Maps struct {
 	services6, backends6, revNat6, srcRanges6, serviceIPs6 *ebpf.Map
 	affinity6, affFix6, nodeCIDRs6, devices6               *ebpf.Map
 
+	// The backend slots of each family's frontends (slots.go), nil in
+	// a Maps without them (tests of older pins).
+	slots4, slots6 *slotTable
+
 	ctGC       *ebpf.Program // bpf/ctgc.c: conntrack GC and flush (conntrack.go)
 	affFixProg *ebpf.Program // bpf/ctgc.c: session affinity upkeep (affinity.go)
 	// bpf/ctgc.c: the same for IPv6 frontends (sluice6_affinity_v1).
@@ -235,36 +239,50 @@ func (m *Maps) DeleteRevNat(id reconciler.ServiceID) error {
 	return nil
 }
 
-// slotEntry encodes slot >= 1 of a frontend for sluice_services.
-func slotEntry(fe reconciler.Frontend, slot uint32, backend reconciler.BackendID) (sockLb4Key, sockLb4Service, error) {
+// checkSlot checks slot >= 1 of a frontend naming backend.
+func checkSlot(fe reconciler.Frontend, slot uint32, backend reconciler.BackendID) error {
 	if slot == 0 {
-		return sockLb4Key{}, sockLb4Service{}, fmt.Errorf("upsert slot of %s: slot 0 is the master, use UpsertMaster", fe)
+		return fmt.Errorf("upsert slot of %s: slot 0 is the master, use UpsertMaster", fe)
 	}
 	if err := idOK("backend", uint32(backend)); err != nil {
-		return sockLb4Key{}, sockLb4Service{}, err
-	}
-	k, err := serviceKey(fe, slot)
-	if err != nil {
-		return sockLb4Key{}, sockLb4Service{}, fmt.Errorf("upsert slot: %w", err)
-	}
-	return k, sockLb4Service{BackendId: uint32(backend)}, nil
-}
-
-// UpsertSlot writes slot >= 1 of a frontend.
-func (m *Maps) UpsertSlot(fe reconciler.Frontend, slot uint32, backend reconciler.BackendID) error {
-	k, v, err := slotEntry(fe, slot, backend)
-	if err != nil {
 		return err
 	}
-	if err := m.serviceMaps().put(fe.Addr, k, v); err != nil {
+	if _, err := serviceKey(fe, slot); err != nil {
+		return fmt.Errorf("upsert slot: %w", err)
+	}
+	return nil
+}
+
+// frontendKey is fe as the slot tables key it: its address unmapped, as
+// the kernel's keys read back give it.
+func frontendKey(fe reconciler.Frontend) reconciler.Frontend {
+	fe.Addr = fe.Addr.Unmap()
+	return fe
+}
+
+// UpsertSlot writes slot >= 1 of a frontend into its range of the slots
+// array (slots.go), moving it to a larger range if the slot is beyond
+// its own.
+func (m *Maps) UpsertSlot(fe reconciler.Frontend, slot uint32, backend reconciler.BackendID) error {
+	if err := checkSlot(fe, slot, backend); err != nil {
+		return err
+	}
+	fe = frontendKey(fe)
+	t := m.slotTableOf(fe)
+	if t == nil {
+		return fmt.Errorf("upsert slot %d of %s: no slots array", slot, fe)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.write(fe, slot, []reconciler.BackendID{backend}, m.rebaseMaster); err != nil {
 		return fmt.Errorf("upsert slot %d of %s: %w", slot, fe, err)
 	}
 	return nil
 }
 
-// masterEntry encodes slot 0 of a frontend for sluice_services; the value
-// repeats the key's scope, for a reader that holds the master to find its
-// slots.
+// masterEntry encodes the master of a frontend for sluice_services; the
+// value repeats the key's scope, for a reader that holds the master to
+// find its slots. Its slots_base is the caller's (slotTable.forMaster).
 func masterEntry(fe reconciler.Frontend, ms reconciler.Master) (sockLb4Key, sockLb4Service, error) {
 	if err := idOK("service", uint32(ms.ID)); err != nil {
 		return sockLb4Key{}, sockLb4Service{}, err
@@ -280,9 +298,30 @@ func masterEntry(fe reconciler.Frontend, ms reconciler.Master) (sockLb4Key, sock
 	return k, sockLb4Service{BackendId: ms.AffinityTimeout, Count: ms.Count, RevNatId: uint32(ms.ID), Flags: ms.Flags, Scope: uint8(fe.Scope)}, nil
 }
 
-// UpsertMaster writes slot 0 of a frontend.
-func (m *Maps) UpsertMaster(fe reconciler.Frontend, ms reconciler.Master) error {
+// masterWithBase is masterEntry with the base of the frontend's range,
+// which it moves to one that holds count slots if its own does not.
+func (m *Maps) masterWithBase(fe reconciler.Frontend, ms reconciler.Master) (sockLb4Key, sockLb4Service, error) {
 	k, v, err := masterEntry(fe, ms)
+	if err != nil {
+		return k, v, err
+	}
+	fe = frontendKey(fe)
+	t := m.slotTableOf(fe)
+	if t == nil {
+		return k, v, fmt.Errorf("upsert master of %s: no slots array", fe)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if v.SlotsBase, err = t.forMaster(fe, ms.Count, m.rebaseMaster); err != nil {
+		return k, v, fmt.Errorf("upsert master of %s: %w", fe, err)
+	}
+	return k, v, nil
+}
+
+// UpsertMaster writes the master of a frontend, with the base of its
+// slots.
+func (m *Maps) UpsertMaster(fe reconciler.Frontend, ms reconciler.Master) error {
+	k, v, err := m.masterWithBase(fe, ms)
 	if err != nil {
 		return err
 	}
@@ -292,14 +331,30 @@ func (m *Maps) UpsertMaster(fe reconciler.Frontend, ms reconciler.Master) error 
 	return nil
 }
 
-// DeleteSlot deletes slot (0 = the master) of a frontend.
+// DeleteSlot deletes slot (0 = the master) of a frontend: the master's
+// entry, its range quarantined after it (slotAlloc), or a slot emptied.
 func (m *Maps) DeleteSlot(fe reconciler.Frontend, slot uint32) error {
 	k, err := serviceKey(fe, slot)
 	if err != nil {
 		return fmt.Errorf("delete slot: %w", err)
 	}
+	fe = frontendKey(fe)
+	t := m.slotTableOf(fe)
+	if slot > 0 {
+		if t != nil {
+			t.mu.Lock()
+			t.clear(fe, slot)
+			t.mu.Unlock()
+		}
+		return nil
+	}
 	if err := m.serviceMaps().del(fe.Addr, k); err != nil {
 		return fmt.Errorf("delete slot %d of %s: %w", slot, fe, err)
+	}
+	if t != nil {
+		t.mu.Lock()
+		t.drop(fe)
+		t.mu.Unlock()
 	}
 	return nil
 }
@@ -312,6 +367,7 @@ func (m *Maps) Dump() (*reconciler.KernelState, error) {
 
 func (m *Maps) stateMaps() stateMaps {
 	return stateMaps{
+		slots4: m.slots4, slots6: m.slots6, slotArr4: m.slots4.array(), slotArr6: m.slots6.array(),
 		services: m.services, backends: m.backends, revNat: m.revNat, srcRanges: m.srcRanges, serviceIPs: m.serviceIPs,
 		services6: m.services6, backends6: m.backends6, revNat6: m.revNat6, srcRanges6: m.srcRanges6, serviceIPs6: m.serviceIPs6,
 	}
@@ -323,6 +379,10 @@ func (m *Maps) stateMaps() stateMaps {
 type stateMaps struct {
 	services, backends, revNat, srcRanges, serviceIPs      *ebpf.Map
 	services6, backends6, revNat6, srcRanges6, serviceIPs6 *ebpf.Map
+	// The slots: the agent's tables (Maps), or the arrays read by the
+	// masters' bases (the read-only Pinned).
+	slots4, slots6     *slotTable
+	slotArr4, slotArr6 *ebpf.Map
 }
 
 func frontendOf(a netip.Addr, port uint16, proto, scope uint8) reconciler.Frontend {
@@ -403,14 +463,49 @@ func (m *Maps) Walk(v reconciler.KernelVisitor) error {
 // and by Dump).
 func walkState(ms stateMaps, v reconciler.KernelVisitor) error {
 	more := true // v wants more
-	service := func(fe reconciler.Frontend, slot uint16, sv *sockLb4Service) bool {
+	// The masters' slots, where no table has them: base and count, by
+	// frontend.
+	var bases4, bases6 map[reconciler.Frontend][2]uint32
+	master := func(t *slotTable, bases *map[reconciler.Frontend][2]uint32, fe reconciler.Frontend, sv *sockLb4Service) bool {
+		if t != nil {
+			t.mu.Lock()
+			t.checkMaster(fe, sv.SlotsBase, sv.Count)
+			t.mu.Unlock()
+		} else if sv.Count > 0 {
+			if *bases == nil {
+				*bases = map[reconciler.Frontend][2]uint32{}
+			}
+			(*bases)[fe] = [2]uint32{sv.SlotsBase, sv.Count}
+		}
+		// BackendId is the union's affinity_timeout here.
+		more = v.Master(fe, reconciler.Master{ID: reconciler.ServiceID(sv.RevNatId), Count: sv.Count, Flags: sv.Flags, AffinityTimeout: sv.BackendId})
+		return more
+	}
+	// The previous release's services maps (v1, read by the read-only
+	// Pinned until the agent of this one converts them): masters and
+	// slots in one hash.
+	serviceV1 := func(fe reconciler.Frontend, slot uint16, sv *lb4ServiceV1) bool {
 		if slot == 0 {
-			// BackendId is the union's affinity_timeout here.
 			more = v.Master(fe, reconciler.Master{ID: reconciler.ServiceID(sv.RevNatId), Count: sv.Count, Flags: sv.Flags, AffinityTimeout: sv.BackendId})
 		} else {
 			more = v.Slot(fe, uint32(slot), reconciler.BackendID(sv.BackendId))
 		}
 		return more
+	}
+	slots := func(t *slotTable, arr *ebpf.Map, name string, bases map[reconciler.Frontend][2]uint32) error {
+		if t != nil {
+			t.mu.Lock()
+			defer t.mu.Unlock()
+			t.walk(func(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) bool {
+				more = v.Slot(fe, slot, id)
+				return more
+			})
+			return nil
+		}
+		return eachMasterSlot(arr, name, bases, func(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) bool {
+			more = v.Slot(fe, slot, id)
+			return more
+		})
 	}
 	var bad uint32 // a source-range key that covers no whole frontend, or 0
 	sourceRange := func(fe model.L4Addr, saddr netip.Addr, prefixlen, feBits uint32) bool {
@@ -426,15 +521,27 @@ func walkState(ms stateMaps, v reconciler.KernelVisitor) error {
 	}
 	walks := []func() error{
 		func() error {
+			if isServicesV1(ms.services) {
+				return eachEntryWhile(ms.services, mapServices, func(k *sockLb4Key, sv *lb4ServiceV1) bool {
+					return serviceV1(frontendOf(addrFromBE32(k.Vip), k.Port, k.Proto, k.Scope), k.Slot, sv)
+				})
+			}
 			return eachEntryWhile(ms.services, mapServices, func(k *sockLb4Key, sv *sockLb4Service) bool {
-				return service(frontendOf(addrFromBE32(k.Vip), k.Port, k.Proto, k.Scope), k.Slot, sv)
+				return master(ms.slots4, &bases4, frontendOf(addrFromBE32(k.Vip), k.Port, k.Proto, k.Scope), sv)
 			})
 		},
 		func() error {
+			if isServicesV1(ms.services6) {
+				return eachEntryWhile(ms.services6, mapServices6, func(k *sockLb6Key, sv *lb4ServiceV1) bool {
+					return serviceV1(frontendOf(addrFrom16(k.Vip), k.Port, k.Proto, k.Scope), k.Slot, sv)
+				})
+			}
 			return eachEntryWhile(ms.services6, mapServices6, func(k *sockLb6Key, sv *sockLb4Service) bool {
-				return service(frontendOf(addrFrom16(k.Vip), k.Port, k.Proto, k.Scope), k.Slot, sv)
+				return master(ms.slots6, &bases6, frontendOf(addrFrom16(k.Vip), k.Port, k.Proto, k.Scope), sv)
 			})
 		},
+		func() error { return slots(ms.slots4, ms.slotArr4, mapSlots, bases4) },
+		func() error { return slots(ms.slots6, ms.slotArr6, mapSlots6, bases6) },
 		func() error {
 			return eachBackendWhile(ms.backends, mapBackends, func(k *uint32, b *sockLb4Backend) bool {
 				more = v.Backend(reconciler.BackendID(*k), l4Of(addrFromBE32(b.Addr), b.Port, b.Proto))

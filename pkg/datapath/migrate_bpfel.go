@@ -29,7 +29,8 @@ const (
 	migrateMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
 	migrateMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
 	migrateMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
-	migrateMapSluice6ServicesV1       = "sluice6_services_v1"
+	migrateMapSluice6ServicesV2       = "sluice6_services_v2"
+	migrateMapSluice6SlotsV1          = "sluice6_slots_v1"
 	migrateMapSluice6SockRevV1        = "sluice6_sock_rev_v1"
 	migrateMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
 	migrateMapSluice6TcV1             = "sluice6_tc_v1"
@@ -52,8 +53,9 @@ const (
 	migrateMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
 	migrateMapSluiceRevNatV1          = "sluice_rev_nat_v1"
 	migrateMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
-	migrateMapSluiceServicesV1        = "sluice_services_v1"
+	migrateMapSluiceServicesV2        = "sluice_services_v2"
 	migrateMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
+	migrateMapSluiceSlotsV1           = "sluice_slots_v1"
 	migrateMapSluiceSockRevV1         = "sluice_sock_rev_v1"
 	migrateMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
 	migrateMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
@@ -143,7 +145,8 @@ type migrateMapSpecs struct {
 	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
 	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
-	Sluice6ServicesV1       *ebpf.MapSpec `ebpf:"sluice6_services_v1"`
+	Sluice6ServicesV2       *ebpf.MapSpec `ebpf:"sluice6_services_v2"`
+	Sluice6SlotsV1          *ebpf.MapSpec `ebpf:"sluice6_slots_v1"`
 	Sluice6SockRevV1        *ebpf.MapSpec `ebpf:"sluice6_sock_rev_v1"`
 	Sluice6SrcRangesV1      *ebpf.MapSpec `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.MapSpec `ebpf:"sluice6_tc_v1"`
@@ -166,8 +169,9 @@ type migrateMapSpecs struct {
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV1          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
 	SluiceServiceIpsV1      *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1        *ebpf.MapSpec `ebpf:"sluice_services_v1"`
+	SluiceServicesV2        *ebpf.MapSpec `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
+	SluiceSlotsV1           *ebpf.MapSpec `ebpf:"sluice_slots_v1"`
 	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
 	SluiceSvcStatsV1        *ebpf.MapSpec `ebpf:"sluice_svc_stats_v1"`
@@ -231,7 +235,8 @@ type migrateMaps struct {
 	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
 	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
-	Sluice6ServicesV1       *ebpf.Map `ebpf:"sluice6_services_v1"`
+	Sluice6ServicesV2       *ebpf.Map `ebpf:"sluice6_services_v2"`
+	Sluice6SlotsV1          *ebpf.Map `ebpf:"sluice6_slots_v1"`
 	Sluice6SockRevV1        *ebpf.Map `ebpf:"sluice6_sock_rev_v1"`
 	Sluice6SrcRangesV1      *ebpf.Map `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.Map `ebpf:"sluice6_tc_v1"`
@@ -254,8 +259,9 @@ type migrateMaps struct {
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV1          *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
 	SluiceServiceIpsV1      *ebpf.Map `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1        *ebpf.Map `ebpf:"sluice_services_v1"`
+	SluiceServicesV2        *ebpf.Map `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
+	SluiceSlotsV1           *ebpf.Map `ebpf:"sluice_slots_v1"`
 	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
 	SluiceSvcStatsV1        *ebpf.Map `ebpf:"sluice_svc_stats_v1"`
@@ -277,7 +283,8 @@ func (m *migrateMaps) Close() error {
 		m.Sluice6NodeCidrsV1,
 		m.Sluice6RevNatV1,
 		m.Sluice6ServiceIpsV1,
-		m.Sluice6ServicesV1,
+		m.Sluice6ServicesV2,
+		m.Sluice6SlotsV1,
 		m.Sluice6SockRevV1,
 		m.Sluice6SrcRangesV1,
 		m.Sluice6TcV1,
@@ -300,8 +307,9 @@ func (m *migrateMaps) Close() error {
 		m.SluiceNodeCidrsV1,
 		m.SluiceRevNatV1,
 		m.SluiceServiceIpsV1,
-		m.SluiceServicesV1,
+		m.SluiceServicesV2,
 		m.SluiceSessionAffinityV1,
+		m.SluiceSlotsV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
 		m.SluiceSvcStatsV1,

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -56,6 +57,10 @@ func OpenPinned(bpffs string) (*Pinned, error) {
 		{mapServiceIPs, &p.serviceIPs, true},
 		{mapSvcStats, &p.svcStats, true},
 		{mapServices6, &p.services6, true},
+		// Not pinned by the previous release (its services held the
+		// slots).
+		{mapSlots, &p.slotArr4, true},
+		{mapSlots6, &p.slotArr6, true},
 		{mapBackends6, &p.backends6, true},
 		{mapRevNat6, &p.revNat6, true},
 		{mapSrcRanges6, &p.srcRanges6, true},
@@ -88,18 +93,22 @@ func openPinnedMap(dir, name string, ms *ebpf.MapSpec) (*ebpf.Map, error) {
 		return nil, fmt.Errorf("map %s missing from BPF object", name)
 	}
 	path := filepath.Join(dir, name)
-	prevHash := false
+	prevHash, prevServices := false, false
 	if prev := previousPin(dir, name); prev != "" {
 		path = filepath.Join(dir, prev)
 		// The previous backends maps were hashes of the same entries
 		// (backendPresent reads both).
 		prevHash = name == mapBackends || name == mapBackends6
+		// The previous services maps held the slots too, in values
+		// without slots_base (walkState reads both).
+		prevServices = name == mapServices || name == mapServices6
 	}
 	m, info, err := loadPinnedInfo(path, &ebpf.LoadPinOptions{ReadOnly: true})
 	if err != nil {
 		return nil, err
 	}
-	if (info.Type != ms.Type && !(prevHash && info.Type == ebpf.Hash)) || info.KeySize != ms.KeySize || info.ValueSize != ms.ValueSize {
+	if (info.Type != ms.Type && !(prevHash && info.Type == ebpf.Hash)) || info.KeySize != ms.KeySize ||
+		(info.ValueSize != ms.ValueSize && !(prevServices && info.ValueSize == uint32(binary.Size(lb4ServiceV1{})))) {
 		m.Close()
 		return nil, fmt.Errorf("pinned map %s is %s with key/value size %d/%d, this build reads %s with %d/%d",
 			path, info.Type, info.KeySize, info.ValueSize, ms.Type, ms.KeySize, ms.ValueSize)
@@ -123,7 +132,7 @@ func (p *Pinned) Counters() (map[string]uint64, error) {
 func (p *Pinned) Close() error {
 	var errs []error
 	for _, m := range []*ebpf.Map{p.services, p.backends, p.revNat, p.srcRanges, p.metrics, p.serviceIPs, p.svcStats,
-		p.services6, p.backends6, p.revNat6, p.srcRanges6, p.serviceIPs6} {
+		p.services6, p.backends6, p.revNat6, p.srcRanges6, p.serviceIPs6, p.slotArr4, p.slotArr6} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}

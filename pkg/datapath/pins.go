@@ -23,7 +23,10 @@ import (
 // match bpf/lib/maps.h; the generated bindings name the same maps, and
 // Open checks that each of these is in every object.
 const (
-	mapServices  = "sluice_services_v1"
+	mapServices = "sluice_services_v2"
+	// The backend slots of the frontends, an array (slots.go), new in
+	// this release: sluice_services_v1 held them (migrateServicesV1).
+	mapSlots     = "sluice_slots_v1"
 	mapBackends  = "sluice_backends_v2"
 	mapRevNat    = "sluice_rev_nat_v1"
 	mapConntrack = "sluice_conntrack_v2"
@@ -50,7 +53,8 @@ const (
 	// The IPv6 twins (family.go), new in this release: nothing to
 	// migrate, an agent upgraded from a pin directory without them
 	// creates them.
-	mapServices6   = "sluice6_services_v1"
+	mapServices6   = "sluice6_services_v2"
+	mapSlots6      = "sluice6_slots_v1"
 	mapBackends6   = "sluice6_backends_v2"
 	mapRevNat6     = "sluice6_rev_nat_v1"
 	mapSrcRanges6  = "sluice6_src_ranges_v1"
@@ -80,6 +84,10 @@ type pinMigration struct {
 	// entries, and the previous agent's programs, still attached until
 	// this agent replaces them, go on using it without a gap.
 	convert func(old, cur *ebpf.Map, spec *ebpf.CollectionSpec) error
+
+	// convertPins is convert for a conversion that also builds other
+	// pins of dir (noted in j first): the services' slots array.
+	convertPins func(old, cur *ebpf.Map, spec *ebpf.CollectionSpec, dir string, j *pinJournal) error
 
 	// live: the previous agent's programs write the map, and what they
 	// write until their links are updated must be carried over too. The
@@ -111,8 +119,16 @@ type pinMigration struct {
 // its index, with the flag. No program writes them, so the copy is
 // complete; the previous agent's programs read the old map until their
 // links are replaced, and no agent writes either meanwhile.
+//
+// The services maps held the frontends' masters and their backend slots
+// (v1); v2 holds the masters, each with the base of its slots in the new
+// slots array (sluice_slots_v1): convertServices gives each frontend a
+// range, writes its slots there and its master with the base. No program
+// writes either, so the copy is complete.
 var pinMigrations = []pinMigration{
-	{from: "sluice_services", to: mapServices},
+	{from: "sluice_services", to: mapServices, convertPins: convertServices4},
+	{from: "sluice_services_v1", to: mapServices, convertPins: convertServices4},
+	{from: "sluice6_services_v1", to: mapServices6, convertPins: convertServices6},
 	{from: "sluice_backends", to: mapBackends, convert: convertBackends4},
 	{from: "sluice_backends_v1", to: mapBackends, convert: convertBackends4},
 	{from: "sluice6_backends_v1", to: mapBackends6, convert: convertBackends6},
@@ -151,14 +167,20 @@ func migratePins(dir string, spec *ebpf.CollectionSpec, j *pinJournal) (migs []*
 			return migs, fmt.Errorf("migrate pin %s: %w", from, err)
 		}
 		err = errors.Join(j.keep(from), j.keep(to))
+		convert := pm.convert
+		if pm.convertPins != nil {
+			convert = func(old, cur *ebpf.Map, spec *ebpf.CollectionSpec) error {
+				return pm.convertPins(old, cur, spec, dir, j)
+			}
+		}
 		if err == nil {
-			err = migratePin(old, from, to, spec, ms, pm.convert)
+			err = migratePin(old, from, to, spec, ms, convert)
 		}
 		if err != nil {
 			old.Close()
 			return migs, fmt.Errorf("migrate pin %s to %s: %w", from, pm.to, err)
 		}
-		if pm.live && pm.convert != nil {
+		if pm.live && convert != nil {
 			migs = append(migs, &migration{name: pm.to, old: old, r0: pm.to == mapConntrack})
 		} else {
 			old.Close()

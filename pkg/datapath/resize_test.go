@@ -574,7 +574,7 @@ func TestShrinkBelowProgrammedRefused(t *testing.T) {
 		// 12 backends, ids 1-12, within the arrays of a size of 8.
 		{func(c *Config) { c.MaxBackends = 8 }, "--max-backends=8 is too small for the 12 backends in sluice_backends_v2 programmed now: start the agent with --max-backends=12 or more"},
 		// 3 masters and 12 slots.
-		{func(c *Config) { c.MaxServiceEntries = 10 }, "--max-service-entries=10 is too small for the 15 service entries in sluice_services_v1 programmed now: start the agent with --max-service-entries=15 or more"},
+		{func(c *Config) { c.MaxServiceEntries = 10 }, "--max-service-entries=10 is too small for the 15 service entries in sluice_services_v2 programmed now: start the agent with --max-service-entries=15 or more"},
 		{func(c *Config) { c.MaxServices = 2 }, "start the agent with --max-services=3 or more"},
 		{func(c *Config) { c.MaxConntrack = 16 }, "resize pinned map " + filepath.Join(bpffs, "sluice", mapConntrack) + " from 4096 to 16 entries: the new size, 16, is too small"},
 	} {

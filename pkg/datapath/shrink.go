@@ -52,10 +52,9 @@ func shrinkLimits(cfg Config) []shrinkLimit {
 		},
 		{
 			flag: "--max-service-entries", size: cfg.MaxServiceEntries,
-			maps: map[string]int{mapServices: cfg.MaxServiceEntries, mapServices6: cfg.MaxServiceEntries},
-			count: func(dir string) (int, string, error) {
-				return countLargest(dir, "service entries", mapServices, mapServices6)
-			},
+			maps: map[string]int{mapServices: cfg.MaxServiceEntries, mapServices6: cfg.MaxServiceEntries,
+				mapSlots: slotEntries(cfg), mapSlots6: slotEntries(cfg)},
+			count: countServiceEntries,
 		},
 		{
 			flag: "--max-services", size: cfg.MaxServices,
@@ -145,6 +144,31 @@ func countLargest(dir, unit string, names ...string) (int, string, error) {
 		}
 	}
 	return most, fmt.Sprintf("%d %s in %s", most, unit, which), nil
+}
+
+// countServiceEntries returns the most service entries of one family,
+// as the reconciler counts them: each master and its count of slots.
+func countServiceEntries(dir string) (int, string, error) {
+	most, which := 0, mapServices
+	for _, name := range []string{mapServices, mapServices6} {
+		n := 0
+		err := withPinned(dir, name, func(m *ebpf.Map) error {
+			k := make([]byte, m.KeySize())
+			var v sockLb4Service
+			it := m.Iterate()
+			for it.Next(k, &v) {
+				n += 1 + int(v.Count)
+			}
+			return it.Err()
+		})
+		if err != nil {
+			return 0, "", err
+		}
+		if n > most {
+			most, which = n, name
+		}
+	}
+	return most, fmt.Sprintf("%d service entries in %s", most, which), nil
 }
 
 // countServices returns the rev_nat entries of both families (services

@@ -257,6 +257,7 @@ type sockLb4Service struct {
 	Flags     uint8
 	Scope     uint8
 	Pad       [2]uint8
+	SlotsBase uint32
 }
 
 type sockLb6Affinity struct {
@@ -560,7 +561,8 @@ const (
 	sockMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
 	sockMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
 	sockMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
-	sockMapSluice6ServicesV1       = "sluice6_services_v1"
+	sockMapSluice6ServicesV2       = "sluice6_services_v2"
+	sockMapSluice6SlotsV1          = "sluice6_slots_v1"
 	sockMapSluice6SockRevV1        = "sluice6_sock_rev_v1"
 	sockMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
 	sockMapSluice6TcV1             = "sluice6_tc_v1"
@@ -580,8 +582,9 @@ const (
 	sockMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
 	sockMapSluiceRevNatV1          = "sluice_rev_nat_v1"
 	sockMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
-	sockMapSluiceServicesV1        = "sluice_services_v1"
+	sockMapSluiceServicesV2        = "sluice_services_v2"
 	sockMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
+	sockMapSluiceSlotsV1           = "sluice_slots_v1"
 	sockMapSluiceSockRevV1         = "sluice_sock_rev_v1"
 	sockMapSluiceSockxV1           = "sluice_sockx_v1"
 	sockMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
@@ -687,7 +690,8 @@ type sockMapSpecs struct {
 	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
 	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
-	Sluice6ServicesV1       *ebpf.MapSpec `ebpf:"sluice6_services_v1"`
+	Sluice6ServicesV2       *ebpf.MapSpec `ebpf:"sluice6_services_v2"`
+	Sluice6SlotsV1          *ebpf.MapSpec `ebpf:"sluice6_slots_v1"`
 	Sluice6SockRevV1        *ebpf.MapSpec `ebpf:"sluice6_sock_rev_v1"`
 	Sluice6SrcRangesV1      *ebpf.MapSpec `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.MapSpec `ebpf:"sluice6_tc_v1"`
@@ -707,8 +711,9 @@ type sockMapSpecs struct {
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV1          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
 	SluiceServiceIpsV1      *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1        *ebpf.MapSpec `ebpf:"sluice_services_v1"`
+	SluiceServicesV2        *ebpf.MapSpec `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
+	SluiceSlotsV1           *ebpf.MapSpec `ebpf:"sluice_slots_v1"`
 	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
 	SluiceSockxV1           *ebpf.MapSpec `ebpf:"sluice_sockx_v1"`
 	SluiceSrcRangesV1       *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
@@ -766,7 +771,8 @@ type sockMaps struct {
 	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
 	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
-	Sluice6ServicesV1       *ebpf.Map `ebpf:"sluice6_services_v1"`
+	Sluice6ServicesV2       *ebpf.Map `ebpf:"sluice6_services_v2"`
+	Sluice6SlotsV1          *ebpf.Map `ebpf:"sluice6_slots_v1"`
 	Sluice6SockRevV1        *ebpf.Map `ebpf:"sluice6_sock_rev_v1"`
 	Sluice6SrcRangesV1      *ebpf.Map `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.Map `ebpf:"sluice6_tc_v1"`
@@ -786,8 +792,9 @@ type sockMaps struct {
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV1          *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
 	SluiceServiceIpsV1      *ebpf.Map `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1        *ebpf.Map `ebpf:"sluice_services_v1"`
+	SluiceServicesV2        *ebpf.Map `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
+	SluiceSlotsV1           *ebpf.Map `ebpf:"sluice_slots_v1"`
 	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
 	SluiceSockxV1           *ebpf.Map `ebpf:"sluice_sockx_v1"`
 	SluiceSrcRangesV1       *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
@@ -808,7 +815,8 @@ func (m *sockMaps) Close() error {
 		m.Sluice6NodeCidrsV1,
 		m.Sluice6RevNatV1,
 		m.Sluice6ServiceIpsV1,
-		m.Sluice6ServicesV1,
+		m.Sluice6ServicesV2,
+		m.Sluice6SlotsV1,
 		m.Sluice6SockRevV1,
 		m.Sluice6SrcRangesV1,
 		m.Sluice6TcV1,
@@ -828,8 +836,9 @@ func (m *sockMaps) Close() error {
 		m.SluiceNodeCidrsV1,
 		m.SluiceRevNatV1,
 		m.SluiceServiceIpsV1,
-		m.SluiceServicesV1,
+		m.SluiceServicesV2,
 		m.SluiceSessionAffinityV1,
+		m.SluiceSlotsV1,
 		m.SluiceSockRevV1,
 		m.SluiceSockxV1,
 		m.SluiceSrcRangesV1,

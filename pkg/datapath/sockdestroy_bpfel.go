@@ -55,7 +55,8 @@ const (
 	sockdestroyMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
 	sockdestroyMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
 	sockdestroyMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
-	sockdestroyMapSluice6ServicesV1       = "sluice6_services_v1"
+	sockdestroyMapSluice6ServicesV2       = "sluice6_services_v2"
+	sockdestroyMapSluice6SlotsV1          = "sluice6_slots_v1"
 	sockdestroyMapSluice6SockRevV1        = "sluice6_sock_rev_v1"
 	sockdestroyMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
 	sockdestroyMapSluice6TcV1             = "sluice6_tc_v1"
@@ -75,8 +76,9 @@ const (
 	sockdestroyMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
 	sockdestroyMapSluiceRevNatV1          = "sluice_rev_nat_v1"
 	sockdestroyMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
-	sockdestroyMapSluiceServicesV1        = "sluice_services_v1"
+	sockdestroyMapSluiceServicesV2        = "sluice_services_v2"
 	sockdestroyMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
+	sockdestroyMapSluiceSlotsV1           = "sluice_slots_v1"
 	sockdestroyMapSluiceSockRevV1         = "sluice_sock_rev_v1"
 	sockdestroyMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
 	sockdestroyMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
@@ -157,7 +159,8 @@ type sockdestroyMapSpecs struct {
 	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
 	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
-	Sluice6ServicesV1       *ebpf.MapSpec `ebpf:"sluice6_services_v1"`
+	Sluice6ServicesV2       *ebpf.MapSpec `ebpf:"sluice6_services_v2"`
+	Sluice6SlotsV1          *ebpf.MapSpec `ebpf:"sluice6_slots_v1"`
 	Sluice6SockRevV1        *ebpf.MapSpec `ebpf:"sluice6_sock_rev_v1"`
 	Sluice6SrcRangesV1      *ebpf.MapSpec `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.MapSpec `ebpf:"sluice6_tc_v1"`
@@ -177,8 +180,9 @@ type sockdestroyMapSpecs struct {
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV1          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
 	SluiceServiceIpsV1      *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1        *ebpf.MapSpec `ebpf:"sluice_services_v1"`
+	SluiceServicesV2        *ebpf.MapSpec `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
+	SluiceSlotsV1           *ebpf.MapSpec `ebpf:"sluice_slots_v1"`
 	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
 	SluiceSvcStatsV1        *ebpf.MapSpec `ebpf:"sluice_svc_stats_v1"`
@@ -235,7 +239,8 @@ type sockdestroyMaps struct {
 	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
 	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
-	Sluice6ServicesV1       *ebpf.Map `ebpf:"sluice6_services_v1"`
+	Sluice6ServicesV2       *ebpf.Map `ebpf:"sluice6_services_v2"`
+	Sluice6SlotsV1          *ebpf.Map `ebpf:"sluice6_slots_v1"`
 	Sluice6SockRevV1        *ebpf.Map `ebpf:"sluice6_sock_rev_v1"`
 	Sluice6SrcRangesV1      *ebpf.Map `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.Map `ebpf:"sluice6_tc_v1"`
@@ -255,8 +260,9 @@ type sockdestroyMaps struct {
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV1          *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
 	SluiceServiceIpsV1      *ebpf.Map `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1        *ebpf.Map `ebpf:"sluice_services_v1"`
+	SluiceServicesV2        *ebpf.Map `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
+	SluiceSlotsV1           *ebpf.Map `ebpf:"sluice_slots_v1"`
 	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
 	SluiceSvcStatsV1        *ebpf.Map `ebpf:"sluice_svc_stats_v1"`
@@ -276,7 +282,8 @@ func (m *sockdestroyMaps) Close() error {
 		m.Sluice6NodeCidrsV1,
 		m.Sluice6RevNatV1,
 		m.Sluice6ServiceIpsV1,
-		m.Sluice6ServicesV1,
+		m.Sluice6ServicesV2,
+		m.Sluice6SlotsV1,
 		m.Sluice6SockRevV1,
 		m.Sluice6SrcRangesV1,
 		m.Sluice6TcV1,
@@ -296,8 +303,9 @@ func (m *sockdestroyMaps) Close() error {
 		m.SluiceNodeCidrsV1,
 		m.SluiceRevNatV1,
 		m.SluiceServiceIpsV1,
-		m.SluiceServicesV1,
+		m.SluiceServicesV2,
 		m.SluiceSessionAffinityV1,
+		m.SluiceSlotsV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
 		m.SluiceSvcStatsV1,

@@ -109,7 +109,8 @@ func mapFill(maps map[string]*ebpf.Map, counts map[ebpf.MapID]int) ([]MapFill, e
 	for _, pin := range sortedKeys(maps) {
 		m := maps[pin]
 		backends := pin == mapBackends || pin == mapBackends6
-		if !countable(m.Type()) && !backends {
+		slots := pin == mapSlots || pin == mapSlots6
+		if !countable(m.Type()) && !backends && !slots {
 			continue
 		}
 		info, err := m.Info()
@@ -122,6 +123,13 @@ func mapFill(maps map[string]*ebpf.Map, counts map[ebpf.MapID]int) ([]MapFill, e
 			n, err = countEntries(m)
 			// Its entries are every id; a family holds fewer.
 			capacity = (capacity - reconciler.BackendIDQuarantine - 1) / 2
+		} else if slots {
+			// The slots in use: the entries not empty, of the
+			// --max-service-entries the array is twice the size of
+			// (slotEntries), so that its fill ratio says how near
+			// the reconciler's bound the slots are.
+			n, err = countSlots(m)
+			capacity /= 2
 		} else {
 			n, err = countFrom(m, info, counts)
 		}
@@ -208,6 +216,13 @@ func countPresent(m *ebpf.Map) (int, error) {
 		}
 		return nil
 	})
+	return n, err
+}
+
+// countSlots counts the entries of a slots array that name a backend.
+func countSlots(m *ebpf.Map) (int, error) {
+	n := 0
+	err := eachArrayEntry(m, func(uint32, []byte) error { n++; return nil })
 	return n, err
 }
 

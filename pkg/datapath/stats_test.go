@@ -68,7 +68,8 @@ func testMapFill(t *testing.T) {
 	}
 	cfg := smallConfig("")
 	for name, want := range map[string][2]int{
-		"services":   {3 + 2, cfg.MaxServiceEntries}, // two masters, three slots
+		"services":   {2, cfg.MaxServiceEntries}, // two masters
+		"slots":      {3, cfg.MaxServiceEntries}, // their three slots, of the bound of masters and slots
 		"backends":   {2, cfg.MaxBackends},
 		"rev_nat":    {2, cfg.MaxServices},
 		"src_ranges": {2, -1},

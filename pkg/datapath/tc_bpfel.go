@@ -64,7 +64,8 @@ const (
 	tcMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
 	tcMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
 	tcMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
-	tcMapSluice6ServicesV1       = "sluice6_services_v1"
+	tcMapSluice6ServicesV2       = "sluice6_services_v2"
+	tcMapSluice6SlotsV1          = "sluice6_slots_v1"
 	tcMapSluice6SockRevV1        = "sluice6_sock_rev_v1"
 	tcMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
 	tcMapSluice6TcV1             = "sluice6_tc_v1"
@@ -84,8 +85,9 @@ const (
 	tcMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
 	tcMapSluiceRevNatV1          = "sluice_rev_nat_v1"
 	tcMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
-	tcMapSluiceServicesV1        = "sluice_services_v1"
+	tcMapSluiceServicesV2        = "sluice_services_v2"
 	tcMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
+	tcMapSluiceSlotsV1           = "sluice_slots_v1"
 	tcMapSluiceSockRevV1         = "sluice_sock_rev_v1"
 	tcMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
 	tcMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
@@ -180,7 +182,8 @@ type tcMapSpecs struct {
 	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
 	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
-	Sluice6ServicesV1       *ebpf.MapSpec `ebpf:"sluice6_services_v1"`
+	Sluice6ServicesV2       *ebpf.MapSpec `ebpf:"sluice6_services_v2"`
+	Sluice6SlotsV1          *ebpf.MapSpec `ebpf:"sluice6_slots_v1"`
 	Sluice6SockRevV1        *ebpf.MapSpec `ebpf:"sluice6_sock_rev_v1"`
 	Sluice6SrcRangesV1      *ebpf.MapSpec `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.MapSpec `ebpf:"sluice6_tc_v1"`
@@ -200,8 +203,9 @@ type tcMapSpecs struct {
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV1          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
 	SluiceServiceIpsV1      *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1        *ebpf.MapSpec `ebpf:"sluice_services_v1"`
+	SluiceServicesV2        *ebpf.MapSpec `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
+	SluiceSlotsV1           *ebpf.MapSpec `ebpf:"sluice_slots_v1"`
 	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
 	SluiceSvcStatsV1        *ebpf.MapSpec `ebpf:"sluice_svc_stats_v1"`
@@ -258,7 +262,8 @@ type tcMaps struct {
 	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
 	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
-	Sluice6ServicesV1       *ebpf.Map `ebpf:"sluice6_services_v1"`
+	Sluice6ServicesV2       *ebpf.Map `ebpf:"sluice6_services_v2"`
+	Sluice6SlotsV1          *ebpf.Map `ebpf:"sluice6_slots_v1"`
 	Sluice6SockRevV1        *ebpf.Map `ebpf:"sluice6_sock_rev_v1"`
 	Sluice6SrcRangesV1      *ebpf.Map `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.Map `ebpf:"sluice6_tc_v1"`
@@ -278,8 +283,9 @@ type tcMaps struct {
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV1          *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
 	SluiceServiceIpsV1      *ebpf.Map `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1        *ebpf.Map `ebpf:"sluice_services_v1"`
+	SluiceServicesV2        *ebpf.Map `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
+	SluiceSlotsV1           *ebpf.Map `ebpf:"sluice_slots_v1"`
 	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
 	SluiceSvcStatsV1        *ebpf.Map `ebpf:"sluice_svc_stats_v1"`
@@ -299,7 +305,8 @@ func (m *tcMaps) Close() error {
 		m.Sluice6NodeCidrsV1,
 		m.Sluice6RevNatV1,
 		m.Sluice6ServiceIpsV1,
-		m.Sluice6ServicesV1,
+		m.Sluice6ServicesV2,
+		m.Sluice6SlotsV1,
 		m.Sluice6SockRevV1,
 		m.Sluice6SrcRangesV1,
 		m.Sluice6TcV1,
@@ -319,8 +326,9 @@ func (m *tcMaps) Close() error {
 		m.SluiceNodeCidrsV1,
 		m.SluiceRevNatV1,
 		m.SluiceServiceIpsV1,
-		m.SluiceServicesV1,
+		m.SluiceServicesV2,
 		m.SluiceSessionAffinityV1,
+		m.SluiceSlotsV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
 		m.SluiceSvcStatsV1,

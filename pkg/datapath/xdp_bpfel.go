@@ -59,7 +59,8 @@ const (
 	xdpMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
 	xdpMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
 	xdpMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
-	xdpMapSluice6ServicesV1       = "sluice6_services_v1"
+	xdpMapSluice6ServicesV2       = "sluice6_services_v2"
+	xdpMapSluice6SlotsV1          = "sluice6_slots_v1"
 	xdpMapSluice6SockRevV1        = "sluice6_sock_rev_v1"
 	xdpMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
 	xdpMapSluice6TcV1             = "sluice6_tc_v1"
@@ -80,8 +81,9 @@ const (
 	xdpMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
 	xdpMapSluiceRevNatV1          = "sluice_rev_nat_v1"
 	xdpMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
-	xdpMapSluiceServicesV1        = "sluice_services_v1"
+	xdpMapSluiceServicesV2        = "sluice_services_v2"
 	xdpMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
+	xdpMapSluiceSlotsV1           = "sluice_slots_v1"
 	xdpMapSluiceSockRevV1         = "sluice_sock_rev_v1"
 	xdpMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
 	xdpMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
@@ -166,7 +168,8 @@ type xdpMapSpecs struct {
 	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
 	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
-	Sluice6ServicesV1       *ebpf.MapSpec `ebpf:"sluice6_services_v1"`
+	Sluice6ServicesV2       *ebpf.MapSpec `ebpf:"sluice6_services_v2"`
+	Sluice6SlotsV1          *ebpf.MapSpec `ebpf:"sluice6_slots_v1"`
 	Sluice6SockRevV1        *ebpf.MapSpec `ebpf:"sluice6_sock_rev_v1"`
 	Sluice6SrcRangesV1      *ebpf.MapSpec `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.MapSpec `ebpf:"sluice6_tc_v1"`
@@ -187,8 +190,9 @@ type xdpMapSpecs struct {
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV1          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
 	SluiceServiceIpsV1      *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1        *ebpf.MapSpec `ebpf:"sluice_services_v1"`
+	SluiceServicesV2        *ebpf.MapSpec `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
+	SluiceSlotsV1           *ebpf.MapSpec `ebpf:"sluice_slots_v1"`
 	SluiceSockRevV1         *ebpf.MapSpec `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.MapSpec `ebpf:"sluice_src_ranges_v1"`
 	SluiceSvcStatsV1        *ebpf.MapSpec `ebpf:"sluice_svc_stats_v1"`
@@ -247,7 +251,8 @@ type xdpMaps struct {
 	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
 	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
 	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
-	Sluice6ServicesV1       *ebpf.Map `ebpf:"sluice6_services_v1"`
+	Sluice6ServicesV2       *ebpf.Map `ebpf:"sluice6_services_v2"`
+	Sluice6SlotsV1          *ebpf.Map `ebpf:"sluice6_slots_v1"`
 	Sluice6SockRevV1        *ebpf.Map `ebpf:"sluice6_sock_rev_v1"`
 	Sluice6SrcRangesV1      *ebpf.Map `ebpf:"sluice6_src_ranges_v1"`
 	Sluice6TcV1             *ebpf.Map `ebpf:"sluice6_tc_v1"`
@@ -268,8 +273,9 @@ type xdpMaps struct {
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV1          *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
 	SluiceServiceIpsV1      *ebpf.Map `ebpf:"sluice_service_ips_v1"`
-	SluiceServicesV1        *ebpf.Map `ebpf:"sluice_services_v1"`
+	SluiceServicesV2        *ebpf.Map `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
+	SluiceSlotsV1           *ebpf.Map `ebpf:"sluice_slots_v1"`
 	SluiceSockRevV1         *ebpf.Map `ebpf:"sluice_sock_rev_v1"`
 	SluiceSrcRangesV1       *ebpf.Map `ebpf:"sluice_src_ranges_v1"`
 	SluiceSvcStatsV1        *ebpf.Map `ebpf:"sluice_svc_stats_v1"`
@@ -290,7 +296,8 @@ func (m *xdpMaps) Close() error {
 		m.Sluice6NodeCidrsV1,
 		m.Sluice6RevNatV1,
 		m.Sluice6ServiceIpsV1,
-		m.Sluice6ServicesV1,
+		m.Sluice6ServicesV2,
+		m.Sluice6SlotsV1,
 		m.Sluice6SockRevV1,
 		m.Sluice6SrcRangesV1,
 		m.Sluice6TcV1,
@@ -311,8 +318,9 @@ func (m *xdpMaps) Close() error {
 		m.SluiceNodeCidrsV1,
 		m.SluiceRevNatV1,
 		m.SluiceServiceIpsV1,
-		m.SluiceServicesV1,
+		m.SluiceServicesV2,
 		m.SluiceSessionAffinityV1,
+		m.SluiceSlotsV1,
 		m.SluiceSockRevV1,
 		m.SluiceSrcRangesV1,
 		m.SluiceSvcStatsV1,

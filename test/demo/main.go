@@ -152,7 +152,7 @@ func run(ctx context.Context, binDir string, requests int, hold bool) (err error
 		step("holding; press Ctrl-C to clean up. Meanwhile, for example:")
 		fmt.Printf("    nsenter --net=%s curl http://%s/\n", lb.Client.Path, clusterIP)
 		fmt.Printf("    %s --bpffs %s services\n", bins.Sluicectl, agent.BPFFS)
-		fmt.Printf("    bpftool map dump pinned %s/sluice/sluice_services_v1\n", agent.BPFFS)
+		fmt.Printf("    bpftool map dump pinned %s/sluice/sluice_services_v2\n", agent.BPFFS)
 		<-ctx.Done()
 	}
 	step("cleaning up: agent stop, sluice cleanup, namespaces removed")

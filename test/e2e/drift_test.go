@@ -1,12 +1,10 @@
 package e2e
 
 import (
-	"cmp"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -23,26 +21,28 @@ const repairLog = "Datapath maps drifted from the reconciler's view, repairing t
 
 // The raw layouts of bpf/lib/structs.h, as bpftool sees them: struct
 // lb4_key (12 bytes: vip and port in network order, proto, scope, slot
-// in host order, padding), struct lb4_service (16 bytes, backend_id in
-// host order first) and struct lb4_backend (8 bytes: addr, port, proto,
-// flags).
+// in host order, padding), struct lb4_service (20 bytes: count in host
+// order at 4, slots_base at 16) and struct lb4_backend (8 bytes: addr,
+// port, proto, flags); a slot of sluice_slots_v1 is a __u32 backend id.
 type (
 	lb4Key     [12]byte
-	lb4Service [16]byte
+	lb4Service [20]byte
 	lb4Backend [8]byte
 )
 
 func (k lb4Key) vip() netip.Addr { return netip.AddrFrom4([4]byte(k[0:4])) }
 func (k lb4Key) port() uint16    { return binary.BigEndian.Uint16(k[4:6]) }
-func (k lb4Key) slot() uint16    { return binary.NativeEndian.Uint16(k[8:10]) }
-func (v lb4Service) backendID() uint32 {
-	return binary.NativeEndian.Uint32(v[0:4])
+func (v lb4Service) count() uint32 {
+	return binary.NativeEndian.Uint32(v[4:8])
+}
+func (v lb4Service) slotsBase() uint32 {
+	return binary.NativeEndian.Uint32(v[16:20])
 }
 
 // TestAgentRepairsMapsChangedBehindItsBack: the running agent, re-reading
 // its maps every --map-refresh-interval, puts back what was changed in
-// them from outside (as with bpftool): a slot of the web Service deleted
-// from sluice_services_v1, and the address of another slot's backend
+// them from outside (as with bpftool): a slot of the web Service emptied
+// in sluice_slots_v1, and the address of another slot's backend
 // overwritten in sluice_backends_v2. The slot comes back byte for byte;
 // the backend's address comes back as its entry was, byte for byte, named
 // by the same slot, under a new id (the repair takes the overwritten id
@@ -57,50 +57,43 @@ func TestAgentRepairsMapsChangedBehindItsBack(t *testing.T) {
 	}
 
 	pins := filepath.Join(e.agent.BPFFS, "sluice")
-	services := openPinned(t, filepath.Join(pins, "sluice_services_v1"))
+	services := openPinned(t, filepath.Join(pins, "sluice_services_v2"))
+	slotsArr := openPinned(t, filepath.Join(pins, "sluice_slots_v1"))
 	backends := openPinned(t, filepath.Join(pins, "sluice_backends_v2"))
-	before := webSlots(t, services, backends)
+	before := webSlots(t, services, slotsArr, backends)
 	if len(before) != 3 {
 		t.Fatalf("%s has slots %v, want 3", webVIP, before)
 	}
 	// Slot 2 is deleted; slot 1's backend, another one, gets a wrong
 	// address.
 	deleted, changed := before[1], before[0]
-	if changed.value.backendID() == deleted.value.backendID() {
-		t.Fatalf("slots 1 and 2 name the same backend %d", changed.value.backendID())
+	if changed.id == deleted.id {
+		t.Fatalf("slots 1 and 2 name the same backend %d", changed.id)
 	}
 	wrong := changed.backend
 	copy(wrong[0:4], netip.MustParseAddr("192.0.2.99").AsSlice())
-	if err := services.Delete(deleted.key); err != nil {
-		t.Fatalf("delete slot 2 of %s: %v", webVIP, err)
+	if err := slotsArr.Put(deleted.key, uint32(0)); err != nil {
+		t.Fatalf("empty slot 2 of %s: %v", webVIP, err)
 	}
-	if err := backends.Put(changed.value.backendID(), wrong); err != nil {
-		t.Fatalf("overwrite backend %d: %v", changed.value.backendID(), err)
+	if err := backends.Put(changed.id, wrong); err != nil {
+		t.Fatalf("overwrite backend %d: %v", changed.id, err)
 	}
 
 	testutil.Eventually(t, "the agent to put back the slot and the backend", 60*time.Second, func() error {
-		var got lb4Service
-		if err := services.Lookup(deleted.key, &got); err != nil {
-			return fmt.Errorf("slot 2 of %s: %w", webVIP, err)
+		now, err := webSlotsErr(services, slotsArr, backends)
+		if err != nil {
+			return err
 		}
-		if got != deleted.value {
-			return fmt.Errorf("slot 2 of %s is % x, was % x", webVIP, got, deleted.value)
+		if len(now) < 2 || now[1].id != deleted.id {
+			return fmt.Errorf("slots of %s are %v; slot 2 was backend %d", webVIP, now, deleted.id)
 		}
-		if err := services.Lookup(changed.key, &got); err != nil {
-			return fmt.Errorf("slot 1 of %s: %w", webVIP, err)
-		}
-		var b lb4Backend
-		if err := backends.Lookup(got.backendID(), &b); err != nil {
-			return fmt.Errorf("backend %d: %w", got.backendID(), err)
-		}
-		if b != changed.backend {
-			return fmt.Errorf("slot 1 of %s names backend %d, % x; it was % x", webVIP, got.backendID(), b, changed.backend)
+		if now[0].backend != changed.backend {
+			return fmt.Errorf("slot 1 of %s names backend %d, % x; it was % x", webVIP, now[0].id, now[0].backend, changed.backend)
 		}
 		return nil
 	})
-	var now lb4Service
-	if err := services.Lookup(changed.key, &now); err == nil {
-		t.Logf("slot 1's backend, overwritten under id %d, is back under id %d", changed.value.backendID(), now.backendID())
+	if now, err := webSlotsErr(services, slotsArr, backends); err == nil && len(now) > 0 {
+		t.Logf("slot 1's backend, overwritten under id %d, is back under id %d", changed.id, now[0].id)
 	}
 	if !strings.Contains(e.agent.Log.String(), repairLog) {
 		t.Errorf("the agent's log has no %q", repairLog)
@@ -125,12 +118,12 @@ func TestAgentRepairsMapsChangedBehindItsBack(t *testing.T) {
 			t.Errorf("/metrics has %s %v after the repair, want at least 1", series, samples[series])
 		}
 	}
-	after := webSlots(t, services, backends)
+	after := webSlots(t, services, slotsArr, backends)
 	if len(after) != len(before) {
 		t.Errorf("after the repair %s has slots %v, want %v", webVIP, after, before)
 	}
 	for i := range min(len(after), len(before)) {
-		if after[i].key != before[i].key || after[i].backend != before[i].backend {
+		if after[i].slot != before[i].slot || after[i].backend != before[i].backend {
 			t.Errorf("after the repair, slot %d of %s is %v, was %v", i+1, webVIP, after[i], before[i])
 		}
 	}
@@ -150,33 +143,55 @@ func openPinned(t *testing.T, path string) *ebpf.Map {
 }
 
 type slotEntry struct {
-	key     lb4Key
-	value   lb4Service
+	key     uint32     // its index in sluice_slots_v1
+	slot    uint32     // its number, 1..count
+	id      uint32     // the backend it names
 	backend lb4Backend // the entry of the backend it names
 }
 
-// webSlots returns the backend slots (1..n) of webVIP's default-scope
-// frontend, in slot order, with the backend entries they name.
-func webSlots(t *testing.T, services, backends *ebpf.Map) []slotEntry {
+// webSlots returns the backend slots (1..count) of webVIP's default-scope
+// frontend, in slot order, with the backend entries they name: its
+// master's range of the slots array.
+func webSlots(t *testing.T, services, slots, backends *ebpf.Map) []slotEntry {
 	t.Helper()
+	out, err := webSlotsErr(services, slots, backends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func webSlotsErr(services, slots, backends *ebpf.Map) ([]slotEntry, error) {
 	vip := netip.MustParseAddrPort(webVIP)
-	var out []slotEntry
+	var master lb4Service
+	found := false
 	var k lb4Key
 	var v lb4Service
 	it := services.Iterate()
 	for it.Next(&k, &v) {
-		if k.vip() == vip.Addr() && k.port() == vip.Port() && k[6] == 6 && k[7] == 0 && k.slot() > 0 {
-			out = append(out, slotEntry{key: k, value: v})
+		if k.vip() == vip.Addr() && k.port() == vip.Port() && k[6] == 6 && k[7] == 0 {
+			master, found = v, true
 		}
 	}
 	if err := it.Err(); err != nil {
-		t.Fatalf("walk sluice_services_v1: %v", err)
+		return nil, fmt.Errorf("walk sluice_services_v2: %w", err)
 	}
-	slices.SortFunc(out, func(a, b slotEntry) int { return cmp.Compare(a.key.slot(), b.key.slot()) })
-	for i := range out {
-		if err := backends.Lookup(out[i].value.backendID(), &out[i].backend); err != nil {
-			t.Fatalf("look up backend %d: %v", out[i].value.backendID(), err)
+	if !found {
+		return nil, fmt.Errorf("no master of %s", webVIP)
+	}
+	var out []slotEntry
+	for i := range master.count() {
+		e := slotEntry{key: master.slotsBase() + i, slot: i + 1}
+		if err := slots.Lookup(e.key, &e.id); err != nil {
+			return nil, fmt.Errorf("slot %d of %s: %w", i+1, webVIP, err)
 		}
+		if e.id == 0 {
+			continue
+		}
+		if err := backends.Lookup(e.id, &e.backend); err != nil {
+			return nil, fmt.Errorf("look up backend %d: %w", e.id, err)
+		}
+		out = append(out, e)
 	}
-	return out
+	return out, nil
 }

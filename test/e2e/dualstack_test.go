@@ -285,7 +285,7 @@ func TestDualStackEndToEnd(t *testing.T) {
 				t.Errorf("established connection to %s while the agent is down: %q %v", vip, who, err)
 			}
 		}
-		for _, pin := range []string{"sluice6_services_v1", "sluice6_tc_v1"} {
+		for _, pin := range []string{"sluice6_services_v2", "sluice6_tc_v1"} {
 			if _, err := os.Stat(filepath.Join(e.agent.BPFFS, "sluice", pin)); err != nil {
 				t.Errorf("pins gone after SIGTERM: %v", err)
 			}

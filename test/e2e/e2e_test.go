@@ -894,7 +894,7 @@ func TestClusterIPEndToEnd(t *testing.T) {
 		if who, err := keep.Say("agent down"); err != nil || who != keep.Backend {
 			t.Errorf("established connection while the agent is down: %q %v", who, err)
 		}
-		if _, err := os.Stat(filepath.Join(e.agent.BPFFS, "sluice", "sluice_services_v1")); err != nil {
+		if _, err := os.Stat(filepath.Join(e.agent.BPFFS, "sluice", "sluice_services_v2")); err != nil {
 			t.Errorf("pins gone after SIGTERM: %v", err)
 		}
 

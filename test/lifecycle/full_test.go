@@ -41,7 +41,7 @@ var fullRows = []struct {
 	{
 		// web's backends, but 4 entries more: 12 in use of 12.
 		flag: "max-service-entries", small: "12", large: "64", port: 8080,
-		mapName: "sluice_services_v1", smallSize: 12, largeSize: 64,
+		mapName: "sluice_services_v2", smallSize: 12, largeSize: 64,
 	},
 	{
 		// web's backends, a frontend more: 3 in use of 3.
@@ -178,7 +178,7 @@ func TestShrinkBelowProgrammedRefusedUnderLoad(t *testing.T) {
 		mapName              string
 	}{
 		{"max-backends", "64", "4", "--max-backends=4 is too small for the 9 backends in sluice_backends_v2 programmed now: start the agent with --max-backends=9 or more", "sluice_backends_v2"},
-		{"max-service-entries", "64", "8", "--max-service-entries=8 is too small for the 12 service entries in sluice_services_v1 programmed now: start the agent with --max-service-entries=12 or more", "sluice_services_v1"},
+		{"max-service-entries", "64", "8", "--max-service-entries=8 is too small for the 12 service entries in sluice_services_v2 programmed now: start the agent with --max-service-entries=12 or more", "sluice_services_v2"},
 	} {
 		t.Run(row.flag, func(t *testing.T) {
 			e := setup(t)

@@ -45,9 +45,13 @@ import (
 
 func TestMain(m *testing.M) {
 	code := agentproc.RunTests(m)
-	if release0.dir != "" {
-		_ = os.RemoveAll(release0.dir) // a temporary directory; the exit code stands
+	builtAgents.Lock()
+	for _, b := range builtAgents.by {
+		if b.dir != "" {
+			_ = os.RemoveAll(b.dir) // a temporary directory; the exit code stands
+		}
 	}
+	builtAgents.Unlock()
 	os.Exit(code)
 }
 
@@ -56,12 +60,25 @@ func TestMain(m *testing.M) {
 // the agent it shipped.
 const previousRelease = "6dde642"
 
-var release0 struct {
+// servicesV1Commit is the last commit whose agent kept the backend slots
+// in the services maps (sluice_services_v1) before they moved to the
+// slots arrays (issue 14, forty-third pass): the upgrade from it converts
+// those maps under load.
+const servicesV1Commit = "7f1b7c4"
+
+// builtAgent is an agent built from a commit's tree, once per test
+// process.
+type builtAgent struct {
 	once sync.Once
 	dir  string
 	bin  string
 	err  error
 }
+
+var builtAgents = struct {
+	sync.Mutex
+	by map[string]*builtAgent
+}{by: map[string]*builtAgent{}}
 
 // previousAgent builds the previous release's agent from its tree (git
 // archive of the commit, go build ./cmd/sluice), once per test process,
@@ -76,34 +93,48 @@ func previousAgent(t *testing.T) string {
 	if bin := os.Getenv("SLUICE_PREVIOUS_AGENT"); bin != "" {
 		return bin
 	}
-	release0.once.Do(func() {
+	return agentAt(t, previousRelease, "SLUICE_PREVIOUS_AGENT")
+}
+
+// agentAt builds the agent of commit as previousAgent does (env names the
+// variable that gives a binary built already, for the error).
+func agentAt(t *testing.T, commit, env string) string {
+	t.Helper()
+	builtAgents.Lock()
+	ba := builtAgents.by[commit]
+	if ba == nil {
+		ba = &builtAgent{}
+		builtAgents.by[commit] = ba
+	}
+	builtAgents.Unlock()
+	ba.once.Do(func() {
 		ctx := context.Background()
 		root, err := testutil.ModuleRoot(ctx)
 		if err != nil {
-			release0.err = err
+			ba.err = err
 			return
 		}
-		if release0.dir, release0.err = os.MkdirTemp("", "sluice-"+previousRelease+"-"); release0.err != nil {
+		if ba.dir, ba.err = os.MkdirTemp("", "sluice-"+commit+"-"); ba.err != nil {
 			return
 		}
-		src := filepath.Join(release0.dir, "src")
-		archive, err := exec.CommandContext(ctx, "git", "-C", root, "archive", "--format=tar", previousRelease).Output()
+		src := filepath.Join(ba.dir, "src")
+		archive, err := exec.CommandContext(ctx, "git", "-C", root, "archive", "--format=tar", commit).Output()
 		if err != nil {
-			release0.err = fmt.Errorf("git archive %s: %w (a shallow clone lacks the previous release: clone the whole history, or set SLUICE_PREVIOUS_AGENT to its agent binary)", previousRelease, err)
+			ba.err = fmt.Errorf("git archive %s: %w (a shallow clone lacks it: clone the whole history, or set %s to its agent binary)", commit, err, env)
 			return
 		}
-		if release0.err = untar(archive, src); release0.err != nil {
+		if ba.err = untar(archive, src); ba.err != nil {
 			return
 		}
-		release0.bin = filepath.Join(release0.dir, "sluice")
-		if err := agentproc.GoBuild(ctx, src, "./cmd/sluice", release0.bin, "GOFLAGS=-mod=readonly"); err != nil {
-			release0.err = fmt.Errorf("build the agent of %s: %w", previousRelease, err)
+		ba.bin = filepath.Join(ba.dir, "sluice")
+		if err := agentproc.GoBuild(ctx, src, "./cmd/sluice", ba.bin, "GOFLAGS=-mod=readonly"); err != nil {
+			ba.err = fmt.Errorf("build the agent of %s: %w", commit, err)
 		}
 	})
-	if release0.err != nil {
-		t.Fatal(release0.err)
+	if ba.err != nil {
+		t.Fatal(ba.err)
 	}
-	return release0.bin
+	return ba.bin
 }
 
 func untar(b []byte, dir string) error {
@@ -462,33 +493,10 @@ func (e *env) pinnedSize(t *testing.T, name string) uint32 {
 // open across the upgrade stay on their backends.
 func TestUpgradeFromPreviousRelease(t *testing.T) {
 	e := setup(t)
-	cur := agentproc.Shared(t)
-	prev := agentproc.Binaries{Sluice: previousAgent(t), Sluicectl: cur.Sluicectl}
-	a := e.agent(t, prev, []string{e.lb.NodeDev})
-	args := a.Args
-	a.Args = withoutFlag(args, "names-file") // newer than the previous release
-	if err := a.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.WaitReady(60 * time.Second); err != nil {
-		t.Fatalf("%v\n%s", err, a.Log.String())
-	}
-	before, err := a.Services(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(e.bpffs, "sluice", "sluice_conntrack")); err != nil {
-		t.Fatalf("the previous release's pins are not there: %v", err)
-	}
-
-	l := e.startLoad(t, 0)
-	replace(t, l, a, cur, args)
-	l.stop(t, "upgrade from "+previousRelease)
-
-	after, err := a.Services(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
+	before, after := e.upgradeUnderLoad(t, previousAgent(t), previousRelease, "sluice_conntrack",
+		func(args []string) []string {
+			return withoutFlag(args, "names-file") // newer than the previous release
+		})
 	// The previous release writes no Service names (the SERVICE column is
 	// "-" until the new agent writes them): the maps are what must not
 	// change.
@@ -502,6 +510,68 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(e.bpffs, "sluice", "sluice_conntrack_v2")); err != nil {
 		t.Errorf("no sluice_conntrack_v2 after the upgrade: %v", err)
+	}
+}
+
+// upgradeUnderLoad runs the node on the agent bin (of commit, its
+// arguments this build's agent's changed by prevArgs, if not nil) until
+// it is ready with its pins (pin one of them), then replaces it under
+// load with this build's agent: what `sluicectl services` said before and
+// after.
+func (e *env) upgradeUnderLoad(t *testing.T, bin, commit, pin string, prevArgs func([]string) []string) (before, after string) {
+	t.Helper()
+	cur := agentproc.Shared(t)
+	a := e.agent(t, agentproc.Binaries{Sluice: bin, Sluicectl: cur.Sluicectl}, []string{e.lb.NodeDev})
+	args := a.Args
+	if prevArgs != nil {
+		a.Args = prevArgs(args)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.WaitReady(60 * time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, a.Log.String())
+	}
+	before, err := a.Services(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(e.bpffs, "sluice", pin)); err != nil {
+		t.Fatalf("the pins of %s are not there: %v", commit, err)
+	}
+
+	l := e.startLoad(t, 0)
+	replace(t, l, a, cur, args)
+	l.stop(t, "upgrade from "+commit)
+
+	if after, err = a.Services(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return before, after
+}
+
+// TestUpgradeFromServicesV1: the agent of the last commit that kept the
+// backend slots in the services maps (servicesV1Commit, pins
+// sluice_services_v1) runs the node under load; this build's agent,
+// started on its pins, converts them into sluice_services_v2 and the
+// slots arrays (pkg/datapath's convertServices), the Services, their
+// service and backend ids unchanged, and not one connection fails.
+// SLUICE_SERVICES_V1_AGENT names that agent built already.
+func TestUpgradeFromServicesV1(t *testing.T) {
+	e := setup(t)
+	bin := os.Getenv("SLUICE_SERVICES_V1_AGENT")
+	if bin == "" {
+		bin = agentAt(t, servicesV1Commit, "SLUICE_SERVICES_V1_AGENT")
+	}
+	before, after := e.upgradeUnderLoad(t, bin, servicesV1Commit, "sluice_services_v1", nil)
+	if after != before {
+		t.Errorf("services changed across the upgrade:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	for name, there := range map[string]bool{"sluice_services_v1": false, "sluice6_services_v1": false,
+		"sluice_services_v2": true, "sluice_slots_v1": true, "sluice6_services_v2": true, "sluice6_slots_v1": true} {
+		if _, err := os.Stat(filepath.Join(e.bpffs, "sluice", name)); (err == nil) != there {
+			t.Errorf("after the upgrade, pin %s: %v (want there: %v)", name, err, there)
+		}
 	}
 }
 

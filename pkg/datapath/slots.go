@@ -1,0 +1,367 @@
+package datapath
+
+// The backend slots of the frontends (issue 14, forty-third pass). A
+// frontend's master is an entry of its family's services hash; its slots
+// 1..count are entries slots_base..slots_base+count-1 of the family's
+// slots array (bpf/lib/structs.h), in a range the agent allocates
+// (slotalloc.go). The array is mapped into the agent read-write, and the
+// slots are written as memory: a 32-bit atomic store each, no system
+// call, where the services hash took an insert per slot (0.24-0.36 s of
+// kernel time for the 300,000 slots of a first program of 30,000
+// Services x 10).
+//
+// slotTable keeps, per family, each frontend's range. The reconciler's
+// Datapath is unchanged: UpsertSlot writes into the frontend's range,
+// allocating it at the frontend's first slot (its master comes after),
+// or a larger one when the slot is beyond it. A move keeps make before
+// break: the new range gets the slots the old one has and the new slot,
+// then the master in the kernel is written with the new base (a hash
+// update: a program reads the old element or the new one, count and base
+// together), and the old range is kept for slotQuarantine before another
+// frontend gets it. On start the table is rebuilt from the masters
+// (rebuildSlots): their bases and counts are the ranges in use.
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// slotStride is the bytes of an entry of a slots array: the kernel rounds
+// an array's values up to 8 bytes; the __u32 is the first 4.
+const slotStride = 8
+
+// slotEntries is the size of each family's slots array for cfg: twice
+// the service entries, so that MaxServiceEntries slots fit in ranges of
+// power-of-two capacities (each at most twice what it holds).
+func slotEntries(cfg Config) int { return 2 * cfg.MaxServiceEntries }
+
+// slotEntry is a frontend's entry of a slotTable.
+type slotEntry struct {
+	r slotRange // cap 0: no range (no slot written, or drift)
+	// master: the kernel has the frontend's master (written by
+	// UpsertMaster or read back), whose base a move rewrites.
+	master bool
+}
+
+// slotTable is a family's slots array and the ranges of its frontends.
+type slotTable struct {
+	mu     sync.Mutex
+	arr    *ebpf.Map
+	name   string
+	mem    []byte   // the array, mapped read-write
+	words  []uint32 // mem as words: entry i is words[2*i]
+	alloc  *slotAlloc
+	ranges map[reconciler.Frontend]slotEntry
+}
+
+// openSlotTable maps the array arr read-write; the table has no ranges.
+func openSlotTable(arr *ebpf.Map, name string) (*slotTable, error) {
+	if arr == nil {
+		return nil, nil
+	}
+	if arr.ValueSize() != 4 || arr.Type() != ebpf.Array {
+		return nil, fmt.Errorf("%s: %s of %d-byte values, want an array of __u32", name, arr.Type(), arr.ValueSize())
+	}
+	n := int(arr.MaxEntries())
+	mem, err := unix.Mmap(arr.FD(), 0, n*slotStride, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map %s: %w", name, err)
+	}
+	t := &slotTable{arr: arr, name: name, mem: mem, alloc: newSlotAlloc(uint32(n)),
+		ranges: map[reconciler.Frontend]slotEntry{}}
+	t.words = unsafe.Slice((*uint32)(unsafe.Pointer(&mem[0])), n*slotStride/4)
+	t.alloc.onFree = t.zero
+	return t, nil
+}
+
+// array is the slots array, nil for no table.
+func (t *slotTable) array() *ebpf.Map {
+	if t == nil {
+		return nil
+	}
+	return t.arr
+}
+
+// close unmaps the array.
+func (t *slotTable) close() error {
+	if t == nil || t.mem == nil {
+		return nil
+	}
+	err := unix.Munmap(t.mem)
+	t.mem, t.words = nil, nil
+	return err
+}
+
+func (t *slotTable) load(i uint32) uint32     { return atomic.LoadUint32(&t.words[2*uint64(i)]) }
+func (t *slotTable) store(i uint32, v uint32) { atomic.StoreUint32(&t.words[2*uint64(i)], v) }
+
+// zero empties the entries of r.
+func (t *slotTable) zero(r slotRange) {
+	for i := range r.cap {
+		t.store(r.base+i, 0)
+	}
+}
+
+// rebase is how a move rewrites the base of a frontend's master in the
+// kernel: to base, the rest as the kernel has it, if it has it.
+type rebaseFunc func(fe reconciler.Frontend, base uint32) error
+
+// write writes ids into slots first.. of fe, moving it to a larger range
+// if they are beyond its own (rebase rewrites its master). On error
+// nothing the kernel reads has changed.
+func (t *slotTable) write(fe reconciler.Frontend, first uint32, ids []reconciler.BackendID, rebase rebaseFunc) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	last := first + uint32(len(ids)) - 1
+	e, ok := t.ranges[fe]
+	if !ok || last > e.r.cap {
+		return t.move(fe, e, ok, last, func(r slotRange) {
+			for j, id := range ids {
+				t.store(r.base+first-1+uint32(j), uint32(id))
+			}
+		}, rebase)
+	}
+	for j, id := range ids {
+		t.store(e.r.base+first-1+uint32(j), uint32(id))
+	}
+	return nil
+}
+
+// move gives fe a range of at least count entries: the slots of its old
+// one copied, then fill's, then its master (if the kernel has one) moved
+// there, then the old range quarantined.
+func (t *slotTable) move(fe reconciler.Frontend, e slotEntry, had bool, count uint32, fill func(slotRange), rebase rebaseFunc) error {
+	nr, err := t.alloc.alloc(max(count, e.r.cap+1))
+	if err != nil {
+		return fmt.Errorf("slots of %s (%d): %s: %w", fe, count, t.name, err)
+	}
+	// Empty already, but for a range a rebuild found free (after
+	// drift, or slots above a master's count).
+	t.zero(nr)
+	for i := range e.r.cap {
+		t.store(nr.base+i, t.load(e.r.base+i))
+	}
+	if fill != nil {
+		fill(nr)
+	}
+	if had && e.master {
+		if err := rebase(fe, nr.base); err != nil {
+			t.alloc.retire(nr)
+			return fmt.Errorf("move the slots of %s to %d: %w", fe, nr.base, err)
+		}
+	}
+	t.alloc.retire(e.r)
+	t.ranges[fe] = slotEntry{r: nr, master: e.master}
+	return nil
+}
+
+// forMaster returns the base to write in fe's master of count slots,
+// moving fe to a range that holds them if its own does not (the
+// reconciler writes the slots first: not seen but after drift).
+func (t *slotTable) forMaster(fe reconciler.Frontend, count uint32, rebase rebaseFunc) (uint32, error) {
+	e, ok := t.ranges[fe]
+	if count > e.r.cap {
+		if err := t.move(fe, e, ok, count, nil, rebase); err != nil {
+			return 0, err
+		}
+		e = t.ranges[fe]
+	}
+	e.master = true
+	t.ranges[fe] = e
+	return e.r.base, nil
+}
+
+// clear empties slot of fe (>= 1); a slot beyond its range is empty.
+func (t *slotTable) clear(fe reconciler.Frontend, slot uint32) {
+	if e, ok := t.ranges[fe]; ok && slot >= 1 && slot <= e.r.cap {
+		t.store(e.r.base+slot-1, 0)
+	}
+}
+
+// drop forgets fe, whose master is deleted: its range is quarantined.
+func (t *slotTable) drop(fe reconciler.Frontend) {
+	if e, ok := t.ranges[fe]; ok {
+		t.alloc.retire(e.r)
+		delete(t.ranges, fe)
+	}
+}
+
+// walk gives f the slots, not empty, of every frontend's range, until f
+// returns false.
+func (t *slotTable) walk(f func(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) bool) bool {
+	for fe, e := range t.ranges {
+		for i := range e.r.cap {
+			if id := t.load(e.r.base + i); id != 0 {
+				if !f(fe, i+1, reconciler.BackendID(id)) {
+					return false
+				}
+			}
+		}
+	}
+	return true
+}
+
+// checkMaster compares a master read from the kernel with the table: a
+// master whose base is not its frontend's range (changed behind the
+// agent's back) loses the range, so that the reconciler, finding no
+// slots, writes them into a new one and moves the master there.
+func (t *slotTable) checkMaster(fe reconciler.Frontend, base, count uint32) {
+	e, ok := t.ranges[fe]
+	if ok && (count == 0 || e.r.base == base && count <= e.r.cap) {
+		if !e.master {
+			e.master = true
+			t.ranges[fe] = e
+		}
+		return
+	}
+	if ok {
+		t.alloc.retire(e.r)
+	}
+	t.ranges[fe] = slotEntry{master: true}
+}
+
+// rebuild fills the table from the masters of the kernel: each range
+// in use is a master's base and count (the smallest range that holds
+// it). A range out of the array or overlapping another is drift: its
+// frontend keeps no range, and gets a new one when the reconciler writes
+// its slots.
+func (t *slotTable) rebuild(masters map[reconciler.Frontend][2]uint32) {
+	fes := make([]reconciler.Frontend, 0, len(masters))
+	used := make([]slotRange, 0, len(masters))
+	t.ranges = make(map[reconciler.Frontend]slotEntry, len(masters))
+	for fe, bc := range masters {
+		if bc[1] == 0 {
+			t.ranges[fe] = slotEntry{master: true}
+			continue
+		}
+		fes = append(fes, fe)
+		used = append(used, slotRange{base: bc[0], cap: slotCap(bc[1])})
+	}
+	a, bad := rebuildSlotAlloc(uint32(len(t.words)/2), used)
+	a.onFree = t.zero
+	t.alloc = a
+	for i, fe := range fes {
+		if bad[i] {
+			t.ranges[fe] = slotEntry{master: true}
+			continue
+		}
+		t.ranges[fe] = slotEntry{r: used[i], master: true}
+	}
+}
+
+// slotTableOf returns fe's family's table.
+func (m *Maps) slotTableOf(fe reconciler.Frontend) *slotTable {
+	if is6(fe.Addr) {
+		return m.slots6
+	}
+	return m.slots4
+}
+
+// rebaseMaster rewrites the base of fe's master in the kernel, the rest
+// as the kernel has it; a frontend without a master has nothing to move.
+func (m *Maps) rebaseMaster(fe reconciler.Frontend, base uint32) error {
+	k, err := serviceKey(fe, 0)
+	if err != nil {
+		return err
+	}
+	var v sockLb4Service
+	if is6(fe.Addr) {
+		k6 := lb6Key(k, fe.Addr)
+		err = m.services6.Lookup(&k6, &v)
+		if err == nil {
+			v.SlotsBase = base
+			err = m.services6.Update(&k6, &v, ebpf.UpdateExist)
+		}
+	} else {
+		err = m.services.Lookup(&k, &v)
+		if err == nil {
+			v.SlotsBase = base
+			err = m.services.Update(&k, &v, ebpf.UpdateExist)
+		}
+	}
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return nil
+	}
+	return err
+}
+
+// rebuildSlots rebuilds both families' tables from the masters in the
+// kernel (Open).
+func (m *Maps) rebuildSlots() error {
+	for _, f := range []struct {
+		t        *slotTable
+		services *ebpf.Map
+		v6       bool
+	}{{m.slots4, m.services, false}, {m.slots6, m.services6, true}} {
+		if f.t == nil || f.services == nil {
+			continue
+		}
+		masters := map[reconciler.Frontend][2]uint32{}
+		var err error
+		if f.v6 {
+			err = eachEntry(f.services, mapServices6, func(k *sockLb6Key, v *sockLb4Service) {
+				masters[frontendOf(addrFrom16(k.Vip), k.Port, k.Proto, k.Scope)] = [2]uint32{v.SlotsBase, v.Count}
+			})
+		} else {
+			err = eachEntry(f.services, mapServices, func(k *sockLb4Key, v *sockLb4Service) {
+				masters[frontendOf(addrFromBE32(k.Vip), k.Port, k.Proto, k.Scope)] = [2]uint32{v.SlotsBase, v.Count}
+			})
+		}
+		if err != nil {
+			return err
+		}
+		f.t.mu.Lock()
+		f.t.rebuild(masters)
+		f.t.mu.Unlock()
+	}
+	return nil
+}
+
+func (m *Maps) closeSlots() error {
+	return errors.Join(m.slots4.close(), m.slots6.close())
+}
+
+// eachMasterSlot gives f the slots, not empty, 1..count of each
+// frontend of bases (its master's base and count) in the array arr,
+// until f returns false. For the read-only Pinned, which has no table.
+func eachMasterSlot(arr *ebpf.Map, name string, bases map[reconciler.Frontend][2]uint32,
+	f func(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) bool) error {
+	if arr == nil || len(bases) == 0 {
+		return nil
+	}
+	n := uint64(arr.MaxEntries())
+	var keys []uint32
+	type at struct {
+		fe   reconciler.Frontend
+		slot uint32
+	}
+	var ats []at
+	for fe, bc := range bases {
+		if uint64(bc[0])+uint64(bc[1]) > n {
+			continue // drift: the programs read nothing there
+		}
+		for i := range bc[1] {
+			keys = append(keys, bc[0]+i)
+			ats = append(ats, at{fe, i + 1})
+		}
+	}
+	ids := make([]uint32, len(keys))
+	if err := arrayValues(arr, keys, ids); err != nil {
+		return fmt.Errorf("dump %s: %w", name, err)
+	}
+	for i, id := range ids {
+		if id != 0 && !f(ats[i].fe, ats[i].slot, reconciler.BackendID(id)) {
+			return nil
+		}
+	}
+	return nil
+}
