@@ -91,7 +91,8 @@ func TestDatapathCountersScraped(t *testing.T) {
 		series string
 		value  float64
 	}{
-		{`sluice_bpf_map_entries{map="services"}`, 3}, // web's master and slot, empty's master
+		{`sluice_bpf_map_entries{map="services"}`, 2}, // web's master, empty's master
+		{`sluice_bpf_map_entries{map="slots"}`, 1},    // web's slot
 		{`sluice_bpf_map_entries{map="backends"}`, 1},
 		{`sluice_bpf_map_entries{map="rev_nat"}`, 2},
 		{`sluice_bpf_map_capacity{map="conntrack"}`, 512},
