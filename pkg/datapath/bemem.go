@@ -29,6 +29,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync/atomic"
 	"unsafe"
 
@@ -159,17 +160,14 @@ func (m *Maps) upsertBackendsMem(es []reconciler.BackendEntry) (int, error) {
 		if err != nil {
 			return i, err
 		}
+		if m.putBackendMem(k, v, e.Addr.Addr) {
+			continue
+		}
 		var werr error
 		name := mapBackends
 		if is6(e.Addr.Addr) {
 			v6 := lb6Backend(v, e.Addr.Addr)
-			if name = mapBackends6; m.be6 != nil && k < m.be6.n {
-				m.be6.put(k, valueWords(&v6))
-			} else {
-				werr = whenFull(m.backends6, m.backends6.Put(&k, &v6))
-			}
-		} else if m.be4 != nil && k < m.be4.n {
-			m.be4.put(k, valueWords(&v))
+			name, werr = mapBackends6, whenFull(m.backends6, m.backends6.Put(&k, &v6))
 		} else {
 			werr = whenFull(m.backends, m.backends.Put(&k, &v))
 		}
@@ -178,6 +176,25 @@ func (m *Maps) upsertBackendsMem(es []reconciler.BackendEntry) (int, error) {
 		}
 	}
 	return len(es), nil
+}
+
+// putBackendMem writes backend k -> v (of address a's family) into its
+// mapped array, and says whether it did: not for an id beyond the array
+// or a family not mapped.
+func (m *Maps) putBackendMem(k uint32, v sockLb4Backend, a netip.Addr) bool {
+	if is6(a) {
+		if m.be6 == nil || k >= m.be6.n {
+			return false
+		}
+		v6 := lb6Backend(v, a)
+		m.be6.put(k, valueWords(&v6))
+		return true
+	}
+	if m.be4 == nil || k >= m.be4.n {
+		return false
+	}
+	m.be4.put(k, valueWords(&v))
+	return true
 }
 
 // beMapped says that the backends are written as memory: each family's

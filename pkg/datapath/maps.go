@@ -187,15 +187,12 @@ func (m *Maps) serviceMaps() twin[sockLb4Key, sockLb4Service, sockLb6Key, sockLb
 
 // UpsertBackend writes backend id -> b.
 func (m *Maps) UpsertBackend(id reconciler.BackendID, b model.L4Addr) error {
-	if m.beMapped() {
-		if _, err := m.upsertBackendsMem([]reconciler.BackendEntry{{ID: id, Addr: b}}); err != nil {
-			return fmt.Errorf("upsert backend %d (%s): %w", id, b, err)
-		}
-		return nil
-	}
 	k, v, err := backendEntry(id, b)
 	if err != nil {
 		return err
+	}
+	if m.beMapped() && m.putBackendMem(k, v, b.Addr) {
+		return nil
 	}
 	if err := m.backendMaps().put(b.Addr, k, v); err != nil {
 		return fmt.Errorf("upsert backend %d (%s): %w", id, b, err)
