@@ -191,7 +191,7 @@ func TestBackendsUnmappableArray(t *testing.T) {
 	defer arr.Close()
 	m := &Maps{backends: arr}
 	must(t, m.openBeTables())
-	defer m.closeBeTables()
+	t.Cleanup(func() { must(t, m.closeBeTables()) })
 	if m.be4 != nil || m.beMapped() {
 		t.Fatal("an array without BPF_F_MMAPABLE was mapped")
 	}
