@@ -83,11 +83,19 @@ func newBeTable(mem []byte, valueSize int, n uint32) *beTable {
 }
 
 func (t *beTable) close() error {
-	if t == nil || t.mem == nil {
+	if t == nil {
 		return nil
 	}
-	err := unix.Munmap(t.mem)
-	t.mem, t.words = nil, nil
+	return unmapWords(&t.mem, &t.words)
+}
+
+// unmapWords unmaps *mem (if mapped) and forgets it and its words.
+func unmapWords(mem *[]byte, words *[]uint32) error {
+	if *mem == nil {
+		return nil
+	}
+	err := unix.Munmap(*mem)
+	*mem, *words = nil, nil
 	return err
 }
 
