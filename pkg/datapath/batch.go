@@ -87,6 +87,9 @@ func whenFull(m *ebpf.Map, err error) error {
 
 // UpsertBackends writes backends, in order.
 func (m *Maps) UpsertBackends(es []reconciler.BackendEntry) (int, error) {
+	if m.beMapped() {
+		return m.upsertBackendsMem(es)
+	}
 	return upsertTwin(m.backendMaps(), es, func(e reconciler.BackendEntry) netip.Addr { return e.Addr.Addr },
 		func(e reconciler.BackendEntry) (uint32, sockLb4Backend, error) { return backendEntry(e.ID, e.Addr) })
 }
@@ -187,6 +190,17 @@ func (m *Maps) UpsertServiceIPs(as []netip.Addr) (int, error) {
 // (BE_F_PRESENT cleared) in both families' arrays, as ids are one space
 // over both, in batches.
 func (m *Maps) DeleteBackends(ids []reconciler.BackendID) (int, error) {
+	if m.beMapped() {
+		for _, id := range ids {
+			if m.be4 != nil {
+				m.be4.clear(uint32(id))
+			}
+			if m.be6 != nil {
+				m.be6.clear(uint32(id))
+			}
+		}
+		return len(ids), nil
+	}
 	if err := clearIDs(m.backends, mapBackends, ids, func(v *sockLb4Backend) { v.Flags &^= bePresent }); err != nil {
 		return 0, err
 	}

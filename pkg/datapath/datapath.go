@@ -596,6 +596,9 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 	if d.maps.slots6, err = openSlotTable(d.tc.Sluice6SlotsV1, mapSlots6); err != nil {
 		return err
 	}
+	if err := d.maps.openBeTables(); err != nil {
+		return err
+	}
 	// The ranges in use are the masters' (slots.go).
 	if err := d.maps.rebuildSlots(); err != nil {
 		return err
@@ -764,7 +767,7 @@ func (d *Datapath) closeObjects() error {
 		errs = append(errs, d.maps.sockTerm.Close())
 	}
 	if d.maps != nil {
-		errs = append(errs, d.maps.closeSlots())
+		errs = append(errs, d.maps.closeSlots(), d.maps.closeBeTables())
 	}
 	return errors.Join(append(errs, d.closeDryRun(), d.sock.Close(), d.tc.Close(), d.xdp.Close(), d.gc.Close(),
 		d.shim.Close(), d.counter.Close())...)

@@ -38,6 +38,9 @@ type Maps struct {
 	// The backend slots of each family's frontends (slots.go), nil in
 	// a Maps without them (tests of older pins).
 	slots4, slots6 *slotTable
+	// The backends arrays mapped read-write (bemem.go), nil where an
+	// array cannot be mapped: its backends go through system calls.
+	be4, be6 *beTable
 
 	ctGC       *ebpf.Program // bpf/ctgc.c: conntrack GC and flush (conntrack.go)
 	affFixProg *ebpf.Program // bpf/ctgc.c: session affinity upkeep (affinity.go)
@@ -187,6 +190,9 @@ func (m *Maps) UpsertBackend(id reconciler.BackendID, b model.L4Addr) error {
 	k, v, err := backendEntry(id, b)
 	if err != nil {
 		return err
+	}
+	if m.beMapped() && m.putBackendMem(k, v, b.Addr) {
+		return nil
 	}
 	if err := m.backendMaps().put(b.Addr, k, v); err != nil {
 		return fmt.Errorf("upsert backend %d (%s): %w", id, b, err)

@@ -92,12 +92,10 @@ func (t *slotTable) array() *ebpf.Map {
 
 // close unmaps the array.
 func (t *slotTable) close() error {
-	if t == nil || t.mem == nil {
+	if t == nil {
 		return nil
 	}
-	err := unix.Munmap(t.mem)
-	t.mem, t.words = nil, nil
-	return err
+	return unmapWords(&t.mem, &t.words)
 }
 
 func (t *slotTable) load(i uint32) uint32     { return atomic.LoadUint32(&t.words[2*uint64(i)]) }

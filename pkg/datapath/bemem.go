@@ -1,0 +1,213 @@
+package datapath
+
+// The backends written as memory (issue 14, forty-fourth pass). Each
+// family's backends array (sluice_backends_v2, sluice6_backends_v2:
+// BPF_F_MMAPABLE, bpf/lib/maps.h) is mapped into the agent read-write, as
+// the slots arrays are (slots.go), and a backend is written with stores
+// into its entry instead of a batch or single map update: 0.1 s of the
+// kernel's time for the 300,000 backends of a first program of 30,000
+// Services x 10.
+//
+// The make-before-break contract of bpf/lib/structs.h holds: an entry is
+// present only with BE_F_PRESENT, and a program never reads a torn
+// present entry. The flags byte is the last of the value, in the 32-bit
+// word that also holds port and protocol (the flags word); so
+//   - a new entry (absent) gets its other words first, then its flags
+//     word in one atomic store, present (a reader sees it absent until
+//     then, then whole);
+//   - a present entry is never rewritten field by field: the same value
+//     again writes nothing; another value (a backend id names one address
+//     for its life; only a repair of drift, an entry changed behind the
+//     agent's back, writes another) is first made absent by one atomic
+//     store, then written as a new entry;
+//   - a delete is one atomic store of the flags word with BE_F_PRESENT
+//     cleared, port and protocol kept, as are the other words.
+// A map that cannot be mapped (opened without BPF_F_MMAPABLE: pins of an
+// older agent before a migration, or a hash) keeps the system calls
+// (UpsertBackends' batches, clearIDs).
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// bePresentWord is BE_F_PRESENT in the flags word: flags is its last
+// byte (little-endian, as the generated types are: *_bpfel.go).
+const bePresentWord = uint32(bePresent) << 24
+
+// beTable is a family's backends array, mapped read-write.
+type beTable struct {
+	mem    []byte
+	words  []uint32
+	n      uint32 // entries
+	stride int    // words an entry takes (the kernel rounds values up to 8 bytes)
+	last   int    // the flags word's index in an entry
+	// onStore, for tests, hears each store: the word's index in words.
+	onStore func(word int)
+}
+
+// openBeTable maps the backends array arr of valueSize-byte values
+// read-write; nil (and no error) for an array that cannot be mapped,
+// whose backends the system calls write.
+func openBeTable(arr *ebpf.Map, valueSize int) (*beTable, error) {
+	if arr == nil || arr.Type() != ebpf.Array || arr.Flags()&unix.BPF_F_MMAPABLE == 0 {
+		return nil, nil
+	}
+	if int(arr.ValueSize()) != valueSize {
+		return nil, fmt.Errorf("%s: %d-byte values, want %d", arr, arr.ValueSize(), valueSize)
+	}
+	stride := (valueSize + 7) &^ 7
+	mem, err := unix.Mmap(arr.FD(), 0, int(arr.MaxEntries())*stride, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map %s: %w", arr, err)
+	}
+	return newBeTable(mem, valueSize, arr.MaxEntries()), nil
+}
+
+// newBeTable is the table of n entries of valueSize bytes in mem.
+func newBeTable(mem []byte, valueSize int, n uint32) *beTable {
+	stride := (valueSize + 7) &^ 7
+	t := &beTable{mem: mem, n: n, stride: stride / 4, last: valueSize/4 - 1}
+	if len(mem) > 0 {
+		t.words = unsafe.Slice((*uint32)(unsafe.Pointer(&mem[0])), len(mem)/4)
+	}
+	return t
+}
+
+func (t *beTable) close() error {
+	if t == nil {
+		return nil
+	}
+	return unmapWords(&t.mem, &t.words)
+}
+
+// unmapWords unmaps *mem (if mapped) and forgets it and its words.
+func unmapWords(mem *[]byte, words *[]uint32) error {
+	if *mem == nil {
+		return nil
+	}
+	err := unix.Munmap(*mem)
+	*mem, *words = nil, nil
+	return err
+}
+
+func (t *beTable) store(w int, v uint32) {
+	if t.onStore != nil {
+		t.onStore(w)
+	}
+	atomic.StoreUint32(&t.words[w], v)
+}
+
+// put writes entry id as v (its words, flags word last, present):
+// nothing if it is present with v already; else, if present, it is made
+// absent first; then v's words, the flags word last.
+func (t *beTable) put(id uint32, v []uint32) {
+	base := int(id) * t.stride
+	fw := base + t.last
+	if cur := atomic.LoadUint32(&t.words[fw]); cur&bePresentWord != 0 {
+		same := cur == v[t.last]
+		for j := 0; same && j < t.last; j++ {
+			same = atomic.LoadUint32(&t.words[base+j]) == v[j]
+		}
+		if same {
+			return
+		}
+		t.store(fw, cur&^bePresentWord)
+	}
+	for j := range t.last {
+		t.store(base+j, v[j])
+	}
+	t.store(fw, v[t.last])
+}
+
+// clear makes entry id absent, the rest of it kept; an id beyond the
+// array, or absent, is left alone.
+func (t *beTable) clear(id uint32) {
+	if id >= t.n {
+		return
+	}
+	fw := int(id)*t.stride + t.last
+	if cur := atomic.LoadUint32(&t.words[fw]); cur&bePresentWord != 0 {
+		t.store(fw, cur&^bePresentWord)
+	}
+}
+
+// valueWords is v's bytes as words (V of a size a multiple of 4).
+func valueWords[V any](v *V) []uint32 {
+	return unsafe.Slice((*uint32)(unsafe.Pointer(v)), unsafe.Sizeof(*v)/4)
+}
+
+// openBeTables maps both families' backends arrays (Open).
+func (m *Maps) openBeTables() error {
+	var err4, err6 error
+	m.be4, err4 = openBeTable(m.backends, int(unsafe.Sizeof(sockLb4Backend{})))
+	m.be6, err6 = openBeTable(m.backends6, int(unsafe.Sizeof(sockLb6Backend{})))
+	return errors.Join(err4, err6)
+}
+
+func (m *Maps) closeBeTables() error {
+	err := errors.Join(m.be4.close(), m.be6.close())
+	m.be4, m.be6 = nil, nil
+	return err
+}
+
+// upsertBackendsMem writes es into the mapped arrays, in order. An entry
+// whose id is beyond its array goes to the system call, which refuses it
+// as before (E2BIG).
+func (m *Maps) upsertBackendsMem(es []reconciler.BackendEntry) (int, error) {
+	for i, e := range es {
+		k, v, err := backendEntry(e.ID, e.Addr)
+		if err != nil {
+			return i, err
+		}
+		if m.putBackendMem(k, v, e.Addr.Addr) {
+			continue
+		}
+		var werr error
+		name := mapBackends
+		if is6(e.Addr.Addr) {
+			v6 := lb6Backend(v, e.Addr.Addr)
+			name, werr = mapBackends6, whenFull(m.backends6, m.backends6.Put(&k, &v6))
+		} else {
+			werr = whenFull(m.backends, m.backends.Put(&k, &v))
+		}
+		if werr != nil {
+			return i, fmt.Errorf("upsert %s (entry %d of %d): %w", name, i, len(es), werr)
+		}
+	}
+	return len(es), nil
+}
+
+// putBackendMem writes backend k -> v (of address a's family) into its
+// mapped array, and says whether it did: not for an id beyond the array
+// or a family not mapped.
+func (m *Maps) putBackendMem(k uint32, v sockLb4Backend, a netip.Addr) bool {
+	if is6(a) {
+		if m.be6 == nil || k >= m.be6.n {
+			return false
+		}
+		v6 := lb6Backend(v, a)
+		m.be6.put(k, valueWords(&v6))
+		return true
+	}
+	if m.be4 == nil || k >= m.be4.n {
+		return false
+	}
+	m.be4.put(k, valueWords(&v))
+	return true
+}
+
+// beMapped says that the backends are written as memory: each family's
+// array the Maps has is mapped.
+func (m *Maps) beMapped() bool {
+	return (m.be4 != nil || m.backends == nil) && (m.be6 != nil || m.backends6 == nil) &&
+		(m.be4 != nil || m.be6 != nil)
+}
