@@ -129,9 +129,10 @@ func (t *beTable) put(id uint32, v []uint32) {
 }
 
 // clear makes entry id absent, the rest of it kept; an id beyond the
-// array, or absent, is left alone.
+// array, or absent, is left alone, and so is a nil table (an array not
+// mapped, or none).
 func (t *beTable) clear(id uint32) {
-	if id >= t.n {
+	if t == nil || id >= t.n {
 		return
 	}
 	fw := int(id)*t.stride + t.last

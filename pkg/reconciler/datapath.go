@@ -147,7 +147,10 @@ type Datapath interface {
 	// Walk gives v the entries Dump reads, one at a time, in no order,
 	// without collecting them: the reconciler's periodic re-read
 	// compares them with its view as they come. It stops, returning
-	// nil, once a method of v returns false.
+	// nil, once a method of v returns false. Like Dump, it may update
+	// the datapath's own bookkeeping from what it reads (the real maps
+	// check each master's slots base against the agent's slot ranges:
+	// that is how a base that drifted is repaired).
 	Walk(v KernelVisitor) error
 	// Capacity returns the sizes of each address family's reverse-NAT,
 	// backend and service maps (masters plus slots): each family has its
