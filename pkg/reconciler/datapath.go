@@ -206,6 +206,16 @@ type BatchDatapath interface {
 	DeleteRevNats(ids []ServiceID) (int, error)
 }
 
+// FrontendPresizer is a Datapath that keeps bookkeeping of its own per
+// frontend (the real maps: each frontend's range of the slots array) and
+// can make room in it at once for the frontends of a first program,
+// before their writes come, as the reconciler presizes its view
+// (optional; a hint, which changes nothing the maps hold).
+type FrontendPresizer interface {
+	// PresizeFrontends makes room for n4 IPv4 and n6 IPv6 frontends.
+	PresizeFrontends(n4, n6 int)
+}
+
 // BackendEntry is one entry of the backend map.
 type BackendEntry struct {
 	ID   BackendID

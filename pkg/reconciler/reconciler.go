@@ -668,6 +668,13 @@ func (r *Reconciler) presize(changed []*desiredFrontend) {
 		r.serviceOf = makeKeyMap[Frontend, ServiceID, frontendKeys](nf4)
 	}
 	r.frontends = makeKeyMap[Frontend, *frontendView, frontendKeys](nf4)
+	if p, ok := r.dp.(FrontendPresizer); ok {
+		// Grown one frontend at a time, the real maps' table of the
+		// slots' ranges allocated 5.6 MB in a first program of 30,000
+		// Services x 10, for the 3 MB it ends with, rehashing as it
+		// grew.
+		p.PresizeFrontends(nf4, nf-nf4)
+	}
 	if r.ips.len() == 0 {
 		// At most one address each (most are ClusterIPs').
 		r.ips = makeKeyMap[netip.Addr, serviceIP, addrKeys](nf4)
