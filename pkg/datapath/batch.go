@@ -192,12 +192,8 @@ func (m *Maps) UpsertServiceIPs(as []netip.Addr) (int, error) {
 func (m *Maps) DeleteBackends(ids []reconciler.BackendID) (int, error) {
 	if m.beMapped() {
 		for _, id := range ids {
-			if m.be4 != nil {
-				m.be4.clear(uint32(id))
-			}
-			if m.be6 != nil {
-				m.be6.clear(uint32(id))
-			}
+			m.be4.clear(uint32(id))
+			m.be6.clear(uint32(id))
 		}
 		return len(ids), nil
 	}

@@ -210,3 +210,55 @@ func TestBackendsUnmappableArray(t *testing.T) {
 		t.Fatalf("deleted entry %+v, want %s kept, absent", v, b.addr)
 	}
 }
+
+// TestUpsertBackendsMemAllocatesNothing: writing backends into a mapped
+// array allocates nothing per backend, either family (a first program
+// writes 300,000). Fails with the system call's fallback in the loop
+// itself: the key and value it takes the address of went to the heap
+// for every backend, mapped or not.
+func TestUpsertBackendsMemAllocatesNothing(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		size, stride := int(unsafe.Sizeof(sockLb4Backend{})), 8
+		if v6 {
+			size, stride = int(unsafe.Sizeof(sockLb6Backend{})), 24
+		}
+		const n = 64
+		tbl := newBeTable(make([]byte, n*stride), size, n)
+		m := &Maps{be4: tbl}
+		if v6 {
+			m.be4, m.be6 = nil, tbl
+		}
+		// Two sets of the same ids, told apart by their port, written
+		// in turn: every run rewrites every entry.
+		var es [2][]reconciler.BackendEntry
+		for s := range es {
+			for i := range n - 1 {
+				es[s] = append(es[s], reconciler.BackendEntry{ID: reconciler.BackendID(i + 1),
+					Addr: l4(twinAddr(v6, fmt.Sprintf("10.1.0.%d", i+1)), 8080+uint16(s), model.TCP)})
+			}
+		}
+		run := 0
+		allocs := testing.AllocsPerRun(20, func() {
+			if k, err := m.upsertBackendsMem(es[run%2]); err != nil || k != n-1 {
+				t.Fatalf("upsertBackendsMem: %d of %d, %v", k, n-1, err)
+			}
+			run++
+		})
+		if allocs != 0 {
+			t.Errorf("upsertBackendsMem of %d backends: %.0f allocations, want none", n-1, allocs)
+		}
+		want := es[(run-1)%2][n-2]
+		_, v, err := backendEntry(want.ID, want.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := valueWords(&v)
+		if v6 {
+			v6v := lb6Backend(v, want.Addr.Addr)
+			w = valueWords(&v6v)
+		}
+		if got := tbl.words[int(want.ID)*tbl.stride : int(want.ID)*tbl.stride+tbl.last+1]; !slices.Equal(got, w) {
+			t.Errorf("entry %d: %x, want %x", want.ID, got, w)
+		}
+	})
+}

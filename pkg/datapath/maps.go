@@ -391,6 +391,13 @@ type stateMaps struct {
 	slotArr4, slotArr6 *ebpf.Map
 }
 
+// masterOf is the Master of a services value's fields (both layouts: v2
+// sockLb4Service, v1 lb4ServiceV1), whose backend_id is the union's
+// affinity_timeout in a master.
+func masterOf(revNatID, count uint32, flags uint8, backendID uint32) reconciler.Master {
+	return reconciler.Master{ID: reconciler.ServiceID(revNatID), Count: count, Flags: flags, AffinityTimeout: backendID}
+}
+
 func frontendOf(a netip.Addr, port uint16, proto, scope uint8) reconciler.Frontend {
 	return reconciler.Frontend{
 		L4Addr: model.L4Addr{Addr: a, Port: portFromBE16(port), Proto: model.Protocol(proto)},
@@ -459,14 +466,19 @@ func (d *dumper) ServiceIP(a netip.Addr) bool {
 
 // Walk gives v the entries of the service, backend, reverse-NAT,
 // source-range and service-IP maps of both families, as Dump reads them,
-// one at a time.
+// one at a time. Like Dump, it also checks each master read against the
+// agent's slot ranges (walkState), repairing a base that drifted.
 func (m *Maps) Walk(v reconciler.KernelVisitor) error {
 	return walkState(m.stateMaps(), v)
 }
 
 // walkState gives v the entries of ms, map by map, until a method of v
 // returns false or a read fails (shared by Maps and the read-only Pinned,
-// and by Dump).
+// and by Dump). Where ms has the agent's slot tables (Maps), every master
+// read also goes through slotTable.checkMaster, on purpose: a Dump or a
+// Walk updates the agent's slot ranges, and that is how a master whose
+// base drifted behind the agent's back loses its range and gets its
+// slots rewritten into a new one.
 func walkState(ms stateMaps, v reconciler.KernelVisitor) error {
 	more := true // v wants more
 	// The masters' slots, where no table has them: base and count, by
@@ -483,8 +495,7 @@ func walkState(ms stateMaps, v reconciler.KernelVisitor) error {
 			}
 			(*bases)[fe] = [2]uint32{sv.SlotsBase, sv.Count}
 		}
-		// BackendId is the union's affinity_timeout here.
-		more = v.Master(fe, reconciler.Master{ID: reconciler.ServiceID(sv.RevNatId), Count: sv.Count, Flags: sv.Flags, AffinityTimeout: sv.BackendId})
+		more = v.Master(fe, masterOf(sv.RevNatId, sv.Count, sv.Flags, sv.BackendId))
 		return more
 	}
 	// The previous release's services maps (v1, read by the read-only
@@ -492,7 +503,7 @@ func walkState(ms stateMaps, v reconciler.KernelVisitor) error {
 	// slots in one hash.
 	serviceV1 := func(fe reconciler.Frontend, slot uint16, sv *lb4ServiceV1) bool {
 		if slot == 0 {
-			more = v.Master(fe, reconciler.Master{ID: reconciler.ServiceID(sv.RevNatId), Count: sv.Count, Flags: sv.Flags, AffinityTimeout: sv.BackendId})
+			more = v.Master(fe, masterOf(sv.RevNatId, sv.Count, sv.Flags, sv.BackendId))
 		} else {
 			more = v.Slot(fe, uint32(slot), reconciler.BackendID(sv.BackendId))
 		}

@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"math/rand/v2"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -221,4 +222,38 @@ func memSlotTable(n uint32) *slotTable {
 	t := &slotTable{name: "test", words: mem, alloc: newSlotAlloc(n), ranges: map[reconciler.Frontend]slotEntry{}}
 	t.alloc.onFree = t.zero
 	return t
+}
+
+// TestSlotTablePresize: presizing a table (a first program's hint,
+// Maps.PresizeFrontends) keeps the ranges it has, and a presized table
+// takes writes as before. Fails with a presize that makes the table's
+// ranges anew whatever it holds: the frontend written before loses its
+// range.
+func TestSlotTablePresize(t *testing.T) {
+	tb := memSlotTable(64)
+	fe := func(i byte) reconciler.Frontend {
+		return reconciler.Frontend{L4Addr: model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, 0, i}), Port: 80, Proto: model.TCP}}
+	}
+	noRebase := func(reconciler.Frontend, uint32) error { return nil }
+	if err := tb.write(fe(1), 1, []reconciler.BackendID{7, 8}, noRebase); err != nil {
+		t.Fatal(err)
+	}
+	before := tb.ranges[fe(1)]
+	tb.presize(1000)
+	if got, ok := tb.ranges[fe(1)]; !ok || got != before {
+		t.Fatalf("after presize: range of %s %+v (%v), want %+v", fe(1), got, ok, before)
+	}
+	empty := memSlotTable(64)
+	empty.presize(1000)
+	for _, tb := range []*slotTable{tb, empty} {
+		if err := tb.write(fe(2), 1, []reconciler.BackendID{9}, noRebase); err != nil {
+			t.Fatal(err)
+		}
+		e, ok := tb.ranges[fe(2)]
+		if !ok || tb.load(e.r.base) != 9 {
+			t.Errorf("slot 1 of %s after presize: range %+v (%v)", fe(2), e, ok)
+		}
+	}
+	var none *slotTable
+	none.presize(1000) // a family without a table
 }

@@ -256,6 +256,28 @@ func (t *slotTable) rebuild(masters map[reconciler.Frontend][2]uint32) {
 	}
 }
 
+var _ reconciler.FrontendPresizer = (*Maps)(nil)
+
+// PresizeFrontends makes room in each family's table for the ranges of
+// a first program's frontends (reconciler.FrontendPresizer): a table
+// that has none yet is made anew with room for them.
+func (m *Maps) PresizeFrontends(n4, n6 int) {
+	m.slots4.presize(n4)
+	m.slots6.presize(n6)
+}
+
+// presize makes t's ranges room for n frontends, if it has none yet.
+func (t *slotTable) presize(n int) {
+	if t == nil || n <= 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.ranges) == 0 {
+		t.ranges = make(map[reconciler.Frontend]slotEntry, n)
+	}
+}
+
 // slotTableOf returns fe's family's table.
 func (m *Maps) slotTableOf(fe reconciler.Frontend) *slotTable {
 	if is6(fe.Addr) {

@@ -147,7 +147,10 @@ type Datapath interface {
 	// Walk gives v the entries Dump reads, one at a time, in no order,
 	// without collecting them: the reconciler's periodic re-read
 	// compares them with its view as they come. It stops, returning
-	// nil, once a method of v returns false.
+	// nil, once a method of v returns false. Like Dump, it may update
+	// the datapath's own bookkeeping from what it reads (the real maps
+	// check each master's slots base against the agent's slot ranges:
+	// that is how a base that drifted is repaired).
 	Walk(v KernelVisitor) error
 	// Capacity returns the sizes of each address family's reverse-NAT,
 	// backend and service maps (masters plus slots): each family has its
@@ -201,6 +204,16 @@ type BatchDatapath interface {
 	// missing entry succeeds, as the single deletes do.
 	DeleteBackends(ids []BackendID) (int, error)
 	DeleteRevNats(ids []ServiceID) (int, error)
+}
+
+// FrontendPresizer is a Datapath that keeps bookkeeping of its own per
+// frontend (the real maps: each frontend's range of the slots array) and
+// can make room in it at once for the frontends of a first program,
+// before their writes come, as the reconciler presizes its view
+// (optional; a hint, which changes nothing the maps hold).
+type FrontendPresizer interface {
+	// PresizeFrontends makes room for n4 IPv4 and n6 IPv6 frontends.
+	PresizeFrontends(n4, n6 int)
 }
 
 // BackendEntry is one entry of the backend map.

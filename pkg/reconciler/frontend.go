@@ -29,8 +29,15 @@ type desiredFrontend struct {
 	view     *frontendView  // its view, once programFresh made it
 }
 
-func newDesired(fe Frontend, svc *model.Service) *desiredFrontend {
-	d := &desiredFrontend{fe: fe, svc: svc, flags: MasterFlags(svc, fe.Scope), backends: scopeBackends(svc, fe.Scope)}
+func newDesired(fe Frontend, svc *model.Service) *desiredFrontend { return makeDesired(nil, fe, svc) }
+
+// makeDesired makes fe's desired frontend, of svc, in d, or in a new one
+// if d is nil, and returns it.
+func makeDesired(d *desiredFrontend, fe Frontend, svc *model.Service) *desiredFrontend {
+	if d == nil {
+		d = new(desiredFrontend)
+	}
+	*d = desiredFrontend{fe: fe, svc: svc, flags: MasterFlags(svc, fe.Scope), backends: scopeBackends(svc, fe.Scope)}
 	if !sortedUnique(d.backends) {
 		d.backends = slices.Clone(d.backends)
 		slices.SortFunc(d.backends, compareBackends)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
 )
 
 // TestFirstChangesKeepTheBackendTable: the changes after a first program
@@ -45,5 +46,36 @@ func TestFirstChangesKeepTheBackendTable(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// presizing is a fake datapath that hears the first program's hint
+// (reconciler.FrontendPresizer).
+type presizing struct {
+	*fakedp.Fake
+	calls [][2]int
+}
+
+func (p *presizing) PresizeFrontends(n4, n6 int) { p.calls = append(p.calls, [2]int{n4, n6}) }
+
+// TestFirstProgramPresizesTheDatapath: a first program tells a datapath
+// that keeps bookkeeping per frontend how many frontends of each family
+// come (the real maps presize their table of the slots' ranges, which
+// grew one frontend at a time), once; the changes after it do not. Fails
+// without the hint: no call.
+func TestFirstProgramPresizesTheDatapath(t *testing.T) {
+	const n, k = 200, 10
+	st := bigState(n, k)
+	dp := &presizing{Fake: newFake(t)}
+	r := reconciler.New(dp, nil)
+	mustApply(t, r, st)
+	if want := [][2]int{{n, 0}}; !slices.Equal(dp.calls, want) {
+		t.Fatalf("first program: PresizeFrontends calls %v, want %v", dp.calls, want)
+	}
+	s := st.Services.Get(vip(42))
+	s.Backends = model.SortBackends(append(slices.Clone(s.Backends[1:]), be(42, 99, model.TCP)))
+	mustApply(t, r, st)
+	if len(dp.calls) != 1 {
+		t.Errorf("a change: PresizeFrontends calls %v, want the first program's only", dp.calls)
 	}
 }
