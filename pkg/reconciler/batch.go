@@ -247,16 +247,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 	// allocated 0.3 MB in a first program of 30,000 x 10).
 	queued := make(bitset, 0, min(int(r.beIDs.next)+naddrs, 1<<20)/64+1)
 	newBackendID := func() BackendID { return BackendID(r.beIDs.alloc()) }
-	// The next frontend's addresses are prefetched in the address-to-id
-	// table (keyMap.prefetch) before this one's are looked up: in a
-	// first program each is a miss into a table of megabytes, which the
-	// lookups, one after the other, waited for in turn.
 	for i, d := range ds {
-		if i+1 < len(ds) {
-			for _, b := range ds[i+1].backends {
-				r.backendOf.prefetch(b.L4Addr)
-			}
-		}
 		if failed[d.fe] {
 			continue
 		}

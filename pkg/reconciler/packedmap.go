@@ -3,7 +3,6 @@ package reconciler
 import (
 	"iter"
 	"math/bits"
-	"unsafe"
 )
 
 // packedMap is the part of a keyMap whose keys pack into a uint64 (IPv4):
@@ -64,23 +63,6 @@ func (m *packedMap[V]) find(k uint64) (int, bool) {
 		}
 	}
 	return i, false
-}
-
-// prefetch asks for k's first slot (its key and its value) to be
-// brought into cache, for a caller about to look up many keys that are
-// mostly not in cache: asked ahead, their misses overlap, where each
-// lookup waits for its own in turn (and the branch on whether the slot
-// is used, which the load decides, is mispredicted about half the time,
-// throwing away what the CPU had started after it).
-func (m *packedMap[V]) prefetch(k uint64) {
-	if len(m.keys) == 0 {
-		return
-	}
-	i := m.home(k)
-	prefetch(uintptr(unsafe.Pointer(&m.keys[i])))
-	if unsafe.Sizeof(m.vals[i]) > 0 {
-		prefetch(uintptr(unsafe.Pointer(&m.vals[i])))
-	}
 }
 
 func (m *packedMap[V]) get(k uint64) (V, bool) {

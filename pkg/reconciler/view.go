@@ -615,14 +615,6 @@ func (m *keyMap[K, V, P]) val(k K) V {
 	return v
 }
 
-// prefetch is packedMap.prefetch for a packed key; nothing for another.
-func (m *keyMap[K, V, P]) prefetch(k K) {
-	var p P
-	if pk, ok := p.pack(k); ok {
-		m.packed.prefetch(pk)
-	}
-}
-
 // getOrPut returns k's value, or adds k with the value mk returns (and
 // reports false).
 func (m *keyMap[K, V, P]) getOrPut(k K, mk func() V) (V, bool) {
