@@ -45,12 +45,12 @@ func rssOf(t *testing.T, a *lazyArray) int {
 }
 
 // TestArraysMappedWhereWritten: the arrays the agent writes as memory
-// count in its RSS only where it wrote (arraymem.go). An IPv4 service
-// maps one window of the IPv4 slots array and the windows of its
-// backends' ids in the IPv4 backends array; the IPv6 arrays are not
-// mapped at all, and a delete of the IPv4 backends does not map them
-// either. Fails with the arrays mapped whole (the IPv6 arrays' whole size
-// in the RSS, all four arrays' windows mapped from the start).
+// count in its RSS only while it writes, and only where (arraymem.go).
+// While an IPv4 service's backends are stored, one window of the IPv4
+// backends array is mapped and nothing of the IPv6 one; once the calls
+// return, nothing of any of the four arrays is mapped, and the entries
+// are in the kernel's arrays. Fails with the arrays mapped whole (their
+// whole size in the RSS from the start), or with windows left mapped.
 func TestArraysMappedWhereWritten(t *testing.T) {
 	d := openTestWith(t, smallConfig, func(c *Config) {
 		c.MaxBackends = 100_000 // 1.6 MB of IPv4 backends, 4 MB of IPv6
@@ -58,9 +58,27 @@ func TestArraysMappedWhereWritten(t *testing.T) {
 	})
 	m := d.Maps()
 	tables := map[string]*lazyArray{"backends": m.be4.a, "backends6": m.be6.a, "slots": m.slots4.a, "slots6": m.slots6.a}
-	for name, a := range tables {
-		if a.count != 0 || rssOf(t, a) != 0 {
-			t.Errorf("%s after Open: %d windows mapped, %d bytes in the RSS; want none", name, a.count, rssOf(t, a))
+	none := func(when string) {
+		t.Helper()
+		for name, a := range tables {
+			if rss := rssOf(t, a); a.count != 0 || rss != 0 {
+				t.Errorf("%s %s: %d windows mapped, %d bytes in the RSS; want none", name, when, a.count, rss)
+			}
+		}
+	}
+	none("after Open")
+	// While a backend is stored: its window, and nothing of the other
+	// family's array.
+	stores := 0
+	m.be4.onStore = func(int) {
+		if stores++; stores > 1 {
+			return
+		}
+		if rss := rssOf(t, m.be4.a); m.be4.a.count != 1 || rss != m.be4.a.mappedBytes() || rss == 0 || rss >= len(m.be4.a.mem) {
+			t.Errorf("backends while stored: %d windows mapped, %d bytes in the RSS; want one window's %d", m.be4.a.count, rss, m.be4.a.mappedBytes())
+		}
+		if rss := rssOf(t, m.be6.a); rss != 0 {
+			t.Errorf("backends6 while IPv4 backends are stored: %d bytes in the RSS, want none", rss)
 		}
 	}
 	// Two backends far apart: ids 1 and 90,000 (16-byte entries: 1.4 MB
@@ -68,34 +86,37 @@ func TestArraysMappedWhereWritten(t *testing.T) {
 	b1 := testBackend{1, l4("10.1.7.1", 8080, model.TCP)}
 	b2 := testBackend{90_000, l4("10.1.7.2", 8080, model.TCP)}
 	addService(t, m, 7, vipTCP, b1, b2)
-
-	want := map[string]int{"backends": 2, "backends6": 0, "slots": 1, "slots6": 0}
-	for name, a := range tables {
-		if a.count != want[name] {
-			t.Errorf("%s: %d windows mapped, want %d", name, a.count, want[name])
-		}
-		if got := rssOf(t, a); got != a.mappedBytes() || got >= len(a.mem) {
-			t.Errorf("%s: %d bytes in the RSS, want its %d windows' %d (of %d reserved)", name, got, a.count, a.mappedBytes(), len(a.mem))
-		}
+	if stores == 0 {
+		t.Fatal("no store into the mapped backends array")
 	}
+	m.be4.onStore = nil
+	none("after the service is programmed")
+	var v sockLb4Backend
+	must(t, m.backends.Lookup(uint32(b2.id), &v))
+	if v.Flags != bePresent || v.Addr != be32(b2.addr.Addr) {
+		t.Errorf("backend %d in the kernel: %+v, want %s present", b2.id, v, b2.addr)
+	}
+	vipTCP4 := reconciler.Frontend{L4Addr: vipTCP}
+	ks, err := m.Dump() // reads the slots through the table
+	must(t, err)
+	if n := len(ks.Slots[vipTCP4]); n != 2 {
+		t.Errorf("Dump: %d slots of %s, want 2: %v", n, vipTCP, ks.Slots)
+	}
+	none("after a Dump")
 	must(t, m.DeleteBackend(b1.id))
 	must(t, m.DeleteBackend(b2.id))
-	if n := m.be6.a.count; n != 0 {
-		t.Errorf("deleting IPv4 backends mapped %d windows of the IPv6 array, want none", n)
-	}
-	var v sockLb4Backend
+	none("after the deletes")
 	must(t, m.backends.Lookup(uint32(b2.id), &v))
 	if v.Flags != 0 || v.Addr != be32(b2.addr.Addr) {
 		t.Errorf("deleted backend %d: %+v, want its address kept, absent", b2.id, v)
 	}
 }
 
-// TestBackendsClearedOutsideMappedWindows: a backend present in a
-// window the agent has not mapped (left by its predecessor in the pinned
-// array) is cleared by the system call when deleted, and the window stays
-// unmapped. Fails if a delete skips what it has not mapped (the entry
-// stays present).
-func TestBackendsClearedOutsideMappedWindows(t *testing.T) {
+// TestBackendsClearedWhereNotWritten: a backend present where the agent
+// has not written (left by its predecessor in the pinned array) is
+// cleared when deleted, and no window stays mapped. Fails if a delete
+// skips what is not mapped (the entry stays present).
+func TestBackendsClearedWhereNotWritten(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		d := newTestDatapath(t)
 		m := d.Maps()
@@ -132,7 +153,7 @@ func TestBackendsClearedOutsideMappedWindows(t *testing.T) {
 			t.Errorf("deleted backend's flags %#x, want absent", flags)
 		}
 		if tbl.a.count != 0 {
-			t.Errorf("the delete mapped %d windows, want none", tbl.a.count)
+			t.Errorf("the delete left %d windows mapped, want none", tbl.a.count)
 		}
 	})
 }

@@ -111,7 +111,7 @@ func (m *Maps) UpsertSlots(runs []reconciler.SlotRun) (int, error) {
 	var locked *slotTable
 	defer func() {
 		if locked != nil {
-			locked.mu.Unlock()
+			locked.unlock()
 		}
 	}()
 	for _, run := range runs {
@@ -154,7 +154,7 @@ func (m *Maps) writeRun(locked **slotTable, fe reconciler.Frontend, first uint32
 	}
 	if *locked != t {
 		if *locked != nil {
-			(*locked).mu.Unlock()
+			(*locked).unlock()
 		}
 		t.mu.Lock()
 		*locked = t

@@ -124,27 +124,25 @@ func (t *beTable) put(id uint32, v []uint32) error {
 
 // clear makes entry id absent, the rest of it kept; an id beyond the
 // array, or absent, is left alone, and so is a nil table (an array not
-// mapped, or none). It says false, having done nothing,
-// for an entry in a window not mapped: one this agent has not written,
-// which the system call clears if a predecessor left it present (a
-// delete of a backend clears its id in both families' arrays, and the
-// other family's window is not mapped for that).
-func (t *beTable) clear(id uint32) bool {
+// mapped, or none). It fails, having done nothing, only if the entry's
+// window cannot be mapped.
+func (t *beTable) clear(id uint32) error {
 	if t == nil || id >= t.n {
-		return true
+		return nil
 	}
 	fw := int(id)*t.stride + t.last
-	if !t.a.isMapped(fw, fw) {
-		return false
+	if err := t.a.ensure(fw, fw); err != nil {
+		return err
 	}
 	if cur := atomic.LoadUint32(&t.words[fw]); cur&bePresentWord != 0 {
 		t.store(fw, cur&^bePresentWord)
 	}
-	return true
+	return nil
 }
 
-// clearAll clears ids (clear) and returns those it could not, in a
-// window not mapped; none for a nil table (no array, or one the system
+// clearAll clears ids (clear) and returns those it could not, whose
+// window could not be mapped, for the system call; then it releases the
+// windows it mapped. None for a nil table (no array, or one the system
 // calls write: the caller's clearIDs is then for all of ids).
 func (t *beTable) clearAll(ids []reconciler.BackendID) []reconciler.BackendID {
 	if t == nil {
@@ -152,10 +150,11 @@ func (t *beTable) clearAll(ids []reconciler.BackendID) []reconciler.BackendID {
 	}
 	var left []reconciler.BackendID
 	for _, id := range ids {
-		if !t.clear(uint32(id)) {
+		if t.clear(uint32(id)) != nil {
 			left = append(left, id)
 		}
 	}
+	_ = t.a.release() // a window left mapped only counts in the RSS
 	return left
 }
 
@@ -172,6 +171,16 @@ func (m *Maps) openBeTables() error {
 	return errors.Join(err4, err6)
 }
 
+// releaseBeTables unmaps the windows of the backends arrays that a
+// batch mapped (arraymem.go).
+func (m *Maps) releaseBeTables() {
+	for _, t := range []*beTable{m.be4, m.be6} {
+		if t != nil {
+			_ = t.a.release() // a window left mapped only counts in the RSS
+		}
+	}
+}
+
 func (m *Maps) closeBeTables() error {
 	err := errors.Join(m.be4.close(), m.be6.close())
 	m.be4, m.be6 = nil, nil
@@ -182,6 +191,7 @@ func (m *Maps) closeBeTables() error {
 // whose id is beyond its array goes to the system call, which refuses it
 // as before (E2BIG).
 func (m *Maps) upsertBackendsMem(es []reconciler.BackendEntry) (int, error) {
+	defer m.releaseBeTables()
 	for i, e := range es {
 		k, v, err := backendEntry(e.ID, e.Addr)
 		if err != nil {

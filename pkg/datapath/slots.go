@@ -98,9 +98,16 @@ func (t *slotTable) close() error {
 	return err
 }
 
-// mapRange maps the windows of r (arraymem.go). Every range the table
-// holds or has handed out is mapped: a range is mapped before its first
-// store, when a move allocates it or a rebuild finds it in use.
+// unlock releases the windows mapped under the lock (arraymem.go), then
+// the lock: every load and store is in a range mapRange mapped since the
+// lock was taken.
+func (t *slotTable) unlock() {
+	_ = t.a.release() // a window left mapped only counts in the RSS
+	t.mu.Unlock()
+}
+
+// mapRange maps the windows of r (arraymem.go), before r's entries are
+// read or written.
 func (t *slotTable) mapRange(r slotRange) error {
 	if r.cap == 0 {
 		return nil
@@ -159,7 +166,7 @@ func (t *slotTable) move(fe reconciler.Frontend, e slotEntry, had bool, count ui
 	if err != nil {
 		return fmt.Errorf("slots of %s (%d): %s: %w", fe, count, t.name, err)
 	}
-	if err := t.mapRange(nr); err != nil {
+	if err := errors.Join(t.mapRange(nr), t.mapRange(e.r)); err != nil {
 		t.alloc.retire(nr)
 		return fmt.Errorf("slots of %s (%d): %w", fe, count, err)
 	}
@@ -200,10 +207,14 @@ func (t *slotTable) forMaster(fe reconciler.Frontend, count uint32, rebase rebas
 }
 
 // clear empties slot of fe (>= 1); a slot beyond its range is empty.
-func (t *slotTable) clear(fe reconciler.Frontend, slot uint32) {
+func (t *slotTable) clear(fe reconciler.Frontend, slot uint32) error {
 	if e, ok := t.ranges[fe]; ok && slot >= 1 && slot <= e.r.cap {
+		if err := t.mapRange(e.r); err != nil {
+			return err
+		}
 		t.store(e.r.base+slot-1, 0)
 	}
+	return nil
 }
 
 // drop forgets fe, whose master is deleted: its range is quarantined.
@@ -215,19 +226,29 @@ func (t *slotTable) drop(fe reconciler.Frontend) {
 }
 
 // walk gives f the slots, not empty, of every frontend's range, until f
-// returns false.
-func (t *slotTable) walk(f func(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) bool) bool {
+// returns false; it fails only if a range cannot be mapped.
+func (t *slotTable) walk(f func(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) bool) error {
 	for fe, e := range t.ranges {
+		if t.a.count > walkWindows {
+			_ = t.a.release() // a window left mapped only counts in the RSS
+		}
+		if err := t.mapRange(e.r); err != nil {
+			return fmt.Errorf("slots of %s: %w", fe, err)
+		}
 		for i := range e.r.cap {
 			if id := t.load(e.r.base + i); id != 0 {
 				if !f(fe, i+1, reconciler.BackendID(id)) {
-					return false
+					return nil
 				}
 			}
 		}
 	}
-	return true
+	return nil
 }
+
+// walkWindows is how many windows a walk keeps mapped before it releases
+// them: a walk reads every range, in no order.
+const walkWindows = 8
 
 // checkMaster compares a master read from the kernel with the table: a
 // master whose base is not its frontend's range (changed behind the
@@ -269,11 +290,6 @@ func (t *slotTable) rebuild(masters map[reconciler.Frontend][2]uint32) {
 	a.onFree = t.zero
 	t.alloc = a
 	for i, fe := range fes {
-		if !bad[i] && t.mapRange(used[i]) != nil {
-			// Not readable: as drift, the frontend gets a new range.
-			a.retire(used[i])
-			bad[i] = true
-		}
 		if bad[i] {
 			t.ranges[fe] = slotEntry{master: true}
 			continue
@@ -298,7 +314,7 @@ func (t *slotTable) presize(n int) {
 		return
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	defer t.unlock()
 	if len(t.ranges) == 0 {
 		t.ranges = make(map[reconciler.Frontend]slotEntry, n)
 	}
@@ -367,7 +383,7 @@ func (m *Maps) rebuildSlots() error {
 		}
 		f.t.mu.Lock()
 		f.t.rebuild(masters)
-		f.t.mu.Unlock()
+		f.t.unlock()
 	}
 	return nil
 }
