@@ -98,19 +98,6 @@ func (a *lazyArray) ensure(first, last int) error {
 	return nil
 }
 
-// isMapped says whether words first..last are all in mapped windows.
-func (a *lazyArray) isMapped(first, last int) bool {
-	if a.arr == nil {
-		return true
-	}
-	for w := first * 4 / lazyWindow; w <= last*4/lazyWindow; w++ {
-		if !a.mapped[w] {
-			return false
-		}
-	}
-	return true
-}
-
 // mappedBytes is the bytes of the windows mapped (the last window may be
 // short).
 func (a *lazyArray) mappedBytes() int {
