@@ -111,7 +111,7 @@ func (m *Maps) UpsertSlots(runs []reconciler.SlotRun) (int, error) {
 	var locked *slotTable
 	defer func() {
 		if locked != nil {
-			locked.mu.Unlock()
+			locked.unlock()
 		}
 	}()
 	for _, run := range runs {
@@ -154,7 +154,7 @@ func (m *Maps) writeRun(locked **slotTable, fe reconciler.Frontend, first uint32
 	}
 	if *locked != t {
 		if *locked != nil {
-			(*locked).mu.Unlock()
+			(*locked).unlock()
 		}
 		t.mu.Lock()
 		*locked = t
@@ -190,17 +190,15 @@ func (m *Maps) UpsertServiceIPs(as []netip.Addr) (int, error) {
 // (BE_F_PRESENT cleared) in both families' arrays, as ids are one space
 // over both, in batches.
 func (m *Maps) DeleteBackends(ids []reconciler.BackendID) (int, error) {
+	ids4, ids6 := ids, ids
 	if m.beMapped() {
-		for _, id := range ids {
-			m.be4.clear(uint32(id))
-			m.be6.clear(uint32(id))
-		}
-		return len(ids), nil
+		// The ids in a window not mapped go to the system calls.
+		ids4, ids6 = m.be4.clearAll(ids), m.be6.clearAll(ids)
 	}
-	if err := clearIDs(m.backends, mapBackends, ids, func(v *sockLb4Backend) { v.Flags &^= bePresent }); err != nil {
+	if err := clearIDs(m.backends, mapBackends, ids4, func(v *sockLb4Backend) { v.Flags &^= bePresent }); err != nil {
 		return 0, err
 	}
-	if err := clearIDs(m.backends6, mapBackends6, ids, func(v *sockLb6Backend) { v.Flags &^= bePresent }); err != nil {
+	if err := clearIDs(m.backends6, mapBackends6, ids6, func(v *sockLb6Backend) { v.Flags &^= bePresent }); err != nil {
 		return 0, err
 	}
 	return len(ids), nil
@@ -213,9 +211,9 @@ func (m *Maps) DeleteBackends(ids []reconciler.BackendID) (int, error) {
 // the entry meanwhile may read it half old, half new: with only the flags'
 // byte different, it reads the backend present or absent, never half an
 // address (TestOpenResizesBackendsArrays). An id beyond the array holds
-// nothing to clear.
-func clearIDs[V any](m *ebpf.Map, name string, ids []reconciler.BackendID, absent func(*V)) error {
-	if m == nil {
+// nothing to clear, and an entry absent already is not written.
+func clearIDs[V comparable](m *ebpf.Map, name string, ids []reconciler.BackendID, absent func(*V)) error {
+	if m == nil || len(ids) == 0 {
 		return nil
 	}
 	keys := make([]uint32, 0, len(ids))
@@ -228,9 +226,15 @@ func clearIDs[V any](m *ebpf.Map, name string, ids []reconciler.BackendID, absen
 	if err := arrayValues(m, keys, values); err != nil {
 		return fmt.Errorf("delete %s: %w", name, err)
 	}
+	kept := 0
 	for i := range values {
-		absent(&values[i])
+		v := values[i]
+		if absent(&v); v != values[i] {
+			keys[kept], values[kept] = keys[i], v
+			kept++
+		}
 	}
+	keys, values = keys[:kept], values[:kept]
 	if n, err := putBatch(m, keys, values); err != nil {
 		return fmt.Errorf("delete %s (entry %d of %d): %w", name, n, len(keys), err)
 	}

@@ -43,13 +43,14 @@ import (
 // byte (little-endian, as the generated types are: *_bpfel.go).
 const bePresentWord = uint32(bePresent) << 24
 
-// beTable is a family's backends array, mapped read-write.
+// beTable is a family's backends array, mapped read-write a window at a
+// time (arraymem.go).
 type beTable struct {
-	mem    []byte
-	words  []uint32
-	n      uint32 // entries
-	stride int    // words an entry takes (the kernel rounds values up to 8 bytes)
-	last   int    // the flags word's index in an entry
+	a      *lazyArray
+	words  []uint32 // a's words
+	n      uint32   // entries
+	stride int      // words an entry takes (the kernel rounds values up to 8 bytes)
+	last   int      // the flags word's index in an entry
 	// onStore, for tests, hears each store: the word's index in words.
 	onStore func(word int)
 }
@@ -65,37 +66,25 @@ func openBeTable(arr *ebpf.Map, valueSize int) (*beTable, error) {
 		return nil, fmt.Errorf("%s: %d-byte values, want %d", arr, arr.ValueSize(), valueSize)
 	}
 	stride := (valueSize + 7) &^ 7
-	mem, err := unix.Mmap(arr.FD(), 0, int(arr.MaxEntries())*stride, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	a, err := mapLazy(arr, int(arr.MaxEntries())*stride)
 	if err != nil {
-		return nil, fmt.Errorf("map %s: %w", arr, err)
+		return nil, err
 	}
-	return newBeTable(mem, valueSize, arr.MaxEntries()), nil
+	return newBeTable(a, valueSize, arr.MaxEntries()), nil
 }
 
-// newBeTable is the table of n entries of valueSize bytes in mem.
-func newBeTable(mem []byte, valueSize int, n uint32) *beTable {
+// newBeTable is the table of n entries of valueSize bytes in a.
+func newBeTable(a *lazyArray, valueSize int, n uint32) *beTable {
 	stride := (valueSize + 7) &^ 7
-	t := &beTable{mem: mem, n: n, stride: stride / 4, last: valueSize/4 - 1}
-	if len(mem) > 0 {
-		t.words = unsafe.Slice((*uint32)(unsafe.Pointer(&mem[0])), len(mem)/4)
-	}
-	return t
+	return &beTable{a: a, words: a.words(), n: n, stride: stride / 4, last: valueSize/4 - 1}
 }
 
 func (t *beTable) close() error {
 	if t == nil {
 		return nil
 	}
-	return unmapWords(&t.mem, &t.words)
-}
-
-// unmapWords unmaps *mem (if mapped) and forgets it and its words.
-func unmapWords(mem *[]byte, words *[]uint32) error {
-	if *mem == nil {
-		return nil
-	}
-	err := unix.Munmap(*mem)
-	*mem, *words = nil, nil
+	err := t.a.close()
+	t.words = nil
 	return err
 }
 
@@ -108,17 +97,21 @@ func (t *beTable) store(w int, v uint32) {
 
 // put writes entry id as v (its words, flags word last, present):
 // nothing if it is present with v already; else, if present, it is made
-// absent first; then v's words, the flags word last.
-func (t *beTable) put(id uint32, v []uint32) {
+// absent first; then v's words, the flags word last. It fails, having
+// written nothing, only if the entry's window cannot be mapped.
+func (t *beTable) put(id uint32, v []uint32) error {
 	base := int(id) * t.stride
 	fw := base + t.last
+	if err := t.a.ensure(base, fw); err != nil {
+		return err
+	}
 	if cur := atomic.LoadUint32(&t.words[fw]); cur&bePresentWord != 0 {
 		same := cur == v[t.last]
 		for j := 0; same && j < t.last; j++ {
 			same = atomic.LoadUint32(&t.words[base+j]) == v[j]
 		}
 		if same {
-			return
+			return nil
 		}
 		t.store(fw, cur&^bePresentWord)
 	}
@@ -126,19 +119,43 @@ func (t *beTable) put(id uint32, v []uint32) {
 		t.store(base+j, v[j])
 	}
 	t.store(fw, v[t.last])
+	return nil
 }
 
 // clear makes entry id absent, the rest of it kept; an id beyond the
 // array, or absent, is left alone, and so is a nil table (an array not
-// mapped, or none).
-func (t *beTable) clear(id uint32) {
+// mapped, or none). It fails, having done nothing, only if the entry's
+// window cannot be mapped.
+func (t *beTable) clear(id uint32) error {
 	if t == nil || id >= t.n {
-		return
+		return nil
 	}
 	fw := int(id)*t.stride + t.last
+	if err := t.a.ensure(fw, fw); err != nil {
+		return err
+	}
 	if cur := atomic.LoadUint32(&t.words[fw]); cur&bePresentWord != 0 {
 		t.store(fw, cur&^bePresentWord)
 	}
+	return nil
+}
+
+// clearAll clears ids (clear) and returns those it could not, whose
+// window could not be mapped, for the system call; then it releases the
+// windows it mapped. None for a nil table (no array, or one the system
+// calls write: the caller's clearIDs is then for all of ids).
+func (t *beTable) clearAll(ids []reconciler.BackendID) []reconciler.BackendID {
+	if t == nil {
+		return nil
+	}
+	var left []reconciler.BackendID
+	for _, id := range ids {
+		if t.clear(uint32(id)) != nil {
+			left = append(left, id)
+		}
+	}
+	_ = t.a.release() // a window left mapped only counts in the RSS
+	return left
 }
 
 // valueWords is v's bytes as words (V of a size a multiple of 4).
@@ -154,6 +171,16 @@ func (m *Maps) openBeTables() error {
 	return errors.Join(err4, err6)
 }
 
+// releaseBeTables unmaps the windows of the backends arrays that a
+// batch mapped (arraymem.go).
+func (m *Maps) releaseBeTables() {
+	for _, t := range []*beTable{m.be4, m.be6} {
+		if t != nil {
+			_ = t.a.release() // a window left mapped only counts in the RSS
+		}
+	}
+}
+
 func (m *Maps) closeBeTables() error {
 	err := errors.Join(m.be4.close(), m.be6.close())
 	m.be4, m.be6 = nil, nil
@@ -164,6 +191,7 @@ func (m *Maps) closeBeTables() error {
 // whose id is beyond its array goes to the system call, which refuses it
 // as before (E2BIG).
 func (m *Maps) upsertBackendsMem(es []reconciler.BackendEntry) (int, error) {
+	defer m.releaseBeTables()
 	for i, e := range es {
 		k, v, err := backendEntry(e.ID, e.Addr)
 		if err != nil {
@@ -193,22 +221,20 @@ func (m *Maps) putBackendSyscall(k uint32, v sockLb4Backend, a netip.Addr) (stri
 }
 
 // putBackendMem writes backend k -> v (of address a's family) into its
-// mapped array, and says whether it did: not for an id beyond the array
-// or a family not mapped.
+// mapped array, and says whether it did: not for an id beyond the array,
+// a family not mapped, or an entry whose window cannot be mapped.
 func (m *Maps) putBackendMem(k uint32, v sockLb4Backend, a netip.Addr) bool {
 	if is6(a) {
 		if m.be6 == nil || k >= m.be6.n {
 			return false
 		}
 		v6 := lb6Backend(v, a)
-		m.be6.put(k, valueWords(&v6))
-		return true
+		return m.be6.put(k, valueWords(&v6)) == nil
 	}
 	if m.be4 == nil || k >= m.be4.n {
 		return false
 	}
-	m.be4.put(k, valueWords(&v))
-	return true
+	return m.be4.put(k, valueWords(&v)) == nil
 }
 
 // beMapped says that the backends are written as memory: each family's

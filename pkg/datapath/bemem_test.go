@@ -30,7 +30,7 @@ func TestBeTableFlagsWordLast(t *testing.T) {
 			size, stride = int(unsafe.Sizeof(sockLb6Backend{})), 24
 		}
 		const n, id = 8, 5
-		tbl := newBeTable(make([]byte, n*stride), size, n)
+		tbl := newBeTable(mappedMemory(make([]byte, n*stride)), size, n)
 		entry := func() []uint32 {
 			return slices.Clone(tbl.words[id*tbl.stride : id*tbl.stride+tbl.last+1])
 		}
@@ -66,31 +66,31 @@ func TestBeTableFlagsWordLast(t *testing.T) {
 		}
 
 		a := enc("10.1.2.3", 8080)
-		stores := write("new entry", nil, a, func() { tbl.put(id, a) })
+		stores := write("new entry", nil, a, func() { must(t, tbl.put(id, a)) })
 		if len(stores) != tbl.last+1 || stores[len(stores)-1] != tbl.last {
 			t.Errorf("new entry: stores to words %v, want each word once, the flags word (%d) last", stores, tbl.last)
 		}
 		if got := entry(); !slices.Equal(got, a) {
 			t.Fatalf("new entry: %x, want %x", got, a)
 		}
-		if stores := write("same entry again", a, a, func() { tbl.put(id, a) }); len(stores) != 0 {
+		if stores := write("same entry again", a, a, func() { must(t, tbl.put(id, a)) }); len(stores) != 0 {
 			t.Errorf("the same entry again stored words %v, want none", stores)
 		}
 		b := enc("10.9.8.7", 9090)
-		stores = write("another address", a, b, func() { tbl.put(id, b) })
+		stores = write("another address", a, b, func() { must(t, tbl.put(id, b)) })
 		if len(stores) == 0 || stores[0] != tbl.last || stores[len(stores)-1] != tbl.last {
 			t.Errorf("another address: stores to words %v, want the flags word first (made absent) and last", stores)
 		}
 		gone := slices.Clone(b)
 		gone[tbl.last] &^= bePresentWord
-		stores = write("delete", b, gone, func() { tbl.clear(id) })
+		stores = write("delete", b, gone, func() { must(t, tbl.clear(id)) })
 		if !slices.Equal(stores, []int{tbl.last}) || !slices.Equal(entry(), gone) {
 			t.Errorf("delete: stores %v, entry %x; want the flags word only, entry %x", stores, entry(), gone)
 		}
-		if stores := write("delete again", nil, gone, func() { tbl.clear(id) }); len(stores) != 0 {
+		if stores := write("delete again", nil, gone, func() { must(t, tbl.clear(id)) }); len(stores) != 0 {
 			t.Errorf("deleting an absent entry stored words %v", stores)
 		}
-		tbl.clear(n + 3) // beyond the array: nothing
+		must(t, tbl.clear(n+3)) // beyond the array: nothing
 	})
 }
 
@@ -223,7 +223,7 @@ func TestUpsertBackendsMemAllocatesNothing(t *testing.T) {
 			size, stride = int(unsafe.Sizeof(sockLb6Backend{})), 24
 		}
 		const n = 64
-		tbl := newBeTable(make([]byte, n*stride), size, n)
+		tbl := newBeTable(mappedMemory(make([]byte, n*stride)), size, n)
 		m := &Maps{be4: tbl}
 		if v6 {
 			m.be4, m.be6 = nil, tbl

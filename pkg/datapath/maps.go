@@ -191,8 +191,12 @@ func (m *Maps) UpsertBackend(id reconciler.BackendID, b model.L4Addr) error {
 	if err != nil {
 		return err
 	}
-	if m.beMapped() && m.putBackendMem(k, v, b.Addr) {
-		return nil
+	if m.beMapped() {
+		ok := m.putBackendMem(k, v, b.Addr)
+		m.releaseBeTables()
+		if ok {
+			return nil
+		}
 	}
 	if err := m.backendMaps().put(b.Addr, k, v); err != nil {
 		return fmt.Errorf("upsert backend %d (%s): %w", id, b, err)
@@ -279,7 +283,7 @@ func (m *Maps) UpsertSlot(fe reconciler.Frontend, slot uint32, backend reconcile
 		return fmt.Errorf("upsert slot %d of %s: no slots array", slot, fe)
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	defer t.unlock()
 	if err := t.write(fe, slot, []reconciler.BackendID{backend}, m.rebaseMaster); err != nil {
 		return fmt.Errorf("upsert slot %d of %s: %w", slot, fe, err)
 	}
@@ -317,7 +321,7 @@ func (m *Maps) masterWithBase(fe reconciler.Frontend, ms reconciler.Master) (soc
 		return k, v, fmt.Errorf("upsert master of %s: no slots array", fe)
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	defer t.unlock()
 	if v.SlotsBase, err = t.forMaster(fe, ms.Count, m.rebaseMaster); err != nil {
 		return k, v, fmt.Errorf("upsert master of %s: %w", fe, err)
 	}
@@ -349,8 +353,11 @@ func (m *Maps) DeleteSlot(fe reconciler.Frontend, slot uint32) error {
 	if slot > 0 {
 		if t != nil {
 			t.mu.Lock()
-			t.clear(fe, slot)
-			t.mu.Unlock()
+			err := t.clear(fe, slot)
+			t.unlock()
+			if err != nil {
+				return fmt.Errorf("delete slot %d of %s: %w", slot, fe, err)
+			}
 		}
 		return nil
 	}
@@ -360,7 +367,7 @@ func (m *Maps) DeleteSlot(fe reconciler.Frontend, slot uint32) error {
 	if t != nil {
 		t.mu.Lock()
 		t.drop(fe)
-		t.mu.Unlock()
+		t.unlock()
 	}
 	return nil
 }
@@ -488,7 +495,7 @@ func walkState(ms stateMaps, v reconciler.KernelVisitor) error {
 		if t != nil {
 			t.mu.Lock()
 			t.checkMaster(fe, sv.SlotsBase, sv.Count)
-			t.mu.Unlock()
+			t.unlock()
 		} else if sv.Count > 0 {
 			if *bases == nil {
 				*bases = map[reconciler.Frontend][2]uint32{}
@@ -512,11 +519,13 @@ func walkState(ms stateMaps, v reconciler.KernelVisitor) error {
 	slots := func(t *slotTable, arr *ebpf.Map, name string, bases map[reconciler.Frontend][2]uint32) error {
 		if t != nil {
 			t.mu.Lock()
-			defer t.mu.Unlock()
-			t.walk(func(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) bool {
+			defer t.unlock()
+			if err := t.walk(func(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) bool {
 				more = v.Slot(fe, slot, id)
 				return more
-			})
+			}); err != nil {
+				return fmt.Errorf("dump %s: %w", name, err)
+			}
 			return nil
 		}
 		return eachMasterSlot(arr, name, bases, func(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) bool {

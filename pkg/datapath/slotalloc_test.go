@@ -218,8 +218,8 @@ func TestSlotTableRebuild(t *testing.T) {
 
 // memSlotTable is a slotTable over memory of n entries, no map.
 func memSlotTable(n uint32) *slotTable {
-	mem := make([]uint32, 2*n)
-	t := &slotTable{name: "test", words: mem, alloc: newSlotAlloc(n), ranges: map[reconciler.Frontend]slotEntry{}}
+	a := mappedMemory(make([]byte, 2*4*n))
+	t := &slotTable{name: "test", a: a, words: a.words(), n: n, alloc: newSlotAlloc(n), ranges: map[reconciler.Frontend]slotEntry{}}
 	t.alloc.onFree = t.zero
 	return t
 }

@@ -26,10 +26,8 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
@@ -56,8 +54,9 @@ type slotTable struct {
 	mu     sync.Mutex
 	arr    *ebpf.Map
 	name   string
-	mem    []byte   // the array, mapped read-write
-	words  []uint32 // mem as words: entry i is words[2*i]
+	a      *lazyArray // the array, mapped read-write a window at a time
+	words  []uint32   // a's words: entry i is words[2*i]
+	n      uint32     // entries
 	alloc  *slotAlloc
 	ranges map[reconciler.Frontend]slotEntry
 }
@@ -70,14 +69,13 @@ func openSlotTable(arr *ebpf.Map, name string) (*slotTable, error) {
 	if arr.ValueSize() != 4 || arr.Type() != ebpf.Array {
 		return nil, fmt.Errorf("%s: %s of %d-byte values, want an array of __u32", name, arr.Type(), arr.ValueSize())
 	}
-	n := int(arr.MaxEntries())
-	mem, err := unix.Mmap(arr.FD(), 0, n*slotStride, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	n := arr.MaxEntries()
+	a, err := mapLazy(arr, int(n)*slotStride)
 	if err != nil {
-		return nil, fmt.Errorf("map %s: %w", name, err)
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	t := &slotTable{arr: arr, name: name, mem: mem, alloc: newSlotAlloc(uint32(n)),
+	t := &slotTable{arr: arr, name: name, a: a, words: a.words(), n: n, alloc: newSlotAlloc(n),
 		ranges: map[reconciler.Frontend]slotEntry{}}
-	t.words = unsafe.Slice((*uint32)(unsafe.Pointer(&mem[0])), n*slotStride/4)
 	t.alloc.onFree = t.zero
 	return t, nil
 }
@@ -95,14 +93,37 @@ func (t *slotTable) close() error {
 	if t == nil {
 		return nil
 	}
-	return unmapWords(&t.mem, &t.words)
+	err := t.a.close()
+	t.words = nil
+	return err
+}
+
+// unlock releases the windows mapped under the lock (arraymem.go), then
+// the lock: every load and store is in a range mapRange mapped since the
+// lock was taken.
+func (t *slotTable) unlock() {
+	_ = t.a.release() // a window left mapped only counts in the RSS
+	t.mu.Unlock()
+}
+
+// mapRange maps the windows of r (arraymem.go), before r's entries are
+// read or written.
+func (t *slotTable) mapRange(r slotRange) error {
+	if r.cap == 0 {
+		return nil
+	}
+	return t.a.ensure(2*int(r.base), 2*int(r.base+r.cap-1))
 }
 
 func (t *slotTable) load(i uint32) uint32     { return atomic.LoadUint32(&t.words[2*uint64(i)]) }
 func (t *slotTable) store(i uint32, v uint32) { atomic.StoreUint32(&t.words[2*uint64(i)], v) }
 
-// zero empties the entries of r.
+// zero empties the entries of r; nothing if r cannot be mapped (the
+// allocator's onFree: a move zeroes the range it gets again anyway).
 func (t *slotTable) zero(r slotRange) {
+	if t.mapRange(r) != nil {
+		return
+	}
 	for i := range r.cap {
 		t.store(r.base+i, 0)
 	}
@@ -128,6 +149,9 @@ func (t *slotTable) write(fe reconciler.Frontend, first uint32, ids []reconciler
 			}
 		}, rebase)
 	}
+	if err := t.mapRange(e.r); err != nil {
+		return fmt.Errorf("slots of %s: %w", fe, err)
+	}
 	for j, id := range ids {
 		t.store(e.r.base+first-1+uint32(j), uint32(id))
 	}
@@ -141,6 +165,10 @@ func (t *slotTable) move(fe reconciler.Frontend, e slotEntry, had bool, count ui
 	nr, err := t.alloc.alloc(max(count, e.r.cap+1))
 	if err != nil {
 		return fmt.Errorf("slots of %s (%d): %s: %w", fe, count, t.name, err)
+	}
+	if err := errors.Join(t.mapRange(nr), t.mapRange(e.r)); err != nil {
+		t.alloc.retire(nr)
+		return fmt.Errorf("slots of %s (%d): %w", fe, count, err)
 	}
 	// Empty already, but for a range a rebuild found free (after
 	// drift, or slots above a master's count).
@@ -179,10 +207,14 @@ func (t *slotTable) forMaster(fe reconciler.Frontend, count uint32, rebase rebas
 }
 
 // clear empties slot of fe (>= 1); a slot beyond its range is empty.
-func (t *slotTable) clear(fe reconciler.Frontend, slot uint32) {
+func (t *slotTable) clear(fe reconciler.Frontend, slot uint32) error {
 	if e, ok := t.ranges[fe]; ok && slot >= 1 && slot <= e.r.cap {
+		if err := t.mapRange(e.r); err != nil {
+			return err
+		}
 		t.store(e.r.base+slot-1, 0)
 	}
+	return nil
 }
 
 // drop forgets fe, whose master is deleted: its range is quarantined.
@@ -194,19 +226,29 @@ func (t *slotTable) drop(fe reconciler.Frontend) {
 }
 
 // walk gives f the slots, not empty, of every frontend's range, until f
-// returns false.
-func (t *slotTable) walk(f func(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) bool) bool {
+// returns false; it fails only if a range cannot be mapped.
+func (t *slotTable) walk(f func(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) bool) error {
 	for fe, e := range t.ranges {
+		if t.a.count > walkWindows {
+			_ = t.a.release() // a window left mapped only counts in the RSS
+		}
+		if err := t.mapRange(e.r); err != nil {
+			return fmt.Errorf("slots of %s: %w", fe, err)
+		}
 		for i := range e.r.cap {
 			if id := t.load(e.r.base + i); id != 0 {
 				if !f(fe, i+1, reconciler.BackendID(id)) {
-					return false
+					return nil
 				}
 			}
 		}
 	}
-	return true
+	return nil
 }
+
+// walkWindows is how many windows a walk keeps mapped before it releases
+// them: a walk reads every range, in no order.
+const walkWindows = 8
 
 // checkMaster compares a master read from the kernel with the table: a
 // master whose base is not its frontend's range (changed behind the
@@ -244,7 +286,7 @@ func (t *slotTable) rebuild(masters map[reconciler.Frontend][2]uint32) {
 		fes = append(fes, fe)
 		used = append(used, slotRange{base: bc[0], cap: slotCap(bc[1])})
 	}
-	a, bad := rebuildSlotAlloc(uint32(len(t.words)/2), used)
+	a, bad := rebuildSlotAlloc(t.n, used)
 	a.onFree = t.zero
 	t.alloc = a
 	for i, fe := range fes {
@@ -272,7 +314,7 @@ func (t *slotTable) presize(n int) {
 		return
 	}
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	defer t.unlock()
 	if len(t.ranges) == 0 {
 		t.ranges = make(map[reconciler.Frontend]slotEntry, n)
 	}
@@ -341,7 +383,7 @@ func (m *Maps) rebuildSlots() error {
 		}
 		f.t.mu.Lock()
 		f.t.rebuild(masters)
-		f.t.mu.Unlock()
+		f.t.unlock()
 	}
 	return nil
 }
