@@ -23,6 +23,7 @@ package manifest
 // is checked for syntax and skipped, as encoding/json skips it.
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"reflect"
@@ -111,15 +112,106 @@ func (c *chunk[T]) ptr(v T) *T {
 // decodeDocument and decodeObject would with encoding/json: the type
 // meta it reads first, and the object. ok is false if the decoder
 // declines (see above): the caller then decodes js as before.
+//
+// Which of the two js is only steers the decoding: what is returned is
+// checked against the apiVersion and kind decoded. So the kind is
+// guessed first (kindHint), without a pass over the values that come
+// before it (an EndpointSlice that encoding/json wrote has its endpoints
+// before its kind: they were skipped once to find it, then decoded); if
+// that guess is wrong or missing, the top-level keys say (topKindOf).
 func (d *fastDecoder) decodeTyped(js []byte) (tm typeMeta, svc *corev1.Service, slice *discoveryv1.EndpointSlice, ok bool) {
-	var apiVersion, kind string
+	guess := kindHint(js)
+	if guess != 0 {
+		if tm, svc, slice, ok = d.decodeKind(js, guess); ok {
+			return tm, svc, slice, true
+		}
+	}
+	var kind objKind
 	switch av, k := topKindOf(js); {
 	case string(k) == "Service" && string(av) == "v1":
-		apiVersion, kind = "v1", "Service"
+		kind = kindService
 	case string(k) == "EndpointSlice" && string(av) == "discovery.k8s.io/v1":
-		apiVersion, kind = "discovery.k8s.io/v1", "EndpointSlice"
-	default:
-		return tm, nil, nil, false
+		kind = kindSlice
+	}
+	if kind == 0 || kind == guess {
+		return typeMeta{}, nil, nil, false
+	}
+	return d.decodeKind(js, kind)
+}
+
+// kindHint guesses whether js, a JSON object, is a Service or an
+// EndpointSlice (0: neither, or it cannot tell): by its top-level keys
+// while their values are not objects or arrays, then by the first "kind"
+// member anywhere after that whose value is one of the two. A List
+// ("items") is neither.
+func kindHint(js []byte) objKind {
+	i := skipSpace(js, 0)
+	if i >= len(js) || js[i] != '{' {
+		return 0
+	}
+	i++
+	for {
+		i = skipSpace(js, i)
+		if i >= len(js) || js[i] != '"' {
+			return 0
+		}
+		end, ok := skipString(js, i)
+		if !ok {
+			return 0
+		}
+		key := js[i+1 : end-1]
+		if string(key) == "items" {
+			return 0
+		}
+		i = skipSpace(js, end)
+		if i >= len(js) || js[i] != ':' {
+			return 0
+		}
+		i = skipSpace(js, i+1)
+		if string(key) == "kind" {
+			return kindValue(js[i:])
+		}
+		if i >= len(js) || js[i] == '{' || js[i] == '[' {
+			break
+		}
+		if i, ok = skipValue(js, i); !ok {
+			return 0
+		}
+		if i, _, ok = skipSeparator(js, i, '}'); !ok {
+			return 0
+		}
+	}
+	for rest := js[i:]; ; {
+		j := bytes.Index(rest, []byte(`"kind"`))
+		if j < 0 {
+			return 0
+		}
+		rest = rest[j+len(`"kind"`):]
+		k := skipSpace(rest, 0)
+		if k < len(rest) && rest[k] == ':' {
+			if kind := kindValue(rest[skipSpace(rest, k+1):]); kind != 0 {
+				return kind
+			}
+		}
+	}
+}
+
+// kindValue says which of the two kinds v starts with, as a JSON string.
+func kindValue(v []byte) objKind {
+	switch {
+	case bytes.HasPrefix(v, []byte(`"Service"`)):
+		return kindService
+	case bytes.HasPrefix(v, []byte(`"EndpointSlice"`)):
+		return kindSlice
+	}
+	return 0
+}
+
+// decodeKind is decodeTyped of js as kind.
+func (d *fastDecoder) decodeKind(js []byte, kind objKind) (tm typeMeta, svc *corev1.Service, slice *discoveryv1.EndpointSlice, ok bool) {
+	apiVersion, kindName := "v1", "Service"
+	if kind == kindSlice {
+		apiVersion, kindName = "discovery.k8s.io/v1", "EndpointSlice"
 	}
 	d.b, d.i = js, 0
 	if d.reuse {
@@ -135,7 +227,7 @@ func (d *fastDecoder) decodeTyped(js []byte) (tm typeMeta, svc *corev1.Service, 
 		}
 	}()
 	var meta *metav1.ObjectMeta
-	if kind == "Service" {
+	if kind == kindService {
 		svc = d.service()
 		tm.APIVersion, tm.Kind, meta = svc.APIVersion, svc.Kind, &svc.ObjectMeta
 	} else {
@@ -146,8 +238,8 @@ func (d *fastDecoder) decodeTyped(js []byte) (tm typeMeta, svc *corev1.Service, 
 	if d.i != len(d.b) {
 		d.decline()
 	}
-	if tm.APIVersion != apiVersion || tm.Kind != kind {
-		d.decline() // not what the quick look at the keys found
+	if tm.APIVersion != apiVersion || tm.Kind != kindName {
+		d.decline() // not the kind it was decoded as
 	}
 	tm.Metadata.Name, tm.Metadata.Namespace = meta.Name, meta.Namespace
 	return tm, svc, slice, true
@@ -727,6 +819,11 @@ func (d *fastDecoder) service() *corev1.Service {
 		case "status":
 			d.serviceStatus(&s.Status)
 			return 4
+		case "items":
+			// A List's, which other declines too, but after a
+			// pass over it (kindHint may guess a List's first
+			// item's kind).
+			d.decline()
 		default:
 			return d.other(s, key)
 		}
@@ -969,6 +1066,11 @@ func (d *fastDecoder) endpointSlice() *discoveryv1.EndpointSlice {
 		case "ports":
 			es.Ports = d.endpointPorts()
 			return 5
+		case "items":
+			// A List's, which other declines too, but after a
+			// pass over it (kindHint may guess a List's first
+			// item's kind).
+			d.decline()
 		default:
 			return d.other(es, key)
 		}
