@@ -24,6 +24,7 @@ package manifest
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"reflect"
@@ -355,16 +356,41 @@ func (d *fastDecoder) null() bool { return d.peek() == 'n' && d.literal("null") 
 // rawString reads a string and returns its bytes between the quotes, and
 // whether they need decoding (escapes, bytes that are not valid UTF-8).
 func (d *fastDecoder) rawString() (raw []byte, decode bool) {
+	raw, decode, _ = d.rawStringASCII()
+	return raw, decode
+}
+
+// rawStringASCII is rawString, also saying whether the bytes are all
+// ASCII.
+//
+// Most strings of a manifest are plain (printable ASCII, no escape):
+// they are scanned eight bytes at a time (plainWord), then a byte at a
+// time by a table (plainByte), to the closing quote; anything else goes
+// on byte by byte, as before.
+func (d *fastDecoder) rawStringASCII() (raw []byte, decode, ascii bool) {
 	d.expect('"')
 	start := d.i
-	ascii := true
+	b := d.b
+	i := start
+	for i+8 <= len(b) && plainWord(binary.LittleEndian.Uint64(b[i:])) {
+		i += 8
+	}
+	for i < len(b) && plainByte[b[i]] {
+		i++
+	}
+	if i < len(b) && b[i] == '"' {
+		d.i = i + 1
+		return b[start:i], false, true
+	}
+	d.i = i
+	ascii = true
 	for d.i < len(d.b) {
 		c := d.b[d.i]
 		switch {
 		case c == '"':
 			raw = d.b[start:d.i]
 			d.i++
-			return raw, decode || !ascii && !utf8.Valid(raw)
+			return raw, decode || !ascii && !utf8.Valid(raw), ascii
 		case c < 0x20:
 			d.decline()
 		case c == '\\':
@@ -394,7 +420,26 @@ func (d *fastDecoder) rawString() (raw []byte, decode bool) {
 		d.i++
 	}
 	d.decline()
-	return nil, false
+	return nil, false, false
+}
+
+// plainByte says a byte can be in a string as it is, and is ASCII: not a
+// quote, a backslash, a control character or a byte of 0x80 and over.
+var plainByte = func() (t [256]bool) {
+	for c := 0x20; c < 0x80; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
+// plainWord says the eight bytes of w are all plainByte ones. (The
+// classic tests for a zero byte, and for a byte under n: they may flag a
+// byte above one they flag rightly, but never miss one, so a word with
+// no flag holds none.)
+func plainWord(w uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	zero := func(x uint64) uint64 { return (x - ones) & ^x & highs }
+	return (w|zero(w^('"'*ones))|zero(w^('\\'*ones))|(w-0x20*ones)&^w)&highs == 0
 }
 
 func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
@@ -450,14 +495,9 @@ func (d *fastDecoder) strPtr() *string {
 // key reads an object's key: plain ASCII without escapes, else declined
 // (encoding/json matches keys case-insensitively, by Unicode folding).
 func (d *fastDecoder) key() []byte {
-	k, decode := d.rawString()
-	if decode {
+	k, decode, ascii := d.rawStringASCII()
+	if decode || !ascii {
 		d.decline()
-	}
-	for _, c := range k {
-		if c >= 0x80 {
-			d.decline()
-		}
 	}
 	d.expect(':')
 	return k

@@ -2,6 +2,7 @@ package manifest
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -644,5 +645,61 @@ func TestBlockYAMLToJSONEveryCharacterPair(t *testing.T) {
 	t.Logf("%d of %d converted", converted, 95*95*5*len(templates))
 	if converted < 95*95*5*len(templates)/4 {
 		t.Errorf("only %d converted", converted)
+	}
+}
+
+// The kind the fast decoder guesses first (kindHint) only steers it: an
+// object whose guess is wrong (a "kind" member further in that is not
+// its own, a Service of another apiVersion) is decoded as encoding/json
+// decodes it, or declined; a List is declined (and not decoded as the
+// kind of its first item).
+func TestFastDecodeKindGuess(t *testing.T) {
+	for _, tc := range []struct {
+		js    string
+		guess objKind
+		want  bool // decoded
+	}{
+		{`{"addressType":"IPv4","apiVersion":"discovery.k8s.io/v1","endpoints":[{"addresses":["10.0.0.1"],"targetRef":{"kind":"Service","name":"x"}}],"kind":"EndpointSlice","metadata":{"name":"a"}}`, kindService, true},
+		{`{"metadata":{"name":"a"},"spec":{"x":{"kind":"EndpointSlice"}},"apiVersion":"v1","kind":"Service"}`, kindSlice, true},
+		{`{"addressType":"IPv4","endpoints":[],"kind" : "EndpointSlice","apiVersion":"discovery.k8s.io/v1"}`, kindSlice, true},
+		{`{"apiVersion":"serving.knative.dev/v1","kind":"Service","metadata":{"name":"a"}}`, kindService, false},
+		{`{"apiVersion":"v1","metadata":{},"items":[{"apiVersion":"v1","kind":"Service","metadata":{"name":"a"}}],"kind":"List"}`, kindService, false},
+		{`{"apiVersion":"v1","items":[{"apiVersion":"v1","kind":"Service","metadata":{"name":"a"}}],"kind":"List"}`, 0, false},
+		{`{"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"a"}}`, 0, false},
+	} {
+		if got := kindHint([]byte(tc.js)); got != tc.guess {
+			t.Errorf("kindHint = %v, want %v: %s", got, tc.guess, tc.js)
+		}
+		if got := checkFastDecode(t, []byte(tc.js)); got != tc.want {
+			t.Errorf("decoded %v, want %v: %s", got, tc.want, tc.js)
+		}
+	}
+}
+
+// plainWord says eight bytes are plain exactly when each of them is
+// (plainByte).
+func TestPlainWord(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	interesting := []byte{0, 0x1f, 0x20, 0x21, '"', '#', '[', '\\', ']', 0x7f, 0x80, 0x81, 0xdf, 0xff, 'a'}
+	var b [8]byte
+	for i := range 200000 {
+		for k := range b {
+			switch {
+			case i%3 == 0:
+				b[k] = byte(r.IntN(256))
+			default:
+				b[k] = 'a'
+				if r.IntN(8) == 0 {
+					b[k] = interesting[r.IntN(len(interesting))]
+				}
+			}
+		}
+		want := true
+		for _, c := range b {
+			want = want && plainByte[c]
+		}
+		if got := plainWord(binary.LittleEndian.Uint64(b[:])); got != want {
+			t.Fatalf("plainWord(%q) = %v, want %v", b, got, want)
+		}
 	}
 }
