@@ -303,6 +303,9 @@ func topKindOf(js []byte) (apiVersion, kind []byte) {
 func (d *fastDecoder) decline() { panic(errDecline) }
 
 func (d *fastDecoder) ws() {
+	if d.i < len(d.b) && d.b[d.i] > ' ' {
+		return // compact JSON's case
+	}
 	for d.i < len(d.b) {
 		switch d.b[d.i] {
 		case ' ', '\t', '\n', '\r':

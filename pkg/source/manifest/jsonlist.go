@@ -2,6 +2,7 @@ package manifest
 
 import (
 	"bytes"
+	"encoding/binary"
 )
 
 // splitJSONList finds, without decoding them, the elements of the "items"
@@ -148,25 +149,43 @@ func skipSpace(doc []byte, i int) int {
 }
 
 // skipString returns the index after the string starting at doc[i] ('"').
+// It goes eight bytes at a time to the next quote or backslash (a
+// manifest's strings are short: a call of bytes.IndexByte for each cost
+// more than the scan), and a backslash escapes the byte after it.
 func skipString(doc []byte, i int) (int, bool) {
 	i++
 	for {
-		j := bytes.IndexByte(doc[i:], '"')
-		if j < 0 {
+		for i+8 <= len(doc) && !quoteOrBackslash(binary.LittleEndian.Uint64(doc[i:])) {
+			i += 8
+		}
+		for i < len(doc) && doc[i] != '"' && doc[i] != '\\' {
+			i++
+		}
+		switch {
+		case i >= len(doc):
 			return 0, false
+		case doc[i] == '"':
+			return i + 1, true
 		}
-		i += j
-		// The quote is escaped if an odd number of backslashes precede it.
-		n := 0
-		for k := i - 1; k >= 0 && doc[k] == '\\'; k-- {
-			n++
-		}
-		i++
-		if n%2 == 0 {
-			return i, true
-		}
+		i += 2 // the backslash and what it escapes
 	}
 }
+
+// quoteOrBackslash says whether one of the eight bytes of w may be a
+// quote or a backslash (see plainWord: never false when one is).
+func quoteOrBackslash(w uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	q, bs := w^('"'*ones), w^('\\'*ones)
+	return ((q-ones)&^q|(bs-ones)&^bs)&highs != 0
+}
+
+// structural says which bytes skipValue stops at in an object or array.
+var structural = func() (t [256]bool) {
+	for _, c := range `"{}[]` {
+		t[c] = true
+	}
+	return t
+}()
 
 // skipValue returns the index after the value starting at doc[i]: a
 // string, an object or array (by bracket depth), or a literal.
@@ -180,6 +199,12 @@ func skipValue(doc []byte, i int) (int, bool) {
 	case '{', '[':
 		depth := 0
 		for i < len(doc) {
+			for i < len(doc) && !structural[doc[i]] {
+				i++
+			}
+			if i >= len(doc) {
+				break
+			}
 			switch doc[i] {
 			case '"':
 				end, ok := skipString(doc, i)
