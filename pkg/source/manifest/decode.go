@@ -169,8 +169,13 @@ func kindHint(js []byte) objKind {
 			return 0
 		}
 		i = skipSpace(js, i+1)
-		if string(key) == "kind" {
+		switch string(key) {
+		case "kind":
 			return kindValue(js[i:])
+		case "addressType":
+			// An EndpointSlice's, which encoding/json writes first
+			// (its keys sorted), its kind after its endpoints.
+			return kindSlice
 		}
 		if i >= len(js) || js[i] == '{' || js[i] == '[' {
 			break

@@ -659,7 +659,9 @@ func TestFastDecodeKindGuess(t *testing.T) {
 		guess objKind
 		want  bool // decoded
 	}{
-		{`{"addressType":"IPv4","apiVersion":"discovery.k8s.io/v1","endpoints":[{"addresses":["10.0.0.1"],"targetRef":{"kind":"Service","name":"x"}}],"kind":"EndpointSlice","metadata":{"name":"a"}}`, kindService, true},
+		{`{"endpoints":[{"addresses":["10.0.0.1"],"targetRef":{"kind":"Service","name":"x"}}],"addressType":"IPv4","apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{"name":"a"}}`, kindService, true},
+		{`{"addressType":"IPv4","apiVersion":"discovery.k8s.io/v1","endpoints":[{"addresses":["10.0.0.1"],"targetRef":{"kind":"Service","name":"x"}}],"kind":"EndpointSlice","metadata":{"name":"a"}}`, kindSlice, true},
+		{`{"addressType":"IPv4","apiVersion":"v1","kind":"Service","metadata":{"name":"a"}}`, kindSlice, true},
 		{`{"metadata":{"name":"a"},"spec":{"x":{"kind":"EndpointSlice"}},"apiVersion":"v1","kind":"Service"}`, kindSlice, true},
 		{`{"addressType":"IPv4","endpoints":[],"kind" : "EndpointSlice","apiVersion":"discovery.k8s.io/v1"}`, kindSlice, true},
 		{`{"apiVersion":"serving.knative.dev/v1","kind":"Service","metadata":{"name":"a"}}`, kindService, false},

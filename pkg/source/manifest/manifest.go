@@ -762,11 +762,14 @@ type fastObject struct {
 // decodeItem reads the type meta of item, an item of a List, and the
 // object if d can (pre; zero if not). err is encoding/json's when the
 // type meta does not decode.
-func (d *fastDecoder) decodeItem(item []byte) (tm typeMeta, pre fastObject, err error) {
+func (d *fastDecoder) decodeItem(item []byte) (typeMeta, fastObject, error) {
 	if tm, svc, slice, ok := d.decodeTyped(item); ok {
 		return tm, fastObject{svc, slice}, nil
 	}
-	err = json.Unmarshal(item, &tm)
+	// Declared here, not as a result: Unmarshal makes it escape, and a
+	// result would be allocated for every item, decoded by hand or not.
+	var tm typeMeta
+	err := json.Unmarshal(item, &tm)
 	return tm, fastObject{}, err
 }
 
