@@ -3,6 +3,7 @@ package manifest
 import (
 	"bytes"
 	"encoding/binary"
+	"math/bits"
 )
 
 // splitJSONList finds, without decoding them, the elements of the "items"
@@ -171,6 +172,16 @@ func skipString(doc []byte, i int) (int, bool) {
 	}
 }
 
+// specials flags (the high bit of its byte) the first byte of w that is
+// a quote, a backslash or a bracket, and maybe bytes after it (never one
+// before it: see plainWord); 0 if none is.
+func specials(w uint64) uint64 {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	zero := func(x uint64) uint64 { return (x - ones) &^ x }
+	lower := w | 0x20*ones // '[' and ']' as '{' and '}'
+	return (zero(w^('"'*ones)) | zero(w^('\\'*ones)) | zero(lower^('{'*ones)) | zero(lower^('}'*ones))) & highs
+}
+
 // quoteOrBackslash says whether one of the eight bytes of w may be a
 // quote or a backslash (see plainWord: never false when one is).
 func quoteOrBackslash(w uint64) bool {
@@ -179,16 +190,13 @@ func quoteOrBackslash(w uint64) bool {
 	return ((q-ones)&^q|(bs-ones)&^bs)&highs != 0
 }
 
-// structural says which bytes skipValue stops at in an object or array.
-var structural = func() (t [256]bool) {
-	for _, c := range `"{}[]` {
-		t[c] = true
-	}
-	return t
-}()
-
 // skipValue returns the index after the value starting at doc[i]: a
 // string, an object or array (by bracket depth), or a literal.
+//
+// An object or array is scanned eight bytes at a time to the next byte
+// that may matter (specials), where a quote starts or ends a string, a
+// backslash in a string escapes the byte after it, and a bracket out of
+// strings counts.
 func skipValue(doc []byte, i int) (int, bool) {
 	if i >= len(doc) {
 		return 0, false
@@ -197,25 +205,29 @@ func skipValue(doc []byte, i int) (int, bool) {
 	case '"':
 		return skipString(doc, i)
 	case '{', '[':
-		depth := 0
+		depth, inString := 0, false
 		for i < len(doc) {
-			for i < len(doc) && !structural[doc[i]] {
-				i++
-			}
-			if i >= len(doc) {
-				break
-			}
-			switch doc[i] {
-			case '"':
-				end, ok := skipString(doc, i)
-				if !ok {
-					return 0, false
+			if i+8 <= len(doc) {
+				m := specials(binary.LittleEndian.Uint64(doc[i:]))
+				if m == 0 {
+					i += 8
+					continue
 				}
-				i = end
-				continue
-			case '{', '[':
+				i += bits.TrailingZeros64(m) >> 3
+			}
+			switch c := doc[i]; {
+			case inString:
+				switch c {
+				case '"':
+					inString = false
+				case '\\':
+					i++ // what it escapes
+				}
+			case c == '"':
+				inString = true
+			case c == '{' || c == '[':
 				depth++
-			case '}', ']':
+			case c == '}' || c == ']':
 				depth--
 				if depth == 0 {
 					return i + 1, true

@@ -3,6 +3,7 @@ package manifest
 import (
 	"bytes"
 	"encoding/json"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -116,4 +117,85 @@ func TestSplitListSpansDouble(t *testing.T) {
 	if allocs > 16 {
 		t.Errorf("splitting %d items: %.0f allocations, want at most 16", n, allocs)
 	}
+}
+
+// skipValue and skipString, eight bytes at a time, end where a byte at a
+// time does (refSkipValue, their first form), on any bytes.
+func TestSkipValueMatchesByteScan(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	alphabet := []byte("{}[]\"\\ a,:\x00\x7f\xff\xdb\xdd\x7b")
+	doc := make([]byte, 0, 64)
+	for range 300000 {
+		doc = doc[:0]
+		for range r.IntN(64) {
+			doc = append(doc, alphabet[r.IntN(len(alphabet))])
+		}
+		for i := range doc {
+			end, ok := skipValue(doc, i)
+			wantEnd, wantOK := refSkipValue(doc, i)
+			if end != wantEnd || ok != wantOK {
+				t.Fatalf("skipValue(%q, %d) = %d, %v; want %d, %v", doc, i, end, ok, wantEnd, wantOK)
+			}
+		}
+	}
+}
+
+func refSkipString(doc []byte, i int) (int, bool) {
+	i++
+	for {
+		j := bytes.IndexByte(doc[i:], '"')
+		if j < 0 {
+			return 0, false
+		}
+		i += j
+		n := 0
+		for k := i - 1; k >= 0 && doc[k] == '\\'; k-- {
+			n++
+		}
+		i++
+		if n%2 == 0 {
+			return i, true
+		}
+	}
+}
+
+func refSkipValue(doc []byte, i int) (int, bool) {
+	if i >= len(doc) {
+		return 0, false
+	}
+	switch doc[i] {
+	case '"':
+		return refSkipString(doc, i)
+	case '{', '[':
+		depth := 0
+		for i < len(doc) {
+			switch doc[i] {
+			case '"':
+				end, ok := refSkipString(doc, i)
+				if !ok {
+					return 0, false
+				}
+				i = end
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1, true
+				}
+			}
+			i++
+		}
+		return 0, false
+	}
+	start := i
+	for i < len(doc) {
+		switch doc[i] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			return i, i > start
+		}
+		i++
+	}
+	return i, i > start
 }
