@@ -27,6 +27,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"math/bits"
 	"reflect"
 	"strings"
 	"sync"
@@ -60,9 +61,10 @@ type fastDecoder struct {
 	i32s  chunk[int32]
 	// Reused while an array is read, then copied to its exact size
 	// (unless reuse).
-	eps    []discoveryv1.Endpoint
-	sports []corev1.ServicePort
-	eports []discoveryv1.EndpointPort
+	eps        []discoveryv1.Endpoint
+	strScratch []string
+	sports     []corev1.ServicePort
+	eports     []discoveryv1.EndpointPort
 
 	// reuse says each object decoded is dead before the next one is
 	// decoded (the loader's: it keeps what compact.go copies out of
@@ -372,19 +374,26 @@ func (d *fastDecoder) rawString() (raw []byte, decode bool) {
 // ASCII.
 //
 // Most strings of a manifest are plain (printable ASCII, no escape):
-// they are scanned eight bytes at a time (plainWord), then a byte at a
-// time by a table (plainByte), to the closing quote; anything else goes
+// they are scanned eight bytes at a time to the first byte that is not
+// plain (stringStops), the closing quote if they are; anything else goes
 // on byte by byte, as before.
 func (d *fastDecoder) rawStringASCII() (raw []byte, decode, ascii bool) {
 	d.expect('"')
 	start := d.i
 	b := d.b
 	i := start
-	for i+8 <= len(b) && plainWord(binary.LittleEndian.Uint64(b[i:])) {
+	for {
+		if i+8 > len(b) {
+			for i < len(b) && plainByte[b[i]] {
+				i++
+			}
+			break
+		}
+		if m := stringStops(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+			i += bits.TrailingZeros64(m) >> 3
+			break
+		}
 		i += 8
-	}
-	for i < len(b) && plainByte[b[i]] {
-		i++
 	}
 	if i < len(b) && b[i] == '"' {
 		d.i = i + 1
@@ -440,14 +449,15 @@ var plainByte = func() (t [256]bool) {
 	return t
 }()
 
-// plainWord says the eight bytes of w are all plainByte ones. (The
-// classic tests for a zero byte, and for a byte under n: they may flag a
-// byte above one they flag rightly, but never miss one, so a word with
-// no flag holds none.)
-func plainWord(w uint64) bool {
+// stringStops flags (the high bit of its byte) the first byte of w that
+// is not plainByte, and maybe bytes after it, never one before it: the
+// classic tests for a zero byte and for a byte under n flag the lowest
+// such byte rightly, and may flag others above it only. 0: all eight are
+// plain.
+func stringStops(w uint64) uint64 {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	zero := func(x uint64) uint64 { return (x - ones) & ^x & highs }
-	return (w|zero(w^('"'*ones))|zero(w^('\\'*ones))|(w-0x20*ones)&^w)&highs == 0
+	q, bs := w^('"'*ones), w^('\\'*ones)
+	return (w | (q-ones)&^q | (bs-ones)&^bs | (w-0x20*ones)&^w) & highs
 }
 
 func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
@@ -629,16 +639,16 @@ func (d *fastDecoder) strings() []string {
 	if d.null() {
 		return nil
 	}
-	start, n := d.i, 0
-	d.array(func() { n++; d.skipString() })
-	if n == 0 {
+	// Read into scratch (one pass), then copied to a run of its size.
+	scratch := d.strScratch[:0]
+	d.array(func() { scratch = append(scratch, d.strValue()) })
+	d.strScratch = scratch
+	if len(scratch) == 0 {
 		return []string{}
 	}
-	out := d.strs.take(n)
-	end := d.i
-	d.i, n = start, 0
-	d.array(func() { out[n] = d.strValue(); n++ })
-	d.i = end
+	out := d.strs.take(len(scratch))
+	copy(out, scratch)
+	clear(scratch) // (pointers into text chunks)
 	return out
 }
 

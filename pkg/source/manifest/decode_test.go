@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math/bits"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -678,13 +679,23 @@ func TestFastDecodeKindGuess(t *testing.T) {
 	}
 }
 
-// plainWord says eight bytes are plain exactly when each of them is
-// (plainByte).
-func TestPlainWord(t *testing.T) {
+// stringStops, quoteOrBackslash and specials flag the first byte of a
+// word that is not plain (plainByte), a quote or a backslash, or one of
+// those or a bracket, as a byte at a time finds it.
+func TestWordStops(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
-	interesting := []byte{0, 0x1f, 0x20, 0x21, '"', '#', '[', '\\', ']', 0x7f, 0x80, 0x81, 0xdf, 0xff, 'a'}
+	interesting := []byte{0, 0x1f, 0x20, 0x21, '"', '#', '[', '\\', ']', '{', '}', 0x7b, 0x7f, 0x80, 0x81, 0xa0, 0xdb, 0xdf, 0xff, 'a'}
+	tests := []struct {
+		name string
+		word func(uint64) uint64
+		stop func(byte) bool
+	}{
+		{"stringStops", stringStops, func(c byte) bool { return !plainByte[c] }},
+		{"quoteOrBackslash", quoteOrBackslash, func(c byte) bool { return c == '"' || c == '\\' }},
+		{"specials", specials, func(c byte) bool { return bytes.IndexByte([]byte(`"\\{}[]`), c) >= 0 }},
+	}
 	var b [8]byte
-	for i := range 200000 {
+	for i := range 300000 {
 		for k := range b {
 			switch {
 			case i%3 == 0:
@@ -696,12 +707,22 @@ func TestPlainWord(t *testing.T) {
 				}
 			}
 		}
-		want := true
-		for _, c := range b {
-			want = want && plainByte[c]
-		}
-		if got := plainWord(binary.LittleEndian.Uint64(b[:])); got != want {
-			t.Fatalf("plainWord(%q) = %v, want %v", b, got, want)
+		for _, tc := range tests {
+			want := 8
+			for k, c := range b {
+				if tc.stop(c) {
+					want = k
+					break
+				}
+			}
+			m := tc.word(binary.LittleEndian.Uint64(b[:]))
+			got := 8
+			if m != 0 {
+				got = bits.TrailingZeros64(m) >> 3
+			}
+			if got != want || m&^0x8080808080808080 != 0 {
+				t.Fatalf("%s(%q) = %#x: first byte %d, want %d", tc.name, b, m, got, want)
+			}
 		}
 	}
 }

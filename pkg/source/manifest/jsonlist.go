@@ -156,11 +156,18 @@ func skipSpace(doc []byte, i int) int {
 func skipString(doc []byte, i int) (int, bool) {
 	i++
 	for {
-		for i+8 <= len(doc) && !quoteOrBackslash(binary.LittleEndian.Uint64(doc[i:])) {
+		for {
+			if i+8 > len(doc) {
+				for i < len(doc) && doc[i] != '"' && doc[i] != '\\' {
+					i++
+				}
+				break
+			}
+			if m := quoteOrBackslash(binary.LittleEndian.Uint64(doc[i:])); m != 0 {
+				i += bits.TrailingZeros64(m) >> 3
+				break
+			}
 			i += 8
-		}
-		for i < len(doc) && doc[i] != '"' && doc[i] != '\\' {
-			i++
 		}
 		switch {
 		case i >= len(doc):
@@ -174,7 +181,7 @@ func skipString(doc []byte, i int) (int, bool) {
 
 // specials flags (the high bit of its byte) the first byte of w that is
 // a quote, a backslash or a bracket, and maybe bytes after it (never one
-// before it: see plainWord); 0 if none is.
+// before it: see stringStops); 0 if none is.
 func specials(w uint64) uint64 {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
 	zero := func(x uint64) uint64 { return (x - ones) &^ x }
@@ -182,12 +189,12 @@ func specials(w uint64) uint64 {
 	return (zero(w^('"'*ones)) | zero(w^('\\'*ones)) | zero(lower^('{'*ones)) | zero(lower^('}'*ones))) & highs
 }
 
-// quoteOrBackslash says whether one of the eight bytes of w may be a
-// quote or a backslash (see plainWord: never false when one is).
-func quoteOrBackslash(w uint64) bool {
+// quoteOrBackslash flags the first byte of w that is a quote or a
+// backslash, and maybe bytes after it (see stringStops); 0 if none is.
+func quoteOrBackslash(w uint64) uint64 {
 	const ones, highs = 0x0101010101010101, 0x8080808080808080
 	q, bs := w^('"'*ones), w^('\\'*ones)
-	return ((q-ones)&^q|(bs-ones)&^bs)&highs != 0
+	return ((q-ones)&^q | (bs-ones)&^bs) & highs
 }
 
 // skipValue returns the index after the value starting at doc[i]: a
