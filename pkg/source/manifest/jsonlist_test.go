@@ -123,14 +123,31 @@ func TestSplitListSpansDouble(t *testing.T) {
 // time does (refSkipValue, their first form), on any bytes.
 func TestSkipValueMatchesByteScan(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
-	alphabet := []byte("{}[]\"\\ a,:\x00\x7f\xff\xdb\xdd\x7b")
-	doc := make([]byte, 0, 64)
-	for range 300000 {
+	// With backslashes and without (whose blocks of 64 bytes skipValue
+	// reads as bit masks), short and long, the brackets and quotes rarer
+	// or not; from each byte of the short ones, from some of the long.
+	alphabets := [][]byte{
+		[]byte("{}[]\"\\ a,:\x00\x7f\xff\xdb\xdd\x7b"),
+		[]byte("{}[]\" a,:\x00\x7f\xff\xdb\xdd\x7b\xfb\x5b"),
+		[]byte("{}[]\"aaaaaaaaaaaaaaaaaaaaaaa\\"),
+		[]byte("{}[]\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa:,"),
+	}
+	doc := make([]byte, 0, 400)
+	for n := range 300000 {
+		alphabet := alphabets[n%len(alphabets)]
 		doc = doc[:0]
-		for range r.IntN(64) {
+		long := n%3 == 0
+		size := r.IntN(64)
+		if long {
+			size = r.IntN(400)
+		}
+		for range size {
 			doc = append(doc, alphabet[r.IntN(len(alphabet))])
 		}
 		for i := range doc {
+			if long && doc[i] != '{' && doc[i] != '[' && r.IntN(8) != 0 {
+				continue
+			}
 			end, ok := skipValue(doc, i)
 			wantEnd, wantOK := refSkipValue(doc, i)
 			if end != wantEnd || ok != wantOK {
