@@ -562,16 +562,22 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 	if isBlank(doc) {
 		return nil, nil, nil, false
 	}
-	sum := l.sum(doc)
-	if u := l.units[sum]; u != nil {
-		o, w := l.fromUnit(fr, sum, u, file, idx, -1)
-		if w != "" {
-			warns = append(warns, w)
+	// The document's sum, to find it among the units decoded before
+	// (none on a first load: a List's whole document, 34 MiB at 30,000
+	// Services, is not hashed for nothing) and to file an object under.
+	var sum unitSum
+	if len(l.units) > 0 {
+		sum = l.sum(doc)
+		if u := l.units[sum]; u != nil {
+			o, w := l.fromUnit(fr, sum, u, file, idx, -1)
+			if w != "" {
+				warns = append(warns, w)
+			}
+			if o != nil {
+				objs = append(objs, o)
+			}
+			return objs, warns, nil, false
 		}
-		if o != nil {
-			objs = append(objs, o)
-		}
-		return objs, warns, nil, false
 	}
 	var tm typeMeta
 	js := doc
@@ -668,6 +674,9 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 			}
 		}
 		return objs, warns, errs, broken
+	}
+	if len(l.units) == 0 {
+		sum = l.sum(doc)
 	}
 	o, w, err := l.decodeObject(fr, sum, file, idx, -1, tm, js, pre)
 	if w != "" {
