@@ -697,14 +697,11 @@ func TestWordStops(t *testing.T) {
 	var b [8]byte
 	for i := range 300000 {
 		for k := range b {
-			switch {
-			case i%3 == 0:
+			b[k] = 'a'
+			if i%3 == 0 {
 				b[k] = byte(r.IntN(256))
-			default:
-				b[k] = 'a'
-				if r.IntN(8) == 0 {
-					b[k] = interesting[r.IntN(len(interesting))]
-				}
+			} else if r.IntN(8) == 0 {
+				b[k] = interesting[r.IntN(len(interesting))]
 			}
 		}
 		for _, tc := range tests {
