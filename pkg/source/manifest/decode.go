@@ -1205,7 +1205,7 @@ func (d *fastDecoder) objectReference() *corev1.ObjectReference {
 }
 
 func (d *fastDecoder) conditions(c *discoveryv1.EndpointConditions) {
-	if d.null() {
+	if d.null() || d.compactConditions(c) {
 		return
 	}
 	d.object(func(key []byte) uint {
@@ -1223,6 +1223,43 @@ func (d *fastDecoder) conditions(c *discoveryv1.EndpointConditions) {
 		}
 		return 0
 	})
+}
+
+// conditionKeys are the members of an endpoint's conditions as
+// encoding/json writes them (test/bench's files, and generators'):
+// without white space, in the API's order.
+var conditionKeys = [3]string{`{"ready":`, `,"serving":`, `,"terminating":`}
+
+// compactConditions reads the conditions if they are written as
+// conditionKeys say, each true or false, and reports whether they were;
+// if not, it has read nothing. It reads what object and boolPtr would
+// read of the same bytes, without a call per member: a tenth of a List's
+// decoding at 30,000 Services x 10 endpoints went to the conditions.
+func (d *fastDecoder) compactConditions(c *discoveryv1.EndpointConditions) bool {
+	b := d.b[d.i:]
+	var v [3]bool
+	p := 0
+	for k, key := range conditionKeys {
+		if !strings.HasPrefix(string(b[p:]), key) {
+			return false
+		}
+		p += len(key)
+		switch rest := string(b[p:]); {
+		case strings.HasPrefix(rest, "true"):
+			v[k] = true
+			p += len("true")
+		case strings.HasPrefix(rest, "false"):
+			p += len("false")
+		default:
+			return false
+		}
+	}
+	if p >= len(b) || b[p] != '}' {
+		return false
+	}
+	d.i += p + 1
+	c.Ready, c.Serving, c.Terminating = d.bools.ptr(v[0]), d.bools.ptr(v[1]), d.bools.ptr(v[2])
+	return true
 }
 
 func (d *fastDecoder) hints() *discoveryv1.EndpointHints {

@@ -723,3 +723,34 @@ func TestWordStops(t *testing.T) {
 		}
 	}
 }
+
+// Conditions as encoding/json writes them are read without a call per
+// member (compactConditions), as the general path reads them; any other
+// form (white space, another order, null, a missing member) is left to
+// the general path, which reads it as encoding/json does.
+func TestCompactConditions(t *testing.T) {
+	forms := []string{
+		`{"ready":true,"serving":true,"terminating":false}`,  // compact
+		`{"ready":false,"serving":false,"terminating":true}`, // compact
+		`{"ready":true,"serving":false,"terminating":false}`, // compact
+		`{"ready": true,"serving":true,"terminating":false}`,
+		`{"serving":true,"ready":true,"terminating":false}`,
+		`{"ready":null,"serving":true,"terminating":false}`,
+		`{"ready":true,"serving":true}`,
+		`{"ready":true,"serving":true,"terminating":false,"x":1}`,
+		`{"ready":true,"serving":true,"terminating":falsey}`,
+		`{"ready":true,"serving":true,"terminating":false`,
+	}
+	for i, form := range forms {
+		var d fastDecoder
+		d.b = []byte(form)
+		var c discoveryv1.EndpointConditions
+		if got, want := d.compactConditions(&c), i < 3; got != want || !got && d.i != 0 {
+			t.Errorf("%s: compact %v (read to %d), want %v", form, got, d.i, want)
+		}
+		js := `{"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{"name":"a"},"addressType":"IPv4","endpoints":[{"addresses":["10.0.0.1"],"conditions":` + form + `}]}`
+		if decoded := checkFastDecode(t, []byte(js)); decoded != (i < 8) {
+			t.Errorf("%s: decoded %v, want %v", form, decoded, i < 8)
+		}
+	}
+}
