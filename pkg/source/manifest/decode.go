@@ -381,20 +381,7 @@ func (d *fastDecoder) rawStringASCII() (raw []byte, decode, ascii bool) {
 	d.expect('"')
 	start := d.i
 	b := d.b
-	i := start
-	for {
-		if i+8 > len(b) {
-			for i < len(b) && plainByte[b[i]] {
-				i++
-			}
-			break
-		}
-		if m := stringStops(binary.LittleEndian.Uint64(b[i:])); m != 0 {
-			i += bits.TrailingZeros64(m) >> 3
-			break
-		}
-		i += 8
-	}
+	i := plainRun(b, start)
 	if i < len(b) && b[i] == '"' {
 		d.i = i + 1
 		return b[start:i], false, true
@@ -448,6 +435,21 @@ var plainByte = func() (t [256]bool) {
 	}
 	return t
 }()
+
+// plainRun returns the index of the first byte of b from i on that is not
+// plainByte (len(b) if none), eight bytes at a time (stringStops).
+func plainRun(b []byte, i int) int {
+	for i+8 <= len(b) {
+		if m := stringStops(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+		i += 8
+	}
+	for i < len(b) && plainByte[b[i]] {
+		i++
+	}
+	return i
+}
 
 // stringStops flags (the high bit of its byte) the first byte of w that
 // is not plainByte, and maybe bytes after it, never one before it: the

@@ -679,9 +679,9 @@ func TestFastDecodeKindGuess(t *testing.T) {
 	}
 }
 
-// stringStops, quoteOrBackslash and specials flag the first byte of a
-// word that is not plain (plainByte), a quote or a backslash, or one of
-// those or a bracket, as a byte at a time finds it.
+// stringStops and specials flag the first byte of a word that is not
+// plain (plainByte), or that is a quote, a backslash or a bracket, as a
+// byte at a time finds it.
 func TestWordStops(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	interesting := []byte{0, 0x1f, 0x20, 0x21, '"', '#', '[', '\\', ']', '{', '}', 0x7b, 0x7f, 0x80, 0x81, 0xa0, 0xdb, 0xdf, 0xff, 'a'}
@@ -691,7 +691,6 @@ func TestWordStops(t *testing.T) {
 		stop func(byte) bool
 	}{
 		{"stringStops", stringStops, func(c byte) bool { return !plainByte[c] }},
-		{"quoteOrBackslash", quoteOrBackslash, func(c byte) bool { return c == '"' || c == '\\' }},
 		{"specials", specials, func(c byte) bool { return bytes.IndexByte([]byte(`"\\{}[]`), c) >= 0 }},
 	}
 	var b [8]byte

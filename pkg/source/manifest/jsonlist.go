@@ -256,32 +256,25 @@ func skipSpace(doc []byte, i int) int {
 }
 
 // skipString returns the index after the string starting at doc[i] ('"').
-// It goes eight bytes at a time to the next quote or backslash (a
-// manifest's strings are short: a call of bytes.IndexByte for each cost
-// more than the scan), and a backslash escapes the byte after it.
+// It goes eight bytes at a time to the next byte that is not plain
+// (plainRun: a manifest's strings are short, and a call of
+// bytes.IndexByte for each cost more than the scan); a backslash escapes
+// the byte after it, and a control byte or a byte of 0x80 and over is
+// passed as any other.
 func skipString(doc []byte, i int) (int, bool) {
 	i++
 	for {
-		for {
-			if i+8 > len(doc) {
-				for i < len(doc) && doc[i] != '"' && doc[i] != '\\' {
-					i++
-				}
-				break
-			}
-			if m := quoteOrBackslash(binary.LittleEndian.Uint64(doc[i:])); m != 0 {
-				i += bits.TrailingZeros64(m) >> 3
-				break
-			}
-			i += 8
-		}
+		i = plainRun(doc, i)
 		switch {
 		case i >= len(doc):
 			return 0, false
 		case doc[i] == '"':
 			return i + 1, true
+		case doc[i] == '\\':
+			i += 2 // the backslash and what it escapes
+		default:
+			i++
 		}
-		i += 2 // the backslash and what it escapes
 	}
 }
 
@@ -293,14 +286,6 @@ func specials(w uint64) uint64 {
 	zero := func(x uint64) uint64 { return (x - ones) &^ x }
 	lower := w | 0x20*ones // '[' and ']' as '{' and '}'
 	return (zero(w^('"'*ones)) | zero(w^('\\'*ones)) | zero(lower^('{'*ones)) | zero(lower^('}'*ones))) & highs
-}
-
-// quoteOrBackslash flags the first byte of w that is a quote or a
-// backslash, and maybe bytes after it (see stringStops); 0 if none is.
-func quoteOrBackslash(w uint64) uint64 {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	q, bs := w^('"'*ones), w^('\\'*ones)
-	return ((q-ones)&^q | (bs-ones)&^bs) & highs
 }
 
 // skipValue returns the index after the value starting at doc[i]: a

