@@ -1242,15 +1242,15 @@ func (d *fastDecoder) compactConditions(c *discoveryv1.EndpointConditions) bool 
 	var v [3]bool
 	p := 0
 	for k, key := range conditionKeys {
-		if !strings.HasPrefix(string(b[p:]), key) {
+		if !hasPrefix(b[p:], key) {
 			return false
 		}
 		p += len(key)
-		switch rest := string(b[p:]); {
-		case strings.HasPrefix(rest, "true"):
+		switch rest := b[p:]; {
+		case hasPrefix(rest, "true"):
 			v[k] = true
 			p += len("true")
-		case strings.HasPrefix(rest, "false"):
+		case hasPrefix(rest, "false"):
 			p += len("false")
 		default:
 			return false
@@ -1262,6 +1262,13 @@ func (d *fastDecoder) compactConditions(c *discoveryv1.EndpointConditions) bool 
 	d.i += p + 1
 	c.Ready, c.Serving, c.Terminating = d.bools.ptr(v[0]), d.bools.ptr(v[1]), d.bools.ptr(v[2])
 	return true
+}
+
+// hasPrefix is bytes.HasPrefix(b, []byte(s)) without copying either
+// (string(b) converted for a call copies b: the rest of the item, for
+// each member of each endpoint, 1.2 GB a load at 30,000 Services).
+func hasPrefix(b []byte, s string) bool {
+	return len(b) >= len(s) && string(b[:len(s)]) == s
 }
 
 func (d *fastDecoder) hints() *discoveryv1.EndpointHints {
