@@ -2,10 +2,12 @@ package manifest
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
+	"math/bits"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -644,5 +646,124 @@ func TestBlockYAMLToJSONEveryCharacterPair(t *testing.T) {
 	t.Logf("%d of %d converted", converted, 95*95*5*len(templates))
 	if converted < 95*95*5*len(templates)/4 {
 		t.Errorf("only %d converted", converted)
+	}
+}
+
+// The kind the fast decoder guesses first (kindHint) only steers it: an
+// object whose guess is wrong (a "kind" member further in that is not
+// its own, a Service of another apiVersion) is decoded as encoding/json
+// decodes it, or declined; a List is declined (and not decoded as the
+// kind of its first item).
+func TestFastDecodeKindGuess(t *testing.T) {
+	for _, tc := range []struct {
+		js    string
+		guess objKind
+		want  bool // decoded
+	}{
+		{`{"endpoints":[{"addresses":["10.0.0.1"],"targetRef":{"kind":"Service","name":"x"}}],"addressType":"IPv4","apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{"name":"a"}}`, kindService, true},
+		{`{"addressType":"IPv4","apiVersion":"discovery.k8s.io/v1","endpoints":[{"addresses":["10.0.0.1"],"targetRef":{"kind":"Service","name":"x"}}],"kind":"EndpointSlice","metadata":{"name":"a"}}`, kindSlice, true},
+		{`{"addressType":"IPv4","apiVersion":"v1","kind":"Service","metadata":{"name":"a"}}`, kindSlice, true},
+		{`{"metadata":{"name":"a"},"spec":{"x":{"kind":"EndpointSlice"}},"apiVersion":"v1","kind":"Service"}`, kindSlice, true},
+		{`{"addressType":"IPv4","endpoints":[],"kind" : "EndpointSlice","apiVersion":"discovery.k8s.io/v1"}`, kindSlice, true},
+		{`{"apiVersion":"serving.knative.dev/v1","kind":"Service","metadata":{"name":"a"}}`, kindService, false},
+		{`{"apiVersion":"v1","metadata":{},"items":[{"apiVersion":"v1","kind":"Service","metadata":{"name":"a"}}],"kind":"List"}`, kindService, false},
+		{`{"apiVersion":"v1","items":[{"apiVersion":"v1","kind":"Service","metadata":{"name":"a"}}],"kind":"List"}`, 0, false},
+		{`{"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"a"}}`, 0, false},
+	} {
+		if got := kindHint([]byte(tc.js)); got != tc.guess {
+			t.Errorf("kindHint = %v, want %v: %s", got, tc.guess, tc.js)
+		}
+		if got := checkFastDecode(t, []byte(tc.js)); got != tc.want {
+			t.Errorf("decoded %v, want %v: %s", got, tc.want, tc.js)
+		}
+	}
+}
+
+// stringStops and specials flag the first byte of a word that is not
+// plain (plainByte), or that is a quote, a backslash or a bracket, as a
+// byte at a time finds it.
+func TestWordStops(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	interesting := []byte{0, 0x1f, 0x20, 0x21, '"', '#', '[', '\\', ']', '{', '}', 0x7b, 0x7f, 0x80, 0x81, 0xa0, 0xdb, 0xdf, 0xff, 'a'}
+	tests := []struct {
+		name string
+		word func(uint64) uint64
+		stop func(byte) bool
+	}{
+		{"stringStops", stringStops, func(c byte) bool { return !plainByte[c] }},
+		{"specials", specials, func(c byte) bool { return bytes.IndexByte([]byte(`"\\{}[]`), c) >= 0 }},
+	}
+	var b [8]byte
+	for i := range 300000 {
+		for k := range b {
+			b[k] = 'a'
+			if i%3 == 0 {
+				b[k] = byte(r.IntN(256))
+			} else if r.IntN(8) == 0 {
+				b[k] = interesting[r.IntN(len(interesting))]
+			}
+		}
+		for _, tc := range tests {
+			want := 8
+			for k, c := range b {
+				if tc.stop(c) {
+					want = k
+					break
+				}
+			}
+			m := tc.word(binary.LittleEndian.Uint64(b[:]))
+			got := 8
+			if m != 0 {
+				got = bits.TrailingZeros64(m) >> 3
+			}
+			if got != want || m&^0x8080808080808080 != 0 {
+				t.Fatalf("%s(%q) = %#x: first byte %d, want %d", tc.name, b, m, got, want)
+			}
+		}
+	}
+}
+
+// Conditions as encoding/json writes them are read without a call per
+// member (compactConditions), as the general path reads them; any other
+// form (white space, another order, null, a missing member) is left to
+// the general path, which reads it as encoding/json does.
+func TestCompactConditions(t *testing.T) {
+	forms := []string{
+		`{"ready":true,"serving":true,"terminating":false}`,  // compact
+		`{"ready":false,"serving":false,"terminating":true}`, // compact
+		`{"ready":true,"serving":false,"terminating":false}`, // compact
+		`{"ready": true,"serving":true,"terminating":false}`,
+		`{"serving":true,"ready":true,"terminating":false}`,
+		`{"ready":null,"serving":true,"terminating":false}`,
+		`{"ready":true,"serving":true}`,
+		`{"ready":true,"serving":true,"terminating":false,"x":1}`,
+		`{"ready":true,"serving":true,"terminating":falsey}`,
+		`{"ready":true,"serving":true,"terminating":false`,
+	}
+	for i, form := range forms {
+		var d fastDecoder
+		d.b = []byte(form)
+		var c discoveryv1.EndpointConditions
+		if got, want := d.compactConditions(&c), i < 3; got != want || !got && d.i != 0 {
+			t.Errorf("%s: compact %v (read to %d), want %v", form, got, d.i, want)
+		}
+		js := `{"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{"name":"a"},"addressType":"IPv4","endpoints":[{"addresses":["10.0.0.1"],"conditions":` + form + `}]}`
+		if decoded := checkFastDecode(t, []byte(js)); decoded != (i < 8) {
+			t.Errorf("%s: decoded %v, want %v", form, decoded, i < 8)
+		}
+	}
+	// Reading them copies nothing of what follows (a conversion of the
+	// rest to a string for strings.HasPrefix copied it, and doubled a
+	// load's CPU).
+	d := fastDecoder{reuse: true, b: append([]byte(forms[0]), make([]byte, 1<<16)...)}
+	var c discoveryv1.EndpointConditions
+	if allocs := testing.AllocsPerRun(1000, func() {
+		d.i = 0
+		d.recycle()
+		if !d.compactConditions(&c) {
+			t.Fatal("not read")
+		}
+	}); allocs > 0 {
+		t.Errorf("%.1f allocations a read, want none", allocs)
 	}
 }

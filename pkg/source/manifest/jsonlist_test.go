@@ -3,6 +3,7 @@ package manifest
 import (
 	"bytes"
 	"encoding/json"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -116,4 +117,91 @@ func TestSplitListSpansDouble(t *testing.T) {
 	if allocs > 16 {
 		t.Errorf("splitting %d items: %.0f allocations, want at most 16", n, allocs)
 	}
+}
+
+// skipValue and skipString, eight bytes at a time, end where a byte at a
+// time does (refSkipValue, their first form), on any bytes.
+func TestSkipValueMatchesByteScan(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	// With backslashes and without (whose blocks of 64 bytes skipValue
+	// reads as bit masks), short and long, the brackets and quotes rarer
+	// or not; from each byte of the short ones, from some of the long.
+	alphabets := [][]byte{
+		[]byte("{}[]\"\\ a,:\x00\x7f\xff\xdb\xdd\x7b"),
+		[]byte("{}[]\" a,:\x00\x7f\xff\xdb\xdd\x7b\xfb\x5b"),
+		[]byte("{}[]\"aaaaaaaaaaaaaaaaaaaaaaa\\"),
+		[]byte("{}[]\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa:,"),
+	}
+	doc := make([]byte, 0, 400)
+	for n := range 300000 {
+		alphabet := alphabets[n%len(alphabets)]
+		doc = doc[:0]
+		long := n%3 == 0
+		size := r.IntN(64)
+		if long {
+			size = r.IntN(400)
+		}
+		for range size {
+			doc = append(doc, alphabet[r.IntN(len(alphabet))])
+		}
+		for i := range doc {
+			if long && doc[i] != '{' && doc[i] != '[' && r.IntN(8) != 0 {
+				continue
+			}
+			end, ok := skipValue(doc, i)
+			wantEnd, wantOK := refSkipValue(doc, i)
+			if end != wantEnd || ok != wantOK {
+				t.Fatalf("skipValue(%q, %d) = %d, %v; want %d, %v", doc, i, end, ok, wantEnd, wantOK)
+			}
+		}
+	}
+}
+
+func refSkipString(doc []byte, i int) (int, bool) {
+	i++
+	for {
+		j := bytes.IndexByte(doc[i:], '"')
+		if j < 0 {
+			return 0, false
+		}
+		i += j
+		n := 0
+		for k := i - 1; k >= 0 && doc[k] == '\\'; k-- {
+			n++
+		}
+		i++
+		if n%2 == 0 {
+			return i, true
+		}
+	}
+}
+
+func refSkipValue(doc []byte, i int) (int, bool) {
+	if i < len(doc) && doc[i] == '"' {
+		return refSkipString(doc, i)
+	}
+	if i >= len(doc) || doc[i] != '{' && doc[i] != '[' {
+		return skipValue(doc, i) // a literal, or nothing: not what the test is about
+	}
+	depth := 0
+	for i < len(doc) {
+		switch doc[i] {
+		case '"':
+			end, ok := refSkipString(doc, i)
+			if !ok {
+				return 0, false
+			}
+			i = end
+			continue
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return i + 1, true
+			}
+		}
+		i++
+	}
+	return 0, false
 }

@@ -562,16 +562,22 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 	if isBlank(doc) {
 		return nil, nil, nil, false
 	}
-	sum := l.sum(doc)
-	if u := l.units[sum]; u != nil {
-		o, w := l.fromUnit(fr, sum, u, file, idx, -1)
-		if w != "" {
-			warns = append(warns, w)
+	// The document's sum, to find it among the units decoded before
+	// (none on a first load: a List's whole document, 34 MiB at 30,000
+	// Services, is not hashed for nothing) and to file an object under.
+	var sum unitSum
+	if len(l.units) > 0 {
+		sum = l.sum(doc)
+		if u := l.units[sum]; u != nil {
+			o, w := l.fromUnit(fr, sum, u, file, idx, -1)
+			if w != "" {
+				warns = append(warns, w)
+			}
+			if o != nil {
+				objs = append(objs, o)
+			}
+			return objs, warns, nil, false
 		}
-		if o != nil {
-			objs = append(objs, o)
-		}
-		return objs, warns, nil, false
 	}
 	var tm typeMeta
 	js := doc
@@ -669,6 +675,9 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 		}
 		return objs, warns, errs, broken
 	}
+	if len(l.units) == 0 {
+		sum = l.sum(doc)
+	}
 	o, w, err := l.decodeObject(fr, sum, file, idx, -1, tm, js, pre)
 	if w != "" {
 		warns = append(warns, w)
@@ -762,11 +771,14 @@ type fastObject struct {
 // decodeItem reads the type meta of item, an item of a List, and the
 // object if d can (pre; zero if not). err is encoding/json's when the
 // type meta does not decode.
-func (d *fastDecoder) decodeItem(item []byte) (tm typeMeta, pre fastObject, err error) {
+func (d *fastDecoder) decodeItem(item []byte) (typeMeta, fastObject, error) {
 	if tm, svc, slice, ok := d.decodeTyped(item); ok {
 		return tm, fastObject{svc, slice}, nil
 	}
-	err = json.Unmarshal(item, &tm)
+	// Declared here, not as a result: Unmarshal makes it escape, and a
+	// result would be allocated for every item, decoded by hand or not.
+	var tm typeMeta
+	err := json.Unmarshal(item, &tm)
 	return tm, fastObject{}, err
 }
 
