@@ -209,21 +209,62 @@ func countEntries(m *ebpf.Map) (int, error) {
 // countPresent counts the present entries (BE_F_PRESENT) of a backends
 // array.
 func countPresent(m *ebpf.Map) (int, error) {
-	n := 0
-	err := eachArrayEntry(m, func(_ uint32, v []byte) error {
-		if presentEntry(v) {
-			n++
+	flags := int(m.ValueSize()) - 1 // the flags byte (presentEntry)
+	return countArray(m, func(v []byte) bool { return presentEntry(v) }, func(win []byte, stride, count int) int {
+		n := 0
+		for i := range count {
+			if win[i*stride+flags]&bePresent != 0 {
+				n++
+			}
 		}
-		return nil
+		return n
 	})
-	return n, err
 }
 
 // countSlots counts the entries of a slots array that name a backend.
 func countSlots(m *ebpf.Map) (int, error) {
+	return countArray(m, func([]byte) bool { return true }, func(win []byte, stride, count int) int {
+		// The __u32 of each 8-byte entry, as a word in native order.
+		words := unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(win))), len(win)/4)
+		n := 0
+		for i := range count {
+			if words[i*stride/4] != 0 {
+				n++
+			}
+		}
+		return n
+	})
+}
+
+// countArray counts the entries of the array m that count says are in
+// use, a window of its mapped memory at a time (arrayLayout.window; a
+// window is unmapped before the next is mapped, as eachArrayEntry's),
+// each entry's value at a stride in it: a loop over the memory, where
+// eachArrayEntry's call per entry and comparison with zero made a scrape
+// of the metrics at 30,000 Services x 10 cost 32 ms of CPU against 12
+// before the slots arrays (issue 14). An array that cannot be mapped is
+// counted with eachArrayEntry, each value not all zero given to inUse.
+func countArray(m *ebpf.Map, inUse func(v []byte) bool, count func(win []byte, stride, count int) int) (int, error) {
+	a := layoutOf(m)
 	n := 0
-	err := eachArrayEntry(m, func(uint32, []byte) error { n++; return nil })
-	return n, err
+	for first := 0; first < a.n; first += a.per {
+		mem, err := a.window(m, first/a.per)
+		if err != nil {
+			if first == 0 {
+				err := eachArrayEntry(m, func(_ uint32, v []byte) error {
+					if inUse(v) {
+						n++
+					}
+					return nil
+				})
+				return n, err
+			}
+			return 0, fmt.Errorf("map entries %d-: %w", first, err)
+		}
+		n += count(mem, a.stride, min(a.per, a.n-first))
+		_ = unix.Munmap(mem) // only fails for a bad range
+	}
+	return n, nil
 }
 
 // presentEntry says whether v, the value of a backends array's entry, is a
