@@ -553,3 +553,35 @@ func TestTCReplyToFrontend(t *testing.T) {
 		})
 	})
 }
+
+// TestTCSynToFrontendIsNotAReply checks that a pure TCP SYN addressed to
+// a frontend starts a flow to it even where its tuple is a live flow's
+// reply tuple (tc_ingress does not look it up as a reply: a backend
+// answers with a SYN-ACK, never a pure SYN), while that flow's SYN-ACK
+// and ACK, addressed to the same frontend, are still its replies.
+func TestTCSynToFrontendIsNotAReply(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d := newTestDatapath(t)
+		feA, feB := twinL4(v6, l4("10.96.0.20", 80, model.TCP)), twinL4(v6, l4("10.96.0.21", 80, model.TCP))
+		beA, beB := twinL4(v6, l4("10.1.3.1", 8080, model.TCP)), twinL4(v6, l4("10.1.3.2", 8080, model.TCP))
+		applyServices(t, d, clusterIP(feA, beA), clusterIP(feB, beB))
+		seg := func(from, to model.L4Addr, flags uint8) packet.Packet {
+			return tcpPacket(from.Addr.String(), from.Port, to.Addr.String(), to.Port, flags, nil)
+		}
+		at := func(a model.L4Addr) func(*packet.Packet) {
+			return func(p *packet.Packet) { p.Dst, p.DstPort = a.Addr, a.Port }
+		}
+		from := func(a model.L4Addr) func(*packet.Packet) {
+			return func(p *packet.Packet) { p.Src, p.SrcPort = a.Addr, a.Port }
+		}
+		runPacketCases(t, d, []packetCase{
+			// B's frontend, as a client, opens a connection to A.
+			{name: "syn_from_frontend", in: seg(feB, feA, packet.SYN), verdict: tcActOK, out: with(seg(feB, feA, packet.SYN), at(beA))},
+			// A's backend answers <beA -> feB>: a reply.
+			{name: "synack_to_frontend", in: seg(beA, feB, packet.SYN|packet.ACK), verdict: tcActOK, out: with(seg(beA, feB, packet.SYN|packet.ACK), from(feA))},
+			{name: "ack_to_frontend", in: seg(beA, feB, packet.ACK), verdict: tcActOK, out: with(seg(beA, feB, packet.ACK), from(feA))},
+			// A pure SYN on that reply tuple opens a connection to B.
+			{name: "syn_to_frontend", in: seg(beA, feB, packet.SYN), verdict: tcActOK, out: with(seg(beA, feB, packet.SYN), at(beB))},
+		})
+	})
+}
