@@ -764,6 +764,14 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
  * the older flow's packets went astray. (XDP, which looks a packet up as
  * a reply only at a port of the SNAT range, let the forward entry decide
  * already.) TestTCReplyToFrontend checks both cases.
+ *
+ * A pure TCP SYN to a frontend is not looked up as a reply at all
+ * (ct_syn_only): it starts a flow, or follows the one it retransmits.
+ * That saves the first packet of every TCP connection the reply lookup's
+ * two misses. A backend does not send a pure SYN to its client's
+ * address and port: its answer to the client's SYN is a SYN-ACK, which
+ * is still looked up as a reply first. TestTCSynToFrontendIsNotAReply
+ * checks that such a SYN starts a flow.
  */
 static __always_inline int tc_ingress(struct __sk_buff *skb,
 				      const struct pkt4 *p, __u64 now)
@@ -777,7 +785,7 @@ static __always_inline int tc_ingress(struct __sk_buff *skb,
 	svc = lookup_service(p->daddr, p->dport, p->proto);
 	if (svc)
 		fwd = lb4_fwd_find(p, &key, now, &gone, &fresh);
-	if (!fwd) {
+	if (!fwd && !(svc && ct_syn_only(p))) {
 		ret = rev_nat(skb, p, now, true);
 		if (ret >= 0)
 			return ret;

@@ -391,6 +391,19 @@ static __always_inline bool FN(ct_opens)(const FAM(pkt_t) *p)
 }
 
 /*
+ * ct_syn_only - whether @p is a pure TCP SYN, which tc never takes for a
+ * reply of a flow addressed to a frontend (tc_ingress): a translated
+ * flow's backend answers its client's SYN with a SYN-ACK, and a pure SYN
+ * in the reply direction would be a simultaneous open, which a backend
+ * answering on a Service's port does not make.
+ */
+static __always_inline bool FN(ct_syn_only)(const FAM(pkt_t) *p)
+{
+	return p->proto == IPPROTO_TCP &&
+	       (p->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+}
+
+/*
  * ct_reopens - whether @p, a new flow's packet, may take a tuple that @e,
  * a live entry of another flow, holds: @p is a pure TCP SYN and @e's flow
  * has closed. netfilter's rule: a new SYN reopens the tuple of a closed
@@ -820,6 +833,18 @@ FN(ct_reply_dry)(const FAM(ct_key_t) *key, __u64 now)
  * translated flow (its key in @key): an established flow's, refreshed; or
  * that of a half-open one, which this first reply promotes (ct_promote).
  *
+ * A TCP reply with SYN set (the backend's SYN-ACK) is looked up in
+ * sluice_ct_new first: its flow is half-open but for a retransmitted
+ * SYN-ACK, so the first reply saves sluice_conntrack's miss. A live
+ * half-open entry found so is promoted at once; ct_create keeps a live
+ * established entry of another frontend off its tuple (a clash), and one
+ * of the same frontend that it could not reap (refreshed meanwhile)
+ * names the same translation, which ct_promote's ct_est_same accepts.
+ * Anything else found there (an overflowed flow, a lapsed entry) is
+ * looked up in the order below, as any reply's. A source-NATed flow's
+ * SYN-ACK, whose port reservation is in sluice_conntrack from the start,
+ * pays the miss in sluice_ct_new instead.
+ *
  * Returns the entry (in sluice_conntrack), or NULL with @err 0 if @p is
  * not such a reply, or NULL with a negative @err if the flow cannot be
  * promoted (-E2BIG: refused, the table is full): drop @p.
@@ -833,6 +858,12 @@ FN(ct_reply)(const FAM(pkt_t) *p, FAM(ct_key_t) *key, __u64 now, int *err)
 	FN(ct_key_of)(key, p, CT_REVERSE);
 	if (explain_dry(p))
 		return FN(ct_reply_dry)(key, now);
+	if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_FLAG_SYN)) {
+		e = bpf_map_lookup_elem(FAM(ct_new), key);
+		if (e && ct_alive(READ_ONCE(e->expires), now) &&
+		    !(READ_ONCE(e->flags) & CT_F_REPLIED))
+			goto promote;
+	}
 	e = bpf_map_lookup_elem(FAM(ct_est), key);
 	if (e && ct_alive(READ_ONCE(e->expires), now)) {
 		/* A port reservation whose flow has seen no reply yet. */
@@ -855,6 +886,7 @@ FN(ct_reply)(const FAM(pkt_t) *p, FAM(ct_key_t) *key, __u64 now, int *err)
 		FN(ct_touch)(key, e, now);
 		return e;
 	}
+promote:
 	*err = FN(ct_promote)(key, e, now);
 	if (*err == -ENOENT)
 		*err = 0;

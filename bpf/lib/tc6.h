@@ -585,7 +585,8 @@ static __noinline int lb6_has_flow(const struct pkt6 *p, __u64 now,
  * saves the reply lookup's two misses, for a second look at its forward
  * entry (lb6_follow), hot by then; and to a frontend of one scope, scope's
  * lookups (lb6_frontend). Should its entry be gone at the second look,
- * the packet starts a flow, and scope runs then.
+ * the packet starts a flow, and scope runs then. A pure TCP SYN to a
+ * frontend is never looked up as a reply (ct_syn_only6, tc_ingress).
  */
 static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 				    __u64 now, struct lb6_xlate *x)
@@ -596,7 +597,7 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 	svc = lookup_service6(p->daddr, p->dport, p->proto);
 	if (svc)
 		flow = lb6_has_flow(p, now, x);
-	if (!flow) {
+	if (!flow && !(svc && ct_syn_only6(p))) {
 		ret = rev_nat6(skb, p, now, x);
 		if (ret != -1)
 			return ret;

@@ -500,7 +500,7 @@ func liveVerifiedInsns(b *testing.B, deferred bool) uint32 {
 	}
 	defer func() { _ = d.Close() }()
 	var sum uint32
-	for _, p := range []*ebpf.Program{d.tc.SluiceIngress, d.tc.SluiceEgress, d.tc.Sluice6Ingress, d.tc.Sluice6Egress} {
+	for i, p := range []*ebpf.Program{d.tc.SluiceIngress, d.tc.SluiceEgress, d.tc.Sluice6Ingress, d.tc.Sluice6Egress} {
 		info, err := p.Info()
 		if err != nil {
 			b.Fatal(err)
@@ -509,6 +509,7 @@ func liveVerifiedInsns(b *testing.B, deferred bool) uint32 {
 		if !ok {
 			b.Skip("the kernel does not report verified instructions (5.16+)")
 		}
+		b.Logf("%s: %d verified instructions", [...]string{"sluice_ingress", "sluice_egress", "sluice6_ingress", "sluice6_egress"}[i], n)
 		sum += n
 	}
 	return sum

@@ -508,6 +508,27 @@ func onlyNATFieldsDiffer(a, b []byte) bool {
 	return true
 }
 
+// twoFrontends is a datapath with two ClusterIP frontends A and B of the
+// family v6 says (port fePort), each with one backend (port bePort).
+func twoFrontends(t *testing.T, v6 bool, fePort, bePort uint16, proto model.Protocol) (d *Datapath, feA, feB, beA, beB model.L4Addr) {
+	t.Helper()
+	d = newTestDatapath(t)
+	feA, feB = twinL4(v6, l4("10.96.0.20", fePort, proto)), twinL4(v6, l4("10.96.0.21", fePort, proto))
+	beA, beB = twinL4(v6, l4("10.1.3.1", bePort, proto)), twinL4(v6, l4("10.1.3.2", bePort, proto))
+	applyServices(t, d, clusterIP(feA, beA), clusterIP(feB, beB))
+	return d, feA, feB, beA, beB
+}
+
+// dstAt and srcFrom rewrite a packet's destination or source to a, for a
+// case's out.
+func dstAt(a model.L4Addr) func(*packet.Packet) {
+	return func(p *packet.Packet) { p.Dst, p.DstPort = a.Addr, a.Port }
+}
+
+func srcFrom(a model.L4Addr) func(*packet.Packet) {
+	return func(p *packet.Packet) { p.Src, p.SrcPort = a.Addr, a.Port }
+}
+
 // TestTCReplyToFrontend: tc's ingress looks a packet to a frontend up as
 // its flow's first, and as a reply only when it has no flow (tc_ingress
 // in bpf/tc.c says why that order is sound). Two flows meet where a
@@ -523,19 +544,11 @@ func onlyNATFieldsDiffer(a, b []byte) bool {
 //     tuple to one flow.
 func TestTCReplyToFrontend(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		d := newTestDatapath(t)
-		feA, feB := twinL4(v6, l4("10.96.0.20", 53, model.UDP)), twinL4(v6, l4("10.96.0.21", 53, model.UDP))
-		beA, beB := twinL4(v6, l4("10.1.3.1", 53, model.UDP)), twinL4(v6, l4("10.1.3.2", 53, model.UDP))
-		applyServices(t, d, clusterIP(feA, beA), clusterIP(feB, beB))
+		d, feA, feB, beA, beB := twoFrontends(t, v6, 53, 53, model.UDP)
 		dgram := func(from, to model.L4Addr) packet.Packet {
 			return udpDgram(from.Addr.String(), from.Port, to.Addr.String(), to.Port)
 		}
-		at := func(a model.L4Addr) func(*packet.Packet) {
-			return func(p *packet.Packet) { p.Dst, p.DstPort = a.Addr, a.Port }
-		}
-		from := func(a model.L4Addr) func(*packet.Packet) {
-			return func(p *packet.Packet) { p.Src, p.SrcPort = a.Addr, a.Port }
-		}
+		at, from := dstAt, srcFrom
 		runPacketCases(t, d, []packetCase{
 			// B's frontend asks A: DNAT to A's backend.
 			{name: "request_from_frontend", in: dgram(feB, feA), verdict: tcActOK, out: with(dgram(feB, feA), at(beA))},
@@ -550,6 +563,30 @@ func TestTCReplyToFrontend(t *testing.T) {
 			// B's backend asks A again: its flow's, to A's backend,
 			// not a reply of the newer flow from A's frontend.
 			{name: "backend_asks_a_again", in: dgram(beB, feA), verdict: tcActOK, out: with(dgram(beB, feA), at(beA))},
+		})
+	})
+}
+
+// TestTCSynToFrontendIsNotAReply checks that a pure TCP SYN addressed to
+// a frontend starts a flow to it even where its tuple is a live flow's
+// reply tuple (tc_ingress does not look it up as a reply: a backend
+// answers with a SYN-ACK, never a pure SYN), while that flow's SYN-ACK
+// and ACK, addressed to the same frontend, are still its replies.
+func TestTCSynToFrontendIsNotAReply(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d, feA, feB, beA, beB := twoFrontends(t, v6, 80, 8080, model.TCP)
+		seg := func(from, to model.L4Addr, flags uint8) packet.Packet {
+			return tcpPacket(from.Addr.String(), from.Port, to.Addr.String(), to.Port, flags, nil)
+		}
+		at, from := dstAt, srcFrom
+		runPacketCases(t, d, []packetCase{
+			// B's frontend, as a client, opens a connection to A.
+			{name: "syn_from_frontend", in: seg(feB, feA, packet.SYN), verdict: tcActOK, out: with(seg(feB, feA, packet.SYN), at(beA))},
+			// A's backend answers <beA -> feB>: a reply.
+			{name: "synack_to_frontend", in: seg(beA, feB, packet.SYN|packet.ACK), verdict: tcActOK, out: with(seg(beA, feB, packet.SYN|packet.ACK), from(feA))},
+			{name: "ack_to_frontend", in: seg(beA, feB, packet.ACK), verdict: tcActOK, out: with(seg(beA, feB, packet.ACK), from(feA))},
+			// A pure SYN on that reply tuple opens a connection to B.
+			{name: "syn_to_frontend", in: seg(beA, feB, packet.SYN), verdict: tcActOK, out: with(seg(beA, feB, packet.SYN), at(beB))},
 		})
 	})
 }
