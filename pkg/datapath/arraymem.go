@@ -34,9 +34,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// lazyWindow is the bytes of a window: the RSS a family's arrays take
-// beyond what they hold is at most a window each (a first apply of
-// 30,000 x 10 maps ~40 of them, a few microseconds each).
+// lazyWindow is the bytes of a window: what an operation maps of an
+// array is the windows its entries fall in, each whole (a chunk of a
+// first program, 1,024 frontends x 10, maps one or two of each array).
 const lazyWindow = 256 << 10
 
 // lazyArray is a BPF array (BPF_F_MMAPABLE) mapped read-write window by

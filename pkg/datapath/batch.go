@@ -192,7 +192,8 @@ func (m *Maps) UpsertServiceIPs(as []netip.Addr) (int, error) {
 func (m *Maps) DeleteBackends(ids []reconciler.BackendID) (int, error) {
 	ids4, ids6 := ids, ids
 	if m.beMapped() {
-		// The ids in a window not mapped go to the system calls.
+		// The ids whose window cannot be mapped go to the system
+		// calls.
 		ids4, ids6 = m.be4.clearAll(ids), m.be6.clearAll(ids)
 	}
 	if err := clearIDs(m.backends, mapBackends, ids4, func(v *sockLb4Backend) { v.Flags &^= bePresent }); err != nil {
