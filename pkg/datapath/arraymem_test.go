@@ -118,12 +118,8 @@ func TestArraysMappedWhereWritten(t *testing.T) {
 // skips what is not mapped (the entry stays present).
 func TestBackendsClearedWhereNotWritten(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		d := newTestDatapath(t)
-		m := d.Maps()
-		tbl := m.be4
-		if v6 {
-			tbl = m.be6
-		}
+		m := newTestDatapath(t).Maps()
+		tbl := m.beTableOf(v6)
 		b := testBackend{77, l4(twinAddr(v6, "10.1.7.7"), 8080, model.TCP)}
 		k, v, err := backendEntry(b.id, b.addr)
 		must(t, err)

@@ -106,10 +106,7 @@ func TestBackendsWrittenAsMemory(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		d := newTestDatapath(t)
 		m := d.Maps()
-		tbl := m.be4
-		if v6 {
-			tbl = m.be6
-		}
+		tbl := m.beTableOf(v6)
 		if !m.beMapped() || tbl == nil {
 			t.Fatalf("backends arrays not mapped: %v %v", m.be4, m.be6)
 		}
@@ -261,4 +258,12 @@ func TestUpsertBackendsMemAllocatesNothing(t *testing.T) {
 			t.Errorf("entry %d: %x, want %x", want.ID, got, w)
 		}
 	})
+}
+
+// beTableOf is the backends table of IPv6's family if v6, else IPv4's.
+func (m *Maps) beTableOf(v6 bool) *beTable {
+	if v6 {
+		return m.be6
+	}
+	return m.be4
 }
