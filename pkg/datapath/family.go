@@ -240,22 +240,38 @@ var errStopWalk = errors.New("walk stopped")
 func eachArrayEntry(m *ebpf.Map, f func(k uint32, v []byte) error) error {
 	a := layoutOf(m)
 	zero := make([]byte, a.size)
+	mapped, err := eachArrayWindow(m, func(mem []byte, first, count int) error {
+		return eachWindowEntry(mem, first, count, a.stride, a.size, zero, f)
+	})
+	if !mapped {
+		return eachArrayBatch(m, f)
+	}
+	return err
+}
+
+// eachArrayWindow gives f each window of the array m (arrayLayout.window,
+// read-only; the entries first to first+count-1), one after another,
+// unmapping each before the next is mapped, until f fails. It says false,
+// having called nothing, for an array whose first window cannot be mapped
+// (not BPF_F_MMAPABLE): the caller reads it otherwise.
+func eachArrayWindow(m *ebpf.Map, f func(mem []byte, first, count int) error) (bool, error) {
+	a := layoutOf(m)
 	for first := 0; first < a.n; first += a.per {
 		count := min(a.per, a.n-first)
 		mem, err := a.window(m, first/a.per)
 		if err != nil {
 			if first == 0 {
-				return eachArrayBatch(m, f)
+				return false, nil
 			}
-			return fmt.Errorf("map entries %d-%d: %w", first, first+count-1, err)
+			return true, fmt.Errorf("map entries %d-%d: %w", first, first+count-1, err)
 		}
-		err = eachWindowEntry(mem, first, count, a.stride, a.size, zero, f)
+		err = f(mem, first, count)
 		_ = unix.Munmap(mem) // only fails for a bad range
 		if err != nil {
-			return err
+			return true, err
 		}
 	}
-	return nil
+	return true, nil
 }
 
 // eachWindowEntry calls f with the entries first to first+count-1, not all

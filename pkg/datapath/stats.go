@@ -237,32 +237,30 @@ func countSlots(m *ebpf.Map) (int, error) {
 }
 
 // countArray counts the entries of the array m that count says are in
-// use, a window of its mapped memory at a time (arrayLayout.window; a
-// window is unmapped before the next is mapped, as eachArrayEntry's),
-// each entry's value at a stride in it: a loop over the memory, where
+// use, a window of its mapped memory at a time (eachArrayWindow), each
+// entry's value at a stride in it: a loop over the memory, where
 // eachArrayEntry's call per entry and comparison with zero made a scrape
 // of the metrics at 30,000 Services x 10 cost 32 ms of CPU against 12
 // before the slots arrays (issue 14). An array that cannot be mapped is
-// counted with eachArrayEntry, each value not all zero given to inUse.
+// read in batches (eachArrayBatch), each value not all zero given to
+// inUse.
 func countArray(m *ebpf.Map, inUse func(v []byte) bool, count func(win []byte, stride, count int) int) (int, error) {
-	a := layoutOf(m)
+	stride := layoutOf(m).stride
 	n := 0
-	for first := 0; first < a.n; first += a.per {
-		mem, err := a.window(m, first/a.per)
-		if err != nil {
-			if first == 0 {
-				err := eachArrayEntry(m, func(_ uint32, v []byte) error {
-					if inUse(v) {
-						n++
-					}
-					return nil
-				})
-				return n, err
+	mapped, err := eachArrayWindow(m, func(mem []byte, _, c int) error {
+		n += count(mem, stride, c)
+		return nil
+	})
+	if !mapped {
+		err = eachArrayBatch(m, func(_ uint32, v []byte) error {
+			if inUse(v) {
+				n++
 			}
-			return 0, fmt.Errorf("map entries %d-: %w", first, err)
-		}
-		n += count(mem, a.stride, min(a.per, a.n-first))
-		_ = unix.Munmap(mem) // only fails for a bad range
+			return nil
+		})
+	}
+	if err != nil {
+		return 0, err
 	}
 	return n, nil
 }
