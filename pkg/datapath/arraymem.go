@@ -147,3 +147,10 @@ func (a *lazyArray) close() error {
 	a.mem, a.mapped = nil, nil
 	return err
 }
+
+// closeWords closes a (close) and forgets *words, its words: a table's
+// close.
+func closeWords(a *lazyArray, words *[]uint32) error {
+	*words = nil
+	return a.close()
+}

@@ -83,9 +83,7 @@ func (t *beTable) close() error {
 	if t == nil {
 		return nil
 	}
-	err := t.a.close()
-	t.words = nil
-	return err
+	return closeWords(t.a, &t.words)
 }
 
 func (t *beTable) store(w int, v uint32) {

@@ -93,9 +93,7 @@ func (t *slotTable) close() error {
 	if t == nil {
 		return nil
 	}
-	err := t.a.close()
-	t.words = nil
-	return err
+	return closeWords(t.a, &t.words)
 }
 
 // unlock releases the windows mapped under the lock (arraymem.go), then
