@@ -312,7 +312,8 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 		nunits += len(fr.units)
 	}
 	var effective map[objKey]*object
-	if len(paths) == 1 && results[0].seen != nil {
+	own := len(paths) == 1 && results[0].seen != nil
+	if own {
 		// One file, parsed: the objects in effect are its objects,
 		// which its parse put in a map by key (8 MiB at 30,000
 		// Services, not made twice).
@@ -339,6 +340,15 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 		}
 		if len(fr.objs) > 0 {
 			newByFile[file] = make([]*object, 0, len(fr.objs))
+		}
+		if own {
+			// effective is this file's map: its parse put every one
+			// of its objects there under its key, and only those (a
+			// key twice was reported then). 60,000 lookups and
+			// stores at 30,000 Services (12 ms of a first load)
+			// would find each where it is.
+			newByFile[file] = append(newByFile[file], fr.objs...)
+			continue
 		}
 		for _, o := range fr.objs {
 			// (o itself is there if effective is the file's map.)
