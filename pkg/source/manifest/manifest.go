@@ -413,7 +413,7 @@ type docDecoder struct {
 
 // newDocDecoder returns a docDecoder whose fast decoder reuses its room
 // (decodeObject keeps nothing of a decoded object: compact.go).
-func newDocDecoder() *docDecoder { return &docDecoder{fast: fastDecoder{reuse: true}} }
+func newDocDecoder() *docDecoder { return &docDecoder{fast: fastDecoder{reuse: true, pack: true}} }
 
 // readJSON reads js, a JSON object: its type meta, and the object if the
 // fast decoder can (pre), or the items of a List (and where they are in
@@ -421,7 +421,7 @@ func newDocDecoder() *docDecoder { return &docDecoder{fast: fastDecoder{reuse: t
 // the type meta does not decode.
 func (d *fastDecoder) readJSON(js []byte) (tm typeMeta, pre fastObject, items [][]byte, spans []span, err error) {
 	if ftm, svc, slice, ok := d.decodeTyped(js); ok {
-		return ftm, fastObject{svc, slice}, nil, nil, nil
+		return ftm, d.decoded(svc, slice), nil, nil, nil
 	}
 	if rest, sps, ok := splitJSONListSpans(js); ok && json.Unmarshal(rest, &tm) == nil {
 		items = make([][]byte, len(sps))
@@ -716,7 +716,7 @@ type itemOutcome struct {
 // dominate.)
 func (l *loader) decodeItems(fr *fileResult, file string, idx int, items [][]byte, todo []int, outs []itemOutcome) {
 	// Each object is dead once decodeObject has its compact form.
-	d := fastDecoder{reuse: true}
+	d := fastDecoder{reuse: true, pack: true}
 	for _, j := range todo {
 		out := &outs[j]
 		itm, pre, err := d.decodeItem(items[j])
@@ -776,6 +776,20 @@ func itemPrefix(item int) string {
 type fastObject struct {
 	svc   *corev1.Service
 	slice *discoveryv1.EndpointSlice
+	// eps are slice's endpoints if the decoder packed them
+	// (packEndpoints), slice.Endpoints then empty; valid until the
+	// decoder decodes again.
+	eps    []translate.SliceEndpoint
+	packed bool
+}
+
+// decoded is what d decoded last, svc or slice, as a fastObject.
+func (d *fastDecoder) decoded(svc *corev1.Service, slice *discoveryv1.EndpointSlice) fastObject {
+	o := fastObject{svc: svc, slice: slice}
+	if slice != nil && d.didPack {
+		o.eps, o.packed = d.packed, true
+	}
+	return o
 }
 
 // decodeItem reads the type meta of item, an item of a List, and the
@@ -783,7 +797,7 @@ type fastObject struct {
 // type meta does not decode.
 func (d *fastDecoder) decodeItem(item []byte) (typeMeta, fastObject, error) {
 	if tm, svc, slice, ok := d.decodeTyped(item); ok {
-		return tm, fastObject{svc, slice}, nil
+		return tm, d.decoded(svc, slice), nil
 	}
 	// Declared here, not as a result: Unmarshal makes it escape, and a
 	// result would be allocated for every item, decoded by hand or not.
@@ -831,7 +845,7 @@ func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx, ite
 	case kindSlice:
 		var es *discoveryv1.EndpointSlice
 		if es, err = decodeAs(pre.slice, js, key.Namespace); err == nil {
-			o.slice = l.compact.slice(es, key.NamespacedName)
+			o.slice = l.compact.slice(es, key.NamespacedName, pre)
 			err = o.slice.Invalid // translate.ValidateEndpointSlice's
 		}
 		if err == nil {
