@@ -159,46 +159,9 @@ func (d *fastDecoder) decodeTyped(js []byte) (tm typeMeta, svc *corev1.Service, 
 // member anywhere after that whose value is one of the two. A List
 // ("items") is neither.
 func kindHint(js []byte) objKind {
-	i := skipSpace(js, 0)
-	if i >= len(js) || js[i] != '{' {
-		return 0
-	}
-	i++
-	for {
-		i = skipSpace(js, i)
-		if i >= len(js) || js[i] != '"' {
-			return 0
-		}
-		end, ok := skipString(js, i)
-		if !ok {
-			return 0
-		}
-		key := js[i+1 : end-1]
-		if string(key) == "items" {
-			return 0
-		}
-		i = skipSpace(js, end)
-		if i >= len(js) || js[i] != ':' {
-			return 0
-		}
-		i = skipSpace(js, i+1)
-		switch string(key) {
-		case "kind":
-			return kindValue(js[i:])
-		case "addressType":
-			// An EndpointSlice's, which encoding/json writes first
-			// (its keys sorted), its kind after its endpoints.
-			return kindSlice
-		}
-		if i >= len(js) || js[i] == '{' || js[i] == '[' {
-			break
-		}
-		if i, ok = skipValue(js, i); !ok {
-			return 0
-		}
-		if i, _, ok = skipSeparator(js, i, '}'); !ok {
-			return 0
-		}
+	kind, i := kindHintTop(js)
+	if i < 0 {
+		return kind
 	}
 	for rest := js[i:]; ; {
 		j := bytes.Index(rest, []byte(`"kind"`))
@@ -211,6 +174,54 @@ func kindHint(js []byte) objKind {
 			if kind := kindValue(rest[skipSpace(rest, k+1):]); kind != 0 {
 				return kind
 			}
+		}
+	}
+}
+
+// kindHintTop is kindHint by the top-level keys only: the kind they say
+// (0: neither), or, if they do not say, where kindHint looks further (i;
+// -1 if it does not). It reads nothing of js after the object at its
+// start.
+func kindHintTop(js []byte) (kind objKind, i int) {
+	i = skipSpace(js, 0)
+	if i >= len(js) || js[i] != '{' {
+		return 0, -1
+	}
+	i++
+	for {
+		i = skipSpace(js, i)
+		if i >= len(js) || js[i] != '"' {
+			return 0, -1
+		}
+		end, ok := skipString(js, i)
+		if !ok {
+			return 0, -1
+		}
+		key := js[i+1 : end-1]
+		if string(key) == "items" {
+			return 0, -1
+		}
+		i = skipSpace(js, end)
+		if i >= len(js) || js[i] != ':' {
+			return 0, -1
+		}
+		i = skipSpace(js, i+1)
+		switch string(key) {
+		case "kind":
+			return kindValue(js[i:]), -1
+		case "addressType":
+			// An EndpointSlice's, which encoding/json writes first
+			// (its keys sorted), its kind after its endpoints.
+			return kindSlice, -1
+		}
+		if i >= len(js) || js[i] == '{' || js[i] == '[' {
+			return 0, i
+		}
+		if i, ok = skipValue(js, i); !ok {
+			return 0, -1
+		}
+		if i, _, ok = skipSeparator(js, i, '}'); !ok {
+			return 0, -1
 		}
 	}
 }
@@ -228,6 +239,34 @@ func kindValue(v []byte) objKind {
 
 // decodeKind is decodeTyped of js as kind.
 func (d *fastDecoder) decodeKind(js []byte, kind objKind) (tm typeMeta, svc *corev1.Service, slice *discoveryv1.EndpointSlice, ok bool) {
+	tm, svc, slice, _, ok = d.decodeKindAt(js, kind, false)
+	return tm, svc, slice, ok
+}
+
+// decodeLeading decodes the object at the start of js, a Service or an
+// EndpointSlice, if its top-level keys say which before any object or
+// array (kindHintTop: as encoding/json writes either), and returns where
+// it ends in js, without reading anything after it: an item of a List,
+// decoded where it is in the List (decodeListInPlace). ok is false if
+// not, or if the decoder declines: then decodeItem of the item's bytes
+// decodes it (and is never given what this decodes: the object and its
+// end are decodeItem's of js[:end]).
+func (d *fastDecoder) decodeLeading(js []byte) (tm typeMeta, pre fastObject, end int, ok bool) {
+	guess, _ := kindHintTop(js)
+	if guess == 0 {
+		return typeMeta{}, fastObject{}, 0, false
+	}
+	tm, svc, slice, end, ok := d.decodeKindAt(js, guess, true)
+	if !ok {
+		return typeMeta{}, fastObject{}, 0, false
+	}
+	return tm, d.decoded(svc, slice), end, true
+}
+
+// decodeKindAt is decodeKind, of the object at the start of js if
+// leading (anything may follow it; end is where it ends), else of js, all
+// of it.
+func (d *fastDecoder) decodeKindAt(js []byte, kind objKind, leading bool) (tm typeMeta, svc *corev1.Service, slice *discoveryv1.EndpointSlice, end int, ok bool) {
 	apiVersion, kindName := "v1", "Service"
 	if kind == kindSlice {
 		apiVersion, kindName = "discovery.k8s.io/v1", "EndpointSlice"
@@ -242,7 +281,7 @@ func (d *fastDecoder) decodeKind(js []byte, kind objKind) (tm typeMeta, svc *cor
 			if r != errDecline { //nolint:errorlint // our own sentinel, never wrapped
 				panic(r)
 			}
-			tm, svc, slice, ok = typeMeta{}, nil, nil, false
+			tm, svc, slice, end, ok = typeMeta{}, nil, nil, 0, false
 		}
 	}()
 	var meta *metav1.ObjectMeta
@@ -253,15 +292,18 @@ func (d *fastDecoder) decodeKind(js []byte, kind objKind) (tm typeMeta, svc *cor
 		slice = d.endpointSlice()
 		tm.APIVersion, tm.Kind, meta = slice.APIVersion, slice.Kind, &slice.ObjectMeta
 	}
-	d.ws()
-	if d.i != len(d.b) {
-		d.decline()
+	end = d.i
+	if !leading {
+		d.ws()
+		if d.i != len(d.b) {
+			d.decline()
+		}
 	}
 	if tm.APIVersion != apiVersion || tm.Kind != kindName {
 		d.decline() // not the kind it was decoded as
 	}
 	tm.Metadata.Name, tm.Metadata.Namespace = meta.Name, meta.Namespace
-	return tm, svc, slice, true
+	return tm, svc, slice, end, true
 }
 
 // topKindOf returns the apiVersion and kind members of js, a JSON object,

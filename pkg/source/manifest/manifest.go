@@ -154,9 +154,11 @@ type loader struct {
 	reads      atomic.Int64 // files read, for tests
 	loads      atomic.Int64 // loads, for tests
 	decoded    atomic.Int64 // objects decoded (not served from units), for tests
+	inPlace    atomic.Int64 // Lists decoded in place (listinplace.go), for tests
 	translated int          // Services translated, for tests
 	patches    int          // loads that only patched objects, for tests
 	noPatch    bool         // never patch (patch.go), for tests
+	noInPlace  bool         // never decode a List in place (listinplace.go), for tests
 	afterItem  func()       // called after each item of a List is decoded, for tests
 }
 
@@ -587,6 +589,13 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 				objs = append(objs, o)
 			}
 			return objs, warns, nil, false
+		}
+	}
+	if len(l.units) == 0 && !l.noInPlace && isJSONObject(doc) {
+		// Nothing decoded before: a List's items decoded as they are
+		// found (listinplace.go).
+		if objs, warns, errs, broken, ok := l.decodeListInPlace(fr, file, idx, doc); ok {
+			return objs, warns, errs, broken
 		}
 	}
 	var tm typeMeta
