@@ -84,8 +84,8 @@ type fastDecoder struct {
 	// last object decoded was read so, its endpoints in packed.
 	pack, didPack bool
 	packed        []translate.SliceEndpoint
-	packScratch   discoveryv1.Endpoint // what other decodes a member into
-	packEp        packing              // the endpoint being packed
+	packScratch   discoveryv1.Endpoint // the endpoint being packed, but its addresses
+	packEp        packing              // its addresses
 	svc           corev1.Service
 	slice         discoveryv1.EndpointSlice
 	labels        map[string]string
@@ -1198,39 +1198,50 @@ func (d *fastDecoder) endpointSlice() *discoveryv1.EndpointSlice {
 
 func (d *fastDecoder) endpoints() []discoveryv1.Endpoint {
 	return objects(d, &d.eps, func(e *discoveryv1.Endpoint, key []byte) uint {
-		switch string(key) {
-		case "addresses":
-			e.Addresses = d.strings()
-		case "conditions":
-			d.conditions(&e.Conditions)
-			return 1
-		case "hostname":
-			e.Hostname = d.strPtr()
-			return 2
-		case "nodeName":
-			e.NodeName = d.strPtr()
-			return 3
-		case "zone":
-			e.Zone = d.strPtr()
-			return 4
-		case "hints":
-			e.Hints = d.hints()
-			return 5
-		case "targetRef":
-			e.TargetRef = d.objectReference()
-			return 6
-		default:
-			return d.other(e, key)
-		}
-		return 0
+		return d.endpointMember(e, key, "", nil)
 	})
 }
 
-// packing is what packEndpoints has read of an endpoint.
+// endpointMember reads the member key of an endpoint into e; its
+// addresses too if pack is "", else, for packEndpoints, as
+// endpointAddresses reads them for address type pack (their first into
+// p.addr, e.Addresses left alone).
+func (d *fastDecoder) endpointMember(e *discoveryv1.Endpoint, key []byte, pack discoveryv1.AddressType, p *packing) uint {
+	switch string(key) {
+	case "addresses":
+		if pack == "" {
+			e.Addresses = d.strings()
+		} else {
+			p.addr, p.addrs = d.endpointAddresses(pack), true
+		}
+	case "conditions":
+		d.conditions(&e.Conditions)
+		return 1
+	case "hostname":
+		e.Hostname = d.strPtr()
+		return 2
+	case "nodeName":
+		e.NodeName = d.strPtr()
+		return 3
+	case "zone":
+		e.Zone = d.strPtr()
+		return 4
+	case "hints":
+		e.Hints = d.hints()
+		return 5
+	case "targetRef":
+		e.TargetRef = d.objectReference()
+		return 6
+	default:
+		return d.other(e, key)
+	}
+	return 0
+}
+
+// packing is what packEndpoints has read of an endpoint's addresses.
 type packing struct {
-	e     translate.SliceEndpoint
-	c     discoveryv1.EndpointConditions
-	addrs bool // it has addresses
+	addr  netip.Addr // the first
+	addrs bool       // it has addresses
 }
 
 // errNoPack unwinds packEndpoints when the endpoints are not as it packs
@@ -1242,13 +1253,12 @@ var errNoPack = errors.New("not packed")
 // d.packed, as a translation reads them (translate.ReadPackedSlice), if
 // every endpoint has addresses and each is valid for t; if not, it reads
 // nothing and returns false, and endpoints reads them as before (and
-// validation reports what is wrong with them). An endpoint's members are
-// read by the same calls as endpoints makes, so that what one declines
-// the other does, but its addresses: parsed in place, never copied, and
-// its other members (hostname, zone, targetRef...) checked and dropped.
-// At 30,000 Services x 10 endpoints, the API's endpoints were 300,000
-// arrays of one string, copied, read again by validation and again to be
-// packed.
+// validation reports what is wrong with them). An endpoint is read by the
+// same calls as endpoints makes (endpointMember), so that what one
+// declines the other does, but its addresses: parsed in place, never
+// copied. At 30,000 Services x 10 endpoints, the API's endpoints were
+// 300,000 arrays of one string, copied, read again by validation and
+// again to be packed.
 func (d *fastDecoder) packEndpoints(t discoveryv1.AddressType) (ok bool) {
 	start := d.i
 	defer func() {
@@ -1267,42 +1277,16 @@ func (d *fastDecoder) packEndpoints(t discoveryv1.AddressType) (ok bool) {
 	}
 	// The decoder's, not variables: the closures below would make them
 	// escape, an allocation for each slice.
-	e, c, addrs := &d.packEp.e, &d.packEp.c, &d.packEp.addrs
+	e, p := &d.packScratch, &d.packEp
 	d.array(func() {
-		d.packEp = packing{}
-		d.object(func(key []byte) uint {
-			switch string(key) {
-			case "addresses":
-				e.Addr, *addrs = d.endpointAddresses(t), true
-			case "conditions":
-				d.conditions(c)
-				return 1
-			case "hostname":
-				d.strPtr()
-				return 2
-			case "nodeName":
-				e.NodeName = d.strPtr()
-				return 3
-			case "zone":
-				d.strPtr()
-				return 4
-			case "hints":
-				e.Hints = d.hints()
-				return 5
-			case "targetRef":
-				d.objectReference()
-				return 6
-			default:
-				d.packScratch = discoveryv1.Endpoint{}
-				return d.other(&d.packScratch, key)
-			}
-			return 0
-		})
-		if !*addrs {
+		*e, *p = discoveryv1.Endpoint{}, packing{}
+		d.object(func(key []byte) uint { return d.endpointMember(e, key, t, p) })
+		if !p.addrs {
 			panic(errNoPack) // no addresses: validation says so
 		}
-		e.Ready, e.Serving, e.Terminating = translate.EndpointConditions(c)
-		d.packed = append(d.packed, *e)
+		ready, serving, terminating := translate.EndpointConditions(&e.Conditions)
+		d.packed = append(d.packed, translate.SliceEndpoint{Addr: p.addr, NodeName: e.NodeName, Hints: e.Hints,
+			Ready: ready, Serving: serving, Terminating: terminating})
 	})
 	return true
 }
