@@ -1,6 +1,7 @@
 package datapath
 
-// The backends written as memory (issue 14, forty-fourth pass). Each
+// The backends written as memory (issue 14, forty-fourth pass; the
+// reverse-NAT entries are written alike, rnmem.go). Each
 // family's backends array (sluice_backends_v2, sluice6_backends_v2:
 // BPF_F_MMAPABLE, bpf/lib/maps.h) is mapped into the agent read-write, as
 // the slots arrays are (slots.go), and a backend is written with stores
@@ -138,15 +139,15 @@ func (t *beTable) clear(id uint32) error {
 	return nil
 }
 
-// clearAll clears ids (clear) and returns those it could not, whose
-// window could not be mapped, for the system call; then it releases the
-// windows it mapped. None for a nil table (no array, or one the system
-// calls write: the caller's clearIDs is then for all of ids).
-func (t *beTable) clearAll(ids []reconciler.BackendID) []reconciler.BackendID {
+// clearAll clears ids of table t (clear) and returns those it could not,
+// whose window could not be mapped, for the system call; then it releases
+// the windows it mapped. None for a nil table (no array, or one the
+// system calls write: the caller's clearIDs is then for all of ids).
+func clearAll[ID ~uint32](t *beTable, ids []ID) []ID {
 	if t == nil {
 		return nil
 	}
-	var left []reconciler.BackendID
+	var left []ID
 	for _, id := range ids {
 		if t.clear(uint32(id)) != nil {
 			left = append(left, id)
@@ -161,12 +162,13 @@ func valueWords[V any](v *V) []uint32 {
 	return unsafe.Slice((*uint32)(unsafe.Pointer(v)), unsafe.Sizeof(*v)/4)
 }
 
-// openBeTables maps both families' backends arrays (Open).
+// openBeTables maps both families' backends arrays, and their
+// reverse-NAT arrays (rnmem.go) (Open).
 func (m *Maps) openBeTables() error {
 	var err4, err6 error
 	m.be4, err4 = openBeTable(m.backends, int(unsafe.Sizeof(sockLb4Backend{})))
 	m.be6, err6 = openBeTable(m.backends6, int(unsafe.Sizeof(sockLb6Backend{})))
-	return errors.Join(err4, err6)
+	return errors.Join(err4, err6, m.openRevNatTables())
 }
 
 // releaseBeTables unmaps the windows of the backends arrays that a
@@ -180,7 +182,7 @@ func (m *Maps) releaseBeTables() {
 }
 
 func (m *Maps) closeBeTables() error {
-	err := errors.Join(m.be4.close(), m.be6.close())
+	err := errors.Join(m.be4.close(), m.be6.close(), m.closeRevNatTables())
 	m.be4, m.be6 = nil, nil
 	return err
 }

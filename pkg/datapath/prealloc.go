@@ -35,7 +35,7 @@ import (
 // service maps the reconciler writes an entry of per frontend, slot or
 // service, of both families.
 var preallocatedMaps = []string{
-	mapServices, mapServices6, mapRevNat, mapRevNat6, mapServiceIPs, mapServiceIPs6,
+	mapServices, mapServices6, mapServiceIPs, mapServiceIPs6,
 }
 
 // setPreallocation sets or clears BPF_F_NO_PREALLOC on the

@@ -58,7 +58,7 @@ func shrinkLimits(cfg Config) []shrinkLimit {
 		},
 		{
 			flag: "--max-services", size: cfg.MaxServices,
-			maps: map[string]int{mapRevNat: cfg.MaxServices, mapRevNat6: cfg.MaxServices,
+			maps: map[string]int{mapRevNat: serviceSlots(cfg), mapRevNat6: serviceSlots(cfg),
 				mapServiceIPs: cfg.MaxServices, mapServiceIPs6: cfg.MaxServices},
 			count: countServices,
 		},
@@ -171,26 +171,38 @@ func countServiceEntries(dir string) (int, string, error) {
 	return most, fmt.Sprintf("%d service entries in %s", most, which), nil
 }
 
-// countServices returns the rev_nat entries of both families (services
-// are counted over both together: service ids are one space), or the
-// service IPs of one family if more (they are at most as many).
+// countServices returns the flag value that keeps every service: the
+// present rev_nat entries of both families (services are counted over
+// both together: service ids are one space), or more if an id is beyond
+// the arrays that size makes (serviceSlots), or the service IPs of one
+// family if more (they are at most as many).
 func countServices(dir string) (int, string, error) {
-	sum := 0
+	sum, maxID := 0, uint32(0)
 	for _, name := range []string{mapRevNat, mapRevNat6} {
 		err := withPinned(dir, name, func(m *ebpf.Map) error {
-			n, err := countByKey(m)
-			sum += n
-			return err
+			return eachArrayEntry(m, func(k uint32, v []byte) error {
+				if presentEntry(v) {
+					sum++
+					maxID = max(maxID, k)
+				}
+				return nil
+			})
 		})
 		if err != nil {
 			return 0, "", err
 		}
 	}
-	ips, what, err := countLargest(dir, "service IPs", mapServiceIPs, mapServiceIPs6)
-	if err != nil || ips > sum {
-		return ips, what, err
+	what := fmt.Sprintf("%d services of both families in %s and %s", sum, mapRevNat, mapRevNat6)
+	// A size of n keeps ids up to n + ServiceIDQuarantine (serviceSlots).
+	if q := reconciler.ServiceIDQuarantine; int(maxID) > sum+q {
+		sum = int(maxID) - q
+		what += fmt.Sprintf(" and service id %d, which a size of %d keeps", maxID, sum)
 	}
-	return sum, fmt.Sprintf("%d services of both families in %s and %s", sum, mapRevNat, mapRevNat6), nil
+	ips, ipsWhat, err := countLargest(dir, "service IPs", mapServiceIPs, mapServiceIPs6)
+	if err != nil || ips > sum {
+		return ips, ipsWhat, err
+	}
+	return sum, what, nil
 }
 
 // countBackends returns the flag value that keeps every backend of the

@@ -65,6 +65,12 @@ func pinRelease0(t *testing.T, bpffs string) map[string]*ebpf.Map {
 			ms.Type, ms.Flags = ebpf.Hash, unix.BPF_F_NO_PREALLOC
 			ms.MaxEntries = uint32(smallConfig(bpffs).withDefaults().MaxBackends)
 		}
+		if pm.to == mapRevNat {
+			// A hash of entries without flags (lb4RevNatV1).
+			ms.Type, ms.Flags = ebpf.Hash, unix.BPF_F_NO_PREALLOC
+			ms.MaxEntries = uint32(smallConfig(bpffs).withDefaults().MaxServices)
+			ms.ValueSize = uint32(binary.Size(lb4RevNatV1{}))
+		}
 		m, err := ebpf.NewMapWithOptions(ms, ebpf.MapOptions{PinPath: dir})
 		if err != nil {
 			t.Fatalf("create release-0 map %s: %v", pm.from, err)

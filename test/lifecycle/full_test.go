@@ -46,7 +46,7 @@ var fullRows = []struct {
 	{
 		// web's backends, a frontend more: 3 in use of 3.
 		flag: "max-services", small: "3", large: "64", port: 8080,
-		mapName: "sluice_rev_nat_v1", smallSize: 3, largeSize: 64,
+		mapName: "sluice_rev_nat_v2", smallSize: 3 + 257, largeSize: 64 + 257,
 	},
 }
 
