@@ -646,9 +646,9 @@ func walkState(ms stateMaps, v reconciler.KernelVisitor) error {
 	return nil
 }
 
-// Capacity returns the sizes of sluice_rev_nat, sluice_backends (the
-// backends it holds: as an array it has an entry for every id,
-// backendSlots) and sluice_services. Their IPv6 twins have the same sizes:
+// Capacity returns the sizes of sluice_rev_nat (the services it holds: as
+// an array it has an entry for every id, serviceSlots), sluice_backends
+// (likewise, backendSlots) and sluice_services. Their IPv6 twins have the same sizes:
 // the reconciler counts each family's backends and service entries
 // against its own maps, and services of both families together, as
 // service ids are one space (the per-Service counters are sized for
