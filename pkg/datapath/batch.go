@@ -195,16 +195,9 @@ func (m *Maps) UpsertServiceIPs(as []netip.Addr) (int, error) {
 // (BE_F_PRESENT cleared) in both families' arrays, as ids are one space
 // over both, in batches.
 func (m *Maps) DeleteBackends(ids []reconciler.BackendID) (int, error) {
-	ids4, ids6 := ids, ids
-	if m.beMapped() {
-		// The ids whose window cannot be mapped go to the system
-		// calls.
-		ids4, ids6 = clearAll(m.be4, ids), clearAll(m.be6, ids)
-	}
-	if err := clearIDs(m.backends, mapBackends, ids4, func(v *sockLb4Backend) { v.Flags &^= bePresent }); err != nil {
-		return 0, err
-	}
-	if err := clearIDs(m.backends6, mapBackends6, ids6, func(v *sockLb6Backend) { v.Flags &^= bePresent }); err != nil {
+	err := clearTwin(m.beArrays(), ids, func(v *sockLb4Backend) { v.Flags &^= bePresent },
+		func(v *sockLb6Backend) { v.Flags &^= bePresent })
+	if err != nil {
 		return 0, err
 	}
 	return len(ids), nil
@@ -252,14 +245,9 @@ func clearIDs[V comparable, ID ~uint32](m *ebpf.Map, name string, ids []ID, abse
 // id's entry is made absent (RN_F_PRESENT cleared) in both families'
 // arrays, ids being one space over both.
 func (m *Maps) DeleteRevNats(ids []reconciler.ServiceID) (int, error) {
-	ids4, ids6 := ids, ids
-	if m.rnMapped() {
-		ids4, ids6 = clearAll(m.rn4, ids), clearAll(m.rn6, ids)
-	}
-	if err := clearIDs(m.revNat, mapRevNat, ids4, func(v *sockLb4RevNat) { v.Flags &^= rnPresent }); err != nil {
-		return 0, err
-	}
-	if err := clearIDs(m.revNat6, mapRevNat6, ids6, func(v *sockLb6RevNat) { v.Flags &^= rnPresent }); err != nil {
+	err := clearTwin(m.rnArrays(), ids, func(v *sockLb4RevNat) { v.Flags &^= rnPresent },
+		func(v *sockLb6RevNat) { v.Flags &^= rnPresent })
+	if err != nil {
 		return 0, err
 	}
 	return len(ids), nil

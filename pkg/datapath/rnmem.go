@@ -17,7 +17,6 @@ package datapath
 
 import (
 	"errors"
-	"fmt"
 	"net/netip"
 	"unsafe"
 
@@ -34,15 +33,13 @@ func (m *Maps) openRevNatTables() error {
 	return errors.Join(err4, err6)
 }
 
+func (m *Maps) rnArrays() idArrays {
+	return idArrays{m.revNat, m.revNat6, mapRevNat, mapRevNat6, m.rn4, m.rn6}
+}
+
 // releaseRevNatTables unmaps the windows of the reverse-NAT arrays that
 // an operation mapped.
-func (m *Maps) releaseRevNatTables() {
-	for _, t := range []*beTable{m.rn4, m.rn6} {
-		if t != nil {
-			_ = t.a.release() // a window left mapped only counts in the RSS
-		}
-	}
-}
+func (m *Maps) releaseRevNatTables() { m.rnArrays().release() }
 
 func (m *Maps) closeRevNatTables() error {
 	err := errors.Join(m.rn4.close(), m.rn6.close())
@@ -52,46 +49,20 @@ func (m *Maps) closeRevNatTables() error {
 
 // rnMapped says that the reverse-NAT entries are written as memory: each
 // family's array the Maps has is mapped.
-func (m *Maps) rnMapped() bool {
-	return (m.rn4 != nil || m.revNat == nil) && (m.rn6 != nil || m.revNat6 == nil) &&
-		(m.rn4 != nil || m.rn6 != nil)
-}
+func (m *Maps) rnMapped() bool { return m.rnArrays().mapped() }
 
-// upsertRevNatsMem writes es into the mapped arrays, in order. An entry
-// whose id is beyond its array goes to the system call, which refuses it
-// (E2BIG).
+// upsertRevNatsMem writes es into the mapped arrays, in order (upsertMem).
 func (m *Maps) upsertRevNatsMem(es []reconciler.RevNatEntry) (int, error) {
-	defer m.releaseRevNatTables()
-	for i, e := range es {
+	return upsertMem(m.rnArrays(), es, func(e reconciler.RevNatEntry) (uint32, sockLb4RevNat, netip.Addr, error) {
 		k, v, err := revNatEntry(e.ID, e.Frontend)
-		if err != nil {
-			return i, err
-		}
-		if m.putRevNatMem(k, v, e.Frontend.Addr) {
-			continue
-		}
-		if err := m.revNatMaps().put(e.Frontend.Addr, k, v); err != nil {
-			return i, fmt.Errorf("upsert %s (entry %d of %d): %w", mapRevNat, i, len(es), err)
-		}
-	}
-	return len(es), nil
+		return k, v, e.Frontend.Addr, err
+	}, lb6RevNat)
 }
 
 // putRevNatMem writes entry k -> v (of address a's family) into its mapped
-// array, and says whether it did: not for an id beyond the array, a
-// family not mapped, or an entry whose window cannot be mapped.
+// array, and says whether it did (putMem).
 func (m *Maps) putRevNatMem(k uint32, v sockLb4RevNat, a netip.Addr) bool {
-	if is6(a) {
-		if m.rn6 == nil || k >= m.rn6.n {
-			return false
-		}
-		v6 := lb6RevNat(v, a)
-		return m.rn6.put(k, valueWords(&v6)) == nil
-	}
-	if m.rn4 == nil || k >= m.rn4.n {
-		return false
-	}
-	return m.rn4.put(k, valueWords(&v)) == nil
+	return putMem(m.rnArrays(), k, v, a, lb6RevNat)
 }
 
 // eachRevNatWhile calls f with the service id and frontend of every entry
