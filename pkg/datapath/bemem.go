@@ -181,12 +181,26 @@ func (m *Maps) closeBeTables() error {
 	return err
 }
 
-// upsertBackendsMem writes es into the mapped arrays, in order (upsertMem).
+// upsertBackendsMem writes es into the mapped arrays, in order. An entry
+// whose id is beyond its array goes to the system call, which refuses it
+// as before (E2BIG). upsertMem's loop, written out for the backends: its
+// calls through enc and to6, not inlined, made a first apply of 30,000
+// Services x 10 (300,000 backends) ~3% slower (4 interleaved rounds).
 func (m *Maps) upsertBackendsMem(es []reconciler.BackendEntry) (int, error) {
-	return upsertMem(m.beArrays(), es, func(e reconciler.BackendEntry) (uint32, sockLb4Backend, netip.Addr, error) {
+	defer m.releaseBeTables()
+	for i, e := range es {
 		k, v, err := backendEntry(e.ID, e.Addr)
-		return k, v, e.Addr.Addr, err
-	}, lb6Backend)
+		if err != nil {
+			return i, err
+		}
+		if m.putBackendMem(k, v, e.Addr.Addr) {
+			continue
+		}
+		if name, err := putSyscall(m.beArrays(), k, v, e.Addr.Addr, lb6Backend); err != nil {
+			return i, fmt.Errorf("upsert %s (entry %d of %d): %w", name, i, len(es), err)
+		}
+	}
+	return len(es), nil
 }
 
 // upsertMem writes es, each encoded by enc (its id, its IPv4 value, its
