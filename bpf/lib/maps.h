@@ -69,15 +69,21 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sluice_backends_v2 SEC(".maps");
 
-/* Key: __u32 service id (host order). Value: struct lb4_rev_nat. Agent. */
+/*
+ * Key: __u32 service id (host order). Value: struct lb4_rev_nat. Agent.
+ * An array indexed by the id, as the backends are, sized for every id the
+ * reconciler hands out (Config.MaxServices, plus its quarantine, plus id
+ * 0): the agent writes it as memory (BPF_F_MMAPABLE), no hash insert per
+ * service. An entry without RN_F_PRESENT is an id no service holds.
+ */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
 	__type(value, struct lb4_rev_nat);
-	__uint(max_entries, 65536);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 65793);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sluice_rev_nat_v1 SEC(".maps");
+} sluice_rev_nat_v2 SEC(".maps");
 
 /*
  * Key: struct ct4_key. Value: struct ct4_entry. Established flows and SNAT
@@ -271,7 +277,7 @@ struct {
 
 /*
  * Key: __be32 address. Value: __u8 (1). The service IPs, written by the
- * agent's reconciler. Sized like sluice_rev_nat_v1 (Config.MaxServices):
+ * agent's reconciler. Sized by Config.MaxServices, as sluice_rev_nat_v2:
  * every ClusterIP has a frontend.
  */
 struct {
@@ -393,13 +399,13 @@ struct {
 } sluice6_backends_v2 SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__type(key, __u32);
 	__type(value, struct lb6_rev_nat);
-	__uint(max_entries, 65536);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 65793);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} sluice6_rev_nat_v1 SEC(".maps");
+} sluice6_rev_nat_v2 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

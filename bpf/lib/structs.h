@@ -75,7 +75,7 @@ struct lb4_service {
 		__u32 affinity_timeout;
 	};
 	__u32 count;	  /* host order; number of backend slots */
-	__u32 rev_nat_id; /* host order; service id, key of sluice_rev_nat_v1 */
+	__u32 rev_nat_id; /* host order; service id, index in sluice_rev_nat_v2 */
 	__u8 flags;	  /* enum svc_flags */
 	__u8 scope;	  /* its key's scope */
 	__u8 pad[2];
@@ -106,15 +106,28 @@ enum backend_flags {
 };
 
 /*
- * sluice_rev_nat_v1: __u32 service id (host order) -> struct lb4_rev_nat.
- * Each scope of a frontend has its own service id; the datapath reads only
- * the frontend, the agent restores which scope an id is from.
+ * sluice_rev_nat_v2 (array): __u32 service id (host order) -> struct
+ * lb4_rev_nat. Each scope of a frontend has its own service id; the
+ * datapath reads only the frontend, the agent restores which scope an id
+ * is from. As in sluice_backends_v2, every index has an entry: the ids no
+ * service holds are entries whose flags lack RN_F_PRESENT, and readers
+ * treat them as a hash's missing key. The flags byte is the value's last,
+ * so that the agent makes an entry present or absent with one store of
+ * the value's last word (pkg/datapath/bemem.go).
  */
 struct lb4_rev_nat {
 	__be32 vip;  /* network order */
 	__be16 port; /* network order */
 	__u8 proto;  /* IPPROTO_TCP or IPPROTO_UDP */
 	__u8 scope;  /* enum lb_scope of the id's master */
+	__u8 pad[3];
+	__u8 flags; /* enum rev_nat_flags */
+};
+
+/* Flags of a reverse-NAT entry (lb4_rev_nat.flags, lb6_rev_nat.flags). */
+enum rev_nat_flags {
+	/* a service holds the id: without it the entry is absent */
+	RN_F_PRESENT = 1,
 };
 
 /*
@@ -884,12 +897,17 @@ struct lb6_backend {
 	__u8 flags;	   /* enum backend_flags */
 };
 
-/* sluice6_rev_nat_v1: __u32 service id (host order) -> struct lb6_rev_nat. */
+/*
+ * sluice6_rev_nat_v2 (array): __u32 service id (host order) -> struct
+ * lb6_rev_nat, as sluice_rev_nat_v2 (absent without RN_F_PRESENT).
+ */
 struct lb6_rev_nat {
 	union v6addr vip; /* network order */
 	__be16 port;	  /* network order */
 	__u8 proto;	  /* IPPROTO_TCP or IPPROTO_UDP */
 	__u8 scope;	  /* enum lb_scope of the id's master */
+	__u8 pad[3];
+	__u8 flags; /* enum rev_nat_flags */
 };
 
 /*
@@ -1020,6 +1038,7 @@ BTF_EXPORT(enum ct_flags, ct_flags);
 BTF_EXPORT(struct ct_gc_args, ct_gc_args);
 BTF_EXPORT(enum svc_flags, svc_flags);
 BTF_EXPORT(enum backend_flags, backend_flags);
+BTF_EXPORT(enum rev_nat_flags, rev_nat_flags);
 BTF_EXPORT(enum lb_scope, lb_scope);
 BTF_EXPORT(enum node_dev_flags, node_dev_flags);
 BTF_EXPORT(enum affinity_client, affinity_client);
@@ -1034,7 +1053,7 @@ BTF_EXPORT(struct sock_explain_ctx, sock_explain_ctx);
 _Static_assert(sizeof(struct lb4_key) == 12, "lb4_key size");
 _Static_assert(sizeof(struct lb4_service) == 20, "lb4_service size");
 _Static_assert(sizeof(struct lb4_backend) == 8, "lb4_backend size");
-_Static_assert(sizeof(struct lb4_rev_nat) == 8, "lb4_rev_nat size");
+_Static_assert(sizeof(struct lb4_rev_nat) == 12, "lb4_rev_nat size");
 _Static_assert(sizeof(struct ct4_key) == 16, "ct4_key size");
 _Static_assert(sizeof(struct ct4_entry) == 32, "ct4_entry size");
 _Static_assert(sizeof(struct ct_backend_key) == 8, "ct_backend_key size");
@@ -1058,7 +1077,7 @@ _Static_assert(sizeof(struct svc_stats) == 88, "svc_stats size");
 _Static_assert(sizeof(union v6addr) == 16, "v6addr size");
 _Static_assert(sizeof(struct lb6_key) == 24, "lb6_key size");
 _Static_assert(sizeof(struct lb6_backend) == 20, "lb6_backend size");
-_Static_assert(sizeof(struct lb6_rev_nat) == 20, "lb6_rev_nat size");
+_Static_assert(sizeof(struct lb6_rev_nat) == 24, "lb6_rev_nat size");
 _Static_assert(sizeof(struct src_range6_key) == 40, "src_range6_key size");
 _Static_assert(sizeof(struct node_cidr6_key) == 24, "node_cidr6_key size");
 _Static_assert(sizeof(struct lb6_affinity_key) == 44, "lb6_affinity_key size");

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,6 +125,25 @@ func TestConfigDefaults(t *testing.T) {
 		for name, want := range d.maxEntries() {
 			if ms := spec.Maps[name]; ms == nil || int(ms.MaxEntries) != want {
 				t.Errorf("%s: %s has max_entries %v, Config's default is %d", obj, name, ms, want)
+			}
+		}
+	}
+}
+
+// TestNoProgramReadsRevNat: no BPF program uses the reverse-NAT maps (a
+// reply is reverse-NATed from its flow's conntrack entry, which names the
+// frontend), so that the entries without RN_F_PRESENT need no check in
+// BPF. A program that starts to read them must treat an absent entry as
+// a missing one, as lookup_backend does: this test is where that is
+// remembered. Fails if a program references sluice_rev_nat_v2 or its
+// IPv6 twin.
+func TestNoProgramReadsRevNat(t *testing.T) {
+	for name, spec := range loadSpecs(t) {
+		for pname, ps := range spec.Programs {
+			for _, ins := range ps.Instructions {
+				if ref := ins.Reference(); ins.IsLoadFromMap() && strings.Contains(ref, "rev_nat") {
+					t.Errorf("%s program %s uses %s (%v)", name, pname, ref, ins)
+				}
 			}
 		}
 	}

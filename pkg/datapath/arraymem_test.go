@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"unsafe"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
@@ -58,35 +61,17 @@ func TestArraysMappedWhereWritten(t *testing.T) {
 	})
 	m := d.Maps()
 	tables := map[string]*lazyArray{"backends": m.be4.a, "backends6": m.be6.a, "slots": m.slots4.a, "slots6": m.slots6.a}
-	none := func(when string) {
-		t.Helper()
-		for name, a := range tables {
-			if rss := rssOf(t, a); a.count != 0 || rss != 0 {
-				t.Errorf("%s %s: %d windows mapped, %d bytes in the RSS; want none", name, when, a.count, rss)
-			}
-		}
-	}
+	none := func(when string) { t.Helper(); noneMapped(t, tables, when) }
 	none("after Open")
 	// While a backend is stored: its window, and nothing of the other
 	// family's array.
-	stores := 0
-	m.be4.onStore = func(int) {
-		if stores++; stores > 1 {
-			return
-		}
-		if rss := rssOf(t, m.be4.a); m.be4.a.count != 1 || rss != m.be4.a.mappedBytes() || rss == 0 || rss >= len(m.be4.a.mem) {
-			t.Errorf("backends while stored: %d windows mapped, %d bytes in the RSS; want one window's %d", m.be4.a.count, rss, m.be4.a.mappedBytes())
-		}
-		if rss := rssOf(t, m.be6.a); rss != 0 {
-			t.Errorf("backends6 while IPv4 backends are stored: %d bytes in the RSS, want none", rss)
-		}
-	}
+	stores := checkFirstStore(t, "backends", m.be4, m.be6)
 	// Two backends far apart: ids 1 and 90,000 (16-byte entries: 1.4 MB
 	// apart, windows 0 and 5).
 	b1 := testBackend{1, l4("10.1.7.1", 8080, model.TCP)}
 	b2 := testBackend{90_000, l4("10.1.7.2", 8080, model.TCP)}
 	addService(t, m, 7, vipTCP, b1, b2)
-	if stores == 0 {
+	if *stores == 0 {
 		t.Fatal("no store into the mapped backends array")
 	}
 	m.be4.onStore = nil
@@ -110,6 +95,37 @@ func TestArraysMappedWhereWritten(t *testing.T) {
 	if v.Flags != 0 || v.Addr != be32(b2.addr.Addr) {
 		t.Errorf("deleted backend %d: %+v, want its address kept, absent", b2.id, v)
 	}
+}
+
+// noneMapped fails t if any of tables has a window mapped, or bytes of
+// its range in the RSS, when (after what) it is called.
+func noneMapped(t *testing.T, tables map[string]*lazyArray, when string) {
+	t.Helper()
+	for name, a := range tables {
+		if rss := rssOf(t, a); a.count != 0 || rss != 0 {
+			t.Errorf("%s %s: %d windows mapped, %d bytes in the RSS; want none", name, when, a.count, rss)
+		}
+	}
+}
+
+// checkFirstStore has the first store into tbl (the table called name)
+// check that one window of it is mapped, its bytes in the RSS and fewer
+// than the array's, and nothing of the other family's table other. It
+// returns the count of tbl's stores.
+func checkFirstStore(t *testing.T, name string, tbl, other *beTable) *int {
+	stores := 0
+	tbl.onStore = func(int) {
+		if stores++; stores > 1 {
+			return
+		}
+		if rss := rssOf(t, tbl.a); tbl.a.count != 1 || rss != tbl.a.mappedBytes() || rss == 0 || rss >= len(tbl.a.mem) {
+			t.Errorf("%s while stored: %d windows mapped, %d bytes in the RSS; want one window's %d", name, tbl.a.count, rss, tbl.a.mappedBytes())
+		}
+		if rss := rssOf(t, other.a); rss != 0 {
+			t.Errorf("%s6 while IPv4 entries are stored: %d bytes in the RSS, want none", name, rss)
+		}
+	}
+	return &stores
 }
 
 // TestBackendsClearedWhereNotWritten: a backend present where the agent
@@ -152,4 +168,107 @@ func TestBackendsClearedWhereNotWritten(t *testing.T) {
 			t.Errorf("the delete left %d windows mapped, want none", tbl.a.count)
 		}
 	})
+}
+
+// TestRevNatArraysMappedWhereWritten: the reverse-NAT entries are written
+// as memory into the arrays (rnmem.go), which count in the agent's RSS
+// only while it writes, and only where, as the backends arrays
+// (TestArraysMappedWhereWritten). While a batch of IPv4 entries is stored,
+// one window of the IPv4 array is mapped and nothing of the IPv6 one;
+// once the calls return, nothing of either is mapped. The entries are in
+// the kernel's arrays, present; a deleted one is absent there (its
+// frontend kept), and neither Dump, the read-only OpenPinned (sluicectl,
+// read with batch lookups) nor the per-Service counters name it any more.
+// Fails with the entries written by system calls (no store into the
+// mapped array), with windows left mapped, or with an absent entry read
+// as a service.
+func TestRevNatArraysMappedWhereWritten(t *testing.T) {
+	testutil.Privileged(t)
+	bpffs := testPinDir(t)
+	d := openTest(t, configWith(smallConfig, func(c *Config) {
+		c.MaxServices = 100_000 // 1.6 MB of IPv4 entries, 2.4 MB of IPv6
+		c.ServiceMetrics = true
+	})(bpffs))
+	m := d.Maps()
+	if !m.rnMapped() {
+		t.Fatalf("reverse-NAT arrays not mapped: %v %v", m.rn4, m.rn6)
+	}
+	tables := map[string]*lazyArray{"rev_nat": m.rn4.a, "rev_nat6": m.rn6.a}
+	none := func(when string) { t.Helper(); noneMapped(t, tables, when) }
+	none("after Open")
+	stores := checkFirstStore(t, "rev_nat", m.rn4, m.rn6)
+	// Ids far apart (16-byte entries: 1.4 MB apart, windows 0 and 5),
+	// both scopes of a frontend, and an IPv6 one.
+	fe1 := reconciler.DefaultScope(vipTCP)
+	fe2 := reconciler.Frontend{L4Addr: l4("10.96.0.11", 53, model.UDP), Scope: reconciler.ScopeInternal}
+	fe6 := reconciler.DefaultScope(l4("2001:db8:96::10", 443, model.TCP))
+	es := []reconciler.RevNatEntry{{ID: 1, Frontend: fe1}, {ID: 90_000, Frontend: fe2}, {ID: 7, Frontend: fe6}}
+	if n, err := m.UpsertRevNats(es); n != len(es) || err != nil {
+		t.Fatalf("UpsertRevNats = %d, %v", n, err)
+	}
+	if *stores == 0 {
+		t.Fatal("no store into the mapped reverse-NAT array")
+	}
+	m.rn4.onStore = nil
+	none("after UpsertRevNats")
+	var v sockLb4RevNat
+	must(t, m.revNat.Lookup(uint32(90_000), &v))
+	if want := (sockLb4RevNat{Vip: be32(fe2.Addr), Port: be16(53), Proto: uint8(model.UDP), Scope: uint8(reconciler.ScopeInternal),
+		Flags: rnPresent}); v != want {
+		t.Errorf("rev_nat 90000 in the kernel: %+v, want %+v", v, want)
+	}
+	var v6 sockLb6RevNat
+	must(t, m.revNat6.Lookup(uint32(7), &v6))
+	if v6.Flags != rnPresent || v6.Vip != v6addr(fe6.Addr) {
+		t.Errorf("rev_nat6 7 in the kernel: %+v, want %s present", v6, fe6)
+	}
+	// The single-entry call too.
+	fe3 := reconciler.DefaultScope(l4("10.96.0.12", 80, model.TCP))
+	must(t, m.UpsertRevNat(3, fe3))
+	none("after UpsertRevNat")
+
+	revNats := func(ks *reconciler.KernelState, err error) map[reconciler.ServiceID]reconciler.Frontend {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("Dump: %v", err)
+		}
+		return ks.RevNat
+	}
+	want := map[reconciler.ServiceID]reconciler.Frontend{1: fe1, 90_000: fe2, 7: fe6, 3: fe3}
+	if got := revNats(m.Dump()); !reflect.DeepEqual(got, want) {
+		t.Errorf("Dump: rev_nat %v, want %v", got, want)
+	}
+	none("after a Dump")
+
+	// Deleted: absent in the kernel, the frontend kept; read by none.
+	if n, err := m.DeleteRevNats([]reconciler.ServiceID{90_000, 7, 12345}); n != 3 || err != nil {
+		t.Fatalf("DeleteRevNats = %d, %v", n, err)
+	}
+	must(t, m.DeleteRevNat(3))
+	none("after the deletes")
+	must(t, m.revNat.Lookup(uint32(90_000), &v))
+	if v.Flags != 0 || v.Vip != be32(fe2.Addr) {
+		t.Errorf("deleted rev_nat 90000: %+v, want its frontend kept, absent", v)
+	}
+	want = map[reconciler.ServiceID]reconciler.Frontend{1: fe1}
+	if got := revNats(m.Dump()); !reflect.DeepEqual(got, want) {
+		t.Errorf("Dump after the deletes: rev_nat %v, want %v", got, want)
+	}
+	p, err := OpenPinned(bpffs)
+	must(t, err)
+	got := revNats(p.Dump())
+	ids, err := readRevNat(p.revNat, p.revNat6)
+	p.Close()
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("OpenPinned's Dump after the deletes: rev_nat %v, want %v", got, want)
+	}
+	if err != nil || !reflect.DeepEqual(ids, map[uint32]model.L4Addr{1: fe1.L4Addr}) {
+		t.Errorf("OpenPinned's service ids for the counters: %v, %v; want only 1 (%s)", ids, err, fe1)
+	}
+	fills, err := d.MapFill()
+	must(t, err)
+	if i := slices.IndexFunc(fills, func(f MapFill) bool { return f.Pin == mapRevNat }); i < 0 ||
+		fills[i].Entries != 1 || fills[i].Capacity != 100_000 {
+		t.Errorf("map fill of %s in %+v: want 1 entry of 100000", mapRevNat, fills)
+	}
 }

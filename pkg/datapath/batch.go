@@ -94,8 +94,13 @@ func (m *Maps) UpsertBackends(es []reconciler.BackendEntry) (int, error) {
 		func(e reconciler.BackendEntry) (uint32, sockLb4Backend, error) { return backendEntry(e.ID, e.Addr) })
 }
 
-// UpsertRevNats writes reverse-NAT entries, in order.
+// UpsertRevNats writes reverse-NAT entries, in order: into the mapped
+// arrays' memory (rnmem.go), or with system calls where they cannot be
+// mapped.
 func (m *Maps) UpsertRevNats(es []reconciler.RevNatEntry) (int, error) {
+	if m.rnMapped() {
+		return m.upsertRevNatsMem(es)
+	}
 	return upsertTwin(m.revNatMaps(), es, func(e reconciler.RevNatEntry) netip.Addr { return e.Frontend.Addr },
 		func(e reconciler.RevNatEntry) (uint32, sockLb4RevNat, error) { return revNatEntry(e.ID, e.Frontend) })
 }
@@ -190,16 +195,9 @@ func (m *Maps) UpsertServiceIPs(as []netip.Addr) (int, error) {
 // (BE_F_PRESENT cleared) in both families' arrays, as ids are one space
 // over both, in batches.
 func (m *Maps) DeleteBackends(ids []reconciler.BackendID) (int, error) {
-	ids4, ids6 := ids, ids
-	if m.beMapped() {
-		// The ids whose window cannot be mapped go to the system
-		// calls.
-		ids4, ids6 = m.be4.clearAll(ids), m.be6.clearAll(ids)
-	}
-	if err := clearIDs(m.backends, mapBackends, ids4, func(v *sockLb4Backend) { v.Flags &^= bePresent }); err != nil {
-		return 0, err
-	}
-	if err := clearIDs(m.backends6, mapBackends6, ids6, func(v *sockLb6Backend) { v.Flags &^= bePresent }); err != nil {
+	err := clearTwin(m.beArrays(), ids, func(v *sockLb4Backend) { v.Flags &^= bePresent },
+		func(v *sockLb6Backend) { v.Flags &^= bePresent })
+	if err != nil {
 		return 0, err
 	}
 	return len(ids), nil
@@ -213,7 +211,7 @@ func (m *Maps) DeleteBackends(ids []reconciler.BackendID) (int, error) {
 // byte different, it reads the backend present or absent, never half an
 // address (TestOpenResizesBackendsArrays). An id beyond the array holds
 // nothing to clear, and an entry absent already is not written.
-func clearIDs[V comparable](m *ebpf.Map, name string, ids []reconciler.BackendID, absent func(*V)) error {
+func clearIDs[V comparable, ID ~uint32](m *ebpf.Map, name string, ids []ID, absent func(*V)) error {
 	if m == nil || len(ids) == 0 {
 		return nil
 	}
@@ -243,18 +241,16 @@ func clearIDs[V comparable](m *ebpf.Map, name string, ids []reconciler.BackendID
 }
 
 // DeleteRevNats deletes reverse-NAT entries, of either family; deleting a
-// missing one succeeds.
+// missing one succeeds. As DeleteBackends: an array has no deletes, each
+// id's entry is made absent (RN_F_PRESENT cleared) in both families'
+// arrays, ids being one space over both.
 func (m *Maps) DeleteRevNats(ids []reconciler.ServiceID) (int, error) {
-	return deleteIDs([]*ebpf.Map{m.revNat, m.revNat6}, mapRevNat, idKeys(ids))
-}
-
-// idKeys returns ids as the maps' uint32 keys.
-func idKeys[ID ~uint32](ids []ID) []uint32 {
-	keys := make([]uint32, len(ids))
-	for i, id := range ids {
-		keys[i] = uint32(id)
+	err := clearTwin(m.rnArrays(), ids, func(v *sockLb4RevNat) { v.Flags &^= rnPresent },
+		func(v *sockLb6RevNat) { v.Flags &^= rnPresent })
+	if err != nil {
+		return 0, err
 	}
-	return keys
+	return len(ids), nil
 }
 
 var _ reconciler.BatchDatapath = (*Maps)(nil)

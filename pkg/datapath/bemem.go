@@ -1,6 +1,7 @@
 package datapath
 
-// The backends written as memory (issue 14, forty-fourth pass). Each
+// The backends written as memory (issue 14, forty-fourth pass; the
+// reverse-NAT entries are written alike, rnmem.go). Each
 // family's backends array (sluice_backends_v2, sluice6_backends_v2:
 // BPF_F_MMAPABLE, bpf/lib/maps.h) is mapped into the agent read-write, as
 // the slots arrays are (slots.go), and a backend is written with stores
@@ -138,15 +139,15 @@ func (t *beTable) clear(id uint32) error {
 	return nil
 }
 
-// clearAll clears ids (clear) and returns those it could not, whose
-// window could not be mapped, for the system call; then it releases the
-// windows it mapped. None for a nil table (no array, or one the system
-// calls write: the caller's clearIDs is then for all of ids).
-func (t *beTable) clearAll(ids []reconciler.BackendID) []reconciler.BackendID {
+// clearAll clears ids of table t (clear) and returns those it could not,
+// whose window could not be mapped, for the system call; then it releases
+// the windows it mapped. None for a nil table (no array, or one the
+// system calls write: the caller's clearIDs is then for all of ids).
+func clearAll[ID ~uint32](t *beTable, ids []ID) []ID {
 	if t == nil {
 		return nil
 	}
-	var left []reconciler.BackendID
+	var left []ID
 	for _, id := range ids {
 		if t.clear(uint32(id)) != nil {
 			left = append(left, id)
@@ -161,33 +162,30 @@ func valueWords[V any](v *V) []uint32 {
 	return unsafe.Slice((*uint32)(unsafe.Pointer(v)), unsafe.Sizeof(*v)/4)
 }
 
-// openBeTables maps both families' backends arrays (Open).
+// openBeTables maps both families' backends arrays, and their
+// reverse-NAT arrays (rnmem.go) (Open).
 func (m *Maps) openBeTables() error {
 	var err4, err6 error
 	m.be4, err4 = openBeTable(m.backends, int(unsafe.Sizeof(sockLb4Backend{})))
 	m.be6, err6 = openBeTable(m.backends6, int(unsafe.Sizeof(sockLb6Backend{})))
-	return errors.Join(err4, err6)
+	return errors.Join(err4, err6, m.openRevNatTables())
 }
 
 // releaseBeTables unmaps the windows of the backends arrays that a
 // batch mapped (arraymem.go).
-func (m *Maps) releaseBeTables() {
-	for _, t := range []*beTable{m.be4, m.be6} {
-		if t != nil {
-			_ = t.a.release() // a window left mapped only counts in the RSS
-		}
-	}
-}
+func (m *Maps) releaseBeTables() { m.beArrays().release() }
 
 func (m *Maps) closeBeTables() error {
-	err := errors.Join(m.be4.close(), m.be6.close())
+	err := errors.Join(m.be4.close(), m.be6.close(), m.closeRevNatTables())
 	m.be4, m.be6 = nil, nil
 	return err
 }
 
 // upsertBackendsMem writes es into the mapped arrays, in order. An entry
 // whose id is beyond its array goes to the system call, which refuses it
-// as before (E2BIG).
+// as before (E2BIG). upsertMem's loop, written out for the backends: its
+// calls through enc and to6, not inlined, made a first apply of 30,000
+// Services x 10 (300,000 backends) ~3% slower (4 interleaved rounds).
 func (m *Maps) upsertBackendsMem(es []reconciler.BackendEntry) (int, error) {
 	defer m.releaseBeTables()
 	for i, e := range es {
@@ -198,46 +196,119 @@ func (m *Maps) upsertBackendsMem(es []reconciler.BackendEntry) (int, error) {
 		if m.putBackendMem(k, v, e.Addr.Addr) {
 			continue
 		}
-		if name, err := m.putBackendSyscall(k, v, e.Addr.Addr); err != nil {
+		if name, err := putSyscall(m.beArrays(), k, v, e.Addr.Addr, lb6Backend); err != nil {
 			return i, fmt.Errorf("upsert %s (entry %d of %d): %w", name, i, len(es), err)
 		}
 	}
 	return len(es), nil
 }
 
-// putBackendSyscall writes backend k -> v (of address a's family) with a
-// system call, upsertBackendsMem's way for an id beyond its array, and
-// names the map. Apart from it, as k and v go to the heap for the call:
-// in its loop they did so for every backend (300,000 allocations in a
-// first program of 30,000 Services x 10, a sixth of its heap).
-func (m *Maps) putBackendSyscall(k uint32, v sockLb4Backend, a netip.Addr) (string, error) {
-	if is6(a) {
-		v6 := lb6Backend(v, a)
-		return mapBackends6, whenFull(m.backends6, m.backends6.Put(&k, &v6))
+// upsertMem writes es, each encoded by enc (its id, its IPv4 value, its
+// address; to6 makes the IPv6 value), into the mapped arrays a, in order,
+// and releases the windows it mapped. An entry whose id is beyond its
+// array goes to the system call, which refuses it as before (E2BIG).
+func upsertMem[E, V4, V6 any](a idArrays, es []E, enc func(E) (uint32, V4, netip.Addr, error),
+	to6 func(V4, netip.Addr) V6) (int, error) {
+	defer a.release()
+	for i, e := range es {
+		k, v, addr, err := enc(e)
+		if err != nil {
+			return i, err
+		}
+		if putMem(a, k, v, addr, to6) {
+			continue
+		}
+		if name, err := putSyscall(a, k, v, addr, to6); err != nil {
+			return i, fmt.Errorf("upsert %s (entry %d of %d): %w", name, i, len(es), err)
+		}
 	}
-	return mapBackends, whenFull(m.backends, m.backends.Put(&k, &v))
+	return len(es), nil
+}
+
+// putSyscall writes entry k -> v (of address addr's family) with a system
+// call, upsertMem's way for an id beyond its array, and names the map.
+// Apart from it, and not inlined, as k and v go to the heap for the call:
+// in upsertMem's loop they did so for every entry (300,000 allocations in
+// a first program of 30,000 Services x 10, a sixth of its heap).
+//
+//go:noinline
+func putSyscall[V4, V6 any](a idArrays, k uint32, v V4, addr netip.Addr, to6 func(V4, netip.Addr) V6) (string, error) {
+	if is6(addr) {
+		v6 := to6(v, addr)
+		return a.name6, whenFull(a.m6, a.m6.Put(&k, &v6))
+	}
+	return a.name4, whenFull(a.m4, a.m4.Put(&k, &v))
 }
 
 // putBackendMem writes backend k -> v (of address a's family) into its
-// mapped array, and says whether it did: not for an id beyond the array,
-// a family not mapped, or an entry whose window cannot be mapped.
+// mapped array, and says whether it did (putMem).
 func (m *Maps) putBackendMem(k uint32, v sockLb4Backend, a netip.Addr) bool {
-	if is6(a) {
-		if m.be6 == nil || k >= m.be6.n {
-			return false
-		}
-		v6 := lb6Backend(v, a)
-		return m.be6.put(k, valueWords(&v6)) == nil
-	}
-	if m.be4 == nil || k >= m.be4.n {
-		return false
-	}
-	return m.be4.put(k, valueWords(&v)) == nil
+	return putMem(m.beArrays(), k, v, a, lb6Backend)
 }
 
 // beMapped says that the backends are written as memory: each family's
 // array the Maps has is mapped.
-func (m *Maps) beMapped() bool {
-	return (m.be4 != nil || m.backends == nil) && (m.be6 != nil || m.backends6 == nil) &&
-		(m.be4 != nil || m.be6 != nil)
+func (m *Maps) beMapped() bool { return m.beArrays().mapped() }
+
+// idArrays are an array of each family indexed by an id of one space
+// over both, of values whose flags byte is the last (the backends arrays,
+// the reverse-NAT arrays), and their tables where they are mapped (nil
+// where not).
+type idArrays struct {
+	m4, m6       *ebpf.Map
+	name4, name6 string
+	t4, t6       *beTable
+}
+
+func (m *Maps) beArrays() idArrays {
+	return idArrays{m.backends, m.backends6, mapBackends, mapBackends6, m.be4, m.be6}
+}
+
+// mapped says that the entries are written as memory: each family's
+// array there is, is mapped.
+func (a idArrays) mapped() bool {
+	return (a.t4 != nil || a.m4 == nil) && (a.t6 != nil || a.m6 == nil) && (a.t4 != nil || a.t6 != nil)
+}
+
+// release unmaps the windows of the arrays that an operation mapped
+// (arraymem.go).
+func (a idArrays) release() {
+	for _, t := range []*beTable{a.t4, a.t6} {
+		if t != nil {
+			_ = t.a.release() // a window left mapped only counts in the RSS
+		}
+	}
+}
+
+// putMem writes entry k -> v, of address addr's family (to6 makes the
+// IPv6 value), into its mapped array, and says whether it did: not for an
+// id beyond the array, a family not mapped, or an entry whose window
+// cannot be mapped.
+func putMem[V4, V6 any](a idArrays, k uint32, v V4, addr netip.Addr, to6 func(V4, netip.Addr) V6) bool {
+	if is6(addr) {
+		if a.t6 == nil || k >= a.t6.n {
+			return false
+		}
+		v6 := to6(v, addr)
+		return a.t6.put(k, valueWords(&v6)) == nil
+	}
+	if a.t4 == nil || k >= a.t4.n {
+		return false
+	}
+	return a.t4.put(k, valueWords(&v)) == nil
+}
+
+// clearTwin makes each of ids absent in both families' arrays (ids are
+// one space over both; absent4 and absent6 clear a value's present flag):
+// as memory where they are mapped, else, and for the ids whose window
+// cannot be mapped, with system calls in batches (clearIDs).
+func clearTwin[ID ~uint32, V4, V6 comparable](a idArrays, ids []ID, absent4 func(*V4), absent6 func(*V6)) error {
+	ids4, ids6 := ids, ids
+	if a.mapped() {
+		ids4, ids6 = clearAll(a.t4, ids), clearAll(a.t6, ids)
+	}
+	if err := clearIDs(a.m4, a.name4, ids4, absent4); err != nil {
+		return err
+	}
+	return clearIDs(a.m6, a.name6, ids6, absent6)
 }

@@ -25,7 +25,7 @@ const (
 	ctgcMapSluice6DevicesV1        = "sluice6_devices_v1"
 	ctgcMapSluice6FragmentsV1      = "sluice6_fragments_v1"
 	ctgcMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
-	ctgcMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
+	ctgcMapSluice6RevNatV2         = "sluice6_rev_nat_v2"
 	ctgcMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
 	ctgcMapSluice6ServicesV2       = "sluice6_services_v2"
 	ctgcMapSluice6SlotsV1          = "sluice6_slots_v1"
@@ -46,7 +46,7 @@ const (
 	ctgcMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	ctgcMapSluiceMetricsV1         = "sluice_metrics_v1"
 	ctgcMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
-	ctgcMapSluiceRevNatV1          = "sluice_rev_nat_v1"
+	ctgcMapSluiceRevNatV2          = "sluice_rev_nat_v2"
 	ctgcMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
 	ctgcMapSluiceServicesV2        = "sluice_services_v2"
 	ctgcMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
@@ -133,7 +133,7 @@ type ctgcMapSpecs struct {
 	Sluice6DevicesV1        *ebpf.MapSpec `ebpf:"sluice6_devices_v1"`
 	Sluice6FragmentsV1      *ebpf.MapSpec `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
-	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6RevNatV2         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v2"`
 	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
 	Sluice6ServicesV2       *ebpf.MapSpec `ebpf:"sluice6_services_v2"`
 	Sluice6SlotsV1          *ebpf.MapSpec `ebpf:"sluice6_slots_v1"`
@@ -154,7 +154,7 @@ type ctgcMapSpecs struct {
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceRevNatV2          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v2"`
 	SluiceServiceIpsV1      *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
 	SluiceServicesV2        *ebpf.MapSpec `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
@@ -213,7 +213,7 @@ type ctgcMaps struct {
 	Sluice6DevicesV1        *ebpf.Map `ebpf:"sluice6_devices_v1"`
 	Sluice6FragmentsV1      *ebpf.Map `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
-	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6RevNatV2         *ebpf.Map `ebpf:"sluice6_rev_nat_v2"`
 	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
 	Sluice6ServicesV2       *ebpf.Map `ebpf:"sluice6_services_v2"`
 	Sluice6SlotsV1          *ebpf.Map `ebpf:"sluice6_slots_v1"`
@@ -234,7 +234,7 @@ type ctgcMaps struct {
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1          *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceRevNatV2          *ebpf.Map `ebpf:"sluice_rev_nat_v2"`
 	SluiceServiceIpsV1      *ebpf.Map `ebpf:"sluice_service_ips_v1"`
 	SluiceServicesV2        *ebpf.Map `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
@@ -256,7 +256,7 @@ func (m *ctgcMaps) Close() error {
 		m.Sluice6DevicesV1,
 		m.Sluice6FragmentsV1,
 		m.Sluice6NodeCidrsV1,
-		m.Sluice6RevNatV1,
+		m.Sluice6RevNatV2,
 		m.Sluice6ServiceIpsV1,
 		m.Sluice6ServicesV2,
 		m.Sluice6SlotsV1,
@@ -277,7 +277,7 @@ func (m *ctgcMaps) Close() error {
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
 		m.SluiceNodeCidrsV1,
-		m.SluiceRevNatV1,
+		m.SluiceRevNatV2,
 		m.SluiceServiceIpsV1,
 		m.SluiceServicesV2,
 		m.SluiceSessionAffinityV1,

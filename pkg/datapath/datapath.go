@@ -51,7 +51,9 @@ type Config struct {
 	BPFFS string
 
 	// Map sizes; 0 means the default. MaxServices sizes sluice_rev_nat
-	// (65536), MaxBackends the backends of each family (262144; the
+	// (65536; the arrays sluice_rev_nat and sluice6_rev_nat have an entry
+	// for every service id the agent may hand out, serviceSlots),
+	// MaxBackends the backends of each family (262144; the
 	// arrays sluice_backends and sluice6_backends have an entry for every
 	// id the agent may hand out, backendSlots), MaxServiceEntries the
 	// masters plus slots of each family (1<<20): sluice_services (the
@@ -229,7 +231,7 @@ func (c Config) maxEntries() map[string]int {
 		mapServices:  c.MaxServices,
 		mapSlots:     slotEntries(c),
 		mapBackends:  backendSlots(c),
-		mapRevNat:    c.MaxServices,
+		mapRevNat:    serviceSlots(c),
 		mapConntrack: c.MaxConntrack,
 		mapCTNew:     c.MaxConntrackNew,
 		// IPv6 conntrack, as large as IPv4's (tc6.go).
@@ -252,7 +254,7 @@ func (c Config) maxEntries() map[string]int {
 		mapServices6:   c.MaxServices,
 		mapSlots6:      slotEntries(c),
 		mapBackends6:   backendSlots(c),
-		mapRevNat6:     c.MaxServices,
+		mapRevNat6:     serviceSlots(c),
 		mapAffinity6:   c.MaxAffinity,
 		mapSrcRanges6:  c.MaxSourceRanges,
 		mapServiceIPs6: c.MaxServices,
@@ -566,7 +568,7 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 	d.maps = &Maps{
 		services:   d.tc.SluiceServicesV2,
 		backends:   d.tc.SluiceBackendsV2,
-		revNat:     d.tc.SluiceRevNatV1,
+		revNat:     d.tc.SluiceRevNatV2,
 		conntrack:  d.tc.SluiceConntrackV2,
 		ctNew:      d.tc.SluiceCtNewV1,
 		ctFlush:    d.tc.SluiceCtFlushV1,
@@ -586,7 +588,7 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 
 		services6:   d.tc.Sluice6ServicesV2,
 		backends6:   d.tc.Sluice6BackendsV2,
-		revNat6:     d.tc.Sluice6RevNatV1,
+		revNat6:     d.tc.Sluice6RevNatV2,
 		srcRanges6:  d.tc.Sluice6SrcRangesV1,
 		serviceIPs6: d.tc.Sluice6ServiceIpsV1,
 		affinity6:   d.tc.Sluice6AffinityV1,

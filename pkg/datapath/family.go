@@ -52,7 +52,7 @@ func lb6Backend(b sockLb4Backend, a netip.Addr) sockLb6Backend {
 }
 
 func lb6RevNat(r sockLb4RevNat, a netip.Addr) sockLb6RevNat {
-	return sockLb6RevNat{Vip: v6addr(a), Port: r.Port, Proto: r.Proto, Scope: r.Scope}
+	return sockLb6RevNat{Vip: v6addr(a), Port: r.Port, Proto: r.Proto, Scope: r.Scope, Flags: r.Flags}
 }
 
 func srcRange6Key(k sockSrcRangeKey, fe netip.Addr, p netip.Prefix) sockSrcRange6Key {
@@ -125,64 +125,6 @@ func upsertTwin[E, K4, V4, K6, V6 any](t twin[K4, V4, K6, V6], es []E, addr func
 		}
 	}
 	return done, nil
-}
-
-// deleteID deletes id from the first of ms that has it (ids are one space
-// over both families); deleting a missing id succeeds. An IPv4 entry's
-// delete is one system call, as before IPv6.
-func deleteID(ms []*ebpf.Map, id uint32) error {
-	for _, m := range ms {
-		if m == nil {
-			continue
-		}
-		if err := m.Delete(&id); !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return err
-		}
-	}
-	return nil
-}
-
-// deleteIDs deletes ids, in order, from the first of ms that has each;
-// deleting a missing id succeeds. The kernel stops a batch of ms[0] at an
-// id it lacks: those go on to ms[1:] together, at the end. It returns how
-// many ids, from the first, are surely deleted.
-func deleteIDs(ms []*ebpf.Map, what string, keys []uint32) (int, error) {
-	if len(ms) == 0 || ms[0] == nil {
-		if len(ms) > 1 {
-			return deleteIDs(ms[1:], what, keys)
-		}
-		return len(keys), nil
-	}
-	m := ms[0]
-	var rest []uint32 // ids m lacks
-	var restAt []int  // their indexes in keys
-	done := 0
-	for done < len(keys) {
-		n, err := m.BatchDelete(keys[done:], nil)
-		if errors.Is(err, ebpf.ErrNotSupported) {
-			for ; done < len(keys); done++ {
-				if err := deleteID(ms, keys[done]); err != nil {
-					return done, fmt.Errorf("delete %s: %w", what, err)
-				}
-			}
-			return done, nil
-		}
-		done += max(0, min(n, len(keys)-done))
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return done, fmt.Errorf("delete %s (entry %d of %d): %w", what, done, len(keys), err)
-		}
-		rest, restAt = append(rest, keys[done]), append(restAt, done)
-		done++ // the missing one
-	}
-	if len(rest) > 0 && len(ms) > 1 {
-		if n, err := deleteIDs(ms[1:], what, rest); err != nil {
-			return restAt[n], err
-		}
-	}
-	return len(keys), nil
 }
 
 // eachBackend calls f with every backend of the backends map m of a

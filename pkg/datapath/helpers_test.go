@@ -304,9 +304,7 @@ func addService(t testing.TB, m *Maps, id reconciler.ServiceID, fe model.L4Addr,
 			t.Fatal(err)
 		}
 	}
-	if err := m.UpsertRevNat(id, reconciler.DefaultScope(fe)); err != nil {
-		t.Fatal(err)
-	}
+	putRevNat(t, m, id, reconciler.DefaultScope(fe))
 	if err := m.UpsertMaster(reconciler.DefaultScope(fe), reconciler.Master{ID: id, Count: uint32(len(bes))}); err != nil {
 		t.Fatal(err)
 	}
@@ -502,8 +500,28 @@ func addServiceV1(t testing.TB, m *Maps, id reconciler.ServiceID, fe model.L4Add
 	for i, b := range bes {
 		put(uint32(i+1), lb4ServiceV1{BackendId: uint32(b.id)})
 	}
-	if err := m.UpsertRevNat(id, dfe); err != nil {
+	putRevNat(t, m, id, dfe)
+	put(0, lb4ServiceV1{Count: uint32(len(bes)), RevNatId: uint32(id)})
+}
+
+// putRevNat writes the reverse-NAT entry id -> fe into m: with
+// UpsertRevNat, or as the previous layout had it where m's map of fe's
+// family is a hash of it (pins of an older agent, isRevNatV1).
+func putRevNat(t testing.TB, m *Maps, id reconciler.ServiceID, fe reconciler.Frontend) {
+	t.Helper()
+	k, v, err := revNatEntry(id, fe)
+	if err != nil {
 		t.Fatal(err)
 	}
-	put(0, lb4ServiceV1{Count: uint32(len(bes)), RevNatId: uint32(id)})
+	switch {
+	case is6(fe.Addr) && isRevNatV1(m.revNat6):
+		err = m.revNat6.Put(k, lb6RevNatV1{Vip: v6addr(fe.Addr), Port: v.Port, Proto: v.Proto, Scope: v.Scope})
+	case !is6(fe.Addr) && isRevNatV1(m.revNat):
+		err = m.revNat.Put(k, lb4RevNatV1{Vip: v.Vip, Port: v.Port, Proto: v.Proto, Scope: v.Scope})
+	default:
+		err = m.UpsertRevNat(id, fe)
+	}
+	if err != nil {
+		t.Fatalf("rev_nat %d -> %s: %v", id, fe, err)
+	}
 }

@@ -41,6 +41,9 @@ type Maps struct {
 	// The backends arrays mapped read-write (bemem.go), nil where an
 	// array cannot be mapped: its backends go through system calls.
 	be4, be6 *beTable
+	// The reverse-NAT arrays, mapped (rnmem.go); nil where they cannot
+	// be.
+	rn4, rn6 *beTable
 
 	ctGC       *ebpf.Program // bpf/ctgc.c: conntrack GC and flush (conntrack.go)
 	affFixProg *ebpf.Program // bpf/ctgc.c: session affinity upkeep (affinity.go)
@@ -146,6 +149,17 @@ func backendSlots(cfg Config) int {
 	return reconciler.BackendIDSlots(cfg.MaxBackends)
 }
 
+// serviceSlots is the number of entries of each family's reverse-NAT
+// array for cfg: every service id the reconciler may hand out. Ids are one
+// space over both families, MaxServices of them in use at most (services
+// are counted over both families together, capacity.go); the allocator
+// keeps them dense, at most its quarantine above the number in use; and
+// id 0 is never used. The per-Service counters are indexed alike
+// (svcStatsSize).
+func serviceSlots(cfg Config) int {
+	return cfg.MaxServices + reconciler.ServiceIDQuarantine + 1
+}
+
 // backendPresent says whether a backend entry of m, with flags, is a
 // backend: in the arrays, an entry without BE_F_PRESENT is an id no
 // backend holds (structs.h); in the previous release's hash maps
@@ -225,7 +239,8 @@ func revNatEntry(id reconciler.ServiceID, fe reconciler.Frontend) (uint32, sockL
 	if err != nil {
 		return 0, sockLb4RevNat{}, fmt.Errorf("upsert rev-nat %d: %w", id, err)
 	}
-	return uint32(id), sockLb4RevNat{Vip: addr4(l4.Addr), Port: be16(l4.Port), Proto: uint8(l4.Proto), Scope: uint8(fe.Scope)}, nil
+	return uint32(id), sockLb4RevNat{Vip: addr4(l4.Addr), Port: be16(l4.Port), Proto: uint8(l4.Proto), Scope: uint8(fe.Scope),
+		Flags: rnPresent}, nil
 }
 
 // UpsertRevNat writes service id -> frontend address, port, protocol and
@@ -235,6 +250,13 @@ func (m *Maps) UpsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend) err
 	if err != nil {
 		return err
 	}
+	if m.rnMapped() {
+		ok := m.putRevNatMem(k, v, fe.Addr)
+		m.releaseRevNatTables()
+		if ok {
+			return nil
+		}
+	}
 	if err := m.revNatMaps().put(fe.Addr, k, v); err != nil {
 		return fmt.Errorf("upsert rev-nat %d (%s): %w", id, fe, err)
 	}
@@ -243,7 +265,7 @@ func (m *Maps) UpsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend) err
 
 // DeleteRevNat deletes service id's reverse-NAT entry.
 func (m *Maps) DeleteRevNat(id reconciler.ServiceID) error {
-	if err := deleteID([]*ebpf.Map{m.revNat, m.revNat6}, uint32(id)); err != nil {
+	if _, err := m.DeleteRevNats([]reconciler.ServiceID{id}); err != nil {
 		return fmt.Errorf("delete rev-nat %d: %w", id, err)
 	}
 	return nil
@@ -581,14 +603,8 @@ func walkState(ms stateMaps, v reconciler.KernelVisitor) error {
 			})
 		},
 		func() error {
-			return eachEntryWhile(ms.revNat, mapRevNat, func(k *uint32, rn *sockLb4RevNat) bool {
-				more = v.RevNat(reconciler.ServiceID(*k), frontendOf(addrFromBE32(rn.Vip), rn.Port, rn.Proto, rn.Scope))
-				return more
-			})
-		},
-		func() error {
-			return eachEntryWhile(ms.revNat6, mapRevNat6, func(k *uint32, rn *sockLb6RevNat) bool {
-				more = v.RevNat(reconciler.ServiceID(*k), frontendOf(addrFrom16(rn.Vip), rn.Port, rn.Proto, rn.Scope))
+			return eachRevNatWhile(ms.revNat, ms.revNat6, func(id reconciler.ServiceID, fe reconciler.Frontend) bool {
+				more = v.RevNat(id, fe)
 				return more
 			})
 		},
@@ -630,9 +646,9 @@ func walkState(ms stateMaps, v reconciler.KernelVisitor) error {
 	return nil
 }
 
-// Capacity returns the sizes of sluice_rev_nat, sluice_backends (the
-// backends it holds: as an array it has an entry for every id,
-// backendSlots) and sluice_services. Their IPv6 twins have the same sizes:
+// Capacity returns the sizes of sluice_rev_nat (the services it holds: as
+// an array it has an entry for every id, serviceSlots), sluice_backends
+// (likewise, backendSlots) and sluice_services. Their IPv6 twins have the same sizes:
 // the reconciler counts each family's backends and service entries
 // against its own maps, and services of both families together, as
 // service ids are one space (the per-Service counters are sized for

@@ -152,8 +152,9 @@ func TestMapsDumpRoundTrip(t *testing.T) {
 		}
 		// The family's maps have those sizes (services, backends, rev_nat):
 		// the services hash a master for every service id, the backends
-		// array an entry for every id (backendSlots).
-		for i, n := range []int{s, reconciler.BackendIDSlots(b), s} {
+		// and rev_nat arrays an entry for every id (backendSlots,
+		// serviceSlots).
+		for i, n := range []int{s, reconciler.BackendIDSlots(b), s + reconciler.ServiceIDQuarantine + 1} {
 			if got := int(ms[i].m.MaxEntries()); got != n {
 				t.Errorf("%s has room for %d entries, want %d", ms[i].name, got, n)
 			}

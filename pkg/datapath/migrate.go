@@ -268,8 +268,8 @@ func copyEntries(old, cur *ebpf.Map, missingOnly bool) error {
 	return nil
 }
 
-// copyArray copies the present entries of the array old (the backends
-// arrays and the slots arrays, the only arrays pinned: structs.h) into the
+// copyArray copies the present entries of the array old (the backends,
+// reverse-NAT and slots arrays, the only arrays pinned: structs.h) into the
 // array cur (new, all absent). An absent entry (zero, or a deleted
 // backend's, which keeps its address: clearIDs) is left out; a present
 // one beyond cur is an error, as a hash's copy into a map too small is. A
@@ -605,7 +605,7 @@ func (o *tcLoaded) mapByName(name string) (*ebpf.Map, error) {
 		name string
 		m    *ebpf.Map
 	}{
-		{mapServices, o.SluiceServicesV2}, {mapSlots, o.SluiceSlotsV1}, {mapBackends, o.SluiceBackendsV2}, {mapRevNat, o.SluiceRevNatV1},
+		{mapServices, o.SluiceServicesV2}, {mapSlots, o.SluiceSlotsV1}, {mapBackends, o.SluiceBackendsV2}, {mapRevNat, o.SluiceRevNatV2},
 		{mapConntrack, o.SluiceConntrackV2}, {mapCTNew, o.SluiceCtNewV1}, {mapCTFlush, o.SluiceCtFlushV1},
 		{mapConntrack6, o.Sluice6ConntrackV1}, {mapCTNew6, o.Sluice6CtNewV1},
 		{mapSockRev, o.SluiceSockRevV1}, {mapUDPStick, o.SluiceUdpStickV1}, {mapMetrics, o.SluiceMetricsV1},

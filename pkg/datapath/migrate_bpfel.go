@@ -27,7 +27,7 @@ const (
 	migrateMapSluice6MigOldEst        = "sluice6_mig_old_est"
 	migrateMapSluice6MigOldNew        = "sluice6_mig_old_new"
 	migrateMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
-	migrateMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
+	migrateMapSluice6RevNatV2         = "sluice6_rev_nat_v2"
 	migrateMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
 	migrateMapSluice6ServicesV2       = "sluice6_services_v2"
 	migrateMapSluice6SlotsV1          = "sluice6_slots_v1"
@@ -51,7 +51,7 @@ const (
 	migrateMapSluiceMigOldNew         = "sluice_mig_old_new"
 	migrateMapSluiceMigOldR0          = "sluice_mig_old_r0"
 	migrateMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
-	migrateMapSluiceRevNatV1          = "sluice_rev_nat_v1"
+	migrateMapSluiceRevNatV2          = "sluice_rev_nat_v2"
 	migrateMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
 	migrateMapSluiceServicesV2        = "sluice_services_v2"
 	migrateMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
@@ -143,7 +143,7 @@ type migrateMapSpecs struct {
 	Sluice6MigOldEst        *ebpf.MapSpec `ebpf:"sluice6_mig_old_est"`
 	Sluice6MigOldNew        *ebpf.MapSpec `ebpf:"sluice6_mig_old_new"`
 	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
-	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6RevNatV2         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v2"`
 	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
 	Sluice6ServicesV2       *ebpf.MapSpec `ebpf:"sluice6_services_v2"`
 	Sluice6SlotsV1          *ebpf.MapSpec `ebpf:"sluice6_slots_v1"`
@@ -167,7 +167,7 @@ type migrateMapSpecs struct {
 	SluiceMigOldNew         *ebpf.MapSpec `ebpf:"sluice_mig_old_new"`
 	SluiceMigOldR0          *ebpf.MapSpec `ebpf:"sluice_mig_old_r0"`
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceRevNatV2          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v2"`
 	SluiceServiceIpsV1      *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
 	SluiceServicesV2        *ebpf.MapSpec `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
@@ -233,7 +233,7 @@ type migrateMaps struct {
 	Sluice6MigOldEst        *ebpf.Map `ebpf:"sluice6_mig_old_est"`
 	Sluice6MigOldNew        *ebpf.Map `ebpf:"sluice6_mig_old_new"`
 	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
-	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6RevNatV2         *ebpf.Map `ebpf:"sluice6_rev_nat_v2"`
 	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
 	Sluice6ServicesV2       *ebpf.Map `ebpf:"sluice6_services_v2"`
 	Sluice6SlotsV1          *ebpf.Map `ebpf:"sluice6_slots_v1"`
@@ -257,7 +257,7 @@ type migrateMaps struct {
 	SluiceMigOldNew         *ebpf.Map `ebpf:"sluice_mig_old_new"`
 	SluiceMigOldR0          *ebpf.Map `ebpf:"sluice_mig_old_r0"`
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1          *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceRevNatV2          *ebpf.Map `ebpf:"sluice_rev_nat_v2"`
 	SluiceServiceIpsV1      *ebpf.Map `ebpf:"sluice_service_ips_v1"`
 	SluiceServicesV2        *ebpf.Map `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
@@ -281,7 +281,7 @@ func (m *migrateMaps) Close() error {
 		m.Sluice6MigOldEst,
 		m.Sluice6MigOldNew,
 		m.Sluice6NodeCidrsV1,
-		m.Sluice6RevNatV1,
+		m.Sluice6RevNatV2,
 		m.Sluice6ServiceIpsV1,
 		m.Sluice6ServicesV2,
 		m.Sluice6SlotsV1,
@@ -305,7 +305,7 @@ func (m *migrateMaps) Close() error {
 		m.SluiceMigOldNew,
 		m.SluiceMigOldR0,
 		m.SluiceNodeCidrsV1,
-		m.SluiceRevNatV1,
+		m.SluiceRevNatV2,
 		m.SluiceServiceIpsV1,
 		m.SluiceServicesV2,
 		m.SluiceSessionAffinityV1,

@@ -93,12 +93,20 @@ func openPinnedMap(dir, name string, ms *ebpf.MapSpec) (*ebpf.Map, error) {
 		return nil, fmt.Errorf("map %s missing from BPF object", name)
 	}
 	path := filepath.Join(dir, name)
-	prevHash, prevServices := false, false
+	prevHash, prevServices, prevValue := false, false, ms.ValueSize
 	if prev := previousPin(dir, name); prev != "" {
 		path = filepath.Join(dir, prev)
 		// The previous backends maps were hashes of the same entries
-		// (backendPresent reads both).
-		prevHash = name == mapBackends || name == mapBackends6
+		// (backendPresent reads both); the previous reverse-NAT maps
+		// hashes of entries without flags (eachRevNatWhile reads
+		// both).
+		prevHash = name == mapBackends || name == mapBackends6 || name == mapRevNat || name == mapRevNat6
+		switch name {
+		case mapRevNat:
+			prevValue = uint32(binary.Size(lb4RevNatV1{}))
+		case mapRevNat6:
+			prevValue = uint32(binary.Size(lb6RevNatV1{}))
+		}
 		// The previous services maps held the slots too, in values
 		// without slots_base (walkState reads both).
 		prevServices = name == mapServices || name == mapServices6
@@ -108,7 +116,8 @@ func openPinnedMap(dir, name string, ms *ebpf.MapSpec) (*ebpf.Map, error) {
 		return nil, err
 	}
 	if (info.Type != ms.Type && !(prevHash && info.Type == ebpf.Hash)) || info.KeySize != ms.KeySize ||
-		(info.ValueSize != ms.ValueSize && !(prevServices && info.ValueSize == uint32(binary.Size(lb4ServiceV1{})))) {
+		(info.ValueSize != ms.ValueSize && info.ValueSize != prevValue &&
+			!(prevServices && info.ValueSize == uint32(binary.Size(lb4ServiceV1{})))) {
 		m.Close()
 		return nil, fmt.Errorf("pinned map %s is %s with key/value size %d/%d, this build reads %s with %d/%d",
 			path, info.Type, info.KeySize, info.ValueSize, ms.Type, ms.KeySize, ms.ValueSize)

@@ -28,7 +28,7 @@ const (
 	// this release: sluice_services_v1 held them (migrateServicesV1).
 	mapSlots     = "sluice_slots_v1"
 	mapBackends  = "sluice_backends_v2"
-	mapRevNat    = "sluice_rev_nat_v1"
+	mapRevNat    = "sluice_rev_nat_v2"
 	mapConntrack = "sluice_conntrack_v2"
 	mapCTNew     = "sluice_ct_new_v1"
 	mapCTFlush   = "sluice_ct_flush_v1"
@@ -56,7 +56,7 @@ const (
 	mapServices6   = "sluice6_services_v2"
 	mapSlots6      = "sluice6_slots_v1"
 	mapBackends6   = "sluice6_backends_v2"
-	mapRevNat6     = "sluice6_rev_nat_v1"
+	mapRevNat6     = "sluice6_rev_nat_v2"
 	mapSrcRanges6  = "sluice6_src_ranges_v1"
 	mapServiceIPs6 = "sluice6_service_ips_v1"
 	mapAffinity6   = "sluice6_affinity_v1"
@@ -120,6 +120,13 @@ type pinMigration struct {
 // complete; the previous agent's programs read the old map until their
 // links are replaced, and no agent writes either meanwhile.
 //
+// The reverse-NAT maps of both families were hashes (v1, and release 0's
+// IPv4 one); v2 are arrays indexed by the service id whose entries carry
+// RN_F_PRESENT in a flags byte the v1 value lacked: convertRevNat copies
+// each id's entry to its index, flagged. No program reads or writes them
+// (the agent alone does: the programs reverse-NAT from conntrack), so the
+// copy is complete.
+//
 // The services maps held the frontends' masters and their backend slots
 // (v1); v2 holds the masters, each with the base of its slots in the new
 // slots array (sluice_slots_v1): convertServices gives each frontend a
@@ -132,7 +139,9 @@ var pinMigrations = []pinMigration{
 	{from: "sluice_backends", to: mapBackends, convert: convertBackends4},
 	{from: "sluice_backends_v1", to: mapBackends, convert: convertBackends4},
 	{from: "sluice6_backends_v1", to: mapBackends6, convert: convertBackends6},
-	{from: "sluice_rev_nat", to: mapRevNat},
+	{from: "sluice_rev_nat", to: mapRevNat, convert: convertRevNat4},
+	{from: "sluice_rev_nat_v1", to: mapRevNat, convert: convertRevNat4},
+	{from: "sluice6_rev_nat_v1", to: mapRevNat6, convert: convertRevNat6},
 	{from: "sluice_conntrack", to: mapConntrack, convert: convertRelease0Conntrack, live: true},
 	{from: "sluice_sock_rev", to: mapSockRev},
 	// UDP socket stickiness was called affinity, which Kubernetes
@@ -262,24 +271,72 @@ func convertBackends6(old, cur *ebpf.Map, _ *ebpf.CollectionSpec) error {
 
 const bePresent = uint8(sockBackendFlagsBE_F_PRESENT)
 
+// convertRevNat4 and convertRevNat6 copy the reverse-NAT entries of a hash
+// of the previous layout (lb4RevNatV1: no flags) into the array cur, each
+// under its id's index and flagged RN_F_PRESENT. An id beyond the array
+// is an error: the frontend's master names it.
+func convertRevNat4(old, cur *ebpf.Map, _ *ebpf.CollectionSpec) error {
+	return convertIDs(old, cur, "service", "--max-services", func(v *lb4RevNatV1) sockLb4RevNat {
+		return sockLb4RevNat{Vip: v.Vip, Port: v.Port, Proto: v.Proto, Scope: v.Scope, Flags: rnPresent}
+	})
+}
+
+func convertRevNat6(old, cur *ebpf.Map, _ *ebpf.CollectionSpec) error {
+	return convertIDs(old, cur, "service", "--max-services", func(v *lb6RevNatV1) sockLb6RevNat {
+		return sockLb6RevNat{Vip: v.Vip, Port: v.Port, Proto: v.Proto, Scope: v.Scope, Flags: rnPresent}
+	})
+}
+
+// lb4RevNatV1 and lb6RevNatV1 are the values of the v1 reverse-NAT hashes
+// (sluice_rev_nat_v1, sluice6_rev_nat_v1; release 0's sluice_rev_nat):
+// struct lb4_rev_nat and lb6_rev_nat without their flags.
+type lb4RevNatV1 struct {
+	Vip   uint32
+	Port  uint16
+	Proto uint8
+	Scope uint8
+}
+
+type lb6RevNatV1 struct {
+	Vip   sockV6addr
+	Port  uint16
+	Proto uint8
+	Scope uint8
+}
+
+// rnPresent is RN_F_PRESENT, the flags byte of a reverse-NAT entry that a
+// service holds. It is the last byte of the value, as BE_F_PRESENT is of
+// a backend's, with the same value: the readers and writers of the
+// backends arrays (presentEntry, beTable) serve both.
+const rnPresent = uint8(sockRevNatFlagsRN_F_PRESENT)
+
+// The build fails if the two flags part.
+var _ = [1]struct{}{}[int(rnPresent)-int(bePresent)]
+
 func convertBackends[V any](old, cur *ebpf.Map, setPresent func(*V)) error {
+	return convertIDs(old, cur, "backend", "--max-backends", func(v *V) V { setPresent(v); return *v })
+}
+
+// convertIDs copies the entries of the hash old (id -> O) into the array
+// cur, each converted by conv under its id's index. An id beyond the
+// array is an error, which names the flag that sizes it.
+func convertIDs[O, V any](old, cur *ebpf.Map, what, flag string, conv func(*O) V) error {
 	var ids []uint32
 	var vals []V
 	var id uint32
-	var v V
+	var v O
 	it := old.Iterate()
 	for it.Next(&id, &v) {
 		if id >= cur.MaxEntries() {
-			return fmt.Errorf("backend id %d does not fit in %d entries (a larger --max-backends keeps it)", id, cur.MaxEntries())
+			return fmt.Errorf("%s id %d does not fit in %d entries (a larger %s keeps it)", what, id, cur.MaxEntries(), flag)
 		}
-		setPresent(&v)
-		ids, vals = append(ids, id), append(vals, v)
+		ids, vals = append(ids, id), append(vals, conv(&v))
 	}
 	if err := it.Err(); err != nil {
-		return fmt.Errorf("read backends: %w", err)
+		return fmt.Errorf("read %ss: %w", what, err)
 	}
 	if n, err := putBatch(cur, ids, vals); err != nil {
-		return fmt.Errorf("write backend %d of %d: %w", n, len(ids), err)
+		return fmt.Errorf("write %s %d of %d: %w", what, n, len(ids), err)
 	}
 	return nil
 }

@@ -624,3 +624,38 @@ func TestShrinkCountsFrontends(t *testing.T) {
 		t.Errorf("a refused Open left %s with %d entries, want %d", mapServices, n, smallConfig("").MaxServices)
 	}
 }
+
+// TestShrinkKeepsServiceIDs: a --max-services whose reverse-NAT arrays
+// (serviceSlots) would not hold a service id in use is refused before any
+// pin changes, naming the size that keeps it, even where the services
+// themselves are fewer than the flag: an id beyond the smaller array
+// would lose its entry (and the frontend's master names it). That size
+// then opens with the state as it was. Fails if the shrink check counts
+// the services only (the resize's copy then fails without naming the
+// flag).
+func TestShrinkKeepsServiceIDs(t *testing.T) {
+	d, bpffs := newTestDatapathAt(t)
+	addService(t, d.Maps(), 300, vipTCP, testBackend{1, l4("10.2.0.1", 8080, model.TCP)})
+	want, err := d.Maps().Dump()
+	must(t, err)
+	d.Close()
+	cfg := smallConfig(bpffs)
+	cfg.MaxServices = 4 // arrays of 4 + 257 entries: id 300 beyond
+	if d, err := Open(cfg); err == nil {
+		d.Close()
+		t.Fatalf("Open with --max-services=4 over service id 300 succeeded")
+	} else if w := "start the agent with --max-services=44 or more"; !strings.Contains(err.Error(), w) {
+		t.Errorf("Open's error\n%v\ndoes not say %q", err, w)
+	}
+	if got := pinnedMaxEntries(t, bpffs, mapRevNat); got != 256+257 {
+		t.Errorf("after the refusal, %s has %d entries, want 513 as before", mapRevNat, got)
+	}
+	cfg.MaxServices = 44
+	d = openTest(t, cfg)
+	if got, err := d.Maps().Dump(); err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("state with --max-services=44: %+v, %v; want %+v", got, err, want)
+	}
+	if got := pinnedMaxEntries(t, bpffs, mapRevNat); got != 44+257 {
+		t.Errorf("%s has %d entries with --max-services=44, want 301", mapRevNat, got)
+	}
+}

@@ -57,7 +57,7 @@ func shrinkLimits(cfg Config) []shrinkLimit {
 		},
 		{
 			flag: "--max-services", size: cfg.MaxServices,
-			maps: map[string]int{mapRevNat: cfg.MaxServices, mapRevNat6: cfg.MaxServices,
+			maps: map[string]int{mapRevNat: serviceSlots(cfg), mapRevNat6: serviceSlots(cfg),
 				mapServiceIPs: cfg.MaxServices, mapServiceIPs6: cfg.MaxServices,
 				mapServices: cfg.MaxServices, mapServices6: cfg.MaxServices},
 			count: countServices,
@@ -171,32 +171,44 @@ func countServiceEntries(dir string) (int, string, error) {
 	return most, fmt.Sprintf("%d service entries in %s", most, which), nil
 }
 
-// countServices returns the rev_nat entries of both families (services
-// are counted over both together: service ids are one space), or the
-// service IPs or the masters of one family if more (they are at most as
-// many: each master's frontend has its rev_nat entry).
+// countServices returns the flag value that keeps every service: the
+// present rev_nat entries of both families (services are counted over
+// both together: service ids are one space), or more if an id is beyond
+// the arrays that size makes (serviceSlots), or the service IPs or the
+// masters of one family if more (they are at most as many: each master's
+// frontend has its rev_nat entry).
 func countServices(dir string) (int, string, error) {
-	sum := 0
+	sum, maxID := 0, uint32(0)
 	for _, name := range []string{mapRevNat, mapRevNat6} {
 		err := withPinned(dir, name, func(m *ebpf.Map) error {
-			n, err := countByKey(m)
-			sum += n
-			return err
+			return eachArrayEntry(m, func(k uint32, v []byte) error {
+				if presentEntry(v) {
+					sum++
+					maxID = max(maxID, k)
+				}
+				return nil
+			})
 		})
 		if err != nil {
 			return 0, "", err
 		}
 	}
+	what := fmt.Sprintf("%d services of both families in %s and %s", sum, mapRevNat, mapRevNat6)
+	// A size of n keeps ids up to n + ServiceIDQuarantine (serviceSlots).
+	if q := reconciler.ServiceIDQuarantine; int(maxID) > sum+q {
+		sum = int(maxID) - q
+		what += fmt.Sprintf(" and service id %d, which a size of %d keeps", maxID, sum)
+	}
 	for _, set := range []struct {
 		unit        string
 		name, name6 string
 	}{{"service IPs", mapServiceIPs, mapServiceIPs6}, {"frontends", mapServices, mapServices6}} {
-		n, what, err := countLargest(dir, set.unit, set.name, set.name6)
+		n, nWhat, err := countLargest(dir, set.unit, set.name, set.name6)
 		if err != nil || n > sum {
-			return n, what, err
+			return n, nWhat, err
 		}
 	}
-	return sum, fmt.Sprintf("%d services of both families in %s and %s", sum, mapRevNat, mapRevNat6), nil
+	return sum, what, nil
 }
 
 // countBackends returns the flag value that keeps every backend of the

@@ -247,6 +247,8 @@ type sockLb4RevNat struct {
 	Port  uint16
 	Proto uint8
 	Scope uint8
+	Pad   [3]uint8
+	Flags uint8
 }
 
 type sockLb4Service struct {
@@ -300,6 +302,8 @@ type sockLb6RevNat struct {
 	Port  uint16
 	Proto uint8
 	Scope uint8
+	Pad   [3]uint8
+	Flags uint8
 }
 
 type sockLbScope uint32
@@ -394,6 +398,12 @@ type sockNodeDevFlags uint32
 const (
 	sockNodeDevFlagsNODE_DEV_F_L3 sockNodeDevFlags = 1
 	sockNodeDevFlagsNODE_DEV_F_TC sockNodeDevFlags = 2
+)
+
+type sockRevNatFlags uint32
+
+const (
+	sockRevNatFlagsRN_F_PRESENT sockRevNatFlags = 1
 )
 
 type sockSock6RevEntry struct {
@@ -559,7 +569,7 @@ const (
 	sockMapSluice6DevicesV1        = "sluice6_devices_v1"
 	sockMapSluice6FragmentsV1      = "sluice6_fragments_v1"
 	sockMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
-	sockMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
+	sockMapSluice6RevNatV2         = "sluice6_rev_nat_v2"
 	sockMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
 	sockMapSluice6ServicesV2       = "sluice6_services_v2"
 	sockMapSluice6SlotsV1          = "sluice6_slots_v1"
@@ -580,7 +590,7 @@ const (
 	sockMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	sockMapSluiceMetricsV1         = "sluice_metrics_v1"
 	sockMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
-	sockMapSluiceRevNatV1          = "sluice_rev_nat_v1"
+	sockMapSluiceRevNatV2          = "sluice_rev_nat_v2"
 	sockMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
 	sockMapSluiceServicesV2        = "sluice_services_v2"
 	sockMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
@@ -688,7 +698,7 @@ type sockMapSpecs struct {
 	Sluice6DevicesV1        *ebpf.MapSpec `ebpf:"sluice6_devices_v1"`
 	Sluice6FragmentsV1      *ebpf.MapSpec `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
-	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6RevNatV2         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v2"`
 	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
 	Sluice6ServicesV2       *ebpf.MapSpec `ebpf:"sluice6_services_v2"`
 	Sluice6SlotsV1          *ebpf.MapSpec `ebpf:"sluice6_slots_v1"`
@@ -709,7 +719,7 @@ type sockMapSpecs struct {
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceRevNatV2          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v2"`
 	SluiceServiceIpsV1      *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
 	SluiceServicesV2        *ebpf.MapSpec `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
@@ -769,7 +779,7 @@ type sockMaps struct {
 	Sluice6DevicesV1        *ebpf.Map `ebpf:"sluice6_devices_v1"`
 	Sluice6FragmentsV1      *ebpf.Map `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
-	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6RevNatV2         *ebpf.Map `ebpf:"sluice6_rev_nat_v2"`
 	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
 	Sluice6ServicesV2       *ebpf.Map `ebpf:"sluice6_services_v2"`
 	Sluice6SlotsV1          *ebpf.Map `ebpf:"sluice6_slots_v1"`
@@ -790,7 +800,7 @@ type sockMaps struct {
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1          *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceRevNatV2          *ebpf.Map `ebpf:"sluice_rev_nat_v2"`
 	SluiceServiceIpsV1      *ebpf.Map `ebpf:"sluice_service_ips_v1"`
 	SluiceServicesV2        *ebpf.Map `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
@@ -813,7 +823,7 @@ func (m *sockMaps) Close() error {
 		m.Sluice6DevicesV1,
 		m.Sluice6FragmentsV1,
 		m.Sluice6NodeCidrsV1,
-		m.Sluice6RevNatV1,
+		m.Sluice6RevNatV2,
 		m.Sluice6ServiceIpsV1,
 		m.Sluice6ServicesV2,
 		m.Sluice6SlotsV1,
@@ -834,7 +844,7 @@ func (m *sockMaps) Close() error {
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
 		m.SluiceNodeCidrsV1,
-		m.SluiceRevNatV1,
+		m.SluiceRevNatV2,
 		m.SluiceServiceIpsV1,
 		m.SluiceServicesV2,
 		m.SluiceSessionAffinityV1,

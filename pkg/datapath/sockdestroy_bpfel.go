@@ -53,7 +53,7 @@ const (
 	sockdestroyMapSluice6DevicesV1        = "sluice6_devices_v1"
 	sockdestroyMapSluice6FragmentsV1      = "sluice6_fragments_v1"
 	sockdestroyMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
-	sockdestroyMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
+	sockdestroyMapSluice6RevNatV2         = "sluice6_rev_nat_v2"
 	sockdestroyMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
 	sockdestroyMapSluice6ServicesV2       = "sluice6_services_v2"
 	sockdestroyMapSluice6SlotsV1          = "sluice6_slots_v1"
@@ -74,7 +74,7 @@ const (
 	sockdestroyMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	sockdestroyMapSluiceMetricsV1         = "sluice_metrics_v1"
 	sockdestroyMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
-	sockdestroyMapSluiceRevNatV1          = "sluice_rev_nat_v1"
+	sockdestroyMapSluiceRevNatV2          = "sluice_rev_nat_v2"
 	sockdestroyMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
 	sockdestroyMapSluiceServicesV2        = "sluice_services_v2"
 	sockdestroyMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
@@ -157,7 +157,7 @@ type sockdestroyMapSpecs struct {
 	Sluice6DevicesV1        *ebpf.MapSpec `ebpf:"sluice6_devices_v1"`
 	Sluice6FragmentsV1      *ebpf.MapSpec `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
-	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6RevNatV2         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v2"`
 	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
 	Sluice6ServicesV2       *ebpf.MapSpec `ebpf:"sluice6_services_v2"`
 	Sluice6SlotsV1          *ebpf.MapSpec `ebpf:"sluice6_slots_v1"`
@@ -178,7 +178,7 @@ type sockdestroyMapSpecs struct {
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceRevNatV2          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v2"`
 	SluiceServiceIpsV1      *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
 	SluiceServicesV2        *ebpf.MapSpec `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
@@ -237,7 +237,7 @@ type sockdestroyMaps struct {
 	Sluice6DevicesV1        *ebpf.Map `ebpf:"sluice6_devices_v1"`
 	Sluice6FragmentsV1      *ebpf.Map `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
-	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6RevNatV2         *ebpf.Map `ebpf:"sluice6_rev_nat_v2"`
 	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
 	Sluice6ServicesV2       *ebpf.Map `ebpf:"sluice6_services_v2"`
 	Sluice6SlotsV1          *ebpf.Map `ebpf:"sluice6_slots_v1"`
@@ -258,7 +258,7 @@ type sockdestroyMaps struct {
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1          *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceRevNatV2          *ebpf.Map `ebpf:"sluice_rev_nat_v2"`
 	SluiceServiceIpsV1      *ebpf.Map `ebpf:"sluice_service_ips_v1"`
 	SluiceServicesV2        *ebpf.Map `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
@@ -280,7 +280,7 @@ func (m *sockdestroyMaps) Close() error {
 		m.Sluice6DevicesV1,
 		m.Sluice6FragmentsV1,
 		m.Sluice6NodeCidrsV1,
-		m.Sluice6RevNatV1,
+		m.Sluice6RevNatV2,
 		m.Sluice6ServiceIpsV1,
 		m.Sluice6ServicesV2,
 		m.Sluice6SlotsV1,
@@ -301,7 +301,7 @@ func (m *sockdestroyMaps) Close() error {
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
 		m.SluiceNodeCidrsV1,
-		m.SluiceRevNatV1,
+		m.SluiceRevNatV2,
 		m.SluiceServiceIpsV1,
 		m.SluiceServicesV2,
 		m.SluiceSessionAffinityV1,

@@ -82,7 +82,8 @@ type MapFill struct {
 
 // MapFill counts the entries of every hash-like map the datapath shares
 // (arrays are always full and have no fill, but for the backends arrays,
-// whose fill is their present entries of MaxBackends), sorted by name. The hash
+// whose fill is their present entries of MaxBackends, and the reverse-NAT
+// arrays, theirs of MaxServices), sorted by name. The hash
 // maps' counts are the kernel's own, read by one run of a map iterator
 // (mapcount.go, Features.MapCount) whatever the maps hold; the LPM tries
 // (source ranges, CIDRs: small), and every map on a kernel without the
@@ -109,8 +110,9 @@ func mapFill(maps map[string]*ebpf.Map, counts map[ebpf.MapID]int) ([]MapFill, e
 	for _, pin := range sortedKeys(maps) {
 		m := maps[pin]
 		backends := pin == mapBackends || pin == mapBackends6
+		revNat := pin == mapRevNat || pin == mapRevNat6
 		slots := pin == mapSlots || pin == mapSlots6
-		if !countable(m.Type()) && !backends && !slots {
+		if !countable(m.Type()) && !backends && !revNat && !slots {
 			continue
 		}
 		info, err := m.Info()
@@ -123,6 +125,12 @@ func mapFill(maps map[string]*ebpf.Map, counts map[ebpf.MapID]int) ([]MapFill, e
 			n, err = countEntries(m)
 			// Its entries are every id; a family holds fewer.
 			capacity = (capacity - reconciler.BackendIDQuarantine - 1) / 2
+		} else if revNat {
+			// Its entries are every service id (serviceSlots): the
+			// services it holds, of the --max-services of both
+			// families.
+			n, err = countEntries(m)
+			capacity -= reconciler.ServiceIDQuarantine + 1
 		} else if slots {
 			// The slots in use: the entries not empty, of the
 			// --max-service-entries the array is twice the size of
@@ -206,8 +214,8 @@ func countEntries(m *ebpf.Map) (int, error) {
 	}
 }
 
-// countPresent counts the present entries (BE_F_PRESENT) of a backends
-// array.
+// countPresent counts the present entries (BE_F_PRESENT, RN_F_PRESENT) of a
+// backends or reverse-NAT array.
 func countPresent(m *ebpf.Map) (int, error) {
 	flags := int(m.ValueSize()) - 1 // the flags byte (presentEntry)
 	return countArray(m, func(v []byte) bool { return presentEntry(v) }, func(win []byte, stride, count int) int {
@@ -265,15 +273,17 @@ func countArray(m *ebpf.Map, inUse func(v []byte) bool, count func(win []byte, s
 	return n, nil
 }
 
-// presentEntry says whether v, the value of a backends array's entry, is a
-// backend (BE_F_PRESENT): flags is the value's last byte in both families
-// (structs.h).
+// presentEntry says whether v, the value of a backends or reverse-NAT
+// array's entry, is held (BE_F_PRESENT, RN_F_PRESENT: the same bit):
+// flags is the value's last byte in both families (structs.h).
 func presentEntry(v []byte) bool { return v[len(v)-1]&bePresent != 0 }
 
-// The build fails if Flags stops being the last byte of either value.
+// The build fails if Flags stops being the last byte of any of the values.
 var (
 	_ = [1]struct{}{}[unsafe.Sizeof(sockLb4Backend{})-1-unsafe.Offsetof(sockLb4Backend{}.Flags)]
 	_ = [1]struct{}{}[unsafe.Sizeof(sockLb6Backend{})-1-unsafe.Offsetof(sockLb6Backend{}.Flags)]
+	_ = [1]struct{}{}[unsafe.Sizeof(sockLb4RevNat{})-1-unsafe.Offsetof(sockLb4RevNat{}.Flags)]
+	_ = [1]struct{}{}[unsafe.Sizeof(sockLb6RevNat{})-1-unsafe.Offsetof(sockLb6RevNat{}.Flags)]
 )
 
 // countByKey counts m's entries by walking its keys.

@@ -165,8 +165,8 @@ func TestMapCountAgreesWithWalk(t *testing.T) {
 // TestMapMemory: MapFill reports each map's memory as the kernel
 // estimates it: the service maps, which allocate as they grow, hold more
 // after Services are programmed, in proportion to them; conntrack and the
-// backends arrays, which are preallocated, hold their capacity's worth
-// from the start. The test logs what one Service and one backend cost
+// backends and rev_nat arrays, which are preallocated, hold their
+// capacity's worth from the start. The test logs what one Service and one backend cost
 // (README's figures: 1,000
 // Services of 10 endpoints each), over IPv4, then over IPv6 in the
 // sluice6_* maps (MapFill's services6, rev_nat6, backends6), the other
@@ -230,13 +230,17 @@ func testMapMemory(t *testing.T, v6 bool) {
 		}
 		return float64(after[name] - before[name])
 	}
-	// A Service port: a master and one slot per endpoint in services, its
-	// reverse-NAT entry; a backend: its entry in backends, preallocated
-	// for every id.
-	perService := (grew("services"+fam) + grew("rev_nat"+fam)) / services
-	slots := backendSlots(Config{}.withDefaults())
-	t.Logf("per Service of %d endpoints: %.0f bytes (services%s, rev_nat%s); backends%s %.1f MiB preallocated (%d entries of %d bytes); conntrack%s %d MiB preallocated (%d entries)",
-		endpoints, perService, fam, fam, fam, float64(after["backends"+fam])/(1<<20), slots, after["backends"+fam]/uint64(slots), fam, after["conntrack"+fam]>>20, DefaultMaxConntrack)
+	// A Service port: its master in services (its slots are in the
+	// slots array); its reverse-NAT entry and a backend: their entries
+	// in the rev_nat and backends arrays, preallocated for every id.
+	perService := grew("services"+fam) / services
+	if after["rev_nat"+fam] != before["rev_nat"+fam] {
+		t.Errorf("rev_nat%s went from %d to %d bytes: an array holds its memory from the start", fam, before["rev_nat"+fam], after["rev_nat"+fam])
+	}
+	slots, ids := backendSlots(Config{}.withDefaults()), serviceSlots(Config{}.withDefaults())
+	t.Logf("per Service of %d endpoints: %.0f bytes (services%s); rev_nat%s %.1f MiB preallocated (%d entries of %d bytes); backends%s %.1f MiB preallocated (%d entries of %d bytes); conntrack%s %d MiB preallocated (%d entries)",
+		endpoints, perService, fam, fam, float64(after["rev_nat"+fam])/(1<<20), ids, after["rev_nat"+fam]/uint64(ids),
+		fam, float64(after["backends"+fam])/(1<<20), slots, after["backends"+fam]/uint64(slots), fam, after["conntrack"+fam]>>20, DefaultMaxConntrack)
 }
 
 // BenchmarkCountFullConntrack counts a full sluice_conntrack of the

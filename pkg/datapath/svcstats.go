@@ -236,39 +236,16 @@ func readServiceStats(stats, revNat, revNat6 *ebpf.Map) ([]ServiceStats, error) 
 }
 
 // readRevNat returns the frontend of each service id in revNat and its
-// IPv6 twin revNat6 (either scope: both count for the frontend).
+// IPv6 twin revNat6 (either scope: both count for the frontend): the
+// arrays' present entries (eachRevNatWhile).
 func readRevNat(revNat, revNat6 *ebpf.Map) (map[uint32]model.L4Addr, error) {
 	out := make(map[uint32]model.L4Addr, min(statsBatch, int(revNat.MaxEntries())))
-	err := errors.Join(
-		readRevNatInto(revNat, mapRevNat, out, func(v *sockLb4RevNat) model.L4Addr { return l4Of(addrFromBE32(v.Vip), v.Port, v.Proto) }),
-		readRevNatInto(revNat6, mapRevNat6, out, func(v *sockLb6RevNat) model.L4Addr { return l4Of(addrFrom16(v.Vip), v.Port, v.Proto) }),
-	)
+	err := eachRevNatWhile(revNat, revNat6, func(id reconciler.ServiceID, fe reconciler.Frontend) bool {
+		out[uint32(id)] = fe.L4Addr
+		return true
+	})
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
-}
-
-// readRevNatInto adds the frontend of each service id in m (nil: none) to
-// out, reading the map in batches.
-func readRevNatInto[V any](m *ebpf.Map, name string, out map[uint32]model.L4Addr, frontend func(*V) model.L4Addr) error {
-	if m == nil {
-		return nil
-	}
-	batch := min(statsBatch, int(m.MaxEntries()))
-	keys := make([]uint32, batch)
-	values := make([]V, batch)
-	var cursor ebpf.MapBatchCursor
-	for {
-		n, err := m.BatchLookup(&cursor, keys, values, nil)
-		for i := range n {
-			out[keys[i]] = frontend(&values[i])
-		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("read %s: %w", name, err)
-		}
-	}
 }

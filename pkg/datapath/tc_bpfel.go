@@ -62,7 +62,7 @@ const (
 	tcMapSluice6DevicesV1        = "sluice6_devices_v1"
 	tcMapSluice6FragmentsV1      = "sluice6_fragments_v1"
 	tcMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
-	tcMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
+	tcMapSluice6RevNatV2         = "sluice6_rev_nat_v2"
 	tcMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
 	tcMapSluice6ServicesV2       = "sluice6_services_v2"
 	tcMapSluice6SlotsV1          = "sluice6_slots_v1"
@@ -83,7 +83,7 @@ const (
 	tcMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	tcMapSluiceMetricsV1         = "sluice_metrics_v1"
 	tcMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
-	tcMapSluiceRevNatV1          = "sluice_rev_nat_v1"
+	tcMapSluiceRevNatV2          = "sluice_rev_nat_v2"
 	tcMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
 	tcMapSluiceServicesV2        = "sluice_services_v2"
 	tcMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
@@ -180,7 +180,7 @@ type tcMapSpecs struct {
 	Sluice6DevicesV1        *ebpf.MapSpec `ebpf:"sluice6_devices_v1"`
 	Sluice6FragmentsV1      *ebpf.MapSpec `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
-	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6RevNatV2         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v2"`
 	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
 	Sluice6ServicesV2       *ebpf.MapSpec `ebpf:"sluice6_services_v2"`
 	Sluice6SlotsV1          *ebpf.MapSpec `ebpf:"sluice6_slots_v1"`
@@ -201,7 +201,7 @@ type tcMapSpecs struct {
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceRevNatV2          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v2"`
 	SluiceServiceIpsV1      *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
 	SluiceServicesV2        *ebpf.MapSpec `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
@@ -260,7 +260,7 @@ type tcMaps struct {
 	Sluice6DevicesV1        *ebpf.Map `ebpf:"sluice6_devices_v1"`
 	Sluice6FragmentsV1      *ebpf.Map `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
-	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6RevNatV2         *ebpf.Map `ebpf:"sluice6_rev_nat_v2"`
 	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
 	Sluice6ServicesV2       *ebpf.Map `ebpf:"sluice6_services_v2"`
 	Sluice6SlotsV1          *ebpf.Map `ebpf:"sluice6_slots_v1"`
@@ -281,7 +281,7 @@ type tcMaps struct {
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1          *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceRevNatV2          *ebpf.Map `ebpf:"sluice_rev_nat_v2"`
 	SluiceServiceIpsV1      *ebpf.Map `ebpf:"sluice_service_ips_v1"`
 	SluiceServicesV2        *ebpf.Map `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
@@ -303,7 +303,7 @@ func (m *tcMaps) Close() error {
 		m.Sluice6DevicesV1,
 		m.Sluice6FragmentsV1,
 		m.Sluice6NodeCidrsV1,
-		m.Sluice6RevNatV1,
+		m.Sluice6RevNatV2,
 		m.Sluice6ServiceIpsV1,
 		m.Sluice6ServicesV2,
 		m.Sluice6SlotsV1,
@@ -324,7 +324,7 @@ func (m *tcMaps) Close() error {
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
 		m.SluiceNodeCidrsV1,
-		m.SluiceRevNatV1,
+		m.SluiceRevNatV2,
 		m.SluiceServiceIpsV1,
 		m.SluiceServicesV2,
 		m.SluiceSessionAffinityV1,

@@ -65,6 +65,12 @@ func pinRelease0(t *testing.T, bpffs string) map[string]*ebpf.Map {
 			ms.Type, ms.Flags = ebpf.Hash, unix.BPF_F_NO_PREALLOC
 			ms.MaxEntries = uint32(smallConfig(bpffs).withDefaults().MaxBackends)
 		}
+		if pm.to == mapRevNat {
+			// A hash of entries without flags (lb4RevNatV1).
+			ms.Type, ms.Flags = ebpf.Hash, unix.BPF_F_NO_PREALLOC
+			ms.MaxEntries = uint32(smallConfig(bpffs).withDefaults().MaxServices)
+			ms.ValueSize = uint32(binary.Size(lb4RevNatV1{}))
+		}
 		m, err := ebpf.NewMapWithOptions(ms, ebpf.MapOptions{PinPath: dir})
 		if err != nil {
 			t.Fatalf("create release-0 map %s: %v", pm.from, err)
@@ -511,6 +517,90 @@ func TestOpenMigratesBackendsV1(t *testing.T) {
 		}
 		if c := counters(t, d); c["tc_ct_backend_gone"] != 0 {
 			t.Errorf("tc_ct_backend_gone %d after the upgrade: the flow lost its backend", c["tc_ct_backend_gone"])
+		}
+	})
+}
+
+// TestOpenMigratesRevNatV1: the reverse-NAT maps were hashes under their
+// _v1 names (sluice_rev_nat_v1, sluice6_rev_nat_v1), of values without
+// flags, and are arrays as v2. Before the upgrade, the read-only
+// OpenPinned (sluicectl) reads the v1 pins; an agent started over them
+// converts them (each entry under its id's index, flagged present),
+// removes the v1 pins, and reads back the state it had; the ids of both
+// families are in one space. Fails without the conversion (the v1 pins
+// stay, the new arrays are empty) or with an entry not flagged present.
+func TestOpenMigratesRevNatV1(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		// The previous agent: a Service of the family, a frontend of
+		// the other, at the top of the ids the arrays hold.
+		d, bpffs := newTestDatapathAt(t)
+		cfg, dir := smallConfig(bpffs), filepath.Join(bpffs, "sluice")
+		addService(t, d.Maps(), 1, twinL4(v6, vipTCP), testBackend{7, twinL4(v6, l4("10.1.2.7", 8080, model.TCP))})
+		top := reconciler.ServiceID(serviceSlots(cfg.withDefaults()) - 1)
+		must(t, d.Maps().UpsertRevNat(top, reconciler.Frontend{L4Addr: twinL4(!v6, l4("10.96.3.3", 53, model.UDP)),
+			Scope: reconciler.ScopeInternal}))
+		want, err := d.Maps().Dump()
+		must(t, err)
+		d.Close()
+
+		// Its reverse-NAT maps, as v1 had them.
+		spec, err := loadSock()
+		must(t, err)
+		for _, x := range []struct{ v1, v2 string }{{"sluice_rev_nat_v1", mapRevNat}, {"sluice6_rev_nat_v1", mapRevNat6}} {
+			cur, err := ebpf.LoadPinnedMap(filepath.Join(dir, x.v2), nil)
+			must(t, err)
+			ms := spec.Maps[x.v2].Copy()
+			ms.Name, ms.Type, ms.Flags, ms.MaxEntries = x.v1, ebpf.Hash, unix.BPF_F_NO_PREALLOC, uint32(cfg.MaxServices)
+			ms.ValueSize -= 4 // pad and flags
+			old, err := ebpf.NewMapWithOptions(ms, ebpf.MapOptions{PinPath: dir})
+			if err != nil {
+				t.Fatalf("create %s: %v", x.v1, err)
+			}
+			k, v := make([]byte, cur.KeySize()), make([]byte, cur.ValueSize())
+			for it := cur.Iterate(); it.Next(&k, &v); {
+				if !presentEntry(v) {
+					continue
+				}
+				must(t, old.Put(k, v[:len(v)-4]))
+			}
+			old.Close()
+			cur.Close()
+			must(t, os.Remove(filepath.Join(dir, x.v2)))
+		}
+		p, err := OpenPinned(bpffs)
+		if err != nil {
+			t.Fatalf("OpenPinned over v1 pins: %v", err)
+		}
+		got, err := p.Dump()
+		p.Close()
+		if err != nil || !reflect.DeepEqual(got.RevNat, want.RevNat) {
+			t.Errorf("OpenPinned over v1 pins: rev_nat %v, %v; want %v", got.RevNat, err, want.RevNat)
+		}
+
+		d = openTest(t, cfg)
+		for _, name := range []string{"sluice_rev_nat_v1", "sluice6_rev_nat_v1"} {
+			if _, err := os.Stat(filepath.Join(dir, name)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("pin %s still there after Open: %v", name, err)
+			}
+		}
+		m := d.Maps()
+		if got, err := m.Dump(); err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("Dump after migration: %+v, %v; want %+v", got, err, want)
+		}
+		for id, f := range want.RevNat {
+			var flags uint8
+			if is6(f.Addr) {
+				var v sockLb6RevNat
+				must(t, m.revNat6.Lookup(uint32(id), &v))
+				flags = v.Flags
+			} else {
+				var v sockLb4RevNat
+				must(t, m.revNat.Lookup(uint32(id), &v))
+				flags = v.Flags
+			}
+			if flags != rnPresent {
+				t.Errorf("rev_nat %d (%s) after migration: flags %d, want present", id, f, flags)
+			}
 		}
 	})
 }

@@ -57,7 +57,7 @@ const (
 	xdpMapSluice6FibV1            = "sluice6_fib_v1"
 	xdpMapSluice6FragmentsV1      = "sluice6_fragments_v1"
 	xdpMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
-	xdpMapSluice6RevNatV1         = "sluice6_rev_nat_v1"
+	xdpMapSluice6RevNatV2         = "sluice6_rev_nat_v2"
 	xdpMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
 	xdpMapSluice6ServicesV2       = "sluice6_services_v2"
 	xdpMapSluice6SlotsV1          = "sluice6_slots_v1"
@@ -79,7 +79,7 @@ const (
 	xdpMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	xdpMapSluiceMetricsV1         = "sluice_metrics_v1"
 	xdpMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
-	xdpMapSluiceRevNatV1          = "sluice_rev_nat_v1"
+	xdpMapSluiceRevNatV2          = "sluice_rev_nat_v2"
 	xdpMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
 	xdpMapSluiceServicesV2        = "sluice_services_v2"
 	xdpMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
@@ -166,7 +166,7 @@ type xdpMapSpecs struct {
 	Sluice6FibV1            *ebpf.MapSpec `ebpf:"sluice6_fib_v1"`
 	Sluice6FragmentsV1      *ebpf.MapSpec `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.MapSpec `ebpf:"sluice6_node_cidrs_v1"`
-	Sluice6RevNatV1         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6RevNatV2         *ebpf.MapSpec `ebpf:"sluice6_rev_nat_v2"`
 	Sluice6ServiceIpsV1     *ebpf.MapSpec `ebpf:"sluice6_service_ips_v1"`
 	Sluice6ServicesV2       *ebpf.MapSpec `ebpf:"sluice6_services_v2"`
 	Sluice6SlotsV1          *ebpf.MapSpec `ebpf:"sluice6_slots_v1"`
@@ -188,7 +188,7 @@ type xdpMapSpecs struct {
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v1"`
+	SluiceRevNatV2          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v2"`
 	SluiceServiceIpsV1      *ebpf.MapSpec `ebpf:"sluice_service_ips_v1"`
 	SluiceServicesV2        *ebpf.MapSpec `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.MapSpec `ebpf:"sluice_session_affinity_v1"`
@@ -249,7 +249,7 @@ type xdpMaps struct {
 	Sluice6FibV1            *ebpf.Map `ebpf:"sluice6_fib_v1"`
 	Sluice6FragmentsV1      *ebpf.Map `ebpf:"sluice6_fragments_v1"`
 	Sluice6NodeCidrsV1      *ebpf.Map `ebpf:"sluice6_node_cidrs_v1"`
-	Sluice6RevNatV1         *ebpf.Map `ebpf:"sluice6_rev_nat_v1"`
+	Sluice6RevNatV2         *ebpf.Map `ebpf:"sluice6_rev_nat_v2"`
 	Sluice6ServiceIpsV1     *ebpf.Map `ebpf:"sluice6_service_ips_v1"`
 	Sluice6ServicesV2       *ebpf.Map `ebpf:"sluice6_services_v2"`
 	Sluice6SlotsV1          *ebpf.Map `ebpf:"sluice6_slots_v1"`
@@ -271,7 +271,7 @@ type xdpMaps struct {
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
-	SluiceRevNatV1          *ebpf.Map `ebpf:"sluice_rev_nat_v1"`
+	SluiceRevNatV2          *ebpf.Map `ebpf:"sluice_rev_nat_v2"`
 	SluiceServiceIpsV1      *ebpf.Map `ebpf:"sluice_service_ips_v1"`
 	SluiceServicesV2        *ebpf.Map `ebpf:"sluice_services_v2"`
 	SluiceSessionAffinityV1 *ebpf.Map `ebpf:"sluice_session_affinity_v1"`
@@ -294,7 +294,7 @@ func (m *xdpMaps) Close() error {
 		m.Sluice6FibV1,
 		m.Sluice6FragmentsV1,
 		m.Sluice6NodeCidrsV1,
-		m.Sluice6RevNatV1,
+		m.Sluice6RevNatV2,
 		m.Sluice6ServiceIpsV1,
 		m.Sluice6ServicesV2,
 		m.Sluice6SlotsV1,
@@ -316,7 +316,7 @@ func (m *xdpMaps) Close() error {
 		m.SluiceFragmentsV1,
 		m.SluiceMetricsV1,
 		m.SluiceNodeCidrsV1,
-		m.SluiceRevNatV1,
+		m.SluiceRevNatV2,
 		m.SluiceServiceIpsV1,
 		m.SluiceServicesV2,
 		m.SluiceSessionAffinityV1,

@@ -554,8 +554,9 @@ func (e *env) upgradeUnderLoad(t *testing.T, bin, commit, pin string, prevArgs f
 // backend slots in the services maps (servicesV1Commit, pins
 // sluice_services_v1) runs the node under load; this build's agent,
 // started on its pins, converts them into sluice_services_v2 and the
-// slots arrays (pkg/datapath's convertServices), the Services, their
-// service and backend ids unchanged, and not one connection fails.
+// slots arrays (pkg/datapath's convertServices), and its reverse-NAT
+// hashes into the arrays (convertRevNat), the Services, their service and
+// backend ids unchanged, and not one connection fails.
 // SLUICE_SERVICES_V1_AGENT names that agent built already.
 func TestUpgradeFromServicesV1(t *testing.T) {
 	e := setup(t)
@@ -568,7 +569,9 @@ func TestUpgradeFromServicesV1(t *testing.T) {
 		t.Errorf("services changed across the upgrade:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 	for name, there := range map[string]bool{"sluice_services_v1": false, "sluice6_services_v1": false,
-		"sluice_services_v2": true, "sluice_slots_v1": true, "sluice6_services_v2": true, "sluice6_slots_v1": true} {
+		"sluice_services_v2": true, "sluice_slots_v1": true, "sluice6_services_v2": true, "sluice6_slots_v1": true,
+		// And its reverse-NAT hashes into the arrays (convertRevNat).
+		"sluice_rev_nat_v1": false, "sluice6_rev_nat_v1": false, "sluice_rev_nat_v2": true, "sluice6_rev_nat_v2": true} {
 		if _, err := os.Stat(filepath.Join(e.bpffs, "sluice", name)); (err == nil) != there {
 			t.Errorf("after the upgrade, pin %s: %v (want there: %v)", name, err, there)
 		}
