@@ -24,6 +24,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 
@@ -49,17 +50,50 @@ type slotEntry struct {
 	master bool
 }
 
+// packedSlot is a slotEntry in 8 bytes, as a slotTable holds it: the
+// base in the high 32 bits, the master in bit 8, and in the low byte
+// bits.Len32 of the capacity (0 for none, k+1 for 2^k: a range's
+// capacity is a power of two).
+type packedSlot uint64
+
+func (e slotEntry) pack() packedSlot {
+	p := packedSlot(e.r.base)<<32 | packedSlot(bits.Len32(e.r.cap))
+	if e.master {
+		p |= 1 << 8
+	}
+	return p
+}
+
+func (p packedSlot) entry() slotEntry {
+	e := slotEntry{r: slotRange{base: uint32(p >> 32)}, master: p&(1<<8) != 0}
+	if l := uint8(p); l > 0 {
+		e.r.cap = 1 << (l - 1)
+	}
+	return e
+}
+
 // slotTable is a family's slots array and the ranges of its frontends.
 type slotTable struct {
-	mu     sync.Mutex
-	arr    *ebpf.Map
-	name   string
-	a      *lazyArray // the array, mapped read-write a window at a time
-	words  []uint32   // a's words: entry i is words[2*i]
-	n      uint32     // entries
-	alloc  *slotAlloc
-	ranges map[reconciler.Frontend]slotEntry
+	mu    sync.Mutex
+	arr   *ebpf.Map
+	name  string
+	a     *lazyArray // the array, mapped read-write a window at a time
+	words []uint32   // a's words: entry i is words[2*i]
+	n     uint32     // entries
+	alloc *slotAlloc
+	v6    bool // its frontends are IPv6 (mapSlots6)
+	// ranges are the frontends' entries, packed (an IPv4 frontend and
+	// its entry take 16 bytes a slot: fifty-first pass).
+	ranges reconciler.FrontendMap[packedSlot]
 }
+
+// entry returns fe's entry, and whether it has one.
+func (t *slotTable) entry(fe reconciler.Frontend) (slotEntry, bool) {
+	p, ok := t.ranges.Get(fe)
+	return p.entry(), ok
+}
+
+func (t *slotTable) setEntry(fe reconciler.Frontend, e slotEntry) { t.ranges.Put(fe, e.pack()) }
 
 // openSlotTable maps the array arr read-write; the table has no ranges.
 func openSlotTable(arr *ebpf.Map, name string) (*slotTable, error) {
@@ -75,7 +109,7 @@ func openSlotTable(arr *ebpf.Map, name string) (*slotTable, error) {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	t := &slotTable{arr: arr, name: name, a: a, words: a.words(), n: n, alloc: newSlotAlloc(n),
-		ranges: map[reconciler.Frontend]slotEntry{}}
+		v6: name == mapSlots6}
 	t.alloc.onFree = t.zero
 	return t, nil
 }
@@ -139,7 +173,7 @@ func (t *slotTable) write(fe reconciler.Frontend, first uint32, ids []reconciler
 		return nil
 	}
 	last := first + uint32(len(ids)) - 1
-	e, ok := t.ranges[fe]
+	e, ok := t.entry(fe)
 	if !ok || last > e.r.cap {
 		return t.move(fe, e, ok, last, func(r slotRange) {
 			for j, id := range ids {
@@ -184,7 +218,7 @@ func (t *slotTable) move(fe reconciler.Frontend, e slotEntry, had bool, count ui
 		}
 	}
 	t.alloc.retire(e.r)
-	t.ranges[fe] = slotEntry{r: nr, master: e.master}
+	t.setEntry(fe, slotEntry{r: nr, master: e.master})
 	return nil
 }
 
@@ -192,21 +226,23 @@ func (t *slotTable) move(fe reconciler.Frontend, e slotEntry, had bool, count ui
 // moving fe to a range that holds them if its own does not (the
 // reconciler writes the slots first: not seen but after drift).
 func (t *slotTable) forMaster(fe reconciler.Frontend, count uint32, rebase rebaseFunc) (uint32, error) {
-	e, ok := t.ranges[fe]
+	e, ok := t.entry(fe)
 	if count > e.r.cap {
 		if err := t.move(fe, e, ok, count, nil, rebase); err != nil {
 			return 0, err
 		}
-		e = t.ranges[fe]
+		e, _ = t.entry(fe)
 	}
-	e.master = true
-	t.ranges[fe] = e
+	if !e.master {
+		e.master = true
+		t.setEntry(fe, e)
+	}
 	return e.r.base, nil
 }
 
 // clear empties slot of fe (>= 1); a slot beyond its range is empty.
 func (t *slotTable) clear(fe reconciler.Frontend, slot uint32) error {
-	if e, ok := t.ranges[fe]; ok && slot >= 1 && slot <= e.r.cap {
+	if e, ok := t.entry(fe); ok && slot >= 1 && slot <= e.r.cap {
 		if err := t.mapRange(e.r); err != nil {
 			return err
 		}
@@ -217,16 +253,17 @@ func (t *slotTable) clear(fe reconciler.Frontend, slot uint32) error {
 
 // drop forgets fe, whose master is deleted: its range is quarantined.
 func (t *slotTable) drop(fe reconciler.Frontend) {
-	if e, ok := t.ranges[fe]; ok {
+	if e, ok := t.entry(fe); ok {
 		t.alloc.retire(e.r)
-		delete(t.ranges, fe)
+		t.ranges.Delete(fe)
 	}
 }
 
 // walk gives f the slots, not empty, of every frontend's range, until f
 // returns false; it fails only if a range cannot be mapped.
 func (t *slotTable) walk(f func(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) bool) error {
-	for fe, e := range t.ranges {
+	for fe, p := range t.ranges.All() {
+		e := p.entry()
 		if t.a.count > walkWindows {
 			_ = t.a.release() // a window left mapped only counts in the RSS
 		}
@@ -253,18 +290,18 @@ const walkWindows = 8
 // agent's back) loses the range, so that the reconciler, finding no
 // slots, writes them into a new one and moves the master there.
 func (t *slotTable) checkMaster(fe reconciler.Frontend, base, count uint32) {
-	e, ok := t.ranges[fe]
+	e, ok := t.entry(fe)
 	if ok && (count == 0 || e.r.base == base && count <= e.r.cap) {
 		if !e.master {
 			e.master = true
-			t.ranges[fe] = e
+			t.setEntry(fe, e)
 		}
 		return
 	}
 	if ok {
 		t.alloc.retire(e.r)
 	}
-	t.ranges[fe] = slotEntry{master: true}
+	t.setEntry(fe, slotEntry{master: true})
 }
 
 // rebuild fills the table from the masters of the kernel: each range
@@ -275,10 +312,10 @@ func (t *slotTable) checkMaster(fe reconciler.Frontend, base, count uint32) {
 func (t *slotTable) rebuild(masters map[reconciler.Frontend][2]uint32) {
 	fes := make([]reconciler.Frontend, 0, len(masters))
 	used := make([]slotRange, 0, len(masters))
-	t.ranges = make(map[reconciler.Frontend]slotEntry, len(masters))
+	t.ranges = t.makeRanges(len(masters))
 	for fe, bc := range masters {
 		if bc[1] == 0 {
-			t.ranges[fe] = slotEntry{master: true}
+			t.setEntry(fe, slotEntry{master: true})
 			continue
 		}
 		fes = append(fes, fe)
@@ -289,10 +326,10 @@ func (t *slotTable) rebuild(masters map[reconciler.Frontend][2]uint32) {
 	t.alloc = a
 	for i, fe := range fes {
 		if bad[i] {
-			t.ranges[fe] = slotEntry{master: true}
+			t.setEntry(fe, slotEntry{master: true})
 			continue
 		}
-		t.ranges[fe] = slotEntry{r: used[i], master: true}
+		t.setEntry(fe, slotEntry{r: used[i], master: true})
 	}
 }
 
@@ -313,9 +350,17 @@ func (t *slotTable) presize(n int) {
 	}
 	t.mu.Lock()
 	defer t.unlock()
-	if len(t.ranges) == 0 {
-		t.ranges = make(map[reconciler.Frontend]slotEntry, n)
+	if t.ranges.Len() == 0 {
+		t.ranges = t.makeRanges(n)
 	}
+}
+
+// makeRanges returns ranges with room for n frontends of t's family.
+func (t *slotTable) makeRanges(n int) reconciler.FrontendMap[packedSlot] {
+	if t.v6 {
+		return reconciler.MakeFrontendMap[packedSlot](0, n)
+	}
+	return reconciler.MakeFrontendMap[packedSlot](n, 0)
 }
 
 // slotTableOf returns fe's family's table.
