@@ -53,3 +53,88 @@ func BenchmarkSlotTableHeap(b *testing.B) {
 	b.ReportMetric(inuse/n/(1<<20), "inuse-MiB")
 	b.ReportMetric(heap/n/frontends, "B/frontend")
 }
+
+// TestPackedSlotRoundTrip: a slot table's entry comes back as it was
+// packed, for every capacity a range has (none, 1 to 2^16), bases from 0
+// to the largest, with and without a master, and different entries pack
+// differently. Fails with the master's bit among the capacity's (bit 4:
+// a master without a range reads as one of 2^15).
+func TestPackedSlotRoundTrip(t *testing.T) {
+	seen := map[packedSlot]slotEntry{}
+	for k := -1; k <= maxSlotOrder; k++ {
+		var c uint32
+		if k >= 0 {
+			c = 1 << k
+		}
+		for _, base := range []uint32{0, 1, 1 << 16, 0x7fffffff, 0x80000000, 0xffffffff} {
+			for _, master := range []bool{false, true} {
+				e := slotEntry{r: slotRange{base: base, cap: c}, master: master}
+				p := e.pack()
+				if got := p.entry(); got != e {
+					t.Fatalf("%+v packs to %#x, which reads %+v", e, uint64(p), got)
+				}
+				if o, dup := seen[p]; dup {
+					t.Fatalf("%+v and %+v pack alike, %#x", o, e, uint64(p))
+				}
+				seen[p] = e
+			}
+		}
+	}
+}
+
+// TestSlotTableFamilies: a table's IPv6 frontends (not packed: the
+// FrontendMap's Go map) and IPv4 ones keep their ranges apart through
+// writes, a move, a master and a drop, and a presized IPv6 table keeps
+// what it has. Fails with a slotTable.drop that forgets nothing.
+func TestSlotTableFamilies(t *testing.T) {
+	for _, v6 := range []bool{false, true} {
+		tb := memSlotTable(256)
+		tb.v6 = v6
+		none := func(reconciler.Frontend, uint32) error { return nil }
+		fe := func(i int) reconciler.Frontend {
+			a := netip.AddrFrom4([4]byte{10, 96, 0, byte(i)})
+			if v6 && i%2 == 0 {
+				a = netip.AddrFrom16([16]byte{0xfd, 15: byte(i)})
+			}
+			return reconciler.Frontend{L4Addr: model.L4Addr{Addr: a, Port: 443, Proto: model.TCP}, Scope: reconciler.Scope(i % 3 / 2)}
+		}
+		for i := range 8 {
+			ids := make([]reconciler.BackendID, i+1)
+			for j := range ids {
+				ids[j] = reconciler.BackendID(100*i + j + 1)
+			}
+			must(t, tb.write(fe(i), 1, ids, none))
+		}
+		tb.presize(100)
+		must(t, tb.write(fe(3), 5, []reconciler.BackendID{399}, none)) // moves it to 8 entries
+		if _, err := tb.forMaster(fe(2), 3, none); err != nil {
+			t.Fatal(err)
+		}
+		tb.drop(fe(5))
+		if tb.ranges.Len() != 7 {
+			t.Errorf("v6 %v: %d frontends after a drop, want 7", v6, tb.ranges.Len())
+		}
+		for i := range 8 {
+			e, ok := tb.entry(fe(i))
+			if ok != (i != 5) || e.master != (i == 2) {
+				t.Errorf("v6 %v: %s: %+v %v", v6, fe(i), e, ok)
+			}
+			if !ok {
+				continue
+			}
+			n := uint32(i + 1)
+			if i == 3 {
+				n = 5
+			}
+			for s := range n {
+				want := uint32(100*i) + s + 1
+				if i == 3 && s == 4 {
+					want = 399
+				}
+				if got := tb.load(e.r.base + s); got != want {
+					t.Errorf("v6 %v: %s slot %d = %d, want %d", v6, fe(i), s+1, got, want)
+				}
+			}
+		}
+	}
+}
