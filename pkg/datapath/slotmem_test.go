@@ -138,3 +138,44 @@ func TestSlotTableFamilies(t *testing.T) {
 		}
 	}
 }
+
+// TestSlotTableMoveEmptiesTheRest: a range a frontend moves to holds its
+// old slots, the new ones, and nothing else, though its entries held
+// stale ids (a range a rebuild found free: slots above a master's count,
+// drift); a master's range without slots is all empty. Fails with a
+// move that does not empty the entries it writes no slot into, or that
+// empties the old slots it copied.
+func TestSlotTableMoveEmptiesTheRest(t *testing.T) {
+	tb := memSlotTable(64)
+	for i := range uint32(64) {
+		tb.store(i, 0xdead)
+	}
+	tb.rebuild(map[reconciler.Frontend][2]uint32{}) // all free, none of it empty
+	none := func(reconciler.Frontend, uint32) error { return nil }
+	fe := func(i byte) reconciler.Frontend {
+		return reconciler.DefaultScope(model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, 0, i}), Port: 80, Proto: model.TCP})
+	}
+	check := func(what string, f reconciler.Frontend, want []uint32) {
+		t.Helper()
+		e, ok := tb.entry(f)
+		if !ok || e.r.cap != uint32(len(want)) {
+			t.Fatalf("%s: range %+v (%v), want %d entries", what, e, ok, len(want))
+		}
+		for i, w := range want {
+			if got := tb.load(e.r.base + uint32(i)); got != w {
+				t.Errorf("%s: slot %d = %#x, want %#x", what, i+1, got, w)
+			}
+		}
+	}
+	must(t, tb.write(fe(1), 2, []reconciler.BackendID{12, 13}, none)) // slots 2-3 of a range of 4
+	check("first write", fe(1), []uint32{0, 12, 13, 0})
+	must(t, tb.write(fe(1), 9, []reconciler.BackendID{19, 20}, none))
+	check("moved", fe(1), []uint32{0, 12, 13, 0, 0, 0, 0, 0, 19, 20, 0, 0, 0, 0, 0, 0})
+	must(t, tb.write(fe(1), 3, []reconciler.BackendID{33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47}, none)) // 3-17
+	check("moved over its old slots", fe(1), []uint32{0, 12, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
+		0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0})
+	if _, err := tb.forMaster(fe(2), 3, none); err != nil {
+		t.Fatal(err)
+	}
+	check("a master's range", fe(2), []uint32{0, 0, 0, 0})
+}

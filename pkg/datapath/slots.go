@@ -175,11 +175,7 @@ func (t *slotTable) write(fe reconciler.Frontend, first uint32, ids []reconciler
 	last := first + uint32(len(ids)) - 1
 	e, ok := t.entry(fe)
 	if !ok || last > e.r.cap {
-		return t.move(fe, e, ok, last, func(r slotRange) {
-			for j, id := range ids {
-				t.store(r.base+first-1+uint32(j), uint32(id))
-			}
-		}, rebase)
+		return t.move(fe, e, ok, last, first, ids, rebase)
 	}
 	if err := t.mapRange(e.r); err != nil {
 		return fmt.Errorf("slots of %s: %w", fe, err)
@@ -191,9 +187,17 @@ func (t *slotTable) write(fe reconciler.Frontend, first uint32, ids []reconciler
 }
 
 // move gives fe a range of at least count entries: the slots of its old
-// one copied, then fill's, then its master (if the kernel has one) moved
+// one copied, then ids into slots first.. (none if ids is empty), the
+// other entries emptied, then its master (if the kernel has one) moved
 // there, then the old range quarantined.
-func (t *slotTable) move(fe reconciler.Frontend, e slotEntry, had bool, count uint32, fill func(slotRange), rebase rebaseFunc) error {
+//
+// The new range is no program's yet (a range leaves the quarantine only
+// when no program reads it; the master that names it is written after,
+// by a system call whose hash update is a store-release, ordered after
+// these): each of its entries is written once, by a plain store, where
+// emptying it first and then writing its slots took an atomic store
+// (XCHG on amd64) for each of both (fifty-first pass).
+func (t *slotTable) move(fe reconciler.Frontend, e slotEntry, had bool, count, first uint32, ids []reconciler.BackendID, rebase rebaseFunc) error {
 	nr, err := t.alloc.alloc(max(count, e.r.cap+1))
 	if err != nil {
 		return fmt.Errorf("slots of %s (%d): %s: %w", fe, count, t.name, err)
@@ -202,14 +206,24 @@ func (t *slotTable) move(fe reconciler.Frontend, e slotEntry, had bool, count ui
 		t.alloc.retire(nr)
 		return fmt.Errorf("slots of %s (%d): %w", fe, count, err)
 	}
-	// Empty already, but for a range a rebuild found free (after
-	// drift, or slots above a master's count).
-	t.zero(nr)
+	w := t.words[2*uint64(nr.base) : 2*uint64(nr.base+nr.cap)]
 	for i := range e.r.cap {
-		t.store(nr.base+i, t.load(e.r.base+i))
+		w[2*i] = t.load(e.r.base + i)
 	}
-	if fill != nil {
-		fill(nr)
+	// ids go to [lo, hi); the entries above the old range's and out of
+	// it are emptied: empty already, but for a range a rebuild found
+	// free (after drift, or slots above a master's count).
+	lo, hi := nr.cap, nr.cap
+	if len(ids) > 0 {
+		lo, hi = first-1, first-1+uint32(len(ids))
+	}
+	for i := e.r.cap; i < nr.cap; i++ {
+		if i < lo || i >= hi {
+			w[2*i] = 0
+		}
+	}
+	for j, id := range ids {
+		w[2*(lo+uint32(j))] = uint32(id)
 	}
 	if had && e.master {
 		if err := rebase(fe, nr.base); err != nil {
@@ -228,7 +242,7 @@ func (t *slotTable) move(fe reconciler.Frontend, e slotEntry, had bool, count ui
 func (t *slotTable) forMaster(fe reconciler.Frontend, count uint32, rebase rebaseFunc) (uint32, error) {
 	e, ok := t.entry(fe)
 	if count > e.r.cap {
-		if err := t.move(fe, e, ok, count, nil, rebase); err != nil {
+		if err := t.move(fe, e, ok, count, 0, nil, rebase); err != nil {
 			return 0, err
 		}
 		e, _ = t.entry(fe)
