@@ -56,7 +56,8 @@ func BenchmarkSlotTableHeap(b *testing.B) {
 
 // TestPackedSlotRoundTrip: a slot table's entry comes back as it was
 // packed, for every capacity a range has (none, 1 to 2^16), bases from 0
-// to the largest, with and without a master, and different entries pack
+// to the largest, with and without a master, counts up to 65535 slots,
+// and different entries pack
 // differently. Fails with the master's bit among the capacity's (bit 4:
 // a master without a range reads as one of 2^15).
 func TestPackedSlotRoundTrip(t *testing.T) {
@@ -68,15 +69,17 @@ func TestPackedSlotRoundTrip(t *testing.T) {
 		}
 		for _, base := range []uint32{0, 1, 1 << 16, 0x7fffffff, 0x80000000, 0xffffffff} {
 			for _, master := range []bool{false, true} {
-				e := slotEntry{r: slotRange{base: base, cap: c}, master: master}
-				p := e.pack()
-				if got := p.entry(); got != e {
-					t.Fatalf("%+v packs to %#x, which reads %+v", e, uint64(p), got)
+				for _, count := range []uint32{0, 1, 3, 0x8000, 65535} {
+					e := slotEntry{r: slotRange{base: base, cap: c}, master: master, count: count}
+					p := e.pack()
+					if got := p.entry(); got != e {
+						t.Fatalf("%+v packs to %#x, which reads %+v", e, uint64(p), got)
+					}
+					if o, dup := seen[p]; dup {
+						t.Fatalf("%+v and %+v pack alike, %#x", o, e, uint64(p))
+					}
+					seen[p] = e
 				}
-				if o, dup := seen[p]; dup {
-					t.Fatalf("%+v and %+v pack alike, %#x", o, e, uint64(p))
-				}
-				seen[p] = e
 			}
 		}
 	}
@@ -178,4 +181,100 @@ func TestSlotTableMoveEmptiesTheRest(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("a master's range", fe(2), []uint32{0, 0, 0, 0})
+}
+
+// TestSlotTableInUse: a table's slots in use (the scrape's fill of the
+// slots arrays) are the counts of the masters it knows: not slots
+// written without a master, a master's new count, kept through a move,
+// gone with a drop, the kernel's count where a master read back names
+// its range and none where it does not, and a rebuild's masters' counts
+// but for drift. Fails with a move that loses the count, or a drop that
+// keeps it.
+func TestSlotTableInUse(t *testing.T) {
+	tb := memSlotTable(64)
+	none := func(reconciler.Frontend, uint32) error { return nil }
+	fe := func(i byte) reconciler.Frontend {
+		return reconciler.DefaultScope(model.L4Addr{Addr: netip.AddrFrom4([4]byte{10, 96, 0, i}), Port: 80, Proto: model.TCP})
+	}
+	ids := func(n int) []reconciler.BackendID {
+		out := make([]reconciler.BackendID, n)
+		for i := range out {
+			out[i] = reconciler.BackendID(i + 1)
+		}
+		return out
+	}
+	inUse := func(what string, want int) {
+		t.Helper()
+		if got, ok := tb.inUse(); !ok || got != want {
+			t.Errorf("%s: %d slots in use (%v), want %d", what, got, ok, want)
+		}
+	}
+	master := func(f reconciler.Frontend, count uint32) {
+		t.Helper()
+		if _, err := tb.forMaster(f, count, none); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(t, tb.write(fe(1), 1, ids(3), none))
+	inUse("slots without a master", 0)
+	master(fe(1), 3)
+	must(t, tb.write(fe(2), 1, ids(2), none))
+	master(fe(2), 2)
+	inUse("two masters", 5)
+	must(t, tb.write(fe(1), 4, ids(3), none)) // moves it to 8 entries
+	inUse("a move before its master", 5)
+	master(fe(1), 6)
+	inUse("its master after the move", 8)
+	master(fe(2), 1)
+	inUse("a master of fewer slots", 7)
+	tb.drop(fe(2))
+	inUse("a master deleted", 6)
+	e, _ := tb.entry(fe(1))
+	tb.checkMaster(fe(1), e.r.base, 5)
+	inUse("a master read back with another count", 5)
+	tb.checkMaster(fe(1), e.r.base+1, 5)
+	inUse("a master read back naming another range", 0)
+	master(fe(3), 0)
+	inUse("a master of no slots", 0)
+	tb.rebuild(map[reconciler.Frontend][2]uint32{
+		fe(1): {0, 10}, // [0, 16)
+		fe(2): {16, 3}, // [16, 20)
+		fe(3): {18, 2}, // overlaps fe(2): drift
+		fe(4): {32, 0},
+	})
+	inUse("rebuilt", 13)
+	var empty *slotTable
+	if _, ok := empty.inUse(); ok {
+		t.Error("a family without a table has slots in use")
+	}
+}
+
+// TestMapFillSlotsFromTables: the scrape's fill of a slots array is the
+// slots its masters name, from the agent's table, not its entries read
+// back: a stale id in an entry no range uses (left by a crash, or a
+// range in its quarantine) is not counted; a Datapath's slotsInUse has
+// both families. Fails with the fill counted from the array (4 slots).
+func TestMapFillSlotsFromTables(t *testing.T) {
+	d := newTestDatapath(t)
+	applyServices(t, d, clusterIP(vipTCP, beTCP.addr, beUDP.addr), clusterIP(l4("10.96.0.11", 80, model.TCP), beTCP.addr))
+	tb := d.maps.slots4
+	tb.mu.Lock()
+	must(t, tb.a.ensure(2*int(tb.n-1), 2*int(tb.n-1)))
+	tb.store(tb.n-1, 7) // the last entry: no range of two frontends' uses it
+	tb.unlock()
+	if n, err := countSlots(tb.arr); err != nil || n != 4 {
+		t.Fatalf("the array's entries not empty: %d, %v; want 4", n, err)
+	}
+	fill, err := d.MapFill()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fill {
+		if f.Name == "slots" && f.Entries != 3 {
+			t.Errorf("%s: %d slots in use, want 3 (the masters')", f.Pin, f.Entries)
+		}
+	}
+	if got := d.slotsInUse(); len(got) != 2 || got[mapSlots] != 3 || got[mapSlots6] != 0 {
+		t.Errorf("slotsInUse = %v, want %s 3, %s 0", got, mapSlots, mapSlots6)
+	}
 }

@@ -48,24 +48,35 @@ type slotEntry struct {
 	// master: the kernel has the frontend's master (written by
 	// UpsertMaster or read back), whose base a move rewrites.
 	master bool
+	// count is the slots its master says it has, as the agent wrote it
+	// or read it back, where it names the range (0 for none): the sum
+	// of the table's counts is its slots in use (slotTable.inUse).
+	count uint32
 }
 
 // packedSlot is a slotEntry in 8 bytes, as a slotTable holds it: the
-// base in the high 32 bits, the master in bit 8, and in the low byte
-// bits.Len32 of the capacity (0 for none, k+1 for 2^k: a range's
-// capacity is a power of two).
+// base in the high 32 bits, the count in bits 9-25 (at most 65535), the
+// master in bit 8, and in the low byte bits.Len32 of the capacity (0 for
+// none, k+1 for 2^k: a range's capacity is a power of two).
 type packedSlot uint64
 
+const (
+	packedMaster     = 1 << 8
+	packedCountShift = 9
+	packedCountMask  = 1<<17 - 1
+)
+
 func (e slotEntry) pack() packedSlot {
-	p := packedSlot(e.r.base)<<32 | packedSlot(bits.Len32(e.r.cap))
+	p := packedSlot(e.r.base)<<32 | packedSlot(e.count&packedCountMask)<<packedCountShift | packedSlot(bits.Len32(e.r.cap))
 	if e.master {
-		p |= 1 << 8
+		p |= packedMaster
 	}
 	return p
 }
 
 func (p packedSlot) entry() slotEntry {
-	e := slotEntry{r: slotRange{base: uint32(p >> 32)}, master: p&(1<<8) != 0}
+	e := slotEntry{r: slotRange{base: uint32(p >> 32)}, master: p&packedMaster != 0,
+		count: uint32(p>>packedCountShift) & packedCountMask}
 	if l := uint8(p); l > 0 {
 		e.r.cap = 1 << (l - 1)
 	}
@@ -82,6 +93,9 @@ type slotTable struct {
 	n     uint32     // entries
 	alloc *slotAlloc
 	v6    bool // its frontends are IPv6 (mapSlots6)
+	// used is the sum of the entries' counts: the slots the masters
+	// name (inUse).
+	used int
 	// ranges are the frontends' entries, packed (an IPv4 frontend and
 	// its entry take 16 bytes a slot: fifty-first pass).
 	ranges reconciler.FrontendMap[packedSlot]
@@ -232,7 +246,7 @@ func (t *slotTable) move(fe reconciler.Frontend, e slotEntry, had bool, count, f
 		}
 	}
 	t.alloc.retire(e.r)
-	t.setEntry(fe, slotEntry{r: nr, master: e.master})
+	t.setEntry(fe, slotEntry{r: nr, master: e.master, count: e.count})
 	return nil
 }
 
@@ -247,8 +261,9 @@ func (t *slotTable) forMaster(fe reconciler.Frontend, count uint32, rebase rebas
 		}
 		e, _ = t.entry(fe)
 	}
-	if !e.master {
-		e.master = true
+	if !e.master || e.count != count {
+		t.used += int(count) - int(e.count)
+		e.master, e.count = true, count
 		t.setEntry(fe, e)
 	}
 	return e.r.base, nil
@@ -269,8 +284,21 @@ func (t *slotTable) clear(fe reconciler.Frontend, slot uint32) error {
 func (t *slotTable) drop(fe reconciler.Frontend) {
 	if e, ok := t.entry(fe); ok {
 		t.alloc.retire(e.r)
+		t.used -= int(e.count)
 		t.ranges.Delete(fe)
 	}
+}
+
+// inUse returns the slots in use, the sum of the counts of the masters
+// the table knows (the scrape's fill of the slots arrays, mapFill),
+// and false for no table.
+func (t *slotTable) inUse() (int, bool) {
+	if t == nil {
+		return 0, false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.used, true
 }
 
 // walk gives f the slots, not empty, of every frontend's range, until f
@@ -306,14 +334,16 @@ const walkWindows = 8
 func (t *slotTable) checkMaster(fe reconciler.Frontend, base, count uint32) {
 	e, ok := t.entry(fe)
 	if ok && (count == 0 || e.r.base == base && count <= e.r.cap) {
-		if !e.master {
-			e.master = true
+		if !e.master || e.count != count {
+			t.used += int(count) - int(e.count)
+			e.master, e.count = true, count
 			t.setEntry(fe, e)
 		}
 		return
 	}
 	if ok {
 		t.alloc.retire(e.r)
+		t.used -= int(e.count)
 	}
 	t.setEntry(fe, slotEntry{master: true})
 }
@@ -327,6 +357,7 @@ func (t *slotTable) rebuild(masters map[reconciler.Frontend][2]uint32) {
 	fes := make([]reconciler.Frontend, 0, len(masters))
 	used := make([]slotRange, 0, len(masters))
 	t.ranges = t.makeRanges(len(masters))
+	t.used = 0
 	for fe, bc := range masters {
 		if bc[1] == 0 {
 			t.setEntry(fe, slotEntry{master: true})
@@ -343,7 +374,8 @@ func (t *slotTable) rebuild(masters map[reconciler.Frontend][2]uint32) {
 			t.setEntry(fe, slotEntry{master: true})
 			continue
 		}
-		t.setEntry(fe, slotEntry{r: used[i], master: true})
+		t.setEntry(fe, slotEntry{r: used[i], master: true, count: masters[fe][1]})
+		t.used += int(masters[fe][1])
 	}
 }
 
