@@ -22,13 +22,14 @@
 
 /*
  * Key: struct lb4_key. Value: struct lb4_service. Written by the agent.
- * The masters of the frontends; their slots are in sluice_slots_v1.
+ * The masters of the frontends; their slots are in sluice_slots_v1. Sized
+ * by --max-services: each frontend has a service id.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct lb4_key);
 	__type(value, struct lb4_service);
-	__uint(max_entries, 1 << 20);
+	__uint(max_entries, 65536);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sluice_services_v2 SEC(".maps");
@@ -368,7 +369,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct lb6_key);
 	__type(value, struct lb4_service);
-	__uint(max_entries, 1 << 20);
+	__uint(max_entries, 65536);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sluice6_services_v2 SEC(".maps");

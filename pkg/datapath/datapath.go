@@ -220,7 +220,13 @@ func (c Config) withDefaults() Config {
 // maxEntries returns the configured size of each sized map.
 func (c Config) maxEntries() map[string]int {
 	return map[string]int{
-		mapServices:  c.MaxServiceEntries,
+		// The masters: one per frontend, and every frontend has a
+		// service id (its rev_nat entry, written before the master and
+		// deleted after it), so --max-services bounds them, both
+		// families together. A hash sized by --max-service-entries
+		// (1<<20) had a 16 MiB bucket array that each packet's lookup
+		// touched at random.
+		mapServices:  c.MaxServices,
 		mapSlots:     slotEntries(c),
 		mapBackends:  backendSlots(c),
 		mapRevNat:    c.MaxServices,
@@ -243,7 +249,7 @@ func (c Config) maxEntries() map[string]int {
 		// The IPv6 twins are sized like the IPv4 maps: the
 		// reconciler counts each family against its own maps, of
 		// one size (Maps.Capacity).
-		mapServices6:   c.MaxServiceEntries,
+		mapServices6:   c.MaxServices,
 		mapSlots6:      slotEntries(c),
 		mapBackends6:   backendSlots(c),
 		mapRevNat6:     c.MaxServices,

@@ -151,8 +151,9 @@ func TestMapsDumpRoundTrip(t *testing.T) {
 			t.Errorf("Capacity() = %d, %d, %d; want 256, 1024, 4096", s, b, e)
 		}
 		// The family's maps have those sizes (services, backends, rev_nat):
-		// the backends array an entry for every id (backendSlots).
-		for i, n := range []int{e, reconciler.BackendIDSlots(b), s} {
+		// the services hash a master for every service id, the backends
+		// array an entry for every id (backendSlots).
+		for i, n := range []int{s, reconciler.BackendIDSlots(b), s} {
 			if got := int(ms[i].m.MaxEntries()); got != n {
 				t.Errorf("%s has room for %d entries, want %d", ms[i].name, got, n)
 			}

@@ -595,3 +595,32 @@ func TestShrinkBelowProgrammedRefused(t *testing.T) {
 		t.Errorf("state after the refusals: %+v, %v; want %+v", got, err, want)
 	}
 }
+
+// TestShrinkCountsFrontends: the services hashes are sized by
+// --max-services (each master's frontend has a service id), so a
+// --max-services below the masters pinned is refused naming them, even
+// where the rev_nat entries, which the reconciler counts, are fewer (a
+// previous agent's pins, or one stopped between a rev_nat delete and
+// its master's); and the pins are left as they were.
+func TestShrinkCountsFrontends(t *testing.T) {
+	d, bpffs := newTestDatapathAt(t)
+	for s := range 3 {
+		fe := l4(fmt.Sprintf("10.96.6.%d", s+1), 80, model.TCP)
+		addService(t, d.Maps(), reconciler.ServiceID(s+1), fe, testBackend{reconciler.BackendID(s + 1), l4(fmt.Sprintf("10.2.6.%d", s+1), 8080, model.TCP)})
+		if err := d.Maps().DeleteRevNat(reconciler.ServiceID(s + 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.Close()
+	cfg := smallConfig(bpffs)
+	cfg.MaxServices = 2
+	if d, err := Open(cfg); err == nil {
+		d.Close()
+		t.Fatal("Open with --max-services=2 below 3 masters succeeded")
+	} else if want := "3 frontends in " + mapServices + " programmed now: start the agent with --max-services=3 or more"; !strings.Contains(err.Error(), want) {
+		t.Errorf("Open's error\n%v\ndoes not say %q", err, want)
+	}
+	if n := pinnedMaxEntries(t, bpffs, mapServices); n != uint32(smallConfig("").MaxServices) {
+		t.Errorf("a refused Open left %s with %d entries, want %d", mapServices, n, smallConfig("").MaxServices)
+	}
+}

@@ -52,14 +52,14 @@ func shrinkLimits(cfg Config) []shrinkLimit {
 		},
 		{
 			flag: "--max-service-entries", size: cfg.MaxServiceEntries,
-			maps: map[string]int{mapServices: cfg.MaxServiceEntries, mapServices6: cfg.MaxServiceEntries,
-				mapSlots: slotEntries(cfg), mapSlots6: slotEntries(cfg)},
+			maps:  map[string]int{mapSlots: slotEntries(cfg), mapSlots6: slotEntries(cfg)},
 			count: countServiceEntries,
 		},
 		{
 			flag: "--max-services", size: cfg.MaxServices,
 			maps: map[string]int{mapRevNat: cfg.MaxServices, mapRevNat6: cfg.MaxServices,
-				mapServiceIPs: cfg.MaxServices, mapServiceIPs6: cfg.MaxServices},
+				mapServiceIPs: cfg.MaxServices, mapServiceIPs6: cfg.MaxServices,
+				mapServices: cfg.MaxServices, mapServices6: cfg.MaxServices},
 			count: countServices,
 		},
 	}
@@ -173,7 +173,8 @@ func countServiceEntries(dir string) (int, string, error) {
 
 // countServices returns the rev_nat entries of both families (services
 // are counted over both together: service ids are one space), or the
-// service IPs of one family if more (they are at most as many).
+// service IPs or the masters of one family if more (they are at most as
+// many: each master's frontend has its rev_nat entry).
 func countServices(dir string) (int, string, error) {
 	sum := 0
 	for _, name := range []string{mapRevNat, mapRevNat6} {
@@ -186,9 +187,14 @@ func countServices(dir string) (int, string, error) {
 			return 0, "", err
 		}
 	}
-	ips, what, err := countLargest(dir, "service IPs", mapServiceIPs, mapServiceIPs6)
-	if err != nil || ips > sum {
-		return ips, what, err
+	for _, set := range []struct {
+		unit        string
+		name, name6 string
+	}{{"service IPs", mapServiceIPs, mapServiceIPs6}, {"frontends", mapServices, mapServices6}} {
+		n, what, err := countLargest(dir, set.unit, set.name, set.name6)
+		if err != nil || n > sum {
+			return n, what, err
+		}
 	}
 	return sum, fmt.Sprintf("%d services of both families in %s and %s", sum, mapRevNat, mapRevNat6), nil
 }

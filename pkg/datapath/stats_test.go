@@ -68,7 +68,7 @@ func testMapFill(t *testing.T) {
 	}
 	cfg := smallConfig("")
 	for name, want := range map[string][2]int{
-		"services":   {2, cfg.MaxServiceEntries}, // two masters
+		"services":   {2, cfg.MaxServices},       // two masters, one per service id
 		"slots":      {3, cfg.MaxServiceEntries}, // their three slots, of the bound of masters and slots
 		"backends":   {2, cfg.MaxBackends},
 		"rev_nat":    {2, cfg.MaxServices},

@@ -41,12 +41,14 @@ var fullRows = []struct {
 	{
 		// web's backends, but 4 entries more: 12 in use of 12.
 		flag: "max-service-entries", small: "12", large: "64", port: 8080,
-		mapName: "sluice_services_v2", smallSize: 12, largeSize: 64,
+		mapName: "sluice_slots_v1", smallSize: 2 * 12, largeSize: 2 * 64,
 	},
 	{
-		// web's backends, a frontend more: 3 in use of 3.
+		// web's backends, a frontend more: 3 in use of 3. The flag
+		// sizes the rev_nat maps and the services hashes (the
+		// masters) alike.
 		flag: "max-services", small: "3", large: "64", port: 8080,
-		mapName: "sluice_rev_nat_v1", smallSize: 3, largeSize: 64,
+		mapName: "sluice_services_v2", smallSize: 3, largeSize: 64,
 	},
 }
 
