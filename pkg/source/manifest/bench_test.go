@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/source/translate"
@@ -210,14 +211,20 @@ func BenchmarkLoadList(b *testing.B) {
 				l, _ := loadFresh(b, p, orig)
 				b.ReportAllocs()
 				i := 0
+				var cpu time.Duration
 				for b.Loop() {
 					writeUntimed(b, p, i, changed, orig)
 					i++
+					// cpu-ms/op: the CPU time of the loads alone (the
+					// writes' is not theirs), all threads.
+					t0 := testutil.CPUTime(b)
 					res, err := l.load(p)
+					cpu += testutil.CPUTime(b) - t0
 					if err != nil || len(res.Errors) > 0 || res.State.Services.Len() != n {
 						b.Fatalf("%v %v", err, res.Errors)
 					}
 				}
+				b.ReportMetric(float64(cpu.Microseconds())/1000/float64(i), "cpu-ms/op")
 			})
 		})
 	}

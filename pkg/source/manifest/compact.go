@@ -113,9 +113,15 @@ func (c *compacter) service(svc *corev1.Service, key types.NamespacedName) *tran
 	return s
 }
 
-// slice is service for an EndpointSlice.
-func (c *compacter) slice(es *discoveryv1.EndpointSlice, key types.NamespacedName) *translate.Slice {
-	s := translate.SliceOf(es)
+// slice is service for an EndpointSlice; its endpoints are pre's if
+// the decoder packed them (pre.packed), else es's.
+func (c *compacter) slice(es *discoveryv1.EndpointSlice, key types.NamespacedName, pre fastObject) *translate.Slice {
+	s := new(translate.Slice)
+	if pre.packed {
+		translate.ReadPackedSlice(s, es, pre.eps)
+	} else {
+		translate.ReadSlice(s, es)
+	}
 	s.Namespace, s.Name = key.Namespace, keyName(s.Name, key)
 	s.ResourceVersion, s.Service = strings.Clone(s.ResourceVersion), strings.Clone(s.Service)
 	for i := range s.Ports {

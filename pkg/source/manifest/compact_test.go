@@ -87,7 +87,7 @@ func TestCompactKeepsNoDecodedBytes(t *testing.T) {
 // decoder and the API object are gone when it returns.
 func decodeCompact(t *testing.T, l *loader, fr *fileResult, js []byte) (*object, map[string]func() bool) {
 	t.Helper()
-	d := new(fastDecoder)
+	d := &fastDecoder{pack: true} // its endpoints packed, as the loader's
 	// One buffer per chunk, large enough for every value of js: the
 	// weak pointers below cover all.
 	d.text.buf = make([]byte, 0, 4096)
@@ -103,6 +103,9 @@ func decodeCompact(t *testing.T, l *loader, fr *fileResult, js []byte) (*object,
 	tm, pre, err := d.decodeItem(js)
 	if err != nil || pre.svc == nil && pre.slice == nil {
 		t.Fatalf("the fast decoder declined (%v):\n%s", err, js)
+	}
+	if pre.slice != nil && !pre.packed {
+		t.Fatalf("the fast decoder did not pack the endpoints:\n%s", js)
 	}
 	if cap(d.text.buf) != 4096 || cap(d.strs.buf) != 256 || len(d.text.buf) == 0 || len(d.strs.buf) == 0 {
 		t.Fatalf("the decoder used other chunks than the test's")

@@ -154,9 +154,11 @@ type loader struct {
 	reads      atomic.Int64 // files read, for tests
 	loads      atomic.Int64 // loads, for tests
 	decoded    atomic.Int64 // objects decoded (not served from units), for tests
+	inPlace    atomic.Int64 // Lists decoded in place (listinplace.go), for tests
 	translated int          // Services translated, for tests
 	patches    int          // loads that only patched objects, for tests
 	noPatch    bool         // never patch (patch.go), for tests
+	noInPlace  bool         // never decode a List in place (listinplace.go), for tests
 	afterItem  func()       // called after each item of a List is decoded, for tests
 }
 
@@ -312,7 +314,8 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 		nunits += len(fr.units)
 	}
 	var effective map[objKey]*object
-	if len(paths) == 1 && results[0].seen != nil {
+	own := len(paths) == 1 && results[0].seen != nil
+	if own {
 		// One file, parsed: the objects in effect are its objects,
 		// which its parse put in a map by key (8 MiB at 30,000
 		// Services, not made twice).
@@ -339,6 +342,15 @@ func (l *loader) loadChanged(path string, changed map[string]bool) (*Result, err
 		}
 		if len(fr.objs) > 0 {
 			newByFile[file] = make([]*object, 0, len(fr.objs))
+		}
+		if own {
+			// effective is this file's map: its parse put every one
+			// of its objects there under its key, and only those (a
+			// key twice was reported then). 60,000 lookups and
+			// stores at 30,000 Services (12 ms of a first load)
+			// would find each where it is.
+			newByFile[file] = append(newByFile[file], fr.objs...)
+			continue
 		}
 		for _, o := range fr.objs {
 			// (o itself is there if effective is the file's map.)
@@ -403,7 +415,7 @@ type docDecoder struct {
 
 // newDocDecoder returns a docDecoder whose fast decoder reuses its room
 // (decodeObject keeps nothing of a decoded object: compact.go).
-func newDocDecoder() *docDecoder { return &docDecoder{fast: fastDecoder{reuse: true}} }
+func newDocDecoder() *docDecoder { return &docDecoder{fast: fastDecoder{reuse: true, pack: true}} }
 
 // readJSON reads js, a JSON object: its type meta, and the object if the
 // fast decoder can (pre), or the items of a List (and where they are in
@@ -411,7 +423,7 @@ func newDocDecoder() *docDecoder { return &docDecoder{fast: fastDecoder{reuse: t
 // the type meta does not decode.
 func (d *fastDecoder) readJSON(js []byte) (tm typeMeta, pre fastObject, items [][]byte, spans []span, err error) {
 	if ftm, svc, slice, ok := d.decodeTyped(js); ok {
-		return ftm, fastObject{svc, slice}, nil, nil, nil
+		return ftm, d.decoded(svc, slice), nil, nil, nil
 	}
 	if rest, sps, ok := splitJSONListSpans(js); ok && json.Unmarshal(rest, &tm) == nil {
 		items = make([][]byte, len(sps))
@@ -579,6 +591,13 @@ func (l *loader) decodeDocument(fr *fileResult, file string, idx int, doc []byte
 			return objs, warns, nil, false
 		}
 	}
+	if len(l.units) == 0 && !l.noInPlace && isJSONObject(doc) {
+		// Nothing decoded before: a List's items decoded as they are
+		// found (listinplace.go).
+		if objs, warns, errs, broken, ok := l.decodeListInPlace(fr, file, idx, doc); ok {
+			return objs, warns, errs, broken
+		}
+	}
 	var tm typeMeta
 	js := doc
 	var items [][]byte // a JSON List's items, split without decoding them
@@ -706,7 +725,7 @@ type itemOutcome struct {
 // dominate.)
 func (l *loader) decodeItems(fr *fileResult, file string, idx int, items [][]byte, todo []int, outs []itemOutcome) {
 	// Each object is dead once decodeObject has its compact form.
-	d := fastDecoder{reuse: true}
+	d := fastDecoder{reuse: true, pack: true}
 	for _, j := range todo {
 		out := &outs[j]
 		itm, pre, err := d.decodeItem(items[j])
@@ -766,6 +785,20 @@ func itemPrefix(item int) string {
 type fastObject struct {
 	svc   *corev1.Service
 	slice *discoveryv1.EndpointSlice
+	// eps are slice's endpoints if the decoder packed them
+	// (packEndpoints), slice.Endpoints then empty; valid until the
+	// decoder decodes again.
+	eps    []translate.SliceEndpoint
+	packed bool
+}
+
+// decoded is what d decoded last, svc or slice, as a fastObject.
+func (d *fastDecoder) decoded(svc *corev1.Service, slice *discoveryv1.EndpointSlice) fastObject {
+	o := fastObject{svc: svc, slice: slice}
+	if slice != nil && d.didPack {
+		o.eps, o.packed = d.packed, true
+	}
+	return o
 }
 
 // decodeItem reads the type meta of item, an item of a List, and the
@@ -773,7 +806,7 @@ type fastObject struct {
 // type meta does not decode.
 func (d *fastDecoder) decodeItem(item []byte) (typeMeta, fastObject, error) {
 	if tm, svc, slice, ok := d.decodeTyped(item); ok {
-		return tm, fastObject{svc, slice}, nil
+		return tm, d.decoded(svc, slice), nil
 	}
 	// Declared here, not as a result: Unmarshal makes it escape, and a
 	// result would be allocated for every item, decoded by hand or not.
@@ -821,7 +854,7 @@ func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx, ite
 	case kindSlice:
 		var es *discoveryv1.EndpointSlice
 		if es, err = decodeAs(pre.slice, js, key.Namespace); err == nil {
-			o.slice = l.compact.slice(es, key.NamespacedName)
+			o.slice = l.compact.slice(es, key.NamespacedName, pre)
 			err = o.slice.Invalid // translate.ValidateEndpointSlice's
 		}
 		if err == nil {

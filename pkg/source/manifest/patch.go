@@ -307,7 +307,7 @@ func (l *loader) decodeItem(fr *fileResult, file string, j int, item []byte) (*o
 		o, w := l.fromUnit(fr, isum, u, file, 1, j)
 		return o, w, nil
 	}
-	var d fastDecoder
+	d := fastDecoder{pack: true}
 	itm, pre, err := d.decodeItem(item)
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: document 1: items[%d]: not an object: %w", file, j, err)

@@ -115,10 +115,28 @@ func ReadSlice(s *Slice, es *discoveryv1.EndpointSlice) {
 			ip, _ := parseIPSloppy(e.Addresses[0])
 			eps.setAddr(i, ip)
 		}
-		c := &e.Conditions
-		eps.setRest(i, e.NodeName, e.Hints, ptrOr(c.Ready, true), ptrOr(c.Serving, true), ptrOr(c.Terminating, false))
+		ready, serving, terminating := EndpointConditions(&e.Conditions)
+		eps.setRest(i, e.NodeName, e.Hints, ready, serving, terminating)
 	}
 	s.Endpoints = eps.done()
+}
+
+// EndpointConditions returns an endpoint's conditions defaulted as
+// kube-proxy reads them (SliceEndpoint's).
+func EndpointConditions(c *discoveryv1.EndpointConditions) (ready, serving, terminating bool) {
+	return ptrOr(c.Ready, true), ptrOr(c.Serving, true), ptrOr(c.Terminating, false)
+}
+
+// ReadPackedSlice is ReadSlice of es, whose endpoints a source read as
+// eps instead of es.Endpoints (which it left empty): each endpoint as At
+// would return it, its address parsed by EndpointAddress for es's type,
+// every address of it valid, so that ValidateEndpointSlice, which checks
+// the endpoints after everything else, would find nothing wrong with
+// them. eps is not kept (its node names and hints are, as ReadSlice keeps
+// es's).
+func ReadPackedSlice(s *Slice, es *discoveryv1.EndpointSlice, eps []SliceEndpoint) {
+	ReadSlice(s, es)
+	s.Endpoints = MakeSliceEndpoints(eps)
 }
 
 // SliceEndpoints are a slice's endpoints, each read as a SliceEndpoint

@@ -620,10 +620,8 @@ func validateEndpointSlice(es *discoveryv1.EndpointSlice, first func(i int, ip n
 		for j, a := range e.Addresses {
 			switch es.AddressType {
 			case discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6:
-				// parseIPSloppy makes an IPv4-mapped address IPv4:
-				// valid in an IPv4 slice, not in an IPv6 one.
-				ip, ok := parseIPSloppy(a)
-				if !ok || ip.Is6() != (es.AddressType == discoveryv1.AddressTypeIPv6) {
+				ip, ok := EndpointAddress(es.AddressType, a)
+				if !ok {
 					return fail("endpoints[%d]: invalid %s address %q", i, es.AddressType, a)
 				}
 				if j == 0 && first != nil {
@@ -633,6 +631,16 @@ func validateEndpointSlice(es *discoveryv1.EndpointSlice, first func(i int, ip n
 		}
 	}
 	return nil
+}
+
+// EndpointAddress parses a, an address of an endpoint of a slice of type
+// t (IPv4 or IPv6), as ValidateEndpointSlice and a translation read it
+// (kube-proxy's parseIPSloppy), and says whether it is valid there.
+// parseIPSloppy makes an IPv4-mapped address IPv4: valid in an IPv4
+// slice, not in an IPv6 one. a is not kept.
+func EndpointAddress(t discoveryv1.AddressType, a string) (netip.Addr, bool) {
+	ip, ok := parseIPSloppy(a)
+	return ip, ok && ip.Is6() == (t == discoveryv1.AddressTypeIPv6)
 }
 
 // protocolOf maps a Kubernetes protocol to the datapath's; empty means TCP,
