@@ -94,6 +94,18 @@ func (t *beTable) store(w int, v uint32) {
 	atomic.StoreUint32(&t.words[w], v)
 }
 
+// storeAbsent writes word w of an absent entry, not its flags word: a
+// plain store, which no program reads but as part of an absent entry (the
+// atomic store of the flags word that makes it present comes after, and
+// orders it before), where an atomic one is an XCHG on amd64, 300,000 of
+// them in a first program of 30,000 Services x 10 (fifty-first pass).
+func (t *beTable) storeAbsent(w int, v uint32) {
+	if t.onStore != nil {
+		t.onStore(w)
+	}
+	t.words[w] = v
+}
+
 // put writes entry id as v (its words, flags word last, present):
 // nothing if it is present with v already; else, if present, it is made
 // absent first; then v's words, the flags word last. It fails, having
@@ -115,7 +127,7 @@ func (t *beTable) put(id uint32, v []uint32) error {
 		t.store(fw, cur&^bePresentWord)
 	}
 	for j := range t.last {
-		t.store(base+j, v[j])
+		t.storeAbsent(base+j, v[j])
 	}
 	t.store(fw, v[t.last])
 	return nil

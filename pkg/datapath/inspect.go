@@ -40,7 +40,7 @@ func (p *Pinned) MapFill() ([]MapFill, error) {
 		}
 		maps[e.Name()] = m
 	}
-	return mapFill(maps, nil)
+	return mapFill(maps, nil, nil)
 }
 
 // ConntrackEntry is one entry of the per-packet conntrack tables.

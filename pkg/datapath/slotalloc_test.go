@@ -2,6 +2,8 @@ package datapath
 
 import (
 	"errors"
+	"iter"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"strings"
@@ -129,12 +131,12 @@ func TestSlotTableMoves(t *testing.T) {
 	if _, err := tb.forMaster(fe, 4, rebase); err != nil {
 		t.Fatal(err)
 	}
-	old := tb.ranges[fe].r
+	old := tb.at(fe).r
 	if old.cap != 4 || len(rebased) != 0 {
 		t.Fatalf("range %+v, rebased %v; want 4 entries, no rebase", old, rebased)
 	}
 	must(t, tb.write(fe, 5, []reconciler.BackendID{15}, rebase))
-	nr := tb.ranges[fe].r
+	nr := tb.at(fe).r
 	if nr.cap != 8 || len(rebased) != 1 || rebased[0] != nr.base {
 		t.Fatalf("after slot 5: range %+v, rebased %v", nr, rebased)
 	}
@@ -144,10 +146,10 @@ func TestSlotTableMoves(t *testing.T) {
 		}
 	}
 	// A failed rebase changes nothing the kernel reads.
-	before := tb.ranges[fe]
+	before := tb.at(fe)
 	fail := func(reconciler.Frontend, uint32) error { return errors.New("no") }
-	if err := tb.write(fe, 9, []reconciler.BackendID{19}, fail); err == nil || tb.ranges[fe] != before {
-		t.Errorf("write with a failed rebase = %v, range %+v; want an error, %+v", err, tb.ranges[fe], before)
+	if err := tb.write(fe, 9, []reconciler.BackendID{19}, fail); err == nil || tb.at(fe) != before {
+		t.Errorf("write with a failed rebase = %v, range %+v; want an error, %+v", err, tb.at(fe), before)
 	}
 }
 
@@ -159,17 +161,17 @@ func TestSlotTableFull(t *testing.T) {
 	fe1 := reconciler.DefaultScope(model.L4Addr{Addr: addr("10.96.0.1"), Port: 80, Proto: model.TCP})
 	fe2 := reconciler.DefaultScope(model.L4Addr{Addr: addr("10.96.0.2"), Port: 80, Proto: model.TCP})
 	must(t, tb.write(fe1, 1, []reconciler.BackendID{1, 2, 3, 4, 5, 6, 7, 8, 9}, none))
-	before := tb.ranges[fe1]
+	before := tb.at(fe1)
 	err := tb.write(fe2, 1, []reconciler.BackendID{1, 2, 3, 4, 5, 6, 7, 8, 9}, none)
 	if !errors.Is(err, errSlotsFull) || !strings.Contains(err.Error(), fe2.String()) {
 		t.Fatalf("write beyond the array = %v; want full, naming %s", err, fe2)
 	}
-	if _, ok := tb.ranges[fe2]; ok || tb.ranges[fe1] != before || tb.load(before.r.base+8) != 9 {
-		t.Errorf("after a full array: %+v", tb.ranges)
+	if _, ok := tb.entry(fe2); ok || tb.at(fe1) != before || tb.load(before.r.base+8) != 9 {
+		t.Errorf("after a full array: %+v", maps.Collect(tb.entries()))
 	}
 	err = tb.write(fe1, 17, []reconciler.BackendID{1}, none)
-	if !errors.Is(err, errSlotsFull) || tb.ranges[fe1] != before {
-		t.Errorf("growing beyond the array = %v, range %+v", err, tb.ranges[fe1])
+	if !errors.Is(err, errSlotsFull) || tb.at(fe1) != before {
+		t.Errorf("growing beyond the array = %v, range %+v", err, tb.at(fe1))
 	}
 }
 
@@ -191,13 +193,13 @@ func TestSlotTableRebuild(t *testing.T) {
 		fe(7): {48, 16}, // [48, 64)
 	})
 	want := map[reconciler.Frontend]slotRange{fe(1): {0, 16}, fe(2): {16, 4}, fe(7): {48, 16}}
-	for f, e := range tb.ranges {
+	for f, e := range tb.entries() {
 		if !e.master || e.r != want[f] {
 			t.Errorf("%s: %+v, want %+v", f, e, want[f])
 		}
 	}
-	if len(tb.ranges) != 7 || tb.alloc.inUse != 36 {
-		t.Errorf("%d frontends, %d entries in use; want 7, 36", len(tb.ranges), tb.alloc.inUse)
+	if tb.ranges.Len() != 7 || tb.alloc.inUse != 36 {
+		t.Errorf("%d frontends, %d entries in use; want 7, 36", tb.ranges.Len(), tb.alloc.inUse)
 	}
 	// What is free is handed out, none of it in use.
 	for range 7 {
@@ -216,10 +218,27 @@ func TestSlotTableRebuild(t *testing.T) {
 	}
 }
 
+// at returns fe's entry, the zero entry if it has none.
+func (t *slotTable) at(fe reconciler.Frontend) slotEntry {
+	e, _ := t.entry(fe)
+	return e
+}
+
+// entries yields every frontend's entry, unpacked.
+func (t *slotTable) entries() iter.Seq2[reconciler.Frontend, slotEntry] {
+	return func(yield func(reconciler.Frontend, slotEntry) bool) {
+		for fe, p := range t.ranges.All() {
+			if !yield(fe, p.entry()) {
+				return
+			}
+		}
+	}
+}
+
 // memSlotTable is a slotTable over memory of n entries, no map.
 func memSlotTable(n uint32) *slotTable {
 	a := mappedMemory(make([]byte, 2*4*n))
-	t := &slotTable{name: "test", a: a, words: a.words(), n: n, alloc: newSlotAlloc(n), ranges: map[reconciler.Frontend]slotEntry{}}
+	t := &slotTable{name: "test", a: a, words: a.words(), n: n, alloc: newSlotAlloc(n)}
 	t.alloc.onFree = t.zero
 	return t
 }
@@ -238,9 +257,9 @@ func TestSlotTablePresize(t *testing.T) {
 	if err := tb.write(fe(1), 1, []reconciler.BackendID{7, 8}, noRebase); err != nil {
 		t.Fatal(err)
 	}
-	before := tb.ranges[fe(1)]
+	before := tb.at(fe(1))
 	tb.presize(1000)
-	if got, ok := tb.ranges[fe(1)]; !ok || got != before {
+	if got, ok := tb.entry(fe(1)); !ok || got != before {
 		t.Fatalf("after presize: range of %s %+v (%v), want %+v", fe(1), got, ok, before)
 	}
 	empty := memSlotTable(64)
@@ -249,7 +268,7 @@ func TestSlotTablePresize(t *testing.T) {
 		if err := tb.write(fe(2), 1, []reconciler.BackendID{9}, noRebase); err != nil {
 			t.Fatal(err)
 		}
-		e, ok := tb.ranges[fe(2)]
+		e, ok := tb.entry(fe(2))
 		if !ok || tb.load(e.r.base) != 9 {
 			t.Errorf("slot 1 of %s after presize: range %+v (%v)", fe(2), e, ok)
 		}

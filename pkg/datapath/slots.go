@@ -24,6 +24,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 
@@ -47,19 +48,66 @@ type slotEntry struct {
 	// master: the kernel has the frontend's master (written by
 	// UpsertMaster or read back), whose base a move rewrites.
 	master bool
+	// count is the slots its master says it has, as the agent wrote it
+	// or read it back, where it names the range (0 for none): the sum
+	// of the table's counts is its slots in use (slotTable.inUse).
+	count uint32
+}
+
+// packedSlot is a slotEntry in 8 bytes, as a slotTable holds it: the
+// base in the high 32 bits, the count in bits 9-25 (at most 65535), the
+// master in bit 8, and in the low byte bits.Len32 of the capacity (0 for
+// none, k+1 for 2^k: a range's capacity is a power of two).
+type packedSlot uint64
+
+const (
+	packedMaster     = 1 << 8
+	packedCountShift = 9
+	packedCountMask  = 1<<17 - 1
+)
+
+func (e slotEntry) pack() packedSlot {
+	p := packedSlot(e.r.base)<<32 | packedSlot(e.count&packedCountMask)<<packedCountShift | packedSlot(bits.Len32(e.r.cap))
+	if e.master {
+		p |= packedMaster
+	}
+	return p
+}
+
+func (p packedSlot) entry() slotEntry {
+	e := slotEntry{r: slotRange{base: uint32(p >> 32)}, master: p&packedMaster != 0,
+		count: uint32(p>>packedCountShift) & packedCountMask}
+	if l := uint8(p); l > 0 {
+		e.r.cap = 1 << (l - 1)
+	}
+	return e
 }
 
 // slotTable is a family's slots array and the ranges of its frontends.
 type slotTable struct {
-	mu     sync.Mutex
-	arr    *ebpf.Map
-	name   string
-	a      *lazyArray // the array, mapped read-write a window at a time
-	words  []uint32   // a's words: entry i is words[2*i]
-	n      uint32     // entries
-	alloc  *slotAlloc
-	ranges map[reconciler.Frontend]slotEntry
+	mu    sync.Mutex
+	arr   *ebpf.Map
+	name  string
+	a     *lazyArray // the array, mapped read-write a window at a time
+	words []uint32   // a's words: entry i is words[2*i]
+	n     uint32     // entries
+	alloc *slotAlloc
+	v6    bool // its frontends are IPv6 (mapSlots6)
+	// used is the sum of the entries' counts: the slots the masters
+	// name (inUse).
+	used int
+	// ranges are the frontends' entries, packed (an IPv4 frontend and
+	// its entry take 16 bytes a slot: fifty-first pass).
+	ranges reconciler.FrontendMap[packedSlot]
 }
+
+// entry returns fe's entry, and whether it has one.
+func (t *slotTable) entry(fe reconciler.Frontend) (slotEntry, bool) {
+	p, ok := t.ranges.Get(fe)
+	return p.entry(), ok
+}
+
+func (t *slotTable) setEntry(fe reconciler.Frontend, e slotEntry) { t.ranges.Put(fe, e.pack()) }
 
 // openSlotTable maps the array arr read-write; the table has no ranges.
 func openSlotTable(arr *ebpf.Map, name string) (*slotTable, error) {
@@ -75,7 +123,7 @@ func openSlotTable(arr *ebpf.Map, name string) (*slotTable, error) {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	t := &slotTable{arr: arr, name: name, a: a, words: a.words(), n: n, alloc: newSlotAlloc(n),
-		ranges: map[reconciler.Frontend]slotEntry{}}
+		v6: name == mapSlots6}
 	t.alloc.onFree = t.zero
 	return t, nil
 }
@@ -139,13 +187,9 @@ func (t *slotTable) write(fe reconciler.Frontend, first uint32, ids []reconciler
 		return nil
 	}
 	last := first + uint32(len(ids)) - 1
-	e, ok := t.ranges[fe]
+	e, ok := t.entry(fe)
 	if !ok || last > e.r.cap {
-		return t.move(fe, e, ok, last, func(r slotRange) {
-			for j, id := range ids {
-				t.store(r.base+first-1+uint32(j), uint32(id))
-			}
-		}, rebase)
+		return t.move(fe, e, ok, last, first, ids, rebase)
 	}
 	if err := t.mapRange(e.r); err != nil {
 		return fmt.Errorf("slots of %s: %w", fe, err)
@@ -157,9 +201,17 @@ func (t *slotTable) write(fe reconciler.Frontend, first uint32, ids []reconciler
 }
 
 // move gives fe a range of at least count entries: the slots of its old
-// one copied, then fill's, then its master (if the kernel has one) moved
+// one copied, then ids into slots first.. (none if ids is empty), the
+// other entries emptied, then its master (if the kernel has one) moved
 // there, then the old range quarantined.
-func (t *slotTable) move(fe reconciler.Frontend, e slotEntry, had bool, count uint32, fill func(slotRange), rebase rebaseFunc) error {
+//
+// The new range is no program's yet (a range leaves the quarantine only
+// when no program reads it; the master that names it is written after,
+// by a system call whose hash update is a store-release, ordered after
+// these): each of its entries is written once, by a plain store, where
+// emptying it first and then writing its slots took an atomic store
+// (XCHG on amd64) for each of both (fifty-first pass).
+func (t *slotTable) move(fe reconciler.Frontend, e slotEntry, had bool, count, first uint32, ids []reconciler.BackendID, rebase rebaseFunc) error {
 	nr, err := t.alloc.alloc(max(count, e.r.cap+1))
 	if err != nil {
 		return fmt.Errorf("slots of %s (%d): %s: %w", fe, count, t.name, err)
@@ -168,14 +220,24 @@ func (t *slotTable) move(fe reconciler.Frontend, e slotEntry, had bool, count ui
 		t.alloc.retire(nr)
 		return fmt.Errorf("slots of %s (%d): %w", fe, count, err)
 	}
-	// Empty already, but for a range a rebuild found free (after
-	// drift, or slots above a master's count).
-	t.zero(nr)
+	w := t.words[2*uint64(nr.base) : 2*uint64(nr.base+nr.cap)]
 	for i := range e.r.cap {
-		t.store(nr.base+i, t.load(e.r.base+i))
+		w[2*i] = t.load(e.r.base + i)
 	}
-	if fill != nil {
-		fill(nr)
+	// ids go to [lo, hi); the entries above the old range's and out of
+	// it are emptied: empty already, but for a range a rebuild found
+	// free (after drift, or slots above a master's count).
+	lo, hi := nr.cap, nr.cap
+	if len(ids) > 0 {
+		lo, hi = first-1, first-1+uint32(len(ids))
+	}
+	for i := e.r.cap; i < nr.cap; i++ {
+		if i < lo || i >= hi {
+			w[2*i] = 0
+		}
+	}
+	for j, id := range ids {
+		w[2*(lo+uint32(j))] = uint32(id)
 	}
 	if had && e.master {
 		if err := rebase(fe, nr.base); err != nil {
@@ -184,7 +246,7 @@ func (t *slotTable) move(fe reconciler.Frontend, e slotEntry, had bool, count ui
 		}
 	}
 	t.alloc.retire(e.r)
-	t.ranges[fe] = slotEntry{r: nr, master: e.master}
+	t.setEntry(fe, slotEntry{r: nr, master: e.master, count: e.count})
 	return nil
 }
 
@@ -192,21 +254,24 @@ func (t *slotTable) move(fe reconciler.Frontend, e slotEntry, had bool, count ui
 // moving fe to a range that holds them if its own does not (the
 // reconciler writes the slots first: not seen but after drift).
 func (t *slotTable) forMaster(fe reconciler.Frontend, count uint32, rebase rebaseFunc) (uint32, error) {
-	e, ok := t.ranges[fe]
+	e, ok := t.entry(fe)
 	if count > e.r.cap {
-		if err := t.move(fe, e, ok, count, nil, rebase); err != nil {
+		if err := t.move(fe, e, ok, count, 0, nil, rebase); err != nil {
 			return 0, err
 		}
-		e = t.ranges[fe]
+		e, _ = t.entry(fe)
 	}
-	e.master = true
-	t.ranges[fe] = e
+	if !e.master || e.count != count {
+		t.used += int(count) - int(e.count)
+		e.master, e.count = true, count
+		t.setEntry(fe, e)
+	}
 	return e.r.base, nil
 }
 
 // clear empties slot of fe (>= 1); a slot beyond its range is empty.
 func (t *slotTable) clear(fe reconciler.Frontend, slot uint32) error {
-	if e, ok := t.ranges[fe]; ok && slot >= 1 && slot <= e.r.cap {
+	if e, ok := t.entry(fe); ok && slot >= 1 && slot <= e.r.cap {
 		if err := t.mapRange(e.r); err != nil {
 			return err
 		}
@@ -217,16 +282,30 @@ func (t *slotTable) clear(fe reconciler.Frontend, slot uint32) error {
 
 // drop forgets fe, whose master is deleted: its range is quarantined.
 func (t *slotTable) drop(fe reconciler.Frontend) {
-	if e, ok := t.ranges[fe]; ok {
+	if e, ok := t.entry(fe); ok {
 		t.alloc.retire(e.r)
-		delete(t.ranges, fe)
+		t.used -= int(e.count)
+		t.ranges.Delete(fe)
 	}
+}
+
+// inUse returns the slots in use, the sum of the counts of the masters
+// the table knows (the scrape's fill of the slots arrays, mapFill),
+// and false for no table.
+func (t *slotTable) inUse() (int, bool) {
+	if t == nil {
+		return 0, false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.used, true
 }
 
 // walk gives f the slots, not empty, of every frontend's range, until f
 // returns false; it fails only if a range cannot be mapped.
 func (t *slotTable) walk(f func(fe reconciler.Frontend, slot uint32, id reconciler.BackendID) bool) error {
-	for fe, e := range t.ranges {
+	for fe, p := range t.ranges.All() {
+		e := p.entry()
 		if t.a.count > walkWindows {
 			_ = t.a.release() // a window left mapped only counts in the RSS
 		}
@@ -253,18 +332,20 @@ const walkWindows = 8
 // agent's back) loses the range, so that the reconciler, finding no
 // slots, writes them into a new one and moves the master there.
 func (t *slotTable) checkMaster(fe reconciler.Frontend, base, count uint32) {
-	e, ok := t.ranges[fe]
+	e, ok := t.entry(fe)
 	if ok && (count == 0 || e.r.base == base && count <= e.r.cap) {
-		if !e.master {
-			e.master = true
-			t.ranges[fe] = e
+		if !e.master || e.count != count {
+			t.used += int(count) - int(e.count)
+			e.master, e.count = true, count
+			t.setEntry(fe, e)
 		}
 		return
 	}
 	if ok {
 		t.alloc.retire(e.r)
+		t.used -= int(e.count)
 	}
-	t.ranges[fe] = slotEntry{master: true}
+	t.setEntry(fe, slotEntry{master: true})
 }
 
 // rebuild fills the table from the masters of the kernel: each range
@@ -275,10 +356,11 @@ func (t *slotTable) checkMaster(fe reconciler.Frontend, base, count uint32) {
 func (t *slotTable) rebuild(masters map[reconciler.Frontend][2]uint32) {
 	fes := make([]reconciler.Frontend, 0, len(masters))
 	used := make([]slotRange, 0, len(masters))
-	t.ranges = make(map[reconciler.Frontend]slotEntry, len(masters))
+	t.ranges = t.makeRanges(len(masters))
+	t.used = 0
 	for fe, bc := range masters {
 		if bc[1] == 0 {
-			t.ranges[fe] = slotEntry{master: true}
+			t.setEntry(fe, slotEntry{master: true})
 			continue
 		}
 		fes = append(fes, fe)
@@ -289,10 +371,11 @@ func (t *slotTable) rebuild(masters map[reconciler.Frontend][2]uint32) {
 	t.alloc = a
 	for i, fe := range fes {
 		if bad[i] {
-			t.ranges[fe] = slotEntry{master: true}
+			t.setEntry(fe, slotEntry{master: true})
 			continue
 		}
-		t.ranges[fe] = slotEntry{r: used[i], master: true}
+		t.setEntry(fe, slotEntry{r: used[i], master: true, count: masters[fe][1]})
+		t.used += int(masters[fe][1])
 	}
 }
 
@@ -313,9 +396,17 @@ func (t *slotTable) presize(n int) {
 	}
 	t.mu.Lock()
 	defer t.unlock()
-	if len(t.ranges) == 0 {
-		t.ranges = make(map[reconciler.Frontend]slotEntry, n)
+	if t.ranges.Len() == 0 {
+		t.ranges = t.makeRanges(n)
 	}
+}
+
+// makeRanges returns ranges with room for n frontends of t's family.
+func (t *slotTable) makeRanges(n int) reconciler.FrontendMap[packedSlot] {
+	if t.v6 {
+		return reconciler.MakeFrontendMap[packedSlot](0, n)
+	}
+	return reconciler.MakeFrontendMap[packedSlot](n, 0)
 }
 
 // slotTableOf returns fe's family's table.

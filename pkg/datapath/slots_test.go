@@ -50,7 +50,7 @@ func TestSlotsMoveUnderTraffic(t *testing.T) {
 		var sport uint16 = 20000
 		newFlows(t, d, v6, fe, &sport, 8, allowed, "before")
 		tbl := m.slotTableOf(dfe)
-		bases := map[uint32]bool{tbl.ranges[dfe].r.base: true}
+		bases := map[uint32]bool{tbl.at(dfe).r.base: true}
 		// The quarantine passes between a slot and its master: the
 		// range the frontend left is emptied and handed out again (to
 		// frontends without masters yet, whose slots name another
@@ -73,7 +73,7 @@ func TestSlotsMoveUnderTraffic(t *testing.T) {
 			must(t, m.UpsertMaster(dfe, reconciler.Master{ID: 1, Count: uint32(i)}))
 			allowed[b.addr.Addr.String()] = true
 			newFlows(t, d, v6, fe, &sport, 8, allowed, fmt.Sprintf("master of %d", i))
-			bases[tbl.ranges[dfe].r.base] = true
+			bases[tbl.at(dfe).r.base] = true
 		}
 		if len(bases) < 5 {
 			t.Errorf("the frontend's range moved %d times, want 5 or more: %v", len(bases)-1, bases)
@@ -117,7 +117,7 @@ func TestSlotsSurviveRestart(t *testing.T) {
 	bases := func(m *Maps) map[reconciler.Frontend]slotRange {
 		out := map[reconciler.Frontend]slotRange{}
 		for _, tb := range []*slotTable{m.slots4, m.slots6} {
-			for fe, e := range tb.ranges {
+			for fe, e := range tb.entries() {
 				out[fe] = e.r
 			}
 		}
@@ -322,7 +322,7 @@ func BenchmarkFillSlots(b *testing.B) {
 			if err := tb.write(fe, 1, ids, none); err != nil {
 				b.Fatal(err)
 			}
-			values[i] = sockLb4Service{Count: per, RevNatId: uint32(i + 1), SlotsBase: tb.ranges[fe].r.base}
+			values[i] = sockLb4Service{Count: per, RevNatId: uint32(i + 1), SlotsBase: tb.at(fe).r.base}
 		}
 		for i := 0; i < frontends; i += batch {
 			j := min(i+batch, frontends)
