@@ -124,6 +124,15 @@ func TestStoredAsCreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, e := range events.Items {
+		// The template went through the API: its IPAddress is the
+		// apiserver's own allocation (checked above, as every one is), and
+		// the repair loop can hear of the Service before its informer has
+		// that IPAddress. Seen once, with two CI runs on the machine's 2
+		// cores: "Cluster IP [IPv4]: ... is not allocated; repairing".
+		if e.InvolvedObject.Name == svcName(0) && e.Reason == "ClusterIPNotAllocated" {
+			t.Logf("event %s on the template %s (the apiserver's own race): %s", e.Reason, e.InvolvedObject.Name, e.Message)
+			continue
+		}
 		t.Errorf("event %s on %s: %s", e.Reason, e.InvolvedObject.Name, e.Message)
 	}
 }
