@@ -195,12 +195,8 @@ func (m *Maps) UpsertServiceIPs(as []netip.Addr) (int, error) {
 // (BE_F_PRESENT cleared) in both families' arrays, as ids are one space
 // over both, in batches.
 func (m *Maps) DeleteBackends(ids []reconciler.BackendID) (int, error) {
-	err := clearTwin(m.beArrays(), ids, func(v *sockLb4Backend) { v.Flags &^= bePresent },
+	return clearTwin(m.beArrays(), ids, func(v *sockLb4Backend) { v.Flags &^= bePresent },
 		func(v *sockLb6Backend) { v.Flags &^= bePresent })
-	if err != nil {
-		return 0, err
-	}
-	return len(ids), nil
 }
 
 // clearIDs makes each of ids absent in the array m, in one batch: its
@@ -245,12 +241,8 @@ func clearIDs[V comparable, ID ~uint32](m *ebpf.Map, name string, ids []ID, abse
 // id's entry is made absent (RN_F_PRESENT cleared) in both families'
 // arrays, ids being one space over both.
 func (m *Maps) DeleteRevNats(ids []reconciler.ServiceID) (int, error) {
-	err := clearTwin(m.rnArrays(), ids, func(v *sockLb4RevNat) { v.Flags &^= rnPresent },
+	return clearTwin(m.rnArrays(), ids, func(v *sockLb4RevNat) { v.Flags &^= rnPresent },
 		func(v *sockLb6RevNat) { v.Flags &^= rnPresent })
-	if err != nil {
-		return 0, err
-	}
-	return len(ids), nil
 }
 
 var _ reconciler.BatchDatapath = (*Maps)(nil)

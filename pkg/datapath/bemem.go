@@ -310,17 +310,38 @@ func putMem[V4, V6 any](a idArrays, k uint32, v V4, addr netip.Addr, to6 func(V4
 	return a.t4.put(k, valueWords(&v)) == nil
 }
 
+// putOne writes one entry k -> v, of address addr's family, as memory
+// where the arrays a are mapped (putMem, releasing the window), else with
+// a system call (putSyscall); an error names the map.
+func putOne[V4, V6 any](a idArrays, k uint32, v V4, addr netip.Addr, to6 func(V4, netip.Addr) V6) error {
+	if a.mapped() {
+		ok := putMem(a, k, v, addr, to6)
+		a.release()
+		if ok {
+			return nil
+		}
+	}
+	if name, err := putSyscall(a, k, v, addr, to6); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
 // clearTwin makes each of ids absent in both families' arrays (ids are
 // one space over both; absent4 and absent6 clear a value's present flag):
 // as memory where they are mapped, else, and for the ids whose window
-// cannot be mapped, with system calls in batches (clearIDs).
-func clearTwin[ID ~uint32, V4, V6 comparable](a idArrays, ids []ID, absent4 func(*V4), absent6 func(*V6)) error {
+// cannot be mapped, with system calls in batches (clearIDs). It returns
+// what a BatchDatapath delete does: len(ids), or 0 and the error.
+func clearTwin[ID ~uint32, V4, V6 comparable](a idArrays, ids []ID, absent4 func(*V4), absent6 func(*V6)) (int, error) {
 	ids4, ids6 := ids, ids
 	if a.mapped() {
 		ids4, ids6 = clearAll(a.t4, ids), clearAll(a.t6, ids)
 	}
 	if err := clearIDs(a.m4, a.name4, ids4, absent4); err != nil {
-		return err
+		return 0, err
 	}
-	return clearIDs(a.m6, a.name6, ids6, absent6)
+	if err := clearIDs(a.m6, a.name6, ids6, absent6); err != nil {
+		return 0, err
+	}
+	return len(ids), nil
 }

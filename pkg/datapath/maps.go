@@ -205,14 +205,7 @@ func (m *Maps) UpsertBackend(id reconciler.BackendID, b model.L4Addr) error {
 	if err != nil {
 		return err
 	}
-	if m.beMapped() {
-		ok := m.putBackendMem(k, v, b.Addr)
-		m.releaseBeTables()
-		if ok {
-			return nil
-		}
-	}
-	if err := m.backendMaps().put(b.Addr, k, v); err != nil {
+	if err := putOne(m.beArrays(), k, v, b.Addr, lb6Backend); err != nil {
 		return fmt.Errorf("upsert backend %d (%s): %w", id, b, err)
 	}
 	return nil
@@ -250,14 +243,7 @@ func (m *Maps) UpsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend) err
 	if err != nil {
 		return err
 	}
-	if m.rnMapped() {
-		ok := m.putRevNatMem(k, v, fe.Addr)
-		m.releaseRevNatTables()
-		if ok {
-			return nil
-		}
-	}
-	if err := m.revNatMaps().put(fe.Addr, k, v); err != nil {
+	if err := putOne(m.rnArrays(), k, v, fe.Addr, lb6RevNat); err != nil {
 		return fmt.Errorf("upsert rev-nat %d (%s): %w", id, fe, err)
 	}
 	return nil

@@ -37,10 +37,6 @@ func (m *Maps) rnArrays() idArrays {
 	return idArrays{m.revNat, m.revNat6, mapRevNat, mapRevNat6, m.rn4, m.rn6}
 }
 
-// releaseRevNatTables unmaps the windows of the reverse-NAT arrays that
-// an operation mapped.
-func (m *Maps) releaseRevNatTables() { m.rnArrays().release() }
-
 func (m *Maps) closeRevNatTables() error {
 	err := errors.Join(m.rn4.close(), m.rn6.close())
 	m.rn4, m.rn6 = nil, nil
@@ -57,12 +53,6 @@ func (m *Maps) upsertRevNatsMem(es []reconciler.RevNatEntry) (int, error) {
 		k, v, err := revNatEntry(e.ID, e.Frontend)
 		return k, v, e.Frontend.Addr, err
 	}, lb6RevNat)
-}
-
-// putRevNatMem writes entry k -> v (of address a's family) into its mapped
-// array, and says whether it did (putMem).
-func (m *Maps) putRevNatMem(k uint32, v sockLb4RevNat, a netip.Addr) bool {
-	return putMem(m.rnArrays(), k, v, a, lb6RevNat)
 }
 
 // eachRevNatWhile calls f with the service id and frontend of every entry

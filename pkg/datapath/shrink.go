@@ -146,6 +146,21 @@ func countLargest(dir, unit string, names ...string) (int, string, error) {
 	return most, fmt.Sprintf("%d %s in %s", most, unit, which), nil
 }
 
+// presentIDs returns the present entries of the pinned array name
+// (presentEntry) and the largest id among them (0 for none).
+func presentIDs(dir, name string) (n int, maxID uint32, err error) {
+	err = withPinned(dir, name, func(m *ebpf.Map) error {
+		return eachArrayEntry(m, func(k uint32, v []byte) error {
+			if presentEntry(v) {
+				n++
+				maxID = max(maxID, k)
+			}
+			return nil
+		})
+	})
+	return n, maxID, err
+}
+
 // countServiceEntries returns the most service entries of one family,
 // as the reconciler counts them: each master and its count of slots.
 func countServiceEntries(dir string) (int, string, error) {
@@ -180,18 +195,11 @@ func countServiceEntries(dir string) (int, string, error) {
 func countServices(dir string) (int, string, error) {
 	sum, maxID := 0, uint32(0)
 	for _, name := range []string{mapRevNat, mapRevNat6} {
-		err := withPinned(dir, name, func(m *ebpf.Map) error {
-			return eachArrayEntry(m, func(k uint32, v []byte) error {
-				if presentEntry(v) {
-					sum++
-					maxID = max(maxID, k)
-				}
-				return nil
-			})
-		})
+		n, id, err := presentIDs(dir, name)
 		if err != nil {
 			return 0, "", err
 		}
+		sum, maxID = sum+n, max(maxID, id)
 	}
 	what := fmt.Sprintf("%d services of both families in %s and %s", sum, mapRevNat, mapRevNat6)
 	// A size of n keeps ids up to n + ServiceIDQuarantine (serviceSlots).
@@ -219,20 +227,11 @@ func countBackends(dir string) (int, string, error) {
 	need, maxID := 0, uint32(0)
 	var what []string
 	for _, name := range []string{mapBackends, mapBackends6} {
-		n := 0
-		err := withPinned(dir, name, func(m *ebpf.Map) error {
-			return eachArrayEntry(m, func(k uint32, v []byte) error {
-				if presentEntry(v) {
-					n++
-					maxID = max(maxID, k)
-				}
-				return nil
-			})
-		})
+		n, id, err := presentIDs(dir, name)
 		if err != nil {
 			return 0, "", err
 		}
-		need = max(need, n)
+		need, maxID = max(need, n), max(maxID, id)
 		if n > 0 {
 			what = append(what, fmt.Sprintf("%d backends in %s", n, name))
 		}

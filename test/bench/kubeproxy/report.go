@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/test/bench/harness"
+	"github.com/sluice-lb/sluice/test/bench/load"
 )
 
 // result is everything a run measured; it is written as
@@ -130,7 +131,7 @@ func (pt *point) finish(modes []string) {
 		}
 		s.RSSSampledMaxMiB, s.SteadyRSSMaxMiB, s.SteadyHWMMiB = testutil.SpreadOf(sampledMax), testutil.SpreadOf(steadyMax), testutil.SpreadOf(steadyHWM)
 		s.FirstSyncS, s.LatencyS, s.Changes = testutil.SpreadOf(first), testutil.SpreadOf(lat), len(lat)
-		s.LatencyP90 = percentile(lat, 0.9)
+		s.LatencyP90 = load.Percentile(slices.Sorted(slices.Values(lat)), 0.9)
 		s.RSSEndMiB, s.RSSPeakMiB = testutil.SpreadOf(rssEnd), testutil.SpreadOf(rssPeak)
 		s.CPUSyncS, s.CPUEndS = testutil.SpreadOf(cpuSync), testutil.SpreadOf(cpuEnd)
 		s.CPUNetEndS, s.ScrapeMs = testutil.SpreadOf(cpuNet), testutil.SpreadOf(scrape)
@@ -173,17 +174,6 @@ func appendRatio(v []float64, a, b float64) []float64 {
 		v = append(v, a/b)
 	}
 	return v
-}
-
-// percentile is the q-quantile of v (nearest rank), 0 for none.
-func percentile(v []float64, q float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	i := int(q*float64(len(s))+0.5) - 1
-	return s[max(0, min(i, len(s)-1))]
 }
 
 // writeReport writes kubeproxy-<stamp>.json and .md, and the plots, into

@@ -8,6 +8,7 @@
 package load
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -187,10 +188,12 @@ func RunClient(cfg ClientConfig) (ClientResult, error) {
 	return res, nil
 }
 
-// Percentile returns the p-quantile (nearest rank) of sorted durations.
-func Percentile(sorted []time.Duration, p float64) time.Duration {
+// Percentile returns the p-quantile (nearest rank) of sorted values, the
+// zero value for none.
+func Percentile[T cmp.Ordered](sorted []T, p float64) T {
 	if len(sorted) == 0 {
-		return 0
+		var zero T
+		return zero
 	}
 	i := int(p*float64(len(sorted))+0.5) - 1
 	i = max(0, min(i, len(sorted)-1))
