@@ -150,14 +150,11 @@ func backendSlots(cfg Config) int {
 }
 
 // serviceSlots is the number of entries of each family's reverse-NAT
-// array for cfg: every service id the reconciler may hand out. Ids are one
-// space over both families, MaxServices of them in use at most (services
-// are counted over both families together, capacity.go); the allocator
-// keeps them dense, at most its quarantine above the number in use; and
-// id 0 is never used. The per-Service counters are indexed alike
+// array for cfg: every service id the reconciler may hand out
+// (reconciler.ServiceIDSlots). The per-Service counters are indexed alike
 // (svcStatsSize).
 func serviceSlots(cfg Config) int {
-	return cfg.MaxServices + reconciler.ServiceIDQuarantine + 1
+	return reconciler.ServiceIDSlots(cfg.MaxServices)
 }
 
 // backendPresent says whether a backend entry of m, with flags, is a

@@ -98,6 +98,17 @@ func BackendIDSlots(maxBackends int) int {
 	return 2*maxBackends + BackendIDQuarantine + 1
 }
 
+// ServiceIDSlots bounds the service ids the reconciler hands out when
+// maxServices services fit (Datapath.Capacity): ids are below it. The
+// datapath's rev_nat maps and per-Service counters are arrays indexed by
+// the id, of this many entries. Ids are one space over both families,
+// maxServices of them in use at most (capacity.go counts services over
+// both families together); the allocator keeps them dense, at most its
+// quarantine above the number in use; and id 0 is never used.
+func ServiceIDSlots(maxServices int) int {
+	return maxServices + ServiceIDQuarantine + 1
+}
+
 // Stats says how much is programmed, and how much fits. The counts are
 // of both address families; the ones ending in 6 say how many of them are
 // IPv6. The capacities are per family (each family's maps are that

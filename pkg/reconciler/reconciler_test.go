@@ -511,18 +511,20 @@ service_ips:
 // for its address, and new ids come after the highest restored one (the
 // allocators skip holes that large).
 func TestRestoreFarIDs(t *testing.T) {
-	f := newFake(t)
+	// Far, but within the arrays the datapath indexes by id (and the
+	// fake refuses ids beyond): services and backends sized 1<<20.
+	f := newFakeSized(t, 1<<20, 1<<20, 1<<20)
 	a, b := vip(1), vip(2)
 	ba, bb := be(1, 1, model.TCP).L4Addr, be(2, 1, model.TCP).L4Addr
 	fa, f3 := reconciler.DefaultScope(a), reconciler.DefaultScope(vip(3))
-	const sid, bid = 1 << 31, 1 << 30
+	const sid, bid = 1 << 19, 1 << 20
 	f.Seed(&reconciler.KernelState{
 		Masters: map[reconciler.Frontend]reconciler.Master{fa: {ID: sid, Count: 1}},
 		Slots: map[reconciler.Frontend]map[uint32]reconciler.BackendID{
 			fa: {1: bid},
 			f3: {1: bid + 7}, // a stray slot naming a backend the map does not hold
 		},
-		Backends: map[reconciler.BackendID]model.L4Addr{bid: ba, 3 << 28: bb}, // the second named by no slot
+		Backends: map[reconciler.BackendID]model.L4Addr{bid: ba, 3 << 18: bb}, // the second named by no slot
 		RevNat:   map[reconciler.ServiceID]reconciler.Frontend{sid: fa},
 	})
 	r := reconciler.New(f, nil)
@@ -532,16 +534,16 @@ func TestRestoreFarIDs(t *testing.T) {
 	st := state(svc(a, "a", be(1, 1, model.TCP)), svc(b, "b", be(2, 1, model.TCP)))
 	mustApply(t, r, st)
 	want := `services:
-  10.96.0.1:80/TCP [0] id=2147483648 count=1 flags=0x0
-  10.96.0.1:80/TCP [1] backend=1073741824 10.1.1.1:8080/TCP
-  10.96.0.2:80/TCP [0] id=2147483649 count=1 flags=0x0
-  10.96.0.2:80/TCP [1] backend=805306368 10.1.2.1:8080/TCP
+  10.96.0.1:80/TCP [0] id=524288 count=1 flags=0x0
+  10.96.0.1:80/TCP [1] backend=1048576 10.1.1.1:8080/TCP
+  10.96.0.2:80/TCP [0] id=524289 count=1 flags=0x0
+  10.96.0.2:80/TCP [1] backend=786432 10.1.2.1:8080/TCP
 backends:
-  805306368 10.1.2.1:8080/TCP
-  1073741824 10.1.1.1:8080/TCP
+  786432 10.1.2.1:8080/TCP
+  1048576 10.1.1.1:8080/TCP
 rev_nat:
-  2147483648 10.96.0.1:80/TCP
-  2147483649 10.96.0.2:80/TCP
+  524288 10.96.0.1:80/TCP
+  524289 10.96.0.2:80/TCP
 service_ips:
   10.96.0.1
   10.96.0.2

@@ -278,6 +278,12 @@ func (f *Fake) upsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend, bat
 		if id == 0 {
 			f.violate(op, "service id 0")
 		}
+		// The rev_nat maps are arrays indexed by the id, of
+		// ServiceIDSlots entries: an id beyond cannot be written.
+		if slots := reconciler.ServiceIDSlots(f.maxServices); int64(id) >= int64(slots) {
+			f.violate(op, "service id %d beyond the %d entries of the rev_nat arrays", id, slots)
+			return fmt.Errorf("service id %d: beyond the %d entries of the rev_nat array", id, slots)
+		}
 		return putCounted(f.revNat, &f.nrevNat, f.maxServices, "rev_nat", id, fe, addrOfFrontend)
 	})
 }

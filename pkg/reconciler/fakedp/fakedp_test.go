@@ -194,6 +194,23 @@ func TestFakeBackendIDBound(t *testing.T) {
 	}
 }
 
+// TestFakeServiceIDBound: the rev_nat maps are arrays indexed by the
+// service id, of ServiceIDSlots entries: the fake refuses a write beyond,
+// as the kernel does, and records it, as the reconciler must never hand
+// such an id out.
+func TestFakeServiceIDBound(t *testing.T) {
+	f := New(1, 1, 1)
+	fe := reconciler.DefaultScope(modeltest.L4("10.96.0.1", 80, model.TCP))
+	last := reconciler.ServiceID(reconciler.ServiceIDSlots(1) - 1)
+	mustWriteClean(t, f, f.UpsertRevNat(last, fe))
+	if err := f.UpsertRevNat(last+1, fe); err == nil {
+		t.Fatalf("service id %d written, beyond the %d entries", last+1, last+1)
+	}
+	if v := f.Violations(); len(v) != 1 || !strings.Contains(v[0], "beyond the") {
+		t.Errorf("violations %q, want the id beyond the arrays", v)
+	}
+}
+
 // mustWriteClean fails t unless every write in errs succeeded and left f
 // with neither a violation nor a leftover.
 func mustWriteClean(t *testing.T, f *Fake, errs ...error) {
