@@ -7,7 +7,8 @@
 // the privileged check (Privileged), a pin directory on bpffs (PinDir),
 // polling until a condition holds (Eventually, EventuallyTrue), requests
 // kept up in the background across an agent restart (Traffic), a run
-// loop kept going until the test ends (RunUntilCleanup), a buffer
+// loop kept going until the test ends (RunUntilCleanup), an agent
+// datapath with no programs to attach (NoPrograms), a buffer
 // that concurrent writers share (Buffer), a median and its spread (Median,
 // SpreadOf), the process's CPU time (CPUTime), a /metrics scrape (Scrape,
 // Samples), the module's root directory (ModuleRoot) and the decisions a
