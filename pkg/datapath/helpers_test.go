@@ -525,3 +525,16 @@ func putRevNat(t testing.TB, m *Maps, id reconciler.ServiceID, fe reconciler.Fro
 		t.Fatalf("rev_nat %d -> %s: %v", id, fe, err)
 	}
 }
+
+// mustDump is what m's maps hold (Maps.Dump, Pinned.Dump), the test
+// ended where they cannot be read.
+func mustDump(t testing.TB, m interface {
+	Dump() (*reconciler.KernelState, error)
+}) *reconciler.KernelState {
+	t.Helper()
+	ks, err := m.Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ks
+}

@@ -75,10 +75,7 @@ func TestPreallocateMapsSwitchKeepsServices(t *testing.T) {
 	applyServices(t, d,
 		clusterIP(vip4, l4("10.2.7.1", 8080, model.TCP), l4("10.2.7.2", 8080, model.TCP)),
 		clusterIP(vip6, l4("fd00:2::7", 8080, model.TCP)))
-	want, err := d.Maps().Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := mustDump(t, d.Maps())
 	if len(want.Masters) != 2 || len(want.RevNat) != 2 || len(want.ServiceIPs) != 2 {
 		t.Fatalf("seeded state %+v: want 2 masters, rev-NAT entries and service IPs", want)
 	}

@@ -117,10 +117,7 @@ func TestServiceStatsTC(t *testing.T) {
 // tcpIDOf returns the service id of fe's default scope.
 func tcpIDOf(t *testing.T, d *Datapath, fe model.L4Addr) uint32 {
 	t.Helper()
-	ks, err := d.Maps().Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ks := mustDump(t, d.Maps())
 	m, ok := ks.Masters[reconciler.DefaultScope(fe)]
 	if !ok {
 		t.Fatalf("no master for %s", fe)

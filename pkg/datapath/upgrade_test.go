@@ -428,10 +428,7 @@ func TestOpenMigratesBackendsV1(t *testing.T) {
 		if err := d.Maps().UpsertBackend(other.id, other.addr); err != nil {
 			t.Fatal(err)
 		}
-		want, err := d.Maps().Dump()
-		if err != nil {
-			t.Fatal(err)
-		}
+		want := mustDump(t, d.Maps())
 		verdict, out := runProg(t, d.TCIngress(), syn.Bytes())
 		var chosen testBackend
 		for _, b := range bes {
@@ -539,8 +536,7 @@ func TestOpenMigratesRevNatV1(t *testing.T) {
 		top := reconciler.ServiceID(serviceSlots(cfg.withDefaults()) - 1)
 		must(t, d.Maps().UpsertRevNat(top, reconciler.Frontend{L4Addr: twinL4(!v6, l4("10.96.3.3", 53, model.UDP)),
 			Scope: reconciler.ScopeInternal}))
-		want, err := d.Maps().Dump()
-		must(t, err)
+		want := mustDump(t, d.Maps())
 		d.Close()
 
 		// Its reverse-NAT maps, as v1 had them.
