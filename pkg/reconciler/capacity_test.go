@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
 )
 
 // famFrontend returns frontend i of a family: 10.96.0.i:80/TCP, or
@@ -100,12 +102,8 @@ func TestCapacityServicesBothFamilies(t *testing.T) {
 	r := reconciler.New(f, nil)
 	a, b, c := famService(false, 1, 1), famService(true, 2, 1), famService(true, 3, 1)
 	mustApply(t, r, state(a, b))
-	errs := frontendErrors(t, r.Apply(state(a, b, c)))
-	if err := errs[c.Frontend]; len(errs) != 1 || !errors.Is(err, reconciler.ErrCapacity) ||
-		!strings.Contains(err.Error(), "services, of both families: 2 in use of 2") {
-		t.Errorf("errors %v, want one for %s saying 2 services of both families are in use of 2", errs, c.Frontend)
-	}
-	checkProgrammed(t, f, state(a, b))
+	checkRefused(t, f, r, []*model.Service{a, b}, c, "services, of both families: 2 in use of 2",
+		"saying 2 services of both families are in use of 2")
 }
 
 // TestCapacitySourceRangesPerFamily: each family's source ranges have
@@ -123,12 +121,22 @@ func TestCapacitySourceRangesPerFamily(t *testing.T) {
 	mustApply(t, r, state(a))
 	mustApply(t, r, state(a, b))
 	c := withRange(famService(true, 3, 1), "2001:db8:3::/48")
-	errs := frontendErrors(t, r.Apply(state(a, b, c)))
-	if err := errs[c.Frontend]; len(errs) != 1 || !errors.Is(err, reconciler.ErrCapacity) ||
-		!strings.Contains(err.Error(), "1 new IPv6 source ranges: 1 in use of 1 in sluice6_src_ranges") {
-		t.Errorf("errors %v, want one for %s naming the full sluice6_src_ranges", errs, c.Frontend)
+	checkRefused(t, f, r, []*model.Service{a, b}, c, "1 new IPv6 source ranges: 1 in use of 1 in sluice6_src_ranges",
+		"naming the full sluice6_src_ranges")
+}
+
+// checkRefused applies the Services programmed and over, which does not
+// fit: the Apply fails for over alone, with a capacity error containing
+// want (what says how, for the failure's message), and f holds the
+// Services programmed, as they were.
+func checkRefused(t *testing.T, f *fakedp.Fake, r *reconciler.Reconciler, programmed []*model.Service, over *model.Service, want, what string) {
+	t.Helper()
+	errs := frontendErrors(t, r.Apply(state(append(slices.Clone(programmed), over)...)))
+	if err := errs[over.Frontend]; len(errs) != 1 || !errors.Is(err, reconciler.ErrCapacity) ||
+		!strings.Contains(err.Error(), want) {
+		t.Errorf("errors %v, want one for %s %s", errs, over.Frontend, what)
 	}
-	checkProgrammed(t, f, state(a, b))
+	checkProgrammed(t, f, state(programmed...))
 }
 
 // TestCapacityErrorSameEveryApply: a frontend that does not fit is
