@@ -4,13 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 	"testing"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
-	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
 )
 
 // famFrontend returns frontend i of a family: 10.96.0.i:80/TCP, or
@@ -123,20 +121,6 @@ func TestCapacitySourceRangesPerFamily(t *testing.T) {
 	c := withRange(famService(true, 3, 1), "2001:db8:3::/48")
 	checkRefused(t, f, r, []*model.Service{a, b}, c, "1 new IPv6 source ranges: 1 in use of 1 in sluice6_src_ranges",
 		"naming the full sluice6_src_ranges")
-}
-
-// checkRefused applies the Services programmed and over, which does not
-// fit: the Apply fails for over alone, with a capacity error containing
-// want (what says how, for the failure's message), and f holds the
-// Services programmed, as they were.
-func checkRefused(t *testing.T, f *fakedp.Fake, r *reconciler.Reconciler, programmed []*model.Service, over *model.Service, want, what string) {
-	t.Helper()
-	errs := frontendErrors(t, r.Apply(state(append(slices.Clone(programmed), over)...)))
-	if err := errs[over.Frontend]; len(errs) != 1 || !errors.Is(err, reconciler.ErrCapacity) ||
-		!strings.Contains(err.Error(), want) {
-		t.Errorf("errors %v, want one for %s %s", errs, over.Frontend, what)
-	}
-	checkProgrammed(t, f, state(programmed...))
 }
 
 // TestCapacityErrorSameEveryApply: a frontend that does not fit is
