@@ -55,7 +55,7 @@ func (b batches) upsert(dp reconciler.Datapath) ([]int, error) {
 func TestBatchWritesAsSingle(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		testutil.Privileged(t)
-		tw := func(s string) string { return twinAddr(v6, s) }
+		tw := twinOf(v6)
 		m := openTest(t, smallConfig(testPinDir(t))).Maps()
 		f := fakedp.New(256, 1024, 4096)
 		fe := reconciler.DefaultScope(l4(tw("10.96.0.1"), 80, model.TCP))
@@ -177,7 +177,7 @@ func TestBatchStopsWhenFull(t *testing.T) {
 func TestSlotBatchKeysEachFrontend(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		testutil.Privileged(t)
-		tw := func(s string) string { return twinAddr(v6, s) }
+		tw := twinOf(v6)
 		m := openTest(t, smallConfig(testPinDir(t))).Maps()
 		a := reconciler.DefaultScope(l4(tw("10.96.0.1"), 80, model.TCP))
 		b := reconciler.Frontend{L4Addr: a.L4Addr, Scope: reconciler.ScopeInternal}

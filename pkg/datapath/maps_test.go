@@ -22,7 +22,7 @@ import (
 // services --raw shows them.
 func TestMapsDumpRoundTrip(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := func(s string) string { return twinAddr(v6, s) }
+		a := twinOf(v6)
 		d, bpffs := newTestDatapathAt(t)
 		m := d.Maps()
 		fe := l4(a("10.96.1.1"), 443, model.TCP)

@@ -106,7 +106,7 @@ func TestSourceRangesRoundTrip(t *testing.T) {
 // programmed. Over IPv6, sluice6_src_ranges, of the same size.
 func TestSourceRangesSizedByConfig(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		tw := func(s string) string { return twinAddr(v6, s) }
+		tw := twinOf(v6)
 		d := openTestWith(t, smallConfig, func(cfg *Config) {
 			cfg.MaxSourceRanges = 3
 		})

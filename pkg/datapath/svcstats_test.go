@@ -29,7 +29,7 @@ func statsOf(t *testing.T, stats []ServiceStats, fe model.L4Addr) ServiceStats {
 
 func TestServiceStatsTC(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := func(s string) string { return twinAddr(v6, s) }
+		a := twinOf(v6)
 		vipTCP, vipUDP, vipEmpty := twinL4(v6, vipTCP), twinL4(v6, vipUDP), twinL4(v6, vipEmpty)
 		beTCP, beUDP := twinL4(v6, beTCP.addr), twinL4(v6, beUDP.addr)
 		testutil.Privileged(t)
@@ -129,7 +129,7 @@ func tcpIDOf(t *testing.T, d *Datapath, fe model.L4Addr) uint32 {
 // nothing (the verifier pruned the counting) and the array has one entry.
 func TestServiceStatsOff(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := func(s string) string { return twinAddr(v6, s) }
+		a := twinOf(v6)
 		vipTCP, vipEmpty, beTCP := twinL4(v6, vipTCP), twinL4(v6, vipEmpty), twinL4(v6, beTCP.addr)
 		d := newTestDatapath(t)
 		if n := d.maps.svcStats.MaxEntries(); n != 1 {
@@ -163,7 +163,7 @@ func TestServiceStatsOff(t *testing.T) {
 // without it resizes the array (migrate.go) and counting starts.
 func TestServiceStatsResize(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := func(s string) string { return twinAddr(v6, s) }
+		a := twinOf(v6)
 		vipTCP, beTCP := twinL4(v6, vipTCP), twinL4(v6, beTCP.addr)
 		testutil.Privileged(t)
 		dir := testPinDir(t)
