@@ -46,10 +46,7 @@ func TestConntrackTimeoutsReachTheProgram(t *testing.T) {
 // as the kernel holds it.
 func loadedRodata(t *testing.T, prog *ebpf.Program) []byte {
 	t.Helper()
-	info, err := prog.Info()
-	if err != nil {
-		t.Fatal(err)
-	}
+	info := progInfo(t, prog)
 	ids, ok := info.MapIDs()
 	if !ok {
 		t.Skip("kernel does not report a program's maps")

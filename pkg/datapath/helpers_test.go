@@ -538,3 +538,14 @@ func mustDump(t testing.TB, m interface {
 	}
 	return ks
 }
+
+// progInfo is what the kernel reports of a loaded program, the test
+// ended where it cannot say.
+func progInfo(t testing.TB, p *ebpf.Program) *ebpf.ProgramInfo {
+	t.Helper()
+	info, err := p.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}

@@ -138,10 +138,7 @@ func TestSockLBWithoutSetRetval(t *testing.T) {
 				hook string
 				prog *ebpf.Program
 			}{{"connect4", d.sock.Connect4}, {"connect6", d.sock.Connect6}} {
-				info, err := p.prog.Info()
-				if err != nil {
-					t.Fatal(err)
-				}
+				info := progInfo(t, p.prog)
 				variant := "sluice_" + p.hook
 				if !tc.setRetval {
 					variant = "sluice_eperm_" + p.hook

@@ -263,10 +263,7 @@ func TestServiceStatsLoadsWithEveryOption(t *testing.T) {
 		xlated[on] = map[string]int{}
 		for name, p := range map[string]*ebpf.Program{"tc ingress": d.TCIngress(), "xdp": d.XDP(), "connect4": d.sock.Connect4,
 			"tc ingress (IPv6)": d.tc.Sluice6Ingress, "xdp (IPv6)": d.xdp.Sluice6Xdp, "connect6": d.sock.Connect6} {
-			info, err := p.Info()
-			if err != nil {
-				t.Fatal(err)
-			}
+			info := progInfo(t, p)
 			insns, err := info.Instructions()
 			if err != nil {
 				t.Fatal(err)
