@@ -75,10 +75,7 @@ func loadedRodata(t *testing.T, prog *ebpf.Program) []byte {
 // rodataOffset returns where variable name lives in .rodata.
 func rodataOffset(t *testing.T, name string) int {
 	t.Helper()
-	spec, err := loadTc()
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec := specOf(t, loadTc)
 	v := spec.Variables[name]
 	if v == nil || v.SectionName != ".rodata" || v.Size() != 8 {
 		t.Fatalf("%s: not a 64-bit constant in .rodata (%v)", name, v)

@@ -549,3 +549,14 @@ func progInfo(t testing.TB, p *ebpf.Program) *ebpf.ProgramInfo {
 	}
 	return info
 }
+
+// specOf is the collection spec a bpf2go loader (loadTc, loadSock,
+// loadXdp) returns, the test ended where it cannot.
+func specOf(t testing.TB, load func() (*ebpf.CollectionSpec, error)) *ebpf.CollectionSpec {
+	t.Helper()
+	spec, err := load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec
+}

@@ -130,10 +130,7 @@ func TestSockLBWithoutSetRetval(t *testing.T) {
 			}
 			// The loaded connect4 (connect6) is the variant whose code
 			// calls the helper, or its twin whose code does not.
-			spec, err := loadSock()
-			if err != nil {
-				t.Fatal(err)
-			}
+			spec := specOf(t, loadSock)
 			for _, p := range []struct {
 				hook string
 				prog *ebpf.Program

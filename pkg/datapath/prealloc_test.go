@@ -20,10 +20,7 @@ import (
 // objects' BPF_F_NO_PREALLOC (bpf/lib/maps.h), and the maps it switches
 // are hashes there, not LRUs or tries (always or never preallocated).
 func TestServiceMapsAreNotPreallocatedInC(t *testing.T) {
-	spec, err := loadTc()
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec := specOf(t, loadTc)
 	for _, name := range preallocatedMaps {
 		ms := spec.Maps[name]
 		if ms == nil || ms.Type != ebpf.Hash || ms.Flags&unix.BPF_F_NO_PREALLOC == 0 {
@@ -157,10 +154,7 @@ func TestPreallocatedMapsMemory(t *testing.T) {
 func BenchmarkCreateServiceMaps(b *testing.B) {
 	testutil.Privileged(b)
 	for _, prealloc := range []bool{false, true} {
-		spec, err := loadTc()
-		if err != nil {
-			b.Fatal(err)
-		}
+		spec := specOf(b, loadTc)
 		n := 30000
 		cfg := Config{MaxServices: n + n/4, MaxBackends: 11*n + 64, MaxServiceEntries: 12 * n, PreallocateMaps: prealloc}
 		if err := configure(spec, cfg.withDefaults()); err != nil {
@@ -201,10 +195,7 @@ func BenchmarkFillServicesMap(b *testing.B) {
 	}
 	values := make([]sockLb4Service, len(keys))
 	for _, prealloc := range []bool{false, true} {
-		spec, err := loadTc()
-		if err != nil {
-			b.Fatal(err)
-		}
+		spec := specOf(b, loadTc)
 		cfg := Config{MaxServiceEntries: 12 * frontends, PreallocateMaps: prealloc}
 		if err := configure(spec, cfg.withDefaults()); err != nil {
 			b.Fatal(err)

@@ -161,8 +161,7 @@ func TestSlotsSurviveRestart(t *testing.T) {
 // the previous release pinned them; it returns them.
 func pinServicesV1(t *testing.T, dir string) (v4, v6 *ebpf.Map) {
 	t.Helper()
-	spec, err := loadTc()
-	must(t, err)
+	spec := specOf(t, loadTc)
 	for _, name := range []string{mapServices, mapServices6, mapSlots, mapSlots6} {
 		must(t, os.Remove(filepath.Join(dir, name)))
 	}
@@ -285,10 +284,7 @@ func BenchmarkFillSlots(b *testing.B) {
 	for j := range ids {
 		ids[j] = reconciler.BackendID(j + 1)
 	}
-	spec, err := loadTc()
-	if err != nil {
-		b.Fatal(err)
-	}
+	spec := specOf(b, loadTc)
 	cfg := Config{MaxServiceEntries: 12 * frontends}
 	if err := configure(spec, cfg.withDefaults()); err != nil {
 		b.Fatal(err)

@@ -33,10 +33,7 @@ const release0MetricReasons = 20
 // release-0 name.
 func pinRelease0(t *testing.T, bpffs string) map[string]*ebpf.Map {
 	t.Helper()
-	spec, err := loadSock()
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec := specOf(t, loadSock)
 	dir := filepath.Join(bpffs, "sluice")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
@@ -443,10 +440,7 @@ func TestOpenMigratesBackendsV1(t *testing.T) {
 
 		// Its backends maps, as v1 had them: hashes, entries without
 		// flags.
-		spec, err := loadSock()
-		if err != nil {
-			t.Fatal(err)
-		}
+		spec := specOf(t, loadSock)
 		for _, x := range []struct{ v1, v2 string }{{"sluice_backends_v1", mapBackends}, {"sluice6_backends_v1", mapBackends6}} {
 			cur, err := ebpf.LoadPinnedMap(filepath.Join(dir, x.v2), nil)
 			if err != nil {
@@ -540,8 +534,7 @@ func TestOpenMigratesRevNatV1(t *testing.T) {
 		d.Close()
 
 		// Its reverse-NAT maps, as v1 had them.
-		spec, err := loadSock()
-		must(t, err)
+		spec := specOf(t, loadSock)
 		for _, x := range []struct{ v1, v2 string }{{"sluice_rev_nat_v1", mapRevNat}, {"sluice6_rev_nat_v1", mapRevNat6}} {
 			cur, err := ebpf.LoadPinnedMap(filepath.Join(dir, x.v2), nil)
 			must(t, err)
