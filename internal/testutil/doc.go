@@ -6,13 +6,14 @@
 // The root package holds the small helpers every kind of test reaches for:
 // the privileged check (Privileged), a pin directory on bpffs (PinDir),
 // polling until a condition holds (Eventually, EventuallyTrue), requests
-// kept up in the background across an agent restart (Traffic), a run
-// loop kept going until the test ends (RunUntilCleanup), a buffer
-// that concurrent writers share (Buffer), a median and its spread (Median,
-// SpreadOf), the process's CPU time (CPUTime), a /metrics scrape (Scrape,
-// Samples), the module's root directory (ModuleRoot) and the decisions a
-// fuzz target takes from the fuzzer's bytes (Choices). The subpackages
-// are the larger pieces:
+// kept up in the background across an agent restart (Traffic), a run loop
+// kept going until the test ends (RunUntilCleanup), an agent datapath with
+// no programs to attach (NoPrograms), a buffer that concurrent writers
+// share (Buffer), a median and its spread (Median, SpreadOf), a scale
+// benchmark's sizes (ScaleSizes), the process's CPU time (CPUTime), a
+// /metrics scrape (Scrape, Samples), the module's root directory
+// (ModuleRoot) and the decisions a fuzz target takes from the fuzzer's
+// bytes (Choices). The subpackages are the larger pieces:
 //
 //   - topology: network namespaces, veths, cgroups, servers and processes
 //     in them, for the end-to-end tests, the demo and the benchmarks;

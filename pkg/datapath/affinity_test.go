@@ -251,10 +251,7 @@ func TestTCAffinityBackendLeaves(t *testing.T) {
 		clientAddr := a.client
 		a.apply(affinityService(affVIP, time.Hour, affBEs...))
 		m := a.d.Maps()
-		ks, err := m.Dump()
-		if err != nil {
-			t.Fatal(err)
-		}
+		ks := mustDump(t, m)
 		slotOf := map[model.L4Addr]uint32{}
 		for s, id := range ks.Slots[reconciler.DefaultScope(affVIP)] {
 			slotOf[ks.Backends[id]] = s

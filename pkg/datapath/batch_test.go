@@ -55,7 +55,7 @@ func (b batches) upsert(dp reconciler.Datapath) ([]int, error) {
 func TestBatchWritesAsSingle(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		testutil.Privileged(t)
-		tw := func(s string) string { return twinAddr(v6, s) }
+		tw := twinOf(v6)
 		m := openTest(t, smallConfig(testPinDir(t))).Maps()
 		f := fakedp.New(256, 1024, 4096)
 		fe := reconciler.DefaultScope(l4(tw("10.96.0.1"), 80, model.TCP))
@@ -105,10 +105,7 @@ func TestBatchWritesAsSingle(t *testing.T) {
 		if n, err := m.DeleteBackends([]reconciler.BackendID{9, 2}); n != 2 || err != nil {
 			t.Fatalf("DeleteBackends = %d, %v", n, err)
 		}
-		ks, err := m.Dump()
-		if err != nil {
-			t.Fatal(err)
-		}
+		ks := mustDump(t, m)
 		if want := map[reconciler.BackendID]model.L4Addr{1: b.bes[0].Addr}; !reflect.DeepEqual(ks.Backends, want) {
 			t.Errorf("backends = %v, want %v", ks.Backends, want)
 		}
@@ -180,7 +177,7 @@ func TestBatchStopsWhenFull(t *testing.T) {
 func TestSlotBatchKeysEachFrontend(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		testutil.Privileged(t)
-		tw := func(s string) string { return twinAddr(v6, s) }
+		tw := twinOf(v6)
 		m := openTest(t, smallConfig(testPinDir(t))).Maps()
 		a := reconciler.DefaultScope(l4(tw("10.96.0.1"), 80, model.TCP))
 		b := reconciler.Frontend{L4Addr: a.L4Addr, Scope: reconciler.ScopeInternal}
@@ -198,10 +195,7 @@ func TestSlotBatchKeysEachFrontend(t *testing.T) {
 		if n != 5 || err == nil || !strings.Contains(err.Error(), "slot 0") {
 			t.Fatalf("UpsertSlots = %d, %v; want 5 and the error of slot 0", n, err)
 		}
-		ks, err := m.Dump()
-		if err != nil {
-			t.Fatal(err)
-		}
+		ks := mustDump(t, m)
 		want := map[reconciler.Frontend]map[uint32]reconciler.BackendID{a: {1: 1, 2: 1, 3: 1}, b: {1: 1}, c: {7: 1}}
 		if !reflect.DeepEqual(ks.Slots, want) {
 			t.Errorf("slots = %v, want %v", ks.Slots, want)
@@ -266,10 +260,8 @@ func TestSlotRunsAsSingleSlots(t *testing.T) {
 		// The slots of each family, as the maps hold them (slots
 		// moved to an array: their ranges may differ, not what they
 		// hold).
-		gotKS, err := batched.Dump()
-		must(t, err)
-		wantKS, err := single.Dump()
-		must(t, err)
+		gotKS := mustDump(t, batched)
+		wantKS := mustDump(t, single)
 		for _, v6 := range []bool{false, true} {
 			got, want := map[reconciler.Frontend]map[uint32]reconciler.BackendID{}, map[reconciler.Frontend]map[uint32]reconciler.BackendID{}
 			for fe, s := range gotKS.Slots {

@@ -169,8 +169,7 @@ func TestBackendsWrittenAsMemory(t *testing.T) {
 		if got != b1.addr.Addr || port != be16(8080) || flags != 0 {
 			t.Errorf("deleted entry: %s port %d flags %d; want %s, %d kept, flags 0", got, portFromBE16(port), flags, b1.addr.Addr, 8080)
 		}
-		ks, err := m.Dump()
-		must(t, err)
+		ks := mustDump(t, m)
 		if _, ok := ks.Backends[b1.id]; ok || len(ks.Backends) != 1 {
 			t.Errorf("after the delete Dump has backends %v, want %d only", ks.Backends, b2.id)
 		}

@@ -159,6 +159,12 @@ func twinAddr(v6 bool, a string) string {
 	return netip.MustParseAddr(fmt.Sprintf("2001:db8:%x:%x:%x::%x", b[0], b[1], b[2], b[3])).String()
 }
 
+// twinOf is twinAddr over one family: v6's twin of each IPv4 test
+// address.
+func twinOf(v6 bool) func(string) string {
+	return func(s string) string { return twinAddr(v6, s) }
+}
+
 // twinL4 is twinAddr of a frontend or backend.
 func twinL4(v6 bool, a model.L4Addr) model.L4Addr {
 	a.Addr = addr(twinAddr(v6, a.Addr.String()))
@@ -249,7 +255,7 @@ func onCPUs(t *testing.T, cpus []int, fn func(cpu int)) {
 // may be re-balanced.
 func TestCTConcurrentRefresh(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		a, vip := twinOf(v6), twinL4(v6, vipTCP)
 		d := newTestDatapath(t)
 		bes := []testBackend{{41, l4(a("10.1.4.1"), 8080, model.TCP)}, {42, l4(a("10.1.4.2"), 8080, model.TCP)}}
 		addService(t, d.Maps(), 1, vip, bes...)
@@ -295,7 +301,7 @@ func TestCTConcurrentRefresh(t *testing.T) {
 // entry then still lives as long as the forward entry, less a second.
 func TestCTReverseCheckedWhenDue(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		a, vip := twinOf(v6), twinL4(v6, vipTCP)
 		d := newTestDatapath(t)
 		m := d.Maps()
 		bes := []testBackend{{47, l4(a("10.1.4.7"), 8080, model.TCP)}}
@@ -349,7 +355,7 @@ func TestCTReverseCheckedWhenDue(t *testing.T) {
 // after this program read the clock is alive, not expired.
 func TestCTRefreshedAhead(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		a, vip := twinOf(v6), twinL4(v6, vipTCP)
 		d := newTestDatapath(t)
 		m := d.Maps()
 		bes := []testBackend{{43, l4(a("10.1.4.3"), 8080, model.TCP)}, {44, l4(a("10.1.4.4"), 8080, model.TCP)}}
@@ -375,7 +381,7 @@ func TestCTRefreshedAhead(t *testing.T) {
 // after the GC's pass must keep its entries.
 func TestCTGCKeepsRecreatedFlows(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipUDP)
+		a, vip := twinOf(v6), twinL4(v6, vipUDP)
 		// Long enough that, on a loaded machine, most flows re-created while
 		// the GC runs are still live when it ends: those are the ones checked.
 		const udpTimeout = 2 * time.Second
@@ -644,7 +650,7 @@ func TestCTSNATReservationLost(t *testing.T) {
 // connections); new ones are refused with ICMP port unreachable.
 func TestTCZeroBackendsKeepsEstablished(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		a, vip := twinOf(v6), twinL4(v6, vipTCP)
 		d := newTestDatapath(t)
 		m := d.Maps()
 		be := testBackend{46, l4(a("10.1.4.6"), 8080, model.TCP)}
@@ -676,7 +682,7 @@ func TestTCZeroBackendsKeepsEstablished(t *testing.T) {
 // the LRU of half-open ones (tc_ct_est_overflow), not the old ones out.
 func TestCTFloodKeepsEstablished(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		a, vip := twinOf(v6), twinL4(v6, vipTCP)
 		d := openTestWith(t, smallConfig, func(cfg *Config) {
 			cfg.MaxConntrack = 1024
 		})
@@ -747,7 +753,7 @@ func TestCTFloodKeepsEstablished(t *testing.T) {
 // the GC has run, a new flow is established in the table again.
 func TestCTFullOfClosedFlows(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		a, vip := twinOf(v6), twinL4(v6, vipTCP)
 		d := openTestWith(t, smallConfig, func(cfg *Config) {
 			cfg.MaxConntrack = 64
 			cfg.MaxConntrackNew = 1024
@@ -852,7 +858,7 @@ func TestCTFullOfClosedFlows(t *testing.T) {
 // replies come back as the second VIP's to the client's own port.
 func TestCTSharedBackendClash(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := func(s string) string { return twinAddr(v6, s) }
+		a := twinOf(v6)
 		d := newTestDatapath(t)
 		m := d.Maps()
 		shared := testBackend{61, l4(a("10.1.6.1"), 8080, model.TCP)}
@@ -924,7 +930,7 @@ func TestCTSharedBackendClash(t *testing.T) {
 // the client holds (ct_snat_try).
 func TestTCClashRemap(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := func(s string) string { return twinAddr(v6, s) }
+		a := twinOf(v6)
 		for _, proto := range []model.Protocol{model.TCP, model.UDP} {
 			t.Run(proto.String(), func(t *testing.T) {
 				d := openTestWith(t, smallConfig, oneSNATPort)
@@ -1019,7 +1025,7 @@ func TestTCClashRemap(t *testing.T) {
 // still clashes (counted tc_ct_clash).
 func TestCTClosedReplyTupleReopens(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := func(s string) string { return twinAddr(v6, s) }
+		a := twinOf(v6)
 		d := newTestDatapath(t)
 		m := d.Maps()
 		shared := testBackend{63, l4(a("10.1.6.3"), 8080, model.TCP)}
@@ -1113,7 +1119,7 @@ func TestCTClosedReplyTupleReopens(t *testing.T) {
 // would then re-select a backend and split the connection).
 func TestCTStragglerKeepsNewFlow(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		a, vip := twinOf(v6), twinL4(v6, vipTCP)
 		d := newTestDatapath(t)
 		m := d.Maps()
 		bes := []testBackend{
@@ -1162,7 +1168,7 @@ func TestCTStragglerKeepsNewFlow(t *testing.T) {
 // test puts in old's place.
 func flowToLeave(t *testing.T, v6 bool, n int, cport uint16) (d *Datapath, f flow, old, cur testBackend) {
 	t.Helper()
-	a := func(s string) string { return twinAddr(v6, s) }
+	a := twinOf(v6)
 	vip := twinL4(v6, vipTCP)
 	d = newTestDatapath(t)
 	old = testBackend{reconciler.BackendID(10*n + 1), l4(a(fmt.Sprintf("10.1.%d.1", n)), 8080, model.TCP)}
@@ -1180,7 +1186,7 @@ func flowToLeave(t *testing.T, v6 bool, n int, cport uint16) (d *Datapath, f flo
 // of terminating endpoints.
 func TestCTBackendGoneSYNReselects(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := func(s string) string { return twinAddr(v6, s) }
+		a := twinOf(v6)
 		d, f, gone, cur := flowToLeave(t, v6, 8, 49000)
 		m, vip := d.Maps(), f.fe
 		g := flow{a("10.0.8.1"), 49001, vip}
@@ -1244,7 +1250,7 @@ func TestTCSlotVanishes(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		d := newTestDatapath(t)
 		m := d.Maps()
-		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		a, vip := twinOf(v6), twinL4(v6, vipTCP)
 		b1, b2 := testBackend{91, l4(a("10.1.9.1"), 8080, model.TCP)}, testBackend{92, l4(a("10.1.9.2"), 8080, model.TCP)}
 		addService(t, m, 1, vip, b1, b2)
 		if err := m.DeleteSlot(reconciler.DefaultScope(vip), 2); err != nil {
@@ -1277,7 +1283,7 @@ func TestTCSlotVanishes(t *testing.T) {
 // lost, or the flow stays "open" for the TCP idle timeout.
 func TestCTConcurrentClose(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipTCP)
+		a, vip := twinOf(v6), twinL4(v6, vipTCP)
 		d := openTestWith(t, smallConfig, func(cfg *Config) {
 			cfg.MaxConntrack = 65536
 		})
@@ -1330,7 +1336,7 @@ func TestCTConcurrentClose(t *testing.T) {
 // it names, in both directions, and no other.
 func TestFlushConntrackSet(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := func(s string) string { return twinAddr(v6, s) }
+		a := twinOf(v6)
 		d := newTestDatapath(t)
 		m := d.Maps()
 		bes := []testBackend{{94, l4(a("10.1.9.4"), 5353, model.UDP)}, {95, l4(a("10.1.9.5"), 5353, model.UDP)}, {96, l4(a("10.1.9.6"), 5353, model.UDP)}}
@@ -1424,7 +1430,7 @@ func TestSockSlotVanishes(t *testing.T) {
 //	(IPv6: c0 2001:db8:202::2/64 -> n0 2001:db8:202::1/64, lo 2001:db8:200::2)
 func TestCTFloodRealTraffic(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a, be, subnet, network := func(s string) string { return twinAddr(v6, s) }, sockBackends[0], "10.202.0", "tcp4"
+		a, be, subnet, network := twinOf(v6), sockBackends[0], "10.202.0", "tcp4"
 		if v6 {
 			be, subnet, network = sockBackends6[0], "2001:db8:202::", "tcp6"
 		}

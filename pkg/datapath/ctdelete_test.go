@@ -27,7 +27,7 @@ func pinnedEntries(t *testing.T, bpffs string) (*Pinned, []ConntrackEntry) {
 // both, and leaves the other flows alone.
 func TestDeleteConntrackFlow(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a, vip := func(s string) string { return twinAddr(v6, s) }, twinL4(v6, vipUDP)
+		a, vip := twinOf(v6), twinL4(v6, vipUDP)
 		testutil.Privileged(t)
 		bpffs := testPinDir(t)
 		d := openTest(t, smallConfig(bpffs))

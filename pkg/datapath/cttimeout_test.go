@@ -46,10 +46,7 @@ func TestConntrackTimeoutsReachTheProgram(t *testing.T) {
 // as the kernel holds it.
 func loadedRodata(t *testing.T, prog *ebpf.Program) []byte {
 	t.Helper()
-	info, err := prog.Info()
-	if err != nil {
-		t.Fatal(err)
-	}
+	info := progInfo(t, prog)
 	ids, ok := info.MapIDs()
 	if !ok {
 		t.Skip("kernel does not report a program's maps")
@@ -78,10 +75,7 @@ func loadedRodata(t *testing.T, prog *ebpf.Program) []byte {
 // rodataOffset returns where variable name lives in .rodata.
 func rodataOffset(t *testing.T, name string) int {
 	t.Helper()
-	spec, err := loadTc()
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec := specOf(t, loadTc)
 	v := spec.Variables[name]
 	if v == nil || v.SectionName != ".rodata" || v.Size() != 8 {
 		t.Fatalf("%s: not a 64-bit constant in .rodata (%v)", name, v)

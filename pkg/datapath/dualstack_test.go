@@ -91,10 +91,7 @@ func TestDualStackApply(t *testing.T) {
 				t.Fatalf("Apply to the fake: %v", err)
 			}
 		}
-		got, err := m.Dump()
-		if err != nil {
-			t.Fatal(err)
-		}
+		got := mustDump(t, m)
 		want, _ := f.Dump()
 		if got.String() != want.String() {
 			t.Errorf("one by one %v: maps\n%s\nwant (fake)\n%s", oneByOne, got, want)
@@ -111,10 +108,7 @@ func TestDualStackApply(t *testing.T) {
 	if err := r.Apply(st); err != nil {
 		t.Fatal(err)
 	}
-	ks, err := m.Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ks := mustDump(t, m)
 
 	// The exact entries of the IPv6 maps, and none in the IPv4 maps.
 	fe6 := reconciler.DefaultScope(l4("2001:db8:96::10", 80, model.TCP))
@@ -229,10 +223,7 @@ func TestDualStackApply(t *testing.T) {
 	if err := r2.Apply(withoutIPv6(st)); err != nil {
 		t.Fatal(err)
 	}
-	after, err := m.Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
+	after := mustDump(t, m)
 	for fe, ms := range ks.Masters {
 		if got, ok := after.Masters[fe]; fe.Addr.Is4() != ok || ok && got != ms {
 			t.Errorf("after removing IPv6: master of %s = %+v, %v", fe, got, ok)
@@ -288,14 +279,8 @@ func TestBatchDualStack(t *testing.T) {
 	for _, a := range b.ips {
 		must(t, single.UpsertServiceIP(a))
 	}
-	got, err := batched.Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := single.Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := mustDump(t, batched)
+	want := mustDump(t, single)
 	if got.String() != want.String() || !strings.Contains(got.String(), "[2001:db8::1]:80/TCP") {
 		t.Errorf("batched\n%s\nsingle\n%s", got, want)
 	}
@@ -478,10 +463,7 @@ func TestDualStackRandomAgainstFake(t *testing.T) {
 		if err := errors.Join(rm.Apply(st), rf.Apply(st)); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
-		got, err := d.Maps().Dump()
-		if err != nil {
-			t.Fatal(err)
-		}
+		got := mustDump(t, d.Maps())
 		if want, _ := f.Dump(); got.String() != want.String() {
 			t.Fatalf("round %d: maps\n%s\nwant (fake)\n%s", round, got, want)
 		}

@@ -501,10 +501,7 @@ func liveVerifiedInsns(b *testing.B, deferred bool) uint32 {
 	defer func() { _ = d.Close() }()
 	var sum uint32
 	for i, p := range []*ebpf.Program{d.tc.SluiceIngress, d.tc.SluiceEgress, d.tc.Sluice6Ingress, d.tc.Sluice6Egress} {
-		info, err := p.Info()
-		if err != nil {
-			b.Fatal(err)
-		}
+		info := progInfo(b, p)
 		n, ok := info.VerifiedInstructions()
 		if !ok {
 			b.Skip("the kernel does not report verified instructions (5.16+)")

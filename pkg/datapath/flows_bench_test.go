@@ -41,11 +41,7 @@ import (
 //	go test -run '^$' -bench TCFlows ./pkg/datapath
 func BenchmarkTCFlows(b *testing.B) {
 	testutil.Privileged(b)
-	sizes := []int{10000, 30000}
-	if testing.Short() {
-		sizes = sizes[:1]
-	}
-	for _, n := range sizes {
+	for _, n := range testutil.ScaleSizes(1, 10000, 30000) {
 		b.Run(fmt.Sprintf("%dk", n/1000), func(b *testing.B) {
 			d := openTestWith(b, smallConfig, func(c *Config) {
 				c.MaxServices, c.MaxBackends, c.MaxServiceEntries = DefaultMaxServices, max(DefaultMaxBackends, 11*n), 1<<20

@@ -525,3 +525,38 @@ func putRevNat(t testing.TB, m *Maps, id reconciler.ServiceID, fe reconciler.Fro
 		t.Fatalf("rev_nat %d -> %s: %v", id, fe, err)
 	}
 }
+
+// mustDump is what m's maps hold (Maps.Dump, Pinned.Dump), the test
+// ended where they cannot be read.
+func mustDump(t testing.TB, m interface {
+	Dump() (*reconciler.KernelState, error)
+}) *reconciler.KernelState {
+	t.Helper()
+	ks, err := m.Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ks
+}
+
+// progInfo is what the kernel reports of a loaded program, the test
+// ended where it cannot say.
+func progInfo(t testing.TB, p *ebpf.Program) *ebpf.ProgramInfo {
+	t.Helper()
+	info, err := p.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
+// specOf is the collection spec a bpf2go loader (loadTc, loadSock,
+// loadXdp) returns, the test ended where it cannot.
+func specOf(t testing.TB, load func() (*ebpf.CollectionSpec, error)) *ebpf.CollectionSpec {
+	t.Helper()
+	spec, err := load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec
+}

@@ -130,18 +130,12 @@ func TestSockLBWithoutSetRetval(t *testing.T) {
 			}
 			// The loaded connect4 (connect6) is the variant whose code
 			// calls the helper, or its twin whose code does not.
-			spec, err := loadSock()
-			if err != nil {
-				t.Fatal(err)
-			}
+			spec := specOf(t, loadSock)
 			for _, p := range []struct {
 				hook string
 				prog *ebpf.Program
 			}{{"connect4", d.sock.Connect4}, {"connect6", d.sock.Connect6}} {
-				info, err := p.prog.Info()
-				if err != nil {
-					t.Fatal(err)
-				}
+				info := progInfo(t, p.prog)
 				variant := "sluice_" + p.hook
 				if !tc.setRetval {
 					variant = "sluice_eperm_" + p.hook

@@ -22,7 +22,7 @@ import (
 // services --raw shows them.
 func TestMapsDumpRoundTrip(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := func(s string) string { return twinAddr(v6, s) }
+		a := twinOf(v6)
 		d, bpffs := newTestDatapathAt(t)
 		m := d.Maps()
 		fe := l4(a("10.96.1.1"), 443, model.TCP)
@@ -66,10 +66,7 @@ func TestMapsDumpRoundTrip(t *testing.T) {
 			RevNat:     map[reconciler.ServiceID]reconciler.Frontend{5: dfe, 6: dfeU, 9: reconciler.DefaultScope(orphan), 10: in},
 			ServiceIPs: []netip.Addr{fe.Addr},
 		}
-		got, err := m.Dump()
-		if err != nil {
-			t.Fatal(err)
-		}
+		got := mustDump(t, m)
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("Dump\n got %+v\nwant %+v", got, want)
 		}
@@ -138,10 +135,7 @@ func TestMapsDumpRoundTrip(t *testing.T) {
 
 		// A restarted agent finds the same state in the pinned maps.
 		d2 := openTest(t, smallConfig(bpffs))
-		got, err = d2.Maps().Dump()
-		if err != nil {
-			t.Fatal(err)
-		}
+		got = mustDump(t, d2.Maps())
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("Dump after re-Open\n got %+v\nwant %+v", got, want)
 		}

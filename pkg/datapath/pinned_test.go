@@ -19,10 +19,7 @@ func TestOpenPinnedAnySize(t *testing.T) {
 	fe := l4("10.96.2.1", 80, model.TCP)
 	b := testBackend{3, l4("10.2.1.1", 8080, model.TCP)}
 	addService(t, d.Maps(), 4, fe, b)
-	want, err := d.Maps().Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := mustDump(t, d.Maps())
 	d.Close()
 
 	if n := pinnedMaxEntries(t, bpffs, mapBackends); n == DefaultMaxBackends {
@@ -34,10 +31,7 @@ func TestOpenPinnedAnySize(t *testing.T) {
 		t.Fatalf("OpenPinned: %v", err)
 	}
 	defer p.Close()
-	got, err := p.Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := mustDump(t, p)
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("Pinned.Dump\n got %+v\nwant %+v", got, want)
 	}

@@ -20,10 +20,7 @@ import (
 // objects' BPF_F_NO_PREALLOC (bpf/lib/maps.h), and the maps it switches
 // are hashes there, not LRUs or tries (always or never preallocated).
 func TestServiceMapsAreNotPreallocatedInC(t *testing.T) {
-	spec, err := loadTc()
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec := specOf(t, loadTc)
 	for _, name := range preallocatedMaps {
 		ms := spec.Maps[name]
 		if ms == nil || ms.Type != ebpf.Hash || ms.Flags&unix.BPF_F_NO_PREALLOC == 0 {
@@ -75,10 +72,7 @@ func TestPreallocateMapsSwitchKeepsServices(t *testing.T) {
 	applyServices(t, d,
 		clusterIP(vip4, l4("10.2.7.1", 8080, model.TCP), l4("10.2.7.2", 8080, model.TCP)),
 		clusterIP(vip6, l4("fd00:2::7", 8080, model.TCP)))
-	want, err := d.Maps().Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := mustDump(t, d.Maps())
 	if len(want.Masters) != 2 || len(want.RevNat) != 2 || len(want.ServiceIPs) != 2 {
 		t.Fatalf("seeded state %+v: want 2 masters, rev-NAT entries and service IPs", want)
 	}
@@ -160,10 +154,7 @@ func TestPreallocatedMapsMemory(t *testing.T) {
 func BenchmarkCreateServiceMaps(b *testing.B) {
 	testutil.Privileged(b)
 	for _, prealloc := range []bool{false, true} {
-		spec, err := loadTc()
-		if err != nil {
-			b.Fatal(err)
-		}
+		spec := specOf(b, loadTc)
 		n := 30000
 		cfg := Config{MaxServices: n + n/4, MaxBackends: 11*n + 64, MaxServiceEntries: 12 * n, PreallocateMaps: prealloc}
 		if err := configure(spec, cfg.withDefaults()); err != nil {
@@ -204,10 +195,7 @@ func BenchmarkFillServicesMap(b *testing.B) {
 	}
 	values := make([]sockLb4Service, len(keys))
 	for _, prealloc := range []bool{false, true} {
-		spec, err := loadTc()
-		if err != nil {
-			b.Fatal(err)
-		}
+		spec := specOf(b, loadTc)
 		cfg := Config{MaxServiceEntries: 12 * frontends, PreallocateMaps: prealloc}
 		if err := configure(spec, cfg.withDefaults()); err != nil {
 			b.Fatal(err)

@@ -102,10 +102,7 @@ func TestRepairOnRealMaps(t *testing.T) {
 				if err := r.Apply(st); err != nil {
 					t.Fatal(err)
 				}
-				ks, err := m.Dump()
-				if err != nil {
-					t.Fatal(err)
-				}
+				ks := mustDump(t, m)
 				if err := c.tamper(m, ks); err != nil {
 					t.Fatal(err)
 				}
@@ -123,10 +120,7 @@ func TestRepairOnRealMaps(t *testing.T) {
 				if i == 1 && dumps != 2 {
 					t.Errorf("the reference's re-read called the refresh hook %d times, want 2 (around a dump)", dumps)
 				}
-				got, err := m.Dump()
-				if err != nil {
-					t.Fatal(err)
-				}
+				got := mustDump(t, m)
 				after[i] = got.String()
 				if i == 0 {
 					time.Sleep(time.Millisecond)

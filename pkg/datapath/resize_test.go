@@ -59,10 +59,7 @@ func TestOpenResizesPinnedMaps(t *testing.T) {
 	if err := d.Maps().UpsertSourceRange(fe, netip.MustParsePrefix("192.168.0.0/16")); err != nil {
 		t.Fatal(err)
 	}
-	want, err := d.Maps().Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := mustDump(t, d.Maps())
 	k, v := ctEntry(t, "10.0.0.9", 40000, "10.96.5.1", "10.2.5.1")
 	if err := d.Maps().conntrack.Put(&k, &v); err != nil {
 		t.Fatal(err)
@@ -85,10 +82,7 @@ func TestOpenResizesPinnedMaps(t *testing.T) {
 			t.Errorf("pinned %s has %d entries, configured %d", name, got, n)
 		}
 	}
-	got, err := d2.Maps().Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := mustDump(t, d2.Maps())
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("state after the resize\n got %+v\nwant %+v", got, want)
 	}
@@ -136,10 +130,7 @@ func TestOpenResizesBackendsArrays(t *testing.T) {
 	cfg := smallConfig(bpffs)
 	high := testBackend{reconciler.BackendID(backendSlots(cfg.withDefaults()) - 10), l4("10.2.5.9", 8080, model.TCP)}
 	addService(t, d.Maps(), 4, l4("10.96.5.1", 80, model.TCP), high)
-	want, err := d.Maps().Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := mustDump(t, d.Maps())
 	d.Close()
 	before := pinnedMaxEntries(t, bpffs, mapBackends)
 
@@ -553,10 +544,7 @@ func TestShrinkBelowProgrammedRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want, err := d.Maps().Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := mustDump(t, d.Maps())
 	d.Close()
 	cfg := smallConfig(bpffs)
 	sizes := func() map[string]uint32 {
@@ -636,8 +624,7 @@ func TestShrinkCountsFrontends(t *testing.T) {
 func TestShrinkKeepsServiceIDs(t *testing.T) {
 	d, bpffs := newTestDatapathAt(t)
 	addService(t, d.Maps(), 300, vipTCP, testBackend{1, l4("10.2.0.1", 8080, model.TCP)})
-	want, err := d.Maps().Dump()
-	must(t, err)
+	want := mustDump(t, d.Maps())
 	d.Close()
 	cfg := smallConfig(bpffs)
 	cfg.MaxServices = 4 // arrays of 4 + 257 entries: id 300 beyond

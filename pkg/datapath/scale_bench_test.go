@@ -25,11 +25,7 @@ import (
 // (Config.PreallocateMaps).
 func BenchmarkMapsFromEmpty(b *testing.B) {
 	testutil.Privileged(b)
-	sizes := []int{30000, 100000}
-	if testing.Short() {
-		sizes = sizes[:1]
-	}
-	for _, n := range sizes {
+	for _, n := range testutil.ScaleSizes(1, 30000, 100000) {
 		var sb model.ServicesBuilder
 		for _, s := range benchServices(n) {
 			sb.Set(s.Frontend, s)

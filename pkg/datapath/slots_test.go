@@ -78,8 +78,7 @@ func TestSlotsMoveUnderTraffic(t *testing.T) {
 		if len(bases) < 5 {
 			t.Errorf("the frontend's range moved %d times, want 5 or more: %v", len(bases)-1, bases)
 		}
-		ks, err := m.Dump()
-		must(t, err)
+		ks := mustDump(t, m)
 		if ms := ks.Masters[dfe]; ms.Count != 40 || len(ks.Slots[dfe]) != 40 {
 			t.Fatalf("after growing: master %+v, %d slots", ms, len(ks.Slots[dfe]))
 		}
@@ -112,8 +111,7 @@ func TestSlotsSurviveRestart(t *testing.T) {
 		svcs = append(svcs, clusterIP(fes[i], bes...))
 	}
 	applyServices(t, d, svcs...)
-	want, err := d.Maps().Dump()
-	must(t, err)
+	want := mustDump(t, d.Maps())
 	bases := func(m *Maps) map[reconciler.Frontend]slotRange {
 		out := map[reconciler.Frontend]slotRange{}
 		for _, tb := range []*slotTable{m.slots4, m.slots6} {
@@ -128,8 +126,7 @@ func TestSlotsSurviveRestart(t *testing.T) {
 
 	d2 := openTest(t, smallConfig(bpffs))
 	m2 := d2.Maps()
-	got, err := m2.Dump()
-	must(t, err)
+	got := mustDump(t, m2)
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("after the restart\n%s\nwant\n%s", got, want)
 	}
@@ -147,8 +144,7 @@ func TestSlotsSurviveRestart(t *testing.T) {
 	ms := want.Masters[fe]
 	ms.Count = 30
 	must(t, m2.UpsertMaster(fe, ms))
-	after, err := m2.Dump()
-	must(t, err)
+	after := mustDump(t, m2)
 	for f, s := range want.Slots {
 		if f != fe && !reflect.DeepEqual(after.Slots[f], s) {
 			t.Errorf("slots of %s after another frontend grew: %v, want %v", f, after.Slots[f], s)
@@ -165,8 +161,7 @@ func TestSlotsSurviveRestart(t *testing.T) {
 // the previous release pinned them; it returns them.
 func pinServicesV1(t *testing.T, dir string) (v4, v6 *ebpf.Map) {
 	t.Helper()
-	spec, err := loadTc()
-	must(t, err)
+	spec := specOf(t, loadTc)
 	for _, name := range []string{mapServices, mapServices6, mapSlots, mapSlots6} {
 		must(t, os.Remove(filepath.Join(dir, name)))
 	}
@@ -224,8 +219,7 @@ func TestOpenMigratesServicesV1(t *testing.T) {
 		addService(t, m0, reconciler.ServiceID(i+1), s.fe, s.bes...)
 		svcs = append(svcs, s)
 	}
-	want, err := m0.Dump()
-	must(t, err)
+	want := mustDump(t, m0)
 	if len(want.Masters) != 12 || len(want.Slots) != 12 {
 		t.Fatalf("v1 state: %s", want)
 	}
@@ -255,8 +249,7 @@ func TestOpenMigratesServicesV1(t *testing.T) {
 			t.Errorf("pin %s after Open: %v", name, err)
 		}
 	}
-	got, err := d.Maps().Dump()
-	must(t, err)
+	got := mustDump(t, d.Maps())
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("after the migration\n%s\nwant\n%s", got, want)
 	}
@@ -291,10 +284,7 @@ func BenchmarkFillSlots(b *testing.B) {
 	for j := range ids {
 		ids[j] = reconciler.BackendID(j + 1)
 	}
-	spec, err := loadTc()
-	if err != nil {
-		b.Fatal(err)
-	}
+	spec := specOf(b, loadTc)
 	cfg := Config{MaxServiceEntries: 12 * frontends}
 	if err := configure(spec, cfg.withDefaults()); err != nil {
 		b.Fatal(err)

@@ -207,10 +207,7 @@ func testSockAffinity(t *testing.T, d *Datapath, r *reconciler.Reconciler, f soc
 			break
 		}
 	}
-	ks, err := d.Maps().Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ks := mustDump(t, d.Maps())
 	for s, id := range ks.Slots[reconciler.DefaultScope(f.vip)] {
 		if ks.Backends[id].Addr.String() == other {
 			e := es[cookieA]

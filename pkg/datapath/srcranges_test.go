@@ -40,10 +40,7 @@ func TestSourceRangesRoundTrip(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		ks, err := m.Dump()
-		if err != nil {
-			t.Fatal(err)
-		}
+		ks := mustDump(t, m)
 		want := map[model.L4Addr][]netip.Prefix{lb: {r1, r2}, lbU: {h}}
 		got := ks.SourceRanges
 		for _, ps := range got {
@@ -68,9 +65,7 @@ func TestSourceRangesRoundTrip(t *testing.T) {
 		if err := m.DeleteSourceRange(lbU, h); err != nil {
 			t.Fatal(err)
 		}
-		if ks, err = m.Dump(); err != nil {
-			t.Fatal(err)
-		}
+		ks = mustDump(t, m)
 		if want := map[model.L4Addr][]netip.Prefix{lb: {r2}}; !reflect.DeepEqual(ks.SourceRanges, want) {
 			t.Fatalf("after deletes: %v, want %v", ks.SourceRanges, want)
 		}
@@ -111,7 +106,7 @@ func TestSourceRangesRoundTrip(t *testing.T) {
 // programmed. Over IPv6, sluice6_src_ranges, of the same size.
 func TestSourceRangesSizedByConfig(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		tw := func(s string) string { return twinAddr(v6, s) }
+		tw := twinOf(v6)
 		d := openTestWith(t, smallConfig, func(cfg *Config) {
 			cfg.MaxSourceRanges = 3
 		})
@@ -139,10 +134,7 @@ func TestSourceRangesSizedByConfig(t *testing.T) {
 		if !errors.Is(err, reconciler.ErrCapacity) || strings.Count(err.Error(), "test/") != 1 {
 			t.Fatalf("Apply = %v, want a capacity error naming one of a and b", err)
 		}
-		ks, err := d.Maps().Dump()
-		if err != nil {
-			t.Fatal(err)
-		}
+		ks := mustDump(t, d.Maps())
 		_, okA := ks.Masters[reconciler.DefaultScope(a.Frontend)]
 		_, okB := ks.Masters[reconciler.DefaultScope(b.Frontend)]
 		_, okC := ks.Masters[reconciler.DefaultScope(c.Frontend)]

@@ -29,7 +29,7 @@ func statsOf(t *testing.T, stats []ServiceStats, fe model.L4Addr) ServiceStats {
 
 func TestServiceStatsTC(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := func(s string) string { return twinAddr(v6, s) }
+		a := twinOf(v6)
 		vipTCP, vipUDP, vipEmpty := twinL4(v6, vipTCP), twinL4(v6, vipUDP), twinL4(v6, vipEmpty)
 		beTCP, beUDP := twinL4(v6, beTCP.addr), twinL4(v6, beUDP.addr)
 		testutil.Privileged(t)
@@ -117,10 +117,7 @@ func TestServiceStatsTC(t *testing.T) {
 // tcpIDOf returns the service id of fe's default scope.
 func tcpIDOf(t *testing.T, d *Datapath, fe model.L4Addr) uint32 {
 	t.Helper()
-	ks, err := d.Maps().Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ks := mustDump(t, d.Maps())
 	m, ok := ks.Masters[reconciler.DefaultScope(fe)]
 	if !ok {
 		t.Fatalf("no master for %s", fe)
@@ -132,7 +129,7 @@ func tcpIDOf(t *testing.T, d *Datapath, fe model.L4Addr) uint32 {
 // nothing (the verifier pruned the counting) and the array has one entry.
 func TestServiceStatsOff(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := func(s string) string { return twinAddr(v6, s) }
+		a := twinOf(v6)
 		vipTCP, vipEmpty, beTCP := twinL4(v6, vipTCP), twinL4(v6, vipEmpty), twinL4(v6, beTCP.addr)
 		d := newTestDatapath(t)
 		if n := d.maps.svcStats.MaxEntries(); n != 1 {
@@ -166,7 +163,7 @@ func TestServiceStatsOff(t *testing.T) {
 // without it resizes the array (migrate.go) and counting starts.
 func TestServiceStatsResize(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a := func(s string) string { return twinAddr(v6, s) }
+		a := twinOf(v6)
 		vipTCP, beTCP := twinL4(v6, vipTCP), twinL4(v6, beTCP.addr)
 		testutil.Privileged(t)
 		dir := testPinDir(t)
@@ -266,10 +263,7 @@ func TestServiceStatsLoadsWithEveryOption(t *testing.T) {
 		xlated[on] = map[string]int{}
 		for name, p := range map[string]*ebpf.Program{"tc ingress": d.TCIngress(), "xdp": d.XDP(), "connect4": d.sock.Connect4,
 			"tc ingress (IPv6)": d.tc.Sluice6Ingress, "xdp (IPv6)": d.xdp.Sluice6Xdp, "connect6": d.sock.Connect6} {
-			info, err := p.Info()
-			if err != nil {
-				t.Fatal(err)
-			}
+			info := progInfo(t, p)
 			insns, err := info.Instructions()
 			if err != nil {
 				t.Fatal(err)

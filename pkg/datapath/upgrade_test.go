@@ -33,10 +33,7 @@ const release0MetricReasons = 20
 // release-0 name.
 func pinRelease0(t *testing.T, bpffs string) map[string]*ebpf.Map {
 	t.Helper()
-	spec, err := loadSock()
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec := specOf(t, loadSock)
 	dir := filepath.Join(bpffs, "sluice")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
@@ -428,10 +425,7 @@ func TestOpenMigratesBackendsV1(t *testing.T) {
 		if err := d.Maps().UpsertBackend(other.id, other.addr); err != nil {
 			t.Fatal(err)
 		}
-		want, err := d.Maps().Dump()
-		if err != nil {
-			t.Fatal(err)
-		}
+		want := mustDump(t, d.Maps())
 		verdict, out := runProg(t, d.TCIngress(), syn.Bytes())
 		var chosen testBackend
 		for _, b := range bes {
@@ -446,10 +440,7 @@ func TestOpenMigratesBackendsV1(t *testing.T) {
 
 		// Its backends maps, as v1 had them: hashes, entries without
 		// flags.
-		spec, err := loadSock()
-		if err != nil {
-			t.Fatal(err)
-		}
+		spec := specOf(t, loadSock)
 		for _, x := range []struct{ v1, v2 string }{{"sluice_backends_v1", mapBackends}, {"sluice6_backends_v1", mapBackends6}} {
 			cur, err := ebpf.LoadPinnedMap(filepath.Join(dir, x.v2), nil)
 			if err != nil {
@@ -539,13 +530,11 @@ func TestOpenMigratesRevNatV1(t *testing.T) {
 		top := reconciler.ServiceID(serviceSlots(cfg.withDefaults()) - 1)
 		must(t, d.Maps().UpsertRevNat(top, reconciler.Frontend{L4Addr: twinL4(!v6, l4("10.96.3.3", 53, model.UDP)),
 			Scope: reconciler.ScopeInternal}))
-		want, err := d.Maps().Dump()
-		must(t, err)
+		want := mustDump(t, d.Maps())
 		d.Close()
 
 		// Its reverse-NAT maps, as v1 had them.
-		spec, err := loadSock()
-		must(t, err)
+		spec := specOf(t, loadSock)
 		for _, x := range []struct{ v1, v2 string }{{"sluice_rev_nat_v1", mapRevNat}, {"sluice6_rev_nat_v1", mapRevNat6}} {
 			cur, err := ebpf.LoadPinnedMap(filepath.Join(dir, x.v2), nil)
 			must(t, err)

@@ -90,10 +90,7 @@ func TestWalkSeesWhatDumpSees(t *testing.T) {
 	if err := r.Apply(st); err != nil {
 		t.Fatal(err)
 	}
-	ks, err := m.Dump()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ks := mustDump(t, m)
 	want := dumpLines(ks)
 	var w walkLines
 	if err := m.Walk(&w); err != nil {

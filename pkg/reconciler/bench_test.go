@@ -121,11 +121,7 @@ func scaleVIP(i int) model.L4Addr {
 // The fake checks its invariants incrementally after every operation, so
 // part of the time is the fake's.
 func BenchmarkApplyScale(b *testing.B) {
-	sizes := []int{30000, 100000}
-	if testing.Short() {
-		sizes = sizes[:1]
-	}
-	for _, n := range sizes {
+	for _, n := range testutil.ScaleSizes(1, 30000, 100000) {
 		st := scaleState(n)
 		b.Run(fmt.Sprintf("%dk/initial", n/1000), func(b *testing.B) {
 			b.ReportAllocs()

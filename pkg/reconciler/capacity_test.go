@@ -100,12 +100,8 @@ func TestCapacityServicesBothFamilies(t *testing.T) {
 	r := reconciler.New(f, nil)
 	a, b, c := famService(false, 1, 1), famService(true, 2, 1), famService(true, 3, 1)
 	mustApply(t, r, state(a, b))
-	errs := frontendErrors(t, r.Apply(state(a, b, c)))
-	if err := errs[c.Frontend]; len(errs) != 1 || !errors.Is(err, reconciler.ErrCapacity) ||
-		!strings.Contains(err.Error(), "services, of both families: 2 in use of 2") {
-		t.Errorf("errors %v, want one for %s saying 2 services of both families are in use of 2", errs, c.Frontend)
-	}
-	checkProgrammed(t, f, state(a, b))
+	checkRefused(t, f, r, []*model.Service{a, b}, c, "services, of both families: 2 in use of 2",
+		"saying 2 services of both families are in use of 2")
 }
 
 // TestCapacitySourceRangesPerFamily: each family's source ranges have
@@ -123,12 +119,8 @@ func TestCapacitySourceRangesPerFamily(t *testing.T) {
 	mustApply(t, r, state(a))
 	mustApply(t, r, state(a, b))
 	c := withRange(famService(true, 3, 1), "2001:db8:3::/48")
-	errs := frontendErrors(t, r.Apply(state(a, b, c)))
-	if err := errs[c.Frontend]; len(errs) != 1 || !errors.Is(err, reconciler.ErrCapacity) ||
-		!strings.Contains(err.Error(), "1 new IPv6 source ranges: 1 in use of 1 in sluice6_src_ranges") {
-		t.Errorf("errors %v, want one for %s naming the full sluice6_src_ranges", errs, c.Frontend)
-	}
-	checkProgrammed(t, f, state(a, b))
+	checkRefused(t, f, r, []*model.Service{a, b}, c, "1 new IPv6 source ranges: 1 in use of 1 in sluice6_src_ranges",
+		"naming the full sluice6_src_ranges")
 }
 
 // TestCapacityErrorSameEveryApply: a frontend that does not fit is

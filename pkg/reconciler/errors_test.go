@@ -35,6 +35,20 @@ func frontendErrors(t *testing.T, err error) map[model.L4Addr]*reconciler.Fronte
 	return out
 }
 
+// checkRefused applies the Services programmed and over, which does not
+// fit: the Apply fails for over alone, with a capacity error containing
+// want (what says how, for the failure's message), and f holds the
+// Services programmed, as they were.
+func checkRefused(t *testing.T, f *fakedp.Fake, r *reconciler.Reconciler, programmed []*model.Service, over *model.Service, want, what string) {
+	t.Helper()
+	errs := frontendErrors(t, r.Apply(state(append(slices.Clone(programmed), over)...)))
+	if err := errs[over.Frontend]; len(errs) != 1 || !errors.Is(err, reconciler.ErrCapacity) ||
+		!strings.Contains(err.Error(), want) {
+		t.Errorf("errors %v, want one for %s %s", errs, over.Frontend, what)
+	}
+	checkProgrammed(t, f, state(programmed...))
+}
+
 // Apply's errors say which frontend failed, for which Service, and
 // whether trying again can help: a frontend that does not fit or cannot
 // be represented is permanent (checked before any write: the others and

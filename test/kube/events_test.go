@@ -58,7 +58,7 @@ func startEventsAgent(t *testing.T, env *kubeenv.Env, dp reconciler.Datapath) (*
 		t.Fatal(err)
 	}
 	rec := reconciler.New(dp, log.With("component", "reconciler"))
-	a := agent.New(agent.Config{Observers: []agent.Observer{src}, Resync: 300 * time.Millisecond}, noPrograms{}, rec, log.With("component", "agent"))
+	a := agent.New(agent.Config{Observers: []agent.Observer{src}, Resync: 300 * time.Millisecond}, testutil.NoPrograms{}, rec, log.With("component", "agent"))
 	testutil.RunUntilCleanup(t, "agent", func(ctx context.Context) error { return a.Run(ctx, src) })
 	return src, a
 }

@@ -72,7 +72,7 @@ func TestHealthzFollowsNodeLivezStaleness(t *testing.T) {
 	}
 	var fail atomic.Bool
 	rec := reconciler.New(newFake(), log.With("component", "reconciler"))
-	a := agent.New(agent.Config{RetryMax: 500 * time.Millisecond}, noPrograms{}, failingApplies{rec, &fail}, log.With("component", "agent"))
+	a := agent.New(agent.Config{RetryMax: 500 * time.Millisecond}, testutil.NoPrograms{}, failingApplies{rec, &fail}, log.With("component", "agent"))
 	testutil.RunUntilCleanup(t, "agent", func(ctx context.Context) error { return a.Run(ctx, src) })
 	srv := httptest.NewServer(health.HandlerWith(a.Ready, a.Unprogrammed, prox))
 	t.Cleanup(srv.Close)

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/metrics"
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -83,7 +84,7 @@ func startProxy(t *testing.T, cfg *rest.Config, dp reconciler.Datapath, o proxyO
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := agent.New(agent.Config{Observers: []agent.Observer{p.metrics}}, noPrograms{}, countApplies{p.rec, &p.applies, &p.last}, log.With("component", "agent"))
+	a := agent.New(agent.Config{Observers: []agent.Observer{p.metrics}}, testutil.NoPrograms{}, countApplies{p.rec, &p.applies, &p.last}, log.With("component", "agent"))
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	go func() { p.done <- a.Run(ctx, p.src) }()
@@ -101,16 +102,6 @@ func (p *proxy) stop() {
 	}
 	p.cancel = nil
 }
-
-// noPrograms is the agent's datapath without BPF programs: nothing to
-// attach (the reconciler writes to its own datapath).
-type noPrograms struct{}
-
-func (noPrograms) AttachCgroup(string) error    { return nil }
-func (noPrograms) AttachDevices([]string) error { return nil }
-func (noPrograms) Close() error                 { return nil }
-func (noPrograms) Commit() error                { return nil }
-func (noPrograms) Abort() error                 { return nil }
 
 // countApplies counts the states the agent applies, and keeps the last.
 type countApplies struct {

@@ -164,9 +164,4 @@ func benchOneSliceChange(b *testing.B, n int) {
 
 // benchSizes are BenchmarkOneSliceChange's N: 10,000 and 30,000, and
 // 100,000 unless -short.
-func benchSizes() []int {
-	if testing.Short() {
-		return []int{10000, 30000}
-	}
-	return []int{10000, 30000, 100000}
-}
+func benchSizes() []int { return testutil.ScaleSizes(2, 10000, 30000, 100000) }

@@ -112,22 +112,13 @@ func run(t *testing.T, cfg Config, rec *recorder) *Source {
 // The agent tells the source when a state is programmed.
 var _ agent.ProgrammedSource = (*Source)(nil)
 
-// nopDatapath is an agent.Datapath with nothing to attach.
-type nopDatapath struct{}
-
-func (nopDatapath) AttachCgroup(string) error    { return nil }
-func (nopDatapath) AttachDevices([]string) error { return nil }
-func (nopDatapath) Close() error                 { return nil }
-func (nopDatapath) Commit() error                { return nil }
-func (nopDatapath) Abort() error                 { return nil }
-
 // runAgent runs a source under an agent, as cmd/sluice does, with rec as
 // its reconciler and m its Observer, until the test ends.
 func runAgent(t *testing.T, cfg Config, rec *recorder, m *metrics.Metrics) *Source {
 	t.Helper()
 	cfg.ObserveProgrammed = m.ObserveProgrammed
 	src := newSource(t, cfg)
-	a := agent.New(agent.Config{Observers: []agent.Observer{m}}, nopDatapath{}, rec, slog.New(slog.DiscardHandler))
+	a := agent.New(agent.Config{Observers: []agent.Observer{m}}, testutil.NoPrograms{}, rec, slog.New(slog.DiscardHandler))
 	testutil.RunUntilCleanup(t, "agent Run", func(ctx context.Context) error { return a.Run(ctx, src) })
 	return src
 }

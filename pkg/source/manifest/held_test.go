@@ -314,18 +314,24 @@ func reversed(b []byte) []byte {
 	return r
 }
 
+// randomHashed is n random bytes (the same for the same seeds) and their
+// blocks hashed by a new loader: the old content a changeOf test edits.
+func randomHashed(seed1, seed2 uint64, n int) ([]byte, *loader, *blockHashes) {
+	rng := rand.New(rand.NewPCG(seed1, seed2))
+	a := make([]byte, n)
+	for i := range a {
+		a[i] = byte(rng.IntN(256))
+	}
+	l := &loader{seed: maphash.MakeSeed()}
+	return a, l, l.hashBlocks(a)
+}
+
 // TestCommonPrefixSuffix: the block comparison scanFile relies on
 // (changeOf) finds, in memory, a difference anywhere (and none): the
 // prefix and suffix it reports are common to both contents and at most a
 // few blocks short of the longest, and the new blocks are the content's.
 func TestCommonPrefixSuffix(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	a := make([]byte, 9*blockSize+17)
-	for i := range a {
-		a[i] = byte(rng.IntN(256))
-	}
-	l := &loader{seed: maphash.MakeSeed()}
-	bh := l.hashBlocks(a)
+	a, l, bh := randomHashed(1, 2, 9*blockSize+17)
 	for _, at := range []int{-1, 0, 1, blockSize - 1, blockSize, 4*blockSize + 5, len(a) - blockSize, len(a) - 1} {
 		for _, cut := range []int{0, 1, blockSize + 3} {
 			b := bytes.Clone(a)
@@ -438,13 +444,7 @@ func TestMappedFileTruncated(t *testing.T) {
 // reports: the blocks after the first that differs are hashed to the end,
 // and the suffix begins after the last that differs, not the first.
 func TestChangesApartFound(t *testing.T) {
-	rng := rand.New(rand.NewPCG(3, 4))
-	a := make([]byte, 40*blockSize+123)
-	for i := range a {
-		a[i] = byte(rng.IntN(256))
-	}
-	l := &loader{seed: maphash.MakeSeed()}
-	bh := l.hashBlocks(a)
+	a, l, bh := randomHashed(3, 4, 40*blockSize+123)
 	offs := []int{0, blockSize - 1, 3*blockSize + 7, 20 * blockSize, len(a) - 2*blockSize, len(a) - 1}
 	edit := func(b []byte, at int, kind string) []byte {
 		switch kind {

@@ -101,12 +101,7 @@ func scaleFile(tb testing.TB, format string, n, change int) (orig, changed []byt
 	return orig, changed
 }
 
-func scaleSizes() []int {
-	if testing.Short() {
-		return []int{30000}
-	}
-	return []int{30000, 100000}
-}
+func scaleSizes() []int { return testutil.ScaleSizes(1, 30000, 100000) }
 
 // BenchmarkScale: see the comment above. live-MiB is the heap the loader
 // and the state it handed over hold after a load (what stays in the
