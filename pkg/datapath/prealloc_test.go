@@ -178,29 +178,29 @@ func BenchmarkCreateServiceMaps(b *testing.B) {
 	}
 }
 
-// BenchmarkFillServicesMap writes 330,000 slots (30,000 frontends x 11
-// entries) into a fresh sluice_services of 360,000 entries, in batches of
-// 1,024 as the Maps do, with and without preallocation: the kernel's
-// insert alone (sys-ns/entry), without the reconciler's work between
-// the batches.
+// BenchmarkFillServicesMap writes 30,000 frontends' masters, what
+// sluice_services holds since the slots went to arrays (BenchmarkFillSlots),
+// into a fresh sluice_services sized by the default --max-services, in
+// batches of 1,024 as the Maps do, with and without preallocation: the
+// kernel's insert alone (sys-ns/entry), without the reconciler's work
+// between the batches. (Until the services hash was sized by
+// --max-services it wrote 330,000 masters and slots, /330k.)
 func BenchmarkFillServicesMap(b *testing.B) {
 	testutil.Privileged(b)
-	const frontends, per, batch = 30000, 11, 1024
-	keys := make([]sockLb4Key, 0, frontends*per)
+	const frontends, batch = 30000, 1024
+	keys := make([]sockLb4Key, 0, frontends)
 	for i := range frontends {
-		for slot := range per {
-			keys = append(keys, sockLb4Key{Vip: be32(netip.AddrFrom4([4]byte{10, byte(96 + i>>16), byte(i >> 8), byte(i)})),
-				Port: be16(80), Proto: uint8(model.TCP), Slot: uint16(slot)})
-		}
+		keys = append(keys, sockLb4Key{Vip: be32(netip.AddrFrom4([4]byte{10, byte(96 + i>>16), byte(i >> 8), byte(i)})),
+			Port: be16(80), Proto: uint8(model.TCP)})
 	}
 	values := make([]sockLb4Service, len(keys))
 	for _, prealloc := range []bool{false, true} {
 		spec := specOf(b, loadTc)
-		cfg := Config{MaxServiceEntries: 12 * frontends, PreallocateMaps: prealloc}
+		cfg := Config{PreallocateMaps: prealloc}
 		if err := configure(spec, cfg.withDefaults()); err != nil {
 			b.Fatal(err)
 		}
-		b.Run(map[bool]string{false: "330k", true: "330k-prealloc"}[prealloc], func(b *testing.B) {
+		b.Run(map[bool]string{false: "30k", true: "30k-prealloc"}[prealloc], func(b *testing.B) {
 			var sys time.Duration
 			for b.Loop() {
 				b.StopTimer()
