@@ -917,42 +917,44 @@ func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
 	}
 	var orphans []*object
 	kept := 0 // objects the tracker holds that are still in effect
-	for k, o := range objs {
-		prev := l.fed[k]
-		if prev != nil {
-			kept++
-		}
-		switch {
-		case o.svc != nil:
-			res.Services++
-			if prev == nil || prev.svc != o.svc {
-				l.tracker.SetCompactService(k.NamespacedName, o.svc)
+	l.tracker.Batch(func(b *tracker.Batch) {
+		for k, o := range objs {
+			prev := l.fed[k]
+			if prev != nil {
+				kept++
 			}
-		case o.slice != nil:
-			res.Slices++
-			if !o.hasOwner {
-				orphans = append(orphans, o)
+			switch {
+			case o.svc != nil:
+				res.Services++
+				if prev == nil || prev.svc != o.svc {
+					b.SetCompactService(k.NamespacedName, o.svc)
+				}
+			case o.slice != nil:
+				res.Slices++
+				if !o.hasOwner {
+					orphans = append(orphans, o)
+				}
+				if prev == nil || prev.slice != o.slice {
+					// No trigger time: the network programming latency is
+					// the Kubernetes source's (Sync's Triggers go unread).
+					b.SetCompactSlice(k.NamespacedName, o.slice, "")
+				}
 			}
-			if prev == nil || prev.slice != o.slice {
-				// No trigger time: the network programming latency is
-				// the Kubernetes source's (Sync's Triggers go unread).
-				l.tracker.SetCompactSlice(k.NamespacedName, o.slice, "")
+		}
+		for k, prev := range l.fed {
+			if kept == len(l.fed) {
+				break // none was removed
+			}
+			if _, ok := objs[k]; ok {
+				continue
+			}
+			if prev.svc != nil {
+				b.SetCompactService(k.NamespacedName, nil)
+			} else {
+				b.SetCompactSlice(k.NamespacedName, nil, "")
 			}
 		}
-	}
-	for k, prev := range l.fed {
-		if kept == len(l.fed) {
-			break // none was removed
-		}
-		if _, ok := objs[k]; ok {
-			continue
-		}
-		if prev.svc != nil {
-			l.tracker.SetCompactService(k.NamespacedName, nil)
-		} else {
-			l.tracker.SetCompactSlice(k.NamespacedName, nil, "")
-		}
-	}
+	})
 	l.fed = objs
 
 	// Sorted, so that the order of warnings does not depend on map order.
