@@ -27,6 +27,7 @@ func BenchmarkFirstTranslate(b *testing.B) {
 	for b.Loop() {
 		runs++
 		fresh := newLoader(translate.Options{})
+		fresh.byFile = l.byFile // as the load leaves it before translate
 		res := &Result{}
 		st := fresh.translate(objs, res)
 		if len(res.Errors) > 0 || st.Services.Len() != n {
