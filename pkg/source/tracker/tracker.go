@@ -316,6 +316,41 @@ func (t *Tracker) SetCompactService(key types.NamespacedName, svc *translate.Ser
 func (t *Tracker) setService(key types.NamespacedName, svc serviceRef) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.setServiceLocked(key, svc)
+}
+
+// Batch calls f, which makes its Set* calls through the Batch it is
+// given, with the tracker locked once for all of them: for a source that
+// hands many objects over at once (the manifest source, every object of
+// a load). Each call does what the Tracker's of the same name does;
+// none may be made to the Tracker itself until f returns.
+func (t *Tracker) Batch(f func(*Batch)) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	f(&Batch{t})
+}
+
+// Batch makes Set* calls under the lock Tracker.Batch took: at 30,000
+// Services, a first load's 60,000 calls took it and let it go 60,000
+// times (5 ms of the tracker's 35 ms of feeding).
+type Batch struct{ t *Tracker }
+
+// SetCompactService is Tracker.SetCompactService.
+func (b *Batch) SetCompactService(key types.NamespacedName, svc *translate.Service) bool {
+	var ref serviceRef
+	if svc != nil {
+		ref.compact = svc
+	}
+	return b.t.setServiceLocked(key, ref)
+}
+
+// SetCompactSlice is Tracker.SetCompactSlice.
+func (b *Batch) SetCompactSlice(key types.NamespacedName, es *translate.Slice, trigger string) bool {
+	return b.t.setSliceLocked(key, sliceRef{compact: es}, trigger)
+}
+
+// setServiceLocked is setService with t.mu held.
+func (t *Tracker) setServiceLocked(key types.NamespacedName, svc serviceRef) bool {
 	in := t.inputs[key]
 	var old serviceRef
 	if in != nil {
@@ -400,6 +435,11 @@ func (t *Tracker) SetCompactSlice(key types.NamespacedName, es *translate.Slice,
 func (t *Tracker) setSlice(key types.NamespacedName, es sliceRef, trigger string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.setSliceLocked(key, es, trigger)
+}
+
+// setSliceLocked is setSlice with t.mu held.
+func (t *Tracker) setSliceLocked(key types.NamespacedName, es sliceRef, trigger string) bool {
 	var owner types.NamespacedName
 	hasOwner := false
 	if !es.isNil() {
@@ -612,6 +652,13 @@ func (t *Tracker) Sync() Result {
 	t.opts.Node = p.node
 	r := Result{Triggers: p.triggers}
 	var changes []change
+	// A first state is built from the translations this loop makes (every
+	// Service is dirty in the first Sync), collected as they are made:
+	// a walk of t.inputs afterwards read each input and frontend again.
+	var first []model.ServiceEntry
+	if t.state == nil {
+		first = make([]model.ServiceEntry, 0, len(p.services))
+	}
 	for _, d := range p.services {
 		key, svc, in := d.key, d.svc, d.in
 		var out []*model.Service
@@ -686,9 +733,18 @@ func (t *Tracker) Sync() Result {
 			t.order = nil
 		}
 		*last = translation{out, created}
+		if t.state == nil {
+			for _, svc := range out {
+				first = append(first, model.ServiceEntry{Key: svc.Frontend, Svc: svc})
+			}
+		}
 	}
-	if r.Changed > 0 || t.state == nil {
-		if t.state == nil || !t.patch(changes) {
+	switch {
+	case t.state == nil:
+		t.buildFrom(first)
+		r.Conflicts = t.conflicts
+	case r.Changed > 0:
+		if !t.patch(changes) {
 			t.build()
 		}
 		r.Conflicts = t.conflicts
@@ -766,6 +822,12 @@ func (t *Tracker) build() {
 		}
 	}
 	t.mu.Unlock()
+	t.buildFrom(ents)
+}
+
+// buildFrom is build with the frontends of every Service's last
+// translation given, in any order.
+func (t *Tracker) buildFrom(ents []model.ServiceEntry) {
 	if s, ok := model.BuildServices(ents); ok {
 		t.conflicts = nil
 		t.state = &model.State{Services: s, Gen: model.NewGeneration()}

@@ -21,6 +21,7 @@ package translate
 // controller turns it into the hints read here.
 
 import (
+	"encoding/binary"
 	"net"
 	"net/netip"
 	"slices"
@@ -104,6 +105,110 @@ func categorize(eps []endpoint, pol portPolicy, nodeName, zone string) (c catego
 		c.local = filterEndpoints(eps, func(e *endpoint) bool { return e.local && e.serving && e.terminating })
 	}
 	return c
+}
+
+// categorizeSorted is categorize(endpointsFor(...), pol, nodeName, zone)
+// for the shape nearly every Service port has, without either: its
+// endpoints in one slice (eps, the Service's slices of the family), which
+// lists the port once, their addresses IPv4 and in increasing order (no
+// duplicate to drop, nothing to sort), none with hints (no topology: the
+// zone is not read, and hintsRead says false). It makes each policy's
+// backends straight from the packed endpoints: at 30,000 Services of 10
+// endpoints, a first sync's endpointsFor made 300,000 endpoints of 104
+// bytes, sorted them and filtered them again. ok is false for any other
+// shape (several slices, an address of another family or none, hints,
+// addresses out of order or listed twice), which the caller categorizes
+// the long way.
+func categorizeSorted(eps []*Slice, portName string, kproto corev1.Protocol, proto model.Protocol, pol portPolicy, nodeName string) (c categories, ok bool) {
+	if len(eps) != 1 {
+		return c, false
+	}
+	es := eps[0]
+	port := -1
+	for i := range es.Ports {
+		if p := &es.Ports[i]; p.Name == portName && p.Protocol == kproto && p.HasPort {
+			if port >= 0 {
+				return c, false // listed twice: endpointsFor's candidates of both
+			}
+			port = i
+		}
+	}
+	packed := es.Endpoints.eps
+	if port < 0 || len(packed) == 0 {
+		return c, true // no endpoint: categorize's nothing
+	}
+	if es.Endpoints.wide != nil {
+		return c, false
+	}
+	// One pass to check the shape and count each set, one to fill them.
+	var ready, servingTerminating, localReady, localServingTerminating int
+	var last uint32
+	for i := range packed {
+		p := &packed[i]
+		if p.flags&epIPv4 == 0 {
+			return c, false
+		}
+		a := binary.BigEndian.Uint32(p.v4[:])
+		if i > 0 && a <= last {
+			return c, false
+		}
+		last = a
+		local := p.isLocal(nodeName)
+		switch {
+		case p.flags&epReady != 0:
+			ready++
+			if local {
+				localReady++
+			}
+		case p.flags&(epServing|epTerminating) == epServing|epTerminating:
+			servingTerminating++
+			if local {
+				localServingTerminating++
+			}
+		}
+	}
+	backends := func(n int, keep func(*packedEndpoint) bool) []model.Backend {
+		out := make([]model.Backend, 0, n)
+		for i := range packed {
+			if p := &packed[i]; keep(p) {
+				out = append(out, model.Backend{L4Addr: model.L4Addr{Addr: netip.AddrFrom4(p.v4), Port: uint16(es.Ports[port].Port), Proto: proto},
+					Terminating: p.flags&epReady == 0})
+			}
+		}
+		return out
+	}
+	isReady := func(p *packedEndpoint) bool { return p.flags&epReady != 0 }
+	isServingTerminating := func(p *packedEndpoint) bool {
+		return p.flags&(epServing|epTerminating) == epServing|epTerminating
+	}
+	if pol.usesCluster() {
+		// No hints: topologyMode's "", every ready endpoint; with none,
+		// the serving and terminating ones.
+		if ready > 0 {
+			c.cluster = backends(ready, isReady)
+		} else {
+			c.cluster = backends(servingTerminating, isServingTerminating)
+		}
+		c.hasAny = len(c.cluster) > 0
+	}
+	if !pol.usesLocal() {
+		return c, true
+	}
+	c.hasAny = c.hasAny || ready+servingTerminating > 0
+	switch {
+	case localReady > 0:
+		c.local = backends(localReady, func(p *packedEndpoint) bool { return p.isLocal(nodeName) && isReady(p) })
+	case localServingTerminating > 0:
+		c.local = backends(localServingTerminating, func(p *packedEndpoint) bool {
+			return p.isLocal(nodeName) && isServingTerminating(p)
+		})
+	}
+	return c, true
+}
+
+// isLocal says whether the endpoint is on node nodeName (endpoint.local).
+func (p *packedEndpoint) isLocal(nodeName string) bool {
+	return nodeName != "" && p.node != nil && *p.node == nodeName
 }
 
 // Topology modes (kube-proxy's, the values of Service.trafficDistribution

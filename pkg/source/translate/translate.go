@@ -258,8 +258,12 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 	}
 	// Sized for the ClusterIP frontends (north-south ones grow it).
 	t.Services = make([]*model.Service, 0, len(svc.Ports)*len(fams))
-	scratch := endpointScratch.Get().(*[]endpoint)
-	defer putEndpointScratch(scratch)
+	var scratch *[]endpoint // taken when a port needs it (not categorizeSorted's)
+	defer func() {
+		if scratch != nil {
+			putEndpointScratch(scratch)
+		}
+	}()
 	for i, sp := range svc.Ports {
 		proto, err := protocolOf(sp.Protocol)
 		if err != nil {
@@ -270,15 +274,22 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 		}
 		for _, f := range fams {
 			pol := policyOf(svc, sp, f.ext)
-			es := endpointsFor((*scratch)[:0], sp.Name, cmp.Or(sp.Protocol, corev1.ProtocolTCP), proto, f.slices, node.Name)
-			*scratch = es[:0]
-			cat := categorize(es, pol, node.Name, node.Labels[corev1.LabelTopologyZone])
+			kproto := cmp.Or(sp.Protocol, corev1.ProtocolTCP)
+			cat, ok := categorizeSorted(f.slices, sp.Name, kproto, proto, pol, node.Name)
+			if !ok {
+				if scratch == nil {
+					scratch = endpointScratch.Get().(*[]endpoint)
+				}
+				es := endpointsFor((*scratch)[:0], sp.Name, kproto, proto, f.slices, node.Name)
+				*scratch = es[:0]
+				cat = categorize(es, pol, node.Name, node.Labels[corev1.LabelTopologyZone])
+				if byName, byZone := hintsRead(es); pol.usesCluster() && (byName || byZone) {
+					// The hints are matched against this node's name and zone.
+					t.NodeFacts |= NodeName | NodeLabels
+				}
+			}
 			if pol.usesLocal() {
 				t.NodeFacts |= NodeName
-			}
-			if byName, byZone := hintsRead(es); pol.usesCluster() && (byName || byZone) {
-				// The hints are matched against this node's name and zone.
-				t.NodeFacts |= NodeName | NodeLabels
 			}
 
 			// ClusterIP traffic gets internalTrafficPolicy's endpoints.
