@@ -46,7 +46,7 @@ func testCompactArena(t *testing.T, noPatch bool) {
 		if o.svc == nil {
 			continue
 		}
-		if prev != nil && unsafe.Pointer(&o.svc.Ports[0]) == unsafe.Add(unsafe.Pointer(&prev.Ports[0]), unsafe.Sizeof(prev.Ports[0])) {
+		if prev != nil && uintptr(unsafe.Pointer(&o.svc.Ports[0])) == uintptr(unsafe.Pointer(&prev.Ports[0]))+unsafe.Sizeof(prev.Ports[0]) {
 			adjacent++
 		}
 		prev = o.svc
