@@ -31,10 +31,8 @@ package manifest
 // not kept.
 
 import (
-	"net/netip"
 	"strings"
 	"sync"
-	"unsafe"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -93,15 +91,9 @@ func (c *compacter) sharePtr(p *string) *string {
 
 // service returns what the loader keeps of svc, in namespace key's (as
 // decodeAs sets it): what a translation reads of it, none of its strings
-// shared with svc; its names are key's (the loader's copies). It and its
-// ClusterIPs and Ports are carved from a's chunks (nil: allocated apart).
-func (c *compacter) service(svc *corev1.Service, key types.NamespacedName, a *compactArena) *translate.Service {
-	var s *translate.Service
-	if a == nil {
-		s = translate.ServiceOf(svc)
-	} else {
-		s = a.service(svc)
-	}
+// shared with svc; its names are key's (the loader's copies).
+func (c *compacter) service(svc *corev1.Service, key types.NamespacedName) *translate.Service {
+	s := translate.ServiceOf(svc)
 	s.Namespace, s.Name = key.Namespace, keyName(s.Name, key)
 	s.ResourceVersion = strings.Clone(s.ResourceVersion)
 	s.ProxyName = c.sharePtr(s.ProxyName)
@@ -122,17 +114,9 @@ func (c *compacter) service(svc *corev1.Service, key types.NamespacedName, a *co
 }
 
 // slice is service for an EndpointSlice; its endpoints are pre's if
-// the decoder packed them (pre.packed), else es's. It and its Ports are
-// carved from a (nil: allocated apart); its endpoints are not.
-func (c *compacter) slice(es *discoveryv1.EndpointSlice, key types.NamespacedName, pre fastObject, a *compactArena) *translate.Slice {
-	var s *translate.Slice
-	if a == nil {
-		s = new(translate.Slice)
-	} else {
-		// ReadSlice uses the room of Ports it is given.
-		s = &a.slices.carve(1)[0]
-		s.Ports = a.slicePorts.carve(len(es.Ports))[:0]
-	}
+// the decoder packed them (pre.packed), else es's.
+func (c *compacter) slice(es *discoveryv1.EndpointSlice, key types.NamespacedName, pre fastObject) *translate.Slice {
+	s := new(translate.Slice)
 	if pre.packed {
 		translate.ReadPackedSlice(s, es, pre.eps)
 	} else {
@@ -173,75 +157,4 @@ func (c *compacter) hints(h *discoveryv1.EndpointHints) *discoveryv1.EndpointHin
 		}
 	}
 	return out
-}
-
-// compactArena carves the compact Services of one parse, and their
-// ClusterIPs and Ports, from a few large arrays instead of three
-// allocations each, and the compact slices and their Ports likewise
-// instead of two (their endpoints are translate's to allocate): at 30,000
-// Services and their slices, 150,000 allocations a first load fewer, and
-// a translation that reads the objects in file order (a first load's,
-// loader.inFileOrder) reads each kind of them contiguously where they
-// were apart, among the other objects of their size.
-//
-// Chunks grow from 8 elements to about 32 KiB, so that a parse decoding
-// one changed object carves it from a small chunk. The arena is the
-// parse's (docDecoder's) and is dropped with it: what stays is each chunk
-// as long as an object carved from it does, the part of the last chunk
-// no object took included (at most one chunk of each kind a parse), and
-// the room of an object replaced by a later load while another of its
-// chunk is kept: at worst (most objects edited since, one in each chunk
-// not) what the first load carved, 448 bytes a Service and its slice,
-// 13 MB at 30,000.
-//
-// Every array is carved capacity-limited (s[i:j:j]), and nothing is
-// carved twice: an append to one Service's array reallocates it rather
-// than writing into its neighbour's, and an object decoded again is
-// carved elsewhere, its neighbours untouched
-// (TestCompactArenaKeepsObjectsApart). A Service or slice is never
-// modified once made (translate.Service, translate.Slice).
-type compactArena struct {
-	services chunks[translate.Service]
-	addrs    chunks[netip.Addr]
-	ports    chunks[translate.ServicePort]
-	// slices and slicePorts are the EndpointSlices'.
-	slices     chunks[translate.Slice]
-	slicePorts chunks[translate.SlicePort]
-}
-
-// service is translate.ServiceOf, carved from a.
-func (a *compactArena) service(svc *corev1.Service) *translate.Service {
-	s := &a.services.carve(1)[0]
-	sp := &svc.Spec
-	// As many as appendClusterIPs may append (ReadService uses the
-	// room it is given, and nothing past its capacity).
-	nips := len(sp.ClusterIPs)
-	if nips == 0 && sp.ClusterIP != "" {
-		nips = 1
-	}
-	s.ClusterIPs, s.Ports = a.addrs.carve(nips)[:0], a.ports.carve(len(sp.Ports))[:0]
-	translate.ReadService(s, svc)
-	return s
-}
-
-// chunks carves arrays of T from chunks it allocates.
-type chunks[T any] struct {
-	free []T // the rest of the current chunk
-	next int // the size of the next chunk
-}
-
-// carve returns n zero Ts of their own, capacity n (nil for 0).
-func (c *chunks[T]) carve(n int) []T {
-	if n == 0 {
-		return nil
-	}
-	if n > len(c.free) {
-		var zero T
-		size := max(c.next, 8)
-		c.next = min(2*size, max(8, (32<<10)/int(unsafe.Sizeof(zero))))
-		c.free = make([]T, max(n, size))
-	}
-	s := c.free[:n:n]
-	c.free = c.free[n:]
-	return s
 }

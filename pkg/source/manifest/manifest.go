@@ -410,23 +410,10 @@ type fileResult struct {
 	seen map[objKey]*object
 }
 
-// arena is what the compact forms of the objects fr's parse decodes are
-// carved from; nil outside a parse (a patch's objects are allocated
-// apart).
-func (fr *fileResult) arena() *compactArena {
-	if fr.dec == nil {
-		return nil
-	}
-	return &fr.dec.arena
-}
-
 // docDecoder is what decodeDocument reuses from one document to the next.
 type docDecoder struct {
 	fast fastDecoder
 	yaml yamlConv
-	// arena is what the parse's compact Services are carved from
-	// (compact.go).
-	arena compactArena
 }
 
 // newDocDecoder returns a docDecoder whose fast decoder reuses its room
@@ -864,13 +851,13 @@ func (l *loader) decodeObject(fr *fileResult, sum unitSum, file string, idx, ite
 	case kindService:
 		var svc *corev1.Service
 		if svc, err = decodeAs(pre.svc, js, key.Namespace); err == nil {
-			o.svc = l.compact.service(svc, key.NamespacedName, fr.arena())
+			o.svc = l.compact.service(svc, key.NamespacedName)
 			err = o.svc.Invalid // translate.ValidateService's
 		}
 	case kindSlice:
 		var es *discoveryv1.EndpointSlice
 		if es, err = decodeAs(pre.slice, js, key.Namespace); err == nil {
-			o.slice = l.compact.slice(es, key.NamespacedName, pre, fr.arena())
+			o.slice = l.compact.slice(es, key.NamespacedName, pre)
 			err = o.slice.Invalid // translate.ValidateEndpointSlice's
 		}
 		if err == nil {
