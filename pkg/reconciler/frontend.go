@@ -46,7 +46,8 @@ func newDesired(fe Frontend, svc *model.Service) *desiredFrontend {
 // reads them in order orders them first (orderBackends). programFresh
 // does it in its walk of them, which reads them anyway: a first program
 // at 30,000 Services x 10 read the state's 12 MB of backends here too,
-// long before, cache misses both times (7 ms of its 0.17 s of user time).
+// long before, cache misses both times (9 ms of the apply's 0.19 s of
+// user time, fifty-fifth pass).
 func makeDesired(d *desiredFrontend, fe Frontend, svc *model.Service) *desiredFrontend {
 	if d == nil {
 		d = new(desiredFrontend)
