@@ -248,8 +248,9 @@ func unorderedState(n int) (*model.State, map[reconciler.Frontend][]model.L4Addr
 
 // TestFreshUnorderedBackends: a first program of services whose backends
 // come unsorted and with duplicates (unorderedState), in maps with room
-// for exactly what they come to without the duplicates, batched (in one
-// chunk and in chunks of 3) and one write at a time: every frontend's
+// for exactly what they come to without the duplicates and in roomy
+// ones, batched (in one chunk and in chunks of 3) and one write at a
+// time: every frontend's
 // slots name its backends each once, each id the address the backends
 // map holds for it (the fake checks its invariants after every write),
 // the batches write what one write at a time writes, and the services'
@@ -259,8 +260,12 @@ func unorderedState(n int) (*model.State, map[reconciler.Frontend][]model.L4Addr
 // without ordering them (a slot for each duplicate), or writes a backend
 // with another one's id.
 func TestFreshUnorderedBackends(t *testing.T) {
-	for _, chunk := range []int{0, 3} {
-		t.Run(fmt.Sprint("chunk", chunk), func(t *testing.T) {
+	for _, tc := range []struct {
+		chunk int
+		exact bool // room for exactly the backends and entries wanted, else plenty
+	}{{0, true}, {3, true}, {0, false}, {3, false}} {
+		chunk := tc.chunk
+		t.Run(fmt.Sprintf("chunk%d/exact=%v", chunk, tc.exact), func(t *testing.T) {
 			st, want := unorderedState(20)
 			given := map[model.L4Addr][2][]model.Backend{}
 			addrs, entries := map[model.L4Addr]bool{}, 0
@@ -275,7 +280,10 @@ func TestFreshUnorderedBackends(t *testing.T) {
 			}
 			var fakes []*fakedp.Fake
 			for _, batched := range []bool{true, false} {
-				f := newFakeSized(t, len(want), len(addrs), entries)
+				f := newFake(t)
+				if tc.exact {
+					f = newFakeSized(t, len(want), len(addrs), entries)
+				}
 				r := reconciler.New(f, nil)
 				if chunk > 0 {
 					reconciler.SetFreshChunk(r, chunk)
