@@ -133,6 +133,10 @@ lint: golangci-lint ## golangci-lint (.golangci.yml), clang-format on bpf/, go m
 race: ## Run the tests of the packages with Go concurrency under the race detector
 	CGO_ENABLED=1 $(GO) test -race -count=1 -p 1 $(RACE_PKGS)
 
+.PHONY: bench-smoke
+bench-smoke: ## Run every Go benchmark once (-benchtime 1x, -short: the first sizes), so that one that no longer runs fails here rather than in review; no figure is read
+	$(GO) test -count=1 -p 1 -run '^$$' -bench . -benchtime 1x -short -timeout 20m ./...
+
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZ_TIME (10s), one target per go test
 	@targets=$$(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' pkg internal cmd test | \
@@ -177,7 +181,7 @@ first-run-notice:
 test: first-run-notice deps check-generate kube-bin helm ## Vet, lint, race, fuzz, then run every test (as root: BPF, netns, cgroups)
 	$(GO) vet ./...
 	cd deploy/tools && $(GO) vet ./...
-	@$(MAKE) --no-print-directory lint race fuzz
+	@$(MAKE) --no-print-directory lint race fuzz bench-smoke
 	$(GO) test -count=1 -p 1 -timeout 40m ./...
 
 # A privileged test skips without root; under `make test` it fails instead

@@ -3,8 +3,10 @@ package reconciler_test
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -207,5 +209,106 @@ func TestFirstProgramAllocatesLittleBeyondItsView(t *testing.T) {
 	// bytes, backends of 40, their frontends' pointers) and the rest.
 	if limit := int64(n*(112+24) + 3<<19); beyond > limit {
 		t.Errorf("a first program of %d frontends allocated %d bytes beyond its view of %d, want at most %d", n, beyond, view, limit)
+	}
+}
+
+// unorderedState is n services whose backends come unsorted and with
+// duplicates, as a state not made by the sources may have them (they sort
+// theirs), shared between services; every third a NodePort with two
+// scopes, its internal backends unsorted too. It returns the state and,
+// of each frontend, the backends it wants: its own, sorted, each once.
+func unorderedState(n int) (*model.State, map[reconciler.Frontend][]model.L4Addr) {
+	st := model.NewState()
+	want := map[reconciler.Frontend][]model.L4Addr{}
+	ordered := func(bs []model.Backend) []model.L4Addr {
+		var as []model.L4Addr
+		for _, b := range bs {
+			as = append(as, b.L4Addr)
+		}
+		slices.SortFunc(as, model.L4Addr.Compare)
+		return slices.Compact(as)
+	}
+	for i := range n {
+		s := &model.Service{
+			Name:     model.ServicePortName{Namespace: "default", Name: fmt.Sprint("svc-", i)},
+			Kind:     model.ClusterIP,
+			Frontend: vip(i),
+			Backends: []model.Backend{be(i, 3, model.TCP), be(i%4, 1, model.TCP), be(i, 3, model.TCP), be(i, 2, model.TCP), be(i%4, 1, model.TCP), be(i, 7, model.TCP)},
+		}
+		if i%3 == 1 {
+			s.Kind, s.TwoScopes, s.ExternalLocal = model.NodePort, true, true
+			s.InternalBackends = []model.Backend{be(i, 9, model.TCP), be(i%4, 1, model.TCP), be(i, 9, model.TCP), be(i, 2, model.TCP)}
+			want[reconciler.Frontend{L4Addr: s.Frontend, Scope: reconciler.ScopeInternal}] = ordered(s.InternalBackends)
+		}
+		want[reconciler.Frontend{L4Addr: s.Frontend, Scope: reconciler.ScopeDefault}] = ordered(s.Backends)
+		st.Services.Set(s.Frontend, s)
+	}
+	return st, want
+}
+
+// TestFreshUnorderedBackends: a first program of services whose backends
+// come unsorted and with duplicates (unorderedState), in maps with room
+// for exactly what they come to without the duplicates and in roomy
+// ones, batched (in one chunk and in chunks of 3) and one write at a
+// time: every frontend's
+// slots name its backends each once, each id the address the backends
+// map holds for it (the fake checks its invariants after every write),
+// the batches write what one write at a time writes, and the services'
+// slices are as they were. programFresh orders a frontend's backends,
+// checks them and takes their ids in one walk: this fails if it checks
+// them before it orders them (the duplicates do not fit), takes ids
+// without ordering them (a slot for each duplicate), or writes a backend
+// with another one's id.
+func TestFreshUnorderedBackends(t *testing.T) {
+	for _, tc := range []struct {
+		chunk int
+		exact bool // room for exactly the backends and entries wanted, else plenty
+	}{{0, true}, {3, true}, {0, false}, {3, false}} {
+		chunk := tc.chunk
+		t.Run(fmt.Sprintf("chunk%d/exact=%v", chunk, tc.exact), func(t *testing.T) {
+			st, want := unorderedState(20)
+			given := map[model.L4Addr][2][]model.Backend{}
+			addrs, entries := map[model.L4Addr]bool{}, 0
+			for a, s := range st.Services.All() {
+				given[a] = [2][]model.Backend{slices.Clone(s.Backends), slices.Clone(s.InternalBackends)}
+			}
+			for _, bs := range want {
+				entries += 1 + len(bs)
+				for _, a := range bs {
+					addrs[a] = true
+				}
+			}
+			var fakes []*fakedp.Fake
+			for _, batched := range []bool{true, false} {
+				f := newFake(t)
+				if tc.exact {
+					f = newFakeSized(t, len(want), len(addrs), entries)
+				}
+				r := reconciler.New(f, nil)
+				if chunk > 0 {
+					reconciler.SetFreshChunk(r, chunk)
+				}
+				if !batched {
+					reconciler.SetBatchMin(r, 0)
+				}
+				mustApply(t, r, st)
+				if got := programmed(t, f); !maps.EqualFunc(got, want, slices.Equal) {
+					t.Errorf("batched %v: programmed\n%v\nwant\n%v", batched, got, want)
+				}
+				if n := f.Batches(); (n > 0) != batched {
+					t.Errorf("batched %v: %d batches", batched, n)
+				}
+				restartWritesNothing(t, f, st)
+				fakes = append(fakes, f)
+			}
+			if got, want := fakes[0].String(), fakes[1].String(); got != want {
+				t.Errorf("batched programming differs:\n%s\none write at a time:\n%s", got, want)
+			}
+			for a, s := range st.Services.All() {
+				if g := given[a]; !slices.Equal(s.Backends, g[0]) || !slices.Equal(s.InternalBackends, g[1]) {
+					t.Errorf("%s: the service's backends changed to %v, %v from %v, %v", a, s.Backends, s.InternalBackends, g[0], g[1])
+				}
+			}
+		})
 	}
 }
