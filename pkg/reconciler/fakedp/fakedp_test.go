@@ -177,37 +177,32 @@ func TestFakeCapacityAndFailures(t *testing.T) {
 	}
 }
 
-// TestFakeBackendIDBound: the backends maps are arrays indexed by the id,
-// of BackendIDSlots entries: the fake refuses a write beyond, as the
-// kernel does, and records it, as the reconciler must never hand such an
-// id out.
-func TestFakeBackendIDBound(t *testing.T) {
-	f := New(1, 1, 1)
+// TestFakeIDBound: the backends and rev_nat maps are arrays indexed by
+// the id, of BackendIDSlots and ServiceIDSlots entries: the fake refuses
+// a write beyond, as the kernel does, and records it, as the reconciler
+// must never hand such an id out.
+func TestFakeIDBound(t *testing.T) {
 	b := modeltest.L4("10.0.0.1", 8080, model.TCP)
-	last := reconciler.BackendID(reconciler.BackendIDSlots(1) - 1)
-	mustWriteClean(t, f, f.UpsertBackend(last, b))
-	if err := f.UpsertBackend(last+1, b); err == nil {
-		t.Fatalf("backend id %d written, beyond the %d entries", last+1, last+1)
-	}
-	if v := f.Violations(); len(v) != 1 || !strings.Contains(v[0], "beyond the") {
-		t.Errorf("violations %q, want the id beyond the arrays", v)
-	}
-}
-
-// TestFakeServiceIDBound: the rev_nat maps are arrays indexed by the
-// service id, of ServiceIDSlots entries: the fake refuses a write beyond,
-// as the kernel does, and records it, as the reconciler must never hand
-// such an id out.
-func TestFakeServiceIDBound(t *testing.T) {
-	f := New(1, 1, 1)
 	fe := reconciler.DefaultScope(modeltest.L4("10.96.0.1", 80, model.TCP))
-	last := reconciler.ServiceID(reconciler.ServiceIDSlots(1) - 1)
-	mustWriteClean(t, f, f.UpsertRevNat(last, fe))
-	if err := f.UpsertRevNat(last+1, fe); err == nil {
-		t.Fatalf("service id %d written, beyond the %d entries", last+1, last+1)
-	}
-	if v := f.Violations(); len(v) != 1 || !strings.Contains(v[0], "beyond the") {
-		t.Errorf("violations %q, want the id beyond the arrays", v)
+	for _, c := range []struct {
+		kind  string
+		slots int
+		put   func(f *Fake, id uint32) error
+	}{
+		{"backend", reconciler.BackendIDSlots(1), func(f *Fake, id uint32) error { return f.UpsertBackend(reconciler.BackendID(id), b) }},
+		{"service", reconciler.ServiceIDSlots(1), func(f *Fake, id uint32) error { return f.UpsertRevNat(reconciler.ServiceID(id), fe) }},
+	} {
+		t.Run(c.kind, func(t *testing.T) {
+			f := New(1, 1, 1)
+			last := uint32(c.slots - 1)
+			mustWriteClean(t, f, c.put(f, last))
+			if err := c.put(f, last+1); err == nil {
+				t.Fatalf("%s id %d written, beyond the %d entries", c.kind, last+1, last+1)
+			}
+			if v := f.Violations(); len(v) != 1 || !strings.Contains(v[0], "beyond the") {
+				t.Errorf("violations %q, want the id beyond the arrays", v)
+			}
+		})
 	}
 }
 
