@@ -343,6 +343,20 @@ static __always_inline bool FN(ct_est_same)(const FAM(ct_key_t) *key,
 }
 
 /*
+ * ct_est_claimed - whether the entry under @key in sluice_conntrack is
+ * dead: after ct_est_insert's -EEXIST, one claimed by another deleter (the
+ * agent's GC, a flush, another CPU's new flow) between its compare-and-swap
+ * and its delete, so that the key is free an instant later.
+ */
+static __always_inline bool FN(ct_est_claimed)(const FAM(ct_key_t) *key,
+					       __u64 now)
+{
+	FAM(ct_entry_t) *e = bpf_map_lookup_elem(FAM(ct_est), key);
+
+	return e && !ct_alive(READ_ONCE(e->expires), now);
+}
+
+/*
  * ct_supersede_in - ct_supersede for the forward entry under @fkey in @map
  * (sluice_conntrack or sluice_ct_new).
  */
@@ -701,10 +715,17 @@ static __always_inline int FN(ct_overflow)(const FAM(ct_key_t) *key,
  * If the table is full, both stay in sluice_ct_new, established
  * (ct_overflow, counted tc_ct_est_overflow).
  *
- * Returns 0; CT_OVERFLOW if the flow stays in sluice_ct_new; or a negative
- * error: -EEXIST if a live entry of another flow holds a key, -ENOENT if
- * @rev is stale (ct_half_open_elsewhere: it is deleted), another map
- * update error.
+ * A key held by a dead entry that another deleter claimed and has not
+ * deleted yet (ct_est_claimed: the agent's GC reaping the tuple's previous
+ * flow as this one is re-created) is not another flow's: the flow stays
+ * half-open and the packet goes on (CT_DEFERRED); the next reply promotes
+ * it. Dropping it, as before, lost a datagram or a SYN-ACK now and then
+ * while the GC ran (TestCTGCKeepsRecreatedFlows under load).
+ *
+ * Returns 0; CT_OVERFLOW if the flow stays in sluice_ct_new, established;
+ * CT_DEFERRED if it stays there half-open; or a negative error: -EEXIST if
+ * a live entry of another flow holds a key, -ENOENT if @rev is stale
+ * (ct_half_open_elsewhere: it is deleted), another map update error.
  */
 static __always_inline int FN(ct_promote)(const FAM(ct_key_t) *rkey,
 					  const FAM(ct_entry_t) *rev, __u64 now)
@@ -728,6 +749,8 @@ static __always_inline int FN(ct_promote)(const FAM(ct_key_t) *rkey,
 	err = FN(ct_est_insert)(rkey, &r, now, false);
 	if (err == -EEXIST && FN(ct_est_same)(rkey, &r, now))
 		err = 0;
+	if (err == -EEXIST && FN(ct_est_claimed)(rkey, now))
+		return CT_DEFERRED;
 	if (err)
 		goto overflow;
 	err = FN(ct_est_insert)(&fkey, &f, now, false);
@@ -737,6 +760,8 @@ static __always_inline int FN(ct_promote)(const FAM(ct_key_t) *rkey,
 		ins = bpf_map_lookup_elem(FAM(ct_est), rkey);
 		if (ins)
 			FN(ct_reap)(FAM(ct_est), rkey, ins, r.expires);
+		if (err == -EEXIST && FN(ct_est_claimed)(&fkey, now))
+			return CT_DEFERRED;
 		goto overflow;
 	}
 	bpf_map_delete_elem(FAM(ct_new), rkey);
@@ -890,6 +915,10 @@ promote:
 	*err = FN(ct_promote)(key, e, now);
 	if (*err == -ENOENT)
 		*err = 0;
+	if (*err == CT_DEFERRED) {
+		*err = 0;
+		return e;
+	}
 	if (*err == CT_OVERFLOW) {
 		*err = 0;
 		return bpf_map_lookup_elem(FAM(ct_new), key);
