@@ -7,22 +7,17 @@ import (
 
 // packedMap is the part of a keyMap whose keys pack into a uint64 (IPv4):
 // an open-addressing hash table, linear probing, deleting by shifting the
-// entries after back (no tombstones), each slot's key and value side by
-// side (a new key touches one cache line, not two) and a bitmap of the
-// slots in use. A Go map of 240,000 backend addresses (uint64 keys,
-// uint32 ids: issue 14's 30,000 Services x 8) took 9 MiB, 39 bytes an
-// entry at the load it had; this takes 16.1 bytes a slot (a uint32 value
-// is padded to 8) at a load of 0.5 to 0.75 (grown by half when it passes
-// 0.75; 2/3 when presized): 21-32 bytes an entry.
+// entries after back (no tombstones), keys and values in slices of their
+// own and a bitmap of the slots in use. A Go map of 240,000 backend
+// addresses (uint64 keys, uint32 ids: issue 14's 30,000 Services x 8)
+// took 9 MiB, 39 bytes an entry at the load it had; this takes 12.1 bytes
+// a slot at a load of 0.5 to 0.75 (grown by half when it passes 0.75; 2/3
+// when presized): 16-24 bytes an entry.
 type packedMap[V any] struct {
-	slots []packedSlot[V]
-	full  []uint64 // bit i: slot i holds an entry
-	n     int
-}
-
-type packedSlot[V any] struct {
-	key uint64
-	val V
+	keys []uint64
+	vals []V
+	full []uint64 // bit i: slot i holds an entry
+	n    int
 }
 
 const (
@@ -52,7 +47,7 @@ func (m *packedMap[V]) home(k uint64) int {
 	k ^= k >> 33
 	k *= 0xc4ceb9fe1a85ec53
 	k ^= k >> 33
-	hi, _ := bits.Mul64(k, uint64(len(m.slots)))
+	hi, _ := bits.Mul64(k, uint64(len(m.keys)))
 	return int(hi)
 }
 
@@ -60,10 +55,10 @@ func (m *packedMap[V]) home(k uint64) int {
 func (m *packedMap[V]) find(k uint64) (int, bool) {
 	i := m.home(k)
 	for m.used(i) {
-		if m.slots[i].key == k {
+		if m.keys[i] == k {
 			return i, true
 		}
-		if i++; i == len(m.slots) {
+		if i++; i == len(m.keys) {
 			i = 0
 		}
 	}
@@ -73,7 +68,7 @@ func (m *packedMap[V]) find(k uint64) (int, bool) {
 func (m *packedMap[V]) get(k uint64) (V, bool) {
 	if m.n > 0 {
 		if i, ok := m.find(k); ok {
-			return m.slots[i].val, true
+			return m.vals[i], true
 		}
 	}
 	var zero V
@@ -84,34 +79,34 @@ func (m *packedMap[V]) get(k uint64) (V, bool) {
 // reports false): one probe where a get and then a put make two.
 func (m *packedMap[V]) getOrPut(k uint64, mk func() V) (V, bool) {
 	i, ok := 0, false
-	if len(m.slots) > 0 {
+	if len(m.keys) > 0 {
 		if i, ok = m.find(k); ok {
-			return m.slots[i].val, true
+			return m.vals[i], true
 		}
 	}
-	if (m.n+1)*packedMaxLoadDen > len(m.slots)*packedMaxLoadNum {
-		m.resize(max(packedMinSlots, len(m.slots)+len(m.slots)/2))
+	if (m.n+1)*packedMaxLoadDen > len(m.keys)*packedMaxLoadNum {
+		m.resize(max(packedMinSlots, len(m.keys)+len(m.keys)/2))
 		i, _ = m.find(k)
 	}
 	v := mk()
-	m.slots[i] = packedSlot[V]{k, v}
+	m.keys[i], m.vals[i] = k, v
 	m.full[i/64] |= 1 << (i % 64)
 	m.n++
 	return v, false
 }
 
 func (m *packedMap[V]) put(k uint64, v V) {
-	if len(m.slots) > 0 {
+	if len(m.keys) > 0 {
 		if i, ok := m.find(k); ok {
-			m.slots[i].val = v
+			m.vals[i] = v
 			return
 		}
 	}
-	if (m.n+1)*packedMaxLoadDen > len(m.slots)*packedMaxLoadNum {
-		m.resize(max(packedMinSlots, len(m.slots)+len(m.slots)/2))
+	if (m.n+1)*packedMaxLoadDen > len(m.keys)*packedMaxLoadNum {
+		m.resize(max(packedMinSlots, len(m.keys)+len(m.keys)/2))
 	}
 	i, _ := m.find(k)
-	m.slots[i] = packedSlot[V]{k, v}
+	m.keys[i], m.vals[i] = k, v
 	m.full[i/64] |= 1 << (i % 64)
 	m.n++
 }
@@ -119,11 +114,11 @@ func (m *packedMap[V]) put(k uint64, v V) {
 // resize rehashes the entries into n slots.
 func (m *packedMap[V]) resize(n int) {
 	old := *m
-	*m = packedMap[V]{slots: make([]packedSlot[V], n), full: make([]uint64, (n+63)/64)}
-	for i := range old.slots {
+	*m = packedMap[V]{keys: make([]uint64, n), vals: make([]V, n), full: make([]uint64, (n+63)/64)}
+	for i := range old.keys {
 		if old.used(i) {
-			j, _ := m.find(old.slots[i].key)
-			m.slots[j] = old.slots[i]
+			j, _ := m.find(old.keys[i])
+			m.keys[j], m.vals[j] = old.keys[i], old.vals[i]
 			m.full[j/64] |= 1 << (j % 64)
 			m.n++
 		}
@@ -143,20 +138,21 @@ func (m *packedMap[V]) del(k uint64) {
 	// home is not between i (exclusive) and where it is: it would not be
 	// found past the hole.
 	for j := i; ; {
-		if j++; j == len(m.slots) {
+		if j++; j == len(m.keys) {
 			j = 0
 		}
 		if !m.used(j) {
 			break
 		}
-		h := m.home(m.slots[j].key)
+		h := m.home(m.keys[j])
 		if i <= j && i < h && h <= j || i > j && (h > i || h <= j) {
 			continue
 		}
-		m.slots[i] = m.slots[j]
+		m.keys[i], m.vals[i] = m.keys[j], m.vals[j]
 		i = j
 	}
-	m.slots[i] = packedSlot[V]{}
+	var zero V
+	m.keys[i], m.vals[i] = 0, zero
 	m.full[i/64] &^= 1 << (i % 64)
 }
 
@@ -172,12 +168,12 @@ func (m *packedMap[V]) all() iter.Seq2[uint64, V] {
 		for m.used(e) {
 			e++
 		}
-		for s := 1; s < len(m.slots); s++ {
+		for s := 1; s < len(m.keys); s++ {
 			i := e - s
 			if i < 0 {
-				i += len(m.slots)
+				i += len(m.keys)
 			}
-			if m.used(i) && !yield(m.slots[i].key, m.slots[i].val) {
+			if m.used(i) && !yield(m.keys[i], m.vals[i]) {
 				return
 			}
 		}
