@@ -189,9 +189,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 	// frontend that is invalid or does not fit fails alone and writes
 	// nothing. Backends new to several frontends count once; when
 	// everything fits even counted many times over (the common case),
-	// they are not counted at all. (The backends' number is an upper
-	// bound until they are ordered, below: what they come to, without
-	// duplicates, fits all the more.)
+	// they are not counted at all.
 	var upper sizes
 	naddrs := 0
 	for _, d := range ds {
@@ -208,16 +206,13 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 	if !roomy {
 		counted = make(map[model.L4Addr]bool)
 	}
-	// check orders d's backends, then checks them as said above, and
-	// returns false if d failed.
-	check := func(d *desiredFrontend) bool {
-		d.orderBackends()
+	for _, d := range ds {
 		if err := validate(d); err != nil {
 			fail(d, err)
-			return false
+			continue
 		}
 		if roomy {
-			return true
+			continue
 		}
 		n := r.capacityNeeded(d.fe, d)
 		for _, b := range d.backends {
@@ -228,7 +223,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 		}
 		if err := checkRoom(r.inUse().add(need), n, capacity); err != nil {
 			fail(d, err)
-			return false
+			continue
 		}
 		need = need.add(n)
 		for _, b := range d.backends {
@@ -237,23 +232,9 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 				counted[a] = true
 			}
 		}
-		return true
 	}
 
-	// Ids: the ones reserved before, or new ones, a frontend's right
-	// after its check, in one walk of the desired backends: they are the
-	// state's, 12 MB at 30,000 x 10, read here for the first time in the
-	// Apply, cache misses all; their check, the order's and validate's,
-	// brings a frontend's in, and its ids are looked up while they are
-	// there. (Their order checked by makeDesired, then all checked
-	// here, then looked up, they were read from memory three times: 21
-	// ms of a first program's 0.19 s of user time, 13 ms in one walk,
-	// fifty-fifth pass.) The checks come out as they did all before the
-	// lookups: the view's counts that the capacity check reads change
-	// only with the writes, and an address an earlier frontend took an
-	// id for counts as new, as one it only counted did. Only the order
-	// of the errors differs: a frontend's, whichever the cause, comes in
-	// the frontends' order.
+	// Ids: the ones reserved before, or new ones.
 	// (A frontend failed already has no ids: sids is read only where
 	// set below.)
 	buf.ids, buf.flat, buf.sids = reuse(buf.ids, len(ds))[:len(ds)], reuse(buf.flat, naddrs)[:naddrs], reuse(buf.sids, len(ds))[:len(ds)]
@@ -267,7 +248,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 	queued := make(bitset, 0, min(int(r.beIDs.next)+naddrs, 1<<20)/64+1)
 	newBackendID := func() BackendID { return BackendID(r.beIDs.alloc()) }
 	for i, d := range ds {
-		if !check(d) { // nothing failed before
+		if failed[d.fe] {
 			continue
 		}
 		sid, ok := r.serviceOf.get(d.fe)
@@ -301,10 +282,6 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 	// the CPU commits in order: the entries' stores waited behind them
 	// there (about a sixth of a first program's own CPU at 30,000 x 10);
 	// here they do not, though part of that wait moves to the lookups.
-	// (Made in that walk again, the fifty-fifth pass found it no
-	// quicker: user time 1.05 [0.97-1.13] of two walks' in 4
-	// interleaved rounds of BenchmarkMapsFromEmpty/30k, 0.99 without
-	// the datapath.)
 	for i, d := range ds {
 		for j, id := range ids[i] {
 			if queued.has(uint32(id)) {

@@ -18,57 +18,33 @@ type desiredFrontend struct {
 	fe    Frontend
 	svc   *model.Service
 	flags uint8 // MasterFlags
-	// ordered says backends were made sorted and unique (orderBackends):
-	// until then they are svc's as given, and only their number, an
-	// upper bound, and their set may be read.
-	ordered bool
 	// backends are the scope's backends, sorted by address, one per
-	// address (only their L4Addr counts), once ordered. They are svc's
-	// own when it has them so (the translation makes them sorted and
-	// unique), not a copy: a first program at 30,000 Services x 10
-	// copied 9.6 MB of addresses, which lived until the end of the
-	// apply, the agent's peak of memory.
+	// address (only their L4Addr counts). They are svc's own when it
+	// has them so (the translation makes them sorted and unique), not a
+	// copy: a first program at 30,000 Services x 10 copied 9.6 MB of
+	// addresses, which lived until the end of the apply, the agent's
+	// peak of memory.
 	backends []model.Backend
 	ranges   []netip.Prefix // see desiredRanges
 	view     *frontendView  // its view, once programFresh made it
 }
 
-// newDesired is makeDesired's frontend in a new one, its backends
-// ordered.
-func newDesired(fe Frontend, svc *model.Service) *desiredFrontend {
-	d := makeDesired(nil, fe, svc)
-	d.orderBackends()
-	return d
-}
+func newDesired(fe Frontend, svc *model.Service) *desiredFrontend { return makeDesired(nil, fe, svc) }
 
 // makeDesired makes fe's desired frontend, of svc, in d, or in a new one
-// if d is nil, and returns it. Its backends are not yet ordered: what
-// reads them in order orders them first (orderBackends). programFresh
-// does it in its walk of them, which reads them anyway: a first program
-// at 30,000 Services x 10 read the state's 12 MB of backends here too,
-// long before, cache misses both times (9 ms of the apply's 0.19 s of
-// user time, fifty-fifth pass).
+// if d is nil, and returns it.
 func makeDesired(d *desiredFrontend, fe Frontend, svc *model.Service) *desiredFrontend {
 	if d == nil {
 		d = new(desiredFrontend)
 	}
 	*d = desiredFrontend{fe: fe, svc: svc, flags: MasterFlags(svc, fe.Scope), backends: scopeBackends(svc, fe.Scope)}
-	d.ranges = desiredRanges(svc, fe.Scope)
-	return d
-}
-
-// orderBackends makes d's backends sorted by address, each once: svc's
-// own if they are so already, else a sorted copy.
-func (d *desiredFrontend) orderBackends() {
-	if d.ordered {
-		return
-	}
-	d.ordered = true
 	if !sortedUnique(d.backends) {
 		d.backends = slices.Clone(d.backends)
 		slices.SortFunc(d.backends, compareBackends)
 		d.backends = slices.CompactFunc(d.backends, func(a, b model.Backend) bool { return a.L4Addr == b.L4Addr })
 	}
+	d.ranges = desiredRanges(svc, fe.Scope)
+	return d
 }
 
 // compareBackends orders backends by address.
@@ -185,7 +161,6 @@ func (r *Reconciler) inSyncFrontend(fe Frontend, d *desiredFrontend) bool {
 	if v == nil || !v.hasMaster {
 		return false
 	}
-	d.orderBackends()
 	sid, ok := r.serviceOf.get(fe)
 	if !ok || v.master != masterOf(sid, d) {
 		return false
@@ -230,7 +205,6 @@ func wantsAddr(d *desiredFrontend, a model.L4Addr) bool {
 // make-before-break order, stopping at the first failed write (the view
 // then says how far it got).
 func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity sizes) error {
-	d.orderBackends()
 	v := r.frontends.val(fe)
 	m := uint32(len(d.backends))
 
