@@ -140,6 +140,10 @@ func categorizeSorted(eps []*Slice, portName string, kproto corev1.Protocol, pro
 	if es.Endpoints.wide != nil {
 		return c, false
 	}
+	isReady := func(p *packedEndpoint) bool { return p.flags&epReady != 0 }
+	isServingTerminating := func(p *packedEndpoint) bool {
+		return p.flags&(epServing|epTerminating) == epServing|epTerminating
+	}
 	// One pass to check the shape and count each set, one to fill them.
 	var ready, servingTerminating, localReady, localServingTerminating int
 	var last uint32
@@ -155,12 +159,12 @@ func categorizeSorted(eps []*Slice, portName string, kproto corev1.Protocol, pro
 		last = a
 		local := p.isLocal(nodeName)
 		switch {
-		case p.flags&epReady != 0:
+		case isReady(p):
 			ready++
 			if local {
 				localReady++
 			}
-		case p.flags&(epServing|epTerminating) == epServing|epTerminating:
+		case isServingTerminating(p):
 			servingTerminating++
 			if local {
 				localServingTerminating++
@@ -172,14 +176,10 @@ func categorizeSorted(eps []*Slice, portName string, kproto corev1.Protocol, pro
 		for i := range packed {
 			if p := &packed[i]; keep(p) {
 				out = append(out, model.Backend{L4Addr: model.L4Addr{Addr: netip.AddrFrom4(p.v4), Port: uint16(es.Ports[port].Port), Proto: proto},
-					Terminating: p.flags&epReady == 0})
+					Terminating: !isReady(p)})
 			}
 		}
 		return out
-	}
-	isReady := func(p *packedEndpoint) bool { return p.flags&epReady != 0 }
-	isServingTerminating := func(p *packedEndpoint) bool {
-		return p.flags&(epServing|epTerminating) == epServing|epTerminating
 	}
 	if pol.usesCluster() {
 		// No hints: topologyMode's "", every ready endpoint; with none,
