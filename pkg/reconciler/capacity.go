@@ -133,7 +133,11 @@ func (r *Reconciler) capacityNeeded(fe Frontend, d *desiredFrontend) sizes {
 // checkCapacity returns an ErrCapacity error naming every map that has no
 // room for need: how many entries it needs, how many the map holds, of
 // how many (the map of the family that has no room, for the per-family
-// maps). A map need adds nothing to never refuses it.
+// maps), and the flag that sizes it. Service entries (a frontend's master
+// and its slots) are named by their flag alone: they are counted against
+// --max-service-entries, which neither the masters' hash (sized by
+// --max-services) nor the slots' array (twice as large) holds as such.
+// A map need adds nothing to never refuses it.
 func (r *Reconciler) checkCapacity(need, capacity sizes) error {
 	return checkRoom(r.inUse(), need, capacity)
 }
@@ -146,19 +150,19 @@ func (r *Reconciler) checkCapacity(need, capacity sizes) error {
 func checkRoom(use, need, capacity sizes) error {
 	var short []string
 	if use.services+need.services > capacity.services {
-		short = append(short, fmt.Sprintf("services, of both families: %d in use of %d", use.services, capacity.services))
+		short = append(short, fmt.Sprintf("services, of both families: %d in use of %d (--max-services)", use.services, capacity.services))
 	}
 	for _, f := range []family{ipv4, ipv6} {
 		if need.backends[f] > 0 && use.backends[f]+need.backends[f] > capacity.backends[f] {
-			short = append(short, fmt.Sprintf("%d new %s backends: %d in use of %d in %s",
+			short = append(short, fmt.Sprintf("%d new %s backends: %d in use of %d in %s (--max-backends)",
 				need.backends[f], f, use.backends[f], capacity.backends[f], f.mapName("backends")))
 		}
 		if need.entries[f] > 0 && use.entries[f]+need.entries[f] > capacity.entries[f] {
-			short = append(short, fmt.Sprintf("%d new %s service entries: %d in use of %d in %s",
-				need.entries[f], f, use.entries[f], capacity.entries[f], f.mapName("services")))
+			short = append(short, fmt.Sprintf("%d new %s service entries: %d in use of %d (--max-service-entries)",
+				need.entries[f], f, use.entries[f], capacity.entries[f]))
 		}
 		if need.ranges[f] > 0 && use.ranges[f]+need.ranges[f] > capacity.ranges[f] {
-			short = append(short, fmt.Sprintf("%d new %s source ranges: %d in use of %d in %s",
+			short = append(short, fmt.Sprintf("%d new %s source ranges: %d in use of %d in %s (--max-source-ranges)",
 				need.ranges[f], f, use.ranges[f], capacity.ranges[f], f.mapName("src_ranges")))
 		}
 	}

@@ -67,12 +67,12 @@ func TestCapacityPerFamily(t *testing.T) {
 					fam, prefix = "IPv6", "sluice6_"
 				}
 				wants := []string{"default/svc-3", " " + fam + " backends: ", " of 7 in " + prefix + "backends",
-					" " + fam + " service entries: ", " of 8 in " + prefix + "services"}
+					" " + fam + " service entries: ", " of 8 (--max-service-entries)", " in " + prefix + "backends (--max-backends)"}
 				// A batch names what the frontend needs itself, what
 				// the ones before it in the batch take counted in use,
 				// as programmed frontend by frontend.
 				wants = append(wants, "5 new "+fam+" backends: 3 in use of 7 in "+prefix+"backends",
-					"6 new "+fam+" service entries: 4 in use of 8 in "+prefix+"services")
+					"6 new "+fam+" service entries: 4 in use of 8 (--max-service-entries)")
 				for _, want := range wants {
 					if !errors.Is(err, reconciler.ErrCapacity) || !strings.Contains(err.Error(), want) {
 						t.Errorf("error %q: not a capacity error saying %q", err, want)

@@ -1058,8 +1058,8 @@ func TestOversizedServiceDoesNotBlockOthers(t *testing.T) {
 		name, frontend string
 		full           []string
 	}{
-		{"default/big:http", "10.96.2.1:80", []string{"41 new IPv4 service entries: ", " in use of 16 in sluice_services"}},
-		{"default/big6:http", "[2001:db8:96::201]:80", []string{"41 new IPv6 service entries: ", " in use of 16 in sluice6_services"}},
+		{"default/big:http", "10.96.2.1:80", []string{"41 new IPv4 service entries: ", " in use of 16 (--max-service-entries)"}},
+		{"default/big6:http", "[2001:db8:96::201]:80", []string{"41 new IPv6 service entries: ", " in use of 16 (--max-service-entries)"}},
 	} {
 		if !strings.HasPrefix(body, "ok\n") || !strings.Contains(body, big.name) || !strings.Contains(body, "capacity") {
 			t.Errorf("/readyz body does not report %s for capacity:\n%s", big.name, body)
