@@ -8,20 +8,15 @@ import (
 // packedMap is the part of a keyMap whose keys pack into a uint64 (IPv4):
 // an open-addressing hash table, linear probing, deleting by shifting the
 // entries after back (no tombstones), keys and values in slices of their
-// own and a tag a slot: 0 for an empty slot, else 7 bits of its key's
-// hash that its home does not use. A probe reads the tags and reads a
-// key only where the tag is its key's: a new key's insert (every
-// backend address of a first program) passes the slots of its run
-// without reading their keys, which are megabytes and missed the cache
-// on most of them (issue 14, fifty-ninth pass). A Go map of 240,000
-// backend addresses (uint64 keys, uint32 ids: issue 14's 30,000
-// Services x 8) took 9 MiB, 39 bytes an entry at the load it had; this
-// takes 13 bytes a slot at a load of 0.5 to 0.75 (grown by half when it
-// passes 0.75; 2/3 when presized): 17-26 bytes an entry.
+// own and a bitmap of the slots in use. A Go map of 240,000 backend
+// addresses (uint64 keys, uint32 ids: issue 14's 30,000 Services x 8)
+// took 9 MiB, 39 bytes an entry at the load it had; this takes 12.1 bytes
+// a slot at a load of 0.5 to 0.75 (grown by half when it passes 0.75; 2/3
+// when presized): 16-24 bytes an entry.
 type packedMap[V any] struct {
 	keys []uint64
 	vals []V
-	tags []uint8 // slot i's tag; 0: slot i is empty
+	full []uint64 // bit i: slot i holds an entry
 	n    int
 }
 
@@ -41,12 +36,11 @@ func makePackedMap[V any](n int) packedMap[V] {
 	return m
 }
 
-func (m *packedMap[V]) used(i int) bool { return m.tags[i] != 0 }
+func (m *packedMap[V]) used(i int) bool { return m.full[i/64]&(1<<(i%64)) != 0 }
 
-// slot returns k's first slot, the high bits of a mix of k's bits scaled
-// to the table (so any number of slots will do), and its tag, the mix's
-// low bits (never 0).
-func (m *packedMap[V]) slot(k uint64) (int, uint8) {
+// home is k's first slot: the high bits of a mix of k's bits, scaled to
+// the table (so any number of slots will do).
+func (m *packedMap[V]) home(k uint64) int {
 	// MurmurHash3's 64-bit finalizer.
 	k ^= k >> 33
 	k *= 0xff51afd7ed558ccd
@@ -54,37 +48,26 @@ func (m *packedMap[V]) slot(k uint64) (int, uint8) {
 	k *= 0xc4ceb9fe1a85ec53
 	k ^= k >> 33
 	hi, _ := bits.Mul64(k, uint64(len(m.keys)))
-	return int(hi), uint8(k) | 1
+	return int(hi)
 }
 
-// home is k's first slot.
-func (m *packedMap[V]) home(k uint64) int {
-	i, _ := m.slot(k)
-	return i
-}
-
-// find returns k's slot, or the empty slot where it would go, and k's
-// tag.
-func (m *packedMap[V]) find(k uint64) (int, uint8, bool) {
-	i, t := m.slot(k)
-	for {
-		switch m.tags[i] {
-		case 0:
-			return i, t, false
-		case t:
-			if m.keys[i] == k {
-				return i, t, true
-			}
+// find returns k's slot, or the empty slot where it would go.
+func (m *packedMap[V]) find(k uint64) (int, bool) {
+	i := m.home(k)
+	for m.used(i) {
+		if m.keys[i] == k {
+			return i, true
 		}
 		if i++; i == len(m.keys) {
 			i = 0
 		}
 	}
+	return i, false
 }
 
 func (m *packedMap[V]) get(k uint64) (V, bool) {
 	if m.n > 0 {
-		if i, _, ok := m.find(k); ok {
+		if i, ok := m.find(k); ok {
 			return m.vals[i], true
 		}
 	}
@@ -95,25 +78,26 @@ func (m *packedMap[V]) get(k uint64) (V, bool) {
 // getOrPut returns k's value, or adds k with the value mk returns (and
 // reports false): one probe where a get and then a put make two.
 func (m *packedMap[V]) getOrPut(k uint64, mk func() V) (V, bool) {
-	i, t, ok := 0, uint8(0), false
+	i, ok := 0, false
 	if len(m.keys) > 0 {
-		if i, t, ok = m.find(k); ok {
+		if i, ok = m.find(k); ok {
 			return m.vals[i], true
 		}
 	}
 	if (m.n+1)*packedMaxLoadDen > len(m.keys)*packedMaxLoadNum {
 		m.resize(max(packedMinSlots, len(m.keys)+len(m.keys)/2))
-		i, t, _ = m.find(k)
+		i, _ = m.find(k)
 	}
 	v := mk()
-	m.keys[i], m.vals[i], m.tags[i] = k, v, t
+	m.keys[i], m.vals[i] = k, v
+	m.full[i/64] |= 1 << (i % 64)
 	m.n++
 	return v, false
 }
 
 func (m *packedMap[V]) put(k uint64, v V) {
 	if len(m.keys) > 0 {
-		if i, _, ok := m.find(k); ok {
+		if i, ok := m.find(k); ok {
 			m.vals[i] = v
 			return
 		}
@@ -121,19 +105,21 @@ func (m *packedMap[V]) put(k uint64, v V) {
 	if (m.n+1)*packedMaxLoadDen > len(m.keys)*packedMaxLoadNum {
 		m.resize(max(packedMinSlots, len(m.keys)+len(m.keys)/2))
 	}
-	i, t, _ := m.find(k)
-	m.keys[i], m.vals[i], m.tags[i] = k, v, t
+	i, _ := m.find(k)
+	m.keys[i], m.vals[i] = k, v
+	m.full[i/64] |= 1 << (i % 64)
 	m.n++
 }
 
 // resize rehashes the entries into n slots.
 func (m *packedMap[V]) resize(n int) {
 	old := *m
-	*m = packedMap[V]{keys: make([]uint64, n), vals: make([]V, n), tags: make([]uint8, n)}
+	*m = packedMap[V]{keys: make([]uint64, n), vals: make([]V, n), full: make([]uint64, (n+63)/64)}
 	for i := range old.keys {
 		if old.used(i) {
-			j, t, _ := m.find(old.keys[i])
-			m.keys[j], m.vals[j], m.tags[j] = old.keys[i], old.vals[i], t
+			j, _ := m.find(old.keys[i])
+			m.keys[j], m.vals[j] = old.keys[i], old.vals[i]
+			m.full[j/64] |= 1 << (j % 64)
 			m.n++
 		}
 	}
@@ -143,7 +129,7 @@ func (m *packedMap[V]) del(k uint64) {
 	if m.n == 0 {
 		return
 	}
-	i, _, ok := m.find(k)
+	i, ok := m.find(k)
 	if !ok {
 		return
 	}
@@ -162,11 +148,12 @@ func (m *packedMap[V]) del(k uint64) {
 		if i <= j && i < h && h <= j || i > j && (h > i || h <= j) {
 			continue
 		}
-		m.keys[i], m.vals[i], m.tags[i] = m.keys[j], m.vals[j], m.tags[j]
+		m.keys[i], m.vals[i] = m.keys[j], m.vals[j]
 		i = j
 	}
 	var zero V
-	m.keys[i], m.vals[i], m.tags[i] = 0, zero, 0
+	m.keys[i], m.vals[i] = 0, zero
+	m.full[i/64] &^= 1 << (i % 64)
 }
 
 // all yields every entry, in no order. The body may delete the key it is
