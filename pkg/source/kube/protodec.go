@@ -466,4 +466,3 @@ func (sl *slimmer) shareBytes(b []byte) string {
 	}
 	return sl.shareValue(string(b))
 }
-
