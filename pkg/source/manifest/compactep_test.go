@@ -40,7 +40,7 @@ func readEndpoint(js string, fast bool) (r endpointRead, took bool) {
 		}
 	}()
 	if fast {
-		took = d.compactEndpoint(discoveryv1.AddressTypeIPv4, e, p, member)
+		took = d.compactEndpoint(discoveryv1.AddressTypeIPv4, p, member)
 		if !took && (d.i != 0 || *p != (packing{}) || !reflect.DeepEqual(*e, discoveryv1.Endpoint{})) {
 			panic(fmt.Sprintf("compactEndpoint declined %q after reading: at %d, %+v, %+v", js, d.i, *p, *e))
 		}

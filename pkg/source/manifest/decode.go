@@ -1290,7 +1290,7 @@ func (d *fastDecoder) packEndpoints(t discoveryv1.AddressType) (ok bool) {
 	d.array(func() {
 		*e, *p = discoveryv1.Endpoint{}, packing{}
 		member := func(key []byte) uint { return d.endpointMember(e, key, t, p) }
-		if !d.compactEndpoint(t, e, p, member) {
+		if !d.compactEndpoint(t, p, member) {
 			d.object(member)
 		}
 		if !p.addrs {
@@ -1316,7 +1316,7 @@ func (d *fastDecoder) packEndpoints(t discoveryv1.AddressType) (ok bool) {
 // same bytes, without a call per member and with the address parsed in
 // place (dottedQuad): the endpoints were the largest part of a List's
 // decoding at 30,000 Services x 10 endpoints.
-func (d *fastDecoder) compactEndpoint(t discoveryv1.AddressType, e *discoveryv1.Endpoint, p *packing, member func(key []byte) uint) bool {
+func (d *fastDecoder) compactEndpoint(t discoveryv1.AddressType, p *packing, member func(key []byte) uint) bool {
 	const addrs, conds = `{"addresses":["`, `"],"conditions":`
 	if t != discoveryv1.AddressTypeIPv4 {
 		return false
