@@ -95,10 +95,10 @@ func (g *gcTarget) SetProgrammed(*model.State) {}
 // heap's largest is twice what was live at whichever collection came last
 // in the lists, and where the collections fall moves it. At 30,000
 // Services x 10 endpoints through a real kube-apiserver that was 77-116
-// MB, and the VmHWM 132.1-152.7 MiB over 30 starts of main, above 150 in 6
+// MB, and the VmHWM 132.1-152.7 MiB over 33 starts of main, above 150 in 6
 // (issue 14, sixty-first pass). Under a limit the collector runs when the
 // runtime's memory nears it, and the runtime returns freed pages to stay
-// under it: 130.3-138.8 MiB in 12 starts, at a CPU to the first sync
+// under it: 129.7-138.8 MiB in 15 starts, at a CPU to the first sync
 // within the noise (the collections come at Go's target until the heap
 // nears the limit; about 82 MiB is live at the first sync there). A lower
 // target for the start alone (GOGC 50) settled the peak too (129.0-138.9
