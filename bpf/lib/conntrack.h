@@ -74,9 +74,10 @@
 /* ct_promote's result when the flow stays in sluice_ct_new (ct_overflow). */
 #define CT_OVERFLOW 1
 /*
- * ct_promote's result when a key it needs in sluice_conntrack is held by a
- * dead entry another deleter claimed and has not deleted yet: the flow
- * stays half-open this once, and its next reply promotes it.
+ * ct_promote's (and ct_promote_snat's) result when a key it needs in
+ * sluice_conntrack is held by a dead entry another deleter claimed and
+ * has not deleted yet: the flow stays half-open this once, and its next
+ * reply promotes it.
  */
 #define CT_DEFERRED 2
 

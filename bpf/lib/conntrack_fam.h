@@ -281,9 +281,13 @@ static __always_inline void FN(ct_track_tcp)(const FAM(pkt_t) *p,
  * ct_est_insert - insert @val under @key into sluice_conntrack, deleting a
  * dead entry in the way (ct_reap); with @keep_peer, not one whose flow's
  * other entry is alive (the GC's rule, for port reservations: the flow
- * still sends from that port). Returns 0, -EEXIST if a live entry (or one
- * kept, or claimed by another deleter) holds the key, or another negative
- * error (-E2BIG: the table is full).
+ * still sends from that port). A dead entry that another deleter has
+ * claimed already (ct_reap fails) is its to delete: the insert is tried
+ * once more all the same, which succeeds if that delete came meanwhile
+ * (a BPF program cannot wait for it; BPF_NOEXIST never overwrites it).
+ * Returns 0, -EEXIST if a live entry (or one kept, or one still claimed,
+ * ct_est_claimed) holds the key, or another negative error (-E2BIG: the
+ * table is full).
  */
 static __always_inline int FN(ct_est_insert)(const FAM(ct_key_t) *key,
 					     const FAM(ct_entry_t) *val,
@@ -301,9 +305,9 @@ static __always_inline int FN(ct_est_insert)(const FAM(ct_key_t) *key,
 	if (old) {
 		seen = READ_ONCE(old->expires);
 		if (ct_alive(seen, now) ||
-		    (keep_peer && FN(ct_peer)(key, old, now, &pkey)) ||
-		    !FN(ct_reap)(FAM(ct_est), key, old, seen))
+		    (keep_peer && FN(ct_peer)(key, old, now, &pkey)))
 			return -EEXIST;
+		FN(ct_reap)(FAM(ct_est), key, old, seen);
 	}
 	return bpf_map_update_elem(FAM(ct_est), key, val, BPF_NOEXIST);
 }
@@ -793,6 +797,11 @@ overflow:
  * forward entry there (rebuilt from @rev), mark the reservation
  * established, drop the half-open forward entry; if the table is full,
  * the forward entry stays in sluice_ct_new, established (ct_overflow).
+ * If the forward key is held by a dead entry another deleter claimed and
+ * has not deleted yet (ct_est_claimed: the tuple's previous flow, reaped
+ * by the GC as the client reuses its port), the flow stays half-open, its
+ * reservation unanswered, and the reply goes on (CT_DEFERRED), as in
+ * ct_promote; it was dropped as a clash before.
  * Returns as ct_promote.
  */
 static __always_inline int FN(ct_promote_snat)(const FAM(ct_key_t) *rkey,
@@ -816,6 +825,8 @@ static __always_inline int FN(ct_promote_snat)(const FAM(ct_key_t) *rkey,
 	err = FN(ct_est_insert)(&fkey, &f, now, false);
 	if (err == -EEXIST && FN(ct_est_same)(&fkey, &f, now))
 		err = 0;
+	if (err == -EEXIST && FN(ct_est_claimed)(&fkey, now))
+		return CT_DEFERRED;
 #ifdef CT_EST_OVERFLOW
 	if (err == -E2BIG) {
 		err = FN(ct_overflow)(&fkey, &f);
@@ -895,7 +906,7 @@ FN(ct_reply)(const FAM(pkt_t) *p, FAM(ct_key_t) *key, __u64 now, int *err)
 		if ((READ_ONCE(e->flags) & (CT_F_REPLIED | CT_F_SNAT)) ==
 		    CT_F_SNAT) {
 			*err = FN(ct_promote_snat)(key, e, now);
-			if (*err == -ENOENT || *err == CT_OVERFLOW)
+			if (*err == -ENOENT || *err > 0)
 				*err = 0;
 			if (*err)
 				return NULL;
@@ -934,11 +945,21 @@ promote:
  * flow's: refresh it, or re-create it if it was deleted (a flush) or has
  * lapsed.
  *
+ * A reply tuple held by a dead entry another deleter claimed and has not
+ * deleted yet is not deferred, unlike ct_promote's: the flow's replies
+ * would go out untranslated meanwhile (a TCP client answers such a reply
+ * with a RST to the backend, which ends the connection there), where a
+ * dropped packet is sent again. Who claims a reply entry while its
+ * flow's forward entry lives ends the flow (a flush; a new flow that
+ * supersedes it, ct_supersede) or takes the tuple (a new flow with the
+ * same reply tuple: a clash); the GC keeps it. ct_est_insert tries once
+ * more after a claimed entry, in case its delete came meanwhile.
+ *
  * Returns 0; -EEXIST if a live entry of another flow holds the reply
- * tuple (for a source-NATed flow: its port was lost and taken), and the
- * packet must not be sent, for its replies would go to that flow; or
- * another negative error if the entry cannot be re-created (-E2BIG: the
- * table is full).
+ * tuple (for a source-NATed flow: its port was lost and taken), or one
+ * claimed by another deleter, and the packet must not be sent, for its
+ * replies would go to that flow or nowhere; or another negative error if
+ * the entry cannot be re-created (-E2BIG: the table is full).
  */
 static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
 						const FAM(ct_key_t) *key,
@@ -957,7 +978,7 @@ static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
 	};
 	FAM(ct_entry_t) *rev;
 	FAM(ct_key_t) rkey;
-	__u64 seen;
+	__u64 seen, got;
 	int err;
 
 	FN(ct_peer_key)(&rkey, key, fwd);
@@ -982,12 +1003,17 @@ static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
 			if (explain_dry(p))
 				return 0; /* it would be revived */
 			/* This flow's, lapsed: revive it, unless a deleter
-			 * has claimed it already.
+			 * has claimed it already. If another CPU with a
+			 * packet of this flow revived it first, it is alive:
+			 * as good. (This packet went on to the insert then,
+			 * which found it alive: dropped as a clash.)
 			 */
-			if (seen != CT_DEAD &&
-			    __sync_val_compare_and_swap(&rev->expires, seen,
-							e.expires) == seen)
-				return 0;
+			if (seen != CT_DEAD) {
+				got = __sync_val_compare_and_swap(
+					&rev->expires, seen, e.expires);
+				if (got == seen || ct_alive(got, now))
+					return 0;
+			}
 		} else if (ct_alive(seen, now)) {
 			return -EEXIST;
 		}

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"log/slog"
+	"math"
+	"runtime"
 	"runtime/debug"
 	"testing"
 	"time"
@@ -46,4 +49,85 @@ func TestGCTargetAfterFirstSync(t *testing.T) {
 	if got := current(); got != 100 {
 		t.Errorf("after a second sync: %d, want 100 (set once)", got)
 	}
+}
+
+// memoryLimit reads the runtime's soft memory limit (a negative input
+// only reads it).
+func memoryLimit() int64 { return debug.SetMemoryLimit(-1) }
+
+// TestStartMemoryLimit: --start-memory-limit is set at the start, left by
+// a failed sync and lifted by the first good one; 0 sets none; GOMEMLIMIT
+// from the environment wins and stays after the first sync.
+func TestStartMemoryLimit(t *testing.T) {
+	origPct := debug.SetGCPercent(100)
+	orig := debug.SetMemoryLimit(math.MaxInt64)
+	t.Cleanup(func() { debug.SetGCPercent(origPct); debug.SetMemoryLimit(orig) })
+	log := slog.New(slog.DiscardHandler)
+
+	t.Run("flag", func(t *testing.T) {
+		debug.SetMemoryLimit(math.MaxInt64)
+		s := startMemoryLimit(defaultStartMemoryLimitMiB, "", log)
+		if s == nil || memoryLimit() != defaultStartMemoryLimitMiB<<20 {
+			t.Fatalf("at the start: %v, limit %d; want %d", s, memoryLimit(), int64(defaultStartMemoryLimitMiB)<<20)
+		}
+		g := &gcTarget{percent: defaultGCPercent, start: s, log: log}
+		g.ObserveSync(time.Second, errors.New("map full"))
+		if memoryLimit() != defaultStartMemoryLimitMiB<<20 {
+			t.Fatalf("after a failed sync: limit %d, want the start's left", memoryLimit())
+		}
+		g.ObserveSync(time.Second, nil)
+		if memoryLimit() != math.MaxInt64 {
+			t.Errorf("after the first sync: limit %d, want none (MaxInt64)", memoryLimit())
+		}
+	})
+	t.Run("none", func(t *testing.T) {
+		debug.SetMemoryLimit(math.MaxInt64)
+		if s := startMemoryLimit(0, "", log); s != nil || memoryLimit() != math.MaxInt64 {
+			t.Errorf("--start-memory-limit 0: %v, limit %d; want none", s, memoryLimit())
+		}
+	})
+	t.Run("environment", func(t *testing.T) {
+		debug.SetMemoryLimit(200 << 20) // as GOMEMLIMIT=200MiB would have
+		s := startMemoryLimit(defaultStartMemoryLimitMiB, "200MiB", log)
+		if s != nil || memoryLimit() != 200<<20 {
+			t.Fatalf("GOMEMLIMIT=200MiB: %v, limit %d; want the environment's left", s, memoryLimit())
+		}
+		g := &gcTarget{percent: defaultGCPercent, start: s, log: log}
+		g.ObserveSync(time.Second, nil)
+		if memoryLimit() != 200<<20 {
+			t.Errorf("after the first sync: limit %d, want the environment's %d left", memoryLimit(), 200<<20)
+		}
+	})
+}
+
+// TestStartMemoryLimitLiftedByLiveHeap: a live heap past liftAt of the
+// start's limit lifts it before the first sync (a cluster whose state does
+// not fit starts at Go's target, not with the collector running without
+// pause); under it, the limit stays.
+func TestStartMemoryLimitLiftedByLiveHeap(t *testing.T) {
+	orig := debug.SetMemoryLimit(math.MaxInt64)
+	t.Cleanup(func() { debug.SetMemoryLimit(orig) })
+	log := slog.New(slog.DiscardHandler)
+
+	// Under: a limit far above this test's live heap stays while watched.
+	s := startMemoryLimit(4096, "", log)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	s.watch(ctx, time.Millisecond)
+	cancel()
+	if memoryLimit() != 4096<<20 {
+		t.Fatalf("live heap %d B under a 4096 MiB limit: limit %d, want it left", liveHeap(), memoryLimit())
+	}
+	s.lift("test")
+
+	// Over: 64 MiB kept live against a 32 MiB limit.
+	keep := make([]byte, 64<<20)
+	runtime.GC()
+	s = startMemoryLimit(32, "", log)
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s.watch(ctx, time.Millisecond)
+	if memoryLimit() != math.MaxInt64 {
+		t.Errorf("live heap %d B over 80%% of a 32 MiB limit: limit %d, want it lifted", liveHeap(), memoryLimit())
+	}
+	runtime.KeepAlive(keep)
 }

@@ -79,6 +79,7 @@ func run(args []string) int {
 		configFile  = fs.String("config", "", "kube-proxy's configuration file (a KubeProxyConfiguration): the fields that apply set the flags they map to; flags given on the command line override it")
 		profiling   = fs.Bool("profiling", false, "serve Go's profiles (net/http/pprof: /debug/pprof/heap, allocs, profile, ...) on the --metrics-addr server, as kube-proxy's enableProfiling (off by default: they expose the agent's internals; keep --metrics-addr on loopback)")
 		gcPercent   = fs.Int("gc-percent", defaultGCPercent, "the Go collector's target (GOGC): the heap may grow by this percentage of what the last collection found live before the next; lower trades CPU for memory (negative: off); the environment's GOGC, if set, wins")
+		startLimMiB = fs.Int("start-memory-limit", defaultStartMemoryLimitMiB, "with the Kubernetes source, a soft memory limit for the Go runtime (what GOMEMLIMIT sets), in MiB, from the agent's start until its first sync has succeeded, lifted then or as soon as the live heap passes 80% of it (0: none); the environment's GOMEMLIMIT, if set, wins and stays")
 		showVersion = fs.Bool("version", false, "print the version, the commit and the digest of the BPF objects, and exit")
 		dpCfg       datapath.Config
 	)
@@ -282,7 +283,14 @@ func run(args []string) int {
 	if *namesFile != "" {
 		cfg.Observers = append(cfg.Observers, &namesWriter{path: *namesFile, bpffs: *bpffs, log: log.With("component", "names")})
 	}
-	cfg.Observers = append(cfg.Observers, &gcTarget{percent: *gcPercent, gogc: os.Getenv("GOGC"), log: log})
+	var startLim *startLimit
+	if kube.enabled() { // measured there; the manifest source's load is left as it was
+		startLim = startMemoryLimit(*startLimMiB, os.Getenv("GOMEMLIMIT"), log)
+	}
+	if startLim != nil {
+		go startLim.watch(ctx, 50*time.Millisecond)
+	}
+	cfg.Observers = append(cfg.Observers, &gcTarget{percent: *gcPercent, gogc: os.Getenv("GOGC"), start: startLim, log: log})
 	if *progStats {
 		// Held open for the agent's life: the kernel counts while
 		// someone holds it.

@@ -33,18 +33,7 @@ func TestPromoteWaitsForClaimedEntry(t *testing.T) {
 
 		// The reply tuple's previous flow, claimed by another deleter.
 		rk := f.revKey(be.addr)
-		est := ctTablesOf(t, m, rk)[0]
-		var err error
-		if v6 {
-			k := rk.k6()
-			err = est.Update(&k, &tcCt6Entry{Expires: 0}, ebpf.UpdateNoExist)
-		} else {
-			k := rk.k4()
-			err = est.Update(&k, &sockCt4Entry{Expires: 0}, ebpf.UpdateNoExist)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		plantClaimed(t, m, rk)
 
 		answer := func(what string) {
 			t.Helper()
@@ -66,6 +55,73 @@ func TestPromoteWaitsForClaimedEntry(t *testing.T) {
 		answer("answer once the old entry is gone")
 		for _, k := range []ctK{f.fwdKey(), rk} {
 			if r, ok := ctLookup(t, m, k); !ok || r.flags&ctFlagReplied == 0 {
+				t.Errorf("%s: entry %+v (found %v), want it established", k, r, ok)
+			}
+		}
+	})
+}
+
+// plantClaimed writes under k, into sluice_conntrack of k's family, an
+// entry that another deleter has claimed (expiry CT_DEAD) and holds for
+// good: the moment between a claim and its delete, without timing.
+func plantClaimed(t *testing.T, m *Maps, k ctK) {
+	t.Helper()
+	est := ctTablesOf(t, m, k)[0]
+	var err error
+	if k.v6() {
+		key := k.k6()
+		err = est.Update(&key, &tcCt6Entry{Expires: 0}, ebpf.UpdateNoExist)
+	} else {
+		key := k.k4()
+		err = est.Update(&key, &sockCt4Entry{Expires: 0}, ebpf.UpdateNoExist)
+	}
+	if err != nil {
+		t.Fatalf("plant a claimed entry %s: %v", k, err)
+	}
+}
+
+// TestPromoteSNATWaitsForClaimedEntry: the first answer of a source-NATed
+// flow, whose forward key <client -> frontend> is held in sluice_conntrack
+// by a dead entry another deleter has claimed and not deleted yet (the
+// tuple's previous flow, reaped by the GC as the client reuses its port),
+// goes through, translated back to the client, and leaves the flow
+// half-open, its port reservation unanswered (CT_DEFERRED); once the entry
+// is deleted, the next answer promotes the flow. Before, ct_promote_snat's
+// insert failed with -EEXIST and the SYN-ACK was dropped as a clash.
+func TestPromoteSNATWaitsForClaimedEntry(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		h := holdSNATPort(t, v6)
+		be, np := beRemote, npRemote
+		if v6 {
+			be, np = be6Remote, np6Remote
+		}
+		fk := ctKeyOf(h.client, 43000, np.Addr.String(), np.Port, model.TCP, ctForward)
+		plantClaimed(t, h.m, fk)
+
+		answer := func(what string) {
+			t.Helper()
+			v, out := runOn(t, h.d.TCIngress(), h.ifindex, replyFrom(be, h.port, tcpSA).Bytes())
+			if v != tcActRedirect || outSrc(out) != np.Addr.String() || outDst(out) != h.client {
+				t.Fatalf("%s: verdict %d from %s to %s, want %d from %s to %s", what, v, outSrc(out), outDst(out), tcActRedirect, np.Addr, h.client)
+			}
+		}
+		answer("SYN-ACK while the forward key holds a claimed entry")
+		if cs := counters(t, h.d); cs["tc_ct_clash"] != 0 {
+			t.Errorf("tc_ct_clash %d, want 0: the claimed entry is no other flow's", cs["tc_ct_clash"])
+		}
+		if r, ok := ctLookup(t, h.m, h.rev); !ok || r.flags&ctFlagReplied != 0 {
+			t.Errorf("port reservation %+v (found %v), want it there, unanswered", r, ok)
+		}
+
+		// The claimer deletes it; the flow is still half-open, and the
+		// next answer promotes it.
+		ctRemove(t, h.m, fk)
+		if r, ok := ctLookup(t, h.m, fk); !ok || r.flags&ctFlagReplied != 0 {
+			t.Errorf("forward entry %+v (found %v), want it there, still half-open", r, ok)
+		}
+		answer("SYN-ACK once the claimed entry is gone")
+		for _, k := range []ctK{fk, h.rev} {
+			if r, ok := ctLookup(t, h.m, k); !ok || r.flags&ctFlagReplied == 0 {
 				t.Errorf("%s: entry %+v (found %v), want it established", k, r, ok)
 			}
 		}

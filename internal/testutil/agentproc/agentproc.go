@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -36,6 +37,11 @@ type Agent struct {
 	// NamesFile is where the agent writes its frontends' Service names
 	// (sluice --names-file), which sluicectl reads.
 	NamesFile string
+
+	// Env, if set, is added to the agent's environment (NAME=value
+	// each, e.g. GODEBUG=gctrace=1): the agent is started through env(1),
+	// which execs it, so Pid stays the agent's.
+	Env []string
 
 	Log  *testutil.Buffer
 	proc *topology.Process
@@ -115,15 +121,27 @@ func (a *Agent) Start() error {
 			return errors.New("agent already running")
 		}
 	}
-	if _, err := fmt.Fprintf(a.Log, "=== start %s %s\n", a.Bin.Sluice, strings.Join(a.Args, " ")); err != nil {
+	if _, err := fmt.Fprintf(a.Log, "=== start %s%s %s\n", envPrefix(a.Env), a.Bin.Sluice, strings.Join(a.Args, " ")); err != nil {
 		return fmt.Errorf("agent log: %w", err)
 	}
-	p, err := a.NS.Start(a.Log, nil, a.Bin.Sluice, a.Args...)
+	name, args := a.Bin.Sluice, a.Args
+	if len(a.Env) > 0 {
+		name, args = "env", append(append(slices.Clone(a.Env), a.Bin.Sluice), a.Args...)
+	}
+	p, err := a.NS.Start(a.Log, nil, name, args...)
 	if err != nil {
 		return err
 	}
 	a.proc = p
 	return nil
+}
+
+// envPrefix is env as the start line shows it: "A=1 B=2 ", or empty.
+func envPrefix(env []string) string {
+	if len(env) == 0 {
+		return ""
+	}
+	return strings.Join(env, " ") + " "
 }
 
 // Pid is the agent's process id (nsenter execs the agent: the pid is the

@@ -223,6 +223,8 @@ func FuzzPackedEndpoints(f *testing.F) {
 		f.Add(randObjectJSON(r, 2*i+1))
 	}
 	f.Add(packedSlice(`"IPv4"`, `"endpoints":[{"addresses":["10.0.0.1"],"conditions":{"ready":true,"serving":true,"terminating":false},"nodeName":"n"}],`))
+	f.Add(packedSlice(`"IPv4"`, `"endpoints":[{"addresses":["10.0.0.1"],"conditions":{"ready":true,"serving":true,"terminating":false}},`+
+		`{"addresses":["10.0.0.2"],"conditions":{"ready":false,"serving":true,"terminating":true}}],`)) // compactEndpoint's form
 	f.Add(packedSlice(`"IPv6"`, `"endpoints":[{"addresses":["fd00::1"],"hints":{"forNodes":[{"name":"n"}]}}],`))
 	f.Fuzz(func(t *testing.T, js []byte) { checkPacked(t, js) })
 }

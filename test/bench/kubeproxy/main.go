@@ -104,6 +104,11 @@ type config struct {
 	// (BENCH_SLUICE_ARGS, split at spaces), e.g. a --max-backends that
 	// holds N x E.
 	SluiceArgs []string `json:"sluice_args,omitempty"`
+	// SluiceEnv is added to both agent modes' environment
+	// (BENCH_SLUICE_ENV, NAME=value split at spaces), e.g.
+	// GODEBUG=gctrace=1, which the harness's own environment would also
+	// give the apiserver and etcd.
+	SluiceEnv []string `json:"sluice_env,omitempty"`
 	// Populate is how the Services are made: "etcd" (the first through
 	// the API, the rest copies of it written to etcd: seconds) or "api"
 	// (every one through the API: most of an hour at 30,000).
@@ -187,6 +192,12 @@ func configFromEnv() (config, error) {
 	}
 	cfg.LogDir = os.Getenv("BENCH_LOG_DIR")
 	cfg.SluiceArgs = strings.Fields(os.Getenv("BENCH_SLUICE_ARGS"))
+	cfg.SluiceEnv = strings.Fields(os.Getenv("BENCH_SLUICE_ENV"))
+	for _, kv := range cfg.SluiceEnv {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return cfg, fmt.Errorf("BENCH_SLUICE_ENV: %q is not NAME=value", kv)
+		}
+	}
 	if v := os.Getenv("BENCH_POPULATE"); v != "" {
 		if v != "etcd" && v != "api" {
 			return cfg, fmt.Errorf("BENCH_POPULATE=%q: want etcd or api", v)

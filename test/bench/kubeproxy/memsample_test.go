@@ -75,3 +75,22 @@ func TestSteadyConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestSluiceEnvConfig: BENCH_SLUICE_ENV is NAME=value pairs split at
+// spaces; a word without a name and an equals sign is refused.
+func TestSluiceEnvConfig(t *testing.T) {
+	for _, c := range []struct {
+		env  string
+		want []string
+		ok   bool
+	}{{"", nil, true}, {"GODEBUG=gctrace=1  GOGC=50", []string{"GODEBUG=gctrace=1", "GOGC=50"}, true}, {"gctrace", nil, false}, {"=1", nil, false}} {
+		t.Setenv("BENCH_SLUICE_ENV", c.env)
+		cfg, err := configFromEnv()
+		if (err == nil) != c.ok {
+			t.Errorf("%q: err %v, want ok %v", c.env, err, c.ok)
+		}
+		if err == nil && !slices.Equal(cfg.SluiceEnv, c.want) {
+			t.Errorf("%q read as %q, want %q", c.env, cfg.SluiceEnv, c.want)
+		}
+	}
+}

@@ -29,6 +29,8 @@ type binaries struct {
 	agentBase string
 	// agentArgs are added to both agents' flags (config.SluiceArgs).
 	agentArgs []string
+	// agentEnv is added to both agents' environment (config.SluiceEnv).
+	agentEnv []string
 }
 
 // proxy is one mode's process, running in a namespace of its own.
@@ -135,6 +137,7 @@ func startProxy(c *cluster, mode string, bins binaries) (_ *proxy, started time.
 			BPFFS:   filepath.Join(testutil.BPFFS, topo.Prefix()+"sluice"),
 			Extra:   append([]string{"--kubeconfig", c.agentKubeconfig, "--log-level", "info"}, bins.agentArgs...),
 		})
+		a.Env = bins.agentEnv
 		a.Log = p.log
 		a.MetricsAddr = metricsAddr
 		started = time.Now()

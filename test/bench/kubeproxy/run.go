@@ -45,6 +45,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) (*result, error) {
 		res.Versions[modeSluiceBase] = version(bins.agentBase, "--version")
 	}
 	bins.agentArgs = cfg.SluiceArgs
+	bins.agentEnv = cfg.SluiceEnv
 	res.Versions["iptables"] = version("iptables", "--version")
 	res.Versions["nft"] = version("nft", "--version")
 
