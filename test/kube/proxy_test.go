@@ -75,6 +75,7 @@ func startProxy(t *testing.T, cfg *rest.Config, dp reconciler.Datapath, o proxyO
 	p.metrics.SetCapacity(dp.Capacity)
 	p.src, err = kube.New(kube.Config{
 		Client:            client,
+		REST:              cfg, // as cmd/sluice: the slices read from their protobuf
 		Options:           translate.Options{Node: translate.Node{Name: nodeName}},
 		MinSyncPeriod:     o.minSync,
 		SyncPeriod:        o.sync,
