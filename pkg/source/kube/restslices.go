@@ -150,12 +150,6 @@ func newSliceInformer(rc *rest.RESTClient, resync time.Duration) cache.SharedInd
 			Timeout(timeoutOf(opts)).Watch(ctx)
 	}
 	lw := cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
-		ListFunc: func(opts metav1.ListOptions) (runtime.Object, error) {
-			return list(context.Background(), opts)
-		},
-		WatchFunc: func(opts metav1.ListOptions) (watch.Interface, error) {
-			return watchFn(context.Background(), opts)
-		},
 		ListWithContextFunc:  list,
 		WatchFuncWithContext: watchFn,
 	}, rc)
