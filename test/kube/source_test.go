@@ -20,16 +20,7 @@ import (
 // selectorless Service with hand-made slices, another proxy's Service and an
 // ExternalName Service; per family, over one proxy.
 func TestServicesAndEndpointSlices(t *testing.T) {
-	env := startEnv(t)
-	c := env.Client
-	dp := newFake()
-	p := startProxy(t, env.AgentConfig, dp, proxyOpts{minSync: 100 * time.Millisecond})
-	eventually(t, "first sync", 30*time.Second, func() error {
-		if !p.src.Synced() {
-			return fmt.Errorf("not synced")
-		}
-		return nil
-	})
+	c, dp, _ := startSyncedProxy(t)
 	forFamilies(t, func(t *testing.T, f family) {
 		ns := f.namespace(t, c, "shapes")
 		web := f.service(t, c, ns, "web", nil, svcPort("http", 80, "http"), svcPort("metrics", 9100, "metrics"))
@@ -197,16 +188,7 @@ func wantMetrics(t *testing.T, p *proxy, lines []string, counted ...string) {
 // without stopping the watch; the streamed list's end (a bookmark, which
 // the fast path declines) is read, or the caches would never sync.
 func TestSlicesDecodedOnTheFastPath(t *testing.T) {
-	env := startEnv(t)
-	c := env.Client
-	dp := newFake()
-	p := startProxy(t, env.AgentConfig, dp, proxyOpts{minSync: 100 * time.Millisecond})
-	eventually(t, "first sync", 30*time.Second, func() error {
-		if !p.src.Synced() {
-			return fmt.Errorf("not synced")
-		}
-		return nil
-	})
+	c, dp, p := startSyncedProxy(t)
 	fast, standard := p.src.SliceDecodes()
 	t.Logf("at the first sync: %d slices decoded fast, %d standard", fast, standard)
 	if standard == 0 {

@@ -136,6 +136,23 @@ func slimStandard(data []byte) (c *cachedSlice, trigger string, ok bool) {
 	return c, sl.takeTrigger(c), true
 }
 
+// randomStandard returns a random slice (randomSlice), its protobuf, and
+// what slimSlice makes of the standard decoder's object (and its trigger
+// time); the i-th slice of a test.
+func randomStandard(t *testing.T, r *rand.Rand, i int) (*discoveryv1.EndpointSlice, []byte, *cachedSlice, string) {
+	t.Helper()
+	es := randomSlice(r)
+	data, err := es.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, wantTrigger, ok := slimStandard(data)
+	if !ok {
+		t.Fatalf("slice %d: the standard decoder fails", i)
+	}
+	return es, data, want, wantTrigger
+}
+
 // sameCached fails t unless the two slices cached are the same (their
 // errors compared by text).
 func sameCached(t testing.TB, what string, got *cachedSlice, gotTrigger string, want *cachedSlice, wantTrigger string) {
@@ -158,15 +175,7 @@ func TestSliceDecoderAgrees(t *testing.T) {
 	const n = 5000
 	taken := 0
 	for i := range n {
-		es := randomSlice(r)
-		data, err := es.Marshal()
-		if err != nil {
-			t.Fatal(err)
-		}
-		want, wantTrigger, ok := slimStandard(data)
-		if !ok {
-			t.Fatalf("slice %d: the standard decoder fails", i)
-		}
+		es, data, want, wantTrigger := randomStandard(t, r, i)
 		sl := newSlimmer()
 		got, ok := newSliceDecoder(sl).decode(data)
 		if !ok {

@@ -48,15 +48,7 @@ func TestSliceClientDecodes(t *testing.T) {
 	pbDec, jsDec := sliceClientDecoder(t, neg, runtime.ContentTypeProtobuf), sliceClientDecoder(t, neg, runtime.ContentTypeJSON)
 	var fast, declined int64
 	for i := range n {
-		es := randomSlice(r)
-		raw, err := es.Marshal()
-		if err != nil {
-			t.Fatal(err)
-		}
-		want, wantTrigger, ok := slimStandard(raw)
-		if !ok {
-			t.Fatalf("slice %d: the standard decoder fails", i)
-		}
+		es, raw, want, wantTrigger := randomStandard(t, r, i)
 		if _, ok := newSliceDecoder(newSlimmer()).decode(raw); ok {
 			fast++
 		} else {
