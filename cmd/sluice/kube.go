@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/health"
@@ -112,6 +113,9 @@ func (k *kubeFlags) client(nodeName string) (*kubernetes.Clientset, *rest.Config
 	cfg.UserAgent = "sluice/" + nodeName
 	cfg.QPS = float32(*k.apiQPS)
 	cfg.Burst = int(2 * *k.apiQPS)
+	// One budget for the clientset and the source's own EndpointSlice
+	// client (kube.Config.REST), which would otherwise each make one.
+	cfg.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(cfg.QPS, cfg.Burst)
 	// Watches stream protobuf: cheaper than JSON for EndpointSlices at scale.
 	cfg.ContentType = "application/vnd.kubernetes.protobuf"
 	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
