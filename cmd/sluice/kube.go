@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/health"
@@ -53,7 +54,7 @@ func (k *kubeFlags) enabled() bool { return *k.kubeconfig != "" || *k.inCluster 
 // the network programming latency in it when the agent reports a state
 // programmed.
 func (k *kubeFlags) source(opts translate.Options, m *metrics.Metrics, log *slog.Logger) (agent.Source, *health.Proxier, error) {
-	client, err := k.client(opts.Node.Name)
+	client, cfg, err := k.client(opts.Node.Name)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -63,6 +64,7 @@ func (k *kubeFlags) source(opts translate.Options, m *metrics.Metrics, log *slog
 	prox := health.NewProxier(2**k.syncPeriod, func() time.Time { return src.OldestPending() })
 	src, err = kube.New(kube.Config{
 		Client:            client,
+		REST:              cfg, // EndpointSlices read from their protobuf straight into the cache
 		Options:           opts,
 		MinSyncPeriod:     *k.minSyncPeriod,
 		SyncPeriod:        *k.syncPeriod,
@@ -79,7 +81,7 @@ func (k *kubeFlags) source(opts translate.Options, m *metrics.Metrics, log *slog
 // nodeIPs reads this node's addresses from its Node object (for NodePorts
 // when --node-ip is not given).
 func (k *kubeFlags) nodeIPs(nodeName string) ([]netip.Addr, error) {
-	client, err := k.client(nodeName)
+	client, _, err := k.client(nodeName)
 	if err != nil {
 		return nil, err
 	}
@@ -92,30 +94,34 @@ func (k *kubeFlags) nodeIPs(nodeName string) ([]netip.Addr, error) {
 	return translate.NodeIPs(node), nil
 }
 
-// client returns a Kubernetes client for --kubeconfig or --in-cluster.
-func (k *kubeFlags) client(nodeName string) (*kubernetes.Clientset, error) {
+// client returns a Kubernetes client for --kubeconfig or --in-cluster, and
+// its configuration.
+func (k *kubeFlags) client(nodeName string) (*kubernetes.Clientset, *rest.Config, error) {
 	var cfg *rest.Config
 	var err error
 	switch {
 	case *k.kubeconfig != "" && *k.inCluster:
-		return nil, errors.New("give --kubeconfig or --in-cluster, not both")
+		return nil, nil, errors.New("give --kubeconfig or --in-cluster, not both")
 	case *k.inCluster:
 		cfg, err = rest.InClusterConfig()
 	default:
 		cfg, err = clientcmd.BuildConfigFromFlags("", *k.kubeconfig)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("client config: %w", err)
+		return nil, nil, fmt.Errorf("client config: %w", err)
 	}
 	cfg.UserAgent = "sluice/" + nodeName
 	cfg.QPS = float32(*k.apiQPS)
 	cfg.Burst = int(2 * *k.apiQPS)
+	// One budget for the clientset and the source's own EndpointSlice
+	// client (kube.Config.REST), which would otherwise each make one.
+	cfg.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(cfg.QPS, cfg.Burst)
 	// Watches stream protobuf: cheaper than JSON for EndpointSlices at scale.
 	cfg.ContentType = "application/vnd.kubernetes.protobuf"
 	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("client: %w", err)
+		return nil, nil, fmt.Errorf("client: %w", err)
 	}
-	return client, nil
+	return client, cfg, nil
 }

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -75,6 +76,7 @@ func startProxy(t *testing.T, cfg *rest.Config, dp reconciler.Datapath, o proxyO
 	p.metrics.SetCapacity(dp.Capacity)
 	p.src, err = kube.New(kube.Config{
 		Client:            client,
+		REST:              cfg, // as cmd/sluice: the slices read from their protobuf
 		Options:           translate.Options{Node: translate.Node{Name: nodeName}},
 		MinSyncPeriod:     o.minSync,
 		SyncPeriod:        o.sync,
@@ -90,6 +92,28 @@ func startProxy(t *testing.T, cfg *rest.Config, dp reconciler.Datapath, o proxyO
 	go func() { p.done <- a.Run(ctx, p.src) }()
 	t.Cleanup(p.stop)
 	return p
+}
+
+// startSyncedProxy starts an apiserver and a proxy over a fake datapath
+// syncing every 100ms at most, and waits for its first sync.
+func startSyncedProxy(t *testing.T) (kubernetes.Interface, *fakedp.Fake, *proxy) {
+	t.Helper()
+	env := startEnv(t)
+	dp := newFake()
+	p := startProxy(t, env.AgentConfig, dp, proxyOpts{minSync: 100 * time.Millisecond})
+	waitSynced(t, p.src)
+	return env.Client, dp, p
+}
+
+// waitSynced waits for src's first sync.
+func waitSynced(t *testing.T, src *kube.Source) {
+	t.Helper()
+	eventually(t, "first sync", 30*time.Second, func() error {
+		if !src.Synced() {
+			return errors.New("not synced")
+		}
+		return nil
+	})
 }
 
 func (p *proxy) stop() {

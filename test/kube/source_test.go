@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
@@ -19,16 +20,7 @@ import (
 // selectorless Service with hand-made slices, another proxy's Service and an
 // ExternalName Service; per family, over one proxy.
 func TestServicesAndEndpointSlices(t *testing.T) {
-	env := startEnv(t)
-	c := env.Client
-	dp := newFake()
-	p := startProxy(t, env.AgentConfig, dp, proxyOpts{minSync: 100 * time.Millisecond})
-	eventually(t, "first sync", 30*time.Second, func() error {
-		if !p.src.Synced() {
-			return fmt.Errorf("not synced")
-		}
-		return nil
-	})
+	c, dp, _ := startSyncedProxy(t)
 	forFamilies(t, func(t *testing.T, f family) {
 		ns := f.namespace(t, c, "shapes")
 		web := f.service(t, c, ns, "web", nil, svcPort("http", 80, "http"), svcPort("metrics", 9100, "metrics"))
@@ -187,4 +179,56 @@ func wantMetrics(t *testing.T, p *proxy, lines []string, counted ...string) {
 		}
 		return nil
 	})
+}
+
+// The source reads the slices of a real API server from their protobuf
+// straight into its cache (pkg/source/kube, restslices.go), the events
+// after the first list too (a slice added, updated, deleted); a slice the
+// fast path declines (FQDN addresses) comes through the standard decoder
+// without stopping the watch; the streamed list's end (a bookmark, which
+// the fast path declines) is read, or the caches would never sync.
+func TestSlicesDecodedOnTheFastPath(t *testing.T) {
+	c, dp, p := startSyncedProxy(t)
+	fast, standard := p.src.SliceDecodes()
+	t.Logf("at the first sync: %d slices decoded fast, %d standard", fast, standard)
+	if standard == 0 {
+		t.Errorf("no slice decoded on the standard path at the first sync: the streamed list's closing bookmark is one")
+	}
+	// moreDecodes waits until the source decoded more slices fast and on
+	// the standard path than before, and returns the counts.
+	moreDecodes := func(what string, fast0, standard0 int64, wantFast, wantStandard bool) (int64, int64) {
+		t.Helper()
+		var f, s int64
+		eventually(t, what, 30*time.Second, func() error {
+			f, s = p.src.SliceDecodes()
+			if (f > fast0) != wantFast || (wantStandard && s == standard0) {
+				return fmt.Errorf("decoded %d fast (from %d), %d standard (from %d)", f, fast0, s, standard0)
+			}
+			return nil
+		})
+		return f, s
+	}
+	forFamilies(t, func(t *testing.T, f family) {
+		ns := f.namespace(t, c, "fastpath")
+		web := f.service(t, c, ns, "web", nil, svcPort("http", 80, "http"))
+		createSlice(t, c, f.slice(ns, "web", "web-a", slicePorts{"http": 8080}, ready(f.addr(1, 1)), ready(f.addr(1, 2))))
+		wantProgrammed(t, dp, map[string][]string{fe(web, 80): {be(f.addr(1, 1), 8080), be(f.addr(1, 2), 8080)}})
+		fast, standard = moreDecodes("the added slice decoded fast", fast, standard, true, false)
+
+		fqdn := makeSlice(ns, "web", "web-fqdn", slicePorts{"http": 8080}, ready("db.example.com"))
+		fqdn.AddressType = discoveryv1.AddressTypeFQDN
+		createSlice(t, c, fqdn)
+		fast, standard = moreDecodes("the FQDN slice decoded on the standard path", fast, standard, false, true)
+
+		updateSlice(t, c, ns, "web-a", ready(f.addr(1, 2)), notReady(f.addr(1, 3)))
+		wantProgrammed(t, dp, map[string][]string{fe(web, 80): {be(f.addr(1, 2), 8080)}})
+		fast, standard = moreDecodes("the updated slice decoded fast", fast, standard, true, false)
+
+		if err := c.DiscoveryV1().EndpointSlices(ns).Delete(context.Background(), "web-a", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		wantProgrammed(t, dp, map[string][]string{fe(web, 80): {}})
+		fast, standard = moreDecodes("the deleted slice decoded fast", fast, standard, true, false)
+	})
+	checkFake(t, dp)
 }

@@ -154,13 +154,24 @@ func (sl *slimmer) slimSlice(es *discoveryv1.EndpointSlice) *cachedSlice {
 	}
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
+	sl.keepSlice(c, trigger, triggered, true)
+	return c
+}
+
+// keepSlice shares what c repeats of other slices (its namespace, port
+// names and ports, and its endpoints' node names if shareNodes: false if
+// they are shared already) and keeps its trigger time aside (if
+// triggered). Called with mu held.
+func (sl *slimmer) keepSlice(c *cachedSlice, trigger string, triggered, shareNodes bool) {
 	c.Namespace = sl.shareValue(c.Namespace)
 	for i := range c.Ports {
 		p := &c.Ports[i]
 		p.Name = sl.shareValue(p.Name)
 	}
 	c.Ports = sharePorts(sl.slicePorts, c.Ports)
-	c.Endpoints.Share(sl.share, nil)
+	if shareNodes {
+		c.Endpoints.Share(sl.share, nil)
+	}
 	if triggered {
 		if len(sl.triggers) >= maxTriggers {
 			clear(sl.triggers)
@@ -168,7 +179,6 @@ func (sl *slimmer) slimSlice(es *discoveryv1.EndpointSlice) *cachedSlice {
 		sl.triggers[c] = trigger
 		sl.triggersPeak = max(sl.triggersPeak, len(sl.triggers))
 	}
-	return c
 }
 
 // share returns the shared pointer to *s's value. Called with mu held.

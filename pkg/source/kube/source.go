@@ -41,6 +41,7 @@ import (
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 
@@ -52,6 +53,12 @@ import (
 // Config configures a Source.
 type Config struct {
 	Client kubernetes.Interface
+	// REST, if set, is the client configuration the EndpointSlices are
+	// watched with, over a client of their own that reads each slice's
+	// protobuf straight into what the cache keeps of it (restslices.go);
+	// nil: through Client, decoded as any object (a fake clientset's
+	// objects have no bytes). cmd/sluice sets it.
+	REST *rest.Config
 	// Options are the translation's; Options.Node.Name is the Node
 	// watched. The Node object's labels replace Options.Node.Labels as
 	// they change; the addresses stay Options.Node.Addresses, which the
@@ -102,6 +109,8 @@ type Source struct {
 
 	// slimmer is the informers' transform (set by Run).
 	slimmer *slimmer
+	// decodes counts the slices the REST client decoded (Config.REST).
+	decodes sliceDecodes
 
 	// Owned by the sync goroutine: the last state handed over.
 	state *model.State
@@ -270,6 +279,14 @@ func (s *Source) Programmed(st *model.State) {
 // before Run.
 func (s *Source) SetHolds(holds func(*model.Service) bool) { s.tracker.SetHolds(holds) }
 
+// SliceDecodes returns how many EndpointSlices the source's own client
+// decoded (Config.REST): fast, straight from their protobuf into the
+// cache's form; standard, decoded as any object first (declined by the
+// fast path, bookmarks, JSON answers). Both zero without Config.REST.
+func (s *Source) SliceDecodes() (fast, standard int64) {
+	return s.decodes.fast.Load(), s.decodes.standard.Load()
+}
+
 // Synced reports whether the caches have synced and the first state has
 // been handed over: the readiness of a node proxy.
 func (s *Source) Synced() bool { return s.synced.Load() }
@@ -303,9 +320,20 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 	factory.InformerFor(&corev1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
 		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, nil)
 	})
-	factory.InformerFor(&discoveryv1.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-		return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, nil)
-	})
+	if s.cfg.REST != nil {
+		s.decodes.firstFast = func() { s.log.Info(firstFastLog) }
+		rc, err := newSliceClient(s.cfg.REST, s.slimmer, &s.decodes)
+		if err != nil {
+			return err
+		}
+		factory.InformerFor(&discoveryv1.EndpointSlice{}, func(_ kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+			return newSliceInformer(rc, resync)
+		})
+	} else {
+		factory.InformerFor(&discoveryv1.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+			return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, nil)
+		})
+	}
 
 	s.runner = newRunner(func(periodic bool) { s.syncOnce(apply, periodic) },
 		s.cfg.MinSyncPeriod, s.cfg.SyncPeriod)
