@@ -100,12 +100,7 @@ func TestEventsOnUnprogrammableServices(t *testing.T) {
 	// Room for four frontends: default/kubernetes's, and three.
 	dp := fakedp.New(4, 100, 100)
 	src, _ := startEventsAgent(t, env, dp)
-	eventually(t, "first sync", 30*time.Second, func() error {
-		if !src.Synced() {
-			return errors.New("not synced")
-		}
-		return nil
-	})
+	waitSynced(t, src)
 
 	forFamilies(t, func(t *testing.T, f family) {
 		ns := f.namespace(t, c, "events")

@@ -121,12 +121,7 @@ func TestHealthzFollowsNodeLivezStaleness(t *testing.T) {
 		kubeclient.UpdateNode(t, ctx, c, nodeName, mutate)
 	}
 
-	eventually(t, "first sync", 30*time.Second, func() error {
-		if !src.Synced() {
-			return errors.New("not synced")
-		}
-		return nil
-	})
+	waitSynced(t, src)
 	createService(t, c, "default", "web", nil, svcPort("http", 80, "http"))
 	stays("healthy node, programmed", 200, 200)
 
