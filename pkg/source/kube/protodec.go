@@ -312,10 +312,18 @@ func (d *sliceDecoder) endpoint(b []byte, at discoveryv1.AddressType) bool {
 	if !ok || n == 0 {
 		return false
 	}
-	// As translate.EndpointConditions defaults them.
-	e.Ready = given&1 == 0 || cond[0]
-	e.Serving = given&2 == 0 || cond[1]
-	e.Terminating = given&4 != 0 && cond[2]
+	// The API's defaults for what the endpoint does not give.
+	var c discoveryv1.EndpointConditions
+	if given&1 != 0 {
+		c.Ready = &cond[0]
+	}
+	if given&2 != 0 {
+		c.Serving = &cond[1]
+	}
+	if given&4 != 0 {
+		c.Terminating = &cond[2]
+	}
+	e.Ready, e.Serving, e.Terminating = translate.EndpointConditions(&c)
 	d.eps = append(d.eps, e)
 	return true
 }
