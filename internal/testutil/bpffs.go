@@ -3,6 +3,7 @@ package testutil
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -27,15 +28,29 @@ func NeedBPFFS(tb testing.TB) string {
 	return BPFFS
 }
 
+// pinDirPrefix starts the name of every directory PinDir makes, followed
+// by the test process's pid (see StaleRuns).
+const pinDirPrefix = "sluice-test-"
+
 // PinDir returns a fresh directory on bpffs for the test's pins, removed
 // with everything under it when the test ends. Pins need root: a test that
 // asks for them is a privileged test (see Privileged).
+//
+// A run killed before its cleanups leaves its directories behind, and with
+// them every map pinned there stays in the kernel; the next PinDir removes
+// those of runs whose process is gone.
 func PinDir(tb testing.TB) string {
 	tb.Helper()
 	Privileged(tb)
+	root := NeedBPFFS(tb)
+	for _, name := range StaleRuns(root, pinDirPrefix) {
+		if err := os.RemoveAll(filepath.Join(root, name)); err != nil {
+			tb.Logf("remove a killed run's pin dir: %v", err)
+		}
+	}
 	var b [6]byte
 	rand.Read(b[:])
-	dir := filepath.Join(NeedBPFFS(tb), "sluice-test-"+hex.EncodeToString(b[:]))
+	dir := filepath.Join(root, fmt.Sprintf("%s%d-%s", pinDirPrefix, os.Getpid(), hex.EncodeToString(b[:])))
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		tb.Fatalf("create pin dir: %v", err)
 	}

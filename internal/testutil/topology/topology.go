@@ -19,17 +19,17 @@ package topology
 import (
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
 )
 
 // netnsDir is where named namespaces are bind-mounted, as with `ip netns`.
@@ -172,7 +172,7 @@ func (t *Topology) Veth(a *NS, aDev string, b *NS, bDev string) error {
 // what still runs in them: children that were not tied to the run's life
 // (Pdeathsig follows the thread that forked, not the process).
 func sweepStale() {
-	for _, name := range staleNames(netnsDir) {
+	for _, name := range testutil.StaleRuns(netnsDir, namePrefix) {
 		path := filepath.Join(netnsDir, name)
 		for _, pid := range pidsIn(path) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -208,38 +208,10 @@ func pidsIn(path string) []int {
 // cgroups left behind by a run that was killed.
 func SweepStale(dir string) error {
 	var errs []error
-	for _, name := range staleNames(dir) {
+	for _, name := range testutil.StaleRuns(dir, namePrefix) {
 		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// staleNames lists the entries of dir named "sl-<pid>-..." whose pid is
-// not a running process.
-func staleNames(dir string) []string {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil
-	}
-	var stale []string
-	for _, e := range entries {
-		name := e.Name()
-		if !strings.HasPrefix(name, namePrefix) {
-			continue
-		}
-		pidStr, _, ok := strings.Cut(strings.TrimPrefix(name, namePrefix), "-")
-		if !ok {
-			continue
-		}
-		pid, err := strconv.Atoi(pidStr)
-		if err != nil || pid <= 0 || pid > math.MaxInt32 || pid == os.Getpid() {
-			continue
-		}
-		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
-			stale = append(stale, name)
-		}
-	}
-	return stale
 }
