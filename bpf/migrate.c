@@ -27,7 +27,11 @@
  * next packet met by a new program goes to the finished flow's backend.
  * Which is later is told by when each was last seen. A half-open entry in
  * the new maps is a new flow the new programs made: it is never replaced,
- * and neither is the other entry of its flow.
+ * and neither is the other entry of its flow. The new maps' entries are
+ * judged as the datapath judges them (conntrack.h): a lapsed one counts as
+ * absent, whoever's flow it is, and one another deleter has claimed is
+ * left to it, the flow carried over by its next packet once it is gone
+ * (migrate_fam.h, mig_put).
  *
  * IPv6 flows are carried over from the old sluice6_conntrack_v1 and
  * sluice6_ct_new_v1 alike, by the same code (migrate_fam.h: mig_packet6).

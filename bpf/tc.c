@@ -348,6 +348,8 @@ static __always_inline void snat_refused(const struct pkt4 *p, int err,
 {
 	if (err > 0)
 		metric_count(p, exhausted);
+	else if (err == -EEXIST) /* a claimed forward key (ct_create_snat) */
+		metric_count(p, METRIC_TC_CT_CLASH);
 	else if (err == -E2BIG)
 		metric_count(p, METRIC_TC_CT_EST_FULL);
 	else
@@ -590,6 +592,11 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb,
 		ret = ct_new4(p, be, ids, now, fresh);
 		if (ret == CT_CLASH) {
 			ret = lb4_remap(p, be, ids, now, x);
+		} else if (ret == -EEXIST) {
+			/* A key of the flow is claimed by another deleter
+			 * (ct_create): not recorded, so not sent.
+			 */
+			metric_count(p, METRIC_TC_CT_CLASH);
 		} else {
 			if (ret < 0)
 				metric_count(p, METRIC_TC_CT_FULL);

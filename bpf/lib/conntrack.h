@@ -35,8 +35,15 @@
  * a compare-and-swap of the expiry it saw to CT_DEAD: the agent's GC
  * (sluice_ct_gc, which keeps the entries of a flow whose other entry is
  * alive), a new flow that needs the key, or a flush; so nobody ever
- * deletes an entry that was refreshed or re-created meanwhile, and entries
- * in sluice_conntrack are never overwritten, only inserted (BPF_NOEXIST).
+ * deletes an entry that was refreshed or re-created meanwhile. For that
+ * the claimer must be the only one to delete the key, for its delete is
+ * by key: entries are never overwritten, only inserted (BPF_NOEXIST), in
+ * sluice_ct_new as in sluice_conntrack (ct_new_insert, ct_est_insert),
+ * and an entry in the way, or a flow's own half-open entry on its
+ * promotion, is claimed before it is deleted. An entry claimed by another
+ * is left to it: the insert that meets one fails, and its packet waits
+ * (a reply: CT_DEFERRED) or is dropped to be sent again. Only the LRU's
+ * evictions in sluice_ct_new delete without a claim.
  *
  * TCP close: a RST, or a FIN seen in both directions, marks both entries
  * of the flow closed (flags set atomically; only entries that point back

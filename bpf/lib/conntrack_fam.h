@@ -361,6 +361,38 @@ static __always_inline bool FN(ct_est_claimed)(const FAM(ct_key_t) *key,
 }
 
 /*
+ * ct_new_insert - insert @val under @key into sluice_ct_new in place of
+ * whatever entry is there (its caller has decided that this flow takes
+ * the key: an earlier flow of the tuple, a lapsed entry), but never over
+ * one that another deleter has claimed: the claimer deletes by key after
+ * its claim, and would take @val with it (a flush of the entry's backend,
+ * a new flow superseding it; the new entry was lost until the flow's next
+ * packet, which went to a backend selected again). So the update is
+ * BPF_NOEXIST, as sluice_conntrack's inserts are; an entry in the way is
+ * claimed here first (ct_reap_now, whatever its expiry: BPF_ANY took it
+ * just as well) and deleted, and one claimed already is its claimer's to
+ * delete: the insert is tried once more all the same, which succeeds if
+ * that delete came meanwhile (ct_est_insert). Nothing under @key, the
+ * common case, costs the one update BPF_ANY did.
+ * Returns 0, -EEXIST if a claimed entry (or one another CPU inserted in
+ * between) holds the key, or another map update error.
+ */
+static __always_inline int FN(ct_new_insert)(const FAM(ct_key_t) *key,
+					     const FAM(ct_entry_t) *val)
+{
+	FAM(ct_entry_t) *old;
+	int err;
+
+	err = bpf_map_update_elem(FAM(ct_new), key, val, BPF_NOEXIST);
+	if (err != -EEXIST)
+		return err;
+	old = bpf_map_lookup_elem(FAM(ct_new), key);
+	if (old)
+		FN(ct_reap_now)(FAM(ct_new), key, old);
+	return bpf_map_update_elem(FAM(ct_new), key, val, BPF_NOEXIST);
+}
+
+/*
  * ct_supersede_in - ct_supersede for the forward entry under @fkey in @map
  * (sluice_conntrack or sluice_ct_new).
  */
@@ -488,7 +520,16 @@ static __always_inline bool FN(ct_reap_closed)(void *map,
  * tuple racing this one; the later insert wins its forward key either
  * way.
  *
- * Returns 0, CT_CLASH, or a negative map update error.
+ * Its entries go in by ct_new_insert, which never overwrites an entry
+ * that another deleter has claimed (a flush of the tuple's previous
+ * flow's backend, say): the flow is then not recorded, and its packet is
+ * dropped (-EEXIST) as one of a flow whose reply entry is claimed is
+ * (ct_check_reverse); the client sends it again, by when the claimer has
+ * deleted the entry. A reply entry inserted before its forward entry is
+ * refused goes again.
+ *
+ * Returns 0, CT_CLASH, -EEXIST (a claimed entry holds a key), or another
+ * negative map update error.
  */
 static __always_inline int FN(ct_create)(const FAM(pkt_t) *p,
 					 const FAM(lb_backend) *be,
@@ -561,13 +602,27 @@ static __always_inline int FN(ct_create)(const FAM(pkt_t) *p,
 		FN(ct_reap)(FAM(ct_est), &key, old, seen);
 
 	/* Reverse first: a reply never finds a forward entry without it. */
-	err = bpf_map_update_elem(FAM(ct_new), &key, &e, BPF_ANY);
+	err = FN(ct_new_insert)(&key, &e);
 	if (err < 0)
 		return err;
 	FN(ct_key_of)(&key, p, CT_FORWARD);
 	e.nat_addr = be->addr;
 	e.nat_port = be->port;
-	return bpf_map_update_elem(FAM(ct_new), &key, &e, BPF_ANY);
+	err = FN(ct_new_insert)(&key, &e);
+	if (err < 0) {
+		/* The reply entry goes again (unless refreshed meanwhile):
+		 * it would hold the tuple for nothing.
+		 */
+		key.daddr = key.saddr;
+		key.dport = key.sport;
+		key.saddr = e.nat_addr;
+		key.sport = e.nat_port;
+		key.dir = CT_REVERSE;
+		half = bpf_map_lookup_elem(FAM(ct_new), &key);
+		if (half)
+			FN(ct_reap)(FAM(ct_new), &key, half, e.expires);
+	}
+	return err;
 }
 
 /*
@@ -620,7 +675,8 @@ CT_SNAT_TRY_FN FN(ct_snat_try)(const FAM(ct_key_t) *key,
  *
  * Returns the reserved port (network order) in @port, and 0; 1 if every
  * try found a live flow; or a negative map update error (-E2BIG: the
- * established table is full).
+ * established table is full; -EEXIST: ct_new_insert found the forward
+ * key claimed by another deleter, and the port was given back).
  */
 #define SNAT_TRIES 32
 
@@ -676,7 +732,21 @@ FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
 	e.nat_port = be->port;
 	e.snat_addr = node;
 	e.snat_port = *port;
-	return bpf_map_update_elem(FAM(ct_new), &key, &e, BPF_ANY);
+	err = FN(ct_new_insert)(&key, &e);
+	if (err < 0) {
+		/* The port goes back (its reservation, unless refreshed). */
+		FAM(ct_entry_t) *r;
+
+		key.saddr = be->addr;
+		key.sport = be->port;
+		key.daddr = node;
+		key.dport = *port;
+		key.dir = CT_REVERSE;
+		r = bpf_map_lookup_elem(FAM(ct_est), &key);
+		if (r)
+			FN(ct_reap)(FAM(ct_est), &key, r, e.expires);
+	}
+	return err;
 }
 
 /*
@@ -696,6 +766,31 @@ FN(ct_half_open_elsewhere)(const FAM(ct_key_t) *fkey, const FAM(ct_key_t) *rkey,
 }
 
 /*
+ * ct_new_drop - delete the half-open entry under @key if it is still the
+ * one @want describes (the same translation, as ct_est_same asks), as
+ * every delete goes: claimed first (ct_reap_now), so one that another
+ * deleter has claimed is left to it. A promotion drops its flow's
+ * half-open entries so (ct_promote, ct_promote_snat): a plain delete by
+ * key, as before, could take an entry another CPU had put there
+ * meanwhile, a flow that superseded this one (ct_supersede claims and
+ * deletes the forward entry, ct_create inserts its own), which lost its
+ * forward entry and had its next packet balanced afresh; or delete an
+ * entry a flush had claimed, whose own delete then took whatever was
+ * inserted after it (ct_new_insert).
+ */
+static __always_inline void FN(ct_new_drop)(const FAM(ct_key_t) *key,
+					    const FAM(ct_entry_t) *want)
+{
+	FAM(ct_entry_t) *e = bpf_map_lookup_elem(FAM(ct_new), key);
+
+	if (e && FAM(addr_eq)(e->nat_addr, want->nat_addr) &&
+	    e->nat_port == want->nat_port &&
+	    FAM(addr_eq)(e->snat_addr, want->snat_addr) &&
+	    e->snat_port == want->snat_port)
+		FN(ct_reap_now)(FAM(ct_new), key, e);
+}
+
+/*
  * ct_overflow - keep the entry @e of a flow answered while sluice_conntrack
  * is full in sluice_ct_new, under @key, as it is (CT_F_REPLIED: it lives
  * as an established entry, and its packets no longer try to promote it).
@@ -704,11 +799,15 @@ FN(ct_half_open_elsewhere)(const FAM(ct_key_t) *fkey, const FAM(ct_key_t) *rkey,
  * until it ends. The table is full mostly of expired entries that only
  * the agent's GC deletes (a burst of short connections, in their close
  * timeout): the agent collects at once when this count grows.
+ * It replaces the flow's half-open entry by ct_new_insert, so an entry
+ * claimed by another deleter meanwhile (a flush ending the flow; or,
+ * for a reply entry re-created by ct_check_reverse, another flow's) is
+ * left to it: -EEXIST.
  */
 static __always_inline int FN(ct_overflow)(const FAM(ct_key_t) *key,
 					   const FAM(ct_entry_t) *e)
 {
-	return bpf_map_update_elem(FAM(ct_new), key, e, BPF_ANY);
+	return FN(ct_new_insert)(key, e);
 }
 
 /*
@@ -726,6 +825,10 @@ static __always_inline int FN(ct_overflow)(const FAM(ct_key_t) *key,
  * it. Dropping it, as before, lost a datagram or a SYN-ACK now and then
  * while the GC ran (TestCTGCKeepsRecreatedFlows under load).
  *
+ * The half-open entries go as every other delete does, claimed first,
+ * and only while they are still this flow's (ct_new_drop); one claimed
+ * already is left to its claimer.
+ *
  * Returns 0; CT_OVERFLOW if the flow stays in sluice_ct_new, established;
  * CT_DEFERRED if it stays there half-open; or a negative error: -EEXIST if
  * a live entry of another flow holds a key, -ENOENT if @rev is stale
@@ -741,7 +844,7 @@ static __always_inline int FN(ct_promote)(const FAM(ct_key_t) *rkey,
 
 	FN(ct_peer_key)(&fkey, rkey, &r);
 	if (FN(ct_half_open_elsewhere)(&fkey, rkey, &r, now)) {
-		bpf_map_delete_elem(FAM(ct_new), rkey);
+		FN(ct_new_drop)(rkey, &r);
 		return -ENOENT;
 	}
 	r.flags |= CT_F_REPLIED;
@@ -768,8 +871,8 @@ static __always_inline int FN(ct_promote)(const FAM(ct_key_t) *rkey,
 			return CT_DEFERRED;
 		goto overflow;
 	}
-	bpf_map_delete_elem(FAM(ct_new), rkey);
-	bpf_map_delete_elem(FAM(ct_new), &fkey);
+	FN(ct_new_drop)(rkey, &r);
+	FN(ct_new_drop)(&fkey, &f);
 	return 0;
 
 overflow:
@@ -801,7 +904,8 @@ overflow:
  * has not deleted yet (ct_est_claimed: the tuple's previous flow, reaped
  * by the GC as the client reuses its port), the flow stays half-open, its
  * reservation unanswered, and the reply goes on (CT_DEFERRED), as in
- * ct_promote; it was dropped as a clash before.
+ * ct_promote; it was dropped as a clash before. The half-open forward
+ * entry goes as ct_promote's do: claimed first.
  * Returns as ct_promote.
  */
 static __always_inline int FN(ct_promote_snat)(const FAM(ct_key_t) *rkey,
@@ -841,7 +945,7 @@ static __always_inline int FN(ct_promote_snat)(const FAM(ct_key_t) *rkey,
 	__sync_fetch_and_or(&rev->flags, CT_F_REPLIED);
 	FN(ct_refresh)(rev, rkey->proto, now);
 	if (!err)
-		bpf_map_delete_elem(FAM(ct_new), &fkey);
+		FN(ct_new_drop)(&fkey, &f);
 	return err;
 }
 
@@ -1025,7 +1129,7 @@ static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
 	if (explain_dry(p))
 		return half_open ? 0 : FN(ct_est_free)(&rkey, now, false);
 	if (half_open)
-		return bpf_map_update_elem(FAM(ct_new), &rkey, &e, BPF_ANY);
+		return FN(ct_new_insert)(&rkey, &e);
 	err = FN(ct_est_insert)(&rkey, &e, now, false);
 #ifdef CT_EST_OVERFLOW
 	if (err == -E2BIG && !(flags & CT_F_SNAT))

@@ -41,24 +41,51 @@ static __always_inline bool FN(mig_supersedes)(__u8 proto,
  * under @key, or (into the established map) an established entry it
  * supersedes. A half-open entry in the new maps is a new flow's, made by
  * the new programs: it stays. Returns whether it put @e.
+ *
+ * The new maps' entries are judged as the live path judges them
+ * (conntrack.h): a lapsed entry (dead, not claimed) counts as absent, in
+ * either map, whoever's flow it is; in @to it is reaped (ct_reap) to make
+ * room, as ct_est_insert and ct_new_insert do. Before, a lapsed entry of
+ * the same flow kept @e out (it does not supersede its own flow), and the
+ * flow's next packet met by a new program found nothing alive: balanced
+ * afresh, a reset. An entry another deleter has claimed, in either map,
+ * is its claimer's to delete, now: @e waits for that, and the flow's next
+ * packet carries it over. It was overwritten before (BPF_ANY: a claimed
+ * entry is seen earliest of all, so @e superseded it), and the claimer's
+ * delete, by key, then took @e; in @to the insert is tried once more, in
+ * case that delete came meanwhile. A live established entry that @e
+ * supersedes is claimed (ct_reap) and deleted first, not overwritten, for
+ * the same reason: an entry is deleted only by whoever claimed it.
  */
 static __always_inline bool FN(mig_put)(void *to, bool est,
 					const FAM(ct_key_t) *key,
 					const FAM(ct_entry_t) *e, __u64 now)
 {
-	const FAM(ct_entry_t) *n;
-	__u64 flags = BPF_NOEXIST;
+	FAM(ct_entry_t) *n;
+	__u64 seen;
 
-	if (!ct_alive(READ_ONCE(e->expires), now) ||
-	    bpf_map_lookup_elem(FAM(ct_new), key))
+	if (!ct_alive(READ_ONCE(e->expires), now))
 		return false;
+	n = bpf_map_lookup_elem(FAM(ct_new), key);
+	if (n) {
+		seen = READ_ONCE(n->expires);
+		if (seen == CT_DEAD || ct_alive(seen, now))
+			return false;
+		if (!est)
+			FN(ct_reap)(FAM(ct_new), key, n, seen);
+	}
 	n = bpf_map_lookup_elem(FAM(ct_est), key);
 	if (n) {
-		if (!est || !FN(mig_supersedes)(key->proto, e, n))
+		seen = READ_ONCE(n->expires);
+		if (ct_alive(seen, now) &&
+		    (!est || !FN(mig_supersedes)(key->proto, e, n)))
 			return false;
-		flags = BPF_ANY;
+		if (est)
+			FN(ct_reap)(FAM(ct_est), key, n, seen);
+		else if (seen == CT_DEAD)
+			return false;
 	}
-	return bpf_map_update_elem(to, key, e, flags) == 0;
+	return bpf_map_update_elem(to, key, e, BPF_NOEXIST) == 0;
 }
 
 /*

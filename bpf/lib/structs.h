@@ -336,7 +336,8 @@ enum metric_reason {
 	/* a new flow's reply tuple is a live flow's of another frontend
 	 * (two VIPs sharing a backend), and the flow cannot be remapped to
 	 * another client port (no free port, or not a TCP SYN or UDP):
-	 * dropped; or a packet of a flow whose reply tuple another holds
+	 * dropped; or a packet of a flow whose reply tuple another holds,
+	 * or whose entry's key holds one another deleter has claimed
 	 */
 	METRIC_TC_CT_CLASH,
 	/* a packet of a source-NATed flow whose port another flow now

@@ -418,6 +418,8 @@ __noinline int nat_snat6(const struct pkt6 *p, const struct lb4_service *svc,
 						METRIC_TC_SNAT_EXHAUSTED);
 		else if (err == -E2BIG)
 			metric_count(p, METRIC_TC_CT_EST_FULL);
+		else if (err == -EEXIST) /* a claimed forward key */
+			metric_count(p, METRIC_TC_CT_CLASH);
 		else
 			metric_count(p, METRIC_TC_CT_FULL);
 		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
@@ -489,6 +491,12 @@ static __noinline int lb6_new_flow(struct __sk_buff *skb, const struct pkt6 *p,
 		}
 		x->snat_addr = p->saddr;
 		return TC6_NEED_REMAP;
+	}
+	if (ret == -EEXIST) {
+		/* A key of the flow is claimed (ct_create): not sent. */
+		metric_count(p, METRIC_TC_CT_CLASH);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
+		return -1;
 	}
 	if (ret < 0)
 		metric_count(p, METRIC_TC_CT_FULL);

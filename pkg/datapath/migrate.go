@@ -482,7 +482,10 @@ func (tcCt6Key) withTuple(src, dst netip.AddrPort, proto, dir uint8) tcCt6Key {
 // (inserted), or an established entry of an earlier flow on the tuple
 // that e supersedes (replaced); never over a half-open entry, the new
 // programs' own. Neither does it go if the other entry of its flow's key
-// is taken by another flow that was seen later.
+// is taken by another flow that was seen later. Unlike mig_put, which
+// runs in the datapath and can claim, it does not yet tell a lapsed or a
+// claimed entry in the new maps from a live one: it judges them all by
+// when they were seen.
 func ctPlace[K ctMigKey[K], V ctValue](t ctTimeouts, est, half *ebpf.Map) ctPlacer[K, V] {
 	return func(k *K, e *V) (ebpf.MapUpdateFlags, bool) {
 		var n V

@@ -1,0 +1,127 @@
+package datapath
+
+import (
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
+)
+
+// TestMigrationJudgesNewEntriesAsTheDatapath: while conntrack is carried
+// over to resized maps (bpf/migrate.c), the shim judges what the new maps
+// hold under a flow's key as the live path does (bpf/lib/migrate_fam.h,
+// mig_put):
+//
+//   - an entry another deleter has claimed (expiry CT_DEAD; the GC reaping
+//     a finished flow on a reused tuple) is left to it, and the old map's
+//     flow is carried over by its next packet once the claimer has deleted
+//     it. Before, the claimed entry was overwritten (a claimed entry is
+//     seen earliest of all, so the old map's superseded it), and the
+//     claimer's delete then took the carried entry;
+//   - a lapsed entry of the same flow, established or half-open, counts as
+//     absent, and the old map's live entry replaces it. Before, it kept the
+//     flow out (an entry of the same flow is never superseded, and a
+//     half-open entry in the new maps never), and the flow's next packet
+//     met by a new program found nothing alive: a new flow, a reset.
+func TestMigrationJudgesNewEntriesAsTheDatapath(t *testing.T) {
+	testutil.Privileged(t)
+	forCTFamilies(t, testMigrationJudges, testMigrationJudges)
+}
+
+func testMigrationJudges[K ctMigKey[K], V ctTestValue](t *testing.T, fam ctFamily[K, V]) {
+	bpffs := testPinDir(t)
+	ns := topology.NewNS(t, "migclaim")
+	ns.Enter(t)
+	addVeths(t, [2]string{"sl-r", "sl-s"})
+	d1 := openTest(t, smallConfig(bpffs))
+	if err := d1.AttachDevices([]string{"sl-r"}); err != nil {
+		t.Fatal(err)
+	}
+	old, _ := fam.maps(d1)
+	cfg := smallConfig(bpffs)
+	cfg.MaxConntrack = 8192
+	d2 := openTest(t, cfg)
+	if shim, _ := d2.migrating(); !shim {
+		t.Fatal("no migration shims")
+	}
+	cur, half := fam.maps(d2)
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	put := func(m *ebpf.Map, k *K, v *V) {
+		t.Helper()
+		if err := m.Update(k, v, ebpf.UpdateAny); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// oldFlow is an established flow the old programs made after the
+	// copy at the start, in the old map, seen now.
+	oldFlow := func(cport uint16) (fk K, fv V, rk K, rv V) {
+		fk4, fv4, rk4, rv4 := ctFlow(t, "10.0.0.9", cport, "10.96.5.1", "10.2.5.1")
+		fv4.Expires = now + cfg.ctTimeouts().lifetime(fk4.Proto, fv4.Flags)
+		rv4.Expires = fv4.Expires
+		fk, fv = fam.of(fk4, fv4)
+		rk, rv = fam.of(rk4, rv4)
+		put(old, &fk, &fv)
+		put(old, &rk, &rv)
+		return fk, fv, rk, rv
+	}
+	// entry is the forward entry of the flow from cport, to backend, in
+	// the new maps: with expires and flags.
+	entry := func(cport uint16, backend string, expires uint64, flags uint32) V {
+		k4, v4, _, _ := ctFlow(t, "10.0.0.9", cport, "10.96.5.1", backend)
+		v4.Expires, v4.Flags = expires, flags
+		_, v := fam.of(k4, v4)
+		return v
+	}
+	shim := func(cport uint16) {
+		t.Helper()
+		if v, _ := runProg(t, d2.shim.SluiceMigTc, fam.ack("10.0.0.9", cport, "10.96.5.1").Bytes()); v != uint32(0xffffffff) {
+			t.Fatalf("shim verdict %d, want TC_ACT_UNSPEC", int32(v))
+		}
+	}
+	want := func(when string, k *K, w V) {
+		t.Helper()
+		var got V
+		if err := cur.Lookup(k, &got); err != nil || got != w {
+			t.Errorf("%s: new map has %+v (%v) under %+v, want %+v", when, got, err, *k, w)
+		}
+	}
+
+	// A claimed entry of the tuple's finished flow (backend .2).
+	fk, fv, rk, rv := oldFlow(40011)
+	claimed := entry(40011, "10.2.5.2", 0, ctFlagReplied|ctFlagFinFwd|ctFlagFinRev)
+	put(cur, &fk, &claimed)
+	shim(40011)
+	want("claimed entry, after the shim", &fk, claimed)
+	var got V
+	if err := cur.Lookup(&rk, &got); err == nil {
+		t.Errorf("reply entry carried over beside a claimed forward key: %+v", got)
+	}
+	if err := cur.Delete(&fk); err != nil { // the claimer's delete
+		t.Fatal(err)
+	}
+	shim(40011)
+	want("once the claimed entry is deleted", &fk, fv)
+	want("once the claimed entry is deleted", &rk, rv)
+
+	// A lapsed established entry of the same flow.
+	fk, fv, rk, rv = oldFlow(40012)
+	lapsed := entry(40012, "10.2.5.1", now-1e9, ctFlagReplied)
+	put(cur, &fk, &lapsed)
+	shim(40012)
+	want("lapsed entry of the same flow", &fk, fv)
+	want("lapsed entry of the same flow", &rk, rv)
+
+	// A lapsed half-open entry of the same flow, copied at the start.
+	fk, fv, rk, rv = oldFlow(40013)
+	lapsed = entry(40013, "10.2.5.1", now-1e9, 0)
+	put(half, &fk, &lapsed)
+	shim(40013)
+	want("lapsed half-open entry of the same flow", &fk, fv)
+	want("lapsed half-open entry of the same flow", &rk, rv)
+}
