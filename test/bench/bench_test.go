@@ -100,6 +100,17 @@ func quick(t *testing.T, fam string) {
 		if len(c.Rounds) != cfg.Rounds {
 			t.Errorf("%s %s %s: %d rounds, want %d", c.Layer, c.Target, c.Mode, len(c.Rounds), cfg.Rounds)
 		}
+		// Every run's CPU per connection is read (the client's, the
+		// server's: both carry a connection), and held against the
+		// floor's of the same round.
+		for i, cpu := range c.CPURounds {
+			if cpu == nil || cpu.ClientUs <= 0 || cpu.ServerUs <= 0 || cpu.TotalUs < cpu.ClientUs+cpu.ServerUs || cpu.Conns != c.Rounds[i].Conns {
+				t.Errorf("%s %s %s round %d: CPU %+v", c.Layer, c.Target, c.Mode, i, cpu)
+			}
+		}
+		if len(c.CPURounds) != cfg.Rounds || c.RatioCPU.Median <= 0 || c.Mode == harness.ModeFloor && c.RatioCPU.Median != 1 {
+			t.Errorf("%s %s %s: CPU of %d rounds, ratio to the floor %+v", c.Layer, c.Target, c.Mode, len(c.CPURounds), c.RatioCPU)
+		}
 	}
 	for _, m := range p.Modes {
 		if seen[m] != 4 { // 2 layers x 2 targets
@@ -162,9 +173,14 @@ func quick(t *testing.T, fam string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	_, cpuSection, _ := strings.Cut(string(md), "\n## CPU per connection\n")
+	cpuSection, _, _ = strings.Cut(cpuSection, "\n## ")
 	for _, m := range p.Modes {
 		if !strings.Contains(string(md), "| 10 | "+m+" |") {
 			t.Errorf("report has no row for %s", m)
+		}
+		if !strings.Contains(cpuSection, "| 10 | packet | random | "+m+" |") {
+			t.Errorf("report has no CPU per connection row for %s", m)
 		}
 	}
 	pngs := 0

@@ -159,6 +159,9 @@ type runner struct {
 	// dropped are modes whose initial load failed at a smaller N: they
 	// would only fail again, slower, at a larger one.
 	dropped map[string]string
+	// softirqd are the ksoftirqd threads, whose run time is part of a
+	// client run's CPU (cpucost.go).
+	softirqd []int
 }
 
 // Run measures everything in cfg and returns the results (also on error,
@@ -179,14 +182,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) (*Results, error) {
 	}
 	defer removeTmp()
 	r := &runner{
-		cfg:     cfg,
-		fam:     fam,
-		log:     log,
-		rng:     rand.New(rand.NewPCG(1, uint64(time.Now().UnixNano()))),
-		dead:    time.Now().Add(cfg.TimeLimit),
-		tmp:     tmp,
-		dropped: map[string]string{},
-		res:     &Results{Span: StartSpan(), Config: cfg, Machine: DescribeMachine()},
+		cfg:      cfg,
+		fam:      fam,
+		log:      log,
+		rng:      rand.New(rand.NewPCG(1, uint64(time.Now().UnixNano()))),
+		dead:     time.Now().Add(cfg.TimeLimit),
+		tmp:      tmp,
+		dropped:  map[string]string{},
+		softirqd: softirqdPids(),
+		res:      &Results{Span: StartSpan(), Config: cfg, Machine: DescribeMachine()},
 	}
 	r.res.Settings = []string{
 		"IP family: " + fam.Name + " (services " + fam.ServiceCIDR + ", backends " + fam.BackendCIDR + ")",
@@ -356,8 +360,9 @@ func (r *runner) startServer(ctx context.Context, ns *topology.NS) (*exec.Cmd, e
 	return cmd, nil
 }
 
-// runClient runs one client child in ns (and cgroup, if set).
-func (r *runner) runClient(ctx context.Context, ns *topology.NS, cg *topology.Cgroup, cc load.ClientConfig) (load.ClientResult, error) {
+// runClient runs one client child in ns (and cgroup, if set); the state it
+// exited with carries its CPU time.
+func (r *runner) runClient(ctx context.Context, ns *topology.NS, cg *topology.Cgroup, cc load.ClientConfig) (load.ClientResult, *os.ProcessState, error) {
 	ctx, cancel := context.WithTimeout(ctx, cc.Duration+30*time.Second)
 	defer cancel()
 	cmd := ns.Command(ctx, r.cfg.Self)
@@ -372,13 +377,13 @@ func (r *runner) runClient(ctx context.Context, ns *topology.NS, cg *topology.Cg
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return load.ClientResult{}, fmt.Errorf("client in %s: %w: %s", ns.Name, err, strings.TrimSpace(stderr.String()))
+		return load.ClientResult{}, nil, fmt.Errorf("client in %s: %w: %s", ns.Name, err, strings.TrimSpace(stderr.String()))
 	}
 	var res load.ClientResult
 	if err := json.Unmarshal(out, &res); err != nil {
-		return res, fmt.Errorf("client output %q: %w", out, err)
+		return res, nil, fmt.Errorf("client output %q: %w", out, err)
 	}
-	return res, nil
+	return res, cmd.ProcessState, nil
 }
 
 // point measures one service count.
@@ -729,13 +734,16 @@ func (r *runner) connections(ctx context.Context, p *Point, envs []*env, svcs []
 					}
 					pid, before := r.progCounters(e)
 					rec := r.startPerf(ctx, p.Services, layer, target, e.name, round)
-					res, err := r.runClient(ctx, ns, cg, cc)
+					cpu0 := r.snapCPU(e)
+					res, ps, err := r.runClient(ctx, ns, cg, cc)
+					cpu := r.cpuCost(e, cpu0, ps, res.Conns)
 					rec.stop(res.Conns)
 					if err != nil {
 						res.Errors++
 						res.FirstError = err.Error()
 					}
 					st.Rounds = append(st.Rounds, res)
+					st.CPURounds = append(st.CPURounds, cpu)
 					if before != nil {
 						if after, err := agentProgCounters(pid); err == nil {
 							st.ProgRounds = append(st.ProgRounds, progCosts(before, after, res.Conns))
@@ -747,8 +755,12 @@ func (r *runner) connections(ctx context.Context, p *Point, envs []*env, svcs []
 						}
 						p.ConntrackPeak[e.name] = n
 					}
+					var cpuUs float64
+					if cpu != nil {
+						cpuUs = cpu.TotalUs
+					}
 					r.log.Info("conns", "services", p.Services, "layer", layer, "target", target, "mode", e.name,
-						"conns_per_s", int(res.ConnsPerS), "p50_us", int(res.P50us), "p99_us", int(res.P99us), "errors", res.Errors)
+						"conns_per_s", int(res.ConnsPerS), "p50_us", int(res.P50us), "p99_us", int(res.P99us), "cpu_us_per_conn", cpuUs, "errors", res.Errors)
 				}
 			}
 		}
@@ -771,6 +783,9 @@ func (r *runner) connections(ctx context.Context, p *Point, envs []*env, svcs []
 			}
 		}
 		st.ConnsPerS, st.P50us, st.P99us = testutil.SpreadOf(cps), testutil.SpreadOf(p50), testutil.SpreadOf(p99)
+		if floor != nil {
+			st.cpuRatios(floor)
+		}
 		st.Prog = medianProgCosts(st.ProgRounds)
 		st.RatioConnsPerS, st.RatioP99 = testutil.Median(rc), testutil.Median(rp)
 		st.RatioSpread = testutil.SpreadOf(rc)

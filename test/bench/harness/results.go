@@ -68,6 +68,36 @@ type ConnStat struct {
 	// the median per program over rounds.
 	ProgRounds [][]ProgCost `json:"prog_rounds,omitempty"`
 	Prog       []ProgCost   `json:"prog,omitempty"`
+	// CPU per connection (cpucost.go), per round (nil where the run made
+	// no connection), the median over rounds of client + server +
+	// ksoftirqd, and the per-round ratio of the floor's to this mode's, so
+	// that it reads as RatioConnsPerS does: 1 is the floor's cost, 0.9 a
+	// mode that needs 1/0.9 of it. RatioCPUNoSoftirqd leaves ksoftirqd out.
+	CPURounds          []*CPUCost `json:"cpu_rounds,omitempty"`
+	CPUUs              Stat       `json:"cpu_us,omitempty"`
+	RatioCPU           Stat       `json:"ratio_cpu,omitempty"`
+	RatioCPUNoSoftirqd Stat       `json:"ratio_cpu_no_ksoftirqd,omitempty"`
+}
+
+// cpuRatios fills the CPU figures from CPURounds against the floor's runs
+// of the same rounds.
+func (st *ConnStat) cpuRatios(floor *ConnStat) {
+	var tot, rt, rn []float64
+	for i, c := range st.CPURounds {
+		if c == nil {
+			continue
+		}
+		tot = append(tot, c.TotalUs)
+		if i >= len(floor.CPURounds) || floor.CPURounds[i] == nil {
+			continue
+		}
+		f := floor.CPURounds[i]
+		rt = append(rt, f.TotalUs/c.TotalUs)
+		if own := c.ClientUs + c.ServerUs; own > 0 {
+			rn = append(rn, (f.ClientUs+f.ServerUs)/own)
+		}
+	}
+	st.CPUUs, st.RatioCPU, st.RatioCPUNoSoftirqd = testutil.SpreadOf(tot), testutil.SpreadOf(rt), testutil.SpreadOf(rn)
 }
 
 // Stat is a median over rounds with the range it came from.

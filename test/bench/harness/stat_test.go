@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -45,5 +46,37 @@ func TestConfigFromEnv(t *testing.T) {
 	t.Setenv("BENCH_MODES", "ipvs")
 	if _, err := ConfigFromEnv(); err == nil {
 		t.Error("unknown mode accepted")
+	}
+}
+
+// TestCPURatios: the CPU ratio is the floor's CPU per connection over the
+// mode's, round by round, rounds without a figure left out.
+func TestCPURatios(t *testing.T) {
+	floor := &ConnStat{CPURounds: []*CPUCost{
+		{ClientUs: 50, ServerUs: 40, SoftirqdUs: 10, TotalUs: 100},
+		{ClientUs: 50, ServerUs: 30, TotalUs: 80},
+		{ClientUs: 40, ServerUs: 40, TotalUs: 80},
+	}}
+	mode := &ConnStat{CPURounds: []*CPUCost{
+		{ClientUs: 60, ServerUs: 40, SoftirqdUs: 25, TotalUs: 125},
+		nil, // a run that made no connection
+		{ClientUs: 50, ServerUs: 50, TotalUs: 100},
+	}}
+	mode.cpuRatios(floor)
+	if mode.RatioCPU != (Stat{Median: 0.8, Min: 0.8, Max: 0.8}) {
+		t.Errorf("ratio %+v, want 0.8 in both rounds", mode.RatioCPU)
+	}
+	if r := mode.RatioCPUNoSoftirqd; math.Abs(r.Median-0.85) > 1e-9 || r.Min != 0.8 || r.Max != 0.9 {
+		t.Errorf("ratio without ksoftirqd %+v, want 0.9 and 0.8", mode.RatioCPUNoSoftirqd)
+	}
+	if mode.CPUUs != (Stat{Median: 112.5, Min: 100, Max: 125}) {
+		t.Errorf("CPU per connection %+v", mode.CPUUs)
+	}
+	// A process's run time is read from its threads.
+	if procRunNs(os.Getpid()) == 0 {
+		t.Error("this process's run time reads 0")
+	}
+	if len(softirqdPids()) == 0 {
+		t.Error("no ksoftirqd found")
 	}
 }

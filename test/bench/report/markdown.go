@@ -3,6 +3,7 @@ package report
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -168,6 +169,7 @@ func Markdown(res *harness.Results, stamp string) []byte {
 	}
 	agentMemTable(&b, res)
 	loadRunErrors(&b, res)
+	cpuTable(&b, res)
 	progCostTable(&b, res)
 	b.WriteString("\n## tc program per packet (BPF_PROG_TEST_RUN)\n\n")
 	b.WriteString("Sluice's tc ingress program with N services in its maps (programmed through the production reconciler). The kernel's repeat loop reruns one skb that the first run already translated, so each figure is the median of many single runs (the kernel's timing of each): `new flow` = a SYN from a fresh source port (service lookup, backend pick, conntrack insert, DNAT); `established` = the same segment again (conntrack hit, DNAT). Spread = min-max of 5 chunk medians.\n\n")
@@ -211,6 +213,42 @@ func medianOr(v []float64, scale float64, format string) string {
 		return "-"
 	}
 	return fmt.Sprintf(format, testutil.Median(v)*scale)
+}
+
+// cpuTable renders the CPU per connection of every load run's mode: the
+// figure that this shared machine's noise moves least (cpucost.go).
+func cpuTable(b *bytes.Buffer, res *harness.Results) {
+	head := false
+	for _, p := range res.Points {
+		for _, cs := range p.Conn {
+			if len(cs.CPURounds) == 0 || cs.CPUUs.Median == 0 {
+				continue
+			}
+			if !head {
+				b.WriteString("\n## CPU per connection\n\n")
+				b.WriteString("Per client run: the client's CPU (rusage), the backend server's and every ksoftirqd's (their threads' run time) over the connections it made; every hop of a connection runs in one of them. Medians over rounds in us; the ratio is the floor's CPU per connection over the mode's in the same round, median (min-max), so it reads as the connections-per-second ratio does; `w/o ksoftirqd` leaves the machine-wide ksoftirqd out. The agent's CPU per connection is its whole CPU in the run (a per-second cost, apart). Load is the 1-minute load average at the runs' start, min-max.\n\n")
+				b.WriteString("| N | layer | target | mode | client | server | ksoftirqd | total us/conn | ratio to floor | w/o ksoftirqd | agent | load |\n|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+				head = true
+			}
+			var cl, sv, sq, ag, ld []float64
+			for _, c := range cs.CPURounds {
+				if c == nil {
+					continue
+				}
+				cl, sv, sq, ag, ld = append(cl, c.ClientUs), append(sv, c.ServerUs), append(sq, c.SoftirqdUs), append(ag, c.AgentUs), append(ld, c.Load1)
+			}
+			ratio := func(s harness.Stat) string {
+				if s.Median == 0 {
+					return "-"
+				}
+				return fmt.Sprintf("%.3f (%.2f-%.2f)", s.Median, s.Min, s.Max)
+			}
+			fmt.Fprintf(b, "| %d | %s | %s | %s | %.1f | %.1f | %.1f | %.1f (%.1f-%.1f) | %s | %s | %s | %.1f-%.1f |\n",
+				p.Services, cs.Layer, cs.Target, cs.Mode, testutil.Median(cl), testutil.Median(sv), testutil.Median(sq),
+				cs.CPUUs.Median, cs.CPUUs.Min, cs.CPUUs.Max, ratio(cs.RatioCPU), ratio(cs.RatioCPUNoSoftirqd),
+				medianOr(ag, 1, "%.2f"), slices.Min(ld), slices.Max(ld))
+		}
+	}
 }
 
 // progCostTable renders, for a run with BENCH_BPF_STATS, what Sluice's
