@@ -27,7 +27,9 @@ import (
 // *cachedSlice: client-go's reflector drops a watch event whose object is
 // of another type. A list the server does not stream stays an
 // EndpointSliceList, decoded as before, its items slimmed by the
-// informer's transform.
+// informer's transform. The Service informer is made the same way, of
+// cachedService and serviceDecoder (svcdec.go): the clients, serializers
+// and informers here serve both kinds.
 
 // GetObjectKind and DeepCopyObject make a cachedSlice a runtime.Object, as
 // the informer's example type must be. It carries no type (as decoded

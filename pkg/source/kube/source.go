@@ -53,11 +53,12 @@ import (
 // Config configures a Source.
 type Config struct {
 	Client kubernetes.Interface
-	// REST, if set, is the client configuration the EndpointSlices are
-	// watched with, over a client of their own that reads each slice's
-	// protobuf straight into what the cache keeps of it (restslices.go);
-	// nil: through Client, decoded as any object (a fake clientset's
-	// objects have no bytes). cmd/sluice sets it.
+	// REST, if set, is the client configuration the EndpointSlices and
+	// Services are watched with, over clients of their own that read each
+	// object's protobuf straight into what the cache keeps of it
+	// (restslices.go, svcdec.go); nil: through Client, decoded as any
+	// object (a fake clientset's objects have no bytes). cmd/sluice sets
+	// it.
 	REST *rest.Config
 	// Options are the translation's; Options.Node.Name is the Node
 	// watched. The Node object's labels replace Options.Node.Labels as

@@ -328,7 +328,7 @@ func TestServiceDecoderDeclines(t *testing.T) {
 		{"a name of the wrong wire type", func() []byte {
 			svc := valid()
 			svc.Name = ""
-			meta := append(must(svc.ObjectMeta.Marshal()), 1<<3|0, 7) // name, a varint
+			meta := append(must(svc.ObjectMeta.Marshal()), 1<<3, 7) // name (field 1), a varint (wire type 0)
 			return appendField(nil, 1, meta)
 		}},
 		{"a port of the wrong wire type", func() []byte {
