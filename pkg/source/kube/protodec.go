@@ -61,6 +61,17 @@ var k8sMagic = []byte("k8s\x00")
 // protobuf (k8sMagic, then a runtime.Unknown), if it is a
 // discovery.k8s.io/v1 EndpointSlice of no content encoding.
 func (d *sliceDecoder) decodeEnvelope(data []byte) (*cachedSlice, bool) {
+	raw, ok := unwrap(data, "discovery.k8s.io/v1", "EndpointSlice")
+	if !ok {
+		return nil, false
+	}
+	return d.decode(raw)
+}
+
+// unwrap returns the object's bytes in data, an object as the API serves
+// it in protobuf (k8sMagic, then a runtime.Unknown), if it is of that
+// apiVersion and kind, and of no content encoding.
+func unwrap(data []byte, apiVersion, kind string) ([]byte, bool) {
 	b, ok := bytes.CutPrefix(data, k8sMagic)
 	if !ok {
 		return nil, false
@@ -77,7 +88,7 @@ func (d *sliceDecoder) decodeEnvelope(data []byte) (*cachedSlice, bool) {
 				return false
 			}
 			typed = true
-			var apiVersion, kind []byte
+			var av, k []byte
 			return eachField(v, func(num protowire.Number, typ protowire.Type, v []byte) bool {
 				switch {
 				case num > 2:
@@ -85,12 +96,12 @@ func (d *sliceDecoder) decodeEnvelope(data []byte) (*cachedSlice, bool) {
 				case typ != protowire.BytesType:
 					return false
 				case num == 1:
-					apiVersion = v
+					av = v
 				default:
-					kind = v
+					k = v
 				}
 				return true
-			}) && string(apiVersion) == "discovery.k8s.io/v1" && string(kind) == "EndpointSlice"
+			}) && string(av) == apiVersion && string(k) == kind
 		case 2:
 			raw, hasRaw = v, true
 		case 3: // contentEncoding
@@ -101,7 +112,7 @@ func (d *sliceDecoder) decodeEnvelope(data []byte) (*cachedSlice, bool) {
 	if !ok || !typed || !hasRaw {
 		return nil, false
 	}
-	return d.decode(raw)
+	return raw, true
 }
 
 // decode returns what the cache keeps of the EndpointSlice data encodes
@@ -292,12 +303,7 @@ func (d *sliceDecoder) endpoint(b []byte, at discoveryv1.AddressType) bool {
 			conds = true
 			return conditions(v, &cond, &given)
 		case 6:
-			p, ok := d.sl.strings[string(v)]
-			if !ok {
-				s := string(v)
-				p = d.sl.share(&s)
-			}
-			e.NodeName = p
+			e.NodeName = d.sl.shareBytesPtr(v)
 		case 8:
 			if hinted {
 				return false
@@ -472,5 +478,18 @@ func (sl *slimmer) shareBytes(b []byte) string {
 	if p, ok := sl.strings[string(b)]; ok {
 		return *p
 	}
-	return sl.shareValue(string(b))
+	if len(b) == 0 {
+		return ""
+	}
+	return *sl.add(string(b))
+}
+
+// shareBytesPtr is share of b's string: the shared pointer to it, the
+// string allocated only if it is not shared yet (looked up once). Called
+// with mu held.
+func (sl *slimmer) shareBytesPtr(b []byte) *string {
+	if p, ok := sl.strings[string(b)]; ok {
+		return p
+	}
+	return sl.add(string(b))
 }

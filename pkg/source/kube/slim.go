@@ -130,6 +130,13 @@ func (sl *slimmer) slimService(svc *corev1.Service) *cachedService {
 	c := &cachedService{Service: translate.MakeService(svc), uid: svc.UID}
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
+	sl.keepService(c)
+	return c
+}
+
+// keepService shares what c repeats of other Services: its namespace,
+// proxy-name label, port names and ports. Called with mu held.
+func (sl *slimmer) keepService(c *cachedService) {
 	c.Namespace = sl.shareValue(c.Namespace)
 	c.ProxyName = sl.share(c.ProxyName)
 	for i := range c.Ports {
@@ -137,7 +144,6 @@ func (sl *slimmer) slimService(svc *corev1.Service) *cachedService {
 		p.Name = sl.shareValue(p.Name)
 	}
 	c.Ports = sharePorts(sl.servicePorts, c.Ports)
-	return c
 }
 
 // slimSlice returns what the cache keeps of es.
@@ -189,11 +195,24 @@ func (sl *slimmer) share(s *string) *string {
 	if p, ok := sl.strings[*s]; ok {
 		return p
 	}
+	sl.put(s)
+	return s
+}
+
+// add shares s, which is not shared yet, and returns its pointer.
+// Called with mu held.
+func (sl *slimmer) add(s string) *string {
+	p := &s
+	sl.put(p)
+	return p
+}
+
+// put makes p the shared pointer to its value. Called with mu held.
+func (sl *slimmer) put(p *string) {
 	if len(sl.strings) >= maxShared {
 		clear(sl.strings)
 	}
-	sl.strings[*s] = s
-	return s
+	sl.strings[*p] = p
 }
 
 // shareValue returns the shared copy of s. Called with mu held.
@@ -204,9 +223,7 @@ func (sl *slimmer) shareValue(s string) string {
 	if s == "" {
 		return s
 	}
-	p := new(string)
-	*p = s
-	return *sl.share(p)
+	return *sl.add(s)
 }
 
 // portsKey is a list of one or two ports, as slimmer's maps of shared
