@@ -64,7 +64,7 @@ func (k *kubeFlags) source(opts translate.Options, m *metrics.Metrics, log *slog
 	prox := health.NewProxier(2**k.syncPeriod, func() time.Time { return src.OldestPending() })
 	src, err = kube.New(kube.Config{
 		Client:            client,
-		REST:              cfg, // EndpointSlices and Services read from their protobuf straight into the cache
+		REST:              cfg, // EndpointSlices read from their protobuf straight into the cache
 		Options:           opts,
 		MinSyncPeriod:     *k.minSyncPeriod,
 		SyncPeriod:        *k.syncPeriod,

@@ -61,17 +61,6 @@ var k8sMagic = []byte("k8s\x00")
 // protobuf (k8sMagic, then a runtime.Unknown), if it is a
 // discovery.k8s.io/v1 EndpointSlice of no content encoding.
 func (d *sliceDecoder) decodeEnvelope(data []byte) (*cachedSlice, bool) {
-	raw, ok := unwrap(data, "discovery.k8s.io/v1", "EndpointSlice")
-	if !ok {
-		return nil, false
-	}
-	return d.decode(raw)
-}
-
-// unwrap returns the object's bytes in data, an object as the API serves
-// it in protobuf (k8sMagic, then a runtime.Unknown), if it is of that
-// apiVersion and kind, and of no content encoding.
-func unwrap(data []byte, apiVersion, kind string) ([]byte, bool) {
 	b, ok := bytes.CutPrefix(data, k8sMagic)
 	if !ok {
 		return nil, false
@@ -88,7 +77,7 @@ func unwrap(data []byte, apiVersion, kind string) ([]byte, bool) {
 				return false
 			}
 			typed = true
-			var av, k []byte
+			var apiVersion, kind []byte
 			return eachField(v, func(num protowire.Number, typ protowire.Type, v []byte) bool {
 				switch {
 				case num > 2:
@@ -96,12 +85,12 @@ func unwrap(data []byte, apiVersion, kind string) ([]byte, bool) {
 				case typ != protowire.BytesType:
 					return false
 				case num == 1:
-					av = v
+					apiVersion = v
 				default:
-					k = v
+					kind = v
 				}
 				return true
-			}) && string(av) == apiVersion && string(k) == kind
+			}) && string(apiVersion) == "discovery.k8s.io/v1" && string(kind) == "EndpointSlice"
 		case 2:
 			raw, hasRaw = v, true
 		case 3: // contentEncoding
@@ -112,7 +101,7 @@ func unwrap(data []byte, apiVersion, kind string) ([]byte, bool) {
 	if !ok || !typed || !hasRaw {
 		return nil, false
 	}
-	return raw, true
+	return d.decode(raw)
 }
 
 // decode returns what the cache keeps of the EndpointSlice data encodes

@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -15,7 +14,7 @@ import (
 
 // sliceClientDecoder returns the decoder the slices' REST client takes for
 // a media type, as client-go's negotiator makes it of the serializer.
-func sliceClientDecoder(t *testing.T, n cachingNegotiator, mediaType string) runtime.Decoder {
+func sliceClientDecoder(t *testing.T, n sliceNegotiator, mediaType string) runtime.Decoder {
 	t.Helper()
 	info, ok := runtime.SerializerInfoForMediaType(n.SupportedMediaTypes(), mediaType)
 	if !ok {
@@ -43,7 +42,7 @@ func TestSliceClientDecodes(t *testing.T) {
 		return buf.Bytes()
 	}
 	const n = 2000
-	var counts decodeCounts
+	var counts sliceDecodes
 	sl := newSlimmer()
 	neg := newSliceNegotiator(sl, &counts)
 	pbDec, jsDec := sliceClientDecoder(t, neg, runtime.ContentTypeProtobuf), sliceClientDecoder(t, neg, runtime.ContentTypeJSON)
@@ -114,122 +113,6 @@ func TestSliceClientDecodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(into.Items) != 1 || into.Items[0].Name != list.Items[0].Name {
-		t.Fatalf("list decoded as %+v", into)
-	}
-}
-
-// TestServiceClientDecodes is TestSliceClientDecodes of the Services'
-// client: a watch event's Service, protobuf or JSON, comes out what
-// slimService makes of the standard decoder's object (straight from its
-// protobuf when the fast decoder takes it); the bookmark that ends a
-// streamed list keeps its resourceVersion and annotation; a Status and a
-// list decode as before.
-func TestServiceClientDecodes(t *testing.T) {
-	r := rand.New(rand.NewPCG(14, 64))
-	pbInfo, _ := runtime.SerializerInfoForMediaType(scheme.Codecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
-	jsInfo, _ := runtime.SerializerInfoForMediaType(scheme.Codecs.SupportedMediaTypes(), runtime.ContentTypeJSON)
-	pb := scheme.Codecs.EncoderForVersion(pbInfo.Serializer, corev1.SchemeGroupVersion)
-	js := scheme.Codecs.EncoderForVersion(jsInfo.Serializer, corev1.SchemeGroupVersion)
-	encode := func(enc runtime.Encoder, obj runtime.Object) []byte {
-		var buf bytes.Buffer
-		if err := enc.Encode(obj, &buf); err != nil {
-			t.Fatal(err)
-		}
-		return buf.Bytes()
-	}
-	decoder := func(n cachingNegotiator, mediaType string) runtime.Decoder {
-		info, ok := runtime.SerializerInfoForMediaType(n.SupportedMediaTypes(), mediaType)
-		if !ok {
-			t.Fatalf("no serializer for %s", mediaType)
-		}
-		return n.DecoderToVersion(info.Serializer, corev1.SchemeGroupVersion)
-	}
-	const n = 2000
-	var counts decodeCounts
-	neg := newServiceNegotiator(newSlimmer(), &counts)
-	pbDec, jsDec := decoder(neg, runtime.ContentTypeProtobuf), decoder(neg, runtime.ContentTypeJSON)
-	var fast, declined int64
-	for i := range n {
-		svc := randomService(r)
-		want, ok := slimStandardService(must(svc.Marshal()))
-		if !ok {
-			t.Fatalf("service %d: the standard decoder fails", i)
-		}
-		if _, ok := newServiceDecoder(newSlimmer()).decode(must(svc.Marshal())); ok {
-			fast++
-		} else {
-			declined++
-		}
-		for _, c := range []struct {
-			what string
-			dec  runtime.Decoder
-			data []byte
-		}{{"protobuf", pbDec, encode(pb, svc)}, {"JSON", jsDec, encode(js, svc)}} {
-			obj, err := runtime.Decode(c.dec, c.data)
-			if err != nil {
-				t.Fatalf("service %d in %s: %v", i, c.what, err)
-			}
-			got, ok := obj.(*cachedService)
-			if !ok {
-				t.Fatalf("service %d in %s: decoded a %T", i, c.what, obj)
-			}
-			sameCachedService(t, fmt.Sprintf("service %d in %s (%+v)", i, c.what, svc), got, want)
-		}
-	}
-	if fast == 0 || declined == 0 {
-		t.Fatalf("the fast decoder took %d Services, declined %d: want some of each", fast, declined)
-	}
-	if f, s := counts.fast.Load(), counts.standard.Load(); f != fast || s != declined+n {
-		t.Fatalf("decoded %d fast, %d standard; want %d, %d (the declined and the JSON ones)", f, s, fast, declined+n)
-	}
-
-	// The bookmark that ends a streamed list: a Service of only a
-	// resourceVersion and the annotation the reflector reads.
-	bookmark := &corev1.Service{ObjectMeta: metav1.ObjectMeta{ResourceVersion: "42",
-		Annotations: map[string]string{metav1.InitialEventsAnnotationKey: "true"}}}
-	for _, c := range []struct {
-		dec runtime.Decoder
-		enc runtime.Encoder
-	}{{pbDec, pb}, {jsDec, js}} {
-		obj, err := runtime.Decode(c.dec, encode(c.enc, bookmark))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c, ok := obj.(*cachedService); !ok || c.GetResourceVersion() != "42" || c.GetAnnotations()[metav1.InitialEventsAnnotationKey] != "true" {
-			t.Fatalf("bookmark decoded as %#v", obj)
-		}
-	}
-	// A Service carrying the annotation is no bookmark.
-	annotated := service("svc", "10.96.0.1", 80)
-	annotated.Annotations = bookmark.Annotations
-	obj, err := runtime.Decode(jsDec, encode(js, annotated))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c, ok := obj.(*cachedService); !ok || c.Invalid != nil || c.GetAnnotations() != nil {
-		t.Fatalf("a Service annotated %s decoded as %#v", metav1.InitialEventsAnnotationKey, obj)
-	}
-
-	// A Status (a watch's error event) and a list stay what they are.
-	status := &metav1.Status{Status: metav1.StatusFailure, Message: "gone", Reason: metav1.StatusReasonExpired, Code: 410}
-	for _, c := range []struct {
-		dec runtime.Decoder
-		enc runtime.Encoder
-	}{{pbDec, pb}, {jsDec, js}} {
-		obj, err := runtime.Decode(c.dec, encode(c.enc, status))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if s, ok := obj.(*metav1.Status); !ok || s.Message != "gone" {
-			t.Fatalf("status decoded as %#v", obj)
-		}
-	}
-	list := &corev1.ServiceList{Items: []corev1.Service{*service("svc", "10.96.0.1", 80)}}
-	var into corev1.ServiceList
-	if err := runtime.DecodeInto(pbDec, encode(pb, list), &into); err != nil {
-		t.Fatal(err)
-	}
-	if len(into.Items) != 1 || into.Items[0].Name != "svc" {
 		t.Fatalf("list decoded as %+v", into)
 	}
 }

@@ -130,13 +130,6 @@ func (sl *slimmer) slimService(svc *corev1.Service) *cachedService {
 	c := &cachedService{Service: translate.MakeService(svc), uid: svc.UID}
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	sl.keepService(c)
-	return c
-}
-
-// keepService shares what c repeats of other Services: its namespace,
-// proxy-name label, port names and ports. Called with mu held.
-func (sl *slimmer) keepService(c *cachedService) {
 	c.Namespace = sl.shareValue(c.Namespace)
 	c.ProxyName = sl.share(c.ProxyName)
 	for i := range c.Ports {
@@ -144,6 +137,7 @@ func (sl *slimmer) keepService(c *cachedService) {
 		p.Name = sl.shareValue(p.Name)
 	}
 	c.Ports = sharePorts(sl.servicePorts, c.Ports)
+	return c
 }
 
 // slimSlice returns what the cache keeps of es.

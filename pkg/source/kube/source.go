@@ -53,12 +53,11 @@ import (
 // Config configures a Source.
 type Config struct {
 	Client kubernetes.Interface
-	// REST, if set, is the client configuration the EndpointSlices and
-	// Services are watched with, over clients of their own that read each
-	// object's protobuf straight into what the cache keeps of it
-	// (restslices.go, svcdec.go); nil: through Client, decoded as any
-	// object (a fake clientset's objects have no bytes). cmd/sluice sets
-	// it.
+	// REST, if set, is the client configuration the EndpointSlices are
+	// watched with, over a client of their own that reads each slice's
+	// protobuf straight into what the cache keeps of it (restslices.go);
+	// nil: through Client, decoded as any object (a fake clientset's
+	// objects have no bytes). cmd/sluice sets it.
 	REST *rest.Config
 	// Options are the translation's; Options.Node.Name is the Node
 	// watched. The Node object's labels replace Options.Node.Labels as
@@ -110,9 +109,8 @@ type Source struct {
 
 	// slimmer is the informers' transform (set by Run).
 	slimmer *slimmer
-	// decodes and svcDecodes count the slices and Services the REST
-	// clients decoded (Config.REST).
-	decodes, svcDecodes decodeCounts
+	// decodes counts the slices the REST client decoded (Config.REST).
+	decodes sliceDecodes
 
 	// Owned by the sync goroutine: the last state handed over.
 	state *model.State
@@ -289,12 +287,6 @@ func (s *Source) SliceDecodes() (fast, standard int64) {
 	return s.decodes.fast.Load(), s.decodes.standard.Load()
 }
 
-// ServiceDecodes is SliceDecodes of the Services: how many the source's
-// own Service client decoded fast and standard (Config.REST).
-func (s *Source) ServiceDecodes() (fast, standard int64) {
-	return s.svcDecodes.fast.Load(), s.svcDecodes.standard.Load()
-}
-
 // Synced reports whether the caches have synced and the first state has
 // been handed over: the readiness of a node proxy.
 func (s *Source) Synced() bool { return s.synced.Load() }
@@ -325,27 +317,19 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 	// The Services and EndpointSlices without the namespace index the
 	// factory's informers keep: a set of keys per namespace, which
 	// nothing here looks up (the events' lister gets Services by key).
+	factory.InformerFor(&corev1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, nil)
+	})
 	if s.cfg.REST != nil {
 		s.decodes.firstFast = func() { s.log.Info(firstFastLog) }
-		s.svcDecodes.firstFast = func() { s.log.Info(firstFastServiceLog) }
-		src, err := newServiceClient(s.cfg.REST, s.slimmer, &s.svcDecodes)
-		if err != nil {
-			return err
-		}
 		rc, err := newSliceClient(s.cfg.REST, s.slimmer, &s.decodes)
 		if err != nil {
 			return err
 		}
-		factory.InformerFor(&corev1.Service{}, func(_ kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-			return newServiceInformer(src, resync)
-		})
 		factory.InformerFor(&discoveryv1.EndpointSlice{}, func(_ kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
 			return newSliceInformer(rc, resync)
 		})
 	} else {
-		factory.InformerFor(&corev1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-			return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, nil)
-		})
 		factory.InformerFor(&discoveryv1.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
 			return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, nil)
 		})
