@@ -160,16 +160,21 @@ func TestMapFillIDCountsMatchWalk(t *testing.T) {
 	}
 
 	// The agent restarts on the same pins: the tables count what they
-	// find, and a new reconciler, its view restored from them, applies
-	// another state.
+	// find, and a new reconciler, its view restored from them (Restore,
+	// as the agent does), applies another state, deleting the strays.
 	d.Close()
 	d2 := openTest(t, smallConfig(dir))
 	if w := checkIDCounts(t, "restart", d2, nil); w[mapBackends] != 51 || w[mapRevNat6] != 15 {
 		t.Fatalf("restart: walked %v, want 51 IPv4 backends and 15 IPv6 services", w)
 	}
 	r2 := reconciler.New(d2.Maps(), nil)
+	if err := r2.Restore(); err != nil {
+		t.Fatal(err)
+	}
 	apply("after restart", r2, idCountServices(12, 5, 2))
-	checkIDCounts(t, "after restart", d2, nil)
+	if w := checkIDCounts(t, "after restart", d2, nil); w[mapBackends] != 10 || w[mapRevNat6] != 5 {
+		t.Fatalf("after restart: walked %v, want 10 IPv4 backends and 5 IPv6 services", w)
+	}
 	apply("after restart, second", r2, idCountServices(40, 3, 1))
 	checkIDCounts(t, "after restart, second", d2, nil)
 }
