@@ -90,6 +90,7 @@ func (m *Maps) UpsertBackends(es []reconciler.BackendEntry) (int, error) {
 	if m.beMapped() {
 		return m.upsertBackendsMem(es)
 	}
+	m.beArrays().bypass()
 	return upsertTwin(m.backendMaps(), es, func(e reconciler.BackendEntry) netip.Addr { return e.Addr.Addr },
 		func(e reconciler.BackendEntry) (uint32, sockLb4Backend, error) { return backendEntry(e.ID, e.Addr) })
 }
@@ -101,6 +102,7 @@ func (m *Maps) UpsertRevNats(es []reconciler.RevNatEntry) (int, error) {
 	if m.rnMapped() {
 		return m.upsertRevNatsMem(es)
 	}
+	m.rnArrays().bypass()
 	return upsertTwin(m.revNatMaps(), es, func(e reconciler.RevNatEntry) netip.Addr { return e.Frontend.Addr },
 		func(e reconciler.RevNatEntry) (uint32, sockLb4RevNat, error) { return revNatEntry(e.ID, e.Frontend) })
 }

@@ -26,6 +26,18 @@ package datapath
 // A map that cannot be mapped (opened without BPF_F_MMAPABLE: pins of an
 // older agent before a migration, or a hash) keeps the system calls
 // (UpsertBackends' batches, clearIDs).
+//
+// A table also counts its present entries (issue 14, sixty-sixth pass):
+// walked once when it is opened (what a restart finds), then kept by put
+// and clear, which see each entry go absent -> present and back, so that
+// a scrape's fill of the arrays (sluice_bpf_map_entries, mapFill) reads
+// the count instead of walking every entry of both families' arrays,
+// sized by --max-backends and --max-services. A write that goes around
+// the table (a system call: a window that could not be mapped, a family
+// written by system calls) makes the count unknown, and the scrape walks
+// again, until the reconciler's next re-read of the maps (Maps.Walk,
+// --map-refresh-interval) counts anew; so does an entry changed behind
+// the agent's back, which that re-read finds and repairs.
 
 import (
 	"errors"
@@ -54,6 +66,14 @@ type beTable struct {
 	last   int      // the flags word's index in an entry
 	// onStore, for tests, hears each store: the word's index in words.
 	onStore func(word int)
+	// present is the entries present as counted when the table was
+	// opened or by the last recount, and kept by put and clear since;
+	// exact says no write went around the table since (bypass). Both
+	// are the writer's; published is present for a scrape, or -1 when
+	// not exact, stored when an operation ends (publish).
+	present   int
+	exact     bool
+	published atomic.Int64
 }
 
 // openBeTable maps the backends array arr of valueSize-byte values
@@ -71,13 +91,59 @@ func openBeTable(arr *ebpf.Map, valueSize int) (*beTable, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newBeTable(a, valueSize, arr.MaxEntries()), nil
+	t := newBeTable(a, valueSize, arr.MaxEntries())
+	t.recount(arr)
+	return t, nil
 }
 
-// newBeTable is the table of n entries of valueSize bytes in a.
+// newBeTable is the table of n entries of valueSize bytes in a, its
+// count of present entries unknown (recount).
 func newBeTable(a *lazyArray, valueSize int, n uint32) *beTable {
 	stride := (valueSize + 7) &^ 7
-	return &beTable{a: a, words: a.words(), n: n, stride: stride / 4, last: valueSize/4 - 1}
+	t := &beTable{a: a, words: a.words(), n: n, stride: stride / 4, last: valueSize/4 - 1}
+	t.published.Store(-1)
+	return t
+}
+
+// recount counts the present entries of arr, the table's array, by
+// walking it (countPresent), and publishes the count; a walk that fails
+// leaves it unknown. The writer's: no write may run meanwhile.
+func (t *beTable) recount(arr *ebpf.Map) {
+	if t == nil {
+		return
+	}
+	n, err := countPresent(arr)
+	t.present, t.exact = n, err == nil
+	t.publish()
+}
+
+// bypass says that a write went around the table (a system call into
+// its array): its count is unknown until the next recount.
+func (t *beTable) bypass() {
+	if t != nil {
+		t.exact = false
+		t.published.Store(-1)
+	}
+}
+
+// publish makes the count of present entries the scrape's (presentCount).
+func (t *beTable) publish() {
+	if t.exact {
+		t.published.Store(int64(t.present))
+	} else {
+		t.published.Store(-1)
+	}
+}
+
+// presentCount returns the present entries as of the end of the last
+// operation, and false where the table does not know them (no table, or
+// a write went around it since its last count).
+func (t *beTable) presentCount() (int, bool) {
+	if t == nil {
+		return 0, false
+	}
+	n := t.published.Load()
+	return int(n), n >= 0
 }
 
 func (t *beTable) close() error {
@@ -125,11 +191,15 @@ func (t *beTable) put(id uint32, v []uint32) error {
 			return nil
 		}
 		t.store(fw, cur&^bePresentWord)
+		t.present--
 	}
 	for j := range t.last {
 		t.storeAbsent(base+j, v[j])
 	}
 	t.store(fw, v[t.last])
+	if v[t.last]&bePresentWord != 0 {
+		t.present++
+	}
 	return nil
 }
 
@@ -147,6 +217,7 @@ func (t *beTable) clear(id uint32) error {
 	}
 	if cur := atomic.LoadUint32(&t.words[fw]); cur&bePresentWord != 0 {
 		t.store(fw, cur&^bePresentWord)
+		t.present--
 	}
 	return nil
 }
@@ -166,6 +237,7 @@ func clearAll[ID ~uint32](t *beTable, ids []ID) []ID {
 		}
 	}
 	_ = t.a.release() // a window left mapped only counts in the RSS
+	t.publish()
 	return left
 }
 
@@ -245,11 +317,21 @@ func upsertMem[E, V4, V6 any](a idArrays, es []E, enc func(E) (uint32, V4, netip
 //
 //go:noinline
 func putSyscall[V4, V6 any](a idArrays, k uint32, v V4, addr netip.Addr, to6 func(V4, netip.Addr) V6) (string, error) {
+	// A write that succeeds goes around the family's table (an array's
+	// update that fails writes nothing).
 	if is6(addr) {
 		v6 := to6(v, addr)
-		return a.name6, whenFull(a.m6, a.m6.Put(&k, &v6))
+		err := a.m6.Put(&k, &v6)
+		if err == nil {
+			a.t6.bypass()
+		}
+		return a.name6, whenFull(a.m6, err)
 	}
-	return a.name4, whenFull(a.m4, a.m4.Put(&k, &v))
+	err := a.m4.Put(&k, &v)
+	if err == nil {
+		a.t4.bypass()
+	}
+	return a.name4, whenFull(a.m4, err)
 }
 
 // putBackendMem writes backend k -> v (of address a's family) into its
@@ -283,13 +365,26 @@ func (a idArrays) mapped() bool {
 }
 
 // release unmaps the windows of the arrays that an operation mapped
-// (arraymem.go).
+// (arraymem.go), and publishes the tables' counts.
 func (a idArrays) release() {
 	for _, t := range []*beTable{a.t4, a.t6} {
 		if t != nil {
 			_ = t.a.release() // a window left mapped only counts in the RSS
+			t.publish()
 		}
 	}
+}
+
+// bypass says that a write went around both tables (bypass).
+func (a idArrays) bypass() {
+	a.t4.bypass()
+	a.t6.bypass()
+}
+
+// recount counts both tables' present entries anew (beTable.recount).
+func (a idArrays) recount() {
+	a.t4.recount(a.m4)
+	a.t6.recount(a.m6)
 }
 
 // putMem writes entry k -> v, of address addr's family (to6 makes the
@@ -336,6 +431,13 @@ func clearTwin[ID ~uint32, V4, V6 comparable](a idArrays, ids []ID, absent4 func
 	ids4, ids6 := ids, ids
 	if a.mapped() {
 		ids4, ids6 = clearAll(a.t4, ids), clearAll(a.t6, ids)
+	}
+	// What the system calls clear goes around the tables.
+	if len(ids4) > 0 {
+		a.t4.bypass()
+	}
+	if len(ids6) > 0 {
+		a.t6.bypass()
 	}
 	if err := clearIDs(a.m4, a.name4, ids4, absent4); err != nil {
 		return 0, err

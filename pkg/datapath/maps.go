@@ -480,8 +480,16 @@ func (d *dumper) ServiceIP(a netip.Addr) bool {
 // source-range and service-IP maps of both families, as Dump reads them,
 // one at a time. Like Dump, it also checks each master read against the
 // agent's slot ranges (walkState), repairing a base that drifted.
+//
+// The re-read also counts the present entries of the backends and
+// reverse-NAT arrays anew (beTable.recount), where entries changed
+// behind the agent's back, or written around its tables, made the
+// counts its writes keep wrong or unknown.
 func (m *Maps) Walk(v reconciler.KernelVisitor) error {
-	return walkState(m.stateMaps(), v)
+	err := walkState(m.stateMaps(), v)
+	m.beArrays().recount()
+	m.rnArrays().recount()
+	return err
 }
 
 // walkState gives v the entries of ms, map by map, until a method of v

@@ -252,7 +252,7 @@ func TestSlotTableInUse(t *testing.T) {
 // TestMapFillSlotsFromTables: the scrape's fill of a slots array is the
 // slots its masters name, from the agent's table, not its entries read
 // back: a stale id in an entry no range uses (left by a crash, or a
-// range in its quarantine) is not counted; a Datapath's slotsInUse has
+// range in its quarantine) is not counted; a Datapath's knownEntries has
 // both families. Fails with the fill counted from the array (4 slots).
 func TestMapFillSlotsFromTables(t *testing.T) {
 	d := newTestDatapath(t)
@@ -274,7 +274,7 @@ func TestMapFillSlotsFromTables(t *testing.T) {
 			t.Errorf("%s: %d slots in use, want 3 (the masters')", f.Pin, f.Entries)
 		}
 	}
-	if got := d.slotsInUse(); len(got) != 2 || got[mapSlots] != 3 || got[mapSlots6] != 0 {
-		t.Errorf("slotsInUse = %v, want %s 3, %s 0", got, mapSlots, mapSlots6)
+	if got := d.knownEntries(); got[mapSlots] != 3 || got[mapSlots6] != 0 {
+		t.Errorf("knownEntries = %v, want %s 3, %s 0", got, mapSlots, mapSlots6)
 	}
 }

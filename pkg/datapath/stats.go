@@ -83,7 +83,8 @@ type MapFill struct {
 // MapFill counts the entries of every hash-like map the datapath shares
 // (arrays are always full and have no fill, but for the backends arrays,
 // whose fill is their present entries of MaxBackends, and the reverse-NAT
-// arrays, theirs of MaxServices), sorted by name. The hash
+// arrays, theirs of MaxServices, both counted by the agent's tables as
+// it writes them: knownEntries), sorted by name. The hash
 // maps' counts are the kernel's own, read by one run of a map iterator
 // (mapcount.go, Features.MapCount) whatever the maps hold; the LPM tries
 // (source ranges, CIDRs: small), and every map on a kernel without the
@@ -99,15 +100,21 @@ func (d *Datapath) MapFill() ([]MapFill, error) {
 			return nil, err
 		}
 	}
-	return mapFill(objectsOf[*ebpf.Map](&d.sock, &d.tc, &d.xdp, &d.gc), counts, d.slotsInUse())
+	return mapFill(objectsOf[*ebpf.Map](&d.sock, &d.tc, &d.xdp, &d.gc), counts, d.knownEntries())
 }
 
-// slotsInUse returns the slots in use of each slots array the agent has a
-// table of (by pin name): the sum of its masters' counts, which the table
-// keeps (slotTable.inUse), where counting the entries not empty read
-// every mapped window of both arrays, 12-15 ms of a scrape at the
-// default sizes (fifty-first pass).
-func (d *Datapath) slotsInUse() map[string]int {
+// knownEntries returns the entries the agent's tables know of the arrays
+// it writes (by pin name), which a scrape then need not walk:
+//   - of each slots array, the slots in use, the sum of its masters'
+//     counts, which its table keeps (slotTable.inUse), where counting the
+//     entries not empty read every mapped window of both arrays, 12-15 ms
+//     of a scrape at the default sizes (fifty-first pass);
+//   - of each backends and reverse-NAT array, its present entries, which
+//     its table counts as it writes them (beTable.presentCount), where
+//     the walk read every entry of arrays sized by --max-backends and
+//     --max-services (sixty-sixth pass); not where a write went around
+//     the table since its last count.
+func (d *Datapath) knownEntries() map[string]int {
 	if d.maps == nil {
 		return nil
 	}
@@ -117,14 +124,20 @@ func (d *Datapath) slotsInUse() map[string]int {
 			out[pin] = n
 		}
 	}
+	for pin, t := range map[string]*beTable{mapBackends: d.maps.be4, mapBackends6: d.maps.be6,
+		mapRevNat: d.maps.rn4, mapRevNat6: d.maps.rn6} {
+		if n, ok := t.presentCount(); ok {
+			out[pin] = n
+		}
+	}
 	return out
 }
 
 // mapFill counts the entries of the hash-like maps of maps (by pin name):
 // from counts (the kernel's, by map id) where it has the map, else by
-// walking it; a slots array's from slots (by pin name) where it has it,
-// else its entries not empty.
-func mapFill(maps map[string]*ebpf.Map, counts map[ebpf.MapID]int, slots map[string]int) ([]MapFill, error) {
+// walking it; a slots, backends or reverse-NAT array's from known (by pin
+// name) where it has it, else its entries not empty or present.
+func mapFill(maps map[string]*ebpf.Map, counts map[ebpf.MapID]int, known map[string]int) ([]MapFill, error) {
 	var out []MapFill
 	for _, pin := range sortedKeys(maps) {
 		m := maps[pin]
@@ -138,17 +151,21 @@ func mapFill(maps map[string]*ebpf.Map, counts map[ebpf.MapID]int, slots map[str
 		if err != nil {
 			return nil, fmt.Errorf("information of map %s: %w", pin, err)
 		}
-		var n int
+		n, ok := known[pin]
 		capacity := int(m.MaxEntries())
 		if backends {
-			n, err = countEntries(m)
+			if !ok {
+				n, err = countEntries(m)
+			}
 			// Its entries are every id; a family holds fewer.
 			capacity = (capacity - reconciler.BackendIDQuarantine - 1) / 2
 		} else if revNat {
 			// Its entries are every service id (serviceSlots): the
 			// services it holds, of the --max-services of both
 			// families.
-			n, err = countEntries(m)
+			if !ok {
+				n, err = countEntries(m)
+			}
 			capacity -= reconciler.ServiceIDQuarantine + 1
 		} else if isSlots {
 			// The slots in use: the masters' counts (or the entries
@@ -156,8 +173,7 @@ func mapFill(maps map[string]*ebpf.Map, counts map[ebpf.MapID]int, slots map[str
 			// twice the size of (slotEntries), so that its fill
 			// ratio says how near the reconciler's bound the slots
 			// are.
-			var ok bool
-			if n, ok = slots[pin]; !ok {
+			if !ok {
 				n, err = countSlots(m)
 			}
 			capacity /= 2

@@ -54,6 +54,11 @@ func TestQuick(t *testing.T) {
 		if r.RSSPeakBytes <= 0 || r.CPUEndS <= 0 {
 			t.Errorf("%s: no memory or CPU figures: %+v", r.Mode, r)
 		}
+		// The first sync was seen by a read the mode answered, and its
+		// CPU less the reads until then is less than with them.
+		if r.ScrapesSync < 1 || r.ScrapesSync > r.Scrapes || r.CPUNetSyncS > r.CPUSyncS || r.CPUNetSyncS < r.CPUSyncS-float64(r.ScrapesSync)*r.ScrapeCPUS-1e-9 {
+			t.Errorf("%s: CPU after sync %.3f s, without its %d scrapes (of %d, %.4f s each) %.3f s", r.Mode, r.CPUSyncS, r.ScrapesSync, r.Scrapes, r.ScrapeCPUS, r.CPUNetSyncS)
+		}
 		// Sampled from before the first sync to after the steady
 		// changes; none above the peak read at the end.
 		if len(r.Mem) < 2 || r.Mem[0].T > r.FirstSyncS || r.Steady == nil || r.Mem[len(r.Mem)-1].T < r.Steady.ToS {
@@ -71,7 +76,7 @@ func TestQuick(t *testing.T) {
 	if len(pt.Ratios) != 2 {
 		t.Errorf("%d ratios, want the two kube-proxy modes against Sluice", len(pt.Ratios))
 	}
-	for _, want := range []string{"## 10 Services x 10 endpoints", "| kube-proxy-iptables / sluice |", "| kube-proxy-nftables / sluice |", "| sluice | ", "steady 5/s", "Errors: none."} {
+	for _, want := range []string{"## 10 Services x 10 endpoints", "| kube-proxy-iptables / sluice |", "| kube-proxy-nftables / sluice |", "| sluice | ", "steady 5/s", "| CPU after sync without scrapes (s) |", "Errors: none."} {
 		if !strings.Contains(md, want) {
 			t.Errorf("the Markdown report lacks %q", want)
 		}

@@ -77,6 +77,11 @@ type modeRun struct {
 	Scrapes    int     `json:"scrapes"`
 	ScrapeCPUS float64 `json:"scrape_cpu_s"`
 	CPUNetEndS float64 `json:"cpu_net_end_s"`
+	// ScrapesSync is how many reads of its /metrics the mode answered
+	// until CPUSyncS was read, and CPUNetSyncS is CPUSyncS less
+	// ScrapesSync reads (each at ScrapeCPUS).
+	ScrapesSync int     `json:"scrapes_at_sync"`
+	CPUNetSyncS float64 `json:"cpu_net_after_sync_s"`
 	// CPUBlocks are the CPU blocks (BENCH_CPU_CHANGES), if any.
 	CPUBlocks *cpuBlocks `json:"cpu_blocks,omitempty"`
 	// Steady is the window of changes at a steady rate
@@ -163,6 +168,7 @@ func measure(ctx context.Context, cfg config, c *cluster, bins binaries, mode st
 		fail("after the first sync: %v", err)
 	}
 	r.RSSSyncBytes, r.HWMSyncBytes, r.CPUSyncS = st.rss, st.hwm, st.cpuAll
+	r.ScrapesSync = p.served
 	// The count is polled: Sluice sets its sync timestamp a moment before
 	// its count of programmed Services (sluice_services). SyncsAtCheck
 	// says how many syncs had ended by then: 1 shows the first sync
@@ -232,6 +238,7 @@ func measure(ctx context.Context, cfg config, c *cluster, bins binaries, mode st
 		fail("scrape cost: %v", err)
 	}
 	r.CPUNetEndS = max(0, r.CPUEndS-float64(r.Scrapes)*r.ScrapeCPUS)
+	r.CPUNetSyncS = max(0, r.CPUSyncS-float64(r.ScrapesSync)*r.ScrapeCPUS)
 	return r
 }
 

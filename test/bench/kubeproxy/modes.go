@@ -49,8 +49,9 @@ type proxy struct {
 	// programmed counts the Services programmed, from the mode's own
 	// state: kernel rules or maps, or the agent's count of them.
 	programmed func(ctx context.Context) (int, error)
-	// scrapes counts the reads of its /metrics.
-	scrapes int
+	// scrapes counts the reads of its /metrics; served those it
+	// answered (the others, before it listens, cost it nothing).
+	scrapes, served int
 }
 
 // startProxy creates a fresh namespace joined to the control plane's and
@@ -193,6 +194,7 @@ func (p *proxy) metrics() (string, error) {
 	if resp.StatusCode != http.StatusOK {
 		return "", fmt.Errorf("/metrics: %s", resp.Status)
 	}
+	p.served++
 	return string(b), nil
 }
 

@@ -46,9 +46,11 @@ type summary struct {
 	RSSEndMiB  testutil.Spread `json:"rss_end_mib"`
 	RSSPeakMiB testutil.Spread `json:"rss_peak_mib"`
 	CPUSyncS   testutil.Spread `json:"cpu_after_sync_s"`
-	CPUEndS    testutil.Spread `json:"cpu_end_s"`
-	CPUNetEndS testutil.Spread `json:"cpu_net_end_s"`
-	ScrapeMs   testutil.Spread `json:"scrape_cpu_ms"`
+	// CPUNetSyncS is CPUSyncS less the scrapes until then.
+	CPUNetSyncS testutil.Spread `json:"cpu_net_after_sync_s"`
+	CPUEndS     testutil.Spread `json:"cpu_end_s"`
+	CPUNetEndS  testutil.Spread `json:"cpu_net_end_s"`
+	ScrapeMs    testutil.Spread `json:"scrape_cpu_ms"`
 	// The memory at the first sync; the CPU windows' figures.
 	RSSSyncMiB  testutil.Spread `json:"rss_after_sync_mib"`
 	HWMSyncMiB  testutil.Spread `json:"rss_peak_after_sync_mib"`
@@ -73,6 +75,9 @@ type ratio struct {
 	RSSPeak   testutil.Spread `json:"rss_peak"`
 	CPUEnd    testutil.Spread `json:"cpu_end"`
 	CPUNetEnd testutil.Spread `json:"cpu_net_end"`
+	// CPUNetSync is of the CPU to the first sync, the scrapes until then
+	// subtracted.
+	CPUNetSync testutil.Spread `json:"cpu_net_after_sync"`
 }
 
 func newResult(cfg config) *result {
@@ -82,7 +87,7 @@ func newResult(cfg config) *result {
 			"latency: the mode's own kubeproxy_network_programming_duration_seconds (delta of _sum over delta of _count) for one EndpointSlice patch with a fresh last-change-trigger-time, one change at a time, each sent at least the change gap after the mode's last sync ended",
 			"every mode at its defaults (min sync period 1 s, sync period 30 s), kube-proxy with --conntrack-max-per-core=0 and conntrack timeouts left alone (a network namespace cannot set them)",
 			"CPU: utime+stime+cutime+cstime of /proc/<pid>/stat (with the iptables-restore and nft children kube-proxy waited for); RSS: VmRSS, peak VmHWM",
-			"the benchmark reads each mode's /metrics every 500 ms while it waits; a read of Sluice's walks its BPF maps (map fill), so 'without scrapes' subtracts the reads times the CPU one read cost, measured at the end over 10 reads",
+			"the benchmark reads each mode's /metrics every 500 ms while it waits; a read of Sluice's walks its BPF maps (map fill), so 'without scrapes' subtracts the reads times the CPU one read cost, measured at the end over 10 reads; 'CPU after sync without scrapes' subtracts the reads the mode answered until the CPU after its first sync was read (those before it listened cost it nothing) times the same cost",
 			"CPU per change (BENCH_CPU_CHANGES=K): after the latency changes, blocks of BENCH_CPU_BLOCK changes BENCH_CPU_GAP apart, each followed by a block as long without any, no /metrics read inside either; per pair (CPU with - CPU without) / BENCH_CPU_BLOCK, from every thread's schedstat; the median over every pair of every round with its range (a pair holding a rare cost, such as Sluice's re-read of its maps every 5 minutes, is the outlier)",
 			"the kube-apiserver and etcd run on the same 2 cores: their work while a proxy lists and watches is not counted in the proxy's CPU but slows its first sync alike for every mode",
 		}}
@@ -98,7 +103,7 @@ func (pt *point) finish(modes []string) {
 			}
 		}
 		s := summary{Mode: m, Rounds: len(runs)}
-		var first, lat, rssEnd, rssPeak, cpuSync, cpuEnd, cpuNet, scrape, rssSync, hwmSync, perChange, idle []float64
+		var first, lat, rssEnd, rssPeak, cpuSync, cpuNetSync, cpuEnd, cpuNet, scrape, rssSync, hwmSync, perChange, idle []float64
 		var sampledMax, steadyMax, steadyHWM []float64
 		for _, r := range runs {
 			s.Errors += len(r.Errors)
@@ -110,6 +115,7 @@ func (pt *point) finish(modes []string) {
 				rssEnd = append(rssEnd, float64(r.RSSEndBytes)/(1<<20))
 				rssPeak = append(rssPeak, float64(r.RSSPeakBytes)/(1<<20))
 				cpuSync = append(cpuSync, r.CPUSyncS)
+				cpuNetSync = append(cpuNetSync, r.CPUNetSyncS)
 				cpuEnd = append(cpuEnd, r.CPUEndS)
 				cpuNet = append(cpuNet, r.CPUNetEndS)
 				scrape = append(scrape, r.ScrapeCPUS*1000)
@@ -134,6 +140,7 @@ func (pt *point) finish(modes []string) {
 		s.LatencyP90 = load.Percentile(slices.Sorted(slices.Values(lat)), 0.9)
 		s.RSSEndMiB, s.RSSPeakMiB = testutil.SpreadOf(rssEnd), testutil.SpreadOf(rssPeak)
 		s.CPUSyncS, s.CPUEndS = testutil.SpreadOf(cpuSync), testutil.SpreadOf(cpuEnd)
+		s.CPUNetSyncS = testutil.SpreadOf(cpuNetSync)
 		s.CPUNetEndS, s.ScrapeMs = testutil.SpreadOf(cpuNet), testutil.SpreadOf(scrape)
 		s.RSSSyncMiB, s.HWMSyncMiB = testutil.SpreadOf(rssSync), testutil.SpreadOf(hwmSync)
 		s.CPUChangeMs, s.IdleMsPerS = testutil.SpreadOf(perChange), testutil.SpreadOf(idle)
@@ -146,7 +153,7 @@ func (pt *point) finish(modes []string) {
 		if m == modeSluice {
 			continue
 		}
-		var first, lat, rss, cpu, cpuNet []float64
+		var first, lat, rss, cpu, cpuNet, cpuNetSync []float64
 		for _, r := range pt.Runs {
 			if r.Mode != m {
 				continue
@@ -161,10 +168,11 @@ func (pt *point) finish(modes []string) {
 			rss = appendRatio(rss, float64(r.RSSPeakBytes), float64(b.RSSPeakBytes))
 			cpu = appendRatio(cpu, r.CPUEndS, b.CPUEndS)
 			cpuNet = appendRatio(cpuNet, r.CPUNetEndS, b.CPUNetEndS)
+			cpuNetSync = appendRatio(cpuNetSync, r.CPUNetSyncS, b.CPUNetSyncS)
 		}
 		pt.Ratios = append(pt.Ratios, ratio{Mode: m, Base: modeSluice, FirstSync: testutil.SpreadOf(first),
 			Latency: testutil.SpreadOf(lat), RSSPeak: testutil.SpreadOf(rss), CPUEnd: testutil.SpreadOf(cpu),
-			CPUNetEnd: testutil.SpreadOf(cpuNet)})
+			CPUNetEnd: testutil.SpreadOf(cpuNet), CPUNetSync: testutil.SpreadOf(cpuNetSync)})
 	}
 }
 
@@ -207,11 +215,11 @@ func markdown(stamp string, r *result) string {
 			continue
 		}
 		fmt.Fprintf(&b, "Services created in %.1f s (%s).\n\n", pt.CreateS, r.Config.Populate)
-		b.WriteString("| mode | first sync (s) | latency median (s) | latency p90 (s) | changes | RSS peak (MiB) | RSS end (MiB) | CPU after sync (s) | CPU end (s) | CPU end without scrapes (s) | one scrape (ms CPU) | errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		b.WriteString("| mode | first sync (s) | latency median (s) | latency p90 (s) | changes | RSS peak (MiB) | RSS end (MiB) | CPU after sync (s) | CPU after sync without scrapes (s) | CPU end (s) | CPU end without scrapes (s) | one scrape (ms CPU) | errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, s := range pt.Summary {
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %d |\n", s.Mode, spread(s.FirstSyncS, "%.2f"),
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %d |\n", s.Mode, spread(s.FirstSyncS, "%.2f"),
 				spread(s.LatencyS, "%.3f"), spread(testutil.Spread{Median: s.LatencyP90, Min: s.LatencyP90, Max: s.LatencyP90}, "%.3f"), s.Changes, spread(s.RSSPeakMiB, "%.0f"), spread(s.RSSEndMiB, "%.0f"),
-				spread(s.CPUSyncS, "%.2f"), spread(s.CPUEndS, "%.2f"), spread(s.CPUNetEndS, "%.2f"), spread(s.ScrapeMs, "%.0f"), s.Errors)
+				spread(s.CPUSyncS, "%.2f"), spread(s.CPUNetSyncS, "%.2f"), spread(s.CPUEndS, "%.2f"), spread(s.CPUNetEndS, "%.2f"), spread(s.ScrapeMs, "%.0f"), s.Errors)
 		}
 		b.WriteString("\n| mode | RSS at first sync (MiB) | RSS peak at first sync (MiB) | CPU per change, every pair of blocks (ms) | CPU idle, every idle block (ms/s) |\n|---|---|---|---|---|\n")
 		for _, s := range pt.Summary {
@@ -232,10 +240,10 @@ func markdown(stamp string, r *result) string {
 			b.WriteString("\n")
 		}
 		if len(pt.Ratios) > 0 {
-			b.WriteString("\n| ratio | first sync | latency median | RSS peak | CPU end | CPU end without scrapes |\n|---|---|---|---|---|---|\n")
+			b.WriteString("\n| ratio | first sync | latency median | RSS peak | CPU end | CPU end without scrapes | CPU after sync without scrapes |\n|---|---|---|---|---|---|---|\n")
 			for _, q := range pt.Ratios {
-				fmt.Fprintf(&b, "| %s / %s | %s | %s | %s | %s | %s |\n", q.Mode, q.Base, spread(q.FirstSync, "%.1fx"),
-					spread(q.Latency, "%.1fx"), spread(q.RSSPeak, "%.1fx"), spread(q.CPUEnd, "%.1fx"), spread(q.CPUNetEnd, "%.1fx"))
+				fmt.Fprintf(&b, "| %s / %s | %s | %s | %s | %s | %s | %s |\n", q.Mode, q.Base, spread(q.FirstSync, "%.1fx"),
+					spread(q.Latency, "%.1fx"), spread(q.RSSPeak, "%.1fx"), spread(q.CPUEnd, "%.1fx"), spread(q.CPUNetEnd, "%.1fx"), spread(q.CPUNetSync, "%.1fx"))
 			}
 		}
 		b.WriteString("\n")
