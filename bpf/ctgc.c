@@ -84,10 +84,14 @@ static __always_inline long aff_fix_apply(void *fixes, void *fk,
 SEC("syscall")
 int sluice_ct_gc(struct ct_gc_args *args)
 {
+	/*
+	 * The time is the agent's reading of now_ns()'s clock: a syscall
+	 * program may not call bpf_ktime_get_coarse_ns.
+	 */
 	struct ct_gc_args a = {
 		.flush = args->flush,
 		.family = args->family,
-		.now = bpf_ktime_get_ns(),
+		.now = args->now,
 	};
 
 	if (a.family == 6)

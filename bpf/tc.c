@@ -502,8 +502,7 @@ static __noinline int lb4_aff_remember(const struct pkt4 *p,
 		return 0;
 	aff_key(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
 		p->proto, svc->scope);
-	aff_remember(&key, svc, be, backend_id, (__u16)slot,
-		     bpf_ktime_get_ns());
+	aff_remember(&key, svc, be, backend_id, (__u16)slot, now_ns());
 	return 0;
 }
 
@@ -830,7 +829,7 @@ static __always_inline int tc_body(struct __sk_buff *skb, bool dry,
 	default:
 		return TC_ACT_OK;
 	}
-	now = bpf_ktime_get_ns();
+	now = now_ns();
 	if (ingress)
 		return tc_ingress(skb, &p, now);
 	ret = rev_nat(skb, &p, now, false);

@@ -209,8 +209,8 @@ __noinline __u32 xdp6_snat_port(const struct pkt6 *p,
 	__be16 port = 0;
 
 	if (!p || !be || !node ||
-	    ct_create_snat6(p, be, backend_id, rev_nat_id, *node,
-			    bpf_ktime_get_ns(), &port))
+	    ct_create_snat6(p, be, backend_id, rev_nat_id, *node, now_ns(),
+			    &port))
 		return 0;
 	return port;
 }

@@ -29,7 +29,7 @@
  * NodePort, ExternalIP and LoadBalancer frontends: a client that reaches
  * one Service port through two of them may be sent to two backends.
  *
- * Expiry is absolute (bpf_ktime_get_ns()), compared signed and moved
+ * Expiry is absolute (now_ns(), consts.h), compared signed and moved
  * forward only, by compare-and-swap, as conntrack's (conntrack.h): a CPU
  * whose clock reading predates another CPU's refresh never takes the entry
  * for dead, nor moves it back.

@@ -56,4 +56,27 @@
 
 #define NSEC_PER_SEC 1000000000ULL
 
+/*
+ * now_ns - the clock every expiry, stamp and last_seen in Sluice's maps is
+ * kept in: CLOCK_MONOTONIC_COARSE (Linux 5.11+), the timekeeper's reading
+ * at the last tick. It is CLOCK_MONOTONIC's base, behind it by less than
+ * one tick (1-10 ms), so entries written with bpf_ktime_get_ns() (by an
+ * older release, or by one still running during an upgrade) keep their
+ * meaning: timeouts are seconds, and an entry expiring within a tick of
+ * "now" is taken for alive a tick longer at most. Every program run reads
+ * it, where bpf_ktime_get_ns() read the clock source (an ordered TSC read
+ * here, ~34 ns a call against ~5: BenchmarkClock; half a microsecond of
+ * the ~6.5 us the tc programs took per new connection, issue 14's
+ * sixty-fourth pass); this reads a variable. It does not go back between
+ * CPUs (one timekeeper), which the signed comparisons do not rely on
+ * anyway. The agent reads the same clock (pkg/datapath monotonicNow), so
+ * that what it plants or judges a nanosecond either side of "now" agrees
+ * with the programs; the conntrack GC, a syscall program, which may not
+ * call the helper, takes the agent's reading (ctgc.c).
+ */
+static __always_inline __u64 now_ns(void)
+{
+	return bpf_ktime_get_coarse_ns();
+}
+
 #endif /* SLUICE_CONSTS_H */

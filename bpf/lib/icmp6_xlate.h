@@ -131,7 +131,7 @@ static __always_inline struct ct6_entry *
 icmp6_find(struct __sk_buff *skb, const struct pkt6 *p, struct icmp6_quote *q,
 	   struct ct6_key *key, bool *about_reply)
 {
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = now_ns();
 	struct ct6_entry *e;
 	bool half_open;
 

@@ -194,7 +194,7 @@ static __always_inline int icmp_err_xlate(struct __sk_buff *skb,
 	key.dport = q.sport;
 	key.proto = q.ip.protocol;
 	key.dir = CT_REVERSE;
-	now = bpf_ktime_get_ns();
+	now = now_ns();
 	x.saddr = q.ip.saddr;
 	x.daddr = q.ip.daddr;
 	x.sport = q.sport;

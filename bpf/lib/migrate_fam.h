@@ -110,7 +110,7 @@ static __always_inline void FN(mig_copy)(void *from, void *to, bool est,
 static __always_inline void FN(mig_packet)(const FAM(pkt_t) *p)
 {
 	FAM(ct_key_t) key = {};
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = now_ns();
 	__u8 dir;
 
 	for (dir = CT_FORWARD; dir <= CT_REVERSE; dir++) {

@@ -190,7 +190,12 @@ SOCK_FN(select)(FAM(addr_t) vip, __be16 port, __u8 proto, FAM(addr_t) src,
 	if (ret <= 0 || !svc)
 		return ret;
 
-	now = bpf_ktime_get_ns();
+	/*
+	 * A dry run is sluice_sock_explain, a raw_tp program, which may not
+	 * call bpf_ktime_get_coarse_ns: it reads CLOCK_MONOTONIC, less than
+	 * a tick ahead of now_ns(), which cannot change what it explains.
+	 */
+	now = x ? bpf_ktime_get_ns() : now_ns();
 	FN(aff_key)(&akey, FAM(netns_client)(netns), AFFINITY_CLIENT_NETNS, vip,
 		    port, proto, svc->scope);
 	if (sticky) {

@@ -172,7 +172,7 @@ enum ct_dir {
 
 struct ct4_entry {
 	/*
-	 * bpf_ktime_get_ns() from which on the entry is dead, compared
+	 * now_ns() (consts.h) from which on the entry is dead, compared
 	 * signed (so a clock read before another CPU's refresh never makes
 	 * it look expired); moved with compare-and-swap, forward only and
 	 * by at least a second at a time, except to CT_DEAD (0: claimed for
@@ -218,7 +218,7 @@ struct ct_backend_key {
 struct ct_gc_args {
 	__u32 flush;   /* 0: delete expired entries; 1: flush sluice_ct_flush */
 	__u32 family;  /* 4 (or 0): the IPv4 conntrack maps; 6: the IPv6 ones */
-	__u64 now;     /* out: bpf_ktime_get_ns() the run judged by */
+	__u64 now;     /* in: now_ns() to judge by, read by the agent */
 	__u64 deleted; /* out: entries deleted */
 	__u64 live;    /* out: entries left in sluice_conntrack */
 	__u64 pending; /* out: of them, reservations of half-open flows */
@@ -468,7 +468,7 @@ enum affinity_client {
 
 struct lb4_affinity {
 	/*
-	 * bpf_ktime_get_ns() from which on the entry is dead, compared
+	 * now_ns() (consts.h) from which on the entry is dead, compared
 	 * signed; every new connection of the client moves it forward with
 	 * compare-and-swap (never back: a CPU whose clock reading is older
 	 * than another's refresh leaves it), as ct4_entry.expires.
@@ -699,7 +699,7 @@ struct fib6_key {
 };
 
 struct fib_hop {
-	__u64 stamp;   /* bpf_ktime_get_ns() of the packet that looked it up */
+	__u64 stamp;   /* now_ns() of the packet that looked it up */
 	__u32 gen;     /* fib_gen when it was looked up */
 	__u32 ifindex; /* host order: the egress device */
 	__u8 smac[6];  /* the egress device's address */

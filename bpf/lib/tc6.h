@@ -328,8 +328,7 @@ static __noinline int lb6_aff_remember(const struct pkt6 *p,
 		return 0;
 	aff_key6(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
 		 p->proto, svc->scope);
-	aff_remember6(&key, svc, be, x->backend_id, x->slot,
-		      bpf_ktime_get_ns());
+	aff_remember6(&key, svc, be, x->backend_id, x->slot, now_ns());
 	return 0;
 }
 
@@ -704,7 +703,7 @@ static __always_inline int tc6_body(struct __sk_buff *skb, bool dry,
 	default:
 		return TC_ACT_OK;
 	}
-	now = bpf_ktime_get_ns();
+	now = now_ns();
 	if (ingress)
 		ret = lb6_dnat(skb, &p, now, &x);
 	else

@@ -264,7 +264,7 @@ static FAM(xdp_step) int FN(xdp_aff_remember)(const FAM(pkt_t) *p,
 
 	FN(aff_key)(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
 		    p->proto, svc->scope);
-	FN(aff_remember)(&key, svc, be, backend_id, slot, bpf_ktime_get_ns());
+	FN(aff_remember)(&key, svc, be, backend_id, slot, now_ns());
 	return 0;
 }
 
@@ -314,7 +314,7 @@ static FAM(xdp_step) int FN(xdp_new)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 static __always_inline int FN(xdp_translate)(struct xdp_md *ctx,
 					     FAM(xdp_pkt_t) *x)
 {
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now = now_ns();
 	struct lb4_service *svc = NULL;
 	__u16 dport = bpf_ntohs(x->p.dport);
 	int ret;

@@ -117,7 +117,7 @@ type AffinityEntry struct {
 	BackendID   reconciler.BackendID
 	Slot        uint16
 	Backend     netip.AddrPort // the backend's address when the entry was made
-	Expires     uint64         // bpf_ktime_get_ns() from which on it is dead
+	Expires     uint64         // now_ns() (bpf/lib/consts.h) from which on it is dead
 }
 
 // Affinity returns the session affinity entries of both families,

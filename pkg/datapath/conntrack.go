@@ -189,7 +189,15 @@ func runOverSet[K, V any](set *ebpf.Map, name string, keys []K, vals []V, run fu
 // runCTGC runs sluice_ct_gc in mode (0: collect, 1: flush) over the
 // conntrack tables of family (4 or 6).
 func (m *Maps) runCTGC(mode, family uint32) (sockCtGcArgs, error) {
-	in := sockCtGcArgs{Flush: mode, Family: family}
+	// The run judges expiry by the agent's reading of the programs'
+	// clock: a syscall program may not call bpf_ktime_get_coarse_ns, and
+	// bpf_ktime_get_ns runs up to a tick ahead of it (an entry the
+	// programs still take for alive would be deleted).
+	now, err := monotonicNow()
+	if err != nil {
+		return sockCtGcArgs{}, fmt.Errorf("read the clock: %w", err)
+	}
+	in := sockCtGcArgs{Flush: mode, Family: family, Now: now}
 	var out sockCtGcArgs
 	if _, err := m.ctGC.Run(&ebpf.RunOptions{Context: in, ContextOut: &out}); err != nil {
 		return out, fmt.Errorf("run sluice_ct_gc: %w", err)
@@ -197,10 +205,14 @@ func (m *Maps) runCTGC(mode, family uint32) (sockCtGcArgs, error) {
 	return out, nil
 }
 
-// monotonicNow is bpf_ktime_get_ns's clock.
+// monotonicNow is the programs' clock (now_ns in bpf/lib/consts.h:
+// bpf_ktime_get_coarse_ns), CLOCK_MONOTONIC_COARSE, which the vDSO reads
+// from the same timekeeper update: an entry this plants or judges as
+// expired a nanosecond before "now" is expired to the programs too, where
+// CLOCK_MONOTONIC would run up to a tick ahead of them.
 func monotonicNow() (uint64, error) {
 	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts); err != nil {
 		return 0, err
 	}
 	return uint64(ts.Nano()), nil

@@ -64,7 +64,7 @@ type ConntrackEntry struct {
 	ServiceID  uint32 // the frontend's reverse-NAT id
 	Flags      []string
 	ExpiresIn  time.Duration // from now; negative: expired, waiting for the GC
-	RawExpires uint64        // bpf_ktime_get_ns at which it expires (0: claimed for deletion)
+	RawExpires uint64        // now_ns (bpf/lib/consts.h) at which it expires (0: claimed for deletion)
 }
 
 // Conntrack lists the entries of both conntrack tables, established
