@@ -42,7 +42,9 @@
  * and an entry in the way, or a flow's own half-open entry on its
  * promotion, is claimed before it is deleted. An entry claimed by another
  * is left to it: the insert that meets one fails, and its packet waits
- * (a reply: CT_DEFERRED) or is dropped to be sent again. Only the LRU's
+ * (a reply: CT_DEFERRED) or is dropped to be sent again; a promotion
+ * whose own half-open forward entry another has claimed (the flow ended
+ * or superseded) takes back what it inserted (ct_promote). Only the LRU's
  * evictions in sluice_ct_new delete without a claim.
  *
  * TCP close: a RST, or a FIN seen in both directions, marks both entries

@@ -777,17 +777,41 @@ FN(ct_half_open_elsewhere)(const FAM(ct_key_t) *fkey, const FAM(ct_key_t) *rkey,
  * forward entry and had its next packet balanced afresh; or delete an
  * entry a flush had claimed, whose own delete then took whatever was
  * inserted after it (ct_new_insert).
+ * Returns whether the flow lost the key meanwhile: an entry is there
+ * that another deleter has claimed (a flush ending the flow, a new flow
+ * superseding it, between its claim and its delete), or another flow's
+ * (the one that superseded it). Nothing under @key is not a loss: another
+ * CPU promoting the same flow deleted it, or the LRU evicted it.
  */
-static __always_inline void FN(ct_new_drop)(const FAM(ct_key_t) *key,
+static __always_inline bool FN(ct_new_drop)(const FAM(ct_key_t) *key,
 					    const FAM(ct_entry_t) *want)
 {
 	FAM(ct_entry_t) *e = bpf_map_lookup_elem(FAM(ct_new), key);
 
-	if (e && FAM(addr_eq)(e->nat_addr, want->nat_addr) &&
+	if (!e)
+		return false;
+	if (FAM(addr_eq)(e->nat_addr, want->nat_addr) &&
 	    e->nat_port == want->nat_port &&
 	    FAM(addr_eq)(e->snat_addr, want->snat_addr) &&
 	    e->snat_port == want->snat_port)
-		FN(ct_reap_now)(FAM(ct_new), key, e);
+		return !FN(ct_reap_now)(FAM(ct_new), key, e);
+	return true;
+}
+
+/*
+ * ct_est_unpromote - take back the entry a promotion inserted under @key
+ * into sluice_conntrack (expiring at @expires, as it wrote it) when the
+ * flow turned out to be ended or superseded (ct_new_drop): claimed, as
+ * every delete is, so an entry refreshed meanwhile (another CPU's
+ * promotion of the same flow, which ct_est_same accepted) stays.
+ */
+static __always_inline void FN(ct_est_unpromote)(const FAM(ct_key_t) *key,
+						 __u64 expires)
+{
+	FAM(ct_entry_t) *e = bpf_map_lookup_elem(FAM(ct_est), key);
+
+	if (e)
+		FN(ct_reap)(FAM(ct_est), key, e, expires);
 }
 
 /*
@@ -826,13 +850,32 @@ static __always_inline int FN(ct_overflow)(const FAM(ct_key_t) *key,
  * while the GC ran (TestCTGCKeepsRecreatedFlows under load).
  *
  * The half-open entries go as every other delete does, claimed first,
- * and only while they are still this flow's (ct_new_drop); one claimed
- * already is left to its claimer.
+ * and only while they are still this flow's (ct_new_drop), the forward
+ * one first; one claimed already is left to its claimer. If the forward
+ * one is claimed by another deleter, or another flow's, the promotion
+ * stops (the reply entry goes all the same: whoever claims the forward
+ * entry ends the reply entry too) and takes back the established entries
+ * it inserted
+ * (ct_est_unpromote), and the reply is a stale one (-ENOENT, as for
+ * ct_half_open_elsewhere): whoever claims a flow's entry while it lives
+ * ends the flow (a flush of its backend) or takes its tuple (a new flow
+ * superseding it, ct_supersede), and the flow must not live on in
+ * sluice_conntrack. A flush's pass had perhaps gone over that table
+ * already, and the entries escaped it for good; a new flow's half-open
+ * forward entry was shadowed by the old flow's established one, which
+ * every forward packet finds first. Deferring the promotion instead
+ * would translate a reply of a flow that is gone. Checking after the
+ * inserts, not before, catches a claim made while they were going in;
+ * and a flush goes over sluice_ct_new before sluice_conntrack
+ * (ctgc_fam.h), so a promotion that claimed its forward entry first has
+ * its established entries in place before the flush's pass over
+ * sluice_conntrack begins.
  *
  * Returns 0; CT_OVERFLOW if the flow stays in sluice_ct_new, established;
  * CT_DEFERRED if it stays there half-open; or a negative error: -EEXIST if
  * a live entry of another flow holds a key, -ENOENT if @rev is stale
- * (ct_half_open_elsewhere: it is deleted), another map update error.
+ * (ct_half_open_elsewhere: it is deleted) or the flow was ended or
+ * superseded during the promotion, another map update error.
  */
 static __always_inline int FN(ct_promote)(const FAM(ct_key_t) *rkey,
 					  const FAM(ct_entry_t) *rev, __u64 now)
@@ -840,6 +883,7 @@ static __always_inline int FN(ct_promote)(const FAM(ct_key_t) *rkey,
 	FAM(ct_entry_t) r = *rev, f;
 	FAM(ct_entry_t) *ins;
 	FAM(ct_key_t) fkey;
+	bool lost;
 	int err;
 
 	FN(ct_peer_key)(&fkey, rkey, &r);
@@ -871,8 +915,13 @@ static __always_inline int FN(ct_promote)(const FAM(ct_key_t) *rkey,
 			return CT_DEFERRED;
 		goto overflow;
 	}
+	lost = FN(ct_new_drop)(&fkey, &f);
 	FN(ct_new_drop)(rkey, &r);
-	FN(ct_new_drop)(&fkey, &f);
+	if (lost) {
+		FN(ct_est_unpromote)(&fkey, f.expires);
+		FN(ct_est_unpromote)(rkey, r.expires);
+		return -ENOENT;
+	}
 	return 0;
 
 overflow:
@@ -905,7 +954,10 @@ overflow:
  * by the GC as the client reuses its port), the flow stays half-open, its
  * reservation unanswered, and the reply goes on (CT_DEFERRED), as in
  * ct_promote; it was dropped as a clash before. The half-open forward
- * entry goes as ct_promote's do: claimed first.
+ * entry goes as ct_promote's do: claimed first; if another deleter has
+ * claimed it, or another flow holds it, the forward entry inserted is
+ * taken back and the reservation left unanswered (-ENOENT), as in
+ * ct_promote.
  * Returns as ct_promote.
  */
 static __always_inline int FN(ct_promote_snat)(const FAM(ct_key_t) *rkey,
@@ -942,10 +994,12 @@ static __always_inline int FN(ct_promote_snat)(const FAM(ct_key_t) *rkey,
 #endif
 	if (err < 0)
 		return err;
+	if (!err && FN(ct_new_drop)(&fkey, &f)) {
+		FN(ct_est_unpromote)(&fkey, f.expires);
+		return -ENOENT;
+	}
 	__sync_fetch_and_or(&rev->flags, CT_F_REPLIED);
 	FN(ct_refresh)(rev, rkey->proto, now);
-	if (!err)
-		FN(ct_new_drop)(&fkey, &f);
 	return err;
 }
 

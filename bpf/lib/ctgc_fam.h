@@ -64,12 +64,20 @@ static long FN(ct_flush_new)(void *map, const FAM(ct_key_t) *key,
 	return FN(ct_flush_one)(FAM(ct_new), key, e, a);
 }
 
-/* ct_gc_run - one pass of @a's mode (collect or flush) over the maps. */
+/*
+ * ct_gc_run - one pass of @a's mode (collect or flush) over the maps.
+ * A flush goes over sluice_ct_new first: a half-open flow promoted while
+ * it runs inserts its established entries before it claims its half-open
+ * forward entry, and stops (takes them back) if the flush claimed that
+ * first (ct_promote); so either the promotion sees the flush's claim, or
+ * its entries are in sluice_conntrack before this pass reaches it. The
+ * other way round, a flow promoted between the two passes escaped them.
+ */
 static __always_inline void FN(ct_gc_run)(struct ct_gc_args *a)
 {
 	if (a->flush) {
-		bpf_for_each_map_elem(FAM(ct_est), FN(ct_flush_est), a, 0);
 		bpf_for_each_map_elem(FAM(ct_new), FN(ct_flush_new), a, 0);
+		bpf_for_each_map_elem(FAM(ct_est), FN(ct_flush_est), a, 0);
 	} else {
 		bpf_for_each_map_elem(FAM(ct_est), FN(ct_gc_one), a, 0);
 	}

@@ -336,8 +336,11 @@ enum metric_reason {
 	/* a new flow's reply tuple is a live flow's of another frontend
 	 * (two VIPs sharing a backend), and the flow cannot be remapped to
 	 * another client port (no free port, or not a TCP SYN or UDP):
-	 * dropped; or a packet of a flow whose reply tuple another holds,
-	 * or whose entry's key holds one another deleter has claimed
+	 * dropped; or a packet of a flow whose reply tuple another holds; or
+	 * a packet of a new or half-open flow one of whose keys holds an
+	 * entry another deleter has claimed and not deleted yet (a flush,
+	 * the GC, a new flow on the tuple): dropped, and the client's next
+	 * try, once the claimer's delete is done, goes through
 	 */
 	METRIC_TC_CT_CLASH,
 	/* a packet of a source-NATed flow whose port another flow now

@@ -93,7 +93,7 @@ var dropReasons = map[string]string{
 	"tc_frag_drop":         "a later fragment without its first",
 	"tc_ct_full":           "the conntrack table is full",
 	"tc_ct_est_full":       "the established conntrack table is full",
-	"tc_ct_clash":          "the reply tuple belongs to another flow, and the flow cannot move to another client port",
+	"tc_ct_clash":          "the reply tuple belongs to another flow, and the flow cannot move to another client port; or a conntrack key the flow needs holds an entry being deleted (a flush, the GC, a new flow on the tuple): the client's next try goes through",
 	"tc_snat_exhausted":    "no source port free for SNAT",
 	"tc_snat_lost":         "the flow's SNAT port was lost",
 	"tc_backend_missing":   "a slot names a backend that does not exist",

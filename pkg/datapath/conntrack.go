@@ -261,6 +261,10 @@ func (t ctTimeouts) seen(proto uint8, e ctView) uint64 {
 	return e.expires - t.lifetime(proto, e.flags)
 }
 
+// ctDead is bpf/lib/conntrack.h's CT_DEAD: the expiry of an entry that a
+// deleter has claimed and not deleted yet.
+const ctDead = 0
+
 // supersedes is bpf/lib/migrate_fam.h's mig_supersedes: whether the old
 // entry o is of another flow than n, the new map's entry under the same
 // key, and was seen later (a tuple reused since n was copied).
@@ -330,10 +334,10 @@ func convertConntrack(old, cur *ebpf.Map, t ctTimeouts, place ctPlacer[sockCt4Ke
 		}
 		flags := ebpf.UpdateAny
 		if place != nil {
-			var ok bool
-			if flags, ok = place(&k, &e); !ok {
+			if !place(&k, &e, now) {
 				continue
 			}
+			flags = ebpf.UpdateNoExist
 		}
 		if err := cur.Update(&k, &e, flags); err != nil {
 			if errors.Is(err, unix.E2BIG) {

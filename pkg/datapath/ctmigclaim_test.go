@@ -125,3 +125,107 @@ func testMigrationJudges[K ctMigKey[K], V ctTestValue](t *testing.T, fam ctFamil
 	want("lapsed half-open entry of the same flow", &fk, fv)
 	want("lapsed half-open entry of the same flow", &rk, rv)
 }
+
+// TestSettleJudgesNewEntriesAsTheDatapath: the copy at the end of a
+// migration, once the links run the new programs (settle's ctPlace),
+// judges the new maps' entries as the shim does
+// (TestMigrationJudgesNewEntriesAsTheDatapath), from user space:
+//
+//   - an entry another deleter has claimed is left to it, and neither the
+//     flow's entry under that key nor its other entry is copied (the flow
+//     cannot be whole; its next packet is a new flow). Before, the claimed
+//     entry was overwritten (BPF_ANY: seen earliest of all, it was
+//     superseded), and the claimer's delete by key took the copied entry;
+//   - a lapsed entry of the same flow, established or half-open, counts as
+//     absent: the old map's live entry is copied (over the established
+//     one, deleted first; beside the half-open one, which the datapath
+//     looks up after sluice_conntrack). Before, it kept the flow out, and
+//     the flow's next packet was balanced afresh.
+func TestSettleJudgesNewEntriesAsTheDatapath(t *testing.T) {
+	testutil.Privileged(t)
+	forCTFamilies(t, testSettleJudges, testSettleJudges)
+}
+
+func testSettleJudges[K ctMigKey[K], V ctTestValue](t *testing.T, fam ctFamily[K, V]) {
+	bpffs := testPinDir(t)
+	ns := topology.NewNS(t, "setclaim")
+	ns.Enter(t)
+	addVeths(t, [2]string{"sl-r", "sl-s"})
+	d1 := openTest(t, smallConfig(bpffs))
+	if err := d1.AttachDevices([]string{"sl-r"}); err != nil {
+		t.Fatal(err)
+	}
+	old, _ := fam.maps(d1)
+	cfg := smallConfig(bpffs)
+	cfg.MaxConntrack = 8192
+	d2 := openTest(t, cfg)
+	if shim, _ := d2.migrating(); !shim {
+		t.Fatal("no migration shims")
+	}
+	cur, half := fam.maps(d2)
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(m *ebpf.Map, k *K, v *V) {
+		t.Helper()
+		if err := m.Update(k, v, ebpf.UpdateAny); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// oldFlow is an established flow the old programs made after the
+	// copy at the start, in the old map, seen now (an hour to live: the
+	// copy below is not a moment later).
+	oldFlow := func(cport uint16) (fk K, fv V, rk K, rv V) {
+		fk4, fv4, rk4, rv4 := ctFlow(t, "10.0.0.9", cport, "10.96.5.1", "10.2.5.1")
+		fv4.Expires = now + cfg.ctTimeouts().lifetime(fk4.Proto, fv4.Flags)
+		rv4.Expires = fv4.Expires
+		fk, fv = fam.of(fk4, fv4)
+		rk, rv = fam.of(rk4, rv4)
+		put(old, &fk, &fv)
+		put(old, &rk, &rv)
+		return fk, fv, rk, rv
+	}
+	entry := func(cport uint16, backend string, expires uint64, flags uint32) V {
+		k4, v4, _, _ := ctFlow(t, "10.0.0.9", cport, "10.96.5.1", backend)
+		v4.Expires, v4.Flags = expires, flags
+		_, v := fam.of(k4, v4)
+		return v
+	}
+
+	// A claimed entry of the tuple's finished flow (backend .2).
+	cfk, _, crk, _ := oldFlow(40021)
+	claimed := entry(40021, "10.2.5.2", 0, ctFlagReplied|ctFlagFinFwd|ctFlagFinRev)
+	put(cur, &cfk, &claimed)
+	// A lapsed established entry of the same flow.
+	lfk, lfv, lrk, lrv := oldFlow(40022)
+	lapsed := entry(40022, "10.2.5.1", now-1e9, ctFlagReplied)
+	put(cur, &lfk, &lapsed)
+	// A lapsed half-open entry of the same flow, copied at the start.
+	hfk, hfv, hrk, hrv := oldFlow(40023)
+	lapsedHalf := entry(40023, "10.2.5.1", now-1e9, 0)
+	put(half, &hfk, &lapsedHalf)
+
+	if err := d2.AttachDevices([]string{"sl-r"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(d2.migrations) != 0 {
+		t.Fatalf("migrations left after the switch: %d", len(d2.migrations))
+	}
+	want := func(when string, k *K, w V) {
+		t.Helper()
+		var got V
+		if err := cur.Lookup(k, &got); err != nil || got != w {
+			t.Errorf("%s: new map has %+v (%v) under %+v, want %+v", when, got, err, *k, w)
+		}
+	}
+	want("claimed entry", &cfk, claimed)
+	var got V
+	if err := cur.Lookup(&crk, &got); err == nil {
+		t.Errorf("reply entry copied beside a claimed forward key: %+v", got)
+	}
+	want("lapsed entry of the same flow", &lfk, lfv)
+	want("lapsed entry of the same flow", &lrk, lrv)
+	want("lapsed half-open entry of the same flow", &hfk, hfv)
+	want("lapsed half-open entry of the same flow", &hrk, hrv)
+}

@@ -128,14 +128,17 @@ func TestNewFlowLeavesClaimedHalfOpenEntry(t *testing.T) {
 	})
 }
 
-// TestPromoteLeavesClaimedHalfOpenEntry: the first answer of a half-open
-// flow whose forward entry in sluice_ct_new another deleter has claimed
-// (and not deleted yet) promotes the flow, and leaves that entry to its
-// claimer. Before, the promotion deleted it by key: the claimer's own
-// delete, by key too, then took whatever was inserted there after (a new
-// flow on the tuple). The reply entry, which the promotion found alive,
-// is claimed and deleted as before.
-func TestPromoteLeavesClaimedHalfOpenEntry(t *testing.T) {
+// TestPromoteStopsOnClaimedHalfOpenEntry: the first answer of a
+// half-open flow whose forward entry in sluice_ct_new another deleter has
+// claimed (and not deleted yet: a flush ending the flow, or a new flow
+// superseding it) does not promote the flow: nothing of it is left in
+// sluice_conntrack, the answer goes on untranslated as a stale one, the
+// claimed entry is left to its claimer and the reply entry goes. Before,
+// the promotion went ahead: its established entries escaped a flush
+// that had gone over sluice_conntrack already, or shadowed the half-open
+// forward entry of the new flow that superseded it, and every forward
+// packet of that new flow went to the old backend.
+func TestPromoteStopsOnClaimedHalfOpenEntry(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		a, vip := twinOf(v6), twinL4(v6, vipUDP)
 		d := newTestDatapath(t)
@@ -149,17 +152,44 @@ func TestPromoteLeavesClaimedHalfOpenEntry(t *testing.T) {
 		claimHalfOpen(t, m, f.fwdKey())
 
 		v, out, err := runProgErr(d.TCEgress(), f.from(be.addr, 0).Bytes())
-		if err != nil || v != tcActOK || outSrc(out) != vip.Addr.String() {
-			t.Fatalf("answer: verdict %d from %s (%v), want %d from %s", v, outSrc(out), err, tcActOK, vip.Addr)
+		if err != nil || v != tcActOK || outSrc(out) != be.addr.Addr.String() {
+			t.Fatalf("answer: verdict %d from %s (%v), want %d from %s (untranslated: the flow is gone)", v, outSrc(out), err, tcActOK, be.addr.Addr)
 		}
 		for _, k := range []ctK{f.fwdKey(), f.revKey(be.addr)} {
-			if r, ok := ctInTable(t, m, k, false); !ok || r.flags&ctFlagReplied == 0 || r.expires == 0 {
-				t.Errorf("%s: established entry %+v (found %v), want the flow promoted", k, r, ok)
+			if r, ok := ctInTable(t, m, k, false); ok {
+				t.Errorf("%s: established entry %+v of a flow whose half-open entry was claimed, want none", k, r)
 			}
 		}
-		wantClaimed(t, m, f.fwdKey(), true, "after the promotion")
+		wantClaimed(t, m, f.fwdKey(), true, "after the answer")
 		if r, ok := ctInTable(t, m, f.revKey(be.addr), true); ok {
-			t.Errorf("half-open reply entry %+v left after the promotion", r)
+			t.Errorf("half-open reply entry %+v left after the answer", r)
+		}
+	})
+}
+
+// TestPromoteSNATStopsOnClaimedHalfOpenEntry: the same for a source-NATed
+// flow (ct_promote_snat): its first answer while its half-open forward
+// entry is claimed inserts no established forward entry and leaves its
+// port reservation unanswered, to the claimer, who ends it too (a flush
+// of the backend, a new flow superseding it). Before, the forward entry
+// went into sluice_conntrack and the reservation was marked answered.
+func TestPromoteSNATStopsOnClaimedHalfOpenEntry(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		h := holdSNATPort(t, v6)
+		be, np := beRemote, npRemote
+		if v6 {
+			be, np = be6Remote, np6Remote
+		}
+		fk := ctKeyOf(h.client, 43000, np.Addr.String(), np.Port, model.TCP, ctForward)
+		claimHalfOpen(t, h.m, fk)
+
+		runOn(t, h.d.TCIngress(), h.ifindex, replyFrom(be, h.port, tcpSA).Bytes())
+		if r, ok := ctInTable(t, h.m, fk, false); ok {
+			t.Errorf("established forward entry %+v of a flow whose half-open entry was claimed, want none", r)
+		}
+		wantClaimed(t, h.m, fk, true, "after the answer")
+		if r, ok := ctLookup(t, h.m, h.rev); !ok || r.flags&ctFlagReplied != 0 {
+			t.Errorf("port reservation %+v (found %v), want it there, unanswered, left to the claimer", r, ok)
 		}
 	})
 }

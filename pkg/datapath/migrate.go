@@ -422,8 +422,10 @@ func (d *Datapath) finishTCSwitch() error {
 func (d *Datapath) settle(names map[string]bool) error {
 	var errs []error
 	t := d.cfg.ctTimeouts()
-	place4 := ctPlace[sockCt4Key, sockCt4Entry](t, d.maps.conntrack, d.maps.ctNew)
-	place6 := ctPlace[tcCt6Key, tcCt6Entry](t, d.tc.Sluice6ConntrackV1, d.tc.Sluice6CtNewV1)
+	place4 := ctPlace[sockCt4Key, sockCt4Entry](t, d.maps.conntrack, d.maps.ctNew, true)
+	half4 := ctPlace[sockCt4Key, sockCt4Entry](t, d.maps.conntrack, d.maps.ctNew, false)
+	place6 := ctPlace[tcCt6Key, tcCt6Entry](t, d.tc.Sluice6ConntrackV1, d.tc.Sluice6CtNewV1, true)
+	half6 := ctPlace[tcCt6Key, tcCt6Entry](t, d.tc.Sluice6ConntrackV1, d.tc.Sluice6CtNewV1, false)
 	keep := d.migrations[:0]
 	for _, mg := range d.migrations {
 		if !names[mg.name] {
@@ -435,11 +437,11 @@ func (d *Datapath) settle(names map[string]bool) error {
 		case mg.r0:
 			err = convertConntrack(mg.old, mg.cur, t, place4)
 		case mg.name == mapCTNew:
-			err = copyConntrack(mg.old, mg.cur, halfOpen(place4))
+			err = copyConntrack(mg.old, mg.cur, half4)
 		case mg.name == mapConntrack:
 			err = copyConntrack(mg.old, mg.cur, place4)
 		case mg.name == mapCTNew6:
-			err = copyConntrack(mg.old, mg.cur, halfOpen(place6))
+			err = copyConntrack(mg.old, mg.cur, half6)
 		case mg.name == mapConntrack6:
 			err = copyConntrack(mg.old, mg.cur, place6)
 		default:
@@ -454,10 +456,11 @@ func (d *Datapath) settle(names map[string]bool) error {
 	return errors.Join(errs...)
 }
 
-// ctPlacer says whether, and how, an old conntrack entry (of key K and
-// value V: one family's) goes into the new maps at the end of a
-// migration.
-type ctPlacer[K, V any] func(*K, *V) (ebpf.MapUpdateFlags, bool)
+// ctPlacer says whether an old conntrack entry (of key K and value V:
+// one family's), alive at now, goes into the new maps at the end of a
+// migration; what it supersedes there it has deleted, and the entry goes
+// in with BPF_NOEXIST.
+type ctPlacer[K, V any] func(k *K, e *V, now uint64) bool
 
 // ctMigKey is a conntrack key of either family that can be rebuilt from
 // its tuple: sockCt4Key or tcCt6Key.
@@ -477,47 +480,76 @@ func (tcCt6Key) withTuple(src, dst netip.AddrPort, proto, dir uint8) tcCt6Key {
 }
 
 // ctPlace is bpf/lib/migrate_fam.h's mig_put for settle, over one
-// family's new maps est (sluice_conntrack) and half (sluice_ct_new): the
-// old entry e under k goes into est if the new maps have nothing under k
-// (inserted), or an established entry of an earlier flow on the tuple
-// that e supersedes (replaced); never over a half-open entry, the new
-// programs' own. Neither does it go if the other entry of its flow's key
-// is taken by another flow that was seen later. Unlike mig_put, which
-// runs in the datapath and can claim, it does not yet tell a lapsed or a
-// claimed entry in the new maps from a live one: it judges them all by
-// when they were seen.
-func ctPlace[K ctMigKey[K], V ctValue](t ctTimeouts, est, half *ebpf.Map) ctPlacer[K, V] {
-	return func(k *K, e *V) (ebpf.MapUpdateFlags, bool) {
+// family's new maps est (sluice_conntrack) and half (sluice_ct_new), for
+// entries that go into est (toEst) or half: the old entry e under k goes
+// if the new maps have nothing alive under k, or (into est) an
+// established entry of an earlier flow on the tuple that e supersedes;
+// never over a live half-open entry, the new programs' own. Neither does
+// it go if the other entry of its flow's key is taken by another live
+// flow that was seen later, or is claimed.
+//
+// The new maps' entries are judged as mig_put judges them, which is as
+// the datapath does (bpf/lib/conntrack.h): a lapsed entry (dead, not
+// claimed) counts as absent, and one in the map e goes into is deleted
+// to make room; an entry another deleter has claimed (expiry CT_DEAD,
+// between its compare-and-swap and its delete) is left to it, and e does
+// not go: the flow's next packet finds nothing and is a new flow, as the
+// claimer (a flush, the GC, a new flow on the tuple) meant. e then goes
+// in with BPF_NOEXIST, never over an entry, after the delete of what it
+// supersedes. Before, it was judged by when it was seen alone: a claimed
+// entry, seen earliest of all, was overwritten (BPF_ANY), and its
+// claimer's delete by key then took e; a lapsed entry of the same flow
+// kept e out, and the flow's next packet was balanced afresh.
+//
+// User space cannot compare-and-swap an expiry: what it deletes it has
+// judged from a lookup a moment before. An entry the datapath claims, or
+// replaces, between that lookup and the delete is deleted all the same
+// (the datapath's new entry lost: that flow's next packet is balanced
+// afresh; or a claimer's delete, coming after e's insert, takes e).
+// The window is the time between two syscalls, and only lapsed or
+// superseded entries are deleted, which the datapath replaces only when a
+// packet of their tuple comes in that moment.
+func ctPlace[K ctMigKey[K], V ctValue](t ctTimeouts, est, half *ebpf.Map, toEst bool) ctPlacer[K, V] {
+	return func(k *K, e *V, now uint64) bool {
 		var n V
-		flags := ebpf.UpdateNoExist
+		alive := func(v ctView) bool { return int64(v.expires-now) > 0 }
 		_, _, proto, _ := (*k).tuple()
+		var del []*ebpf.Map
 		if half.Lookup(k, &n) == nil {
-			return 0, false
+			v := n.view()
+			if v.expires == ctDead || alive(v) {
+				return false
+			}
+			if !toEst {
+				del = append(del, half)
+			}
 		}
 		if est.Lookup(k, &n) == nil {
-			if !t.supersedes(proto, (*e).view(), n.view()) {
-				return 0, false
+			v := n.view()
+			if v.expires == ctDead || alive(v) && (!toEst || !t.supersedes(proto, (*e).view(), v)) {
+				return false
 			}
-			flags = ebpf.UpdateAny
+			if toEst {
+				del = append(del, est)
+			}
 		}
+		// The peer's key: taken by a live half-open flow, or a live
+		// established one seen later, or claimed (the flow cannot be
+		// whole there until the claimer is done), e stays out.
 		pk := ctPeerKey(k, e)
-		if half.Lookup(&pk, &n) == nil {
-			return 0, false
+		if half.Lookup(&pk, &n) == nil && (n.view().expires == ctDead || alive(n.view())) {
+			return false
 		}
-		if est.Lookup(&pk, &n) == nil && ctPeerKey(&pk, &n) != *k &&
-			int64(t.seen(proto, (*e).view())-t.seen(proto, n.view())) <= 0 {
-			return 0, false
+		if est.Lookup(&pk, &n) == nil && (n.view().expires == ctDead || alive(n.view()) && ctPeerKey(&pk, &n) != *k &&
+			int64(t.seen(proto, (*e).view())-t.seen(proto, n.view())) <= 0) {
+			return false
 		}
-		return flags, true
-	}
-}
-
-// halfOpen is place for sluice_ct_new's entries: a half-open entry only
-// goes where nothing is, in either map (bpf/migrate.c: est false).
-func halfOpen[K, V any](place ctPlacer[K, V]) ctPlacer[K, V] {
-	return func(k *K, e *V) (ebpf.MapUpdateFlags, bool) {
-		f, ok := place(k, e)
-		return ebpf.UpdateNoExist, ok && f == ebpf.UpdateNoExist
+		for _, m := range del {
+			if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return false
+			}
+		}
+		return true
 	}
 }
 
@@ -555,11 +587,10 @@ func copyConntrack[K ctMigKey[K], V ctValue](old, cur *ebpf.Map, place ctPlacer[
 		if int64(v.view().expires-now) <= 0 {
 			continue
 		}
-		flags, ok := place(&k, &v)
-		if !ok {
+		if !place(&k, &v, now) {
 			continue
 		}
-		err := cur.Update(&k, &v, flags)
+		err := cur.Update(&k, &v, ebpf.UpdateNoExist)
 		switch {
 		case err == nil, errors.Is(err, ebpf.ErrKeyExist):
 		case errors.Is(err, unix.E2BIG):

@@ -326,10 +326,12 @@ func (d *Datapath) carryBack(j *pinJournal) error {
 		carry     func(curEst, curHalf, oldEst, oldHalf *ebpf.Map) error
 	}{
 		{mapConntrack, mapCTNew, func(curEst, curHalf, oldEst, oldHalf *ebpf.Map) error {
-			return carryFlows(curEst, curHalf, oldEst, oldHalf, ctPlace[sockCt4Key, sockCt4Entry](t, oldEst, oldHalf))
+			return carryFlows(curEst, curHalf, oldEst, oldHalf, ctPlace[sockCt4Key, sockCt4Entry](t, oldEst, oldHalf, true),
+				ctPlace[sockCt4Key, sockCt4Entry](t, oldEst, oldHalf, false))
 		}},
 		{mapConntrack6, mapCTNew6, func(curEst, curHalf, oldEst, oldHalf *ebpf.Map) error {
-			return carryFlows(curEst, curHalf, oldEst, oldHalf, ctPlace[tcCt6Key, tcCt6Entry](t, oldEst, oldHalf))
+			return carryFlows(curEst, curHalf, oldEst, oldHalf, ctPlace[tcCt6Key, tcCt6Entry](t, oldEst, oldHalf, true),
+				ctPlace[tcCt6Key, tcCt6Entry](t, oldEst, oldHalf, false))
 		}},
 	} {
 		curEst, err1 := d.tc.mapByName(fam.est)
@@ -360,14 +362,15 @@ func (d *Datapath) carryBack(j *pinJournal) error {
 
 // carryFlows copies the flows of the new maps into the old ones where
 // they differ (an old map of another layout is left alone): established
-// ones as place says, half-open ones only where nothing is.
-func carryFlows[K ctMigKey[K], V ctValue](curEst, curHalf, oldEst, oldHalf *ebpf.Map, place ctPlacer[K, V]) error {
+// ones as place says, half-open ones as half does (only where nothing
+// alive is).
+func carryFlows[K ctMigKey[K], V ctValue](curEst, curHalf, oldEst, oldHalf *ebpf.Map, place, half ctPlacer[K, V]) error {
 	var errs []error
 	if oldEst != curEst && oldEst.KeySize() == curEst.KeySize() && oldEst.ValueSize() == curEst.ValueSize() {
 		errs = append(errs, copyConntrack(curEst, oldEst, place))
 	}
 	if oldHalf != curHalf && oldHalf.KeySize() == curHalf.KeySize() && oldHalf.ValueSize() == curHalf.ValueSize() {
-		errs = append(errs, copyConntrack(curHalf, oldHalf, halfOpen(place)))
+		errs = append(errs, copyConntrack(curHalf, oldHalf, half))
 	}
 	return errors.Join(errs...)
 }
