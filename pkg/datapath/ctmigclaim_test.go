@@ -30,54 +30,76 @@ func TestMigrationJudgesNewEntriesAsTheDatapath(t *testing.T) {
 	forCTFamilies(t, testMigrationJudges, testMigrationJudges)
 }
 
-func testMigrationJudges[K ctMigKey[K], V ctTestValue](t *testing.T, fam ctFamily[K, V]) {
+// migJudge is the setup both tests below share: a datapath whose links
+// run the programs of old maps (d1, its conntrack map old), and a second
+// one open on the same pins with a larger conntrack table, so migrating
+// (d2: its maps cur and half, the shims not yet replaced); with ways to
+// plant entries in them.
+type migJudge[K ctMigKey[K], V ctTestValue] struct {
+	d2             *Datapath
+	old, cur, half *ebpf.Map
+	now            uint64
+	put            func(m *ebpf.Map, k *K, v *V)
+	oldFlow        func(cport uint16) (fk K, fv V, rk K, rv V)
+	entry          func(cport uint16, backend string, expires uint64, flags uint32) V
+}
+
+func newMigJudge[K ctMigKey[K], V ctTestValue](t *testing.T, fam ctFamily[K, V], name string) *migJudge[K, V] {
+	t.Helper()
 	bpffs := testPinDir(t)
-	ns := topology.NewNS(t, "migclaim")
+	ns := topology.NewNS(t, name)
 	ns.Enter(t)
 	addVeths(t, [2]string{"sl-r", "sl-s"})
 	d1 := openTest(t, smallConfig(bpffs))
 	if err := d1.AttachDevices([]string{"sl-r"}); err != nil {
 		t.Fatal(err)
 	}
-	old, _ := fam.maps(d1)
+	f := &migJudge[K, V]{}
+	f.old, _ = fam.maps(d1)
 	cfg := smallConfig(bpffs)
 	cfg.MaxConntrack = 8192
-	d2 := openTest(t, cfg)
-	if shim, _ := d2.migrating(); !shim {
+	f.d2 = openTest(t, cfg)
+	if shim, _ := f.d2.migrating(); !shim {
 		t.Fatal("no migration shims")
 	}
-	cur, half := fam.maps(d2)
-	now, err := monotonicNow()
-	if err != nil {
+	f.cur, f.half = fam.maps(f.d2)
+	var err error
+	if f.now, err = monotonicNow(); err != nil {
 		t.Fatal(err)
 	}
-
-	put := func(m *ebpf.Map, k *K, v *V) {
+	f.put = func(m *ebpf.Map, k *K, v *V) {
 		t.Helper()
 		if err := m.Update(k, v, ebpf.UpdateAny); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// oldFlow is an established flow the old programs made after the
-	// copy at the start, in the old map, seen now.
-	oldFlow := func(cport uint16) (fk K, fv V, rk K, rv V) {
+	// copy at the start, in the old map, seen now (its lifetime to live:
+	// the tests' copies are not a moment later).
+	f.oldFlow = func(cport uint16) (fk K, fv V, rk K, rv V) {
 		fk4, fv4, rk4, rv4 := ctFlow(t, "10.0.0.9", cport, "10.96.5.1", "10.2.5.1")
-		fv4.Expires = now + cfg.ctTimeouts().lifetime(fk4.Proto, fv4.Flags)
+		fv4.Expires = f.now + cfg.ctTimeouts().lifetime(fk4.Proto, fv4.Flags)
 		rv4.Expires = fv4.Expires
 		fk, fv = fam.of(fk4, fv4)
 		rk, rv = fam.of(rk4, rv4)
-		put(old, &fk, &fv)
-		put(old, &rk, &rv)
+		f.put(f.old, &fk, &fv)
+		f.put(f.old, &rk, &rv)
 		return fk, fv, rk, rv
 	}
 	// entry is the forward entry of the flow from cport, to backend, in
 	// the new maps: with expires and flags.
-	entry := func(cport uint16, backend string, expires uint64, flags uint32) V {
+	f.entry = func(cport uint16, backend string, expires uint64, flags uint32) V {
 		k4, v4, _, _ := ctFlow(t, "10.0.0.9", cport, "10.96.5.1", backend)
 		v4.Expires, v4.Flags = expires, flags
 		_, v := fam.of(k4, v4)
 		return v
 	}
+	return f
+}
+
+func testMigrationJudges[K ctMigKey[K], V ctTestValue](t *testing.T, fam ctFamily[K, V]) {
+	f := newMigJudge(t, fam, "migclaim")
+	d2, cur, half, now, put, oldFlow, entry := f.d2, f.cur, f.half, f.now, f.put, f.oldFlow, f.entry
 	shim := func(cport uint16) {
 		t.Helper()
 		if v, _ := runProg(t, d2.shim.SluiceMigTc, fam.ack("10.0.0.9", cport, "10.96.5.1").Bytes()); v != uint32(0xffffffff) {
@@ -147,52 +169,8 @@ func TestSettleJudgesNewEntriesAsTheDatapath(t *testing.T) {
 }
 
 func testSettleJudges[K ctMigKey[K], V ctTestValue](t *testing.T, fam ctFamily[K, V]) {
-	bpffs := testPinDir(t)
-	ns := topology.NewNS(t, "setclaim")
-	ns.Enter(t)
-	addVeths(t, [2]string{"sl-r", "sl-s"})
-	d1 := openTest(t, smallConfig(bpffs))
-	if err := d1.AttachDevices([]string{"sl-r"}); err != nil {
-		t.Fatal(err)
-	}
-	old, _ := fam.maps(d1)
-	cfg := smallConfig(bpffs)
-	cfg.MaxConntrack = 8192
-	d2 := openTest(t, cfg)
-	if shim, _ := d2.migrating(); !shim {
-		t.Fatal("no migration shims")
-	}
-	cur, half := fam.maps(d2)
-	now, err := monotonicNow()
-	if err != nil {
-		t.Fatal(err)
-	}
-	put := func(m *ebpf.Map, k *K, v *V) {
-		t.Helper()
-		if err := m.Update(k, v, ebpf.UpdateAny); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// oldFlow is an established flow the old programs made after the
-	// copy at the start, in the old map, seen now (an hour to live: the
-	// copy below is not a moment later).
-	oldFlow := func(cport uint16) (fk K, fv V, rk K, rv V) {
-		fk4, fv4, rk4, rv4 := ctFlow(t, "10.0.0.9", cport, "10.96.5.1", "10.2.5.1")
-		fv4.Expires = now + cfg.ctTimeouts().lifetime(fk4.Proto, fv4.Flags)
-		rv4.Expires = fv4.Expires
-		fk, fv = fam.of(fk4, fv4)
-		rk, rv = fam.of(rk4, rv4)
-		put(old, &fk, &fv)
-		put(old, &rk, &rv)
-		return fk, fv, rk, rv
-	}
-	entry := func(cport uint16, backend string, expires uint64, flags uint32) V {
-		k4, v4, _, _ := ctFlow(t, "10.0.0.9", cport, "10.96.5.1", backend)
-		v4.Expires, v4.Flags = expires, flags
-		_, v := fam.of(k4, v4)
-		return v
-	}
-
+	f := newMigJudge(t, fam, "setclaim")
+	d2, cur, half, now, put, oldFlow, entry := f.d2, f.cur, f.half, f.now, f.put, f.oldFlow, f.entry
 	// A claimed entry of the tuple's finished flow (backend .2).
 	cfk, _, crk, _ := oldFlow(40021)
 	claimed := entry(40021, "10.2.5.2", 0, ctFlagReplied|ctFlagFinFwd|ctFlagFinRev)
