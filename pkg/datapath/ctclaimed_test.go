@@ -8,6 +8,19 @@ import (
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
+// claimTestFlow is the claimed-entry tests' setup: a test datapath
+// holding a UDP Service (service id 1, the VIP vipUDP of v6's family)
+// with one backend, and the flow to it from client:cport.
+func claimTestFlow(t *testing.T, v6 bool, client string, cport uint16) (*Datapath, *Maps, testBackend, flow) {
+	t.Helper()
+	a, vip := twinOf(v6), twinL4(v6, vipUDP)
+	d := newTestDatapath(t)
+	m := d.Maps()
+	be := testBackend{46, l4(a("10.1.4.6"), 5353, model.UDP)}
+	addService(t, m, 1, vip, be)
+	return d, m, be, flow{a(client), cport, vip}
+}
+
 // TestPromoteWaitsForClaimedEntry: the first answer of a half-open flow
 // whose reply tuple is held in sluice_conntrack by a dead entry that
 // another deleter has claimed (expiry CT_DEAD) and not deleted yet, as
@@ -21,12 +34,8 @@ import (
 // shown without timing.
 func TestPromoteWaitsForClaimedEntry(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a, vip := twinOf(v6), twinL4(v6, vipUDP)
-		d := newTestDatapath(t)
-		m := d.Maps()
-		be := testBackend{46, l4(a("10.1.4.6"), 5353, model.UDP)}
-		addService(t, m, 1, vip, be)
-		f := flow{a("10.0.60.1"), 21000, vip}
+		d, m, be, f := claimTestFlow(t, v6, "10.0.60.1", 21000)
+		vip := f.fe
 		if v, _, err := runProgErr(d.TCIngress(), f.pkt(0).Bytes()); err != nil || v != tcActOK {
 			t.Fatalf("datagram: verdict %d, %v", v, err)
 		}

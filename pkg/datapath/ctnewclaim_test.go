@@ -80,12 +80,7 @@ func wantClaimed(t *testing.T, m *Maps, k ctK, half bool, when string) {
 // established flow's is (ct_check_reverse).
 func TestNewFlowLeavesClaimedHalfOpenEntry(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a, vip := twinOf(v6), twinL4(v6, vipUDP)
-		d := newTestDatapath(t)
-		m := d.Maps()
-		be := testBackend{46, l4(a("10.1.4.6"), 5353, model.UDP)}
-		addService(t, m, 1, vip, be)
-		f := flow{a("10.0.60.2"), 21001, vip}
+		d, m, be, f := claimTestFlow(t, v6, "10.0.60.2", 21001)
 		claimHalfOpen(t, m, f.fwdKey())
 
 		v, _, err := runProgErr(d.TCIngress(), f.pkt(0).Bytes())
@@ -140,12 +135,7 @@ func TestNewFlowLeavesClaimedHalfOpenEntry(t *testing.T) {
 // packet of that new flow went to the old backend.
 func TestPromoteStopsOnClaimedHalfOpenEntry(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		a, vip := twinOf(v6), twinL4(v6, vipUDP)
-		d := newTestDatapath(t)
-		m := d.Maps()
-		be := testBackend{46, l4(a("10.1.4.6"), 5353, model.UDP)}
-		addService(t, m, 1, vip, be)
-		f := flow{a("10.0.60.3"), 21002, vip}
+		d, m, be, f := claimTestFlow(t, v6, "10.0.60.3", 21002)
 		if v, _, err := runProgErr(d.TCIngress(), f.pkt(0).Bytes()); err != nil || v != tcActOK {
 			t.Fatalf("datagram: verdict %d, %v", v, err)
 		}
