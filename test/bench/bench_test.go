@@ -27,8 +27,10 @@ func TestMain(m *testing.M) {
 // TestQuick runs the whole benchmark at a tiny size (10 services x 2
 // endpoints, a few hundred connections per run), over each IP family, and
 // checks that every mode really carried connections, programmed and
-// updated, and that the report files are written and parse. It asserts no
-// timings.
+// updated, and that the report files are written and parse. Over IPv4 it
+// also runs mode sluice-base (BENCH_SLUICE_BASE) with the same agent
+// binary: it must run like sluice, take its turn in every round, and get
+// its table against sluice. It asserts no timings.
 func TestQuick(t *testing.T) {
 	testutil.Privileged(t)
 	testutil.NeedCommands(t, "ip", "nsenter", "iptables-nft-restore", "iptables-legacy-restore",
@@ -65,10 +67,17 @@ func quick(t *testing.T, fam string) {
 	if cfg.SluiceBin == "" {
 		cfg.Modes = slices.DeleteFunc(cfg.Modes, func(m string) bool { return m == harness.ModeSluice })
 	}
+	base := fam == "IPv4" && cfg.SluiceBin != "" // once is enough: about 20 s more
+	if base {
+		cfg.SluiceBase = cfg.SluiceBin
+		cfg.Modes = append(slices.Clone(cfg.Modes), harness.ModeSluiceBase)
+	}
+	isAgent := func(m string) bool { return m == harness.ModeSluice || m == harness.ModeSluiceBase }
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	w := &testWriter{t: t}
+	log := slog.New(slog.NewTextHandler(w, nil))
 	res, err := harness.Run(ctx, cfg, log)
 	if err != nil {
 		t.Fatal(err)
@@ -117,6 +126,30 @@ func quick(t *testing.T, fam string) {
 			t.Errorf("mode %s measured in %d layer/target combinations, want 4", m, seen[m])
 		}
 	}
+	// The load runs in the order they ran (the harness's log): every mode,
+	// sluice-base too, takes its turn for each layer and target of every
+	// round, in the order of p.Modes and reversed in odd rounds.
+	var order []string
+	for _, s := range w.conns {
+		order = append(order, strings.Join(s, " "))
+	}
+	var wantOrder []string
+	for round := range cfg.Rounds {
+		seq := slices.Clone(p.Modes)
+		if round%2 == 1 {
+			slices.Reverse(seq)
+		}
+		for _, layer := range []string{"packet", "socket"} {
+			for _, target := range []string{"random", "last"} {
+				for _, m := range seq {
+					wantOrder = append(wantOrder, layer+" "+target+" "+m)
+				}
+			}
+		}
+	}
+	if !slices.Equal(order, wantOrder) {
+		t.Errorf("load runs in the order\n%s\nwant\n%s", strings.Join(order, "\n"), strings.Join(wantOrder, "\n"))
+	}
 	for _, ps := range p.Prog {
 		if ps.InitialResult != "ok" || len(ps.InitialS) == 0 || ps.UpdateResult != "ok" || len(ps.UpdateS) != cfg.Rounds {
 			t.Errorf("programming %s: initial %s (%d), update %s (%d)", ps.Mode, ps.InitialResult, len(ps.InitialS), ps.UpdateResult, len(ps.UpdateS))
@@ -133,12 +166,12 @@ func quick(t *testing.T, fam string) {
 		t.Errorf("memory at the end for %d modes, want %d", len(p.MemEnd), len(cfg.Modes))
 	}
 	for _, ms := range p.MemEnd {
-		if ms.Mode == harness.ModeSluice && (ms.AgentRSS == 0 || ms.AgentPeakRSS < ms.AgentRSS) {
+		if isAgent(ms.Mode) && (ms.AgentRSS == 0 || ms.AgentPeakRSS < ms.AgentRSS) {
 			t.Errorf("sluice at the end: RSS %d, peak %d", ms.AgentRSS, ms.AgentPeakRSS)
 		}
 	}
 	for _, ps := range p.Prog {
-		if ps.Mode == harness.ModeSluice && (len(ps.InitialFromStartS) != len(ps.InitialS) || len(ps.UpdateFromWriteS) != len(ps.UpdateS)) {
+		if isAgent(ps.Mode) && (len(ps.InitialFromStartS) != len(ps.InitialS) || len(ps.UpdateFromWriteS) != len(ps.UpdateS)) {
 			t.Errorf("sluice from its start / the rename: %v / %v", ps.InitialFromStartS, ps.UpdateFromWriteS)
 		}
 	}
@@ -151,7 +184,7 @@ func quick(t *testing.T, fam string) {
 			t.Errorf("BPF_PROG_TEST_RUN of the tc program: %+v", p.TestRun)
 		}
 		for _, ms := range p.Mem {
-			if ms.Mode == harness.ModeSluice && (ms.KernelBytes <= 0 || ms.AgentRSS <= 0) {
+			if isAgent(ms.Mode) && (ms.KernelBytes <= 0 || ms.AgentRSS <= 0) {
 				t.Errorf("sluice memory not read: %+v", ms)
 			}
 		}
@@ -183,6 +216,26 @@ func quick(t *testing.T, fam string) {
 			t.Errorf("report has no CPU per connection row for %s", m)
 		}
 	}
+	// sluice-base against sluice: the per-round ratios of every layer and
+	// target (2 rounds each), programming and memory.
+	_, baseSection, found := strings.Cut(string(md), "\n## sluice-base against sluice (BENCH_SLUICE_BASE)\n")
+	if found != base {
+		t.Errorf("table of sluice-base against sluice: %v, want %v", found, base)
+	}
+	if base {
+		baseSection, _, _ = strings.Cut(baseSection, "\n## ")
+		for _, row := range []string{"conns/s", "p99 us", "CPU us/conn"} {
+			_, rest, _ := strings.Cut(baseSection, "| 10 | "+row+" | ")
+			if line, _, _ := strings.Cut(rest, "\n"); strings.Count(line, "n=2") != 4 {
+				t.Errorf("sluice-base / sluice %s: %q, want 4 cells of 2 rounds", row, line)
+			}
+		}
+		for _, row := range []string{"| 10 | initial programming | ", "| 10 | endpoint update | ", "| 10 | BPF map memory | ", "| 10 | agent peak RSS at the end | "} {
+			if !strings.Contains(baseSection, row) {
+				t.Errorf("no %q in\n%s", row, baseSection)
+			}
+		}
+	}
 	pngs := 0
 	for _, f := range files {
 		if strings.HasSuffix(f, ".png") {
@@ -195,10 +248,25 @@ func quick(t *testing.T, fam string) {
 	}
 }
 
-type testWriter struct{ t *testing.T }
+// testWriter logs the harness's lines to the test, and keeps the layer,
+// target and mode of every load run ("conns" lines) in order.
+type testWriter struct {
+	t     *testing.T
+	conns [][]string
+}
 
-func (w testWriter) Write(b []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(b)))
+func (w *testWriter) Write(b []byte) (int, error) {
+	line := strings.TrimSpace(string(b))
+	w.t.Log(line)
+	if strings.Contains(line, " msg=conns ") {
+		var run []string
+		for _, k := range []string{"layer=", "target=", "mode="} {
+			_, v, _ := strings.Cut(line, " "+k)
+			v, _, _ = strings.Cut(v, " ")
+			run = append(run, v)
+		}
+		w.conns = append(w.conns, run)
+	}
 	return len(b), nil
 }
 

@@ -60,6 +60,8 @@ type Config struct {
 	// ProgRepeatMax: an initial programming that took longer than this is
 	// not repeated in later rounds (measured once).
 	ProgRepeatMax time.Duration `json:"prog_repeat_max,omitempty"`
+	// SluiceBase is the agent binary of mode sluice-base (BENCH_SLUICE_BASE).
+	SluiceBase string `json:"sluice_base,omitempty"`
 }
 
 // AllModes is every mode the harness knows, floor excluded.
@@ -130,6 +132,11 @@ func ConfigFromEnv() (Config, error) {
 		return e
 	})
 	get("BENCH_SLUICE", func(v string) error { c.SluiceBin = v; return nil })
+	get("BENCH_SLUICE_BASE", func(v string) error {
+		c.SluiceBase = v
+		c.Modes = append(slices.Clone(c.Modes), ModeSluiceBase) // the default; BENCH_MODES below may name it instead
+		return nil
+	})
 	get("BENCH_MODES", func(v string) error {
 		c.Modes = nil
 		for _, m := range strings.Split(v, ",") {
@@ -137,13 +144,16 @@ func ConfigFromEnv() (Config, error) {
 			if m == ModeFloor || m == "" {
 				continue
 			}
-			if !slices.Contains(append(AllModes, ModeKubeProx), m) {
+			if !slices.Contains(append(AllModes, ModeKubeProx, ModeSluiceBase), m) {
 				return fmt.Errorf("unknown mode %q", m)
 			}
 			c.Modes = append(c.Modes, m)
 		}
 		return nil
 	})
+	if err == nil && slices.Contains(c.Modes, ModeSluiceBase) != (c.SluiceBase != "") {
+		err = fmt.Errorf("mode %s and BENCH_SLUICE_BASE (its agent binary) go together", ModeSluiceBase)
+	}
 	return c, err
 }
 
@@ -204,14 +214,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) (*Results, error) {
 	if cfg.RulesMaxServices > 0 && slices.ContainsFunc(cfg.Services, func(n int) bool { return n > cfg.RulesMaxServices }) {
 		r.note(fmt.Sprintf("iptables-nft, iptables-legacy and nftables run only up to N=%d (BENCH_RULES_MAX_SERVICES): %s", cfg.RulesMaxServices, rulesCapReason))
 	}
-	if slices.Contains(cfg.Modes, ModeSluice) {
+	if slices.Contains(cfg.Modes, ModeSluice) || slices.Contains(cfg.Modes, ModeSluiceBase) {
 		r.res.Settings = append(r.res.Settings,
 			"sluice: agent from cmd/sluice, --devices "+NodeClientDev+" (node's client-facing veth), --cgroup <a cgroup v2 dir the bench creates; socket-layer clients start in it>, its own bpffs mount, --resync-interval 0",
 			"sluice: --max-services/--max-backends/--max-service-entries sized 1.25x what N needs (at least 1024); conntrack (hash, 262144 entries), ct_new (LRU, 65536), sock_rev and affinity (LRU, 262144) at their defaults, all preallocated",
 			"sluice: endpoint changes are atomic rewrites (write + rename) of the manifest file the agent watches")
+	}
+	if slices.Contains(cfg.Modes, ModeSluice) {
 		if _, err := r.sluiceBinaries(ctx); err != nil {
 			r.note("sluice mode unavailable: " + err.Error())
 		}
+	}
+	if cfg.SluiceBase != "" {
+		r.res.Settings = append(r.res.Settings, "sluice-base: the agent "+cfg.SluiceBase+" (BENCH_SLUICE_BASE), run exactly as sluice (same flags, manifest, devices, socket cgroup) in its own triple, interleaved with the other modes in every round")
 	}
 	for _, n := range cfg.Services {
 		if err := ctx.Err(); err != nil {
@@ -297,8 +312,8 @@ func (r *runner) newEnv(ctx context.Context, name string, n int) (*env, error) {
 			l.tool = "iptables-restore"
 			e.m = &iptMode{ruleLoader: l, variant: strings.TrimPrefix(name, "iptables-")}
 		}
-	case ModeSluice:
-		m, err := newSluiceMode(ctx, r, tri, dir)
+	case ModeSluice, ModeSluiceBase:
+		m, err := newSluiceMode(ctx, r, tri, dir, name == ModeSluiceBase)
 		if err != nil {
 			e.close()
 			return nil, err

@@ -24,6 +24,11 @@ const (
 	ModeNft      = "nftables"
 	ModeSluice   = "sluice"
 	ModeKubeProx = "kube-proxy"
+
+	// ModeSluiceBase is another build of the agent (BENCH_SLUICE_BASE, say
+	// main's), run exactly as ModeSluice and interleaved with it, so that a
+	// change is measured against its base in the same rounds.
+	ModeSluiceBase = "sluice-base"
 )
 
 // errTimeout marks a programming step that ran into its bound.

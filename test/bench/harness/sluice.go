@@ -52,8 +52,13 @@ func (r *runner) sluiceBinaries(ctx context.Context) (agentproc.Binaries, error)
 	return bins, nil
 }
 
-func newSluiceMode(ctx context.Context, r *runner, tri *triple, dir string) (mode, error) {
-	bins, err := r.sluiceBinaries(ctx)
+// newSluiceMode sets up mode sluice, or with base mode sluice-base: the
+// same in every respect but the agent binary (BENCH_SLUICE_BASE).
+func newSluiceMode(ctx context.Context, r *runner, tri *triple, dir string, base bool) (mode, error) {
+	bins, err := agentproc.Binaries{Sluice: r.cfg.SluiceBase}, error(nil)
+	if !base {
+		bins, err = r.sluiceBinaries(ctx)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -46,6 +47,38 @@ func TestConfigFromEnv(t *testing.T) {
 	t.Setenv("BENCH_MODES", "ipvs")
 	if _, err := ConfigFromEnv(); err == nil {
 		t.Error("unknown mode accepted")
+	}
+}
+
+// TestConfigSluiceBase: BENCH_SLUICE_BASE adds mode sluice-base to the
+// default modes, BENCH_MODES may name it, and neither goes without the
+// other; without the variable the modes are as before.
+func TestConfigSluiceBase(t *testing.T) {
+	for _, tc := range []struct {
+		base, modes string
+		want        []string // nil: an error
+	}{
+		{"", "", AllModes},
+		{"/x/sluice", "", append(slices.Clone(AllModes), ModeSluiceBase)},
+		{"/x/sluice", "sluice-base,sluice", []string{ModeSluiceBase, ModeSluice}},
+		{"/x/sluice", "sluice", nil},
+		{"", "sluice,sluice-base", nil},
+	} {
+		t.Setenv("BENCH_SLUICE_BASE", tc.base)
+		t.Setenv("BENCH_MODES", tc.modes)
+		c, err := ConfigFromEnv()
+		if tc.want == nil {
+			if err == nil {
+				t.Errorf("BENCH_SLUICE_BASE=%q BENCH_MODES=%q accepted: %v", tc.base, tc.modes, c.Modes)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(c.Modes, tc.want) || c.SluiceBase != tc.base {
+			t.Errorf("BENCH_SLUICE_BASE=%q BENCH_MODES=%q: modes %v, base %q, %v; want %v", tc.base, tc.modes, c.Modes, c.SluiceBase, err, tc.want)
+		}
+	}
+	if !slices.Equal(AllModes, []string{ModeIptNft, ModeIptLeg, ModeNft, ModeSluice}) {
+		t.Errorf("AllModes changed: %v", AllModes)
 	}
 }
 

@@ -170,6 +170,7 @@ func Markdown(res *harness.Results, stamp string) []byte {
 	agentMemTable(&b, res)
 	loadRunErrors(&b, res)
 	cpuTable(&b, res)
+	baseTable(&b, res)
 	progCostTable(&b, res)
 	b.WriteString("\n## tc program per packet (BPF_PROG_TEST_RUN)\n\n")
 	b.WriteString("Sluice's tc ingress program with N services in its maps (programmed through the production reconciler). The kernel's repeat loop reruns one skb that the first run already translated, so each figure is the median of many single runs (the kernel's timing of each): `new flow` = a SYN from a fresh source port (service lookup, backend pick, conntrack insert, DNAT); `established` = the same segment again (conntrack hit, DNAT). Spread = min-max of 5 chunk medians.\n\n")
