@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -53,16 +54,21 @@ type cpuSnap struct {
 	load1                   float64
 }
 
-// procRunNs is the run time of every thread of process pid, in ns (0 if
-// it is gone).
-func procRunNs(pid int) uint64 {
-	if pid <= 0 {
-		return 0
+// ThreadsRunNs is the time every thread of process pid has spent on a
+// CPU, in ns: the first field of each /proc/<pid>/task/*/schedstat (ns,
+// where /proc/<pid>/stat counts 10 ms ticks). A thread that exits
+// meanwhile is left out, and takes its time with it (Go ends none of its
+// threads but locked ones). An error if pid has no threads (it is gone)
+// or a field is not a number. The kube bench's CPU per change reads it
+// too.
+func ThreadsRunNs(pid int) (uint64, error) {
+	tasks, err := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*", "schedstat"))
+	if err != nil || len(tasks) == 0 {
+		return 0, fmt.Errorf("no threads of %d: %v", pid, err)
 	}
-	dirs, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*", "schedstat"))
 	var sum uint64
-	for _, d := range dirs {
-		b, err := os.ReadFile(d)
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
 		if err != nil {
 			continue // the thread exited meanwhile
 		}
@@ -70,11 +76,22 @@ func procRunNs(pid int) uint64 {
 		if len(f) == 0 {
 			continue
 		}
-		if n, err := strconv.ParseUint(f[0], 10, 64); err == nil {
-			sum += n
+		n, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", t, err)
 		}
+		sum += n
 	}
-	return sum
+	return sum, nil
+}
+
+// procRunNs is ThreadsRunNs, 0 if the process is gone (or pid is none).
+func procRunNs(pid int) uint64 {
+	if pid <= 0 {
+		return 0
+	}
+	n, _ := ThreadsRunNs(pid)
+	return n
 }
 
 // softirqdPids are the ksoftirqd threads' pids.

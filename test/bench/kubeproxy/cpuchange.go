@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/sluice-lb/sluice/test/bench/harness"
 )
 
 // cpuBlocks is the CPU a synced mode spent in alternating blocks of time
@@ -79,32 +77,12 @@ func syncCounts(p *proxy) (syncs, latCount, latSum float64, err error) {
 }
 
 // threadsCPU is the time every thread of pid has spent on a CPU, in
-// seconds: the first field of each /proc/<pid>/task/*/schedstat, in
-// nanoseconds where /proc/<pid>/stat counts 10 ms ticks (a change costs
-// a few milliseconds). A thread that exits takes its time with it: Go
-// ends none of its threads but locked ones.
+// seconds (harness.ThreadsRunNs: schedstat's nanoseconds, where
+// /proc/<pid>/stat counts 10 ms ticks and a change costs a few
+// milliseconds).
 func threadsCPU(pid int) (float64, error) {
-	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
-	if err != nil || len(tasks) == 0 {
-		return 0, fmt.Errorf("no threads of %d: %v", pid, err)
-	}
-	var ns float64
-	for _, t := range tasks {
-		b, err := os.ReadFile(t)
-		if err != nil {
-			continue // exited
-		}
-		f := strings.Fields(string(b))
-		if len(f) == 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(f[0], 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s: %w", t, err)
-		}
-		ns += v
-	}
-	return ns / 1e9, nil
+	ns, err := harness.ThreadsRunNs(pid)
+	return float64(ns) / 1e9, err
 }
 
 // measureCPUPerChange measures k changes in blocks of b, gap apart, each
