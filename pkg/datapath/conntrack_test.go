@@ -476,9 +476,12 @@ type snatHeld struct {
 	bpffs   string
 	ifindex int
 	syn     packet.Packet
-	port    uint16 // the SNAT port the flow holds
-	rev     ctK    // its reservation (the reply entry)
-	client  string // the SYN's source
+	port    uint16       // the SNAT port the flow holds
+	rev     ctK          // its reservation (the reply entry)
+	fwd     ctK          // its forward key <client -> node port>
+	client  string       // the SYN's source
+	np      model.L4Addr // the node port (the family's)
+	be      testBackend  // its backend (the family's)
 }
 
 func holdSNATPort(t *testing.T, v6 bool) snatHeld {
@@ -504,6 +507,8 @@ func holdSNATPort(t *testing.T, v6 bool) snatHeld {
 	}
 	h.port = snatPortIn(t, h.d, h.client, 43000, np)
 	h.rev = ctKeyOf(be.addr.Addr.String(), be.addr.Port, ofFamily(np.Addr, nsNodeIP, nsNodeIP6).String(), h.port, model.TCP, ctReverse)
+	h.fwd = ctKeyOf(h.client, 43000, np.Addr.String(), np.Port, model.TCP, ctForward)
+	h.np, h.be = np, be
 	return h
 }
 
@@ -537,10 +542,9 @@ func TestCTGCKeepsLiveReservation(t *testing.T) {
 func TestCTSNATFullTableOverflow(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		h := holdSNATPort(t, v6)
-		be, np := beRemote, npRemote
-		est := h.m.conntrack
+		be, np, est := h.be, h.np, h.m.conntrack
 		if v6 {
-			be, np, est = be6Remote, np6Remote, h.d.tc.Sluice6ConntrackV1
+			est = h.d.tc.Sluice6ConntrackV1
 		}
 		now, err := monotonicNow()
 		if err != nil {

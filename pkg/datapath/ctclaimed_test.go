@@ -100,11 +100,7 @@ func plantClaimed(t *testing.T, m *Maps, k ctK) {
 func TestPromoteSNATWaitsForClaimedEntry(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		h := holdSNATPort(t, v6)
-		be, np := beRemote, npRemote
-		if v6 {
-			be, np = be6Remote, np6Remote
-		}
-		fk := ctKeyOf(h.client, 43000, np.Addr.String(), np.Port, model.TCP, ctForward)
+		be, np, fk := h.be, h.np, h.fwd
 		plantClaimed(t, h.m, fk)
 
 		answer := func(what string) {

@@ -166,14 +166,10 @@ func TestPromoteStopsOnClaimedHalfOpenEntry(t *testing.T) {
 func TestPromoteSNATStopsOnClaimedHalfOpenEntry(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		h := holdSNATPort(t, v6)
-		be, np := beRemote, npRemote
-		if v6 {
-			be, np = be6Remote, np6Remote
-		}
-		fk := ctKeyOf(h.client, 43000, np.Addr.String(), np.Port, model.TCP, ctForward)
+		fk := h.fwd
 		claimHalfOpen(t, h.m, fk)
 
-		runOn(t, h.d.TCIngress(), h.ifindex, replyFrom(be, h.port, tcpSA).Bytes())
+		runOn(t, h.d.TCIngress(), h.ifindex, replyFrom(h.be, h.port, tcpSA).Bytes())
 		if r, ok := ctInTable(t, h.m, fk, false); ok {
 			t.Errorf("established forward entry %+v of a flow whose half-open entry was claimed, want none", r)
 		}
