@@ -487,14 +487,16 @@ lb4_aff_select(const struct pkt4 *p, const struct lb4_service *svc, __u64 now,
 }
 
 /*
- * lb4_aff_remember - aff_remember for the client of @p, as of now. Its
- * caller asks only for a frontend with affinity: a call and a clock read
- * less on every other new flow (as lb6_aff_remember).
+ * lb4_aff_remember - aff_remember for the client of @p, as of @now (the
+ * run's clock reading, not a second one). @ids: the backend id (low 32
+ * bits) and its slot (the 16 above): five arguments at most. Its caller
+ * asks only for a frontend with affinity: a call less on every other new
+ * flow (as lb6_aff_remember).
  */
 static __noinline int lb4_aff_remember(const struct pkt4 *p,
 				       const struct lb4_service *svc,
-				       const struct lb4_backend *be,
-				       __u32 backend_id, __u32 slot)
+				       const struct lb4_backend *be, __u64 ids,
+				       __u64 now)
 {
 	struct lb4_affinity_key key = {};
 
@@ -502,7 +504,7 @@ static __noinline int lb4_aff_remember(const struct pkt4 *p,
 		return 0;
 	aff_key(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
 		p->proto, svc->scope);
-	aff_remember(&key, svc, be, backend_id, (__u16)slot, now_ns());
+	aff_remember(&key, svc, be, (__u32)ids, (__u16)(ids >> 32), now);
 	return 0;
 }
 
@@ -610,7 +612,8 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb,
 	explain_flag(p, EXPLAIN_F_NEW_FLOW);
 	explain_backend(p, backend_id, slot, be->addr, be->port);
 	if (svc->flags & SVC_F_AFFINITY)
-		lb4_aff_remember(p, svc, be, backend_id, slot);
+		lb4_aff_remember(p, svc, be, (__u64)slot << 32 | backend_id,
+				 now);
 	svc_count_pkt(p, svc->rev_nat_id, SVC_EV_FLOW, 0);
 	return 0;
 }

@@ -182,6 +182,10 @@ struct lb6_xlate {
 	 * ct_create's @fresh)
 	 */
 	bool fresh;
+	/* in: the usable forward entry's backend has left (lb6_has_flow;
+	 * ct_fwd_usable's @gone)
+	 */
+	bool gone;
 };
 
 /* The steps both families take alike (tc_fam.h): lb6_check_source, ... */
@@ -310,13 +314,14 @@ lb6_aff_select(const struct pkt6 *p, const struct lb4_service *svc, __u64 now,
 }
 
 /*
- * lb6_aff_remember - aff_remember6 for the client of @p, sent to @x. Its
- * caller asks only for a frontend with affinity: a call, a backend lookup
- * and a clock read less on every other new flow.
+ * lb6_aff_remember - aff_remember6 for the client of @p, sent to @x, as of
+ * @now (the run's clock reading, not a second one). It returns at once
+ * for a frontend without affinity: a backend lookup less on every other
+ * new flow.
  */
 static __noinline int lb6_aff_remember(const struct pkt6 *p,
 				       const struct lb4_service *svc,
-				       const struct lb6_xlate *x)
+				       const struct lb6_xlate *x, __u64 now)
 {
 	struct lb6_affinity_key key = {};
 	struct lb6_backend *be;
@@ -328,7 +333,7 @@ static __noinline int lb6_aff_remember(const struct pkt6 *p,
 		return 0;
 	aff_key6(&key, p->saddr, AFFINITY_CLIENT_ADDR, p->daddr, p->dport,
 		 p->proto, svc->scope);
-	aff_remember6(&key, svc, be, x->backend_id, x->slot, now_ns());
+	aff_remember6(&key, svc, be, x->backend_id, x->slot, now);
 	return 0;
 }
 
@@ -505,24 +510,30 @@ static __noinline int lb6_new_flow(struct __sk_buff *skb, const struct pkt6 *p,
 }
 
 /*
- * lb6_follow - where a packet to frontend @svc goes if its flow's
- * conntrack entry is usable (ct_fwd_usable): its backend. Returns 0 with
- * @x filled in, 2 if the packet starts a new flow, or -1 to drop
+ * lb6_follow - where a packet to frontend @svc goes, @fwd being its
+ * flow's usable conntrack entry (lb6_has_flow found it, and set
+ * @x->gone): its backend. Returns 0 with @x filled in, or -1 to drop
  * (counted).
+ *
+ * The entry is the one lb6_has_flow found, as tc.c's lb4_ct_follow
+ * follows lb4_fwd_find's: looked up again here, as it was before, every
+ * packet of an established IPv6 flow paid a second conntrack lookup (and
+ * a half-open one's two, the established table's miss again) and a
+ * second backend read. Only the key is made again (ct_key_of6, no
+ * lookup): it lives in this frame, which the program's stack has room
+ * for, not in lb6_dnat's.
  */
 static __noinline int lb6_follow(const struct pkt6 *p,
 				 const struct lb4_service *svc, __u64 now,
-				 struct lb6_xlate *x)
+				 struct lb6_xlate *x, struct ct6_entry *fwd)
 {
 	struct ct6_key key = {};
-	struct ct6_entry *fwd;
-	bool half_open, gone, refreshed = false;
+	bool refreshed = false;
 	int err;
 
 	ct_key_of6(&key, p, CT_FORWARD);
-	fwd = ct_find6(&key, now, &half_open);
-	if (fwd && ct_fwd_usable6(fwd, p, &gone)) {
-		if (gone)
+	if (fwd) {
+		if (x->gone)
 			metric_count(p, METRIC_TC_CT_BACKEND_GONE);
 		x->addr = fwd->nat_addr;
 		x->port = fwd->nat_port;
@@ -555,18 +566,18 @@ static __noinline int lb6_follow(const struct pkt6 *p,
 		metric_count(p, METRIC_TC_DNAT_CT);
 		return 0;
 	}
-	return 2;
+	return -1;
 }
 
 /*
- * lb6_has_flow - whether @p, a packet to a frontend, has a usable forward
- * entry (ct_fwd_usable6), which lb6_follow then follows; if not, with
- * @x->fresh set if there is no entry at all under its key
- * (ct_find_any6). A BPF function of its own, as lb6_follow: the key and
- * entry live in its frame.
+ * lb6_has_flow - the usable forward entry (ct_fwd_usable6) of @p, a
+ * packet to a frontend, which lb6_follow then follows, with @x->gone set
+ * if its backend has left; else NULL, with @x->fresh set if there is no
+ * entry at all under its key (ct_find_any6). A BPF function of its own,
+ * as lb6_follow: the key lives in its frame.
  */
-static __noinline int lb6_has_flow(const struct pkt6 *p, __u64 now,
-				   struct lb6_xlate *x)
+static __noinline struct ct6_entry *lb6_has_flow(const struct pkt6 *p,
+						 __u64 now, struct lb6_xlate *x)
 {
 	struct ct6_key key = {};
 	struct ct6_entry *fwd;
@@ -575,7 +586,10 @@ static __noinline int lb6_has_flow(const struct pkt6 *p, __u64 now,
 	ct_key_of6(&key, p, CT_FORWARD);
 	fwd = ct_find_any6(&key, now, &half_open, &none);
 	x->fresh = none;
-	return fwd && ct_fwd_usable6(fwd, p, &gone);
+	if (!fwd || !ct_fwd_usable6(fwd, p, &gone))
+		return NULL;
+	x->gone = gone;
+	return fwd;
 }
 
 /*
@@ -589,21 +603,22 @@ static __noinline int lb6_has_flow(const struct pkt6 *p, __u64 now,
  * In tc.c's order (tc_ingress says why it is sound): the frontend, then
  * the flow's forward entry; a packet without one is looked up as a reply
  * before it is taken for a new flow. A packet of an established flow
- * saves the reply lookup's two misses, for a second look at its forward
- * entry (lb6_follow), hot by then; and to a frontend of one scope, scope's
- * lookups (lb6_frontend). Should its entry be gone at the second look,
- * the packet starts a flow, and scope runs then. A pure TCP SYN to a
- * frontend is never looked up as a reply (ct_syn_only6, tc_ingress).
+ * saves the reply lookup's two misses, and to a frontend of one scope,
+ * scope's lookups (lb6_frontend); lb6_follow follows the entry
+ * lb6_has_flow found. A pure TCP SYN to a frontend is never looked up as
+ * a reply (ct_syn_only6, tc_ingress).
  */
 static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 				    __u64 now, struct lb6_xlate *x)
 {
+	struct ct6_entry *fwd = NULL;
 	struct lb4_service *svc;
-	int ret, flow = 0;
+	int ret, flow;
 
 	svc = lookup_service6(p->daddr, p->dport, p->proto);
 	if (svc)
-		flow = lb6_has_flow(p, now, x);
+		fwd = lb6_has_flow(p, now, x);
+	flow = fwd != NULL;
 	if (!flow && !(svc && ct_syn_only6(p))) {
 		ret = rev_nat6(skb, p, now, x);
 		if (ret != -1)
@@ -617,9 +632,7 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 	/* Conntrack first: a Service that has dropped to zero endpoints
 	 * keeps its established flows, as kube-proxy does.
 	 */
-	ret = flow ? lb6_follow(p, svc, now, x) : 2;
-	if (ret == 2 && lb6_scope_skipped(p, svc, flow))
-		svc = lb6_scope(skb, p, svc, x);
+	ret = flow ? lb6_follow(p, svc, now, x, fwd) : 2;
 	if (ret == 2 && p->frag_later) {
 		/* A later fragment follows its flow and never starts one
 		 * (see lb4_select).
@@ -634,7 +647,7 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 			ret = nat_snat6(p, svc, x, ret, now);
 		if (!ret) {
 			explain_flag(p, EXPLAIN_F_NEW_FLOW);
-			lb6_aff_remember(p, svc, x);
+			lb6_aff_remember(p, svc, x, now);
 		}
 	}
 	if (ret < 0)

@@ -157,9 +157,7 @@ static __always_inline bool LB_FN(scope_skipped)(const FAM(pkt_t) *p,
  * masqueraded), so such a packet to a frontend of one scope skips scope's
  * lookups (the client's CIDR, its device: scope_skipped); of two, the
  * scope is still found, whose id its packets are counted under
- * (svcstats.h). A dry run (explain.h) finds it anyway, to report it. A
- * caller that may yet start a flow for @p (its entry gone meanwhile:
- * lb6_dnat) runs scope then.
+ * (svcstats.h). A dry run (explain.h) finds it anyway, to report it.
  */
 static __always_inline struct lb4_service *
 LB_FN(frontend)(struct __sk_buff *skb, const FAM(pkt_t) *p,

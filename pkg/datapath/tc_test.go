@@ -258,7 +258,14 @@ func TestTCBackendChange(t *testing.T) {
 		}
 		tcpData := tcpIn
 		tcpData.TCPFlags = packet.ACK
+		// Counted as following a flow whose backend is gone, once per
+		// packet: the IPv6 path follows the entry its first lookup found
+		// (lb6_has_flow) and must carry that finding to the follow.
+		gone := counters(t, d)["tc_ct_backend_gone"]
 		expect("tcp after removal keeps its backend", tcpData, oldTCP)
+		if n := counters(t, d)["tc_ct_backend_gone"] - gone; n != 1 {
+			t.Errorf("tc_ct_backend_gone counted %d for a packet of a flow whose backend left, want 1", n)
+		}
 		expect("udp after removal re-balances", udpIn, newUDP)
 
 		if err := m.FlushConntrack([]model.L4Addr{oldTCP.addr}); err != nil {
