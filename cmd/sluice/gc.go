@@ -52,6 +52,46 @@ func setGCPercent(percent int, gogc string, log *slog.Logger) int {
 	return percent
 }
 
+// defaultStartGCPercent is --start-gc-percent: with the manifest source,
+// the collector's target from the agent's start until its first sync
+// (then --gc-percent), where Go's default is 100.
+//
+// Why: the first load keeps most of what it makes (the compact Services
+// and slices, the desired state: at 30,000 Services x 10 endpoints 73 MB
+// live when it ends, 90 once the first apply's view is built), its live
+// heap doubling from step to step, and at 100 the collector marks it at
+// each doubling: 15 collections to the first sync [8-18], 280 MB marked
+// in all, the last two back to back at 73-79 MB (the load's last, then
+// the forced one before the first apply, collectBeforeFirstApply). At 300,
+// 8 collections and 170-185 MB marked; the CPU to the first sync (the
+// programs' load included) 0.943 of 100's per interleaved pair over 56
+// pairs and 0.905 over 18 with this flag, lower in 60 of the 74, VmHWM
+// 132.3-136.5 MiB against 131.8-134.4; at 100,000 x 10, 0.876 over 8 pairs
+// and VmHWM 341.2-343.2 against 340.8-342.7 (issue 14, sixty-ninth pass).
+// The peak does not move because what the load allocates in all bounds
+// the heap: the forced collection finds 80 MB there as at 100. Higher
+// was worse: with the collector off until the first sync, paced by a
+// soft limit of 120 or 130 MiB, the load's heap reached 109-120 MB before
+// its one collection, VmHWM up to 154.5 MiB, and the fresh pages it
+// faulted in cost what the marking saved. The Kubernetes source's lists
+// make mostly garbage and its start is paced by --start-memory-limit: 300
+// there marked less (359-483 MB against 479-578) but its CPU to the first
+// sync, 0.969 of main's per pair [0.763-1.127], was not told from the
+// noise; it starts at Go's default, as before.
+const defaultStartGCPercent = 300
+
+// startGCPercent sets the collector's target for the start (percent, >
+// 0) unless the environment's GOGC set it, which then wins. gcTarget sets
+// --gc-percent at the first sync.
+func startGCPercent(percent int, gogc string, log *slog.Logger) {
+	if gogc != "" {
+		log.Info("GOGC from the environment; --start-gc-percent ignored", "GOGC", gogc)
+		return
+	}
+	debug.SetGCPercent(percent)
+	log.Debug("collector's target for the start set", "start_gc_percent", percent)
+}
+
 // gcTarget is an agent Observer that sets the collector's target
 // (setGCPercent) after the first successful sync, not at start: until
 // then the heap grows with what stays (the first lists or load, the
@@ -109,8 +149,12 @@ func (g *gcTarget) SetProgrammed(*model.State) {}
 // run without pause (the runtime caps it at half the CPU) until the first
 // sync: startLimit lifts it as soon as the live heap passes liftAt of it,
 // and that start goes on at Go's target, as before. The manifest source
-// (its first load is its peak, 134 MiB at 30,000) was not measured under
-// it and starts without.
+// starts without: its first load keeps most of what it makes (73 MB live
+// at 30,000 when it ends, 91 with the first apply's view), near the
+// limit's 80%, and under the same limit its collections came at large
+// heaps: 16 to the first sync, CPU 1.05 of no limit's per pair
+// [0.91-1.24], VmHWM 135.4-136.7 MiB against 131.8-134.4 (issue 14,
+// sixty-ninth pass).
 const defaultStartMemoryLimitMiB = 110
 
 // liftAt is the fraction of the start's limit at which the live heap

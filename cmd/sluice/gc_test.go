@@ -51,6 +51,36 @@ func TestGCTargetAfterFirstSync(t *testing.T) {
 	}
 }
 
+// TestStartGCPercent: --start-gc-percent is the collector's target from
+// the start, left by a failed sync, replaced by --gc-percent at the first
+// good one; GOGC from the environment wins over it.
+func TestStartGCPercent(t *testing.T) {
+	orig := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(orig) })
+	current := func() int { p := debug.SetGCPercent(-1); debug.SetGCPercent(p); return p }
+	log := slog.New(slog.DiscardHandler)
+
+	startGCPercent(defaultStartGCPercent, "", log)
+	if got := current(); got != defaultStartGCPercent {
+		t.Fatalf("at the start: target %d, want %d", got, defaultStartGCPercent)
+	}
+	g := &gcTarget{percent: defaultGCPercent, log: log}
+	g.ObserveSync(time.Second, errors.New("map full"))
+	if got := current(); got != defaultStartGCPercent {
+		t.Fatalf("after a failed sync: target %d, want the start's %d left", got, defaultStartGCPercent)
+	}
+	g.ObserveSync(time.Second, nil)
+	if got := current(); got != defaultGCPercent {
+		t.Fatalf("after the first sync: target %d, want --gc-percent's %d", got, defaultGCPercent)
+	}
+
+	debug.SetGCPercent(150) // as GOGC=150 would have
+	startGCPercent(defaultStartGCPercent, "150", log)
+	if got := current(); got != 150 {
+		t.Errorf("GOGC=150: target %d at the start, want the environment's 150 left", got)
+	}
+}
+
 // memoryLimit reads the runtime's soft memory limit (a negative input
 // only reads it).
 func memoryLimit() int64 { return debug.SetMemoryLimit(-1) }

@@ -79,6 +79,7 @@ func run(args []string) int {
 		configFile  = fs.String("config", "", "kube-proxy's configuration file (a KubeProxyConfiguration): the fields that apply set the flags they map to; flags given on the command line override it")
 		profiling   = fs.Bool("profiling", false, "serve Go's profiles (net/http/pprof: /debug/pprof/heap, allocs, profile, ...) on the --metrics-addr server, as kube-proxy's enableProfiling (off by default: they expose the agent's internals; keep --metrics-addr on loopback)")
 		gcPercent   = fs.Int("gc-percent", defaultGCPercent, "the Go collector's target (GOGC): the heap may grow by this percentage of what the last collection found live before the next; lower trades CPU for memory (negative: off); the environment's GOGC, if set, wins")
+		startGCPct  = fs.Int("start-gc-percent", defaultStartGCPercent, "with the manifest source, the Go collector's target (GOGC) from the agent's start until its first sync has succeeded, then --gc-percent's (must be > 0; 100: Go's default); the environment's GOGC, if set, wins")
 		startLimMiB = fs.Int("start-memory-limit", defaultStartMemoryLimitMiB, "with the Kubernetes source, a soft memory limit for the Go runtime (what GOMEMLIMIT sets), in MiB, from the agent's start until its first sync has succeeded, lifted then or as soon as the live heap passes 80% of it (0: none); the environment's GOMEMLIMIT, if set, wins and stays")
 		showVersion = fs.Bool("version", false, "print the version, the commit and the digest of the BPF objects, and exit")
 		dpCfg       datapath.Config
@@ -136,6 +137,12 @@ func run(args []string) int {
 	}
 	if *mapRefresh < 0 {
 		fmt.Fprintf(os.Stderr, "sluice: --map-refresh-interval %s: must be >= 0 (0: never)\n", *mapRefresh)
+		return 2
+	}
+	if *startGCPct <= 0 {
+		// Off (or 0) until the first sync: the manifest source's start
+		// has no memory limit to pace the collector.
+		fmt.Fprintf(os.Stderr, "sluice: --start-gc-percent %d: must be > 0\n", *startGCPct)
 		return 2
 	}
 	if *ctGC <= 0 {
@@ -284,8 +291,10 @@ func run(args []string) int {
 		cfg.Observers = append(cfg.Observers, &namesWriter{path: *namesFile, bpffs: *bpffs, log: log.With("component", "names")})
 	}
 	var startLim *startLimit
-	if kube.enabled() { // measured there; the manifest source's load is left as it was
+	if kube.enabled() { // each measured with its own source (gc.go)
 		startLim = startMemoryLimit(*startLimMiB, os.Getenv("GOMEMLIMIT"), log)
+	} else {
+		startGCPercent(*startGCPct, os.Getenv("GOGC"), log)
 	}
 	if startLim != nil {
 		go startLim.watch(ctx, 50*time.Millisecond)

@@ -31,6 +31,8 @@ func TestCommandLineErrorsExitTwo(t *testing.T) {
 		{"bad nodeport addresses", []string{"--manifests", manifest, "--nodeport-addresses", "192.168.0.2"}},
 		{"bad IPv6 nodeport addresses", []string{"--manifests", manifest, "--nodeport-addresses", "2001:db8::/129"}},
 		{"no conntrack GC", []string{"--manifests", manifest, "--conntrack-gc-interval", "0"}},
+		{"collector off for the start", []string{"--manifests", manifest, "--start-gc-percent", "-1"}},
+		{"start's target 0", []string{"--manifests", manifest, "--start-gc-percent", "0"}},
 		{"negative map refresh", []string{"--manifests", manifest, "--map-refresh-interval", "-1s"}},
 		{"map size ratio above 1", []string{"--manifests", manifest, "--map-dynamic-size-ratio", "1.5"}},
 		{"negative map size ratio", []string{"--manifests", manifest, "--map-dynamic-size-ratio", "-0.1"}},

@@ -87,6 +87,16 @@ func newSluiceMode(ctx context.Context, r *runner, tri *triple, dir string, base
 // atomically (temporary file, then rename), as an editor or a config
 // management tool would.
 func (m *sluiceMode) writeManifest(svcs []rules.Service) error {
+	if err := WriteManifest(m.manifest, m.fam, svcs); err != nil {
+		return err
+	}
+	m.ready = time.Now()
+	return nil
+}
+
+// WriteManifest writes svcs to path as the benchmark's agent reads them: a
+// List of Services and EndpointSlices of family fam, written atomically.
+func WriteManifest(path string, fam rules.Family, svcs []rules.Service) error {
 	type obj = map[string]any
 	items := make([]obj, 0, 2*len(svcs))
 	for _, s := range svcs {
@@ -96,7 +106,7 @@ func (m *sluiceMode) writeManifest(svcs []rules.Service) error {
 			"metadata": obj{"namespace": ns, "name": name},
 			"spec": obj{
 				"type": "ClusterIP", "clusterIP": s.VIP.String(), "clusterIPs": []string{s.VIP.String()},
-				"ipFamilies": []string{m.fam.Name}, "ipFamilyPolicy": "SingleStack",
+				"ipFamilies": []string{fam.Name}, "ipFamilyPolicy": "SingleStack",
 				"ports": []obj{{"name": rules.PortName, "port": s.Port, "targetPort": rules.BackendPort, "protocol": "TCP"}},
 			},
 		})
@@ -107,7 +117,7 @@ func (m *sluiceMode) writeManifest(svcs []rules.Service) error {
 		items = append(items, obj{
 			"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
 			"metadata":    obj{"namespace": ns, "name": name + "-bench", "labels": obj{"kubernetes.io/service-name": name}},
-			"addressType": m.fam.Name,
+			"addressType": fam.Name,
 			"endpoints":   eps,
 			"ports":       []obj{{"name": rules.PortName, "port": rules.BackendPort, "protocol": "TCP"}},
 		})
@@ -116,11 +126,24 @@ func (m *sluiceMode) writeManifest(svcs []rules.Service) error {
 	if err != nil {
 		return err
 	}
-	if err := agentproc.WriteFile(m.manifest, string(data)); err != nil {
-		return err
+	return agentproc.WriteFile(path, string(data))
+}
+
+// AgentArgs are the flags the benchmark's agent runs with for svcs (besides
+// agentproc's): no health or metrics listener, no periodic re-read, info
+// logs (the sync lines give the source/apply breakdown), maps sized from
+// svcs with room for the endpoint changes.
+func AgentArgs(svcs []rules.Service) []string {
+	services, backends, entries := needs(svcs)
+	return []string{
+		"--health-addr", "", "--metrics-addr", "",
+		"--node-name", "bench-node",
+		"--resync-interval", "0",
+		"--log-level", "info",
+		"--max-services", strconv.Itoa(mapSize(services)),
+		"--max-backends", strconv.Itoa(mapSize(backends + 64)),
+		"--max-service-entries", strconv.Itoa(mapSize(entries)),
 	}
-	m.ready = time.Now()
-	return nil
 }
 
 // needs counts the map entries svcs take.
@@ -140,21 +163,12 @@ func (m *sluiceMode) program(ctx context.Context, svcs []rules.Service) error {
 	if err := m.writeManifest(svcs); err != nil {
 		return err
 	}
-	services, backends, entries := needs(svcs)
 	m.agent = agentproc.NewAgent(m.bins, m.ns, agentproc.AgentConfig{
 		Manifests: m.manifest,
 		Devices:   []string{NodeClientDev},
 		Cgroup:    m.cgroup.Path,
 		BPFFS:     m.bpffs,
-		Extra: []string{
-			"--health-addr", "", "--metrics-addr", "",
-			"--node-name", "bench-node",
-			"--resync-interval", "0",
-			"--log-level", "info", // the sync lines give the source/apply breakdown
-			"--max-services", strconv.Itoa(mapSize(services)),
-			"--max-backends", strconv.Itoa(mapSize(backends + 64)), // room for the endpoint changes
-			"--max-service-entries", strconv.Itoa(mapSize(entries)),
-		},
+		Extra:     AgentArgs(svcs),
 	})
 	m.ready = time.Now()
 	if err := m.agent.Start(); err != nil {
