@@ -6,7 +6,9 @@
  * any packet exists, so traffic from this node's sockets needs no per-packet
  * NAT at all. Each translation is remembered in sluice_sock_rev under the
  * socket's cookie and the backend, so that recvmsg4 and getpeername4 can
- * show the VIP again: the application never sees a backend address.
+ * show the VIP again: the application never sees a backend address. The
+ * cgroup's sock_release hook forgets it when the socket is closed, so the
+ * map holds the live sockets' translations, not every closed one's.
  *
  * The node's sockets are internal clients: a two-scope frontend
  * (externalTrafficPolicy Local) serves them from its internal scope, all
@@ -248,6 +250,51 @@ SOCK_REV_PROG(recvmsg6, sock6_ctx_rev)
 SOCK_REV_PROG(getpeername6, sock6_ctx_rev)
 
 /*
+ * sluice_sock_release - a socket of the cgroup is released (its last
+ * descriptor closed): forget the translation connect4 (connect6) wrote
+ * for its peer, under its cookie and the peer's address.
+ *
+ * Without it sluice_sock_rev_v1 (sluice6_sock_rev_v1) keeps every closed
+ * socket's entry until the LRU evicts it: once the map is full (a
+ * connection a second fills the default 262,144 in three days, a busy
+ * node in minutes), every connect's insert first evicts, walking the
+ * LRU's lists of cold entries (connect4 1.2 us a run with the map fresh,
+ * 2.2 as it filled, in issue 14's seventieth pass), and a long-lived
+ * socket's entry, if nothing reads it, is evicted by newer ones: its
+ * getpeername then shows the backend. With it the map holds the live sockets' entries. A socket
+ * never connected (no peer: an unconnected UDP socket's per-datagram
+ * entries stay with the LRU) changes nothing; one connected but never
+ * translated costs a missed delete. Always proceeds.
+ */
+SEC("cgroup/sock_release")
+int sluice_sock_release(struct bpf_sock *ctx)
+{
+	__u32 proto = ctx->protocol;
+	__be16 port = ctx->dst_port;
+	union v6addr addr;
+
+	if ((proto != IPPROTO_TCP && proto != IPPROTO_UDP) || !port)
+		return SYS_PROCEED;
+	if (ctx->family == AF_INET) {
+		if (ctx->dst_ip4)
+			sock4_xlate_forget(bpf_get_socket_cookie(ctx),
+					   ctx->dst_ip4, port);
+		return SYS_PROCEED;
+	}
+	if (ctx->family != AF_INET6)
+		return SYS_PROCEED;
+	addr.p[0] = ctx->dst_ip6[0];
+	addr.p[1] = ctx->dst_ip6[1];
+	addr.p[2] = ctx->dst_ip6[2];
+	addr.p[3] = ctx->dst_ip6[3];
+	if (lb6_v4_mapped(&addr))
+		sock4_xlate_forget(bpf_get_socket_cookie(ctx), addr.p[3], port);
+	else
+		sock6_xlate_forget(bpf_get_socket_cookie(ctx), addr, port);
+	return SYS_PROCEED;
+}
+
+/*
  * sluice_sockx_v1: __u32 0 -> struct sock_explain_ctx, per CPU: the
  * record of sluice_sock_explain. Not pinned, and not in maps.h: only the
  * load of sluicectl's own copy of the program creates it.
@@ -330,14 +377,12 @@ int sluice_sock_explain(struct bpf_raw_tracepoint_args *ctx)
 	}
 	if (x->v6 && !x->vip) {
 		x->src6 = sock6_src_or_node(x->src6);
-		ret = sock6_select(x->vip6, x->port, x->proto, x->src6,
-				   x->netns_cookie, x->sock_cookie,
+		ret = sock6_select(x->vip6, x->port, x->proto, x->src6, NULL,
 				   x->sticky != 0, x, &svc, &be6);
 	} else {
 		if (!x->src)
 			x->src = node_ip4;
-		ret = sock4_select(x->vip, x->port, x->proto, x->src,
-				   x->netns_cookie, x->sock_cookie,
+		ret = sock4_select(x->vip, x->port, x->proto, x->src, NULL,
 				   x->sticky != 0, x, &svc, &be);
 	}
 	if (ret < 0)

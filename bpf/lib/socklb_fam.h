@@ -158,30 +158,35 @@ static __always_inline FAM(lb_backend) *SOCK_FN(sticky_select)(
 }
 
 /*
- * SOCK_FN(select) - the backend for a socket of source @src (its bound
- * address, or the node's) in network namespace @netns, cookie @cookie,
- * reaching <@vip, @port, @proto>: the frontend's master in @svc, the
- * backend in @be. @sticky: keep the socket's previous backend
- * (per-datagram sendmsg4). @x: a dry run's context (the top), NULL live.
+ * SOCK_FN(select) - the backend for a socket (@ctx: its sock_addr context)
+ * of source @src (its bound address, or the node's) reaching <@vip,
+ * @port, @proto>: the frontend's master in @svc, the backend in @be.
+ * @sticky: keep the socket's previous backend (per-datagram sendmsg4).
+ * @x: a dry run's context (the top), NULL live; a dry run has no socket
+ * (@ctx NULL) and gives its network namespace and cookie in @x.
  *
  * The client of session affinity is the socket's network namespace
- * (affinity.h): a connect is a new connection of that client.
+ * (affinity.h): a connect is a new connection of that client. What only
+ * affinity and stickiness read (the namespace's cookie, the socket's, the
+ * clock) is read only for a frontend with affinity or a sticky send: a
+ * connect to a frontend without affinity, the common case, makes no
+ * helper call for them.
  *
  * Returns 1 with @svc and @be set, 0 (not a service: nothing to do),
  * -ECONNREFUSED or -EHOSTUNREACH (SOCK_FN(lookup)).
  */
 static __always_inline int
 SOCK_FN(select)(FAM(addr_t) vip, __be16 port, __u8 proto, FAM(addr_t) src,
-		__u64 netns, __u64 cookie, bool sticky,
-		struct sock_explain_ctx *x, struct lb4_service **svcp,
-		FAM(lb_backend) **bep)
+		void *ctx, bool sticky, struct sock_explain_ctx *x,
+		struct lb4_service **svcp, FAM(lb_backend) **bep)
 {
 	FAM(aff_key_t) akey = {};
 	struct lb4_service *svc = NULL;
 	FAM(lb_backend) *be;
 	__u32 backend_id = 0;
+	__u64 netns = 0;
 	__u16 slot = 0;
-	__u64 now;
+	__u64 now = 0;
 	int ret;
 
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
@@ -190,15 +195,21 @@ SOCK_FN(select)(FAM(addr_t) vip, __be16 port, __u8 proto, FAM(addr_t) src,
 	if (ret <= 0 || !svc)
 		return ret;
 
-	/*
-	 * A dry run is sluice_sock_explain, a raw_tp program, which may not
-	 * call bpf_ktime_get_coarse_ns: it reads CLOCK_MONOTONIC, less than
-	 * a tick ahead of now_ns(), which cannot change what it explains.
-	 */
-	now = x ? bpf_ktime_get_ns() : now_ns();
+	if (svc->flags & SVC_F_AFFINITY) {
+		/*
+		 * A dry run is sluice_sock_explain, a raw_tp program, which
+		 * may not call bpf_ktime_get_coarse_ns: it reads
+		 * CLOCK_MONOTONIC, less than a tick ahead of now_ns(), which
+		 * cannot change what it explains.
+		 */
+		now = x ? bpf_ktime_get_ns() : now_ns();
+		netns = x ? x->netns_cookie : bpf_get_netns_cookie(ctx);
+	}
 	FN(aff_key)(&akey, FAM(netns_client)(netns), AFFINITY_CLIENT_NETNS, vip,
 		    port, proto, svc->scope);
 	if (sticky) {
+		__u64 cookie = x ? x->sock_cookie : bpf_get_socket_cookie(ctx);
+
 		be = SOCK_FN(sticky_select)(cookie, &akey, svc, now,
 					    &backend_id, &slot, x);
 	} else {
@@ -249,9 +260,8 @@ static __always_inline int SOCK_FN(xlate_fwd)(void *ctx, FAM(addr_t) *addr,
 	FAM(sock_rev_t) rval = {};
 	int ret;
 
-	ret = SOCK_FN(
-		select)(*addr, *port, proto, src, bpf_get_netns_cookie(ctx),
-			bpf_get_socket_cookie(ctx), sticky, NULL, &svc, &be);
+	ret = SOCK_FN(select)(*addr, *port, proto, src, ctx, sticky, NULL, &svc,
+			      &be);
 	if (ret <= 0 || !svc || !be)
 		return ret;
 
@@ -295,4 +305,22 @@ static __always_inline bool SOCK_FN(xlate_rev)(void *ctx, FAM(addr_t) *addr,
 	*port = e->port;
 	metric_inc(METRIC_SOCK_REV_XLATE);
 	return true;
+}
+
+/*
+ * SOCK_FN(xlate_forget) - a socket (cookie @cookie) whose peer is
+ * *@addr:*@port is being released (sluice_sock_release): the sock_rev
+ * entry SOCK_FN(xlate_fwd) wrote for it, if any, goes with it. Nothing can
+ * ask for the socket's peer any more.
+ */
+static __always_inline void SOCK_FN(xlate_forget)(__u64 cookie,
+						  FAM(addr_t) addr, __be16 port)
+{
+	FAM(sock_rev_key_t) key = {
+		.cookie = cookie,
+		.addr = addr,
+		.port = port,
+	};
+
+	bpf_map_delete_elem(&FAM(sock_rev_map), &key);
 }

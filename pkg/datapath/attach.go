@@ -59,6 +59,8 @@ var cgroupProgs = []cgroupProg{
 	{"sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, func(d *Datapath) *ebpf.Program { return d.sock.Sendmsg6 }},
 	{"recvmsg6", ebpf.AttachCGroupUDP6Recvmsg, func(d *Datapath) *ebpf.Program { return d.sock.Recvmsg6 }},
 	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, func(d *Datapath) *ebpf.Program { return d.sock.Getpeername6 }},
+	// Both families: a closing socket's sock_rev entry goes with it.
+	{"sock_release", ebpf.AttachCgroupInetSockRelease, func(d *Datapath) *ebpf.Program { return d.sock.SockRelease }},
 }
 
 // sockWrittenMaps are the maps only the socket programs write.

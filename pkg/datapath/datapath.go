@@ -330,11 +330,12 @@ type sockProgs struct {
 	Sendmsg6     *ebpf.Program `ebpf:"sluice_sendmsg6"`
 	Recvmsg6     *ebpf.Program `ebpf:"sluice_recvmsg6"`
 	Getpeername6 *ebpf.Program `ebpf:"sluice_getpeername6"`
+	SockRelease  *ebpf.Program `ebpf:"sluice_sock_release"`
 }
 
 func (p *sockProgs) Close() error {
 	return errors.Join(p.Connect4.Close(), p.Sendmsg4.Close(), p.Recvmsg4.Close(), p.Getpeername4.Close(),
-		p.Connect6.Close(), p.Sendmsg6.Close(), p.Recvmsg6.Close(), p.Getpeername6.Close())
+		p.Connect6.Close(), p.Sendmsg6.Close(), p.Recvmsg6.Close(), p.Getpeername6.Close(), p.SockRelease.Close())
 }
 
 // Open loads the programs the configuration uses and creates the pinned

@@ -613,6 +613,7 @@ const (
 	sockProgSluiceSendmsg4         = "sluice_sendmsg4"
 	sockProgSluiceSendmsg6         = "sluice_sendmsg6"
 	sockProgSluiceSockExplain      = "sluice_sock_explain"
+	sockProgSluiceSockRelease      = "sluice_sock_release"
 	sockVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
 	sockVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	sockVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
@@ -683,6 +684,7 @@ type sockProgramSpecs struct {
 	SluiceSendmsg4      *ebpf.ProgramSpec `ebpf:"sluice_sendmsg4"`
 	SluiceSendmsg6      *ebpf.ProgramSpec `ebpf:"sluice_sendmsg6"`
 	SluiceSockExplain   *ebpf.ProgramSpec `ebpf:"sluice_sock_explain"`
+	SluiceSockRelease   *ebpf.ProgramSpec `ebpf:"sluice_sock_release"`
 }
 
 // sockMapSpecs contains maps before they are loaded into the kernel.
@@ -893,6 +895,7 @@ type sockPrograms struct {
 	SluiceSendmsg4      *ebpf.Program `ebpf:"sluice_sendmsg4"`
 	SluiceSendmsg6      *ebpf.Program `ebpf:"sluice_sendmsg6"`
 	SluiceSockExplain   *ebpf.Program `ebpf:"sluice_sock_explain"`
+	SluiceSockRelease   *ebpf.Program `ebpf:"sluice_sock_release"`
 }
 
 func (p *sockPrograms) Close() error {
@@ -910,6 +913,7 @@ func (p *sockPrograms) Close() error {
 		p.SluiceSendmsg4,
 		p.SluiceSendmsg6,
 		p.SluiceSockExplain,
+		p.SluiceSockRelease,
 	)
 }
 
