@@ -47,6 +47,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/datapath"
@@ -399,18 +400,6 @@ func readProc(pid int) (proc, error) {
 	return p, nil
 }
 
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
 // summary prints per mode the medians [min-max], and against the first
 // mode the per-round ratios of the CPU to the first sync.
 func summary(modes []mode, all []start) {
@@ -425,7 +414,7 @@ func summary(modes []mode, all []start) {
 		if len(v) == 0 {
 			return "-"
 		}
-		return fmt.Sprintf("%.3f [%.3f-%.3f]", median(v), slices.Min(v), slices.Max(v))
+		return fmt.Sprintf("%.3f [%.3f-%.3f]", testutil.Median(v), slices.Min(v), slices.Max(v))
 	}
 	base := modes[0].Name
 	for _, m := range modes {
