@@ -62,7 +62,7 @@ func NewAgent(bin Binaries, ns *topology.NS, cfg AgentConfig) *Agent {
 	_ = topology.SweepStale(filepath.Dir(cfg.BPFFS))
 	a := &Agent{Bin: bin, NS: ns, BPFFS: cfg.BPFFS, HealthAddr: "127.0.0.1:10256", MetricsAddr: "127.0.0.1:10249", Log: &testutil.Buffer{},
 		// Named after the run's pins, not the host's /run/sluice;
-		// removed by Cleanup.
+		// removed by Uninstall (so by Cleanup and Teardown too).
 		NamesFile: filepath.Join(os.TempDir(), filepath.Base(cfg.BPFFS)+"-names.json")}
 	a.Args = []string{
 		"--manifests", cfg.Manifests,
@@ -295,25 +295,27 @@ func (a *Agent) Teardown(ctx context.Context) error {
 }
 
 // Uninstall runs `sluice cleanup` in the agent's namespace (the clsact
-// filters it removes are per namespace): the datapath is gone, the BPFFS
-// directory stays (a benchmark that mounted a bpffs there starts the agent
-// again on it).
+// filters it removes are per namespace) and removes the names file: the
+// datapath is gone, the BPFFS directory stays (a benchmark that mounted a
+// bpffs there starts the agent again on it, which writes the names file
+// anew). The benchmarks uninstall and never call Cleanup: before, their
+// names files stayed in the temporary directory.
 func (a *Agent) Uninstall(ctx context.Context) error {
 	out, err := a.NS.Command(ctx, a.Bin.Sluice, "cleanup", "--bpffs", a.BPFFS).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("sluice cleanup: %w: %s", err, out)
 	}
+	if err := os.Remove(a.NamesFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove %s: %w", a.NamesFile, err)
+	}
 	return nil
 }
 
-// Cleanup uninstalls the agent's datapath and then removes the BPFFS
+// Cleanup uninstalls the agent (Uninstall) and then removes the BPFFS
 // directory itself.
 func (a *Agent) Cleanup(ctx context.Context) error {
 	if err := a.Uninstall(ctx); err != nil {
 		return err
-	}
-	if err := os.Remove(a.NamesFile); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove %s: %w", a.NamesFile, err)
 	}
 	if err := os.RemoveAll(a.BPFFS); err != nil {
 		return fmt.Errorf("remove %s: %w", a.BPFFS, err)
