@@ -61,9 +61,11 @@ type AgentConfig struct {
 func NewAgent(bin Binaries, ns *topology.NS, cfg AgentConfig) *Agent {
 	_ = topology.SweepStale(filepath.Dir(cfg.BPFFS))
 	a := &Agent{Bin: bin, NS: ns, BPFFS: cfg.BPFFS, HealthAddr: "127.0.0.1:10256", MetricsAddr: "127.0.0.1:10249", Log: &testutil.Buffer{},
-		// Named after the run's pins, not the host's /run/sluice;
-		// removed by Uninstall (so by Cleanup and Teardown too).
-		NamesFile: filepath.Join(os.TempDir(), filepath.Base(cfg.BPFFS)+"-names.json")}
+		// Named after the run's pins and the directory holding them
+		// (the benchmarks pin under <own temporary directory>/bpffs, one
+		// per agent), not the host's /run/sluice; removed by Uninstall
+		// (so by Cleanup and Teardown too).
+		NamesFile: filepath.Join(os.TempDir(), filepath.Base(filepath.Dir(cfg.BPFFS))+"-"+filepath.Base(cfg.BPFFS)+"-names.json")}
 	a.Args = []string{
 		"--manifests", cfg.Manifests,
 		"--bpffs", cfg.BPFFS,
