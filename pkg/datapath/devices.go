@@ -24,7 +24,9 @@ import (
 // The programs ask the map whether a device is L3 only while
 // dev_l3_maybe says one may be (bpf/lib/parse.h), so the word changes
 // make-before-break: set before an L3 device's entry is written, cleared
-// only after the write that left none (syncL3Gate).
+// only after the write that left none (syncL3Gate). (The word is a store
+// to mapped memory; the map update publishes its entry with a release
+// store, after it.)
 func (m *Maps) setNodeDevice(ifindex int, addr netip.Addr, flags uint32) error {
 	if flags&nodeDevL3 != 0 {
 		if err := m.setL3Gate(true); err != nil {
