@@ -48,6 +48,12 @@
 #include "lib/parse6.h"
 #include "lib/conntrack.h"
 
+/*
+ * Whether a node device may be L3 (parse.h). The agent leaves the shim's
+ * at 1: it runs only while the agent migrates, and asks the map as before.
+ */
+volatile __u8 dev_l3_maybe = 1;
+
 /* struct ct4_entry as release 0 stored it in its sluice_conntrack (LRU). */
 struct ct4_entry_r0 {
 	__u64 last_seen; /* bpf_ktime_get_ns() of the last packet */

@@ -63,6 +63,9 @@
 #include "lib/icmp_xlate.h"
 #include "lib/explain.h"
 
+/* Whether a node device may be L3 (parse.h); the agent writes it. */
+volatile __u8 dev_l3_maybe = 1;
+
 /* What the parse step found. */
 enum pkt_kind {
 	PKT_PASS,     /* nothing to translate */

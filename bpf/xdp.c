@@ -53,6 +53,9 @@
 #include "lib/nat.h"
 #include "lib/nat6.h"
 
+/* Whether a node device may be L3 (parse.h); the agent writes it. */
+volatile __u8 dev_l3_maybe = 1;
+
 /*
  * The route cache: the next hop bpf_fib_lookup found for a packet of an
  * established flow, kept so that the flow's next packets skip the lookup

@@ -69,12 +69,29 @@ struct pkt4 {
 };
 
 /*
+ * dev_l3_maybe - whether sluice_devices_v1 may hold a device flagged
+ * NODE_DEV_F_L3: 0 once the agent has seen it hold none. A frame whose
+ * destination MAC starts with the IP version (1 in 16 locally administered
+ * MACs: every pod veth's) would otherwise cost a lookup there in every
+ * parse (issue 14, seventy-second pass). A mutable global (.data: the
+ * verifier turns its read into a load, no helper call), its own in each
+ * object that parses (tc.c, xdp.c, migrate.c define it), and 1 until the
+ * agent writes it: a new load, before the agent has looked at the device
+ * map, asks the map as before. The agent sets it before it records an L3
+ * device and clears it only once no L3 entry is left (devices.go).
+ */
+extern volatile __u8 dev_l3_maybe;
+
+/*
  * dev_is_l3 - whether @ifindex is a device without a link-layer header.
  */
 static __always_inline bool dev_is_l3(__u32 ifindex)
 {
-	struct node_dev *dev =
-		bpf_map_lookup_elem(&sluice_devices_v1, &ifindex);
+	struct node_dev *dev;
+
+	if (!dev_l3_maybe)
+		return false;
+	dev = bpf_map_lookup_elem(&sluice_devices_v1, &ifindex);
 
 	return dev && (dev->flags & NODE_DEV_F_L3);
 }

@@ -497,6 +497,10 @@ func (d *Datapath) Prune(cgroup string, devices []string) error {
 			errs = append(errs, fmt.Errorf("forget node device %d: %w", i, err))
 		}
 	}
+	if len(stale) > 0 {
+		// The last L3 device may have gone (devices.go).
+		errs = append(errs, d.maps.syncL3Gate())
+	}
 	// What nothing will replace: no program of the previous agent uses
 	// its old maps any more.
 	if len(devices) == 0 {

@@ -599,6 +599,15 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 		devices6:    d.tc.Sluice6DevicesV1,
 	}
 	d.maps.ctFlush6 = d.tc.Sluice6CtFlushV1
+	// The programs' dev_l3_maybe (1 as loaded) says what the pinned
+	// device map holds before they are attached (devices.go).
+	d.maps.l3Gates = []*ebpf.Variable{d.tc.DevL3Maybe}
+	if d.xdp.DevL3Maybe != nil {
+		d.maps.l3Gates = append(d.maps.l3Gates, d.xdp.DevL3Maybe)
+	}
+	if err := d.maps.syncL3Gate(); err != nil {
+		return err
+	}
 	if d.maps.slots4, err = openSlotTable(d.tc.SluiceSlotsV1, mapSlots); err != nil {
 		return err
 	}

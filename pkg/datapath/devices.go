@@ -6,11 +6,13 @@ package datapath
 // default from.
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"slices"
 
+	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 )
 
@@ -18,15 +20,69 @@ import (
 // the SNAT source for flows leaving through it, with its flags
 // (nodeDevL3). A device without an IPv4 address is not an IPv4 SNAT
 // source: it is recorded with address 0 if it has flags, else forgotten.
+//
+// The programs ask the map whether a device is L3 only while
+// dev_l3_maybe says one may be (bpf/lib/parse.h), so the word changes
+// make-before-break: set before an L3 device's entry is written, cleared
+// only after the write that left none (syncL3Gate). (The word is a store
+// to mapped memory; the map update publishes its entry with a release
+// store, after it.)
 func (m *Maps) setNodeDevice(ifindex int, addr netip.Addr, flags uint32) error {
+	if flags&nodeDevL3 != 0 {
+		if err := m.setL3Gate(true); err != nil {
+			return err
+		}
+	}
+	var err error
 	if !addr.IsValid() && flags == 0 {
-		return deleteIgnoringMissing(m.devices, uint32(ifindex))
+		err = deleteIgnoringMissing(m.devices, uint32(ifindex))
+	} else {
+		v := sockNodeDev{Flags: flags}
+		if addr.IsValid() {
+			v.Addr = be32(addr)
+		}
+		err = m.devices.Put(uint32(ifindex), &v)
 	}
-	v := sockNodeDev{Flags: flags}
-	if addr.IsValid() {
-		v.Addr = be32(addr)
+	if err != nil || flags&nodeDevL3 != 0 {
+		return err
 	}
-	return m.devices.Put(uint32(ifindex), &v)
+	// It may have replaced or removed the last L3 entry.
+	return m.syncL3Gate()
+}
+
+// syncL3Gate makes dev_l3_maybe say whether sluice_devices holds an L3
+// device (nodeDevL3) now: after a write or delete that may have removed
+// the last one, or to clear a new load's word (1 until written) once the
+// device map, pinned across agents, has been looked at. If the map cannot
+// be walked the word stays 1, which is always correct.
+func (m *Maps) syncL3Gate() error {
+	if len(m.l3Gates) == 0 {
+		return nil
+	}
+	var ifidx uint32
+	var nd sockNodeDev
+	l3 := false
+	it := m.devices.Iterate()
+	for it.Next(&ifidx, &nd) {
+		l3 = l3 || nd.Flags&nodeDevL3 != 0
+	}
+	if err := it.Err(); err != nil {
+		return errors.Join(fmt.Errorf("walk %s: %w", mapDevices, err), m.setL3Gate(true))
+	}
+	return m.setL3Gate(l3)
+}
+
+// setL3Gate writes dev_l3_maybe in every loaded object that has it. A
+// word that cannot be written (a kernel without mmapable .data: the
+// variable has no memory) stays at 1, its programs as before the gate.
+func (m *Maps) setL3Gate(maybe bool) error {
+	var errs []error
+	for _, v := range m.l3Gates {
+		if err := v.Set(boolU8(maybe)); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
+			errs = append(errs, fmt.Errorf("set dev_l3_maybe: %w", err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // setNodeDevice6 records addr as the IPv6 SNAT source of node device

@@ -55,6 +55,10 @@ type Maps struct {
 	sockTerm   *sockTerminator
 	onSockTerm func(SocketTermination)
 
+	// dev_l3_maybe of each loaded object whose programs read the
+	// device map for it (tc and XDP; devices.go): nil in a Maps of pins.
+	l3Gates []*ebpf.Variable
+
 	cfg Config
 }
 

@@ -66,6 +66,7 @@ const (
 	migrateVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	migrateVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	migrateVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
+	migrateVarDevL3Maybe              = "dev_l3_maybe"
 	migrateVarFibCacheNs              = "fib_cache_ns"
 	migrateVarHaveClusterCidr         = "have_cluster_cidr"
 	migrateVarHaveClusterCidr6        = "have_cluster_cidr6"
@@ -186,6 +187,7 @@ type migrateVariableSpecs struct {
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	DevL3Maybe       *ebpf.VariableSpec `ebpf:"dev_l3_maybe"`
 	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
@@ -325,6 +327,7 @@ type migrateVariables struct {
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	DevL3Maybe       *ebpf.Variable `ebpf:"dev_l3_maybe"`
 	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`

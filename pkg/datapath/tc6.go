@@ -39,6 +39,7 @@ type xdpProgs struct {
 	xdpPrograms
 	Sluice6XdpV1 *ebpf.Map `ebpf:"sluice6_xdp_v1"`
 	xdpRoutes
+	DevL3Maybe *ebpf.Variable `ebpf:"dev_l3_maybe"` // (devices.go)
 }
 
 func (p *xdpProgs) Close() error {

@@ -104,6 +104,7 @@ const (
 	tcVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	tcVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	tcVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
+	tcVarDevL3Maybe              = "dev_l3_maybe"
 	tcVarFibCacheNs              = "fib_cache_ns"
 	tcVarHaveClusterCidr         = "have_cluster_cidr"
 	tcVarHaveClusterCidr6        = "have_cluster_cidr6"
@@ -220,6 +221,7 @@ type tcVariableSpecs struct {
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	DevL3Maybe       *ebpf.VariableSpec `ebpf:"dev_l3_maybe"`
 	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
@@ -344,6 +346,7 @@ type tcVariables struct {
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	DevL3Maybe       *ebpf.Variable `ebpf:"dev_l3_maybe"`
 	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`

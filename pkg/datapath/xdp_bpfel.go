@@ -94,6 +94,7 @@ const (
 	xdpVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	xdpVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	xdpVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
+	xdpVarDevL3Maybe              = "dev_l3_maybe"
 	xdpVarFibCacheNs              = "fib_cache_ns"
 	xdpVarFibGen                  = "fib_gen"
 	xdpVarHaveClusterCidr         = "have_cluster_cidr"
@@ -207,6 +208,7 @@ type xdpVariableSpecs struct {
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	DevL3Maybe       *ebpf.VariableSpec `ebpf:"dev_l3_maybe"`
 	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
 	FibGen           *ebpf.VariableSpec `ebpf:"fib_gen"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
@@ -336,6 +338,7 @@ type xdpVariables struct {
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	DevL3Maybe       *ebpf.Variable `ebpf:"dev_l3_maybe"`
 	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
 	FibGen           *ebpf.Variable `ebpf:"fib_gen"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
