@@ -30,8 +30,17 @@ import (
 type ConntrackStats struct {
 	Deleted int // expired entries deleted
 	Live    int // entries left in sluice_conntrack (established flows, SNAT reservations); of the fuller family's table
-	Pending int // of them, port reservations of flows not answered yet
+	Pending int // of them, port reservations and entries of flows not answered yet
 	Max     int // sluice_conntrack's size (each family's): new flows stay in sluice_ct_new when Live reaches it
+
+	// HalfOpen is how many flows not answered yet the collection found
+	// in sluice_conntrack (both families), HalfOpenCounted what the
+	// programs' count of them says after it (bpf/lib/conntrack.h,
+	// ct_admit_add); new flows go there while the count is below
+	// HalfOpenMax (Config.CTHalfOpenMax, each family), to sluice_ct_new
+	// beyond. The two differ by the flows opened or answered during the
+	// pass; a difference that lasts is a drift of the count.
+	HalfOpen, HalfOpenCounted, HalfOpenMax int
 
 	// Refused counts the new flows sluice_conntrack had no room for so
 	// far (since the pins were created): refused (tc_ct_est_full: port
@@ -49,13 +58,19 @@ type ConntrackStats struct {
 // are as large): Deleted counts both, Live and Pending are the fuller
 // table's, the one that refuses new flows first.
 func (m *Maps) GCConntrack() (ConntrackStats, error) {
-	st := ConntrackStats{Max: m.cfg.MaxConntrack}
+	st := ConntrackStats{Max: m.cfg.MaxConntrack, HalfOpenMax: max(m.cfg.CTHalfOpenMax, 0)}
 	for _, family := range []uint32{4, 6} {
-		a, err := m.runCTGC(0, family)
+		a, err := m.runCTGC(ctGCCollect, family)
 		if err != nil {
 			return ConntrackStats{}, fmt.Errorf("conntrack gc: %w", err)
 		}
 		st.Deleted += int(a.Deleted)
+		st.HalfOpen += int(a.HalfOpen)
+		n, err := m.HalfOpenCounted(family)
+		if err != nil {
+			return ConntrackStats{}, fmt.Errorf("conntrack gc: %w", err)
+		}
+		st.HalfOpenCounted += int(n)
 		if int(a.Live) >= st.Live {
 			st.Live, st.Pending = int(a.Live), int(a.Pending)
 		}
@@ -65,6 +80,52 @@ func (m *Maps) GCConntrack() (ConntrackStats, error) {
 		return st, fmt.Errorf("conntrack gc: %w", err)
 	}
 	return st, nil
+}
+
+// HalfOpenCounted returns the programs' count of the half-open flows in
+// family's sluice_conntrack (4 or 6): the shared word plus every CPU's
+// part not folded into it yet (bpf/lib/conntrack.h, ct_admit_add).
+func (m *Maps) HalfOpenCounted(family uint32) (int64, error) {
+	if m.ctAdmit == nil || m.ctPcpu == nil {
+		return 0, nil
+	}
+	idx := ctAdmitIndex(family)
+	var g sockCtAdmit
+	if err := m.ctAdmit.Lookup(idx, &g); err != nil {
+		return 0, fmt.Errorf("read %s: %w", mapCTAdmit, err)
+	}
+	var parts []sockCtAdmitPcpu
+	if err := m.ctPcpu.Lookup(idx, &parts); err != nil {
+		return 0, fmt.Errorf("read %s: %w", mapCTPcpu, err)
+	}
+	n := g.Pending
+	for _, p := range parts {
+		n += p.Pending
+	}
+	return n, nil
+}
+
+// ctAdmitIndex is family's index in sluice_ct_admit and sluice_ct_pcpu.
+func ctAdmitIndex(family uint32) uint32 {
+	if family == 6 {
+		return 1
+	}
+	return 0
+}
+
+// GateConntrackNew sets each family's new_live word if its sluice_ct_new
+// holds an entry (bpf/ctgc.c, ct_new_gate): while the word is clear the
+// programs do not look there. An agent calls it once no program of the
+// previous release runs (those fill the LRU without the word) and the
+// previous maps' entries are carried over; from then on the programs set
+// it on their inserts and each collection clears it and sets it again.
+func (m *Maps) GateConntrackNew() error {
+	for _, family := range []uint32{4, 6} {
+		if _, err := m.runCTGC(ctGCGate, family); err != nil {
+			return fmt.Errorf("conntrack gate: %w", err)
+		}
+	}
+	return nil
 }
 
 // ConntrackRefused returns how many new flows sluice_conntrack had no room
@@ -145,7 +206,7 @@ func flushBatch[K any](m *Maps, set *ebpf.Map, name string, family uint32, keys 
 		one[i] = 1
 	}
 	return runOverSet(set, name, keys, one, func() error {
-		_, err := m.runCTGC(1, family)
+		_, err := m.runCTGC(ctGCFlush, family)
 		// The connected sockets of the UDP ones go too (they keep the
 		// backend otherwise), while the set is in the map for the
 		// iterator.
@@ -186,8 +247,15 @@ func runOverSet[K, V any](set *ebpf.Map, name string, keys []K, vals []V, run fu
 	return errors.Join(runErr, delErr)
 }
 
-// runCTGC runs sluice_ct_gc in mode (0: collect, 1: flush) over the
-// conntrack tables of family (4 or 6).
+// The modes of sluice_ct_gc (bpf/ctgc.c: CT_GC_COLLECT, ...).
+const (
+	ctGCCollect = 0 // delete expired entries, then the LRU's new_live word
+	ctGCFlush   = 1 // forget the flows of the backends in sluice_ct_flush
+	ctGCGate    = 2 // set the new_live word if the LRU holds an entry
+)
+
+// runCTGC runs sluice_ct_gc in mode (ctGCCollect, ...) over the conntrack
+// tables of family (4 or 6).
 func (m *Maps) runCTGC(mode, family uint32) (sockCtGcArgs, error) {
 	// The run judges expiry by the agent's reading of the programs'
 	// clock: a syscall program may not call bpf_ktime_get_coarse_ns, and
