@@ -429,7 +429,8 @@ func convertConntrack(old, cur *ebpf.Map, t ctTimeouts, place ctPlacer[sockCt4Ke
 // entry of the flow (forward, keyed by the client's tuple, or reverse,
 // keyed by the replies', which for a source-NATed flow is its SNAT port
 // reservation), in whichever table holds them. It returns how many
-// entries it deleted.
+// entries it deleted (a half-open flow's forward entry in
+// sluice_conntrack is lapsed for the GC instead, deleteFlow).
 //
 // An entry whose translation is no longer the one listed (its tuple was
 // reused by another flow since), and a peer that does not point back at
@@ -442,6 +443,7 @@ func (p *Pinned) DeleteConntrack(flows []ConntrackEntry) (int, error) {
 		return 0, err
 	}
 	var tables4, tables6 []*ebpf.Map
+	var est4, est6 []bool
 	defer func() {
 		for _, m := range append(tables4, tables6...) {
 			m.Close()
@@ -467,21 +469,25 @@ func (p *Pinned) DeleteConntrack(flows []ConntrackEntry) (int, error) {
 			return 0, fmt.Errorf("open pinned map %s for writing: %w", path, err)
 		}
 		if t.v6 {
-			tables6 = append(tables6, m)
+			tables6, est6 = append(tables6, m), append(est6, t.established)
 		} else {
-			tables4 = append(tables4, m)
+			tables4, est4 = append(tables4, m), append(est4, t.established)
 		}
+	}
+	now, err := monotonicNow()
+	if err != nil {
+		return 0, err
 	}
 	deleted := 0
 	for _, f := range flows {
 		var n int
 		if f.Src.Addr().Unmap().Is4() {
-			n, err = deleteFlow[sockCt4Key, sockCt4Entry](tables4, f, func(src, dst netip.AddrPort, dir uint8) sockCt4Key {
+			n, err = deleteFlow[sockCt4Key, sockCt4Entry](tables4, est4, now, f, func(src, dst netip.AddrPort, dir uint8) sockCt4Key {
 				return sockCt4Key{Saddr: be32(src.Addr().Unmap()), Sport: be16(src.Port()), Daddr: be32(dst.Addr().Unmap()), Dport: be16(dst.Port()),
 					Proto: uint8(f.Proto), Dir: dir}
 			})
 		} else {
-			n, err = deleteFlow[tcCt6Key, tcCt6Entry](tables6, f, func(src, dst netip.AddrPort, dir uint8) tcCt6Key {
+			n, err = deleteFlow[tcCt6Key, tcCt6Entry](tables6, est6, now, f, func(src, dst netip.AddrPort, dir uint8) tcCt6Key {
 				return tcCt6Key{Saddr: tcV6addr{Addr: src.Addr().As16()}, Sport: be16(src.Port()), Daddr: tcV6addr{Addr: dst.Addr().As16()},
 					Dport: be16(dst.Port()), Proto: uint8(f.Proto), Dir: dir}
 			})
@@ -495,8 +501,19 @@ func (p *Pinned) DeleteConntrack(flows []ConntrackEntry) (int, error) {
 }
 
 // deleteFlow deletes the entry e lists and its flow's other entry from
-// tables, the conntrack tables of e's family, whose keys key builds.
-func deleteFlow[K ctKey, V ctValue](tables []*ebpf.Map, e ConntrackEntry, key func(src, dst netip.AddrPort, dir uint8) K) (int, error) {
+// tables, the conntrack tables of e's family (est: which are
+// sluice_conntrack), whose keys key builds.
+//
+// A half-open flow's forward entry in sluice_conntrack counts against
+// the table's half-open share (bpf/lib/conntrack.h), and only the
+// programs can take it off the count (an atomic or of CT_F_COUNTED and
+// an atomic add): it is not deleted but lapsed (its expiry put in the
+// past), which makes it absent to the datapath at once, and the GC's
+// claim deletes it and takes it off. A reply that promotes the flow
+// between the lookup here and the lapse, a microsecond apart, has its
+// flags overwritten and the flow is taken off twice (the share admits
+// one flow more).
+func deleteFlow[K ctKey, V ctValue](tables []*ebpf.Map, est []bool, now uint64, e ConntrackEntry, key func(src, dst netip.AddrPort, dir uint8) K) (int, error) {
 	var self, peer K
 	if !e.Reverse {
 		// <C -> V> naming B; its replies come <B -> C>, or <B -> node:port>
@@ -519,8 +536,8 @@ func deleteFlow[K ctKey, V ctValue](tables []*ebpf.Map, e ConntrackEntry, key fu
 	}
 	n := 0
 	nat := netip.AddrPortFrom(e.NAT.Addr().Unmap(), e.NAT.Port())
-	for _, m := range tables {
-		ok, foreign, err := deleteIfOurs[K, V](m, &self, func(w ctView) bool { return w.nat == nat && w.backendID == e.BackendID })
+	for i, m := range tables {
+		ok, foreign, err := deleteIfOurs[K, V](m, est[i], now, &self, func(w ctView) bool { return w.nat == nat && w.backendID == e.BackendID })
 		if err != nil {
 			return n, err
 		}
@@ -537,8 +554,8 @@ func deleteFlow[K ctKey, V ctValue](tables []*ebpf.Map, e ConntrackEntry, key fu
 	if dir == ctForward {
 		back = dst
 	}
-	for _, m := range tables {
-		ok, _, err := deleteIfOurs[K, V](m, &peer, func(w ctView) bool { return w.nat == back })
+	for i, m := range tables {
+		ok, _, err := deleteIfOurs[K, V](m, est[i], now, &peer, func(w ctView) bool { return w.nat == back })
 		if err != nil {
 			return n, err
 		}
@@ -549,8 +566,10 @@ func deleteFlow[K ctKey, V ctValue](tables []*ebpf.Map, e ConntrackEntry, key fu
 
 // deleteIfOurs deletes key's entry from m if ours says it is the flow's,
 // reporting whether it deleted it, or found it held by another (foreign);
-// a missing entry is neither.
-func deleteIfOurs[K any, V ctValue](m *ebpf.Map, key *K, ours func(ctView) bool) (deleted, foreign bool, err error) {
+// a missing entry is neither. In sluice_conntrack (est), a half-open
+// flow's forward entry is lapsed instead (deleteFlow), and one lapsed
+// already is taken for missing.
+func deleteIfOurs[K ctKey, V ctValue](m *ebpf.Map, est bool, now uint64, key *K, ours func(ctView) bool) (deleted, foreign bool, err error) {
 	var v V
 	if err := m.Lookup(key, &v); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -558,11 +577,37 @@ func deleteIfOurs[K any, V ctValue](m *ebpf.Map, key *K, ours func(ctView) bool)
 		}
 		return false, false, fmt.Errorf("look up conntrack entry: %w", err)
 	}
-	if !ours(v.view()) {
+	w := v.view()
+	if !ours(w) {
 		return false, true, nil
+	}
+	if _, _, _, dir := (*key).tuple(); est && dir == ctForward && w.flags&(ctFlagReplied|ctFlagCounted|ctFlagSNAT) == 0 {
+		if int64(w.expires-now) <= 0 {
+			return false, false, nil // lapsed (or claimed) already: the GC's
+		}
+		lapse(&v)
+		if err := m.Update(key, &v, ebpf.UpdateExist); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				return false, false, nil
+			}
+			return false, false, fmt.Errorf("lapse conntrack entry: %w", err)
+		}
+		return true, false, nil
 	}
 	deleted, err = deleteIfPresent(m, key)
 	return deleted, false, err
+}
+
+// lapse puts the expiry of the conntrack entry v (of either family) in
+// the past, 1 ns after boot: dead to the programs and to the GC, which
+// claims it (not CT_DEAD, which says claimed already).
+func lapse[V ctValue](v *V) {
+	switch e := any(v).(type) {
+	case *sockCt4Entry:
+		e.Expires = 1
+	case *tcCt6Entry:
+		e.Expires = 1
+	}
 }
 
 // deleteIfPresent deletes key from m, reporting whether it was there.
