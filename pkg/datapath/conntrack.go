@@ -598,15 +598,21 @@ func deleteIfOurs[K ctKey, V ctValue](m *ebpf.Map, est bool, now uint64, key *K,
 	return deleted, false, err
 }
 
-// lapse puts the expiry of the conntrack entry v (of either family) in
-// the past, 1 ns after boot: dead to the programs and to the GC, which
-// claims it (not CT_DEAD, which says claimed already).
+// ctLapsed is the expiry DeleteConntrack gives an entry it lapses (1 ns
+// after boot): dead to the programs and to the GC, which claims it (not
+// ctDead, which says claimed already), and left out of Conntrack's list.
+// The programs never write it: they write now plus a lifetime, or
+// ctDead.
+const ctLapsed = 1
+
+// lapse puts the expiry of the conntrack entry v (of either family) at
+// ctLapsed.
 func lapse[V ctValue](v *V) {
 	switch e := any(v).(type) {
 	case *sockCt4Entry:
-		e.Expires = 1
+		e.Expires = ctLapsed
 	case *tcCt6Entry:
-		e.Expires = 1
+		e.Expires = ctLapsed
 	}
 }
 

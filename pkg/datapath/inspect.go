@@ -114,12 +114,16 @@ var ctTables = []struct {
 }
 
 // listCT appends the entries of the conntrack table m, of key type K and
-// value type V, to out.
+// value type V, to out; not an entry DeleteConntrack lapsed (ctLapsed),
+// deleted as far as the operator is concerned.
 func listCT[K ctKey, V ctValue](m *ebpf.Map, established bool, now uint64, out []ConntrackEntry) ([]ConntrackEntry, error) {
 	var k K
 	var v V
 	it := m.Iterate()
 	for it.Next(&k, &v) {
+		if v.view().expires == ctLapsed {
+			continue
+		}
 		out = append(out, conntrackEntry(established, k, v, now))
 	}
 	return out, it.Err()
