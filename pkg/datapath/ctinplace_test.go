@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // Half-open flows in the established table (bpf/lib/conntrack.h): a new
@@ -419,4 +420,47 @@ func setNewLive(t *testing.T, m *Maps, v6 bool, v uint32) {
 	if err := m.ctAdmit.Put(idx, &g); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestHalfOpenFloodLeavesRoomForReservations: a flood of new flows on a
+// node whose established table holds 64 entries (a half-open share of 8
+// flows, 16 entries) leaves the rest of the table free: a source-NATed
+// flow's port reservation, which needs the table, is made after it.
+// Without the bound the flood fills the table and the reservation is
+// refused (tc_ct_est_full), the SYN dropped.
+func TestHalfOpenFloodLeavesRoomForReservations(t *testing.T) {
+	const table, flood = 64, 100
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		base := configWith(smallConfig, func(c *Config) { c.MaxConntrack = table })
+		np := npRemote
+		var d *Datapath
+		var ifindex int
+		if v6 {
+			_, ifindex, d = nodeDatapath6(t, base)
+			np = np6Remote
+		} else {
+			_, ifindex, d = nodeDatapath(t, base, "eth0")
+			addExternal(t, d.Maps(), 1, npRemote, reconciler.FlagExternal, beRemote)
+		}
+		oneCPU(t)
+		m := d.Maps()
+		a, vip := twinOf(v6), twinL4(v6, vipUDP)
+		addService(t, m, 40, vip, testBackend{46, l4(a("10.1.4.6"), 5353, model.UDP)})
+		for i := range flood {
+			f := flow{a("10.0.70.1"), uint16(23000 + i), vip}
+			if v, _ := runOn(t, d.TCIngress(), ifindex, f.pkt(0).Bytes()); v != tcActOK {
+				t.Fatalf("flood datagram %d: verdict %d", i, v)
+			}
+		}
+		if n := ctCountOf(t, m, v6, false); n != 2*(table/8) {
+			t.Errorf("the flood left %d entries in sluice_conntrack, want %d (its half-open share)", n, 2*(table/8))
+		}
+		syn := nsClient(43000, np)
+		if v, _ := runOn(t, d.TCIngress(), ifindex, syn.Bytes()); v != tcActRedirect {
+			t.Fatalf("SYN of a source-NATed flow after the flood: verdict %d, want %d (its port reserved)", v, tcActRedirect)
+		}
+		if cs := counters(t, d); cs["tc_ct_est_full"] != 0 {
+			t.Errorf("tc_ct_est_full %d, want 0", cs["tc_ct_est_full"])
+		}
+	})
 }
