@@ -24,6 +24,23 @@ volatile const __u64 ct_timeout_udp_ns = 60ULL * NSEC_PER_SEC;
 volatile const __u64 ct_timeout_close_ns = 10ULL * NSEC_PER_SEC;
 
 /*
+ * How many half-open flows of a family may be in its sluice_conntrack at
+ * once (conntrack.h, ct_admit); the rest go to sluice_ct_new. 0: none
+ * (every new flow goes to sluice_ct_new). The agent sets it to a quarter
+ * of the table in entries (two a flow) unless told otherwise.
+ */
+volatile const __u32 ct_half_open_max = 32768;
+
+/*
+ * The keys of sluice_ct_admit_v1 and sluice_ct_pcpu_v1 (conntrack.h),
+ * constants here, so that a lookup's key needs no room on the stack,
+ * where the SNAT path's combined stack had none to spare (8 bytes of
+ * frame per lookup site). Here rather than in conntrack.h for every
+ * object's .rodata to be the same.
+ */
+volatile const __u32 ct_admit_keys[2] = { 0, 1 };
+
+/*
  * Source ports for SNAT to the node's address, host order, inclusive. The
  * default stays above the kernel's default ephemeral range (32768-60999),
  * so the node's own connections do not compete for them.

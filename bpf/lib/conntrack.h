@@ -7,11 +7,37 @@
  * the same backend; and CT_REVERSE keyed <B -> C> naming V, so replies get
  * V back as their source.
  *
- * Half-open and established. A new flow's entries go to sluice_ct_new, an
- * LRU with a short timeout for TCP (ct_timeout_syn_ns). Its first reply
- * promotes both to sluice_conntrack, a plain hash that nothing evicts: so a
- * flood of new flows (a SYN flood, a scan, a burst of connections) can
- * only evict half-open flows, never established ones. When sluice_conntrack
+ * Half-open and established. A new flow's entries go into sluice_conntrack,
+ * a plain hash that nothing evicts, half-open (without CT_F_REPLIED, with
+ * the short lifetime for TCP, ct_timeout_syn_ns), and its first reply
+ * promotes them in place (ct_promote_here: CT_F_REPLIED set on both,
+ * their expiries pushed forward; nothing inserted or deleted). But only
+ * ct_half_open_max half-open flows of a family may be there at once
+ * (ct_admit_room: a quarter of the table by default); beyond, a new
+ * flow's entries go to sluice_ct_new, an LRU, and its first reply moves
+ * them to sluice_conntrack (ct_promote). So a flood of new flows (a SYN
+ * flood, a scan, a burst of connections) takes at most that share of the
+ * established table, whose half-open flows the GC reaps once their
+ * lifetime is over, and beyond it evicts only half-open flows in the LRU,
+ * never established ones.
+ *
+ * The share is counted per CPU and folded into one word every
+ * CT_ADMIT_BATCH flows (ct_admit_add), as the kernel's percpu_counter
+ * does: the bound holds within CT_ADMIT_BATCH a CPU. A flow is counted
+ * when its entries go in (ct_create) and taken off exactly once, by
+ * whoever first sets CT_F_COUNTED on its forward entry: the promotion in
+ * place (with CT_F_REPLIED, in one atomic or), or the deleter that
+ * claimed the entry of a flow ending half-open (ct_reap, ct_reap_now: the
+ * GC, a flush, a superseding flow, ct_est_insert's reclaim). An entry
+ * that enters sluice_conntrack uncounted (promoted from the LRU) carries
+ * the bit from its insert.
+ *
+ * The LRU is looked in only while it may hold something: a word per
+ * family (ct_admit.new_live) that a program sets after it inserts into
+ * sluice_ct_new (read first, written only if clear) and the agent's GC
+ * clears, then sets again if the LRU still holds a key (an insert after
+ * the clear sets it again itself; one before it is found). While it is
+ * clear, no lookup goes to sluice_ct_new. When sluice_conntrack
  * is full, the flow stays in sluice_ct_new, marked established
  * (ct_overflow): it works, but is of the kind a flood may evict, and so
  * no established flow is ever pushed out to make room for it. A table
@@ -45,7 +71,10 @@
  * (a reply: CT_DEFERRED) or is dropped to be sent again; a promotion
  * whose own half-open forward entry another has claimed (the flow ended
  * or superseded) takes back what it inserted (ct_promote). Only the LRU's
- * evictions in sluice_ct_new delete without a claim.
+ * evictions in sluice_ct_new delete without a claim. A promotion in place
+ * needs no rule of its own: its refresh never stores on a claimed entry,
+ * and one that finds its forward entry claimed after setting its flags
+ * takes the reply for a stale one (the flow was ended or superseded).
  *
  * TCP close: a RST, or a FIN seen in both directions, marks both entries
  * of the flow closed (flags set atomically; only entries that point back
@@ -90,7 +119,8 @@
  */
 #define CT_DEFERRED 2
 
-#define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
+#define READ_ONCE(x)	 (*(volatile typeof(x) *)&(x))
+#define WRITE_ONCE(x, v) (*(volatile typeof(x) *)&(x) = (v))
 
 static __always_inline bool ct_closed(__u32 flags)
 {
@@ -112,6 +142,103 @@ static __always_inline __u64 ct_lifetime(__u8 proto, __u32 flags)
 	if (ct_closed(flags))
 		return ct_timeout_close_ns;
 	return (flags & CT_F_REPLIED) ? ct_timeout_tcp_ns : ct_timeout_syn_ns;
+}
+
+/* Folds of a CPU's part of the half-open count (ct_admit_add). */
+#define CT_ADMIT_BATCH 64
+
+/* ct_admit_word - the family @idx's struct ct_admit (0: IPv4, 1: IPv6). */
+static __always_inline struct ct_admit *ct_admit_word(__u32 idx)
+{
+	return bpf_map_lookup_elem(&sluice_ct_admit_v1,
+				   (const void *)&ct_admit_keys[idx]);
+}
+
+/* ct_admit_part - this CPU's part of the family @idx's count. */
+static __always_inline struct ct_admit_pcpu *ct_admit_part(__u32 idx)
+{
+	return bpf_map_lookup_elem(&sluice_ct_pcpu_v1,
+				   (const void *)&ct_admit_keys[idx]);
+}
+
+/*
+ * ct_new_live_at - whether the family @idx's sluice_ct_new may hold an
+ * entry (above): while not, its lookups are skipped.
+ */
+static __always_inline bool ct_new_live_at(__u32 idx)
+{
+	struct ct_admit *g = ct_admit_word(idx);
+
+	return !g || READ_ONCE(g->new_live);
+}
+
+/*
+ * ct_new_inserted - note an insert into the family @idx's sluice_ct_new:
+ * set its new_live word if clear. The per-CPU count's atomic add orders
+ * the insert before the word's read (a locked instruction), so that the
+ * GC, which clears the word and then looks for a key, finds the insert or
+ * has its clear seen here.
+ */
+static __always_inline void ct_new_inserted(__u32 idx)
+{
+	struct ct_admit_pcpu *pc = ct_admit_part(idx);
+	struct ct_admit *g = ct_admit_word(idx);
+
+	if (pc)
+		__sync_fetch_and_add(&pc->new_inserts, 1);
+	if (g && !READ_ONCE(g->new_live))
+		WRITE_ONCE(g->new_live, 1);
+}
+
+/*
+ * ct_admit_add - add @d (+1 a flow admitted, -1 a flow taken off) to the
+ * family @idx's count of half-open flows in sluice_conntrack: to this
+ * CPU's part, which is moved into the shared word once it reaches
+ * CT_ADMIT_BATCH either way (so the shared line is written once in 64
+ * flows a CPU). Atomic adds, so that a program that interrupts another on
+ * this CPU, or the agent's GC, loses nothing; each move subtracts what it
+ * adds, so the parts and the word always sum to the count. A function of
+ * its own (a BPF-to-BPF call; it needs no stack, its keys are constants):
+ * inlined at every delete that may end a counted flow, it took XDP's
+ * reply path 16 bytes over the combined stack limit.
+ */
+static __noinline void ct_admit_add(__u32 idx, __s64 d)
+{
+	struct ct_admit_pcpu *pc = ct_admit_part(idx);
+	struct ct_admit *g;
+	__s64 v;
+
+	if (!pc)
+		return;
+	v = __sync_fetch_and_add(&pc->pending, d) + d;
+	if (v < CT_ADMIT_BATCH && v > -CT_ADMIT_BATCH)
+		return;
+	g = ct_admit_word(idx);
+	if (!g)
+		return;
+	__sync_fetch_and_add(&pc->pending, -v);
+	__sync_fetch_and_add(&g->pending, v);
+}
+
+/*
+ * ct_admit_room - whether a new flow of the family @idx may go into its
+ * sluice_conntrack half-open: fewer than ct_half_open_max are there, as
+ * the shared word and this CPU's part say (the other CPUs' parts, within
+ * CT_ADMIT_BATCH each, are not seen).
+ */
+static __always_inline bool ct_admit_room(__u32 idx)
+{
+	struct ct_admit_pcpu *pc;
+	struct ct_admit *g;
+
+	if (!ct_half_open_max)
+		return false;
+	pc = ct_admit_part(idx);
+	g = ct_admit_word(idx);
+	if (!pc || !g)
+		return false;
+	return READ_ONCE(g->pending) + READ_ONCE(pc->pending) <
+	       (__s64)ct_half_open_max;
 }
 
 /* The conntrack types and maps of each family, for conntrack_fam.h. */

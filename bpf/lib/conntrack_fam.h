@@ -49,13 +49,73 @@ static __always_inline void FN(ct_mark)(FAM(ct_entry_t) *e, __u32 bits,
 }
 
 /*
+ * ct_new_live - whether this family's sluice_ct_new may hold an entry
+ * (conntrack.h): while not, none of its lookups is made.
+ */
+static __always_inline bool FN(ct_new_live)(void)
+{
+	return ct_new_live_at(LB_FAMILY == 6);
+}
+
+/*
+ * ct_uncount - after a claim of @e (under @key in @map): if it is the
+ * forward entry in sluice_conntrack of a flow still counted as half-open
+ * there, take the flow off the count, unless its promotion (or another
+ * claimer) did first: whoever sets CT_F_COUNTED first does (conntrack.h).
+ * A flow promoted or source-NATed never counted (CT_F_REPLIED and
+ * CT_F_SNAT say so without the bit, for entries of an earlier release).
+ */
+static __always_inline void FN(ct_uncount)(void *map, const FAM(ct_key_t) *key,
+					   FAM(ct_entry_t) *e)
+{
+	const __u32 done = CT_F_COUNTED | CT_F_REPLIED | CT_F_SNAT;
+
+	if (map != (void *)FAM(ct_est) || key->dir != CT_FORWARD ||
+	    (READ_ONCE(e->flags) & done))
+		return;
+	if (!(__sync_fetch_and_or(&e->flags, CT_F_COUNTED) & done))
+		ct_admit_add(LB_FAMILY == 6, -1);
+}
+
+/*
  * ct_reap - delete @e, found under @key in @map, if its expiry is still
  * @seen: claim it by a compare-and-swap to CT_DEAD first, so that of two
  * deleters only one deletes, and an entry that was refreshed since is
- * left alone. Returns whether this call deleted it.
+ * left alone. The claimer of a half-open flow's forward entry takes the
+ * flow off the half-open count (ct_uncount). Returns whether this call
+ * deleted it.
  */
 static __always_inline bool FN(ct_reap)(void *map, const FAM(ct_key_t) *key,
 					FAM(ct_entry_t) *e, __u64 seen)
+{
+	if (seen == CT_DEAD ||
+	    __sync_val_compare_and_swap(&e->expires, seen, CT_DEAD) != seen)
+		return false;
+	FN(ct_uncount)(map, key, e);
+	bpf_map_delete_elem(map, key);
+	return true;
+}
+
+/* ct_reap_now - ct_reap whatever @e's expiry is (a flow ended on purpose). */
+static __always_inline bool FN(ct_reap_now)(void *map, const FAM(ct_key_t) *key,
+					    FAM(ct_entry_t) *e)
+{
+	if (__sync_lock_test_and_set(&e->expires, CT_DEAD) == CT_DEAD)
+		return false;
+	FN(ct_uncount)(map, key, e);
+	bpf_map_delete_elem(map, key);
+	return true;
+}
+
+/*
+ * ct_reap_plain and ct_reap_now_plain - ct_reap and ct_reap_now of an
+ * entry that carries no count (ct_uncount): a reply entry, or one a
+ * promotion inserted with CT_F_COUNTED (the promotions' deletes), which
+ * need not look.
+ */
+static __always_inline bool FN(ct_reap_plain)(void *map,
+					      const FAM(ct_key_t) *key,
+					      FAM(ct_entry_t) *e, __u64 seen)
 {
 	if (seen == CT_DEAD ||
 	    __sync_val_compare_and_swap(&e->expires, seen, CT_DEAD) != seen)
@@ -64,9 +124,8 @@ static __always_inline bool FN(ct_reap)(void *map, const FAM(ct_key_t) *key,
 	return true;
 }
 
-/* ct_reap_now - ct_reap whatever @e's expiry is (a flow ended on purpose). */
-static __always_inline bool FN(ct_reap_now)(void *map, const FAM(ct_key_t) *key,
-					    FAM(ct_entry_t) *e)
+static __always_inline bool
+FN(ct_reap_now_plain)(void *map, const FAM(ct_key_t) *key, FAM(ct_entry_t) *e)
 {
 	if (__sync_lock_test_and_set(&e->expires, CT_DEAD) == CT_DEAD)
 		return false;
@@ -161,6 +220,8 @@ FN(ct_find_any)(const FAM(ct_key_t) *key, __u64 now, bool *half_open,
 	} else {
 		*none = true;
 	}
+	if (!FN(ct_new_live)())
+		return NULL;
 	e = bpf_map_lookup_elem(FAM(ct_new), key);
 	if (!e)
 		return NULL;
@@ -172,8 +233,9 @@ FN(ct_find_any)(const FAM(ct_key_t) *key, __u64 now, bool *half_open,
 }
 
 /*
- * ct_find - the live entry under @key: the established one, else the
- * half-open one (@half_open says which), or NULL.
+ * ct_find - the live entry under @key: the one in sluice_conntrack
+ * (established or half-open), else the one in sluice_ct_new (@half_open
+ * says which), or NULL.
  */
 static __always_inline FAM(ct_entry_t) *FN(ct_find)(const FAM(ct_key_t) *key,
 						    __u64 now, bool *half_open)
@@ -373,7 +435,8 @@ static __always_inline bool FN(ct_est_claimed)(const FAM(ct_key_t) *key,
  * just as well) and deleted, and one claimed already is its claimer's to
  * delete: the insert is tried once more all the same, which succeeds if
  * that delete came meanwhile (ct_est_insert). Nothing under @key, the
- * common case, costs the one update BPF_ANY did.
+ * common case, costs the one update BPF_ANY did. An insert sets the LRU's
+ * new_live word (ct_new_inserted).
  * Returns 0, -EEXIST if a claimed entry (or one another CPU inserted in
  * between) holds the key, or another map update error.
  */
@@ -384,12 +447,15 @@ static __always_inline int FN(ct_new_insert)(const FAM(ct_key_t) *key,
 	int err;
 
 	err = bpf_map_update_elem(FAM(ct_new), key, val, BPF_NOEXIST);
-	if (err != -EEXIST)
-		return err;
-	old = bpf_map_lookup_elem(FAM(ct_new), key);
-	if (old)
-		FN(ct_reap_now)(FAM(ct_new), key, old);
-	return bpf_map_update_elem(FAM(ct_new), key, val, BPF_NOEXIST);
+	if (err == -EEXIST) {
+		old = bpf_map_lookup_elem(FAM(ct_new), key);
+		if (old)
+			FN(ct_reap_now)(FAM(ct_new), key, old);
+		err = bpf_map_update_elem(FAM(ct_new), key, val, BPF_NOEXIST);
+	}
+	if (!err)
+		ct_new_inserted(LB_FAMILY == 6);
+	return err;
 }
 
 /*
@@ -409,9 +475,11 @@ static __always_inline void FN(ct_supersede_in)(void *map,
 	pe = bpf_map_lookup_elem(FAM(ct_est), &pkey);
 	if (pe && FN(ct_is_peer)(fkey, old, pe))
 		FN(ct_reap_now)(FAM(ct_est), &pkey, pe);
-	pe = bpf_map_lookup_elem(FAM(ct_new), &pkey);
-	if (pe && FN(ct_is_peer)(fkey, old, pe))
-		FN(ct_reap_now)(FAM(ct_new), &pkey, pe);
+	if (FN(ct_new_live)()) {
+		pe = bpf_map_lookup_elem(FAM(ct_new), &pkey);
+		if (pe && FN(ct_is_peer)(fkey, old, pe))
+			FN(ct_reap_now)(FAM(ct_new), &pkey, pe);
+	}
 	FN(ct_reap_now)(map, fkey, old);
 }
 
@@ -425,7 +493,8 @@ static __always_inline void FN(ct_supersede_in)(void *map,
 static __always_inline void FN(ct_supersede)(const FAM(ct_key_t) *fkey)
 {
 	FN(ct_supersede_in)(FAM(ct_est), fkey);
-	FN(ct_supersede_in)(FAM(ct_new), fkey);
+	if (FN(ct_new_live)())
+		FN(ct_supersede_in)(FAM(ct_new), fkey);
 }
 
 /*
@@ -486,16 +555,57 @@ static __always_inline bool FN(ct_reap_closed)(void *map,
 	pe = bpf_map_lookup_elem(FAM(ct_est), &pkey);
 	if (pe && FN(ct_is_peer)(key, e, pe))
 		FN(ct_reap)(FAM(ct_est), &pkey, pe, READ_ONCE(pe->expires));
-	pe = bpf_map_lookup_elem(FAM(ct_new), &pkey);
-	if (pe && FN(ct_is_peer)(key, e, pe))
-		FN(ct_reap)(FAM(ct_new), &pkey, pe, READ_ONCE(pe->expires));
+	if (FN(ct_new_live)()) {
+		pe = bpf_map_lookup_elem(FAM(ct_new), &pkey);
+		if (pe && FN(ct_is_peer)(key, e, pe))
+			FN(ct_reap)(FAM(ct_new), &pkey, pe,
+				    READ_ONCE(pe->expires));
+	}
 	return FN(ct_reap)(map, key, e, seen);
+}
+
+/*
+ * ct_est_create - ct_create's inserts into sluice_conntrack: the reply
+ * entry @e under @rkey, then the forward entry (@e naming @be under @p's
+ * key), half-open (conntrack.h), and the flow counted (ct_admit_add). A
+ * key held by a live entry, or a full table, leaves nothing there (the
+ * reply entry inserted goes again, unless refreshed meanwhile): the flow
+ * goes to sluice_ct_new instead, as beyond the half-open share. @rkey and
+ * @e are as they came on return. Returns 0 or the refused insert's error.
+ */
+static __always_inline int FN(ct_est_create)(const FAM(pkt_t) *p,
+					     const FAM(lb_backend) *be,
+					     const FAM(ct_key_t) *rkey,
+					     const FAM(ct_entry_t) *e,
+					     __u64 now)
+{
+	FAM(ct_entry_t) f = *e;
+	FAM(ct_entry_t) *r;
+	FAM(ct_key_t) fkey;
+	int err;
+
+	err = FN(ct_est_insert)(rkey, e, now, false);
+	if (err)
+		return err;
+	FN(ct_key_of)(&fkey, p, CT_FORWARD);
+	f.nat_addr = be->addr;
+	f.nat_port = be->port;
+	err = FN(ct_est_insert)(&fkey, &f, now, false);
+	if (!err) {
+		ct_admit_add(LB_FAMILY == 6, 1);
+		return 0;
+	}
+	r = bpf_map_lookup_elem(FAM(ct_est), rkey);
+	if (r)
+		FN(ct_reap)(FAM(ct_est), rkey, r, e->expires);
+	return err;
 }
 
 /*
  * ct_create - record a new flow from @p's client to the service, translated
  * to backend @be (@backend_id) of service @rev_nat_id, as half-open entries
- * in sluice_ct_new.
+ * in sluice_conntrack while the half-open share has room (ct_admit_room,
+ * ct_est_create), else in sluice_ct_new.
  *
  * The reply tuple <be -> client> must be free. Linux reuses a source port
  * towards different destinations, so a client may talk from one port to
@@ -520,8 +630,8 @@ static __always_inline bool FN(ct_reap_closed)(void *map,
  * tuple racing this one; the later insert wins its forward key either
  * way.
  *
- * Its entries go in by ct_new_insert, which never overwrites an entry
- * that another deleter has claimed (a flush of the tuple's previous
+ * In sluice_ct_new its entries go in by ct_new_insert, which never
+ * overwrites an entry that another deleter has claimed (a flush of the tuple's previous
  * flow's backend, say): the flow is then not recorded, and its packet is
  * dropped (-EEXIST) as one of a flow whose reply entry is claimed is
  * (ct_check_reverse); the client sends it again, by when the claimer has
@@ -553,7 +663,7 @@ static __always_inline int FN(ct_create)(const FAM(pkt_t) *p,
 	};
 	FAM(ct_entry_t) *old, *half;
 	__u64 seen = CT_DEAD, half_seen = CT_DEAD;
-	bool reopen = false, half_reopen = false;
+	bool reopen = false, half_reopen = false, live;
 	int err;
 
 	old = bpf_map_lookup_elem(FAM(ct_est), &key);
@@ -567,7 +677,8 @@ static __always_inline int FN(ct_create)(const FAM(pkt_t) *p,
 			reopen = true;
 		}
 	}
-	half = bpf_map_lookup_elem(FAM(ct_new), &key);
+	live = FN(ct_new_live)();
+	half = live ? bpf_map_lookup_elem(FAM(ct_new), &key) : NULL;
 	if (half) {
 		half_seen = READ_ONCE(half->expires);
 		if (ct_alive(half_seen, now) &&
@@ -601,6 +712,9 @@ static __always_inline int FN(ct_create)(const FAM(pkt_t) *p,
 	if (old)
 		FN(ct_reap)(FAM(ct_est), &key, old, seen);
 
+	if (ct_admit_room(LB_FAMILY == 6) &&
+	    !FN(ct_est_create)(p, be, &key, &e, now))
+		return 0;
 	/* Reverse first: a reply never finds a forward entry without it. */
 	err = FN(ct_new_insert)(&key, &e);
 	if (err < 0)
@@ -654,7 +768,7 @@ CT_SNAT_TRY_FN FN(ct_snat_try)(const FAM(ct_key_t) *key,
 	if (!key || !e)
 		return -ENOENT;
 #ifdef CT_SNAT_TRY_GLOBAL
-	half = bpf_map_lookup_elem(FAM(ct_new), key);
+	half = FN(ct_new_live)() ? bpf_map_lookup_elem(FAM(ct_new), key) : NULL;
 	if (half && ct_alive(READ_ONCE(half->expires), now))
 		return -EEXIST;
 #endif
@@ -811,7 +925,7 @@ static __always_inline void FN(ct_est_unpromote)(const FAM(ct_key_t) *key,
 	FAM(ct_entry_t) *e = bpf_map_lookup_elem(FAM(ct_est), key);
 
 	if (e)
-		FN(ct_reap)(FAM(ct_est), key, e, expires);
+		FN(ct_reap_plain)(FAM(ct_est), key, e, expires);
 }
 
 /*
@@ -896,6 +1010,8 @@ static __always_inline int FN(ct_promote)(const FAM(ct_key_t) *rkey,
 	f = r;
 	f.nat_addr = rkey->saddr;
 	f.nat_port = rkey->sport;
+	/* Never counted as half-open in sluice_conntrack (ct_uncount). */
+	f.flags |= CT_F_COUNTED;
 
 	err = FN(ct_est_insert)(rkey, &r, now, false);
 	if (err == -EEXIST && FN(ct_est_same)(rkey, &r, now))
@@ -910,7 +1026,7 @@ static __always_inline int FN(ct_promote)(const FAM(ct_key_t) *rkey,
 	if (err) {
 		ins = bpf_map_lookup_elem(FAM(ct_est), rkey);
 		if (ins)
-			FN(ct_reap)(FAM(ct_est), rkey, ins, r.expires);
+			FN(ct_reap_plain)(FAM(ct_est), rkey, ins, r.expires);
 		if (err == -EEXIST && FN(ct_est_claimed)(&fkey, now))
 			return CT_DEFERRED;
 		goto overflow;
@@ -969,10 +1085,10 @@ static __always_inline int FN(ct_promote_snat)(const FAM(ct_key_t) *rkey,
 
 	FN(ct_peer_key)(&fkey, rkey, rev);
 	if (FN(ct_half_open_elsewhere)(&fkey, rkey, rev, now)) {
-		FN(ct_reap_now)(FAM(ct_est), rkey, rev);
+		FN(ct_reap_now_plain)(FAM(ct_est), rkey, rev);
 		return -ENOENT;
 	}
-	f.flags |= CT_F_REPLIED;
+	f.flags |= CT_F_REPLIED | CT_F_COUNTED;
 	f.expires = now + ct_lifetime(rkey->proto, f.flags);
 	f.nat_addr = rkey->saddr;
 	f.nat_port = rkey->sport;
@@ -1004,6 +1120,53 @@ static __always_inline int FN(ct_promote_snat)(const FAM(ct_key_t) *rkey,
 }
 
 /*
+ * ct_promote_here - the first reply of the half-open flow whose reply entry
+ * @rev was found in sluice_conntrack under @rkey (without CT_F_REPLIED):
+ * promote it in place. Its forward entry must be there, alive and this
+ * flow's (ct_is_peer); CT_F_REPLIED goes on both entries by atomic or (on
+ * the forward one with CT_F_COUNTED: the one that sets it first takes the
+ * flow off the half-open count, ct_uncount), and both expiries move to
+ * the established lifetime (ct_refresh, forward only, never on a claimed
+ * entry). Nothing is inserted or deleted.
+ *
+ * A forward entry of another flow (a newer flow took the tuple; a late
+ * reply of the old backend) makes the reply stale: the reply entry goes
+ * (ct_reap_now), as ct_half_open_elsewhere's does in sluice_ct_new. One
+ * missing or dead (a flush, a superseding flow, the GC ended the flow),
+ * or found claimed after the flags were set (a deleter's claim between
+ * the lookup and the refresh), makes it stale too: -ENOENT, the reply is
+ * not translated, as when ct_promote finds its half-open forward entry
+ * claimed (ct_new_drop). The claimer deletes both entries; its
+ * CT_F_COUNTED race with this promotion's takes the flow off the count
+ * once.
+ * Returns 0, or -ENOENT.
+ */
+static __always_inline int FN(ct_promote_here)(const FAM(ct_key_t) *rkey,
+					       FAM(ct_entry_t) *rev, __u64 now)
+{
+	FAM(ct_entry_t) *f;
+	FAM(ct_key_t) fkey;
+
+	FN(ct_peer_key)(&fkey, rkey, rev);
+	f = bpf_map_lookup_elem(FAM(ct_est), &fkey);
+	if (!f || !ct_alive(READ_ONCE(f->expires), now))
+		return -ENOENT;
+	if (!FN(ct_is_peer)(rkey, rev, f)) {
+		FN(ct_reap_now_plain)(FAM(ct_est), rkey, rev);
+		return -ENOENT;
+	}
+	if (!(__sync_fetch_and_or(&f->flags, CT_F_REPLIED | CT_F_COUNTED) &
+	      (CT_F_REPLIED | CT_F_COUNTED)))
+		ct_admit_add(LB_FAMILY == 6, -1);
+	__sync_fetch_and_or(&rev->flags, CT_F_REPLIED);
+	FN(ct_refresh)(f, rkey->proto, now);
+	FN(ct_refresh)(rev, rkey->proto, now);
+	if (READ_ONCE(f->expires) == CT_DEAD)
+		return -ENOENT;
+	return 0;
+}
+
+/*
  * ct_reply_dry - ct_reply for a dry run (explain.h): the live entry under
  * @key, established or half-open, which would translate the reply;
  * promoted and refreshed nothing. That a promotion could fail (a full
@@ -1016,6 +1179,8 @@ FN(ct_reply_dry)(const FAM(ct_key_t) *key, __u64 now)
 
 	if (e && ct_alive(READ_ONCE(e->expires), now))
 		return e;
+	if (!FN(ct_new_live)())
+		return NULL;
 	e = bpf_map_lookup_elem(FAM(ct_new), key);
 	if (e && ct_alive(READ_ONCE(e->expires), now))
 		return e;
@@ -1027,8 +1192,11 @@ FN(ct_reply_dry)(const FAM(ct_key_t) *key, __u64 now)
  * translated flow (its key in @key): an established flow's, refreshed; or
  * that of a half-open one, which this first reply promotes (ct_promote).
  *
- * A TCP reply with SYN set (the backend's SYN-ACK) is looked up in
- * sluice_ct_new first: its flow is half-open but for a retransmitted
+ * A half-open flow in sluice_conntrack is promoted in place
+ * (ct_promote_here); a stale reply of one is not a reply (NULL, @err 0).
+ * sluice_ct_new is looked in only while it may hold entries (ct_new_live).
+ * There, a TCP reply with SYN set (the backend's SYN-ACK) is looked up
+ * first: its flow is half-open but for a retransmitted
  * SYN-ACK, so the first reply saves sluice_conntrack's miss. A live
  * half-open entry found so is promoted at once; ct_create keeps a live
  * established entry of another frontend off its tuple (a clash), and one
@@ -1047,12 +1215,14 @@ static __always_inline FAM(ct_entry_t) *
 FN(ct_reply)(const FAM(pkt_t) *p, FAM(ct_key_t) *key, __u64 now, int *err)
 {
 	FAM(ct_entry_t) *e;
+	__u32 flags;
 
 	*err = 0;
 	FN(ct_key_of)(key, p, CT_REVERSE);
 	if (explain_dry(p))
 		return FN(ct_reply_dry)(key, now);
-	if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_FLAG_SYN)) {
+	if (p->proto == IPPROTO_TCP && (p->tcp_flags & TCP_FLAG_SYN) &&
+	    FN(ct_new_live)()) {
 		e = bpf_map_lookup_elem(FAM(ct_new), key);
 		if (e && ct_alive(READ_ONCE(e->expires), now) &&
 		    !(READ_ONCE(e->flags) & CT_F_REPLIED))
@@ -1060,9 +1230,12 @@ FN(ct_reply)(const FAM(pkt_t) *p, FAM(ct_key_t) *key, __u64 now, int *err)
 	}
 	e = bpf_map_lookup_elem(FAM(ct_est), key);
 	if (e && ct_alive(READ_ONCE(e->expires), now)) {
+		flags = READ_ONCE(e->flags);
+		/* A half-open flow there: promoted in place. */
+		if (!(flags & (CT_F_REPLIED | CT_F_SNAT)))
+			return FN(ct_promote_here)(key, e, now) ? NULL : e;
 		/* A port reservation whose flow has seen no reply yet. */
-		if ((READ_ONCE(e->flags) & (CT_F_REPLIED | CT_F_SNAT)) ==
-		    CT_F_SNAT) {
+		if (!(flags & CT_F_REPLIED)) {
 			*err = FN(ct_promote_snat)(key, e, now);
 			if (*err == -ENOENT || *err > 0)
 				*err = 0;
@@ -1072,6 +1245,8 @@ FN(ct_reply)(const FAM(pkt_t) *p, FAM(ct_key_t) *key, __u64 now, int *err)
 		FN(ct_touch)(key, e, now);
 		return e;
 	}
+	if (!FN(ct_new_live)())
+		return NULL;
 	e = bpf_map_lookup_elem(FAM(ct_new), key);
 	if (!e || !ct_alive(READ_ONCE(e->expires), now))
 		return NULL;
@@ -1134,19 +1309,23 @@ static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
 		.backend_id = fwd->backend_id,
 		.rev_nat_id = fwd->rev_nat_id,
 	};
-	FAM(ct_entry_t) *rev;
+	FAM(ct_entry_t) *rev, *old;
 	FAM(ct_key_t) rkey;
 	__u64 seen, got;
+	bool in_est = false;
 	int err;
 
 	FN(ct_peer_key)(&rkey, key, fwd);
 	if (half_open) {
-		rev = bpf_map_lookup_elem(FAM(ct_new), &rkey);
+		/* In the table its forward entry is in (in_est). */
+		rev = bpf_map_lookup_elem(FAM(ct_est), &rkey);
+		if (!rev && FN(ct_new_live)())
+			rev = bpf_map_lookup_elem(FAM(ct_new), &rkey);
 	} else {
 		rev = bpf_map_lookup_elem(FAM(ct_est), &rkey);
 #ifdef CT_EST_OVERFLOW
 		/* An established flow kept in sluice_ct_new (ct_overflow). */
-		if (!rev && !(flags & CT_F_SNAT))
+		if (!rev && !(flags & CT_F_SNAT) && FN(ct_new_live)())
 			rev = bpf_map_lookup_elem(FAM(ct_new), &rkey);
 #endif
 	}
@@ -1180,9 +1359,16 @@ static __always_inline int FN(ct_check_reverse)(const FAM(pkt_t) *p,
 		e.snat_addr = key->saddr;
 		e.snat_port = key->sport;
 	}
+	if (half_open) {
+		/* Into the table its forward entry is in. */
+		old = bpf_map_lookup_elem(FAM(ct_est), key);
+		in_est = old && ct_alive(READ_ONCE(old->expires), now);
+	}
 	if (explain_dry(p))
-		return half_open ? 0 : FN(ct_est_free)(&rkey, now, false);
-	if (half_open)
+		return half_open && !in_est ?
+			       0 :
+			       FN(ct_est_free)(&rkey, now, false);
+	if (half_open && !in_est)
 		return FN(ct_new_insert)(&rkey, &e);
 	err = FN(ct_est_insert)(&rkey, &e, now, false);
 #ifdef CT_EST_OVERFLOW

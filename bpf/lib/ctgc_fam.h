@@ -11,11 +11,16 @@ static long FN(ct_gc_one)(void *map, const FAM(ct_key_t) *key,
 {
 	__u64 seen = READ_ONCE(e->expires);
 	FAM(ct_key_t) pkey;
+	__u32 flags;
 
 	if (ct_alive(seen, a->now)) {
 		a->live++;
-		if (!(READ_ONCE(e->flags) & CT_F_REPLIED))
+		flags = READ_ONCE(e->flags);
+		if (!(flags & CT_F_REPLIED)) {
 			a->pending++;
+			if (key->dir == CT_FORWARD && !(flags & CT_F_SNAT))
+				a->half_open++;
+		}
 		return 0;
 	}
 	if (FN(ct_peer)(key, e, a->now, &pkey)) {
@@ -65,7 +70,9 @@ static long FN(ct_flush_new)(void *map, const FAM(ct_key_t) *key,
 }
 
 /*
- * ct_gc_run - one pass of @a's mode (collect or flush) over the maps.
+ * ct_gc_run - one pass of @a's mode (collect or flush) over the maps; a
+ * collection (and CT_GC_GATE alone, at an agent's start) then sets the
+ * LRU's new_live word as ct_new_gate says.
  * A flush goes over sluice_ct_new first: a half-open flow promoted while
  * it runs inserts its established entries before it claims its half-open
  * forward entry, and stops (takes them back) if the flush claimed that
@@ -75,12 +82,14 @@ static long FN(ct_flush_new)(void *map, const FAM(ct_key_t) *key,
  */
 static __always_inline void FN(ct_gc_run)(struct ct_gc_args *a)
 {
-	if (a->flush) {
+	if (a->flush == CT_GC_FLUSH) {
 		bpf_for_each_map_elem(FAM(ct_new), FN(ct_flush_new), a, 0);
 		bpf_for_each_map_elem(FAM(ct_est), FN(ct_flush_est), a, 0);
-	} else {
-		bpf_for_each_map_elem(FAM(ct_est), FN(ct_gc_one), a, 0);
+		return;
 	}
+	if (a->flush == CT_GC_COLLECT)
+		bpf_for_each_map_elem(FAM(ct_est), FN(ct_gc_one), a, 0);
+	ct_new_gate(FAM(ct_new), LB_FAMILY == 6, a->flush == CT_GC_COLLECT);
 }
 
 /* aff_fix_one - aff_fix_apply (ctgc.c) over the family's affinity map. */

@@ -113,6 +113,28 @@ struct {
 } sluice_ct_new_v1 SEC(".maps");
 
 /*
+ * Key: __u32 family index (0: IPv4, 1: IPv6). Value: struct ct_admit. The
+ * half-open share of each family's sluice_conntrack (conntrack.h,
+ * ct_admit) and whether its sluice_ct_new may hold entries.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_admit);
+	__uint(max_entries, 2);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice_ct_admit_v1 SEC(".maps");
+
+/* Key and index as sluice_ct_admit_v1. Value: struct ct_admit_pcpu. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_admit_pcpu);
+	__uint(max_entries, 2);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice_ct_pcpu_v1 SEC(".maps");
+
+/*
  * Key: struct ct_backend_key. Value: __u8 (1). Written by the agent just
  * before a flush run of sluice_ct_gc, emptied after it.
  */

@@ -145,14 +145,16 @@ enum rev_nat_flags {
  * Two maps hold them (conntrack.h says how entries move between them):
  *
  * sluice_ct_new_v1 (LRU): struct ct4_key -> struct ct4_entry. Flows that
- * have seen no reply yet (half-open): a flood of them can only evict each
+ * have seen no reply yet (half-open) beyond the share of sluice_conntrack
+ * they may take (ct_half_open_max): a flood of them can only evict each
  * other.
  *
  * sluice_conntrack_v2 (hash): struct ct4_key -> struct ct4_entry. Flows
- * that have seen a reply (established), and the port reservations of
- * source-NATed flows. Nothing evicts them: entries leave when they have
- * expired (the agent's GC, sluice_ct_gc) or when the agent flushes a
- * backend. When it is full, new flows are refused.
+ * that have seen a reply (established), up to ct_half_open_max half-open
+ * ones (without CT_F_REPLIED), and the port reservations of source-NATed
+ * flows. Nothing evicts them: entries leave when they have expired (the
+ * agent's GC, sluice_ct_gc) or when the agent flushes a backend. When it
+ * is full, new flows are refused.
  */
 struct ct4_key {
 	__be32 saddr; /* network order */
@@ -198,8 +200,17 @@ enum ct_flags {
 	CT_F_FIN_REV = 0x04,
 	/* TCP RST seen either way */
 	CT_F_RST = 0x08,
-	/* a reply seen: the flow is established (sluice_conntrack) */
+	/* a reply seen: the flow is established */
 	CT_F_REPLIED = 0x10,
+	/*
+	 * a forward entry in sluice_conntrack whose flow no longer counts
+	 * against the half-open share (conntrack.h, ct_admit): set, with
+	 * CT_F_REPLIED, by the promotion in place, by the deleter that
+	 * claims the entry of a flow that ends half-open, or at the insert
+	 * of an entry that was never counted; whoever sets it first takes
+	 * the flow off the count
+	 */
+	CT_F_COUNTED = 0x20,
 };
 
 /*
@@ -216,7 +227,7 @@ struct ct_backend_key {
 
 /* The context of sluice_ct_gc (BPF_PROG_RUN): its mode in, counts out. */
 struct ct_gc_args {
-	__u32 flush;   /* 0: delete expired entries; 1: flush sluice_ct_flush */
+	__u32 flush;   /* CT_GC_COLLECT, CT_GC_FLUSH or CT_GC_GATE (ctgc.c) */
 	__u32 family;  /* 4 (or 0): the IPv4 conntrack maps; 6: the IPv6 ones */
 	__u64 now;     /* in: now_ns() to judge by, read by the agent */
 	__u64 deleted; /* out: entries deleted */
@@ -224,6 +235,30 @@ struct ct_gc_args {
 	__u64 pending; /* out: of them, reservations of half-open flows */
 	__u64 kept;    /* out: expired, kept for a live peer entry */
 	__u64 claimed; /* out: expired, but claimed by another deleter */
+	__u64 half_open; /* out: live half-open flows in sluice_conntrack */
+};
+
+/*
+ * sluice_ct_admit_v1 (array, index 0: IPv4, 1: IPv6): the share of
+ * sluice_conntrack that half-open flows hold (conntrack.h, ct_admit).
+ * pending is the folded count of half-open flows there, new_live
+ * whether sluice_ct_new may hold an entry (set by a program after it
+ * inserts one, cleared and set again by the agent's GC).
+ */
+struct ct_admit {
+	__s64 pending;
+	__u32 new_live;
+	__u32 pad;
+};
+
+/*
+ * sluice_ct_pcpu_v1 (per-CPU array, indexed as sluice_ct_admit_v1): each
+ * CPU's part of the count not folded yet (within +-CT_ADMIT_BATCH), and
+ * its inserts into sluice_ct_new.
+ */
+struct ct_admit_pcpu {
+	__s64 pending;
+	__u64 new_inserts;
 };
 
 /*
@@ -1061,7 +1096,9 @@ _Static_assert(sizeof(struct lb4_rev_nat) == 12, "lb4_rev_nat size");
 _Static_assert(sizeof(struct ct4_key) == 16, "ct4_key size");
 _Static_assert(sizeof(struct ct4_entry) == 32, "ct4_entry size");
 _Static_assert(sizeof(struct ct_backend_key) == 8, "ct_backend_key size");
-_Static_assert(sizeof(struct ct_gc_args) == 56, "ct_gc_args size");
+_Static_assert(sizeof(struct ct_gc_args) == 64, "ct_gc_args size");
+_Static_assert(sizeof(struct ct_admit) == 16, "ct_admit size");
+_Static_assert(sizeof(struct ct_admit_pcpu) == 16, "ct_admit_pcpu size");
 _Static_assert(sizeof(struct sock_rev_key) == 16, "sock_rev_key size");
 _Static_assert(sizeof(struct sock_rev_entry) == 12, "sock_rev_entry size");
 _Static_assert(sizeof(struct sock_udp_stick_key) == 16,

@@ -87,8 +87,9 @@ func run(args []string) int {
 	fs.IntVar(&dpCfg.MaxServices, "max-services", datapath.DefaultMaxServices, "service frontends, of both families together: sizes sluice_rev_nat and sluice6_rev_nat (arrays of an entry for every service id: this plus 257), and sluice_service_ips and sluice_services (the frontends' masters) and their IPv6 twins")
 	fs.IntVar(&dpCfg.MaxBackends, "max-backends", datapath.DefaultMaxBackends, "size of sluice_backends and sluice6_backends: distinct backends of each family")
 	fs.IntVar(&dpCfg.MaxServiceEntries, "max-service-entries", datapath.DefaultMaxServiceEntries, "service entries (frontends plus backend slots) of each family: half the size of sluice_slots and sluice6_slots (the slots, in ranges of powers of two)")
-	fs.IntVar(&dpCfg.MaxConntrack, "max-conntrack", datapath.DefaultMaxConntrack, "size of sluice_conntrack: established per-packet flows and SNAT port reservations (when full, new flows stay in sluice_ct_new, an LRU, and new SNAT port reservations are refused)")
-	fs.IntVar(&dpCfg.MaxConntrackNew, "max-conntrack-new", datapath.DefaultMaxConntrackNew, "size of sluice_ct_new (LRU): per-packet flows not answered yet")
+	fs.IntVar(&dpCfg.MaxConntrack, "max-conntrack", datapath.DefaultMaxConntrack, "size of sluice_conntrack: established per-packet flows, SNAT port reservations, and flows not answered yet up to --conntrack-half-open-max (when full, new flows stay in sluice_ct_new, an LRU, and new SNAT port reservations are refused)")
+	fs.IntVar(&dpCfg.MaxConntrackNew, "max-conntrack-new", datapath.DefaultMaxConntrackNew, "size of sluice_ct_new (LRU): per-packet flows not answered yet beyond sluice_conntrack's half-open share (--conntrack-half-open-max), which a flood of new flows evicts among themselves")
+	fs.IntVar(&dpCfg.CTHalfOpenMax, "conntrack-half-open-max", 0, "how many per-packet flows not answered yet of each family sluice_conntrack may hold, promoted in place by their first reply (the rest go to sluice_ct_new); 0: a quarter of --max-conntrack in entries (two a flow); negative: none")
 	fs.IntVar(&dpCfg.MaxSockRev, "max-sock-rev", datapath.DefaultMaxSockRev, "size of sluice_sock_rev (LRU): translated sockets")
 	fs.IntVar(&dpCfg.MaxAffinity, "max-affinity", datapath.DefaultMaxAffinity, "size of sluice_session_affinity (LRU): clients of Services with sessionAffinity ClientIP")
 	fs.IntVar(&dpCfg.MaxSourceRanges, "max-source-ranges", datapath.DefaultMaxSourceRanges, "size of sluice_src_ranges and sluice6_src_ranges: loadBalancerSourceRanges of all Services of each family")
@@ -96,7 +97,7 @@ func run(args []string) int {
 	fs.BoolVar(&dpCfg.PreallocateMaps, "preallocate-bpf-maps", false, "create the service maps (sluice_services, sluice_service_ips and their IPv6 twins) preallocated, as Cilium's flag of the name: an insert takes the kernel about 0.7 of the time (at 30,000 Services x 10 endpoints, the first apply 0.05-0.06 s of CPU less, the maps' creation 0.03 s more), but the maps hold what their --max-services entries cost from the start, whatever the cluster has (24 MiB of kernel memory at the default sizes, both families, where the empty maps take 4 MiB without it; size the flag from the cluster with it on); switching rebuilds the pinned maps with their entries")
 	mapRatio := fs.Float64("map-dynamic-size-ratio", 0, "share of the node's memory (0-1] for the flow tables (conntrack, half-open flows, translated sockets, affinity), each scaled from its default as Cilium's --bpf-map-dynamic-size-ratio (0.0025 in Cilium's chart); a --max-* flag given overrides its table; 0: the fixed defaults")
 	fs.DurationVar(&dpCfg.CTTimeoutTCP, "conntrack-tcp-timeout", datapath.DefaultCTTimeoutTCP, "idle timeout of an answered, open TCP flow in sluice_conntrack (kube-proxy's conntrack.tcpEstablishedTimeout)")
-	fs.DurationVar(&dpCfg.CTTimeoutSYN, "conntrack-tcp-syn-timeout", datapath.DefaultCTTimeoutSYN, "idle timeout of a TCP flow not answered yet (sluice_ct_new)")
+	fs.DurationVar(&dpCfg.CTTimeoutSYN, "conntrack-tcp-syn-timeout", datapath.DefaultCTTimeoutSYN, "idle timeout of a TCP flow not answered yet (in sluice_conntrack's half-open share or in sluice_ct_new)")
 	fs.DurationVar(&dpCfg.CTTimeoutClose, "conntrack-tcp-close-timeout", datapath.DefaultCTTimeoutClose, "how long a TCP flow's entry stays after a RST, or a FIN each way")
 	fs.DurationVar(&dpCfg.CTTimeoutUDP, "conntrack-udp-timeout", datapath.DefaultCTTimeoutUDP, "idle timeout of a UDP flow, answered or not (kube-proxy's conntrack.udpStreamTimeout)")
 	kube := addKubeFlags(fs)
@@ -409,7 +410,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 		h := metricsHandler(m.Handler(), srv.profiling)
 		serve("metrics", func() error { return serveHTTP(ctx, metricsL, h, log) })
 	}
-	go runConntrackGC(ctx, observedGC{ctUpkeep{dp.Maps(), dp}, m.ObserveConntrackGC}, ns.gcEvery, log.With("component", "conntrack-gc"))
+	go runConntrackGC(ctx, observedGC{ctUpkeep{dp.Maps(), dp}, m.ObserveConntrackGC, m.SetConntrackHalfOpen}, ns.gcEvery, log.With("component", "conntrack-gc"))
 	if dpCfg.XDP != datapath.XDPOff {
 		go followRouting(ctx, watchRouting(dp), 5*time.Second, log.With("component", "xdp-routes"))
 	}

@@ -82,11 +82,16 @@ func (c ctUpkeep) ConntrackEntries() (n, size int, err error) { return c.dp.Conn
 type observedGC struct {
 	conntrackGC
 	observe func(deleted int, err error) // metrics.Metrics.ObserveConntrackGC
+	// metrics.Metrics.SetConntrackHalfOpen, or nil.
+	halfOpen func(found, counted int)
 }
 
 func (o observedGC) GCConntrack() (datapath.ConntrackStats, error) {
 	st, err := o.conntrackGC.GCConntrack()
 	o.observe(st.Deleted, err)
+	if err == nil && o.halfOpen != nil {
+		o.halfOpen(st.HalfOpen, st.HalfOpenCounted)
+	}
 	return st, err
 }
 
@@ -139,7 +144,8 @@ func runConntrackGC(ctx context.Context, m conntrackGC, every time.Duration, log
 		case st.Live*10 >= st.Max*9:
 			log.Warn("conntrack table nearly full", "established", st.Live, "max", st.Max, "deleted", st.Deleted)
 		case st.Deleted > 0:
-			log.Debug("conntrack garbage collection", "deleted", st.Deleted, "established", st.Live)
+			log.Debug("conntrack garbage collection", "deleted", st.Deleted, "established", st.Live,
+				"half_open", st.HalfOpen, "half_open_counted", st.HalfOpenCounted, "half_open_max", st.HalfOpenMax)
 		}
 		refused = st.Refused
 		switch {

@@ -189,7 +189,7 @@ func TestConntrackGCFillingUp(t *testing.T) {
 func TestObservedGC(t *testing.T) {
 	m := metrics.New()
 	f := &fakeCT{live: 10, deleted: 7}
-	o := observedGC{f, m.ObserveConntrackGC}
+	o := observedGC{f, m.ObserveConntrackGC, m.SetConntrackHalfOpen}
 	for range 2 {
 		if _, err := o.GCConntrack(); err != nil {
 			t.Fatal(err)

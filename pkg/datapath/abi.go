@@ -28,6 +28,7 @@ const (
 	ctFlagFinRev  = uint32(sockCtFlagsCT_F_FIN_REV)
 	ctFlagRST     = uint32(sockCtFlagsCT_F_RST)
 	ctFlagReplied = uint32(sockCtFlagsCT_F_REPLIED)
+	ctFlagCounted = uint32(sockCtFlagsCT_F_COUNTED)
 
 	// nodeDevL3 flags a device without a link-layer header, nodeDevTC
 	// one the agent attached tc to (node_dev.flags).

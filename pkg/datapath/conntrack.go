@@ -30,8 +30,17 @@ import (
 type ConntrackStats struct {
 	Deleted int // expired entries deleted
 	Live    int // entries left in sluice_conntrack (established flows, SNAT reservations); of the fuller family's table
-	Pending int // of them, port reservations of flows not answered yet
+	Pending int // of them, port reservations and entries of flows not answered yet
 	Max     int // sluice_conntrack's size (each family's): new flows stay in sluice_ct_new when Live reaches it
+
+	// HalfOpen is how many flows not answered yet the collection found
+	// in sluice_conntrack (both families), HalfOpenCounted what the
+	// programs' count of them says after it (bpf/lib/conntrack.h,
+	// ct_admit_add); new flows go there while the count is below
+	// HalfOpenMax (Config.CTHalfOpenMax, each family), to sluice_ct_new
+	// beyond. The two differ by the flows opened or answered during the
+	// pass; a difference that lasts is a drift of the count.
+	HalfOpen, HalfOpenCounted, HalfOpenMax int
 
 	// Refused counts the new flows sluice_conntrack had no room for so
 	// far (since the pins were created): refused (tc_ct_est_full: port
@@ -49,13 +58,19 @@ type ConntrackStats struct {
 // are as large): Deleted counts both, Live and Pending are the fuller
 // table's, the one that refuses new flows first.
 func (m *Maps) GCConntrack() (ConntrackStats, error) {
-	st := ConntrackStats{Max: m.cfg.MaxConntrack}
+	st := ConntrackStats{Max: m.cfg.MaxConntrack, HalfOpenMax: max(m.cfg.CTHalfOpenMax, 0)}
 	for _, family := range []uint32{4, 6} {
-		a, err := m.runCTGC(0, family)
+		a, err := m.runCTGC(ctGCCollect, family)
 		if err != nil {
 			return ConntrackStats{}, fmt.Errorf("conntrack gc: %w", err)
 		}
 		st.Deleted += int(a.Deleted)
+		st.HalfOpen += int(a.HalfOpen)
+		n, err := m.HalfOpenCounted(family)
+		if err != nil {
+			return ConntrackStats{}, fmt.Errorf("conntrack gc: %w", err)
+		}
+		st.HalfOpenCounted += int(n)
 		if int(a.Live) >= st.Live {
 			st.Live, st.Pending = int(a.Live), int(a.Pending)
 		}
@@ -65,6 +80,52 @@ func (m *Maps) GCConntrack() (ConntrackStats, error) {
 		return st, fmt.Errorf("conntrack gc: %w", err)
 	}
 	return st, nil
+}
+
+// HalfOpenCounted returns the programs' count of the half-open flows in
+// family's sluice_conntrack (4 or 6): the shared word plus every CPU's
+// part not folded into it yet (bpf/lib/conntrack.h, ct_admit_add).
+func (m *Maps) HalfOpenCounted(family uint32) (int64, error) {
+	if m.ctAdmit == nil || m.ctPcpu == nil {
+		return 0, nil
+	}
+	idx := ctAdmitIndex(family)
+	var g sockCtAdmit
+	if err := m.ctAdmit.Lookup(idx, &g); err != nil {
+		return 0, fmt.Errorf("read %s: %w", mapCTAdmit, err)
+	}
+	var parts []sockCtAdmitPcpu
+	if err := m.ctPcpu.Lookup(idx, &parts); err != nil {
+		return 0, fmt.Errorf("read %s: %w", mapCTPcpu, err)
+	}
+	n := g.Pending
+	for _, p := range parts {
+		n += p.Pending
+	}
+	return n, nil
+}
+
+// ctAdmitIndex is family's index in sluice_ct_admit and sluice_ct_pcpu.
+func ctAdmitIndex(family uint32) uint32 {
+	if family == 6 {
+		return 1
+	}
+	return 0
+}
+
+// GateConntrackNew sets each family's new_live word if its sluice_ct_new
+// holds an entry (bpf/ctgc.c, ct_new_gate): while the word is clear the
+// programs do not look there. An agent calls it once no program of the
+// previous release runs (those fill the LRU without the word) and the
+// previous maps' entries are carried over; from then on the programs set
+// it on their inserts and each collection clears it and sets it again.
+func (m *Maps) GateConntrackNew() error {
+	for _, family := range []uint32{4, 6} {
+		if _, err := m.runCTGC(ctGCGate, family); err != nil {
+			return fmt.Errorf("conntrack gate: %w", err)
+		}
+	}
+	return nil
 }
 
 // ConntrackRefused returns how many new flows sluice_conntrack had no room
@@ -145,7 +206,7 @@ func flushBatch[K any](m *Maps, set *ebpf.Map, name string, family uint32, keys 
 		one[i] = 1
 	}
 	return runOverSet(set, name, keys, one, func() error {
-		_, err := m.runCTGC(1, family)
+		_, err := m.runCTGC(ctGCFlush, family)
 		// The connected sockets of the UDP ones go too (they keep the
 		// backend otherwise), while the set is in the map for the
 		// iterator.
@@ -186,8 +247,15 @@ func runOverSet[K, V any](set *ebpf.Map, name string, keys []K, vals []V, run fu
 	return errors.Join(runErr, delErr)
 }
 
-// runCTGC runs sluice_ct_gc in mode (0: collect, 1: flush) over the
-// conntrack tables of family (4 or 6).
+// The modes of sluice_ct_gc (bpf/ctgc.c: CT_GC_COLLECT, ...).
+const (
+	ctGCCollect = 0 // delete expired entries, then the LRU's new_live word
+	ctGCFlush   = 1 // forget the flows of the backends in sluice_ct_flush
+	ctGCGate    = 2 // set the new_live word if the LRU holds an entry
+)
+
+// runCTGC runs sluice_ct_gc in mode (ctGCCollect, ...) over the conntrack
+// tables of family (4 or 6).
 func (m *Maps) runCTGC(mode, family uint32) (sockCtGcArgs, error) {
 	// The run judges expiry by the agent's reading of the programs'
 	// clock: a syscall program may not call bpf_ktime_get_coarse_ns, and
@@ -361,7 +429,8 @@ func convertConntrack(old, cur *ebpf.Map, t ctTimeouts, place ctPlacer[sockCt4Ke
 // entry of the flow (forward, keyed by the client's tuple, or reverse,
 // keyed by the replies', which for a source-NATed flow is its SNAT port
 // reservation), in whichever table holds them. It returns how many
-// entries it deleted.
+// entries it deleted (a half-open flow's forward entry in
+// sluice_conntrack is lapsed for the GC instead, deleteFlow).
 //
 // An entry whose translation is no longer the one listed (its tuple was
 // reused by another flow since), and a peer that does not point back at
@@ -374,6 +443,7 @@ func (p *Pinned) DeleteConntrack(flows []ConntrackEntry) (int, error) {
 		return 0, err
 	}
 	var tables4, tables6 []*ebpf.Map
+	var est4, est6 []bool
 	defer func() {
 		for _, m := range append(tables4, tables6...) {
 			m.Close()
@@ -399,21 +469,25 @@ func (p *Pinned) DeleteConntrack(flows []ConntrackEntry) (int, error) {
 			return 0, fmt.Errorf("open pinned map %s for writing: %w", path, err)
 		}
 		if t.v6 {
-			tables6 = append(tables6, m)
+			tables6, est6 = append(tables6, m), append(est6, t.established)
 		} else {
-			tables4 = append(tables4, m)
+			tables4, est4 = append(tables4, m), append(est4, t.established)
 		}
+	}
+	now, err := monotonicNow()
+	if err != nil {
+		return 0, err
 	}
 	deleted := 0
 	for _, f := range flows {
 		var n int
 		if f.Src.Addr().Unmap().Is4() {
-			n, err = deleteFlow[sockCt4Key, sockCt4Entry](tables4, f, func(src, dst netip.AddrPort, dir uint8) sockCt4Key {
+			n, err = deleteFlow[sockCt4Key, sockCt4Entry](tables4, est4, now, f, func(src, dst netip.AddrPort, dir uint8) sockCt4Key {
 				return sockCt4Key{Saddr: be32(src.Addr().Unmap()), Sport: be16(src.Port()), Daddr: be32(dst.Addr().Unmap()), Dport: be16(dst.Port()),
 					Proto: uint8(f.Proto), Dir: dir}
 			})
 		} else {
-			n, err = deleteFlow[tcCt6Key, tcCt6Entry](tables6, f, func(src, dst netip.AddrPort, dir uint8) tcCt6Key {
+			n, err = deleteFlow[tcCt6Key, tcCt6Entry](tables6, est6, now, f, func(src, dst netip.AddrPort, dir uint8) tcCt6Key {
 				return tcCt6Key{Saddr: tcV6addr{Addr: src.Addr().As16()}, Sport: be16(src.Port()), Daddr: tcV6addr{Addr: dst.Addr().As16()},
 					Dport: be16(dst.Port()), Proto: uint8(f.Proto), Dir: dir}
 			})
@@ -427,8 +501,19 @@ func (p *Pinned) DeleteConntrack(flows []ConntrackEntry) (int, error) {
 }
 
 // deleteFlow deletes the entry e lists and its flow's other entry from
-// tables, the conntrack tables of e's family, whose keys key builds.
-func deleteFlow[K ctKey, V ctValue](tables []*ebpf.Map, e ConntrackEntry, key func(src, dst netip.AddrPort, dir uint8) K) (int, error) {
+// tables, the conntrack tables of e's family (est: which are
+// sluice_conntrack), whose keys key builds.
+//
+// A half-open flow's forward entry in sluice_conntrack counts against
+// the table's half-open share (bpf/lib/conntrack.h), and only the
+// programs can take it off the count (an atomic or of CT_F_COUNTED and
+// an atomic add): it is not deleted but lapsed (its expiry put in the
+// past), which makes it absent to the datapath at once, and the GC's
+// claim deletes it and takes it off. A reply that promotes the flow
+// between the lookup here and the lapse, a microsecond apart, has its
+// flags overwritten and the flow is taken off twice (the share admits
+// one flow more).
+func deleteFlow[K ctKey, V ctValue](tables []*ebpf.Map, est []bool, now uint64, e ConntrackEntry, key func(src, dst netip.AddrPort, dir uint8) K) (int, error) {
 	var self, peer K
 	if !e.Reverse {
 		// <C -> V> naming B; its replies come <B -> C>, or <B -> node:port>
@@ -451,8 +536,8 @@ func deleteFlow[K ctKey, V ctValue](tables []*ebpf.Map, e ConntrackEntry, key fu
 	}
 	n := 0
 	nat := netip.AddrPortFrom(e.NAT.Addr().Unmap(), e.NAT.Port())
-	for _, m := range tables {
-		ok, foreign, err := deleteIfOurs[K, V](m, &self, func(w ctView) bool { return w.nat == nat && w.backendID == e.BackendID })
+	for i, m := range tables {
+		ok, foreign, err := deleteIfOurs[K, V](m, est[i], now, &self, func(w ctView) bool { return w.nat == nat && w.backendID == e.BackendID })
 		if err != nil {
 			return n, err
 		}
@@ -469,8 +554,8 @@ func deleteFlow[K ctKey, V ctValue](tables []*ebpf.Map, e ConntrackEntry, key fu
 	if dir == ctForward {
 		back = dst
 	}
-	for _, m := range tables {
-		ok, _, err := deleteIfOurs[K, V](m, &peer, func(w ctView) bool { return w.nat == back })
+	for i, m := range tables {
+		ok, _, err := deleteIfOurs[K, V](m, est[i], now, &peer, func(w ctView) bool { return w.nat == back })
 		if err != nil {
 			return n, err
 		}
@@ -481,8 +566,10 @@ func deleteFlow[K ctKey, V ctValue](tables []*ebpf.Map, e ConntrackEntry, key fu
 
 // deleteIfOurs deletes key's entry from m if ours says it is the flow's,
 // reporting whether it deleted it, or found it held by another (foreign);
-// a missing entry is neither.
-func deleteIfOurs[K any, V ctValue](m *ebpf.Map, key *K, ours func(ctView) bool) (deleted, foreign bool, err error) {
+// a missing entry is neither. In sluice_conntrack (est), a half-open
+// flow's forward entry is lapsed instead (deleteFlow), and one lapsed
+// already is taken for missing.
+func deleteIfOurs[K ctKey, V ctValue](m *ebpf.Map, est bool, now uint64, key *K, ours func(ctView) bool) (deleted, foreign bool, err error) {
 	var v V
 	if err := m.Lookup(key, &v); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -490,11 +577,43 @@ func deleteIfOurs[K any, V ctValue](m *ebpf.Map, key *K, ours func(ctView) bool)
 		}
 		return false, false, fmt.Errorf("look up conntrack entry: %w", err)
 	}
-	if !ours(v.view()) {
+	w := v.view()
+	if !ours(w) {
 		return false, true, nil
+	}
+	if _, _, _, dir := (*key).tuple(); est && dir == ctForward && w.flags&(ctFlagReplied|ctFlagCounted|ctFlagSNAT) == 0 {
+		if int64(w.expires-now) <= 0 {
+			return false, false, nil // lapsed (or claimed) already: the GC's
+		}
+		lapse(&v)
+		if err := m.Update(key, &v, ebpf.UpdateExist); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				return false, false, nil
+			}
+			return false, false, fmt.Errorf("lapse conntrack entry: %w", err)
+		}
+		return true, false, nil
 	}
 	deleted, err = deleteIfPresent(m, key)
 	return deleted, false, err
+}
+
+// ctLapsed is the expiry DeleteConntrack gives an entry it lapses (1 ns
+// after boot): dead to the programs and to the GC, which claims it (not
+// ctDead, which says claimed already), and left out of Conntrack's list.
+// The programs never write it: they write now plus a lifetime, or
+// ctDead.
+const ctLapsed = 1
+
+// lapse puts the expiry of the conntrack entry v (of either family) at
+// ctLapsed.
+func lapse[V ctValue](v *V) {
+	switch e := any(v).(type) {
+	case *sockCt4Entry:
+		e.Expires = ctLapsed
+	case *tcCt6Entry:
+		e.Expires = ctLapsed
+	}
 }
 
 // deleteIfPresent deletes key from m, reporting whether it was there.

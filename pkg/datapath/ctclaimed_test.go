@@ -14,7 +14,9 @@ import (
 func claimTestFlow(t *testing.T, v6 bool, client string, cport uint16) (*Datapath, *Maps, testBackend, flow) {
 	t.Helper()
 	a, vip := twinOf(v6), twinL4(v6, vipUDP)
-	d := newTestDatapath(t)
+	// No half-open share: the flow goes through sluice_ct_new and its
+	// promotion out of it, whose claim races these tests sequence.
+	d := openTestWith(t, smallConfig, func(c *Config) { c.CTHalfOpenMax = -1 })
 	m := d.Maps()
 	be := testBackend{46, l4(a("10.1.4.6"), 5353, model.UDP)}
 	addService(t, m, 1, vip, be)

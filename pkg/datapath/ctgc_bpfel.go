@@ -37,8 +37,10 @@ const (
 	ctgcMapSluiceAffFixV1          = "sluice_aff_fix_v1"
 	ctgcMapSluiceBackendsV2        = "sluice_backends_v2"
 	ctgcMapSluiceConntrackV2       = "sluice_conntrack_v2"
+	ctgcMapSluiceCtAdmitV1         = "sluice_ct_admit_v1"
 	ctgcMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
 	ctgcMapSluiceCtNewV1           = "sluice_ct_new_v1"
+	ctgcMapSluiceCtPcpuV1          = "sluice_ct_pcpu_v1"
 	ctgcMapSluiceDevicesV1         = "sluice_devices_v1"
 	ctgcMapSluiceDryV1             = "sluice_dry_v1"
 	ctgcMapSluiceExpl6V1           = "sluice_expl6_v1"
@@ -58,6 +60,8 @@ const (
 	ctgcProgSluiceAffFix           = "sluice_aff_fix"
 	ctgcProgSluiceAffFix6          = "sluice_aff_fix6"
 	ctgcProgSluiceCtGc             = "sluice_ct_gc"
+	ctgcVarCtAdmitKeys             = "ct_admit_keys"
+	ctgcVarCtHalfOpenMax           = "ct_half_open_max"
 	ctgcVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
 	ctgcVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	ctgcVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
@@ -145,8 +149,10 @@ type ctgcMapSpecs struct {
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV2        *ebpf.MapSpec `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtAdmitV1         *ebpf.MapSpec `ebpf:"sluice_ct_admit_v1"`
 	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
+	SluiceCtPcpuV1          *ebpf.MapSpec `ebpf:"sluice_ct_pcpu_v1"`
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.MapSpec `ebpf:"sluice_dry_v1"`
 	SluiceExpl6V1           *ebpf.MapSpec `ebpf:"sluice_expl6_v1"`
@@ -169,6 +175,8 @@ type ctgcMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ctgcVariableSpecs struct {
+	CtAdmitKeys      *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
+	CtHalfOpenMax    *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
@@ -225,8 +233,10 @@ type ctgcMaps struct {
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV2        *ebpf.Map `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtAdmitV1         *ebpf.Map `ebpf:"sluice_ct_admit_v1"`
 	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
+	SluiceCtPcpuV1          *ebpf.Map `ebpf:"sluice_ct_pcpu_v1"`
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.Map `ebpf:"sluice_dry_v1"`
 	SluiceExpl6V1           *ebpf.Map `ebpf:"sluice_expl6_v1"`
@@ -268,8 +278,10 @@ func (m *ctgcMaps) Close() error {
 		m.SluiceAffFixV1,
 		m.SluiceBackendsV2,
 		m.SluiceConntrackV2,
+		m.SluiceCtAdmitV1,
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,
+		m.SluiceCtPcpuV1,
 		m.SluiceDevicesV1,
 		m.SluiceDryV1,
 		m.SluiceExpl6V1,
@@ -293,6 +305,8 @@ func (m *ctgcMaps) Close() error {
 //
 // It can be passed to loadCtgcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ctgcVariables struct {
+	CtAdmitKeys      *ebpf.Variable `ebpf:"ct_admit_keys"`
+	CtHalfOpenMax    *ebpf.Variable `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`

@@ -100,6 +100,14 @@ type Config struct {
 	// 10s).
 	CTTimeoutTCP, CTTimeoutSYN, CTTimeoutUDP, CTTimeoutClose time.Duration
 
+	// CTHalfOpenMax is how many half-open flows (no reply yet) of each
+	// family may be in sluice_conntrack at once, the rest going to
+	// sluice_ct_new (bpf/lib/conntrack.h): 0 means the default, a
+	// quarter of MaxConntrack in entries (MaxConntrack/8 flows, two
+	// entries each); negative, none (every new flow goes to the LRU and
+	// is moved at its first reply, as before).
+	CTHalfOpenMax int
+
 	// SNATPortMin and SNATPortMax bound the source ports external flows
 	// to remote backends are source-NATed to (default 61000-65535, above
 	// the kernel's default ephemeral range).
@@ -209,6 +217,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.CTTimeoutClose == 0 {
 		c.CTTimeoutClose = DefaultCTTimeoutClose
+	}
+	if c.CTHalfOpenMax == 0 {
+		c.CTHalfOpenMax = c.MaxConntrack / 8
 	}
 	if c.SNATPortMin == 0 && c.SNATPortMax == 0 {
 		c.SNATPortMin, c.SNATPortMax = DefaultSNATPortMin, DefaultSNATPortMax
@@ -572,6 +583,8 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 		revNat:     d.tc.SluiceRevNatV2,
 		conntrack:  d.tc.SluiceConntrackV2,
 		ctNew:      d.tc.SluiceCtNewV1,
+		ctAdmit:    d.tc.SluiceCtAdmitV1,
+		ctPcpu:     d.tc.SluiceCtPcpuV1,
 		ctFlush:    d.tc.SluiceCtFlushV1,
 		ctGC:       d.gc.SluiceCtGc,
 		affinity:   d.tc.SluiceSessionAffinityV1,
@@ -669,6 +682,7 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		"ct_timeout_syn_ns":   uint64(cfg.CTTimeoutSYN.Nanoseconds()),
 		"ct_timeout_udp_ns":   uint64(cfg.CTTimeoutUDP.Nanoseconds()),
 		"ct_timeout_close_ns": uint64(cfg.CTTimeoutClose.Nanoseconds()),
+		"ct_half_open_max":    uint32(max(cfg.CTHalfOpenMax, 0)),
 		"snat_port_min":       cfg.SNATPortMin,
 		"snat_port_max":       cfg.SNATPortMax,
 		"node_ip4":            uint32(0),

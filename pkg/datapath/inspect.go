@@ -45,9 +45,11 @@ func (p *Pinned) MapFill() ([]MapFill, error) {
 
 // ConntrackEntry is one entry of the per-packet conntrack tables.
 type ConntrackEntry struct {
-	// Established is true for sluice_conntrack (flows that have seen a
-	// reply, SNAT port reservations), false for sluice_ct_new (flows not
-	// answered yet).
+	// Established is true for the entries of sluice_conntrack that are
+	// not half-open: flows that have seen a reply, SNAT port
+	// reservations. It is false for sluice_ct_new and for the half-open
+	// flows (not answered yet) sluice_conntrack holds within its
+	// half-open share (bpf/lib/conntrack.h).
 	Established bool
 	// Reverse says the key is a reply's tuple (the backend's side), not
 	// the client's.
@@ -112,12 +114,16 @@ var ctTables = []struct {
 }
 
 // listCT appends the entries of the conntrack table m, of key type K and
-// value type V, to out.
+// value type V, to out; not an entry DeleteConntrack lapsed (ctLapsed),
+// deleted as far as the operator is concerned.
 func listCT[K ctKey, V ctValue](m *ebpf.Map, established bool, now uint64, out []ConntrackEntry) ([]ConntrackEntry, error) {
 	var k K
 	var v V
 	it := m.Iterate()
 	for it.Next(&k, &v) {
+		if v.view().expires == ctLapsed {
+			continue
+		}
 		out = append(out, conntrackEntry(established, k, v, now))
 	}
 	return out, it.Err()
@@ -172,7 +178,7 @@ func conntrackEntry[K ctKey, V ctValue](established bool, k K, v V, now uint64) 
 	src, dst, proto, dir := k.tuple()
 	w := v.view()
 	e := ConntrackEntry{
-		Established: established,
+		Established: established && w.flags&(ctFlagReplied|ctFlagSNAT) != 0,
 		Reverse:     dir == ctReverse,
 		Proto:       model.Protocol(proto),
 		Src:         src,

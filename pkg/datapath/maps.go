@@ -28,7 +28,11 @@ type Maps struct {
 	affinity, affFix                                                  *ebpf.Map
 	svcStats                                                          *ebpf.Map // per-Service counters (svcstats.go)
 	ctFlush6                                                          *ebpf.Map // IPv6 conntrack flush set (conntrack.go)
-	sockRev6                                                          *ebpf.Map // IPv6 sock_rev (sockdestroy.go)
+	// The half-open share of sluice_conntrack and the LRU's new_live
+	// word (sluice_ct_admit), and its per-CPU parts (sluice_ct_pcpu):
+	// bpf/lib/conntrack.h.
+	ctAdmit, ctPcpu *ebpf.Map
+	sockRev6        *ebpf.Map // IPv6 sock_rev (sockdestroy.go)
 
 	// The IPv6 twins (family.go); nil in a Maps made of an older
 	// agent's pins.

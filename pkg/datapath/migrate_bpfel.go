@@ -39,8 +39,10 @@ const (
 	migrateMapSluiceAffFixV1          = "sluice_aff_fix_v1"
 	migrateMapSluiceBackendsV2        = "sluice_backends_v2"
 	migrateMapSluiceConntrackV2       = "sluice_conntrack_v2"
+	migrateMapSluiceCtAdmitV1         = "sluice_ct_admit_v1"
 	migrateMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
 	migrateMapSluiceCtNewV1           = "sluice_ct_new_v1"
+	migrateMapSluiceCtPcpuV1          = "sluice_ct_pcpu_v1"
 	migrateMapSluiceDevicesV1         = "sluice_devices_v1"
 	migrateMapSluiceDryV1             = "sluice_dry_v1"
 	migrateMapSluiceExpl6V1           = "sluice_expl6_v1"
@@ -62,6 +64,8 @@ const (
 	migrateMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
 	migrateProgSluiceMigTc            = "sluice_mig_tc"
 	migrateProgSluiceMigXdp           = "sluice_mig_xdp"
+	migrateVarCtAdmitKeys             = "ct_admit_keys"
+	migrateVarCtHalfOpenMax           = "ct_half_open_max"
 	migrateVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
 	migrateVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	migrateVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
@@ -156,8 +160,10 @@ type migrateMapSpecs struct {
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV2        *ebpf.MapSpec `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtAdmitV1         *ebpf.MapSpec `ebpf:"sluice_ct_admit_v1"`
 	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
+	SluiceCtPcpuV1          *ebpf.MapSpec `ebpf:"sluice_ct_pcpu_v1"`
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.MapSpec `ebpf:"sluice_dry_v1"`
 	SluiceExpl6V1           *ebpf.MapSpec `ebpf:"sluice_expl6_v1"`
@@ -183,6 +189,8 @@ type migrateMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type migrateVariableSpecs struct {
+	CtAdmitKeys      *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
+	CtHalfOpenMax    *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
@@ -247,8 +255,10 @@ type migrateMaps struct {
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV2        *ebpf.Map `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtAdmitV1         *ebpf.Map `ebpf:"sluice_ct_admit_v1"`
 	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
+	SluiceCtPcpuV1          *ebpf.Map `ebpf:"sluice_ct_pcpu_v1"`
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.Map `ebpf:"sluice_dry_v1"`
 	SluiceExpl6V1           *ebpf.Map `ebpf:"sluice_expl6_v1"`
@@ -295,8 +305,10 @@ func (m *migrateMaps) Close() error {
 		m.SluiceAffFixV1,
 		m.SluiceBackendsV2,
 		m.SluiceConntrackV2,
+		m.SluiceCtAdmitV1,
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,
+		m.SluiceCtPcpuV1,
 		m.SluiceDevicesV1,
 		m.SluiceDryV1,
 		m.SluiceExpl6V1,
@@ -323,6 +335,8 @@ func (m *migrateMaps) Close() error {
 //
 // It can be passed to loadMigrateObjects or ebpf.CollectionSpec.LoadAndAssign.
 type migrateVariables struct {
+	CtAdmitKeys      *ebpf.Variable `ebpf:"ct_admit_keys"`
+	CtHalfOpenMax    *ebpf.Variable `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`

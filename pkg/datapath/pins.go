@@ -32,8 +32,13 @@ const (
 	mapConntrack = "sluice_conntrack_v2"
 	mapCTNew     = "sluice_ct_new_v1"
 	mapCTFlush   = "sluice_ct_flush_v1"
-	mapSockRev   = "sluice_sock_rev_v1"
-	mapUDPStick  = "sluice_udp_stick_v1"
+	// The half-open share of sluice_conntrack and the LRU's new_live
+	// word, and their per-CPU parts, new in this release: an agent
+	// upgraded creates them (GateConntrackNew sets the word).
+	mapCTAdmit  = "sluice_ct_admit_v1"
+	mapCTPcpu   = "sluice_ct_pcpu_v1"
+	mapSockRev  = "sluice_sock_rev_v1"
+	mapUDPStick = "sluice_udp_stick_v1"
 	// Session affinity (sessionAffinity ClientIP), new in this release.
 	// Not "sluice_affinity_v1": the kernel keeps 15 characters of a
 	// name, and "sluice_affinity" is release 0's name of the UDP

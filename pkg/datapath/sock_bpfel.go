@@ -98,6 +98,19 @@ type sockCt6Key struct {
 	Pad   uint16
 }
 
+type sockCtAdmit struct {
+	_       structs.HostLayout
+	Pending int64
+	NewLive uint32
+	Pad     uint32
+}
+
+type sockCtAdmitPcpu struct {
+	_          structs.HostLayout
+	Pending    int64
+	NewInserts uint64
+}
+
 type sockCtBackendKey struct {
 	_     structs.HostLayout
 	Addr  uint32
@@ -121,18 +134,20 @@ const (
 	sockCtFlagsCT_F_FIN_REV sockCtFlags = 4
 	sockCtFlagsCT_F_RST     sockCtFlags = 8
 	sockCtFlagsCT_F_REPLIED sockCtFlags = 16
+	sockCtFlagsCT_F_COUNTED sockCtFlags = 32
 )
 
 type sockCtGcArgs struct {
-	_       structs.HostLayout
-	Flush   uint32
-	Family  uint32
-	Now     uint64
-	Deleted uint64
-	Live    uint64
-	Pending uint64
-	Kept    uint64
-	Claimed uint64
+	_        structs.HostLayout
+	Flush    uint32
+	Family   uint32
+	Now      uint64
+	Deleted  uint64
+	Live     uint64
+	Pending  uint64
+	Kept     uint64
+	Claimed  uint64
+	HalfOpen uint64
 }
 
 type sockExplain6Record struct {
@@ -581,8 +596,10 @@ const (
 	sockMapSluiceAffFixV1          = "sluice_aff_fix_v1"
 	sockMapSluiceBackendsV2        = "sluice_backends_v2"
 	sockMapSluiceConntrackV2       = "sluice_conntrack_v2"
+	sockMapSluiceCtAdmitV1         = "sluice_ct_admit_v1"
 	sockMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
 	sockMapSluiceCtNewV1           = "sluice_ct_new_v1"
+	sockMapSluiceCtPcpuV1          = "sluice_ct_pcpu_v1"
 	sockMapSluiceDevicesV1         = "sluice_devices_v1"
 	sockMapSluiceDryV1             = "sluice_dry_v1"
 	sockMapSluiceExpl6V1           = "sluice_expl6_v1"
@@ -614,6 +631,8 @@ const (
 	sockProgSluiceSendmsg6         = "sluice_sendmsg6"
 	sockProgSluiceSockExplain      = "sluice_sock_explain"
 	sockProgSluiceSockRelease      = "sluice_sock_release"
+	sockVarCtAdmitKeys             = "ct_admit_keys"
+	sockVarCtHalfOpenMax           = "ct_half_open_max"
 	sockVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
 	sockVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	sockVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
@@ -712,8 +731,10 @@ type sockMapSpecs struct {
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV2        *ebpf.MapSpec `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtAdmitV1         *ebpf.MapSpec `ebpf:"sluice_ct_admit_v1"`
 	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
+	SluiceCtPcpuV1          *ebpf.MapSpec `ebpf:"sluice_ct_pcpu_v1"`
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.MapSpec `ebpf:"sluice_dry_v1"`
 	SluiceExpl6V1           *ebpf.MapSpec `ebpf:"sluice_expl6_v1"`
@@ -737,6 +758,8 @@ type sockMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockVariableSpecs struct {
+	CtAdmitKeys      *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
+	CtHalfOpenMax    *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
@@ -793,8 +816,10 @@ type sockMaps struct {
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV2        *ebpf.Map `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtAdmitV1         *ebpf.Map `ebpf:"sluice_ct_admit_v1"`
 	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
+	SluiceCtPcpuV1          *ebpf.Map `ebpf:"sluice_ct_pcpu_v1"`
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.Map `ebpf:"sluice_dry_v1"`
 	SluiceExpl6V1           *ebpf.Map `ebpf:"sluice_expl6_v1"`
@@ -837,8 +862,10 @@ func (m *sockMaps) Close() error {
 		m.SluiceAffFixV1,
 		m.SluiceBackendsV2,
 		m.SluiceConntrackV2,
+		m.SluiceCtAdmitV1,
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,
+		m.SluiceCtPcpuV1,
 		m.SluiceDevicesV1,
 		m.SluiceDryV1,
 		m.SluiceExpl6V1,
@@ -863,6 +890,8 @@ func (m *sockMaps) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockVariables struct {
+	CtAdmitKeys      *ebpf.Variable `ebpf:"ct_admit_keys"`
+	CtHalfOpenMax    *ebpf.Variable `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`

@@ -65,8 +65,10 @@ const (
 	sockdestroyMapSluiceAffFixV1          = "sluice_aff_fix_v1"
 	sockdestroyMapSluiceBackendsV2        = "sluice_backends_v2"
 	sockdestroyMapSluiceConntrackV2       = "sluice_conntrack_v2"
+	sockdestroyMapSluiceCtAdmitV1         = "sluice_ct_admit_v1"
 	sockdestroyMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
 	sockdestroyMapSluiceCtNewV1           = "sluice_ct_new_v1"
+	sockdestroyMapSluiceCtPcpuV1          = "sluice_ct_pcpu_v1"
 	sockdestroyMapSluiceDevicesV1         = "sluice_devices_v1"
 	sockdestroyMapSluiceDryV1             = "sluice_dry_v1"
 	sockdestroyMapSluiceExpl6V1           = "sluice_expl6_v1"
@@ -84,6 +86,8 @@ const (
 	sockdestroyMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
 	sockdestroyMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
 	sockdestroyProgSluiceSockDestroy      = "sluice_sock_destroy"
+	sockdestroyVarCtAdmitKeys             = "ct_admit_keys"
+	sockdestroyVarCtHalfOpenMax           = "ct_half_open_max"
 	sockdestroyVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
 	sockdestroyVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	sockdestroyVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
@@ -169,8 +173,10 @@ type sockdestroyMapSpecs struct {
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV2        *ebpf.MapSpec `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtAdmitV1         *ebpf.MapSpec `ebpf:"sluice_ct_admit_v1"`
 	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
+	SluiceCtPcpuV1          *ebpf.MapSpec `ebpf:"sluice_ct_pcpu_v1"`
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.MapSpec `ebpf:"sluice_dry_v1"`
 	SluiceExpl6V1           *ebpf.MapSpec `ebpf:"sluice_expl6_v1"`
@@ -193,6 +199,8 @@ type sockdestroyMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockdestroyVariableSpecs struct {
+	CtAdmitKeys      *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
+	CtHalfOpenMax    *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
@@ -249,8 +257,10 @@ type sockdestroyMaps struct {
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV2        *ebpf.Map `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtAdmitV1         *ebpf.Map `ebpf:"sluice_ct_admit_v1"`
 	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
+	SluiceCtPcpuV1          *ebpf.Map `ebpf:"sluice_ct_pcpu_v1"`
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.Map `ebpf:"sluice_dry_v1"`
 	SluiceExpl6V1           *ebpf.Map `ebpf:"sluice_expl6_v1"`
@@ -292,8 +302,10 @@ func (m *sockdestroyMaps) Close() error {
 		m.SluiceAffFixV1,
 		m.SluiceBackendsV2,
 		m.SluiceConntrackV2,
+		m.SluiceCtAdmitV1,
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,
+		m.SluiceCtPcpuV1,
 		m.SluiceDevicesV1,
 		m.SluiceDryV1,
 		m.SluiceExpl6V1,
@@ -317,6 +329,8 @@ func (m *sockdestroyMaps) Close() error {
 //
 // It can be passed to loadSockdestroyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockdestroyVariables struct {
+	CtAdmitKeys      *ebpf.Variable `ebpf:"ct_admit_keys"`
+	CtHalfOpenMax    *ebpf.Variable `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`

@@ -74,8 +74,10 @@ const (
 	tcMapSluiceAffFixV1          = "sluice_aff_fix_v1"
 	tcMapSluiceBackendsV2        = "sluice_backends_v2"
 	tcMapSluiceConntrackV2       = "sluice_conntrack_v2"
+	tcMapSluiceCtAdmitV1         = "sluice_ct_admit_v1"
 	tcMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
 	tcMapSluiceCtNewV1           = "sluice_ct_new_v1"
+	tcMapSluiceCtPcpuV1          = "sluice_ct_pcpu_v1"
 	tcMapSluiceDevicesV1         = "sluice_devices_v1"
 	tcMapSluiceDryV1             = "sluice_dry_v1"
 	tcMapSluiceExpl6V1           = "sluice_expl6_v1"
@@ -100,6 +102,8 @@ const (
 	tcProgSluiceEgressDry        = "sluice_egress_dry"
 	tcProgSluiceIngress          = "sluice_ingress"
 	tcProgSluiceIngressDry       = "sluice_ingress_dry"
+	tcVarCtAdmitKeys             = "ct_admit_keys"
+	tcVarCtHalfOpenMax           = "ct_half_open_max"
 	tcVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
 	tcVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	tcVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
@@ -193,8 +197,10 @@ type tcMapSpecs struct {
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV2        *ebpf.MapSpec `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtAdmitV1         *ebpf.MapSpec `ebpf:"sluice_ct_admit_v1"`
 	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
+	SluiceCtPcpuV1          *ebpf.MapSpec `ebpf:"sluice_ct_pcpu_v1"`
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.MapSpec `ebpf:"sluice_dry_v1"`
 	SluiceExpl6V1           *ebpf.MapSpec `ebpf:"sluice_expl6_v1"`
@@ -217,6 +223,8 @@ type tcMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcVariableSpecs struct {
+	CtAdmitKeys      *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
+	CtHalfOpenMax    *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
@@ -274,8 +282,10 @@ type tcMaps struct {
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV2        *ebpf.Map `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtAdmitV1         *ebpf.Map `ebpf:"sluice_ct_admit_v1"`
 	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
+	SluiceCtPcpuV1          *ebpf.Map `ebpf:"sluice_ct_pcpu_v1"`
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.Map `ebpf:"sluice_dry_v1"`
 	SluiceExpl6V1           *ebpf.Map `ebpf:"sluice_expl6_v1"`
@@ -317,8 +327,10 @@ func (m *tcMaps) Close() error {
 		m.SluiceAffFixV1,
 		m.SluiceBackendsV2,
 		m.SluiceConntrackV2,
+		m.SluiceCtAdmitV1,
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,
+		m.SluiceCtPcpuV1,
 		m.SluiceDevicesV1,
 		m.SluiceDryV1,
 		m.SluiceExpl6V1,
@@ -342,6 +354,8 @@ func (m *tcMaps) Close() error {
 //
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcVariables struct {
+	CtAdmitKeys      *ebpf.Variable `ebpf:"ct_admit_keys"`
+	CtHalfOpenMax    *ebpf.Variable `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`

@@ -69,8 +69,10 @@ const (
 	xdpMapSluiceAffFixV1          = "sluice_aff_fix_v1"
 	xdpMapSluiceBackendsV2        = "sluice_backends_v2"
 	xdpMapSluiceConntrackV2       = "sluice_conntrack_v2"
+	xdpMapSluiceCtAdmitV1         = "sluice_ct_admit_v1"
 	xdpMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
 	xdpMapSluiceCtNewV1           = "sluice_ct_new_v1"
+	xdpMapSluiceCtPcpuV1          = "sluice_ct_pcpu_v1"
 	xdpMapSluiceDevicesV1         = "sluice_devices_v1"
 	xdpMapSluiceDryV1             = "sluice_dry_v1"
 	xdpMapSluiceExpl6V1           = "sluice_expl6_v1"
@@ -90,6 +92,8 @@ const (
 	xdpMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
 	xdpProgSluice6Xdp             = "sluice6_xdp"
 	xdpProgSluiceXdp              = "sluice_xdp"
+	xdpVarCtAdmitKeys             = "ct_admit_keys"
+	xdpVarCtHalfOpenMax           = "ct_half_open_max"
 	xdpVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
 	xdpVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	xdpVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
@@ -179,8 +183,10 @@ type xdpMapSpecs struct {
 	SluiceAffFixV1          *ebpf.MapSpec `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV2        *ebpf.MapSpec `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.MapSpec `ebpf:"sluice_conntrack_v2"`
+	SluiceCtAdmitV1         *ebpf.MapSpec `ebpf:"sluice_ct_admit_v1"`
 	SluiceCtFlushV1         *ebpf.MapSpec `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.MapSpec `ebpf:"sluice_ct_new_v1"`
+	SluiceCtPcpuV1          *ebpf.MapSpec `ebpf:"sluice_ct_pcpu_v1"`
 	SluiceDevicesV1         *ebpf.MapSpec `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.MapSpec `ebpf:"sluice_dry_v1"`
 	SluiceExpl6V1           *ebpf.MapSpec `ebpf:"sluice_expl6_v1"`
@@ -204,6 +210,8 @@ type xdpMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpVariableSpecs struct {
+	CtAdmitKeys      *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
+	CtHalfOpenMax    *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
@@ -263,8 +271,10 @@ type xdpMaps struct {
 	SluiceAffFixV1          *ebpf.Map `ebpf:"sluice_aff_fix_v1"`
 	SluiceBackendsV2        *ebpf.Map `ebpf:"sluice_backends_v2"`
 	SluiceConntrackV2       *ebpf.Map `ebpf:"sluice_conntrack_v2"`
+	SluiceCtAdmitV1         *ebpf.Map `ebpf:"sluice_ct_admit_v1"`
 	SluiceCtFlushV1         *ebpf.Map `ebpf:"sluice_ct_flush_v1"`
 	SluiceCtNewV1           *ebpf.Map `ebpf:"sluice_ct_new_v1"`
+	SluiceCtPcpuV1          *ebpf.Map `ebpf:"sluice_ct_pcpu_v1"`
 	SluiceDevicesV1         *ebpf.Map `ebpf:"sluice_devices_v1"`
 	SluiceDryV1             *ebpf.Map `ebpf:"sluice_dry_v1"`
 	SluiceExpl6V1           *ebpf.Map `ebpf:"sluice_expl6_v1"`
@@ -308,8 +318,10 @@ func (m *xdpMaps) Close() error {
 		m.SluiceAffFixV1,
 		m.SluiceBackendsV2,
 		m.SluiceConntrackV2,
+		m.SluiceCtAdmitV1,
 		m.SluiceCtFlushV1,
 		m.SluiceCtNewV1,
+		m.SluiceCtPcpuV1,
 		m.SluiceDevicesV1,
 		m.SluiceDryV1,
 		m.SluiceExpl6V1,
@@ -334,6 +346,8 @@ func (m *xdpMaps) Close() error {
 //
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpVariables struct {
+	CtAdmitKeys      *ebpf.Variable `ebpf:"ct_admit_keys"`
+	CtHalfOpenMax    *ebpf.Variable `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`

@@ -72,6 +72,13 @@ type Metrics struct {
 	// ConntrackGCDeleted the expired entries they deleted.
 	ConntrackGCRuns    *prometheus.CounterVec
 	ConntrackGCDeleted prometheus.Counter
+	// ConntrackHalfOpen is how many flows not answered yet the
+	// established conntrack table held at the last collection, both
+	// families, by source: found (the collection's pass over the table)
+	// and counted (the programs' count of them, which bounds their
+	// share of the table, bpf/lib/conntrack.h): a difference that lasts
+	// is a drift of the count.
+	ConntrackHalfOpen *prometheus.GaugeVec
 
 	// countMu guards what SetProgrammed counts from: the last state it
 	// counted, its counts, and how many of its frontends name each
@@ -188,6 +195,9 @@ func New() *Metrics {
 			"result"),
 		ConntrackGCDeleted: counter("conntrack_gc_deleted_entries_total",
 			"Expired per-packet conntrack entries the garbage collection deleted."),
+		ConntrackHalfOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "conntrack_half_open_flows",
+			Help: "Flows not answered yet in the established per-packet conntrack table (its half-open share, both families) at the last garbage collection: found by its pass, or counted by the programs, whose count bounds the share."},
+			[]string{"source"}),
 	}
 	m.ConntrackGCRuns.WithLabelValues("success")
 	m.ConntrackGCRuns.WithLabelValues("error")
@@ -201,6 +211,7 @@ func New() *Metrics {
 		m.SocketsSpared,
 		m.ConntrackGCRuns,
 		m.ConntrackGCDeleted,
+		m.ConntrackHalfOpen,
 		stateCollector{m},
 		driftCollector{m},
 		collectors.NewGoCollector(),
@@ -251,6 +262,14 @@ func (m *Metrics) ObserveConntrackGC(deleted int, err error) {
 	}
 	m.ConntrackGCRuns.WithLabelValues("success").Inc()
 	m.ConntrackGCDeleted.Add(float64(deleted))
+}
+
+// SetConntrackHalfOpen records the half-open flows a garbage collection
+// found in the established conntrack table and the programs' count of
+// them (ConntrackHalfOpen).
+func (m *Metrics) SetConntrackHalfOpen(found, counted int) {
+	m.ConntrackHalfOpen.WithLabelValues("found").Set(float64(found))
+	m.ConntrackHalfOpen.WithLabelValues("counted").Set(float64(counted))
 }
 
 // ObserveProgrammed records, for each trigger, the latency from its time
