@@ -71,6 +71,8 @@ static __always_inline long aff_fix_apply(void *fixes, void *fk,
 #define CT_GC_COLLECT 0 /* delete expired entries; set new_live */
 #define CT_GC_FLUSH   1 /* forget the flows of sluice_ct_flush */
 #define CT_GC_GATE    2 /* only set new_live if sluice_ct_new holds a key */
+#define CT_GC_HOLD    3 /* only set new_live (an agent's start begins) */
+#define CT_GC_HELD    4 /* as COLLECT, new_live left as it is */
 
 static long ct_new_any(void *map, const void *key, void *val, __u32 *found)
 {
@@ -98,6 +100,23 @@ static __always_inline void ct_new_gate(void *lru, __u32 idx, bool clear)
 		__sync_lock_test_and_set(&g->new_live, 0);
 	bpf_for_each_map_elem(lru, ct_new_any, &found, 0);
 	if (found)
+		WRITE_ONCE(g->new_live, 1);
+}
+
+/*
+ * ct_new_hold - set the family @idx's new_live word, whatever its
+ * sluice_ct_new holds: an agent's start does so before it attaches a
+ * program, and its collections leave the word set (CT_GC_HELD) until the
+ * start is committed. The previous release's programs, which fill the LRU
+ * without the word, run until they are replaced device by device, and a
+ * collection's clear while they do would hide their next insert from the
+ * new programs (ct_new_gate finds only what is there when it looks).
+ */
+static __always_inline void ct_new_hold(__u32 idx)
+{
+	struct ct_admit *g = ct_admit_word(idx);
+
+	if (g)
 		WRITE_ONCE(g->new_live, 1);
 }
 

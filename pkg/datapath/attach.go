@@ -176,6 +176,11 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		}
 		ifindex[i] = iface.Index
 	}
+	// Before any program of this release goes on a device: the LRU's
+	// word set, and kept set until Commit (HoldConntrackNew).
+	if err := d.maps.HoldConntrackNew(); err != nil {
+		return err
+	}
 	shim, egressFirst := d.migrating()
 	dirs := []tcDir{tcIngress, tcEgress}
 	var shims shimLinks

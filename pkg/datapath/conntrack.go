@@ -59,8 +59,12 @@ type ConntrackStats struct {
 // table's, the one that refuses new flows first.
 func (m *Maps) GCConntrack() (ConntrackStats, error) {
 	st := ConntrackStats{Max: m.cfg.MaxConntrack, HalfOpenMax: max(m.cfg.CTHalfOpenMax, 0)}
+	mode := uint32(ctGCCollect)
+	if m.ctNewHeld.Load() {
+		mode = ctGCHeld
+	}
 	for _, family := range []uint32{4, 6} {
-		a, err := m.runCTGC(ctGCCollect, family)
+		a, err := m.runCTGC(mode, family)
 		if err != nil {
 			return ConntrackStats{}, fmt.Errorf("conntrack gc: %w", err)
 		}
@@ -126,6 +130,32 @@ func (m *Maps) GateConntrackNew() error {
 		}
 	}
 	return nil
+}
+
+// HoldConntrackNew sets each family's new_live word whatever the LRU
+// holds, and keeps it set until ReleaseConntrackNew: collections meanwhile
+// leave it alone (bpf/ctgc.c, ct_new_hold). An agent's start holds it
+// before it attaches a program (AttachDevices) and releases it once the
+// start is committed (Commit): until then the previous release's
+// programs may run on some device and insert into the LRU without setting
+// the word, and a collection that cleared it would hide those half-open
+// flows from the new programs beside them (their replies untranslated).
+func (m *Maps) HoldConntrackNew() error {
+	m.ctNewHeld.Store(true)
+	for _, family := range []uint32{4, 6} {
+		if _, err := m.runCTGC(ctGCHold, family); err != nil {
+			return fmt.Errorf("conntrack gate: %w", err)
+		}
+	}
+	return nil
+}
+
+// ReleaseConntrackNew lets the collections clear the new_live word again
+// (HoldConntrackNew).
+func (m *Maps) ReleaseConntrackNew() {
+	if m != nil {
+		m.ctNewHeld.Store(false)
+	}
 }
 
 // ConntrackRefused returns how many new flows sluice_conntrack had no room
@@ -252,6 +282,8 @@ const (
 	ctGCCollect = 0 // delete expired entries, then the LRU's new_live word
 	ctGCFlush   = 1 // forget the flows of the backends in sluice_ct_flush
 	ctGCGate    = 2 // set the new_live word if the LRU holds an entry
+	ctGCHold    = 3 // set the new_live word
+	ctGCHeld    = 4 // as ctGCCollect, the new_live word left as it is
 )
 
 // runCTGC runs sluice_ct_gc in mode (ctGCCollect, ...) over the conntrack

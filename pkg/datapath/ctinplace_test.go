@@ -408,6 +408,45 @@ func TestCTNewGate(t *testing.T) {
 	})
 }
 
+// TestCTNewHeldUntilCommit: an agent's start sets sluice_ct_new's
+// new_live word before it attaches a program (HoldConntrackNew, in
+// AttachDevices) and its collections leave the word set until the start
+// is committed, LRU empty or not: meanwhile the previous release's
+// programs may still run on a device and insert there without setting
+// it. After Commit a collection over the empty LRU clears it again.
+func TestCTNewHeldUntilCommit(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d, m, _, _ := inPlaceFlow(t, v6, nil)
+		if _, err := m.GCConntrack(); err != nil {
+			t.Fatal(err)
+		}
+		if _, live := admitState(t, m, v6); live != 0 {
+			t.Fatalf("new_live %d after a GC over an empty LRU, want 0", live)
+		}
+		if err := m.HoldConntrackNew(); err != nil {
+			t.Fatal(err)
+		}
+		if _, live := admitState(t, m, v6); live != 1 {
+			t.Errorf("new_live %d after the hold over an empty LRU, want 1", live)
+		}
+		if _, err := m.GCConntrack(); err != nil {
+			t.Fatal(err)
+		}
+		if _, live := admitState(t, m, v6); live != 1 {
+			t.Errorf("new_live %d after a GC while held, want 1 (a clear would hide the previous release's inserts)", live)
+		}
+		if err := d.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.GCConntrack(); err != nil {
+			t.Fatal(err)
+		}
+		if _, live := admitState(t, m, v6); live != 0 {
+			t.Errorf("new_live %d after a GC over an empty LRU once committed, want 0", live)
+		}
+	})
+}
+
 // setNewLive writes the family's new_live word.
 func setNewLive(t *testing.T, m *Maps, v6 bool, v uint32) {
 	t.Helper()

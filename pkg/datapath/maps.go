@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 
@@ -62,6 +63,10 @@ type Maps struct {
 	// dev_l3_maybe of each loaded object whose programs read the
 	// device map for it (tc and XDP; devices.go): nil in a Maps of pins.
 	l3Gates []*ebpf.Variable
+
+	// ctNewHeld: an agent's start holds sluice_ct_new's new_live word
+	// set until it is committed (HoldConntrackNew).
+	ctNewHeld atomic.Bool
 
 	cfg Config
 }

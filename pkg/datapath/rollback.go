@@ -242,6 +242,8 @@ func (j *pinJournal) commit() error {
 func (d *Datapath) Commit() error {
 	j := d.pins
 	d.pins = nil
+	// No program of the previous release runs now.
+	d.maps.ReleaseConntrackNew()
 	return j.commit()
 }
 
