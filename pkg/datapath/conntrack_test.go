@@ -484,6 +484,20 @@ type snatHeld struct {
 	be      testBackend  // its backend (the family's)
 }
 
+// snatNode is a node datapath (eth0 its device, in a namespace of its
+// own) of the family with the NodePort npRemote (np6Remote) served by
+// beRemote (be6Remote), a remote backend: flows to it are source-NATed.
+func snatNode(t *testing.T, v6 bool, base func(bpffs string) Config) (d *Datapath, ifindex int, np model.L4Addr, be testBackend) {
+	t.Helper()
+	if v6 {
+		_, ifindex, d = nodeDatapath6(t, base)
+		return d, ifindex, np6Remote, be6Remote
+	}
+	_, ifindex, d = nodeDatapath(t, base, "eth0")
+	addExternal(t, d.Maps(), 1, npRemote, reconciler.FlagExternal, beRemote)
+	return d, ifindex, npRemote, beRemote
+}
+
 func holdSNATPort(t *testing.T, v6 bool) snatHeld {
 	t.Helper()
 	var h snatHeld
@@ -491,14 +505,9 @@ func holdSNATPort(t *testing.T, v6 bool) snatHeld {
 		h.bpffs = bpffs
 		return configWith(smallConfig, oneSNATPort)(bpffs)
 	}
-	np, be := npRemote, beRemote
-	if v6 {
-		_, h.ifindex, h.d = nodeDatapath6(t, base)
-		np, be = np6Remote, be6Remote
-	} else {
-		_, h.ifindex, h.d = nodeDatapath(t, base, "eth0")
-		addExternal(t, h.d.Maps(), 1, npRemote, reconciler.FlagExternal, beRemote)
-	}
+	var np model.L4Addr
+	var be testBackend
+	h.d, h.ifindex, np, be = snatNode(t, v6, base)
 	h.m = h.d.Maps()
 	h.syn = nsClient(43000, np)
 	h.client = h.syn.Src.String()

@@ -9,7 +9,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/pkg/model"
-	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // Half-open flows in the established table (bpf/lib/conntrack.h): a new
@@ -333,12 +332,19 @@ func TestHalfOpenPromotionFindsClaim(t *testing.T) {
 // fold does.
 func addCounted(t *testing.T, m *Maps, v6 bool, d int64) {
 	t.Helper()
+	editAdmit(t, m, v6, func(g *sockCtAdmit) { g.Pending += d })
+}
+
+// editAdmit rewrites the family's sluice_ct_admit word by edit (the
+// programs' atomic adds are not raced: tests only).
+func editAdmit(t *testing.T, m *Maps, v6 bool, edit func(*sockCtAdmit)) {
+	t.Helper()
 	idx := ctAdmitIndex(map[bool]uint32{false: 4, true: 6}[v6])
 	var g sockCtAdmit
 	if err := m.ctAdmit.Lookup(idx, &g); err != nil {
 		t.Fatal(err)
 	}
-	g.Pending += d
+	edit(&g)
 	if err := m.ctAdmit.Put(idx, &g); err != nil {
 		t.Fatal(err)
 	}
@@ -417,10 +423,7 @@ func TestCTNewGate(t *testing.T) {
 func TestCTNewHeldUntilCommit(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		d, m, _, _ := inPlaceFlow(t, v6, nil)
-		if _, err := m.GCConntrack(); err != nil {
-			t.Fatal(err)
-		}
-		if _, live := admitState(t, m, v6); live != 0 {
+		if live := liveAfterGC(t, m, v6); live != 0 {
 			t.Fatalf("new_live %d after a GC over an empty LRU, want 0", live)
 		}
 		if err := m.HoldConntrackNew(); err != nil {
@@ -429,36 +432,33 @@ func TestCTNewHeldUntilCommit(t *testing.T) {
 		if _, live := admitState(t, m, v6); live != 1 {
 			t.Errorf("new_live %d after the hold over an empty LRU, want 1", live)
 		}
-		if _, err := m.GCConntrack(); err != nil {
-			t.Fatal(err)
-		}
-		if _, live := admitState(t, m, v6); live != 1 {
+		if live := liveAfterGC(t, m, v6); live != 1 {
 			t.Errorf("new_live %d after a GC while held, want 1 (a clear would hide the previous release's inserts)", live)
 		}
 		if err := d.Commit(); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := m.GCConntrack(); err != nil {
-			t.Fatal(err)
-		}
-		if _, live := admitState(t, m, v6); live != 0 {
+		if live := liveAfterGC(t, m, v6); live != 0 {
 			t.Errorf("new_live %d after a GC over an empty LRU once committed, want 0", live)
 		}
 	})
 }
 
+// liveAfterGC runs a collection and returns the family's new_live word
+// after it.
+func liveAfterGC(t *testing.T, m *Maps, v6 bool) uint32 {
+	t.Helper()
+	if _, err := m.GCConntrack(); err != nil {
+		t.Fatal(err)
+	}
+	_, live := admitState(t, m, v6)
+	return live
+}
+
 // setNewLive writes the family's new_live word.
 func setNewLive(t *testing.T, m *Maps, v6 bool, v uint32) {
 	t.Helper()
-	idx := ctAdmitIndex(map[bool]uint32{false: 4, true: 6}[v6])
-	var g sockCtAdmit
-	if err := m.ctAdmit.Lookup(idx, &g); err != nil {
-		t.Fatal(err)
-	}
-	g.NewLive = v
-	if err := m.ctAdmit.Put(idx, &g); err != nil {
-		t.Fatal(err)
-	}
+	editAdmit(t, m, v6, func(g *sockCtAdmit) { g.NewLive = v })
 }
 
 // TestHalfOpenFloodLeavesRoomForReservations: a flood of new flows on a
@@ -471,16 +471,7 @@ func TestHalfOpenFloodLeavesRoomForReservations(t *testing.T) {
 	const table, flood = 64, 100
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		base := configWith(smallConfig, func(c *Config) { c.MaxConntrack = table })
-		np := npRemote
-		var d *Datapath
-		var ifindex int
-		if v6 {
-			_, ifindex, d = nodeDatapath6(t, base)
-			np = np6Remote
-		} else {
-			_, ifindex, d = nodeDatapath(t, base, "eth0")
-			addExternal(t, d.Maps(), 1, npRemote, reconciler.FlagExternal, beRemote)
-		}
+		d, ifindex, np, _ := snatNode(t, v6, base)
 		oneCPU(t)
 		m := d.Maps()
 		a, vip := twinOf(v6), twinL4(v6, vipUDP)

@@ -6,7 +6,6 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/sluice-lb/sluice/pkg/model"
-	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // The tests of this file hold an entry of sluice_ct_new claimed by
@@ -191,16 +190,7 @@ func TestPromoteSNATStopsOnClaimedHalfOpenEntry(t *testing.T) {
 func TestSNATFlowLeavesClaimedHalfOpenEntry(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		base := configWith(smallConfig, func(c *Config) { c.SNATPortMin, c.SNATPortMax = 62000, 62001 })
-		var d *Datapath
-		var ifindex int
-		np := npRemote
-		if v6 {
-			_, ifindex, d = nodeDatapath6(t, base)
-			np = np6Remote
-		} else {
-			_, ifindex, d = nodeDatapath(t, base, "eth0")
-			addExternal(t, d.Maps(), 1, npRemote, reconciler.FlagExternal, beRemote)
-		}
+		d, ifindex, np, _ := snatNode(t, v6, base)
 		m := d.Maps()
 		syn := nsClient(43000, np)
 		fk := ctKeyOf(syn.Src.String(), 43000, np.Addr.String(), np.Port, model.TCP, ctForward)
