@@ -34,7 +34,8 @@ const (
 	mapCTFlush   = "sluice_ct_flush_v1"
 	// The half-open share of sluice_conntrack and the LRU's new_live
 	// word, and their per-CPU parts, new in this release: an agent
-	// upgraded creates them (GateConntrackNew sets the word).
+	// upgraded creates them (HoldConntrackNew sets the word before it
+	// attaches a program, GateConntrackNew after).
 	mapCTAdmit  = "sluice_ct_admit_v1"
 	mapCTPcpu   = "sluice_ct_pcpu_v1"
 	mapSockRev  = "sluice_sock_rev_v1"
