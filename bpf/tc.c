@@ -66,6 +66,12 @@
 /* Whether a node device may be L3 (parse.h); the agent writes it. */
 volatile __u8 dev_l3_maybe = 1;
 
+/*
+ * Whether new flows skip the half-open share (conntrack.h); the agent sets
+ * it while it migrates conntrack.
+ */
+volatile __u8 ct_admit_paused = 0;
+
 /* What the parse step found. */
 enum pkt_kind {
 	PKT_PASS,     /* nothing to translate */

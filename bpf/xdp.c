@@ -57,6 +57,12 @@
 volatile __u8 dev_l3_maybe = 1;
 
 /*
+ * Whether new flows skip the half-open share (conntrack.h). XDP is
+ * replaced by the shim while conntrack is migrated: it stays 0.
+ */
+volatile __u8 ct_admit_paused = 0;
+
+/*
  * The route cache: the next hop bpf_fib_lookup found for a packet of an
  * established flow, kept so that the flow's next packets skip the lookup
  * (for IPv6 the kernel searches the local table, then the main one:

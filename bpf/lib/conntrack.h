@@ -221,17 +221,30 @@ static __noinline void ct_admit_add(__u32 idx, __s64 d)
 }
 
 /*
+ * ct_admit_paused - set while an agent's start migrates conntrack to new
+ * maps (pkg/datapath, migrate.go): the previous agent's programs, still
+ * on some hooks, use the old sluice_conntrack, so a half-open flow this
+ * load's programs put in the new one would be missed by them (a reply at
+ * an old egress left untranslated). Meanwhile new flows go to
+ * sluice_ct_new, which a resize of sluice_conntrack leaves shared, as
+ * before the share existed. A mutable global (.data), each object that
+ * creates flows its own (tc.c, xdp.c); the agent sets the tc object's
+ * before it loads and clears it once every hook runs the new programs.
+ */
+extern volatile __u8 ct_admit_paused;
+
+/*
  * ct_admit_room - whether a new flow of the family @idx may go into its
  * sluice_conntrack half-open: fewer than ct_half_open_max are there, as
  * the shared word and this CPU's part say (the other CPUs' parts, within
- * CT_ADMIT_BATCH each, are not seen).
+ * CT_ADMIT_BATCH each, are not seen), and no migration pauses the share.
  */
 static __always_inline bool ct_admit_room(__u32 idx)
 {
 	struct ct_admit_pcpu *pc;
 	struct ct_admit *g;
 
-	if (!ct_half_open_max)
+	if (!ct_half_open_max || ct_admit_paused)
 		return false;
 	pc = ct_admit_part(idx);
 	g = ct_admit_word(idx);

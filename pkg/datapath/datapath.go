@@ -536,8 +536,23 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 			_ = d.closeObjects()
 		}
 	}()
+	// While conntrack is migrated, this load's new flows keep out of
+	// the new sluice_conntrack until AttachDevices has switched every
+	// hook (ct_admit_paused, bpf/lib/conntrack.h; resumeAdmit).
+	paused := specs.tc.Variables["ct_admit_paused"]
+	if paused == nil {
+		return errors.New("variable ct_admit_paused missing from the tc object")
+	}
+	if err := paused.Set(boolU8(d.ctMigrating())); err != nil {
+		return fmt.Errorf("set ct_admit_paused: %w", err)
+	}
 	if err := specs.tc.LoadAndAssign(&d.tc, opts); err != nil {
 		return fmt.Errorf("load tc programs: %w", verifierDetail(err))
+	}
+	// The dry-run programs, loaded from the same spec, stand for the
+	// programs after the start.
+	if err := paused.Set(uint8(0)); err != nil {
+		return fmt.Errorf("set ct_admit_paused: %w", err)
 	}
 	d.tcSpec = specs.tc
 	if !d.cfg.DeferDryRun {

@@ -345,7 +345,9 @@ func (d *Datapath) loadShim(opts *ebpf.CollectionOptions) error {
 // old ingress program (half-open, in sluice_ct_new, which both share), its
 // SYN-ACK the new egress program (established, in the new map only), its
 // ACK the old ingress program again: no entry there, a new flow. So
-// ingress goes first. When sluice_ct_new itself, or release 0's single
+// ingress goes first, and until every hook runs the new programs they
+// put no new flow half-open into the new sluice_conntrack, where an old
+// egress would miss its reply, but into sluice_ct_new (ctMigrating). When sluice_ct_new itself, or release 0's single
 // map, is the one replaced, the half-open entry is the old programs' to
 // find: the SYN must meet an old program and its answer a new one, so
 // egress goes first. (Both sluice_conntrack and sluice_ct_new resized at
@@ -406,11 +408,47 @@ func (d *Datapath) switchIPv6() error {
 	return nil
 }
 
+// ctMigrating reports whether conntrack is migrated, the shims with it
+// (loadShim): then this load's programs keep new flows out of the
+// half-open share until resumeAdmit, once every hook runs them. Ingress
+// goes first when sluice_conntrack alone is resized (migrating): a flow
+// a new ingress program starts has its first reply met by an old egress
+// program, which looks in the old sluice_conntrack only. Put half-open
+// into the new one, its reply went out untranslated (a UDP exchange lost
+// in TestFailedResizeStartUnderLoad, 1 in ~10,000); in sluice_ct_new,
+// which both share then, the old program finds it, as before the share.
+func (d *Datapath) ctMigrating() bool {
+	for _, mg := range d.migrations {
+		switch {
+		case mg.r0, mg.name == mapConntrack, mg.name == mapCTNew, mg.name == mapConntrack6, mg.name == mapCTNew6:
+			return true
+		}
+	}
+	return false
+}
+
+// resumeAdmit lets this load's programs put new flows half-open into
+// sluice_conntrack again (ctMigrating), once no previous program runs. A
+// kernel without mmapable .data leaves them paused: new flows then go to
+// sluice_ct_new, the LRU, as before the half-open share.
+func (d *Datapath) resumeAdmit() error {
+	if d.tc.CtAdmitPaused == nil {
+		return nil
+	}
+	if err := d.tc.CtAdmitPaused.Set(uint8(0)); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
+		return fmt.Errorf("set ct_admit_paused: %w", err)
+	}
+	return nil
+}
+
 // finishTCSwitch ends the migrations of the maps the tc and XDP programs
 // write, once no program of the previous agent writes them: this build's
 // IPv6 programs go in (switchIPv6), then settle.
 func (d *Datapath) finishTCSwitch() error {
 	if err := d.switchIPv6(); err != nil {
+		return err
+	}
+	if err := d.resumeAdmit(); err != nil {
 		return err
 	}
 	return d.settle(tcWrittenMaps)

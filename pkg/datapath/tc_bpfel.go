@@ -103,6 +103,7 @@ const (
 	tcProgSluiceIngress          = "sluice_ingress"
 	tcProgSluiceIngressDry       = "sluice_ingress_dry"
 	tcVarCtAdmitKeys             = "ct_admit_keys"
+	tcVarCtAdmitPaused           = "ct_admit_paused"
 	tcVarCtHalfOpenMax           = "ct_half_open_max"
 	tcVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
 	tcVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
@@ -224,6 +225,7 @@ type tcMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcVariableSpecs struct {
 	CtAdmitKeys      *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
+	CtAdmitPaused    *ebpf.VariableSpec `ebpf:"ct_admit_paused"`
 	CtHalfOpenMax    *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
@@ -355,6 +357,7 @@ func (m *tcMaps) Close() error {
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcVariables struct {
 	CtAdmitKeys      *ebpf.Variable `ebpf:"ct_admit_keys"`
+	CtAdmitPaused    *ebpf.Variable `ebpf:"ct_admit_paused"`
 	CtHalfOpenMax    *ebpf.Variable `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`

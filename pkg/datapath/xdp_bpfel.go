@@ -93,6 +93,7 @@ const (
 	xdpProgSluice6Xdp             = "sluice6_xdp"
 	xdpProgSluiceXdp              = "sluice_xdp"
 	xdpVarCtAdmitKeys             = "ct_admit_keys"
+	xdpVarCtAdmitPaused           = "ct_admit_paused"
 	xdpVarCtHalfOpenMax           = "ct_half_open_max"
 	xdpVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
 	xdpVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
@@ -211,6 +212,7 @@ type xdpMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpVariableSpecs struct {
 	CtAdmitKeys      *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
+	CtAdmitPaused    *ebpf.VariableSpec `ebpf:"ct_admit_paused"`
 	CtHalfOpenMax    *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
 	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
@@ -347,6 +349,7 @@ func (m *xdpMaps) Close() error {
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpVariables struct {
 	CtAdmitKeys      *ebpf.Variable `ebpf:"ct_admit_keys"`
+	CtAdmitPaused    *ebpf.Variable `ebpf:"ct_admit_paused"`
 	CtHalfOpenMax    *ebpf.Variable `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
 	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
