@@ -67,10 +67,12 @@ static __always_inline long aff_fix_apply(void *fixes, void *fk,
 	return 0;
 }
 
-/* ct_gc_args.flush: what a run of sluice_ct_gc does. */
+/*
+ * ct_gc_args.flush: what a run of sluice_ct_gc does. (2 was CT_GC_GATE,
+ * at an agent's start, which now holds the word instead: CT_GC_HOLD.)
+ */
 #define CT_GC_COLLECT 0 /* delete expired entries; set new_live */
 #define CT_GC_FLUSH   1 /* forget the flows of sluice_ct_flush */
-#define CT_GC_GATE    2 /* only set new_live if sluice_ct_new holds a key */
 #define CT_GC_HOLD    3 /* only set new_live (an agent's start begins) */
 #define CT_GC_HELD    4 /* as COLLECT, new_live left as it is */
 
@@ -82,22 +84,20 @@ static long ct_new_any(void *map, const void *key, void *val, __u32 *found)
 
 /*
  * ct_new_gate - keep the family @idx's new_live word (conntrack.h) true to
- * its sluice_ct_new, @lru: with @clear, clear it, then look for any key
+ * its sluice_ct_new, @lru: clear it, then look for any key
  * and set it again if there is one. A program that inserts after the
  * clear sets it itself (ct_new_inserted), and an insert before the clear
  * is found by the look (the clear is an exchange, a full barrier, before
- * it). Without @clear (an agent starting over an LRU that the previous
- * release's programs filled without the word), only set it.
+ * it).
  */
-static __always_inline void ct_new_gate(void *lru, __u32 idx, bool clear)
+static __always_inline void ct_new_gate(void *lru, __u32 idx)
 {
 	struct ct_admit *g = ct_admit_word(idx);
 	__u32 found = 0;
 
 	if (!g)
 		return;
-	if (clear)
-		__sync_lock_test_and_set(&g->new_live, 0);
+	__sync_lock_test_and_set(&g->new_live, 0);
 	bpf_for_each_map_elem(lru, ct_new_any, &found, 0);
 	if (found)
 		WRITE_ONCE(g->new_live, 1);

@@ -71,9 +71,9 @@ static long FN(ct_flush_new)(void *map, const FAM(ct_key_t) *key,
 
 /*
  * ct_gc_run - one pass of @a's mode (collect or flush) over the maps; a
- * collection (and CT_GC_GATE alone, at an agent's start) then sets the
- * LRU's new_live word as ct_new_gate says, but for one while an agent's
- * start holds the word set (CT_GC_HELD after CT_GC_HOLD, ct_new_hold).
+ * collection then sets the LRU's new_live word as ct_new_gate says, but
+ * for one while an agent's start holds the word set (CT_GC_HELD after
+ * CT_GC_HOLD, ct_new_hold).
  * A flush goes over sluice_ct_new first: a half-open flow promoted while
  * it runs inserts its established entries before it claims its half-open
  * forward entry, and stops (takes them back) if the flush claimed that
@@ -92,11 +92,11 @@ static __always_inline void FN(ct_gc_run)(struct ct_gc_args *a)
 		ct_new_hold(LB_FAMILY == 6);
 		return;
 	}
-	if (a->flush == CT_GC_COLLECT || a->flush == CT_GC_HELD)
-		bpf_for_each_map_elem(FAM(ct_est), FN(ct_gc_one), a, 0);
-	if (a->flush != CT_GC_HELD)
-		ct_new_gate(FAM(ct_new), LB_FAMILY == 6,
-			    a->flush == CT_GC_COLLECT);
+	if (a->flush != CT_GC_COLLECT && a->flush != CT_GC_HELD)
+		return;
+	bpf_for_each_map_elem(FAM(ct_est), FN(ct_gc_one), a, 0);
+	if (a->flush == CT_GC_COLLECT)
+		ct_new_gate(FAM(ct_new), LB_FAMILY == 6);
 }
 
 /* aff_fix_one - aff_fix_apply (ctgc.c) over the family's affinity map. */

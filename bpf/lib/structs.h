@@ -227,7 +227,7 @@ struct ct_backend_key {
 
 /* The context of sluice_ct_gc (BPF_PROG_RUN): its mode in, counts out. */
 struct ct_gc_args {
-	__u32 flush;   /* CT_GC_COLLECT, CT_GC_FLUSH or CT_GC_GATE (ctgc.c) */
+	__u32 flush;   /* CT_GC_COLLECT, CT_GC_FLUSH, ... (ctgc.c) */
 	__u32 family;  /* 4 (or 0): the IPv4 conntrack maps; 6: the IPv6 ones */
 	__u64 now;     /* in: now_ns() to judge by, read by the agent */
 	__u64 deleted; /* out: entries deleted */

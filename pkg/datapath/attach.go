@@ -255,11 +255,6 @@ func (d *Datapath) AttachDevices(devs []string) error {
 			return fmt.Errorf("record node device %s: %w", dev, err)
 		}
 	}
-	// No program of the previous release runs now, and its LRU entries
-	// are carried over: the programs look there if it holds any.
-	if err := d.maps.GateConntrackNew(); err != nil {
-		return err
-	}
 	return shims.detach()
 }
 

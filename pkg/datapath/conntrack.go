@@ -117,21 +117,6 @@ func ctAdmitIndex(family uint32) uint32 {
 	return 0
 }
 
-// GateConntrackNew sets each family's new_live word if its sluice_ct_new
-// holds an entry (bpf/ctgc.c, ct_new_gate): while the word is clear the
-// programs do not look there. An agent calls it once no program of the
-// previous release runs (those fill the LRU without the word) and the
-// previous maps' entries are carried over; from then on the programs set
-// it on their inserts and each collection clears it and sets it again.
-func (m *Maps) GateConntrackNew() error {
-	for _, family := range []uint32{4, 6} {
-		if _, err := m.runCTGC(ctGCGate, family); err != nil {
-			return fmt.Errorf("conntrack gate: %w", err)
-		}
-	}
-	return nil
-}
-
 // HoldConntrackNew sets each family's new_live word whatever the LRU
 // holds, and keeps it set until ReleaseConntrackNew: collections meanwhile
 // leave it alone (bpf/ctgc.c, ct_new_hold). An agent's start holds it
@@ -140,6 +125,9 @@ func (m *Maps) GateConntrackNew() error {
 // programs may run on some device and insert into the LRU without setting
 // the word, and a collection that cleared it would hide those half-open
 // flows from the new programs beside them (their replies untranslated).
+// After Commit, the programs set it on their inserts, and each
+// collection clears it and sets it again if the LRU holds a key
+// (bpf/ctgc.c, ct_new_gate).
 func (m *Maps) HoldConntrackNew() error {
 	m.ctNewHeld.Store(true)
 	for _, family := range []uint32{4, 6} {
@@ -281,9 +269,9 @@ func runOverSet[K, V any](set *ebpf.Map, name string, keys []K, vals []V, run fu
 const (
 	ctGCCollect = 0 // delete expired entries, then the LRU's new_live word
 	ctGCFlush   = 1 // forget the flows of the backends in sluice_ct_flush
-	ctGCGate    = 2 // set the new_live word if the LRU holds an entry
-	ctGCHold    = 3 // set the new_live word
-	ctGCHeld    = 4 // as ctGCCollect, the new_live word left as it is
+	// 2 was a gate at an agent's start, which the hold replaced.
+	ctGCHold = 3 // set the new_live word
+	ctGCHeld = 4 // as ctGCCollect, the new_live word left as it is
 )
 
 // runCTGC runs sluice_ct_gc in mode (ctGCCollect, ...) over the conntrack

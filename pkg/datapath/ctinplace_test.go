@@ -352,11 +352,10 @@ func editAdmit(t *testing.T, m *Maps, v6 bool, edit func(*sockCtAdmit)) {
 
 // TestCTNewGate: while sluice_ct_new's new_live word is clear the programs
 // do not look there: a reply whose only entries are in the LRU (as the
-// previous release's programs left them) is not translated. The agent's
-// gate (GateConntrackNew, at its start) sets the word when the LRU holds
-// an entry, and the reply is translated. A program's insert there sets it
-// too; the GC clears it once the LRU is empty, and sets it again while
-// the LRU holds a key.
+// previous release's programs left them) is not translated. A collection
+// sets the word when the LRU holds an entry, and the reply is translated.
+// A program's insert there sets it too; the GC clears it once the LRU is
+// empty. (An agent's start holds it set: TestCTNewHeldUntilCommit.)
 func TestCTNewGate(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		// No half-open share: every new flow goes to the LRU.
@@ -384,18 +383,15 @@ func TestCTNewGate(t *testing.T) {
 		if err != nil || v != tcActOK || outSrc(out) != be.addr.Addr.String() {
 			t.Fatalf("answer with the word clear: verdict %d from %s (%v), want %d from %s: the LRU not looked in", v, outSrc(out), err, tcActOK, be.addr.Addr)
 		}
-		if err := m.GateConntrackNew(); err != nil {
-			t.Fatal(err)
+		if live := liveAfterGC(t, m, v6); live != 1 {
+			t.Fatalf("new_live %d after a GC over an LRU holding entries, want 1", live)
 		}
-		if _, live := admitState(t, m, v6); live != 1 {
-			t.Fatalf("new_live %d after the gate over an LRU holding entries, want 1", live)
-		}
-		if src, _ := sendOK(t, func() (uint32, []byte, error) { return runProgErr(d.TCEgress(), q.Bytes()) }, "answer after the gate"); src != f.fe.Addr.String() {
-			t.Errorf("answer after the gate from %s, want %s", src, f.fe.Addr)
+		if src, _ := sendOK(t, func() (uint32, []byte, error) { return runProgErr(d.TCEgress(), q.Bytes()) }, "answer after the GC"); src != f.fe.Addr.String() {
+			t.Errorf("answer after the GC from %s, want %s", src, f.fe.Addr)
 		}
 
 		// The flow is promoted out of the LRU: empty, the GC clears
-		// the word; the gate leaves it clear.
+		// the word.
 		if n := ctCountOf(t, m, v6, true); n != 0 {
 			t.Fatalf("sluice_ct_new holds %d entries after the promotion, want 0", n)
 		}
@@ -404,12 +400,6 @@ func TestCTNewGate(t *testing.T) {
 		}
 		if _, live := admitState(t, m, v6); live != 0 {
 			t.Errorf("new_live %d after a GC over an empty LRU, want 0", live)
-		}
-		if err := m.GateConntrackNew(); err != nil {
-			t.Fatal(err)
-		}
-		if _, live := admitState(t, m, v6); live != 0 {
-			t.Errorf("new_live %d after the gate over an empty LRU, want 0", live)
 		}
 	})
 }

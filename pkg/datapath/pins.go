@@ -35,7 +35,7 @@ const (
 	// The half-open share of sluice_conntrack and the LRU's new_live
 	// word, and their per-CPU parts, new in this release: an agent
 	// upgraded creates them (HoldConntrackNew sets the word before it
-	// attaches a program, GateConntrackNew after).
+	// attaches a program; it stays set until Commit).
 	mapCTAdmit  = "sluice_ct_admit_v1"
 	mapCTPcpu   = "sluice_ct_pcpu_v1"
 	mapSockRev  = "sluice_sock_rev_v1"
