@@ -68,9 +68,10 @@ volatile __u8 dev_l3_maybe = 1;
 
 /*
  * Whether new flows skip the half-open share (conntrack.h); the agent sets
- * it while it migrates conntrack.
+ * it while it migrates conntrack. In .data with dev_l3_maybe (0 would put
+ * it in a .bss map of its own).
  */
-volatile __u8 ct_admit_paused = 0;
+volatile __u8 ct_admit_paused SEC(".data") = 0;
 
 /* What the parse step found. */
 enum pkt_kind {

@@ -60,7 +60,7 @@ volatile __u8 dev_l3_maybe = 1;
  * Whether new flows skip the half-open share (conntrack.h). XDP is
  * replaced by the shim while conntrack is migrated: it stays 0.
  */
-volatile __u8 ct_admit_paused = 0;
+volatile __u8 ct_admit_paused SEC(".data") = 0;
 
 /*
  * The route cache: the next hop bpf_fib_lookup found for a packet of an

@@ -65,7 +65,8 @@ func TestObjectsShareMaps(t *testing.T) {
 	// record (only sluicectl's load of sluice_sock_explain creates it,
 	// sockexplain.go), XDP's route cache and its generation
 	// (routecache.go), and the .data of the objects that parse
-	// (dev_l3_maybe, devices.go).
+	// (dev_l3_maybe, devices.go; tc's and XDP's ct_admit_paused too,
+	// migrate.go).
 	own := map[string][]string{
 		"sock": {sockExplainMap},
 		"tc":   {".data"},
