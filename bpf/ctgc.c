@@ -84,11 +84,10 @@ static long ct_new_any(void *map, const void *key, void *val, __u32 *found)
 
 /*
  * ct_new_gate - keep the family @idx's new_live word (conntrack.h) true to
- * its sluice_ct_new, @lru: clear it, then look for any key
- * and set it again if there is one. A program that inserts after the
- * clear sets it itself (ct_new_inserted), and an insert before the clear
- * is found by the look (the clear is an exchange, a full barrier, before
- * it).
+ * its sluice_ct_new, @lru: clear it, then look for any key and set it
+ * again if there is one. A program that inserts after the clear sets it
+ * itself (ct_new_inserted), and an insert before the clear is found by the
+ * look (the clear is an exchange, a full barrier, before it).
  */
 static __always_inline void ct_new_gate(void *lru, __u32 idx)
 {
