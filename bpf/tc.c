@@ -68,8 +68,8 @@ volatile __u8 dev_l3_maybe = 1;
 
 /*
  * Whether new flows skip the half-open share (conntrack.h); the agent sets
- * it while it migrates conntrack. In .data with dev_l3_maybe (0 would put
- * it in a .bss map of its own).
+ * it while it migrates sluice_conntrack. In .data with dev_l3_maybe (0
+ * would put it in a .bss map of its own).
  */
 volatile __u8 ct_admit_paused SEC(".data") = 0;
 

@@ -221,15 +221,17 @@ static __noinline void ct_admit_add(__u32 idx, __s64 d)
 }
 
 /*
- * ct_admit_paused - set while an agent's start migrates conntrack to new
- * maps (pkg/datapath, migrate.go): the previous agent's programs, still
- * on some hooks, use the old sluice_conntrack, so a half-open flow this
- * load's programs put in the new one would be missed by them (a reply at
- * an old egress left untranslated). Meanwhile new flows go to
- * sluice_ct_new, which a resize of sluice_conntrack leaves shared, as
- * before the share existed. A mutable global (.data), each object that
- * creates flows its own (tc.c, xdp.c); the agent sets the tc object's
- * before it loads and clears it once every hook runs the new programs.
+ * ct_admit_paused - set while an agent's start migrates sluice_conntrack
+ * to a new map and not sluice_ct_new (pkg/datapath, migrate.go:
+ * pauseShare): the previous agent's programs, still on some hooks, use
+ * the old sluice_conntrack, so a half-open flow this load's programs put
+ * in the new one would be missed by them (a reply at an old egress left
+ * untranslated). Meanwhile new flows go to sluice_ct_new, which both
+ * share then, as before the share existed (a source-NATed flow's port
+ * reservation, which needs this table, excepted). A mutable global
+ * (.data), each object that creates flows its own (tc.c, xdp.c); the
+ * agent sets the tc object's before it loads and clears it once every
+ * hook runs the new programs.
  */
 extern volatile __u8 ct_admit_paused;
 

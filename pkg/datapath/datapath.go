@@ -543,7 +543,7 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 	if paused == nil {
 		return errors.New("variable ct_admit_paused missing from the tc object")
 	}
-	if err := paused.Set(boolU8(d.ctMigrating())); err != nil {
+	if err := paused.Set(boolU8(d.pauseShare())); err != nil {
 		return fmt.Errorf("set ct_admit_paused: %w", err)
 	}
 	if err := specs.tc.LoadAndAssign(&d.tc, opts); err != nil {

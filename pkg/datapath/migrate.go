@@ -347,8 +347,11 @@ func (d *Datapath) loadShim(opts *ebpf.CollectionOptions) error {
 // ACK the old ingress program again: no entry there, a new flow. So
 // ingress goes first, and until every hook runs the new programs they
 // put no new flow half-open into the new sluice_conntrack, where an old
-// egress would miss its reply, but into sluice_ct_new (ctMigrating). When sluice_ct_new itself, or release 0's single
-// map, is the one replaced, the half-open entry is the old programs' to
+// egress would miss its reply, but into sluice_ct_new (pauseShare). (A
+// source-NATed flow's port reservation still goes into the new
+// sluice_conntrack: its reply met by an old program meanwhile is not
+// translated, as before the share.) When sluice_ct_new itself, or
+// release 0's single map, is the one replaced, the half-open entry is the old programs' to
 // find: the SYN must meet an old program and its answer a new one, so
 // egress goes first. (Both sluice_conntrack and sluice_ct_new resized at
 // once leaves such a flow a window of the few microseconds between two
@@ -408,34 +411,51 @@ func (d *Datapath) switchIPv6() error {
 	return nil
 }
 
-// ctMigrating reports whether conntrack is migrated, the shims with it
-// (loadShim): then this load's programs keep new flows out of the
-// half-open share until resumeAdmit, once every hook runs them. Ingress
-// goes first when sluice_conntrack alone is resized (migrating): a flow
-// a new ingress program starts has its first reply met by an old egress
-// program, which looks in the old sluice_conntrack only. Put half-open
-// into the new one, its reply went out untranslated (a UDP exchange lost
-// in TestFailedResizeStartUnderLoad, 1 in ~10,000); in sluice_ct_new,
-// which both share then, the old program finds it, as before the share.
-func (d *Datapath) ctMigrating() bool {
+// pauseShare reports whether this load's programs keep new flows out of
+// the half-open share until every hook runs them (resumeAdmit): while a
+// family's sluice_conntrack is migrated and its sluice_ct_new is not. The
+// links then switch ingress first (migrating), so a flow a new ingress
+// program starts has its first reply met by an old egress program (or an
+// old ingress on another device), which looks in the old sluice_conntrack
+// only: put half-open into the new one, the reply went out untranslated
+// (a UDP exchange lost in TestFailedResizeStartUnderLoad, 1 in ~10,000).
+// In sluice_ct_new, which both builds share then, the old program finds
+// it, as before the share. Not otherwise: with sluice_ct_new migrated
+// alone, the shared map is sluice_conntrack, where the old programs find
+// a half-open flow and not one in the new LRU; with both, or release 0's
+// map, migrated, neither is shared.
+func (d *Datapath) pauseShare() bool {
+	migrated := map[string]bool{}
 	for _, mg := range d.migrations {
-		switch {
-		case mg.r0, mg.name == mapConntrack, mg.name == mapCTNew, mg.name == mapConntrack6, mg.name == mapCTNew6:
-			return true
+		if mg.r0 {
+			return false
 		}
+		migrated[mg.name] = true
 	}
-	return false
+	return (migrated[mapConntrack] && !migrated[mapCTNew]) || (migrated[mapConntrack6] && !migrated[mapCTNew6])
 }
 
 // resumeAdmit lets this load's programs put new flows half-open into
-// sluice_conntrack again (ctMigrating), once no previous program runs. A
-// kernel without mmapable .data leaves them paused: new flows then go to
+// sluice_conntrack again (pauseShare), once no previous program runs. A
+// start that fails after it puts the previous programs back link by link:
+// the word is set again first (noted after the link updates, so undone
+// before them), or a new ingress program still on a link would put a flow
+// half-open into the new map that a restored old egress misses. A kernel
+// without mmapable .data leaves them paused: new flows then go to
 // sluice_ct_new, the LRU, as before the half-open share.
 func (d *Datapath) resumeAdmit() error {
-	if d.tc.CtAdmitPaused == nil {
+	v := d.tc.CtAdmitPaused
+	if v == nil {
 		return nil
 	}
-	if err := d.tc.CtAdmitPaused.Set(uint8(0)); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
+	var paused uint8
+	if err := v.Get(&paused); err != nil || paused == 0 {
+		return nil // not paused, or not writable (ErrNotSupported): left
+	}
+	if err := d.pins.note(false, func() error { return v.Set(uint8(1)) }, nil); err != nil {
+		return err
+	}
+	if err := v.Set(uint8(0)); err != nil {
 		return fmt.Errorf("set ct_admit_paused: %w", err)
 	}
 	return nil
