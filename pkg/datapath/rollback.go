@@ -289,7 +289,11 @@ func (d *Datapath) Abort() error {
 // the old ones forward: a UDP flow or a connection established meanwhile
 // keeps its backend. A packet of such a flow answered by an old program
 // before the undo (its reply at an egress not yet updated) finds no entry
-// there: the window of a failed AttachDevices, milliseconds. Release 0's
+// there: the window of a failed AttachDevices, milliseconds. While
+// sluice_conntrack alone is migrated, the new programs put new flows into
+// the shared sluice_ct_new (pauseShare; paused again first if the start
+// fails after it was cleared), so only source-NATed flows, whose port
+// reservation needs sluice_conntrack, have that window then. Release 0's
 // conntrack, of another layout, is not carried back.
 //
 // A kill after the first link update cannot undo anything: the start
