@@ -351,9 +351,9 @@ func (d *Datapath) loadShim(opts *ebpf.CollectionOptions) error {
 // source-NATed flow's port reservation still goes into the new
 // sluice_conntrack: its reply met by an old program meanwhile is not
 // translated, as before the share.) When sluice_ct_new itself, or
-// release 0's single map, is the one replaced, the half-open entry is the old programs' to
-// find: the SYN must meet an old program and its answer a new one, so
-// egress goes first. (Both sluice_conntrack and sluice_ct_new resized at
+// release 0's single map, is the one replaced, the half-open entry is the
+// old programs' to find: the SYN must meet an old program and its answer
+// a new one, so egress goes first. (Both sluice_conntrack and sluice_ct_new resized at
 // once leaves such a flow a window of the few microseconds between two
 // link updates.) The IPv6 programs follow the same rule, slot by slot
 // (switchIPv6).
