@@ -45,8 +45,16 @@ const (
 	// Service's timeout. Eight in a row from a balancer without affinity
 	// agree once in 128 rounds, so two agreeing rounds that differ do not
 	// happen by chance.
-	expiresBurst  = 8
-	expiresRounds = 10
+	expiresBurst = 8
+	// expiresRounds bounds the rounds of an "affinity expires" flow. An
+	// expiry that works makes each round's choice afresh, so with two
+	// endpoints every round still reaches the same one once in
+	// 2^(expiresRounds-1) flows: 10 rounds failed a working datapath once
+	// in 512 flows (the corpus has four such flows: once in 128 runs, and
+	// CI saw it). 21 rounds make it once in a million flows; a flow that
+	// passes ends at the first round that differs (two on average), so
+	// only a failing one waits all 21.
+	expiresRounds = 21
 	expiresIdle   = time.Second // beyond the timeout
 	// maxAffinityTimeout is the longest Service timeout an "expires" flow
 	// may have: the runner idles that long, up to expiresRounds times.
