@@ -176,6 +176,22 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		}
 		ifindex[i] = iface.Index
 	}
+	// The device entries as they were, for a start that fails; then each
+	// device's L3 flag made right before a program goes on it (markL3).
+	if err := errors.Join(d.pins.keepEntries(d.maps.devices, mapDevices), d.pins.keepEntries(d.maps.devices6, mapDevices6)); err != nil {
+		return err
+	}
+	flags := make([]uint32, len(devs))
+	for i, dev := range devs {
+		f, err := deviceFlags(dev)
+		if err != nil {
+			return err
+		}
+		flags[i] = f
+		if err := d.maps.markL3(ifindex[i], f&nodeDevL3 != 0); err != nil {
+			return fmt.Errorf("record node device %s: %w", dev, err)
+		}
+	}
 	// Before any program of this release goes on a device: the LRU's
 	// word set, and kept set until Commit (HoldConntrackNew).
 	if err := d.maps.HoldConntrackNew(); err != nil {
@@ -220,15 +236,15 @@ func (d *Datapath) AttachDevices(devs []string) error {
 			if err := d.attachTC(dev, ifindex[i], dir); err != nil {
 				return err
 			}
+			if afterAttachTC != nil {
+				afterAttachTC(dev)
+			}
 		}
 	}
 	if shim {
 		if err := d.finishTCSwitch(); err != nil {
 			return err
 		}
-	}
-	if err := errors.Join(d.pins.keepEntries(d.maps.devices, mapDevices), d.pins.keepEntries(d.maps.devices6, mapDevices6)); err != nil {
-		return err
 	}
 	for i, dev := range devs {
 		if err := d.attachXDP(dev, ifindex[i]); err != nil {
@@ -242,13 +258,8 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		if err != nil {
 			return err
 		}
-		flags, err := deviceFlags(dev)
-		if err != nil {
-			return err
-		}
 		// Its tc programs see what comes back through it.
-		flags |= nodeDevTC
-		if err := d.maps.setNodeDevice(ifindex[i], addr, flags); err != nil {
+		if err := d.maps.setNodeDevice(ifindex[i], addr, flags[i]|nodeDevTC); err != nil {
 			return fmt.Errorf("record node device %s: %w", dev, err)
 		}
 		if err := d.maps.setNodeDevice6(ifindex[i], addr6); err != nil {
@@ -257,6 +268,10 @@ func (d *Datapath) AttachDevices(devs []string) error {
 	}
 	return shims.detach()
 }
+
+// afterAttachTC, if set (by tests only), is called by AttachDevices each
+// time it has attached a tc program to dev.
+var afterAttachTC func(dev string)
 
 // attachTC attaches the tc program of dir to dev: a tcx link, or on a
 // kernel without tcx a clsact filter. Sluice's clsact filters are removed

@@ -50,6 +50,35 @@ func (m *Maps) setNodeDevice(ifindex int, addr netip.Addr, flags uint32) error {
 	return m.syncL3Gate()
 }
 
+// markL3 makes the L3 flag (nodeDevL3) of device ifindex's entry say l3
+// before AttachDevices puts its tc programs on it, keeping the rest of the
+// entry (a previous agent's address and flags, which its flows' replies
+// still need): otherwise, until the device is recorded after the attach, a
+// new tun's tc program would read a packet's IPv4 header as an Ethernet
+// header, and a device that reuses an L3 device's ifindex would have its
+// frames read from their MAC on. The word first when the flag is set, and
+// synced after it is cleared (setNodeDevice's order). Nothing is written
+// when the flag is right already.
+func (m *Maps) markL3(ifindex int, l3 bool) error {
+	var v sockNodeDev
+	if err := m.devices.Lookup(uint32(ifindex), &v); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("look up %s: %w", mapDevices, err)
+	}
+	if (v.Flags&nodeDevL3 != 0) == l3 {
+		return nil
+	}
+	v.Flags ^= nodeDevL3
+	if l3 {
+		if err := m.setL3Gate(true); err != nil {
+			return err
+		}
+	}
+	if err := m.devices.Put(uint32(ifindex), &v); err != nil || l3 {
+		return err
+	}
+	return m.syncL3Gate()
+}
+
 // syncL3Gate makes dev_l3_maybe say whether sluice_devices holds an L3
 // device (nodeDevL3) now: after a write or delete that may have removed
 // the last one, or to clear a new load's word (1 until written) once the

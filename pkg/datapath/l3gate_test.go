@@ -7,6 +7,9 @@ package datapath
 
 import (
 	"bytes"
+	"net"
+	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
@@ -122,4 +125,60 @@ func TestL3Gate(t *testing.T) {
 		wantL3Gate(t, d, 0, "Ethernet device attached again")
 		translated("gate cleared again")
 	})
+}
+
+// TestL3FlagBeforeTC: AttachDevices makes a device's L3 flag right before
+// its tc programs go on it, not with the record it writes after them: a
+// new tun's first packets are read from their IPv4 header on (dev_l3_maybe
+// set too), and an Ethernet device whose entry says L3 (its ifindex was an
+// L3 device's) from its MAC on. The rest of the entry a previous agent
+// wrote (its SNAT address, flags) stays meanwhile; the record after the
+// attach has the device's own.
+func TestL3FlagBeforeTC(t *testing.T) {
+	testutil.Privileged(t)
+	_, _, _, ethIdx := tunNetns(t, false)
+	tun, err := net.InterfaceByName("tun0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	index := map[string]int{"eth0": ethIdx, "tun0": tun.Index}
+	d := openTest(t, xdpConfig(testPinDir(t)))
+	stale := sockNodeDev{Addr: be32(netip.MustParseAddr("192.0.2.7")), Flags: nodeDevL3 | nodeDevTC}
+	if err := d.maps.devices.Put(uint32(ethIdx), &stale); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	afterAttachTC = func(dev string) {
+		calls++
+		var nd sockNodeDev
+		if err := d.maps.devices.Lookup(uint32(index[dev]), &nd); err != nil {
+			t.Fatalf("%s's tc program attached before its entry is written: %v", dev, err)
+		}
+		if l3 := nd.Flags&nodeDevL3 != 0; l3 != (dev == "tun0") {
+			t.Fatalf("%s's tc program attached while its entry says L3 %v (flags %#x)", dev, l3, nd.Flags)
+		}
+		if dev == "eth0" && (nd.Addr != stale.Addr || nd.Flags != nodeDevTC) {
+			t.Fatalf("eth0's entry while attaching: %+v, want the previous one's address and TC flag kept", nd)
+		}
+		if g := l3Gates(t, d); slices.Contains(g, 0) {
+			t.Fatalf("%s's tc program attached with dev_l3_maybe %v", dev, g)
+		}
+	}
+	t.Cleanup(func() { afterAttachTC = nil })
+	if err := d.AttachDevices([]string{"eth0", "tun0"}); err != nil {
+		t.Fatal(err)
+	}
+	if calls != 4 {
+		t.Fatalf("%d tc attaches seen, want ingress and egress of two devices", calls)
+	}
+	for dev, want := range map[string]uint32{"eth0": nodeDevTC, "tun0": nodeDevL3 | nodeDevTC} {
+		var nd sockNodeDev
+		if err := d.maps.devices.Lookup(uint32(index[dev]), &nd); err != nil {
+			t.Fatal(err)
+		}
+		if nd.Flags != want {
+			t.Fatalf("%s recorded with flags %#x, want %#x", dev, nd.Flags, want)
+		}
+	}
+	wantL3Gate(t, d, 1, "tun0 attached")
 }
