@@ -37,7 +37,7 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *binDir, *requests, *hold); err != nil {
+	if _, err := run(ctx, *binDir, *requests, *hold); err != nil {
 		if errors.Is(err, context.Canceled) {
 			fmt.Println("\ninterrupted; cleaned up")
 			os.Exit(130)
@@ -47,13 +47,15 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, binDir string, requests int, hold bool) (err error) {
+// run is the demo. It returns how many requests each pod answered (every
+// pod a key), for its test.
+func run(ctx context.Context, binDir string, requests int, hold bool) (answers map[string]int, err error) {
 	if os.Geteuid() != 0 {
-		return errors.New("run as root: the demo creates network namespaces and loads BPF programs")
+		return nil, errors.New("run as root: the demo creates network namespaces and loads BPF programs")
 	}
 	tmp, err := os.MkdirTemp("", "sluice-demo-")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer func() { err = errors.Join(err, os.RemoveAll(tmp)) }()
 
@@ -61,14 +63,14 @@ func run(ctx context.Context, binDir string, requests int, hold bool) (err error
 	if binDir == "" {
 		step("building sluice and sluicectl")
 		if bins, err = agentproc.Build(ctx, tmp); err != nil {
-			return err
+			return nil, err
 		}
 	}
 
 	step("creating namespaces: client, node, backend1..3")
 	topo, err := topology.New()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer func() {
 		if cerr := topo.Close(); cerr != nil {
@@ -77,11 +79,11 @@ func run(ctx context.Context, binDir string, requests int, hold bool) (err error
 	}()
 	lb, err := topo.BuildLB(3)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pods, err := lb.ServeHTTP(8080, "pod-")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for i, be := range lb.Backends {
 		fmt.Printf("    %s serves HTTP on %s:8080 (namespace %s)\n", pods[i], lb.BackendAddrs[i], be.Name)
@@ -93,7 +95,7 @@ func run(ctx context.Context, binDir string, requests int, hold bool) (err error
 		Ports: []agentproc.Port{{Name: "http", Protocol: "TCP", Port: port, TargetPort: "8080", EndpointPort: 8080}}}
 	manifest := filepath.Join(tmp, "web.yaml")
 	if err := agentproc.WriteFile(manifest, svc.YAML()); err != nil {
-		return err
+		return nil, err
 	}
 	fmt.Print(indent(svc.YAML()))
 
@@ -113,11 +115,11 @@ func run(ctx context.Context, binDir string, requests int, hold bool) (err error
 		return err
 	})
 	if err := agent.Start(); err != nil {
-		return err
+		return nil, err
 	}
 	if err := agent.WaitReady(30 * time.Second); err != nil {
 		fmt.Printf("agent log:\n%s", agent.Log)
-		return err
+		return nil, err
 	}
 	fmt.Println("    /readyz: 200, the datapath matches the manifest")
 	if dump, err := agent.Services(ctx); err == nil {
@@ -127,14 +129,17 @@ func run(ctx context.Context, binDir string, requests int, hold bool) (err error
 	step(fmt.Sprintf("sending %d requests from the client to http://%s:%d/", requests, clusterIP, port))
 	client := lb.Client.HTTPClient(3 * time.Second)
 	counts := map[string]int{}
+	for _, p := range pods {
+		counts[p] = 0
+	}
 	fmt.Println("    REQUEST  ANSWERED BY")
 	for i := 1; i <= requests; i++ {
 		if err := ctx.Err(); err != nil {
-			return err
+			return nil, err
 		}
 		who, err := topology.WhoAnswered(client, fmt.Sprintf("http://%s:%d/", clusterIP, port))
 		if err != nil {
-			return fmt.Errorf("request %d: %w", i, err)
+			return nil, fmt.Errorf("request %d: %w", i, err)
 		}
 		counts[who]++
 		fmt.Printf("    %7d  %s\n", i, who)
@@ -156,7 +161,7 @@ func run(ctx context.Context, binDir string, requests int, hold bool) (err error
 		<-ctx.Done()
 	}
 	step("cleaning up: agent stop, sluice cleanup, namespaces removed")
-	return nil
+	return counts, nil
 }
 
 func step(s string) { fmt.Printf("\n==> %s\n", s) }
