@@ -8,7 +8,10 @@ import (
 
 func TestPoll(t *testing.T) {
 	n := 0
-	if err := Poll(time.Second, func() error {
+	// A bound far beyond the 15 ms three checks take: only a failing run
+	// waits it out (1 s failed a run the race detector's load held back
+	// that long between two checks).
+	if err := Poll(10*time.Second, func() error {
 		if n++; n < 3 {
 			return errors.New("not yet")
 		}

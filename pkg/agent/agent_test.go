@@ -216,15 +216,24 @@ func TestSocketLBOffSkipsCgroup(t *testing.T) {
 }
 
 func TestFailedApplyIsRetriedUntilItSucceeds(t *testing.T) {
-	recon := &fakeReconciler{recorder: &recorder{}, failures: 3}
-	// Retries far enough apart for the check below to see a failure on a
-	// loaded machine (at 1ms all three fit between two checks).
-	h := start(t, Config{RetryMin: 50 * time.Millisecond, RetryMax: 50 * time.Millisecond}, recon, nil)
+	// Each Apply takes a token from the gate: the first one fails, and
+	// the retries wait until the check below has seen the failure in
+	// Ready. (With retries 50 ms apart and no gate, the failure showed
+	// for about 150 ms, which a poller that a loaded machine holds back,
+	// under the race detector, could miss, and then wait out its bound.)
+	gate := make(chan struct{}, 4)
+	defer close(gate) // before the harness stops: a later Apply, if any, does not block its end
+	recon := &fakeReconciler{recorder: &recorder{}, failures: 3, gate: gate}
+	h := start(t, Config{RetryMin: time.Millisecond, RetryMax: 4 * time.Millisecond}, recon, nil)
+	gate <- struct{}{}
 	h.src.states <- stateWith(1)
 	eventually(t, "a failed apply to show in Ready", func() bool {
 		err := h.agent.Ready()
 		return err != nil && strings.Contains(err.Error(), "map full")
 	})
+	for range 3 {
+		gate <- struct{}{}
+	}
 	eventually(t, "ready after retries", func() bool { return h.agent.Ready() == nil })
 	applies := 0
 	for _, c := range h.rec.list() {

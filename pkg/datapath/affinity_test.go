@@ -197,8 +197,10 @@ func TestTCAffinitySticky(t *testing.T) {
 // TestTCAffinityExpires: with timeoutSeconds 1, a client that makes no new
 // flow for longer selects afresh (over 16 clients and 4 backends, some
 // land elsewhere), and its entry is rewritten; a new flow within the
-// timeout refreshes it (clients that keep connecting every 0.6 s stay put
-// for 1.8 s, three times what one refresh would give them).
+// timeout refreshes it (clients that keep connecting every 0.3 s stay put
+// for 1.8 s, almost twice the timeout). A refresh is due 0.3 s after the
+// last, so a stall of 0.7 s (not 0.4 s, as with 0.6 s rounds) would let
+// an entry expire between two rounds.
 func TestTCAffinityExpires(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		a := newAffTest(t, v6)
@@ -208,13 +210,13 @@ func TestTCAffinityExpires(t *testing.T) {
 
 		const clients = 16
 		first := a.flows(clients, 40000, affVIP)
-		// Refreshed by new flows every 0.6 s: still sticky after 1.8 s.
-		for round := 1; round <= 3; round++ {
-			time.Sleep(600 * time.Millisecond)
+		// Refreshed by new flows every 0.3 s: still sticky after 1.8 s.
+		for round := 1; round <= 6; round++ {
+			time.Sleep(300 * time.Millisecond)
 			for c := range clients {
 				if got := a.flow(clientAddr(c), uint16(40000+round), affVIP); got != first[c] {
 					t.Fatalf("round %d (%.1f s): client %s went to %s, stuck to %s: its affinity was not refreshed",
-						round, 0.6*float64(round), clientAddr(c), got, first[c])
+						round, 0.3*float64(round), clientAddr(c), got, first[c])
 				}
 			}
 		}

@@ -228,13 +228,15 @@ func ipVersion(v6 bool) byte {
 }
 
 // readIP returns the next IPv4 (with v6: IPv6) packet the node sends
-// through tun, or nil after a second without one. The stack's own IPv6
+// through tun, or nil after 5 s without one. The stack's own IPv6
 // chatter (neighbour discovery, MLD: ICMPv6 informational messages, the
-// latter behind a hop-by-hop header) is skipped.
+// latter behind a hop-by-hop header) is skipped. Every caller expects a
+// packet, so the bound is only waited out by a failing run (1 s failed
+// a run whose backend, a process, the machine held back that long).
 func readIP(t *testing.T, tun *os.File, v6 bool) []byte {
 	t.Helper()
 	buf := make([]byte, 4096)
-	tun.SetReadDeadline(time.Now().Add(time.Second))
+	tun.SetReadDeadline(time.Now().Add(5 * time.Second))
 	for {
 		n, err := tun.Read(buf)
 		if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -394,7 +396,7 @@ func TestTCL3DeviceEndToEnd(t *testing.T) {
 		if _, err := tun.Write(q.L3()); err != nil {
 			t.Fatalf("write to tun: %v", err)
 		}
-		// The answer, or nil after a second: the stack's own chatter
+		// The answer, or nil after 5 s: the stack's own chatter
 		// skipped, and anything that is not UDP.
 		var p []byte
 		for p = readIP(t, tun, v6); p != nil; p = readIP(t, tun, v6) {

@@ -122,7 +122,17 @@ func TestEventsOnUnprogrammableServices(t *testing.T) {
 		extIP := f.externalIP(50)
 		withIP := func(s *corev1.Service) { s.Spec.ExternalIPs = []string{extIP} }
 		f.service(t, c, ns, "winner", withIP, svcPort("http", 80, "http"))
-		time.Sleep(300 * time.Millisecond) // the winner is programmed first, and keeps it
+		// The winner is programmed first, and keeps it. Waited for, not
+		// slept on: had a sync not taken the winner in yet when the loser
+		// came (300 ms were slept here), both would be newcomers, and
+		// within one second of creationTimestamp the first by name wins:
+		// "loser".
+		eventually(t, "the winner's two frontends programmed", 30*time.Second, func() error {
+			if n, _, _ := dp.Sizes(); n != 3 {
+				return fmt.Errorf("%d frontends:\n%s", n, dp.String())
+			}
+			return nil
+		})
 		// loser asks for winner's external IP and port: of its two
 		// frontends (ClusterIP and external IP) it loses the latter. The
 		// maps are then full (kubernetes's, winner's two, loser's

@@ -86,7 +86,7 @@ func TestRunnerRunsPeriodically(t *testing.T) {
 	r := newRunner(func(p bool) { log.add(p) }, 0, 100*time.Millisecond)
 	startRunner(t, r)
 	r.Request()
-	waitFor(t, "three runs", 2*time.Second, func() bool { return log.len() >= 3 })
+	waitFor(t, "three runs", 10*time.Second, func() bool { return log.len() >= 3 })
 	log.mu.Lock()
 	defer log.mu.Unlock()
 	if log.kinds[0] || !log.kinds[1] || !log.kinds[2] {
