@@ -176,8 +176,10 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		}
 		ifindex[i] = iface.Index
 	}
-	// The device entries as they were, for a start that fails; then each
-	// device's L3 flag made right before a program goes on it (markL3).
+	// The device entries as they were, for a start that fails (undone
+	// last, once the previous programs are back: markL3 writes only what
+	// the devices are); then each device's L3 flag made right before a
+	// program goes on it (markL3).
 	if err := errors.Join(d.pins.keepEntries(d.maps.devices, mapDevices), d.pins.keepEntries(d.maps.devices6, mapDevices6)); err != nil {
 		return err
 	}
@@ -203,12 +205,12 @@ func (d *Datapath) AttachDevices(devs []string) error {
 	if shim {
 		// On success the last line detaches them and reports how. On
 		// an error below, before Commit, they go with the undo, after
-		// it has put the previous programs back (noted first, undone
-		// last): detaching a tcx link waits for an RCU grace period,
-		// milliseconds during which a link this start updated would
-		// still run the new programs beside the old ones (a reply at
-		// an old egress missing the flow a new ingress started).
-		// After Commit, on return.
+		// it has put the previous programs back (noted before the
+		// links, undone after them): detaching a tcx link waits for
+		// an RCU grace period, milliseconds during which a link this
+		// start updated would still run the new programs beside the
+		// old ones (a reply at an old egress missing the flow a new
+		// ingress started). After Commit, on return.
 		detachShims := func() error { return shims.detach() }
 		if err := d.pins.note(false, detachShims, func() { _ = detachShims() }); err != nil {
 			return err
@@ -245,6 +247,12 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		if err := d.finishTCSwitch(); err != nil {
 			return err
 		}
+	}
+	// Again before the records below (addresses, nodeDevTC): a start
+	// that fails puts them back before the previous programs, which read
+	// them, return.
+	if err := errors.Join(d.pins.keepEntries(d.maps.devices, mapDevices), d.pins.keepEntries(d.maps.devices6, mapDevices6)); err != nil {
+		return err
 	}
 	for i, dev := range devs {
 		if err := d.attachXDP(dev, ifindex[i]); err != nil {

@@ -51,14 +51,17 @@ func (m *Maps) setNodeDevice(ifindex int, addr netip.Addr, flags uint32) error {
 }
 
 // markL3 makes the L3 flag (nodeDevL3) of device ifindex's entry say l3
-// before AttachDevices puts its tc programs on it, keeping the rest of the
-// entry (a previous agent's address and flags, which its flows' replies
-// still need): otherwise, until the device is recorded after the attach, a
-// new tun's tc program would read a packet's IPv4 header as an Ethernet
-// header, and a device that reuses an L3 device's ifindex would have its
-// frames read from their MAC on. The word first when the flag is set, and
-// synced after it is cleared (setNodeDevice's order). Nothing is written
-// when the flag is right already.
+// before AttachDevices puts its tc programs on it. Otherwise, until the
+// device is recorded after the attach, a new tun's tc program would read
+// a packet's IPv4 header as an Ethernet header, and a device that reuses
+// an L3 device's ifindex would have its frames read from their MAC on.
+// The rest of the entry stays as it is (the same device under a previous
+// agent: the address and flags its flows' replies still need; an ifindex
+// another device had: its stale address, as before, until the record
+// after the attach); an entry left empty is deleted, as setNodeDevice
+// does. The word first when the flag is set, and synced after it is
+// cleared (setNodeDevice's order). Nothing is written when the flag is
+// right already.
 func (m *Maps) markL3(ifindex int, l3 bool) error {
 	var v sockNodeDev
 	if err := m.devices.Lookup(uint32(ifindex), &v); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -73,7 +76,13 @@ func (m *Maps) markL3(ifindex int, l3 bool) error {
 			return err
 		}
 	}
-	if err := m.devices.Put(uint32(ifindex), &v); err != nil || l3 {
+	var err error
+	if v == (sockNodeDev{}) {
+		err = deleteIgnoringMissing(m.devices, uint32(ifindex))
+	} else {
+		err = m.devices.Put(uint32(ifindex), &v)
+	}
+	if err != nil || l3 {
 		return err
 	}
 	return m.syncL3Gate()

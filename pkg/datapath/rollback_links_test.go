@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -199,6 +200,14 @@ func TestFailedStartPutsProgramsBack(t *testing.T) {
 				t.Fatal("the previous agent's programs established no flow in the pinned conntrack map")
 			}
 
+			// sl-b's ifindex was an L3 device's (an entry says so):
+			// the start clears the flag before its programs go on
+			// sl-b (markL3), and the undo puts the entry back.
+			stale := sockNodeDev{Flags: nodeDevL3}
+			devices := pinnedDevices(t, bpffs, func(m *ebpf.Map) {
+				must(t, m.Put(uint32(links["sl-b"].Attrs().Index), &stale))
+			})
+
 			// sl-c's link cannot be read: the start fails there,
 			// after sl-a's and sl-b's ingress links are in.
 			must(t, os.Mkdir(filepath.Join(bpffs, "sluice", "links", "tcx_ingress_sl-c"), 0o700))
@@ -236,6 +245,9 @@ func TestFailedStartPutsProgramsBack(t *testing.T) {
 					t.Error("the flow the new programs established before the failure is not in the old conntrack map")
 				}
 				sameHooks(t, "after the failed start", now, before)
+				if got := pinnedDevices(t, bpffs, nil); !maps.Equal(got, devices) {
+					t.Errorf("%s after the failed start: %v, want %v as before it", mapDevices, got, devices)
+				}
 				testutil.SamePinnedMaps(t, "after the failed start", testutil.PinnedMapIDs(t, filepath.Join(bpffs, "sluice")), pins)
 			}
 			if fileExists(filepath.Join(bpffs, "sluice", switchedDir)) != tc.kill {
@@ -315,4 +327,29 @@ func cutPrevious(name string) (string, bool) {
 		return name[:len(name)-len(previousSuffix)], true
 	}
 	return "", false
+}
+
+// pinnedDevices calls change (if not nil) on the pinned sluice_devices
+// map, then returns its entries.
+func pinnedDevices(t *testing.T, bpffs string, change func(*ebpf.Map)) map[uint32]sockNodeDev {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(bpffs, "sluice", mapDevices), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if change != nil {
+		change(m)
+	}
+	out := map[uint32]sockNodeDev{}
+	var k uint32
+	var v sockNodeDev
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

@@ -38,7 +38,7 @@ const (
 	// answered: with 12 an endpoint, a fair pick left one of two
 	// unanswered after 24 attempts once in 8 million flows, and the
 	// corpus has 255 such flows and 12 with three endpoints (40
-	// attempts): 3.4e-5 false failures a run. With 24, ~1e-12; a
+	// attempts): 3.4e-5 false failures a run. With 24, ~1e-11; a
 	// passing flow stops once every endpoint has answered, at 24 attempts
 	// or soon after, as before.
 	attemptsPerEndpoint = 24
