@@ -1,6 +1,8 @@
 package datapath
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -248,6 +250,109 @@ func testRemapDuringResize(t *testing.T, tc migSNATCase, v6 bool, proto model.Pr
 		}
 		if src, _, _ := through(newEgress, !switched, reply(f1, cport, ack), when+": first flow's next reply"); src != vip1.Addr.String() {
 			t.Errorf("%s: first flow's next reply from %s, want %s", when, src, vip1.Addr)
+		}
+	}
+}
+
+// TestFailedResizeStartKeepsRemappedFlow: the undo of a start that fails
+// after it updated a link (sl-c's link pin is a directory: AttachDevices
+// fails there, sl-a's ingress runs the new program; the shims stay in
+// front until the undo is done) with the remapped flow of
+// TestResizeRemappedFlowAnsweredByOldEgress made meanwhile: its first
+// reply, at the previous agent's egress, is translated (the shim copies
+// the reservation back), and once the previous programs run everywhere
+// again (Abort: the new maps' flows carried back, carryBack) the flow
+// goes on through them from its port, its replies translated, the other
+// flow on its own port. Before, the first reply went out untranslated.
+func TestFailedResizeStartKeepsRemappedFlow(t *testing.T) {
+	testutil.Privileged(t)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		for _, proto := range []model.Protocol{model.TCP, model.UDP} {
+			t.Run(proto.String(), func(t *testing.T) {
+				testRemapFailedStart(t, v6, proto)
+			})
+		}
+	})
+}
+
+func testRemapFailedStart(t *testing.T, v6 bool, proto model.Protocol) {
+	bpffs := testPinDir(t)
+	ns := topology.NewNS(t, "migsnatfail")
+	ns.Enter(t)
+	addVeths(t, [2]string{"sl-a", "sl-a1"}, [2]string{"sl-c", "sl-c1"})
+	d1 := openTest(t, configWith(smallConfig, oneSNATPort)(bpffs))
+	must(t, d1.AttachDevices([]string{"sl-a"}))
+	a := twinOf(v6)
+	be := testBackend{71, l4(a("10.1.7.1"), 8080, proto)}
+	vip1, vip2 := l4(a("10.96.0.70"), 80, proto), l4(a("10.96.0.71"), 80, proto)
+	addService(t, d1.Maps(), 1, vip1, be)
+	addService(t, d1.Maps(), 2, vip2, be)
+	const cport, remapped = 47300, 62000
+	f1 := flow{a("10.0.7.1"), cport, vip1}
+	f2 := f1
+	f2.fe = vip2
+	syn, ack, sa := uint8(tcpSYN_), uint8(tcpACK), uint8(tcpSA)
+	if proto == model.UDP {
+		syn, ack, sa = 0, 0, 0
+	}
+	reply := func(f flow, dport uint16, flags uint8) []byte {
+		p := f.from(be.addr, flags)
+		p.DstPort = dport
+		return p.Bytes()
+	}
+	// run runs in through prog (after d2's shim if one is given); it
+	// returns the packet's source address and ports as sent.
+	run := func(shim *Datapath, prog *ebpf.Program, in []byte, what string) (src string, sport, dport uint16) {
+		t.Helper()
+		if shim != nil {
+			runShim(t, shim, 0, in)
+		}
+		v, out, err := runProgErr(prog, in)
+		if err != nil || v != tcActOK {
+			t.Fatalf("%s: verdict %d (%v), want %d", what, v, err, tcActOK)
+		}
+		return outSrc(out), outSport(out), outDport(out)
+	}
+	oldIngress, oldEgress := tcProgs(d1, v6)
+	run(nil, oldIngress, f1.pkt(syn).Bytes(), "first flow")
+	run(nil, oldEgress, reply(f1, cport, sa), "first flow's reply")
+
+	must(t, os.Mkdir(filepath.Join(bpffs, "sluice", "links", "tcx_ingress_sl-c"), 0o700))
+	cfg := configWith(smallConfig, oneSNATPort)(bpffs)
+	cfg.MaxConntrack = 8192
+	d2, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aborted := false
+	t.Cleanup(func() {
+		if !aborted {
+			_ = d2.Abort()
+		}
+	})
+	if err := d2.AttachDevices([]string{"sl-a", "sl-c"}); err == nil {
+		t.Fatal("AttachDevices with sl-c's link pin a directory succeeded")
+	}
+	newIngress, _ := tcProgs(d2, v6)
+	if _, sp, _ := run(d2, newIngress, f2.pkt(syn).Bytes(), "second flow at the new ingress"); sp != remapped {
+		t.Fatalf("second flow at the new ingress leaves from port %d, want %d (remapped)", sp, remapped)
+	}
+	if src, sp, dp := run(d2, oldEgress, reply(f2, remapped, sa), "second flow's reply at the previous agent's egress"); src != vip2.Addr.String() || sp != vip2.Port || dp != cport {
+		t.Fatalf("second flow's reply at the previous agent's egress: from %s:%d to port %d, want from %s to port %d", src, sp, dp, vip2, cport)
+	}
+	aborted = true
+	must(t, d2.Abort())
+	must(t, os.Remove(filepath.Join(bpffs, "sluice", "links", "tcx_ingress_sl-c")))
+
+	for i := range 2 {
+		if _, sp, _ := run(nil, oldIngress, f2.pkt(ack).Bytes(), "after the failed start: second flow's next packet"); sp != remapped {
+			t.Errorf("after the failed start (%d): second flow's next packet leaves from port %d, want %d", i, sp, remapped)
+		}
+		if src, _, dp := run(nil, oldEgress, reply(f2, remapped, ack), "after the failed start: second flow's next reply"); src != vip2.Addr.String() || dp != cport {
+			t.Errorf("after the failed start (%d): second flow's next reply from %s to port %d, want from %s to port %d", i, src, dp, vip2.Addr, cport)
+		}
+		if _, sp, _ := run(nil, oldIngress, f1.pkt(ack).Bytes(), "after the failed start: first flow's next packet"); sp != cport {
+			t.Errorf("after the failed start (%d): first flow's next packet leaves from port %d, want its own %d", i, sp, cport)
 		}
 	}
 }

@@ -297,7 +297,7 @@ func (d *Datapath) Abort() error {
 // while the migration shims are in front of the programs (the undo of a
 // failed AttachDevices detaches them last, after carryBack) they copy
 // such a reservation into the old map when the flow's reply comes
-// (mig_copy_back). Only a start that fails after AttachDevices returned,
+// (mig_copy_back, TestFailedResizeStartKeepsRemappedFlow). Only a start that fails after AttachDevices returned,
 // the shims gone, leaves source-NATed flows that window. Release 0's
 // conntrack, of another layout, is not carried back.
 //
