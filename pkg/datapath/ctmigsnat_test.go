@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -26,12 +27,13 @@ import (
 type migSNATCase struct {
 	name   string
 	resize func(*Config)
+	est    bool // sluice_conntrack migrated (else both agents use it)
 }
 
 var migSNATCases = []migSNATCase{
-	{"conntrack", func(c *Config) { c.MaxConntrack = 8192 }},
-	{"conntrack-new", func(c *Config) { c.MaxConntrackNew = 8192 }},
-	{"both", func(c *Config) { c.MaxConntrack, c.MaxConntrackNew = 8192, 8192 }},
+	{"conntrack", func(c *Config) { c.MaxConntrack = 8192 }, true},
+	{"conntrack-new", func(c *Config) { c.MaxConntrackNew = 8192 }, false},
+	{"both", func(c *Config) { c.MaxConntrack, c.MaxConntrackNew = 8192, 8192 }, true},
 }
 
 // runShim runs d's migration shim on in, as the hook runs it in front of
@@ -158,7 +160,10 @@ func TestResizeMasqueradedFlowAnsweredByOldProgram(t *testing.T) {
 // client's own port. Before, the old egress found no entry under
 // <backend -> client:62000>, and the reply went out untranslated. Then
 // the flow goes on from its port, during and after the switch, and the
-// first flow keeps its own.
+// first flow keeps its own. The same with a lapsed entry of a finished
+// flow under that tuple in the previous agent's map: the shim reaps it
+// first (left there, it kept the reservation out and the reply went out
+// untranslated).
 func TestResizeRemappedFlowAnsweredByOldEgress(t *testing.T) {
 	testutil.Privileged(t)
 	for _, tc := range migSNATCases {
@@ -166,7 +171,12 @@ func TestResizeRemappedFlowAnsweredByOldEgress(t *testing.T) {
 			forFamilies(t, func(t *testing.T, v6 bool) {
 				for _, proto := range []model.Protocol{model.TCP, model.UDP} {
 					t.Run(proto.String(), func(t *testing.T) {
-						testRemapDuringResize(t, tc, v6, proto)
+						testRemapDuringResize(t, tc, v6, proto, false)
+					})
+				}
+				if tc.est {
+					t.Run("UDP, a lapsed entry in the old map", func(t *testing.T) {
+						testRemapDuringResize(t, tc, v6, model.UDP, true)
 					})
 				}
 			})
@@ -174,7 +184,33 @@ func TestResizeRemappedFlowAnsweredByOldEgress(t *testing.T) {
 	}
 }
 
-func testRemapDuringResize(t *testing.T, tc migSNATCase, v6 bool, proto model.Protocol) {
+// plantLapsed puts an entry under k into the established table est that
+// lapsed a second ago (dead, not claimed): another flow's, finished.
+func plantLapsed(t *testing.T, est *ebpf.Map, k ctK) {
+	t.Helper()
+	now, err := monotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp := now - uint64(time.Second)
+	if k.v6() {
+		key := k.k6()
+		err = est.Update(&key, &tcCt6Entry{Expires: exp, Flags: ctFlagReplied}, ebpf.UpdateNoExist)
+	} else {
+		key := k.k4()
+		err = est.Update(&key, &sockCt4Entry{Expires: exp, Flags: ctFlagReplied}, ebpf.UpdateNoExist)
+	}
+	if err != nil {
+		t.Fatalf("plant a lapsed entry under %s: %v", k, err)
+	}
+}
+
+// testRemapDuringResize is TestResizeRemappedFlowAnsweredByOldEgress's
+// case; lapsed: the previous agent's sluice_conntrack holds a lapsed
+// entry under the remapped flow's reply tuple (a finished flow's, which
+// no agent's GC has deleted yet), which the shim reaps to put the
+// reservation there.
+func testRemapDuringResize(t *testing.T, tc migSNATCase, v6 bool, proto model.Protocol, lapsed bool) {
 	bpffs := testPinDir(t)
 	ns := topology.NewNS(t, "migsnat")
 	ns.Enter(t)
@@ -228,6 +264,14 @@ func testRemapDuringResize(t *testing.T, tc migSNATCase, v6 bool, proto model.Pr
 	}
 	if _, sp, _ := through(newIngress, true, f2.pkt(syn).Bytes(), "second flow at the new ingress"); sp != remapped {
 		t.Fatalf("second flow at the new ingress leaves from port %d, want %d (remapped)", sp, remapped)
+	}
+	if lapsed {
+		// The previous agent's table (the pin names the new one now).
+		est := d1.tc.SluiceConntrackV2
+		if v6 {
+			est = d1.tc.Sluice6ConntrackV1
+		}
+		plantLapsed(t, est, ctKeyOf(be.addr.Addr.String(), be.addr.Port, f2.client, remapped, proto, ctReverse))
 	}
 	if src, sp, dp := through(oldEgress, true, reply(f2, remapped, sa), "second flow's reply at the previous agent's egress"); src != vip2.Addr.String() || sp != vip2.Port || dp != cport {
 		t.Fatalf("second flow's reply at the previous agent's egress: from %s:%d to port %d, want from %s to port %d", src, sp, dp, vip2, cport)
