@@ -228,7 +228,9 @@ static __noinline void ct_admit_add(__u32 idx, __s64 d)
  * in the new one would be missed by them (a reply at an old egress left
  * untranslated). Meanwhile new flows go to sluice_ct_new, which both
  * share then, as before the share existed (a source-NATed flow's port
- * reservation, which needs this table, excepted). A mutable global
+ * reservation, which needs this table, excepted: the migration shim in
+ * front of an old program copies it into the old table when the flow's
+ * reply comes, migrate_fam.h's mig_copy_back). A mutable global
  * (.data), each object that creates flows its own (tc.c, xdp.c); the
  * agent sets the tc object's before it loads and clears it once every
  * hook runs the new programs.

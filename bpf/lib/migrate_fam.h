@@ -106,6 +106,52 @@ static __always_inline void FN(mig_copy)(void *from, void *to, bool est,
 		FN(mig_put)(to, est, &pkey, e, now);
 }
 
+/*
+ * mig_copy_back - the other way, for port reservations only: put the
+ * live reply entry of a source-NATed flow (CT_F_SNAT) under @key, which
+ * a new program put into the new sluice_conntrack, into the old one if
+ * that has nothing alive there (a lapsed entry is reaped, one another
+ * deleter has claimed left to it).
+ *
+ * A new flow's port reservation must go into the new sluice_conntrack
+ * (a port's uniqueness needs the one map, which the new programs search),
+ * where an old program that its first reply meets (another device's
+ * ingress, an egress not switched yet) found nothing before: the reply
+ * went on untranslated. An old program that finds the reservation promotes the flow as its own
+ * (ct_promote_snat): the forward entry, rebuilt from the reservation,
+ * into the old sluice_conntrack; the half-open one, in sluice_ct_new, let
+ * go if that map is shared. The old entries come back forward as any
+ * others (mig_copy: the forward entry the new maps then lack), and the
+ * new sluice_conntrack's reservation, the same flow, stays, promoted in
+ * turn by the flow's next reply met by a new program. While it is in the
+ * old map, the old programs' port search passes over it too. Only a
+ * reservation: the new programs' other new flows go to sluice_ct_new,
+ * shared, while sluice_conntrack alone is migrated (ct_admit_paused);
+ * with sluice_ct_new migrated too, egress goes first (pkg/datapath,
+ * migrate.go: migrating), and a half-open flow is not copied back.
+ */
+static __always_inline void FN(mig_copy_back)(const FAM(ct_key_t) *key,
+					      __u64 now)
+{
+	FAM(ct_entry_t) *n = bpf_map_lookup_elem(FAM(ct_est), key), *o;
+	FAM(ct_entry_t) e;
+	__u64 seen;
+
+	if (!n)
+		return;
+	e = *n;
+	if (!(e.flags & CT_F_SNAT) || !ct_alive(e.expires, now))
+		return;
+	o = bpf_map_lookup_elem(&FAM(mig_old_est), key);
+	if (o) {
+		seen = READ_ONCE(o->expires);
+		if (ct_alive(seen, now) ||
+		    !FN(ct_reap_plain)(&FAM(mig_old_est), key, o, seen))
+			return;
+	}
+	bpf_map_update_elem(&FAM(mig_old_est), key, &e, BPF_NOEXIST);
+}
+
 /* mig_packet - carry over the entries of @p's tuple, both directions. */
 static __always_inline void FN(mig_packet)(const FAM(pkt_t) *p)
 {
@@ -122,5 +168,10 @@ static __always_inline void FN(mig_packet)(const FAM(pkt_t) *p)
 			FN(mig_copy)(&FAM(mig_old_new), FAM(ct_new), false,
 				     &key, now);
 		FAM(mig_copy_r0)(&key, now);
+	}
+	/* @p as a reply: its tuple is a reservation's key. */
+	if (FN(mig_from_est)) {
+		FN(ct_key_of)(&key, p, CT_REVERSE);
+		FN(mig_copy_back)(&key, now);
 	}
 }
