@@ -108,10 +108,11 @@ static __always_inline void FN(mig_copy)(void *from, void *to, bool est,
 
 /*
  * mig_copy_back - the other way, for port reservations only: put the
- * live reply entry of a source-NATed flow (CT_F_SNAT) under @key, which
- * a new program put into the new sluice_conntrack, into the old one if
- * that has nothing alive there (a lapsed entry is reaped, one another
- * deleter has claimed left to it).
+ * live reply entry of a source-NATed flow (CT_F_SNAT) not seen closed
+ * under @key, which a new program put into the new sluice_conntrack (or
+ * the start copied there), into the old one if that has nothing alive
+ * there (a lapsed entry is reaped, one another deleter has claimed left
+ * to it).
  *
  * A new flow's port reservation must go into the new sluice_conntrack
  * (a port's uniqueness needs the one map, which the new programs search),
@@ -140,7 +141,12 @@ static __always_inline void FN(mig_copy_back)(const FAM(ct_key_t) *key,
 	if (!n)
 		return;
 	e = *n;
-	if (!(e.flags & CT_F_SNAT) || !ct_alive(e.expires, now))
+	/* A closed flow's reservation stays out: an old program's new flow
+	 * on the client's port superseded it in the old map on purpose
+	 * (ct_supersede), so that the closed flow's stragglers find nothing.
+	 */
+	if (!(e.flags & CT_F_SNAT) || ct_closed(e.flags) ||
+	    !ct_alive(e.expires, now))
 		return;
 	o = bpf_map_lookup_elem(&FAM(mig_old_est), key);
 	if (o) {
@@ -149,7 +155,18 @@ static __always_inline void FN(mig_copy_back)(const FAM(ct_key_t) *key,
 		    !FN(ct_reap_plain)(&FAM(mig_old_est), key, o, seen))
 			return;
 	}
-	bpf_map_update_elem(&FAM(mig_old_est), key, &e, BPF_NOEXIST);
+	if (bpf_map_update_elem(&FAM(mig_old_est), key, &e, BPF_NOEXIST))
+		return;
+	/* Checked after the insert (as ct_promote's): a deleter that
+	 * claimed the reservation in the new map meanwhile ended the flow,
+	 * and its copy goes too, before an old program promotes it.
+	 */
+	n = bpf_map_lookup_elem(FAM(ct_est), key);
+	if (n && ct_alive(READ_ONCE(n->expires), now))
+		return;
+	o = bpf_map_lookup_elem(&FAM(mig_old_est), key);
+	if (o)
+		FN(ct_reap_plain)(&FAM(mig_old_est), key, o, e.expires);
 }
 
 /* mig_packet - carry over the entries of @p's tuple, both directions. */

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -399,4 +400,65 @@ func testRemapFailedStart(t *testing.T, v6 bool, proto model.Protocol) {
 			t.Errorf("after the failed start (%d): first flow's next packet leaves from port %d, want its own %d", i, sp, cport)
 		}
 	}
+}
+
+// TestResizeClosedReservationStaysOut: the shim copies back only a live
+// reservation of a flow not seen closed. A closed flow's reservation
+// (RST, or FIN both ways), still in the new map for its close timeout,
+// may have been superseded in the old map on purpose (an old program's
+// new flow on the client's port, ct_supersede), so that the closed flow's
+// stragglers find nothing there: a straggler of the backend, met by the
+// previous agent's program, must not bring it back. The same reservation
+// not closed is copied (TestResizeMasqueradedFlowAnsweredByOldProgram).
+func TestResizeClosedReservationStaysOut(t *testing.T) {
+	testutil.Privileged(t)
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		var bpffs string
+		base := func(dir string) Config {
+			bpffs = dir
+			return configWith(smallConfig, oneSNATPort)(dir)
+		}
+		d1, ifindex, np, be := snatNode(t, v6, base)
+		cfg := configWith(smallConfig, oneSNATPort)(bpffs)
+		cfg.MaxConntrack = 8192
+		d2 := openTest(t, cfg)
+		newIngress, _ := tcProgs(d2, v6)
+		const cport, port = 43000, 62000
+		node := ofFamily(np.Addr, nsNodeIP, nsNodeIP6).String()
+		syn := nsClient(cport, np)
+		syn.TCPFlags = tcpSYN_
+		runShim(t, d2, ifindex, syn.Bytes())
+		if v, out := runOn(t, newIngress, ifindex, syn.Bytes()); v != tcActRedirect || outSport(out) != port {
+			t.Fatalf("SYN at the new ingress: verdict %d from port %d, want %d from %d", v, outSport(out), tcActRedirect, port)
+		}
+		rev := ctKeyOf(be.addr.Addr.String(), be.addr.Port, node, port, model.TCP, ctReverse)
+		// Each agent's own handle: the pinned maps are the new ones.
+		est, oldEst := d2.tc.SluiceConntrackV2, d1.tc.SluiceConntrackV2
+		if v6 {
+			est, oldEst = d2.tc.Sluice6ConntrackV1, d1.tc.Sluice6ConntrackV1
+		}
+		if rev.v6() {
+			key, e := rev.k6(), tcCt6Entry{}
+			must(t, est.Lookup(&key, &e))
+			e.Flags |= ctFlagRST
+			must(t, est.Put(&key, &e))
+		} else {
+			key, e := rev.k4(), sockCt4Entry{}
+			must(t, est.Lookup(&key, &e))
+			e.Flags |= ctFlagRST
+			must(t, est.Put(&key, &e))
+		}
+		runShim(t, d2, ifindex, replyFrom(be, port, tcpACK).Bytes())
+		var err error
+		if rev.v6() {
+			key, e := rev.k6(), tcCt6Entry{}
+			err = oldEst.Lookup(&key, &e)
+		} else {
+			key, e := rev.k4(), sockCt4Entry{}
+			err = oldEst.Lookup(&key, &e)
+		}
+		if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			t.Fatalf("the closed flow's reservation in the previous agent's map after its straggler: lookup %v, want none", err)
+		}
+	})
 }

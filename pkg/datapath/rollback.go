@@ -295,10 +295,11 @@ func (d *Datapath) Abort() error {
 // fails after it was cleared), so only source-NATed flows, whose port
 // reservation needs sluice_conntrack, could have that window then; and
 // while the migration shims are in front of the programs (the undo of a
-// failed AttachDevices detaches them last, after carryBack) they copy
-// such a reservation into the old map when the flow's reply comes
-// (mig_copy_back, TestFailedResizeStartKeepsRemappedFlow). Only a start that fails after AttachDevices returned,
-// the shims gone, leaves source-NATed flows that window. Release 0's
+// failed AttachDevices detaches them after the links and carryBack) they
+// copy such a reservation into the old map when the flow's reply comes
+// (mig_copy_back, TestFailedResizeStartKeepsRemappedFlow). Only a start
+// that fails after AttachDevices returned, the shims gone, leaves
+// source-NATed flows that window. Release 0's
 // conntrack, of another layout, is not carried back.
 //
 // A kill after the first link update cannot undo anything: the start
