@@ -36,10 +36,12 @@
  * One kind of entry goes the other way: a source-NATed flow's port
  * reservation (its reply entry), which a new program can only put into
  * the new sluice_conntrack, where its uniqueness is checked. Its first
- * reply may meet an old program (another device's ingress, not switched
- * yet), which would find nothing: so the reservation under a packet's
- * tuple that the old sluice_conntrack lacks is copied into it (mig_copy_back),
- * and the old program answers the flow as its own.
+ * reply may meet an old program (another device's ingress, or an
+ * egress, not switched yet), which would find nothing: so the live
+ * reservation under a packet's tuple that the old sluice_conntrack lacks
+ * is copied into it (mig_copy_back), and the old program answers the flow
+ * as its own. (The shim in front of a new program copies it too, which
+ * changes nothing for that program.)
  *
  * IPv6 flows are carried over from the old sluice6_conntrack_v1 and
  * sluice6_ct_new_v1 alike, by the same code (migrate_fam.h: mig_packet6).

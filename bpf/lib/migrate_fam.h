@@ -118,10 +118,11 @@ static __always_inline void FN(mig_copy)(void *from, void *to, bool est,
  * (a port's uniqueness needs the one map, which the new programs search),
  * where an old program that its first reply meets (another device's
  * ingress, an egress not switched yet) found nothing before: the reply
- * went on untranslated. An old program that finds the reservation promotes the flow as its own
- * (ct_promote_snat): the forward entry, rebuilt from the reservation,
- * into the old sluice_conntrack; the half-open one, in sluice_ct_new, let
- * go if that map is shared. The old entries come back forward as any
+ * went on untranslated. An old program that finds the reservation
+ * promotes the flow as its own (ct_promote_snat): the forward entry,
+ * rebuilt from the reservation, into the old sluice_conntrack; the
+ * half-open one, in sluice_ct_new, let go if that map is shared. The old
+ * entries come back forward as any
  * others (mig_copy: the forward entry the new maps then lack), and the
  * new sluice_conntrack's reservation, the same flow, stays, promoted in
  * turn by the flow's next reply met by a new program. While it is in the

@@ -52,8 +52,8 @@ func TestTCEndToEnd(t *testing.T) {
 	// most 64): a fair pick leaves one of two unreached in 16 once in
 	// 32,768 runs, in 64 once in 4.6e18, and a passing run stops at 16.
 	seen := map[string]bool{}
-	n := 0
-	for ; n < 64 && (n < 16 || len(seen) < 2); n++ {
+	tries := 0
+	for ; tries < 64 && (tries < 16 || len(seen) < 2); tries++ {
 		fd, err := connect(vip)
 		if err != nil {
 			t.Fatalf("TCP connect %s: %v", vip, err)
@@ -66,7 +66,7 @@ func TestTCEndToEnd(t *testing.T) {
 		seen[string(buf[:n])] = true
 	}
 	if len(seen) != 2 {
-		t.Errorf("%d connections reached %v, want both backends", n, seen)
+		t.Errorf("%d connections reached %v, want both backends", tries, seen)
 	}
 
 	ufd := newSocket(t, unix.SOCK_DGRAM)

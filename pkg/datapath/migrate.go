@@ -350,11 +350,12 @@ func (d *Datapath) loadShim(opts *ebpf.CollectionOptions) error {
 // egress would miss its reply, but into sluice_ct_new (pauseShare). A
 // source-NATed flow's port reservation still goes into the new
 // sluice_conntrack (with sluice_ct_new resized too or not), where its
-// port's uniqueness is checked; it is the one entry the shims copy the other way: when the
-// flow's reply meets an old program (another device's ingress not
-// switched yet; an egress, for a flow remapped to another client port),
-// the shim in front of it puts the reservation into the old map first
-// (mig_copy_back), and the old program answers the flow as its own. When
+// port's uniqueness is checked; it is the one entry the shims copy the
+// other way: when the flow's reply meets an old program (another
+// device's ingress not switched yet; an egress, for a flow remapped to
+// another client port), the shim in front of it puts the reservation
+// into the old map first unless the flow was seen closed (mig_copy_back),
+// and the old program answers the flow as its own. When
 // sluice_ct_new itself, or release 0's single map, is the one replaced,
 // the half-open entry is the old programs' to find: the SYN must meet an
 // old program and its answer a new one, so egress goes first. (Both
