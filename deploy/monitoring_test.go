@@ -5,8 +5,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -135,8 +135,8 @@ endpoints:
 			t.Errorf("sluice cleanup: %v\n%s", err, out)
 		}
 	})
-	addrs := freeAddrs(t, 2)
-	health, metrics := addrs[0], addrs[1]
+	ports := testutil.FreePorts(t, 2)
+	health, metrics := fmt.Sprintf("127.0.0.1:%d", ports[0]), fmt.Sprintf("127.0.0.1:%d", ports[1])
 	var log bytes.Buffer
 	cmd := exec.Command(bin, "--manifests", manifest, "--bpffs", bpffs, "--socket-lb=false",
 		"--health-addr", health, "--metrics-addr", metrics, "--node-name", "node", "--log-level", "debug",
@@ -190,31 +190,6 @@ endpoints:
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-// freeAddrs returns n distinct loopback addresses free when returned.
-// Each one's listener is held until all are chosen: closed one by one,
-// two listens on port 0 gave the same port twice in 37 of 200,000 pairs
-// on the test machine (1.9e-4), and the agent then could not bind its
-// second server.
-func freeAddrs(t *testing.T, n int) []string {
-	t.Helper()
-	var addrs []string
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		addrs = append(addrs, l.Addr().String())
-	}
-	return addrs
 }
 
 var labelPair = regexp.MustCompile(`([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"`)

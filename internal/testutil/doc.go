@@ -12,8 +12,9 @@
 // share (Buffer), a median and its spread (Median, SpreadOf), a scale
 // benchmark's sizes (ScaleSizes), the process's CPU time (CPUTime), a
 // /metrics scrape (Scrape, Samples), the module's root directory
-// (ModuleRoot) and the decisions a fuzz target takes from the fuzzer's
-// bytes (Choices). The subpackages are the larger pieces:
+// (ModuleRoot), distinct free loopback ports (FreePorts) and the
+// decisions a fuzz target takes from the fuzzer's bytes (Choices). The
+// subpackages are the larger pieces:
 //
 //   - topology: network namespaces, veths, cgroups, servers and processes
 //     in them, for the end-to-end tests, the demo and the benchmarks;

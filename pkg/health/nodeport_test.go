@@ -12,30 +12,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
-// freePorts returns n distinct loopback ports free when returned. Each
-// port's listener is held until all are chosen: closed one by one, two
-// listens on port 0 gave the same port twice in 37 of 200,000 pairs on
-// the test machine (1.9e-4), and the server then served two Services'
-// health checks on one port.
+// freePorts returns n distinct loopback ports free when returned
+// (testutil.FreePorts).
 func freePorts(t *testing.T, n int) []uint16 {
 	t.Helper()
 	var ports []uint16
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, uint16(l.Addr().(*net.TCPAddr).Port))
+	for _, p := range testutil.FreePorts(t, n) {
+		ports = append(ports, uint16(p))
 	}
 	return ports
 }

@@ -172,7 +172,7 @@ func StartWith(t TB, o Options) *Env {
 	e := &Env{t: t, bin: bin, Dir: dir, opts: o}
 	t.Cleanup(e.cleanup)
 
-	ports := freePorts(t, 3)
+	ports := testutil.FreePorts(t, 3)
 	etcdClient := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
 	etcdPeer := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
 	e.etcd = e.start("etcd", filepath.Join(bin, "etcd"),
@@ -283,7 +283,7 @@ func (e *Env) StopAPIServer() {
 // apiserver, the one the proxy watches, is down.
 func (e *Env) StartExtraAPIServer() kubernetes.Interface {
 	e.t.Helper()
-	port := freePorts(e.t, 1)[0]
+	port := testutil.FreePorts(e.t, 1)[0]
 	args := make([]string, 0, len(e.apiArgs))
 	for _, a := range e.apiArgs {
 		switch {
@@ -486,29 +486,6 @@ func (e *Env) waitHTTP(p *proc, url string, h http.Header, timeout time.Duration
 	if err != nil {
 		t.Fatalf("%s not ready at %s after %v (last: %v)\n%s", p.name, url, timeout, err, tail(p.log, 40))
 	}
-}
-
-// freePorts returns n distinct free loopback ports. They are free when
-// returned; another process could take one before it is bound, which on a
-// test machine is rare enough.
-func freePorts(t TB, n int) []int {
-	t.Helper()
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports
 }
 
 func rsaKeyPEM(t TB) []byte {
