@@ -56,6 +56,26 @@ func tcProgs(d *Datapath, v6 bool) (ingress, egress *ebpf.Program) {
 	return d.TCIngress(), d.TCEgress()
 }
 
+// snatResizeNode is snatNode's node (the SNAT range one port wide) with
+// the previous agent d1 on it, and d2, opened with resize's sizes: the
+// start migrating conntrack, its links not switched yet.
+func snatResizeNode(t *testing.T, v6 bool, resize func(*Config)) (d1, d2 *Datapath, ifindex int, np model.L4Addr, be testBackend) {
+	t.Helper()
+	var bpffs string
+	base := func(dir string) Config {
+		bpffs = dir
+		return configWith(smallConfig, oneSNATPort)(dir)
+	}
+	d1, ifindex, np, be = snatNode(t, v6, base)
+	cfg := configWith(smallConfig, oneSNATPort)(bpffs)
+	resize(&cfg)
+	d2 = openTest(t, cfg)
+	if shim, _ := d2.migrating(); !shim {
+		t.Fatal("migrating() = false: want the shims")
+	}
+	return d1, d2, ifindex, np, be
+}
+
 // TestResizeMasqueradedFlowAnsweredByOldProgram: during a resize, a
 // NodePort flow to a remote endpoint, source-NATed to the node with the
 // only SNAT port (oneSNATPort) by the new ingress program, has its
@@ -73,18 +93,7 @@ func TestResizeMasqueradedFlowAnsweredByOldProgram(t *testing.T) {
 	for _, tc := range migSNATCases {
 		t.Run(tc.name, func(t *testing.T) {
 			forFamilies(t, func(t *testing.T, v6 bool) {
-				var bpffs string
-				base := func(dir string) Config {
-					bpffs = dir
-					return configWith(smallConfig, oneSNATPort)(dir)
-				}
-				d1, ifindex, np, be := snatNode(t, v6, base)
-				cfg := configWith(smallConfig, oneSNATPort)(bpffs)
-				tc.resize(&cfg)
-				d2 := openTest(t, cfg)
-				if shim, _ := d2.migrating(); !shim {
-					t.Fatal("migrating() = false: want the shims")
-				}
+				d1, d2, ifindex, np, be := snatResizeNode(t, v6, tc.resize)
 				newIngress, _ := tcProgs(d2, v6)
 				oldIngress, _ := tcProgs(d1, v6)
 				const cport, port = 43000, 62000
@@ -206,62 +215,96 @@ func plantLapsed(t *testing.T, est *ebpf.Map, k ctK) {
 	}
 }
 
+// remapNode is the remap tests' setting, in a namespace of its own: the
+// previous agent (d1, the SNAT range one port wide) on a device, two
+// Services (vip1, vip2) sharing one endpoint (be), and one client port's
+// flows to each (f1, f2), the first established by d1's programs.
+type remapNode struct {
+	d1           *Datapath
+	bpffs        string
+	be           testBackend
+	vip1, vip2   model.L4Addr
+	f1, f2       flow
+	syn, ack, sa uint8 // TCP's flags; 0 for UDP
+}
+
+// The remap tests' client port, and the one port of the SNAT range (the
+// second flow's, remapped).
+const remapCport, remapPort = 47300, 62000
+
+func newRemapNode(t *testing.T, v6 bool, proto model.Protocol, name, dev string, veths ...[2]string) *remapNode {
+	t.Helper()
+	r := &remapNode{bpffs: testPinDir(t), syn: tcpSYN_, ack: tcpACK, sa: tcpSA}
+	ns := topology.NewNS(t, name)
+	ns.Enter(t)
+	addVeths(t, veths...)
+	r.d1 = openTest(t, configWith(smallConfig, oneSNATPort)(r.bpffs))
+	must(t, r.d1.AttachDevices([]string{dev}))
+	a := twinOf(v6)
+	r.be = testBackend{71, l4(a("10.1.7.1"), 8080, proto)}
+	r.vip1, r.vip2 = l4(a("10.96.0.70"), 80, proto), l4(a("10.96.0.71"), 80, proto)
+	addService(t, r.d1.Maps(), 1, r.vip1, r.be)
+	addService(t, r.d1.Maps(), 2, r.vip2, r.be)
+	r.f1 = flow{a("10.0.7.1"), remapCport, r.vip1}
+	r.f2 = r.f1
+	r.f2.fe = r.vip2
+	if proto == model.UDP {
+		r.syn, r.ack, r.sa = 0, 0, 0
+	}
+	oldIngress, oldEgress := tcProgs(r.d1, v6)
+	passes(t, nil, oldIngress, r.f1.pkt(r.syn).Bytes(), "first flow")
+	passes(t, nil, oldEgress, r.reply(r.f1, remapCport, r.sa), "first flow's reply")
+	return r
+}
+
+// reply is f's endpoint's answer, to port dport.
+func (r *remapNode) reply(f flow, dport uint16, flags uint8) []byte {
+	p := f.from(r.be.addr, flags)
+	p.DstPort = dport
+	return p.Bytes()
+}
+
+// passes runs in through shim's migration shim (if shim is not nil),
+// then prog, which must let it go on (TC_ACT_OK); it returns the packet's
+// source address and ports as sent.
+func passes(t *testing.T, shim *Datapath, prog *ebpf.Program, in []byte, what string) (src string, sport, dport uint16) {
+	t.Helper()
+	if shim != nil {
+		runShim(t, shim, 0, in)
+	}
+	v, out, err := runProgErr(prog, in)
+	if err != nil || v != tcActOK {
+		t.Fatalf("%s: verdict %d (%v), want %d", what, v, err, tcActOK)
+	}
+	return outSrc(out), outSport(out), outDport(out)
+}
+
 // testRemapDuringResize is TestResizeRemappedFlowAnsweredByOldEgress's
 // case; lapsed: the previous agent's sluice_conntrack holds a lapsed
 // entry under the remapped flow's reply tuple (a finished flow's, which
 // no agent's GC has deleted yet), which the shim reaps to put the
 // reservation there.
 func testRemapDuringResize(t *testing.T, tc migSNATCase, v6 bool, proto model.Protocol, lapsed bool) {
-	bpffs := testPinDir(t)
-	ns := topology.NewNS(t, "migsnat")
-	ns.Enter(t)
-	addVeths(t, [2]string{"sl-r", "sl-s"})
-	d1 := openTest(t, configWith(smallConfig, oneSNATPort)(bpffs))
-	if err := d1.AttachDevices([]string{"sl-r"}); err != nil {
-		t.Fatal(err)
-	}
-	a := twinOf(v6)
-	be := testBackend{71, l4(a("10.1.7.1"), 8080, proto)}
-	vip1, vip2 := l4(a("10.96.0.70"), 80, proto), l4(a("10.96.0.71"), 80, proto)
-	addService(t, d1.Maps(), 1, vip1, be)
-	addService(t, d1.Maps(), 2, vip2, be)
-	const cport, remapped = 47300, 62000
-	f1 := flow{a("10.0.7.1"), cport, vip1}
-	f2 := f1
-	f2.fe = vip2
-	syn, ack, sa := uint8(tcpSYN_), uint8(tcpACK), uint8(tcpSA)
-	if proto == model.UDP {
-		syn, ack, sa = 0, 0, 0
-	}
-	reply := func(f flow, dport uint16, flags uint8) []byte {
-		p := f.from(be.addr, flags)
-		p.DstPort = dport
-		return p.Bytes()
-	}
-	oldIngress, oldEgress := tcProgs(d1, v6)
-	// The first flow, established by the previous agent.
-	sendOK(t, func() (uint32, []byte, error) { return runProgErr(oldIngress, f1.pkt(syn).Bytes()) }, "first flow")
-	sendOK(t, func() (uint32, []byte, error) { return runProgErr(oldEgress, reply(f1, cport, sa)) }, "first flow's reply")
+	r := newRemapNode(t, v6, proto, "migsnat", "sl-r", [2]string{"sl-r", "sl-s"})
+	d1, f1, f2, vip1, vip2, be := r.d1, r.f1, r.f2, r.vip1, r.vip2, r.be
+	syn, ack, sa, reply := r.syn, r.ack, r.sa, r.reply
+	const cport, remapped = remapCport, remapPort
+	_, oldEgress := tcProgs(d1, v6)
 
-	cfg := configWith(smallConfig, oneSNATPort)(bpffs)
+	cfg := configWith(smallConfig, oneSNATPort)(r.bpffs)
 	tc.resize(&cfg)
 	d2 := openTest(t, cfg)
 	if shim, _ := d2.migrating(); !shim {
 		t.Fatal("migrating() = false: want the shims")
 	}
 	newIngress, newEgress := tcProgs(d2, v6)
-	// through runs in through the shim, then prog; it returns the packet's
-	// source and destination ports as sent, and its source address.
+	// through runs in through d2's shim (if shim), then prog.
 	through := func(prog *ebpf.Program, shim bool, in []byte, what string) (src string, sport, dport uint16) {
 		t.Helper()
 		if shim {
-			runShim(t, d2, 0, in)
+			return passes(t, d2, prog, in, what)
 		}
-		v, out, err := runProgErr(prog, in)
-		if err != nil || v != tcActOK {
-			t.Fatalf("%s: verdict %d (%v), want %d", what, v, err, tcActOK)
-		}
-		return outSrc(out), outSport(out), outDport(out)
+		return passes(t, nil, prog, in, what)
 	}
 	if _, sp, _ := through(newIngress, true, f2.pkt(syn).Bytes(), "second flow at the new ingress"); sp != remapped {
 		t.Fatalf("second flow at the new ingress leaves from port %d, want %d (remapped)", sp, remapped)
@@ -321,46 +364,11 @@ func TestFailedResizeStartKeepsRemappedFlow(t *testing.T) {
 }
 
 func testRemapFailedStart(t *testing.T, v6 bool, proto model.Protocol) {
-	bpffs := testPinDir(t)
-	ns := topology.NewNS(t, "migsnatfail")
-	ns.Enter(t)
-	addVeths(t, [2]string{"sl-a", "sl-a1"}, [2]string{"sl-c", "sl-c1"})
-	d1 := openTest(t, configWith(smallConfig, oneSNATPort)(bpffs))
-	must(t, d1.AttachDevices([]string{"sl-a"}))
-	a := twinOf(v6)
-	be := testBackend{71, l4(a("10.1.7.1"), 8080, proto)}
-	vip1, vip2 := l4(a("10.96.0.70"), 80, proto), l4(a("10.96.0.71"), 80, proto)
-	addService(t, d1.Maps(), 1, vip1, be)
-	addService(t, d1.Maps(), 2, vip2, be)
-	const cport, remapped = 47300, 62000
-	f1 := flow{a("10.0.7.1"), cport, vip1}
-	f2 := f1
-	f2.fe = vip2
-	syn, ack, sa := uint8(tcpSYN_), uint8(tcpACK), uint8(tcpSA)
-	if proto == model.UDP {
-		syn, ack, sa = 0, 0, 0
-	}
-	reply := func(f flow, dport uint16, flags uint8) []byte {
-		p := f.from(be.addr, flags)
-		p.DstPort = dport
-		return p.Bytes()
-	}
-	// run runs in through prog (after d2's shim if one is given); it
-	// returns the packet's source address and ports as sent.
-	run := func(shim *Datapath, prog *ebpf.Program, in []byte, what string) (src string, sport, dport uint16) {
-		t.Helper()
-		if shim != nil {
-			runShim(t, shim, 0, in)
-		}
-		v, out, err := runProgErr(prog, in)
-		if err != nil || v != tcActOK {
-			t.Fatalf("%s: verdict %d (%v), want %d", what, v, err, tcActOK)
-		}
-		return outSrc(out), outSport(out), outDport(out)
-	}
-	oldIngress, oldEgress := tcProgs(d1, v6)
-	run(nil, oldIngress, f1.pkt(syn).Bytes(), "first flow")
-	run(nil, oldEgress, reply(f1, cport, sa), "first flow's reply")
+	r := newRemapNode(t, v6, proto, "migsnatfail", "sl-a", [2]string{"sl-a", "sl-a1"}, [2]string{"sl-c", "sl-c1"})
+	bpffs, f1, f2, vip2 := r.bpffs, r.f1, r.f2, r.vip2
+	ack, sa, reply := r.ack, r.sa, r.reply
+	const cport, remapped = remapCport, remapPort
+	oldIngress, oldEgress := tcProgs(r.d1, v6)
 
 	must(t, os.Mkdir(filepath.Join(bpffs, "sluice", "links", "tcx_ingress_sl-c"), 0o700))
 	cfg := configWith(smallConfig, oneSNATPort)(bpffs)
@@ -379,10 +387,10 @@ func testRemapFailedStart(t *testing.T, v6 bool, proto model.Protocol) {
 		t.Fatal("AttachDevices with sl-c's link pin a directory succeeded")
 	}
 	newIngress, _ := tcProgs(d2, v6)
-	if _, sp, _ := run(d2, newIngress, f2.pkt(syn).Bytes(), "second flow at the new ingress"); sp != remapped {
+	if _, sp, _ := passes(t, d2, newIngress, f2.pkt(r.syn).Bytes(), "second flow at the new ingress"); sp != remapped {
 		t.Fatalf("second flow at the new ingress leaves from port %d, want %d (remapped)", sp, remapped)
 	}
-	if src, sp, dp := run(d2, oldEgress, reply(f2, remapped, sa), "second flow's reply at the previous agent's egress"); src != vip2.Addr.String() || sp != vip2.Port || dp != cport {
+	if src, sp, dp := passes(t, d2, oldEgress, reply(f2, remapped, sa), "second flow's reply at the previous agent's egress"); src != vip2.Addr.String() || sp != vip2.Port || dp != cport {
 		t.Fatalf("second flow's reply at the previous agent's egress: from %s:%d to port %d, want from %s to port %d", src, sp, dp, vip2, cport)
 	}
 	aborted = true
@@ -390,13 +398,13 @@ func testRemapFailedStart(t *testing.T, v6 bool, proto model.Protocol) {
 	must(t, os.Remove(filepath.Join(bpffs, "sluice", "links", "tcx_ingress_sl-c")))
 
 	for i := range 2 {
-		if _, sp, _ := run(nil, oldIngress, f2.pkt(ack).Bytes(), "after the failed start: second flow's next packet"); sp != remapped {
+		if _, sp, _ := passes(t, nil, oldIngress, f2.pkt(ack).Bytes(), "after the failed start: second flow's next packet"); sp != remapped {
 			t.Errorf("after the failed start (%d): second flow's next packet leaves from port %d, want %d", i, sp, remapped)
 		}
-		if src, _, dp := run(nil, oldEgress, reply(f2, remapped, ack), "after the failed start: second flow's next reply"); src != vip2.Addr.String() || dp != cport {
+		if src, _, dp := passes(t, nil, oldEgress, reply(f2, remapped, ack), "after the failed start: second flow's next reply"); src != vip2.Addr.String() || dp != cport {
 			t.Errorf("after the failed start (%d): second flow's next reply from %s to port %d, want from %s to port %d", i, src, dp, vip2.Addr, cport)
 		}
-		if _, sp, _ := run(nil, oldIngress, f1.pkt(ack).Bytes(), "after the failed start: first flow's next packet"); sp != cport {
+		if _, sp, _ := passes(t, nil, oldIngress, f1.pkt(ack).Bytes(), "after the failed start: first flow's next packet"); sp != cport {
 			t.Errorf("after the failed start (%d): first flow's next packet leaves from port %d, want its own %d", i, sp, cport)
 		}
 	}
@@ -413,15 +421,7 @@ func testRemapFailedStart(t *testing.T, v6 bool, proto model.Protocol) {
 func TestResizeClosedReservationStaysOut(t *testing.T) {
 	testutil.Privileged(t)
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		var bpffs string
-		base := func(dir string) Config {
-			bpffs = dir
-			return configWith(smallConfig, oneSNATPort)(dir)
-		}
-		d1, ifindex, np, be := snatNode(t, v6, base)
-		cfg := configWith(smallConfig, oneSNATPort)(bpffs)
-		cfg.MaxConntrack = 8192
-		d2 := openTest(t, cfg)
+		d1, d2, ifindex, np, be := snatResizeNode(t, v6, func(c *Config) { c.MaxConntrack = 8192 })
 		newIngress, _ := tcProgs(d2, v6)
 		const cport, port = 43000, 62000
 		node := ofFamily(np.Addr, nsNodeIP, nsNodeIP6).String()
