@@ -58,10 +58,9 @@ func (m *Maps) setNodeDevice(ifindex int, addr netip.Addr, flags uint32) error {
 // The rest of the entry stays as it is (the same device under a previous
 // agent: the address and flags its flows' replies still need; an ifindex
 // another device had: its stale address, as before, until the record
-// after the attach); an entry left empty is deleted, as setNodeDevice
-// does. The word first when the flag is set, and synced after it is
-// cleared (setNodeDevice's order). Nothing is written when the flag is
-// right already.
+// after the attach), written by setNodeDevice, which orders the gate
+// word around it and deletes an entry left empty. Nothing is written
+// when the flag is right already.
 func (m *Maps) markL3(ifindex int, l3 bool) error {
 	var v sockNodeDev
 	if err := m.devices.Lookup(uint32(ifindex), &v); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -70,22 +69,11 @@ func (m *Maps) markL3(ifindex int, l3 bool) error {
 	if (v.Flags&nodeDevL3 != 0) == l3 {
 		return nil
 	}
-	v.Flags ^= nodeDevL3
-	if l3 {
-		if err := m.setL3Gate(true); err != nil {
-			return err
-		}
+	var addr netip.Addr
+	if v.Addr != 0 {
+		addr = addrFromBE32(v.Addr)
 	}
-	var err error
-	if v == (sockNodeDev{}) {
-		err = deleteIgnoringMissing(m.devices, uint32(ifindex))
-	} else {
-		err = m.devices.Put(uint32(ifindex), &v)
-	}
-	if err != nil || l3 {
-		return err
-	}
-	return m.syncL3Gate()
+	return m.setNodeDevice(ifindex, addr, v.Flags^nodeDevL3)
 }
 
 // syncL3Gate makes dev_l3_maybe say whether sluice_devices holds an L3
