@@ -351,17 +351,17 @@ func (d *Datapath) loadShim(opts *ebpf.CollectionOptions) error {
 // source-NATed flow's port reservation still goes into the new
 // sluice_conntrack (with sluice_ct_new resized too or not), where its
 // port's uniqueness is checked; it is the one entry the shims copy the
-// other way: when the flow's reply meets an old program (another
-// device's ingress not switched yet; an egress, for a flow remapped to
-// another client port), the shim in front of it puts the reservation
-// into the old map first unless the flow was seen closed (mig_copy_back),
-// and the old program answers the flow as its own. When
-// sluice_ct_new itself, or release 0's single map, is the one replaced,
-// the half-open entry is the old programs' to find: the SYN must meet an
-// old program and its answer a new one, so egress goes first. (Both
-// sluice_conntrack and sluice_ct_new resized at once leaves such a flow a
-// window of the few microseconds between two link updates.) The IPv6
-// programs follow the same rule, slot by slot (switchIPv6).
+// other way: when the flow's reply meets an old program (another device's
+// ingress not switched yet; an egress, for a flow remapped to another
+// client port), the shim in front of it puts the reservation into the old
+// map first unless the flow was seen closed (mig_copy_back), and the old
+// program answers the flow as its own. When sluice_ct_new itself, or
+// release 0's single map, is the one replaced, the half-open entry is the
+// old programs' to find: the SYN must meet an old program and its answer a
+// new one, so egress goes first. (Both sluice_conntrack and sluice_ct_new
+// resized at once leaves such a flow a window of the few microseconds
+// between two link updates.) The IPv6 programs follow the same rule, slot
+// by slot (switchIPv6).
 func (d *Datapath) migrating() (shim, egressFirst bool) {
 	if d.shim.SluiceMigTc == nil {
 		return false, false

@@ -299,8 +299,8 @@ func (d *Datapath) Abort() error {
 // copy such a reservation into the old map when the flow's reply comes
 // (mig_copy_back, TestFailedResizeStartKeepsRemappedFlow). Only a start
 // that fails after AttachDevices returned, the shims gone, leaves
-// source-NATed flows that window. Release 0's
-// conntrack, of another layout, is not carried back.
+// source-NATed flows that window. Release 0's conntrack, of another
+// layout, is not carried back.
 //
 // A kill after the first link update cannot undo anything: the start
 // marks that moment with a directory in the pin directory (switchedDir),
