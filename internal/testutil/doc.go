@@ -10,7 +10,9 @@
 // kept going until the test ends (RunUntilCleanup), an agent datapath with
 // no programs to attach (NoPrograms), a buffer that concurrent writers
 // share (Buffer), a median and its spread (Median, SpreadOf), a scale
-// benchmark's sizes (ScaleSizes), the process's CPU time (CPUTime), a
+// benchmark's sizes (ScaleSizes), the process's CPU time (CPUTime), another
+// process's CPU ticks and memory from /proc (ReadProcTicks,
+// ReadProcStatusKB), the last lines of a log (LastLines), a
 // /metrics scrape (Scrape, Samples), the module's root directory
 // (ModuleRoot), distinct free loopback ports (FreePorts) and the
 // decisions a fuzz target takes from the fuzzer's bytes (Choices). The

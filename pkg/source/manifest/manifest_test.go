@@ -43,17 +43,8 @@ ports: [{name: http, port: 8080, protocol: TCP}]
 `
 
 // sliceA6 is sliceA's IPv6 twin.
-const sliceA6 = `apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: a-6
-  namespace: ns
-  labels: {kubernetes.io/service-name: a}
-addressType: IPv6
-endpoints:
-- addresses: ["2001:db8:1::1"]
-ports: [{name: http, port: 8080, protocol: TCP}]
-`
+var sliceA6 = strings.NewReplacer("name: a-1", "name: a-6", "addressType: IPv4", "addressType: IPv6",
+	"[10.0.0.1]", `["2001:db8:1::1"]`).Replace(sliceA)
 
 // A dual-stack Service gets a frontend per family, each over its own
 // family's slice; an IPv6 single-stack one only the IPv6 frontend. Nothing

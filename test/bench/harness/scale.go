@@ -2,10 +2,9 @@ package harness
 
 import (
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
 )
 
 // What the benchmark adds for its largest rows (issue 14, 100,000 Services
@@ -46,22 +45,9 @@ func memoryAtEnd(envs []*env) []MemStat {
 // procStatusBytes reads the named "kB" fields of /proc/<pid>/status
 // (VmRSS, VmHWM) in bytes.
 func procStatusBytes(pid int, fields ...string) map[string]int64 {
-	out := map[string]int64{}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return out
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(l, ":")
-		if !ok {
-			continue
-		}
-		for _, f := range fields {
-			if k == f {
-				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-				out[f] = kb * 1024
-			}
-		}
+	out, _ := testutil.ReadProcStatusKB(pid, fields...) // a process gone: no figures
+	for f, kb := range out {
+		out[f] = kb * 1024
 	}
 	return out
 }

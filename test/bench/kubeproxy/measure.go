@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
 )
 
 // The metrics both kinds of proxy export under kube-proxy's names.
@@ -112,7 +114,7 @@ func measure(ctx context.Context, cfg config, c *cluster, bins binaries, mode st
 			fail("stop: %v", err)
 		}
 		if len(r.Errors) > 0 {
-			r.Errors = append(r.Errors, "log tail: "+tail(p.log.String(), 15))
+			r.Errors = append(r.Errors, "log tail: "+testutil.LastLines(p.log.String(), 15))
 		}
 		if cfg.LogDir != "" {
 			name := filepath.Join(cfg.LogDir, fmt.Sprintf("%d-%s-r%d.log", n, mode, round))
@@ -387,51 +389,18 @@ type procStat struct {
 	cpuOwn, cpuAll float64 // utime+stime; plus cutime+cstime
 }
 
-// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times (100 on
-// every Linux architecture Go runs on).
-const clockTicks = 100
-
 func readProc(pid int) (procStat, error) {
 	var st procStat
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	vm, err := testutil.ReadProcStatusKB(pid, "VmRSS", "VmHWM")
 	if err != nil {
 		return st, err
 	}
-	for _, l := range strings.Split(string(status), "\n") {
-		for _, x := range []struct {
-			key string
-			dst *int64
-		}{{"VmRSS:", &st.rss}, {"VmHWM:", &st.hwm}} {
-			if v, ok := strings.CutPrefix(l, x.key); ok {
-				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-				*x.dst = kb * 1024
-			}
-		}
-	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st.rss, st.hwm = vm["VmRSS"]*1024, vm["VmHWM"]*1024
+	t, err := testutil.ReadProcTicks(pid)
 	if err != nil {
 		return st, err
 	}
-	// The fields after the command name, which is in parentheses and may
-	// hold spaces: field 3 (state) is rest[0], so utime (14) is rest[11].
-	i := strings.LastIndexByte(string(stat), ')')
-	rest := strings.Fields(string(stat)[i+1:])
-	if len(rest) < 15 {
-		return st, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(rest)+2)
-	}
-	var ticks [4]float64
-	for j := range ticks {
-		ticks[j], _ = strconv.ParseFloat(rest[11+j], 64)
-	}
-	st.cpuOwn = (ticks[0] + ticks[1]) / clockTicks
-	st.cpuAll = (ticks[0] + ticks[1] + ticks[2] + ticks[3]) / clockTicks
+	st.cpuOwn = (t.UTime + t.STime) / testutil.ClockTicks
+	st.cpuAll = (t.UTime + t.STime + t.CUTime + t.CSTime) / testutil.ClockTicks
 	return st, nil
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

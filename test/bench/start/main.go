@@ -251,7 +251,7 @@ func run() error {
 			uerr := a.Uninstall(cctx)
 			cancel()
 			if err != nil {
-				return fmt.Errorf("%s round %d: %w\n%s", m.Name, r, err, tail(a.Log.String(), 20))
+				return fmt.Errorf("%s round %d: %w\n%s", m.Name, r, err, testutil.LastLines(a.Log.String(), 20))
 			}
 			if stopErr != nil || uerr != nil {
 				return fmt.Errorf("%s round %d: stop: %v; cleanup: %v", m.Name, r, stopErr, uerr)
@@ -373,30 +373,16 @@ type proc struct{ user, sys, hwm float64 }
 // (MiB) from its status.
 func readProc(pid int) (proc, error) {
 	var p proc
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	t, err := testutil.ReadProcTicks(pid)
 	if err != nil {
 		return p, err
 	}
-	i := strings.LastIndexByte(string(stat), ')')
-	rest := strings.Fields(string(stat)[i+1:])
-	if len(rest) < 13 {
-		return p, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(rest)+2)
-	}
-	// Field 3 (state) is rest[0]: utime (14) is rest[11], stime rest[12];
-	// in USER_HZ (100) ticks.
-	u, _ := strconv.ParseFloat(rest[11], 64)
-	s, _ := strconv.ParseFloat(rest[12], 64)
-	p.user, p.sys = u/100, s/100
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	p.user, p.sys = t.UTime/testutil.ClockTicks, t.STime/testutil.ClockTicks
+	vm, err := testutil.ReadProcStatusKB(pid, "VmHWM")
 	if err != nil {
 		return p, err
 	}
-	for _, l := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
-			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-			p.hwm = kb / 1024
-		}
-	}
+	p.hwm = float64(vm["VmHWM"]) / 1024
 	return p, nil
 }
 
@@ -431,12 +417,4 @@ func summary(modes []mode, all []start) {
 		}
 		fmt.Println()
 	}
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
