@@ -53,6 +53,8 @@ const podCIDRPoll = time.Second
 // parseLocalMode checks --detect-local-mode.
 func parseLocalMode(s string) (string, error) {
 	switch s {
+	case "":
+		return localModeClusterCIDR, nil // kube-proxy's default for an empty mode
 	case localModeClusterCIDR, localModeNodeCIDR:
 		return s, nil
 	case "BridgeInterface", "InterfaceNamePrefix":
@@ -64,36 +66,42 @@ func parseLocalMode(s string) (string, error) {
 // waitForPodCIDRs reads the Node nodeName every poll until it exists and
 // has spec.podCIDRs, for at most bound, and returns it. After bound, the
 // error is kube-proxy's ("timeout waiting for PodCIDR allocation on node
-// ...", or "... for node ... to exist"); when ctx is done first (a
-// signal), it wraps ctx's error.
+// ...", or "... for node ... to exist"), with the last read's error if it
+// failed; when ctx is done first (a signal), it wraps ctx's error.
 func waitForPodCIDRs(ctx context.Context, client kubernetes.Interface, nodeName string, bound, poll time.Duration, log *slog.Logger) (*corev1.Node, error) {
 	wctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	var last error
+	exists := true
+	var readErr error // the last read's, other than not found
 	for logged := false; ; logged = true {
 		node, err := client.CoreV1().Nodes().Get(wctx, nodeName, metav1.GetOptions{})
 		switch {
 		case err == nil && len(node.Spec.PodCIDRs) > 0:
 			return node, nil
 		case err == nil:
-			last = fmt.Errorf("timeout waiting for PodCIDR allocation on node %q", nodeName)
+			exists, readErr = true, nil
 		case apierrors.IsNotFound(err):
-			last = fmt.Errorf("timeout waiting for node %q to exist", nodeName)
-		case wctx.Err() != nil && last != nil:
-			// The bound ran out during the read: keep what the
-			// reads before it found.
-		default:
-			last = fmt.Errorf("timeout waiting for PodCIDR allocation on node %q: get node: %w", nodeName, err)
+			exists, readErr = false, nil
+		case wctx.Err() == nil || !logged:
+			readErr = err // else the bound ran out during the read
 		}
 		if !logged {
-			log.Info("waiting for the Node's podCIDRs (--detect-local-mode NodeCIDR)", "node", nodeName, "at_most", bound, "now", last)
+			log.Info("waiting for the Node's podCIDRs (--detect-local-mode NodeCIDR)", "node", nodeName, "at_most", bound,
+				"node_exists", exists, "err", readErr)
 		}
 		select {
 		case <-wctx.Done():
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("waiting for the podCIDRs of node %q: %w", nodeName, ctx.Err())
 			}
-			return nil, fmt.Errorf("%w (waited %v for --detect-local-mode NodeCIDR)", last, bound)
+			what := fmt.Sprintf("timeout waiting for PodCIDR allocation on node %q", nodeName)
+			if !exists {
+				what = fmt.Sprintf("timeout waiting for node %q to exist", nodeName)
+			}
+			if readErr != nil {
+				return nil, fmt.Errorf("%s (waited %v for --detect-local-mode NodeCIDR): last read: %w", what, bound, readErr)
+			}
+			return nil, fmt.Errorf("%s (waited %v for --detect-local-mode NodeCIDR)", what, bound)
 		case <-time.After(poll):
 		}
 	}

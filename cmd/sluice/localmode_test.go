@@ -12,23 +12,24 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 // TestDetectLocalModeFlag: ClusterCIDR and NodeCIDR are taken; kube-proxy's
 // interface modes and anything else are command-line errors naming the
 // value and the modes Sluice has; NodeCIDR needs the Kubernetes source.
 func TestDetectLocalModeFlag(t *testing.T) {
-	for _, m := range []string{"ClusterCIDR", "NodeCIDR"} {
-		if got, err := parseLocalMode(m); got != m || err != nil {
-			t.Errorf("parseLocalMode(%q) = %q, %v", m, got, err)
+	for in, want := range map[string]string{"ClusterCIDR": "ClusterCIDR", "NodeCIDR": "NodeCIDR", "": "ClusterCIDR"} {
+		if got, err := parseLocalMode(in); got != want || err != nil {
+			t.Errorf("parseLocalMode(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
 	for in, want := range map[string]string{
 		"BridgeInterface":     `--detect-local-mode "BridgeInterface": Sluice tells pods by their source address only (ClusterCIDR or NodeCIDR)`,
 		"InterfaceNamePrefix": `--detect-local-mode "InterfaceNamePrefix": Sluice tells pods by their source address only`,
 		"nodecidr":            `--detect-local-mode "nodecidr": want ClusterCIDR or NodeCIDR`,
-		"":                    `--detect-local-mode "": want ClusterCIDR or NodeCIDR`,
 	} {
 		if _, err := parseLocalMode(in); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("parseLocalMode(%q) = %v, want an error with %q", in, err, want)
@@ -104,6 +105,15 @@ func TestWaitForPodCIDRs(t *testing.T) {
 	}
 	if n := <-got; n == nil || !reflect.DeepEqual(n.Spec.PodCIDRs, []string{"10.244.1.0/24", "fd00:10:244:1::/64"}) {
 		t.Errorf("waited for %v", n)
+	}
+
+	down := fake.NewClientset()
+	down.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("connection refused")
+	})
+	if _, err := waitForPodCIDRs(ctx, down, "node-a", 50*time.Millisecond, 10*time.Millisecond, log); err == nil ||
+		!strings.HasPrefix(err.Error(), `timeout waiting for PodCIDR allocation on node "node-a"`) || !strings.Contains(err.Error(), "last read: connection refused") {
+		t.Errorf("API unreachable: %v", err)
 	}
 
 	cctx, cancel := context.WithCancel(ctx)
