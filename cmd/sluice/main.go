@@ -242,8 +242,13 @@ func run(args []string) int {
 		}
 		log.Info("pods told by the Node's podCIDRs (--detect-local-mode NodeCIDR)", "node", node.Name, "pod_cidrs", dpCfg.ClusterCIDRs)
 		if len(opts.Node.Addresses) == 0 {
-			opts.Node.Addresses = translate.NodeIPs(node)
-			log.Info("node addresses from the Node object", "node", opts.Node.Name, "addresses", opts.Node.Addresses)
+			// The same read as the normal path's (kube.nodeIPs), and the
+			// same warning when it has none.
+			if opts.Node.Addresses = translate.NodeIPs(node); len(opts.Node.Addresses) == 0 {
+				log.Warn("no --node-ip and no node addresses from the Node object: NodePorts not served", "node", opts.Node.Name)
+			} else {
+				log.Info("node addresses from the Node object", "node", opts.Node.Name, "addresses", opts.Node.Addresses)
+			}
 			dpCfg.NodeIPs = opts.Node.Addresses
 		}
 	}
