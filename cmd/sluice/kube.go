@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -52,8 +53,9 @@ func (k *kubeFlags) enabled() bool { return *k.kubeconfig != "" || *k.inCluster 
 // source returns the Kubernetes source, and what /healthz and /livez
 // answer from it. m is the agent's metrics registry: the source records
 // the network programming latency in it when the agent reports a state
-// programmed.
-func (k *kubeFlags) source(opts translate.Options, m *metrics.Metrics, log *slog.Logger) (agent.Source, *health.Proxier, error) {
+// programmed. podCIDRs, in NodeCIDR mode, are the Node's the agent took:
+// the source fails if they change.
+func (k *kubeFlags) source(opts translate.Options, podCIDRs []string, m *metrics.Metrics, log *slog.Logger) (agent.Source, *health.Proxier, error) {
 	client, cfg, err := k.client(opts.Node.Name)
 	if err != nil {
 		return nil, nil, err
@@ -71,6 +73,7 @@ func (k *kubeFlags) source(opts translate.Options, m *metrics.Metrics, log *slog
 		ObserveProgrammed: m.ObserveProgrammed,
 		Health:            prox,
 		Logger:            log,
+		PodCIDRs:          podCIDRs,
 	})
 	if err != nil {
 		return nil, nil, err
@@ -92,6 +95,16 @@ func (k *kubeFlags) nodeIPs(nodeName string) ([]netip.Addr, error) {
 		return nil, fmt.Errorf("get node %s: %w", nodeName, err)
 	}
 	return translate.NodeIPs(node), nil
+}
+
+// nodeWithPodCIDRs waits for this node's Node object to have podCIDRs
+// (--detect-local-mode NodeCIDR, localmode.go) and returns it.
+func (k *kubeFlags) nodeWithPodCIDRs(ctx context.Context, nodeName string, log *slog.Logger) (*corev1.Node, error) {
+	client, _, err := k.client(nodeName)
+	if err != nil {
+		return nil, err
+	}
+	return waitForPodCIDRs(ctx, client, nodeName, podCIDRWait, podCIDRPoll, log)
 }
 
 // client returns a Kubernetes client for --kubeconfig or --in-cluster, and

@@ -24,6 +24,7 @@ clientConnection:
   kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
   qps: 50
 clusterCIDR: 10.244.0.0/16
+detectLocalMode: NodeCIDR
 nodePortAddresses: [primary, localhost, 192.168.0.0/16]
 iptables:
   masqueradeAll: true
@@ -60,6 +61,7 @@ func TestConfigPrecedence(t *testing.T) {
 	}
 	fs.Bool("localhost-nodeports", true, "")
 	profiling := fs.Bool("profiling", false, "")
+	localMode := fs.String("detect-local-mode", "ClusterCIDR", "")
 	tcpTimeout := fs.Duration("conntrack-tcp-timeout", time.Hour, "")
 	udpTimeout := fs.Duration("conntrack-udp-timeout", time.Minute, "")
 	if err := fs.Parse([]string{"--cluster-cidr", "10.0.0.0/8", "--manifests", "m.yaml", "--sync-period", "5s"}); err != nil {
@@ -75,9 +77,9 @@ func TestConfigPrecedence(t *testing.T) {
 	if *kube.kubeconfig != "" {
 		t.Errorf("--kubeconfig %q set from the file beside --manifests: two sources", *kube.kubeconfig)
 	}
-	if !*masqAll || *nodeName != "node-1" || *kube.apiQPS != 50 || *kube.minSyncPeriod != 2*time.Second || !*profiling {
-		t.Errorf("file not applied: --masquerade-all %v, --node-name %q, --kube-api-qps %v, --min-sync-period %s, --profiling %v",
-			*masqAll, *nodeName, *kube.apiQPS, *kube.minSyncPeriod, *profiling)
+	if !*masqAll || *nodeName != "node-1" || *kube.apiQPS != 50 || *kube.minSyncPeriod != 2*time.Second || !*profiling || *localMode != "NodeCIDR" {
+		t.Errorf("file not applied: --masquerade-all %v, --node-name %q, --kube-api-qps %v, --min-sync-period %s, --profiling %v, --detect-local-mode %s",
+			*masqAll, *nodeName, *kube.apiQPS, *kube.minSyncPeriod, *profiling, *localMode)
 	}
 	if *tcpTimeout != 24*time.Hour || *udpTimeout != 2*time.Minute {
 		t.Errorf("conntrack timeouts not applied: --conntrack-tcp-timeout %s, --conntrack-udp-timeout %s", *tcpTimeout, *udpTimeout)
@@ -89,8 +91,8 @@ func TestConfigPrecedence(t *testing.T) {
 	if want := []string{"clientConnection.kubeconfig", "clusterCIDR", "iptables.syncPeriod"}; !reflect.DeepEqual(overridden, want) {
 		t.Errorf("overridden %q, want %q", overridden, want)
 	}
-	if len(kp.applied)+len(kp.overridden) != 15 {
-		t.Errorf("%d settings applied and %d overridden, want 15 in all", len(kp.applied), len(kp.overridden))
+	if len(kp.applied)+len(kp.overridden) != 16 {
+		t.Errorf("%d settings applied and %d overridden, want 16 in all", len(kp.applied), len(kp.overridden))
 	}
 }
 

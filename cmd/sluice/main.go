@@ -68,6 +68,7 @@ func run(args []string) int {
 		xdpMode     = fs.String("xdp", "off", "XDP fast path for NodePort/ExternalIP/LoadBalancer traffic to other nodes' backends on --devices: native, generic or off")
 		healthCheck = fs.Bool("health-check-node-ports", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local (on the --nodeport-addresses)")
 		nodeZone    = fs.String("node-zone", "", "this node's zone (the topology.kubernetes.io/zone label), which EndpointSlice hints are matched against; with the Kubernetes source the Node's label replaces it")
+		localMode   = fs.String("detect-local-mode", localModeClusterCIDR, "how pods' traffic is told (kube-proxy's local traffic detector): ClusterCIDR (sources in --cluster-cidr) or NodeCIDR (sources in this node's Node spec.podCIDRs, waited for at start, at most 5 minutes; --cluster-cidr is then ignored, and the agent exits when they change, to be restarted with the new ones; needs --kubeconfig or --in-cluster)")
 		clusterCIDR = fs.String("cluster-cidr", "", "comma-separated CIDRs of the cluster's pods, of either family or both: their traffic to an externalTrafficPolicy Local Service's NodePort, ExternalIP or LoadBalancer IP goes to all its endpoints, and ClusterIP traffic from elsewhere is masqueraded (empty: no source is a pod, and ClusterIP traffic is not masqueraded)")
 		serviceCIDR = fs.String("service-cidr", "", "comma-separated CIDRs of the ClusterIPs, of either family or both: a packet to one of their addresses that no Service holds is dropped")
 		npAddrs     = fs.String("nodeport-addresses", "", "comma-separated CIDRs of either family and kube-proxy's keywords primary (the node's primary addresses, --node-ip), all (0.0.0.0/0 and ::/0) and localhost (127.0.0.0/8): NodePorts (and health checks) are served on the node's addresses inside them; in a family none of them names, or with 0.0.0.0/0 or ::/0, on every address of that family (default: primary)")
@@ -204,12 +205,54 @@ func run(args []string) int {
 		log.Error("bad flag", "err", fmt.Errorf("--xdp: %w", err))
 		return 2
 	}
+	if *localMode, err = parseLocalMode(*localMode); err != nil {
+		log.Error("bad flag", "err", err)
+		return 2
+	}
 
 	if (*manifests == "") == !kube.enabled() {
 		log.Error("give exactly one source: --manifests PATH, --kubeconfig PATH or --in-cluster")
 		return 2
 	}
-	if len(opts.Node.Addresses) == 0 && kube.enabled() && *kube.kubeconfig != "" != *kube.inCluster {
+	var podCIDRs []string // NodeCIDR: the Node's, which the Kubernetes source watches
+	if *localMode == localModeNodeCIDR {
+		if !kube.enabled() {
+			log.Error("bad flag", "err", errors.New("--detect-local-mode NodeCIDR takes the pods' CIDRs from this node's Node object: it needs the Kubernetes source (--kubeconfig or --in-cluster), not --manifests"))
+			return 2
+		}
+		// A signal ends the wait, which may be long (the agent's own
+		// handler is set up later).
+		wctx, stopWait := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		node, err := kube.nodeWithPodCIDRs(wctx, opts.Node.Name, log)
+		stopWait()
+		if errors.Is(err, context.Canceled) {
+			log.Info("stopped while waiting for the Node's podCIDRs", "err", err)
+			return 0
+		}
+		if err == nil {
+			dpCfg.ClusterCIDRs, err = nodePodCIDRs(node)
+		}
+		if err != nil {
+			log.Error("--detect-local-mode NodeCIDR", "err", err)
+			return 1
+		}
+		podCIDRs = node.Spec.PodCIDRs
+		if *clusterCIDR != "" {
+			log.Info("--cluster-cidr (the configuration's clusterCIDR) ignored: --detect-local-mode NodeCIDR tells pods by the Node's podCIDRs", "cluster_cidr", *clusterCIDR)
+		}
+		log.Info("pods told by the Node's podCIDRs (--detect-local-mode NodeCIDR)", "node", node.Name, "pod_cidrs", dpCfg.ClusterCIDRs)
+		if len(opts.Node.Addresses) == 0 {
+			// The same read as the normal path's (kube.nodeIPs), and the
+			// same warning when it has none.
+			if opts.Node.Addresses = translate.NodeIPs(node); len(opts.Node.Addresses) == 0 {
+				log.Warn("no --node-ip and no node addresses from the Node object: NodePorts not served", "node", opts.Node.Name)
+			} else {
+				log.Info("node addresses from the Node object", "node", opts.Node.Name, "addresses", opts.Node.Addresses)
+			}
+			dpCfg.NodeIPs = opts.Node.Addresses
+		}
+	}
+	if len(opts.Node.Addresses) == 0 && podCIDRs == nil && kube.enabled() && *kube.kubeconfig != "" != *kube.inCluster {
 		// Without them only NodePorts are missing: warn, do not fail.
 		if opts.Node.Addresses, err = kube.nodeIPs(opts.Node.Name); err != nil {
 			log.Warn("no --node-ip and no node addresses from the Node object: NodePorts not served", "err", err)
@@ -260,7 +303,7 @@ func run(args []string) int {
 	var prox *health.Proxier // /healthz and /livez; nil: 200 while running
 	if *manifests != "" {
 		src = manifest.NewSource(*manifests, opts, log.With("source", "manifests"))
-	} else if src, prox, err = kube.source(opts, m, log); err != nil {
+	} else if src, prox, err = kube.source(opts, podCIDRs, m, log); err != nil {
 		log.Error("Kubernetes source", "err", err)
 		return 1
 	}

@@ -64,6 +64,19 @@ type NodeCIDR struct {
 	Prefix netip.Prefix
 }
 
+// String is the CIDR with its kind: "cluster 10.244.0.0/16" or
+// "service 10.96.0.0/12".
+func (c NodeCIDR) String() string {
+	kind := fmt.Sprintf("kind-%d", c.Kind)
+	switch c.Kind {
+	case nodeCIDRCluster:
+		kind = "cluster"
+	case nodeCIDRService:
+		kind = "service"
+	}
+	return kind + " " + c.Prefix.String()
+}
+
 func nodeCIDRKey(c NodeCIDR) sockNodeCidrKey {
 	p := c.Prefix.Masked()
 	return sockNodeCidrKey{Prefixlen: 32 + uint32(p.Bits()), Kind: c.Kind, Addr: be32(p.Addr())}

@@ -26,6 +26,10 @@ type Pinned struct {
 	svcStats *ebpf.Map // nil: pinned by an agent without it
 	reasons  int       // counters this build and the pin both know
 	dir      string    // bpffs/sluice
+
+	// nodeCIDRs and nodeCIDRs6: sluice_node_cidrs and its twin (nil:
+	// pinned by an agent without them).
+	nodeCIDRs, nodeCIDRs6 *ebpf.Map
 }
 
 // OpenPinned opens the maps pinned under bpffs/sluice read-only. A map
@@ -65,6 +69,8 @@ func OpenPinned(bpffs string) (*Pinned, error) {
 		{mapRevNat6, &p.revNat6, true},
 		{mapSrcRanges6, &p.srcRanges6, true},
 		{mapServiceIPs6, &p.serviceIPs6, true},
+		{mapNodeCIDRs, &p.nodeCIDRs, true},
+		{mapNodeCIDRs6, &p.nodeCIDRs6, true},
 	} {
 		m, err := openPinnedMap(dir, x.name, spec.Maps[x.name])
 		switch {
@@ -137,11 +143,17 @@ func (p *Pinned) Counters() (map[string]uint64, error) {
 	return readCounters(p.metrics, p.reasons)
 }
 
+// NodeCIDRs reads the node's CIDRs (sluice_node_cidrs and its IPv6 twin)
+// back: the cluster CIDRs the agent tells pods by, and the service CIDRs.
+func (p *Pinned) NodeCIDRs() ([]NodeCIDR, error) {
+	return (&Maps{nodeCIDRs: p.nodeCIDRs, nodeCIDRs6: p.nodeCIDRs6}).NodeCIDRs()
+}
+
 // Close releases the maps' file descriptors; the pins stay.
 func (p *Pinned) Close() error {
 	var errs []error
 	for _, m := range []*ebpf.Map{p.services, p.backends, p.revNat, p.srcRanges, p.metrics, p.serviceIPs, p.svcStats,
-		p.services6, p.backends6, p.revNat6, p.srcRanges6, p.serviceIPs6, p.slotArr4, p.slotArr6} {
+		p.services6, p.backends6, p.revNat6, p.srcRanges6, p.serviceIPs6, p.slotArr4, p.slotArr6, p.nodeCIDRs, p.nodeCIDRs6} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}

@@ -44,6 +44,12 @@ const (
 	metricsPort = "10249"
 )
 
+// InterfaceModes says why kube-proxy's local traffic detectors by
+// interface (detectLocalMode BridgeInterface and InterfaceNamePrefix)
+// are refused, by the file and by the agent's --detect-local-mode alike.
+const InterfaceModes = "Sluice tells pods by their source address only (ClusterCIDR or NodeCIDR): " +
+	"its socket programs see no interface, and its tc programs run on the devices --devices names, not on every pod's interface"
+
 // Setting is one Sluice flag the file sets.
 type Setting struct {
 	Field string // the file's field, e.g. "iptables.masqueradeAll"
@@ -240,10 +246,9 @@ func (m *mapper) mapFields(c *KubeProxyConfiguration) error {
 		m.set("clientConnection.qps", "kube-api-qps", strconv.FormatFloat(float64(q), 'g', -1, 32))
 	}
 
-	m.applied["detectLocalMode"] = true
-	if c.DetectLocalMode != "" && c.DetectLocalMode != "ClusterCIDR" {
-		return fmt.Errorf("detectLocalMode %q: Sluice tells pods by clusterCIDR only (ClusterCIDR)", c.DetectLocalMode)
-	}
+	// clusterCIDR is checked and applied whatever the mode, as kube-proxy
+	// validates it: kubeadm's file carries it beside detectLocalMode
+	// NodeCIDR too, and the agent then logs that it is ignored.
 	m.applied["clusterCIDR"] = true
 	if c.ClusterCIDR != "" {
 		var cidrs []string
@@ -255,6 +260,16 @@ func (m *mapper) mapFields(c *KubeProxyConfiguration) error {
 			cidrs = append(cidrs, p.String())
 		}
 		m.set("clusterCIDR", "cluster-cidr", strings.Join(cidrs, ","))
+	}
+	m.applied["detectLocalMode"] = true
+	switch c.DetectLocalMode {
+	case "":
+	case "ClusterCIDR", "NodeCIDR":
+		m.set("detectLocalMode", "detect-local-mode", c.DetectLocalMode)
+	case "BridgeInterface", "InterfaceNamePrefix":
+		return fmt.Errorf("detectLocalMode %q: %s", c.DetectLocalMode, InterfaceModes)
+	default:
+		return fmt.Errorf("detectLocalMode %q: want ClusterCIDR or NodeCIDR (kube-proxy's BridgeInterface and InterfaceNamePrefix are not Sluice's)", c.DetectLocalMode)
 	}
 
 	m.applied["nodePortAddresses"] = true
@@ -402,7 +417,7 @@ var why = map[string]string{
 	"ipvs.udpTimeout":             "Sluice has no IPVS mode",
 	"winkernel":                   "Windows only",
 	"windowsRunAsService":         "Windows only",
-	"detectLocal":                 "Sluice tells pods by clusterCIDR only",
+	"detectLocal":                 "read by detectLocalMode BridgeInterface and InterfaceNamePrefix only, which Sluice does not have (kube-proxy ignores it in the other modes too)",
 	"oomScoreAdj":                 "Sluice leaves its OOM score to the pod's resources",
 	"conntrack":                   "sets the node's netfilter conntrack sysctls: Sluice tracks Service flows in its own tables and leaves the sysctls alone",
 	"configSyncPeriod":            "Sluice's informers do not resync; --resync-interval re-applies the datapath",

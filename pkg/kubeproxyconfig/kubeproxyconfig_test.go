@@ -83,6 +83,7 @@ oomScoreAdj: -999
 		{"clientConnection.kubeconfig", "kubeconfig", "/var/lib/kube-proxy/kubeconfig.conf"},
 		{"clientConnection.qps", "kube-api-qps", "50"},
 		{"clusterCIDR", "cluster-cidr", "10.244.0.0/16,fd00:10:244::/56"},
+		{"detectLocalMode", "detect-local-mode", "ClusterCIDR"},
 		{"nodePortAddresses", "nodeport-addresses", "primary,192.168.0.0/16"},
 		{"conntrack.tcpEstablishedTimeout", "conntrack-tcp-timeout", "24h0m0s"},
 		{"conntrack.udpStreamTimeout", "conntrack-udp-timeout", "5m0s"},
@@ -219,7 +220,9 @@ func TestBadFiles(t *testing.T) {
 		{"healthz port out of range", head + "healthzBindAddress: 0.0.0.0:99999\n", "healthzBindAddress"},
 		{"healthz host name", head + "healthzBindAddress: localhost:10256\n", "healthzBindAddress"},
 		{"bind address not an IP", head + "bindAddress: node-1\n", "bindAddress"},
-		{"other local traffic detector", head + "detectLocalMode: NodeCIDR\n", `detectLocalMode "NodeCIDR"`},
+		{"local traffic by bridge", head + "detectLocalMode: BridgeInterface\ndetectLocal:\n  bridgeInterface: cbr0\n", `detectLocalMode "BridgeInterface": Sluice tells pods by their source address only`},
+		{"local traffic by interface prefix", head + "detectLocalMode: InterfaceNamePrefix\n", `detectLocalMode "InterfaceNamePrefix": Sluice tells pods by their source address only`},
+		{"unknown local traffic detector", head + "detectLocalMode: PodCIDR\n", `detectLocalMode "PodCIDR": want ClusterCIDR or NodeCIDR`},
 		{"unknown mode", head + "mode: userspace\n", `mode "userspace"`},
 		{"negative sync period", head + "iptables:\n  syncPeriod: -1s\n", "iptables.syncPeriod"},
 		{"negative qps", head + "clientConnection:\n  qps: -1\n", "clientConnection.qps"},
@@ -269,5 +272,33 @@ func TestBindAddressFamilies(t *testing.T) {
 		if !reflect.DeepEqual(res.Settings, c.want) || len(res.Ignored) != 0 {
 			t.Errorf("%s: settings %v, ignored %v; want %v, none", c.body, res.Settings, res.Ignored, c.want)
 		}
+	}
+}
+
+// TestNodeCIDRMode: detectLocalMode NodeCIDR sets --detect-local-mode, and
+// clusterCIDR beside it (kubeadm's file always carries one) is still
+// checked and mapped: the agent says it is ignored in that mode. The
+// detectLocal section is read by the interface modes only, and reported.
+func TestNodeCIDRMode(t *testing.T) {
+	res, err := Parse([]byte(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clusterCIDR: 10.244.0.0/16
+detectLocalMode: NodeCIDR
+detectLocal:
+  bridgeInterface: cbr0
+  interfaceNamePrefix: ""
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Setting{
+		{"clusterCIDR", "cluster-cidr", "10.244.0.0/16"},
+		{"detectLocalMode", "detect-local-mode", "NodeCIDR"},
+	}
+	if !reflect.DeepEqual(res.Settings, want) {
+		t.Errorf("settings:\n got %v\nwant %v", res.Settings, want)
+	}
+	if len(res.Ignored) != 1 || res.Ignored[0].Field != "detectLocal.bridgeInterface" || !strings.Contains(res.Ignored[0].Why, "BridgeInterface") {
+		t.Errorf("ignored %v, want detectLocal.bridgeInterface, with the reason", res.Ignored)
 	}
 }

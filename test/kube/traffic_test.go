@@ -36,6 +36,8 @@ type trafficEnv struct {
 	addrs    []string // backend addresses of the family the client uses
 	v6       bool     // the client uses IPv6
 	slice    string   // web's EndpointSlice of that family
+	bins     agentproc.Binaries
+	bpffs    string // the agent's --bpffs
 }
 
 func setupTraffic(t *testing.T, apiServerArgs ...string) *trafficEnv {
@@ -54,6 +56,26 @@ func setupTrafficFamily(t *testing.T, v6 bool, apiServerArgs ...string) *traffic
 // agent's command line.
 func setupTrafficAgent(t *testing.T, v6 bool, agentArgs []string, apiServerArgs ...string) *trafficEnv {
 	t.Helper()
+	e := setupTrafficNode(t, v6, apiServerArgs...)
+	e.agent = agentproc.StartAgent(t, e.bins, e.lb.Node, e.agentConfig(agentArgs), 60*time.Second)
+	return e
+}
+
+// agentConfig is how setupTrafficAgent runs the agent, with agentArgs
+// added to its command line.
+func (e *trafficEnv) agentConfig(agentArgs []string) agentproc.AgentConfig {
+	return agentproc.AgentConfig{
+		Devices: []string{e.lb.NodeDev},
+		BPFFS:   e.bpffs,
+		Extra:   append([]string{"--kubeconfig", e.kube.AgentKubeconfig, "--min-sync-period", "100ms"}, agentArgs...),
+	}
+}
+
+// setupTrafficNode is setupTrafficFamily without the agent: the topology
+// with its backends serving, the control plane, and the Node "node" with
+// its InternalIP and no podCIDRs (as a kubelet registers it).
+func setupTrafficNode(t *testing.T, v6 bool, apiServerArgs ...string) *trafficEnv {
+	t.Helper()
 	if os.Getenv("SLUICE_SKIP_KUBE") != "" {
 		t.Skip("SLUICE_SKIP_KUBE set")
 	}
@@ -62,7 +84,7 @@ func setupTrafficAgent(t *testing.T, v6 bool, agentArgs []string, apiServerArgs 
 	bins := agentproc.Shared(t)
 	topo := topology.NewT(t)
 	lb := topo.BuildLBT(t, 3)
-	e := &trafficEnv{lb: lb, addrs: lb.BackendAddrStrings(), v6: v6}
+	e := &trafficEnv{lb: lb, addrs: lb.BackendAddrStrings(), v6: v6, bins: bins, bpffs: filepath.Join(testutil.BPFFS, topo.Prefix()+"kube")}
 	if v6 {
 		e.addrs = lb.AddIPv6T(t).BackendAddrStrings()
 	}
@@ -73,12 +95,6 @@ func setupTrafficAgent(t *testing.T, v6 bool, agentArgs []string, apiServerArgs 
 	// Registered after the topology: stopped before it is torn down.
 	e.kube = kubeenv.StartWith(t, kubeenv.Options{NetNS: lb.Node.Path, Dial: lb.Node.DialContext, APIServerArgs: apiServerArgs})
 	e.kube.CreateNode(context.Background(), "node", lb.NodeAddr.String())
-
-	e.agent = agentproc.StartAgent(t, bins, lb.Node, agentproc.AgentConfig{
-		Devices: []string{lb.NodeDev},
-		BPFFS:   filepath.Join(testutil.BPFFS, topo.Prefix()+"kube"),
-		Extra:   append([]string{"--kubeconfig", e.kube.AgentKubeconfig, "--min-sync-period", "100ms"}, agentArgs...),
-	}, 60*time.Second)
 	return e
 }
 

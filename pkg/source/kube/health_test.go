@@ -2,6 +2,9 @@ package kube
 
 import (
 	"context"
+	"errors"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -109,5 +112,46 @@ func TestOldestPending(t *testing.T) {
 	h.mu.Unlock()
 	if updated != 1 {
 		t.Errorf("Health.Updated called %d times, want 1", updated)
+	}
+}
+
+// NodeCIDR mode (Config.PodCIDRs): label changes of the Node go on as
+// before, and a change of its podCIDRs ends Run with an error naming the
+// old and new ones, as kube-proxy's node manager exits, so that the agent
+// restarts and takes them.
+func TestPodCIDRsChangeEndsRun(t *testing.T) {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}, Spec: corev1.NodeSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24"}}}
+	client := fake.NewClientset(n)
+	h := &healthRecorder{}
+	src := newSource(t, Config{Client: client, Health: h, PodCIDRs: []string{"10.244.1.0/24"}})
+	rec := &recorder{}
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() { done <- src.Run(ctx, rec.apply) }()
+	waitFor(t, "first sync", 5*time.Second, func() bool { return rec.count() >= 1 })
+	kubeclient.UpdateNode(t, ctx, client, node, func(n *corev1.Node) { n.Labels = map[string]string{"a": "b"} })
+	waitFor(t, "the label change seen", 5*time.Second, func() bool { _, _, told := h.node(); return told >= 2 })
+	select {
+	case err := <-done:
+		t.Fatalf("Run ended on a label change: %v", err)
+	default:
+	}
+
+	kubeclient.UpdateNode(t, ctx, client, node, func(n *corev1.Node) {
+		n.Spec.PodCIDRs = append(n.Spec.PodCIDRs, "fd00:10:244:1::/64")
+	})
+	select {
+	case err := <-done:
+		var changed *PodCIDRsChangedError
+		if !errors.As(err, &changed) || !slices.Equal(changed.Old, []string{"10.244.1.0/24"}) ||
+			!slices.Equal(changed.New, []string{"10.244.1.0/24", "fd00:10:244:1::/64"}) {
+			t.Fatalf("Run returned %v, want the podCIDRs change from [10.244.1.0/24] to [10.244.1.0/24 fd00:10:244:1::/64]", err)
+		}
+		if !strings.Contains(err.Error(), "node "+node) {
+			t.Errorf("error %q does not name the node", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run still running 10s after the Node's podCIDRs changed")
 	}
 }

@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,6 +85,28 @@ type Config struct {
 	// Health, if set, is told when a state was programmed and whether
 	// this Node is eligible for traffic (pkg/health.Proxier).
 	Health Health
+
+	// PodCIDRs, if set, are the Node's spec.podCIDRs the agent took at
+	// start for its local traffic detector (--detect-local-mode
+	// NodeCIDR). The datapath holds them from its start, so a Node seen
+	// with others makes Run fail (a PodCIDRsChangedError), and the
+	// DaemonSet restarts the agent, which takes the new ones: what
+	// kube-proxy's node manager does (it exits). Re-programming the
+	// node's CIDRs in place would be a write the reconciler does not
+	// order.
+	PodCIDRs []string
+}
+
+// PodCIDRsChangedError is Run's error when this Node's spec.podCIDRs are
+// no longer those of Config.PodCIDRs.
+type PodCIDRsChangedError struct {
+	Node     string
+	Old, New []string
+}
+
+func (e *PodCIDRsChangedError) Error() string {
+	return fmt.Sprintf("node %s: spec.podCIDRs changed from %v to %v: exiting, to be restarted with the new ones (detect-local-mode NodeCIDR)",
+		e.Node, e.Old, e.New)
 }
 
 // Health is what the source tells the health probes (pkg/health.Proxier).
@@ -136,6 +159,9 @@ type Source struct {
 	// (zero: none); counted from the first sync on, as kube-proxy counts
 	// from its initialisation.
 	queued time.Time
+
+	// fail ends Run with an error (set by Run: nil before).
+	fail func(error)
 
 	// reserved makes the tracker room for the first lists, once
 	// (reserve), with reserveTracker (the tracker's Reserve; tests
@@ -296,10 +322,18 @@ func (s *Source) Synced() bool { return s.synced.Load() }
 // and at least every SyncPeriod. apply must not block; the agent applies
 // the state, retries failures and records sync metrics (its Observer). It
 // returns nil when ctx is done, or an error if the informers could not be
-// set up.
-func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+// set up, or this Node's podCIDRs changed (Config.PodCIDRs).
+func (s *Source) Run(ctx context.Context, apply func(*model.State)) (err error) {
+	parent := ctx
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	s.fail = cancel
+	defer func() {
+		// A failure cancelled ctx: that, not the caller, ended the run.
+		if cause := context.Cause(ctx); err == nil && parent.Err() == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+			err = cause
+		}
+	}()
 
 	nodeName := s.cfg.Options.Node.Name
 	s.slimmer = newSlimmer()
@@ -312,7 +346,7 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 	// Shutdown waits for the informer goroutines; it runs after cancel.
 	defer nodeFactory.Shutdown()
 	defer factory.Shutdown()
-	defer cancel()
+	defer cancel(nil)
 
 	// The Services and EndpointSlices without the namespace index the
 	// factory's informers keep: a set of keys per namespace, which
@@ -454,6 +488,12 @@ func (s *Source) onNode(_, obj any, deleted bool) {
 	}
 	if !deleted {
 		s.nodeUID.Store(node.UID)
+		if want := s.cfg.PodCIDRs; len(want) > 0 && !slices.Equal(node.Spec.PodCIDRs, want) {
+			err := &PodCIDRsChangedError{Node: node.Name, Old: want, New: node.Spec.PodCIDRs}
+			s.log.Error("the node's podCIDRs changed", "node", node.Name, "old", want, "new", node.Spec.PodCIDRs)
+			s.fail(err)
+			return
+		}
 	}
 	if s.cfg.Health != nil {
 		eligible, why := nodeEligible(node, deleted)
