@@ -27,6 +27,13 @@ import (
 //     let traffic to the IP leave for it), with the family's
 //     spec.loadBalancerSourceRanges.
 //
+// An address one Service names as two of these at one port (an externalIP
+// that is also a VIP-mode ingress IP) is one frontend, the LoadBalancer
+// one with its source ranges: Translate keeps one per address, port and
+// protocol (claimRank). A Proxy-mode ingress IP that is also an
+// externalIP is served as the externalIP, without the ranges, as
+// kube-proxy serves it.
+//
 // With externalTrafficPolicy Cluster they balance over the Cluster
 // policy's endpoints (internalTrafficPolicy does not apply to them). With
 // externalTrafficPolicy Local (ExternalLocal) external clients get this
