@@ -60,7 +60,7 @@ func run(args []string) int {
 		metricsAddr = fs.String("metrics-addr", "127.0.0.1:10249", "address for Prometheus /metrics (empty: off); kube-proxy's default keeps it on the node: a cluster's Prometheus needs the node's address (NODE_IP:10249) or :10249")
 		logLevel    = fs.String("log-level", "info", "debug, info, warn or error")
 		nodeName    = fs.String("node-name", "", "this node's name (default: the host name)")
-		proxyName   = fs.String("proxy-name", "", "serve Services labelled service.kubernetes.io/service-proxy-name=NAME (default: unlabelled ones)")
+		proxyName   = fs.String("proxy-name", "", "serve Services without a service.kubernetes.io/service-proxy-name label and those labelled with NAME (empty: sluice)")
 		resync      = fs.Duration("resync-interval", time.Minute, "re-apply the desired state this often, repairing drift (0: never)")
 		mapRefresh  = fs.Duration("map-refresh-interval", reconciler.DefaultRefreshInterval, "re-read the BPF maps this often to find entries changed or deleted behind the agent's back (e.g. with bpftool), which are then rewritten; the re-read happens inside an apply, so at the first resync (--resync-interval) or change after the interval (0: never)")
 		nodeIPs     = fs.String("node-ip", "", "comma-separated addresses of this node, of either family or both (\"IPv4,IPv6\" in either order, the first of each family its primary address): NodePorts are served on them, and external flows to other nodes' backends are source-NATed to them (also makes --devices default to the devices holding them)")

@@ -21,7 +21,7 @@ import (
 // endpoints, 200 MB of the first sync's 380 and a quarter of its CPU).
 //
 // It reads what slimSlice reads (the namespace, name, resourceVersion,
-// the service-name label, the annotations, addressType, the ports, and of
+// the service-name and headless labels, the annotations, addressType, the ports, and of
 // each endpoint its addresses, conditions, node name and hints) and skips
 // the rest in place (managedFields, owner references, the other labels,
 // targetRef, zone, hostname...), allocating nothing for it. What it does
@@ -39,7 +39,7 @@ import (
 type sliceDecoder struct {
 	sl *slimmer
 	// es is the slice handed to translate.ReadPackedSlice: its metadata,
-	// the service-name label and ports, no endpoints. Its strings are
+	// the service-name and headless labels and ports, no endpoints. Its strings are
 	// the cache's (never the input's): ReadSlice keeps them.
 	es     discoveryv1.EndpointSlice
 	labels map[string]string
@@ -191,7 +191,7 @@ func (d *sliceDecoder) decode(data []byte) (*cachedSlice, bool) {
 }
 
 // objectMeta reads the slice's ObjectMeta: its namespace, name,
-// resourceVersion, service-name label and annotations (but the trigger
+// resourceVersion, service-name and headless labels and annotations (but the trigger
 // time, kept aside, and the last-applied configuration, dropped, as
 // slimSlice does).
 func (d *sliceDecoder) objectMeta(b []byte, annotations *map[string]string, trigger *string, triggered *bool) bool {
@@ -213,9 +213,16 @@ func (d *sliceDecoder) objectMeta(b []byte, annotations *map[string]string, trig
 		case 6:
 			es.ResourceVersion = string(v)
 		case 11:
+			// The labels translate.SliceLabelsRead names, no other.
 			k, val, ok := mapEntry(v)
-			if ok && string(k) == discoveryv1.LabelServiceName {
-				d.labels[discoveryv1.LabelServiceName] = string(val)
+			if ok {
+				switch string(k) {
+				case discoveryv1.LabelServiceName:
+					d.labels[discoveryv1.LabelServiceName] = string(val)
+				case corev1.IsHeadlessService:
+					// Read for its presence only (translate.Slice.Headless).
+					d.labels[corev1.IsHeadlessService] = ""
+				}
 			}
 			return ok
 		case 12:

@@ -57,6 +57,9 @@ func randomSlice(r *rand.Rand) *discoveryv1.EndpointSlice {
 		if r.IntN(2) == 0 {
 			es.Labels["app"] = "x"
 		}
+		if r.IntN(6) == 0 {
+			es.Labels[corev1.IsHeadlessService] = pick(r, "", "x")
+		}
 	}
 	if r.IntN(5) > 0 {
 		es.Annotations = map[string]string{}

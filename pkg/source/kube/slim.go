@@ -25,7 +25,7 @@ import (
 //
 // An EndpointSlice is cached as what a translation reads of it
 // (cachedSlice, translate.Slice: the namespace, name, resourceVersion,
-// service-name label, addressType, ports, and of each endpoint its first
+// service-name label, whether it is labelled headless, addressType, ports, and of each endpoint its first
 // address parsed, its conditions, node name and hints, and whether the
 // slice is valid), with its annotations but the trigger time: an IPv4
 // endpoint in 16 bytes (translate.SliceEndpoints), where the API's

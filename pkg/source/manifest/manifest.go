@@ -939,7 +939,10 @@ func (l *loader) translate(objs map[objKey]*object, res *Result) *model.State {
 				}
 			case o.slice != nil:
 				res.Slices++
-				if !o.hasOwner {
+				if !o.hasOwner && !o.slice.Headless {
+					// One labelled service.kubernetes.io/headless
+					// belongs to no Service by design (as kube-proxy
+					// never lists it): no warning.
 					orphans = append(orphans, o)
 				}
 				if prev == nil || prev.slice != o.slice {

@@ -27,6 +27,13 @@ import (
 //     let traffic to the IP leave for it), with the family's
 //     spec.loadBalancerSourceRanges.
 //
+// An address one Service names as two of these at one port (an externalIP
+// that is also a VIP-mode ingress IP) is one frontend, the LoadBalancer
+// one with its source ranges: Translate keeps one per address, port and
+// protocol (claimRank). A Proxy-mode ingress IP that is also an
+// externalIP is served as the externalIP, without the ranges, as
+// kube-proxy serves it.
+//
 // With externalTrafficPolicy Cluster they balance over the Cluster
 // policy's endpoints (internalTrafficPolicy does not apply to them). With
 // externalTrafficPolicy Local (ExternalLocal) external clients get this
@@ -36,6 +43,24 @@ import (
 // as kube-proxy does: the frontend has TwoScopes. LoadBalancer Services
 // with externalTrafficPolicy Local carry their healthCheckNodePort, and
 // the ready local endpoints the health check counts.
+
+// claimRank orders the kinds of frontend one Service may give the same
+// address, port and protocol (an externalIP that is also a LoadBalancer
+// ingress IP, an externalIP listed twice, a node address that is an
+// externalIP at a port that is also a NodePort), the one served first:
+// the frontend kube-proxy's nftables proxier serves there. A LoadBalancer
+// IP's, with its loadBalancerSourceRanges: the firewall check, keyed by
+// LoadBalancer IP, protocol and port, drops other sources of new
+// connections before any DNAT, whether the address is an externalIP too
+// or not (the two send to the same external chain); a LoadBalancer IP
+// closed for want of a range of its family (sourceRanges) stays closed.
+// Then an externalIP's: the service-IPs map holds ClusterIPs, externalIPs
+// and LoadBalancer IPs, a Service port's externalIP element written after
+// its ClusterIP's, and is looked up before the NodePorts map. Left to the
+// tracker, which settles claims of different Services, two frontends of
+// one Service went to the ExternalIP (open to every source) and the
+// Service was reported losing a conflict to itself.
+var claimRank = [...]int{model.LoadBalancer: 0, model.ExternalIP: 1, model.ClusterIP: 2, model.NodePort: 3}
 
 // external is what a Service's north-south frontends of one family share,
 // whatever the port.

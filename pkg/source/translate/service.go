@@ -17,7 +17,7 @@ import (
 // as ServiceToModel does with the object it was made from.
 //
 // What a translation reads of a Service is why it is skipped (its type,
-// its proxy-name and headless labels, a clusterIP None), whether it is
+// its proxy-name label, a clusterIP None), whether it is
 // valid (ValidateService says so once, when the Service is made), and of a
 // valid one: its ClusterIPs, ports, externalIPs and load-balancer ingress
 // IPs parsed, its source ranges as written (their warnings quote them),
@@ -37,9 +37,10 @@ type Service struct {
 	// ProxyName is its service.kubernetes.io/service-proxy-name label
 	// (nil: none).
 	ProxyName *string
-	// HeadlessLabel: it is labelled service.kubernetes.io/headless;
-	// HeadlessIP: its clusterIP (or clusterIPs[0]) is None.
-	HeadlessLabel, HeadlessIP bool
+	// HeadlessIP: its clusterIP (or clusterIPs[0]) is None. (Its
+	// service.kubernetes.io/headless label is not read: kube-proxy reads
+	// that label on EndpointSlices, see Slice.Headless.)
+	HeadlessIP bool
 	// ExternalLocal: externalTrafficPolicy Local (whether the Service is
 	// externally accessible is the translation's to say);
 	// InternalLocal: internalTrafficPolicy Local.
@@ -113,7 +114,6 @@ func ReadService(s *Service, svc *corev1.Service) {
 		name := p // not p: a variable the map lookup declares would be allocated for every Service
 		s.ProxyName = &name
 	}
-	_, s.HeadlessLabel = svc.Labels[corev1.IsHeadlessService]
 	if s.Invalid = ValidateService(svc); s.Invalid != nil {
 		return
 	}
@@ -177,14 +177,20 @@ func parseAll[T any](items []T, addr func(T) string) []netip.Addr {
 }
 
 // skipped says why the Service is deliberately not served ("": it is),
-// in ServiceToModel's order: ExternalName, another proxy's, headless.
+// in ServiceToModel's order: ExternalName, another proxy's, headless
+// (clusterIP None). kube-proxy's Services informer lists those without
+// the service-proxy-name label whose clusterIP is not None
+// (cmd/kube-proxy/app/server.go); Sluice also serves those labelled with
+// its own proxy name (Options.ProxyName). A Service labelled
+// service.kubernetes.io/headless is served, as kube-proxy serves it:
+// that label filters EndpointSlices (Slice.Headless).
 func (s *Service) skipped(opts Options) string {
 	switch {
 	case s.Type == corev1.ServiceTypeExternalName:
 		return SkipExternalName
 	case s.ProxyName != nil && *s.ProxyName != opts.proxyName():
 		return LabelServiceProxyName + "=" + *s.ProxyName
-	case s.HeadlessLabel, s.HeadlessIP:
+	case s.HeadlessIP:
 		return SkipHeadless
 	}
 	return ""

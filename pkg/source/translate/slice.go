@@ -26,7 +26,13 @@ type Slice struct {
 	Namespace, Name, ResourceVersion string
 	// Service is its kubernetes.io/service-name label ("": none, or
 	// empty: the slice belongs to no Service).
-	Service     string
+	Service string
+	// Headless: it is labelled service.kubernetes.io/headless, and
+	// belongs to no Service whatever its service-name label says
+	// (ServiceName): kube-proxy's EndpointSlices informer lists only
+	// slices without that label (cmd/kube-proxy/app/server.go), and
+	// never sees the others.
+	Headless    bool
 	AddressType discoveryv1.AddressType
 	Ports       []SlicePort
 	Endpoints   SliceEndpoints
@@ -90,6 +96,7 @@ func ReadSlice(s *Slice, es *discoveryv1.EndpointSlice) {
 	eps := s.Endpoints.reuse()
 	*s = Slice{Namespace: es.Namespace, Name: es.Name, ResourceVersion: es.ResourceVersion,
 		Service: es.Labels[discoveryv1.LabelServiceName], AddressType: constant(es.AddressType, addressTypes)}
+	_, s.Headless = es.Labels[corev1.IsHeadlessService]
 	eps.start(len(es.Endpoints))
 	// Validation parses the addresses: it gives the first ones of the
 	// endpoints 0 to given-1 (all of them, in a valid IPv4 or IPv6
@@ -353,7 +360,7 @@ func SlicesOf(eps []*discoveryv1.EndpointSlice) []*Slice {
 // ServiceName returns the Service s belongs to, as ServiceNameOfSlice
 // says of the object it was made from.
 func (s *Slice) ServiceName() (types.NamespacedName, bool) {
-	if s == nil || s.Service == "" {
+	if s == nil || s.Service == "" || s.Headless {
 		return types.NamespacedName{}, false
 	}
 	return types.NamespacedName{Namespace: s.Namespace, Name: s.Service}, true

@@ -17,9 +17,12 @@
 // (topology.go, northsouth.go). Addresses are read as kube-proxy reads
 // them (leading zeros are decimal). sessionAffinity ClientIP gives every
 // frontend of the Service, in each of its scopes, its timeout (default
-// 10800 s, as the API server defaults it). Headless and ExternalName Services,
-// and those that ask for another proxy through the
-// service.kubernetes.io/service-proxy-name label, are skipped.
+// 10800 s, as the API server defaults it). Headless (clusterIP None) and
+// ExternalName Services, and those that ask for another proxy through the
+// service.kubernetes.io/service-proxy-name label, are skipped; so are
+// EndpointSlices labelled service.kubernetes.io/headless, which belong to
+// no Service (kube-proxy's informers filter the label on slices, not on
+// Services).
 //
 // Bad input is handled the kube-proxy way, without failing the whole
 // Service: an SCTP port is left out (SCTP needs a CRC32c rewrite the
@@ -163,14 +166,18 @@ const (
 // source may drop the others (Service and Slice keep what these say as
 // fields). Keep them in step with MakeService and ServiceNameOfSlice.
 var (
-	ServiceLabelsRead = []string{LabelServiceProxyName, corev1.IsHeadlessService}
-	SliceLabelsRead   = []string{discoveryv1.LabelServiceName}
+	ServiceLabelsRead = []string{LabelServiceProxyName}
+	SliceLabelsRead   = []string{discoveryv1.LabelServiceName, corev1.IsHeadlessService}
 )
 
 // ServiceNameOfSlice returns the Service an EndpointSlice belongs to, from
-// its kubernetes.io/service-name label.
+// its kubernetes.io/service-name label; none if it is labelled
+// service.kubernetes.io/headless (Slice.Headless).
 func ServiceNameOfSlice(es *discoveryv1.EndpointSlice) (types.NamespacedName, bool) {
 	if es == nil {
+		return types.NamespacedName{}, false
+	}
+	if _, headless := es.Labels[corev1.IsHeadlessService]; headless {
 		return types.NamespacedName{}, false
 	}
 	name, ok := es.Labels[discoveryv1.LabelServiceName]
@@ -318,7 +325,15 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 	if len(t.Services) == 0 {
 		t.Services = nil // none, as before the array was sized above
 	}
-	slices.SortFunc(t.Services, func(a, b *model.Service) int { return a.Frontend.Compare(b.Frontend) })
+	slices.SortFunc(t.Services, func(a, b *model.Service) int {
+		if c := a.Frontend.Compare(b.Frontend); c != 0 {
+			return c
+		}
+		return claimRank[a.Kind] - claimRank[b.Kind]
+	})
+	// One frontend per address, port and protocol: the first of those
+	// the Service names twice, by claimRank.
+	t.Services = slices.CompactFunc(t.Services, func(a, b *model.Service) bool { return a.Frontend == b.Frontend })
 	return t, nil
 }
 
