@@ -42,14 +42,21 @@ type Slice struct {
 }
 
 // SlicePort is an EndpointSlice port as a translation reads it: its name
-// ("" for none), protocol (TCP for none) and port (HasPort false for none:
-// the port is not served).
+// ("" for none), protocol (TCP for none) and port (HasPort false for none).
+// A port without a number, or numbered 0, is not served (served).
 type SlicePort struct {
 	Name     string
 	Protocol corev1.Protocol
 	Port     int32
 	HasPort  bool
 }
+
+// served says whether the port's endpoints are served on it: not if it
+// has no number or its number is 0, which kube-proxy ignores
+// (endpointslicecache.go, endpointInfoByServicePort: "Ignoring invalid
+// endpoint port"). discovery/v1 does not validate a slice's ports, so the
+// API server stores either.
+func (p *SlicePort) served() bool { return p.HasPort && p.Port != 0 }
 
 // SliceEndpoint is an endpoint as a translation reads it: what
 // SliceEndpoints.At returns (a Slice does not keep its endpoints in this

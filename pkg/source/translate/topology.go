@@ -126,7 +126,7 @@ func categorizeSorted(eps []*Slice, portName string, kproto corev1.Protocol, pro
 	es := eps[0]
 	port := -1
 	for i := range es.Ports {
-		if p := &es.Ports[i]; p.Name == portName && p.Protocol == kproto && p.HasPort {
+		if p := &es.Ports[i]; p.Name == portName && p.Protocol == kproto && p.served() {
 			if port >= 0 {
 				return c, false // listed twice: endpointsFor's candidates of both
 			}
@@ -288,8 +288,14 @@ func filterEndpoints(eps []endpoint, keep func(*endpoint) bool) []model.Backend 
 }
 
 // endpointsFor returns the endpoints of all slices for the Service port
-// named portName, sorted by address. Endpoints listed by several slices
-// are counted once: the first ready listing wins, else the first listing.
+// named portName, sorted by address. An endpoint (address and port)
+// listed by several slices, or twice by one, is counted once, with the
+// listing kube-proxy keeps when it walks the slices in the order of eps.
+// kube-proxy walks them in a map's order: between two listings both
+// terminating or both not, its choice changes from one sync to the next.
+// Translate gives eps sorted by name, so Sluice's choice is kube-proxy's
+// for that order, whatever the order the slices came in. Only ports with
+// a number not 0 are read (SlicePort.served).
 // Addresses are read as kube-proxy reads them (netutils.ParseIPSloppy:
 // leading zeros are decimal), and only the first of an endpoint's
 // addresses is used: the API says the others are fungible copies. The
@@ -303,7 +309,7 @@ func endpointsFor(cands []endpoint, portName string, kproto corev1.Protocol, pro
 	cands = slices.Grow(cands[:0], n)
 	for _, es := range eps {
 		for _, ep := range es.Ports {
-			if ep.Name != portName || ep.Protocol != kproto || !ep.HasPort {
+			if ep.Name != portName || ep.Protocol != kproto || !ep.served() {
 				continue
 			}
 			for i := range es.Endpoints.Len() {
@@ -342,7 +348,14 @@ func endpointsFor(cands []endpoint, portName string, kproto corev1.Protocol, pro
 		c := cands[i]
 		j := i + 1
 		for ; j < len(cands) && cands[j].b.L4Addr == c.b.L4Addr; j++ {
-			if cands[j].ready && !c.ready {
+			// kube-proxy's rule (endpointslicecache.go, addEndpoints):
+			// a listing replaces those before it unless it is
+			// terminating. So a listing that is not terminating wins
+			// over one that is, whatever their order (a pod IP reused
+			// by a new pod while the old one terminates reaches the
+			// new pod); of several that are not, the last; of several
+			// that are, the first.
+			if !cands[j].terminating {
 				c = cands[j]
 			}
 		}
@@ -353,20 +366,36 @@ func endpointsFor(cands []endpoint, portName string, kproto corev1.Protocol, pro
 }
 
 // localReady returns the addresses of the ready endpoints on this node in
-// any of eps' ports, sorted and unique: what the health check counts
-// (kube-proxy's LocalReadyEndpoints, by address across the ports).
+// eps, sorted and unique: what the health check counts. That is kube-proxy's
+// LocalReadyEndpoints, which counts by address across its endpoints map:
+// the endpoints of every port of the slices (named in the Service or not)
+// that has a number not 0, one listing per address and port, the one
+// endpointsFor chooses.
 func localReady(eps []*Slice, nodeName string) []netip.Addr {
 	if nodeName == "" {
 		return nil
 	}
+	type portKey struct {
+		name  string
+		proto corev1.Protocol
+	}
+	var done []portKey // the ports read: kube-proxy's ServicePortNames
 	var out []netip.Addr
+	var cands []endpoint
 	for _, es := range eps {
-		if len(es.Ports) == 0 {
-			continue
-		}
-		for i := range es.Endpoints.Len() {
-			if e := es.Endpoints.At(i); e.Addr.IsValid() && e.nodeName() == nodeName && e.Ready {
-				out = append(out, e.Addr)
+		for i := range es.Ports {
+			p := &es.Ports[i]
+			k := portKey{p.Name, p.Protocol}
+			if !p.served() || slices.Contains(done, k) {
+				continue
+			}
+			done = append(done, k)
+			// The protocol of the backends made is not read.
+			cands = endpointsFor(cands[:0], p.Name, p.Protocol, 0, eps, nodeName)
+			for j := range cands {
+				if e := &cands[j]; e.local && e.ready {
+					out = append(out, e.b.Addr)
+				}
 			}
 		}
 	}

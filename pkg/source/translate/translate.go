@@ -26,11 +26,22 @@
 //
 // Bad input is handled the kube-proxy way, without failing the whole
 // Service: an SCTP port is left out (SCTP needs a CRC32c rewrite the
-// datapath does not do) and the others are served;
-// loadBalancerSourceRanges entries are trimmed of whitespace and those that
-// do not parse are ignored. Unlike kube-proxy, a Service whose source
-// ranges leave none that applies is closed, never open to all. Both are
-// reported (Translation.Warnings).
+// datapath does not do) and the others are served; an EndpointSlice port
+// numbered 0 (discovery/v1 does not validate them) is ignored, as one
+// without a number is, and the slice's other ports and the Service's other
+// slices are served; loadBalancerSourceRanges entries are trimmed of
+// whitespace and those that do not parse are ignored. Unlike kube-proxy,
+// a Service whose source ranges leave none that applies is closed, never
+// open to all. All three are reported (Translation.Warnings). A slice port
+// out of range (negative, past 65535) fails the Service's translation,
+// naming the slice: kube-proxy writes it into its rules, which nft
+// refuses, and its whole sync fails while it programs such an endpoint.
+//
+// An endpoint (address and port) listed twice in a Service's slices is
+// served once, from the listing kube-proxy keeps (endpointsFor): one that
+// is not terminating over one that is, else as kube-proxy walking the
+// slices in name order. The healthCheckNodePort counts the ready local
+// endpoints kube-proxy counts, after the same choice (localReady).
 //
 // Both IP families are translated alike, each as kube-proxy's proxier of
 // that family does (servicechangetracker.go, serviceport.go): a Service
@@ -149,8 +160,9 @@ type Translation struct {
 	// none of them is translated again.
 	NodeFacts NodeFacts
 	// Warnings are what of the Service is not served as asked, each naming
-	// the part: a port skipped (SCTP), loadBalancerSourceRanges entries
-	// ignored, LoadBalancer IPs closed because no source range applies.
+	// the part: a port skipped (SCTP), an EndpointSlice port numbered 0
+	// ignored, loadBalancerSourceRanges entries ignored, LoadBalancer IPs
+	// closed because no source range applies.
 	// The rest of the Service is served.
 	Warnings []string
 }
@@ -244,6 +256,7 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 			if err := es.Invalid; err != nil {
 				return Translation{}, fmt.Errorf("service %q: %w", objName(svc.Namespace, svc.Name), err)
 			}
+			t.Warnings = zeroPortWarnings(t.Warnings, es)
 		}
 		if all {
 			f.slices = eps // nearly always: every slice of the Service is of its one family
@@ -253,6 +266,13 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 					f.slices = append(f.slices, es)
 				}
 			}
+		}
+		if !slices.IsSortedFunc(f.slices, compareSliceNames) {
+			// The tracker's slices are sorted by name: a caller's in
+			// another order are translated as if they were, so that
+			// which listing of an address twice listed wins
+			// (endpointsFor) does not depend on the order.
+			f.slices = slices.SortedStableFunc(slices.Values(f.slices), compareSliceNames)
 		}
 		f.ext = externalOf(svc, f.slices, node, vip.Is6())
 		t.NodeFacts |= f.ext.facts
@@ -336,6 +356,19 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 	t.Services = slices.CompactFunc(t.Services, func(a, b *model.Service) bool { return a.Frontend == b.Frontend })
 	return t, nil
 }
+
+// zeroPortWarnings appends to w a warning for each port of es numbered 0,
+// which is not served (SlicePort.served), naming the slice and the port.
+func zeroPortWarnings(w []string, es *Slice) []string {
+	for i := range es.Ports {
+		if p := &es.Ports[i]; p.HasPort && p.Port == 0 {
+			w = append(w, fmt.Sprintf("endpointslice %q: %s: port 0 is not valid; the port is not served", objName(es.Namespace, es.Name), portID(p.Name, i)))
+		}
+	}
+	return w
+}
+
+func compareSliceNames(a, b *Slice) int { return cmp.Compare(a.Name, b.Name) }
 
 // endpointScratch holds arrays for endpointsFor's endpoints, which live
 // for one Service port's translation only (its backends are copied out of
@@ -635,7 +668,11 @@ func validateEndpointSlice(es *discoveryv1.EndpointSlice, first func(i int, ip n
 				return fail("%s: %v", portID(n, i), err)
 			}
 		}
-		if p.Port != nil && (*p.Port < 1 || *p.Port > 65535) {
+		// 0 is valid: a translation leaves the port out and says so
+		// (zeroPortWarnings), as kube-proxy ignores it. A port kube-proxy
+		// cannot program (its nftables transaction fails on it, and with
+		// it the whole sync) fails the Service's translation.
+		if p.Port != nil && (*p.Port < 0 || *p.Port > 65535) {
 			return fail("%s: port %d out of range", portID(n, i), *p.Port)
 		}
 	}

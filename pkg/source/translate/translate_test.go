@@ -118,7 +118,7 @@ func TestServiceToModel(t *testing.T) {
 				slice("other", "other", []discoveryv1.EndpointPort{eport("http", 8080, corev1.ProtocolTCP)}, ep{addr: "10.9.9.9"}),
 			},
 			want: "10.96.0.10:53/UDP default/web:dns -> 10.0.0.1:5353/UDP 10.0.0.2:5353/UDP@n1\n" +
-				"10.96.0.10:80/TCP default/web:http -> 10.0.0.1:8080/TCP 10.0.0.2:8080/TCP@n1\n",
+				"10.96.0.10:80/TCP default/web:http -> 10.0.0.1:8080/TCP 10.0.0.2:8080/TCP\n", // web-b's listing, the last
 		},
 		{
 			name: "IPv6: ports matched by name, merged and deduplicated across slices",
@@ -131,10 +131,10 @@ func TestServiceToModel(t *testing.T) {
 				slice("other", "other", []discoveryv1.EndpointPort{eport("http", 8080, corev1.ProtocolTCP)}, ep{addr: "2001:db8:9::9"}),
 			},
 			want: "[2001:db8::10]:53/UDP default/web:dns -> [2001:db8:1::1]:5353/UDP [2001:db8:1::2]:5353/UDP@n1\n" +
-				"[2001:db8::10]:80/TCP default/web:http -> [2001:db8:1::1]:8080/TCP [2001:db8:1::2]:8080/TCP@n1\n",
+				"[2001:db8::10]:80/TCP default/web:http -> [2001:db8:1::1]:8080/TCP [2001:db8:1::2]:8080/TCP\n", // web-b's listing, the last
 		},
 		{
-			name: "an endpoint listed twice: the ready listing wins, with its node",
+			name: "an endpoint listed thrice: the last listing not terminating wins (kube-proxy's, slices in name order), with its node",
 			svc:  service("r", []string{"10.96.0.16"}, sport("", 80, "")),
 			slices: []*discoveryv1.EndpointSlice{
 				slice("r-a", "r", []discoveryv1.EndpointPort{eport("", 8080, corev1.ProtocolTCP)},
@@ -142,7 +142,7 @@ func TestServiceToModel(t *testing.T) {
 				slice("r-b", "r", []discoveryv1.EndpointPort{eport("", 8080, corev1.ProtocolTCP)},
 					ep{addr: "10.0.0.9", node: "new"}, ep{addr: "10.0.0.9", node: "newer"}),
 			},
-			want: "10.96.0.16:80/TCP default/r -> 10.0.0.9:8080/TCP@new\n",
+			want: "10.96.0.16:80/TCP default/r -> 10.0.0.9:8080/TCP@newer\n",
 		},
 		{
 			name: "terminating serving endpoints used only when none is ready",
@@ -299,7 +299,7 @@ func TestValidate(t *testing.T) {
 		{"bad IPv6", slice("s", "a", good, ep{addr: "2001:db8::1"}, ep{addr: "2001:db8::g"}), `endpointslice "default/s": endpoints[1]: invalid IPv6 address "2001:db8::g"`},
 		{"v4 in v6 slice", slice("s", "a", good, ep{addr: "2001:db8::1"}, ep{addr: "10.0.0.1"}), `endpointslice "default/s": endpoints[1]: invalid IPv6 address "10.0.0.1"`},
 		{"IPv4-mapped in v6 slice", slice("s", "a", good, ep{addr: "2001:db8::1"}, ep{addr: "::ffff:10.0.0.1"}), `endpointslice "default/s": endpoints[1]: invalid IPv6 address "::ffff:10.0.0.1"`},
-		{"port", slice("s", "a", []discoveryv1.EndpointPort{eport("http", 0, "TCP")}), `endpointslice "default/s": port "http": port 0 out of range`},
+		{"port", slice("s", "a", []discoveryv1.EndpointPort{eport("http", 70000, "TCP")}), `endpointslice "default/s": port "http": port 70000 out of range`},
 		{"proto", slice("s", "a", []discoveryv1.EndpointPort{eport("http", 80, "FOO")}), `endpointslice "default/s": port "http": unknown protocol "FOO"`},
 		{"no name", slice("", "a", good), `endpointslice "default/": metadata.name is empty`},
 	}
