@@ -382,6 +382,17 @@ type listenAddrs struct {
 	profiling       bool // net/http/pprof on the metrics server
 }
 
+// healthCheckPorts returns the server of the healthCheckNodePorts, nil if
+// ns does not serve them. prox is what /livez answers from (nil with the
+// manifest source): the ports answer serviceProxyHealthy false, and 503,
+// while its datapath is stale, as kube-proxy's do.
+func healthCheckPorts(ns northSouthConfig, prox *health.Proxier, log *slog.Logger) *health.NodePortServer {
+	if !ns.hc {
+		return nil
+	}
+	return health.NewNodePortServer(ns.hcHosts, prox, log.With("component", "healthcheck"))
+}
+
 // runAgent opens the datapath and runs the agent, serving health and
 // metrics beside it, until ctx is done or something fails. The reconciler
 // re-reads the maps every mapRefresh (0: never).
@@ -420,8 +431,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	}
 	cfg.Observers = append(cfg.Observers, m, &dryRunLoader{dp: dp, log: log})
 	cfg.BeforeFirstApply = collectBeforeFirstApply
-	if ns.hc {
-		hc := health.NewNodePortServer(ns.hcHosts, log.With("component", "healthcheck"))
+	if hc := healthCheckPorts(ns, prox, log); hc != nil {
 		defer hc.Close()
 		cfg.Observers = append(cfg.Observers, hc)
 	}

@@ -4,12 +4,32 @@ package health
 // externalTrafficPolicy Local, as kube-proxy serves it: an external load
 // balancer asks every node over HTTP whether it has local endpoints for
 // the Service, and sends traffic only to nodes that answer 200. The answer
-// is 200 with the count of ready local endpoints when there is at least
-// one, 503 otherwise (endpoints that are terminating do not count, so that
-// load balancers drain a node whose endpoints terminate, while they still
-// serve), with kube-proxy's JSON body:
+// is 200 when there is at least one ready local endpoint and the proxy is
+// healthy, 503 otherwise. Endpoints that are terminating do not count, so
+// that load balancers drain a node whose endpoints terminate, while they
+// still serve. The proxy is unhealthy when its datapath is stale, as
+// /livez says (Proxier.Stale): a node whose sync is stuck must stop
+// attracting new traffic, as kube-proxy's does (its service health server
+// asks its healthz server's Health(), what its /livez answers). Whether
+// the Node is going away (deleted, or tainted ToBeDeletedByClusterAutoscaler)
+// does not enter: kube-proxy tells that on /healthz only (KEP-3836), which
+// load balancers probe for the node's health. Without a Proxier (the
+// manifest source) the proxy is always healthy.
 //
-//	{"service":{"namespace":"ns","name":"web"},"localEndpoints":2,"serviceProxyHealthy":true}
+// The answer is kube-proxy's byte for byte (v1.36, hcHandler.ServeHTTP),
+// since load balancer controllers parse it: the headers Content-Type
+// application/json, X-Content-Type-Options nosniff and
+// X-Load-Balancing-Endpoint-Weight with the count (always, 0 included,
+// healthy or not), and this indented body, without a final newline:
+//
+//	{
+//		"service": {
+//			"namespace": "ns",
+//			"name": "web"
+//		},
+//		"localEndpoints": 2,
+//		"serviceProxyHealthy": true
+//	}
 //
 // Sync opens a listener for every health check port the desired state
 // names, on each of the server's hosts (kube-proxy's --nodeport-addresses),
@@ -26,7 +46,6 @@ package health
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -45,6 +64,7 @@ import (
 // NodePortServer serves every health check port of the desired state.
 type NodePortServer struct {
 	hosts []string // listen hosts, "" for all addresses
+	prox  *Proxier // whether the proxy is healthy; nil: always
 	log   *slog.Logger
 
 	mu    sync.Mutex
@@ -57,28 +77,21 @@ type NodePortServer struct {
 }
 
 type port struct {
-	srv *http.Server
+	srv  *http.Server
+	prox *Proxier
 
 	mu sync.Mutex
 	st PortStatus
 }
 
 // NewNodePortServer returns a server that listens on each of hosts (none,
-// or "": all addresses).
-func NewNodePortServer(hosts []string, log *slog.Logger) *NodePortServer {
+// or "": all addresses) and answers that the proxy is unhealthy while
+// prox's datapath is stale (nil: never; the manifest source has none).
+func NewNodePortServer(hosts []string, prox *Proxier, log *slog.Logger) *NodePortServer {
 	if len(hosts) == 0 || slices.Contains(hosts, "") {
 		hosts = []string{""}
 	}
-	return &NodePortServer{hosts: hosts, log: log, ports: map[uint16]*port{}, unbound: map[uint16]bool{}}
-}
-
-type status struct {
-	Service struct {
-		Namespace string `json:"namespace"`
-		Name      string `json:"name"`
-	} `json:"service"`
-	LocalEndpoints      int  `json:"localEndpoints"`
-	ServiceProxyHealthy bool `json:"serviceProxyHealthy"`
+	return &NodePortServer{hosts: hosts, prox: prox, log: log, ports: map[uint16]*port{}, unbound: map[uint16]bool{}}
 }
 
 func (p *port) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -89,19 +102,26 @@ func (p *port) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		v6 = la.AddrPort().Addr().Unmap().Is6()
 	}
 	p.mu.Lock()
-	var st status
-	st.Service.Namespace, st.Service.Name = p.st.Service.Namespace, p.st.Service.Name
-	st.LocalEndpoints = p.st.Answer(v6)
+	svc, count := p.st.Service, p.st.Answer(v6)
 	p.mu.Unlock()
-	st.ServiceProxyHealthy = true
+	healthy := true
+	if p.prox != nil {
+		stale, _ := p.prox.Stale()
+		healthy = !stale
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	if st.LocalEndpoints > 0 {
+	w.Header().Set("X-Load-Balancing-Endpoint-Weight", strconv.Itoa(count))
+	if count > 0 && healthy {
 		w.WriteHeader(http.StatusOK)
 	} else {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
-	_ = json.NewEncoder(w).Encode(st)
+	// %q as kube-proxy quotes the names (the same as JSON's for every
+	// valid Kubernetes name). A body that cannot be written means the
+	// prober went away.
+	_, _ = fmt.Fprintf(w, "{\n\t\"service\": {\n\t\t\"namespace\": %q,\n\t\t\"name\": %q\n\t},\n\t\"localEndpoints\": %d,\n\t\"serviceProxyHealthy\": %v\n}",
+		svc.Namespace, svc.Name, count, healthy)
 }
 
 // PortStatus is what a health check port answers: its Service and, per IP
@@ -283,7 +303,7 @@ func (s *NodePortServer) Sync(st *model.State) error {
 				s.unbound[n] = true
 				continue
 			}
-			p = &port{}
+			p = &port{prox: s.prox}
 			p.srv = &http.Server{Handler: p, ReadHeaderTimeout: 5 * time.Second}
 			s.ports[n] = p
 			for _, l := range ls {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -32,24 +33,52 @@ func freePort(t *testing.T) uint16 {
 	return freePorts(t, 1)[0]
 }
 
+// status is kube-proxy's health check body.
+type status struct {
+	Service struct {
+		Namespace string `json:"namespace"`
+		Name      string `json:"name"`
+	} `json:"service"`
+	LocalEndpoints      int  `json:"localEndpoints"`
+	ServiceProxyHealthy bool `json:"serviceProxyHealthy"`
+}
+
 func get(t *testing.T, p uint16) (int, status) {
 	t.Helper()
 	return getAt(t, "127.0.0.1", p)
 }
 
+// getAt asks the health check port p on host, and checks the headers
+// kube-proxy sends with every answer: the count is also the
+// X-Load-Balancing-Endpoint-Weight, 0 included.
 func getAt(t *testing.T, host string, p uint16) (int, status) {
+	t.Helper()
+	code, hdr, body := getRaw(t, host, p)
+	var st status
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		t.Fatalf("body %q: %v", body, err)
+	}
+	for k, v := range map[string]string{"Content-Type": "application/json", "X-Content-Type-Options": "nosniff",
+		"X-Load-Balancing-Endpoint-Weight": strconv.Itoa(st.LocalEndpoints)} {
+		if got := hdr.Values(k); len(got) != 1 || got[0] != v {
+			t.Errorf("%s:%d answered %s %q, want %q (kube-proxy's)", host, p, k, got, v)
+		}
+	}
+	return code, st
+}
+
+func getRaw(t *testing.T, host string, p uint16) (int, http.Header, string) {
 	t.Helper()
 	resp, err := http.Get(fmt.Sprintf("http://%s:%d/", host, p))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	var st status
-	if err := json.Unmarshal(body, &st); err != nil {
-		t.Fatalf("body %q: %v", body, err)
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return resp.StatusCode, st
+	return resp.StatusCode, resp.Header, string(body)
 }
 
 // TestNodePortServer: the health check port answers on each of the
@@ -59,7 +88,7 @@ func getAt(t *testing.T, host string, p uint16) (int, status) {
 // over (which may be terminating ones).
 func TestNodePortServer(t *testing.T) {
 	hc := freePort(t)
-	s := NewNodePortServer([]string{"127.0.0.1", "127.0.0.2"}, slog.New(slog.DiscardHandler))
+	s := NewNodePortServer([]string{"127.0.0.1", "127.0.0.2"}, nil, slog.New(slog.DiscardHandler))
 	t.Cleanup(s.Close)
 	be := func(a string) model.Backend {
 		return model.Backend{L4Addr: model.L4Addr{Addr: netip.MustParseAddr(a), Port: 8080, Proto: model.TCP}}
@@ -114,7 +143,7 @@ func TestNodePortServer(t *testing.T) {
 func TestNodePortServerPerFamily(t *testing.T) {
 	ports := freePorts(t, 2)
 	dual, single := ports[0], ports[1]
-	s := NewNodePortServer(nil, slog.New(slog.DiscardHandler)) // all addresses, both families
+	s := NewNodePortServer(nil, nil, slog.New(slog.DiscardHandler)) // all addresses, both families
 	t.Cleanup(s.Close)
 	addrs := func(as ...string) []netip.Addr {
 		var out []netip.Addr
@@ -186,7 +215,7 @@ func TestNodePortServerObserves(t *testing.T) {
 	defer taken.Close()
 	busy, free := uint16(taken.Addr().(*net.TCPAddr).Port), freePort(t)
 	var logs strings.Builder
-	s := NewNodePortServer([]string{"127.0.0.1"}, slog.New(slog.NewTextHandler(&logs, nil)))
+	s := NewNodePortServer([]string{"127.0.0.1"}, nil, slog.New(slog.NewTextHandler(&logs, nil)))
 	t.Cleanup(s.Close)
 	st := model.NewState()
 	for i, hc := range []uint16{busy, free} {
@@ -203,5 +232,75 @@ func TestNodePortServerObserves(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), fmt.Sprintf("health check port %d", busy)) {
 		t.Errorf("taken port %d not reported; log:\n%s", busy, logs.String())
+	}
+}
+
+// TestNodePortServerProxyHealth: the answer in each state is kube-proxy's
+// (v1.36 hcHandler.ServeHTTP) byte for byte: 200 only with ready local
+// endpoints and a healthy proxy, serviceProxyHealthy false while the
+// datapath is stale (what /livez says), the count as the load balancing
+// weight in every answer, and the Node going away not consulted (that is
+// /healthz's).
+func TestNodePortServerProxyHealth(t *testing.T) {
+	hc := freePort(t)
+	now := time.Unix(1_700_000_000, 0)
+	var pending time.Time
+	p := NewProxier(time.Minute, func() time.Time { return pending })
+	p.now = func() time.Time { return now }
+	s := NewNodePortServer([]string{"127.0.0.1"}, p, slog.New(slog.DiscardHandler))
+	t.Cleanup(s.Close)
+	fe := model.L4Addr{Addr: netip.MustParseAddr("198.51.100.1"), Port: 80, Proto: model.TCP}
+	sync := func(ready ...string) {
+		t.Helper()
+		svc := &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "web", Port: "http"},
+			Kind: model.LoadBalancer, Frontend: fe, ExternalLocal: true, HealthCheckNodePort: hc}
+		for _, a := range ready {
+			ip := netip.MustParseAddr(a)
+			svc.LocalReady = append(svc.LocalReady, ip)
+			svc.Backends = append(svc.Backends, model.Backend{L4Addr: model.L4Addr{Addr: ip, Port: 8080, Proto: model.TCP}})
+		}
+		st := model.NewState()
+		st.Services.Set(fe, svc)
+		if err := s.Sync(st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// kube-proxy's body: its template, dedented and trimmed of newlines.
+	body := func(count int, healthy bool) string {
+		return fmt.Sprintf(`{
+	"service": {
+		"namespace": "default",
+		"name": "web"
+	},
+	"localEndpoints": %d,
+	"serviceProxyHealthy": %v
+}`, count, healthy)
+	}
+	for _, c := range []struct {
+		what    string
+		ready   []string
+		stale   bool
+		node    bool // the Node is going away
+		code    int
+		healthy bool
+	}{
+		{what: "healthy, local endpoints", ready: []string{"10.1.0.1", "10.1.0.2"}, code: 200, healthy: true},
+		{what: "healthy, none", code: 503, healthy: true},
+		{what: "stale, local endpoints", ready: []string{"10.1.0.1", "10.1.0.2"}, stale: true, code: 503},
+		{what: "stale, none", stale: true, code: 503},
+		{what: "Node going away, local endpoints", ready: []string{"10.1.0.1"}, node: true, code: 200, healthy: true},
+		{what: "Node going away, stale", ready: []string{"10.1.0.1"}, node: true, stale: true, code: 503},
+	} {
+		sync(c.ready...)
+		pending = time.Time{}
+		if c.stale {
+			pending = now.Add(-time.Hour)
+		}
+		p.SetNode(!c.node, "node is being deleted")
+		code, _, got := getRaw(t, "127.0.0.1", hc)
+		if want := body(len(c.ready), c.healthy); code != c.code || got != want {
+			t.Errorf("%s: %d %q, want %d %q", c.what, code, got, c.code, want)
+		}
+		getAt(t, "127.0.0.1", hc) // the headers
 	}
 }
