@@ -177,6 +177,9 @@ type Reconciler struct {
 	// UDP backends that left a service and whose conntrack entries still
 	// need flushing (kept across Applies until a flush succeeds).
 	pendingFlush map[model.L4Addr]bool
+	// standbyRefs counts, per backend address, the frontends whose
+	// Service holds it in standby: its entry stays (standby.go).
+	standbyRefs map[model.L4Addr]int32
 	// Session affinity entries to delete: of backends that left a
 	// frontend with affinity, or of whole frontends (kept across Applies
 	// until the fix succeeds).
@@ -241,6 +244,7 @@ func (r *Reconciler) reset() {
 	r.svcIDs = newIDAllocator(ServiceIDQuarantine)
 	r.beIDs = newIDAllocator(BackendIDQuarantine)
 	r.pendingFlush = map[model.L4Addr]bool{}
+	r.standbyRefs = map[model.L4Addr]int32{}
 	r.pendingAffinity = map[AffinityFix]bool{}
 	r.inSync = false
 	r.appliedGen = 0
@@ -427,7 +431,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 	consider := func(fe Frontend, v *frontendView, svc *model.Service) {
 		if r.fastInSync(v, fe, svc) {
 			if v.svc != svc && v.svc != nil && v.svc.Name == svc.Name {
-				v.svc = svc // the newer state's, so that v keeps the older one's no longer alive
+				r.setService(v, svc) // the newer state's, so that v keeps the older one's no longer alive
 			}
 			return
 		}
