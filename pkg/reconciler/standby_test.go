@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
@@ -62,6 +63,34 @@ func TestUDPFlushSparesServingBackends(t *testing.T) {
 		}
 		if hasBackendEntry(t, f, b1.L4Addr) {
 			t.Fatalf("backend %v kept after it stopped serving", b1)
+		}
+	})
+
+	// An agent restart, and a re-read of the maps, keep a standby
+	// backend's entry: the restored view has it without a slot.
+	t.Run("RestartAndRefresh", func(t *testing.T) {
+		f := newFake(t)
+		r := reconciler.New(f, nil)
+		mustApply(t, r, state(svc(u, "dns", b1, b2, b3)))
+		mustApply(t, r, state(terminating()))
+		f.ResetCounts()
+		r2 := reconciler.New(f, nil)
+		if err := r2.Restore(); err != nil {
+			t.Fatal(err)
+		}
+		mustApply(t, r2, state(terminating()))
+		if n, fl := f.Writes(), f.Flushed(); n != 0 || len(fl) != 0 || !hasBackendEntry(t, f, b1.L4Addr) {
+			t.Fatalf("after a restart: %d writes, flushed %v, entry kept %v", n, fl, hasBackendEntry(t, f, b1.L4Addr))
+		}
+		r2.SetRefreshInterval(time.Nanosecond)
+		time.Sleep(time.Millisecond)
+		mustApply(t, r2, state(terminating()))
+		if n, fl := f.Writes(), f.Flushed(); n != 0 || len(fl) != 0 || !hasBackendEntry(t, f, b1.L4Addr) {
+			t.Fatalf("after a refresh: %d writes, flushed %v, entry kept %v", n, fl, hasBackendEntry(t, f, b1.L4Addr))
+		}
+		mustApply(t, r2, state(svc(u, "dns", b2, b3)))
+		if fl := f.Flushed(); !slices.Equal(fl, []model.L4Addr{b1.L4Addr}) || hasBackendEntry(t, f, b1.L4Addr) {
+			t.Fatalf("flushed %v, want %v, and its entry deleted", fl, b1.L4Addr)
 		}
 	})
 
