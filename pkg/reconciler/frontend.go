@@ -418,7 +418,10 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 // removeFrontend deletes a frontend nobody wants: master first (a
 // ClusterIP's last master after its address left the service IPs), then
 // its slots and source ranges. Its rev_nat entry goes at the end of Apply.
-func (r *Reconciler) removeFrontend(fe Frontend) error {
+// still is the Service its address now has, if any (a frontend that
+// loses its internal scope, externalTrafficPolicy Local to Cluster): the
+// UDP backends it still serves keep their flows.
+func (r *Reconciler) removeFrontend(fe Frontend, still *model.Service) error {
 	v := r.frontends.val(fe)
 	var named []model.L4Addr
 	if v.hasMaster {
@@ -450,7 +453,7 @@ func (r *Reconciler) removeFrontend(fe Frontend) error {
 			r.pendingAffinity[AffinityFix{Frontend: fe}] = true
 		}
 		for _, a := range named {
-			if a.Proto == model.UDP {
+			if a.Proto == model.UDP && !servesAddr(still, a) {
 				r.pendingFlush[a] = true
 			}
 		}

@@ -522,7 +522,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 		return cmp.Or(a.L4Addr.Compare(b.L4Addr), cmp.Compare(a.Scope, b.Scope))
 	})
 	for _, fe := range gone {
-		errs = r.remove(fe, errs)
+		errs = r.remove(fe, services, errs)
 	}
 	// Backends nobody names and nobody wants can go now (more room).
 	if err := r.deleteUnusedBackends(wantBackend); err != nil {
@@ -556,7 +556,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 		r.markSynced(d.fe, d)
 	}
 	for _, fe := range goneAfter {
-		errs = r.remove(fe, errs)
+		errs = r.remove(fe, services, errs)
 	}
 
 	// Phase 3: backends nobody names, rev_nat of removed services, the
@@ -624,14 +624,14 @@ func wanted(services model.Services, fe Frontend) bool {
 // remove removes frontend fe, adding a failure to errs. An internal scope
 // whose default scope's master still says two scopes (its rewrite or
 // removal failed, an error already) is kept for it.
-func (r *Reconciler) remove(fe Frontend, errs []error) []error {
+func (r *Reconciler) remove(fe Frontend, services model.Services, errs []error) []error {
 	if fe.Scope == ScopeInternal {
 		if v := r.frontends.val(DefaultScope(fe.L4Addr)); v != nil && v.hasMaster && v.master.Flags&FlagTwoScopes != 0 {
 			return errs
 		}
 	}
 	name := r.frontends.val(fe).name()
-	if err := r.removeFrontend(fe); err != nil {
+	if err := r.removeFrontend(fe, services.Get(fe.L4Addr)); err != nil {
 		return append(errs, frontendError(name, fe, true, err))
 	}
 	return errs

@@ -122,5 +122,13 @@ func TestUDPFlushSparesServingBackends(t *testing.T) {
 		if fl := f.Flushed(); len(fl) != 0 {
 			t.Fatalf("flushed %v: it still serves the internal scope", fl)
 		}
+		// externalTrafficPolicy Local to Cluster: the internal scope
+		// goes, its backends stay.
+		cluster := svc(np, "dns", b1, b2, b3)
+		cluster.Kind = model.NodePort
+		mustApply(t, r, state(cluster))
+		if fl := f.Flushed(); len(fl) != 0 {
+			t.Fatalf("flushed %v when the internal scope went: they still serve", fl)
+		}
 	})
 }
