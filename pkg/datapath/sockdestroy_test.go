@@ -211,6 +211,21 @@ func testSockDestroy(t *testing.T, method SockDestroyMethod, f sockLBFamily) {
 		return fd, who, nil
 	})
 
+	// First it terminates while the other is ready: it serves, unused
+	// (standby), and the socket connected to it keeps it, as
+	// kube-proxy's conntrack cleanup keeps such a flow.
+	standby := state(backends...)
+	svc := *standby.Services.Get(vip)
+	svc.Backends = []model.Backend{{L4Addr: be(remaining, 5353, model.UDP)}}
+	svc.Standby = []model.L4Addr{be(removed, 5353, model.UDP)}
+	standby.Services.Set(vip, &svc)
+	if err := rec.Apply(standby); err != nil {
+		t.Fatal(err)
+	}
+	if who, err := udpExchange(conn, nil, "c-standby"); err != nil || who != removed {
+		t.Errorf("the socket connected to %s, serving and terminating, reached %q (%v): want it kept", removed, who, err)
+	}
+
 	// The backend leaves the VIP's Service, and the TCP Service; the
 	// other UDP Service keeps it.
 	if err := rec.Apply(state(remaining)); err != nil {

@@ -167,8 +167,8 @@ type Backend struct {
 type Service struct {
 	Name ServicePortName
 	// The small fields are together, ahead of the frontend: one word for
-	// all of them (a Service is 192 bytes where it was 216, one per
-	// frontend).
+	// all of them (each on its own would cost 24 bytes more a Service,
+	// one per frontend).
 	Kind FrontendKind
 	// DropWhenEmpty makes an empty Backends drop new connections instead
 	// of rejecting them: the Service has usable endpoints, but none for
@@ -201,6 +201,15 @@ type Service struct {
 	InternalBackends []Backend
 	SourceRanges     []netip.Prefix
 	LocalReady       []netip.Addr
+	// Standby, of a UDP frontend, holds the Service port's serving
+	// endpoints (of the frontend's family) that neither Backends nor
+	// InternalBackends hold: serving and terminating ones while others
+	// are ready, others' zones or nodes under topology hints, other
+	// nodes' under a Local policy. No new flow reaches them, but the
+	// flows they have keep them: kube-proxy's conntrack cleanup
+	// (pkg/proxy/conntrack/cleanup.go) deletes a UDP flow only when its
+	// endpoint is no longer serving. Sorted, unique; nil nearly always.
+	Standby []L4Addr
 
 	// AffinityTimeout is sessionAffinity ClientIP's timeout: a client
 	// keeps reaching the backend it was last sent to until it opens no

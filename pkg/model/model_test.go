@@ -79,8 +79,8 @@ func TestSizes(t *testing.T) {
 	if unsafe.Sizeof(uintptr(0)) != 8 {
 		t.Skip("sizes of a 64-bit platform")
 	}
-	if n := unsafe.Sizeof(Service{}); n != 192 {
-		t.Errorf("Service is %d bytes, want 192", n)
+	if n := unsafe.Sizeof(Service{}); n != 216 {
+		t.Errorf("Service is %d bytes, want 216", n)
 	}
 	if n := unsafe.Sizeof(Backend{}); n != 40 {
 		t.Errorf("Backend is %d bytes, want 40", n)

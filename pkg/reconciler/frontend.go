@@ -145,13 +145,14 @@ func (r *Reconciler) slotBackend(v *frontendView, s uint32) (model.L4Addr, bool)
 
 func (r *Reconciler) markSynced(fe Frontend, d *desiredFrontend) {
 	if v := r.frontends.val(fe); v != nil {
-		v.markSynced(d)
+		r.markViewSynced(v, d)
 	}
 }
 
-// markSynced records that v holds d.
-func (v *frontendView) markSynced(d *desiredFrontend) {
-	v.synced, v.svc = true, d.svc
+// markViewSynced records that v holds d.
+func (r *Reconciler) markViewSynced(v *frontendView, d *desiredFrontend) {
+	v.synced = true
+	r.setService(v, d.svc)
 	v.setSyncedRanges(d.ranges)
 }
 
@@ -373,9 +374,12 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 		r.revNat.addRefs(uint32(sid), 1)
 	}
 	// From here on no new connection can pick a backend that left: flush
-	// the conntrack entries of the UDP ones so their flows re-balance.
+	// the conntrack entries of the UDP ones the Service port no longer
+	// serves, so their flows re-balance. One it still serves (in its other
+	// scope, or in standby: terminating while others are ready, left out
+	// by topology) keeps its flows, as kube-proxy's do (standby.go).
 	for _, a := range before {
-		if a.Proto == model.UDP && !wantsAddr(d, a) {
+		if a.Proto == model.UDP && !wantsAddr(d, a) && !servesAddr(d.svc, a) {
 			r.pendingFlush[a] = true
 		}
 	}
@@ -414,7 +418,10 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 // removeFrontend deletes a frontend nobody wants: master first (a
 // ClusterIP's last master after its address left the service IPs), then
 // its slots and source ranges. Its rev_nat entry goes at the end of Apply.
-func (r *Reconciler) removeFrontend(fe Frontend) error {
+// still is the Service its address now has, if any (a frontend that
+// loses its internal scope, externalTrafficPolicy Local to Cluster): the
+// UDP backends it still serves keep their flows.
+func (r *Reconciler) removeFrontend(fe Frontend, still *model.Service) error {
 	v := r.frontends.val(fe)
 	var named []model.L4Addr
 	if v.hasMaster {
@@ -446,7 +453,7 @@ func (r *Reconciler) removeFrontend(fe Frontend) error {
 			r.pendingAffinity[AffinityFix{Frontend: fe}] = true
 		}
 		for _, a := range named {
-			if a.Proto == model.UDP {
+			if a.Proto == model.UDP && !servesAddr(still, a) {
 				r.pendingFlush[a] = true
 			}
 		}
@@ -461,6 +468,7 @@ func (r *Reconciler) removeFrontend(fe Frontend) error {
 	if err := r.pruneRanges(fe.L4Addr, v, nil); err != nil {
 		return err
 	}
+	r.setService(v, nil)
 	r.frontends.del(fe)
 	return nil
 }

@@ -43,14 +43,15 @@ func (r *Reconciler) releaseReservations(services model.Services, want func() ma
 
 // deleteUnusedBackends deletes the backend entries that lost their last
 // slot (or never got one), unless a frontend being programmed wants their
-// address (want, made on first use) under that id.
+// address (want, made on first use) under that id, or a frontend's Service
+// holds it in standby (standby.go: its flows name it).
 func (r *Reconciler) deleteUnusedBackends(want func() map[model.L4Addr]bool) error {
 	if len(r.backendCand) == 0 {
 		return nil // the common case: no closures or iterator to allocate
 	}
 	return deleteUnused(r, idEntries[BackendID, model.L4Addr]{
 		what: "backend", cand: r.backendCand, entries: &r.backends, idOf: &r.backendOf,
-		wanted:  func(a model.L4Addr) bool { return want()[a] },
+		wanted:  func(a model.L4Addr) bool { return r.standby(a) || want()[a] },
 		deleted: func(a model.L4Addr) { r.nbackends[familyOf(a.Addr)]-- },
 		del:     r.dp.DeleteBackend,
 		delMany: r.dp.DeleteBackends,

@@ -177,6 +177,9 @@ type Reconciler struct {
 	// UDP backends that left a service and whose conntrack entries still
 	// need flushing (kept across Applies until a flush succeeds).
 	pendingFlush map[model.L4Addr]bool
+	// standbyRefs counts, per backend address, the frontends whose
+	// Service holds it in standby: its entry stays (standby.go).
+	standbyRefs map[model.L4Addr]int32
 	// Session affinity entries to delete: of backends that left a
 	// frontend with affinity, or of whole frontends (kept across Applies
 	// until the fix succeeds).
@@ -241,6 +244,7 @@ func (r *Reconciler) reset() {
 	r.svcIDs = newIDAllocator(ServiceIDQuarantine)
 	r.beIDs = newIDAllocator(BackendIDQuarantine)
 	r.pendingFlush = map[model.L4Addr]bool{}
+	r.standbyRefs = map[model.L4Addr]int32{}
 	r.pendingAffinity = map[AffinityFix]bool{}
 	r.inSync = false
 	r.appliedGen = 0
@@ -427,7 +431,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 	consider := func(fe Frontend, v *frontendView, svc *model.Service) {
 		if r.fastInSync(v, fe, svc) {
 			if v.svc != svc && v.svc != nil && v.svc.Name == svc.Name {
-				v.svc = svc // the newer state's, so that v keeps the older one's no longer alive
+				r.setService(v, svc) // the newer state's, so that v keeps the older one's no longer alive
 			}
 			return
 		}
@@ -518,7 +522,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 		return cmp.Or(a.L4Addr.Compare(b.L4Addr), cmp.Compare(a.Scope, b.Scope))
 	})
 	for _, fe := range gone {
-		errs = r.remove(fe, errs)
+		errs = r.remove(fe, services, errs)
 	}
 	// Backends nobody names and nobody wants can go now (more room).
 	if err := r.deleteUnusedBackends(wantBackend); err != nil {
@@ -552,7 +556,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 		r.markSynced(d.fe, d)
 	}
 	for _, fe := range goneAfter {
-		errs = r.remove(fe, errs)
+		errs = r.remove(fe, services, errs)
 	}
 
 	// Phase 3: backends nobody names, rev_nat of removed services, the
@@ -620,14 +624,14 @@ func wanted(services model.Services, fe Frontend) bool {
 // remove removes frontend fe, adding a failure to errs. An internal scope
 // whose default scope's master still says two scopes (its rewrite or
 // removal failed, an error already) is kept for it.
-func (r *Reconciler) remove(fe Frontend, errs []error) []error {
+func (r *Reconciler) remove(fe Frontend, services model.Services, errs []error) []error {
 	if fe.Scope == ScopeInternal {
 		if v := r.frontends.val(DefaultScope(fe.L4Addr)); v != nil && v.hasMaster && v.master.Flags&FlagTwoScopes != 0 {
 			return errs
 		}
 	}
 	name := r.frontends.val(fe).name()
-	if err := r.removeFrontend(fe); err != nil {
+	if err := r.removeFrontend(fe, services.Get(fe.L4Addr)); err != nil {
 		return append(errs, frontendError(name, fe, true, err))
 	}
 	return errs

@@ -326,6 +326,7 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 			if pol.internalLocal {
 				internal = cat.local
 			}
+			first := len(t.Services)
 			t.Services = append(t.Services, &model.Service{
 				Name:          model.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: sp.Name},
 				Kind:          model.ClusterIP,
@@ -340,6 +341,17 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 				s.AffinityTimeout = affinity
 			}
 			t.Services = append(t.Services, ns...)
+			if proto == model.UDP {
+				// The endpoints again (categorizeSorted did not
+				// make them): UDP ports only, whose flows a
+				// flush ends (setStandby).
+				if scratch == nil {
+					scratch = endpointScratch.Get().(*[]endpoint)
+				}
+				es := endpointsFor((*scratch)[:0], sp.Name, kproto, proto, f.slices, node.Name)
+				*scratch = es[:0]
+				setStandby(t.Services[first:], es)
+			}
 		}
 	}
 	if len(t.Services) == 0 {

@@ -1,0 +1,87 @@
+package reconciler
+
+// Which UDP backends lose their flows. kube-proxy deletes a UDP flow's
+// conntrack entry when its endpoint is no longer a serving endpoint of
+// the Service port (pkg/proxy/conntrack/cleanup.go, CleanStaleEntries),
+// not when the endpoint merely stops being chosen for new flows: a
+// serving and terminating endpoint while others are ready, one of
+// another zone under topology hints, or another node's under a Local
+// policy keeps its flows, as a TCP connection keeps its endpoint. The
+// desired state says which these are (model.Service.Standby, for UDP
+// frontends). So a backend that leaves a frontend's slots is flushed only
+// when its Service port no longer serves it (servesAddr), and one that
+// leaves the standby set without coming back to a slot is flushed then.
+//
+// Its flows keep it only while its backend entry does (the datapath
+// re-balances a UDP flow whose backend id is gone, ct_fwd_usable): a
+// backend some frontend's Service holds in standby is not deleted when
+// it loses its last slot. standbyRefs counts, per address, the views
+// whose Service holds it in standby (the views' svc, set by setService).
+
+import (
+	"slices"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// servesAddr says whether svc's Service port still serves backend a, in
+// one of its scopes or in standby.
+func servesAddr(svc *model.Service, a model.L4Addr) bool {
+	if svc == nil {
+		return false
+	}
+	if hasBackend(svc.Backends, a) || (svc.TwoScopes && hasBackend(svc.InternalBackends, a)) {
+		return true
+	}
+	_, ok := slices.BinarySearchFunc(svc.Standby, a, model.L4Addr.Compare)
+	return ok
+}
+
+func hasBackend(bs []model.Backend, a model.L4Addr) bool {
+	_, ok := slices.BinarySearchFunc(bs, a, func(b model.Backend, a model.L4Addr) int { return b.L4Addr.Compare(a) })
+	return ok
+}
+
+// setService points v at svc (nil: v goes), keeping standbyRefs in step.
+// A backend svc no longer holds in standby nor serves is flushed: it
+// stopped serving while it had no slot here (or lost one at the same
+// time, and programFrontend flushed it too); and, if nothing else keeps
+// it, its backend entry becomes a candidate for deletion.
+func (r *Reconciler) setService(v *frontendView, svc *model.Service) {
+	old := v.svc
+	v.svc = svc
+	if old == svc {
+		return
+	}
+	var was, is []model.L4Addr
+	if old != nil {
+		was = old.Standby
+	}
+	if svc != nil {
+		is = svc.Standby
+	}
+	if len(was) == 0 && len(is) == 0 {
+		return // nearly always
+	}
+	for _, a := range is {
+		r.standbyRefs[a]++
+	}
+	for _, a := range was {
+		n := r.standbyRefs[a] - 1
+		if n > 0 {
+			r.standbyRefs[a] = n
+		} else {
+			delete(r.standbyRefs, a)
+			if id, ok := r.backendOf.get(a); ok && r.isReal(id) && r.backends.refs(uint32(id)) <= 0 {
+				r.backendCand[id] = true
+			}
+		}
+		if svc != nil && a.Proto == model.UDP && !servesAddr(svc, a) {
+			r.pendingFlush[a] = true
+		}
+	}
+}
+
+// standby says whether some frontend's Service holds backend a in
+// standby (its entry is kept).
+func (r *Reconciler) standby(a model.L4Addr) bool { return r.standbyRefs[a] > 0 }
