@@ -13,7 +13,8 @@
  * comes first). A packet to no frontend is rejected if its destination is
  * a ClusterIP (another port or protocol), dropped if it is another
  * address of the service CIDR, and passed otherwise (lb4_no_service), as
- * kube-proxy's nftables mode does.
+ * kube-proxy's nftables mode does; so is a packet of any other protocol
+ * that may open a connection (an ICMP echo, GRE, SCTP: parse_ipv4_other).
  * Egress: replies leaving towards the client get their source rewritten
  * back to the VIP. Both: ICMP errors about translated flows are
  * translated back (icmp_xlate.h), and later IPv4 fragments get their first
@@ -78,6 +79,7 @@ enum pkt_kind {
 	PKT_PASS,     /* nothing to translate */
 	PKT_L4,	      /* a TCP/UDP packet (or a later fragment, given ports) */
 	PKT_ICMP_ERR, /* an ICMP error, perhaps about a translated flow */
+	PKT_OTHER,    /* another protocol's: refused if to a ClusterIP */
 };
 
 /*
@@ -140,6 +142,8 @@ static __always_inline enum pkt_kind parse_tc(struct __sk_buff *skb,
 		return PKT_PASS;
 	case PARSE_ICMP_ERR:
 		return PKT_ICMP_ERR;
+	case PARSE_OTHER:
+		return PKT_OTHER;
 	default:
 		return PKT_PASS;
 	}
@@ -839,6 +843,9 @@ static __always_inline int tc_body(struct __sk_buff *skb, bool dry,
 		break;
 	case PKT_ICMP_ERR:
 		return icmp_err_xlate(skb, &p, ingress);
+	case PKT_OTHER:
+		/* No frontend serves it (Sluice serves TCP and UDP). */
+		return ingress ? lb4_no_service(skb, &p) : TC_ACT_OK;
 	default:
 		return TC_ACT_OK;
 	}

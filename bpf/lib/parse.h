@@ -26,10 +26,11 @@
 
 enum parse_result {
 	PARSE_OK,	 /* IPv4 TCP/UDP with a full L4 header: translatable */
-	PARSE_PASS,	 /* not for us: other ethertype or protocol */
+	PARSE_PASS,	 /* not for us: other ethertype, an ICMP reply */
 	PARSE_MALFORMED, /* IPv4 but truncated or inconsistent */
 	PARSE_FRAGMENT,	 /* non-first TCP/UDP fragment: no ports (frag.h) */
 	PARSE_ICMP_ERR,	 /* ICMP error, whole: its quote may name a flow */
+	PARSE_OTHER,	 /* another protocol, may open a connection */
 };
 
 /* What the programs need of a parsed IPv4 TCP/UDP packet. */
@@ -267,6 +268,59 @@ static __always_inline int parse_ipv4_linear(struct __sk_buff *skb,
 }
 
 /*
+ * icmp_opens - whether an ICMP (@v6 false) or ICMPv6 message of @type is
+ * a query, the only kind netfilter's conntrack takes for a new connection
+ * (icmp_new, icmpv6_new: echo, timestamp, information and address mask
+ * requests; echo and node information queries). Any other (a reply, an
+ * error, neighbour discovery) is never `ct state new`, so never matched by
+ * kube-proxy's cluster-ips-check chain.
+ */
+static __always_inline bool icmp_opens(__u8 type, bool v6)
+{
+	if (v6)
+		return type == 128 || type == 139;
+	return type == ICMP_ECHO || type == ICMP_TIMESTAMP ||
+	       type == ICMP_INFO_REQUEST || type == ICMP_ADDRESS;
+}
+
+/*
+ * parse_ipv4_other - the end of parse_ipv4 for @p, of another protocol
+ * than TCP and UDP, whose header fields parse_ipv4 filled in (not its
+ * ports: it has none). PARSE_ICMP_ERR for an ICMP error that can quote a
+ * flow; PARSE_OTHER for a packet that may open a connection (any protocol
+ * but ICMP, an ICMP query: icmp_opens; and any later fragment, whose
+ * protocol header is in its first), which tc_body refuses if it is for a
+ * ClusterIP, as kube-proxy does every protocol (lb4_no_service); else
+ * PARSE_PASS. Only these packets, never a TCP or UDP one, pay for it.
+ */
+static __always_inline enum parse_result
+parse_ipv4_other(struct __sk_buff *skb, struct pkt4 *p, __u16 frag)
+{
+	__u8 type;
+
+	if (frag & IP_OFFSET) {
+		p->frag_later = true;
+		return PARSE_OTHER;
+	}
+	if (p->proto != IPPROTO_ICMP)
+		return PARSE_OTHER;
+	/* An ICMP header is 8 bytes; conntrack takes no shorter one. */
+	if (p->l3_len < p->ihl_len + sizeof(struct icmphdr) ||
+	    bpf_skb_load_bytes(skb, p->l4_off, &type, 1) < 0)
+		return PARSE_PASS;
+	if (icmp_opens(type, false))
+		return PARSE_OTHER;
+	if (type != ICMP_DEST_UNREACH && type != ICMP_TIME_EXCEEDED &&
+	    type != ICMP_PARAMETERPROB)
+		return PARSE_PASS;
+	/* (Errors are small: a fragmented one is none we make.) */
+	if ((frag & IP_MF) || p->l3_len < p->ihl_len + sizeof(struct icmphdr) +
+						  sizeof(struct iphdr) + 8)
+		return PARSE_PASS;
+	return PARSE_ICMP_ERR;
+}
+
+/*
  * parse_ipv4 - parse the Ethernet (unless on an L3 device), IPv4 and L4
  * port headers of @skb.
  *
@@ -283,6 +337,8 @@ static __always_inline int parse_ipv4_linear(struct __sk_buff *skb,
  * destination unreachable, time exceeded or parameter problem long enough
  * to quote an IPv4 header and 8 bytes of L4 is PARSE_ICMP_ERR, with
  * l4_off at its ICMP header and no ports (icmp_xlate.h reads the quote).
+ * Another protocol's packet is PARSE_OTHER or PARSE_PASS
+ * (parse_ipv4_other).
  */
 static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 						    struct pkt4 *p)
@@ -313,15 +369,6 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 	if (tot_len < ihl_len || l3_off + tot_len > skb->len)
 		return PARSE_MALFORMED;
 
-	if (ip.protocol == IPPROTO_TCP)
-		l4_min = sizeof(struct tcphdr);
-	else if (ip.protocol == IPPROTO_UDP)
-		l4_min = sizeof(struct udphdr);
-	else if (ip.protocol == IPPROTO_ICMP)
-		l4_min = sizeof(struct icmphdr) + sizeof(struct iphdr) + 8;
-	else
-		return PARSE_PASS;
-
 	p->l3_off = l3_off;
 	p->l3_len = tot_len;
 	p->l4_off = l3_off + ihl_len;
@@ -335,19 +382,12 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 	/* Only the first fragment has the L4 header. */
 	frag = bpf_ntohs(ip.frag_off);
 	p->df = frag & IP_DF;
-	if (ip.protocol == IPPROTO_ICMP) {
-		__u8 type;
-
-		/* (Errors are small: a fragmented one is none we make.) */
-		if ((frag & (IP_MF | IP_OFFSET)) ||
-		    tot_len < ihl_len + l4_min ||
-		    bpf_skb_load_bytes(skb, p->l4_off, &type, 1) < 0)
-			return PARSE_PASS;
-		if (type != ICMP_DEST_UNREACH && type != ICMP_TIME_EXCEEDED &&
-		    type != ICMP_PARAMETERPROB)
-			return PARSE_PASS;
-		return PARSE_ICMP_ERR;
-	}
+	if (ip.protocol == IPPROTO_TCP)
+		l4_min = sizeof(struct tcphdr);
+	else if (ip.protocol == IPPROTO_UDP)
+		l4_min = sizeof(struct udphdr);
+	else
+		return parse_ipv4_other(skb, p, frag);
 	if (frag & IP_OFFSET) {
 		p->frag_later = true;
 		return PARSE_FRAGMENT;

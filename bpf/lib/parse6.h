@@ -159,19 +159,24 @@ static __always_inline bool frag6_follow(struct pkt6 *p, __be32 id)
  * @l3_off, its end at @end): PARSE_ICMP_ERR, with l3_off, l4_off (at the
  * ICMPv6 header) and the outer addresses filled in, if it is an error
  * (destination unreachable, packet too big, time exceeded, parameter
- * problem) long enough to quote an IPv6 header and 8 bytes of L4; else
- * PARSE_PASS (neighbour discovery, echo, ...).
+ * problem) long enough to quote an IPv6 header and 8 bytes of L4;
+ * PARSE_OTHER, the same filled in, if it is a query that may open a
+ * connection (icmp_opens, parse.h: an echo request); else PARSE_PASS
+ * (neighbour discovery, an echo reply, ...).
  */
 static __always_inline int parse_icmp6_err(struct __sk_buff *skb,
 					   struct pkt6 *p, __u32 l3_off,
 					   __u32 off, __u32 end)
 {
+	int ret = PARSE_ICMP_ERR;
 	__u8 type;
 
-	if (off + 8 + sizeof(struct ipv6hdr) + 8 > end ||
-	    bpf_skb_load_bytes(skb, off, &type, 1) < 0)
+	if (off + 8 > end || bpf_skb_load_bytes(skb, off, &type, 1) < 0)
 		return PARSE_PASS;
-	if (type < ICMPV6_DEST_UNREACH || type > ICMPV6_PARAMPROB)
+	if (icmp_opens(type, true))
+		ret = PARSE_OTHER;
+	else if (type < ICMPV6_DEST_UNREACH || type > ICMPV6_PARAMPROB ||
+		 off + 8 + sizeof(struct ipv6hdr) + 8 > end)
 		return PARSE_PASS;
 	p->l3_off = l3_off;
 	p->l3_len = end - l3_off;
@@ -180,7 +185,19 @@ static __always_inline int parse_icmp6_err(struct __sk_buff *skb,
 	if (bpf_skb_load_bytes(skb, l3_off + offsetof(struct ipv6hdr, saddr),
 			       &p->saddr, 2 * sizeof(p->saddr)) < 0)
 		return PARSE_PASS;
-	return PARSE_ICMP_ERR;
+	return ret;
+}
+
+/*
+ * parse_ipv6_other - PARSE_OTHER for @p, of protocol @proto (neither TCP,
+ * UDP nor ICMPv6), its header at @off.
+ */
+static __always_inline int parse_ipv6_other(struct pkt6 *p, __u32 off,
+					    __u8 proto)
+{
+	p->l4_off = off;
+	p->proto = proto;
+	return PARSE_OTHER;
 }
 
 /*
@@ -284,8 +301,9 @@ static __always_inline bool ipv6_big_tcp(struct __sk_buff *skb, __u32 l3_off,
  * kube-proxy's NAT rides on, never tracks it; it is PARSE_UDP_NO_CSUM,
  * passed untouched for the stack to drop.
  *
- * Returns PARSE_OK, PARSE_PASS (not IPv6 TCP/UDP: other protocols,
- * ICMPv6 other than errors), PARSE_ICMP_ERR (parse_icmp6_err),
+ * Returns PARSE_OK, PARSE_OTHER (another protocol than TCP and UDP, an
+ * ICMPv6 echo request: parse_ipv4_other says why), PARSE_PASS (ICMPv6
+ * other than errors and queries), PARSE_ICMP_ERR (parse_icmp6_err),
  * PARSE_MALFORMED, PARSE_FRAGMENT, PARSE_EXT or PARSE_UDP_NO_CSUM.
  */
 static __always_inline int parse_ipv6(struct __sk_buff *skb, struct pkt6 *p)
@@ -322,12 +340,14 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct pkt6 *p)
 	p->l3_len = end - l3_off;
 	p->hop_limit = ip.hop_limit;
 	if (proto == -PARSE_FRAGMENT) {
-		/* A later fragment: its ports are its first's. */
-		if (frag.nexthdr != IPPROTO_TCP && frag.nexthdr != IPPROTO_UDP)
-			return PARSE_PASS;
+		/* A later fragment: its ports are its first's; another
+		 * protocol's is refused if to a ClusterIP (parse_ipv4_other).
+		 */
 		p->l4_off = off;
 		p->proto = frag.nexthdr;
 		p->frag_later = true;
+		if (frag.nexthdr != IPPROTO_TCP && frag.nexthdr != IPPROTO_UDP)
+			return PARSE_OTHER;
 		return frag6_follow(p, frag.id) ? PARSE_OK : PARSE_FRAGMENT;
 	}
 	if (proto < 0)
@@ -339,7 +359,8 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct pkt6 *p)
 	else if (proto == IPPROTO_ICMPV6)
 		return parse_icmp6_err(skb, p, l3_off, off, end);
 	else
-		return PARSE_PASS;
+		/* Its packet may open a connection (parse_ipv4_other). */
+		return parse_ipv6_other(p, off, proto);
 	if (off + l4_min > end)
 		return PARSE_MALFORMED;
 	if (bpf_skb_load_bytes(skb, off, ports, sizeof(ports)) < 0)

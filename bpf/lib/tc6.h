@@ -137,6 +137,8 @@ static __noinline enum pkt_kind parse_tc6(struct __sk_buff *skb, struct pkt6 *p)
 		return PKT_L4;
 	case PARSE_ICMP_ERR:
 		return PKT_ICMP_ERR;
+	case PARSE_OTHER:
+		return PKT_OTHER;
 	case PARSE_MALFORMED:
 		metric_count(p, METRIC_TC_MALFORMED);
 		return PKT_PASS;
@@ -713,6 +715,9 @@ static __always_inline int tc6_body(struct __sk_buff *skb, bool dry,
 		 * ingress.
 		 */
 		return ingress ? icmp6_snat_xlate(skb, &p) : TC_ACT_OK;
+	case PKT_OTHER:
+		/* No frontend serves it (tc_body). */
+		return ingress ? lb6_no_service(skb, &p) : TC_ACT_OK;
 	default:
 		return TC_ACT_OK;
 	}

@@ -77,16 +77,25 @@ static __always_inline int LB_FN(refuse)(struct __sk_buff *skb,
 /*
  * no_service - the answer to @p, a packet to no frontend: ICMP port
  * unreachable if its destination is a ClusterIP (a port or protocol it
- * does not serve), a drop if it is another address of the service CIDR
- * (unallocated), else TC_ACT_OK: the packet is not for a service.
- * kube-proxy's nftables mode does the same; its iptables mode lets both
- * through untranslated.
+ * does not serve: a TCP or UDP port, or any other protocol, PKT_OTHER),
+ * a drop if it is another address of the service CIDR (unallocated),
+ * else TC_ACT_OK: the packet is not for a service. kube-proxy's nftables
+ * mode does the same (its cluster-ips-check chain: `reject`, whose
+ * default is ICMP port unreachable, ICMPv6 port unreachable in the ip6
+ * family); its iptables mode lets both through untranslated. A later
+ * fragment to a ClusterIP is dropped: it has no L4 header to quote, and
+ * its first fragment got the error (RFC 1122 3.2.2).
  */
 static __always_inline int LB_FN(no_service)(struct __sk_buff *skb,
 					     const FAM(pkt_t) *p)
 {
-	if (FN(service_ip)(p->daddr))
+	if (FN(service_ip)(p->daddr)) {
+		if (p->frag_later) {
+			metric_count(p, METRIC_TC_UNKNOWN_PORT);
+			return TC_ACT_SHOT;
+		}
 		return LB_FN(unreachable)(skb, p, METRIC_TC_UNKNOWN_PORT);
+	}
 	if (FN(node_cidr)(p->daddr, NODE_CIDR_SERVICE)) {
 		metric_count(p, METRIC_TC_SERVICE_CIDR_DROP);
 		return TC_ACT_SHOT;

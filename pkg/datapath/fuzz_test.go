@@ -34,7 +34,8 @@ import (
 //     checksums, and in an ICMP error those of the quoted packet), at the
 //     length it came with; or turn it into the ICMP (ICMPv6) error tc
 //     answers with (port unreachable, time exceeded, fragmentation
-//     needed or packet too big: checkICMPReply), quoting the packet;
+//     needed or packet too big: checkICMPReply), quoting the packet
+//     (of any protocol: tc refuses them all to a ClusterIP);
 //   - keep checksums valid: a frame whose checksums were valid comes out
 //     with valid ones (packet.Verify);
 //   - pass to tc untouched what XDP does not finish (XDP_PASS).
@@ -468,13 +469,23 @@ func ipHeaders(frame []byte) (src, dst []byte, proto uint8, l4 int, later, ok bo
 }
 
 // isICMPReply reports whether out is an ICMP (ICMPv6) error tc made from
-// in (a TCP or UDP packet of the same family, or a later fragment of
-// one) rather than in translated.
+// in (a packet of the same family, or a later fragment of one: TCP, UDP,
+// another protocol, an ICMP query, which tc refuses to a ClusterIP)
+// rather than in translated (an ICMP error, translated back).
 func isICMPReply(in, out []byte) bool {
-	srcIn, _, pIn, _, ok1 := quotedOf(in)
+	srcIn, _, pIn, l4In, ok1 := quotedOf(in)
 	srcOut, _, pOut, _, ok2 := ipOf(out)
 	icmp := map[int]uint8{4: packet.ICMP, 16: packet.ICMPv6}[len(srcIn)]
-	return ok1 && ok2 && len(srcIn) == len(srcOut) && (pIn == packet.TCP || pIn == packet.UDP) && pOut == icmp
+	if !ok1 || !ok2 || len(srcIn) != len(srcOut) || pOut != icmp {
+		return false
+	}
+	if pIn != icmp {
+		return true
+	}
+	// An ICMP query (parse.h's icmp_opens) is answered; an error is
+	// translated.
+	queries := map[uint8][]uint8{packet.ICMP: {8, 13, 15, 17}, packet.ICMPv6: {128, 139}}[icmp]
+	return l4In < len(in) && slices.Contains(queries, in[l4In])
 }
 
 // checkICMPReply checks out is the ICMP error about in that icmp_reply
@@ -502,7 +513,7 @@ func checkICMPReply(in, out []byte) error {
 	if t := out[l4Out]; !slices.Contains(types, t) {
 		return fmt.Errorf("ICMP reply of type %d", t)
 	}
-	hdr := 8
+	hdr := 8 // a UDP header, or 8 bytes of another protocol's
 	if pIn == packet.TCP {
 		hdr = 20
 	}

@@ -120,8 +120,10 @@ func tcICMPErrors(t *testing.T, v6 bool) {
 			in: ether(portUnreach(be, quoteOf(udp(client, 5300, be, 5353), hl+2))), verdict: tcActOK},
 		{name: "error about ICMP", egress: true,
 			in: ether(portUnreach(be, icmpMsg(client, be, icmpEcho, 0, nil).L3())), verdict: tcActOK},
-		{name: "echo request to the VIP",
-			in: ether(icmpMsg(client, vip, icmpEcho, 0x00010001, []byte("ping"))), verdict: tcActOK},
+		// (An echo request to a ClusterIP is refused, as any protocol's
+		// new connection: TestTCOtherProtocols. A reply starts none.)
+		{name: "echo reply to the VIP",
+			in: ether(icmpMsg(client, vip, icmpKind{packet.ICMPEchoReply, 0, packet.ICMPv6EchoReply, 0}, 0x00010001, []byte("ping"))), verdict: tcActOK},
 	}
 	runEdgeSteps(t, d, steps)
 

@@ -133,6 +133,7 @@ func TestTC6PacketTable(t *testing.T) {
 		return p
 	}
 	router, c6 := addr("2001:db8:1::fe"), addr(client6)
+	echo6 := packet.Packet{Src: c6, Dst: vip6TCP.Addr, Proto: packet.ICMPv6, ICMPType: packet.ICMPv6EchoRequest}
 	revUDP := udpReply.With(func(p *packet.Packet) { p.Src, p.SrcPort = vip6UDP.Addr, 53 })
 
 	runV6Steps(t, d, []v6Step{
@@ -170,8 +171,8 @@ func TestTC6PacketTable(t *testing.T) {
 			ether(icmp6(c6, be6UDP.Addr, packet.ICMPv6Unreachable, packet.ICMPv6PortUnreach, 0, udpReply))}, "tc_icmp_xlate"},
 		{edgeStep{"an error about no flow: passed", true,
 			ether(icmp6(router, c6, packet.ICMPv6TimeExceeded, 0, 0, tcpPacket(client6, 1, "2001:db8:5::1", 80, 0, nil))), tcActOK, nil}, ""},
-		{edgeStep{"an echo request: passed", false,
-			ether(packet.Packet{Src: c6, Dst: vip6TCP.Addr, Proto: packet.ICMPv6, ICMPType: packet.ICMPv6EchoRequest}), tcActOK, nil}, ""},
+		{edgeStep{"an echo request to a ClusterIP: ICMPv6 port unreachable (TestTCOtherProtocols)", false,
+			ether(echo6), tcActRedirect, icmp6Unreachable(echo6)}, "tc_unknown_port"},
 		{edgeStep{"IPv4 still translated", false, ether(tcpPacket("10.0.0.1", 40000, "10.96.0.99", 80, 0, nil)), tcActOK, nil}, ""},
 	})
 }

@@ -142,6 +142,8 @@ func TestTCPacketTable(t *testing.T) {
 		Payload: []byte("answer")}
 	fromVIP := func(p *packet.Packet) { p.Src, p.SrcPort = addr("10.96.0.10"), 80 }
 	fromUDPVIP := func(p *packet.Packet) { p.Src, p.SrcPort = addr("10.96.0.11"), 53 }
+	icmpEcho := packet.Packet{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr("10.0.0.1"), Dst: addr("10.96.0.10"), Proto: packet.ICMP,
+		ICMPType: packet.ICMPEcho}
 
 	runPacketCases(t, d, []packetCase{
 		{name: "tcp_dnat", in: synToVIP, verdict: tcActOK, out: with(synToVIP, toBackend(beTCP))},
@@ -168,13 +170,13 @@ func TestTCPacketTable(t *testing.T) {
 			out: icmpOut(tcpSYN("10.0.0.1", 40000, "10.96.0.10", 81))},
 		{name: "wrong_proto_for_port_rejected", in: udpDgram("10.0.0.1", 40000, "10.96.0.10", 80), verdict: tcActRedirect,
 			out: icmpOut(udpDgram("10.0.0.1", 40000, "10.96.0.10", 80))},
-		{name: "icmp_to_vip_untouched", in: packet.Packet{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr("10.0.0.1"), Dst: addr("10.96.0.10"), Proto: packet.ICMP,
-			ICMPType: packet.ICMPEcho}, verdict: tcActOK},
+		// So are its other protocols' (TestTCOtherProtocols).
+		{name: "icmp_echo_to_vip_rejected", in: icmpEcho, verdict: tcActRedirect, out: icmpOut(icmpEcho)},
 		{name: "ipv6_untouched", in: packet.Packet{SrcMAC: clientMAC, DstMAC: nodeMAC, EtherType: packet.EtherTypeIPv6, Payload: bytes.Repeat([]byte{0x60}, 60)}, verdict: tcActOK},
 		{name: "arp_untouched", in: packet.Packet{SrcMAC: clientMAC, DstMAC: nodeMAC, EtherType: packet.EtherTypeARP, Payload: make([]byte, 28)}, verdict: tcActOK},
 	})
 
-	expectCounted(t, d, "tc_dnat_new", "tc_dnat_ct", "tc_rev_nat", "tc_fragment", "tc_frag_later")
+	expectCounted(t, d, "tc_dnat_new", "tc_dnat_ct", "tc_rev_nat", "tc_fragment", "tc_frag_later", "tc_unknown_port")
 }
 
 // TestTCConntrackStickiness sends many packets of many flows to a service
@@ -595,5 +597,78 @@ func TestTCSynToFrontendIsNotAReply(t *testing.T) {
 			// A pure SYN on that reply tuple opens a connection to B.
 			{name: "syn_to_frontend", in: seg(beA, feB, packet.SYN), verdict: tcActOK, out: with(seg(beA, feB, packet.SYN), at(beB))},
 		})
+	})
+}
+
+// TestTCOtherProtocols: a packet of another protocol than TCP and UDP
+// (ICMP echo, GRE, SCTP, none of which Sluice serves) to a ClusterIP is
+// rejected with the ICMP (ICMPv6) port unreachable kube-proxy's nftables
+// mode sends (its cluster-ips-check chain: `ip daddr @cluster-ips
+// reject`, for new connections), quoting the IP header and 8 bytes of
+// the packet; one to an unallocated address of the service CIDR is
+// dropped; a later fragment to a ClusterIP, which has no header to quote,
+// is dropped. What conntrack would not call a new connection (an echo
+// reply) passes, as it does kube-proxy's `ct state new` match, and so do
+// packets to an ExternalIP, a LoadBalancer IP (that set holds ClusterIPs
+// only) or an address that is no service's. At egress (the node's own
+// packets) nothing is rejected: see the README. Per family.
+func TestTCOtherProtocols(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		tw := twinOf(v6)
+		d := openTestWith(t, smallConfig, func(c *Config) { c.ServiceCIDRs = []netip.Prefix{twinPrefix(v6, "10.96.0.0/16")} })
+		ext := func(kind model.FrontendKind, fe string) *model.Service {
+			f := l4(tw(fe), 80, model.TCP)
+			return &model.Service{Name: model.ServicePortName{Namespace: "test", Name: fe}, Kind: kind, Frontend: f,
+				Backends: []model.Backend{{L4Addr: l4(tw("10.1.0.1"), 8080, model.TCP)}}}
+		}
+		applyServices(t, d, clusterIP(l4(tw("10.96.0.10"), 80, model.TCP), l4(tw("10.1.0.1"), 8080, model.TCP)),
+			ext(model.ExternalIP, "192.0.2.10"), ext(model.LoadBalancer, "192.0.2.11"))
+
+		echo, echoReply, icmpProto := packet.ICMPEcho, packet.ICMPEchoReply, packet.ICMP
+		if v6 {
+			echo, echoReply, icmpProto = packet.ICMPv6EchoRequest, packet.ICMPv6EchoReply, packet.ICMPv6
+		}
+		pkt := func(dst string, proto, typ uint8) packet.Packet {
+			p := packet.Packet{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr(tw("10.0.0.1")), Dst: addr(tw(dst)), Proto: proto,
+				Payload: []byte("sluice says hello")}
+			if proto == icmpProto {
+				p.ICMPType = typ
+				binary.BigEndian.PutUint32(p.ICMPRest[:], 0x12340001) // id, sequence
+			}
+			return p
+		}
+		// The ICMP error kube-proxy's reject sends about in (its
+		// quote: the IP header and 8 bytes).
+		rejected := func(in packet.Packet) *packet.Packet {
+			hdr, typ, code := 20, packet.ICMPUnreachable, uint8(3)
+			if v6 {
+				hdr, typ, code = 40, packet.ICMPv6Unreachable, packet.ICMPv6PortUnreach
+			}
+			return &packet.Packet{SrcMAC: in.DstMAC, DstMAC: in.SrcMAC, Src: in.Dst, Dst: in.Src, Proto: icmpProto,
+				ICMPType: typ, ICMPCode: code, Payload: in.L3()[:hdr+8]}
+		}
+		later := pkt("10.96.0.10", 47, 0)
+		if v6 {
+			later.IPv6.Ext = []packet.ExtHeader{packet.FragmentHeader(185, false, 9)}
+		} else {
+			later.FragOff = 185
+		}
+		const gre, sctp = 47, 132
+		runPacketCases(t, d, []packetCase{
+			{name: "icmp_echo_to_clusterip_rejected", in: pkt("10.96.0.10", icmpProto, echo), verdict: tcActRedirect,
+				out: rejected(pkt("10.96.0.10", icmpProto, echo))},
+			{name: "gre_to_clusterip_rejected", in: pkt("10.96.0.10", gre, 0), verdict: tcActRedirect, out: rejected(pkt("10.96.0.10", gre, 0))},
+			{name: "sctp_to_clusterip_rejected", in: pkt("10.96.0.10", sctp, 0), verdict: tcActRedirect, out: rejected(pkt("10.96.0.10", sctp, 0))},
+			{name: "later_fragment_to_clusterip_dropped", in: later, verdict: tcActShot},
+			{name: "icmp_echo_to_unallocated_dropped", in: pkt("10.96.5.5", icmpProto, echo), verdict: tcActShot},
+			{name: "gre_to_unallocated_dropped", in: pkt("10.96.5.5", gre, 0), verdict: tcActShot},
+			{name: "icmp_echo_reply_to_clusterip_untouched", in: pkt("10.96.0.10", icmpProto, echoReply), verdict: tcActOK},
+			{name: "icmp_echo_to_externalip_untouched", in: pkt("192.0.2.10", icmpProto, echo), verdict: tcActOK},
+			{name: "icmp_echo_to_lb_ip_untouched", in: pkt("192.0.2.11", icmpProto, echo), verdict: tcActOK},
+			{name: "gre_to_externalip_untouched", in: pkt("192.0.2.10", gre, 0), verdict: tcActOK},
+			{name: "icmp_echo_beyond_service_cidr_untouched", in: pkt("10.97.0.1", icmpProto, echo), verdict: tcActOK},
+			{name: "icmp_echo_to_clusterip_at_egress_untouched", egress: true, in: pkt("10.96.0.10", icmpProto, echo), verdict: tcActOK},
+		})
+		expectCounted(t, d, "tc_unknown_port", "tc_service_cidr_drop")
 	})
 }
