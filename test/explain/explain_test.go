@@ -224,10 +224,22 @@ func (e *env) runExplain(t *testing.T, client string, sport int, to string) ([]b
 // every time); one run must leave every map as it was.
 func (e *env) explainUnchanged(t *testing.T, client string, sport int, to string) explained {
 	t.Helper()
+	var x explained
+	try := 0
+	if diffs := e.unchangedRound(t, func() { x = e.explain(t, client, sport+try, to); try++ }); diffs != nil {
+		t.Fatalf("every explain of %s changed pinned maps: %v", to, diffs)
+	}
+	return x
+}
+
+// unchangedRound runs round, up to three times, until one run leaves every
+// pinned map as it found it, and returns nil; else what each run changed.
+func (e *env) unchangedRound(t *testing.T, round func()) []string {
+	t.Helper()
 	var diffs []string
-	for try := range 3 {
+	for range 3 {
 		before := e.dumpPins(t)
-		x := e.explain(t, client, sport+try, to)
+		round()
 		after := e.dumpPins(t)
 		var changed []string
 		for name := range before {
@@ -236,12 +248,11 @@ func (e *env) explainUnchanged(t *testing.T, client string, sport int, to string
 			}
 		}
 		if len(changed) == 0 {
-			return x
+			return nil
 		}
 		diffs = append(diffs, fmt.Sprint(changed))
 	}
-	t.Fatalf("every explain of %s changed pinned maps: %v", to, diffs)
-	return explained{}
+	return diffs
 }
 
 func TestExplainMatchesRealConnections(t *testing.T) {
@@ -403,21 +414,7 @@ func TestExplainSocket(t *testing.T) {
 	// LRU's gate, which the first one after the start clears), so a
 	// round whose dumps differ is repeated; a dry run that wrote would
 	// write in every round. (CI saw sluice_ct_admit_v1 change once.)
-	var diffs []string
-	for range 3 {
-		before := e.dumpPins(t)
-		explainAll()
-		after := e.dumpPins(t)
-		var changed []string
-		for name := range before {
-			if before[name] != after[name] {
-				changed = append(changed, name)
-			}
-		}
-		if len(changed) == 0 {
-			return
-		}
-		diffs = append(diffs, fmt.Sprint(changed))
+	if diffs := e.unchangedRound(t, explainAll); diffs != nil {
+		t.Errorf("every round of explain --socket changed pinned maps: %v", diffs)
 	}
-	t.Errorf("every round of explain --socket changed pinned maps: %v", diffs)
 }
