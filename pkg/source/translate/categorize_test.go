@@ -130,3 +130,45 @@ func TestCategorizeSortedAsCategorize(t *testing.T) {
 			took, served, local, left)
 	}
 }
+
+// localReadySorted, where it takes a Service's slices, counts what
+// localReadyAll (endpointsFor on each served port) counts: the same
+// addresses, nil and empty told apart; over the random slices above,
+// nodes named or not.
+func TestLocalReadySortedAsAll(t *testing.T) {
+	r := rand.New(rand.NewPCG(54, 8))
+	var took, left, counted int
+	for n := range 20000 {
+		var objs []*discoveryv1.EndpointSlice
+		for range []int{1, 1, 1, 1, 0, 2}[r.IntN(6)] {
+			objs = append(objs, sortedCandidateSlice(r))
+		}
+		eps := SlicesOf(objs)
+		for _, es := range eps {
+			es.Invalid = nil // as in TestCategorizeSortedAsCategorize
+		}
+		node := []string{"", "node-0", "node-1"}[r.IntN(3)]
+		want := localReadyAll(eps, node)
+		if node == "" {
+			if got := localReady(eps, node); got != nil {
+				t.Fatalf("case %d: no node, yet counted %v", n, got)
+			}
+			continue
+		}
+		got, ok := localReadySorted(eps, node)
+		if !ok {
+			left++
+			continue
+		}
+		took++
+		if len(got) > 0 {
+			counted++
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("case %d (node %q): localReadySorted counted %v, localReadyAll %v, of %+v", n, node, got, want, objs)
+		}
+	}
+	if took < 5000 || left < 2000 || counted < 1000 {
+		t.Errorf("localReadySorted took %d Services (%d counting some), left %d: the random slices miss a shape", took, counted, left)
+	}
+}

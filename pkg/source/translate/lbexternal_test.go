@@ -2,11 +2,14 @@ package translate
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/sluice-lb/sluice/pkg/model"
 )
 
 // An address that one Service names twice at one port and protocol (an
@@ -88,8 +91,13 @@ ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1
 ExternalIP 198.51.100.4:80/TCP -> 10.1.0.1
 `},
 		// An externalIP that is a node address, at a port that is the
-		// Service's NodePort: the externalIP's (kube-proxy looks the
-		// service-IPs map up first).
+		// Service's NodePort: the externalIP's. kube-proxy looks the
+		// service-IPs map up first, but writes an externalIP's element
+		// there only when its port has endpoints: here port "alt" has
+		// none, so kube-proxy DNATs 192.168.1.1:30080 to port "http"'s
+		// endpoints by its NodePorts map, where Sluice rejects (a
+		// deviation, in the README's kube-proxy behaviour table). With
+		// endpoints for "alt", both serve the externalIP's.
 		{"externalIP at a NodePort of the same address", func(s *corev1.Service) {
 			s.Spec.Type = corev1.ServiceTypeNodePort
 			s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "alt", Port: 30080, Protocol: corev1.ProtocolTCP})
@@ -113,5 +121,44 @@ ExternalIP 192.168.1.1:30080/TCP ->
 				t.Fatalf("got\n%s\nwant\n%s", g, w)
 			}
 		})
+	}
+}
+
+// Two ports of one kind at one frontend (two ports sharing a nodePort and
+// protocol, which ValidateService refuses as the API server does): the
+// first port by name is kept, whatever the order of the ports.
+func TestOneFrontendTieBreak(t *testing.T) {
+	eps := []*discoveryv1.EndpointSlice{slice("a-1", "a", []discoveryv1.EndpointPort{eport("p0", 8080, corev1.ProtocolTCP), eport("p1", 8081, corev1.ProtocolTCP)}, here)}
+	node := Node{Name: "node-a", IPs: []netip.Addr{netip.MustParseAddr("192.168.1.1")}, Addresses: []netip.Addr{netip.MustParseAddr("192.168.1.1")}}
+	for _, reverse := range []bool{false, true} {
+		svc := nodePorts(30080, "TCP", 30080, "TCP")
+		if reverse {
+			slices.Reverse(svc.Spec.Ports)
+		}
+		if ValidateService(svc) == nil {
+			t.Fatal("ValidateService took two ports sharing a nodePort")
+		}
+		// Made valid, then given the shared nodePort back: what a
+		// Translation does with it all the same.
+		svc.Spec.Ports[1].NodePort = 30081
+		s := MakeService(svc)
+		s.Ports[1].NodePort = 30080
+		tr, err := Translate(&s, SlicesOf(eps), Options{Node: node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := `
+ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1
+ClusterIP 10.96.0.1:81/TCP -> 10.1.0.1
+NodePort 192.168.1.1:30080/TCP -> 10.1.0.1
+`
+		if g, w := renderNS(tr.Services), strings.TrimPrefix(want, "\n"); g != w {
+			t.Fatalf("reverse %v: got\n%s\nwant\n%s", reverse, g, w)
+		}
+		for _, f := range tr.Services {
+			if f.Kind == model.NodePort && (f.Name.Port != "p0" || f.Backends[0].Port != 8080) {
+				t.Errorf("reverse %v: the NodePort is port %q's (to %v), want p0's", reverse, f.Name.Port, f.Backends)
+			}
+		}
 	}
 }

@@ -56,7 +56,13 @@ import (
 // closed for want of a range of its family (sourceRanges) stays closed.
 // Then an externalIP's: the service-IPs map holds ClusterIPs, externalIPs
 // and LoadBalancer IPs, a Service port's externalIP element written after
-// its ClusterIP's, and is looked up before the NodePorts map. Left to the
+// its ClusterIP's, and is looked up before the NodePorts map. (kube-proxy
+// writes a port's externalIP and LoadBalancer IP elements only when the
+// port has endpoints: without, a NodePort of another port at that address
+// and port serves there, where Sluice keeps the higher-ranked frontend and
+// rejects; a deviation the README's kube-proxy behaviour table states.
+// Following it would need a NodePort frontend carrying a LoadBalancer
+// IP's source ranges.) Left to the
 // tracker, which settles claims of different Services, two frontends of
 // one Service went to the ExternalIP (open to every source) and the
 // Service was reported losing a conflict to itself.

@@ -375,13 +375,25 @@ func localReady(eps []*Slice, nodeName string) []netip.Addr {
 	if nodeName == "" {
 		return nil
 	}
+	if out, ok := localReadySorted(eps, nodeName); ok {
+		return out
+	}
+	return localReadyAll(eps, nodeName)
+}
+
+// localReadyAll is localReady the long way, through endpointsFor, for
+// slices of any shape.
+func localReadyAll(eps []*Slice, nodeName string) []netip.Addr {
 	type portKey struct {
 		name  string
 		proto corev1.Protocol
 	}
 	var done []portKey // the ports read: kube-proxy's ServicePortNames
 	var out []netip.Addr
-	var cands []endpoint
+	scratch := endpointScratch.Get().(*[]endpoint)
+	defer putEndpointScratch(scratch)
+	cands := (*scratch)[:0]
+	defer func() { *scratch = cands[:0] }()
 	for _, es := range eps {
 		for i := range es.Ports {
 			p := &es.Ports[i]
@@ -401,6 +413,67 @@ func localReady(eps []*Slice, nodeName string) []netip.Addr {
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return slices.Compact(out)
+}
+
+// localReadySorted is localReady for the shape categorizeSorted takes,
+// without endpointsFor: one slice, which lists no port name and protocol
+// twice, its addresses IPv4 and in increasing order. Every served port
+// then has the same endpoints, each listed once: the count is the slice's
+// ready endpoints on this node, already sorted and unique, if it has a
+// served port. Without it, a Local LoadBalancer Service with a
+// healthCheckNodePort paid endpointsFor's copy and sort once more per
+// port on a first sync. ok is false for any other shape.
+func localReadySorted(eps []*Slice, nodeName string) (out []netip.Addr, ok bool) {
+	if len(eps) != 1 {
+		return nil, false
+	}
+	es := eps[0]
+	served := false
+	for i := range es.Ports {
+		p := &es.Ports[i]
+		if !p.served() {
+			continue
+		}
+		served = true
+		for j := range i {
+			if q := &es.Ports[j]; q.served() && q.Name == p.Name && q.Protocol == p.Protocol {
+				return nil, false // listed twice: endpointsFor's candidates of both
+			}
+		}
+	}
+	if !served {
+		return nil, true // no port read: nothing counted
+	}
+	if es.Endpoints.wide != nil && es.Endpoints.wide.addrs != nil {
+		return nil, false
+	}
+	packed := es.Endpoints.eps
+	n := 0
+	var last uint32
+	for i := range packed {
+		p := &packed[i]
+		if p.flags&epIPv4 == 0 {
+			return nil, false
+		}
+		a := binary.BigEndian.Uint32(p.v4[:])
+		if i > 0 && a <= last {
+			return nil, false
+		}
+		last = a
+		if p.flags&epReady != 0 && p.isLocal(nodeName) {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil, true
+	}
+	out = make([]netip.Addr, 0, n)
+	for i := range packed {
+		if p := &packed[i]; p.flags&epReady != 0 && p.isLocal(nodeName) {
+			out = append(out, netip.AddrFrom4(p.v4))
+		}
+	}
+	return out, true
 }
 
 // hintsRead says which parts of the node the hints of eps make

@@ -361,10 +361,18 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 		if c := a.Frontend.Compare(b.Frontend); c != 0 {
 			return c
 		}
-		return claimRank[a.Kind] - claimRank[b.Kind]
+		if c := claimRank[a.Kind] - claimRank[b.Kind]; c != 0 {
+			return c
+		}
+		// Two ports of one kind at one frontend: ValidateService
+		// refuses the Services that have them (two ports with one
+		// nodePort and protocol, or one port and protocol), but a
+		// Translation does not rest on that: the first port by name,
+		// not the sort's whim.
+		return cmp.Compare(a.Name.Port, b.Name.Port)
 	})
 	// One frontend per address, port and protocol: the first of those
-	// the Service names twice, by claimRank.
+	// the Service names twice, by claimRank, then port name.
 	t.Services = slices.CompactFunc(t.Services, func(a, b *model.Service) bool { return a.Frontend == b.Frontend })
 	return t, nil
 }
@@ -531,6 +539,17 @@ func seenBefore[E any, K comparable](s []E, i int, key func(*E) K, m map[K]bool)
 	return false
 }
 
+// firstWith returns the index of the first element of s whose key is k
+// (-1 if none): the other port a validation error names.
+func firstWith[E any, K comparable](s []E, key func(*E) K, k K) int {
+	for j := range s {
+		if key(&s[j]) == k {
+			return j
+		}
+	}
+	return -1
+}
+
 // ValidateService checks the fields Sluice relies on. Errors name the
 // object and, where it applies, the port.
 func ValidateService(svc *corev1.Service) error {
@@ -598,10 +617,16 @@ func ValidateService(svc *corev1.Service) error {
 	ports := svc.Spec.Ports
 	portName := func(sp *corev1.ServicePort) string { return sp.Name }
 	portProto := func(sp *corev1.ServicePort) pp { return pp{sp.Port, cmp.Or(sp.Protocol, corev1.ProtocolTCP)} }
+	// The API server refuses a Service whose ports repeat a nodePort and
+	// protocol (validation.go, ValidateService: "Check for duplicate
+	// NodePorts"), whatever its type: two would be one frontend at each
+	// node address, and which port's endpoints it reached would be
+	// arbitrary. A manifest can hold one: refused as the API server does.
+	portNodePort := func(sp *corev1.ServicePort) pp { return pp{sp.NodePort, cmp.Or(sp.Protocol, corev1.ProtocolTCP)} }
 	var names map[string]bool
-	var seen map[pp]bool
+	var seen, nodePorts map[pp]bool
 	if len(ports) > smallSet {
-		names, seen = make(map[string]bool, len(ports)), make(map[pp]bool, len(ports))
+		names, seen, nodePorts = make(map[string]bool, len(ports)), make(map[pp]bool, len(ports)), make(map[pp]bool, len(ports))
 	}
 	for i := range ports {
 		sp := &ports[i]
@@ -622,13 +647,23 @@ func ValidateService(svc *corev1.Service) error {
 			return fail("%s: port %d out of range", portID(sp.Name, i), sp.Port)
 		}
 		if seenBefore(ports, i, portProto, seen) {
-			return fail("%s: duplicate port %d/%s", portID(sp.Name, i), sp.Port, portProto(sp).proto)
+			j := firstWith(ports, portProto, portProto(sp))
+			return fail("%s: duplicate port %d/%s: %s has it too", portID(sp.Name, i), sp.Port, portProto(sp).proto, portID(ports[j].Name, j))
 		}
 		if seen != nil {
 			seen[portProto(sp)] = true
 		}
 		if sp.NodePort < 0 || sp.NodePort > 65535 {
 			return fail("%s: nodePort %d out of range", portID(sp.Name, i), sp.NodePort)
+		}
+		if sp.NodePort != 0 {
+			if seenBefore(ports, i, portNodePort, nodePorts) {
+				j := firstWith(ports, portNodePort, portNodePort(sp))
+				return fail("%s: duplicate nodePort %d/%s: %s has it too", portID(sp.Name, i), sp.NodePort, portNodePort(sp).proto, portID(ports[j].Name, j))
+			}
+			if nodePorts != nil {
+				nodePorts[portNodePort(sp)] = true
+			}
 		}
 		if sp.TargetPort.Type == 0 && sp.TargetPort.IntVal != 0 && (sp.TargetPort.IntVal < 1 || sp.TargetPort.IntVal > 65535) {
 			return fail("%s: targetPort %d out of range", portID(sp.Name, i), sp.TargetPort.IntVal)

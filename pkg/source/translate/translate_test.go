@@ -272,6 +272,13 @@ func TestValidate(t *testing.T) {
 		{"unnamed multi", service("a", []string{"10.96.0.1"}, sport("", 80, ""), sport("b", 81, "")), `service "default/a": ports[0]: name is required when a Service has several ports`},
 		{"dual stack", service("a", []string{"2001:db8::1", "10.96.0.1"}, sport("", 80, "")), ""},
 		{"two ClusterIPs of one family", service("a", []string{"10.96.0.1", "::ffff:10.96.0.2"}, sport("", 80, "")), `service "default/a": clusterIPs ["10.96.0.1" "::ffff:10.96.0.2"]: more than one IPv4 address`},
+		{"duplicate port, the API server's refusal", service("a", []string{"10.96.0.1"}, sport("x", 80, "TCP"), sport("y", 80, "")),
+			`service "default/a": port "y": duplicate port 80/TCP: port "x" has it too`},
+		{"duplicate nodePort, the API server's refusal", nodePorts(30080, "TCP", 30080, ""),
+			`service "default/a": port "p1": duplicate nodePort 30080/TCP: port "p0" has it too`},
+		{"duplicate nodePort among many ports", nodePorts(30080, "TCP", 30081, "TCP", 30082, "TCP", 30083, "TCP", 30084, "TCP", 30085, "TCP", 30086, "TCP", 30087, "TCP", 30088, "TCP", 30089, "TCP", 30090, "TCP", 30091, "TCP", 30092, "TCP", 30093, "TCP", 30094, "TCP", 30095, "TCP", 30096, "TCP", 30083, "TCP"),
+			`service "default/a": port "p17": duplicate nodePort 30083/TCP: port "p3" has it too`},
+		{"one nodePort for TCP and UDP", nodePorts(30080, "TCP", 30080, "UDP"), ""},
 		{"ipFamilies not those of clusterIPs", func() *corev1.Service {
 			s := service("a", []string{"10.96.0.1", "2001:db8::1"}, sport("", 80, ""))
 			s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol, corev1.IPv4Protocol}
@@ -335,4 +342,17 @@ func TestServiceNameOfSlice(t *testing.T) {
 		t.Error("unlabelled slice has a service")
 	}
 	_ = netip.Addr{}
+}
+
+// nodePorts is a NodePort Service "a" with a port "p<i>" (port 80+i) for
+// each nodePort and protocol of np.
+func nodePorts(np ...any) *corev1.Service {
+	s := service("a", []string{"10.96.0.1"})
+	s.Spec.Type = corev1.ServiceTypeNodePort
+	for i := 0; i < len(np); i += 2 {
+		p := sport(fmt.Sprintf("p%d", i/2), int32(80+i/2), corev1.Protocol(np[i+1].(string)))
+		p.NodePort = int32(np[i].(int))
+		s.Spec.Ports = append(s.Spec.Ports, p)
+	}
+	return s
 }
