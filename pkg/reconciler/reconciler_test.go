@@ -139,17 +139,31 @@ func checkProgrammed(t testing.TB, f *fakedp.Fake, st *model.State) {
 		t.Errorf("%d frontends programmed, want %d", len(got), n)
 	}
 	ks, _ := f.Dump()
-	// No unreferenced backends or rev_nat entries are left behind.
+	// No unreferenced backends or rev_nat entries are left behind: the
+	// backend entries are those slots name and those a Service holds in
+	// standby (their flows name them).
 	named := map[reconciler.BackendID]bool{}
 	for _, s := range ks.Slots {
 		for _, id := range s {
 			named[id] = true
 		}
 	}
+	standby := map[model.L4Addr]bool{}
+	for _, s := range st.Services.All() {
+		for _, a := range s.Standby {
+			standby[a] = true
+		}
+	}
 	for id := range ks.Backends {
-		if !named[id] {
+		a := ks.Backends[id]
+		kept := standby[a]
+		delete(standby, a) // it has its entry
+		if !named[id] && !kept {
 			t.Errorf("backend %d (%s) left behind", id, ks.Backends[id])
 		}
+	}
+	for a := range standby {
+		t.Errorf("backend %s in standby has no entry: its flows re-balance", a)
 	}
 	ids := map[reconciler.ServiceID]bool{}
 	for _, m := range ks.Masters {
