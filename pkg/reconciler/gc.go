@@ -44,15 +44,24 @@ func (r *Reconciler) releaseReservations(services model.Services, want func() ma
 // deleteUnusedBackends deletes the backend entries that lost their last
 // slot (or never got one), unless a frontend being programmed wants their
 // address (want, made on first use) under that id, or a frontend's Service
-// holds it in standby (standby.go: its flows name it).
+// holds it in standby (standby.go: its flows name it). A UDP backend whose
+// entry goes is served by nothing (no slot, no standby): its flows are
+// flushed, however it came to go (its Service deleted, an agent restart
+// or a rebuild of the view that found it gone), as kube-proxy's go once
+// their endpoint no longer serves.
 func (r *Reconciler) deleteUnusedBackends(want func() map[model.L4Addr]bool) error {
 	if len(r.backendCand) == 0 {
 		return nil // the common case: no closures or iterator to allocate
 	}
 	return deleteUnused(r, idEntries[BackendID, model.L4Addr]{
 		what: "backend", cand: r.backendCand, entries: &r.backends, idOf: &r.backendOf,
-		wanted:  func(a model.L4Addr) bool { return r.standby(a) || want()[a] },
-		deleted: func(a model.L4Addr) { r.nbackends[familyOf(a.Addr)]-- },
+		wanted: func(a model.L4Addr) bool { return r.standby(a) || want()[a] },
+		deleted: func(a model.L4Addr) {
+			r.nbackends[familyOf(a.Addr)]--
+			if a.Proto == model.UDP {
+				r.pendingFlush[a] = true
+			}
+		},
 		del:     r.dp.DeleteBackend,
 		delMany: r.dp.DeleteBackends,
 		release: r.maybeReleaseBackend,

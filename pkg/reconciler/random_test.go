@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -87,6 +88,9 @@ func seeded(t *testing.T, seed uint64, opts randomOpts) exercised {
 	if opts.ranges && seen.ranges < 30 {
 		t.Errorf("only %d of 60 rounds programmed source ranges: the test does not exercise them", seen.ranges)
 	}
+	if seen.standby < 40 {
+		t.Errorf("only %d UDP backends in standby in 60 rounds: the test does not exercise them", seen.standby)
+	}
 	if opts.scopes && (seen.scopes < 60 || seen.clusterIPs < 60) {
 		t.Errorf("%d frontends with two scopes, %d ClusterIPs in 60 rounds: the test does not exercise them", seen.scopes, seen.clusterIPs)
 	}
@@ -146,9 +150,10 @@ func TestRandomizedHints(t *testing.T) {
 
 // exercised counts what a randomized run programmed: rounds with source
 // ranges, frontends with two scopes, ClusterIP frontends, the session
-// affinity entries it moved to another slot, and the batches failed
-// part-way (new frontends are programmed in batches, batch.go).
-type exercised struct{ ranges, scopes, clusterIPs, moves, batchFails int }
+// affinity entries it moved to another slot, the batches failed
+// part-way (new frontends are programmed in batches, batch.go), and the
+// UDP backends its Services held in standby.
+type exercised struct{ ranges, scopes, clusterIPs, moves, batchFails, standby int }
 
 // chooser is where randomized takes its decisions from: a seeded
 // *rand.Rand, or the fuzzer's bytes (testutil.Choices).
@@ -207,7 +212,20 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 		}
 		return out
 	}
-	scopesSeen, cipsSeen := 0, 0
+	// standby draws serving endpoints of s's that neither scope uses
+	// (terminating while others are ready, left out by topology): their
+	// entries stay, and their flows, as long as a Service holds them.
+	standby := func(fe model.L4Addr, s *model.Service) []model.L4Addr {
+		var out []model.L4Addr
+		for _, b := range backends(fe) {
+			is := func(x model.Backend) bool { return x.L4Addr == b.L4Addr }
+			if !slices.ContainsFunc(s.Backends, is) && !slices.ContainsFunc(s.InternalBackends, is) {
+				out = append(out, b.L4Addr)
+			}
+		}
+		return slices.Compact(out) // sorted already
+	}
+	scopesSeen, cipsSeen, standbySeen := 0, 0, 0
 	var prev *model.State
 	randomState := func() *model.State {
 		st := model.NewState()
@@ -249,6 +267,10 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 			if opts.affinity {
 				s.AffinityTimeout = []time.Duration{0, time.Second, time.Hour}[rng.IntN(3)]
 			}
+			if fe.Proto == model.UDP && rng.IntN(2) == 0 {
+				s.Standby = standby(fe, s)
+				standbySeen += len(s.Standby)
+			}
 			st.Services.Set(fe, s)
 		}
 		if opts.hints {
@@ -283,10 +305,13 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 			}
 			return nil
 		}
+		had := backendEntries(t, f)
 		err := r.Apply(st)
 		if failPct == 0 && err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
+		checkKeptStandby(t, f, st, had)
+		lost := lostEntries(t, f, had)
 		for _, x := range f.AffinityFixes() {
 			if x.Slot != 0 {
 				moves++
@@ -295,7 +320,8 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 		if err == nil {
 			checkProgrammed(t, f, st)
 		}
-		if rng.IntN(8) == 0 { // agent restart
+		restarted := rng.IntN(8) == 0
+		if restarted { // agent restart
 			f.Fail = nil
 			incremental += reconciler.IncrementalApplies(r)
 			r = reconciler.New(f, nil)
@@ -305,8 +331,22 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 		}
 		// Converge without failures.
 		f.Fail = nil
+		had = backendEntries(t, f)
 		mustApply(t, r, st)
 		checkProgrammed(t, f, st)
+		checkKeptStandby(t, f, st, had)
+		// Every UDP backend whose entry went had its flows flushed (but
+		// a restart forgets the flushes a failure left pending).
+		for a := range lostEntries(t, f, had) {
+			lost[a] = true
+		}
+		if !restarted {
+			for a := range lost {
+				if a.Proto == model.UDP && !slices.Contains(f.Flushed(), a) {
+					t.Errorf("round %d: backend %s lost its entry, its flows not flushed", round, a)
+				}
+			}
+		}
 		if v := f.Check(); len(v) > 0 {
 			t.Fatalf("round %d: %v", round, v)
 		}
@@ -325,7 +365,20 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 	if incremental += reconciler.IncrementalApplies(r); opts.hints && incremental < rounds/4 && rounds >= 10 {
 		t.Errorf("%d Applies in %d rounds looked at the changed frontends only: the test does not exercise it", incremental, rounds)
 	}
-	return exercised{ranges: withRanges, scopes: scopesSeen, clusterIPs: cipsSeen, moves: moves, batchFails: batchFails}
+	return exercised{ranges: withRanges, scopes: scopesSeen, clusterIPs: cipsSeen, moves: moves, batchFails: batchFails, standby: standbySeen}
+}
+
+// lostEntries returns the backend addresses of had the fake no longer
+// holds.
+func lostEntries(t testing.TB, f *fakedp.Fake, had map[model.L4Addr]bool) map[model.L4Addr]bool {
+	now := backendEntries(t, f)
+	lost := map[model.L4Addr]bool{}
+	for a := range had {
+		if !now[a] {
+			lost[a] = true
+		}
+	}
+	return lost
 }
 
 // TestRandomizedCapacity checks that with tight maps every service either

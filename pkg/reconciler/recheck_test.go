@@ -3,6 +3,7 @@ package reconciler_test
 import (
 	"bytes"
 	"cmp"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -547,16 +548,22 @@ func TestRecheckRebuildsMassDrift(t *testing.T) {
 	}
 }
 
-// walkHook is a datapath that calls before(n) ahead of its n-th Walk.
+// walkHook is a datapath that calls before(n) ahead of its n-th Walk,
+// and whose next walk fails if fail is set.
 type walkHook struct {
 	reconciler.Datapath
 	walks  int
 	before func(n int)
+	fail   bool
 }
 
 func (w *walkHook) Walk(v reconciler.KernelVisitor) error {
 	w.walks++
 	w.before(w.walks)
+	if w.fail {
+		w.fail = false
+		return errors.New("injected")
+	}
 	return w.Datapath.Walk(v)
 }
 

@@ -430,9 +430,11 @@ func (r *Reconciler) Apply(st *model.State) error {
 	}
 	consider := func(fe Frontend, v *frontendView, svc *model.Service) {
 		if r.fastInSync(v, fe, svc) {
-			if v.svc != svc && v.svc != nil && v.svc.Name == svc.Name {
-				r.setService(v, svc) // the newer state's, so that v keeps the older one's no longer alive
-			}
+			// The newer state's, so that v keeps the older one's no longer
+			// alive, and so that its standby backends are counted (another
+			// Service port at the same address and slots may hold others;
+			// a restored view has none).
+			r.setService(v, svc)
 			return
 		}
 		var in *desiredFrontend // nil: a new one
@@ -498,17 +500,24 @@ func (r *Reconciler) Apply(st *model.State) error {
 	r.presize(changed)
 	// The backends the changed frontends want: made only when a
 	// backend may have to be deleted (a first program deletes none).
+	// Their Services' standby backends too: a changed frontend's view
+	// counts them (standbyRefs) only once it is programmed, and until
+	// then (after a Restore or a rebuild, which count none, or when its
+	// programming fails) nothing else keeps their entries.
 	var want map[model.L4Addr]bool
 	wantBackend := func() map[model.L4Addr]bool {
 		if want == nil {
 			n := 0
 			for _, d := range changed {
-				n += len(d.backends)
+				n += len(d.backends) + len(d.svc.Standby)
 			}
 			want = make(map[model.L4Addr]bool, n)
 			for _, d := range changed {
 				for _, b := range d.backends {
 					a := b.L4Addr
+					want[a] = true
+				}
+				for _, a := range d.svc.Standby {
 					want[a] = true
 				}
 			}

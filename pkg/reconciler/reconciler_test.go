@@ -114,6 +114,35 @@ func programmed(t testing.TB, f *fakedp.Fake) map[reconciler.Frontend][]model.L4
 	return out
 }
 
+// backendEntries returns the addresses the fake's backend map holds.
+func backendEntries(t testing.TB, f *fakedp.Fake) map[model.L4Addr]bool {
+	t.Helper()
+	ks, err := f.Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[model.L4Addr]bool{}
+	for _, a := range ks.Backends {
+		out[a] = true
+	}
+	return out
+}
+
+// checkKeptStandby checks that every backend st holds in standby that had
+// an entry before (had) has one still: its flows name it (standby.go),
+// whatever failed or restarted in between.
+func checkKeptStandby(t testing.TB, f *fakedp.Fake, st *model.State, had map[model.L4Addr]bool) {
+	t.Helper()
+	now := backendEntries(t, f)
+	for _, s := range st.Services.All() {
+		for _, a := range s.Standby {
+			if had[a] && !now[a] {
+				t.Errorf("backend %s in standby lost its entry: its flows re-balance", a)
+			}
+		}
+	}
+}
+
 func checkProgrammed(t testing.TB, f *fakedp.Fake, st *model.State) {
 	t.Helper()
 	got := programmed(t, f)
@@ -139,15 +168,23 @@ func checkProgrammed(t testing.TB, f *fakedp.Fake, st *model.State) {
 		t.Errorf("%d frontends programmed, want %d", len(got), n)
 	}
 	ks, _ := f.Dump()
-	// No unreferenced backends or rev_nat entries are left behind.
+	// No unreferenced backends or rev_nat entries are left behind: the
+	// backend entries are those slots name and those a Service holds in
+	// standby (kept for their flows, if they had an entry: keptStandby).
 	named := map[reconciler.BackendID]bool{}
 	for _, s := range ks.Slots {
 		for _, id := range s {
 			named[id] = true
 		}
 	}
+	standby := map[model.L4Addr]bool{}
+	for _, s := range st.Services.All() {
+		for _, a := range s.Standby {
+			standby[a] = true
+		}
+	}
 	for id := range ks.Backends {
-		if !named[id] {
+		if !named[id] && !standby[ks.Backends[id]] {
 			t.Errorf("backend %d (%s) left behind", id, ks.Backends[id])
 		}
 	}

@@ -1,6 +1,7 @@
 package reconciler_test
 
 import (
+	"errors"
 	"net/netip"
 	"slices"
 	"testing"
@@ -129,6 +130,143 @@ func TestUDPFlushSparesServingBackends(t *testing.T) {
 		mustApply(t, r, state(cluster))
 		if fl := f.Flushed(); len(fl) != 0 {
 			t.Fatalf("flushed %v when the internal scope went: they still serve", fl)
+		}
+	})
+}
+
+// What keeps a standby backend's entry, and what flushes it, besides a
+// frontend's programming: an agent restart or a rebuild of the view (which
+// count no standby backends until the frontends are programmed), a
+// programming that fails half-way, a Service deleted, a frontend taken
+// over by another Service port.
+func TestUDPStandbyEntryLifetime(t *testing.T) {
+	u := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: model.UDP}
+	b1, b2, b3, b4, b5 := be(5, 1, model.UDP), be(5, 2, model.UDP), be(5, 3, model.UDP), be(5, 4, model.UDP), be(5, 5, model.UDP)
+	withStandby := func(bs ...model.Backend) *model.Service {
+		s := svc(u, "dns", bs...)
+		s.Standby = []model.L4Addr{b1.L4Addr}
+		return s
+	}
+	// standbyThenRestart leaves b1 in standby, seen by a new reconciler
+	// (restarted, or rebuilt from a dump) that has applied nothing yet.
+	standbyThenRestart := func(t *testing.T, rebuild bool) (*fakedp.Fake, *reconciler.Reconciler) {
+		f := newFake(t)
+		w := &walkHook{Datapath: f, before: func(int) {}}
+		r := reconciler.New(w, nil)
+		mustApply(t, r, state(svc(u, "dns", b1, b2, b3)))
+		mustApply(t, r, state(withStandby(b2, b3)))
+		if rebuild {
+			// A re-read whose walk fails rebuilds the view from a dump.
+			w.fail = true
+			refreshNow(r)
+		} else {
+			r = reconciler.New(f, nil)
+			if err := r.Restore(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		f.ResetCounts()
+		return f, r
+	}
+	checkRebuilt := func(t *testing.T, r *reconciler.Reconciler, rebuild bool) {
+		t.Helper()
+		if n := r.Drift().Rebuilt; rebuild && n != 1 {
+			t.Fatalf("%d rebuilds, want 1: the test tests nothing", n)
+		}
+	}
+
+	// Its frontend changes in the first Apply after the restart: b1's
+	// entry, which has no slot, stays, and its flows.
+	for _, rebuild := range []bool{false, true} {
+		name := map[bool]string{false: "RestartThenChange", true: "RebuildThenChange"}[rebuild]
+		t.Run(name, func(t *testing.T) {
+			f, r := standbyThenRestart(t, rebuild)
+			mustApply(t, r, state(withStandby(b2, b3, b4)))
+			checkRebuilt(t, r, rebuild)
+			if fl := f.Flushed(); len(fl) != 0 || !hasBackendEntry(t, f, b1.L4Addr) {
+				t.Fatalf("flushed %v, entry of %v kept %v: it still serves", fl, b1, hasBackendEntry(t, f, b1.L4Addr))
+			}
+			// And it is counted: its Service letting it go flushes it.
+			mustApply(t, r, state(svc(u, "dns", b2, b3, b4)))
+			if fl := f.Flushed(); !slices.Equal(fl, []model.L4Addr{b1.L4Addr}) || hasBackendEntry(t, f, b1.L4Addr) {
+				t.Fatalf("flushed %v, want %v, and its entry deleted", fl, b1)
+			}
+		})
+	}
+
+	// Its pod went while the agent was down: its entry goes, and so do
+	// its flows (and its connected sockets).
+	t.Run("RestartWithPodGone", func(t *testing.T) {
+		f, r := standbyThenRestart(t, false)
+		mustApply(t, r, state(svc(u, "dns", b2)))
+		if fl := f.Flushed(); !slices.Equal(fl, []model.L4Addr{b1.L4Addr, b3.L4Addr}) || hasBackendEntry(t, f, b1.L4Addr) {
+			t.Fatalf("flushed %v, want %v and %v, and the entry of %v deleted", fl, b1, b3, b1)
+		}
+	})
+
+	// The programming that takes b1's slot away fails after that (b4 in
+	// b1's slot, b5's slot or the master's count failing): b1 keeps its
+	// entry all the same, and its flows.
+	t.Run("ProgramFails", func(t *testing.T) {
+		f := newFake(t)
+		r := reconciler.New(f, nil)
+		mustApply(t, r, state(svc(u, "dns", b1, b2, b3)))
+		ks, err := f.Dump()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var id1 reconciler.BackendID
+		for id, a := range ks.Backends {
+			if a == b1.L4Addr {
+				id1 = id
+			}
+		}
+		slot1 := false // b1's slot has gone
+		f.Fail = func(op fakedp.Op) error {
+			if (op.Kind == fakedp.OpUpsertSlot || op.Kind == fakedp.OpDeleteSlot) && ks.Slots[op.Frontend][op.Slot] == id1 {
+				slot1 = true
+				return nil
+			}
+			if slot1 && op.Kind != fakedp.OpDeleteBackend && op.Kind != fakedp.OpFlushConntrack {
+				return errors.New("injected")
+			}
+			return nil
+		}
+		if err := r.Apply(state(withStandby(b2, b3, b4, b5))); err == nil || !slot1 {
+			t.Fatalf("Apply = %v, b1's slot rewritten %v: the test tests nothing", err, slot1)
+		}
+		if fl := f.Flushed(); len(fl) != 0 || !hasBackendEntry(t, f, b1.L4Addr) {
+			t.Fatalf("flushed %v, entry of %v kept %v after a failure", fl, b1, hasBackendEntry(t, f, b1.L4Addr))
+		}
+		f.Fail = nil
+		mustApply(t, r, state(withStandby(b2, b3, b4, b5)))
+		if fl := f.Flushed(); len(fl) != 0 || !hasBackendEntry(t, f, b1.L4Addr) {
+			t.Fatalf("flushed %v, entry of %v kept %v after the retry", fl, b1, hasBackendEntry(t, f, b1.L4Addr))
+		}
+	})
+
+	// The Service goes: all its backends' flows go, the standby one's too.
+	t.Run("ServiceDeleted", func(t *testing.T) {
+		f := newFake(t)
+		r := reconciler.New(f, nil)
+		mustApply(t, r, state(svc(u, "dns", b1, b2, b3)))
+		mustApply(t, r, state(withStandby(b2, b3)))
+		mustApply(t, r, state(svc(vip(1), "other", be(1, 1, model.TCP))))
+		if fl := f.Flushed(); !slices.Equal(fl, []model.L4Addr{b1.L4Addr, b2.L4Addr, b3.L4Addr}) || hasBackendEntry(t, f, b1.L4Addr) {
+			t.Fatalf("flushed %v, want b1-b3, and the entry of %v deleted", fl, b1)
+		}
+	})
+
+	// Another Service port takes the address, with the same backends in
+	// its slots and none in standby: b1 no longer serves.
+	t.Run("PortRenamed", func(t *testing.T) {
+		f := newFake(t)
+		r := reconciler.New(f, nil)
+		mustApply(t, r, state(svc(u, "dns", b1, b2, b3)))
+		mustApply(t, r, state(withStandby(b2, b3)))
+		mustApply(t, r, state(svc(u, "dns-renamed", b2, b3)))
+		if fl := f.Flushed(); !slices.Equal(fl, []model.L4Addr{b1.L4Addr}) || hasBackendEntry(t, f, b1.L4Addr) {
+			t.Fatalf("flushed %v, want %v, and its entry deleted", fl, b1)
 		}
 	})
 }

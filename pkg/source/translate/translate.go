@@ -303,11 +303,12 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 			pol := policyOf(svc, sp, f.ext)
 			kproto := cmp.Or(sp.Protocol, corev1.ProtocolTCP)
 			cat, ok := categorizeSorted(f.slices, sp.Name, kproto, proto, pol, node.Name)
+			var es []endpoint // the port's endpoints, if made
 			if !ok {
 				if scratch == nil {
 					scratch = endpointScratch.Get().(*[]endpoint)
 				}
-				es := endpointsFor((*scratch)[:0], sp.Name, kproto, proto, f.slices, node.Name)
+				es = endpointsFor((*scratch)[:0], sp.Name, kproto, proto, f.slices, node.Name)
 				*scratch = es[:0]
 				cat = categorize(es, pol, node.Name, node.Labels[corev1.LabelTopologyZone])
 				if byName, byZone := hintsRead(es); pol.usesCluster() && (byName || byZone) {
@@ -342,14 +343,16 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 			}
 			t.Services = append(t.Services, ns...)
 			if proto == model.UDP {
-				// The endpoints again (categorizeSorted did not
-				// make them): UDP ports only, whose flows a
+				// The endpoints, unless made above (the scratch
+				// holds them still): UDP ports only, whose flows a
 				// flush ends (setStandby).
-				if scratch == nil {
-					scratch = endpointScratch.Get().(*[]endpoint)
+				if ok {
+					if scratch == nil {
+						scratch = endpointScratch.Get().(*[]endpoint)
+					}
+					es = endpointsFor((*scratch)[:0], sp.Name, kproto, proto, f.slices, node.Name)
+					*scratch = es[:0]
 				}
-				es := endpointsFor((*scratch)[:0], sp.Name, kproto, proto, f.slices, node.Name)
-				*scratch = es[:0]
 				setStandby(t.Services[first:], es)
 			}
 		}
