@@ -166,3 +166,11 @@ func (r *Reconciler) mapsMatchView() bool {
 	}
 	return c.matched == r.viewCounts()
 }
+
+// BackendCandidates counts the backend entries r holds as candidates for
+// deletion, which each Apply sorts and scans.
+func BackendCandidates(r *Reconciler) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.backendCand)
+}

@@ -55,9 +55,18 @@ func (r *Reconciler) deleteUnusedBackends(want func() map[model.L4Addr]bool) err
 	}
 	return deleteUnused(r, idEntries[BackendID, model.L4Addr]{
 		what: "backend", cand: r.backendCand, entries: &r.backends, idOf: &r.backendOf,
-		wanted: func(a model.L4Addr) bool { return r.standby(a) || want()[a] },
+		wanted: func(a model.L4Addr) bool { return want()[a] },
+		held:   r.standby,
 		deleted: func(a model.L4Addr) {
 			r.nbackends[familyOf(a.Addr)]--
+			// A stray duplicate's delete (the address's entry is another
+			// id's, which stays) ends nothing: its flows name the address,
+			// which is still served.
+			if id, ok := r.backendOf.get(a); ok {
+				if _, live := r.backends.get(uint32(id)); live {
+					return
+				}
+			}
 			if a.Proto == model.UDP {
 				r.pendingFlush[a] = true
 			}
@@ -92,6 +101,11 @@ type idEntries[ID ~uint32, K comparable] struct {
 	entries idTableOf[K]   // what the map holds, and the slots or masters naming each id
 	idOf    idIndex[K, ID] // the id chosen for each key, held or reserved
 	wanted  func(K) bool
+	// held, if set, says an entry stays for as long as something holds
+	// it that re-makes it a candidate when it lets go (a standby
+	// backend: setService): it leaves the candidates meanwhile, so that
+	// every Apply does not sort and scan it again.
+	held    func(K) bool
 	deleted func(K) // if set, hears of every entry deleted
 	del     func(ID) error
 	delMany func([]ID) (int, error)
@@ -125,8 +139,14 @@ func deleteUnused[ID ~uint32, K comparable](r *Reconciler, e idEntries[ID, K]) e
 			delete(e.cand, id)
 			continue
 		}
-		if e.wanted(k) && e.idOf.val(k) == id {
-			continue
+		if e.idOf.val(k) == id {
+			if e.held != nil && e.held(k) {
+				delete(e.cand, id)
+				continue
+			}
+			if e.wanted(k) {
+				continue
+			}
 		}
 		ids = append(ids, id)
 	}

@@ -270,3 +270,55 @@ func TestUDPStandbyEntryLifetime(t *testing.T) {
 		}
 	})
 }
+
+// A standby backend's entry is held, not scanned again: once kept, it
+// leaves the deletion candidates, which every Apply sorts and scans (at
+// 30,000 UDP Services with six standby backends each, an Apply of one
+// change took 172 ms instead of 0.1). Letting it go makes it one again.
+func TestUDPStandbyNotACandidate(t *testing.T) {
+	u := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: model.UDP}
+	b1, b2, b3 := be(5, 1, model.UDP), be(5, 2, model.UDP), be(5, 3, model.UDP)
+	f := newFake(t)
+	r := reconciler.New(f, nil)
+	mustApply(t, r, state(svc(u, "dns", b1, b2, b3)))
+	s := svc(u, "dns", b2, b3)
+	s.Standby = []model.L4Addr{b1.L4Addr}
+	mustApply(t, r, state(s))
+	mustApply(t, r, state(s, svc(vip(1), "other", be(1, 1, model.TCP))))
+	if n := reconciler.BackendCandidates(r); n != 0 || !hasBackendEntry(t, f, b1.L4Addr) {
+		t.Fatalf("%d deletion candidates, entry of %v kept %v: want none and kept", n, b1, hasBackendEntry(t, f, b1.L4Addr))
+	}
+	mustApply(t, r, state(svc(u, "dns", b2, b3), svc(vip(1), "other", be(1, 1, model.TCP))))
+	if fl := f.Flushed(); !slices.Equal(fl, []model.L4Addr{b1.L4Addr}) || hasBackendEntry(t, f, b1.L4Addr) {
+		t.Fatalf("flushed %v, want %v, and its entry deleted", fl, b1)
+	}
+}
+
+// A stray second entry of a UDP backend that is still in a slot (a failed
+// delete, a crash) goes without a flush: the flows name the address,
+// which its own entry still serves.
+func TestUDPStrayDuplicateNotFlushed(t *testing.T) {
+	u := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.10"), Port: 53, Proto: model.UDP}
+	b1, b2 := be(5, 1, model.UDP), be(5, 2, model.UDP)
+	f := newFake(t)
+	mustApply(t, reconciler.New(f, nil), state(svc(u, "dns", b1, b2)))
+	if err := f.UpsertBackend(777, b1.L4Addr); err != nil {
+		t.Fatal(err)
+	}
+	r := reconciler.New(f, nil)
+	if err := r.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	f.ResetCounts()
+	mustApply(t, r, state(svc(u, "dns", b1, b2)))
+	ks, err := f.Dump()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := ks.Backends[777]; ok {
+		t.Fatal("the stray entry 777 was kept")
+	}
+	if fl := f.Flushed(); len(fl) != 0 {
+		t.Fatalf("flushed %v: %v is still in a slot", fl, b1)
+	}
+}
