@@ -13,7 +13,12 @@
  *
  * Built as icmp.h builds ICMP errors (trim to the quote, room after the
  * MAC header, redirect back out of the ingress device), and for the same
- * reason the quote is the packet up to its whole fixed L4 header. Unlike
+ * reason the quote is the packet up to its whole fixed L4 header (or 8
+ * bytes after the extension headers, or what there is of them: a packet
+ * with next header 59 and no payload is quoted whole). The same packets
+ * go unanswered (icmp_link_answerable, icmp6_src_answerable): a
+ * link-layer broadcast or multicast frame, or a source that is no single
+ * host's (RFC 4443 2.4(e)). Unlike
  * ICMP, ICMPv6's checksum covers a pseudo-header (RFC 4443 2.3).
  */
 #ifndef SLUICE_ICMP6_H
@@ -31,6 +36,19 @@
 #define ICMP6_QUOTE_MAX (160 + sizeof(struct tcphdr))
 #define ICMP6_ERR_HOPS	64
 
+/*
+ * icmp6_src_answerable - whether @a names a single host the kernel would
+ * answer: not :: (unspecified), ::1 (loopback, never off a wire) or
+ * ff00::/8 (multicast); RFC 4443 2.4(e).
+ */
+static __always_inline bool icmp6_src_answerable(const union v6addr *a)
+{
+	if ((bpf_ntohl(a->p[0]) >> 24) == 0xff)
+		return false;
+	return a->p[0] | a->p[1] | a->p[2] ||
+	       (a->p[3] != 0 && a->p[3] != bpf_htonl(1));
+}
+
 struct icmp6_err_hdr {
 	struct ipv6hdr ip;
 	struct icmp6hdr icmp;
@@ -40,8 +58,9 @@ struct icmp6_err_hdr {
  * icmp6_reply - rewrite @skb, the packet @p, into the ICMPv6 error of
  * @type and @code about it (@info: the header's second word, a packet too
  * big's MTU), from its destination to its source, and
- * redirect it back out of its ingress device. Returns TC_ACT_REDIRECT, or
- * TC_ACT_SHOT if a helper failed or the quote would be too long.
+ * redirect it back out of its ingress device. Returns TC_ACT_REDIRECT,
+ * ICMP_NOT_SENT as icmp_reply does, or TC_ACT_SHOT if a helper failed or
+ * the quote would be too long.
  */
 static __noinline int icmp6_reply(struct __sk_buff *skb, const struct pkt6 *p,
 				  __u8 type, __u8 code, __be32 info)
@@ -61,13 +80,19 @@ static __noinline int icmp6_reply(struct __sk_buff *skb, const struct pkt6 *p,
 	struct ethhdr eth = {};
 	__u32 quote_len = p->l4_off - p->l3_off;
 
+	if (!icmp_link_answerable(skb) || !icmp6_src_answerable(&p->saddr))
+		return ICMP_NOT_SENT;
 	quote_len += p->proto == IPPROTO_TCP ? sizeof(struct tcphdr) :
 					       sizeof(struct udphdr);
-	/* (At least the IPv6 header and a UDP header: a bound the verifier
-	 * sees for the variable-size load below.)
+	/* Another protocol's packet may end before 8 bytes: quote what it
+	 * has (l3_len), as the kernel does.
 	 */
-	if (quote_len < sizeof(struct ipv6hdr) + sizeof(struct udphdr) ||
-	    quote_len > ICMP6_QUOTE_MAX)
+	if (p->l3_len < quote_len)
+		quote_len = p->l3_len;
+	/* (At least the IPv6 header: a bound the verifier sees for the
+	 * variable-size load below.)
+	 */
+	if (quote_len < sizeof(struct ipv6hdr) || quote_len > ICMP6_QUOTE_MAX)
 		return TC_ACT_SHOT;
 	if (p->l3_off && bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
 		return TC_ACT_SHOT;

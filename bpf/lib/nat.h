@@ -164,9 +164,10 @@ static __always_inline int fwd_check(struct __sk_buff *skb,
 		metric_count(p, METRIC_TC_MTU_DROP);
 		return TC_ACT_SHOT;
 	}
+	/* (ICMP_NOT_SENT: dropped, counted above as the error it is not) */
 	if (ret == TC_ACT_SHOT && !p->frag_later)
 		metric_count(p, METRIC_TC_REWRITE_ERR);
-	return ret;
+	return icmp_verdict(ret);
 }
 
 /*

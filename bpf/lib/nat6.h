@@ -152,9 +152,10 @@ static __always_inline int tc6_answer(struct __sk_buff *skb,
 		ret = icmp6_reply(skb, p, ICMPV6_PKT_TOOBIG, 0, bpf_htonl(mtu));
 	else
 		return ret;
+	/* (ICMP_NOT_SENT: dropped, counted above as the error it is not) */
 	if (ret == TC_ACT_SHOT && !p->frag_later)
 		metric_count(p, METRIC_TC_REWRITE_ERR);
-	return ret;
+	return icmp_verdict(ret);
 }
 
 /*

@@ -33,7 +33,10 @@ static __always_inline int LB_FN(check_source)(const FAM(pkt_t) *p,
 
 /*
  * unreachable - answer @p with an ICMP port unreachable from its
- * destination, counted as @reason. Returns a TC verdict.
+ * destination, counted as @reason; a packet the kernel would not answer
+ * (ICMP_NOT_SENT: a broadcast frame, a source of no single host, a tail
+ * that cannot be trimmed) is dropped, counted as @reason too. Returns a
+ * TC verdict, or ICMP_NOT_SENT (icmp_verdict).
  */
 static __always_inline int LB_FN(unreachable)(struct __sk_buff *skb,
 					      const FAM(pkt_t) *p,
@@ -71,7 +74,7 @@ static __always_inline int LB_FN(refuse)(struct __sk_buff *skb,
 	svc_count_pkt(
 		p, svc->rev_nat_id,
 		ret == TC_ACT_SHOT ? SVC_DROP_ERROR : SVC_DROP_NO_ENDPOINTS, 0);
-	return ret;
+	return icmp_verdict(ret);
 }
 
 /*
@@ -94,7 +97,8 @@ static __always_inline int LB_FN(no_service)(struct __sk_buff *skb,
 			metric_count(p, METRIC_TC_UNKNOWN_PORT);
 			return TC_ACT_SHOT;
 		}
-		return LB_FN(unreachable)(skb, p, METRIC_TC_UNKNOWN_PORT);
+		return icmp_verdict(
+			LB_FN(unreachable)(skb, p, METRIC_TC_UNKNOWN_PORT));
 	}
 	if (FN(node_cidr)(p->daddr, NODE_CIDR_SERVICE)) {
 		metric_count(p, METRIC_TC_SERVICE_CIDR_DROP);

@@ -86,8 +86,8 @@ var svcFlagNames = []struct {
 // reason, shown first when present).
 var dropReasons = map[string]string{
 	"tc_src_range_deny":    "source outside the frontend's loadBalancerSourceRanges",
-	"tc_no_backend":        "the Service has no endpoints (ICMP port unreachable)",
-	"tc_unknown_port":      "a ClusterIP's port or protocol it does not serve (ICMP port unreachable)",
+	"tc_no_backend":        "the Service has no endpoints (ICMP port unreachable, or a drop where the kernel would send none)",
+	"tc_unknown_port":      "a ClusterIP's port or protocol it does not serve (ICMP port unreachable, or a drop where the kernel would send none)",
 	"tc_local_no_backend":  "externalTrafficPolicy/internalTrafficPolicy Local without a local endpoint",
 	"tc_service_cidr_drop": "an unallocated address of the service CIDR",
 	"tc_frag_drop":         "a later fragment without its first",

@@ -244,6 +244,16 @@ func TestExplainRejectAndNoService(t *testing.T) {
 		if e.Frontend || e.Verdict != "pass" || len(e.Reasons) != 0 {
 			t.Fatalf("no service: %+v", e)
 		}
+		// From a source of no single host the kernel sends no error
+		// (icmp.h): a drop, under the same reason.
+		bad := "0.0.0.0"
+		if netip.MustParseAddr(fam.client).Is6() {
+			bad = "::"
+		}
+		e = mustDryRun(t, d, unix.IPPROTO_TCP, at(bad, 40000), fe(fam.empty))
+		if e.Verdict != "drop" || !slices.Equal(e.Reasons, []string{"tc_no_backend"}) {
+			t.Fatalf("empty service from %s: %+v", bad, e)
+		}
 	})
 }
 

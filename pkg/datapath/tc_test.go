@@ -672,3 +672,107 @@ func TestTCOtherProtocols(t *testing.T) {
 		expectCounted(t, d, "tc_unknown_port", "tc_service_cidr_drop")
 	})
 }
+
+// TestTCRejectAnswersWhomTheKernelWould: the ICMP (ICMPv6) port
+// unreachable tc sends in place of kube-proxy's reject goes only where
+// the kernel would send it. A frame to a link-layer broadcast or
+// multicast address (pkt_type, which BPF_PROG_TEST_RUN's eth_type_trans
+// sets from the destination MAC) and a packet from a source that names no
+// single host (0.0.0.0/8, 127/8, 224/4, 255.255.255.255; ::, ::1,
+// ff00::/8: RFC 1122 3.2.2, RFC 4443 2.4(e)) are dropped untouched,
+// counted as the reason (tc_unknown_port, tc_no_backend), never as
+// tc_rewrite_err; otherwise every node on a segment answers a broadcast
+// frame. A packet of another protocol with less than 8 bytes after its
+// headers (IPv4 GRE with 4, IPv6 next header 59 with none) is answered
+// quoting what it has, and padding after it is not quoted. Per family.
+func TestTCRejectAnswersWhomTheKernelWould(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		tw := twinOf(v6)
+		d := openTest(t, smallConfig(testPinDir(t)))
+		applyServices(t, d, clusterIP(l4(tw("10.96.0.10"), 80, model.TCP), l4(tw("10.1.0.1"), 8080, model.TCP)),
+			clusterIP(l4(tw("10.96.0.11"), 80, model.TCP)))
+
+		const gre, noNext = 47, 59
+		icmpProto, hdr := packet.ICMP, 20
+		if v6 {
+			icmpProto, hdr = packet.ICMPv6, 40
+		}
+		pkt := func(src, dst string, proto uint8, payload []byte) packet.Packet {
+			p := packet.Packet{SrcMAC: clientMAC, DstMAC: nodeMAC, Src: addr(src), Dst: addr(dst), Proto: proto, Payload: payload}
+			if proto == packet.TCP {
+				p.SrcPort, p.DstPort = 40000, 80
+			}
+			return p
+		}
+		hello := []byte("sluice says hello")
+		// The port unreachable the kernel sends about in: its quote is
+		// the IP header and 8 bytes, or what the packet has.
+		rejected := func(in packet.Packet) *packet.Packet {
+			typ, code := packet.ICMPUnreachable, uint8(3)
+			if v6 {
+				typ, code = packet.ICMPv6Unreachable, packet.ICMPv6PortUnreach
+			}
+			l3 := in.L3()
+			return &packet.Packet{SrcMAC: in.DstMAC, DstMAC: in.SrcMAC, Src: in.Dst, Dst: in.Src, Proto: icmpProto,
+				ICMPType: typ, ICMPCode: code, Payload: l3[:min(len(l3), hdr+8)]}
+		}
+		client := tw("10.0.0.1")
+		bcast, mcast := [6]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, [6]byte{0x01, 0x00, 0x5e, 0, 0, 1}
+		if v6 {
+			mcast = [6]byte{0x33, 0x33, 0, 0, 0, 1}
+		}
+		withMAC := func(p packet.Packet, mac [6]byte) packet.Packet { p.DstMAC = mac; return p }
+		unserved := pkt(client, tw("10.96.0.10"), packet.TCP, nil)
+		unserved.DstPort = 81
+		badSources := []string{"0.0.0.0", "0.1.2.3", "127.0.0.1", "224.0.0.1", "239.255.255.255", "255.255.255.255"}
+		if v6 {
+			badSources = []string{"::", "::1", "ff02::1", "ff0e::1"}
+		}
+
+		cases := []packetCase{
+			// The guards let the ordinary reject through (as TestTCOtherProtocols).
+			{name: "gre_from_unicast_rejected", in: pkt(client, tw("10.96.0.10"), gre, hello), verdict: tcActRedirect,
+				out: rejected(pkt(client, tw("10.96.0.10"), gre, hello))},
+		}
+		for _, mac := range []struct {
+			name string
+			mac  [6]byte
+		}{{"broadcast", bcast}, {"multicast", mcast}} {
+			cases = append(cases,
+				packetCase{name: "gre_to_" + mac.name + "_mac_dropped", in: withMAC(pkt(client, tw("10.96.0.10"), gre, hello), mac.mac), verdict: tcActShot},
+				packetCase{name: "tcp_unserved_port_to_" + mac.name + "_mac_dropped",
+					in: withMAC(unserved, mac.mac), verdict: tcActShot},
+				packetCase{name: "tcp_no_backend_to_" + mac.name + "_mac_dropped",
+					in: withMAC(pkt(client, tw("10.96.0.11"), packet.TCP, nil), mac.mac), verdict: tcActShot})
+		}
+		for _, src := range badSources {
+			cases = append(cases,
+				packetCase{name: "gre_from_" + src + "_dropped", in: pkt(src, tw("10.96.0.10"), gre, hello), verdict: tcActShot},
+				packetCase{name: "tcp_no_backend_from_" + src + "_dropped", in: pkt(src, tw("10.96.0.11"), packet.TCP, nil), verdict: tcActShot})
+		}
+		// A packet with less than 8 bytes after its IP header(s): quoted whole.
+		short := pkt(client, tw("10.96.0.10"), gre, []byte{0, 0, 0x08, 0})
+		if v6 {
+			short = pkt(client, tw("10.96.0.10"), noNext, nil)
+		}
+		cases = append(cases, packetCase{name: "short_payload_rejected", in: short, verdict: tcActRedirect, out: rejected(short)})
+		runPacketCases(t, d, cases)
+
+		// The same, padded to Ethernet's 60 bytes (as a NIC delivers it):
+		// the padding is not quoted.
+		t.Run("short_payload_padded_rejected", func(t *testing.T) {
+			in := short.Bytes()
+			in = append(in, make([]byte, max(0, 60-len(in)))...)
+			in = append(in, 0xee, 0xee, 0xee, 0xee)
+			verdict, out := runProg(t, d.TCIngress(), in)
+			if want := rejected(short).Bytes(); verdict != tcActRedirect || !bytes.Equal(out, want) {
+				t.Fatalf("verdict %d, output packet\n got %x\nwant %x", verdict, out, want)
+			}
+		})
+
+		cs := expectCounted(t, d, "tc_unknown_port", "tc_no_backend")
+		if cs["tc_rewrite_err"] != 0 {
+			t.Errorf("tc_rewrite_err %d, want 0", cs["tc_rewrite_err"])
+		}
+	})
+}
