@@ -70,6 +70,17 @@ func sortedCandidateSlice(r *rand.Rand) *discoveryv1.EndpointSlice {
 	return es
 }
 
+// sortedCandidateSlices is a Service's slices for the random tests of
+// the one-slice fast paths: one (most often), none or two of
+// sortedCandidateSlice's.
+func sortedCandidateSlices(r *rand.Rand) []*Slice {
+	var objs []*discoveryv1.EndpointSlice
+	for range []int{1, 1, 1, 1, 0, 2}[r.IntN(6)] {
+		objs = append(objs, sortedCandidateSlice(r))
+	}
+	return SlicesOf(objs)
+}
+
 // categorizeSorted, where it takes a port's endpoints, makes exactly what
 // the long way (endpointsFor, then categorize) makes: the same backends
 // for each policy (nil and empty told apart, as reflect.DeepEqual in the
@@ -80,11 +91,7 @@ func TestCategorizeSortedAsCategorize(t *testing.T) {
 	r := rand.New(rand.NewPCG(54, 14))
 	var took, left, served, local int
 	for n := range 20000 {
-		var objs []*discoveryv1.EndpointSlice
-		for range []int{1, 1, 1, 1, 0, 2}[r.IntN(6)] {
-			objs = append(objs, sortedCandidateSlice(r))
-		}
-		eps := SlicesOf(objs)
+		eps := sortedCandidateSlices(r)
 		for _, es := range eps {
 			if es.Invalid != nil {
 				// A translation fails before it categorizes.
@@ -118,7 +125,7 @@ func TestCategorizeSortedAsCategorize(t *testing.T) {
 			local++
 		}
 		if !reflect.DeepEqual(got, want) {
-			t.Fatalf("case %d (%+v, node %q, port %q/%s): categorizeSorted made\n%+v\ncategorize\n%+v\nof %+v", n, pol, node, name, kproto, got, want, objs)
+			t.Fatalf("case %d (%+v, node %q, port %q/%s): categorizeSorted made\n%+v\ncategorize\n%+v\nof %+v", n, pol, node, name, kproto, got, want, eps)
 		}
 		if byName, byZone := hintsRead(long); byName || byZone {
 			t.Fatalf("case %d: categorizeSorted took endpoints with hints", n)
@@ -139,11 +146,7 @@ func TestLocalReadySortedAsAll(t *testing.T) {
 	r := rand.New(rand.NewPCG(54, 8))
 	var took, left, counted int
 	for n := range 20000 {
-		var objs []*discoveryv1.EndpointSlice
-		for range []int{1, 1, 1, 1, 0, 2}[r.IntN(6)] {
-			objs = append(objs, sortedCandidateSlice(r))
-		}
-		eps := SlicesOf(objs)
+		eps := sortedCandidateSlices(r)
 		for _, es := range eps {
 			es.Invalid = nil // as in TestCategorizeSortedAsCategorize
 		}
@@ -165,7 +168,7 @@ func TestLocalReadySortedAsAll(t *testing.T) {
 			counted++
 		}
 		if !reflect.DeepEqual(got, want) {
-			t.Fatalf("case %d (node %q): localReadySorted counted %v, localReadyAll %v, of %+v", n, node, got, want, objs)
+			t.Fatalf("case %d (node %q): localReadySorted counted %v, localReadyAll %v, of %+v", n, node, got, want, eps)
 		}
 	}
 	if took < 5000 || left < 2000 || counted < 1000 {
