@@ -21,7 +21,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -115,21 +114,12 @@ func waitForPodCIDRs(ctx context.Context, client kubernetes.Interface, nodeName 
 func nodePodCIDRs(node *corev1.Node) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for i, s := range node.Spec.PodCIDRs {
-		p, err := netip.ParsePrefix(s)
-		if err == nil && p.Addr().Is4In6() {
-			if p.Bits() < 96 {
-				err = errors.New("an IPv4-mapped prefix shorter than /96")
-			}
-			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
-		}
-		if err == nil && p.Addr().Zone() != "" {
-			err = errors.New("a prefix with a zone")
-		}
+		p, err := parsePrefix(s)
 		if err != nil {
 			return nil, fmt.Errorf("node %s: spec.podCIDRs[%d] %q: %w", node.Name, i, s, err)
 		}
 		if !slices.ContainsFunc(out, func(q netip.Prefix) bool { return q.Addr().Is4() == p.Addr().Is4() }) {
-			out = append(out, p.Masked())
+			out = append(out, p)
 		}
 	}
 	if len(out) == 0 {

@@ -20,19 +20,29 @@ import (
 func parseCIDRs(flag, s string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for _, f := range splitList(s) {
-		p, err := netip.ParsePrefix(f)
+		p, err := parsePrefix(f)
 		if err != nil {
 			return nil, fmt.Errorf("--%s %q: %w", flag, f, err)
 		}
-		if a := p.Addr(); a.Is4In6() {
-			if p.Bits() < 96 {
-				return nil, fmt.Errorf("--%s %q: an IPv4-mapped prefix shorter than /96", flag, f)
-			}
-			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
-		}
-		out = append(out, p.Masked())
+		out = append(out, p)
 	}
 	return out, nil
+}
+
+// parsePrefix parses one CIDR of either family, masked; an IPv4-mapped
+// prefix is its IPv4 prefix (netip.ParsePrefix refuses zones).
+func parsePrefix(s string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return p, err
+	}
+	if a := p.Addr(); a.Is4In6() {
+		if p.Bits() < 96 {
+			return p, errors.New("an IPv4-mapped prefix shorter than /96")
+		}
+		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+	}
+	return p.Masked(), nil
 }
 
 // parseNodePortAddresses parses --nodeport-addresses: CIDRs of both
