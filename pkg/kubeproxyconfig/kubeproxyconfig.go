@@ -263,9 +263,12 @@ func (m *mapper) mapFields(c *KubeProxyConfiguration) error {
 		m.set("clientConnection.qps", "kube-api-qps", strconv.FormatFloat(float64(q), 'g', -1, 32))
 	}
 
-	// clusterCIDR is checked and applied whatever the mode, as kube-proxy
-	// validates it: kubeadm's file carries it beside detectLocalMode
-	// NodeCIDR too, and the agent then logs that it is ignored.
+	// clusterCIDR is parsed and applied whatever the mode: kubeadm's file
+	// carries it beside detectLocalMode NodeCIDR too, and the agent then
+	// logs that it is ignored. kube-proxy validates it in ClusterCIDR
+	// mode only; a CIDR that does not parse is refused here in NodeCIDR
+	// mode too, where kube-proxy would not read it (stricter, kept: the
+	// flag it sets parses it).
 	m.applied["clusterCIDR"] = true
 	if c.ClusterCIDR != "" {
 		var cidrs []string
