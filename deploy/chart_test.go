@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -293,8 +294,10 @@ func TestMetricsBindAddress(t *testing.T) {
 		addr, scrapeOn string
 	}{
 		{nil, "127.0.0.1:10249", ""},
-		{[]string{"metricsBindAddress=node"}, "$(NODE_IP):10249", "10249"},
+		{[]string{"metricsBindAddress=node"}, "[$(NODE_IP)]:10249", "10249"},
 		{[]string{"metricsBindAddress=0.0.0.0", "ports.metrics=9249"}, "0.0.0.0:9249", "9249"},
+		{[]string{"metricsBindAddress=::"}, "[::]:10249", "10249"},
+		{[]string{"metricsBindAddress=::1"}, "[::1]:10249", ""},
 	} {
 		_, ds := render(t, append([]string{"apiServer.host=10.0.0.10"}, c.sets...)...)
 		if got := argOf(ds, "metrics-addr"); got != c.addr {
@@ -310,5 +313,50 @@ func TestMetricsBindAddress(t *testing.T) {
 	}
 	if got := argOf(daemonSetOf(t, mustRead(t, "sluice.yaml")), "metrics-addr"); got != "127.0.0.1:10249" {
 		t.Errorf("sluice.yaml: --metrics-addr=%s", got)
+	}
+
+	// "node" on a node of either family: the address the kubelet puts in
+	// $(NODE_IP) must come out of Go's host:port parsing whole (an IPv6
+	// one unbracketed is "too many colons", and the agent would exit).
+	_, ds := render(t, "apiServer.host=10.0.0.10", "metricsBindAddress=node")
+	for _, ip := range []string{"192.168.1.10", "2001:db8::10"} {
+		addr := strings.ReplaceAll(argOf(ds, "metrics-addr"), "$(NODE_IP)", ip)
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil || host != ip || port != "10249" {
+			t.Errorf("node IP %s: --metrics-addr=%s splits into %q %q, %v", ip, addr, host, port, err)
+		}
+	}
+}
+
+// The kubelet's probes: readiness on /readyz; startup and liveness on
+// /livez, never /healthz, which fails on purpose while the Node is being
+// deleted or tainted ToBeDeletedByClusterAutoscaler (KEP-3836): a
+// liveness probe there would have the kubelet kill the agent during a
+// drain. The startup probe's budget covers the NodeCIDR wait (5 minutes)
+// before the health server listens.
+func TestProbes(t *testing.T) {
+	_, rendered := render(t, "apiServer.host=10.0.0.10")
+	for name, ds := range map[string]*appsv1.DaemonSet{"sluice.yaml": daemonSetOf(t, mustRead(t, "sluice.yaml")), "the chart": rendered} {
+		c := ds.Spec.Template.Spec.Containers[0]
+		for _, p := range []struct {
+			probe *corev1.Probe
+			kind  string
+			path  string
+		}{
+			{c.ReadinessProbe, "readiness", "/readyz"},
+			{c.StartupProbe, "startup", "/livez"},
+			{c.LivenessProbe, "liveness", "/livez"},
+		} {
+			if p.probe == nil || p.probe.HTTPGet == nil {
+				t.Errorf("%s: no HTTP %s probe", name, p.kind)
+				continue
+			}
+			if g := p.probe.HTTPGet; g.Path != p.path || g.Port.IntValue() != 10256 {
+				t.Errorf("%s: %s probe on %s port %s, want %s port 10256", name, p.kind, g.Path, g.Port.String(), p.path)
+			}
+		}
+		if s := c.StartupProbe; s != nil && s.PeriodSeconds*s.FailureThreshold <= 300 {
+			t.Errorf("%s: the startup probe gives up after %d s, within the 300 s NodeCIDR wait", name, s.PeriodSeconds*s.FailureThreshold)
+		}
 	}
 }

@@ -401,13 +401,13 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	var healthL, metricsL net.Listener
 	var err error
 	if srv.health != "" {
-		if healthL, err = net.Listen("tcp", srv.health); err != nil {
-			return fmt.Errorf("health listener: %w", err)
+		if healthL, err = listenServer("health", srv.health); err != nil {
+			return err
 		}
 	}
 	if srv.metrics != "" {
-		if metricsL, err = net.Listen("tcp", srv.metrics); err != nil {
-			return fmt.Errorf("metrics listener: %w", err)
+		if metricsL, err = listenServer("metrics", srv.metrics); err != nil {
+			return err
 		}
 	}
 

@@ -12,6 +12,19 @@
 // value: kubeadm writes every field, most of them empty, and an empty field
 // asks for the default, so there is nothing to report about it.
 //
+// What kube-proxy validates (pkg/proxy/apis/config/validation) is
+// validated the same way: its addresses and CIDRs are parsed as its
+// "sloppy" parsers do (an IPv4 part with leading zeros, 010.0.0.1, is read
+// as decimal, 10.0.0.1) and handed to the flags in canonical form;
+// nodePortAddresses' primary stands alone; clusterCIDR is one CIDR or a
+// pair of both families.
+//
+// A conntrack field kubeadm leaves null is not Sluice's default in
+// kube-proxy: kube-proxy's defaults set the node's netfilter sysctls
+// (nf_conntrack_max, the established and CLOSE_WAIT timeouts), which
+// Sluice never does. Those are reported, all in one Ignored entry
+// (conntrack), as a field set and not applied is.
+//
 // The package knows nothing of flag sets: the caller applies the Settings,
 // which keeps the precedence rule (command line over file) in one place.
 package kubeproxyconfig
@@ -28,6 +41,7 @@ import (
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	netutils "k8s.io/utils/net"
 	"sigs.k8s.io/yaml"
 )
 
@@ -106,6 +120,9 @@ func Parse(data []byte) (Result, error) {
 		return Result{}, err
 	}
 	m.collectIgnored(generic, reflect.TypeFor[KubeProxyConfiguration](), "", &c)
+	if ig, ok := conntrackDefaults(&c.Conntrack); ok {
+		m.res.Ignored = append(m.res.Ignored, ig)
+	}
 	slices.SortFunc(m.res.Ignored, func(a, b Ignored) int { return strings.Compare(a.Field, b.Field) })
 	return m.res, nil
 }
@@ -199,7 +216,7 @@ func (m *mapper) mapFields(c *KubeProxyConfiguration) error {
 	// either family; unspecified (kubeadm's 0.0.0.0 or ::) leaves it to
 	// the Node object.
 	if c.BindAddress != "" {
-		a, err := netip.ParseAddr(c.BindAddress)
+		a, err := parseAddr(c.BindAddress)
 		switch {
 		case err != nil:
 			return fmt.Errorf("bindAddress %q: %w", c.BindAddress, err)
@@ -246,18 +263,32 @@ func (m *mapper) mapFields(c *KubeProxyConfiguration) error {
 		m.set("clientConnection.qps", "kube-api-qps", strconv.FormatFloat(float64(q), 'g', -1, 32))
 	}
 
-	// clusterCIDR is checked and applied whatever the mode, as kube-proxy
-	// validates it: kubeadm's file carries it beside detectLocalMode
-	// NodeCIDR too, and the agent then logs that it is ignored.
+	// clusterCIDR is parsed and applied whatever the mode: kubeadm's file
+	// carries it beside detectLocalMode NodeCIDR too, and the agent then
+	// logs that it is ignored. kube-proxy validates it in ClusterCIDR
+	// mode only; a CIDR that does not parse is refused here in NodeCIDR
+	// mode too, where kube-proxy would not read it (stricter, kept: the
+	// flag it sets parses it).
 	m.applied["clusterCIDR"] = true
 	if c.ClusterCIDR != "" {
 		var cidrs []string
+		var families [2]int // IPv4, IPv6
 		for _, s := range strings.Split(c.ClusterCIDR, ",") {
-			p, err := netip.ParsePrefix(strings.TrimSpace(s))
+			p, err := parsePrefix(strings.TrimSpace(s))
 			if err != nil {
 				return fmt.Errorf("clusterCIDR %q: %w", c.ClusterCIDR, err)
 			}
 			cidrs = append(cidrs, p.String())
+			if a := p.Addr(); a.Is4() || a.Is4In6() {
+				families[0]++
+			} else {
+				families[1]++
+			}
+		}
+		// kube-proxy refuses more only where it reads the CIDRs: in
+		// ClusterCIDR mode (its default).
+		if (c.DetectLocalMode == "" || c.DetectLocalMode == "ClusterCIDR") && (len(cidrs) > 2 || families[0] == 2 || families[1] == 2) {
+			return fmt.Errorf("clusterCIDR %q: want one CIDR or a dual-stack pair (one IPv4, one IPv6), as kube-proxy", c.ClusterCIDR)
 		}
 		m.set("clusterCIDR", "cluster-cidr", strings.Join(cidrs, ","))
 	}
@@ -274,16 +305,28 @@ func (m *mapper) mapFields(c *KubeProxyConfiguration) error {
 
 	m.applied["nodePortAddresses"] = true
 	if len(c.NodePortAddresses) > 0 {
+		addrs := make([]string, len(c.NodePortAddresses))
 		for i, s := range c.NodePortAddresses {
 			switch s {
-			case "primary", "all", "localhost":
+			case "primary":
+				// kube-proxy: "can't use both 'primary' and CIDRs"
+				// (Sluice's --nodeport-addresses would take the union).
+				if len(c.NodePortAddresses) > 1 {
+					return fmt.Errorf("nodePortAddresses[%d] %q: primary must be the only entry, as in kube-proxy", i, s)
+				}
+				addrs[i] = s
+				continue
+			case "all", "localhost":
+				addrs[i] = s
 				continue
 			}
-			if _, err := netip.ParsePrefix(s); err != nil {
+			p, err := parsePrefix(s)
+			if err != nil {
 				return fmt.Errorf("nodePortAddresses[%d] %q: want a CIDR, primary, all or localhost: %w", i, s, err)
 			}
+			addrs[i] = p.String()
 		}
-		m.set("nodePortAddresses", "nodeport-addresses", strings.Join(c.NodePortAddresses, ","))
+		m.set("nodePortAddresses", "nodeport-addresses", strings.Join(addrs, ","))
 	}
 
 	// conntrack sets the node's netfilter sysctls in kube-proxy. The
@@ -376,21 +419,98 @@ func period(d interface{ String() string }) string {
 func bindAddress(s, port string) (string, error) {
 	host, p, err := net.SplitHostPort(s)
 	if err != nil {
-		a, aerr := netip.ParseAddr(strings.Trim(s, "[]"))
+		a, aerr := parseAddr(strings.Trim(s, "[]"))
 		if aerr != nil {
 			return "", fmt.Errorf("want IP:port or IP: %w", err)
 		}
 		return net.JoinHostPort(a.String(), port), nil
 	}
 	if host != "" {
-		if _, err := netip.ParseAddr(host); err != nil {
+		a, err := parseAddr(host)
+		if err != nil {
 			return "", fmt.Errorf("host: %w", err)
+		}
+		if a.String() != host { // leading zeros: the flag takes the canonical form
+			s = net.JoinHostPort(a.String(), p)
 		}
 	}
 	if n, err := strconv.ParseUint(p, 10, 16); err != nil || n == 0 {
 		return "", fmt.Errorf("port %q: want 1-65535", p)
 	}
 	return s, nil
+}
+
+// parseAddr parses an IP address as kube-proxy does
+// (netutils.ParseIPSloppy: an IPv4 part may have leading zeros, read as
+// decimal) into netip's canonical form, which Sluice's flags parse. A
+// zone is refused, as by kube-proxy. An address netip refuses and the
+// sloppy parser takes is IPv4 (netip takes every IPv6 form), so it is
+// unmapped.
+func parseAddr(s string) (netip.Addr, error) {
+	a, err := netip.ParseAddr(s)
+	if err == nil {
+		if a.Zone() != "" {
+			return netip.Addr{}, fmt.Errorf("%q: an address with a zone", s)
+		}
+		return a, nil
+	}
+	ip := netutils.ParseIPSloppy(s)
+	if ip == nil {
+		return netip.Addr{}, err
+	}
+	sloppy, _ := netip.AddrFromSlice(ip) // a parsed net.IP: 4 or 16 bytes
+	return sloppy.Unmap(), nil
+}
+
+// parsePrefix parses a CIDR as kube-proxy does (netutils.ParseCIDRSloppy,
+// leading zeros as in parseAddr) into netip's form.
+func parsePrefix(s string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(s)
+	if err == nil {
+		return p, nil
+	}
+	_, ipnet, serr := netutils.ParseCIDRSloppy(s)
+	if serr != nil {
+		return netip.Prefix{}, err
+	}
+	a, _ := netip.AddrFromSlice(ipnet.IP) // 4 bytes for an IPv4 CIDR
+	bits, _ := ipnet.Mask.Size()
+	return netip.PrefixFrom(a, bits), nil
+}
+
+// conntrackDefaults reports the conntrack fields left null whose
+// kube-proxy default sets a netfilter sysctl (kube-proxy's
+// pkg/proxy/apis/config/v1alpha1 defaults, conntrack.SetSysctls): Sluice
+// sets none, so after kube-proxy the node keeps the kernel's values (after
+// a reboot, or on a new node) while netfilter still tracks every flow. One
+// entry for them all: kubeadm's file leaves all three null.
+func conntrackDefaults(c *KubeProxyConntrackConfiguration) (Ignored, bool) {
+	var fields, sysctls []string
+	if c.MaxPerCore == nil {
+		fields = append(fields, `"maxPerCore":null`)
+		minimum := "131072"
+		if c.Min != nil {
+			minimum = strconv.Itoa(int(*c.Min))
+		}
+		sysctls = append(sysctls, "nf_conntrack_max 32768 x cores (at least "+minimum+", at most 1048576)")
+	}
+	if c.TCPCloseWaitTimeout == nil {
+		fields = append(fields, `"tcpCloseWaitTimeout":null`)
+		sysctls = append(sysctls, "nf_conntrack_tcp_timeout_close_wait 3600 (the kernel's 60)")
+	}
+	if c.TCPEstablishedTimeout == nil {
+		fields = append(fields, `"tcpEstablishedTimeout":null`)
+		sysctls = append(sysctls, "nf_conntrack_tcp_timeout_established 86400 (the kernel's 432000; Sluice's own table: --conntrack-tcp-timeout, 6h)")
+	}
+	if len(fields) == 0 {
+		return Ignored{}, false
+	}
+	return Ignored{
+		Field: "conntrack",
+		Value: "{" + strings.Join(fields, ",") + "}",
+		Why: "kube-proxy's defaults would set the node's netfilter sysctls, which Sluice leaves at the kernel's: " + strings.Join(sysctls, ", ") +
+			"; keep them in /etc/sysctl.d (deploy/README.md)",
+	}, true
 }
 
 // otherMode is the reason for a field of another mode's section.

@@ -1,15 +1,21 @@
 package kubeproxyconfig
 
 import (
+	"net"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
+
+	netutils "k8s.io/utils/net"
 )
 
 // TestKubeadmConfig: the file kubeadm writes sets the cluster CIDR and
 // the kubeconfig, and nothing else: its empty fields ask for defaults and
-// are not reported.
+// are not reported, but for the conntrack fields left null, whose
+// kube-proxy defaults set netfilter sysctls Sluice leaves alone: one
+// entry names them, with the values kube-proxy would have set.
 func TestKubeadmConfig(t *testing.T) {
 	res, err := Load(filepath.Join("testdata", "kubeadm.yaml"))
 	if err != nil {
@@ -22,8 +28,56 @@ func TestKubeadmConfig(t *testing.T) {
 	if !reflect.DeepEqual(res.Settings, want) {
 		t.Errorf("settings:\n got %v\nwant %v", res.Settings, want)
 	}
-	if len(res.Ignored) != 0 {
-		t.Errorf("ignored %v, want none", res.Ignored)
+	if len(res.Ignored) != 1 || res.Ignored[0].Field != "conntrack" ||
+		res.Ignored[0].Value != `{"maxPerCore":null,"tcpCloseWaitTimeout":null,"tcpEstablishedTimeout":null}` {
+		t.Fatalf("ignored %v, want the conntrack defaults only", res.Ignored)
+	}
+	for _, want := range []string{"nf_conntrack_max 32768 x cores (at least 131072, at most 1048576)", "nf_conntrack_tcp_timeout_close_wait 3600",
+		"nf_conntrack_tcp_timeout_established 86400", "6h", "sysctl.d"} {
+		if !strings.Contains(res.Ignored[0].Why, want) {
+			t.Errorf("conntrack: why %q does not say %q", res.Ignored[0].Why, want)
+		}
+	}
+}
+
+// withoutConntrackDefaults is ig without the entry for conntrack fields
+// left null (a file without a conntrack section has one).
+func withoutConntrackDefaults(ig []Ignored) []Ignored {
+	return slices.DeleteFunc(slices.Clone(ig), func(i Ignored) bool { return i.Field == "conntrack" })
+}
+
+// TestConntrackDefaults: only the null conntrack fields whose kube-proxy
+// default sets a sysctl are named; conntrack.min's value enters the
+// nf_conntrack_max it would have set; set fields are not named (a set
+// maxPerCore is reported on its own, as any field set and not applied).
+func TestConntrackDefaults(t *testing.T) {
+	const head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+	for _, c := range []struct {
+		body, value, why string
+	}{
+		{"", `{"maxPerCore":null,"tcpCloseWaitTimeout":null,"tcpEstablishedTimeout":null}`, "at least 131072"},
+		{"conntrack: {min: 65536}\n", `{"maxPerCore":null,"tcpCloseWaitTimeout":null,"tcpEstablishedTimeout":null}`, "at least 65536"},
+		{"conntrack: {maxPerCore: 0, tcpCloseWaitTimeout: 0s}\n", `{"tcpEstablishedTimeout":null}`, "nf_conntrack_tcp_timeout_established 86400"},
+		{"conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 24h, tcpCloseWaitTimeout: 1h}\n", "", ""},
+	} {
+		res, err := Parse([]byte(head + c.body))
+		if err != nil {
+			t.Fatalf("%q: %v", c.body, err)
+		}
+		var got *Ignored
+		for i := range res.Ignored {
+			if res.Ignored[i].Field == "conntrack" {
+				got = &res.Ignored[i]
+			}
+		}
+		switch {
+		case c.value == "" && got != nil:
+			t.Errorf("%q: conntrack reported: %v", c.body, *got)
+		case c.value != "" && got == nil:
+			t.Errorf("%q: conntrack not reported (ignored %v)", c.body, res.Ignored)
+		case got != nil && (got.Value != c.value || !strings.Contains(got.Why, c.why)):
+			t.Errorf("%q: conntrack %s, %q; want %s, saying %q", c.body, got.Value, got.Why, c.value, c.why)
+		}
 	}
 }
 
@@ -47,7 +101,7 @@ clientConnection:
   burst: 100
 clusterCIDR: 10.244.0.0/16,fd00:10:244::/56
 detectLocalMode: ClusterCIDR
-nodePortAddresses: [primary, 192.168.0.0/16]
+nodePortAddresses: [192.168.0.0/16, "fd00::/64"]
 nftables:
   masqueradeAll: true
   masqueradeBit: 14
@@ -84,7 +138,7 @@ oomScoreAdj: -999
 		{"clientConnection.qps", "kube-api-qps", "50"},
 		{"clusterCIDR", "cluster-cidr", "10.244.0.0/16,fd00:10:244::/56"},
 		{"detectLocalMode", "detect-local-mode", "ClusterCIDR"},
-		{"nodePortAddresses", "nodeport-addresses", "primary,192.168.0.0/16"},
+		{"nodePortAddresses", "nodeport-addresses", "192.168.0.0/16,fd00::/64"},
 		{"conntrack.tcpEstablishedTimeout", "conntrack-tcp-timeout", "24h0m0s"},
 		{"conntrack.udpStreamTimeout", "conntrack-udp-timeout", "5m0s"},
 		{"nftables.masqueradeAll", "masquerade-all", "true"},
@@ -215,7 +269,18 @@ func TestBadFiles(t *testing.T) {
 		{"wrong version", "apiVersion: kubeproxy.config.k8s.io/v1beta1\nkind: KubeProxyConfiguration\n", "apiVersion"},
 		{"invalid cluster CIDR", head + "clusterCIDR: 10.0.0.0/40\n", `clusterCIDR "10.0.0.0/40"`},
 		{"invalid second cluster CIDR", head + "clusterCIDR: 10.0.0.0/8,fd00::/200\n", "clusterCIDR"},
-		{"nodePortAddresses entry without a prefix", head + "nodePortAddresses: [primary, 10.0.0.1]\n", `nodePortAddresses[1] "10.0.0.1"`},
+		{"nodePortAddresses entry without a prefix", head + "nodePortAddresses: [all, 10.0.0.1]\n", `nodePortAddresses[1] "10.0.0.1"`},
+		// kube-proxy's validation (pkg/proxy/apis/config/validation):
+		// primary stands alone; clusterCIDR is one CIDR or a dual-stack
+		// pair; an address has no zone.
+		{"primary beside a CIDR", head + "nodePortAddresses: [primary, 10.0.0.0/8]\n", `nodePortAddresses[0] "primary": primary must be the only entry`},
+		{"primary after a CIDR", head + "nodePortAddresses: [10.0.0.0/8, primary]\n", `nodePortAddresses[1] "primary"`},
+		{"primary twice", head + "nodePortAddresses: [primary, primary]\n", `nodePortAddresses[0] "primary"`},
+		{"three cluster CIDRs", head + "clusterCIDR: 10.0.0.0/8,fd00::/64,192.168.0.0/16\n", `clusterCIDR "10.0.0.0/8,fd00::/64,192.168.0.0/16": want one CIDR or a dual-stack pair`},
+		{"two IPv4 cluster CIDRs", head + "clusterCIDR: 10.0.0.0/8,192.168.0.0/16\n", `clusterCIDR "10.0.0.0/8,192.168.0.0/16": want one CIDR or a dual-stack pair`},
+		{"two IPv6 cluster CIDRs", head + "detectLocalMode: ClusterCIDR\nclusterCIDR: fd00::/64,fd01::/64\n", "clusterCIDR"},
+		{"bind address with a zone", head + "bindAddress: fe80::1%eth0\n", "bindAddress"},
+		{"metrics host with a zone", head + "metricsBindAddress: \"[fe80::1%eth0]:10249\"\n", "metricsBindAddress"},
 		{"bad metrics port", head + "metricsBindAddress: 0.0.0.0:metrics\n", "metricsBindAddress"},
 		{"healthz port out of range", head + "healthzBindAddress: 0.0.0.0:99999\n", "healthzBindAddress"},
 		{"healthz host name", head + "healthzBindAddress: localhost:10256\n", "healthzBindAddress"},
@@ -269,7 +334,7 @@ func TestBindAddressFamilies(t *testing.T) {
 			t.Errorf("%s: %v", c.body, err)
 			continue
 		}
-		if !reflect.DeepEqual(res.Settings, c.want) || len(res.Ignored) != 0 {
+		if !reflect.DeepEqual(res.Settings, c.want) || len(withoutConntrackDefaults(res.Ignored)) != 0 {
 			t.Errorf("%s: settings %v, ignored %v; want %v, none", c.body, res.Settings, res.Ignored, c.want)
 		}
 	}
@@ -298,7 +363,50 @@ detectLocal:
 	if !reflect.DeepEqual(res.Settings, want) {
 		t.Errorf("settings:\n got %v\nwant %v", res.Settings, want)
 	}
-	if len(res.Ignored) != 1 || res.Ignored[0].Field != "detectLocal.bridgeInterface" || !strings.Contains(res.Ignored[0].Why, "BridgeInterface") {
+	if ig := withoutConntrackDefaults(res.Ignored); len(ig) != 1 || ig[0].Field != "detectLocal.bridgeInterface" || !strings.Contains(ig[0].Why, "BridgeInterface") {
 		t.Errorf("ignored %v, want detectLocal.bridgeInterface, with the reason", res.Ignored)
+	}
+}
+
+// TestSloppyAddresses: kube-proxy parses addresses and CIDRs with
+// netutils' sloppy parsers, which read an IPv4 part with leading zeros as
+// decimal; so does the file here, each handed to the flag in the
+// canonical form its parser takes. The expected values are the sloppy
+// parsers' own answers.
+func TestSloppyAddresses(t *testing.T) {
+	const head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+	for _, c := range []struct {
+		body string
+		want Setting
+	}{
+		{"bindAddress: 010.000.001.010\n", Setting{"bindAddress", "node-ip", "10.0.1.10"}},
+		{"bindAddress: ::ffff:010.0.1.10\n", Setting{"bindAddress", "node-ip", "10.0.1.10"}},
+		{"healthzBindAddress: 000.0.0.0\n", Setting{"healthzBindAddress", "health-addr", "0.0.0.0:10256"}},
+		{"metricsBindAddress: 127.000.000.001:10249\n", Setting{"metricsBindAddress", "metrics-addr", "127.0.0.1:10249"}},
+		{"clusterCIDR: 010.244.0.0/16,fd00:10:244::/56\n", Setting{"clusterCIDR", "cluster-cidr", "10.244.0.0/16,fd00:10:244::/56"}},
+		{"clusterCIDR: 10.244.0.0/016\n", Setting{"clusterCIDR", "cluster-cidr", "10.244.0.0/16"}},
+		{"nodePortAddresses: [192.168.001.0/24, all]\n", Setting{"nodePortAddresses", "nodeport-addresses", "192.168.1.0/24,all"}},
+	} {
+		res, err := Parse([]byte(head + c.body))
+		if err != nil {
+			t.Errorf("%s: %v (kube-proxy takes it)", strings.TrimSpace(c.body), err)
+			continue
+		}
+		if !slices.Contains(res.Settings, c.want) {
+			t.Errorf("%s: settings %v, want %v", strings.TrimSpace(c.body), res.Settings, c.want)
+		}
+	}
+	// The expectations above are kube-proxy's readings.
+	if ip := netutils.ParseIPSloppy("010.000.001.010"); !ip.Equal(net.ParseIP("10.0.1.10")) {
+		t.Errorf("ParseIPSloppy(010.000.001.010) = %v", ip)
+	}
+	if _, n, err := netutils.ParseCIDRSloppy("192.168.001.0/24"); err != nil || n.String() != "192.168.1.0/24" {
+		t.Errorf("ParseCIDRSloppy(192.168.001.0/24) = %v, %v", n, err)
+	}
+
+	// In NodeCIDR mode kube-proxy does not read clusterCIDR, and takes
+	// any number of them; so does the file (the agent ignores them).
+	if _, err := Parse([]byte(head + "detectLocalMode: NodeCIDR\nclusterCIDR: 10.0.0.0/8,192.168.0.0/16\n")); err != nil {
+		t.Errorf("NodeCIDR mode, two IPv4 cluster CIDRs: %v", err)
 	}
 }

@@ -248,8 +248,9 @@ func TestDeployDaemonSetShape(t *testing.T) {
 	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Error("no /readyz readiness probe")
 	}
-	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" {
-		t.Error("no /healthz liveness probe")
+	// /livez: /healthz fails on purpose while the Node is drained (KEP-3836).
+	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet == nil || c.LivenessProbe.HTTPGet.Path != "/livez" {
+		t.Error("no /livez liveness probe")
 	}
 	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" }) {
 		t.Error("no metrics port")

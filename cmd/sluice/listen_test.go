@@ -1,0 +1,55 @@
+package main
+
+import (
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/sluice-lb/sluice/pkg/agent"
+	"github.com/sluice-lb/sluice/pkg/datapath"
+)
+
+// TestTakenPortNamesKubeProxy: when the health or metrics address is
+// taken (as kube-proxy's own listeners take them on a node where it
+// still runs), the agent's start fails before it touches the datapath,
+// with an error naming the address and kube-proxy as the likely holder.
+func TestTakenPortNamesKubeProxy(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	taken := held.Addr().String()
+	for _, c := range []struct {
+		name string
+		srv  listenAddrs
+	}{
+		{"health", listenAddrs{health: taken}},
+		{"metrics", listenAddrs{metrics: taken}},
+	} {
+		// A taken port fails before the datapath, the source or the
+		// metrics are used: none is given.
+		err := runAgent(t.Context(), agent.Config{}, datapath.Config{}, 0, northSouthConfig{}, nil, nil, nil, c.srv, slog.New(slog.DiscardHandler))
+		if err == nil {
+			t.Fatalf("%s: the agent started on a taken port %s", c.name, taken)
+		}
+		msg := err.Error()
+		for _, want := range []string{c.name + " listener", taken, "address already in use", "is kube-proxy still running on this node?"} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("%s: error %q does not say %q", c.name, msg, want)
+			}
+		}
+	}
+}
+
+// A listener error other than a taken port does not blame kube-proxy.
+func TestListenErrorWithoutHint(t *testing.T) {
+	_, err := listenServer("health", "192.0.2.1:0") // TEST-NET-1: no interface holds it
+	if err == nil {
+		t.Skip("192.0.2.1 is an address of this host")
+	}
+	if !strings.HasPrefix(err.Error(), "health listener: ") || strings.Contains(err.Error(), "kube-proxy") {
+		t.Errorf("error %q", err)
+	}
+}
