@@ -19,8 +19,10 @@
 // The source also keeps what kube-proxy's health server needs (KEP-3836):
 // how long the oldest change read from the API has waited to be programmed
 // (OldestPending: /livez fails once that is too long), and whether this Node
-// is going away (deleted, or tainted ToBeDeletedByClusterAutoscaler: /healthz
-// fails, so load balancers drain the node), told to Config.Health.
+// is going away or missing (being deleted, tainted
+// ToBeDeletedByClusterAutoscaler, deleted, or not found once the caches
+// synced: /healthz fails, so load balancers drain the node), told to
+// Config.Health.
 package kube
 
 import (
@@ -410,6 +412,11 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) (err error) 
 		return nil // ctx done before the caches synced: nothing was programmed
 	}
 	s.log.Info("caches synced", "after", time.Since(start).Round(time.Millisecond))
+	if s.cfg.Health != nil && len(nodeFactory.Core().V1().Nodes().Informer().GetStore().ListKeys()) == 0 {
+		// No Node by this name: not eligible, as kube-proxy's
+		// NodeEligible with no Node; its creation makes it so (onNode).
+		s.cfg.Health.SetNode(false, "node "+nodeName+" not found")
+	}
 	s.runner.Request()
 	s.runner.Loop(ctx)
 	return nil
@@ -499,11 +506,14 @@ func (s *Source) onNode(_, obj any, deleted bool) {
 		eligible, why := nodeEligible(node, deleted)
 		s.cfg.Health.SetNode(eligible, why)
 	}
-	n := s.cfg.Options.Node
-	n.Labels = nil
-	if !deleted {
-		n.Labels = node.Labels
+	if deleted {
+		// The last labels stay, as kube-proxy's node topology handler
+		// ignores deletes: the zone hints keep steering to this zone
+		// while the node's pods are still served.
+		return
 	}
+	n := s.cfg.Options.Node
+	n.Labels = node.Labels
 	s.request(s.tracker.SetNode(n))
 }
 
@@ -558,7 +568,11 @@ func (s *Source) reserve(services, slices cache.Store) {
 // nodeEligible says whether load balancers should keep sending traffic to
 // this node (kube-proxy's SyncNode): not once its Node is being deleted or
 // is tainted ToBeDeletedByClusterAutoscaler. A Node object already gone is
-// not eligible either.
+// not eligible either: a deliberate difference, kube-proxy v1.36 keeps the
+// last copy of a deleted Node (its OnNodeDelete only logs), so a Node
+// deleted without finalizers, never seen with a deletionTimestamp, stays
+// eligible there while the cluster forgets the node and its pods. Here no
+// Node is ineligible whether it never existed (as in kube-proxy) or went.
 func nodeEligible(node *corev1.Node, deleted bool) (bool, string) {
 	switch {
 	case deleted:

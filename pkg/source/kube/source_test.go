@@ -243,6 +243,24 @@ func TestNodeObjectIsWatched(t *testing.T) {
 	}
 }
 
+// A deleted Node keeps its zone for the topology hints, as kube-proxy's node
+// topology handler ignores deletes: the node's pods are still served, and
+// PreferClose must not turn off under them.
+func TestNodeDeleteKeepsZone(t *testing.T) {
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{corev1.LabelTopologyZone: "zone-a"}}})
+	h := &healthRecorder{}
+	rec := &recorder{}
+	src := run(t, Config{Client: client, Health: h}, rec)
+	waitFor(t, "first sync", 5*time.Second, func() bool { return rec.count() == 1 })
+	if err := client.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the delete seen", 5*time.Second, func() bool { ok, _, told := h.node(); return !ok && told > 1 })
+	if got := src.tracker.Node(); got.Labels[corev1.LabelTopologyZone] != "zone-a" {
+		t.Fatalf("tracked node after its Node's delete = %+v, want still in zone-a", got)
+	}
+}
+
 // In the agent, apply only queues the state; the agent applies it later and
 // reports it programmed through Programmed. The latency is taken then, not
 // at hand-over.
