@@ -87,6 +87,9 @@ type Config struct {
 	// Health, if set, is told when a state was programmed and whether
 	// this Node is eligible for traffic (pkg/health.Proxier).
 	Health Health
+	// Changes, if set, is told of the changes read and synced
+	// (pkg/metrics.Metrics: kube-proxy's change and last-queued metrics).
+	Changes Changes
 
 	// PodCIDRs, if set, are the Node's spec.podCIDRs the agent took at
 	// start for its local traffic detector (--detect-local-mode
@@ -118,6 +121,19 @@ type Health interface {
 	// SetNode says whether this Node may receive load balancers' traffic:
 	// not when it is being deleted or is tainted ToBeDeletedByClusterAutoscaler.
 	SetNode(eligible bool, why string)
+}
+
+// Changes is what the source tells kube-proxy's change metrics
+// (pkg/metrics.Metrics).
+type Changes interface {
+	// ObserveChange: a Service (service) or EndpointSlice event was
+	// read; queued: it changed what is to be programmed.
+	ObserveChange(service, queued bool)
+	// ObserveQueued: a change asked for a sync at now (from the first
+	// sync on, and once as the caches start syncing, as kube-proxy).
+	ObserveQueued(now time.Time)
+	// ObserveTaken: a sync took every change pending.
+	ObserveTaken()
 }
 
 // toBeDeletedTaint is the taint the cluster autoscaler puts on a Node it is
@@ -246,12 +262,18 @@ func (s *Source) queue() {
 	s.handedMu.Lock()
 	s.queued = earliest(s.queued, now)
 	s.handedMu.Unlock()
+	if s.cfg.Changes != nil {
+		s.cfg.Changes.ObserveQueued(now)
+	}
 }
 
 // takeQueued returns when the oldest change not yet synced arrived, and
 // forgets it: the sync taking it hands it over (or finds it nets to
 // nothing).
 func (s *Source) takeQueued() time.Time {
+	if s.cfg.Changes != nil {
+		s.cfg.Changes.ObserveTaken()
+	}
 	s.handedMu.Lock()
 	defer s.handedMu.Unlock()
 	q := s.queued
@@ -401,6 +423,11 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) (err error) 
 	if err != nil {
 		return fmt.Errorf("watch node %s: %w", nodeName, err)
 	}
+	if s.cfg.Changes != nil {
+		// kube-proxy's SyncLoop "synthesizes" a change queued as the
+		// informers start syncing.
+		s.cfg.Changes.ObserveQueued(time.Now())
+	}
 	factory.Start(ctx.Done())
 	nodeFactory.Start(ctx.Done())
 
@@ -446,7 +473,7 @@ func (s *Source) onService(old, obj any, deleted bool) {
 		o, _ := old.(*cachedService)
 		s.followService(o, svc, deleted) // events.go: before the tracker sees it
 	}
-	onObject(s, obj, deleted, func(key types.NamespacedName, svc *cachedService) bool {
+	onObject(s, obj, deleted, true, func(key types.NamespacedName, svc *cachedService) bool {
 		if svc == nil {
 			return s.tracker.SetCompactService(key, nil)
 		}
@@ -461,7 +488,7 @@ func (s *Source) onSlice(_, obj any, deleted bool) {
 	if es, ok := objectOf(obj).(*cachedSlice); ok {
 		trigger = s.slimmer.takeTrigger(es) // forgotten for a deleted slice too
 	}
-	onObject(s, obj, deleted, func(key types.NamespacedName, es *cachedSlice) bool {
+	onObject(s, obj, deleted, false, func(key types.NamespacedName, es *cachedSlice) bool {
 		if es == nil {
 			return s.tracker.SetCompactSlice(key, nil, trigger)
 		}
@@ -469,12 +496,12 @@ func (s *Source) onSlice(_, obj any, deleted bool) {
 	})
 }
 
-// onObject hands a Service or an EndpointSlice to set under its name: the
-// object as it is now, or nil once it is deleted.
+// onObject hands a Service (service) or an EndpointSlice to set under its
+// name: the object as it is now, or nil once it is deleted.
 func onObject[T any, P interface {
 	*T
 	metav1.Object
-}](s *Source, obj any, deleted bool, set func(types.NamespacedName, P) bool) {
+}](s *Source, obj any, deleted, service bool, set func(types.NamespacedName, P) bool) {
 	o, ok := objectOf(obj).(P)
 	if !ok {
 		return
@@ -483,7 +510,11 @@ func onObject[T any, P interface {
 	if deleted {
 		o = nil
 	}
-	s.request(set(key, o))
+	changed := set(key, o)
+	if s.cfg.Changes != nil {
+		s.cfg.Changes.ObserveChange(service, changed)
+	}
+	s.request(changed)
 }
 
 // onNode follows the labels of this node's Node object, and whether it is
