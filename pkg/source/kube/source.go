@@ -119,7 +119,8 @@ type Health interface {
 	// Updated is called when a state handed over was programmed.
 	Updated()
 	// SetNode says whether this Node may receive load balancers' traffic:
-	// not when it is being deleted or is tainted ToBeDeletedByClusterAutoscaler.
+	// not when it is being deleted, is tainted
+	// ToBeDeletedByClusterAutoscaler, or does not exist.
 	SetNode(eligible bool, why string)
 }
 
