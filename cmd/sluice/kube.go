@@ -72,6 +72,7 @@ func (k *kubeFlags) source(opts translate.Options, podCIDRs []string, m *metrics
 		SyncPeriod:        *k.syncPeriod,
 		ObserveProgrammed: m.ObserveProgrammed,
 		Health:            prox,
+		Changes:           m, // kube-proxy's change and last-queued metrics
 		Logger:            log,
 		PodCIDRs:          podCIDRs,
 	})

@@ -438,6 +438,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	rec := reconciler.New(dp.Maps(), log.With("component", "reconciler"))
 	m.SetBackendCounter(rec.BackendCounts) // the reconciler's count: no second map of every backend
 	m.SetDriftCounter(rec.Drift)
+	m.SetFullSync(rec.LastApplyFull) // kube-proxy's full and partial sync durations
 	rec.SetRefreshHook(collectAroundRefresh)
 	rec.SetRefreshInterval(mapRefresh)
 	a := agent.New(cfg, dp, rec, log)
@@ -456,7 +457,8 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	servers := 0
 	if healthL != nil {
 		servers++
-		serve("health", func() error { return serveHTTP(ctx, healthL, health.HandlerWith(a.Ready, a.Unprogrammed, prox), log) })
+		h := health.CountedHandler(a.Ready, a.Unprogrammed, prox, m.ObserveProbe)
+		serve("health", func() error { return serveHTTP(ctx, healthL, h, log) })
 	}
 	if metricsL != nil {
 		servers++

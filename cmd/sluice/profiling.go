@@ -7,11 +7,20 @@ package main
 // health address, which kube-proxy's default binds to every address.
 
 import (
+	"io"
 	"net/http"
 	"net/http/pprof"
 )
 
-// metricsHandler is what --metrics-addr serves: /metrics, and with
+// proxyMode is what /proxyMode answers on the metrics server: kube-proxy
+// answers its --proxy-mode there (iptables, ipvs, nftables). Sluice is none
+// of them, and a tool that reads the mode to decide what the node's rules
+// look like (Kubernetes' e2e tests skip the iptables-only ones by it) must
+// not take Sluice for one: it answers its own name.
+const proxyMode = "sluice"
+
+// metricsHandler is what --metrics-addr serves: /metrics; kube-proxy's
+// /healthz (with /healthz/ping) and /proxyMode beside it; and with
 // profiling /debug/pprof/ (the index, and the named profiles under it:
 // heap, allocs, goroutine, ...), cmdline, profile, symbol and trace.
 //
@@ -20,6 +29,24 @@ import (
 func metricsHandler(metrics http.Handler, profiling bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", metrics)
+	// kube-proxy's metrics server has k8s.io/apiserver's healthz with its
+	// one default check, ping: "ok" while the process answers, whatever
+	// the proxy's health (that is /healthz and /livez on the health
+	// address); ?verbose lists the check.
+	plain := func(w http.ResponseWriter, body string) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		_, _ = io.WriteString(w, body) // the prober went away: nobody to tell
+	}
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if _, verbose := r.URL.Query()["verbose"]; verbose {
+			plain(w, "[+]ping ok\nhealthz check passed\n")
+			return
+		}
+		plain(w, "ok")
+	})
+	mux.HandleFunc("GET /healthz/ping", func(w http.ResponseWriter, _ *http.Request) { plain(w, "ok") })
+	mux.HandleFunc("GET /proxyMode", func(w http.ResponseWriter, _ *http.Request) { plain(w, proxyMode) })
 	if profiling {
 		// No method: go tool pprof POSTs to symbol, as kube-proxy
 		// (k8s.io/apiserver's routes.Profiling) allows.

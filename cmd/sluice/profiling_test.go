@@ -51,3 +51,23 @@ func TestProfilingOnTheMetricsServer(t *testing.T) {
 		}
 	}
 }
+
+// The metrics server answers kube-proxy's /healthz (its apiserver healthz
+// with the ping check: "ok", or the check listed with ?verbose) and
+// /proxyMode (Sluice's name: no kube-proxy mode) beside /metrics.
+func TestMetricsServerHealthzAndProxyMode(t *testing.T) {
+	metrics := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("sluice_up 1\n")) })
+	h := metricsHandler(metrics, false)
+	for path, want := range map[string]string{
+		"/healthz":         "ok",
+		"/healthz/ping":    "ok",
+		"/healthz?verbose": "[+]ping ok\nhealthz check passed\n",
+		"/proxyMode":       "sluice",
+	} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		if rec.Code != http.StatusOK || rec.Body.String() != want || rec.Header().Get("Content-Type") != "text/plain; charset=utf-8" {
+			t.Errorf("GET %s: %d %q (%s), want 200 %q, text/plain", path, rec.Code, rec.Body.String(), rec.Header().Get("Content-Type"), want)
+		}
+	}
+}

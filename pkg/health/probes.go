@@ -27,12 +27,16 @@ package health
 //	          either way followed by the Services that could not be
 //	          programmed, if any
 //
-// /healthz and /livez answer kube-proxy's JSON body
-// ({"lastUpdated": ..., "currentTime": ..., "nodeEligible": ...}), which
-// some load balancer controllers parse. Without a Proxier (Handler) both
-// answer 200 "ok" while the process runs.
+// /healthz and /livez answer kube-proxy's JSON body (its ProxyHealth,
+// pkg/proxy/healthcheck/proxy_health.go: json.Marshal of lastUpdated,
+// currentTime, nodeEligible on /healthz only, healthy and status per IP
+// family, times in RFC 3339), which load balancer controllers parse. One
+// Sluice sync serves both families, so status has both, alike, as the
+// kubeproxy_* metrics record a sync under both. Without a Proxier (Handler)
+// both answer 200 "ok" while the process runs.
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -47,7 +51,7 @@ import (
 const ToBeDeletedTaint = "ToBeDeletedByClusterAutoscaler"
 
 // Proxier holds what /healthz and /livez report: kube-proxy's
-// proxierHealthServer without the server. The source tells it when a change
+// ProxyHealthServer without the server. The source tells it when a change
 // is programmed (Updated) and whether this node is eligible (SetNode); it
 // asks the source how old the oldest change not yet programmed is.
 type Proxier struct {
@@ -55,7 +59,7 @@ type Proxier struct {
 	pending func() time.Time
 	now     func() time.Time
 
-	lastUpdated atomic.Int64 // unix nanoseconds; 0: never
+	lastUpdated atomic.Int64 // unix nanoseconds
 
 	mu         sync.Mutex
 	ineligible string // why the node is not eligible; "": it is
@@ -64,21 +68,25 @@ type Proxier struct {
 // NewProxier returns a Proxier that calls the datapath stale once the
 // oldest pending change (pending's answer; zero: none) is timeout old. A
 // nil pending never reports a pending change. The node is eligible until
-// SetNode says otherwise, as kube-proxy's is while it starts.
+// SetNode says otherwise, and lastUpdated is now until the first Updated,
+// as kube-proxy's are while it starts (its SyncLoop calls Updated before
+// the first sync, "in case Sync() never succeeds").
 func NewProxier(timeout time.Duration, pending func() time.Time) *Proxier {
 	if pending == nil {
 		pending = func() time.Time { return time.Time{} }
 	}
-	return &Proxier{timeout: timeout, pending: pending, now: time.Now}
+	p := &Proxier{timeout: timeout, pending: pending, now: time.Now}
+	p.Updated()
+	return p
 }
 
 // Updated records that a change was programmed (the time /healthz reports
-// as lastUpdated when unhealthy).
+// as lastUpdated when unhealthy, and status' lastUpdated).
 func (p *Proxier) Updated() { p.lastUpdated.Store(p.now().UnixNano()) }
 
 // SetNode says whether this node is eligible to receive traffic from load
-// balancers, and if not, why (the Node is being deleted, or tainted
-// ToBeDeletedTaint).
+// balancers, and if not, why (the Node is being deleted, is tainted
+// ToBeDeletedTaint, or does not exist).
 func (p *Proxier) SetNode(eligible bool, why string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -105,45 +113,70 @@ func (p *Proxier) nodeIneligible() string {
 	return p.ineligible
 }
 
-// serve answers /healthz (withNode) or /livez the way kube-proxy does.
-func (p *Proxier) serve(w http.ResponseWriter, withNode bool) {
+// ProxierHealth and ProxyHealth are kube-proxy's body of /healthz and
+// /livez (pkg/proxy/healthcheck.ProxierHealth, ProxyHealth), field for
+// field; json.Marshal writes the times in RFC 3339.
+type ProxierHealth struct {
+	LastUpdated time.Time `json:"lastUpdated"`
+	Healthy     bool      `json:"healthy"`
+}
+
+type ProxyHealth struct {
+	// LastUpdated is when a change was last programmed, or now while
+	// healthy (kube-proxy's compatibility with older releases, where it
+	// was the last run of the sync loop).
+	LastUpdated  time.Time `json:"lastUpdated"`
+	CurrentTime  time.Time `json:"currentTime"`
+	NodeEligible *bool     `json:"nodeEligible,omitempty"` // /healthz only
+	Healthy      bool      `json:"healthy"`
+	// Status is per IP family (IPv4, IPv6), each with its last update.
+	Status map[string]ProxierHealth `json:"status,omitempty"`
+}
+
+// ipFamilies are the status keys: kube-proxy's v1.IPFamily values.
+var ipFamilies = [...]string{"IPv4", "IPv6"}
+
+// serve answers /healthz (withNode) or /livez the way kube-proxy does, and
+// returns the status code.
+func (p *Proxier) serve(w http.ResponseWriter, withNode bool) int {
 	stale, since := p.Stale()
 	now := p.now()
+	lastUpdated := time.Unix(0, p.lastUpdated.Load())
+	body := ProxyHealth{CurrentTime: now, LastUpdated: lastUpdated, Healthy: !stale,
+		Status: make(map[string]ProxierHealth, len(ipFamilies))}
+	for _, f := range ipFamilies {
+		body.Status[f] = ProxierHealth{LastUpdated: lastUpdated, Healthy: !stale}
+	}
 	healthy := !stale
 	why := ""
 	if stale {
 		why = fmt.Sprintf("datapath stale: a change has waited %s to be programmed (limit %s)", now.Sub(since).Round(time.Millisecond), p.timeout)
 	}
-	ineligible := ""
 	if withNode {
-		if ineligible = p.nodeIneligible(); ineligible != "" {
+		ineligible := p.nodeIneligible()
+		eligible := ineligible == ""
+		body.NodeEligible = &eligible
+		if !eligible {
 			healthy = false
 			why = strings.TrimPrefix(why+"; "+ineligible, "; ")
-		}
-	}
-	// kube-proxy reports lastUpdated = now while healthy (older clients
-	// read it as "the sync loop ran recently").
-	lastUpdated := now
-	if !healthy {
-		lastUpdated = time.Time{}
-		if ns := p.lastUpdated.Load(); ns != 0 {
-			lastUpdated = time.Unix(0, ns)
 		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	code := http.StatusOK
-	if !healthy {
+	if healthy {
+		body.LastUpdated = now
+	} else {
 		code = http.StatusServiceUnavailable
-		// Not in kube-proxy's body: a header keeps the body parseable
-		// by what parses kube-proxy's.
+		// Not in kube-proxy's body: a header keeps the body kube-proxy's.
 		w.Header().Set("X-Sluice-Unhealthy", why)
 	}
-	body := fmt.Sprintf(`{"lastUpdated": %q,"currentTime": %q`, lastUpdated, now)
-	if withNode {
-		body += fmt.Sprintf(`, "nodeEligible": %v`, ineligible == "")
-	}
-	reply(w, code, body+"}\n")
+	// A ProxyHealth always marshals; kube-proxy writes it without a
+	// newline.
+	out, _ := json.Marshal(body)
+	w.WriteHeader(code)
+	_, _ = w.Write(out)
+	return code
 }
 
 // ReadyFunc returns nil when the agent is ready, else why it is not.
@@ -168,14 +201,29 @@ func Handler(ready ReadyFunc, notes NotesFunc) http.Handler {
 // HandlerWith is Handler with /healthz and /livez answered by p (nil: 200
 // while the process runs).
 func HandlerWith(ready ReadyFunc, notes NotesFunc, p *Proxier) http.Handler {
+	return CountedHandler(ready, notes, p, nil)
+}
+
+// ProbeCounter is told the status code of every answer to /healthz (probe
+// "healthz") and /livez ("livez"): kube-proxy's kubeproxy_proxy_healthz_total
+// and kubeproxy_proxy_livez_total (pkg/metrics.Metrics.ObserveProbe).
+type ProbeCounter func(probe string, code int)
+
+// CountedHandler is HandlerWith, telling count (nil: nobody) of every
+// answer to /healthz and /livez.
+func CountedHandler(ready ReadyFunc, notes NotesFunc, p *Proxier, count ProbeCounter) http.Handler {
 	mux := http.NewServeMux()
-	for path, withNode := range map[string]bool{"GET /healthz": true, "GET /livez": false} {
-		mux.HandleFunc(path, func(w http.ResponseWriter, _ *http.Request) {
+	for probe, withNode := range map[string]bool{"healthz": true, "livez": false} {
+		mux.HandleFunc("GET /"+probe, func(w http.ResponseWriter, _ *http.Request) {
+			code := http.StatusOK
 			if p == nil {
-				reply(w, http.StatusOK, "ok\n")
-				return
+				reply(w, code, "ok\n")
+			} else {
+				code = p.serve(w, withNode)
 			}
-			p.serve(w, withNode)
+			if count != nil {
+				count(probe, code)
+			}
 		})
 	}
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {

@@ -1,6 +1,7 @@
 package health
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -76,61 +77,119 @@ func TestReadyzBoundsNotes(t *testing.T) {
 	}
 }
 
+// kubeProxyHealth is kube-proxy v1.36's body of /healthz and /livez,
+// copied from pkg/proxy/healthcheck/proxy_health.go (ProxyHealth and
+// ProxierHealth; its map key is a v1.IPFamily, a string).
+type kubeProxyHealth struct {
+	LastUpdated  time.Time `json:"lastUpdated"`
+	CurrentTime  time.Time `json:"currentTime"`
+	NodeEligible *bool     `json:"nodeEligible,omitempty"`
+	Healthy      bool      `json:"healthy"`
+	Status       map[string]struct {
+		LastUpdated time.Time `json:"lastUpdated"`
+		Healthy     bool      `json:"healthy"`
+	} `json:"status,omitempty"`
+}
+
 // /livez follows staleness only; /healthz also follows the Node, as
-// kube-proxy's do (KEP-3836).
+// kube-proxy's do (KEP-3836), and both bodies are kube-proxy's: they decode
+// into its struct, nothing more in them, times in RFC 3339, no newline.
 func TestHealthzAndLivez(t *testing.T) {
-	now := time.Unix(1_700_000_000, 0)
+	start := time.Date(2026, 12, 6, 16, 8, 41, 900_000_000, time.UTC)
+	now := start
 	var pending time.Time
+	clock := func() time.Time { return now }
 	p := NewProxier(time.Minute, func() time.Time { return pending })
-	p.now = func() time.Time { return now }
-	h := HandlerWith(func() error { return nil }, nil, p)
-	get := func(path string) (int, map[string]any, http.Header) {
+	p.now = clock
+	p.Updated() // NewProxier's, on the test's clock
+	var counted []string
+	h := CountedHandler(func() error { return nil }, nil, p, func(probe string, code int) {
+		counted = append(counted, fmt.Sprintf("%s %d", probe, code))
+	})
+	get := func(path string) (int, kubeProxyHealth, http.Header) {
 		t.Helper()
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
-		var body map[string]any
-		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		var body kubeProxyHealth
+		dec := json.NewDecoder(bytes.NewReader(rec.Body.Bytes()))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&body); err != nil || dec.More() || strings.HasSuffix(rec.Body.String(), "\n") {
 			t.Fatalf("%s: body %q is not kube-proxy's JSON: %v", path, rec.Body.String(), err)
+		}
+		if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+			t.Errorf("%s: Content-Type %q, want application/json", path, ct)
 		}
 		return rec.Code, body, rec.Header()
 	}
-	want := func(what string, healthz, livez int, eligible bool) {
+	want := func(what string, healthz, livez int, eligible bool, lastUpdated time.Time) {
 		t.Helper()
 		code, body, hdr := get("/healthz")
-		if code != healthz || body["nodeEligible"] != eligible {
-			t.Errorf("%s: /healthz = %d %v (%q), want %d nodeEligible %v", what, code, body, hdr.Get("X-Sluice-Unhealthy"), healthz, eligible)
+		// healthy is the proxy's, as in kube-proxy: not the Node's.
+		if code != healthz || body.NodeEligible == nil || *body.NodeEligible != eligible || body.Healthy != (livez == 200) {
+			t.Errorf("%s: /healthz = %d %+v (%q), want %d nodeEligible %v", what, code, body, hdr.Get("X-Sluice-Unhealthy"), healthz, eligible)
 		}
-		if code == http.StatusOK && body["lastUpdated"] != body["currentTime"] {
-			t.Errorf("%s: healthy /healthz reports lastUpdated %v, want currentTime %v (kube-proxy's compatibility)", what, body["lastUpdated"], body["currentTime"])
+		// kube-proxy's compatibility: lastUpdated is now while healthy.
+		wantLast := lastUpdated
+		if code == http.StatusOK {
+			wantLast = now
+		}
+		if !body.LastUpdated.Equal(wantLast) || !body.CurrentTime.Equal(now) {
+			t.Errorf("%s: /healthz lastUpdated %v currentTime %v, want %v and %v", what, body.LastUpdated, body.CurrentTime, wantLast, now)
 		}
 		code, body, _ = get("/livez")
-		if _, ok := body["nodeEligible"]; code != livez || ok {
-			t.Errorf("%s: /livez = %d %v, want %d without nodeEligible", what, code, body, livez)
+		if code != livez || body.NodeEligible != nil || body.Healthy != (livez == 200) {
+			t.Errorf("%s: /livez = %d %+v, want %d without nodeEligible", what, code, body, livez)
+		}
+		// Both families, each with the last update, as a dual-stack
+		// kube-proxy's two proxiers: one Sluice sync serves both.
+		for _, f := range []string{"IPv4", "IPv6"} {
+			if s, ok := body.Status[f]; !ok || s.Healthy != (livez == 200) || !s.LastUpdated.Equal(lastUpdated) {
+				t.Errorf("%s: /livez status %+v, want %s healthy %v last updated %v", what, body.Status, f, livez == 200, lastUpdated)
+			}
 		}
 	}
 
-	want("starting", 200, 200, true)
+	want("starting", 200, 200, true, start)
 	pending = now.Add(-59 * time.Second)
-	want("change pending, not late", 200, 200, true)
-	p.Updated()
-	updated := now
+	want("change pending, not late", 200, 200, true, start)
 	now = now.Add(time.Second)
-	want("change pending a minute", 503, 503, true)
-	if _, body, hdr := get("/livez"); body["lastUpdated"] != updated.String() || !strings.Contains(hdr.Get("X-Sluice-Unhealthy"), "stale") {
-		t.Errorf("stale /livez body %v header %q: want lastUpdated %v and the reason", body, hdr.Get("X-Sluice-Unhealthy"), updated)
+	updated := now
+	p.Updated()
+	now = now.Add(time.Second)
+	want("change pending a minute", 503, 503, true, updated)
+	if _, _, hdr := get("/livez"); !strings.Contains(hdr.Get("X-Sluice-Unhealthy"), "stale") {
+		t.Errorf("stale /livez header %q: want the reason", hdr.Get("X-Sluice-Unhealthy"))
 	}
 	pending = time.Time{}
-	want("programmed", 200, 200, true)
+	want("programmed", 200, 200, true, updated)
 	p.SetNode(false, "node is being deleted")
-	want("node deleted", 503, 200, false)
+	want("node deleted", 503, 200, false, updated)
 	if _, _, hdr := get("/healthz"); hdr.Get("X-Sluice-Unhealthy") != "node is being deleted" {
 		t.Errorf("/healthz reason %q, want the node's", hdr.Get("X-Sluice-Unhealthy"))
 	}
 	pending = now.Add(-time.Hour)
-	want("node deleted and stale", 503, 503, false)
+	want("node deleted and stale", 503, 503, false, updated)
 	pending = time.Time{}
 	p.SetNode(true, "")
-	want("node eligible again", 200, 200, true)
+	want("node eligible again", 200, 200, true, updated)
+
+	// The byte form: kube-proxy's json.Marshal of the same values.
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/livez", nil))
+	wantBody := `{"lastUpdated":"2026-12-06T16:08:43.9Z","currentTime":"2026-12-06T16:08:43.9Z","healthy":true,` +
+		`"status":{"IPv4":{"lastUpdated":"2026-12-06T16:08:42.9Z","healthy":true},"IPv6":{"lastUpdated":"2026-12-06T16:08:42.9Z","healthy":true}}}`
+	if rec.Body.String() != wantBody {
+		t.Errorf("/livez body\n%s\nwant kube-proxy's\n%s", rec.Body.String(), wantBody)
+	}
+	// kube-proxy's kubeproxy_proxy_healthz_total and _livez_total count
+	// every answer by code.
+	codes := map[string]int{}
+	for _, c := range counted {
+		codes[c]++
+	}
+	if codes["healthz 200"] != 4 || codes["healthz 503"] != 4 || codes["livez 200"] != 6 || codes["livez 503"] != 3 {
+		t.Errorf("probes counted %v", codes)
+	}
 
 	if code, _ := getPlain(Handler(func() error { return nil }, nil), "/livez"); code != http.StatusOK {
 		t.Errorf("/livez without a Proxier = %d, want 200", code)

@@ -1,6 +1,8 @@
 package metrics
 
 import (
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,10 +21,36 @@ import (
 //	kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family,traffic_policy}
 //	    gauge (despite its name, as in kube-proxy): Service ports with a
 //	    Local traffic policy whose endpoints are all on other nodes
+//	kubeproxy_sync_full_proxy_rules_duration_seconds{ip_family}    histogram, syncs that compared every frontend
+//	kubeproxy_sync_partial_proxy_rules_duration_seconds{ip_family} histogram, syncs that looked at the changed ones only
+//	kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family}
+//	    gauge, the last change that asked for a sync: much later than
+//	    last_timestamp, the proxy is hung
+//	kubeproxy_sync_proxy_rules_service_changes_total, _endpoint_changes_total
+//	    counters, every Service and EndpointSlice event read
+//	kubeproxy_sync_proxy_rules_service_changes_pending, _endpoint_changes_pending
+//	    gauges, the events that changed something since the last sync took
+//	    the changes
+//	kubeproxy_proxy_healthz_total{code}, kubeproxy_proxy_livez_total{code}
+//	    counters, /healthz and /livez answers by status code
 //
-// They are recorded by the same calls as Sluice's own sync and programming
-// histograms (ObserveSync, ObserveProgrammed, SetProgrammed): one
-// measurement, two names.
+// The sync and programming ones are recorded by the same calls as Sluice's
+// own sync and programming histograms (ObserveSync, ObserveProgrammed,
+// SetProgrammed): one measurement, two names. The changes are told by the
+// Kubernetes source (ObserveChange, ObserveQueued, ObserveTaken), the
+// probes by pkg/health (ObserveProbe). A full sync is kube-proxy's
+// (nftables, iptables) that rewrites every rule; Sluice's is an apply whose
+// reconciler compared every desired frontend with the maps, not only the
+// changed ones: the first, one after a failure or a re-read of the maps
+// that rebuilt its view, one of a state not made from the last applied
+// (SetFullSync says which it was).
+//
+// Left out, as kube-proxy's mode-specific ones with no meaning here: the
+// iptables and nftables rule counts and restore or sync failures (a
+// failed sync is sluice_sync_errors_total), the nfacct packet counters
+// (sluice_datapath_*_total count the datapath's outcomes), and the
+// conntrack reconciler's (Sluice's conntrack is its own table,
+// sluice_conntrack_gc_*).
 //
 // ip_family: a dual-stack kube-proxy runs one proxier per family, each
 // with its own series. Sluice serves both families in one sync, so a sync
@@ -49,9 +77,22 @@ func familyIndex(v6 bool) int {
 
 type kubeProxyMetrics struct {
 	syncDuration  *prometheus.HistogramVec
+	syncFull      *prometheus.HistogramVec
+	syncPartial   *prometheus.HistogramVec
 	lastSync      *prometheus.GaugeVec
+	lastQueued    *prometheus.GaugeVec
 	programming   *prometheus.HistogramVec
 	noLocalEndpts *prometheus.GaugeVec
+	healthz       *prometheus.CounterVec
+	livez         *prometheus.CounterVec
+	changes       *changeCounts
+}
+
+// changeCounts are the Service and EndpointSlice changes, counted with
+// atomics (read at scrape time): a first list of 30,000 Services and as many
+// slices counts 60,000 events.
+type changeCounts struct {
+	services, servicesPending, endpoints, endpointsPending atomic.Int64
 }
 
 // kubeProxyProgrammingBuckets are kube-proxy's buckets of
@@ -90,15 +131,56 @@ func newKubeProxyMetrics(reg prometheus.Registerer) kubeProxyMetrics {
 			Name:      "sync_proxy_rules_no_local_endpoints_total",
 			Help:      "Number of services with a Local traffic policy and no endpoints",
 		}, []string{"ip_family", "traffic_policy"}),
+		syncFull: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Subsystem: subsystem,
+			Name:      "sync_full_proxy_rules_duration_seconds",
+			Help:      "SyncProxyRules latency in seconds for full resyncs (Sluice: syncs whose reconciler compared every frontend with the maps)",
+			Buckets:   prometheus.ExponentialBuckets(0.001, 2, 15),
+		}, []string{"ip_family"}),
+		syncPartial: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Subsystem: subsystem,
+			Name:      "sync_partial_proxy_rules_duration_seconds",
+			Help:      "SyncProxyRules latency in seconds for partial resyncs (Sluice: syncs that looked at the changed frontends only)",
+			Buckets:   prometheus.ExponentialBuckets(0.001, 2, 15),
+		}, []string{"ip_family"}),
+		lastQueued: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Subsystem: subsystem,
+			Name:      "sync_proxy_rules_last_queued_timestamp_seconds",
+			Help:      "The last time a sync of proxy rules was queued",
+		}, []string{"ip_family"}),
+		healthz: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Subsystem: subsystem,
+			Name:      "proxy_healthz_total",
+			Help:      "Cumulative proxy healthz HTTP status",
+		}, []string{"code"}),
+		livez: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Subsystem: subsystem,
+			Name:      "proxy_livez_total",
+			Help:      "Cumulative proxy livez HTTP status",
+		}, []string{"code"}),
+		changes: &changeCounts{},
 	}
-	reg.MustRegister(k.syncDuration, k.lastSync, k.programming, k.noLocalEndpts)
+	c := k.changes
+	reg.MustRegister(k.syncDuration, k.syncFull, k.syncPartial, k.lastSync, k.lastQueued, k.programming, k.noLocalEndpts, k.healthz, k.livez,
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Subsystem: subsystem, Name: "sync_proxy_rules_service_changes_total",
+			Help: "Cumulative proxy rules Service changes"}, func() float64 { return float64(c.services.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Subsystem: subsystem, Name: "sync_proxy_rules_service_changes_pending",
+			Help: "Pending proxy rules Service changes"}, func() float64 { return float64(c.servicesPending.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Subsystem: subsystem, Name: "sync_proxy_rules_endpoint_changes_total",
+			Help: "Cumulative proxy rules Endpoint changes"}, func() float64 { return float64(c.endpoints.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Subsystem: subsystem, Name: "sync_proxy_rules_endpoint_changes_pending",
+			Help: "Pending proxy rules Endpoint changes"}, func() float64 { return float64(c.endpointsPending.Load()) }),
+	)
 	// Every series exists from the start, as after kube-proxy's first
 	// sync: a query for them finds a value (0 or empty) instead of
 	// nothing before the first change.
 	for _, f := range ipFamilies {
 		k.syncDuration.WithLabelValues(f)
+		k.syncFull.WithLabelValues(f)
+		k.syncPartial.WithLabelValues(f)
 		k.programming.WithLabelValues(f)
 		k.lastSync.WithLabelValues(f)
+		k.lastQueued.WithLabelValues(f)
 		k.noLocalEndpts.WithLabelValues(f, "internal")
 		k.noLocalEndpts.WithLabelValues(f, "external")
 	}
@@ -106,10 +188,20 @@ func newKubeProxyMetrics(reg prometheus.Registerer) kubeProxyMetrics {
 }
 
 // observeSync records a sync that ended at now, took d and failed with
-// err (nil: succeeded).
-func (k kubeProxyMetrics) observeSync(now time.Time, d time.Duration, err error) {
+// err (nil: succeeded); full says whether it was a full one (nil: not
+// known, neither full nor partial is recorded).
+func (k kubeProxyMetrics) observeSync(now time.Time, d time.Duration, err error, full func() bool) {
+	kind := k.syncPartial
+	if full == nil {
+		kind = nil
+	} else if full() {
+		kind = k.syncFull
+	}
 	for _, f := range ipFamilies {
 		k.syncDuration.WithLabelValues(f).Observe(d.Seconds())
+		if kind != nil {
+			kind.WithLabelValues(f).Observe(d.Seconds())
+		}
 		if err == nil {
 			k.lastSync.WithLabelValues(f).Set(float64(now.UnixNano()) / 1e9)
 		}
@@ -153,4 +245,58 @@ func (k kubeProxyMetrics) setNoLocalEndpoints(n [2][2]int) {
 		k.noLocalEndpts.WithLabelValues(name, "internal").Set(float64(n[f][noLocalInternal]))
 		k.noLocalEndpts.WithLabelValues(name, "external").Set(float64(n[f][noLocalExternal]))
 	}
+}
+
+// ObserveChange counts a Service (service) or EndpointSlice event read
+// from the API; queued says it changed what is to be programmed, and is
+// pending until a sync takes it (ObserveTaken). kube-proxy's change
+// trackers count the same (sync_proxy_rules_*_changes_total and _pending;
+// its Service count is of Services with a net change, this one of the
+// events that changed one).
+func (m *Metrics) ObserveChange(service, queued bool) {
+	c := m.kubeProxy.changes
+	total, pending := &c.endpoints, &c.endpointsPending
+	if service {
+		total, pending = &c.services, &c.servicesPending
+	}
+	total.Add(1)
+	if queued {
+		pending.Add(1)
+	}
+}
+
+// ObserveTaken records that a sync took every pending change.
+func (m *Metrics) ObserveTaken() {
+	m.kubeProxy.changes.servicesPending.Store(0)
+	m.kubeProxy.changes.endpointsPending.Store(0)
+}
+
+// ObserveQueued records that a change asked for a sync at now
+// (kube-proxy's Sync(), its last_queued_timestamp), under both families:
+// one Sluice sync serves both.
+func (m *Metrics) ObserveQueued(now time.Time) {
+	for _, f := range ipFamilies {
+		m.kubeProxy.lastQueued.WithLabelValues(f).Set(float64(now.UnixNano()) / 1e9)
+	}
+}
+
+// ObserveProbe counts an answer to /healthz (probe "healthz") or /livez
+// ("livez") by status code (pkg/health.ProbeCounter).
+func (m *Metrics) ObserveProbe(probe string, code int) {
+	vec := m.kubeProxy.livez
+	if probe == "healthz" {
+		vec = m.kubeProxy.healthz
+	}
+	vec.WithLabelValues(strconv.Itoa(code)).Inc()
+}
+
+// SetFullSync sets what says whether the apply a sync measured was a full
+// one, comparing every desired frontend with the maps
+// (reconciler.Reconciler.LastApplyFull), for the full and partial sync
+// histograms; it is asked right after the apply, from the goroutine that
+// ran it. Until it is set, neither is recorded.
+func (m *Metrics) SetFullSync(full func() bool) {
+	m.mu.Lock()
+	m.fullSync = full
+	m.mu.Unlock()
 }

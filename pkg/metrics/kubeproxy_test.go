@@ -2,6 +2,8 @@ package metrics
 
 import (
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
@@ -10,6 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -181,3 +185,92 @@ kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv6",traffic_pol
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// The rest of kube-proxy's metrics that Sluice has a meaning for: full and
+// partial syncs (as the reconciler says), the changes read and pending, the
+// last change queued, the probes by code; and client-go's requests, as
+// kube-proxy registers them.
+func TestKubeProxyChangeAndProbeMetrics(t *testing.T) {
+	m := New()
+	start := scrape(t, m)
+	for _, fam := range []string{"IPv4", "IPv6"} {
+		for _, s := range []string{
+			`kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="FAM"}`,
+			`kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="FAM"}`,
+			`kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="FAM"}`,
+		} {
+			s = strings.Replace(s, "FAM", fam, 1)
+			if v, ok := start[s]; !ok || v != 0 {
+				t.Errorf("before any sync: %s = %v (exported: %v), want 0", s, v, ok)
+			}
+		}
+	}
+	full := true
+	m.SetFullSync(func() bool { return full })
+	m.ObserveSync(3*time.Millisecond, nil) // the first: full
+	full = false
+	m.ObserveSync(time.Millisecond, nil)
+	m.ObserveSync(2*time.Millisecond, errors.New("map full"))
+	for range 3 {
+		m.ObserveChange(true, false) // a Service event that changed nothing
+	}
+	m.ObserveChange(true, true)
+	m.ObserveChange(false, true)
+	m.ObserveChange(false, true)
+	queued := time.Unix(1_790_000_000, 500_000_000)
+	m.ObserveQueued(queued)
+	for _, c := range []struct {
+		probe string
+		code  int
+	}{{"healthz", 200}, {"healthz", 200}, {"healthz", 503}, {"livez", 200}} {
+		m.ObserveProbe(c.probe, c.code)
+	}
+
+	// A request through client-go, as the Kubernetes source makes them.
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"major":"1","minor":"36"}`))
+	}))
+	defer api.Close()
+	client, err := kubernetes.NewForConfig(&rest.Config{Host: api.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Discovery().ServerVersion(); err != nil {
+		t.Fatal(err)
+	}
+	host := strings.TrimPrefix(api.URL, "http://")
+
+	got := scrape(t, m)
+	for s, want := range map[string]float64{
+		`kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"}`:    1,
+		`kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv6"}`:    1,
+		`kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="IPv4"}`: 2, // a failed one too, as kube-proxy's deferred record
+		`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}`:         3,
+		`kubeproxy_sync_proxy_rules_service_changes_total`:                            4,
+		`kubeproxy_sync_proxy_rules_service_changes_pending`:                          1,
+		`kubeproxy_sync_proxy_rules_endpoint_changes_total`:                           2,
+		`kubeproxy_sync_proxy_rules_endpoint_changes_pending`:                         2,
+		`kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="IPv4"}`:  1_790_000_000.5,
+		`kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="IPv6"}`:  1_790_000_000.5,
+		`kubeproxy_proxy_healthz_total{code="200"}`:                                   2,
+		`kubeproxy_proxy_healthz_total{code="503"}`:                                   1,
+		`kubeproxy_proxy_livez_total{code="200"}`:                                     1,
+		`rest_client_requests_total{code="200",host="` + host + `",method="GET"}`:     1,
+		`rest_client_request_duration_seconds_count{host="` + host + `",verb="GET"}`:  1,
+	} {
+		if v, ok := got[s]; !ok || v != want {
+			t.Errorf("%s = %v (exported: %v), want %v", s, v, ok, want)
+		}
+	}
+	m.ObserveTaken()
+	got = scrape(t, m)
+	for _, s := range []string{`kubeproxy_sync_proxy_rules_service_changes_pending`, `kubeproxy_sync_proxy_rules_endpoint_changes_pending`} {
+		if got[s] != 0 {
+			t.Errorf("after a sync took the changes: %s = %v, want 0", s, got[s])
+		}
+	}
+	if got[`kubeproxy_sync_proxy_rules_service_changes_total`] != 4 {
+		t.Errorf("a sync reset the change total")
+	}
+}

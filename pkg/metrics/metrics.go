@@ -108,6 +108,9 @@ type Metrics struct {
 	// by Service port and reason.
 	unprogrammed map[unprogrammedKey]int
 
+	// fullSync is SetFullSync's (kubeproxy.go).
+	fullSync func() bool
+
 	kubeProxy kubeProxyMetrics
 }
 
@@ -202,6 +205,7 @@ func New() *Metrics {
 	m.ConntrackGCRuns.WithLabelValues("success")
 	m.ConntrackGCRuns.WithLabelValues("error")
 	m.kubeProxy = newKubeProxyMetrics(m.Registry)
+	registerRESTClient(m.Registry)
 	m.Registry.MustRegister(
 		m.SyncDuration,
 		m.NetworkProgrammingDuration,
@@ -223,7 +227,10 @@ func New() *Metrics {
 // ObserveSync records one sync that took d and ended with err.
 func (m *Metrics) ObserveSync(d time.Duration, err error) {
 	m.SyncDuration.Observe(d.Seconds())
-	m.kubeProxy.observeSync(time.Now(), d, err)
+	m.mu.Lock()
+	full := m.fullSync
+	m.mu.Unlock()
+	m.kubeProxy.observeSync(time.Now(), d, err, full)
 	if err != nil {
 		m.SyncErrors.Inc()
 		m.Syncs.WithLabelValues("error").Inc()

@@ -54,6 +54,9 @@ func TestRecheckWithoutDrift(t *testing.T) {
 	if !reconciler.MapsMatchView(r) {
 		t.Fatal("the maps do not match the view right after an Apply")
 	}
+	if !r.LastApplyFull() {
+		t.Error("a first program is not reported full (kubeproxy_sync_full_proxy_rules_duration_seconds)")
+	}
 	f.ResetCounts()
 	refreshNow(r)
 	next := &model.State{Services: st.Services, Gen: model.NewGeneration(), BaseGen: st.Gen}
@@ -65,8 +68,8 @@ func TestRecheckWithoutDrift(t *testing.T) {
 	if reconciler.Rechecks(r) != 1 || f.Walks() < 2 {
 		t.Errorf("rechecks %d, walks %d: the re-read did not walk the maps", reconciler.Rechecks(r), f.Walks())
 	}
-	if reconciler.IncrementalApplies(r) != inc+1 {
-		t.Error("the view was rebuilt: the Apply after the re-read was not incremental")
+	if reconciler.IncrementalApplies(r) != inc+1 || r.LastApplyFull() {
+		t.Errorf("the view was rebuilt: the Apply after the re-read was not incremental (reported full: %v)", r.LastApplyFull())
 	}
 	checkProgrammed(t, f, st)
 

@@ -193,6 +193,9 @@ type Reconciler struct {
 	appliedGen  uint64
 	incremental int // Applies that looked at st.Changed only, for tests
 	sweeps      int // Applies that looked for reservations to release, for tests
+	// lastFull says the last Apply compared every desired frontend,
+	// not only st.Changed (LastApplyFull).
+	lastFull bool
 
 	// batchMin is the fewest new frontends an Apply programs in
 	// batches (batch.go); 0 never does.
@@ -362,6 +365,17 @@ func (r *Reconciler) Drift() DriftStats {
 	return r.drift
 }
 
+// LastApplyFull reports whether the last Apply compared every desired
+// frontend with its view (a first program, a state not made from the one
+// applied last, one after a failure or a re-read that rebuilt the view),
+// rather than only the frontends the state changed: kube-proxy's full
+// sync against its partial one (pkg/metrics.Metrics.SetFullSync).
+func (r *Reconciler) LastApplyFull() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastFull
+}
+
 // Apply programs st. It writes only what differs from the view, and returns
 // a joined error naming every service that could not be (fully) programmed,
 // one *FrontendError each (see errors.go); all the others are programmed
@@ -411,6 +425,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 	// forget the generation).
 	incremental := st != nil && st.BaseGen != 0 && st.BaseGen == r.appliedGen && len(errs) == 0 && !r.dirty
 	r.appliedGen = 0
+	r.lastFull = !incremental
 	if incremental {
 		r.incremental++
 	}

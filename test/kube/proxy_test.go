@@ -81,6 +81,7 @@ func startProxy(t *testing.T, cfg *rest.Config, dp reconciler.Datapath, o proxyO
 		MinSyncPeriod:     o.minSync,
 		SyncPeriod:        o.sync,
 		ObserveProgrammed: p.metrics.ObserveProgrammed,
+		Changes:           p.metrics, // as cmd/sluice
 		Logger:            log,
 	})
 	if err != nil {

@@ -145,8 +145,14 @@ func TestMetricsAfterSync(t *testing.T) {
 			`sluice_map_fill_ratio{map="rev_nat"} 0.002`,
 			`sluice_syncs_total{result="success"}`,
 			"sluice_network_programming_duration_seconds_count",
+			`rest_client_requests_total{code="200"`, // client-go's, as kube-proxy exports them
+			`rest_client_request_duration_seconds_count{host=`,
 		}, // kube-proxy's latency, in the family of the slice whose change it measures
-			`kubeproxy_network_programming_duration_seconds_count{ip_family="`+f.name+`"}`)
+			`kubeproxy_network_programming_duration_seconds_count{ip_family="`+f.name+`"}`,
+			// and its change counts and last change queued
+			"kubeproxy_sync_proxy_rules_service_changes_total",
+			"kubeproxy_sync_proxy_rules_endpoint_changes_total",
+			`kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="`+f.name+`"}`)
 
 		// Deleted, web leaves the counts: the next family starts from
 		// default/kubernetes alone.

@@ -76,6 +76,24 @@ func TestNodeEligibility(t *testing.T) {
 	wait("deleted Node ineligible", false, "node node-a deleted")
 }
 
+// A Node that does not exist once the caches synced is not eligible, as in
+// kube-proxy (its node manager's Node() is nil: NodeEligible false); it is
+// once it is created.
+func TestMissingNodeIneligible(t *testing.T) {
+	client := fake.NewClientset()
+	h := &healthRecorder{}
+	rec := &recorder{}
+	run(t, Config{Client: client, Health: h}, rec)
+	waitFor(t, "first sync", 5*time.Second, func() bool { return rec.count() == 1 })
+	if ok, why, told := h.node(); ok || why != "node node-a not found" {
+		t.Fatalf("no Node: eligible %v (%q, told %d times), want not eligible, not found", ok, why, told)
+	}
+	if _, err := client.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the Node created eligible", 5*time.Second, func() bool { ok, _, _ := h.node(); return ok })
+}
+
 // A change is pending from when it arrives until the state carrying it is
 // programmed; before the first sync nothing is (kube-proxy is healthy
 // while it starts).

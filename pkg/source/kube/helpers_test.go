@@ -31,3 +31,13 @@ func histogramCount(t *testing.T, m *metrics.Metrics) int {
 	}
 	return 0
 }
+
+// scrapeSamples scrapes m into its samples, by series.
+func scrapeSamples(t *testing.T, m *metrics.Metrics) map[string]float64 {
+	t.Helper()
+	out, err := testutil.Samples(strings.NewReader(testutil.Scrape(t, m.Handler())), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}

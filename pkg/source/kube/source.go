@@ -19,8 +19,10 @@
 // The source also keeps what kube-proxy's health server needs (KEP-3836):
 // how long the oldest change read from the API has waited to be programmed
 // (OldestPending: /livez fails once that is too long), and whether this Node
-// is going away (deleted, or tainted ToBeDeletedByClusterAutoscaler: /healthz
-// fails, so load balancers drain the node), told to Config.Health.
+// is going away or missing (being deleted, tainted
+// ToBeDeletedByClusterAutoscaler, deleted, or not found once the caches
+// synced: /healthz fails, so load balancers drain the node), told to
+// Config.Health.
 package kube
 
 import (
@@ -85,6 +87,9 @@ type Config struct {
 	// Health, if set, is told when a state was programmed and whether
 	// this Node is eligible for traffic (pkg/health.Proxier).
 	Health Health
+	// Changes, if set, is told of the changes read and synced
+	// (pkg/metrics.Metrics: kube-proxy's change and last-queued metrics).
+	Changes Changes
 
 	// PodCIDRs, if set, are the Node's spec.podCIDRs the agent took at
 	// start for its local traffic detector (--detect-local-mode
@@ -114,8 +119,22 @@ type Health interface {
 	// Updated is called when a state handed over was programmed.
 	Updated()
 	// SetNode says whether this Node may receive load balancers' traffic:
-	// not when it is being deleted or is tainted ToBeDeletedByClusterAutoscaler.
+	// not when it is being deleted, is tainted
+	// ToBeDeletedByClusterAutoscaler, or does not exist.
 	SetNode(eligible bool, why string)
+}
+
+// Changes is what the source tells kube-proxy's change metrics
+// (pkg/metrics.Metrics).
+type Changes interface {
+	// ObserveChange: a Service (service) or EndpointSlice event was
+	// read; queued: it changed what is to be programmed.
+	ObserveChange(service, queued bool)
+	// ObserveQueued: a change asked for a sync at now (from the first
+	// sync on, and once as the caches start syncing, as kube-proxy).
+	ObserveQueued(now time.Time)
+	// ObserveTaken: a sync took every change pending.
+	ObserveTaken()
 }
 
 // toBeDeletedTaint is the taint the cluster autoscaler puts on a Node it is
@@ -244,12 +263,18 @@ func (s *Source) queue() {
 	s.handedMu.Lock()
 	s.queued = earliest(s.queued, now)
 	s.handedMu.Unlock()
+	if s.cfg.Changes != nil {
+		s.cfg.Changes.ObserveQueued(now)
+	}
 }
 
 // takeQueued returns when the oldest change not yet synced arrived, and
 // forgets it: the sync taking it hands it over (or finds it nets to
 // nothing).
 func (s *Source) takeQueued() time.Time {
+	if s.cfg.Changes != nil {
+		s.cfg.Changes.ObserveTaken()
+	}
 	s.handedMu.Lock()
 	defer s.handedMu.Unlock()
 	q := s.queued
@@ -399,6 +424,11 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) (err error) 
 	if err != nil {
 		return fmt.Errorf("watch node %s: %w", nodeName, err)
 	}
+	if s.cfg.Changes != nil {
+		// kube-proxy's SyncLoop "synthesizes" a change queued as the
+		// informers start syncing.
+		s.cfg.Changes.ObserveQueued(time.Now())
+	}
 	factory.Start(ctx.Done())
 	nodeFactory.Start(ctx.Done())
 
@@ -410,6 +440,11 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) (err error) 
 		return nil // ctx done before the caches synced: nothing was programmed
 	}
 	s.log.Info("caches synced", "after", time.Since(start).Round(time.Millisecond))
+	if s.cfg.Health != nil && len(nodeFactory.Core().V1().Nodes().Informer().GetStore().ListKeys()) == 0 {
+		// No Node by this name: not eligible, as kube-proxy's
+		// NodeEligible with no Node; its creation makes it so (onNode).
+		s.cfg.Health.SetNode(false, "node "+nodeName+" not found")
+	}
 	s.runner.Request()
 	s.runner.Loop(ctx)
 	return nil
@@ -439,7 +474,7 @@ func (s *Source) onService(old, obj any, deleted bool) {
 		o, _ := old.(*cachedService)
 		s.followService(o, svc, deleted) // events.go: before the tracker sees it
 	}
-	onObject(s, obj, deleted, func(key types.NamespacedName, svc *cachedService) bool {
+	onObject(s, obj, deleted, true, func(key types.NamespacedName, svc *cachedService) bool {
 		if svc == nil {
 			return s.tracker.SetCompactService(key, nil)
 		}
@@ -454,7 +489,7 @@ func (s *Source) onSlice(_, obj any, deleted bool) {
 	if es, ok := objectOf(obj).(*cachedSlice); ok {
 		trigger = s.slimmer.takeTrigger(es) // forgotten for a deleted slice too
 	}
-	onObject(s, obj, deleted, func(key types.NamespacedName, es *cachedSlice) bool {
+	onObject(s, obj, deleted, false, func(key types.NamespacedName, es *cachedSlice) bool {
 		if es == nil {
 			return s.tracker.SetCompactSlice(key, nil, trigger)
 		}
@@ -462,12 +497,12 @@ func (s *Source) onSlice(_, obj any, deleted bool) {
 	})
 }
 
-// onObject hands a Service or an EndpointSlice to set under its name: the
-// object as it is now, or nil once it is deleted.
+// onObject hands a Service (service) or an EndpointSlice to set under its
+// name: the object as it is now, or nil once it is deleted.
 func onObject[T any, P interface {
 	*T
 	metav1.Object
-}](s *Source, obj any, deleted bool, set func(types.NamespacedName, P) bool) {
+}](s *Source, obj any, deleted, service bool, set func(types.NamespacedName, P) bool) {
 	o, ok := objectOf(obj).(P)
 	if !ok {
 		return
@@ -476,7 +511,11 @@ func onObject[T any, P interface {
 	if deleted {
 		o = nil
 	}
-	s.request(set(key, o))
+	changed := set(key, o)
+	if s.cfg.Changes != nil {
+		s.cfg.Changes.ObserveChange(service, changed)
+	}
+	s.request(changed)
 }
 
 // onNode follows the labels of this node's Node object, and whether it is
@@ -499,11 +538,14 @@ func (s *Source) onNode(_, obj any, deleted bool) {
 		eligible, why := nodeEligible(node, deleted)
 		s.cfg.Health.SetNode(eligible, why)
 	}
-	n := s.cfg.Options.Node
-	n.Labels = nil
-	if !deleted {
-		n.Labels = node.Labels
+	if deleted {
+		// The last labels stay, as kube-proxy's node topology handler
+		// ignores deletes: the zone hints keep steering to this zone
+		// while the node's pods are still served.
+		return
 	}
+	n := s.cfg.Options.Node
+	n.Labels = node.Labels
 	s.request(s.tracker.SetNode(n))
 }
 
@@ -558,7 +600,11 @@ func (s *Source) reserve(services, slices cache.Store) {
 // nodeEligible says whether load balancers should keep sending traffic to
 // this node (kube-proxy's SyncNode): not once its Node is being deleted or
 // is tainted ToBeDeletedByClusterAutoscaler. A Node object already gone is
-// not eligible either.
+// not eligible either: a deliberate difference, kube-proxy v1.36 keeps the
+// last copy of a deleted Node (its OnNodeDelete only logs), so a Node
+// deleted without finalizers, never seen with a deletionTimestamp, stays
+// eligible there while the cluster forgets the node and its pods. Here no
+// Node is ineligible whether it never existed (as in kube-proxy) or went.
 func nodeEligible(node *corev1.Node, deleted bool) (bool, string) {
 	switch {
 	case deleted:

@@ -230,6 +230,61 @@ func TestSyncErrorRetriedAndMetrics(t *testing.T) {
 	}
 }
 
+// kube-proxy's change metrics through the source: every Service and
+// EndpointSlice event counted, those not synced yet pending until a sync
+// takes them, and the last change queued stamped (its hung-proxy signal,
+// against kubeproxy_sync_proxy_rules_last_timestamp_seconds).
+func TestChangeMetrics(t *testing.T) {
+	client := fake.NewClientset(service("web", "10.96.0.10", 80), slice("web", "web-1", 8080, "10.0.0.1"))
+	m := metrics.New()
+	rec := &recorder{}
+	started := time.Now()
+	// The second sync waits an hour: what comes after the first stays
+	// pending.
+	src := runAgent(t, Config{Client: client, Changes: m, MinSyncPeriod: time.Hour}, rec, m)
+	waitFor(t, "first sync", 5*time.Second, func() bool { return rec.count() == 1 && src.Synced() })
+	ts := func(s map[string]float64, fam string) time.Time {
+		v := s[`kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="`+fam+`"}`]
+		return time.Unix(0, int64(v*1e9))
+	}
+	got := scrapeSamples(t, m)
+	for name, want := range map[string]float64{
+		"kubeproxy_sync_proxy_rules_service_changes_total":    1,
+		"kubeproxy_sync_proxy_rules_endpoint_changes_total":   1,
+		"kubeproxy_sync_proxy_rules_service_changes_pending":  0, // taken by the first sync
+		"kubeproxy_sync_proxy_rules_endpoint_changes_pending": 0,
+	} {
+		if v, ok := got[name]; !ok || v != want {
+			t.Errorf("after the first sync: %s = %v (exported: %v), want %v", name, v, ok, want)
+		}
+	}
+	// Stamped as the caches started syncing, as kube-proxy's SyncLoop.
+	if q := ts(got, "IPv4"); q.Before(started.Add(-time.Millisecond)) {
+		t.Errorf("last queued %v before the source started (%v)", q, started)
+	}
+
+	before := time.Now()
+	ctx := context.Background()
+	if _, err := client.CoreV1().Services("default").Create(ctx, service("api", "10.96.0.11", 80), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice("api", "api-1", 8080, "10.0.0.2"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the two changes pending", 5*time.Second, func() bool {
+		got = scrapeSamples(t, m)
+		return got["kubeproxy_sync_proxy_rules_service_changes_pending"] == 1 && got["kubeproxy_sync_proxy_rules_endpoint_changes_pending"] == 1
+	})
+	for _, fam := range []string{"IPv4", "IPv6"} {
+		if q := ts(got, fam); q.Before(before.Add(-time.Millisecond)) {
+			t.Errorf("%s: last queued %v, want the changes' (after %v)", fam, q, before)
+		}
+	}
+	if got["kubeproxy_sync_proxy_rules_service_changes_total"] != 2 || got["kubeproxy_sync_proxy_rules_endpoint_changes_total"] != 2 {
+		t.Errorf("change totals %v and %v, want 2 and 2", got["kubeproxy_sync_proxy_rules_service_changes_total"], got["kubeproxy_sync_proxy_rules_endpoint_changes_total"])
+	}
+}
+
 func TestNodeObjectIsWatched(t *testing.T) {
 	zone := func(z string) map[string]string { return map[string]string{corev1.LabelTopologyZone: z} }
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: zone("zone-a")}},
@@ -240,6 +295,24 @@ func TestNodeObjectIsWatched(t *testing.T) {
 	// The node translations are for has this Node object's labels.
 	if got := src.tracker.Node(); got.Name != node || got.Labels[corev1.LabelTopologyZone] != "zone-a" {
 		t.Fatalf("tracked node = %+v, want %s in zone-a", got, node)
+	}
+}
+
+// A deleted Node keeps its zone for the topology hints, as kube-proxy's node
+// topology handler ignores deletes: the node's pods are still served, and
+// PreferClose must not turn off under them.
+func TestNodeDeleteKeepsZone(t *testing.T) {
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: map[string]string{corev1.LabelTopologyZone: "zone-a"}}})
+	h := &healthRecorder{}
+	rec := &recorder{}
+	src := run(t, Config{Client: client, Health: h}, rec)
+	waitFor(t, "first sync", 5*time.Second, func() bool { return rec.count() == 1 })
+	if err := client.CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the delete seen", 5*time.Second, func() bool { ok, _, told := h.node(); return !ok && told > 1 })
+	if got := src.tracker.Node(); got.Labels[corev1.LabelTopologyZone] != "zone-a" {
+		t.Fatalf("tracked node after its Node's delete = %+v, want still in zone-a", got)
 	}
 }
 
