@@ -172,11 +172,11 @@ func run(args []string) int {
 	if *nodeZone != "" {
 		opts.Node.Labels = map[string]string{corev1.LabelTopologyZone: *nodeZone}
 	}
-	if opts.Node.Addresses, err = parseNodeIPs(*nodeIPs); err != nil {
+	flagIPs, err := parseNodeIPs(*nodeIPs)
+	if err != nil {
 		log.Error("bad flag", "err", err)
 		return 2
 	}
-	dpCfg.NodeIPs = opts.Node.Addresses
 	if *mapRatio != 0 {
 		mem, err := memTotal("/proc/meminfo")
 		if err == nil {
@@ -215,16 +215,17 @@ func run(args []string) int {
 		return 2
 	}
 	var podCIDRs []string // NodeCIDR: the Node's, which the Kubernetes source watches
+	var node *corev1.Node // this node's, when read (nodeips.go)
+	// A signal ends the waits for the Node, which may be long (the
+	// agent's own handler is set up later).
+	wctx, stopWait := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stopWait()
 	if *localMode == localModeNodeCIDR {
 		if !kube.enabled() {
 			log.Error("bad flag", "err", errors.New("--detect-local-mode NodeCIDR takes the pods' CIDRs from this node's Node object: it needs the Kubernetes source (--kubeconfig or --in-cluster), not --manifests"))
 			return 2
 		}
-		// A signal ends the wait, which may be long (the agent's own
-		// handler is set up later).
-		wctx, stopWait := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-		node, err := kube.nodeWithPodCIDRs(wctx, opts.Node.Name, log)
-		stopWait()
+		node, err = kube.nodeWithPodCIDRs(wctx, opts.Node.Name, log)
 		if errors.Is(err, context.Canceled) {
 			log.Info("stopped while waiting for the Node's podCIDRs", "err", err)
 			return 0
@@ -241,37 +242,43 @@ func run(args []string) int {
 			log.Info("--cluster-cidr (the configuration's clusterCIDR) ignored: --detect-local-mode NodeCIDR tells pods by the Node's podCIDRs", "cluster_cidr", *clusterCIDR)
 		}
 		log.Info("pods told by the Node's podCIDRs (--detect-local-mode NodeCIDR)", "node", node.Name, "pod_cidrs", dpCfg.ClusterCIDRs)
-		if len(opts.Node.Addresses) == 0 {
-			// The same read as the normal path's (kube.nodeIPs), and the
-			// same warning when it has none.
-			if opts.Node.Addresses = translate.NodeIPs(node); len(opts.Node.Addresses) == 0 {
-				log.Warn("no --node-ip and no node addresses from the Node object: NodePorts not served", "node", opts.Node.Name)
-			} else {
-				log.Info("node addresses from the Node object", "node", opts.Node.Name, "addresses", opts.Node.Addresses)
-			}
-			dpCfg.NodeIPs = opts.Node.Addresses
+	}
+	if !bothFamilies(flagIPs) && kube.enabled() && *kube.kubeconfig != "" != *kube.inCluster {
+		// The Node gives the families --node-ip does not (all of
+		// them without it), as kube-proxy's Node does beside its
+		// bindAddress.
+		node, err = kube.nodeWithIPs(wctx, opts.Node.Name, node, log)
+		if errors.Is(err, context.Canceled) {
+			log.Info("stopped while waiting for the Node's addresses", "err", err)
+			return 0
+		}
+		if err != nil {
+			log.Error("this node's addresses", "err", err)
+			return 1
 		}
 	}
-	if len(opts.Node.Addresses) == 0 && podCIDRs == nil && kube.enabled() && *kube.kubeconfig != "" != *kube.inCluster {
-		// Without them only NodePorts are missing: warn, do not fail.
-		if opts.Node.Addresses, err = kube.nodeIPs(opts.Node.Name); err != nil {
-			log.Warn("no --node-ip and no node addresses from the Node object: NodePorts not served", "err", err)
-		} else {
-			log.Info("node addresses from the Node object", "node", opts.Node.Name, "addresses", opts.Node.Addresses)
-		}
-		dpCfg.NodeIPs = opts.Node.Addresses
+	stopWait()
+	na := nodeAddressesOf(flagIPs, node)
+	switch {
+	case len(na.fromNode) > 0:
+		log.Info("node addresses from the Node object", "node", opts.Node.Name, "addresses", na.fromNode, "node_ip", flagIPs)
+	case len(na.all) == 0 && kube.enabled():
+		log.Warn("no --node-ip and no node addresses from the Node object: NodePorts served on the devices' addresses only", "node", opts.Node.Name)
 	}
+	dpCfg.NodeIPs = na.all
 	cfg := agent.Config{Devices: splitList(*devices), Resync: *resync}
-	if len(cfg.Devices) == 0 && len(opts.Node.Addresses) > 0 {
-		if cfg.Devices, err = datapath.DevicesOf(opts.Node.Addresses); err != nil {
+	if len(cfg.Devices) == 0 && len(na.all) > 0 {
+		// Every node address, not only the primary ones: ExternalIP and
+		// LoadBalancer traffic may arrive on any of them.
+		if cfg.Devices, err = datapath.DevicesOf(na.all); err != nil {
 			log.Error("find the devices of --node-ip", "err", err)
 			return 1
 		}
 		log.Info("devices holding the node addresses", "devices", cfg.Devices)
 	}
-	// NodePorts answer on the --nodeport-addresses (default: the node
-	// IPs). A node whose IPs are unknown answers on the devices'
-	// addresses, as before there was the flag.
+	// NodePorts answer on the --nodeport-addresses (default: primary,
+	// kube-proxy's node IP of each family). A node whose IPs are unknown
+	// answers on the devices' addresses, as before there was the flag.
 	local, err := localAddresses()
 	if err != nil {
 		log.Error("addresses of the node", "err", err)
@@ -280,12 +287,12 @@ func run(args []string) int {
 	if npPrimary && len(npCIDRs) > 0 {
 		// primary beside CIDRs: the node's primary addresses are
 		// one more range (alone, primary is the default).
-		for _, a := range opts.Node.Addresses {
+		for _, a := range na.primaryNodePorts() {
 			npCIDRs = append(npCIDRs, netip.PrefixFrom(a, a.BitLen()))
 		}
 	}
-	np := nodePortsFor(npCIDRs, opts.Node.Addresses, local, *localhostNP)
-	if len(npCIDRs) == 0 && len(opts.Node.Addresses) == 0 {
+	np := nodePortsFor(npCIDRs, na.primaryNodePorts(), local, *localhostNP)
+	if len(npCIDRs) == 0 && len(na.primaryNodePorts()) == 0 {
 		if np.Addrs, err = datapath.AddressesOf(cfg.Devices); err != nil {
 			log.Error("addresses of the devices", "err", err)
 			return 1
@@ -293,7 +300,7 @@ func run(args []string) int {
 		np.HealthHosts = []string{""}
 		log.Info("no node IP: NodePorts on the devices' addresses", "addresses", np.Addrs)
 	}
-	opts.Node.IPs = translate.PrimaryIPs(opts.Node.Addresses)
+	opts.Node.IPs = na.primary
 	opts.Node.Addresses = np.Addrs
 	log.Info("NodePorts served", "addresses", np.Addrs, "cluster_cidrs", dpCfg.ClusterCIDRs,
 		"service_cidrs", dpCfg.ServiceCIDRs, "masquerade_all", dpCfg.MasqueradeAll)

@@ -1,0 +1,209 @@
+package main
+
+// This node's addresses, as kube-proxy finds them (cmd/kube-proxy/app
+// detectNodeIPs, pkg/proxy/node.go newNodeManager, pkg/util/node
+// GetNodeHostIPs), and the waits for the Node object they and the
+// NodeCIDR mode's podCIDRs (localmode.go) come from.
+//
+// The node IPs: --node-ip (the configuration's bindAddress, the
+// DaemonSet's status.hostIP) gives its families' addresses; with the
+// Kubernetes source, a family it does not give comes from the Node's
+// addresses (InternalIPs, then ExternalIPs), as kube-proxy's bindAddress
+// replaces only its own family's node IP. So a dual-stack node whose
+// DaemonSet passes its one hostIP still serves NodePorts of both families.
+// Of all these, kube-proxy's node IP of a family is the first (its
+// primary address): NodePorts are served there by default
+// (--nodeport-addresses primary), never on the node's secondary
+// InternalIPs or its ExternalIPs. The whole list stays what external
+// flows are source-NATed to (per device: datapath.Config.NodeIPs) and
+// what the --devices default is made of, since traffic for ExternalIPs
+// and LoadBalancer IPs may arrive on any of them.
+//
+// The waits: kube-proxy reads the Node through an informer whose first
+// list has no time bound, then polls it every second, at most 30 seconds,
+// for addresses, and goes on without them (NodePorts then on no address
+// until a restart, as kube-proxy's loopback fallback). The agent polls
+// the Node the same way, but bounds the wait for the API to answer at
+// all (nodeAPIWait) and then fails, for the DaemonSet to restart it,
+// rather than start with no node IP and stay so, ready, until a restart.
+// The NodeCIDR mode's wait for podCIDRs (waitForPodCIDRs) is the same
+// poll with its own condition and bound.
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/sluice-lb/sluice/pkg/source/translate"
+)
+
+// The start's waits for the Node, variables for tests to shorten.
+var (
+	// nodeAPIWait bounds how long the API may fail to answer a read of
+	// the Node (found or not found) before the agent gives up: the
+	// NodeCIDR mode's bound.
+	nodeAPIWait = 5 * time.Minute
+	// nodeIPsWait bounds the wait for the Node to exist and have
+	// addresses once the API answers: kube-proxy's nodeIPsTimeout.
+	nodeIPsWait = 30 * time.Second
+)
+
+// nodePoll is how often the Node is read while waiting (kube-proxy's poll
+// interval).
+const nodePoll = time.Second
+
+// nodeRead is what the reads of the Node so far said.
+type nodeRead struct {
+	// node is the Node of the last read that answered (nil: not found,
+	// or no read answered).
+	node *corev1.Node
+	// notFound: the last read that answered did not find the Node.
+	notFound bool
+	// err is the last read's error when it failed other than not found
+	// (nil when it answered).
+	err error
+}
+
+// reason says why a wait goes on, for its log lines.
+func (r nodeRead) reason() string {
+	switch {
+	case r.err != nil:
+		return r.err.Error()
+	case r.notFound:
+		return "not found"
+	}
+	return "found"
+}
+
+// pollNode reads the Node nodeName every poll until done says the reads
+// so far are what the caller waits for, or ctx is done, and returns them
+// (with ctx's error in the second case). report is called with the
+// first reads that are not done and whenever the reason to wait changes
+// (the Node found or not, the error), for the caller to log it.
+func pollNode(ctx context.Context, client kubernetes.Interface, nodeName string, poll time.Duration, done func(nodeRead) bool, report func(nodeRead)) (nodeRead, error) {
+	var r nodeRead
+	reported := ""
+	for reads := 0; ; reads++ {
+		node, err := client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		switch {
+		case err == nil:
+			r = nodeRead{node: node}
+		case apierrors.IsNotFound(err):
+			r = nodeRead{notFound: true}
+		case ctx.Err() == nil || reads == 0:
+			r.err = err
+			// else the wait's end cut the read short: the reads
+			// before say why it waited.
+		}
+		if done(r) {
+			return r, nil
+		}
+		if reason := r.reason(); reason != reported {
+			report(r)
+			reported = reason
+		}
+		select {
+		case <-ctx.Done():
+			return r, ctx.Err()
+		case <-time.After(poll):
+		}
+	}
+}
+
+// waitForNodeIPs returns this node's Node object once it has addresses,
+// starting from have (the Node the NodeCIDR wait read, or nil). It waits
+// at most apiBound for the API to answer a read (an error after it, with
+// the last read's error), then at most ipBound for the Node to exist and
+// have an InternalIP or ExternalIP; after that it returns the Node as
+// read (nil if not found), without error: kube-proxy goes on without
+// node IPs. A done ctx (a signal) ends it with ctx's error.
+func waitForNodeIPs(ctx context.Context, client kubernetes.Interface, nodeName string, have *corev1.Node, apiBound, ipBound, poll time.Duration, log *slog.Logger) (*corev1.Node, error) {
+	hasIPs := func(r nodeRead) bool { return len(translate.NodeIPs(r.node)) > 0 }
+	if have == nil {
+		actx, cancel := context.WithTimeout(ctx, apiBound)
+		r, err := pollNode(actx, client, nodeName, poll, func(r nodeRead) bool { return r.err == nil },
+			func(r nodeRead) {
+				log.Warn("reading the Node for this node's addresses: the API does not answer; retrying", "node", nodeName, "at_most", apiBound, "err", r.err)
+			})
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("reading node %q: %w", nodeName, ctx.Err())
+		case err != nil:
+			return nil, fmt.Errorf("reading node %q: the API did not answer for %v: last read: %w", nodeName, apiBound, r.err)
+		case hasIPs(r):
+			return r.node, nil
+		}
+		have = r.node
+	} else if hasIPs(nodeRead{node: have}) {
+		return have, nil
+	}
+	ictx, cancel := context.WithTimeout(ctx, ipBound)
+	defer cancel()
+	r, err := pollNode(ictx, client, nodeName, poll, hasIPs, func(r nodeRead) {
+		log.Info("waiting for the Node's addresses (InternalIP, ExternalIP)", "node", nodeName, "at_most", ipBound,
+			"node_exists", !r.notFound, "err", r.err)
+	})
+	switch {
+	case ctx.Err() != nil:
+		return nil, fmt.Errorf("waiting for the addresses of node %q: %w", nodeName, ctx.Err())
+	case err == nil:
+		return r.node, nil
+	}
+	// kube-proxy's words, at its level.
+	log.Error("timed out waiting for the Node to be assigned addresses: no node IPs from it", "node", nodeName, "waited", ipBound,
+		"node_exists", !r.notFound, "err", r.err)
+	if r.node == nil {
+		return have, nil
+	}
+	return r.node, nil
+}
+
+// bothFamilies reports whether addrs hold an address of each family.
+func bothFamilies(addrs []netip.Addr) bool {
+	return slices.ContainsFunc(addrs, netip.Addr.Is4) && slices.ContainsFunc(addrs, netip.Addr.Is6)
+}
+
+// nodeAddrs are this node's addresses, as the agent uses them.
+type nodeAddrs struct {
+	// all are --node-ip's addresses, then the Node's (translate.NodeIPs)
+	// of the families --node-ip gives none of: what external flows are
+	// source-NATed to (datapath.Config.NodeIPs), and where the devices
+	// default comes from.
+	all []netip.Addr
+	// primary are kube-proxy's node IPs: the first of all of each
+	// family (translate.Node.IPs).
+	primary []netip.Addr
+	// fromNode are the addresses all took from the Node.
+	fromNode []netip.Addr
+}
+
+// nodeAddressesOf merges --node-ip's addresses flagIPs with node's (nil:
+// none), as kube-proxy's detectNodeIPs merges bindAddress with the Node's
+// GetNodeHostIPs: a family flagIPs give is theirs alone.
+func nodeAddressesOf(flagIPs []netip.Addr, node *corev1.Node) nodeAddrs {
+	na := nodeAddrs{all: slices.Clone(flagIPs)}
+	for _, a := range translate.NodeIPs(node) {
+		if !slices.ContainsFunc(flagIPs, func(b netip.Addr) bool { return b.Is6() == a.Is6() }) {
+			na.fromNode = append(na.fromNode, a)
+		}
+	}
+	na.all = append(na.all, na.fromNode...)
+	na.primary = translate.PrimaryIPs(na.all)
+	return na
+}
+
+// primaryNodePorts are the addresses --nodeport-addresses primary (the
+// default) serves NodePorts on: kube-proxy's node IP of each family, a
+// loopback one left out as kube-proxy leaves it out.
+func (na nodeAddrs) primaryNodePorts() []netip.Addr {
+	return slices.DeleteFunc(slices.Clone(na.primary), netip.Addr.IsLoopback)
+}
