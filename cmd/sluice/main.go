@@ -60,6 +60,7 @@ func run(args []string) int {
 		metricsAddr = fs.String("metrics-addr", "127.0.0.1:10249", "address for Prometheus /metrics (empty: off); kube-proxy's default keeps it on the node: a cluster's Prometheus needs the node's address (NODE_IP:10249) or :10249")
 		logLevel    = fs.String("log-level", "info", "debug, info, warn or error")
 		nodeName    = fs.String("node-name", "", "this node's name (default: the host name)")
+		hostname    = fs.String("hostname-override", "", "kube-proxy's name of --node-name, as kubeadm's kube-proxy DaemonSet passes it: lower-cased and trimmed as kube-proxy does; given with --node-name, they must agree")
 		proxyName   = fs.String("proxy-name", "", "serve Services without a service.kubernetes.io/service-proxy-name label and those labelled with NAME (empty: sluice)")
 		resync      = fs.Duration("resync-interval", time.Minute, "re-apply the desired state this often, repairing drift (0: never)")
 		mapRefresh  = fs.Duration("map-refresh-interval", reconciler.DefaultRefreshInterval, "re-read the BPF maps this often to find entries changed or deleted behind the agent's back (e.g. with bpftool), which are then rewritten; the re-read happens inside an apply, so at the first resync (--resync-interval) or change after the interval (0: never)")
@@ -119,6 +120,8 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "sluice: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
+	nodeNameGiven := false // on the command line, not by --config
+	fs.Visit(func(f *flag.Flag) { nodeNameGiven = nodeNameGiven || f.Name == "node-name" })
 	var kp kubeProxyConfig
 	if *configFile != "" {
 		var err error
@@ -126,6 +129,10 @@ func run(args []string) int {
 			fmt.Fprintf(os.Stderr, "sluice: --config: %v\n", err)
 			return 2
 		}
+	}
+	if err := applyHostnameOverride(nodeName, *hostname, nodeNameGiven); err != nil {
+		fmt.Fprintf(os.Stderr, "sluice: %v\n", err)
+		return 2
 	}
 	for name, d := range map[string]time.Duration{"conntrack-tcp-timeout": dpCfg.CTTimeoutTCP, "conntrack-tcp-syn-timeout": dpCfg.CTTimeoutSYN,
 		"conntrack-tcp-close-timeout": dpCfg.CTTimeoutClose, "conntrack-udp-timeout": dpCfg.CTTimeoutUDP} {

@@ -35,6 +35,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -206,4 +207,22 @@ func nodeAddressesOf(flagIPs []netip.Addr, node *corev1.Node) nodeAddrs {
 // loopback one left out as kube-proxy leaves it out.
 func (na nodeAddrs) primaryNodePorts() []netip.Addr {
 	return slices.DeleteFunc(slices.Clone(na.primary), netip.Addr.IsLoopback)
+}
+
+// applyHostnameOverride applies --hostname-override, kube-proxy's name
+// of --node-name (kubeadm's kube-proxy DaemonSet passes
+// --hostname-override=$(NODE_NAME)), to nodeName: lower-cased and
+// trimmed, as kube-proxy's GetHostname makes it. It wins over a node name
+// from --config's hostnameOverride; beside a --node-name given on the
+// command line (nodeNameGiven) it must name the same node.
+func applyHostnameOverride(nodeName *string, override string, nodeNameGiven bool) error {
+	h := strings.ToLower(strings.TrimSpace(override))
+	switch {
+	case h == "":
+		return nil
+	case nodeNameGiven && *nodeName != h:
+		return fmt.Errorf("--node-name %q and --hostname-override %q name different nodes", *nodeName, override)
+	}
+	*nodeName = h
+	return nil
 }

@@ -161,3 +161,33 @@ func TestWaitForNodeIPs(t *testing.T) {
 		t.Errorf("cancelled wait: %v, want context.Canceled", err)
 	}
 }
+
+// TestHostnameOverride: kubeadm's kube-proxy DaemonSet passes
+// --hostname-override: the agent takes it as --node-name, as kube-proxy
+// makes it (lower case, trimmed), over the --config file's
+// hostnameOverride; beside a different --node-name it is an error.
+func TestHostnameOverride(t *testing.T) {
+	for _, c := range []struct {
+		name, override string
+		given          bool
+		want, err      string
+	}{
+		{"", " Node-A ", false, "node-a", ""},
+		{"from-config", "node-a", false, "node-a", ""},
+		{"node-a", "Node-A", true, "node-a", ""},
+		{"node-a", "", true, "node-a", ""},
+		{"node-b", "node-a", true, "", `--node-name "node-b" and --hostname-override "node-a" name different nodes`},
+	} {
+		name := c.name
+		err := applyHostnameOverride(&name, c.override, c.given)
+		switch {
+		case c.err != "" && (err == nil || err.Error() != c.err):
+			t.Errorf("%q, %q: %v, want %s", c.name, c.override, err, c.err)
+		case c.err == "" && (err != nil || name != c.want):
+			t.Errorf("%q, %q: %q, %v; want %q", c.name, c.override, name, err, c.want)
+		}
+	}
+	if code := run([]string{"--node-name", "node-b", "--hostname-override", "node-a", "--manifests", "m.yaml"}); code != 2 {
+		t.Errorf("two node names: exit %d, want 2", code)
+	}
+}
