@@ -6,11 +6,12 @@ package main
 // NodeCIDR mode's podCIDRs (localmode.go) come from.
 //
 // The node IPs: --node-ip (the configuration's bindAddress, the
-// DaemonSet's status.hostIP) gives its families' addresses; with the
+// DaemonSet's status.hostIPs) gives its families' addresses; with the
 // Kubernetes source, a family it does not give comes from the Node's
 // addresses (InternalIPs, then ExternalIPs), as kube-proxy's bindAddress
 // replaces only its own family's node IP. So a dual-stack node whose
-// DaemonSet passes its one hostIP still serves NodePorts of both families.
+// DaemonSet passes one address (status.hostIP, a bindAddress) still
+// serves NodePorts of both families.
 // Of all these, kube-proxy's node IP of a family is the first (its
 // primary address): NodePorts are served there by default
 // (--nodeport-addresses primary), never on the node's secondary
@@ -21,11 +22,13 @@ package main
 //
 // The waits: kube-proxy reads the Node through an informer whose first
 // list has no time bound, then polls it every second, at most 30 seconds,
-// for addresses, and goes on without them (NodePorts then on no address
-// until a restart, as kube-proxy's loopback fallback). The agent polls
-// the Node the same way, but bounds the wait for the API to answer at
-// all (nodeAPIWait) and then fails, for the DaemonSet to restart it,
-// rather than start with no node IP and stay so, ready, until a restart.
+// for addresses, and goes on without them (its node IPs then loopback,
+// its NodePorts on every address; the agent's on the --devices'
+// addresses, main's fallback). The agent polls the Node the same way, but
+// bounds the wait for the API to answer at all (nodeAPIWait) and then
+// fails, for the DaemonSet to restart it: the single read before this
+// went on with no node IP, and an API down at the start left the agent
+// ready without NodePorts until a restart.
 // The NodeCIDR mode's wait for podCIDRs (waitForPodCIDRs) is the same
 // poll with its own condition and bound.
 
