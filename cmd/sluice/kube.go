@@ -80,14 +80,14 @@ func (k *kubeFlags) source(opts translate.Options, podCIDRs []string, m *metrics
 }
 
 // nodeWithIPs reads this node's Node object for the node IPs --node-ip
-// does not give, waiting for it as kube-proxy does (waitForNodeIPs);
-// have is a Node already read (NodeCIDR's), or nil.
-func (k *kubeFlags) nodeWithIPs(ctx context.Context, nodeName string, have *corev1.Node, log *slog.Logger) (*corev1.Node, error) {
+// does not give, waiting for it as kube-proxy does (waitForNodeIPs), at
+// most bound in all; have is a Node already read (NodeCIDR's), or nil.
+func (k *kubeFlags) nodeWithIPs(ctx context.Context, nodeName string, have *corev1.Node, bound time.Duration, log *slog.Logger) (*corev1.Node, error) {
 	client, _, err := k.client(nodeName)
 	if err != nil {
 		return nil, err
 	}
-	return waitForNodeIPs(ctx, client, nodeName, have, nodeAPIWait, nodeIPsWait, nodePoll, log)
+	return waitForNodeIPs(ctx, client, nodeName, have, bound, nodeIPsWait, nodePoll, log)
 }
 
 // nodeWithPodCIDRs waits for this node's Node object to have podCIDRs

@@ -25,10 +25,12 @@ package main
 // for addresses, and goes on without them (its node IPs then loopback,
 // its NodePorts on every address; the agent's on the --devices'
 // addresses, main's fallback). The agent polls the Node the same way, but
-// bounds the wait for the API to answer at all (nodeAPIWait) and then
-// fails, for the DaemonSet to restart it: the single read before this
-// went on with no node IP, and an API down at the start left the agent
-// ready without NodePorts until a restart.
+// bounds its waits for the Node, the NodeCIDR mode's included, by
+// nodeAPIWait together (the health server listens after them, and the
+// DaemonSet's startupProbe allows about that), and fails if the API has
+// not answered by then, for the DaemonSet to restart it: the single read
+// before this went on with no node IP, and an API down at the start left
+// the agent ready without NodePorts until a restart.
 // The NodeCIDR mode's wait for podCIDRs (waitForPodCIDRs) is the same
 // poll with its own condition and bound.
 
@@ -51,9 +53,10 @@ import (
 
 // The start's waits for the Node, variables for tests to shorten.
 var (
-	// nodeAPIWait bounds how long the API may fail to answer a read of
-	// the Node (found or not found) before the agent gives up: the
-	// NodeCIDR mode's bound.
+	// nodeAPIWait bounds the start's waits for the Node together: the
+	// NodeCIDR mode's for podCIDRs (kube-proxy's 5 minutes), and the
+	// node IPs' for the API to answer a read of the Node (found or not
+	// found), after which the agent gives up.
 	nodeAPIWait = 5 * time.Minute
 	// nodeIPsWait bounds the wait for the Node to exist and have
 	// addresses once the API answers: kube-proxy's nodeIPsTimeout.
@@ -124,25 +127,27 @@ func pollNode(ctx context.Context, client kubernetes.Interface, nodeName string,
 
 // waitForNodeIPs returns this node's Node object once it has addresses,
 // starting from have (the Node the NodeCIDR wait read, or nil). It waits
-// at most apiBound for the API to answer a read (an error after it, with
-// the last read's error), then at most ipBound for the Node to exist and
-// have an InternalIP or ExternalIP; after that it returns the Node as
-// read (nil if not found), without error: kube-proxy goes on without
-// node IPs. A done ctx (a signal) ends it with ctx's error.
-func waitForNodeIPs(ctx context.Context, client kubernetes.Interface, nodeName string, have *corev1.Node, apiBound, ipBound, poll time.Duration, log *slog.Logger) (*corev1.Node, error) {
+// at most bound in all: for the API to answer a read (an error after
+// bound, with the last read's error), then at most ipBound more for the
+// Node to exist and have an InternalIP or ExternalIP; after that it
+// returns the Node as read (nil if not found), without error: kube-proxy
+// goes on without node IPs. bound keeps the start's waits together under
+// what the DaemonSet's startupProbe allows (the health server listens
+// after them). A done ctx (a signal) ends it with ctx's error.
+func waitForNodeIPs(ctx context.Context, client kubernetes.Interface, nodeName string, have *corev1.Node, bound, ipBound, poll time.Duration, log *slog.Logger) (*corev1.Node, error) {
 	hasIPs := func(r nodeRead) bool { return len(translate.NodeIPs(r.node)) > 0 }
+	bctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
 	if have == nil {
-		actx, cancel := context.WithTimeout(ctx, apiBound)
-		r, err := pollNode(actx, client, nodeName, poll, func(r nodeRead) bool { return r.err == nil },
+		r, err := pollNode(bctx, client, nodeName, poll, func(r nodeRead) bool { return r.err == nil },
 			func(r nodeRead) {
-				log.Warn("reading the Node for this node's addresses: the API does not answer; retrying", "node", nodeName, "at_most", apiBound, "err", r.err)
+				log.Warn("reading the Node for this node's addresses: the API does not answer; retrying", "node", nodeName, "at_most", bound, "err", r.err)
 			})
-		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return nil, fmt.Errorf("reading node %q: %w", nodeName, ctx.Err())
 		case err != nil:
-			return nil, fmt.Errorf("reading node %q: the API did not answer for %v: last read: %w", nodeName, apiBound, r.err)
+			return nil, fmt.Errorf("reading node %q: the API did not answer for %v: last read: %w", nodeName, bound, r.err)
 		case hasIPs(r):
 			return r.node, nil
 		}
@@ -150,7 +155,7 @@ func waitForNodeIPs(ctx context.Context, client kubernetes.Interface, nodeName s
 	} else if hasIPs(nodeRead{node: have}) {
 		return have, nil
 	}
-	ictx, cancel := context.WithTimeout(ctx, ipBound)
+	ictx, cancel := context.WithTimeout(bctx, ipBound)
 	defer cancel()
 	r, err := pollNode(ictx, client, nodeName, poll, hasIPs, func(r nodeRead) {
 		log.Info("waiting for the Node's addresses (InternalIP, ExternalIP)", "node", nodeName, "at_most", ipBound,

@@ -140,6 +140,12 @@ func TestWaitForNodeIPs(t *testing.T) {
 	if n, err := waitForNodeIPs(ctx, bare, "node-a", nil, long, 20*time.Millisecond, time.Millisecond, log); err != nil || n == nil || n.Name != "node-a" {
 		t.Errorf("Node without addresses: %v, %v; want it, and no error", n, err)
 	}
+	// bound holds the addresses' wait too: the start's waits stay
+	// within what the startupProbe allows (a Node read already, as
+	// NodeCIDR's, and a long ipBound).
+	if n, err := waitForNodeIPs(ctx, bare, "node-a", nodeWith("Hostname=node-a"), 20*time.Millisecond, long, time.Millisecond, log); err != nil || n == nil {
+		t.Errorf("overall bound: %v, %v; want the Node, and no error", n, err)
+	}
 	// No Node at all: the same.
 	if n, err := waitForNodeIPs(ctx, fake.NewClientset(), "node-a", nil, long, 20*time.Millisecond, time.Millisecond, log); err != nil || n != nil {
 		t.Errorf("no Node: %v, %v; want nil, no error", n, err)
