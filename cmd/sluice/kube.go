@@ -9,11 +9,9 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -82,20 +80,15 @@ func (k *kubeFlags) source(opts translate.Options, podCIDRs []string, m *metrics
 	return src, prox, nil
 }
 
-// nodeIPs reads this node's addresses from its Node object (for NodePorts
-// when --node-ip is not given).
-func (k *kubeFlags) nodeIPs(nodeName string) ([]netip.Addr, error) {
+// nodeWithIPs reads this node's Node object for the node IPs --node-ip
+// does not give, waiting for it as kube-proxy does (waitForNodeIPs), at
+// most bound in all; have is a Node already read (NodeCIDR's), or nil.
+func (k *kubeFlags) nodeWithIPs(ctx context.Context, nodeName string, have *corev1.Node, bound time.Duration, log *slog.Logger) (*corev1.Node, error) {
 	client, _, err := k.client(nodeName)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	node, err := client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("get node %s: %w", nodeName, err)
-	}
-	return translate.NodeIPs(node), nil
+	return waitForNodeIPs(ctx, client, nodeName, have, bound, nodeIPsWait, nodePoll, log)
 }
 
 // nodeWithPodCIDRs waits for this node's Node object to have podCIDRs
@@ -105,7 +98,7 @@ func (k *kubeFlags) nodeWithPodCIDRs(ctx context.Context, nodeName string, log *
 	if err != nil {
 		return nil, err
 	}
-	return waitForPodCIDRs(ctx, client, nodeName, podCIDRWait, podCIDRPoll, log)
+	return waitForPodCIDRs(ctx, client, nodeName, nodeAPIWait, nodePoll, log)
 }
 
 // client returns a Kubernetes client for --kubeconfig or --in-cluster, and

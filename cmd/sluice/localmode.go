@@ -28,8 +28,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/sluice-lb/sluice/pkg/kubeproxyconfig"
@@ -40,14 +38,6 @@ const (
 	localModeClusterCIDR = "ClusterCIDR"
 	localModeNodeCIDR    = "NodeCIDR"
 )
-
-// podCIDRWait bounds the start's wait for the Node's podCIDRs in NodeCIDR
-// mode: kube-proxy's 5 minutes. A variable so that tests can shorten it.
-var podCIDRWait = 5 * time.Minute
-
-// podCIDRPoll is how often the Node is read while waiting (kube-proxy's
-// poll interval).
-const podCIDRPoll = time.Second
 
 // parseLocalMode checks --detect-local-mode.
 func parseLocalMode(s string) (string, error) {
@@ -63,47 +53,33 @@ func parseLocalMode(s string) (string, error) {
 }
 
 // waitForPodCIDRs reads the Node nodeName every poll until it exists and
-// has spec.podCIDRs, for at most bound, and returns it. After bound, the
-// error is kube-proxy's ("timeout waiting for PodCIDR allocation on node
-// ...", or "... for node ... to exist"), with the last read's error if it
-// failed; when ctx is done first (a signal), it wraps ctx's error.
+// has spec.podCIDRs, for at most bound, and returns it (pollNode, the
+// node IPs' wait's poll). After bound, the error is kube-proxy's
+// ("timeout waiting for PodCIDR allocation on node ...", or "... for node
+// ... to exist"), with the last read's error if it failed; when ctx is
+// done first (a signal), it wraps ctx's error.
 func waitForPodCIDRs(ctx context.Context, client kubernetes.Interface, nodeName string, bound, poll time.Duration, log *slog.Logger) (*corev1.Node, error) {
 	wctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	exists := true
-	var readErr error // the last read's, other than not found
-	for logged := false; ; logged = true {
-		node, err := client.CoreV1().Nodes().Get(wctx, nodeName, metav1.GetOptions{})
-		switch {
-		case err == nil && len(node.Spec.PodCIDRs) > 0:
-			return node, nil
-		case err == nil:
-			exists, readErr = true, nil
-		case apierrors.IsNotFound(err):
-			exists, readErr = false, nil
-		case wctx.Err() == nil || !logged:
-			readErr = err // else the bound ran out during the read
-		}
-		if !logged {
+	r, err := pollNode(wctx, client, nodeName, poll, func(r nodeRead) bool { return r.node != nil && len(r.node.Spec.PodCIDRs) > 0 },
+		func(r nodeRead) {
 			log.Info("waiting for the Node's podCIDRs (--detect-local-mode NodeCIDR)", "node", nodeName, "at_most", bound,
-				"node_exists", exists, "err", readErr)
-		}
-		select {
-		case <-wctx.Done():
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("waiting for the podCIDRs of node %q: %w", nodeName, ctx.Err())
-			}
-			what := fmt.Sprintf("timeout waiting for PodCIDR allocation on node %q", nodeName)
-			if !exists {
-				what = fmt.Sprintf("timeout waiting for node %q to exist", nodeName)
-			}
-			if readErr != nil {
-				return nil, fmt.Errorf("%s (waited %v for --detect-local-mode NodeCIDR): last read: %w", what, bound, readErr)
-			}
-			return nil, fmt.Errorf("%s (waited %v for --detect-local-mode NodeCIDR)", what, bound)
-		case <-time.After(poll):
-		}
+				"node_exists", !r.notFound, "err", r.err)
+		})
+	switch {
+	case err == nil:
+		return r.node, nil
+	case ctx.Err() != nil:
+		return nil, fmt.Errorf("waiting for the podCIDRs of node %q: %w", nodeName, ctx.Err())
 	}
+	what := fmt.Sprintf("timeout waiting for PodCIDR allocation on node %q", nodeName)
+	if r.notFound {
+		what = fmt.Sprintf("timeout waiting for node %q to exist", nodeName)
+	}
+	if r.err != nil {
+		return nil, fmt.Errorf("%s (waited %v for --detect-local-mode NodeCIDR): last read: %w", what, bound, r.err)
+	}
+	return nil, fmt.Errorf("%s (waited %v for --detect-local-mode NodeCIDR)", what, bound)
 }
 
 // nodePodCIDRs returns the local traffic detector's CIDRs from node's

@@ -60,10 +60,11 @@ func run(args []string) int {
 		metricsAddr = fs.String("metrics-addr", "127.0.0.1:10249", "address for Prometheus /metrics (empty: off); kube-proxy's default keeps it on the node: a cluster's Prometheus needs the node's address (NODE_IP:10249) or :10249")
 		logLevel    = fs.String("log-level", "info", "debug, info, warn or error")
 		nodeName    = fs.String("node-name", "", "this node's name (default: the host name)")
+		hostname    = fs.String("hostname-override", "", "kube-proxy's name of --node-name, as kubeadm's kube-proxy DaemonSet passes it: lower-cased and trimmed as kube-proxy does; given with --node-name, they must agree")
 		proxyName   = fs.String("proxy-name", "", "serve Services without a service.kubernetes.io/service-proxy-name label and those labelled with NAME (empty: sluice)")
 		resync      = fs.Duration("resync-interval", time.Minute, "re-apply the desired state this often, repairing drift (0: never)")
 		mapRefresh  = fs.Duration("map-refresh-interval", reconciler.DefaultRefreshInterval, "re-read the BPF maps this often to find entries changed or deleted behind the agent's back (e.g. with bpftool), which are then rewritten; the re-read happens inside an apply, so at the first resync (--resync-interval) or change after the interval (0: never)")
-		nodeIPs     = fs.String("node-ip", "", "comma-separated addresses of this node, of either family or both (\"IPv4,IPv6\" in either order, the first of each family its primary address): NodePorts are served on them, and external flows to other nodes' backends are source-NATed to them (also makes --devices default to the devices holding them)")
+		nodeIPs     = fs.String("node-ip", "", "comma-separated addresses of this node, of either family or both (\"IPv4,IPv6\" in either order, as status.hostIPs; the first of each family its primary address, where NodePorts are served by default); with the Kubernetes source a family not given comes from the Node object (its InternalIPs, then ExternalIPs), waited for at start: external flows to other nodes' backends are source-NATed to the one their device holds, and --devices defaults to the devices holding any")
 		ctGC        = fs.Duration("conntrack-gc-interval", 30*time.Second, "delete expired per-packet conntrack entries this often (must be > 0: nothing else empties the established table)")
 		xdpMode     = fs.String("xdp", "off", "XDP fast path for NodePort/ExternalIP/LoadBalancer traffic to other nodes' backends on --devices: native, generic or off")
 		healthCheck = fs.Bool("health-check-node-ports", true, "serve the healthCheckNodePort of LoadBalancer Services with externalTrafficPolicy Local (on the --nodeport-addresses)")
@@ -71,7 +72,7 @@ func run(args []string) int {
 		localMode   = fs.String("detect-local-mode", localModeClusterCIDR, "how pods' traffic is told (kube-proxy's local traffic detector): ClusterCIDR (sources in --cluster-cidr) or NodeCIDR (sources in this node's Node spec.podCIDRs, waited for at start, at most 5 minutes; --cluster-cidr is then ignored, and the agent exits when they change, to be restarted with the new ones; needs --kubeconfig or --in-cluster)")
 		clusterCIDR = fs.String("cluster-cidr", "", "comma-separated CIDRs of the cluster's pods, of either family or both: their traffic to an externalTrafficPolicy Local Service's NodePort, ExternalIP or LoadBalancer IP goes to all its endpoints, and ClusterIP traffic from elsewhere is masqueraded (empty: no source is a pod, and ClusterIP traffic is not masqueraded)")
 		serviceCIDR = fs.String("service-cidr", "", "comma-separated CIDRs of the ClusterIPs, of either family or both: a packet to one of their addresses that no Service holds is dropped")
-		npAddrs     = fs.String("nodeport-addresses", "", "comma-separated CIDRs of either family and kube-proxy's keywords primary (the node's primary addresses, --node-ip), all (0.0.0.0/0 and ::/0) and localhost (127.0.0.0/8): NodePorts (and health checks) are served on the node's addresses inside them; in a family none of them names, or with 0.0.0.0/0 or ::/0, on every address of that family (default: primary)")
+		npAddrs     = fs.String("nodeport-addresses", "", "comma-separated CIDRs of either family and kube-proxy's keywords primary (the node's primary address of each family, --node-ip), all (0.0.0.0/0 and ::/0) and localhost (127.0.0.0/8): NodePorts (and health checks) are served on the node's addresses inside them; in a family none of them names, or with 0.0.0.0/0 or ::/0, on every address of that family (default: primary)")
 		localhostNP = fs.Bool("localhost-nodeports", true, "also serve NodePorts on 127.0.0.1 (TCP and UDP, through socket load balancing) when --nodeport-addresses cover it")
 		masqAll     = fs.Bool("masquerade-all", false, "source-NAT all ClusterIP traffic, and external traffic sent to this node's endpoints (which otherwise keeps its client's address)")
 		svcMetrics  = fs.Bool("service-metrics", false, "count new flows, packets, bytes and drops per Service in the datapath, exported as sluice_service_*_total and shown by sluicectl services --stats (off by default: a series per Service port, and a per-CPU counter array sized by --max-services)")
@@ -119,6 +120,8 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "sluice: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
+	nodeNameGiven := false // on the command line, not by --config
+	fs.Visit(func(f *flag.Flag) { nodeNameGiven = nodeNameGiven || f.Name == "node-name" })
 	var kp kubeProxyConfig
 	if *configFile != "" {
 		var err error
@@ -126,6 +129,10 @@ func run(args []string) int {
 			fmt.Fprintf(os.Stderr, "sluice: --config: %v\n", err)
 			return 2
 		}
+	}
+	if err := applyHostnameOverride(nodeName, *hostname, nodeNameGiven); err != nil {
+		fmt.Fprintf(os.Stderr, "sluice: %v\n", err)
+		return 2
 	}
 	for name, d := range map[string]time.Duration{"conntrack-tcp-timeout": dpCfg.CTTimeoutTCP, "conntrack-tcp-syn-timeout": dpCfg.CTTimeoutSYN,
 		"conntrack-tcp-close-timeout": dpCfg.CTTimeoutClose, "conntrack-udp-timeout": dpCfg.CTTimeoutUDP} {
@@ -172,11 +179,11 @@ func run(args []string) int {
 	if *nodeZone != "" {
 		opts.Node.Labels = map[string]string{corev1.LabelTopologyZone: *nodeZone}
 	}
-	if opts.Node.Addresses, err = parseNodeIPs(*nodeIPs); err != nil {
+	flagIPs, err := parseNodeIPs(*nodeIPs)
+	if err != nil {
 		log.Error("bad flag", "err", err)
 		return 2
 	}
-	dpCfg.NodeIPs = opts.Node.Addresses
 	if *mapRatio != 0 {
 		mem, err := memTotal("/proc/meminfo")
 		if err == nil {
@@ -215,16 +222,18 @@ func run(args []string) int {
 		return 2
 	}
 	var podCIDRs []string // NodeCIDR: the Node's, which the Kubernetes source watches
+	var node *corev1.Node // this node's, when read (nodeips.go)
+	// A signal ends the waits for the Node, which may be long (the
+	// agent's own handler is set up later).
+	wctx, stopWait := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stopWait()
+	waitStart := time.Now() // the waits take nodeAPIWait at most, together
 	if *localMode == localModeNodeCIDR {
 		if !kube.enabled() {
 			log.Error("bad flag", "err", errors.New("--detect-local-mode NodeCIDR takes the pods' CIDRs from this node's Node object: it needs the Kubernetes source (--kubeconfig or --in-cluster), not --manifests"))
 			return 2
 		}
-		// A signal ends the wait, which may be long (the agent's own
-		// handler is set up later).
-		wctx, stopWait := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-		node, err := kube.nodeWithPodCIDRs(wctx, opts.Node.Name, log)
-		stopWait()
+		node, err = kube.nodeWithPodCIDRs(wctx, opts.Node.Name, log)
 		if errors.Is(err, context.Canceled) {
 			log.Info("stopped while waiting for the Node's podCIDRs", "err", err)
 			return 0
@@ -241,37 +250,43 @@ func run(args []string) int {
 			log.Info("--cluster-cidr (the configuration's clusterCIDR) ignored: --detect-local-mode NodeCIDR tells pods by the Node's podCIDRs", "cluster_cidr", *clusterCIDR)
 		}
 		log.Info("pods told by the Node's podCIDRs (--detect-local-mode NodeCIDR)", "node", node.Name, "pod_cidrs", dpCfg.ClusterCIDRs)
-		if len(opts.Node.Addresses) == 0 {
-			// The same read as the normal path's (kube.nodeIPs), and the
-			// same warning when it has none.
-			if opts.Node.Addresses = translate.NodeIPs(node); len(opts.Node.Addresses) == 0 {
-				log.Warn("no --node-ip and no node addresses from the Node object: NodePorts not served", "node", opts.Node.Name)
-			} else {
-				log.Info("node addresses from the Node object", "node", opts.Node.Name, "addresses", opts.Node.Addresses)
-			}
-			dpCfg.NodeIPs = opts.Node.Addresses
+	}
+	if !bothFamilies(flagIPs) && kube.enabled() && *kube.kubeconfig != "" != *kube.inCluster {
+		// The Node gives the families --node-ip does not (all of
+		// them without it), as kube-proxy's Node does beside its
+		// bindAddress.
+		node, err = kube.nodeWithIPs(wctx, opts.Node.Name, node, max(nodeAPIWait-time.Since(waitStart), 0), log)
+		if errors.Is(err, context.Canceled) {
+			log.Info("stopped while waiting for the Node's addresses", "err", err)
+			return 0
+		}
+		if err != nil {
+			log.Error("this node's addresses", "err", err)
+			return 1
 		}
 	}
-	if len(opts.Node.Addresses) == 0 && podCIDRs == nil && kube.enabled() && *kube.kubeconfig != "" != *kube.inCluster {
-		// Without them only NodePorts are missing: warn, do not fail.
-		if opts.Node.Addresses, err = kube.nodeIPs(opts.Node.Name); err != nil {
-			log.Warn("no --node-ip and no node addresses from the Node object: NodePorts not served", "err", err)
-		} else {
-			log.Info("node addresses from the Node object", "node", opts.Node.Name, "addresses", opts.Node.Addresses)
-		}
-		dpCfg.NodeIPs = opts.Node.Addresses
+	stopWait()
+	na := nodeAddressesOf(flagIPs, node)
+	switch {
+	case len(na.fromNode) > 0:
+		log.Info("node addresses from the Node object", "node", opts.Node.Name, "addresses", na.fromNode, "node_ip", flagIPs)
+	case len(na.all) == 0 && kube.enabled():
+		log.Warn("no --node-ip and no node addresses from the Node object: NodePorts served on the devices' addresses only", "node", opts.Node.Name)
 	}
+	dpCfg.NodeIPs = na.all
 	cfg := agent.Config{Devices: splitList(*devices), Resync: *resync}
-	if len(cfg.Devices) == 0 && len(opts.Node.Addresses) > 0 {
-		if cfg.Devices, err = datapath.DevicesOf(opts.Node.Addresses); err != nil {
+	if len(cfg.Devices) == 0 && len(na.all) > 0 {
+		// Every node address, not only the primary ones: ExternalIP and
+		// LoadBalancer traffic may arrive on any of them.
+		if cfg.Devices, err = datapath.DevicesOf(na.all); err != nil {
 			log.Error("find the devices of --node-ip", "err", err)
 			return 1
 		}
 		log.Info("devices holding the node addresses", "devices", cfg.Devices)
 	}
-	// NodePorts answer on the --nodeport-addresses (default: the node
-	// IPs). A node whose IPs are unknown answers on the devices'
-	// addresses, as before there was the flag.
+	// NodePorts answer on the --nodeport-addresses (default: primary,
+	// kube-proxy's node IP of each family). A node whose IPs are unknown
+	// answers on the devices' addresses, as before there was the flag.
 	local, err := localAddresses()
 	if err != nil {
 		log.Error("addresses of the node", "err", err)
@@ -280,12 +295,12 @@ func run(args []string) int {
 	if npPrimary && len(npCIDRs) > 0 {
 		// primary beside CIDRs: the node's primary addresses are
 		// one more range (alone, primary is the default).
-		for _, a := range opts.Node.Addresses {
+		for _, a := range na.primaryNodePorts() {
 			npCIDRs = append(npCIDRs, netip.PrefixFrom(a, a.BitLen()))
 		}
 	}
-	np := nodePortsFor(npCIDRs, opts.Node.Addresses, local, *localhostNP)
-	if len(npCIDRs) == 0 && len(opts.Node.Addresses) == 0 {
+	np := nodePortsFor(npCIDRs, na.primaryNodePorts(), local, *localhostNP)
+	if len(npCIDRs) == 0 && len(na.primaryNodePorts()) == 0 {
 		if np.Addrs, err = datapath.AddressesOf(cfg.Devices); err != nil {
 			log.Error("addresses of the devices", "err", err)
 			return 1
@@ -293,7 +308,7 @@ func run(args []string) int {
 		np.HealthHosts = []string{""}
 		log.Info("no node IP: NodePorts on the devices' addresses", "addresses", np.Addrs)
 	}
-	opts.Node.IPs = translate.PrimaryIPs(opts.Node.Addresses)
+	opts.Node.IPs = na.primary
 	opts.Node.Addresses = np.Addrs
 	log.Info("NodePorts served", "addresses", np.Addrs, "cluster_cidrs", dpCfg.ClusterCIDRs,
 		"service_cidrs", dpCfg.ServiceCIDRs, "masquerade_all", dpCfg.MasqueradeAll)

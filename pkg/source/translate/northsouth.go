@@ -237,10 +237,12 @@ func sourceRanges(entries []string, nodeIP netip.Addr, lbIPs []netip.Addr) (out 
 	return slices.Compact(out), false, warns
 }
 
-// NodeIPs returns the addresses of node, of both families, that NodePorts
-// are served on when --node-ip is not given: its InternalIP addresses,
-// then its ExternalIP ones, without duplicates (the order of kube-proxy's
-// GetNodeHostIPs, which keeps the first of each family: PrimaryIPs).
+// NodeIPs returns the addresses of node (nil: none), of both families:
+// its InternalIP addresses, then its ExternalIP ones, without duplicates,
+// in the order of kube-proxy's GetNodeHostIPs, which keeps the first of
+// each family (PrimaryIPs): kube-proxy's node IPs, where NodePorts are
+// served by default (--nodeport-addresses primary). The agent takes the
+// families --node-ip does not give from them (cmd/sluice nodeips.go).
 func NodeIPs(node *corev1.Node) []netip.Addr {
 	if node == nil {
 		return nil
