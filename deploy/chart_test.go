@@ -298,6 +298,10 @@ func TestMetricsBindAddress(t *testing.T) {
 		{[]string{"metricsBindAddress=0.0.0.0", "ports.metrics=9249"}, "0.0.0.0:9249", "9249"},
 		{[]string{"metricsBindAddress=::"}, "[::]:10249", "10249"},
 		{[]string{"metricsBindAddress=::1"}, "[::1]:10249", ""},
+		// In brackets, as kube-proxy's configuration writes an IPv6
+		// host: bracketed once, and still the loopback (no scraping).
+		{[]string{"metricsBindAddress=[::1]"}, "[::1]:10249", ""},
+		{[]string{"metricsBindAddress=[::]"}, "[::]:10249", "10249"},
 	} {
 		_, ds := render(t, append([]string{"apiServer.host=10.0.0.10"}, c.sets...)...)
 		if got := argOf(ds, "metrics-addr"); got != c.addr {
@@ -355,8 +359,14 @@ func TestProbes(t *testing.T) {
 				t.Errorf("%s: %s probe on %s port %s, want %s port 10256", name, p.kind, g.Path, g.Port.String(), p.path)
 			}
 		}
-		if s := c.StartupProbe; s != nil && s.PeriodSeconds*s.FailureThreshold <= 300 {
-			t.Errorf("%s: the startup probe gives up after %d s, within the 300 s NodeCIDR wait", name, s.PeriodSeconds*s.FailureThreshold)
+		// The kubelet probes first initialDelaySeconds after the start,
+		// then every periodSeconds, and restarts the container at the
+		// failureThreshold-th failure in a row: (threshold-1) periods
+		// after the first probe, not threshold periods.
+		if s := c.StartupProbe; s != nil {
+			if gaveUp := s.InitialDelaySeconds + (s.FailureThreshold-1)*s.PeriodSeconds; gaveUp <= 300 {
+				t.Errorf("%s: the startup probe's last failure lands %d s after the start, within the 300 s NodeCIDR wait", name, gaveUp)
+			}
 		}
 	}
 }
