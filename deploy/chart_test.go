@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -368,5 +369,16 @@ func TestProbes(t *testing.T) {
 				t.Errorf("%s: the startup probe's last failure lands %d s after the start, within the 300 s NodeCIDR wait", name, gaveUp)
 			}
 		}
+	}
+}
+
+// TestNodeByNodeSelector: deploy/README.md's node-by-node migration
+// installs the chart with one more nodeSelector label; the chart must
+// keep its default (Linux nodes) beside it, not replace it.
+func TestNodeByNodeSelector(t *testing.T) {
+	_, ds := render(t, "apiServer.host=10.0.0.10", `nodeSelector.sluice-lb\.io/proxy=sluice`)
+	want := map[string]string{"kubernetes.io/os": "linux", "sluice-lb.io/proxy": "sluice"}
+	if got := ds.Spec.Template.Spec.NodeSelector; !maps.Equal(got, want) {
+		t.Errorf("nodeSelector %v, want %v", got, want)
 	}
 }
