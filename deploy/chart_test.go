@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -298,6 +299,10 @@ func TestMetricsBindAddress(t *testing.T) {
 		{[]string{"metricsBindAddress=0.0.0.0", "ports.metrics=9249"}, "0.0.0.0:9249", "9249"},
 		{[]string{"metricsBindAddress=::"}, "[::]:10249", "10249"},
 		{[]string{"metricsBindAddress=::1"}, "[::1]:10249", ""},
+		// In brackets, as kube-proxy's configuration writes an IPv6
+		// host: bracketed once, and still the loopback (no scraping).
+		{[]string{"metricsBindAddress=[::1]"}, "[::1]:10249", ""},
+		{[]string{"metricsBindAddress=[::]"}, "[::]:10249", "10249"},
 	} {
 		_, ds := render(t, append([]string{"apiServer.host=10.0.0.10"}, c.sets...)...)
 		if got := argOf(ds, "metrics-addr"); got != c.addr {
@@ -355,8 +360,25 @@ func TestProbes(t *testing.T) {
 				t.Errorf("%s: %s probe on %s port %s, want %s port 10256", name, p.kind, g.Path, g.Port.String(), p.path)
 			}
 		}
-		if s := c.StartupProbe; s != nil && s.PeriodSeconds*s.FailureThreshold <= 300 {
-			t.Errorf("%s: the startup probe gives up after %d s, within the 300 s NodeCIDR wait", name, s.PeriodSeconds*s.FailureThreshold)
+		// The kubelet probes first initialDelaySeconds after the start,
+		// then every periodSeconds, and restarts the container at the
+		// failureThreshold-th failure in a row: (threshold-1) periods
+		// after the first probe, not threshold periods.
+		if s := c.StartupProbe; s != nil {
+			if gaveUp := s.InitialDelaySeconds + (s.FailureThreshold-1)*s.PeriodSeconds; gaveUp <= 300 {
+				t.Errorf("%s: the startup probe's last failure lands %d s after the start, within the 300 s NodeCIDR wait", name, gaveUp)
+			}
 		}
+	}
+}
+
+// TestNodeByNodeSelector: deploy/README.md's node-by-node migration
+// installs the chart with one more nodeSelector label; the chart must
+// keep its default (Linux nodes) beside it, not replace it.
+func TestNodeByNodeSelector(t *testing.T) {
+	_, ds := render(t, "apiServer.host=10.0.0.10", `nodeSelector.sluice-lb\.io/proxy=sluice`)
+	want := map[string]string{"kubernetes.io/os": "linux", "sluice-lb.io/proxy": "sluice"}
+	if got := ds.Spec.Template.Spec.NodeSelector; !maps.Equal(got, want) {
+		t.Errorf("nodeSelector %v, want %v", got, want)
 	}
 }

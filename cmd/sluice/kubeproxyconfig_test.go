@@ -211,7 +211,7 @@ func TestProfilingFromConfig(t *testing.T) {
 		// (the conntrack fields left null are reported: their
 		// kube-proxy defaults set sysctls Sluice does not)
 		if *profiling != c.want || len(kp.ignored) != 1 || kp.ignored[0].Field != "conntrack" {
-			t.Errorf("%q: --profiling %v, ignored %v; want %v, none", c.args, *profiling, kp.ignored, c.want)
+			t.Errorf("%q: --profiling %v, ignored %v; want %v, the conntrack defaults only", c.args, *profiling, kp.ignored, c.want)
 		}
 	}
 }

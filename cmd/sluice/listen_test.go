@@ -35,7 +35,9 @@ func TestTakenPortNamesKubeProxy(t *testing.T) {
 			t.Fatalf("%s: the agent started on a taken port %s", c.name, taken)
 		}
 		msg := err.Error()
-		for _, want := range []string{c.name + " listener", taken, "address already in use", "is kube-proxy still running on this node?"} {
+		// kube-proxy's defaults of both families (its bindAddress picks).
+		for _, want := range []string{c.name + " listener", taken, "address already in use", "is kube-proxy still running on this node?",
+			"10256", "10249", "0.0.0.0", "[::]", "127.0.0.1", "[::1]"} {
 			if !strings.Contains(msg, want) {
 				t.Errorf("%s: error %q does not say %q", c.name, msg, want)
 			}

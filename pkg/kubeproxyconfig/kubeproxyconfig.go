@@ -12,18 +12,30 @@
 // value: kubeadm writes every field, most of them empty, and an empty field
 // asks for the default, so there is nothing to report about it.
 //
-// What kube-proxy validates (pkg/proxy/apis/config/validation) is
-// validated the same way: its addresses and CIDRs are parsed as its
-// "sloppy" parsers do (an IPv4 part with leading zeros, 010.0.0.1, is read
-// as decimal, 10.0.0.1) and handed to the flags in canonical form;
-// nodePortAddresses' primary stands alone; clusterCIDR is one CIDR or a
-// pair of both families.
+// A value kube-proxy's validation (pkg/proxy/apis/config/validation)
+// refuses is refused here too, whether Sluice applies the field or not: a
+// file kube-proxy would not start with is one the user must fix anyway.
+// That is every check of its Linux validation (ranges, signs, modes,
+// addresses, CIDRs, the sync periods' order) but three, which need
+// kube-proxy's own registries: featureGates (kube-proxy refuses a gate its
+// version does not know), logging (its format and options) and
+// showHiddenMetricsForVersion (the previous minor version only). Those are
+// reported as not applied, never checked. Addresses and CIDRs are parsed as
+// kube-proxy's "sloppy" parsers do (an IPv4 part with leading zeros,
+// 010.0.0.1, is read as decimal, 10.0.0.1) and handed to the flags in
+// canonical form, a CIDR masked (010.244.0.1/16 and 10.244.0.1/16 are both
+// 10.244.0.0/16); clusterCIDR is split at commas and not trimmed, as
+// kube-proxy splits it (a space after a comma is a CIDR that does not
+// parse).
 //
 // A conntrack field kubeadm leaves null is not Sluice's default in
 // kube-proxy: kube-proxy's defaults set the node's netfilter sysctls
 // (nf_conntrack_max, the established and CLOSE_WAIT timeouts), which
 // Sluice never does. Those are reported, all in one Ignored entry
-// (conntrack), as a field set and not applied is.
+// (conntrack), with the two timeouts Sluice applies to its own table
+// when they are set (kube-proxy would write them to the sysctls too); a
+// conntrack field set and not applied is reported on its own, its reason
+// naming its sysctl.
 //
 // The package knows nothing of flag sets: the caller applies the Settings,
 // which keeps the precedence rule (command line over file) in one place.
@@ -39,6 +51,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	netutils "k8s.io/utils/net"
@@ -115,12 +128,15 @@ func Parse(data []byte) (Result, error) {
 	if c.APIVersion != APIVersion || c.Kind != Kind {
 		return Result{}, fmt.Errorf("apiVersion %q, kind %q: want %s, %s", c.APIVersion, c.Kind, APIVersion, Kind)
 	}
+	if err := validate(&c); err != nil {
+		return Result{}, err
+	}
 	m := mapper{applied: map[string]bool{"apiVersion": true, "kind": true}}
 	if err := m.mapFields(&c); err != nil {
 		return Result{}, err
 	}
 	m.collectIgnored(generic, reflect.TypeFor[KubeProxyConfiguration](), "", &c)
-	if ig, ok := conntrackDefaults(&c.Conntrack); ok {
+	if ig, ok := conntrackSysctls(&c.Conntrack); ok {
 		m.res.Ignored = append(m.res.Ignored, ig)
 	}
 	slices.SortFunc(m.res.Ignored, func(a, b Ignored) int { return strings.Compare(a.Field, b.Field) })
@@ -274,7 +290,7 @@ func (m *mapper) mapFields(c *KubeProxyConfiguration) error {
 		var cidrs []string
 		var families [2]int // IPv4, IPv6
 		for _, s := range strings.Split(c.ClusterCIDR, ",") {
-			p, err := parsePrefix(strings.TrimSpace(s))
+			p, err := parsePrefix(s) // untrimmed, as kube-proxy's conversion splits it
 			if err != nil {
 				return fmt.Errorf("clusterCIDR %q: %w", c.ClusterCIDR, err)
 			}
@@ -343,11 +359,7 @@ func (m *mapper) mapFields(c *KubeProxyConfiguration) error {
 		{"conntrack.udpStreamTimeout", "conntrack-udp-timeout", &c.Conntrack.UDPStreamTimeout},
 	} {
 		m.applied[t.field] = true
-		switch {
-		case t.d == nil || t.d.Duration == 0:
-		case t.d.Duration < 0:
-			return fmt.Errorf("%s %v: must be >= 0", t.field, t.d.Duration)
-		default:
+		if t.d != nil && t.d.Duration > 0 { // < 0 was refused by validate
 			m.set(t.field, t.flag, t.d.Duration.String())
 		}
 	}
@@ -382,10 +394,8 @@ func (m *mapper) mapMode(c *KubeProxyConfiguration) error {
 		masqSection, syncSection = "nftables", "nftables"
 		masqAll = c.NFTables.MasqueradeAll
 		syncPeriod, minSyncPeriod = period(c.NFTables.SyncPeriod.Duration), period(c.NFTables.MinSyncPeriod.Duration)
-	case "kernelspace":
-		return nil // Windows: no section applies, all are reported
-	default:
-		return fmt.Errorf("mode %q: want iptables, ipvs, nftables or kernelspace", c.Mode)
+	default: // refused by validate
+		return fmt.Errorf("mode %q: want iptables, ipvs or nftables", c.Mode)
 	}
 	m.applied[masqSection+".masqueradeAll"] = true
 	if masqAll {
@@ -396,10 +406,7 @@ func (m *mapper) mapMode(c *KubeProxyConfiguration) error {
 		{syncSection + ".minSyncPeriod", "min-sync-period", minSyncPeriod},
 	} {
 		m.applied[p.field] = true
-		if strings.HasPrefix(p.value, "-") {
-			return fmt.Errorf("%s %s: must not be negative", p.field, p.value)
-		}
-		if p.value != "" {
+		if p.value != "" { // not negative: refused by validate
 			m.set(p.field, p.flag, p.value)
 		}
 	}
@@ -463,11 +470,13 @@ func parseAddr(s string) (netip.Addr, error) {
 }
 
 // parsePrefix parses a CIDR as kube-proxy does (netutils.ParseCIDRSloppy,
-// leading zeros as in parseAddr) into netip's form.
+// leading zeros as in parseAddr) into netip's form, masked.
 func parsePrefix(s string) (netip.Prefix, error) {
 	p, err := netip.ParsePrefix(s)
 	if err == nil {
-		return p, nil
+		// Masked, as the sloppy parser below returns it: one form for
+		// 10.244.0.1/16 and 010.244.0.1/16.
+		return p.Masked(), nil
 	}
 	_, ipnet, serr := netutils.ParseCIDRSloppy(s)
 	if serr != nil {
@@ -475,16 +484,21 @@ func parsePrefix(s string) (netip.Prefix, error) {
 	}
 	a, _ := netip.AddrFromSlice(ipnet.IP) // 4 bytes for an IPv4 CIDR
 	bits, _ := ipnet.Mask.Size()
-	return netip.PrefixFrom(a, bits), nil
+	return netip.PrefixFrom(a, bits), nil // ParseCIDRSloppy masks
 }
 
-// conntrackDefaults reports the conntrack fields left null whose
-// kube-proxy default sets a netfilter sysctl (kube-proxy's
-// pkg/proxy/apis/config/v1alpha1 defaults, conntrack.SetSysctls): Sluice
-// sets none, so after kube-proxy the node keeps the kernel's values (after
-// a reboot, or on a new node) while netfilter still tracks every flow. One
-// entry for them all: kubeadm's file leaves all three null.
-func conntrackDefaults(c *KubeProxyConntrackConfiguration) (Ignored, bool) {
+// conntrackSysctls reports the netfilter sysctls kube-proxy would set
+// (pkg/proxy/conntrack.SetSysctls) from a conntrack field that no other
+// entry reports: one left null, whose kube-proxy default sets one
+// (pkg/proxy/apis/config/v1alpha1 defaults), and the two timeouts applied
+// to Sluice's own table (tcpEstablishedTimeout, udpStreamTimeout), which
+// kube-proxy would also have written to the sysctl. Sluice sets no
+// sysctl, so after kube-proxy the node keeps the kernel's values (after a
+// reboot, or on a new node) while netfilter still tracks every flow. A
+// field set and not applied (maxPerCore, tcpCloseWaitTimeout, udpTimeout,
+// tcpBeLiberal) has its own entry, whose reason names its sysctl. One
+// entry for these: kubeadm's file leaves three of them null.
+func conntrackSysctls(c *KubeProxyConntrackConfiguration) (Ignored, bool) {
 	var fields, sysctls []string
 	if c.MaxPerCore == nil {
 		fields = append(fields, `"maxPerCore":null`)
@@ -498,9 +512,17 @@ func conntrackDefaults(c *KubeProxyConntrackConfiguration) (Ignored, bool) {
 		fields = append(fields, `"tcpCloseWaitTimeout":null`)
 		sysctls = append(sysctls, "nf_conntrack_tcp_timeout_close_wait 3600 (the kernel's 60)")
 	}
-	if c.TCPEstablishedTimeout == nil {
+	switch t := c.TCPEstablishedTimeout; {
+	case t == nil:
 		fields = append(fields, `"tcpEstablishedTimeout":null`)
 		sysctls = append(sysctls, "nf_conntrack_tcp_timeout_established 86400 (the kernel's 432000; Sluice's own table: --conntrack-tcp-timeout, 6h)")
+	case t.Duration > 0:
+		fields = append(fields, `"tcpEstablishedTimeout":"`+t.Duration.String()+`"`)
+		sysctls = append(sysctls, fmt.Sprintf("nf_conntrack_tcp_timeout_established %d (the kernel's 432000; applied to Sluice's own table only, --conntrack-tcp-timeout)", int(t.Duration/time.Second)))
+	}
+	if t := c.UDPStreamTimeout.Duration; t > 0 {
+		fields = append(fields, `"udpStreamTimeout":"`+t.String()+`"`)
+		sysctls = append(sysctls, fmt.Sprintf("nf_conntrack_udp_timeout_stream %d (the kernel's 120; applied to Sluice's own table only, --conntrack-udp-timeout)", int(t/time.Second)))
 	}
 	if len(fields) == 0 {
 		return Ignored{}, false
@@ -508,7 +530,7 @@ func conntrackDefaults(c *KubeProxyConntrackConfiguration) (Ignored, bool) {
 	return Ignored{
 		Field: "conntrack",
 		Value: "{" + strings.Join(fields, ",") + "}",
-		Why: "kube-proxy's defaults would set the node's netfilter sysctls, which Sluice leaves at the kernel's: " + strings.Join(sysctls, ", ") +
+		Why: "kube-proxy would set the node's netfilter sysctls, which Sluice leaves at the kernel's: " + strings.Join(sysctls, ", ") +
 			"; keep them in /etc/sysctl.d (deploy/README.md)",
 	}, true
 }
@@ -546,11 +568,11 @@ var why = map[string]string{
 
 	// The conntrack fields that have no counterpart in Sluice's own table
 	// (the timeouts that do are applied, see mapFields).
-	"conntrack.maxPerCore":          "sizes the node's netfilter table, which holds all of the node's flows: Sluice's holds Service flows only, sized by --max-conntrack",
-	"conntrack.min":                 "sizes the node's netfilter table, which holds all of the node's flows: Sluice's holds Service flows only, sized by --max-conntrack",
-	"conntrack.tcpCloseWaitTimeout": "netfilter's CLOSE_WAIT timeout (one side closed): Sluice keeps a half-closed flow as an open one (conntrack.tcpEstablishedTimeout, --conntrack-tcp-timeout)",
-	"conntrack.udpTimeout":          "netfilter's timeout of unanswered UDP flows: Sluice has one UDP timeout, answered or not, set by conntrack.udpStreamTimeout (--conntrack-udp-timeout)",
-	"conntrack.tcpBeLiberal":        "netfilter's TCP window tracking: Sluice does not track TCP windows",
+	"conntrack.maxPerCore":          "kube-proxy sizes the node's nf_conntrack_max from it (keep it in /etc/sysctl.d, deploy/README.md); that table holds all of the node's flows: Sluice's holds Service flows only, sized by --max-conntrack",
+	"conntrack.min":                 "kube-proxy sizes the node's nf_conntrack_max from it (keep it in /etc/sysctl.d, deploy/README.md); that table holds all of the node's flows: Sluice's holds Service flows only, sized by --max-conntrack",
+	"conntrack.tcpCloseWaitTimeout": "kube-proxy sets the node's nf_conntrack_tcp_timeout_close_wait from it (keep it in /etc/sysctl.d, deploy/README.md); Sluice keeps a half-closed flow as an open one (conntrack.tcpEstablishedTimeout, --conntrack-tcp-timeout)",
+	"conntrack.udpTimeout":          "kube-proxy sets the node's nf_conntrack_udp_timeout (unanswered UDP flows) from it (keep it in /etc/sysctl.d, deploy/README.md); Sluice has one UDP timeout, answered or not, set by conntrack.udpStreamTimeout (--conntrack-udp-timeout)",
+	"conntrack.tcpBeLiberal":        "kube-proxy sets the node's nf_conntrack_tcp_be_liberal to 1 (keep it in /etc/sysctl.d, deploy/README.md); Sluice does not track TCP windows",
 }
 
 // collectIgnored reports the leaves of v (the file, decoded generically;

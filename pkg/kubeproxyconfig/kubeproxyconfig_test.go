@@ -58,7 +58,13 @@ func TestConntrackDefaults(t *testing.T) {
 		{"", `{"maxPerCore":null,"tcpCloseWaitTimeout":null,"tcpEstablishedTimeout":null}`, "at least 131072"},
 		{"conntrack: {min: 65536}\n", `{"maxPerCore":null,"tcpCloseWaitTimeout":null,"tcpEstablishedTimeout":null}`, "at least 65536"},
 		{"conntrack: {maxPerCore: 0, tcpCloseWaitTimeout: 0s}\n", `{"tcpEstablishedTimeout":null}`, "nf_conntrack_tcp_timeout_established 86400"},
-		{"conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 24h, tcpCloseWaitTimeout: 1h}\n", "", ""},
+		{"conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 1h}\n", "", ""},
+		// Set and applied to Sluice's table, but not to the sysctl
+		// kube-proxy would have written: reported as the null ones.
+		{"conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 12h, tcpCloseWaitTimeout: 1h}\n", `{"tcpEstablishedTimeout":"12h0m0s"}`,
+			"nf_conntrack_tcp_timeout_established 43200 (the kernel's 432000; applied to Sluice's own table only"},
+		{"conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 1h, udpStreamTimeout: 5m}\n", `{"udpStreamTimeout":"5m0s"}`,
+			"nf_conntrack_udp_timeout_stream 300"},
 	} {
 		res, err := Parse([]byte(head + c.body))
 		if err != nil {
@@ -150,6 +156,7 @@ oomScoreAdj: -999
 	}
 	wantIgnored := map[string]string{
 		"clientConnection.burst":        "100",
+		"conntrack":                     `{"tcpEstablishedTimeout":"24h0m0s","udpStreamTimeout":"5m0s"}`,
 		"conntrack.maxPerCore":          "32768",
 		"conntrack.min":                 "131072",
 		"conntrack.tcpCloseWaitTimeout": "1h0m0s",
@@ -230,7 +237,6 @@ nftables: {syncPeriod: 30s}
 			{"ipvs.syncPeriod", "sync-period", "20s"},
 		}},
 		{"nftables", []Setting{{"nftables.syncPeriod", "sync-period", "30s"}}},
-		{"kernelspace", nil},
 	} {
 		res, err := Parse([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: \"" + c.mode + "\"\n" + sections))
 		if err != nil {
@@ -292,6 +298,27 @@ func TestBadFiles(t *testing.T) {
 		{"negative sync period", head + "iptables:\n  syncPeriod: -1s\n", "iptables.syncPeriod"},
 		{"negative qps", head + "clientConnection:\n  qps: -1\n", "clientConnection.qps"},
 		{"wrong type", head + "iptables:\n  masqueradeAll: \"yes\"\n", "masqueradeAll"},
+		// The rest of kube-proxy's validation (validation.go), for
+		// fields Sluice does not apply too: kube-proxy would not start.
+		{"Windows' mode", head + "mode: kernelspace\n", `mode "kernelspace"`},
+		{"iptables masqueradeBit out of range", head + "mode: nftables\niptables: {masqueradeBit: 40}\n", "iptables.masqueradeBit 40: must be within [0, 31]"},
+		{"nftables masqueradeBit out of range", head + "mode: nftables\nnftables: {masqueradeBit: -1}\n", "nftables.masqueradeBit -1"},
+		{"oomScoreAdj out of range", head + "oomScoreAdj: 5000\n", "oomScoreAdj 5000: must be within [-1000, 1000]"},
+		{"negative maxPerCore", head + "conntrack: {maxPerCore: -1}\n", "conntrack.maxPerCore -1: must be >= 0"},
+		{"negative conntrack min", head + "conntrack: {min: -5}\n", "conntrack.min -5"},
+		{"negative CLOSE_WAIT timeout", head + "conntrack: {tcpCloseWaitTimeout: -1s}\n", "conntrack.tcpCloseWaitTimeout -1s"},
+		{"negative established timeout", head + "conntrack: {tcpEstablishedTimeout: -1s}\n", "conntrack.tcpEstablishedTimeout -1s"},
+		{"negative UDP timeout", head + "conntrack: {udpTimeout: -1s}\n", "conntrack.udpTimeout -1s"},
+		{"negative UDP stream timeout", head + "conntrack: {udpStreamTimeout: -1s}\n", "conntrack.udpStreamTimeout -1s"},
+		{"bogus excludeCIDRs in ipvs mode", head + "mode: ipvs\nipvs: {excludeCIDRs: [10.0.0.0/8, bogus]}\n", `ipvs.excludeCIDRs[1] "bogus"`},
+		{"negative ipvs timeout in ipvs mode", head + "mode: ipvs\nipvs: {tcpFinTimeout: -1s}\n", "ipvs.tcpFinTimeout -1s"},
+		{"negative burst", head + "clientConnection: {burst: -1}\n", "clientConnection.burst -1: must be >= 0"},
+		{"negative configSyncPeriod", head + "configSyncPeriod: -1s\n", "configSyncPeriod -1s"},
+		{"negative min sync period", head + "mode: nftables\nnftables: {minSyncPeriod: -1s}\n", "nftables.minSyncPeriod -1s"},
+		{"min sync period above the default sync period", head + "iptables: {minSyncPeriod: 1m}\n", "iptables.minSyncPeriod 1m0s: must not be above iptables.syncPeriod, 30s"},
+		{"min sync period above the sync period", head + "mode: ipvs\nipvs: {syncPeriod: 10s, minSyncPeriod: 11s}\n", "ipvs.minSyncPeriod 11s"},
+		// kube-proxy splits clusterCIDR at commas without trimming.
+		{"cluster CIDRs with a space", head + "clusterCIDR: 10.0.0.0/8, fd00::/64\n", `clusterCIDR "10.0.0.0/8, fd00::/64"`},
 		{"duplicate field", head + "clusterCIDR: 10.0.0.0/8\nclusterCIDR: 10.1.0.0/16\n", "clusterCIDR"},
 		{"not YAML", "{", "decode"},
 	} {
@@ -386,6 +413,14 @@ func TestSloppyAddresses(t *testing.T) {
 		{"clusterCIDR: 010.244.0.0/16,fd00:10:244::/56\n", Setting{"clusterCIDR", "cluster-cidr", "10.244.0.0/16,fd00:10:244::/56"}},
 		{"clusterCIDR: 10.244.0.0/016\n", Setting{"clusterCIDR", "cluster-cidr", "10.244.0.0/16"}},
 		{"nodePortAddresses: [192.168.001.0/24, all]\n", Setting{"nodePortAddresses", "nodeport-addresses", "192.168.1.0/24,all"}},
+		// One canonical form, masked, whichever parser took the CIDR
+		// (the sloppy one masks).
+		{"clusterCIDR: 010.244.0.1/16\n", Setting{"clusterCIDR", "cluster-cidr", "10.244.0.0/16"}},
+		{"clusterCIDR: 10.244.0.1/16,fd00:10:244::1/56\n", Setting{"clusterCIDR", "cluster-cidr", "10.244.0.0/16,fd00:10:244::/56"}},
+		{"nodePortAddresses: [192.168.1.7/24]\n", Setting{"nodePortAddresses", "nodeport-addresses", "192.168.1.0/24"}},
+		{"nodePortAddresses: [192.168.001.7/24]\n", Setting{"nodePortAddresses", "nodeport-addresses", "192.168.1.0/24"}},
+		// primary alone is what kube-proxy takes, and passes as is.
+		{"nodePortAddresses: [primary]\n", Setting{"nodePortAddresses", "nodeport-addresses", "primary"}},
 	} {
 		res, err := Parse([]byte(head + c.body))
 		if err != nil {
