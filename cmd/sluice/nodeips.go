@@ -226,9 +226,12 @@ func (na nodeAddrs) primaryNodePorts() []netip.Addr {
 func applyHostnameOverride(nodeName *string, override string, nodeNameGiven bool) error {
 	h := strings.ToLower(strings.TrimSpace(override))
 	switch {
-	case h == "":
+	case override == "":
 		return nil
-	case nodeNameGiven && *nodeName != h:
+	case h == "":
+		// kube-proxy's processHostnameOverrideFlag refuses it too.
+		return fmt.Errorf("--hostname-override %q: empty after trimming", override)
+	case nodeNameGiven && !strings.EqualFold(*nodeName, h):
 		return fmt.Errorf("--node-name %q and --hostname-override %q name different nodes", *nodeName, override)
 	}
 	*nodeName = h

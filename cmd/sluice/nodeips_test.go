@@ -166,6 +166,11 @@ func TestWaitForNodeIPs(t *testing.T) {
 	if _, err := waitForNodeIPs(cctx, down, "node-a", nil, long, long, time.Millisecond, log); !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled wait: %v, want context.Canceled", err)
 	}
+	// A signal in the addresses' wait (a Node without them) ends the
+	// start too, not read as the wait timing out.
+	if _, err := waitForNodeIPs(cctx, bare, "node-a", nodeWith("Hostname=node-a"), long, long, time.Millisecond, log); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled address wait: %v, want context.Canceled", err)
+	}
 }
 
 // TestHostnameOverride: kubeadm's kube-proxy DaemonSet passes
@@ -183,6 +188,8 @@ func TestHostnameOverride(t *testing.T) {
 		{"node-a", "Node-A", true, "node-a", ""},
 		{"node-a", "", true, "node-a", ""},
 		{"node-b", "node-a", true, "", `--node-name "node-b" and --hostname-override "node-a" name different nodes`},
+		{"Node-A", "node-a", true, "node-a", ""},
+		{"node-a", "  ", false, "", `--hostname-override "  ": empty after trimming`},
 	} {
 		name := c.name
 		err := applyHostnameOverride(&name, c.override, c.given)
