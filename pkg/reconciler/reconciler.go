@@ -368,8 +368,9 @@ func (r *Reconciler) Drift() DriftStats {
 // LastApplyFull reports whether the last Apply compared every desired
 // frontend with its view (a first program, a state not made from the one
 // applied last, one after a failure or a re-read that rebuilt the view),
-// rather than only the frontends the state changed: kube-proxy's full
-// sync against its partial one (pkg/metrics.Metrics.SetFullSync).
+// rather than only the frontends the state changed (none when it was the
+// state applied last, applied again): kube-proxy's full sync against its
+// partial one (pkg/metrics.Metrics.SetFullSync).
 func (r *Reconciler) LastApplyFull() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -423,7 +424,18 @@ func (r *Reconciler) Apply(st *model.State) error {
 	// sync, differs from it only in st.Changed: the other frontends are
 	// in sync (the view changes only by Apply, Restore and refresh, which
 	// forget the generation).
-	incremental := st != nil && st.BaseGen != 0 && st.BaseGen == r.appliedGen && len(errs) == 0 && !r.dirty
+	//
+	// The state applied last, applied again (a periodic sync, the
+	// agent's resync, with nothing changed since), is in sync as a
+	// whole: nothing to look at, as kube-proxy's periodic sync is a
+	// partial one. (Drift behind the agent's back is found by the
+	// re-read above, which forgets the generation.)
+	again := st != nil && st.Gen != 0 && st.Gen == r.appliedGen
+	incremental := st != nil && (again || st.BaseGen != 0 && st.BaseGen == r.appliedGen) && len(errs) == 0 && !r.dirty
+	var stChanged []model.L4Addr
+	if incremental && !again {
+		stChanged = st.Changed
+	}
 	r.appliedGen = 0
 	r.lastFull = !incremental
 	if incremental {
@@ -479,7 +491,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 		}
 	}
 	if incremental {
-		for _, a := range st.Changed {
+		for _, a := range stChanged {
 			for _, scope := range []Scope{ScopeDefault, ScopeInternal} {
 				fe := Frontend{L4Addr: a, Scope: scope}
 				v := r.frontends.val(fe)
