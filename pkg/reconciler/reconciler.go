@@ -172,10 +172,11 @@ type Reconciler struct {
 	ips         keyMap[netip.Addr, serviceIP, addrKeys]
 	nServiceIPs int // addresses the map holds
 	ipDirty     map[netip.Addr]bool
-	// The service CIDRs the datapath holds, when cidrsKnown (set by the
-	// last write of them; forgotten by Restore, a refresh and every
-	// periodic re-read, so that the next state that has them writes
-	// them again, repairing drift: servicecidrs.go).
+	// The service CIDRs the datapath holds, when cidrsKnown (read by
+	// Restore and a refresh, set by each write of them; forgotten by a
+	// failed write and by every periodic re-read, so that the next
+	// state that has them writes them again, repairing drift:
+	// servicecidrs.go).
 	cidrs      []netip.Prefix
 	cidrsKnown bool
 

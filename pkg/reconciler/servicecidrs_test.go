@@ -92,3 +92,30 @@ func mustDump(t *testing.T, f *fakedp.Fake) *reconciler.KernelState {
 	}
 	return ks
 }
+
+// A restarted agent reads the service CIDRs back (Restore): a first state
+// naming the same ones writes nothing, one naming others writes them.
+func TestServiceCIDRsRestored(t *testing.T) {
+	f := newFake(t)
+	web := svc(vip(1), "web", be(1, 1, model.TCP))
+	if err := reconciler.New(f, nil).Apply(withCIDRs(state(web), "10.96.0.0/16")); err != nil {
+		t.Fatal(err)
+	}
+	f.ResetCounts()
+	r := reconciler.New(f, nil)
+	if err := r.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Apply(withCIDRs(state(web), "10.96.0.0/16")); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.Writes(); n != 0 {
+		t.Errorf("%d writes after a restart for the same state and CIDRs, want 0", n)
+	}
+	if err := r.Apply(withCIDRs(state(web), "10.96.0.0/12")); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.Count(fakedp.OpSetServiceCIDRs); n != 1 {
+		t.Errorf("%d writes of the service CIDRs for other CIDRs, want 1", n)
+	}
+}
