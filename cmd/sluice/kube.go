@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -52,8 +53,9 @@ func (k *kubeFlags) enabled() bool { return *k.kubeconfig != "" || *k.inCluster 
 // answer from it. m is the agent's metrics registry: the source records
 // the network programming latency in it when the agent reports a state
 // programmed. podCIDRs, in NodeCIDR mode, are the Node's the agent took:
-// the source fails if they change.
-func (k *kubeFlags) source(opts translate.Options, podCIDRs []string, m *metrics.Metrics, log *slog.Logger) (agent.Source, *health.Proxier, error) {
+// the source fails if they change. serviceCIDRs are --service-cidr's, which
+// the source adds to the ServiceCIDR objects' CIDRs.
+func (k *kubeFlags) source(opts translate.Options, podCIDRs []string, serviceCIDRs []netip.Prefix, m *metrics.Metrics, log *slog.Logger) (agent.Source, *health.Proxier, error) {
 	client, cfg, err := k.client(opts.Node.Name)
 	if err != nil {
 		return nil, nil, err
@@ -73,6 +75,7 @@ func (k *kubeFlags) source(opts translate.Options, podCIDRs []string, m *metrics
 		Changes:           m, // kube-proxy's change and last-queued metrics
 		Logger:            log,
 		PodCIDRs:          podCIDRs,
+		ServiceCIDRs:      serviceCIDRs,
 	})
 	if err != nil {
 		return nil, nil, err

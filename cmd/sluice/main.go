@@ -71,7 +71,7 @@ func run(args []string) int {
 		nodeZone    = fs.String("node-zone", "", "this node's zone (the topology.kubernetes.io/zone label), which EndpointSlice hints are matched against; with the Kubernetes source the Node's label replaces it")
 		localMode   = fs.String("detect-local-mode", localModeClusterCIDR, "how pods' traffic is told (kube-proxy's local traffic detector): ClusterCIDR (sources in --cluster-cidr) or NodeCIDR (sources in this node's Node spec.podCIDRs, waited for at start, at most 5 minutes; --cluster-cidr is then ignored, and the agent exits when they change, to be restarted with the new ones; needs --kubeconfig or --in-cluster)")
 		clusterCIDR = fs.String("cluster-cidr", "", "comma-separated CIDRs of the cluster's pods, of either family or both: their traffic to an externalTrafficPolicy Local Service's NodePort, ExternalIP or LoadBalancer IP goes to all its endpoints, and ClusterIP traffic from elsewhere is masqueraded (empty: no source is a pod, and ClusterIP traffic is not masqueraded)")
-		serviceCIDR = fs.String("service-cidr", "", "comma-separated CIDRs of the ClusterIPs, of either family or both: a packet to one of their addresses that no Service holds is dropped")
+		serviceCIDR = fs.String("service-cidr", "", "comma-separated CIDRs of the ClusterIPs, of either family or both: a packet to one of their addresses that no Service holds is dropped; with the Kubernetes source, added to the CIDRs of the cluster's ServiceCIDR objects (networking.k8s.io/v1), which are followed")
 		npAddrs     = fs.String("nodeport-addresses", "", "comma-separated CIDRs of either family and kube-proxy's keywords primary (the node's primary address of each family, --node-ip), all (0.0.0.0/0 and ::/0) and localhost (127.0.0.0/8): NodePorts (and health checks) are served on the node's addresses inside them; in a family none of them names, or with 0.0.0.0/0 or ::/0, on every address of that family (default: primary)")
 		localhostNP = fs.Bool("localhost-nodeports", true, "also serve NodePorts on 127.0.0.1 (TCP and UDP, through socket load balancing) when --nodeport-addresses cover it")
 		masqAll     = fs.Bool("masquerade-all", false, "source-NAT all ClusterIP traffic, and external traffic sent to this node's endpoints (which otherwise keeps its client's address)")
@@ -318,7 +318,7 @@ func run(args []string) int {
 	var prox *health.Proxier // /healthz and /livez; nil: 200 while running
 	if *manifests != "" {
 		src = manifest.NewSource(*manifests, opts, log.With("source", "manifests"))
-	} else if src, prox, err = kube.source(opts, podCIDRs, m, log); err != nil {
+	} else if src, prox, err = kube.source(opts, podCIDRs, dpCfg.ServiceCIDRs, m, log); err != nil {
 		log.Error("Kubernetes source", "err", err)
 		return 1
 	}
@@ -337,6 +337,10 @@ func run(args []string) int {
 		}
 	}
 	dpCfg.BPFFS = *bpffs
+	// The Kubernetes source names the service CIDRs (its ServiceCIDR
+	// objects and the flag's), which the reconciler writes: Open keeps
+	// those pinned until then.
+	dpCfg.ServiceCIDRsFromSource = kube.enabled()
 	dpCfg.DisableSocketLB = !*socketLB
 	dpCfg.DeferDryRun = true // loaded after the first sync (dryRunLoader)
 	if !checkPrerequisites(*manifests, dpCfg.BPFFS, cfg.Cgroup, dpCfg.XDP, log) {

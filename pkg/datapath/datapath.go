@@ -139,6 +139,15 @@ type Config struct {
 	// ServiceCIDRs (--service-cidr): a packet to an address in them that
 	// is no ClusterIP is dropped.
 	ServiceCIDRs []netip.Prefix
+	// ServiceCIDRsFromSource says the source names the service CIDRs at
+	// run time (the Kubernetes source's ServiceCIDR objects, with
+	// ServiceCIDRs among them), which the reconciler writes
+	// (SetServiceCIDRs): Open adds ServiceCIDRs but deletes no other
+	// service CIDR it finds pinned, so that an agent restarted keeps
+	// dropping for the CIDRs its predecessor learnt until its first
+	// apply says which still are. Without it Open makes the service
+	// CIDRs exactly ServiceCIDRs.
+	ServiceCIDRsFromSource bool
 	// MasqueradeAll (--masquerade-all) source-NATs all ClusterIP traffic,
 	// and external traffic to a backend on this node.
 	MasqueradeAll bool
@@ -426,7 +435,8 @@ func Open(cfg Config) (*Datapath, error) {
 	if err := errors.Join(d.pins.keepEntries(d.maps.nodeCIDRs, mapNodeCIDRs), d.pins.keepEntries(d.maps.nodeCIDRs6, mapNodeCIDRs6)); err != nil {
 		return nil, errors.Join(err, d.Abort())
 	}
-	if err := d.maps.setNodeCIDRs(cidrs); err != nil {
+	owned := func(kind uint32) bool { return kind != nodeCIDRService || !cfg.ServiceCIDRsFromSource }
+	if err := d.maps.setNodeCIDRs(cidrs, owned); err != nil {
 		return nil, errors.Join(err, d.Abort())
 	}
 	if failAfterLoad != nil {

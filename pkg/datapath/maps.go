@@ -391,7 +391,7 @@ func (m *Maps) DeleteSlot(fe reconciler.Frontend, slot uint32) error {
 }
 
 // Dump reads the service, backend, reverse-NAT, source-range and
-// service-IP maps of both families back.
+// service-IP maps of both families back, and the service CIDRs.
 func (m *Maps) Dump() (*reconciler.KernelState, error) {
 	return dumpState(m.stateMaps())
 }
@@ -401,6 +401,7 @@ func (m *Maps) stateMaps() stateMaps {
 		slots4: m.slots4, slots6: m.slots6, slotArr4: m.slots4.array(), slotArr6: m.slots6.array(),
 		services: m.services, backends: m.backends, revNat: m.revNat, srcRanges: m.srcRanges, serviceIPs: m.serviceIPs,
 		services6: m.services6, backends6: m.backends6, revNat6: m.revNat6, srcRanges6: m.srcRanges6, serviceIPs6: m.serviceIPs6,
+		nodeCIDRs: m.nodeCIDRs, nodeCIDRs6: m.nodeCIDRs6,
 	}
 }
 
@@ -410,6 +411,9 @@ func (m *Maps) stateMaps() stateMaps {
 type stateMaps struct {
 	services, backends, revNat, srcRanges, serviceIPs      *ebpf.Map
 	services6, backends6, revNat6, srcRanges6, serviceIPs6 *ebpf.Map
+	// sluice_node_cidrs and its twin, for the service CIDRs (Dump only:
+	// walkState does not read them).
+	nodeCIDRs, nodeCIDRs6 *ebpf.Map
 	// The slots: the agent's tables (Maps), or the arrays read by the
 	// masters' bases (the read-only Pinned).
 	slots4, slots6     *slotTable
@@ -447,6 +451,16 @@ func dumpState(ms stateMaps) (*reconciler.KernelState, error) {
 		return nil, err
 	}
 	slices.SortFunc(d.ks.ServiceIPs, netip.Addr.Compare)
+	cidrs, err := (&Maps{nodeCIDRs: ms.nodeCIDRs, nodeCIDRs6: ms.nodeCIDRs6}).NodeCIDRs()
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range cidrs {
+		if c.Kind == nodeCIDRService {
+			d.ks.ServiceCIDRs = append(d.ks.ServiceCIDRs, c.Prefix)
+		}
+	}
+	slices.SortFunc(d.ks.ServiceCIDRs, netip.Prefix.Compare)
 	return d.ks, nil
 }
 

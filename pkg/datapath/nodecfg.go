@@ -5,7 +5,10 @@ package datapath
 // which clients are internal. The reconciler orders the service-IP writes
 // around the masters (pkg/reconciler, serviceips.go); here each is one
 // idempotent update or delete. The node's CIDRs are per-node settings,
-// written at Open from Config.
+// written at Open from Config; the service CIDRs also at run time, as the
+// cluster's ServiceCIDR objects change, by the reconciler
+// (SetServiceCIDRs, pkg/reconciler/servicecidrs.go): one writer, the
+// agent's apply loop.
 
 import (
 	"errors"
@@ -97,16 +100,49 @@ func wantNodeCIDRs(cfg Config) ([]NodeCIDR, error) {
 		cidrs []netip.Prefix
 	}{{nodeCIDRCluster, "cluster", cfg.ClusterCIDRs}, {nodeCIDRService, "service", cfg.ServiceCIDRs}} {
 		for _, p := range x.cidrs {
-			if !p.IsValid() || p.Addr().Zone() != "" || p.Addr().Is4In6() && p.Bits() < 96 {
-				return nil, fmt.Errorf("%s CIDR %s: not an IPv4 or IPv6 prefix", x.flag, p)
+			c, err := checkNodeCIDR(x.kind, x.flag, p)
+			if err != nil {
+				return nil, err
 			}
-			if p.Addr().Is4In6() {
-				p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
-			}
-			out = append(out, NodeCIDR{x.kind, p.Masked()})
+			out = append(out, c)
 		}
 	}
 	return out, nil
+}
+
+// checkNodeCIDR checks p, a CIDR of kind (named flag in the error), and
+// returns its entry: masked, an IPv4-mapped prefix as its IPv4 prefix.
+func checkNodeCIDR(kind uint32, flag string, p netip.Prefix) (NodeCIDR, error) {
+	if !p.IsValid() || p.Addr().Zone() != "" || p.Addr().Is4In6() && p.Bits() < 96 {
+		return NodeCIDR{}, fmt.Errorf("%s CIDR %s: not an IPv4 or IPv6 prefix", flag, p)
+	}
+	if p.Addr().Is4In6() {
+		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+	}
+	return NodeCIDR{kind, p.Masked()}, nil
+}
+
+// SetServiceCIDRs makes the service CIDRs of sluice_node_cidrs and
+// sluice6_node_cidrs exactly cidrs (reconciler.Datapath), leaving the
+// cluster CIDRs alone. A prefix that is no IPv4 or IPv6 prefix fails it
+// before anything is written. It writes only what differs: the CIDRs the
+// maps lack, of both families, then the deletes of those no longer
+// wanted. Each CIDR is one entry, so a reader sees the old set, the new
+// one, or their union: an unallocated address is at worst dropped a
+// moment longer; and the programs drop for these only a packet that
+// matched no frontend and no service IP (no_service in bpf/lib/tc_fam.h
+// and bpf/lib/socklb_fam.h), so no order of these writes touches a
+// programmed ClusterIP's traffic.
+func (m *Maps) SetServiceCIDRs(cidrs []netip.Prefix) error {
+	want := make([]NodeCIDR, 0, len(cidrs))
+	for _, p := range cidrs {
+		c, err := checkNodeCIDR(nodeCIDRService, "service", p)
+		if err != nil {
+			return err
+		}
+		want = append(want, c)
+	}
+	return m.setNodeCIDRs(want, func(kind uint32) bool { return kind == nodeCIDRService })
 }
 
 // hasCIDR reports whether cidrs has a prefix of kind in the IPv6 family
@@ -115,9 +151,12 @@ func hasCIDR(cidrs []NodeCIDR, kind uint32, v6 bool) bool {
 	return slices.ContainsFunc(cidrs, func(c NodeCIDR) bool { return c.Kind == kind && c.Prefix.Addr().Is6() == v6 })
 }
 
-// setNodeCIDRs makes sluice_node_cidrs and sluice6_node_cidrs hold exactly
-// want, each its family's.
-func (m *Maps) setNodeCIDRs(want []NodeCIDR) error {
+// setNodeCIDRs makes sluice_node_cidrs and sluice6_node_cidrs hold want,
+// each its family's, and, of the kinds owned says, nothing else: entries
+// of other kinds stay. The new entries of both families are written
+// first, then the stale ones go (an agent restarted with other CIDRs, a
+// ServiceCIDR deleted).
+func (m *Maps) setNodeCIDRs(want []NodeCIDR, owned func(kind uint32) bool) error {
 	var k4 []sockNodeCidrKey
 	var k6 []sockNodeCidr6Key
 	for _, c := range want {
@@ -127,32 +166,50 @@ func (m *Maps) setNodeCIDRs(want []NodeCIDR) error {
 			k4 = append(k4, nodeCIDRKey(c))
 		}
 	}
-	if err := setKeys(m.nodeCIDRs, mapNodeCIDRs, k4); err != nil {
+	stale4, err := putKeys(m.nodeCIDRs, mapNodeCIDRs, k4, func(k *sockNodeCidrKey) bool { return owned(k.Kind) })
+	if err != nil {
 		return err
 	}
-	return setKeys(m.nodeCIDRs6, mapNodeCIDRs6, k6)
+	stale6, err := putKeys(m.nodeCIDRs6, mapNodeCIDRs6, k6, func(k *sockNodeCidr6Key) bool { return owned(k.Kind) })
+	if err != nil {
+		return err
+	}
+	if err := deleteKeys(m.nodeCIDRs, mapNodeCIDRs, stale4); err != nil {
+		return err
+	}
+	return deleteKeys(m.nodeCIDRs6, mapNodeCIDRs6, stale6)
 }
 
-// setKeys makes the set m hold exactly keys (each -> 1): the new entries
-// first, then the stale ones go (an agent restarted with other CIDRs).
-func setKeys[K comparable](m *ebpf.Map, name string, keys []K) error {
+// putKeys writes to the set m the keys it lacks (each -> 1), and returns
+// the keys it holds that owned says are its caller's and that keys does
+// not name: the stale ones, for deleteKeys once the new ones are in.
+func putKeys[K comparable](m *ebpf.Map, name string, keys []K, owned func(*K) bool) ([]K, error) {
+	have := map[K]bool{}
+	if err := eachEntry(m, name, func(k *K, _ *uint8) { have[*k] = true }); err != nil {
+		return nil, err
+	}
 	one := uint8(1)
-	keep := map[K]bool{}
 	for _, k := range keys {
-		keep[k] = true
+		if have[k] {
+			delete(have, k)
+			continue
+		}
 		if err := m.Put(&k, &one); err != nil {
-			return fmt.Errorf("write %s: %w", name, err)
+			return nil, fmt.Errorf("write %s: %w", name, err)
 		}
 	}
 	var stale []K
-	if err := eachEntry(m, name, func(k *K, _ *uint8) {
-		if !keep[*k] {
-			stale = append(stale, *k)
+	for k := range have {
+		if owned(&k) {
+			stale = append(stale, k)
 		}
-	}); err != nil {
-		return err
 	}
-	for _, k := range stale {
+	return stale, nil
+}
+
+// deleteKeys deletes keys from m; a missing one is no error.
+func deleteKeys[K any](m *ebpf.Map, name string, keys []K) error {
+	for _, k := range keys {
 		if err := deleteIgnoringMissing(m, &k); err != nil {
 			return fmt.Errorf("delete stale entry of %s: %w", name, err)
 		}

@@ -19,17 +19,13 @@ import (
 // still checked against this build's BPF objects, so that a layout this
 // build does not know is an error rather than garbage.
 type Pinned struct {
-	// serviceIPs and the IPv6 maps are nil when pinned by an agent
-	// without them.
+	// serviceIPs, the node CIDRs and the IPv6 maps are nil when pinned
+	// by an agent without them.
 	stateMaps
 	metrics  *ebpf.Map
 	svcStats *ebpf.Map // nil: pinned by an agent without it
 	reasons  int       // counters this build and the pin both know
 	dir      string    // bpffs/sluice
-
-	// nodeCIDRs and nodeCIDRs6: sluice_node_cidrs and its twin (nil:
-	// pinned by an agent without them).
-	nodeCIDRs, nodeCIDRs6 *ebpf.Map
 }
 
 // OpenPinned opens the maps pinned under bpffs/sluice read-only. A map
@@ -132,7 +128,7 @@ func openPinnedMap(dir, name string, ms *ebpf.MapSpec) (*ebpf.Map, error) {
 }
 
 // Dump reads the service, backend, reverse-NAT, source-range and
-// service-IP maps of both families.
+// service-IP maps of both families, and the service CIDRs.
 func (p *Pinned) Dump() (*reconciler.KernelState, error) {
 	return dumpState(p.stateMaps)
 }

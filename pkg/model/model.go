@@ -230,6 +230,18 @@ type State struct {
 	// so that one change among 30,000 Services costs what changed.
 	Gen, BaseGen uint64
 	Changed      []L4Addr
+
+	// ServiceCIDRs are the cluster's service CIDRs, of both families,
+	// sorted, masked and unique, when HasServiceCIDRs: a packet to an
+	// address in them that no ClusterIP holds is dropped (kube-proxy
+	// nftables' "drop traffic to unallocated ClusterIPs"). The Kubernetes
+	// source sets them, from the ServiceCIDR objects and --service-cidr;
+	// without HasServiceCIDRs (the manifest source) the datapath keeps
+	// the CIDRs it was opened with (--service-cidr), and the reconciler
+	// writes none. A state made by patching another carries them too:
+	// they are not among Changed.
+	ServiceCIDRs    []netip.Prefix
+	HasServiceCIDRs bool
 }
 
 var generations atomic.Uint64

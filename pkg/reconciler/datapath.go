@@ -94,6 +94,9 @@ type KernelState struct {
 	// ServiceIPs are the addresses of ClusterIP frontends, sorted: a
 	// packet to one of them that no frontend serves is rejected.
 	ServiceIPs []netip.Addr
+	// ServiceCIDRs are the service CIDRs, sorted: a packet to another
+	// address in them is dropped (SetServiceCIDRs).
+	ServiceCIDRs []netip.Prefix
 }
 
 // empty reports whether ks holds no entry at all.
@@ -141,6 +144,12 @@ type Datapath interface {
 	UpsertServiceIP(addr netip.Addr) error
 	// DeleteServiceIP removes addr from the service IPs.
 	DeleteServiceIP(addr netip.Addr) error
+	// SetServiceCIDRs makes the service CIDRs exactly cidrs (masked, of
+	// either family): a packet to an address in them that no frontend
+	// serves and that is no service IP is dropped. It adds the new ones
+	// before it deletes those no longer wanted, and leaves the node's
+	// other CIDRs (the cluster CIDRs) alone.
+	SetServiceCIDRs(cidrs []netip.Prefix) error
 	// Dump reads the current contents of the service, backend,
 	// reverse-NAT, source-range and service-IP maps.
 	Dump() (*KernelState, error)

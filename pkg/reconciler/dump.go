@@ -13,7 +13,8 @@ import (
 // String dumps ks as sorted text, one map entry a line, the way Cilium's
 // DumpLBMaps does: the service map (each frontend's master, then its slots
 // with the backend each names), the backends, the reverse-NAT entries and,
-// when the maps hold any, the source ranges and the service IPs. It is the
+// when the maps hold any, the source ranges, the service IPs and the
+// service CIDRs. It is the
 // one text form of the maps: the golden files, fakedp.Fake.String and
 // `sluicectl services --raw` all print it, so a golden case reads the same
 // against the fake and against real pinned maps. A frontend's internal
@@ -76,6 +77,13 @@ func (ks *KernelState) String() string {
 		sb.WriteString("service_ips:\n")
 		for _, a := range slices.SortedFunc(slices.Values(ks.ServiceIPs), netip.Addr.Compare) {
 			fmt.Fprintf(&sb, "  %s\n", a)
+		}
+	}
+	// Omitted when empty, as the two above.
+	if len(ks.ServiceCIDRs) > 0 {
+		sb.WriteString("service_cidrs:\n")
+		for _, p := range slices.SortedFunc(slices.Values(ks.ServiceCIDRs), netip.Prefix.Compare) {
+			fmt.Fprintf(&sb, "  %s\n", p)
 		}
 	}
 	return sb.String()

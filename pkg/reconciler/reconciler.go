@@ -27,7 +27,9 @@
 // service IPs, serviceips.go), then its slots and source ranges. Only
 // after all frontends are done are backends nobody names deleted, and the
 // rev_nat entries of removed services (replies of flows still in
-// conntrack need them until then). An emptied service keeps its master
+// conntrack need them until then), and last the service CIDRs, when the
+// state names them (servicecidrs.go: their drop never applies to a
+// programmed frontend, so they need no place in this order). An emptied service keeps its master
 // with count 0, so the datapath refuses connections to the VIP (rejects
 // them, or drops them with FlagDropEmpty) instead of letting them leak to
 // whatever would answer it. A service that does not fit in the maps of
@@ -54,8 +56,8 @@
 // The files follow the phases: reconciler.go is Apply's orchestration,
 // view.go the view of the maps, frontend.go the programming of one
 // frontend, srcranges.go its source ranges, serviceips.go the service
-// IPs, flags.go the master flags, capacity.go what fits in the maps of
-// each address family, gc.go the deletes of what nobody names and the
+// IPs, servicecidrs.go the service CIDRs, flags.go the master flags,
+// capacity.go what fits in the maps of each address family, gc.go the deletes of what nobody names and the
 // release of ids (idalloc.go), recheck.go the periodic re-read of the
 // maps and repair.go the repair of the drift it finds. dump.go prints a
 // KernelState as text: the one form of the maps that the golden tests,
@@ -170,6 +172,13 @@ type Reconciler struct {
 	ips         keyMap[netip.Addr, serviceIP, addrKeys]
 	nServiceIPs int // addresses the map holds
 	ipDirty     map[netip.Addr]bool
+	// The service CIDRs the datapath holds, when cidrsKnown (read by
+	// Restore and a refresh, set by each write of them; forgotten by a
+	// failed write and by every periodic re-read, so that the next
+	// state that has them writes them again, repairing drift:
+	// servicecidrs.go).
+	cidrs      []netip.Prefix
+	cidrsKnown bool
 
 	svcIDs *idAllocator
 	beIDs  *idAllocator
@@ -244,6 +253,7 @@ func (r *Reconciler) reset() {
 	r.serviceOf = makeKeyMap[Frontend, ServiceID, frontendKeys](0)
 	r.ips, r.nServiceIPs = makeKeyMap[netip.Addr, serviceIP, addrKeys](0), 0
 	r.ipDirty = map[netip.Addr]bool{}
+	r.cidrs, r.cidrsKnown = nil, false
 	r.svcIDs = newIDAllocator(ServiceIDQuarantine)
 	r.beIDs = newIDAllocator(BackendIDQuarantine)
 	r.pendingFlush = map[model.L4Addr]bool{}
@@ -394,6 +404,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 	writes0 := r.writes
 	var errs []error
 	if r.refreshEvery > 0 && time.Since(r.lastRead) > r.refreshEvery {
+		r.cidrsKnown = false // re-asserted below (servicecidrs.go)
 		// The common case: nothing drifted, and the view stays as it
 		// is (recheck.go). Drift is brought into the view entry by entry
 		// (repair.go) for this Apply to repair; only when that cannot
@@ -606,6 +617,13 @@ func (r *Reconciler) Apply(st *model.State) error {
 	}
 	if err := r.syncServiceIPs(); err != nil {
 		errs = append(errs, err)
+	}
+	// The service CIDRs, when the state names them: last, as they
+	// need no order (servicecidrs.go).
+	if st != nil && st.HasServiceCIDRs {
+		if err := r.syncServiceCIDRs(st.ServiceCIDRs); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	// One pass over conntrack for all of them.
 	if len(r.pendingFlush) > 0 {

@@ -119,6 +119,9 @@ func (r *Reconciler) refresh() error {
 func (r *Reconciler) loadKernel(ks *KernelState) {
 	r.lastRead = time.Now()
 	r.presizeKernel(ks)
+	// The service CIDRs as the maps hold them: a restarted agent whose
+	// first state names the same writes none (servicecidrs.go).
+	r.cidrs, r.cidrsKnown = slices.Clone(ks.ServiceCIDRs), true
 	for id, addr := range ks.Backends {
 		r.putBackend(id, addr)
 		r.beIDs.markUsed(uint32(id))

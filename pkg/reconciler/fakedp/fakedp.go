@@ -66,6 +66,7 @@ const (
 	OpFlushConntrack    OpKind = "FlushConntrack"
 	OpFixAffinity       OpKind = "FixAffinity"
 	OpResetStats        OpKind = "ResetServiceStats"
+	OpSetServiceCIDRs   OpKind = "SetServiceCIDRs"
 )
 
 // Op is one operation, as passed to Fail and recorded in Ops.
@@ -79,8 +80,9 @@ type Op struct {
 	Addrs    []model.L4Addr // FlushConntrack
 	Fixes    []reconciler.AffinityFix
 	Master   reconciler.Master
-	Prefix   netip.Prefix // UpsertSourceRange, DeleteSourceRange
-	IP       netip.Addr   // UpsertServiceIP, DeleteServiceIP
+	Prefix   netip.Prefix   // UpsertSourceRange, DeleteSourceRange
+	IP       netip.Addr     // UpsertServiceIP, DeleteServiceIP
+	Prefixes []netip.Prefix // SetServiceCIDRs
 	// Batch says the operation is an entry of a batch (UpsertBackends
 	// and the like): the fake applies a batch's entries one by one,
 	// checking after each, and stops at the first that fails, as the
@@ -113,6 +115,8 @@ func (o Op) String() string {
 		return fmt.Sprintf("%s %s", o.Kind, o.IP)
 	case OpFlushConntrack:
 		return fmt.Sprintf("%s %v", o.Kind, o.Addrs)
+	case OpSetServiceCIDRs:
+		return fmt.Sprintf("%s %v", o.Kind, o.Prefixes)
 	case OpFixAffinity:
 		return fmt.Sprintf("%s %v", o.Kind, o.Fixes)
 	}
@@ -134,6 +138,7 @@ type Fake struct {
 	ranges   map[model.L4Addr]map[netip.Prefix]bool
 	ips      map[netip.Addr]bool
 	cips     map[netip.Addr]int // ClusterIP masters per address
+	cidrs    map[netip.Prefix]bool
 	// Entries per address family (fam): each family has its maps, of
 	// the same sizes.
 	nbackends, nrevNat, nmasters, nslots, nranges, nips [2]int
@@ -179,6 +184,7 @@ func New(services, backends, serviceEntries int) *Fake {
 		ranges:      map[model.L4Addr]map[netip.Prefix]bool{},
 		ips:         map[netip.Addr]bool{},
 		cips:        map[netip.Addr]int{},
+		cidrs:       map[netip.Prefix]bool{},
 		slotRefs:    map[reconciler.BackendID]int{},
 		masterRefs:  map[reconciler.ServiceID]int{},
 		maxServices: services, maxBackends: backends, maxEntries: serviceEntries,
@@ -594,6 +600,28 @@ func (f *Fake) DeleteServiceIP(a netip.Addr) error {
 	})
 }
 
+// SetServiceCIDRs makes the service CIDRs cidrs, refusing, as the real
+// maps do, a prefix that is not valid and masked; nothing is written then.
+// The set has no invariant to check against the frontends: the datapath
+// drops for it only what matched no frontend and no service IP.
+func (f *Fake) SetServiceCIDRs(cidrs []netip.Prefix) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	op := Op{Kind: OpSetServiceCIDRs, Prefixes: slices.Clone(cidrs)}
+	return f.write(op, func() error {
+		for _, p := range cidrs {
+			if !p.IsValid() || p != p.Masked() || p.Addr().Is4In6() {
+				return fmt.Errorf("service CIDR %s: not a masked IPv4 or IPv6 prefix", p)
+			}
+		}
+		clear(f.cidrs)
+		for _, p := range cidrs {
+			f.cidrs[p] = true
+		}
+		return nil
+	})
+}
+
 func (f *Fake) FlushConntrack(bs []model.L4Addr) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -714,6 +742,7 @@ func (f *Fake) snapshot() *reconciler.KernelState {
 		RevNat:       maps.Clone(f.revNat),
 		SourceRanges: map[model.L4Addr][]netip.Prefix{},
 		ServiceIPs:   slices.SortedFunc(maps.Keys(f.ips), netip.Addr.Compare),
+		ServiceCIDRs: slices.SortedFunc(maps.Keys(f.cidrs), netip.Prefix.Compare),
 	}
 	for fe, s := range f.slots {
 		ks.Slots[fe] = maps.Clone(s)
@@ -748,6 +777,10 @@ func (f *Fake) Seed(ks *reconciler.KernelState) {
 	f.slots = map[reconciler.Frontend]map[uint32]reconciler.BackendID{}
 	f.slotRefs = map[reconciler.BackendID]int{}
 	f.ips = map[netip.Addr]bool{}
+	f.cidrs = map[netip.Prefix]bool{}
+	for _, p := range ks.ServiceCIDRs {
+		f.cidrs[p] = true
+	}
 	f.nbackends, f.nrevNat, f.nmasters, f.nslots, f.nranges, f.nips = [2]int{}, [2]int{}, [2]int{}, [2]int{}, [2]int{}, [2]int{}
 	for _, a := range ks.ServiceIPs {
 		if !f.ips[a] {

@@ -25,6 +25,7 @@ func (Nop) UpsertSourceRange(model.L4Addr, netip.Prefix) error                 {
 func (Nop) DeleteSourceRange(model.L4Addr, netip.Prefix) error                 { return nil }
 func (Nop) UpsertServiceIP(netip.Addr) error                                   { return nil }
 func (Nop) DeleteServiceIP(netip.Addr) error                                   { return nil }
+func (Nop) SetServiceCIDRs([]netip.Prefix) error                               { return nil }
 func (Nop) Dump() (*reconciler.KernelState, error)                             { return &reconciler.KernelState{}, nil }
 func (Nop) Walk(reconciler.KernelVisitor) error                                { return nil }
 func (Nop) Capacity() (int, int, int)                                          { return 1 << 30, 1 << 30, 1 << 30 }

@@ -16,6 +16,11 @@
 // have synced: an agent that restarts while the API server is slow keeps the
 // services its pinned maps hold rather than programming an empty world.
 //
+// It also follows the ServiceCIDR objects (networking.k8s.io/v1), whose
+// union with Config.ServiceCIDRs every state carries as its service CIDRs
+// (servicecidrs.go); their cache is waited for too, when the API server
+// serves them.
+//
 // The source also keeps what kube-proxy's health server needs (KEP-3836):
 // how long the oldest change read from the API has waited to be programmed
 // (OldestPending: /livez fails once that is too long), and whether this Node
@@ -30,6 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -90,6 +96,11 @@ type Config struct {
 	// Changes, if set, is told of the changes read and synced
 	// (pkg/metrics.Metrics: kube-proxy's change and last-queued metrics).
 	Changes Changes
+
+	// ServiceCIDRs are --service-cidr's: among the service CIDRs of every
+	// state, beside the ServiceCIDR objects' (servicecidrs.go), alone
+	// when the API server does not serve those.
+	ServiceCIDRs []netip.Prefix
 
 	// PodCIDRs, if set, are the Node's spec.podCIDRs the agent took at
 	// start for its local traffic detector (--detect-local-mode
@@ -173,6 +184,10 @@ type Source struct {
 	// nodeUID is this node's Node's UID (a types.UID), once its
 	// informer saw it: the events about the node name it.
 	nodeUID atomic.Value
+	// cidrs are the service CIDRs (servicecidrs.go); lastCIDRs, owned
+	// by the sync goroutine, the last ones logged.
+	cidrs     *serviceCIDRs
+	lastCIDRs []netip.Prefix
 
 	// queued is when the oldest change not yet taken by a sync arrived
 	// (zero: none); counted from the first sync on, as kube-proxy counts
@@ -218,7 +233,7 @@ func New(cfg Config) (*Source, error) {
 		cfg.Logger = slog.Default()
 	}
 	s := &Source{cfg: cfg, log: cfg.Logger.With("source", "kube"), tracker: tracker.New(cfg.Options),
-		emitted: map[eventKey]origin{}}
+		emitted: map[eventKey]origin{}, cidrs: newServiceCIDRs(cfg.ServiceCIDRs)}
 	s.reserveTracker = s.tracker.Reserve
 	return s, nil
 }
@@ -439,12 +454,29 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) (err error) 
 	if !cache.WaitForCacheSync(ctx.Done(), svcReg.HasSynced, sliceReg.HasSynced, nodeReg.HasSynced) {
 		return nil // ctx done before the caches synced: nothing was programmed
 	}
+	// The ServiceCIDRs once the others are read: an API server that
+	// has just started answers 403 to every request until its RBAC
+	// cache is filled, so a 403 means a missing permission only once
+	// the same role was granted the other lists (servicecidrs.go).
+	cidrSynced, err := s.followServiceCIDRs(ctx, factory)
+	if err != nil {
+		return err
+	}
+	if cidrSynced != nil && !cache.WaitForCacheSync(ctx.Done(), cidrSynced) {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
 	s.log.Info("caches synced", "after", time.Since(start).Round(time.Millisecond))
 	if s.cfg.Health != nil && len(nodeFactory.Core().V1().Nodes().Informer().GetStore().ListKeys()) == 0 {
 		// No Node by this name: not eligible, as kube-proxy's
 		// NodeEligible with no Node; its creation makes it so (onNode).
 		s.cfg.Health.SetNode(false, "node "+nodeName+" not found")
 	}
+	// The first state carries the service CIDRs even if no ServiceCIDR
+	// object named any (the flag's alone, or none).
+	s.tracker.SetServiceCIDRs(s.cidrs.union())
 	s.runner.Request()
 	s.runner.Loop(ctx)
 	return nil
@@ -640,7 +672,10 @@ func (s *Source) syncOnce(apply func(*model.State), periodic bool) {
 		s.log.Warn("frontend claimed twice", "conflict", c.String())
 	}
 	s.reportSync(r, r.State != s.state)
-	if r.Changed == 0 && !periodic && s.state != nil {
+	if r.ServiceCIDRsChanged {
+		s.logServiceCIDRs(r.State.ServiceCIDRs)
+	}
+	if r.Changed == 0 && !r.ServiceCIDRsChanged && !periodic && s.state != nil {
 		return // net change: none
 	}
 	s.state = r.State

@@ -37,6 +37,7 @@ package tracker
 import (
 	"cmp"
 	"maps"
+	"net/netip"
 	"reflect"
 	"slices"
 	"sync"
@@ -74,6 +75,11 @@ type Tracker struct {
 	node           translate.Node
 	// nodeChanged are the parts of the node changed since the last Sync.
 	nodeChanged translate.NodeFacts
+	// cidrs are the service CIDRs (SetServiceCIDRs), hasCIDRs whether
+	// they were set, cidrsChanged whether they changed since the last
+	// Sync.
+	cidrs                  []netip.Prefix
+	hasCIDRs, cidrsChanged bool
 
 	// Owned by the goroutine that calls Sync.
 	opts translate.Options // opts.Node is the node translations were made for
@@ -89,11 +95,15 @@ type Tracker struct {
 	// order lists the inputs that hold a translation, sorted by
 	// namespace/name (the conflict rule's order); nil when one came or
 	// went since it was sorted.
-	order     []translated
-	state     *model.State
-	conflicts []Conflict
-	errs      map[types.NamespacedName]error
-	skipped   map[types.NamespacedName]string
+	order []translated
+	state *model.State
+	// stateCIDRs are the service CIDRs the states carry (stateHasCIDRs:
+	// any), set from the pending ones by Sync.
+	stateCIDRs    []netip.Prefix
+	stateHasCIDRs bool
+	conflicts     []Conflict
+	errs          map[types.NamespacedName]error
+	skipped       map[types.NamespacedName]string
 	// holds reports whether the datapath holds a frontend as a Service
 	// port's translation would program it (nil: never).
 	holds    func(*model.Service) bool
@@ -522,6 +532,21 @@ func (t *Tracker) SetNode(node translate.Node) bool {
 	return d != 0
 }
 
+// SetServiceCIDRs records the service CIDRs the states carry from the
+// next Sync on (model.State.ServiceCIDRs): cidrs sorted, masked and
+// unique (the caller's; kept, not copied). It reports whether they
+// changed; the next Sync then makes a new state even if no Service
+// changed.
+func (t *Tracker) SetServiceCIDRs(cidrs []netip.Prefix) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.hasCIDRs && slices.Equal(t.cidrs, cidrs) {
+		return false
+	}
+	t.cidrs, t.hasCIDRs, t.cidrsChanged = cidrs, true, true
+	return true
+}
+
 // triggerOf is the time an endpoints.kubernetes.io/last-change-trigger-time
 // v of a slice of addressType at says (when the change it carries, a pod
 // becoming ready say, happened), with the slice's family; false for none,
@@ -543,6 +568,9 @@ type pending struct {
 	services []dirtyService
 	triggers []model.Trigger
 	node     translate.Node
+	// cidrs are the service CIDRs, when cidrsChanged.
+	cidrs        []netip.Prefix
+	cidrsChanged bool
 }
 
 // dirtyKey is a Service listed in Tracker.dirty, and its input.
@@ -573,7 +601,9 @@ func (t *Tracker) take() pending {
 		}
 		t.nodeChanged = 0
 	}
-	p := pending{services: make([]dirtyService, 0, len(t.dirty)), node: t.node}
+	p := pending{services: make([]dirtyService, 0, len(t.dirty)), node: t.node,
+		cidrs: t.cidrs, cidrsChanged: t.cidrsChanged}
+	t.cidrsChanged = false
 	for _, dk := range t.dirty {
 		k, in := dk.key, dk.in
 		p.services = append(p.services, dirtyService{k, in, in.svc, in.slices})
@@ -599,6 +629,9 @@ type Result struct {
 	// Changed counts the Services whose translation changed; Translated
 	// those translated.
 	Changed, Translated int
+	// ServiceCIDRsChanged says State carries other service CIDRs than
+	// the last Sync's state (SetServiceCIDRs): State is new.
+	ServiceCIDRsChanged bool
 	// Triggers are the trigger times of the slice changes this Sync took.
 	Triggers []model.Trigger
 	// Errors are the Services this Sync failed to translate; each keeps
@@ -650,6 +683,7 @@ func (c Conflict) String() string {
 func (t *Tracker) Sync() Result {
 	p := t.take()
 	t.opts.Node = p.node
+	before := t.state
 	r := Result{Triggers: p.triggers}
 	var changes []change
 	// A first state is built from the translations this loop makes (every
@@ -748,6 +782,18 @@ func (t *Tracker) Sync() Result {
 			t.build()
 		}
 		r.Conflicts = t.conflicts
+	}
+	if p.cidrsChanged {
+		// A new state for the CIDRs alone: the last one's frontends,
+		// none changed, so the reconciler looks at none of them.
+		r.ServiceCIDRsChanged = true
+		t.stateCIDRs, t.stateHasCIDRs = p.cidrs, true
+		if t.state == before {
+			t.state = &model.State{Services: t.state.Services, Gen: model.NewGeneration(), BaseGen: t.state.Gen}
+		}
+	}
+	if t.state != before {
+		t.state.ServiceCIDRs, t.state.HasServiceCIDRs = t.stateCIDRs, t.stateHasCIDRs
 	}
 	r.State = t.state
 	return r

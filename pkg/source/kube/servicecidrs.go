@@ -1,0 +1,197 @@
+package kube
+
+// The cluster's service CIDRs, as kube-proxy (v1.33+, MultiCIDRServiceAllocator
+// on by default) learns them: from every networking.k8s.io/v1 ServiceCIDR
+// object's spec.cidrs, whatever its status or deletionTimestamp (a
+// ServiceCIDR being deleted still holds the ClusterIPs allocated from it
+// until they go: kube-proxy's ServiceCIDRConfig takes them all), their
+// union with --service-cidr's (Config.ServiceCIDRs). The states the source
+// hands over carry the set (model.State.ServiceCIDRs), and the reconciler
+// writes it: a packet to an address in it that no ClusterIP holds is
+// dropped, kube-proxy nftables' "drop traffic to unallocated ClusterIPs".
+//
+// An API server that does not serve the resource (before 1.33, or with the
+// feature gate off: 404 on it), or that refuses this agent the list (a
+// ClusterRole without servicecidrs, 403), leaves the flag's CIDRs alone,
+// said once in the log. A first list tells, made once the Service,
+// EndpointSlice and Node caches have synced: an API server just started
+// answers 403 to everyone until its RBAC cache is filled, and a 403 means
+// a missing permission only once the same role was granted those lists. A CIDR that does not parse is logged with its object's
+// name and skipped; the object's other CIDRs, and every other object,
+// still count.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// serviceCIDRs is the set the ServiceCIDR objects and the flag make.
+type serviceCIDRs struct {
+	mu     sync.Mutex
+	flag   []netip.Prefix
+	byName map[string][]netip.Prefix // each object's parsed spec.cidrs
+}
+
+func newServiceCIDRs(flag []netip.Prefix) *serviceCIDRs {
+	c := &serviceCIDRs{byName: map[string][]netip.Prefix{}}
+	for _, p := range flag {
+		c.flag = append(c.flag, normalPrefix(p))
+	}
+	return c
+}
+
+// set records object name's CIDRs (nil: the object is gone) and returns
+// the union of every object's and the flag's: sorted, unique.
+func (c *serviceCIDRs) set(name string, cidrs []netip.Prefix) []netip.Prefix {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cidrs == nil {
+		delete(c.byName, name)
+	} else {
+		c.byName[name] = cidrs
+	}
+	return c.unionLocked()
+}
+
+// union returns the set as it is.
+func (c *serviceCIDRs) union() []netip.Prefix {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.unionLocked()
+}
+
+func (c *serviceCIDRs) unionLocked() []netip.Prefix {
+	out := slices.Clone(c.flag)
+	for _, ps := range c.byName {
+		out = append(out, ps...)
+	}
+	slices.SortFunc(out, netip.Prefix.Compare)
+	return slices.Compact(out)
+}
+
+// normalPrefix is p masked, an IPv4-mapped prefix as its IPv4 prefix.
+func normalPrefix(p netip.Prefix) netip.Prefix {
+	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+	}
+	return p.Masked()
+}
+
+// parseServiceCIDR parses one of a ServiceCIDR's spec.cidrs.
+func parseServiceCIDR(s string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return p, err
+	}
+	if a := p.Addr(); a.Is4In6() && p.Bits() < 96 {
+		return p, errors.New("an IPv4-mapped prefix shorter than /96")
+	}
+	return normalPrefix(p), nil
+}
+
+// onServiceCIDR follows one ServiceCIDR object.
+func (s *Source) onServiceCIDR(_, obj any, deleted bool) {
+	o, ok := objectOf(obj).(*networkingv1.ServiceCIDR)
+	if !ok {
+		return
+	}
+	var ps []netip.Prefix
+	if !deleted {
+		ps = []netip.Prefix{} // not nil: an object without CIDRs is still there
+		for _, c := range o.Spec.CIDRs {
+			p, err := parseServiceCIDR(c)
+			if err != nil {
+				s.log.Warn("ServiceCIDR: CIDR skipped", "servicecidr", o.Name, "cidr", c, "err", err)
+				continue
+			}
+			ps = append(ps, p)
+		}
+	}
+	s.request(s.tracker.SetServiceCIDRs(s.cidrs.set(o.Name, ps)))
+}
+
+// serviceCIDRsServed reports whether the API server serves
+// networking.k8s.io/v1 ServiceCIDRs to this agent, and if not why: a first
+// list of at most one object answers, retried every second while the
+// answer is neither that nor a 404 or 403 (the API server unreachable at
+// start). false with ctx done too.
+func serviceCIDRsServed(ctx context.Context, client kubernetes.Interface, log *slog.Logger) (bool, error) {
+	for {
+		_, err := client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{Limit: 1})
+		switch {
+		case err == nil:
+			return true, nil
+		case apierrors.IsNotFound(err), apierrors.IsForbidden(err):
+			return false, err
+		}
+		log.Debug("listing ServiceCIDRs failed, retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// followServiceCIDRs starts following the ServiceCIDR objects with
+// factory's informer, if the API server serves them, and returns its
+// registration's HasSynced; nil when it does not (logged once: the flag's
+// CIDRs are the set then).
+func (s *Source) followServiceCIDRs(ctx context.Context, factory informers.SharedInformerFactory) (cache.InformerSynced, error) {
+	served, err := serviceCIDRsServed(ctx, s.cfg.Client, s.log)
+	switch {
+	case served:
+	case ctx.Err() != nil:
+		return nil, nil
+	case apierrors.IsForbidden(err):
+		s.log.Warn("listing networking.k8s.io/v1 ServiceCIDRs is forbidden (the ClusterRole lacks list and watch on servicecidrs): the service CIDRs are --service-cidr's alone",
+			"service_cidrs", s.cidrs.union(), "err", err)
+		return nil, nil
+	default:
+		s.log.Info("the API server does not serve networking.k8s.io/v1 ServiceCIDRs (Kubernetes before 1.33, or MultiCIDRServiceAllocator off): the service CIDRs are --service-cidr's alone",
+			"service_cidrs", s.cidrs.union())
+		return nil, nil
+	}
+	reg, err := factory.Networking().V1().ServiceCIDRs().Informer().AddEventHandler(handler(s.onServiceCIDR))
+	if err != nil {
+		return nil, fmt.Errorf("watch servicecidrs: %w", err)
+	}
+	factory.Start(ctx.Done())
+	return reg.HasSynced, nil
+}
+
+// logServiceCIDRs says what the service CIDRs became: each family's, and
+// what was added and removed since the last ones logged.
+func (s *Source) logServiceCIDRs(cidrs []netip.Prefix) {
+	var v4, v6, added, removed []string
+	for _, p := range cidrs {
+		if p.Addr().Is4() {
+			v4 = append(v4, p.String())
+		} else {
+			v6 = append(v6, p.String())
+		}
+		if !slices.Contains(s.lastCIDRs, p) {
+			added = append(added, p.String())
+		}
+	}
+	for _, p := range s.lastCIDRs {
+		if !slices.Contains(cidrs, p) {
+			removed = append(removed, p.String())
+		}
+	}
+	s.lastCIDRs = cidrs
+	s.log.Info("service CIDRs", "ipv4", v4, "ipv6", v6, "added", added, "removed", removed)
+}
