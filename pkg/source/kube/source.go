@@ -179,6 +179,16 @@ type Source struct {
 	// from its initialisation.
 	queued time.Time
 
+	// nodeMu serializes what Health is told of this node's eligibility:
+	// onNode's verdict, and Run's "not found" once the caches synced. Run
+	// holds it from its look at the Node cache to its SetNode, so that a
+	// Node created in between (its onNode waits) is not overwritten as
+	// missing: with no resync, it would stay so until its next update.
+	nodeMu sync.Mutex
+	// nodeChecked, when set (by tests), is called between Run's finding
+	// no Node in the cache and its telling Health so.
+	nodeChecked func()
+
 	// fail ends Run with an error (set by Run: nil before).
 	fail func(error)
 
@@ -440,10 +450,18 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) (err error) 
 		return nil // ctx done before the caches synced: nothing was programmed
 	}
 	s.log.Info("caches synced", "after", time.Since(start).Round(time.Millisecond))
-	if s.cfg.Health != nil && len(nodeFactory.Core().V1().Nodes().Informer().GetStore().ListKeys()) == 0 {
-		// No Node by this name: not eligible, as kube-proxy's
-		// NodeEligible with no Node; its creation makes it so (onNode).
-		s.cfg.Health.SetNode(false, "node "+nodeName+" not found")
+	if s.cfg.Health != nil {
+		s.nodeMu.Lock()
+		if len(nodeFactory.Core().V1().Nodes().Informer().GetStore().ListKeys()) == 0 {
+			// No Node by this name: not eligible, as kube-proxy's
+			// NodeEligible with no Node; its creation makes it so
+			// (onNode, after this under nodeMu).
+			if s.nodeChecked != nil {
+				s.nodeChecked()
+			}
+			s.cfg.Health.SetNode(false, "node "+nodeName+" not found")
+		}
+		s.nodeMu.Unlock()
 	}
 	s.runner.Request()
 	s.runner.Loop(ctx)
@@ -535,8 +553,10 @@ func (s *Source) onNode(_, obj any, deleted bool) {
 		}
 	}
 	if s.cfg.Health != nil {
+		s.nodeMu.Lock()
 		eligible, why := nodeEligible(node, deleted)
 		s.cfg.Health.SetNode(eligible, why)
+		s.nodeMu.Unlock()
 	}
 	if deleted {
 		// The last labels stay, as kube-proxy's node topology handler
