@@ -99,7 +99,14 @@ func TestHealthzAndLivez(t *testing.T) {
 	now := start
 	var pending time.Time
 	clock := func() time.Time { return now }
+	before := time.Now().Round(0)
 	p := NewProxier(time.Minute, func() time.Time { return pending })
+	after := time.Now().Round(0)
+	// lastUpdated is the Proxier's making until the first sync, as
+	// kube-proxy's SyncLoop's Updated before it: not 1970.
+	if last := time.Unix(0, p.lastUpdated.Load()); last.Before(before) || last.After(after) {
+		t.Errorf("lastUpdated %v after NewProxier, want its call's time (%v to %v)", last, before, after)
+	}
 	p.now = clock
 	p.Updated() // NewProxier's, on the test's clock
 	var counted []string
