@@ -3,8 +3,8 @@ package kube
 import (
 	"context"
 	"errors"
-	"slices"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"

@@ -492,7 +492,7 @@ func (s *Source) onService(old, obj any, deleted bool) {
 		o, _ := old.(*cachedService)
 		s.followService(o, svc, deleted) // events.go: before the tracker sees it
 	}
-	onObject(s, obj, deleted, true, func(key types.NamespacedName, svc *cachedService) bool {
+	onObject(s, obj, deleted, true, true, func(key types.NamespacedName, svc *cachedService) bool {
 		if svc == nil {
 			return s.tracker.SetCompactService(key, nil)
 		}
@@ -504,10 +504,14 @@ func (s *Source) onService(old, obj any, deleted bool) {
 // holds nothing else (slimmer).
 func (s *Source) onSlice(_, obj any, deleted bool) {
 	var trigger string
+	counted := true
 	if es, ok := objectOf(obj).(*cachedSlice); ok {
 		trigger = s.slimmer.takeTrigger(es) // forgotten for a deleted slice too
+		// kube-proxy's endpoint change trackers drop a slice of
+		// addressType FQDN before counting it (no proxier serves one).
+		counted = es.AddressType != discoveryv1.AddressTypeFQDN
 	}
-	onObject(s, obj, deleted, false, func(key types.NamespacedName, es *cachedSlice) bool {
+	onObject(s, obj, deleted, false, counted, func(key types.NamespacedName, es *cachedSlice) bool {
 		if es == nil {
 			return s.tracker.SetCompactSlice(key, nil, trigger)
 		}
@@ -516,11 +520,12 @@ func (s *Source) onSlice(_, obj any, deleted bool) {
 }
 
 // onObject hands a Service (service) or an EndpointSlice to set under its
-// name: the object as it is now, or nil once it is deleted.
+// name: the object as it is now, or nil once it is deleted; counted: the
+// event is one of kube-proxy's change metrics (Config.Changes).
 func onObject[T any, P interface {
 	*T
 	metav1.Object
-}](s *Source, obj any, deleted, service bool, set func(types.NamespacedName, P) bool) {
+}](s *Source, obj any, deleted, service, counted bool, set func(types.NamespacedName, P) bool) {
 	o, ok := objectOf(obj).(P)
 	if !ok {
 		return
@@ -530,7 +535,7 @@ func onObject[T any, P interface {
 		o = nil
 	}
 	changed := set(key, o)
-	if s.cfg.Changes != nil {
+	if s.cfg.Changes != nil && counted {
 		s.cfg.Changes.ObserveChange(service, changed)
 	}
 	s.request(changed)
