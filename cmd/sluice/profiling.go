@@ -28,7 +28,9 @@ const proxyMode = "sluice"
 // which no server of the agent serves: each is given its own mux.
 func metricsHandler(metrics http.Handler, profiling bool) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", metrics)
+	// No method on these: kube-proxy's mux answers any (its
+	// k8s.io/apiserver healthz, /proxyMode, promhttp's /metrics).
+	mux.Handle("/metrics", metrics)
 	// kube-proxy's metrics server has k8s.io/apiserver's healthz with its
 	// one default check, ping: "ok" while the process answers, whatever
 	// the proxy's health (that is /healthz and /livez on the health
@@ -38,15 +40,15 @@ func metricsHandler(metrics http.Handler, profiling bool) http.Handler {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		_, _ = io.WriteString(w, body) // the prober went away: nobody to tell
 	}
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		if _, verbose := r.URL.Query()["verbose"]; verbose {
 			plain(w, "[+]ping ok\nhealthz check passed\n")
 			return
 		}
 		plain(w, "ok")
 	})
-	mux.HandleFunc("GET /healthz/ping", func(w http.ResponseWriter, _ *http.Request) { plain(w, "ok") })
-	mux.HandleFunc("GET /proxyMode", func(w http.ResponseWriter, _ *http.Request) { plain(w, proxyMode) })
+	mux.HandleFunc("/healthz/ping", func(w http.ResponseWriter, _ *http.Request) { plain(w, "ok") })
+	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) { plain(w, proxyMode) })
 	if profiling {
 		// No method: go tool pprof POSTs to symbol, as kube-proxy
 		// (k8s.io/apiserver's routes.Profiling) allows.

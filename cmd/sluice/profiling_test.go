@@ -64,10 +64,19 @@ func TestMetricsServerHealthzAndProxyMode(t *testing.T) {
 		"/healthz?verbose": "[+]ping ok\nhealthz check passed\n",
 		"/proxyMode":       "sluice",
 	} {
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
-		if rec.Code != http.StatusOK || rec.Body.String() != want || rec.Header().Get("Content-Type") != "text/plain; charset=utf-8" {
-			t.Errorf("GET %s: %d %q (%s), want 200 %q, text/plain", path, rec.Code, rec.Body.String(), rec.Header().Get("Content-Type"), want)
+		// Any method, as kube-proxy's mux answers (its apiserver
+		// healthz has none).
+		for _, method := range []string{"GET", "POST"} {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
+			if rec.Code != http.StatusOK || rec.Body.String() != want || rec.Header().Get("Content-Type") != "text/plain; charset=utf-8" {
+				t.Errorf("%s %s: %d %q (%s), want 200 %q, text/plain", method, path, rec.Code, rec.Body.String(), rec.Header().Get("Content-Type"), want)
+			}
 		}
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("POST", "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Errorf("POST /metrics: %d, want 200 as kube-proxy's promhttp answers", rec.Code)
 	}
 }

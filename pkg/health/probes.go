@@ -214,7 +214,8 @@ type ProbeCounter func(probe string, code int)
 func CountedHandler(ready ReadyFunc, notes NotesFunc, p *Proxier, count ProbeCounter) http.Handler {
 	mux := http.NewServeMux()
 	for probe, withNode := range map[string]bool{"healthz": true, "livez": false} {
-		mux.HandleFunc("GET /"+probe, func(w http.ResponseWriter, _ *http.Request) {
+		// Any method, as kube-proxy's health server answers.
+		mux.HandleFunc("/"+probe, func(w http.ResponseWriter, _ *http.Request) {
 			code := http.StatusOK
 			if p == nil {
 				reply(w, code, "ok\n")

@@ -99,7 +99,14 @@ func TestHealthzAndLivez(t *testing.T) {
 	now := start
 	var pending time.Time
 	clock := func() time.Time { return now }
+	before := time.Now().Round(0)
 	p := NewProxier(time.Minute, func() time.Time { return pending })
+	after := time.Now().Round(0)
+	// lastUpdated is the Proxier's making until the first sync, as
+	// kube-proxy's SyncLoop's Updated before it: not 1970.
+	if last := time.Unix(0, p.lastUpdated.Load()); last.Before(before) || last.After(after) {
+		t.Errorf("lastUpdated %v after NewProxier, want its call's time (%v to %v)", last, before, after)
+	}
 	p.now = clock
 	p.Updated() // NewProxier's, on the test's clock
 	var counted []string
@@ -181,13 +188,22 @@ func TestHealthzAndLivez(t *testing.T) {
 	if rec.Body.String() != wantBody {
 		t.Errorf("/livez body\n%s\nwant kube-proxy's\n%s", rec.Body.String(), wantBody)
 	}
+	// Any method, as kube-proxy's health server (its mux has none): a
+	// load balancer's probe may not GET.
+	for _, path := range []string{"/healthz", "/livez"} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, nil))
+		if rec.Code != http.StatusOK || !strings.HasPrefix(rec.Body.String(), `{"lastUpdated":`) {
+			t.Errorf("POST %s: %d %q, want 200 and the JSON body", path, rec.Code, rec.Body.String())
+		}
+	}
 	// kube-proxy's kubeproxy_proxy_healthz_total and _livez_total count
 	// every answer by code.
 	codes := map[string]int{}
 	for _, c := range counted {
 		codes[c]++
 	}
-	if codes["healthz 200"] != 4 || codes["healthz 503"] != 4 || codes["livez 200"] != 6 || codes["livez 503"] != 3 {
+	if codes["healthz 200"] != 5 || codes["healthz 503"] != 4 || codes["livez 200"] != 7 || codes["livez 503"] != 3 {
 		t.Errorf("probes counted %v", codes)
 	}
 

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"testing"
+	"time"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/model/modeltest"
@@ -15,4 +16,14 @@ func BenchmarkSetProgrammedOneChange(b *testing.B) {
 		m.SetProgrammed(st)
 		return m.SetProgrammed
 	})
+}
+
+// BenchmarkObserveQueued is what the Kubernetes source's stamp of a change
+// costs, once per changed event after the first sync.
+func BenchmarkObserveQueued(b *testing.B) {
+	m := New()
+	now := time.Now()
+	for b.Loop() {
+		m.ObserveQueued(now)
+	}
 }

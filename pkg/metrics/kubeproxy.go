@@ -86,6 +86,10 @@ type kubeProxyMetrics struct {
 	healthz       *prometheus.CounterVec
 	livez         *prometheus.CounterVec
 	changes       *changeCounts
+
+	// queuedGauges are lastQueued's two series, looked up once: the
+	// source stamps every changed event.
+	queuedGauges [2]prometheus.Gauge
 }
 
 // changeCounts are the Service and EndpointSlice changes, counted with
@@ -174,13 +178,13 @@ func newKubeProxyMetrics(reg prometheus.Registerer) kubeProxyMetrics {
 	// Every series exists from the start, as after kube-proxy's first
 	// sync: a query for them finds a value (0 or empty) instead of
 	// nothing before the first change.
-	for _, f := range ipFamilies {
+	for i, f := range ipFamilies {
 		k.syncDuration.WithLabelValues(f)
 		k.syncFull.WithLabelValues(f)
 		k.syncPartial.WithLabelValues(f)
 		k.programming.WithLabelValues(f)
 		k.lastSync.WithLabelValues(f)
-		k.lastQueued.WithLabelValues(f)
+		k.queuedGauges[i] = k.lastQueued.WithLabelValues(f)
 		k.noLocalEndpts.WithLabelValues(f, "internal")
 		k.noLocalEndpts.WithLabelValues(f, "external")
 	}
@@ -275,8 +279,9 @@ func (m *Metrics) ObserveTaken() {
 // (kube-proxy's Sync(), its last_queued_timestamp), under both families:
 // one Sluice sync serves both.
 func (m *Metrics) ObserveQueued(now time.Time) {
-	for _, f := range ipFamilies {
-		m.kubeProxy.lastQueued.WithLabelValues(f).Set(float64(now.UnixNano()) / 1e9)
+	v := float64(now.UnixNano()) / 1e9
+	for _, g := range m.kubeProxy.queuedGauges {
+		g.Set(v)
 	}
 }
 

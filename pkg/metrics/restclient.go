@@ -20,12 +20,15 @@ package metrics
 // no Sluice dashboard or alert reads them).
 //
 // client-go's hooks are global and taken once (metrics.Register), so the
-// collectors are the process's: every Metrics registers the same ones.
+// collectors are the process's: every Metrics registers the same ones. The
+// hooks are set at init, as component-base sets its own: every request the
+// process makes is counted, those before the first New too, and the hooks'
+// globals, which client-go reads without a lock, are written before any
+// goroutine could be making a request.
 
 import (
 	"context"
 	"net/url"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,21 +57,20 @@ var (
 		Name: "rest_client_request_retries_total",
 		Help: "Number of request retries, partitioned by status code, verb, and host.",
 	}, []string{"code", "verb", "host"})
-
-	restHooks sync.Once
 )
 
-// registerRESTClient registers client-go's request metrics in reg, and
-// makes client-go report to them (once per process).
-func registerRESTClient(reg prometheus.Registerer) {
-	restHooks.Do(func() {
-		clientmetrics.Register(clientmetrics.RegisterOpts{
-			RequestResult:      restResult{},
-			RequestLatency:     restLatencyHook{restLatency},
-			RateLimiterLatency: restLatencyHook{restRateLimiter},
-			RequestRetry:       restRetry{},
-		})
+func init() {
+	clientmetrics.Register(clientmetrics.RegisterOpts{
+		RequestResult:      restResult{},
+		RequestLatency:     restLatencyHook{restLatency},
+		RateLimiterLatency: restLatencyHook{restRateLimiter},
+		RequestRetry:       restRetry{},
 	})
+}
+
+// registerRESTClient registers client-go's request metrics in reg (client-go
+// reports to them from init on).
+func registerRESTClient(reg prometheus.Registerer) {
 	reg.MustRegister(restRequests, restLatency, restRateLimiter, restRetries)
 }
 

@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"errors"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/kubeclient"
 )
 
@@ -172,4 +174,46 @@ func TestPodCIDRsChangeEndsRun(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run still running 10s after the Node's podCIDRs changed")
 	}
+}
+
+// A Node created between Run's finding none in the synced cache and its
+// telling Health "not found" ends eligible: onNode's verdict comes after
+// (nodeMu), not before to be overwritten. The hook holds Run in that gap
+// until the Node's onNode either told Health (the race lost: Run then
+// overwrites it) or waits for nodeMu; either way Run then goes on.
+func TestNodeCreatedWhileMarkedMissing(t *testing.T) {
+	client := fake.NewClientset()
+	h := &healthRecorder{}
+	rec := &recorder{}
+	src := newSource(t, Config{Client: client, Health: h})
+	src.nodeChecked = func() {
+		if _, err := client.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
+			t.Error(err)
+			return
+		}
+		for {
+			if ok, _, _ := h.node(); ok || onNodeWaitsForLock() {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	testutil.RunUntilCleanup(t, "Run", func(ctx context.Context) error { return src.Run(ctx, rec.apply) })
+	waitFor(t, "first sync", 5*time.Second, func() bool { return rec.count() == 1 })
+	waitFor(t, "the Node created eligible", 5*time.Second, func() bool { ok, _, told := h.node(); return ok && told == 2 })
+}
+
+// onNodeWaitsForLock reports whether a goroutine is blocked on a mutex in
+// Source.onNode, from the goroutines' stacks: the one way to see a
+// goroutine wait on a lock.
+func onNodeWaitsForLock() bool {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		header, _, _ := strings.Cut(g, "\n")
+		if strings.Contains(header, "[sync.Mutex.Lock") && strings.Contains(g, "(*Source).onNode(") {
+			return true
+		}
+	}
+	return false
 }

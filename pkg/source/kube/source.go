@@ -194,6 +194,16 @@ type Source struct {
 	// from its initialisation.
 	queued time.Time
 
+	// nodeMu serializes what Health is told of this node's eligibility:
+	// onNode's verdict, and Run's "not found" once the caches synced. Run
+	// holds it from its look at the Node cache to its SetNode, so that a
+	// Node created in between (its onNode waits) is not overwritten as
+	// missing: with no resync, it would stay so until its next update.
+	nodeMu sync.Mutex
+	// nodeChecked, when set (by tests), is called between Run's finding
+	// no Node in the cache and its telling Health so.
+	nodeChecked func()
+
 	// fail ends Run with an error (set by Run: nil before).
 	fail func(error)
 
@@ -469,10 +479,18 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) (err error) 
 		return nil
 	}
 	s.log.Info("caches synced", "after", time.Since(start).Round(time.Millisecond))
-	if s.cfg.Health != nil && len(nodeFactory.Core().V1().Nodes().Informer().GetStore().ListKeys()) == 0 {
-		// No Node by this name: not eligible, as kube-proxy's
-		// NodeEligible with no Node; its creation makes it so (onNode).
-		s.cfg.Health.SetNode(false, "node "+nodeName+" not found")
+	if s.cfg.Health != nil {
+		s.nodeMu.Lock()
+		if len(nodeFactory.Core().V1().Nodes().Informer().GetStore().ListKeys()) == 0 {
+			// No Node by this name: not eligible, as kube-proxy's
+			// NodeEligible with no Node; its creation makes it so
+			// (onNode, after this under nodeMu).
+			if s.nodeChecked != nil {
+				s.nodeChecked()
+			}
+			s.cfg.Health.SetNode(false, "node "+nodeName+" not found")
+		}
+		s.nodeMu.Unlock()
 	}
 	// The first state carries the service CIDRs even if no ServiceCIDR
 	// object named any (the flag's alone, or none).
@@ -506,7 +524,7 @@ func (s *Source) onService(old, obj any, deleted bool) {
 		o, _ := old.(*cachedService)
 		s.followService(o, svc, deleted) // events.go: before the tracker sees it
 	}
-	onObject(s, obj, deleted, true, func(key types.NamespacedName, svc *cachedService) bool {
+	onObject(s, obj, deleted, true, true, func(key types.NamespacedName, svc *cachedService) bool {
 		if svc == nil {
 			return s.tracker.SetCompactService(key, nil)
 		}
@@ -518,10 +536,14 @@ func (s *Source) onService(old, obj any, deleted bool) {
 // holds nothing else (slimmer).
 func (s *Source) onSlice(_, obj any, deleted bool) {
 	var trigger string
+	counted := true
 	if es, ok := objectOf(obj).(*cachedSlice); ok {
 		trigger = s.slimmer.takeTrigger(es) // forgotten for a deleted slice too
+		// kube-proxy's endpoint change trackers drop a slice of
+		// addressType FQDN before counting it (no proxier serves one).
+		counted = es.AddressType != discoveryv1.AddressTypeFQDN
 	}
-	onObject(s, obj, deleted, false, func(key types.NamespacedName, es *cachedSlice) bool {
+	onObject(s, obj, deleted, false, counted, func(key types.NamespacedName, es *cachedSlice) bool {
 		if es == nil {
 			return s.tracker.SetCompactSlice(key, nil, trigger)
 		}
@@ -530,11 +552,12 @@ func (s *Source) onSlice(_, obj any, deleted bool) {
 }
 
 // onObject hands a Service (service) or an EndpointSlice to set under its
-// name: the object as it is now, or nil once it is deleted.
+// name: the object as it is now, or nil once it is deleted; counted: the
+// event is one of kube-proxy's change metrics (Config.Changes).
 func onObject[T any, P interface {
 	*T
 	metav1.Object
-}](s *Source, obj any, deleted, service bool, set func(types.NamespacedName, P) bool) {
+}](s *Source, obj any, deleted, service, counted bool, set func(types.NamespacedName, P) bool) {
 	o, ok := objectOf(obj).(P)
 	if !ok {
 		return
@@ -544,7 +567,7 @@ func onObject[T any, P interface {
 		o = nil
 	}
 	changed := set(key, o)
-	if s.cfg.Changes != nil {
+	if s.cfg.Changes != nil && counted {
 		s.cfg.Changes.ObserveChange(service, changed)
 	}
 	s.request(changed)
@@ -567,8 +590,10 @@ func (s *Source) onNode(_, obj any, deleted bool) {
 		}
 	}
 	if s.cfg.Health != nil {
+		s.nodeMu.Lock()
 		eligible, why := nodeEligible(node, deleted)
 		s.cfg.Health.SetNode(eligible, why)
+		s.nodeMu.Unlock()
 	}
 	if deleted {
 		// The last labels stay, as kube-proxy's node topology handler

@@ -285,6 +285,36 @@ func TestChangeMetrics(t *testing.T) {
 	}
 }
 
+// A slice of addressType FQDN is no change in kube-proxy's metrics: its
+// endpoint change trackers drop one before counting it.
+func TestChangeMetricsSkipFQDNSlices(t *testing.T) {
+	client := fake.NewClientset(service("web", "10.96.0.10", 80))
+	m := metrics.New()
+	rec := &recorder{}
+	src := runAgent(t, Config{Client: client, Changes: m, MinSyncPeriod: time.Hour}, rec, m)
+	waitFor(t, "first sync", 5*time.Second, func() bool { return rec.count() == 1 && src.Synced() })
+	ctx := context.Background()
+	fqdn := slice("web", "web-fqdn", 8080, "10.0.0.1")
+	fqdn.AddressType = discoveryv1.AddressTypeFQDN
+	fqdn.Endpoints[0].Addresses = []string{"backend.example"}
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, fqdn, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// An IPv4 slice after it: once that one is counted, the informer
+	// handed the FQDN one over before it.
+	if _, err := client.DiscoveryV1().EndpointSlices("default").Create(ctx, slice("web", "web-1", 8080, "10.0.0.2"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]float64
+	waitFor(t, "the IPv4 slice counted", 5*time.Second, func() bool {
+		got = scrapeSamples(t, m)
+		return got["kubeproxy_sync_proxy_rules_endpoint_changes_total"] >= 1
+	})
+	if total, pending := got["kubeproxy_sync_proxy_rules_endpoint_changes_total"], got["kubeproxy_sync_proxy_rules_endpoint_changes_pending"]; total != 1 || pending != 1 {
+		t.Errorf("endpoint changes total %v pending %v, want 1 and 1 (the IPv4 slice's, not the FQDN one's)", total, pending)
+	}
+}
+
 func TestNodeObjectIsWatched(t *testing.T) {
 	zone := func(z string) map[string]string { return map[string]string{corev1.LabelTopologyZone: z} }
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Labels: zone("zone-a")}},
