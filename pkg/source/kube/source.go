@@ -376,8 +376,9 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) (err error) 
 	// The Services and EndpointSlices without the namespace index the
 	// factory's informers keep: a set of keys per namespace, which
 	// nothing here looks up (the events' lister gets Services by key).
+	// Headless ones are not listed (selectors.go).
 	factory.InformerFor(&corev1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, nil)
+		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, selectServices)
 	})
 	if s.cfg.REST != nil {
 		s.decodes.firstFast = func() { s.log.Info(firstFastLog) }
@@ -386,11 +387,11 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) (err error) 
 			return err
 		}
 		factory.InformerFor(&discoveryv1.EndpointSlice{}, func(_ kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-			return newSliceInformer(rc, resync)
+			return newSliceInformer(rc, resync, selectSlices)
 		})
 	} else {
 		factory.InformerFor(&discoveryv1.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-			return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, nil)
+			return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, selectSlices)
 		})
 	}
 
