@@ -441,6 +441,7 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) (err error) 
 		return nil // ctx done before the caches synced: nothing was programmed
 	}
 	s.log.Info("caches synced", "after", time.Since(start).Round(time.Millisecond))
+	s.reportStarting() // proxyevents.go
 	if s.cfg.Health != nil && len(nodeFactory.Core().V1().Nodes().Informer().GetStore().ListKeys()) == 0 {
 		// No Node by this name: not eligible, as kube-proxy's
 		// NodeEligible with no Node; its creation makes it so (onNode).
