@@ -78,7 +78,7 @@ func TestSliceClientSelectsHeadlessOut(t *testing.T) {
 		mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
 		if q.Get("watch") != "true" {
-			fmt.Fprint(w, `{"kind":"EndpointSliceList","apiVersion":"discovery.k8s.io/v1","metadata":{"resourceVersion":"1"},"items":[]}`)
+			_, _ = fmt.Fprint(w, `{"kind":"EndpointSliceList","apiVersion":"discovery.k8s.io/v1","metadata":{"resourceVersion":"1"},"items":[]}`)
 			return
 		}
 		if q.Get("sendInitialEvents") == "true" {
