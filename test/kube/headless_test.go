@@ -3,12 +3,16 @@ package kube
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 )
@@ -23,7 +27,7 @@ import (
 // ones would have been counted by the time the ordinary one is
 // programmed. A slice that gains the headless label leaves the selection
 // (the watch says deleted: its endpoints go), and comes back when it loses
-// it.
+// it: a watch with the source's selector sees exactly that.
 func TestHeadlessNotListed(t *testing.T) {
 	c, dp, p := startSyncedProxy(t)
 	counts := func() (svcs, slices float64, decoded int64) {
@@ -46,12 +50,24 @@ func TestHeadlessNotListed(t *testing.T) {
 	createSlice(t, c, makeSlice(ns, "web", "web-a", slicePorts{"http": 8080}, ready("10.1.1.2")))
 	wantProgrammed(t, dp, map[string][]string{fe(web, 80): {be("10.1.1.2", 8080)}})
 
-	svcs, slices, decoded := counts()
-	if svcs-svcs0 != 1 || slices-slices0 != 1 || decoded-decoded0 != 1 {
+	svcs, nSlices, decoded := counts()
+	if svcs-svcs0 != 1 || nSlices-slices0 != 1 || decoded-decoded0 != 1 {
 		t.Errorf("the source handled %v Services and %v slices, decoded %d slices, since the headless ones were created; want 1 each (the ordinary ones)",
-			svcs-svcs0, slices-slices0, decoded-decoded0)
+			svcs-svcs0, nSlices-slices0, decoded-decoded0)
 	}
 
+	// What the source's slice watch sees of the label's changes: a
+	// watch with its selector, from now.
+	l, err := c.DiscoveryV1().EndpointSlices(ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.DiscoveryV1().EndpointSlices(ns).Watch(context.Background(), metav1.ListOptions{
+		LabelSelector: "!" + corev1.IsHeadlessService, ResourceVersion: l.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
 	label := func(value string) {
 		t.Helper()
 		patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, corev1.IsHeadlessService, value)
@@ -64,4 +80,21 @@ func TestHeadlessNotListed(t *testing.T) {
 	wantProgrammed(t, dp, map[string][]string{fe(web, 80): {}})
 	label("null")
 	wantProgrammed(t, dp, map[string][]string{fe(web, 80): {be("10.1.1.2", 8080)}})
+	// Both changes were made: their events are queued (the bound
+	// only keeps a missing one from hanging the test).
+	var seen []watch.EventType
+	bound := time.After(30 * time.Second)
+	for len(seen) < 2 {
+		select {
+		case e := <-w.ResultChan():
+			if es, ok := e.Object.(*discoveryv1.EndpointSlice); ok && es.Name == "web-a" {
+				seen = append(seen, e.Type)
+			}
+		case <-bound:
+			t.Fatalf("the selected watch saw %v of the label's coming and going, want [DELETED ADDED]", seen)
+		}
+	}
+	if !slices.Equal(seen, []watch.EventType{watch.Deleted, watch.Added}) {
+		t.Errorf("the selected watch saw %v of the label's coming and going, want [DELETED ADDED]", seen)
+	}
 }
