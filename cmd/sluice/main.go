@@ -421,11 +421,13 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	var err error
 	if srv.health != "" {
 		if healthL, err = listenServer("health", srv.health); err != nil {
+			reportServerFailure(src, true, err, log)
 			return err
 		}
 	}
 	if srv.metrics != "" {
 		if metricsL, err = listenServer("metrics", srv.metrics); err != nil {
+			reportServerFailure(src, false, err, log)
 			return err
 		}
 	}
@@ -452,6 +454,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	cfg.BeforeFirstApply = collectBeforeFirstApply
 	if hc := healthCheckPorts(ns, prox, log); hc != nil {
 		defer hc.Close()
+		reportBindFailures(hc, src)
 		cfg.Observers = append(cfg.Observers, hc)
 	}
 	rec := reconciler.New(dp.Maps(), log.With("component", "reconciler"))
@@ -469,7 +472,9 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 		go func() {
 			defer func() { served <- struct{}{} }()
 			if err := fn(); err != nil {
-				cancel(fmt.Errorf("%s server: %w", name, err))
+				err = fmt.Errorf("%s server: %w", name, err)
+				cancel(err)
+				reportServerFailure(src, name == "health", err, log) // runAgent waits for served
 			}
 		}()
 	}

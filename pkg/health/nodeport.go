@@ -74,6 +74,11 @@ type NodePortServer struct {
 	// next Sync).
 	index   localIndex
 	unbound map[uint16]bool
+	// failed is the ports whose failure to bind was reported to
+	// bindFailed, with the Service each was reported for: reported again
+	// only once bound, or dropped, in between (or for another Service).
+	failed     map[uint16]model.ServicePortName
+	bindFailed func(svc model.ServicePortName, port uint16, err error)
 }
 
 type port struct {
@@ -91,7 +96,18 @@ func NewNodePortServer(hosts []string, prox *Proxier, log *slog.Logger) *NodePor
 	if len(hosts) == 0 || slices.Contains(hosts, "") {
 		hosts = []string{""}
 	}
-	return &NodePortServer{hosts: hosts, prox: prox, log: log, ports: map[uint16]*port{}, unbound: map[uint16]bool{}}
+	return &NodePortServer{hosts: hosts, prox: prox, log: log, ports: map[uint16]*port{}, unbound: map[uint16]bool{},
+		failed: map[uint16]model.ServicePortName{}}
+}
+
+// OnBindFailure has f told when the health check port of a Service cannot
+// be bound, with the error of the first address that failed: once per
+// failure, not at every Sync that retries it (kube-proxy's
+// FailedToStartServiceHealthcheck event, which the Kubernetes source
+// records). Call it before the first Sync; f is called outside the
+// server's lock.
+func (s *NodePortServer) OnBindFailure(f func(svc model.ServicePortName, port uint16, err error)) {
+	s.bindFailed = f
 }
 
 func (p *port) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -265,6 +281,17 @@ func (x *localIndex) status(n uint16) PortStatus {
 // A state made from the last one (model.State.BaseGen) costs what
 // changed.
 func (s *NodePortServer) Sync(st *model.State) error {
+	type failure struct {
+		svc  model.ServicePortName
+		port uint16
+		err  error
+	}
+	var report []failure
+	defer func() { // after the unlock
+		for _, f := range report {
+			s.bindFailed(f.svc, f.port, f.err)
+		}
+	}()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	touched := s.index.update(st)
@@ -278,6 +305,7 @@ func (s *NodePortServer) Sync(st *model.State) error {
 	for _, n := range touched {
 		p := s.ports[n]
 		if _, ok := s.index.ports[n]; !ok {
+			delete(s.failed, n)
 			if p != nil {
 				s.stop(n, p)
 			}
@@ -290,6 +318,10 @@ func (s *NodePortServer) Sync(st *model.State) error {
 				l, err := net.Listen("tcp", net.JoinHostPort(h, strconv.Itoa(int(n))))
 				if err != nil {
 					errs = append(errs, fmt.Errorf("health check port %d of %s: %w", n, w.Service, err))
+					if s.bindFailed != nil && s.failed[n] != w.Service {
+						s.failed[n] = w.Service
+						report = append(report, failure{w.Service, n, err})
+					}
 					for _, l := range ls {
 						// Never served: closing it loses nothing.
 						_ = l.Close()
@@ -303,6 +335,7 @@ func (s *NodePortServer) Sync(st *model.State) error {
 				s.unbound[n] = true
 				continue
 			}
+			delete(s.failed, n)
 			p = &port{prox: s.prox}
 			p.srv = &http.Server{Handler: p, ReadHeaderTimeout: 5 * time.Second}
 			s.ports[n] = p

@@ -19,10 +19,11 @@ import (
 )
 
 // nodeEvents lists the events.k8s.io/v1 Events the agent reported on its
-// Node (in namespace default, as events about cluster-scoped objects are).
+// Node (in namespace default, as events about cluster-scoped objects are),
+// but for its Starting event (proxyevents_test.go).
 func nodeEvents(c kubernetes.Interface) ([]eventsv1.Event, error) {
 	l, err := c.EventsV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{
-		FieldSelector: "regarding.kind=Node,regarding.name=" + nodeName + ",reportingController=sluice"})
+		FieldSelector: "regarding.kind=Node,regarding.name=" + nodeName + ",reportingController=sluice,reason!=" + kube.ReasonStarting})
 	if err != nil {
 		return nil, err
 	}

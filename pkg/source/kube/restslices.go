@@ -133,10 +133,15 @@ func newSliceClient(cfg *rest.Config, sl *slimmer, counts *sliceDecodes) (*rest.
 }
 
 // newSliceInformer is the EndpointSlice informer over rc, of every
-// namespace, without indexes: client-go's
-// NewFilteredEndpointSliceInformer's, but its example type *cachedSlice.
-func newSliceInformer(rc *rest.RESTClient, resync time.Duration) cache.SharedIndexInformer {
+// namespace, without indexes, its list and watch options set by tweak
+// (nil: none): client-go's NewFilteredEndpointSliceInformer's, but its
+// example type *cachedSlice.
+func newSliceInformer(rc *rest.RESTClient, resync time.Duration, tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
+	if tweak == nil {
+		tweak = func(*metav1.ListOptions) {}
+	}
 	list := func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+		tweak(&opts)
 		out := &discoveryv1.EndpointSliceList{}
 		err := rc.Get().Resource("endpointslices").
 			VersionedParams(&opts, scheme.ParameterCodec).
@@ -144,6 +149,7 @@ func newSliceInformer(rc *rest.RESTClient, resync time.Duration) cache.SharedInd
 		return out, err
 	}
 	watchFn := func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+		tweak(&opts)
 		opts.Watch = true
 		return rc.Get().Resource("endpointslices").
 			VersionedParams(&opts, scheme.ParameterCodec).

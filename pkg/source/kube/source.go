@@ -401,8 +401,9 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) (err error) 
 	// The Services and EndpointSlices without the namespace index the
 	// factory's informers keep: a set of keys per namespace, which
 	// nothing here looks up (the events' lister gets Services by key).
+	// Headless ones are not listed (selectors.go).
 	factory.InformerFor(&corev1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, nil)
+		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, selectServices)
 	})
 	if s.cfg.REST != nil {
 		s.decodes.firstFast = func() { s.log.Info(firstFastLog) }
@@ -411,11 +412,11 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) (err error) 
 			return err
 		}
 		factory.InformerFor(&discoveryv1.EndpointSlice{}, func(_ kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-			return newSliceInformer(rc, resync)
+			return newSliceInformer(rc, resync, selectSlices)
 		})
 	} else {
 		factory.InformerFor(&discoveryv1.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-			return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, nil)
+			return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, selectSlices)
 		})
 	}
 
@@ -479,6 +480,7 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) (err error) 
 		return nil
 	}
 	s.log.Info("caches synced", "after", time.Since(start).Round(time.Millisecond))
+	s.reportStarting() // proxyevents.go
 	if s.cfg.Health != nil {
 		s.nodeMu.Lock()
 		if len(nodeFactory.Core().V1().Nodes().Informer().GetStore().ListKeys()) == 0 {
