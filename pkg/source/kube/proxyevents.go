@@ -32,6 +32,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -98,7 +99,7 @@ func (s *Source) ReportServerFailure(ctx context.Context, health bool, err error
 	}
 	note := err.Error()
 	if len(note) > maxNote {
-		note = note[:maxNote]
+		note = strings.ToValidUTF8(note[:maxNote], "") // not a split rune, which JSON would grow past the limit
 	}
 	host, _ := os.Hostname()
 	now := time.Now()
