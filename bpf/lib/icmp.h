@@ -45,8 +45,10 @@
  * on input): otherwise every node on a segment answers one broadcast
  * frame, and a spoofed source turns the nodes into reflectors. A frame
  * the device took in for another host's MAC (PACKET_OTHERHOST: a device
- * in promiscuous mode, a bridge's port) is not answered either: the
- * kernel drops it before routing (ip_rcv_core, ipv6_rcv).
+ * in promiscuous mode) is not answered either: the kernel drops it
+ * before routing (ip_rcv_core, ipv6_rcv); but on a port of a bridge or
+ * bond, whose frames go to its master, it may be to the master's MAC,
+ * and is answered.
  *
  * How often is the kernel's choice as well (icmp_rl_allow, below): the
  * error types the kernel rate-limits go through its two token buckets,
