@@ -58,6 +58,7 @@
 #include "lib/affinity.h"
 #define CT_SNAT_TRY_GLOBAL /* conntrack_fam.h: ct_snat_try */
 #define CT_EST_OVERFLOW	   /* conntrack_fam.h: ct_overflow */
+#define ICMP_RATE_LIMIT	   /* icmp.h: icmp_rl_allow and its maps */
 #include "lib/conntrack.h"
 #include "lib/icmp.h"
 #include "lib/nat.h"
@@ -476,7 +477,7 @@ static __always_inline int lb4_ct_follow(const struct pkt4 *p,
  * Session affinity for a new flow of @p (affinity.h), whose client is its
  * source as it arrived. BPF functions of their own rather than inlined:
  * the key and the entry then live in their frames, which the program's
- * stack, with icmp_reply's frame on top, has no room for; and the
+ * stack, with icmp_build's frame on top, has no room for; and the
  * verifier's paths meet again after each call, whatever it found.
  */
 

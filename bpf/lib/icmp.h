@@ -43,16 +43,28 @@
  * reject sits), nor to a source that names no single host (RFC 1122
  * 3.2.2, RFC 4443 2.4(e); the kernel's martian-source check drops those
  * on input): otherwise every node on a segment answers one broadcast
- * frame, and a spoofed source turns the nodes into reflectors. Unlike
- * the kernel, which rate-limits its errors (README, Limitations), tc
- * sends one error per packet.
+ * frame, and a spoofed source turns the nodes into reflectors. A frame
+ * the device took in for another host's MAC (PACKET_OTHERHOST: a device
+ * in promiscuous mode) is not answered either: the kernel drops it
+ * before routing (ip_rcv_core, ipv6_rcv); but on a port of a bridge or
+ * bond, whose frames go to its master, it may be to the master's MAC,
+ * and is answered.
+ *
+ * How often is the kernel's choice as well (icmp_rl_allow, below): the
+ * error types the kernel rate-limits go through its two token buckets,
+ * one per destination and one for the node, with its sysctls' values
+ * (config.h); an error over either is not sent (ICMP_NOT_SENT), counted
+ * as tc_icmp_ratelimited. Otherwise a flood to a ClusterIP's unserved
+ * port gets as many errors back, at whatever source it names.
  */
 #ifndef SLUICE_ICMP_H
 #define SLUICE_ICMP_H
 
 #include "consts.h"
+#include "config.h"
 #include "csum.h"
 #include "parse.h"
+#include "explain.h"
 
 #define ICMP_QUOTE_MAX (60 + sizeof(struct tcphdr))
 #define ICMP_ERR_TTL   64
@@ -63,8 +75,9 @@
 
 /*
  * ICMP_NOT_SENT - what icmp_reply and icmp6_reply return when they send
- * nothing: a packet the kernel would not answer either (icmp_*_answerable)
- * or whose tail could not be trimmed (the packet is untouched then). Not
+ * nothing: a packet the kernel would not answer either (icmp_*_answerable),
+ * an error over the kernel's rate limits (icmp_rl_allow), or a packet
+ * whose tail could not be trimmed (the packet is untouched then). Not
  * a TC verdict: the caller drops the packet (icmp_verdict), counted under
  * the reason it would have answered, not as a rewrite error.
  */
@@ -77,23 +90,238 @@ static __always_inline int icmp_verdict(int ret)
 }
 
 /* skb->pkt_type (linux/if_packet.h) */
-#define SL_PACKET_BROADCAST 1
-#define SL_PACKET_MULTICAST 2
+#define SL_PACKET_HOST	    0
+#define SL_PACKET_OTHERHOST 3
 
 /*
  * icmp_link_answerable - whether the kernel would send an ICMP error
- * about a packet that came in as @skb: not about a frame to a link-layer
- * broadcast or multicast address (pkt_type, from eth_type_trans). A
- * frame to another host's MAC (PACKET_OTHERHOST, a promiscuous device's)
- * is not excluded: the kernel drops it, but BPF_PROG_TEST_RUN marks
- * every frame not to its device's MAC so, and so would every test frame
- * be. See the README's Limitations.
+ * about a packet that came in as @skb: only about a frame to this host's
+ * MAC (PACKET_HOST, from eth_type_trans; an L3 device's packets are too),
+ * as __icmp_send and icmp6_send check: not a frame to a link-layer
+ * broadcast or multicast address, nor one to another host's MAC
+ * (PACKET_OTHERHOST), which the kernel drops before routing anyway
+ * (ip_rcv_core). Except on a port of a bridge or bond (NODE_DEV_F_PORT):
+ * its frames go to its master, and one to the master's MAC is
+ * PACKET_OTHERHOST here, PACKET_HOST once the bridge takes it in; such
+ * a frame is answered as before. BPF_PROG_TEST_RUN sets pkt_type as a
+ * device would: eth_type_trans against the context's ifindex's device,
+ * or the loopback device (whose address is 00:00:00:00:00:00) without
+ * one.
  */
 static __always_inline bool icmp_link_answerable(const struct __sk_buff *skb)
 {
-	__u32 type = skb->pkt_type;
+	__u32 type = skb->pkt_type, ifindex = skb->ifindex;
+	struct node_dev *dev;
 
-	return type != SL_PACKET_BROADCAST && type != SL_PACKET_MULTICAST;
+	if (type == SL_PACKET_HOST)
+		return true;
+	if (type != SL_PACKET_OTHERHOST)
+		return false;
+	dev = bpf_map_lookup_elem(&sluice_devices_v1, &ifindex);
+	return dev && (dev->flags & NODE_DEV_F_PORT);
+}
+
+#ifdef ICMP_RATE_LIMIT
+/*
+ * The kernel's ICMP rate limits (net/ipv4/icmp.c, net/ipv6/icmp.c,
+ * net/ipv4/inetpeer.c, Linux 6.18), for the errors of the types it
+ * limits (icmp_ratemask, net.ipv6.icmp.ratemask: port unreachable and
+ * time exceeded by default, never IPv4's fragmentation needed; packet
+ * too big by default not). In its order:
+ *
+ * 1. The node's bucket (icmp_global_allow): an error may go while it has
+ *    credit; without, it is refilled at icmp_msgs_per_sec for the time
+ *    since its last refill (at most a second's worth, at least 20 ms
+ *    since, up to icmp_msgs_burst), or the error is not sent.
+ * 2. The destination's bucket (inet_peer_xrlim_allow): each error costs
+ *    icmp_ratelimit ns of tokens (IPv6: net.ipv6.icmp.ratelimit, with
+ *    no scaling by the route's prefix since 6.18's 0201eedb69b2), which
+ *    refill one a ns up to 6 errors' worth (XRLIM_BURST_FACTOR); a new
+ *    destination starts with 60 s of them (6 errors at 1000 ms: a burst
+ *    of 6, then one a second). Ratelimit 0: no limit here.
+ * 3. Only an error that passed both takes from the node's bucket
+ *    (icmp_global_consume): 0, 1 or 2 credits at random (1 on average),
+ *    the kernel's defence against the bucket as a side channel
+ *    (CVE-2020-25705), so the node's burst is 50 errors on average.
+ *
+ * Both buckets are the kernel's kind, not its instances: the kernel's
+ * own errors and Sluice's draw on separate buckets. The kernel keeps
+ * them per network namespace, as the sysctls: here, the agent's (the
+ * node's). The destinations' are an LRU of 8192 (the kernel's inetpeer
+ * keeps up to 65536): a destination evicted starts again with a full
+ * bucket, as it would after 6 s idle; only a flood of errors to more
+ * than 8192 sources within that time evicts, and the node's bucket
+ * bounds such a flood. Races between CPUs are the kernel's kind too:
+ * two CPUs may pass one credit; a refill that races a consumer is lost
+ * (fewer errors, never more).
+ *
+ * The tc object alone defines ICMP_RATE_LIMIT (tc.c): XDP includes this
+ * header (nat.h) but sends no ICMP error, and has no use for the maps.
+ * A dry run (explain.h) reads the buckets and changes neither.
+ */
+
+/* XRLIM_BURST_FACTOR: a destination's burst, in errors */
+#define ICMP_RL_BURST 6
+/* the tokens a new destination starts with (inet_getpeer's rate_last) */
+#define ICMP_RL_NEW_TOKENS (60 * NSEC_PER_SEC)
+
+/* Key: struct icmp_rl_key. Value: struct icmp_rl_peer. Not pinned: the
+ * buckets start full when the agent loads anew, as after a reboot.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct icmp_rl_key);
+	__type(value, struct icmp_rl_peer);
+	__uint(max_entries, 8192);
+} sluice_icmp_peers_v1 SEC(".maps");
+
+/* Key: __u32 0. Value: struct icmp_rl_global. Not pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct icmp_rl_global);
+	__uint(max_entries, 1);
+} sluice_icmp_global_v1 SEC(".maps");
+
+/*
+ * icmp_rl_global_allow - icmp_global_allow: whether the node's bucket
+ * @g lets an error go at @now, refilling it if it is empty (not in a
+ * dry run, @dry).
+ */
+static __always_inline bool icmp_rl_global_allow(struct icmp_rl_global *g,
+						 __u64 now, bool dry)
+{
+	__u64 stamp, delta, incr;
+	__s64 credit, want;
+
+	if (READ_ONCE(g->credit) > 0)
+		return true;
+	stamp = READ_ONCE(g->stamp);
+	delta = now - stamp;
+	if (delta > NSEC_PER_SEC)
+		delta = NSEC_PER_SEC;
+	if (delta < NSEC_PER_SEC / 50)
+		return false;
+	incr = (__u64)icmp_msgs_per_sec * delta / NSEC_PER_SEC;
+	if (!incr)
+		return false;
+	if (dry)
+		return true;
+	if (__sync_val_compare_and_swap(&g->stamp, stamp, now) == stamp) {
+		credit = READ_ONCE(g->credit);
+		want = credit + (__s64)incr;
+		if (want > (__s64)icmp_msgs_burst)
+			want = icmp_msgs_burst;
+		__sync_val_compare_and_swap(&g->credit, credit, want);
+	}
+	return true;
+}
+
+/*
+ * icmp_rl_peer_allow - inet_peer_xrlim_allow: whether the bucket of the
+ * destination @key lets an error that costs @tmo ns go at @now, taking
+ * them (not in a dry run, @dry).
+ */
+static __always_inline bool icmp_rl_peer_allow(const struct icmp_rl_key *key,
+					       __u64 tmo, __u64 now, bool dry)
+{
+	struct icmp_rl_peer *b =
+		bpf_map_lookup_elem(&sluice_icmp_peers_v1, key);
+	struct icmp_rl_peer fresh = {};
+	__u64 tokens = 0, delta = ICMP_RL_NEW_TOKENS;
+	bool ok = false;
+
+	if (b) {
+		tokens = READ_ONCE(b->tokens);
+		delta = now - READ_ONCE(b->last);
+	}
+	if (delta) {
+		tokens += delta;
+		if (tokens > ICMP_RL_BURST * tmo)
+			tokens = ICMP_RL_BURST * tmo;
+	}
+	if (tokens >= tmo) {
+		tokens -= tmo;
+		ok = true;
+	}
+	if (dry)
+		return ok;
+	if (b) {
+		WRITE_ONCE(b->tokens, tokens);
+		WRITE_ONCE(b->last, now);
+	} else {
+		fresh.tokens = tokens;
+		fresh.last = now;
+		bpf_map_update_elem(&sluice_icmp_peers_v1, key, &fresh,
+				    BPF_NOEXIST);
+	}
+	return ok;
+}
+
+/*
+ * icmp_rl_allow - whether the kernel's rate limits let an error of a
+ * type they limit go to @dst, an IPv6 address if @v6, else IPv4's in
+ * p[0] (the rest zero): the node's bucket, then the destination's (if
+ * its family's ratelimit is not 0), then the node's credit taken. An
+ * error they stop is counted as tc_icmp_ratelimited. A dry run (@dry)
+ * changes neither bucket and notes the count in its record.
+ *
+ * A BPF function of its own, called by icmp_reply and icmp6_reply, which
+ * are inlined into their callers, on the error path only: its frame sits
+ * beside icmp_build's (icmp6_build's), not on top of it, where the
+ * entry's stack has no room for it.
+ */
+static __noinline bool icmp_rl_allow(const union v6addr *dst, bool v6, bool dry)
+{
+	struct icmp_rl_key key = {};
+	struct icmp_rl_global *g;
+	__u64 now = now_ns();
+	__u64 tmo = v6 ? icmp6_ratelimit_ns : icmp_ratelimit_ns;
+	__u32 zero = 0, n;
+
+	g = bpf_map_lookup_elem(&sluice_icmp_global_v1, &zero);
+	if (!g)
+		return true;
+	if (!icmp_rl_global_allow(g, now, dry))
+		goto limited;
+	if (tmo) {
+		key.family = v6 ? 6 : 4;
+		key.addr = *dst;
+		if (!icmp_rl_peer_allow(&key, tmo, now, dry))
+			goto limited;
+	}
+	if (!dry) {
+		n = bpf_get_prandom_u32() % 3;
+		if (n)
+			__sync_fetch_and_sub(&g->credit, (__s64)n);
+	}
+	return true;
+limited:
+	metric_count_if(dry, METRIC_TC_ICMP_RATELIMITED);
+	return false;
+}
+#else
+/* An object that sends no ICMP error (XDP) has no limiter. */
+static __always_inline bool icmp_rl_allow(const union v6addr *dst, bool v6,
+					  bool dry)
+{
+	return true;
+}
+#endif /* ICMP_RATE_LIMIT */
+
+/*
+ * icmp_limited - whether the kernel rate-limits the ICMP error @err
+ * (ICMP_ERR) by default or by icmp_ratemask (icmpv4_mask_allow): a
+ * fragmentation needed never (path MTU discovery must not stall).
+ */
+static __always_inline bool icmp_limited(__u32 err)
+{
+	__u8 type = err >> 24, code = err >> 16;
+
+	if (type > NR_ICMP_TYPES ||
+	    (type == ICMP_DEST_UNREACH && code == ICMP_FRAG_NEEDED))
+		return false;
+	return (icmp_ratemask >> type) & 1;
 }
 
 /*
@@ -117,7 +345,7 @@ struct icmp_err_hdr {
 };
 
 /*
- * icmp_send_back - the end of icmp_reply and icmp6_reply (icmp6.h): turn
+ * icmp_send_back - the end of icmp_build and icmp6_build (icmp6.h): turn
  * @skb into the error, the @hdr_len bytes at @hdr (its IP and ICMP
  * headers) followed by the first @quote_len bytes of the packet at
  * @l3_off, with @eth (the packet's Ethernet header, if @l3_off is not 0)
@@ -151,21 +379,20 @@ static __always_inline int icmp_send_back(struct __sk_buff *skb, __u32 l3_off,
 }
 
 /*
- * icmp_reply - rewrite @skb, the packet @p, into the ICMP error @err
+ * icmp_build - rewrite @skb, the packet @p, into the ICMP error @err
  * (ICMP_ERR: type, code, and the next-hop MTU of a fragmentation needed)
- * about it, and redirect it back out of its ingress device.
+ * about it, and redirect it back out of its ingress device: icmp_reply
+ * once it has decided to send it.
  *
- * Returns TC_ACT_REDIRECT; ICMP_NOT_SENT for a packet the kernel would not
- * answer (icmp_link_answerable, icmp_src_answerable) or that cannot be
- * trimmed (icmp_send_back); or TC_ACT_SHOT if a helper failed (by then the
- * packet may be half rewritten and must not go on) or @p is a later
- * fragment: there is no ICMP error about one (RFC 1122 3.2.2), whose first
- * fragment got it, and it has no L4 header to quote.
+ * Returns TC_ACT_REDIRECT; ICMP_NOT_SENT for a packet that cannot be
+ * trimmed (icmp_send_back) or is too short to quote; or TC_ACT_SHOT if a
+ * helper failed (by then the packet may be half rewritten and must not
+ * go on).
  *
  * A BPF function of its own rather than inlined: several paths call it,
  * and it is large.
  */
-static __noinline int icmp_reply(struct __sk_buff *skb, const struct pkt4 *p,
+static __noinline int icmp_build(struct __sk_buff *skb, const struct pkt4 *p,
 				 __u32 err)
 {
 	/* ICMP header and quote, summed together for the ICMP checksum.
@@ -179,10 +406,6 @@ static __noinline int icmp_reply(struct __sk_buff *skb, const struct pkt4 *p,
 	struct ethhdr eth = {};
 	__u32 quote_len = p->ihl_len;
 
-	if (p->frag_later)
-		return TC_ACT_SHOT;
-	if (!icmp_link_answerable(skb) || !icmp_src_answerable(p->saddr))
-		return ICMP_NOT_SENT;
 	/* ihl_len is a multiple of 4 in 20..60 (parse_ipv4). Mask it in asm,
 	 * where clang cannot fold the mask away, so that the verifier sees
 	 * 8..80 as the bound of the variable-size load below. parse_ipv4
@@ -220,6 +443,34 @@ static __noinline int icmp_reply(struct __sk_buff *skb, const struct pkt4 *p,
 
 	return icmp_send_back(skb, p->l3_off, quote_len, &eth, &hdr,
 			      sizeof(hdr));
+}
+
+/*
+ * icmp_reply - answer @p, the packet @skb, with the ICMP error @err
+ * (ICMP_ERR) from its destination, if the kernel would send it: to a
+ * packet it would answer (icmp_link_answerable, icmp_src_answerable),
+ * within its rate limits (icmp_limited, icmp_rl_allow). Then icmp_build
+ * turns the packet into the error.
+ *
+ * Returns TC_ACT_REDIRECT; ICMP_NOT_SENT for a packet the kernel would not
+ * answer, an error over its rate limits, or a packet icmp_build cannot
+ * quote; or TC_ACT_SHOT if a helper failed, or @p is a later fragment:
+ * there is no ICMP error about one (RFC 1122 3.2.2), whose first
+ * fragment got it, and it has no L4 header to quote.
+ */
+static __always_inline int icmp_reply(struct __sk_buff *skb,
+				      const struct pkt4 *p, __u32 err)
+{
+	union v6addr dst = {};
+
+	if (p->frag_later)
+		return TC_ACT_SHOT;
+	if (!icmp_link_answerable(skb) || !icmp_src_answerable(p->saddr))
+		return ICMP_NOT_SENT;
+	dst.p[0] = p->saddr;
+	if (icmp_limited(err) && !icmp_rl_allow(&dst, false, explain_dry(p)))
+		return ICMP_NOT_SENT;
+	return icmp_build(skb, p, err);
 }
 
 /*

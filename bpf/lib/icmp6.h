@@ -16,9 +16,10 @@
  * reason the quote is the packet up to its whole fixed L4 header (or 8
  * bytes after the extension headers, or what there is of them: a packet
  * with next header 59 and no payload is quoted whole). The same packets
- * go unanswered (icmp_link_answerable, icmp6_src_answerable): a
- * link-layer broadcast or multicast frame, or a source that is no single
- * host's (RFC 4443 2.4(e)). Unlike
+ * go unanswered (icmp_link_answerable, icmp6_src_answerable): a frame
+ * not to this host's MAC (broadcast, multicast, another host's), or a
+ * source that is no single host's (RFC 4443 2.4(e)); and the same rate
+ * limits apply (icmp_rl_allow, with net.ipv6.icmp's values). Unlike
  * ICMP, ICMPv6's checksum covers a pseudo-header (RFC 4443 2.3).
  */
 #ifndef SLUICE_ICMP6_H
@@ -55,14 +56,14 @@ struct icmp6_err_hdr {
 };
 
 /*
- * icmp6_reply - rewrite @skb, the packet @p, into the ICMPv6 error of
+ * icmp6_build - rewrite @skb, the packet @p, into the ICMPv6 error of
  * @type and @code about it (@info: the header's second word, a packet too
- * big's MTU), from its destination to its source, and
- * redirect it back out of its ingress device. Returns TC_ACT_REDIRECT,
- * ICMP_NOT_SENT as icmp_reply does, or TC_ACT_SHOT if a helper failed or
- * the quote would be too long.
+ * big's MTU), from its destination to its source, and redirect it back
+ * out of its ingress device: icmp6_reply once it has decided to send it.
+ * Returns TC_ACT_REDIRECT, ICMP_NOT_SENT as icmp_build does, or
+ * TC_ACT_SHOT if a helper failed or the quote would be too long.
  */
-static __noinline int icmp6_reply(struct __sk_buff *skb, const struct pkt6 *p,
+static __noinline int icmp6_build(struct __sk_buff *skb, const struct pkt6 *p,
 				  __u8 type, __u8 code, __be32 info)
 {
 	/* The pseudo-header, ICMPv6 header and quote, summed together for
@@ -80,8 +81,6 @@ static __noinline int icmp6_reply(struct __sk_buff *skb, const struct pkt6 *p,
 	struct ethhdr eth = {};
 	__u32 quote_len = p->l4_off - p->l3_off;
 
-	if (!icmp_link_answerable(skb) || !icmp6_src_answerable(&p->saddr))
-		return ICMP_NOT_SENT;
 	quote_len += p->proto == IPPROTO_TCP ? sizeof(struct tcphdr) :
 					       sizeof(struct udphdr);
 	/* Another protocol's packet may end before 8 bytes: quote what it
@@ -118,6 +117,27 @@ static __noinline int icmp6_reply(struct __sk_buff *skb, const struct pkt6 *p,
 
 	return icmp_send_back(skb, p->l3_off, quote_len, &eth, &hdr,
 			      sizeof(hdr));
+}
+
+/*
+ * icmp6_reply - answer @p, the packet @skb, with the ICMPv6 error of
+ * @type and @code (@info: a packet too big's MTU) from its destination,
+ * if the kernel would send it: to a packet it would answer
+ * (icmp_link_answerable, icmp6_src_answerable), within its rate limits
+ * for the types of net.ipv6.icmp.ratemask (icmpv6_mask_allow; tc sends
+ * types 1 to 3: icmp_rl_allow). Then icmp6_build turns the packet into
+ * the error. Returns what icmp_reply does.
+ */
+static __always_inline int icmp6_reply(struct __sk_buff *skb,
+				       const struct pkt6 *p, __u8 type,
+				       __u8 code, __be32 info)
+{
+	if (!icmp_link_answerable(skb) || !icmp6_src_answerable(&p->saddr))
+		return ICMP_NOT_SENT;
+	if (type < 32 && ((icmp6_ratemask >> type) & 1) &&
+	    !icmp_rl_allow(&p->saddr, true, explain_dry(p)))
+		return ICMP_NOT_SENT;
+	return icmp6_build(skb, p, type, code, info);
 }
 
 #endif /* SLUICE_ICMP6_H */

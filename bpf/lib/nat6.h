@@ -96,7 +96,7 @@ static __always_inline bool node_ip6_of(union v6addr *out)
 
 /*
  * The ICMPv6 error fwd_check6 asks for, as a verdict of its own that the
- * program's entry answers (tc6_answer), where icmp6_reply's large frame
+ * program's entry answers (tc6_answer), where icmp6_build's large frame
  * is the only one on top of the entry's: from deeper in, the frames would
  * not fit the stack together.
  */

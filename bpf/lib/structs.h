@@ -431,6 +431,11 @@ enum metric_reason {
 	 * GC is due), instead of refused (ct_overflow)
 	 */
 	METRIC_TC_CT_EST_OVERFLOW,
+	/* an ICMP (ICMPv6) error tc would send over the kernel's rate limits
+	 * (icmp.h, icmp_rl_allow): not sent, the packet dropped, counted
+	 * under its own reason too (tc_unknown_port, tc_ttl_exceeded, ...)
+	 */
+	METRIC_TC_ICMP_RATELIMITED,
 	METRIC_MAX,
 };
 
@@ -564,6 +569,15 @@ enum node_dev_flags {
 	 * source-NATed to this node (the reply is translated back).
 	 */
 	NODE_DEV_F_TC = 2,
+	/*
+	 * A port of another device (it has a master: a bridge, a bond, an
+	 * OVS datapath): what it takes in goes to its master, not to its
+	 * own IP stack, and a frame to a MAC not its own (PACKET_OTHERHOST)
+	 * may be to the master's, which takes it in. So tc answers such a
+	 * frame here (icmp_link_answerable), where on any other device the
+	 * kernel drops it before routing.
+	 */
+	NODE_DEV_F_PORT = 4,
 };
 
 /*
@@ -743,6 +757,29 @@ struct fib_hop {
 	__u8 smac[6];  /* the egress device's address */
 	__u8 dmac[6];  /* the next hop's (resolved: only SUCCESS is kept) */
 	__u8 pad[4];
+};
+
+/*
+ * The rate limits of the ICMP errors tc sends (icmp.h, icmp_rl_allow),
+ * the kernel's: sluice_icmp_peers_v1, struct icmp_rl_key -> struct
+ * icmp_rl_peer, the per-destination token buckets (the kernel's
+ * inet_peer), and sluice_icmp_global_v1, __u32 0 -> struct
+ * icmp_rl_global, the node's (netns_ipv4.icmp_global_credit and _stamp).
+ */
+struct icmp_rl_key {
+	__u8 family;	   /* 4 or 6 */
+	__u8 pad[3];	   /* zero */
+	union v6addr addr; /* network order; IPv4's in p[0], the rest zero */
+};
+
+struct icmp_rl_peer {
+	__u64 tokens; /* ns of credit (inet_peer.rate_tokens, in jiffies) */
+	__u64 last;   /* now_ns() of the last refill (inet_peer.rate_last) */
+};
+
+struct icmp_rl_global {
+	__s64 credit; /* errors left; below 0 after a race, as the kernel's */
+	__u64 stamp;  /* now_ns() of the last refill */
 };
 
 /* The metric reasons an explain_record keeps, in the order counted. */
@@ -1133,5 +1170,8 @@ _Static_assert(sizeof(struct sock6_udp_stick) == 24, "sock6_udp_stick size");
 _Static_assert(sizeof(struct fib4_key) == 12, "fib4_key size");
 _Static_assert(sizeof(struct fib6_key) == 36, "fib6_key size");
 _Static_assert(sizeof(struct fib_hop) == 32, "fib_hop size");
+_Static_assert(sizeof(struct icmp_rl_key) == 20, "icmp_rl_key size");
+_Static_assert(sizeof(struct icmp_rl_peer) == 16, "icmp_rl_peer size");
+_Static_assert(sizeof(struct icmp_rl_global) == 16, "icmp_rl_global size");
 
 #endif /* SLUICE_STRUCTS_H */

@@ -35,7 +35,7 @@
  * scope.
  *
  * rev_nat6, nat6_forward, lb6_follow, lb6_new_flow, nat_need6,
- * the affinity steps, rewrite6_l4addr and icmp6_reply are BPF functions
+ * the affinity steps, rewrite6_l4addr and icmp6_build are BPF functions
  * of their own: their conntrack and affinity keys and entries, routes
  * and the quote live in their own frames, which the stack has no room
  * for at once; and
@@ -85,7 +85,7 @@
  * Returns 0 or a negative error (the packet may be half rewritten).
  *
  * A BPF function of its own: inlined, its checksum arithmetic took 16
- * bytes more of the entry's frame, which with icmp6_reply's on top has
+ * bytes more of the entry's frame, which with icmp6_build's on top has
  * none to give.
  */
 static __noinline int rewrite6_l4addr(struct __sk_buff *skb,

@@ -343,6 +343,13 @@ func run(args []string) int {
 	dpCfg.ServiceCIDRsFromSource = kube.enabled()
 	dpCfg.DisableSocketLB = !*socketLB
 	dpCfg.DeferDryRun = true // loaded after the first sync (dryRunLoader)
+	// tc's ICMP errors follow the kernel's rate limits, this network
+	// namespace's (the node's) sysctls as they are now.
+	if rl, err := datapath.ReadICMPRateLimits("/proc/sys"); err != nil {
+		log.Warn("ICMP rate limit sysctls unreadable: tc's ICMP errors follow Linux's defaults", "err", err)
+	} else {
+		dpCfg.ICMPRateLimits = &rl
+	}
 	if !checkPrerequisites(*manifests, dpCfg.BPFFS, cfg.Cgroup, dpCfg.XDP, log) {
 		return 1
 	}

@@ -86,8 +86,9 @@ var svcFlagNames = []struct {
 // reason, shown first when present).
 var dropReasons = map[string]string{
 	"tc_src_range_deny":    "source outside the frontend's loadBalancerSourceRanges",
-	"tc_no_backend":        "the Service has no endpoints (ICMP port unreachable, or a drop where the kernel would send none)",
-	"tc_unknown_port":      "a ClusterIP's port or protocol it does not serve (ICMP port unreachable, or a drop where the kernel would send none)",
+	"tc_icmp_ratelimited":  "the ICMP error it would get is over the kernel's rate limits (net.ipv4.icmp_ratelimit, net.ipv6.icmp.ratelimit, net.ipv4.icmp_msgs_per_sec): not sent, the packet dropped",
+	"tc_no_backend":        "the Service has no endpoints (ICMP port unreachable, or a drop where the kernel would send none or its rate limits stop it)",
+	"tc_unknown_port":      "a ClusterIP's port or protocol it does not serve (ICMP port unreachable, or a drop where the kernel would send none or its rate limits stop it)",
 	"tc_local_no_backend":  "externalTrafficPolicy/internalTrafficPolicy Local without a local endpoint",
 	"tc_service_cidr_drop": "an unallocated address of the service CIDR",
 	"tc_frag_drop":         "a later fragment without its first",

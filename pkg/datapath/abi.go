@@ -31,9 +31,11 @@ const (
 	ctFlagCounted = uint32(sockCtFlagsCT_F_COUNTED)
 
 	// nodeDevL3 flags a device without a link-layer header, nodeDevTC
-	// one the agent attached tc to (node_dev.flags).
-	nodeDevL3 = uint32(sockNodeDevFlagsNODE_DEV_F_L3)
-	nodeDevTC = uint32(sockNodeDevFlagsNODE_DEV_F_TC)
+	// one the agent attached tc to, nodeDevPort a port of a bridge or
+	// bond (node_dev.flags).
+	nodeDevL3   = uint32(sockNodeDevFlagsNODE_DEV_F_L3)
+	nodeDevTC   = uint32(sockNodeDevFlagsNODE_DEV_F_TC)
+	nodeDevPort = uint32(sockNodeDevFlagsNODE_DEV_F_PORT)
 
 	// The kinds of the node's CIDRs (node_cidr_key.kind).
 	nodeCIDRCluster = uint32(sockNodeCidrKindNODE_CIDR_CLUSTER)

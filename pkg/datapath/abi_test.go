@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -66,10 +67,10 @@ func TestObjectsShareMaps(t *testing.T) {
 	// sockexplain.go), XDP's route cache and its generation
 	// (routecache.go), and the .data of the objects that parse
 	// (dev_l3_maybe, devices.go; tc's and XDP's ct_admit_paused too,
-	// migrate.go).
+	// migrate.go), and tc's ICMP rate limit buckets (icmprl.go).
 	own := map[string][]string{
 		"sock": {sockExplainMap},
-		"tc":   {".data"},
+		"tc":   {".data", "sluice_icmp_peers_v1", "sluice_icmp_global_v1"},
 		"xdp":  {"sluice_fib_v1", "sluice6_fib_v1", ".bss", ".data"},
 	}
 	for obj, spec := range specs {
@@ -122,6 +123,17 @@ func TestConfigDefaults(t *testing.T) {
 			var got uint16
 			if vs := spec.Variables[name]; vs == nil || vs.Get(&got) != nil || got != want {
 				t.Errorf("%s: %s = %d, Config's default is %d", obj, name, got, want)
+			}
+		}
+		for name, want := range DefaultICMPRateLimits().vars() {
+			vs := spec.Variables[name]
+			if vs == nil {
+				t.Errorf("%s: %s missing", obj, name)
+				continue
+			}
+			got := reflect.New(reflect.TypeOf(want))
+			if err := vs.Get(got.Interface()); err != nil || got.Elem().Interface() != want {
+				t.Errorf("%s: %s = %v (%v), Config's default is %v", obj, name, got.Elem(), err, want)
 			}
 		}
 		d := Config{}.withDefaults()

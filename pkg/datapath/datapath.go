@@ -34,6 +34,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -151,6 +152,10 @@ type Config struct {
 	// MasqueradeAll (--masquerade-all) source-NATs all ClusterIP traffic,
 	// and external traffic to a backend on this node.
 	MasqueradeAll bool
+	// ICMPRateLimits are the kernel's ICMP rate limits tc's errors
+	// follow (icmprl.go): the agent's ReadICMPRateLimits; nil, Linux
+	// 6.18's defaults.
+	ICMPRateLimits *ICMPRateLimits
 	// ServiceMetrics (--service-metrics) makes the programs count per
 	// Service (svcstats.go). Off, they count nothing and
 	// sluice_svc_stats has one entry.
@@ -718,6 +723,11 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		"service_metrics":     boolU8(cfg.ServiceMetrics),
 		"fib_cache_ns":        uint64(cfg.XDPRouteCacheAge.Nanoseconds()),
 	}
+	rl := DefaultICMPRateLimits()
+	if cfg.ICMPRateLimits != nil {
+		rl = *cfg.ICMPRateLimits
+	}
+	maps.Copy(vars, rl.vars())
 	for _, ip := range cfg.NodeIPs {
 		if ip.Unmap().Is4() {
 			vars["node_ip4"] = be32(ip.Unmap())

@@ -129,16 +129,24 @@ func (m *Maps) setNodeDevice6(ifindex int, addr netip.Addr) error {
 // have a header depends on their mode.
 var l3EncapTypes = []string{"none", "ipip", "tunnel6", "sit", "unknown519"}
 
-// deviceFlags returns the sluice_devices flags of dev.
+// deviceFlags returns the sluice_devices flags of dev: L3 (nodeDevL3),
+// and a port of a bridge or bond (nodeDevPort: it has a master), whose
+// frames to another MAC tc still answers (bpf/lib/icmp.h,
+// icmp_link_answerable). A device enslaved or freed after the agent
+// attached to it keeps the flag it had until the agent attaches again.
 func deviceFlags(dev string) (uint32, error) {
 	l, err := netlink.LinkByName(dev)
 	if err != nil {
 		return 0, fmt.Errorf("device %s: %w", dev, err)
 	}
+	var f uint32
 	if slices.Contains(l3EncapTypes, l.Attrs().EncapType) {
-		return nodeDevL3, nil
+		f |= nodeDevL3
 	}
-	return 0, nil
+	if l.Attrs().MasterIndex != 0 {
+		f |= nodeDevPort
+	}
+	return f, nil
 }
 
 // deviceAddr picks the address of dev that external flows of the family

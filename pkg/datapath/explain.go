@@ -377,8 +377,10 @@ func explanation(r sockExplainRecord, r6 *sockExplain6Record, ret uint32, out []
 	e.Verdict = verdictName(ret)
 	// A refusal is an ICMP error sent back: the program returns it as a
 	// redirect (or passes it up), but what the client meets is a reject.
-	// One the kernel would not send (a broadcast frame, a source of no
-	// single host: icmp.h) is dropped, counted under the same reasons.
+	// One the kernel would not send (a frame not to this host's MAC, a
+	// source of no single host, an error over its rate limits: icmp.h)
+	// is dropped, counted under the same reasons (and the last as
+	// tc_icmp_ratelimited too).
 	if e.Verdict != "drop" && slices.ContainsFunc(e.Reasons, func(s string) bool {
 		return s == "tc_no_backend" || s == "tc_unknown_port"
 	}) {

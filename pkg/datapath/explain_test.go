@@ -257,6 +257,35 @@ func TestExplainRejectAndNoService(t *testing.T) {
 	})
 }
 
+// TestExplainRateLimited: once a client's port unreachables are spent
+// (the kernel's burst of 6, icmp.h's rate limits), explain says the next
+// packet is dropped, under tc_icmp_ratelimited and its own reason, as the
+// live program does; its dry run reads the buckets and changes neither
+// (mustDryRun). Another client is still rejected.
+func TestExplainRateLimited(t *testing.T) {
+	forEachFamily(t, func(t *testing.T, fam explainFamily) {
+		d := openTestWith(t, smallConfig, slowRefill)
+		applyServices(t, d, clusterIP(fam.empty))
+		from := at(fam.client, 40000)
+		for i := range 6 {
+			if v, _ := liveRun(t, d, unix.IPPROTO_TCP, from, fe(fam.empty)); v != tcActRedirect {
+				t.Fatalf("live packet %d: verdict %d, want the port unreachable", i, v)
+			}
+		}
+		e := mustDryRun(t, d, unix.IPPROTO_TCP, from, fe(fam.empty))
+		if e.Verdict != "drop" || !slices.Equal(e.Reasons, []string{"tc_icmp_ratelimited", "tc_no_backend"}) {
+			t.Fatalf("client over its rate limit: %+v", e)
+		}
+		if v, _ := liveRun(t, d, unix.IPPROTO_TCP, from, fe(fam.empty)); v != tcActShot {
+			t.Errorf("live packet 7: verdict %d, want drop", v)
+		}
+		e = mustDryRun(t, d, unix.IPPROTO_TCP, at(fam.allowedClient, 40000), fe(fam.empty))
+		if e.Verdict != "reject" || !slices.Equal(e.Reasons, []string{"tc_no_backend"}) {
+			t.Fatalf("another client: %+v", e)
+		}
+	})
+}
+
 // TestExplainSourceRanges: a LoadBalancer IP whose
 // loadBalancerSourceRanges leave the client out is a drop; a client in
 // them reaches the backend.

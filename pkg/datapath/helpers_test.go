@@ -310,9 +310,17 @@ func addService(t testing.TB, m *Maps, id reconciler.ServiceID, fe model.L4Addr,
 	}
 }
 
+// The packet tables' MACs. nodeMAC is the address of the device
+// BPF_PROG_TEST_RUN receives a frame on when the context names none (the
+// loopback device's, zero): its eth_type_trans then marks a frame to it
+// PACKET_HOST, as a NIC's frame to the node's own MAC is, and one to any
+// other unicast MAC PACKET_OTHERHOST, which gets no ICMP error (icmp.h).
 var (
 	clientMAC = [6]byte{0x02, 0, 0, 0, 0, 0x01}
-	nodeMAC   = [6]byte{0x02, 0, 0, 0, 0, 0x02}
+	nodeMAC   = [6]byte{}
+	// otherHostMAC is another host's: a frame to it came in only
+	// because the device is promiscuous.
+	otherHostMAC = [6]byte{0x02, 0, 0, 0, 0, 0x02}
 )
 
 // addr parses an address of the tables.

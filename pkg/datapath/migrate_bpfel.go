@@ -74,6 +74,12 @@ const (
 	migrateVarFibCacheNs              = "fib_cache_ns"
 	migrateVarHaveClusterCidr         = "have_cluster_cidr"
 	migrateVarHaveClusterCidr6        = "have_cluster_cidr6"
+	migrateVarIcmp6RatelimitNs        = "icmp6_ratelimit_ns"
+	migrateVarIcmp6Ratemask           = "icmp6_ratemask"
+	migrateVarIcmpMsgsBurst           = "icmp_msgs_burst"
+	migrateVarIcmpMsgsPerSec          = "icmp_msgs_per_sec"
+	migrateVarIcmpRatelimitNs         = "icmp_ratelimit_ns"
+	migrateVarIcmpRatemask            = "icmp_ratemask"
 	migrateVarMasqueradeAll           = "masquerade_all"
 	migrateVarMigFromEst              = "mig_from_est"
 	migrateVarMigFromEst6             = "mig_from_est6"
@@ -199,6 +205,12 @@ type migrateVariableSpecs struct {
 	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
+	Icmp6RatelimitNs *ebpf.VariableSpec `ebpf:"icmp6_ratelimit_ns"`
+	Icmp6Ratemask    *ebpf.VariableSpec `ebpf:"icmp6_ratemask"`
+	IcmpMsgsBurst    *ebpf.VariableSpec `ebpf:"icmp_msgs_burst"`
+	IcmpMsgsPerSec   *ebpf.VariableSpec `ebpf:"icmp_msgs_per_sec"`
+	IcmpRatelimitNs  *ebpf.VariableSpec `ebpf:"icmp_ratelimit_ns"`
+	IcmpRatemask     *ebpf.VariableSpec `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	MigFromEst       *ebpf.VariableSpec `ebpf:"mig_from_est"`
 	MigFromEst6      *ebpf.VariableSpec `ebpf:"mig_from_est6"`
@@ -345,6 +357,12 @@ type migrateVariables struct {
 	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
+	Icmp6RatelimitNs *ebpf.Variable `ebpf:"icmp6_ratelimit_ns"`
+	Icmp6Ratemask    *ebpf.Variable `ebpf:"icmp6_ratemask"`
+	IcmpMsgsBurst    *ebpf.Variable `ebpf:"icmp_msgs_burst"`
+	IcmpMsgsPerSec   *ebpf.Variable `ebpf:"icmp_msgs_per_sec"`
+	IcmpRatelimitNs  *ebpf.Variable `ebpf:"icmp_ratelimit_ns"`
+	IcmpRatemask     *ebpf.Variable `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	MigFromEst       *ebpf.Variable `ebpf:"mig_from_est"`
 	MigFromEst6      *ebpf.Variable `ebpf:"mig_from_est6"`

@@ -378,7 +378,8 @@ const (
 	sockMetricReasonMETRIC_TC6UDP_NO_CSUM       sockMetricReason = 44
 	sockMetricReasonMETRIC_TC_CT_CLASH_REMAP    sockMetricReason = 45
 	sockMetricReasonMETRIC_TC_CT_EST_OVERFLOW   sockMetricReason = 46
-	sockMetricReasonMETRIC_MAX                  sockMetricReason = 47
+	sockMetricReasonMETRIC_TC_ICMP_RATELIMITED  sockMetricReason = 47
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 48
 )
 
 type sockNodeCidr6Key struct {
@@ -411,8 +412,9 @@ type sockNodeDev struct {
 type sockNodeDevFlags uint32
 
 const (
-	sockNodeDevFlagsNODE_DEV_F_L3 sockNodeDevFlags = 1
-	sockNodeDevFlagsNODE_DEV_F_TC sockNodeDevFlags = 2
+	sockNodeDevFlagsNODE_DEV_F_L3   sockNodeDevFlags = 1
+	sockNodeDevFlagsNODE_DEV_F_TC   sockNodeDevFlags = 2
+	sockNodeDevFlagsNODE_DEV_F_PORT sockNodeDevFlags = 4
 )
 
 type sockRevNatFlags uint32
@@ -640,6 +642,12 @@ const (
 	sockVarFibCacheNs              = "fib_cache_ns"
 	sockVarHaveClusterCidr         = "have_cluster_cidr"
 	sockVarHaveClusterCidr6        = "have_cluster_cidr6"
+	sockVarIcmp6RatelimitNs        = "icmp6_ratelimit_ns"
+	sockVarIcmp6Ratemask           = "icmp6_ratemask"
+	sockVarIcmpMsgsBurst           = "icmp_msgs_burst"
+	sockVarIcmpMsgsPerSec          = "icmp_msgs_per_sec"
+	sockVarIcmpRatelimitNs         = "icmp_ratelimit_ns"
+	sockVarIcmpRatemask            = "icmp_ratemask"
 	sockVarMasqueradeAll           = "masquerade_all"
 	sockVarNodeIp4                 = "node_ip4"
 	sockVarNodeIp6                 = "node_ip6"
@@ -767,6 +775,12 @@ type sockVariableSpecs struct {
 	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
+	Icmp6RatelimitNs *ebpf.VariableSpec `ebpf:"icmp6_ratelimit_ns"`
+	Icmp6Ratemask    *ebpf.VariableSpec `ebpf:"icmp6_ratemask"`
+	IcmpMsgsBurst    *ebpf.VariableSpec `ebpf:"icmp_msgs_burst"`
+	IcmpMsgsPerSec   *ebpf.VariableSpec `ebpf:"icmp_msgs_per_sec"`
+	IcmpRatelimitNs  *ebpf.VariableSpec `ebpf:"icmp_ratelimit_ns"`
+	IcmpRatemask     *ebpf.VariableSpec `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
@@ -899,6 +913,12 @@ type sockVariables struct {
 	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
+	Icmp6RatelimitNs *ebpf.Variable `ebpf:"icmp6_ratelimit_ns"`
+	Icmp6Ratemask    *ebpf.Variable `ebpf:"icmp6_ratemask"`
+	IcmpMsgsBurst    *ebpf.Variable `ebpf:"icmp_msgs_burst"`
+	IcmpMsgsPerSec   *ebpf.Variable `ebpf:"icmp_msgs_per_sec"`
+	IcmpRatelimitNs  *ebpf.Variable `ebpf:"icmp_ratelimit_ns"`
+	IcmpRatemask     *ebpf.Variable `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`

@@ -95,6 +95,12 @@ const (
 	sockdestroyVarFibCacheNs              = "fib_cache_ns"
 	sockdestroyVarHaveClusterCidr         = "have_cluster_cidr"
 	sockdestroyVarHaveClusterCidr6        = "have_cluster_cidr6"
+	sockdestroyVarIcmp6RatelimitNs        = "icmp6_ratelimit_ns"
+	sockdestroyVarIcmp6Ratemask           = "icmp6_ratemask"
+	sockdestroyVarIcmpMsgsBurst           = "icmp_msgs_burst"
+	sockdestroyVarIcmpMsgsPerSec          = "icmp_msgs_per_sec"
+	sockdestroyVarIcmpRatelimitNs         = "icmp_ratelimit_ns"
+	sockdestroyVarIcmpRatemask            = "icmp_ratemask"
 	sockdestroyVarMasqueradeAll           = "masquerade_all"
 	sockdestroyVarNodeIp4                 = "node_ip4"
 	sockdestroyVarNodeIp6                 = "node_ip6"
@@ -208,6 +214,12 @@ type sockdestroyVariableSpecs struct {
 	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
+	Icmp6RatelimitNs *ebpf.VariableSpec `ebpf:"icmp6_ratelimit_ns"`
+	Icmp6Ratemask    *ebpf.VariableSpec `ebpf:"icmp6_ratemask"`
+	IcmpMsgsBurst    *ebpf.VariableSpec `ebpf:"icmp_msgs_burst"`
+	IcmpMsgsPerSec   *ebpf.VariableSpec `ebpf:"icmp_msgs_per_sec"`
+	IcmpRatelimitNs  *ebpf.VariableSpec `ebpf:"icmp_ratelimit_ns"`
+	IcmpRatemask     *ebpf.VariableSpec `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
@@ -338,6 +350,12 @@ type sockdestroyVariables struct {
 	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
+	Icmp6RatelimitNs *ebpf.Variable `ebpf:"icmp6_ratelimit_ns"`
+	Icmp6Ratemask    *ebpf.Variable `ebpf:"icmp6_ratemask"`
+	IcmpMsgsBurst    *ebpf.Variable `ebpf:"icmp_msgs_burst"`
+	IcmpMsgsPerSec   *ebpf.Variable `ebpf:"icmp_msgs_per_sec"`
+	IcmpRatelimitNs  *ebpf.Variable `ebpf:"icmp_ratelimit_ns"`
+	IcmpRatemask     *ebpf.Variable `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`

@@ -44,6 +44,25 @@ type tcCt6Key struct {
 	Pad   uint16
 }
 
+type tcIcmpRlGlobal struct {
+	_      structs.HostLayout
+	Credit int64
+	Stamp  uint64
+}
+
+type tcIcmpRlKey struct {
+	_      structs.HostLayout
+	Family uint8
+	Pad    [3]uint8
+	Addr   tcV6addr
+}
+
+type tcIcmpRlPeer struct {
+	_      structs.HostLayout
+	Tokens uint64
+	Last   uint64
+}
+
 type tcV6addr struct {
 	_    structs.HostLayout
 	Addr [16]uint8
@@ -83,6 +102,8 @@ const (
 	tcMapSluiceExpl6V1           = "sluice_expl6_v1"
 	tcMapSluiceExplV1            = "sluice_expl_v1"
 	tcMapSluiceFragmentsV1       = "sluice_fragments_v1"
+	tcMapSluiceIcmpGlobalV1      = "sluice_icmp_global_v1"
+	tcMapSluiceIcmpPeersV1       = "sluice_icmp_peers_v1"
 	tcMapSluiceMetricsV1         = "sluice_metrics_v1"
 	tcMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
 	tcMapSluiceRevNatV2          = "sluice_rev_nat_v2"
@@ -113,6 +134,12 @@ const (
 	tcVarFibCacheNs              = "fib_cache_ns"
 	tcVarHaveClusterCidr         = "have_cluster_cidr"
 	tcVarHaveClusterCidr6        = "have_cluster_cidr6"
+	tcVarIcmp6RatelimitNs        = "icmp6_ratelimit_ns"
+	tcVarIcmp6Ratemask           = "icmp6_ratemask"
+	tcVarIcmpMsgsBurst           = "icmp_msgs_burst"
+	tcVarIcmpMsgsPerSec          = "icmp_msgs_per_sec"
+	tcVarIcmpRatelimitNs         = "icmp_ratelimit_ns"
+	tcVarIcmpRatemask            = "icmp_ratemask"
 	tcVarMasqueradeAll           = "masquerade_all"
 	tcVarNodeIp4                 = "node_ip4"
 	tcVarNodeIp6                 = "node_ip6"
@@ -207,6 +234,8 @@ type tcMapSpecs struct {
 	SluiceExpl6V1           *ebpf.MapSpec `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
+	SluiceIcmpGlobalV1      *ebpf.MapSpec `ebpf:"sluice_icmp_global_v1"`
+	SluiceIcmpPeersV1       *ebpf.MapSpec `ebpf:"sluice_icmp_peers_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV2          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v2"`
@@ -235,6 +264,12 @@ type tcVariableSpecs struct {
 	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
+	Icmp6RatelimitNs *ebpf.VariableSpec `ebpf:"icmp6_ratelimit_ns"`
+	Icmp6Ratemask    *ebpf.VariableSpec `ebpf:"icmp6_ratemask"`
+	IcmpMsgsBurst    *ebpf.VariableSpec `ebpf:"icmp_msgs_burst"`
+	IcmpMsgsPerSec   *ebpf.VariableSpec `ebpf:"icmp_msgs_per_sec"`
+	IcmpRatelimitNs  *ebpf.VariableSpec `ebpf:"icmp_ratelimit_ns"`
+	IcmpRatemask     *ebpf.VariableSpec `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
@@ -293,6 +328,8 @@ type tcMaps struct {
 	SluiceExpl6V1           *ebpf.Map `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
+	SluiceIcmpGlobalV1      *ebpf.Map `ebpf:"sluice_icmp_global_v1"`
+	SluiceIcmpPeersV1       *ebpf.Map `ebpf:"sluice_icmp_peers_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV2          *ebpf.Map `ebpf:"sluice_rev_nat_v2"`
@@ -338,6 +375,8 @@ func (m *tcMaps) Close() error {
 		m.SluiceExpl6V1,
 		m.SluiceExplV1,
 		m.SluiceFragmentsV1,
+		m.SluiceIcmpGlobalV1,
+		m.SluiceIcmpPeersV1,
 		m.SluiceMetricsV1,
 		m.SluiceNodeCidrsV1,
 		m.SluiceRevNatV2,
@@ -367,6 +406,12 @@ type tcVariables struct {
 	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
+	Icmp6RatelimitNs *ebpf.Variable `ebpf:"icmp6_ratelimit_ns"`
+	Icmp6Ratemask    *ebpf.Variable `ebpf:"icmp6_ratemask"`
+	IcmpMsgsBurst    *ebpf.Variable `ebpf:"icmp_msgs_burst"`
+	IcmpMsgsPerSec   *ebpf.Variable `ebpf:"icmp_msgs_per_sec"`
+	IcmpRatelimitNs  *ebpf.Variable `ebpf:"icmp_ratelimit_ns"`
+	IcmpRatemask     *ebpf.Variable `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`

@@ -104,6 +104,12 @@ const (
 	xdpVarFibGen                  = "fib_gen"
 	xdpVarHaveClusterCidr         = "have_cluster_cidr"
 	xdpVarHaveClusterCidr6        = "have_cluster_cidr6"
+	xdpVarIcmp6RatelimitNs        = "icmp6_ratelimit_ns"
+	xdpVarIcmp6Ratemask           = "icmp6_ratemask"
+	xdpVarIcmpMsgsBurst           = "icmp_msgs_burst"
+	xdpVarIcmpMsgsPerSec          = "icmp_msgs_per_sec"
+	xdpVarIcmpRatelimitNs         = "icmp_ratelimit_ns"
+	xdpVarIcmpRatemask            = "icmp_ratemask"
 	xdpVarMasqueradeAll           = "masquerade_all"
 	xdpVarNodeIp4                 = "node_ip4"
 	xdpVarNodeIp6                 = "node_ip6"
@@ -223,6 +229,12 @@ type xdpVariableSpecs struct {
 	FibGen           *ebpf.VariableSpec `ebpf:"fib_gen"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
+	Icmp6RatelimitNs *ebpf.VariableSpec `ebpf:"icmp6_ratelimit_ns"`
+	Icmp6Ratemask    *ebpf.VariableSpec `ebpf:"icmp6_ratemask"`
+	IcmpMsgsBurst    *ebpf.VariableSpec `ebpf:"icmp_msgs_burst"`
+	IcmpMsgsPerSec   *ebpf.VariableSpec `ebpf:"icmp_msgs_per_sec"`
+	IcmpRatelimitNs  *ebpf.VariableSpec `ebpf:"icmp_ratelimit_ns"`
+	IcmpRatemask     *ebpf.VariableSpec `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
@@ -360,6 +372,12 @@ type xdpVariables struct {
 	FibGen           *ebpf.Variable `ebpf:"fib_gen"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
+	Icmp6RatelimitNs *ebpf.Variable `ebpf:"icmp6_ratelimit_ns"`
+	Icmp6Ratemask    *ebpf.Variable `ebpf:"icmp6_ratemask"`
+	IcmpMsgsBurst    *ebpf.Variable `ebpf:"icmp_msgs_burst"`
+	IcmpMsgsPerSec   *ebpf.Variable `ebpf:"icmp_msgs_per_sec"`
+	IcmpRatelimitNs  *ebpf.Variable `ebpf:"icmp_ratelimit_ns"`
+	IcmpRatemask     *ebpf.Variable `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`
