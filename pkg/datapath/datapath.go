@@ -43,6 +43,8 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // Config sizes the maps and sets per-node datapath settings.
@@ -441,7 +443,14 @@ func Open(cfg Config) (*Datapath, error) {
 		return nil, errors.Join(err, d.Abort())
 	}
 	owned := func(kind uint32) bool { return kind != nodeCIDRService || !cfg.ServiceCIDRsFromSource }
-	if err := d.maps.setNodeCIDRs(cidrs, owned); err != nil {
+	err = d.maps.setNodeCIDRs(cidrs, owned)
+	if errors.Is(err, reconciler.ErrCapacity) && cfg.ServiceCIDRsFromSource {
+		// The service CIDRs learnt before and the flag's do not fit
+		// together (nothing was written): the flag's alone until the
+		// reconciler writes the source's set.
+		err = d.maps.setNodeCIDRs(cidrs, func(uint32) bool { return true })
+	}
+	if err != nil {
 		return nil, errors.Join(err, d.Abort())
 	}
 	if failAfterLoad != nil {

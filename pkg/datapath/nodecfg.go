@@ -17,6 +17,8 @@ import (
 	"slices"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // serviceIPKey checks a for the service IPs and returns its IPv4 key
@@ -125,9 +127,12 @@ func checkNodeCIDR(kind uint32, flag string, p netip.Prefix) (NodeCIDR, error) {
 // SetServiceCIDRs makes the service CIDRs of sluice_node_cidrs and
 // sluice6_node_cidrs exactly cidrs (reconciler.Datapath), leaving the
 // cluster CIDRs alone. A prefix that is no IPv4 or IPv6 prefix fails it
-// before anything is written. It writes only what differs: the CIDRs the
-// maps lack, of both families, then the deletes of those no longer
-// wanted. Each CIDR is one entry, so a reader sees the old set, the new
+// before anything is written, and so does a family whose CIDRs, with its
+// cluster CIDRs, would not fit its map (an ErrCapacity error naming the
+// limit and the count; the maps keep what they hold). It writes only what
+// differs: the CIDRs the maps lack, of both families, then the deletes of
+// those no longer wanted (the deletes first where the old and the new
+// would not fit together, setNodeCIDRs). Each CIDR is one entry, so a reader sees the old set, the new
 // one, or their union: an unallocated address is at worst dropped a
 // moment longer; and the programs drop for these only a packet that
 // matched no frontend and no service IP (no_service in bpf/lib/tc_fam.h
@@ -153,9 +158,15 @@ func hasCIDR(cidrs []NodeCIDR, kind uint32, v6 bool) bool {
 
 // setNodeCIDRs makes sluice_node_cidrs and sluice6_node_cidrs hold want,
 // each its family's, and, of the kinds owned says, nothing else: entries
-// of other kinds stay. The new entries of both families are written
-// first, then the stale ones go (an agent restarted with other CIDRs, a
-// ServiceCIDR deleted).
+// of other kinds stay. A family whose entries would then outnumber its
+// map's capacity (cluster and service CIDRs share it: 64 a family) fails
+// it with an ErrCapacity error naming the limit and the count, before
+// anything is written: the maps keep what they hold. Otherwise the new
+// entries are written first, then the stale ones go (an agent restarted
+// with other CIDRs, a ServiceCIDR deleted); a family whose old and new
+// entries together would not fit has its stale ones deleted first
+// instead (a moment without them only lets through a packet that matched
+// no frontend and no service IP).
 func (m *Maps) setNodeCIDRs(want []NodeCIDR, owned func(kind uint32) bool) error {
 	var k4 []sockNodeCidrKey
 	var k6 []sockNodeCidr6Key
@@ -166,46 +177,102 @@ func (m *Maps) setNodeCIDRs(want []NodeCIDR, owned func(kind uint32) bool) error
 			k4 = append(k4, nodeCIDRKey(c))
 		}
 	}
-	stale4, err := putKeys(m.nodeCIDRs, mapNodeCIDRs, k4, func(k *sockNodeCidrKey) bool { return owned(k.Kind) })
+	p4, err := planKeys(m.nodeCIDRs, mapNodeCIDRs, "IPv4", k4, func(k *sockNodeCidrKey) uint32 { return k.Kind }, owned)
 	if err != nil {
 		return err
 	}
-	stale6, err := putKeys(m.nodeCIDRs6, mapNodeCIDRs6, k6, func(k *sockNodeCidr6Key) bool { return owned(k.Kind) })
+	p6, err := planKeys(m.nodeCIDRs6, mapNodeCIDRs6, "IPv6", k6, func(k *sockNodeCidr6Key) uint32 { return k.Kind }, owned)
 	if err != nil {
 		return err
 	}
-	if err := deleteKeys(m.nodeCIDRs, mapNodeCIDRs, stale4); err != nil {
+	if err := errors.Join(p4.err, p6.err); err != nil {
 		return err
 	}
-	return deleteKeys(m.nodeCIDRs6, mapNodeCIDRs6, stale6)
+	if err := errors.Join(p4.deleteFirst(), p6.deleteFirst()); err != nil {
+		return err
+	}
+	if err := errors.Join(p4.put(), p6.put()); err != nil {
+		return err
+	}
+	return errors.Join(p4.deleteStale(), p6.deleteStale())
 }
 
-// putKeys writes to the set m the keys it lacks (each -> 1), and returns
-// the keys it holds that owned says are its caller's and that keys does
-// not name: the stale ones, for deleteKeys once the new ones are in.
-func putKeys[K comparable](m *ebpf.Map, name string, keys []K, owned func(*K) bool) ([]K, error) {
+// keyPlan is what setNodeCIDRs writes to one family's map: the keys it
+// lacks, and the stale ones, deleted before the adds (tight) or after.
+type keyPlan[K comparable] struct {
+	m          *ebpf.Map
+	name       string
+	add, stale []K
+	tight      bool
+	err        error // the family would not fit: nothing to write
+}
+
+// planKeys reads the set m and plans its writes: keys' entries it lacks
+// are added, the ones it holds that owned says are its caller's (by the
+// key's kind) and that keys does not name are stale.
+func planKeys[K comparable](m *ebpf.Map, name, family string, keys []K, kind func(*K) uint32, owned func(uint32) bool) (*keyPlan[K], error) {
 	have := map[K]bool{}
 	if err := eachEntry(m, name, func(k *K, _ *uint8) { have[*k] = true }); err != nil {
 		return nil, err
 	}
-	one := uint8(1)
+	p := &keyPlan[K]{m: m, name: name}
+	final := map[K]bool{}
 	for _, k := range keys {
-		if have[k] {
-			delete(have, k)
-			continue
-		}
-		if err := m.Put(&k, &one); err != nil {
-			return nil, fmt.Errorf("write %s: %w", name, err)
+		final[k] = true
+		if !have[k] {
+			p.add = append(p.add, k)
 		}
 	}
-	var stale []K
 	for k := range have {
-		if owned(&k) {
-			stale = append(stale, k)
+		switch {
+		case final[k]:
+		case owned(kind(&k)):
+			p.stale = append(p.stale, k)
+		default:
+			final[k] = true
 		}
 	}
-	return stale, nil
+	capacity := 0
+	if m != nil {
+		capacity = int(m.MaxEntries())
+	}
+	if len(final) > capacity {
+		var cluster, service int
+		for k := range final {
+			if kind(&k) == nodeCIDRService {
+				service++
+			} else {
+				cluster++
+			}
+		}
+		p.err = fmt.Errorf("%w: %s holds %d %s CIDRs at most (cluster and service CIDRs together), %d asked (%d cluster, %d service); the CIDRs it holds kept",
+			reconciler.ErrCapacity, name, capacity, family, len(final), cluster, service)
+		return p, nil
+	}
+	p.tight = len(have)+len(p.add) > capacity
+	return p, nil
 }
+
+func (p *keyPlan[K]) put() error {
+	one := uint8(1)
+	for _, k := range p.add {
+		if err := p.m.Put(&k, &one); err != nil {
+			return fmt.Errorf("write %s: %w", p.name, err)
+		}
+	}
+	return nil
+}
+
+func (p *keyPlan[K]) deleteFirst() error {
+	if !p.tight {
+		return nil
+	}
+	err := deleteKeys(p.m, p.name, p.stale)
+	p.stale = nil
+	return err
+}
+
+func (p *keyPlan[K]) deleteStale() error { return deleteKeys(p.m, p.name, p.stale) }
 
 // deleteKeys deletes keys from m; a missing one is no error.
 func deleteKeys[K any](m *ebpf.Map, name string, keys []K) error {

@@ -2,13 +2,17 @@ package datapath
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"net/netip"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // TestServiceCIDRsAtRunTime: service CIDRs set at run time
@@ -104,5 +108,75 @@ func TestServiceCIDRsPinned(t *testing.T) {
 	d = openTest(t, cfg)
 	if got, want := nodeCIDRs(d), []string{"cluster 10.0.0.0/8", "service 10.96.0.0/16"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("restarted without it: node CIDRs = %v, want %v", got, want)
+	}
+}
+
+// TestServiceCIDRsOverCapacity: a set of service CIDRs that would not fit
+// sluice_node_cidrs with the cluster CIDRs is refused before anything is
+// written, with an ErrCapacity error naming the limit and the count; a
+// set that fits replaces a full map's (its stale entries deleted first);
+// and an agent restarted with ServiceCIDRsFromSource on a full map opens,
+// with the flag's CIDRs, though the flag's range is not among them.
+func TestServiceCIDRsOverCapacity(t *testing.T) {
+	testutil.Privileged(t)
+	p := netip.MustParsePrefix
+	cfg := smallConfig(testPinDir(t))
+	cfg.ClusterCIDRs = []netip.Prefix{p("10.0.0.0/8")}
+	cfg.ServiceCIDRs = []netip.Prefix{p("10.96.0.0/16")}
+	cfg.ServiceCIDRsFromSource = true
+	d := openTest(t, cfg)
+	capacity := int(d.Maps().nodeCIDRs.MaxEntries())
+	ranges := func(second, n int) []netip.Prefix {
+		var out []netip.Prefix
+		for i := range n {
+			out = append(out, netip.PrefixFrom(netip.AddrFrom4([4]byte{172, byte(second), byte(i), 0}), 24))
+		}
+		return out
+	}
+	count := func(d *Datapath) (cluster, service int) {
+		t.Helper()
+		got, err := d.Maps().NodeCIDRs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range got {
+			if c.Kind == nodeCIDRService {
+				service++
+			} else {
+				cluster++
+			}
+		}
+		return cluster, service
+	}
+	err := d.Maps().SetServiceCIDRs(ranges(16, capacity+6))
+	if !errors.Is(err, reconciler.ErrCapacity) || !strings.Contains(err.Error(), fmt.Sprintf("%d IPv4 CIDRs at most", capacity)) ||
+		!strings.Contains(err.Error(), fmt.Sprintf("%d asked (1 cluster, %d service)", capacity+7, capacity+6)) {
+		t.Errorf("%d service CIDRs: err %v, want ErrCapacity naming %d and the count", capacity+6, err, capacity)
+	}
+	if c, s := count(d); c != 1 || s != 1 {
+		t.Errorf("after the refused set: %d cluster and %d service CIDRs, want 1 and 1 (what was there kept)", c, s)
+	}
+	// Full: the cluster CIDR and capacity-1 service CIDRs; then another
+	// such set, whose adds do not fit beside the old ones.
+	for _, second := range []int{17, 18} {
+		set := ranges(second, capacity-1)
+		if err := d.Maps().SetServiceCIDRs(set); err != nil {
+			t.Fatalf("%d service CIDRs 172.%d.x.0/24: %v", len(set), second, err)
+		}
+		ks, err := d.Maps().Dump()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(ks.ServiceCIDRs, set) {
+			t.Errorf("service CIDRs = %v, want %v", ks.ServiceCIDRs, set)
+		}
+	}
+	d.Close()
+
+	// Restarted on the full map: the flag's 10.96.0.0/16 does not fit
+	// beside the learnt ones; Open keeps the flag's alone.
+	d = openTest(t, cfg)
+	if c, s := count(d); c != 1 || s != 1 {
+		t.Errorf("restarted on a full map: %d cluster and %d service CIDRs, want 1 and 1 (the flag's)", c, s)
 	}
 }

@@ -179,6 +179,11 @@ type Reconciler struct {
 	// servicecidrs.go).
 	cidrs      []netip.Prefix
 	cidrsKnown bool
+	// The last set the datapath refused for its size (ErrCapacity),
+	// when cidrsRefusedSet: logged once, not written again while the
+	// maps are known to hold what they held.
+	cidrsRefused    []netip.Prefix
+	cidrsRefusedSet bool
 
 	svcIDs *idAllocator
 	beIDs  *idAllocator

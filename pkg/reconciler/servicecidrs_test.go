@@ -1,7 +1,10 @@
 package reconciler_test
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/netip"
 	"strings"
 	"testing"
@@ -117,5 +120,47 @@ func TestServiceCIDRsRestored(t *testing.T) {
 	}
 	if n := f.Count(fakedp.OpSetServiceCIDRs); n != 1 {
 		t.Errorf("%d writes of the service CIDRs for other CIDRs, want 1", n)
+	}
+}
+
+// A set of service CIDRs the datapath refuses for its size fails no
+// Apply (the frontends are programmed, the agent in sync), is logged once
+// at Error, and is not written again until the set changes.
+func TestServiceCIDRsOverCapacity(t *testing.T) {
+	f := newRecordingFake(t)
+	var logged bytes.Buffer
+	r := reconciler.New(f, slog.New(slog.NewTextHandler(&logged, nil)))
+	web := svc(vip(1), "web", be(1, 1, model.TCP))
+	if err := r.Apply(withCIDRs(state(web), "10.96.0.0/16")); err != nil {
+		t.Fatal(err)
+	}
+	tries := 0
+	f.Fail = func(op fakedp.Op) error {
+		if op.Kind == fakedp.OpSetServiceCIDRs && len(op.Prefixes) > 2 {
+			tries++
+			return fmt.Errorf("%w: sluice_node_cidrs_v1 holds 2 IPv4 CIDRs at most", reconciler.ErrCapacity)
+		}
+		return nil
+	}
+	big := func() *model.State { return withCIDRs(state(web), "10.96.0.0/16", "10.97.0.0/16", "10.98.0.0/16") }
+	for range 3 {
+		if err := r.Apply(big()); err != nil || !r.InSync() {
+			t.Fatalf("Apply = %v, InSync %v; want a refused set of CIDRs to fail no Apply", err, r.InSync())
+		}
+	}
+	if tries != 1 {
+		t.Errorf("%d writes of the refused set over three Applies, want 1", tries)
+	}
+	if n := strings.Count(logged.String(), "level=ERROR msg=\"service CIDRs"); n != 1 || !strings.Contains(logged.String(), "holds 2 IPv4 CIDRs at most") {
+		t.Errorf("logged %d times, want once with the datapath's limit:\n%s", n, logged.String())
+	}
+	if ks := mustDump(t, f); len(ks.ServiceCIDRs) != 1 {
+		t.Errorf("service CIDRs after the refused set = %v, want the previous one kept", ks.ServiceCIDRs)
+	}
+	if err := r.Apply(withCIDRs(state(web), "10.97.0.0/16")); err != nil {
+		t.Fatal(err)
+	}
+	if ks := mustDump(t, f); len(ks.ServiceCIDRs) != 1 || ks.ServiceCIDRs[0] != netip.MustParsePrefix("10.97.0.0/16") {
+		t.Errorf("service CIDRs after a set that fits = %v, want [10.97.0.0/16]", ks.ServiceCIDRs)
 	}
 }

@@ -292,3 +292,28 @@ func TestDatapathEventsBounded(t *testing.T) {
 		t.Errorf("full again: events by kind %v, want %d on Services and 1 on the Node", k, maxServiceEvents)
 	}
 }
+
+// A ServiceCIDR-only change makes a new state whose conflicts are the last
+// one's: they are not forgotten, so the next Service change does not send
+// the same FrontendConflict again.
+func TestConflictNotRepeatedAfterServiceCIDRChange(t *testing.T) {
+	client := fake.NewClientset(service("first", "10.96.0.10", 80), service("second", "10.96.0.10", 80))
+	fr := events.NewFakeRecorder(100)
+	rec := &recorder{}
+	run(t, Config{Client: client, Events: fr, MinSyncPeriod: 50 * time.Millisecond}, rec)
+	if got := drain(fr, time.Second, 1); len(got) != 1 || !strings.HasPrefix(got[0], "Warning FrontendConflict") {
+		t.Fatalf("events %q, want one FrontendConflict", got)
+	}
+	ctx := context.Background()
+	if _, err := client.NetworkingV1().ServiceCIDRs().Create(ctx, serviceCIDR("extra", "10.200.0.0/16"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the ServiceCIDR's state", 5*time.Second, func() bool { return cidrsOf(rec.last()) == "[10.200.0.0/16]" })
+	if _, err := client.CoreV1().Services("default").Create(ctx, service("third", "10.96.0.11", 80), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "third's state", 5*time.Second, func() bool { return rec.last().Services.Len() == 2 })
+	if got := drain(fr, 500*time.Millisecond, 0); len(got) != 0 {
+		t.Errorf("after a ServiceCIDR change and an unrelated Service: events %q, want none", got)
+	}
+}

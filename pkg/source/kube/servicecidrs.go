@@ -10,10 +10,12 @@ package kube
 // writes it: a packet to an address in it that no ClusterIP holds is
 // dropped, kube-proxy nftables' "drop traffic to unallocated ClusterIPs".
 //
-// An API server that does not serve the resource (before 1.33, or with the
-// feature gate off: 404 on it), or that refuses this agent the list (a
-// ClusterRole without servicecidrs, 403), leaves the flag's CIDRs alone,
-// said once in the log. A first list tells, made once the Service,
+// An API server that does not serve the resource (before 1.33, or
+// networking.k8s.io/v1 servicecidrs disabled: 404 on it), or that refuses
+// this agent the list (a ClusterRole without servicecidrs, 403), leaves
+// the flag's CIDRs alone, said once in the log, and is asked again every
+// minute: once it serves them they are followed (kube-proxy's reflector
+// keeps retrying too). A first list tells, made once the Service,
 // EndpointSlice and Node caches have synced: an API server just started
 // answers 403 to everyone until its RBAC cache is filled, and a 403 means
 // a missing permission only once the same role was granted those lists. A CIDR that does not parse is logged with its object's
@@ -53,17 +55,24 @@ func newServiceCIDRs(flag []netip.Prefix) *serviceCIDRs {
 	return c
 }
 
-// set records object name's CIDRs (nil: the object is gone) and returns
-// the union of every object's and the flag's: sorted, unique.
-func (c *serviceCIDRs) set(name string, cidrs []netip.Prefix) []netip.Prefix {
+// publishServiceCIDRs records object name's CIDRs (nil: the object is gone; name ""
+// records nothing) and hands the union of every object's and the flag's,
+// sorted and unique, to the tracker, under the same lock: a union taken
+// before another object's event is never handed over after that event's
+// (Run's first hand-over and the informer's events race at start). It
+// returns whether the tracker's set changed.
+func (s *Source) publishServiceCIDRs(name string, cidrs []netip.Prefix) bool {
+	c := s.cidrs
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if cidrs == nil {
+	switch {
+	case name == "":
+	case cidrs == nil:
 		delete(c.byName, name)
-	} else {
+	default:
 		c.byName[name] = cidrs
 	}
-	return c.unionLocked()
+	return s.tracker.SetServiceCIDRs(c.unionLocked())
 }
 
 // union returns the set as it is.
@@ -120,7 +129,7 @@ func (s *Source) onServiceCIDR(_, obj any, deleted bool) {
 			ps = append(ps, p)
 		}
 	}
-	s.request(s.tracker.SetServiceCIDRs(s.cidrs.set(o.Name, ps)))
+	s.request(s.publishServiceCIDRs(o.Name, ps))
 }
 
 // serviceCIDRsServed reports whether the API server serves
@@ -129,7 +138,7 @@ func (s *Source) onServiceCIDR(_, obj any, deleted bool) {
 // answer is neither that nor a 404 or 403 (the API server unreachable at
 // start). false with ctx done too.
 func serviceCIDRsServed(ctx context.Context, client kubernetes.Interface, log *slog.Logger) (bool, error) {
-	for {
+	for try := 1; ; try++ {
 		_, err := client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{Limit: 1})
 		switch {
 		case err == nil:
@@ -137,11 +146,17 @@ func serviceCIDRsServed(ctx context.Context, client kubernetes.Interface, log *s
 		case apierrors.IsNotFound(err), apierrors.IsForbidden(err):
 			return false, err
 		}
-		log.Debug("listing ServiceCIDRs failed, retrying", "err", err)
+		// Said at Warn every 30 tries (the caches have synced: the
+		// API server answered the other lists), at Debug between.
+		lvl := slog.LevelDebug
+		if try%30 == 0 {
+			lvl = slog.LevelWarn
+		}
+		log.Log(ctx, lvl, "listing networking.k8s.io/v1 ServiceCIDRs failed, retrying every second", "tries", try, "err", err)
 		select {
 		case <-ctx.Done():
 			return false, ctx.Err()
-		case <-time.After(time.Second):
+		case <-time.After(retryServiceCIDRs):
 		}
 	}
 }
@@ -149,7 +164,8 @@ func serviceCIDRsServed(ctx context.Context, client kubernetes.Interface, log *s
 // followServiceCIDRs starts following the ServiceCIDR objects with
 // factory's informer, if the API server serves them, and returns its
 // registration's HasSynced; nil when it does not (logged once: the flag's
-// CIDRs are the set then).
+// CIDRs are the set then, until a re-probe every reprobeServiceCIDRs
+// finds them served, as kube-proxy's reflector keeps retrying).
 func (s *Source) followServiceCIDRs(ctx context.Context, factory informers.SharedInformerFactory) (cache.InformerSynced, error) {
 	served, err := serviceCIDRsServed(ctx, s.cfg.Client, s.log)
 	switch {
@@ -157,14 +173,22 @@ func (s *Source) followServiceCIDRs(ctx context.Context, factory informers.Share
 	case ctx.Err() != nil:
 		return nil, nil
 	case apierrors.IsForbidden(err):
-		s.log.Warn("listing networking.k8s.io/v1 ServiceCIDRs is forbidden (the ClusterRole lacks list and watch on servicecidrs): the service CIDRs are --service-cidr's alone",
+		s.log.Warn("listing networking.k8s.io/v1 ServiceCIDRs is forbidden (the ClusterRole lacks list and watch on servicecidrs): the service CIDRs are --service-cidr's alone, asked again every minute",
 			"service_cidrs", s.cidrs.union(), "err", err)
+		go s.reprobeServiceCIDRs(ctx, factory, reprobeServiceCIDRs)
 		return nil, nil
 	default:
-		s.log.Info("the API server does not serve networking.k8s.io/v1 ServiceCIDRs (Kubernetes before 1.33, or MultiCIDRServiceAllocator off): the service CIDRs are --service-cidr's alone",
+		s.log.Info("the API server does not serve networking.k8s.io/v1 ServiceCIDRs (Kubernetes before 1.33, or networking.k8s.io/v1 servicecidrs disabled): the service CIDRs are --service-cidr's alone, asked again every minute",
 			"service_cidrs", s.cidrs.union())
+		go s.reprobeServiceCIDRs(ctx, factory, reprobeServiceCIDRs)
 		return nil, nil
 	}
+	return s.watchServiceCIDRs(ctx, factory)
+}
+
+// watchServiceCIDRs starts factory's ServiceCIDR informer with
+// onServiceCIDR on it.
+func (s *Source) watchServiceCIDRs(ctx context.Context, factory informers.SharedInformerFactory) (cache.InformerSynced, error) {
 	reg, err := factory.Networking().V1().ServiceCIDRs().Informer().AddEventHandler(handler(s.onServiceCIDR))
 	if err != nil {
 		return nil, fmt.Errorf("watch servicecidrs: %w", err)
@@ -172,6 +196,35 @@ func (s *Source) followServiceCIDRs(ctx context.Context, factory informers.Share
 	factory.Start(ctx.Done())
 	return reg.HasSynced, nil
 }
+
+// reprobeServiceCIDRs lists the ServiceCIDRs every interval until the API server serves them to this agent (the resource enabled,
+// the ClusterRole granted), then follows them: their CIDRs join the set
+// as the informer's first list delivers them, each a change like any.
+func (s *Source) reprobeServiceCIDRs(ctx context.Context, factory informers.SharedInformerFactory, every time.Duration) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+		_, err := s.cfg.Client.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{Limit: 1})
+		if err != nil {
+			s.log.Debug("listing ServiceCIDRs still fails", "err", err)
+			continue
+		}
+		if _, err := s.watchServiceCIDRs(ctx, factory); err != nil {
+			s.log.Warn("ServiceCIDRs now served, but not followed", "err", err)
+			return
+		}
+		s.log.Info("networking.k8s.io/v1 ServiceCIDRs now served: following them")
+		return
+	}
+}
+
+// reprobeServiceCIDRs is how long a refused or unserved ServiceCIDR list
+// waits before it is asked again; retryServiceCIDRs is the first list's
+// pause between failures of other kinds (the API server unreachable).
+var reprobeServiceCIDRs, retryServiceCIDRs = time.Minute, time.Second
 
 // logServiceCIDRs says what the service CIDRs became: each family's, and
 // what was added and removed since the last ones logged.

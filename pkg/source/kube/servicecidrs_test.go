@@ -2,11 +2,13 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -111,9 +113,10 @@ func TestServiceCIDRChangeAloneIsAPatch(t *testing.T) {
 	}
 }
 
-// An API server that does not serve ServiceCIDRs (404: before 1.33, or the
-// feature gate off), or refuses the list (403), leaves the flag's CIDRs,
-// said once in the log; the states still carry them.
+// An API server that does not serve ServiceCIDRs (404: before 1.33, or
+// networking.k8s.io/v1 servicecidrs disabled), or refuses the list (403),
+// leaves the flag's CIDRs, said once in the log; the states still carry
+// them.
 func TestServiceCIDRsNotServed(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -143,6 +146,49 @@ func TestServiceCIDRsNotServed(t *testing.T) {
 				return a.GetResource().Resource == "servicecidrs" && a.GetVerb() == "watch"
 			}) {
 				t.Error("ServiceCIDRs watched though the list was refused")
+			}
+		})
+	}
+}
+
+// An API server that did not serve the ServiceCIDRs at start (404, 403)
+// is asked again: once it serves them, they are followed without a
+// restart. A first list failing otherwise is retried, said at Warn every
+// 30 tries with the error.
+func TestServiceCIDRsServedLater(t *testing.T) {
+	reprobe, retry := reprobeServiceCIDRs, retryServiceCIDRs
+	reprobeServiceCIDRs, retryServiceCIDRs = 10*time.Millisecond, time.Millisecond
+	t.Cleanup(func() { reprobeServiceCIDRs, retryServiceCIDRs = reprobe, retry })
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"404", apierrors.NewNotFound(schema.GroupResource{Group: "networking.k8s.io", Resource: "servicecidrs"}, "")},
+		{"403", apierrors.NewForbidden(schema.GroupResource{Group: "networking.k8s.io", Resource: "servicecidrs"}, "", nil)},
+		{"500", apierrors.NewInternalError(errors.New("etcd unavailable"))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset(serviceCIDR("kubernetes", "10.96.0.0/16"))
+			var mu sync.Mutex
+			refused := 0
+			client.PrependReactor("list", "servicecidrs", func(k8stesting.Action) (bool, runtime.Object, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				if refused < 31 {
+					refused++
+					return true, nil, tc.err
+				}
+				return false, nil, nil
+			})
+			var logs testutil.Buffer
+			rec := &recorder{}
+			run(t, Config{Client: client, ServiceCIDRs: prefixes("10.100.0.0/16"), Logger: slog.New(slog.NewTextHandler(&logs, nil))}, rec)
+			waitFor(t, "the ServiceCIDR's CIDRs", 10*time.Second, func() bool { return cidrsOf(rec.last()) == "[10.96.0.0/16 10.100.0.0/16]" })
+			if tc.name == "500" {
+				if n := strings.Count(logs.String(), "level=WARN msg=\"listing networking.k8s.io/v1 ServiceCIDRs failed"); n != 1 ||
+					!strings.Contains(logs.String(), "tries=30") || !strings.Contains(logs.String(), "etcd unavailable") {
+					t.Errorf("31 failed lists: %d warnings, want one at the 30th with the error:\n%s", n, logs.String())
+				}
 			}
 		})
 	}

@@ -496,7 +496,7 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) (err error) 
 	}
 	// The first state carries the service CIDRs even if no ServiceCIDR
 	// object named any (the flag's alone, or none).
-	s.tracker.SetServiceCIDRs(s.cidrs.union())
+	s.publishServiceCIDRs("", nil)
 	s.runner.Request()
 	s.runner.Loop(ctx)
 	return nil

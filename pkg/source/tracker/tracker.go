@@ -794,6 +794,10 @@ func (t *Tracker) Sync() Result {
 	}
 	if t.state != before {
 		t.state.ServiceCIDRs, t.state.HasServiceCIDRs = t.stateCIDRs, t.stateHasCIDRs
+		// Every new state lists its conflicts, one for the CIDRs alone
+		// too (the last state's): the source forgets those a new
+		// state does not list, and would report them again.
+		r.Conflicts = t.conflicts
 	}
 	r.State = t.state
 	return r
