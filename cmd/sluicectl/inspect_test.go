@@ -51,7 +51,9 @@ func liveDatapath(t *testing.T) (bpffs, names string, st *model.State) {
 		Backends: []model.Backend{{L4Addr: tcp("10.1.0.1", 5432)}}})
 	names = programNamed(t, bpffs, dp, st)
 
-	client, node := [6]byte{2, 0, 0, 0, 0, 1}, [6]byte{2, 0, 0, 0, 0, 2}
+	// node: the loopback device's MAC (all zeros), where BPF_PROG_TEST_RUN
+	// receives the frame: this host's (PACKET_HOST).
+	client, node := [6]byte{2, 0, 0, 0, 0, 1}, [6]byte{}
 	runTC := func(prog *ebpf.Program, p packet.Packet) []byte {
 		in := p.Bytes()
 		opts := ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in)+256)}

@@ -27,7 +27,9 @@ func TestServicesStats(t *testing.T) {
 		Backends: []model.Backend{{L4Addr: tcp("10.1.0.1", 8080)}}})
 	st.Services.Set(empty, &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "empty"}, Frontend: empty})
 	names := programNamed(t, bpffs, dp, st)
-	client, node := [6]byte{2, 0, 0, 0, 0, 1}, [6]byte{2, 0, 0, 0, 0, 2}
+	// node: the loopback device's MAC (all zeros), where BPF_PROG_TEST_RUN
+	// receives the frame: this host's (PACKET_HOST).
+	client, node := [6]byte{2, 0, 0, 0, 0, 1}, [6]byte{}
 	syn := func(dst model.L4Addr, sport uint16) {
 		in := packet.Packet{SrcMAC: client, DstMAC: node, Src: netip.MustParseAddr("10.0.0.1"),
 			Dst: dst.Addr, SrcPort: sport, DstPort: dst.Port, Proto: packet.TCP}.Bytes()

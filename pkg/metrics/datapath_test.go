@@ -111,7 +111,10 @@ func TestDatapathCountersScraped(t *testing.T) {
 	}
 
 	client := [6]byte{2, 0, 0, 0, 0, 1}
-	node := [6]byte{2, 0, 0, 0, 0, 2}
+	// The loopback device's MAC, all zeros: BPF_PROG_TEST_RUN receives
+	// the frame there, so it is this host's (PACKET_HOST), and a reject
+	// is answered (a frame to another MAC is not).
+	node := [6]byte{}
 	syn := func(sport uint16, dst model.L4Addr) packet.Packet {
 		return packet.Packet{SrcMAC: client, DstMAC: node, Src: netip.MustParseAddr("10.0.0.1"), Dst: dst.Addr,
 			SrcPort: sport, DstPort: dst.Port, Proto: packet.TCP}
