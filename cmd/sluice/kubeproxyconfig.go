@@ -38,6 +38,9 @@ func applyKubeProxyConfig(fs *flag.FlagSet, path string) (kubeProxyConfig, error
 	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	// --hostname-override is kube-proxy's --node-name: it overrides the
+	// file's hostnameOverride as --node-name does (applyHostnameOverride).
+	given["node-name"] = given["node-name"] || given["hostname-override"]
 	sourceGiven := false
 	for _, f := range sourceFlags {
 		sourceGiven = sourceGiven || given[f]

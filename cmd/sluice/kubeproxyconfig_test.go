@@ -215,3 +215,24 @@ func TestProfilingFromConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestHostnameOverrideOverridesConfig: --hostname-override, kube-proxy's
+// --node-name, overrides the file's hostnameOverride as --node-name does,
+// so the log names the field overridden, not applied (the agent runs as
+// the flag's node).
+func TestHostnameOverrideOverridesConfig(t *testing.T) {
+	path := writeConfig(t, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nhostnameOverride: node-a\n")
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	nodeName := fs.String("node-name", "", "")
+	fs.String("hostname-override", "", "")
+	if err := fs.Parse([]string{"--hostname-override", "node-b"}); err != nil {
+		t.Fatal(err)
+	}
+	kp, err := applyKubeProxyConfig(fs, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *nodeName != "" || len(kp.applied) != 0 || len(kp.overridden) != 1 || kp.overridden[0].Field != "hostnameOverride" {
+		t.Errorf("--node-name %q, applied %v, overridden %v; want the file's hostnameOverride overridden, --node-name untouched", *nodeName, kp.applied, kp.overridden)
+	}
+}
