@@ -15,9 +15,11 @@ package main
 // family is taken and the cluster CIDR ignored (kubeadm's file always
 // carries one); a later change of the Node's podCIDRs ends the agent with
 // an error (the Kubernetes source, kube.Config.PodCIDRs), and the
-// DaemonSet restarts it with the new ones. The datapath's node CIDRs are
-// written once, when it opens: an agent that re-programmed them while
-// running would be writing the maps outside the reconciler's order.
+// DaemonSet restarts it with the new ones. The datapath's cluster CIDRs
+// are written once, when it opens: an agent that re-programmed them while
+// running would be writing the maps outside the reconciler's order (the
+// service CIDRs of the same maps change while it runs, through the
+// reconciler: the ServiceCIDR objects).
 
 import (
 	"context"

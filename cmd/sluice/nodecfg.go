@@ -12,6 +12,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/sluice-lb/sluice/pkg/model"
 )
 
 // parseCIDRs parses a comma-separated list of CIDRs of either family for
@@ -29,20 +31,14 @@ func parseCIDRs(flag, s string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// parsePrefix parses one CIDR of either family, masked; an IPv4-mapped
-// prefix is its IPv4 prefix (netip.ParsePrefix refuses zones).
+// parsePrefix parses one CIDR of either family, in model.NormalPrefix's
+// form (netip.ParsePrefix refuses zones).
 func parsePrefix(s string) (netip.Prefix, error) {
 	p, err := netip.ParsePrefix(s)
 	if err != nil {
 		return p, err
 	}
-	if a := p.Addr(); a.Is4In6() {
-		if p.Bits() < 96 {
-			return p, errors.New("an IPv4-mapped prefix shorter than /96")
-		}
-		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
-	}
-	return p.Masked(), nil
+	return model.NormalPrefix(p)
 }
 
 // parseNodePortAddresses parses --nodeport-addresses: CIDRs of both

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
@@ -115,13 +116,11 @@ func wantNodeCIDRs(cfg Config) ([]NodeCIDR, error) {
 // checkNodeCIDR checks p, a CIDR of kind (named flag in the error), and
 // returns its entry: masked, an IPv4-mapped prefix as its IPv4 prefix.
 func checkNodeCIDR(kind uint32, flag string, p netip.Prefix) (NodeCIDR, error) {
-	if !p.IsValid() || p.Addr().Zone() != "" || p.Addr().Is4In6() && p.Bits() < 96 {
-		return NodeCIDR{}, fmt.Errorf("%s CIDR %s: not an IPv4 or IPv6 prefix", flag, p)
+	n, err := model.NormalPrefix(p)
+	if err != nil {
+		return NodeCIDR{}, fmt.Errorf("%s CIDR %w", flag, err)
 	}
-	if p.Addr().Is4In6() {
-		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
-	}
-	return NodeCIDR{kind, p.Masked()}, nil
+	return NodeCIDR{kind, n}, nil
 }
 
 // SetServiceCIDRs makes the service CIDRs of sluice_node_cidrs and

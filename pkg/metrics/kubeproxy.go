@@ -112,12 +112,14 @@ func kubeProxyProgrammingBuckets() []float64 {
 
 func newKubeProxyMetrics(reg prometheus.Registerer) kubeProxyMetrics {
 	const subsystem = "kubeproxy"
+	// kube-proxy's buckets of its three sync duration histograms.
+	syncBuckets := prometheus.ExponentialBuckets(0.001, 2, 15)
 	k := kubeProxyMetrics{
 		syncDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Subsystem: subsystem,
 			Name:      "sync_proxy_rules_duration_seconds",
 			Help:      "SyncProxyRules latency in seconds (Sluice: one sync of the desired state to the BPF maps, as sluice_sync_duration_seconds)",
-			Buckets:   prometheus.ExponentialBuckets(0.001, 2, 15),
+			Buckets:   syncBuckets,
 		}, []string{"ip_family"}),
 		lastSync: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Subsystem: subsystem,
@@ -139,13 +141,13 @@ func newKubeProxyMetrics(reg prometheus.Registerer) kubeProxyMetrics {
 			Subsystem: subsystem,
 			Name:      "sync_full_proxy_rules_duration_seconds",
 			Help:      "SyncProxyRules latency in seconds for full resyncs (Sluice: syncs whose reconciler compared every frontend with the maps)",
-			Buckets:   prometheus.ExponentialBuckets(0.001, 2, 15),
+			Buckets:   syncBuckets,
 		}, []string{"ip_family"}),
 		syncPartial: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Subsystem: subsystem,
 			Name:      "sync_partial_proxy_rules_duration_seconds",
 			Help:      "SyncProxyRules latency in seconds for partial resyncs (Sluice: syncs that looked at the changed frontends only)",
-			Buckets:   prometheus.ExponentialBuckets(0.001, 2, 15),
+			Buckets:   syncBuckets,
 		}, []string{"ip_family"}),
 		lastQueued: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Subsystem: subsystem,

@@ -24,7 +24,6 @@ package kube
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -38,6 +37,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/sluice-lb/sluice/pkg/model"
 )
 
 // serviceCIDRs is the set the ServiceCIDR objects and the flag make.
@@ -48,11 +49,9 @@ type serviceCIDRs struct {
 }
 
 func newServiceCIDRs(flag []netip.Prefix) *serviceCIDRs {
-	c := &serviceCIDRs{byName: map[string][]netip.Prefix{}}
-	for _, p := range flag {
-		c.flag = append(c.flag, normalPrefix(p))
-	}
-	return c
+	// flag's are in model.NormalPrefix's form already (cmd/sluice's
+	// parsePrefix).
+	return &serviceCIDRs{flag: slices.Clone(flag), byName: map[string][]netip.Prefix{}}
 }
 
 // publishServiceCIDRs records object name's CIDRs (nil: the object is gone; name ""
@@ -91,24 +90,14 @@ func (c *serviceCIDRs) unionLocked() []netip.Prefix {
 	return slices.Compact(out)
 }
 
-// normalPrefix is p masked, an IPv4-mapped prefix as its IPv4 prefix.
-func normalPrefix(p netip.Prefix) netip.Prefix {
-	if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
-		p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
-	}
-	return p.Masked()
-}
-
-// parseServiceCIDR parses one of a ServiceCIDR's spec.cidrs.
+// parseServiceCIDR parses one of a ServiceCIDR's spec.cidrs, in
+// model.NormalPrefix's form.
 func parseServiceCIDR(s string) (netip.Prefix, error) {
 	p, err := netip.ParsePrefix(s)
 	if err != nil {
 		return p, err
 	}
-	if a := p.Addr(); a.Is4In6() && p.Bits() < 96 {
-		return p, errors.New("an IPv4-mapped prefix shorter than /96")
-	}
-	return normalPrefix(p), nil
+	return model.NormalPrefix(p)
 }
 
 // onServiceCIDR follows one ServiceCIDR object.
