@@ -137,3 +137,27 @@ func TestServicePortNameCompareAsSpelled(t *testing.T) {
 		}
 	}
 }
+
+// TestNormalPrefix: the one form CIDRs are kept in, and what it refuses.
+func TestNormalPrefix(t *testing.T) {
+	for in, want := range map[string]string{
+		"10.244.1.7/16":       "10.244.0.0/16",
+		"::ffff:10.1.2.3/120": "10.1.2.0/24",
+		"::ffff:10.1.2.3/128": "10.1.2.3/32",
+		"fd00::1:2/64":        "fd00::/64",
+		"::ffff:10.0.0.0/95":  "",
+		"":                    "",
+	} {
+		var p netip.Prefix // "": the zero Prefix, invalid
+		if in != "" {
+			p = netip.MustParsePrefix(in)
+		}
+		got, err := NormalPrefix(p)
+		switch {
+		case want == "" && err == nil:
+			t.Errorf("%q: %v, want an error", in, got)
+		case want != "" && (err != nil || got.String() != want):
+			t.Errorf("%q: %v, %v; want %s", in, got, err, want)
+		}
+	}
+}
