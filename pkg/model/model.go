@@ -281,12 +281,13 @@ type Trigger struct {
 // NormalPrefix returns p in the one form CIDRs are kept and keyed in
 // (the service and cluster CIDRs of the flags, the ServiceCIDR objects
 // and the datapath's node CIDR maps): masked, an IPv4-mapped prefix as
-// its IPv4 prefix. It refuses what is no IPv4 or IPv6 prefix: invalid,
-// zoned, or IPv4-mapped and shorter than /96 (no IPv4 prefix is that).
+// its IPv4 prefix. It refuses what is no IPv4 or IPv6 prefix: invalid
+// (a netip.Prefix holds no zone), or IPv4-mapped and shorter than /96
+// (no IPv4 prefix is that).
 func NormalPrefix(p netip.Prefix) (netip.Prefix, error) {
 	a := p.Addr()
 	switch {
-	case !p.IsValid() || a.Zone() != "":
+	case !p.IsValid():
 		return p, fmt.Errorf("%s: not an IPv4 or IPv6 prefix", p)
 	case a.Is4In6() && p.Bits() < 96:
 		return p, fmt.Errorf("%s: an IPv4-mapped prefix shorter than /96", p)
