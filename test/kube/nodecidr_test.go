@@ -31,34 +31,7 @@ import (
 func TestNodeCIDRMode(t *testing.T) {
 	e := setupTrafficNode(t, false)
 	c := e.kube.Client
-	a := agentproc.NewAgent(e.bins, e.lb.Node, e.agentConfig([]string{"--detect-local-mode", "NodeCIDR", "--cluster-cidr", "10.200.0.0/16"}))
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("agent log:\n%s", a.Log.String())
-		}
-		if a.Exited() == nil {
-			if err := a.Teardown(context.Background()); err != nil {
-				t.Error(err)
-			}
-		} else if err := a.Cleanup(context.Background()); err != nil {
-			t.Error(err)
-		}
-	})
-	if err := a.Start(); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the agent to wait for the Node's podCIDRs", 30*time.Second, func() error {
-		if err := a.Exited(); err != nil {
-			t.Fatalf("%v while waiting for the podCIDRs", err)
-		}
-		if !strings.Contains(a.Log.String(), `waiting for the Node's podCIDRs`) {
-			return errors.New("not waiting")
-		}
-		return nil
-	})
-	if err := a.Ready(); err == nil {
-		t.Fatal("ready before the Node had podCIDRs")
-	}
+	a := startWaitingAgent(t, e, e.agentConfig([]string{"--detect-local-mode", "NodeCIDR", "--cluster-cidr", "10.200.0.0/16"}), "the Node's podCIDRs")
 
 	// The client's subnet: the client stands for a pod of this node.
 	pod4 := netip.PrefixFrom(e.lb.ClientAddr, 24).Masked().String()
@@ -143,4 +116,41 @@ func TestNodeCIDRMode(t *testing.T) {
 	if !failed {
 		t.Errorf("the agent's log has no \"agent failed\" error holding %q:\n%s", want, a.Log.String())
 	}
+}
+
+// startWaitingAgent starts an agent on e's node with cfg and returns it
+// once its log says it is waiting for what (`waiting for <what>`, the
+// start's wait for the Node), not ready. It is torn down at cleanup, its
+// log printed if the test failed.
+func startWaitingAgent(t *testing.T, e *trafficEnv, cfg agentproc.AgentConfig, what string) *agentproc.Agent {
+	t.Helper()
+	a := agentproc.NewAgent(e.bins, e.lb.Node, cfg)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent log:\n%s", a.Log.String())
+		}
+		if a.Exited() == nil {
+			if err := a.Teardown(context.Background()); err != nil {
+				t.Error(err)
+			}
+		} else if err := a.Cleanup(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the agent to wait for "+what, 30*time.Second, func() error {
+		if err := a.Exited(); err != nil {
+			t.Fatalf("%v while waiting for %s", err, what)
+		}
+		if !strings.Contains(a.Log.String(), "waiting for "+what) {
+			return errors.New("not waiting")
+		}
+		return nil
+	})
+	if err := a.Ready(); err == nil {
+		t.Fatalf("ready before %s", what)
+	}
+	return a
 }

@@ -1,17 +1,12 @@
 package kube
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
 )
 
 // TestNodeAddressesLate: the agent takes its node IPs from the Node, which
@@ -38,34 +33,7 @@ func TestNodeAddressesLate(t *testing.T) {
 	setAddresses()
 	cfg := e.agentConfig(nil)
 	cfg.Devices = nil
-	a := agentproc.NewAgent(e.bins, e.lb.Node, cfg)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("agent log:\n%s", a.Log.String())
-		}
-		if a.Exited() == nil {
-			if err := a.Teardown(context.Background()); err != nil {
-				t.Error(err)
-			}
-		} else if err := a.Cleanup(context.Background()); err != nil {
-			t.Error(err)
-		}
-	})
-	if err := a.Start(); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the agent to wait for the Node's addresses", 30*time.Second, func() error {
-		if err := a.Exited(); err != nil {
-			t.Fatalf("%v while waiting for the addresses", err)
-		}
-		if !strings.Contains(a.Log.String(), `waiting for the Node's addresses`) {
-			return errors.New("not waiting")
-		}
-		return nil
-	})
-	if err := a.Ready(); err == nil {
-		t.Fatal("ready before the Node had addresses")
-	}
+	a := startWaitingAgent(t, e, cfg, "the Node's addresses")
 	setAddresses(corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: e.lb.NodeAddr.String()},
 		corev1.NodeAddress{Type: corev1.NodeHostName, Address: "node"})
 	if err := a.WaitReady(60 * time.Second); err != nil {
