@@ -1,9 +1,11 @@
 package main
 
 import (
+	"errors"
 	"log/slog"
 	"net"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/sluice-lb/sluice/pkg/agent"
@@ -13,7 +15,8 @@ import (
 // TestTakenPortNamesKubeProxy: when the health or metrics address is
 // taken (as kube-proxy's own listeners take them on a node where it
 // still runs), the agent's start fails before it touches the datapath,
-// with an error naming the address and kube-proxy as the likely holder.
+// with an error naming the address and kube-proxy as the likely holder,
+// told to the source (kube-proxy's events about its servers).
 func TestTakenPortNamesKubeProxy(t *testing.T) {
 	held, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -28,11 +31,19 @@ func TestTakenPortNamesKubeProxy(t *testing.T) {
 		{"health", listenAddrs{health: taken}},
 		{"metrics", listenAddrs{metrics: taken}},
 	} {
-		// A taken port fails before the datapath, the source or the
-		// metrics are used: none is given.
-		err := runAgent(t.Context(), agent.Config{}, datapath.Config{}, 0, northSouthConfig{}, nil, nil, nil, c.srv, slog.New(slog.DiscardHandler))
+		// A taken port fails before the datapath or the metrics are
+		// used: none is given. The source is told (the Kubernetes
+		// source's FailedToStartProxierHealthcheck,
+		// FailedToStartMetricServer on the Node), with the error the
+		// agent exits with.
+		src := &failureSource{}
+		var _ agent.Source = src
+		err := runAgent(t.Context(), agent.Config{}, datapath.Config{}, 0, northSouthConfig{}, src, nil, nil, c.srv, slog.New(slog.DiscardHandler))
 		if err == nil {
 			t.Fatalf("%s: the agent started on a taken port %s", c.name, taken)
+		}
+		if len(src.errs) != 1 || src.health[0] != (c.name == "health") || !errors.Is(src.errs[0], syscall.EADDRINUSE) || src.errs[0].Error() != err.Error() {
+			t.Errorf("%s: reported %v (health %v); the agent failed with %v", c.name, src.errs, src.health, err)
 		}
 		msg := err.Error()
 		// kube-proxy's defaults of both families (its bindAddress picks).
