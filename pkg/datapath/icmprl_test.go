@@ -11,6 +11,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
@@ -208,8 +209,14 @@ func TestTCRejectNotToOtherHost(t *testing.T) {
 		if err := h.d.Maps().setNodeDevice(1, netip.Addr{}, nodeDevPort); err != nil {
 			t.Fatal(err)
 		}
-		if v, _ := runProg(t, h.d.TCIngress(), frame(otherHostMAC, clientMAC, h.unserved("10.0.0.3", 40000))); v != tcActRedirect {
-			t.Errorf("to another MAC on a bridge's port: verdict %d, want the port unreachable", v)
+		// The answer goes from the MAC the frame was sent to (the
+		// master's: not zero, as nodeMAC is, so a swap that lost it
+		// shows) back to the client's.
+		in := h.unserved("10.0.0.3", 40000)
+		in.DstMAC = otherHostMAC
+		want := portUnreachable(in)
+		if v, out := runProg(t, h.d.TCIngress(), in.Bytes()); v != tcActRedirect || !bytes.Equal(out[:len(want)], want) {
+			t.Errorf("to another MAC on a bridge's port: verdict %d, want the port unreachable from %x\n got %x\nwant %x", v, otherHostMAC, out, want)
 		}
 	})
 }
@@ -249,6 +256,12 @@ func TestReadICMPRateLimits(t *testing.T) {
 	}
 	if m, err := parseICMP6Ratemask("0-1,3-127"); err != nil || m != 0xfffffffb {
 		t.Errorf("the default ratemask: %#x, %v", m, err)
+	}
+	// icmp_ratemask is a signed int: -1 is every type, not an error
+	// that would leave every sysctl at its default.
+	write("net/ipv4/icmp_ratemask", "-1")
+	if got, err := ReadICMPRateLimits(dir); err != nil || got.Mask != 0xffffffff || got.MsgsBurst != 7 {
+		t.Errorf("icmp_ratemask -1: %+v, %v; want mask 0xffffffff, the others read", got, err)
 	}
 	write("net/ipv4/icmp_msgs_burst", "lots")
 	if _, err := ReadICMPRateLimits(dir); err == nil {
@@ -315,4 +328,49 @@ func TestICMPRateLimitForwarding(t *testing.T) {
 				cs["tc_frag_needed"], cs["tc_ttl_exceeded"], cs["tc_icmp_ratelimited"])
 		}
 	})
+}
+
+// TestDevicePortFlag: AttachDevices records a port of a bridge with
+// nodeDevPort (its frames to the bridge's MAC are answered, icmp.h) and a
+// device without a master without; a master that hands its ports' frames
+// to no rx_handler (a VRF: IP runs on the slave, which drops a frame to
+// another MAC) makes no port. The test machine's kernel makes no VRF,
+// bond or team device ("Unknown device type"), so those are checked by
+// their link types only.
+func TestDevicePortFlag(t *testing.T) {
+	testutil.Privileged(t)
+	nodeNetns(t)
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
+	if err := netlink.LinkAdd(br); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetMaster(mustLink(t, "eth1"), br); err != nil {
+		t.Fatal(err)
+	}
+	d := openTest(t, smallConfig(testPinDir(t)))
+	if err := d.AttachDevices([]string{"eth0", "eth1"}); err != nil {
+		t.Fatal(err)
+	}
+	for dev, want := range map[string]uint32{"eth0": nodeDevTC, "eth1": nodeDevTC | nodeDevPort} {
+		var nd sockNodeDev
+		if err := d.maps.devices.Lookup(uint32(mustLink(t, dev).Attrs().Index), &nd); err != nil {
+			t.Fatal(err)
+		}
+		if nd.Flags != want {
+			t.Errorf("%s recorded with flags %#x, want %#x", dev, nd.Flags, want)
+		}
+	}
+
+	for _, c := range []struct {
+		m    netlink.Link
+		port bool
+	}{
+		{&netlink.Bridge{}, true}, {&netlink.Bond{}, true},
+		{&netlink.GenericLink{LinkType: "team"}, true}, {&netlink.GenericLink{LinkType: "openvswitch"}, true},
+		{&netlink.Vrf{}, false}, {&netlink.GenericLink{LinkType: "vrf"}, false},
+	} {
+		if got := isPortMaster(c.m); got != c.port {
+			t.Errorf("a slave of a %s a port: %v, want %v", c.m.Type(), got, c.port)
+		}
+	}
 }
