@@ -198,6 +198,10 @@ static __always_inline bool icmp_rl_global_allow(struct icmp_rl_global *g,
 		return true;
 	stamp = READ_ONCE(g->stamp);
 	delta = now - stamp;
+	/* Another CPU read the clock after @now was and stored its stamp
+	 * first: no time has passed (unsigned, it would be a full second). */
+	if ((__s64)delta < 0)
+		delta = 0;
 	if (delta > NSEC_PER_SEC)
 		delta = NSEC_PER_SEC;
 	if (delta < NSEC_PER_SEC / 50)
@@ -234,6 +238,9 @@ static __always_inline bool icmp_rl_peer_allow(const struct icmp_rl_key *key,
 	if (b) {
 		tokens = READ_ONCE(b->tokens);
 		delta = now - READ_ONCE(b->last);
+		/* As above: a later stamp is no time passed, not a burst. */
+		if ((__s64)delta < 0)
+			delta = 0;
 	}
 	if (delta) {
 		tokens += delta;

@@ -374,3 +374,48 @@ func TestDevicePortFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestICMPRateLimitLaterStamp: a bucket whose stamp is later than the
+// packet's clock (another CPU read the clock after it and stored first)
+// has gained nothing: the packet is not answered, where an unsigned
+// difference made it a full refill (a burst of 6 for a destination, a
+// second's worth for the node). Per family.
+func TestICMPRateLimitLaterStamp(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		h := newRejectHarness(t, v6, slowRefill)
+		if got := h.answered(t, "10.0.0.1", 7); got != 6 {
+			t.Fatalf("7 packets from one source: %d answered, want 6", got)
+		}
+		key := tcIcmpRlKey{Family: 4}
+		a := addr(h.tw("10.0.0.1")).As16()
+		if v6 {
+			key.Family, key.Addr.Addr = 6, a
+		} else {
+			copy(key.Addr.Addr[:4], a[12:])
+		}
+		var b tcIcmpRlPeer
+		if err := h.d.tc.SluiceIcmpPeersV1.Lookup(&key, &b); err != nil {
+			t.Fatal(err)
+		}
+		b.Last += uint64(time.Hour)
+		if err := h.d.tc.SluiceIcmpPeersV1.Put(&key, &b); err != nil {
+			t.Fatal(err)
+		}
+		if got := h.answered(t, "10.0.0.1", 3); got != 0 {
+			t.Errorf("a destination's bucket stamped later: %d of 3 answered, want 0", got)
+		}
+
+		// The node's bucket, empty, stamped an hour ahead.
+		now, err := monotonicNow()
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := tcIcmpRlGlobal{Credit: 0, Stamp: now + uint64(time.Hour)}
+		if err := h.d.tc.SluiceIcmpGlobalV1.Put(uint32(0), &g); err != nil {
+			t.Fatal(err)
+		}
+		if got := h.answered(t, "10.0.0.2", 3); got != 0 {
+			t.Errorf("the node's bucket stamped later: %d of 3 answered, want 0", got)
+		}
+	})
+}
