@@ -46,9 +46,10 @@
  * frame, and a spoofed source turns the nodes into reflectors. A frame
  * the device took in for another host's MAC (PACKET_OTHERHOST: a device
  * in promiscuous mode) is not answered either: the kernel drops it
- * before routing (ip_rcv_core, ipv6_rcv); but on a port of a bridge or
- * bond, whose frames go to its master, it may be to the master's MAC,
- * and is answered.
+ * before routing (ip_rcv_core, ipv6_rcv); but on a port of a bridge,
+ * bond, team or Open vSwitch, whose frames go to its master, it may be
+ * to the master's MAC, and is answered (not on a VRF's slave: IP runs on
+ * the slave, which drops it).
  *
  * How often is the kernel's choice as well (icmp_rl_allow, below): the
  * error types the kernel rate-limits go through its two token buckets,
@@ -100,9 +101,10 @@ static __always_inline int icmp_verdict(int ret)
  * as __icmp_send and icmp6_send check: not a frame to a link-layer
  * broadcast or multicast address, nor one to another host's MAC
  * (PACKET_OTHERHOST), which the kernel drops before routing anyway
- * (ip_rcv_core). Except on a port of a bridge or bond (NODE_DEV_F_PORT):
- * its frames go to its master, and one to the master's MAC is
- * PACKET_OTHERHOST here, PACKET_HOST once the bridge takes it in; such
+ * (ip_rcv_core). Except on a port of a bridge, bond, team or Open
+ * vSwitch (NODE_DEV_F_PORT): its frames go to its master, and one to the
+ * master's MAC is PACKET_OTHERHOST here, PACKET_HOST once the master
+ * takes it in; such
  * a frame is answered as before. BPF_PROG_TEST_RUN sets pkt_type as a
  * device would: eth_type_trans against the context's ifindex's device,
  * or the loopback device (whose address is 00:00:00:00:00:00) without
@@ -198,6 +200,10 @@ static __always_inline bool icmp_rl_global_allow(struct icmp_rl_global *g,
 		return true;
 	stamp = READ_ONCE(g->stamp);
 	delta = now - stamp;
+	/* Another CPU read the clock after @now was and stored its stamp
+	 * first: no time has passed (unsigned, it would be a full second). */
+	if ((__s64)delta < 0)
+		delta = 0;
 	if (delta > NSEC_PER_SEC)
 		delta = NSEC_PER_SEC;
 	if (delta < NSEC_PER_SEC / 50)
@@ -234,6 +240,9 @@ static __always_inline bool icmp_rl_peer_allow(const struct icmp_rl_key *key,
 	if (b) {
 		tokens = READ_ONCE(b->tokens);
 		delta = now - READ_ONCE(b->last);
+		/* As above: a later stamp is no time passed, not a burst. */
+		if ((__s64)delta < 0)
+			delta = 0;
 	}
 	if (delta) {
 		tokens += delta;

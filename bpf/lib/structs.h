@@ -570,8 +570,9 @@ enum node_dev_flags {
 	 */
 	NODE_DEV_F_TC = 2,
 	/*
-	 * A port of another device (it has a master: a bridge, a bond, an
-	 * OVS datapath): what it takes in goes to its master, not to its
+	 * A port of another device (its master a bridge, a bond, a team,
+	 * an OVS datapath; not a VRF, whose slave runs IP itself: devices.go,
+	 * isPortMaster): what it takes in goes to its master, not to its
 	 * own IP stack, and a frame to a MAC not its own (PACKET_OTHERHOST)
 	 * may be to the master's, which takes it in. So tc answers such a
 	 * frame here (icmp_link_answerable), where on any other device the

@@ -31,8 +31,8 @@ const (
 	ctFlagCounted = uint32(sockCtFlagsCT_F_COUNTED)
 
 	// nodeDevL3 flags a device without a link-layer header, nodeDevTC
-	// one the agent attached tc to, nodeDevPort a port of a bridge or
-	// bond (node_dev.flags).
+	// one the agent attached tc to, nodeDevPort a port of a bridge,
+	// bond, team or Open vSwitch (node_dev.flags, isPortMaster).
 	nodeDevL3   = uint32(sockNodeDevFlagsNODE_DEV_F_L3)
 	nodeDevTC   = uint32(sockNodeDevFlagsNODE_DEV_F_TC)
 	nodeDevPort = uint32(sockNodeDevFlagsNODE_DEV_F_PORT)

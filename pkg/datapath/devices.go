@@ -129,11 +129,22 @@ func (m *Maps) setNodeDevice6(ifindex int, addr netip.Addr) error {
 // have a header depends on their mode.
 var l3EncapTypes = []string{"none", "ipip", "tunnel6", "sit", "unknown519"}
 
+// isPortMaster says whether m is a master whose ports hand their frames
+// to it before IP sees them (an rx_handler: bridge, bond, team, Open
+// vSwitch's datapath), so that a frame to the master's MAC reaches tc on
+// the port as PACKET_OTHERHOST and the kernel still answers it at the
+// master. A VRF is not one: IP runs on its slave (ip_rcv_core), which
+// drops such a frame as any device does.
+func isPortMaster(m netlink.Link) bool {
+	return slices.Contains([]string{"bridge", "bond", "team", "openvswitch"}, m.Type())
+}
+
 // deviceFlags returns the sluice_devices flags of dev: L3 (nodeDevL3),
-// and a port of a bridge or bond (nodeDevPort: it has a master), whose
-// frames to another MAC tc still answers (bpf/lib/icmp.h,
-// icmp_link_answerable). A device enslaved or freed after the agent
-// attached to it keeps the flag it had until the agent attaches again.
+// and a port of a bridge, bond, team or Open vSwitch (nodeDevPort: its
+// master is one: isPortMaster), whose frames to another MAC tc still
+// answers (bpf/lib/icmp.h, icmp_link_answerable). A device enslaved or
+// freed after the agent attached to it keeps the flag it had until the
+// agent attaches again.
 func deviceFlags(dev string) (uint32, error) {
 	l, err := netlink.LinkByName(dev)
 	if err != nil {
@@ -143,8 +154,14 @@ func deviceFlags(dev string) (uint32, error) {
 	if slices.Contains(l3EncapTypes, l.Attrs().EncapType) {
 		f |= nodeDevL3
 	}
-	if l.Attrs().MasterIndex != 0 {
-		f |= nodeDevPort
+	if mi := l.Attrs().MasterIndex; mi != 0 {
+		m, err := netlink.LinkByIndex(mi)
+		if err != nil {
+			return 0, fmt.Errorf("device %s's master (ifindex %d): %w", dev, mi, err)
+		}
+		if isPortMaster(m) {
+			f |= nodeDevPort
+		}
 	}
 	return f, nil
 }

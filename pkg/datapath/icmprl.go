@@ -75,6 +75,10 @@ func ReadICMPRateLimits(procSys string) (ICMPRateLimits, error) {
 		*d = time.Duration(n) * time.Millisecond
 		return nil
 	}
+	// icmp_msgs_per_sec and icmp_msgs_burst are ints
+	// their handler keeps from 0 up (proc_dointvec_minmax); icmp_ratemask
+	// is an int used as a mask (proc_dointvec), which takes -1 (every
+	// type) or any negative value: its bits are the mask.
 	u32 := func(name string, v *uint32) error {
 		s, ok, err := read(name)
 		if err != nil || !ok {
@@ -87,10 +91,22 @@ func ReadICMPRateLimits(procSys string) (ICMPRateLimits, error) {
 		*v = uint32(n)
 		return nil
 	}
+	mask := func(name string, v *uint32) error {
+		s, ok, err := read(name)
+		if err != nil || !ok {
+			return err
+		}
+		n, err := strconv.ParseInt(s, 10, 32)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		*v = uint32(n)
+		return nil
+	}
 	if err := errors.Join(
 		ms("net/ipv4/icmp_ratelimit", &l.PerDestination),
 		ms("net/ipv6/icmp/ratelimit", &l.PerDestination6),
-		u32("net/ipv4/icmp_ratemask", &l.Mask),
+		mask("net/ipv4/icmp_ratemask", &l.Mask),
 		u32("net/ipv4/icmp_msgs_per_sec", &l.MsgsPerSec),
 		u32("net/ipv4/icmp_msgs_burst", &l.MsgsBurst),
 	); err != nil {

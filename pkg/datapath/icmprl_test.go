@@ -11,6 +11,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
@@ -208,8 +209,14 @@ func TestTCRejectNotToOtherHost(t *testing.T) {
 		if err := h.d.Maps().setNodeDevice(1, netip.Addr{}, nodeDevPort); err != nil {
 			t.Fatal(err)
 		}
-		if v, _ := runProg(t, h.d.TCIngress(), frame(otherHostMAC, clientMAC, h.unserved("10.0.0.3", 40000))); v != tcActRedirect {
-			t.Errorf("to another MAC on a bridge's port: verdict %d, want the port unreachable", v)
+		// The answer goes from the MAC the frame was sent to (the
+		// master's: not zero, as nodeMAC is, so a swap that lost it
+		// shows) back to the client's.
+		in := h.unserved("10.0.0.3", 40000)
+		in.DstMAC = otherHostMAC
+		want := portUnreachable(in)
+		if v, out := runProg(t, h.d.TCIngress(), in.Bytes()); v != tcActRedirect || !bytes.Equal(out[:len(want)], want) {
+			t.Errorf("to another MAC on a bridge's port: verdict %d, want the port unreachable from %x\n got %x\nwant %x", v, otherHostMAC, out, want)
 		}
 	})
 }
@@ -249,6 +256,12 @@ func TestReadICMPRateLimits(t *testing.T) {
 	}
 	if m, err := parseICMP6Ratemask("0-1,3-127"); err != nil || m != 0xfffffffb {
 		t.Errorf("the default ratemask: %#x, %v", m, err)
+	}
+	// icmp_ratemask is a signed int: -1 is every type, not an error
+	// that would leave every sysctl at its default.
+	write("net/ipv4/icmp_ratemask", "-1")
+	if got, err := ReadICMPRateLimits(dir); err != nil || got.Mask != 0xffffffff || got.MsgsBurst != 7 {
+		t.Errorf("icmp_ratemask -1: %+v, %v; want mask 0xffffffff, the others read", got, err)
 	}
 	write("net/ipv4/icmp_msgs_burst", "lots")
 	if _, err := ReadICMPRateLimits(dir); err == nil {
@@ -313,6 +326,96 @@ func TestICMPRateLimitForwarding(t *testing.T) {
 		if cs["tc_frag_needed"] != 10 || cs["tc_ttl_exceeded"] != 10 || cs["tc_icmp_ratelimited"] != 4 {
 			t.Errorf("tc_frag_needed %d, tc_ttl_exceeded %d, tc_icmp_ratelimited %d; want 10, 10, 4",
 				cs["tc_frag_needed"], cs["tc_ttl_exceeded"], cs["tc_icmp_ratelimited"])
+		}
+	})
+}
+
+// TestDevicePortFlag: AttachDevices records a port of a bridge with
+// nodeDevPort (its frames to the bridge's MAC are answered, icmp.h) and a
+// device without a master without; a master that hands its ports' frames
+// to no rx_handler (a VRF: IP runs on the slave, which drops a frame to
+// another MAC) makes no port. The test machine's kernel makes no VRF,
+// bond or team device ("Unknown device type"), so those are checked by
+// their link types only.
+func TestDevicePortFlag(t *testing.T) {
+	testutil.Privileged(t)
+	nodeNetns(t)
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
+	if err := netlink.LinkAdd(br); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetMaster(mustLink(t, "eth1"), br); err != nil {
+		t.Fatal(err)
+	}
+	d := openTest(t, smallConfig(testPinDir(t)))
+	if err := d.AttachDevices([]string{"eth0", "eth1"}); err != nil {
+		t.Fatal(err)
+	}
+	for dev, want := range map[string]uint32{"eth0": nodeDevTC, "eth1": nodeDevTC | nodeDevPort} {
+		var nd sockNodeDev
+		if err := d.maps.devices.Lookup(uint32(mustLink(t, dev).Attrs().Index), &nd); err != nil {
+			t.Fatal(err)
+		}
+		if nd.Flags != want {
+			t.Errorf("%s recorded with flags %#x, want %#x", dev, nd.Flags, want)
+		}
+	}
+
+	for _, c := range []struct {
+		m    netlink.Link
+		port bool
+	}{
+		{&netlink.Bridge{}, true}, {&netlink.Bond{}, true},
+		{&netlink.GenericLink{LinkType: "team"}, true}, {&netlink.GenericLink{LinkType: "openvswitch"}, true},
+		{&netlink.Vrf{}, false}, {&netlink.GenericLink{LinkType: "vrf"}, false},
+	} {
+		if got := isPortMaster(c.m); got != c.port {
+			t.Errorf("a slave of a %s a port: %v, want %v", c.m.Type(), got, c.port)
+		}
+	}
+}
+
+// TestICMPRateLimitLaterStamp: a bucket whose stamp is later than the
+// packet's clock (another CPU read the clock after it and stored first)
+// has gained nothing: the packet is not answered, where an unsigned
+// difference made it a full refill (a burst of 6 for a destination, a
+// second's worth for the node). Per family.
+func TestICMPRateLimitLaterStamp(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		h := newRejectHarness(t, v6, slowRefill)
+		if got := h.answered(t, "10.0.0.1", 7); got != 6 {
+			t.Fatalf("7 packets from one source: %d answered, want 6", got)
+		}
+		key := tcIcmpRlKey{Family: 4}
+		a := addr(h.tw("10.0.0.1")).As16()
+		if v6 {
+			key.Family, key.Addr.Addr = 6, a
+		} else {
+			copy(key.Addr.Addr[:4], a[12:])
+		}
+		var b tcIcmpRlPeer
+		if err := h.d.tc.SluiceIcmpPeersV1.Lookup(&key, &b); err != nil {
+			t.Fatal(err)
+		}
+		b.Last += uint64(time.Hour)
+		if err := h.d.tc.SluiceIcmpPeersV1.Put(&key, &b); err != nil {
+			t.Fatal(err)
+		}
+		if got := h.answered(t, "10.0.0.1", 3); got != 0 {
+			t.Errorf("a destination's bucket stamped later: %d of 3 answered, want 0", got)
+		}
+
+		// The node's bucket, empty, stamped an hour ahead.
+		now, err := monotonicNow()
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := tcIcmpRlGlobal{Credit: 0, Stamp: now + uint64(time.Hour)}
+		if err := h.d.tc.SluiceIcmpGlobalV1.Put(uint32(0), &g); err != nil {
+			t.Fatal(err)
+		}
+		if got := h.answered(t, "10.0.0.2", 3); got != 0 {
+			t.Errorf("the node's bucket stamped later: %d of 3 answered, want 0", got)
 		}
 	})
 }
