@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -159,6 +160,8 @@ func firstStateClient(b *testing.B, svcs *corev1.ServiceList, eps *discoveryv1.E
 		streamFirstList(b, client, "services", marshalEach(b, svcs.Items), nil, func() protoObject { return &corev1.Service{} })
 		streamFirstList(b, client, "endpointslices", marshalEach(b, eps.Items), nil, func() protoObject { return &discoveryv1.EndpointSlice{} })
 		streamFirstList(b, client, "nodes", nil, nil, func() protoObject { return &corev1.Node{} })
+		// The ServiceCIDRs the source follows (servicecidrs.go): none.
+		streamFirstList(b, client, "servicecidrs", nil, nil, func() protoObject { return &networkingv1.ServiceCIDR{} })
 		return streamingClient{client}
 	}
 	var raw [2][]byte

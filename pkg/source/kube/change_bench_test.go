@@ -17,6 +17,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
@@ -68,6 +69,8 @@ func benchOneSliceChange(b *testing.B, n int) {
 	streamFirstList(b, client, "services", marshalEach(b, svcs), nil, func() protoObject { return &corev1.Service{} })
 	streamFirstList(b, client, "endpointslices", marshalEach(b, eps), updates, func() protoObject { return &discoveryv1.EndpointSlice{} })
 	streamFirstList(b, client, "nodes", nil, nil, func() protoObject { return &corev1.Node{} })
+	// The ServiceCIDRs the source follows (servicecidrs.go): none.
+	streamFirstList(b, client, "servicecidrs", nil, nil, func() protoObject { return &networkingv1.ServiceCIDR{} })
 
 	src, err := New(Config{Client: streamingClient{client}, Options: translate.Options{Node: translate.Node{Name: node}},
 		SyncPeriod: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
