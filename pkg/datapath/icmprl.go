@@ -63,52 +63,39 @@ func ReadICMPRateLimits(procSys string) (ICMPRateLimits, error) {
 		}
 		return strings.TrimSpace(string(b)), true, nil
 	}
-	ms := func(name string, d *time.Duration) error {
+	// num reads an integer sysctl into set. The two durations (ms) are
+	// read unsigned, and so are icmp_msgs_per_sec and icmp_msgs_burst,
+	// ints their handler keeps from 0 up (proc_dointvec_minmax);
+	// icmp_ratemask is an int used as a mask (proc_dointvec), which
+	// takes -1 (every type) or any negative value: its bits are the mask
+	// (signed).
+	num := func(name string, signed bool, set func(int64)) error {
 		s, ok, err := read(name)
 		if err != nil || !ok {
 			return err
 		}
-		n, err := strconv.ParseUint(s, 10, 31)
+		var n int64
+		if signed {
+			n, err = strconv.ParseInt(s, 10, 32)
+		} else {
+			var u uint64
+			u, err = strconv.ParseUint(s, 10, 31)
+			n = int64(u)
+		}
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
-		*d = time.Duration(n) * time.Millisecond
+		set(n)
 		return nil
 	}
-	// icmp_msgs_per_sec and icmp_msgs_burst are ints
-	// their handler keeps from 0 up (proc_dointvec_minmax); icmp_ratemask
-	// is an int used as a mask (proc_dointvec), which takes -1 (every
-	// type) or any negative value: its bits are the mask.
-	u32 := func(name string, v *uint32) error {
-		s, ok, err := read(name)
-		if err != nil || !ok {
-			return err
-		}
-		n, err := strconv.ParseUint(s, 10, 31)
-		if err != nil {
-			return fmt.Errorf("%s: %w", name, err)
-		}
-		*v = uint32(n)
-		return nil
-	}
-	mask := func(name string, v *uint32) error {
-		s, ok, err := read(name)
-		if err != nil || !ok {
-			return err
-		}
-		n, err := strconv.ParseInt(s, 10, 32)
-		if err != nil {
-			return fmt.Errorf("%s: %w", name, err)
-		}
-		*v = uint32(n)
-		return nil
-	}
+	ms := func(d *time.Duration) func(int64) { return func(n int64) { *d = time.Duration(n) * time.Millisecond } }
+	u32 := func(v *uint32) func(int64) { return func(n int64) { *v = uint32(n) } }
 	if err := errors.Join(
-		ms("net/ipv4/icmp_ratelimit", &l.PerDestination),
-		ms("net/ipv6/icmp/ratelimit", &l.PerDestination6),
-		mask("net/ipv4/icmp_ratemask", &l.Mask),
-		u32("net/ipv4/icmp_msgs_per_sec", &l.MsgsPerSec),
-		u32("net/ipv4/icmp_msgs_burst", &l.MsgsBurst),
+		num("net/ipv4/icmp_ratelimit", false, ms(&l.PerDestination)),
+		num("net/ipv6/icmp/ratelimit", false, ms(&l.PerDestination6)),
+		num("net/ipv4/icmp_ratemask", true, u32(&l.Mask)),
+		num("net/ipv4/icmp_msgs_per_sec", false, u32(&l.MsgsPerSec)),
+		num("net/ipv4/icmp_msgs_burst", false, u32(&l.MsgsBurst)),
 	); err != nil {
 		return l, err
 	}
