@@ -28,20 +28,34 @@ type memSample struct {
 func sampleMemory(pid int, started time.Time, every time.Duration) (stop func() []memSample) {
 	done := make(chan struct{})
 	out := make(chan []memSample, 1)
+	// The first sample is taken before sampleMemory returns, not when
+	// the goroutine is first scheduled: a process that ends right after
+	// the call still has its sample (TestSampleMemory's kill raced it).
+	var s []memSample
+	sample := func() bool {
+		st, err := readProc(pid)
+		if err != nil {
+			return false // gone: nothing more to read
+		}
+		s = append(s, memSample{T: time.Since(started).Seconds(), RSS: st.rss, HWM: st.hwm})
+		return true
+	}
+	first := sample()
 	go func() {
-		var s []memSample
+		if !first {
+			out <- s
+			return
+		}
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
-			st, err := readProc(pid)
-			if err != nil {
-				out <- s // gone: nothing more to read
-				return
-			}
-			s = append(s, memSample{T: time.Since(started).Seconds(), RSS: st.rss, HWM: st.hwm})
 			select {
 			case <-t.C:
 			case <-done:
+				out <- s
+				return
+			}
+			if !sample() {
 				out <- s
 				return
 			}
