@@ -319,3 +319,73 @@ func synOf(t *testing.T, c *topology.SYNCapture, fd int) topology.SYN {
 		}
 	}
 }
+
+// TestSockHostNetnsOnlyBridge: with the option, pods on a bridge (br0,
+// their host-side veths its ports, tc on the bridge only) reach Services
+// per packet at the bridge device: a backend on the host (its loopback),
+// and with MasqueradeAll one on the same bridge, whose replies would
+// otherwise go port to port past the bridge (README, "Service meshes
+// (Istio) and nested clusters"). The client's SYNs, seen on its port,
+// carry the ClusterIPs.
+func TestSockHostNetnsOnlyBridge(t *testing.T) {
+	testutil.Privileged(t)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	tp := topology.NewT(t)
+	host, client, server := tp.AddNST(t, "host"), tp.AddNST(t, "client"), tp.AddNST(t, "server")
+	must(host.AddBridge("br0"))
+	must(host.Sysctl("net.ipv4.ip_forward", "1"))
+	must(host.AddAddr("br0", netip.MustParsePrefix("10.204.0.1/24")))
+	for _, p := range []struct {
+		ns   *topology.NS
+		port string
+		addr string
+	}{{client, "c0", "10.204.0.2/24"}, {server, "s0", "10.204.0.3/24"}} {
+		must(tp.Veth(host, p.port, p.ns, "eth0"))
+		must(host.SetMaster(p.port, "br0"))
+		must(p.ns.AddAddr("eth0", netip.MustParsePrefix(p.addr)))
+		must(p.ns.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), addr("10.204.0.1")))
+	}
+	const podBackend = "10.204.0.3"
+	ln, err := server.Listen("tcp", podBackend+":8080")
+	must(err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("backend " + sockBackends[1] + " (the pod " + podBackend + ")")) // isBackendReply
+			c.Close()
+		}
+	}()
+
+	host.Enter(t)
+	d := openTest(t, configWith(smallConfig, func(c *Config) {
+		c.SocketLBHostNetnsOnly = true
+		c.MasqueradeAll = true
+		c.NodeIPs = []netip.Addr{addr("10.204.0.1")}
+	})(testPinDir(t)))
+	toHost, toPod := l4("10.96.0.60", 80, model.TCP), l4("10.96.0.61", 80, model.TCP)
+	applyServices(t, d, clusterIP(toHost, l4(sockBackends[0], 8080, model.TCP)), clusterIP(toPod, l4(podBackend, 8080, model.TCP)))
+	joinSockCgroup(t, d)
+	addLoopbackAddrs(t, host, sockBackends[0])
+	startBackends(t, sockBackends[0])
+	must(d.AttachDevices([]string{"br0"}))
+	syns, err := host.CaptureSYNs("c0")
+	must(err)
+
+	for _, vip := range []model.L4Addr{toHost, toPod} {
+		fd := socketIn(t, client, unix.AF_INET, unix.SOCK_STREAM)
+		connectSeesPeer(t, fd, unix.AF_INET, vip)
+		readGreeting(t, fd)
+		if syn := synOf(t, syns, fd); syn.Dst != apOf(vip) {
+			t.Errorf("the pod's SYN to %s went to %s, want the ClusterIP", vip, syn.Dst)
+		}
+	}
+}
