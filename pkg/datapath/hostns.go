@@ -35,7 +35,7 @@ func NetnsCookie() (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("network namespace cookie: socket: %w", err)
 	}
-	defer unix.Close(fd)
+	defer func() { _ = unix.Close(fd) }() // read only: nothing to lose
 	c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
 	if err != nil {
 		return 0, fmt.Errorf("network namespace cookie (SO_NETNS_COOKIE, Linux 5.14): %w", err)
