@@ -32,3 +32,18 @@ func TestExternalIPsGateFromConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestFeatureGatesFlagRefused: kube-proxy's --feature-gates is no flag of
+// Sluice's: given, even with the one gate Sluice applies, the agent exits
+// 2 naming it, rather than running with a gate it silently dropped
+// (--allow-service-external-ips and --config's featureGates are the ways
+// in).
+func TestFeatureGatesFlagRefused(t *testing.T) {
+	var code int
+	stderr := captureStderr(t, func() {
+		code = run([]string{"--feature-gates=AllowServiceExternalIPs=false", "--manifests", filepath.Join(t.TempDir(), "m.yaml")})
+	})
+	if code != 2 || !strings.Contains(stderr, "-feature-gates") {
+		t.Errorf("exit %d, want 2 naming -feature-gates; stderr:\n%s", code, stderr)
+	}
+}
