@@ -74,6 +74,7 @@ func run(args []string) int {
 		serviceCIDR = fs.String("service-cidr", "", "comma-separated CIDRs of the ClusterIPs, of either family or both: a packet to one of their addresses that no Service holds is dropped; with the Kubernetes source, added to the CIDRs of the cluster's ServiceCIDR objects (networking.k8s.io/v1), which are followed")
 		npAddrs     = fs.String("nodeport-addresses", "", "comma-separated CIDRs of either family and kube-proxy's keywords primary (the node's primary address of each family, --node-ip), all (0.0.0.0/0 and ::/0) and localhost (127.0.0.0/8): NodePorts (and health checks) are served on the node's addresses inside them; in a family none of them names, or with 0.0.0.0/0 or ::/0, on every address of that family (default: primary)")
 		localhostNP = fs.Bool("localhost-nodeports", true, "also serve NodePorts on 127.0.0.1 (TCP and UDP, through socket load balancing) when --nodeport-addresses cover it")
+		allowExtIPs = fs.Bool("allow-service-external-ips", true, "serve Services' spec.externalIPs, as kube-proxy's feature gate AllowServiceExternalIPs (GA, default true; --config's featureGates sets it); false, as against CVE-2020-8554, programs no ExternalIP frontends (LoadBalancer ingress IPs, NodePorts and ClusterIPs are served as before)")
 		masqAll     = fs.Bool("masquerade-all", false, "source-NAT all ClusterIP traffic, and external traffic sent to this node's endpoints (which otherwise keeps its client's address)")
 		svcMetrics  = fs.Bool("service-metrics", false, "count new flows, packets, bytes and drops per Service in the datapath, exported as sluice_service_*_total and shown by sluicectl services --stats (off by default: a series per Service port, and a per-CPU counter array sized by --max-services)")
 		progStats   = fs.Bool("bpf-program-stats", false, "have the kernel count the run count and run time of BPF programs (BPF_ENABLE_STATS, system wide, while the agent runs), exported as sluice_bpf_program_runs_total and sluice_bpf_program_run_seconds_total (off by default: every run of every BPF program on the node then pays two clock reads)")
@@ -175,7 +176,10 @@ func run(args []string) int {
 		}
 		*nodeName = strings.ToLower(h)
 	}
-	opts := translate.Options{ProxyName: *proxyName, Node: translate.Node{Name: *nodeName}}
+	opts := translate.Options{ProxyName: *proxyName, Node: translate.Node{Name: *nodeName}, NoExternalIPs: !*allowExtIPs}
+	if opts.NoExternalIPs {
+		log.Info("Services' spec.externalIPs not served (--allow-service-external-ips=false, kube-proxy's feature gate AllowServiceExternalIPs)")
+	}
 	if *nodeZone != "" {
 		opts.Node.Labels = map[string]string{corev1.LabelTopologyZone: *nodeZone}
 	}
@@ -335,6 +339,11 @@ func run(args []string) int {
 				return 1
 			}
 		}
+	} else {
+		// tc translates at the ingress of --devices only (its egress
+		// program translates replies back): kube-proxy's nat-output
+		// chain has no counterpart for the node's own processes.
+		log.Warn("--socket-lb=false: the node's own connections to Services are not translated, and pods' only where their packets arrive on a device in --devices", "devices", cfg.Devices)
 	}
 	dpCfg.BPFFS = *bpffs
 	// The Kubernetes source names the service CIDRs (its ServiceCIDR
