@@ -357,7 +357,10 @@ func runUntilWaited(t *testing.T, kubeconfig string, extra ...string) (int, stri
 // fresh budget for the addresses' wait, the read would be answered and
 // the agent would take 192.0.2.10 for its node address.
 func TestStartWaitsShareBudget(t *testing.T) {
-	const budget = 6 * time.Second
+	// Each side has a quarter of the budget, 2 s, of margin: the shared
+	// budget ends 2 s before the addresses are answered, a fresh one
+	// would end 2 s after.
+	const budget = 8 * time.Second
 	setNodeWaits(t, budget, time.Hour)
 	var (
 		mu               sync.Mutex
