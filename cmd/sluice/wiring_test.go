@@ -113,7 +113,8 @@ func startRunAgent(t *testing.T, src agent.Source, ns northSouthConfig, srv list
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case <-r.done:
+		case err := <-r.done:
+			_ = err // the test's to check (wait), if it expected one
 		case <-time.After(time.Minute):
 			t.Errorf("runAgent did not return within a minute of its context's end\n%s", r.log)
 		}
