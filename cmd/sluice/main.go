@@ -573,9 +573,14 @@ func prepareDatapath(dp *datapath.Datapath, cfg agent.Config, m *metrics.Metrics
 	}
 }
 
-// serveHTTP serves h on l until ctx is done.
+// serveHTTP serves h on l until ctx is done, or until serving fails (its
+// listener), when it returns the error.
 func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, log *slog.Logger) error {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	// A Serve failing on its own shuts down the connections it has
+	// too; the shutdown waiting for ctx alone would wait forever, as
+	// runAgent ends ctx when this returns.
+	ctx, cancel := context.WithCancel(ctx)
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
@@ -586,6 +591,7 @@ func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, log *slog.Lo
 	}()
 	log.Info("serving HTTP", "addr", l.Addr().String())
 	err := srv.Serve(l)
+	cancel()
 	<-stopped
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
