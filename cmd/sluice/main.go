@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -479,13 +480,20 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	m.SetFullSync(rec.LastApplyFull) // kube-proxy's full and partial sync durations
 	rec.SetRefreshHook(collectAroundRefresh)
 	rec.SetRefreshInterval(mapRefresh)
-	a := agent.New(cfg, dp, rec, log)
-
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	// users are the goroutines beside the agent that use the datapath's
+	// maps (the conntrack GC, the XDP route follower, the HTTP servers:
+	// a scrape reads the maps); the agent closes the datapath when Run
+	// returns, and only once they have stopped.
+	var users sync.WaitGroup
+	a := agent.New(cfg, closedLast{dp, func() { cancel(nil); users.Wait() }}, rec, log)
+
 	served := make(chan struct{}, 2)
 	serve := func(name string, fn func() error) {
+		users.Add(1)
 		go func() {
+			defer users.Done()
 			defer func() { served <- struct{}{} }()
 			if err := fn(); err != nil {
 				err = fmt.Errorf("%s server: %w", name, err)
@@ -505,9 +513,11 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 		h := metricsHandler(m.Handler(), srv.profiling)
 		serve("metrics", func() error { return serveHTTP(ctx, metricsL, h, log) })
 	}
-	go runConntrackGC(ctx, observedGC{ctUpkeep{dp.Maps(), dp}, m.ObserveConntrackGC, m.SetConntrackHalfOpen}, ns.gcEvery, log.With("component", "conntrack-gc"))
+	users.Go(func() {
+		runConntrackGC(ctx, observedGC{ctUpkeep{dp.Maps(), dp}, m.ObserveConntrackGC, m.SetConntrackHalfOpen}, ns.gcEvery, log.With("component", "conntrack-gc"))
+	})
 	if dpCfg.XDP != datapath.XDPOff {
-		go followRouting(ctx, watchRouting(dp), 5*time.Second, log.With("component", "xdp-routes"))
+		users.Go(func() { followRouting(ctx, watchRouting(dp), 5*time.Second, log.With("component", "xdp-routes")) })
 	}
 	runErr := a.Run(ctx, src)
 	cancel(nil)
@@ -575,6 +585,18 @@ func prepareDatapath(dp *datapath.Datapath, cfg agent.Config, m *metrics.Metrics
 
 // serveHTTP serves h on l until ctx is done, or until serving fails (its
 // listener), when it returns the error.
+// closedLast is the agent's datapath in runAgent: its Close and Abort
+// first run stop, which ends and waits for the datapath's other users, so
+// that none reads or writes a map after its descriptor is closed (or
+// through a descriptor number the process has since reused).
+type closedLast struct {
+	*datapath.Datapath
+	stop func()
+}
+
+func (c closedLast) Close() error { c.stop(); return c.Datapath.Close() }
+func (c closedLast) Abort() error { c.stop(); return c.Datapath.Abort() }
+
 func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, log *slog.Logger) error {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	// A Serve failing on its own shuts down the connections it has
