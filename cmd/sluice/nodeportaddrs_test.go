@@ -11,6 +11,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 )
 
 // TestNodePortsFollowLocal: where NodePorts are served as the interfaces'
@@ -159,3 +162,26 @@ func TestNodePortWatch(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// TestSubscribeAddrs: the subscription of the real watch, in a network
+// namespace of the test's: an address added there is told,
+// and stop ends it (its netlink goroutine drained, the socket closed).
+func TestSubscribeAddrs(t *testing.T) {
+	testutil.Privileged(t)
+	topo := topology.NewT(t)
+	ns := topo.AddNST(t, "addrs")
+	var changes *addrChanges
+	if err := ns.Do(func() (err error) { changes, err = subscribeAddrs(); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer changes.stop()
+	if err := ns.AddAddr("lo", netip.MustParsePrefix("192.168.7.12/32")); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := <-changes.c; !ok {
+		t.Fatalf("subscription ended: %v", changes.err())
+	}
+	changes.stop()
+	for range changes.c { // closed by stop
+	}
+}
