@@ -36,15 +36,27 @@ endpoints:
 
 // TestNodePortFollowsAddresses: the NodePort addresses follow the node's
 // interfaces at run time, as kube-proxy's (its nodeport-ips set is
-// refilled from the interfaces on every sync). The real agent, with
-// --nodeport-addresses 192.168.7.0/24, starts on a node holding no
-// address in it; an address added there on its device serves the
-// NodePort (a client's connection reaches the pod), and once deleted its
-// frontend is gone from the pinned maps and the connection is not
-// answered.
+// refilled from the interfaces on every sync). The real agent starts on
+// a node holding none of the addresses NodePorts are to be served on:
+// with --nodeport-addresses 192.168.7.0/24, an address inside it; with
+// the default (primary), its --node-ip, which serves NodePorts only while
+// an interface holds it. Once the address is added on its device, a
+// client's connection to it reaches the pod; once deleted, its frontend
+// is gone from the pinned maps and the connection is not answered.
 //
 //	client 10.0.0.2 ── (eth0 10.0.0.1) node (pa 10.1.0.1) ── pod 10.1.0.2
 func TestNodePortFollowsAddresses(t *testing.T) {
+	t.Run("cidr", func(t *testing.T) {
+		testNodePortFollowsAddresses(t, "192.168.7.12", "--node-ip", "10.0.0.1", "--nodeport-addresses", "192.168.7.0/24")
+	})
+	t.Run("primary", func(t *testing.T) {
+		testNodePortFollowsAddresses(t, "192.168.7.1", "--node-ip", "192.168.7.1")
+	})
+}
+
+// testNodePortFollowsAddresses runs TestNodePortFollowsAddresses with
+// the agent's arguments extra, adding and deleting addr.
+func testNodePortFollowsAddresses(t *testing.T, addr string, extra ...string) {
 	testutil.Privileged(t)
 	b := agentproc.Shared(t)
 	topo := topology.NewT(t)
@@ -65,10 +77,10 @@ func TestNodePortFollowsAddresses(t *testing.T) {
 	a := agentproc.StartAgent(t, b, node, agentproc.AgentConfig{
 		Manifests: mf, Devices: []string{"eth0"},
 		BPFFS: filepath.Join(datapath.DefaultBPFFS, topo.Prefix()+"node"),
-		Extra: []string{"--node-ip", "10.0.0.1", "--nodeport-addresses", "192.168.7.0/24"},
+		Extra: extra,
 	}, 30*time.Second)
 
-	const frontend = "192.168.7.12:30080"
+	frontend := addr + ":30080"
 	served := func() (bool, error) {
 		out, err := a.Services(context.Background())
 		return strings.Contains(out, frontend), err
@@ -77,8 +89,8 @@ func TestNodePortFollowsAddresses(t *testing.T) {
 		t.Fatalf("%s served before the node holds the address (%v)", frontend, err)
 	}
 
-	must(t, node.AddAddr("eth0", pfx("192.168.7.12/24")))
-	must(t, node.WaitLocal(ip("192.168.7.12")))
+	must(t, node.AddAddr("eth0", pfx(addr+"/24")))
+	must(t, node.WaitLocal(ip(addr)))
 	if err := testutil.Poll(30*time.Second, func() error {
 		answer, err := askTCP(client, frontend, time.Second)
 		if err != nil {
@@ -91,11 +103,11 @@ func TestNodePortFollowsAddresses(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("the address added: no connection to %s: %v\n%s", frontend, err, a.Log.String())
 	}
-	if !strings.Contains(a.Log.String(), `msg="NodePort addresses changed" added=[192.168.7.12]`) {
+	if !strings.Contains(a.Log.String(), `msg="NodePort addresses changed" added=[`+addr+`]`) {
 		t.Errorf("the change was not logged")
 	}
 
-	must(t, node.Run(context.Background(), "ip", "addr", "del", "192.168.7.12/24", "dev", "eth0"))
+	must(t, node.Run(context.Background(), "ip", "addr", "del", addr+"/24", "dev", "eth0"))
 	if err := testutil.Poll(30*time.Second, func() error {
 		if ok, err := served(); err != nil || ok {
 			return fmt.Errorf("%s still in the maps (%v)", frontend, err)
@@ -107,7 +119,7 @@ func TestNodePortFollowsAddresses(t *testing.T) {
 	if answer, err := askTCP(client, frontend, 2*time.Second); err == nil {
 		t.Errorf("the address deleted: %s answered %q", frontend, answer)
 	}
-	if !strings.Contains(a.Log.String(), `removed=[192.168.7.12]`) {
+	if !strings.Contains(a.Log.String(), `removed=[`+addr+`]`) {
 		t.Errorf("the removal was not logged")
 	}
 }
