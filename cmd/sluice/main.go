@@ -290,13 +290,10 @@ func run(args []string) int {
 		log.Info("devices holding the node addresses", "devices", cfg.Devices)
 	}
 	// NodePorts answer on the --nodeport-addresses (default: primary,
-	// kube-proxy's node IP of each family). A node whose IPs are unknown
-	// answers on the devices' addresses, as before there was the flag.
-	local, err := localAddresses()
-	if err != nil {
-		log.Error("addresses of the node", "err", err)
-		return 1
-	}
+	// kube-proxy's node IP of each family) that are on the node's
+	// interfaces, and follow them (nodeportaddrs.go). A node whose IPs
+	// are unknown answers on the devices' addresses, as before there was
+	// the flag.
 	if npPrimary && len(npCIDRs) > 0 {
 		// primary beside CIDRs: the node's primary addresses are
 		// one more range (alone, primary is the default).
@@ -304,15 +301,13 @@ func run(args []string) int {
 			npCIDRs = append(npCIDRs, netip.PrefixFrom(a, a.BitLen()))
 		}
 	}
-	np := nodePortsFor(npCIDRs, na.primaryNodePorts(), local, *localhostNP)
-	if len(npCIDRs) == 0 && len(na.primaryNodePorts()) == 0 {
-		if np.Addrs, err = datapath.AddressesOf(cfg.Devices); err != nil {
-			log.Error("addresses of the devices", "err", err)
-			return 1
-		}
-		np.HealthHosts = []string{""}
-		log.Info("no node IP: NodePorts on the devices' addresses", "addresses", np.Addrs)
+	plan := nodePortPlan{cidrs: npCIDRs, primary: na.primaryNodePorts(), localhost: *localhostNP, devices: cfg.Devices}
+	npWatch, np, err := watchNodePorts(plan, log)
+	if err != nil {
+		log.Error("NodePort addresses", "err", err)
+		return 1
 	}
+	defer npWatch.stop()
 	opts.Node.IPs = na.primary
 	opts.Node.Addresses = np.Addrs
 	log.Info("NodePorts served", "addresses", np.Addrs, "cluster_cidrs", dpCfg.ClusterCIDRs,
@@ -327,6 +322,7 @@ func run(args []string) int {
 		log.Error("Kubernetes source", "err", err)
 		return 1
 	}
+	npWatch.start(src)
 	if fo, ok := src.(agent.FailureObserver); ok {
 		// The Kubernetes source turns what could not be programmed
 		// into Events on the Services.
