@@ -179,7 +179,7 @@ func run(args []string) int {
 	}
 	opts := translate.Options{ProxyName: *proxyName, Node: translate.Node{Name: *nodeName}, NoExternalIPs: !*allowExtIPs}
 	if opts.NoExternalIPs {
-		log.Info("Services' spec.externalIPs not served (--allow-service-external-ips=false, kube-proxy's feature gate AllowServiceExternalIPs)")
+		log.Info("Services' spec.externalIPs not served (--allow-service-external-ips=false, or --config's featureGates AllowServiceExternalIPs: false)")
 	}
 	if *nodeZone != "" {
 		opts.Node.Labels = map[string]string{corev1.LabelTopologyZone: *nodeZone}
