@@ -34,6 +34,8 @@ iptables:
 conntrack:
   tcpEstablishedTimeout: 24h
   udpStreamTimeout: 2m
+featureGates:
+  AllowServiceExternalIPs: false
 `
 
 func writeConfig(t *testing.T, body string) string {
@@ -64,6 +66,7 @@ func TestConfigPrecedence(t *testing.T) {
 	localMode := fs.String("detect-local-mode", "ClusterCIDR", "")
 	tcpTimeout := fs.Duration("conntrack-tcp-timeout", time.Hour, "")
 	udpTimeout := fs.Duration("conntrack-udp-timeout", time.Minute, "")
+	allowExtIPs := fs.Bool("allow-service-external-ips", true, "")
 	if err := fs.Parse([]string{"--cluster-cidr", "10.0.0.0/8", "--manifests", "m.yaml", "--sync-period", "5s"}); err != nil {
 		t.Fatal(err)
 	}
@@ -84,6 +87,9 @@ func TestConfigPrecedence(t *testing.T) {
 	if *tcpTimeout != 24*time.Hour || *udpTimeout != 2*time.Minute {
 		t.Errorf("conntrack timeouts not applied: --conntrack-tcp-timeout %s, --conntrack-udp-timeout %s", *tcpTimeout, *udpTimeout)
 	}
+	if *allowExtIPs {
+		t.Error("featureGates.AllowServiceExternalIPs false not applied: --allow-service-external-ips true")
+	}
 	var overridden []string
 	for _, s := range kp.overridden {
 		overridden = append(overridden, s.Field)
@@ -91,8 +97,8 @@ func TestConfigPrecedence(t *testing.T) {
 	if want := []string{"clientConnection.kubeconfig", "clusterCIDR", "iptables.syncPeriod"}; !reflect.DeepEqual(overridden, want) {
 		t.Errorf("overridden %q, want %q", overridden, want)
 	}
-	if len(kp.applied)+len(kp.overridden) != 16 {
-		t.Errorf("%d settings applied and %d overridden, want 16 in all", len(kp.applied), len(kp.overridden))
+	if len(kp.applied)+len(kp.overridden) != 17 {
+		t.Errorf("%d settings applied and %d overridden, want 17 in all", len(kp.applied), len(kp.overridden))
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -74,6 +75,7 @@ func run(args []string) int {
 		serviceCIDR = fs.String("service-cidr", "", "comma-separated CIDRs of the ClusterIPs, of either family or both: a packet to one of their addresses that no Service holds is dropped; with the Kubernetes source, added to the CIDRs of the cluster's ServiceCIDR objects (networking.k8s.io/v1), which are followed")
 		npAddrs     = fs.String("nodeport-addresses", "", "comma-separated CIDRs of either family and kube-proxy's keywords primary (the node's primary address of each family, --node-ip), all (0.0.0.0/0 and ::/0) and localhost (127.0.0.0/8): NodePorts (and health checks) are served on the node's addresses inside them; in a family none of them names, or with 0.0.0.0/0 or ::/0, on every address of that family (default: primary)")
 		localhostNP = fs.Bool("localhost-nodeports", true, "also serve NodePorts on 127.0.0.1 (TCP and UDP, through socket load balancing) when --nodeport-addresses cover it")
+		allowExtIPs = fs.Bool("allow-service-external-ips", true, "serve Services' spec.externalIPs, as kube-proxy's feature gate AllowServiceExternalIPs (GA, default true; --config's featureGates sets it); false, as against CVE-2020-8554, programs no ExternalIP frontends (LoadBalancer ingress IPs, NodePorts and ClusterIPs are served as before)")
 		masqAll     = fs.Bool("masquerade-all", false, "source-NAT all ClusterIP traffic, and external traffic sent to this node's endpoints (which otherwise keeps its client's address)")
 		svcMetrics  = fs.Bool("service-metrics", false, "count new flows, packets, bytes and drops per Service in the datapath, exported as sluice_service_*_total and shown by sluicectl services --stats (off by default: a series per Service port, and a per-CPU counter array sized by --max-services)")
 		progStats   = fs.Bool("bpf-program-stats", false, "have the kernel count the run count and run time of BPF programs (BPF_ENABLE_STATS, system wide, while the agent runs), exported as sluice_bpf_program_runs_total and sluice_bpf_program_run_seconds_total (off by default: every run of every BPF program on the node then pays two clock reads)")
@@ -176,7 +178,10 @@ func run(args []string) int {
 		}
 		*nodeName = strings.ToLower(h)
 	}
-	opts := translate.Options{ProxyName: *proxyName, Node: translate.Node{Name: *nodeName}}
+	opts := translate.Options{ProxyName: *proxyName, Node: translate.Node{Name: *nodeName}, NoExternalIPs: !*allowExtIPs}
+	if opts.NoExternalIPs {
+		log.Info("Services' spec.externalIPs not served (--allow-service-external-ips=false, or --config's featureGates AllowServiceExternalIPs: false)")
+	}
 	if *nodeZone != "" {
 		opts.Node.Labels = map[string]string{corev1.LabelTopologyZone: *nodeZone}
 	}
@@ -286,13 +291,10 @@ func run(args []string) int {
 		log.Info("devices holding the node addresses", "devices", cfg.Devices)
 	}
 	// NodePorts answer on the --nodeport-addresses (default: primary,
-	// kube-proxy's node IP of each family). A node whose IPs are unknown
-	// answers on the devices' addresses, as before there was the flag.
-	local, err := localAddresses()
-	if err != nil {
-		log.Error("addresses of the node", "err", err)
-		return 1
-	}
+	// kube-proxy's node IP of each family) that are on the node's
+	// interfaces, and follow them (nodeportaddrs.go). A node whose IPs
+	// are unknown answers on the devices' addresses, as before there was
+	// the flag.
 	if npPrimary && len(npCIDRs) > 0 {
 		// primary beside CIDRs: the node's primary addresses are
 		// one more range (alone, primary is the default).
@@ -300,15 +302,13 @@ func run(args []string) int {
 			npCIDRs = append(npCIDRs, netip.PrefixFrom(a, a.BitLen()))
 		}
 	}
-	np := nodePortsFor(npCIDRs, na.primaryNodePorts(), local, *localhostNP)
-	if len(npCIDRs) == 0 && len(na.primaryNodePorts()) == 0 {
-		if np.Addrs, err = datapath.AddressesOf(cfg.Devices); err != nil {
-			log.Error("addresses of the devices", "err", err)
-			return 1
-		}
-		np.HealthHosts = []string{""}
-		log.Info("no node IP: NodePorts on the devices' addresses", "addresses", np.Addrs)
+	plan := nodePortPlan{cidrs: npCIDRs, primary: na.primaryNodePorts(), localhost: *localhostNP, devices: cfg.Devices}
+	npWatch, np, err := watchNodePorts(plan, log)
+	if err != nil {
+		log.Error("NodePort addresses", "err", err)
+		return 1
 	}
+	defer npWatch.stop()
 	opts.Node.IPs = na.primary
 	opts.Node.Addresses = np.Addrs
 	log.Info("NodePorts served", "addresses", np.Addrs, "cluster_cidrs", dpCfg.ClusterCIDRs,
@@ -323,6 +323,7 @@ func run(args []string) int {
 		log.Error("Kubernetes source", "err", err)
 		return 1
 	}
+	npWatch.start(src)
 	if fo, ok := src.(agent.FailureObserver); ok {
 		// The Kubernetes source turns what could not be programmed
 		// into Events on the Services.
@@ -336,6 +337,11 @@ func run(args []string) int {
 				return 1
 			}
 		}
+	} else {
+		// tc translates at the ingress of --devices only (its egress
+		// program translates replies back): kube-proxy's nat-output
+		// chain has no counterpart for the node's own processes.
+		log.Warn("--socket-lb=false: the node's own connections to Services are not translated, and pods' only where their packets arrive on a device in --devices", "devices", cfg.Devices)
 	}
 	dpCfg.BPFFS = *bpffs
 	// The Kubernetes source names the service CIDRs (its ServiceCIDR
@@ -471,13 +477,20 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	m.SetFullSync(rec.LastApplyFull) // kube-proxy's full and partial sync durations
 	rec.SetRefreshHook(collectAroundRefresh)
 	rec.SetRefreshInterval(mapRefresh)
-	a := agent.New(cfg, dp, rec, log)
-
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	// users are the goroutines beside the agent that use the datapath's
+	// maps (the conntrack GC, the XDP route follower, the HTTP servers:
+	// a scrape reads the maps); the agent closes the datapath when Run
+	// returns, and only once they have stopped.
+	var users sync.WaitGroup
+	a := agent.New(cfg, closedLast{dp, func() { cancel(nil); users.Wait() }}, rec, log)
+
 	served := make(chan struct{}, 2)
 	serve := func(name string, fn func() error) {
+		users.Add(1)
 		go func() {
+			defer users.Done()
 			defer func() { served <- struct{}{} }()
 			if err := fn(); err != nil {
 				err = fmt.Errorf("%s server: %w", name, err)
@@ -497,9 +510,11 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 		h := metricsHandler(m.Handler(), srv.profiling)
 		serve("metrics", func() error { return serveHTTP(ctx, metricsL, h, log) })
 	}
-	go runConntrackGC(ctx, observedGC{ctUpkeep{dp.Maps(), dp}, m.ObserveConntrackGC, m.SetConntrackHalfOpen}, ns.gcEvery, log.With("component", "conntrack-gc"))
+	users.Go(func() {
+		runConntrackGC(ctx, observedGC{ctUpkeep{dp.Maps(), dp}, m.ObserveConntrackGC, m.SetConntrackHalfOpen}, ns.gcEvery, log.With("component", "conntrack-gc"))
+	})
 	if dpCfg.XDP != datapath.XDPOff {
-		go followRouting(ctx, watchRouting(dp), 5*time.Second, log.With("component", "xdp-routes"))
+		users.Go(func() { followRouting(ctx, watchRouting(dp), 5*time.Second, log.With("component", "xdp-routes")) })
 	}
 	runErr := a.Run(ctx, src)
 	cancel(nil)
@@ -565,9 +580,26 @@ func prepareDatapath(dp *datapath.Datapath, cfg agent.Config, m *metrics.Metrics
 	}
 }
 
-// serveHTTP serves h on l until ctx is done.
+// serveHTTP serves h on l until ctx is done, or until serving fails (its
+// listener), when it returns the error.
+// closedLast is the agent's datapath in runAgent: its Close and Abort
+// first run stop, which ends and waits for the datapath's other users, so
+// that none reads or writes a map after its descriptor is closed (or
+// through a descriptor number the process has since reused).
+type closedLast struct {
+	*datapath.Datapath
+	stop func()
+}
+
+func (c closedLast) Close() error { c.stop(); return c.Datapath.Close() }
+func (c closedLast) Abort() error { c.stop(); return c.Datapath.Abort() }
+
 func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, log *slog.Logger) error {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	// A Serve failing on its own shuts down the connections it has
+	// too; the shutdown waiting for ctx alone would wait forever, as
+	// runAgent ends ctx when this returns.
+	ctx, cancel := context.WithCancel(ctx)
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
@@ -578,6 +610,7 @@ func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, log *slog.Lo
 	}()
 	log.Info("serving HTTP", "addr", l.Addr().String())
 	err := srv.Serve(l)
+	cancel()
 	<-stopped
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil

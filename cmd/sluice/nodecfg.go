@@ -77,7 +77,11 @@ type nodePorts struct {
 }
 
 // nodePortsFor follows kube-proxy's --nodeport-addresses: with no CIDRs,
-// the node's primary addresses nodeIPs; else, in each family (kube-proxy's
+// the node's primary addresses nodeIPs that are local (kube-proxy's
+// primary is their /32 and /128, matched against the interfaces'
+// addresses as any CIDR: a node IP on no interface serves no NodePorts
+// until it is on one), its health checks on all of nodeIPs as before
+// (they listen once, at start); else, in each family (kube-proxy's
 // NewNodePortAddresses), the node's addresses (local: its interfaces'
 // addresses, loopback included) inside the CIDRs of that family, and all
 // of them when there is none of that family or a /0 of it. Loopback
@@ -90,8 +94,10 @@ type nodePorts struct {
 func nodePortsFor(cidrs []netip.Prefix, nodeIPs, local []netip.Addr, localhost bool) nodePorts {
 	var np nodePorts
 	if len(cidrs) == 0 {
-		np.Addrs = slices.Clone(nodeIPs)
 		for _, a := range nodeIPs {
+			if slices.Contains(local, a) {
+				np.Addrs = append(np.Addrs, a)
+			}
 			np.HealthHosts = append(np.HealthHosts, a.String())
 		}
 		return np

@@ -76,8 +76,9 @@ func TestNodeAddressesOf(t *testing.T) {
 				t.Errorf("node addresses %s, want %s", got, c.all)
 			}
 			// --nodeport-addresses primary (the default), as main
-			// serves it.
-			np := nodePortsFor(nil, na.primaryNodePorts(), nil, true)
+			// serves it, on a node whose interfaces hold every
+			// address (nodeportaddrs_test.go: one that does not).
+			np := nodePortsFor(nil, na.primaryNodePorts(), na.all, true)
 			if got := fmt.Sprint(np.Addrs); got != c.ports {
 				t.Errorf("NodePorts on %s, want %s", got, c.ports)
 			}

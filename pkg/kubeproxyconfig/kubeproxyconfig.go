@@ -20,7 +20,8 @@
 // kube-proxy's own registries: featureGates (kube-proxy refuses a gate its
 // version does not know), logging (its format and options) and
 // showHiddenMetricsForVersion (the previous minor version only). Those are
-// reported as not applied, never checked. Addresses and CIDRs are parsed as
+// reported as not applied, never checked, but for one feature gate,
+// AllowServiceExternalIPs, which sets --allow-service-external-ips. Addresses and CIDRs are parsed as
 // kube-proxy's "sloppy" parsers do (an IPv4 part with leading zeros,
 // 010.0.0.1, is read as decimal, 10.0.0.1) and handed to the flags in
 // canonical form, a CIDR masked (010.244.0.1/16 and 10.244.0.1/16 are both
@@ -364,8 +365,33 @@ func (m *mapper) mapFields(c *KubeProxyConfiguration) error {
 		}
 	}
 
-	return m.mapMode(c)
+	if err := m.mapMode(c); err != nil {
+		return err
+	}
+
+	// featureGates: AllowServiceExternalIPs (GA, default true, not
+	// locked) is the one gate that says what Sluice serves: false, as
+	// operators set it against CVE-2020-8554, makes kube-proxy program no
+	// spec.externalIPs (pkg/proxy/serviceport.go). Given either way, it is
+	// applied, so that the log says which. The other gates are reported
+	// (why), a gate set to false too: that is a choice, not a default.
+	for k := range c.FeatureGates {
+		// kube-proxy refuses a gate it does not know, names being
+		// case-sensitive: this one misspelt must not leave the
+		// externalIPs served with a warning only.
+		if k != GateAllowServiceExternalIPs && strings.EqualFold(k, GateAllowServiceExternalIPs) {
+			return fmt.Errorf("featureGates.%s: unknown feature gate (kube-proxy's is %s, case-sensitive)", k, GateAllowServiceExternalIPs)
+		}
+	}
+	if v, ok := c.FeatureGates[GateAllowServiceExternalIPs]; ok {
+		m.set("featureGates."+GateAllowServiceExternalIPs, "allow-service-external-ips", strconv.FormatBool(v))
+	}
+	return nil
 }
+
+// GateAllowServiceExternalIPs is the one kube-proxy feature gate Sluice
+// applies (--allow-service-external-ips).
+const GateAllowServiceExternalIPs = "AllowServiceExternalIPs"
 
 // mapMode applies the settings kube-proxy reads from the section of its
 // mode: masqueradeAll (iptables.* for iptables and ipvs), the iptables
@@ -541,7 +567,7 @@ const otherMode = "<other mode>"
 // why says why a known field is not applied; the longest matching
 // prefix of the field's path wins.
 var why = map[string]string{
-	"featureGates":                "kube-proxy's feature gates do not configure Sluice",
+	"featureGates":                "Sluice applies one of kube-proxy's feature gates, AllowServiceExternalIPs (--allow-service-external-ips); the others do not configure it",
 	"logging":                     "Sluice logs with log/slog at --log-level",
 	"showHiddenMetricsForVersion": "Sluice has no hidden metrics",
 	"mode":                        "Sluice is its own (eBPF) datapath: the mode only says which section's masqueradeAll, localhostNodePorts and sync periods apply",
@@ -599,7 +625,9 @@ func (m *mapper) collectIgnored(v any, t reflect.Type, path string, c *KubeProxy
 		}
 		return
 	}
-	if v == nil || (t.Kind() != reflect.Pointer || strings.HasPrefix(path, "conntrack.")) && isZero(v) {
+	// A feature gate set to false is reported: a gate's default is its
+	// own (true for many), not the zero value.
+	if v == nil || (t.Kind() != reflect.Pointer || strings.HasPrefix(path, "conntrack.")) && !strings.HasPrefix(path, "featureGates.") && isZero(v) {
 		return
 	}
 	value, ok := v.(string)

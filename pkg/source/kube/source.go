@@ -70,9 +70,9 @@ type Config struct {
 	REST *rest.Config
 	// Options are the translation's; Options.Node.Name is the Node
 	// watched. The Node object's labels replace Options.Node.Labels as
-	// they change; the addresses stay Options.Node.Addresses, which the
-	// datapath's source-NAT addresses and devices were chosen from at
-	// start.
+	// they change; Options.Node.Addresses, where NodePorts are served,
+	// are the caller's, which SetNodeAddresses changes (they follow the
+	// node's interfaces, not the Node object); Options.Node.IPs stay.
 	Options translate.Options
 	// MinSyncPeriod is the shortest time between two syncs: changes that
 	// arrive faster are folded into one sync. SyncPeriod is the longest: a
@@ -158,7 +158,8 @@ type Source struct {
 	log     *slog.Logger
 	tracker *tracker.Tracker
 	runner  *runner
-	synced  atomic.Bool // the caches synced and the first state was handed over
+	apply   func(*model.State) // Run's, for the runner
+	synced  atomic.Bool        // the caches synced and the first state was handed over
 
 	// slimmer is the informers' transform (set by Run).
 	slimmer *slimmer
@@ -245,6 +246,11 @@ func New(cfg Config) (*Source, error) {
 	s := &Source{cfg: cfg, log: cfg.Logger.With("source", "kube"), tracker: tracker.New(cfg.Options),
 		emitted: map[eventKey]origin{}, cidrs: newServiceCIDRs(cfg.ServiceCIDRs)}
 	s.reserveTracker = s.tracker.Reserve
+	// Made here, not in Run: SetNodeAddresses may request a sync from
+	// another goroutine before Run starts (it runs once the caches
+	// synced, with Run's apply).
+	s.runner = newRunner(func(periodic bool) { s.syncOnce(s.apply, periodic) },
+		cfg.MinSyncPeriod, cfg.SyncPeriod)
 	return s, nil
 }
 
@@ -420,8 +426,7 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) (err error) 
 		})
 	}
 
-	s.runner = newRunner(func(periodic bool) { s.syncOnce(apply, periodic) },
-		s.cfg.MinSyncPeriod, s.cfg.SyncPeriod)
+	s.apply = apply
 	s.services = factory.Core().V1().Services().Informer().GetStore()
 	s.recorder = s.cfg.Events
 	if s.recorder == nil {
@@ -603,9 +608,15 @@ func (s *Source) onNode(_, obj any, deleted bool) {
 		// while the node's pods are still served.
 		return
 	}
-	n := s.cfg.Options.Node
-	n.Labels = node.Labels
-	s.request(s.tracker.SetNode(n))
+	s.request(s.tracker.SetNodeLabels(node.Labels))
+}
+
+// SetNodeAddresses changes the addresses NodePorts are served on
+// (Options.Node.Addresses; addrs are kept, not copied): the next sync
+// re-translates the Services that read them. It may be called from any
+// goroutine, before Run too.
+func (s *Source) SetNodeAddresses(addrs []netip.Addr) {
+	s.request(s.tracker.SetNodeAddresses(addrs))
 }
 
 // handler routes an informer's adds, updates and deletes to on, which is

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,6 +32,8 @@ type Source struct {
 	// applied says a state was handed over: until then, files of unknown
 	// content hold it back (see the package comment).
 	applied bool
+	// nodeChanged tells Run that SetNodeAddresses changed the node.
+	nodeChanged chan struct{}
 }
 
 // NewSource returns a Source for path, a file or a directory.
@@ -38,7 +41,23 @@ func NewSource(path string, opts translate.Options, log *slog.Logger) *Source {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Source{path: path, log: log, loader: newLoader(opts), debounce: DefaultDebounce}
+	return &Source{path: path, log: log, loader: newLoader(opts), debounce: DefaultDebounce,
+		nodeChanged: make(chan struct{}, 1)}
+}
+
+// SetNodeAddresses changes the addresses NodePorts are served on
+// (translate.Node.Addresses; addrs are kept, not copied): Run then makes a
+// new state, after its debounce, re-translating only the Services that
+// read them and reading no file that did not change. It may be called
+// from any goroutine, before Run too.
+func (s *Source) SetNodeAddresses(addrs []netip.Addr) {
+	if !s.loader.tracker.SetNodeAddresses(addrs) {
+		return
+	}
+	select {
+	case s.nodeChanged <- struct{}{}:
+	default: // one is pending: it covers this change
+	}
 }
 
 // SetHolds tells the change tracker what the datapath holds, to settle a
@@ -103,6 +122,10 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) error {
 			// An overflow loses events: reload to be sure.
 			s.log.Warn("Manifest watch error; reloading", "path", s.path, "error", err)
 			all = true
+			timer.Reset(s.debounce)
+		case <-s.nodeChanged:
+			// The files named since the last load, if any, are
+			// read with it; none else (changed is empty).
 			timer.Reset(s.debounce)
 		case <-timer.C:
 			only := changed

@@ -526,6 +526,33 @@ func findSlice(eps []sliceRef, name string) (int, bool) {
 func (t *Tracker) SetNode(node translate.Node) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.setNodeLocked(node)
+}
+
+// SetNodeAddresses records the addresses NodePorts are served on
+// (translate.Node.Addresses; the caller's, kept), the rest of the node as
+// it is: the node's interfaces' addresses change at run time, apart from
+// its Node object. It reports whether they changed; the next Sync then
+// re-translates the Services that read them (NodeAddresses).
+func (t *Tracker) SetNodeAddresses(addrs []netip.Addr) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := t.node
+	n.Addresses = addrs
+	return t.setNodeLocked(n)
+}
+
+// SetNodeLabels records the Node object's labels (translate.Node.Labels),
+// the rest of the node as it is, as SetNodeAddresses.
+func (t *Tracker) SetNodeLabels(labels map[string]string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := t.node
+	n.Labels = labels
+	return t.setNodeLocked(n)
+}
+
+func (t *Tracker) setNodeLocked(node translate.Node) bool {
 	d := t.node.Diff(node)
 	t.node = node
 	t.nodeChanged |= d

@@ -83,6 +83,10 @@ type external struct {
 	node        Node
 	facts       NodeFacts
 	warnings    []string
+
+	// noExternalIPs: externalIPs get no frontends (Options.NoExternalIPs);
+	// they still count for the traffic policies (policyOf).
+	noExternalIPs bool
 }
 
 // externalOf reads what svc's north-south frontends of the family (IPv6
@@ -169,8 +173,10 @@ func northSouth(svc *Service, sp ServicePort, proto model.Protocol, cat categori
 			add(model.NodePort, ip, sp.NodePort)
 		}
 	}
-	for _, ip := range x.externalIPs {
-		add(model.ExternalIP, ip, sp.Port)
+	if !x.noExternalIPs {
+		for _, ip := range x.externalIPs {
+			add(model.ExternalIP, ip, sp.Port)
+		}
 	}
 	for _, ip := range x.lbIPs {
 		s := add(model.LoadBalancer, ip, sp.Port)

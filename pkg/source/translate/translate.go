@@ -91,6 +91,15 @@ type Options struct {
 	// of it re-translates only the Services whose Translation.NodeFacts
 	// name what changed.
 	Node Node
+	// NoExternalIPs is kube-proxy's feature gate AllowServiceExternalIPs
+	// set to false (--allow-service-external-ips=false), as operators set
+	// it against CVE-2020-8554: spec.externalIPs get no frontends, as
+	// kube-proxy then programs none (pkg/proxy/serviceport.go,
+	// ExternalIPs). LoadBalancer ingress IPs, NodePorts and ClusterIPs
+	// are served as before; the traffic policies still read the
+	// externalIPs, as kube-proxy's ExternallyAccessible does, ungated.
+	// The zero value is the gate's default, true.
+	NoExternalIPs bool
 }
 
 func (o Options) proxyName() string {
@@ -275,6 +284,7 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 			f.slices = slices.SortedStableFunc(slices.Values(f.slices), compareSliceNames)
 		}
 		f.ext = externalOf(svc, f.slices, node, vip.Is6())
+		f.ext.noExternalIPs = opts.NoExternalIPs
 		t.NodeFacts |= f.ext.facts
 		for _, w := range f.ext.warnings {
 			// A source range that does not parse is each family's.
