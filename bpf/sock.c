@@ -36,6 +36,10 @@
  * EPERM: the agent probes the helper and loads one of the two
  * (pkg/datapath), so the kernel never sees a call it does not know.
  *
+ * With --socket-lb-host-netns-only (host_netns_cookie, lib/socklb.h)
+ * connect and sendmsg translate the host's sockets only, as kube-proxy
+ * does: a pod's reach the VIP, for tc to translate per packet.
+ *
  * IPv6 sockets have the same hooks (connect6 ... getpeername6), over the
  * sluice6_* maps, with the same code (lib/socklb_fam.h); an unbound one's
  * source is the node's primary IPv6 address (node_ip6).
@@ -219,16 +223,21 @@ static __always_inline int sock_verdict(int err)
  * SOCK_FWD_PROGS - the programs of the forward hook @hook (connect4,
  * sendmsg6, ...), over @fwd (sock4_ctx_fwd or sock6_ctx_fwd) with
  * @sticky: sluice_<hook>, and sluice_eperm_<hook> for kernels before 6.1,
- * where a refusal is EPERM.
+ * where a refusal is EPERM. A socket of a namespace not served
+ * (sock_netns_served) proceeds untouched, first of all.
  */
 #define SOCK_FWD_PROGS(hook, fwd, sticky)                                 \
 	SEC("cgroup/" #hook) int sluice_##hook(struct bpf_sock_addr *ctx) \
 	{                                                                 \
+		if (!sock_netns_served(ctx))                              \
+			return SYS_PROCEED;                               \
 		return sock_verdict(fwd(ctx, sticky));                    \
 	}                                                                 \
 	SEC("cgroup/" #hook)                                              \
 	int sluice_eperm_##hook(struct bpf_sock_addr *ctx)                \
 	{                                                                 \
+		if (!sock_netns_served(ctx))                              \
+			return SYS_PROCEED;                               \
 		return fwd(ctx, sticky) < 0 ? SYS_REJECT : SYS_PROCEED;   \
 	}
 

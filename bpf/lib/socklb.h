@@ -24,6 +24,40 @@
 #include "affinity.h"
 #include "family.h"
 
+/*
+ * host_netns_cookie - --socket-lb-host-netns-only: the cookie of the
+ * agent's network namespace (the host's, SO_NETNS_COOKIE), the one whose
+ * sockets alone the forward hooks translate; 0 (the default): every
+ * namespace's, each pod's too. Set before load (pkg/datapath hostns.go).
+ *
+ * kube-proxy translates in the host's namespace only (its prerouting and
+ * output hooks), after whatever a pod does to its own traffic: an Istio
+ * sidecar's REDIRECT must see the ClusterIP, and a cluster nested in a pod
+ * (kind) its own ClusterIPs, which the outer cluster's Services would
+ * otherwise capture. With it set, a pod's socket reaches the VIP
+ * untranslated and its packets are translated where tc runs (the pod's
+ * host-side device, a bridge), as kube-proxy's would be. Here, not in
+ * config.h: only sock.c's programs read it.
+ */
+volatile const __u64 host_netns_cookie = 0;
+
+/*
+ * sock_netns_served - whether the forward hooks translate the socket of
+ * @ctx: every socket, or with host_netns_cookie set, the host's only.
+ * Unset, the verifier knows the constant and removes the cookie read.
+ *
+ * Only connect and sendmsg ask. The reverse hooks and sock_release need
+ * not: their entries are keyed by the socket's cookie, which only a
+ * translated socket has, so what was not translated is never shown as a
+ * VIP; and a pod's socket an earlier agent (without the option)
+ * translated keeps its VIP as peer and is forgotten at release.
+ */
+static __always_inline bool sock_netns_served(void *ctx)
+{
+	return !host_netns_cookie ||
+	       bpf_get_netns_cookie(ctx) == host_netns_cookie;
+}
+
 /* sock_metric - count @reason; a dry run notes it in @x instead. */
 static __always_inline void sock_metric(struct sock_explain_ctx *x,
 					__u32 reason)

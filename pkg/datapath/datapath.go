@@ -90,6 +90,12 @@ type Config struct {
 	// AttachCgroup then fails. Prune detaches those an earlier agent
 	// attached.
 	DisableSocketLB bool
+	// SocketLBHostNetnsOnly (--socket-lb-host-netns-only) has the socket
+	// programs translate the sockets of the network namespace Open runs
+	// in (the agent's: the host's) only, as kube-proxy translates in the
+	// host's namespace only; a pod's connections then reach the VIP and
+	// are translated per packet where tc runs (hostns.go).
+	SocketLBHostNetnsOnly bool
 
 	// DeferDryRun leaves the tc programs' dry twins (sluicectl explain)
 	// for LoadDryRun to load, after Open (dryrun.go): the agent's start
@@ -416,6 +422,11 @@ func Open(cfg Config) (*Datapath, error) {
 	}
 	for _, spec := range specs.all() {
 		if err := configure(spec, cfg); err != nil {
+			return nil, err
+		}
+	}
+	if specs.sock != nil {
+		if err := configureHostNetns(specs.sock, cfg); err != nil {
 			return nil, err
 		}
 	}

@@ -642,6 +642,7 @@ const (
 	sockVarFibCacheNs              = "fib_cache_ns"
 	sockVarHaveClusterCidr         = "have_cluster_cidr"
 	sockVarHaveClusterCidr6        = "have_cluster_cidr6"
+	sockVarHostNetnsCookie         = "host_netns_cookie"
 	sockVarIcmp6RatelimitNs        = "icmp6_ratelimit_ns"
 	sockVarIcmp6Ratemask           = "icmp6_ratemask"
 	sockVarIcmpMsgsBurst           = "icmp_msgs_burst"
@@ -775,6 +776,7 @@ type sockVariableSpecs struct {
 	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
+	HostNetnsCookie  *ebpf.VariableSpec `ebpf:"host_netns_cookie"`
 	Icmp6RatelimitNs *ebpf.VariableSpec `ebpf:"icmp6_ratelimit_ns"`
 	Icmp6Ratemask    *ebpf.VariableSpec `ebpf:"icmp6_ratemask"`
 	IcmpMsgsBurst    *ebpf.VariableSpec `ebpf:"icmp_msgs_burst"`
@@ -913,6 +915,7 @@ type sockVariables struct {
 	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
+	HostNetnsCookie  *ebpf.Variable `ebpf:"host_netns_cookie"`
 	Icmp6RatelimitNs *ebpf.Variable `ebpf:"icmp6_ratelimit_ns"`
 	Icmp6Ratemask    *ebpf.Variable `ebpf:"icmp6_ratemask"`
 	IcmpMsgsBurst    *ebpf.Variable `ebpf:"icmp_msgs_burst"`
