@@ -2,6 +2,8 @@ package datapath
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -220,5 +222,136 @@ func TestDeviceWatchFollowsPatterns(t *testing.T) {
 	<-ran
 	if !attachedHere(slv0) {
 		t.Fatal("slv0: programs gone when the watch stopped")
+	}
+}
+
+// TestDeviceWatchResubscribes: when the subscription fails (an overrun),
+// the failure is reported, the watch subscribes again and lists the links
+// again: a device deleted meanwhile is forgotten, one created meanwhile
+// attached, one renamed meanwhile re-attached under its new name.
+func TestDeviceWatchResubscribes(t *testing.T) {
+	bpffs, _ := attachNode(t, "devresub")
+	d := openTest(t, smallConfig(bpffs))
+	addVeth := func(name, peer string) netlink.Link {
+		t.Helper()
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}); err != nil {
+			t.Fatalf("add veth %s: %v", name, err)
+		}
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	slv0 := addVeth("slv0", "peer0")
+	slv1 := addVeth("slv1", "peer1")
+	if err := d.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	sel, err := ParseDevices([]string{"slv+"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := d.NewDeviceWatch(sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first subscription hears nothing and fails when told to;
+	// the second is the real one.
+	fail := make(chan struct{})
+	subscriptions := 0
+	real := w.subscribe
+	w.subscribe = func(ch chan<- netlink.LinkUpdate, done <-chan struct{}, opts netlink.LinkSubscribeOptions) error {
+		subscriptions++
+		if subscriptions > 1 {
+			return real(ch, done, opts)
+		}
+		go func() {
+			defer close(ch)
+			select {
+			case <-fail:
+				opts.ErrorCallback(errors.New("Receive failed: no buffer space available"))
+			case <-done:
+			}
+		}()
+		return nil
+	}
+	events := make(chan DeviceEvent, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		w.Run(ctx, func(e DeviceEvent) { events <- e }, func(context.Context) bool { return false })
+	}()
+	t.Cleanup(func() { cancel(); <-ran })
+	next := func() DeviceEvent {
+		t.Helper()
+		select {
+		case e := <-events:
+			return e
+		case <-time.After(time.Minute):
+			t.Fatal("no device event")
+		}
+		return DeviceEvent{}
+	}
+	got := map[string]DeviceEvent{}
+	for range 2 {
+		e := next()
+		got[e.Device] = e
+	}
+	for _, dev := range []string{"slv0", "slv1"} {
+		if e := got[dev]; e.Err != nil || !e.Attached || e.Reason != "appeared" {
+			t.Fatalf("%s at the first listing: %+v, want attached, appeared", dev, e)
+		}
+	}
+
+	// Unheard: slv0 deleted, slv1 renamed within the pattern, slv2 added.
+	if err := netlink.LinkDel(slv0); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetName(slv1, "slv7"); err != nil {
+		t.Fatal(err)
+	}
+	slv2 := addVeth("slv2", "peer2")
+	close(fail)
+	if e := next(); e.Err == nil || !strings.Contains(e.Err.Error(), "subscribing again") {
+		t.Fatalf("after the failure: %+v, want its error reported", e)
+	}
+	want := []string{"slv0 false missed", "slv1 false missed", "slv2 true appeared", "slv7 true appeared"}
+	var seen []string
+	for range want {
+		e := next()
+		if e.Err != nil {
+			t.Fatalf("%+v", e)
+		}
+		seen = append(seen, fmt.Sprintf("%s %v %s", e.Device, e.Attached, e.Reason))
+	}
+	slices.Sort(seen)
+	if !slices.Equal(seen, want) {
+		t.Fatalf("after subscribing again: %q, want %q", seen, want)
+	}
+	for _, l := range []netlink.Link{slv1, slv2} {
+		var nd sockNodeDev
+		if err := d.maps.devices.Lookup(uint32(l.Attrs().Index), &nd); err != nil || nd.Flags&nodeDevTC == 0 {
+			t.Errorf("ifindex %d: device entry %+v (%v), want one flagged tc", l.Attrs().Index, nd, err)
+		}
+	}
+	var nd sockNodeDev
+	if err := d.maps.devices.Lookup(uint32(slv0.Attrs().Index), &nd); err == nil {
+		t.Error("slv0: device entry left after it was deleted unheard")
+	}
+	es, err := os.ReadDir(filepath.Join(d.dir, "links"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pins []string
+	for _, e := range es {
+		pins = append(pins, e.Name())
+	}
+	if wantPins := []string{"tcx_egress_slv2", "tcx_egress_slv7", "tcx_ingress_slv2", "tcx_ingress_slv7"}; !slices.Equal(pins, wantPins) {
+		t.Errorf("pinned links %q, want %q", pins, wantPins)
+	}
+	if subscriptions != 2 {
+		t.Errorf("%d subscriptions, want 2", subscriptions)
 	}
 }
