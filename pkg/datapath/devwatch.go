@@ -148,10 +148,12 @@ func (d *Datapath) NewDeviceWatch(sel DeviceSelector) (*DeviceWatch, error) {
 // Run follows the links until ctx is done, telling report about every
 // link attached or forgotten and every failure (a failed subscription is
 // retried after retry returns; retry returns false once ctx is done). It
-// returns once ctx is done, with nothing of its own left running.
+// returns once ctx is done, with nothing of its own left running. It
+// keeps its goroutine's thread (in the watch's network namespace) locked
+// for good: call it on a goroutine of its own, which ends with it.
 func (w *DeviceWatch) Run(ctx context.Context, report func(DeviceEvent), retry func(context.Context) bool) {
-	runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-	defer w.ns.Close()
+	runtime.LockOSThread()              // never unlocked: the thread ends with the goroutine
+	defer func() { _ = w.ns.Close() }() // a descriptor of our own: nothing to do if closing fails
 	if err := netns.Set(w.ns); err != nil {
 		report(DeviceEvent{Err: fmt.Errorf("device watch: enter network namespace: %w", err)})
 		return

@@ -110,13 +110,12 @@ func TestDeviceWatchFollowsPatterns(t *testing.T) {
 		}
 		return DeviceEvent{}
 	}
-	expect := func(dev string, attached bool, reason string) DeviceEvent {
+	expect := func(dev string, attached bool, reason string) {
 		t.Helper()
 		e := next(dev + " " + reason)
 		if e.Device != dev || e.Attached != attached || e.Reason != reason {
 			t.Fatalf("event %+v, want %s attached=%v %s", e, dev, attached, reason)
 		}
-		return e
 	}
 	ingressID, egressID := progID(t, d.tc.SluiceIngress), progID(t, d.tc.SluiceEgress)
 	attachedHere := func(l netlink.Link) bool {
