@@ -53,7 +53,7 @@ func run(args []string) int {
 	}
 	var (
 		manifests   = fs.String("manifests", "", "read Services and EndpointSlices from this YAML file (or directory), watching it for changes")
-		devices     = fs.String("devices", "", "comma-separated devices to attach the tc programs to (ingress and egress)")
+		devices     = fs.String("devices", "", "comma-separated devices to attach the tc programs to (ingress and egress); a name ending in + is a prefix, as Cilium's (eth0,veth+,cali+): the links it matches are followed as they come and go (pods' host-side devices; size --max-devices for them)")
 		cgroup      = fs.String("cgroup", "", "cgroup v2 directory for socket load balancing (default: the cgroup2 root)")
 		socketLB    = fs.Bool("socket-lb", true, "translate at the socket layer (cgroup connect4/sendmsg4/recvmsg4/getpeername4)")
 		bpffs       = fs.String("bpffs", datapath.DefaultBPFFS, "bpffs mount; state is pinned under <bpffs>/sluice/")
@@ -222,6 +222,11 @@ func run(args []string) int {
 		log.Error("bad flag", "err", err)
 		return 2
 	}
+	devSel, err := datapath.ParseDevices(splitList(*devices))
+	if err != nil {
+		log.Error("bad flag", "err", fmt.Errorf("--devices: %w", err))
+		return 2
+	}
 
 	if (*manifests == "") == !kube.enabled() {
 		log.Error("give exactly one source: --manifests PATH, --kubeconfig PATH or --in-cluster")
@@ -280,8 +285,21 @@ func run(args []string) int {
 		log.Warn("no --node-ip and no node addresses from the Node object: NodePorts served on the devices' addresses only", "node", opts.Node.Name)
 	}
 	dpCfg.NodeIPs = na.all
-	cfg := agent.Config{Devices: splitList(*devices), Resync: *resync}
-	if len(cfg.Devices) == 0 && len(na.all) > 0 {
+	cfg := agent.Config{Resync: *resync}
+	if devSel.HasPatterns() {
+		// The links the patterns match now (Prune keeps them), again
+		// when attaching, and followed from then on.
+		if cfg.Devices, err = devSel.Expand(); err != nil {
+			log.Error("--devices", "err", err)
+			return 1
+		}
+		cfg.DevicesNow = devSel.Expand
+		cfg.FollowDevices = followDevices(devSel, log.With("component", "devices"))
+		log.Info("devices by pattern followed", "devices", *devices, "matching_now", cfg.Devices)
+	} else {
+		cfg.Devices = devSel.Exact()
+	}
+	if len(cfg.Devices) == 0 && devSel.Empty() && len(na.all) > 0 {
 		// Every node address, not only the primary ones: ExternalIP and
 		// LoadBalancer traffic may arrive on any of them.
 		if cfg.Devices, err = datapath.DevicesOf(na.all); err != nil {
@@ -644,6 +662,43 @@ func newLogger(level string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+// followDevices returns what follows the links sel's patterns match, once
+// the agent's start is complete (agent.Config.FollowDevices): each link
+// attached or forgotten is logged at Info, a failure at Error, and a
+// failed subscription is retried every 5 seconds.
+func followDevices(sel datapath.DeviceSelector, log *slog.Logger) func(context.Context, agent.Datapath) {
+	return func(ctx context.Context, adp agent.Datapath) {
+		dp, ok := adp.(*datapath.Datapath)
+		if !ok {
+			return
+		}
+		w, err := dp.NewDeviceWatch(sel)
+		if err != nil {
+			log.Error("following the --devices patterns", "err", err)
+			return
+		}
+		w.Run(ctx, func(e datapath.DeviceEvent) {
+			switch {
+			case e.Err != nil:
+				log.Error("device", "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason, "err", e.Err)
+			case e.Attached && e.Reason == "attached already":
+				log.Debug("device attached already", "device", e.Device, "ifindex", e.Ifindex)
+			case e.Attached:
+				log.Info("tc programs attached to device", "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason)
+			default:
+				log.Info("device forgotten", "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason)
+			}
+		}, func(ctx context.Context) bool {
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(5 * time.Second):
+				return true
+			}
+		})
+	}
 }
 
 func splitList(s string) []string {

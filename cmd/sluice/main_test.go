@@ -26,6 +26,8 @@ func TestCommandLineErrorsExitTwo(t *testing.T) {
 		{"unspecified node IP", []string{"--manifests", manifest, "--node-ip", "192.168.1.1,::"}},
 		{"scoped node IP", []string{"--manifests", manifest, "--node-ip", "fe80::1%eth0"}},
 		{"bad XDP mode", []string{"--manifests", manifest, "--xdp", "fast"}},
+		{"device pattern matching every link", []string{"--manifests", manifest, "--devices", "eth0,+"}},
+		{"bad device name", []string{"--manifests", manifest, "--devices", "eth0,a/b+"}},
 		{"bad cluster CIDR", []string{"--manifests", manifest, "--cluster-cidr", "10.0.0.0/40"}},
 		{"bad service CIDR", []string{"--manifests", manifest, "--service-cidr", "bogus"}},
 		{"bad nodeport addresses", []string{"--manifests", manifest, "--nodeport-addresses", "192.168.0.2"}},

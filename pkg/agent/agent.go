@@ -143,6 +143,16 @@ type Config struct {
 	Cgroup string
 	// Devices get tc programs on ingress and egress.
 	Devices []string
+	// DevicesNow, if set, says which devices those are at the moment
+	// they are attached, in place of Devices (cmd/sluice: the exact
+	// --devices and the links their patterns match then: a pod's veth
+	// gone since Devices was listed is not an error).
+	DevicesNow func() ([]string, error)
+	// FollowDevices, if set, runs in a goroutine of its own from the
+	// start's Commit until Run returns, before the datapath is closed
+	// (cmd/sluice: the links the --devices patterns match, followed as
+	// they come and go).
+	FollowDevices func(ctx context.Context, dp Datapath)
 	// RetryMin and RetryMax bound the backoff between failed applies
 	// (defaults 100ms and 10s).
 	RetryMin, RetryMax time.Duration
@@ -228,17 +238,33 @@ func (a *Agent) Run(ctx context.Context, src Source) (err error) {
 		}
 		a.log.Info("socket load balancing attached", "cgroup", a.cfg.Cgroup)
 	}
-	if len(a.cfg.Devices) > 0 {
-		if err := a.dp.AttachDevices(a.cfg.Devices); err != nil {
-			return fmt.Errorf("attach tc programs to %v: %w", a.cfg.Devices, err)
+	devs := a.cfg.Devices
+	if a.cfg.DevicesNow != nil {
+		if devs, err = a.cfg.DevicesNow(); err != nil {
+			return err
 		}
-		a.log.Info("tc programs attached", "devices", a.cfg.Devices)
+	}
+	if len(devs) > 0 {
+		if err := a.dp.AttachDevices(devs); err != nil {
+			return fmt.Errorf("attach tc programs to %v: %w", devs, err)
+		}
+		a.log.Info("tc programs attached", "devices", devs)
 	}
 	// Before the first apply writes the maps.
 	if err := a.dp.Commit(); err != nil {
 		return fmt.Errorf("complete the datapath's start: %w", err)
 	}
 	started = true
+	if a.cfg.FollowDevices != nil {
+		fctx, stopFollowing := context.WithCancel(ctx)
+		followed := make(chan struct{})
+		go func() {
+			defer close(followed)
+			a.cfg.FollowDevices(fctx, a.dp)
+		}()
+		// Before the datapath closes (the defer above runs after).
+		defer func() { stopFollowing(); <-followed }()
+	}
 
 	if hs, ok := src.(HoldsSource); ok {
 		if h, ok := a.rec.(Holder); ok {

@@ -423,3 +423,36 @@ func TestAttachFailureAborts(t *testing.T) {
 		t.Errorf("calls = %q, want %q", got, want)
 	}
 }
+
+// TestFollowDevicesBetweenCommitAndClose: the devices are listed when they
+// are attached (DevicesNow, not Devices), and FollowDevices runs from the
+// start's Commit until Run returns, ending before the datapath closes.
+func TestFollowDevicesBetweenCommitAndClose(t *testing.T) {
+	recon := &fakeReconciler{recorder: &recorder{}}
+	cfg := Config{
+		Devices:    []string{"eth0", "veth1"},
+		DevicesNow: func() ([]string, error) { recon.add("list devices"); return []string{"eth0", "veth2"}, nil },
+		FollowDevices: func(ctx context.Context, dp Datapath) {
+			if _, ok := dp.(fakeDatapath); !ok {
+				recon.add("follow: not the agent's datapath")
+			}
+			recon.add("follow devices")
+			<-ctx.Done()
+			recon.add("follow devices stopped")
+		},
+	}
+	h := start(t, cfg, recon, nil)
+	h.src.states <- stateWith(1)
+	eventually(t, "ready", func() bool { return h.agent.Ready() == nil })
+	eventually(t, "following", func() bool { return slices.Contains(h.rec.list(), "follow devices") })
+	if err := h.stop(t); err != nil {
+		t.Fatalf("Run after cancel = %v, want nil", err)
+	}
+	got := h.rec.list()
+	// The apply and the follow start run concurrently after the commit.
+	got = slices.DeleteFunc(got, func(c string) bool { return c == "apply 1" })
+	want := []string{"restore", "list devices", "attach-devices [eth0 veth2]", "commit", "follow devices", "follow devices stopped", "close"}
+	if !slices.Equal(got, want) {
+		t.Errorf("calls (apply left out) = %q\nwant    %q", got, want)
+	}
+}

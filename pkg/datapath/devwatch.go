@@ -1,0 +1,416 @@
+package datapath
+
+// Following the devices --devices names by pattern. A name ending in '+'
+// (Cilium's syntax: "veth+" matches veth0, vethab12, ...) is a prefix;
+// any other name is exact. Exact devices are attached once at start
+// (AttachDevices) and must exist; the links a pattern matches come and go
+// with the pods (host-side veths: veth*, cali*, lxc*), so DeviceWatch
+// follows them: a link that appears, or is renamed, under a matching name
+// gets what AttachDevices gives a device (tc programs, XDP as configured,
+// its sluice_devices entry); one that goes, or is renamed away, has its
+// pins and device entries removed (its tcx and XDP links die with it, but
+// their pins would stay). A pattern matching nothing is fine.
+//
+// The watch subscribes to RTNLGRP_LINK, then lists the links and
+// reconciles against what it holds: links it missed are attached, links
+// gone are forgotten. A failed receive (an overrun: ENOBUFS) ends the
+// subscription; the watch subscribes again and lists again, so nothing
+// is missed for long.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// DeviceSelector is a parsed --devices list.
+type DeviceSelector struct {
+	exact    []string
+	prefixes []string
+}
+
+// ParseDevices parses the names of --devices: each is exact, or a prefix
+// when it ends in '+' (Cilium's wildcard). A bare "+" (every link, the
+// loopback too) and an empty or malformed name are errors naming it.
+func ParseDevices(names []string) (DeviceSelector, error) {
+	var s DeviceSelector
+	for _, n := range names {
+		p, wild := strings.CutSuffix(n, "+")
+		switch {
+		case p == "" && wild:
+			return DeviceSelector{}, fmt.Errorf("device pattern %q matches every link: name a prefix (eth+, veth+)", n)
+		case p == "" || len(n) > unix.IFNAMSIZ-1 || strings.ContainsAny(p, "/: \t\n+"):
+			return DeviceSelector{}, fmt.Errorf("device %q: not a device name or a prefix ending in +", n)
+		case wild:
+			if !slices.Contains(s.prefixes, p) {
+				s.prefixes = append(s.prefixes, p)
+			}
+		default:
+			if !slices.Contains(s.exact, n) {
+				s.exact = append(s.exact, n)
+			}
+		}
+	}
+	return s, nil
+}
+
+// Exact returns the exact names, in the order given.
+func (s DeviceSelector) Exact() []string { return slices.Clone(s.exact) }
+
+// HasPatterns says whether s has a pattern, so that links need following.
+func (s DeviceSelector) HasPatterns() bool { return len(s.prefixes) > 0 }
+
+// Empty says whether s names nothing.
+func (s DeviceSelector) Empty() bool { return len(s.exact) == 0 && len(s.prefixes) == 0 }
+
+// followed says whether a link named name is one the watch follows: a
+// pattern matches it and it is not an exact name (attached at start).
+func (s DeviceSelector) followed(name string) bool {
+	if slices.Contains(s.exact, name) {
+		return false
+	}
+	for _, p := range s.prefixes {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// Expand returns the devices s selects in the caller's network namespace
+// now: the exact names (whether they exist or not: AttachDevices says),
+// then the links a pattern matches, sorted.
+func (s DeviceSelector) Expand() ([]string, error) {
+	out := slices.Clone(s.exact)
+	if !s.HasPatterns() {
+		return out, nil
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list devices: %w", err)
+	}
+	var matched []string
+	for _, l := range links {
+		if s.followed(l.Attrs().Name) {
+			matched = append(matched, l.Attrs().Name)
+		}
+	}
+	slices.Sort(matched)
+	return append(out, matched...), nil
+}
+
+// DeviceEvent is what a DeviceWatch did to one link.
+type DeviceEvent struct {
+	Device  string
+	Ifindex int
+	// Attached: the programs are on it now; else its state was removed
+	// (Reason says why).
+	Attached bool
+	Reason   string // "appeared", "renamed", "attached already"; "removed", "renamed away", "missed"
+	// Err, if set, says the step failed (nothing else is true then).
+	Err error
+}
+
+// DeviceWatch follows the links a DeviceSelector's patterns match. See
+// the top of this file.
+type DeviceWatch struct {
+	d    *Datapath
+	sel  DeviceSelector
+	ns   netns.NsHandle
+	have map[int]string // ifindex -> name, the followed links attached
+	// subscribe, if set (tests), replaces netlink.LinkSubscribeWithOptions.
+	subscribe func(ch chan<- netlink.LinkUpdate, done <-chan struct{}, opts netlink.LinkSubscribeOptions) error
+}
+
+// mu orders the device steps of every watch with each other.
+var devWatchMu sync.Mutex
+
+// NewDeviceWatch returns a watch over sel's patterns in the calling
+// thread's network namespace (where Run works, whichever thread runs it).
+// Call it after the start's Commit.
+func (d *Datapath) NewDeviceWatch(sel DeviceSelector) (*DeviceWatch, error) {
+	ns, err := netns.Get()
+	if err != nil {
+		return nil, fmt.Errorf("device watch: network namespace: %w", err)
+	}
+	return &DeviceWatch{d: d, sel: sel, ns: ns, have: map[int]string{}, subscribe: netlink.LinkSubscribeWithOptions}, nil
+}
+
+// Run follows the links until ctx is done, telling report about every
+// link attached or forgotten and every failure (a failed subscription is
+// retried after retry returns; retry returns false once ctx is done). It
+// returns once ctx is done, with nothing of its own left running. It
+// keeps its goroutine's thread (in the watch's network namespace) locked
+// for good: call it on a goroutine of its own, which ends with it.
+func (w *DeviceWatch) Run(ctx context.Context, report func(DeviceEvent), retry func(context.Context) bool) {
+	runtime.LockOSThread()              // never unlocked: the thread ends with the goroutine
+	defer func() { _ = w.ns.Close() }() // a descriptor of our own: nothing to do if closing fails
+	if err := netns.Set(w.ns); err != nil {
+		report(DeviceEvent{Err: fmt.Errorf("device watch: enter network namespace: %w", err)})
+		return
+	}
+	for ctx.Err() == nil {
+		ch := make(chan netlink.LinkUpdate, 256)
+		done := make(chan struct{})
+		errs := make(chan error, 1)
+		err := w.subscribe(ch, done, netlink.LinkSubscribeOptions{
+			ReceiveBufferSize: 1 << 20,
+			ErrorCallback: func(err error) {
+				select {
+				case errs <- err:
+				default:
+				}
+			},
+		})
+		if err != nil {
+			close(done)
+			report(DeviceEvent{Err: fmt.Errorf("subscribe to link changes: %w", err)})
+			if !retry(ctx) {
+				return
+			}
+			continue
+		}
+		// After subscribing: a change from here on is heard, one
+		// before is in the list.
+		w.relist(report)
+		w.follow(ctx, ch, report)
+		close(done)
+		for range ch { // the subscription's goroutine ends with ch
+		}
+		select {
+		case err := <-errs:
+			if ctx.Err() == nil {
+				report(DeviceEvent{Err: fmt.Errorf("link changes: %w (subscribing again)", err)})
+			}
+		default:
+		}
+	}
+}
+
+// follow handles link updates until ctx is done or ch closes (the
+// subscription failed).
+func (w *DeviceWatch) follow(ctx context.Context, ch <-chan netlink.LinkUpdate, report func(DeviceEvent)) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case u, ok := <-ch:
+			if !ok {
+				return
+			}
+			a := u.Link.Attrs()
+			if u.Header.Type == unix.RTM_DELLINK {
+				w.gone(a.Index, "removed", report)
+				continue
+			}
+			w.present(a.Index, a.Name, report)
+		}
+	}
+}
+
+// relist reconciles what the watch holds with the links there are.
+func (w *DeviceWatch) relist(report func(DeviceEvent)) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		report(DeviceEvent{Err: fmt.Errorf("list devices: %w", err)})
+		return
+	}
+	byIndex := map[int]string{}
+	for _, l := range links {
+		byIndex[l.Attrs().Index] = l.Attrs().Name
+	}
+	for idx, name := range w.have {
+		if n, ok := byIndex[idx]; !ok || n != name {
+			w.gone(idx, "missed", report)
+		}
+	}
+	for _, l := range links {
+		w.present(l.Attrs().Index, l.Attrs().Name, report)
+	}
+}
+
+// present handles link ifindex, named name now.
+func (w *DeviceWatch) present(ifindex int, name string, report func(DeviceEvent)) {
+	prev, held := w.have[ifindex]
+	if held && prev == name {
+		return // up, down, an address: nothing to do
+	}
+	if held {
+		w.gone(ifindex, "renamed away", report)
+	}
+	if !w.sel.followed(name) {
+		return
+	}
+	if !held && w.d.deviceAttached(name, ifindex) {
+		// Attached at start (AttachDevices) or by an earlier agent
+		// and kept: nothing to change.
+		w.have[ifindex] = name
+		report(DeviceEvent{Device: name, Ifindex: ifindex, Attached: true, Reason: "attached already"})
+		return
+	}
+	reason := "appeared"
+	if held {
+		reason = "renamed"
+	}
+	devWatchMu.Lock()
+	err := w.d.AttachDevice(name, ifindex)
+	devWatchMu.Unlock()
+	if err != nil {
+		report(DeviceEvent{Device: name, Ifindex: ifindex, Reason: reason, Err: err})
+		return
+	}
+	w.have[ifindex] = name
+	report(DeviceEvent{Device: name, Ifindex: ifindex, Attached: true, Reason: reason})
+}
+
+// gone forgets link ifindex, attached under its name in w.have.
+func (w *DeviceWatch) gone(ifindex int, reason string, report func(DeviceEvent)) {
+	name, held := w.have[ifindex]
+	if !held {
+		return
+	}
+	delete(w.have, ifindex)
+	devWatchMu.Lock()
+	err := w.d.DetachDevice(name, ifindex)
+	devWatchMu.Unlock()
+	report(DeviceEvent{Device: name, Ifindex: ifindex, Reason: reason, Err: err})
+}
+
+// AttachDevice gives device dev (ifindex, in the caller's network
+// namespace) what AttachDevices gives each of its devices, after the
+// start (Commit): the tc programs, XDP as configured, and its
+// sluice_devices entries. If the entry cannot be written (the map is
+// full: --max-devices), the programs are taken off again.
+func (d *Datapath) AttachDevice(dev string, ifindex int) error {
+	flags, err := deviceFlags(dev)
+	if err != nil {
+		return err
+	}
+	if err := d.maps.markL3(ifindex, flags&nodeDevL3 != 0); err != nil {
+		return fmt.Errorf("record node device %s: %w", dev, err)
+	}
+	err = func() error {
+		for _, dir := range []tcDir{tcIngress, tcEgress} {
+			if err := d.attachTC(dev, ifindex, dir); err != nil {
+				return err
+			}
+		}
+		if err := d.attachXDP(dev, ifindex); err != nil {
+			return err
+		}
+		var addr, addr6 netip.Addr
+		if addr, err = deviceAddr(dev, d.cfg.NodeIPs, netlink.FAMILY_V4); err != nil {
+			return err
+		}
+		if addr6, err = deviceAddr(dev, d.cfg.NodeIPs, netlink.FAMILY_V6); err != nil {
+			return err
+		}
+		if err := d.maps.setNodeDevice(ifindex, addr, flags|nodeDevTC); err != nil {
+			return fmt.Errorf("record node device %s: %w", dev, err)
+		}
+		if err := d.maps.setNodeDevice6(ifindex, addr6); err != nil {
+			return fmt.Errorf("record node device %s: %w", dev, err)
+		}
+		return nil
+	}()
+	if err != nil {
+		return errors.Join(err, d.DetachDevice(dev, ifindex))
+	}
+	return nil
+}
+
+// DetachDevice removes what AttachDevice gave device dev (ifindex): the
+// pins of its links (detaching them if the device is still there, renamed
+// or no longer wanted), Sluice's clsact filters on it, and its
+// sluice_devices entries. A pin under dev's name whose link is on another
+// live device (a new dev) stays.
+func (d *Datapath) DetachDevice(dev string, ifindex int) error {
+	var errs []error
+	for _, p := range devicePinPrefixes {
+		pin := d.linkPin(p + dev)
+		if !pinnedLinkOn(pin, ifindex) {
+			continue
+		}
+		if err := detachPinnedLink(pin); err != nil {
+			errs = append(errs, fmt.Errorf("detach %s%s: %w", p, dev, err))
+		}
+	}
+	for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+		// A device that is gone took its filters with it.
+		if err := removeSluiceFilters(ifindex, parent, nil); err != nil && !errors.As(err, new(netlink.LinkNotFoundError)) {
+			errs = append(errs, fmt.Errorf("remove clsact filters of %s: %w", dev, err))
+		}
+	}
+	if err := errors.Join(deleteIgnoringMissing(d.maps.devices, uint32(ifindex)), deleteIgnoringMissing(d.maps.devices6, uint32(ifindex))); err != nil {
+		errs = append(errs, fmt.Errorf("forget node device %s: %w", dev, err))
+	}
+	errs = append(errs, d.maps.syncL3Gate()) // it may have been the last L3 one
+	return errors.Join(errs...)
+}
+
+// deviceAttached says whether this build's programs are on device dev
+// (ifindex) and recorded: its tcx links pinned under its name run them
+// there, and its sluice_devices entry says tc is on it. (A kernel
+// without tcx: never, AttachDevice replaces its filters in place.)
+func (d *Datapath) deviceAttached(dev string, ifindex int) bool {
+	var nd sockNodeDev
+	if err := d.maps.devices.Lookup(uint32(ifindex), &nd); err != nil || nd.Flags&nodeDevTC == 0 {
+		return false
+	}
+	for _, dir := range []tcDir{tcIngress, tcEgress} {
+		l, err := loadPinnedLink(d.linkPin("tcx_" + dir.name + "_" + dev))
+		if err != nil || l == nil {
+			return false
+		}
+		info, err := l.Info()
+		l.Close()
+		if err != nil || info.TCX() == nil || int(info.TCX().Ifindex) != ifindex {
+			return false
+		}
+		pi, err := d.tcProg(dir).Info()
+		if err != nil {
+			return false
+		}
+		if id, ok := pi.ID(); !ok || id != info.Program {
+			return false
+		}
+	}
+	return true
+}
+
+// pinnedLinkOn says whether the link pinned at pin is on device ifindex,
+// or on no device any more (its device was deleted: ifindex 0), or cannot
+// be read (a stale pin).
+func pinnedLinkOn(pin string, ifindex int) bool {
+	l, err := loadPinnedLink(pin)
+	if err != nil {
+		return true
+	}
+	if l == nil {
+		return false
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return true
+	}
+	var on int
+	switch {
+	case info.TCX() != nil:
+		on = int(info.TCX().Ifindex)
+	case info.XDP() != nil:
+		on = int(info.XDP().Ifindex)
+	default:
+		return true
+	}
+	return on == 0 || on == ifindex
+}

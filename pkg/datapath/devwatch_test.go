@@ -1,0 +1,356 @@
+package datapath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+)
+
+func TestParseDevices(t *testing.T) {
+	s, err := ParseDevices([]string{"eth0", "veth+", "cali+", "eth0", "veth+"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Exact(); !slices.Equal(got, []string{"eth0"}) {
+		t.Errorf("exact %q, want [eth0]", got)
+	}
+	if !s.HasPatterns() || s.Empty() {
+		t.Errorf("HasPatterns %v Empty %v, want true false", s.HasPatterns(), s.Empty())
+	}
+	for name, want := range map[string]bool{"eth0": false, "veth": true, "veth12ab": true, "cali0": true, "eth1": false, "lxc1": false} {
+		if got := s.followed(name); got != want {
+			t.Errorf("followed(%q) = %v, want %v (exact names are attached at start, not followed)", name, got, want)
+		}
+	}
+	if s, _ := ParseDevices(nil); !s.Empty() || s.HasPatterns() {
+		t.Error("no --devices: want an empty selector")
+	}
+	for _, bad := range []string{"+", "eth+0+", "a/b", "with space", "abcdefghijklmnop", "+eth"} {
+		_, err := ParseDevices([]string{"eth0", bad})
+		if err == nil || !strings.Contains(err.Error(), bad) {
+			t.Errorf("ParseDevices(%q): %v, want an error naming it", bad, err)
+		}
+	}
+}
+
+// TestDeviceWatchFollowsPatterns runs the watch of --devices eth0,slv+ in
+// a node namespace of the test's own: a matching link there at start is
+// kept as attached; one that appears after gets the tc programs, its
+// device entry and pins; a link that matches nothing is left alone; a
+// rename into the pattern attaches, one out of it detaches; a link
+// deleted has its entry and pins removed.
+func TestDeviceWatchFollowsPatterns(t *testing.T) {
+	bpffs, _ := attachNode(t, "devwatch")
+	d := openTest(t, smallConfig(bpffs))
+	addVeth := func(name, peer string) netlink.Link {
+		t.Helper()
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}); err != nil {
+			t.Fatalf("add veth %s: %v", name, err)
+		}
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	addVeth("eth0", "wire0")
+	slv0 := addVeth("slv0", "peer0")
+
+	sel, err := ParseDevices([]string{"eth0", "slv+"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs, err := sel.Expand()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(devs, []string{"eth0", "slv0"}) {
+		t.Fatalf("Expand: %q, want [eth0 slv0]", devs)
+	}
+	if err := d.AttachDevices(devs); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Commit(); err != nil {
+		t.Fatal(err)
+	}
+
+	w, err := d.NewDeviceWatch(sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan DeviceEvent, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		w.Run(ctx, func(e DeviceEvent) { events <- e }, func(context.Context) bool { return false })
+	}()
+	t.Cleanup(func() { cancel(); <-ran })
+	// next returns the watch's next event; the deadline only keeps a
+	// broken watch from hanging the test.
+	next := func(what string) DeviceEvent {
+		t.Helper()
+		select {
+		case e := <-events:
+			if e.Err != nil {
+				t.Fatalf("waiting for %s: %s %s: %v", what, e.Device, e.Reason, e.Err)
+			}
+			return e
+		case <-time.After(time.Minute):
+			t.Fatalf("no device event for %s", what)
+		}
+		return DeviceEvent{}
+	}
+	expect := func(dev string, attached bool, reason string) {
+		t.Helper()
+		e := next(dev + " " + reason)
+		if e.Device != dev || e.Attached != attached || e.Reason != reason {
+			t.Fatalf("event %+v, want %s attached=%v %s", e, dev, attached, reason)
+		}
+	}
+	ingressID, egressID := progID(t, d.tc.SluiceIngress), progID(t, d.tc.SluiceEgress)
+	attachedHere := func(l netlink.Link) bool {
+		t.Helper()
+		idx := l.Attrs().Index
+		in := slices.Contains(attachedIDs(t, idx, ebpf.AttachTCXIngress), ingressID)
+		out := slices.Contains(attachedIDs(t, idx, ebpf.AttachTCXEgress), egressID)
+		if in != out {
+			t.Fatalf("%s: ingress attached %v, egress %v", l.Attrs().Name, in, out)
+		}
+		return in
+	}
+	entry := func(l netlink.Link) (sockNodeDev, bool) {
+		t.Helper()
+		var nd sockNodeDev
+		err := d.maps.devices.Lookup(uint32(l.Attrs().Index), &nd)
+		return nd, err == nil
+	}
+	pins := func() []string {
+		t.Helper()
+		es, err := os.ReadDir(filepath.Join(d.dir, "links"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, e := range es {
+			if !strings.HasPrefix(e.Name(), "cgroup_") {
+				out = append(out, e.Name())
+			}
+		}
+		return out
+	}
+	wantPins := func(devs ...string) {
+		t.Helper()
+		var want []string
+		for _, dev := range devs {
+			want = append(want, "tcx_egress_"+dev, "tcx_ingress_"+dev)
+		}
+		slices.Sort(want)
+		if got := pins(); !slices.Equal(got, want) {
+			t.Fatalf("pinned links %q, want %q", got, want)
+		}
+	}
+
+	// The start's device, found by the first listing, is not attached again.
+	expect("slv0", true, "attached already")
+	if !attachedHere(slv0) {
+		t.Fatal("slv0: programs not attached")
+	}
+
+	// A pod's device after the start, then one no pattern matches and a
+	// sentinel after it: by the sentinel's event the other was seen.
+	slv1 := addVeth("slv1", "peer1")
+	expect("slv1", true, "appeared")
+	if !attachedHere(slv1) {
+		t.Fatal("slv1: programs not attached")
+	}
+	if nd, ok := entry(slv1); !ok || nd.Flags&nodeDevTC == 0 {
+		t.Fatalf("slv1: device entry %+v (present %v), want one flagged tc", nd, ok)
+	}
+	other := addVeth("other1", "peer2")
+	addVeth("slv9", "peer9")
+	expect("slv9", true, "appeared")
+	if attachedHere(other) {
+		t.Fatal("other1 matches no pattern but has the programs")
+	}
+	if _, ok := entry(other); ok {
+		t.Fatal("other1 matches no pattern but has a device entry")
+	}
+	wantPins("eth0", "slv0", "slv1", "slv9")
+
+	// Renamed into the pattern, then out of it.
+	if err := netlink.LinkSetName(other, "slv5"); err != nil {
+		t.Fatal(err)
+	}
+	expect("slv5", true, "appeared")
+	if !attachedHere(other) {
+		t.Fatal("slv5: programs not attached after the rename")
+	}
+	if err := netlink.LinkSetName(other, "zz5"); err != nil {
+		t.Fatal(err)
+	}
+	expect("slv5", false, "renamed away")
+	if attachedHere(other) {
+		t.Fatal("zz5: programs still attached after it was renamed out of the pattern")
+	}
+	if _, ok := entry(other); ok {
+		t.Fatal("zz5: device entry left after it was renamed out of the pattern")
+	}
+
+	// A pod's device deleted: its entry and pins go.
+	if err := netlink.LinkDel(slv1); err != nil {
+		t.Fatal(err)
+	}
+	expect("slv1", false, "removed")
+	if _, ok := entry(slv1); ok {
+		t.Fatal("slv1: device entry left after the device was deleted")
+	}
+	wantPins("eth0", "slv0", "slv9")
+
+	// The watch ends with ctx, and leaves the rest attached.
+	cancel()
+	<-ran
+	if !attachedHere(slv0) {
+		t.Fatal("slv0: programs gone when the watch stopped")
+	}
+}
+
+// TestDeviceWatchResubscribes: when the subscription fails (an overrun),
+// the failure is reported, the watch subscribes again and lists the links
+// again: a device deleted meanwhile is forgotten, one created meanwhile
+// attached, one renamed meanwhile re-attached under its new name.
+func TestDeviceWatchResubscribes(t *testing.T) {
+	bpffs, _ := attachNode(t, "devresub")
+	d := openTest(t, smallConfig(bpffs))
+	addVeth := func(name, peer string) netlink.Link {
+		t.Helper()
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}); err != nil {
+			t.Fatalf("add veth %s: %v", name, err)
+		}
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	slv0 := addVeth("slv0", "peer0")
+	slv1 := addVeth("slv1", "peer1")
+	if err := d.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	sel, err := ParseDevices([]string{"slv+"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := d.NewDeviceWatch(sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first subscription hears nothing and fails when told to;
+	// the second is the real one.
+	fail := make(chan struct{})
+	subscriptions := 0
+	real := w.subscribe
+	w.subscribe = func(ch chan<- netlink.LinkUpdate, done <-chan struct{}, opts netlink.LinkSubscribeOptions) error {
+		subscriptions++
+		if subscriptions > 1 {
+			return real(ch, done, opts)
+		}
+		go func() {
+			defer close(ch)
+			select {
+			case <-fail:
+				opts.ErrorCallback(errors.New("Receive failed: no buffer space available"))
+			case <-done:
+			}
+		}()
+		return nil
+	}
+	events := make(chan DeviceEvent, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		w.Run(ctx, func(e DeviceEvent) { events <- e }, func(context.Context) bool { return false })
+	}()
+	t.Cleanup(func() { cancel(); <-ran })
+	next := func() DeviceEvent {
+		t.Helper()
+		select {
+		case e := <-events:
+			return e
+		case <-time.After(time.Minute):
+			t.Fatal("no device event")
+		}
+		return DeviceEvent{}
+	}
+	got := map[string]DeviceEvent{}
+	for range 2 {
+		e := next()
+		got[e.Device] = e
+	}
+	for _, dev := range []string{"slv0", "slv1"} {
+		if e := got[dev]; e.Err != nil || !e.Attached || e.Reason != "appeared" {
+			t.Fatalf("%s at the first listing: %+v, want attached, appeared", dev, e)
+		}
+	}
+
+	// Unheard: slv0 deleted, slv1 renamed within the pattern, slv2 added.
+	if err := netlink.LinkDel(slv0); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetName(slv1, "slv7"); err != nil {
+		t.Fatal(err)
+	}
+	slv2 := addVeth("slv2", "peer2")
+	close(fail)
+	if e := next(); e.Err == nil || !strings.Contains(e.Err.Error(), "subscribing again") {
+		t.Fatalf("after the failure: %+v, want its error reported", e)
+	}
+	want := []string{"slv0 false missed", "slv1 false missed", "slv2 true appeared", "slv7 true appeared"}
+	var seen []string
+	for range want {
+		e := next()
+		if e.Err != nil {
+			t.Fatalf("%+v", e)
+		}
+		seen = append(seen, fmt.Sprintf("%s %v %s", e.Device, e.Attached, e.Reason))
+	}
+	slices.Sort(seen)
+	if !slices.Equal(seen, want) {
+		t.Fatalf("after subscribing again: %q, want %q", seen, want)
+	}
+	for _, l := range []netlink.Link{slv1, slv2} {
+		var nd sockNodeDev
+		if err := d.maps.devices.Lookup(uint32(l.Attrs().Index), &nd); err != nil || nd.Flags&nodeDevTC == 0 {
+			t.Errorf("ifindex %d: device entry %+v (%v), want one flagged tc", l.Attrs().Index, nd, err)
+		}
+	}
+	var nd sockNodeDev
+	if err := d.maps.devices.Lookup(uint32(slv0.Attrs().Index), &nd); err == nil {
+		t.Error("slv0: device entry left after it was deleted unheard")
+	}
+	es, err := os.ReadDir(filepath.Join(d.dir, "links"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pins []string
+	for _, e := range es {
+		pins = append(pins, e.Name())
+	}
+	if wantPins := []string{"tcx_egress_slv2", "tcx_egress_slv7", "tcx_ingress_slv2", "tcx_ingress_slv7"}; !slices.Equal(pins, wantPins) {
+		t.Errorf("pinned links %q, want %q", pins, wantPins)
+	}
+	if subscriptions != 2 {
+		t.Errorf("%d subscriptions, want 2", subscriptions)
+	}
+}
