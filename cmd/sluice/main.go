@@ -500,6 +500,9 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	if dpCfg.XDP != datapath.XDPOff {
 		go followRouting(ctx, watchRouting(dp), 5*time.Second, log.With("component", "xdp-routes"))
 	}
+	// Once started: a node device enslaved to or released from a
+	// bridge, bond, team or Open vSwitch master is followed (devwatch.go).
+	go dp.FollowDevices(ctx, 5*time.Second, log.With("component", "devices"))
 	runErr := a.Run(ctx, src)
 	cancel(nil)
 	for range servers {

@@ -302,6 +302,12 @@ type Datapath struct {
 	// generation to (routecache.go).
 	routeGen routeGen
 
+	// committed is closed by Commit: what follows the node at run time
+	// (FollowDevices, FollowICMPRateLimits) writes the maps only after
+	// the start's writes (devwatch.go).
+	committed     chan struct{}
+	committedOnce sync.Once
+
 	// What the kernel offers beyond the minimum (features.go).
 	features Features
 
@@ -409,7 +415,7 @@ func Open(cfg Config) (*Datapath, error) {
 		}
 	}
 
-	d := &Datapath{cfg: cfg, dir: dir}
+	d := &Datapath{cfg: cfg, dir: dir, committed: make(chan struct{})}
 	specs, err := d.specs()
 	if err != nil {
 		return nil, err

@@ -1,0 +1,201 @@
+package datapath
+
+// Following the node devices' masters: a device the agent attached to is
+// recorded with nodeDevPort while it is a port of a bridge, bond, team or
+// Open vSwitch (devices.go, deviceFlags), whose frames to another host's
+// MAC tc answers (bpf/lib/icmp.h, icmp_link_answerable), as the kernel
+// does as soon as a device is enslaved or released. WatchDevices follows
+// netlink's link messages and updates the flag of an attached device
+// whose master changed, while the agent runs.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// DeviceWatch is a running WatchDevices.
+type DeviceWatch struct {
+	stop     chan struct{}
+	stopOnce sync.Once
+	done     chan struct{}
+	err      error
+}
+
+// WatchDevices follows the links of the calling thread's network
+// namespace: each message about a device recorded as attached
+// (nodeDevTC in sluice_devices) sets or clears its nodeDevPort to say
+// whether its master now is a bridge, bond, team or Open vSwitch. It
+// subscribes and asks for every link, so that a change made before it
+// (since the attach) is followed too, and returns; changed is called
+// with each device whose flag it changed (nil: not). A removed device
+// is left as it is (its entry is the attach's business). The watch ends
+// on an error (a lost message: the socket overran), which Close returns;
+// a new one starts over from the list of links.
+func (d *Datapath) WatchDevices(changed func(ifindex int, name string, port bool)) (*DeviceWatch, error) {
+	w := &DeviceWatch{stop: make(chan struct{}), done: make(chan struct{})}
+	// Masters are looked up in the caller's namespace, from the
+	// goroutine below, whichever thread runs it.
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("netlink handle: %w", err)
+	}
+	isPort := func(master int) (bool, error) {
+		l, err := h.LinkByIndex(master)
+		if err != nil {
+			return false, err
+		}
+		return isPortMaster(l), nil
+	}
+	ch := make(chan netlink.LinkUpdate, 64)
+	var errMu sync.Mutex
+	var subErr error
+	err = netlink.LinkSubscribeWithOptions(ch, w.stop, netlink.LinkSubscribeOptions{
+		ListExisting: true,
+		ErrorCallback: func(err error) {
+			errMu.Lock()
+			defer errMu.Unlock()
+			subErr = errors.Join(subErr, err)
+		},
+	})
+	if err != nil {
+		close(w.stop)
+		h.Close()
+		return nil, fmt.Errorf("subscribe to link changes: %w", err)
+	}
+	go func() {
+		defer close(w.done)
+		defer h.Close()
+		for u := range ch {
+			if u.Header.Type != unix.RTM_NEWLINK {
+				continue
+			}
+			ifindex, master := int(u.Attrs().Index), u.Attrs().MasterIndex
+			port, err := d.maps.syncDevicePort(ifindex, master, isPort)
+			if err != nil {
+				w.err = err
+				w.stopOnce.Do(func() { close(w.stop) })
+				break
+			}
+			if port != nil && changed != nil {
+				changed(ifindex, u.Attrs().Name, *port)
+			}
+		}
+		// The subscription closes ch on a receive error (or on stop).
+		for range ch {
+		}
+		select {
+		case <-w.stop:
+		default:
+			errMu.Lock()
+			w.err = errors.Join(w.err, fmt.Errorf("receive link changes: %w", subErr))
+			errMu.Unlock()
+		}
+	}()
+	return w, nil
+}
+
+// Done is closed when the watch ends: after Close, or on an error, which
+// Close returns.
+func (w *DeviceWatch) Done() <-chan struct{} { return w.done }
+
+// Close stops the watch and returns the error that ended it, if one did.
+func (w *DeviceWatch) Close() error {
+	w.stopOnce.Do(func() { close(w.stop) })
+	<-w.done
+	return w.err
+}
+
+// syncDevicePort makes the nodeDevPort flag of device ifindex's entry
+// say whether master (its master's ifindex, 0: none) is a port master
+// (isPort: isPortMaster of the link of that ifindex), if the device is one the agent attached to (its entry
+// has nodeDevTC). It returns the new value when it changed it, nil when
+// it wrote nothing. A master that is gone by the time it is looked up
+// leaves the flag as it is: the device's next message (its master
+// cleared) says so.
+func (m *Maps) syncDevicePort(ifindex, master int, isPort func(master int) (bool, error)) (*bool, error) {
+	m.devMu.Lock()
+	defer m.devMu.Unlock()
+	var v sockNodeDev
+	if err := m.devices.Lookup(uint32(ifindex), &v); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("look up %s: %w", mapDevices, err)
+	}
+	if v.Flags&nodeDevTC == 0 {
+		return nil, nil
+	}
+	port := false
+	if master != 0 {
+		var err error
+		if port, err = isPort(master); err != nil {
+			return nil, nil //nolint:nilerr // gone: see above
+		}
+	}
+	if (v.Flags&nodeDevPort != 0) == port {
+		return nil, nil
+	}
+	var addr netip.Addr
+	if v.Addr != 0 {
+		addr = addrFromBE32(v.Addr)
+	}
+	if err := m.setNodeDevice(ifindex, addr, v.Flags^nodeDevPort); err != nil {
+		return nil, fmt.Errorf("record node device %d: %w", ifindex, err)
+	}
+	return &port, nil
+}
+
+// FollowDevices runs WatchDevices, once the start is complete (Commit:
+// AttachDevices has recorded the devices), until ctx is done, logging
+// each flag it changes. A watch that fails is logged and started again
+// after retry (from the list of links: nothing is missed but the time
+// between).
+func (d *Datapath) FollowDevices(ctx context.Context, retry time.Duration, log *slog.Logger) {
+	if !d.waitCommitted(ctx) {
+		return
+	}
+	changed := func(ifindex int, name string, port bool) {
+		log.Info("node device's master changed: frames to another MAC answered with ICMP errors only on a port of a bridge, bond, team or Open vSwitch",
+			"device", name, "ifindex", ifindex, "port", port)
+	}
+	for {
+		w, err := d.WatchDevices(changed)
+		if err == nil {
+			select {
+			case <-ctx.Done():
+				if err := w.Close(); err != nil {
+					log.Error("following the node devices' masters", "err", err)
+				}
+				return
+			case <-w.Done():
+				err = w.Close()
+			}
+		}
+		log.Error("following the node devices' masters failed: a device enslaved or released meanwhile keeps its port flag; retrying",
+			"err", err, "retry_in", retry)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry):
+		}
+	}
+}
+
+// waitCommitted waits for Commit; false if ctx is done first.
+func (d *Datapath) waitCommitted(ctx context.Context) bool {
+	select {
+	case <-d.committed:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
