@@ -34,7 +34,6 @@ package datapath
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -448,6 +447,16 @@ func Open(cfg Config) (*Datapath, error) {
 	if err := errors.Join(d.pins.keepEntries(d.maps.nodeCIDRs, mapNodeCIDRs), d.pins.keepEntries(d.maps.nodeCIDRs6, mapNodeCIDRs6)); err != nil {
 		return nil, errors.Join(err, d.Abort())
 	}
+	// The ICMP rate limits before any program is attached: the map of
+	// a new pin holds zeros, no limit at all. Not put back by a start
+	// that fails: what it writes is the node's sysctls now.
+	rl := DefaultICMPRateLimits()
+	if cfg.ICMPRateLimits != nil {
+		rl = *cfg.ICMPRateLimits
+	}
+	if _, err := d.setICMPRateLimits(rl); err != nil {
+		return nil, errors.Join(err, d.Abort())
+	}
 	owned := func(kind uint32) bool { return kind != nodeCIDRService || !cfg.ServiceCIDRsFromSource }
 	err = d.maps.setNodeCIDRs(cidrs, owned)
 	if errors.Is(err, reconciler.ErrCapacity) && cfg.ServiceCIDRsFromSource {
@@ -738,11 +747,6 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		"service_metrics":     boolU8(cfg.ServiceMetrics),
 		"fib_cache_ns":        uint64(cfg.XDPRouteCacheAge.Nanoseconds()),
 	}
-	rl := DefaultICMPRateLimits()
-	if cfg.ICMPRateLimits != nil {
-		rl = *cfg.ICMPRateLimits
-	}
-	maps.Copy(vars, rl.vars())
 	for _, ip := range cfg.NodeIPs {
 		if ip.Unmap().Is4() {
 			vars["node_ip4"] = be32(ip.Unmap())
