@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -26,6 +27,7 @@ import (
 type DeviceWatch struct {
 	stop     chan struct{}
 	stopOnce sync.Once
+	closing  atomic.Bool // Close stopped it
 	done     chan struct{}
 	err      error
 }
@@ -39,7 +41,8 @@ type DeviceWatch struct {
 // with each device whose flag it changed (nil: not). A removed device
 // is left as it is (its entry is the attach's business). The watch ends
 // on an error (a lost message: the socket overran), which Close returns;
-// a new one starts over from the list of links.
+// a new one starts over from the list of links. A list interrupted by a
+// change is made again.
 func (d *Datapath) WatchDevices(changed func(ifindex int, name string, port bool)) (*DeviceWatch, error) {
 	w := &DeviceWatch{stop: make(chan struct{}), done: make(chan struct{})}
 	// Masters are looked up in the caller's namespace, from the
@@ -56,14 +59,30 @@ func (d *Datapath) WatchDevices(changed func(ifindex int, name string, port bool
 		return isPortMaster(l), nil
 	}
 	ch := make(chan netlink.LinkUpdate, 64)
-	var errMu sync.Mutex
-	var subErr error
+	// failed ends the watch with an error; recvErr is the subscription's
+	// last error, the cause when it closes ch of itself (a receive that
+	// failed).
+	var mu sync.Mutex
+	var failed, recvErr error
+	var relist atomic.Bool
+	fail := func(err error) {
+		mu.Lock()
+		failed = errors.Join(failed, err)
+		mu.Unlock()
+		w.stopOnce.Do(func() { close(w.stop) })
+	}
 	err = netlink.LinkSubscribeWithOptions(ch, w.stop, netlink.LinkSubscribeOptions{
 		ListExisting: true,
 		ErrorCallback: func(err error) {
-			errMu.Lock()
-			defer errMu.Unlock()
-			subErr = errors.Join(subErr, err)
+			if errors.Is(err, netlink.ErrDumpInterrupted) {
+				// The list may have missed a link (one changed
+				// while it was made): listed again below.
+				relist.Store(true)
+				return
+			}
+			mu.Lock()
+			recvErr = err
+			mu.Unlock()
 		},
 	})
 	if err != nil {
@@ -81,26 +100,59 @@ func (d *Datapath) WatchDevices(changed func(ifindex int, name string, port bool
 			ifindex, master := int(u.Attrs().Index), u.Attrs().MasterIndex
 			port, err := d.maps.syncDevicePort(ifindex, master, isPort)
 			if err != nil {
-				w.err = err
-				w.stopOnce.Do(func() { close(w.stop) })
+				fail(err)
 				break
 			}
 			if port != nil && changed != nil {
 				changed(ifindex, u.Attrs().Name, *port)
 			}
+			if relist.Swap(false) {
+				if err := d.relistDevices(h, isPort, changed); err != nil {
+					fail(err)
+					break
+				}
+			}
 		}
-		// The subscription closes ch on a receive error (or on stop).
+		// The subscription closes ch once its socket is closed (stop)
+		// or a receive failed (an overrun: messages lost).
 		for range ch {
 		}
-		select {
-		case <-w.stop:
-		default:
-			errMu.Lock()
-			w.err = errors.Join(w.err, fmt.Errorf("receive link changes: %w", subErr))
-			errMu.Unlock()
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case failed != nil:
+			w.err = failed
+		case !w.closing.Load():
+			w.err = fmt.Errorf("receive link changes: %w", recvErr)
 		}
 	}()
 	return w, nil
+}
+
+// relistDevices syncs the port flag of every link (syncDevicePort), as
+// h lists them now: after the subscription's list was interrupted by a
+// change. A list interrupted again is made again, up to 10 times.
+func (d *Datapath) relistDevices(h *netlink.Handle, isPort func(int) (bool, error), changed func(int, string, bool)) error {
+	var links []netlink.Link
+	var err error
+	for range 10 {
+		if links, err = h.LinkList(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("list links: %w", err)
+	}
+	for _, l := range links {
+		port, err := d.maps.syncDevicePort(l.Attrs().Index, l.Attrs().MasterIndex, isPort)
+		if err != nil {
+			return err
+		}
+		if port != nil && changed != nil {
+			changed(l.Attrs().Index, l.Attrs().Name, *port)
+		}
+	}
+	return nil
 }
 
 // Done is closed when the watch ends: after Close, or on an error, which
@@ -109,7 +161,10 @@ func (w *DeviceWatch) Done() <-chan struct{} { return w.done }
 
 // Close stops the watch and returns the error that ended it, if one did.
 func (w *DeviceWatch) Close() error {
-	w.stopOnce.Do(func() { close(w.stop) })
+	w.stopOnce.Do(func() {
+		w.closing.Store(true)
+		close(w.stop)
+	})
 	<-w.done
 	return w.err
 }
