@@ -154,8 +154,10 @@ type Config struct {
 	// and external traffic to a backend on this node.
 	MasqueradeAll bool
 	// ICMPRateLimits are the kernel's ICMP rate limits tc's errors
-	// follow (icmprl.go): the agent's ReadICMPRateLimits; nil, Linux
-	// 6.18's defaults.
+	// follow from the start (icmprl.go): the agent's
+	// ReadICMPRateLimits; nil, Linux 6.18's defaults. Open writes them
+	// into sluice_icmp_limits_v1; FollowICMPRateLimits keeps it up to
+	// date after.
 	ICMPRateLimits *ICMPRateLimits
 	// ServiceMetrics (--service-metrics) makes the programs count per
 	// Service (svcstats.go). Off, they count nothing and
