@@ -78,26 +78,6 @@ volatile const __u8 have_cluster_cidr6 = 0;
 volatile const __u64 fib_cache_ns = NSEC_PER_SEC;
 
 /*
- * The rate limits of the ICMP (ICMPv6) errors tc sends (icmp.h,
- * icmp_rl_allow): the kernel's sysctls of the agent's network namespace,
- * which it reads at start (pkg/datapath ReadICMPRateLimits); these
- * defaults are Linux 6.18's. icmp_ratelimit_ns is net.ipv4.icmp_ratelimit
- * (icmp6_ratelimit_ns net.ipv6.icmp.ratelimit), the tokens one error to a
- * destination costs, 0: no per-destination limit; icmp_ratemask the
- * ICMP types limited (bit t: type t; net.ipv4.icmp_ratemask),
- * icmp6_ratemask ICMPv6 types 0-31's bits of net.ipv6.icmp.ratemask
- * (0-1,3-127: all errors but packet too big); icmp_msgs_per_sec and
- * icmp_msgs_burst the node's bucket (net.ipv4.icmp_msgs_per_sec and
- * icmp_msgs_burst), both families'.
- */
-volatile const __u64 icmp_ratelimit_ns = 1000ULL * 1000000;
-volatile const __u64 icmp6_ratelimit_ns = 100ULL * 1000000;
-volatile const __u32 icmp_ratemask = 0x1818;
-volatile const __u32 icmp6_ratemask = 0xfffffffb;
-volatile const __u32 icmp_msgs_per_sec = 1000;
-volatile const __u32 icmp_msgs_burst = 50;
-
-/*
  * --service-metrics: count per Service (svcstats.h). A constant, so that
  * with it off the verifier removes the counting of every svc_count as
  * dead code: what is left of one is the read of this constant.

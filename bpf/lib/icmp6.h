@@ -134,8 +134,7 @@ static __always_inline int icmp6_reply(struct __sk_buff *skb,
 {
 	if (!icmp_link_answerable(skb) || !icmp6_src_answerable(&p->saddr))
 		return ICMP_NOT_SENT;
-	if (type < 32 && ((icmp6_ratemask >> type) & 1) &&
-	    !icmp_rl_allow(&p->saddr, true, explain_dry(p)))
+	if (!icmp_rl_allow(&p->saddr, true, type, code, explain_dry(p)))
 		return ICMP_NOT_SENT;
 	return icmp6_build(skb, p, type, code, info);
 }

@@ -351,6 +351,23 @@ struct {
 } sluice_svc_stats_v1 SEC(".maps");
 
 /*
+ * Key: __u32 0. Value: struct icmp_rl_conf. The kernel's ICMP rate limit
+ * sysctls as the agent last read them (icmp.h, icmp_rl_allow, on tc's
+ * error path only): written when it starts, before a program is
+ * attached, and whenever it sees them changed (pkg/datapath icmprl.go):
+ * a sysctl changed takes effect without a reload. An agent upgraded onto
+ * pins without it (the previous release's programs had the values as
+ * constants) creates it.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct icmp_rl_conf);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sluice_icmp_limits_v1 SEC(".maps");
+
+/*
  * Key: __u32 0. Value: struct explain_record, per CPU. What a dry run of
  * the tc program decided (explain.h), written by dry runs only. Not
  * pinned: it is no state, every object has its own, and only tc's is

@@ -783,6 +783,26 @@ struct icmp_rl_global {
 	__u64 stamp;  /* now_ns() of the last refill */
 };
 
+/*
+ * sluice_icmp_limits_v1, __u32 0 -> struct icmp_rl_conf: the values of
+ * the kernel's ICMP rate limit sysctls that the agent last read (pkg/
+ * datapath icmprl.go), which the limits above follow. ratelimit_ns is
+ * net.ipv4.icmp_ratelimit (ratelimit6_ns net.ipv6.icmp.ratelimit), the
+ * tokens one error to a destination costs, 0: no per-destination limit;
+ * ratemask the ICMP types limited (bit t: type t; net.ipv4.icmp_ratemask),
+ * ratemask6 ICMPv6 types 0-31's bits of net.ipv6.icmp.ratemask;
+ * msgs_per_sec and msgs_burst the node's bucket (net.ipv4.icmp_msgs_per_sec
+ * and icmp_msgs_burst), both families'.
+ */
+struct icmp_rl_conf {
+	__u64 ratelimit_ns;
+	__u64 ratelimit6_ns;
+	__u32 ratemask;
+	__u32 ratemask6;
+	__u32 msgs_per_sec;
+	__u32 msgs_burst;
+};
+
 /* The metric reasons an explain_record keeps, in the order counted. */
 #define EXPLAIN_REASONS 8
 
@@ -1174,5 +1194,6 @@ _Static_assert(sizeof(struct fib_hop) == 32, "fib_hop size");
 _Static_assert(sizeof(struct icmp_rl_key) == 20, "icmp_rl_key size");
 _Static_assert(sizeof(struct icmp_rl_peer) == 16, "icmp_rl_peer size");
 _Static_assert(sizeof(struct icmp_rl_global) == 16, "icmp_rl_global size");
+_Static_assert(sizeof(struct icmp_rl_conf) == 32, "icmp_rl_conf size");
 
 #endif /* SLUICE_STRUCTS_H */

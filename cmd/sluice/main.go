@@ -369,7 +369,8 @@ func run(args []string) int {
 	dpCfg.DisableSocketLB = !*socketLB
 	dpCfg.DeferDryRun = true // loaded after the first sync (dryRunLoader)
 	// tc's ICMP errors follow the kernel's rate limits, this network
-	// namespace's (the node's) sysctls as they are now.
+	// namespace's (the node's) sysctls: as they are now, then as runAgent
+	// reads them again (FollowICMPRateLimits).
 	if rl, err := datapath.ReadICMPRateLimits("/proc/sys"); err != nil {
 		log.Warn("ICMP rate limit sysctls unreadable: tc's ICMP errors follow Linux's defaults", "err", err)
 	} else {
@@ -534,6 +535,14 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	if dpCfg.XDP != datapath.XDPOff {
 		users.Go(func() { followRouting(ctx, watchRouting(dp), 5*time.Second, log.With("component", "xdp-routes")) })
 	}
+	// Once started: a node device enslaved to or released from a
+	// bridge, bond, team or Open vSwitch master is followed (portwatch.go),
+	// and so are the ICMP rate limit sysctls, read again every 10 s
+	// (icmprl.go: sysctls notify no change).
+	users.Go(func() { dp.FollowPorts(ctx, 5*time.Second, log.With("component", "devices")) })
+	users.Go(func() {
+		dp.FollowICMPRateLimits(ctx, "/proc/sys", 10*time.Second, log.With("component", "icmp-ratelimit"))
+	})
 	runErr := a.Run(ctx, src)
 	cancel(nil)
 	for range servers {

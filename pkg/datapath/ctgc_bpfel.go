@@ -46,6 +46,7 @@ const (
 	ctgcMapSluiceExpl6V1           = "sluice_expl6_v1"
 	ctgcMapSluiceExplV1            = "sluice_expl_v1"
 	ctgcMapSluiceFragmentsV1       = "sluice_fragments_v1"
+	ctgcMapSluiceIcmpLimitsV1      = "sluice_icmp_limits_v1"
 	ctgcMapSluiceMetricsV1         = "sluice_metrics_v1"
 	ctgcMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
 	ctgcMapSluiceRevNatV2          = "sluice_rev_nat_v2"
@@ -69,12 +70,6 @@ const (
 	ctgcVarFibCacheNs              = "fib_cache_ns"
 	ctgcVarHaveClusterCidr         = "have_cluster_cidr"
 	ctgcVarHaveClusterCidr6        = "have_cluster_cidr6"
-	ctgcVarIcmp6RatelimitNs        = "icmp6_ratelimit_ns"
-	ctgcVarIcmp6Ratemask           = "icmp6_ratemask"
-	ctgcVarIcmpMsgsBurst           = "icmp_msgs_burst"
-	ctgcVarIcmpMsgsPerSec          = "icmp_msgs_per_sec"
-	ctgcVarIcmpRatelimitNs         = "icmp_ratelimit_ns"
-	ctgcVarIcmpRatemask            = "icmp_ratemask"
 	ctgcVarMasqueradeAll           = "masquerade_all"
 	ctgcVarNodeIp4                 = "node_ip4"
 	ctgcVarNodeIp6                 = "node_ip6"
@@ -164,6 +159,7 @@ type ctgcMapSpecs struct {
 	SluiceExpl6V1           *ebpf.MapSpec `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
+	SluiceIcmpLimitsV1      *ebpf.MapSpec `ebpf:"sluice_icmp_limits_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV2          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v2"`
@@ -190,12 +186,6 @@ type ctgcVariableSpecs struct {
 	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
-	Icmp6RatelimitNs *ebpf.VariableSpec `ebpf:"icmp6_ratelimit_ns"`
-	Icmp6Ratemask    *ebpf.VariableSpec `ebpf:"icmp6_ratemask"`
-	IcmpMsgsBurst    *ebpf.VariableSpec `ebpf:"icmp_msgs_burst"`
-	IcmpMsgsPerSec   *ebpf.VariableSpec `ebpf:"icmp_msgs_per_sec"`
-	IcmpRatelimitNs  *ebpf.VariableSpec `ebpf:"icmp_ratelimit_ns"`
-	IcmpRatemask     *ebpf.VariableSpec `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
@@ -254,6 +244,7 @@ type ctgcMaps struct {
 	SluiceExpl6V1           *ebpf.Map `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
+	SluiceIcmpLimitsV1      *ebpf.Map `ebpf:"sluice_icmp_limits_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV2          *ebpf.Map `ebpf:"sluice_rev_nat_v2"`
@@ -299,6 +290,7 @@ func (m *ctgcMaps) Close() error {
 		m.SluiceExpl6V1,
 		m.SluiceExplV1,
 		m.SluiceFragmentsV1,
+		m.SluiceIcmpLimitsV1,
 		m.SluiceMetricsV1,
 		m.SluiceNodeCidrsV1,
 		m.SluiceRevNatV2,
@@ -326,12 +318,6 @@ type ctgcVariables struct {
 	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
-	Icmp6RatelimitNs *ebpf.Variable `ebpf:"icmp6_ratelimit_ns"`
-	Icmp6Ratemask    *ebpf.Variable `ebpf:"icmp6_ratemask"`
-	IcmpMsgsBurst    *ebpf.Variable `ebpf:"icmp_msgs_burst"`
-	IcmpMsgsPerSec   *ebpf.Variable `ebpf:"icmp_msgs_per_sec"`
-	IcmpRatelimitNs  *ebpf.Variable `ebpf:"icmp_ratelimit_ns"`
-	IcmpRatemask     *ebpf.Variable `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`

@@ -34,7 +34,6 @@ package datapath
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -161,8 +160,10 @@ type Config struct {
 	// and external traffic to a backend on this node.
 	MasqueradeAll bool
 	// ICMPRateLimits are the kernel's ICMP rate limits tc's errors
-	// follow (icmprl.go): the agent's ReadICMPRateLimits; nil, Linux
-	// 6.18's defaults.
+	// follow from the start (icmprl.go): the agent's
+	// ReadICMPRateLimits; nil, Linux 6.18's defaults. Open writes them
+	// into sluice_icmp_limits_v1; FollowICMPRateLimits keeps it up to
+	// date after.
 	ICMPRateLimits *ICMPRateLimits
 	// ServiceMetrics (--service-metrics) makes the programs count per
 	// Service (svcstats.go). Off, they count nothing and
@@ -308,6 +309,12 @@ type Datapath struct {
 	// generation to (routecache.go).
 	routeGen routeGen
 
+	// committed is closed by Commit: what follows the node at run time
+	// (FollowDevices, FollowICMPRateLimits) writes the maps only after
+	// the start's writes (devwatch.go).
+	committed     chan struct{}
+	committedOnce sync.Once
+
 	// What the kernel offers beyond the minimum (features.go).
 	features Features
 
@@ -415,7 +422,7 @@ func Open(cfg Config) (*Datapath, error) {
 		}
 	}
 
-	d := &Datapath{cfg: cfg, dir: dir}
+	d := &Datapath{cfg: cfg, dir: dir, committed: make(chan struct{})}
 	specs, err := d.specs()
 	if err != nil {
 		return nil, err
@@ -451,6 +458,16 @@ func Open(cfg Config) (*Datapath, error) {
 		return nil, errors.Join(err, d.pins.undo())
 	}
 	if err := errors.Join(d.pins.keepEntries(d.maps.nodeCIDRs, mapNodeCIDRs), d.pins.keepEntries(d.maps.nodeCIDRs6, mapNodeCIDRs6)); err != nil {
+		return nil, errors.Join(err, d.Abort())
+	}
+	// The ICMP rate limits before any program is attached: the map of
+	// a new pin holds zeros, no limit at all. Not put back by a start
+	// that fails: what it writes is the node's sysctls now.
+	rl := DefaultICMPRateLimits()
+	if cfg.ICMPRateLimits != nil {
+		rl = *cfg.ICMPRateLimits
+	}
+	if _, err := d.setICMPRateLimits(rl); err != nil {
 		return nil, errors.Join(err, d.Abort())
 	}
 	owned := func(kind uint32) bool { return kind != nodeCIDRService || !cfg.ServiceCIDRsFromSource }
@@ -743,11 +760,6 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		"service_metrics":     boolU8(cfg.ServiceMetrics),
 		"fib_cache_ns":        uint64(cfg.XDPRouteCacheAge.Nanoseconds()),
 	}
-	rl := DefaultICMPRateLimits()
-	if cfg.ICMPRateLimits != nil {
-		rl = *cfg.ICMPRateLimits
-	}
-	maps.Copy(vars, rl.vars())
 	for _, ip := range cfg.NodeIPs {
 		if ip.Unmap().Is4() {
 			vars["node_ip4"] = be32(ip.Unmap())

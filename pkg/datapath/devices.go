@@ -143,8 +143,8 @@ func isPortMaster(m netlink.Link) bool {
 // and a port of a bridge, bond, team or Open vSwitch (nodeDevPort: its
 // master is one: isPortMaster), whose frames to another MAC tc still
 // answers (bpf/lib/icmp.h, icmp_link_answerable). A device enslaved or
-// freed after the agent attached to it keeps the flag it had until the
-// agent attaches again.
+// freed after the agent attached to it has its flag changed by
+// WatchDevices (devwatch.go), which the agent runs.
 func deviceFlags(dev string) (uint32, error) {
 	l, err := netlink.LinkByName(dev)
 	if err != nil {

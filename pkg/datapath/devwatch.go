@@ -25,7 +25,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -130,9 +129,6 @@ type DeviceWatch struct {
 	// subscribe, if set (tests), replaces netlink.LinkSubscribeWithOptions.
 	subscribe func(ch chan<- netlink.LinkUpdate, done <-chan struct{}, opts netlink.LinkSubscribeOptions) error
 }
-
-// mu orders the device steps of every watch with each other.
-var devWatchMu sync.Mutex
 
 // NewDeviceWatch returns a watch over sel's patterns in the calling
 // thread's network namespace (where Run works, whichever thread runs it).
@@ -261,9 +257,9 @@ func (w *DeviceWatch) present(ifindex int, name string, report func(DeviceEvent)
 	if held {
 		reason = "renamed"
 	}
-	devWatchMu.Lock()
+	w.d.maps.devMu.Lock()
 	err := w.d.AttachDevice(name, ifindex)
-	devWatchMu.Unlock()
+	w.d.maps.devMu.Unlock()
 	if err != nil {
 		report(DeviceEvent{Device: name, Ifindex: ifindex, Reason: reason, Err: err})
 		return
@@ -279,9 +275,9 @@ func (w *DeviceWatch) gone(ifindex int, reason string, report func(DeviceEvent))
 		return
 	}
 	delete(w.have, ifindex)
-	devWatchMu.Lock()
+	w.d.maps.devMu.Lock()
 	err := w.d.DetachDevice(name, ifindex)
-	devWatchMu.Unlock()
+	w.d.maps.devMu.Unlock()
 	report(DeviceEvent{Device: name, Ifindex: ifindex, Reason: reason, Err: err})
 }
 

@@ -4,16 +4,21 @@ package datapath
 // kernel's (a port unreachable for a ClusterIP's unserved port or a
 // Service without endpoints; a time exceeded where tc forwards): the
 // kernel's own (bpf/lib/icmp.h, icmp_rl_allow), with the values of its
-// sysctls. The agent reads them from its network namespace when it starts
-// (ReadICMPRateLimits) and sets them as the programs' constants; a value
-// changed later takes effect at the agent's next start, as every other
-// constant does. Without them (Config.ICMPRateLimits nil) the programs
-// keep Linux 6.18's defaults (DefaultICMPRateLimits).
+// sysctls, in sluice_icmp_limits_v1. The agent reads them from its
+// network namespace when it starts (ReadICMPRateLimits, Config.
+// ICMPRateLimits), and Open writes them before a program is attached;
+// then it reads them again every 10 s (FollowICMPRateLimits: sysctls
+// send no notification of a change) and writes the map when they
+// changed: a change takes effect within that time, without a reload.
+// Without them (Config.ICMPRateLimits nil) the programs follow Linux
+// 6.18's defaults (DefaultICMPRateLimits).
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -38,7 +43,7 @@ type ICMPRateLimits struct {
 	MsgsPerSec, MsgsBurst uint32
 }
 
-// DefaultICMPRateLimits are Linux 6.18's defaults, bpf/lib/config.h's.
+// DefaultICMPRateLimits are Linux 6.18's defaults.
 func DefaultICMPRateLimits() ICMPRateLimits {
 	return ICMPRateLimits{
 		PerDestination: time.Second, PerDestination6: 100 * time.Millisecond,
@@ -138,14 +143,74 @@ func parseICMP6Ratemask(s string) (uint32, error) {
 	return mask, nil
 }
 
-// vars are the programs' constants (bpf/lib/config.h) for l.
-func (l ICMPRateLimits) vars() map[string]any {
-	return map[string]any{
-		"icmp_ratelimit_ns":  uint64(l.PerDestination.Nanoseconds()),
-		"icmp6_ratelimit_ns": uint64(l.PerDestination6.Nanoseconds()),
-		"icmp_ratemask":      l.Mask,
-		"icmp6_ratemask":     l.Mask6,
-		"icmp_msgs_per_sec":  l.MsgsPerSec,
-		"icmp_msgs_burst":    l.MsgsBurst,
+// conf is l as sluice_icmp_limits_v1 holds it (struct icmp_rl_conf).
+func (l ICMPRateLimits) conf() tcIcmpRlConf {
+	return tcIcmpRlConf{
+		RatelimitNs:  uint64(l.PerDestination.Nanoseconds()),
+		Ratelimit6Ns: uint64(l.PerDestination6.Nanoseconds()),
+		Ratemask:     l.Mask,
+		Ratemask6:    l.Mask6,
+		MsgsPerSec:   l.MsgsPerSec,
+		MsgsBurst:    l.MsgsBurst,
+	}
+}
+
+// setICMPRateLimits writes l into sluice_icmp_limits_v1 unless it holds
+// l already, and says whether it wrote.
+func (d *Datapath) setICMPRateLimits(l ICMPRateLimits) (bool, error) {
+	m := d.tc.SluiceIcmpLimitsV1
+	want := l.conf()
+	var cur tcIcmpRlConf
+	if err := m.Lookup(uint32(0), &cur); err != nil {
+		return false, fmt.Errorf("read %s: %w", mapICMPLimits, err)
+	}
+	if cur == want {
+		return false, nil
+	}
+	if err := m.Put(uint32(0), &want); err != nil {
+		return false, fmt.Errorf("write %s: %w", mapICMPLimits, err)
+	}
+	return true, nil
+}
+
+// refreshICMPRateLimits reads the sysctls under procSys again and writes
+// them into sluice_icmp_limits_v1 if they changed; it returns what it
+// read and whether it wrote. A sysctl that does not parse is an error,
+// and nothing is written.
+func (d *Datapath) refreshICMPRateLimits(procSys string) (ICMPRateLimits, bool, error) {
+	l, err := ReadICMPRateLimits(procSys)
+	if err != nil {
+		return l, false, err
+	}
+	changed, err := d.setICMPRateLimits(l)
+	return l, changed, err
+}
+
+// FollowICMPRateLimits reads the ICMP rate limit sysctls under procSys
+// (/proc/sys: the agent's network namespace's) every period until ctx
+// is done, and writes them into the programs' map when they changed
+// (logged). A read or write that fails is logged once, until one
+// succeeds again; the map keeps the values last written meanwhile.
+func (d *Datapath) FollowICMPRateLimits(ctx context.Context, procSys string, every time.Duration, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		l, changed, err := d.refreshICMPRateLimits(procSys)
+		switch {
+		case err != nil && !failing:
+			log.Warn("ICMP rate limit sysctls: tc's ICMP errors keep the limits last read", "err", err)
+		case err == nil && changed:
+			log.Info("ICMP rate limit sysctls changed: tc's ICMP errors follow them",
+				"icmp_ratelimit", l.PerDestination, "ipv6_icmp_ratelimit", l.PerDestination6,
+				"icmp_ratemask", fmt.Sprintf("%#x", l.Mask), "ipv6_icmp_ratemask", fmt.Sprintf("%#x", l.Mask6),
+				"icmp_msgs_per_sec", l.MsgsPerSec, "icmp_msgs_burst", l.MsgsBurst)
+		}
+		failing = err != nil
 	}
 }

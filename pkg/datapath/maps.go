@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/cilium/ebpf"
@@ -29,6 +30,10 @@ type Maps struct {
 	affinity, affFix                                                  *ebpf.Map
 	svcStats                                                          *ebpf.Map // per-Service counters (svcstats.go)
 	ctFlush6                                                          *ebpf.Map // IPv6 conntrack flush set (conntrack.go)
+	// devMu orders the writes of sluice_devices after the start: the
+	// port flag's read-modify-writes (portwatch.go) and the attach and
+	// detach of the devices that --devices' patterns follow (devwatch.go).
+	devMu sync.Mutex
 	// The half-open share of sluice_conntrack and the LRU's new_live
 	// word (sluice_ct_admit), and its per-CPU parts (sluice_ct_pcpu):
 	// bpf/lib/conntrack.h.

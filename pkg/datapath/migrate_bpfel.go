@@ -48,6 +48,7 @@ const (
 	migrateMapSluiceExpl6V1           = "sluice_expl6_v1"
 	migrateMapSluiceExplV1            = "sluice_expl_v1"
 	migrateMapSluiceFragmentsV1       = "sluice_fragments_v1"
+	migrateMapSluiceIcmpLimitsV1      = "sluice_icmp_limits_v1"
 	migrateMapSluiceMetricsV1         = "sluice_metrics_v1"
 	migrateMapSluiceMigOldEst         = "sluice_mig_old_est"
 	migrateMapSluiceMigOldNew         = "sluice_mig_old_new"
@@ -74,12 +75,6 @@ const (
 	migrateVarFibCacheNs              = "fib_cache_ns"
 	migrateVarHaveClusterCidr         = "have_cluster_cidr"
 	migrateVarHaveClusterCidr6        = "have_cluster_cidr6"
-	migrateVarIcmp6RatelimitNs        = "icmp6_ratelimit_ns"
-	migrateVarIcmp6Ratemask           = "icmp6_ratemask"
-	migrateVarIcmpMsgsBurst           = "icmp_msgs_burst"
-	migrateVarIcmpMsgsPerSec          = "icmp_msgs_per_sec"
-	migrateVarIcmpRatelimitNs         = "icmp_ratelimit_ns"
-	migrateVarIcmpRatemask            = "icmp_ratemask"
 	migrateVarMasqueradeAll           = "masquerade_all"
 	migrateVarMigFromEst              = "mig_from_est"
 	migrateVarMigFromEst6             = "mig_from_est6"
@@ -175,6 +170,7 @@ type migrateMapSpecs struct {
 	SluiceExpl6V1           *ebpf.MapSpec `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
+	SluiceIcmpLimitsV1      *ebpf.MapSpec `ebpf:"sluice_icmp_limits_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceMigOldEst         *ebpf.MapSpec `ebpf:"sluice_mig_old_est"`
 	SluiceMigOldNew         *ebpf.MapSpec `ebpf:"sluice_mig_old_new"`
@@ -205,12 +201,6 @@ type migrateVariableSpecs struct {
 	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
-	Icmp6RatelimitNs *ebpf.VariableSpec `ebpf:"icmp6_ratelimit_ns"`
-	Icmp6Ratemask    *ebpf.VariableSpec `ebpf:"icmp6_ratemask"`
-	IcmpMsgsBurst    *ebpf.VariableSpec `ebpf:"icmp_msgs_burst"`
-	IcmpMsgsPerSec   *ebpf.VariableSpec `ebpf:"icmp_msgs_per_sec"`
-	IcmpRatelimitNs  *ebpf.VariableSpec `ebpf:"icmp_ratelimit_ns"`
-	IcmpRatemask     *ebpf.VariableSpec `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	MigFromEst       *ebpf.VariableSpec `ebpf:"mig_from_est"`
 	MigFromEst6      *ebpf.VariableSpec `ebpf:"mig_from_est6"`
@@ -276,6 +266,7 @@ type migrateMaps struct {
 	SluiceExpl6V1           *ebpf.Map `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
+	SluiceIcmpLimitsV1      *ebpf.Map `ebpf:"sluice_icmp_limits_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceMigOldEst         *ebpf.Map `ebpf:"sluice_mig_old_est"`
 	SluiceMigOldNew         *ebpf.Map `ebpf:"sluice_mig_old_new"`
@@ -326,6 +317,7 @@ func (m *migrateMaps) Close() error {
 		m.SluiceExpl6V1,
 		m.SluiceExplV1,
 		m.SluiceFragmentsV1,
+		m.SluiceIcmpLimitsV1,
 		m.SluiceMetricsV1,
 		m.SluiceMigOldEst,
 		m.SluiceMigOldNew,
@@ -357,12 +349,6 @@ type migrateVariables struct {
 	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
-	Icmp6RatelimitNs *ebpf.Variable `ebpf:"icmp6_ratelimit_ns"`
-	Icmp6Ratemask    *ebpf.Variable `ebpf:"icmp6_ratemask"`
-	IcmpMsgsBurst    *ebpf.Variable `ebpf:"icmp_msgs_burst"`
-	IcmpMsgsPerSec   *ebpf.Variable `ebpf:"icmp_msgs_per_sec"`
-	IcmpRatelimitNs  *ebpf.Variable `ebpf:"icmp_ratelimit_ns"`
-	IcmpRatemask     *ebpf.Variable `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	MigFromEst       *ebpf.Variable `ebpf:"mig_from_est"`
 	MigFromEst6      *ebpf.Variable `ebpf:"mig_from_est6"`

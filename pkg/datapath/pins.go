@@ -55,6 +55,10 @@ const (
 	mapNodeCIDRs  = "sluice_node_cidrs_v1"
 	// Per-Service counters (--service-metrics), new in this release.
 	mapSvcStats = "sluice_svc_stats_v1"
+	// The ICMP rate limit sysctls tc's errors follow (icmprl.go), new
+	// in this release (the previous one's programs had them as
+	// constants): an agent upgraded creates it, Open writes it.
+	mapICMPLimits = "sluice_icmp_limits_v1"
 
 	// The IPv6 twins (family.go), new in this release: nothing to
 	// migrate, an agent upgraded from a pin directory without them

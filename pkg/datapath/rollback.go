@@ -244,6 +244,7 @@ func (d *Datapath) Commit() error {
 	d.pins = nil
 	// No program of the previous release runs now.
 	d.maps.ReleaseConntrackNew()
+	d.committedOnce.Do(func() { close(d.committed) })
 	return j.commit()
 }
 

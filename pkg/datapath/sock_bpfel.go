@@ -221,6 +221,16 @@ type sockFrag6Key struct {
 	Pad   [3]uint8
 }
 
+type sockIcmpRlConf struct {
+	_            structs.HostLayout
+	RatelimitNs  uint64
+	Ratelimit6Ns uint64
+	Ratemask     uint32
+	Ratemask6    uint32
+	MsgsPerSec   uint32
+	MsgsBurst    uint32
+}
+
 type sockLb4Affinity struct {
 	_         structs.HostLayout
 	Expires   uint64
@@ -607,6 +617,7 @@ const (
 	sockMapSluiceExpl6V1           = "sluice_expl6_v1"
 	sockMapSluiceExplV1            = "sluice_expl_v1"
 	sockMapSluiceFragmentsV1       = "sluice_fragments_v1"
+	sockMapSluiceIcmpLimitsV1      = "sluice_icmp_limits_v1"
 	sockMapSluiceMetricsV1         = "sluice_metrics_v1"
 	sockMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
 	sockMapSluiceRevNatV2          = "sluice_rev_nat_v2"
@@ -643,12 +654,6 @@ const (
 	sockVarHaveClusterCidr         = "have_cluster_cidr"
 	sockVarHaveClusterCidr6        = "have_cluster_cidr6"
 	sockVarHostNetnsCookie         = "host_netns_cookie"
-	sockVarIcmp6RatelimitNs        = "icmp6_ratelimit_ns"
-	sockVarIcmp6Ratemask           = "icmp6_ratemask"
-	sockVarIcmpMsgsBurst           = "icmp_msgs_burst"
-	sockVarIcmpMsgsPerSec          = "icmp_msgs_per_sec"
-	sockVarIcmpRatelimitNs         = "icmp_ratelimit_ns"
-	sockVarIcmpRatemask            = "icmp_ratemask"
 	sockVarMasqueradeAll           = "masquerade_all"
 	sockVarNodeIp4                 = "node_ip4"
 	sockVarNodeIp6                 = "node_ip6"
@@ -749,6 +754,7 @@ type sockMapSpecs struct {
 	SluiceExpl6V1           *ebpf.MapSpec `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
+	SluiceIcmpLimitsV1      *ebpf.MapSpec `ebpf:"sluice_icmp_limits_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV2          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v2"`
@@ -777,12 +783,6 @@ type sockVariableSpecs struct {
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
 	HostNetnsCookie  *ebpf.VariableSpec `ebpf:"host_netns_cookie"`
-	Icmp6RatelimitNs *ebpf.VariableSpec `ebpf:"icmp6_ratelimit_ns"`
-	Icmp6Ratemask    *ebpf.VariableSpec `ebpf:"icmp6_ratemask"`
-	IcmpMsgsBurst    *ebpf.VariableSpec `ebpf:"icmp_msgs_burst"`
-	IcmpMsgsPerSec   *ebpf.VariableSpec `ebpf:"icmp_msgs_per_sec"`
-	IcmpRatelimitNs  *ebpf.VariableSpec `ebpf:"icmp_ratelimit_ns"`
-	IcmpRatemask     *ebpf.VariableSpec `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
@@ -841,6 +841,7 @@ type sockMaps struct {
 	SluiceExpl6V1           *ebpf.Map `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
+	SluiceIcmpLimitsV1      *ebpf.Map `ebpf:"sluice_icmp_limits_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV2          *ebpf.Map `ebpf:"sluice_rev_nat_v2"`
@@ -887,6 +888,7 @@ func (m *sockMaps) Close() error {
 		m.SluiceExpl6V1,
 		m.SluiceExplV1,
 		m.SluiceFragmentsV1,
+		m.SluiceIcmpLimitsV1,
 		m.SluiceMetricsV1,
 		m.SluiceNodeCidrsV1,
 		m.SluiceRevNatV2,
@@ -916,12 +918,6 @@ type sockVariables struct {
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
 	HostNetnsCookie  *ebpf.Variable `ebpf:"host_netns_cookie"`
-	Icmp6RatelimitNs *ebpf.Variable `ebpf:"icmp6_ratelimit_ns"`
-	Icmp6Ratemask    *ebpf.Variable `ebpf:"icmp6_ratemask"`
-	IcmpMsgsBurst    *ebpf.Variable `ebpf:"icmp_msgs_burst"`
-	IcmpMsgsPerSec   *ebpf.Variable `ebpf:"icmp_msgs_per_sec"`
-	IcmpRatelimitNs  *ebpf.Variable `ebpf:"icmp_ratelimit_ns"`
-	IcmpRatemask     *ebpf.Variable `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`

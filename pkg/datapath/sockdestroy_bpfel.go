@@ -74,6 +74,7 @@ const (
 	sockdestroyMapSluiceExpl6V1           = "sluice_expl6_v1"
 	sockdestroyMapSluiceExplV1            = "sluice_expl_v1"
 	sockdestroyMapSluiceFragmentsV1       = "sluice_fragments_v1"
+	sockdestroyMapSluiceIcmpLimitsV1      = "sluice_icmp_limits_v1"
 	sockdestroyMapSluiceMetricsV1         = "sluice_metrics_v1"
 	sockdestroyMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
 	sockdestroyMapSluiceRevNatV2          = "sluice_rev_nat_v2"
@@ -95,12 +96,6 @@ const (
 	sockdestroyVarFibCacheNs              = "fib_cache_ns"
 	sockdestroyVarHaveClusterCidr         = "have_cluster_cidr"
 	sockdestroyVarHaveClusterCidr6        = "have_cluster_cidr6"
-	sockdestroyVarIcmp6RatelimitNs        = "icmp6_ratelimit_ns"
-	sockdestroyVarIcmp6Ratemask           = "icmp6_ratemask"
-	sockdestroyVarIcmpMsgsBurst           = "icmp_msgs_burst"
-	sockdestroyVarIcmpMsgsPerSec          = "icmp_msgs_per_sec"
-	sockdestroyVarIcmpRatelimitNs         = "icmp_ratelimit_ns"
-	sockdestroyVarIcmpRatemask            = "icmp_ratemask"
 	sockdestroyVarMasqueradeAll           = "masquerade_all"
 	sockdestroyVarNodeIp4                 = "node_ip4"
 	sockdestroyVarNodeIp6                 = "node_ip6"
@@ -188,6 +183,7 @@ type sockdestroyMapSpecs struct {
 	SluiceExpl6V1           *ebpf.MapSpec `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
+	SluiceIcmpLimitsV1      *ebpf.MapSpec `ebpf:"sluice_icmp_limits_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV2          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v2"`
@@ -214,12 +210,6 @@ type sockdestroyVariableSpecs struct {
 	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
-	Icmp6RatelimitNs *ebpf.VariableSpec `ebpf:"icmp6_ratelimit_ns"`
-	Icmp6Ratemask    *ebpf.VariableSpec `ebpf:"icmp6_ratemask"`
-	IcmpMsgsBurst    *ebpf.VariableSpec `ebpf:"icmp_msgs_burst"`
-	IcmpMsgsPerSec   *ebpf.VariableSpec `ebpf:"icmp_msgs_per_sec"`
-	IcmpRatelimitNs  *ebpf.VariableSpec `ebpf:"icmp_ratelimit_ns"`
-	IcmpRatemask     *ebpf.VariableSpec `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
@@ -278,6 +268,7 @@ type sockdestroyMaps struct {
 	SluiceExpl6V1           *ebpf.Map `ebpf:"sluice_expl6_v1"`
 	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
+	SluiceIcmpLimitsV1      *ebpf.Map `ebpf:"sluice_icmp_limits_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV2          *ebpf.Map `ebpf:"sluice_rev_nat_v2"`
@@ -323,6 +314,7 @@ func (m *sockdestroyMaps) Close() error {
 		m.SluiceExpl6V1,
 		m.SluiceExplV1,
 		m.SluiceFragmentsV1,
+		m.SluiceIcmpLimitsV1,
 		m.SluiceMetricsV1,
 		m.SluiceNodeCidrsV1,
 		m.SluiceRevNatV2,
@@ -350,12 +342,6 @@ type sockdestroyVariables struct {
 	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
-	Icmp6RatelimitNs *ebpf.Variable `ebpf:"icmp6_ratelimit_ns"`
-	Icmp6Ratemask    *ebpf.Variable `ebpf:"icmp6_ratemask"`
-	IcmpMsgsBurst    *ebpf.Variable `ebpf:"icmp_msgs_burst"`
-	IcmpMsgsPerSec   *ebpf.Variable `ebpf:"icmp_msgs_per_sec"`
-	IcmpRatelimitNs  *ebpf.Variable `ebpf:"icmp_ratelimit_ns"`
-	IcmpRatemask     *ebpf.Variable `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`

@@ -44,6 +44,16 @@ type tcCt6Key struct {
 	Pad   uint16
 }
 
+type tcIcmpRlConf struct {
+	_            structs.HostLayout
+	RatelimitNs  uint64
+	Ratelimit6Ns uint64
+	Ratemask     uint32
+	Ratemask6    uint32
+	MsgsPerSec   uint32
+	MsgsBurst    uint32
+}
+
 type tcIcmpRlGlobal struct {
 	_      structs.HostLayout
 	Credit int64
@@ -103,6 +113,7 @@ const (
 	tcMapSluiceExplV1            = "sluice_expl_v1"
 	tcMapSluiceFragmentsV1       = "sluice_fragments_v1"
 	tcMapSluiceIcmpGlobalV1      = "sluice_icmp_global_v1"
+	tcMapSluiceIcmpLimitsV1      = "sluice_icmp_limits_v1"
 	tcMapSluiceIcmpPeersV1       = "sluice_icmp_peers_v1"
 	tcMapSluiceMetricsV1         = "sluice_metrics_v1"
 	tcMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
@@ -134,12 +145,6 @@ const (
 	tcVarFibCacheNs              = "fib_cache_ns"
 	tcVarHaveClusterCidr         = "have_cluster_cidr"
 	tcVarHaveClusterCidr6        = "have_cluster_cidr6"
-	tcVarIcmp6RatelimitNs        = "icmp6_ratelimit_ns"
-	tcVarIcmp6Ratemask           = "icmp6_ratemask"
-	tcVarIcmpMsgsBurst           = "icmp_msgs_burst"
-	tcVarIcmpMsgsPerSec          = "icmp_msgs_per_sec"
-	tcVarIcmpRatelimitNs         = "icmp_ratelimit_ns"
-	tcVarIcmpRatemask            = "icmp_ratemask"
 	tcVarMasqueradeAll           = "masquerade_all"
 	tcVarNodeIp4                 = "node_ip4"
 	tcVarNodeIp6                 = "node_ip6"
@@ -235,6 +240,7 @@ type tcMapSpecs struct {
 	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
 	SluiceIcmpGlobalV1      *ebpf.MapSpec `ebpf:"sluice_icmp_global_v1"`
+	SluiceIcmpLimitsV1      *ebpf.MapSpec `ebpf:"sluice_icmp_limits_v1"`
 	SluiceIcmpPeersV1       *ebpf.MapSpec `ebpf:"sluice_icmp_peers_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
@@ -264,12 +270,6 @@ type tcVariableSpecs struct {
 	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
-	Icmp6RatelimitNs *ebpf.VariableSpec `ebpf:"icmp6_ratelimit_ns"`
-	Icmp6Ratemask    *ebpf.VariableSpec `ebpf:"icmp6_ratemask"`
-	IcmpMsgsBurst    *ebpf.VariableSpec `ebpf:"icmp_msgs_burst"`
-	IcmpMsgsPerSec   *ebpf.VariableSpec `ebpf:"icmp_msgs_per_sec"`
-	IcmpRatelimitNs  *ebpf.VariableSpec `ebpf:"icmp_ratelimit_ns"`
-	IcmpRatemask     *ebpf.VariableSpec `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
@@ -329,6 +329,7 @@ type tcMaps struct {
 	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
 	SluiceIcmpGlobalV1      *ebpf.Map `ebpf:"sluice_icmp_global_v1"`
+	SluiceIcmpLimitsV1      *ebpf.Map `ebpf:"sluice_icmp_limits_v1"`
 	SluiceIcmpPeersV1       *ebpf.Map `ebpf:"sluice_icmp_peers_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
@@ -376,6 +377,7 @@ func (m *tcMaps) Close() error {
 		m.SluiceExplV1,
 		m.SluiceFragmentsV1,
 		m.SluiceIcmpGlobalV1,
+		m.SluiceIcmpLimitsV1,
 		m.SluiceIcmpPeersV1,
 		m.SluiceMetricsV1,
 		m.SluiceNodeCidrsV1,
@@ -406,12 +408,6 @@ type tcVariables struct {
 	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
-	Icmp6RatelimitNs *ebpf.Variable `ebpf:"icmp6_ratelimit_ns"`
-	Icmp6Ratemask    *ebpf.Variable `ebpf:"icmp6_ratemask"`
-	IcmpMsgsBurst    *ebpf.Variable `ebpf:"icmp_msgs_burst"`
-	IcmpMsgsPerSec   *ebpf.Variable `ebpf:"icmp_msgs_per_sec"`
-	IcmpRatelimitNs  *ebpf.Variable `ebpf:"icmp_ratelimit_ns"`
-	IcmpRatemask     *ebpf.Variable `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`

@@ -79,6 +79,7 @@ const (
 	xdpMapSluiceExplV1            = "sluice_expl_v1"
 	xdpMapSluiceFibV1             = "sluice_fib_v1"
 	xdpMapSluiceFragmentsV1       = "sluice_fragments_v1"
+	xdpMapSluiceIcmpLimitsV1      = "sluice_icmp_limits_v1"
 	xdpMapSluiceMetricsV1         = "sluice_metrics_v1"
 	xdpMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
 	xdpMapSluiceRevNatV2          = "sluice_rev_nat_v2"
@@ -104,12 +105,6 @@ const (
 	xdpVarFibGen                  = "fib_gen"
 	xdpVarHaveClusterCidr         = "have_cluster_cidr"
 	xdpVarHaveClusterCidr6        = "have_cluster_cidr6"
-	xdpVarIcmp6RatelimitNs        = "icmp6_ratelimit_ns"
-	xdpVarIcmp6Ratemask           = "icmp6_ratemask"
-	xdpVarIcmpMsgsBurst           = "icmp_msgs_burst"
-	xdpVarIcmpMsgsPerSec          = "icmp_msgs_per_sec"
-	xdpVarIcmpRatelimitNs         = "icmp_ratelimit_ns"
-	xdpVarIcmpRatemask            = "icmp_ratemask"
 	xdpVarMasqueradeAll           = "masquerade_all"
 	xdpVarNodeIp4                 = "node_ip4"
 	xdpVarNodeIp6                 = "node_ip6"
@@ -200,6 +195,7 @@ type xdpMapSpecs struct {
 	SluiceExplV1            *ebpf.MapSpec `ebpf:"sluice_expl_v1"`
 	SluiceFibV1             *ebpf.MapSpec `ebpf:"sluice_fib_v1"`
 	SluiceFragmentsV1       *ebpf.MapSpec `ebpf:"sluice_fragments_v1"`
+	SluiceIcmpLimitsV1      *ebpf.MapSpec `ebpf:"sluice_icmp_limits_v1"`
 	SluiceMetricsV1         *ebpf.MapSpec `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.MapSpec `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV2          *ebpf.MapSpec `ebpf:"sluice_rev_nat_v2"`
@@ -229,12 +225,6 @@ type xdpVariableSpecs struct {
 	FibGen           *ebpf.VariableSpec `ebpf:"fib_gen"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
-	Icmp6RatelimitNs *ebpf.VariableSpec `ebpf:"icmp6_ratelimit_ns"`
-	Icmp6Ratemask    *ebpf.VariableSpec `ebpf:"icmp6_ratemask"`
-	IcmpMsgsBurst    *ebpf.VariableSpec `ebpf:"icmp_msgs_burst"`
-	IcmpMsgsPerSec   *ebpf.VariableSpec `ebpf:"icmp_msgs_per_sec"`
-	IcmpRatelimitNs  *ebpf.VariableSpec `ebpf:"icmp_ratelimit_ns"`
-	IcmpRatemask     *ebpf.VariableSpec `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
@@ -295,6 +285,7 @@ type xdpMaps struct {
 	SluiceExplV1            *ebpf.Map `ebpf:"sluice_expl_v1"`
 	SluiceFibV1             *ebpf.Map `ebpf:"sluice_fib_v1"`
 	SluiceFragmentsV1       *ebpf.Map `ebpf:"sluice_fragments_v1"`
+	SluiceIcmpLimitsV1      *ebpf.Map `ebpf:"sluice_icmp_limits_v1"`
 	SluiceMetricsV1         *ebpf.Map `ebpf:"sluice_metrics_v1"`
 	SluiceNodeCidrsV1       *ebpf.Map `ebpf:"sluice_node_cidrs_v1"`
 	SluiceRevNatV2          *ebpf.Map `ebpf:"sluice_rev_nat_v2"`
@@ -342,6 +333,7 @@ func (m *xdpMaps) Close() error {
 		m.SluiceExplV1,
 		m.SluiceFibV1,
 		m.SluiceFragmentsV1,
+		m.SluiceIcmpLimitsV1,
 		m.SluiceMetricsV1,
 		m.SluiceNodeCidrsV1,
 		m.SluiceRevNatV2,
@@ -372,12 +364,6 @@ type xdpVariables struct {
 	FibGen           *ebpf.Variable `ebpf:"fib_gen"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
 	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
-	Icmp6RatelimitNs *ebpf.Variable `ebpf:"icmp6_ratelimit_ns"`
-	Icmp6Ratemask    *ebpf.Variable `ebpf:"icmp6_ratemask"`
-	IcmpMsgsBurst    *ebpf.Variable `ebpf:"icmp_msgs_burst"`
-	IcmpMsgsPerSec   *ebpf.Variable `ebpf:"icmp_msgs_per_sec"`
-	IcmpRatelimitNs  *ebpf.Variable `ebpf:"icmp_ratelimit_ns"`
-	IcmpRatemask     *ebpf.Variable `ebpf:"icmp_ratemask"`
 	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
 	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
 	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`
