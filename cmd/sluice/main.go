@@ -288,7 +288,16 @@ func run(args []string) int {
 			log.Error("find the devices of --node-ip", "err", err)
 			return 1
 		}
-		log.Info("devices holding the node addresses", "devices", cfg.Devices)
+		if len(cfg.Devices) == 0 {
+			// No tc program then (Prune detaches an earlier agent's):
+			// the NodePorts the watch adds once an address comes are
+			// served by the socket programs alone. Not fatal, as a
+			// node without node IPs is not (below).
+			log.Warn("no device holds a node address: no tc program attached, so external clients reach no NodePort, ExternalIP or LoadBalancer IP; "+
+				"name the devices with --devices (or restart once an interface holds the address)", "node_ips", na.all)
+		} else {
+			log.Info("devices holding the node addresses", "devices", cfg.Devices)
+		}
 	}
 	// NodePorts answer on the --nodeport-addresses (default: primary,
 	// kube-proxy's node IP of each family) that are on the node's

@@ -125,7 +125,12 @@ func watchNodePorts(plan nodePortPlan, log *slog.Logger) (*nodePortWatch, nodePo
 	if plan.onDevices() {
 		log.Info("no node IP: NodePorts on the devices' addresses", "addresses", np.Addrs)
 	} else if off := slices.DeleteFunc(slices.Clone(plan.primary), func(a netip.Addr) bool { return slices.Contains(np.Addrs, a) }); len(plan.cidrs) == 0 && len(off) > 0 {
-		log.Warn("node IP on no interface: no NodePorts on it until it is", "node_ips", off)
+		msg := "node IP on no interface: no NodePorts on it until it is"
+		if len(plan.devices) == 0 {
+			// main's warning says why: no tc program anywhere.
+			msg += ", and then to the node's and pods' own connections only (no --devices)"
+		}
+		log.Warn(msg, "node_ips", off)
 	}
 	return w, np, nil
 }

@@ -472,3 +472,41 @@ func TestStartWaitsBoundedByBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestNoDeviceHoldsNodeIPWarned: with no --devices and a node IP that no
+// interface holds, the default devices are none: no tc program is
+// attached, and NodePorts added once the address comes are served to the
+// node's and pods' own connections only. The agent says so at start,
+// naming the node IP and --devices, and so does the NodePort addresses'
+// warning; a node IP an interface holds (one of
+// this host's global addresses, if it has one) takes its device, without
+// the warning. The start then fails at the missing --manifests, before it
+// loads or pins anything.
+func TestNoDeviceHoldsNodeIPWarned(t *testing.T) {
+	const warned = `msg="no device holds a node address: no tc program attached`
+	type run1 struct {
+		nodeIP string
+		want   string // in the log
+		warn   bool
+	}
+	cases := []run1{{"203.0.113.77", `node_ips=[203.0.113.77]`, true}}
+	if as, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range as {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && ipn.IP.IsGlobalUnicast() {
+				cases = append(cases, run1{ipn.IP.String(), `msg="devices holding the node addresses"`, false})
+				break
+			}
+		}
+	}
+	for _, c := range cases {
+		args := []string{"--manifests", filepath.Join(t.TempDir(), "missing.yaml"), "--node-ip", c.nodeIP, "--health-addr", "", "--metrics-addr", "",
+			"--names-file", "", "--node-name", "n", "--bpffs", t.TempDir(), "--socket-lb=false"}
+		var code int
+		log := captureStderr(t, func() { code = run(args) })
+		if code != 1 || strings.Contains(log, warned) != c.warn || !strings.Contains(log, c.want) ||
+			c.warn && !strings.Contains(log, "own connections only (no --devices)") {
+			t.Errorf("--node-ip %s: exit %d, want 1 at the missing --manifests, warned %v (want %v) with %s:\n%s",
+				c.nodeIP, code, strings.Contains(log, warned), c.warn, c.want, log)
+		}
+	}
+}
