@@ -306,7 +306,16 @@ func run(args []string) int {
 			log.Error("find the devices of --node-ip", "err", err)
 			return 1
 		}
-		log.Info("devices holding the node addresses", "devices", cfg.Devices)
+		if len(cfg.Devices) == 0 {
+			// No tc program then (Prune detaches an earlier agent's):
+			// the NodePorts the watch adds once an address comes are
+			// served by the socket programs alone. Not fatal, as a
+			// node without node IPs is not (below).
+			log.Warn("no device holds a node address: no tc program attached, so external clients reach no NodePort, ExternalIP or LoadBalancer IP; "+
+				"name the devices with --devices (or restart once an interface holds the address)", "node_ips", na.all)
+		} else {
+			log.Info("devices holding the node addresses", "devices", cfg.Devices)
+		}
 	}
 	// NodePorts answer on the --nodeport-addresses (default: primary,
 	// kube-proxy's node IP of each family) that are on the node's
@@ -607,8 +616,6 @@ func prepareDatapath(dp *datapath.Datapath, cfg agent.Config, m *metrics.Metrics
 	}
 }
 
-// serveHTTP serves h on l until ctx is done, or until serving fails (its
-// listener), when it returns the error.
 // closedLast is the agent's datapath in runAgent: its Close and Abort
 // first run stop, which ends and waits for the datapath's other users, so
 // that none reads or writes a map after its descriptor is closed (or
@@ -621,8 +628,21 @@ type closedLast struct {
 func (c closedLast) Close() error { c.stop(); return c.Datapath.Close() }
 func (c closedLast) Abort() error { c.stop(); return c.Datapath.Abort() }
 
+// httpShutdownWait is how long serveHTTP's shutdown waits for idle
+// connections before it closes the rest (a variable for tests).
+var httpShutdownWait = 2 * time.Second
+
+// serveHTTP serves h on l until ctx is done, or until serving fails (its
+// listener), when it returns the error. It returns only once no handler
+// runs: a /metrics scrape reads the datapath's maps, which runAgent
+// closes after this returns (closedLast), and http.Server's Shutdown
+// gives up on handlers still running when its deadline passes. Past the
+// deadline the connections are closed, which cancels the requests'
+// contexts (a CPU profile ends early), and their handlers are waited for;
+// a request that comes in since is answered 503.
 func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, log *slog.Logger) error {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	var running inflight
+	srv := &http.Server{Handler: running.wrap(h), ReadHeaderTimeout: 5 * time.Second}
 	// A Serve failing on its own shuts down the connections it has
 	// too; the shutdown waiting for ctx alone would wait forever, as
 	// runAgent ends ctx when this returns.
@@ -631,18 +651,56 @@ func serveHTTP(ctx context.Context, l net.Listener, h http.Handler, log *slog.Lo
 	go func() {
 		defer close(stopped)
 		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		sctx, cancel := context.WithTimeout(context.Background(), httpShutdownWait)
 		defer cancel()
-		_ = srv.Shutdown(sctx)
+		if srv.Shutdown(sctx) != nil {
+			// Past the deadline: what is left is closed, its
+			// handlers waited for below. The error is Shutdown's
+			// again, or a listener's close error: nothing to do.
+			_ = srv.Close()
+		}
 	}()
 	log.Info("serving HTTP", "addr", l.Addr().String())
 	err := srv.Serve(l)
 	cancel()
 	<-stopped
+	running.wait()
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
 	return err
+}
+
+// inflight counts the handlers running, so that serveHTTP can wait for
+// them.
+type inflight struct {
+	mu      sync.Mutex
+	closed  bool // wait was called: handlers no longer run
+	running sync.WaitGroup
+}
+
+// wrap returns h counted in f.
+func (f *inflight) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		if f.closed {
+			f.mu.Unlock()
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		f.running.Add(1)
+		f.mu.Unlock()
+		defer f.running.Done()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// wait returns once no handler runs, and keeps them from running again.
+func (f *inflight) wait() {
+	f.mu.Lock()
+	f.closed = true
+	f.mu.Unlock()
+	f.running.Wait()
 }
 
 func runCleanup(args []string) int {
@@ -679,8 +737,14 @@ func newLogger(level string) (*slog.Logger, error) {
 // failed subscription is retried every 5 seconds.
 func followDevices(sel datapath.DeviceSelector, log *slog.Logger) func(context.Context, agent.Datapath) {
 	return func(ctx context.Context, adp agent.Datapath) {
-		dp, ok := adp.(*datapath.Datapath)
-		if !ok {
+		var dp *datapath.Datapath
+		switch v := adp.(type) {
+		case *datapath.Datapath:
+			dp = v
+		case closedLast: // runAgent's
+			dp = v.Datapath
+		default:
+			log.Error("following the --devices patterns: not a datapath", "type", fmt.Sprintf("%T", adp))
 			return
 		}
 		w, err := dp.NewDeviceWatch(sel)

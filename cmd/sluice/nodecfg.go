@@ -72,7 +72,8 @@ type nodePorts struct {
 	// Addrs are the addresses NodePort frontends are made for.
 	Addrs []netip.Addr
 	// HealthHosts are the hosts the healthCheckNodePort servers listen
-	// on ("" is every address).
+	// on ("" is every address; none is nowhere: no address inside the
+	// CIDRs, health.NewNodePortServer).
 	HealthHosts []string
 }
 
@@ -90,7 +91,9 @@ type nodePorts struct {
 // load balancing; the health check servers listen on 127.0.0.0/8 ones
 // whatever localhost says, and on every address ("") when IPv4 takes all
 // of its own (as before there were IPv6 NodePorts: an IPv4-only node
-// keeps its health checks where they were).
+// keeps its health checks where they were), and nowhere when no local
+// address is inside the CIDRs (kube-proxy's GetNodeIPs empty: its servers
+// listen nowhere).
 func nodePortsFor(cidrs []netip.Prefix, nodeIPs, local []netip.Addr, localhost bool) nodePorts {
 	var np nodePorts
 	if len(cidrs) == 0 {

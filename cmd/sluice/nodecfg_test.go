@@ -46,6 +46,8 @@ func TestNodePortsFor(t *testing.T) {
 			"[192.168.0.2 192.168.1.2 192.168.99.11 10.0.0.1]", `[""]`, false},
 		{"localhost only: health check there, NodePorts too", []netip.Prefix{p("127.0.0.0/8")}, true, "[127.0.0.1]", `["127.0.0.1"]`, false},
 		{"localhost, its NodePorts off: health check only", []netip.Prefix{p("127.0.0.0/8")}, false, "[]", `["127.0.0.1"]`, false},
+		{"no local address in the ranges: health checks nowhere, not everywhere (kube-proxy's GetNodeIPs empty)",
+			[]netip.Prefix{p("10.99.0.0/16")}, true, "[]", `[]`, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			np := nodePortsFor(c.cidrs, nodeIPs, local, c.localhost)

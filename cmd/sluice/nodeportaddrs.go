@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -125,7 +126,14 @@ func watchNodePorts(plan nodePortPlan, log *slog.Logger) (*nodePortWatch, nodePo
 	if plan.onDevices() {
 		log.Info("no node IP: NodePorts on the devices' addresses", "addresses", np.Addrs)
 	} else if off := slices.DeleteFunc(slices.Clone(plan.primary), func(a netip.Addr) bool { return slices.Contains(np.Addrs, a) }); len(plan.cidrs) == 0 && len(off) > 0 {
-		log.Warn("node IP on no interface: no NodePorts on it until it is", "node_ips", off)
+		msg := "node IP on no interface: no NodePorts on it until it is"
+		if len(plan.devices) == 0 {
+			// main's warning says why: no tc program anywhere.
+			msg += ", and then to the node's and pods' own connections only (no --devices)"
+		}
+		log.Warn(msg, "node_ips", off)
+	} else if len(plan.cidrs) > 0 && len(np.Addrs) == 0 {
+		log.Warn("no local address inside --nodeport-addresses: no NodePorts until one is", "nodeport_addresses", plan.cidrs)
 	}
 	return w, np, nil
 }
@@ -249,6 +257,15 @@ func subscribeAddrs() (*addrChanges, error) {
 	var last error
 	err := netlink.AddrSubscribeWithOptions(updates, done, netlink.AddrSubscribeOptions{
 		ErrorCallback: func(err error) {
+			// netlink also reports messages it skips (another
+			// sender, a message of another type, one it cannot
+			// parse) and goes on: only its receive error ends the
+			// subscription (addrSubscribeAt), and only that one is
+			// the cause to name. netlink says which by its text
+			// alone; another text leaves the cause unnamed.
+			if !strings.HasPrefix(err.Error(), "Receive failed") {
+				return
+			}
 			mu.Lock()
 			last = err
 			mu.Unlock()

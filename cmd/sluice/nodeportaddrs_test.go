@@ -64,6 +64,35 @@ func TestNodePortsFollowLocal(t *testing.T) {
 // fakeSetter records the addresses a source is given.
 type fakeSetter struct{ got chan []netip.Addr }
 
+// hangBound bounds the test's waits on the watch, which a regression could
+// leave waiting forever: it only turns such a hang into a failure (a
+// passing run never waits for it).
+const hangBound = time.Minute
+
+// recvWithin receives from c, failing the test if nothing comes within
+// hangBound.
+func recvWithin[T any](t *testing.T, c <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-c:
+		return v
+	case <-time.After(hangBound):
+		t.Fatalf("%s: nothing within %v", what, hangBound)
+		panic("unreachable")
+	}
+}
+
+// sendWithin sends v on c, failing the test if it is not taken within
+// hangBound.
+func sendWithin[T any](t *testing.T, c chan<- T, v T, what string) {
+	t.Helper()
+	select {
+	case c <- v:
+	case <-time.After(hangBound):
+		t.Fatalf("%s: not taken within %v", what, hangBound)
+	}
+}
+
 func (f *fakeSetter) SetNodeAddresses(addrs []netip.Addr) { f.got <- addrs }
 
 // TestNodePortWatch: the watch gives the source the served addresses
@@ -71,7 +100,9 @@ func (f *fakeSetter) SetNodeAddresses(addrs []netip.Addr) { f.got <- addrs }
 // removed), not when they stay the same; a subscription that ends is
 // logged and made again, and the addresses read again then, since changes
 // may have been lost; a subscription that fails is retried. Each step is
-// driven by the test's channels, not by time.
+// driven by the test's channels, not by time; a source given an unchanged
+// set is told by the next value it gets (its channel is buffered: such a
+// regression fails, it does not hang).
 func TestNodePortWatch(t *testing.T) {
 	defer func(d, r time.Duration) { nodeAddrDebounce, nodeAddrRetry = d, r }(nodeAddrDebounce, nodeAddrRetry)
 	nodeAddrDebounce, nodeAddrRetry = 0, 0
@@ -110,36 +141,37 @@ func TestNodePortWatch(t *testing.T) {
 	failSubscribe <- false
 	w.changes, _ = w.subscribe()
 	first := <-subs
-	set := &fakeSetter{got: make(chan []netip.Addr)}
+	set := &fakeSetter{got: make(chan []netip.Addr, 4)}
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	done := make(chan struct{})
 	go func() { defer close(done); w.run(ctx, set) }()
 
 	// An address added.
-	first.c <- struct{}{}
-	reads <- []netip.Addr{a("192.168.0.2"), a("192.168.7.12")}
-	if got := fmt.Sprint(<-set.got); got != "[192.168.0.2 192.168.7.12]" {
+	sendWithin(t, first.c, struct{}{}, "a change")
+	sendWithin(t, reads, []netip.Addr{a("192.168.0.2"), a("192.168.7.12")}, "the read after a change")
+	if got := fmt.Sprint(recvWithin(t, set.got, "the source's addresses")); got != "[192.168.0.2 192.168.7.12]" {
 		t.Fatalf("source given %s", got)
 	}
-	// A change that leaves the served set as it is: nothing given (the
-	// next step's read would block otherwise, and its value be seen).
-	first.c <- struct{}{}
-	reads <- []netip.Addr{a("192.168.0.2"), a("192.168.7.12")}
+	// A change that leaves the served set as it is: nothing given (it
+	// would be what the source is seen given next).
+	sendWithin(t, first.c, struct{}{}, "a change")
+	sendWithin(t, reads, []netip.Addr{a("192.168.0.2"), a("192.168.7.12")}, "the read after a change")
 	// The subscription ends (an overrun socket), the next fails: the
 	// watch subscribes again and reads what it may have missed: the
 	// address removed.
 	close(first.c)
 	failSubscribe <- true
 	failSubscribe <- false
-	second := <-subs
-	<-first.stopped
-	reads <- []netip.Addr{a("192.168.0.2")}
-	if got := fmt.Sprint(<-set.got); got != "[192.168.0.2]" {
+	second := recvWithin(t, subs, "the subscription made again")
+	recvWithin(t, first.stopped, "the ended subscription stopped")
+	sendWithin(t, reads, []netip.Addr{a("192.168.0.2")}, "the read after subscribing again")
+	if got := fmt.Sprint(recvWithin(t, set.got, "the source's addresses")); got != "[192.168.0.2]" {
 		t.Fatalf("source given %s after the subscription was made again", got)
 	}
 	cancel()
-	<-done
-	<-second.stopped
+	recvWithin(t, done, "the watch's end")
+	recvWithin(t, second.stopped, "the last subscription stopped")
 
 	logMu.Lock()
 	out := logBuf.String()
@@ -183,5 +215,32 @@ func TestSubscribeAddrs(t *testing.T) {
 	}
 	changes.stop()
 	for range changes.c { // closed by stop
+	}
+}
+
+// TestWatchNodePortsWarnsNoneInRanges: at start, CIDRs with no local
+// address inside them are warned of, as a primary node IP on no interface
+// is: no NodePorts until an address inside them comes. Ranges that hold
+// one (127.0.0.0/8: lo's) are not.
+func TestWatchNodePortsWarnsNoneInRanges(t *testing.T) {
+	const warned = `msg="no local address inside --nodeport-addresses: no NodePorts until one is"`
+	for _, c := range []struct {
+		cidr      string
+		localhost bool
+		warn      bool
+	}{
+		{"203.0.113.0/24", true, true},
+		{"127.0.0.0/8", true, false},
+	} {
+		var logs bytes.Buffer
+		plan := nodePortPlan{cidrs: []netip.Prefix{netip.MustParsePrefix(c.cidr), netip.MustParsePrefix("::1/128")}, localhost: c.localhost}
+		w, np, err := watchNodePorts(plan, slog.New(slog.NewTextHandler(&logs, nil)))
+		if err != nil {
+			t.Fatalf("%s: %v", c.cidr, err)
+		}
+		w.stop()
+		if strings.Contains(logs.String(), warned) != c.warn {
+			t.Errorf("%s: NodePorts on %v, warned %v, want %v:\n%s", c.cidr, np.Addrs, !c.warn, c.warn, logs.String())
+		}
 	}
 }

@@ -349,23 +349,28 @@ func runUntilWaited(t *testing.T, kubeconfig string, extra ...string) (int, stri
 // TestStartWaitsShareBudget: the start's waits for the Node share one
 // budget (nodeAPIWait): the wait for the Node's addresses gets what the
 // NodeCIDR mode's wait for podCIDRs left of it, not a budget of its own,
-// nor its own 30 seconds (nodeIPsWait, an hour here). The NodeCIDR wait's
-// read is answered (podCIDRs, no address) at half the budget; the
-// addresses are answered only to a read still waiting a quarter of the
-// budget after its end: one the agent gave up on with the budget, so it
-// goes on without node addresses (kube-proxy's "timed out waiting"),
-// and fails next at the prerequisites (a --bpffs that is not one). With a
-// fresh budget for the addresses' wait, the read would be answered and
-// the agent would take 192.0.2.10 for its node address.
+// nor its own 30 seconds (nodeIPsWait, an hour here). The fake API times
+// its answers from the agent's own requests: the NodeCIDR wait's read is
+// answered (podCIDRs, no address) 8 s after it came, 4 s before the 12 s
+// budget ends; the addresses are answered only to a read still waiting
+// 8 s after that answer (16 s into the budget): with the shared budget
+// the agent has given its read up 4 s before (at 12 s) and goes on
+// without node addresses (kube-proxy's "timed out waiting"), failing next
+// at the prerequisites (a --bpffs that is not one); with a fresh budget
+// for the addresses' wait it would wait until 20 s, 4 s after, and take
+// 192.0.2.10 for its node address. Each margin is 4 s, at least (a slow
+// answer of the NodeCIDR read only widens the first); a pass takes about
+// 12 s.
 func TestStartWaitsShareBudget(t *testing.T) {
-	// Each side has a quarter of the budget, 2 s, of margin: the shared
-	// budget ends 2 s before the addresses are answered, a fresh one
-	// would end 2 s after.
-	const budget = 8 * time.Second
+	const (
+		budget   = 12 * time.Second
+		podCIDRs = 8 * time.Second // after the NodeCIDR wait's read came
+		margin   = budget - podCIDRs
+	)
 	setNodeWaits(t, budget, time.Hour)
 	var (
 		mu               sync.Mutex
-		start            time.Time // the first read: the waits' start
+		answeredCIDRs    time.Time // when the NodeCIDR wait's read was answered
 		gaveUp, answered int
 	)
 	withPodCIDRs := func() *corev1.Node {
@@ -374,25 +379,25 @@ func TestStartWaitsShareBudget(t *testing.T) {
 		return n
 	}
 	kubeconfig := fakeNodeAPI(t, func(n int, r *http.Request) *corev1.Node {
-		mu.Lock()
-		if n == 1 {
-			start = time.Now()
-		}
-		s := start
-		mu.Unlock()
-		if n == 1 { // NodeCIDR's: podCIDRs at half the budget
+		if n == 1 { // NodeCIDR's: podCIDRs 4 s before the budget's end
 			select {
-			case <-time.After(budget / 2):
+			case <-time.After(podCIDRs):
+				mu.Lock()
+				answeredCIDRs = time.Now()
+				mu.Unlock()
 				return withPodCIDRs()
 			case <-r.Context().Done():
-				t.Errorf("the NodeCIDR wait gave up its read before half its budget")
+				t.Errorf("the NodeCIDR wait gave up its read before %v, %v before its budget's end", podCIDRs, margin)
 				return nil
 			}
 		}
-		// The addresses' wait: addresses a quarter of the budget
-		// after the budget's end.
+		// The addresses' wait: addresses to a read still waiting a
+		// budget less the margin after the podCIDRs were answered.
+		mu.Lock()
+		at := answeredCIDRs.Add(budget - margin)
+		mu.Unlock()
 		select {
-		case <-time.After(time.Until(s.Add(budget + budget/4))):
+		case <-time.After(time.Until(at)):
 			mu.Lock()
 			answered++
 			mu.Unlock()
@@ -469,6 +474,44 @@ func TestStartWaitsBoundedByBudget(t *testing.T) {
 		code, log := runUntilWaited(t, kubeconfig, c.extra...)
 		if code != 1 || !strings.Contains(log, c.want) || strings.Contains(log, "node prerequisite not met") {
 			t.Errorf("%s: exit %d, want 1 with `%s`, before the prerequisites:\n%s", c.name, code, c.want, log)
+		}
+	}
+}
+
+// TestNoDeviceHoldsNodeIPWarned: with no --devices and a node IP that no
+// interface holds, the default devices are none: no tc program is
+// attached, and NodePorts added once the address comes are served to the
+// node's and pods' own connections only. The agent says so at start,
+// naming the node IP and --devices, and so does the NodePort addresses'
+// warning; a node IP an interface holds (one of
+// this host's global addresses, if it has one) takes its device, without
+// the warning. The start then fails at the missing --manifests, before it
+// loads or pins anything.
+func TestNoDeviceHoldsNodeIPWarned(t *testing.T) {
+	const warned = `msg="no device holds a node address: no tc program attached`
+	type run1 struct {
+		nodeIP string
+		want   string // in the log
+		warn   bool
+	}
+	cases := []run1{{"203.0.113.77", `node_ips=[203.0.113.77]`, true}}
+	if as, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range as {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil && ipn.IP.IsGlobalUnicast() {
+				cases = append(cases, run1{ipn.IP.String(), `msg="devices holding the node addresses"`, false})
+				break
+			}
+		}
+	}
+	for _, c := range cases {
+		args := []string{"--manifests", filepath.Join(t.TempDir(), "missing.yaml"), "--node-ip", c.nodeIP, "--health-addr", "", "--metrics-addr", "",
+			"--names-file", "", "--node-name", "n", "--bpffs", t.TempDir(), "--socket-lb=false"}
+		var code int
+		log := captureStderr(t, func() { code = run(args) })
+		if code != 1 || strings.Contains(log, warned) != c.warn || !strings.Contains(log, c.want) ||
+			c.warn && !strings.Contains(log, "own connections only (no --devices)") {
+			t.Errorf("--node-ip %s: exit %d, want 1 at the missing --manifests, warned %v (want %v) with %s:\n%s",
+				c.nodeIP, code, strings.Contains(log, warned), c.warn, c.want, log)
 		}
 	}
 }

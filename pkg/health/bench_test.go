@@ -13,7 +13,7 @@ import (
 // O(changed)).
 func BenchmarkSyncOneChange(b *testing.B) {
 	modeltest.BenchOneChange(b, func(b *testing.B, st *model.State) func(*model.State) {
-		s := NewNodePortServer(nil, nil, slog.New(slog.DiscardHandler))
+		s := NewNodePortServer([]string{""}, nil, slog.New(slog.DiscardHandler))
 		b.Cleanup(s.Close)
 		if err := s.Sync(st); err != nil {
 			b.Fatal(err)

@@ -63,7 +63,7 @@ import (
 
 // NodePortServer serves every health check port of the desired state.
 type NodePortServer struct {
-	hosts []string // listen hosts, "" for all addresses
+	hosts []string // listen hosts, "" for all addresses; none: nowhere
 	prox  *Proxier // whether the proxy is healthy; nil: always
 	log   *slog.Logger
 
@@ -89,12 +89,20 @@ type port struct {
 	st PortStatus
 }
 
-// NewNodePortServer returns a server that listens on each of hosts (none,
-// or "": all addresses) and answers that the proxy is unhealthy while
-// prox's datapath is stale (nil: never; the manifest source has none).
+// NewNodePortServer returns a server that listens on each of hosts ("":
+// all addresses, whatever else hosts holds) and answers that the proxy is
+// unhealthy while prox's datapath is stale (nil: never; the manifest
+// source has none). With no hosts it listens nowhere, as kube-proxy's
+// service health server does when no node address is inside
+// --nodeport-addresses at its start (GetNodeIPs empty): the ports are
+// followed but not bound, and no bind failure is reported. It says so, at
+// Warn.
 func NewNodePortServer(hosts []string, prox *Proxier, log *slog.Logger) *NodePortServer {
-	if len(hosts) == 0 || slices.Contains(hosts, "") {
+	switch {
+	case slices.Contains(hosts, ""):
 		hosts = []string{""}
+	case len(hosts) == 0:
+		log.Warn("no address to listen on: the healthCheckNodePorts are served nowhere")
 	}
 	return &NodePortServer{hosts: hosts, prox: prox, log: log, ports: map[uint16]*port{}, unbound: map[uint16]bool{},
 		failed: map[uint16]model.ServicePortName{}}
@@ -312,6 +320,9 @@ func (s *NodePortServer) Sync(st *model.State) error {
 			continue
 		}
 		w := s.index.status(n)
+		if p == nil && len(s.hosts) == 0 {
+			continue // listening nowhere: nothing to bind or retry
+		}
 		if p == nil {
 			var ls []net.Listener
 			for _, h := range s.hosts {

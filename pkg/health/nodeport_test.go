@@ -143,7 +143,7 @@ func TestNodePortServer(t *testing.T) {
 func TestNodePortServerPerFamily(t *testing.T) {
 	ports := freePorts(t, 2)
 	dual, single := ports[0], ports[1]
-	s := NewNodePortServer(nil, nil, slog.New(slog.DiscardHandler)) // all addresses, both families
+	s := NewNodePortServer([]string{""}, nil, slog.New(slog.DiscardHandler)) // all addresses, both families
 	t.Cleanup(s.Close)
 	addrs := func(as ...string) []netip.Addr {
 		var out []netip.Addr
@@ -302,5 +302,34 @@ func TestNodePortServerProxyHealth(t *testing.T) {
 			t.Errorf("%s: %d %q, want %d %q", c.what, code, got, c.code, want)
 		}
 		getAt(t, "127.0.0.1", hc) // the headers
+	}
+}
+
+// TestNodePortServerNoHosts: a server given no host listens nowhere, as
+// kube-proxy's does when no node address is inside --nodeport-addresses at
+// its start: not on every address ("" says that), and without a bind
+// failure to report or retry. It says so at start.
+func TestNodePortServerNoHosts(t *testing.T) {
+	hc := freePort(t)
+	var logs strings.Builder
+	s := NewNodePortServer(nil, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+	reported := 0
+	s.OnBindFailure(func(model.ServicePortName, uint16, error) { reported++ })
+	t.Cleanup(s.Close)
+	fe := model.L4Addr{Addr: netip.MustParseAddr("198.51.100.1"), Port: 80, Proto: model.TCP}
+	st := model.NewState()
+	st.Services.Set(fe, &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "web"}, Kind: model.LoadBalancer,
+		Frontend: fe, ExternalLocal: true, HealthCheckNodePort: hc, LocalReady: []netip.Addr{netip.MustParseAddr("10.1.0.1")}})
+	for range 2 {
+		if err := s.Sync(st); err != nil || reported != 0 {
+			t.Fatalf("Sync: %v, %d bind failures reported; want neither", err, reported)
+		}
+	}
+	if c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(hc)))); err == nil {
+		_ = c.Close()
+		t.Errorf("health check port %d answers on 127.0.0.1, want nowhere", hc)
+	}
+	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "served nowhere") {
+		t.Errorf("no warning that the ports are served nowhere; log:\n%s", logs.String())
 	}
 }

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestServeHTTPWaitsForHandlers: serveHTTP returns only once its handlers
+// have, even those that outlive the shutdown's deadline (a /metrics
+// scrape reading the maps, which runAgent closes once serveHTTP returned).
+func TestServeHTTPWaitsForHandlers(t *testing.T) {
+	was := httpShutdownWait
+	httpShutdownWait = 10 * time.Millisecond
+	t.Cleanup(func() { httpShutdownWait = was })
+	entered, release := make(chan struct{}), make(chan struct{})
+	var finished atomic.Bool
+	h := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		close(entered)
+		<-release // ignoring its context, as a map read does
+		finished.Store(true)
+	})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	returned := make(chan error, 1)
+	go func() { returned <- serveHTTP(ctx, l, h, slog.New(slog.DiscardHandler)) }()
+	go func() {
+		// Its error is the connection the shutdown closed.
+		if resp, err := http.Get("http://" + l.Addr().String()); err == nil {
+			_ = resp.Body.Close()
+		}
+	}()
+	<-entered
+	cancel()
+	// The handler is released long after the shutdown's deadline: a
+	// serveHTTP that does not wait for it has returned by then (this
+	// bounds the failure only; a passing run does not depend on it).
+	time.AfterFunc(500*time.Millisecond, func() { close(release) })
+	if err := <-returned; err != nil {
+		t.Fatalf("serveHTTP: %v", err)
+	}
+	if !finished.Load() {
+		t.Fatal("serveHTTP returned while a handler still ran")
+	}
+}
