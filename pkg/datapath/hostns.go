@@ -29,7 +29,12 @@ const varHostNetnsCookie = "host_netns_cookie"
 
 // NetnsCookie returns the cookie of the calling thread's network
 // namespace, what bpf_get_netns_cookie gives the programs for a socket
-// there (SO_NETNS_COOKIE, Linux 5.14).
+// there (SO_NETNS_COOKIE, Linux 5.14): the socket path's client key
+// (ExplainSocket) and the namespace it serves with
+// --socket-lb-host-netns-only (configureHostNetns). A goroutine that
+// has joined another namespace (setns) must keep its OS thread locked
+// (runtime.LockOSThread) until it has the cookie: the Go scheduler may
+// otherwise move it to a thread of another namespace in between.
 func NetnsCookie() (uint64, error) {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {

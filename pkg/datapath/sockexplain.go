@@ -88,7 +88,7 @@ func ExplainSocket(bpffs string, req SocketExplainRequest) (*Explanation, error)
 	if bpffs == "" {
 		bpffs = DefaultBPFFS
 	}
-	netns, err := threadNetnsCookie()
+	netns, err := NetnsCookie()
 	if err != nil {
 		return nil, err
 	}
@@ -243,22 +243,6 @@ func firstCPU() (int, error) {
 		}
 	}
 	return 0, errors.New("get CPU affinity: no CPU")
-}
-
-// threadNetnsCookie is the cookie of the calling thread's network namespace
-// (SO_NETNS_COOKIE, Linux 5.14), the socket path's client key.
-func threadNetnsCookie() (uint64, error) {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return 0, fmt.Errorf("netns cookie: socket: %w", err)
-	}
-	// A socket only read from: closing it cannot lose anything.
-	defer func() { _ = unix.Close(fd) }()
-	c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
-	if err != nil {
-		return 0, fmt.Errorf("netns cookie: %w", err)
-	}
-	return c, nil
 }
 
 // routeSource is the source address the route to dst picks (the zero
