@@ -151,7 +151,7 @@ func rodataU64(id ebpf.MapID, name string) (v uint64, found bool, err error) {
 	if err != nil {
 		return 0, false, fmt.Errorf("BTF %d of map %s: %w", btfID, mi.Name, err)
 	}
-	defer h.Close()
+	defer func() { _ = h.Close() }() // read only: nothing to lose
 	spec, err := h.Spec(nil)
 	if err != nil {
 		return 0, false, fmt.Errorf("BTF %d of map %s: %w", btfID, mi.Name, err)
