@@ -370,6 +370,19 @@ func run(args []string) int {
 		// chain has no counterpart for the node's own processes.
 		log.Warn("--socket-lb=false: the node's own connections to Services are not translated, and pods' only where their packets arrive on a device in --devices", "devices", cfg.Devices)
 	}
+	// --socket-lb-host-netns-only leaves pods' sockets to tc, which
+	// runs on --devices only: a pod's packets to a ClusterIP arrive on
+	// its host-side device (or its bridge), not on the devices holding
+	// the node addresses (the default), and with no tc there they leave
+	// by the default route untranslated.
+	switch {
+	case dpCfg.SocketLBHostNetnsOnly && !*socketLB:
+		log.Warn("--socket-lb-host-netns-only does nothing with --socket-lb=false: no socket is translated")
+	case dpCfg.SocketLBHostNetnsOnly && *devices == "":
+		log.Warn("--socket-lb-host-netns-only without --devices: pods' connections to Services are translated only where their packets arrive on a device in --devices, "+
+			"and the devices holding the node addresses are not the pods'; name the pods' host-side devices or their bridge (such as cni0) in --devices, or pods reach no Service",
+			"devices", cfg.Devices)
+	}
 	dpCfg.BPFFS = *bpffs
 	// The Kubernetes source names the service CIDRs (its ServiceCIDR
 	// objects and the flag's), which the reconciler writes: Open keeps

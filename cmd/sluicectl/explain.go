@@ -65,6 +65,10 @@ type explainOut struct {
 	Socket    bool   `json:"socket,omitempty"`
 	StickyHit bool   `json:"stickyHit,omitempty"`
 	Errno     string `json:"errno,omitempty"`
+	// NotServed: the agent's socket programs serve the host's network
+	// namespace only (--socket-lb-host-netns-only) and this is another:
+	// the socket passes untranslated, the packet path decides.
+	NotServed bool `json:"notServed,omitempty"`
 }
 
 type candidateOut struct {
@@ -286,7 +290,9 @@ func socketHook(req datapath.SocketExplainRequest) string {
 }
 
 // socketOut makes describe's answer the socket path's: the hook asked,
-// the socket, its client, and the errno of a refusal.
+// the socket, its client, and the errno of a refusal; or, asked from a
+// namespace the agent's programs do not serve, that the socket passes
+// untranslated and where to ask instead.
 func socketOut(out *explainOut, req datapath.SocketExplainRequest, e *datapath.Explanation) {
 	protoName, hook := "TCP", socketHook(req)
 	if req.Proto == unix.IPPROTO_UDP {
@@ -305,6 +311,14 @@ func socketOut(out *explainOut, req datapath.SocketExplainRequest, e *datapath.E
 		out.Packet += fmt.Sprintf(" (IPv4-mapped: the IPv4 service %s)", netip.AddrPortFrom(req.To.Addr().Unmap(), req.To.Port()))
 	}
 	out.Errno, out.StickyHit = e.Errno, e.StickyHit
+	if e.NotServed {
+		out.NotServed, out.ProgramID = true, e.ProgramID
+		out.Verdict = "pass (untranslated: the socket reaches " + req.To.String() + " itself)"
+		out.Reason = "--socket-lb-host-netns-only: the agent's socket programs translate the host's network namespace's sockets only, and this is another; " +
+			"the packet path translates this one where tc runs: ask it with sluicectl explain --device DEV --from SOURCE --to " + req.To.String() +
+			" (without --socket; DEV the pod's host-side device or its bridge, SOURCE the pod's address)"
+		return
+	}
 	if out.Client != "" {
 		out.Client = "this node's network namespace (the socket path's client of session affinity)"
 	}
@@ -412,6 +426,16 @@ func explainTable(o *explainOut) string {
 	if o.Socket {
 		rows[0][1] = fmt.Sprintf("%s: a dry run of %s's selection, loaded by sluicectl", o.Program, o.Direction)
 		rows[1][0] = "SOCKET"
+	}
+	if o.NotServed {
+		rows[0][1] = fmt.Sprintf("%s (id %d), the agent's %s program: not run", o.Program, o.ProgramID, o.Direction)
+		rows = append(rows, []string{"NETNS", "not the host's: --socket-lb-host-netns-only leaves this namespace's sockets to the packet path"},
+			[]string{"VERDICT", o.Verdict}, []string{"REASON", o.Reason})
+		var b strings.Builder
+		for _, r := range rows {
+			b.WriteString(r[0] + "\t" + r[1] + "\n")
+		}
+		return b.String()
 	}
 	add := func(k, v string) {
 		if v != "" {

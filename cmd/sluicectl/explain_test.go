@@ -110,6 +110,27 @@ func TestExplainSocketTable(t *testing.T) {
 		}
 	}
 
+	// Asked from a pod's namespace with --socket-lb-host-netns-only: the
+	// attached program's answer, not a dry run's, and the packet path
+	// named.
+	notServed := &explainOut{Program: "sluice_connect4", Verdict: "pass"}
+	socketOut(notServed, datapath.SocketExplainRequest{To: netip.MustParseAddrPort("10.96.0.10:80"), Proto: unix.IPPROTO_TCP},
+		&datapath.Explanation{Socket: true, NotServed: true, Program: "sluice_connect4", ProgramID: 42, Verdict: "pass", Reasons: []string{}})
+	got = explainTable(notServed)
+	for _, want := range []string{
+		"PROGRAM\tsluice_connect4 (id 42), the agent's connect4 program: not run\n",
+		"NETNS\tnot the host's: --socket-lb-host-netns-only",
+		"VERDICT\tpass (untranslated: the socket reaches 10.96.0.10:80 itself)\n",
+		"sluicectl explain --device DEV --from SOURCE --to 10.96.0.10:80 (without --socket;",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("not-served table lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "FRONTEND") {
+		t.Errorf("not-served table names a frontend:\n%s", got)
+	}
+
 	// IPv6 sockets: connect6, and for an IPv4-mapped destination the
 	// IPv4 service it reaches.
 	for _, c := range []struct {

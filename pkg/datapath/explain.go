@@ -104,6 +104,10 @@ type Explanation struct {
 	Socket    bool
 	StickyHit bool // a UDP socket's stickiness entry decided
 	Errno     string
+	// NotServed: the agent's socket programs serve another network
+	// namespace only (--socket-lb-host-netns-only): the socket passes
+	// untranslated. Program is then the attached program, not run.
+	NotServed bool
 	// Out is the packet as the program left it (its addresses and ports).
 	OutSrc, OutDst netip.AddrPort
 }

@@ -17,9 +17,14 @@ package datapath
 // for the VIP, and tc translates it per packet where it runs.
 
 import (
+	"encoding/binary"
+	"errors"
 	"fmt"
+	"path/filepath"
+	"strings"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"golang.org/x/sys/unix"
 )
 
@@ -29,7 +34,12 @@ const varHostNetnsCookie = "host_netns_cookie"
 
 // NetnsCookie returns the cookie of the calling thread's network
 // namespace, what bpf_get_netns_cookie gives the programs for a socket
-// there (SO_NETNS_COOKIE, Linux 5.14).
+// there (SO_NETNS_COOKIE, Linux 5.14): the socket path's client key
+// (ExplainSocket) and the namespace it serves with
+// --socket-lb-host-netns-only (configureHostNetns). A goroutine that
+// has joined another namespace (setns) must keep its OS thread locked
+// (runtime.LockOSThread) until it has the cookie: the Go scheduler may
+// otherwise move it to a thread of another namespace in between.
 func NetnsCookie() (uint64, error) {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -63,4 +73,108 @@ func configureHostNetns(spec *ebpf.CollectionSpec, cfg Config) error {
 		return fmt.Errorf("set %s: %w", varHostNetnsCookie, err)
 	}
 	return nil
+}
+
+// AttachedHostNetns is what the agent's socket program attached to a
+// hook says about --socket-lb-host-netns-only.
+type AttachedHostNetns struct {
+	Program   string // the attached program's name (sluice_connect4)
+	ProgramID uint32
+	// Cookie is its host_netns_cookie: the namespace it serves alone,
+	// or 0 (every namespace's sockets; also an agent older than the
+	// option, whose program has no such constant).
+	Cookie uint64
+}
+
+// attachedHostNetns reads host_netns_cookie of the program behind the
+// pinned link links/cgroup_<hook> under dir: the running agent's value,
+// which this build's copy of the object (ExplainSocket's) does not know.
+// It is read from the program's .rodata map at the offset that map's own
+// BTF gives, so an agent of another build is read right. No pinned link
+// (no socket programs attached) is nil.
+func attachedHostNetns(dir, hook string) (*AttachedHostNetns, error) {
+	pin := filepath.Join(dir, "links", "cgroup_"+hook)
+	l, err := loadPinnedLink(pin)
+	if err != nil || l == nil {
+		return nil, err
+	}
+	defer l.Close()
+	li, err := l.Info()
+	if err != nil {
+		return nil, fmt.Errorf("info of pinned link %s: %w", pin, err)
+	}
+	prog, err := ebpf.NewProgramFromID(li.Program)
+	if err != nil {
+		return nil, fmt.Errorf("program %d of pinned link %s: %w", li.Program, pin, err)
+	}
+	defer prog.Close()
+	pi, err := prog.Info()
+	if err != nil {
+		return nil, fmt.Errorf("info of program %d (%s): %w", li.Program, hook, err)
+	}
+	a := &AttachedHostNetns{Program: pi.Name, ProgramID: uint32(li.Program)}
+	ids, ok := pi.MapIDs()
+	if !ok {
+		return nil, fmt.Errorf("program %s (id %d): no map ids (kernel too old)", pi.Name, li.Program)
+	}
+	for _, id := range ids {
+		c, found, err := rodataU64(id, varHostNetnsCookie)
+		if err != nil {
+			return nil, fmt.Errorf("program %s (id %d): %w", pi.Name, li.Program, err)
+		}
+		if found {
+			a.Cookie = c
+			break
+		}
+	}
+	return a, nil
+}
+
+// rodataU64 reads the 8-byte variable name of the map id if that map is
+// a data section (.rodata) whose BTF declares it: found is false for any
+// other map, and for a section without the variable.
+func rodataU64(id ebpf.MapID, name string) (v uint64, found bool, err error) {
+	m, err := ebpf.NewMapFromID(id)
+	if err != nil {
+		return 0, false, fmt.Errorf("map %d: %w", id, err)
+	}
+	defer m.Close()
+	mi, err := m.Info()
+	if err != nil {
+		return 0, false, fmt.Errorf("info of map %d: %w", id, err)
+	}
+	btfID, ok := mi.BTFID()
+	if mi.Type != ebpf.Array || mi.MaxEntries != 1 || !ok || !strings.HasSuffix(mi.Name, ".rodata") {
+		return 0, false, nil
+	}
+	h, err := btf.NewHandleFromID(btfID)
+	if err != nil {
+		return 0, false, fmt.Errorf("BTF %d of map %s: %w", btfID, mi.Name, err)
+	}
+	defer func() { _ = h.Close() }() // read only: nothing to lose
+	spec, err := h.Spec(nil)
+	if err != nil {
+		return 0, false, fmt.Errorf("BTF %d of map %s: %w", btfID, mi.Name, err)
+	}
+	var ds *btf.Datasec
+	if err := spec.TypeByName(".rodata", &ds); err != nil {
+		if errors.Is(err, btf.ErrNotFound) {
+			return 0, false, nil
+		}
+		return 0, false, fmt.Errorf("BTF %d of map %s: %w", btfID, mi.Name, err)
+	}
+	for _, vs := range ds.Vars {
+		if v, ok := vs.Type.(*btf.Var); !ok || v.Name != name {
+			continue
+		}
+		if vs.Size != 8 || vs.Offset+8 > mi.ValueSize {
+			return 0, false, fmt.Errorf("map %s: %s is %d bytes at offset %d of %d, want 8", mi.Name, name, vs.Size, vs.Offset, mi.ValueSize)
+		}
+		buf := make([]byte, mi.ValueSize)
+		if err := m.Lookup(uint32(0), buf); err != nil {
+			return 0, false, fmt.Errorf("read map %s: %w", mi.Name, err)
+		}
+		return binary.NativeEndian.Uint64(buf[vs.Offset:]), true, nil
+	}
+	return 0, false, nil
 }

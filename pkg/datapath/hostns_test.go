@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"net/netip"
 	"path/filepath"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
@@ -387,5 +389,140 @@ func TestSockHostNetnsOnlyBridge(t *testing.T) {
 		if syn := synOf(t, syns, fd); syn.Dst != apOf(vip) {
 			t.Errorf("the pod's SYN to %s went to %s, want the ClusterIP", vip, syn.Dst)
 		}
+	}
+}
+
+// TestSockHostNetnsOnlyExplain: ExplainSocket reads the agent's
+// host_netns_cookie from the program attached to the hook, not its own
+// copy's (0). Asked from the pod's namespace (nsenter into a pod, as one
+// debugs an Istio pod), it says the socket passes untranslated where the
+// option is on, and a backend where it is off; from the host's, a
+// backend either way. Each answer is checked against a real connect from
+// the same namespace (the SYN on p0 carries the ClusterIP or a backend)
+// and a real datagram of a new unconnected UDP socket (sendmsg's hook).
+// Over each family.
+func TestSockHostNetnsOnlyExplain(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		t.Run(map[bool]string{false: "default", true: "host_netns_only"}[on], func(t *testing.T) {
+			forFamilies(t, func(t *testing.T, v6 bool) { testSockHostNetnsOnlyExplain(t, on, hostNetnsFamily(v6)) })
+		})
+	}
+}
+
+func testSockHostNetnsOnlyExplain(t *testing.T, on bool, f hostNetnsCase) {
+	testutil.Privileged(t)
+	host, pod := hostAndPod(t, f)
+	host.Enter(t)
+	bpffs := testPinDir(t)
+	d := openTest(t, configWith(smallConfig, func(c *Config) { c.SocketLBHostNetnsOnly = on })(bpffs))
+	_, podSYNs, _ := hostServes(t, d, host, f)
+
+	tcp := SocketExplainRequest{To: apOf(f.vip), Proto: unix.IPPROTO_TCP}
+	udp := SocketExplainRequest{To: apOf(f.vipU), Proto: unix.IPPROTO_UDP, Unconnected: true}
+	hook := map[bool]string{false: "connect", true: "sendmsg"}
+
+	// The pod. (The real connect comes last: its packets would move
+	// the counters sockExplainIn checks.)
+	for _, req := range []SocketExplainRequest{tcp, udp} {
+		e := sockExplainIn(t, d, bpffs, pod, req)
+		if on {
+			if !e.NotServed || e.Verdict != "pass" || e.DNAT || !strings.Contains(e.Program, hook[req.Unconnected]) || e.ProgramID == 0 {
+				t.Errorf("from the pod, %s with the option (the real SYN goes to the ClusterIP): %+v; want NotServed, pass, the attached %s program",
+					req.To, e, hook[req.Unconnected])
+			}
+			continue
+		}
+		if e.NotServed || e.Verdict != "connect to backend" || !slices.Contains(f.backends, e.Backend.Addr().String()) {
+			t.Errorf("from the pod, %s without the option (the real SYN goes to a backend): %+v; want a backend", req.To, e)
+		}
+	}
+
+	// The host: served either way.
+	for _, req := range []SocketExplainRequest{tcp, udp} {
+		e := sockExplainIn(t, d, bpffs, host, req)
+		if e.NotServed || e.Verdict != "connect to backend" || !slices.Contains(f.backends, e.Backend.Addr().String()) {
+			t.Errorf("from the host, %s: %+v; want a backend", req.To, e)
+		}
+	}
+
+	fd := socketIn(t, pod, f.domain, unix.SOCK_STREAM)
+	connectSeesPeer(t, fd, f.domain, f.vip)
+	readGreeting(t, fd)
+	if untranslated := synOf(t, podSYNs, fd).Dst == apOf(f.vip); untranslated != on {
+		t.Errorf("the pod's real SYN untranslated: %v, want %v", untranslated, on)
+	}
+}
+
+// TestAttachedHostNetns reads host_netns_cookie from the attached
+// programs of every forward hook: the agent's namespace's cookie with the
+// option, 0 without; and no answer where no socket program is attached.
+func TestAttachedHostNetns(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		t.Run(map[bool]string{false: "default", true: "host_netns_only"}[on], func(t *testing.T) { testAttachedHostNetns(t, on) })
+	}
+}
+
+func testAttachedHostNetns(t *testing.T, on bool) {
+	testutil.Privileged(t)
+	bpffs := testPinDir(t)
+	d := openTest(t, configWith(smallConfig, func(c *Config) { c.SocketLBHostNetnsOnly = on })(bpffs))
+	dir := filepath.Join(bpffs, "sluice")
+	if a, err := attachedHostNetns(dir, "connect4"); err != nil || a != nil {
+		t.Fatalf("before any attach: %+v, %v; want nothing", a, err)
+	}
+	joinSockCgroup(t, d)
+	want := uint64(0)
+	if on {
+		c, err := NetnsCookie()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = c
+	}
+	for _, hook := range []string{"connect4", "sendmsg4", "connect6", "sendmsg6"} {
+		a, err := attachedHostNetns(dir, hook)
+		if err != nil || a == nil || a.Cookie != want || a.ProgramID == 0 {
+			t.Errorf("%s: %+v, %v; want cookie %d", hook, a, err, want)
+		}
+	}
+}
+
+// TestRodataU64 reads a variable at the offset the map's own BTF gives
+// (an agent of another build may lay .rodata out otherwise), and finds
+// none in a section without it (an agent older than the option: 0).
+func TestRodataU64(t *testing.T) {
+	testutil.Privileged(t)
+	u64 := &btf.Int{Name: "__u64", Size: 8}
+	section := func(vars ...string) *ebpf.Map {
+		ds := &btf.Datasec{Name: ".rodata", Size: uint32(8 * len(vars))}
+		for i, v := range vars {
+			ds.Vars = append(ds.Vars, btf.VarSecinfo{Type: &btf.Var{Name: v, Type: u64, Linkage: btf.GlobalVar}, Offset: uint32(8 * i), Size: 8})
+		}
+		val := make([]byte, ds.Size)
+		for i := range vars {
+			binary.NativeEndian.PutUint64(val[8*i:], uint64(100+i))
+		}
+		// Made as an object's .rodata is: its contents, then frozen.
+		m, err := ebpf.NewMap(&ebpf.MapSpec{Name: ".rodata", Type: ebpf.Array, KeySize: 4, ValueSize: ds.Size, MaxEntries: 1,
+			Key: &btf.Int{Name: "__u32", Size: 4}, Value: ds, Contents: []ebpf.MapKV{{Key: uint32(0), Value: val}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return m
+	}
+	id := func(m *ebpf.Map) ebpf.MapID {
+		info, err := m.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		i, _ := info.ID()
+		return i
+	}
+	if v, found, err := rodataU64(id(section("node_ip4", varHostNetnsCookie)), varHostNetnsCookie); err != nil || !found || v != 101 {
+		t.Errorf("second variable: %d, %v, %v; want 101 (offset 8)", v, found, err)
+	}
+	if v, found, err := rodataU64(id(section("node_ip4", "nodeport_min")), varHostNetnsCookie); err != nil || found {
+		t.Errorf("a section without it: %d, %v, %v; want not found", v, found, err)
 	}
 }

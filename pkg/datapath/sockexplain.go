@@ -25,7 +25,9 @@ import (
 // agent upgrade or a program left in the kernel; the cost is that the
 // program's load-time constants are this load's, which is why the
 // caller's source address is passed in (node_ip4 is the only one the
-// selection reads).
+// selection reads), and why host_netns_cookie (--socket-lb-host-netns-only)
+// is read from the agent's attached program (attachedHostNetns) before
+// anything is run.
 //
 // An IPv6 socket is connect6's (sendmsg6's): the same program runs the
 // IPv6 selection over the sluice6_* maps, or for an IPv4-mapped
@@ -74,7 +76,10 @@ func CheckSocketFamilies(from, to netip.Addr) error {
 // ExplainSocket runs the request through the socket path's selection in
 // dry-run mode against the maps pinned under bpffs/sluice. The client is
 // the calling thread's network namespace (the socket path's client of
-// session affinity).
+// session affinity). If the agent's program on the hook serves another
+// namespace only (--socket-lb-host-netns-only: the caller is in a pod's),
+// nothing is run: the answer is NotServed, the socket passes untranslated
+// and the packet path (Explain) decides.
 func ExplainSocket(bpffs string, req SocketExplainRequest) (*Explanation, error) {
 	if err := CheckSocketFamilies(req.From, req.To.Addr()); err != nil {
 		return nil, err
@@ -88,9 +93,20 @@ func ExplainSocket(bpffs string, req SocketExplainRequest) (*Explanation, error)
 	if bpffs == "" {
 		bpffs = DefaultBPFFS
 	}
-	netns, err := threadNetnsCookie()
+	netns, err := NetnsCookie()
 	if err != nil {
 		return nil, err
+	}
+	// --socket-lb-host-netns-only is the agent's load-time constant,
+	// not this load's: read from the program attached to the hook.
+	hook := sockHook(req)
+	att, err := attachedHostNetns(filepath.Join(bpffs, "sluice"), hook)
+	if err != nil {
+		return nil, fmt.Errorf("the socket path's %s program: %w", hook, err)
+	}
+	if att != nil && att.Cookie != 0 && att.Cookie != netns {
+		return &Explanation{Program: att.Program, ProgramID: att.ProgramID, Socket: true, NotServed: true,
+			Verdict: "pass", Reasons: []string{}}, nil
 	}
 	src := req.From
 	if !src.IsValid() {
@@ -159,6 +175,20 @@ func ExplainSocket(bpffs string, req SocketExplainRequest) (*Explanation, error)
 	e := sockExplanation(out)
 	e.Program = sockExplainProg
 	return e, nil
+}
+
+// sockHook is the hook whose program decides the request's socket:
+// connect4 or connect6 (sendmsg4, sendmsg6) by the destination's family
+// (an IPv4-mapped one is an IPv6 socket's).
+func sockHook(req SocketExplainRequest) string {
+	hook := "connect"
+	if req.Unconnected {
+		hook = "sendmsg"
+	}
+	if req.To.Addr().Is6() {
+		return hook + "6"
+	}
+	return hook + "4"
 }
 
 // sockAddrs are the frontend and the backend of a socket dry run's
@@ -243,22 +273,6 @@ func firstCPU() (int, error) {
 		}
 	}
 	return 0, errors.New("get CPU affinity: no CPU")
-}
-
-// threadNetnsCookie is the cookie of the calling thread's network namespace
-// (SO_NETNS_COOKIE, Linux 5.14), the socket path's client key.
-func threadNetnsCookie() (uint64, error) {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return 0, fmt.Errorf("netns cookie: socket: %w", err)
-	}
-	// A socket only read from: closing it cannot lose anything.
-	defer func() { _ = unix.Close(fd) }()
-	c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
-	if err != nil {
-		return 0, fmt.Errorf("netns cookie: %w", err)
-	}
-	return c, nil
 }
 
 // routeSource is the source address the route to dst picks (the zero
