@@ -329,7 +329,14 @@ func run(args []string) int {
 			npCIDRs = append(npCIDRs, netip.PrefixFrom(a, a.BitLen()))
 		}
 	}
-	plan := nodePortPlan{cidrs: npCIDRs, primary: na.primaryNodePorts(), localhost: *localhostNP, devices: cfg.Devices}
+	// The devices a node without node IPs serves NodePorts on are the
+	// named and the detected ones, not those a pattern matched (pods'
+	// veths, which come and go).
+	npDevices := cfg.Devices
+	if devSel.HasPatterns() {
+		npDevices = devSel.Exact()
+	}
+	plan := nodePortPlan{cidrs: npCIDRs, primary: na.primaryNodePorts(), localhost: *localhostNP, devices: npDevices}
 	npWatch, np, err := watchNodePorts(plan, log)
 	if err != nil {
 		log.Error("NodePort addresses", "err", err)

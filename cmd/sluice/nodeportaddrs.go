@@ -45,7 +45,8 @@ type nodePortPlan struct {
 	localhost bool // --localhost-nodeports
 	// devices are where a node without any node IP and without CIDRs
 	// serves NodePorts: their global IPv4 addresses, as before there was
-	// the flag.
+	// the flag. Only the devices --devices names exactly or those
+	// detected, not those a pattern matches; one missing is skipped.
 	devices []string
 }
 
@@ -57,9 +58,20 @@ func (p nodePortPlan) onDevices() bool { return len(p.cidrs) == 0 && len(p.prima
 // addresses.
 func (p nodePortPlan) read() (nodePorts, error) {
 	if p.onDevices() {
-		addrs, err := datapath.AddressesOf(p.devices)
-		if err != nil {
-			return nodePorts{}, fmt.Errorf("addresses of the devices: %w", err)
+		var addrs []netip.Addr
+		for _, dev := range p.devices {
+			a, err := datapath.AddressesOf([]string{dev})
+			if _, gone := errors.AsType[netlink.LinkNotFoundError](err); gone {
+				continue // a device that went serves nothing until it is back
+			}
+			if err != nil {
+				return nodePorts{}, fmt.Errorf("addresses of the devices: %w", err)
+			}
+			for _, ip := range a {
+				if !slices.Contains(addrs, ip) {
+					addrs = append(addrs, ip)
+				}
+			}
 		}
 		return nodePorts{Addrs: addrs, HealthHosts: []string{""}}, nil
 	}
