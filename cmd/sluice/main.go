@@ -588,7 +588,9 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 // the metrics and log hear about socket terminations, detaches what an
 // earlier agent attached and this configuration does not name (before the
 // agent attaches the rest), and reserves the SNAT ports from the node's
-// ephemeral ports. Failures are logged: traffic goes on as configured.
+// ephemeral ports when a device is attached or may be (a --devices
+// pattern that matches none yet). Failures are logged: traffic goes on as
+// configured.
 func prepareDatapath(dp *datapath.Datapath, cfg agent.Config, m *metrics.Metrics, log *slog.Logger) {
 	f := dp.Features()
 	if cfg.Cgroup != "" {
@@ -620,8 +622,8 @@ func prepareDatapath(dp *datapath.Datapath, cfg agent.Config, m *metrics.Metrics
 	if err := dp.Prune(cfg.Cgroup, cfg.Devices); err != nil {
 		log.Error("detaching what the configuration no longer names", "err", err)
 	}
-	if len(cfg.Devices) == 0 {
-		return // nothing is source-NATed
+	if len(cfg.Devices) == 0 && cfg.FollowDevices == nil {
+		return // nothing is source-NATed, now or later
 	}
 	res, err := dp.ReserveSNATPorts()
 	switch {
