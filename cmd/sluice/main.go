@@ -296,6 +296,11 @@ func run(args []string) int {
 		cfg.DevicesNow = devSel.Expand
 		cfg.FollowDevices = followDevices(devSel, log.With("component", "devices"))
 		log.Info("devices by pattern followed", "devices", *devices, "matching_now", cfg.Devices)
+		if dpCfg.XDP != datapath.XDPOff {
+			log.Warn("--xdp attaches XDP to the devices --devices' patterns match too (pods' veths): XDP belongs on devices whose packets come from a wire, "+
+				"and with native XDP on a veth, frames it sends on are delivered only if the peer runs an XDP program; "+
+				"name the pods' devices without --xdp, or their bridge", "devices", *devices, "xdp", dpCfg.XDP)
+		}
 	} else {
 		cfg.Devices = devSel.Exact()
 	}
