@@ -492,8 +492,18 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 			return err
 		}
 	}
+	// closeListeners closes what listens when the start fails before
+	// the servers take the listeners.
+	closeListeners := func() {
+		for _, l := range []net.Listener{healthL, metricsL} {
+			if l != nil {
+				_ = l.Close() // nothing was accepted on it
+			}
+		}
+	}
 	if srv.metrics != "" {
 		if metricsL, err = listenServer("metrics", srv.metrics); err != nil {
+			closeListeners()
 			reportServerFailure(src, false, err, log)
 			return err
 		}
@@ -501,11 +511,13 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 
 	dp, err := datapath.Open(dpCfg)
 	if err != nil {
+		closeListeners()
 		return fmt.Errorf("open datapath: %w", err)
 	}
 	if dpCfg.PreallocateMaps {
 		b, err := dp.PreallocatedBytes()
 		if err != nil {
+			closeListeners()
 			// The start failed: the pins go back as they were.
 			return errors.Join(err, dp.Abort())
 		}
@@ -573,7 +585,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	// bridge, bond, team or Open vSwitch master is followed (portwatch.go),
 	// and so are the ICMP rate limit sysctls, read again every 10 s
 	// (icmprl.go: sysctls notify no change).
-	users.Go(func() { dp.FollowPorts(ctx, 5*time.Second, log.With("component", "devices")) })
+	users.Go(func() { dp.FollowPorts(ctx, 5*time.Second, log.With("component", "ports")) })
 	users.Go(func() {
 		dp.FollowICMPRateLimits(ctx, "/proc/sys", 10*time.Second, log.With("component", "icmp-ratelimit"))
 	})
