@@ -140,8 +140,10 @@ func watchNodePorts(plan nodePortPlan, log *slog.Logger) (*nodePortWatch, nodePo
 	} else if off := slices.DeleteFunc(slices.Clone(plan.primary), func(a netip.Addr) bool { return slices.Contains(np.Addrs, a) }); len(plan.cidrs) == 0 && len(off) > 0 {
 		msg := "node IP on no interface: no NodePorts on it until it is"
 		if len(plan.devices) == 0 {
-			// main's warning says why: no tc program anywhere.
-			msg += ", and then to the node's and pods' own connections only (no --devices)"
+			// No device named exactly nor found holding a node IP
+			// (main warns of the latter): external clients get tc
+			// only on a device a --devices pattern matches.
+			msg += ", and then to the node's and pods' own connections only, unless a --devices pattern matches the device it comes on (no device named exactly or found holding a node IP)"
 		}
 		log.Warn(msg, "node_ips", off)
 	} else if len(plan.cidrs) > 0 && len(np.Addrs) == 0 {
