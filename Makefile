@@ -39,14 +39,19 @@ C_SOURCES := bpf/*.c bpf/lib/*.h
 # The packages the race detector runs over: those whose concurrency is
 # Go's: the agent's loop and its observers, the sources (informers, file
 # watcher, tracker), the health and metrics servers, the reconciler and
-# its fake, the test toolkit. Not pkg/datapath (its concurrency is the
-# kernel's, per-CPU BPF programs racing on maps, which the detector cannot
-# see; its Go side writes maps in sequence), cmd/ (flag parsing and
-# wiring) or test/ and deploy/ (they run the agent as a process built
-# without -race and drive it in sequence; under the detector their minutes
-# would double for nothing it could find).
+# its fake, the agent's wiring in cmd/sluice (runAgent's servers and their
+# in-flight handlers, the datapath closed after its users, the NodePort
+# address watch), the test toolkit. Not pkg/datapath (its concurrency is
+# mostly the kernel's, per-CPU BPF programs racing on maps, which the
+# detector cannot see; its Go side's writers beside the reconciler are
+# the device and port watches, ordered by Maps.devMu, and the ICMP rate
+# limit follower, alone on its map; its tests take ~12 minutes without
+# the detector),
+# the other commands (flag parsing) or test/ and deploy/ (they run the
+# agent as a process built without -race and drive it in sequence; under
+# the detector their minutes would double for nothing it could find).
 RACE_PKGS := ./pkg/agent/... ./pkg/health/... ./pkg/metrics/... ./pkg/model/... \
-	./pkg/reconciler/... ./pkg/source/... ./internal/testutil/...
+	./pkg/reconciler/... ./pkg/source/... ./internal/testutil/... ./cmd/sluice/
 # How long `make fuzz` runs each fuzz target, and how many runs the fuzzer
 # may spend minimizing one input (one that adds coverage, or fails) before
 # it goes on: its default, 60 s of runs, would take a short run's whole

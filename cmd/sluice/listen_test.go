@@ -66,3 +66,31 @@ func TestListenErrorWithoutHint(t *testing.T) {
 		t.Errorf("error %q", err)
 	}
 }
+
+// TestFailedStartClosesHealthListener: a start that fails after the
+// health server listened (here at the metrics server's taken port) closes
+// the health listener: its port is free again.
+func TestFailedStartClosesHealthListener(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	health := free.Addr().String()
+	if err := free.Close(); err != nil {
+		t.Fatal(err)
+	}
+	srv := listenAddrs{health: health, metrics: held.Addr().String()}
+	if err := runAgent(t.Context(), agent.Config{}, datapath.Config{}, 0, northSouthConfig{}, &failureSource{}, nil, nil, srv, slog.New(slog.DiscardHandler)); err == nil {
+		t.Fatal("the agent started on a taken metrics port")
+	}
+	again, err := net.Listen("tcp", health)
+	if err != nil {
+		t.Fatalf("the health port after the failed start: %v", err)
+	}
+	again.Close()
+}

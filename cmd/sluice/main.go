@@ -296,6 +296,11 @@ func run(args []string) int {
 		cfg.DevicesNow = devSel.Expand
 		cfg.FollowDevices = followDevices(devSel, log.With("component", "devices"))
 		log.Info("devices by pattern followed", "devices", *devices, "matching_now", cfg.Devices)
+		if dpCfg.XDP != datapath.XDPOff {
+			log.Warn("--xdp attaches XDP to the devices --devices' patterns match too (pods' veths): XDP belongs on devices whose packets come from a wire, "+
+				"and with native XDP on a veth, frames it sends on are delivered only if the peer runs an XDP program; "+
+				"name the pods' devices without --xdp, or their bridge", "devices", *devices, "xdp", dpCfg.XDP)
+		}
 	} else {
 		cfg.Devices = devSel.Exact()
 	}
@@ -329,7 +334,14 @@ func run(args []string) int {
 			npCIDRs = append(npCIDRs, netip.PrefixFrom(a, a.BitLen()))
 		}
 	}
-	plan := nodePortPlan{cidrs: npCIDRs, primary: na.primaryNodePorts(), localhost: *localhostNP, devices: cfg.Devices}
+	// The devices a node without node IPs serves NodePorts on are the
+	// named and the detected ones, not those a pattern matched (pods'
+	// veths, which come and go).
+	npDevices := cfg.Devices
+	if devSel.HasPatterns() {
+		npDevices = devSel.Exact()
+	}
+	plan := nodePortPlan{cidrs: npCIDRs, primary: na.primaryNodePorts(), localhost: *localhostNP, devices: npDevices}
 	npWatch, np, err := watchNodePorts(plan, log)
 	if err != nil {
 		log.Error("NodePort addresses", "err", err)
@@ -480,8 +492,18 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 			return err
 		}
 	}
+	// closeListeners closes what listens when the start fails before
+	// the servers take the listeners.
+	closeListeners := func() {
+		for _, l := range []net.Listener{healthL, metricsL} {
+			if l != nil {
+				_ = l.Close() // nothing was accepted on it
+			}
+		}
+	}
 	if srv.metrics != "" {
 		if metricsL, err = listenServer("metrics", srv.metrics); err != nil {
+			closeListeners()
 			reportServerFailure(src, false, err, log)
 			return err
 		}
@@ -489,11 +511,13 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 
 	dp, err := datapath.Open(dpCfg)
 	if err != nil {
+		closeListeners()
 		return fmt.Errorf("open datapath: %w", err)
 	}
 	if dpCfg.PreallocateMaps {
 		b, err := dp.PreallocatedBytes()
 		if err != nil {
+			closeListeners()
 			// The start failed: the pins go back as they were.
 			return errors.Join(err, dp.Abort())
 		}
@@ -561,7 +585,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	// bridge, bond, team or Open vSwitch master is followed (portwatch.go),
 	// and so are the ICMP rate limit sysctls, read again every 10 s
 	// (icmprl.go: sysctls notify no change).
-	users.Go(func() { dp.FollowPorts(ctx, 5*time.Second, log.With("component", "devices")) })
+	users.Go(func() { dp.FollowPorts(ctx, 5*time.Second, log.With("component", "ports")) })
 	users.Go(func() {
 		dp.FollowICMPRateLimits(ctx, "/proc/sys", 10*time.Second, log.With("component", "icmp-ratelimit"))
 	})
@@ -581,7 +605,9 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 // the metrics and log hear about socket terminations, detaches what an
 // earlier agent attached and this configuration does not name (before the
 // agent attaches the rest), and reserves the SNAT ports from the node's
-// ephemeral ports. Failures are logged: traffic goes on as configured.
+// ephemeral ports when a device is attached or may be (a --devices
+// pattern that matches none yet). Failures are logged: traffic goes on as
+// configured.
 func prepareDatapath(dp *datapath.Datapath, cfg agent.Config, m *metrics.Metrics, log *slog.Logger) {
 	f := dp.Features()
 	if cfg.Cgroup != "" {
@@ -613,8 +639,8 @@ func prepareDatapath(dp *datapath.Datapath, cfg agent.Config, m *metrics.Metrics
 	if err := dp.Prune(cfg.Cgroup, cfg.Devices); err != nil {
 		log.Error("detaching what the configuration no longer names", "err", err)
 	}
-	if len(cfg.Devices) == 0 {
-		return // nothing is source-NATed
+	if len(cfg.Devices) == 0 && cfg.FollowDevices == nil {
+		return // nothing is source-NATed, now or later
 	}
 	res, err := dp.ReserveSNATPorts()
 	switch {

@@ -45,7 +45,8 @@ type nodePortPlan struct {
 	localhost bool // --localhost-nodeports
 	// devices are where a node without any node IP and without CIDRs
 	// serves NodePorts: their global IPv4 addresses, as before there was
-	// the flag.
+	// the flag. Only the devices --devices names exactly or those
+	// detected, not those a pattern matches; one missing is skipped.
 	devices []string
 }
 
@@ -57,9 +58,20 @@ func (p nodePortPlan) onDevices() bool { return len(p.cidrs) == 0 && len(p.prima
 // addresses.
 func (p nodePortPlan) read() (nodePorts, error) {
 	if p.onDevices() {
-		addrs, err := datapath.AddressesOf(p.devices)
-		if err != nil {
-			return nodePorts{}, fmt.Errorf("addresses of the devices: %w", err)
+		var addrs []netip.Addr
+		for _, dev := range p.devices {
+			a, err := datapath.AddressesOf([]string{dev})
+			if _, gone := errors.AsType[netlink.LinkNotFoundError](err); gone {
+				continue // a device that went serves nothing until it is back
+			}
+			if err != nil {
+				return nodePorts{}, fmt.Errorf("addresses of the devices: %w", err)
+			}
+			for _, ip := range a {
+				if !slices.Contains(addrs, ip) {
+					addrs = append(addrs, ip)
+				}
+			}
 		}
 		return nodePorts{Addrs: addrs, HealthHosts: []string{""}}, nil
 	}
@@ -128,8 +140,10 @@ func watchNodePorts(plan nodePortPlan, log *slog.Logger) (*nodePortWatch, nodePo
 	} else if off := slices.DeleteFunc(slices.Clone(plan.primary), func(a netip.Addr) bool { return slices.Contains(np.Addrs, a) }); len(plan.cidrs) == 0 && len(off) > 0 {
 		msg := "node IP on no interface: no NodePorts on it until it is"
 		if len(plan.devices) == 0 {
-			// main's warning says why: no tc program anywhere.
-			msg += ", and then to the node's and pods' own connections only (no --devices)"
+			// No device named exactly nor found holding a node IP
+			// (main warns of the latter): external clients get tc
+			// only on a device a --devices pattern matches.
+			msg += ", and then to the node's and pods' own connections only, unless a --devices pattern matches the device it comes on (no device named exactly or found holding a node IP)"
 		}
 		log.Warn(msg, "node_ips", off)
 	} else if len(plan.cidrs) > 0 && len(np.Addrs) == 0 {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -242,5 +243,29 @@ func TestWatchNodePortsWarnsNoneInRanges(t *testing.T) {
 		if strings.Contains(logs.String(), warned) != c.warn {
 			t.Errorf("%s: NodePorts on %v, warned %v, want %v:\n%s", c.cidr, np.Addrs, !c.warn, c.warn, logs.String())
 		}
+	}
+}
+
+// TestNodePortPlanSkipsGoneDevice: with no node IP and no CIDR, NodePorts
+// are on the devices' addresses, and a device that is gone (a pod's veth
+// once named) is skipped: the others' addresses are still read, where a
+// failed read would keep the served addresses frozen.
+func TestNodePortPlanSkipsGoneDevice(t *testing.T) {
+	testutil.Privileged(t)
+	topo := topology.NewT(t)
+	ns := topo.AddNST(t, "npgone")
+	if err := ns.AddBridge("sl-np0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.AddAddr("sl-np0", netip.MustParsePrefix("192.0.2.5/24")); err != nil {
+		t.Fatal(err)
+	}
+	plan := nodePortPlan{devices: []string{"sl-gone0", "sl-np0"}}
+	var np nodePorts
+	if err := ns.Do(func() (err error) { np, err = plan.read(); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if want := []netip.Addr{netip.MustParseAddr("192.0.2.5")}; !slices.Equal(np.Addrs, want) {
+		t.Fatalf("NodePorts on %v, want %v", np.Addrs, want)
 	}
 }

@@ -509,7 +509,7 @@ func TestNoDeviceHoldsNodeIPWarned(t *testing.T) {
 		var code int
 		log := captureStderr(t, func() { code = run(args) })
 		if code != 1 || strings.Contains(log, warned) != c.warn || !strings.Contains(log, c.want) ||
-			c.warn && !strings.Contains(log, "own connections only (no --devices)") {
+			c.warn && !strings.Contains(log, "own connections only, unless a --devices pattern matches") {
 			t.Errorf("--node-ip %s: exit %d, want 1 at the missing --manifests, warned %v (want %v) with %s:\n%s",
 				c.nodeIP, code, strings.Contains(log, warned), c.warn, c.want, log)
 		}

@@ -144,7 +144,7 @@ func isPortMaster(m netlink.Link) bool {
 // master is one: isPortMaster), whose frames to another MAC tc still
 // answers (bpf/lib/icmp.h, icmp_link_answerable). A device enslaved or
 // freed after the agent attached to it has its flag changed by
-// WatchDevices (devwatch.go), which the agent runs.
+// WatchPorts (portwatch.go), which the agent runs (FollowPorts).
 func deviceFlags(dev string) (uint32, error) {
 	l, err := netlink.LinkByName(dev)
 	if err != nil {

@@ -510,8 +510,6 @@ func (s *Source) Run(ctx context.Context, apply func(*model.State)) (err error) 
 func (s *Source) request(changed bool) {
 	if changed {
 		s.queue()
-	}
-	if changed && s.runner != nil {
 		s.runner.Request()
 	}
 }
