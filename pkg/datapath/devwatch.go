@@ -93,7 +93,7 @@ func (s DeviceSelector) Expand() ([]string, error) {
 	if !s.HasPatterns() {
 		return out, nil
 	}
-	links, err := netlink.LinkList()
+	links, err := listLinks(linkList)
 	if err != nil {
 		return nil, fmt.Errorf("list devices: %w", err)
 	}
@@ -128,6 +128,8 @@ type DeviceWatch struct {
 	have map[int]string // ifindex -> name, the followed links attached
 	// subscribe, if set (tests), replaces netlink.LinkSubscribeWithOptions.
 	subscribe func(ch chan<- netlink.LinkUpdate, done <-chan struct{}, opts netlink.LinkSubscribeOptions) error
+	// list, if set (tests), replaces netlink.LinkList.
+	list func() ([]netlink.Link, error)
 }
 
 // NewDeviceWatch returns a watch over sel's patterns in the calling
@@ -138,7 +140,33 @@ func (d *Datapath) NewDeviceWatch(sel DeviceSelector) (*DeviceWatch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device watch: network namespace: %w", err)
 	}
-	return &DeviceWatch{d: d, sel: sel, ns: ns, have: map[int]string{}, subscribe: netlink.LinkSubscribeWithOptions}, nil
+	return &DeviceWatch{d: d, sel: sel, ns: ns, have: map[int]string{}, subscribe: netlink.LinkSubscribeWithOptions, list: linkList}, nil
+}
+
+// linkList lists the links of the caller's network namespace:
+// netlink.LinkList, replaced by tests.
+var linkList = netlink.LinkList
+
+// listLinkTries is how many times listLinks lists the links before it
+// gives up on lists interrupted by a change.
+const listLinkTries = 10
+
+// listLinks returns list's links (netlink.LinkList, or a Handle's),
+// listing again, up to listLinkTries times, while the list is
+// interrupted (netlink.ErrDumpInterrupted: a link changed while it was
+// made, so the partial list it comes with may miss one).
+func listLinks(list func() ([]netlink.Link, error)) ([]netlink.Link, error) {
+	var links []netlink.Link
+	var err error
+	for range listLinkTries {
+		if links, err = list(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return links, nil
 }
 
 // Run follows the links until ctx is done, telling report about every
@@ -215,7 +243,7 @@ func (w *DeviceWatch) follow(ctx context.Context, ch <-chan netlink.LinkUpdate, 
 
 // relist reconciles what the watch holds with the links there are.
 func (w *DeviceWatch) relist(report func(DeviceEvent)) {
-	links, err := netlink.LinkList()
+	links, err := listLinks(w.list)
 	if err != nil {
 		report(DeviceEvent{Err: fmt.Errorf("list devices: %w", err)})
 		return

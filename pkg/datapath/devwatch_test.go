@@ -354,3 +354,61 @@ func TestDeviceWatchResubscribes(t *testing.T) {
 		t.Errorf("%d subscriptions, want 2", subscriptions)
 	}
 }
+
+// TestDeviceWatchListInterrupted: a link list interrupted by a change
+// (netlink.ErrDumpInterrupted, with a partial list: vishvananda/netlink
+// returns it whenever a link changes during the dump) is made again, by
+// Expand (--devices with a pattern at start) and by the watch's relist;
+// only lists interrupted listLinkTries times in a row are an error.
+func TestDeviceWatchListInterrupted(t *testing.T) {
+	link := func(idx int, name string) netlink.Link {
+		return &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Index: idx, Name: name}}
+	}
+	full := []netlink.Link{link(1, "lo"), link(2, "eth0"), link(3, "slv0"), link(4, "slv1")}
+	interrupted := 0
+	lister := func(fails int) func() ([]netlink.Link, error) {
+		calls := 0
+		return func() ([]netlink.Link, error) {
+			calls++
+			if calls <= fails {
+				interrupted++
+				return full[:3], netlink.ErrDumpInterrupted // slv1 missed
+			}
+			return full, nil
+		}
+	}
+	real := linkList
+	t.Cleanup(func() { linkList = real })
+	sel, err := ParseDevices([]string{"eth0", "slv+"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	linkList = lister(listLinkTries - 1)
+	got, err := sel.Expand()
+	if err != nil || !slices.Equal(got, []string{"eth0", "slv0", "slv1"}) {
+		t.Fatalf("Expand, %d lists interrupted: %q, %v; want [eth0 slv0 slv1]", listLinkTries-1, got, err)
+	}
+	if interrupted != listLinkTries-1 {
+		t.Fatalf("%d lists interrupted, want %d", interrupted, listLinkTries-1)
+	}
+	linkList = lister(listLinkTries)
+	if got, err := sel.Expand(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+		t.Fatalf("Expand, every list interrupted: %q, %v; want the interruption", got, err)
+	}
+
+	// The watch's relist: a list interrupted once is made again, not
+	// reported (a pattern matching none of the fake links: no Datapath
+	// is needed; TestDeviceWatchFollowsPatterns shows the relist's work).
+	none, err := ParseDevices([]string{"zz+"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &DeviceWatch{sel: none, have: map[int]string{}, list: lister(1)}
+	var events []DeviceEvent
+	w.relist(func(e DeviceEvent) { events = append(events, e) })
+	for _, e := range events {
+		if e.Err != nil {
+			t.Fatalf("relist with one interrupted list reported %v", e.Err)
+		}
+	}
+}

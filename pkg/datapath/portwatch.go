@@ -131,15 +131,9 @@ func (d *Datapath) WatchPorts(changed func(ifindex int, name string, port bool))
 
 // relistPorts syncs the port flag of every link (syncDevicePort), as
 // h lists them now: after the subscription's list was interrupted by a
-// change. A list interrupted again is made again, up to 10 times.
+// change. A list interrupted again is made again (listLinks).
 func (d *Datapath) relistPorts(h *netlink.Handle, isPort func(int) (bool, error), changed func(int, string, bool)) error {
-	var links []netlink.Link
-	var err error
-	for range 10 {
-		if links, err = h.LinkList(); !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
-		}
-	}
+	links, err := listLinks(h.LinkList)
 	if err != nil {
 		return fmt.Errorf("list links: %w", err)
 	}
