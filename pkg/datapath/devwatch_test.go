@@ -403,12 +403,131 @@ func TestDeviceWatchListInterrupted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &DeviceWatch{sel: none, have: map[int]string{}, list: lister(1)}
+	w := &DeviceWatch{sel: none, have: map[int]string{}, pending: map[int]string{}, list: lister(1)}
 	var events []DeviceEvent
 	w.relist(func(e DeviceEvent) { events = append(events, e) })
 	for _, e := range events {
 		if e.Err != nil {
 			t.Fatalf("relist with one interrupted list reported %v", e.Err)
+		}
+	}
+}
+
+// TestDeviceWatchMaxDevices: with --max-devices 2 and three links the
+// pattern matches, two are attached, the third is reported once with an
+// error naming sluice_devices and --max-devices and kept pending; when an
+// attached one goes, the pending one is attached in its place.
+func TestDeviceWatchMaxDevices(t *testing.T) {
+	bpffs, _ := attachNode(t, "devmax")
+	cfg := smallConfig(bpffs)
+	cfg.MaxDevices = 2
+	d := openTest(t, cfg)
+	links := map[string]netlink.Link{}
+	for i := range 3 {
+		name := fmt.Sprintf("slv%d", i)
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: fmt.Sprintf("peer%d", i)}); err != nil {
+			t.Fatalf("add veth %s: %v", name, err)
+		}
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		links[name] = l
+	}
+	if err := d.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	sel, err := ParseDevices([]string{"slv+"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := d.NewDeviceWatch(sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan DeviceEvent, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		w.Run(ctx, func(e DeviceEvent) { events <- e }, func(context.Context) bool { return false })
+	}()
+	t.Cleanup(func() { cancel(); <-ran })
+	next := func() DeviceEvent {
+		t.Helper()
+		select {
+		case e := <-events:
+			return e
+		case <-time.After(time.Minute): // bounds a hang only
+			t.Fatal("no device event")
+		}
+		return DeviceEvent{}
+	}
+	var attached []string
+	left := ""
+	for range 3 {
+		e := next()
+		switch {
+		case e.Err == nil && e.Attached:
+			attached = append(attached, e.Device)
+		case errors.Is(e.Err, ErrDevicesFull):
+			left = e.Device
+			for _, want := range []string{"sluice_devices", "--max-devices 2"} {
+				if !strings.Contains(e.Err.Error(), want) {
+					t.Errorf("error %q does not name %s", e.Err, want)
+				}
+			}
+		default:
+			t.Fatalf("event %+v", e)
+		}
+	}
+	if len(attached) != 2 || left == "" {
+		t.Fatalf("attached %q, left out %q: want two attached and one left out", attached, left)
+	}
+	if err := netlink.LinkDel(links[attached[0]]); err != nil {
+		t.Fatal(err)
+	}
+	if e := next(); e.Device != attached[0] || e.Attached || e.Err != nil {
+		t.Fatalf("after deleting %s: %+v, want it forgotten", attached[0], e)
+	}
+	if e := next(); e.Device != left || !e.Attached || e.Err != nil || e.Reason != "room made" {
+		t.Fatalf("after deleting %s: %+v, want %s attached (room made)", attached[0], e, left)
+	}
+	var nd sockNodeDev
+	if err := d.maps.devices.Lookup(uint32(links[left].Attrs().Index), &nd); err != nil || nd.Flags&nodeDevTC == 0 {
+		t.Fatalf("%s's entry: %+v, %v; want one with tc on", left, nd, err)
+	}
+	for _, name := range []string{attached[1], left} {
+		if err := netlink.LinkDel(links[name]); err != nil {
+			t.Fatal(err)
+		}
+		if e := next(); e.Device != name || e.Attached {
+			t.Fatalf("after deleting %s: %+v", name, e)
+		}
+	}
+}
+
+// TestParseDevicesFit: at start the pattern matches beyond --max-devices
+// are left out (the watch keeps them pending), never an exact name.
+func TestParseDevicesFit(t *testing.T) {
+	sel, err := ParseDevices([]string{"eth0", "eth1", "slv+"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs := []string{"eth0", "eth1", "slv0", "slv1", "slv2"}
+	for _, c := range []struct {
+		max       int
+		fit, left []string
+	}{
+		{5, devs, nil},
+		{64, devs, nil},
+		{3, devs[:3], devs[3:]},
+		{2, devs[:2], devs[2:]},
+		{1, devs[:2], devs[2:]}, // the exact names all: their attach fails, naming --max-devices
+	} {
+		fit, left := sel.Fit(devs, c.max)
+		if !slices.Equal(fit, c.fit) || !slices.Equal(left, c.left) {
+			t.Errorf("Fit(max %d): %q, left out %q; want %q, %q", c.max, fit, left, c.fit, c.left)
 		}
 	}
 }
