@@ -274,6 +274,10 @@ func (d *Datapath) AttachDevices(devs []string) error {
 			return d.recordError(dev, err)
 		}
 	}
+	d.attachedAtStart = map[int]string{}
+	for i, dev := range devs {
+		d.attachedAtStart[ifindex[i]] = dev
+	}
 	return shims.detach()
 }
 

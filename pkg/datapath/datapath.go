@@ -309,6 +309,10 @@ type Datapath struct {
 	// generation to (routecache.go).
 	routeGen routeGen
 
+	// attachedAtStart is what AttachDevices attached (ifindex -> name):
+	// a device watch starts from it (NewDeviceWatch).
+	attachedAtStart map[int]string
+
 	// committed is closed by Commit: FollowPorts waits for it
 	// (waitCommitted), so that it writes sluice_devices only after the
 	// start's writes; the device watch is made after Commit by its

@@ -147,6 +147,10 @@ type DeviceWatch struct {
 	// sluice_devices (--max-devices, ErrDevicesFull): tried again after
 	// each device goes, and at each relist.
 	pending map[int]string
+	// seeded holds the links of have the start attached (AttachDevices)
+	// that the watch has not seen yet: reported "attached already" when
+	// the first relist finds them, forgotten if it does not.
+	seeded map[int]bool
 	// subscribe, if set (tests), replaces netlink.LinkSubscribeWithOptions.
 	subscribe func(ch chan<- netlink.LinkUpdate, done <-chan struct{}, opts netlink.LinkSubscribeOptions) error
 	// list, if set (tests), replaces netlink.LinkList.
@@ -155,13 +159,23 @@ type DeviceWatch struct {
 
 // NewDeviceWatch returns a watch over sel's patterns in the calling
 // thread's network namespace (where Run works, whichever thread runs it).
-// Call it after the start's Commit.
+// Call it after the start's Commit: it starts from what AttachDevices
+// attached that sel's patterns match.
 func (d *Datapath) NewDeviceWatch(sel DeviceSelector) (*DeviceWatch, error) {
 	ns, err := netns.Get()
 	if err != nil {
 		return nil, fmt.Errorf("device watch: network namespace: %w", err)
 	}
-	return &DeviceWatch{d: d, sel: sel, ns: ns, have: map[int]string{}, pending: map[int]string{}, subscribe: netlink.LinkSubscribeWithOptions, list: linkList}, nil
+	w := &DeviceWatch{d: d, sel: sel, ns: ns, have: map[int]string{}, pending: map[int]string{}, seeded: map[int]bool{},
+		subscribe: netlink.LinkSubscribeWithOptions, list: linkList}
+	// The start's pattern matches: one deleted or renamed away before
+	// the first list is forgotten by it (its pins and entry removed).
+	for idx, name := range d.attachedAtStart {
+		if sel.followed(name) {
+			w.have[idx], w.seeded[idx] = name, true
+		}
+	}
+	return w, nil
 }
 
 // linkList lists the links of the caller's network namespace:
@@ -295,6 +309,10 @@ func (w *DeviceWatch) present(ifindex int, name string, report func(DeviceEvent)
 	}
 	prev, held := w.have[ifindex]
 	if held && prev == name {
+		if w.seeded[ifindex] {
+			delete(w.seeded, ifindex)
+			report(DeviceEvent{Device: name, Ifindex: ifindex, Attached: true, Reason: "attached already"})
+		}
 		return // up, down, an address: nothing to do
 	}
 	if held {
@@ -360,6 +378,7 @@ func (w *DeviceWatch) gone(ifindex int, reason string, report func(DeviceEvent))
 		return
 	}
 	delete(w.have, ifindex)
+	delete(w.seeded, ifindex)
 	w.d.maps.devMu.Lock()
 	err := w.d.DetachDevice(name, ifindex)
 	w.d.maps.devMu.Unlock()

@@ -531,3 +531,87 @@ func TestParseDevicesFit(t *testing.T) {
 		}
 	}
 }
+
+// TestDeviceWatchForgetsStartDevices: pattern devices the start attached
+// and that are deleted, or renamed away, before the watch's first list
+// are forgotten by it: their pins and entries removed, the programs
+// taken off the renamed one. One still there is "attached already".
+func TestDeviceWatchForgetsStartDevices(t *testing.T) {
+	bpffs, _ := attachNode(t, "devseed")
+	d := openTest(t, smallConfig(bpffs))
+	links := map[string]netlink.Link{}
+	for i := range 3 {
+		name := fmt.Sprintf("slv%d", i)
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: fmt.Sprintf("peer%d", i)}); err != nil {
+			t.Fatalf("add veth %s: %v", name, err)
+		}
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		links[name] = l
+	}
+	sel, err := ParseDevices([]string{"slv+"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.AttachDevices([]string{"slv0", "slv1", "slv2"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	// Before the watch: slv0 deleted, slv1 renamed out of the pattern.
+	if err := netlink.LinkDel(links["slv0"]); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetName(links["slv1"], "other1"); err != nil {
+		t.Fatal(err)
+	}
+	w, err := d.NewDeviceWatch(sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan DeviceEvent, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		w.Run(ctx, func(e DeviceEvent) { events <- e }, func(context.Context) bool { return false })
+	}()
+	t.Cleanup(func() { cancel(); <-ran })
+	var seen []string
+	for range 3 {
+		select {
+		case e := <-events:
+			if e.Err != nil {
+				t.Fatalf("%+v", e)
+			}
+			seen = append(seen, fmt.Sprintf("%s %v %s", e.Device, e.Attached, e.Reason))
+		case <-time.After(time.Minute): // bounds a hang only
+			t.Fatalf("no device event after %q", seen)
+		}
+	}
+	slices.Sort(seen)
+	if want := []string{"slv0 false missed", "slv1 false missed", "slv2 true attached already"}; !slices.Equal(seen, want) {
+		t.Fatalf("first list: %q, want %q", seen, want)
+	}
+	es, err := os.ReadDir(filepath.Join(d.dir, "links"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range es {
+		if strings.HasSuffix(e.Name(), "slv0") || strings.HasSuffix(e.Name(), "slv1") {
+			t.Errorf("pin %s left", e.Name())
+		}
+	}
+	for _, name := range []string{"slv0", "slv1"} {
+		var nd sockNodeDev
+		if err := d.maps.devices.Lookup(uint32(links[name].Attrs().Index), &nd); err == nil {
+			t.Errorf("%s's entry left: %+v", name, nd)
+		}
+	}
+	if ids := attachedIDs(t, links["slv1"].Attrs().Index, ebpf.AttachTCXIngress); slices.Contains(ids, progID(t, d.tc.SluiceIngress)) {
+		t.Error("the programs are still on other1 (slv1 renamed away)")
+	}
+}
