@@ -293,7 +293,21 @@ func run(args []string) int {
 			log.Error("--devices", "err", err)
 			return 1
 		}
-		cfg.DevicesNow = devSel.Expand
+		// At start, the pattern matches beyond --max-devices are left
+		// out (logged), not the start: the watch keeps them pending
+		// until a device goes.
+		cfg.DevicesNow = func() ([]string, error) {
+			devs, err := devSel.Expand()
+			if err != nil {
+				return nil, err
+			}
+			fit, left := devSel.Fit(devs, dpCfg.MaxDevices)
+			if len(left) > 0 {
+				log.Error("more devices match --devices than sluice_devices holds: raise --max-devices; those left out are attached once a device goes",
+					"max_devices", dpCfg.MaxDevices, "left_out", left)
+			}
+			return fit, nil
+		}
 		cfg.FollowDevices = followDevices(devSel, log.With("component", "devices"))
 		log.Info("devices by pattern followed", "devices", *devices, "matching_now", cfg.Devices)
 		if dpCfg.XDP != datapath.XDPOff {

@@ -191,7 +191,7 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		}
 		flags[i] = f
 		if err := d.maps.markL3(ifindex[i], f&nodeDevL3 != 0); err != nil {
-			return fmt.Errorf("record node device %s: %w", dev, err)
+			return d.recordError(dev, err)
 		}
 	}
 	// Before any program of this release goes on a device: the LRU's
@@ -268,13 +268,33 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		}
 		// Its tc programs see what comes back through it.
 		if err := d.maps.setNodeDevice(ifindex[i], addr, flags[i]|nodeDevTC); err != nil {
-			return fmt.Errorf("record node device %s: %w", dev, err)
+			return d.recordError(dev, err)
 		}
 		if err := d.maps.setNodeDevice6(ifindex[i], addr6); err != nil {
-			return fmt.Errorf("record node device %s: %w", dev, err)
+			return d.recordError(dev, err)
 		}
 	}
+	d.attachedAtStart = map[int]string{}
+	for i, dev := range devs {
+		d.attachedAtStart[ifindex[i]] = dev
+	}
 	return shims.detach()
+}
+
+// ErrDevicesFull is what attaching a device returns (errors.Is) when
+// sluice_devices has no room for its entry: --max-devices devices hold
+// entries already.
+var ErrDevicesFull = errors.New("no room for another device")
+
+// recordError is err, from writing device dev's entry, naming dev; when
+// the map was full (E2BIG), it says ErrDevicesFull and names the map and
+// --max-devices.
+func (d *Datapath) recordError(dev string, err error) error {
+	if errors.Is(err, unix.E2BIG) {
+		return fmt.Errorf("record node device %s: %w: %s holds %d devices (--max-devices %d): raise --max-devices: %w",
+			dev, ErrDevicesFull, mapDevices, d.cfg.MaxDevices, d.cfg.MaxDevices, err)
+	}
+	return fmt.Errorf("record node device %s: %w", dev, err)
 }
 
 // afterAttachTC, if set (by tests only), is called by AttachDevices each

@@ -309,9 +309,15 @@ type Datapath struct {
 	// generation to (routecache.go).
 	routeGen routeGen
 
-	// committed is closed by Commit: what follows the node at run time
-	// (FollowDevices, FollowICMPRateLimits) writes the maps only after
-	// the start's writes (devwatch.go).
+	// attachedAtStart is what AttachDevices attached (ifindex -> name):
+	// a device watch starts from it (NewDeviceWatch).
+	attachedAtStart map[int]string
+
+	// committed is closed by Commit: FollowPorts waits for it
+	// (waitCommitted), so that it writes sluice_devices only after the
+	// start's writes; the device watch is made after Commit by its
+	// caller (NewDeviceWatch). FollowICMPRateLimits does not wait: Open
+	// wrote its map already.
 	committed     chan struct{}
 	committedOnce sync.Once
 
@@ -460,16 +466,6 @@ func Open(cfg Config) (*Datapath, error) {
 	if err := errors.Join(d.pins.keepEntries(d.maps.nodeCIDRs, mapNodeCIDRs), d.pins.keepEntries(d.maps.nodeCIDRs6, mapNodeCIDRs6)); err != nil {
 		return nil, errors.Join(err, d.Abort())
 	}
-	// The ICMP rate limits before any program is attached: the map of
-	// a new pin holds zeros, no limit at all. Not put back by a start
-	// that fails: what it writes is the node's sysctls now.
-	rl := DefaultICMPRateLimits()
-	if cfg.ICMPRateLimits != nil {
-		rl = *cfg.ICMPRateLimits
-	}
-	if _, err := d.setICMPRateLimits(rl); err != nil {
-		return nil, errors.Join(err, d.Abort())
-	}
 	owned := func(kind uint32) bool { return kind != nodeCIDRService || !cfg.ServiceCIDRsFromSource }
 	err = d.maps.setNodeCIDRs(cidrs, owned)
 	if errors.Is(err, reconciler.ErrCapacity) && cfg.ServiceCIDRsFromSource {
@@ -510,6 +506,10 @@ func (d *Datapath) migratePins(specs objectSpecs) error {
 // converted and resized and the programs loaded: as a verifier rejection
 // of a later program, or a start cancelled there, would.
 var failAfterLoad func() error
+
+// beforeIPv6Programs, if set (tests), is called by Open just before the
+// IPv6 tc programs go into the pinned sluice6_tc_v1.
+var beforeIPv6Programs func(*Datapath)
 
 // objectSpecs are the collections Open loads; nil ones are not loaded.
 type objectSpecs struct {
@@ -601,6 +601,19 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 	if err := specs.tc.LoadAndAssign(&d.tc, opts); err != nil {
 		return fmt.Errorf("load tc programs: %w", verifierDetail(err))
 	}
+	// The ICMP rate limits as soon as their map exists, before any
+	// program goes into a pinned prog array: a map created by this load
+	// holds zeros (ratemask 0: no limit at all), and the previous
+	// agent's running IPv4 entry tail-calls the IPv6 program put into
+	// sluice6_tc_v1 below. Not put back by a start that fails: what it
+	// writes is the node's sysctls now.
+	rl := DefaultICMPRateLimits()
+	if d.cfg.ICMPRateLimits != nil {
+		rl = *d.cfg.ICMPRateLimits
+	}
+	if _, err := d.setICMPRateLimits(rl); err != nil {
+		return err
+	}
 	// The dry-run programs, loaded from the same spec, stand for the
 	// programs after the start.
 	if err := paused.Set(uint8(0)); err != nil {
@@ -618,6 +631,9 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 	if !d.ipv6Pending {
 		if err := d.pins.keepProgArray(d.tc.Sluice6TcV1, mapTC6, false); err != nil {
 			return err
+		}
+		if beforeIPv6Programs != nil {
+			beforeIPv6Programs(d)
 		}
 		if err := d.tc.setIPv6Programs(false); err != nil {
 			return err

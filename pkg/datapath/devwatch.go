@@ -93,7 +93,7 @@ func (s DeviceSelector) Expand() ([]string, error) {
 	if !s.HasPatterns() {
 		return out, nil
 	}
-	links, err := netlink.LinkList()
+	links, err := listLinks(linkList)
 	if err != nil {
 		return nil, fmt.Errorf("list devices: %w", err)
 	}
@@ -107,6 +107,23 @@ func (s DeviceSelector) Expand() ([]string, error) {
 	return append(out, matched...), nil
 }
 
+// Fit splits devs (as Expand returns them: the exact names first) into
+// the devices sluice_devices, of maxDevices entries (--max-devices; 0:
+// DefaultMaxDevices), has room for and the pattern matches left out.
+// The exact names are all kept (attaching more than fit fails the start,
+// naming --max-devices); the matches left out are the last in order,
+// which the watch keeps pending until a device goes.
+func (s DeviceSelector) Fit(devs []string, maxDevices int) (fit, left []string) {
+	if maxDevices <= 0 {
+		maxDevices = DefaultMaxDevices
+	}
+	n := max(maxDevices, len(s.exact))
+	if len(devs) <= n {
+		return devs, nil
+	}
+	return devs[:n], devs[n:]
+}
+
 // DeviceEvent is what a DeviceWatch did to one link.
 type DeviceEvent struct {
 	Device  string
@@ -114,7 +131,7 @@ type DeviceEvent struct {
 	// Attached: the programs are on it now; else its state was removed
 	// (Reason says why).
 	Attached bool
-	Reason   string // "appeared", "renamed", "attached already"; "removed", "renamed away", "missed"
+	Reason   string // "appeared", "renamed", "attached already", "room made"; "removed", "renamed away", "missed"
 	// Err, if set, says the step failed (nothing else is true then).
 	Err error
 }
@@ -126,19 +143,65 @@ type DeviceWatch struct {
 	sel  DeviceSelector
 	ns   netns.NsHandle
 	have map[int]string // ifindex -> name, the followed links attached
+	// pending holds the followed links that did not fit in
+	// sluice_devices (--max-devices, ErrDevicesFull): tried again after
+	// each device goes, and at each relist.
+	pending map[int]string
+	// seeded holds the links of have the start attached (AttachDevices)
+	// that the watch has not seen yet: reported "attached already" when
+	// the first relist finds them, forgotten if it does not.
+	seeded map[int]bool
 	// subscribe, if set (tests), replaces netlink.LinkSubscribeWithOptions.
 	subscribe func(ch chan<- netlink.LinkUpdate, done <-chan struct{}, opts netlink.LinkSubscribeOptions) error
+	// list, if set (tests), replaces netlink.LinkList.
+	list func() ([]netlink.Link, error)
 }
 
 // NewDeviceWatch returns a watch over sel's patterns in the calling
 // thread's network namespace (where Run works, whichever thread runs it).
-// Call it after the start's Commit.
+// Call it after the start's Commit: it starts from what AttachDevices
+// attached that sel's patterns match.
 func (d *Datapath) NewDeviceWatch(sel DeviceSelector) (*DeviceWatch, error) {
 	ns, err := netns.Get()
 	if err != nil {
 		return nil, fmt.Errorf("device watch: network namespace: %w", err)
 	}
-	return &DeviceWatch{d: d, sel: sel, ns: ns, have: map[int]string{}, subscribe: netlink.LinkSubscribeWithOptions}, nil
+	w := &DeviceWatch{d: d, sel: sel, ns: ns, have: map[int]string{}, pending: map[int]string{}, seeded: map[int]bool{},
+		subscribe: netlink.LinkSubscribeWithOptions, list: linkList}
+	// The start's pattern matches: one deleted or renamed away before
+	// the first list is forgotten by it (its pins and entry removed).
+	for idx, name := range d.attachedAtStart {
+		if sel.followed(name) {
+			w.have[idx], w.seeded[idx] = name, true
+		}
+	}
+	return w, nil
+}
+
+// linkList lists the links of the caller's network namespace:
+// netlink.LinkList, replaced by tests.
+var linkList = netlink.LinkList
+
+// listLinkTries is how many times listLinks lists the links before it
+// gives up on lists interrupted by a change.
+const listLinkTries = 10
+
+// listLinks returns list's links (netlink.LinkList, or a Handle's),
+// listing again, up to listLinkTries times, while the list is
+// interrupted (netlink.ErrDumpInterrupted: a link changed while it was
+// made, so the partial list it comes with may miss one).
+func listLinks(list func() ([]netlink.Link, error)) ([]netlink.Link, error) {
+	var links []netlink.Link
+	var err error
+	for range listLinkTries {
+		if links, err = list(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return links, nil
 }
 
 // Run follows the links until ctx is done, telling report about every
@@ -215,7 +278,7 @@ func (w *DeviceWatch) follow(ctx context.Context, ch <-chan netlink.LinkUpdate, 
 
 // relist reconciles what the watch holds with the links there are.
 func (w *DeviceWatch) relist(report func(DeviceEvent)) {
-	links, err := netlink.LinkList()
+	links, err := listLinks(w.list)
 	if err != nil {
 		report(DeviceEvent{Err: fmt.Errorf("list devices: %w", err)})
 		return
@@ -229,6 +292,11 @@ func (w *DeviceWatch) relist(report func(DeviceEvent)) {
 			w.gone(idx, "missed", report)
 		}
 	}
+	for idx, name := range w.pending {
+		if n, ok := byIndex[idx]; !ok || n != name {
+			delete(w.pending, idx)
+		}
+	}
 	for _, l := range links {
 		w.present(l.Attrs().Index, l.Attrs().Name, report)
 	}
@@ -236,8 +304,15 @@ func (w *DeviceWatch) relist(report func(DeviceEvent)) {
 
 // present handles link ifindex, named name now.
 func (w *DeviceWatch) present(ifindex int, name string, report func(DeviceEvent)) {
+	if p, ok := w.pending[ifindex]; ok && p != name {
+		delete(w.pending, ifindex) // renamed: tried under its new name
+	}
 	prev, held := w.have[ifindex]
 	if held && prev == name {
+		if w.seeded[ifindex] {
+			delete(w.seeded, ifindex)
+			report(DeviceEvent{Device: name, Ifindex: ifindex, Attached: true, Reason: "attached already"})
+		}
 		return // up, down, an address: nothing to do
 	}
 	if held {
@@ -260,25 +335,55 @@ func (w *DeviceWatch) present(ifindex int, name string, report func(DeviceEvent)
 	w.d.maps.devMu.Lock()
 	err := w.d.AttachDevice(name, ifindex)
 	w.d.maps.devMu.Unlock()
+	if errors.Is(err, ErrDevicesFull) {
+		// Tried again once a device goes; reported the first time.
+		_, again := w.pending[ifindex]
+		w.pending[ifindex] = name
+		if !again {
+			report(DeviceEvent{Device: name, Ifindex: ifindex, Reason: reason,
+				Err: fmt.Errorf("%w (left out until a device goes)", err)})
+		}
+		return
+	}
 	if err != nil {
 		report(DeviceEvent{Device: name, Ifindex: ifindex, Reason: reason, Err: err})
 		return
+	}
+	if _, was := w.pending[ifindex]; was {
+		delete(w.pending, ifindex)
+		reason = "room made"
 	}
 	w.have[ifindex] = name
 	report(DeviceEvent{Device: name, Ifindex: ifindex, Attached: true, Reason: reason})
 }
 
+// retryPending tries the links left out for want of room again, after
+// a device went.
+func (w *DeviceWatch) retryPending(report func(DeviceEvent)) {
+	for idx, name := range w.pending {
+		l, err := netlink.LinkByIndex(idx)
+		if err != nil || l.Attrs().Name != name {
+			delete(w.pending, idx) // gone or renamed: its message says
+			continue
+		}
+		w.present(idx, name, report)
+	}
+}
+
 // gone forgets link ifindex, attached under its name in w.have.
 func (w *DeviceWatch) gone(ifindex int, reason string, report func(DeviceEvent)) {
+	delete(w.pending, ifindex)
 	name, held := w.have[ifindex]
 	if !held {
 		return
 	}
 	delete(w.have, ifindex)
+	delete(w.seeded, ifindex)
 	w.d.maps.devMu.Lock()
 	err := w.d.DetachDevice(name, ifindex)
 	w.d.maps.devMu.Unlock()
 	report(DeviceEvent{Device: name, Ifindex: ifindex, Reason: reason, Err: err})
+	w.retryPending(report)
 }
 
 // AttachDevice gives device dev (ifindex, in the caller's network
@@ -292,7 +397,7 @@ func (d *Datapath) AttachDevice(dev string, ifindex int) error {
 		return err
 	}
 	if err := d.maps.markL3(ifindex, flags&nodeDevL3 != 0); err != nil {
-		return fmt.Errorf("record node device %s: %w", dev, err)
+		return d.recordError(dev, err)
 	}
 	err = func() error {
 		for _, dir := range []tcDir{tcIngress, tcEgress} {
@@ -311,10 +416,10 @@ func (d *Datapath) AttachDevice(dev string, ifindex int) error {
 			return err
 		}
 		if err := d.maps.setNodeDevice(ifindex, addr, flags|nodeDevTC); err != nil {
-			return fmt.Errorf("record node device %s: %w", dev, err)
+			return d.recordError(dev, err)
 		}
 		if err := d.maps.setNodeDevice6(ifindex, addr6); err != nil {
-			return fmt.Errorf("record node device %s: %w", dev, err)
+			return d.recordError(dev, err)
 		}
 		return nil
 	}()

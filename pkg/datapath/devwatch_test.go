@@ -354,3 +354,264 @@ func TestDeviceWatchResubscribes(t *testing.T) {
 		t.Errorf("%d subscriptions, want 2", subscriptions)
 	}
 }
+
+// TestDeviceWatchListInterrupted: a link list interrupted by a change
+// (netlink.ErrDumpInterrupted, with a partial list: vishvananda/netlink
+// returns it whenever a link changes during the dump) is made again, by
+// Expand (--devices with a pattern at start) and by the watch's relist;
+// only lists interrupted listLinkTries times in a row are an error.
+func TestDeviceWatchListInterrupted(t *testing.T) {
+	link := func(idx int, name string) netlink.Link {
+		return &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Index: idx, Name: name}}
+	}
+	full := []netlink.Link{link(1, "lo"), link(2, "eth0"), link(3, "slv0"), link(4, "slv1")}
+	interrupted := 0
+	lister := func(fails int) func() ([]netlink.Link, error) {
+		calls := 0
+		return func() ([]netlink.Link, error) {
+			calls++
+			if calls <= fails {
+				interrupted++
+				return full[:3], netlink.ErrDumpInterrupted // slv1 missed
+			}
+			return full, nil
+		}
+	}
+	real := linkList
+	t.Cleanup(func() { linkList = real })
+	sel, err := ParseDevices([]string{"eth0", "slv+"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	linkList = lister(listLinkTries - 1)
+	got, err := sel.Expand()
+	if err != nil || !slices.Equal(got, []string{"eth0", "slv0", "slv1"}) {
+		t.Fatalf("Expand, %d lists interrupted: %q, %v; want [eth0 slv0 slv1]", listLinkTries-1, got, err)
+	}
+	if interrupted != listLinkTries-1 {
+		t.Fatalf("%d lists interrupted, want %d", interrupted, listLinkTries-1)
+	}
+	linkList = lister(listLinkTries)
+	if got, err := sel.Expand(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+		t.Fatalf("Expand, every list interrupted: %q, %v; want the interruption", got, err)
+	}
+
+	// The watch's relist: a list interrupted once is made again, not
+	// reported (a pattern matching none of the fake links: no Datapath
+	// is needed; TestDeviceWatchFollowsPatterns shows the relist's work).
+	none, err := ParseDevices([]string{"zz+"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &DeviceWatch{sel: none, have: map[int]string{}, pending: map[int]string{}, list: lister(1)}
+	var events []DeviceEvent
+	w.relist(func(e DeviceEvent) { events = append(events, e) })
+	for _, e := range events {
+		if e.Err != nil {
+			t.Fatalf("relist with one interrupted list reported %v", e.Err)
+		}
+	}
+}
+
+// TestDeviceWatchMaxDevices: with --max-devices 2 and three links the
+// pattern matches, two are attached, the third is reported once with an
+// error naming sluice_devices and --max-devices and kept pending; when an
+// attached one goes, the pending one is attached in its place.
+func TestDeviceWatchMaxDevices(t *testing.T) {
+	bpffs, _ := attachNode(t, "devmax")
+	cfg := smallConfig(bpffs)
+	cfg.MaxDevices = 2
+	d := openTest(t, cfg)
+	links := map[string]netlink.Link{}
+	for i := range 3 {
+		name := fmt.Sprintf("slv%d", i)
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: fmt.Sprintf("peer%d", i)}); err != nil {
+			t.Fatalf("add veth %s: %v", name, err)
+		}
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		links[name] = l
+	}
+	if err := d.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	sel, err := ParseDevices([]string{"slv+"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := d.NewDeviceWatch(sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan DeviceEvent, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		w.Run(ctx, func(e DeviceEvent) { events <- e }, func(context.Context) bool { return false })
+	}()
+	t.Cleanup(func() { cancel(); <-ran })
+	next := func() DeviceEvent {
+		t.Helper()
+		select {
+		case e := <-events:
+			return e
+		case <-time.After(time.Minute): // bounds a hang only
+			t.Fatal("no device event")
+		}
+		return DeviceEvent{}
+	}
+	var attached []string
+	left := ""
+	for range 3 {
+		e := next()
+		switch {
+		case e.Err == nil && e.Attached:
+			attached = append(attached, e.Device)
+		case errors.Is(e.Err, ErrDevicesFull):
+			left = e.Device
+			for _, want := range []string{"sluice_devices", "--max-devices 2"} {
+				if !strings.Contains(e.Err.Error(), want) {
+					t.Errorf("error %q does not name %s", e.Err, want)
+				}
+			}
+		default:
+			t.Fatalf("event %+v", e)
+		}
+	}
+	if len(attached) != 2 || left == "" {
+		t.Fatalf("attached %q, left out %q: want two attached and one left out", attached, left)
+	}
+	if err := netlink.LinkDel(links[attached[0]]); err != nil {
+		t.Fatal(err)
+	}
+	if e := next(); e.Device != attached[0] || e.Attached || e.Err != nil {
+		t.Fatalf("after deleting %s: %+v, want it forgotten", attached[0], e)
+	}
+	if e := next(); e.Device != left || !e.Attached || e.Err != nil || e.Reason != "room made" {
+		t.Fatalf("after deleting %s: %+v, want %s attached (room made)", attached[0], e, left)
+	}
+	var nd sockNodeDev
+	if err := d.maps.devices.Lookup(uint32(links[left].Attrs().Index), &nd); err != nil || nd.Flags&nodeDevTC == 0 {
+		t.Fatalf("%s's entry: %+v, %v; want one with tc on", left, nd, err)
+	}
+	for _, name := range []string{attached[1], left} {
+		if err := netlink.LinkDel(links[name]); err != nil {
+			t.Fatal(err)
+		}
+		if e := next(); e.Device != name || e.Attached {
+			t.Fatalf("after deleting %s: %+v", name, e)
+		}
+	}
+}
+
+// TestParseDevicesFit: at start the pattern matches beyond --max-devices
+// are left out (the watch keeps them pending), never an exact name.
+func TestParseDevicesFit(t *testing.T) {
+	sel, err := ParseDevices([]string{"eth0", "eth1", "slv+"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs := []string{"eth0", "eth1", "slv0", "slv1", "slv2"}
+	for _, c := range []struct {
+		max       int
+		fit, left []string
+	}{
+		{5, devs, nil},
+		{64, devs, nil},
+		{3, devs[:3], devs[3:]},
+		{2, devs[:2], devs[2:]},
+		{1, devs[:2], devs[2:]}, // the exact names all: their attach fails, naming --max-devices
+	} {
+		fit, left := sel.Fit(devs, c.max)
+		if !slices.Equal(fit, c.fit) || !slices.Equal(left, c.left) {
+			t.Errorf("Fit(max %d): %q, left out %q; want %q, %q", c.max, fit, left, c.fit, c.left)
+		}
+	}
+}
+
+// TestDeviceWatchForgetsStartDevices: pattern devices the start attached
+// and that are deleted, or renamed away, before the watch's first list
+// are forgotten by it: their pins and entries removed, the programs
+// taken off the renamed one. One still there is "attached already".
+func TestDeviceWatchForgetsStartDevices(t *testing.T) {
+	bpffs, _ := attachNode(t, "devseed")
+	d := openTest(t, smallConfig(bpffs))
+	links := map[string]netlink.Link{}
+	for i := range 3 {
+		name := fmt.Sprintf("slv%d", i)
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: fmt.Sprintf("peer%d", i)}); err != nil {
+			t.Fatalf("add veth %s: %v", name, err)
+		}
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		links[name] = l
+	}
+	sel, err := ParseDevices([]string{"slv+"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.AttachDevices([]string{"slv0", "slv1", "slv2"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	// Before the watch: slv0 deleted, slv1 renamed out of the pattern.
+	if err := netlink.LinkDel(links["slv0"]); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetName(links["slv1"], "other1"); err != nil {
+		t.Fatal(err)
+	}
+	w, err := d.NewDeviceWatch(sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan DeviceEvent, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		w.Run(ctx, func(e DeviceEvent) { events <- e }, func(context.Context) bool { return false })
+	}()
+	t.Cleanup(func() { cancel(); <-ran })
+	var seen []string
+	for range 3 {
+		select {
+		case e := <-events:
+			if e.Err != nil {
+				t.Fatalf("%+v", e)
+			}
+			seen = append(seen, fmt.Sprintf("%s %v %s", e.Device, e.Attached, e.Reason))
+		case <-time.After(time.Minute): // bounds a hang only
+			t.Fatalf("no device event after %q", seen)
+		}
+	}
+	slices.Sort(seen)
+	if want := []string{"slv0 false missed", "slv1 false missed", "slv2 true attached already"}; !slices.Equal(seen, want) {
+		t.Fatalf("first list: %q, want %q", seen, want)
+	}
+	es, err := os.ReadDir(filepath.Join(d.dir, "links"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range es {
+		if strings.HasSuffix(e.Name(), "slv0") || strings.HasSuffix(e.Name(), "slv1") {
+			t.Errorf("pin %s left", e.Name())
+		}
+	}
+	for _, name := range []string{"slv0", "slv1"} {
+		var nd sockNodeDev
+		if err := d.maps.devices.Lookup(uint32(links[name].Attrs().Index), &nd); err == nil {
+			t.Errorf("%s's entry left: %+v", name, nd)
+		}
+	}
+	if ids := attachedIDs(t, links["slv1"].Attrs().Index, ebpf.AttachTCXIngress); slices.Contains(ids, progID(t, d.tc.SluiceIngress)) {
+		t.Error("the programs are still on other1 (slv1 renamed away)")
+	}
+}

@@ -419,3 +419,30 @@ func TestICMPRateLimitLaterStamp(t *testing.T) {
 		}
 	})
 }
+
+// TestICMPRateLimitsBeforeIPv6Programs: Open writes the ICMP rate limits
+// into a sluice_icmp_limits_v1 it creates before the IPv6 tc programs go
+// into the pinned sluice6_tc_v1, which the previous agent's running IPv4
+// entry tail-calls on an upgrade: they never run with the new map's
+// zeros (ratemask 0: nothing limited).
+func TestICMPRateLimitsBeforeIPv6Programs(t *testing.T) {
+	testutil.Privileged(t)
+	cfg := smallConfig(testPinDir(t))
+	want := DefaultICMPRateLimits().conf()
+	var got tcIcmpRlConf
+	called := false
+	beforeIPv6Programs = func(d *Datapath) {
+		called = true
+		if err := d.tc.SluiceIcmpLimitsV1.Lookup(uint32(0), &got); err != nil {
+			t.Errorf("read %s: %v", mapICMPLimits, err)
+		}
+	}
+	t.Cleanup(func() { beforeIPv6Programs = nil })
+	openTest(t, cfg)
+	if !called {
+		t.Fatal("the IPv6 programs were not put into sluice6_tc_v1 by a fresh Open")
+	}
+	if got != want {
+		t.Fatalf("%s when the IPv6 programs went into sluice6_tc_v1: %+v, want %+v", mapICMPLimits, got, want)
+	}
+}

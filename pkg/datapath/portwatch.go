@@ -51,12 +51,22 @@ func (d *Datapath) WatchPorts(changed func(ifindex int, name string, port bool))
 	if err != nil {
 		return nil, fmt.Errorf("netlink handle: %w", err)
 	}
-	isPort := func(master int) (bool, error) {
-		l, err := h.LinkByIndex(master)
+	// isPort reads the device's master now, not the message's: a
+	// message queued before a later change (the subscription's own
+	// list, or one older than a relist) would set the flag back.
+	isPort := func(ifindex int) (bool, error) {
+		l, err := h.LinkByIndex(ifindex)
 		if err != nil {
 			return false, err
 		}
-		return isPortMaster(l), nil
+		if l.Attrs().MasterIndex == 0 {
+			return false, nil
+		}
+		m, err := h.LinkByIndex(l.Attrs().MasterIndex)
+		if err != nil {
+			return false, err
+		}
+		return isPortMaster(m), nil
 	}
 	ch := make(chan netlink.LinkUpdate, 64)
 	// failed ends the watch with an error; recvErr is the subscription's
@@ -72,7 +82,9 @@ func (d *Datapath) WatchPorts(changed func(ifindex int, name string, port bool))
 		w.stopOnce.Do(func() { close(w.stop) })
 	}
 	err = netlink.LinkSubscribeWithOptions(ch, w.stop, netlink.LinkSubscribeOptions{
-		ListExisting: true,
+		ListExisting:      true,
+		ReceiveBufferSize: 1 << 20, // as DeviceWatch's: a burst of pods' links
+
 		ErrorCallback: func(err error) {
 			if errors.Is(err, netlink.ErrDumpInterrupted) {
 				// The list may have missed a link (one changed
@@ -97,8 +109,8 @@ func (d *Datapath) WatchPorts(changed func(ifindex int, name string, port bool))
 			if u.Header.Type != unix.RTM_NEWLINK {
 				continue
 			}
-			ifindex, master := int(u.Attrs().Index), u.Attrs().MasterIndex
-			port, err := d.maps.syncDevicePort(ifindex, master, isPort)
+			ifindex := u.Attrs().Index
+			port, err := d.maps.syncDevicePort(ifindex, isPort)
 			if err != nil {
 				fail(err)
 				break
@@ -131,20 +143,14 @@ func (d *Datapath) WatchPorts(changed func(ifindex int, name string, port bool))
 
 // relistPorts syncs the port flag of every link (syncDevicePort), as
 // h lists them now: after the subscription's list was interrupted by a
-// change. A list interrupted again is made again, up to 10 times.
+// change. A list interrupted again is made again (listLinks).
 func (d *Datapath) relistPorts(h *netlink.Handle, isPort func(int) (bool, error), changed func(int, string, bool)) error {
-	var links []netlink.Link
-	var err error
-	for range 10 {
-		if links, err = h.LinkList(); !errors.Is(err, netlink.ErrDumpInterrupted) {
-			break
-		}
-	}
+	links, err := listLinks(h.LinkList)
 	if err != nil {
 		return fmt.Errorf("list links: %w", err)
 	}
 	for _, l := range links {
-		port, err := d.maps.syncDevicePort(l.Attrs().Index, l.Attrs().MasterIndex, isPort)
+		port, err := d.maps.syncDevicePort(l.Attrs().Index, isPort)
 		if err != nil {
 			return err
 		}
@@ -170,13 +176,13 @@ func (w *PortWatch) Close() error {
 }
 
 // syncDevicePort makes the nodeDevPort flag of device ifindex's entry
-// say whether master (its master's ifindex, 0: none) is a port master
-// (isPort: isPortMaster of the link of that ifindex), if the device is one the agent attached to (its entry
-// has nodeDevTC). It returns the new value when it changed it, nil when
-// it wrote nothing. A master that is gone by the time it is looked up
-// leaves the flag as it is: the device's next message (its master
-// cleared) says so.
-func (m *Maps) syncDevicePort(ifindex, master int, isPort func(master int) (bool, error)) (*bool, error) {
+// say whether the device's master now is a port master (isPort: its
+// master read now, isPortMaster of it; false for none), if the device
+// is one the agent attached to (its entry has nodeDevTC). It returns
+// the new value when it changed it, nil when it wrote nothing. A device
+// or master that is gone by the time it is looked up leaves the flag as
+// it is: the device's next message (its master cleared) says so.
+func (m *Maps) syncDevicePort(ifindex int, isPort func(ifindex int) (bool, error)) (*bool, error) {
 	m.devMu.Lock()
 	defer m.devMu.Unlock()
 	var v sockNodeDev
@@ -189,12 +195,9 @@ func (m *Maps) syncDevicePort(ifindex, master int, isPort func(master int) (bool
 	if v.Flags&nodeDevTC == 0 {
 		return nil, nil
 	}
-	port := false
-	if master != 0 {
-		var err error
-		if port, err = isPort(master); err != nil {
-			return nil, nil //nolint:nilerr // gone: see above
-		}
+	port, err := isPort(ifindex)
+	if err != nil {
+		return nil, nil //nolint:nilerr // gone: see above
 	}
 	if (v.Flags&nodeDevPort != 0) == port {
 		return nil, nil
