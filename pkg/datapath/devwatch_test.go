@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -87,28 +88,14 @@ func TestDeviceWatchFollowsPatterns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	events := make(chan DeviceEvent, 64)
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() {
-		defer close(ran)
-		w.Run(ctx, func(e DeviceEvent) { events <- e }, func(context.Context) bool { return false })
-	}()
-	t.Cleanup(func() { cancel(); <-ran })
-	// next returns the watch's next event; the deadline only keeps a
-	// broken watch from hanging the test.
+	nextEvent, stop := runDeviceWatch(t, w)
 	next := func(what string) DeviceEvent {
 		t.Helper()
-		select {
-		case e := <-events:
-			if e.Err != nil {
-				t.Fatalf("waiting for %s: %s %s: %v", what, e.Device, e.Reason, e.Err)
-			}
-			return e
-		case <-time.After(time.Minute):
-			t.Fatalf("no device event for %s", what)
+		e := nextEvent(what)
+		if e.Err != nil {
+			t.Fatalf("waiting for %s: %s %s: %v", what, e.Device, e.Reason, e.Err)
 		}
-		return DeviceEvent{}
+		return e
 	}
 	expect := func(dev string, attached bool, reason string) {
 		t.Helper()
@@ -217,8 +204,7 @@ func TestDeviceWatchFollowsPatterns(t *testing.T) {
 	wantPins("eth0", "slv0", "slv9")
 
 	// The watch ends with ctx, and leaves the rest attached.
-	cancel()
-	<-ran
+	stop()
 	if !attachedHere(slv0) {
 		t.Fatal("slv0: programs gone when the watch stopped")
 	}
@@ -275,24 +261,8 @@ func TestDeviceWatchResubscribes(t *testing.T) {
 		}()
 		return nil
 	}
-	events := make(chan DeviceEvent, 64)
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() {
-		defer close(ran)
-		w.Run(ctx, func(e DeviceEvent) { events <- e }, func(context.Context) bool { return false })
-	}()
-	t.Cleanup(func() { cancel(); <-ran })
-	next := func() DeviceEvent {
-		t.Helper()
-		select {
-		case e := <-events:
-			return e
-		case <-time.After(time.Minute):
-			t.Fatal("no device event")
-		}
-		return DeviceEvent{}
-	}
+	nextEvent, _ := runDeviceWatch(t, w)
+	next := func() DeviceEvent { t.Helper(); return nextEvent("the next") }
 	got := map[string]DeviceEvent{}
 	for range 2 {
 		e := next()
@@ -445,24 +415,8 @@ func TestDeviceWatchMaxDevices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	events := make(chan DeviceEvent, 64)
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() {
-		defer close(ran)
-		w.Run(ctx, func(e DeviceEvent) { events <- e }, func(context.Context) bool { return false })
-	}()
-	t.Cleanup(func() { cancel(); <-ran })
-	next := func() DeviceEvent {
-		t.Helper()
-		select {
-		case e := <-events:
-			return e
-		case <-time.After(time.Minute): // bounds a hang only
-			t.Fatal("no device event")
-		}
-		return DeviceEvent{}
-	}
+	nextEvent, _ := runDeviceWatch(t, w)
+	next := func() DeviceEvent { t.Helper(); return nextEvent("the next") }
 	var attached []string
 	left := ""
 	for range 3 {
@@ -572,25 +526,14 @@ func TestDeviceWatchForgetsStartDevices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	events := make(chan DeviceEvent, 64)
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() {
-		defer close(ran)
-		w.Run(ctx, func(e DeviceEvent) { events <- e }, func(context.Context) bool { return false })
-	}()
-	t.Cleanup(func() { cancel(); <-ran })
+	next, _ := runDeviceWatch(t, w)
 	var seen []string
 	for range 3 {
-		select {
-		case e := <-events:
-			if e.Err != nil {
-				t.Fatalf("%+v", e)
-			}
-			seen = append(seen, fmt.Sprintf("%s %v %s", e.Device, e.Attached, e.Reason))
-		case <-time.After(time.Minute): // bounds a hang only
-			t.Fatalf("no device event after %q", seen)
+		e := next(fmt.Sprintf("after %q", seen))
+		if e.Err != nil {
+			t.Fatalf("%+v", e)
 		}
+		seen = append(seen, fmt.Sprintf("%s %v %s", e.Device, e.Attached, e.Reason))
 	}
 	slices.Sort(seen)
 	if want := []string{"slv0 false missed", "slv1 false missed", "slv2 true attached already"}; !slices.Equal(seen, want) {
@@ -614,4 +557,31 @@ func TestDeviceWatchForgetsStartDevices(t *testing.T) {
 	if ids := attachedIDs(t, links["slv1"].Attrs().Index, ebpf.AttachTCXIngress); slices.Contains(ids, progID(t, d.tc.SluiceIngress)) {
 		t.Error("the programs are still on other1 (slv1 renamed away)")
 	}
+}
+
+// runDeviceWatch runs w until stop or the test's end; next returns its
+// next event (the minute only keeps a broken watch from hanging the test).
+func runDeviceWatch(t *testing.T, w *DeviceWatch) (next func(what string) DeviceEvent, stop func()) {
+	t.Helper()
+	events := make(chan DeviceEvent, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		w.Run(ctx, func(e DeviceEvent) { events <- e }, func(context.Context) bool { return false })
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-ran }) }
+	t.Cleanup(stop)
+	next = func(what string) DeviceEvent {
+		t.Helper()
+		select {
+		case e := <-events:
+			return e
+		case <-time.After(time.Minute):
+			t.Fatalf("no device event (%s)", what)
+		}
+		return DeviceEvent{}
+	}
+	return next, stop
 }
