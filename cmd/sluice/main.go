@@ -21,6 +21,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -287,26 +288,30 @@ func run(args []string) int {
 	dpCfg.NodeIPs = na.all
 	cfg := agent.Config{Resync: *resync}
 	if devSel.HasPatterns() {
-		// The links the patterns match now (Prune keeps them), again
-		// when attaching, and followed from then on.
-		if cfg.Devices, err = devSel.Expand(); err != nil {
+		// The links the patterns match now, those beyond --max-devices
+		// left out (logged), not the start: the watch keeps them
+		// pending until a device goes. Prune keeps the entries of these
+		// only, so the attach below has room for them whatever an
+		// earlier agent attached.
+		var all, left []string
+		if all, err = devSel.Expand(); err != nil {
 			log.Error("--devices", "err", err)
 			return 1
 		}
-		// At start, the pattern matches beyond --max-devices are left
-		// out (logged), not the start: the watch keeps them pending
-		// until a device goes.
+		cfg.Devices, left = devSel.Fit(all, dpCfg.MaxDevices)
+		if len(left) > 0 {
+			log.Error("more devices match --devices than sluice_devices holds: raise --max-devices; those left out are attached once a device goes",
+				"max_devices", dpCfg.MaxDevices, "left_out", left)
+		}
+		// Attached: those still there of what Prune kept, and the
+		// exact names; a link that appeared since is the watch's.
+		kept := slices.Concat(cfg.Devices, devSel.Exact())
 		cfg.DevicesNow = func() ([]string, error) {
 			devs, err := devSel.Expand()
 			if err != nil {
 				return nil, err
 			}
-			fit, left := devSel.Fit(devs, dpCfg.MaxDevices)
-			if len(left) > 0 {
-				log.Error("more devices match --devices than sluice_devices holds: raise --max-devices; those left out are attached once a device goes",
-					"max_devices", dpCfg.MaxDevices, "left_out", left)
-			}
-			return fit, nil
+			return slices.DeleteFunc(devs, func(d string) bool { return !slices.Contains(kept, d) }), nil
 		}
 		cfg.FollowDevices = followDevices(devSel, log.With("component", "devices"))
 		log.Info("devices by pattern followed", "devices", *devices, "matching_now", cfg.Devices)
