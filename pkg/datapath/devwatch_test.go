@@ -585,3 +585,60 @@ func runDeviceWatch(t *testing.T, w *DeviceWatch) (next func(what string) Device
 	}
 	return next, stop
 }
+
+// TestDevicePatternsRestartAtTheLimit: an earlier agent at --max-devices
+// attached slv1 and slv2; slv0, sorting first, appeared while it ran.
+// The next start (as cmd/sluice composes it) prunes to the matches Fit
+// picks and attaches those: it must find room. Pruning to every match
+// kept slv2's entry beside slv1's, and slv0's attach found the map full
+// at every start (a crash loop).
+func TestDevicePatternsRestartAtTheLimit(t *testing.T) {
+	bpffs, _ := attachNode(t, "devrst")
+	cfg := smallConfig(bpffs)
+	cfg.MaxDevices = 2
+	addVeth := func(name string) {
+		t.Helper()
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: "p" + name}); err != nil {
+			t.Fatalf("add veth %s: %v", name, err)
+		}
+	}
+	addVeth("slv1")
+	addVeth("slv2")
+	d1 := openTest(t, cfg)
+	if err := d1.AttachDevices([]string{"slv1", "slv2"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d1.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	addVeth("slv0")
+
+	sel, err := ParseDevices([]string{"slv+"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := sel.Expand()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fit, left := sel.Fit(all, cfg.MaxDevices)
+	if !slices.Equal(fit, []string{"slv0", "slv1"}) || !slices.Equal(left, []string{"slv2"}) {
+		t.Fatalf("Fit: %q and %q left out, want [slv0 slv1] and [slv2]", fit, left)
+	}
+	d2 := openTest(t, cfg)
+	if err := d2.Prune("", fit); err != nil {
+		t.Fatalf("Prune: %v", err)
+	}
+	if err := d2.AttachDevices(fit); err != nil {
+		t.Fatalf("attach %q after an agent that held [slv1 slv2]: %v", fit, err)
+	}
+	if err := d2.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := countEntries(d2.Maps().devices); err != nil || n != 2 {
+		t.Fatalf("sluice_devices holds %d devices (%v), want 2", n, err)
+	}
+}
