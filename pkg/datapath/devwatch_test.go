@@ -52,19 +52,8 @@ func TestParseDevices(t *testing.T) {
 func TestDeviceWatchFollowsPatterns(t *testing.T) {
 	bpffs, _ := attachNode(t, "devwatch")
 	d := openTest(t, smallConfig(bpffs))
-	addVeth := func(name, peer string) netlink.Link {
-		t.Helper()
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}); err != nil {
-			t.Fatalf("add veth %s: %v", name, err)
-		}
-		l, err := netlink.LinkByName(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
-	addVeth("eth0", "wire0")
-	slv0 := addVeth("slv0", "peer0")
+	addVeth(t, "eth0", "wire0")
+	slv0 := addVeth(t, "slv0", "peer0")
 
 	sel, err := ParseDevices([]string{"eth0", "slv+"})
 	if err != nil {
@@ -155,7 +144,7 @@ func TestDeviceWatchFollowsPatterns(t *testing.T) {
 
 	// A pod's device after the start, then one no pattern matches and a
 	// sentinel after it: by the sentinel's event the other was seen.
-	slv1 := addVeth("slv1", "peer1")
+	slv1 := addVeth(t, "slv1", "peer1")
 	expect("slv1", true, "appeared")
 	if !attachedHere(slv1) {
 		t.Fatal("slv1: programs not attached")
@@ -163,8 +152,8 @@ func TestDeviceWatchFollowsPatterns(t *testing.T) {
 	if nd, ok := entry(slv1); !ok || nd.Flags&nodeDevTC == 0 {
 		t.Fatalf("slv1: device entry %+v (present %v), want one flagged tc", nd, ok)
 	}
-	other := addVeth("other1", "peer2")
-	addVeth("slv9", "peer9")
+	other := addVeth(t, "other1", "peer2")
+	addVeth(t, "slv9", "peer9")
 	expect("slv9", true, "appeared")
 	if attachedHere(other) {
 		t.Fatal("other1 matches no pattern but has the programs")
@@ -217,19 +206,8 @@ func TestDeviceWatchFollowsPatterns(t *testing.T) {
 func TestDeviceWatchResubscribes(t *testing.T) {
 	bpffs, _ := attachNode(t, "devresub")
 	d := openTest(t, smallConfig(bpffs))
-	addVeth := func(name, peer string) netlink.Link {
-		t.Helper()
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}); err != nil {
-			t.Fatalf("add veth %s: %v", name, err)
-		}
-		l, err := netlink.LinkByName(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
-	slv0 := addVeth("slv0", "peer0")
-	slv1 := addVeth("slv1", "peer1")
+	slv0 := addVeth(t, "slv0", "peer0")
+	slv1 := addVeth(t, "slv1", "peer1")
 	if err := d.Commit(); err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +259,7 @@ func TestDeviceWatchResubscribes(t *testing.T) {
 	if err := netlink.LinkSetName(slv1, "slv7"); err != nil {
 		t.Fatal(err)
 	}
-	slv2 := addVeth("slv2", "peer2")
+	slv2 := addVeth(t, "slv2", "peer2")
 	close(fail)
 	if e := next(); e.Err == nil || !strings.Contains(e.Err.Error(), "subscribing again") {
 		t.Fatalf("after the failure: %+v, want its error reported", e)
@@ -596,14 +574,8 @@ func TestDevicePatternsRestartAtTheLimit(t *testing.T) {
 	bpffs, _ := attachNode(t, "devrst")
 	cfg := smallConfig(bpffs)
 	cfg.MaxDevices = 2
-	addVeth := func(name string) {
-		t.Helper()
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: "p" + name}); err != nil {
-			t.Fatalf("add veth %s: %v", name, err)
-		}
-	}
-	addVeth("slv1")
-	addVeth("slv2")
+	addVeth(t, "slv1", "pslv1")
+	addVeth(t, "slv2", "pslv2")
 	d1 := openTest(t, cfg)
 	if err := d1.AttachDevices([]string{"slv1", "slv2"}); err != nil {
 		t.Fatal(err)
@@ -614,7 +586,7 @@ func TestDevicePatternsRestartAtTheLimit(t *testing.T) {
 	if err := d1.Close(); err != nil {
 		t.Fatal(err)
 	}
-	addVeth("slv0")
+	addVeth(t, "slv0", "pslv0")
 
 	sel, err := ParseDevices([]string{"slv+"})
 	if err != nil {
@@ -641,4 +613,18 @@ func TestDevicePatternsRestartAtTheLimit(t *testing.T) {
 	if n, err := countEntries(d2.Maps().devices); err != nil || n != 2 {
 		t.Fatalf("sluice_devices holds %d devices (%v), want 2", n, err)
 	}
+}
+
+// addVeth adds the veth pair name<->peer in the calling thread's
+// namespace, left down, and returns the link of name.
+func addVeth(t *testing.T, name, peer string) netlink.Link {
+	t.Helper()
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}); err != nil {
+		t.Fatalf("add veth %s: %v", name, err)
+	}
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
