@@ -22,7 +22,7 @@ import (
 // filters them out of its lists and watches (pkg/source/kube,
 // selectors.go), as it does for kube-proxy. The source's counts of the
 // Service and slice events it handled (kube-proxy's *_changes_total) and
-// of the slices its client decoded grow by the ordinary Service and slice
+// of the slices its client decoded (at least: see below) grow by the ordinary Service and slice
 // created after them only; each watch delivers in order, so the headless
 // ones would have been counted by the time the ordinary one is
 // programmed. A slice that gains the headless label leaves the selection
@@ -50,9 +50,15 @@ func TestHeadlessNotListed(t *testing.T) {
 	createSlice(t, c, makeSlice(ns, "web", "web-a", slicePorts{"http": 8080}, ready("10.1.1.2")))
 	wantProgrammed(t, dp, map[string][]string{fe(web, 80): {be("10.1.1.2", 8080)}})
 
+	// The slices decoded are at least the ordinary one; not exactly it:
+	// a fresh API server's watch may end and the reflector list again,
+	// decoding the ordinary slice twice (seen once in a CI run: 2 decodes,
+	// 1 change), which a headless slice decoded would look like. That the
+	// API server filters is shown below, by a watch with the source's
+	// selector.
 	svcs, nSlices, decoded := counts()
-	if svcs-svcs0 != 1 || nSlices-slices0 != 1 || decoded-decoded0 != 1 {
-		t.Errorf("the source handled %v Services and %v slices, decoded %d slices, since the headless ones were created; want 1 each (the ordinary ones)",
+	if svcs-svcs0 != 1 || nSlices-slices0 != 1 || decoded-decoded0 < 1 {
+		t.Errorf("the source handled %v Services and %v slices, decoded %d slices, since the headless ones were created; want 1 each (the ordinary ones; at least 1 decoded)",
 			svcs-svcs0, nSlices-slices0, decoded-decoded0)
 	}
 
