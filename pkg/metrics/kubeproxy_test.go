@@ -2,8 +2,6 @@ package metrics
 
 import (
 	"errors"
-	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
@@ -12,8 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -227,19 +223,10 @@ func TestKubeProxyChangeAndProbeMetrics(t *testing.T) {
 	}
 
 	// A request through client-go, as the Kubernetes source makes them.
-	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"major":"1","minor":"36"}`))
-	}))
-	defer api.Close()
-	client, err := kubernetes.NewForConfig(&rest.Config{Host: api.URL})
+	host, err := requestVersion()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := client.Discovery().ServerVersion(); err != nil {
-		t.Fatal(err)
-	}
-	host := strings.TrimPrefix(api.URL, "http://")
 
 	got := scrape(t, m)
 	for s, want := range map[string]float64{
