@@ -13,7 +13,8 @@ import (
 // not know, rather than left to a warning while the externalIPs stay
 // served.
 func TestFeatureGates(t *testing.T) {
-	const head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nconntrack: {maxPerCore: 0, tcpCloseWaitTimeout: 0s, tcpEstablishedTimeout: 0s}\n"
+	// With no conntrack defaults to report, the fields ignored are gates.
+	const base = head + "conntrack: {maxPerCore: 0, tcpCloseWaitTimeout: 0s, tcpEstablishedTimeout: 0s}\n"
 	for _, c := range []struct {
 		name, gates string
 		settings    []Setting
@@ -27,7 +28,7 @@ func TestFeatureGates(t *testing.T) {
 		{"other gates only", "featureGates: {SomeGate: true}\n", nil, map[string]string{"featureGates.SomeGate": "true"}},
 		{"none", "featureGates: {}\n", nil, map[string]string{}},
 	} {
-		res, err := Parse([]byte(head + c.gates))
+		res, err := Parse([]byte(base + c.gates))
 		if err != nil {
 			t.Errorf("%s: %v", c.name, err)
 			continue
@@ -47,7 +48,7 @@ func TestFeatureGates(t *testing.T) {
 		}
 	}
 
-	_, err := Parse([]byte(head + "featureGates: {allowServiceExternalIPs: false}\n"))
+	_, err := Parse([]byte(base + "featureGates: {allowServiceExternalIPs: false}\n"))
 	if err == nil || !strings.Contains(err.Error(), "featureGates.allowServiceExternalIPs") {
 		t.Errorf("the gate misspelt: error %v, want one naming featureGates.allowServiceExternalIPs", err)
 	}

@@ -5,11 +5,34 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	netutils "k8s.io/utils/net"
 )
+
+// head begins every file of these tests but the JSON one.
+const head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+
+// parse is Parse of doc, failing the test on an error.
+func parse(t *testing.T, doc string) Result {
+	t.Helper()
+	res, err := Parse([]byte(doc))
+	if err != nil {
+		t.Fatalf("%q: %v", doc, err)
+	}
+	return res
+}
+
+// checkSettings reports settings other than want, in order; what names
+// the file.
+func checkSettings(t *testing.T, what string, got, want []Setting) {
+	t.Helper()
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("%s: settings:\n got %v\nwant %v", what, got, want)
+	}
+}
 
 // TestKubeadmConfig: the file kubeadm writes sets the cluster CIDR and
 // the kubeconfig, and nothing else: its empty fields ask for defaults and
@@ -21,13 +44,10 @@ func TestKubeadmConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Setting{
+	checkSettings(t, "kubeadm.yaml", res.Settings, []Setting{
 		{"clientConnection.kubeconfig", "kubeconfig", "/var/lib/kube-proxy/kubeconfig.conf"},
 		{"clusterCIDR", "cluster-cidr", "10.244.0.0/16"},
-	}
-	if !reflect.DeepEqual(res.Settings, want) {
-		t.Errorf("settings:\n got %v\nwant %v", res.Settings, want)
-	}
+	})
 	if len(res.Ignored) != 1 || res.Ignored[0].Field != "conntrack" ||
 		res.Ignored[0].Value != `{"maxPerCore":null,"tcpCloseWaitTimeout":null,"tcpEstablishedTimeout":null}` {
 		t.Fatalf("ignored %v, want the conntrack defaults only", res.Ignored)
@@ -51,7 +71,6 @@ func withoutConntrackDefaults(ig []Ignored) []Ignored {
 // nf_conntrack_max it would have set; set fields are not named (a set
 // maxPerCore is reported on its own, as any field set and not applied).
 func TestConntrackDefaults(t *testing.T) {
-	const head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
 	for _, c := range []struct {
 		body, value, why string
 	}{
@@ -66,10 +85,7 @@ func TestConntrackDefaults(t *testing.T) {
 		{"conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 1h, udpStreamTimeout: 5m}\n", `{"udpStreamTimeout":"5m0s"}`,
 			"nf_conntrack_udp_timeout_stream 300"},
 	} {
-		res, err := Parse([]byte(head + c.body))
-		if err != nil {
-			t.Fatalf("%q: %v", c.body, err)
-		}
+		res := parse(t, head+c.body)
 		var got *Ignored
 		for i := range res.Ignored {
 			if res.Ignored[i].Field == "conntrack" {
@@ -91,10 +107,7 @@ func TestConntrackDefaults(t *testing.T) {
 // every flag a field maps to, and each field Sluice does not apply is
 // reported once, with the reason.
 func TestTunedConfig(t *testing.T) {
-	res, err := Parse([]byte(`
-apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-mode: nftables
+	res := parse(t, head+`mode: nftables
 hostnameOverride: " Node-1 "
 bindAddress: 192.168.1.10
 bindAddressHardFail: true
@@ -130,11 +143,8 @@ featureGates:
 logging:
   verbosity: 4
 oomScoreAdj: -999
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantSettings := []Setting{
+`)
+	checkSettings(t, "the tuned file", res.Settings, []Setting{
 		{"hostnameOverride", "node-name", "node-1"},
 		{"bindAddress", "node-ip", "192.168.1.10"},
 		{"healthzBindAddress", "health-addr", "0.0.0.0:10256"},
@@ -150,10 +160,7 @@ oomScoreAdj: -999
 		{"nftables.masqueradeAll", "masquerade-all", "true"},
 		{"nftables.syncPeriod", "sync-period", "1m0s"},
 		{"nftables.minSyncPeriod", "min-sync-period", "2s"},
-	}
-	if !reflect.DeepEqual(res.Settings, wantSettings) {
-		t.Errorf("settings:\n got %v\nwant %v", res.Settings, wantSettings)
-	}
+	})
 	wantIgnored := map[string]string{
 		"clientConnection.burst":        "100",
 		"conntrack":                     `{"tcpEstablishedTimeout":"24h0m0s","udpStreamTimeout":"5m0s"}`,
@@ -193,19 +200,14 @@ oomScoreAdj: -999
 // to leave the node's sysctls alone, as Sluice does: nothing to report.
 // An explicit false elsewhere is a choice, and is reported.
 func TestConntrackZeroes(t *testing.T) {
-	res, err := Parse([]byte(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-mode: iptables
+	res := parse(t, head+`mode: iptables
 conntrack:
   maxPerCore: 0
   tcpEstablishedTimeout: 0s
   tcpCloseWaitTimeout: 0s
 iptables:
   snatNodeInternalIP: false
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	var fields []string
 	for _, ig := range res.Ignored {
 		fields = append(fields, ig.Field)
@@ -238,32 +240,20 @@ nftables: {syncPeriod: 30s}
 		}},
 		{"nftables", []Setting{{"nftables.syncPeriod", "sync-period", "30s"}}},
 	} {
-		res, err := Parse([]byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: \"" + c.mode + "\"\n" + sections))
-		if err != nil {
-			t.Fatalf("mode %q: %v", c.mode, err)
-		}
-		if !reflect.DeepEqual(res.Settings, c.want) {
-			t.Errorf("mode %q:\n got %v\nwant %v", c.mode, res.Settings, c.want)
-		}
+		res := parse(t, head+"mode: \""+c.mode+"\"\n"+sections)
+		checkSettings(t, "mode "+strconv.Quote(c.mode), res.Settings, c.want)
 	}
 }
 
 // TestJSON: kube-proxy reads JSON too.
 func TestJSON(t *testing.T) {
-	res, err := Parse([]byte(`{"apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
-		"nodePortAddresses": ["all"], "iptables": {"masqueradeAll": true}}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []Setting{{"nodePortAddresses", "nodeport-addresses", "all"}, {"iptables.masqueradeAll", "masquerade-all", "true"}}
-	if !reflect.DeepEqual(res.Settings, want) {
-		t.Errorf("settings:\n got %v\nwant %v", res.Settings, want)
-	}
+	res := parse(t, `{"apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+		"nodePortAddresses": ["all"], "iptables": {"masqueradeAll": true}}`)
+	checkSettings(t, "JSON", res.Settings, []Setting{{"nodePortAddresses", "nodeport-addresses", "all"}, {"iptables.masqueradeAll", "masquerade-all", "true"}})
 }
 
 // TestBadFiles: each error names the field at fault.
 func TestBadFiles(t *testing.T) {
-	const head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
 	for _, c := range []struct {
 		name, body, want string
 	}{
@@ -344,7 +334,6 @@ func TestLoadNamesTheFile(t *testing.T) {
 // primary address (--node-ip); an unspecified one of either family leaves
 // it to the Node object, and a dual-stack clusterCIDR is taken whole.
 func TestBindAddressFamilies(t *testing.T) {
-	const head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
 	for _, c := range []struct {
 		body string
 		want []Setting
@@ -372,24 +361,16 @@ func TestBindAddressFamilies(t *testing.T) {
 // checked and mapped: the agent says it is ignored in that mode. The
 // detectLocal section is read by the interface modes only, and reported.
 func TestNodeCIDRMode(t *testing.T) {
-	res, err := Parse([]byte(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-clusterCIDR: 10.244.0.0/16
+	res := parse(t, head+`clusterCIDR: 10.244.0.0/16
 detectLocalMode: NodeCIDR
 detectLocal:
   bridgeInterface: cbr0
   interfaceNamePrefix: ""
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []Setting{
+`)
+	checkSettings(t, "NodeCIDR mode", res.Settings, []Setting{
 		{"clusterCIDR", "cluster-cidr", "10.244.0.0/16"},
 		{"detectLocalMode", "detect-local-mode", "NodeCIDR"},
-	}
-	if !reflect.DeepEqual(res.Settings, want) {
-		t.Errorf("settings:\n got %v\nwant %v", res.Settings, want)
-	}
+	})
 	if ig := withoutConntrackDefaults(res.Ignored); len(ig) != 1 || ig[0].Field != "detectLocal.bridgeInterface" || !strings.Contains(ig[0].Why, "BridgeInterface") {
 		t.Errorf("ignored %v, want detectLocal.bridgeInterface, with the reason", res.Ignored)
 	}
@@ -401,7 +382,6 @@ detectLocal:
 // canonical form its parser takes. The expected values are the sloppy
 // parsers' own answers.
 func TestSloppyAddresses(t *testing.T) {
-	const head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
 	for _, c := range []struct {
 		body string
 		want Setting

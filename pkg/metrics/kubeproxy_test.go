@@ -2,8 +2,6 @@ package metrics
 
 import (
 	"errors"
-	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
@@ -12,8 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -34,21 +30,13 @@ func TestKubeProxyMetrics(t *testing.T) {
 	}
 	// Exported before the first sync, as kube-proxy's are after its first.
 	// Both families' series, as a dual-stack kube-proxy's two proxiers.
-	start := scrape(t, m)
-	for _, fam := range []string{"IPv4", "IPv6"} {
-		for _, s := range []string{
-			`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="FAM"}`,
-			`kubeproxy_network_programming_duration_seconds_count{ip_family="FAM"}`,
-			`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="FAM"}`,
-			`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="FAM",traffic_policy="internal"}`,
-			`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="FAM",traffic_policy="external"}`,
-		} {
-			s = strings.Replace(s, "FAM", fam, 1)
-			if v, ok := start[s]; !ok || v != 0 {
-				t.Errorf("before any sync: %s = %v (exported: %v), want 0", s, v, ok)
-			}
-		}
-	}
+	checkZeroBeforeSync(t, m,
+		`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="FAM"}`,
+		`kubeproxy_network_programming_duration_seconds_count{ip_family="FAM"}`,
+		`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="FAM"}`,
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="FAM",traffic_policy="internal"}`,
+		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="FAM",traffic_policy="external"}`,
+	)
 
 	before := time.Now()
 	m.ObserveSync(3*time.Millisecond, nil)
@@ -184,6 +172,22 @@ kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv6",traffic_pol
 	}
 }
 
+// checkZeroBeforeSync reports each series that m, before any sync, does
+// not export as 0, for both families (FAM in its name stands for the
+// family).
+func checkZeroBeforeSync(t *testing.T, m *Metrics, series ...string) {
+	t.Helper()
+	start := scrape(t, m)
+	for _, fam := range []string{"IPv4", "IPv6"} {
+		for _, s := range series {
+			s = strings.Replace(s, "FAM", fam, 1)
+			if v, ok := start[s]; !ok || v != 0 {
+				t.Errorf("before any sync: %s = %v (exported: %v), want 0", s, v, ok)
+			}
+		}
+	}
+}
+
 func ptrTo[T any](v T) *T { return &v }
 
 // The rest of kube-proxy's metrics that Sluice has a meaning for: full and
@@ -192,19 +196,11 @@ func ptrTo[T any](v T) *T { return &v }
 // kube-proxy registers them.
 func TestKubeProxyChangeAndProbeMetrics(t *testing.T) {
 	m := New()
-	start := scrape(t, m)
-	for _, fam := range []string{"IPv4", "IPv6"} {
-		for _, s := range []string{
-			`kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="FAM"}`,
-			`kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="FAM"}`,
-			`kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="FAM"}`,
-		} {
-			s = strings.Replace(s, "FAM", fam, 1)
-			if v, ok := start[s]; !ok || v != 0 {
-				t.Errorf("before any sync: %s = %v (exported: %v), want 0", s, v, ok)
-			}
-		}
-	}
+	checkZeroBeforeSync(t, m,
+		`kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="FAM"}`,
+		`kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family="FAM"}`,
+		`kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="FAM"}`,
+	)
 	full := true
 	m.SetFullSync(func() bool { return full })
 	m.ObserveSync(3*time.Millisecond, nil) // the first: full
@@ -227,19 +223,10 @@ func TestKubeProxyChangeAndProbeMetrics(t *testing.T) {
 	}
 
 	// A request through client-go, as the Kubernetes source makes them.
-	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"major":"1","minor":"36"}`))
-	}))
-	defer api.Close()
-	client, err := kubernetes.NewForConfig(&rest.Config{Host: api.URL})
+	host, err := requestVersion()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := client.Discovery().ServerVersion(); err != nil {
-		t.Fatal(err)
-	}
-	host := strings.TrimPrefix(api.URL, "http://")
 
 	got := scrape(t, m)
 	for s, want := range map[string]float64{

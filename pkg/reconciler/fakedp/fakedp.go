@@ -246,17 +246,26 @@ func (f *Fake) UpsertBackend(id reconciler.BackendID, b model.L4Addr) error {
 func (f *Fake) upsertBackend(id reconciler.BackendID, b model.L4Addr, batch bool) error {
 	op := Op{Batch: batch, Kind: OpUpsertBackend, Backend: id, Addr: b}
 	return f.write(op, func() error {
-		if id == 0 {
-			f.violate(op, "backend id 0")
-		}
-		// The backends maps are arrays indexed by the id, of
-		// BackendIDSlots entries: an id beyond cannot be written.
-		if slots := reconciler.BackendIDSlots(f.maxBackends); int64(id) >= int64(slots) {
-			f.violate(op, "backend id %d beyond the %d entries of the backends arrays", id, slots)
-			return fmt.Errorf("backend id %d: beyond the %d entries of the backends array", id, slots)
+		if err := f.arrayIndex(op, "backend", uint32(id), "backends", reconciler.BackendIDSlots(f.maxBackends)); err != nil {
+			return err
 		}
 		return putCounted(f.backends, &f.nbackends, f.maxBackends, "backends", id, b, addrOfBackend)
 	})
+}
+
+// arrayIndex checks the id of an entry op writes to the maps named,
+// arrays indexed by the id of slots entries (backends: BackendIDSlots;
+// rev_nat: ServiceIDSlots): 0 is a violation, and an id beyond cannot be
+// written.
+func (f *Fake) arrayIndex(op Op, what string, id uint32, maps string, slots int) error {
+	if id == 0 {
+		f.violate(op, "%s id 0", what)
+	}
+	if int64(id) >= int64(slots) {
+		f.violate(op, "%s id %d beyond the %d entries of the %s arrays", what, id, slots, maps)
+		return fmt.Errorf("%s id %d: beyond the %d entries of the %s array", what, id, slots, maps)
+	}
+	return nil
 }
 
 func (f *Fake) DeleteBackend(id reconciler.BackendID) error {
@@ -281,14 +290,8 @@ func (f *Fake) UpsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend) err
 func (f *Fake) upsertRevNat(id reconciler.ServiceID, fe reconciler.Frontend, batch bool) error {
 	op := Op{Batch: batch, Kind: OpUpsertRevNat, Service: id, Frontend: fe}
 	return f.write(op, func() error {
-		if id == 0 {
-			f.violate(op, "service id 0")
-		}
-		// The rev_nat maps are arrays indexed by the id, of
-		// ServiceIDSlots entries: an id beyond cannot be written.
-		if slots := reconciler.ServiceIDSlots(f.maxServices); int64(id) >= int64(slots) {
-			f.violate(op, "service id %d beyond the %d entries of the rev_nat arrays", id, slots)
-			return fmt.Errorf("service id %d: beyond the %d entries of the rev_nat array", id, slots)
+		if err := f.arrayIndex(op, "service", uint32(id), "rev_nat", reconciler.ServiceIDSlots(f.maxServices)); err != nil {
+			return err
 		}
 		return putCounted(f.revNat, &f.nrevNat, f.maxServices, "rev_nat", id, fe, addrOfFrontend)
 	})

@@ -29,34 +29,14 @@ func TestSourceFollowsNodeAddresses(t *testing.T) {
 	testutil.RunUntilCleanup(t, "Run", func(ctx context.Context) error { return src.Run(ctx, st.apply) })
 	l := src.loader
 
-	wait := func(what string, ok func(string) bool) string {
-		t.Helper()
-		deadline := time.After(10 * time.Second)
-		for {
-			st.mu.Lock()
-			var last string
-			if n := len(st.got); n > 0 {
-				last = render(st.got[n-1])
-			}
-			st.mu.Unlock()
-			if ok(last) {
-				return last
-			}
-			select {
-			case <-st.ch:
-			case <-deadline:
-				t.Fatalf("timed out waiting for %s; last state:\n%s", what, last)
-			}
-		}
-	}
-	first := wait("the first state", func(s string) bool { return strings.Contains(s, "192.168.1.1:") })
+	first := st.waitUntil(t, "the first state", func(s string) bool { return strings.Contains(s, "192.168.1.1:") })
 	if strings.Contains(first, "192.168.7.12") {
 		t.Fatalf("first state:\n%s", first)
 	}
 	reads, translated := l.reads.Load(), l.translated
 
 	src.SetNodeAddresses([]netip.Addr{netip.MustParseAddr("192.168.1.1"), netip.MustParseAddr("192.168.7.12")})
-	got := wait("a NodePort on the new address", func(s string) bool { return strings.Contains(s, "192.168.7.12:") })
+	got := st.waitUntil(t, "a NodePort on the new address", func(s string) bool { return strings.Contains(s, "192.168.7.12:") })
 	if !strings.Contains(got, "192.168.1.1:") || !strings.Contains(got, "10.96.0.2:80") {
 		t.Errorf("the other frontends lost:\n%s", got)
 	}
@@ -68,7 +48,7 @@ func TestSourceFollowsNodeAddresses(t *testing.T) {
 	}
 
 	src.SetNodeAddresses([]netip.Addr{netip.MustParseAddr("192.168.7.12")})
-	got = wait("the NodePort of the address gone removed", func(s string) bool { return !strings.Contains(s, "192.168.1.1:") })
+	got = st.waitUntil(t, "the NodePort of the address gone removed", func(s string) bool { return !strings.Contains(s, "192.168.1.1:") })
 	if !strings.Contains(got, "192.168.7.12:") {
 		t.Errorf("the NodePort of the address kept lost:\n%s", got)
 	}

@@ -34,6 +34,13 @@ func (s *states) apply(st *model.State) {
 // waitFor waits until the latest state renders as want.
 func (s *states) waitFor(t *testing.T, want string) {
 	t.Helper()
+	s.waitUntil(t, "the state:\n"+want+"\n", func(last string) bool { return last == want })
+}
+
+// waitUntil waits until ok takes the latest state's rendering, and
+// returns it; what says what is awaited when it times out.
+func (s *states) waitUntil(t *testing.T, what string, ok func(string) bool) string {
+	t.Helper()
 	deadline := time.After(10 * time.Second)
 	for {
 		s.mu.Lock()
@@ -42,13 +49,13 @@ func (s *states) waitFor(t *testing.T, want string) {
 			last = render(s.got[n-1])
 		}
 		s.mu.Unlock()
-		if last == want {
-			return
+		if ok(last) {
+			return last
 		}
 		select {
 		case <-s.ch:
 		case <-deadline:
-			t.Fatalf("timed out; last state:\n%s\nwant:\n%s", last, want)
+			t.Fatalf("timed out waiting for %s; last state:\n%s", what, last)
 		}
 	}
 }
