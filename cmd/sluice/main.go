@@ -303,9 +303,10 @@ func run(args []string) int {
 			log.Error("more devices match --devices than sluice_devices holds: raise --max-devices; those left out are attached once a device goes",
 				"max_devices", dpCfg.MaxDevices, "left_out", left)
 		}
-		// Attached: those still there of what Prune kept, and the
-		// exact names; a link that appeared since is the watch's.
-		kept := slices.Concat(cfg.Devices, devSel.Exact())
+		// Attached: those still there of the devices just fitted,
+		// which hold every exact name (Fit keeps them all); a link
+		// that appeared since is the watch's.
+		kept := cfg.Devices
 		cfg.DevicesNow = func() ([]string, error) {
 			devs, err := devSel.Expand()
 			if err != nil {
