@@ -61,11 +61,7 @@ func TestFollowRouting(t *testing.T) {
 	default:
 		t.Error("the running watch was not closed when ctx was done")
 	}
-	for _, want := range []string{`err="no netlink"`, `err="socket gone"`} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("log lacks %s:\n%s", want, out.String())
-		}
-	}
+	testutil.ContainsAll(t, "log", out.String(), `err="no netlink"`, `err="socket gone"`)
 }
 
 // fakeCT stands in for the datapath's conntrack: a refusal counter the
