@@ -229,11 +229,7 @@ func TestRunningServerFailureReported(t *testing.T) {
 // port and the error (the Kubernetes source's
 // FailedToStartServiceHealthcheck on the Service), and the agent goes on.
 func TestHealthCheckPortBindFailureReported(t *testing.T) {
-	held, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close()
+	held := heldPort(t)
 	port := uint16(held.Addr().(*net.TCPAddr).Port)
 	src := newRunningSource(localLBState(port))
 	r := startRunAgent(t, src, northSouthConfig{hc: true, hcHosts: []string{"127.0.0.1"}}, listenAddrs{})
