@@ -20,13 +20,7 @@ func TestExternalIPsGateFromConfig(t *testing.T) {
 		{nil, true},
 		{[]string{"--allow-service-external-ips=true"}, false},
 	} {
-		args := append([]string{"--config", path, "--manifests", filepath.Join(t.TempDir(), "missing.yaml"), "--health-addr", "", "--metrics-addr", "",
-			"--names-file", "", "--node-name", "n", "--bpffs", t.TempDir(), "--socket-lb=false"}, c.args...)
-		var code int
-		stderr := captureStderr(t, func() { code = run(args) })
-		if code != 1 {
-			t.Fatalf("%q: exit %d, want 1 at the missing --manifests; stderr:\n%s", c.args, code, stderr)
-		}
+		stderr := runToMissingManifests(t, append([]string{"--config", path, "--socket-lb=false"}, c.args...)...)
 		if strings.Contains(stderr, said) != c.off {
 			t.Errorf("%q: %q logged %v, want %v; stderr:\n%s", c.args, said, !c.off, c.off, stderr)
 		}

@@ -38,14 +38,7 @@ func TestHealthCheckPortsFollowProxier(t *testing.T) {
 	} {
 		port := uint16(testutil.FreePorts(t, 1)[0])
 		hc := healthCheckPorts(northSouthConfig{hc: true, hcHosts: []string{"127.0.0.1"}}, c.prox, log)
-		fe := model.L4Addr{Addr: netip.MustParseAddr("198.51.100.1"), Port: 80, Proto: model.TCP}
-		ep := netip.MustParseAddr("10.1.0.1")
-		st := model.NewState()
-		st.Services.Set(fe, &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "web"},
-			Kind: model.LoadBalancer, Frontend: fe, ExternalLocal: true, HealthCheckNodePort: port,
-			Backends:   []model.Backend{{L4Addr: model.L4Addr{Addr: ep, Port: 8080, Proto: model.TCP}}},
-			LocalReady: []netip.Addr{ep}})
-		hc.SetProgrammed(st)
+		hc.SetProgrammed(localLBState(port))
 		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/", port))
 		if err != nil {
 			hc.Close()
@@ -58,4 +51,18 @@ func TestHealthCheckPortsFollowProxier(t *testing.T) {
 			t.Errorf("%s: %d %q, want %d with %s", c.what, resp.StatusCode, body, c.code, c.body)
 		}
 	}
+}
+
+// localLBState is a state of one Service, default/web: an
+// externalTrafficPolicy Local LoadBalancer whose healthCheckNodePort is
+// port, with one ready local endpoint.
+func localLBState(port uint16) *model.State {
+	fe := model.L4Addr{Addr: netip.MustParseAddr("198.51.100.1"), Port: 80, Proto: model.TCP}
+	ep := netip.MustParseAddr("10.1.0.1")
+	st := model.NewState()
+	st.Services.Set(fe, &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "web"},
+		Kind: model.LoadBalancer, Frontend: fe, ExternalLocal: true, HealthCheckNodePort: port,
+		Backends:   []model.Backend{{L4Addr: model.L4Addr{Addr: ep, Port: 8080, Proto: model.TCP}}},
+		LocalReady: []netip.Addr{ep}})
+	return st
 }

@@ -12,7 +12,6 @@ import (
 // with --socket-lb=false. The run stops at the missing --manifests file,
 // after the warnings and before anything is loaded.
 func TestSocketLBHostNetnsOnlyWarns(t *testing.T) {
-	missing := filepath.Join(t.TempDir(), "missing.yaml")
 	const (
 		noDevices = `level=WARN msg="--socket-lb-host-netns-only without --devices: `
 		noSockLB  = `level=WARN msg="--socket-lb-host-netns-only does nothing with --socket-lb=false`
@@ -27,13 +26,7 @@ func TestSocketLBHostNetnsOnlyWarns(t *testing.T) {
 		{[]string{"--socket-lb-host-netns-only", "--socket-lb=false", "--devices", "lo"}, false, true},
 		{[]string{"--cgroup", cgroup}, false, false},
 	} {
-		args := append([]string{"--manifests", missing, "--health-addr", "", "--metrics-addr", "", "--names-file", "",
-			"--node-name", "n", "--bpffs", t.TempDir()}, c.args...)
-		var code int
-		stderr := captureStderr(t, func() { code = run(args) })
-		if code != 1 || !strings.Contains(stderr, "cannot read --manifests") {
-			t.Fatalf("%q: exit %d, want 1 at the missing --manifests; stderr:\n%s", c.args, code, stderr)
-		}
+		stderr := runToMissingManifests(t, c.args...)
 		if strings.Contains(stderr, noDevices) != c.noDevices || strings.Contains(stderr, noSockLB) != c.noSockLB {
 			t.Errorf("%q: want the --devices warning %v, the --socket-lb=false one %v; stderr:\n%s", c.args, c.noDevices, c.noSockLB, stderr)
 		}

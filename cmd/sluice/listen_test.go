@@ -18,11 +18,7 @@ import (
 // with an error naming the address and kube-proxy as the likely holder,
 // told to the source (kube-proxy's events about its servers).
 func TestTakenPortNamesKubeProxy(t *testing.T) {
-	held, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close()
+	held := heldPort(t)
 	taken := held.Addr().String()
 	for _, c := range []struct {
 		name string
@@ -71,11 +67,7 @@ func TestListenErrorWithoutHint(t *testing.T) {
 // health server listened (here at the metrics server's taken port) closes
 // the health listener: its port is free again.
 func TestFailedStartClosesHealthListener(t *testing.T) {
-	held, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close()
+	held := heldPort(t)
 	free, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -93,4 +85,16 @@ func TestFailedStartClosesHealthListener(t *testing.T) {
 		t.Fatalf("the health port after the failed start: %v", err)
 	}
 	again.Close()
+}
+
+// heldPort returns a listener on a loopback port that the test holds
+// (nothing accepts on it) until it ends.
+func heldPort(t *testing.T) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
 }

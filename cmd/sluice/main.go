@@ -239,7 +239,7 @@ func run(args []string) int {
 	// agent's own handler is set up later).
 	wctx, stopWait := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stopWait()
-	waitStart := time.Now() // the waits take nodeAPIWait at most, together
+	budgetEnd := nodeWaitClock().Add(nodeAPIWait) // the waits take nodeAPIWait at most, together
 	if *localMode == localModeNodeCIDR {
 		if !kube.enabled() {
 			log.Error("bad flag", "err", errors.New("--detect-local-mode NodeCIDR takes the pods' CIDRs from this node's Node object: it needs the Kubernetes source (--kubeconfig or --in-cluster), not --manifests"))
@@ -267,7 +267,7 @@ func run(args []string) int {
 		// The Node gives the families --node-ip does not (all of
 		// them without it), as kube-proxy's Node does beside its
 		// bindAddress.
-		node, err = kube.nodeWithIPs(wctx, opts.Node.Name, node, max(nodeAPIWait-time.Since(waitStart), 0), log)
+		node, err = kube.nodeWithIPs(wctx, opts.Node.Name, node, max(budgetEnd.Sub(nodeWaitClock()), 0), log)
 		if errors.Is(err, context.Canceled) {
 			log.Info("stopped while waiting for the Node's addresses", "err", err)
 			return 0
@@ -303,9 +303,10 @@ func run(args []string) int {
 			log.Error("more devices match --devices than sluice_devices holds: raise --max-devices; those left out are attached once a device goes",
 				"max_devices", dpCfg.MaxDevices, "left_out", left)
 		}
-		// Attached: those still there of what Prune kept, and the
-		// exact names; a link that appeared since is the watch's.
-		kept := slices.Concat(cfg.Devices, devSel.Exact())
+		// Attached: those still there of the devices just fitted,
+		// which hold every exact name (Fit keeps them all); a link
+		// that appeared since is the watch's.
+		kept := cfg.Devices
 		cfg.DevicesNow = func() ([]string, error) {
 			devs, err := devSel.Expand()
 			if err != nil {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -94,4 +95,21 @@ func TestProgramStatsOffByDefault(t *testing.T) {
 	if bytes.Contains(line, []byte("(default true)")) {
 		t.Errorf("--bpf-program-stats is on by default: %s", line)
 	}
+}
+
+// runToMissingManifests runs the agent with the flags extra beside a
+// --manifests file that does not exist, no servers and a bpffs of its
+// own, and returns its log: the start must stop with exit 1 at the
+// missing file, after what it says at start and before it loads or pins
+// anything.
+func runToMissingManifests(t *testing.T, extra ...string) string {
+	t.Helper()
+	args := append([]string{"--manifests", filepath.Join(t.TempDir(), "missing.yaml"), "--health-addr", "", "--metrics-addr", "",
+		"--names-file", "", "--node-name", "n", "--bpffs", t.TempDir()}, extra...)
+	var code int
+	stderr := captureStderr(t, func() { code = run(args) })
+	if code != 1 || !strings.Contains(stderr, "cannot read --manifests") {
+		t.Fatalf("%q: exit %d, want 1 at the missing --manifests; stderr:\n%s", extra, code, stderr)
+	}
+	return stderr
 }

@@ -61,6 +61,10 @@ var (
 	// nodeIPsWait bounds the wait for the Node to exist and have
 	// addresses once the API answers: kube-proxy's nodeIPsTimeout.
 	nodeIPsWait = 30 * time.Second
+	// nodeWaitClock keeps the budget's time: the addresses' wait gets
+	// nodeAPIWait less what the NodeCIDR wait took by it (tests move it
+	// on instead of waiting).
+	nodeWaitClock = time.Now
 )
 
 // nodePoll is how often the Node is read while waiting (kube-proxy's poll

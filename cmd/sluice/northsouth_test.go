@@ -61,11 +61,7 @@ func TestFollowRouting(t *testing.T) {
 	default:
 		t.Error("the running watch was not closed when ctx was done")
 	}
-	for _, want := range []string{`err="no netlink"`, `err="socket gone"`} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("log lacks %s:\n%s", want, out.String())
-		}
-	}
+	testutil.ContainsAll(t, "log", out.String(), `err="no netlink"`, `err="socket gone"`)
 }
 
 // fakeCT stands in for the datapath's conntrack: a refusal counter the
@@ -128,7 +124,7 @@ func TestConntrackGCPressure(t *testing.T) {
 
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		for deadline := time.Now().Add(hangBound); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 			if cond() {
 				return
 			}
@@ -172,7 +168,7 @@ func TestConntrackGCFillingUp(t *testing.T) {
 	f.mu.Lock()
 	f.entries = 760 // 100 alive, 660 expired: no flow refused yet
 	f.mu.Unlock()
-	for deadline := time.Now().Add(5 * time.Second); runs() == 0; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(hangBound); runs() == 0; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("a table 3/4 full of expired entries was not collected before it refused a flow")
 		}

@@ -11,7 +11,6 @@ import (
 // egress program translates replies only). The run stops at the missing
 // --manifests file, after the warning and before anything is loaded.
 func TestSocketLBOffWarns(t *testing.T) {
-	missing := filepath.Join(t.TempDir(), "missing.yaml")
 	const warning = `level=WARN msg="--socket-lb=false: the node's own connections to Services are not translated`
 	for _, c := range []struct {
 		args []string
@@ -20,13 +19,7 @@ func TestSocketLBOffWarns(t *testing.T) {
 		{[]string{"--socket-lb=false"}, true},
 		{[]string{"--cgroup", filepath.Join(t.TempDir(), "cgroup")}, false},
 	} {
-		args := append([]string{"--manifests", missing, "--health-addr", "", "--metrics-addr", "", "--names-file", "",
-			"--node-name", "n", "--bpffs", t.TempDir()}, c.args...)
-		var code int
-		stderr := captureStderr(t, func() { code = run(args) })
-		if code != 1 || !strings.Contains(stderr, "cannot read --manifests") {
-			t.Fatalf("%q: exit %d, want 1 at the missing --manifests; stderr:\n%s", c.args, code, stderr)
-		}
+		stderr := runToMissingManifests(t, c.args...)
 		if strings.Contains(stderr, warning) != c.warn {
 			t.Errorf("%q: warning logged %v, want %v; stderr:\n%s", c.args, !c.warn, c.warn, stderr)
 		}

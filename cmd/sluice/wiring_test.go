@@ -13,13 +13,13 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -229,20 +229,9 @@ func TestRunningServerFailureReported(t *testing.T) {
 // port and the error (the Kubernetes source's
 // FailedToStartServiceHealthcheck on the Service), and the agent goes on.
 func TestHealthCheckPortBindFailureReported(t *testing.T) {
-	held, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close()
+	held := heldPort(t)
 	port := uint16(held.Addr().(*net.TCPAddr).Port)
-	fe := model.L4Addr{Addr: netip.MustParseAddr("198.51.100.1"), Port: 80, Proto: model.TCP}
-	ep := netip.MustParseAddr("10.1.0.1")
-	st := model.NewState()
-	st.Services.Set(fe, &model.Service{Name: model.ServicePortName{Namespace: "default", Name: "web"},
-		Kind: model.LoadBalancer, Frontend: fe, ExternalLocal: true, HealthCheckNodePort: port,
-		Backends:   []model.Backend{{L4Addr: model.L4Addr{Addr: ep, Port: 8080, Proto: model.TCP}}},
-		LocalReady: []netip.Addr{ep}})
-	src := newRunningSource(st)
+	src := newRunningSource(localLBState(port))
 	r := startRunAgent(t, src, northSouthConfig{hc: true, hcHosts: []string{"127.0.0.1"}}, listenAddrs{})
 	// The ports' sync logs what it could not bind after it has told the
 	// source (health.NodePortServer.SetProgrammed).
@@ -347,80 +336,55 @@ func runUntilWaited(t *testing.T, kubeconfig string, extra ...string) (int, stri
 }
 
 // TestStartWaitsShareBudget: the start's waits for the Node share one
-// budget (nodeAPIWait): the wait for the Node's addresses gets what the
-// NodeCIDR mode's wait for podCIDRs left of it, not a budget of its own,
-// nor its own 30 seconds (nodeIPsWait, an hour here). The fake API times
-// its answers from the agent's own requests: the NodeCIDR wait's read is
-// answered (podCIDRs, no address) 8 s after it came, 4 s before the 12 s
-// budget ends; the addresses are answered only to a read still waiting
-// 8 s after that answer (16 s into the budget): with the shared budget
-// the agent has given its read up 4 s before (at 12 s) and goes on
-// without node addresses (kube-proxy's "timed out waiting"), failing next
-// at the prerequisites (a --bpffs that is not one); with a fresh budget
-// for the addresses' wait it would wait until 20 s, 4 s after, and take
-// 192.0.2.10 for its node address. Each margin is 4 s, at least (a slow
-// answer of the NodeCIDR read only widens the first); a pass takes about
-// 12 s.
+// budget (nodeAPIWait, an hour here): the wait for the Node's addresses
+// gets what the NodeCIDR mode's wait for podCIDRs left of it, not a
+// budget of its own, nor its own 30 seconds (nodeIPsWait, an hour here).
+// The fake API answers every read at once: the NodeCIDR wait's with
+// podCIDRs and no address, moving the budget's clock (nodeWaitClock) on
+// by all of the budget or half of it as it answers, and the later reads
+// with the address 192.0.2.10. With none left the agent gives the
+// addresses' wait up before it reads and goes on without node addresses
+// (kube-proxy's "timed out waiting"); with half left it takes 192.0.2.10.
+// Either way it fails next at the prerequisites (a --bpffs that is not
+// one). Only the clock moves: no outcome rests on time passing.
 func TestStartWaitsShareBudget(t *testing.T) {
-	const (
-		budget   = 12 * time.Second
-		podCIDRs = 8 * time.Second // after the NodeCIDR wait's read came
-		margin   = budget - podCIDRs
-	)
+	const budget = time.Hour
 	setNodeWaits(t, budget, time.Hour)
-	var (
-		mu               sync.Mutex
-		answeredCIDRs    time.Time // when the NodeCIDR wait's read was answered
-		gaveUp, answered int
-	)
-	withPodCIDRs := func() *corev1.Node {
-		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}
-		n.Spec.PodCIDRs = []string{"10.244.1.0/24"}
-		return n
-	}
-	kubeconfig := fakeNodeAPI(t, func(n int, r *http.Request) *corev1.Node {
-		if n == 1 { // NodeCIDR's: podCIDRs 4 s before the budget's end
-			select {
-			case <-time.After(podCIDRs):
-				mu.Lock()
-				answeredCIDRs = time.Now()
-				mu.Unlock()
-				return withPodCIDRs()
-			case <-r.Context().Done():
-				t.Errorf("the NodeCIDR wait gave up its read before %v, %v before its budget's end", podCIDRs, margin)
-				return nil
+	var moved atomic.Int64 // how far the budget's clock is moved on
+	saved := nodeWaitClock
+	nodeWaitClock = func() time.Time { return time.Now().Add(time.Duration(moved.Load())) }
+	t.Cleanup(func() { nodeWaitClock = saved })
+	for _, c := range []struct {
+		name     string
+		took     time.Duration // the NodeCIDR wait's, by the budget's clock
+		want     string        // in the log
+		addrRead bool          // the addresses' wait read the Node
+	}{
+		{"none left", budget, `msg="timed out waiting for the Node to be assigned addresses: no node IPs from it"`, false},
+		{"half left", budget / 2, `msg="node addresses from the Node object" node=node-a addresses=[192.0.2.10]`, true},
+	} {
+		moved.Store(0)
+		var addrReads atomic.Int32
+		kubeconfig := fakeNodeAPI(t, func(n int, r *http.Request) *corev1.Node {
+			node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}
+			node.Spec.PodCIDRs = []string{"10.244.1.0/24"}
+			if n == 1 { // the NodeCIDR wait's
+				moved.Store(int64(c.took))
+				return node
 			}
-		}
-		// The addresses' wait: addresses to a read still waiting a
-		// budget less the margin after the podCIDRs were answered.
-		mu.Lock()
-		at := answeredCIDRs.Add(budget - margin)
-		mu.Unlock()
-		select {
-		case <-time.After(time.Until(at)):
-			mu.Lock()
-			answered++
-			mu.Unlock()
-			node := withPodCIDRs()
+			addrReads.Add(1)
 			node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.10"}}
 			return node
-		case <-r.Context().Done():
-			mu.Lock()
-			gaveUp++
-			mu.Unlock()
-			return nil
+		})
+		code, log := runUntilWaited(t, kubeconfig, "--detect-local-mode", "NodeCIDR")
+		if code != 1 || !strings.Contains(log, `msg="pods told by the Node's podCIDRs (--detect-local-mode NodeCIDR)"`) ||
+			!strings.Contains(log, c.want) || strings.Contains(log, "192.0.2.10") != c.addrRead ||
+			!strings.Contains(log, `msg="node prerequisite not met"`) {
+			t.Errorf("%s: exit %d, want 1 at the prerequisites after podCIDRs were found and `%s`:\n%s", c.name, code, c.want, log)
 		}
-	})
-	code, log := runUntilWaited(t, kubeconfig, "--detect-local-mode", "NodeCIDR")
-	mu.Lock()
-	defer mu.Unlock()
-	if code != 1 || !strings.Contains(log, `msg="pods told by the Node's podCIDRs (--detect-local-mode NodeCIDR)"`) ||
-		!strings.Contains(log, `msg="timed out waiting for the Node to be assigned addresses: no node IPs from it"`) ||
-		!strings.Contains(log, `msg="node prerequisite not met"`) || strings.Contains(log, "192.0.2.10") {
-		t.Errorf("exit %d, want 1 after podCIDRs were found and the addresses' wait ran out of the shared budget, at the prerequisites:\n%s", code, log)
-	}
-	if answered != 0 || gaveUp != 1 {
-		t.Errorf("the addresses' wait: %d reads answered, %d given up; want none answered, one given up (with the budget)", answered, gaveUp)
+		if got := addrReads.Load() > 0; got != c.addrRead {
+			t.Errorf("%s: the addresses' wait read the Node: %v, want %v", c.name, got, c.addrRead)
+		}
 	}
 }
 
@@ -504,14 +468,11 @@ func TestNoDeviceHoldsNodeIPWarned(t *testing.T) {
 		}
 	}
 	for _, c := range cases {
-		args := []string{"--manifests", filepath.Join(t.TempDir(), "missing.yaml"), "--node-ip", c.nodeIP, "--health-addr", "", "--metrics-addr", "",
-			"--names-file", "", "--node-name", "n", "--bpffs", t.TempDir(), "--socket-lb=false"}
-		var code int
-		log := captureStderr(t, func() { code = run(args) })
-		if code != 1 || strings.Contains(log, warned) != c.warn || !strings.Contains(log, c.want) ||
+		log := runToMissingManifests(t, "--node-ip", c.nodeIP, "--socket-lb=false")
+		if strings.Contains(log, warned) != c.warn || !strings.Contains(log, c.want) ||
 			c.warn && !strings.Contains(log, "own connections only, unless a --devices pattern matches") {
-			t.Errorf("--node-ip %s: exit %d, want 1 at the missing --manifests, warned %v (want %v) with %s:\n%s",
-				c.nodeIP, code, strings.Contains(log, warned), c.warn, c.want, log)
+			t.Errorf("--node-ip %s: warned %v (want %v) with %s:\n%s",
+				c.nodeIP, strings.Contains(log, warned), c.warn, c.want, log)
 		}
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -20,13 +19,7 @@ func TestXDPWithDevicePatternsWarns(t *testing.T) {
 		{[]string{"--devices", "lo", "--xdp", "generic"}, false},
 		{[]string{"--devices", "lo,sl-nomatch+"}, false},
 	} {
-		args := append([]string{"--manifests", filepath.Join(t.TempDir(), "missing.yaml"), "--health-addr", "", "--metrics-addr", "",
-			"--names-file", "", "--node-name", "n", "--bpffs", t.TempDir(), "--socket-lb=false"}, c.args...)
-		var code int
-		stderr := captureStderr(t, func() { code = run(args) })
-		if code != 1 || !strings.Contains(stderr, "cannot read --manifests") {
-			t.Fatalf("%q: exit %d, want 1 at the missing --manifests; stderr:\n%s", c.args, code, stderr)
-		}
+		stderr := runToMissingManifests(t, append([]string{"--socket-lb=false"}, c.args...)...)
 		if strings.Contains(stderr, warned) != c.warn {
 			t.Errorf("%q: warned %v, want %v; stderr:\n%s", c.args, !c.warn, c.warn, stderr)
 		}

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 )
 
@@ -91,24 +92,16 @@ func TestExplainSocketTable(t *testing.T) {
 	socketOut(o, datapath.SocketExplainRequest{To: netip.MustParseAddrPort("10.96.0.10:80"), Proto: unix.IPPROTO_TCP}, e)
 	o.Program = "sluice_sock_explain"
 	got := explainTable(o)
-	for _, want := range []string{
+	testutil.ContainsAll(t, "table", got,
 		"PROGRAM\tsluice_sock_explain: a dry run of connect4's selection, loaded by sluicectl\n",
 		"SOCKET\tTCP socket from the route's source -> 10.96.0.10:80\n",
 		"DNAT\tconnect to 10.1.1.2:8080 (the socket's destination is rewritten; no packet NAT)\n",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("table lacks %q:\n%s", want, got)
-		}
-	}
+	)
 	refused := &explainOut{Program: "sluice_sock_explain", Verdict: "reject"}
 	socketOut(refused, datapath.SocketExplainRequest{To: netip.MustParseAddrPort("10.96.0.10:53"), Proto: unix.IPPROTO_UDP, Unconnected: true},
 		&datapath.Explanation{Socket: true, Errno: "ECONNREFUSED"})
 	got = explainTable(refused)
-	for _, want := range []string{"sendmsg4 (a new unconnected socket)", "SOCKET\tUDP socket from the route's source -> 10.96.0.10:53\n", "ERRNO\tECONNREFUSED\n"} {
-		if !strings.Contains(got, want) {
-			t.Errorf("refused table lacks %q:\n%s", want, got)
-		}
-	}
+	testutil.ContainsAll(t, "refused table", got, "sendmsg4 (a new unconnected socket)", "SOCKET\tUDP socket from the route's source -> 10.96.0.10:53\n", "ERRNO\tECONNREFUSED\n")
 
 	// Asked from a pod's namespace with --socket-lb-host-netns-only: the
 	// attached program's answer, not a dry run's, and the packet path
@@ -117,16 +110,12 @@ func TestExplainSocketTable(t *testing.T) {
 	socketOut(notServed, datapath.SocketExplainRequest{To: netip.MustParseAddrPort("10.96.0.10:80"), Proto: unix.IPPROTO_TCP},
 		&datapath.Explanation{Socket: true, NotServed: true, Program: "sluice_connect4", ProgramID: 42, Verdict: "pass", Reasons: []string{}})
 	got = explainTable(notServed)
-	for _, want := range []string{
+	testutil.ContainsAll(t, "not-served table", got,
 		"PROGRAM\tsluice_connect4 (id 42), the agent's connect4 program: not run\n",
 		"NETNS\tnot the host's: --socket-lb-host-netns-only",
 		"VERDICT\tpass (untranslated: the socket reaches 10.96.0.10:80 itself)\n",
 		"sluicectl explain --device DEV --from SOURCE --to 10.96.0.10:80 (without --socket;",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("not-served table lacks %q:\n%s", want, got)
-		}
-	}
+	)
 	if strings.Contains(got, "FRONTEND") {
 		t.Errorf("not-served table names a frontend:\n%s", got)
 	}
@@ -144,11 +133,7 @@ func TestExplainSocketTable(t *testing.T) {
 		socketOut(o, datapath.SocketExplainRequest{To: netip.MustParseAddrPort(c.to), Proto: unix.IPPROTO_TCP},
 			&datapath.Explanation{Socket: true, DNAT: true, Backend: netip.MustParseAddrPort("[2001:db8:1::2]:8080")})
 		got := explainTable(o)
-		for _, want := range c.want {
-			if !strings.Contains(got, want) {
-				t.Errorf("%s: table lacks %q:\n%s", c.to, want, got)
-			}
-		}
+		testutil.ContainsAll(t, c.to+": table", got, c.want...)
 	}
 }
 
@@ -159,18 +144,14 @@ func TestExplainTable(t *testing.T) {
 		Backend: "10.1.1.2:8080", BackendID: 3, Why: "conntrack: an existing flow keeps its backend", DNAT: "10.1.1.2:8080",
 		Verdict: "pass", Reasons: []string{"tc_dnat_ct"}}
 	got := explainTable(o)
-	for _, want := range []string{
+	testutil.ContainsAll(t, "table", got,
 		"PROGRAM\tsluice_ingress (id 9), eth0 ingress\n",
 		"FRONTEND\t10.96.0.10:80/TCP  default/web:http ClusterIP\n",
 		"CANDIDATES\t10.1.1.2:8080 (slot 1, id 3)\n",
 		"BACKEND\t10.1.1.2:8080 (id 3): conntrack: an existing flow keeps its backend\n",
 		"VERDICT\tpass\n",
 		"COUNTED\ttc_dnat_ct\n",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("table lacks %q:\n%s", want, got)
-		}
-	}
+	)
 	if strings.Contains(got, "SNAT") || strings.Contains(got, "REASON\t") {
 		t.Errorf("table shows empty fields:\n%s", got)
 	}

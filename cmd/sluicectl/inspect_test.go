@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/sluice-lb/sluice/internal/namesfile"
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/pkg/health"
@@ -228,12 +229,8 @@ func TestStatus(t *testing.T) {
 		t.Errorf("services fill %+v and slots fill %+v, want 5 entries (two masters, three slots)", f, sl)
 	}
 	table := runOK(t, base...)
-	for _, want := range []string{"Agent:           ready\n", "Last sync:       ", "Frontends:       2 programmed\n",
-		"Not programmed:  default/big (capacity): 1 frontends\n", "\nMAP "} {
-		if !strings.Contains(table, want) {
-			t.Errorf("status table lacks %q:\n%s", want, table)
-		}
-	}
+	testutil.ContainsAll(t, "status table", table, "Agent:           ready\n", "Last sync:       ", "Frontends:       2 programmed\n",
+		"Not programmed:  default/big (capacity): 1 frontends\n", "\nMAP ")
 	// The map table's columns are as wide as its longest map name.
 	if !regexp.MustCompile(`\nconntrack +4 +256 +1\.6%\n`).MatchString(table) {
 		t.Errorf("status table lacks conntrack's 4 of 256 entries, 1.6%%:\n%s", table)

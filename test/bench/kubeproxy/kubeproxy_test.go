@@ -3,10 +3,10 @@ package main
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/test/bench/harness"
 )
 
@@ -76,9 +76,5 @@ func TestQuick(t *testing.T) {
 	if len(pt.Ratios) != 2 {
 		t.Errorf("%d ratios, want the two kube-proxy modes against Sluice", len(pt.Ratios))
 	}
-	for _, want := range []string{"## 10 Services x 10 endpoints", "| kube-proxy-iptables / sluice |", "| kube-proxy-nftables / sluice |", "| sluice | ", "steady 5/s", "| CPU after sync without scrapes (s) |", "Errors: none."} {
-		if !strings.Contains(md, want) {
-			t.Errorf("the Markdown report lacks %q", want)
-		}
-	}
+	testutil.ContainsAll(t, "the Markdown report", md, "## 10 Services x 10 endpoints", "| kube-proxy-iptables / sluice |", "| kube-proxy-nftables / sluice |", "| sluice | ", "steady 5/s", "| CPU after sync without scrapes (s) |", "Errors: none.")
 }

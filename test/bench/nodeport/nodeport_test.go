@@ -58,11 +58,7 @@ func TestRunTiny(t *testing.T) {
 			t.Errorf("%s: no per-packet time: %+v", p.Packet, p)
 		}
 	}
-	for _, want := range []string{"## Ratios", "| xdp-native | tc |", "## Per packet", "## Caveats"} {
-		if !strings.Contains(md, want) {
-			t.Errorf("the Markdown report lacks %q", want)
-		}
-	}
+	testutil.ContainsAll(t, "the Markdown report", md, "## Ratios", "| xdp-native | tc |", "## Per packet", "## Caveats")
 }
 
 // TestTargetIsLast: the target's NodePort rules are the last ones in

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
 )
 
 func TestParseKnown(t *testing.T) {
@@ -78,9 +80,5 @@ func TestReport(t *testing.T) {
 	if err := WriteReport(&b, "header", results); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"**2 of 4 flows", "| want DROP: got REJECT | 1 |", `b \| pipe`, "skipped: SCTP", "Run without `--cluster-cidr`"} {
-		if !strings.Contains(b.String(), want) {
-			t.Errorf("report lacks %q:\n%s", want, b.String())
-		}
-	}
+	testutil.ContainsAll(t, "report", b.String(), "**2 of 4 flows", "| want DROP: got REJECT | 1 |", `b \| pipe`, "skipped: SCTP", "Run without `--cluster-cidr`")
 }
