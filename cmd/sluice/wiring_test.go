@@ -468,11 +468,15 @@ func TestNoDeviceHoldsNodeIPWarned(t *testing.T) {
 		}
 	}
 	for _, c := range cases {
-		log := runToMissingManifests(t, "--node-ip", c.nodeIP, "--socket-lb=false")
-		if strings.Contains(log, warned) != c.warn || !strings.Contains(log, c.want) ||
-			c.warn && !strings.Contains(log, "own connections only, unless a --devices pattern matches") {
-			t.Errorf("--node-ip %s: warned %v (want %v) with %s:\n%s",
-				c.nodeIP, strings.Contains(log, warned), c.warn, c.want, log)
-		}
+		// A subtest each: runToMissingManifests stops the one whose
+		// start did not stop at the missing file, not the others.
+		t.Run(c.nodeIP, func(t *testing.T) {
+			log := runToMissingManifests(t, "--node-ip", c.nodeIP, "--socket-lb=false")
+			if strings.Contains(log, warned) != c.warn || !strings.Contains(log, c.want) ||
+				c.warn && !strings.Contains(log, "own connections only, unless a --devices pattern matches") {
+				t.Errorf("--node-ip %s: warned %v (want %v) with %s:\n%s",
+					c.nodeIP, strings.Contains(log, warned), c.warn, c.want, log)
+			}
+		})
 	}
 }
