@@ -6,15 +6,16 @@
  * needed in place of the stack's.
  *
  * Dropping would leave the client retrying until it times out. Instead the
- * packet is turned, in place, into the ICMP error from its destination (the
- * VIP, the NodePort) to its source and sent back out of the device it came
- * in on. Linux reports a port unreachable as ECONNREFUSED to both a TCP
+ * packet is turned, in place, into the ICMP error to its source and sent
+ * back out of the device it came in on: from its destination (the VIP, the
+ * NodePort), or, for a reject, from the address the kernel's reject would
+ * come from (icmp_reject_src: a node address, not a ClusterIP). Linux reports a port unreachable as ECONNREFUSED to both a TCP
  * connect and a connected UDP socket, just as if the VIP had refused the
  * port itself; a fragmentation needed lowers the path MTU of the socket's
  * route.
  *
  *   in:  eth | IPv4 C->V (+options) | TCP/UDP ... payload
- *   out: eth (MACs swapped) | IPv4 V->C | ICMP | IPv4 C->V (+options) | L4 header
+ *   out: eth (MACs swapped) | IPv4 V (or N)->C | ICMP | IPv4 C->V (+options) | L4 header
  *
  * (On an L3 device there is no eth, in or out.)
  *
@@ -359,6 +360,83 @@ static __always_inline bool icmp_rl_allow(const union v6addr *dst, bool v6,
 #endif /* ICMP_RATE_LIMIT */
 
 /*
+ * The source of a reject. kube-proxy's `reject` (nf_send_unreach) has the
+ * kernel send the port unreachable (__icmp_send, icmp6_send), whose
+ * source is the rejected packet's destination only if that is one of the
+ * node's addresses (its route is local, RTCF_LOCAL; IPv6: ipv6_chk_addr
+ * or an anycast address): a NodePort, or an ExternalIP the node holds,
+ * rejected in the input hook. A ClusterIP is no local address (nor, as
+ * a rule, a LoadBalancer IP): rejected in the forward hook, its error
+ * comes from the address the node's output route to the client picks
+ * (its preferred source, else the device's address for the gateway or
+ * the client: fib_result_prefsrc; IPv6: the route's prefsrc, else
+ * ipv6_dev_get_saddr), not from the VIP, which anti-spoofing (a cloud's
+ * source/destination check, strict uRPF) may drop. Not followed:
+ * net.ipv4.icmp_errors_use_inbound_ifaddr (default 0), with which the
+ * kernel starts from the inbound device's address.
+ *
+ * Both with bpf_fib_lookup, on the error path only: a lookup of the
+ * packet's own route (from the client on its device, BPF_FIB_LKUP_RET_
+ * NOT_FWDED: a local address, or no route at all, where the kernel would
+ * not forward the packet to be rejected either); then, if it is routed,
+ * the output route to the client with BPF_FIB_LOOKUP_SRC (Linux 6.10),
+ * through the device the error leaves by (the packet's: icmp_send_back;
+ * IPv4's lookup keeps to that device's routes, IPv6's only prefers them:
+ * a route through another device is not taken), whose source it picks as
+ * the kernel's icmp_route_lookup does. Where
+ * either cannot say (an older kernel refuses the flag: -EINVAL; no route
+ * to the client out of that device; forwarding off on it, which
+ * bpf_fib_lookup requires: BPF_FIB_LKUP_RET_FWD_DISABLED; no address to
+ * pick), the error comes from the packet's destination, as before.
+ *
+ * The tc object alone defines them (ICMP_RATE_LIMIT, above: XDP sends no
+ * error). Global functions, verified once each, not per call, and called
+ * from icmp_reply and icmp6_reply (inlined), as icmp_rl_allow is: their
+ * frames sit beside icmp_build's (icmp6_build's), not on top of it, where
+ * sluice6_ingress's stack has no room for them.
+ */
+#ifdef ICMP_RATE_LIMIT
+/*
+ * icmp_reject_src - the source of the port unreachable about a packet
+ * from @client to @daddr that came in on @skb's device (above).
+ */
+__noinline __be32 icmp_reject_src(struct __sk_buff *skb, __be32 client,
+				  __be32 daddr)
+{
+	struct bpf_fib_lookup fib = {
+		.family = AF_INET,
+		.tot_len = sizeof(struct iphdr),
+		.ipv4_src = client,
+		.ipv4_dst = daddr,
+		.ifindex = skb->ifindex,
+	};
+	int ret = bpf_fib_lookup(skb, &fib, sizeof(fib),
+				 BPF_FIB_LOOKUP_SKIP_NEIGH);
+
+	if (ret == BPF_FIB_LKUP_RET_NOT_FWDED)
+		return daddr;
+	__builtin_memset(&fib, 0, sizeof(fib));
+	fib.family = AF_INET;
+	fib.tot_len = sizeof(struct iphdr);
+	fib.ipv4_dst = client;
+	fib.ifindex = skb->ifindex;
+	ret = bpf_fib_lookup(skb, &fib, sizeof(fib),
+			     BPF_FIB_LOOKUP_OUTPUT | BPF_FIB_LOOKUP_SKIP_NEIGH |
+				     BPF_FIB_LOOKUP_SRC);
+	if (ret != BPF_FIB_LKUP_RET_SUCCESS || !fib.ipv4_src ||
+	    fib.ifindex != skb->ifindex)
+		return daddr;
+	return fib.ipv4_src;
+}
+#else
+static __always_inline __be32 icmp_reject_src(struct __sk_buff *skb,
+					      __be32 client, __be32 daddr)
+{
+	return daddr;
+}
+#endif /* ICMP_RATE_LIMIT */
+
+/*
  * icmp_src_answerable - whether @saddr names a single host the kernel
  * would answer: not 0.0.0.0/8 ("this network"), 127.0.0.0/8 (loopback,
  * which never comes in off a wire), 224.0.0.0/4 (multicast) or
@@ -415,8 +493,8 @@ static __always_inline int icmp_send_back(struct __sk_buff *skb, __u32 l3_off,
 /*
  * icmp_build - rewrite @skb, the packet @p, into the ICMP error @err
  * (ICMP_ERR: type, code, and the next-hop MTU of a fragmentation needed)
- * about it, and redirect it back out of its ingress device: icmp_reply
- * once it has decided to send it.
+ * about it, from @saddr, and redirect it back out of its ingress device:
+ * icmp_reply once it has decided to send it.
  *
  * Returns TC_ACT_REDIRECT; ICMP_NOT_SENT for a packet that cannot be
  * trimmed (icmp_send_back) or is too short to quote; or TC_ACT_SHOT if a
@@ -427,7 +505,7 @@ static __always_inline int icmp_send_back(struct __sk_buff *skb, __u32 l3_off,
  * and it is large.
  */
 static __noinline int icmp_build(struct __sk_buff *skb, const struct pkt4 *p,
-				 __u32 err)
+				 __u32 err, __be32 saddr)
 {
 	/* ICMP header and quote, summed together for the ICMP checksum.
 	 * Bytes past the quote stay zero and add nothing to the sum.
@@ -470,7 +548,7 @@ static __noinline int icmp_build(struct __sk_buff *skb, const struct pkt4 *p,
 	hdr.ip.tot_len = bpf_htons(sizeof(hdr) + quote_len);
 	hdr.ip.ttl = ICMP_ERR_TTL;
 	hdr.ip.protocol = IPPROTO_ICMP;
-	hdr.ip.saddr = p->daddr;
+	hdr.ip.saddr = saddr;
 	hdr.ip.daddr = p->saddr;
 	hdr.ip.check = csum_buf(&hdr.ip, sizeof(hdr.ip));
 	hdr.icmp = body.icmp;
@@ -481,10 +559,15 @@ static __noinline int icmp_build(struct __sk_buff *skb, const struct pkt4 *p,
 
 /*
  * icmp_reply - answer @p, the packet @skb, with the ICMP error @err
- * (ICMP_ERR) from its destination, if the kernel would send it: to a
- * packet it would answer (icmp_link_answerable, icmp_src_answerable),
- * within its rate limits (icmp_rl_allow). Then icmp_build
- * turns the packet into the error.
+ * (ICMP_ERR), if the kernel would send it: to a packet it would answer
+ * (icmp_link_answerable, icmp_src_answerable), within its rate limits
+ * (icmp_rl_allow). Then icmp_build turns the packet into the error, from
+ * the packet's destination, or, for a @reject (in place of kube-proxy's),
+ * from the address the kernel's would come from (icmp_reject_src). The
+ * errors of forwarding by redirect (nat.h) keep the frontend: kube-proxy
+ * DNATs before the kernel forwards, and conntrack rewrites the outer
+ * source of an error about an established flow back to the frontend
+ * (nf_nat_icmp_reply_translation).
  *
  * Returns TC_ACT_REDIRECT; ICMP_NOT_SENT for a packet the kernel would not
  * answer, an error over its rate limits, or a packet icmp_build cannot
@@ -492,10 +575,11 @@ static __noinline int icmp_build(struct __sk_buff *skb, const struct pkt4 *p,
  * there is no ICMP error about one (RFC 1122 3.2.2), whose first
  * fragment got it, and it has no L4 header to quote.
  */
-static __always_inline int icmp_reply(struct __sk_buff *skb,
-				      const struct pkt4 *p, __u32 err)
+static __always_inline int
+icmp_reply(struct __sk_buff *skb, const struct pkt4 *p, __u32 err, bool reject)
 {
 	union v6addr dst = {};
+	__be32 saddr = p->daddr;
 
 	if (p->frag_later)
 		return TC_ACT_SHOT;
@@ -504,19 +588,22 @@ static __always_inline int icmp_reply(struct __sk_buff *skb,
 	dst.p[0] = p->saddr;
 	if (!icmp_rl_allow(&dst, false, err >> 24, err >> 16, explain_dry(p)))
 		return ICMP_NOT_SENT;
-	return icmp_build(skb, p, err);
+	if (reject)
+		saddr = icmp_reject_src(skb, p->saddr, p->daddr);
+	return icmp_build(skb, p, err, saddr);
 }
 
 /*
  * reply_port_unreachable - answer @p, a packet to a service with no
- * backends, with an ICMP port unreachable from the VIP (icmp_reply;
- * ICMP_NOT_SENT too).
+ * backends or to a ClusterIP's unserved port, with the ICMP port
+ * unreachable of kube-proxy's reject (icmp_reply; ICMP_NOT_SENT too).
  */
 static __always_inline int reply_port_unreachable(struct __sk_buff *skb,
 						  const struct pkt4 *p)
 {
 	return icmp_reply(skb, p,
-			  ICMP_ERR(ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, 0));
+			  ICMP_ERR(ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, 0),
+			  true);
 }
 
 #endif /* SLUICE_ICMP_H */

@@ -154,12 +154,14 @@ static __always_inline int fwd_check(struct __sk_buff *skb,
 	if (p->ttl <= 1) {
 		metric_count(p, METRIC_TC_TTL_EXCEEDED);
 		ret = icmp_reply(skb, p,
-				 ICMP_ERR(ICMP_TIME_EXCEEDED, ICMP_EXC_TTL, 0));
+				 ICMP_ERR(ICMP_TIME_EXCEEDED, ICMP_EXC_TTL, 0),
+				 false);
 	} else if (p->df) {
 		metric_count(p, METRIC_TC_FRAG_NEEDED);
 		ret = icmp_reply(skb, p,
 				 ICMP_ERR(ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED,
-					  mtu));
+					  mtu),
+				 false);
 	} else {
 		metric_count(p, METRIC_TC_MTU_DROP);
 		return TC_ACT_SHOT;

@@ -147,9 +147,10 @@ static __always_inline int tc6_answer(struct __sk_buff *skb,
 {
 	if (ret == TC6_ICMP_TIME_EXCEEDED)
 		ret = icmp6_reply(skb, p, ICMPV6_TIME_EXCEED,
-				  ICMPV6_EXC_HOPLIMIT, 0);
+				  ICMPV6_EXC_HOPLIMIT, 0, false);
 	else if (ret == TC6_ICMP_TOO_BIG)
-		ret = icmp6_reply(skb, p, ICMPV6_PKT_TOOBIG, 0, bpf_htonl(mtu));
+		ret = icmp6_reply(skb, p, ICMPV6_PKT_TOOBIG, 0, bpf_htonl(mtu),
+				  false);
 	else
 		return ret;
 	/* (ICMP_NOT_SENT: dropped, counted above as the error it is not) */

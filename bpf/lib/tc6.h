@@ -195,7 +195,7 @@ struct lb6_xlate {
 #define tc_have_cluster_cidr_6 have_cluster_cidr6
 #define tc_node_dev_of_6       node6_dev_of
 #define tc_port_unreachable_6(skb, p) \
-	icmp6_reply(skb, p, ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, 0)
+	icmp6_reply(skb, p, ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, 0, true)
 #define LB_FAMILY 6
 #include "tc_fam.h"
 #undef LB_FAMILY

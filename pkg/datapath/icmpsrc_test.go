@@ -1,0 +1,255 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-lb/sluice/internal/testutil/packet"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// TestRejectSourceAsTheKernels: the port unreachable tc sends in place of
+// kube-proxy's reject comes from the address the kernel's would: for a
+// ClusterIP (no local address: kube-proxy rejects it in the forward
+// hook), the node's address that the route back to the client picks
+// (__icmp_send, icmp6_send), here the node's 10.0.0.2 (2001:db8::2), not
+// the VIP, which anti-spoofing may drop; for an ExternalIP the node holds
+// (on its lo: kube-proxy rejects it in the input hook), that address
+// itself. The node has a default route, as a node has (via its backend's
+// side): the VIP is routed, not local. Real traffic from the client's
+// namespace, per family: a TCP connect() is refused (ECONNREFUSED); a
+// connected UDP socket gets the error on its error queue (IP_RECVERR),
+// the ICMP error's source as the offender, which the kernel delivers only
+// for an error whose checksums and quote it accepts; and the frame the
+// client's device receives has that source, the quote of the packet to
+// the frontend, and checksums that recompute.
+func TestRejectSourceAsTheKernels(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d, lb, plane := lbDatapathOf(t, v6)
+		def, ext := netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("192.0.2.50/32")
+		if v6 {
+			def, ext = netip.MustParsePrefix("::/0"), netip.MustParsePrefix("2001:db8:50::50/128")
+		}
+		if err := lb.Node.AddRoute(def, plane.backends[0]); err != nil {
+			t.Fatal(err)
+		}
+		if err := lb.Node.AddAddr("lo", ext); err != nil {
+			t.Fatal(err)
+		}
+		if err := lb.Node.WaitLocal(ext.Addr()); err != nil {
+			t.Fatal(err)
+		}
+		if err := lb.Client.AddRoute(ext, plane.node); err != nil {
+			t.Fatal(err)
+		}
+		vip := addr(vipOf(v6, "10.96.0.92"))
+		var svcs []*model.Service
+		for _, proto := range []model.Protocol{model.TCP, model.UDP} {
+			svcs = append(svcs, clusterIP(l4(vip.String(), 80, proto)),
+				&model.Service{Name: model.ServicePortName{Namespace: "test", Name: "ext"}, Kind: model.ExternalIP,
+					Frontend: l4(ext.Addr().String(), 80, proto)})
+		}
+		applyServices(t, d, svcs...)
+		if err := lb.Node.Do(func() error { return d.AttachDevices([]string{lb.NodeDev}) }); err != nil {
+			t.Fatal(err)
+		}
+
+		for _, c := range []struct {
+			name     string
+			fe, want netip.Addr
+		}{
+			{"clusterip_from_node_address", vip, plane.node},
+			{"local_externalip_from_itself", ext.Addr(), ext.Addr()},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				fe := netip.AddrPortFrom(c.fe, 80)
+				capture := captureOn(t, lb.Client, "eth0")
+				if err := tcpRefused(lb.Client, fe); err != nil {
+					t.Error(err)
+				}
+				offender, err := udpOffender(lb.Client, fe)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if offender != c.want {
+					t.Errorf("UDP to %s: port unreachable from %s, want %s", fe, offender, c.want)
+				}
+				frame := capture.icmpError(t, plane.client)
+				p, err := packet.Parse(frame)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkChecksums(t, frame)
+				if p.Src != c.want {
+					t.Errorf("ICMP error frame from %s, want %s", p.Src, c.want)
+				}
+				if qs, qd := quoteAddrs(p.Payload); qs != plane.client || qd != c.fe {
+					t.Errorf("quote %s -> %s, want %s -> %s", qs, qd, plane.client, c.fe)
+				}
+			})
+		}
+		expectCounted(t, d, "tc_no_backend")
+	})
+}
+
+// tcpRefused connects from ns to fe and wants ECONNREFUSED.
+func tcpRefused(ns *topology.NS, fe netip.AddrPort) error {
+	return ns.Do(func() error {
+		c, err := net.DialTimeout("tcp", fe.String(), 20*time.Second)
+		if err == nil {
+			c.Close()
+			return fmt.Errorf("TCP connect to %s succeeded, want ECONNREFUSED", fe)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			return fmt.Errorf("TCP connect to %s: %v, want ECONNREFUSED", fe, err)
+		}
+		return nil
+	})
+}
+
+// udpOffender sends a datagram from a UDP socket in ns connected to fe,
+// with IP_RECVERR (IPV6_RECVERR), and returns the source of the ICMP
+// (ICMPv6) port unreachable the kernel queues on it (SO_EE_OFFENDER).
+func udpOffender(ns *topology.NS, fe netip.AddrPort) (netip.Addr, error) {
+	var offender netip.Addr
+	err := ns.Do(func() error {
+		family, level, opt := unix.AF_INET6, unix.SOL_IPV6, unix.IPV6_RECVERR
+		var sa unix.Sockaddr = &unix.SockaddrInet6{Port: int(fe.Port()), Addr: fe.Addr().As16()}
+		if fe.Addr().Is4() {
+			family, level, opt = unix.AF_INET, unix.SOL_IP, unix.IP_RECVERR
+			sa = &unix.SockaddrInet4{Port: int(fe.Port()), Addr: fe.Addr().As4()}
+		}
+		fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		if err := unix.SetsockoptInt(fd, level, opt, 1); err != nil {
+			return err
+		}
+		if err := unix.Connect(fd, sa); err != nil {
+			return fmt.Errorf("UDP connect to %s: %w", fe, err)
+		}
+		if _, err := unix.Write(fd, []byte("anyone?")); err != nil {
+			return fmt.Errorf("UDP send to %s: %w", fe, err)
+		}
+		// The error queue: wait (not a timed assertion: 20 s is a
+		// deadline for a lost error) for POLLERR.
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLERR}}
+		if n, err := unix.Poll(pfd, 20000); err != nil || n == 0 {
+			return fmt.Errorf("UDP to %s: no error queued (%v)", fe, err)
+		}
+		buf, oob := make([]byte, 256), make([]byte, 512)
+		_, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_ERRQUEUE)
+		if err != nil {
+			return fmt.Errorf("UDP to %s: error queue: %w", fe, err)
+		}
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			if m.Header.Level != int32(level) || m.Header.Type != int32(opt) ||
+				len(m.Data) < int(unsafe.Sizeof(unix.SockExtendedErr{})) {
+				continue
+			}
+			ee := (*unix.SockExtendedErr)(unsafe.Pointer(&m.Data[0]))
+			wantOrigin, wantType, wantCode := uint8(unix.SO_EE_ORIGIN_ICMP), uint8(3), uint8(3)
+			if fe.Addr().Is6() {
+				wantOrigin, wantType, wantCode = unix.SO_EE_ORIGIN_ICMP6, 1, 4
+			}
+			if ee.Errno != uint32(unix.ECONNREFUSED) || ee.Origin != wantOrigin || ee.Type != wantType || ee.Code != wantCode {
+				return fmt.Errorf("UDP to %s: queued error errno %d origin %d type %d code %d, want ECONNREFUSED from a port unreachable",
+					fe, ee.Errno, ee.Origin, ee.Type, ee.Code)
+			}
+			// SO_EE_OFFENDER: the sockaddr after the struct.
+			off := m.Data[unsafe.Sizeof(*ee):]
+			if fe.Addr().Is6() && len(off) >= 24 {
+				offender = netip.AddrFrom16([16]byte(off[8:24]))
+			} else if !fe.Addr().Is6() && len(off) >= 8 {
+				offender = netip.AddrFrom4([4]byte(off[4:8]))
+			}
+			return nil
+		}
+		return fmt.Errorf("UDP to %s: no extended error among %d control messages", fe, len(msgs))
+	})
+	return offender, err
+}
+
+// frameCapture is a packet socket on a device of a test namespace.
+type frameCapture struct{ fd int }
+
+// captureOn opens a packet socket on dev in ns, closed when t ends.
+func captureOn(t *testing.T, ns *topology.NS, dev string) *frameCapture {
+	t.Helper()
+	c := &frameCapture{fd: -1}
+	if err := ns.Do(func() error {
+		ifi, err := net.InterfaceByName(dev)
+		if err != nil {
+			return err
+		}
+		proto := int(htons(unix.ETH_P_ALL))
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
+		if err != nil {
+			return err
+		}
+		c.fd = fd
+		if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: ifi.Index}); err != nil {
+			return err
+		}
+		return unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 1})
+	}); err != nil {
+		t.Fatalf("capture on %s in %s: %v", dev, ns.Name, err)
+	}
+	t.Cleanup(func() { unix.Close(c.fd) })
+	return c
+}
+
+// icmpError returns the first ICMP destination unreachable (ICMPv6: type
+// 1) to client the capture has received, within 20 s.
+func (c *frameCapture) icmpError(t *testing.T, client netip.Addr) []byte {
+	t.Helper()
+	buf := make([]byte, 2048)
+	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); {
+		n, from, err := unix.Recvfrom(c.fd, buf, 0)
+		if err != nil {
+			continue // the receive timeout: look at the clock again
+		}
+		if ll, ok := from.(*unix.SockaddrLinklayer); ok && ll.Pkttype == unix.PACKET_OUTGOING {
+			continue
+		}
+		p, err := packet.Parse(buf[:n])
+		if err != nil || p.Dst != client {
+			continue
+		}
+		if (p.Proto == packet.ICMP && p.ICMPType == packet.ICMPUnreachable) ||
+			(p.Proto == packet.ICMPv6 && p.ICMPType == packet.ICMPv6Unreachable) {
+			return append([]byte(nil), buf[:n]...)
+		}
+	}
+	t.Fatalf("no ICMP error to %s captured in 20 s", client)
+	return nil
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// quoteAddrs are the source and destination of the IP packet an ICMP
+// error quotes (q: its payload after the ICMP header).
+func quoteAddrs(q []byte) (src, dst netip.Addr) {
+	switch {
+	case len(q) >= 40 && q[0]>>4 == 6:
+		return netip.AddrFrom16([16]byte(q[8:24])), netip.AddrFrom16([16]byte(q[24:40]))
+	case len(q) >= 20 && q[0]>>4 == 4:
+		return netip.AddrFrom4([4]byte(q[12:16])), netip.AddrFrom4([4]byte(q[16:20]))
+	}
+	return
+}
