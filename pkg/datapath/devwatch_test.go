@@ -373,14 +373,7 @@ func TestDeviceWatchMaxDevices(t *testing.T) {
 	links := map[string]netlink.Link{}
 	for i := range 3 {
 		name := fmt.Sprintf("slv%d", i)
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: fmt.Sprintf("peer%d", i)}); err != nil {
-			t.Fatalf("add veth %s: %v", name, err)
-		}
-		l, err := netlink.LinkByName(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		links[name] = l
+		links[name] = addVeth(t, name, fmt.Sprintf("peer%d", i))
 	}
 	if err := d.Commit(); err != nil {
 		t.Fatal(err)
@@ -474,14 +467,7 @@ func TestDeviceWatchForgetsStartDevices(t *testing.T) {
 	links := map[string]netlink.Link{}
 	for i := range 3 {
 		name := fmt.Sprintf("slv%d", i)
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: fmt.Sprintf("peer%d", i)}); err != nil {
-			t.Fatalf("add veth %s: %v", name, err)
-		}
-		l, err := netlink.LinkByName(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		links[name] = l
+		links[name] = addVeth(t, name, fmt.Sprintf("peer%d", i))
 	}
 	sel, err := ParseDevices([]string{"slv+"})
 	if err != nil {
