@@ -355,17 +355,7 @@ func TestSockHostNetnsOnlyBridge(t *testing.T) {
 	const podBackend = "10.204.0.3"
 	ln, err := server.Listen("tcp", podBackend+":8080")
 	must(err)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = c.Write([]byte("backend " + sockBackends[1] + " (the pod " + podBackend + ")")) // isBackendReply
-			c.Close()
-		}
-	}()
+	serveReply(t, ln, "backend "+sockBackends[1]+" (the pod "+podBackend+")") // isBackendReply
 
 	host.Enter(t)
 	d := openTest(t, configWith(smallConfig, func(c *Config) {
