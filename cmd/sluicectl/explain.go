@@ -279,14 +279,7 @@ func socketRequest(from, to, proto string, unconnected bool) (datapath.SocketExp
 // connect6 (sendmsg4, sendmsg6), by its destination's family (an
 // IPv4-mapped one is an IPv6 socket's).
 func socketHook(req datapath.SocketExplainRequest) string {
-	hook := "connect"
-	if req.Unconnected {
-		hook = "sendmsg"
-	}
-	if req.To.Addr().Is6() {
-		return hook + "6"
-	}
-	return hook + "4"
+	return req.Hook()
 }
 
 // socketOut makes describe's answer the socket path's: the hook asked,

@@ -214,7 +214,7 @@ func ctCountOf(t *testing.T, m *Maps, v6, half bool) int {
 	if v6 {
 		tables = ctTables6(t, m)
 	}
-	return ctCount(t, tables[b2n(half)])
+	return mapLen(t, tables[b2n(half)])
 }
 
 // TestHalfOpenEndsCountedOnce: a flow that ends half-open is taken off the

@@ -203,7 +203,7 @@ func TestSNATFlowLeavesClaimedHalfOpenEntry(t *testing.T) {
 			t.Errorf("tc_ct_clash %d, want 1", cs["tc_ct_clash"])
 		}
 		wantClaimed(t, m, fk, true, "after the SYN")
-		if n := ctCount(t, ctTablesOf(t, m, fk)[0]); n != 0 {
+		if n := mapLen(t, ctTablesOf(t, m, fk)[0]); n != 0 {
 			t.Errorf("%d entries in sluice_conntrack, want none: the port reserved for a flow that was not recorded goes back", n)
 		}
 
@@ -214,23 +214,8 @@ func TestSNATFlowLeavesClaimedHalfOpenEntry(t *testing.T) {
 		if r, ok := ctInTable(t, m, fk, true); !ok || r.expires == 0 {
 			t.Errorf("forward entry %+v (found %v), want it alive", r, ok)
 		}
-		if n := ctCount(t, ctTablesOf(t, m, fk)[0]); n != 1 {
+		if n := mapLen(t, ctTablesOf(t, m, fk)[0]); n != 1 {
 			t.Errorf("%d entries in sluice_conntrack, want the flow's port reservation", n)
 		}
 	})
-}
-
-// ctCount is the number of entries in the conntrack table cm.
-func ctCount(t *testing.T, cm *ebpf.Map) int {
-	t.Helper()
-	var k, v []byte
-	n := 0
-	it := cm.Iterate()
-	for it.Next(&k, &v) {
-		n++
-	}
-	if err := it.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }

@@ -591,12 +591,8 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 	// While conntrack is migrated, this load's new flows keep out of
 	// the new sluice_conntrack until AttachDevices has switched every
 	// hook (ct_admit_paused, bpf/lib/conntrack.h; resumeAdmit).
-	paused := specs.tc.Variables["ct_admit_paused"]
-	if paused == nil {
-		return errors.New("variable ct_admit_paused missing from the tc object")
-	}
-	if err := paused.Set(boolU8(d.pauseShare())); err != nil {
-		return fmt.Errorf("set ct_admit_paused: %w", err)
+	if err := setVariable(specs.tc, "the tc object", "ct_admit_paused", boolU8(d.pauseShare())); err != nil {
+		return err
 	}
 	if err := specs.tc.LoadAndAssign(&d.tc, opts); err != nil {
 		return fmt.Errorf("load tc programs: %w", verifierDetail(err))
@@ -616,8 +612,8 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 	}
 	// The dry-run programs, loaded from the same spec, stand for the
 	// programs after the start.
-	if err := paused.Set(uint8(0)); err != nil {
-		return fmt.Errorf("set ct_admit_paused: %w", err)
+	if err := setVariable(specs.tc, "the tc object", "ct_admit_paused", uint8(0)); err != nil {
+		return err
 	}
 	d.tcSpec = specs.tc
 	if !d.cfg.DeferDryRun {
@@ -786,13 +782,22 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		vars["node_ip6"] = v6addr(cfg.NodeIPs[i])
 	}
 	for name, v := range vars {
-		vs, ok := spec.Variables[name]
-		if !ok {
-			return fmt.Errorf("variable %s missing from BPF object", name)
+		if err := setVariable(spec, "BPF object", name, v); err != nil {
+			return err
 		}
-		if err := vs.Set(v); err != nil {
-			return fmt.Errorf("set %s: %w", name, err)
-		}
+	}
+	return nil
+}
+
+// setVariable sets the variable name of spec, the object obj names in the
+// error if it has none, to v.
+func setVariable(spec *ebpf.CollectionSpec, obj, name string, v any) error {
+	vs := spec.Variables[name]
+	if vs == nil {
+		return fmt.Errorf("variable %s missing from %s", name, obj)
+	}
+	if err := vs.Set(v); err != nil {
+		return fmt.Errorf("set %s: %w", name, err)
 	}
 	return nil
 }

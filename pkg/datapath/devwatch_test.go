@@ -211,14 +211,7 @@ func TestDeviceWatchResubscribes(t *testing.T) {
 	if err := d.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	sel, err := ParseDevices([]string{"slv+"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := d.NewDeviceWatch(sel)
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := watchDevices(t, d, "slv+")
 	// The first subscription hears nothing and fails when told to;
 	// the second is the real one.
 	fail := make(chan struct{})
@@ -373,26 +366,12 @@ func TestDeviceWatchMaxDevices(t *testing.T) {
 	links := map[string]netlink.Link{}
 	for i := range 3 {
 		name := fmt.Sprintf("slv%d", i)
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: fmt.Sprintf("peer%d", i)}); err != nil {
-			t.Fatalf("add veth %s: %v", name, err)
-		}
-		l, err := netlink.LinkByName(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		links[name] = l
+		links[name] = addVeth(t, name, fmt.Sprintf("peer%d", i))
 	}
 	if err := d.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	sel, err := ParseDevices([]string{"slv+"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := d.NewDeviceWatch(sel)
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := watchDevices(t, d, "slv+")
 	nextEvent, _ := runDeviceWatch(t, w)
 	next := func() DeviceEvent { t.Helper(); return nextEvent("the next") }
 	var attached []string
@@ -474,18 +453,7 @@ func TestDeviceWatchForgetsStartDevices(t *testing.T) {
 	links := map[string]netlink.Link{}
 	for i := range 3 {
 		name := fmt.Sprintf("slv%d", i)
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: fmt.Sprintf("peer%d", i)}); err != nil {
-			t.Fatalf("add veth %s: %v", name, err)
-		}
-		l, err := netlink.LinkByName(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		links[name] = l
-	}
-	sel, err := ParseDevices([]string{"slv+"})
-	if err != nil {
-		t.Fatal(err)
+		links[name] = addVeth(t, name, fmt.Sprintf("peer%d", i))
 	}
 	if err := d.AttachDevices([]string{"slv0", "slv1", "slv2"}); err != nil {
 		t.Fatal(err)
@@ -500,10 +468,7 @@ func TestDeviceWatchForgetsStartDevices(t *testing.T) {
 	if err := netlink.LinkSetName(links["slv1"], "other1"); err != nil {
 		t.Fatal(err)
 	}
-	w, err := d.NewDeviceWatch(sel)
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := watchDevices(t, d, "slv+")
 	next, _ := runDeviceWatch(t, w)
 	var seen []string
 	for range 3 {
@@ -613,6 +578,21 @@ func TestDevicePatternsRestartAtTheLimit(t *testing.T) {
 	if n, err := countEntries(d2.Maps().devices); err != nil || n != 2 {
 		t.Fatalf("sluice_devices holds %d devices (%v), want 2", n, err)
 	}
+}
+
+// watchDevices is d's watch of the devices patterns name, not running
+// yet.
+func watchDevices(t *testing.T, d *Datapath, patterns ...string) *DeviceWatch {
+	t.Helper()
+	sel, err := ParseDevices(patterns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := d.NewDeviceWatch(sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
 }
 
 // addVeth adds the veth pair name<->peer in the calling thread's

@@ -235,19 +235,9 @@ func icmpAbout(in []byte, typ, code uint8, rest uint32) []byte {
 func TestTCRedirectTTLAndMTU(t *testing.T) {
 	testutil.Privileged(t)
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		_, ethIdx := nodeNetns(t)
+		ethIdx := nodeNetnsOf(t, v6)
 		podIdx := podIfindex(t)
-		if v6 {
-			addNodeIPv6(t)
-			addNode3IPv6(t)
-		}
-		eth1, err := netlink.LinkByName("eth1")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := netlink.LinkSetMTU(eth1, 1280); err != nil {
-			t.Fatal(err)
-		}
+		setMTUHere(t, "eth1", 1280)
 		d := openTest(t, smallConfig(testPinDir(t)))
 		m := d.Maps()
 		if err := d.AttachDevices([]string{"eth0", "eth1", "pod0"}); err != nil {
@@ -318,9 +308,7 @@ func TestTCRedirectTTLAndMTU(t *testing.T) {
 			// A local backend's reply at pod0 too big for eth0
 			// (1280 now): passed up as it came.
 			addExternal(t, m, 2, npLocal, ext, beLocal)
-			if err := netlink.LinkSetMTU(mustLink(t, "eth0"), 1280); err != nil {
-				t.Fatal(err)
-			}
+			setMTUHere(t, "eth0", 1280)
 			in = fromClient(seg(client, 43005, node, npLocal.Port, 0, 0, true, 0))
 			if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActOK {
 				t.Fatalf("SYN to a local backend: verdict %d", verdict)
@@ -348,6 +336,15 @@ func mustLink(t testing.TB, name string) netlink.Link {
 	return l
 }
 
+// setMTUHere is setMTU in the namespace the test has entered: it sets
+// the MTU of the device name.
+func setMTUHere(t testing.TB, name string, mtu int) {
+	t.Helper()
+	if err := netlink.LinkSetMTU(mustLink(t, name), mtu); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestXDPTTLAndMTU: XDP decrements the TTL (IPv6: hop limit) of what it
 // transmits, and leaves to tc (XDP_PASS, counted) a packet whose TTL
 // would expire or that is larger than the egress MTU: tc answers those.
@@ -355,14 +352,8 @@ func mustLink(t testing.TB, name string) netlink.Link {
 func TestXDPTTLAndMTU(t *testing.T) {
 	testutil.Privileged(t)
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		_, ethIdx := nodeNetns(t)
-		if v6 {
-			addNodeIPv6(t)
-			addNode3IPv6(t)
-		}
-		if err := netlink.LinkSetMTU(mustLink(t, "eth1"), 1280); err != nil {
-			t.Fatal(err)
-		}
+		ethIdx := nodeNetnsOf(t, v6)
+		setMTUHere(t, "eth1", 1280)
 		d := openTest(t, xdpConfig(testPinDir(t)))
 		if err := d.AttachDevices([]string{"eth0", "eth1"}); err != nil {
 			t.Fatal(err)

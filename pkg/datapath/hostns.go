@@ -65,14 +65,7 @@ func configureHostNetns(spec *ebpf.CollectionSpec, cfg Config) error {
 		}
 		cookie = c
 	}
-	vs, ok := spec.Variables[varHostNetnsCookie]
-	if !ok {
-		return fmt.Errorf("variable %s missing from the socket object", varHostNetnsCookie)
-	}
-	if err := vs.Set(cookie); err != nil {
-		return fmt.Errorf("set %s: %w", varHostNetnsCookie, err)
-	}
-	return nil
+	return setVariable(spec, "the socket object", varHostNetnsCookie, cookie)
 }
 
 // AttachedHostNetns is what the agent's socket program attached to a

@@ -48,6 +48,22 @@ func hostNetnsFamily(v6 bool) hostNetnsCase {
 		sockBackends}
 }
 
+// forHostNetnsOnly runs test with SocketLBHostNetnsOnly off (subtest
+// "default") and on ("host_netns_only").
+func forHostNetnsOnly(t *testing.T, test func(t *testing.T, on bool)) {
+	for _, on := range []bool{false, true} {
+		t.Run(map[bool]string{false: "default", true: "host_netns_only"}[on], func(t *testing.T) { test(t, on) })
+	}
+}
+
+// forHostNetnsOnlyFamilies is forHostNetnsOnly over each family
+// (hostNetnsFamily).
+func forHostNetnsOnlyFamilies(t *testing.T, test func(t *testing.T, on bool, f hostNetnsCase)) {
+	forHostNetnsOnly(t, func(t *testing.T, on bool) {
+		forFamilies(t, func(t *testing.T, v6 bool) { test(t, on, hostNetnsFamily(v6)) })
+	})
+}
+
 // TestSockHostNetnsOnly: by default a pod's connect to a ClusterIP is
 // translated at the socket (its SYN leaves the pod for a backend, its
 // peer name is the VIP) like the host's. With the option only the host's
@@ -57,11 +73,7 @@ func hostNetnsFamily(v6 bool) hostNetnsCase {
 // not, is translated per packet too and answered from the VIP; the
 // socket path counts none of the pod's traffic. Over each family.
 func TestSockHostNetnsOnly(t *testing.T) {
-	for _, on := range []bool{false, true} {
-		t.Run(map[bool]string{false: "default", true: "host_netns_only"}[on], func(t *testing.T) {
-			forFamilies(t, func(t *testing.T, v6 bool) { testSockHostNetnsOnly(t, on, hostNetnsFamily(v6)) })
-		})
-	}
+	forHostNetnsOnlyFamilies(t, testSockHostNetnsOnly)
 }
 
 func testSockHostNetnsOnly(t *testing.T, on bool, f hostNetnsCase) {
@@ -355,17 +367,7 @@ func TestSockHostNetnsOnlyBridge(t *testing.T) {
 	const podBackend = "10.204.0.3"
 	ln, err := server.Listen("tcp", podBackend+":8080")
 	must(err)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = c.Write([]byte("backend " + sockBackends[1] + " (the pod " + podBackend + ")")) // isBackendReply
-			c.Close()
-		}
-	}()
+	serveReply(t, ln, "backend "+sockBackends[1]+" (the pod "+podBackend+")") // isBackendReply
 
 	host.Enter(t)
 	d := openTest(t, configWith(smallConfig, func(c *Config) {
@@ -402,11 +404,7 @@ func TestSockHostNetnsOnlyBridge(t *testing.T) {
 // and a real datagram of a new unconnected UDP socket (sendmsg's hook).
 // Over each family.
 func TestSockHostNetnsOnlyExplain(t *testing.T) {
-	for _, on := range []bool{false, true} {
-		t.Run(map[bool]string{false: "default", true: "host_netns_only"}[on], func(t *testing.T) {
-			forFamilies(t, func(t *testing.T, v6 bool) { testSockHostNetnsOnlyExplain(t, on, hostNetnsFamily(v6)) })
-		})
-	}
+	forHostNetnsOnlyFamilies(t, testSockHostNetnsOnlyExplain)
 }
 
 func testSockHostNetnsOnlyExplain(t *testing.T, on bool, f hostNetnsCase) {
@@ -457,9 +455,7 @@ func testSockHostNetnsOnlyExplain(t *testing.T, on bool, f hostNetnsCase) {
 // programs of every forward hook: the agent's namespace's cookie with the
 // option, 0 without; and no answer where no socket program is attached.
 func TestAttachedHostNetns(t *testing.T) {
-	for _, on := range []bool{false, true} {
-		t.Run(map[bool]string{false: "default", true: "host_netns_only"}[on], func(t *testing.T) { testAttachedHostNetns(t, on) })
-	}
+	forHostNetnsOnly(t, testAttachedHostNetns)
 }
 
 func testAttachedHostNetns(t *testing.T, on bool) {

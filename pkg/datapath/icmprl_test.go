@@ -282,14 +282,8 @@ func TestReadICMPRateLimits(t *testing.T) {
 // 6. Per family.
 func TestICMPRateLimitForwarding(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		_, ethIdx := nodeNetns(t)
-		if v6 {
-			addNodeIPv6(t)
-			addNode3IPv6(t)
-		}
-		if err := netlink.LinkSetMTU(mustLink(t, "eth1"), 1280); err != nil {
-			t.Fatal(err)
-		}
+		ethIdx := nodeNetnsOf(t, v6)
+		setMTUHere(t, "eth1", 1280)
 		d := openTestWith(t, smallConfig, slowRefill)
 		m := d.Maps()
 		if err := d.AttachDevices([]string{"eth0", "eth1"}); err != nil {

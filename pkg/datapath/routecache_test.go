@@ -40,11 +40,7 @@ type cacheNode struct {
 func newCacheNode(t *testing.T, v6 bool, age time.Duration) *cacheNode {
 	t.Helper()
 	testutil.Privileged(t)
-	_, eth0 := nodeNetns(t)
-	if v6 {
-		addNodeIPv6(t)
-		addNode3IPv6(t)
-	}
+	eth0 := nodeNetnsOf(t, v6)
 	d := openTest(t, configWith(xdpConfig, func(c *Config) { c.XDPRouteCacheAge = age })(testPinDir(t)))
 	if err := d.AttachDevices([]string{"eth0", "eth1"}); err != nil {
 		t.Fatal(err)
@@ -190,9 +186,7 @@ func TestXDPRouteCacheForwardsAsUncached(t *testing.T) {
 		// Over eth1's MTU, its route cached: to tc untouched, which
 		// answers with the ICMP error (IPv4: fragmentation needed; DF
 		// set).
-		if err := netlink.LinkSetMTU(mustLink(t, "eth1"), 1280); err != nil {
-			t.Fatal(err)
-		}
+		setMTUHere(t, "eth1", 1280)
 		big := n.req.With(func(p *packet.Packet) { p.Payload, p.FragOff = bytes.Repeat([]byte("m"), 1300), packet.DF })
 		if _, ok := cached(t, m, reqKey); !ok {
 			t.Fatal("request route not cached")

@@ -53,18 +53,27 @@ func TestServiceCIDRsAtRunTime(t *testing.T) {
 	})
 }
 
+// fromSourceConfig is the configuration of TestServiceCIDRsPinned and
+// TestServiceCIDRsOverCapacity: a cluster CIDR (10.0.0.0/8), the flag's
+// service CIDR (10.96.0.0/16), and ServiceCIDRsFromSource.
+func fromSourceConfig(t *testing.T) Config {
+	t.Helper()
+	testutil.Privileged(t)
+	cfg := smallConfig(testPinDir(t))
+	cfg.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	cfg.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")}
+	cfg.ServiceCIDRsFromSource = true
+	return cfg
+}
+
 // TestServiceCIDRsPinned: SetServiceCIDRs changes the service CIDRs of
 // both families and leaves the cluster CIDRs; Dump reads them; an agent
 // restarted with ServiceCIDRsFromSource (the Kubernetes source) keeps the
 // ones learnt before, adding the flag's, until its reconciler writes the
 // set; without it the set is the flag's again.
 func TestServiceCIDRsPinned(t *testing.T) {
-	testutil.Privileged(t)
 	p := netip.MustParsePrefix
-	cfg := smallConfig(testPinDir(t))
-	cfg.ClusterCIDRs = []netip.Prefix{p("10.0.0.0/8")}
-	cfg.ServiceCIDRs = []netip.Prefix{p("10.96.0.0/16")}
-	cfg.ServiceCIDRsFromSource = true
+	cfg := fromSourceConfig(t)
 	d := openTest(t, cfg)
 	if err := d.Maps().SetServiceCIDRs([]netip.Prefix{p("10.96.0.0/16"), p("10.200.0.0/24"), p("fd00::/108")}); err != nil {
 		t.Fatal(err)
@@ -118,12 +127,7 @@ func TestServiceCIDRsPinned(t *testing.T) {
 // and an agent restarted with ServiceCIDRsFromSource on a full map opens,
 // with the flag's CIDRs, though the flag's range is not among them.
 func TestServiceCIDRsOverCapacity(t *testing.T) {
-	testutil.Privileged(t)
-	p := netip.MustParsePrefix
-	cfg := smallConfig(testPinDir(t))
-	cfg.ClusterCIDRs = []netip.Prefix{p("10.0.0.0/8")}
-	cfg.ServiceCIDRs = []netip.Prefix{p("10.96.0.0/16")}
-	cfg.ServiceCIDRsFromSource = true
+	cfg := fromSourceConfig(t)
 	d := openTest(t, cfg)
 	capacity := int(d.Maps().nodeCIDRs.MaxEntries())
 	ranges := func(second, n int) []netip.Prefix {

@@ -49,22 +49,28 @@ func startBackends(t *testing.T, addrs ...string) {
 		if err != nil {
 			t.Fatalf("listen: %v", err)
 		}
-		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				// The client checks what it reads; one that hung
-				// up early wants nothing.
-				_, _ = c.Write([]byte("backend " + a))
-				c.Close()
-			}
-		}()
+		serveReply(t, ln, "backend "+a)
 
 		serveUDPBackend(t, a)
 	}
+}
+
+// serveReply writes reply to each connection ln accepts, and closes it,
+// until ln is closed at the end of the test.
+func serveReply(t *testing.T, ln net.Listener, reply string) {
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			// The client checks what it reads; one that hung up
+			// early wants nothing.
+			_, _ = c.Write([]byte(reply))
+			c.Close()
+		}
+	}()
 }
 
 // serveUDPBackend answers every datagram to a:5353 with "backend <a> got

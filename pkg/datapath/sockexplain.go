@@ -99,7 +99,7 @@ func ExplainSocket(bpffs string, req SocketExplainRequest) (*Explanation, error)
 	}
 	// --socket-lb-host-netns-only is the agent's load-time constant,
 	// not this load's: read from the program attached to the hook.
-	hook := sockHook(req)
+	hook := req.Hook()
 	att, err := attachedHostNetns(filepath.Join(bpffs, "sluice"), hook)
 	if err != nil {
 		return nil, fmt.Errorf("the socket path's %s program: %w", hook, err)
@@ -177,10 +177,10 @@ func ExplainSocket(bpffs string, req SocketExplainRequest) (*Explanation, error)
 	return e, nil
 }
 
-// sockHook is the hook whose program decides the request's socket:
+// Hook names the hook whose program decides the request's socket:
 // connect4 or connect6 (sendmsg4, sendmsg6) by the destination's family
 // (an IPv4-mapped one is an IPv6 socket's).
-func sockHook(req SocketExplainRequest) string {
+func (req SocketExplainRequest) Hook() string {
 	hook := "connect"
 	if req.Unconnected {
 		hook = "sendmsg"

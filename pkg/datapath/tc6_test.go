@@ -573,9 +573,7 @@ func TestTC6NorthSouthPacketTable(t *testing.T) {
 	// Larger than eth0's MTU (1280 now): ICMPv6 packet too big with the
 	// MTU, from the NodePort, whatever the packet (IPv6 routers never
 	// fragment).
-	if err := netlink.LinkSetMTU(mustLink(t, "eth0"), 1280); err != nil {
-		t.Fatal(err)
-	}
+	setMTUHere(t, "eth0", 1280)
 	big := fromClient(tcpPacket(nsClientIP6, 40003, nsNodeIP6, 30080, packet.ACK, bytes.Repeat([]byte("m"), 1300)))
 	in = big.Bytes()
 	verdict, out = runOn(t, ing, ifindex, in)

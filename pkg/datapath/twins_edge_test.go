@@ -87,6 +87,19 @@ func addNode3IPv6(t testing.TB) {
 	}
 }
 
+// nodeNetnsOf is nodeNetns for a test run per family: with v6, the
+// node's IPv6 addresses too (addNodeIPv6, addNode3IPv6). It returns
+// eth0's ifindex.
+func nodeNetnsOf(t testing.TB, v6 bool) int {
+	t.Helper()
+	_, eth0 := nodeNetns(t)
+	if v6 {
+		addNodeIPv6(t)
+		addNode3IPv6(t)
+	}
+	return eth0
+}
+
 // nsTwin is an address of the north-south tables' node namespace
 // (nodeNetns) as a test written for IPv4 names it, or with v6 its IPv6
 // twin there (addNodeIPv6, addNode3IPv6): the node's, node 2's and the
