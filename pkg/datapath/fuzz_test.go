@@ -488,9 +488,13 @@ func isICMPReply(in, out []byte) bool {
 	return l4In < len(in) && slices.Contains(queries, in[l4In])
 }
 
+// fuzzNodeAddrs are the fuzz node's addresses (nodeNetns, addNodeIPv6):
+// those a reject's source may be.
+var fuzzNodeAddrs = []string{nsNodeIP, "192.168.3.1", nsNodeIP6}
+
 // checkICMPReply checks out is the ICMP error about in that icmp_reply
-// (icmp6_reply for IPv6) builds: MACs swapped, from in's destination to
-// its source, with valid checksums, quoting in's IP header (IPv6: and its
+// (icmp6_reply for IPv6) builds: MACs swapped, from in's destination
+// (a reject: or a node address) to its source, with valid checksums, quoting in's IP header (IPv6: and its
 // extension headers) and whole fixed L4 header: a destination unreachable
 // or time exceeded, or IPv6's packet too big (IPv4's is an unreachable).
 func checkICMPReply(in, out []byte) error {
@@ -499,12 +503,23 @@ func checkICMPReply(in, out []byte) error {
 	if !bytes.Equal(out[0:6], in[6:12]) || !bytes.Equal(out[6:12], in[0:6]) {
 		return errors.New("ICMP reply: MACs not swapped")
 	}
-	if !bytes.Equal(srcOut, dstIn) || !bytes.Equal(dstOut, srcIn) {
-		return errors.New("ICMP reply: not from the packet's destination to its source")
+	if !bytes.Equal(dstOut, srcIn) {
+		return errors.New("ICMP reply: not to the packet's source")
 	}
 	v6 := len(srcIn) == 16
 	if l4Out != 14+ipHdrLen(v6) || l4Out+8 > len(out) {
 		return fmt.Errorf("ICMP reply: headers of %d bytes in %d", l4Out-14, len(out))
+	}
+	// From the packet's destination; a reject (port unreachable) may
+	// come from the node address the route back to the client picks, as
+	// the kernel's does (icmp_reject_src): one of the fuzz node's.
+	reject := !v6 && out[l4Out] == 3 && out[l4Out+1] == 3 ||
+		v6 && out[l4Out] == packet.ICMPv6Unreachable && out[l4Out+1] == 4
+	src, _ := netip.AddrFromSlice(srcOut)
+	if !bytes.Equal(srcOut, dstIn) && (!reject || !slices.ContainsFunc(fuzzNodeAddrs, func(a string) bool {
+		return netip.MustParseAddr(a) == src
+	})) {
+		return fmt.Errorf("ICMP reply: from %v, neither the packet's destination nor, for a reject, a node address", src)
 	}
 	types := []uint8{3, 11}
 	if v6 {
