@@ -379,15 +379,31 @@ static __always_inline bool icmp_rl_allow(const union v6addr *dst, bool v6,
  * packet's own route (from the client on its device, BPF_FIB_LKUP_RET_
  * NOT_FWDED: a local address, or no route at all, where the kernel would
  * not forward the packet to be rejected either); then, if it is routed,
- * the output route to the client with BPF_FIB_LOOKUP_SRC (Linux 6.10),
- * through the device the error leaves by (the packet's: icmp_send_back;
- * IPv4's lookup keeps to that device's routes, IPv6's only prefers them:
- * a route through another device is not taken), whose source it picks as
- * the kernel's icmp_route_lookup does. Where
- * either cannot say (an older kernel refuses the flag: -EINVAL; no route
- * to the client out of that device; forwarding off on it, which
- * bpf_fib_lookup requires: BPF_FIB_LKUP_RET_FWD_DISABLED; no address to
- * pick), the error comes from the packet's destination, as before.
+ * the route to the client with BPF_FIB_LOOKUP_SRC (Linux 6.7, commit
+ * dab4e1f06cab; backported to some stable branches), whose source it
+ * picks (fib_result_prefsrc; IPv6: the route's prefsrc, else
+ * ipv6_dev_get_saddr on its device). That lookup is an input one from
+ * the ingress device (flowi4_iif, flowi6_iif: bpf_ipv4_fib_lookup and
+ * bpf_ipv6_fib_lookup set the oif only in output mode, and fill the
+ * source in either), so it is not pinned to a device: the route the
+ * kernel's icmp_route_lookup would take (an output route with no oif),
+ * whatever its device, with the flow of the kernel's ICMP route: protocol
+ * ICMP, the type and code (flowi4's icmpt, in the bytes of its dport),
+ * and, IPv4, the tos __icmp_send gives an error (the packet's TOS bits
+ * with IPTOS_PREC_INTERNETCONTROL); IPv6's flow label 0, as icmp6_send's.
+ * The error itself still leaves by the ingress device (icmp_send_back),
+ * whatever device that route goes through. Not followed: ip rules on
+ * iif (the lookup's iif is the ingress device, the kernel's output route
+ * has lo's), on fwmark with net.ipv4.fwmark_reflect=1 (the lookup's mark
+ * is 0, the kernel's the packet's), on uid; and IPv6 without a prefsrc
+ * on a route through another device, where icmp6_send picks the address
+ * by ipv6_dev_get_saddr on the ingress device, the FIB on the route's.
+ * Where the lookups cannot say (an older kernel refuses the flag:
+ * -EINVAL; no route to the client; forwarding off on the ingress device,
+ * which bpf_fib_lookup requires: BPF_FIB_LKUP_RET_FWD_DISABLED; no
+ * address to pick; IPv6: a link-local, multicast or loopback source or
+ * destination, which the first lookup refuses at once, rt6_need_strict),
+ * the error comes from the packet's destination, as before.
  *
  * The tc object alone defines them (ICMP_RATE_LIMIT, above: XDP sends no
  * error). Global functions, verified once each, not per call, and called
@@ -398,10 +414,11 @@ static __always_inline bool icmp_rl_allow(const union v6addr *dst, bool v6,
 #ifdef ICMP_RATE_LIMIT
 /*
  * icmp_reject_src - the source of the port unreachable about a packet
- * from @client to @daddr that came in on @skb's device (above).
+ * from @client to @daddr, its IPv4 header at @l3_off, that came in on
+ * @skb's device (above).
  */
 __noinline __be32 icmp_reject_src(struct __sk_buff *skb, __be32 client,
-				  __be32 daddr)
+				  __be32 daddr, __u32 l3_off)
 {
 	struct bpf_fib_lookup fib = {
 		.family = AF_INET,
@@ -412,25 +429,30 @@ __noinline __be32 icmp_reject_src(struct __sk_buff *skb, __be32 client,
 	};
 	int ret = bpf_fib_lookup(skb, &fib, sizeof(fib),
 				 BPF_FIB_LOOKUP_SKIP_NEIGH);
+	__u8 tos = 0;
 
 	if (ret == BPF_FIB_LKUP_RET_NOT_FWDED)
 		return daddr;
+	if (bpf_skb_load_bytes(skb, l3_off + 1, &tos, sizeof(tos)) < 0)
+		tos = 0;
 	__builtin_memset(&fib, 0, sizeof(fib));
 	fib.family = AF_INET;
+	fib.l4_protocol = IPPROTO_ICMP;
+	fib.dport = bpf_htons(ICMP_DEST_UNREACH << 8 | ICMP_PORT_UNREACH);
 	fib.tot_len = sizeof(struct iphdr);
+	fib.tos = (tos & IPTOS_TOS_MASK) | IPTOS_PREC_INTERNETCONTROL;
 	fib.ipv4_dst = client;
 	fib.ifindex = skb->ifindex;
 	ret = bpf_fib_lookup(skb, &fib, sizeof(fib),
-			     BPF_FIB_LOOKUP_OUTPUT | BPF_FIB_LOOKUP_SKIP_NEIGH |
-				     BPF_FIB_LOOKUP_SRC);
-	if (ret != BPF_FIB_LKUP_RET_SUCCESS || !fib.ipv4_src ||
-	    fib.ifindex != skb->ifindex)
+			     BPF_FIB_LOOKUP_SKIP_NEIGH | BPF_FIB_LOOKUP_SRC);
+	if (ret != BPF_FIB_LKUP_RET_SUCCESS || !fib.ipv4_src)
 		return daddr;
 	return fib.ipv4_src;
 }
 #else
 static __always_inline __be32 icmp_reject_src(struct __sk_buff *skb,
-					      __be32 client, __be32 daddr)
+					      __be32 client, __be32 daddr,
+					      __u32 l3_off)
 {
 	return daddr;
 }
@@ -589,7 +611,7 @@ icmp_reply(struct __sk_buff *skb, const struct pkt4 *p, __u32 err, bool reject)
 	if (!icmp_rl_allow(&dst, false, err >> 24, err >> 16, explain_dry(p)))
 		return ICMP_NOT_SENT;
 	if (reject)
-		saddr = icmp_reject_src(skb, p->saddr, p->daddr);
+		saddr = icmp_reject_src(skb, p->saddr, p->daddr, p->l3_off);
 	return icmp_build(skb, p, err, saddr);
 }
 

@@ -62,7 +62,10 @@ struct icmp6_err_hdr {
  * icmp6_reject_src - the source of the ICMPv6 port unreachable about a
  * packet from @client to *@addr that came in on @skb's device, written to
  * @addr: itself if it is one of the node's addresses, else the source the
- * output route to @client picks, as icmp_reject_src (icmp.h) for IPv4.
+ * route to @client picks (its prefsrc, else the address
+ * ipv6_dev_get_saddr picks on its device), whatever its device, as
+ * icmp_reject_src (icmp.h) for IPv4: see there for the lookups and what
+ * they do not follow.
  * (A global function's pointers may be NULL: checked.)
  */
 __noinline int icmp6_reject_src(struct __sk_buff *skb,
@@ -84,13 +87,14 @@ __noinline int icmp6_reject_src(struct __sk_buff *skb,
 		return 0;
 	__builtin_memset(&fib, 0, sizeof(fib));
 	fib.family = AF_INET6;
+	fib.l4_protocol = IPPROTO_ICMPV6;
+	fib.dport = bpf_htons(ICMPV6_DEST_UNREACH << 8 | ICMPV6_PORT_UNREACH);
 	fib.tot_len = sizeof(struct ipv6hdr);
 	__builtin_memcpy(fib.ipv6_dst, client, sizeof(*client));
 	fib.ifindex = skb->ifindex;
 	ret = bpf_fib_lookup(skb, &fib, sizeof(fib),
-			     BPF_FIB_LOOKUP_OUTPUT | BPF_FIB_LOOKUP_SKIP_NEIGH |
-				     BPF_FIB_LOOKUP_SRC);
-	if (ret == BPF_FIB_LKUP_RET_SUCCESS && fib.ifindex == skb->ifindex &&
+			     BPF_FIB_LOOKUP_SKIP_NEIGH | BPF_FIB_LOOKUP_SRC);
+	if (ret == BPF_FIB_LKUP_RET_SUCCESS &&
 	    (fib.ipv6_src[0] | fib.ipv6_src[1] | fib.ipv6_src[2] |
 	     fib.ipv6_src[3]))
 		__builtin_memcpy(addr, fib.ipv6_src, sizeof(*addr));

@@ -10,6 +10,9 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
@@ -63,14 +66,41 @@ func TestRejectSourceAsTheKernels(t *testing.T) {
 			t.Fatal(err)
 		}
 
+		// Without BPF_FIB_LOOKUP_SRC (before Linux 6.7) the FIB cannot
+		// name the node's address: a ClusterIP's reject comes from the
+		// VIP (the README's fallback).
+		fromNode := func(a netip.Addr) netip.Addr { return a }
+		if err := haveFibLookupSrc(); errors.Is(err, ebpf.ErrNotSupported) {
+			t.Logf("%v: a ClusterIP's reject is wanted from the VIP", err)
+			fromNode = func(netip.Addr) netip.Addr { return vip }
+		} else if err != nil {
+			t.Fatal(err)
+		}
 		for _, c := range []struct {
 			name     string
 			fe, want netip.Addr
+			setup    func(t *testing.T)
 		}{
-			{"clusterip_from_node_address", vip, plane.node},
-			{"local_externalip_from_itself", ext.Addr(), ext.Addr()},
+			{"clusterip_from_node_address", vip, fromNode(plane.node), nil},
+			{"local_externalip_from_itself", ext.Addr(), ext.Addr(), nil},
+			// The node's route to the client goes through another of
+			// its devices (bk1, via the backend): the kernel's error
+			// takes that route's source, 10.1.1.1, the node's
+			// address on bk1 (fib_result_prefsrc), and, IPv6, the
+			// route's prefsrc, 2001:db8:1:1::1 (without one,
+			// icmp6_send picks on the ingress device: see
+			// icmp_reject_src); tc's still leaves by eth0, the
+			// device the packet came in on. Before, the lookup was
+			// pinned to eth0: IPv4 fell back to its connected
+			// route's 10.0.0.2, IPv6 to the VIP.
+			{"clusterip_client_routed_through_another_device", vip, fromNode(otherDevAddr(v6)), func(t *testing.T) {
+				routeClientThroughOtherDevice(t, lb, plane, v6)
+			}},
 		} {
 			t.Run(c.name, func(t *testing.T) {
+				if c.setup != nil {
+					c.setup(t)
+				}
 				fe := netip.AddrPortFrom(c.fe, 80)
 				capture := captureOn(t, lb.Client, "eth0")
 				if err := tcpRefused(lb.Client, fe); err != nil {
@@ -99,6 +129,75 @@ func TestRejectSourceAsTheKernels(t *testing.T) {
 		}
 		expectCounted(t, d, "tc_no_backend")
 	})
+}
+
+// otherDevAddr is the node's address on bk1, its device towards the
+// first backend (topology.LB, LB6).
+func otherDevAddr(v6 bool) netip.Addr {
+	if v6 {
+		return netip.MustParseAddr("2001:db8:1:1::1")
+	}
+	return netip.MustParseAddr("10.1.1.1")
+}
+
+// routeClientThroughOtherDevice routes, in lb's node, the client's address
+// (a host route, more specific than eth0's connected one) through bk1, via
+// the first backend; IPv6's with bk1's address as its prefsrc. The client
+// reaches that address through the node (for an rp_filter).
+func routeClientThroughOtherDevice(t *testing.T, lb *topology.LB, plane lbPlane, v6 bool) {
+	t.Helper()
+	own := otherDevAddr(v6)
+	if err := lb.Client.AddRoute(netip.PrefixFrom(own, own.BitLen()), plane.node); err != nil {
+		t.Fatal(err)
+	}
+	if err := lb.Node.Do(func() error {
+		r := &netlink.Route{
+			Dst: &net.IPNet{IP: plane.client.AsSlice(), Mask: net.CIDRMask(plane.client.BitLen(), plane.client.BitLen())},
+			Gw:  plane.backends[0].AsSlice(),
+		}
+		if v6 {
+			r.Src = own.AsSlice()
+		}
+		return netlink.RouteAdd(r)
+	}); err != nil {
+		t.Fatalf("route to %s through bk1: %v", plane.client, err)
+	}
+}
+
+// haveFibLookupSrc reports whether bpf_fib_lookup takes BPF_FIB_LOOKUP_SRC
+// (Linux 6.7, commit dab4e1f06cab; backported to some stable branches): a
+// tc program that calls it with the flag alone, run once, gets -EINVAL
+// from a kernel without it, which checks the flags before anything else.
+func haveFibLookupSrc() error {
+	const fibLen, lookupSrc = 64, 1 << 4 // sizeof(struct bpf_fib_lookup), BPF_FIB_LOOKUP_SRC
+	ins := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1)}
+	for off := int16(-fibLen); off < 0; off += 4 {
+		ins = append(ins, asm.StoreImm(asm.RFP, off, 0, asm.Word))
+	}
+	ins = append(ins,
+		asm.StoreImm(asm.RFP, -fibLen, unix.AF_INET, asm.Byte), // .family
+		asm.StoreImm(asm.RFP, -fibLen+8, 1, asm.Word),          // .ifindex: lo
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -fibLen),
+		asm.Mov.Imm(asm.R3, fibLen),
+		asm.Mov.Imm(asm.R4, lookupSrc),
+		asm.FnFibLookup.Call(),
+		asm.Return(),
+	)
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, Instructions: ins, License: "Dual BSD/GPL"})
+	if err != nil {
+		return fmt.Errorf("bpf_fib_lookup probe: %w", err)
+	}
+	defer prog.Close()
+	ret, err := prog.Run(&ebpf.RunOptions{Data: make([]byte, 64)})
+	if err != nil {
+		return fmt.Errorf("bpf_fib_lookup probe: %w", err)
+	}
+	if int32(ret) == -int32(unix.EINVAL) {
+		return fmt.Errorf("%w: BPF_FIB_LOOKUP_SRC (Linux 6.7)", ebpf.ErrNotSupported)
+	}
+	return nil
 }
 
 // tcpRefused connects from ns to fe and wants ECONNREFUSED.
@@ -192,6 +291,11 @@ type frameCapture struct{ fd int }
 func captureOn(t *testing.T, ns *topology.NS, dev string) *frameCapture {
 	t.Helper()
 	c := &frameCapture{fd: -1}
+	t.Cleanup(func() {
+		if c.fd >= 0 {
+			unix.Close(c.fd)
+		}
+	})
 	if err := ns.Do(func() error {
 		ifi, err := net.InterfaceByName(dev)
 		if err != nil {
@@ -210,7 +314,6 @@ func captureOn(t *testing.T, ns *topology.NS, dev string) *frameCapture {
 	}); err != nil {
 		t.Fatalf("capture on %s in %s: %v", dev, ns.Name, err)
 	}
-	t.Cleanup(func() { unix.Close(c.fd) })
 	return c
 }
 
