@@ -12,10 +12,13 @@
  *
  * The node's sockets are internal clients: a two-scope frontend
  * (externalTrafficPolicy Local) serves them from its internal scope, all
- * of its endpoints (kube-proxy's short-circuit of local traffic). A
- * frontend's loadBalancerSourceRanges apply to them too, checked against
- * the socket's bound address (or, unbound, the node's primary address,
- * the source its route to a LoadBalancer IP usually picks). NodePorts on
+ * of its endpoints (kube-proxy's short-circuit of local traffic); a pod's
+ * socket (another network namespace) only with a local traffic detector
+ * (agent_netns_cookie, lib/socklb.h). A frontend's
+ * loadBalancerSourceRanges apply to them too, checked against the
+ * socket's bound address (or, unbound, the node's primary address, the
+ * source its route to a LoadBalancer IP usually picks; a pod's own
+ * address, chosen after connect, is not known here: README). NodePorts on
  * 127.0.0.1 are frontends like any other, which only this path sees.
  *
  * A frontend with session affinity (lib/affinity.h) sends every socket of

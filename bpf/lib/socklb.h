@@ -58,6 +58,43 @@ static __always_inline bool sock_netns_served(void *ctx)
 	       bpf_get_netns_cookie(ctx) == host_netns_cookie;
 }
 
+/*
+ * agent_netns_cookie - the cookie of the agent's network namespace (the
+ * host's, SO_NETNS_COOKIE), set whatever --socket-lb-host-netns-only
+ * says (pkg/datapath hostns.go): the namespace whose sockets are the
+ * node's. 0 (an agent that did not set it): every socket is taken for
+ * the node's, as before it was.
+ *
+ * It decides the scope of a two-scope frontend (externalTrafficPolicy
+ * Local: NodePort, ExternalIP, LoadBalancer IP) for a socket, as
+ * kube-proxy's per-packet rule does (nftables proxier.go, the external
+ * chain): the node's own traffic always goes to every endpoint (the
+ * internal scope); a pod's only when a local traffic detector is set
+ * (--cluster-cidr, or --detect-local-mode NodeCIDR: the family's
+ * have_cluster_cidr), which at the socket, before the pod's source is
+ * chosen, is taken to hold it; without one a pod's goes to this node's
+ * endpoints only, dropped if there are none, as tc does (lib/tc_fam.h).
+ */
+volatile const __u64 agent_netns_cookie = 0;
+
+/*
+ * sock_internal_client - whether the socket of @ctx (a dry run's: the
+ * client namespace of @x) is served by a two-scope frontend's internal
+ * scope: @detector (the family's have_cluster_cidr), or the socket is in
+ * the agent's namespace. Only a two-scope frontend asks, and with a
+ * detector the verifier knows the constant and removes the cookie read.
+ */
+static __always_inline bool
+sock_internal_client(void *ctx, const struct sock_explain_ctx *x, bool detector)
+{
+	__u64 netns;
+
+	if (detector || !agent_netns_cookie)
+		return true;
+	netns = x ? x->netns_cookie : bpf_get_netns_cookie(ctx);
+	return netns == agent_netns_cookie;
+}
+
 /* sock_metric - count @reason; a dry run notes it in @x instead. */
 static __always_inline void sock_metric(struct sock_explain_ctx *x,
 					__u32 reason)
@@ -77,6 +114,8 @@ static __always_inline void sock_svc_count(struct sock_explain_ctx *x, __u32 id,
 }
 
 /* What differs between the families beyond family.h's types. */
+#define sock_have_detector_4	 have_cluster_cidr
+#define sock_have_detector_6	 have_cluster_cidr6
 #define netns_client_4(netns)	 (netns)
 #define netns_client_6(netns)	 netns_client6(netns)
 #define explain_be_addr_4(x, be) ((x)->be_addr = (be)->addr)

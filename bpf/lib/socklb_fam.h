@@ -25,17 +25,18 @@ static __always_inline int SOCK_FN(no_service)(FAM(addr_t) vip,
 }
 
 /*
- * SOCK_FN(lookup) - the master that serves a socket of source @src at
- * frontend <@vip, @port, @proto>, in @svc; or an error to refuse it with.
- * loadBalancerSourceRanges are checked against @src.
+ * SOCK_FN(lookup) - the master that serves a socket (@ctx, or a dry run's
+ * @x) of source @src at frontend <@vip, @port, @proto>, in @svc; or an
+ * error to refuse it with. loadBalancerSourceRanges are checked against
+ * @src. A two-scope frontend serves it from its internal scope if it is
+ * an internal client (sock_internal_client), else from its default one.
  *
  * Returns 1 with @svc set, 0 if no frontend is there (nothing to do), or a
  * negative errno.
  */
-static __always_inline int SOCK_FN(lookup)(FAM(addr_t) vip, __be16 port,
-					   __u8 proto, FAM(addr_t) src,
-					   struct sock_explain_ctx *x,
-					   struct lb4_service **svc)
+static __always_inline int
+SOCK_FN(lookup)(FAM(addr_t) vip, __be16 port, __u8 proto, FAM(addr_t) src,
+		void *ctx, struct sock_explain_ctx *x, struct lb4_service **svc)
 {
 	struct lb4_service *s, *in;
 
@@ -52,7 +53,8 @@ static __always_inline int SOCK_FN(lookup)(FAM(addr_t) vip, __be16 port,
 		sock_svc_count(x, s->rev_nat_id, SVC_DROP_SOURCE_RANGE);
 		return -EHOSTUNREACH;
 	}
-	if (s->flags & SVC_F_TWO_SCOPES) {
+	if ((s->flags & SVC_F_TWO_SCOPES) &&
+	    sock_internal_client(ctx, x, FAM(sock_have_detector))) {
 		in = FN(lookup_service_scope)(vip, port, proto,
 					      LB_SCOPE_INTERNAL);
 		if (in)
@@ -191,7 +193,7 @@ SOCK_FN(select)(FAM(addr_t) vip, __be16 port, __u8 proto, FAM(addr_t) src,
 
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return 0;
-	ret = SOCK_FN(lookup)(vip, port, proto, src, x, &svc);
+	ret = SOCK_FN(lookup)(vip, port, proto, src, ctx, x, &svc);
 	if (ret <= 0 || !svc)
 		return ret;
 

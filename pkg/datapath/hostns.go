@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -31,6 +32,14 @@ import (
 // varHostNetnsCookie is the socket programs' constant for
 // Config.SocketLBHostNetnsOnly: 0, every namespace's sockets.
 const varHostNetnsCookie = "host_netns_cookie"
+
+// varAgentNetnsCookie is the socket programs' cookie of the agent's
+// namespace, set whatever SocketLBHostNetnsOnly says: a socket of
+// another one (a pod's) is served by a two-scope frontend's internal
+// scope only if the family has a local traffic detector
+// (have_cluster_cidr, have_cluster_cidr6), as kube-proxy serves a pod's
+// packet (bpf/lib/socklb.h sock_internal_client).
+const varAgentNetnsCookie = "agent_netns_cookie"
 
 // NetnsCookie returns the cookie of the calling thread's network
 // namespace, what bpf_get_netns_cookie gives the programs for a socket
@@ -53,19 +62,22 @@ func NetnsCookie() (uint64, error) {
 	return c, nil
 }
 
-// configureHostNetns sets the socket object's host_netns_cookie: with
-// cfg.SocketLBHostNetnsOnly the cookie of the namespace the caller runs
-// in, else 0.
+// configureHostNetns sets the socket object's agent_netns_cookie to the
+// cookie of the namespace the caller runs in (the node's), and its
+// host_netns_cookie to the same with cfg.SocketLBHostNetnsOnly, else 0.
 func configureHostNetns(spec *ebpf.CollectionSpec, cfg Config) error {
+	own, err := NetnsCookie()
+	if err != nil {
+		return fmt.Errorf("socket load balancing: the agent's network namespace: %w", err)
+	}
 	var cookie uint64
 	if cfg.SocketLBHostNetnsOnly {
-		c, err := NetnsCookie()
-		if err != nil {
-			return fmt.Errorf("socket load balancing for the host's network namespace only: %w", err)
-		}
-		cookie = c
+		cookie = own
 	}
-	return setVariable(spec, "the socket object", varHostNetnsCookie, cookie)
+	if err := setVariable(spec, "the socket object", varHostNetnsCookie, cookie); err != nil {
+		return err
+	}
+	return setVariable(spec, "the socket object", varAgentNetnsCookie, own)
 }
 
 // AttachedHostNetns is what the agent's socket program attached to a
@@ -77,7 +89,18 @@ type AttachedHostNetns struct {
 	// or 0 (every namespace's sockets; also an agent older than the
 	// option, whose program has no such constant).
 	Cookie uint64
+	// Consts are the program's other load-time constants a dry run of
+	// the socket path must share (explainConsts), as the agent set them;
+	// one its build lacks is left out (the dry run's default then, what
+	// such an agent did).
+	Consts map[string][]byte
 }
+
+// explainConsts are the socket programs' constants that decide what a
+// socket gets, besides host_netns_cookie: the agent's namespace and its
+// local traffic detectors (a pod's scope, sock_internal_client), and
+// the node's primary addresses (an unbound socket's source).
+var explainConsts = []string{varAgentNetnsCookie, "have_cluster_cidr", "have_cluster_cidr6", "node_ip4", "node_ip6"}
 
 // attachedHostNetns reads host_netns_cookie of the program behind the
 // pinned link links/cgroup_<hook> under dir: the running agent's value,
@@ -111,12 +134,17 @@ func attachedHostNetns(dir, hook string) (*AttachedHostNetns, error) {
 		return nil, fmt.Errorf("program %s (id %d): no map ids (kernel too old)", pi.Name, li.Program)
 	}
 	for _, id := range ids {
-		c, found, err := rodataU64(id, varHostNetnsCookie)
+		vals, err := rodataVars(id, append([]string{varHostNetnsCookie}, explainConsts...))
 		if err != nil {
 			return nil, fmt.Errorf("program %s (id %d): %w", pi.Name, li.Program, err)
 		}
-		if found {
-			a.Cookie = c
+		if c, found := vals[varHostNetnsCookie]; found {
+			if len(c) != 8 {
+				return nil, fmt.Errorf("program %s (id %d): %s is %d bytes, want 8", pi.Name, li.Program, varHostNetnsCookie, len(c))
+			}
+			a.Cookie = binary.NativeEndian.Uint64(c)
+			delete(vals, varHostNetnsCookie)
+			a.Consts = vals
 			break
 		}
 	}
@@ -127,47 +155,70 @@ func attachedHostNetns(dir, hook string) (*AttachedHostNetns, error) {
 // a data section (.rodata) whose BTF declares it: found is false for any
 // other map, and for a section without the variable.
 func rodataU64(id ebpf.MapID, name string) (v uint64, found bool, err error) {
+	vals, err := rodataVars(id, []string{name})
+	if err != nil {
+		return 0, false, err
+	}
+	b, found := vals[name]
+	if !found {
+		return 0, false, nil
+	}
+	if len(b) != 8 {
+		return 0, false, fmt.Errorf("map %d: %s is %d bytes, want 8", id, name, len(b))
+	}
+	return binary.NativeEndian.Uint64(b), true, nil
+}
+
+// rodataVars reads the variables names of the map id, if that map is a
+// data section (.rodata) whose BTF declares them: each one declared, by
+// name, as its bytes; none for any other map.
+func rodataVars(id ebpf.MapID, names []string) (map[string][]byte, error) {
 	m, err := ebpf.NewMapFromID(id)
 	if err != nil {
-		return 0, false, fmt.Errorf("map %d: %w", id, err)
+		return nil, fmt.Errorf("map %d: %w", id, err)
 	}
 	defer m.Close()
 	mi, err := m.Info()
 	if err != nil {
-		return 0, false, fmt.Errorf("info of map %d: %w", id, err)
+		return nil, fmt.Errorf("info of map %d: %w", id, err)
 	}
 	btfID, ok := mi.BTFID()
 	if mi.Type != ebpf.Array || mi.MaxEntries != 1 || !ok || !strings.HasSuffix(mi.Name, ".rodata") {
-		return 0, false, nil
+		return nil, nil
 	}
 	h, err := btf.NewHandleFromID(btfID)
 	if err != nil {
-		return 0, false, fmt.Errorf("BTF %d of map %s: %w", btfID, mi.Name, err)
+		return nil, fmt.Errorf("BTF %d of map %s: %w", btfID, mi.Name, err)
 	}
 	defer func() { _ = h.Close() }() // read only: nothing to lose
 	spec, err := h.Spec(nil)
 	if err != nil {
-		return 0, false, fmt.Errorf("BTF %d of map %s: %w", btfID, mi.Name, err)
+		return nil, fmt.Errorf("BTF %d of map %s: %w", btfID, mi.Name, err)
 	}
 	var ds *btf.Datasec
 	if err := spec.TypeByName(".rodata", &ds); err != nil {
 		if errors.Is(err, btf.ErrNotFound) {
-			return 0, false, nil
+			return nil, nil
 		}
-		return 0, false, fmt.Errorf("BTF %d of map %s: %w", btfID, mi.Name, err)
+		return nil, fmt.Errorf("BTF %d of map %s: %w", btfID, mi.Name, err)
 	}
+	var buf []byte
+	vals := map[string][]byte{}
 	for _, vs := range ds.Vars {
-		if v, ok := vs.Type.(*btf.Var); !ok || v.Name != name {
+		v, ok := vs.Type.(*btf.Var)
+		if !ok || !slices.Contains(names, v.Name) {
 			continue
 		}
-		if vs.Size != 8 || vs.Offset+8 > mi.ValueSize {
-			return 0, false, fmt.Errorf("map %s: %s is %d bytes at offset %d of %d, want 8", mi.Name, name, vs.Size, vs.Offset, mi.ValueSize)
+		if vs.Offset+vs.Size > mi.ValueSize {
+			return nil, fmt.Errorf("map %s: %s is %d bytes at offset %d of %d", mi.Name, v.Name, vs.Size, vs.Offset, mi.ValueSize)
 		}
-		buf := make([]byte, mi.ValueSize)
-		if err := m.Lookup(uint32(0), buf); err != nil {
-			return 0, false, fmt.Errorf("read map %s: %w", mi.Name, err)
+		if buf == nil {
+			buf = make([]byte, mi.ValueSize)
+			if err := m.Lookup(uint32(0), buf); err != nil {
+				return nil, fmt.Errorf("read map %s: %w", mi.Name, err)
+			}
 		}
-		return binary.NativeEndian.Uint64(buf[vs.Offset:]), true, nil
+		vals[v.Name] = slices.Clone(buf[vs.Offset : vs.Offset+vs.Size])
 	}
-	return 0, false, nil
+	return vals, nil
 }

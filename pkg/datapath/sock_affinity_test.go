@@ -311,7 +311,10 @@ func netnsCookie(t *testing.T, ns *topology.NS) uint64 {
 	return c
 }
 
-// TestSockAffinityTwoScopes: at the socket, every client is internal, so
+// TestSockAffinityTwoScopes: at the socket, with a local traffic
+// detector (--cluster-cidr; the test's namespace is not the one the
+// datapath was opened in, so its sockets are a pod's, internal only
+// with one: sockscope_test.go), every client is internal, so
 // an externalTrafficPolicy Local frontend with session affinity keeps it
 // in its internal scope: a namespace sticks to one of all the endpoints
 // (never held to the external scope's one), under the internal scope's
@@ -320,7 +323,9 @@ func netnsCookie(t *testing.T, ns *topology.NS) uint64 {
 func TestSockAffinityTwoScopes(t *testing.T) {
 	for _, f := range []sockAffFamily{sockAff4, sockAff6} {
 		t.Run(f.name, func(t *testing.T) {
-			d := newTestDatapath(t)
+			d := openTestWith(t, smallConfig, func(c *Config) {
+				c.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32")}
+			})
 			joinSockCgroup(t, d)
 			ns := affinityNS(t, "afftwo")
 			s := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "two"}, Kind: model.NodePort, Frontend: f.vip,

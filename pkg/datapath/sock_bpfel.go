@@ -644,6 +644,7 @@ const (
 	sockProgSluiceSendmsg6         = "sluice_sendmsg6"
 	sockProgSluiceSockExplain      = "sluice_sock_explain"
 	sockProgSluiceSockRelease      = "sluice_sock_release"
+	sockVarAgentNetnsCookie        = "agent_netns_cookie"
 	sockVarCtAdmitKeys             = "ct_admit_keys"
 	sockVarCtHalfOpenMax           = "ct_half_open_max"
 	sockVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
@@ -773,6 +774,7 @@ type sockMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockVariableSpecs struct {
+	AgentNetnsCookie *ebpf.VariableSpec `ebpf:"agent_netns_cookie"`
 	CtAdmitKeys      *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
 	CtHalfOpenMax    *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
@@ -908,6 +910,7 @@ func (m *sockMaps) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockVariables struct {
+	AgentNetnsCookie *ebpf.Variable `ebpf:"agent_netns_cookie"`
 	CtAdmitKeys      *ebpf.Variable `ebpf:"ct_admit_keys"`
 	CtHalfOpenMax    *ebpf.Variable `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`

@@ -23,6 +23,11 @@ func TestSockSemantics(t *testing.T) {
 		cfg.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("2001:db8:96::/112")}
 		// Inside the source ranges below.
 		cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.200.0.7"), netip.MustParseAddr("2001:db8:200::7")}
+		// A local traffic detector: the test's namespace is not the one
+		// Open runs in, so its sockets are a pod's to the socket path,
+		// served by a two-scope frontend's internal scope only with one
+		// (sockscope_test.go tests both).
+		cfg.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("2001:db8:244::/56")}
 	})
 	ns, _ := sockNode(t, d, "socksem", append(sockBackends, "10.200.0.6", "10.201.0.1")...)
 	addLoopbackAddrs(t, ns, append(sockBackends6, "2001:db8:200::6", "2001:db8:201::1")...)

@@ -27,14 +27,18 @@ import (
 // caller's source address is passed in (node_ip4 is the only one the
 // selection reads), and why host_netns_cookie (--socket-lb-host-netns-only)
 // is read from the agent's attached program (attachedHostNetns) before
-// anything is run.
+// anything is run. The other constants that decide (explainConsts: the
+// agent's namespace and local traffic detectors, which give a pod's
+// socket its scope, and the node's primary addresses, an unbound
+// socket's source) are read from it too and set in this load.
 //
 // An IPv6 socket is connect6's (sendmsg6's): the same program runs the
 // IPv6 selection over the sluice6_* maps, or for an IPv4-mapped
 // destination (::ffff:a.b.c.d, a dual-stack socket reaching an IPv4
 // address) the IPv4 one, as connect6 does; the answer then names the
 // IPv4 service. An unset source is node_ip6 for IPv6, which this load
-// does not know either: the route's source is passed, as for IPv4.
+// does not know either: it is read from the agent's program, as for
+// IPv4.
 
 // The dry-run program of the socket path and its record (sock.c).
 const (
@@ -46,8 +50,11 @@ const (
 // (connect4) if To is IPv4, else an IPv6 one (connect6).
 type SocketExplainRequest struct {
 	// From is the socket's source address, of To's family (IPv4 or
-	// IPv4-mapped for an IPv4-mapped To). Unset: the one the route to
-	// To picks (an unbound socket's, as the kernel would choose it).
+	// IPv4-mapped for an IPv4-mapped To). Unset: an unbound socket,
+	// which the programs judge by the node's primary address of To's
+	// family (the agent's node_ip4, node_ip6: bpf/sock.c sock4_src), not
+	// by the source the kernel picks after the connect; with no agent's
+	// program to read it from, the one the route to To picks.
 	From  netip.Addr
 	To    netip.AddrPort
 	Proto uint8 // unix.IPPROTO_TCP or unix.IPPROTO_UDP
@@ -108,11 +115,15 @@ func ExplainSocket(bpffs string, req SocketExplainRequest) (*Explanation, error)
 		return &Explanation{Program: att.Program, ProgramID: att.ProgramID, Socket: true, NotServed: true,
 			Verdict: "pass", Reasons: []string{}}, nil
 	}
+	var consts map[string][]byte
+	if att != nil {
+		consts = att.Consts
+	}
 	src := req.From
-	if !src.IsValid() {
+	if !src.IsValid() && !hasNodeIP(consts, req.To.Addr()) {
 		src = routeSource(req.To.Addr().Unmap())
 	}
-	coll, err := loadSockExplain(filepath.Join(bpffs, "sluice"))
+	coll, err := loadSockExplain(filepath.Join(bpffs, "sluice"), consts)
 	if err != nil {
 		return nil, err
 	}
@@ -202,13 +213,41 @@ func sockAddrs(x sockSockExplainCtx) (fe, be netip.Addr) {
 	return addrFromBE32(x.Vip), addrFromBE32(x.BeAddr)
 }
 
+// hasNodeIP says whether consts (the agent's) hold the node_ip4 or
+// node_ip6 an unbound socket reaching to is judged by (sock.c): an
+// IPv4-mapped destination's is node_ip4. The dry run, given no source,
+// then takes it as the program does.
+func hasNodeIP(consts map[string][]byte, to netip.Addr) bool {
+	name := "node_ip6"
+	if to.Unmap().Is4() {
+		name = "node_ip4"
+	}
+	_, ok := consts[name]
+	return ok
+}
+
 // loadSockExplain loads the dry-run program with the maps it reads
 // replaced by the pins under dir (sized as the agent made them); its
-// record map and .rodata are its own.
-func loadSockExplain(dir string) (*ebpf.Collection, error) {
+// record map and .rodata are its own, with consts (the agent's
+// explainConsts, by name) set in the latter.
+func loadSockExplain(dir string, consts map[string][]byte) (*ebpf.Collection, error) {
 	spec, err := loadSock()
 	if err != nil {
 		return nil, err
+	}
+	vars := map[string]*ebpf.VariableSpec{}
+	for name, b := range consts {
+		vs, ok := spec.Variables[name]
+		if !ok {
+			continue // not in this build's object: its default
+		}
+		if int(vs.Size()) != len(b) {
+			return nil, fmt.Errorf("the agent's %s is %d bytes, this build's %d", name, len(b), vs.Size())
+		}
+		if err := vs.Set(b); err != nil {
+			return nil, fmt.Errorf("set %s: %w", name, err)
+		}
+		vars[name] = vs
 	}
 	ps := spec.Programs[sockExplainProg]
 	if ps == nil {
@@ -217,7 +256,9 @@ func loadSockExplain(dir string) (*ebpf.Collection, error) {
 	cs := &ebpf.CollectionSpec{
 		Maps:     map[string]*ebpf.MapSpec{},
 		Programs: map[string]*ebpf.ProgramSpec{sockExplainProg: ps},
-		Types:    spec.Types,
+		// Applied to .rodata (the program reads it) at load.
+		Variables: vars,
+		Types:     spec.Types,
 	}
 	repl := map[string]*ebpf.Map{}
 	closeAll := func() {

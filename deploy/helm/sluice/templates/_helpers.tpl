@@ -24,10 +24,26 @@ change rolls the pods.
 {{- $data := dict
     "KUBERNETES_SERVICE_HOST" (required "apiServer.host: set the API server's real address (an IP, or a name the nodes' resolver knows); see deploy/README.md" .Values.apiServer.host | toString)
     "KUBERNETES_SERVICE_PORT" (.Values.apiServer.port | toString) -}}
-{{- range $flag, $value := .Values.config -}}
-{{- $_ := set $data $flag (toString $value) -}}
+{{- range $flag, $value := include "sluice.flags" . | fromJson -}}
+{{- $_ := set $data $flag $value -}}
 {{- end -}}
 {{- toJson $data -}}
+{{- end -}}
+
+{{/*
+The agent flags the ConfigMap carries and the command line passes, as JSON
+(name -> value): .Values.config, and cluster-cidr from .Values.clusterCIDR
+if set (over a config.cluster-cidr).
+*/}}
+{{- define "sluice.flags" -}}
+{{- $flags := dict -}}
+{{- range $flag, $value := .Values.config -}}
+{{- $_ := set $flags $flag (toString $value) -}}
+{{- end -}}
+{{- with .Values.clusterCIDR -}}
+{{- $_ := set $flags "cluster-cidr" (toString .) -}}
+{{- end -}}
+{{- toJson $flags -}}
 {{- end -}}
 
 {{/* The environment variable that carries a flag's value: log-level -> SLUICE_LOG_LEVEL. */}}
