@@ -86,8 +86,9 @@ func TestObjectsShareMaps(t *testing.T) {
 				continue
 			}
 			if obj == "sock" && name == ".rodata" {
-				// The socket object's constants hold one more,
-				// host_netns_cookie (bpf/lib/socklb.h).
+				// The socket object's constants hold two more,
+				// host_netns_cookie and agent_netns_cookie
+				// (bpf/lib/socklb.h).
 				continue
 			}
 			r, ok := ref.Maps[name]
