@@ -9,10 +9,13 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
@@ -61,6 +64,42 @@ type fuzzNode struct {
 	// Outcomes by hook, for a test to show it exercised translation:
 	// frames passed unchanged, translated, answered with an ICMP error.
 	same, translated, replied [3]atomic.Int64
+	// The kernel's choice of a reject's source, by destination and
+	// client (rejectSrc).
+	mu      sync.Mutex
+	rejects map[[2]netip.Addr]netip.Addr
+}
+
+// rejectSrc is the source the kernel would give a port unreachable about
+// a packet from client to dst, as icmp_reject_src asks it: dst if it is
+// not a unicast route's (a node address; no route), else the source the
+// route to the client picks (dst if there is none). Asked of the node's
+// namespace once a pair.
+func (n *fuzzNode) rejectSrc(dst, client netip.Addr) netip.Addr {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	k := [2]netip.Addr{dst, client}
+	if a, ok := n.rejects[k]; ok {
+		return a
+	}
+	src := dst
+	_ = n.ns.Do(func() error {
+		rs, err := netlink.RouteGet(dst.AsSlice())
+		if err != nil || len(rs) == 0 || rs[0].Type != unix.RTN_UNICAST {
+			return nil
+		}
+		if rs, err = netlink.RouteGet(client.AsSlice()); err == nil && len(rs) > 0 && rs[0].Type == unix.RTN_UNICAST {
+			if a, ok := netip.AddrFromSlice(rs[0].Src); ok && a.IsValid() && !a.IsUnspecified() {
+				src = a.Unmap()
+			}
+		}
+		return nil
+	})
+	if n.rejects == nil {
+		n.rejects = map[[2]netip.Addr]netip.Addr{}
+	}
+	n.rejects[k] = src
+	return src
 }
 
 var (
@@ -231,7 +270,7 @@ func (n *fuzzNode) check(frame []byte, hooks ...fuzzHook) error {
 			errs = append(errs, fmt.Errorf("%s: BPF_PROG_TEST_RUN: %w", h, err))
 			continue
 		}
-		if err := checkOutput(h, frame, verdict, out); err != nil {
+		if err := checkOutput(h, frame, verdict, out, n.rejectSrc); err != nil {
 			errs = append(errs, fmt.Errorf("%s: verdict %d: %w\n in %x\nout %x", h, verdict, err, frame, out))
 			continue
 		}
@@ -247,8 +286,10 @@ func (n *fuzzNode) check(frame []byte, hooks ...fuzzHook) error {
 	return errors.Join(errs...)
 }
 
-// checkOutput checks what hook h made of in.
-func checkOutput(h fuzzHook, in []byte, verdict uint32, out []byte) error {
+// checkOutput checks what hook h made of in; rejectSrc, if not nil, says
+// where a reject's ICMP error comes from (fuzzNode.rejectSrc; nil: the
+// packet's destination).
+func checkOutput(h fuzzHook, in []byte, verdict uint32, out []byte, rejectSrc func(dst, client netip.Addr) netip.Addr) error {
 	switch h {
 	case hookXDP:
 		switch verdict {
@@ -276,7 +317,7 @@ func checkOutput(h fuzzHook, in []byte, verdict uint32, out []byte) error {
 		return nil
 	}
 	if h != hookXDP && isICMPReply(in, out) {
-		return checkICMPReply(in, out)
+		return checkICMPReply(in, out, rejectSrc)
 	}
 	if len(out) != len(in) {
 		return fmt.Errorf("length %d, came with %d", len(out), len(in))
@@ -488,16 +529,12 @@ func isICMPReply(in, out []byte) bool {
 	return l4In < len(in) && slices.Contains(queries, in[l4In])
 }
 
-// fuzzNodeAddrs are the fuzz node's addresses (nodeNetns, addNodeIPv6):
-// those a reject's source may be.
-var fuzzNodeAddrs = []string{nsNodeIP, "192.168.3.1", nsNodeIP6}
-
 // checkICMPReply checks out is the ICMP error about in that icmp_reply
 // (icmp6_reply for IPv6) builds: MACs swapped, from in's destination
-// (a reject: or a node address) to its source, with valid checksums, quoting in's IP header (IPv6: and its
+// (a reject: from rejectSrc's answer) to its source, with valid checksums, quoting in's IP header (IPv6: and its
 // extension headers) and whole fixed L4 header: a destination unreachable
 // or time exceeded, or IPv6's packet too big (IPv4's is an unreachable).
-func checkICMPReply(in, out []byte) error {
+func checkICMPReply(in, out []byte, rejectSrc func(dst, client netip.Addr) netip.Addr) error {
 	srcIn, dstIn, pIn, l4In, _ := quotedOf(in)
 	srcOut, dstOut, _, l4Out, _ := ipOf(out)
 	if !bytes.Equal(out[0:6], in[6:12]) || !bytes.Equal(out[6:12], in[0:6]) {
@@ -510,16 +547,17 @@ func checkICMPReply(in, out []byte) error {
 	if l4Out != 14+ipHdrLen(v6) || l4Out+8 > len(out) {
 		return fmt.Errorf("ICMP reply: headers of %d bytes in %d", l4Out-14, len(out))
 	}
-	// From the packet's destination; a reject (port unreachable) may
-	// come from the node address the route back to the client picks, as
-	// the kernel's does (icmp_reject_src): one of the fuzz node's.
+	// From the packet's destination; a reject (port unreachable) from
+	// where the kernel's would come (icmp_reject_src): rejectSrc's.
+	src, _ := netip.AddrFromSlice(srcOut)
+	wantSrc, _ := netip.AddrFromSlice(dstIn)
 	reject := !v6 && out[l4Out] == 3 && out[l4Out+1] == 3 ||
 		v6 && out[l4Out] == packet.ICMPv6Unreachable && out[l4Out+1] == 4
-	src, _ := netip.AddrFromSlice(srcOut)
-	if !bytes.Equal(srcOut, dstIn) && (!reject || !slices.ContainsFunc(fuzzNodeAddrs, func(a string) bool {
-		return netip.MustParseAddr(a) == src
-	})) {
-		return fmt.Errorf("ICMP reply: from %v, neither the packet's destination nor, for a reject, a node address", src)
+	if client, _ := netip.AddrFromSlice(srcIn); reject && rejectSrc != nil {
+		wantSrc = rejectSrc(wantSrc, client)
+	}
+	if src != wantSrc {
+		return fmt.Errorf("ICMP reply: from %v, want %v (reject %v)", src, wantSrc, reject)
 	}
 	types := []uint8{3, 11}
 	if v6 {
@@ -857,7 +895,7 @@ func TestFuzzChecksCatchBadRewrites(t *testing.T) {
 		client, vip, be := twinAddr(v6, "10.1.0.50"), twinAddr(v6, fzVIPTCP.Addr.String()), twinAddr(v6, fzLocalTCP.Addr.String())
 		in := ether(tcpPacket(client, 40000, vip, 80, 0x02, []byte("payload")))
 		dnat := ether(tcpPacket(client, 40000, be, 8080, 0x02, []byte("payload")))
-		if err := checkOutput(hookTCIngress, in, tcActOK, dnat); err != nil {
+		if err := checkOutput(hookTCIngress, in, tcActOK, dnat, nil); err != nil {
 			t.Errorf("a correct DNAT rejected: %v", err)
 		}
 		payload := bytes.Clone(dnat)
@@ -881,18 +919,29 @@ func TestFuzzChecksCatchBadRewrites(t *testing.T) {
 			{"XDP_ABORTED", hookXDP, 0, in},
 			{"unknown tc verdict", hookTCIngress, 1, in},
 		} {
-			if err := checkOutput(c.h, in, c.verdict, c.out); err == nil {
+			if err := checkOutput(c.h, in, c.verdict, c.out, nil); err == nil {
 				t.Errorf("%s: accepted", c.name)
 			}
 		}
 		reply := frame(clientMAC, nodeMAC, icmpMsg(vip, client, icmpPortUnreach, 0, in[14:14+ipHdrLen(v6)+20]))
 		badQuote := bytes.Clone(reply)
 		badQuote[len(badQuote)-1] ^= 1
-		if err := checkOutput(hookTCIngress, in, tcActRedirect, badQuote); err == nil {
+		if err := checkOutput(hookTCIngress, in, tcActRedirect, badQuote, nil); err == nil {
 			t.Errorf("ICMP reply quoting other bytes: accepted")
 		}
-		if err := checkOutput(hookTCIngress, in, tcActRedirect, reply); err != nil {
+		if err := checkOutput(hookTCIngress, in, tcActRedirect, reply, nil); err != nil {
 			t.Errorf("a correct ICMP reply rejected: %v", err)
+		}
+		// Where the kernel's reject comes from the node (rejectSrc),
+		// one from the VIP is caught, one from the node is not.
+		node := twinAddr(v6, nsNodeIP)
+		fromNode := func(dst, client netip.Addr) netip.Addr { return netip.MustParseAddr(node) }
+		if err := checkOutput(hookTCIngress, in, tcActRedirect, reply, fromNode); err == nil {
+			t.Errorf("a reject from the VIP where the kernel's comes from the node: accepted")
+		}
+		nodeReply := frame(clientMAC, nodeMAC, icmpMsg(node, client, icmpPortUnreach, 0, in[14:14+ipHdrLen(v6)+20]))
+		if err := checkOutput(hookTCIngress, in, tcActRedirect, nodeReply, fromNode); err != nil {
+			t.Errorf("a reject from the node's address rejected: %v", err)
 		}
 	})
 }
@@ -908,12 +957,12 @@ func TestICMPReplyToLaterFragment(t *testing.T) {
 	if !isICMPReply(in, out) {
 		t.Fatal("isICMPReply = false for an ICMPv6 error about a later fragment")
 	}
-	if err := checkOutput(hookTCIngress, in, tcActRedirect, out); err != nil {
+	if err := checkOutput(hookTCIngress, in, tcActRedirect, out, nil); err != nil {
 		t.Fatal(err)
 	}
 	// The same answer quoting a byte too few is not the error tc builds.
 	short := slices.Clone(out[:len(out)-1])
-	if err := checkICMPReply(in, short); err == nil {
+	if err := checkICMPReply(in, short, nil); err == nil {
 		t.Error("checkICMPReply accepted a quote a byte short")
 	}
 }
