@@ -14,8 +14,6 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
@@ -70,11 +68,9 @@ type fuzzNode struct {
 	rejects map[[2]netip.Addr]netip.Addr
 }
 
-// rejectSrc is the source the kernel would give a port unreachable about
-// a packet from client to dst, as icmp_reject_src asks it: dst if it is
-// not a unicast route's (a node address; no route), else the source the
-// route to the client picks (dst if there is none). Asked of the node's
-// namespace once a pair.
+// rejectSrc is the source tc gives a port unreachable about a packet
+// from client to dst (kernelRejectSrc, asked of the node's namespace
+// once a pair: the frames come in on eth0).
 func (n *fuzzNode) rejectSrc(dst, client netip.Addr) netip.Addr {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -84,15 +80,7 @@ func (n *fuzzNode) rejectSrc(dst, client netip.Addr) netip.Addr {
 	}
 	src := dst
 	_ = n.ns.Do(func() error {
-		rs, err := netlink.RouteGet(dst.AsSlice())
-		if err != nil || len(rs) == 0 || rs[0].Type != unix.RTN_UNICAST {
-			return nil
-		}
-		if rs, err = netlink.RouteGet(client.AsSlice()); err == nil && len(rs) > 0 && rs[0].Type == unix.RTN_UNICAST {
-			if a, ok := netip.AddrFromSlice(rs[0].Src); ok && a.IsValid() && !a.IsUnspecified() {
-				src = a.Unmap()
-			}
-		}
+		src = kernelRejectSrc("eth0", dst, client)
 		return nil
 	})
 	if n.rejects == nil {

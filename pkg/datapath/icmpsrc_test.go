@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -355,4 +358,48 @@ func quoteAddrs(q []byte) (src, dst netip.Addr) {
 		return netip.AddrFrom4([4]byte(q[12:16])), netip.AddrFrom4([4]byte(q[16:20]))
 	}
 	return
+}
+
+// fibLookupSrc caches haveFibLookupSrc's answer: nil if the kernel has
+// BPF_FIB_LOOKUP_SRC.
+var fibLookupSrc = sync.OnceValue(haveFibLookupSrc)
+
+// kernelRejectSrc is the source tc's port unreachable about a packet
+// from client to dst takes when the packet came in on dev, asked of the
+// calling thread's network namespace as icmp_reject_src asks its FIB:
+// dst on a kernel without BPF_FIB_LOOKUP_SRC, with forwarding off on dev,
+// for an address bpf_fib_lookup refuses (IPv6 link-local, multicast,
+// loopback), when dst is not a unicast route's (a node address; no
+// route); else the source of the route to the client (dst if none). The
+// tests that run the tc programs with BPF_PROG_TEST_RUN (dev lo) in the
+// test process's namespace use it, so that what they expect does not
+// depend on the machine's forwarding and routes.
+func kernelRejectSrc(dev string, dst, client netip.Addr) netip.Addr {
+	if fibLookupSrc() != nil {
+		return dst
+	}
+	fam := "ipv4"
+	if dst.Is6() {
+		fam = "ipv6"
+		for _, a := range []netip.Addr{dst, client} {
+			if a.IsLinkLocalUnicast() || a.IsMulticast() || a.IsLoopback() {
+				return dst
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/net/" + fam + "/conf/" + dev + "/forwarding"); err != nil || strings.TrimSpace(string(b)) != "1" {
+		return dst
+	}
+	rs, err := netlink.RouteGet(dst.AsSlice())
+	if err != nil || len(rs) == 0 || rs[0].Type != unix.RTN_UNICAST {
+		return dst
+	}
+	rs, err = netlink.RouteGet(client.AsSlice())
+	if err != nil || len(rs) == 0 || rs[0].Type != unix.RTN_UNICAST {
+		return dst
+	}
+	if a, ok := netip.AddrFromSlice(rs[0].Src); ok && !a.Unmap().IsUnspecified() {
+		return a.Unmap()
+	}
+	return dst
 }

@@ -194,16 +194,19 @@ func podReply(b testBackend, sp uint16) packet.Packet {
 }
 
 // portUnreachable is the ICMP (ICMPv6) port unreachable tc answers in
-// with: from its destination, quoting its IP header and TCP header, back
-// out of the device it came in on.
+// with: from where the kernel's reject would come (kernelRejectSrc, asked
+// of the calling thread's namespace: the test process's, where the run
+// has no device but lo, or a node namespace the test entered, where every
+// device forwards), quoting its IP header and TCP header, back out of the
+// device it came in on.
 func portUnreachable(in packet.Packet) []byte {
 	if in.Dst.Is6() {
-		return frame(in.SrcMAC, in.DstMAC, packet.Packet{Src: in.Dst, Dst: in.Src, Proto: packet.ICMPv6,
+		return frame(in.SrcMAC, in.DstMAC, packet.Packet{Src: kernelRejectSrc("lo", in.Dst, in.Src), Dst: in.Src, Proto: packet.ICMPv6,
 			ICMPType: packet.ICMPv6Unreachable, ICMPCode: packet.ICMPv6PortUnreach, Payload: in.L3()[:40+20]})
 	}
 	b := in.Bytes()
 	quote := b[14 : 14+20+20]
-	return frame(in.SrcMAC, in.DstMAC, icmpErr(in.Dst.String(), in.Src.String(), 3, 3, 0, quote))
+	return frame(in.SrcMAC, in.DstMAC, icmpErr(kernelRejectSrc("lo", in.Dst, in.Src).String(), in.Src.String(), 3, 3, 0, quote))
 }
 
 func expectVerdict(t *testing.T, name string, verdict, want uint32) {

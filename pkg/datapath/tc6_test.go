@@ -68,12 +68,12 @@ func isFragment(e packet.ExtHeader) bool {
 }
 
 // icmp6Unreachable is the ICMPv6 port unreachable tc answers in with:
-// from in's destination to its source, back to the client's MAC,
+// from where the kernel's reject would come (kernelRejectSrc) to its source, back to the client's MAC,
 // quoting in from its IPv6 header to the end of its fixed L4 header.
 func icmp6Unreachable(in packet.Packet) []byte {
 	l3 := in.L3()
 	n := len(l3) - len(in.Payload)
-	return frame(clientMAC, nodeMAC, packet.Packet{Src: in.Dst, Dst: in.Src, Proto: packet.ICMPv6,
+	return frame(clientMAC, nodeMAC, packet.Packet{Src: kernelRejectSrc("lo", in.Dst, in.Src), Dst: in.Src, Proto: packet.ICMPv6,
 		ICMPType: packet.ICMPv6Unreachable, ICMPCode: packet.ICMPv6PortUnreach, Payload: l3[:n]})
 }
 
@@ -192,9 +192,9 @@ func TestTC6UnreachableMessage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Src != in.Dst || got.Dst != in.Src || got.Proto != packet.ICMPv6 || got.ICMPType != 1 || got.ICMPCode != 4 || got.TTL != 64 {
+	if src := kernelRejectSrc("lo", in.Dst, in.Src); got.Src != src || got.Dst != in.Src || got.Proto != packet.ICMPv6 || got.ICMPType != 1 || got.ICMPCode != 4 || got.TTL != 64 {
 		t.Errorf("ICMPv6 %s -> %s proto %d type %d code %d hops %d, want %s -> %s 58 type 1 code 4 hops 64",
-			got.Src, got.Dst, got.Proto, got.ICMPType, got.ICMPCode, got.TTL, in.Dst, in.Src)
+			got.Src, got.Dst, got.Proto, got.ICMPType, got.ICMPCode, got.TTL, src, in.Src)
 	}
 	if q := in.L3()[:40+20]; !bytes.Equal(got.Payload, q) {
 		t.Errorf("quote %x, want the IPv6 and TCP headers %x", got.Payload, q)

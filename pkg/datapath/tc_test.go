@@ -464,8 +464,8 @@ func TestTCNoBackendICMP(t *testing.T) {
 			if fragOff := binary.BigEndian.Uint16(ip[6:]); fragOff&0x3fff != 0 {
 				t.Errorf("reply is a fragment: frag_off %#x", fragOff)
 			}
-			if src, dst := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20])); src != p.Dst || dst != p.Src {
-				t.Errorf("reply %s -> %s, want %s -> %s", src, dst, p.Dst, p.Src)
+			if src, dst, want := netip.AddrFrom4([4]byte(ip[12:16])), netip.AddrFrom4([4]byte(ip[16:20])), kernelRejectSrc("lo", p.Dst, p.Src); src != want || dst != p.Src {
+				t.Errorf("reply %s -> %s, want %s -> %s", src, dst, want, p.Src)
 			}
 			// The IPv4 header and ICMP checksums, recomputed.
 			checkChecksums(t, out)
@@ -644,7 +644,7 @@ func TestTCOtherProtocols(t *testing.T) {
 			if v6 {
 				hdr, typ, code = 40, packet.ICMPv6Unreachable, packet.ICMPv6PortUnreach
 			}
-			return &packet.Packet{SrcMAC: in.DstMAC, DstMAC: in.SrcMAC, Src: in.Dst, Dst: in.Src, Proto: icmpProto,
+			return &packet.Packet{SrcMAC: in.DstMAC, DstMAC: in.SrcMAC, Src: kernelRejectSrc("lo", in.Dst, in.Src), Dst: in.Src, Proto: icmpProto,
 				ICMPType: typ, ICMPCode: code, Payload: in.L3()[:hdr+8]}
 		}
 		later := pkt("10.96.0.10", 47, 0)
@@ -713,7 +713,7 @@ func TestTCRejectAnswersWhomTheKernelWould(t *testing.T) {
 				typ, code = packet.ICMPv6Unreachable, packet.ICMPv6PortUnreach
 			}
 			l3 := in.L3()
-			return &packet.Packet{SrcMAC: in.DstMAC, DstMAC: in.SrcMAC, Src: in.Dst, Dst: in.Src, Proto: icmpProto,
+			return &packet.Packet{SrcMAC: in.DstMAC, DstMAC: in.SrcMAC, Src: kernelRejectSrc("lo", in.Dst, in.Src), Dst: in.Src, Proto: icmpProto,
 				ICMPType: typ, ICMPCode: code, Payload: l3[:min(len(l3), hdr+8)]}
 		}
 		client := tw("10.0.0.1")
