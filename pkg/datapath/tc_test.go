@@ -86,14 +86,14 @@ func runPacketCases(t *testing.T, d *Datapath, cases []packetCase) {
 }
 
 // icmpOut is the ICMP port unreachable tc answers in with, as a packet to
-// compare with: from in's destination, quoting its IPv4 and L4 headers.
+// compare with: from where the kernel's reject would come (kernelRejectSrc), quoting its IPv4 and L4 headers.
 func icmpOut(in packet.Packet) *packet.Packet {
 	b := in.Bytes()
 	n := 20 + 8
 	if in.Proto == packet.TCP {
 		n = 20 + 20
 	}
-	return &packet.Packet{SrcMAC: in.DstMAC, DstMAC: in.SrcMAC, Src: in.Dst, Dst: in.Src, Proto: packet.ICMP,
+	return &packet.Packet{SrcMAC: in.DstMAC, DstMAC: in.SrcMAC, Src: kernelRejectSrc("lo", in.Dst, in.Src), Dst: in.Src, Proto: packet.ICMP,
 		ICMPType: 3, ICMPCode: 3, Payload: b[14 : 14+n]}
 }
 
