@@ -324,15 +324,23 @@ func socketOut(out *explainOut, req datapath.SocketExplainRequest, se *datapath.
 // socketSource says the source a socket dry run judged and where it came
 // from.
 func socketSource(req datapath.SocketExplainRequest, se *datapath.SocketExplanation) string {
+	src := "no address"
+	if se.Source.IsValid() {
+		src = se.Source.String()
+	}
 	switch se.SourceFrom {
 	case datapath.SourceGiven:
-		return se.Source.String() + " (--from)"
+		return src + " (--from)"
 	case datapath.SourceNodeIP:
-		return se.Source.String() + " (unbound: the agent's node address, as its programs judge an unbound socket)"
+		if !se.Source.IsValid() {
+			return src + " (unbound, and the agent has no node address of the family)"
+		}
+		return src + " (unbound: the agent's node address, as its programs judge an unbound socket)"
 	case datapath.SourceRoute:
-		return se.Source.String() + " (unbound: the route's source; no agent program attached to read the node's address from)"
-	case datapath.SourceNone:
-		return "no address (unbound, and the agent has no node address of the family)"
+		if !se.Source.IsValid() {
+			return src + " (unbound: no agent program attached to read the node's address from, and no route to the destination)"
+		}
+		return src + " (unbound: the route's source; no agent program attached to read the node's address from)"
 	}
 	if req.From.IsValid() { // not run (NotServed)
 		return req.From.String()
@@ -353,7 +361,7 @@ func socketClient(se *datapath.SocketExplanation) string {
 		}
 		return "a pod (a network namespace other than the agent's; no local traffic detector (--cluster-cidr): not a cluster client, so externalTrafficPolicy Local serves it this node's endpoints only" + affinity + ")"
 	}
-	return "this network namespace, counted as the node's (no agent namespace known: every socket counts as the node's" + affinity + ")"
+	return "this network namespace, counted as the node's (no agent's namespace known: no agent program attached, or one older than the check; every socket counts as the node's" + affinity + ")"
 }
 
 // describe adds names and candidates to the program's explanation.

@@ -108,6 +108,15 @@ func TestExplainSocketTable(t *testing.T) {
 	testutil.ContainsAll(t, "refused table", got, "sendmsg4 (a new unconnected socket)",
 		"SOCKET\tUDP socket from 10.0.0.1 (unbound: the route's source; no agent program attached to read the node's address from) -> 10.96.0.10:53\n", "ERRNO\tECONNREFUSED\n")
 
+	// No agent program attached and no route: no source, said so, not
+	// "the agent has no node address"; every namespace the node's.
+	bare := &explainOut{Program: "sluice_sock_explain", Verdict: "reject", Frontend: "10.96.0.21:80/TCP", Client: "other (this node, or no cluster CIDR set)"}
+	socketOut(bare, datapath.SocketExplainRequest{To: netip.MustParseAddrPort("10.96.0.21:80"), Proto: unix.IPPROTO_TCP},
+		&datapath.SocketExplanation{Explanation: &datapath.Explanation{Socket: true}, SourceFrom: datapath.SourceRoute, Netns: datapath.NetnsAny})
+	testutil.ContainsAll(t, "bare table", explainTable(bare),
+		"SOCKET\tTCP socket from no address (unbound: no agent program attached to read the node's address from, and no route to the destination) -> 10.96.0.21:80\n",
+		"CLIENT\tthis network namespace, counted as the node's (no agent's namespace known: ")
+
 	// Asked from a pod's namespace with --socket-lb-host-netns-only: the
 	// attached program's answer, not a dry run's, and the packet path
 	// named.

@@ -85,7 +85,6 @@ const (
 	SourceGiven  = "given" // the request's From
 	SourceNodeIP = "node"  // the agent's node_ip4/node_ip6: an unbound socket's, as the programs take it
 	SourceRoute  = "route" // the route to To's: no agent's program to read the node's address from
-	SourceNone   = "none"  // none (the agent has no node address of the family, or no route)
 )
 
 // Which namespace a socket dry run's socket counted as in
@@ -105,7 +104,9 @@ const (
 type SocketExplanation struct {
 	*Explanation
 	// Source is the source address the selection was given (the
-	// record's), unset if none; SourceFrom says where it came from.
+	// record's), unset if none (the agent has no node address of the
+	// family, or no route to To); SourceFrom says where it was looked
+	// for.
 	Source     netip.Addr
 	SourceFrom string
 	// Netns is the namespace the socket counted as in; Detector whether
@@ -243,7 +244,7 @@ func ExplainSocketDetail(bpffs string, req SocketExplainRequest) (*SocketExplana
 		d.Source = addrFromBE32(out.Src)
 	}
 	if d.Source.IsUnspecified() {
-		d.Source, d.SourceFrom = netip.Addr{}, SourceNone
+		d.Source = netip.Addr{}
 	}
 	return d, nil
 }
