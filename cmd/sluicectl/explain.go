@@ -21,8 +21,8 @@ import (
 // say about the frontend it matched: its Service and the candidate
 // backends of the scope that served the client. With --socket it asks the
 // socket path instead (datapath.ExplainSocket: connect4's, or sendmsg4's,
-// selection in a dry run) what a connect from this node's network
-// namespace would do.
+// selection in a dry run) what a connect from the network namespace it
+// runs in (the node's, or a pod's) would do.
 //
 // Both families: an IPv6 packet runs through the IPv6 program's dry twin,
 // an IPv6 socket is connect6's (sendmsg6's), written [IPv6]:PORT where a
@@ -120,7 +120,7 @@ func explainCmd(fs *flag.FlagSet) runner {
 	to := fs.String("to", "", "destination IP:PORT or [IPv6]:PORT (required), of --from's family")
 	proto := fs.String("proto", "tcp", "tcp (a SYN) or udp")
 	egress := fs.Bool("egress", false, "run the device's egress program instead of its ingress one")
-	socket := fs.Bool("socket", false, "ask the socket path (connect4, or connect6 for an IPv6 --to; an IPv4-mapped one is the IPv4 service) what a connect from this node's network namespace would do; --from is then the socket's source address (default: the route's)")
+	socket := fs.Bool("socket", false, "ask the socket path (connect4, or connect6 for an IPv6 --to; an IPv4-mapped one is the IPv4 service) what a connect from this network namespace (the node's, or a pod's) would do; --from is then the socket's source address (default: an unbound socket's, the agent's node address of the family, as its programs take it; the route's if no agent program is attached)")
 	unconnected := fs.Bool("unconnected", false, "with --socket and --proto udp: a datagram of a new unconnected socket (sendmsg4, sendmsg6)")
 	var req datapath.ExplainRequest
 	var sreq datapath.SocketExplainRequest
@@ -144,10 +144,13 @@ func explainCmd(fs *flag.FlagSet) runner {
 		},
 		run: func(c *ctx) error {
 			var e *datapath.Explanation
+			var se *datapath.SocketExplanation
 			var err error
 			if *socket {
 				req = datapath.ExplainRequest{From: netip.AddrPortFrom(sreq.From, 0), To: sreq.To, Proto: sreq.Proto}
-				e, err = datapath.ExplainSocket(c.bpffs, sreq)
+				if se, err = datapath.ExplainSocketDetail(c.bpffs, sreq); err == nil {
+					e = se.Explanation
+				}
 			} else {
 				e, err = datapath.Explain(req)
 			}
@@ -159,7 +162,7 @@ func explainCmd(fs *flag.FlagSet) runner {
 				return err
 			}
 			if *socket {
-				socketOut(out, sreq, e)
+				socketOut(out, sreq, se)
 			}
 			if c.output == "json" {
 				return writeJSON(c.stdout, out)
@@ -283,10 +286,12 @@ func socketHook(req datapath.SocketExplainRequest) string {
 }
 
 // socketOut makes describe's answer the socket path's: the hook asked,
-// the socket, its client, and the errno of a refusal; or, asked from a
+// the socket and the source it was judged by, its client (the namespace
+// it counted as in), and the errno of a refusal; or, asked from a
 // namespace the agent's programs do not serve, that the socket passes
 // untranslated and where to ask instead.
-func socketOut(out *explainOut, req datapath.SocketExplainRequest, e *datapath.Explanation) {
+func socketOut(out *explainOut, req datapath.SocketExplainRequest, se *datapath.SocketExplanation) {
+	e := se.Explanation
 	protoName, hook := "TCP", socketHook(req)
 	if req.Proto == unix.IPPROTO_UDP {
 		protoName = "UDP"
@@ -295,11 +300,7 @@ func socketOut(out *explainOut, req datapath.SocketExplainRequest, e *datapath.E
 		hook += " (a new unconnected socket)"
 	}
 	out.Socket, out.Device, out.Direction, out.ProgramID = true, "", hook, 0
-	from := "the route's source"
-	if req.From.IsValid() {
-		from = req.From.String()
-	}
-	out.Packet = fmt.Sprintf("%s socket from %s -> %s", protoName, from, req.To)
+	out.Packet = fmt.Sprintf("%s socket from %s -> %s", protoName, socketSource(req, se), req.To)
 	if req.To.Addr().Is4In6() {
 		out.Packet += fmt.Sprintf(" (IPv4-mapped: the IPv4 service %s)", netip.AddrPortFrom(req.To.Addr().Unmap(), req.To.Port()))
 	}
@@ -313,11 +314,54 @@ func socketOut(out *explainOut, req datapath.SocketExplainRequest, e *datapath.E
 		return
 	}
 	if out.Client != "" {
-		out.Client = "this node's network namespace (the socket path's client of session affinity)"
+		out.Client = socketClient(se)
 	}
 	if e.DNAT {
 		out.DNAT = "connect to " + e.Backend.String() + " (the socket's destination is rewritten; no packet NAT)"
 	}
+}
+
+// socketSource says the source a socket dry run judged and where it came
+// from.
+func socketSource(req datapath.SocketExplainRequest, se *datapath.SocketExplanation) string {
+	src := "no address"
+	if se.Source.IsValid() {
+		src = se.Source.String()
+	}
+	switch se.SourceFrom {
+	case datapath.SourceGiven:
+		return src + " (--from)"
+	case datapath.SourceNodeIP:
+		if !se.Source.IsValid() {
+			return src + " (unbound, and the agent has no node address of the family)"
+		}
+		return src + " (unbound: the agent's node address, as its programs judge an unbound socket)"
+	case datapath.SourceRoute:
+		if !se.Source.IsValid() {
+			return src + " (unbound: no agent program attached to read the node's address from, and no route to the destination)"
+		}
+		return src + " (unbound: the route's source; no agent program attached to read the node's address from)"
+	}
+	if req.From.IsValid() { // not run (NotServed)
+		return req.From.String()
+	}
+	return "an unbound socket"
+}
+
+// socketClient says which namespace the socket counted as in, as the
+// programs choose a two-scope frontend's scope by it.
+func socketClient(se *datapath.SocketExplanation) string {
+	const affinity = "; the socket path's client of session affinity"
+	switch se.Netns {
+	case datapath.NetnsAgent:
+		return "this node (the agent's network namespace" + affinity + ")"
+	case datapath.NetnsOther:
+		if se.Detector {
+			return "a pod (a network namespace other than the agent's; with a local traffic detector, taken for a cluster client" + affinity + ")"
+		}
+		return "a pod (a network namespace other than the agent's; no local traffic detector (--cluster-cidr): not a cluster client, so externalTrafficPolicy Local serves it this node's endpoints only" + affinity + ")"
+	}
+	return "this network namespace, counted as the node's (no agent's namespace known: no agent program attached, or one older than the check; every socket counts as the node's" + affinity + ")"
 }
 
 // describe adds names and candidates to the program's explanation.

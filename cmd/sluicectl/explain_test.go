@@ -89,26 +89,40 @@ func TestExplainSocketTable(t *testing.T) {
 	o.Scope = "default"
 	e := &datapath.Explanation{Socket: true, Frontend: true, DNAT: true, AffinityHit: true,
 		Backend: netip.MustParseAddrPort("10.1.1.2:8080")}
-	socketOut(o, datapath.SocketExplainRequest{To: netip.MustParseAddrPort("10.96.0.10:80"), Proto: unix.IPPROTO_TCP}, e)
+	o.Client = "other (this node, or no cluster CIDR set)"
+	socketOut(o, datapath.SocketExplainRequest{To: netip.MustParseAddrPort("10.96.0.10:80"), Proto: unix.IPPROTO_TCP},
+		&datapath.SocketExplanation{Explanation: e, Source: netip.MustParseAddr("10.0.0.7"), SourceFrom: datapath.SourceNodeIP, Netns: datapath.NetnsAgent})
 	o.Program = "sluice_sock_explain"
 	got := explainTable(o)
 	testutil.ContainsAll(t, "table", got,
 		"PROGRAM\tsluice_sock_explain: a dry run of connect4's selection, loaded by sluicectl\n",
-		"SOCKET\tTCP socket from the route's source -> 10.96.0.10:80\n",
+		"SOCKET\tTCP socket from 10.0.0.7 (unbound: the agent's node address, as its programs judge an unbound socket) -> 10.96.0.10:80\n",
+		"CLIENT\tthis node (the agent's network namespace; the socket path's client of session affinity)\n",
 		"DNAT\tconnect to 10.1.1.2:8080 (the socket's destination is rewritten; no packet NAT)\n",
 	)
 	refused := &explainOut{Program: "sluice_sock_explain", Verdict: "reject"}
 	socketOut(refused, datapath.SocketExplainRequest{To: netip.MustParseAddrPort("10.96.0.10:53"), Proto: unix.IPPROTO_UDP, Unconnected: true},
-		&datapath.Explanation{Socket: true, Errno: "ECONNREFUSED"})
+		&datapath.SocketExplanation{Explanation: &datapath.Explanation{Socket: true, Errno: "ECONNREFUSED"},
+			Source: netip.MustParseAddr("10.0.0.1"), SourceFrom: datapath.SourceRoute, Netns: datapath.NetnsAny})
 	got = explainTable(refused)
-	testutil.ContainsAll(t, "refused table", got, "sendmsg4 (a new unconnected socket)", "SOCKET\tUDP socket from the route's source -> 10.96.0.10:53\n", "ERRNO\tECONNREFUSED\n")
+	testutil.ContainsAll(t, "refused table", got, "sendmsg4 (a new unconnected socket)",
+		"SOCKET\tUDP socket from 10.0.0.1 (unbound: the route's source; no agent program attached to read the node's address from) -> 10.96.0.10:53\n", "ERRNO\tECONNREFUSED\n")
+
+	// No agent program attached and no route: no source, said so, not
+	// "the agent has no node address"; every namespace the node's.
+	bare := &explainOut{Program: "sluice_sock_explain", Verdict: "reject", Frontend: "10.96.0.21:80/TCP", Client: "other (this node, or no cluster CIDR set)"}
+	socketOut(bare, datapath.SocketExplainRequest{To: netip.MustParseAddrPort("10.96.0.21:80"), Proto: unix.IPPROTO_TCP},
+		&datapath.SocketExplanation{Explanation: &datapath.Explanation{Socket: true}, SourceFrom: datapath.SourceRoute, Netns: datapath.NetnsAny})
+	testutil.ContainsAll(t, "bare table", explainTable(bare),
+		"SOCKET\tTCP socket from no address (unbound: no agent program attached to read the node's address from, and no route to the destination) -> 10.96.0.21:80\n",
+		"CLIENT\tthis network namespace, counted as the node's (no agent's namespace known: ")
 
 	// Asked from a pod's namespace with --socket-lb-host-netns-only: the
 	// attached program's answer, not a dry run's, and the packet path
 	// named.
 	notServed := &explainOut{Program: "sluice_connect4", Verdict: "pass"}
 	socketOut(notServed, datapath.SocketExplainRequest{To: netip.MustParseAddrPort("10.96.0.10:80"), Proto: unix.IPPROTO_TCP},
-		&datapath.Explanation{Socket: true, NotServed: true, Program: "sluice_connect4", ProgramID: 42, Verdict: "pass", Reasons: []string{}})
+		&datapath.SocketExplanation{Explanation: &datapath.Explanation{Socket: true, NotServed: true, Program: "sluice_connect4", ProgramID: 42, Verdict: "pass", Reasons: []string{}}})
 	got = explainTable(notServed)
 	testutil.ContainsAll(t, "not-served table", got,
 		"PROGRAM\tsluice_connect4 (id 42), the agent's connect4 program: not run\n",
@@ -126,14 +140,39 @@ func TestExplainSocketTable(t *testing.T) {
 		to   string
 		want []string
 	}{
-		{"[2001:db8:96::10]:80", []string{"a dry run of connect6's selection", "SOCKET\tTCP socket from the route's source -> [2001:db8:96::10]:80\n", "DNAT\tconnect to [2001:db8:1::2]:8080 "}},
+		{"[2001:db8:96::10]:80", []string{"a dry run of connect6's selection", "SOCKET\tTCP socket from 2001:db8::7 (--from) -> [2001:db8:96::10]:80\n", "DNAT\tconnect to [2001:db8:1::2]:8080 "}},
 		{"[::ffff:10.96.0.10]:80", []string{"a dry run of connect6's selection", "-> [::ffff:10.96.0.10]:80 (IPv4-mapped: the IPv4 service 10.96.0.10:80)\n"}},
 	} {
 		o := &explainOut{Program: "sluice_sock_explain", Verdict: "connect to backend"}
 		socketOut(o, datapath.SocketExplainRequest{To: netip.MustParseAddrPort(c.to), Proto: unix.IPPROTO_TCP},
-			&datapath.Explanation{Socket: true, DNAT: true, Backend: netip.MustParseAddrPort("[2001:db8:1::2]:8080")})
+			&datapath.SocketExplanation{Explanation: &datapath.Explanation{Socket: true, DNAT: true, Backend: netip.MustParseAddrPort("[2001:db8:1::2]:8080")},
+				Source: netip.MustParseAddr("2001:db8::7"), SourceFrom: datapath.SourceGiven, Netns: datapath.NetnsAgent})
 		got := explainTable(o)
 		testutil.ContainsAll(t, c.to+": table", got, c.want...)
+	}
+}
+
+// TestExplainSocketPodClient: run in a pod's namespace without a local
+// traffic detector, the CLIENT line says a pod, not this node, beside the
+// default scope it gets; with one, a pod taken for a cluster client.
+// (The namespace and detector themselves: pkg/datapath
+// TestSockExplainPodClient, a real pod namespace.)
+func TestExplainSocketPodClient(t *testing.T) {
+	for _, detector := range []bool{false, true} {
+		o := &explainOut{Program: "sluice_sock_explain", Verdict: "drop", Frontend: "10.210.0.3:30080/TCP",
+			Client: "other (this node, or no cluster CIDR set)", Scope: "default"}
+		socketOut(o, datapath.SocketExplainRequest{To: netip.MustParseAddrPort("10.210.0.3:30080"), Proto: unix.IPPROTO_TCP},
+			&datapath.SocketExplanation{Explanation: &datapath.Explanation{Socket: true, Frontend: true, Scoped: true, Errno: "EHOSTUNREACH"},
+				Source: netip.MustParseAddr("10.0.0.7"), SourceFrom: datapath.SourceNodeIP, Netns: datapath.NetnsOther, Detector: detector})
+		got := explainTable(o)
+		want := "CLIENT\ta pod (a network namespace other than the agent's; no local traffic detector (--cluster-cidr): "
+		if detector {
+			want = "CLIENT\ta pod (a network namespace other than the agent's; with a local traffic detector, taken for a cluster client;"
+		}
+		testutil.ContainsAll(t, "pod table", got, want)
+		if strings.Contains(got, "CLIENT\tthis node") {
+			t.Errorf("a pod's socket (detector %v) labelled the node's:\n%s", detector, got)
+		}
 	}
 }
 

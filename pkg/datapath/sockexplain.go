@@ -80,6 +80,43 @@ func CheckSocketFamilies(from, to netip.Addr) error {
 	return nil
 }
 
+// Where a socket dry run's source came from (SocketExplanation.SourceFrom).
+const (
+	SourceGiven  = "given" // the request's From
+	SourceNodeIP = "node"  // the agent's node_ip4/node_ip6: an unbound socket's, as the programs take it
+	SourceRoute  = "route" // the route to To's: no agent's program to read the node's address from
+)
+
+// Which namespace a socket dry run's socket counted as in
+// (SocketExplanation.Netns), as sock_internal_client (lib/socklb.h)
+// decides a two-scope frontend's scope by it.
+const (
+	NetnsAgent = "agent" // the agent's: the node's own socket
+	NetnsOther = "other" // another: a pod's
+	// NetnsAny: no agent namespace known (no agent's program attached,
+	// or one that set no agent_netns_cookie): every socket counts as
+	// the node's.
+	NetnsAny = "any"
+)
+
+// SocketExplanation is ExplainSocketDetail's answer: the dry run's
+// Explanation, and what it judged the socket by.
+type SocketExplanation struct {
+	*Explanation
+	// Source is the source address the selection was given (the
+	// record's), unset if none (the agent has no node address of the
+	// family, or no route to To); SourceFrom says where it was looked
+	// for.
+	Source     netip.Addr
+	SourceFrom string
+	// Netns is the namespace the socket counted as in; Detector whether
+	// the family's local traffic detector (have_cluster_cidr,
+	// have_cluster_cidr6) is set, which serves another namespace's socket
+	// as the agent's for a two-scope frontend.
+	Netns    string
+	Detector bool
+}
+
 // ExplainSocket runs the request through the socket path's selection in
 // dry-run mode against the maps pinned under bpffs/sluice. The client is
 // the calling thread's network namespace (the socket path's client of
@@ -88,6 +125,16 @@ func CheckSocketFamilies(from, to netip.Addr) error {
 // nothing is run: the answer is NotServed, the socket passes untranslated
 // and the packet path (Explain) decides.
 func ExplainSocket(bpffs string, req SocketExplainRequest) (*Explanation, error) {
+	d, err := ExplainSocketDetail(bpffs, req)
+	if err != nil {
+		return nil, err
+	}
+	return d.Explanation, nil
+}
+
+// ExplainSocketDetail is ExplainSocket, also saying the source and the
+// namespace the dry run judged the socket by (unset when NotServed).
+func ExplainSocketDetail(bpffs string, req SocketExplainRequest) (*SocketExplanation, error) {
 	if err := CheckSocketFamilies(req.From, req.To.Addr()); err != nil {
 		return nil, err
 	}
@@ -112,16 +159,20 @@ func ExplainSocket(bpffs string, req SocketExplainRequest) (*Explanation, error)
 		return nil, fmt.Errorf("the socket path's %s program: %w", hook, err)
 	}
 	if att != nil && att.Cookie != 0 && att.Cookie != netns {
-		return &Explanation{Program: att.Program, ProgramID: att.ProgramID, Socket: true, NotServed: true,
-			Verdict: "pass", Reasons: []string{}}, nil
+		return &SocketExplanation{Explanation: &Explanation{Program: att.Program, ProgramID: att.ProgramID, Socket: true, NotServed: true,
+			Verdict: "pass", Reasons: []string{}}}, nil
 	}
 	var consts map[string][]byte
 	if att != nil {
 		consts = att.Consts
 	}
-	src := req.From
-	if !src.IsValid() && !hasNodeIP(consts, req.To.Addr()) {
-		src = routeSource(req.To.Addr().Unmap())
+	src, srcFrom := req.From, SourceGiven
+	switch {
+	case src.IsValid():
+	case hasNodeIP(consts, req.To.Addr()):
+		srcFrom = SourceNodeIP
+	default:
+		src, srcFrom = routeSource(req.To.Addr().Unmap()), SourceRoute
 	}
 	coll, err := loadSockExplain(filepath.Join(bpffs, "sluice"), consts)
 	if err != nil {
@@ -185,7 +236,50 @@ func ExplainSocket(bpffs string, req SocketExplainRequest) (*Explanation, error)
 	}
 	e := sockExplanation(out)
 	e.Program = sockExplainProg
-	return e, nil
+	d := &SocketExplanation{Explanation: e, SourceFrom: srcFrom, Netns: sockNetns(consts, netns),
+		Detector: constSet(consts, detectorConst(req.To.Addr()))}
+	if out.V6 != 0 && out.Vip == 0 {
+		d.Source = addrFrom16(out.Src6)
+	} else {
+		d.Source = addrFromBE32(out.Src)
+	}
+	if d.Source.IsUnspecified() {
+		d.Source = netip.Addr{}
+	}
+	return d, nil
+}
+
+// sockNetns is the namespace of cookie netns as the programs of consts
+// (the agent's) count it: the agent's (agent_netns_cookie), another, or
+// with no agent's namespace known, any (every socket the node's).
+func sockNetns(consts map[string][]byte, netns uint64) string {
+	c, ok := consts[varAgentNetnsCookie]
+	if !ok || len(c) != 8 || binary.NativeEndian.Uint64(c) == 0 {
+		return NetnsAny
+	}
+	if binary.NativeEndian.Uint64(c) == netns {
+		return NetnsAgent
+	}
+	return NetnsOther
+}
+
+// detectorConst names the local traffic detector of the family that
+// serves a socket reaching to (an IPv4-mapped destination's is IPv4's).
+func detectorConst(to netip.Addr) string {
+	if to.Unmap().Is4() {
+		return "have_cluster_cidr"
+	}
+	return "have_cluster_cidr6"
+}
+
+// constSet says whether consts hold name and it is not all zero.
+func constSet(consts map[string][]byte, name string) bool {
+	for _, b := range consts[name] {
+		if b != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // Hook names the hook whose program decides the request's socket:
