@@ -7,9 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
-	"github.com/sluice-lb/sluice/pkg/model"
 )
 
 // TestSockExplainPodClient: the socket dry run says what it judged the
@@ -31,31 +29,12 @@ func TestSockExplainPodClient(t *testing.T) {
 }
 
 func testSockExplainPodClient(t *testing.T, detector bool, f hostNetnsCase) {
-	testutil.Privileged(t)
-	host, pod := hostAndPod(t, f)
+	nodeIP := map[bool]netip.Addr{false: addr("10.200.0.7"), true: addr("2001:db8:200::7")}[f.domain == unix.AF_INET6]
+	n := newPodScopeNode(t, detector, f, func(c *Config) { c.NodeIPs = []netip.Addr{nodeIP} })
+	host, pod, bpffs, fe := n.host, n.pod, n.bpffs, n.fe
 	if err := host.AddRoute(f.dflt, f.pod); err != nil { // a route source that is not the node address
 		t.Fatal(err)
 	}
-	host.Enter(t)
-	bpffs := testPinDir(t)
-	v6 := f.domain == unix.AF_INET6
-	nodeIP := map[bool]netip.Addr{false: addr("10.200.0.7"), true: addr("2001:db8:200::7")}[v6]
-	d := openTest(t, configWith(smallConfig, func(c *Config) {
-		c.NodeIPs = []netip.Addr{nodeIP}
-		if detector {
-			c.ClusterCIDRs = []netip.Prefix{netip.PrefixFrom(f.pod, f.bits).Masked()}
-		}
-	})(bpffs))
-	fe := l4(map[bool]string{false: "10.210.0.3", true: "2001:db8:210::3"}[v6], 30080, model.TCP)
-	var cluster []model.Backend
-	for _, b := range f.backends {
-		cluster = append(cluster, model.Backend{L4Addr: l4(b, 8080, model.TCP)})
-	}
-	applyServices(t, d, &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "local"}, Kind: model.NodePort, Frontend: fe,
-		ExternalLocal: true, TwoScopes: true, DropWhenEmpty: true, InternalBackends: cluster})
-	joinSockCgroup(t, d)
-	addLoopbackAddrs(t, host, f.backends...)
-	startBackends(t, f.backends...)
 	if src := routeSource(fe.Addr); src == nodeIP || !src.IsValid() {
 		t.Fatalf("the route to %s picks %v: want a source, not the node address %s (the test's premise)", fe, src, nodeIP)
 	}

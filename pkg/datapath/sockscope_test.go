@@ -36,27 +36,50 @@ func TestSockTwoScopesPodScope(t *testing.T) {
 	}
 }
 
-func testSockTwoScopesPodScope(t *testing.T, detector bool, f hostNetnsCase) {
+// podScopeNode is the node of the pod scope tests: hostAndPod's two
+// namespaces, the datapath opened in host (the test thread left there)
+// with --cluster-cidr the pod's prefix if detector and cfg's changes, a
+// two-scope NodePort (externalTrafficPolicy Local) whose endpoints are
+// all elsewhere (cluster: f.backends on host's loopback, serving), and
+// the socket programs on a cgroup the test process joins.
+type podScopeNode struct {
+	host, pod *topology.NS
+	d         *Datapath
+	bpffs     string
+	fe        model.L4Addr
+	cluster   []model.Backend
+}
+
+func newPodScopeNode(t *testing.T, detector bool, f hostNetnsCase, cfg func(*Config)) podScopeNode {
+	t.Helper()
 	testutil.Privileged(t)
-	host, pod := hostAndPod(t, f)
-	host.Enter(t)
-	bpffs := testPinDir(t)
-	d := openTest(t, configWith(smallConfig, func(c *Config) {
+	n := podScopeNode{}
+	n.host, n.pod = hostAndPod(t, f)
+	n.host.Enter(t)
+	n.bpffs = testPinDir(t)
+	n.d = openTest(t, configWith(smallConfig, func(c *Config) {
 		if detector {
 			c.ClusterCIDRs = []netip.Prefix{netip.PrefixFrom(f.pod, f.bits).Masked()}
 		}
-	})(bpffs))
-	fe := l4(map[bool]string{false: "10.210.0.3", true: "2001:db8:210::3"}[f.domain == unix.AF_INET6], 30080, model.TCP)
-	var cluster []model.Backend
+		if cfg != nil {
+			cfg(c)
+		}
+	})(n.bpffs))
+	n.fe = l4(map[bool]string{false: "10.210.0.3", true: "2001:db8:210::3"}[f.domain == unix.AF_INET6], 30080, model.TCP)
 	for _, b := range f.backends {
-		cluster = append(cluster, model.Backend{L4Addr: l4(b, 8080, model.TCP)})
+		n.cluster = append(n.cluster, model.Backend{L4Addr: l4(b, 8080, model.TCP)})
 	}
-	svc := &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "local"}, Kind: model.NodePort, Frontend: fe,
-		ExternalLocal: true, TwoScopes: true, DropWhenEmpty: true, InternalBackends: cluster}
-	applyServices(t, d, svc)
-	joinSockCgroup(t, d)
-	addLoopbackAddrs(t, host, f.backends...)
+	applyServices(t, n.d, &model.Service{Name: model.ServicePortName{Namespace: "test", Name: "local"}, Kind: model.NodePort, Frontend: n.fe,
+		ExternalLocal: true, TwoScopes: true, DropWhenEmpty: true, InternalBackends: n.cluster})
+	joinSockCgroup(t, n.d)
+	addLoopbackAddrs(t, n.host, f.backends...)
 	startBackends(t, f.backends...)
+	return n
+}
+
+func testSockTwoScopesPodScope(t *testing.T, detector bool, f hostNetnsCase) {
+	n := newPodScopeNode(t, detector, f, nil)
+	host, pod, d, bpffs, fe, cluster := n.host, n.pod, n.d, n.bpffs, n.fe, n.cluster
 
 	// The host's socket: every endpoint, whatever the detector.
 	hfd := socketIn(t, host, f.domain, unix.SOCK_STREAM)
