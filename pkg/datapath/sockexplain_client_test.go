@@ -31,7 +31,7 @@ func TestSockExplainPodClient(t *testing.T) {
 func testSockExplainPodClient(t *testing.T, detector bool, f hostNetnsCase) {
 	nodeIP := map[bool]netip.Addr{false: addr("10.200.0.7"), true: addr("2001:db8:200::7")}[f.domain == unix.AF_INET6]
 	n := newPodScopeNode(t, detector, f, func(c *Config) { c.NodeIPs = []netip.Addr{nodeIP} })
-	host, pod, bpffs, fe := n.host, n.pod, n.bpffs, n.fe
+	host, pod, d, bpffs, fe := n.host, n.pod, n.d, n.bpffs, n.fe
 	if err := host.AddRoute(f.dflt, f.pod); err != nil { // a route source that is not the node address
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func testSockExplainPodClient(t *testing.T, detector bool, f hostNetnsCase) {
 		{host, NetnsAgent, 1},
 		{pod, NetnsOther, map[bool]uint8{false: 0, true: 1}[detector]},
 	} {
-		se := sockExplainDetailIn(t, c.ns, bpffs, req)
+		se := sockExplainDetailIn(t, d, bpffs, c.ns, req)
 		if se.Netns != c.wantNetns || se.Detector != detector || se.Scope != c.wantScope {
 			t.Errorf("explain --socket in %s: netns %q, detector %v, scope %d; want %q, %v, %d",
 				c.ns.Name, se.Netns, se.Detector, se.Scope, c.wantNetns, detector, c.wantScope)
@@ -66,21 +66,7 @@ func testSockExplainPodClient(t *testing.T, detector bool, f hostNetnsCase) {
 	}
 	given := req
 	given.From = f.pod
-	if se := sockExplainDetailIn(t, pod, bpffs, given); se.Source != f.pod || se.SourceFrom != SourceGiven {
+	if se := sockExplainDetailIn(t, d, bpffs, pod, given); se.Source != f.pod || se.SourceFrom != SourceGiven {
 		t.Errorf("explain --socket --from %s: source %v (%s), want it as given", f.pod, se.Source, se.SourceFrom)
 	}
-}
-
-// sockExplainDetailIn is ExplainSocketDetail run in ns.
-func sockExplainDetailIn(t *testing.T, ns *topology.NS, bpffs string, req SocketExplainRequest) *SocketExplanation {
-	t.Helper()
-	var se *SocketExplanation
-	if err := ns.Do(func() error {
-		var err error
-		se, err = ExplainSocketDetail(bpffs, req)
-		return err
-	}); err != nil {
-		t.Fatalf("ExplainSocketDetail %+v in %s: %v", req, ns.Name, err)
-	}
-	return se
 }

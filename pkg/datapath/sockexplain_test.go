@@ -23,20 +23,26 @@ import (
 // changed meanwhile.
 func sockExplainIn(t *testing.T, d *Datapath, bpffs string, ns *topology.NS, req SocketExplainRequest) *Explanation {
 	t.Helper()
+	return sockExplainDetailIn(t, d, bpffs, ns, req).Explanation
+}
+
+// sockExplainDetailIn is sockExplainIn's ExplainSocketDetail.
+func sockExplainDetailIn(t *testing.T, d *Datapath, bpffs string, ns *topology.NS, req SocketExplainRequest) *SocketExplanation {
+	t.Helper()
 	before := dumpTCMaps(t, d)
-	var e *Explanation
+	var se *SocketExplanation
 	err := ns.Do(func() error {
 		var err error
-		e, err = ExplainSocket(bpffs, req)
+		se, err = ExplainSocketDetail(bpffs, req)
 		return err
 	})
 	if err != nil {
-		t.Fatalf("ExplainSocket %+v: %v", req, err)
+		t.Fatalf("ExplainSocket %+v in %s: %v", req, ns.Name, err)
 	}
 	if changed := diffDumps(before, dumpTCMaps(t, d)); len(changed) > 0 {
 		t.Fatalf("ExplainSocket %+v changed maps %v", req, changed)
 	}
-	return e
+	return se
 }
 
 // TestSockExplain runs per family: connect4's dry run for IPv4 sockets,
