@@ -39,27 +39,8 @@ func watchRouting(dp *datapath.Datapath) func() (routingWatch, error) {
 // is logged and started again after retry: meanwhile XDP uses a cached
 // route for at most its age (1s).
 func followRouting(ctx context.Context, watch func() (routingWatch, error), retry time.Duration, log *slog.Logger) {
-	for {
-		w, err := watch()
-		if err == nil {
-			select {
-			case <-ctx.Done():
-				if err := w.Close(); err != nil {
-					log.Error("following the node's routing for the XDP route cache", "err", err)
-				}
-				return
-			case <-w.Done():
-				err = w.Close()
-			}
-		}
-		log.Error("following the node's routing for the XDP route cache failed: cached routes are used until they age out; retrying",
-			"err", err, "retry_in", retry)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(retry):
-		}
-	}
+	datapath.FollowWatch(ctx, watch, retry, log, "following the node's routing for the XDP route cache",
+		"cached routes are used until they age out")
 }
 
 // conntrackGC is what runConntrackGC needs of *datapath.Maps.
