@@ -783,9 +783,20 @@ CT_SNAT_TRY_FN FN(ct_snat_try)(const FAM(ct_key_t) *key,
  * translated to remote backend @be and source-NATed to @node: reserve a
  * source port by inserting the reply entry <be -> node:port> into
  * sluice_conntrack with BPF_NOEXIST (so no two flows ever share a tuple),
- * trying up to SNAT_TRIES ports from a random start in [snat_port_min,
- * snat_port_max], and reclaiming a dead entry in the way. Then record the
- * forward entry, half-open.
+ * trying up to SNAT_TRIES ports of [snat_port_min, snat_port_max], and
+ * reclaiming a dead entry in the way. Then record the forward entry,
+ * half-open.
+ *
+ * A range of SNAT_TRIES ports or fewer is searched whole, each port once,
+ * in order from a random start: a free port is always found. A larger
+ * one is tried at SNAT_TRIES ports drawn at random, each on its own. In
+ * order from a random start (linear probing, as before), the ports taken
+ * gather in runs that a search starting inside one walks along: with
+ * 4,536 ports, 80% of them taken, about 3% of new flows found none (a
+ * simulation of this search under churn), where independent tries miss
+ * with 0.8^32, 0.08%; at 90%, 13% against 3.4%. netfilter's search
+ * (nf_nat_l4proto_unique_tuple) is in order too, but over 64,512 ports
+ * and 128 tries, then 64, 32 and 16 from new random starts.
  *
  * Returns the reserved port (network order) in @port, and 0; 1 if every
  * try found a live flow; or a negative map update error (-E2BIG: the
@@ -816,7 +827,7 @@ FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
 		.snat_addr = p->saddr,
 		.snat_port = p->sport,
 	};
-	__u32 lo = snat_port_min, hi = snat_port_max, range, start, i;
+	__u32 lo = snat_port_min, hi = snat_port_max, range, start, off, i;
 	bool ok = false;
 	int err;
 
@@ -824,8 +835,9 @@ FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
 		return 1;
 	range = hi - lo + 1;
 	start = bpf_get_prandom_u32();
-	for (i = 0; i < SNAT_TRIES; i++) {
-		key.dport = bpf_htons((__u16)(lo + (start + i) % range));
+	for (i = 0; i < SNAT_TRIES && i < range; i++) {
+		off = range <= SNAT_TRIES ? start + i : bpf_get_prandom_u32();
+		key.dport = bpf_htons((__u16)(lo + off % range));
 		err = FN(ct_snat_try)(&key, &e, now, explain_dry(p));
 		if (!err) {
 			ok = true;
