@@ -8,6 +8,7 @@ package datapath
 import (
 	"fmt"
 	"net/netip"
+	"os"
 	"sort"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 	"github.com/sluice-lb/sluice/pkg/model"
 )
 
@@ -248,5 +250,29 @@ func ctCopyEntry(t *testing.T, m *Maps, k ctK, port uint16) {
 	}
 	if err != nil {
 		t.Fatalf("copy %s to port %d: %v", k, port, err)
+	}
+}
+
+// TestReserveSNATPortsFollowsRange: the agent's reservation from the
+// node's ephemeral ports is the configured range, not the default one,
+// in a namespace of the test's own.
+func TestReserveSNATPortsFollowsRange(t *testing.T) {
+	testutil.Privileged(t)
+	topology.NewNS(t, "snatres").Enter(t)
+	lo, hi, err := ParseSNATPortRange("40000-40003")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := openTestWith(t, smallConfig, func(c *Config) { c.SNATPortMin, c.SNATPortMax = lo, hi })
+	res, err := d.ReserveSNATPorts()
+	if err != nil || !res.Added {
+		t.Fatalf("ReserveSNATPorts = %+v, %v; want the range added", res, err)
+	}
+	b, err := os.ReadFile(sysctlReservedPorts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(b)); got != "40000-40003" {
+		t.Errorf("ip_local_reserved_ports = %q, want 40000-40003", got)
 	}
 }
