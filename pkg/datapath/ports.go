@@ -12,13 +12,16 @@ package datapath
 // the SNAT range to net.ipv4.ip_local_reserved_ports, which the kernel
 // never hands out as an ephemeral port: merged with what is there, never
 // removing an entry (of another tool, or of an earlier SNAT range of
-// Sluice's, which it cannot tell apart). Both sysctls are per network
+// Sluice's, which it cannot tell apart). A range (--snat-port-range)
+// that would leave the node fewer than minEphemeralLeft ephemeral ports
+// is not reserved, and said so. Both sysctls are per network
 // namespace: the agent's (the host's) is the one that matters.
 
 import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -64,6 +67,19 @@ func reserveSNATPorts(lo, hi uint16) (PortReservation, error) {
 	if covers(reserved, lo, hi) {
 		return res, nil
 	}
+	// A range that would leave the node (almost) no ephemeral port is
+	// not reserved: every connect() without a bound port would fail
+	// (EADDRNOTAVAIL), the kubelet's among them. Its ports in the
+	// ephemeral range are then exposed, as when the write fails.
+	if elo, ehi, err := ephemeralRange(); err == nil {
+		with := append(slices.Clone(reserved), portRange{int(lo), int(hi)})
+		left := unreserved(with, elo, ehi)
+		if left < minEphemeralLeft && left < unreserved(reserved, elo, ehi) {
+			res.Exposed = exposed(reserved, max(int(lo), elo), min(int(hi), ehi))
+			return res, fmt.Errorf("reserve the SNAT ports %d-%d in %s: not written, it would leave the node %d ephemeral ports of %d-%d (%s), fewer than %d: narrow the SNAT range",
+				lo, hi, sysctlReservedPorts, left, elo, ehi, sysctlPortRange, minEphemeralLeft)
+		}
+	}
 	want := strings.TrimSpace(string(cur))
 	if want != "" {
 		want += ","
@@ -75,16 +91,39 @@ func reserveSNATPorts(lo, hi uint16) (PortReservation, error) {
 		return res, nil
 	}
 	werr = fmt.Errorf("reserve the SNAT ports %d-%d in %s: %w", lo, hi, sysctlReservedPorts, werr)
-	b, err := os.ReadFile(sysctlPortRange)
+	elo, ehi, err := ephemeralRange()
 	if err != nil {
-		return res, errors.Join(werr, fmt.Errorf("read %s: %w", sysctlPortRange, err))
-	}
-	var elo, ehi int
-	if _, err := fmt.Sscan(string(b), &elo, &ehi); err != nil {
-		return res, errors.Join(werr, fmt.Errorf("%s %q: %w", sysctlPortRange, b, err))
+		return res, errors.Join(werr, err)
 	}
 	res.Exposed = exposed(reserved, max(int(lo), elo), min(int(hi), ehi))
 	return res, werr
+}
+
+// minEphemeralLeft is how many ephemeral ports the SNAT reservation must
+// leave the node at least (reserveSNATPorts).
+const minEphemeralLeft = 1024
+
+// ephemeralRange reads ip_local_port_range.
+func ephemeralRange() (lo, hi int, err error) {
+	b, err := os.ReadFile(sysctlPortRange)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read %s: %w", sysctlPortRange, err)
+	}
+	if _, err := fmt.Sscan(string(b), &lo, &hi); err != nil {
+		return 0, 0, fmt.Errorf("%s %q: %w", sysctlPortRange, b, err)
+	}
+	return lo, hi, nil
+}
+
+// unreserved counts the ports of lo-hi not in rs.
+func unreserved(rs []portRange, lo, hi int) int {
+	n := 0
+	for p := lo; p <= hi; p++ {
+		if !isReserved(rs, p) {
+			n++
+		}
+	}
+	return n
 }
 
 // portRange is an inclusive range of ports.

@@ -276,3 +276,60 @@ func TestReserveSNATPortsFollowsRange(t *testing.T) {
 		t.Errorf("ip_local_reserved_ports = %q, want 40000-40003", got)
 	}
 }
+
+// TestReserveSNATPortsLeavesEphemeralPorts: a SNAT range that would
+// leave the node fewer than minEphemeralLeft ephemeral ports is not
+// reserved (every connect() without a bound port would fail): an error,
+// its ports in the ephemeral range named as exposed, the sysctl
+// untouched. One that leaves enough is reserved; so is one that takes
+// none of them, however few the node has.
+func TestReserveSNATPortsLeavesEphemeralPorts(t *testing.T) {
+	testutil.Privileged(t)
+	topology.NewNS(t, "snateph").Enter(t)
+	set := func(path, v string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(v), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func() string {
+		t.Helper()
+		b, err := os.ReadFile(sysctlReservedPorts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	set(sysctlPortRange, "32768 60999")
+	for _, c := range []struct {
+		lo, hi  uint16
+		exposed string // "": reserved
+	}{
+		{1024, 65535, "32768-60999"},
+		{32768, 60000, "32768-60000"}, // 999 left
+		{30000, 59976, "32768-59976"}, // 1,023 left
+	} {
+		res, err := reserveSNATPorts(c.lo, c.hi)
+		if err == nil || !strings.Contains(err.Error(), "not written") || res.Exposed != c.exposed || res.Added {
+			t.Errorf("reserve %d-%d: %+v, %v; want it refused, %s exposed", c.lo, c.hi, res, err, c.exposed)
+		}
+		if got := get(); got != "" {
+			t.Fatalf("reserve %d-%d: ip_local_reserved_ports = %q, want it untouched", c.lo, c.hi, got)
+		}
+	}
+	if res, err := reserveSNATPorts(30000, 59975); err != nil || !res.Added { // 1,024 left
+		t.Errorf("reserve 30000-59975: %+v, %v; want it reserved", res, err)
+	}
+	// Another tool's reservation leaves 100 ports: a range outside the
+	// ephemeral ones takes none of them, and is reserved.
+	set(sysctlReservedPorts, "32768-60899")
+	if got := get(); got != "32768-60899" {
+		t.Fatalf("ip_local_reserved_ports = %q after writing 32768-60899", got)
+	}
+	if res, err := reserveSNATPorts(61000, 65535); err != nil || !res.Added {
+		t.Errorf("reserve 61000-65535 beside 100 ephemeral ports left: %+v, %v; want it reserved", res, err)
+	}
+	if got := get(); got != "32768-60899,61000-65535" {
+		t.Errorf("ip_local_reserved_ports = %q", got)
+	}
+}
