@@ -677,7 +677,19 @@ func prepareDatapath(dp *datapath.Datapath, cfg agent.Config, m *metrics.Metrics
 		return // nothing is source-NATed, now or later
 	}
 	res, err := dp.ReserveSNATPorts()
+	logSNATReservation(res, err, log)
+}
+
+// logSNATReservation logs what the SNAT port reservation found and did
+// (ReserveSNATPorts): a refusal and a failed write give opposite advice.
+func logSNATReservation(res datapath.PortReservation, err error, log *slog.Logger) {
 	switch {
+	case errors.Is(err, datapath.ErrReservationRefused):
+		log.Warn(fmt.Sprintf("SNAT ports not reserved: it would leave the node %d ephemeral ports (fewer than 1024, and every connect() without a bound port would fail): "+
+			"narrow --snat-port-range, or move it out of ip_local_port_range %s. "+
+			"Until then the node's own connections may take these ports: a reply to one, on the tuple of a source-NATed flow to the same endpoint address and port, "+
+			"is translated back and sent to that flow's client, and the node's connection never gets it", res.EphemeralLeft, res.Ephemeral),
+			"ports", res.Exposed, "err", err)
 	case err != nil && res.Exposed != "":
 		log.Warn("SNAT ports not reserved: the node may hand them out to its own connections, whose replies would then be taken for NodePort flows; "+
 			"reserve them on the node (sysctl net.ipv4.ip_local_reserved_ports) or narrow ip_local_port_range",

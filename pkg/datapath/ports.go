@@ -38,9 +38,20 @@ type PortReservation struct {
 	Added bool
 	// Exposed are the SNAT ports the node may still hand out as
 	// ephemeral ports: in ip_local_port_range and not reserved, because
-	// the reservation could not be written. Empty when all is well.
+	// the reservation could not be written or was refused
+	// (ErrReservationRefused). Empty when all is well.
 	Exposed string
+	// When refused: the ephemeral ports (ip_local_port_range, "A-B") and
+	// how many of them the reservation would have left the node.
+	Ephemeral     string
+	EphemeralLeft int
 }
+
+// ErrReservationRefused is the error (errors.Is) of a SNAT range that is
+// not reserved because it would leave the node fewer than
+// minEphemeralLeft ephemeral ports: the range is to be narrowed or moved
+// out of ip_local_port_range, not reserved by hand.
+var ErrReservationRefused = errors.New("not written")
 
 // ReserveSNATPorts reserves the SNAT ports (Config.SNATPortMin-Max) from
 // the ephemeral ports of the calling thread's network namespace
@@ -48,10 +59,11 @@ type PortReservation struct {
 // /proc/sys in a container), it says which SNAT ports the node may still
 // hand out (ip_local_port_range), with the error.
 func (d *Datapath) ReserveSNATPorts() (PortReservation, error) {
-	return reserveSNATPorts(d.cfg.SNATPortMin, d.cfg.SNATPortMax)
+	return ReserveSNATPortRange(d.cfg.SNATPortMin, d.cfg.SNATPortMax)
 }
 
-func reserveSNATPorts(lo, hi uint16) (PortReservation, error) {
+// ReserveSNATPortRange is ReserveSNATPorts for the SNAT range lo-hi.
+func ReserveSNATPortRange(lo, hi uint16) (PortReservation, error) {
 	var res PortReservation
 	if lo == 0 || hi < lo {
 		return res, fmt.Errorf("SNAT port range %d-%d is empty", lo, hi)
@@ -76,8 +88,9 @@ func reserveSNATPorts(lo, hi uint16) (PortReservation, error) {
 		left := unreserved(with, elo, ehi)
 		if left < minEphemeralLeft && left < unreserved(reserved, elo, ehi) {
 			res.Exposed = exposed(reserved, max(int(lo), elo), min(int(hi), ehi))
-			return res, fmt.Errorf("reserve the SNAT ports %d-%d in %s: not written, it would leave the node %d ephemeral ports of %d-%d (%s), fewer than %d: narrow the SNAT range",
-				lo, hi, sysctlReservedPorts, left, elo, ehi, sysctlPortRange, minEphemeralLeft)
+			res.Ephemeral, res.EphemeralLeft = fmt.Sprintf("%d-%d", elo, ehi), left
+			return res, fmt.Errorf("reserve the SNAT ports %d-%d in %s: %w, it would leave the node %d ephemeral ports of %d-%d (%s), fewer than %d: narrow the SNAT range",
+				lo, hi, sysctlReservedPorts, ErrReservationRefused, left, elo, ehi, sysctlPortRange, minEphemeralLeft)
 		}
 	}
 	want := strings.TrimSpace(string(cur))
@@ -100,7 +113,7 @@ func reserveSNATPorts(lo, hi uint16) (PortReservation, error) {
 }
 
 // minEphemeralLeft is how many ephemeral ports the SNAT reservation must
-// leave the node at least (reserveSNATPorts).
+// leave the node at least (ReserveSNATPortRange).
 const minEphemeralLeft = 1024
 
 // ephemeralRange reads ip_local_port_range.

@@ -6,6 +6,7 @@ package datapath
 // family, through BPF_PROG_TEST_RUN in a node namespace of the test's own.
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -411,15 +412,15 @@ func TestReserveSNATPortsLeavesEphemeralPorts(t *testing.T) {
 		{32768, 60000, "32768-60000"}, // 999 left
 		{30000, 59976, "32768-59976"}, // 1,023 left
 	} {
-		res, err := reserveSNATPorts(c.lo, c.hi)
-		if err == nil || !strings.Contains(err.Error(), "not written") || res.Exposed != c.exposed || res.Added {
+		res, err := ReserveSNATPortRange(c.lo, c.hi)
+		if !errors.Is(err, ErrReservationRefused) || res.Exposed != c.exposed || res.Added || res.Ephemeral != "32768-60999" {
 			t.Errorf("reserve %d-%d: %+v, %v; want it refused, %s exposed", c.lo, c.hi, res, err, c.exposed)
 		}
 		if got := get(); got != "" {
 			t.Fatalf("reserve %d-%d: ip_local_reserved_ports = %q, want it untouched", c.lo, c.hi, got)
 		}
 	}
-	if res, err := reserveSNATPorts(30000, 59975); err != nil || !res.Added { // 1,024 left
+	if res, err := ReserveSNATPortRange(30000, 59975); err != nil || !res.Added { // 1,024 left
 		t.Errorf("reserve 30000-59975: %+v, %v; want it reserved", res, err)
 	}
 	// Another tool's reservation leaves 100 ports: a range outside the
@@ -428,7 +429,7 @@ func TestReserveSNATPortsLeavesEphemeralPorts(t *testing.T) {
 	if got := get(); got != "32768-60899" {
 		t.Fatalf("ip_local_reserved_ports = %q after writing 32768-60899", got)
 	}
-	if res, err := reserveSNATPorts(61000, 65535); err != nil || !res.Added {
+	if res, err := ReserveSNATPortRange(61000, 65535); err != nil || !res.Added {
 		t.Errorf("reserve 61000-65535 beside 100 ephemeral ports left: %+v, %v; want it reserved", res, err)
 	}
 	if got := get(); got != "32768-60899,61000-65535" {
