@@ -60,11 +60,3 @@ func checkSNATPortRange(lo, hi uint16) error {
 	}
 	return nil
 }
-
-// SNATPorts is the number of ports of the SNAT range of cfg (its default
-// if unset): how many flows of one protocol may be source-NATed at once
-// from one node address to one backend address and port.
-func (c Config) SNATPorts() int {
-	c = c.withDefaults()
-	return int(c.SNATPortMax) - int(c.SNATPortMin) + 1
-}

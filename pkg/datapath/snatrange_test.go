@@ -75,19 +75,20 @@ func TestOpenChecksSNATPortRange(t *testing.T) {
 			t.Errorf("Open with SNAT ports %d-%d: %v, want an error with %q", c.lo, c.hi, err, c.err)
 		}
 	}
-	if n := (Config{}).SNATPorts(); n != 4536 {
-		t.Errorf("the default range has %d ports, want 4536 (61000-65535)", n)
+	if c := (Config{}).withDefaults(); int(c.SNATPortMax)-int(c.SNATPortMin)+1 != 4536 {
+		t.Errorf("the default range is %d-%d, want 4,536 ports (61000-65535)", c.SNATPortMin, c.SNATPortMax)
 	}
 }
 
 // TestSNATPortRangeLoads: the programs of every kind load, and the
 // verifier accepts them, whatever the range's size: one port, fewer than
-// a search tries (SNAT_TRIES), exactly as many, one more, the default,
-// and all of 1024-65535. The instructions the verifier walked for tc's
-// and XDP's programs are logged, to compare across ranges and builds.
+// a search tries (SNAT_TRIES), exactly as many, one more, twice as many,
+// the default, and all of 1024-65535. The instructions the verifier
+// walked for tc's and XDP's programs are logged, to compare across
+// ranges and builds.
 func TestSNATPortRangeLoads(t *testing.T) {
 	testutil.Privileged(t)
-	for _, r := range []string{"62000-62000", "62000-62003", "62000-62031", "62000-62032", "61000-65535", "1024-65535"} {
+	for _, r := range []string{"62000-62000", "62000-62003", "62000-62031", "62000-62032", "62000-62063", "61000-65535", "1024-65535"} {
 		lo, hi, err := ParseSNATPortRange(r)
 		if err != nil {
 			t.Fatal(err)
