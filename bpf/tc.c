@@ -221,7 +221,11 @@ __noinline int rev_at_egress4(struct __sk_buff *skb, const struct pkt4 *p)
  *
  * At @ingress of a device (the pod's device, when --devices lists it),
  * a reply that will leave by a device running tc is passed up as it came
- * (rev_at_egress4), to be translated at that device's egress. The node's
+ * (rev_at_egress4), to be translated at that device's egress. Not while
+ * a start migrates sluice_conntrack (ct_admit_paused): that egress may
+ * still run the previous agent's program, which looks in the old table
+ * only (mig_copy_back copies back source-NATed flows alone), and the
+ * reply would leave untranslated; translated here, as before. The node's
  * netfilter conntrack, which saw the flow's packets DNATed <C -> B> (tc
  * ingress comes first), then sees its replies as <B -> C>, the reply
  * tuple it expects; rewritten here they would be <F -> C>, a tuple it
@@ -249,7 +253,7 @@ static __always_inline int rev_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	bool redirect;
 	int ret;
 
-	if (ingress && rev_at_egress4(skb, p))
+	if (ingress && !ct_admit_paused && rev_at_egress4(skb, p))
 		return TC_ACT_OK;
 	redirect = ingress && fe_external(fe_addr, fe_port, p->proto) &&
 		   !fib4_lookup(skb, skb->ifindex, fe_addr, p->daddr, &f);

@@ -254,7 +254,7 @@ __noinline int rev_at_egress6(struct __sk_buff *skb, const struct pkt6 *p)
  * DNATed flow's reply, which at @ingress is passed up as it came when it
  * will leave by a device with tc (rev_at_egress6), to be translated at
  * that device's egress, where the node's conntrack has seen it (rev_dnat
- * in tc.c says why).
+ * in tc.c says why; and why not while ct_admit_paused).
  */
 static __noinline int rev_nat6(struct __sk_buff *skb, const struct pkt6 *p,
 			       __u64 now, struct lb6_xlate *x, bool ingress)
@@ -284,7 +284,7 @@ static __noinline int rev_nat6(struct __sk_buff *skb, const struct pkt6 *p,
 			return TC6_FORWARD;
 		}
 	}
-	if (ingress && rev_at_egress6(skb, p))
+	if (ingress && !ct_admit_paused && rev_at_egress6(skb, p))
 		return TC_ACT_OK;
 	metric_count(p, METRIC_TC_REV_NAT);
 	if (rewrite6_l4addr(skb, p, false, &fe, fe_port) < 0 ||

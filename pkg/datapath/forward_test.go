@@ -53,7 +53,8 @@ func podIfindex(t *testing.T) int {
 // passed up (its source, a VIP, is not the node's). Per family: IPv6's
 // stack forwards a packet from the node's own address, so there such a
 // reply is reverse-NATed and passed up (TestNodePortPodDeviceEndToEndIPv6
-// shows it reaching the client).
+// shows it reaching the client). While a start migrates sluice_conntrack
+// (ct_admit_paused), eth0's reply is translated at pod0 too.
 func TestTCReplyAtPodDevice(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		_, ethIdx, d := nodeDatapath(t, smallConfig, "eth0", "pod0")
@@ -129,6 +130,27 @@ func TestTCReplyAtPodDevice(t *testing.T) {
 		}
 		if cs["tc_rev_redirect"] != want || cs["tc_rev_nat"] != 3 {
 			t.Errorf("tc_rev_redirect = %d, tc_rev_nat = %d; want %d and 3", cs["tc_rev_redirect"], cs["tc_rev_nat"], want)
+		}
+
+		// While a start migrates sluice_conntrack (ct_admit_paused), eth0's
+		// egress may still run the previous agent's program, which would
+		// not find the flow: the near client's reply is translated here.
+		if err := d.tc.CtAdmitPaused.Set(uint8(1)); err != nil {
+			t.Fatal(err)
+		}
+		cport++
+		client := nsTwin(v6, nsClientIP)
+		syn := tcpPacket(client, cport, cip.Addr.String(), cip.Port, 0, nil)
+		if verdict, _ := runOn(t, ing, ethIdx, frame(eth, clientMAC, syn)); verdict != tcActOK {
+			t.Fatalf("paused: SYN: verdict %d", verdict)
+		}
+		synAck := frame(pod0, pod, tcpPacket(beS, 8080, client, cport, 0x12, nil))
+		back := frame(pod0, pod, tcpPacket(cip.Addr.String(), cip.Port, client, cport, 0x12, nil))
+		if verdict, out := runOn(t, ing, podIdx, synAck); verdict != tcActOK || !bytes.Equal(out, back) {
+			t.Errorf("paused: SYN-ACK at pod0: verdict %d, output %s", verdict, packet.Diff(out, back))
+		}
+		if err := d.tc.CtAdmitPaused.Set(uint8(0)); err != nil {
+			t.Fatal(err)
 		}
 	})
 }
