@@ -221,7 +221,8 @@ struct lb6_xlate {
  * rev_at_egress6 - rev_at_egress4 (tc.c) for IPv6: whether @p, the reply
  * of a flow that was DNATed only, at the ingress of a device, will leave
  * by a device the agent attached tc to (dev_has_tc), as the stack routes
- * it as it came. A global function, as rev_at_egress4, that asks
+ * it as it came; never at a bridge or bond port (dev_is_port). A global
+ * function, as rev_at_egress4, that asks
  * bpf_fib_lookup itself: its frame is the only one on top of rev_nat6's
  * (with fib6_lookup's on top of one of its own, the four would not fit
  * the stack together).
@@ -235,7 +236,11 @@ __noinline int rev_at_egress6(struct __sk_buff *skb, const struct pkt6 *p)
 
 	if (!skb || !p)
 		return 0;
+	/* dev_is_port, its key in @fib: a stack slot more would not fit. */
 	fib.ifindex = skb->ifindex;
+	dev = bpf_map_lookup_elem(&sluice_devices_v1, &fib.ifindex);
+	if (dev && (dev->flags & NODE_DEV_F_PORT))
+		return 0;
 	__builtin_memcpy(fib.ipv6_src, &p->saddr, sizeof(p->saddr));
 	__builtin_memcpy(fib.ipv6_dst, &p->daddr, sizeof(p->daddr));
 	if (fib_ret_unusable(bpf_fib_lookup(skb, &fib, sizeof(fib), 0)))

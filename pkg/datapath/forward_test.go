@@ -54,7 +54,8 @@ func podIfindex(t *testing.T) int {
 // stack forwards a packet from the node's own address, so there such a
 // reply is reverse-NATed and passed up (TestNodePortPodDeviceEndToEndIPv6
 // shows it reaching the client). While a start migrates sluice_conntrack
-// (ct_admit_paused), eth0's reply is translated at pod0 too.
+// (ct_admit_paused), eth0's reply is translated at pod0 too; and so it is
+// when pod0 is a bridge or bond port (nodeDevPort).
 func TestTCReplyAtPodDevice(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		_, ethIdx, d := nodeDatapath(t, smallConfig, "eth0", "pod0")
@@ -151,6 +152,28 @@ func TestTCReplyAtPodDevice(t *testing.T) {
 		}
 		if err := d.tc.CtAdmitPaused.Set(uint8(0)); err != nil {
 			t.Fatal(err)
+		}
+
+		// At a bridge or bond port (nodeDevPort), the reply may be bridged
+		// to the client's port, past no egress of the master's: translated
+		// here too.
+		var nd sockNodeDev
+		if err := m.devices.Lookup(uint32(podIdx), &nd); err != nil {
+			t.Fatal(err)
+		}
+		nd.Flags |= nodeDevPort
+		if err := m.devices.Put(uint32(podIdx), &nd); err != nil {
+			t.Fatal(err)
+		}
+		cport++
+		syn = tcpPacket(client, cport, cip.Addr.String(), cip.Port, 0, nil)
+		if verdict, _ := runOn(t, ing, ethIdx, frame(eth, clientMAC, syn)); verdict != tcActOK {
+			t.Fatalf("port: SYN: verdict %d", verdict)
+		}
+		synAck = frame(pod0, pod, tcpPacket(beS, 8080, client, cport, 0x12, nil))
+		back = frame(pod0, pod, tcpPacket(cip.Addr.String(), cip.Port, client, cport, 0x12, nil))
+		if verdict, out := runOn(t, ing, podIdx, synAck); verdict != tcActOK || !bytes.Equal(out, back) {
+			t.Errorf("port: SYN-ACK at pod0: verdict %d, output %s", verdict, packet.Diff(out, back))
 		}
 	})
 }
