@@ -256,8 +256,10 @@ static __always_inline int rev_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	bool redirect;
 	int ret;
 
-	if (ingress && !ct_admit_paused && rev_at_egress4(skb, p))
+	if (ingress && !ct_admit_paused && rev_at_egress4(skb, p)) {
+		metric_count(p, METRIC_TC_REV_AT_EGRESS);
 		return TC_ACT_OK;
+	}
 	redirect = ingress && fe_external(fe_addr, fe_port, p->proto) &&
 		   !fib4_lookup(skb, skb->ifindex, fe_addr, p->daddr, &f);
 	if (redirect) {

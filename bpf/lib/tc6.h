@@ -289,8 +289,10 @@ static __noinline int rev_nat6(struct __sk_buff *skb, const struct pkt6 *p,
 			return TC6_FORWARD;
 		}
 	}
-	if (ingress && !ct_admit_paused && rev_at_egress6(skb, p))
+	if (ingress && !ct_admit_paused && rev_at_egress6(skb, p)) {
+		metric_count(p, METRIC_TC_REV_AT_EGRESS);
 		return TC_ACT_OK;
+	}
 	metric_count(p, METRIC_TC_REV_NAT);
 	if (rewrite6_l4addr(skb, p, false, &fe, fe_port) < 0 ||
 	    rewrite6_l4addr(skb, p, true, &p->daddr, x->port) < 0) {

@@ -129,8 +129,9 @@ func TestTCReplyAtPodDevice(t *testing.T) {
 		if v6 {
 			want = 0
 		}
-		if cs["tc_rev_redirect"] != want || cs["tc_rev_nat"] != 3 {
-			t.Errorf("tc_rev_redirect = %d, tc_rev_nat = %d; want %d and 3", cs["tc_rev_redirect"], cs["tc_rev_nat"], want)
+		if cs["tc_rev_redirect"] != want || cs["tc_rev_nat"] != 3 || cs["tc_rev_at_egress"] != 3 {
+			t.Errorf("tc_rev_redirect = %d, tc_rev_nat = %d, tc_rev_at_egress = %d; want %d, 3 and 3 (the near client's replies)",
+				cs["tc_rev_redirect"], cs["tc_rev_nat"], cs["tc_rev_at_egress"], want)
 		}
 
 		// While a start migrates sluice_conntrack (ct_admit_paused), eth0's
