@@ -56,9 +56,9 @@ func (m *Maps) setNodeDevice(ifindex int, addr netip.Addr, flags uint32) error {
 // DNAT-only reply at another device's ingress whose route leaves by this
 // one would still be passed up untranslated for an egress program that
 // is no longer there (rev_at_egress4, rev_at_egress6). No entry: nothing.
+// It takes no lock: the device watch calls DetachDevice holding devMu,
+// Prune runs before the watch starts.
 func (m *Maps) clearNodeDevTC(ifindex uint32) error {
-	m.devMu.Lock()
-	defer m.devMu.Unlock()
 	var v sockNodeDev
 	if err := m.devices.Lookup(ifindex, &v); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
