@@ -5,7 +5,9 @@
  *
  * Ingress: a packet of a flow to a service (CT_FORWARD hit) is DNATed to
  * the flow's backend; else a reply of a translated flow (CT_REVERSE hit)
- * gets its source rewritten back to the VIP; else a packet to a service
+ * gets its source rewritten back to the VIP (a DNATed flow's that will
+ * leave by a device with tc at that device's egress instead, where the
+ * node's conntrack has seen it: rev_dnat); else a packet to a service
  * starts a flow to a backend (the order, and why it is sound:
  * tc_ingress); a new flow to a service without backends is answered with
  * ICMP port unreachable, or dropped when the service has backends
@@ -194,13 +196,47 @@ __noinline int rev_dport4(struct __sk_buff *skb, const struct pkt4 *p,
 }
 
 /*
+ * rev_at_egress4 - whether @p, the reply of a flow that was DNATed only,
+ * at the ingress of a device, will pass a Sluice egress program on its
+ * way to the client: the route the stack takes for it as it came (from
+ * its own source, in at this device) leaves by a device the agent
+ * attached tc to (dev_has_tc). Never at a port of a bridge or bond
+ * (dev_is_port): the route names the master, but a reply to a client on
+ * the same bridge is bridged at layer 2 to the client's port, and passes
+ * no egress of the master's. A global function, which the verifier
+ * checks once, on its own.
+ */
+__noinline int rev_at_egress4(struct __sk_buff *skb, const struct pkt4 *p)
+{
+	struct fib4 f = {};
+
+	if (!skb || !p || dev_is_port(skb->ifindex))
+		return 0;
+	return !fib4_lookup(skb, skb->ifindex, p->saddr, p->daddr, &f) &&
+	       dev_has_tc(f.ifindex);
+}
+
+/*
  * rev_dnat - the reply @p of a flow that was DNATed only gets the frontend
  * <@fe_addr, @fe_port> back as its source, and @cport as its destination
  * port (the client's, which a clash remap changed: lb4_remap; else @p's
  * own). Returns a TC verdict.
  *
- * At @ingress of a device, a reply to an external frontend (the pod's
- * device, when --devices lists it) would then carry the node's own
+ * At @ingress of a device (the pod's device, when --devices lists it),
+ * a reply that will leave by a device running tc is passed up as it came
+ * (rev_at_egress4), to be translated at that device's egress. Not while
+ * a start migrates sluice_conntrack (ct_admit_paused): that egress may
+ * still run the previous agent's program, which looks in the old table
+ * only (mig_copy_back copies back source-NATed flows alone), and the
+ * reply would leave untranslated; translated here, as before. The node's
+ * netfilter conntrack, which saw the flow's packets DNATed <C -> B> (tc
+ * ingress comes first), then sees its replies as <B -> C>, the reply
+ * tuple it expects; rewritten here they would be <F -> C>, a tuple it
+ * never saw, and it would mark them, and the client's packets after
+ * them, INVALID, which many firewalls drop in FORWARD (Calico's workload
+ * chains, kube-proxy's KUBE-FORWARD).
+ *
+ * Otherwise, a reply to an external frontend would carry the node's own
  * address as its source, and the stack drops such a packet as a martian:
  *
  *   C -> N:30080 (eth0)  DNAT  C -> P:8080 (stack, pod0)
@@ -208,19 +244,24 @@ __noinline int rev_dport4(struct __sk_buff *skb, const struct pkt4 *p,
  *
  * So it is sent to the client directly (FIB lookup and redirect), unless
  * it does not fit or its TTL would expire: then it goes to the stack as it
- * came, to be forwarded (and translated at the egress of the client's
- * device) or refused like any routed packet. Where no route is found (a
- * client on the node), it is passed up as before.
+ * came, to be forwarded or refused like any routed packet. Where no route
+ * is found (a client on the node, which no egress program sees), it is
+ * rewritten and passed up as before.
  */
 static __always_inline int rev_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 				    __be32 fe_addr, __be16 fe_port,
 				    __be16 cport, bool ingress)
 {
 	struct fib4 f = {};
-	bool redirect = ingress && fe_external(fe_addr, fe_port, p->proto) &&
-			!fib4_lookup(skb, skb->ifindex, fe_addr, p->daddr, &f);
+	bool redirect;
 	int ret;
 
+	if (ingress && !ct_admit_paused && rev_at_egress4(skb, p)) {
+		metric_count(p, METRIC_TC_REV_AT_EGRESS);
+		return TC_ACT_OK;
+	}
+	redirect = ingress && fe_external(fe_addr, fe_port, p->proto) &&
+		   !fib4_lookup(skb, skb->ifindex, fe_addr, p->daddr, &f);
 	if (redirect) {
 		ret = fwd_check(skb, p, &f, true);
 		if (ret >= 0)

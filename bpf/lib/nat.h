@@ -106,6 +106,20 @@ static __always_inline struct node_dev *node_dev_of(__u32 ifindex)
 }
 
 /*
+ * dev_is_port - whether @ifindex is a port of a bridge, bond, team or
+ * OVS datapath (NODE_DEV_F_PORT). A reply that came in at one may be
+ * bridged to the client's port at layer 2, never passing the master's
+ * egress, though a route lookup names the master (rev_at_egress4/6).
+ */
+static __always_inline bool dev_is_port(__u32 ifindex)
+{
+	struct node_dev *dev =
+		bpf_map_lookup_elem(&sluice_devices_v1, &ifindex);
+
+	return dev && (dev->flags & NODE_DEV_F_PORT);
+}
+
+/*
  * dev_has_tc - whether the agent attached tc to @ifindex (with an address
  * or not): what leaves through it comes back through sluice_ingress.
  */

@@ -42,10 +42,13 @@
  * nat_snat6, the SNAT port search, and ct_new6 are global functions,
  * which the verifier checks once, on their own.
  *
- * Not here: the direct send to the client of a reply that a pod's device
- * reverse-NATs at ingress (rev_dnat), which IPv6 does not need: its stack
- * forwards a packet from the node's own address, which IPv4's drops as a
- * martian.
+ * A DNATed flow's reply at the ingress of a device (a pod's, in
+ * --devices) that will leave by a device with tc is translated at that
+ * device's egress, as IPv4's (rev_dnat): the node's conntrack sees it as
+ * the flow's reply. Not here: the direct send to the client of a reply
+ * that a pod's device reverse-NATs at ingress (rev_dnat), which IPv6
+ * does not need: its stack forwards a packet from the node's own address,
+ * which IPv4's drops as a martian.
  *
  * Dry runs (explain.h): tc6_body is built twice, as tc.c's tc_body is,
  * the dry twins with pkt6.dry true: they write no map and note what they
@@ -215,16 +218,51 @@ struct lb6_xlate {
 #define TC6_NEED_REMAP 3
 
 /*
+ * rev_at_egress6 - rev_at_egress4 (tc.c) for IPv6: whether @p, the reply
+ * of a flow that was DNATed only, at the ingress of a device, will leave
+ * by a device the agent attached tc to (dev_has_tc), as the stack routes
+ * it as it came; never at a bridge or bond port (dev_is_port). A global
+ * function, as rev_at_egress4, that asks
+ * bpf_fib_lookup itself: its frame is the only one on top of rev_nat6's
+ * (with fib6_lookup's on top of one of its own, the four would not fit
+ * the stack together).
+ */
+__noinline int rev_at_egress6(struct __sk_buff *skb, const struct pkt6 *p)
+{
+	struct bpf_fib_lookup fib = {
+		.family = AF_INET6,
+	};
+	struct node_dev *dev;
+
+	if (!skb || !p)
+		return 0;
+	/* dev_is_port, its key in @fib: a stack slot more would not fit. */
+	fib.ifindex = skb->ifindex;
+	dev = bpf_map_lookup_elem(&sluice_devices_v1, &fib.ifindex);
+	if (dev && (dev->flags & NODE_DEV_F_PORT))
+		return 0;
+	__builtin_memcpy(fib.ipv6_src, &p->saddr, sizeof(p->saddr));
+	__builtin_memcpy(fib.ipv6_dst, &p->daddr, sizeof(p->daddr));
+	if (fib_ret_unusable(bpf_fib_lookup(skb, &fib, sizeof(fib), 0)))
+		return 0;
+	dev = bpf_map_lookup_elem(&sluice_devices_v1, &fib.ifindex);
+	return dev && (dev->flags & NODE_DEV_F_TC);
+}
+
+/*
  * rev_nat6 - if @p is a reply of a translated flow, rewrite its source
  * back to the frontend. Returns a TC verdict, -1 if @p is not such a
  * reply, or TC6_FORWARD for a reply of a source-NATed flow, with @x
  * saying where it goes (<frontend -> client>, as rev_nat does it). A
  * remapped flow's reply <B:q -> C:p'> (lb6_new_flow) is addressed to the
  * client already: it gets its destination port back, and goes on as a
- * DNATed flow's reply.
+ * DNATed flow's reply, which at @ingress is passed up as it came when it
+ * will leave by a device with tc (rev_at_egress6), to be translated at
+ * that device's egress, where the node's conntrack has seen it (rev_dnat
+ * in tc.c says why; and why not while ct_admit_paused).
  */
 static __noinline int rev_nat6(struct __sk_buff *skb, const struct pkt6 *p,
-			       __u64 now, struct lb6_xlate *x)
+			       __u64 now, struct lb6_xlate *x, bool ingress)
 {
 	struct ct6_key key = {};
 	struct ct6_entry *e;
@@ -237,7 +275,6 @@ static __noinline int rev_nat6(struct __sk_buff *skb, const struct pkt6 *p,
 		return ret;
 	fe = e->nat_addr;
 	fe_port = e->nat_port;
-	metric_count(p, METRIC_TC_REV_NAT);
 	explain_reply6(p, fe, fe_port);
 	x->port = p->dport;
 	if (e->flags & CT_F_SNAT) {
@@ -245,12 +282,18 @@ static __noinline int rev_nat6(struct __sk_buff *skb, const struct pkt6 *p,
 		x->port = e->snat_port;
 		if (!lb6_addr_eq(&e->snat_addr, &p->daddr)) {
 			/* <B -> N:sp> becomes <F -> C>. */
+			metric_count(p, METRIC_TC_REV_NAT);
 			x->snat_addr = fe;
 			x->snat_port = fe_port;
 			x->addr = e->snat_addr;
 			return TC6_FORWARD;
 		}
 	}
+	if (ingress && !ct_admit_paused && rev_at_egress6(skb, p)) {
+		metric_count(p, METRIC_TC_REV_AT_EGRESS);
+		return TC_ACT_OK;
+	}
+	metric_count(p, METRIC_TC_REV_NAT);
 	if (rewrite6_l4addr(skb, p, false, &fe, fe_port) < 0 ||
 	    rewrite6_l4addr(skb, p, true, &p->daddr, x->port) < 0) {
 		metric_count(p, METRIC_TC_REWRITE_ERR);
@@ -622,7 +665,7 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 		fwd = lb6_has_flow(p, now, x);
 	flow = fwd != NULL;
 	if (!flow && !(svc && ct_syn_only6(p))) {
-		ret = rev_nat6(skb, p, now, x);
+		ret = rev_nat6(skb, p, now, x, true);
 		if (ret != -1)
 			return ret;
 		if (!svc)
@@ -725,7 +768,7 @@ static __always_inline int tc6_body(struct __sk_buff *skb, bool dry,
 	if (ingress)
 		ret = lb6_dnat(skb, &p, now, &x);
 	else
-		ret = rev_nat6(skb, &p, now, &x);
+		ret = rev_nat6(skb, &p, now, &x, false);
 	if (ret == -1)
 		return TC_ACT_OK;
 	if (ret == TC6_FORWARD)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -480,7 +481,11 @@ func explainTable(o *explainOut) string {
 		}
 	}
 	if o.Reply {
-		add("REPLY", "of a translated flow: source becomes "+o.ReplyFrom)
+		if slices.Contains(o.Reasons, "tc_rev_at_egress") {
+			add("REPLY", "of a translated flow, passed up untranslated: translated at the egress of the device its route leaves by (source becomes "+o.ReplyFrom+" there)")
+		} else {
+			add("REPLY", "of a translated flow: source becomes "+o.ReplyFrom)
+		}
 	}
 	if o.Frontend != "" {
 		svc := o.Service

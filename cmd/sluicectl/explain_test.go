@@ -194,6 +194,21 @@ func TestExplainTable(t *testing.T) {
 	if strings.Contains(got, "SNAT") || strings.Contains(got, "REASON\t") {
 		t.Errorf("table shows empty fields:\n%s", got)
 	}
+	// A DNAT-only reply at a pod device's ingress that is passed up for
+	// the client device's egress (tc_rev_at_egress) is not translated here.
+	for _, c := range []struct {
+		reasons []string
+		want    string
+	}{
+		{[]string{"tc_rev_nat"}, "REPLY\tof a translated flow: source becomes 10.96.0.10:80\n"},
+		{[]string{"tc_rev_at_egress"}, "REPLY\tof a translated flow, passed up untranslated: translated at the egress of the device its route leaves by (source becomes 10.96.0.10:80 there)\n"},
+	} {
+		reply := explainTable(&explainOut{Program: "sluice_ingress", Device: "pod0", Direction: "ingress", Packet: "TCP 10.1.1.2:8080 -> 10.0.0.1:40000",
+			Reply: true, ReplyFrom: "10.96.0.10:80", Verdict: "pass", Reasons: c.reasons})
+		if !strings.Contains(reply, c.want) {
+			t.Errorf("reply counted %v: want %q in\n%s", c.reasons, c.want, reply)
+		}
+	}
 	none := explainTable(&explainOut{Program: "sluice_ingress", Packet: "TCP 10.0.0.1:1 -> 192.0.2.1:80", Verdict: "pass"})
 	if !strings.Contains(none, "FRONTEND\tnone: not a Service frontend\n") {
 		t.Errorf("no frontend:\n%s", none)

@@ -505,6 +505,33 @@ func (d *Datapath) Prune(cgroup string, devices []string) error {
 			want["cgroup_"+cp.name] = true
 		}
 	}
+	// The stale devices' entries lose their tc flag before their links
+	// go (clearNodeDevTC), then go themselves.
+	wantIfindex := map[uint32]bool{}
+	for _, dev := range devices {
+		if iface, err := net.InterfaceByName(dev); err == nil {
+			wantIfindex[uint32(iface.Index)] = true
+		}
+	}
+	var ifidx uint32
+	var nd sockNodeDev
+	var stale []uint32
+	for it := d.maps.devices.Iterate(); it.Next(&ifidx, &nd); {
+		if !wantIfindex[ifidx] {
+			stale = append(stale, ifidx)
+		}
+	}
+	for _, i := range stale {
+		if err := d.maps.clearNodeDevTC(i); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	var addr6 sockV6addr
+	for it := d.maps.devices6.Iterate(); it.Next(&ifidx, &addr6); {
+		if !wantIfindex[ifidx] && !slices.Contains(stale, ifidx) {
+			stale = append(stale, ifidx)
+		}
+	}
 	pins, err := os.ReadDir(filepath.Join(d.dir, "links"))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("list pinned links: %w", err))
@@ -517,28 +544,8 @@ func (d *Datapath) Prune(cgroup string, devices []string) error {
 			errs = append(errs, fmt.Errorf("detach %s: %w", e.Name(), err))
 		}
 	}
-	wantIfindex := map[uint32]bool{}
-	for _, dev := range devices {
-		if iface, err := net.InterfaceByName(dev); err == nil {
-			wantIfindex[uint32(iface.Index)] = true
-		}
-	}
 	if err := removeClsactFilters(func(l netlink.Link) bool { return wantIfindex[uint32(l.Attrs().Index)] }); err != nil {
 		errs = append(errs, err)
-	}
-	var ifidx uint32
-	var nd sockNodeDev
-	var stale []uint32
-	for it := d.maps.devices.Iterate(); it.Next(&ifidx, &nd); {
-		if !wantIfindex[ifidx] {
-			stale = append(stale, ifidx)
-		}
-	}
-	var addr6 sockV6addr
-	for it := d.maps.devices6.Iterate(); it.Next(&ifidx, &addr6); {
-		if !wantIfindex[ifidx] && !slices.Contains(stale, ifidx) {
-			stale = append(stale, ifidx)
-		}
 	}
 	for _, i := range stale {
 		if err := errors.Join(deleteIgnoringMissing(d.maps.devices, i), deleteIgnoringMissing(d.maps.devices6, i)); err != nil {

@@ -50,6 +50,32 @@ func (m *Maps) setNodeDevice(ifindex int, addr netip.Addr, flags uint32) error {
 	return m.syncL3Gate()
 }
 
+// clearNodeDevTC clears the nodeDevTC flag of device ifindex's entry,
+// keeping its address and other flags, before its tc programs are
+// detached (DetachDevice, Prune). Otherwise, until the entry goes, a
+// DNAT-only reply at another device's ingress whose route leaves by this
+// one would still be passed up untranslated for an egress program that
+// is no longer there (rev_at_egress4, rev_at_egress6). No entry: nothing.
+// It takes no lock: the device watch calls DetachDevice holding devMu,
+// Prune runs before the watch starts.
+func (m *Maps) clearNodeDevTC(ifindex uint32) error {
+	var v sockNodeDev
+	if err := m.devices.Lookup(ifindex, &v); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		return fmt.Errorf("look up %s: %w", mapDevices, err)
+	}
+	if v.Flags&nodeDevTC == 0 {
+		return nil
+	}
+	v.Flags &^= nodeDevTC
+	if err := m.devices.Update(ifindex, &v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("clear the tc flag of node device %d: %w", ifindex, err)
+	}
+	return nil
+}
+
 // markL3 makes the L3 flag (nodeDevL3) of device ifindex's entry say l3
 // before AttachDevices puts its tc programs on it. Otherwise, until the
 // device is recorded after the attach, a new tun's tc program would read

@@ -436,6 +436,11 @@ func (d *Datapath) AttachDevice(dev string, ifindex int) error {
 // live device (a new dev) stays.
 func (d *Datapath) DetachDevice(dev string, ifindex int) error {
 	var errs []error
+	// First: no reply is passed up for this device's egress to translate
+	// while its programs go (clearNodeDevTC).
+	if err := d.maps.clearNodeDevTC(uint32(ifindex)); err != nil {
+		errs = append(errs, fmt.Errorf("forget node device %s: %w", dev, err))
+	}
 	for _, p := range devicePinPrefixes {
 		pin := d.linkPin(p + dev)
 		if !pinnedLinkOn(pin, ifindex) {

@@ -40,22 +40,36 @@ func podIfindex(t *testing.T) int {
 }
 
 // TestTCReplyAtPodDevice: with the pod-facing device among the attached
-// ones, the reply of a NodePort flow to a local backend is reverse-NATed
-// at its ingress, and so gets the node's address as its source: it is
-// forwarded to the client (FIB lookup and redirect, TTL one less) instead
-// of being passed up, where the kernel drops it as a martian. A ClusterIP
-// reply is still passed up (its source, a VIP, is not the node's). Per
-// family: IPv6's stack forwards a packet from the node's own address, so
-// there every reply is reverse-NATed and passed up
-// (TestNodePortPodDeviceEndToEndIPv6 shows it reaching the client).
+// ones, the reply of a flow DNATed only (a NodePort flow to a local
+// backend, a ClusterIP one) meets pod0's ingress first. If its route to
+// the client leaves by a device that runs tc (eth0 here), it is passed up
+// as it came, for the stack to forward (the node's conntrack sees the
+// flow's reply tuple, TestDNATOnlyConntrackValid) and eth0's egress to
+// translate. If it leaves by one that does not (eth1, not attached: a
+// client at 192.168.3.2 whose SYN came in at eth0), it is reverse-NATed
+// here, and so gets the node's address as its source: forwarded to the
+// client (FIB lookup and redirect, TTL one less) instead of being passed
+// up, where the kernel drops it as a martian; a ClusterIP reply is still
+// passed up (its source, a VIP, is not the node's). Per family: IPv6's
+// stack forwards a packet from the node's own address, so there such a
+// reply is reverse-NATed and passed up (TestNodePortPodDeviceEndToEndIPv6
+// shows it reaching the client). While a start migrates sluice_conntrack
+// (ct_admit_paused), eth0's reply is translated at pod0 too; and so it is
+// when pod0 is a bridge or bond port (nodeDevPort).
 func TestTCReplyAtPodDevice(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		_, ethIdx, d := nodeDatapath(t, smallConfig, "eth0", "pod0")
 		podIdx := podIfindex(t)
+		farClient := "192.168.3.2" // node 3, behind eth1
 		if v6 {
 			addNodeIPv6(t)
 			_, pods, _ := net.ParseCIDR("2001:db8:1::/64") // the local pods, behind pod0
 			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: podIdx, Dst: pods}); err != nil {
+				t.Fatal(err)
+			}
+			farClient = "2001:db8:3::2"
+			_, far, _ := net.ParseCIDR("2001:db8:3::/64")
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: mustLink(t, "eth1").Attrs().Index, Dst: far}); err != nil {
 				t.Fatal(err)
 			}
 			if err := d.AttachDevices([]string{"eth0", "pod0"}); err != nil {
@@ -74,39 +88,93 @@ func TestTCReplyAtPodDevice(t *testing.T) {
 		ing := d.TCIngress()
 		// Frames from the client to eth0, and from the pod to pod0.
 		eth, pod0, pod := macOf(nodeEthMAC), [6]byte{0x02, 0, 0, 0, 0x0a, 0x00}, [6]byte{0x02, 0, 0, 0, 0x0a, 0x01}
-		client, beS := nsTwin(v6, nsClientIP), be.addr.Addr.String()
+		beS := be.addr.Addr.String()
 
-		for i, fe := range []model.L4Addr{np, etpLocal, cip} {
-			cport := uint16(42000 + i)
-			syn := tcpPacket(client, cport, fe.Addr.String(), fe.Port, 0, nil)
-			dnat := tcpPacket(client, cport, beS, 8080, 0, nil)
-			verdict, out := runOn(t, ing, ethIdx, frame(eth, clientMAC, syn))
-			if want := frame(eth, clientMAC, dnat); verdict != tcActOK || !bytes.Equal(out, want) {
-				t.Fatalf("%s: SYN: verdict %d, output %s", fe, verdict, packet.Diff(out, want))
-			}
-
-			synAck := tcpPacket(beS, 8080, client, cport, 0x12, nil)
-			back := tcpPacket(fe.Addr.String(), fe.Port, client, cport, 0x12, nil)
-			verdict, out = runOn(t, ing, podIdx, frame(pod0, pod, synAck))
-			if fe == cip || v6 {
-				// Passed up, rewritten: the stack routes it.
-				if want := frame(pod0, pod, back); verdict != tcActOK || !bytes.Equal(out, want) {
-					t.Errorf("%s: SYN-ACK at pod0: verdict %d, output %s", fe, verdict, packet.Diff(out, want))
+		cport := uint16(42000)
+		for _, client := range []string{nsTwin(v6, nsClientIP), farClient} {
+			for _, fe := range []model.L4Addr{np, etpLocal, cip} {
+				cport++
+				syn := tcpPacket(client, cport, fe.Addr.String(), fe.Port, 0, nil)
+				dnat := tcpPacket(client, cport, beS, 8080, 0, nil)
+				verdict, out := runOn(t, ing, ethIdx, frame(eth, clientMAC, syn))
+				if want := frame(eth, clientMAC, dnat); verdict != tcActOK || !bytes.Equal(out, want) {
+					t.Fatalf("%s from %s: SYN: verdict %d, output %s", fe, client, verdict, packet.Diff(out, want))
 				}
-				continue
-			}
-			back.TTL = 63
-			if want := frame(clientMAC, eth, back); verdict != tcActRedirect || !bytes.Equal(out, want) {
-				t.Errorf("%s: SYN-ACK at pod0: verdict %d (want redirect %d), output %s", fe, verdict, tcActRedirect, packet.Diff(out, want))
+
+				synAck := frame(pod0, pod, tcpPacket(beS, 8080, client, cport, 0x12, nil))
+				back := tcpPacket(fe.Addr.String(), fe.Port, client, cport, 0x12, nil)
+				verdict, out = runOn(t, ing, podIdx, synAck)
+				switch {
+				case client != farClient:
+					// Passed up as it came: eth0's egress translates it.
+					if verdict != tcActOK || !bytes.Equal(out, synAck) {
+						t.Errorf("%s from %s: SYN-ACK at pod0: verdict %d, output %s", fe, client, verdict, packet.Diff(out, synAck))
+					}
+				case fe == cip || v6:
+					// Passed up, rewritten: the stack routes it.
+					if want := frame(pod0, pod, back); verdict != tcActOK || !bytes.Equal(out, want) {
+						t.Errorf("%s from %s: SYN-ACK at pod0: verdict %d, output %s", fe, client, verdict, packet.Diff(out, want))
+					}
+				default:
+					back.TTL = 63
+					if want := frame(macOf(node3MAC), macOf(nodeEth1MAC), back); verdict != tcActRedirect || !bytes.Equal(out, want) {
+						t.Errorf("%s from %s: SYN-ACK at pod0: verdict %d (want redirect %d), output %s", fe, client, verdict, tcActRedirect, packet.Diff(out, want))
+					}
+				}
 			}
 		}
+		// Only the far client's replies were translated here.
 		cs := counters(t, d)
-		want := uint64(2) // the NodePort and ETP=Local replies
+		want := uint64(2) // its NodePort and ETP=Local replies
 		if v6 {
 			want = 0
 		}
-		if cs["tc_rev_redirect"] != want || cs["tc_rev_nat"] < 3-want {
-			t.Errorf("tc_rev_redirect = %d, tc_rev_nat = %d; want %d and at least %d", cs["tc_rev_redirect"], cs["tc_rev_nat"], want, 3-want)
+		if cs["tc_rev_redirect"] != want || cs["tc_rev_nat"] != 3 || cs["tc_rev_at_egress"] != 3 {
+			t.Errorf("tc_rev_redirect = %d, tc_rev_nat = %d, tc_rev_at_egress = %d; want %d, 3 and 3 (the near client's replies)",
+				cs["tc_rev_redirect"], cs["tc_rev_nat"], cs["tc_rev_at_egress"], want)
+		}
+
+		// While a start migrates sluice_conntrack (ct_admit_paused), eth0's
+		// egress may still run the previous agent's program, which would
+		// not find the flow: the near client's reply is translated here.
+		if err := d.tc.CtAdmitPaused.Set(uint8(1)); err != nil {
+			t.Fatal(err)
+		}
+		cport++
+		client := nsTwin(v6, nsClientIP)
+		syn := tcpPacket(client, cport, cip.Addr.String(), cip.Port, 0, nil)
+		if verdict, _ := runOn(t, ing, ethIdx, frame(eth, clientMAC, syn)); verdict != tcActOK {
+			t.Fatalf("paused: SYN: verdict %d", verdict)
+		}
+		synAck := frame(pod0, pod, tcpPacket(beS, 8080, client, cport, 0x12, nil))
+		back := frame(pod0, pod, tcpPacket(cip.Addr.String(), cip.Port, client, cport, 0x12, nil))
+		if verdict, out := runOn(t, ing, podIdx, synAck); verdict != tcActOK || !bytes.Equal(out, back) {
+			t.Errorf("paused: SYN-ACK at pod0: verdict %d, output %s", verdict, packet.Diff(out, back))
+		}
+		if err := d.tc.CtAdmitPaused.Set(uint8(0)); err != nil {
+			t.Fatal(err)
+		}
+
+		// At a bridge or bond port (nodeDevPort), the reply may be bridged
+		// to the client's port, past no egress of the master's: translated
+		// here too.
+		var nd sockNodeDev
+		if err := m.devices.Lookup(uint32(podIdx), &nd); err != nil {
+			t.Fatal(err)
+		}
+		nd.Flags |= nodeDevPort
+		if err := m.devices.Put(uint32(podIdx), &nd); err != nil {
+			t.Fatal(err)
+		}
+		cport++
+		syn = tcpPacket(client, cport, cip.Addr.String(), cip.Port, 0, nil)
+		if verdict, _ := runOn(t, ing, ethIdx, frame(eth, clientMAC, syn)); verdict != tcActOK {
+			t.Fatalf("port: SYN: verdict %d", verdict)
+		}
+		synAck = frame(pod0, pod, tcpPacket(beS, 8080, client, cport, 0x12, nil))
+		back = frame(pod0, pod, tcpPacket(cip.Addr.String(), cip.Port, client, cport, 0x12, nil))
+		if verdict, out := runOn(t, ing, podIdx, synAck); verdict != tcActOK || !bytes.Equal(out, back) {
+			t.Errorf("port: SYN-ACK at pod0: verdict %d, output %s", verdict, packet.Diff(out, back))
 		}
 	})
 }
@@ -166,9 +234,12 @@ func TestNodePortPodDeviceEndToEnd(t *testing.T) {
 	}
 
 	nodePortsReachPod(t, d, node, client, "tcp4", "10.0.0.2", "10.1.1.2")
+	// The replies were passed up at pod0's ingress untranslated (their
+	// route leaves by eth0, which runs tc) and reverse-NATed at eth0's
+	// egress: none redirected.
 	cs := counters(t, d)
-	if cs["tc_rev_redirect"] == 0 {
-		t.Errorf("tc_rev_redirect = 0: %v", cs)
+	if cs["tc_rev_nat"] == 0 || cs["tc_rev_redirect"] != 0 {
+		t.Errorf("tc_rev_nat = %d, tc_rev_redirect = %d; want replies translated at egress, none redirected", cs["tc_rev_nat"], cs["tc_rev_redirect"])
 	}
 }
 
@@ -305,17 +376,37 @@ func TestTCRedirectTTLAndMTU(t *testing.T) {
 		if v6 {
 			want["tc_mtu_drop"], want["tc_fwd_to_stack"] = 0, 0
 		} else {
-			// A local backend's reply at pod0 too big for eth0
-			// (1280 now): passed up as it came.
+			// A local backend's reply at pod0 too big for the
+			// device its route leaves by: passed up as it came. To a
+			// client behind eth0 (1280 now), which runs tc, because
+			// every such reply is (rev_dnat: eth0's egress translates
+			// it); to one behind far0 (1280, no tc), because it does
+			// not fit the redirect (tc_fwd_to_stack).
+			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "far0", MTU: 1280}, PeerName: "far0peer"}); err != nil {
+				t.Fatal(err)
+			}
 			addExternal(t, m, 2, npLocal, ext, beLocal)
 			setMTUHere(t, "eth0", 1280)
-			in = fromClient(seg(client, 43005, node, npLocal.Port, 0, 0, true, 0))
-			if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActOK {
-				t.Fatalf("SYN to a local backend: verdict %d", verdict)
+			far := mustLink(t, "far0")
+			for _, l := range []netlink.Link{far, mustLink(t, "far0peer")} {
+				if err := netlink.LinkSetUp(l); err != nil {
+					t.Fatal(err)
+				}
 			}
-			in = frame([6]byte{0x02, 0, 0, 0, 0x0a, 0x00}, [6]byte{0x02, 0, 0, 0, 0x0a, 0x01}, seg("10.1.0.7", 8080, client, 43005, 0x10, 0, true, 1300))
-			if verdict, out := runOn(t, ing, podIdx, in); verdict != tcActOK || !bytes.Equal(out, in) {
-				t.Errorf("oversize reply at pod0: verdict %d, output %s", verdict, packet.Diff(out, in))
+			_, farNet, _ := net.ParseCIDR("192.168.9.0/24")
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: far.Attrs().Index, Dst: farNet}); err != nil {
+				t.Fatal(err)
+			}
+			for i, c := range []string{client, "192.168.9.9"} {
+				cport := uint16(43005 + i)
+				in = fromClient(seg(c, cport, node, npLocal.Port, 0, 0, true, 0))
+				if verdict, _ := runOn(t, ing, ethIdx, in); verdict != tcActOK {
+					t.Fatalf("SYN from %s to a local backend: verdict %d", c, verdict)
+				}
+				in = frame([6]byte{0x02, 0, 0, 0, 0x0a, 0x00}, [6]byte{0x02, 0, 0, 0, 0x0a, 0x01}, seg("10.1.0.7", 8080, c, cport, 0x10, 0, true, 1300))
+				if verdict, out := runOn(t, ing, podIdx, in); verdict != tcActOK || !bytes.Equal(out, in) {
+					t.Errorf("oversize reply to %s at pod0: verdict %d, output %s", c, verdict, packet.Diff(out, in))
+				}
 			}
 		}
 		cs := counters(t, d)

@@ -389,7 +389,8 @@ const (
 	sockMetricReasonMETRIC_TC_CT_CLASH_REMAP    sockMetricReason = 45
 	sockMetricReasonMETRIC_TC_CT_EST_OVERFLOW   sockMetricReason = 46
 	sockMetricReasonMETRIC_TC_ICMP_RATELIMITED  sockMetricReason = 47
-	sockMetricReasonMETRIC_MAX                  sockMetricReason = 48
+	sockMetricReasonMETRIC_TC_REV_AT_EGRESS     sockMetricReason = 48
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 49
 )
 
 type sockNodeCidr6Key struct {
