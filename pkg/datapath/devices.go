@@ -154,6 +154,9 @@ func deviceFlags(dev string) (uint32, error) {
 	if slices.Contains(l3EncapTypes, l.Attrs().EncapType) {
 		f |= nodeDevL3
 	}
+	if isTunnel(l) {
+		f |= nodeDevTunnel
+	}
 	if mi := l.Attrs().MasterIndex; mi != 0 {
 		m, err := netlink.LinkByIndex(mi)
 		if err != nil {
@@ -192,7 +195,48 @@ func deviceAddr(dev string, nodeIPs []netip.Addr, family int) (netip.Addr, error
 			first = ip
 		}
 	}
+	if !first.IsValid() && isTunnel(l) {
+		// A tunnel without an address of the family: the node's
+		// address of it, as kube-proxy's MASQUERADE takes another
+		// device's (inet_select_addr), so that a flow routed through
+		// it is still source-NATed. Replies to it come back through
+		// the node IP's device, which the agent attaches to by
+		// default.
+		if i := slices.IndexFunc(nodeIPs, func(a netip.Addr) bool { return a.Is4() == (family == netlink.FAMILY_V4) }); i >= 0 {
+			first = nodeIPs[i]
+		}
+	}
 	return first, nil
+}
+
+// tunnelTypes are the link types (netlink's Type(), the kernel's
+// IFLA_INFO_KIND) of overlay devices: an overlay CNI routes the pods of
+// other nodes through one (flannel's flannel.1 and Calico's vxlan.calico
+// are vxlan, Calico's tunl0 ipip, Calico's and flannel's WireGuard
+// wireguard, Antrea's and OVN's geneve), so a flow to a backend behind
+// it is to another node.
+var tunnelTypes = []string{"vxlan", "geneve", "ipip", "ip6tnl", "sit", "gre", "gretap", "ip6gre", "ip6gretap", "erspan", "ip6erspan", "wireguard", "bareudp"}
+
+// isTunnel says whether l is an overlay device (tunnelTypes).
+func isTunnel(l netlink.Link) bool { return slices.Contains(tunnelTypes, l.Type()) }
+
+// TunnelDevices returns the overlay devices (tunnelTypes, in the
+// caller's network namespace) that are up, in ifindex order: what
+// --devices adds to the devices holding the node addresses by default.
+// A down one (the fallback devices tunl0, sit0, ip6tnl0, gre0 the kernel
+// makes with its module) is left out.
+func TunnelDevices() ([]string, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list devices: %w", err)
+	}
+	var out []string
+	for _, l := range links {
+		if isTunnel(l) && l.Attrs().Flags&net.FlagUp != 0 {
+			out = append(out, l.Attrs().Name)
+		}
+	}
+	return out, nil
 }
 
 // DevicesOf returns the devices (in the caller's network namespace) that
