@@ -202,7 +202,10 @@ func overlayTopology(t *testing.T, kind string, a overlayAddrs, noAddr bool) *ov
 // overlay's, TunnelDevices) and with eth0,ov0 named. Before the overlay
 // devices were attached by default, the flow was only DNATed: the pod
 // answered the client directly, from its own address, and the connection
-// never completed.
+// never completed. The same for a ClusterIP the client (outside
+// --cluster-cidr) reaches through node1, and with native XDP on node1's
+// uplink (which must leave the flow to tc: XDP cannot send through a
+// tunnel).
 func TestOverlayNodePortRemoteEndpoint(t *testing.T) {
 	testutil.Privileged(t)
 	forFamilies(t, func(t *testing.T, v6 bool) {
@@ -215,12 +218,14 @@ func TestOverlayNodePortRemoteEndpoint(t *testing.T) {
 			noAddr  bool
 			devices []string // nil: the default
 			xdp     XDPMode
+			cip     bool // a ClusterIP, the client outside --cluster-cidr
 		}{
 			{kind: "vxlan"},
 			{kind: "vxlan", devices: []string{"eth0", "ov0"}},
 			{kind: "vxlan", noAddr: true},
 			{kind: "vxlan", noAddr: true, devices: []string{"eth0", "ov0"}},
 			{kind: "vxlan", xdp: XDPNative},
+			{kind: "vxlan", cip: true},
 			{kind: "ipip"},
 			{kind: "ipip", devices: []string{"eth0", "ov0"}},
 		} {
@@ -239,20 +244,42 @@ func TestOverlayNodePortRemoteEndpoint(t *testing.T) {
 			if tc.xdp != "" {
 				name += "/xdp-" + string(tc.xdp)
 			}
-			t.Run(name, func(t *testing.T) { overlayNodePort(t, tc.kind, a, tc.noAddr, tc.devices, tc.xdp) })
+			if tc.cip {
+				name += "/clusterip"
+			}
+			t.Run(name, func(t *testing.T) { overlayNodePort(t, tc.kind, a, tc.noAddr, tc.devices, tc.xdp, tc.cip) })
 		}
 	})
 }
 
-func overlayNodePort(t *testing.T, kind string, a overlayAddrs, noAddr bool, devices []string, xdp XDPMode) {
+func overlayNodePort(t *testing.T, kind string, a overlayAddrs, noAddr bool, devices []string, xdp XDPMode, cip bool) {
 	o := overlayTopology(t, kind, a, noAddr)
 	nodeIPs := []netip.Addr{addr(overlayAddrs4.node1)}
 	if addr(a.node1).Is6() {
 		nodeIPs = append(nodeIPs, addr(a.node1))
 	}
-	d := openTest(t, configWith(smallConfig, func(c *Config) { c.NodeIPs, c.XDP = nodeIPs, xdp })(testPinDir(t)))
+	// The pods' CIDR (both nodes'), which the client is outside of.
+	cidr := netip.PrefixFrom(addr(a.podNet[0]), a.podBits-8).Masked()
+	d := openTest(t, configWith(smallConfig, func(c *Config) {
+		c.NodeIPs, c.XDP, c.ClusterCIDRs = nodeIPs, xdp, []netip.Prefix{cidr}
+	})(testPinDir(t)))
 	np := l4(a.node1, 30080, model.TCP)
-	addExternal(t, d.Maps(), 1, np, reconciler.FlagExternal, testBackend{1, l4(a.pod, 8080, model.TCP)})
+	be := testBackend{1, l4(a.pod, 8080, model.TCP)}
+	if cip {
+		// The client routes the service CIDR to node1, as a router
+		// sending it into the cluster does.
+		np = l4(twinAddr(addr(a.pod).Is6(), "10.96.0.50"), 80, model.TCP)
+		svc := netip.PrefixFrom(np.Addr, 64)
+		if np.Addr.Is4() {
+			svc = netip.PrefixFrom(np.Addr, 24)
+		}
+		if err := o.client.AddRoute(svc, addr(a.node1)); err != nil {
+			t.Fatal(err)
+		}
+		addService(t, d.Maps(), 1, np, be)
+	} else {
+		addExternal(t, d.Maps(), 1, np, reconciler.FlagExternal, be)
+	}
 	devs := devices
 	if err := o.node1.Do(func() error {
 		if devs == nil {
