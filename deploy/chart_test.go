@@ -382,3 +382,21 @@ func TestNodeByNodeSelector(t *testing.T) {
 		t.Errorf("nodeSelector %v, want %v", got, want)
 	}
 }
+
+// podLabels reach the pod template, never the selector: monitoring that
+// finds kube-proxy by its label (kube-prometheus-stack's k8s-app:
+// kube-proxy) finds Sluice's pods, and the DaemonSet's own label stays.
+func TestPodLabels(t *testing.T) {
+	_, ds := render(t, "apiServer.host=10.0.0.10", "podLabels.k8s-app=kube-proxy", `podLabels.app\.kubernetes\.io/name=other`)
+	want := map[string]string{"k8s-app": "kube-proxy", "app.kubernetes.io/name": "sluice"}
+	if got := ds.Spec.Template.Labels; !maps.Equal(got, want) {
+		t.Errorf("pod template labels %v, want %v", got, want)
+	}
+	if got, want := ds.Spec.Selector.MatchLabels, map[string]string{"app.kubernetes.io/name": "sluice"}; !maps.Equal(got, want) {
+		t.Errorf("selector %v, want %v", got, want)
+	}
+	_, ds = render(t, "apiServer.host=10.0.0.10")
+	if got, want := ds.Spec.Template.Labels, map[string]string{"app.kubernetes.io/name": "sluice"}; !maps.Equal(got, want) {
+		t.Errorf("pod template labels by default %v, want %v", got, want)
+	}
+}

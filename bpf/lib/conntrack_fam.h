@@ -783,9 +783,29 @@ CT_SNAT_TRY_FN FN(ct_snat_try)(const FAM(ct_key_t) *key,
  * translated to remote backend @be and source-NATed to @node: reserve a
  * source port by inserting the reply entry <be -> node:port> into
  * sluice_conntrack with BPF_NOEXIST (so no two flows ever share a tuple),
- * trying up to SNAT_TRIES ports from a random start in [snat_port_min,
- * snat_port_max], and reclaiming a dead entry in the way. Then record the
- * forward entry, half-open.
+ * trying up to SNAT_TRIES ports of [snat_port_min, snat_port_max], and
+ * reclaiming a dead entry in the way. Then record the forward entry,
+ * half-open.
+ *
+ * A range of SNAT_TRIES ports or fewer is searched whole, each port once,
+ * in order (wrapping) from a random start: a free port is always found.
+ * A larger one is cut into SNAT_TRIES stretches of range / SNAT_TRIES
+ * ports (rounded down or up, together the whole range), and try i takes
+ * a port of stretch i at random: SNAT_TRIES distinct ports, spread over
+ * the range. In order from a random start (linear probing, the search
+ * before), the ports taken gather in runs that a search starting inside
+ * one walks along: with 4,536 ports, 80% of them taken, about 3% of new
+ * flows found none (a simulation of that search under churn), where
+ * tries at random miss with about 0.8^32, 0.08%; at 90%, 13% against
+ * 3.4%. Drawn independently (with replacement) they would try fewer
+ * distinct ports of a small range: with one port of 33 free, 37% of
+ * searches would miss it; spread, only a port of the one stretch of two
+ * is ever missed, and half the time: 1 search in 33 on average (as with
+ * linear probing). With one of 64 free, half (every stretch has two),
+ * against 61%.
+ * netfilter's search (nf_nat_l4proto_unique_tuple) is in order too, over
+ * 64,512 ports: 128 tries, then 64, 32, 16 and 8 from new random starts
+ * (248 in all).
  *
  * Returns the reserved port (network order) in @port, and 0; 1 if every
  * try found a live flow; or a negative map update error (-E2BIG: the
@@ -816,16 +836,30 @@ FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
 		.snat_addr = p->saddr,
 		.snat_port = p->sport,
 	};
-	__u32 lo = snat_port_min, hi = snat_port_max, range, start, i;
+	__u32 start, off, i;
 	bool ok = false;
 	int err;
 
-	if (hi < lo)
+	/*
+	 * The range's bounds are read where used (load-time constants, which
+	 * the verifier knows): registers less to keep across the calls, the
+	 * stack being near its limit.
+	 */
+#define SNAT_RANGE ((__u32)snat_port_max - snat_port_min + 1)
+	if (snat_port_max < snat_port_min)
 		return 1;
-	range = hi - lo + 1;
-	start = bpf_get_prandom_u32();
-	for (i = 0; i < SNAT_TRIES; i++) {
-		key.dport = bpf_htons((__u16)(lo + (start + i) % range));
+	start = bpf_get_prandom_u32() % SNAT_RANGE;
+	for (i = 0; i < SNAT_TRIES && i < SNAT_RANGE; i++) {
+		if (SNAT_RANGE <= SNAT_TRIES) {
+			off = (start + i) % SNAT_RANGE;
+		} else {
+			/* Stretch i: [i * range / N, (i + 1) * range / N). */
+			off = bpf_get_prandom_u32();
+			off = i * SNAT_RANGE / SNAT_TRIES +
+			      off % ((i + 1) * SNAT_RANGE / SNAT_TRIES -
+				     i * SNAT_RANGE / SNAT_TRIES);
+		}
+		key.dport = bpf_htons((__u16)(snat_port_min + off));
 		err = FN(ct_snat_try)(&key, &e, now, explain_dry(p));
 		if (!err) {
 			ok = true;
@@ -834,6 +868,7 @@ FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
 		if (err != -EEXIST)
 			return err;
 	}
+#undef SNAT_RANGE
 	if (!ok)
 		return 1;
 	*port = key.dport;

@@ -78,6 +78,7 @@ func run(args []string) int {
 		localhostNP = fs.Bool("localhost-nodeports", true, "also serve NodePorts on 127.0.0.1 (TCP and UDP, through socket load balancing) when --nodeport-addresses cover it")
 		allowExtIPs = fs.Bool("allow-service-external-ips", true, "serve Services' spec.externalIPs, as kube-proxy's feature gate AllowServiceExternalIPs (GA, default true; --config's featureGates sets it); false, as against CVE-2020-8554, programs no ExternalIP frontends (LoadBalancer ingress IPs, NodePorts and ClusterIPs are served as before)")
 		masqAll     = fs.Bool("masquerade-all", false, "source-NAT all ClusterIP traffic, and external traffic sent to this node's endpoints (which otherwise keeps its client's address)")
+		snatPorts   = fs.String("snat-port-range", fmt.Sprintf("%d-%d", datapath.DefaultSNATPortMin, datapath.DefaultSNATPortMax), "MIN-MAX (inclusive, within 1024-65535): the source ports of flows source-NATed to a node address (to another node's endpoint, hairpins, masquerading); at most MAX-MIN+1 such flows of a protocol at once from one node address to one endpoint address and port (kube-proxy's MASQUERADE --random-fully: 64,512). Reserved from the node's ephemeral ports (net.ipv4.ip_local_reserved_ports): a range inside ip_local_port_range takes ports from the node's own connections; keep it out of the API server's --service-node-port-range")
 		svcMetrics  = fs.Bool("service-metrics", false, "count new flows, packets, bytes and drops per Service in the datapath, exported as sluice_service_*_total and shown by sluicectl services --stats (off by default: a series per Service port, and a per-CPU counter array sized by --max-services)")
 		progStats   = fs.Bool("bpf-program-stats", false, "have the kernel count the run count and run time of BPF programs (BPF_ENABLE_STATS, system wide, while the agent runs), exported as sluice_bpf_program_runs_total and sluice_bpf_program_run_seconds_total (off by default: every run of every BPF program on the node then pays two clock reads)")
 		namesFile   = fs.String("names-file", namesfile.Default, "write which Service each programmed frontend belongs to here (JSON), for sluicectl to show beside the addresses (empty: off)")
@@ -162,6 +163,12 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "sluice: --conntrack-gc-interval %s: must be > 0 (nothing else deletes expired established flows)\n", *ctGC)
 		return 2
 	}
+	snatLo, snatHi, err := datapath.ParseSNATPortRange(*snatPorts)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sluice: --snat-port-range: %v\n", err)
+		return 2
+	}
+	dpCfg.SNATPortMin, dpCfg.SNATPortMax = snatLo, snatHi
 
 	log, err := newLogger(*logLevel)
 	if err != nil {
@@ -202,6 +209,13 @@ func run(args []string) int {
 		}
 	}
 	dpCfg.MasqueradeAll = *masqAll
+	if snatLo <= 32767 && snatHi >= 30000 {
+		// 30000-32767: the API server's default --service-node-port-range,
+		// which the agent is not told: a source-NATed flow's reply
+		// tuple <endpoint -> node:port> could then be a NodePort flow's.
+		log.Warn("--snat-port-range overlaps 30000-32767, the API server's default NodePort range: keep them apart",
+			"snat_ports", fmt.Sprintf("%d-%d", snatLo, snatHi))
+	}
 	dpCfg.ServiceMetrics = *svcMetrics
 	if dpCfg.ClusterCIDRs, err = parseCIDRs("cluster-cidr", *clusterCIDR); err == nil {
 		dpCfg.ServiceCIDRs, err = parseCIDRs("service-cidr", *serviceCIDR)
@@ -668,7 +682,19 @@ func prepareDatapath(dp *datapath.Datapath, cfg agent.Config, m *metrics.Metrics
 		return // nothing is source-NATed, now or later
 	}
 	res, err := dp.ReserveSNATPorts()
+	logSNATReservation(res, err, log)
+}
+
+// logSNATReservation logs what the SNAT port reservation found and did
+// (ReserveSNATPorts): a refusal and a failed write give opposite advice.
+func logSNATReservation(res datapath.PortReservation, err error, log *slog.Logger) {
 	switch {
+	case errors.Is(err, datapath.ErrReservationRefused):
+		log.Warn(fmt.Sprintf("SNAT ports not reserved: it would leave the node %d ephemeral ports (fewer than 1024, and every connect() without a bound port would fail): "+
+			"narrow --snat-port-range, or move it out of ip_local_port_range %s. "+
+			"Until then the node's own connections may take these ports: a reply to one, on the tuple of a source-NATed flow to the same endpoint address and port, "+
+			"is translated back and sent to that flow's client, and the node's connection never gets it", res.EphemeralLeft, res.Ephemeral),
+			"ports", res.Exposed, "err", err)
 	case err != nil && res.Exposed != "":
 		log.Warn("SNAT ports not reserved: the node may hand them out to its own connections, whose replies would then be taken for NodePort flows; "+
 			"reserve them on the node (sysctl net.ipv4.ip_local_reserved_ports) or narrow ip_local_port_range",

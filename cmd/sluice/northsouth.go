@@ -39,27 +39,8 @@ func watchRouting(dp *datapath.Datapath) func() (routingWatch, error) {
 // is logged and started again after retry: meanwhile XDP uses a cached
 // route for at most its age (1s).
 func followRouting(ctx context.Context, watch func() (routingWatch, error), retry time.Duration, log *slog.Logger) {
-	for {
-		w, err := watch()
-		if err == nil {
-			select {
-			case <-ctx.Done():
-				if err := w.Close(); err != nil {
-					log.Error("following the node's routing for the XDP route cache", "err", err)
-				}
-				return
-			case <-w.Done():
-				err = w.Close()
-			}
-		}
-		log.Error("following the node's routing for the XDP route cache failed: cached routes are used until they age out; retrying",
-			"err", err, "retry_in", retry)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(retry):
-		}
-	}
+	datapath.FollowWatch(ctx, watch, retry, log, "following the node's routing for the XDP route cache",
+		"cached routes are used until they age out")
 }
 
 // conntrackGC is what runConntrackGC needs of *datapath.Maps.
@@ -114,49 +95,81 @@ func (o observedGC) GCConntrack() (datapath.ConntrackStats, error) {
 func runConntrackGC(ctx context.Context, m conntrackGC, every time.Duration, log *slog.Logger) {
 	poll := time.NewTicker(time.Second)
 	defer poll.Stop()
-	next := every
-	last := time.Now()
-	refused, err := m.ConntrackRefused()
-	if err != nil {
-		log.Error("conntrack garbage collection", "err", err)
-	}
+	g := newCTCollector(m, every, time.Now, log)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-poll.C:
 		}
-		r, err := m.ConntrackRefused()
-		if err == nil && r == refused && time.Since(last) < next && !filling(m, log) {
-			continue
-		}
-		st, err := m.GCConntrack()
-		last = time.Now()
-		if err != nil {
-			log.Error("conntrack garbage collection", "err", err)
-			next = every
-			continue
-		}
-		switch {
-		case st.Refused > refused:
-			log.Warn("conntrack table full: new flows refused or kept in the LRU", "refused", st.Refused-refused,
-				"established", st.Live, "max", st.Max, "deleted", st.Deleted)
-		case st.Live*10 >= st.Max*9:
-			log.Warn("conntrack table nearly full", "established", st.Live, "max", st.Max, "deleted", st.Deleted)
-		case st.Deleted > 0:
-			log.Debug("conntrack garbage collection", "deleted", st.Deleted, "established", st.Live,
-				"half_open", st.HalfOpen, "half_open_counted", st.HalfOpenCounted, "half_open_max", st.HalfOpenMax)
-		}
-		refused = st.Refused
-		switch {
-		case st.Live*4 >= st.Max*3:
-			next = min(every, time.Second)
-		case st.Live*2 >= st.Max:
-			next = min(every, 5*time.Second)
-		default:
-			next = every
-		}
+		g.poll()
 	}
+}
+
+// ctCollector is runConntrackGC's state from one poll to the next.
+type ctCollector struct {
+	m     conntrackGC
+	every time.Duration
+	log   *slog.Logger
+	// now is the collector's clock: time.Now in the agent; a test's own,
+	// which it moves on instead of waiting.
+	now func() time.Time
+	// next is the interval in force (shorter under pressure), last when
+	// the last collection ended (or the collector started), refused the
+	// refusal counter as it was then.
+	next    time.Duration
+	last    time.Time
+	refused uint64
+}
+
+// newCTCollector starts the collector's state at now(), with the
+// refusal counter as it is then.
+func newCTCollector(m conntrackGC, every time.Duration, now func() time.Time, log *slog.Logger) *ctCollector {
+	g := &ctCollector{m: m, every: every, log: log, now: now, next: every, last: now()}
+	refused, err := m.ConntrackRefused()
+	if err != nil {
+		log.Error("conntrack garbage collection", "err", err)
+	}
+	g.refused = refused
+	return g
+}
+
+// poll is one of runConntrackGC's polls (every second): it collects if
+// the datapath had no room for flows since the last collection, if the
+// interval in force has passed since it, or if the table is filling up,
+// and says whether it collected (failed collections included).
+func (g *ctCollector) poll() bool {
+	r, err := g.m.ConntrackRefused()
+	if err == nil && r == g.refused && g.now().Sub(g.last) < g.next && !filling(g.m, g.log) {
+		return false
+	}
+	st, err := g.m.GCConntrack()
+	g.last = g.now()
+	if err != nil {
+		g.log.Error("conntrack garbage collection", "err", err)
+		g.next = g.every
+		return true
+	}
+	switch {
+	case st.Refused > g.refused:
+		g.log.Warn("conntrack table full: new flows refused or kept in the LRU", "refused", st.Refused-g.refused,
+			"established", st.Live, "max", st.Max, "deleted", st.Deleted)
+	case st.Live*10 >= st.Max*9:
+		g.log.Warn("conntrack table nearly full", "established", st.Live, "max", st.Max, "deleted", st.Deleted)
+	case st.Deleted > 0:
+		g.log.Debug("conntrack garbage collection", "deleted", st.Deleted, "established", st.Live,
+			"half_open", st.HalfOpen, "half_open_counted", st.HalfOpenCounted, "half_open_max", st.HalfOpenMax)
+	}
+	g.refused = st.Refused
+	switch {
+	case st.Live*4 >= st.Max*3:
+		g.next = min(g.every, time.Second)
+	case st.Live*2 >= st.Max:
+		g.next = min(g.every, 5*time.Second)
+	default:
+		g.next = g.every
+	}
+	return true
 }
 
 // filling says whether m's table, expired entries included, is 3/4 full:

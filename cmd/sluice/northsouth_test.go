@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -69,18 +68,18 @@ func TestFollowRouting(t *testing.T) {
 // entries, and entries counted expired ones included, which a collection
 // brings down to live).
 type fakeCT struct {
-	mu      sync.Mutex
 	refused uint64
 	live    int
 	entries int
-	runs    int
-	deleted int   // what each collection deletes
-	fail    error // what each collection fails with
+	// uncounted: a kernel without the table's count (size 0), where only
+	// the refusals and the interval make the GC collect.
+	uncounted bool
+	runs      int
+	deleted   int   // what each collection deletes
+	fail      error // what each collection fails with
 }
 
 func (f *fakeCT) GCConntrack() (datapath.ConntrackStats, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.runs++
 	if f.fail != nil {
 		return datapath.ConntrackStats{}, f.fail
@@ -90,61 +89,86 @@ func (f *fakeCT) GCConntrack() (datapath.ConntrackStats, error) {
 }
 
 func (f *fakeCT) ConntrackEntries() (n, size int, err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	if f.uncounted {
+		return 0, 0, nil
+	}
 	return f.entries, 1000, nil
 }
 
-func (f *fakeCT) ConntrackRefused() (uint64, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.refused, nil
+func (f *fakeCT) ConntrackRefused() (uint64, error) { return f.refused, nil }
+
+// ctPolls drives the conntrack GC's polls on f as runConntrackGC's ticker
+// does, one a second, by a clock the test moves on: no outcome rests on
+// time passing.
+type ctPolls struct {
+	t   *testing.T
+	f   *fakeCT
+	g   *ctCollector
+	now time.Time
 }
 
-// runGCAnHour runs runConntrackGC on f with an interval of an hour, so
-// that only pressure makes it collect, until the test ends.
-func runGCAnHour(t *testing.T, f *fakeCT, log *slog.Logger) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runConntrackGC(ctx, f, time.Hour, log)
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+func newCTPolls(t *testing.T, f *fakeCT, every time.Duration, log *slog.Logger) *ctPolls {
+	p := &ctPolls{t: t, f: f, now: time.Date(2026, 12, 7, 0, 0, 0, 0, time.UTC)}
+	p.g = newCTCollector(f, every, func() time.Time { return p.now }, log)
+	return p
+}
+
+// poll moves the clock on by a second and polls once, and fails the test
+// unless that poll collected (want) or not; why says what should have
+// decided it.
+func (p *ctPolls) poll(want bool, why string) {
+	p.t.Helper()
+	p.now = p.now.Add(time.Second)
+	runs := p.f.runs
+	said := p.g.poll()
+	if ran := p.f.runs > runs; ran != want || said != ran {
+		p.t.Fatalf("%s: collected %v (poll said %v), want %v", why, ran, said, want)
+	}
 }
 
 // TestConntrackGCPressure: flows refused by a full table make the GC run
 // at once (not at its hour-long interval here) and say so in the log; so
-// does a table over 90% full.
+// does a table over 90% full. Under pressure the interval shortens: a
+// second over 3/4 full, 5 seconds over half, the hour again below.
 func TestConntrackGCPressure(t *testing.T) {
 	var out testutil.Buffer
 	log := slog.New(slog.NewTextHandler(&out, nil))
 	f := &fakeCT{live: 100}
-	runGCAnHour(t, f, log)
+	p := newCTPolls(t, f, time.Hour, log)
 
-	waitFor := func(what string, cond func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(hangBound); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			if cond() {
-				return
-			}
-		}
-		t.Fatalf("%s; log:\n%s", what, out.String())
+	for range 60 {
+		p.poll(false, "a minute of polls with no pressure and an interval of an hour")
 	}
-	time.Sleep(1500 * time.Millisecond)
-	f.mu.Lock()
 	if f.runs != 0 {
 		t.Errorf("GC ran %d times with no pressure and an interval of an hour", f.runs)
 	}
 	f.refused, f.live = 7, 950
-	f.mu.Unlock()
-	waitFor("no warning about refused flows", func() bool {
-		return strings.Contains(out.String(), `msg="conntrack table full: new flows refused or kept in the LRU" refused=7`)
-	})
-	// Over 3/4 full: every second from now on, warning while over 90%.
-	waitFor("no warning about a nearly full table", func() bool {
-		return strings.Contains(out.String(), `msg="conntrack table nearly full" established=950`)
-	})
+	p.poll(true, "flows refused (the table's count under 3/4, the hour not passed)")
+	if !strings.Contains(out.String(), `msg="conntrack table full: new flows refused or kept in the LRU" refused=7`) {
+		t.Fatalf("no warning about refused flows; log:\n%s", out.String())
+	}
+	// Over 3/4 full: every second from now on, warning while over 90%;
+	// on a kernel without the table's count, so that only the interval
+	// decides.
+	f.uncounted = true
+	p.poll(true, "a second after a collection that found the table over 3/4 full")
+	if !strings.Contains(out.String(), `msg="conntrack table nearly full" established=950`) {
+		t.Fatalf("no warning about a nearly full table; log:\n%s", out.String())
+	}
+	f.live = 600
+	p.poll(true, "a second after a collection that found the table over 3/4 full")
+	// Over half full: every 5 seconds.
+	for range 4 {
+		p.poll(false, "under 5 seconds after a collection that found the table over half full")
+	}
+	f.live = 100
+	p.poll(true, "5 seconds after a collection that found the table over half full")
+	for range 60 {
+		p.poll(false, "a minute after a collection that found the table 1/10 full, with an interval of an hour")
+	}
+	if n := strings.Count(out.String(), "level=WARN"); n != 2 {
+		t.Errorf("%d warnings, want 2 (refused flows, nearly full); log:\n%s", n, out.String())
+	}
 }
 
 // TestConntrackGCFillingUp: a table that expired entries of short flows
@@ -154,29 +178,40 @@ func TestConntrackGCPressure(t *testing.T) {
 func TestConntrackGCFillingUp(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	f := &fakeCT{live: 100, entries: 100}
-	runGCAnHour(t, f, log)
+	p := newCTPolls(t, f, time.Hour, log)
 
-	runs := func() int {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		return f.runs
+	for range 60 {
+		p.poll(false, "a minute of polls with a table 1/10 full and an interval of an hour")
 	}
-	time.Sleep(1500 * time.Millisecond)
-	if n := runs(); n != 0 {
-		t.Fatalf("GC ran %d times with a table 1/10 full and an interval of an hour", n)
+	if f.runs != 0 {
+		t.Fatalf("GC ran %d times with a table 1/10 full and an interval of an hour", f.runs)
 	}
-	f.mu.Lock()
+	f.entries = 749 // just under 3/4
+	p.poll(false, "a table of 749 entries of 1000, no flow refused, the hour not passed")
 	f.entries = 760 // 100 alive, 660 expired: no flow refused yet
-	f.mu.Unlock()
-	for deadline := time.Now().Add(hangBound); runs() == 0; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("a table 3/4 full of expired entries was not collected before it refused a flow")
-		}
+	if p.poll(true, "a table 3/4 full of expired entries, before it refused a flow (no flow refused, the hour not passed)"); f.runs != 1 {
+		t.Fatal("a table 3/4 full of expired entries was not collected before it refused a flow")
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	if f.entries != f.live || f.refused != 0 {
 		t.Errorf("after the collection: %d entries (%d live), %d refused", f.entries, f.live, f.refused)
+	}
+	p.poll(false, "the table collected down to 1/10 full, the hour not passed")
+}
+
+// TestConntrackGCStops: the GC's loop returns once its context is done.
+// (What each of its polls does is the tests above'.)
+func TestConntrackGCStops(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runConntrackGC(ctx, &fakeCT{}, time.Hour, slog.New(slog.DiscardHandler))
+	}()
+	select {
+	case <-done:
+	case <-time.After(hangBound):
+		t.Fatalf("runConntrackGC still running %v after its context ended", hangBound)
 	}
 }
 

@@ -118,7 +118,8 @@ type Config struct {
 
 	// SNATPortMin and SNATPortMax bound the source ports external flows
 	// to remote backends are source-NATed to (default 61000-65535, above
-	// the kernel's default ephemeral range).
+	// the kernel's default ephemeral range; both 0: the default; else
+	// within SNATPortFloor-65535, see snatrange.go).
 	SNATPortMin, SNATPortMax uint16
 
 	// XDP is how the XDP fast path is attached to the devices: XDPOff
@@ -406,8 +407,8 @@ func Open(cfg Config) (*Datapath, error) {
 	if cfg.XDPRouteCacheAge < 0 {
 		return nil, fmt.Errorf("XDP route cache age %s is negative", cfg.XDPRouteCacheAge)
 	}
-	if cfg.SNATPortMin == 0 || cfg.SNATPortMax < cfg.SNATPortMin {
-		return nil, fmt.Errorf("SNAT port range %d-%d is empty", cfg.SNATPortMin, cfg.SNATPortMax)
+	if err := checkSNATPortRange(cfg.SNATPortMin, cfg.SNATPortMax); err != nil {
+		return nil, err
 	}
 	cidrs, err := wantNodeCIDRs(cfg)
 	if err != nil {

@@ -12,13 +12,16 @@ package datapath
 // the SNAT range to net.ipv4.ip_local_reserved_ports, which the kernel
 // never hands out as an ephemeral port: merged with what is there, never
 // removing an entry (of another tool, or of an earlier SNAT range of
-// Sluice's, which it cannot tell apart). Both sysctls are per network
+// Sluice's, which it cannot tell apart). A range (--snat-port-range)
+// that would leave the node fewer than minEphemeralLeft ephemeral ports
+// is not reserved, and said so. Both sysctls are per network
 // namespace: the agent's (the host's) is the one that matters.
 
 import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -35,9 +38,20 @@ type PortReservation struct {
 	Added bool
 	// Exposed are the SNAT ports the node may still hand out as
 	// ephemeral ports: in ip_local_port_range and not reserved, because
-	// the reservation could not be written. Empty when all is well.
+	// the reservation could not be written or was refused
+	// (ErrReservationRefused). Empty when all is well.
 	Exposed string
+	// When refused: the ephemeral ports (ip_local_port_range, "A-B") and
+	// how many of them the reservation would have left the node.
+	Ephemeral     string
+	EphemeralLeft int
 }
+
+// ErrReservationRefused is the error (errors.Is) of a SNAT range that is
+// not reserved because it would leave the node fewer than
+// minEphemeralLeft ephemeral ports: the range is to be narrowed or moved
+// out of ip_local_port_range, not reserved by hand.
+var ErrReservationRefused = errors.New("not written")
 
 // ReserveSNATPorts reserves the SNAT ports (Config.SNATPortMin-Max) from
 // the ephemeral ports of the calling thread's network namespace
@@ -45,10 +59,11 @@ type PortReservation struct {
 // /proc/sys in a container), it says which SNAT ports the node may still
 // hand out (ip_local_port_range), with the error.
 func (d *Datapath) ReserveSNATPorts() (PortReservation, error) {
-	return reserveSNATPorts(d.cfg.SNATPortMin, d.cfg.SNATPortMax)
+	return ReserveSNATPortRange(d.cfg.SNATPortMin, d.cfg.SNATPortMax)
 }
 
-func reserveSNATPorts(lo, hi uint16) (PortReservation, error) {
+// ReserveSNATPortRange is ReserveSNATPorts for the SNAT range lo-hi.
+func ReserveSNATPortRange(lo, hi uint16) (PortReservation, error) {
 	var res PortReservation
 	if lo == 0 || hi < lo {
 		return res, fmt.Errorf("SNAT port range %d-%d is empty", lo, hi)
@@ -64,6 +79,20 @@ func reserveSNATPorts(lo, hi uint16) (PortReservation, error) {
 	if covers(reserved, lo, hi) {
 		return res, nil
 	}
+	// A range that would leave the node (almost) no ephemeral port is
+	// not reserved: every connect() without a bound port would fail
+	// (EADDRNOTAVAIL), the kubelet's among them. Its ports in the
+	// ephemeral range are then exposed, as when the write fails.
+	if elo, ehi, err := ephemeralRange(); err == nil {
+		with := append(slices.Clone(reserved), portRange{int(lo), int(hi)})
+		left := unreserved(with, elo, ehi)
+		if left < minEphemeralLeft && left < unreserved(reserved, elo, ehi) {
+			res.Exposed = exposed(reserved, max(int(lo), elo), min(int(hi), ehi))
+			res.Ephemeral, res.EphemeralLeft = fmt.Sprintf("%d-%d", elo, ehi), left
+			return res, fmt.Errorf("reserve the SNAT ports %d-%d in %s: %w, it would leave the node %d ephemeral ports of %d-%d (%s), fewer than %d: narrow the SNAT range",
+				lo, hi, sysctlReservedPorts, ErrReservationRefused, left, elo, ehi, sysctlPortRange, minEphemeralLeft)
+		}
+	}
 	want := strings.TrimSpace(string(cur))
 	if want != "" {
 		want += ","
@@ -75,16 +104,39 @@ func reserveSNATPorts(lo, hi uint16) (PortReservation, error) {
 		return res, nil
 	}
 	werr = fmt.Errorf("reserve the SNAT ports %d-%d in %s: %w", lo, hi, sysctlReservedPorts, werr)
-	b, err := os.ReadFile(sysctlPortRange)
+	elo, ehi, err := ephemeralRange()
 	if err != nil {
-		return res, errors.Join(werr, fmt.Errorf("read %s: %w", sysctlPortRange, err))
-	}
-	var elo, ehi int
-	if _, err := fmt.Sscan(string(b), &elo, &ehi); err != nil {
-		return res, errors.Join(werr, fmt.Errorf("%s %q: %w", sysctlPortRange, b, err))
+		return res, errors.Join(werr, err)
 	}
 	res.Exposed = exposed(reserved, max(int(lo), elo), min(int(hi), ehi))
 	return res, werr
+}
+
+// minEphemeralLeft is how many ephemeral ports the SNAT reservation must
+// leave the node at least (ReserveSNATPortRange).
+const minEphemeralLeft = 1024
+
+// ephemeralRange reads ip_local_port_range.
+func ephemeralRange() (lo, hi int, err error) {
+	b, err := os.ReadFile(sysctlPortRange)
+	if err != nil {
+		return 0, 0, fmt.Errorf("read %s: %w", sysctlPortRange, err)
+	}
+	if _, err := fmt.Sscan(string(b), &lo, &hi); err != nil {
+		return 0, 0, fmt.Errorf("%s %q: %w", sysctlPortRange, b, err)
+	}
+	return lo, hi, nil
+}
+
+// unreserved counts the ports of lo-hi not in rs.
+func unreserved(rs []portRange, lo, hi int) int {
+	n := 0
+	for p := lo; p <= hi; p++ {
+		if !isReserved(rs, p) {
+			n++
+		}
+	}
+	return n
 }
 
 // portRange is an inclusive range of ports.

@@ -47,7 +47,7 @@ func TestReserveSNATPorts(t *testing.T) {
 	if err := os.WriteFile(sysctlPortRange, []byte("1024 65535"), 0); err != nil {
 		t.Fatal(err)
 	}
-	res, err := reserveSNATPorts(61000, 65535)
+	res, err := ReserveSNATPortRange(61000, 65535)
 	if err != nil || !res.Added || res.Exposed != "" {
 		t.Fatalf("ReserveSNATPorts = %+v, %v", res, err)
 	}
@@ -90,14 +90,14 @@ func TestReserveSNATPorts(t *testing.T) {
 			t.Errorf("%s sockets were given ports %v (%v), want 60990-60999: none of the SNAT range", network, ports, err)
 		}
 	})
-	if res, err := reserveSNATPorts(61000, 65535); err != nil || res.Added {
+	if res, err := ReserveSNATPortRange(61000, 65535); err != nil || res.Added {
 		t.Errorf("again: %+v, %v; want nothing to do", res, err)
 	}
 	// A range inside what is reserved already is not written again.
-	if res, err := reserveSNATPorts(9010, 9020); err != nil || res.Added {
+	if res, err := ReserveSNATPortRange(9010, 9020); err != nil || res.Added {
 		t.Errorf("a reserved subrange: %+v, %v; want nothing to do", res, err)
 	}
-	if _, err := reserveSNATPorts(0, 0); err == nil {
+	if _, err := ReserveSNATPortRange(0, 0); err == nil {
 		t.Error("an empty range was reserved")
 	}
 	// Through a datapath: its configured range, the default one here.

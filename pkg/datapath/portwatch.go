@@ -225,27 +225,8 @@ func (d *Datapath) FollowPorts(ctx context.Context, retry time.Duration, log *sl
 		log.Info("node device's master changed: frames to another MAC answered with ICMP errors only on a port of a bridge, bond, team or Open vSwitch",
 			"device", name, "ifindex", ifindex, "port", port)
 	}
-	for {
-		w, err := d.WatchPorts(changed)
-		if err == nil {
-			select {
-			case <-ctx.Done():
-				if err := w.Close(); err != nil {
-					log.Error("following the node devices' masters", "err", err)
-				}
-				return
-			case <-w.Done():
-				err = w.Close()
-			}
-		}
-		log.Error("following the node devices' masters failed: a device enslaved or released meanwhile keeps its port flag; retrying",
-			"err", err, "retry_in", retry)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(retry):
-		}
-	}
+	FollowWatch(ctx, func() (*PortWatch, error) { return d.WatchPorts(changed) }, retry, log,
+		"following the node devices' masters", "a device enslaved or released meanwhile keeps its port flag")
 }
 
 // waitCommitted waits for Commit; false if ctx is done first.

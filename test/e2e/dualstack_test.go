@@ -14,7 +14,6 @@ import (
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/agentproc"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
-	"github.com/sluice-lb/sluice/pkg/datapath"
 )
 
 // The dual-stack Services of TestDualStackEndToEnd: web has a ClusterIP
@@ -60,25 +59,11 @@ func setupDualStack(t *testing.T, extraArgs ...string) (e *env, write func(drain
 	t.Helper()
 	bins, topo, lb := newLB(t, 3)
 	v6 := lb.AddIPv6T(t)
-	cgMount, err := datapath.CgroupV2Mount()
-	if err != nil {
-		t.Fatalf("no cgroup v2 mount (`make deps` mounts one): %v", err)
-	}
-	e = &env{lb: lb, manifest: filepath.Join(t.TempDir(), "services.yaml")}
-	if e.backends, err = lb.ServeHTTP(8080, "backend-"); err != nil {
-		t.Fatal(err)
-	}
+	var addrs []string
 	for i := range lb.Backends {
-		e.addrs = append(e.addrs, lb.BackendAddrs[i].String(), v6.BackendAddrs[i].String())
+		addrs = append(addrs, lb.BackendAddrs[i].String(), v6.BackendAddrs[i].String())
 	}
-	if err := lb.ServeEchoes(9000, 5353, e.backends); err != nil {
-		t.Fatal(err)
-	}
-	cg, err := topo.AddCgroup(cgMount, "sluice")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.cgroup = cg.Path
+	e = newEnv(t, topo, lb, addrs)
 	write = func(drain []string) {
 		t.Helper()
 		var v6only []string
@@ -100,13 +85,7 @@ func setupDualStack(t *testing.T, extraArgs ...string) (e *env, write func(drain
 		}
 	}
 	write(e.addrs)
-	e.agent = agentproc.StartAgent(t, bins, lb.Node, agentproc.AgentConfig{
-		Manifests: e.manifest,
-		Devices:   []string{lb.NodeDev},
-		Cgroup:    cg.Path,
-		BPFFS:     filepath.Join(testutil.BPFFS, topo.Prefix()+"e2e6"),
-		Extra:     extraArgs,
-	}, 30*time.Second)
+	e.startAgent(t, bins, topo, "e2e6", extraArgs)
 	return e, write
 }
 

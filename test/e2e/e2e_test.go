@@ -264,11 +264,22 @@ func (e *env) waitServices(t *testing.T, frontend string, ok func(line string) b
 func setup(t *testing.T, extraArgs ...string) *env {
 	t.Helper()
 	bins, topo, lb := newLB(t, 3)
+	e := newEnv(t, topo, lb, lb.BackendAddrStrings())
+	e.write(t, e.addrs, e.addrs)
+	e.startAgent(t, bins, topo, "e2e", extraArgs)
+	return e
+}
+
+// newEnv serves HTTP on :8080, TCP echo on :9000 and UDP echo on :5353 of
+// every backend address of lb and makes the socket LB cgroup, for an
+// agent whose Services have addrs as endpoints.
+func newEnv(t *testing.T, topo *topology.Topology, lb *topology.LB, addrs []string) *env {
+	t.Helper()
 	cgMount, err := datapath.CgroupV2Mount()
 	if err != nil {
 		t.Fatalf("no cgroup v2 mount (`make deps` mounts one): %v", err)
 	}
-	e := &env{lb: lb, manifest: filepath.Join(t.TempDir(), "services.yaml"), addrs: lb.BackendAddrStrings()}
+	e := &env{lb: lb, manifest: filepath.Join(t.TempDir(), "services.yaml"), addrs: addrs}
 	if e.backends, err = lb.ServeHTTP(8080, "backend-"); err != nil {
 		t.Fatal(err)
 	}
@@ -280,18 +291,22 @@ func setup(t *testing.T, extraArgs ...string) *env {
 		t.Fatal(err)
 	}
 	e.cgroup = cg.Path
-	e.write(t, e.addrs, e.addrs)
+	return e
+}
 
-	// Stopped and cleaned up (by StartAgent's cleanup) before the topology
-	// registered by NewT is torn down.
-	e.agent = agentproc.StartAgent(t, bins, lb.Node, agentproc.AgentConfig{
+// startAgent starts the agent on e's manifest, device and cgroup, its
+// pins in the topology's directory named pins, with extraArgs. It is
+// stopped and cleaned up (by StartAgent's cleanup) before the topology
+// registered by NewT is torn down.
+func (e *env) startAgent(t *testing.T, bins agentproc.Binaries, topo *topology.Topology, pins string, extraArgs []string) {
+	t.Helper()
+	e.agent = agentproc.StartAgent(t, bins, e.lb.Node, agentproc.AgentConfig{
 		Manifests: e.manifest,
-		Devices:   []string{lb.NodeDev},
-		Cgroup:    cg.Path,
-		BPFFS:     filepath.Join(testutil.BPFFS, topo.Prefix()+"e2e"),
+		Devices:   []string{e.lb.NodeDev},
+		Cgroup:    e.cgroup,
+		BPFFS:     filepath.Join(testutil.BPFFS, topo.Prefix()+pins),
 		Extra:     extraArgs,
 	}, 30*time.Second)
-	return e
 }
 
 // get makes one HTTP request to vip from the client namespace, on a new

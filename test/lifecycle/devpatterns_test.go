@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
@@ -171,20 +170,15 @@ func TestDevicePatternsFollowPods(t *testing.T) {
 // and egress.
 func (e *env) tcxOn(t *testing.T, dev string) bool {
 	t.Helper()
-	on := true
+	var on bool
 	if err := e.lb.Node.Do(func() error {
 		l, err := netlink.LinkByName(dev)
 		if err != nil {
 			return err
 		}
-		for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
-			res, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: at})
-			if err != nil {
-				return fmt.Errorf("query %s programs of %s: %w", at, dev, err)
-			}
-			on = on && len(res.Programs) > 0
-		}
-		return nil
+		in, eg, err := tcxPrograms(l)
+		on = in > 0 && eg > 0
+		return err
 	}); err != nil {
 		t.Fatal(err)
 	}

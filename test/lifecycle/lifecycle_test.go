@@ -701,6 +701,20 @@ func (e *env) progArray(t *testing.T, name string) []ebpf.ProgramID {
 	return testutil.ProgArrayIDs(t, pin)
 }
 
+// tcxPrograms counts the tcx programs on l's ingress and on its egress;
+// run in l's network namespace.
+func tcxPrograms(l netlink.Link) (ingress, egress int, err error) {
+	var n [2]int
+	for i, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: at})
+		if err != nil {
+			return 0, 0, fmt.Errorf("query %s programs of %s: %w", at, l.Attrs().Name, err)
+		}
+		n[i] = len(res.Programs)
+	}
+	return n[0], n[1], nil
+}
+
 // attachments says what is attached in the node: "tcx DEV" and "xdp DEV"
 // for each device of the node with such programs, "cgroup" and "cgroup6"
 // if the test cgroup has socket programs of IPv4 (connect4) and of IPv6
@@ -715,14 +729,12 @@ func (e *env) attachments(t *testing.T) map[string]bool {
 			if err != nil {
 				return err
 			}
-			for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
-				res, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: at})
-				if err != nil {
-					return fmt.Errorf("query %s programs of %s: %w", at, dev, err)
-				}
-				if len(res.Programs) > 0 {
-					out["tcx "+dev] = true
-				}
+			in, eg, err := tcxPrograms(l)
+			if err != nil {
+				return err
+			}
+			if in+eg > 0 {
+				out["tcx "+dev] = true
 			}
 			if x := l.Attrs().Xdp; x != nil && x.Attached {
 				out["xdp "+dev] = true
