@@ -7,7 +7,7 @@ import (
 	"github.com/sluice-lb/sluice/pkg/datapath"
 )
 
-// The overlay devices (flannel.1, tunl0, vxlan.calico, wireguard.cali):
+// The overlay devices (flannel.1, tunl0, vxlan.calico: datapath.TunnelDevices):
 // an overlay CNI routes other nodes' pods through one, and kube-proxy
 // masquerades a NodePort, ExternalIP or LoadBalancer flow (and a
 // ClusterIP one from outside the cluster CIDR) to a backend there

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // setNodeDevice records dev (ifindex) as a node device whose address is
@@ -212,31 +213,96 @@ func deviceAddr(dev string, nodeIPs []netip.Addr, family int) (netip.Addr, error
 // tunnelTypes are the link types (netlink's Type(), the kernel's
 // IFLA_INFO_KIND) of overlay devices: an overlay CNI routes the pods of
 // other nodes through one (flannel's flannel.1 and Calico's vxlan.calico
-// are vxlan, Calico's tunl0 ipip, Calico's and flannel's WireGuard
-// wireguard, Antrea's and OVN's geneve), so a flow to a backend behind
-// it is to another node.
-var tunnelTypes = []string{"vxlan", "geneve", "ipip", "ip6tnl", "sit", "gre", "gretap", "ip6gre", "ip6gretap", "erspan", "ip6erspan", "wireguard", "bareudp"}
+// are vxlan, Calico's tunl0 ipip, flannel's WireGuard wireguard), so a
+// flow to a backend behind it is to another node. GRE and ERSPAN kinds
+// are left out: a point-to-point GRE device has no link-layer header but
+// no L3 encap type (l3EncapTypes), so tc would misparse its packets, and
+// ERSPAN mirrors; bareudp is always flow-based (overlayTunnels).
+var tunnelTypes = []string{"vxlan", "geneve", "ipip", "ip6tnl", "sit", "wireguard"}
 
 // isTunnel says whether l is an overlay device (tunnelTypes).
 func isTunnel(l netlink.Link) bool { return slices.Contains(tunnelTypes, l.Type()) }
 
-// TunnelDevices returns the overlay devices (tunnelTypes, in the
-// caller's network namespace) that are up, in ifindex order: what
-// --devices adds to the devices holding the node addresses by default.
-// A down one (the fallback devices tunl0, sit0, ip6tnl0, gre0 the kernel
-// makes with its module) is left out.
+// flowBased says whether l is a flow-based (collect-metadata, "external")
+// tunnel: a program of another datapath (Cilium's cilium_vxlan, OVS's
+// genev_sys_6081 of Antrea or OVN) sets each packet's destination, and no
+// route of the main table picks a node through it.
+func flowBased(l netlink.Link) bool {
+	switch t := l.(type) {
+	case *netlink.Vxlan:
+		return t.FlowBased
+	case *netlink.Geneve:
+		return t.FlowBased
+	case *netlink.Iptun:
+		return t.FlowBased
+	case *netlink.Ip6tnl:
+		return t.FlowBased
+	}
+	return false
+}
+
+// overlayRoute says whether r (of the main table) is one an overlay routes
+// other nodes' pods by: unicast, not a default route, and not a host-local
+// prefix (host scope, a link-local destination, or the kernel's route to
+// the prefix of an address the device holds, as a VPN's wg0 has).
+func overlayRoute(r netlink.Route) bool {
+	if r.Type != unix.RTN_UNICAST || r.Scope == netlink.SCOPE_HOST || r.Protocol == unix.RTPROT_KERNEL ||
+		(r.Table != 0 && r.Table != unix.RT_TABLE_MAIN) || r.Dst == nil {
+		return false
+	}
+	ones, _ := r.Dst.Mask.Size()
+	if ones == 0 {
+		return false
+	}
+	ip, ok := netip.AddrFromSlice(r.Dst.IP)
+	return ok && !ip.Unmap().IsLinkLocalUnicast()
+}
+
+// overlayTunnels returns the names of links (in their order) an overlay
+// CNI routes other nodes' pods through: up, of a tunnel kind
+// (tunnelTypes), not flow-based (flowBased), not enslaved (a gretap in a
+// bridge, an OVS port), and with a route of routes (the main table's,
+// overlayRoute) leaving through it.
+func overlayTunnels(links []netlink.Link, routes []netlink.Route) []string {
+	routed := map[int]bool{}
+	for _, r := range routes {
+		if !overlayRoute(r) {
+			continue
+		}
+		routed[r.LinkIndex] = true
+		for _, nh := range r.MultiPath {
+			routed[nh.LinkIndex] = true
+		}
+	}
+	var out []string
+	for _, l := range links {
+		a := l.Attrs()
+		if isTunnel(l) && a.Flags&net.FlagUp != 0 && !flowBased(l) && a.MasterIndex == 0 && routed[a.Index] {
+			out = append(out, a.Name)
+		}
+	}
+	return out
+}
+
+// TunnelDevices returns the overlay devices (overlayTunnels, in the
+// caller's network namespace), in ifindex order: what --devices adds to
+// the devices holding the node addresses by default. A down one (the
+// fallback devices tunl0, sit0, ip6tnl0 the kernel makes with its module)
+// is left out, as is one no route of the main table leaves through.
 func TunnelDevices() ([]string, error) {
 	links, err := netlink.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("list devices: %w", err)
 	}
-	var out []string
-	for _, l := range links {
-		if isTunnel(l) && l.Attrs().Flags&net.FlagUp != 0 {
-			out = append(out, l.Attrs().Name)
+	var routes []netlink.Route
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return nil, fmt.Errorf("list the main table's routes: %w", err)
 		}
+		routes = append(routes, rs...)
 	}
-	return out, nil
+	return overlayTunnels(links, routes), nil
 }
 
 // DevicesOf returns the devices (in the caller's network namespace) that
