@@ -258,14 +258,29 @@ static __always_inline bool fe_external(__be32 addr, __be16 port, __u8 proto)
  * lookup: a copy on the stack would take room the verifier's 512 bytes do
  * not leave.
  */
+/*
+ * dev_tunnel_maybe - whether sluice_devices_v1 may hold a device flagged
+ * NODE_DEV_F_TUNNEL: 0 once the agent has seen it hold none, so that
+ * xdp_fwd_ok costs no device lookup on a node without an overlay tunnel
+ * among its devices. As dev_l3_maybe (parse.h): in .data, 1 until the
+ * agent writes it, set before a tunnel's entry is written and cleared only
+ * once none is left (devices.go). Only xdp.c defines it (the one object
+ * calling xdp_fwd_ok).
+ */
+extern volatile __u8 dev_tunnel_maybe;
+
 static __always_inline bool xdp_fwd_ok(struct xdp_md *ctx, __u8 ttl,
 				       const __u32 *ifindex)
 {
-	struct node_dev *dev = bpf_map_lookup_elem(&sluice_devices_v1, ifindex);
 	__u32 mtu = 0; /* 0: check the frame's length */
 
-	if (dev && (dev->flags & NODE_DEV_F_TUNNEL))
-		return false;
+	if (dev_tunnel_maybe) {
+		struct node_dev *dev =
+			bpf_map_lookup_elem(&sluice_devices_v1, ifindex);
+
+		if (dev && (dev->flags & NODE_DEV_F_TUNNEL))
+			return false;
+	}
 	if (ttl <= 1) {
 		metric_inc(METRIC_XDP_TTL_EXCEEDED);
 		return false;

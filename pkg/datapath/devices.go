@@ -25,12 +25,18 @@ import (
 // The programs ask the map whether a device is L3 only while
 // dev_l3_maybe says one may be (bpf/lib/parse.h), so the word changes
 // make-before-break: set before an L3 device's entry is written, cleared
-// only after the write that left none (syncL3Gate). (The word is a store
+// only after the write that left none (syncL3Gate). XDP's
+// dev_tunnel_maybe (bpf/lib/nat.h) is kept so for tunnels (nodeDevTunnel). (The word is a store
 // to mapped memory; the map update publishes its entry with a release
 // store, after it.)
 func (m *Maps) setNodeDevice(ifindex int, addr netip.Addr, flags uint32) error {
 	if flags&nodeDevL3 != 0 {
 		if err := m.setL3Gate(true); err != nil {
+			return err
+		}
+	}
+	if flags&nodeDevTunnel != 0 {
+		if err := setGates(m.tunGates, "dev_tunnel_maybe", true); err != nil {
 			return err
 		}
 	}
@@ -44,10 +50,10 @@ func (m *Maps) setNodeDevice(ifindex int, addr netip.Addr, flags uint32) error {
 		}
 		err = m.devices.Put(uint32(ifindex), &v)
 	}
-	if err != nil || flags&nodeDevL3 != 0 {
+	if err != nil || flags&(nodeDevL3|nodeDevTunnel) == nodeDevL3|nodeDevTunnel {
 		return err
 	}
-	// It may have replaced or removed the last L3 entry.
+	// It may have replaced or removed the last L3 or tunnel entry.
 	return m.syncL3Gate()
 }
 
@@ -78,35 +84,41 @@ func (m *Maps) markL3(ifindex int, l3 bool) error {
 }
 
 // syncL3Gate makes dev_l3_maybe say whether sluice_devices holds an L3
-// device (nodeDevL3) now: after a write or delete that may have removed
+// device (nodeDevL3) now, and dev_tunnel_maybe whether it holds a tunnel
+// (nodeDevTunnel): after a write or delete that may have removed
 // the last one, or to clear a new load's word (1 until written) once the
 // device map, pinned across agents, has been looked at. If the map cannot
 // be walked the word stays 1, which is always correct.
 func (m *Maps) syncL3Gate() error {
-	if len(m.l3Gates) == 0 {
+	if len(m.l3Gates) == 0 && len(m.tunGates) == 0 {
 		return nil
 	}
 	var ifidx uint32
 	var nd sockNodeDev
-	l3 := false
+	l3, tun := false, false
 	it := m.devices.Iterate()
 	for it.Next(&ifidx, &nd) {
 		l3 = l3 || nd.Flags&nodeDevL3 != 0
+		tun = tun || nd.Flags&nodeDevTunnel != 0
 	}
 	if err := it.Err(); err != nil {
-		return errors.Join(fmt.Errorf("walk %s: %w", mapDevices, err), m.setL3Gate(true))
+		return errors.Join(fmt.Errorf("walk %s: %w", mapDevices, err), m.setL3Gate(true), setGates(m.tunGates, "dev_tunnel_maybe", true))
 	}
-	return m.setL3Gate(l3)
+	return errors.Join(m.setL3Gate(l3), setGates(m.tunGates, "dev_tunnel_maybe", tun))
 }
 
 // setL3Gate writes dev_l3_maybe in every loaded object that has it. A
 // word that cannot be written (a kernel without mmapable .data: the
 // variable has no memory) stays at 1, its programs as before the gate.
-func (m *Maps) setL3Gate(maybe bool) error {
+func (m *Maps) setL3Gate(maybe bool) error { return setGates(m.l3Gates, "dev_l3_maybe", maybe) }
+
+// setGates writes maybe in each of gates (the variable name), as
+// setL3Gate says.
+func setGates(gates []*ebpf.Variable, name string, maybe bool) error {
 	var errs []error
-	for _, v := range m.l3Gates {
+	for _, v := range gates {
 		if err := v.Set(boolU8(maybe)); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
-			errs = append(errs, fmt.Errorf("set dev_l3_maybe: %w", err))
+			errs = append(errs, fmt.Errorf("set %s: %w", name, err))
 		}
 	}
 	return errors.Join(errs...)
