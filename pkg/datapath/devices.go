@@ -232,8 +232,14 @@ func deviceAddr(dev string, nodeIPs []netip.Addr, family int) (netip.Addr, error
 // ERSPAN mirrors; bareudp is always flow-based (overlayTunnels).
 var tunnelTypes = []string{"vxlan", "geneve", "ipip", "ip6tnl", "sit", "wireguard"}
 
-// isTunnel says whether l is an overlay device (tunnelTypes).
-func isTunnel(l netlink.Link) bool { return slices.Contains(tunnelTypes, l.Type()) }
+// tunnelKinds are every tunnel kind, those left out of tunnelTypes too:
+// one named in --devices is still flagged a tunnel (nodeDevTunnel: XDP
+// sends nothing out of it, none is attached to it) and source-NATs to the
+// node IP without an address of its own (deviceAddr).
+var tunnelKinds = append(slices.Clone(tunnelTypes), "gre", "gretap", "ip6gre", "ip6gretap", "erspan", "ip6erspan", "bareudp")
+
+// isTunnel says whether l is of a tunnel kind (tunnelKinds).
+func isTunnel(l netlink.Link) bool { return slices.Contains(tunnelKinds, l.Type()) }
 
 // flowBased says whether l is a flow-based (collect-metadata, "external")
 // tunnel: a program of another datapath (Cilium's cilium_vxlan, OVS's
@@ -289,7 +295,7 @@ func overlayTunnels(links []netlink.Link, routes []netlink.Route) []string {
 	var out []string
 	for _, l := range links {
 		a := l.Attrs()
-		if isTunnel(l) && a.Flags&net.FlagUp != 0 && !flowBased(l) && a.MasterIndex == 0 && routed[a.Index] {
+		if slices.Contains(tunnelTypes, l.Type()) && a.Flags&net.FlagUp != 0 && !flowBased(l) && a.MasterIndex == 0 && routed[a.Index] {
 			out = append(out, a.Name)
 		}
 	}
