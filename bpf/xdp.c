@@ -56,6 +56,9 @@
 /* Whether a node device may be L3 (parse.h); the agent writes it. */
 volatile __u8 dev_l3_maybe = 1;
 
+/* Whether a node device may be an overlay tunnel (nat.h); the agent writes it. */
+volatile __u8 dev_tunnel_maybe = 1;
+
 /*
  * Whether new flows skip the half-open share (conntrack.h). XDP is
  * replaced by the shim while conntrack is migrated: it stays 0.

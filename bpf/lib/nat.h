@@ -264,20 +264,42 @@ static __always_inline bool fe_external(__be32 addr, __be16 port, __u8 proto)
 
 /*
  * xdp_fwd_ok - whether XDP may send its frame, whose TTL (or IPv6 hop
- * limit) is @ttl, out of @ifindex itself: the TTL must not expire and the
- * frame must fit the egress MTU. Otherwise it is left to tc (counted),
- * which answers it as fwd_check (fwd_check6) says.
+ * limit) is @ttl, out of *@ifindex itself: not through an overlay tunnel
+ * (NODE_DEV_F_TUNNEL, which has no ndo_xdp_xmit: left to tc, uncounted),
+ * the TTL must not expire and the frame must fit the egress MTU. Otherwise
+ * it is left to tc (counted), which answers it as fwd_check (fwd_check6)
+ * says. @ifindex points into the caller's route, the key of the device
+ * lookup: a copy on the stack would take room the verifier's 512 bytes do
+ * not leave.
  */
+/*
+ * dev_tunnel_maybe - whether sluice_devices_v1 may hold a device flagged
+ * NODE_DEV_F_TUNNEL: 0 once the agent has seen it hold none, so that
+ * xdp_fwd_ok costs no device lookup on a node without an overlay tunnel
+ * among its devices. As dev_l3_maybe (parse.h): in .data, 1 until the
+ * agent writes it, set before a tunnel's entry is written and cleared only
+ * once none is left (devices.go). Only xdp.c defines it (the one object
+ * calling xdp_fwd_ok).
+ */
+extern volatile __u8 dev_tunnel_maybe;
+
 static __always_inline bool xdp_fwd_ok(struct xdp_md *ctx, __u8 ttl,
-				       __u32 ifindex)
+				       const __u32 *ifindex)
 {
 	__u32 mtu = 0; /* 0: check the frame's length */
 
+	if (dev_tunnel_maybe) {
+		struct node_dev *dev =
+			bpf_map_lookup_elem(&sluice_devices_v1, ifindex);
+
+		if (dev && (dev->flags & NODE_DEV_F_TUNNEL))
+			return false;
+	}
 	if (ttl <= 1) {
 		metric_inc(METRIC_XDP_TTL_EXCEEDED);
 		return false;
 	}
-	if (bpf_check_mtu(ctx, ifindex, &mtu, 0, 0)) {
+	if (bpf_check_mtu(ctx, *ifindex, &mtu, 0, 0)) {
 		metric_inc(METRIC_XDP_MTU_EXCEEDED);
 		return false;
 	}

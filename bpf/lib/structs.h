@@ -584,6 +584,13 @@ enum node_dev_flags {
 	 * kernel drops it before routing.
 	 */
 	NODE_DEV_F_PORT = 4,
+	/*
+	 * An overlay tunnel (vxlan, geneve, ipip, wireguard...: devices.go,
+	 * isTunnel), through which another node's pods are routed. XDP
+	 * sends nothing out of it (it has no ndo_xdp_xmit: a redirect
+	 * there is dropped): such a packet goes to tc (xdp_fwd_ok).
+	 */
+	NODE_DEV_F_TUNNEL = 8,
 };
 
 /*

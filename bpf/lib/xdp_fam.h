@@ -132,7 +132,7 @@ static __always_inline bool FN(xdp_route)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 	if (FN(xdp_fib)(ctx, &t->saddr, &t->daddr, &t->f, now) < 0 ||
 	    !t->f.have_neigh)
 		return false;
-	return xdp_fwd_ok(ctx, FAM(xdp_ttl)(x), t->f.ifindex);
+	return xdp_fwd_ok(ctx, FAM(xdp_ttl)(x), &t->f.ifindex);
 }
 
 /* xdp_rev - the reply of a source-NATed flow. -1: not one. */
@@ -295,7 +295,7 @@ static FAM(xdp_step) int FN(xdp_new)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 	dev = FAM(node_dev_of)(t.f.ifindex);
 	if (!dev)
 		return XDP_PASS; /* local backend: tc DNATs */
-	if (!xdp_fwd_ok(ctx, FAM(xdp_ttl)(x), t.f.ifindex))
+	if (!xdp_fwd_ok(ctx, FAM(xdp_ttl)(x), &t.f.ifindex))
 		return XDP_PASS;
 	t.saddr = FAM(dev_addr)(dev);
 	if (FAM(xdp_create_snat)(p, be, backend_id, svc->rev_nat_id, t.saddr,

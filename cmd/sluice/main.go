@@ -328,6 +328,7 @@ func run(args []string) int {
 			}
 			return slices.DeleteFunc(devs, func(d string) bool { return !slices.Contains(kept, d) }), nil
 		}
+		warnTunnelsLeftOut(all, log)
 		cfg.FollowDevices = followDevices(devSel, log.With("component", "devices"))
 		log.Info("devices by pattern followed", "devices", *devices, "matching_now", cfg.Devices)
 		if dpCfg.XDP != datapath.XDPOff {
@@ -337,6 +338,9 @@ func run(args []string) int {
 		}
 	} else {
 		cfg.Devices = devSel.Exact()
+		if !devSel.Empty() {
+			warnTunnelsLeftOut(cfg.Devices, log)
+		}
 	}
 	if len(cfg.Devices) == 0 && devSel.Empty() && len(na.all) > 0 {
 		// Every node address, not only the primary ones: ExternalIP and
@@ -354,6 +358,7 @@ func run(args []string) int {
 				"name the devices with --devices (or restart once an interface holds the address)", "node_ips", na.all)
 		} else {
 			log.Info("devices holding the node addresses", "devices", cfg.Devices)
+			cfg.Devices = withTunnels(cfg.Devices, dpCfg.MaxDevices, log)
 		}
 	}
 	// NodePorts answer on the --nodeport-addresses (default: primary,

@@ -420,10 +420,16 @@ func (d *Datapath) updateXDPTo(dev string, ifindex int, prog *ebpf.Program) erro
 // attachXDP attaches the XDP program to dev in the configured mode, pinned
 // as xdp_<mode>_<dev>, and removes an attachment in the other mode (the
 // kernel allows one mode at a time, so a mode change detaches first), or
-// in either with XDP off.
+// in either with XDP off. A tunnel (isTunnel) gets none: its packets
+// come decapsulated from the stack, not from a wire, and native XDP is
+// not there.
 func (d *Datapath) attachXDP(dev string, ifindex int) error {
+	mode := d.cfg.XDP
+	if l, err := netlink.LinkByIndex(ifindex); err == nil && isTunnel(l) {
+		mode = XDPOff
+	}
 	for _, m := range []XDPMode{XDPNative, XDPGeneric} {
-		if m == d.cfg.XDP {
+		if m == mode {
 			continue
 		}
 		if err := d.pins.keepXDPLink(d.linkPin("xdp_"+string(m)+"_"+dev), xdpFlags(m)); err != nil {
@@ -433,7 +439,7 @@ func (d *Datapath) attachXDP(dev string, ifindex int) error {
 			return fmt.Errorf("detach XDP (%s) from %s: %w", m, dev, err)
 		}
 	}
-	if d.cfg.XDP == XDPOff || d.cfg.XDP == "" {
+	if mode == XDPOff || mode == "" {
 		return nil
 	}
 	flags := xdpFlags(d.cfg.XDP)

@@ -698,6 +698,9 @@ func (d *Datapath) load(specs objectSpecs) (err error) {
 	if d.xdp.DevL3Maybe != nil {
 		d.maps.l3Gates = append(d.maps.l3Gates, d.xdp.DevL3Maybe)
 	}
+	if d.xdp.DevTunnelMaybe != nil {
+		d.maps.tunGates = []*ebpf.Variable{d.xdp.DevTunnelMaybe}
+	}
 	if err := d.maps.syncL3Gate(); err != nil {
 		return err
 	}

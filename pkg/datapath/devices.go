@@ -14,6 +14,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // setNodeDevice records dev (ifindex) as a node device whose address is
@@ -24,12 +25,18 @@ import (
 // The programs ask the map whether a device is L3 only while
 // dev_l3_maybe says one may be (bpf/lib/parse.h), so the word changes
 // make-before-break: set before an L3 device's entry is written, cleared
-// only after the write that left none (syncL3Gate). (The word is a store
+// only after the write that left none (syncL3Gate). XDP's
+// dev_tunnel_maybe (bpf/lib/nat.h) is kept so for tunnels (nodeDevTunnel). (The word is a store
 // to mapped memory; the map update publishes its entry with a release
 // store, after it.)
 func (m *Maps) setNodeDevice(ifindex int, addr netip.Addr, flags uint32) error {
 	if flags&nodeDevL3 != 0 {
 		if err := m.setL3Gate(true); err != nil {
+			return err
+		}
+	}
+	if flags&nodeDevTunnel != 0 {
+		if err := setGates(m.tunGates, "dev_tunnel_maybe", true); err != nil {
 			return err
 		}
 	}
@@ -43,10 +50,10 @@ func (m *Maps) setNodeDevice(ifindex int, addr netip.Addr, flags uint32) error {
 		}
 		err = m.devices.Put(uint32(ifindex), &v)
 	}
-	if err != nil || flags&nodeDevL3 != 0 {
+	if err != nil || flags&(nodeDevL3|nodeDevTunnel) == nodeDevL3|nodeDevTunnel {
 		return err
 	}
-	// It may have replaced or removed the last L3 entry.
+	// It may have replaced or removed the last L3 or tunnel entry.
 	return m.syncL3Gate()
 }
 
@@ -103,35 +110,41 @@ func (m *Maps) markL3(ifindex int, l3 bool) error {
 }
 
 // syncL3Gate makes dev_l3_maybe say whether sluice_devices holds an L3
-// device (nodeDevL3) now: after a write or delete that may have removed
+// device (nodeDevL3) now, and dev_tunnel_maybe whether it holds a tunnel
+// (nodeDevTunnel): after a write or delete that may have removed
 // the last one, or to clear a new load's word (1 until written) once the
 // device map, pinned across agents, has been looked at. If the map cannot
 // be walked the word stays 1, which is always correct.
 func (m *Maps) syncL3Gate() error {
-	if len(m.l3Gates) == 0 {
+	if len(m.l3Gates) == 0 && len(m.tunGates) == 0 {
 		return nil
 	}
 	var ifidx uint32
 	var nd sockNodeDev
-	l3 := false
+	l3, tun := false, false
 	it := m.devices.Iterate()
 	for it.Next(&ifidx, &nd) {
 		l3 = l3 || nd.Flags&nodeDevL3 != 0
+		tun = tun || nd.Flags&nodeDevTunnel != 0
 	}
 	if err := it.Err(); err != nil {
-		return errors.Join(fmt.Errorf("walk %s: %w", mapDevices, err), m.setL3Gate(true))
+		return errors.Join(fmt.Errorf("walk %s: %w", mapDevices, err), m.setL3Gate(true), setGates(m.tunGates, "dev_tunnel_maybe", true))
 	}
-	return m.setL3Gate(l3)
+	return errors.Join(m.setL3Gate(l3), setGates(m.tunGates, "dev_tunnel_maybe", tun))
 }
 
 // setL3Gate writes dev_l3_maybe in every loaded object that has it. A
 // word that cannot be written (a kernel without mmapable .data: the
 // variable has no memory) stays at 1, its programs as before the gate.
-func (m *Maps) setL3Gate(maybe bool) error {
+func (m *Maps) setL3Gate(maybe bool) error { return setGates(m.l3Gates, "dev_l3_maybe", maybe) }
+
+// setGates writes maybe in each of gates (the variable name), as
+// setL3Gate says.
+func setGates(gates []*ebpf.Variable, name string, maybe bool) error {
 	var errs []error
-	for _, v := range m.l3Gates {
+	for _, v := range gates {
 		if err := v.Set(boolU8(maybe)); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
-			errs = append(errs, fmt.Errorf("set dev_l3_maybe: %w", err))
+			errs = append(errs, fmt.Errorf("set %s: %w", name, err))
 		}
 	}
 	return errors.Join(errs...)
@@ -180,6 +193,9 @@ func deviceFlags(dev string) (uint32, error) {
 	if slices.Contains(l3EncapTypes, l.Attrs().EncapType) {
 		f |= nodeDevL3
 	}
+	if isTunnel(l) {
+		f |= nodeDevTunnel
+	}
 	if mi := l.Attrs().MasterIndex; mi != 0 {
 		m, err := netlink.LinkByIndex(mi)
 		if err != nil {
@@ -218,7 +234,119 @@ func deviceAddr(dev string, nodeIPs []netip.Addr, family int) (netip.Addr, error
 			first = ip
 		}
 	}
+	if !first.IsValid() && isTunnel(l) {
+		// A tunnel without an address of the family: the node's
+		// address of it, as kube-proxy's MASQUERADE takes another
+		// device's (inet_select_addr), so that a flow routed through
+		// it is still source-NATed. Replies to it come back through
+		// the node IP's device, which the agent attaches to by
+		// default.
+		if i := slices.IndexFunc(nodeIPs, func(a netip.Addr) bool { return a.Is4() == (family == netlink.FAMILY_V4) }); i >= 0 {
+			first = nodeIPs[i]
+		}
+	}
 	return first, nil
+}
+
+// tunnelTypes are the link types (netlink's Type(), the kernel's
+// IFLA_INFO_KIND) of overlay devices: an overlay CNI routes the pods of
+// other nodes through one (flannel's flannel.1 and Calico's vxlan.calico
+// are vxlan, Calico's tunl0 ipip, flannel's WireGuard wireguard), so a
+// flow to a backend behind it is to another node. GRE and ERSPAN kinds
+// are left out: a point-to-point GRE device has no link-layer header but
+// no L3 encap type (l3EncapTypes), so tc would misparse its packets, and
+// ERSPAN mirrors; bareudp is always flow-based (overlayTunnels).
+var tunnelTypes = []string{"vxlan", "geneve", "ipip", "ip6tnl", "sit", "wireguard"}
+
+// tunnelKinds are every tunnel kind, those left out of tunnelTypes too:
+// one named in --devices is still flagged a tunnel (nodeDevTunnel: XDP
+// sends nothing out of it, none is attached to it) and source-NATs to the
+// node IP without an address of its own (deviceAddr).
+var tunnelKinds = append(slices.Clone(tunnelTypes), "gre", "gretap", "ip6gre", "ip6gretap", "erspan", "ip6erspan", "bareudp")
+
+// isTunnel says whether l is of a tunnel kind (tunnelKinds).
+func isTunnel(l netlink.Link) bool { return slices.Contains(tunnelKinds, l.Type()) }
+
+// flowBased says whether l is a flow-based (collect-metadata, "external")
+// tunnel: a program of another datapath (Cilium's cilium_vxlan, OVS's
+// genev_sys_6081 of Antrea or OVN) sets each packet's destination, and no
+// route of the main table picks a node through it.
+func flowBased(l netlink.Link) bool {
+	switch t := l.(type) {
+	case *netlink.Vxlan:
+		return t.FlowBased
+	case *netlink.Geneve:
+		return t.FlowBased
+	case *netlink.Iptun:
+		return t.FlowBased
+	case *netlink.Ip6tnl:
+		return t.FlowBased
+	}
+	return false
+}
+
+// overlayRoute says whether r (of the main table) is one an overlay routes
+// other nodes' pods by: unicast, not a default route, and not a host-local
+// prefix (host scope, a link-local destination, or the kernel's route to
+// the prefix of an address the device holds, as a VPN's wg0 has).
+func overlayRoute(r netlink.Route) bool {
+	if r.Type != unix.RTN_UNICAST || r.Scope == netlink.SCOPE_HOST || r.Protocol == unix.RTPROT_KERNEL ||
+		(r.Table != 0 && r.Table != unix.RT_TABLE_MAIN) || r.Dst == nil {
+		return false
+	}
+	ones, _ := r.Dst.Mask.Size()
+	if ones == 0 {
+		return false
+	}
+	ip, ok := netip.AddrFromSlice(r.Dst.IP)
+	return ok && !ip.Unmap().IsLinkLocalUnicast()
+}
+
+// overlayTunnels returns the names of links (in their order) an overlay
+// CNI routes other nodes' pods through: up, of a tunnel kind
+// (tunnelTypes), not flow-based (flowBased), not enslaved (a gretap in a
+// bridge, an OVS port), and with a route of routes (the main table's,
+// overlayRoute) leaving through it.
+func overlayTunnels(links []netlink.Link, routes []netlink.Route) []string {
+	routed := map[int]bool{}
+	for _, r := range routes {
+		if !overlayRoute(r) {
+			continue
+		}
+		routed[r.LinkIndex] = true
+		for _, nh := range r.MultiPath {
+			routed[nh.LinkIndex] = true
+		}
+	}
+	var out []string
+	for _, l := range links {
+		a := l.Attrs()
+		if slices.Contains(tunnelTypes, l.Type()) && a.Flags&net.FlagUp != 0 && !flowBased(l) && a.MasterIndex == 0 && routed[a.Index] {
+			out = append(out, a.Name)
+		}
+	}
+	return out
+}
+
+// TunnelDevices returns the overlay devices (overlayTunnels, in the
+// caller's network namespace), in ifindex order: what --devices adds to
+// the devices holding the node addresses by default. A down one (the
+// fallback devices tunl0, sit0, ip6tnl0 the kernel makes with its module)
+// is left out, as is one no route of the main table leaves through.
+func TunnelDevices() ([]string, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list devices: %w", err)
+	}
+	var routes []netlink.Route
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return nil, fmt.Errorf("list the main table's routes: %w", err)
+		}
+		routes = append(routes, rs...)
+	}
+	return overlayTunnels(links, routes), nil
 }
 
 // DevicesOf returns the devices (in the caller's network namespace) that

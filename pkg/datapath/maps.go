@@ -68,6 +68,9 @@ type Maps struct {
 	// dev_l3_maybe of each loaded object whose programs read the
 	// device map for it (tc and XDP; devices.go): nil in a Maps of pins.
 	l3Gates []*ebpf.Variable
+	// dev_tunnel_maybe of the XDP object (bpf/lib/nat.h, xdp_fwd_ok;
+	// devices.go): nil without XDP and in a Maps of pins.
+	tunGates []*ebpf.Variable
 
 	// ctNewHeld: an agent's start holds sluice_ct_new's new_live word
 	// set until it is committed (HoldConntrackNew).

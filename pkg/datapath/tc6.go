@@ -39,7 +39,8 @@ type xdpProgs struct {
 	xdpPrograms
 	Sluice6XdpV1 *ebpf.Map `ebpf:"sluice6_xdp_v1"`
 	xdpRoutes
-	DevL3Maybe *ebpf.Variable `ebpf:"dev_l3_maybe"` // (devices.go)
+	DevL3Maybe     *ebpf.Variable `ebpf:"dev_l3_maybe"`     // (devices.go)
+	DevTunnelMaybe *ebpf.Variable `ebpf:"dev_tunnel_maybe"` // (devices.go)
 }
 
 func (p *xdpProgs) Close() error {

@@ -101,6 +101,7 @@ const (
 	xdpVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	xdpVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
 	xdpVarDevL3Maybe              = "dev_l3_maybe"
+	xdpVarDevTunnelMaybe          = "dev_tunnel_maybe"
 	xdpVarFibCacheNs              = "fib_cache_ns"
 	xdpVarFibGen                  = "fib_gen"
 	xdpVarHaveClusterCidr         = "have_cluster_cidr"
@@ -221,6 +222,7 @@ type xdpVariableSpecs struct {
 	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
 	DevL3Maybe       *ebpf.VariableSpec `ebpf:"dev_l3_maybe"`
+	DevTunnelMaybe   *ebpf.VariableSpec `ebpf:"dev_tunnel_maybe"`
 	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
 	FibGen           *ebpf.VariableSpec `ebpf:"fib_gen"`
 	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
@@ -360,6 +362,7 @@ type xdpVariables struct {
 	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
 	DevL3Maybe       *ebpf.Variable `ebpf:"dev_l3_maybe"`
+	DevTunnelMaybe   *ebpf.Variable `ebpf:"dev_tunnel_maybe"`
 	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
 	FibGen           *ebpf.Variable `ebpf:"fib_gen"`
 	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
+)
+
+// TestOverlayDevicesDefault: in a node namespace of its own (eth0 holding
+// the node IP, the vxlan ov0 up with a flannel-style on-link route to a
+// pod subnet, the vxlan ov1 down, the vxlan ov2 up with no route through
+// it, the flow-based vxlan ov3 up with a route), the devices by default
+// are eth0 and ov0 (logged); --max-devices 1 leaves ov0 out,
+// warned; --devices eth0 warns about ov0 (not ov1, which is down), and
+// --devices eth0,ov0 or a pattern matching ov0 does not. The start then
+// fails at the missing --manifests, before it loads or pins anything.
+func TestOverlayDevicesDefault(t *testing.T) {
+	testutil.Privileged(t)
+	ns := topology.NewNS(t, "ovdev")
+	ns.Enter(t)
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "peer0"}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.LinkUp("eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.AddAddr("eth0", netip.MustParsePrefix("10.213.0.1/24")); err != nil {
+		t.Fatal(err)
+	}
+	for i, name := range []string{"ov0", "ov1", "ov2", "ov3"} {
+		vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: name}, VxlanId: 42 + i, SrcAddr: net.ParseIP("10.213.0.1"), Port: 4789 + i, FlowBased: name == "ov3"}
+		if name == "ov3" {
+			vx.VxlanId, vx.SrcAddr = 0, nil
+		}
+		if err := netlink.LinkAdd(vx); err != nil {
+			t.Fatal(err)
+		}
+		if name == "ov1" {
+			continue
+		}
+		if err := ns.LinkUp(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, dev := range []string{"ov0", "ov3"} {
+		l, err := netlink.LinkByName(dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gw := net.IPv4(10, 244, byte(1+i), 0)
+		r := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(24, 32)}, Gw: gw, Flags: int(netlink.FLAG_ONLINK)}
+		if err := netlink.RouteAdd(r); err != nil {
+			t.Fatalf("route through %s: %v", dev, err)
+		}
+	}
+	const (
+		attached = `msg="overlay devices attached to beside the node addresses'`
+		full     = `msg="more overlay devices than --max-devices leaves room for`
+		leftOut  = `msg="overlay device not in --devices`
+	)
+	for _, c := range []struct {
+		args      []string
+		want, not []string
+	}{
+		{[]string{"--node-ip", "10.213.0.1"}, []string{attached + ` (a tunnel created later is not: name it, or a pattern matching it, in --devices)" devices=[ov0]`}, []string{leftOut, full}},
+		{[]string{"--node-ip", "10.213.0.1", "--max-devices", "1"}, []string{full, `left_out=[ov0]`}, []string{attached, leftOut}},
+		{[]string{"--node-ip", "10.213.0.1", "--devices", "eth0"}, []string{leftOut + `: NodePort`, `device=ov0`}, []string{attached, `device=ov1`, `device=ov2`, `device=ov3`}},
+		{[]string{"--devices", "eth0,ov0"}, nil, []string{leftOut, attached}},
+		{[]string{"--devices", "eth0,ov+"}, nil, []string{leftOut + `: NodePort, ExternalIP and LoadBalancer flows (and ClusterIP ones from outside --cluster-cidr) routed through it to another node's backend are not source-NATed, and the backend's replies go around this node; add it to --devices" device=ov0`}},
+	} {
+		stderr := runToMissingManifests(t, append([]string{"--socket-lb=false"}, c.args...)...)
+		for _, w := range c.want {
+			if !strings.Contains(stderr, w) {
+				t.Errorf("%q: no %s; stderr:\n%s", c.args, w, stderr)
+			}
+		}
+		for _, n := range c.not {
+			if strings.Contains(stderr, n) {
+				t.Errorf("%q: %s; stderr:\n%s", c.args, n, stderr)
+			}
+		}
+	}
+}
