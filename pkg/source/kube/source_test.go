@@ -310,8 +310,15 @@ func TestChangeMetricsSkipFQDNSlices(t *testing.T) {
 		got = scrapeSamples(t, m)
 		return got["kubeproxy_sync_proxy_rules_endpoint_changes_total"] >= 1
 	})
-	if total, pending := got["kubeproxy_sync_proxy_rules_endpoint_changes_total"], got["kubeproxy_sync_proxy_rules_endpoint_changes_pending"]; total != 1 || pending != 1 {
-		t.Errorf("endpoint changes total %v pending %v, want 1 and 1 (the IPv4 slice's, not the FQDN one's)", total, pending)
+	// The FQDN slice's event asks for a sync (it changed the tracker's
+	// state), which the runner's burst may start at once, despite
+	// MinSyncPeriod, and which then takes the IPv4 slice's change if that
+	// came first: pending is 1, or 0 after such a sync, never 2. total
+	// is never reset: 1 is the IPv4 slice's alone (the FQDN slice's event
+	// came before it and was not counted in either: both are counted
+	// together, ObserveChange).
+	if total, pending := got["kubeproxy_sync_proxy_rules_endpoint_changes_total"], got["kubeproxy_sync_proxy_rules_endpoint_changes_pending"]; total != 1 || pending > 1 {
+		t.Errorf("endpoint changes total %v pending %v, want 1 and at most 1 (the IPv4 slice's, not the FQDN one's)", total, pending)
 	}
 }
 
