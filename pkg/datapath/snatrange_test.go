@@ -202,21 +202,31 @@ func TestSNATPortSearchSpread(t *testing.T) {
 	})
 }
 
-func snatSpread(t *testing.T, v6, xdp bool) {
-	const lo, hi, held = 62000, 62255, 128
+// snatRangeNode is snatNode with the SNAT range lo-hi (XDP loaded too
+// with xdp) and a first flow source-NATed through tc: its port, and
+// revAt, the reply key of a flow to the same backend source-NATed to
+// port p (the first flow's entry copied under another port holds it).
+func snatRangeNode(t *testing.T, v6, xdp bool, lo, hi uint16) (d *Datapath, ifindex int, np model.L4Addr, revAt func(p uint16) ctK, first uint16) {
+	t.Helper()
 	base := smallConfig
 	if xdp {
 		base = xdpConfig
 	}
 	d, ifindex, np, be := snatNode(t, v6, configWith(base, func(c *Config) { c.SNATPortMin, c.SNATPortMax = lo, hi }))
-	m := d.Maps()
-	first := nsClient(42000, np)
-	if v, _ := runOn(t, d.TCIngress(), ifindex, first.Bytes()); v != tcActRedirect {
+	syn := nsClient(42000, np)
+	if v, _ := runOn(t, d.TCIngress(), ifindex, syn.Bytes()); v != tcActRedirect {
 		t.Fatalf("first flow: verdict %d", v)
 	}
-	sp0 := snatPortIn(t, d, first.Src.String(), first.SrcPort, np)
 	node := ofFamily(np.Addr, nsNodeIP, nsNodeIP6).String()
-	rev := ctKeyOf(be.addr.Addr.String(), be.addr.Port, node, sp0, model.TCP, ctReverse)
+	revAt = func(p uint16) ctK { return ctKeyOf(be.addr.Addr.String(), be.addr.Port, node, p, model.TCP, ctReverse) }
+	return d, ifindex, np, revAt, snatPortIn(t, d, syn.Src.String(), syn.SrcPort, np)
+}
+
+func snatSpread(t *testing.T, v6, xdp bool) {
+	const lo, hi, held = 62000, 62255, 128
+	d, ifindex, np, revAt, sp0 := snatRangeNode(t, v6, xdp, lo, hi)
+	m := d.Maps()
+	rev := revAt(sp0)
 	taken := map[uint16]bool{sp0: true}
 	for p := uint16(lo); p < lo+held; p++ {
 		if p != sp0 {
@@ -274,19 +284,9 @@ func TestSNATPortSearchOneFree(t *testing.T) {
 func snatOneFree(t *testing.T, v6, xdp bool, n, tries, minFound int) {
 	const lo = 62000
 	hi := uint16(lo + n - 1)
-	base := smallConfig
-	if xdp {
-		base = xdpConfig
-	}
-	d, ifindex, np, be := snatNode(t, v6, configWith(base, func(c *Config) { c.SNATPortMin, c.SNATPortMax = lo, hi }))
+	d, ifindex, np, revAt, sp0 := snatRangeNode(t, v6, xdp, lo, hi)
 	m := d.Maps()
-	first := nsClient(42000, np)
-	if v, _ := runOn(t, d.TCIngress(), ifindex, first.Bytes()); v != tcActRedirect {
-		t.Fatalf("first flow: verdict %d", v)
-	}
-	node := ofFamily(np.Addr, nsNodeIP, nsNodeIP6).String()
-	revAt := func(p uint16) ctK { return ctKeyOf(be.addr.Addr.String(), be.addr.Port, node, p, model.TCP, ctReverse) }
-	tmpl := revAt(snatPortIn(t, d, first.Src.String(), first.SrcPort, np))
+	tmpl := revAt(sp0)
 	for p := uint16(lo); p <= hi; p++ {
 		if p != tmpl.dst.Port() {
 			ctCopyEntry(t, m, tmpl, p)
