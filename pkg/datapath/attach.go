@@ -767,6 +767,13 @@ func Cleanup(bpffs string) error {
 	dir := filepath.Join(bpffs, "sluice")
 	var errs []error
 
+	// Every device's entry loses its tc flag before any link goes, as
+	// on the normal detach path (clearNodeDevTC): otherwise, while the
+	// links go one by one, a DNAT-only reply would still be passed up
+	// untranslated (tc_rev_at_egress) to an egress whose program is gone.
+	if err := clearPinnedNodeDevTC(filepath.Join(dir, mapDevices)); err != nil {
+		errs = append(errs, err)
+	}
 	links, err := os.ReadDir(filepath.Join(dir, "links"))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("list pinned links: %w", err))
@@ -790,6 +797,45 @@ func Cleanup(bpffs string) error {
 	}
 	if err := removeClsactFilters(nil); err != nil {
 		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// clearPinnedNodeDevTC clears the nodeDevTC flag of every entry of the
+// node-device map pinned at pin (Cleanup has no Maps). No pin: nothing.
+func clearPinnedNodeDevTC(pin string) error {
+	m, err := ebpf.LoadPinnedMap(pin, nil)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("open %s: %w", pin, err)
+	}
+	defer m.Close()
+	var ifindex uint32
+	var nd sockNodeDev
+	var tc []uint32
+	it := m.Iterate()
+	for it.Next(&ifindex, &nd) {
+		if nd.Flags&nodeDevTC != 0 {
+			tc = append(tc, ifindex)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("walk %s: %w", mapDevices, err)
+	}
+	var errs []error
+	for _, i := range tc {
+		if err := m.Lookup(i, &nd); err != nil {
+			if !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("look up node device %d: %w", i, err))
+			}
+			continue
+		}
+		nd.Flags &^= nodeDevTC
+		if err := m.Update(i, &nd, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("clear the tc flag of node device %d: %w", i, err))
+		}
 	}
 	return errors.Join(errs...)
 }
