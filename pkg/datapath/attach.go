@@ -764,6 +764,9 @@ func Cleanup(bpffs string) error {
 	if bpffs == "" {
 		bpffs = DefaultBPFFS
 	}
+	if err := refuseDefaultBPFFSInTest(bpffs); err != nil {
+		return err
+	}
 	dir := filepath.Join(bpffs, "sluice")
 	var errs []error
 
