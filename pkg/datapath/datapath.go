@@ -38,8 +38,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"testing"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
