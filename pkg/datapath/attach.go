@@ -255,7 +255,7 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		return err
 	}
 	for i, dev := range devs {
-		if err := d.attachXDP(dev, ifindex[i]); err != nil {
+		if err := d.attachXDP(dev, ifindex[i], flags[i]&nodeDevTunnel != 0); err != nil {
 			return err
 		}
 		addr, err := deviceAddr(dev, d.cfg.NodeIPs, netlink.FAMILY_V4)
@@ -420,12 +420,12 @@ func (d *Datapath) updateXDPTo(dev string, ifindex int, prog *ebpf.Program) erro
 // attachXDP attaches the XDP program to dev in the configured mode, pinned
 // as xdp_<mode>_<dev>, and removes an attachment in the other mode (the
 // kernel allows one mode at a time, so a mode change detaches first), or
-// in either with XDP off. A tunnel (isTunnel) gets none: its packets
-// come decapsulated from the stack, not from a wire, and native XDP is
-// not there.
-func (d *Datapath) attachXDP(dev string, ifindex int) error {
+// in either with XDP off. A tunnel (tunnel: its deviceFlags, which the
+// caller has, say nodeDevTunnel) gets none: its packets come decapsulated
+// from the stack, not from a wire, and native XDP is not there.
+func (d *Datapath) attachXDP(dev string, ifindex int, tunnel bool) error {
 	mode := d.cfg.XDP
-	if l, err := netlink.LinkByIndex(ifindex); err == nil && isTunnel(l) {
+	if tunnel {
 		mode = XDPOff
 	}
 	for _, m := range []XDPMode{XDPNative, XDPGeneric} {
