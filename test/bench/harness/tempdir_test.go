@@ -61,7 +61,7 @@ func TestTempDirUnmounts(t *testing.T) {
 	// One that still runs: this test's parent.
 	live := filepath.Join(os.TempDir(), prefix+strconv.Itoa(os.Getppid())+"-1")
 	liveMount := mountIn(live)
-	dir, remove, err = TempDir(prefix, log)
+	_, remove, err = TempDir(prefix, log)
 	if err != nil {
 		t.Fatal(err)
 	}
