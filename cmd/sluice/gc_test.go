@@ -139,11 +139,10 @@ func TestStartMemoryLimitLiftedByLiveHeap(t *testing.T) {
 	t.Cleanup(func() { debug.SetMemoryLimit(orig) })
 	log := slog.New(slog.DiscardHandler)
 
-	// Under: a limit far above this test's live heap stays while watched.
+	// Under: a limit far above this test's live heap stays while watched,
+	// for as many of the watch's reads as roundsCtx lets it make.
 	s := startMemoryLimit(4096, "", log)
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	s.watch(ctx, time.Millisecond)
-	cancel()
+	s.watch(&roundsCtx{Context: context.Background(), rounds: 3}, time.Millisecond)
 	if memoryLimit() != 4096<<20 {
 		t.Fatalf("live heap %d B under a 4096 MiB limit: limit %d, want it left", liveHeap(), memoryLimit())
 	}
@@ -153,11 +152,41 @@ func TestStartMemoryLimitLiftedByLiveHeap(t *testing.T) {
 	keep := make([]byte, 64<<20)
 	runtime.GC()
 	s = startMemoryLimit(32, "", log)
-	ctx, cancel = context.WithTimeout(context.Background(), hangBound) // the bound of a hang: a pass returns at the first tick
+	ctx, cancel := context.WithTimeout(context.Background(), hangBound) // the bound of a hang: a pass returns at the first tick
 	defer cancel()
 	s.watch(ctx, time.Millisecond)
 	if memoryLimit() != math.MaxInt64 {
 		t.Errorf("live heap %d B over 80%% of a 32 MiB limit: limit %d, want it lifted", liveHeap(), memoryLimit())
 	}
 	runtime.KeepAlive(keep)
+}
+
+// roundsCtx ends when its Done has been asked for more than rounds times:
+// watch asks once a round, before it waits for the next tick, so a watch
+// given it returns (unless it lifted the limit) only after it has read the
+// live heap rounds times. Counting its rounds, not the time, keeps a test
+// of what it leaves alone from passing because no tick came.
+type roundsCtx struct {
+	context.Context
+	rounds int
+	asked  int
+	done   chan struct{}
+}
+
+func (c *roundsCtx) Done() <-chan struct{} {
+	if c.done == nil {
+		c.done = make(chan struct{})
+	}
+	c.asked++
+	if c.asked == c.rounds+1 {
+		close(c.done)
+	}
+	return c.done
+}
+
+func (c *roundsCtx) Err() error {
+	if c.asked > c.rounds {
+		return context.Canceled
+	}
+	return nil
 }

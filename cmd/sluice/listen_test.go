@@ -34,7 +34,7 @@ func TestTakenPortNamesKubeProxy(t *testing.T) {
 		// agent exits with.
 		src := &failureSource{}
 		var _ agent.Source = src
-		err := runAgent(t.Context(), agent.Config{}, datapath.Config{}, 0, northSouthConfig{}, src, nil, nil, c.srv, slog.New(slog.DiscardHandler))
+		err := runAgent(t.Context(), agent.Config{}, datapath.Config{BPFFS: t.TempDir()}, 0, northSouthConfig{}, src, nil, nil, c.srv, slog.New(slog.DiscardHandler))
 		if err == nil {
 			t.Fatalf("%s: the agent started on a taken port %s", c.name, taken)
 		}
@@ -77,7 +77,7 @@ func TestFailedStartClosesHealthListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := listenAddrs{health: health, metrics: held.Addr().String()}
-	if err := runAgent(t.Context(), agent.Config{}, datapath.Config{}, 0, northSouthConfig{}, &failureSource{}, nil, nil, srv, slog.New(slog.DiscardHandler)); err == nil {
+	if err := runAgent(t.Context(), agent.Config{}, datapath.Config{BPFFS: t.TempDir()}, 0, northSouthConfig{}, &failureSource{}, nil, nil, srv, slog.New(slog.DiscardHandler)); err == nil {
 		t.Fatal("the agent started on a taken metrics port")
 	}
 	again, err := net.Listen("tcp", health)

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -40,14 +42,34 @@ func TestServeHTTPWaitsForHandlers(t *testing.T) {
 	}()
 	<-entered
 	cancel()
-	// The handler is released long after the shutdown's deadline: a
-	// serveHTTP that does not wait for it has returned by then (this
-	// bounds the failure only; a passing run does not depend on it).
-	time.AfterFunc(500*time.Millisecond, func() { close(release) })
+	// The handler is released only once serveHTTP waits for it (its
+	// goroutine is in inflight.wait, past the shutdown's deadline and
+	// the close): a serveHTTP that does not wait returns before that,
+	// whatever the timing. The poll's period decides no outcome.
+	for !inflightWaiting() {
+		select {
+		case err := <-returned:
+			t.Fatalf("serveHTTP returned (%v) while a handler still ran", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	close(release)
 	if err := <-returned; err != nil {
 		t.Fatalf("serveHTTP: %v", err)
 	}
 	if !finished.Load() {
 		t.Fatal("serveHTTP returned while a handler still ran")
+	}
+}
+
+// inflightWaiting says whether a goroutine is in (*inflight).wait.
+func inflightWaiting() bool {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Contains(string(buf[:n]), ".(*inflight).wait(")
+		}
+		buf = make([]byte, 2*len(buf))
 	}
 }

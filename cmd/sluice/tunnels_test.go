@@ -1,12 +1,14 @@
 package main
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
@@ -39,7 +41,10 @@ func TestOverlayDevicesDefault(t *testing.T) {
 		if name == "ov3" {
 			vx.VxlanId, vx.SrcAddr = 0, nil
 		}
-		if err := netlink.LinkAdd(vx); err != nil {
+		if err := netlink.LinkAdd(vx); errors.Is(err, unix.EOPNOTSUPP) {
+			// As pkg/datapath's overlay tests: no vxlan module.
+			t.Skip("this kernel has no vxlan devices")
+		} else if err != nil {
 			t.Fatal(err)
 		}
 		if name == "ov1" {

@@ -480,9 +480,18 @@ func explainTable(o *explainOut) string {
 			rows = append(rows, []string{k, v})
 		}
 	}
+	snat := o.SNAT
 	if o.Reply {
+		// A clash-remapped reply's destination (SNAT) is given back
+		// where its source is: here, or at that egress ("there").
+		if snat != "" {
+			snat = "destination becomes " + strings.TrimPrefix(snat, "destination ")
+		}
 		if slices.Contains(o.Reasons, "tc_rev_at_egress") {
 			add("REPLY", "of a translated flow, passed up untranslated: translated at the egress of the device its route leaves by (source becomes "+o.ReplyFrom+" there)")
+			if snat != "" {
+				snat += " there"
+			}
 		} else {
 			add("REPLY", "of a translated flow: source becomes "+o.ReplyFrom)
 		}
@@ -508,7 +517,7 @@ func explainTable(o *explainOut) string {
 		add("BACKEND", fmt.Sprintf("%s (id %d): %s", o.Backend, o.BackendID, o.Why))
 	}
 	add("DNAT", o.DNAT)
-	add("SNAT", o.SNAT)
+	add("SNAT", snat)
 	add("VERDICT", o.Verdict)
 	add("ERRNO", o.Errno)
 	add("REASON", o.Reason)

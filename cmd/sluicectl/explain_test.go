@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -195,18 +196,28 @@ func TestExplainTable(t *testing.T) {
 		t.Errorf("table shows empty fields:\n%s", got)
 	}
 	// A DNAT-only reply at a pod device's ingress that is passed up for
-	// the client device's egress (tc_rev_at_egress) is not translated here.
+	// the client device's egress (tc_rev_at_egress) is not translated
+	// here: neither its source nor, for a clash-remapped flow, its
+	// destination (the client's port given back, SNAT).
 	for _, c := range []struct {
 		reasons []string
-		want    string
+		snat    string
+		want    []string
 	}{
-		{[]string{"tc_rev_nat"}, "REPLY\tof a translated flow: source becomes 10.96.0.10:80\n"},
-		{[]string{"tc_rev_at_egress"}, "REPLY\tof a translated flow, passed up untranslated: translated at the egress of the device its route leaves by (source becomes 10.96.0.10:80 there)\n"},
+		{[]string{"tc_rev_nat"}, "", []string{"REPLY\tof a translated flow: source becomes 10.96.0.10:80\n"}},
+		{[]string{"tc_rev_at_egress"}, "", []string{"REPLY\tof a translated flow, passed up untranslated: translated at the egress of the device its route leaves by (source becomes 10.96.0.10:80 there)\n"}},
+		{[]string{"tc_rev_nat"}, "destination 10.0.0.1:40000", []string{
+			"REPLY\tof a translated flow: source becomes 10.96.0.10:80\n",
+			"SNAT\tdestination becomes 10.0.0.1:40000\n"}},
+		{[]string{"tc_rev_at_egress"}, "destination 10.0.0.1:40000", []string{
+			"REPLY\tof a translated flow, passed up untranslated: translated at the egress of the device its route leaves by (source becomes 10.96.0.10:80 there)\n",
+			"SNAT\tdestination becomes 10.0.0.1:40000 there\n"}},
 	} {
-		reply := explainTable(&explainOut{Program: "sluice_ingress", Device: "pod0", Direction: "ingress", Packet: "TCP 10.1.1.2:8080 -> 10.0.0.1:40000",
-			Reply: true, ReplyFrom: "10.96.0.10:80", Verdict: "pass", Reasons: c.reasons})
-		if !strings.Contains(reply, c.want) {
-			t.Errorf("reply counted %v: want %q in\n%s", c.reasons, c.want, reply)
+		reply := explainTable(&explainOut{Program: "sluice_ingress", Device: "pod0", Direction: "ingress", Packet: "TCP 10.1.1.2:8080 -> 10.0.0.1:40001",
+			Reply: true, ReplyFrom: "10.96.0.10:80", SNAT: c.snat, Verdict: "pass", Reasons: c.reasons})
+		testutil.ContainsAll(t, fmt.Sprintf("reply counted %v, SNAT %q", c.reasons, c.snat), reply, c.want...)
+		if c.snat == "" && strings.Contains(reply, "SNAT") {
+			t.Errorf("reply counted %v without SNAT shows one:\n%s", c.reasons, reply)
 		}
 	}
 	none := explainTable(&explainOut{Program: "sluice_ingress", Packet: "TCP 10.0.0.1:1 -> 192.0.2.1:80", Verdict: "pass"})

@@ -255,7 +255,7 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		return err
 	}
 	for i, dev := range devs {
-		if err := d.attachXDP(dev, ifindex[i]); err != nil {
+		if err := d.attachXDP(dev, ifindex[i], flags[i]&nodeDevTunnel != 0); err != nil {
 			return err
 		}
 		addr, err := deviceAddr(dev, d.cfg.NodeIPs, netlink.FAMILY_V4)
@@ -420,12 +420,12 @@ func (d *Datapath) updateXDPTo(dev string, ifindex int, prog *ebpf.Program) erro
 // attachXDP attaches the XDP program to dev in the configured mode, pinned
 // as xdp_<mode>_<dev>, and removes an attachment in the other mode (the
 // kernel allows one mode at a time, so a mode change detaches first), or
-// in either with XDP off. A tunnel (isTunnel) gets none: its packets
-// come decapsulated from the stack, not from a wire, and native XDP is
-// not there.
-func (d *Datapath) attachXDP(dev string, ifindex int) error {
+// in either with XDP off. A tunnel (tunnel: its deviceFlags, which the
+// caller has, say nodeDevTunnel) gets none: its packets come decapsulated
+// from the stack, not from a wire, and native XDP is not there.
+func (d *Datapath) attachXDP(dev string, ifindex int, tunnel bool) error {
 	mode := d.cfg.XDP
-	if l, err := netlink.LinkByIndex(ifindex); err == nil && isTunnel(l) {
+	if tunnel {
 		mode = XDPOff
 	}
 	for _, m := range []XDPMode{XDPNative, XDPGeneric} {
@@ -764,9 +764,19 @@ func Cleanup(bpffs string) error {
 	if bpffs == "" {
 		bpffs = DefaultBPFFS
 	}
+	if err := refuseDefaultBPFFSInTest(bpffs); err != nil {
+		return err
+	}
 	dir := filepath.Join(bpffs, "sluice")
 	var errs []error
 
+	// Every device's entry loses its tc flag before any link goes, as
+	// on the normal detach path (clearNodeDevTC): otherwise, while the
+	// links go one by one, a DNAT-only reply would still be passed up
+	// untranslated (tc_rev_at_egress) to an egress whose program is gone.
+	if err := clearPinnedNodeDevTC(filepath.Join(dir, mapDevices)); err != nil {
+		errs = append(errs, err)
+	}
 	links, err := os.ReadDir(filepath.Join(dir, "links"))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("list pinned links: %w", err))
@@ -790,6 +800,45 @@ func Cleanup(bpffs string) error {
 	}
 	if err := removeClsactFilters(nil); err != nil {
 		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// clearPinnedNodeDevTC clears the nodeDevTC flag of every entry of the
+// node-device map pinned at pin (Cleanup has no Maps). No pin: nothing.
+func clearPinnedNodeDevTC(pin string) error {
+	m, err := ebpf.LoadPinnedMap(pin, nil)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("open %s: %w", pin, err)
+	}
+	defer m.Close()
+	var ifindex uint32
+	var nd sockNodeDev
+	var tc []uint32
+	it := m.Iterate()
+	for it.Next(&ifindex, &nd) {
+		if nd.Flags&nodeDevTC != 0 {
+			tc = append(tc, ifindex)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("walk %s: %w", mapDevices, err)
+	}
+	var errs []error
+	for _, i := range tc {
+		if err := m.Lookup(i, &nd); err != nil {
+			if !errors.Is(err, ebpf.ErrKeyNotExist) {
+				errs = append(errs, fmt.Errorf("look up node device %d: %w", i, err))
+			}
+			continue
+		}
+		nd.Flags &^= nodeDevTC
+		if err := m.Update(i, &nd, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = append(errs, fmt.Errorf("clear the tc flag of node device %d: %w", i, err))
+		}
 	}
 	return errors.Join(errs...)
 }

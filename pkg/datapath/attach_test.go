@@ -225,8 +225,22 @@ func TestAttachDetach(t *testing.T) {
 		t.Errorf("%d pinned links, want 4 tcx and %d cgroup: %v", len(pins), len(cgroupProgs), pins)
 	}
 
+	for _, l := range devs[:2] {
+		var nd sockNodeDev
+		if err := d2.maps.devices.Lookup(uint32(l.Attrs().Index), &nd); err != nil || nd.Flags&nodeDevTC == 0 {
+			t.Fatalf("before Cleanup %s's node device entry %+v (%v), want the tc flag", l.Attrs().Name, nd, err)
+		}
+	}
 	if err := Cleanup(bpffs); err != nil {
 		t.Fatalf("Cleanup: %v", err)
+	}
+	// Cleanup clears the tc flag (before it detaches the links) as the
+	// normal detach path does; d2 still holds the unpinned map.
+	for _, l := range devs[:2] {
+		var nd sockNodeDev
+		if err := d2.maps.devices.Lookup(uint32(l.Attrs().Index), &nd); err == nil && nd.Flags&nodeDevTC != 0 {
+			t.Errorf("after Cleanup %s's node device entry %+v still has the tc flag", l.Attrs().Name, nd)
+		}
 	}
 	if err := Cleanup(bpffs); err != nil {
 		t.Fatalf("Cleanup again: %v", err)

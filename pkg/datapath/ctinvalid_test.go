@@ -176,8 +176,15 @@ func testDNATOnlyConntrackValid(t *testing.T, f ctInvalidFamily) {
 		{"pod to ClusterIP, local backend", podB, cipLocal, "podA"},
 		{"pod to ClusterIP, remote backend", podB, cipRemote, "remote"},
 	} {
+		// Each reply meets tc first at the ingress of the backend's
+		// device and leaves by the client's: it is passed up
+		// untranslated (tc_rev_at_egress) for that egress to translate.
+		before := counters(t, d)["tc_rev_at_egress"]
 		if err := echoExchange(c.from, f.network, c.fe, c.want); err != nil {
 			t.Errorf("%s (%s): %v", c.name, apOf(c.fe), err)
+		}
+		if after := counters(t, d)["tc_rev_at_egress"]; after <= before {
+			t.Errorf("%s (%s): tc_rev_at_egress %d before the exchange, %d after: its replies were not passed up", c.name, apOf(c.fe), before, after)
 		}
 	}
 	// One client port of pod B to two ClusterIPs sharing pod A: the

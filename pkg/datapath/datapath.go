@@ -39,6 +39,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -415,6 +416,9 @@ func Open(cfg Config) (*Datapath, error) {
 		return nil, err
 	}
 	if cfg.XDP, err = ParseXDPMode(string(cfg.XDP)); err != nil {
+		return nil, err
+	}
+	if err := refuseDefaultBPFFSInTest(cfg.BPFFS); err != nil {
 		return nil, err
 	}
 	dir := filepath.Join(cfg.BPFFS, "sluice")
@@ -924,4 +928,23 @@ func readCounters(metrics *ebpf.Map, n int) (map[string]uint64, error) {
 		out[name] = sum
 	}
 	return out, nil
+}
+
+// refuseDefaultBPFFSInTest refuses the host's own bpffs (DefaultBPFFS)
+// in a test binary: a test that pins there, or cleans up there, touches
+// the node's real agent state and leaves or removes pins at its root.
+// Tests set their own bpffs (a mount of their own, or a t.TempDir() where
+// nothing is to be pinned).
+func refuseDefaultBPFFSInTest(bpffs string) error {
+	if !testing.Testing() {
+		return nil
+	}
+	p := filepath.Clean(bpffs)
+	if r, err := filepath.EvalSymlinks(p); err == nil {
+		p = r
+	}
+	if p == DefaultBPFFS {
+		return fmt.Errorf("bpffs %s is the host's default: tests must set their own bpffs (datapath.Config.BPFFS)", bpffs)
+	}
+	return nil
 }

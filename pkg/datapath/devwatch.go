@@ -405,7 +405,7 @@ func (d *Datapath) AttachDevice(dev string, ifindex int) error {
 				return err
 			}
 		}
-		if err := d.attachXDP(dev, ifindex); err != nil {
+		if err := d.attachXDP(dev, ifindex, flags&nodeDevTunnel != 0); err != nil {
 			return err
 		}
 		var addr, addr6 netip.Addr

@@ -60,15 +60,20 @@ func WriteRecord(dir, name string, v any, markdown []byte) ([]string, error) {
 }
 
 // TempDir makes a temporary directory for a run's files (the agent it
-// builds, a per-mode state) and returns a function that removes it and
-// logs a failure to.
+// builds, a per-mode state: bpffs mounts among them) and returns a
+// function that removes it, detaching every mount left under it first (a
+// failed or interrupted run may not have closed its modes), and logs a
+// failure to. The directory is named prefix<pid>-*: it first removes, the
+// same way, those of earlier runs whose process is gone (killed: SIGKILL,
+// a test binary's timeout), as a later run does with their namespaces.
 func TempDir(prefix string, log *slog.Logger) (string, func(), error) {
-	dir, err := os.MkdirTemp("", prefix)
+	removeStaleTempDirs(os.TempDir(), prefix, log)
+	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", prefix, os.Getpid()))
 	if err != nil {
 		return "", nil, err
 	}
 	return dir, func() {
-		if err := os.RemoveAll(dir); err != nil {
+		if err := removeTempDir(dir); err != nil {
 			log.Warn("remove temporary directory", "dir", dir, "err", err)
 		}
 	}, nil
