@@ -73,7 +73,9 @@ type Config struct {
 	// clients seen longest ago make room), MaxSourceRanges
 	// sluice_src_ranges, the loadBalancerSourceRanges of all frontends
 	// together (16384), and MaxDevices sluice_devices, the devices the
-	// programs are attached to (64). A pinned map of another size is
+	// programs are attached to (1024: a node's pods' devices under a
+	// pattern such as cali+, with room; 8 bytes an entry, looked up by
+	// ifindex, never walked). A pinned map of another size is
 	// migrated to this one at Open (migrate.go).
 	MaxServices, MaxBackends, MaxServiceEntries, MaxConntrack, MaxConntrackNew, MaxSockRev, MaxAffinity int
 	MaxSourceRanges, MaxDevices                                                                         int
@@ -204,7 +206,7 @@ const (
 	DefaultMaxSockRev        = 262144
 	DefaultMaxAffinity       = 65536
 	DefaultMaxSourceRanges   = 16384
-	DefaultMaxDevices        = 64
+	DefaultMaxDevices        = 1024
 	DefaultCTTimeoutTCP      = 6 * time.Hour
 	DefaultCTTimeoutSYN      = 60 * time.Second
 	DefaultCTTimeoutUDP      = 60 * time.Second
