@@ -19,7 +19,10 @@
  * the quoted TCP or UDP checksum, when the quote holds it, which is
  * updated as the whole segment's or datagram's would be.
  * The error is rewritten in place and goes on through the stack; it
- * refreshes no conntrack entry.
+ * refreshes no conntrack entry. A DNATed flow's error about a request is
+ * translated where the flow's replies are (icmp_xlate.h says why): at an
+ * ingress whose route to the client leaves by a device with tc, at that
+ * device's egress.
  */
 #ifndef SLUICE_ICMP6_XLATE_H
 #define SLUICE_ICMP6_XLATE_H
@@ -30,6 +33,8 @@
 #include "conntrack.h"
 #include "parse6.h"
 #include "nat6.h"
+
+int rev_at_egress6(struct __sk_buff *skb, const struct pkt6 *p); /* tc6.h */
 
 /* The quote of an ICMPv6 error: an IPv6 header and 8 bytes of L4. */
 struct icmp6_quote {
@@ -223,12 +228,16 @@ static __noinline int icmp6_snat_xlate(struct __sk_buff *skb,
 }
 
 /*
- * icmp6_err_xlate - translate @p, an ICMPv6 error (parse_icmp6_err), back
- * if it is about a translated flow. Returns a TC verdict, or TC6_ICMP_SNAT
- * if the flow is source-NATed. A BPF function of its own, like the steps
- * of tc6.h, for its stack.
+ * icmp6_err_xlate - translate @p, an ICMPv6 error (parse_icmp6_err) at a
+ * device's @ingress or egress, back if it is about a translated flow; one
+ * about a DNATed flow's request at an ingress whose route to the client
+ * leaves by a device with tc goes up as it came, as the flow's replies
+ * do (rev_at_egress6), for that device's egress. Returns a TC verdict,
+ * or TC6_ICMP_SNAT if the flow is source-NATed. A BPF function of its
+ * own, like the steps of tc6.h, for its stack.
  */
-static __noinline int icmp6_err_xlate(struct __sk_buff *skb, struct pkt6 *p)
+static __noinline int icmp6_err_xlate(struct __sk_buff *skb, struct pkt6 *p,
+				      bool ingress)
 {
 	__u32 csum_off = p->l4_off + 2;
 	struct csum_l4addr to = {};
@@ -248,6 +257,14 @@ static __noinline int icmp6_err_xlate(struct __sk_buff *skb, struct pkt6 *p)
 			    about_reply ? &key.saddr : &key.daddr);
 	if ((e->flags & CT_F_SNAT) && !remap)
 		return TC6_ICMP_SNAT;
+	/* About a request, at an ingress: where the flow's replies go up
+	 * as they came (rev_nat6), so does its error (icmp_xlate.h).
+	 */
+	if (ingress && !about_reply && !ct_admit_paused &&
+	    rev_at_egress6(skb, p)) {
+		metric_inc(METRIC_TC_REV_AT_EGRESS);
+		return TC_ACT_OK;
+	}
 	to.addr = e->nat_addr;
 	to.port = e->nat_port;
 

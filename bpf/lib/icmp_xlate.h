@@ -25,6 +25,15 @@
  *   B -> C  [C:cp -> B:bp]     becomes  F -> C  [C:cp -> F:fp]
  *   R -> N  [N:sp -> B:bp]     becomes  R -> C  [C:cp -> F:fp], sent to C
  *
+ * A DNATed flow's error is translated where the flow's replies are: at an
+ * ingress whose route to the client leaves by a device with tc, it goes
+ * up as it came (rev_at_egress4, counted tc_rev_at_egress; not while
+ * ct_admit_paused, not at a bridge or bond port), and that device's
+ * egress translates it. The node's netfilter conntrack saw the flow as
+ * [C -> B] (tc ingress comes first), so it takes the error as it came for
+ * RELATED; translated, it would quote [C -> F], a flow it never saw, and
+ * be INVALID, which firewalls drop.
+ *
  * About a reply, from the client's side (the request's entry, CT_FORWARD
  * [C -> F], names the backend and, if source-NATed, the node's port): the
  * quote becomes [B -> C] ([B -> N:sp]), the outer destination B (and the
@@ -56,6 +65,8 @@
 #include "csum.h"
 #include "conntrack.h"
 #include "nat.h"
+
+int rev_at_egress4(struct __sk_buff *skb, const struct pkt4 *p); /* tc.c */
 
 /* The quote of an ICMP error: an IPv4 header and 8 bytes of L4. */
 struct icmp_quote {
@@ -218,6 +229,16 @@ static __always_inline int icmp_err_xlate(struct __sk_buff *skb,
 		 */
 		if (snat && e->snat_addr == key.daddr)
 			snat = false;
+		/* A DNATed flow's error goes up as it came where its reply
+		 * does (rev_dnat), for the egress of the client's device to
+		 * translate: the node's conntrack, which saw [C -> B], then
+		 * finds it RELATED, where [C -> F] would be INVALID.
+		 */
+		if (ingress && !snat && !ct_admit_paused &&
+		    rev_at_egress4(skb, p)) {
+			metric_count(p, METRIC_TC_REV_AT_EGRESS);
+			return TC_ACT_OK;
+		}
 		/* Replies to an external frontend go to the client from
 		 * ingress, or the stack drops them (rev_dnat).
 		 */

@@ -751,7 +751,7 @@ static __always_inline int tc6_body(struct __sk_buff *skb, bool dry,
 	case PKT_ICMP_ERR:
 		if (dry)
 			return TC_ACT_OK;
-		ret = icmp6_err_xlate(skb, &p);
+		ret = icmp6_err_xlate(skb, &p, ingress);
 		if (ret != TC6_ICMP_SNAT)
 			return ret;
 		/* A source-NATed flow's errors arrive at the node, at
