@@ -1,0 +1,405 @@
+package datapath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/sluice-lb/sluice/internal/testutil"
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// skipEndStaleUDP, set by hand, plays main (the agent without
+// EndStaleUDP): each test of this file must then fail.
+var skipEndStaleUDP = false
+
+// The kube-proxy the tests play: its Service VIP, the endpoint its DNAT
+// picked (A, which then stops serving) and the one Sluice is given (B).
+var (
+	staleVIP    = l4("10.96.7.53", 53, model.UDP)
+	staleVIPTCP = l4("10.96.7.53", 80, model.TCP)
+	// A frontend whose traffic no one NATed: a server on its address.
+	staleDirect = l4("10.96.7.54", 5353, model.UDP)
+	staleA      = "10.200.7.2"
+	staleB      = "10.200.7.3"
+)
+
+// kubeProxyDNAT adds to ns the DNAT rule kube-proxy's iptables mode would
+// have in chain (OUTPUT for the node's own sockets, PREROUTING for pods'
+// traffic) for vip to backend, and returns the function that deletes it.
+func kubeProxyDNAT(t *testing.T, ns *topology.NS, chain string, vip model.L4Addr, backend netip.AddrPort) func() {
+	t.Helper()
+	proto := "udp"
+	if vip.Proto == model.TCP {
+		proto = "tcp"
+	}
+	rule := []string{"-t", "nat", "%s", chain, "-d", vip.Addr.String(), "-p", proto, "--dport", strconv.Itoa(int(vip.Port)),
+		"-j", "DNAT", "--to-destination", backend.String()}
+	run := func(op string) error {
+		args := append([]string{}, rule...)
+		args[2] = op
+		return ns.Run(context.Background(), "iptables", args...)
+	}
+	if err := run("-A"); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		t.Helper()
+		if err := run("-D"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// closableUDPBackend is serveUDPBackend whose server can be stopped
+// before the test ends: the endpoint that goes away.
+func closableUDPBackend(t *testing.T, a string) func() {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", net.JoinHostPort(a, "5353"))
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo([]byte("backend "+a+" got "+string(buf[:n])), from) // the client checks the answer
+		}
+	}()
+	return func() { pc.Close() }
+}
+
+// conntrackFlows returns the calling thread's namespace's netfilter
+// conntrack entries of IPv4 whose original destination is dst.
+func conntrackFlows(t *testing.T, dst model.L4Addr) []*netlink.ConntrackFlow {
+	t.Helper()
+	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+	if err != nil {
+		t.Fatalf("list conntrack: %v", err)
+	}
+	var out []*netlink.ConntrackFlow
+	for _, f := range flows {
+		d, _ := netip.AddrFromSlice(f.Forward.DstIP)
+		if d.Unmap() == dst.Addr && f.Forward.DstPort == dst.Port && f.Forward.Protocol == uint8(protoNumber(dst.Proto)) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func protoNumber(p model.Protocol) int {
+	if p == model.TCP {
+		return unix.IPPROTO_TCP
+	}
+	return unix.IPPROTO_UDP
+}
+
+// replySources are the reply sources of flows.
+func replySources(flows []*netlink.ConntrackFlow) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, f := range flows {
+		s, _ := netip.AddrFromSlice(f.Reverse.SrcIP)
+		out = append(out, netip.AddrPortFrom(s.Unmap(), f.Reverse.SrcPort))
+	}
+	return out
+}
+
+// staleState is the state Sluice starts with: staleVIP (and its TCP port)
+// served by B.
+func staleState() *model.State {
+	st := model.NewState()
+	st.Services.Set(staleVIP, clusterIP(staleVIP, l4(staleB, 5353, model.UDP)))
+	st.Services.Set(staleVIPTCP, clusterIP(staleVIPTCP, l4(staleB, 8080, model.TCP)))
+	st.Services.Set(staleDirect, clusterIP(staleDirect, l4(staleB, 5353, model.UDP)))
+	return st
+}
+
+// TestStaleUDPSocketInCgroup (audit 6, finding 6): a node's UDP socket
+// connected to a ClusterIP while kube-proxy served the node (its DNAT in
+// OUTPUT, endpoint A) rides kube-proxy's conntrack entry after Sluice
+// takes over: connect4 translates at connect only. At Sluice's start
+// (EndStaleUDP after the first apply, Service VIP -> B; kube-proxy's rule
+// gone, A no longer serving) the socket is ended (ECONNABORTED), the
+// entry is deleted, and a socket connected again reaches B. A TCP
+// connection kube-proxy DNATed is left alone, and so is its entry, and
+// the entry of a frontend's flow no one NATed. On main the socket went on sending to A.
+func TestStaleUDPSocketInCgroup(t *testing.T) {
+	testutil.Privileged(t)
+	if haveSockDestroyKfunc() != nil {
+		t.Skip("no bpf_sock_destroy (Linux 6.5+)")
+	}
+	forceSockDestroy(t, SockDestroyBPF)
+	d := openTest(t, smallConfig(testPinDir(t)))
+	cg := newTestCgroup(t)
+	cg.Join(t)
+	ns := topology.NewNS(t, "udpstale")
+	ns.Enter(t)
+	addLoopbackAddrs(t, ns, staleA, staleB)
+	// A route to the VIP, as a node has one (its default route): the
+	// client connects before anything translates.
+	if err := ns.AddRouteDev(netip.PrefixFrom(staleVIP.Addr, 32), "lo"); err != nil {
+		t.Fatal(err)
+	}
+	stopA := closableUDPBackend(t, staleA)
+	serveUDPBackend(t, staleB)
+	addLoopbackAddrs(t, ns, staleDirect.Addr.String())
+	serveUDPBackend(t, staleDirect.Addr.String())
+	ln, err := net.Listen("tcp", net.JoinHostPort(staleA, "8080"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+
+	// kube-proxy serves the node.
+	a := netip.MustParseAddrPort(staleA + ":5353")
+	delUDP := kubeProxyDNAT(t, ns, "OUTPUT", staleVIP, a)
+	delTCP := kubeProxyDNAT(t, ns, "OUTPUT", staleVIPTCP, netip.MustParseAddrPort(staleA+":8080"))
+	client := newSocket(t, unix.SOCK_DGRAM)
+	if err := unix.Connect(client, sockaddr(staleVIP)); err != nil {
+		t.Fatal(err)
+	}
+	if who, err := udpExchange(client, nil, "k0"); err != nil || who != staleA {
+		t.Fatalf("through kube-proxy's DNAT the client reached %q (%v), want %s", who, err, staleA)
+	}
+	tcpConn := newSocket(t, unix.SOCK_STREAM)
+	if err := unix.Connect(tcpConn, sockaddr(staleVIPTCP)); err != nil {
+		t.Fatal(err)
+	}
+	srv := <-accepted
+	t.Cleanup(func() { srv.Close() })
+	// Unconnected: only its conntrack entry is of interest.
+	direct := newSocket(t, unix.SOCK_DGRAM)
+	if who, err := udpExchange(direct, sockaddr(staleDirect), "d0"); err != nil || who != staleDirect.Addr.String() {
+		t.Fatalf("the server on %s answered %q (%v)", staleDirect, who, err)
+	}
+	if got := replySources(conntrackFlows(t, staleDirect)); len(got) != 1 || got[0] != apOf(staleDirect) {
+		t.Fatalf("conntrack entries to %s reply from %v, want one, not NATed", staleDirect, got)
+	}
+	if got := replySources(conntrackFlows(t, staleVIP)); len(got) != 1 || got[0] != a {
+		t.Fatalf("conntrack entries to %s reply from %v, want one from %s (kube-proxy's DNAT)", staleVIP, got, a)
+	}
+
+	// kube-proxy goes, and A with it; Sluice starts.
+	delUDP()
+	delTCP()
+	stopA()
+	if err := d.AttachCgroup(cg.Path); err != nil {
+		t.Fatal(err)
+	}
+	st := staleState()
+	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
+		t.Fatal(err)
+	}
+	if !skipEndStaleUDP {
+		res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
+		t.Logf("EndStaleUDP: %+v", res)
+		if res.ConntrackErr != nil || res.Sockets.Err != nil {
+			t.Errorf("EndStaleUDP: conntrack %v, sockets %v", res.ConntrackErr, res.Sockets.Err)
+		}
+		if res.ConntrackDeleted != 1 || res.Sockets.Destroyed != 1 || res.Sockets.Failed != 0 {
+			t.Errorf("EndStaleUDP deleted %d entries and ended %d sockets (%d failed), want 1 and 1", res.ConntrackDeleted, res.Sockets.Destroyed, res.Sockets.Failed)
+		}
+	}
+
+	if _, err := unix.Read(client, make([]byte, 100)); !errors.Is(err, unix.ECONNABORTED) {
+		t.Errorf("receive on the socket connected to %s before Sluice: %v, want ECONNABORTED", staleVIP, err)
+		who, err := udpExchange(client, nil, "k1")
+		t.Errorf("its next datagram reached %q (%v): kube-proxy's entry sends it to %s, which no longer serves", who, err, staleA)
+	}
+	again := newSocket(t, unix.SOCK_DGRAM)
+	if err := unix.Connect(again, sockaddr(staleVIP)); err != nil {
+		t.Fatal(err)
+	}
+	if who, err := udpExchange(again, nil, "s1"); err != nil || who != staleB {
+		t.Errorf("connected again, the client reached %q (%v), want %s", who, err, staleB)
+	}
+	if got := replySources(conntrackFlows(t, staleVIP)); len(got) != 0 {
+		t.Errorf("conntrack entries to %s left, replying from %v", staleVIP, got)
+	}
+	if got := replySources(conntrackFlows(t, staleDirect)); len(got) != 1 {
+		t.Errorf("conntrack entries to %s, not NATed, reply from %v: want the one kept", staleDirect, got)
+	}
+	// TCP: the connection and its entry stay.
+	if soerr, err := unix.GetsockoptInt(tcpConn, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != 0 {
+		t.Errorf("the TCP connection: SO_ERROR %d (%v), want it left alone", soerr, err)
+	}
+	if got := replySources(conntrackFlows(t, staleVIPTCP)); len(got) != 1 {
+		t.Errorf("TCP conntrack entries to %s reply from %v, want kube-proxy's one kept", staleVIPTCP, got)
+	}
+}
+
+// TestStaleUDPConntrackPod (audit 6, finding 6): a pod's UDP socket
+// connected to a ClusterIP while kube-proxy served the node, outside the
+// sockets socket load balancing covers (its process is not in the
+// cgroup), sends through the node (its bridge, with
+// bridge-nf-call-iptables on, as Kubernetes has it), where kube-proxy's
+// DNAT (PREROUTING, endpoint A) left a conntrack entry. At Sluice's start
+// (EndStaleUDP after the first apply, VIP -> B; A no longer serving) the
+// entry is deleted, the pod's socket is left open (it is not socket load
+// balancing's to end), and its next datagram reaches B through Sluice's
+// tc program on the bridge. On main the entry stayed; the datagram
+// reached B all the same: tc translates it before netfilter sees it (and
+// forwards it around netfilter), so only a packet that reaches netfilter
+// untranslated ever met that entry.
+func TestStaleUDPConntrackPod(t *testing.T) {
+	testutil.Privileged(t)
+	d := openTest(t, smallConfig(testPinDir(t)))
+	// Socket load balancing covers a cgroup the test is not in.
+	cg := newTestCgroup(t)
+	if err := d.AttachCgroup(cg.Path); err != nil {
+		t.Fatal(err)
+	}
+	tp := topology.NewT(t)
+	node, pod := tp.AddNST(t, "udpnode"), tp.AddNST(t, "udppod")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(node.AddBridge("br0"))
+	must(tp.Veth(node, "n0", pod, "c0"))
+	must(node.SetMaster("n0", "br0"))
+	must(node.AddAddr("br0", netip.MustParsePrefix("10.244.7.1/24")))
+	must(pod.AddAddr("c0", netip.MustParsePrefix("10.244.7.2/24")))
+	must(pod.AddRoute(netip.MustParsePrefix("0.0.0.0/0"), addr("10.244.7.1")))
+	must(node.Sysctl("net/bridge/bridge-nf-call-iptables", "1"))
+	node.Enter(t)
+	addLoopbackAddrs(t, node, staleA, staleB)
+	stopA := closableUDPBackend(t, staleA)
+	serveUDPBackend(t, staleB)
+	must(d.AttachDevices([]string{"br0"}))
+
+	a := netip.MustParseAddrPort(staleA + ":5353")
+	delUDP := kubeProxyDNAT(t, node, "PREROUTING", staleVIP, a)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pod.DialContext(ctx, "udp4", apOf(staleVIP).String())
+	must(err)
+	t.Cleanup(func() { conn.Close() })
+	exchange := func(msg string) (string, error) {
+		if err := conn.SetReadDeadline(time.Now().Add(2 * time.Second)); err != nil {
+			return "", err
+		}
+		if _, err := conn.Write([]byte(msg)); err != nil {
+			return "", err
+		}
+		buf := make([]byte, 1500)
+		n, err := conn.Read(buf)
+		if err != nil {
+			return "", err
+		}
+		who, ok := strings.CutPrefix(string(buf[:n]), "backend ")
+		if !ok {
+			return "", fmt.Errorf("reply %q", buf[:n])
+		}
+		return strings.Fields(who)[0], nil
+	}
+	if who, err := exchange("p0"); err != nil || who != staleA {
+		t.Fatalf("through kube-proxy's DNAT the pod reached %q (%v), want %s", who, err, staleA)
+	}
+	if got := replySources(conntrackFlows(t, staleVIP)); len(got) != 1 || got[0] != a {
+		t.Fatalf("conntrack entries to %s reply from %v, want one from %s (kube-proxy's DNAT)", staleVIP, got, a)
+	}
+
+	delUDP()
+	stopA()
+	st := staleState()
+	must(reconciler.New(d.Maps(), nil).Apply(st))
+	if !skipEndStaleUDP {
+		res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
+		t.Logf("EndStaleUDP: %+v", res)
+		if res.ConntrackErr != nil || res.Sockets.Err != nil {
+			t.Errorf("EndStaleUDP: conntrack %v, sockets %v", res.ConntrackErr, res.Sockets.Err)
+		}
+		if res.ConntrackDeleted != 1 || res.Sockets.Destroyed != 0 {
+			t.Errorf("EndStaleUDP deleted %d entries and ended %d sockets, want 1 and none (the pod's socket is not socket load balancing's)", res.ConntrackDeleted, res.Sockets.Destroyed)
+		}
+	}
+	if who, err := exchange("p1"); err != nil || who != staleB {
+		t.Errorf("the pod's next datagram reached %q (%v), want %s", who, err, staleB)
+	}
+	if got := replySources(conntrackFlows(t, staleVIP)); len(got) != 0 {
+		t.Errorf("conntrack entries to %s left, replying from %v", staleVIP, got)
+	}
+	if soerr, err := unix.GetsockoptInt(connFd(t, conn), unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != 0 {
+		t.Errorf("the pod's socket: SO_ERROR %d (%v), want it left open", soerr, err)
+	}
+}
+
+// connFd is the descriptor of c, a UDP connection of the net package.
+func connFd(t *testing.T, c net.Conn) int {
+	t.Helper()
+	raw, err := c.(*net.UDPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fd int
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+// TestStaleUDPFlow: which netfilter conntrack entries EndStaleUDP deletes:
+// UDP to a frontend that someone DNATed (its reply comes from elsewhere,
+// of either family, an IPv4-mapped one as IPv4); not TCP, not an entry
+// whose reply comes from its original destination (not NATed), not UDP to
+// an address and port that is no frontend, nor to a frontend's address on
+// another port.
+func TestStaleUDPFlow(t *testing.T) {
+	frontends := map[netip.AddrPort]bool{
+		netip.MustParseAddrPort("10.96.0.10:53"):     true,
+		netip.MustParseAddrPort("[fd00::10]:53"):     true,
+		netip.MustParseAddrPort("192.168.1.5:30053"): true, // a NodePort on a node address
+	}
+	flow := func(proto uint8, dst, replySrc string) *netlink.ConntrackFlow {
+		d, r := netip.MustParseAddrPort(dst), netip.MustParseAddrPort(replySrc)
+		f := &netlink.ConntrackFlow{}
+		f.Forward.Protocol, f.Reverse.Protocol = proto, proto
+		f.Forward.DstIP, f.Forward.DstPort = d.Addr().AsSlice(), d.Port()
+		f.Reverse.SrcIP, f.Reverse.SrcPort = r.Addr().AsSlice(), r.Port()
+		return f
+	}
+	for _, c := range []struct {
+		name          string
+		proto         uint8
+		dst, replySrc string
+		want          bool
+	}{
+		{"DNATed ClusterIP", unix.IPPROTO_UDP, "10.96.0.10:53", "10.244.1.7:5353", true},
+		{"DNATed, same address other port", unix.IPPROTO_UDP, "10.96.0.10:53", "10.96.0.10:5353", true},
+		{"DNATed IPv6", unix.IPPROTO_UDP, "[fd00::10]:53", "[fd00:244::7]:53", true},
+		{"DNATed IPv4-mapped", unix.IPPROTO_UDP, "[::ffff:10.96.0.10]:53", "[::ffff:10.244.1.7]:53", true},
+		{"DNATed NodePort", unix.IPPROTO_UDP, "192.168.1.5:30053", "10.244.2.3:53", true},
+		{"not NATed", unix.IPPROTO_UDP, "10.96.0.10:53", "10.96.0.10:53", false},
+		{"TCP", unix.IPPROTO_TCP, "10.96.0.10:53", "10.244.1.7:5353", false},
+		{"no frontend", unix.IPPROTO_UDP, "10.96.0.11:53", "10.244.1.7:5353", false},
+		{"frontend address, other port", unix.IPPROTO_UDP, "10.96.0.10:54", "10.244.1.7:5353", false},
+	} {
+		if got := staleUDPFlow(frontends, flow(c.proto, c.dst, c.replySrc)); got != c.want {
+			t.Errorf("%s: deleted %v, want %v", c.name, got, c.want)
+		}
+	}
+}
