@@ -24,15 +24,33 @@ import (
 // EndStaleUDP): each test of this file must then fail.
 var skipEndStaleUDP = false
 
-// The kube-proxy the tests play: its Service VIP, the endpoint its DNAT
-// picked (A, which then stops serving) and the one Sluice is given (B).
+// staleFamily is the kube-proxy the tests play, in one family: its Service
+// VIP (UDP, and TCP on another port), the endpoint its DNAT picked (A,
+// which then stops serving), the one Sluice is given (B), and a frontend
+// whose traffic no one NATs (a server on its own address).
+type staleFamily struct {
+	name                string
+	domain              int // of the client's sockets
+	vip, vipTCP, direct model.L4Addr
+	a, b                string
+}
+
+var staleFamilies = []staleFamily{
+	{"ipv4", unix.AF_INET, l4("10.96.7.53", 53, model.UDP), l4("10.96.7.53", 80, model.TCP), l4("10.96.7.54", 5353, model.UDP),
+		"10.200.7.2", "10.200.7.3"},
+	{"ipv6", unix.AF_INET6, l4("fd00:96:7::53", 53, model.UDP), l4("fd00:96:7::53", 80, model.TCP), l4("fd00:96:7::54", 5353, model.UDP),
+		"fd00:200:7::2", "fd00:200:7::3"},
+	// A dual-stack socket connected to ::ffff:a.b.c.d: its datagrams are
+	// IPv4, NATed and tracked as IPv4.
+	{"ipv4_mapped", unix.AF_INET6, l4("10.96.7.53", 53, model.UDP), l4("10.96.7.53", 80, model.TCP), l4("10.96.7.54", 5353, model.UDP),
+		"10.200.7.2", "10.200.7.3"},
+}
+
+// The pod test's, IPv4.
 var (
-	staleVIP    = l4("10.96.7.53", 53, model.UDP)
-	staleVIPTCP = l4("10.96.7.53", 80, model.TCP)
-	// A frontend whose traffic no one NATed: a server on its address.
-	staleDirect = l4("10.96.7.54", 5353, model.UDP)
-	staleA      = "10.200.7.2"
-	staleB      = "10.200.7.3"
+	staleVIP = staleFamilies[0].vip
+	staleA   = staleFamilies[0].a
+	staleB   = staleFamilies[0].b
 )
 
 // kubeProxyDNAT adds to ns the DNAT rule kube-proxy's iptables mode would
@@ -46,10 +64,14 @@ func kubeProxyDNAT(t *testing.T, ns *topology.NS, chain string, vip model.L4Addr
 	}
 	rule := []string{"-t", "nat", "%s", chain, "-d", vip.Addr.String(), "-p", proto, "--dport", strconv.Itoa(int(vip.Port)),
 		"-j", "DNAT", "--to-destination", backend.String()}
+	cmd := "iptables"
+	if vip.Addr.Is6() {
+		cmd = "ip6tables"
+	}
 	run := func(op string) error {
 		args := append([]string{}, rule...)
 		args[2] = op
-		return ns.Run(context.Background(), "iptables", args...)
+		return ns.Run(context.Background(), cmd, args...)
 	}
 	if err := run("-A"); err != nil {
 		t.Fatal(err)
@@ -85,10 +107,14 @@ func closableUDPBackend(t *testing.T, a string) func() {
 }
 
 // conntrackFlows returns the calling thread's namespace's netfilter
-// conntrack entries of IPv4 whose original destination is dst.
+// conntrack entries whose original destination is dst.
 func conntrackFlows(t *testing.T, dst model.L4Addr) []*netlink.ConntrackFlow {
 	t.Helper()
-	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+	family := netlink.InetFamily(unix.AF_INET)
+	if dst.Addr.Is6() {
+		family = unix.AF_INET6
+	}
+	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, family)
 	if err != nil {
 		t.Fatalf("list conntrack: %v", err)
 	}
@@ -119,13 +145,13 @@ func replySources(flows []*netlink.ConntrackFlow) []netip.AddrPort {
 	return out
 }
 
-// staleState is the state Sluice starts with: staleVIP (and its TCP port)
-// served by B.
-func staleState() *model.State {
+// staleState is the state Sluice starts with: f's VIP (and its TCP port)
+// and its direct frontend served by B.
+func staleState(f staleFamily) *model.State {
 	st := model.NewState()
-	st.Services.Set(staleVIP, clusterIP(staleVIP, l4(staleB, 5353, model.UDP)))
-	st.Services.Set(staleVIPTCP, clusterIP(staleVIPTCP, l4(staleB, 8080, model.TCP)))
-	st.Services.Set(staleDirect, clusterIP(staleDirect, l4(staleB, 5353, model.UDP)))
+	st.Services.Set(f.vip, clusterIP(f.vip, l4(f.b, 5353, model.UDP)))
+	st.Services.Set(f.vipTCP, clusterIP(f.vipTCP, l4(f.b, 8080, model.TCP)))
+	st.Services.Set(f.direct, clusterIP(f.direct, l4(f.b, 5353, model.UDP)))
 	return st
 }
 
@@ -137,13 +163,24 @@ func staleState() *model.State {
 // gone, A no longer serving) the socket is ended (ECONNABORTED), the
 // entry is deleted, and a socket connected again reaches B. A TCP
 // connection kube-proxy DNATed is left alone, and so is its entry, and
-// the entry of a frontend's flow no one NATed. On main the socket went on sending to A.
+// the entry of a frontend's flow no one NATed. IPv4, IPv6 and a
+// dual-stack socket to ::ffff:a.b.c.d. On main the socket went on sending
+// to A.
 func TestStaleUDPSocketInCgroup(t *testing.T) {
 	testutil.Privileged(t)
 	if haveSockDestroyKfunc() != nil {
 		t.Skip("no bpf_sock_destroy (Linux 6.5+)")
 	}
 	forceSockDestroy(t, SockDestroyBPF)
+	for _, f := range staleFamilies {
+		t.Run(f.name, func(t *testing.T) { testStaleUDPSocket(t, f) })
+	}
+}
+
+func testStaleUDPSocket(t *testing.T, f staleFamily) {
+	sockaddr := func(a model.L4Addr) unix.Sockaddr { return sockaddrIn(f.domain, a) }
+	newSocket := func(t *testing.T, typ int) int { t.Helper(); return newSocketIn(t, f.domain, typ) }
+	staleVIP, staleVIPTCP, staleDirect, staleA, staleB := f.vip, f.vipTCP, f.direct, f.a, f.b
 	d := openTest(t, smallConfig(testPinDir(t)))
 	cg := newTestCgroup(t)
 	cg.Join(t)
@@ -152,7 +189,7 @@ func TestStaleUDPSocketInCgroup(t *testing.T) {
 	addLoopbackAddrs(t, ns, staleA, staleB)
 	// A route to the VIP, as a node has one (its default route): the
 	// client connects before anything translates.
-	if err := ns.AddRouteDev(netip.PrefixFrom(staleVIP.Addr, 32), "lo"); err != nil {
+	if err := ns.AddRouteDev(netip.PrefixFrom(staleVIP.Addr, staleVIP.Addr.BitLen()), "lo"); err != nil {
 		t.Fatal(err)
 	}
 	stopA := closableUDPBackend(t, staleA)
@@ -172,9 +209,9 @@ func TestStaleUDPSocketInCgroup(t *testing.T) {
 	}()
 
 	// kube-proxy serves the node.
-	a := netip.MustParseAddrPort(staleA + ":5353")
+	a := netip.AddrPortFrom(addr(staleA), 5353)
 	delUDP := kubeProxyDNAT(t, ns, "OUTPUT", staleVIP, a)
-	delTCP := kubeProxyDNAT(t, ns, "OUTPUT", staleVIPTCP, netip.MustParseAddrPort(staleA+":8080"))
+	delTCP := kubeProxyDNAT(t, ns, "OUTPUT", staleVIPTCP, netip.AddrPortFrom(addr(staleA), 8080))
 	client := newSocket(t, unix.SOCK_DGRAM)
 	if err := unix.Connect(client, sockaddr(staleVIP)); err != nil {
 		t.Fatal(err)
@@ -207,7 +244,7 @@ func TestStaleUDPSocketInCgroup(t *testing.T) {
 	if err := d.AttachCgroup(cg.Path); err != nil {
 		t.Fatal(err)
 	}
-	st := staleState()
+	st := staleState(f)
 	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +362,7 @@ func TestStaleUDPConntrackPod(t *testing.T) {
 
 	delUDP()
 	stopA()
-	st := staleState()
+	st := staleState(staleFamilies[0])
 	must(reconciler.New(d.Maps(), nil).Apply(st))
 	if !skipEndStaleUDP {
 		res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
