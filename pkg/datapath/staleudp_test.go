@@ -166,18 +166,31 @@ func staleState(f staleFamily) *model.State {
 // the entry of a frontend's flow no one NATed. IPv4, IPv6 and a
 // dual-stack socket to ::ffff:a.b.c.d. On main the socket went on sending
 // to A.
+//
+// Both methods: the bpf_sock_destroy iterator, judging the sockets of the
+// test's cgroup, and netlink SOCK_DESTROY, which judges only with
+// socket load balancing on the cgroup2 root: EndStaleUDP is told the root
+// (nothing is attached there), and ends every socket connected to the
+// test's VIP on the machine, the test's only.
 func TestStaleUDPSocketInCgroup(t *testing.T) {
 	testutil.Privileged(t)
-	if haveSockDestroyKfunc() != nil {
-		t.Skip("no bpf_sock_destroy (Linux 6.5+)")
-	}
-	forceSockDestroy(t, SockDestroyBPF)
-	for _, f := range staleFamilies {
-		t.Run(f.name, func(t *testing.T) { testStaleUDPSocket(t, f) })
+	for _, method := range []SockDestroyMethod{SockDestroyBPF, SockDestroyNetlink} {
+		t.Run(string(method), func(t *testing.T) {
+			if method == SockDestroyBPF && haveSockDestroyKfunc() != nil {
+				t.Skip("no bpf_sock_destroy (Linux 6.5+)")
+			}
+			if method == SockDestroyNetlink && haveNetlinkDestroy() != nil {
+				t.Skip("no SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY)")
+			}
+			forceSockDestroy(t, method)
+			for _, f := range staleFamilies {
+				t.Run(f.name, func(t *testing.T) { testStaleUDPSocket(t, f, method) })
+			}
+		})
 	}
 }
 
-func testStaleUDPSocket(t *testing.T, f staleFamily) {
+func testStaleUDPSocket(t *testing.T, f staleFamily, method SockDestroyMethod) {
 	sockaddr := func(a model.L4Addr) unix.Sockaddr { return sockaddrIn(f.domain, a) }
 	newSocket := func(t *testing.T, typ int) int { t.Helper(); return newSocketIn(t, f.domain, typ) }
 	staleVIP, staleVIPTCP, staleDirect, staleA, staleB := f.vip, f.vipTCP, f.direct, f.a, f.b
@@ -249,12 +262,20 @@ func testStaleUDPSocket(t *testing.T, f staleFamily) {
 		t.Fatal(err)
 	}
 	if !skipEndStaleUDP {
-		res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
+		judged := cg.Path
+		if method == SockDestroyNetlink {
+			mount, err := CgroupV2Mount()
+			if err != nil {
+				t.Fatal(err)
+			}
+			judged = mount
+		}
+		res := d.EndStaleUDP(judged, UDPFrontends(st))
 		t.Logf("EndStaleUDP: %+v", res)
 		if res.ConntrackErr != nil || res.Sockets.Err != nil {
 			t.Errorf("EndStaleUDP: conntrack %v, sockets %v", res.ConntrackErr, res.Sockets.Err)
 		}
-		if res.ConntrackDeleted != 1 || res.Sockets.Destroyed != 1 || res.Sockets.Failed != 0 {
+		if res.Sockets.Method != method || res.ConntrackDeleted != 1 || res.Sockets.Destroyed != 1 || res.Sockets.Failed != 0 {
 			t.Errorf("EndStaleUDP deleted %d entries and ended %d sockets (%d failed), want 1 and 1", res.ConntrackDeleted, res.Sockets.Destroyed, res.Sockets.Failed)
 		}
 	}
@@ -438,5 +459,28 @@ func TestStaleUDPFlow(t *testing.T) {
 		if got := staleUDPFlow(frontends, flow(c.proto, c.dst, c.replySrc)); got != c.want {
 			t.Errorf("%s: deleted %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// TestStaleUDPNetlinkNeedsRootCgroup: SOCK_DESTROY cannot tell a socket's
+// cgroup, so with socket load balancing on a cgroup below the root the
+// socket pass of EndStaleUDP judges nothing and says why, naming the
+// cgroup; the conntrack pass runs all the same.
+func TestStaleUDPNetlinkNeedsRootCgroup(t *testing.T) {
+	testutil.Privileged(t)
+	if haveNetlinkDestroy() != nil {
+		t.Skip("no SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY)")
+	}
+	forceSockDestroy(t, SockDestroyNetlink)
+	d := openTest(t, smallConfig(testPinDir(t)))
+	cg := newTestCgroup(t)
+	ns := topology.NewNS(t, "udpstalenl")
+	ns.Enter(t)
+	res := d.EndStaleUDP(cg.Path, UDPFrontends(staleState(staleFamilies[0])))
+	if res.Sockets.Err == nil || !strings.Contains(res.Sockets.Err.Error(), cg.Path) || res.Sockets.Destroyed != 0 {
+		t.Errorf("sockets: %+v, want no socket judged and an error naming %s", res.Sockets, cg.Path)
+	}
+	if res.ConntrackErr != nil {
+		t.Errorf("conntrack: %v", res.ConntrackErr)
 	}
 }
