@@ -40,12 +40,16 @@ package datapath
 // when kube-proxy itself is migrated.
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
+	"path/filepath"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -161,13 +165,14 @@ func (d *Datapath) endFrontendSockets(cgroup string, frontends map[netip.AddrPor
 		res.Err = fmt.Errorf("cgroup %s: %w", cgroup, err)
 		return res
 	}
-	cgroupID := st.Ino // a cgroup2 directory's inode number is its cgroup id
+	cgroupID := st.Ino        // a cgroup2 directory's inode number is its cgroup id
+	var scope map[uint64]bool // netlink: the cgroups socket load balancing covers; nil: every one
 	if t.method == SockDestroyNetlink && cgroupID != cgroupRootID {
-		// sock_diag's answers as vishvananda/netlink reads them do
-		// not say a socket's cgroup: only the root's scope (every
-		// socket) can be judged.
-		res.Err = fmt.Errorf("connected UDP sockets to frontends not judged: SOCK_DESTROY without bpf_sock_destroy (Linux 6.5) judges only the cgroup2 root's sockets, and socket load balancing is attached to %s", cgroup)
-		return res
+		var err error
+		if scope, err = cgroupsBelow(cgroup); err != nil {
+			res.Err = err
+			return res
+		}
 	}
 	t.frontMu.Lock()
 	defer t.frontMu.Unlock()
@@ -188,7 +193,7 @@ func (d *Datapath) endFrontendSockets(cgroup string, frontends map[netip.AddrPor
 		if t.method == SockDestroyBPF {
 			err = inNetns(ns, func() error { return readIter(t.frontIter, &res) })
 		} else {
-			err = inNetns(ns, func() error { return destroyNetlinkFrontends(frontends, &res) })
+			err = inNetns(ns, func() error { return destroyNetlinkFrontends(frontends, scope, &res) })
 		}
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("network namespace %s: %w", ns, err))
@@ -203,41 +208,130 @@ func (d *Datapath) endFrontendSockets(cgroup string, frontends map[netip.AddrPor
 // cgroupRootID is the cgroup id of the cgroup2 root.
 const cgroupRootID = 1
 
+// cgroupsBelow returns the ids of the cgroup2 directory dir and of every
+// cgroup below it.
+func cgroupsBelow(dir string) (map[uint64]bool, error) {
+	ids := map[uint64]bool{}
+	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			if p != dir && errors.Is(err, fs.ErrNotExist) {
+				return nil // a cgroup removed meanwhile
+			}
+			return err
+		}
+		if !e.IsDir() {
+			return nil
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				return filepath.SkipDir
+			}
+			return err
+		}
+		ids[st.Ino] = true
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cgroups below %s: %w", dir, err)
+	}
+	return ids, nil
+}
+
+// diagUDP is a connected UDP socket as sock_diag lists it.
+type diagUDP struct {
+	id udpSocketID
+	// cgroup is its cgroup's id (INET_DIAG_CGROUP_ID, Linux 5.7);
+	// hasCgroup says whether the kernel gave it.
+	cgroup    uint64
+	hasCgroup bool
+}
+
+// inetDiagCgroupID is INET_DIAG_CGROUP_ID, an attribute of a socket in
+// sock_diag's answer.
+const inetDiagCgroupID = 21
+
+// connectedUDP lists the calling thread's namespace's connected UDP
+// sockets of family (AF_INET or AF_INET6), with their cgroups.
+func connectedUDP(family uint8) ([]diagUDP, error) {
+	b := make([]byte, 56) // struct inet_diag_req_v2
+	b[0] = family
+	b[1] = unix.IPPROTO_UDP
+	binary.NativeEndian.PutUint32(b[4:], 1<<tcpEstablished)
+	binary.NativeEndian.PutUint32(b[48:], noCookie[0])
+	binary.NativeEndian.PutUint32(b[52:], noCookie[1])
+	req := nl.NewNetlinkRequest(nl.SOCK_DIAG_BY_FAMILY, unix.NLM_F_DUMP)
+	req.AddRawData(b)
+	var out []diagUDP
+	var bad error
+	err := req.ExecuteIter(unix.NETLINK_INET_DIAG, nl.SOCK_DIAG_BY_FAMILY, func(msg []byte) bool {
+		s, err := parseDiagUDP(msg)
+		if err != nil {
+			bad = err
+			return false
+		}
+		out = append(out, s)
+		return true
+	})
+	if err == nil {
+		err = bad
+	}
+	return out, err
+}
+
+// parseDiagUDP reads one answer of connectedUDP: a struct inet_diag_msg
+// and its attributes.
+func parseDiagUDP(msg []byte) (diagUDP, error) {
+	const msgLen = 72 // struct inet_diag_msg
+	if len(msg) < msgLen {
+		return diagUDP{}, fmt.Errorf("sock_diag answer of %d bytes, shorter than struct inet_diag_msg", len(msg))
+	}
+	family := msg[0]
+	addrAt := func(at int) netip.Addr {
+		if family == unix.AF_INET {
+			return netip.AddrFrom4([4]byte(msg[at : at+4]))
+		}
+		return netip.AddrFrom16([16]byte(msg[at : at+16])).Unmap()
+	}
+	s := diagUDP{id: udpSocketID{
+		family: family,
+		src:    netip.AddrPortFrom(addrAt(8), binary.BigEndian.Uint16(msg[4:])),
+		dst:    netip.AddrPortFrom(addrAt(24), binary.BigEndian.Uint16(msg[6:])),
+		ifidx:  binary.NativeEndian.Uint32(msg[40:]),
+		cookie: [2]uint32{binary.NativeEndian.Uint32(msg[44:]), binary.NativeEndian.Uint32(msg[48:])},
+	}}
+	for a := msg[msgLen:]; len(a) >= 4; {
+		n := int(binary.NativeEndian.Uint16(a))
+		if n < 4 || n > len(a) {
+			break
+		}
+		if binary.NativeEndian.Uint16(a[2:]) == inetDiagCgroupID && n >= 12 {
+			s.cgroup, s.hasCgroup = binary.NativeEndian.Uint64(a[4:]), true
+		}
+		a = a[min((n+3)&^3, len(a)):]
+	}
+	return s, nil
+}
+
 // destroyNetlinkFrontends ends, with SOCK_DESTROY, the connected UDP
 // sockets of the calling thread's namespace whose peer is one of
 // frontends (an IPv4-mapped peer of a dual-stack socket as the IPv4
-// address).
-func destroyNetlinkFrontends(frontends map[netip.AddrPort]bool, res *SocketTermination) error {
+// address), of a cgroup in scope (nil: any).
+func destroyNetlinkFrontends(frontends map[netip.AddrPort]bool, scope map[uint64]bool, res *SocketTermination) error {
 	var errs []error
 	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
-		socks, err := netlink.SocketDiagUDP(family)
+		socks, err := connectedUDP(family)
 		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 			errs = append(errs, fmt.Errorf("list UDP sockets of family %d: %w", family, err))
 			continue
 		}
 		for _, s := range socks {
-			if s.State != tcpEstablished {
+			if !frontends[s.id.dst] || scope != nil && (!s.hasCgroup || !scope[s.cgroup]) {
 				continue
 			}
-			dst, ok := netip.AddrFromSlice(s.ID.Destination)
-			if !ok {
-				continue
-			}
-			peer := netip.AddrPortFrom(dst.Unmap(), s.ID.DestinationPort)
-			if !frontends[peer] {
-				continue
-			}
-			src, _ := netip.AddrFromSlice(s.ID.Source)
-			err := netlinkDestroyUDP(udpSocketID{
-				family: s.Family,
-				src:    netip.AddrPortFrom(src.Unmap(), s.ID.SourcePort),
-				dst:    peer,
-				ifidx:  s.ID.Interface,
-				cookie: s.ID.Cookie,
-			})
-			if err != nil {
+			if err := netlinkDestroyUDP(s.id); err != nil {
 				count(res, sockdestroySockTermVerdictSOCK_TERM_FAILED)
-				errs = append(errs, fmt.Errorf("destroy UDP socket %s -> %s: %w", src, peer, err))
+				errs = append(errs, fmt.Errorf("destroy UDP socket %s -> %s: %w", s.id.src, s.id.dst, err))
 				continue
 			}
 			count(res, sockdestroySockTermVerdictSOCK_TERM_DESTROYED)

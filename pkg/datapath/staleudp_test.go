@@ -166,12 +166,7 @@ func staleState(f staleFamily) *model.State {
 // the entry of a frontend's flow no one NATed. IPv4, IPv6 and a
 // dual-stack socket to ::ffff:a.b.c.d. On main the socket went on sending
 // to A.
-//
-// Both methods: the bpf_sock_destroy iterator, judging the sockets of the
-// test's cgroup, and netlink SOCK_DESTROY, which judges only with
-// socket load balancing on the cgroup2 root: EndStaleUDP is told the root
-// (nothing is attached there), and ends every socket connected to the
-// test's VIP on the machine, the test's only.
+// Both methods: the bpf_sock_destroy iterator and netlink SOCK_DESTROY.
 func TestStaleUDPSocketInCgroup(t *testing.T) {
 	testutil.Privileged(t)
 	for _, method := range []SockDestroyMethod{SockDestroyBPF, SockDestroyNetlink} {
@@ -262,15 +257,7 @@ func testStaleUDPSocket(t *testing.T, f staleFamily, method SockDestroyMethod) {
 		t.Fatal(err)
 	}
 	if !skipEndStaleUDP {
-		judged := cg.Path
-		if method == SockDestroyNetlink {
-			mount, err := CgroupV2Mount()
-			if err != nil {
-				t.Fatal(err)
-			}
-			judged = mount
-		}
-		res := d.EndStaleUDP(judged, UDPFrontends(st))
+		res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
 		t.Logf("EndStaleUDP: %+v", res)
 		if res.ConntrackErr != nil || res.Sockets.Err != nil {
 			t.Errorf("EndStaleUDP: conntrack %v, sockets %v", res.ConntrackErr, res.Sockets.Err)
@@ -462,25 +449,43 @@ func TestStaleUDPFlow(t *testing.T) {
 	}
 }
 
-// TestStaleUDPNetlinkNeedsRootCgroup: SOCK_DESTROY cannot tell a socket's
-// cgroup, so with socket load balancing on a cgroup below the root the
-// socket pass of EndStaleUDP judges nothing and says why, naming the
-// cgroup; the conntrack pass runs all the same.
-func TestStaleUDPNetlinkNeedsRootCgroup(t *testing.T) {
+// TestStaleUDPSocketScope: the socket pass of EndStaleUDP ends only the
+// sockets socket load balancing covers: a socket connected to a frontend
+// by a process outside the cgroup is left open, by either method.
+func TestStaleUDPSocketScope(t *testing.T) {
 	testutil.Privileged(t)
-	if haveNetlinkDestroy() != nil {
-		t.Skip("no SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY)")
-	}
-	forceSockDestroy(t, SockDestroyNetlink)
-	d := openTest(t, smallConfig(testPinDir(t)))
-	cg := newTestCgroup(t)
-	ns := topology.NewNS(t, "udpstalenl")
-	ns.Enter(t)
-	res := d.EndStaleUDP(cg.Path, UDPFrontends(staleState(staleFamilies[0])))
-	if res.Sockets.Err == nil || !strings.Contains(res.Sockets.Err.Error(), cg.Path) || res.Sockets.Destroyed != 0 {
-		t.Errorf("sockets: %+v, want no socket judged and an error naming %s", res.Sockets, cg.Path)
-	}
-	if res.ConntrackErr != nil {
-		t.Errorf("conntrack: %v", res.ConntrackErr)
+	for _, method := range []SockDestroyMethod{SockDestroyBPF, SockDestroyNetlink} {
+		t.Run(string(method), func(t *testing.T) {
+			if method == SockDestroyBPF && haveSockDestroyKfunc() != nil {
+				t.Skip("no bpf_sock_destroy (Linux 6.5+)")
+			}
+			if method == SockDestroyNetlink && haveNetlinkDestroy() != nil {
+				t.Skip("no SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY)")
+			}
+			forceSockDestroy(t, method)
+			d := openTest(t, smallConfig(testPinDir(t)))
+			cg := newTestCgroup(t) // the test's process is not in it
+			ns := topology.NewNS(t, "udpscope")
+			ns.Enter(t)
+			f := staleFamilies[0]
+			if err := ns.AddRouteDev(netip.PrefixFrom(f.vip.Addr, 32), "lo"); err != nil {
+				t.Fatal(err)
+			}
+			fd := newSocket(t, unix.SOCK_DGRAM)
+			if err := unix.Connect(fd, sockaddr(f.vip)); err != nil {
+				t.Fatal(err)
+			}
+			st := staleState(f)
+			if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
+				t.Fatal(err)
+			}
+			res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
+			if res.Sockets.Err != nil || res.Sockets.Method != method || res.Sockets.Destroyed != 0 {
+				t.Errorf("sockets: %+v, want none ended by %s", res.Sockets, method)
+			}
+			if soerr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != 0 {
+				t.Errorf("the socket outside the cgroup: SO_ERROR %d (%v), want it left open", soerr, err)
+			}
+		})
 	}
 }
