@@ -27,7 +27,8 @@ package datapath
 //     those socket load balancing covers (of a process in its cgroup; in
 //     the host's namespace only with --socket-lb-host-netns-only), are
 //     ended (bpf/sockdestroy.c's sluice_sock_destroy_frontends, or
-//     SOCK_DESTROY): the application's next call fails with ECONNABORTED
+//     SOCK_DESTROY, the cgroup from sock_diag's INET_DIAG_CGROUP_ID): the
+//     application's next call fails with ECONNABORTED
 //     and it connects again, through connect4 (connect6).
 //
 // Not on every sync: Sluice's own flows never leave such conntrack
