@@ -489,3 +489,67 @@ func TestStaleUDPSocketScope(t *testing.T) {
 		})
 	}
 }
+
+// TestStaleUDPHostNetnsOnly: with --socket-lb-host-netns-only socket load
+// balancing covers the host's namespace only, and so does the socket pass
+// of EndStaleUDP, which runs in it (here the test's node namespace): a
+// socket of the cgroup connected to a frontend there is ended, one of the
+// same cgroup in a pod's namespace is left open (tc serves the pod).
+func TestStaleUDPHostNetnsOnly(t *testing.T) {
+	testutil.Privileged(t)
+	for _, method := range []SockDestroyMethod{SockDestroyBPF, SockDestroyNetlink} {
+		t.Run(string(method), func(t *testing.T) {
+			if method == SockDestroyBPF && haveSockDestroyKfunc() != nil {
+				t.Skip("no bpf_sock_destroy (Linux 6.5+)")
+			}
+			if method == SockDestroyNetlink && haveNetlinkDestroy() != nil {
+				t.Skip("no SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY)")
+			}
+			forceSockDestroy(t, method)
+			d := openTestWith(t, smallConfig, func(c *Config) { c.SocketLBHostNetnsOnly = true })
+			cg := newTestCgroup(t)
+			cg.Join(t)
+			tp := topology.NewT(t)
+			node, pod := tp.AddNST(t, "udphost"), tp.AddNST(t, "udppod")
+			f := staleFamilies[0]
+			connected := func(ns *topology.NS) int {
+				t.Helper()
+				if err := ns.AddRouteDev(netip.PrefixFrom(f.vip.Addr, 32), "lo"); err != nil {
+					t.Fatal(err)
+				}
+				var fd int
+				err := ns.Do(func() error {
+					var err error
+					if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+						return err
+					}
+					return unix.Connect(fd, sockaddr(f.vip))
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { unix.Close(fd) })
+				return fd
+			}
+			hostFd, podFd := connected(node), connected(pod)
+			if err := d.AttachCgroup(cg.Path); err != nil {
+				t.Fatal(err)
+			}
+			st := staleState(f)
+			if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
+				t.Fatal(err)
+			}
+			node.Enter(t)
+			res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
+			if res.Sockets.Err != nil || res.Sockets.Destroyed != 1 || res.Sockets.Namespaces != 1 {
+				t.Errorf("sockets: %+v, want 1 ended, in 1 namespace", res.Sockets)
+			}
+			if soerr, err := unix.GetsockoptInt(hostFd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != int(unix.ECONNABORTED) {
+				t.Errorf("the node's socket: SO_ERROR %d (%v), want ECONNABORTED", soerr, err)
+			}
+			if soerr, err := unix.GetsockoptInt(podFd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != 0 {
+				t.Errorf("the pod's socket: SO_ERROR %d (%v), want it left open", soerr, err)
+			}
+		})
+	}
+}
