@@ -70,8 +70,29 @@ struct sock_common {
 	union v6addr skc_v6_daddr;
 } __attribute__((preserve_access_index));
 
+struct kernfs_node {
+	__u64 id;
+} __attribute__((preserve_access_index));
+
+struct cgroup;
+
+struct cgroup_subsys_state {
+	struct cgroup *cgroup;
+	struct cgroup_subsys_state *parent;
+} __attribute__((preserve_access_index));
+
+struct cgroup {
+	struct cgroup_subsys_state self;
+	struct kernfs_node *kn;
+} __attribute__((preserve_access_index));
+
+struct sock_cgroup_data {
+	struct cgroup *cgroup;
+} __attribute__((preserve_access_index));
+
 struct sock {
 	struct sock_common __sk_common;
+	struct sock_cgroup_data sk_cgrp_data;
 } __attribute__((preserve_access_index));
 
 extern int bpf_sock_destroy(struct sock_common *sk) __ksym;
@@ -213,6 +234,97 @@ int sluice_sock_destroy(struct bpf_iter__udp *ctx)
 	}
 	sock_term(ctx, sk, cookie, sk->__sk_common.skc_daddr,
 		  sk->__sk_common.skc_dport);
+	return 0;
+}
+
+/*
+ * Ending the connected UDP sockets whose peer is still a UDP frontend (run
+ * once, at the agent's start: sockdestroy.go's endFrontendSockets). Such a
+ * socket was connected before socket load balancing covered it (kube-proxy
+ * served the node then): connect4 (connect6) translates at connect only,
+ * so its datagrams go on leaving for the VIP, and only the conntrack entry
+ * kube-proxy's DNAT left sends them anywhere. Ended, the application
+ * connects again, through connect4 (connect6). Only the sockets socket
+ * load balancing covers: of a process in the cgroup it is attached to
+ * (frontends_cgroup_id, or a descendant); the agent runs this in the
+ * network namespaces it covers (all, or the host's only).
+ */
+volatile __u64 frontends_cgroup_id;
+
+/* How many levels up from a socket's cgroup are searched for that one. */
+#define FRONTENDS_CGROUP_DEPTH 64
+
+/* in_lb_cgroup - whether @sk's cgroup is frontends_cgroup_id or below it. */
+static __always_inline bool in_lb_cgroup(struct sock *sk)
+{
+	struct cgroup *cg = sk->sk_cgrp_data.cgroup;
+	__u64 want = frontends_cgroup_id;
+
+	for (int i = 0; i < FRONTENDS_CGROUP_DEPTH && cg; i++) {
+		struct cgroup_subsys_state *parent;
+
+		if (cg->kn->id == want)
+			return true;
+		parent = cg->self.parent;
+		if (!parent)
+			return false;
+		cg = parent->cgroup;
+	}
+	return false;
+}
+
+SEC("iter/udp")
+int sluice_sock_destroy_frontends(struct bpf_iter__udp *ctx)
+{
+	struct sock *sk = ctx->udp_sk;
+	__be16 dport;
+	__u64 cookie;
+	__u8 verdict;
+
+	if (!sk || sk->__sk_common.skc_state != TCP_ESTABLISHED)
+		return 0;
+	dport = sk->__sk_common.skc_dport;
+	if (sk->__sk_common.skc_family == AF_INET) {
+		__be32 daddr = sk->__sk_common.skc_daddr;
+
+		if (!lookup_service(daddr, dport, IPPROTO_UDP) ||
+		    !in_lb_cgroup(sk))
+			return 0;
+		cookie = bpf_get_socket_cookie(sk);
+		verdict = bpf_sock_destroy((struct sock_common *)sk) ?
+				  SOCK_TERM_FAILED :
+				  SOCK_TERM_DESTROYED;
+		report(ctx, cookie, daddr, dport, verdict);
+		return 0;
+	}
+	if (sk->__sk_common.skc_family != AF_INET6 ||
+	    !__builtin_preserve_field_info(sk->__sk_common.skc_v6_daddr,
+					   BPF_FIELD_EXISTS))
+		return 0;
+	{
+		union v6addr daddr;
+
+		daddr.p[0] = sk->__sk_common.skc_v6_daddr.p[0];
+		daddr.p[1] = sk->__sk_common.skc_v6_daddr.p[1];
+		daddr.p[2] = sk->__sk_common.skc_v6_daddr.p[2];
+		daddr.p[3] = sk->__sk_common.skc_v6_daddr.p[3];
+		if (lb6_v4_mapped(&daddr)) {
+			if (!lookup_service(daddr.p[3], dport, IPPROTO_UDP))
+				return 0;
+		} else if (!lookup_service6(daddr, dport, IPPROTO_UDP)) {
+			return 0;
+		}
+		if (!in_lb_cgroup(sk))
+			return 0;
+		cookie = bpf_get_socket_cookie(sk);
+		verdict = bpf_sock_destroy((struct sock_common *)sk) ?
+				  SOCK_TERM_FAILED :
+				  SOCK_TERM_DESTROYED;
+		if (lb6_v4_mapped(&daddr))
+			report(ctx, cookie, daddr.p[3], dport, verdict);
+		else
+			report6(ctx, cookie, daddr, dport, verdict);
+	}
 	return 0;
 }
 

@@ -568,7 +568,8 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	if dpCfg.ServiceMetrics {
 		m.SetServiceStats(dp.Maps())
 	}
-	cfg.Observers = append(cfg.Observers, m, &dryRunLoader{dp: dp, log: log})
+	cfg.Observers = append(cfg.Observers, m, &dryRunLoader{dp: dp, log: log},
+		&staleUDPEnder{end: dp.EndStaleUDP, cgroup: cfg.Cgroup, observe: m.ObserveStaleUDP, log: log.With("component", "stale-udp")})
 	cfg.BeforeFirstApply = collectBeforeFirstApply
 	if hc := healthCheckPorts(ns, prox, log); hc != nil {
 		defer hc.Close()

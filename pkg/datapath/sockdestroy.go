@@ -44,6 +44,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
@@ -81,19 +82,34 @@ type sockTerminator struct {
 	method SockDestroyMethod
 	prog   *ebpf.Program // bpf: sluice_sock_destroy
 	iter   *link.Iter    // bpf: the iterator link of prog
+	// bpf: sluice_sock_destroy_frontends, its iterator link and the
+	// cgroup it judges by (staleudp.go: run once, at the start).
+	frontProg *ebpf.Program
+	frontIter *link.Iter
+	frontCg   *ebpf.Variable
+	frontMu   sync.Mutex // held while frontCg is set and frontIter runs
 }
 
 func loadSockTerminator(spec *ebpf.CollectionSpec, opts *ebpf.CollectionOptions) (*sockTerminator, error) {
-	var objs sockdestroyPrograms
+	var objs struct {
+		sockdestroyPrograms
+		FrontendsCgroupID *ebpf.Variable `ebpf:"frontends_cgroup_id"`
+	}
 	if err := spec.LoadAndAssign(&objs, opts); err != nil {
 		return nil, fmt.Errorf("load socket destroy iterator: %w", verifierDetail(err))
 	}
-	it, err := link.AttachIter(link.IterOptions{Program: objs.SluiceSockDestroy})
-	if err != nil {
-		_ = objs.Close() // BPF descriptors only; err says why
+	t := &sockTerminator{method: SockDestroyBPF, prog: objs.SluiceSockDestroy,
+		frontProg: objs.SluiceSockDestroyFrontends, frontCg: objs.FrontendsCgroupID}
+	var err error
+	if t.iter, err = link.AttachIter(link.IterOptions{Program: t.prog}); err != nil {
+		_ = t.Close() // BPF descriptors only; err says why
 		return nil, fmt.Errorf("attach socket destroy iterator: %w", err)
 	}
-	return &sockTerminator{method: SockDestroyBPF, prog: objs.SluiceSockDestroy, iter: it}, nil
+	if t.frontIter, err = link.AttachIter(link.IterOptions{Program: t.frontProg}); err != nil {
+		_ = t.Close() // BPF descriptors only; err says why
+		return nil, fmt.Errorf("attach socket destroy iterator of frontends: %w", err)
+	}
+	return t, nil
 }
 
 func (t *sockTerminator) Close() error {
@@ -101,10 +117,17 @@ func (t *sockTerminator) Close() error {
 		return nil
 	}
 	var errs []error
-	if t.iter != nil {
-		errs = append(errs, t.iter.Close())
+	for _, it := range []*link.Iter{t.iter, t.frontIter} {
+		if it != nil {
+			errs = append(errs, it.Close())
+		}
 	}
-	return errors.Join(append(errs, t.prog.Close())...)
+	for _, p := range []*ebpf.Program{t.prog, t.frontProg} {
+		if p != nil {
+			errs = append(errs, p.Close())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // OnSocketTermination makes every flush that ends or spares sockets, or
@@ -170,7 +193,13 @@ func (m *Maps) terminateUDP(udp map[netip.AddrPort]bool) {
 // runIter runs the iterator in the calling thread's network namespace and
 // counts the sockets it reports.
 func (t *sockTerminator) runIter(res *SocketTermination) error {
-	r, err := t.iter.Open()
+	return readIter(t.iter, res)
+}
+
+// readIter runs the iterator it in the calling thread's network namespace
+// and counts the sockets it reports.
+func readIter(it *link.Iter, res *SocketTermination) error {
+	r, err := it.Open()
 	if err != nil {
 		return fmt.Errorf("open socket iterator: %w", err)
 	}

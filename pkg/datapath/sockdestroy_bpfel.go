@@ -44,64 +44,66 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sockdestroyMapSluice6AffFixV1         = "sluice6_aff_fix_v1"
-	sockdestroyMapSluice6AffinityV1       = "sluice6_affinity_v1"
-	sockdestroyMapSluice6BackendsV2       = "sluice6_backends_v2"
-	sockdestroyMapSluice6ConntrackV1      = "sluice6_conntrack_v1"
-	sockdestroyMapSluice6CtFlushV1        = "sluice6_ct_flush_v1"
-	sockdestroyMapSluice6CtNewV1          = "sluice6_ct_new_v1"
-	sockdestroyMapSluice6DevicesV1        = "sluice6_devices_v1"
-	sockdestroyMapSluice6FragmentsV1      = "sluice6_fragments_v1"
-	sockdestroyMapSluice6NodeCidrsV1      = "sluice6_node_cidrs_v1"
-	sockdestroyMapSluice6RevNatV2         = "sluice6_rev_nat_v2"
-	sockdestroyMapSluice6ServiceIpsV1     = "sluice6_service_ips_v1"
-	sockdestroyMapSluice6ServicesV2       = "sluice6_services_v2"
-	sockdestroyMapSluice6SlotsV1          = "sluice6_slots_v1"
-	sockdestroyMapSluice6SockRevV1        = "sluice6_sock_rev_v1"
-	sockdestroyMapSluice6SrcRangesV1      = "sluice6_src_ranges_v1"
-	sockdestroyMapSluice6TcV1             = "sluice6_tc_v1"
-	sockdestroyMapSluice6UdpStickV1       = "sluice6_udp_stick_v1"
-	sockdestroyMapSluice6XdpV1            = "sluice6_xdp_v1"
-	sockdestroyMapSluiceAffFixV1          = "sluice_aff_fix_v1"
-	sockdestroyMapSluiceBackendsV2        = "sluice_backends_v2"
-	sockdestroyMapSluiceConntrackV2       = "sluice_conntrack_v2"
-	sockdestroyMapSluiceCtAdmitV1         = "sluice_ct_admit_v1"
-	sockdestroyMapSluiceCtFlushV1         = "sluice_ct_flush_v1"
-	sockdestroyMapSluiceCtNewV1           = "sluice_ct_new_v1"
-	sockdestroyMapSluiceCtPcpuV1          = "sluice_ct_pcpu_v1"
-	sockdestroyMapSluiceDevicesV1         = "sluice_devices_v1"
-	sockdestroyMapSluiceDryV1             = "sluice_dry_v1"
-	sockdestroyMapSluiceExpl6V1           = "sluice_expl6_v1"
-	sockdestroyMapSluiceExplV1            = "sluice_expl_v1"
-	sockdestroyMapSluiceFragmentsV1       = "sluice_fragments_v1"
-	sockdestroyMapSluiceIcmpLimitsV1      = "sluice_icmp_limits_v1"
-	sockdestroyMapSluiceMetricsV1         = "sluice_metrics_v1"
-	sockdestroyMapSluiceNodeCidrsV1       = "sluice_node_cidrs_v1"
-	sockdestroyMapSluiceRevNatV2          = "sluice_rev_nat_v2"
-	sockdestroyMapSluiceServiceIpsV1      = "sluice_service_ips_v1"
-	sockdestroyMapSluiceServicesV2        = "sluice_services_v2"
-	sockdestroyMapSluiceSessionAffinityV1 = "sluice_session_affinity_v1"
-	sockdestroyMapSluiceSlotsV1           = "sluice_slots_v1"
-	sockdestroyMapSluiceSockRevV1         = "sluice_sock_rev_v1"
-	sockdestroyMapSluiceSrcRangesV1       = "sluice_src_ranges_v1"
-	sockdestroyMapSluiceSvcStatsV1        = "sluice_svc_stats_v1"
-	sockdestroyMapSluiceUdpStickV1        = "sluice_udp_stick_v1"
-	sockdestroyProgSluiceSockDestroy      = "sluice_sock_destroy"
-	sockdestroyVarCtAdmitKeys             = "ct_admit_keys"
-	sockdestroyVarCtHalfOpenMax           = "ct_half_open_max"
-	sockdestroyVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
-	sockdestroyVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
-	sockdestroyVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
-	sockdestroyVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
-	sockdestroyVarFibCacheNs              = "fib_cache_ns"
-	sockdestroyVarHaveClusterCidr         = "have_cluster_cidr"
-	sockdestroyVarHaveClusterCidr6        = "have_cluster_cidr6"
-	sockdestroyVarMasqueradeAll           = "masquerade_all"
-	sockdestroyVarNodeIp4                 = "node_ip4"
-	sockdestroyVarNodeIp6                 = "node_ip6"
-	sockdestroyVarServiceMetrics          = "service_metrics"
-	sockdestroyVarSnatPortMax             = "snat_port_max"
-	sockdestroyVarSnatPortMin             = "snat_port_min"
+	sockdestroyMapSluice6AffFixV1             = "sluice6_aff_fix_v1"
+	sockdestroyMapSluice6AffinityV1           = "sluice6_affinity_v1"
+	sockdestroyMapSluice6BackendsV2           = "sluice6_backends_v2"
+	sockdestroyMapSluice6ConntrackV1          = "sluice6_conntrack_v1"
+	sockdestroyMapSluice6CtFlushV1            = "sluice6_ct_flush_v1"
+	sockdestroyMapSluice6CtNewV1              = "sluice6_ct_new_v1"
+	sockdestroyMapSluice6DevicesV1            = "sluice6_devices_v1"
+	sockdestroyMapSluice6FragmentsV1          = "sluice6_fragments_v1"
+	sockdestroyMapSluice6NodeCidrsV1          = "sluice6_node_cidrs_v1"
+	sockdestroyMapSluice6RevNatV2             = "sluice6_rev_nat_v2"
+	sockdestroyMapSluice6ServiceIpsV1         = "sluice6_service_ips_v1"
+	sockdestroyMapSluice6ServicesV2           = "sluice6_services_v2"
+	sockdestroyMapSluice6SlotsV1              = "sluice6_slots_v1"
+	sockdestroyMapSluice6SockRevV1            = "sluice6_sock_rev_v1"
+	sockdestroyMapSluice6SrcRangesV1          = "sluice6_src_ranges_v1"
+	sockdestroyMapSluice6TcV1                 = "sluice6_tc_v1"
+	sockdestroyMapSluice6UdpStickV1           = "sluice6_udp_stick_v1"
+	sockdestroyMapSluice6XdpV1                = "sluice6_xdp_v1"
+	sockdestroyMapSluiceAffFixV1              = "sluice_aff_fix_v1"
+	sockdestroyMapSluiceBackendsV2            = "sluice_backends_v2"
+	sockdestroyMapSluiceConntrackV2           = "sluice_conntrack_v2"
+	sockdestroyMapSluiceCtAdmitV1             = "sluice_ct_admit_v1"
+	sockdestroyMapSluiceCtFlushV1             = "sluice_ct_flush_v1"
+	sockdestroyMapSluiceCtNewV1               = "sluice_ct_new_v1"
+	sockdestroyMapSluiceCtPcpuV1              = "sluice_ct_pcpu_v1"
+	sockdestroyMapSluiceDevicesV1             = "sluice_devices_v1"
+	sockdestroyMapSluiceDryV1                 = "sluice_dry_v1"
+	sockdestroyMapSluiceExpl6V1               = "sluice_expl6_v1"
+	sockdestroyMapSluiceExplV1                = "sluice_expl_v1"
+	sockdestroyMapSluiceFragmentsV1           = "sluice_fragments_v1"
+	sockdestroyMapSluiceIcmpLimitsV1          = "sluice_icmp_limits_v1"
+	sockdestroyMapSluiceMetricsV1             = "sluice_metrics_v1"
+	sockdestroyMapSluiceNodeCidrsV1           = "sluice_node_cidrs_v1"
+	sockdestroyMapSluiceRevNatV2              = "sluice_rev_nat_v2"
+	sockdestroyMapSluiceServiceIpsV1          = "sluice_service_ips_v1"
+	sockdestroyMapSluiceServicesV2            = "sluice_services_v2"
+	sockdestroyMapSluiceSessionAffinityV1     = "sluice_session_affinity_v1"
+	sockdestroyMapSluiceSlotsV1               = "sluice_slots_v1"
+	sockdestroyMapSluiceSockRevV1             = "sluice_sock_rev_v1"
+	sockdestroyMapSluiceSrcRangesV1           = "sluice_src_ranges_v1"
+	sockdestroyMapSluiceSvcStatsV1            = "sluice_svc_stats_v1"
+	sockdestroyMapSluiceUdpStickV1            = "sluice_udp_stick_v1"
+	sockdestroyProgSluiceSockDestroy          = "sluice_sock_destroy"
+	sockdestroyProgSluiceSockDestroyFrontends = "sluice_sock_destroy_frontends"
+	sockdestroyVarCtAdmitKeys                 = "ct_admit_keys"
+	sockdestroyVarCtHalfOpenMax               = "ct_half_open_max"
+	sockdestroyVarCtTimeoutCloseNs            = "ct_timeout_close_ns"
+	sockdestroyVarCtTimeoutSynNs              = "ct_timeout_syn_ns"
+	sockdestroyVarCtTimeoutTcpNs              = "ct_timeout_tcp_ns"
+	sockdestroyVarCtTimeoutUdpNs              = "ct_timeout_udp_ns"
+	sockdestroyVarFibCacheNs                  = "fib_cache_ns"
+	sockdestroyVarFrontendsCgroupId           = "frontends_cgroup_id"
+	sockdestroyVarHaveClusterCidr             = "have_cluster_cidr"
+	sockdestroyVarHaveClusterCidr6            = "have_cluster_cidr6"
+	sockdestroyVarMasqueradeAll               = "masquerade_all"
+	sockdestroyVarNodeIp4                     = "node_ip4"
+	sockdestroyVarNodeIp6                     = "node_ip6"
+	sockdestroyVarServiceMetrics              = "service_metrics"
+	sockdestroyVarSnatPortMax                 = "snat_port_max"
+	sockdestroyVarSnatPortMin                 = "snat_port_min"
 )
 
 // loadSockdestroy returns the embedded CollectionSpec for sockdestroy.
@@ -146,7 +148,8 @@ type sockdestroySpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockdestroyProgramSpecs struct {
-	SluiceSockDestroy *ebpf.ProgramSpec `ebpf:"sluice_sock_destroy"`
+	SluiceSockDestroy          *ebpf.ProgramSpec `ebpf:"sluice_sock_destroy"`
+	SluiceSockDestroyFrontends *ebpf.ProgramSpec `ebpf:"sluice_sock_destroy_frontends"`
 }
 
 // sockdestroyMapSpecs contains maps before they are loaded into the kernel.
@@ -201,21 +204,22 @@ type sockdestroyMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockdestroyVariableSpecs struct {
-	CtAdmitKeys      *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
-	CtHalfOpenMax    *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
-	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
-	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
-	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
-	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
-	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
-	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
-	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
-	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
-	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
-	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
-	ServiceMetrics   *ebpf.VariableSpec `ebpf:"service_metrics"`
-	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
-	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
+	CtAdmitKeys       *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
+	CtHalfOpenMax     *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
+	CtTimeoutCloseNs  *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSynNs    *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
+	CtTimeoutTcpNs    *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
+	CtTimeoutUdpNs    *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	FibCacheNs        *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
+	FrontendsCgroupId *ebpf.VariableSpec `ebpf:"frontends_cgroup_id"`
+	HaveClusterCidr   *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6  *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
+	MasqueradeAll     *ebpf.VariableSpec `ebpf:"masquerade_all"`
+	NodeIp4           *ebpf.VariableSpec `ebpf:"node_ip4"`
+	NodeIp6           *ebpf.VariableSpec `ebpf:"node_ip6"`
+	ServiceMetrics    *ebpf.VariableSpec `ebpf:"service_metrics"`
+	SnatPortMax       *ebpf.VariableSpec `ebpf:"snat_port_max"`
+	SnatPortMin       *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
 
 // sockdestroyObjects contains all objects after they have been loaded into the kernel.
@@ -333,33 +337,36 @@ func (m *sockdestroyMaps) Close() error {
 //
 // It can be passed to loadSockdestroyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockdestroyVariables struct {
-	CtAdmitKeys      *ebpf.Variable `ebpf:"ct_admit_keys"`
-	CtHalfOpenMax    *ebpf.Variable `ebpf:"ct_half_open_max"`
-	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
-	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
-	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
-	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
-	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
-	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
-	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
-	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
-	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
-	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`
-	ServiceMetrics   *ebpf.Variable `ebpf:"service_metrics"`
-	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
-	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
+	CtAdmitKeys       *ebpf.Variable `ebpf:"ct_admit_keys"`
+	CtHalfOpenMax     *ebpf.Variable `ebpf:"ct_half_open_max"`
+	CtTimeoutCloseNs  *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSynNs    *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
+	CtTimeoutTcpNs    *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
+	CtTimeoutUdpNs    *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	FibCacheNs        *ebpf.Variable `ebpf:"fib_cache_ns"`
+	FrontendsCgroupId *ebpf.Variable `ebpf:"frontends_cgroup_id"`
+	HaveClusterCidr   *ebpf.Variable `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6  *ebpf.Variable `ebpf:"have_cluster_cidr6"`
+	MasqueradeAll     *ebpf.Variable `ebpf:"masquerade_all"`
+	NodeIp4           *ebpf.Variable `ebpf:"node_ip4"`
+	NodeIp6           *ebpf.Variable `ebpf:"node_ip6"`
+	ServiceMetrics    *ebpf.Variable `ebpf:"service_metrics"`
+	SnatPortMax       *ebpf.Variable `ebpf:"snat_port_max"`
+	SnatPortMin       *ebpf.Variable `ebpf:"snat_port_min"`
 }
 
 // sockdestroyPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to loadSockdestroyObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockdestroyPrograms struct {
-	SluiceSockDestroy *ebpf.Program `ebpf:"sluice_sock_destroy"`
+	SluiceSockDestroy          *ebpf.Program `ebpf:"sluice_sock_destroy"`
+	SluiceSockDestroyFrontends *ebpf.Program `ebpf:"sluice_sock_destroy_frontends"`
 }
 
 func (p *sockdestroyPrograms) Close() error {
 	return _SockdestroyClose(
 		p.SluiceSockDestroy,
+		p.SluiceSockDestroyFrontends,
 	)
 }
 

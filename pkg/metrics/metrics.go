@@ -68,6 +68,10 @@ type Metrics struct {
 	// again by themselves), still_backend (their own Service still has
 	// it).
 	SocketsSpared *prometheus.CounterVec
+	// StaleUDPConntrackDeleted counts the netfilter conntrack entries of
+	// UDP to a frontend that someone else (kube-proxy) DNATed, deleted at
+	// the start (datapath.EndStaleUDP).
+	StaleUDPConntrackDeleted prometheus.Counter
 	// ConntrackGCRuns counts conntrack garbage collections by result,
 	// ConntrackGCDeleted the expired entries they deleted.
 	ConntrackGCRuns    *prometheus.CounterVec
@@ -193,6 +197,8 @@ func New() *Metrics {
 		SocketsSpared: counterVec("sockets_spared_total",
 			"Sockets that had talked to a removed backend and were left open: unconnected ones, and ones whose Service still has the backend.",
 			"reason"),
+		StaleUDPConntrackDeleted: counter("stale_udp_conntrack_deleted_total",
+			"Netfilter conntrack entries of UDP to a Service frontend that another proxy (kube-proxy) had DNATed, deleted at the agent's start."),
 		ConntrackGCRuns: counterVec("conntrack_gc_runs_total",
 			"Garbage collections of the per-packet conntrack table, by result.",
 			"result"),
@@ -213,6 +219,7 @@ func New() *Metrics {
 		m.Syncs,
 		m.SocketTerminations,
 		m.SocketsSpared,
+		m.StaleUDPConntrackDeleted,
 		m.ConntrackGCRuns,
 		m.ConntrackGCDeleted,
 		m.ConntrackHalfOpen,
@@ -258,6 +265,18 @@ func (m *Metrics) ObserveSocketTermination(method string, destroyed, failed, spa
 	m.SocketTerminations.WithLabelValues(method, "failed").Add(float64(failed))
 	m.SocketsSpared.WithLabelValues("unconnected").Add(float64(sparedUnconnected))
 	m.SocketsSpared.WithLabelValues("still_backend").Add(float64(sparedStillBackend))
+}
+
+// ObserveStaleUDP records what the start's pass over the UDP state
+// another proxy left did (datapath.EndStaleUDP): the conntrack entries it
+// deleted, and the sockets connected to a frontend it ended (destroyed)
+// or failed to, counted as socket terminations of method.
+func (m *Metrics) ObserveStaleUDP(conntrackDeleted int, method string, destroyed, failed int) {
+	m.StaleUDPConntrackDeleted.Add(float64(conntrackDeleted))
+	if destroyed+failed > 0 {
+		m.SocketTerminations.WithLabelValues(method, "destroyed").Add(float64(destroyed))
+		m.SocketTerminations.WithLabelValues(method, "failed").Add(float64(failed))
+	}
 }
 
 // ObserveConntrackGC records one garbage collection of the conntrack
