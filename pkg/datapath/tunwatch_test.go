@@ -293,3 +293,55 @@ func TestTunnelWatchResubscribes(t *testing.T) {
 		t.Errorf("%d route subscriptions, want 2", subscriptions)
 	}
 }
+
+// TestTunnelWatchMaxDevices: with --max-devices 1, held by eth0, a tunnel
+// appearing after the start is not attached: its event is an error naming
+// sluice_devices and --max-devices, reported once, and it has no programs
+// and no entry; eth0's entry is untouched.
+func TestTunnelWatchMaxDevices(t *testing.T) {
+	bpffs := tunnelNode(t, "tunmax")
+	cfg := smallConfig(bpffs)
+	cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.215.0.1")}
+	cfg.MaxDevices = 1
+	d := openTest(t, cfg)
+	if err := d.AttachDevices([]string{"eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	w, err := d.NewTunnelWatch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, _ := runDeviceWatch(t, w)
+	ov0 := addVxlan(t, "ov0", 1, false, true)
+	podRoute(t, ov0, 2)
+	e := next("ov0 left out")
+	if e.Device != "ov0" || e.Attached || !errors.Is(e.Err, ErrDevicesFull) {
+		t.Fatalf("event %+v, want ov0 left out for want of room", e)
+	}
+	for _, want := range []string{"sluice_devices", "--max-devices 1"} {
+		if !strings.Contains(e.Err.Error(), want) {
+			t.Errorf("error %q does not name %s", e.Err, want)
+		}
+	}
+	// A second route through it: not reported again (the next event is
+	// ov1's, which fits no better).
+	podRoute(t, ov0, 3)
+	ov1 := addVxlan(t, "ov1", 2, false, true)
+	podRoute(t, ov1, 4)
+	if e := next("ov1 left out"); e.Device != "ov1" || !errors.Is(e.Err, ErrDevicesFull) {
+		t.Fatalf("event %+v, want ov1 left out for want of room", e)
+	}
+	var nd sockNodeDev
+	if err := d.maps.devices.Lookup(uint32(ov0.Attrs().Index), &nd); err == nil {
+		t.Errorf("ov0 has an entry %+v", nd)
+	}
+	if ids := attachedIDs(t, ov0.Attrs().Index, ebpf.AttachTCXIngress); slices.Contains(ids, progID(t, d.tc.SluiceIngress)) {
+		t.Error("ov0 has the tc programs though its entry did not fit")
+	}
+	if err := d.maps.devices.Lookup(uint32(linkNamed(t, "eth0").Attrs().Index), &nd); err != nil || nd.Flags&nodeDevTC == 0 {
+		t.Errorf("eth0: entry %+v (%v), want it kept", nd, err)
+	}
+}
