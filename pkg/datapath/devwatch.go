@@ -168,6 +168,11 @@ type DeviceWatch struct {
 	// routes (overlay) lists the main table's routes: mainRoutes, or a
 	// test's.
 	routes func() ([]netlink.Route, error)
+	// notTunnel (overlay) holds the ifindexes of links a route message
+	// named that are of no tunnel kind (routed): the next route through
+	// one is passed over without asking the kernel (a BGP burst through
+	// eth0). Forgotten at each message about the link and each relist.
+	notTunnel map[int]bool
 }
 
 // NewDeviceWatch returns a watch over sel's patterns in the calling
@@ -324,6 +329,7 @@ func (w *DeviceWatch) follow(ctx context.Context, ch <-chan netlink.LinkUpdate, 
 				return
 			}
 			a := u.Link.Attrs()
+			delete(w.notTunnel, a.Index)
 			if u.Header.Type == unix.RTM_DELLINK {
 				w.gone(a.Index, "removed", report)
 				continue
@@ -350,7 +356,7 @@ func (w *DeviceWatch) relist(report func(DeviceEvent)) {
 			report(DeviceEvent{Err: err})
 			return
 		}
-		w.overlayNow = overlayIndexes(links, routes)
+		w.overlayNow, w.notTunnel = overlayIndexes(links, routes), map[int]bool{}
 		defer func() { w.overlayNow = nil }()
 	}
 	for idx, name := range w.have {

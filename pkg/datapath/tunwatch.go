@@ -48,7 +48,7 @@ func (d *Datapath) NewTunnelWatch() (*DeviceWatch, error) {
 	if err != nil {
 		return nil, err
 	}
-	w.overlay = true
+	w.overlay, w.notTunnel = true, map[int]bool{}
 	w.subscribeRoutes = netlink.RouteSubscribeWithOptions
 	w.routes = mainRoutes
 	return w, nil
@@ -102,12 +102,16 @@ func (w *DeviceWatch) routed(u netlink.RouteUpdate, report func(DeviceEvent)) {
 		idxs = append(idxs, nh.LinkIndex)
 	}
 	for _, idx := range idxs {
-		if _, held := w.have[idx]; held || idx == 0 {
+		if _, held := w.have[idx]; held || idx == 0 || w.notTunnel[idx] {
 			continue
 		}
 		l, err := netlink.LinkByIndex(idx)
-		if err != nil || !slices.Contains(tunnelTypes, l.Type()) {
-			continue // gone (its message says), or no tunnel (a pod's veth)
+		if err != nil {
+			continue // gone: its message says
+		}
+		if !slices.Contains(tunnelTypes, l.Type()) {
+			w.notTunnel[idx] = true // a pod's veth, the uplink
+			continue
 		}
 		w.present(idx, l.Attrs().Name, report)
 	}

@@ -80,8 +80,8 @@ func podRoute(t *testing.T, l netlink.Link, n byte) *netlink.Route {
 // not the watch's business. After the start: the vxlan ov0, up with an
 // address and a flannel-style route to a pod subnet, is attached (tc
 // programs, pins, its entry flagged tunnel and tc, with its address; no
-// XDP though XDP is on); the flow-based vxlan ov3, up and routed, never
-// is; ov1, up but routed only later, is attached when its route comes
+// XDP though XDP is on); eth0 getting routes is passed over; the
+// flow-based vxlan ov3, up and routed, never is; ov1, up but routed only later, is attached when its route comes
 // (its entry with the node IP: it has no address); ov1 losing its route
 // stays attached; ov0 and ovs deleted are forgotten (pins and entries
 // gone), eth0 kept.
@@ -175,6 +175,13 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 
 	// The flow-based ov3, up and routed, then ov1 up, routed later: the
 	// next event is ov1's, so ov3's messages were heard and passed over.
+	// A route through eth0 (no tunnel: passed over, twice) before them.
+	for _, dst := range []string{"10.99.0.0/16", "10.98.0.0/16"} {
+		_, n, _ := net.ParseCIDR(dst)
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: linkNamed(t, "eth0").Attrs().Index, Dst: n, Gw: net.IPv4(10, 215, 0, 254)}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ov3 := addVxlan(t, "ov3", 3, true, true)
 	podRoute(t, ov3, 3)
 	ov1 := addVxlan(t, "ov1", 2, false, true)
