@@ -359,6 +359,7 @@ func run(args []string) int {
 		} else {
 			log.Info("devices holding the node addresses", "devices", cfg.Devices)
 			cfg.Devices = withTunnels(cfg.Devices, dpCfg.MaxDevices, log)
+			cfg.FollowDevices = followTunnels(log.With("component", "overlay"))
 		}
 	}
 	// NodePorts answer on the --nodeport-addresses (default: primary,

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
 	"slices"
+	"time"
 
+	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 )
 
@@ -13,8 +17,10 @@ import (
 // ClusterIP one from outside the cluster CIDR) to a backend there
 // whatever device it leaves by. Sluice source-NATs only through a device
 // it attached to (nat_remote, bpf/tc.c), so by default it attaches to
-// the overlay devices up at start too; with --devices, one left out is
-// warned about.
+// the overlay devices up at start too, and follows those that appear, or
+// get their routes, later (followTunnels: the CNI's agent often starts
+// after Sluice at node boot); with --devices, one left out is warned
+// about.
 
 // withTunnels is devs (the devices holding the node addresses) and the
 // overlay devices up now (datapath.TunnelDevices) not among them, as
@@ -37,7 +43,7 @@ func withTunnels(devs []string, maxDevices int, log *slog.Logger) []string {
 			return devs
 		}
 	}
-	log.Info("overlay devices attached to beside the node addresses' (a tunnel created later is not: name it, or a pattern matching it, in --devices)", "devices", tuns)
+	log.Info("overlay devices attached to beside the node addresses'", "devices", tuns)
 	return append(slices.Clone(devs), tuns...)
 }
 
@@ -53,5 +59,50 @@ func warnTunnelsLeftOut(attached []string, log *slog.Logger) {
 			log.Warn("overlay device not in --devices: NodePort, ExternalIP and LoadBalancer flows (and ClusterIP ones from outside --cluster-cidr) routed through it to another node's backend are not source-NATed, "+
 				"and the backend's replies go around this node; add it to --devices", "device", d)
 		}
+	}
+}
+
+// followTunnels returns what attaches to the overlay devices that appear,
+// come up or get their routes after the start (datapath.NewTunnelWatch),
+// and forgets those deleted, once the agent's start is complete
+// (agent.Config.FollowDevices): without --devices only. Each is logged
+// at Info, a failure (--max-devices full: the error names the flag) at
+// Error, and a failed subscription is retried every 5 seconds.
+func followTunnels(log *slog.Logger) func(context.Context, agent.Datapath) {
+	return func(ctx context.Context, adp agent.Datapath) {
+		var dp *datapath.Datapath
+		switch v := adp.(type) {
+		case *datapath.Datapath:
+			dp = v
+		case closedLast: // runAgent's
+			dp = v.Datapath
+		default:
+			log.Error("following the overlay devices: not a datapath", "type", fmt.Sprintf("%T", adp))
+			return
+		}
+		w, err := dp.NewTunnelWatch()
+		if err != nil {
+			log.Error("following the overlay devices: tunnels created later are not attached to", "err", err)
+			return
+		}
+		w.Run(ctx, func(e datapath.DeviceEvent) {
+			switch {
+			case e.Err != nil:
+				log.Error("overlay device: flows routed through it to another node's backend are not source-NATed", "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason, "err", e.Err)
+			case e.Attached && e.Reason == "attached already":
+				log.Debug("overlay device attached already", "device", e.Device, "ifindex", e.Ifindex)
+			case e.Attached:
+				log.Info("overlay device attached to", "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason)
+			default:
+				log.Info("overlay device forgotten", "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason)
+			}
+		}, func(ctx context.Context) bool {
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(5 * time.Second):
+				return true
+			}
+		})
 	}
 }

@@ -1,17 +1,22 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/pkg/datapath"
 )
 
 // TestOverlayDevicesDefault: in a node namespace of its own (eth0 holding
@@ -74,7 +79,7 @@ func TestOverlayDevicesDefault(t *testing.T) {
 		args      []string
 		want, not []string
 	}{
-		{[]string{"--node-ip", "10.213.0.1"}, []string{attached + ` (a tunnel created later is not: name it, or a pattern matching it, in --devices)" devices=[ov0]`}, []string{leftOut, full}},
+		{[]string{"--node-ip", "10.213.0.1"}, []string{attached + `" devices=[ov0]`}, []string{leftOut, full}},
 		{[]string{"--node-ip", "10.213.0.1", "--max-devices", "1"}, []string{full, `left_out=[ov0]`}, []string{attached, leftOut}},
 		{[]string{"--node-ip", "10.213.0.1", "--devices", "eth0"}, []string{leftOut + `: NodePort`, `device=ov0`}, []string{attached, `device=ov1`, `device=ov2`, `device=ov3`}},
 		{[]string{"--devices", "eth0,ov0"}, nil, []string{leftOut, attached}},
@@ -91,5 +96,107 @@ func TestOverlayDevicesDefault(t *testing.T) {
 				t.Errorf("%q: %s; stderr:\n%s", c.args, n, stderr)
 			}
 		}
+	}
+}
+
+// TestFollowTunnelsAttachesLater: followTunnels (the agent without
+// --devices), on a datapath whose start attached eth0 in a node namespace
+// of the test's own, attaches the vxlan ov0 created after the start with
+// a flannel-style route (logged at Info: "overlay device attached to",
+// its entry in sluice_devices), and forgets it once deleted ("overlay
+// device forgotten"); runAgent's datapath (closedLast) is taken as the
+// datapath itself is.
+func TestFollowTunnelsAttachesLater(t *testing.T) {
+	testutil.Privileged(t)
+	ns := topology.NewNS(t, "ovfollow")
+	ns.Enter(t)
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "peer0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.LinkUp("eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.AddAddr("eth0", netip.MustParsePrefix("10.214.0.1/24")); err != nil {
+		t.Fatal(err)
+	}
+	bpffs := testutil.PinDir(t)
+	dp, err := datapath.Open(datapath.Config{BPFFS: bpffs, DisableSocketLB: true, NodeIPs: []netip.Addr{netip.MustParseAddr("10.214.0.1")},
+		MaxServices: 64, MaxBackends: 64, MaxServiceEntries: 256, MaxConntrack: 1024, MaxConntrackNew: 1024, MaxSockRev: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := datapath.Cleanup(bpffs); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	t.Cleanup(func() { dp.Close() })
+	if err := dp.AttachDevices([]string{"eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := dp.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	buf := &testutil.Buffer{}
+	log := slog.New(slog.NewTextHandler(buf, nil))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// In the node namespace, as the agent's goroutine is in the
+		// host's.
+		if err := ns.Do(func() error {
+			followTunnels(log)(ctx, closedLast{Datapath: dp, stop: func() {}})
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+
+	// The watch's first list reports nothing (eth0 is not its business):
+	// ov0 made after that, or before, is attached either way.
+	vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "ov0"}, VxlanId: 42, SrcAddr: net.ParseIP("10.214.0.1"), Port: 4789}
+	if err := netlink.LinkAdd(vx); errors.Is(err, unix.EOPNOTSUPP) {
+		t.Skip("this kernel has no vxlan devices")
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.LinkUp("ov0"); err != nil {
+		t.Fatal(err)
+	}
+	l, err := netlink.LinkByName("ov0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := net.IPv4(10, 244, 2, 0)
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(24, 32)}, Gw: gw, Flags: int(netlink.FLAG_ONLINK)}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.EventuallyTrue(t, "ov0 attached (logged)", time.Minute, func() bool {
+		return strings.Contains(buf.String(), `msg="overlay device attached to" device=ov0`)
+	})
+	pinned := func() []string {
+		t.Helper()
+		m, err := filepath.Glob(filepath.Join(bpffs, "*", "links", "tcx_*_ov0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	if p := pinned(); len(p) != 2 {
+		t.Fatalf("ov0's pinned tcx links: %q, want ingress and egress", p)
+	}
+	if err := netlink.LinkDel(l); err != nil {
+		t.Fatal(err)
+	}
+	testutil.EventuallyTrue(t, "ov0 forgotten (logged)", time.Minute, func() bool {
+		return strings.Contains(buf.String(), `msg="overlay device forgotten" device=ov0`)
+	})
+	if p := pinned(); len(p) != 0 {
+		t.Errorf("ov0's pinned tcx links left after it was deleted: %q", p)
+	}
+	if strings.Contains(buf.String(), "level=ERROR") {
+		t.Errorf("errors logged:\n%s", buf)
 	}
 }

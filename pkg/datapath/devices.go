@@ -333,18 +333,16 @@ func overlayTunnels(links []netlink.Link, routes []netlink.Route) []string {
 // the devices holding the node addresses by default. A down one (the
 // fallback devices tunl0, sit0, ip6tnl0 the kernel makes with its module)
 // is left out, as is one no route of the main table leaves through.
+// Without --devices the agent follows them after the start too
+// (NewTunnelWatch).
 func TunnelDevices() ([]string, error) {
-	links, err := netlink.LinkList()
+	links, err := listLinks(netlink.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("list devices: %w", err)
 	}
-	var routes []netlink.Route
-	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
-		if err != nil {
-			return nil, fmt.Errorf("list the main table's routes: %w", err)
-		}
-		routes = append(routes, rs...)
+	routes, err := mainRoutes()
+	if err != nil {
+		return nil, err
 	}
 	return overlayTunnels(links, routes), nil
 }

@@ -15,7 +15,8 @@ package datapath
 // reconciles against what it holds: links it missed are attached, links
 // gone are forgotten. A failed receive (an overrun: ENOBUFS) ends the
 // subscription; the watch subscribes again and lists again, so nothing
-// is missed for long.
+// is missed for long. The same watch follows the overlay devices when
+// --devices is not given (NewTunnelWatch, tunwatch.go), over routes too.
 
 import (
 	"context"
@@ -155,6 +156,23 @@ type DeviceWatch struct {
 	subscribe func(ch chan<- netlink.LinkUpdate, done <-chan struct{}, opts netlink.LinkSubscribeOptions) error
 	// list, if set (tests), replaces netlink.LinkList.
 	list func() ([]netlink.Link, error)
+	// overlay: the watch follows the overlay devices (NewTunnelWatch,
+	// tunwatch.go), not sel's patterns, and routes as well as links.
+	overlay bool
+	// overlayNow, while relist runs (overlay), holds the ifindexes of the
+	// links overlayTunnels picks from its lists.
+	overlayNow map[int]bool
+	// subscribeRoutes (overlay) is netlink.RouteSubscribeWithOptions, or
+	// a test's.
+	subscribeRoutes func(ch chan<- netlink.RouteUpdate, done <-chan struct{}, opts netlink.RouteSubscribeOptions) error
+	// routes (overlay) lists the main table's routes: mainRoutes, or a
+	// test's.
+	routes func() ([]netlink.Route, error)
+	// notTunnel (overlay) holds the ifindexes of links a route message
+	// named that are of no tunnel kind (routed): the next route through
+	// one is passed over without asking the kernel (a BGP burst through
+	// eth0). Forgotten at each message about the link and each relist.
+	notTunnel map[int]bool
 }
 
 // NewDeviceWatch returns a watch over sel's patterns in the calling
@@ -162,16 +180,23 @@ type DeviceWatch struct {
 // Call it after the start's Commit: it starts from what AttachDevices
 // attached that sel's patterns match.
 func (d *Datapath) NewDeviceWatch(sel DeviceSelector) (*DeviceWatch, error) {
+	// The start's pattern matches: one deleted or renamed away before
+	// the first list is forgotten by it (its pins and entry removed).
+	return d.newDeviceWatch(sel, func(_ int, name string) bool { return sel.followed(name) })
+}
+
+// newDeviceWatch is a watch of sel in the calling thread's network
+// namespace that holds the devices of the start (AttachDevices) seed
+// says it follows.
+func (d *Datapath) newDeviceWatch(sel DeviceSelector, seed func(ifindex int, name string) bool) (*DeviceWatch, error) {
 	ns, err := netns.Get()
 	if err != nil {
 		return nil, fmt.Errorf("device watch: network namespace: %w", err)
 	}
 	w := &DeviceWatch{d: d, sel: sel, ns: ns, have: map[int]string{}, pending: map[int]string{}, seeded: map[int]bool{},
 		subscribe: netlink.LinkSubscribeWithOptions, list: linkList}
-	// The start's pattern matches: one deleted or renamed away before
-	// the first list is forgotten by it (its pins and entry removed).
 	for idx, name := range d.attachedAtStart {
-		if sel.followed(name) {
+		if seed(idx, name) {
 			w.have[idx], w.seeded[idx] = name, true
 		}
 	}
@@ -238,35 +263,73 @@ func (w *DeviceWatch) Run(ctx context.Context, report func(DeviceEvent), retry f
 			}
 			continue
 		}
+		var rch chan netlink.RouteUpdate // nil (never ready) unless overlay
+		if w.overlay {
+			rch = make(chan netlink.RouteUpdate, 256)
+			err = w.subscribeRoutes(rch, done, netlink.RouteSubscribeOptions{
+				ReceiveBufferSize: 1 << 20,
+				ErrorCallback: func(err error) {
+					select {
+					case errs <- err:
+					default:
+					}
+				},
+			})
+			if err != nil {
+				close(done)
+				for range ch {
+				}
+				report(DeviceEvent{Err: fmt.Errorf("subscribe to route changes: %w", err)})
+				if !retry(ctx) {
+					return
+				}
+				continue
+			}
+		}
 		// After subscribing: a change from here on is heard, one
 		// before is in the list.
 		w.relist(report)
-		w.follow(ctx, ch, report)
+		w.follow(ctx, ch, rch, report)
 		close(done)
 		for range ch { // the subscription's goroutine ends with ch
 		}
+		if rch != nil {
+			for range rch {
+			}
+		}
 		select {
 		case err := <-errs:
+			what := "link changes"
+			if w.overlay {
+				what = "link or route changes"
+			}
 			if ctx.Err() == nil {
-				report(DeviceEvent{Err: fmt.Errorf("link changes: %w (subscribing again)", err)})
+				report(DeviceEvent{Err: fmt.Errorf("%s: %w (subscribing again)", what, err)})
 			}
 		default:
 		}
 	}
 }
 
-// follow handles link updates until ctx is done or ch closes (the
-// subscription failed).
-func (w *DeviceWatch) follow(ctx context.Context, ch <-chan netlink.LinkUpdate, report func(DeviceEvent)) {
+// follow handles link updates (and route updates: rch, nil unless
+// overlay) until ctx is done or a channel closes (its subscription
+// failed).
+func (w *DeviceWatch) follow(ctx context.Context, ch <-chan netlink.LinkUpdate, rch <-chan netlink.RouteUpdate, report func(DeviceEvent)) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case u, ok := <-rch:
+			if !ok {
+				return
+			}
+			w.routed(u, report)
 		case u, ok := <-ch:
 			if !ok {
 				return
 			}
 			a := u.Link.Attrs()
+			delete(w.notTunnel, a.Index)
 			if u.Header.Type == unix.RTM_DELLINK {
 				w.gone(a.Index, "removed", report)
 				continue
@@ -286,6 +349,15 @@ func (w *DeviceWatch) relist(report func(DeviceEvent)) {
 	byIndex := map[int]string{}
 	for _, l := range links {
 		byIndex[l.Attrs().Index] = l.Attrs().Name
+	}
+	if w.overlay {
+		routes, err := w.routes()
+		if err != nil {
+			report(DeviceEvent{Err: err})
+			return
+		}
+		w.overlayNow, w.notTunnel = overlayIndexes(links, routes), map[int]bool{}
+		defer func() { w.overlayNow = nil }()
 	}
 	for idx, name := range w.have {
 		if n, ok := byIndex[idx]; !ok || n != name {
@@ -318,7 +390,7 @@ func (w *DeviceWatch) present(ifindex int, name string, report func(DeviceEvent)
 	if held {
 		w.gone(ifindex, "renamed away", report)
 	}
-	if !w.sel.followed(name) {
+	if !w.follows(ifindex, name) {
 		return
 	}
 	if !held && w.d.deviceAttached(name, ifindex) {

@@ -67,12 +67,16 @@ var errNoTunnel = errors.New("tunnel kind not supported")
 type overlayNet struct {
 	client, node1, node2, pod *topology.NS
 	peers                     chan netip.AddrPort // the endpoint's peers
+	// tunnel1 makes node1's ov0 and its routes (overlayTopology's late:
+	// the test does, when it wants).
+	tunnel1 func()
 }
 
 // overlayTopology builds the namespaces above with a tunnel of kind
 // ("ipip" or "vxlan", over IPv4) carrying a's family (and IPv4 always,
-// the underlay's). It skips t if the kernel has no such tunnel.
-func overlayTopology(t *testing.T, kind string, a overlayAddrs, noAddr bool) *overlayNet {
+// the underlay's). It skips t if the kernel has no such tunnel. With late,
+// node1's tunnel is left to o.tunnel1.
+func overlayTopology(t *testing.T, kind string, a overlayAddrs, noAddr, late bool) *overlayNet {
 	t.Helper()
 	tp := topology.NewT(t)
 	o := &overlayNet{
@@ -166,7 +170,13 @@ func overlayTopology(t *testing.T, kind string, a overlayAddrs, noAddr bool) *ov
 		}
 		must(err)
 	}
-	tunnel(o.node1, overlayAddrs4.node1, overlayAddrs4.node2, a.tun1, a.tun2, a.podNet[1], !noAddr)
+	o.tunnel1 = func() {
+		t.Helper()
+		tunnel(o.node1, overlayAddrs4.node1, overlayAddrs4.node2, a.tun1, a.tun2, a.podNet[1], !noAddr)
+	}
+	if !late {
+		o.tunnel1()
+	}
 	tunnel(o.node2, overlayAddrs4.node2, overlayAddrs4.node1, a.tun2, a.tun1, a.podNet[0], true)
 	// The pod behind node2, which routes the client by its own eth0.
 	must(tp.Veth(o.node2, "pod0", o.pod, "eth0"))
@@ -203,9 +213,10 @@ func overlayTopology(t *testing.T, kind string, a overlayAddrs, noAddr bool) *ov
 // devices were attached by default, the flow was only DNATed: the pod
 // answered the client directly, from its own address, and the connection
 // never completed. The same for a ClusterIP the client (outside
-// --cluster-cidr) reaches through node1, and with native XDP on node1's
+// --cluster-cidr) reaches through node1, with native XDP on node1's
 // uplink (which must leave the flow to tc: XDP cannot send through a
-// tunnel).
+// tunnel), and with node1's tunnel made after the start, which the
+// tunnel watch (NewTunnelWatch) attaches then.
 func TestOverlayNodePortRemoteEndpoint(t *testing.T) {
 	testutil.Privileged(t)
 	forFamilies(t, func(t *testing.T, v6 bool) {
@@ -219,6 +230,7 @@ func TestOverlayNodePortRemoteEndpoint(t *testing.T) {
 			devices []string // nil: the default
 			xdp     XDPMode
 			cip     bool // a ClusterIP, the client outside --cluster-cidr
+			late    bool // node1's tunnel made after the start (the tunnel watch attaches it)
 		}{
 			{kind: "vxlan"},
 			{kind: "vxlan", devices: []string{"eth0", "ov0"}},
@@ -228,6 +240,9 @@ func TestOverlayNodePortRemoteEndpoint(t *testing.T) {
 			{kind: "vxlan", cip: true},
 			{kind: "ipip"},
 			{kind: "ipip", devices: []string{"eth0", "ov0"}},
+			{kind: "vxlan", late: true},
+			{kind: "vxlan", noAddr: true, late: true},
+			{kind: "ipip", late: true},
 		} {
 			if v6 && tc.kind == "ipip" {
 				continue // ipip carries IPv4 only
@@ -247,13 +262,16 @@ func TestOverlayNodePortRemoteEndpoint(t *testing.T) {
 			if tc.cip {
 				name += "/clusterip"
 			}
-			t.Run(name, func(t *testing.T) { overlayNodePort(t, tc.kind, a, tc.noAddr, tc.devices, tc.xdp, tc.cip) })
+			if tc.late {
+				name += "/after-start"
+			}
+			t.Run(name, func(t *testing.T) { overlayNodePort(t, tc.kind, a, tc.noAddr, tc.devices, tc.xdp, tc.cip, tc.late) })
 		}
 	})
 }
 
-func overlayNodePort(t *testing.T, kind string, a overlayAddrs, noAddr bool, devices []string, xdp XDPMode, cip bool) {
-	o := overlayTopology(t, kind, a, noAddr)
+func overlayNodePort(t *testing.T, kind string, a overlayAddrs, noAddr bool, devices []string, xdp XDPMode, cip, late bool) {
+	o := overlayTopology(t, kind, a, noAddr, late)
 	nodeIPs := []netip.Addr{addr(overlayAddrs4.node1)}
 	if addr(a.node1).Is6() {
 		nodeIPs = append(nodeIPs, addr(a.node1))
@@ -297,7 +315,25 @@ func overlayNodePort(t *testing.T, kind string, a overlayAddrs, noAddr bool, dev
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if devices == nil && !slices.Equal(devs, []string{"eth0", "ov0"}) {
+	if late {
+		// The agent without --devices: the start's devices, then the
+		// tunnel watch, which attaches node1's ov0 once it is made.
+		if !slices.Equal(devs, []string{"eth0"}) {
+			t.Fatalf("default devices before the tunnel %v, want [eth0]", devs)
+		}
+		if err := d.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		var w *DeviceWatch
+		if err := o.node1.Do(func() (err error) { w, err = d.NewTunnelWatch(); return err }); err != nil {
+			t.Fatal(err)
+		}
+		next, _ := runDeviceWatch(t, w)
+		o.tunnel1()
+		if e := next("ov0"); e.Err != nil || e.Device != "ov0" || !e.Attached {
+			t.Fatalf("after node1's ov0 was made: %+v, want it attached", e)
+		}
+	} else if devices == nil && !slices.Equal(devs, []string{"eth0", "ov0"}) {
 		t.Errorf("default devices %v, want [eth0 ov0] (a fallback tunl0 is down)", devs)
 	}
 

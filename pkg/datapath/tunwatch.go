@@ -1,0 +1,152 @@
+package datapath
+
+// Following the overlay devices (TunnelDevices) when --devices is not
+// given. At node boot the CNI's agent (flanneld, calico-node) and Sluice
+// start together, so flannel.1, vxlan.calico or tunl0 often appears, or
+// gets its routes, after the start attached the devices: without tc on
+// it, a NodePort flow to a backend behind it is only DNATed (nat_remote)
+// and the backend answers the client directly. The tunnel watch is a
+// DeviceWatch over routes as well as links: a link that comes to meet
+// overlayTunnels' criterion (it appears up, comes up, or gets its first
+// qualifying main-table route) gets what AttachDevices gives a tunnel
+// (tc programs, its sluice_devices entry flagged nodeDevTunnel, with its
+// address or the node IP's; never XDP); a tunnel it holds that is
+// deleted, or renamed (attached again under its new name if it still
+// qualifies), has its pins and entries removed.
+//
+// A tunnel that only loses its routes, or goes down, stays attached.
+// That is harmless: while no route leaves through it, its egress program
+// sees nothing, and what arrives through it is what tc would see on any
+// other attached device. And it keeps the flows it carries: a CNI agent
+// restarting (flanneld flushes and writes its routes again; a link
+// bounced takes its routes with it) would otherwise have the programs
+// taken off and put back, and replies arriving through the tunnel in
+// between (the backends' answers to flows source-NATed through it) would
+// miss their reverse translation.
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// NewTunnelWatch returns a watch over the overlay devices (the default
+// --devices' tunnels, TunnelDevices) in the calling thread's network
+// namespace, run as NewDeviceWatch's is (Run). Call it after the start's
+// Commit: it starts from the tunnels AttachDevices attached (their
+// entries flagged nodeDevTunnel), which it forgets when they are deleted;
+// the devices holding the node addresses are not its business.
+func (d *Datapath) NewTunnelWatch() (*DeviceWatch, error) {
+	w, err := d.newDeviceWatch(DeviceSelector{}, func(ifindex int, _ string) bool {
+		var nd sockNodeDev
+		return d.maps.devices.Lookup(uint32(ifindex), &nd) == nil && nd.Flags&nodeDevTunnel != 0
+	})
+	if err != nil {
+		return nil, err
+	}
+	w.overlay, w.notTunnel = true, map[int]bool{}
+	w.subscribeRoutes = netlink.RouteSubscribeWithOptions
+	w.routes = mainRoutes
+	return w, nil
+}
+
+// follows says whether the watch follows link ifindex, named name: sel's
+// patterns match it, or (overlay) it is an overlay device now.
+func (w *DeviceWatch) follows(ifindex int, name string) bool {
+	switch {
+	case !w.overlay:
+		return w.sel.followed(name)
+	case w.overlayNow != nil:
+		return w.overlayNow[ifindex]
+	}
+	ok, err := isOverlayNow(ifindex, w.routes)
+	if err != nil {
+		// The next message about it, or the next relist, looks again.
+		return false
+	}
+	return ok
+}
+
+// isOverlayNow says whether link ifindex is an overlay device now
+// (overlayTunnels, with the main table's routes as routes lists them).
+// Only a link of a tunnel kind, up, has the routes listed.
+func isOverlayNow(ifindex int, routes func() ([]netlink.Route, error)) (bool, error) {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return false, err
+	}
+	if a := l.Attrs(); !slices.Contains(tunnelTypes, l.Type()) || a.Flags&net.FlagUp == 0 || flowBased(l) || a.MasterIndex != 0 {
+		return false, nil
+	}
+	rs, err := routes()
+	if err != nil {
+		return false, err
+	}
+	return len(overlayTunnels([]netlink.Link{l}, rs)) > 0, nil
+}
+
+// routed handles a route update (overlay): a new route of the main table
+// an overlay routes by (overlayRoute) may make the link it leaves by an
+// overlay device. A route removed changes nothing (see the top of this
+// file).
+func (w *DeviceWatch) routed(u netlink.RouteUpdate, report func(DeviceEvent)) {
+	if u.Type != unix.RTM_NEWROUTE || !overlayRoute(u.Route) {
+		return
+	}
+	idxs := []int{u.LinkIndex}
+	for _, nh := range u.MultiPath {
+		idxs = append(idxs, nh.LinkIndex)
+	}
+	for _, idx := range idxs {
+		if _, held := w.have[idx]; held || idx == 0 || w.notTunnel[idx] {
+			continue
+		}
+		l, err := netlink.LinkByIndex(idx)
+		if err != nil {
+			continue // gone: its message says
+		}
+		if !slices.Contains(tunnelTypes, l.Type()) {
+			w.notTunnel[idx] = true // a pod's veth, the uplink
+			continue
+		}
+		w.present(idx, l.Attrs().Name, report)
+	}
+}
+
+// overlayIndexes returns the ifindexes of the links overlayTunnels picks.
+func overlayIndexes(links []netlink.Link, routes []netlink.Route) map[int]bool {
+	names := overlayTunnels(links, routes)
+	out := map[int]bool{}
+	for _, l := range links {
+		if slices.Contains(names, l.Attrs().Name) {
+			out[l.Attrs().Index] = true
+		}
+	}
+	return out
+}
+
+// mainRoutes lists the main table's routes of both families in the
+// caller's network namespace, listing again, up to listLinkTries times,
+// while a list is interrupted by a change (netlink.ErrDumpInterrupted).
+func mainRoutes() ([]netlink.Route, error) {
+	var routes []netlink.Route
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		var rs []netlink.Route
+		var err error
+		for range listLinkTries {
+			rs, err = netlink.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+			if !errors.Is(err, netlink.ErrDumpInterrupted) {
+				break
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list the main table's routes: %w", err)
+		}
+		routes = append(routes, rs...)
+	}
+	return routes, nil
+}

@@ -1,0 +1,354 @@
+package datapath
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// tunnelNode enters a node namespace of the test's own with eth0 (a veth,
+// up) holding the node IP 10.215.0.1/24, and returns the bpffs.
+func tunnelNode(t *testing.T, name string) string {
+	t.Helper()
+	bpffs, _ := attachNode(t, name)
+	addVeth(t, "eth0", "wire0")
+	if err := netlink.LinkSetUp(linkNamed(t, "eth0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.AddrAdd(linkNamed(t, "eth0"), &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 215, 0, 1), Mask: net.CIDRMask(24, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	return bpffs
+}
+
+func linkNamed(t *testing.T, name string) netlink.Link {
+	t.Helper()
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// addVxlan adds the vxlan name (vni) over eth0 in the calling thread's
+// namespace, flow-based (external: collect-metadata) if asked, up if
+// asked; it skips t when the kernel has no vxlan devices.
+func addVxlan(t *testing.T, name string, vni int, flowBased, up bool) netlink.Link {
+	t.Helper()
+	vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: name}, VxlanId: vni, SrcAddr: net.IPv4(10, 215, 0, 1), Port: 4789 + vni}
+	if flowBased {
+		vx.FlowBased, vx.VxlanId, vx.SrcAddr = true, 0, nil
+	}
+	if err := netlink.LinkAdd(vx); errors.Is(err, unix.EOPNOTSUPP) {
+		t.Skip("this kernel has no vxlan devices") // as overlay_test.go
+	} else if err != nil {
+		t.Fatalf("add vxlan %s: %v", name, err)
+	}
+	l := linkNamed(t, name)
+	if up {
+		if err := netlink.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return l
+}
+
+// podRoute routes the pod subnet 10.244.n.0/24 through l as flannel
+// does: via the other node's tunnel address 10.244.n.0, on link.
+func podRoute(t *testing.T, l netlink.Link, n byte) *netlink.Route {
+	t.Helper()
+	gw := net.IPv4(10, 244, n, 0)
+	r := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(24, 32)}, Gw: gw, Flags: int(netlink.FLAG_ONLINK)}
+	if err := netlink.RouteAdd(r); err != nil {
+		t.Fatalf("route 10.244.%d.0/24 through %s: %v", n, l.Attrs().Name, err)
+	}
+	return r
+}
+
+// TestTunnelWatchFollowsOverlays runs the tunnel watch (no --devices) in
+// a node namespace of the test's own whose start attached eth0 (the node
+// IP's) and the overlay ovs (up, routed): ovs is "attached already", eth0
+// not the watch's business. After the start: the vxlan ov0, up with an
+// address and a flannel-style route to a pod subnet, is attached (tc
+// programs, pins, its entry flagged tunnel and tc, with its address; no
+// XDP though XDP is on); eth0 getting routes is passed over; the
+// flow-based vxlan ov3, up and routed, never is; ov1, up but routed only later, is attached when its route comes
+// (its entry with the node IP: it has no address); ov1 losing its route
+// stays attached; ov0 and ovs deleted are forgotten (pins and entries
+// gone), eth0 kept.
+func TestTunnelWatchFollowsOverlays(t *testing.T) {
+	bpffs := tunnelNode(t, "tunwatch")
+	cfg := xdpConfig(bpffs)
+	cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.215.0.1")}
+	d := openTest(t, cfg)
+	ovs := addVxlan(t, "ovs", 9, false, true)
+	podRoute(t, ovs, 9)
+	start, err := TunnelDevices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(start, []string{"ovs"}) {
+		t.Fatalf("TunnelDevices at start: %q, want [ovs]", start)
+	}
+	if err := d.AttachDevices([]string{"eth0", "ovs"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	w, err := d.NewTunnelWatch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nextEvent, stop := runDeviceWatch(t, w)
+	expect := func(dev string, attached bool, reason string) {
+		t.Helper()
+		e := nextEvent(dev + " " + reason)
+		if e.Err != nil || e.Device != dev || e.Attached != attached || e.Reason != reason {
+			t.Fatalf("event %+v, want %s attached=%v %s", e, dev, attached, reason)
+		}
+	}
+	ingressID, egressID := progID(t, d.tc.SluiceIngress), progID(t, d.tc.SluiceEgress)
+	attachedHere := func(l netlink.Link) bool {
+		t.Helper()
+		idx := l.Attrs().Index
+		in := slices.Contains(attachedIDs(t, idx, ebpf.AttachTCXIngress), ingressID)
+		out := slices.Contains(attachedIDs(t, idx, ebpf.AttachTCXEgress), egressID)
+		if in != out {
+			t.Fatalf("%s: ingress attached %v, egress %v", l.Attrs().Name, in, out)
+		}
+		return in
+	}
+	entry := func(l netlink.Link) (sockNodeDev, bool) {
+		t.Helper()
+		var nd sockNodeDev
+		err := d.maps.devices.Lookup(uint32(l.Attrs().Index), &nd)
+		return nd, err == nil
+	}
+	wantTunnelEntry := func(l netlink.Link, addr string) {
+		t.Helper()
+		nd, ok := entry(l)
+		if !ok || nd.Flags&(nodeDevTunnel|nodeDevTC) != nodeDevTunnel|nodeDevTC || nd.Addr != be32(netip.MustParseAddr(addr)) {
+			t.Fatalf("%s: device entry %+v (present %v), want one flagged tunnel and tc with %s", l.Attrs().Name, nd, ok, addr)
+		}
+	}
+	wantPins := func(want ...string) {
+		t.Helper()
+		es, err := os.ReadDir(filepath.Join(d.dir, "links"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, e := range es {
+			if !strings.HasPrefix(e.Name(), "cgroup_") {
+				got = append(got, e.Name())
+			}
+		}
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Fatalf("pinned links %q, want %q", got, want)
+		}
+	}
+	expect("ovs", true, "attached already")
+
+	// ov0 after the start: up, its address, then its route.
+	ov0 := addVxlan(t, "ov0", 1, false, true)
+	if err := netlink.AddrAdd(ov0, &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 244, 1, 0), Mask: net.CIDRMask(32, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	podRoute(t, ov0, 2)
+	expect("ov0", true, "appeared")
+	if !attachedHere(ov0) {
+		t.Fatal("ov0: tc programs not attached")
+	}
+	wantTunnelEntry(ov0, "10.244.1.0")
+	wantPins("tcx_egress_eth0", "tcx_ingress_eth0", "xdp_generic_eth0", "tcx_egress_ovs", "tcx_ingress_ovs", "tcx_egress_ov0", "tcx_ingress_ov0")
+
+	// The flow-based ov3, up and routed, then ov1 up, routed later: the
+	// next event is ov1's, so ov3's messages were heard and passed over.
+	// A route through eth0 (no tunnel: passed over, twice) before them.
+	for _, dst := range []string{"10.99.0.0/16", "10.98.0.0/16"} {
+		_, n, _ := net.ParseCIDR(dst)
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: linkNamed(t, "eth0").Attrs().Index, Dst: n, Gw: net.IPv4(10, 215, 0, 254)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ov3 := addVxlan(t, "ov3", 3, true, true)
+	podRoute(t, ov3, 3)
+	ov1 := addVxlan(t, "ov1", 2, false, true)
+	if _, ok := entry(ov1); ok {
+		t.Fatal("ov1 has a device entry before a route leaves through it")
+	}
+	r1 := podRoute(t, ov1, 4)
+	expect("ov1", true, "appeared")
+	if !attachedHere(ov1) {
+		t.Fatal("ov1: tc programs not attached")
+	}
+	wantTunnelEntry(ov1, "10.215.0.1") // no address: the node IP
+	if attachedHere(ov3) {
+		t.Fatal("the flow-based ov3 has the tc programs")
+	}
+	if _, ok := entry(ov3); ok {
+		t.Fatal("the flow-based ov3 has a device entry")
+	}
+
+	// ov1 loses its route: kept (the next event is ov0's removal).
+	if err := netlink.RouteDel(r1); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkDel(ov0); err != nil {
+		t.Fatal(err)
+	}
+	expect("ov0", false, "removed")
+	if _, ok := entry(ov0); ok {
+		t.Fatal("ov0: device entry left after it was deleted")
+	}
+	if !attachedHere(ov1) {
+		t.Fatal("ov1: tc programs taken off when it lost its route")
+	}
+	if err := netlink.LinkDel(ovs); err != nil {
+		t.Fatal(err)
+	}
+	expect("ovs", false, "removed")
+	if _, ok := entry(ovs); ok {
+		t.Fatal("ovs: device entry left after it was deleted")
+	}
+	wantPins("tcx_egress_eth0", "tcx_ingress_eth0", "xdp_generic_eth0", "tcx_egress_ov1", "tcx_ingress_ov1")
+	stop()
+	if nd, ok := entry(linkNamed(t, "eth0")); !ok || nd.Flags&nodeDevTC == 0 {
+		t.Fatalf("eth0: entry %+v (present %v) after the watch, want it kept", nd, ok)
+	}
+}
+
+// TestTunnelWatchResubscribes: when the route subscription fails (an
+// overrun: ENOBUFS), the failure is reported, the watch subscribes again
+// and lists again: a tunnel whose route came unheard is attached then.
+func TestTunnelWatchResubscribes(t *testing.T) {
+	bpffs := tunnelNode(t, "tunresub")
+	cfg := smallConfig(bpffs)
+	cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.215.0.1")}
+	d := openTest(t, cfg)
+	ovs := addVxlan(t, "ovs", 9, false, true)
+	podRoute(t, ovs, 9)
+	if err := d.AttachDevices([]string{"eth0", "ovs"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	w, err := d.NewTunnelWatch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first route subscription hears nothing and fails when told
+	// to; the second is the real one.
+	fail := make(chan struct{})
+	subscriptions := 0
+	real := w.subscribeRoutes
+	w.subscribeRoutes = func(ch chan<- netlink.RouteUpdate, done <-chan struct{}, opts netlink.RouteSubscribeOptions) error {
+		subscriptions++
+		if subscriptions > 1 {
+			return real(ch, done, opts)
+		}
+		go func() {
+			defer close(ch)
+			select {
+			case <-fail:
+				opts.ErrorCallback(unix.ENOBUFS)
+			case <-done:
+			}
+		}()
+		return nil
+	}
+	nextEvent, _ := runDeviceWatch(t, w)
+	next := func(what string) DeviceEvent { t.Helper(); return nextEvent(what) }
+	if e := next("ovs"); e.Err != nil || e.Device != "ovs" || e.Reason != "attached already" {
+		t.Fatalf("first event %+v, want ovs attached already", e)
+	}
+	// ov0 up without a route; ovs's removal, heard after it on the
+	// same subscription, says its message was handled. Then ov0's
+	// route, unheard.
+	ov0 := addVxlan(t, "ov0", 1, false, true)
+	if err := netlink.LinkDel(ovs); err != nil {
+		t.Fatal(err)
+	}
+	if e := next("ovs removed"); e.Err != nil || e.Device != "ovs" || e.Attached || e.Reason != "removed" {
+		t.Fatalf("event %+v, want ovs removed", e)
+	}
+	podRoute(t, ov0, 2)
+	close(fail)
+	if e := next("the failure"); e.Err == nil || !strings.Contains(e.Err.Error(), "subscribing again") {
+		t.Fatalf("after the failure: %+v, want its error reported", e)
+	}
+	if e := next("ov0"); e.Err != nil || e.Device != "ov0" || !e.Attached || e.Reason != "appeared" {
+		t.Fatalf("after subscribing again: %+v, want ov0 attached (appeared)", e)
+	}
+	var nd sockNodeDev
+	if err := d.maps.devices.Lookup(uint32(ov0.Attrs().Index), &nd); err != nil || nd.Flags&(nodeDevTunnel|nodeDevTC) != nodeDevTunnel|nodeDevTC {
+		t.Fatalf("ov0: entry %+v (%v), want one flagged tunnel and tc", nd, err)
+	}
+	if subscriptions != 2 {
+		t.Errorf("%d route subscriptions, want 2", subscriptions)
+	}
+}
+
+// TestTunnelWatchMaxDevices: with --max-devices 1, held by eth0, a tunnel
+// appearing after the start is not attached: its event is an error naming
+// sluice_devices and --max-devices, reported once, and it has no programs
+// and no entry; eth0's entry is untouched.
+func TestTunnelWatchMaxDevices(t *testing.T) {
+	bpffs := tunnelNode(t, "tunmax")
+	cfg := smallConfig(bpffs)
+	cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.215.0.1")}
+	cfg.MaxDevices = 1
+	d := openTest(t, cfg)
+	if err := d.AttachDevices([]string{"eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	w, err := d.NewTunnelWatch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, _ := runDeviceWatch(t, w)
+	ov0 := addVxlan(t, "ov0", 1, false, true)
+	podRoute(t, ov0, 2)
+	e := next("ov0 left out")
+	if e.Device != "ov0" || e.Attached || !errors.Is(e.Err, ErrDevicesFull) {
+		t.Fatalf("event %+v, want ov0 left out for want of room", e)
+	}
+	for _, want := range []string{"sluice_devices", "--max-devices 1"} {
+		if !strings.Contains(e.Err.Error(), want) {
+			t.Errorf("error %q does not name %s", e.Err, want)
+		}
+	}
+	// A second route through it: not reported again (the next event is
+	// ov1's, which fits no better).
+	podRoute(t, ov0, 3)
+	ov1 := addVxlan(t, "ov1", 2, false, true)
+	podRoute(t, ov1, 4)
+	if e := next("ov1 left out"); e.Device != "ov1" || !errors.Is(e.Err, ErrDevicesFull) {
+		t.Fatalf("event %+v, want ov1 left out for want of room", e)
+	}
+	var nd sockNodeDev
+	if err := d.maps.devices.Lookup(uint32(ov0.Attrs().Index), &nd); err == nil {
+		t.Errorf("ov0 has an entry %+v", nd)
+	}
+	if ids := attachedIDs(t, ov0.Attrs().Index, ebpf.AttachTCXIngress); slices.Contains(ids, progID(t, d.tc.SluiceIngress)) {
+		t.Error("ov0 has the tc programs though its entry did not fit")
+	}
+	if err := d.maps.devices.Lookup(uint32(linkNamed(t, "eth0").Attrs().Index), &nd); err != nil || nd.Flags&nodeDevTC == 0 {
+		t.Errorf("eth0: entry %+v (%v), want it kept", nd, err)
+	}
+}
