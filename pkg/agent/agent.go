@@ -151,7 +151,8 @@ type Config struct {
 	// FollowDevices, if set, runs in a goroutine of its own from the
 	// start's Commit until Run returns, before the datapath is closed
 	// (cmd/sluice: the links the --devices patterns match, followed as
-	// they come and go).
+	// they come and go; without --devices, the overlay tunnels that
+	// appear or get their routes after the start).
 	FollowDevices func(ctx context.Context, dp Datapath)
 	// RetryMin and RetryMax bound the backoff between failed applies
 	// (defaults 100ms and 10s).
