@@ -98,7 +98,9 @@ const farMTU = 1300
 // alt0, which has no tc, a NodePort's error is translated at the ingress
 // it meets first, as before (tc_icmp_xlate rises, tc_rev_at_egress does
 // not), and still reaches the client (the DROP rule deleted first: the
-// node's conntrack takes that error for INVALID). Over each family.
+// node's conntrack takes that error for INVALID). Over each family; for
+// IPv6 also an error about pod B's flow that pod A sends to the client's
+// address, not the quote's source, is left alone (strayICMP6Error).
 func TestDNATOnlyICMPErrorValid(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) { testDNATOnlyICMPErrorValid(t, icmpRelFamilyOf(v6)) })
 }
@@ -284,13 +286,27 @@ func testDNATOnlyICMPErrorValid(t *testing.T, f icmpRelFamily) {
 		t.Errorf("the FORWARD rule dropping conntrack INVALID matched %d packets, want 0 (conntrack saw an ICMP error about a flow it did not know)", n)
 	}
 
-	// The fallback: the node's route to the client leaves by alt0, which
-	// has no tc. The error is translated at the ingress it meets first;
-	// the node's conntrack then finds it INVALID (its quote [C -> F] is
-	// no flow it saw), so the DROP rule goes first.
+	// The DROP rule goes: the node's conntrack takes the next errors for
+	// INVALID.
 	dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer dcancel()
 	must(node.Run(dctx, f.iptables, "-w", "-D", "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"))
+	if v6 {
+		// An error about a live flow of pod B's, sent by pod A to
+		// another address (the client's): not the quote's source, so
+		// about no flow of ours (as IPv4's errors, icmp_xlate.h). It
+		// goes on as it came, neither passed up by its destination's
+		// route nor translated at eth0's egress (and past the node's
+		// conntrack, which takes it for INVALID: the DROP rule is gone).
+		if err := strayICMP6Error(t, d, podA, podB, client, f, cipLocal); err != nil {
+			t.Error(err)
+		}
+	}
+
+	// The fallback: the node's route to the client leaves by alt0, which
+	// has no tc. The error is translated at the ingress it meets first,
+	// as before (its quote [C -> F] is no flow the node's conntrack saw:
+	// INVALID).
 	must(node.AddRoute(netip.PrefixFrom(f.client.Addr(), bits), f.clientAlt.Addr()))
 	exchange("NodePort, route to the client by a device without tc", npLocal, false, "", refused(client, netip.AddrPort{}, npLocal, f.node.Addr()))
 }
@@ -505,4 +521,90 @@ func udpTooBig(c net.Conn, network string, fe model.L4Addr, offender netip.Addr)
 		return fmt.Errorf("path MTU %d, want %d", mtu, farMTU)
 	}
 	return checkErrQueue(c, fe, syscall.EMSGSIZE, offender)
+}
+
+// strayICMP6Error opens a flow from pod B (port 40100) to fe, pod A's,
+// then sends from pod A a port unreachable quoting that flow's datagram
+// [B:40100 -> A:9] to the client's address instead of B's, and expects
+// the client to receive it as it was sent (its quote still to A:9), with
+// tc_rev_at_egress and tc_icmp_xlate unchanged.
+func strayICMP6Error(t *testing.T, d *Datapath, podA, podB, client *topology.NS, f icmpRelFamily, fe model.L4Addr) error {
+	t.Helper()
+	const sport = 40100
+	c, err := icmpRelDial(podB, f.udp, netip.AddrPortFrom(f.podB, sport), fe)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := udpRefused(c, f.udp, fe, apOf(fe).Addr()); err != nil {
+		return fmt.Errorf("the flow the stray error is about: %w", err)
+	}
+	var tx, rx net.PacketConn
+	if err := podA.Do(func() (err error) {
+		tx, err = net.ListenPacket("ip6:ipv6-icmp", f.podA.String())
+		return err
+	}); err != nil {
+		return err
+	}
+	defer tx.Close()
+	if err := client.Do(func() (err error) {
+		rx, err = net.ListenPacket("ip6:ipv6-icmp", "::")
+		return err
+	}); err != nil {
+		return err
+	}
+	defer rx.Close()
+	// Type 1 code 4 (port unreachable), then the quote: an IPv6 header
+	// and a UDP header. The kernel sums ICMPv6 for a raw socket.
+	msg := make([]byte, 8+40+8)
+	msg[0], msg[1] = 1, 4
+	q := msg[8:]
+	q[0] = 0x60
+	binary.BigEndian.PutUint16(q[4:], 8+5)
+	q[6], q[7] = unix.IPPROTO_UDP, 64
+	copy(q[8:24], f.podB.AsSlice())
+	copy(q[24:40], f.podA.AsSlice())
+	binary.BigEndian.PutUint16(q[40:], sport)
+	binary.BigEndian.PutUint16(q[42:], 9)
+	binary.BigEndian.PutUint16(q[44:], 8+5)
+	before := counters(t, d)
+	var got []byte
+	for range 3 {
+		if _, err := tx.WriteTo(msg, &net.IPAddr{IP: f.client.Addr().AsSlice()}); err != nil {
+			return fmt.Errorf("send the stray error: %w", err)
+		}
+		if err := rx.SetReadDeadline(time.Now().Add(2 * time.Second)); err != nil {
+			return err
+		}
+		for got == nil {
+			buf := make([]byte, 1500)
+			n, _, err := rx.ReadFrom(buf)
+			if err != nil {
+				break
+			}
+			// Only this error: type 1 quoting UDP from B:40100.
+			if n >= len(msg) && buf[0] == 1 && buf[8+6] == unix.IPPROTO_UDP &&
+				netip.AddrFrom16([16]byte(buf[8+8:8+24])) == f.podB &&
+				binary.BigEndian.Uint16(buf[8+40:]) == sport {
+				got = buf[:n]
+			}
+		}
+		if got != nil {
+			break
+		}
+	}
+	if got == nil {
+		return errors.New("the client never received the stray error")
+	}
+	after := counters(t, d)
+	qd := netip.AddrPortFrom(netip.AddrFrom16([16]byte(got[8+24:8+40])), binary.BigEndian.Uint16(got[8+42:]))
+	if want := netip.AddrPortFrom(f.podA, 9); qd != want {
+		return fmt.Errorf("the stray error reached the client quoting a datagram to %s, want %s (as sent: it is about no flow of ours)", qd, want)
+	}
+	for _, n := range []string{"tc_rev_at_egress", "tc_icmp_xlate"} {
+		if after[n] != before[n] {
+			return fmt.Errorf("the stray error: %s %d -> %d, want no change", n, before[n], after[n])
+		}
+	}
+	return nil
 }
