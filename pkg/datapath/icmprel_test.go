@@ -246,7 +246,7 @@ func testDNATOnlyICMPErrorValid(t *testing.T, f icmpRelFamily) {
 				return err
 			}
 			defer c.Close()
-			return udpRefused(c, f.udp, fe, offender)
+			return udpRefused(c, fe, offender)
 		}
 	}
 	vip := func(fe model.L4Addr) netip.Addr { return apOf(fe).Addr() }
@@ -280,7 +280,7 @@ func testDNATOnlyICMPErrorValid(t *testing.T, f icmpRelFamily) {
 	first, err := icmpRelDial(podB, f.udp, local, cipLocal)
 	must(err)
 	defer first.Close()
-	exchange("one port to two ClusterIPs, first flow", cipLocal, true, "", func() error { return udpRefused(first, f.udp, cipLocal, vip(cipLocal)) })
+	exchange("one port to two ClusterIPs, first flow", cipLocal, true, "", func() error { return udpRefused(first, cipLocal, vip(cipLocal)) })
 	exchange("one port to two ClusterIPs, second flow (remapped)", cipTwin, true, "tc_ct_clash_remap", refused(podB, local, cipTwin, vip(cipTwin)))
 	if n := invalidDrops(t, node, f.iptables); n != 0 {
 		t.Errorf("the FORWARD rule dropping conntrack INVALID matched %d packets, want 0 (conntrack saw an ICMP error about a flow it did not know)", n)
@@ -484,7 +484,7 @@ func icmpRelExchange(c net.Conn, size int, after func(net.Conn) error) error {
 
 // udpRefused expects a datagram on c to fe answered by an ICMP port
 // unreachable from offender: ECONNREFUSED on the connected socket.
-func udpRefused(c net.Conn, network string, fe model.L4Addr, offender netip.Addr) error {
+func udpRefused(c net.Conn, fe model.L4Addr, offender netip.Addr) error {
 	err := icmpRelExchange(c, 5, nil)
 	if !errors.Is(err, syscall.ECONNREFUSED) {
 		return fmt.Errorf("receive: %v, want ECONNREFUSED (the backend's port unreachable)", err)
@@ -536,7 +536,7 @@ func strayICMP6Error(t *testing.T, d *Datapath, podA, podB, client *topology.NS,
 		return err
 	}
 	defer c.Close()
-	if err := udpRefused(c, f.udp, fe, apOf(fe).Addr()); err != nil {
+	if err := udpRefused(c, fe, apOf(fe).Addr()); err != nil {
 		return fmt.Errorf("the flow the stray error is about: %w", err)
 	}
 	var tx, rx net.PacketConn
