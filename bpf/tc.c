@@ -19,8 +19,10 @@
  * that may open a connection (an ICMP echo, GRE, SCTP: parse_ipv4_other).
  * Egress: replies leaving towards the client get their source rewritten
  * back to the VIP. Both: ICMP errors about translated flows are
- * translated back (icmp_xlate.h), and later IPv4 fragments get their first
- * fragment's translation (frag.h). Everything else passes untouched.
+ * translated back (icmp_xlate.h; a DNAT-only flow's error about its
+ * request, as its replies, at the egress of a device with tc that the
+ * route to the client leaves by), and later IPv4 fragments get their
+ * first fragment's translation (frag.h). Everything else passes untouched.
  *
  * North-south (NodePort, ExternalIP and LoadBalancer frontends, flagged
  * SVC_F_EXTERNAL): a new flow whose backend is reached through one of the
@@ -196,9 +198,9 @@ __noinline int rev_dport4(struct __sk_buff *skb, const struct pkt4 *p,
 }
 
 /*
- * rev_at_egress4 - whether @p, the reply of a flow that was DNATed only,
- * at the ingress of a device, will pass a Sluice egress program on its
- * way to the client: the route the stack takes for it as it came (from
+ * rev_at_egress4 - whether @p, the reply of a flow that was DNATed only
+ * or an ICMP error about its request (icmp_xlate.h), at the ingress of a
+ * device, will pass a Sluice egress program on its way to the client: the route the stack takes for it as it came (from
  * its own source, in at this device) leaves by a device the agent
  * attached tc to (dev_has_tc). Never at a port of a bridge or bond
  * (dev_is_port): the route names the master, but a reply to a client on

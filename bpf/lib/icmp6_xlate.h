@@ -145,6 +145,13 @@ icmp6_find(struct __sk_buff *skb, const struct pkt6 *p, struct icmp6_quote *q,
 	    q->ip.version != 6 ||
 	    (q->ip.nexthdr != IPPROTO_TCP && q->ip.nexthdr != IPPROTO_UDP))
 		return NULL;
+	/* An error goes to the quoted packet's source (as icmp_xlate.h):
+	 * one sent elsewhere is about no flow of ours, and is not routed
+	 * (rev_at_egress6, icmp6_snat_xlate) by a destination the flow
+	 * never had.
+	 */
+	if (!lb6_addr_eq(&p->daddr, (const union v6addr *)&q->ip.saddr))
+		return NULL;
 	/* The quoted packet's reply: its key is the quote swapped. */
 	__builtin_memcpy(&key->saddr, &q->ip.daddr, sizeof(key->saddr));
 	__builtin_memcpy(&key->daddr, &q->ip.saddr, sizeof(key->daddr));

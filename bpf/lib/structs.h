@@ -436,9 +436,10 @@ enum metric_reason {
 	 * under its own reason too (tc_unknown_port, tc_ttl_exceeded, ...)
 	 */
 	METRIC_TC_ICMP_RATELIMITED,
-	/* a DNAT-only flow's reply at a device's ingress whose route leaves
-	 * by a device with tc: passed up untranslated, for that device's
-	 * egress to translate (tc.c, rev_at_egress4; tc6.h, rev_at_egress6)
+	/* a DNAT-only flow's reply, or an ICMP error about its request, at
+	 * a device's ingress whose route leaves by a device with tc: passed
+	 * up untranslated, for that device's egress to translate (tc.c,
+	 * rev_at_egress4; tc6.h, rev_at_egress6; icmp_xlate.h, icmp6_xlate.h)
 	 */
 	METRIC_TC_REV_AT_EGRESS,
 	METRIC_MAX,

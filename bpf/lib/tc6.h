@@ -219,7 +219,8 @@ struct lb6_xlate {
 
 /*
  * rev_at_egress6 - rev_at_egress4 (tc.c) for IPv6: whether @p, the reply
- * of a flow that was DNATed only, at the ingress of a device, will leave
+ * of a flow that was DNATed only or an ICMPv6 error about its request
+ * (icmp6_xlate.h), at the ingress of a device, will leave
  * by a device the agent attached tc to (dev_has_tc), as the stack routes
  * it as it came; never at a bridge or bond port (dev_is_port). A global
  * function, as rev_at_egress4, that asks
