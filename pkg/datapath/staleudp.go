@@ -194,7 +194,7 @@ func (d *Datapath) endFrontendSockets(cgroup string, frontends map[netip.AddrPor
 		if t.method == SockDestroyBPF {
 			err = inNetns(ns, func() error { return readIter(t.frontIter, &res) })
 		} else {
-			err = inNetns(ns, func() error { return destroyNetlinkFrontends(frontends, scope, &res) })
+			err = inNetns(ns, func() error { return destroyNetlinkFrontends(frontends, scope, d.maps.translated, &res) })
 		}
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("network namespace %s: %w", ns, err))
@@ -314,11 +314,23 @@ func parseDiagUDP(msg []byte) (diagUDP, error) {
 	return s, nil
 }
 
+// translated says whether connect4 (connect6) translated the socket
+// cookie to its peer b (its sock_rev entry): b is then the backend Sluice
+// picked, though it be a frontend too (an ExternalIP equal to a
+// hostNetwork backend's node address and port, an EndpointSlice naming
+// another Service's VIP).
+func (m *Maps) translated(cookie uint64, b netip.AddrPort) bool {
+	_, ok := m.translatedTo(cookie, b)
+	return ok
+}
+
 // destroyNetlinkFrontends ends, with SOCK_DESTROY, the connected UDP
 // sockets of the calling thread's namespace whose peer is one of
 // frontends (an IPv4-mapped peer of a dual-stack socket as the IPv4
-// address), of a cgroup in scope (nil: any).
-func destroyNetlinkFrontends(frontends map[netip.AddrPort]bool, scope map[uint64]bool, res *SocketTermination) error {
+// address), of a cgroup in scope (nil: any), that connect4 (connect6) did
+// not translate there (translated).
+func destroyNetlinkFrontends(frontends map[netip.AddrPort]bool, scope map[uint64]bool,
+	translated func(cookie uint64, peer netip.AddrPort) bool, res *SocketTermination) error {
 	var errs []error
 	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
 		socks, err := connectedUDP(family)
@@ -328,6 +340,9 @@ func destroyNetlinkFrontends(frontends map[netip.AddrPort]bool, scope map[uint64
 		}
 		for _, s := range socks {
 			if !frontends[s.id.dst] || scope != nil && (!s.hasCgroup || !scope[s.cgroup]) {
+				continue
+			}
+			if translated(uint64(s.id.cookie[1])<<32|uint64(s.id.cookie[0]), s.id.dst) {
 				continue
 			}
 			if err := netlinkDestroyUDP(s.id); err != nil {

@@ -561,3 +561,67 @@ func TestStaleUDPHostNetnsOnly(t *testing.T) {
 		})
 	}
 }
+
+// TestStaleUDPNotOurs: a socket connect4 (connect6) translated at Sluice's
+// start is left open by EndStaleUDP though its peer, the backend picked,
+// is itself a UDP frontend (here an EndpointSlice naming another
+// Service's VIP; an ExternalIP equal to a hostNetwork backend's node
+// address and port is the same): its sock_rev entry says Sluice put it
+// there. Both methods, IPv4, IPv6 and a dual-stack socket to
+// ::ffff:a.b.c.d. Before, matching on the kernel's peer alone, it was
+// ended at every agent start.
+func TestStaleUDPNotOurs(t *testing.T) {
+	testutil.Privileged(t)
+	for _, method := range []SockDestroyMethod{SockDestroyBPF, SockDestroyNetlink} {
+		t.Run(string(method), func(t *testing.T) {
+			if method == SockDestroyBPF && haveSockDestroyKfunc() != nil {
+				t.Skip("no bpf_sock_destroy (Linux 6.5+)")
+			}
+			if method == SockDestroyNetlink && haveNetlinkDestroy() != nil {
+				t.Skip("no SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY)")
+			}
+			forceSockDestroy(t, method)
+			for _, f := range staleFamilies {
+				t.Run(f.name, func(t *testing.T) {
+					d := openTest(t, smallConfig(testPinDir(t)))
+					cg := newTestCgroup(t)
+					cg.Join(t)
+					ns := topology.NewNS(t, "udpnotours")
+					ns.Enter(t)
+					// The outer Service's backend is the inner's VIP.
+					inner := f.vip
+					outer := l4("10.96.7.60", 53, model.UDP)
+					if inner.Addr.Is6() {
+						outer = l4("fd00:96:7::60", 53, model.UDP)
+					}
+					for _, a := range []netip.Addr{inner.Addr, outer.Addr} {
+						if err := ns.AddRouteDev(netip.PrefixFrom(a, a.BitLen()), "lo"); err != nil {
+							t.Fatal(err)
+						}
+					}
+					if err := d.AttachCgroup(cg.Path); err != nil {
+						t.Fatal(err)
+					}
+					st := staleState(f)
+					st.Services.Set(outer, clusterIP(outer, inner))
+					if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
+						t.Fatal(err)
+					}
+					fd := newSocketIn(t, f.domain, unix.SOCK_DGRAM)
+					if err := unix.Connect(fd, sockaddrIn(f.domain, outer)); err != nil {
+						t.Fatal(err)
+					}
+					if !skipEndStaleUDP {
+						res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
+						if res.Sockets.Err != nil || res.Sockets.Method != method || res.Sockets.Destroyed != 0 {
+							t.Errorf("sockets: %+v, want none ended by %s", res.Sockets, method)
+						}
+					}
+					if soerr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != 0 {
+						t.Errorf("the socket connect4 translated to %s: SO_ERROR %d (%v), want it left open", inner, soerr, err)
+					}
+				})
+			}
+		})
+	}
+}
