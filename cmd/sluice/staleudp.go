@@ -26,6 +26,16 @@ import (
 // a later pass would find only what a Service created since met before
 // it existed, at the cost of a walk of the node's conntrack table and of
 // every network namespace's sockets.
+//
+// In the sync, before the agent records it (appliedN, inSync): readiness
+// waits for the pass, deliberately. Ready then means that the node's UDP
+// clients no longer ride another proxy's DNAT to an endpoint no one
+// follows, which is what a rollout node by node waits for before it moves
+// on; the pass is bounded (the conntrack table is streamed, in one
+// netlink buffer's memory, and each namespace's UDP sockets walked once),
+// seconds on a node near nf_conntrack_max, well inside the DaemonSet's
+// startup probe. A goroutine would also run it beside later syncs, which
+// change the maps it reads.
 type staleUDPEnder struct {
 	end    func(cgroup string, frontends map[netip.AddrPort]bool) datapath.StaleUDP
 	cgroup string // where socket load balancing is attached; empty: off

@@ -102,14 +102,6 @@ func (d *Datapath) EndStaleUDP(cgroup string, frontends map[netip.AddrPort]bool)
 	return res
 }
 
-// staleUDPFilter matches the conntrack entries of UDP whose original
-// destination is a frontend and whose reply source is not.
-type staleUDPFilter map[netip.AddrPort]bool
-
-func (f staleUDPFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
-	return staleUDPFlow(f, flow)
-}
-
 // staleUDPFlow says whether flow is a UDP flow to one of frontends that
 // someone DNATed: its reply comes from elsewhere than its original
 // destination.
@@ -136,18 +128,121 @@ func staleUDPFlow(frontends map[netip.AddrPort]bool, flow *netlink.ConntrackFlow
 // netfilter conntrack entries of UDP flows to frontends that were DNATed
 // elsewhere (staleUDPFlow), of both families, and returns how many.
 // Without conntrack in the kernel (nothing NATed there ever), it deletes
-// nothing and fails nothing.
+// nothing and fails nothing. The table is streamed, an entry judged and
+// deleted as it comes (deleteStaleUDPConntrack): a node near
+// nf_conntrack_max (a million entries and more) is walked in the memory
+// of one netlink buffer, not of its whole table as
+// netlink.ConntrackDeleteFilters would load it.
 func DeleteStaleUDPConntrack(frontends map[netip.AddrPort]bool) (int, error) {
-	var n uint
+	var n int
 	var errs []error
-	for _, fam := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
-		k, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, fam, staleUDPFilter(frontends))
+	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
+		k, err := deleteStaleUDPConntrack(fam, frontends)
 		n += k
 		if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EPROTONOSUPPORT) {
 			errs = append(errs, fmt.Errorf("netfilter conntrack of family %d: %w", fam, err))
 		}
 	}
-	return int(n), errors.Join(errs...)
+	return n, errors.Join(errs...)
+}
+
+// conntrackRequest is a ctnetlink request of operation (IPCTNL_MSG_CT_*)
+// on the conntrack table of family.
+func conntrackRequest(family uint8, operation, flags int) *nl.NetlinkRequest {
+	req := nl.NewNetlinkRequest(int(netlink.ConntrackTable)<<8|operation, flags)
+	req.AddData(&nl.Nfgenmsg{NfgenFamily: family, Version: nl.NFNETLINK_V0})
+	return req
+}
+
+// deleteStaleUDPConntrack dumps the conntrack table of family and
+// deletes each entry staleUDPFlow matches as the dump reads it (another
+// netlink socket; ctnetlink's dump goes on from where it was). An entry
+// gone meanwhile counts as deleted.
+func deleteStaleUDPConntrack(family uint8, frontends map[netip.AddrPort]bool) (int, error) {
+	var n, failed int
+	var firstErr error
+	dump := conntrackRequest(family, nl.IPCTNL_MSG_CT_GET, unix.NLM_F_DUMP)
+	err := dump.ExecuteIter(unix.NETLINK_NETFILTER, 0, func(msg []byte) bool {
+		flow, ok := parseConntrackTuples(msg)
+		if !ok || !staleUDPFlow(frontends, flow) {
+			return true
+		}
+		del := conntrackRequest(family, nl.IPCTNL_MSG_CT_DELETE, unix.NLM_F_ACK)
+		del.AddRawData(msg[4:]) // the entry's attributes, after its struct nfgenmsg
+		if _, err := del.Execute(unix.NETLINK_NETFILTER, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			failed++
+			if firstErr == nil {
+				firstErr = err
+			}
+			return true
+		}
+		n++
+		return true
+	})
+	if failed > 0 {
+		err = errors.Join(err, fmt.Errorf("delete %d conntrack entries: %w", failed, firstErr))
+	}
+	return n, err
+}
+
+// parseConntrackTuples reads, of one ctnetlink entry (a struct nfgenmsg
+// and its attributes), what staleUDPFlow judges: the original tuple's
+// protocol and destination and the reply tuple's source. ok is false for
+// a message too short to be an entry.
+func parseConntrackTuples(msg []byte) (flow *netlink.ConntrackFlow, ok bool) {
+	if len(msg) < 4 {
+		return nil, false
+	}
+	flow = &netlink.ConntrackFlow{FamilyType: msg[0]}
+	eachAttr(msg[4:], func(typ uint16, v []byte) {
+		var tpl *netlink.IPTuple
+		switch typ {
+		case nl.CTA_TUPLE_ORIG:
+			tpl = &flow.Forward
+		case nl.CTA_TUPLE_REPLY:
+			tpl = &flow.Reverse
+		default:
+			return
+		}
+		eachAttr(v, func(typ uint16, v []byte) {
+			switch typ {
+			case nl.CTA_TUPLE_IP:
+				eachAttr(v, func(typ uint16, v []byte) {
+					switch typ {
+					case nl.CTA_IP_V4_SRC, nl.CTA_IP_V6_SRC:
+						tpl.SrcIP = append([]byte(nil), v...)
+					case nl.CTA_IP_V4_DST, nl.CTA_IP_V6_DST:
+						tpl.DstIP = append([]byte(nil), v...)
+					}
+				})
+			case nl.CTA_TUPLE_PROTO:
+				eachAttr(v, func(typ uint16, v []byte) {
+					switch {
+					case typ == nl.CTA_PROTO_NUM && len(v) >= 1:
+						tpl.Protocol = v[0]
+					case typ == nl.CTA_PROTO_SRC_PORT && len(v) >= 2:
+						tpl.SrcPort = binary.BigEndian.Uint16(v)
+					case typ == nl.CTA_PROTO_DST_PORT && len(v) >= 2:
+						tpl.DstPort = binary.BigEndian.Uint16(v)
+					}
+				})
+			}
+		})
+	})
+	return flow, true
+}
+
+// eachAttr calls fn with the type (flags masked off) and value of each
+// netlink attribute in b, stopping at the first malformed one.
+func eachAttr(b []byte, fn func(typ uint16, v []byte)) {
+	for len(b) >= 4 {
+		n := int(binary.NativeEndian.Uint16(b))
+		if n < 4 || n > len(b) {
+			return
+		}
+		fn(binary.NativeEndian.Uint16(b[2:])&nl.NLA_TYPE_MASK, b[4:n])
+		b = b[min((n+3)&^3, len(b)):]
+	}
 }
 
 // endFrontendSockets ends the connected UDP sockets whose peer is one of
