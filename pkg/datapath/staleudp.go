@@ -427,6 +427,7 @@ func (m *Maps) translated(cookie uint64, b netip.AddrPort) bool {
 func destroyNetlinkFrontends(frontends map[netip.AddrPort]bool, scope map[uint64]bool,
 	translated func(cookie uint64, peer netip.AddrPort) bool, res *SocketTermination) error {
 	var errs []error
+	noCgroup := 0
 	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
 		socks, err := connectedUDP(family)
 		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
@@ -434,7 +435,11 @@ func destroyNetlinkFrontends(frontends map[netip.AddrPort]bool, scope map[uint64
 			continue
 		}
 		for _, s := range socks {
-			if !frontends[s.id.dst] || scope != nil && (!s.hasCgroup || !scope[s.cgroup]) {
+			switch frontendSocket(s, frontends, scope) {
+			case frontendSocketSkip:
+				continue
+			case frontendSocketNoCgroup:
+				noCgroup++
 				continue
 			}
 			if translated(uint64(s.id.cookie[1])<<32|uint64(s.id.cookie[0]), s.id.dst) {
@@ -448,5 +453,35 @@ func destroyNetlinkFrontends(frontends map[netip.AddrPort]bool, scope map[uint64
 			count(res, sockdestroySockTermVerdictSOCK_TERM_DESTROYED)
 		}
 	}
+	if noCgroup > 0 {
+		errs = append(errs, fmt.Errorf("%d UDP sockets connected to a frontend left open: the kernel gives no socket's cgroup "+
+			"(sock_diag's INET_DIAG_CGROUP_ID, Linux 5.7) to tell whether socket load balancing's cgroup covers them", noCgroup))
+	}
 	return errors.Join(errs...)
+}
+
+// What destroyNetlinkFrontends does with a connected UDP socket.
+const (
+	frontendSocketSkip     = iota // its peer is no frontend, or its cgroup is out of scope
+	frontendSocketEnd             // its peer is a frontend, its cgroup in scope (or any)
+	frontendSocketNoCgroup        // its peer is a frontend; a scope is set, and its cgroup unknown
+)
+
+// frontendSocket judges s for destroyNetlinkFrontends: its peer among
+// frontends, its cgroup in scope (nil: any). Before Linux 5.7 sock_diag
+// gives no socket's cgroup: with a scope set (--cgroup not the root),
+// such a socket is left open, and said so (frontendSocketNoCgroup), not
+// skipped in silence.
+func frontendSocket(s diagUDP, frontends map[netip.AddrPort]bool, scope map[uint64]bool) int {
+	switch {
+	case !frontends[s.id.dst]:
+		return frontendSocketSkip
+	case scope == nil:
+		return frontendSocketEnd
+	case !s.hasCgroup:
+		return frontendSocketNoCgroup
+	case !scope[s.cgroup]:
+		return frontendSocketSkip
+	}
+	return frontendSocketEnd
 }

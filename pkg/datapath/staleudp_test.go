@@ -625,3 +625,34 @@ func TestStaleUDPNotOurs(t *testing.T) {
 		})
 	}
 }
+
+// TestStaleUDPFrontendSocketNoCgroup: the netlink path's judgement of a
+// socket connected to a frontend. With a scope set (--cgroup not the
+// root) and no cgroup from sock_diag (INET_DIAG_CGROUP_ID, Linux 5.7) it
+// is left open and said so (destroyNetlinkFrontends then returns an
+// error, logged at Warn), where it was skipped in silence before.
+func TestStaleUDPFrontendSocketNoCgroup(t *testing.T) {
+	fe := netip.MustParseAddrPort("10.96.0.10:53")
+	frontends := map[netip.AddrPort]bool{fe: true}
+	sock := func(dst netip.AddrPort, cgroup uint64, has bool) diagUDP {
+		return diagUDP{id: udpSocketID{family: unix.AF_INET, dst: dst}, cgroup: cgroup, hasCgroup: has}
+	}
+	scope := map[uint64]bool{7: true}
+	for _, c := range []struct {
+		name  string
+		s     diagUDP
+		scope map[uint64]bool
+		want  int
+	}{
+		{"no frontend", sock(netip.MustParseAddrPort("10.96.0.11:53"), 7, true), scope, frontendSocketSkip},
+		{"in scope", sock(fe, 7, true), scope, frontendSocketEnd},
+		{"out of scope", sock(fe, 8, true), scope, frontendSocketSkip},
+		{"no cgroup, scope set", sock(fe, 0, false), scope, frontendSocketNoCgroup},
+		{"no cgroup, no scope", sock(fe, 0, false), nil, frontendSocketEnd},
+		{"no frontend, no cgroup", sock(netip.MustParseAddrPort("10.96.0.11:53"), 0, false), scope, frontendSocketSkip},
+	} {
+		if got := frontendSocket(c.s, frontends, c.scope); got != c.want {
+			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+		}
+	}
+}
