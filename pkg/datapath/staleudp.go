@@ -280,8 +280,15 @@ func (d *Datapath) endFrontendSockets(cgroup string, frontends map[netip.AddrPor
 	}
 	namespaces := networkNamespaces()
 	if d.cfg.SocketLBHostNetnsOnly {
-		// The caller's: the node's.
-		namespaces = []string{fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), unix.Gettid())}
+		// The caller's, the node's: its thread's namespace, held open
+		// while the pass runs, so that no thread's exit can hide it.
+		self, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			res.Err = fmt.Errorf("the node's network namespace: %w", err)
+			return res
+		}
+		defer func() { _ = self.Close() }() // opened to read only
+		namespaces = []string{fmt.Sprintf("/proc/self/fd/%d", self.Fd())}
 	}
 	var errs []error
 	for _, ns := range namespaces {
@@ -291,7 +298,9 @@ func (d *Datapath) endFrontendSockets(cgroup string, frontends map[netip.AddrPor
 		} else {
 			err = inNetns(ns, func() error { return destroyNetlinkFrontends(frontends, scope, d.maps.translated, &res) })
 		}
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
+		// A namespace listed that is gone (its process exited) is none
+		// to judge; the node's, with SocketLBHostNetnsOnly, must be.
+		if err != nil && (d.cfg.SocketLBHostNetnsOnly || !errors.Is(err, os.ErrNotExist)) {
 			errs = append(errs, fmt.Errorf("network namespace %s: %w", ns, err))
 		} else if err == nil {
 			res.Namespaces++
