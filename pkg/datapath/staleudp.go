@@ -255,26 +255,37 @@ func (d *Datapath) endFrontendSockets(cgroup string, frontends map[netip.AddrPor
 	if cgroup == "" || t == nil || t.method == SockDestroyNone {
 		return SocketTermination{Method: SockDestroyNone}
 	}
-	res := SocketTermination{Method: t.method}
 	var st unix.Stat_t
 	if err := unix.Stat(cgroup, &st); err != nil {
-		res.Err = fmt.Errorf("cgroup %s: %w", cgroup, err)
-		return res
+		return SocketTermination{Method: t.method, Err: fmt.Errorf("cgroup %s: %w", cgroup, err)}
 	}
-	cgroupID := st.Ino        // a cgroup2 directory's inode number is its cgroup id
-	var scope map[uint64]bool // netlink: the cgroups socket load balancing covers; nil: every one
-	if t.method == SockDestroyNetlink && cgroupID != cgroupRootID {
-		var err error
-		if scope, err = cgroupsBelow(cgroup); err != nil {
-			res.Err = err
-			return res
-		}
-	}
+	cgroupID := st.Ino // a cgroup2 directory's inode number is its cgroup id
 	t.frontMu.Lock()
 	defer t.frontMu.Unlock()
-	if t.method == SockDestroyBPF {
-		if err := t.frontCg.Set(cgroupID); err != nil {
-			res.Err = fmt.Errorf("set the socket iterator's cgroup: %w", err)
+	method := t.method
+	// bpf: the frontends iterator, loaded for this pass and closed after
+	// it. If it does not load, the pass falls back to SOCK_DESTROY where
+	// the kernel has it, and skips the sockets otherwise; either way the
+	// load error is returned (the start's line is at Warn).
+	var iter *frontendsIter
+	var loadErr error
+	if method == SockDestroyBPF {
+		if iter, loadErr = loadFrontendsIter(t, cgroupID); loadErr != nil {
+			if haveNetlinkDestroy() != nil {
+				return SocketTermination{Method: SockDestroyNone, Err: loadErr}
+			}
+			method = SockDestroyNetlink
+			loadErr = fmt.Errorf("%w (fell back to netlink SOCK_DESTROY)", loadErr)
+		} else {
+			defer func() { _ = iter.close() }() // BPF descriptors only; run once
+		}
+	}
+	res := SocketTermination{Method: method}
+	var scope map[uint64]bool // netlink: the cgroups socket load balancing covers; nil: every one
+	if method == SockDestroyNetlink && cgroupID != cgroupRootID {
+		var err error
+		if scope, err = cgroupsBelow(cgroup); err != nil {
+			res.Err = errors.Join(loadErr, err)
 			return res
 		}
 	}
@@ -284,17 +295,17 @@ func (d *Datapath) endFrontendSockets(cgroup string, frontends map[netip.AddrPor
 		// while the pass runs, so that no thread's exit can hide it.
 		self, err := os.Open("/proc/thread-self/ns/net")
 		if err != nil {
-			res.Err = fmt.Errorf("the node's network namespace: %w", err)
+			res.Err = errors.Join(loadErr, fmt.Errorf("the node's network namespace: %w", err))
 			return res
 		}
 		defer func() { _ = self.Close() }() // opened to read only
 		namespaces = []string{fmt.Sprintf("/proc/self/fd/%d", self.Fd())}
 	}
-	var errs []error
+	errs := []error{loadErr}
 	for _, ns := range namespaces {
 		var err error
-		if t.method == SockDestroyBPF {
-			err = inNetns(ns, func() error { return readIter(t.frontIter, &res) })
+		if method == SockDestroyBPF {
+			err = inNetns(ns, func() error { return readIter(iter.iter, &res) })
 		} else {
 			err = inNetns(ns, func() error { return destroyNetlinkFrontends(frontends, scope, d.maps.translated, &res) })
 		}

@@ -23,7 +23,7 @@ import (
 // skipEndStaleUDP, set by hand, plays main (the agent without
 // EndStaleUDP): every test of this file that calls EndStaleUDP skips the
 // call then, and each that shows something ended (SocketInCgroup,
-// ConntrackPod, HostNetnsOnly) must fail. The ones that show what is left
+// ConntrackPod, HostNetnsOnly, FrontendsIterLoadFails) must fail. The ones that show what is left
 // open (SocketScope, NotOurs) pass either way: they are to fail when the
 // pass ends too much, not too little.
 var skipEndStaleUDP = false
@@ -654,5 +654,57 @@ func TestStaleUDPFrontendSocketNoCgroup(t *testing.T) {
 		if got := frontendSocket(c.s, frontends, c.scope); got != c.want {
 			t.Errorf("%s: %d, want %d", c.name, got, c.want)
 		}
+	}
+}
+
+// TestStaleUDPFrontendsIterLoadFails: the frontends iterator is loaded
+// for the start's pass only, best effort. When it does not load, Open
+// has already succeeded (the backends' iterator with it) and the pass
+// falls back to netlink SOCK_DESTROY, ending the socket all the same and
+// saying why (its Err, the start's Warn line). Before, both iterators
+// were loaded at Open, and a load failure of this one failed the start.
+func TestStaleUDPFrontendsIterLoadFails(t *testing.T) {
+	testutil.Privileged(t)
+	if haveSockDestroyKfunc() != nil || haveNetlinkDestroy() != nil {
+		t.Skip("needs bpf_sock_destroy (Linux 6.5+) and SOCK_DESTROY")
+	}
+	forceSockDestroy(t, SockDestroyBPF)
+	orig := loadFrontendsIter
+	loadFrontendsIter = func(*sockTerminator, uint64) (*frontendsIter, error) {
+		return nil, errors.New("verifier says no")
+	}
+	t.Cleanup(func() { loadFrontendsIter = orig })
+	d := openTest(t, smallConfig(testPinDir(t)))
+	if d.maps.sockTerm == nil || d.maps.sockTerm.method != SockDestroyBPF || d.maps.sockTerm.iter == nil {
+		t.Fatalf("socket terminator %+v, want the bpf iterator of removed backends", d.maps.sockTerm)
+	}
+	cg := newTestCgroup(t)
+	cg.Join(t)
+	ns := topology.NewNS(t, "udpnoiter")
+	ns.Enter(t)
+	f := staleFamilies[0]
+	if err := ns.AddRouteDev(netip.PrefixFrom(f.vip.Addr, 32), "lo"); err != nil {
+		t.Fatal(err)
+	}
+	fd := newSocket(t, unix.SOCK_DGRAM)
+	if err := unix.Connect(fd, sockaddr(f.vip)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.AttachCgroup(cg.Path); err != nil {
+		t.Fatal(err)
+	}
+	st := staleState(f)
+	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
+		t.Fatal(err)
+	}
+	if !skipEndStaleUDP {
+		res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
+		if res.Sockets.Method != SockDestroyNetlink || res.Sockets.Destroyed != 1 ||
+			res.Sockets.Err == nil || !strings.Contains(res.Sockets.Err.Error(), "verifier says no") {
+			t.Errorf("sockets: %+v, want 1 ended by netlink and the load error", res.Sockets)
+		}
+	}
+	if soerr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != int(unix.ECONNABORTED) {
+		t.Errorf("the socket connected to %s before Sluice: SO_ERROR %d (%v), want ECONNABORTED", f.vip, soerr, err)
 	}
 }
