@@ -244,7 +244,9 @@ int sluice_sock_destroy(struct bpf_iter__udp *ctx)
  * served the node then): connect4 (connect6) translates at connect only,
  * so its datagrams go on leaving for the VIP, and only the conntrack entry
  * kube-proxy's DNAT left sends them anywhere. Ended, the application
- * connects again, through connect4 (connect6). Only the sockets socket
+ * connects again, through connect4 (connect6). A socket connect4
+ * (connect6) translated is left alone, though its peer, the backend, be a
+ * frontend too (translated4). Only the sockets socket
  * load balancing covers: of a process in the cgroup it is attached to
  * (frontends_cgroup_id, or a descendant); the agent runs this in the
  * network namespaces it covers (all, or the host's only).
@@ -273,6 +275,37 @@ static __always_inline bool in_lb_cgroup(struct sock *sk)
 	return false;
 }
 
+/*
+ * translated4 - whether connect4 (or connect6, for an IPv4-mapped peer)
+ * translated the socket @cookie to <@addr, @port>: its peer is then the
+ * backend Sluice picked, not a frontend left untranslated, even when that
+ * backend's address and port are also a UDP frontend (an ExternalIP equal
+ * to a hostNetwork backend's node address and port; an EndpointSlice that
+ * names another Service's VIP). translated6 for an IPv6 peer.
+ */
+static __always_inline bool translated4(__u64 cookie, __be32 addr, __be16 port)
+{
+	struct sock_rev_key key = {
+		.cookie = cookie,
+		.addr = addr,
+		.port = port,
+	};
+
+	return bpf_map_lookup_elem(&sluice_sock_rev_v1, &key);
+}
+
+static __always_inline bool translated6(__u64 cookie, union v6addr addr,
+					__be16 port)
+{
+	struct sock6_rev_key key = {
+		.cookie = cookie,
+		.addr = addr,
+		.port = port,
+	};
+
+	return bpf_map_lookup_elem(&sluice6_sock_rev_v1, &key);
+}
+
 SEC("iter/udp")
 int sluice_sock_destroy_frontends(struct bpf_iter__udp *ctx)
 {
@@ -291,6 +324,8 @@ int sluice_sock_destroy_frontends(struct bpf_iter__udp *ctx)
 		    !in_lb_cgroup(sk))
 			return 0;
 		cookie = bpf_get_socket_cookie(sk);
+		if (translated4(cookie, daddr, dport))
+			return 0;
 		verdict = bpf_sock_destroy((struct sock_common *)sk) ?
 				  SOCK_TERM_FAILED :
 				  SOCK_TERM_DESTROYED;
@@ -317,6 +352,10 @@ int sluice_sock_destroy_frontends(struct bpf_iter__udp *ctx)
 		if (!in_lb_cgroup(sk))
 			return 0;
 		cookie = bpf_get_socket_cookie(sk);
+		if (lb6_v4_mapped(&daddr) ?
+			    translated4(cookie, daddr.p[3], dport) :
+			    translated6(cookie, daddr, dport))
+			return 0;
 		verdict = bpf_sock_destroy((struct sock_common *)sk) ?
 				  SOCK_TERM_FAILED :
 				  SOCK_TERM_DESTROYED;

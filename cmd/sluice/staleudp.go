@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // staleUDPEnder is an agent Observer that ends, once, after the first
@@ -26,6 +27,16 @@ import (
 // a later pass would find only what a Service created since met before
 // it existed, at the cost of a walk of the node's conntrack table and of
 // every network namespace's sockets.
+//
+// In the sync, before the agent records it (appliedN, inSync): readiness
+// waits for the pass, deliberately. Ready then means that the node's UDP
+// clients no longer ride another proxy's DNAT to an endpoint no one
+// follows, which is what a rollout node by node waits for before it moves
+// on; the pass is bounded (the conntrack table is streamed, in one
+// netlink buffer's memory, and each namespace's UDP sockets walked once),
+// seconds on a node near nf_conntrack_max, well inside the DaemonSet's
+// startup probe. A goroutine would also run it beside later syncs, which
+// change the maps it reads.
 type staleUDPEnder struct {
 	end    func(cgroup string, frontends map[netip.AddrPort]bool) datapath.StaleUDP
 	cgroup string // where socket load balancing is attached; empty: off
@@ -35,9 +46,25 @@ type staleUDPEnder struct {
 
 	once       sync.Once
 	programmed *model.State // the newest state programmed
+	// failedUDP are the UDP frontends the newest sync left out, failing
+	// permanently (agent.FailureObserver).
+	failedUDP []string
 }
 
 func (e *staleUDPEnder) SetProgrammed(s *model.State) { e.programmed = s }
+
+// SetFailures keeps the UDP frontends the sync left out: the pass, which
+// runs once, does not cover them (they are not Sluice's frontends then),
+// and says so; their clients keep what kube-proxy left until they
+// connect again.
+func (e *staleUDPEnder) SetFailures(failures []*reconciler.FrontendError) {
+	e.failedUDP = e.failedUDP[:0]
+	for _, f := range failures {
+		if !f.Remove && f.Frontend.Proto == model.UDP {
+			e.failedUDP = append(e.failedUDP, f.Frontend.String())
+		}
+	}
+}
 
 func (e *staleUDPEnder) ObserveSync(_ time.Duration, err error) {
 	if err != nil || e.programmed == nil {
@@ -51,6 +78,10 @@ func (e *staleUDPEnder) ObserveSync(_ time.Duration, err error) {
 			"sockets_ended", res.Sockets.Destroyed, "sockets_failed", res.Sockets.Failed,
 			"socket_method", res.Sockets.Method, "namespaces", res.Sockets.Namespaces,
 			"took", time.Since(start).Round(time.Millisecond)}
+		if len(e.failedUDP) > 0 {
+			// Once only: a frontend that failed now never gets the pass.
+			args = append(args, "udp_frontends_failed", len(e.failedUDP), "not_covered", e.failedUDP)
+		}
 		if res.ConntrackErr != nil {
 			args = append(args, "conntrack_err", res.ConntrackErr)
 		}
@@ -58,7 +89,7 @@ func (e *staleUDPEnder) ObserveSync(_ time.Duration, err error) {
 			args = append(args, "sockets_err", res.Sockets.Err)
 		}
 		msg := "ended the UDP flows another proxy (kube-proxy) had translated to Service frontends"
-		if res.ConntrackErr != nil || res.Sockets.Err != nil {
+		if res.ConntrackErr != nil || res.Sockets.Err != nil || len(e.failedUDP) > 0 {
 			e.log.Warn(msg+", not all: clients connected before Sluice may keep sending where it had", args...)
 			return
 		}

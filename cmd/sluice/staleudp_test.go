@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-lb/sluice/pkg/datapath"
 	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // TestStaleUDPEnderOnce: the agent ends the UDP state another proxy left
@@ -69,5 +70,29 @@ func TestStaleUDPEnderOnce(t *testing.T) {
 	if strings.Count(out, "\n") != 1 || !strings.Contains(out, "level=WARN") || !strings.Contains(out, "conntrack_deleted=3") ||
 		!strings.Contains(out, "sockets_ended=2") || !strings.Contains(out, "boom") {
 		t.Errorf("log:\n%s\nwant one Warn line with the counts and the error", out)
+	}
+}
+
+// TestStaleUDPEnderFailedFrontends: a UDP frontend the first sync left
+// out (failing permanently) is not in the once-only pass: the start's
+// line says so, at Warn, naming it; a TCP one is not named.
+func TestStaleUDPEnderFailedFrontends(t *testing.T) {
+	var logs bytes.Buffer
+	e := &staleUDPEnder{
+		end: func(string, map[netip.AddrPort]bool) datapath.StaleUDP {
+			return datapath.StaleUDP{Sockets: datapath.SocketTermination{Method: datapath.SockDestroyBPF}}
+		},
+		observe: func(int, string, int, int) {},
+		log:     slog.New(slog.NewTextHandler(&logs, nil)),
+	}
+	bad := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.12"), Port: 53, Proto: model.UDP}
+	badTCP := model.L4Addr{Addr: netip.MustParseAddr("10.96.0.13"), Port: 80, Proto: model.TCP}
+	e.SetFailures([]*reconciler.FrontendError{{Frontend: bad, Err: errors.New("full")}, {Frontend: badTCP, Err: errors.New("full")}})
+	e.SetProgrammed(model.NewState())
+	e.ObserveSync(time.Millisecond, nil)
+	out := logs.String()
+	if !strings.Contains(out, "level=WARN") || !strings.Contains(out, "udp_frontends_failed=1") ||
+		!strings.Contains(out, bad.String()) || strings.Contains(out, badTCP.String()) {
+		t.Errorf("log:\n%s\nwant a Warn line naming %s, and only it, as not covered", out, bad)
 	}
 }

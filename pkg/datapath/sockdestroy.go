@@ -82,34 +82,68 @@ type sockTerminator struct {
 	method SockDestroyMethod
 	prog   *ebpf.Program // bpf: sluice_sock_destroy
 	iter   *link.Iter    // bpf: the iterator link of prog
-	// bpf: sluice_sock_destroy_frontends, its iterator link and the
-	// cgroup it judges by (staleudp.go: run once, at the start).
-	frontProg *ebpf.Program
-	frontIter *link.Iter
-	frontCg   *ebpf.Variable
-	frontMu   sync.Mutex // held while frontCg is set and frontIter runs
+	// bpf: what sluice_sock_destroy_frontends (staleudp.go: run once, at
+	// the start) is loaded from when it runs, and closed after: not at
+	// Open, so that it neither stays loaded for the agent's life nor, if
+	// it fails to load, costs the start or the iterator above.
+	spec    *ebpf.CollectionSpec
+	opts    *ebpf.CollectionOptions
+	frontMu sync.Mutex // held while the frontends iterator is loaded and runs
 }
 
 func loadSockTerminator(spec *ebpf.CollectionSpec, opts *ebpf.CollectionOptions) (*sockTerminator, error) {
 	var objs struct {
-		sockdestroyPrograms
-		FrontendsCgroupID *ebpf.Variable `ebpf:"frontends_cgroup_id"`
+		SluiceSockDestroy *ebpf.Program `ebpf:"sluice_sock_destroy"`
 	}
 	if err := spec.LoadAndAssign(&objs, opts); err != nil {
 		return nil, fmt.Errorf("load socket destroy iterator: %w", verifierDetail(err))
 	}
-	t := &sockTerminator{method: SockDestroyBPF, prog: objs.SluiceSockDestroy,
-		frontProg: objs.SluiceSockDestroyFrontends, frontCg: objs.FrontendsCgroupID}
+	t := &sockTerminator{method: SockDestroyBPF, prog: objs.SluiceSockDestroy, spec: spec, opts: opts}
 	var err error
 	if t.iter, err = link.AttachIter(link.IterOptions{Program: t.prog}); err != nil {
 		_ = t.Close() // BPF descriptors only; err says why
 		return nil, fmt.Errorf("attach socket destroy iterator: %w", err)
 	}
-	if t.frontIter, err = link.AttachIter(link.IterOptions{Program: t.frontProg}); err != nil {
-		_ = t.Close() // BPF descriptors only; err says why
+	return t, nil
+}
+
+// frontendsIter is the iterator of sluice_sock_destroy_frontends, judging
+// by cgroupID; close closes it and its program.
+type frontendsIter struct {
+	prog *ebpf.Program
+	iter *link.Iter
+}
+
+func (f *frontendsIter) close() error {
+	var errs []error
+	if f.iter != nil {
+		errs = append(errs, f.iter.Close())
+	}
+	return errors.Join(append(errs, f.prog.Close())...)
+}
+
+// loadFrontendsIter loads and attaches sluice_sock_destroy_frontends with
+// frontends_cgroup_id set to cgroupID. A variable for tests to make it
+// fail.
+var loadFrontendsIter = func(t *sockTerminator, cgroupID uint64) (*frontendsIter, error) {
+	var objs struct {
+		Prog     *ebpf.Program  `ebpf:"sluice_sock_destroy_frontends"`
+		CgroupID *ebpf.Variable `ebpf:"frontends_cgroup_id"`
+	}
+	if err := t.spec.LoadAndAssign(&objs, t.opts); err != nil {
+		return nil, fmt.Errorf("load socket destroy iterator of frontends: %w", verifierDetail(err))
+	}
+	f := &frontendsIter{prog: objs.Prog}
+	if err := objs.CgroupID.Set(cgroupID); err != nil {
+		_ = f.close() // BPF descriptors only; err says why
+		return nil, fmt.Errorf("set the socket iterator's cgroup: %w", err)
+	}
+	var err error
+	if f.iter, err = link.AttachIter(link.IterOptions{Program: f.prog}); err != nil {
+		_ = f.close() // BPF descriptors only; err says why
 		return nil, fmt.Errorf("attach socket destroy iterator of frontends: %w", err)
 	}
-	return t, nil
+	return f, nil
 }
 
 func (t *sockTerminator) Close() error {
@@ -117,15 +151,11 @@ func (t *sockTerminator) Close() error {
 		return nil
 	}
 	var errs []error
-	for _, it := range []*link.Iter{t.iter, t.frontIter} {
-		if it != nil {
-			errs = append(errs, it.Close())
-		}
+	if t.iter != nil {
+		errs = append(errs, t.iter.Close())
 	}
-	for _, p := range []*ebpf.Program{t.prog, t.frontProg} {
-		if p != nil {
-			errs = append(errs, p.Close())
-		}
+	if t.prog != nil {
+		errs = append(errs, t.prog.Close())
 	}
 	return errors.Join(errs...)
 }

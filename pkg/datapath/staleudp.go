@@ -102,14 +102,6 @@ func (d *Datapath) EndStaleUDP(cgroup string, frontends map[netip.AddrPort]bool)
 	return res
 }
 
-// staleUDPFilter matches the conntrack entries of UDP whose original
-// destination is a frontend and whose reply source is not.
-type staleUDPFilter map[netip.AddrPort]bool
-
-func (f staleUDPFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
-	return staleUDPFlow(f, flow)
-}
-
 // staleUDPFlow says whether flow is a UDP flow to one of frontends that
 // someone DNATed: its reply comes from elsewhere than its original
 // destination.
@@ -136,18 +128,121 @@ func staleUDPFlow(frontends map[netip.AddrPort]bool, flow *netlink.ConntrackFlow
 // netfilter conntrack entries of UDP flows to frontends that were DNATed
 // elsewhere (staleUDPFlow), of both families, and returns how many.
 // Without conntrack in the kernel (nothing NATed there ever), it deletes
-// nothing and fails nothing.
+// nothing and fails nothing. The table is streamed, an entry judged and
+// deleted as it comes (deleteStaleUDPConntrack): a node near
+// nf_conntrack_max (a million entries and more) is walked in the memory
+// of one netlink buffer, not of its whole table as
+// netlink.ConntrackDeleteFilters would load it.
 func DeleteStaleUDPConntrack(frontends map[netip.AddrPort]bool) (int, error) {
-	var n uint
+	var n int
 	var errs []error
-	for _, fam := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
-		k, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, fam, staleUDPFilter(frontends))
+	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
+		k, err := deleteStaleUDPConntrack(fam, frontends)
 		n += k
 		if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EPROTONOSUPPORT) {
 			errs = append(errs, fmt.Errorf("netfilter conntrack of family %d: %w", fam, err))
 		}
 	}
-	return int(n), errors.Join(errs...)
+	return n, errors.Join(errs...)
+}
+
+// conntrackRequest is a ctnetlink request of operation (IPCTNL_MSG_CT_*)
+// on the conntrack table of family.
+func conntrackRequest(family uint8, operation, flags int) *nl.NetlinkRequest {
+	req := nl.NewNetlinkRequest(int(netlink.ConntrackTable)<<8|operation, flags)
+	req.AddData(&nl.Nfgenmsg{NfgenFamily: family, Version: nl.NFNETLINK_V0})
+	return req
+}
+
+// deleteStaleUDPConntrack dumps the conntrack table of family and
+// deletes each entry staleUDPFlow matches as the dump reads it (another
+// netlink socket; ctnetlink's dump goes on from where it was). An entry
+// gone meanwhile counts as deleted.
+func deleteStaleUDPConntrack(family uint8, frontends map[netip.AddrPort]bool) (int, error) {
+	var n, failed int
+	var firstErr error
+	dump := conntrackRequest(family, nl.IPCTNL_MSG_CT_GET, unix.NLM_F_DUMP)
+	err := dump.ExecuteIter(unix.NETLINK_NETFILTER, 0, func(msg []byte) bool {
+		flow, ok := parseConntrackTuples(msg)
+		if !ok || !staleUDPFlow(frontends, flow) {
+			return true
+		}
+		del := conntrackRequest(family, nl.IPCTNL_MSG_CT_DELETE, unix.NLM_F_ACK)
+		del.AddRawData(msg[4:]) // the entry's attributes, after its struct nfgenmsg
+		if _, err := del.Execute(unix.NETLINK_NETFILTER, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			failed++
+			if firstErr == nil {
+				firstErr = err
+			}
+			return true
+		}
+		n++
+		return true
+	})
+	if failed > 0 {
+		err = errors.Join(err, fmt.Errorf("delete %d conntrack entries: %w", failed, firstErr))
+	}
+	return n, err
+}
+
+// parseConntrackTuples reads, of one ctnetlink entry (a struct nfgenmsg
+// and its attributes), what staleUDPFlow judges: the original tuple's
+// protocol and destination and the reply tuple's source. ok is false for
+// a message too short to be an entry.
+func parseConntrackTuples(msg []byte) (flow *netlink.ConntrackFlow, ok bool) {
+	if len(msg) < 4 {
+		return nil, false
+	}
+	flow = &netlink.ConntrackFlow{FamilyType: msg[0]}
+	eachAttr(msg[4:], func(typ uint16, v []byte) {
+		var tpl *netlink.IPTuple
+		switch typ {
+		case nl.CTA_TUPLE_ORIG:
+			tpl = &flow.Forward
+		case nl.CTA_TUPLE_REPLY:
+			tpl = &flow.Reverse
+		default:
+			return
+		}
+		eachAttr(v, func(typ uint16, v []byte) {
+			switch typ {
+			case nl.CTA_TUPLE_IP:
+				eachAttr(v, func(typ uint16, v []byte) {
+					switch typ {
+					case nl.CTA_IP_V4_SRC, nl.CTA_IP_V6_SRC:
+						tpl.SrcIP = append([]byte(nil), v...)
+					case nl.CTA_IP_V4_DST, nl.CTA_IP_V6_DST:
+						tpl.DstIP = append([]byte(nil), v...)
+					}
+				})
+			case nl.CTA_TUPLE_PROTO:
+				eachAttr(v, func(typ uint16, v []byte) {
+					switch {
+					case typ == nl.CTA_PROTO_NUM && len(v) >= 1:
+						tpl.Protocol = v[0]
+					case typ == nl.CTA_PROTO_SRC_PORT && len(v) >= 2:
+						tpl.SrcPort = binary.BigEndian.Uint16(v)
+					case typ == nl.CTA_PROTO_DST_PORT && len(v) >= 2:
+						tpl.DstPort = binary.BigEndian.Uint16(v)
+					}
+				})
+			}
+		})
+	})
+	return flow, true
+}
+
+// eachAttr calls fn with the type (flags masked off) and value of each
+// netlink attribute in b, stopping at the first malformed one.
+func eachAttr(b []byte, fn func(typ uint16, v []byte)) {
+	for len(b) >= 4 {
+		n := int(binary.NativeEndian.Uint16(b))
+		if n < 4 || n > len(b) {
+			return
+		}
+		fn(binary.NativeEndian.Uint16(b[2:])&nl.NLA_TYPE_MASK, b[4:n])
+		b = b[min((n+3)&^3, len(b)):]
+	}
 }
 
 // endFrontendSockets ends the connected UDP sockets whose peer is one of
@@ -160,43 +255,63 @@ func (d *Datapath) endFrontendSockets(cgroup string, frontends map[netip.AddrPor
 	if cgroup == "" || t == nil || t.method == SockDestroyNone {
 		return SocketTermination{Method: SockDestroyNone}
 	}
-	res := SocketTermination{Method: t.method}
 	var st unix.Stat_t
 	if err := unix.Stat(cgroup, &st); err != nil {
-		res.Err = fmt.Errorf("cgroup %s: %w", cgroup, err)
-		return res
+		return SocketTermination{Method: t.method, Err: fmt.Errorf("cgroup %s: %w", cgroup, err)}
 	}
-	cgroupID := st.Ino        // a cgroup2 directory's inode number is its cgroup id
-	var scope map[uint64]bool // netlink: the cgroups socket load balancing covers; nil: every one
-	if t.method == SockDestroyNetlink && cgroupID != cgroupRootID {
-		var err error
-		if scope, err = cgroupsBelow(cgroup); err != nil {
-			res.Err = err
-			return res
-		}
-	}
+	cgroupID := st.Ino // a cgroup2 directory's inode number is its cgroup id
 	t.frontMu.Lock()
 	defer t.frontMu.Unlock()
-	if t.method == SockDestroyBPF {
-		if err := t.frontCg.Set(cgroupID); err != nil {
-			res.Err = fmt.Errorf("set the socket iterator's cgroup: %w", err)
+	method := t.method
+	// bpf: the frontends iterator, loaded for this pass and closed after
+	// it. If it does not load, the pass falls back to SOCK_DESTROY where
+	// the kernel has it, and skips the sockets otherwise; either way the
+	// load error is returned (the start's line is at Warn).
+	var iter *frontendsIter
+	var loadErr error
+	if method == SockDestroyBPF {
+		if iter, loadErr = loadFrontendsIter(t, cgroupID); loadErr != nil {
+			if haveNetlinkDestroy() != nil {
+				return SocketTermination{Method: SockDestroyNone, Err: loadErr}
+			}
+			method = SockDestroyNetlink
+			loadErr = fmt.Errorf("%w (fell back to netlink SOCK_DESTROY)", loadErr)
+		} else {
+			defer func() { _ = iter.close() }() // BPF descriptors only; run once
+		}
+	}
+	res := SocketTermination{Method: method}
+	var scope map[uint64]bool // netlink: the cgroups socket load balancing covers; nil: every one
+	if method == SockDestroyNetlink && cgroupID != cgroupRootID {
+		var err error
+		if scope, err = cgroupsBelow(cgroup); err != nil {
+			res.Err = errors.Join(loadErr, err)
 			return res
 		}
 	}
 	namespaces := networkNamespaces()
 	if d.cfg.SocketLBHostNetnsOnly {
-		// The caller's: the node's.
-		namespaces = []string{fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), unix.Gettid())}
+		// The caller's, the node's: its thread's namespace, held open
+		// while the pass runs, so that no thread's exit can hide it.
+		self, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			res.Err = errors.Join(loadErr, fmt.Errorf("the node's network namespace: %w", err))
+			return res
+		}
+		defer func() { _ = self.Close() }() // opened to read only
+		namespaces = []string{fmt.Sprintf("/proc/self/fd/%d", self.Fd())}
 	}
-	var errs []error
+	errs := []error{loadErr}
 	for _, ns := range namespaces {
 		var err error
-		if t.method == SockDestroyBPF {
-			err = inNetns(ns, func() error { return readIter(t.frontIter, &res) })
+		if method == SockDestroyBPF {
+			err = inNetns(ns, func() error { return readIter(iter.iter, &res) })
 		} else {
-			err = inNetns(ns, func() error { return destroyNetlinkFrontends(frontends, scope, &res) })
+			err = inNetns(ns, func() error { return destroyNetlinkFrontends(frontends, scope, d.maps.translated, &res) })
 		}
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
+		// A namespace listed that is gone (its process exited) is none
+		// to judge; the node's, with SocketLBHostNetnsOnly, must be.
+		if err != nil && (d.cfg.SocketLBHostNetnsOnly || !errors.Is(err, os.ErrNotExist)) {
 			errs = append(errs, fmt.Errorf("network namespace %s: %w", ns, err))
 		} else if err == nil {
 			res.Namespaces++
@@ -314,12 +429,25 @@ func parseDiagUDP(msg []byte) (diagUDP, error) {
 	return s, nil
 }
 
+// translated says whether connect4 (connect6) translated the socket
+// cookie to its peer b (its sock_rev entry): b is then the backend Sluice
+// picked, though it be a frontend too (an ExternalIP equal to a
+// hostNetwork backend's node address and port, an EndpointSlice naming
+// another Service's VIP).
+func (m *Maps) translated(cookie uint64, b netip.AddrPort) bool {
+	_, ok := m.translatedTo(cookie, b)
+	return ok
+}
+
 // destroyNetlinkFrontends ends, with SOCK_DESTROY, the connected UDP
 // sockets of the calling thread's namespace whose peer is one of
 // frontends (an IPv4-mapped peer of a dual-stack socket as the IPv4
-// address), of a cgroup in scope (nil: any).
-func destroyNetlinkFrontends(frontends map[netip.AddrPort]bool, scope map[uint64]bool, res *SocketTermination) error {
+// address), of a cgroup in scope (nil: any), that connect4 (connect6) did
+// not translate there (translated).
+func destroyNetlinkFrontends(frontends map[netip.AddrPort]bool, scope map[uint64]bool,
+	translated func(cookie uint64, peer netip.AddrPort) bool, res *SocketTermination) error {
 	var errs []error
+	noCgroup := 0
 	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
 		socks, err := connectedUDP(family)
 		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
@@ -327,7 +455,14 @@ func destroyNetlinkFrontends(frontends map[netip.AddrPort]bool, scope map[uint64
 			continue
 		}
 		for _, s := range socks {
-			if !frontends[s.id.dst] || scope != nil && (!s.hasCgroup || !scope[s.cgroup]) {
+			switch frontendSocket(s, frontends, scope) {
+			case frontendSocketSkip:
+				continue
+			case frontendSocketNoCgroup:
+				noCgroup++
+				continue
+			}
+			if translated(uint64(s.id.cookie[1])<<32|uint64(s.id.cookie[0]), s.id.dst) {
 				continue
 			}
 			if err := netlinkDestroyUDP(s.id); err != nil {
@@ -338,5 +473,35 @@ func destroyNetlinkFrontends(frontends map[netip.AddrPort]bool, scope map[uint64
 			count(res, sockdestroySockTermVerdictSOCK_TERM_DESTROYED)
 		}
 	}
+	if noCgroup > 0 {
+		errs = append(errs, fmt.Errorf("%d UDP sockets connected to a frontend left open: the kernel gives no socket's cgroup "+
+			"(sock_diag's INET_DIAG_CGROUP_ID, Linux 5.7) to tell whether socket load balancing's cgroup covers them", noCgroup))
+	}
 	return errors.Join(errs...)
+}
+
+// What destroyNetlinkFrontends does with a connected UDP socket.
+const (
+	frontendSocketSkip     = iota // its peer is no frontend, or its cgroup is out of scope
+	frontendSocketEnd             // its peer is a frontend, its cgroup in scope (or any)
+	frontendSocketNoCgroup        // its peer is a frontend; a scope is set, and its cgroup unknown
+)
+
+// frontendSocket judges s for destroyNetlinkFrontends: its peer among
+// frontends, its cgroup in scope (nil: any). Before Linux 5.7 sock_diag
+// gives no socket's cgroup: with a scope set (--cgroup not the root),
+// such a socket is left open, and said so (frontendSocketNoCgroup), not
+// skipped in silence.
+func frontendSocket(s diagUDP, frontends map[netip.AddrPort]bool, scope map[uint64]bool) int {
+	switch {
+	case !frontends[s.id.dst]:
+		return frontendSocketSkip
+	case scope == nil:
+		return frontendSocketEnd
+	case !s.hasCgroup:
+		return frontendSocketNoCgroup
+	case !scope[s.cgroup]:
+		return frontendSocketSkip
+	}
+	return frontendSocketEnd
 }

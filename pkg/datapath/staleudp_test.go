@@ -21,7 +21,11 @@ import (
 )
 
 // skipEndStaleUDP, set by hand, plays main (the agent without
-// EndStaleUDP): each test of this file must then fail.
+// EndStaleUDP): every test of this file that calls EndStaleUDP skips the
+// call then, and each that shows something ended (SocketInCgroup,
+// ConntrackPod, HostNetnsOnly, FrontendsIterLoadFails) must fail. The ones that show what is left
+// open (SocketScope, NotOurs) pass either way: they are to fail when the
+// pass ends too much, not too little.
 var skipEndStaleUDP = false
 
 // staleFamily is the kube-proxy the tests play, in one family: its Service
@@ -479,9 +483,11 @@ func TestStaleUDPSocketScope(t *testing.T) {
 			if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
 				t.Fatal(err)
 			}
-			res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
-			if res.Sockets.Err != nil || res.Sockets.Method != method || res.Sockets.Destroyed != 0 {
-				t.Errorf("sockets: %+v, want none ended by %s", res.Sockets, method)
+			if !skipEndStaleUDP {
+				res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
+				if res.Sockets.Err != nil || res.Sockets.Method != method || res.Sockets.Destroyed != 0 {
+					t.Errorf("sockets: %+v, want none ended by %s", res.Sockets, method)
+				}
 			}
 			if soerr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != 0 {
 				t.Errorf("the socket outside the cgroup: SO_ERROR %d (%v), want it left open", soerr, err)
@@ -540,9 +546,11 @@ func TestStaleUDPHostNetnsOnly(t *testing.T) {
 				t.Fatal(err)
 			}
 			node.Enter(t)
-			res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
-			if res.Sockets.Err != nil || res.Sockets.Destroyed != 1 || res.Sockets.Namespaces != 1 {
-				t.Errorf("sockets: %+v, want 1 ended, in 1 namespace", res.Sockets)
+			if !skipEndStaleUDP {
+				res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
+				if res.Sockets.Err != nil || res.Sockets.Destroyed != 1 || res.Sockets.Namespaces != 1 {
+					t.Errorf("sockets: %+v, want 1 ended, in 1 namespace", res.Sockets)
+				}
 			}
 			if soerr, err := unix.GetsockoptInt(hostFd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != int(unix.ECONNABORTED) {
 				t.Errorf("the node's socket: SO_ERROR %d (%v), want ECONNABORTED", soerr, err)
@@ -551,5 +559,152 @@ func TestStaleUDPHostNetnsOnly(t *testing.T) {
 				t.Errorf("the pod's socket: SO_ERROR %d (%v), want it left open", soerr, err)
 			}
 		})
+	}
+}
+
+// TestStaleUDPNotOurs: a socket connect4 (connect6) translated at Sluice's
+// start is left open by EndStaleUDP though its peer, the backend picked,
+// is itself a UDP frontend (here an EndpointSlice naming another
+// Service's VIP; an ExternalIP equal to a hostNetwork backend's node
+// address and port is the same): its sock_rev entry says Sluice put it
+// there. Both methods, IPv4, IPv6 and a dual-stack socket to
+// ::ffff:a.b.c.d. Before, matching on the kernel's peer alone, it was
+// ended at every agent start.
+func TestStaleUDPNotOurs(t *testing.T) {
+	testutil.Privileged(t)
+	for _, method := range []SockDestroyMethod{SockDestroyBPF, SockDestroyNetlink} {
+		t.Run(string(method), func(t *testing.T) {
+			if method == SockDestroyBPF && haveSockDestroyKfunc() != nil {
+				t.Skip("no bpf_sock_destroy (Linux 6.5+)")
+			}
+			if method == SockDestroyNetlink && haveNetlinkDestroy() != nil {
+				t.Skip("no SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY)")
+			}
+			forceSockDestroy(t, method)
+			for _, f := range staleFamilies {
+				t.Run(f.name, func(t *testing.T) {
+					d := openTest(t, smallConfig(testPinDir(t)))
+					cg := newTestCgroup(t)
+					cg.Join(t)
+					ns := topology.NewNS(t, "udpnotours")
+					ns.Enter(t)
+					// The outer Service's backend is the inner's VIP.
+					inner := f.vip
+					outer := l4("10.96.7.60", 53, model.UDP)
+					if inner.Addr.Is6() {
+						outer = l4("fd00:96:7::60", 53, model.UDP)
+					}
+					for _, a := range []netip.Addr{inner.Addr, outer.Addr} {
+						if err := ns.AddRouteDev(netip.PrefixFrom(a, a.BitLen()), "lo"); err != nil {
+							t.Fatal(err)
+						}
+					}
+					if err := d.AttachCgroup(cg.Path); err != nil {
+						t.Fatal(err)
+					}
+					st := staleState(f)
+					st.Services.Set(outer, clusterIP(outer, inner))
+					if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
+						t.Fatal(err)
+					}
+					fd := newSocketIn(t, f.domain, unix.SOCK_DGRAM)
+					if err := unix.Connect(fd, sockaddrIn(f.domain, outer)); err != nil {
+						t.Fatal(err)
+					}
+					if !skipEndStaleUDP {
+						res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
+						if res.Sockets.Err != nil || res.Sockets.Method != method || res.Sockets.Destroyed != 0 {
+							t.Errorf("sockets: %+v, want none ended by %s", res.Sockets, method)
+						}
+					}
+					if soerr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != 0 {
+						t.Errorf("the socket connect4 translated to %s: SO_ERROR %d (%v), want it left open", inner, soerr, err)
+					}
+				})
+			}
+		})
+	}
+}
+
+// TestStaleUDPFrontendSocketNoCgroup: the netlink path's judgement of a
+// socket connected to a frontend. With a scope set (--cgroup not the
+// root) and no cgroup from sock_diag (INET_DIAG_CGROUP_ID, Linux 5.7) it
+// is left open and said so (destroyNetlinkFrontends then returns an
+// error, logged at Warn), where it was skipped in silence before.
+func TestStaleUDPFrontendSocketNoCgroup(t *testing.T) {
+	fe := netip.MustParseAddrPort("10.96.0.10:53")
+	frontends := map[netip.AddrPort]bool{fe: true}
+	sock := func(dst netip.AddrPort, cgroup uint64, has bool) diagUDP {
+		return diagUDP{id: udpSocketID{family: unix.AF_INET, dst: dst}, cgroup: cgroup, hasCgroup: has}
+	}
+	scope := map[uint64]bool{7: true}
+	for _, c := range []struct {
+		name  string
+		s     diagUDP
+		scope map[uint64]bool
+		want  int
+	}{
+		{"no frontend", sock(netip.MustParseAddrPort("10.96.0.11:53"), 7, true), scope, frontendSocketSkip},
+		{"in scope", sock(fe, 7, true), scope, frontendSocketEnd},
+		{"out of scope", sock(fe, 8, true), scope, frontendSocketSkip},
+		{"no cgroup, scope set", sock(fe, 0, false), scope, frontendSocketNoCgroup},
+		{"no cgroup, no scope", sock(fe, 0, false), nil, frontendSocketEnd},
+		{"no frontend, no cgroup", sock(netip.MustParseAddrPort("10.96.0.11:53"), 0, false), scope, frontendSocketSkip},
+	} {
+		if got := frontendSocket(c.s, frontends, c.scope); got != c.want {
+			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+// TestStaleUDPFrontendsIterLoadFails: the frontends iterator is loaded
+// for the start's pass only, best effort. When it does not load, Open
+// has already succeeded (the backends' iterator with it) and the pass
+// falls back to netlink SOCK_DESTROY, ending the socket all the same and
+// saying why (its Err, the start's Warn line). Before, both iterators
+// were loaded at Open, and a load failure of this one failed the start.
+func TestStaleUDPFrontendsIterLoadFails(t *testing.T) {
+	testutil.Privileged(t)
+	if haveSockDestroyKfunc() != nil || haveNetlinkDestroy() != nil {
+		t.Skip("needs bpf_sock_destroy (Linux 6.5+) and SOCK_DESTROY")
+	}
+	forceSockDestroy(t, SockDestroyBPF)
+	orig := loadFrontendsIter
+	loadFrontendsIter = func(*sockTerminator, uint64) (*frontendsIter, error) {
+		return nil, errors.New("verifier says no")
+	}
+	t.Cleanup(func() { loadFrontendsIter = orig })
+	d := openTest(t, smallConfig(testPinDir(t)))
+	if d.maps.sockTerm == nil || d.maps.sockTerm.method != SockDestroyBPF || d.maps.sockTerm.iter == nil {
+		t.Fatalf("socket terminator %+v, want the bpf iterator of removed backends", d.maps.sockTerm)
+	}
+	cg := newTestCgroup(t)
+	cg.Join(t)
+	ns := topology.NewNS(t, "udpnoiter")
+	ns.Enter(t)
+	f := staleFamilies[0]
+	if err := ns.AddRouteDev(netip.PrefixFrom(f.vip.Addr, 32), "lo"); err != nil {
+		t.Fatal(err)
+	}
+	fd := newSocket(t, unix.SOCK_DGRAM)
+	if err := unix.Connect(fd, sockaddr(f.vip)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.AttachCgroup(cg.Path); err != nil {
+		t.Fatal(err)
+	}
+	st := staleState(f)
+	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
+		t.Fatal(err)
+	}
+	if !skipEndStaleUDP {
+		res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
+		if res.Sockets.Method != SockDestroyNetlink || res.Sockets.Destroyed != 1 ||
+			res.Sockets.Err == nil || !strings.Contains(res.Sockets.Err.Error(), "verifier says no") {
+			t.Errorf("sockets: %+v, want 1 ended by netlink and the load error", res.Sockets)
+		}
+	}
+	if soerr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != int(unix.ECONNABORTED) {
+		t.Errorf("the socket connected to %s before Sluice: SO_ERROR %d (%v), want ECONNABORTED", f.vip, soerr, err)
 	}
 }

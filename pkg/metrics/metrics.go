@@ -192,7 +192,7 @@ func New() *Metrics {
 			"Syncs by result.",
 			"result"),
 		SocketTerminations: counterVec("socket_terminations_total",
-			"Connected UDP sockets ended because their backend left the Service they were translated for, by method and result.",
+			"Connected UDP sockets ended, by method and result: those whose backend left the Service they were translated for, and, once at the agent's start, those still connected to a UDP Service frontend (translated by another proxy, kube-proxy).",
 			"method", "result"),
 		SocketsSpared: counterVec("sockets_spared_total",
 			"Sockets that had talked to a removed backend and were left open: unconnected ones, and ones whose Service still has the backend.",

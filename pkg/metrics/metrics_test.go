@@ -136,6 +136,31 @@ func TestSocketTermination(t *testing.T) {
 	}
 }
 
+// TestStaleUDP: the start's pass over kube-proxy's UDP state adds its
+// deleted conntrack entries to their counter and its ended sockets to the
+// socket terminations of its method; a pass that ended none adds no
+// series of a method.
+func TestStaleUDP(t *testing.T) {
+	m := New()
+	m.ObserveStaleUDP(3, "netlink", 0, 0)
+	if n := testutil.CollectAndCount(m.SocketTerminations); n != 0 {
+		t.Errorf("a pass that ended no socket made %d socket termination series", n)
+	}
+	m.ObserveStaleUDP(2, "bpf", 4, 1)
+	for _, c := range []struct {
+		got, want float64
+		what      string
+	}{
+		{testutil.ToFloat64(m.StaleUDPConntrackDeleted), 5, "conntrack entries deleted"},
+		{testutil.ToFloat64(m.SocketTerminations.WithLabelValues("bpf", "destroyed")), 4, "destroyed"},
+		{testutil.ToFloat64(m.SocketTerminations.WithLabelValues("bpf", "failed")), 1, "failed"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
+		}
+	}
+}
+
 // Only failing Service ports have a series, one per reason, counting their
 // frontends; a later sync without failures removes them.
 func TestUnprogrammedServices(t *testing.T) {
