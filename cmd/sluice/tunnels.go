@@ -67,7 +67,8 @@ func warnTunnelsLeftOut(attached []string, log *slog.Logger) {
 // and forgets those deleted, once the agent's start is complete
 // (agent.Config.FollowDevices): without --devices only. Each is logged
 // at Info, a failure (--max-devices full: the error names the flag) at
-// Error, and a failed subscription is retried every 5 seconds.
+// Error, and a failed subscription is retried every 5 seconds; an
+// overrun (a burst of route changes) at Warn, at most once a minute.
 func followTunnels(log *slog.Logger) func(context.Context, agent.Datapath) {
 	return func(ctx context.Context, adp agent.Datapath) {
 		var dp *datapath.Datapath
@@ -87,6 +88,10 @@ func followTunnels(log *slog.Logger) func(context.Context, agent.Datapath) {
 		}
 		w.Run(ctx, func(e datapath.DeviceEvent) {
 			switch {
+			case e.Reason == "overrun":
+				// A burst of route changes (a BGP daemon loading a full
+				// table): the watch lists again, after a backoff.
+				log.Warn("following the overlay devices: changes missed, listing again", "err", e.Err)
 			case e.Err != nil:
 				log.Error("overlay device: flows routed through it to another node's backend are not source-NATed", "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason, "err", e.Err)
 			case e.Attached && e.Reason == "attached already":

@@ -352,3 +352,79 @@ func TestTunnelWatchMaxDevices(t *testing.T) {
 		t.Errorf("eth0: entry %+v (%v), want it kept", nd, err)
 	}
 }
+
+// TestTunnelWatchRelistRoutes: a relist lists the main table's routes
+// only when a link could become an overlay device (a BGP node's table is
+// a full one): not while the tunnels are held, down or flow-based. A
+// relist whose route list fails still forgets a tunnel deleted meanwhile
+// (its pins and entries), and asks to list again later.
+func TestTunnelWatchRelistRoutes(t *testing.T) {
+	bpffs := tunnelNode(t, "tunlist")
+	cfg := smallConfig(bpffs)
+	cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.215.0.1")}
+	d := openTest(t, cfg)
+	ovs := addVxlan(t, "ovs", 9, false, true)
+	podRoute(t, ovs, 9)
+	addVxlan(t, "ovd", 3, false, false) // down
+	ovf := addVxlan(t, "ovf", 4, true, true)
+	podRoute(t, ovf, 4) // flow-based: never an overlay device
+	if err := d.AttachDevices([]string{"eth0", "ovs"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	w, err := d.NewTunnelWatch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dumps := 0
+	list := w.routes
+	w.routes = func() ([]netlink.Route, error) { dumps++; return list() }
+	var events []DeviceEvent
+	report := func(e DeviceEvent) { events = append(events, e) }
+	w.relist(report)
+	if dumps != 0 {
+		t.Fatalf("%d route lists with no tunnel to pick, want none", dumps)
+	}
+	if len(events) != 1 || events[0].Device != "ovs" || events[0].Reason != "attached already" {
+		t.Fatalf("events %+v, want ovs attached already", events)
+	}
+	// ov0 up and routed: listed, attached.
+	ov0 := addVxlan(t, "ov0", 1, false, true)
+	podRoute(t, ov0, 2)
+	events = nil
+	w.relist(report)
+	if dumps != 1 || len(events) != 1 || events[0].Device != "ov0" || !events[0].Attached {
+		t.Fatalf("%d route lists, events %+v: want one list and ov0 attached", dumps, events)
+	}
+	// ov2 up (a candidate: the routes are listed) and ov0 deleted; the
+	// list fails.
+	addVxlan(t, "ov2", 2, false, true)
+	w.routes = func() ([]netlink.Route, error) { dumps++; return nil, netlink.ErrDumpInterrupted }
+	if err := netlink.LinkDel(ov0); err != nil {
+		t.Fatal(err)
+	}
+	events = nil
+	w.relist(report)
+	var forgot, failed bool
+	for _, e := range events {
+		forgot = forgot || (e.Device == "ov0" && !e.Attached && e.Err == nil && e.Reason == "missed")
+		failed = failed || (e.Err != nil && errors.Is(e.Err, netlink.ErrDumpInterrupted))
+	}
+	if !forgot || !failed {
+		t.Fatalf("events %+v: want ov0 forgotten (missed) and the failed list reported", events)
+	}
+	var nd sockNodeDev
+	if err := d.maps.devices.Lookup(uint32(ov0.Attrs().Index), &nd); err == nil {
+		t.Errorf("ov0: entry %+v left after it was deleted", nd)
+	}
+	for _, pin := range []string{"tcx_ingress_ov0", "tcx_egress_ov0"} {
+		if _, err := os.Stat(d.linkPin(pin)); err == nil {
+			t.Errorf("pin %s left after ov0 was deleted", pin)
+		}
+	}
+	if !w.relistDue {
+		t.Error("no relist due after the route list failed")
+	}
+}
