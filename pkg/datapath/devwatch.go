@@ -181,6 +181,8 @@ type DeviceWatch struct {
 	// follow lists again after relistRetry.
 	relistDue   bool
 	relistRetry time.Duration
+	// attachTries counts AttachDevice calls (tests).
+	attachTries int
 }
 
 // NewDeviceWatch returns a watch over sel's patterns in the calling
@@ -472,6 +474,7 @@ func (w *DeviceWatch) present(ifindex int, name string, l netlink.Link, report f
 	if held {
 		reason = "renamed"
 	}
+	w.attachTries++
 	w.d.maps.devMu.Lock()
 	err := w.d.AttachDevice(name, ifindex)
 	w.d.maps.devMu.Unlock()

@@ -131,7 +131,9 @@ func (w *DeviceWatch) routed(u netlink.RouteUpdate, report func(DeviceEvent)) {
 		idxs = append(idxs, nh.LinkIndex)
 	}
 	for _, idx := range idxs {
-		if _, held := w.have[idx]; held || idx == 0 || w.notTunnel[idx] {
+		_, held := w.have[idx]
+		_, pending := w.pending[idx] // retryPending tries it when room is made
+		if held || pending || idx == 0 || w.notTunnel[idx] {
 			continue
 		}
 		l, err := netlink.LinkByIndex(idx)

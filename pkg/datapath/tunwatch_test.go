@@ -321,7 +321,7 @@ func TestTunnelWatchMaxDevices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	next, _ := runDeviceWatch(t, w)
+	next, stop := runDeviceWatch(t, w)
 	ov0 := addVxlan(t, "ov0", 1, false, true)
 	podRoute(t, ov0, 2)
 	e := next("ov0 left out")
@@ -333,13 +333,20 @@ func TestTunnelWatchMaxDevices(t *testing.T) {
 			t.Errorf("error %q does not name %s", e.Err, want)
 		}
 	}
-	// A second route through it: not reported again (the next event is
-	// ov1's, which fits no better).
-	podRoute(t, ov0, 3)
+	// More routes through it: not reported again (the next event is
+	// ov1's, which fits no better), nor tried again (retryPending does
+	// when a device goes).
+	for n := byte(3); n < 23; n++ {
+		podRoute(t, ov0, n)
+	}
 	ov1 := addVxlan(t, "ov1", 2, false, true)
-	podRoute(t, ov1, 4)
+	podRoute(t, ov1, 30)
 	if e := next("ov1 left out"); e.Device != "ov1" || !errors.Is(e.Err, ErrDevicesFull) {
 		t.Fatalf("event %+v, want ov1 left out for want of room", e)
+	}
+	stop()
+	if w.attachTries != 2 {
+		t.Errorf("%d attach attempts, want 2 (ov0 and ov1 once each)", w.attachTries)
 	}
 	var nd sockNodeDev
 	if err := d.maps.devices.Lookup(uint32(ov0.Attrs().Index), &nd); err == nil {
