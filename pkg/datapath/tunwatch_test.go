@@ -74,6 +74,17 @@ func podRoute(t *testing.T, l netlink.Link, n byte) *netlink.Route {
 	return r
 }
 
+// has6 says whether l has a sluice6_devices entry.
+func has6(t *testing.T, d *Datapath, l netlink.Link) bool {
+	t.Helper()
+	v := make([]byte, d.maps.devices6.ValueSize())
+	err := d.maps.devices6.Lookup(uint32(l.Attrs().Index), &v)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("%s: sluice6_devices: %v", l.Attrs().Name, err)
+	}
+	return err == nil
+}
+
 // TestTunnelWatchFollowsOverlays runs the tunnel watch (no --devices) in
 // a node namespace of the test's own whose start attached eth0 (the node
 // IP's) and the overlay ovs (up, routed): ovs is "attached already", eth0
@@ -165,12 +176,19 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 	if err := netlink.AddrAdd(ov0, &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 244, 1, 0), Mask: net.CIDRMask(32, 32)}}); err != nil {
 		t.Fatal(err)
 	}
+	// And an IPv6 one (a sluice6_devices entry, removed with it).
+	if err := netlink.AddrAdd(ov0, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("fd00:244:1::1"), Mask: net.CIDRMask(128, 128)}, Flags: unix.IFA_F_NODAD}); err != nil {
+		t.Fatal(err)
+	}
 	podRoute(t, ov0, 2)
 	expect("ov0", true, "appeared")
 	if !attachedHere(ov0) {
 		t.Fatal("ov0: tc programs not attached")
 	}
 	wantTunnelEntry(ov0, "10.244.1.0")
+	if !has6(t, d, ov0) {
+		t.Fatal("ov0: no sluice6_devices entry for its IPv6 address")
+	}
 	wantPins("tcx_egress_eth0", "tcx_ingress_eth0", "xdp_generic_eth0", "tcx_egress_ovs", "tcx_ingress_ovs", "tcx_egress_ov0", "tcx_ingress_ov0")
 
 	// The flow-based ov3, up and routed, then ov1 up, routed later: the
@@ -211,6 +229,9 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 	expect("ov0", false, "removed")
 	if _, ok := entry(ov0); ok {
 		t.Fatal("ov0: device entry left after it was deleted")
+	}
+	if has6(t, d, ov0) {
+		t.Fatal("ov0: sluice6_devices entry left after it was deleted")
 	}
 	if !attachedHere(ov1) {
 		t.Fatal("ov1: tc programs taken off when it lost its route")
