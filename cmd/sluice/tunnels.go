@@ -24,12 +24,26 @@ import (
 
 // withTunnels is devs (the devices holding the node addresses) and the
 // overlay devices up now (datapath.TunnelDevices) not among them, as
-// many as --max-devices leaves room for.
-func withTunnels(devs []string, maxDevices int, log *slog.Logger) []string {
+// many as --max-devices leaves room for. The tunnels a previous agent
+// attached to (datapath.PinnedTunnelDevices, read from the pins under
+// bpffs) are kept too, up and routed or not: one its watch attached after
+// its start may be down or routeless at this start (the CNI's agent
+// restarting with Sluice), and the start's Prune would take it off.
+func withTunnels(devs []string, maxDevices int, bpffs string, log *slog.Logger) []string {
 	tuns, err := datapath.TunnelDevices()
 	if err != nil {
 		log.Warn("list the overlay devices: not attached to, so flows routed through one to another node's backend are not source-NATed", "err", err)
-		return devs
+		tuns = nil
+	}
+	kept, err := datapath.PinnedTunnelDevices(bpffs)
+	if err != nil {
+		log.Warn("read the overlay devices the previous agent attached to: those down or without routes now are detached", "err", err)
+	}
+	for _, d := range kept {
+		if !slices.Contains(tuns, d) {
+			tuns = append(tuns, d)
+			log.Info("overlay device the previous agent attached to kept, though down or without routes now", "device", d)
+		}
 	}
 	tuns = slices.DeleteFunc(tuns, func(d string) bool { return slices.Contains(devs, d) })
 	if len(tuns) == 0 {
