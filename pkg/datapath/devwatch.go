@@ -181,6 +181,9 @@ type DeviceWatch struct {
 	// follow lists again after relistRetry.
 	relistDue   bool
 	relistRetry time.Duration
+	// retrying: present tries a pending link again (retryPending,
+	// relist); else it passes one over.
+	retrying bool
 	// attachTries counts AttachDevice calls (tests).
 	attachTries int
 }
@@ -438,6 +441,8 @@ func (w *DeviceWatch) relist(report func(DeviceEvent)) {
 			delete(w.pending, idx)
 		}
 	}
+	w.retrying = true
+	defer func() { w.retrying = false }()
 	for _, l := range links {
 		w.present(l.Attrs().Index, l.Attrs().Name, l, report)
 	}
@@ -448,6 +453,11 @@ func (w *DeviceWatch) relist(report func(DeviceEvent)) {
 func (w *DeviceWatch) present(ifindex int, name string, l netlink.Link, report func(DeviceEvent)) {
 	if p, ok := w.pending[ifindex]; ok && p != name {
 		delete(w.pending, ifindex) // renamed: tried under its new name
+	} else if ok && !w.retrying {
+		// Left out for want of room: tried again when a device goes
+		// (retryPending) or at a relist, not at each message about it
+		// (an attach that fails, E2BIG, and a detach each time).
+		return
 	}
 	prev, held := w.have[ifindex]
 	if held && prev == name {
@@ -503,6 +513,9 @@ func (w *DeviceWatch) present(ifindex int, name string, l netlink.Link, report f
 // retryPending tries the links left out for want of room again, after
 // a device went.
 func (w *DeviceWatch) retryPending(report func(DeviceEvent)) {
+	was := w.retrying
+	w.retrying = true
+	defer func() { w.retrying = was }()
 	for idx, name := range w.pending {
 		l, err := netlink.LinkByIndex(idx)
 		if err != nil || l.Attrs().Name != name {
