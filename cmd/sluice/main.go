@@ -358,7 +358,7 @@ func run(args []string) int {
 				"name the devices with --devices (or restart once an interface holds the address)", "node_ips", na.all)
 		} else {
 			log.Info("devices holding the node addresses", "devices", cfg.Devices)
-			cfg.Devices = withTunnels(cfg.Devices, dpCfg.MaxDevices, log)
+			cfg.Devices = withTunnels(cfg.Devices, dpCfg.MaxDevices, *bpffs, log)
 			cfg.FollowDevices = followTunnels(log.With("component", "overlay"))
 		}
 	}

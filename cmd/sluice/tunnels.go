@@ -24,12 +24,26 @@ import (
 
 // withTunnels is devs (the devices holding the node addresses) and the
 // overlay devices up now (datapath.TunnelDevices) not among them, as
-// many as --max-devices leaves room for.
-func withTunnels(devs []string, maxDevices int, log *slog.Logger) []string {
+// many as --max-devices leaves room for. The tunnels a previous agent
+// attached to (datapath.PinnedTunnelDevices, read from the pins under
+// bpffs) are kept too, up and routed or not: one its watch attached after
+// its start may be down or routeless at this start (the CNI's agent
+// restarting with Sluice), and the start's Prune would take it off.
+func withTunnels(devs []string, maxDevices int, bpffs string, log *slog.Logger) []string {
 	tuns, err := datapath.TunnelDevices()
 	if err != nil {
 		log.Warn("list the overlay devices: not attached to, so flows routed through one to another node's backend are not source-NATed", "err", err)
-		return devs
+		tuns = nil
+	}
+	kept, err := datapath.PinnedTunnelDevices(bpffs)
+	if err != nil {
+		log.Warn("read the overlay devices the previous agent attached to: those down or without routes now are detached", "err", err)
+	}
+	for _, d := range kept {
+		if !slices.Contains(tuns, d) {
+			tuns = append(tuns, d)
+			log.Info("overlay device the previous agent attached to kept, though down or without routes now", "device", d)
+		}
 	}
 	tuns = slices.DeleteFunc(tuns, func(d string) bool { return slices.Contains(devs, d) })
 	if len(tuns) == 0 {
@@ -67,7 +81,8 @@ func warnTunnelsLeftOut(attached []string, log *slog.Logger) {
 // and forgets those deleted, once the agent's start is complete
 // (agent.Config.FollowDevices): without --devices only. Each is logged
 // at Info, a failure (--max-devices full: the error names the flag) at
-// Error, and a failed subscription is retried every 5 seconds.
+// Error, and a failed subscription is retried every 5 seconds; an
+// overrun (a burst of route changes) at Warn, at most once a minute.
 func followTunnels(log *slog.Logger) func(context.Context, agent.Datapath) {
 	return func(ctx context.Context, adp agent.Datapath) {
 		var dp *datapath.Datapath
@@ -87,6 +102,10 @@ func followTunnels(log *slog.Logger) func(context.Context, agent.Datapath) {
 		}
 		w.Run(ctx, func(e datapath.DeviceEvent) {
 			switch {
+			case e.Reason == "overrun":
+				// A burst of route changes (a BGP daemon loading a full
+				// table): the watch lists again, after a backoff.
+				log.Warn("following the overlay devices: changes missed, listing again", "err", e.Err)
 			case e.Err != nil:
 				log.Error("overlay device: flows routed through it to another node's backend are not source-NATed", "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason, "err", e.Err)
 			case e.Attached && e.Reason == "attached already":

@@ -200,3 +200,129 @@ func TestFollowTunnelsAttachesLater(t *testing.T) {
 		t.Errorf("errors logged:\n%s", buf)
 	}
 }
+
+// TestRestartKeepsFollowedTunnel: an agent's watch attached the vxlan
+// ov0 after its start; the agent exits, and ov0 loses its route (flanneld
+// restarting too) before the next start. The next start, as run composes
+// it (withTunnels, AttachDevices, Commit, Prune), keeps ov0 attached: its
+// pinned tcx links and its entry flagged tunnel and tc. Pruning to the
+// tunnels up and routed at the start took it off.
+func TestRestartKeepsFollowedTunnel(t *testing.T) {
+	testutil.Privileged(t)
+	ns := topology.NewNS(t, "ovrestart")
+	ns.Enter(t)
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "peer0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.LinkUp("eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.AddAddr("eth0", netip.MustParsePrefix("10.212.0.1/24")); err != nil {
+		t.Fatal(err)
+	}
+	bpffs := testutil.PinDir(t)
+	cfg := datapath.Config{BPFFS: bpffs, DisableSocketLB: true, NodeIPs: []netip.Addr{netip.MustParseAddr("10.212.0.1")},
+		MaxServices: 64, MaxBackends: 64, MaxServiceEntries: 256, MaxConntrack: 1024, MaxConntrackNew: 1024, MaxSockRev: 64}
+	t.Cleanup(func() {
+		if err := datapath.Cleanup(bpffs); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	start := func(devs []string) *datapath.Datapath {
+		t.Helper()
+		dp, err := datapath.Open(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := dp.AttachDevices(devs); err != nil {
+			dp.Close()
+			t.Fatal(err)
+		}
+		if err := dp.Commit(); err != nil {
+			dp.Close()
+			t.Fatal(err)
+		}
+		if err := dp.Prune("", devs); err != nil {
+			dp.Close()
+			t.Fatal(err)
+		}
+		return dp
+	}
+	buf := &testutil.Buffer{}
+	log := slog.New(slog.NewTextHandler(buf, nil))
+	devs := withTunnels([]string{"eth0"}, datapath.DefaultMaxDevices, bpffs, log)
+	if len(devs) != 1 {
+		t.Fatalf("first start's devices %q, want eth0 alone", devs)
+	}
+	dp := start(devs)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := ns.Do(func() error {
+			followTunnels(log)(ctx, dp)
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
+	}()
+	stopped := false
+	stopWatch := func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			<-done
+		}
+	}
+	t.Cleanup(stopWatch)
+	vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "ov0"}, VxlanId: 42, SrcAddr: net.ParseIP("10.212.0.1"), Port: 4789}
+	if err := netlink.LinkAdd(vx); errors.Is(err, unix.EOPNOTSUPP) {
+		t.Skip("this kernel has no vxlan devices")
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.LinkUp("ov0"); err != nil {
+		t.Fatal(err)
+	}
+	l, err := netlink.LinkByName("ov0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := net.IPv4(10, 244, 2, 0)
+	r := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(24, 32)}, Gw: gw, Flags: int(netlink.FLAG_ONLINK)}
+	if err := netlink.RouteAdd(r); err != nil {
+		t.Fatal(err)
+	}
+	testutil.EventuallyTrue(t, "ov0 attached (logged)", time.Minute, func() bool {
+		return strings.Contains(buf.String(), `msg="overlay device attached to" device=ov0`)
+	})
+	// The agent exits; ov0 loses its route and goes down.
+	stopWatch()
+	dp.Close()
+	if err := netlink.RouteDel(r); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetDown(l); err != nil {
+		t.Fatal(err)
+	}
+	devs = withTunnels([]string{"eth0"}, datapath.DefaultMaxDevices, bpffs, log)
+	if len(devs) != 2 || devs[1] != "ov0" {
+		t.Fatalf("restart's devices %q, want eth0 and ov0 (kept)", devs)
+	}
+	dp2 := start(devs)
+	defer dp2.Close()
+	pins, err := filepath.Glob(filepath.Join(bpffs, "*", "links", "tcx_*_ov0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pins) != 2 {
+		t.Errorf("ov0's pinned tcx links after the restart: %q, want ingress and egress", pins)
+	}
+	kept, err := datapath.PinnedTunnelDevices(bpffs)
+	if err != nil || len(kept) != 1 || kept[0] != "ov0" {
+		t.Errorf("tunnels flagged tunnel and tc after the restart: %q (%v), want ov0", kept, err)
+	}
+	if strings.Contains(buf.String(), "level=ERROR") {
+		t.Errorf("errors logged:\n%s", buf)
+	}
+}

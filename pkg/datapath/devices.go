@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 
 	"github.com/cilium/ebpf"
@@ -393,6 +395,55 @@ func AddressesOf(devs []string) ([]netip.Addr, error) {
 			if ok && ip.IsGlobalUnicast() && !slices.Contains(out, ip) {
 				out = append(out, ip)
 			}
+		}
+	}
+	return out, nil
+}
+
+// PinnedTunnelDevices returns the overlay devices a previous agent
+// attached to (their sluice_devices entries, pinned under bpffs/sluice/,
+// flagged tunnel and tc) that are still links of a tunnel kind, not
+// flow-based and not enslaved, in the caller's network namespace, in
+// ifindex order; whether they are up or routed now does not matter. A
+// restart keeps them (cmd/sluice's withTunnels): a tunnel the previous
+// agent's watch attached after its start may be down, or routeless, while
+// the CNI's agent restarts too (a node reboot, a rollout), and pruning it
+// would drop the flows it carries until its routes return. No pin:
+// nothing.
+func PinnedTunnelDevices(bpffs string) ([]string, error) {
+	if bpffs == "" {
+		bpffs = DefaultBPFFS
+	}
+	pin := filepath.Join(bpffs, "sluice", mapDevices)
+	m, err := ebpf.LoadPinnedMap(pin, &ebpf.LoadPinOptions{ReadOnly: true})
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("open %s: %w", pin, err)
+	}
+	defer m.Close()
+	var ifindex uint32
+	var nd sockNodeDev
+	var idxs []int
+	it := m.Iterate()
+	for it.Next(&ifindex, &nd) {
+		if nd.Flags&(nodeDevTunnel|nodeDevTC) == nodeDevTunnel|nodeDevTC {
+			idxs = append(idxs, int(ifindex))
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("walk %s: %w", mapDevices, err)
+	}
+	slices.Sort(idxs)
+	var out []string
+	for _, idx := range idxs {
+		l, err := netlink.LinkByIndex(idx)
+		if err != nil {
+			continue // gone (or another link since: its kind says)
+		}
+		if a := l.Attrs(); slices.Contains(tunnelTypes, l.Type()) && !flowBased(l) && a.MasterIndex == 0 {
+			out = append(out, a.Name)
 		}
 	}
 	return out, nil

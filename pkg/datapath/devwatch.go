@@ -26,6 +26,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -132,7 +133,7 @@ type DeviceEvent struct {
 	// Attached: the programs are on it now; else its state was removed
 	// (Reason says why).
 	Attached bool
-	Reason   string // "appeared", "renamed", "attached already", "room made"; "removed", "renamed away", "missed"
+	Reason   string // "appeared", "renamed", "attached already", "room made"; "removed", "renamed away", "missed"; "overrun" (Err: a subscription overran, reported at most once a minute)
 	// Err, if set, says the step failed (nothing else is true then).
 	Err error
 }
@@ -173,6 +174,18 @@ type DeviceWatch struct {
 	// one is passed over without asking the kernel (a BGP burst through
 	// eth0). Forgotten at each message about the link and each relist.
 	notTunnel map[int]bool
+	// overrunBackoff is the wait before subscribing again after an
+	// overrun (doubled at each in a row, up to maxOverrunBackoff).
+	overrunBackoff time.Duration
+	// relistDue (overlay): the last relist could not list the routes;
+	// follow lists again after relistRetry.
+	relistDue   bool
+	relistRetry time.Duration
+	// retrying: present tries a pending link again (retryPending,
+	// relist); else it passes one over.
+	retrying bool
+	// attachTries counts AttachDevice calls (tests).
+	attachTries int
 }
 
 // NewDeviceWatch returns a watch over sel's patterns in the calling
@@ -194,7 +207,8 @@ func (d *Datapath) newDeviceWatch(sel DeviceSelector, seed func(ifindex int, nam
 		return nil, fmt.Errorf("device watch: network namespace: %w", err)
 	}
 	w := &DeviceWatch{d: d, sel: sel, ns: ns, have: map[int]string{}, pending: map[int]string{}, seeded: map[int]bool{},
-		subscribe: netlink.LinkSubscribeWithOptions, list: linkList}
+		subscribe: netlink.LinkSubscribeWithOptions, list: linkList,
+		overrunBackoff: time.Second, relistRetry: 5 * time.Second}
 	for idx, name := range d.attachedAtStart {
 		if seed(idx, name) {
 			w.have[idx], w.seeded[idx] = name, true
@@ -242,18 +256,28 @@ func (w *DeviceWatch) Run(ctx context.Context, report func(DeviceEvent), retry f
 		report(DeviceEvent{Err: fmt.Errorf("device watch: enter network namespace: %w", err)})
 		return
 	}
+	var overruns, unreported int // overruns in a row; overruns not reported yet
+	var lastReport time.Time
 	for ctx.Err() == nil {
 		ch := make(chan netlink.LinkUpdate, 256)
 		done := make(chan struct{})
-		errs := make(chan error, 1)
-		err := w.subscribe(ch, done, netlink.LinkSubscribeOptions{
-			ReceiveBufferSize: 1 << 20,
-			ErrorCallback: func(err error) {
+		// One slot per subscription: an overrun of one is not hidden
+		// behind the other's error.
+		linkErrs, routeErrs := make(chan error, 1), make(chan error, 1)
+		keep := func(errs chan error) func(error) {
+			return func(err error) {
 				select {
 				case errs <- err:
 				default:
 				}
-			},
+			}
+		}
+		// The agent is privileged: the buffer is forced past
+		// net.core.rmem_max (a BGP daemon's full table arrives at once).
+		err := w.subscribe(ch, done, netlink.LinkSubscribeOptions{
+			ReceiveBufferSize:      subscribeBuffer,
+			ReceiveBufferForceSize: true,
+			ErrorCallback:          keep(linkErrs),
 		})
 		if err != nil {
 			close(done)
@@ -267,13 +291,9 @@ func (w *DeviceWatch) Run(ctx context.Context, report func(DeviceEvent), retry f
 		if w.overlay {
 			rch = make(chan netlink.RouteUpdate, 256)
 			err = w.subscribeRoutes(rch, done, netlink.RouteSubscribeOptions{
-				ReceiveBufferSize: 1 << 20,
-				ErrorCallback: func(err error) {
-					select {
-					case errs <- err:
-					default:
-					}
-				},
+				ReceiveBufferSize:      subscribeBuffer,
+				ReceiveBufferForceSize: true,
+				ErrorCallback:          keep(routeErrs),
 			})
 			if err != nil {
 				close(done)
@@ -288,6 +308,7 @@ func (w *DeviceWatch) Run(ctx context.Context, report func(DeviceEvent), retry f
 		}
 		// After subscribing: a change from here on is heard, one
 		// before is in the list.
+		start := time.Now()
 		w.relist(report)
 		w.follow(ctx, ch, rch, report)
 		close(done)
@@ -297,28 +318,71 @@ func (w *DeviceWatch) Run(ctx context.Context, report func(DeviceEvent), retry f
 			for range rch {
 			}
 		}
+		if ctx.Err() != nil {
+			return
+		}
+		var errs []error
+		overrun := false
+		for what, c := range map[string]chan error{"link changes": linkErrs, "route changes": routeErrs} {
+			select {
+			case err := <-c:
+				overrun = overrun || errors.Is(err, unix.ENOBUFS)
+				errs = append(errs, fmt.Errorf("%s: %w", what, err))
+			default:
+			}
+		}
+		if !overrun {
+			overruns = 0
+			if len(errs) > 0 {
+				report(DeviceEvent{Err: fmt.Errorf("%w (subscribing again)", errors.Join(errs...))})
+			}
+			continue
+		}
+		// An overrun: subscribing again lists everything again, so a
+		// burst lasting longer than the buffer must not turn into a
+		// list after a list. Wait longer each overrun in a row, and
+		// report at most one a minute (Reason "overrun").
+		if time.Since(start) > maxOverrunBackoff*2 {
+			overruns = 0
+		}
+		overruns++
+		unreported++
+		if lastReport.IsZero() || time.Since(lastReport) >= time.Minute {
+			report(DeviceEvent{Reason: "overrun", Err: fmt.Errorf("%w (%d overruns since the last report; subscribing again)", errors.Join(errs...), unreported)})
+			lastReport, unreported = time.Now(), 0
+		}
+		wait := min(w.overrunBackoff<<(min(overruns, 16)-1), maxOverrunBackoff)
 		select {
-		case err := <-errs:
-			what := "link changes"
-			if w.overlay {
-				what = "link or route changes"
-			}
-			if ctx.Err() == nil {
-				report(DeviceEvent{Err: fmt.Errorf("%s: %w (subscribing again)", what, err)})
-			}
-		default:
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
 		}
 	}
 }
+
+// subscribeBuffer is the receive buffer of the watch's subscriptions.
+const subscribeBuffer = 4 << 20
+
+// maxOverrunBackoff is the longest the watch waits before it subscribes
+// again after overruns in a row (DeviceWatch.overrunBackoff is the first
+// wait, doubled at each).
+const maxOverrunBackoff = 30 * time.Second
 
 // follow handles link updates (and route updates: rch, nil unless
 // overlay) until ctx is done or a channel closes (its subscription
 // failed).
 func (w *DeviceWatch) follow(ctx context.Context, ch <-chan netlink.LinkUpdate, rch <-chan netlink.RouteUpdate, report func(DeviceEvent)) {
+	var again <-chan time.Time // relistDue's retry
 	for {
+		if w.relistDue && again == nil {
+			again = time.After(w.relistRetry)
+		}
 		select {
 		case <-ctx.Done():
 			return
+		case <-again:
+			again = nil
+			w.relist(report)
 		case u, ok := <-rch:
 			if !ok {
 				return
@@ -334,16 +398,21 @@ func (w *DeviceWatch) follow(ctx context.Context, ch <-chan netlink.LinkUpdate, 
 				w.gone(a.Index, "removed", report)
 				continue
 			}
-			w.present(a.Index, a.Name, report)
+			w.present(a.Index, a.Name, u.Link, report)
 		}
 	}
 }
 
 // relist reconciles what the watch holds with the links there are.
+// Overlay: the routes are listed only if a link could become an overlay
+// device (overlayCandidates), and a failure to list them still forgets
+// the links gone (and lists again later: relistDue).
 func (w *DeviceWatch) relist(report func(DeviceEvent)) {
+	w.relistDue = false
 	links, err := listLinks(w.list)
 	if err != nil {
 		report(DeviceEvent{Err: fmt.Errorf("list devices: %w", err)})
+		w.relistDue = w.overlay
 		return
 	}
 	byIndex := map[int]string{}
@@ -351,13 +420,16 @@ func (w *DeviceWatch) relist(report func(DeviceEvent)) {
 		byIndex[l.Attrs().Index] = l.Attrs().Name
 	}
 	if w.overlay {
-		routes, err := w.routes()
-		if err != nil {
-			report(DeviceEvent{Err: err})
-			return
-		}
-		w.overlayNow, w.notTunnel = overlayIndexes(links, routes), map[int]bool{}
+		w.overlayNow, w.notTunnel = map[int]bool{}, map[int]bool{}
 		defer func() { w.overlayNow = nil }()
+		if cands := w.overlayCandidates(links); len(cands) > 0 {
+			if routes, err := w.routes(); err != nil {
+				report(DeviceEvent{Err: fmt.Errorf("%w (listing again in %s)", err, w.relistRetry)})
+				w.relistDue = true
+			} else {
+				w.overlayNow = overlayIndexes(cands, routes)
+			}
+		}
 	}
 	for idx, name := range w.have {
 		if n, ok := byIndex[idx]; !ok || n != name {
@@ -369,15 +441,23 @@ func (w *DeviceWatch) relist(report func(DeviceEvent)) {
 			delete(w.pending, idx)
 		}
 	}
+	w.retrying = true
+	defer func() { w.retrying = false }()
 	for _, l := range links {
-		w.present(l.Attrs().Index, l.Attrs().Name, report)
+		w.present(l.Attrs().Index, l.Attrs().Name, l, report)
 	}
 }
 
-// present handles link ifindex, named name now.
-func (w *DeviceWatch) present(ifindex int, name string, report func(DeviceEvent)) {
+// present handles link ifindex, named name now: l, or nil (looked up if
+// needed).
+func (w *DeviceWatch) present(ifindex int, name string, l netlink.Link, report func(DeviceEvent)) {
 	if p, ok := w.pending[ifindex]; ok && p != name {
 		delete(w.pending, ifindex) // renamed: tried under its new name
+	} else if ok && !w.retrying {
+		// Left out for want of room: tried again when a device goes
+		// (retryPending) or at a relist, not at each message about it
+		// (an attach that fails, E2BIG, and a detach each time).
+		return
 	}
 	prev, held := w.have[ifindex]
 	if held && prev == name {
@@ -390,7 +470,7 @@ func (w *DeviceWatch) present(ifindex int, name string, report func(DeviceEvent)
 	if held {
 		w.gone(ifindex, "renamed away", report)
 	}
-	if !w.follows(ifindex, name) {
+	if !w.follows(ifindex, name, l) {
 		return
 	}
 	if !held && w.d.deviceAttached(name, ifindex) {
@@ -404,6 +484,7 @@ func (w *DeviceWatch) present(ifindex int, name string, report func(DeviceEvent)
 	if held {
 		reason = "renamed"
 	}
+	w.attachTries++
 	w.d.maps.devMu.Lock()
 	err := w.d.AttachDevice(name, ifindex)
 	w.d.maps.devMu.Unlock()
@@ -432,13 +513,16 @@ func (w *DeviceWatch) present(ifindex int, name string, report func(DeviceEvent)
 // retryPending tries the links left out for want of room again, after
 // a device went.
 func (w *DeviceWatch) retryPending(report func(DeviceEvent)) {
+	was := w.retrying
+	w.retrying = true
+	defer func() { w.retrying = was }()
 	for idx, name := range w.pending {
 		l, err := netlink.LinkByIndex(idx)
 		if err != nil || l.Attrs().Name != name {
 			delete(w.pending, idx) // gone or renamed: its message says
 			continue
 		}
-		w.present(idx, name, report)
+		w.present(idx, name, l, report)
 	}
 }
 

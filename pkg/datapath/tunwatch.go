@@ -54,16 +54,23 @@ func (d *Datapath) NewTunnelWatch() (*DeviceWatch, error) {
 	return w, nil
 }
 
-// follows says whether the watch follows link ifindex, named name: sel's
-// patterns match it, or (overlay) it is an overlay device now.
-func (w *DeviceWatch) follows(ifindex int, name string) bool {
+// follows says whether the watch follows link ifindex, named name (l, or
+// nil: looked up if needed): sel's patterns match it, or (overlay) it is
+// an overlay device now.
+func (w *DeviceWatch) follows(ifindex int, name string, l netlink.Link) bool {
 	switch {
 	case !w.overlay:
 		return w.sel.followed(name)
 	case w.overlayNow != nil:
 		return w.overlayNow[ifindex]
 	}
-	ok, err := isOverlayNow(ifindex, w.routes)
+	if l == nil {
+		var err error
+		if l, err = netlink.LinkByIndex(ifindex); err != nil {
+			return false // gone: its message says
+		}
+	}
+	ok, err := isOverlayNow(l, w.routes)
 	if err != nil {
 		// The next message about it, or the next relist, looks again.
 		return false
@@ -71,15 +78,37 @@ func (w *DeviceWatch) follows(ifindex int, name string) bool {
 	return ok
 }
 
-// isOverlayNow says whether link ifindex is an overlay device now
-// (overlayTunnels, with the main table's routes as routes lists them).
-// Only a link of a tunnel kind, up, has the routes listed.
-func isOverlayNow(ifindex int, routes func() ([]netlink.Route, error)) (bool, error) {
-	l, err := netlink.LinkByIndex(ifindex)
-	if err != nil {
-		return false, err
+// overlayCandidate says whether link l could be an overlay device
+// (overlayTunnels) if a route left through it: of a tunnel kind, up, not
+// flow-based, not enslaved.
+func overlayCandidate(l netlink.Link) bool {
+	a := l.Attrs()
+	return slices.Contains(tunnelTypes, l.Type()) && a.Flags&net.FlagUp != 0 && !flowBased(l) && a.MasterIndex == 0
+}
+
+// overlayCandidates returns the links of links that could become overlay
+// devices the watch does not hold yet (overlayCandidate): only if there
+// is one does relist list the routes (a BGP node's main table holds a full
+// table).
+func (w *DeviceWatch) overlayCandidates(links []netlink.Link) []netlink.Link {
+	var out []netlink.Link
+	for _, l := range links {
+		a := l.Attrs()
+		if name, held := w.have[a.Index]; held && name == a.Name {
+			continue
+		}
+		if overlayCandidate(l) {
+			out = append(out, l)
+		}
 	}
-	if a := l.Attrs(); !slices.Contains(tunnelTypes, l.Type()) || a.Flags&net.FlagUp == 0 || flowBased(l) || a.MasterIndex != 0 {
+	return out
+}
+
+// isOverlayNow says whether link l is an overlay device now
+// (overlayTunnels, with the main table's routes as routes lists them).
+// Only a candidate (overlayCandidate) has the routes listed.
+func isOverlayNow(l netlink.Link, routes func() ([]netlink.Route, error)) (bool, error) {
+	if !overlayCandidate(l) {
 		return false, nil
 	}
 	rs, err := routes()
@@ -102,7 +131,9 @@ func (w *DeviceWatch) routed(u netlink.RouteUpdate, report func(DeviceEvent)) {
 		idxs = append(idxs, nh.LinkIndex)
 	}
 	for _, idx := range idxs {
-		if _, held := w.have[idx]; held || idx == 0 || w.notTunnel[idx] {
+		_, held := w.have[idx]
+		_, pending := w.pending[idx] // retryPending tries it when room is made
+		if held || pending || idx == 0 || w.notTunnel[idx] {
 			continue
 		}
 		l, err := netlink.LinkByIndex(idx)
@@ -113,7 +144,7 @@ func (w *DeviceWatch) routed(u netlink.RouteUpdate, report func(DeviceEvent)) {
 			w.notTunnel[idx] = true // a pod's veth, the uplink
 			continue
 		}
-		w.present(idx, l.Attrs().Name, report)
+		w.present(idx, l.Attrs().Name, l, report)
 	}
 }
 

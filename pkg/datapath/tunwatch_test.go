@@ -74,6 +74,17 @@ func podRoute(t *testing.T, l netlink.Link, n byte) *netlink.Route {
 	return r
 }
 
+// has6 says whether l has a sluice6_devices entry.
+func has6(t *testing.T, d *Datapath, l netlink.Link) bool {
+	t.Helper()
+	v := make([]byte, d.maps.devices6.ValueSize())
+	err := d.maps.devices6.Lookup(uint32(l.Attrs().Index), &v)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("%s: sluice6_devices: %v", l.Attrs().Name, err)
+	}
+	return err == nil
+}
+
 // TestTunnelWatchFollowsOverlays runs the tunnel watch (no --devices) in
 // a node namespace of the test's own whose start attached eth0 (the node
 // IP's) and the overlay ovs (up, routed): ovs is "attached already", eth0
@@ -165,12 +176,19 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 	if err := netlink.AddrAdd(ov0, &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 244, 1, 0), Mask: net.CIDRMask(32, 32)}}); err != nil {
 		t.Fatal(err)
 	}
+	// And an IPv6 one (a sluice6_devices entry, removed with it).
+	if err := netlink.AddrAdd(ov0, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("fd00:244:1::1"), Mask: net.CIDRMask(128, 128)}, Flags: unix.IFA_F_NODAD}); err != nil {
+		t.Fatal(err)
+	}
 	podRoute(t, ov0, 2)
 	expect("ov0", true, "appeared")
 	if !attachedHere(ov0) {
 		t.Fatal("ov0: tc programs not attached")
 	}
 	wantTunnelEntry(ov0, "10.244.1.0")
+	if !has6(t, d, ov0) {
+		t.Fatal("ov0: no sluice6_devices entry for its IPv6 address")
+	}
 	wantPins("tcx_egress_eth0", "tcx_ingress_eth0", "xdp_generic_eth0", "tcx_egress_ovs", "tcx_ingress_ovs", "tcx_egress_ov0", "tcx_ingress_ov0")
 
 	// The flow-based ov3, up and routed, then ov1 up, routed later: the
@@ -211,6 +229,9 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 	expect("ov0", false, "removed")
 	if _, ok := entry(ov0); ok {
 		t.Fatal("ov0: device entry left after it was deleted")
+	}
+	if has6(t, d, ov0) {
+		t.Fatal("ov0: sluice6_devices entry left after it was deleted")
 	}
 	if !attachedHere(ov1) {
 		t.Fatal("ov1: tc programs taken off when it lost its route")
@@ -321,7 +342,7 @@ func TestTunnelWatchMaxDevices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	next, _ := runDeviceWatch(t, w)
+	next, stop := runDeviceWatch(t, w)
 	ov0 := addVxlan(t, "ov0", 1, false, true)
 	podRoute(t, ov0, 2)
 	e := next("ov0 left out")
@@ -333,13 +354,20 @@ func TestTunnelWatchMaxDevices(t *testing.T) {
 			t.Errorf("error %q does not name %s", e.Err, want)
 		}
 	}
-	// A second route through it: not reported again (the next event is
-	// ov1's, which fits no better).
-	podRoute(t, ov0, 3)
+	// More routes through it: not reported again (the next event is
+	// ov1's, which fits no better), nor tried again (retryPending does
+	// when a device goes).
+	for n := byte(3); n < 23; n++ {
+		podRoute(t, ov0, n)
+	}
 	ov1 := addVxlan(t, "ov1", 2, false, true)
-	podRoute(t, ov1, 4)
+	podRoute(t, ov1, 30)
 	if e := next("ov1 left out"); e.Device != "ov1" || !errors.Is(e.Err, ErrDevicesFull) {
 		t.Fatalf("event %+v, want ov1 left out for want of room", e)
+	}
+	stop()
+	if w.attachTries != 2 {
+		t.Errorf("%d attach attempts, want 2 (ov0 and ov1 once each)", w.attachTries)
 	}
 	var nd sockNodeDev
 	if err := d.maps.devices.Lookup(uint32(ov0.Attrs().Index), &nd); err == nil {
@@ -350,5 +378,81 @@ func TestTunnelWatchMaxDevices(t *testing.T) {
 	}
 	if err := d.maps.devices.Lookup(uint32(linkNamed(t, "eth0").Attrs().Index), &nd); err != nil || nd.Flags&nodeDevTC == 0 {
 		t.Errorf("eth0: entry %+v (%v), want it kept", nd, err)
+	}
+}
+
+// TestTunnelWatchRelistRoutes: a relist lists the main table's routes
+// only when a link could become an overlay device (a BGP node's table is
+// a full one): not while the tunnels are held, down or flow-based. A
+// relist whose route list fails still forgets a tunnel deleted meanwhile
+// (its pins and entries), and asks to list again later.
+func TestTunnelWatchRelistRoutes(t *testing.T) {
+	bpffs := tunnelNode(t, "tunlist")
+	cfg := smallConfig(bpffs)
+	cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.215.0.1")}
+	d := openTest(t, cfg)
+	ovs := addVxlan(t, "ovs", 9, false, true)
+	podRoute(t, ovs, 9)
+	addVxlan(t, "ovd", 3, false, false) // down
+	ovf := addVxlan(t, "ovf", 4, true, true)
+	podRoute(t, ovf, 4) // flow-based: never an overlay device
+	if err := d.AttachDevices([]string{"eth0", "ovs"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	w, err := d.NewTunnelWatch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dumps := 0
+	list := w.routes
+	w.routes = func() ([]netlink.Route, error) { dumps++; return list() }
+	var events []DeviceEvent
+	report := func(e DeviceEvent) { events = append(events, e) }
+	w.relist(report)
+	if dumps != 0 {
+		t.Fatalf("%d route lists with no tunnel to pick, want none", dumps)
+	}
+	if len(events) != 1 || events[0].Device != "ovs" || events[0].Reason != "attached already" {
+		t.Fatalf("events %+v, want ovs attached already", events)
+	}
+	// ov0 up and routed: listed, attached.
+	ov0 := addVxlan(t, "ov0", 1, false, true)
+	podRoute(t, ov0, 2)
+	events = nil
+	w.relist(report)
+	if dumps != 1 || len(events) != 1 || events[0].Device != "ov0" || !events[0].Attached {
+		t.Fatalf("%d route lists, events %+v: want one list and ov0 attached", dumps, events)
+	}
+	// ov2 up (a candidate: the routes are listed) and ov0 deleted; the
+	// list fails.
+	addVxlan(t, "ov2", 2, false, true)
+	w.routes = func() ([]netlink.Route, error) { dumps++; return nil, netlink.ErrDumpInterrupted }
+	if err := netlink.LinkDel(ov0); err != nil {
+		t.Fatal(err)
+	}
+	events = nil
+	w.relist(report)
+	var forgot, failed bool
+	for _, e := range events {
+		forgot = forgot || (e.Device == "ov0" && !e.Attached && e.Err == nil && e.Reason == "missed")
+		failed = failed || (e.Err != nil && errors.Is(e.Err, netlink.ErrDumpInterrupted))
+	}
+	if !forgot || !failed {
+		t.Fatalf("events %+v: want ov0 forgotten (missed) and the failed list reported", events)
+	}
+	var nd sockNodeDev
+	if err := d.maps.devices.Lookup(uint32(ov0.Attrs().Index), &nd); err == nil {
+		t.Errorf("ov0: entry %+v left after it was deleted", nd)
+	}
+	for _, pin := range []string{"tcx_ingress_ov0", "tcx_egress_ov0"} {
+		if _, err := os.Stat(d.linkPin(pin)); err == nil {
+			t.Errorf("pin %s left after ov0 was deleted", pin)
+		}
+	}
+	if !w.relistDue {
+		t.Error("no relist due after the route list failed")
 	}
 }
