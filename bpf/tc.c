@@ -734,6 +734,15 @@ lb4_select(struct __sk_buff *skb, const struct pkt4 *p,
 		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
 		return -1;
 	}
+	if (p->proto == IPPROTO_TCP && ct_tcp_stray(p->tcp_flags)) {
+		/* No flow, and this packet cannot open one (a RST, a FIN,
+		 * ...): netfilter's INVALID, neither translated nor
+		 * refused. To a backend chosen now it would be a stray.
+		 */
+		metric_count(p, METRIC_TC_TCP_STRAY);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
+		return -1;
+	}
 	if (svc->count == 0)
 		return 1;
 	return lb4_new_flow(skb, p, svc, now, fresh, x);

@@ -122,10 +122,58 @@
 #define READ_ONCE(x)	 (*(volatile typeof(x) *)&(x))
 #define WRITE_ONCE(x, v) (*(volatile typeof(x) *)&(x) = (v))
 
+/* The RST marks of a flow's entries, either way (ct_track_tcp). */
+#define CT_F_RST_ANY (CT_F_RST_FWD | CT_F_RST_REV)
+
 static __always_inline bool ct_closed(__u32 flags)
 {
-	return (flags & CT_F_RST) || (flags & (CT_F_FIN_FWD | CT_F_FIN_REV)) ==
-					     (CT_F_FIN_FWD | CT_F_FIN_REV);
+	return (flags & CT_F_RST_ANY) ||
+	       (flags & (CT_F_FIN_FWD | CT_F_FIN_REV)) ==
+		       (CT_F_FIN_FWD | CT_F_FIN_REV);
+}
+
+/*
+ * ct_tcp_sets - the mark a TCP packet with @tcp_flags, in direction @dir
+ * (its entry's key's), sets on its flow (ct_track_tcp): its RST or FIN,
+ * with its side; 0 if none.
+ */
+static __always_inline __u32 ct_tcp_sets(__u8 tcp_flags, __u8 dir)
+{
+	if (tcp_flags & TCP_FLAG_RST)
+		return dir == CT_FORWARD ? CT_F_RST_FWD : CT_F_RST_REV;
+	if (tcp_flags & TCP_FLAG_FIN)
+		return dir == CT_FORWARD ? CT_F_FIN_FWD : CT_F_FIN_REV;
+	return 0;
+}
+
+/*
+ * ct_tcp_clears - the mark a TCP packet with @tcp_flags, in direction
+ * @dir, takes back from its flow (ct_track_tcp): the other side's RST,
+ * which this side ignored, unless the packet is a RST or a SYN itself;
+ * 0 if none.
+ */
+static __always_inline __u32 ct_tcp_clears(__u8 tcp_flags, __u8 dir)
+{
+	if (tcp_flags & (TCP_FLAG_RST | TCP_FLAG_SYN))
+		return 0;
+	return dir == CT_FORWARD ? CT_F_RST_REV : CT_F_RST_FWD;
+}
+
+/*
+ * ct_tcp_stray - whether a TCP packet with @tcp_flags, which has no
+ * conntrack entry, cannot open a flow: netfilter's table from NONE
+ * (nf_conntrack_proto_tcp.c, tcp_conntracks) opens one for a SYN (SYN
+ * without ACK) or, by loose pickup, an ACK (without SYN or FIN), and
+ * neither with RST; a RST, a FIN, a SYN-ACK or a packet with neither SYN
+ * nor ACK is INVALID there: no entry, no NAT. tc drops it, counted
+ * (METRIC_TC_TCP_STRAY), instead of sending it to a random backend.
+ */
+static __always_inline bool ct_tcp_stray(__u8 tcp_flags)
+{
+	__u8 f = tcp_flags &
+		 (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_FIN | TCP_FLAG_RST);
+
+	return f != TCP_FLAG_SYN && f != TCP_FLAG_ACK;
 }
 
 /* ct_alive - whether an entry expiring at @expires is alive at @now. */

@@ -49,6 +49,21 @@ static __always_inline void FN(ct_mark)(FAM(ct_entry_t) *e, __u32 bits,
 }
 
 /*
+ * ct_unmark - take @bits (a RST mark, ct_track_tcp) back from the flags
+ * of @e, a TCP flow's entry, atomically, and refresh it (ct_refresh: by
+ * the flags it has now, so a flow that this reopens goes back to its
+ * lifetime from @now, the established timeout if answered).
+ */
+static __always_inline void FN(ct_unmark)(FAM(ct_entry_t) *e, __u32 bits,
+					  __u64 now)
+{
+	if (!bits || !(READ_ONCE(e->flags) & bits))
+		return;
+	__sync_fetch_and_and(&e->flags, ~bits);
+	FN(ct_refresh)(e, IPPROTO_TCP, now);
+}
+
+/*
  * ct_new_live - whether this family's sluice_ct_new may hold an entry
  * (conntrack.h): while not, none of its lookups is made.
  */
@@ -317,6 +332,19 @@ static __always_inline bool FN(ct_fwd_usable)(const FAM(ct_entry_t) *fwd,
  * if it is this flow's (ct_is_peer): a straggler of an old flow on a reused
  * tuple, or a RST from a backend the flow does not use, must not close the
  * flow that now holds the tuple.
+ *
+ * A RST is marked with its side (CT_F_RST_FWD from the client,
+ * CT_F_RST_REV from the backend), and taken back (ct_unmark) when a later
+ * packet of the flow, neither a RST nor a SYN, comes from the side that
+ * received it: that side's stack ignored the RST (out of its window, or
+ * in it but not exact, RFC 5961: the packet is then the challenge ACK),
+ * as an endpoint that accepts a RST sends nothing more on the connection.
+ * netfilter, which tracks sequence numbers, leaves such a flow open too
+ * (an out-of-window RST is INVALID, an inexact one waits for the
+ * challenge ACK); without taking the mark back, a connection that outlived
+ * a stray or spoofed RST lost its entries after the close timeout idle,
+ * and its next packet went to a backend chosen afresh. The RST's sender
+ * answering the challenge ACK with an exact RST marks the flow again.
  */
 static __always_inline void FN(ct_track_tcp)(const FAM(pkt_t) *p,
 					     const FAM(ct_key_t) *key,
@@ -324,19 +352,23 @@ static __always_inline void FN(ct_track_tcp)(const FAM(pkt_t) *p,
 {
 	FAM(ct_key_t) pkey;
 	FAM(ct_entry_t) *pe;
-	__u32 bits;
 
-	if (explain_dry(p) || p->proto != IPPROTO_TCP ||
-	    !(p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
+	if (explain_dry(p) || p->proto != IPPROTO_TCP)
 		return;
-	if (p->tcp_flags & TCP_FLAG_RST)
-		bits = CT_F_RST;
-	else
-		bits = key->dir == CT_FORWARD ? CT_F_FIN_FWD : CT_F_FIN_REV;
-	FN(ct_mark)(e, bits, p->proto, now);
+	if (!ct_tcp_sets(p->tcp_flags, key->dir) &&
+	    !(READ_ONCE(e->flags) & ct_tcp_clears(p->tcp_flags, key->dir)))
+		return;
+	FN(ct_unmark)(e, ct_tcp_clears(p->tcp_flags, key->dir), now);
+	FN(ct_mark)(e, ct_tcp_sets(p->tcp_flags, key->dir), p->proto, now);
 	pe = FN(ct_peer)(key, e, now, &pkey);
-	if (pe)
-		FN(ct_mark)(pe, bits, p->proto, now);
+	if (!pe)
+		return;
+	/* The marks worked out again from @p, not kept: a value live
+	 * across ct_peer's lookups is a stack slot, and IPv6's XDP reply
+	 * step has none to spare (the 512-byte limit of its call chain).
+	 */
+	FN(ct_unmark)(pe, ct_tcp_clears(p->tcp_flags, key->dir), now);
+	FN(ct_mark)(pe, ct_tcp_sets(p->tcp_flags, key->dir), IPPROTO_TCP, now);
 }
 
 /*

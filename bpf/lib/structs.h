@@ -198,8 +198,14 @@ enum ct_flags {
 	CT_F_FIN_FWD = 0x02,
 	/* TCP FIN seen from the backend */
 	CT_F_FIN_REV = 0x04,
-	/* TCP RST seen either way */
-	CT_F_RST = 0x08,
+	/*
+	 * TCP RST seen from the client (before CT_F_RST_REV, from either
+	 * side: an entry of an earlier release with it is closed all the
+	 * same). A later packet (not a RST or a SYN) from the side that
+	 * received the RST takes the mark back (ct_track_tcp): that side's
+	 * stack ignored it.
+	 */
+	CT_F_RST_FWD = 0x08,
 	/* a reply seen: the flow is established */
 	CT_F_REPLIED = 0x10,
 	/*
@@ -211,6 +217,8 @@ enum ct_flags {
 	 * the flow off the count
 	 */
 	CT_F_COUNTED = 0x20,
+	/* TCP RST seen from the backend (CT_F_RST_FWD's twin) */
+	CT_F_RST_REV = 0x40,
 };
 
 /*
@@ -441,6 +449,12 @@ enum metric_reason {
 	 * egress to translate (tc.c, rev_at_egress4; tc6.h, rev_at_egress6)
 	 */
 	METRIC_TC_REV_AT_EGRESS,
+	/* a TCP packet to a frontend that has no conntrack entry and cannot
+	 * open one (a RST, a FIN, a SYN-ACK, or neither SYN nor ACK): dropped
+	 * untranslated, as netfilter finds it INVALID and opens nothing
+	 * (only a SYN, or an ACK by loose pickup, opens a flow)
+	 */
+	METRIC_TC_TCP_STRAY,
 	METRIC_MAX,
 };
 

@@ -686,6 +686,12 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
 		return TC_ACT_SHOT;
 	}
+	if (ret == 2 && p->proto == IPPROTO_TCP && ct_tcp_stray(p->tcp_flags)) {
+		/* No flow, and it cannot open one (see lb4_select). */
+		metric_count(p, METRIC_TC_TCP_STRAY);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
+		return TC_ACT_SHOT;
+	}
 	if (ret == 2 && svc->count) {
 		ret = lb6_new_flow(skb, p, svc, now, x);
 		if (ret > 0)

@@ -132,9 +132,10 @@ const (
 	sockCtFlagsCT_F_SNAT    sockCtFlags = 1
 	sockCtFlagsCT_F_FIN_FWD sockCtFlags = 2
 	sockCtFlagsCT_F_FIN_REV sockCtFlags = 4
-	sockCtFlagsCT_F_RST     sockCtFlags = 8
+	sockCtFlagsCT_F_RST_FWD sockCtFlags = 8
 	sockCtFlagsCT_F_REPLIED sockCtFlags = 16
 	sockCtFlagsCT_F_COUNTED sockCtFlags = 32
+	sockCtFlagsCT_F_RST_REV sockCtFlags = 64
 )
 
 type sockCtGcArgs struct {
@@ -390,7 +391,8 @@ const (
 	sockMetricReasonMETRIC_TC_CT_EST_OVERFLOW   sockMetricReason = 46
 	sockMetricReasonMETRIC_TC_ICMP_RATELIMITED  sockMetricReason = 47
 	sockMetricReasonMETRIC_TC_REV_AT_EGRESS     sockMetricReason = 48
-	sockMetricReasonMETRIC_MAX                  sockMetricReason = 49
+	sockMetricReasonMETRIC_TC_TCP_STRAY         sockMetricReason = 49
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 50
 )
 
 type sockNodeCidr6Key struct {
