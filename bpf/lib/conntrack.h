@@ -80,6 +80,8 @@
  * of the flow closed (flags set atomically; only entries that point back
  * at each other are one flow); a closed entry lives ct_timeout_close_ns
  * after its last packet, and a new SYN on its tuple starts a new flow.
+ * A RST's mark is taken back, or made a challenged one, by what the two
+ * sides send after it (ct_track_tcp).
  *
  * IPv6 flows are tracked the same way in maps of their own: the functions
  * below ct_lifetime are written once, in conntrack_fam.h, and built for
@@ -124,6 +126,8 @@
 
 /* The RST marks of a flow's entries, either way (ct_track_tcp). */
 #define CT_F_RST_ANY (CT_F_RST_FWD | CT_F_RST_REV)
+/* The challenged RST marks, either way (ct_track_tcp). */
+#define CT_F_CHAL_ANY (CT_F_CHAL_FWD | CT_F_CHAL_REV)
 
 static __always_inline bool ct_closed(__u32 flags)
 {
@@ -147,14 +151,30 @@ static __always_inline __u32 ct_tcp_sets(__u8 tcp_flags, __u8 dir)
 }
 
 /*
- * ct_tcp_clears - the mark a TCP packet with @tcp_flags, in direction
- * @dir, takes back from its flow (ct_track_tcp): the other side's RST,
- * which this side ignored, unless the packet is a RST or a SYN itself;
- * 0 if none.
+ * ct_tcp_clears - the marks a TCP packet with @tcp_flags, in direction
+ * @dir, takes back from its flow (ct_track_tcp): its own side's RST and
+ * challenged RST (its sender is alive: the RST was not its own, or not
+ * its last word), unless the packet is a RST or a SYN itself; 0 if none.
  */
 static __always_inline __u32 ct_tcp_clears(__u8 tcp_flags, __u8 dir)
 {
 	if (tcp_flags & (TCP_FLAG_RST | TCP_FLAG_SYN))
+		return 0;
+	return dir == CT_FORWARD ? CT_F_RST_FWD | CT_F_CHAL_FWD :
+				   CT_F_RST_REV | CT_F_CHAL_REV;
+}
+
+/*
+ * ct_tcp_challenges - the other side's RST mark that a TCP packet with
+ * @tcp_flags, in direction @dir, without payload if @bare, challenges
+ * (ct_track_tcp: it becomes CT_F_CHAL_*): the packet is a bare ACK (no
+ * SYN, FIN or RST, no payload), the shape of a challenge ACK; 0 if not.
+ */
+static __always_inline __u32 ct_tcp_challenges(__u8 tcp_flags, bool bare,
+					       __u8 dir)
+{
+	if (!bare || (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_FIN |
+				   TCP_FLAG_RST)) != TCP_FLAG_ACK)
 		return 0;
 	return dir == CT_FORWARD ? CT_F_RST_REV : CT_F_RST_FWD;
 }
@@ -189,6 +209,8 @@ static __always_inline __u64 ct_lifetime(__u8 proto, __u32 flags)
 		return ct_timeout_udp_ns;
 	if (ct_closed(flags))
 		return ct_timeout_close_ns;
+	if (flags & CT_F_CHAL_ANY)
+		return ct_timeout_syn_ns;
 	return (flags & CT_F_REPLIED) ? ct_timeout_tcp_ns : ct_timeout_syn_ns;
 }
 

@@ -201,9 +201,9 @@ enum ct_flags {
 	/*
 	 * TCP RST seen from the client (before CT_F_RST_REV, from either
 	 * side: an entry of an earlier release with it is closed all the
-	 * same). A later packet (not a RST or a SYN) from the side that
-	 * received the RST takes the mark back (ct_track_tcp): that side's
-	 * stack ignored it.
+	 * same). Taken back (ct_track_tcp) by a later packet of the client
+	 * (not a RST or a SYN), or turned into CT_F_CHAL_FWD by a bare ACK
+	 * of the backend.
 	 */
 	CT_F_RST_FWD = 0x08,
 	/* a reply seen: the flow is established */
@@ -219,6 +219,16 @@ enum ct_flags {
 	CT_F_COUNTED = 0x20,
 	/* TCP RST seen from the backend (CT_F_RST_FWD's twin) */
 	CT_F_RST_REV = 0x40,
+	/*
+	 * The client's RST answered by a bare ACK of the backend (the
+	 * challenge ACK of a RST it ignored, RFC 5961; or an ACK it sent
+	 * before the RST reached it): open again, but living
+	 * ct_timeout_syn_ns idle, until the client sends more (it is alive:
+	 * the mark goes) or a RST (closed again). ct_track_tcp.
+	 */
+	CT_F_CHAL_FWD = 0x80,
+	/* The backend's RST answered by the client's bare ACK (twin) */
+	CT_F_CHAL_REV = 0x100,
 };
 
 /*
@@ -455,6 +465,13 @@ enum metric_reason {
 	 * (only a SYN, or an ACK by loose pickup, opens a flow)
 	 */
 	METRIC_TC_TCP_STRAY,
+	/* a TCP packet as METRIC_TC_TCP_STRAY's, to an external frontend
+	 * (NodePort, ExternalIP, LoadBalancer) on one of the node's own
+	 * addresses: passed up untranslated, as kube-proxy leaves netfilter's
+	 * INVALID there, for the node's stack (which answers a FIN or an ACK
+	 * with a RST: no socket); not counted METRIC_TC_TCP_STRAY
+	 */
+	METRIC_TC_TCP_STRAY_UP,
 	METRIC_MAX,
 };
 
