@@ -126,6 +126,7 @@ static __always_inline enum pkt_kind parse_tc(struct __sk_buff *skb,
 	p->proto = q.proto;
 	p->ihl_len = q.ihl_len;
 	p->tcp_flags = q.tcp_flags;
+	p->tcp_bare = q.tcp_bare;
 	p->ttl = q.ttl;
 	p->df = q.df;
 	p->frag_first = q.frag_first;
@@ -699,6 +700,39 @@ static __always_inline struct ct4_entry *lb4_fwd_find(const struct pkt4 *p,
 }
 
 /*
+ * tcp_stray_local - whether @daddr, an external frontend's address that a
+ * TCP stray (ct_tcp_stray) from @saddr came in for on @skb's device, is
+ * one of the node's (bpf_fib_lookup: BPF_FIB_LKUP_RET_NOT_FWDED, a local
+ * route; or no route at all, or forwarding off on the device,
+ * BPF_FIB_LKUP_RET_FWD_DISABLED, where the stack forwards nothing
+ * either). kube-proxy leaves netfilter's INVALID untranslated: to a node
+ * address it goes up to the node's stack, which answers a FIN or an ACK
+ * with a RST (no socket), so the client stops retransmitting; to any
+ * other address it is routed on, and iptables mode's KUBE-FORWARD drops
+ * it (ctstate INVALID). On the stray's path only; a global function,
+ * verified once, its lookup's frame beside the caller's (as
+ * icmp_reject_src).
+ */
+__noinline int tcp_stray_local(struct __sk_buff *skb, __be32 saddr,
+			       __be32 daddr)
+{
+	struct bpf_fib_lookup fib = {
+		.family = AF_INET,
+		.tot_len = sizeof(struct iphdr),
+		.ipv4_src = saddr,
+		.ipv4_dst = daddr,
+	};
+	int ret;
+
+	if (!skb)
+		return 0;
+	fib.ifindex = skb->ifindex;
+	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SKIP_NEIGH);
+	return ret == BPF_FIB_LKUP_RET_NOT_FWDED ||
+	       ret == BPF_FIB_LKUP_RET_FWD_DISABLED;
+}
+
+/*
  * lb4_select - where a packet to frontend @svc goes: the backend of its
  * flow's usable conntrack entry @fwd (under @key; lb4_fwd_find, which
  * set @gone and @fresh), else, when @fwd is NULL, a backend selected now
@@ -707,7 +741,9 @@ static __always_inline struct ct4_entry *lb4_fwd_find(const struct pkt4 *p,
  * new flow is refused.
  *
  * Returns 0 with @x filled in, 1 if @p starts a flow to a frontend without
- * backends (to refuse), or -1 if it must be dropped (counted).
+ * backends (to refuse), 2 if it goes up untranslated (a TCP stray to an
+ * external frontend on a node address: tcp_stray_local; counted), or -1
+ * if it must be dropped (counted).
  */
 static __always_inline int
 lb4_select(struct __sk_buff *skb, const struct pkt4 *p,
@@ -734,6 +770,21 @@ lb4_select(struct __sk_buff *skb, const struct pkt4 *p,
 		 */
 		metric_count(p, METRIC_TC_FRAG_DROP);
 		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
+		return -1;
+	}
+	if (p->proto == IPPROTO_TCP && ct_tcp_stray(p->tcp_flags)) {
+		/* No flow, and this packet cannot open one (a RST, a FIN,
+		 * ...): netfilter's INVALID, neither translated nor
+		 * refused. To a backend chosen now it would be a stray.
+		 * Up to the node's stack if for a node address (NodePort).
+		 */
+		if ((svc->flags & SVC_F_EXTERNAL) &&
+		    tcp_stray_local(skb, p->saddr, p->daddr)) {
+			metric_count(p, METRIC_TC_TCP_STRAY_UP);
+			return 2;
+		}
+		metric_count(p, METRIC_TC_TCP_STRAY);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
 		return -1;
 	}
 	if (svc->count == 0)
@@ -763,6 +814,8 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
 	ret = lb4_select(skb, p, svc, key, fwd, gone, fresh, now, &x);
 	if (ret < 0)
 		return TC_ACT_SHOT;
+	if (ret == 2)
+		return TC_ACT_OK;
 	if (ret > 0)
 		return lb4_refuse(skb, p, svc);
 

@@ -80,6 +80,8 @@
  * of the flow closed (flags set atomically; only entries that point back
  * at each other are one flow); a closed entry lives ct_timeout_close_ns
  * after its last packet, and a new SYN on its tuple starts a new flow.
+ * A RST's mark is taken back, or made a challenged one, by what the two
+ * sides send after it (ct_track_tcp).
  *
  * IPv6 flows are tracked the same way in maps of their own: the functions
  * below ct_lifetime are written once, in conntrack_fam.h, and built for
@@ -122,10 +124,76 @@
 #define READ_ONCE(x)	 (*(volatile typeof(x) *)&(x))
 #define WRITE_ONCE(x, v) (*(volatile typeof(x) *)&(x) = (v))
 
+/* The RST marks of a flow's entries, either way (ct_track_tcp). */
+#define CT_F_RST_ANY (CT_F_RST_FWD | CT_F_RST_REV)
+/* The challenged RST marks, either way (ct_track_tcp). */
+#define CT_F_CHAL_ANY (CT_F_CHAL_FWD | CT_F_CHAL_REV)
+
 static __always_inline bool ct_closed(__u32 flags)
 {
-	return (flags & CT_F_RST) || (flags & (CT_F_FIN_FWD | CT_F_FIN_REV)) ==
-					     (CT_F_FIN_FWD | CT_F_FIN_REV);
+	return (flags & CT_F_RST_ANY) ||
+	       (flags & (CT_F_FIN_FWD | CT_F_FIN_REV)) ==
+		       (CT_F_FIN_FWD | CT_F_FIN_REV);
+}
+
+/*
+ * ct_tcp_sets - the mark a TCP packet with @tcp_flags, in direction @dir
+ * (its entry's key's), sets on its flow (ct_track_tcp): its RST or FIN,
+ * with its side; 0 if none.
+ */
+static __always_inline __u32 ct_tcp_sets(__u8 tcp_flags, __u8 dir)
+{
+	if (tcp_flags & TCP_FLAG_RST)
+		return dir == CT_FORWARD ? CT_F_RST_FWD : CT_F_RST_REV;
+	if (tcp_flags & TCP_FLAG_FIN)
+		return dir == CT_FORWARD ? CT_F_FIN_FWD : CT_F_FIN_REV;
+	return 0;
+}
+
+/*
+ * ct_tcp_clears - the marks a TCP packet with @tcp_flags, in direction
+ * @dir, takes back from its flow (ct_track_tcp): its own side's RST and
+ * challenged RST (its sender is alive: the RST was not its own, or not
+ * its last word), unless the packet is a RST or a SYN itself; 0 if none.
+ */
+static __always_inline __u32 ct_tcp_clears(__u8 tcp_flags, __u8 dir)
+{
+	if (tcp_flags & (TCP_FLAG_RST | TCP_FLAG_SYN))
+		return 0;
+	return dir == CT_FORWARD ? CT_F_RST_FWD | CT_F_CHAL_FWD :
+				   CT_F_RST_REV | CT_F_CHAL_REV;
+}
+
+/*
+ * ct_tcp_challenges - the other side's RST mark that a TCP packet with
+ * @tcp_flags, in direction @dir, without payload if @bare, challenges
+ * (ct_track_tcp: it becomes CT_F_CHAL_*): the packet is a bare ACK (no
+ * SYN, FIN or RST, no payload), the shape of a challenge ACK; 0 if not.
+ */
+static __always_inline __u32 ct_tcp_challenges(__u8 tcp_flags, bool bare,
+					       __u8 dir)
+{
+	if (!bare || (tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_FIN |
+				   TCP_FLAG_RST)) != TCP_FLAG_ACK)
+		return 0;
+	return dir == CT_FORWARD ? CT_F_RST_REV : CT_F_RST_FWD;
+}
+
+/*
+ * ct_tcp_stray - whether a TCP packet with @tcp_flags, which has no
+ * conntrack entry, cannot open a flow: netfilter's table from NONE
+ * (nf_conntrack_proto_tcp.c, tcp_conntracks) opens one for a SYN (SYN
+ * without ACK) or, by loose pickup, an ACK (without SYN or FIN), and
+ * neither with RST; a RST, a FIN, a SYN-ACK or a packet with neither SYN
+ * nor ACK is INVALID there: no entry, no NAT. tc drops it, counted
+ * (METRIC_TC_TCP_STRAY), instead of sending it to a random backend.
+ */
+static __always_inline bool ct_tcp_stray(__u8 tcp_flags)
+{
+	__u8 f = tcp_flags &
+		 (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_FIN | TCP_FLAG_RST);
+
+	return f != TCP_FLAG_SYN && f != TCP_FLAG_ACK;
 }
 
 /* ct_alive - whether an entry expiring at @expires is alive at @now. */
@@ -141,6 +209,8 @@ static __always_inline __u64 ct_lifetime(__u8 proto, __u32 flags)
 		return ct_timeout_udp_ns;
 	if (ct_closed(flags))
 		return ct_timeout_close_ns;
+	if (flags & CT_F_CHAL_ANY)
+		return ct_timeout_syn_ns;
 	return (flags & CT_F_REPLIED) ? ct_timeout_tcp_ns : ct_timeout_syn_ns;
 }
 

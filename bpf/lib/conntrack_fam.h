@@ -49,6 +49,39 @@ static __always_inline void FN(ct_mark)(FAM(ct_entry_t) *e, __u32 bits,
 }
 
 /*
+ * ct_unmark - take @clears (ct_tcp_clears) back from the flags of @e, a
+ * TCP flow's entry, and turn @chal (ct_tcp_challenges: a RST mark, or 0)
+ * into its challenged mark (CT_F_CHAL_*), atomically each, and refresh it
+ * (ct_refresh: by the flags it has now, so a flow that this reopens goes
+ * back to its lifetime from @now: the established timeout if answered,
+ * ct_timeout_syn_ns while challenged). The challenged mark is set before
+ * the RST's is cleared: between the two the flow is closed still.
+ *
+ * Not ordered against a RST on another CPU (known limitation, README):
+ * a RST whose or (ct_mark) falls between this read and the and below,
+ * when its bit was set already, is undone here. A challenge ACK's own
+ * answer cannot race it (tc and XDP update the entries before the ACK
+ * leaves the node); a RST crossing a bare ACK leaves the flow challenged
+ * (ct_timeout_syn_ns, not the close timeout); a RST racing its own
+ * sender's earlier packet (one direction of a flow, on two CPUs) leaves
+ * it open.
+ */
+static __always_inline void FN(ct_unmark)(FAM(ct_entry_t) *e, __u32 clears,
+					  __u32 chal, __u64 now)
+{
+	__u32 f = READ_ONCE(e->flags);
+
+	if (!(f & (clears | chal)))
+		return;
+	if (f & chal)
+		__sync_fetch_and_or(&e->flags, chal == CT_F_RST_FWD ?
+						       CT_F_CHAL_FWD :
+						       CT_F_CHAL_REV);
+	__sync_fetch_and_and(&e->flags, ~(clears | chal));
+	FN(ct_refresh)(e, IPPROTO_TCP, now);
+}
+
+/*
  * ct_new_live - whether this family's sluice_ct_new may hold an entry
  * (conntrack.h): while not, none of its lookups is made.
  */
@@ -317,6 +350,34 @@ static __always_inline bool FN(ct_fwd_usable)(const FAM(ct_entry_t) *fwd,
  * if it is this flow's (ct_is_peer): a straggler of an old flow on a reused
  * tuple, or a RST from a backend the flow does not use, must not close the
  * flow that now holds the tuple.
+ *
+ * A RST is marked with its side (CT_F_RST_FWD from the client,
+ * CT_F_RST_REV from the backend): the flow is closed (the close timeout).
+ * Sluice keeps no sequence numbers, which netfilter judges a RST by (an
+ * out-of-window RST is INVALID, an inexact one in the window keeps the
+ * flow open "to allow a possible challenge ACK"), so it reads the RST's
+ * fate from what each side sends after it (ct_unmark):
+ *
+ * - a later packet of the RST's sender, neither a RST nor a SYN, takes
+ *   the mark back (ct_tcp_clears): the sender is alive, so the RST was
+ *   not its own (spoofed, or a middlebox's), or its stack sends on. Its
+ *   packets sent before the RST are ahead of it on the path.
+ * - a bare ACK of the RST's receiver (ACK alone, no payload:
+ *   ct_tcp_challenges) turns the mark into a challenged one (CT_F_CHAL_*):
+ *   open, but living ct_timeout_syn_ns idle, until the sender sends more
+ *   (the mark goes: established again) or a RST (the exact RST that
+ *   answers a challenge ACK: closed again). It is the challenge ACK of an
+ *   inexact RST the receiver ignored (RFC 5961); but it may be an ACK the
+ *   receiver sent before the RST reached it (a client aborting an upload
+ *   while the server acknowledges it), hence the short lifetime.
+ * - the receiver's other packets change nothing: data (or a FIN) it sent
+ *   before the RST reached it (a server streaming to a client that
+ *   aborts) must not reopen a flow whose client is gone, or its entries
+ *   would live the established timeout where the close timeout was due.
+ *
+ * Without any of this, a connection that outlived a stray or spoofed RST
+ * lost its entries after the close timeout idle, and its next packet
+ * went to a backend chosen afresh.
  */
 static __always_inline void FN(ct_track_tcp)(const FAM(pkt_t) *p,
 					     const FAM(ct_key_t) *key,
@@ -324,19 +385,29 @@ static __always_inline void FN(ct_track_tcp)(const FAM(pkt_t) *p,
 {
 	FAM(ct_key_t) pkey;
 	FAM(ct_entry_t) *pe;
-	__u32 bits;
 
-	if (explain_dry(p) || p->proto != IPPROTO_TCP ||
-	    !(p->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)))
+	if (explain_dry(p) || p->proto != IPPROTO_TCP)
 		return;
-	if (p->tcp_flags & TCP_FLAG_RST)
-		bits = CT_F_RST;
-	else
-		bits = key->dir == CT_FORWARD ? CT_F_FIN_FWD : CT_F_FIN_REV;
-	FN(ct_mark)(e, bits, p->proto, now);
+	if (!ct_tcp_sets(p->tcp_flags, key->dir) &&
+	    !(READ_ONCE(e->flags) &
+	      (ct_tcp_clears(p->tcp_flags, key->dir) |
+	       ct_tcp_challenges(p->tcp_flags, p->tcp_bare, key->dir))))
+		return;
+	FN(ct_unmark)(e, ct_tcp_clears(p->tcp_flags, key->dir),
+		      ct_tcp_challenges(p->tcp_flags, p->tcp_bare, key->dir),
+		      now);
+	FN(ct_mark)(e, ct_tcp_sets(p->tcp_flags, key->dir), p->proto, now);
 	pe = FN(ct_peer)(key, e, now, &pkey);
-	if (pe)
-		FN(ct_mark)(pe, bits, p->proto, now);
+	if (!pe)
+		return;
+	/* The marks worked out again from @p, not kept: a value live
+	 * across ct_peer's lookups is a stack slot, and IPv6's XDP reply
+	 * step has none to spare (the 512-byte limit of its call chain).
+	 */
+	FN(ct_unmark)(pe, ct_tcp_clears(p->tcp_flags, key->dir),
+		      ct_tcp_challenges(p->tcp_flags, p->tcp_bare, key->dir),
+		      now);
+	FN(ct_mark)(pe, ct_tcp_sets(p->tcp_flags, key->dir), IPPROTO_TCP, now);
 }
 
 /*

@@ -67,6 +67,12 @@ struct pkt4 {
 	 * else.
 	 */
 	bool dry;
+	/*
+	 * TCP without payload (its IP length ends where its header, by its
+	 * data offset, does): with tcp_flags, whether it is a bare ACK, the
+	 * shape of a challenge ACK (ct_tcp_challenge). In pkt4's padding.
+	 */
+	bool tcp_bare;
 };
 
 /*
@@ -171,13 +177,14 @@ static __always_inline void *skb_l3_in_place(struct __sk_buff *skb,
 /*
  * l4_in_place - the TCP or UDP header (IP protocol @proto) at @l4, read in
  * place up to @data_end: a pointer to its ports if the whole header is
- * there, with its length in @l4_min, its TCP flags in @flags (0 for UDP)
- * and, for UDP, its checksum in @check (1 for TCP); else NULL (another
- * protocol, or a header beyond the linear data).
+ * there, with its length in @l4_min, its TCP flags in @flags and its
+ * header length (data offset) in @doff (0 for UDP) and, for UDP, its
+ * checksum in @check (1 for TCP); else NULL (another protocol, or a
+ * header beyond the linear data).
  */
 static __always_inline __be16 *l4_in_place(void *l4, void *data_end, __u8 proto,
 					   __u32 *l4_min, __u8 *flags,
-					   __u16 *check)
+					   __u8 *doff, __u16 *check)
 {
 	if (proto == IPPROTO_TCP) {
 		struct tcphdr *th = l4;
@@ -186,6 +193,7 @@ static __always_inline __be16 *l4_in_place(void *l4, void *data_end, __u8 proto,
 			return NULL;
 		*l4_min = sizeof(*th);
 		*flags = ((__u8 *)l4)[13];
+		*doff = (((__u8 *)l4)[12] >> 4) * 4;
 		*check = 1;
 	} else if (proto == IPPROTO_UDP) {
 		struct udphdr *uh = l4;
@@ -194,6 +202,7 @@ static __always_inline __be16 *l4_in_place(void *l4, void *data_end, __u8 proto,
 			return NULL;
 		*l4_min = sizeof(*uh);
 		*flags = 0;
+		*doff = 0;
 		*check = uh->check;
 	} else {
 		return NULL;
@@ -223,7 +232,7 @@ static __always_inline int parse_ipv4_linear(struct __sk_buff *skb,
 	__u16 frag, check;
 	struct iphdr *ip;
 	__be16 *ports;
-	__u8 flags;
+	__u8 flags, doff;
 	int ret;
 
 	ip = skb_l3_in_place(skb, 4, bpf_htons(ETH_P_IP), sizeof(*ip), &l3_off,
@@ -237,7 +246,7 @@ static __always_inline int parse_ipv4_linear(struct __sk_buff *skb,
 		return -1;
 	/* Each header's fields are read where its bounds are checked. */
 	ports = l4_in_place(ip + 1, data_end, ip->protocol, &l4_min, &flags,
-			    &check);
+			    &doff, &check);
 	if (!ports)
 		return -1;
 	tot_len = bpf_ntohs(ip->tot_len);
@@ -262,6 +271,7 @@ static __always_inline int parse_ipv4_linear(struct __sk_buff *skb,
 					   offsetof(struct tcphdr, check) :
 					   offsetof(struct udphdr, check));
 	p->tcp_flags = flags;
+	p->tcp_bare = doff && tot_len - sizeof(*ip) == doff;
 	p->sport = ports[0];
 	p->dport = ports[1];
 	return PARSE_OK;
@@ -402,9 +412,14 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 	p->csum_off = p->l4_off + (ip.protocol == IPPROTO_TCP ?
 					   offsetof(struct tcphdr, check) :
 					   offsetof(struct udphdr, check));
-	if (ip.protocol == IPPROTO_TCP &&
-	    bpf_skb_load_bytes(skb, p->l4_off + 13, &p->tcp_flags, 1) < 0)
-		return PARSE_MALFORMED;
+	if (ip.protocol == IPPROTO_TCP) {
+		__u8 th[2]; /* data offset, flags */
+
+		if (bpf_skb_load_bytes(skb, p->l4_off + 12, th, 2) < 0)
+			return PARSE_MALFORMED;
+		p->tcp_flags = th[1];
+		p->tcp_bare = tot_len - ihl_len == (__u32)(th[0] >> 4) * 4;
+	}
 	p->sport = ports[0];
 	p->dport = ports[1];
 	return PARSE_OK;
@@ -444,23 +459,24 @@ static __always_inline struct ethhdr *xdp_eth(struct xdp_md *ctx, __be16 proto)
  * xdp_l4 - the TCP or UDP header (IP protocol @proto) at @l4, after @hdr
  * bytes of IP header of the @len the IP header says, in a frame ending at
  * @end: whole in both, and with a checksum if @udp_csum and UDP. Sets
- * @l4csum to its checksum and, for TCP, @tcp_flags to its flags. Returns
- * false for anything else.
+ * @l4csum to its checksum and, for TCP, @tcp_flags to its flags and
+ * @bare to whether it has no payload. Returns false for anything else.
  */
 static __always_inline bool xdp_l4(void *l4, void *end, __u32 len, __u32 hdr,
 				   __u8 proto, bool udp_csum, __u16 **l4csum,
-				   __u8 *tcp_flags)
+				   __u8 *tcp_flags, bool *bare)
 {
 	__u32 l4_min;
 	__u16 check;
-	__u8 flags;
+	__u8 flags, doff;
 
-	if (!l4_in_place(l4, end, proto, &l4_min, &flags, &check) ||
+	if (!l4_in_place(l4, end, proto, &l4_min, &flags, &doff, &check) ||
 	    len < hdr + l4_min || (udp_csum && !check))
 		return false;
 	if (proto == IPPROTO_TCP) {
 		*l4csum = l4 + offsetof(struct tcphdr, check);
 		*tcp_flags = flags;
+		*bare = len - hdr == doff;
 	} else {
 		*l4csum = l4 + offsetof(struct udphdr, check);
 	}
@@ -496,7 +512,7 @@ static __always_inline bool parse_ipv4_xdp(struct xdp_md *ctx,
 	 */
 	tot_len = bpf_ntohs(ip->tot_len);
 	if (!xdp_l4(ip + 1, end, tot_len, sizeof(*ip), ip->protocol, false,
-		    &x->l4csum, &x->p.tcp_flags))
+		    &x->l4csum, &x->p.tcp_flags, &x->p.tcp_bare))
 		return false;
 	x->eth = eth;
 	x->ip = ip;

@@ -58,6 +58,8 @@ struct pkt6 {
 	bool frag_later;
 	/* A dry run's packet (explain.h), as pkt4.dry. */
 	bool dry;
+	/* TCP without payload, as pkt4.tcp_bare (in pkt6's padding). */
+	bool tcp_bare;
 };
 
 /* A fragment header's fields (after its next header and reserved byte). */
@@ -220,7 +222,7 @@ static __always_inline int parse_ipv6_linear(struct __sk_buff *skb,
 	struct ipv6hdr *ip;
 	__u16 check;
 	__be16 *ports;
-	__u8 flags;
+	__u8 flags, doff;
 	int ret;
 
 	ip = skb_l3_in_place(skb, 6, bpf_htons(ETH_P_IPV6), sizeof(*ip),
@@ -231,7 +233,7 @@ static __always_inline int parse_ipv6_linear(struct __sk_buff *skb,
 		return PARSE_MALFORMED;
 	/* Each header's fields are read where its bounds are checked. */
 	ports = l4_in_place(ip + 1, data_end, ip->nexthdr, &l4_min, &flags,
-			    &check);
+			    &doff, &check);
 	if (!ports)
 		return -1;
 	end = l3_off + sizeof(*ip) + bpf_ntohs(ip->payload_len);
@@ -253,6 +255,7 @@ static __always_inline int parse_ipv6_linear(struct __sk_buff *skb,
 	p->sport = ports[0];
 	p->dport = ports[1];
 	p->tcp_flags = flags;
+	p->tcp_bare = doff && end - off == doff;
 	p->csum_off = off + (p->proto == IPPROTO_TCP ?
 				     offsetof(struct tcphdr, check) :
 				     offsetof(struct udphdr, check));
@@ -375,9 +378,14 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct pkt6 *p)
 	p->dport = ports[1];
 	if (bpf_ntohs(frag.off) & 1)
 		frag6_record(p, frag.id);
-	if (proto == IPPROTO_TCP &&
-	    bpf_skb_load_bytes(skb, off + 13, &p->tcp_flags, 1) < 0)
-		return PARSE_MALFORMED;
+	if (proto == IPPROTO_TCP) {
+		__u8 th[2]; /* data offset, flags */
+
+		if (bpf_skb_load_bytes(skb, off + 12, th, 2) < 0)
+			return PARSE_MALFORMED;
+		p->tcp_flags = th[1];
+		p->tcp_bare = end - off == (__u32)(th[0] >> 4) * 4;
+	}
 	if (proto == IPPROTO_UDP) {
 		__u16 check;
 
@@ -425,7 +433,7 @@ static __always_inline bool parse_ipv6_xdp(struct xdp_md *ctx,
 	 */
 	len = bpf_ntohs(ip->payload_len);
 	if (!xdp_l4(ip + 1, end, len, 0, ip->nexthdr, true, &x->l4csum,
-		    &x->p.tcp_flags))
+		    &x->p.tcp_flags, &x->p.tcp_bare))
 		return false;
 	x->eth = eth;
 	x->ip = ip;

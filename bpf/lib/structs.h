@@ -198,8 +198,14 @@ enum ct_flags {
 	CT_F_FIN_FWD = 0x02,
 	/* TCP FIN seen from the backend */
 	CT_F_FIN_REV = 0x04,
-	/* TCP RST seen either way */
-	CT_F_RST = 0x08,
+	/*
+	 * TCP RST seen from the client (before CT_F_RST_REV, from either
+	 * side: an entry of an earlier release with it is closed all the
+	 * same). Taken back (ct_track_tcp) by a later packet of the client
+	 * (not a RST or a SYN), or turned into CT_F_CHAL_FWD by a bare ACK
+	 * of the backend.
+	 */
+	CT_F_RST_FWD = 0x08,
 	/* a reply seen: the flow is established */
 	CT_F_REPLIED = 0x10,
 	/*
@@ -211,6 +217,18 @@ enum ct_flags {
 	 * the flow off the count
 	 */
 	CT_F_COUNTED = 0x20,
+	/* TCP RST seen from the backend (CT_F_RST_FWD's twin) */
+	CT_F_RST_REV = 0x40,
+	/*
+	 * The client's RST answered by a bare ACK of the backend (the
+	 * challenge ACK of a RST it ignored, RFC 5961; or an ACK it sent
+	 * before the RST reached it): open again, but living
+	 * ct_timeout_syn_ns idle, until the client sends more (it is alive:
+	 * the mark goes) or a RST (closed again). ct_track_tcp.
+	 */
+	CT_F_CHAL_FWD = 0x80,
+	/* The backend's RST answered by the client's bare ACK (twin) */
+	CT_F_CHAL_REV = 0x100,
 };
 
 /*
@@ -442,6 +460,19 @@ enum metric_reason {
 	 * rev_at_egress4; tc6.h, rev_at_egress6; icmp_xlate.h, icmp6_xlate.h)
 	 */
 	METRIC_TC_REV_AT_EGRESS,
+	/* a TCP packet to a frontend that has no conntrack entry and cannot
+	 * open one (a RST, a FIN, a SYN-ACK, or neither SYN nor ACK): dropped
+	 * untranslated, as netfilter finds it INVALID and opens nothing
+	 * (only a SYN, or an ACK by loose pickup, opens a flow)
+	 */
+	METRIC_TC_TCP_STRAY,
+	/* a TCP packet as METRIC_TC_TCP_STRAY's, to an external frontend
+	 * (NodePort, ExternalIP, LoadBalancer) on one of the node's own
+	 * addresses: passed up untranslated, as kube-proxy leaves netfilter's
+	 * INVALID there, for the node's stack (which answers a FIN or an ACK
+	 * with a RST: no socket); not counted METRIC_TC_TCP_STRAY
+	 */
+	METRIC_TC_TCP_STRAY_UP,
 	METRIC_MAX,
 };
 

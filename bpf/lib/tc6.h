@@ -251,6 +251,28 @@ __noinline int rev_at_egress6(struct __sk_buff *skb, const struct pkt6 *p)
 }
 
 /*
+ * tcp_stray_local6 - tcp_stray_local (tc.c) for IPv6: whether @p, a TCP
+ * stray to an external frontend, is for one of the node's addresses.
+ */
+__noinline int tcp_stray_local6(struct __sk_buff *skb, const struct pkt6 *p)
+{
+	struct bpf_fib_lookup fib = {
+		.family = AF_INET6,
+		.tot_len = sizeof(struct ipv6hdr),
+	};
+	int ret;
+
+	if (!skb || !p)
+		return 0;
+	fib.ifindex = skb->ifindex;
+	__builtin_memcpy(fib.ipv6_src, &p->saddr, sizeof(p->saddr));
+	__builtin_memcpy(fib.ipv6_dst, &p->daddr, sizeof(p->daddr));
+	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SKIP_NEIGH);
+	return ret == BPF_FIB_LKUP_RET_NOT_FWDED ||
+	       ret == BPF_FIB_LKUP_RET_FWD_DISABLED;
+}
+
+/*
  * rev_nat6 - if @p is a reply of a translated flow, rewrite its source
  * back to the frontend. Returns a TC verdict, -1 if @p is not such a
  * reply, or TC6_FORWARD for a reply of a source-NATed flow, with @x
@@ -685,6 +707,16 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 		 */
 		metric_count(p, METRIC_TC_FRAG_DROP);
 		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_ERROR, 0);
+		return TC_ACT_SHOT;
+	}
+	if (ret == 2 && p->proto == IPPROTO_TCP && ct_tcp_stray(p->tcp_flags)) {
+		/* No flow, and it cannot open one (see lb4_select). */
+		if ((svc->flags & SVC_F_EXTERNAL) && tcp_stray_local6(skb, p)) {
+			metric_count(p, METRIC_TC_TCP_STRAY_UP);
+			return TC_ACT_OK;
+		}
+		metric_count(p, METRIC_TC_TCP_STRAY);
+		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_CONNTRACK, 0);
 		return TC_ACT_SHOT;
 	}
 	if (ret == 2 && svc->count) {

@@ -208,6 +208,9 @@ static FAM(xdp_step) int FN(xdp_fwd)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 	FN(ct_key_of)(&key, p, CT_FORWARD);
 	fwd = FN(ct_find)(&key, now, &half_open);
 	if (!fwd) {
+		/* A packet that cannot open a flow: tc drops it, counted. */
+		if (p->proto == IPPROTO_TCP && ct_tcp_stray(p->tcp_flags))
+			return XDP_PASS;
 		*svcp = svc;
 		return XDP_NEW_FLOW;
 	}

@@ -26,9 +26,16 @@ const (
 	ctFlagSNAT    = uint32(sockCtFlagsCT_F_SNAT)
 	ctFlagFinFwd  = uint32(sockCtFlagsCT_F_FIN_FWD)
 	ctFlagFinRev  = uint32(sockCtFlagsCT_F_FIN_REV)
-	ctFlagRST     = uint32(sockCtFlagsCT_F_RST)
+	ctFlagRSTFwd  = uint32(sockCtFlagsCT_F_RST_FWD)
+	ctFlagRSTRev  = uint32(sockCtFlagsCT_F_RST_REV)
+	ctFlagChalFwd = uint32(sockCtFlagsCT_F_CHAL_FWD)
+	ctFlagChalRev = uint32(sockCtFlagsCT_F_CHAL_REV)
 	ctFlagReplied = uint32(sockCtFlagsCT_F_REPLIED)
 	ctFlagCounted = uint32(sockCtFlagsCT_F_COUNTED)
+	// ctFlagRST is a RST either way (conntrack.h, CT_F_RST_ANY).
+	ctFlagRST = ctFlagRSTFwd | ctFlagRSTRev
+	// ctFlagChal is a challenged RST either way (CT_F_CHAL_ANY).
+	ctFlagChal = ctFlagChalFwd | ctFlagChalRev
 
 	// nodeDevL3 flags a device without a link-layer header, nodeDevTC
 	// one the agent attached tc to, nodeDevPort a port of a bridge,

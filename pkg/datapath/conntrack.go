@@ -332,6 +332,8 @@ func (t ctTimeouts) lifetime(proto uint8, flags uint32) uint64 {
 		return t.udp
 	case ctClosed(flags):
 		return t.close
+	case flags&ctFlagChal != 0:
+		return t.syn
 	case flags&ctFlagReplied != 0:
 		return t.tcp
 	}

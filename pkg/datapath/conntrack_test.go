@@ -60,6 +60,8 @@ func ctLifetime(cfg Config, proto uint8, flags uint32) time.Duration {
 		return cfg.CTTimeoutUDP
 	case flags&ctFlagRST != 0 || flags&(ctFlagFinFwd|ctFlagFinRev) == ctFlagFinFwd|ctFlagFinRev:
 		return cfg.CTTimeoutClose
+	case flags&ctFlagChal != 0:
+		return cfg.CTTimeoutSYN
 	case flags&ctFlagReplied != 0:
 		return cfg.CTTimeoutTCP
 	}

@@ -195,7 +195,7 @@ func conntrackEntry[K ctKey, V ctValue](established bool, k K, v V, now uint64) 
 	for _, f := range []struct {
 		bit  uint32
 		name string
-	}{{ctFlagSNAT, "snat"}, {ctFlagReplied, "replied"}, {ctFlagFinFwd, "fin-client"}, {ctFlagFinRev, "fin-backend"}, {ctFlagRST, "rst"}} {
+	}{{ctFlagSNAT, "snat"}, {ctFlagReplied, "replied"}, {ctFlagFinFwd, "fin-client"}, {ctFlagFinRev, "fin-backend"}, {ctFlagRSTFwd, "rst-client"}, {ctFlagRSTRev, "rst-backend"}, {ctFlagChalFwd, "rst-client-challenged"}, {ctFlagChalRev, "rst-backend-challenged"}} {
 		if w.flags&f.bit != 0 {
 			e.Flags = append(e.Flags, f.name)
 		}

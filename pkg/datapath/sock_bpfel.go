@@ -129,12 +129,15 @@ const (
 type sockCtFlags uint32
 
 const (
-	sockCtFlagsCT_F_SNAT    sockCtFlags = 1
-	sockCtFlagsCT_F_FIN_FWD sockCtFlags = 2
-	sockCtFlagsCT_F_FIN_REV sockCtFlags = 4
-	sockCtFlagsCT_F_RST     sockCtFlags = 8
-	sockCtFlagsCT_F_REPLIED sockCtFlags = 16
-	sockCtFlagsCT_F_COUNTED sockCtFlags = 32
+	sockCtFlagsCT_F_SNAT     sockCtFlags = 1
+	sockCtFlagsCT_F_FIN_FWD  sockCtFlags = 2
+	sockCtFlagsCT_F_FIN_REV  sockCtFlags = 4
+	sockCtFlagsCT_F_RST_FWD  sockCtFlags = 8
+	sockCtFlagsCT_F_REPLIED  sockCtFlags = 16
+	sockCtFlagsCT_F_COUNTED  sockCtFlags = 32
+	sockCtFlagsCT_F_RST_REV  sockCtFlags = 64
+	sockCtFlagsCT_F_CHAL_FWD sockCtFlags = 128
+	sockCtFlagsCT_F_CHAL_REV sockCtFlags = 256
 )
 
 type sockCtGcArgs struct {
@@ -390,7 +393,9 @@ const (
 	sockMetricReasonMETRIC_TC_CT_EST_OVERFLOW   sockMetricReason = 46
 	sockMetricReasonMETRIC_TC_ICMP_RATELIMITED  sockMetricReason = 47
 	sockMetricReasonMETRIC_TC_REV_AT_EGRESS     sockMetricReason = 48
-	sockMetricReasonMETRIC_MAX                  sockMetricReason = 49
+	sockMetricReasonMETRIC_TC_TCP_STRAY         sockMetricReason = 49
+	sockMetricReasonMETRIC_TC_TCP_STRAY_UP      sockMetricReason = 50
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 51
 )
 
 type sockNodeCidr6Key struct {
