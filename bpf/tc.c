@@ -700,18 +700,28 @@ static __always_inline struct ct4_entry *lb4_fwd_find(const struct pkt4 *p,
 }
 
 /*
- * tcp_stray_local - whether @daddr, an external frontend's address that a
- * TCP stray (ct_tcp_stray) from @saddr came in for on @skb's device, is
- * one of the node's (bpf_fib_lookup: BPF_FIB_LKUP_RET_NOT_FWDED, a local
- * route; or no route at all, or forwarding off on the device,
- * BPF_FIB_LKUP_RET_FWD_DISABLED, where the stack forwards nothing
- * either). kube-proxy leaves netfilter's INVALID untranslated: to a node
- * address it goes up to the node's stack, which answers a FIN or an ACK
- * with a RST (no socket), so the client stops retransmitting; to any
- * other address it is routed on, and iptables mode's KUBE-FORWARD drops
- * it (ctstate INVALID). On the stray's path only; a global function,
- * verified once, its lookup's frame beside the caller's (as
- * icmp_reject_src).
+ * tcp_stray_local - whether a TCP stray (ct_tcp_stray) from @saddr to
+ * @daddr, an external frontend's address, that came in on @skb's device
+ * goes up to the node's stack: whether the stack would not forward it.
+ * kube-proxy leaves netfilter's INVALID untranslated: to a node address
+ * it goes up to the node's stack, which answers a FIN or an ACK with a
+ * RST (no socket), so the client stops retransmitting; to any other
+ * address it is routed on, and iptables mode's KUBE-FORWARD drops it
+ * (ctstate INVALID). bpf_fib_lookup (net/core/filter.c) tells which:
+ * BPF_FIB_LKUP_RET_NOT_FWDED, a route not RTN_UNICAST (RTN_LOCAL: a node
+ * address; also a broadcast or multicast one), or no route at all (a FIB
+ * error other than blackhole, unreachable, prohibit), which the lookup
+ * cannot tell apart from a local one: up, where the stack drops an
+ * unroutable packet as it would kube-proxy's untranslated one; and
+ * BPF_FIB_LKUP_RET_FWD_DISABLED, forwarding off on the device (IPv6: off
+ * for all), returned before any route lookup: up too, the stack delivers
+ * it if the address is local and otherwise, forwarding nothing, drops it
+ * (ip_error, no ICMP), as it would kube-proxy's. Routed on (SUCCESS,
+ * NO_NEIGH), a blackhole, unreachable or prohibit route, or a failed
+ * lookup: dropped. Flags 0, not BPF_FIB_LOOKUP_SKIP_NEIGH (Linux 6.3,
+ * -EINVAL before): a route not forwarded returns before any neighbour
+ * step. On the stray's path only; a global function, verified once, its
+ * lookup's frame beside the caller's (as icmp_reject_src).
  */
 __noinline int tcp_stray_local(struct __sk_buff *skb, __be32 saddr,
 			       __be32 daddr)
@@ -727,7 +737,7 @@ __noinline int tcp_stray_local(struct __sk_buff *skb, __be32 saddr,
 	if (!skb)
 		return 0;
 	fib.ifindex = skb->ifindex;
-	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SKIP_NEIGH);
+	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	return ret == BPF_FIB_LKUP_RET_NOT_FWDED ||
 	       ret == BPF_FIB_LKUP_RET_FWD_DISABLED;
 }

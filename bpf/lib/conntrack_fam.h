@@ -386,7 +386,10 @@ static __always_inline void FN(ct_track_tcp)(const FAM(pkt_t) *p,
 	FAM(ct_key_t) pkey;
 	FAM(ct_entry_t) *pe;
 
-	if (explain_dry(p) || p->proto != IPPROTO_TCP)
+	/* A later fragment has no TCP header (tcp_flags 0): it must not
+	 * count as its sender's packet that takes a RST's mark back.
+	 */
+	if (explain_dry(p) || p->proto != IPPROTO_TCP || p->frag_later)
 		return;
 	if (!ct_tcp_sets(p->tcp_flags, key->dir) &&
 	    !(READ_ONCE(e->flags) &

@@ -418,7 +418,9 @@ static __always_inline enum parse_result parse_ipv4(struct __sk_buff *skb,
 		if (bpf_skb_load_bytes(skb, p->l4_off + 12, th, 2) < 0)
 			return PARSE_MALFORMED;
 		p->tcp_flags = th[1];
-		p->tcp_bare = tot_len - ihl_len == (__u32)(th[0] >> 4) * 4;
+		/* A first fragment is never bare: its payload follows. */
+		p->tcp_bare = !p->frag_first &&
+			      tot_len - ihl_len == (__u32)(th[0] >> 4) * 4;
 	}
 	p->sport = ports[0];
 	p->dport = ports[1];

@@ -384,7 +384,9 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct pkt6 *p)
 		if (bpf_skb_load_bytes(skb, off + 12, th, 2) < 0)
 			return PARSE_MALFORMED;
 		p->tcp_flags = th[1];
-		p->tcp_bare = end - off == (__u32)(th[0] >> 4) * 4;
+		/* A first fragment (MF) is never bare: its payload follows. */
+		p->tcp_bare = !(bpf_ntohs(frag.off) & 1) &&
+			      end - off == (__u32)(th[0] >> 4) * 4;
 	}
 	if (proto == IPPROTO_UDP) {
 		__u16 check;

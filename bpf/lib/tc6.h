@@ -252,7 +252,8 @@ __noinline int rev_at_egress6(struct __sk_buff *skb, const struct pkt6 *p)
 
 /*
  * tcp_stray_local6 - tcp_stray_local (tc.c) for IPv6: whether @p, a TCP
- * stray to an external frontend, is for one of the node's addresses.
+ * stray to an external frontend, goes up to the node's stack (the
+ * lookup's answers, and its flags 0, as there).
  */
 __noinline int tcp_stray_local6(struct __sk_buff *skb, const struct pkt6 *p)
 {
@@ -267,7 +268,7 @@ __noinline int tcp_stray_local6(struct __sk_buff *skb, const struct pkt6 *p)
 	fib.ifindex = skb->ifindex;
 	__builtin_memcpy(fib.ipv6_src, &p->saddr, sizeof(p->saddr));
 	__builtin_memcpy(fib.ipv6_dst, &p->daddr, sizeof(p->daddr));
-	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SKIP_NEIGH);
+	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	return ret == BPF_FIB_LKUP_RET_NOT_FWDED ||
 	       ret == BPF_FIB_LKUP_RET_FWD_DISABLED;
 }

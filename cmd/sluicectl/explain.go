@@ -98,7 +98,6 @@ var dropReasons = map[string]string{
 	"tc_service_cidr_drop": "an unallocated address of the service CIDR",
 	"tc_frag_drop":         "a later fragment without its first",
 	"tc_tcp_stray":         "a TCP packet that cannot open a connection (a RST, a FIN, a SYN-ACK, or neither SYN nor ACK) with no conntrack entry: dropped untranslated, as netfilter finds it INVALID (to a ClusterIP, or an ExternalIP or LoadBalancer IP that is not the node's)",
-	"tc_tcp_stray_up":      "a TCP packet that cannot open a connection (a RST, a FIN, a SYN-ACK, or neither SYN nor ACK) with no conntrack entry, to a NodePort, ExternalIP or LoadBalancer IP on one of the node's addresses: passed up untranslated to the node's stack (which answers a FIN or an ACK with a RST), as kube-proxy leaves netfilter's INVALID",
 	"tc_ct_full":           "the conntrack table is full",
 	"tc_ct_est_full":       "the established conntrack table is full",
 	"tc_ct_clash":          "the reply tuple belongs to another flow, and the flow cannot move to another client port; or a conntrack key the flow needs holds an entry being deleted (a flush, the GC, a new flow on the tuple): the client's next try goes through",
@@ -116,6 +115,9 @@ var dropReasons = map[string]string{
 	"sock_drop":            "no endpoint for this client, a source outside loadBalancerSourceRanges, or an unallocated address of the service CIDR (EHOSTUNREACH)",
 	"sock_backend_missing": "a slot names a backend that does not exist (ECONNREFUSED)",
 }
+
+// strayUp explains tc_tcp_stray_up, a pass (not among dropReasons).
+const strayUp = "a TCP packet that cannot open a connection (a RST, a FIN, a SYN-ACK, or neither SYN nor ACK) with no conntrack entry, to a NodePort, ExternalIP or LoadBalancer IP the node does not forward (one of its addresses): passed up untranslated to the node's stack (which answers a FIN or an ACK with a RST), as kube-proxy leaves netfilter's INVALID"
 
 func explainCmd(fs *flag.FlagSet) runner {
 	dev := fs.String("device", "", "device whose tc program runs the packet (required)")
@@ -520,6 +522,10 @@ func explainTable(o *explainOut) string {
 	}
 	add("DNAT", o.DNAT)
 	add("SNAT", snat)
+	if slices.Contains(o.Reasons, "tc_tcp_stray_up") {
+		// Not a drop: the pass verdict's why.
+		add("STRAY", strayUp)
+	}
 	add("VERDICT", o.Verdict)
 	add("ERRNO", o.Errno)
 	add("REASON", o.Reason)

@@ -220,6 +220,17 @@ func TestExplainTable(t *testing.T) {
 			t.Errorf("reply counted %v without SNAT shows one:\n%s", c.reasons, reply)
 		}
 	}
+	// A TCP stray passed up to the node's stack is a pass, not a drop:
+	// no REASON, its why beside the verdict.
+	stray := explainTable(&explainOut{Program: "sluice_ingress", Packet: "TCP 10.0.0.1:1 -> 192.0.2.7:30080", Frontend: "192.0.2.7:30080/TCP",
+		Kind: "NodePort", Verdict: "pass", Reasons: []string{"tc_tcp_stray_up"}})
+	testutil.ContainsAll(t, "stray passed up", stray, "STRAY\t"+strayUp+"\n", "VERDICT\tpass\n", "COUNTED\ttc_tcp_stray_up\n")
+	if strings.Contains(stray, "REASON\t") {
+		t.Errorf("a stray passed up shows a drop reason:\n%s", stray)
+	}
+	if _, ok := dropReasons["tc_tcp_stray_up"]; ok {
+		t.Errorf("tc_tcp_stray_up among the drop reasons")
+	}
 	none := explainTable(&explainOut{Program: "sluice_ingress", Packet: "TCP 10.0.0.1:1 -> 192.0.2.1:80", Verdict: "pass"})
 	if !strings.Contains(none, "FRONTEND\tnone: not a Service frontend\n") {
 		t.Errorf("no frontend:\n%s", none)

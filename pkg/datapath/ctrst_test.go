@@ -216,6 +216,53 @@ func TestCTRSTInFlight(t *testing.T) {
 	})
 }
 
+// TestCTRSTFragments: fragments leave a RST's mark as it is. The RST's
+// sender's datagram, its first fragment sent before the RST and its later
+// fragments after it (no TCP header: flags 0), is not a packet of the
+// sender that takes the mark back; the receiver's first fragment holding
+// just the TCP header (more fragments follow) is not a bare ACK that
+// makes the mark a challenged one. Both entries keep the mark and expire
+// after the close timeout. Each side's RST. Without the fix the later
+// fragments put both entries back at the established timeout, and the
+// first fragment made the mark a challenged one (the SYN timeout).
+func TestCTRSTFragments(t *testing.T) {
+	forRSTSides(t, 47200, func(t *testing.T, r rstFlow, cfg Config) {
+		m := r.d.Maps()
+		rstBit, chalBit := r.bits()
+		dgram := func(sender bool, id uint16) packet.Packet {
+			fromBackend := sender == r.fromBackend
+			p := r.f.pkt(tcpACK | packet.PSH)
+			if fromBackend {
+				p = r.f.from(r.be.addr, tcpACK|packet.PSH)
+			}
+			p.Payload = bytes.Repeat([]byte("fragmented "), 8)
+			p.ID = id
+			return p
+		}
+		frags := dgram(true, 0x5151).Fragments(24)
+		r.run(r.fromBackend, frags[0])
+		lo := clockNow(t)
+		r.rst(tcpRST | tcpACK)
+		for _, f := range frags[1:] {
+			r.run(r.fromBackend, f)
+		}
+		hi := clockNow(t)
+		for _, k := range r.keys() {
+			ctExpiresWithin(t, m, k, rstBit, chalBit, cfg.CTTimeoutClose, lo, hi, r.what()+", then the sender's later fragments")
+		}
+
+		first := dgram(false, 0x5252).Fragments(24)[0]
+		first.RawL4 = first.RawL4[:20] // the TCP header alone, MF set
+		lo = clockNow(t)
+		r.rst(tcpRST | tcpACK)
+		r.run(!r.fromBackend, first)
+		hi = clockNow(t)
+		for _, k := range r.keys() {
+			ctExpiresWithin(t, m, k, rstBit, chalBit, cfg.CTTimeoutClose, lo, hi, r.what()+", then the receiver's first fragment of just a TCP header")
+		}
+	})
+}
+
 // TestTCStrayTCPOpensNoFlow: a TCP packet to a frontend that no flow has
 // and that cannot open one in netfilter (a RST, a FIN, a SYN-ACK, neither
 // SYN nor ACK) is dropped, counted tc_tcp_stray, and leaves no conntrack
