@@ -74,9 +74,10 @@ type Config struct {
 	// sluice_src_ranges, the loadBalancerSourceRanges of all frontends
 	// together (16384), and MaxDevices sluice_devices, the devices the
 	// programs are attached to (1024: a node's pods' devices under a
-	// pattern such as cali+, with room; 8 bytes an entry, looked up by
-	// ifindex, never walked). A pinned map of another size is
-	// migrated to this one at Open (migrate.go).
+	// pattern such as cali+, with room; 8 bytes an entry: the programs
+	// look it up by ifindex, the agent walks it on a device change only).
+	// A pinned map of another size is migrated to this one at Open
+	// (migrate.go).
 	MaxServices, MaxBackends, MaxServiceEntries, MaxConntrack, MaxConntrackNew, MaxSockRev, MaxAffinity int
 	MaxSourceRanges, MaxDevices                                                                         int
 	// PreallocateMaps (--preallocate-bpf-maps) creates the service maps
