@@ -283,7 +283,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32);
 	__type(value, struct node_dev);
-	__uint(max_entries, 64);
+	__uint(max_entries, 1024);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sluice_devices_v1 SEC(".maps");
 
@@ -482,7 +482,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __u32);
 	__type(value, union v6addr);
-	__uint(max_entries, 64);
+	__uint(max_entries, 1024);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sluice6_devices_v1 SEC(".maps");
 
