@@ -829,13 +829,8 @@ func newLogger(level string) (*slog.Logger, error) {
 // failed subscription is retried every 5 seconds.
 func followDevices(sel datapath.DeviceSelector, log *slog.Logger) func(context.Context, agent.Datapath) {
 	return func(ctx context.Context, adp agent.Datapath) {
-		var dp *datapath.Datapath
-		switch v := adp.(type) {
-		case *datapath.Datapath:
-			dp = v
-		case closedLast: // runAgent's
-			dp = v.Datapath
-		default:
+		dp := datapathOf(adp)
+		if dp == nil {
 			log.Error("following the --devices patterns: not a datapath", "type", fmt.Sprintf("%T", adp))
 			return
 		}
@@ -855,14 +850,30 @@ func followDevices(sel datapath.DeviceSelector, log *slog.Logger) func(context.C
 			default:
 				log.Info("device forgotten", "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason)
 			}
-		}, func(ctx context.Context) bool {
-			select {
-			case <-ctx.Done():
-				return false
-			case <-time.After(5 * time.Second):
-				return true
-			}
-		})
+		}, retryAfter5s)
+	}
+}
+
+// datapathOf is the datapath the agent runs (runAgent wraps it in
+// closedLast), or nil.
+func datapathOf(adp agent.Datapath) *datapath.Datapath {
+	switch v := adp.(type) {
+	case *datapath.Datapath:
+		return v
+	case closedLast:
+		return v.Datapath
+	}
+	return nil
+}
+
+// retryAfter5s is a device watch's retry after a failed subscription:
+// 5 seconds, or false once ctx is done.
+func retryAfter5s(ctx context.Context) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(5 * time.Second):
+		return true
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"time"
 
 	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/datapath"
@@ -85,13 +84,8 @@ func warnTunnelsLeftOut(attached []string, log *slog.Logger) {
 // overrun (a burst of route changes) at Warn, at most once a minute.
 func followTunnels(log *slog.Logger) func(context.Context, agent.Datapath) {
 	return func(ctx context.Context, adp agent.Datapath) {
-		var dp *datapath.Datapath
-		switch v := adp.(type) {
-		case *datapath.Datapath:
-			dp = v
-		case closedLast: // runAgent's
-			dp = v.Datapath
-		default:
+		dp := datapathOf(adp)
+		if dp == nil {
 			log.Error("following the overlay devices: not a datapath", "type", fmt.Sprintf("%T", adp))
 			return
 		}
@@ -115,13 +109,6 @@ func followTunnels(log *slog.Logger) func(context.Context, agent.Datapath) {
 			default:
 				log.Info("overlay device forgotten", "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason)
 			}
-		}, func(ctx context.Context) bool {
-			select {
-			case <-ctx.Done():
-				return false
-			case <-time.After(5 * time.Second):
-				return true
-			}
-		})
+		}, retryAfter5s)
 	}
 }
