@@ -623,6 +623,14 @@ enum node_dev_flags {
 	 * there is dropped): such a packet goes to tc (xdp_fwd_ok).
 	 */
 	NODE_DEV_F_TUNNEL = 8,
+	/*
+	 * A tunnel the agent follows (devices.go, PinnedTunnelDevices): its
+	 * default overlay listing at start or its tunnel watch attached it,
+	 * not --devices nor a node address. BPF never reads it: it is the
+	 * agent's record of why it attached the device, so that a restart
+	 * keeps this one only.
+	 */
+	NODE_DEV_F_FOLLOWED = 16,
 };
 
 /*

@@ -358,8 +358,9 @@ func run(args []string) int {
 				"name the devices with --devices (or restart once an interface holds the address)", "node_ips", na.all)
 		} else {
 			log.Info("devices holding the node addresses", "devices", cfg.Devices)
-			cfg.Devices = withTunnels(cfg.Devices, dpCfg.MaxDevices, *bpffs, log)
-			cfg.FollowDevices = followTunnels(log.With("component", "overlay"))
+			nodeDevs := cfg.Devices
+			cfg.Devices = withTunnels(nodeDevs, dpCfg.MaxDevices, *bpffs, log)
+			cfg.FollowDevices = followTunnels(nodeDevs, log.With("component", "overlay"))
 		}
 	}
 	// NodePorts answer on the --nodeport-addresses (default: primary,
@@ -825,8 +826,9 @@ func newLogger(level string) (*slog.Logger, error) {
 
 // followDevices returns what follows the links sel's patterns match, once
 // the agent's start is complete (agent.Config.FollowDevices): each link
-// attached or forgotten is logged at Info, a failure at Error, and a
-// failed subscription is retried every 5 seconds.
+// attached or forgotten is logged at Info, a failure at Error, an
+// overrun (a burst of link changes) at Warn, at most once a minute, and a
+// failed subscription is retried every 5 seconds (deviceReporter).
 func followDevices(sel datapath.DeviceSelector, log *slog.Logger) func(context.Context, agent.Datapath) {
 	return func(ctx context.Context, adp agent.Datapath) {
 		dp := datapathOf(adp)
@@ -839,18 +841,13 @@ func followDevices(sel datapath.DeviceSelector, log *slog.Logger) func(context.C
 			log.Error("following the --devices patterns", "err", err)
 			return
 		}
-		w.Run(ctx, func(e datapath.DeviceEvent) {
-			switch {
-			case e.Err != nil:
-				log.Error("device", "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason, "err", e.Err)
-			case e.Attached && e.Reason == "attached already":
-				log.Debug("device attached already", "device", e.Device, "ifindex", e.Ifindex)
-			case e.Attached:
-				log.Info("tc programs attached to device", "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason)
-			default:
-				log.Info("device forgotten", "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason)
-			}
-		}, retryAfter5s)
+		w.Run(ctx, deviceReporter(log, deviceMessages{
+			overrun:   "following the --devices patterns: changes missed, listing again",
+			failed:    "device",
+			already:   "device attached already",
+			attached:  "tc programs attached to device",
+			forgotten: "device forgotten",
+		}), retryAfter5s)
 	}
 }
 

@@ -24,10 +24,12 @@ import (
 // withTunnels is devs (the devices holding the node addresses) and the
 // overlay devices up now (datapath.TunnelDevices) not among them, as
 // many as --max-devices leaves room for. The tunnels a previous agent
-// attached to (datapath.PinnedTunnelDevices, read from the pins under
-// bpffs) are kept too, up and routed or not: one its watch attached after
-// its start may be down or routeless at this start (the CNI's agent
-// restarting with Sluice), and the start's Prune would take it off.
+// followed (datapath.PinnedTunnelDevices, read from the pins under
+// bpffs: its default tunnels and its tunnel watch's) are kept too, up and
+// routed or not: one its watch attached after its start may be down or
+// routeless at this start (the CNI's agent restarting with Sluice), and
+// the start's Prune would take it off. One it attached because --devices
+// named it is not: dropped from --devices, it goes.
 func withTunnels(devs []string, maxDevices int, bpffs string, log *slog.Logger) []string {
 	tuns, err := datapath.TunnelDevices()
 	if err != nil {
@@ -36,12 +38,12 @@ func withTunnels(devs []string, maxDevices int, bpffs string, log *slog.Logger) 
 	}
 	kept, err := datapath.PinnedTunnelDevices(bpffs)
 	if err != nil {
-		log.Warn("read the overlay devices the previous agent attached to: those down or without routes now are detached", "err", err)
+		log.Warn("read the overlay devices the previous agent followed: those down or without routes now are detached", "err", err)
 	}
 	for _, d := range kept {
 		if !slices.Contains(tuns, d) {
 			tuns = append(tuns, d)
-			log.Info("overlay device the previous agent attached to kept, though down or without routes now", "device", d)
+			log.Info("overlay device the previous agent followed kept, though down or without routes now", "device", d)
 		}
 	}
 	tuns = slices.DeleteFunc(tuns, func(d string) bool { return slices.Contains(devs, d) })
@@ -78,37 +80,62 @@ func warnTunnelsLeftOut(attached []string, log *slog.Logger) {
 // followTunnels returns what attaches to the overlay devices that appear,
 // come up or get their routes after the start (datapath.NewTunnelWatch),
 // and forgets those deleted, once the agent's start is complete
-// (agent.Config.FollowDevices): without --devices only. Each is logged
-// at Info, a failure (--max-devices full: the error names the flag) at
-// Error, and a failed subscription is retried every 5 seconds; an
-// overrun (a burst of route changes) at Warn, at most once a minute.
-func followTunnels(log *slog.Logger) func(context.Context, agent.Datapath) {
+// (agent.Config.FollowDevices): without --devices only. nodeDevs are the
+// start's devices holding the node addresses, which the watch leaves
+// alone (a node IP on wg0: the start's, renamed or not); the start's
+// other devices, the tunnels withTunnels added, are the watch's, flagged
+// followed as those it attaches are, so that a restart keeps them
+// (datapath.PinnedTunnelDevices). Each is logged at Info, a failure
+// (--max-devices full: the error names the flag) at Error, and a failed
+// subscription is retried every 5 seconds; an overrun (a burst of route
+// changes) at Warn, at most once a minute.
+func followTunnels(nodeDevs []string, log *slog.Logger) func(context.Context, agent.Datapath) {
+	nodeDevs = slices.Clone(nodeDevs)
 	return func(ctx context.Context, adp agent.Datapath) {
 		dp := datapathOf(adp)
 		if dp == nil {
 			log.Error("following the overlay devices: not a datapath", "type", fmt.Sprintf("%T", adp))
 			return
 		}
-		w, err := dp.NewTunnelWatch()
+		w, err := dp.NewTunnelWatch(nodeDevs...)
 		if err != nil {
 			log.Error("following the overlay devices: tunnels created later are not attached to", "err", err)
 			return
 		}
-		w.Run(ctx, func(e datapath.DeviceEvent) {
-			switch {
-			case e.Reason == "overrun":
-				// A burst of route changes (a BGP daemon loading a full
-				// table): the watch lists again, after a backoff.
-				log.Warn("following the overlay devices: changes missed, listing again", "err", e.Err)
-			case e.Err != nil:
-				log.Error("overlay device: flows routed through it to another node's backend are not source-NATed", "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason, "err", e.Err)
-			case e.Attached && e.Reason == "attached already":
-				log.Debug("overlay device attached already", "device", e.Device, "ifindex", e.Ifindex)
-			case e.Attached:
-				log.Info("overlay device attached to", "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason)
-			default:
-				log.Info("overlay device forgotten", "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason)
-			}
-		}, retryAfter5s)
+		w.Run(ctx, deviceReporter(log, deviceMessages{
+			overrun:   "following the overlay devices: changes missed, listing again",
+			failed:    "overlay device: flows routed through it to another node's backend are not source-NATed",
+			already:   "overlay device attached already",
+			attached:  "overlay device attached to",
+			forgotten: "overlay device forgotten",
+		}), retryAfter5s)
+	}
+}
+
+// deviceMessages are the log messages of a device watch's reporter
+// (deviceReporter).
+type deviceMessages struct {
+	overrun, failed, already, attached, forgotten string
+}
+
+// deviceReporter logs a device watch's events (datapath.DeviceEvent)
+// with msgs: an overrun (a burst of changes: the watch lists again, after
+// a backoff, and reports one a minute at most) at Warn, another failure
+// at Error, a link attached or forgotten at Info, one found attached
+// already at Debug.
+func deviceReporter(log *slog.Logger, msgs deviceMessages) func(datapath.DeviceEvent) {
+	return func(e datapath.DeviceEvent) {
+		switch {
+		case e.Reason == "overrun":
+			log.Warn(msgs.overrun, "err", e.Err)
+		case e.Err != nil:
+			log.Error(msgs.failed, "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason, "err", e.Err)
+		case e.Attached && e.Reason == "attached already":
+			log.Debug(msgs.already, "device", e.Device, "ifindex", e.Ifindex)
+		case e.Attached:
+			log.Info(msgs.attached, "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason)
+		default:
+			log.Info(msgs.forgotten, "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason)
+		}
 	}
 }

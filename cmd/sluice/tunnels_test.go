@@ -146,7 +146,7 @@ func TestFollowTunnelsAttachesLater(t *testing.T) {
 		// In the node namespace, as the agent's goroutine is in the
 		// host's.
 		if err := ns.Do(func() error {
-			followTunnels(log)(ctx, closedLast{Datapath: dp, stop: func() {}})
+			followTunnels([]string{"eth0"}, log)(ctx, closedLast{Datapath: dp, stop: func() {}})
 			return nil
 		}); err != nil {
 			t.Error(err)
@@ -201,12 +201,17 @@ func TestFollowTunnelsAttachesLater(t *testing.T) {
 	}
 }
 
-// TestRestartKeepsFollowedTunnel: an agent's watch attached the vxlan
-// ov0 after its start; the agent exits, and ov0 loses its route (flanneld
-// restarting too) before the next start. The next start, as run composes
-// it (withTunnels, AttachDevices, Commit, Prune), keeps ov0 attached: its
-// pinned tcx links and its entry flagged tunnel and tc. Pruning to the
-// tunnels up and routed at the start took it off.
+// TestRestartKeepsFollowedTunnel: four agents in turn, each start as run
+// composes it (withTunnels without --devices, AttachDevices, Commit,
+// Prune, then followTunnels). A: --devices eth0,vpn0 (a vxlan up with an
+// address of its own and no route but the kernel's, as a VPN's wg0). B,
+// without --devices: vpn0 is not kept (A attached it only because
+// --devices named it), its pins gone; B's watch attaches the vxlan ov0,
+// routed after its start; then ov0 loses its route and goes down
+// (flanneld restarting too). C keeps ov0 attached (its pinned tcx links,
+// its entry flagged tunnel, tc and followed), and so does D after C (C's
+// watch flagged ov0, a start device of C's, followed again). Keeping
+// every tunnel flagged tunnel and tc kept vpn0 at B's start.
 func TestRestartKeepsFollowedTunnel(t *testing.T) {
 	testutil.Privileged(t)
 	ns := topology.NewNS(t, "ovrestart")
@@ -220,6 +225,27 @@ func TestRestartKeepsFollowedTunnel(t *testing.T) {
 	if err := ns.AddAddr("eth0", netip.MustParsePrefix("10.212.0.1/24")); err != nil {
 		t.Fatal(err)
 	}
+	addVxlan := func(name string, vni int) netlink.Link {
+		t.Helper()
+		vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: name}, VxlanId: vni, SrcAddr: net.ParseIP("10.212.0.1"), Port: 4747 + vni}
+		if err := netlink.LinkAdd(vx); errors.Is(err, unix.EOPNOTSUPP) {
+			t.Skip("this kernel has no vxlan devices")
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if err := ns.LinkUp(name); err != nil {
+			t.Fatal(err)
+		}
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	addVxlan("vpn0", 7)
+	if err := ns.AddAddr("vpn0", netip.MustParsePrefix("10.8.0.1/24")); err != nil {
+		t.Fatal(err)
+	}
 	bpffs := testutil.PinDir(t)
 	cfg := datapath.Config{BPFFS: bpffs, DisableSocketLB: true, NodeIPs: []netip.Addr{netip.MustParseAddr("10.212.0.1")},
 		MaxServices: 64, MaxBackends: 64, MaxServiceEntries: 256, MaxConntrack: 1024, MaxConntrackNew: 1024, MaxSockRev: 64}
@@ -228,7 +254,11 @@ func TestRestartKeepsFollowedTunnel(t *testing.T) {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
-	start := func(devs []string) *datapath.Datapath {
+	buf := &testutil.Buffer{}
+	log := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	// start starts an agent on devs; without --devices (follow) its
+	// tunnel watch runs until the returned stop.
+	start := func(devs []string, follow bool) (stop func()) {
 		t.Helper()
 		dp, err := datapath.Open(cfg)
 		if err != nil {
@@ -246,83 +276,124 @@ func TestRestartKeepsFollowedTunnel(t *testing.T) {
 			dp.Close()
 			t.Fatal(err)
 		}
-		return dp
+		if !follow {
+			return func() { dp.Close() }
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := ns.Do(func() error {
+				followTunnels([]string{"eth0"}, log)(ctx, dp)
+				return nil
+			}); err != nil {
+				t.Error(err)
+			}
+		}()
+		stopped := false
+		stop = func() {
+			if !stopped {
+				stopped = true
+				cancel()
+				<-done
+				dp.Close()
+			}
+		}
+		t.Cleanup(stop)
+		return stop
 	}
-	buf := &testutil.Buffer{}
-	log := slog.New(slog.NewTextHandler(buf, nil))
+	pinned := func(dev string) []string {
+		t.Helper()
+		pins, err := filepath.Glob(filepath.Join(bpffs, "*", "links", "tcx_*_"+dev))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pins
+	}
+
+	// A: --devices eth0,vpn0.
+	stopA := start([]string{"eth0", "vpn0"}, false)
+	if p := pinned("vpn0"); len(p) != 2 {
+		t.Fatalf("vpn0's pinned tcx links under --devices: %q, want ingress and egress", p)
+	}
+	stopA()
+
+	// B: without --devices.
 	devs := withTunnels([]string{"eth0"}, datapath.DefaultMaxDevices, bpffs, log)
 	if len(devs) != 1 {
-		t.Fatalf("first start's devices %q, want eth0 alone", devs)
+		t.Fatalf("B's devices %q, want eth0 alone (vpn0, named by A's --devices, not kept)", devs)
 	}
-	dp := start(devs)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := ns.Do(func() error {
-			followTunnels(log)(ctx, dp)
-			return nil
-		}); err != nil {
-			t.Error(err)
-		}
-	}()
-	stopped := false
-	stopWatch := func() {
-		if !stopped {
-			stopped = true
-			cancel()
-			<-done
-		}
+	stopB := start(devs, true)
+	if p := pinned("vpn0"); len(p) != 0 {
+		t.Errorf("vpn0's pinned tcx links after B's start: %q, want none", p)
 	}
-	t.Cleanup(stopWatch)
-	vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "ov0"}, VxlanId: 42, SrcAddr: net.ParseIP("10.212.0.1"), Port: 4789}
-	if err := netlink.LinkAdd(vx); errors.Is(err, unix.EOPNOTSUPP) {
-		t.Skip("this kernel has no vxlan devices")
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.LinkUp("ov0"); err != nil {
-		t.Fatal(err)
-	}
-	l, err := netlink.LinkByName("ov0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ov0 := addVxlan("ov0", 42)
 	gw := net.IPv4(10, 244, 2, 0)
-	r := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(24, 32)}, Gw: gw, Flags: int(netlink.FLAG_ONLINK)}
+	r := &netlink.Route{LinkIndex: ov0.Attrs().Index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(24, 32)}, Gw: gw, Flags: int(netlink.FLAG_ONLINK)}
 	if err := netlink.RouteAdd(r); err != nil {
 		t.Fatal(err)
 	}
 	testutil.EventuallyTrue(t, "ov0 attached (logged)", time.Minute, func() bool {
 		return strings.Contains(buf.String(), `msg="overlay device attached to" device=ov0`)
 	})
-	// The agent exits; ov0 loses its route and goes down.
-	stopWatch()
-	dp.Close()
+	// B exits; ov0 loses its route and goes down.
+	stopB()
 	if err := netlink.RouteDel(r); err != nil {
 		t.Fatal(err)
 	}
-	if err := netlink.LinkSetDown(l); err != nil {
+	if err := netlink.LinkSetDown(ov0); err != nil {
 		t.Fatal(err)
 	}
-	devs = withTunnels([]string{"eth0"}, datapath.DefaultMaxDevices, bpffs, log)
-	if len(devs) != 2 || devs[1] != "ov0" {
-		t.Fatalf("restart's devices %q, want eth0 and ov0 (kept)", devs)
-	}
-	dp2 := start(devs)
-	defer dp2.Close()
-	pins, err := filepath.Glob(filepath.Join(bpffs, "*", "links", "tcx_*_ov0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(pins) != 2 {
-		t.Errorf("ov0's pinned tcx links after the restart: %q, want ingress and egress", pins)
-	}
-	kept, err := datapath.PinnedTunnelDevices(bpffs)
-	if err != nil || len(kept) != 1 || kept[0] != "ov0" {
-		t.Errorf("tunnels flagged tunnel and tc after the restart: %q (%v), want ov0", kept, err)
+
+	// C, then D: ov0 kept.
+	for _, agent := range []string{"C", "D"} {
+		devs = withTunnels([]string{"eth0"}, datapath.DefaultMaxDevices, bpffs, log)
+		if len(devs) != 2 || devs[1] != "ov0" {
+			t.Fatalf("%s's devices %q, want eth0 and ov0 (kept)", agent, devs)
+		}
+		const held = `msg="overlay device attached already" device=ov0`
+		before := strings.Count(buf.String(), held)
+		stop := start(devs, true)
+		if p := pinned("ov0"); len(p) != 2 {
+			t.Errorf("ov0's pinned tcx links after %s's start: %q, want ingress and egress", agent, p)
+		}
+		testutil.EventuallyTrue(t, agent+"'s watch holding ov0 (logged)", time.Minute, func() bool {
+			return strings.Count(buf.String(), held) > before
+		})
+		kept, err := datapath.PinnedTunnelDevices(bpffs)
+		if err != nil || len(kept) != 1 || kept[0] != "ov0" {
+			t.Errorf("tunnels followed after %s's start: %q (%v), want ov0", agent, kept, err)
+		}
+		stop()
 	}
 	if strings.Contains(buf.String(), "level=ERROR") {
 		t.Errorf("errors logged:\n%s", buf)
+	}
+}
+
+// TestDeviceReporterLevels: a device watch's reporter (the --devices
+// patterns' and the overlay devices') logs an overrun at Warn, another
+// failure at Error, an attach or a forget at Info and one found attached
+// already at Debug, each with its message. The patterns' watch logged an
+// overrun at Error.
+func TestDeviceReporterLevels(t *testing.T) {
+	buf := &testutil.Buffer{}
+	report := deviceReporter(slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		deviceMessages{overrun: "m-overrun", failed: "m-failed", already: "m-already", attached: "m-attached", forgotten: "m-forgotten"})
+	for _, c := range []struct {
+		e    datapath.DeviceEvent
+		want string
+	}{
+		{datapath.DeviceEvent{Reason: "overrun", Err: unix.ENOBUFS}, `level=WARN msg=m-overrun err="no buffer space available"`},
+		{datapath.DeviceEvent{Device: "d0", Ifindex: 3, Reason: "appeared", Err: datapath.ErrDevicesFull}, `level=ERROR msg=m-failed device=d0 ifindex=3 event=appeared err=`},
+		{datapath.DeviceEvent{Device: "d0", Ifindex: 3, Attached: true, Reason: "attached already"}, `level=DEBUG msg=m-already device=d0 ifindex=3`},
+		{datapath.DeviceEvent{Device: "d0", Ifindex: 3, Attached: true, Reason: "appeared"}, `level=INFO msg=m-attached device=d0 ifindex=3 event=appeared`},
+		{datapath.DeviceEvent{Device: "d0", Ifindex: 3, Reason: "removed"}, `level=INFO msg=m-forgotten device=d0 ifindex=3 event=removed`},
+	} {
+		before := len(buf.String())
+		report(c.e)
+		if got := buf.String()[before:]; !strings.Contains(got, c.want) {
+			t.Errorf("event %+v logged %q, want %s", c.e, got, c.want)
+		}
 	}
 }

@@ -41,11 +41,14 @@ const (
 	// one the agent attached tc to, nodeDevPort a port of a bridge,
 	// bond, team or Open vSwitch (node_dev.flags, isPortMaster),
 	// nodeDevTunnel an overlay tunnel (isTunnel), which XDP sends
-	// nothing out of.
-	nodeDevL3     = uint32(sockNodeDevFlagsNODE_DEV_F_L3)
-	nodeDevTC     = uint32(sockNodeDevFlagsNODE_DEV_F_TC)
-	nodeDevPort   = uint32(sockNodeDevFlagsNODE_DEV_F_PORT)
-	nodeDevTunnel = uint32(sockNodeDevFlagsNODE_DEV_F_TUNNEL)
+	// nothing out of, nodeDevFollowed a tunnel the agent follows (the
+	// tunnel watch's, NewTunnelWatch: BPF never reads it), which a
+	// restart keeps (PinnedTunnelDevices).
+	nodeDevL3       = uint32(sockNodeDevFlagsNODE_DEV_F_L3)
+	nodeDevTC       = uint32(sockNodeDevFlagsNODE_DEV_F_TC)
+	nodeDevPort     = uint32(sockNodeDevFlagsNODE_DEV_F_PORT)
+	nodeDevTunnel   = uint32(sockNodeDevFlagsNODE_DEV_F_TUNNEL)
+	nodeDevFollowed = uint32(sockNodeDevFlagsNODE_DEV_F_FOLLOWED)
 
 	// The kinds of the node's CIDRs (node_cidr_key.kind).
 	nodeCIDRCluster = uint32(sockNodeCidrKindNODE_CIDR_CLUSTER)

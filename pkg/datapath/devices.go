@@ -85,6 +85,28 @@ func (m *Maps) clearNodeDevTC(ifindex uint32) error {
 	return nil
 }
 
+// markDevice adds flag (nodeDevFollowed) to device ifindex's entry if it
+// is one the agent attached tc to (nodeDevTC), keeping its address and
+// other flags; no such entry, or the flag set already: nothing. The
+// caller holds devMu (the port watch rewrites entries too).
+func (m *Maps) markDevice(ifindex int, flag uint32) error {
+	var v sockNodeDev
+	if err := m.devices.Lookup(uint32(ifindex), &v); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		return fmt.Errorf("look up %s: %w", mapDevices, err)
+	}
+	if v.Flags&nodeDevTC == 0 || v.Flags&flag == flag {
+		return nil
+	}
+	v.Flags |= flag
+	if err := m.devices.Update(uint32(ifindex), &v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("flag node device %d followed: %w", ifindex, err)
+	}
+	return nil
+}
+
 // markL3 makes the L3 flag (nodeDevL3) of device ifindex's entry say l3
 // before AttachDevices puts its tc programs on it. Otherwise, until the
 // device is recorded after the attach, a new tun's tc program would read
@@ -401,15 +423,18 @@ func AddressesOf(devs []string) ([]netip.Addr, error) {
 }
 
 // PinnedTunnelDevices returns the overlay devices a previous agent
-// attached to (their sluice_devices entries, pinned under bpffs/sluice/,
-// flagged tunnel and tc) that are still links of a tunnel kind, not
-// flow-based and not enslaved, in the caller's network namespace, in
-// ifindex order; whether they are up or routed now does not matter. A
-// restart keeps them (cmd/sluice's withTunnels): a tunnel the previous
-// agent's watch attached after its start may be down, or routeless, while
-// the CNI's agent restarts too (a node reboot, a rollout), and pruning it
-// would drop the flows it carries until its routes return. No pin:
-// nothing.
+// followed (their sluice_devices entries, pinned under bpffs/sluice/,
+// flagged tunnel, tc and followed: its tunnel watch held them,
+// NewTunnelWatch) that are still links of a tunnel kind, not flow-based
+// and not enslaved, in the caller's network namespace, in ifindex order;
+// whether they are up or routed now does not matter. A restart keeps
+// them (cmd/sluice's withTunnels): a tunnel the previous agent's watch
+// attached after its start may be down, or routeless, while the CNI's
+// agent restarts too (a node reboot, a rollout), and pruning it would
+// drop the flows it carries until its routes return. A tunnel attached
+// only because --devices named it, or because it held a node address, is
+// not followed (its entry lacks nodeDevFollowed): once left out of the
+// devices it is not kept. No pin: nothing.
 func PinnedTunnelDevices(bpffs string) ([]string, error) {
 	if bpffs == "" {
 		bpffs = DefaultBPFFS
@@ -428,7 +453,7 @@ func PinnedTunnelDevices(bpffs string) ([]string, error) {
 	var idxs []int
 	it := m.Iterate()
 	for it.Next(&ifindex, &nd) {
-		if nd.Flags&(nodeDevTunnel|nodeDevTC) == nodeDevTunnel|nodeDevTC {
+		if want := nodeDevTunnel | nodeDevTC | nodeDevFollowed; nd.Flags&want == want {
 			idxs = append(idxs, int(ifindex))
 		}
 	}

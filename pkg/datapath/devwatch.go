@@ -184,6 +184,14 @@ type DeviceWatch struct {
 	// retrying: present tries a pending link again (retryPending,
 	// relist); else it passes one over.
 	retrying bool
+	// mark (overlay: nodeDevFollowed) is the flag of the entries of the
+	// links the watch holds: set when it attaches one, and on one it
+	// finds attached already.
+	mark uint32
+	// notOurs (overlay) holds the ifindexes of the start's devices the
+	// watch is not to touch (the node addresses', NewTunnelWatch):
+	// passed over, renamed or not, until the link is deleted.
+	notOurs map[int]bool
 	// attachTries counts AttachDevice calls (tests).
 	attachTries int
 }
@@ -395,6 +403,7 @@ func (w *DeviceWatch) follow(ctx context.Context, ch <-chan netlink.LinkUpdate, 
 			a := u.Link.Attrs()
 			delete(w.notTunnel, a.Index)
 			if u.Header.Type == unix.RTM_DELLINK {
+				delete(w.notOurs, a.Index) // a new link may take the ifindex
 				w.gone(a.Index, "removed", report)
 				continue
 			}
@@ -441,6 +450,11 @@ func (w *DeviceWatch) relist(report func(DeviceEvent)) {
 			delete(w.pending, idx)
 		}
 	}
+	for idx := range w.notOurs {
+		if _, ok := byIndex[idx]; !ok {
+			delete(w.notOurs, idx)
+		}
+	}
 	w.retrying = true
 	defer func() { w.retrying = false }()
 	for _, l := range links {
@@ -451,6 +465,9 @@ func (w *DeviceWatch) relist(report func(DeviceEvent)) {
 // present handles link ifindex, named name now: l, or nil (looked up if
 // needed).
 func (w *DeviceWatch) present(ifindex int, name string, l netlink.Link, report func(DeviceEvent)) {
+	if w.notOurs[ifindex] {
+		return // the start's, whatever it is called now
+	}
 	if p, ok := w.pending[ifindex]; ok && p != name {
 		delete(w.pending, ifindex) // renamed: tried under its new name
 	} else if ok && !w.retrying {
@@ -463,7 +480,7 @@ func (w *DeviceWatch) present(ifindex int, name string, l netlink.Link, report f
 	if held && prev == name {
 		if w.seeded[ifindex] {
 			delete(w.seeded, ifindex)
-			report(DeviceEvent{Device: name, Ifindex: ifindex, Attached: true, Reason: "attached already"})
+			w.attachedAlready(ifindex, name, report)
 		}
 		return // up, down, an address: nothing to do
 	}
@@ -477,7 +494,7 @@ func (w *DeviceWatch) present(ifindex int, name string, l netlink.Link, report f
 		// Attached at start (AttachDevices) or by an earlier agent
 		// and kept: nothing to change.
 		w.have[ifindex] = name
-		report(DeviceEvent{Device: name, Ifindex: ifindex, Attached: true, Reason: "attached already"})
+		w.attachedAlready(ifindex, name, report)
 		return
 	}
 	reason := "appeared"
@@ -486,7 +503,7 @@ func (w *DeviceWatch) present(ifindex int, name string, l netlink.Link, report f
 	}
 	w.attachTries++
 	w.d.maps.devMu.Lock()
-	err := w.d.AttachDevice(name, ifindex)
+	err := w.d.attachDevice(name, ifindex, w.mark)
 	w.d.maps.devMu.Unlock()
 	if errors.Is(err, ErrDevicesFull) {
 		// Tried again once a device goes; reported the first time.
@@ -508,6 +525,22 @@ func (w *DeviceWatch) present(ifindex int, name string, l netlink.Link, report f
 	}
 	w.have[ifindex] = name
 	report(DeviceEvent{Device: name, Ifindex: ifindex, Attached: true, Reason: reason})
+}
+
+// attachedAlready reports link ifindex (name), which the watch holds and
+// found attached already, after flagging its entry w.mark (overlay:
+// nodeDevFollowed, kept at a restart) if it is not yet.
+func (w *DeviceWatch) attachedAlready(ifindex int, name string, report func(DeviceEvent)) {
+	if w.mark != 0 {
+		w.d.maps.devMu.Lock()
+		err := w.d.maps.markDevice(ifindex, w.mark)
+		w.d.maps.devMu.Unlock()
+		if err != nil {
+			report(DeviceEvent{Device: name, Ifindex: ifindex, Reason: "attached already", Err: fmt.Errorf("%w (attached, but not kept if down or routeless at a restart)", err)})
+			return
+		}
+	}
+	report(DeviceEvent{Device: name, Ifindex: ifindex, Attached: true, Reason: "attached already"})
 }
 
 // retryPending tries the links left out for want of room again, after
@@ -548,10 +581,18 @@ func (w *DeviceWatch) gone(ifindex int, reason string, report func(DeviceEvent))
 // sluice_devices entries. If the entry cannot be written (the map is
 // full: --max-devices), the programs are taken off again.
 func (d *Datapath) AttachDevice(dev string, ifindex int) error {
+	return d.attachDevice(dev, ifindex, 0)
+}
+
+// attachDevice is AttachDevice, its entry flagged mark beside what the
+// device is (deviceFlags): nodeDevFollowed from the tunnel watch, none
+// from the --devices pattern watch.
+func (d *Datapath) attachDevice(dev string, ifindex int, mark uint32) error {
 	flags, err := deviceFlags(dev)
 	if err != nil {
 		return err
 	}
+	flags |= mark
 	if err := d.maps.markL3(ifindex, flags&nodeDevL3 != 0); err != nil {
 		return d.recordError(dev, err)
 	}

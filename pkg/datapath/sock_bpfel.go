@@ -428,10 +428,11 @@ type sockNodeDev struct {
 type sockNodeDevFlags uint32
 
 const (
-	sockNodeDevFlagsNODE_DEV_F_L3     sockNodeDevFlags = 1
-	sockNodeDevFlagsNODE_DEV_F_TC     sockNodeDevFlags = 2
-	sockNodeDevFlagsNODE_DEV_F_PORT   sockNodeDevFlags = 4
-	sockNodeDevFlagsNODE_DEV_F_TUNNEL sockNodeDevFlags = 8
+	sockNodeDevFlagsNODE_DEV_F_L3       sockNodeDevFlags = 1
+	sockNodeDevFlagsNODE_DEV_F_TC       sockNodeDevFlags = 2
+	sockNodeDevFlagsNODE_DEV_F_PORT     sockNodeDevFlags = 4
+	sockNodeDevFlagsNODE_DEV_F_TUNNEL   sockNodeDevFlags = 8
+	sockNodeDevFlagsNODE_DEV_F_FOLLOWED sockNodeDevFlags = 16
 )
 
 type sockRevNatFlags uint32

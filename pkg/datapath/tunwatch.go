@@ -9,10 +9,12 @@ package datapath
 // DeviceWatch over routes as well as links: a link that comes to meet
 // overlayTunnels' criterion (it appears up, comes up, or gets its first
 // qualifying main-table route) gets what AttachDevices gives a tunnel
-// (tc programs, its sluice_devices entry flagged nodeDevTunnel, with its
-// address or the node IP's; never XDP); a tunnel it holds that is
-// deleted, or renamed (attached again under its new name if it still
-// qualifies), has its pins and entries removed.
+// (tc programs, its sluice_devices entry flagged nodeDevTunnel and
+// nodeDevFollowed, with its address or the node IP's; never XDP); a
+// tunnel it holds that is deleted, or renamed (attached again under its
+// new name if it still qualifies), has its pins and entries removed. The
+// devices holding the node addresses are the start's, never the watch's,
+// whatever their kind (a node IP on wg0).
 //
 // A tunnel that only loses its routes, or goes down, stays attached.
 // That is harmless: while no route leaves through it, its egress program
@@ -37,18 +39,47 @@ import (
 // NewTunnelWatch returns a watch over the overlay devices (the default
 // --devices' tunnels, TunnelDevices) in the calling thread's network
 // namespace, run as NewDeviceWatch's is (Run). Call it after the start's
-// Commit: it starts from the tunnels AttachDevices attached (their
-// entries flagged nodeDevTunnel), which it forgets when they are deleted;
-// the devices holding the node addresses are not its business.
-func (d *Datapath) NewTunnelWatch() (*DeviceWatch, error) {
-	w, err := d.newDeviceWatch(DeviceSelector{}, func(ifindex int, _ string) bool {
+// Commit, with nodeDevices, the start's devices that hold the node
+// addresses (cmd/sluice: DevicesOf): the watch starts from the other
+// tunnels AttachDevices attached (their entries flagged nodeDevTunnel:
+// the overlay devices the start listed beside them), which it forgets
+// when they are deleted or renamed. The devices of nodeDevices (a node
+// IP on a wg0 too), and any other device of the start, are not its
+// business: it never holds, detaches or attaches one, renamed or not,
+// until its ifindex is deleted.
+//
+// Every tunnel the watch holds has its entry flagged nodeDevFollowed:
+// the start's (marked here, and again when the watch first finds them)
+// and those it attaches. A restart keeps those only
+// (PinnedTunnelDevices), not a tunnel attached because --devices named
+// it, whose entry AttachDevices writes without the flag.
+func (d *Datapath) NewTunnelWatch(nodeDevices ...string) (*DeviceWatch, error) {
+	ours := map[int]bool{}
+	for idx, name := range d.attachedAtStart {
 		var nd sockNodeDev
-		return d.maps.devices.Lookup(uint32(ifindex), &nd) == nil && nd.Flags&nodeDevTunnel != 0
-	})
+		if !slices.Contains(nodeDevices, name) && d.maps.devices.Lookup(uint32(idx), &nd) == nil && nd.Flags&nodeDevTunnel != 0 {
+			ours[idx] = true
+		}
+	}
+	w, err := d.newDeviceWatch(DeviceSelector{}, func(ifindex int, _ string) bool { return ours[ifindex] })
 	if err != nil {
 		return nil, err
 	}
-	w.overlay, w.notTunnel = true, map[int]bool{}
+	w.overlay, w.notTunnel, w.mark, w.notOurs = true, map[int]bool{}, nodeDevFollowed, map[int]bool{}
+	for idx := range d.attachedAtStart {
+		if !ours[idx] {
+			w.notOurs[idx] = true
+		}
+	}
+	// Marked now, not only at the first list (present, "attached
+	// already"), which waits for the subscriptions: an agent that
+	// stops before that still leaves them kept at its restart. A
+	// failure here is reported then.
+	d.maps.devMu.Lock()
+	for idx := range ours {
+		_ = d.maps.markDevice(idx, nodeDevFollowed)
+	}
+	d.maps.devMu.Unlock()
 	w.subscribeRoutes = netlink.RouteSubscribeWithOptions
 	w.routes = mainRoutes
 	return w, nil
@@ -133,7 +164,7 @@ func (w *DeviceWatch) routed(u netlink.RouteUpdate, report func(DeviceEvent)) {
 	for _, idx := range idxs {
 		_, held := w.have[idx]
 		_, pending := w.pending[idx] // retryPending tries it when room is made
-		if held || pending || idx == 0 || w.notTunnel[idx] {
+		if held || pending || idx == 0 || w.notTunnel[idx] || w.notOurs[idx] {
 			continue
 		}
 		l, err := netlink.LinkByIndex(idx)

@@ -87,14 +87,14 @@ func has6(t *testing.T, d *Datapath, l netlink.Link) bool {
 
 // TestTunnelWatchFollowsOverlays runs the tunnel watch (no --devices) in
 // a node namespace of the test's own whose start attached eth0 (the node
-// IP's) and the overlay ovs (up, routed): ovs is "attached already", eth0
-// not the watch's business. After the start: the vxlan ov0, up with an
+// IP's) and the overlay ovs (up, routed): ovs is "attached already" (its
+// entry flagged followed), eth0 not the watch's business (not flagged). After the start: the vxlan ov0, up with an
 // address and a flannel-style route to a pod subnet, is attached (tc
 // programs, pins, its entry flagged tunnel and tc, with its address; no
 // XDP though XDP is on); eth0 getting routes is passed over; the
 // flow-based vxlan ov3, up and routed, never is; ov1, up but routed only later, is attached when its route comes
 // (its entry with the node IP: it has no address); ov1 losing its route
-// stays attached; ov0 and ovs deleted are forgotten (pins and entries
+// stays attached; each attached is flagged followed; ov0 and ovs deleted are forgotten (pins and entries
 // gone), eth0 kept.
 func TestTunnelWatchFollowsOverlays(t *testing.T) {
 	bpffs := tunnelNode(t, "tunwatch")
@@ -116,7 +116,7 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 	if err := d.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	w, err := d.NewTunnelWatch()
+	w, err := d.NewTunnelWatch("eth0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,8 +148,8 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 	wantTunnelEntry := func(l netlink.Link, addr string) {
 		t.Helper()
 		nd, ok := entry(l)
-		if !ok || nd.Flags&(nodeDevTunnel|nodeDevTC) != nodeDevTunnel|nodeDevTC || nd.Addr != be32(netip.MustParseAddr(addr)) {
-			t.Fatalf("%s: device entry %+v (present %v), want one flagged tunnel and tc with %s", l.Attrs().Name, nd, ok, addr)
+		if want := nodeDevTunnel | nodeDevTC | nodeDevFollowed; !ok || nd.Flags&want != want || nd.Addr != be32(netip.MustParseAddr(addr)) {
+			t.Fatalf("%s: device entry %+v (present %v), want one flagged tunnel, tc and followed with %s", l.Attrs().Name, nd, ok, addr)
 		}
 	}
 	wantPins := func(want ...string) {
@@ -170,6 +170,10 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 		}
 	}
 	expect("ovs", true, "attached already")
+	wantTunnelEntry(ovs, "10.215.0.1") // the start's, followed
+	if nd, _ := entry(linkNamed(t, "eth0")); nd.Flags&nodeDevFollowed != 0 {
+		t.Fatalf("eth0: entry %+v flagged followed", nd)
+	}
 
 	// ov0 after the start: up, its address, then its route.
 	ov0 := addVxlan(t, "ov0", 1, false, true)
@@ -250,6 +254,73 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 	}
 }
 
+// TestTunnelWatchLeavesNodeDevices: a node IP on a tunnel (the vxlan nd0
+// holding 10.216.0.1, as a VPN's wg0 may) makes it one of the start's
+// node-address devices (NewTunnelWatch's nodeDevices), not the tunnel
+// watch's: its entry is not flagged followed, and renamed (nd1), then
+// given a route of the kind an overlay routes by, it keeps its tc
+// programs and its entry (flagged tc), with no event: the next is the
+// vxlan ov0's, attached after them. The watch held every start entry
+// flagged tunnel: nd0's rename detached it ("renamed away"), and its
+// route attached it again under the new name.
+func TestTunnelWatchLeavesNodeDevices(t *testing.T) {
+	bpffs := tunnelNode(t, "tunnodedev")
+	cfg := smallConfig(bpffs)
+	cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.215.0.1"), netip.MustParseAddr("10.216.0.1")}
+	d := openTest(t, cfg)
+	nd := addVxlan(t, "nd0", 5, false, true)
+	if err := netlink.AddrAdd(nd, &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 216, 0, 1), Mask: net.CIDRMask(24, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	held, err := DevicesOf(cfg.NodeIPs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(held, []string{"eth0", "nd0"}) {
+		t.Fatalf("devices holding the node IPs: %q, want eth0 and nd0", held)
+	}
+	if err := d.AttachDevices(held); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	w, err := d.NewTunnelWatch(held...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, stop := runDeviceWatch(t, w)
+	ingressID := progID(t, d.tc.SluiceIngress)
+	wantKept := func(when string) {
+		t.Helper()
+		var e sockNodeDev
+		if err := d.maps.devices.Lookup(uint32(nd.Attrs().Index), &e); err != nil || e.Flags&(nodeDevTunnel|nodeDevTC) != nodeDevTunnel|nodeDevTC || e.Flags&nodeDevFollowed != 0 {
+			t.Fatalf("nd0 %s: entry %+v (%v), want one flagged tunnel and tc, not followed", when, e, err)
+		}
+		if !slices.Contains(attachedIDs(t, nd.Attrs().Index, ebpf.AttachTCXIngress), ingressID) {
+			t.Fatalf("nd0 %s: tc programs taken off", when)
+		}
+	}
+	wantKept("at the start")
+	if err := netlink.LinkSetName(nd, "nd1"); err != nil {
+		t.Fatal(err)
+	}
+	podRoute(t, nd, 5)
+	ov0 := addVxlan(t, "ov0", 1, false, true)
+	podRoute(t, ov0, 2)
+	if e := next("ov0"); e.Err != nil || e.Device != "ov0" || !e.Attached || e.Reason != "appeared" {
+		t.Fatalf("event %+v, want ov0 attached (appeared): nd0 is not the watch's", e)
+	}
+	wantKept("renamed nd1 and routed")
+	if _, err := os.Stat(d.linkPin("tcx_ingress_nd1")); err == nil {
+		t.Error("nd1 attached again under its new name")
+	}
+	stop()
+	if !w.notOurs[nd.Attrs().Index] || len(w.have) != 1 {
+		t.Errorf("the watch holds %v, passes over %v: want ov0 held, nd0's ifindex passed over", w.have, w.notOurs)
+	}
+}
+
 // TestTunnelWatchResubscribes: when the route subscription fails (an
 // overrun: ENOBUFS), the failure is reported, the watch subscribes again
 // and lists again: a tunnel whose route came unheard is attached then.
@@ -266,7 +337,7 @@ func TestTunnelWatchResubscribes(t *testing.T) {
 	if err := d.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	w, err := d.NewTunnelWatch()
+	w, err := d.NewTunnelWatch("eth0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +409,7 @@ func TestTunnelWatchMaxDevices(t *testing.T) {
 	if err := d.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	w, err := d.NewTunnelWatch()
+	w, err := d.NewTunnelWatch("eth0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,7 +473,7 @@ func TestTunnelWatchRelistRoutes(t *testing.T) {
 	if err := d.Commit(); err != nil {
 		t.Fatal(err)
 	}
-	w, err := d.NewTunnelWatch()
+	w, err := d.NewTunnelWatch("eth0")
 	if err != nil {
 		t.Fatal(err)
 	}
