@@ -127,6 +127,33 @@ func replySources(flows []*netlink.ConntrackFlow) []netip.AddrPort {
 	return out
 }
 
+// attachAndApply is Sluice's start: socket load balancing on cgroup,
+// then st applied.
+func attachAndApply(t *testing.T, d *Datapath, cgroup string, st *model.State) {
+	t.Helper()
+	if err := d.AttachCgroup(cgroup); err != nil {
+		t.Fatal(err)
+	}
+	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// endStaleWantOpen runs EndStaleUDP (unless skipEndStaleUDP) and wants
+// no socket ended, by method, and fd (what names it) left open.
+func endStaleWantOpen(t *testing.T, d *Datapath, cgroup string, st *model.State, method SockDestroyMethod, fd int, what string) {
+	t.Helper()
+	if !skipEndStaleUDP {
+		res := d.EndStaleUDP(cgroup, UDPFrontends(st))
+		if res.Sockets.Err != nil || res.Sockets.Method != method || res.Sockets.Destroyed != 0 {
+			t.Errorf("sockets: %+v, want none ended by %s", res.Sockets, method)
+		}
+	}
+	if soerr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != 0 {
+		t.Errorf("%s: SO_ERROR %d (%v), want it left open", what, soerr, err)
+	}
+}
+
 // connectedBeforeSluice is a UDP socket of ns connected to vip (IPv4)
 // before anything translates, as a node's is through its default route
 // (here a route by lo), closed at the end of the test.
@@ -247,13 +274,8 @@ func testStaleUDPSocket(t *testing.T, f staleFamily, method SockDestroyMethod) {
 	delUDP()
 	delTCP()
 	stopA()
-	if err := d.AttachCgroup(cg.Path); err != nil {
-		t.Fatal(err)
-	}
 	st := staleState(f)
-	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
-		t.Fatal(err)
-	}
+	attachAndApply(t, d, cg.Path, st)
 	if !skipEndStaleUDP {
 		res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
 		t.Logf("EndStaleUDP: %+v", res)
@@ -463,15 +485,7 @@ func TestStaleUDPSocketScope(t *testing.T) {
 		if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
 			t.Fatal(err)
 		}
-		if !skipEndStaleUDP {
-			res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
-			if res.Sockets.Err != nil || res.Sockets.Method != method || res.Sockets.Destroyed != 0 {
-				t.Errorf("sockets: %+v, want none ended by %s", res.Sockets, method)
-			}
-		}
-		if soerr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != 0 {
-			t.Errorf("the socket outside the cgroup: SO_ERROR %d (%v), want it left open", soerr, err)
-		}
+		endStaleWantOpen(t, d, cg.Path, st, method, fd, "the socket outside the cgroup")
 	})
 }
 
@@ -490,13 +504,8 @@ func TestStaleUDPHostNetnsOnly(t *testing.T) {
 		node, pod := tp.AddNST(t, "udphost"), tp.AddNST(t, "udppod")
 		f := staleFamilies[0]
 		hostFd, podFd := connectedBeforeSluice(t, node, f.vip), connectedBeforeSluice(t, pod, f.vip)
-		if err := d.AttachCgroup(cg.Path); err != nil {
-			t.Fatal(err)
-		}
 		st := staleState(f)
-		if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
-			t.Fatal(err)
-		}
+		attachAndApply(t, d, cg.Path, st)
 		node.Enter(t)
 		if !skipEndStaleUDP {
 			res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
@@ -542,27 +551,14 @@ func TestStaleUDPNotOurs(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				if err := d.AttachCgroup(cg.Path); err != nil {
-					t.Fatal(err)
-				}
 				st := staleState(f)
 				st.Services.Set(outer, clusterIP(outer, inner))
-				if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
-					t.Fatal(err)
-				}
+				attachAndApply(t, d, cg.Path, st)
 				fd := newSocketIn(t, f.domain, unix.SOCK_DGRAM)
 				if err := unix.Connect(fd, sockaddrIn(f.domain, outer)); err != nil {
 					t.Fatal(err)
 				}
-				if !skipEndStaleUDP {
-					res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
-					if res.Sockets.Err != nil || res.Sockets.Method != method || res.Sockets.Destroyed != 0 {
-						t.Errorf("sockets: %+v, want none ended by %s", res.Sockets, method)
-					}
-				}
-				if soerr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != 0 {
-					t.Errorf("the socket connect4 translated to %s: SO_ERROR %d (%v), want it left open", inner, soerr, err)
-				}
+				endStaleWantOpen(t, d, cg.Path, st, method, fd, fmt.Sprintf("the socket connect4 translated to %s", inner))
 			})
 		}
 	})
@@ -626,13 +622,8 @@ func TestStaleUDPFrontendsIterLoadFails(t *testing.T) {
 	ns.Enter(t)
 	f := staleFamilies[0]
 	fd := connectedBeforeSluice(t, ns, f.vip)
-	if err := d.AttachCgroup(cg.Path); err != nil {
-		t.Fatal(err)
-	}
 	st := staleState(f)
-	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
-		t.Fatal(err)
-	}
+	attachAndApply(t, d, cg.Path, st)
 	if !skipEndStaleUDP {
 		res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
 		if res.Sockets.Method != SockDestroyNetlink || res.Sockets.Destroyed != 1 ||
