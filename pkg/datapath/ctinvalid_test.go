@@ -34,34 +34,30 @@ import (
 // ctInvalidFamily is a family's addresses for TestDNATOnlyConntrackValid.
 type ctInvalidFamily struct {
 	podNodeAddrs
-	network             string
-	remote              netip.Addr // a backend on another node (the client's namespace)
-	cipLocal, cipRemote string     // ClusterIPs
-	cipTwin             string     // a ClusterIP sharing cipLocal's backend
+	network string
 }
 
 func ctInvalidFamilyOf(v6 bool) ctInvalidFamily {
-	a := netip.MustParseAddr
 	if v6 {
-		return ctInvalidFamily{podNodeAddrs: podNodeAddrsOf(v6), network: "tcp6",
-			remote:   a("2001:db8:c::7"),
-			cipLocal: "2001:db8:96::80", cipRemote: "2001:db8:96::81", cipTwin: "2001:db8:96::82"}
+		return ctInvalidFamily{podNodeAddrsOf(v6), "tcp6"}
 	}
-	return ctInvalidFamily{podNodeAddrs: podNodeAddrsOf(v6), network: "tcp4",
-		remote:   a("10.2.0.7"),
-		cipLocal: "10.96.0.80", cipRemote: "10.96.0.81", cipTwin: "10.96.0.82"}
+	return ctInvalidFamily{podNodeAddrsOf(v6), "tcp4"}
 }
 
 // podNodeAddrs is a family's addresses of a node whose pods' devices are
-// among the attached ones (podNodeTopology), and the iptables command
-// that programs its netfilter.
+// among the attached ones (podNodeTopology), the iptables command that
+// programs its netfilter, and the ClusterIPs and the remote backend of
+// the tests over it.
 type podNodeAddrs struct {
-	v6           bool
-	iptables     string
-	client, node netip.Prefix // client and node on the wire
-	podA, podB   netip.Addr   // the backend pod, the client pod
-	podGW        netip.Prefix // the node's address on the pods' devices (IPv6), or not valid
-	dflt         netip.Prefix
+	v6                  bool
+	iptables            string
+	client, node        netip.Prefix // client and node on the wire
+	podA, podB          netip.Addr   // the backend pod, the client pod
+	remote              netip.Addr   // a backend on another node (behind the client's namespace)
+	cipLocal, cipRemote string       // ClusterIPs
+	cipTwin             string       // a ClusterIP sharing cipLocal's backend
+	podGW               netip.Prefix // the node's address on the pods' devices (IPv6), or not valid
+	dflt                netip.Prefix
 }
 
 func podNodeAddrsOf(v6 bool) podNodeAddrs {
@@ -69,12 +65,14 @@ func podNodeAddrsOf(v6 bool) podNodeAddrs {
 	if v6 {
 		return podNodeAddrs{v6: true, iptables: "ip6tables",
 			client: p("2001:db8:a::1/64"), node: p("2001:db8:a::2/64"),
-			podA: a("2001:db8:b::2"), podB: a("2001:db8:b::3"),
+			podA: a("2001:db8:b::2"), podB: a("2001:db8:b::3"), remote: a("2001:db8:c::7"),
+			cipLocal: "2001:db8:96::80", cipRemote: "2001:db8:96::81", cipTwin: "2001:db8:96::82",
 			podGW: p("fe80::1/64"), dflt: p("::/0")}
 	}
 	return podNodeAddrs{iptables: "iptables",
 		client: p("10.0.0.1/24"), node: p("10.0.0.2/24"),
-		podA: a("10.1.1.2"), podB: a("10.1.1.3"), dflt: p("0.0.0.0/0")}
+		podA: a("10.1.1.2"), podB: a("10.1.1.3"), remote: a("10.2.0.7"),
+		cipLocal: "10.96.0.80", cipRemote: "10.96.0.81", cipTwin: "10.96.0.82", dflt: p("0.0.0.0/0")}
 }
 
 // podNode is the topology of podNodeTopology.

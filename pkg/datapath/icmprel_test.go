@@ -32,30 +32,23 @@ import (
 // icmpRelFamily is a family's addresses for TestDNATOnlyICMPErrorValid.
 type icmpRelFamily struct {
 	podNodeAddrs
-	udp                 string
-	clientFar, far      netip.Prefix // the client's namespace, a router, and far's
-	clientAlt, nodeAlt  netip.Prefix // a second link of client and node, without tc
-	remote              netip.Addr   // a backend on another node (far's lo)
-	cipLocal, cipRemote string       // ClusterIPs
-	cipTwin             string       // a second ClusterIP of pod A
-	ratelimit           string       // the sysctl of ICMP errors' rate limit
+	udp                string
+	clientFar, far     netip.Prefix // the client's namespace, a router, and far's (remote on its lo)
+	clientAlt, nodeAlt netip.Prefix // a second link of client and node, without tc
+	ratelimit          string       // the sysctl of ICMP errors' rate limit
 }
 
 func icmpRelFamilyOf(v6 bool) icmpRelFamily {
-	p, a := netip.MustParsePrefix, netip.MustParseAddr
+	p := netip.MustParsePrefix
 	if v6 {
 		return icmpRelFamily{podNodeAddrs: podNodeAddrsOf(v6), udp: "udp6",
 			clientFar: p("2001:db8:d::1/64"), far: p("2001:db8:d::2/64"),
 			clientAlt: p("2001:db8:e::1/64"), nodeAlt: p("2001:db8:e::2/64"),
-			remote:   a("2001:db8:c::7"),
-			cipLocal: "2001:db8:96::80", cipRemote: "2001:db8:96::81", cipTwin: "2001:db8:96::82",
 			ratelimit: "net/ipv6/icmp/ratelimit"}
 	}
 	return icmpRelFamily{podNodeAddrs: podNodeAddrsOf(v6), udp: "udp4",
 		clientFar: p("10.3.0.1/24"), far: p("10.3.0.2/24"),
 		clientAlt: p("10.4.0.1/24"), nodeAlt: p("10.4.0.2/24"),
-		remote:   a("10.2.0.7"),
-		cipLocal: "10.96.0.80", cipRemote: "10.96.0.81", cipTwin: "10.96.0.82",
 		ratelimit: "net/ipv4/icmp_ratelimit"}
 }
 
