@@ -33,29 +33,133 @@ import (
 
 // ctInvalidFamily is a family's addresses for TestDNATOnlyConntrackValid.
 type ctInvalidFamily struct {
-	network, iptables   string
+	podNodeAddrs
+	network string
+}
+
+func ctInvalidFamilyOf(v6 bool) ctInvalidFamily {
+	if v6 {
+		return ctInvalidFamily{podNodeAddrsOf(v6), "tcp6"}
+	}
+	return ctInvalidFamily{podNodeAddrsOf(v6), "tcp4"}
+}
+
+// podNodeAddrs is a family's addresses of a node whose pods' devices are
+// among the attached ones (podNodeTopology), the iptables command that
+// programs its netfilter, and the ClusterIPs and the remote backend of
+// the tests over it.
+type podNodeAddrs struct {
+	v6                  bool
+	iptables            string
 	client, node        netip.Prefix // client and node on the wire
 	podA, podB          netip.Addr   // the backend pod, the client pod
-	remote              netip.Addr   // a backend on another node (the client's namespace)
+	remote              netip.Addr   // a backend on another node (behind the client's namespace)
 	cipLocal, cipRemote string       // ClusterIPs
 	cipTwin             string       // a ClusterIP sharing cipLocal's backend
 	podGW               netip.Prefix // the node's address on the pods' devices (IPv6), or not valid
 	dflt                netip.Prefix
 }
 
-func ctInvalidFamilyOf(v6 bool) ctInvalidFamily {
+func podNodeAddrsOf(v6 bool) podNodeAddrs {
 	p, a := netip.MustParsePrefix, netip.MustParseAddr
 	if v6 {
-		return ctInvalidFamily{network: "tcp6", iptables: "ip6tables",
+		return podNodeAddrs{v6: true, iptables: "ip6tables",
 			client: p("2001:db8:a::1/64"), node: p("2001:db8:a::2/64"),
 			podA: a("2001:db8:b::2"), podB: a("2001:db8:b::3"), remote: a("2001:db8:c::7"),
 			cipLocal: "2001:db8:96::80", cipRemote: "2001:db8:96::81", cipTwin: "2001:db8:96::82",
 			podGW: p("fe80::1/64"), dflt: p("::/0")}
 	}
-	return ctInvalidFamily{network: "tcp4", iptables: "iptables",
+	return podNodeAddrs{iptables: "iptables",
 		client: p("10.0.0.1/24"), node: p("10.0.0.2/24"),
 		podA: a("10.1.1.2"), podB: a("10.1.1.3"), remote: a("10.2.0.7"),
 		cipLocal: "10.96.0.80", cipRemote: "10.96.0.81", cipTwin: "10.96.0.82", dflt: p("0.0.0.0/0")}
+}
+
+// podNode is the topology of podNodeTopology.
+type podNode struct {
+	client, node, podA, podB *topology.NS
+	bits                     int // a host prefix's length in the family
+}
+
+// podNodeTopology builds a node whose pods' devices are among the
+// attached ones, in a's family:
+//
+//	client (eth0) <-> eth0 node pod0 <-> pod A (backend)
+//	                        pod1 <-> pod B (client)
+//
+// The node forwards; its default route is the client's namespace, whose
+// is the node; it answers the pods for any address (proxy ARP, or its
+// address podGW on the pods' devices for IPv6). The caller waits for the
+// IPv6 addresses (podNode.waitLocal), after adding its own.
+func podNodeTopology(t *testing.T, topo *topology.Topology, a podNodeAddrs) podNode {
+	t.Helper()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	pn := podNode{bits: 32}
+	if a.v6 {
+		pn.bits = 128
+	}
+	pn.client, pn.node = topo.AddNST(t, "client"), topo.AddNST(t, "node")
+	pn.podA, pn.podB = topo.AddNST(t, "podA"), topo.AddNST(t, "podB")
+	client, node, podA, podB := pn.client, pn.node, pn.podA, pn.podB
+	must(topo.Veth(client, "eth0", node, "eth0"))
+	must(topo.Veth(node, "pod0", podA, "eth0"))
+	must(topo.Veth(node, "pod1", podB, "eth0"))
+	must(client.AddAddr("eth0", a.client))
+	must(node.AddAddr("eth0", a.node))
+	must(podA.AddAddr("eth0", netip.PrefixFrom(a.podA, pn.bits)))
+	must(podB.AddAddr("eth0", netip.PrefixFrom(a.podB, pn.bits)))
+	if a.v6 {
+		must(node.Sysctl("net/ipv6/conf/all/forwarding", "1"))
+		must(node.AddAddr("pod0", a.podGW))
+		must(node.AddAddr("pod1", a.podGW))
+	} else {
+		must(node.Sysctl("net/ipv4/ip_forward", "1"))
+		must(node.Sysctl("net/ipv4/conf/pod0/proxy_arp", "1"))
+		must(node.Sysctl("net/ipv4/conf/pod1/proxy_arp", "1"))
+	}
+	must(node.AddRouteDev(netip.PrefixFrom(a.podA, pn.bits), "pod0"))
+	must(node.AddRouteDev(netip.PrefixFrom(a.podB, pn.bits), "pod1"))
+	must(node.AddRoute(a.dflt, a.client.Addr()))
+	must(client.AddRoute(a.dflt, a.node.Addr()))
+	for _, pod := range []*topology.NS{podA, podB} {
+		if a.v6 {
+			must(pod.Do(func() error {
+				l, err := netlink.LinkByName("eth0")
+				if err != nil {
+					return err
+				}
+				return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}, Gw: a.podGW.Addr().AsSlice()})
+			}))
+		} else {
+			must(pod.AddRouteDev(a.dflt, "eth0"))
+		}
+	}
+	return pn
+}
+
+// nsAddr is an address of a namespace.
+type nsAddr struct {
+	ns *topology.NS
+	a  netip.Addr
+}
+
+// waitLocal waits, for IPv6, until the topology's addresses and more are
+// usable (their duplicate address detection done).
+func (pn podNode) waitLocal(t *testing.T, a podNodeAddrs, more ...nsAddr) {
+	t.Helper()
+	if !a.v6 {
+		return
+	}
+	for _, w := range append([]nsAddr{{pn.client, a.client.Addr()}, {pn.node, a.node.Addr()}, {pn.podA, a.podA}, {pn.podB, a.podB}}, more...) {
+		if err := w.ns.WaitLocal(w.a); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // TestDNATOnlyConntrackValid runs DNAT-only flows through a node whose
@@ -78,63 +182,16 @@ func TestDNATOnlyConntrackValid(t *testing.T) {
 func testDNATOnlyConntrackValid(t *testing.T, f ctInvalidFamily) {
 	d := newTestDatapath(t)
 	topo := topology.NewT(t)
-	client, node := topo.AddNST(t, "client"), topo.AddNST(t, "node")
-	podA, podB := topo.AddNST(t, "podA"), topo.AddNST(t, "podB")
+	pn := podNodeTopology(t, topo, f.podNodeAddrs)
+	client, node, podA, podB := pn.client, pn.node, pn.podA, pn.podB
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	v6 := f.network == "tcp6"
-	bits := 32
-	if v6 {
-		bits = 128
-	}
-	must(topo.Veth(client, "eth0", node, "eth0"))
-	must(topo.Veth(node, "pod0", podA, "eth0"))
-	must(topo.Veth(node, "pod1", podB, "eth0"))
-	must(client.AddAddr("eth0", f.client))
-	must(node.AddAddr("eth0", f.node))
-	must(client.AddAddr("lo", netip.PrefixFrom(f.remote, bits)))
-	must(podA.AddAddr("eth0", netip.PrefixFrom(f.podA, bits)))
-	must(podB.AddAddr("eth0", netip.PrefixFrom(f.podB, bits)))
-	if v6 {
-		must(node.Sysctl("net/ipv6/conf/all/forwarding", "1"))
-		must(node.AddAddr("pod0", f.podGW))
-		must(node.AddAddr("pod1", f.podGW))
-	} else {
-		must(node.Sysctl("net/ipv4/ip_forward", "1"))
-		must(node.Sysctl("net/ipv4/conf/pod0/proxy_arp", "1"))
-		must(node.Sysctl("net/ipv4/conf/pod1/proxy_arp", "1"))
-	}
-	must(node.AddRouteDev(netip.PrefixFrom(f.podA, bits), "pod0"))
-	must(node.AddRouteDev(netip.PrefixFrom(f.podB, bits), "pod1"))
-	// The node's default route is the client's namespace: the remote
-	// backend is there, and proxy ARP answers the pods for any address.
-	must(node.AddRoute(f.dflt, f.client.Addr()))
-	must(client.AddRoute(f.dflt, f.node.Addr()))
-	for _, pod := range []*topology.NS{podA, podB} {
-		if v6 {
-			must(pod.Do(func() error {
-				l, err := netlink.LinkByName("eth0")
-				if err != nil {
-					return err
-				}
-				return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}, Gw: f.podGW.Addr().AsSlice()})
-			}))
-		} else {
-			must(pod.AddRouteDev(f.dflt, "eth0"))
-		}
-	}
-	if v6 {
-		for _, w := range []struct {
-			ns *topology.NS
-			a  netip.Addr
-		}{{client, f.client.Addr()}, {node, f.node.Addr()}, {podA, f.podA}, {podB, f.podB}} {
-			must(w.ns.WaitLocal(w.a))
-		}
-	}
+	must(client.AddAddr("lo", netip.PrefixFrom(f.remote, pn.bits)))
+	pn.waitLocal(t, f.podNodeAddrs)
 	beA := netip.AddrPortFrom(f.podA, 8080)
 	beR := netip.AddrPortFrom(f.remote, 8080)
 	if _, err := podA.ServeTCPEcho(beA.String(), "podA"); err != nil {

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
@@ -32,36 +31,24 @@ import (
 
 // icmpRelFamily is a family's addresses for TestDNATOnlyICMPErrorValid.
 type icmpRelFamily struct {
-	udp, iptables       string
-	client, node        netip.Prefix // client and node on the wire
-	clientFar, far      netip.Prefix // the client's namespace, a router, and far's
-	clientAlt, nodeAlt  netip.Prefix // a second link of client and node, without tc
-	podA, podB          netip.Addr   // the backend pod, the client pod
-	remote              netip.Addr   // a backend on another node (far's lo)
-	cipLocal, cipRemote string       // ClusterIPs
-	cipTwin             string       // a second ClusterIP of pod A
-	podGW               netip.Prefix // the node's address on the pods' devices (IPv6), or not valid
-	dflt                netip.Prefix
-	ratelimit           string // the sysctl of ICMP errors' rate limit
+	podNodeAddrs
+	udp                string
+	clientFar, far     netip.Prefix // the client's namespace, a router, and far's (remote on its lo)
+	clientAlt, nodeAlt netip.Prefix // a second link of client and node, without tc
+	ratelimit          string       // the sysctl of ICMP errors' rate limit
 }
 
 func icmpRelFamilyOf(v6 bool) icmpRelFamily {
-	p, a := netip.MustParsePrefix, netip.MustParseAddr
+	p := netip.MustParsePrefix
 	if v6 {
-		return icmpRelFamily{udp: "udp6", iptables: "ip6tables",
-			client: p("2001:db8:a::1/64"), node: p("2001:db8:a::2/64"),
+		return icmpRelFamily{podNodeAddrs: podNodeAddrsOf(v6), udp: "udp6",
 			clientFar: p("2001:db8:d::1/64"), far: p("2001:db8:d::2/64"),
 			clientAlt: p("2001:db8:e::1/64"), nodeAlt: p("2001:db8:e::2/64"),
-			podA: a("2001:db8:b::2"), podB: a("2001:db8:b::3"), remote: a("2001:db8:c::7"),
-			cipLocal: "2001:db8:96::80", cipRemote: "2001:db8:96::81", cipTwin: "2001:db8:96::82",
-			podGW: p("fe80::1/64"), dflt: p("::/0"), ratelimit: "net/ipv6/icmp/ratelimit"}
+			ratelimit: "net/ipv6/icmp/ratelimit"}
 	}
-	return icmpRelFamily{udp: "udp4", iptables: "iptables",
-		client: p("10.0.0.1/24"), node: p("10.0.0.2/24"),
+	return icmpRelFamily{podNodeAddrs: podNodeAddrsOf(v6), udp: "udp4",
 		clientFar: p("10.3.0.1/24"), far: p("10.3.0.2/24"),
 		clientAlt: p("10.4.0.1/24"), nodeAlt: p("10.4.0.2/24"),
-		podA: a("10.1.1.2"), podB: a("10.1.1.3"), remote: a("10.2.0.7"),
-		cipLocal: "10.96.0.80", cipRemote: "10.96.0.81", cipTwin: "10.96.0.82", dflt: p("0.0.0.0/0"),
 		ratelimit: "net/ipv4/icmp_ratelimit"}
 }
 
@@ -108,8 +95,8 @@ func TestDNATOnlyICMPErrorValid(t *testing.T) {
 func testDNATOnlyICMPErrorValid(t *testing.T, f icmpRelFamily) {
 	d := newTestDatapath(t)
 	topo := topology.NewT(t)
-	client, node := topo.AddNST(t, "client"), topo.AddNST(t, "node")
-	podA, podB := topo.AddNST(t, "podA"), topo.AddNST(t, "podB")
+	pn := podNodeTopology(t, topo, f.podNodeAddrs)
+	client, node, podA, podB := pn.client, pn.node, pn.podA, pn.podB
 	far := topo.AddNST(t, "far")
 	must := func(err error) {
 		t.Helper()
@@ -117,27 +104,16 @@ func testDNATOnlyICMPErrorValid(t *testing.T, f icmpRelFamily) {
 			t.Fatal(err)
 		}
 	}
-	v6 := f.udp == "udp6"
-	bits := 32
-	if v6 {
-		bits = 128
-	}
-	must(topo.Veth(client, "eth0", node, "eth0"))
-	must(topo.Veth(node, "pod0", podA, "eth0"))
-	must(topo.Veth(node, "pod1", podB, "eth0"))
+	v6, bits := f.v6, pn.bits
 	must(topo.Veth(client, "far0", far, "eth0"))
 	must(topo.Veth(client, "alt0", node, "alt0"))
 	setMTU(t, client, "far0", farMTU)
 	setMTU(t, far, "eth0", farMTU)
-	must(client.AddAddr("eth0", f.client))
-	must(node.AddAddr("eth0", f.node))
 	must(client.AddAddr("far0", f.clientFar))
 	must(far.AddAddr("eth0", f.far))
 	must(client.AddAddr("alt0", f.clientAlt))
 	must(node.AddAddr("alt0", f.nodeAlt))
 	must(far.AddAddr("lo", netip.PrefixFrom(f.remote, bits)))
-	must(podA.AddAddr("eth0", netip.PrefixFrom(f.podA, bits)))
-	must(podB.AddAddr("eth0", netip.PrefixFrom(f.podB, bits)))
 	fwd := "net/ipv4/ip_forward"
 	if v6 {
 		fwd = "net/ipv6/conf/all/forwarding"
@@ -157,42 +133,12 @@ func testDNATOnlyICMPErrorValid(t *testing.T, f icmpRelFamily) {
 	for _, ns := range []*topology.NS{podA, far, client} {
 		must(ns.Sysctl(f.ratelimit, "0"))
 	}
-	if v6 {
-		must(node.AddAddr("pod0", f.podGW))
-		must(node.AddAddr("pod1", f.podGW))
-	} else {
-		must(node.Sysctl("net/ipv4/conf/pod0/proxy_arp", "1"))
-		must(node.Sysctl("net/ipv4/conf/pod1/proxy_arp", "1"))
-	}
-	must(node.AddRouteDev(netip.PrefixFrom(f.podA, bits), "pod0"))
-	must(node.AddRouteDev(netip.PrefixFrom(f.podB, bits), "pod1"))
-	// The node's default route is the client's namespace, which routes
-	// to far's backend; far's is the client's namespace.
-	must(node.AddRoute(f.dflt, f.client.Addr()))
-	must(client.AddRoute(f.dflt, f.node.Addr()))
+	// The client's namespace routes to far's backend; far's default
+	// route is the client's namespace.
 	must(client.AddRoute(netip.PrefixFrom(f.remote, bits), f.far.Addr()))
 	must(far.AddRoute(f.dflt, f.clientFar.Addr()))
-	for _, pod := range []*topology.NS{podA, podB} {
-		if v6 {
-			must(pod.Do(func() error {
-				l, err := netlink.LinkByName("eth0")
-				if err != nil {
-					return err
-				}
-				return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}, Gw: f.podGW.Addr().AsSlice()})
-			}))
-		} else {
-			must(pod.AddRouteDev(f.dflt, "eth0"))
-		}
-	}
-	if v6 {
-		for _, w := range []struct {
-			ns *topology.NS
-			a  netip.Addr
-		}{{client, f.client.Addr()}, {client, f.clientFar.Addr()}, {client, f.clientAlt.Addr()}, {far, f.far.Addr()}, {node, f.node.Addr()}, {node, f.nodeAlt.Addr()}, {podA, f.podA}, {podB, f.podB}} {
-			must(w.ns.WaitLocal(w.a))
-		}
-	}
+	pn.waitLocal(t, f.podNodeAddrs, nsAddr{client, f.clientFar.Addr()}, nsAddr{client, f.clientAlt.Addr()},
+		nsAddr{far, f.far.Addr()}, nsAddr{node, f.nodeAlt.Addr()})
 
 	// Nothing listens on port 9 of pod A or far.
 	m := d.Maps()

@@ -77,6 +77,14 @@ func serveReply(t *testing.T, ln net.Listener, reply string) {
 // <datagram>", until the test ends.
 func serveUDPBackend(t *testing.T, a string) {
 	t.Helper()
+	closableUDPBackend(t, a)
+}
+
+// closableUDPBackend is serveUDPBackend whose server can be stopped
+// before the test ends (the func it returns): the endpoint that goes
+// away.
+func closableUDPBackend(t *testing.T, a string) func() {
+	t.Helper()
 	pc, err := net.ListenPacket("udp", net.JoinHostPort(a, "5353"))
 	if err != nil {
 		t.Fatalf("listen: %v", err)
@@ -92,6 +100,7 @@ func serveUDPBackend(t *testing.T, a string) {
 			_, _ = pc.WriteTo([]byte("backend "+a+" got "+string(buf[:n])), from) // the client checks the answer
 		}
 	}()
+	return func() { pc.Close() }
 }
 
 func sockaddr(a model.L4Addr) *unix.SockaddrInet4 {

@@ -25,6 +25,25 @@ func forceSockDestroy(t *testing.T, m SockDestroyMethod) {
 	override(t, &sockDestroyMethod, func() SockDestroyMethod { return m })
 }
 
+// forEachSockDestroyMethod runs test as a subtest per socket destroy
+// method, the bpf_sock_destroy iterator and netlink SOCK_DESTROY, with
+// the probe forced to answer it; one this kernel lacks is skipped.
+func forEachSockDestroyMethod(t *testing.T, test func(t *testing.T, method SockDestroyMethod)) {
+	t.Helper()
+	for _, method := range []SockDestroyMethod{SockDestroyBPF, SockDestroyNetlink} {
+		t.Run(string(method), func(t *testing.T) {
+			if method == SockDestroyBPF && haveSockDestroyKfunc() != nil {
+				t.Skip("no bpf_sock_destroy (Linux 6.5+)")
+			}
+			if method == SockDestroyNetlink && haveNetlinkDestroy() != nil {
+				t.Skip("no SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY)")
+			}
+			forceSockDestroy(t, method)
+			test(t, method)
+		})
+	}
+}
+
 // socketReaching opens sockets with open, which returns one and the
 // backend it reached, until one reaches want, and returns that one. Each
 // picks a backend at random: 40 tries all missing it has probability
@@ -96,20 +115,11 @@ func localPort(t *testing.T, fd int) int {
 // ::ffff:a.b.c.d, which is ended as its IPv4 twin is.
 func TestSockDestroyOnBackendRemoval(t *testing.T) {
 	testutil.Privileged(t)
-	for _, method := range []SockDestroyMethod{SockDestroyBPF, SockDestroyNetlink} {
-		t.Run(string(method), func(t *testing.T) {
-			if method == SockDestroyBPF && haveSockDestroyKfunc() != nil {
-				t.Skip("no bpf_sock_destroy (Linux 6.5+)")
-			}
-			if method == SockDestroyNetlink && haveNetlinkDestroy() != nil {
-				t.Skip("no SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY)")
-			}
-			forceSockDestroy(t, method)
-			for _, f := range sockLBFamilies {
-				t.Run(f.name, func(t *testing.T) { testSockDestroy(t, method, f) })
-			}
-		})
-	}
+	forEachSockDestroyMethod(t, func(t *testing.T, method SockDestroyMethod) {
+		for _, f := range sockLBFamilies {
+			t.Run(f.name, func(t *testing.T) { testSockDestroy(t, method, f) })
+		}
+	})
 }
 
 func testSockDestroy(t *testing.T, method SockDestroyMethod, f sockLBFamily) {

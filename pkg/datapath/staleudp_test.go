@@ -88,28 +88,6 @@ func kubeProxyDNAT(t *testing.T, ns *topology.NS, chain string, vip model.L4Addr
 	}
 }
 
-// closableUDPBackend is serveUDPBackend whose server can be stopped
-// before the test ends: the endpoint that goes away.
-func closableUDPBackend(t *testing.T, a string) func() {
-	t.Helper()
-	pc, err := net.ListenPacket("udp", net.JoinHostPort(a, "5353"))
-	if err != nil {
-		t.Fatalf("listen: %v", err)
-	}
-	t.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo([]byte("backend "+a+" got "+string(buf[:n])), from) // the client checks the answer
-		}
-	}()
-	return func() { pc.Close() }
-}
-
 // conntrackFlows returns the calling thread's namespace's netfilter
 // conntrack entries whose original destination is dst.
 func conntrackFlows(t *testing.T, dst model.L4Addr) []*netlink.ConntrackFlow {
@@ -149,6 +127,58 @@ func replySources(flows []*netlink.ConntrackFlow) []netip.AddrPort {
 	return out
 }
 
+// attachAndApply is Sluice's start: socket load balancing on cgroup,
+// then st applied.
+func attachAndApply(t *testing.T, d *Datapath, cgroup string, st *model.State) {
+	t.Helper()
+	if err := d.AttachCgroup(cgroup); err != nil {
+		t.Fatal(err)
+	}
+	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// endStaleWantOpen runs EndStaleUDP (unless skipEndStaleUDP) and wants
+// no socket ended, by method, and fd (what names it) left open.
+func endStaleWantOpen(t *testing.T, d *Datapath, cgroup string, st *model.State, method SockDestroyMethod, fd int, what string) {
+	t.Helper()
+	if !skipEndStaleUDP {
+		res := d.EndStaleUDP(cgroup, UDPFrontends(st))
+		if res.Sockets.Err != nil || res.Sockets.Method != method || res.Sockets.Destroyed != 0 {
+			t.Errorf("sockets: %+v, want none ended by %s", res.Sockets, method)
+		}
+	}
+	if soerr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != 0 {
+		t.Errorf("%s: SO_ERROR %d (%v), want it left open", what, soerr, err)
+	}
+}
+
+// connectedBeforeSluice is a UDP socket of ns connected to vip (IPv4)
+// before anything translates, as a node's is through its default route
+// (here a route by lo), closed at the end of the test.
+func connectedBeforeSluice(t *testing.T, ns *topology.NS, vip model.L4Addr) int {
+	t.Helper()
+	if err := ns.AddRouteDev(netip.PrefixFrom(vip.Addr, 32), "lo"); err != nil {
+		t.Fatal(err)
+	}
+	fd := -1
+	err := ns.Do(func() error {
+		var err error
+		if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
+			return err
+		}
+		return unix.Connect(fd, sockaddr(vip))
+	})
+	if fd >= 0 {
+		t.Cleanup(func() { unix.Close(fd) })
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
 // staleState is the state Sluice starts with: f's VIP (and its TCP port)
 // and its direct frontend served by B.
 func staleState(f staleFamily) *model.State {
@@ -173,20 +203,11 @@ func staleState(f staleFamily) *model.State {
 // Both methods: the bpf_sock_destroy iterator and netlink SOCK_DESTROY.
 func TestStaleUDPSocketInCgroup(t *testing.T) {
 	testutil.Privileged(t)
-	for _, method := range []SockDestroyMethod{SockDestroyBPF, SockDestroyNetlink} {
-		t.Run(string(method), func(t *testing.T) {
-			if method == SockDestroyBPF && haveSockDestroyKfunc() != nil {
-				t.Skip("no bpf_sock_destroy (Linux 6.5+)")
-			}
-			if method == SockDestroyNetlink && haveNetlinkDestroy() != nil {
-				t.Skip("no SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY)")
-			}
-			forceSockDestroy(t, method)
-			for _, f := range staleFamilies {
-				t.Run(f.name, func(t *testing.T) { testStaleUDPSocket(t, f, method) })
-			}
-		})
-	}
+	forEachSockDestroyMethod(t, func(t *testing.T, method SockDestroyMethod) {
+		for _, f := range staleFamilies {
+			t.Run(f.name, func(t *testing.T) { testStaleUDPSocket(t, f, method) })
+		}
+	})
 }
 
 func testStaleUDPSocket(t *testing.T, f staleFamily, method SockDestroyMethod) {
@@ -253,13 +274,8 @@ func testStaleUDPSocket(t *testing.T, f staleFamily, method SockDestroyMethod) {
 	delUDP()
 	delTCP()
 	stopA()
-	if err := d.AttachCgroup(cg.Path); err != nil {
-		t.Fatal(err)
-	}
 	st := staleState(f)
-	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
-		t.Fatal(err)
-	}
+	attachAndApply(t, d, cg.Path, st)
 	if !skipEndStaleUDP {
 		res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
 		t.Logf("EndStaleUDP: %+v", res)
@@ -458,42 +474,19 @@ func TestStaleUDPFlow(t *testing.T) {
 // by a process outside the cgroup is left open, by either method.
 func TestStaleUDPSocketScope(t *testing.T) {
 	testutil.Privileged(t)
-	for _, method := range []SockDestroyMethod{SockDestroyBPF, SockDestroyNetlink} {
-		t.Run(string(method), func(t *testing.T) {
-			if method == SockDestroyBPF && haveSockDestroyKfunc() != nil {
-				t.Skip("no bpf_sock_destroy (Linux 6.5+)")
-			}
-			if method == SockDestroyNetlink && haveNetlinkDestroy() != nil {
-				t.Skip("no SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY)")
-			}
-			forceSockDestroy(t, method)
-			d := openTest(t, smallConfig(testPinDir(t)))
-			cg := newTestCgroup(t) // the test's process is not in it
-			ns := topology.NewNS(t, "udpscope")
-			ns.Enter(t)
-			f := staleFamilies[0]
-			if err := ns.AddRouteDev(netip.PrefixFrom(f.vip.Addr, 32), "lo"); err != nil {
-				t.Fatal(err)
-			}
-			fd := newSocket(t, unix.SOCK_DGRAM)
-			if err := unix.Connect(fd, sockaddr(f.vip)); err != nil {
-				t.Fatal(err)
-			}
-			st := staleState(f)
-			if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
-				t.Fatal(err)
-			}
-			if !skipEndStaleUDP {
-				res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
-				if res.Sockets.Err != nil || res.Sockets.Method != method || res.Sockets.Destroyed != 0 {
-					t.Errorf("sockets: %+v, want none ended by %s", res.Sockets, method)
-				}
-			}
-			if soerr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != 0 {
-				t.Errorf("the socket outside the cgroup: SO_ERROR %d (%v), want it left open", soerr, err)
-			}
-		})
-	}
+	forEachSockDestroyMethod(t, func(t *testing.T, method SockDestroyMethod) {
+		d := openTest(t, smallConfig(testPinDir(t)))
+		cg := newTestCgroup(t) // the test's process is not in it
+		ns := topology.NewNS(t, "udpscope")
+		ns.Enter(t)
+		f := staleFamilies[0]
+		fd := connectedBeforeSluice(t, ns, f.vip)
+		st := staleState(f)
+		if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
+			t.Fatal(err)
+		}
+		endStaleWantOpen(t, d, cg.Path, st, method, fd, "the socket outside the cgroup")
+	})
 }
 
 // TestStaleUDPHostNetnsOnly: with --socket-lb-host-netns-only socket load
@@ -503,63 +496,30 @@ func TestStaleUDPSocketScope(t *testing.T) {
 // same cgroup in a pod's namespace is left open (tc serves the pod).
 func TestStaleUDPHostNetnsOnly(t *testing.T) {
 	testutil.Privileged(t)
-	for _, method := range []SockDestroyMethod{SockDestroyBPF, SockDestroyNetlink} {
-		t.Run(string(method), func(t *testing.T) {
-			if method == SockDestroyBPF && haveSockDestroyKfunc() != nil {
-				t.Skip("no bpf_sock_destroy (Linux 6.5+)")
+	forEachSockDestroyMethod(t, func(t *testing.T, method SockDestroyMethod) {
+		d := openTestWith(t, smallConfig, func(c *Config) { c.SocketLBHostNetnsOnly = true })
+		cg := newTestCgroup(t)
+		cg.Join(t)
+		tp := topology.NewT(t)
+		node, pod := tp.AddNST(t, "udphost"), tp.AddNST(t, "udppod")
+		f := staleFamilies[0]
+		hostFd, podFd := connectedBeforeSluice(t, node, f.vip), connectedBeforeSluice(t, pod, f.vip)
+		st := staleState(f)
+		attachAndApply(t, d, cg.Path, st)
+		node.Enter(t)
+		if !skipEndStaleUDP {
+			res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
+			if res.Sockets.Err != nil || res.Sockets.Destroyed != 1 || res.Sockets.Namespaces != 1 {
+				t.Errorf("sockets: %+v, want 1 ended, in 1 namespace", res.Sockets)
 			}
-			if method == SockDestroyNetlink && haveNetlinkDestroy() != nil {
-				t.Skip("no SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY)")
-			}
-			forceSockDestroy(t, method)
-			d := openTestWith(t, smallConfig, func(c *Config) { c.SocketLBHostNetnsOnly = true })
-			cg := newTestCgroup(t)
-			cg.Join(t)
-			tp := topology.NewT(t)
-			node, pod := tp.AddNST(t, "udphost"), tp.AddNST(t, "udppod")
-			f := staleFamilies[0]
-			connected := func(ns *topology.NS) int {
-				t.Helper()
-				if err := ns.AddRouteDev(netip.PrefixFrom(f.vip.Addr, 32), "lo"); err != nil {
-					t.Fatal(err)
-				}
-				var fd int
-				err := ns.Do(func() error {
-					var err error
-					if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err != nil {
-						return err
-					}
-					return unix.Connect(fd, sockaddr(f.vip))
-				})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { unix.Close(fd) })
-				return fd
-			}
-			hostFd, podFd := connected(node), connected(pod)
-			if err := d.AttachCgroup(cg.Path); err != nil {
-				t.Fatal(err)
-			}
-			st := staleState(f)
-			if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
-				t.Fatal(err)
-			}
-			node.Enter(t)
-			if !skipEndStaleUDP {
-				res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
-				if res.Sockets.Err != nil || res.Sockets.Destroyed != 1 || res.Sockets.Namespaces != 1 {
-					t.Errorf("sockets: %+v, want 1 ended, in 1 namespace", res.Sockets)
-				}
-			}
-			if soerr, err := unix.GetsockoptInt(hostFd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != int(unix.ECONNABORTED) {
-				t.Errorf("the node's socket: SO_ERROR %d (%v), want ECONNABORTED", soerr, err)
-			}
-			if soerr, err := unix.GetsockoptInt(podFd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != 0 {
-				t.Errorf("the pod's socket: SO_ERROR %d (%v), want it left open", soerr, err)
-			}
-		})
-	}
+		}
+		if soerr, err := unix.GetsockoptInt(hostFd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != int(unix.ECONNABORTED) {
+			t.Errorf("the node's socket: SO_ERROR %d (%v), want ECONNABORTED", soerr, err)
+		}
+		if soerr, err := unix.GetsockoptInt(podFd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != 0 {
+			t.Errorf("the pod's socket: SO_ERROR %d (%v), want it left open", soerr, err)
+		}
+	})
 }
 
 // TestStaleUDPNotOurs: a socket connect4 (connect6) translated at Sluice's
@@ -572,58 +532,36 @@ func TestStaleUDPHostNetnsOnly(t *testing.T) {
 // ended at every agent start.
 func TestStaleUDPNotOurs(t *testing.T) {
 	testutil.Privileged(t)
-	for _, method := range []SockDestroyMethod{SockDestroyBPF, SockDestroyNetlink} {
-		t.Run(string(method), func(t *testing.T) {
-			if method == SockDestroyBPF && haveSockDestroyKfunc() != nil {
-				t.Skip("no bpf_sock_destroy (Linux 6.5+)")
-			}
-			if method == SockDestroyNetlink && haveNetlinkDestroy() != nil {
-				t.Skip("no SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY)")
-			}
-			forceSockDestroy(t, method)
-			for _, f := range staleFamilies {
-				t.Run(f.name, func(t *testing.T) {
-					d := openTest(t, smallConfig(testPinDir(t)))
-					cg := newTestCgroup(t)
-					cg.Join(t)
-					ns := topology.NewNS(t, "udpnotours")
-					ns.Enter(t)
-					// The outer Service's backend is the inner's VIP.
-					inner := f.vip
-					outer := l4("10.96.7.60", 53, model.UDP)
-					if inner.Addr.Is6() {
-						outer = l4("fd00:96:7::60", 53, model.UDP)
-					}
-					for _, a := range []netip.Addr{inner.Addr, outer.Addr} {
-						if err := ns.AddRouteDev(netip.PrefixFrom(a, a.BitLen()), "lo"); err != nil {
-							t.Fatal(err)
-						}
-					}
-					if err := d.AttachCgroup(cg.Path); err != nil {
+	forEachSockDestroyMethod(t, func(t *testing.T, method SockDestroyMethod) {
+		for _, f := range staleFamilies {
+			t.Run(f.name, func(t *testing.T) {
+				d := openTest(t, smallConfig(testPinDir(t)))
+				cg := newTestCgroup(t)
+				cg.Join(t)
+				ns := topology.NewNS(t, "udpnotours")
+				ns.Enter(t)
+				// The outer Service's backend is the inner's VIP.
+				inner := f.vip
+				outer := l4("10.96.7.60", 53, model.UDP)
+				if inner.Addr.Is6() {
+					outer = l4("fd00:96:7::60", 53, model.UDP)
+				}
+				for _, a := range []netip.Addr{inner.Addr, outer.Addr} {
+					if err := ns.AddRouteDev(netip.PrefixFrom(a, a.BitLen()), "lo"); err != nil {
 						t.Fatal(err)
 					}
-					st := staleState(f)
-					st.Services.Set(outer, clusterIP(outer, inner))
-					if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
-						t.Fatal(err)
-					}
-					fd := newSocketIn(t, f.domain, unix.SOCK_DGRAM)
-					if err := unix.Connect(fd, sockaddrIn(f.domain, outer)); err != nil {
-						t.Fatal(err)
-					}
-					if !skipEndStaleUDP {
-						res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
-						if res.Sockets.Err != nil || res.Sockets.Method != method || res.Sockets.Destroyed != 0 {
-							t.Errorf("sockets: %+v, want none ended by %s", res.Sockets, method)
-						}
-					}
-					if soerr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != 0 {
-						t.Errorf("the socket connect4 translated to %s: SO_ERROR %d (%v), want it left open", inner, soerr, err)
-					}
-				})
-			}
-		})
-	}
+				}
+				st := staleState(f)
+				st.Services.Set(outer, clusterIP(outer, inner))
+				attachAndApply(t, d, cg.Path, st)
+				fd := newSocketIn(t, f.domain, unix.SOCK_DGRAM)
+				if err := unix.Connect(fd, sockaddrIn(f.domain, outer)); err != nil {
+					t.Fatal(err)
+				}
+				endStaleWantOpen(t, d, cg.Path, st, method, fd, fmt.Sprintf("the socket connect4 translated to %s", inner))
+			})
+		}
+	})
 }
 
 // TestStaleUDPFrontendSocketNoCgroup: the netlink path's judgement of a
@@ -683,20 +621,9 @@ func TestStaleUDPFrontendsIterLoadFails(t *testing.T) {
 	ns := topology.NewNS(t, "udpnoiter")
 	ns.Enter(t)
 	f := staleFamilies[0]
-	if err := ns.AddRouteDev(netip.PrefixFrom(f.vip.Addr, 32), "lo"); err != nil {
-		t.Fatal(err)
-	}
-	fd := newSocket(t, unix.SOCK_DGRAM)
-	if err := unix.Connect(fd, sockaddr(f.vip)); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.AttachCgroup(cg.Path); err != nil {
-		t.Fatal(err)
-	}
+	fd := connectedBeforeSluice(t, ns, f.vip)
 	st := staleState(f)
-	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
-		t.Fatal(err)
-	}
+	attachAndApply(t, d, cg.Path, st)
 	if !skipEndStaleUDP {
 		res := d.EndStaleUDP(cg.Path, UDPFrontends(st))
 		if res.Sockets.Method != SockDestroyNetlink || res.Sockets.Destroyed != 1 ||

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"path/filepath"
 	"strings"
@@ -62,21 +61,11 @@ func TestStaleUDPAtAgentStart(t *testing.T) {
 	}
 	// The node's route to the VIP (its default route, elsewhere).
 	must(node.AddRouteDev(netip.MustParsePrefix(vip+"/32"), "lo"))
-	serve := func(addr string) net.PacketConn {
-		pc, err := node.ListenPacket("udp4", addr+":5353")
+	// Each answers "<addr> got <datagram>": the client checks the address.
+	serve := func(addr string) *topology.Server {
+		srv, err := node.ServeUDPEcho(addr+":5353", addr+" got")
 		must(err)
-		t.Cleanup(func() { pc.Close() })
-		go func() {
-			buf := make([]byte, 1500)
-			for {
-				n, from, err := pc.ReadFrom(buf)
-				if err != nil {
-					return
-				}
-				_, _ = pc.WriteTo([]byte(addr+" got "+string(buf[:n])), from) // the client checks
-			}
-		}()
-		return pc
+		return srv
 	}
 	srvA := serve(a)
 	serve(b)

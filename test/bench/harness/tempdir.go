@@ -13,8 +13,13 @@ import (
 	"syscall"
 )
 
+// unmount is syscall.Unmount, for a test to make it fail.
+var unmount = syscall.Unmount
+
 // removeTempDir detaches every mount at or under dir, deepest first, then
-// removes dir.
+// removes dir. If a mount does not detach, dir is left in place (and the
+// error says so, for the caller's log): removing it would delete the files
+// of the filesystem still mounted under it.
 func removeTempDir(dir string) error {
 	mounts, err := mountsUnder(dir)
 	if err != nil {
@@ -22,14 +27,14 @@ func removeTempDir(dir string) error {
 	}
 	var errs []error
 	for _, mp := range mounts {
-		if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
+		if err := unmount(mp, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
 			errs = append(errs, fmt.Errorf("unmount %s: %w", mp, err))
 		}
 	}
-	if err := os.RemoveAll(dir); err != nil {
-		errs = append(errs, err)
+	if len(errs) > 0 {
+		return fmt.Errorf("%w; %s left in place", errors.Join(errs...), dir)
 	}
-	return errors.Join(errs...)
+	return os.RemoveAll(dir)
 }
 
 // mountsUnder lists the mount points at or under dir in this mount

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -69,5 +70,36 @@ func TestTempDirUnmounts(t *testing.T) {
 	gone("a killed run's directory", stale)
 	if ms, err := mountsUnder(live); err != nil || len(ms) != 1 || ms[0] != liveMount {
 		t.Errorf("a running process's directory: mounts %v (%v), want %s left", ms, err, liveMount)
+	}
+}
+
+// TestTempDirKeptWhenUnmountFails: a mount under the directory that does
+// not detach leaves the directory in place, the files of the filesystem
+// mounted there with it, and the error names the directory. Before, the
+// directory was removed all the same, emptying that filesystem.
+func TestTempDirKeptWhenUnmountFails(t *testing.T) {
+	testutil.Privileged(t)
+	dir := t.TempDir()
+	mp := filepath.Join(dir, "mode-1", "state")
+	if err := os.MkdirAll(mp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", mp, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(mp, syscall.MNT_DETACH) })
+	file := filepath.Join(mp, "kept")
+	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	orig := unmount
+	unmount = func(string, int) error { return syscall.EPERM }
+	t.Cleanup(func() { unmount = orig })
+	err := removeTempDir(dir)
+	if err == nil || !errors.Is(err, syscall.EPERM) || !strings.Contains(err.Error(), dir+" left in place") {
+		t.Errorf("removeTempDir: %v, want the unmount's EPERM and %s left in place", err, dir)
+	}
+	if _, err := os.Stat(file); err != nil {
+		t.Errorf("the file of the filesystem still mounted: %v, want it kept", err)
 	}
 }
