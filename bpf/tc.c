@@ -205,13 +205,13 @@ __noinline int rev_dport4(struct __sk_buff *skb, const struct pkt4 *p,
 /*
  * rev_at_egress4 - whether @p, the reply of a flow that was DNATed only
  * or an ICMP error about its request (icmp_xlate.h), at the ingress of a
- * device, will pass a Sluice egress program on its way to the client: the route the stack takes for it as it came (from
- * its own source, in at this device) leaves by a device the agent
- * attached tc to (dev_has_tc). Never at a port of a bridge or bond
- * (dev_is_port): the route names the master, but a reply to a client on
- * the same bridge is bridged at layer 2 to the client's port, and passes
- * no egress of the master's. A global function, which the verifier
- * checks once, on its own.
+ * device, will pass a Sluice egress program on its way to the client: the
+ * route the stack takes for it as it came (from its own source, in at this
+ * device) leaves by a device the agent attached tc to (dev_has_tc). Never at
+ * a port of a bridge or bond (dev_is_port): the route names the master, but a
+ * reply to a client on the same bridge is bridged at layer 2 to the client's
+ * port, and passes no egress of the master's. A global function, which the
+ * verifier checks once, on its own.
  */
 __noinline int rev_at_egress4(struct __sk_buff *skb, const struct pkt4 *p)
 {

@@ -9,10 +9,10 @@
  * packet is turned, in place, into the ICMP error to its source and sent
  * back out of the device it came in on: from its destination (the VIP, the
  * NodePort), or, for a reject, from the address the kernel's reject would
- * come from (icmp_reject_src: a node address, not a ClusterIP). Linux reports a port unreachable as ECONNREFUSED to both a TCP
- * connect and a connected UDP socket, just as if the VIP had refused the
- * port itself; a fragmentation needed lowers the path MTU of the socket's
- * route.
+ * come from (icmp_reject_src: a node address, not a ClusterIP). Linux reports
+ * a port unreachable as ECONNREFUSED to both a TCP connect and a connected
+ * UDP socket, just as if the VIP had refused the port itself; a fragmentation
+ * needed lowers the path MTU of the socket's route.
  *
  *   in:  eth | IPv4 C->V (+options) | TCP/UDP ... payload
  *   out: eth (MACs swapped) | IPv4 V (or N)->C | ICMP | IPv4 C->V (+options) | L4 header

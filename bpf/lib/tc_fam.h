@@ -35,9 +35,9 @@ static __always_inline int LB_FN(check_source)(const FAM(pkt_t) *p,
  * unreachable - answer @p with an ICMP port unreachable from the address
  * the kernel's reject would come from (icmp_reject_src, icmp6_reject_src:
  * the destination if it is the node's, else the node's address for the
- * route back to the client), counted as @reason; a packet the kernel would not answer
- * (ICMP_NOT_SENT: a broadcast frame, a source of no single host, a tail
- * that cannot be trimmed) is dropped, counted as @reason too. Returns a
+ * route back to the client), counted as @reason; a packet the kernel would
+ * not answer (ICMP_NOT_SENT: a broadcast frame, a source of no single host, a
+ * tail that cannot be trimmed) is dropped, counted as @reason too. Returns a
  * TC verdict, or ICMP_NOT_SENT (icmp_verdict).
  */
 static __always_inline int LB_FN(unreachable)(struct __sk_buff *skb,
