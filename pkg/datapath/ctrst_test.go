@@ -2,10 +2,13 @@ package datapath
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -495,4 +498,81 @@ func TestTC6StrayTCPToNodeAddress(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestStrayTCPToUnservedPortEndToEnd: TestTCStrayTCPToUnservedPort with
+// real traffic, per family. The client's namespace sends a RST (a raw
+// socket) to a port its ClusterIP does not serve, then connects to that
+// port: tc at the node's device counts the RST tc_tcp_stray (waited for:
+// the programs count it once they have run on it), and the first ICMP
+// error the client's device receives is the port unreachable about the
+// connect's SYN (ECONNREFUSED), not one about the RST. Before the fix the
+// RST was answered first.
+func TestStrayTCPToUnservedPortEndToEnd(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d, lb, plane := lbDatapathOf(t, v6)
+		vip := addr(vipOf(v6, "10.96.0.93"))
+		applyServices(t, d, clusterIP(model.L4Addr{Addr: vip, Port: 80, Proto: model.TCP},
+			model.L4Addr{Addr: plane.backends[0], Port: 8080, Proto: model.TCP}))
+		if err := lb.Node.Do(func() error { return d.AttachDevices([]string{lb.NodeDev}) }); err != nil {
+			t.Fatal(err)
+		}
+		capture := captureOn(t, lb.Client, "eth0")
+		const rstPort = 47999
+		rst := packet.Packet{Src: plane.client, Dst: vip, SrcPort: rstPort, DstPort: 81, Proto: packet.TCP,
+			TCPFlags: tcpRST | tcpACK, Seq: 1, Ack: 1}
+		family, hdr := unix.AF_INET, 20
+		if v6 {
+			family, hdr = unix.AF_INET6, 40
+		}
+		l4 := rst.Bytes()[14+hdr:]
+		sockaddr := func(a netip.Addr) unix.Sockaddr {
+			if v6 {
+				return &unix.SockaddrInet6{Addr: a.As16()}
+			}
+			return &unix.SockaddrInet4{Addr: a.As4()}
+		}
+		before := counters(t, d)
+		if err := lb.Client.Do(func() error {
+			fd, err := unix.Socket(family, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			// Bound to the client's address: the TCP checksum
+			// covers it.
+			if err := unix.Bind(fd, sockaddr(plane.client)); err != nil {
+				return err
+			}
+			return unix.Sendto(fd, l4, 0, sockaddr(vip))
+		}); err != nil {
+			t.Fatalf("RST from the client: %v", err)
+		}
+		// The RST is counted under one reason or the other once tc has
+		// run on it (20 s: a deadline for a lost packet).
+		var stray, unknown uint64
+		for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			after := counters(t, d)
+			stray, unknown = after["tc_tcp_stray"]-before["tc_tcp_stray"], after["tc_unknown_port"]-before["tc_unknown_port"]
+			if stray+unknown > 0 {
+				break
+			}
+		}
+		if stray != 1 || unknown != 0 {
+			t.Errorf("RST to %s:81: tc_tcp_stray +%d, tc_unknown_port +%d; want +1, +0", vip, stray, unknown)
+		}
+		if err := tcpRefused(lb.Client, netip.AddrPortFrom(vip, 81)); err != nil {
+			t.Error(err)
+		}
+		p, err := packet.Parse(capture.icmpError(t, plane.client))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Payload) < hdr+2 {
+			t.Fatalf("ICMP error quotes %d bytes", len(p.Payload))
+		}
+		if sport := binary.BigEndian.Uint16(p.Payload[hdr:]); sport == rstPort {
+			t.Errorf("the client got a port unreachable about its RST (from port %d), want the first about its SYN", sport)
+		}
+	})
 }
