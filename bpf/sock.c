@@ -273,10 +273,10 @@ SOCK_REV_PROG(getpeername6, sock6_ctx_rev)
  * LRU's lists of cold entries (connect4 1.2 us a run with the map fresh,
  * 2.2 as it filled, in issue 14's seventieth pass), and a long-lived
  * socket's entry, if nothing reads it, is evicted by newer ones: its
- * getpeername then shows the backend. With it the map holds the live sockets' entries. A socket
- * never connected (no peer: an unconnected UDP socket's per-datagram
- * entries stay with the LRU) changes nothing; one connected but never
- * translated costs a missed delete. Always proceeds.
+ * getpeername then shows the backend. With it the map holds the live sockets'
+ * entries. A socket never connected (no peer: an unconnected UDP socket's
+ * per-datagram entries stay with the LRU) changes nothing; one connected but
+ * never translated costs a missed delete. Always proceeds.
  */
 SEC("cgroup/sock_release")
 int sluice_sock_release(struct bpf_sock *ctx)

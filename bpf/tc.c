@@ -8,15 +8,19 @@
  * gets its source rewritten back to the VIP (a DNATed flow's that will
  * leave by a device with tc at that device's egress instead, where the
  * node's conntrack has seen it: rev_dnat); else a packet to a service
- * starts a flow to a backend (the order, and why it is sound:
- * tc_ingress); a new flow to a service without backends is answered with
- * ICMP port unreachable, or dropped when the service has backends
+ * that may open a connection starts a flow to a backend (the order, and
+ * why it is sound: tc_ingress), but a TCP packet netfilter opens none for
+ * (a RST, a FIN, a SYN-ACK, neither SYN nor ACK: ct_tcp_stray) does not:
+ * it is dropped, or, to a node address, passed up untranslated
+ * (lb4_select); a new flow to a service without backends is answered
+ * with ICMP port unreachable, or dropped when the service has backends
  * elsewhere (SVC_F_DROP_EMPTY; its established flows go on: conntrack
  * comes first). A packet to no frontend is rejected if its destination is
- * a ClusterIP (another port or protocol), dropped if it is another
- * address of the service CIDR, and passed otherwise (lb4_no_service), as
- * kube-proxy's nftables mode does; so is a packet of any other protocol
- * that may open a connection (an ICMP echo, GRE, SCTP: parse_ipv4_other).
+ * a ClusterIP (another port or protocol; a TCP stray is dropped), dropped
+ * if it is another address of the service CIDR, and passed otherwise
+ * (lb4_no_service), as kube-proxy's nftables mode does; so is a packet of
+ * any other protocol that may open a connection (an ICMP echo, GRE, SCTP:
+ * parse_ipv4_other).
  * Egress: replies leaving towards the client get their source rewritten
  * back to the VIP. Both: ICMP errors about translated flows are
  * translated back (icmp_xlate.h; a DNAT-only flow's error about its
@@ -201,13 +205,13 @@ __noinline int rev_dport4(struct __sk_buff *skb, const struct pkt4 *p,
 /*
  * rev_at_egress4 - whether @p, the reply of a flow that was DNATed only
  * or an ICMP error about its request (icmp_xlate.h), at the ingress of a
- * device, will pass a Sluice egress program on its way to the client: the route the stack takes for it as it came (from
- * its own source, in at this device) leaves by a device the agent
- * attached tc to (dev_has_tc). Never at a port of a bridge or bond
- * (dev_is_port): the route names the master, but a reply to a client on
- * the same bridge is bridged at layer 2 to the client's port, and passes
- * no egress of the master's. A global function, which the verifier
- * checks once, on its own.
+ * device, will pass a Sluice egress program on its way to the client: the
+ * route the stack takes for it as it came (from its own source, in at this
+ * device) leaves by a device the agent attached tc to (dev_has_tc). Never at
+ * a port of a bridge or bond (dev_is_port): the route names the master, but a
+ * reply to a client on the same bridge is bridged at layer 2 to the client's
+ * port, and passes no egress of the master's. A global function, which the
+ * verifier checks once, on its own.
  */
 __noinline int rev_at_egress4(struct __sk_buff *skb, const struct pkt4 *p)
 {

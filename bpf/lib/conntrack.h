@@ -186,7 +186,10 @@ static __always_inline __u32 ct_tcp_challenges(__u8 tcp_flags, bool bare,
  * without ACK) or, by loose pickup, an ACK (without SYN or FIN), and
  * neither with RST; a RST, a FIN, a SYN-ACK or a packet with neither SYN
  * nor ACK is INVALID there: no entry, no NAT. tc drops it, counted
- * (METRIC_TC_TCP_STRAY), instead of sending it to a random backend.
+ * (METRIC_TC_TCP_STRAY), instead of sending it to a random backend (to a
+ * frontend on a node address it passes it up: METRIC_TC_TCP_STRAY_UP),
+ * and, to a port a ClusterIP does not serve, instead of answering it with
+ * a port unreachable (lb4_no_service, lb6_no_service).
  */
 static __always_inline bool ct_tcp_stray(__u8 tcp_flags)
 {

@@ -705,12 +705,12 @@ static __always_inline int FN(ct_est_create)(const FAM(pkt_t) *p,
  * way.
  *
  * In sluice_ct_new its entries go in by ct_new_insert, which never
- * overwrites an entry that another deleter has claimed (a flush of the tuple's previous
- * flow's backend, say): the flow is then not recorded, and its packet is
- * dropped (-EEXIST) as one of a flow whose reply entry is claimed is
- * (ct_check_reverse); the client sends it again, by when the claimer has
- * deleted the entry. A reply entry inserted before its forward entry is
- * refused goes again.
+ * overwrites an entry that another deleter has claimed (a flush of the
+ * tuple's previous flow's backend, say): the flow is then not recorded, and
+ * its packet is dropped (-EEXIST) as one of a flow whose reply entry is
+ * claimed is (ct_check_reverse); the client sends it again, by when the
+ * claimer has deleted the entry. A reply entry inserted before its forward
+ * entry is refused goes again.
  *
  * Returns 0, CT_CLASH, -EEXIST (a claimed entry holds a key), or another
  * negative map update error.

@@ -9,10 +9,10 @@
  * packet is turned, in place, into the ICMP error to its source and sent
  * back out of the device it came in on: from its destination (the VIP, the
  * NodePort), or, for a reject, from the address the kernel's reject would
- * come from (icmp_reject_src: a node address, not a ClusterIP). Linux reports a port unreachable as ECONNREFUSED to both a TCP
- * connect and a connected UDP socket, just as if the VIP had refused the
- * port itself; a fragmentation needed lowers the path MTU of the socket's
- * route.
+ * come from (icmp_reject_src: a node address, not a ClusterIP). Linux reports
+ * a port unreachable as ECONNREFUSED to both a TCP connect and a connected
+ * UDP socket, just as if the VIP had refused the port itself; a fragmentation
+ * needed lowers the path MTU of the socket's route.
  *
  *   in:  eth | IPv4 C->V (+options) | TCP/UDP ... payload
  *   out: eth (MACs swapped) | IPv4 V (or N)->C | ICMP | IPv4 C->V (+options) | L4 header
@@ -398,12 +398,19 @@ static __always_inline bool icmp_rl_allow(const union v6addr *dst, bool v6,
  * is 0, the kernel's the packet's), on uid; and IPv6 without a prefsrc
  * on a route through another device, where icmp6_send picks the address
  * by ipv6_dev_get_saddr on the ingress device, the FIB on the route's.
- * Where the lookups cannot say (an older kernel refuses the flag:
- * -EINVAL; no route to the client; forwarding off on the ingress device,
- * which bpf_fib_lookup requires: BPF_FIB_LKUP_RET_FWD_DISABLED; no
- * address to pick; IPv6: a link-local, multicast or loopback source or
- * destination, which the first lookup refuses at once, rt6_need_strict),
- * the error comes from the packet's destination, as before.
+ * Neither lookup passes BPF_FIB_LOOKUP_SKIP_NEIGH (Linux 6.3, -EINVAL
+ * before; the per-packet path supports 5.14), as tcp_stray_local (tc.c)
+ * does not: the first is read only for NOT_FWDED, which a route not
+ * RTN_UNICAST (a local one) returns before any neighbour step; the
+ * second fills the source in before that step, so a route whose next hop
+ * has no valid neighbour entry (BPF_FIB_LKUP_RET_NO_NEIGH) gives the
+ * same source as SUCCESS, and both are taken. Where the lookups cannot
+ * say (a kernel without BPF_FIB_LOOKUP_SRC refuses the flag: -EINVAL; no
+ * route to the client; forwarding off on the ingress device, which
+ * bpf_fib_lookup requires: BPF_FIB_LKUP_RET_FWD_DISABLED; no address to
+ * pick; IPv6: a link-local, multicast or loopback source or destination,
+ * which the first lookup refuses at once, rt6_need_strict), the error
+ * comes from the packet's destination, as before.
  *
  * The tc object alone defines them (ICMP_RATE_LIMIT, above: XDP sends no
  * error). Global functions, verified once each, not per call, and called
@@ -427,8 +434,7 @@ __noinline __be32 icmp_reject_src(struct __sk_buff *skb, __be32 client,
 		.ipv4_dst = daddr,
 		.ifindex = skb->ifindex,
 	};
-	int ret = bpf_fib_lookup(skb, &fib, sizeof(fib),
-				 BPF_FIB_LOOKUP_SKIP_NEIGH);
+	int ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	__u8 tos = 0;
 
 	if (ret == BPF_FIB_LKUP_RET_NOT_FWDED)
@@ -443,9 +449,10 @@ __noinline __be32 icmp_reject_src(struct __sk_buff *skb, __be32 client,
 	fib.tos = (tos & IPTOS_TOS_MASK) | IPTOS_PREC_INTERNETCONTROL;
 	fib.ipv4_dst = client;
 	fib.ifindex = skb->ifindex;
-	ret = bpf_fib_lookup(skb, &fib, sizeof(fib),
-			     BPF_FIB_LOOKUP_SKIP_NEIGH | BPF_FIB_LOOKUP_SRC);
-	if (ret != BPF_FIB_LKUP_RET_SUCCESS || !fib.ipv4_src)
+	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC);
+	if ((ret != BPF_FIB_LKUP_RET_SUCCESS &&
+	     ret != BPF_FIB_LKUP_RET_NO_NEIGH) ||
+	    !fib.ipv4_src)
 		return daddr;
 	return fib.ipv4_src;
 }

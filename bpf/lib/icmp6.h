@@ -64,9 +64,10 @@ struct icmp6_err_hdr {
  * @addr: itself if it is one of the node's addresses, else the source the
  * route to @client picks (its prefsrc, else the address
  * ipv6_dev_get_saddr picks on its device), whatever its device, as
- * icmp_reject_src (icmp.h) for IPv4: see there for the lookups and what
- * they do not follow.
- * (A global function's pointers may be NULL: checked.)
+ * icmp_reject_src (icmp.h) for IPv4: see there for the lookups, their
+ * flags (no BPF_FIB_LOOKUP_SKIP_NEIGH; NO_NEIGH taken as SUCCESS) and
+ * what they do not follow. (A global function's pointers may be NULL:
+ * checked.)
  */
 __noinline int icmp6_reject_src(struct __sk_buff *skb,
 				const union v6addr *client, union v6addr *addr)
@@ -82,7 +83,7 @@ __noinline int icmp6_reject_src(struct __sk_buff *skb,
 		return 0;
 	__builtin_memcpy(fib.ipv6_src, client, sizeof(*client));
 	__builtin_memcpy(fib.ipv6_dst, addr, sizeof(*addr));
-	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SKIP_NEIGH);
+	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
 	if (ret == BPF_FIB_LKUP_RET_NOT_FWDED)
 		return 0;
 	__builtin_memset(&fib, 0, sizeof(fib));
@@ -92,9 +93,9 @@ __noinline int icmp6_reject_src(struct __sk_buff *skb,
 	fib.tot_len = sizeof(struct ipv6hdr);
 	__builtin_memcpy(fib.ipv6_dst, client, sizeof(*client));
 	fib.ifindex = skb->ifindex;
-	ret = bpf_fib_lookup(skb, &fib, sizeof(fib),
-			     BPF_FIB_LOOKUP_SKIP_NEIGH | BPF_FIB_LOOKUP_SRC);
-	if (ret == BPF_FIB_LKUP_RET_SUCCESS &&
+	ret = bpf_fib_lookup(skb, &fib, sizeof(fib), BPF_FIB_LOOKUP_SRC);
+	if ((ret == BPF_FIB_LKUP_RET_SUCCESS ||
+	     ret == BPF_FIB_LKUP_RET_NO_NEIGH) &&
 	    (fib.ipv6_src[0] | fib.ipv6_src[1] | fib.ipv6_src[2] |
 	     fib.ipv6_src[3]))
 		__builtin_memcpy(addr, fib.ipv6_src, sizeof(*addr));

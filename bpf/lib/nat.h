@@ -109,7 +109,8 @@ static __always_inline struct node_dev *node_dev_of(__u32 ifindex)
  * dev_is_port - whether @ifindex is a port of a bridge, bond, team or
  * OVS datapath (NODE_DEV_F_PORT). A reply (or an ICMP error about a
  * request) that came in at one may be bridged to the client's port at
- * layer 2, never passing the master's egress, though a route lookup names the master (rev_at_egress4/6).
+ * layer 2, never passing the master's egress, though a route lookup names the
+ * master (rev_at_egress4/6).
  */
 static __always_inline bool dev_is_port(__u32 ifindex)
 {

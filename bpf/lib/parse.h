@@ -70,7 +70,7 @@ struct pkt4 {
 	/*
 	 * TCP without payload (its IP length ends where its header, by its
 	 * data offset, does): with tcp_flags, whether it is a bare ACK, the
-	 * shape of a challenge ACK (ct_tcp_challenge). In pkt4's padding.
+	 * shape of a challenge ACK (ct_tcp_challenges). In pkt4's padding.
 	 */
 	bool tcp_bare;
 };
@@ -122,9 +122,9 @@ static __always_inline bool frag_ports_take(const struct frag4_ports *ports,
  * skb_l3_at - whether @skb holds an IP packet of @version (ethertype
  * @proto), its header at @l3_off: ETH_HLEN as the caller set it, or 0 on
  * a device without a link-layer header. @eth: room for the Ethernet
- * header, the caller's (a frame of its own costs the stack more). Without one the packet starts
- * with the IP version. A destination MAC can start so too (46:... for
- * IPv4), so the device decides, and is asked only then.
+ * header, the caller's (a frame of its own costs the stack more). Without one
+ * the packet starts with the IP version. A destination MAC can start so too
+ * (46:... for IPv4), so the device decides, and is asked only then.
  */
 static __always_inline bool skb_l3_at(struct __sk_buff *skb, __u8 version,
 				      __be16 proto, struct ethhdr *eth,

@@ -35,9 +35,9 @@ static __always_inline int LB_FN(check_source)(const FAM(pkt_t) *p,
  * unreachable - answer @p with an ICMP port unreachable from the address
  * the kernel's reject would come from (icmp_reject_src, icmp6_reject_src:
  * the destination if it is the node's, else the node's address for the
- * route back to the client), counted as @reason; a packet the kernel would not answer
- * (ICMP_NOT_SENT: a broadcast frame, a source of no single host, a tail
- * that cannot be trimmed) is dropped, counted as @reason too. Returns a
+ * route back to the client), counted as @reason; a packet the kernel would
+ * not answer (ICMP_NOT_SENT: a broadcast frame, a source of no single host, a
+ * tail that cannot be trimmed) is dropped, counted as @reason too. Returns a
  * TC verdict, or ICMP_NOT_SENT (icmp_verdict).
  */
 static __always_inline int LB_FN(unreachable)(struct __sk_buff *skb,
@@ -90,6 +90,16 @@ static __always_inline int LB_FN(refuse)(struct __sk_buff *skb,
  * family); its iptables mode lets both through untranslated. A later
  * fragment to a ClusterIP is dropped: it has no L4 header to quote, and
  * its first fragment got the error (RFC 1122 3.2.2).
+ *
+ * A TCP stray to a ClusterIP (ct_tcp_stray: a RST, a FIN, a SYN-ACK,
+ * neither SYN nor ACK) is dropped, counted METRIC_TC_TCP_STRAY, not
+ * answered: netfilter opens no connection for it (INVALID), and
+ * kube-proxy's chains that reject or drop for a ClusterIP match `ct state
+ * new` only (nftables: filter-forward and filter-output jump to
+ * cluster-ips-check on it), so neither mode answers it; iptables mode's
+ * KUBE-FORWARD drops it (ctstate INVALID), nftables mode routes it on
+ * untranslated. To a frontend's port it is dropped alike (lb4_select,
+ * lb6_dnat).
  */
 static __always_inline int LB_FN(no_service)(struct __sk_buff *skb,
 					     const FAM(pkt_t) *p)
@@ -97,6 +107,10 @@ static __always_inline int LB_FN(no_service)(struct __sk_buff *skb,
 	if (FN(service_ip)(p->daddr)) {
 		if (p->frag_later) {
 			metric_count(p, METRIC_TC_UNKNOWN_PORT);
+			return TC_ACT_SHOT;
+		}
+		if (p->proto == IPPROTO_TCP && ct_tcp_stray(p->tcp_flags)) {
+			metric_count(p, METRIC_TC_TCP_STRAY);
 			return TC_ACT_SHOT;
 		}
 		return icmp_verdict(

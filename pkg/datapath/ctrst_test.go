@@ -2,8 +2,13 @@ package datapath
 
 import (
 	"bytes"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -333,6 +338,73 @@ func TestTCStrayTCPOpensNoFlow(t *testing.T) {
 	})
 }
 
+// TestTCStrayTCPToUnservedPort: a TCP packet that cannot open a flow
+// (a RST, a FIN, a SYN-ACK, neither SYN nor ACK) to a port a ClusterIP
+// does not serve is dropped, counted tc_tcp_stray, and gets no ICMP port
+// unreachable: kube-proxy's nftables mode rejects there only `ct state
+// new` (cluster-ips-check), which netfilter's INVALID is not, and its
+// iptables mode's KUBE-FORWARD drops INVALID. A SYN and a bare ACK (loose
+// pickup: new to netfilter) to it still get the port unreachable,
+// counted tc_unknown_port. Per family. Before the fix every one got the
+// ICMP error.
+func TestTCStrayTCPToUnservedPort(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		a, vip := twinOf(v6), twinL4(v6, vipTCP)
+		d := newTestDatapath(t)
+		applyServices(t, d, clusterIP(vip, l4(a("10.1.16.1"), 8080, model.TCP)))
+		unserved := vip
+		unserved.Port = 81
+		port := uint16(47000)
+		for _, c := range []struct {
+			name  string
+			flags uint8
+			stray bool
+		}{
+			{"RST", tcpRST, true}, {"RST-ACK", tcpRST | tcpACK, true}, {"FIN-ACK", tcpFA, true}, {"FIN", packet.FIN, true},
+			{"SYN-ACK", tcpSA, true}, {"PSH, neither SYN nor ACK", packet.PSH, true},
+			{"SYN", tcpSYN_, false}, {"ACK", tcpACK, false},
+		} {
+			port++
+			// A client of its own each: the ICMP errors' rate limit
+			// per destination (a burst of 6) stops none.
+			in := flow{a(fmt.Sprintf("10.0.17.%d", port-47000)), port, unserved}.pkt(c.flags)
+			before := counters(t, d)
+			v, out := runProg(t, d.TCIngress(), in.Bytes())
+			after := counters(t, d)
+			stray, unknown := after["tc_tcp_stray"]-before["tc_tcp_stray"], after["tc_unknown_port"]-before["tc_unknown_port"]
+			what := c.name + " to " + unserved.String()
+			if c.stray {
+				if v != tcActShot {
+					t.Errorf("%s: verdict %d, want TC_ACT_SHOT (no ICMP error)", what, v)
+				}
+				if stray != 1 || unknown != 0 {
+					t.Errorf("%s: tc_tcp_stray +%d, tc_unknown_port +%d; want +1, +0", what, stray, unknown)
+				}
+				continue
+			}
+			if v != tcActRedirect {
+				t.Errorf("%s: verdict %d, want TC_ACT_REDIRECT (the port unreachable)", what, v)
+				continue
+			}
+			if stray != 0 || unknown != 1 {
+				t.Errorf("%s: tc_tcp_stray +%d, tc_unknown_port +%d; want +0, +1", what, stray, unknown)
+			}
+			p, err := packet.Parse(out)
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			proto, typ, code := packet.ICMP, packet.ICMPUnreachable, uint8(3)
+			if v6 {
+				proto, typ, code = packet.ICMPv6, packet.ICMPv6Unreachable, packet.ICMPv6PortUnreach
+			}
+			if p.Proto != proto || p.ICMPType != typ || p.ICMPCode != code || p.Dst != in.Src {
+				t.Errorf("%s: answered with protocol %d type %d code %d to %s, want the port unreachable (%d %d %d) to %s",
+					what, p.Proto, p.ICMPType, p.ICMPCode, p.Dst, proto, typ, code, in.Src)
+			}
+		}
+	})
+}
+
 // TestXDPStrayTCPPasses: with XDP, a RST or FIN to an external frontend
 // with a remote backend (the flows XDP opens itself) and no flow is left
 // to tc untouched: no entry, no SNAT port taken. tc passes it up
@@ -340,18 +412,27 @@ func TestTCStrayTCPOpensNoFlow(t *testing.T) {
 // address (a NodePort: the node's stack answers it, as with kube-proxy,
 // which leaves netfilter's INVALID there), and drops it, counted
 // tc_tcp_stray, when it is not (an ExternalIP elsewhere: kube-proxy's
-// KUBE-FORWARD drops it). A SYN still opens a flow in XDP. Without the
-// fix (6143f51) tc dropped the NodePort's stray too.
+// KUBE-FORWARD drops it), or when it is a ClusterIP's port no frontend
+// serves (no ICMP error: TestTCStrayTCPToUnservedPort). A SYN still
+// opens a flow in XDP. Without the fix (6143f51) tc dropped the
+// NodePort's stray too, and answered the ClusterIP's with a port
+// unreachable.
 func TestXDPStrayTCPPasses(t *testing.T) {
 	_, ifindex, d := northSouthNode(t)
 	m := d.Maps()
 	elsewhere := l4("192.168.1.202", 80, model.TCP) // on eth0's subnet, not the node's
 	addExternal(t, m, 7, elsewhere, reconciler.FlagExternal, beRemote)
+	// A ClusterIP with no frontend on the port: tc drops the stray
+	// (TestTCStrayTCPToUnservedPort), XDP leaves it to tc.
+	unserved := l4("10.96.0.77", 81, model.TCP)
+	if _, err := m.UpsertServiceIPs([]netip.Addr{unserved.Addr}); err != nil {
+		t.Fatal(err)
+	}
 	for i, flags := range []uint8{tcpRST, tcpRST | tcpACK, tcpFA, tcpSA} {
 		for _, c := range []struct {
 			fe model.L4Addr
 			up bool
-		}{{npRemote, true}, {elsewhere, false}} {
+		}{{npRemote, true}, {elsewhere, false}, {unserved, false}} {
 			in := nsClient(uint16(42100+i), c.fe)
 			in.TCPFlags = flags
 			b := in.Bytes()
@@ -417,4 +498,81 @@ func TestTC6StrayTCPToNodeAddress(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestStrayTCPToUnservedPortEndToEnd: TestTCStrayTCPToUnservedPort with
+// real traffic, per family. The client's namespace sends a RST (a raw
+// socket) to a port its ClusterIP does not serve, then connects to that
+// port: tc at the node's device counts the RST tc_tcp_stray (waited for:
+// the programs count it once they have run on it), and the first ICMP
+// error the client's device receives is the port unreachable about the
+// connect's SYN (ECONNREFUSED), not one about the RST. Before the fix the
+// RST was answered first.
+func TestStrayTCPToUnservedPortEndToEnd(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d, lb, plane := lbDatapathOf(t, v6)
+		vip := addr(vipOf(v6, "10.96.0.93"))
+		applyServices(t, d, clusterIP(model.L4Addr{Addr: vip, Port: 80, Proto: model.TCP},
+			model.L4Addr{Addr: plane.backends[0], Port: 8080, Proto: model.TCP}))
+		if err := lb.Node.Do(func() error { return d.AttachDevices([]string{lb.NodeDev}) }); err != nil {
+			t.Fatal(err)
+		}
+		capture := captureOn(t, lb.Client, "eth0")
+		const rstPort = 47999
+		rst := packet.Packet{Src: plane.client, Dst: vip, SrcPort: rstPort, DstPort: 81, Proto: packet.TCP,
+			TCPFlags: tcpRST | tcpACK, Seq: 1, Ack: 1}
+		family, hdr := unix.AF_INET, 20
+		if v6 {
+			family, hdr = unix.AF_INET6, 40
+		}
+		l4 := rst.Bytes()[14+hdr:]
+		sockaddr := func(a netip.Addr) unix.Sockaddr {
+			if v6 {
+				return &unix.SockaddrInet6{Addr: a.As16()}
+			}
+			return &unix.SockaddrInet4{Addr: a.As4()}
+		}
+		before := counters(t, d)
+		if err := lb.Client.Do(func() error {
+			fd, err := unix.Socket(family, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			// Bound to the client's address: the TCP checksum
+			// covers it.
+			if err := unix.Bind(fd, sockaddr(plane.client)); err != nil {
+				return err
+			}
+			return unix.Sendto(fd, l4, 0, sockaddr(vip))
+		}); err != nil {
+			t.Fatalf("RST from the client: %v", err)
+		}
+		// The RST is counted under one reason or the other once tc has
+		// run on it (20 s: a deadline for a lost packet).
+		var stray, unknown uint64
+		for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			after := counters(t, d)
+			stray, unknown = after["tc_tcp_stray"]-before["tc_tcp_stray"], after["tc_unknown_port"]-before["tc_unknown_port"]
+			if stray+unknown > 0 {
+				break
+			}
+		}
+		if stray != 1 || unknown != 0 {
+			t.Errorf("RST to %s:81: tc_tcp_stray +%d, tc_unknown_port +%d; want +1, +0", vip, stray, unknown)
+		}
+		if err := tcpRefused(lb.Client, netip.AddrPortFrom(vip, 81)); err != nil {
+			t.Error(err)
+		}
+		p, err := packet.Parse(capture.icmpError(t, plane.client))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Payload) < hdr+2 {
+			t.Fatalf("ICMP error quotes %d bytes", len(p.Payload))
+		}
+		if sport := binary.BigEndian.Uint16(p.Payload[hdr:]); sport == rstPort {
+			t.Errorf("the client got a port unreachable about its RST (from port %d), want the first about its SYN", sport)
+		}
+	})
 }
