@@ -460,10 +460,11 @@ enum metric_reason {
 	 * rev_at_egress4; tc6.h, rev_at_egress6; icmp_xlate.h, icmp6_xlate.h)
 	 */
 	METRIC_TC_REV_AT_EGRESS,
-	/* a TCP packet to a frontend that has no conntrack entry and cannot
-	 * open one (a RST, a FIN, a SYN-ACK, or neither SYN nor ACK): dropped
-	 * untranslated, as netfilter finds it INVALID and opens nothing
-	 * (only a SYN, or an ACK by loose pickup, opens a flow)
+	/* a TCP packet to a frontend, or to a port a ClusterIP does not
+	 * serve, that has no conntrack entry and cannot open one (a RST, a
+	 * FIN, a SYN-ACK, or neither SYN nor ACK): dropped untranslated, not
+	 * answered, as netfilter finds it INVALID and opens nothing (only a
+	 * SYN, or an ACK by loose pickup, opens a flow)
 	 */
 	METRIC_TC_TCP_STRAY,
 	/* a TCP packet as METRIC_TC_TCP_STRAY's, to an external frontend
