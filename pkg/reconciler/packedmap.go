@@ -114,11 +114,7 @@ func (m *packedMap[V]) put(k uint64, v V) {
 // resize rehashes the entries into n slots.
 func (m *packedMap[V]) resize(n int) {
 	old := *m
-	if n >= hugePage/8 {
-		*m = packedMap[V]{keys: makeHuge[uint64](n), vals: makeHuge[V](n), full: make([]uint64, (n+63)/64)}
-	} else {
-		*m = packedMap[V]{keys: make([]uint64, n), vals: make([]V, n), full: make([]uint64, (n+63)/64)}
-	}
+	*m = packedMap[V]{keys: make([]uint64, n), vals: make([]V, n), full: make([]uint64, (n+63)/64)}
 	for i := range old.keys {
 		if old.used(i) {
 			j, _ := m.find(old.keys[i])
