@@ -398,9 +398,10 @@ static __always_inline bool icmp_rl_allow(const union v6addr *dst, bool v6,
  * is 0, the kernel's the packet's), on uid; and IPv6 without a prefsrc
  * on a route through another device, where icmp6_send picks the address
  * by ipv6_dev_get_saddr on the ingress device, the FIB on the route's.
- * Neither lookup passes BPF_FIB_LOOKUP_SKIP_NEIGH (Linux 6.3, -EINVAL
- * before; the per-packet path supports 5.14), as tcp_stray_local (tc.c)
- * does not: the first is read only for NOT_FWDED, which a route not
+ * Neither lookup passes BPF_FIB_LOOKUP_SKIP_NEIGH, as tcp_stray_local
+ * (tc.c) does not, for one rule where both look up (no kernel gains: the
+ * second's BPF_FIB_LOOKUP_SRC, Linux 6.7, implies SKIP_NEIGH's 6.3): the
+ * first is read only for NOT_FWDED, which a route not
  * RTN_UNICAST (a local one) returns before any neighbour step; the
  * second fills the source in before that step, so a route whose next hop
  * has no valid neighbour entry (BPF_FIB_LKUP_RET_NO_NEIGH) gives the

@@ -464,7 +464,8 @@ enum metric_reason {
 	 * serve, that has no conntrack entry and cannot open one (a RST, a
 	 * FIN, a SYN-ACK, or neither SYN nor ACK): dropped untranslated, not
 	 * answered, as netfilter finds it INVALID and opens nothing (only a
-	 * SYN, or an ACK by loose pickup, opens a flow)
+	 * SYN, or an ACK by loose pickup, opens a flow); also a FIN or RST of
+	 * a flow whose frontend port was removed since
 	 */
 	METRIC_TC_TCP_STRAY,
 	/* a TCP packet as METRIC_TC_TCP_STRAY's, to an external frontend

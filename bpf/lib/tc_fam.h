@@ -88,8 +88,9 @@ static __always_inline int LB_FN(refuse)(struct __sk_buff *skb,
  * mode does the same (its cluster-ips-check chain: `reject`, whose
  * default is ICMP port unreachable, ICMPv6 port unreachable in the ip6
  * family); its iptables mode lets both through untranslated. A later
- * fragment to a ClusterIP is dropped: it has no L4 header to quote, and
- * its first fragment got the error (RFC 1122 3.2.2).
+ * fragment to a ClusterIP is dropped, counted METRIC_TC_UNKNOWN_PORT: it
+ * has no L4 header to quote or to read flags from, and its first fragment
+ * got the error (RFC 1122 3.2.2) or was dropped as a stray (below).
  *
  * A TCP stray to a ClusterIP (ct_tcp_stray: a RST, a FIN, a SYN-ACK,
  * neither SYN nor ACK) is dropped, counted METRIC_TC_TCP_STRAY, not
@@ -99,7 +100,8 @@ static __always_inline int LB_FN(refuse)(struct __sk_buff *skb,
  * cluster-ips-check on it), so neither mode answers it; iptables mode's
  * KUBE-FORWARD drops it (ctstate INVALID), nftables mode routes it on
  * untranslated. To a frontend's port it is dropped alike (lb4_select,
- * lb6_dnat).
+ * lb6_dnat). So is a FIN or RST of a flow whose frontend port was
+ * removed since (its entry is looked up only under a frontend).
  */
 static __always_inline int LB_FN(no_service)(struct __sk_buff *skb,
 					     const FAM(pkt_t) *p)

@@ -97,7 +97,7 @@ var dropReasons = map[string]string{
 	"tc_local_no_backend":  "externalTrafficPolicy/internalTrafficPolicy Local without a local endpoint",
 	"tc_service_cidr_drop": "an unallocated address of the service CIDR",
 	"tc_frag_drop":         "a later fragment without its first",
-	"tc_tcp_stray":         "a TCP packet that cannot open a connection (a RST, a FIN, a SYN-ACK, or neither SYN nor ACK) with no conntrack entry: dropped untranslated, as netfilter finds it INVALID (to a ClusterIP, on a port it serves or not: no port unreachable either, or an ExternalIP or LoadBalancer IP that is not the node's)",
+	"tc_tcp_stray":         "a TCP packet that cannot open a connection (a RST, a FIN, a SYN-ACK, or neither SYN nor ACK) with no conntrack entry (or whose frontend port is gone): dropped untranslated, as netfilter finds it INVALID (to a ClusterIP, on a port it serves or not: no port unreachable either, or an ExternalIP or LoadBalancer IP that is not the node's)",
 	"tc_ct_full":           "the conntrack table is full",
 	"tc_ct_est_full":       "the established conntrack table is full",
 	"tc_ct_clash":          "the reply tuple belongs to another flow, and the flow cannot move to another client port; or a conntrack key the flow needs holds an entry being deleted (a flush, the GC, a new flow on the tuple): the client's next try goes through",
