@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -30,17 +29,17 @@ import (
 // --devices eth0,ov0 or a pattern matching ov0 does not. The start then
 // fails at the missing --manifests, before it loads or pins anything.
 func TestOverlayDevicesDefault(t *testing.T) {
-	ns := overlayNode(t, "ovdev", "10.213.0.1")
+	overlayNode(t, "ovdev", "10.213.0.1")
 	links := map[string]netlink.Link{}
 	for i, name := range []string{"ov0", "ov1", "ov2", "ov3"} {
 		vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: name}, VxlanId: 42 + i, SrcAddr: net.ParseIP("10.213.0.1"), Port: 4789 + i, FlowBased: name == "ov3"}
 		if name == "ov3" {
 			vx.VxlanId, vx.SrcAddr = 0, nil
 		}
-		links[name] = addVxlan(t, ns, vx, name != "ov1")
+		links[name] = topology.AddVxlan(t, vx, name != "ov1")
 	}
 	for i, dev := range []string{"ov0", "ov3"} {
-		podRoute(t, links[dev], byte(1+i))
+		topology.PodRoute(t, links[dev], byte(1+i))
 	}
 	const (
 		attached = `msg="overlay devices attached to beside the node addresses'`
@@ -99,8 +98,8 @@ func TestFollowTunnelsAttachesLater(t *testing.T) {
 
 	// The watch's first list reports nothing (eth0 is not its business):
 	// ov0 made after that, or before, is attached either way.
-	l := addVxlan(t, ns, &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "ov0"}, VxlanId: 42, SrcAddr: net.ParseIP("10.214.0.1"), Port: 4789}, true)
-	podRoute(t, l, 2)
+	l := topology.AddVxlan(t, &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "ov0"}, VxlanId: 42, SrcAddr: net.ParseIP("10.214.0.1"), Port: 4789}, true)
+	topology.PodRoute(t, l, 2)
 	testutil.EventuallyTrue(t, "ov0 attached (logged)", time.Minute, func() bool {
 		return strings.Contains(buf.String(), `msg="overlay device attached to" device=ov0`)
 	})
@@ -144,7 +143,7 @@ func TestRestartKeepsFollowedTunnel(t *testing.T) {
 	ns := overlayNode(t, "ovrestart", "10.212.0.1")
 	vxlan := func(name string, vni int) netlink.Link {
 		t.Helper()
-		return addVxlan(t, ns, &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: name}, VxlanId: vni, SrcAddr: net.ParseIP("10.212.0.1"), Port: 4747 + vni}, true)
+		return topology.AddVxlan(t, &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: name}, VxlanId: vni, SrcAddr: net.ParseIP("10.212.0.1"), Port: 4747 + vni}, true)
 	}
 	vxlan("vpn0", 7)
 	if err := ns.AddAddr("vpn0", netip.MustParsePrefix("10.8.0.1/24")); err != nil {
@@ -215,7 +214,7 @@ func TestRestartKeepsFollowedTunnel(t *testing.T) {
 		t.Errorf("vpn0's pinned tcx links after B's start: %q, want none", p)
 	}
 	ov0 := vxlan("ov0", 42)
-	r := podRoute(t, ov0, 2)
+	r := topology.PodRoute(t, ov0, 2)
 	testutil.EventuallyTrue(t, "ov0 attached (logged)", time.Minute, func() bool {
 		return strings.Contains(buf.String(), `msg="overlay device attached to" device=ov0`)
 	})
@@ -286,40 +285,6 @@ func overlayNodeConfig(t *testing.T, nodeIP string) datapath.Config {
 	})
 	return datapath.Config{BPFFS: bpffs, DisableSocketLB: true, NodeIPs: []netip.Addr{netip.MustParseAddr(nodeIP)},
 		MaxServices: 64, MaxBackends: 64, MaxServiceEntries: 256, MaxConntrack: 1024, MaxConntrackNew: 1024, MaxSockRev: 64}
-}
-
-// addVxlan adds vx to ns (entered), up if asked, and returns its link; it
-// skips t when the kernel has no vxlan devices (as pkg/datapath's overlay
-// tests).
-func addVxlan(t *testing.T, ns *topology.NS, vx *netlink.Vxlan, up bool) netlink.Link {
-	t.Helper()
-	if err := netlink.LinkAdd(vx); errors.Is(err, unix.EOPNOTSUPP) {
-		t.Skip("this kernel has no vxlan devices")
-	} else if err != nil {
-		t.Fatalf("add vxlan %s: %v", vx.Name, err)
-	}
-	if up {
-		if err := ns.LinkUp(vx.Name); err != nil {
-			t.Fatal(err)
-		}
-	}
-	l, err := netlink.LinkByName(vx.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
-// podRoute routes the pod subnet 10.244.n.0/24 through l as flannel
-// does: via the other node's tunnel address 10.244.n.0, on link.
-func podRoute(t *testing.T, l netlink.Link, n byte) *netlink.Route {
-	t.Helper()
-	gw := net.IPv4(10, 244, n, 0)
-	r := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(24, 32)}, Gw: gw, Flags: int(netlink.FLAG_ONLINK)}
-	if err := netlink.RouteAdd(r); err != nil {
-		t.Fatalf("route 10.244.%d.0/24 through %s: %v", n, l.Attrs().Name, err)
-	}
-	return r
 }
 
 // runFollowTunnels runs followTunnels (eth0 the node address's device)

@@ -12,6 +12,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 )
 
 // tunnelNode enters a node namespace of the test's own with eth0 (a veth,
@@ -54,30 +56,7 @@ func addVxlan(t *testing.T, name string, vni int, flowBased, up bool) netlink.Li
 	if flowBased {
 		vx.FlowBased, vx.VxlanId, vx.SrcAddr = true, 0, nil
 	}
-	if err := netlink.LinkAdd(vx); errors.Is(err, unix.EOPNOTSUPP) {
-		t.Skip("this kernel has no vxlan devices") // as overlay_test.go
-	} else if err != nil {
-		t.Fatalf("add vxlan %s: %v", name, err)
-	}
-	l := linkNamed(t, name)
-	if up {
-		if err := netlink.LinkSetUp(l); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return l
-}
-
-// podRoute routes the pod subnet 10.244.n.0/24 through l as flannel
-// does: via the other node's tunnel address 10.244.n.0, on link.
-func podRoute(t *testing.T, l netlink.Link, n byte) *netlink.Route {
-	t.Helper()
-	gw := net.IPv4(10, 244, n, 0)
-	r := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(24, 32)}, Gw: gw, Flags: int(netlink.FLAG_ONLINK)}
-	if err := netlink.RouteAdd(r); err != nil {
-		t.Fatalf("route 10.244.%d.0/24 through %s: %v", n, l.Attrs().Name, err)
-	}
-	return r
+	return topology.AddVxlan(t, vx, up)
 }
 
 // has6 says whether l has a sluice6_devices entry.
@@ -123,7 +102,7 @@ func startTunnelWatch(t *testing.T, d *Datapath, devs []string, nodeDevices ...s
 func TestTunnelWatchFollowsOverlays(t *testing.T) {
 	d := tunnelNode(t, "tunwatch", xdpConfig, nil)
 	ovs := addVxlan(t, "ovs", 9, false, true)
-	podRoute(t, ovs, 9)
+	topology.PodRoute(t, ovs, 9)
 	start, err := TunnelDevices()
 	if err != nil {
 		t.Fatal(err)
@@ -165,7 +144,7 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 	if err := netlink.AddrAdd(ov0, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("fd00:244:1::1"), Mask: net.CIDRMask(128, 128)}, Flags: unix.IFA_F_NODAD}); err != nil {
 		t.Fatal(err)
 	}
-	podRoute(t, ov0, 2)
+	topology.PodRoute(t, ov0, 2)
 	expect("ov0", true, "appeared")
 	if !attachedHere(ov0) {
 		t.Fatal("ov0: tc programs not attached")
@@ -186,12 +165,12 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 		}
 	}
 	ov3 := addVxlan(t, "ov3", 3, true, true)
-	podRoute(t, ov3, 3)
+	topology.PodRoute(t, ov3, 3)
 	ov1 := addVxlan(t, "ov1", 2, false, true)
 	if _, ok := entry(ov1); ok {
 		t.Fatal("ov1 has a device entry before a route leaves through it")
 	}
-	r1 := podRoute(t, ov1, 4)
+	r1 := topology.PodRoute(t, ov1, 4)
 	expect("ov1", true, "appeared")
 	if !attachedHere(ov1) {
 		t.Fatal("ov1: tc programs not attached")
@@ -275,9 +254,9 @@ func TestTunnelWatchLeavesNodeDevices(t *testing.T) {
 	if err := netlink.LinkSetName(nd, "nd1"); err != nil {
 		t.Fatal(err)
 	}
-	podRoute(t, nd, 5)
+	topology.PodRoute(t, nd, 5)
 	ov0 := addVxlan(t, "ov0", 1, false, true)
-	podRoute(t, ov0, 2)
+	topology.PodRoute(t, ov0, 2)
 	if e := next("ov0"); e.Err != nil || e.Device != "ov0" || !e.Attached || e.Reason != "appeared" {
 		t.Fatalf("event %+v, want ov0 attached (appeared): nd0 is not the watch's", e)
 	}
@@ -297,7 +276,7 @@ func TestTunnelWatchLeavesNodeDevices(t *testing.T) {
 func TestTunnelWatchResubscribes(t *testing.T) {
 	d := tunnelNode(t, "tunresub", smallConfig, nil)
 	ovs := addVxlan(t, "ovs", 9, false, true)
-	podRoute(t, ovs, 9)
+	topology.PodRoute(t, ovs, 9)
 	w := startTunnelWatch(t, d, []string{"eth0", "ovs"}, "eth0")
 	// The first route subscription hears nothing and fails when told
 	// to; the second is the real one.
@@ -318,7 +297,7 @@ func TestTunnelWatchResubscribes(t *testing.T) {
 	if e := next("ovs removed"); e.Err != nil || e.Device != "ovs" || e.Attached || e.Reason != "removed" {
 		t.Fatalf("event %+v, want ovs removed", e)
 	}
-	podRoute(t, ov0, 2)
+	topology.PodRoute(t, ov0, 2)
 	fail()
 	if e := next("the failure"); e.Err == nil || !strings.Contains(e.Err.Error(), "subscribing again") {
 		t.Fatalf("after the failure: %+v, want its error reported", e)
@@ -344,7 +323,7 @@ func TestTunnelWatchMaxDevices(t *testing.T) {
 	w := startTunnelWatch(t, d, []string{"eth0"}, "eth0")
 	next, stop := runDeviceWatch(t, w)
 	ov0 := addVxlan(t, "ov0", 1, false, true)
-	podRoute(t, ov0, 2)
+	topology.PodRoute(t, ov0, 2)
 	e := next("ov0 left out")
 	if e.Device != "ov0" || e.Attached || !errors.Is(e.Err, ErrDevicesFull) {
 		t.Fatalf("event %+v, want ov0 left out for want of room", e)
@@ -358,10 +337,10 @@ func TestTunnelWatchMaxDevices(t *testing.T) {
 	// ov1's, which fits no better), nor tried again (retryPending does
 	// when a device goes).
 	for n := byte(3); n < 23; n++ {
-		podRoute(t, ov0, n)
+		topology.PodRoute(t, ov0, n)
 	}
 	ov1 := addVxlan(t, "ov1", 2, false, true)
-	podRoute(t, ov1, 30)
+	topology.PodRoute(t, ov1, 30)
 	if e := next("ov1 left out"); e.Device != "ov1" || !errors.Is(e.Err, ErrDevicesFull) {
 		t.Fatalf("event %+v, want ov1 left out for want of room", e)
 	}
@@ -389,10 +368,10 @@ func TestTunnelWatchMaxDevices(t *testing.T) {
 func TestTunnelWatchRelistRoutes(t *testing.T) {
 	d := tunnelNode(t, "tunlist", smallConfig, nil)
 	ovs := addVxlan(t, "ovs", 9, false, true)
-	podRoute(t, ovs, 9)
+	topology.PodRoute(t, ovs, 9)
 	addVxlan(t, "ovd", 3, false, false) // down
 	ovf := addVxlan(t, "ovf", 4, true, true)
-	podRoute(t, ovf, 4) // flow-based: never an overlay device
+	topology.PodRoute(t, ovf, 4) // flow-based: never an overlay device
 	w := startTunnelWatch(t, d, []string{"eth0", "ovs"}, "eth0")
 	dumps := 0
 	list := w.routes
@@ -408,7 +387,7 @@ func TestTunnelWatchRelistRoutes(t *testing.T) {
 	}
 	// ov0 up and routed: listed, attached.
 	ov0 := addVxlan(t, "ov0", 1, false, true)
-	podRoute(t, ov0, 2)
+	topology.PodRoute(t, ov0, 2)
 	events = nil
 	w.relist(report)
 	if dumps != 1 || len(events) != 1 || events[0].Device != "ov0" || !events[0].Attached {
