@@ -830,24 +830,35 @@ func newLogger(level string) (*slog.Logger, error) {
 // overrun (a burst of link changes) at Warn, at most once a minute, and a
 // failed subscription is retried every 5 seconds (deviceReporter).
 func followDevices(sel datapath.DeviceSelector, log *slog.Logger) func(context.Context, agent.Datapath) {
-	return func(ctx context.Context, adp agent.Datapath) {
-		dp := datapathOf(adp)
-		if dp == nil {
-			log.Error("following the --devices patterns: not a datapath", "type", fmt.Sprintf("%T", adp))
-			return
-		}
-		w, err := dp.NewDeviceWatch(sel)
-		if err != nil {
-			log.Error("following the --devices patterns", "err", err)
-			return
-		}
-		w.Run(ctx, deviceReporter(log, deviceMessages{
+	return followWatch(log, "following the --devices patterns", "following the --devices patterns",
+		func(dp *datapath.Datapath) (*datapath.DeviceWatch, error) { return dp.NewDeviceWatch(sel) },
+		deviceMessages{
 			overrun:   "following the --devices patterns: changes missed, listing again",
 			failed:    "device",
 			already:   "device attached already",
 			attached:  "tc programs attached to device",
 			forgotten: "device forgotten",
-		}), retryAfter5s)
+		})
+}
+
+// followWatch returns what runs the device watch newWatch makes on the
+// agent's datapath until ctx is done: its events logged with msgs
+// (deviceReporter), a failed subscription retried every 5 seconds. what
+// names the watch where the agent's datapath is none (logged at Error),
+// noWatch is logged at Error with the error where newWatch fails.
+func followWatch(log *slog.Logger, what, noWatch string, newWatch func(*datapath.Datapath) (*datapath.DeviceWatch, error), msgs deviceMessages) func(context.Context, agent.Datapath) {
+	return func(ctx context.Context, adp agent.Datapath) {
+		dp := datapathOf(adp)
+		if dp == nil {
+			log.Error(what+": not a datapath", "type", fmt.Sprintf("%T", adp))
+			return
+		}
+		w, err := newWatch(dp)
+		if err != nil {
+			log.Error(noWatch, "err", err)
+			return
+		}
+		w.Run(ctx, deviceReporter(log, msgs), retryAfter5s)
 	}
 }
 

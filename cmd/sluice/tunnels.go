@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"slices"
 
@@ -91,25 +90,15 @@ func warnTunnelsLeftOut(attached []string, log *slog.Logger) {
 // changes) at Warn, at most once a minute.
 func followTunnels(nodeDevs []string, log *slog.Logger) func(context.Context, agent.Datapath) {
 	nodeDevs = slices.Clone(nodeDevs)
-	return func(ctx context.Context, adp agent.Datapath) {
-		dp := datapathOf(adp)
-		if dp == nil {
-			log.Error("following the overlay devices: not a datapath", "type", fmt.Sprintf("%T", adp))
-			return
-		}
-		w, err := dp.NewTunnelWatch(nodeDevs...)
-		if err != nil {
-			log.Error("following the overlay devices: tunnels created later are not attached to", "err", err)
-			return
-		}
-		w.Run(ctx, deviceReporter(log, deviceMessages{
+	return followWatch(log, "following the overlay devices", "following the overlay devices: tunnels created later are not attached to",
+		func(dp *datapath.Datapath) (*datapath.DeviceWatch, error) { return dp.NewTunnelWatch(nodeDevs...) },
+		deviceMessages{
 			overrun:   "following the overlay devices: changes missed, listing again",
 			failed:    "overlay device: flows routed through it to another node's backend are not source-NATed",
 			already:   "overlay device attached already",
 			attached:  "overlay device attached to",
 			forgotten: "overlay device forgotten",
-		}), retryAfter5s)
-	}
+		})
 }
 
 // deviceMessages are the log messages of a device watch's reporter

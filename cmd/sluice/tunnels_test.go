@@ -2,12 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"net"
 	"net/netip"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
+	"github.com/sluice-lb/sluice/pkg/agent"
 	"github.com/sluice-lb/sluice/pkg/datapath"
 )
 
@@ -28,47 +29,17 @@ import (
 // --devices eth0,ov0 or a pattern matching ov0 does not. The start then
 // fails at the missing --manifests, before it loads or pins anything.
 func TestOverlayDevicesDefault(t *testing.T) {
-	testutil.Privileged(t)
-	ns := topology.NewNS(t, "ovdev")
-	ns.Enter(t)
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "peer0"}
-	if err := netlink.LinkAdd(veth); err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.LinkUp("eth0"); err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.AddAddr("eth0", netip.MustParsePrefix("10.213.0.1/24")); err != nil {
-		t.Fatal(err)
-	}
+	overlayNode(t, "ovdev", "10.213.0.1")
+	links := map[string]netlink.Link{}
 	for i, name := range []string{"ov0", "ov1", "ov2", "ov3"} {
 		vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: name}, VxlanId: 42 + i, SrcAddr: net.ParseIP("10.213.0.1"), Port: 4789 + i, FlowBased: name == "ov3"}
 		if name == "ov3" {
 			vx.VxlanId, vx.SrcAddr = 0, nil
 		}
-		if err := netlink.LinkAdd(vx); errors.Is(err, unix.EOPNOTSUPP) {
-			// As pkg/datapath's overlay tests: no vxlan module.
-			t.Skip("this kernel has no vxlan devices")
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		if name == "ov1" {
-			continue
-		}
-		if err := ns.LinkUp(name); err != nil {
-			t.Fatal(err)
-		}
+		links[name] = topology.AddVxlan(t, vx, name != "ov1")
 	}
 	for i, dev := range []string{"ov0", "ov3"} {
-		l, err := netlink.LinkByName(dev)
-		if err != nil {
-			t.Fatal(err)
-		}
-		gw := net.IPv4(10, 244, byte(1+i), 0)
-		r := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(24, 32)}, Gw: gw, Flags: int(netlink.FLAG_ONLINK)}
-		if err := netlink.RouteAdd(r); err != nil {
-			t.Fatalf("route through %s: %v", dev, err)
-		}
+		topology.PodRoute(t, links[dev], byte(1+i))
 	}
 	const (
 		attached = `msg="overlay devices attached to beside the node addresses'`
@@ -107,29 +78,13 @@ func TestOverlayDevicesDefault(t *testing.T) {
 // device forgotten"); runAgent's datapath (closedLast) is taken as the
 // datapath itself is.
 func TestFollowTunnelsAttachesLater(t *testing.T) {
-	testutil.Privileged(t)
-	ns := topology.NewNS(t, "ovfollow")
-	ns.Enter(t)
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "peer0"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.LinkUp("eth0"); err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.AddAddr("eth0", netip.MustParsePrefix("10.214.0.1/24")); err != nil {
-		t.Fatal(err)
-	}
-	bpffs := testutil.PinDir(t)
-	dp, err := datapath.Open(datapath.Config{BPFFS: bpffs, DisableSocketLB: true, NodeIPs: []netip.Addr{netip.MustParseAddr("10.214.0.1")},
-		MaxServices: 64, MaxBackends: 64, MaxServiceEntries: 256, MaxConntrack: 1024, MaxConntrackNew: 1024, MaxSockRev: 64})
+	ns := overlayNode(t, "ovfollow", "10.214.0.1")
+	cfg := overlayNodeConfig(t, "10.214.0.1")
+	bpffs := cfg.BPFFS
+	dp, err := datapath.Open(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := datapath.Cleanup(bpffs); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
 	t.Cleanup(func() { dp.Close() })
 	if err := dp.AttachDevices([]string{"eth0"}); err != nil {
 		t.Fatal(err)
@@ -139,40 +94,12 @@ func TestFollowTunnelsAttachesLater(t *testing.T) {
 	}
 	buf := &testutil.Buffer{}
 	log := slog.New(slog.NewTextHandler(buf, nil))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		// In the node namespace, as the agent's goroutine is in the
-		// host's.
-		if err := ns.Do(func() error {
-			followTunnels([]string{"eth0"}, log)(ctx, closedLast{Datapath: dp, stop: func() {}})
-			return nil
-		}); err != nil {
-			t.Error(err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	runFollowTunnels(t, ns, log, closedLast{Datapath: dp, stop: func() {}})
 
 	// The watch's first list reports nothing (eth0 is not its business):
 	// ov0 made after that, or before, is attached either way.
-	vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "ov0"}, VxlanId: 42, SrcAddr: net.ParseIP("10.214.0.1"), Port: 4789}
-	if err := netlink.LinkAdd(vx); errors.Is(err, unix.EOPNOTSUPP) {
-		t.Skip("this kernel has no vxlan devices")
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.LinkUp("ov0"); err != nil {
-		t.Fatal(err)
-	}
-	l, err := netlink.LinkByName("ov0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gw := net.IPv4(10, 244, 2, 0)
-	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(24, 32)}, Gw: gw, Flags: int(netlink.FLAG_ONLINK)}); err != nil {
-		t.Fatal(err)
-	}
+	l := topology.AddVxlan(t, &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "ov0"}, VxlanId: 42, SrcAddr: net.ParseIP("10.214.0.1"), Port: 4789}, true)
+	topology.PodRoute(t, l, 2)
 	testutil.EventuallyTrue(t, "ov0 attached (logged)", time.Minute, func() bool {
 		return strings.Contains(buf.String(), `msg="overlay device attached to" device=ov0`)
 	})
@@ -213,47 +140,17 @@ func TestFollowTunnelsAttachesLater(t *testing.T) {
 // watch flagged ov0, a start device of C's, followed again). Keeping
 // every tunnel flagged tunnel and tc kept vpn0 at B's start.
 func TestRestartKeepsFollowedTunnel(t *testing.T) {
-	testutil.Privileged(t)
-	ns := topology.NewNS(t, "ovrestart")
-	ns.Enter(t)
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "peer0"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.LinkUp("eth0"); err != nil {
-		t.Fatal(err)
-	}
-	if err := ns.AddAddr("eth0", netip.MustParsePrefix("10.212.0.1/24")); err != nil {
-		t.Fatal(err)
-	}
-	addVxlan := func(name string, vni int) netlink.Link {
+	ns := overlayNode(t, "ovrestart", "10.212.0.1")
+	vxlan := func(name string, vni int) netlink.Link {
 		t.Helper()
-		vx := &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: name}, VxlanId: vni, SrcAddr: net.ParseIP("10.212.0.1"), Port: 4747 + vni}
-		if err := netlink.LinkAdd(vx); errors.Is(err, unix.EOPNOTSUPP) {
-			t.Skip("this kernel has no vxlan devices")
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		if err := ns.LinkUp(name); err != nil {
-			t.Fatal(err)
-		}
-		l, err := netlink.LinkByName(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
+		return topology.AddVxlan(t, &netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: name}, VxlanId: vni, SrcAddr: net.ParseIP("10.212.0.1"), Port: 4747 + vni}, true)
 	}
-	addVxlan("vpn0", 7)
+	vxlan("vpn0", 7)
 	if err := ns.AddAddr("vpn0", netip.MustParsePrefix("10.8.0.1/24")); err != nil {
 		t.Fatal(err)
 	}
-	bpffs := testutil.PinDir(t)
-	cfg := datapath.Config{BPFFS: bpffs, DisableSocketLB: true, NodeIPs: []netip.Addr{netip.MustParseAddr("10.212.0.1")},
-		MaxServices: 64, MaxBackends: 64, MaxServiceEntries: 256, MaxConntrack: 1024, MaxConntrackNew: 1024, MaxSockRev: 64}
-	t.Cleanup(func() {
-		if err := datapath.Cleanup(bpffs); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
+	cfg := overlayNodeConfig(t, "10.212.0.1")
+	bpffs := cfg.BPFFS
 	buf := &testutil.Buffer{}
 	log := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	// start starts an agent on devs; without --devices (follow) its
@@ -279,23 +176,12 @@ func TestRestartKeepsFollowedTunnel(t *testing.T) {
 		if !follow {
 			return func() { dp.Close() }
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			if err := ns.Do(func() error {
-				followTunnels([]string{"eth0"}, log)(ctx, dp)
-				return nil
-			}); err != nil {
-				t.Error(err)
-			}
-		}()
+		stopWatch := runFollowTunnels(t, ns, log, dp)
 		stopped := false
 		stop = func() {
 			if !stopped {
 				stopped = true
-				cancel()
-				<-done
+				stopWatch()
 				dp.Close()
 			}
 		}
@@ -327,12 +213,8 @@ func TestRestartKeepsFollowedTunnel(t *testing.T) {
 	if p := pinned("vpn0"); len(p) != 0 {
 		t.Errorf("vpn0's pinned tcx links after B's start: %q, want none", p)
 	}
-	ov0 := addVxlan("ov0", 42)
-	gw := net.IPv4(10, 244, 2, 0)
-	r := &netlink.Route{LinkIndex: ov0.Attrs().Index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(24, 32)}, Gw: gw, Flags: int(netlink.FLAG_ONLINK)}
-	if err := netlink.RouteAdd(r); err != nil {
-		t.Fatal(err)
-	}
+	ov0 := vxlan("ov0", 42)
+	r := topology.PodRoute(t, ov0, 2)
 	testutil.EventuallyTrue(t, "ov0 attached (logged)", time.Minute, func() bool {
 		return strings.Contains(buf.String(), `msg="overlay device attached to" device=ov0`)
 	})
@@ -369,6 +251,62 @@ func TestRestartKeepsFollowedTunnel(t *testing.T) {
 	if strings.Contains(buf.String(), "level=ERROR") {
 		t.Errorf("errors logged:\n%s", buf)
 	}
+}
+
+// overlayNode enters a node namespace of the test's own with eth0 (a
+// veth, up) holding nodeIP/24.
+func overlayNode(t *testing.T, name, nodeIP string) *topology.NS {
+	t.Helper()
+	testutil.Privileged(t)
+	ns := topology.NewNS(t, name)
+	ns.Enter(t)
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "peer0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.LinkUp("eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.AddAddr("eth0", netip.MustParsePrefix(nodeIP+"/24")); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+// overlayNodeConfig is a small datapath configuration for nodeIP,
+// without the socket hooks, in a pin directory of the test's own that
+// datapath.Cleanup empties at the end.
+func overlayNodeConfig(t *testing.T, nodeIP string) datapath.Config {
+	t.Helper()
+	bpffs := testutil.PinDir(t)
+	t.Cleanup(func() {
+		if err := datapath.Cleanup(bpffs); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	return datapath.Config{BPFFS: bpffs, DisableSocketLB: true, NodeIPs: []netip.Addr{netip.MustParseAddr(nodeIP)},
+		MaxServices: 64, MaxBackends: 64, MaxServiceEntries: 256, MaxConntrack: 1024, MaxConntrackNew: 1024, MaxSockRev: 64}
+}
+
+// runFollowTunnels runs followTunnels (eth0 the node address's device)
+// on adp until stop, or the test's end: in ns, as the agent's goroutine
+// runs in the host's.
+func runFollowTunnels(t *testing.T, ns *topology.NS, log *slog.Logger, adp agent.Datapath) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := ns.Do(func() error {
+			followTunnels([]string{"eth0"}, log)(ctx, adp)
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
 }
 
 // TestDeviceReporterLevels: a device watch's reporter (the --devices

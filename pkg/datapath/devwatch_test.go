@@ -93,47 +93,15 @@ func TestDeviceWatchFollowsPatterns(t *testing.T) {
 			t.Fatalf("event %+v, want %s attached=%v %s", e, dev, attached, reason)
 		}
 	}
-	ingressID, egressID := progID(t, d.tc.SluiceIngress), progID(t, d.tc.SluiceEgress)
-	attachedHere := func(l netlink.Link) bool {
-		t.Helper()
-		idx := l.Attrs().Index
-		in := slices.Contains(attachedIDs(t, idx, ebpf.AttachTCXIngress), ingressID)
-		out := slices.Contains(attachedIDs(t, idx, ebpf.AttachTCXEgress), egressID)
-		if in != out {
-			t.Fatalf("%s: ingress attached %v, egress %v", l.Attrs().Name, in, out)
-		}
-		return in
-	}
-	entry := func(l netlink.Link) (sockNodeDev, bool) {
-		t.Helper()
-		var nd sockNodeDev
-		err := d.maps.devices.Lookup(uint32(l.Attrs().Index), &nd)
-		return nd, err == nil
-	}
-	pins := func() []string {
-		t.Helper()
-		es, err := os.ReadDir(filepath.Join(d.dir, "links"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		for _, e := range es {
-			if !strings.HasPrefix(e.Name(), "cgroup_") {
-				out = append(out, e.Name())
-			}
-		}
-		return out
-	}
+	attachedHere := func(l netlink.Link) bool { t.Helper(); return tcAttached(t, d, l) }
+	entry := func(l netlink.Link) (sockNodeDev, bool) { return deviceEntry(d, l) }
 	wantPins := func(devs ...string) {
 		t.Helper()
 		var want []string
 		for _, dev := range devs {
 			want = append(want, "tcx_egress_"+dev, "tcx_ingress_"+dev)
 		}
-		slices.Sort(want)
-		if got := pins(); !slices.Equal(got, want) {
-			t.Fatalf("pinned links %q, want %q", got, want)
-		}
+		wantLinkPins(t, d, want...)
 	}
 
 	// The start's device, found by the first listing, is not attached again.
@@ -214,24 +182,9 @@ func TestDeviceWatchResubscribes(t *testing.T) {
 	w := watchDevices(t, d, "slv+")
 	// The first subscription hears nothing and fails when told to;
 	// the second is the real one.
-	fail := make(chan struct{})
-	subscriptions := 0
-	real := w.subscribe
-	w.subscribe = func(ch chan<- netlink.LinkUpdate, done <-chan struct{}, opts netlink.LinkSubscribeOptions) error {
-		subscriptions++
-		if subscriptions > 1 {
-			return real(ch, done, opts)
-		}
-		go func() {
-			defer close(ch)
-			select {
-			case <-fail:
-				opts.ErrorCallback(errors.New("Receive failed: no buffer space available"))
-			case <-done:
-			}
-		}()
-		return nil
-	}
+	fail, subscriptions := failFirstSubscription(&w.subscribe,
+		func(o netlink.LinkSubscribeOptions) func(error) { return o.ErrorCallback },
+		errors.New("Receive failed: no buffer space available"))
 	nextEvent, _ := runDeviceWatch(t, w)
 	next := func() DeviceEvent { t.Helper(); return nextEvent("the next") }
 	got := map[string]DeviceEvent{}
@@ -253,7 +206,7 @@ func TestDeviceWatchResubscribes(t *testing.T) {
 		t.Fatal(err)
 	}
 	slv2 := addVeth(t, "slv2", "peer2")
-	close(fail)
+	fail()
 	if e := next(); e.Err == nil || !strings.Contains(e.Err.Error(), "subscribing again") {
 		t.Fatalf("after the failure: %+v, want its error reported", e)
 	}
@@ -291,8 +244,8 @@ func TestDeviceWatchResubscribes(t *testing.T) {
 	if wantPins := []string{"tcx_egress_slv2", "tcx_egress_slv7", "tcx_ingress_slv2", "tcx_ingress_slv7"}; !slices.Equal(pins, wantPins) {
 		t.Errorf("pinned links %q, want %q", pins, wantPins)
 	}
-	if subscriptions != 2 {
-		t.Errorf("%d subscriptions, want 2", subscriptions)
+	if n := subscriptions(); n != 2 {
+		t.Errorf("%d subscriptions, want 2", n)
 	}
 }
 
@@ -527,6 +480,73 @@ func runDeviceWatch(t *testing.T, w *DeviceWatch) (next func(what string) Device
 		return DeviceEvent{}
 	}
 	return next, stop
+}
+
+// tcAttached says whether d's tc programs are on l, failing t when only
+// one of them (ingress or egress) is.
+func tcAttached(t *testing.T, d *Datapath, l netlink.Link) bool {
+	t.Helper()
+	idx := l.Attrs().Index
+	in := slices.Contains(attachedIDs(t, idx, ebpf.AttachTCXIngress), progID(t, d.tc.SluiceIngress))
+	out := slices.Contains(attachedIDs(t, idx, ebpf.AttachTCXEgress), progID(t, d.tc.SluiceEgress))
+	if in != out {
+		t.Fatalf("%s: ingress attached %v, egress %v", l.Attrs().Name, in, out)
+	}
+	return in
+}
+
+// deviceEntry is l's sluice_devices entry, and whether it has one.
+func deviceEntry(d *Datapath, l netlink.Link) (sockNodeDev, bool) {
+	var nd sockNodeDev
+	err := d.maps.devices.Lookup(uint32(l.Attrs().Index), &nd)
+	return nd, err == nil
+}
+
+// wantLinkPins fails t unless d's pinned links, but for the cgroups',
+// are want (in any order).
+func wantLinkPins(t *testing.T, d *Datapath, want ...string) {
+	t.Helper()
+	es, err := os.ReadDir(filepath.Join(d.dir, "links"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range es {
+		if !strings.HasPrefix(e.Name(), "cgroup_") {
+			got = append(got, e.Name())
+		}
+	}
+	want = slices.Sorted(slices.Values(want))
+	if !slices.Equal(got, want) {
+		t.Fatalf("pinned links %q, want %q", got, want)
+	}
+}
+
+// failFirstSubscription replaces *subscribe, a watch's netlink
+// subscription (to links or to routes): the first subscription hears
+// nothing and, once fail is called, fails with err through the options'
+// ErrorCallback (errorCallback picks it out); the later ones are the real
+// subscription. subscriptions counts them.
+func failFirstSubscription[U, O any](subscribe *func(chan<- U, <-chan struct{}, O) error, errorCallback func(O) func(error), err error) (fail func(), subscriptions func() int) {
+	failed := make(chan struct{})
+	n := 0
+	real := *subscribe
+	*subscribe = func(ch chan<- U, done <-chan struct{}, opts O) error {
+		n++
+		if n > 1 {
+			return real(ch, done, opts)
+		}
+		go func() {
+			defer close(ch)
+			select {
+			case <-failed:
+				errorCallback(opts)(err)
+			case <-done:
+			}
+		}()
+		return nil
+	}
+	return func() { close(failed) }, func() int { return n }
 }
 
 // TestDevicePatternsRestartAtTheLimit: an earlier agent at --max-devices

@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -13,11 +12,15 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/sluice-lb/sluice/internal/testutil/topology"
 )
 
 // tunnelNode enters a node namespace of the test's own with eth0 (a veth,
-// up) holding the node IP 10.215.0.1/24, and returns the bpffs.
-func tunnelNode(t *testing.T, name string) string {
+// up) holding the node IP 10.215.0.1/24, and opens a datapath there:
+// base's configuration (smallConfig or xdpConfig) for that node IP,
+// changed by set (nil: unchanged).
+func tunnelNode(t *testing.T, name string, base func(bpffs string) Config, set func(*Config)) *Datapath {
 	t.Helper()
 	bpffs, _ := attachNode(t, name)
 	addVeth(t, "eth0", "wire0")
@@ -27,7 +30,12 @@ func tunnelNode(t *testing.T, name string) string {
 	if err := netlink.AddrAdd(linkNamed(t, "eth0"), &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 215, 0, 1), Mask: net.CIDRMask(24, 32)}}); err != nil {
 		t.Fatal(err)
 	}
-	return bpffs
+	cfg := base(bpffs)
+	cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.215.0.1")}
+	if set != nil {
+		set(&cfg)
+	}
+	return openTest(t, cfg)
 }
 
 func linkNamed(t *testing.T, name string) netlink.Link {
@@ -48,30 +56,7 @@ func addVxlan(t *testing.T, name string, vni int, flowBased, up bool) netlink.Li
 	if flowBased {
 		vx.FlowBased, vx.VxlanId, vx.SrcAddr = true, 0, nil
 	}
-	if err := netlink.LinkAdd(vx); errors.Is(err, unix.EOPNOTSUPP) {
-		t.Skip("this kernel has no vxlan devices") // as overlay_test.go
-	} else if err != nil {
-		t.Fatalf("add vxlan %s: %v", name, err)
-	}
-	l := linkNamed(t, name)
-	if up {
-		if err := netlink.LinkSetUp(l); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return l
-}
-
-// podRoute routes the pod subnet 10.244.n.0/24 through l as flannel
-// does: via the other node's tunnel address 10.244.n.0, on link.
-func podRoute(t *testing.T, l netlink.Link, n byte) *netlink.Route {
-	t.Helper()
-	gw := net.IPv4(10, 244, n, 0)
-	r := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(24, 32)}, Gw: gw, Flags: int(netlink.FLAG_ONLINK)}
-	if err := netlink.RouteAdd(r); err != nil {
-		t.Fatalf("route 10.244.%d.0/24 through %s: %v", n, l.Attrs().Name, err)
-	}
-	return r
+	return topology.AddVxlan(t, vx, up)
 }
 
 // has6 says whether l has a sluice6_devices entry.
@@ -83,6 +68,24 @@ func has6(t *testing.T, d *Datapath, l netlink.Link) bool {
 		t.Fatalf("%s: sluice6_devices: %v", l.Attrs().Name, err)
 	}
 	return err == nil
+}
+
+// startTunnelWatch attaches devs (the start's devices), commits d and
+// returns d's tunnel watch, not running yet, beside the node-address
+// devices nodeDevices.
+func startTunnelWatch(t *testing.T, d *Datapath, devs []string, nodeDevices ...string) *DeviceWatch {
+	t.Helper()
+	if err := d.AttachDevices(devs); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	w, err := d.NewTunnelWatch(nodeDevices...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
 }
 
 // TestTunnelWatchFollowsOverlays runs the tunnel watch (no --devices) in
@@ -97,12 +100,9 @@ func has6(t *testing.T, d *Datapath, l netlink.Link) bool {
 // stays attached; each attached is flagged followed; ov0 and ovs deleted are forgotten (pins and entries
 // gone), eth0 kept.
 func TestTunnelWatchFollowsOverlays(t *testing.T) {
-	bpffs := tunnelNode(t, "tunwatch")
-	cfg := xdpConfig(bpffs)
-	cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.215.0.1")}
-	d := openTest(t, cfg)
+	d := tunnelNode(t, "tunwatch", xdpConfig, nil)
 	ovs := addVxlan(t, "ovs", 9, false, true)
-	podRoute(t, ovs, 9)
+	topology.PodRoute(t, ovs, 9)
 	start, err := TunnelDevices()
 	if err != nil {
 		t.Fatal(err)
@@ -110,16 +110,7 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 	if !slices.Equal(start, []string{"ovs"}) {
 		t.Fatalf("TunnelDevices at start: %q, want [ovs]", start)
 	}
-	if err := d.AttachDevices([]string{"eth0", "ovs"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	w, err := d.NewTunnelWatch("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := startTunnelWatch(t, d, []string{"eth0", "ovs"}, "eth0")
 	nextEvent, stop := runDeviceWatch(t, w)
 	expect := func(dev string, attached bool, reason string) {
 		t.Helper()
@@ -128,23 +119,8 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 			t.Fatalf("event %+v, want %s attached=%v %s", e, dev, attached, reason)
 		}
 	}
-	ingressID, egressID := progID(t, d.tc.SluiceIngress), progID(t, d.tc.SluiceEgress)
-	attachedHere := func(l netlink.Link) bool {
-		t.Helper()
-		idx := l.Attrs().Index
-		in := slices.Contains(attachedIDs(t, idx, ebpf.AttachTCXIngress), ingressID)
-		out := slices.Contains(attachedIDs(t, idx, ebpf.AttachTCXEgress), egressID)
-		if in != out {
-			t.Fatalf("%s: ingress attached %v, egress %v", l.Attrs().Name, in, out)
-		}
-		return in
-	}
-	entry := func(l netlink.Link) (sockNodeDev, bool) {
-		t.Helper()
-		var nd sockNodeDev
-		err := d.maps.devices.Lookup(uint32(l.Attrs().Index), &nd)
-		return nd, err == nil
-	}
+	attachedHere := func(l netlink.Link) bool { t.Helper(); return tcAttached(t, d, l) }
+	entry := func(l netlink.Link) (sockNodeDev, bool) { return deviceEntry(d, l) }
 	wantTunnelEntry := func(l netlink.Link, addr string) {
 		t.Helper()
 		nd, ok := entry(l)
@@ -152,23 +128,7 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 			t.Fatalf("%s: device entry %+v (present %v), want one flagged tunnel, tc and followed with %s", l.Attrs().Name, nd, ok, addr)
 		}
 	}
-	wantPins := func(want ...string) {
-		t.Helper()
-		es, err := os.ReadDir(filepath.Join(d.dir, "links"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got []string
-		for _, e := range es {
-			if !strings.HasPrefix(e.Name(), "cgroup_") {
-				got = append(got, e.Name())
-			}
-		}
-		slices.Sort(want)
-		if !slices.Equal(got, want) {
-			t.Fatalf("pinned links %q, want %q", got, want)
-		}
-	}
+	wantPins := func(want ...string) { t.Helper(); wantLinkPins(t, d, want...) }
 	expect("ovs", true, "attached already")
 	wantTunnelEntry(ovs, "10.215.0.1") // the start's, followed
 	if nd, _ := entry(linkNamed(t, "eth0")); nd.Flags&nodeDevFollowed != 0 {
@@ -184,7 +144,7 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 	if err := netlink.AddrAdd(ov0, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("fd00:244:1::1"), Mask: net.CIDRMask(128, 128)}, Flags: unix.IFA_F_NODAD}); err != nil {
 		t.Fatal(err)
 	}
-	podRoute(t, ov0, 2)
+	topology.PodRoute(t, ov0, 2)
 	expect("ov0", true, "appeared")
 	if !attachedHere(ov0) {
 		t.Fatal("ov0: tc programs not attached")
@@ -205,12 +165,12 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 		}
 	}
 	ov3 := addVxlan(t, "ov3", 3, true, true)
-	podRoute(t, ov3, 3)
+	topology.PodRoute(t, ov3, 3)
 	ov1 := addVxlan(t, "ov1", 2, false, true)
 	if _, ok := entry(ov1); ok {
 		t.Fatal("ov1 has a device entry before a route leaves through it")
 	}
-	r1 := podRoute(t, ov1, 4)
+	r1 := topology.PodRoute(t, ov1, 4)
 	expect("ov1", true, "appeared")
 	if !attachedHere(ov1) {
 		t.Fatal("ov1: tc programs not attached")
@@ -264,31 +224,20 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 // flagged tunnel: nd0's rename detached it ("renamed away"), and its
 // route attached it again under the new name.
 func TestTunnelWatchLeavesNodeDevices(t *testing.T) {
-	bpffs := tunnelNode(t, "tunnodedev")
-	cfg := smallConfig(bpffs)
-	cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.215.0.1"), netip.MustParseAddr("10.216.0.1")}
-	d := openTest(t, cfg)
+	nodeIPs := []netip.Addr{netip.MustParseAddr("10.215.0.1"), netip.MustParseAddr("10.216.0.1")}
+	d := tunnelNode(t, "tunnodedev", smallConfig, func(c *Config) { c.NodeIPs = nodeIPs })
 	nd := addVxlan(t, "nd0", 5, false, true)
 	if err := netlink.AddrAdd(nd, &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 216, 0, 1), Mask: net.CIDRMask(24, 32)}}); err != nil {
 		t.Fatal(err)
 	}
-	held, err := DevicesOf(cfg.NodeIPs)
+	held, err := DevicesOf(nodeIPs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(held, []string{"eth0", "nd0"}) {
 		t.Fatalf("devices holding the node IPs: %q, want eth0 and nd0", held)
 	}
-	if err := d.AttachDevices(held); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	w, err := d.NewTunnelWatch(held...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := startTunnelWatch(t, d, held, held...)
 	next, stop := runDeviceWatch(t, w)
 	ingressID := progID(t, d.tc.SluiceIngress)
 	wantKept := func(when string) {
@@ -305,9 +254,9 @@ func TestTunnelWatchLeavesNodeDevices(t *testing.T) {
 	if err := netlink.LinkSetName(nd, "nd1"); err != nil {
 		t.Fatal(err)
 	}
-	podRoute(t, nd, 5)
+	topology.PodRoute(t, nd, 5)
 	ov0 := addVxlan(t, "ov0", 1, false, true)
-	podRoute(t, ov0, 2)
+	topology.PodRoute(t, ov0, 2)
 	if e := next("ov0"); e.Err != nil || e.Device != "ov0" || !e.Attached || e.Reason != "appeared" {
 		t.Fatalf("event %+v, want ov0 attached (appeared): nd0 is not the watch's", e)
 	}
@@ -325,42 +274,14 @@ func TestTunnelWatchLeavesNodeDevices(t *testing.T) {
 // overrun: ENOBUFS), the failure is reported, the watch subscribes again
 // and lists again: a tunnel whose route came unheard is attached then.
 func TestTunnelWatchResubscribes(t *testing.T) {
-	bpffs := tunnelNode(t, "tunresub")
-	cfg := smallConfig(bpffs)
-	cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.215.0.1")}
-	d := openTest(t, cfg)
+	d := tunnelNode(t, "tunresub", smallConfig, nil)
 	ovs := addVxlan(t, "ovs", 9, false, true)
-	podRoute(t, ovs, 9)
-	if err := d.AttachDevices([]string{"eth0", "ovs"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	w, err := d.NewTunnelWatch("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	topology.PodRoute(t, ovs, 9)
+	w := startTunnelWatch(t, d, []string{"eth0", "ovs"}, "eth0")
 	// The first route subscription hears nothing and fails when told
 	// to; the second is the real one.
-	fail := make(chan struct{})
-	subscriptions := 0
-	real := w.subscribeRoutes
-	w.subscribeRoutes = func(ch chan<- netlink.RouteUpdate, done <-chan struct{}, opts netlink.RouteSubscribeOptions) error {
-		subscriptions++
-		if subscriptions > 1 {
-			return real(ch, done, opts)
-		}
-		go func() {
-			defer close(ch)
-			select {
-			case <-fail:
-				opts.ErrorCallback(unix.ENOBUFS)
-			case <-done:
-			}
-		}()
-		return nil
-	}
+	fail, subscriptions := failFirstSubscription(&w.subscribeRoutes,
+		func(o netlink.RouteSubscribeOptions) func(error) { return o.ErrorCallback }, unix.ENOBUFS)
 	nextEvent, _ := runDeviceWatch(t, w)
 	next := func(what string) DeviceEvent { t.Helper(); return nextEvent(what) }
 	if e := next("ovs"); e.Err != nil || e.Device != "ovs" || e.Reason != "attached already" {
@@ -376,8 +297,8 @@ func TestTunnelWatchResubscribes(t *testing.T) {
 	if e := next("ovs removed"); e.Err != nil || e.Device != "ovs" || e.Attached || e.Reason != "removed" {
 		t.Fatalf("event %+v, want ovs removed", e)
 	}
-	podRoute(t, ov0, 2)
-	close(fail)
+	topology.PodRoute(t, ov0, 2)
+	fail()
 	if e := next("the failure"); e.Err == nil || !strings.Contains(e.Err.Error(), "subscribing again") {
 		t.Fatalf("after the failure: %+v, want its error reported", e)
 	}
@@ -388,8 +309,8 @@ func TestTunnelWatchResubscribes(t *testing.T) {
 	if err := d.maps.devices.Lookup(uint32(ov0.Attrs().Index), &nd); err != nil || nd.Flags&(nodeDevTunnel|nodeDevTC) != nodeDevTunnel|nodeDevTC {
 		t.Fatalf("ov0: entry %+v (%v), want one flagged tunnel and tc", nd, err)
 	}
-	if subscriptions != 2 {
-		t.Errorf("%d route subscriptions, want 2", subscriptions)
+	if n := subscriptions(); n != 2 {
+		t.Errorf("%d route subscriptions, want 2", n)
 	}
 }
 
@@ -398,24 +319,11 @@ func TestTunnelWatchResubscribes(t *testing.T) {
 // sluice_devices and --max-devices, reported once, and it has no programs
 // and no entry; eth0's entry is untouched.
 func TestTunnelWatchMaxDevices(t *testing.T) {
-	bpffs := tunnelNode(t, "tunmax")
-	cfg := smallConfig(bpffs)
-	cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.215.0.1")}
-	cfg.MaxDevices = 1
-	d := openTest(t, cfg)
-	if err := d.AttachDevices([]string{"eth0"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	w, err := d.NewTunnelWatch("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := tunnelNode(t, "tunmax", smallConfig, func(c *Config) { c.MaxDevices = 1 })
+	w := startTunnelWatch(t, d, []string{"eth0"}, "eth0")
 	next, stop := runDeviceWatch(t, w)
 	ov0 := addVxlan(t, "ov0", 1, false, true)
-	podRoute(t, ov0, 2)
+	topology.PodRoute(t, ov0, 2)
 	e := next("ov0 left out")
 	if e.Device != "ov0" || e.Attached || !errors.Is(e.Err, ErrDevicesFull) {
 		t.Fatalf("event %+v, want ov0 left out for want of room", e)
@@ -429,10 +337,10 @@ func TestTunnelWatchMaxDevices(t *testing.T) {
 	// ov1's, which fits no better), nor tried again (retryPending does
 	// when a device goes).
 	for n := byte(3); n < 23; n++ {
-		podRoute(t, ov0, n)
+		topology.PodRoute(t, ov0, n)
 	}
 	ov1 := addVxlan(t, "ov1", 2, false, true)
-	podRoute(t, ov1, 30)
+	topology.PodRoute(t, ov1, 30)
 	if e := next("ov1 left out"); e.Device != "ov1" || !errors.Is(e.Err, ErrDevicesFull) {
 		t.Fatalf("event %+v, want ov1 left out for want of room", e)
 	}
@@ -458,25 +366,13 @@ func TestTunnelWatchMaxDevices(t *testing.T) {
 // relist whose route list fails still forgets a tunnel deleted meanwhile
 // (its pins and entries), and asks to list again later.
 func TestTunnelWatchRelistRoutes(t *testing.T) {
-	bpffs := tunnelNode(t, "tunlist")
-	cfg := smallConfig(bpffs)
-	cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.215.0.1")}
-	d := openTest(t, cfg)
+	d := tunnelNode(t, "tunlist", smallConfig, nil)
 	ovs := addVxlan(t, "ovs", 9, false, true)
-	podRoute(t, ovs, 9)
+	topology.PodRoute(t, ovs, 9)
 	addVxlan(t, "ovd", 3, false, false) // down
 	ovf := addVxlan(t, "ovf", 4, true, true)
-	podRoute(t, ovf, 4) // flow-based: never an overlay device
-	if err := d.AttachDevices([]string{"eth0", "ovs"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	w, err := d.NewTunnelWatch("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	topology.PodRoute(t, ovf, 4) // flow-based: never an overlay device
+	w := startTunnelWatch(t, d, []string{"eth0", "ovs"}, "eth0")
 	dumps := 0
 	list := w.routes
 	w.routes = func() ([]netlink.Route, error) { dumps++; return list() }
@@ -491,7 +387,7 @@ func TestTunnelWatchRelistRoutes(t *testing.T) {
 	}
 	// ov0 up and routed: listed, attached.
 	ov0 := addVxlan(t, "ov0", 1, false, true)
-	podRoute(t, ov0, 2)
+	topology.PodRoute(t, ov0, 2)
 	events = nil
 	w.relist(report)
 	if dumps != 1 || len(events) != 1 || events[0].Device != "ov0" || !events[0].Attached {
