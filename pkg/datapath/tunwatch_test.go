@@ -87,8 +87,9 @@ func has6(t *testing.T, d *Datapath, l netlink.Link) bool {
 
 // TestTunnelWatchFollowsOverlays runs the tunnel watch (no --devices) in
 // a node namespace of the test's own whose start attached eth0 (the node
-// IP's) and the overlay ovs (up, routed): ovs is "attached already" (its
-// entry flagged followed), eth0 not the watch's business (not flagged). After the start: the vxlan ov0, up with an
+// IP's) and the overlay ovs (up, routed; Config.FollowedTunnels): ovs's
+// entry is flagged followed by the start, before the watch, and ovs is
+// "attached already"; eth0 not the watch's business (not flagged). After the start: the vxlan ov0, up with an
 // address and a flannel-style route to a pod subnet, is attached (tc
 // programs, pins, its entry flagged tunnel and tc, with its address; no
 // XDP though XDP is on); eth0 getting routes is passed over; the
@@ -100,6 +101,7 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 	bpffs := tunnelNode(t, "tunwatch")
 	cfg := xdpConfig(bpffs)
 	cfg.NodeIPs = []netip.Addr{netip.MustParseAddr("10.215.0.1")}
+	cfg.FollowedTunnels = []string{"ovs"} // as cmd/sluice's withTunnels
 	d := openTest(t, cfg)
 	ovs := addVxlan(t, "ovs", 9, false, true)
 	podRoute(t, ovs, 9)
@@ -115,6 +117,11 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 	}
 	if err := d.Commit(); err != nil {
 		t.Fatal(err)
+	}
+	// Flagged followed by the start itself, before any watch: an agent
+	// stopping now has ovs kept at its restart.
+	if kept, err := PinnedTunnelDevices(bpffs); err != nil || !slices.Equal(kept, []string{"ovs"}) {
+		t.Fatalf("tunnels followed after the start, before the watch: %q (%v), want [ovs]", kept, err)
 	}
 	w, err := d.NewTunnelWatch("eth0")
 	if err != nil {
