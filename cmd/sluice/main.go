@@ -359,7 +359,7 @@ func run(args []string) int {
 		} else {
 			log.Info("devices holding the node addresses", "devices", cfg.Devices)
 			nodeDevs := cfg.Devices
-			cfg.Devices = withTunnels(nodeDevs, dpCfg.MaxDevices, *bpffs, log)
+			cfg.Devices, dpCfg.FollowedTunnels = withTunnels(nodeDevs, dpCfg.MaxDevices, *bpffs, log)
 			cfg.FollowDevices = followTunnels(nodeDevs, log.With("component", "overlay"))
 		}
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"slices"
@@ -20,16 +21,18 @@ import (
 // after Sluice at node boot); with --devices, one left out is warned
 // about.
 
-// withTunnels is devs (the devices holding the node addresses) and the
-// overlay devices up now (datapath.TunnelDevices) not among them, as
-// many as --max-devices leaves room for. The tunnels a previous agent
-// followed (datapath.PinnedTunnelDevices, read from the pins under
-// bpffs: its default tunnels and its tunnel watch's) are kept too, up and
-// routed or not: one its watch attached after its start may be down or
-// routeless at this start (the CNI's agent restarting with Sluice), and
-// the start's Prune would take it off. One it attached because --devices
-// named it is not: dropped from --devices, it goes.
-func withTunnels(devs []string, maxDevices int, bpffs string, log *slog.Logger) []string {
+// withTunnels returns all, devs (the devices holding the node
+// addresses) and the overlay devices up now (datapath.TunnelDevices) not
+// among them, as many as --max-devices leaves room for, and tuns, those
+// it added: the tunnels the agent follows, whose entries AttachDevices
+// flags followed (datapath.Config.FollowedTunnels). The tunnels a
+// previous agent followed (datapath.PinnedTunnelDevices, read from the
+// pins under bpffs: its default tunnels and its tunnel watch's) are kept
+// too, up and routed or not: one its watch attached after its start may
+// be down or routeless at this start (the CNI's agent restarting with
+// Sluice), and the start's Prune would take it off. One it attached
+// because --devices named it is not: dropped from --devices, it goes.
+func withTunnels(devs []string, maxDevices int, bpffs string, log *slog.Logger) (all, tuns []string) {
 	tuns, err := datapath.TunnelDevices()
 	if err != nil {
 		log.Warn("list the overlay devices: not attached to, so flows routed through one to another node's backend are not source-NATed", "err", err)
@@ -47,18 +50,18 @@ func withTunnels(devs []string, maxDevices int, bpffs string, log *slog.Logger) 
 	}
 	tuns = slices.DeleteFunc(tuns, func(d string) bool { return slices.Contains(devs, d) })
 	if len(tuns) == 0 {
-		return devs
+		return devs, nil
 	}
 	room := max(maxDevices-len(devs), 0)
 	if len(tuns) > room {
 		log.Warn("more overlay devices than --max-devices leaves room for: flows routed through those left out to another node's backend are not source-NATed; raise --max-devices",
 			"max_devices", maxDevices, "left_out", tuns[room:])
 		if tuns = tuns[:room]; len(tuns) == 0 {
-			return devs
+			return devs, nil
 		}
 	}
 	log.Info("overlay devices attached to beside the node addresses'", "devices", tuns)
-	return append(slices.Clone(devs), tuns...)
+	return append(slices.Clone(devs), tuns...), tuns
 }
 
 // warnTunnelsLeftOut warns about each overlay device up now that
@@ -82,12 +85,14 @@ func warnTunnelsLeftOut(attached []string, log *slog.Logger) {
 // (agent.Config.FollowDevices): without --devices only. nodeDevs are the
 // start's devices holding the node addresses, which the watch leaves
 // alone (a node IP on wg0: the start's, renamed or not); the start's
-// other devices, the tunnels withTunnels added, are the watch's, flagged
-// followed as those it attaches are, so that a restart keeps them
+// other devices, the tunnels withTunnels added (flagged followed by
+// AttachDevices), are the watch's, and those it attaches are flagged
+// followed too, so that a restart keeps them
 // (datapath.PinnedTunnelDevices). Each is logged at Info, a failure
 // (--max-devices full: the error names the flag) at Error, and a failed
 // subscription is retried every 5 seconds; an overrun (a burst of route
-// changes) at Warn, at most once a minute.
+// changes) at Warn, at most once a minute, and one found attached whose
+// entry could not be flagged followed at Warn.
 func followTunnels(nodeDevs []string, log *slog.Logger) func(context.Context, agent.Datapath) {
 	nodeDevs = slices.Clone(nodeDevs)
 	return followWatch(log, "following the overlay devices", "following the overlay devices: tunnels created later are not attached to",
@@ -96,27 +101,32 @@ func followTunnels(nodeDevs []string, log *slog.Logger) func(context.Context, ag
 			overrun:   "following the overlay devices: changes missed, listing again",
 			failed:    "overlay device: flows routed through it to another node's backend are not source-NATed",
 			already:   "overlay device attached already",
+			unflagged: "overlay device attached already, but not flagged followed: a restart while it is down or without routes detaches it",
 			attached:  "overlay device attached to",
 			forgotten: "overlay device forgotten",
 		})
 }
 
 // deviceMessages are the log messages of a device watch's reporter
-// (deviceReporter).
+// (deviceReporter). unflagged is the tunnel watch's only (the pattern
+// watch flags nothing): already, if unset.
 type deviceMessages struct {
-	overrun, failed, already, attached, forgotten string
+	overrun, failed, already, unflagged, attached, forgotten string
 }
 
 // deviceReporter logs a device watch's events (datapath.DeviceEvent)
 // with msgs: an overrun (a burst of changes: the watch lists again, after
-// a backoff, and reports one a minute at most) at Warn, another failure
-// at Error, a link attached or forgotten at Info, one found attached
-// already at Debug.
+// a backoff, and reports one a minute at most) at Warn, one found
+// attached whose entry could not be flagged (Attached and Err: still
+// attached) at Warn, another failure at Error, a link attached or
+// forgotten at Info, one found attached already at Debug.
 func deviceReporter(log *slog.Logger, msgs deviceMessages) func(datapath.DeviceEvent) {
 	return func(e datapath.DeviceEvent) {
 		switch {
 		case e.Reason == "overrun":
 			log.Warn(msgs.overrun, "err", e.Err)
+		case e.Err != nil && e.Attached:
+			log.Warn(cmp.Or(msgs.unflagged, msgs.already), "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason, "err", e.Err)
 		case e.Err != nil:
 			log.Error(msgs.failed, "device", e.Device, "ifindex", e.Ifindex, "event", e.Reason, "err", e.Err)
 		case e.Attached && e.Reason == "attached already":

@@ -128,16 +128,18 @@ func TestFollowTunnelsAttachesLater(t *testing.T) {
 	}
 }
 
-// TestRestartKeepsFollowedTunnel: four agents in turn, each start as run
-// composes it (withTunnels without --devices, AttachDevices, Commit,
-// Prune, then followTunnels). A: --devices eth0,vpn0 (a vxlan up with an
-// address of its own and no route but the kernel's, as a VPN's wg0). B,
-// without --devices: vpn0 is not kept (A attached it only because
-// --devices named it), its pins gone; B's watch attaches the vxlan ov0,
-// routed after its start; then ov0 loses its route and goes down
-// (flanneld restarting too). C keeps ov0 attached (its pinned tcx links,
-// its entry flagged tunnel, tc and followed), and so does D after C (C's
-// watch flagged ov0, a start device of C's, followed again). Keeping
+// TestRestartKeepsFollowedTunnel: four agents in turn, each start made
+// of run's pieces (withTunnels without --devices, its tunnels as
+// datapath.Config.FollowedTunnels; AttachDevices, Commit and Prune; then
+// followTunnels), though run prunes first (prepareDatapath) and attaches
+// and commits after (agent.Run). A: --devices eth0,vpn0 (a vxlan up
+// with an address of its own and no route but the kernel's, as a VPN's
+// wg0). B, without --devices: vpn0 is not kept (A attached it only
+// because --devices named it), its pins gone; B's watch attaches the
+// vxlan ov0, routed after its start; then ov0 loses its route and goes
+// down (flanneld restarting too). C keeps ov0 attached (its pinned tcx
+// links, its entry flagged tunnel, tc and followed), and so does D after
+// C (C's start flagged ov0, a tunnel it kept, followed again). Keeping
 // every tunnel flagged tunnel and tc kept vpn0 at B's start.
 func TestRestartKeepsFollowedTunnel(t *testing.T) {
 	ns := overlayNode(t, "ovrestart", "10.212.0.1")
@@ -174,7 +176,15 @@ func TestRestartKeepsFollowedTunnel(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !follow {
-			return func() { dp.Close() }
+			stopped := false
+			stop = func() {
+				if !stopped {
+					stopped = true
+					dp.Close()
+				}
+			}
+			t.Cleanup(stop)
+			return stop
 		}
 		stopWatch := runFollowTunnels(t, ns, log, dp)
 		stopped := false
@@ -205,7 +215,8 @@ func TestRestartKeepsFollowedTunnel(t *testing.T) {
 	stopA()
 
 	// B: without --devices.
-	devs := withTunnels([]string{"eth0"}, datapath.DefaultMaxDevices, bpffs, log)
+	devs, tuns := withTunnels([]string{"eth0"}, datapath.DefaultMaxDevices, bpffs, log)
+	cfg.FollowedTunnels = tuns
 	if len(devs) != 1 {
 		t.Fatalf("B's devices %q, want eth0 alone (vpn0, named by A's --devices, not kept)", devs)
 	}
@@ -229,10 +240,11 @@ func TestRestartKeepsFollowedTunnel(t *testing.T) {
 
 	// C, then D: ov0 kept.
 	for _, agent := range []string{"C", "D"} {
-		devs = withTunnels([]string{"eth0"}, datapath.DefaultMaxDevices, bpffs, log)
-		if len(devs) != 2 || devs[1] != "ov0" {
-			t.Fatalf("%s's devices %q, want eth0 and ov0 (kept)", agent, devs)
+		devs, tuns = withTunnels([]string{"eth0"}, datapath.DefaultMaxDevices, bpffs, log)
+		if len(devs) != 2 || devs[1] != "ov0" || len(tuns) != 1 || tuns[0] != "ov0" {
+			t.Fatalf("%s's devices %q, followed %q, want eth0 and ov0 (kept), ov0 followed", agent, devs, tuns)
 		}
+		cfg.FollowedTunnels = tuns
 		const held = `msg="overlay device attached already" device=ov0`
 		before := strings.Count(buf.String(), held)
 		stop := start(devs, true)
@@ -310,14 +322,16 @@ func runFollowTunnels(t *testing.T, ns *topology.NS, log *slog.Logger, adp agent
 }
 
 // TestDeviceReporterLevels: a device watch's reporter (the --devices
-// patterns' and the overlay devices') logs an overrun at Warn, another
+// patterns' and the overlay devices') logs an overrun at Warn, one found
+// attached whose entry could not be flagged followed at Warn, another
 // failure at Error, an attach or a forget at Info and one found attached
 // already at Debug, each with its message. The patterns' watch logged an
-// overrun at Error.
+// overrun at Error; the flag's failure was logged at Error as a device
+// whose flows are not source-NATed.
 func TestDeviceReporterLevels(t *testing.T) {
 	buf := &testutil.Buffer{}
 	report := deviceReporter(slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		deviceMessages{overrun: "m-overrun", failed: "m-failed", already: "m-already", attached: "m-attached", forgotten: "m-forgotten"})
+		deviceMessages{overrun: "m-overrun", failed: "m-failed", already: "m-already", unflagged: "m-unflagged", attached: "m-attached", forgotten: "m-forgotten"})
 	for _, c := range []struct {
 		e    datapath.DeviceEvent
 		want string
@@ -325,6 +339,7 @@ func TestDeviceReporterLevels(t *testing.T) {
 		{datapath.DeviceEvent{Reason: "overrun", Err: unix.ENOBUFS}, `level=WARN msg=m-overrun err="no buffer space available"`},
 		{datapath.DeviceEvent{Device: "d0", Ifindex: 3, Reason: "appeared", Err: datapath.ErrDevicesFull}, `level=ERROR msg=m-failed device=d0 ifindex=3 event=appeared err=`},
 		{datapath.DeviceEvent{Device: "d0", Ifindex: 3, Attached: true, Reason: "attached already"}, `level=DEBUG msg=m-already device=d0 ifindex=3`},
+		{datapath.DeviceEvent{Device: "d0", Ifindex: 3, Attached: true, Reason: "attached already", Err: unix.EIO}, `level=WARN msg=m-unflagged device=d0 ifindex=3 event="attached already" err=`},
 		{datapath.DeviceEvent{Device: "d0", Ifindex: 3, Attached: true, Reason: "appeared"}, `level=INFO msg=m-attached device=d0 ifindex=3 event=appeared`},
 		{datapath.DeviceEvent{Device: "d0", Ifindex: 3, Reason: "removed"}, `level=INFO msg=m-forgotten device=d0 ifindex=3 event=removed`},
 	} {

@@ -156,9 +156,10 @@ func (d *Datapath) tcProg(dir tcDir) *ebpf.Program {
 // AttachDevices attaches the tc programs to ingress and egress of each
 // device (names in the caller's network namespace) and records each as a
 // node device (sluice_devices) with the address external flows leaving
-// through it are source-NATed to; with Config.XDP native or generic it
-// also attaches the XDP program (and with off, detaches one an earlier
-// agent attached). It is idempotent.
+// through it are source-NATed to, flagged followed (nodeDevFollowed)
+// if Config.FollowedTunnels names it; with Config.XDP native or generic
+// it also attaches the XDP program (and with off, detaches one an
+// earlier agent attached). It is idempotent.
 //
 // When conntrack is being migrated to a new map (migrate.go), the
 // migration shims go in front of the programs on every device first, the
@@ -188,6 +189,12 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		f, err := deviceFlags(dev)
 		if err != nil {
 			return err
+		}
+		if slices.Contains(d.cfg.FollowedTunnels, dev) {
+			// Flagged in the record below, not later by the tunnel
+			// watch: an agent that stops, or whose watch fails,
+			// before the watch runs still has it kept at its restart.
+			f |= nodeDevFollowed
 		}
 		flags[i] = f
 		if err := d.maps.markL3(ifindex[i], f&nodeDevL3 != 0); err != nil {

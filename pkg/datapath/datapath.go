@@ -141,6 +141,15 @@ type Config struct {
 	// this node is source-NATed to, and the source of a socket reaching
 	// a LoadBalancer IP unbound (loadBalancerSourceRanges).
 	NodeIPs []netip.Addr
+	// FollowedTunnels are the overlay devices among AttachDevices' that
+	// the agent follows (cmd/sluice's withTunnels without --devices:
+	// those up and routed at its start, and those a previous agent
+	// followed), never a device --devices named or one holding a node
+	// address: AttachDevices flags their entries nodeDevFollowed itself,
+	// so that a restart keeps them (PinnedTunnelDevices), down or
+	// routeless, even if the agent stops before its tunnel watch runs.
+	// A name AttachDevices is not given is passed over.
+	FollowedTunnels []string
 
 	// ClusterCIDRs (--cluster-cidr) say which clients are internal
 	// (pods): they are short-circuited to all endpoints of an

@@ -134,7 +134,11 @@ type DeviceEvent struct {
 	// (Reason says why).
 	Attached bool
 	Reason   string // "appeared", "renamed", "attached already", "room made"; "removed", "renamed away", "missed"; "overrun" (Err: a subscription overran, reported at most once a minute)
-	// Err, if set, says the step failed (nothing else is true then).
+	// Err, if set, says the step failed (nothing else is true then),
+	// but for Attached with Reason "attached already": the link is
+	// attached, but its entry could not be flagged the watch's (the
+	// tunnel watch's nodeDevFollowed: a restart while it is down or
+	// routeless detaches it).
 	Err error
 }
 
@@ -529,18 +533,17 @@ func (w *DeviceWatch) present(ifindex int, name string, l netlink.Link, report f
 
 // attachedAlready reports link ifindex (name), which the watch holds and
 // found attached already, after flagging its entry w.mark (overlay:
-// nodeDevFollowed, kept at a restart) if it is not yet.
+// nodeDevFollowed, kept at a restart) if it is not yet (AttachDevices
+// flags the start's followed tunnels itself). A failure to flag it is
+// reported with the link attached (Attached and Err): it still is.
 func (w *DeviceWatch) attachedAlready(ifindex int, name string, report func(DeviceEvent)) {
+	var err error
 	if w.mark != 0 {
 		w.d.maps.devMu.Lock()
-		err := w.d.maps.markDevice(ifindex, w.mark)
+		err = w.d.maps.markDevice(ifindex, w.mark)
 		w.d.maps.devMu.Unlock()
-		if err != nil {
-			report(DeviceEvent{Device: name, Ifindex: ifindex, Reason: "attached already", Err: fmt.Errorf("%w (attached, but not kept if down or routeless at a restart)", err)})
-			return
-		}
 	}
-	report(DeviceEvent{Device: name, Ifindex: ifindex, Attached: true, Reason: "attached already"})
+	report(DeviceEvent{Device: name, Ifindex: ifindex, Attached: true, Reason: "attached already", Err: err})
 }
 
 // retryPending tries the links left out for want of room again, after

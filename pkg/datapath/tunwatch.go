@@ -49,10 +49,11 @@ import (
 // until its ifindex is deleted.
 //
 // Every tunnel the watch holds has its entry flagged nodeDevFollowed:
-// the start's (marked here, and again when the watch first finds them)
-// and those it attaches. A restart keeps those only
-// (PinnedTunnelDevices), not a tunnel attached because --devices named
-// it, whose entry AttachDevices writes without the flag.
+// the start's (by AttachDevices, Config.FollowedTunnels; and by the
+// watch when it first finds them, if not yet) and those it attaches. A
+// restart keeps those only (PinnedTunnelDevices), not a tunnel attached
+// because --devices named it, whose entry AttachDevices writes without
+// the flag.
 func (d *Datapath) NewTunnelWatch(nodeDevices ...string) (*DeviceWatch, error) {
 	ours := map[int]bool{}
 	for idx, name := range d.attachedAtStart {
@@ -71,15 +72,6 @@ func (d *Datapath) NewTunnelWatch(nodeDevices ...string) (*DeviceWatch, error) {
 			w.notOurs[idx] = true
 		}
 	}
-	// Marked now, not only at the first list (present, "attached
-	// already"), which waits for the subscriptions: an agent that
-	// stops before that still leaves them kept at its restart. A
-	// failure here is reported then.
-	d.maps.devMu.Lock()
-	for idx := range ours {
-		_ = d.maps.markDevice(idx, nodeDevFollowed)
-	}
-	d.maps.devMu.Unlock()
 	w.subscribeRoutes = netlink.RouteSubscribeWithOptions
 	w.routes = mainRoutes
 	return w, nil

@@ -90,8 +90,9 @@ func startTunnelWatch(t *testing.T, d *Datapath, devs []string, nodeDevices ...s
 
 // TestTunnelWatchFollowsOverlays runs the tunnel watch (no --devices) in
 // a node namespace of the test's own whose start attached eth0 (the node
-// IP's) and the overlay ovs (up, routed): ovs is "attached already" (its
-// entry flagged followed), eth0 not the watch's business (not flagged). After the start: the vxlan ov0, up with an
+// IP's) and the overlay ovs (up, routed; Config.FollowedTunnels): ovs's
+// entry is flagged followed by the start, before the watch, and ovs is
+// "attached already"; eth0 not the watch's business (not flagged). After the start: the vxlan ov0, up with an
 // address and a flannel-style route to a pod subnet, is attached (tc
 // programs, pins, its entry flagged tunnel and tc, with its address; no
 // XDP though XDP is on); eth0 getting routes is passed over; the
@@ -100,7 +101,9 @@ func startTunnelWatch(t *testing.T, d *Datapath, devs []string, nodeDevices ...s
 // stays attached; each attached is flagged followed; ov0 and ovs deleted are forgotten (pins and entries
 // gone), eth0 kept.
 func TestTunnelWatchFollowsOverlays(t *testing.T) {
-	d := tunnelNode(t, "tunwatch", xdpConfig, nil)
+	d := tunnelNode(t, "tunwatch", xdpConfig, func(c *Config) {
+		c.FollowedTunnels = []string{"ovs"} // as cmd/sluice's withTunnels
+	})
 	ovs := addVxlan(t, "ovs", 9, false, true)
 	topology.PodRoute(t, ovs, 9)
 	start, err := TunnelDevices()
@@ -110,7 +113,21 @@ func TestTunnelWatchFollowsOverlays(t *testing.T) {
 	if !slices.Equal(start, []string{"ovs"}) {
 		t.Fatalf("TunnelDevices at start: %q, want [ovs]", start)
 	}
-	w := startTunnelWatch(t, d, []string{"eth0", "ovs"}, "eth0")
+	if err := d.AttachDevices([]string{"eth0", "ovs"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	// Flagged followed by the start itself, before any watch: an agent
+	// stopping now has ovs kept at its restart.
+	if kept, err := PinnedTunnelDevices(d.cfg.BPFFS); err != nil || !slices.Equal(kept, []string{"ovs"}) {
+		t.Fatalf("tunnels followed after the start, before the watch: %q (%v), want [ovs]", kept, err)
+	}
+	w, err := d.NewTunnelWatch("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
 	nextEvent, stop := runDeviceWatch(t, w)
 	expect := func(dev string, attached bool, reason string) {
 		t.Helper()
