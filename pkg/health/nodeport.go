@@ -33,7 +33,11 @@ package health
 //
 // Sync opens a listener for every health check port the desired state
 // names, on each of the server's hosts (kube-proxy's --nodeport-addresses),
-// and closes those it no longer names. The agent calls it, as an Observer,
+// and closes those it no longer names. A port is named by every frontend
+// of its Service that carries it (model.Service.HealthCheckNodePort): the
+// ClusterIP ones too, so that a Service with no NodePort and no ingress IP
+// is served, as kube-proxy serves it; one listener a port, whatever the
+// number of frontends and families. The agent calls it, as an Observer,
 // after every state it programmed.
 //
 // Counts are per IP family, as kube-proxy's two proxiers keep them: a query
@@ -236,7 +240,7 @@ func (x *localIndex) update(st *model.State) []uint16 {
 
 // add adds (d = 1) or removes (d = -1) s's frontend.
 func (x *localIndex) add(s *model.Service, d int, touched map[uint16]bool) {
-	if s == nil || s.HealthCheckNodePort == 0 || !s.ExternalLocal {
+	if s == nil || s.HealthCheckNodePort == 0 {
 		return
 	}
 	n := s.HealthCheckNodePort

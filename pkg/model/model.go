@@ -186,7 +186,12 @@ type Service struct {
 	// HealthCheckNodePort, if non-zero, is where this node reports
 	// LocalReady, the addresses of the Service port's ready endpoints on
 	// this node (terminating ones do not count, so that load balancers
-	// drain a node whose endpoints terminate). SourceRanges, if any, are
+	// drain a node whose endpoints terminate). These two are also on the
+	// ClusterIP frontends of such a Service, ExternalLocal not (the
+	// health server alone reads them; the datapath does not), so that
+	// the port is served as kube-proxy serves it when the Service has no
+	// north-south frontend (allocateLoadBalancerNodePorts false, an
+	// ingress of hostnames or ipMode Proxy). SourceRanges, if any, are
 	// the only sources allowed (loadBalancerSourceRanges).
 	ExternalLocal       bool
 	HealthCheckNodePort uint16

@@ -164,12 +164,21 @@ func checkService(t *testing.T, svc *corev1.Service, eps []*discoveryv1.Endpoint
 		}
 	}
 
-	// North-south settings belong to north-south frontends only.
-	if s.Kind == model.ClusterIP && (s.ExternalLocal || len(s.SourceRanges) > 0 || s.HealthCheckNodePort != 0) {
+	// North-south settings belong to north-south frontends only, but
+	// for the health check port, which a ClusterIP frontend carries too
+	// (kube-proxy serves it whether or not the Service has north-south
+	// frontends): only the health server reads it.
+	if s.Kind == model.ClusterIP && (s.ExternalLocal || s.TwoScopes || len(s.SourceRanges) > 0) {
 		t.Fatalf("%s: a ClusterIP frontend with north-south settings: %+v", fe, s)
 	}
-	if s.HealthCheckNodePort != 0 && !s.ExternalLocal {
+	if s.HealthCheckNodePort != 0 && s.Kind != model.ClusterIP && !s.ExternalLocal {
 		t.Fatalf("%s: health check port %d without externalTrafficPolicy Local", fe, s.HealthCheckNodePort)
+	}
+	if s.HealthCheckNodePort != 0 && (svc.Spec.Type != corev1.ServiceTypeLoadBalancer ||
+		svc.Spec.ExternalTrafficPolicy != corev1.ServiceExternalTrafficPolicyLocal ||
+		int32(s.HealthCheckNodePort) != svc.Spec.HealthCheckNodePort) {
+		t.Fatalf("%s: health check port %d, but the Service is type %q, externalTrafficPolicy %q, healthCheckNodePort %d",
+			fe, s.HealthCheckNodePort, svc.Spec.Type, svc.Spec.ExternalTrafficPolicy, svc.Spec.HealthCheckNodePort)
 	}
 	if len(s.SourceRanges) > 0 && s.Kind != model.LoadBalancer {
 		t.Fatalf("%s: source ranges on a kind %d frontend", fe, s.Kind)

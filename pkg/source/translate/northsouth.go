@@ -42,7 +42,12 @@ import (
 // the node itself) are short-circuited to the Cluster policy's endpoints,
 // as kube-proxy does: the frontend has TwoScopes. LoadBalancer Services
 // with externalTrafficPolicy Local carry their healthCheckNodePort, and
-// the ready local endpoints the health check counts.
+// the ready local endpoints the health check counts, on these frontends
+// and on the ClusterIP frontend of the family (Translate), which has them
+// whatever north-south frontends there are: kube-proxy serves the port
+// for every Service port with a ClusterIP of the family, a Service with
+// no NodePorts (allocateLoadBalancerNodePorts false) whose ingress is a
+// hostname, ipMode Proxy or not yet published included.
 
 // claimRank orders the kinds of frontend one Service may give the same
 // address, port and protocol (an externalIP that is also a LoadBalancer

@@ -135,7 +135,7 @@ ExternalIP [2001:db8:aaaa::1]:80/TCP -> 2001:db8:1::1 2001:db8:2::1
 			s.Spec.LoadBalancerSourceRanges = []string{"198.51.100.0/24", "10.0.0.0/8", "10.0.0.0/8", "bogus"}
 			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.10"}, {Hostname: "lb.example"}}
 		}, Options{Node: Node{Name: "node-a", Addresses: opts.Node.Addresses[:1]}}, `
-ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
+ClusterIP 10.96.0.1:80/TCP hc=32000 ready=[10.1.0.1] -> 10.1.0.1 10.2.0.1
 NodePort 192.168.1.1:30080/TCP local hc=32000 ready=[10.1.0.1] -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
 LoadBalancer 198.51.100.10:80/TCP local hc=32000 ranges=[10.0.0.0/8 198.51.100.0/24] ready=[10.1.0.1] -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
 `},
@@ -146,10 +146,10 @@ LoadBalancer 198.51.100.10:80/TCP local hc=32000 ranges=[10.0.0.0/8 198.51.100.0
 			s.Spec.LoadBalancerSourceRanges = []string{"198.51.100.0/24", "2001:db8:aaaa::/64"}
 			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "2001:db8:aaaa::10"}, {IP: "198.51.100.10"}}
 		}), Options{Node: Node{Name: "node-a", Addresses: []netip.Addr{opts.Node.Addresses[0], opts.Node.Addresses[2]}}}, `
-ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.2.0.1
+ClusterIP 10.96.0.1:80/TCP hc=32000 ready=[10.1.0.1] -> 10.1.0.1 10.2.0.1
 NodePort 192.168.1.1:30080/TCP local hc=32000 ready=[10.1.0.1] -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
 LoadBalancer 198.51.100.10:80/TCP local hc=32000 ranges=[198.51.100.0/24] ready=[10.1.0.1] -> 10.1.0.1 | internal -> 10.1.0.1 10.2.0.1
-ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:1::1 2001:db8:2::1
+ClusterIP [2001:db8::1]:80/TCP hc=32000 ready=[2001:db8:1::1] -> 2001:db8:1::1 2001:db8:2::1
 NodePort [2001:db8:100::1]:30080/TCP local hc=32000 ready=[2001:db8:1::1] -> 2001:db8:1::1 | internal -> 2001:db8:1::1 2001:db8:2::1
 LoadBalancer [2001:db8:aaaa::10]:80/TCP local hc=32000 ranges=[2001:db8:aaaa::/64] ready=[2001:db8:1::1] -> 2001:db8:1::1 | internal -> 2001:db8:1::1 2001:db8:2::1
 `},

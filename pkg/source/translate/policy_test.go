@@ -527,10 +527,10 @@ LoadBalancer [2001:db8:aaaa::5]:80/TCP -> 2001:db8:1::1
 				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 				s.Spec.HealthCheckNodePort = 32000
 			})), eps: []ep{here, here6, here62, termHere6}, want: `
-ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1
+ClusterIP 10.96.0.1:80/TCP hc=32000 ready=[10.1.0.1] -> 10.1.0.1
 NodePort 192.168.1.1:30080/TCP local hc=32000 ready=[10.1.0.1] -> 10.1.0.1 | internal -> 10.1.0.1
 LoadBalancer 198.51.100.4:80/TCP local hc=32000 ready=[10.1.0.1] -> 10.1.0.1 | internal -> 10.1.0.1
-ClusterIP [2001:db8::1]:80/TCP -> 2001:db8:1::1 2001:db8:1::2
+ClusterIP [2001:db8::1]:80/TCP hc=32000 ready=[2001:db8:1::1 2001:db8:1::2] -> 2001:db8:1::1 2001:db8:1::2
 NodePort [2001:db8:100::1]:30080/TCP local hc=32000 ready=[2001:db8:1::1 2001:db8:1::2] -> 2001:db8:1::1 2001:db8:1::2 | internal -> 2001:db8:1::1 2001:db8:1::2
 `},
 		{name: "health check counts ready local endpoints only",
@@ -538,7 +538,7 @@ NodePort [2001:db8:100::1]:30080/TCP local hc=32000 ready=[2001:db8:1::1 2001:db
 				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 				s.Spec.HealthCheckNodePort = 32000
 			}), eps: []ep{here, here2, termHere, there}, want: `
-ClusterIP 10.96.0.1:80/TCP -> 10.1.0.1 10.1.0.2 10.2.0.1
+ClusterIP 10.96.0.1:80/TCP hc=32000 ready=[10.1.0.1 10.1.0.2] -> 10.1.0.1 10.1.0.2 10.2.0.1
 NodePort 192.168.1.1:30080/TCP local hc=32000 ready=[10.1.0.1 10.1.0.2] -> 10.1.0.1 10.1.0.2 | internal -> 10.1.0.1 10.1.0.2 10.2.0.1
 LoadBalancer 198.51.100.4:80/TCP local hc=32000 ready=[10.1.0.1 10.1.0.2] -> 10.1.0.1 10.1.0.2 | internal -> 10.1.0.1 10.1.0.2 10.2.0.1
 `},
@@ -547,9 +547,46 @@ LoadBalancer 198.51.100.4:80/TCP local hc=32000 ready=[10.1.0.1 10.1.0.2] -> 10.
 				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 				s.Spec.HealthCheckNodePort = 32000
 			}), eps: []ep{termHere, there}, want: `
-ClusterIP 10.96.0.1:80/TCP -> 10.2.0.1
+ClusterIP 10.96.0.1:80/TCP hc=32000 -> 10.2.0.1
 NodePort 192.168.1.1:30080/TCP local hc=32000 -> 10.1.0.9(term) | internal -> 10.2.0.1
 LoadBalancer 198.51.100.4:80/TCP local hc=32000 -> 10.1.0.9(term) | internal -> 10.2.0.1
+`},
+		// kube-proxy serves the health check port of a LoadBalancer
+		// Service with externalTrafficPolicy Local whatever frontends it
+		// has (serviceport.go: every port with a ClusterIP of the
+		// family): without NodePorts (allocateLoadBalancerNodePorts
+		// false) and without a VIP-mode ingress IP, the ClusterIP
+		// frontend carries it, its traffic still not Local.
+		{name: "health check without NodePorts or ingress IPs: on the ClusterIP frontend, its backends the Cluster ones",
+			mod: lb(func(s *corev1.Service) {
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+				s.Spec.HealthCheckNodePort = 32000
+				s.Spec.AllocateLoadBalancerNodePorts = ptr(false)
+				s.Spec.Ports[0].NodePort = 0
+				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{Hostname: "lb.example"}}
+			}), eps: []ep{here, here2, termHere, there}, want: `
+ClusterIP 10.96.0.1:80/TCP hc=32000 ready=[10.1.0.1 10.1.0.2] -> 10.1.0.1 10.1.0.2 10.2.0.1
+`},
+		{name: "dual stack: health check without NodePorts, Proxy-mode ingress: on each family's ClusterIP frontend, counting that family",
+			mod: both(dualStack, lb(func(s *corev1.Service) {
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+				s.Spec.HealthCheckNodePort = 32000
+				s.Spec.AllocateLoadBalancerNodePorts = ptr(false)
+				s.Spec.Ports[0].NodePort = 0
+				s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.4", IPMode: &proxy}, {IP: "2001:db8:aaaa::4", IPMode: &proxy}}
+			})), eps: []ep{here, there, here6, here62, termHere6}, want: `
+ClusterIP 10.96.0.1:80/TCP hc=32000 ready=[10.1.0.1] -> 10.1.0.1 10.2.0.1
+ClusterIP [2001:db8::1]:80/TCP hc=32000 ready=[2001:db8:1::1 2001:db8:1::2] -> 2001:db8:1::1 2001:db8:1::2
+`},
+		{name: "health check without NodePorts, no ingress yet, no local endpoint: on the ClusterIP frontend, counting none",
+			mod: lb(func(s *corev1.Service) {
+				s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+				s.Spec.HealthCheckNodePort = 32000
+				s.Spec.AllocateLoadBalancerNodePorts = ptr(false)
+				s.Spec.Ports[0].NodePort = 0
+				s.Status.LoadBalancer.Ingress = nil
+			}), eps: []ep{termHere, there}, want: `
+ClusterIP 10.96.0.1:80/TCP hc=32000 -> 10.2.0.1
 `},
 	})
 }

@@ -344,6 +344,17 @@ func Translate(svc *Service, eps []*Slice, opts Options) (Translation, error) {
 				Frontend:      model.L4Addr{Addr: f.vip, Port: uint16(sp.Port), Proto: proto},
 				Backends:      internal,
 				DropWhenEmpty: cat.hasAny && len(internal) == 0,
+				// The health check port rides on the ClusterIP
+				// frontend too (the health server alone reads it;
+				// ExternalLocal stays false: ClusterIP traffic keeps
+				// internalTrafficPolicy's endpoints): kube-proxy
+				// serves it for every Service port with a ClusterIP
+				// of the family, whether or not the Service has a
+				// NodePort, externalIP or VIP-mode ingress IP
+				// (allocateLoadBalancerNodePorts false with a
+				// hostname, Proxy-mode or unpublished ingress).
+				HealthCheckNodePort: f.ext.hc,
+				LocalReady:          f.ext.localReady,
 
 				AffinityTimeout: affinity,
 			})
