@@ -10,7 +10,9 @@
 // whose reconciler writes only the differences. The agent retries a failed
 // apply and tells the source when a state is programmed (Programmed), which
 // is when the network programming latency of the changes it brought is
-// taken.
+// taken: of the slices changed after New, which makes the tracker before
+// any informer runs (the tracker drops older trigger times, as kube-proxy's
+// EndpointsChangeTracker those before its creation).
 //
 // Nothing is handed over until the Service, EndpointSlice and Node caches
 // have synced: an agent that restarts while the API server is slow keeps the

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -118,9 +119,28 @@ func runAgent(t *testing.T, cfg Config, rec *recorder, m *metrics.Metrics) *Sour
 	t.Helper()
 	cfg.ObserveProgrammed = m.ObserveProgrammed
 	src := newSource(t, cfg)
+	startAgent(t, src, rec, m)
+	return src
+}
+
+// startAgent runs src (made with m.ObserveProgrammed) under an agent, as
+// runAgent does, until the test ends.
+func startAgent(t *testing.T, src *Source, rec *recorder, m *metrics.Metrics) {
+	t.Helper()
 	a := agent.New(agent.Config{Observers: []agent.Observer{m}}, testutil.NoPrograms{}, rec, slog.New(slog.DiscardHandler))
 	testutil.RunUntilCleanup(t, "agent Run", func(ctx context.Context) error { return a.Run(ctx, src) })
-	return src
+}
+
+// createSlice creates es, stamped with a trigger time just after now:
+// after the start of a source made before (its tracker drops the trigger
+// times at or before its start, as kube-proxy's).
+func createSlice(t *testing.T, client *fake.Clientset, es *discoveryv1.EndpointSlice) {
+	t.Helper()
+	trigger := time.Now().Add(time.Millisecond)
+	es.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: trigger.Format(time.RFC3339Nano)}
+	if _, err := client.DiscoveryV1().EndpointSlices(es.Namespace).Create(context.Background(), es, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestNothingProgrammedBeforeCachesSync(t *testing.T) {
@@ -199,13 +219,13 @@ func TestBurstFoldedIntoNetChange(t *testing.T) {
 }
 
 func TestSyncErrorRetriedAndMetrics(t *testing.T) {
-	trigger := time.Now().Add(-2 * time.Second)
-	es := slice("web", "web-1", 8080, "10.0.0.1")
-	es.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: trigger.Format(time.RFC3339Nano)}
-	client := fake.NewClientset(service("web", "10.96.0.10", 80), es)
+	client := fake.NewClientset(service("web", "10.96.0.10", 80))
 	m := metrics.New()
 	rec := &recorder{fail: 1}
-	src := runAgent(t, Config{Client: client}, rec, m)
+	src := newSource(t, Config{Client: client, ObserveProgrammed: m.ObserveProgrammed})
+	createSlice(t, client, slice("web", "web-1", 8080, "10.0.0.1")) // changed after the start
+	time.Sleep(600 * time.Millisecond)                              // and waits before the agent runs
+	startAgent(t, src, rec, m)
 	waitFor(t, "a sync after the failed one", 5*time.Second, func() bool { return rec.count() == 1 })
 	if got := promtest.ToFloat64(m.SyncErrors); got != 1 {
 		t.Errorf("sync errors = %v, want 1", got)
@@ -214,7 +234,7 @@ func TestSyncErrorRetriedAndMetrics(t *testing.T) {
 		t.Error("not Synced after a successful retry")
 	}
 	// The trigger time of the change survived the failed sync: its latency
-	// is counted once, when it was really programmed, and is >= 2s.
+	// is counted once, when it was really programmed, and is >= 600ms.
 	if n := promtest.CollectAndCount(m.NetworkProgrammingDuration); n != 1 {
 		t.Fatalf("programming latency series = %d", n)
 	}
@@ -222,8 +242,8 @@ func TestSyncErrorRetriedAndMetrics(t *testing.T) {
 	if !containsLine(body, "sluice_network_programming_duration_seconds_count 1") {
 		t.Errorf("want one programming latency sample:\n%s", body)
 	}
-	if !containsLine(body, `sluice_network_programming_duration_seconds_bucket{le="1.024"} 0`) {
-		t.Errorf("programming latency below the 2s the change waited:\n%s", body)
+	if !containsLine(body, `sluice_network_programming_duration_seconds_bucket{le="0.512"} 0`) {
+		t.Errorf("programming latency below the 600ms the change waited:\n%s", body)
 	}
 	if !containsLine(body, "sluice_services 1") || !containsLine(body, "sluice_backends 1") {
 		t.Errorf("programmed counts missing:\n%s", body)
@@ -355,14 +375,16 @@ func TestNodeDeleteKeepsZone(t *testing.T) {
 
 // In the agent, apply only queues the state; the agent applies it later and
 // reports it programmed through Programmed. The latency is taken then, not
-// at hand-over.
+// at hand-over; of the slice changed after the source started alone (as
+// kube-proxy: the one last changed a second before it did is no latency
+// of this agent's).
 func TestProgrammingLatencyTakenWhenAgentReportsProgrammed(t *testing.T) {
-	trigger := time.Now().Add(-time.Second)
-	es := slice("web", "web-1", 8080, "10.0.0.1")
-	es.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: trigger.Format(time.RFC3339Nano)}
-	client := fake.NewClientset(service("web", "10.96.0.10", 80), es)
+	old := slice("old", "old-1", 8080, "10.0.0.2")
+	old.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: time.Now().Add(-time.Second).Format(time.RFC3339Nano)}
+	client := fake.NewClientset(service("web", "10.96.0.10", 80), service("old", "10.96.0.11", 80), old)
 	m := metrics.New()
 	src := newSource(t, Config{Client: client, ObserveProgrammed: m.ObserveProgrammed})
+	createSlice(t, client, slice("web", "web-1", 8080, "10.0.0.1"))
 	handed := make(chan *model.State, 10)
 	testutil.RunUntilCleanup(t, "Run after cancel", func(ctx context.Context) error {
 		return src.Run(ctx, func(st *model.State) { handed <- st })
@@ -377,17 +399,50 @@ func TestProgrammingLatencyTakenWhenAgentReportsProgrammed(t *testing.T) {
 	if n := histogramCount(t, m); n != 0 {
 		t.Fatalf("latency recorded at hand-over (%d samples), before programming", n)
 	}
-	time.Sleep(500 * time.Millisecond) // the agent is slow to apply
+	if b, _ := backendsOf(st, "10.96.0.10", 80); len(b) != 1 {
+		t.Fatal("the slice created after the start is not in the first state")
+	}
+	time.Sleep(600 * time.Millisecond) // the agent is slow to apply
 	src.Programmed(st)
 	if n := histogramCount(t, m); n != 1 {
-		t.Fatalf("latency samples = %d after the state was programmed, want 1", n)
+		t.Fatalf("latency samples = %d after the state was programmed, want 1 (of the slice changed after the start)", n)
 	}
-	if !containsLine(testutil.Scrape(t, m.Handler()), `sluice_network_programming_duration_seconds_bucket{le="1.024"} 0`) {
-		t.Error("latency does not include the time until programming (>= 1.5s)")
+	if !containsLine(testutil.Scrape(t, m.Handler()), `sluice_network_programming_duration_seconds_bucket{le="0.512"} 0`) {
+		t.Error("latency does not include the time until programming (>= 600ms)")
 	}
 	src.Programmed(st) // a resync of the same state records nothing more
 	if n := histogramCount(t, m); n != 1 {
 		t.Fatalf("latency samples = %d after a re-apply, want 1", n)
+	}
+}
+
+// An agent's start measures no latency for the slices it finds: each
+// carries the time of its last change, made before the agent started, which
+// it did not wait for (kube-proxy's "Endpoints create before tracker
+// started"). Before, every restart recorded one sample per slice, as old
+// as its slice's last change.
+func TestProgrammingLatencyNoneForSlicesBeforeStart(t *testing.T) {
+	es := slice("web", "web-1", 8080, "10.0.0.1")
+	es.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: time.Now().Add(-time.Second).Format(time.RFC3339Nano)}
+	client := fake.NewClientset(service("web", "10.96.0.10", 80), es)
+	m := metrics.New()
+	rec := &recorder{}
+	var observed atomic.Int32 // states reported programmed, after their latency is taken
+	src := newSource(t, Config{Client: client, ObserveProgrammed: func(now time.Time, triggers []model.Trigger) {
+		m.ObserveProgrammed(now, triggers)
+		observed.Add(1)
+	}})
+	startAgent(t, src, rec, m)
+	waitFor(t, "the first state programmed", 5*time.Second, func() bool { return observed.Load() == 1 })
+	if b, _ := backendsOf(rec.last(), "10.96.0.10", 80); len(b) != 1 {
+		t.Fatalf("backends %v, want the slice's", b)
+	}
+	body := testutil.Scrape(t, m.Handler())
+	if n := histogramCount(t, m); n != 0 {
+		t.Errorf("latency samples = %d for a slice changed before the start, want 0:\n%s", n, body)
+	}
+	if containsLine(body, `kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"} 1`) {
+		t.Errorf("kube-proxy's latency has a sample for a slice changed before the start:\n%s", body)
 	}
 }
 

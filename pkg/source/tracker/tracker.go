@@ -31,7 +31,13 @@
 //     the maps show it, and otherwise every node picks the same one.
 //
 // It also keeps the endpoints.kubernetes.io/last-change-trigger-time of the
-// slice changes each sync brings, for the network programming latency.
+// slice changes each sync brings, for the network programming latency, as
+// kube-proxy's EndpointsChangeTracker does: only of a change the tracker
+// takes (not of an informer resync: the same resourceVersion), and only
+// if it is after the tracker was made. A slice last changed before the
+// agent started carries the time of that change, which the agent did not
+// wait for: taken, each restart would record one sample per slice, as old
+// as the slice's last change.
 package tracker
 
 import (
@@ -80,6 +86,10 @@ type Tracker struct {
 	// Sync.
 	cidrs                  []netip.Prefix
 	hasCIDRs, cidrsChanged bool
+	// started is when the tracker was made (its wall clock alone: a
+	// trigger time, parsed, has no monotonic reading): a trigger at or
+	// before it is dropped (kube-proxy's trackerStartTime).
+	started time.Time
 
 	// Owned by the goroutine that calls Sync.
 	opts translate.Options // opts.Node is the node translations were made for
@@ -240,11 +250,13 @@ func (s sliceRef) serviceName() (types.NamespacedName, bool) {
 }
 
 // New returns a Tracker that translates with opts; opts.Node is the node
-// until SetNode changes it.
+// until SetNode changes it. A slice's trigger time at or before New is
+// dropped (triggerOf): make the tracker before the source starts reading.
 func New(opts translate.Options) *Tracker {
 	return &Tracker{
 		inputs:   map[types.NamespacedName]*input{},
 		ownerOf:  map[types.NamespacedName]string{},
+		started:  time.Now().Round(0),
 		node:     opts.Node,
 		opts:     opts,
 		facts:    map[types.NamespacedName]translate.NodeFacts{},
@@ -466,6 +478,14 @@ func (t *Tracker) setSliceLocked(key types.NamespacedName, es sliceRef, trigger 
 		}
 		delete(t.ownerOf, key)
 		delete(t.ownerElsewhere, key)
+		if es.isNil() {
+			// A deletion drops the Service's trigger times not synced
+			// yet (its other slices' too), as kube-proxy's
+			// EndpointsChangeTracker does: a deleted slice's annotation
+			// is the time of its last update, not of the deletion,
+			// and kube-proxy measures neither.
+			in.triggers = nil
+		}
 		t.markDirty(oldOwner, in)
 		changed = true
 	}
@@ -485,7 +505,7 @@ func (t *Tracker) setSliceLocked(key types.NamespacedName, es sliceRef, trigger 
 		in.slices = slices.Insert(slices.Clip(in.slices), i, es) // a copy too
 		t.setOwner(key, owner)
 	}
-	if trig, ok := triggerOf(es.addressType(), trigger); ok {
+	if trig, ok := triggerOf(es.addressType(), trigger, t.started); ok {
 		in.triggers = append(in.triggers, trig)
 	}
 	t.markDirty(owner, in)
@@ -577,13 +597,16 @@ func (t *Tracker) SetServiceCIDRs(cidrs []netip.Prefix) bool {
 // triggerOf is the time an endpoints.kubernetes.io/last-change-trigger-time
 // v of a slice of addressType at says (when the change it carries, a pod
 // becoming ready say, happened), with the slice's family; false for none,
-// or for a slice of addressType FQDN (no proxier serves it).
-func triggerOf(at discoveryv1.AddressType, v string) (model.Trigger, bool) {
+// for a slice of addressType FQDN (no proxier serves it), or for a time at
+// or before started, the tracker's start: as kube-proxy's
+// EndpointsChangeTracker (t.After(trackerStartTime)), a change made before
+// the agent started is no latency of the agent's.
+func triggerOf(at discoveryv1.AddressType, v string, started time.Time) (model.Trigger, bool) {
 	if v == "" || at == discoveryv1.AddressTypeFQDN {
 		return model.Trigger{}, false
 	}
 	t, err := time.Parse(time.RFC3339Nano, v)
-	if err != nil {
+	if err != nil || !t.After(started) {
 		return model.Trigger{}, false
 	}
 	return model.Trigger{At: t, IPv6: at == discoveryv1.AddressTypeIPv6}, true

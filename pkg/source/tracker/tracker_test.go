@@ -619,6 +619,7 @@ func TestTrackerConflictRestartKeepsHolder(t *testing.T) {
 func TestTrackerTriggersCarryFamily(t *testing.T) {
 	tr := New(translate.Options{})
 	at := time.Date(2026, 11, 28, 9, 0, 0, 0, time.UTC)
+	tr.started = at.Add(-time.Hour) // the triggers are after its start
 	withTrigger := func(es *discoveryv1.EndpointSlice, v string) *discoveryv1.EndpointSlice {
 		es.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: v}
 		return es
@@ -654,6 +655,7 @@ func TestTrackerTriggersCarryFamily(t *testing.T) {
 func TestTrackerCompactSlicesTrackAsObjects(t *testing.T) {
 	full, compact := New(translate.Options{}), New(translate.Options{})
 	at := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	full.started, compact.started = at.Add(-time.Hour), at.Add(-time.Hour) // the trigger is after their start
 	trigger := at.Format(time.RFC3339Nano)
 	for _, name := range []string{"a", "b"} {
 		svc := service(name, map[string]string{"a": "10.96.0.1", "b": "10.96.0.2"}[name], 80)
@@ -736,5 +738,133 @@ func TestTrackerReserveGrowsNothing(t *testing.T) {
 	}
 	if r := tr.Sync(); r.State.Services.Len() != n {
 		t.Fatalf("%d frontends, want %d", r.State.Services.Len(), n)
+	}
+}
+
+// TestTrackerLastChangeTriggerTime is kube-proxy's TestLastChangeTriggerTime
+// (pkg/proxy/endpointschangetracker_test.go): the trigger times a Sync
+// takes, by scenario, for a tracker started at startTime. A slice whose
+// trigger is before the tracker's start (kube-proxy's "Endpoints create
+// before tracker started": an agent's restart) gives none; at it, none
+// either (kube-proxy's t.After(trackerStartTime)); a resync of a slice
+// (its resourceVersion again) adds none; a deletion drops the Service's
+// pending ones, as kube-proxy's.
+func TestTrackerLastChangeTriggerTime(t *testing.T) {
+	startTime := time.Date(2018, 1, 1, 0, 0, 0, 0, time.UTC)
+	t_1 := startTime.Add(-time.Second)
+	t0 := startTime.Add(time.Second)
+	t1 := t0.Add(time.Second)
+	t2 := t1.Add(time.Second)
+	t3 := t2.Add(time.Second)
+
+	rv := 0
+	createEndpoints := func(name string, trigger time.Time) *discoveryv1.EndpointSlice {
+		es := slice(name, name, 11, "1.1.1.1")
+		rv++
+		es.ResourceVersion = fmt.Sprint(rv)
+		es.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: trigger.Format(time.RFC3339Nano)}
+		return es
+	}
+	modifyEndpoints := func(es *discoveryv1.EndpointSlice, trigger time.Time) *discoveryv1.EndpointSlice {
+		e := es.DeepCopy()
+		*e.Ports[0].Port++
+		rv++
+		e.ResourceVersion = fmt.Sprint(rv)
+		e.Annotations[corev1.EndpointsLastChangeTriggerTime] = trigger.Format(time.RFC3339Nano)
+		return e
+	}
+	tests := []struct {
+		name     string
+		scenario func(tr *Tracker)
+		want     []time.Time
+	}{
+		{"Single addEndpoints", func(tr *Tracker) {
+			e := createEndpoints("ep1", t0)
+			tr.SetSlice(nameOf(e), e)
+		}, []time.Time{t0}},
+		{"addEndpoints then updatedEndpoints", func(tr *Tracker) {
+			e := createEndpoints("ep1", t0)
+			tr.SetSlice(nameOf(e), e)
+			tr.SetSlice(nameOf(e), modifyEndpoints(e, t1))
+		}, []time.Time{t0, t1}},
+		{"Add two endpoints then modify one", func(tr *Tracker) {
+			e1 := createEndpoints("ep1", t1)
+			tr.SetSlice(nameOf(e1), e1)
+			e2 := createEndpoints("ep2", t2)
+			tr.SetSlice(nameOf(e2), e2)
+			tr.SetSlice(nameOf(e1), modifyEndpoints(e1, t3))
+		}, []time.Time{t1, t3, t2}},
+		{"Endpoints without annotation set", func(tr *Tracker) {
+			e := createEndpoints("ep1", t1)
+			delete(e.Annotations, corev1.EndpointsLastChangeTriggerTime)
+			tr.SetSlice(nameOf(e), e)
+		}, nil},
+		{"Endpoints create before tracker started", func(tr *Tracker) {
+			e := createEndpoints("ep1", t_1)
+			tr.SetSlice(nameOf(e), e)
+		}, nil},
+		{"Endpoints changed at the tracker's start", func(tr *Tracker) {
+			e := createEndpoints("ep1", startTime)
+			tr.SetSlice(nameOf(e), e)
+		}, nil},
+		{"Endpoints created before, updated after the tracker started", func(tr *Tracker) {
+			e := createEndpoints("ep1", t_1)
+			tr.SetSlice(nameOf(e), e)
+			tr.SetSlice(nameOf(e), modifyEndpoints(e, t1))
+		}, []time.Time{t1}},
+		{"resync of the same resourceVersion", func(tr *Tracker) {
+			e := createEndpoints("ep1", t1)
+			tr.SetSlice(nameOf(e), e)
+			tr.SetSlice(nameOf(e), e.DeepCopy())
+		}, []time.Time{t1}},
+		{"addEndpoints then deleteEndpoints", func(tr *Tracker) {
+			e := createEndpoints("ep1", t1)
+			tr.SetSlice(nameOf(e), e)
+			tr.SetSlice(nameOf(e), nil)
+		}, nil},
+		{"add then delete then add again", func(tr *Tracker) {
+			e := createEndpoints("ep1", t1)
+			tr.SetSlice(nameOf(e), e)
+			tr.SetSlice(nameOf(e), nil)
+			tr.SetSlice(nameOf(e), modifyEndpoints(e, t2))
+		}, []time.Time{t2}},
+		{"delete", func(tr *Tracker) {
+			e := createEndpoints("ep1", t1)
+			tr.SetSlice(nameOf(e), nil)
+		}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := New(translate.Options{})
+			tr.started = startTime
+			tc.scenario(tr)
+			var got []time.Time
+			for _, trig := range tr.Sync().Triggers {
+				got = append(got, trig.At)
+			}
+			if !slices.EqualFunc(got, tc.want, time.Time.Equal) {
+				t.Errorf("triggers %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// A tracker's start is when New made it: a slice whose trigger time is
+// before then (last changed before the agent started) gives no trigger,
+// one after it does.
+func TestTrackerStartsAtNew(t *testing.T) {
+	before := time.Now().Add(-time.Second)
+	tr := New(translate.Options{})
+	after := time.Now().Add(time.Millisecond)
+	for _, s := range []struct {
+		name string
+		at   time.Time
+	}{{"old", before}, {"new", after}} {
+		es := slice(s.name, s.name, 8080, "10.0.0.1")
+		es.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: s.at.Format(time.RFC3339Nano)}
+		tr.SetSlice(nameOf(es), es)
+	}
+	if got := tr.Sync().Triggers; len(got) != 1 || !got[0].At.Equal(after.Round(0)) {
+		t.Errorf("triggers %v, want the one after New alone (%v)", got, after)
 	}
 }
