@@ -190,7 +190,7 @@ func (d *Datapath) AttachDevices(devs []string) error {
 		if err != nil {
 			return err
 		}
-		if slices.Contains(d.cfg.FollowedTunnels, dev) {
+		if f&nodeDevTunnel != 0 && slices.Contains(d.cfg.FollowedTunnels, dev) {
 			// Flagged in the record below, not later by the tunnel
 			// watch: an agent that stops, or whose watch fails,
 			// before the watch runs still has it kept at its restart.

@@ -148,7 +148,8 @@ type Config struct {
 	// address: AttachDevices flags their entries nodeDevFollowed itself,
 	// so that a restart keeps them (PinnedTunnelDevices), down or
 	// routeless, even if the agent stops before its tunnel watch runs.
-	// A name AttachDevices is not given is passed over.
+	// A name AttachDevices is not given, or not of a tunnel kind, is
+	// passed over.
 	FollowedTunnels []string
 
 	// ClusterCIDRs (--cluster-cidr) say which clients are internal

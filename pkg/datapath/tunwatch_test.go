@@ -304,6 +304,11 @@ func TestTunnelWatchResubscribes(t *testing.T) {
 	if e := next("ovs"); e.Err != nil || e.Device != "ovs" || e.Reason != "attached already" {
 		t.Fatalf("first event %+v, want ovs attached already", e)
 	}
+	// Not in Config.FollowedTunnels, so not flagged by the start: the
+	// watch flags what it finds attached already (its fallback).
+	if nd, ok := deviceEntry(d, ovs); !ok || nd.Flags&nodeDevFollowed == 0 {
+		t.Fatalf("ovs's entry after \"attached already\": %+v (found %v), want flagged followed", nd, ok)
+	}
 	// ov0 up without a route; ovs's removal, heard after it on the
 	// same subscription, says its message was handled. Then ov0's
 	// route, unheard.

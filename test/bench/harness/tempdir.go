@@ -34,6 +34,12 @@ func removeTempDir(dir string) error {
 	if len(errs) > 0 {
 		return fmt.Errorf("%w; %s left in place", errors.Join(errs...), dir)
 	}
+	// EINVAL is also a locked mount's answer, ENOENT a mount point
+	// hidden under another until that one went: whatever is still
+	// mounted under dir keeps it.
+	if left, err := mountsUnder(dir); err != nil || len(left) > 0 {
+		return fmt.Errorf("still mounted under it: %q (%v); %s left in place", left, err, dir)
+	}
 	return os.RemoveAll(dir)
 }
 
