@@ -2,6 +2,8 @@ package health
 
 import (
 	"log/slog"
+	"net"
+	"strconv"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -121,5 +123,16 @@ func TestNodePortServerWithoutNodePorts(t *testing.T) {
 			ep{"10.2.0.1", "node-b", true, false}, ep{"fd00:2::1", "node-b", true, false},
 		))
 		ask(ing.what+", with only terminating local endpoints", map[string]int{"127.0.0.1": 0, "[::1]": 0})
+	}
+
+	// Under externalTrafficPolicy Cluster no frontend carries the health
+	// check port (kube-proxy's NeedsHealthCheck): it closes.
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster
+	sync(slices(ep{"10.1.0.1", "node-a", true, false}, ep{"fd00:1::1", "node-a", true, false}))
+	for _, host := range []string{"127.0.0.1", "::1"} {
+		if c, err := net.Dial("tcp", net.JoinHostPort(host, strconv.Itoa(int(hc)))); err == nil {
+			_ = c.Close()
+			t.Errorf("health check port %d answers on %s under externalTrafficPolicy Cluster, want closed", hc, host)
+		}
 	}
 }
