@@ -473,18 +473,23 @@ func (t *Tracker) setSliceLocked(key types.NamespacedName, es sliceRef, trigger 
 		// Deleted, or relabelled to another Service: it leaves the
 		// one it was filed under.
 		in := t.input(oldOwner)
+		var gone discoveryv1.AddressType
 		if i, found := findSlice(in.slices, key.Name); found {
+			gone = in.slices[i].addressType()
 			in.slices = slices.Delete(slices.Clone(in.slices), i, i+1) // a copy, see input
 		}
 		delete(t.ownerOf, key)
 		delete(t.ownerElsewhere, key)
-		if es.isNil() {
-			// A deletion drops the Service's trigger times not synced
-			// yet (its other slices' too), as kube-proxy's
-			// EndpointsChangeTracker does: a deleted slice's annotation
-			// is the time of its last update, not of the deletion,
-			// and kube-proxy measures neither.
-			in.triggers = nil
+		if es.isNil() && gone != "" && gone != discoveryv1.AddressTypeFQDN {
+			// A deletion drops the Service's trigger times of the
+			// slice's family not synced yet (its other slices' too),
+			// as kube-proxy's EndpointsChangeTracker of that family
+			// does (one a family; an FQDN slice is neither's): a
+			// deleted slice's annotation is the time of its last
+			// update, not of the deletion, and kube-proxy measures
+			// neither.
+			v6 := gone == discoveryv1.AddressTypeIPv6
+			in.triggers = slices.DeleteFunc(slices.Clone(in.triggers), func(tr model.Trigger) bool { return tr.IPv6 == v6 })
 		}
 		t.markDirty(oldOwner, in)
 		changed = true

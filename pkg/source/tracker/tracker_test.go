@@ -773,6 +773,17 @@ func TestTrackerLastChangeTriggerTime(t *testing.T) {
 		e.Annotations[corev1.EndpointsLastChangeTriggerTime] = trigger.Format(time.RFC3339Nano)
 		return e
 	}
+	// inWeb is a slice of the Service web, of family at.
+	inWeb := func(name string, at discoveryv1.AddressType, trigger time.Time) *discoveryv1.EndpointSlice {
+		addr := map[discoveryv1.AddressType]string{discoveryv1.AddressTypeIPv4: "1.1.1.1",
+			discoveryv1.AddressTypeIPv6: "fd00::1", discoveryv1.AddressTypeFQDN: "db.example"}[at]
+		es := slice("web", name, 11, addr)
+		es.AddressType = at
+		rv++
+		es.ResourceVersion = fmt.Sprint(rv)
+		es.Annotations = map[string]string{corev1.EndpointsLastChangeTriggerTime: trigger.Format(time.RFC3339Nano)}
+		return es
+	}
 	tests := []struct {
 		name     string
 		scenario func(tr *Tracker)
@@ -832,6 +843,32 @@ func TestTrackerLastChangeTriggerTime(t *testing.T) {
 			e := createEndpoints("ep1", t1)
 			tr.SetSlice(nameOf(e), nil)
 		}, nil},
+		// Beyond kube-proxy's table: two slices of one Service, by
+		// family (kube-proxy runs an EndpointsChangeTracker a family,
+		// which ignores the other family's and FQDN slices).
+		{"deleting a slice drops its Service's other slices' pending times of its family", func(tr *Tracker) {
+			e1 := inWeb("web-1", discoveryv1.AddressTypeIPv4, t1)
+			tr.SetSlice(nameOf(e1), e1)
+			e2 := inWeb("web-2", discoveryv1.AddressTypeIPv4, t2)
+			tr.SetSlice(nameOf(e2), e2)
+			tr.SetSlice(nameOf(e2), nil)
+		}, nil},
+		{"deleting an IPv6 slice keeps the Service's IPv4 pending times", func(tr *Tracker) {
+			e4 := inWeb("web-4", discoveryv1.AddressTypeIPv4, t1)
+			tr.SetSlice(nameOf(e4), e4)
+			e6 := inWeb("web-6", discoveryv1.AddressTypeIPv6, t2)
+			tr.SetSlice(nameOf(e6), e6)
+			tr.SetSlice(nameOf(e6), nil)
+		}, []time.Time{t1}},
+		{"deleting an FQDN slice keeps every pending time", func(tr *Tracker) {
+			e4 := inWeb("web-4", discoveryv1.AddressTypeIPv4, t1)
+			tr.SetSlice(nameOf(e4), e4)
+			e6 := inWeb("web-6", discoveryv1.AddressTypeIPv6, t2)
+			tr.SetSlice(nameOf(e6), e6)
+			ef := inWeb("web-f", discoveryv1.AddressTypeFQDN, t3)
+			tr.SetSlice(nameOf(ef), ef)
+			tr.SetSlice(nameOf(ef), nil)
+		}, []time.Time{t1, t2}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
