@@ -227,6 +227,11 @@ func TestSyncErrorRetriedAndMetrics(t *testing.T) {
 	time.Sleep(600 * time.Millisecond)                              // and waits before the agent runs
 	startAgent(t, src, rec, m)
 	waitFor(t, "a sync after the failed one", 5*time.Second, func() bool { return rec.count() == 1 })
+	// The agent records the sync (SetProgrammed, ObserveSync, Programmed)
+	// after the datapath's apply returns: wait for its last record.
+	waitFor(t, "the programmed sync's latency observed", 5*time.Second, func() bool {
+		return !containsLine(testutil.Scrape(t, m.Handler()), "sluice_network_programming_duration_seconds_count 0")
+	})
 	if got := promtest.ToFloat64(m.SyncErrors); got != 1 {
 		t.Errorf("sync errors = %v, want 1", got)
 	}
