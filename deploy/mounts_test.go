@@ -105,3 +105,16 @@ func TestChartRefusesConfigOfItsOwnFlags(t *testing.T) {
 	// Others pass.
 	render(t, "apiServer.host=10.0.0.10", "config.xdp=generic")
 }
+
+// The chart needs Kubernetes 1.30 (securityContext.appArmorProfile, GA
+// in 1.30): helm refuses an older cluster.
+func TestChartNeedsKubernetes130(t *testing.T) {
+	h := helm(t)
+	for v, ok := range map[string]bool{"1.29.9": false, "1.30.0": true, "1.36.3": true} {
+		out, err := exec.CommandContext(t.Context(), h, "template", "sluice", chartDir,
+			"--set", "apiServer.host=10.0.0.10", "--kube-version", v).CombinedOutput()
+		if (err == nil) != ok {
+			t.Errorf("Kubernetes %s: err %v, want accepted %v\n%s", v, err, ok, out)
+		}
+	}
+}
