@@ -103,6 +103,7 @@ func run(args []string) int {
 	fs.BoolVar(&dpCfg.SocketLBHostNetnsOnly, "socket-lb-host-netns-only", false, "translate at the socket only for the host's network namespace (the agent's), as kube-proxy translates only there: pods' sockets reach the ClusterIP, for a service mesh sidecar (Istio) or a cluster nested in a pod (kind) to see it, and their packets are translated per packet where tc runs (their host-side devices in --devices, or their bridge); as Cilium's --bpf-lb-sock-hostns-only")
 	fs.BoolVar(&dpCfg.PreallocateMaps, "preallocate-bpf-maps", false, "create the service maps (sluice_services, sluice_service_ips and their IPv6 twins) preallocated, as Cilium's flag of the name: an insert takes the kernel about 0.7 of the time (at 30,000 Services x 10 endpoints, the first apply 0.05-0.06 s of CPU less, the maps' creation 0.03 s more), but the maps hold what their --max-services entries cost from the start, whatever the cluster has (24 MiB of kernel memory at the default sizes, both families, where the empty maps take 4 MiB without it; size the flag from the cluster with it on); switching rebuilds the pinned maps with their entries")
 	mapRatio := fs.Float64("map-dynamic-size-ratio", 0, "share of the node's memory (0-1] for the flow tables (conntrack, half-open flows, translated sockets, affinity), each scaled from its default as Cilium's --bpf-map-dynamic-size-ratio (0.0025 in Cilium's chart); a --max-* flag given overrides its table; 0: the fixed defaults")
+	fs.StringVar(&dpCfg.ProcSysNet, "proc-sys-net", datapath.DefaultProcSysNet, "the node's network sysctls (/proc/sys/net of the agent's network namespace): the SNAT ports are added to ipv4/ip_local_reserved_ports there and the ICMP rate limits read; a container's /proc/sys is read-only, so the DaemonSet mounts the node's writable at /host/proc/sys/net and passes that")
 	fs.DurationVar(&dpCfg.CTTimeoutTCP, "conntrack-tcp-timeout", datapath.DefaultCTTimeoutTCP, "idle timeout of an answered, open TCP flow in sluice_conntrack (kube-proxy's conntrack.tcpEstablishedTimeout)")
 	fs.DurationVar(&dpCfg.CTTimeoutSYN, "conntrack-tcp-syn-timeout", datapath.DefaultCTTimeoutSYN, "idle timeout of a TCP flow not answered yet (in sluice_conntrack's half-open share or in sluice_ct_new)")
 	fs.DurationVar(&dpCfg.CTTimeoutClose, "conntrack-tcp-close-timeout", datapath.DefaultCTTimeoutClose, "how long a TCP flow's entry stays after a RST, or a FIN each way")
@@ -446,7 +447,7 @@ func run(args []string) int {
 	// tc's ICMP errors follow the kernel's rate limits, this network
 	// namespace's (the node's) sysctls: as they are now, then as runAgent
 	// reads them again (FollowICMPRateLimits).
-	if rl, err := datapath.ReadICMPRateLimits("/proc/sys"); err != nil {
+	if rl, err := datapath.ReadICMPRateLimits(dpCfg.ProcSysNet); err != nil {
 		log.Warn("ICMP rate limit sysctls unreadable: tc's ICMP errors follow Linux's defaults", "err", err)
 	} else {
 		dpCfg.ICMPRateLimits = &rl
@@ -629,7 +630,7 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	// (icmprl.go: sysctls notify no change).
 	users.Go(func() { dp.FollowPorts(ctx, 5*time.Second, log.With("component", "ports")) })
 	users.Go(func() {
-		dp.FollowICMPRateLimits(ctx, "/proc/sys", 10*time.Second, log.With("component", "icmp-ratelimit"))
+		dp.FollowICMPRateLimits(ctx, dpCfg.ProcSysNet, 10*time.Second, log.With("component", "icmp-ratelimit"))
 	})
 	runErr := a.Run(ctx, src)
 	cancel(nil)

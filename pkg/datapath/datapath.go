@@ -180,6 +180,11 @@ type Config struct {
 	// into sluice_icmp_limits_v1; FollowICMPRateLimits keeps it up to
 	// date after.
 	ICMPRateLimits *ICMPRateLimits
+	// ProcSysNet (--proc-sys-net) is the node's /proc/sys/net, where
+	// ReserveSNATPorts writes (empty: DefaultProcSysNet, the calling
+	// thread's network namespace's); a container mounts the node's
+	// writable elsewhere.
+	ProcSysNet string
 	// ServiceMetrics (--service-metrics) makes the programs count per
 	// Service (svcstats.go). Off, they count nothing and
 	// sluice_svc_stats has one entry.

@@ -52,14 +52,14 @@ func DefaultICMPRateLimits() ICMPRateLimits {
 	}
 }
 
-// ReadICMPRateLimits reads the kernel's ICMP rate limits from procSys
-// (/proc/sys: the reader's network namespace's). A sysctl that does not
+// ReadICMPRateLimits reads the kernel's ICMP rate limits from procSysNet
+// (/proc/sys/net: the reader's network namespace's; --proc-sys-net). A sysctl that does not
 // exist (IPv6 disabled, an older kernel) keeps its default; one that does
 // not parse is an error.
-func ReadICMPRateLimits(procSys string) (ICMPRateLimits, error) {
+func ReadICMPRateLimits(procSysNet string) (ICMPRateLimits, error) {
 	l := DefaultICMPRateLimits()
 	read := func(name string) (string, bool, error) {
-		b, err := os.ReadFile(filepath.Join(procSys, filepath.FromSlash(name)))
+		b, err := os.ReadFile(filepath.Join(procSysNet, filepath.FromSlash(name)))
 		if errors.Is(err, fs.ErrNotExist) {
 			return "", false, nil
 		}
@@ -96,21 +96,21 @@ func ReadICMPRateLimits(procSys string) (ICMPRateLimits, error) {
 	ms := func(d *time.Duration) func(int64) { return func(n int64) { *d = time.Duration(n) * time.Millisecond } }
 	u32 := func(v *uint32) func(int64) { return func(n int64) { *v = uint32(n) } }
 	if err := errors.Join(
-		num("net/ipv4/icmp_ratelimit", false, ms(&l.PerDestination)),
-		num("net/ipv6/icmp/ratelimit", false, ms(&l.PerDestination6)),
-		num("net/ipv4/icmp_ratemask", true, u32(&l.Mask)),
-		num("net/ipv4/icmp_msgs_per_sec", false, u32(&l.MsgsPerSec)),
-		num("net/ipv4/icmp_msgs_burst", false, u32(&l.MsgsBurst)),
+		num("ipv4/icmp_ratelimit", false, ms(&l.PerDestination)),
+		num("ipv6/icmp/ratelimit", false, ms(&l.PerDestination6)),
+		num("ipv4/icmp_ratemask", true, u32(&l.Mask)),
+		num("ipv4/icmp_msgs_per_sec", false, u32(&l.MsgsPerSec)),
+		num("ipv4/icmp_msgs_burst", false, u32(&l.MsgsBurst)),
 	); err != nil {
 		return l, err
 	}
-	s, ok, err := read("net/ipv6/icmp/ratemask")
+	s, ok, err := read("ipv6/icmp/ratemask")
 	if err != nil {
 		return l, err
 	}
 	if ok {
 		if l.Mask6, err = parseICMP6Ratemask(s); err != nil {
-			return l, fmt.Errorf("net/ipv6/icmp/ratemask: %w", err)
+			return l, fmt.Errorf("ipv6/icmp/ratemask: %w", err)
 		}
 	}
 	return l, nil
@@ -173,12 +173,12 @@ func (d *Datapath) setICMPRateLimits(l ICMPRateLimits) (bool, error) {
 	return true, nil
 }
 
-// refreshICMPRateLimits reads the sysctls under procSys again and writes
+// refreshICMPRateLimits reads the sysctls under procSysNet again and writes
 // them into sluice_icmp_limits_v1 if they changed; it returns what it
 // read and whether it wrote. A sysctl that does not parse is an error,
 // and nothing is written.
-func (d *Datapath) refreshICMPRateLimits(procSys string) (ICMPRateLimits, bool, error) {
-	l, err := ReadICMPRateLimits(procSys)
+func (d *Datapath) refreshICMPRateLimits(procSysNet string) (ICMPRateLimits, bool, error) {
+	l, err := ReadICMPRateLimits(procSysNet)
 	if err != nil {
 		return l, false, err
 	}
@@ -186,12 +186,12 @@ func (d *Datapath) refreshICMPRateLimits(procSys string) (ICMPRateLimits, bool, 
 	return l, changed, err
 }
 
-// FollowICMPRateLimits reads the ICMP rate limit sysctls under procSys
-// (/proc/sys: the agent's network namespace's) every period until ctx
+// FollowICMPRateLimits reads the ICMP rate limit sysctls under procSysNet
+// (/proc/sys/net: the agent's network namespace's) every period until ctx
 // is done, and writes them into the programs' map when they changed
 // (logged). A read or write that fails is logged once, until one
 // succeeds again; the map keeps the values last written meanwhile.
-func (d *Datapath) FollowICMPRateLimits(ctx context.Context, procSys string, every time.Duration, log *slog.Logger) {
+func (d *Datapath) FollowICMPRateLimits(ctx context.Context, procSysNet string, every time.Duration, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	failing := false
@@ -201,7 +201,7 @@ func (d *Datapath) FollowICMPRateLimits(ctx context.Context, procSys string, eve
 			return
 		case <-t.C:
 		}
-		l, changed, err := d.refreshICMPRateLimits(procSys)
+		l, changed, err := d.refreshICMPRateLimits(procSysNet)
 		switch {
 		case err != nil && !failing:
 			log.Warn("ICMP rate limit sysctls: tc's ICMP errors keep the limits last read", "err", err)

@@ -235,11 +235,11 @@ func TestReadICMPRateLimits(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write("net/ipv4/icmp_ratelimit", "250")
-	write("net/ipv4/icmp_ratemask", "6168")
-	write("net/ipv4/icmp_msgs_per_sec", "0")
-	write("net/ipv4/icmp_msgs_burst", "7")
-	write("net/ipv6/icmp/ratemask", "1,3-4,128-255")
+	write("ipv4/icmp_ratelimit", "250")
+	write("ipv4/icmp_ratemask", "6168")
+	write("ipv4/icmp_msgs_per_sec", "0")
+	write("ipv4/icmp_msgs_burst", "7")
+	write("ipv6/icmp/ratemask", "1,3-4,128-255")
 	got, err := ReadICMPRateLimits(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -259,17 +259,17 @@ func TestReadICMPRateLimits(t *testing.T) {
 	}
 	// icmp_ratemask is a signed int: -1 is every type, not an error
 	// that would leave every sysctl at its default.
-	write("net/ipv4/icmp_ratemask", "-1")
+	write("ipv4/icmp_ratemask", "-1")
 	if got, err := ReadICMPRateLimits(dir); err != nil || got.Mask != 0xffffffff || got.MsgsBurst != 7 {
 		t.Errorf("icmp_ratemask -1: %+v, %v; want mask 0xffffffff, the others read", got, err)
 	}
-	write("net/ipv4/icmp_msgs_burst", "lots")
+	write("ipv4/icmp_msgs_burst", "lots")
 	if _, err := ReadICMPRateLimits(dir); err == nil {
 		t.Error("a burst of \"lots\" read")
 	}
 	// This machine's, which the agent reads.
-	if _, err := ReadICMPRateLimits("/proc/sys"); err != nil {
-		t.Errorf("/proc/sys: %v", err)
+	if _, err := ReadICMPRateLimits(DefaultProcSysNet); err != nil {
+		t.Errorf("%s: %v", DefaultProcSysNet, err)
 	}
 }
 

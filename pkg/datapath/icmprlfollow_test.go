@@ -15,16 +15,16 @@ import (
 )
 
 // writeICMPSysctls writes the ICMP rate limit sysctls of l under dir as
-// the kernel shows them in /proc/sys.
+// the kernel shows them in /proc/sys/net.
 func writeICMPSysctls(t *testing.T, dir string, l ICMPRateLimits, mask6 string) {
 	t.Helper()
 	for name, v := range map[string]string{
-		"net/ipv4/icmp_ratelimit":    itoa(l.PerDestination.Milliseconds()),
-		"net/ipv6/icmp/ratelimit":    itoa(l.PerDestination6.Milliseconds()),
-		"net/ipv4/icmp_ratemask":     itoa(int64(int32(l.Mask))),
-		"net/ipv4/icmp_msgs_per_sec": itoa(int64(l.MsgsPerSec)),
-		"net/ipv4/icmp_msgs_burst":   itoa(int64(l.MsgsBurst)),
-		"net/ipv6/icmp/ratemask":     mask6,
+		"ipv4/icmp_ratelimit":    itoa(l.PerDestination.Milliseconds()),
+		"ipv6/icmp/ratelimit":    itoa(l.PerDestination6.Milliseconds()),
+		"ipv4/icmp_ratemask":     itoa(int64(int32(l.Mask))),
+		"ipv4/icmp_msgs_per_sec": itoa(int64(l.MsgsPerSec)),
+		"ipv4/icmp_msgs_burst":   itoa(int64(l.MsgsBurst)),
+		"ipv6/icmp/ratemask":     mask6,
 	} {
 		p := filepath.Join(dir, filepath.FromSlash(name))
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -39,7 +39,7 @@ func writeICMPSysctls(t *testing.T, dir string, l ICMPRateLimits, mask6 string) 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // TestICMPRateLimitFollowsSysctls: the agent re-reads the ICMP rate
-// limit sysctls (here from a directory standing for /proc/sys) and the
+// limit sysctls (here from a directory standing for /proc/sys/net) and the
 // loaded programs follow what it reads at their next error, without a
 // reload, as the kernel follows `sysctl -w` at once; the map is written
 // only when the values changed. A: 10 s an error, a source gets 6 of 7

@@ -15,20 +15,30 @@ package datapath
 // Sluice's, which it cannot tell apart). A range (--snat-port-range)
 // that would leave the node fewer than minEphemeralLeft ephemeral ports
 // is not reserved, and said so. Both sysctls are per network
-// namespace: the agent's (the host's) is the one that matters.
+// namespace: the agent's (the host's) is the one that matters. They are
+// read under a directory standing for /proc/sys/net (--proc-sys-net,
+// Config.ProcSysNet): a container's /proc/sys is read-only, so the
+// DaemonSet mounts the node's /proc/sys/net writable at
+// /host/proc/sys/net, as Cilium does.
 
 import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 )
 
+// DefaultProcSysNet is where the network sysctls of the calling thread's
+// network namespace are (--proc-sys-net's default).
+const DefaultProcSysNet = "/proc/sys/net"
+
+// The sysctls, under a /proc/sys/net directory.
 const (
-	sysctlReservedPorts = "/proc/sys/net/ipv4/ip_local_reserved_ports"
-	sysctlPortRange     = "/proc/sys/net/ipv4/ip_local_port_range"
+	reservedPortsName = "ipv4/ip_local_reserved_ports"
+	portRangeName     = "ipv4/ip_local_port_range"
 )
 
 // PortReservation is what ReserveSNATPorts found and did.
@@ -54,27 +64,41 @@ type PortReservation struct {
 var ErrReservationRefused = errors.New("not written")
 
 // ReserveSNATPorts reserves the SNAT ports (Config.SNATPortMin-Max) from
-// the ephemeral ports of the calling thread's network namespace
-// (ip_local_reserved_ports). If that cannot be written (a read-only
-// /proc/sys in a container), it says which SNAT ports the node may still
-// hand out (ip_local_port_range), with the error.
+// the ephemeral ports (ip_local_reserved_ports) under Config.ProcSysNet,
+// the node's network namespace's /proc/sys/net (empty: DefaultProcSysNet,
+// the calling thread's). If that cannot be written (a read-only /proc/sys
+// in a container), it says which SNAT ports the node may still hand out
+// (ip_local_port_range), with the error.
 func (d *Datapath) ReserveSNATPorts() (PortReservation, error) {
-	return ReserveSNATPortRange(d.cfg.SNATPortMin, d.cfg.SNATPortMax)
+	dir := d.cfg.ProcSysNet
+	if dir == "" {
+		dir = DefaultProcSysNet
+	}
+	return ReserveSNATPortRangeIn(dir, d.cfg.SNATPortMin, d.cfg.SNATPortMax)
 }
 
-// ReserveSNATPortRange is ReserveSNATPorts for the SNAT range lo-hi.
+// ReserveSNATPortRange is ReserveSNATPorts for the SNAT range lo-hi,
+// under DefaultProcSysNet.
 func ReserveSNATPortRange(lo, hi uint16) (PortReservation, error) {
+	return ReserveSNATPortRangeIn(DefaultProcSysNet, lo, hi)
+}
+
+// ReserveSNATPortRangeIn is ReserveSNATPorts for the SNAT range lo-hi,
+// under procSysNet (a /proc/sys/net).
+func ReserveSNATPortRangeIn(procSysNet string, lo, hi uint16) (PortReservation, error) {
+	reservedPath := filepath.Join(procSysNet, reservedPortsName)
+	rangePath := filepath.Join(procSysNet, portRangeName)
 	var res PortReservation
 	if lo == 0 || hi < lo {
 		return res, fmt.Errorf("SNAT port range %d-%d is empty", lo, hi)
 	}
-	cur, err := os.ReadFile(sysctlReservedPorts)
+	cur, err := os.ReadFile(reservedPath)
 	if err != nil {
-		return res, fmt.Errorf("read %s: %w", sysctlReservedPorts, err)
+		return res, fmt.Errorf("read %s: %w", reservedPath, err)
 	}
 	reserved, err := parsePortList(string(cur))
 	if err != nil {
-		return res, fmt.Errorf("%s: %w", sysctlReservedPorts, err)
+		return res, fmt.Errorf("%s: %w", reservedPath, err)
 	}
 	if covers(reserved, lo, hi) {
 		return res, nil
@@ -83,14 +107,14 @@ func ReserveSNATPortRange(lo, hi uint16) (PortReservation, error) {
 	// not reserved: every connect() without a bound port would fail
 	// (EADDRNOTAVAIL), the kubelet's among them. Its ports in the
 	// ephemeral range are then exposed, as when the write fails.
-	if elo, ehi, err := ephemeralRange(); err == nil {
+	if elo, ehi, err := ephemeralRange(rangePath); err == nil {
 		with := append(slices.Clone(reserved), portRange{int(lo), int(hi)})
 		left := unreserved(with, elo, ehi)
 		if left < minEphemeralLeft && left < unreserved(reserved, elo, ehi) {
 			res.Exposed = exposed(reserved, max(int(lo), elo), min(int(hi), ehi))
 			res.Ephemeral, res.EphemeralLeft = fmt.Sprintf("%d-%d", elo, ehi), left
 			return res, fmt.Errorf("reserve the SNAT ports %d-%d in %s: %w, it would leave the node %d ephemeral ports of %d-%d (%s), fewer than %d: narrow the SNAT range",
-				lo, hi, sysctlReservedPorts, ErrReservationRefused, left, elo, ehi, sysctlPortRange, minEphemeralLeft)
+				lo, hi, reservedPath, ErrReservationRefused, left, elo, ehi, rangePath, minEphemeralLeft)
 		}
 	}
 	want := strings.TrimSpace(string(cur))
@@ -98,13 +122,13 @@ func ReserveSNATPortRange(lo, hi uint16) (PortReservation, error) {
 		want += ","
 	}
 	want += fmt.Sprintf("%d-%d", lo, hi)
-	werr := os.WriteFile(sysctlReservedPorts, []byte(want), 0)
+	werr := os.WriteFile(reservedPath, []byte(want), 0)
 	if werr == nil {
 		res.Added = true
 		return res, nil
 	}
-	werr = fmt.Errorf("reserve the SNAT ports %d-%d in %s: %w", lo, hi, sysctlReservedPorts, werr)
-	elo, ehi, err := ephemeralRange()
+	werr = fmt.Errorf("reserve the SNAT ports %d-%d in %s: %w", lo, hi, reservedPath, werr)
+	elo, ehi, err := ephemeralRange(rangePath)
 	if err != nil {
 		return res, errors.Join(werr, err)
 	}
@@ -116,14 +140,14 @@ func ReserveSNATPortRange(lo, hi uint16) (PortReservation, error) {
 // leave the node at least (ReserveSNATPortRange).
 const minEphemeralLeft = 1024
 
-// ephemeralRange reads ip_local_port_range.
-func ephemeralRange() (lo, hi int, err error) {
-	b, err := os.ReadFile(sysctlPortRange)
+// ephemeralRange reads ip_local_port_range, at rangePath.
+func ephemeralRange(rangePath string) (lo, hi int, err error) {
+	b, err := os.ReadFile(rangePath)
 	if err != nil {
-		return 0, 0, fmt.Errorf("read %s: %w", sysctlPortRange, err)
+		return 0, 0, fmt.Errorf("read %s: %w", rangePath, err)
 	}
 	if _, err := fmt.Sscan(string(b), &lo, &hi); err != nil {
-		return 0, 0, fmt.Errorf("%s %q: %w", sysctlPortRange, b, err)
+		return 0, 0, fmt.Errorf("%s %q: %w", rangePath, b, err)
 	}
 	return lo, hi, nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +15,58 @@ import (
 	"github.com/sluice-lb/sluice/internal/testutil"
 	"github.com/sluice-lb/sluice/internal/testutil/topology"
 )
+
+// The sysctls under DefaultProcSysNet.
+var (
+	sysctlReservedPorts = filepath.Join(DefaultProcSysNet, reservedPortsName)
+	sysctlPortRange     = filepath.Join(DefaultProcSysNet, portRangeName)
+)
+
+// TestReserveSNATPortsProcSysNet: the reservation is read and written
+// under the directory given (--proc-sys-net; the DaemonSet's
+// /host/proc/sys/net, the node's mounted writable), not /proc/sys/net;
+// a refusal and a failed write name the files there. In a namespace of
+// its own, whose /proc/sys/net must stay as it was.
+func TestReserveSNATPortsProcSysNet(t *testing.T) {
+	testutil.Privileged(t)
+	topology.NewNS(t, "psnet").Enter(t)
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "ipv4"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, v string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(v+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(reservedPortsName, "8080")
+	write(portRangeName, "32768\t60999")
+	host, hostErr := os.ReadFile(sysctlReservedPorts)
+	res, err := ReserveSNATPortRangeIn(dir, 61000, 65535)
+	if err != nil || !res.Added {
+		t.Fatalf("ReserveSNATPortRangeIn = %+v, %v", res, err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, reservedPortsName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(b)); got != "8080,61000-65535" {
+		t.Errorf("%s = %q, want 8080,61000-65535", reservedPortsName, got)
+	}
+	if hostErr != nil {
+		t.Fatal(hostErr)
+	}
+	if now, err := os.ReadFile(sysctlReservedPorts); err != nil || string(now) != string(host) {
+		t.Errorf("%s changed: %q, was %q (%v)", sysctlReservedPorts, now, host, err)
+	}
+	// A range that would leave too few ephemeral ports: refused, naming
+	// the file under the directory.
+	_, err = ReserveSNATPortRangeIn(dir, 32768, 60000)
+	if !errors.Is(err, ErrReservationRefused) || !strings.Contains(err.Error(), filepath.Join(dir, reservedPortsName)) {
+		t.Errorf("refused reservation: %v, want ErrReservationRefused naming %s", err, filepath.Join(dir, reservedPortsName))
+	}
+}
 
 // TestReserveSNATPorts (B9): the SNAT range is added to
 // ip_local_reserved_ports of the namespace, after what is there (never

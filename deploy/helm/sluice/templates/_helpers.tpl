@@ -33,11 +33,25 @@ change rolls the pods.
 {{/*
 The agent flags the ConfigMap carries and the command line passes, as JSON
 (name -> value): .Values.config, and cluster-cidr from .Values.clusterCIDR
-if set (over a config.cluster-cidr).
+if set (over a config.cluster-cidr). A flag the DaemonSet sets itself is
+refused in config: given twice, the last would win, and the probes, mounts
+or node identity would no longer match it.
 */}}
 {{- define "sluice.flags" -}}
 {{- $flags := dict -}}
+{{- $owned := dict
+    "in-cluster" "the agent runs in the cluster"
+    "node-name" "the pod's spec.nodeName"
+    "node-ip" "the pod's status.hostIPs"
+    "bpffs" "set hostPaths.bpffs"
+    "cgroup" "set hostPaths.cgroup"
+    "proc-sys-net" "the node's /proc/sys/net, mounted"
+    "health-addr" "set ports.health"
+    "metrics-addr" "set metricsBindAddress and ports.metrics" -}}
 {{- range $flag, $value := .Values.config -}}
+{{- if hasKey $owned $flag -}}
+{{- fail (printf "config.%s: set by the chart (%s); remove it from config" $flag (get $owned $flag)) -}}
+{{- end -}}
 {{- $_ := set $flags $flag (toString $value) -}}
 {{- end -}}
 {{- with .Values.clusterCIDR -}}
