@@ -400,3 +400,18 @@ func TestPodLabels(t *testing.T) {
 		t.Errorf("pod template labels by default %v, want %v", got, want)
 	}
 }
+
+// TestChartSELinuxType: the agent runs as spc_t (values seLinuxOptions),
+// which an enforcing node needs for it to write the host's bpffs, cgroup
+// and /proc/sys/net, and {} leaves the runtime's default label.
+func TestChartSELinuxType(t *testing.T) {
+	_, ds := render(t, "apiServer.host=10.0.0.10")
+	sc := ds.Spec.Template.Spec.Containers[0].SecurityContext
+	if sc == nil || sc.SELinuxOptions == nil || sc.SELinuxOptions.Type != "spc_t" || sc.SELinuxOptions.Level != "s0" {
+		t.Errorf("default securityContext %+v, want seLinuxOptions type spc_t, level s0", sc)
+	}
+	_, ds = render(t, "apiServer.host=10.0.0.10", "seLinuxOptions=null")
+	if sc := ds.Spec.Template.Spec.Containers[0].SecurityContext; sc == nil || sc.SELinuxOptions != nil {
+		t.Errorf("seLinuxOptions unset: securityContext %+v, want no seLinuxOptions", sc)
+	}
+}
