@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-lb/sluice/pkg/datapath"
 )
 
 // everyMappedField sets every field --config maps to a flag.
@@ -240,5 +242,26 @@ func TestHostnameOverrideOverridesConfig(t *testing.T) {
 	}
 	if *nodeName != "" || len(kp.applied) != 0 || len(kp.overridden) != 1 || kp.overridden[0].Field != "hostnameOverride" {
 		t.Errorf("--node-name %q, applied %v, overridden %v; want the file's hostnameOverride overridden, --node-name untouched", *nodeName, kp.applied, kp.overridden)
+	}
+}
+
+// TestProcSysNetChecked: a --proc-sys-net that is not a /proc/sys/net (a
+// typo, a manifest without the DaemonSet's mount of the node's) is
+// refused at start, naming the flag, where the ICMP rate limits would
+// fall back to Linux's defaults without a word and the SNAT ports go
+// unreserved; the default passes the check.
+func TestProcSysNetChecked(t *testing.T) {
+	for _, dir := range []string{"", filepath.Join(t.TempDir(), "host", "proc", "sys", "net")} {
+		stderr := captureStderr(t, func() {
+			if code := run([]string{"--proc-sys-net", dir, "--manifests", "x.yaml"}); code != 2 {
+				t.Errorf("--proc-sys-net %q: exit %d, want 2", dir, code)
+			}
+		})
+		if !strings.Contains(stderr, "--proc-sys-net") || !strings.Contains(stderr, "/proc/sys/net") {
+			t.Errorf("--proc-sys-net %q: stderr:\n%s", dir, stderr)
+		}
+	}
+	if err := checkProcSysNet(datapath.DefaultProcSysNet); err != nil {
+		t.Errorf("the default: %v", err)
 	}
 }

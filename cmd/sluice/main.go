@@ -21,6 +21,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -137,6 +138,10 @@ func run(args []string) int {
 		}
 	}
 	if err := applyHostnameOverride(nodeName, *hostname, nodeNameGiven); err != nil {
+		fmt.Fprintf(os.Stderr, "sluice: %v\n", err)
+		return 2
+	}
+	if err := checkProcSysNet(dpCfg.ProcSysNet); err != nil {
 		fmt.Fprintf(os.Stderr, "sluice: %v\n", err)
 		return 2
 	}
@@ -687,6 +692,21 @@ func prepareDatapath(dp *datapath.Datapath, cfg agent.Config, m *metrics.Metrics
 	}
 	res, err := dp.ReserveSNATPorts()
 	logSNATReservation(res, err, log)
+}
+
+// checkProcSysNet refuses a --proc-sys-net that is not a /proc/sys/net:
+// empty, or without ipv4/ip_local_port_range (a typo, or a manifest
+// without the DaemonSet's mount of the node's), where the ICMP rate
+// limits would fall back to Linux's defaults without a word and the SNAT
+// ports go unreserved.
+func checkProcSysNet(dir string) error {
+	if dir == "" {
+		return errors.New("--proc-sys-net: empty, want the node's /proc/sys/net")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ipv4", "ip_local_port_range")); err != nil {
+		return fmt.Errorf("--proc-sys-net %s: not the node's /proc/sys/net: %w", dir, err)
+	}
+	return nil
 }
 
 // logSNATReservation logs what the SNAT port reservation found and did
