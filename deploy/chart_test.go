@@ -403,7 +403,7 @@ func TestPodLabels(t *testing.T) {
 
 // TestChartSELinuxType: the agent runs as spc_t (values seLinuxOptions),
 // which an enforcing node needs for it to write the host's bpffs, cgroup
-// and /proc/sys/net, and {} leaves the runtime's default label.
+// and /proc/sys/net, and null leaves the runtime's default label.
 func TestChartSELinuxType(t *testing.T) {
 	_, ds := render(t, "apiServer.host=10.0.0.10")
 	sc := ds.Spec.Template.Spec.Containers[0].SecurityContext

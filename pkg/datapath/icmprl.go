@@ -4,9 +4,10 @@ package datapath
 // kernel's (a port unreachable for a ClusterIP's unserved port or a
 // Service without endpoints; a time exceeded where tc forwards): the
 // kernel's own (bpf/lib/icmp.h, icmp_rl_allow), with the values of its
-// sysctls, in sluice_icmp_limits_v1. The agent reads them from its
-// network namespace when it starts (ReadICMPRateLimits, Config.
-// ICMPRateLimits), and Open writes them before a program is attached;
+// sysctls, in sluice_icmp_limits_v1. The agent reads them from the
+// node's /proc/sys/net (--proc-sys-net) when it starts
+// (ReadICMPRateLimits, Config.ICMPRateLimits), and Open writes them
+// before a program is attached;
 // then it reads them again every 10 s (FollowICMPRateLimits: sysctls
 // send no notification of a change) and writes the map when they
 // changed: a change takes effect within that time, without a reload.
@@ -53,7 +54,7 @@ func DefaultICMPRateLimits() ICMPRateLimits {
 }
 
 // ReadICMPRateLimits reads the kernel's ICMP rate limits from procSysNet
-// (/proc/sys/net: the reader's network namespace's; --proc-sys-net). A sysctl that does not
+// (--proc-sys-net: the node's /proc/sys/net). A sysctl that does not
 // exist (IPv6 disabled, an older kernel) keeps its default; one that does
 // not parse is an error.
 func ReadICMPRateLimits(procSysNet string) (ICMPRateLimits, error) {
