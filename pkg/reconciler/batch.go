@@ -482,7 +482,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 
 	for _, d := range ds {
 		if !failed[d.fe] {
-			r.markViewSynced(d.view, d)
+			r.markViewSynced(d.fe, d.view, d)
 		}
 	}
 	return errs

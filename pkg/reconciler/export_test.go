@@ -5,6 +5,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/sluice-lb/sluice/pkg/model"
 )
 
 // IncrementalApplies counts the Applies of r that looked at the changed
@@ -173,4 +175,29 @@ func BackendCandidates(r *Reconciler) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.backendCand)
+}
+
+// UDPNamedMismatch says how r's index of UDP frontends by Service port
+// (udpNamed) differs from what its views were programmed for; "" if it
+// does not.
+func UDPNamedMismatch(r *Reconciler) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	want := map[model.ServicePortName][]Frontend{}
+	for fe, v := range r.frontends.all() {
+		if fe.Proto == model.UDP && v.svc != nil {
+			want[v.svc.Name] = append(want[v.svc.Name], fe)
+		}
+	}
+	got := map[model.ServicePortName][]Frontend{}
+	for name, fes := range r.udpNamed {
+		got[name] = slices.SortedFunc(slices.Values(fes), Frontend.Compare)
+	}
+	for name := range want {
+		slices.SortFunc(want[name], Frontend.Compare)
+	}
+	if !maps.EqualFunc(got, want, slices.Equal) {
+		return fmt.Sprintf("udpNamed %v, views %v", got, want)
+	}
+	return ""
 }

@@ -145,14 +145,14 @@ func (r *Reconciler) slotBackend(v *frontendView, s uint32) (model.L4Addr, bool)
 
 func (r *Reconciler) markSynced(fe Frontend, d *desiredFrontend) {
 	if v := r.frontends.val(fe); v != nil {
-		r.markViewSynced(v, d)
+		r.markViewSynced(fe, v, d)
 	}
 }
 
-// markViewSynced records that v holds d.
-func (r *Reconciler) markViewSynced(v *frontendView, d *desiredFrontend) {
+// markViewSynced records that v, fe's view, holds d.
+func (r *Reconciler) markViewSynced(fe Frontend, v *frontendView, d *desiredFrontend) {
 	v.synced = true
-	r.setService(v, d.svc)
+	r.setService(fe, v, d.svc)
 	v.setSyncedRanges(d.ranges)
 }
 
@@ -418,11 +418,14 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 // removeFrontend deletes a frontend nobody wants: master first (a
 // ClusterIP's last master after its address left the service IPs), then
 // its slots and source ranges. Its rev_nat entry goes at the end of Apply.
-// still is the Service its address now has, if any (a frontend that
-// loses its internal scope, externalTrafficPolicy Local to Cluster): the
-// UDP backends it still serves keep their flows.
-func (r *Reconciler) removeFrontend(fe Frontend, still *model.Service) error {
+// The UDP backends still served keep their flows: by the Service its
+// address now has in services, if any (a frontend that loses its
+// internal scope, externalTrafficPolicy Local to Cluster), or by another
+// frontend of its Service port (servedByName: a node address or a
+// LoadBalancer IP that goes).
+func (r *Reconciler) removeFrontend(fe Frontend, services model.Services) error {
 	v := r.frontends.val(fe)
+	still := services.Get(fe.L4Addr)
 	var named []model.L4Addr
 	if v.hasMaster {
 		for s := uint32(1); s <= v.master.Count; s++ {
@@ -453,7 +456,7 @@ func (r *Reconciler) removeFrontend(fe Frontend, still *model.Service) error {
 			r.pendingAffinity[AffinityFix{Frontend: fe}] = true
 		}
 		for _, a := range named {
-			if a.Proto == model.UDP && !servesAddr(still, a) {
+			if a.Proto == model.UDP && !servesAddr(still, a) && (v.svc == nil || !r.servedByName(v.svc.Name, a, services)) {
 				r.pendingFlush[a] = true
 			}
 		}
@@ -468,7 +471,7 @@ func (r *Reconciler) removeFrontend(fe Frontend, still *model.Service) error {
 	if err := r.pruneRanges(fe.L4Addr, v, nil); err != nil {
 		return err
 	}
-	r.setService(v, nil)
+	r.setService(fe, v, nil)
 	r.frontends.del(fe)
 	return nil
 }

@@ -311,6 +311,9 @@ func randomized(t *testing.T, rng chooser, rounds int, opts randomOpts) exercise
 			t.Fatalf("round %d: %v", round, err)
 		}
 		checkKeptStandby(t, f, st, had)
+		if m := reconciler.UDPNamedMismatch(r); m != "" {
+			t.Fatalf("round %d: %s", round, m)
+		}
 		lost := lostEntries(t, f, had)
 		for _, x := range f.AffinityFixes() {
 			if x.Slot != 0 {

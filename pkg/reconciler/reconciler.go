@@ -194,6 +194,11 @@ type Reconciler struct {
 	// standbyRefs counts, per backend address, the frontends whose
 	// Service holds it in standby: its entry stays (standby.go).
 	standbyRefs map[model.L4Addr]int32
+	// udpNamed holds, per Service port, its UDP frontends whose view
+	// was programmed for it (the views' svc): a frontend that goes
+	// flushes only the backends no other frontend of its Service port
+	// still serves (standby.go's servedByName).
+	udpNamed map[model.ServicePortName][]Frontend
 	// Session affinity entries to delete: of backends that left a
 	// frontend with affinity, or of whole frontends (kept across Applies
 	// until the fix succeeds).
@@ -263,6 +268,7 @@ func (r *Reconciler) reset() {
 	r.beIDs = newIDAllocator(BackendIDQuarantine)
 	r.pendingFlush = map[model.L4Addr]bool{}
 	r.standbyRefs = map[model.L4Addr]int32{}
+	r.udpNamed = map[model.ServicePortName][]Frontend{}
 	r.pendingAffinity = map[AffinityFix]bool{}
 	r.inSync = false
 	r.appliedGen = 0
@@ -477,7 +483,7 @@ func (r *Reconciler) Apply(st *model.State) error {
 			// alive, and so that its standby backends are counted (another
 			// Service port at the same address and slots may hold others;
 			// a restored view has none).
-			r.setService(v, svc)
+			r.setService(fe, v, svc)
 			return
 		}
 		var in *desiredFrontend // nil: a new one
@@ -690,7 +696,7 @@ func (r *Reconciler) remove(fe Frontend, services model.Services, errs []error) 
 		}
 	}
 	name := r.frontends.val(fe).name()
-	if err := r.removeFrontend(fe, services.Get(fe.L4Addr)); err != nil {
+	if err := r.removeFrontend(fe, services); err != nil {
 		return append(errs, frontendError(name, fe, true, err))
 	}
 	return errs

@@ -535,7 +535,7 @@ func (r *Reconciler) settle(t *touched) {
 		}
 		v.synced = false
 		if !v.hasMaster && v.slots.n == 0 && len(v.ranges()) == 0 {
-			r.setService(v, nil)
+			r.setService(fe, v, nil)
 			r.frontends.del(fe) // as a dump would not have made it
 		}
 	}

@@ -42,16 +42,20 @@ func hasBackend(bs []model.Backend, a model.L4Addr) bool {
 	return ok
 }
 
-// setService points v at svc (nil: v goes), keeping standbyRefs in step.
-// A backend svc no longer holds in standby nor serves is flushed: it
-// stopped serving while it had no slot here (or lost one at the same
-// time, and programFrontend flushed it too); and, if nothing else keeps
-// it, its backend entry becomes a candidate for deletion.
-func (r *Reconciler) setService(v *frontendView, svc *model.Service) {
+// setService points v, frontend fe's view, at svc (nil: v goes), keeping
+// standbyRefs and udpNamed in step. A backend svc no longer holds in
+// standby nor serves is flushed: it stopped serving while it had no slot
+// here (or lost one at the same time, and programFrontend flushed it
+// too); and, if nothing else keeps it, its backend entry becomes a
+// candidate for deletion.
+func (r *Reconciler) setService(fe Frontend, v *frontendView, svc *model.Service) {
 	old := v.svc
 	v.svc = svc
 	if old == svc {
 		return
+	}
+	if fe.Proto == model.UDP && (old == nil || svc == nil || old.Name != svc.Name) {
+		r.renameUDP(fe, old, svc)
 	}
 	var was, is []model.L4Addr
 	if old != nil {
@@ -80,6 +84,47 @@ func (r *Reconciler) setService(v *frontendView, svc *model.Service) {
 			r.pendingFlush[a] = true
 		}
 	}
+}
+
+// renameUDP moves UDP frontend fe in udpNamed from the name of old to
+// that of svc (nil: none).
+func (r *Reconciler) renameUDP(fe Frontend, old, svc *model.Service) {
+	if old != nil {
+		fes := r.udpNamed[old.Name]
+		if i := slices.Index(fes, fe); i >= 0 {
+			fes = slices.Delete(fes, i, i+1)
+		}
+		if len(fes) == 0 {
+			delete(r.udpNamed, old.Name)
+		} else {
+			r.udpNamed[old.Name] = fes
+		}
+	}
+	if svc != nil {
+		r.udpNamed[svc.Name] = append(r.udpNamed[svc.Name], fe)
+	}
+}
+
+// servedByName says whether a desired frontend of the Service port name
+// serves UDP backend a (servesAddr) in services: one whose view was
+// programmed for that name (udpNamed) and whose desired Service still
+// has it. A frontend of the name new to the view is not looked at: its
+// backend then is flushed, as before.
+//
+// kube-proxy keys its cleanup by Service port and endpoint: a frontend
+// of the port that goes (a node address leaving, whose NodePort
+// frontend goes while the others stay; a LoadBalancer IP removed)
+// deletes no flow while the port still serves the endpoint. A flush here
+// is by backend address, across every frontend, so a backend the port
+// still serves through another frontend is not flushed when one goes:
+// the ClusterIP's connected sockets to it keep going.
+func (r *Reconciler) servedByName(name model.ServicePortName, a model.L4Addr, services model.Services) bool {
+	for _, fe := range r.udpNamed[name] {
+		if svc := services.Get(fe.L4Addr); svc != nil && svc.Name == name && servesAddr(svc, a) {
+			return true
+		}
+	}
+	return false
 }
 
 // standby says whether some frontend's Service holds backend a in
