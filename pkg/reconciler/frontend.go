@@ -420,9 +420,10 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 // its slots and source ranges. Its rev_nat entry goes at the end of Apply.
 // The UDP backends still served keep their flows: by the Service its
 // address now has in services, if any (a frontend that loses its
-// internal scope, externalTrafficPolicy Local to Cluster), or by another
-// frontend of its Service port (servedByName: a node address or a
-// LoadBalancer IP that goes).
+// internal scope, externalTrafficPolicy Local to Cluster), or, for a
+// NodePort frontend at a node address that goes, by the Service port's
+// NodePort frontends of the same number at other addresses
+// (servedByName).
 func (r *Reconciler) removeFrontend(fe Frontend, services model.Services) error {
 	v := r.frontends.val(fe)
 	still := services.Get(fe.L4Addr)
@@ -456,7 +457,7 @@ func (r *Reconciler) removeFrontend(fe Frontend, services model.Services) error 
 			r.pendingAffinity[AffinityFix{Frontend: fe}] = true
 		}
 		for _, a := range named {
-			if a.Proto == model.UDP && !servesAddr(still, a) && (v.svc == nil || !r.servedByName(v.svc.Name, a, services)) {
+			if a.Proto == model.UDP && !servesAddr(still, a) && !r.servedByName(fe, v.svc, a, services) {
 				r.pendingFlush[a] = true
 			}
 		}

@@ -195,9 +195,10 @@ type Reconciler struct {
 	// Service holds it in standby: its entry stays (standby.go).
 	standbyRefs map[model.L4Addr]int32
 	// udpNamed holds, per Service port, its UDP frontends whose view
-	// was programmed for it (the views' svc): a frontend that goes
-	// flushes only the backends no other frontend of its Service port
-	// still serves (standby.go's servedByName).
+	// was programmed for it (the views' svc): a NodePort frontend that
+	// goes flushes only the backends no NodePort frontend of its Service
+	// port and number at another node address still serves (standby.go's
+	// servedByName).
 	udpNamed map[model.ServicePortName][]Frontend
 	// Session affinity entries to delete: of backends that left a
 	// frontend with affinity, or of whole frontends (kept across Applies

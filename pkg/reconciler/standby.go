@@ -105,22 +105,35 @@ func (r *Reconciler) renameUDP(fe Frontend, old, svc *model.Service) {
 	}
 }
 
-// servedByName says whether a desired frontend of the Service port name
-// serves UDP backend a (servesAddr) in services: one whose view was
-// programmed for that name (udpNamed) and whose desired Service still
-// has it. A frontend of the name new to the view is not looked at: its
-// backend then is flushed, as before.
+// servedByName says whether removing NodePort frontend fe, programmed
+// for old, leaves UDP backend a served at fe's node port: by a desired
+// NodePort frontend of the same Service port name and port number at
+// another node address (one whose view was programmed for that name,
+// udpNamed, and whose desired Service still has a: servesAddr). A
+// frontend of the name new to the view is not looked at: its backend
+// then is flushed, as before.
 //
-// kube-proxy keys its cleanup by Service port and endpoint: a frontend
-// of the port that goes (a node address leaving, whose NodePort
-// frontend goes while the others stay; a LoadBalancer IP removed)
-// deletes no flow while the port still serves the endpoint. A flush here
-// is by backend address, across every frontend, so a backend the port
-// still serves through another frontend is not flushed when one goes:
-// the ClusterIP's connected sockets to it keep going.
-func (r *Reconciler) servedByName(name model.ServicePortName, a model.L4Addr, services model.Services) bool {
-	for _, fe := range r.udpNamed[name] {
-		if svc := services.Get(fe.L4Addr); svc != nil && svc.Name == name && servesAddr(svc, a) {
+// kube-proxy keys its cleanup by Service port and endpoint: a node
+// address that leaves --nodeport-addresses (its NodePort frontend goes
+// while the others stay) deletes no flow while the port still serves
+// the endpoint. A flush here is by backend address, across every
+// frontend, so such a backend is not flushed. Only a NodePort whose
+// number the Service port still holds is spared so: its address and
+// port can come back only for the same Service port, whereas a
+// LoadBalancer IP, an external IP or a NodePort number the Service
+// gives up may be given to another Service within the UDP timeout, and
+// the datapath follows an entry at a frontend whatever Service it was
+// made for (ct_fwd_usable checks the backend, not the Service): their
+// backends are flushed, as before.
+func (r *Reconciler) servedByName(fe Frontend, old *model.Service, a model.L4Addr, services model.Services) bool {
+	if old == nil || old.Kind != model.NodePort {
+		return false
+	}
+	for _, o := range r.udpNamed[old.Name] {
+		if o.Port != fe.Port || o.Proto != fe.Proto {
+			continue
+		}
+		if svc := services.Get(o.L4Addr); svc != nil && svc.Name == old.Name && svc.Kind == model.NodePort && servesAddr(svc, a) {
 			return true
 		}
 	}

@@ -45,11 +45,13 @@ func TestUDPFlushOnlyWhenServicePortStopsServing(t *testing.T) {
 		if fl := f.Flushed(); len(fl) != 0 {
 			t.Fatalf("flushed %v when a node address left: the Service port still serves them", fl)
 		}
-		// One address replaced by another in one change (a DHCP renewal
-		// with a new address).
+		// The last address replaced by another in one change (a DHCP
+		// renewal with a new address): the new address's NodePort
+		// frontend is not programmed yet when the old one goes, so the
+		// backends are flushed, as before (README, "UDP flush scope").
 		mustApply(t, r, udpDNS([]string{"192.168.1.11"}, b1, b2))
-		if fl := f.Flushed(); len(fl) != 0 {
-			t.Fatalf("flushed %v when a node address was replaced", fl)
+		if fl := f.Flushed(); !slices.Equal(fl, []model.L4Addr{b1.L4Addr, b2.L4Addr}) {
+			t.Fatalf("flushed %v when the last node address was replaced, want %v and %v", fl, b1.L4Addr, b2.L4Addr)
 		}
 	})
 
@@ -71,30 +73,58 @@ func TestUDPFlushOnlyWhenServicePortStopsServing(t *testing.T) {
 	})
 
 	// The Service's NodePort frontends all go (type NodePort to
-	// ClusterIP): its ClusterIP still serves b1 and b2.
+	// ClusterIP), or its LoadBalancer IP: the ClusterIP still serves b1
+	// and b2, but the port number or the address is given up and may be
+	// given to another Service within the UDP timeout, whose frontend
+	// the old flows' entries would then follow (the datapath checks an
+	// entry's backend, not its Service): flushed, as before.
 	t.Run("NodePortsRemoved", func(t *testing.T) {
 		f := newFake(t)
 		r := reconciler.New(f, nil)
 		mustApply(t, r, udpDNS(nodeAddrs, b1, b2))
 		mustApply(t, r, udpDNS(nil, b1, b2))
-		if fl := f.Flushed(); len(fl) != 0 {
-			t.Fatalf("flushed %v when the NodePorts went: the ClusterIP still serves them", fl)
+		if fl := f.Flushed(); !slices.Equal(fl, []model.L4Addr{b1.L4Addr, b2.L4Addr}) {
+			t.Fatalf("flushed %v when the NodePorts went, want %v and %v", fl, b1.L4Addr, b2.L4Addr)
 		}
 	})
-
-	// A LoadBalancer IP removed from the Service's status: its ClusterIP
-	// still serves b1 and b2.
+	lbIP := model.L4Addr{Addr: netip.MustParseAddr("203.0.113.7"), Port: 53, Proto: model.UDP}
+	withLB := func(name string, bs ...model.Backend) *model.Service {
+		lb := svc(lbIP, name, bs...)
+		lb.Kind = model.LoadBalancer
+		return lb
+	}
 	t.Run("LoadBalancerIPRemoved", func(t *testing.T) {
 		f := newFake(t)
 		r := reconciler.New(f, nil)
-		withLB := udpDNS(nil, b1, b2)
-		lb := svc(model.L4Addr{Addr: netip.MustParseAddr("203.0.113.7"), Port: 53, Proto: model.UDP}, "dns", b1, b2)
-		lb.Kind = model.LoadBalancer
-		withLB.Services.Set(lb.Frontend, lb)
-		mustApply(t, r, withLB)
+		st := udpDNS(nil, b1, b2)
+		st.Services.Set(lbIP, withLB("dns", b1, b2))
+		mustApply(t, r, st)
 		mustApply(t, r, udpDNS(nil, b1, b2))
-		if fl := f.Flushed(); len(fl) != 0 {
-			t.Fatalf("flushed %v when the LoadBalancer IP went: the ClusterIP still serves them", fl)
+		if fl := f.Flushed(); !slices.Equal(fl, []model.L4Addr{b1.L4Addr, b2.L4Addr}) {
+			t.Fatalf("flushed %v when the LoadBalancer IP went, want %v and %v", fl, b1.L4Addr, b2.L4Addr)
+		}
+	})
+	// The LoadBalancer IP given to another Service port in a later
+	// sync: the first Service's flows at it were flushed when it went.
+	t.Run("LoadBalancerIPMovesLater", func(t *testing.T) {
+		f := newFake(t)
+		r := reconciler.New(f, nil)
+		c1 := be(6, 1, model.UDP)
+		other := svc(model.L4Addr{Addr: netip.MustParseAddr("10.96.0.11"), Port: 53, Proto: model.UDP}, "other", c1)
+		st := udpDNS(nil, b1)
+		st.Services.Set(lbIP, withLB("dns", b1))
+		st.Services.Set(other.Frontend, other)
+		mustApply(t, r, st)
+		st = udpDNS(nil, b1)
+		st.Services.Set(other.Frontend, other)
+		mustApply(t, r, st)
+		if fl := f.Flushed(); !slices.Equal(fl, []model.L4Addr{b1.L4Addr}) {
+			t.Fatalf("flushed %v when the LoadBalancer IP went, want %v", fl, b1.L4Addr)
+		}
+		st.Services.Set(lbIP, withLB("other", c1))
+		mustApply(t, r, st)
+		if fl := f.Flushed(); len(fl) != 1 {
+			t.Fatalf("flushed %v when the IP came back for another Service", fl)
 		}
 	})
 
