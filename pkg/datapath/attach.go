@@ -814,26 +814,16 @@ func Cleanup(bpffs string) error {
 // clearPinnedNodeDevTC clears the nodeDevTC flag of every entry of the
 // node-device map pinned at pin (Cleanup has no Maps). No pin: nothing.
 func clearPinnedNodeDevTC(pin string) error {
-	m, err := ebpf.LoadPinnedMap(pin, nil)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		return fmt.Errorf("open %s: %w", pin, err)
+	m, err := loadPinnedNodeDevs(pin, nil)
+	if m == nil || err != nil {
+		return err
 	}
 	defer m.Close()
-	var ifindex uint32
+	tc, err := nodeDevsWith(m, nodeDevTC)
+	if err != nil {
+		return err
+	}
 	var nd sockNodeDev
-	var tc []uint32
-	it := m.Iterate()
-	for it.Next(&ifindex, &nd) {
-		if nd.Flags&nodeDevTC != 0 {
-			tc = append(tc, ifindex)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("walk %s: %w", mapDevices, err)
-	}
 	var errs []error
 	for _, i := range tc {
 		if err := m.Lookup(i, &nd); err != nil {

@@ -142,6 +142,15 @@ func podNodeTopology(t *testing.T, topo *topology.Topology, a podNodeAddrs) podN
 	return pn
 }
 
+// attach attaches d to the node's devices: eth0 and the pods' pod0 and
+// pod1.
+func (pn podNode) attach(t *testing.T, d *Datapath) {
+	t.Helper()
+	if err := pn.node.Do(func() error { return d.AttachDevices([]string{"eth0", "pod0", "pod1"}) }); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // nsAddr is an address of a namespace.
 type nsAddr struct {
 	ns *topology.NS
@@ -214,13 +223,8 @@ func testDNATOnlyConntrackValid(t *testing.T, f ctInvalidFamily) {
 	addService(t, m, 4, cipRemote, testBackend{2, l4(f.remote.String(), 8080, model.TCP)})
 	cipTwin := l4(f.cipTwin, 80, model.TCP)
 	addService(t, m, 5, cipTwin, be)
-	if err := node.Do(func() error { return d.AttachDevices([]string{"eth0", "pod0", "pod1"}) }); err != nil {
-		t.Fatal(err)
-	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	must(node.Run(ctx, f.iptables, "-w", "-I", "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"))
+	pn.attach(t, d)
+	dropInvalid(t, node, f.iptables, true)
 
 	for _, c := range []struct {
 		name string
@@ -329,6 +333,22 @@ func dialFromPort(ns *topology.NS, network string, local netip.AddrPort, fe mode
 		return err
 	})
 	return c, err
+}
+
+// dropInvalid inserts (on) or deletes (not on) the FORWARD rule dropping
+// conntrack INVALID in ns (iptables or ip6tables), whose packet counter
+// invalidDrops reads.
+func dropInvalid(t *testing.T, ns *topology.NS, iptables string, on bool) {
+	t.Helper()
+	op := "-D"
+	if on {
+		op = "-I"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := ns.Run(ctx, iptables, "-w", op, "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 var dropInvalidRule = regexp.MustCompile(`(?m)^\s*(\d+)\s+\d+\s+DROP\s.*ctstate INVALID`)

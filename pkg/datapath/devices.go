@@ -439,31 +439,19 @@ func PinnedTunnelDevices(bpffs string) ([]string, error) {
 	if bpffs == "" {
 		bpffs = DefaultBPFFS
 	}
-	pin := filepath.Join(bpffs, "sluice", mapDevices)
-	m, err := ebpf.LoadPinnedMap(pin, &ebpf.LoadPinOptions{ReadOnly: true})
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("open %s: %w", pin, err)
+	m, err := loadPinnedNodeDevs(filepath.Join(bpffs, "sluice", mapDevices), &ebpf.LoadPinOptions{ReadOnly: true})
+	if m == nil || err != nil {
+		return nil, err
 	}
 	defer m.Close()
-	var ifindex uint32
-	var nd sockNodeDev
-	var idxs []int
-	it := m.Iterate()
-	for it.Next(&ifindex, &nd) {
-		if want := nodeDevTunnel | nodeDevTC | nodeDevFollowed; nd.Flags&want == want {
-			idxs = append(idxs, int(ifindex))
-		}
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("walk %s: %w", mapDevices, err)
+	idxs, err := nodeDevsWith(m, nodeDevTunnel|nodeDevTC|nodeDevFollowed)
+	if err != nil {
+		return nil, err
 	}
 	slices.Sort(idxs)
 	var out []string
 	for _, idx := range idxs {
-		l, err := netlink.LinkByIndex(idx)
+		l, err := netlink.LinkByIndex(int(idx))
 		if err != nil {
 			continue // gone (or another link since: its kind says)
 		}
@@ -472,4 +460,35 @@ func PinnedTunnelDevices(bpffs string) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// loadPinnedNodeDevs opens the node-device map pinned at pin, or returns
+// nil (and no error) when nothing is pinned there.
+func loadPinnedNodeDevs(pin string, opts *ebpf.LoadPinOptions) (*ebpf.Map, error) {
+	m, err := ebpf.LoadPinnedMap(pin, opts)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("open %s: %w", pin, err)
+	}
+	return m, nil
+}
+
+// nodeDevsWith returns the ifindexes of the entries of m, a node-device
+// map, whose flags hold every bit of want, in the map's order.
+func nodeDevsWith(m *ebpf.Map, want uint32) ([]uint32, error) {
+	var ifindex uint32
+	var nd sockNodeDev
+	var idxs []uint32
+	it := m.Iterate()
+	for it.Next(&ifindex, &nd) {
+		if nd.Flags&want == want {
+			idxs = append(idxs, ifindex)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("walk %s: %w", mapDevices, err)
+	}
+	return idxs, nil
 }

@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -155,13 +154,8 @@ func testDNATOnlyICMPErrorValid(t *testing.T, f icmpRelFamily) {
 	addService(t, m, 4, cipFar, beR)
 	cipTwin := l4(f.cipTwin, 53, model.UDP)
 	addService(t, m, 5, cipTwin, beA)
-	if err := node.Do(func() error { return d.AttachDevices([]string{"eth0", "pod0", "pod1"}) }); err != nil {
-		t.Fatal(err)
-	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	must(node.Run(ctx, f.iptables, "-w", "-I", "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"))
+	pn.attach(t, d)
+	dropInvalid(t, node, f.iptables, true)
 
 	// Each exchange, with the counters before and after it: each error
 	// passed up at its first ingress (tc_rev_at_egress) and translated
@@ -234,9 +228,7 @@ func testDNATOnlyICMPErrorValid(t *testing.T, f icmpRelFamily) {
 
 	// The DROP rule goes: the node's conntrack takes the next errors for
 	// INVALID.
-	dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer dcancel()
-	must(node.Run(dctx, f.iptables, "-w", "-D", "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"))
+	dropInvalid(t, node, f.iptables, false)
 	if v6 {
 		// An error about a live flow of pod B's, sent by pod A to
 		// another address (the client's): not the quote's source, so

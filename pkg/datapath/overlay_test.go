@@ -190,17 +190,10 @@ func overlayTopology(t *testing.T, kind string, a overlayAddrs, noAddr, late boo
 	must(o.pod.AddRoute(netip.MustParsePrefix(a.dflt), addr(a.podGW)))
 	ln, err := o.pod.Listen("tcp", netip.AddrPortFrom(addr(a.pod), 8080).String())
 	must(err)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			o.peers <- netip.MustParseAddrPort(c.RemoteAddr().String())
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
-		}
-	}()
+	acceptEach(t, ln, func(c net.Conn) {
+		o.peers <- netip.MustParseAddrPort(c.RemoteAddr().String())
+		go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+	})
 	return o
 }
 

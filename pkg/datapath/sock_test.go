@@ -58,6 +58,17 @@ func startBackends(t *testing.T, addrs ...string) {
 // serveReply writes reply to each connection ln accepts, and closes it,
 // until ln is closed at the end of the test.
 func serveReply(t *testing.T, ln net.Listener, reply string) {
+	acceptEach(t, ln, func(c net.Conn) {
+		// The client checks what it reads; one that hung up early
+		// wants nothing.
+		_, _ = c.Write([]byte(reply))
+		c.Close()
+	})
+}
+
+// acceptEach hands each connection ln accepts to serve, in the accepting
+// goroutine, until ln is closed at the end of the test.
+func acceptEach(t *testing.T, ln net.Listener, serve func(c net.Conn)) {
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
@@ -65,10 +76,7 @@ func serveReply(t *testing.T, ln net.Listener, reply string) {
 			if err != nil {
 				return
 			}
-			// The client checks what it reads; one that hung up
-			// early wants nothing.
-			_, _ = c.Write([]byte(reply))
-			c.Close()
+			serve(c)
 		}
 	}()
 }
