@@ -41,13 +41,30 @@ static __always_inline __u32 *FN(lookup_slot)(const struct lb4_service *master,
 }
 
 /*
- * lookup_service - the master entry of a frontend (its default scope), or
- * NULL if not a service.
+ * lookup_master - the master entry of a frontend (its default scope),
+ * retired (SVC_F_RETIRED) or not, or NULL. Only a reader that follows
+ * established flows (tc_ingress, lb6_dnat) or reverse-translates their
+ * replies (fe_external) wants a retired one; the rest use lookup_service.
+ */
+static __always_inline struct lb4_service *
+FN(lookup_master)(FAM(addr_t) vip, __be16 port, __u8 proto)
+{
+	return FN(lookup_service_scope)(vip, port, proto, LB_SCOPE_DEFAULT);
+}
+
+/*
+ * lookup_service - the master entry of a live frontend (its default
+ * scope), or NULL if not a service: a retired master is no service for a
+ * packet or a socket that would start a flow.
  */
 static __always_inline struct lb4_service *
 FN(lookup_service)(FAM(addr_t) vip, __be16 port, __u8 proto)
 {
-	return FN(lookup_service_scope)(vip, port, proto, LB_SCOPE_DEFAULT);
+	struct lb4_service *svc = FN(lookup_master)(vip, port, proto);
+
+	if (svc && (svc->flags & SVC_F_RETIRED))
+		return NULL;
+	return svc;
 }
 
 /*
