@@ -922,7 +922,7 @@ static __always_inline int tc_ingress(struct __sk_buff *skb,
 	bool gone = false, fresh = false;
 	int ret;
 
-	svc = lookup_master(p->daddr, p->dport, p->proto);
+	svc = lookup_service(p->daddr, p->dport, p->proto);
 	if (svc)
 		fwd = lb4_fwd_find(p, &key, now, &gone, &fresh);
 	if (!fwd && svc && (svc->flags & SVC_F_RETIRED))

@@ -41,26 +41,27 @@ static __always_inline __u32 *FN(lookup_slot)(const struct lb4_service *master,
 }
 
 /*
- * lookup_master - the master entry of a frontend (its default scope),
- * retired (SVC_F_RETIRED) or not, or NULL. Only a reader that follows
- * established flows (tc_ingress, lb6_dnat) or reverse-translates their
- * replies (fe_external) wants a retired one; the rest use lookup_service.
+ * lookup_service - the master entry of a frontend (its default scope), or
+ * NULL if not a service. It may be a retired one (SVC_F_RETIRED: count 0),
+ * which only a packet of an established flow follows (tc_ingress,
+ * lb6_dnat); XDP passes it to tc as any frontend without backends, and a
+ * reply's lookup (fe_external) wants it. A socket looks up
+ * lookup_live_service.
  */
 static __always_inline struct lb4_service *
-FN(lookup_master)(FAM(addr_t) vip, __be16 port, __u8 proto)
+FN(lookup_service)(FAM(addr_t) vip, __be16 port, __u8 proto)
 {
 	return FN(lookup_service_scope)(vip, port, proto, LB_SCOPE_DEFAULT);
 }
 
 /*
- * lookup_service - the master entry of a live frontend (its default
- * scope), or NULL if not a service: a retired master is no service for a
- * packet or a socket that would start a flow.
+ * lookup_live_service - lookup_service, but NULL for a retired master: no
+ * service for a socket that would start a flow.
  */
 static __always_inline struct lb4_service *
-FN(lookup_service)(FAM(addr_t) vip, __be16 port, __u8 proto)
+FN(lookup_live_service)(FAM(addr_t) vip, __be16 port, __u8 proto)
 {
-	struct lb4_service *svc = FN(lookup_master)(vip, port, proto);
+	struct lb4_service *svc = FN(lookup_service)(vip, port, proto);
 
 	if (svc && (svc->flags & SVC_F_RETIRED))
 		return NULL;

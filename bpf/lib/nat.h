@@ -254,12 +254,11 @@ redirect_fib(struct __sk_buff *skb, const struct pkt4 *p, const struct fib4 *f)
 
 /*
  * fe_external - whether <@addr, @port, @proto> is an external frontend
- * (NodePort, ExternalIP, LoadBalancer), whose address may be the node's;
- * a retired one too: its flows' replies still need it.
+ * (NodePort, ExternalIP, LoadBalancer), whose address may be the node's.
  */
 static __always_inline bool fe_external(__be32 addr, __be16 port, __u8 proto)
 {
-	struct lb4_service *svc = lookup_master(addr, port, proto);
+	struct lb4_service *svc = lookup_service(addr, port, proto);
 
 	return svc && (svc->flags & SVC_F_EXTERNAL);
 }

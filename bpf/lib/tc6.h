@@ -684,7 +684,7 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 	struct lb4_service *svc;
 	int ret, flow;
 
-	svc = lookup_master6(p->daddr, p->dport, p->proto);
+	svc = lookup_service6(p->daddr, p->dport, p->proto);
 	if (svc) {
 		fwd = lb6_has_flow(p, now, x);
 		/* Retired: followed by its flows only (tc_ingress). */
