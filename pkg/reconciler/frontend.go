@@ -372,6 +372,7 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 		}
 		v.hasMaster, v.master = true, wantM
 		r.revNat.addRefs(uint32(sid), 1)
+		delete(r.retiredAt, fe) // overwritten in place, if it was retired
 	}
 	// From here on no new connection can pick a backend that left: flush
 	// the conntrack entries of the UDP ones the Service port no longer
@@ -418,11 +419,20 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 // removeFrontend deletes a frontend nobody wants: master first (a
 // ClusterIP's last master after its address left the service IPs), then
 // its slots and source ranges. Its rev_nat entry goes at the end of Apply.
+// A TCP frontend's master may be retired instead, and a retired one is
+// kept until its time is up (retired.go).
 // still is the Service its address now has, if any (a frontend that
 // loses its internal scope, externalTrafficPolicy Local to Cluster): the
 // UDP backends it still serves keep their flows.
 func (r *Reconciler) removeFrontend(fe Frontend, still *model.Service) error {
 	v := r.frontends.val(fe)
+	if v.hasMaster && v.master.Flags&FlagRetired != 0 {
+		if r.keepRetired(fe) {
+			return nil // kept for its flows (retired.go)
+		}
+	} else if r.mayRetire(fe, v) {
+		return r.retire(fe, v)
+	}
 	var named []model.L4Addr
 	if v.hasMaster {
 		for s := uint32(1); s <= v.master.Count; s++ {
@@ -449,6 +459,7 @@ func (r *Reconciler) removeFrontend(fe Frontend, still *model.Service) error {
 		r.revNat.addRefs(uint32(v.master.ID), -1)
 		r.revNatCand[v.master.ID] = true
 		r.maybeReleaseService(v.master.ID, fe)
+		delete(r.retiredAt, fe)
 		if v.master.Flags&FlagAffinity != 0 {
 			r.pendingAffinity[AffinityFix{Frontend: fe}] = true
 		}
