@@ -906,6 +906,12 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
  * address and port: its answer to the client's SYN is a SYN-ACK, which
  * is still looked up as a reply first. TestTCSynToFrontendIsNotAReply
  * checks that such a SYN starts a flow.
+ *
+ * A retired frontend (SVC_F_RETIRED: removed, see structs.h) is followed
+ * only by a packet with a usable forward entry; any other is taken as to
+ * no frontend at all (a reply, lb4_no_service or routed on untranslated),
+ * as kube-proxy's conntrack translates an established flow whose Service
+ * port went, and only that.
  */
 static __always_inline int tc_ingress(struct __sk_buff *skb,
 				      const struct pkt4 *p, __u64 now)
@@ -919,6 +925,8 @@ static __always_inline int tc_ingress(struct __sk_buff *skb,
 	svc = lookup_service(p->daddr, p->dport, p->proto);
 	if (svc)
 		fwd = lb4_fwd_find(p, &key, now, &gone, &fresh);
+	if (!fwd && svc && (svc->flags & SVC_F_RETIRED))
+		svc = NULL;
 	if (!fwd && !(svc && ct_syn_only(p))) {
 		ret = rev_nat(skb, p, now, true);
 		if (ret >= 0)

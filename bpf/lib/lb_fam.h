@@ -42,12 +42,30 @@ static __always_inline __u32 *FN(lookup_slot)(const struct lb4_service *master,
 
 /*
  * lookup_service - the master entry of a frontend (its default scope), or
- * NULL if not a service.
+ * NULL if not a service. It may be a retired one (SVC_F_RETIRED: count 0),
+ * which only a packet of an established flow follows (tc_ingress,
+ * lb6_dnat); XDP passes it to tc as any frontend without backends, and a
+ * reply's lookup (fe_external) wants it. A socket looks up
+ * lookup_live_service.
  */
 static __always_inline struct lb4_service *
 FN(lookup_service)(FAM(addr_t) vip, __be16 port, __u8 proto)
 {
 	return FN(lookup_service_scope)(vip, port, proto, LB_SCOPE_DEFAULT);
+}
+
+/*
+ * lookup_live_service - lookup_service, but NULL for a retired master: no
+ * service for a socket that would start a flow.
+ */
+static __always_inline struct lb4_service *
+FN(lookup_live_service)(FAM(addr_t) vip, __be16 port, __u8 proto)
+{
+	struct lb4_service *svc = FN(lookup_service)(vip, port, proto);
+
+	if (svc && (svc->flags & SVC_F_RETIRED))
+		return NULL;
+	return svc;
 }
 
 /*

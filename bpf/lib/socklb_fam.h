@@ -40,7 +40,7 @@ SOCK_FN(lookup)(FAM(addr_t) vip, __be16 port, __u8 proto, FAM(addr_t) src,
 {
 	struct lb4_service *s, *in;
 
-	s = FN(lookup_service)(vip, port, proto);
+	s = FN(lookup_live_service)(vip, port, proto);
 	if (!s)
 		return SOCK_FN(no_service)(vip, x);
 	if (x) {

@@ -765,6 +765,16 @@ enum svc_flags {
 	 * after its last new connection
 	 */
 	SVC_F_AFFINITY = 32,
+	/* a retired frontend (count 0, with at most SVC_F_EXTERNAL besides):
+	 * the agent removed it, but flows it translated may live on. A
+	 * packet or socket that would start a flow treats it as absent
+	 * (lookup_live_service, tc_ingress); one with a usable forward entry
+	 * follows its flow (tc_ingress), as kube-proxy's conntrack keeps
+	 * translating an established flow whose Service went. The agent
+	 * deletes it after the TCP established timeout
+	 * (pkg/reconciler/retired.go).
+	 */
+	SVC_F_RETIRED = 64,
 };
 
 /*

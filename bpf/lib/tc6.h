@@ -685,8 +685,12 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 	int ret, flow;
 
 	svc = lookup_service6(p->daddr, p->dport, p->proto);
-	if (svc)
+	if (svc) {
 		fwd = lb6_has_flow(p, now, x);
+		/* Retired: followed by its flows only (tc_ingress). */
+		if (!fwd && (svc->flags & SVC_F_RETIRED))
+			svc = NULL;
+	}
 	flow = fwd != NULL;
 	if (!flow && !(svc && ct_syn_only6(p))) {
 		ret = rev_nat6(skb, p, now, x, true);

@@ -100,8 +100,9 @@ static __always_inline int LB_FN(refuse)(struct __sk_buff *skb,
  * cluster-ips-check on it), so neither mode answers it; iptables mode's
  * KUBE-FORWARD drops it (ctstate INVALID), nftables mode routes it on
  * untranslated. To a frontend's port it is dropped alike (lb4_select,
- * lb6_dnat). So is a FIN or RST of a flow whose frontend port was
- * removed since (its entry is looked up only under a frontend).
+ * lb6_dnat). So is a FIN or RST of a flow whose frontend was removed
+ * since, once its retired master (SVC_F_RETIRED, tc_ingress) is gone
+ * too: its entry is looked up only under a master.
  */
 static __always_inline int LB_FN(no_service)(struct __sk_buff *skb,
 					     const FAM(pkt_t) *p)

@@ -590,6 +590,9 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	m.SetFullSync(rec.LastApplyFull) // kube-proxy's full and partial sync durations
 	rec.SetRefreshHook(collectAroundRefresh)
 	rec.SetRefreshInterval(mapRefresh)
+	// A removed TCP frontend's established flows live on under a retired
+	// master until conntrack would have let them idle out (retired.go).
+	rec.SetRetireTimeout(dpCfg.CTTimeoutTCP)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	// users are the goroutines beside the agent that use the datapath's

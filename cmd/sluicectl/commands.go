@@ -46,7 +46,8 @@ type ServiceRow struct {
 	Flags    uint8    `json:"flags"`
 	Backends []string `json:"backends"` // in slot order
 	// Empty says what happens to new connections without backends:
-	// refused or dropped.
+	// refused or dropped; retired: the frontend was removed, new ones
+	// are not its, its established flows are still followed.
 	Empty string `json:"empty,omitempty"`
 	// Stats are the frontend's per-Service counters (--stats), both
 	// scopes together: on the default scope's row only.
@@ -109,7 +110,8 @@ func flagNames(f uint8) string {
 		bit  uint8
 		name string
 	}{{reconciler.FlagExternal, "external"}, {reconciler.FlagLocal, "local"}, {reconciler.FlagSourceRanges, "source-ranges"},
-		{reconciler.FlagTwoScopes, "two-scopes"}, {reconciler.FlagDropEmpty, "drop-empty"}, {reconciler.FlagAffinity, "affinity"}} {
+		{reconciler.FlagTwoScopes, "two-scopes"}, {reconciler.FlagDropEmpty, "drop-empty"}, {reconciler.FlagAffinity, "affinity"},
+		{reconciler.FlagRetired, "retired"}} {
 		if f&x.bit != 0 {
 			out = append(out, x.name)
 		}
@@ -142,7 +144,11 @@ func serviceRows(ks *reconciler.KernelState, names map[string]namesfile.Frontend
 		}
 		if len(r.Backends) == 0 {
 			r.Empty = "refused"
-			if m.Flags&reconciler.FlagDropEmpty != 0 {
+			switch {
+			case m.Flags&reconciler.FlagRetired != 0:
+				// Removed; kept for its established flows only.
+				r.Empty = "retired"
+			case m.Flags&reconciler.FlagDropEmpty != 0:
 				r.Empty = "dropped"
 			}
 		}

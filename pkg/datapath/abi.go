@@ -71,6 +71,7 @@ var (
 	_ [reconciler.FlagAffinity]struct{}     = [sockSvcFlagsSVC_F_AFFINITY]struct{}{}
 	_ [reconciler.FlagTwoScopes]struct{}    = [sockSvcFlagsSVC_F_TWO_SCOPES]struct{}{}
 	_ [reconciler.FlagDropEmpty]struct{}    = [sockSvcFlagsSVC_F_DROP_EMPTY]struct{}{}
+	_ [reconciler.FlagRetired]struct{}      = [sockSvcFlagsSVC_F_RETIRED]struct{}{}
 	_ [reconciler.ScopeDefault]struct{}     = [sockLbScopeLB_SCOPE_DEFAULT]struct{}{}
 	_ [reconciler.ScopeInternal]struct{}    = [sockLbScopeLB_SCOPE_INTERNAL]struct{}{}
 )

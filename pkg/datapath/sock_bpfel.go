@@ -576,6 +576,7 @@ const (
 	sockSvcFlagsSVC_F_TWO_SCOPES sockSvcFlags = 8
 	sockSvcFlagsSVC_F_DROP_EMPTY sockSvcFlags = 16
 	sockSvcFlagsSVC_F_AFFINITY   sockSvcFlags = 32
+	sockSvcFlagsSVC_F_RETIRED    sockSvcFlags = 64
 )
 
 type sockSvcStats struct {

@@ -33,6 +33,10 @@ const (
 	// backend for Master.AffinityTimeout seconds after its last new
 	// connection (in both scopes of a two-scope frontend).
 	FlagAffinity uint8 = 32
+	// FlagRetired marks a retired master (retired.go): a removed
+	// frontend whose established flows the datapath still follows; it
+	// starts none. Count 0, with at most FlagExternal besides.
+	FlagRetired uint8 = 64
 )
 
 // MasterFlags returns the flags of svc's master entry in scope.
@@ -95,7 +99,8 @@ func scopeBackends(svc *model.Service, scope Scope) []model.Backend {
 }
 
 // isClusterIP reports whether m, the master of fe, is a ClusterIP
-// frontend's: its address belongs in the service IPs.
+// frontend's: its address belongs in the service IPs. A retired master
+// (retired.go) is no frontend's.
 func isClusterIP(fe Frontend, m Master) bool {
-	return fe.Scope == ScopeDefault && m.Flags&FlagExternal == 0
+	return fe.Scope == ScopeDefault && m.Flags&(FlagExternal|FlagRetired) == 0
 }

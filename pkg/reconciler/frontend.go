@@ -372,6 +372,7 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 		}
 		v.hasMaster, v.master = true, wantM
 		r.revNat.addRefs(uint32(sid), 1)
+		delete(r.retiredAt, fe) // overwritten in place, if it was retired
 	}
 	// From here on no new connection can pick a backend that left: flush
 	// the conntrack entries of the UDP ones the Service port no longer
@@ -423,9 +424,17 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 // internal scope, externalTrafficPolicy Local to Cluster), or, for a
 // NodePort frontend at a node address that goes, by the Service port's
 // NodePort frontends of the same number at other addresses
-// (servedByName).
+// (servedByName). A TCP frontend's master may be retired instead, and a
+// retired one is kept until its time is up (retired.go).
 func (r *Reconciler) removeFrontend(fe Frontend, services model.Services) error {
 	v := r.frontends.val(fe)
+	if v.hasMaster && v.master.Flags&FlagRetired != 0 {
+		if r.keepRetired(fe) {
+			return nil // kept for its flows (retired.go)
+		}
+	} else if r.mayRetire(fe, v) {
+		return r.retire(fe, v)
+	}
 	still := services.Get(fe.L4Addr)
 	var named []model.L4Addr
 	if v.hasMaster {
@@ -453,6 +462,7 @@ func (r *Reconciler) removeFrontend(fe Frontend, services model.Services) error 
 		r.revNat.addRefs(uint32(v.master.ID), -1)
 		r.revNatCand[v.master.ID] = true
 		r.maybeReleaseService(v.master.ID, fe)
+		delete(r.retiredAt, fe)
 		if v.master.Flags&FlagAffinity != 0 {
 			r.pendingAffinity[AffinityFix{Frontend: fe}] = true
 		}

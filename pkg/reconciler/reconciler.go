@@ -237,6 +237,13 @@ type Reconciler struct {
 	// (export_test.go's RebuildOnDrift).
 	recheck func() recheckOutcome
 	writes  uint64
+
+	// Retired masters (retired.go): how long one is kept (0: a removed
+	// frontend's master is deleted at once), when each was retired (or
+	// read from the maps), and the clock.
+	retireAfter time.Duration
+	retiredAt   map[Frontend]time.Time
+	clock       func() time.Time
 }
 
 // New returns a Reconciler with an empty view. Call Restore before the
@@ -245,7 +252,7 @@ func New(dp Datapath, log *slog.Logger) *Reconciler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	r := &Reconciler{dp: dp, log: log, refreshEvery: DefaultRefreshInterval, batchMin: defaultBatchMin, freshChunk: defaultFreshChunk}
+	r := &Reconciler{dp: dp, log: log, refreshEvery: DefaultRefreshInterval, batchMin: defaultBatchMin, freshChunk: defaultFreshChunk, clock: time.Now}
 	r.reset()
 	r.lastRead = time.Now()
 	return r
@@ -271,6 +278,7 @@ func (r *Reconciler) reset() {
 	r.standbyRefs = map[model.L4Addr]int32{}
 	r.udpNamed = map[model.ServicePortName][]Frontend{}
 	r.pendingAffinity = map[AffinityFix]bool{}
+	r.retiredAt = map[Frontend]time.Time{}
 	r.inSync = false
 	r.appliedGen = 0
 }
@@ -507,12 +515,16 @@ func (r *Reconciler) Apply(st *model.State) error {
 	unwanted := func(fe Frontend) {
 		switch {
 		case wanted(services, fe):
+		case r.retiredExpired(fe):
+			// expiredRetired has it already.
 		case fe.Scope == ScopeInternal && services.Get(fe.L4Addr) != nil:
 			goneAfter = append(goneAfter, fe)
 		default:
 			gone = append(gone, fe)
 		}
 	}
+	// Retired masters past their time go as frontends nobody wants.
+	gone = r.expiredRetired(services, gone)
 	if incremental {
 		for _, a := range stChanged {
 			for _, scope := range []Scope{ScopeDefault, ScopeInternal} {

@@ -337,6 +337,7 @@ func (r *Reconciler) patchMaster(e masterDrift, t *touched) {
 		}
 		v.hasMaster, v.master = false, Master{}
 		r.entries[v.fam]--
+		delete(r.retiredAt, e.fe)
 	}
 	if e.present {
 		r.holdMaster(e.fe, v, e.m)

@@ -200,6 +200,7 @@ func (r *Reconciler) holdMaster(fe Frontend, v *frontendView, m Master) {
 		r.refServiceIP(fe.Addr)
 		r.ipDirty[fe.Addr] = true
 	}
+	r.noteRetired(fe, m)
 }
 
 // holdSlot makes slot s of view v name backend id, as read from the maps:

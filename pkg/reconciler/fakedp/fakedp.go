@@ -446,6 +446,9 @@ func (f *Fake) upsertMaster(fe reconciler.Frontend, m reconciler.Master, batch b
 		if m.Flags&reconciler.FlagTwoScopes != 0 && !f.hasInternal(fe.L4Addr) {
 			f.violate(op, "master says two scopes but the internal scope has no master")
 		}
+		if w := retiredWrong(fe, m); w != "" {
+			f.violate(op, "%s", w)
+		}
 		if exists && clusterIP(fe, old) && !clusterIP(fe, m) && f.ips[fe.Addr] && f.clusterIPMasters(fe.Addr) == 0 {
 			f.violate(op, "the last ClusterIP master at %s stopped being one while it is a service IP", fe.Addr)
 		}
@@ -453,9 +456,29 @@ func (f *Fake) upsertMaster(fe reconciler.Frontend, m reconciler.Master, batch b
 	})
 }
 
-// clusterIP reports whether m, the master of fe, is a ClusterIP's.
+// clusterIP reports whether m, the master of fe, is a ClusterIP's (a
+// retired master is no frontend's).
 func clusterIP(fe reconciler.Frontend, m reconciler.Master) bool {
-	return fe.Scope == reconciler.ScopeDefault && m.Flags&reconciler.FlagExternal == 0
+	return fe.Scope == reconciler.ScopeDefault && m.Flags&(reconciler.FlagExternal|reconciler.FlagRetired) == 0
+}
+
+// retiredWrong says what is wrong with m, fe's master, if it is a
+// retired one the datapath could take for more than that: a retired
+// master has no backends and no flag but FlagExternal besides, and is a
+// default scope's (the only one the datapath follows flows under).
+func retiredWrong(fe reconciler.Frontend, m reconciler.Master) string {
+	if m.Flags&reconciler.FlagRetired == 0 {
+		return ""
+	}
+	switch {
+	case m.Count != 0:
+		return fmt.Sprintf("retired master with count %d", m.Count)
+	case m.Flags&^(reconciler.FlagRetired|reconciler.FlagExternal) != 0:
+		return fmt.Sprintf("retired master with flags %#x", m.Flags)
+	case fe.Scope != reconciler.ScopeDefault:
+		return "retired master of an internal scope"
+	}
+	return ""
 }
 
 // clusterIPMasters counts the ClusterIP masters at a.
@@ -908,6 +931,9 @@ func (f *Fake) check() []string {
 		}
 		if m.Flags&reconciler.FlagTwoScopes != 0 && !f.hasInternal(fe.L4Addr) {
 			v = append(v, fmt.Sprintf("%s: master says two scopes, the internal scope is incomplete", fe))
+		}
+		if w := retiredWrong(fe, m); w != "" {
+			v = append(v, fmt.Sprintf("%s: %s", fe, w))
 		}
 	}
 	for fe, s := range f.slots {

@@ -1,0 +1,153 @@
+package reconciler
+
+// Retired frontends: a removed TCP frontend's established flows keep
+// working, as under kube-proxy, whose conntrack keeps translating an
+// established connection after its Service port went (its rules match
+// `ct state new` only).
+//
+// The datapath looks a packet's conntrack entry up only under a
+// frontend's master (bpf/tc.c, tc_ingress). So a removal does not delete
+// the master of a TCP frontend's default scope: it writes a retired one
+// in its place (FlagRetired, count 0, FlagExternal kept, the same service
+// id, whose rev_nat entry stays), then deletes its slots and source
+// ranges as before. The datapath treats a retired master as absent for a
+// packet or socket that would start a flow, and follows an established
+// flow's forward entry under it. A frontend added again at the same
+// address, port and protocol overwrites it in place, under the same id.
+//
+// A retired master is deleted (its id then released as any removed
+// frontend's) by the first Apply after the retirement timeout
+// (SetRetireTimeout: the agent's TCP established timeout, after which the
+// datapath's conntrack has let every flow of it idle out). One restored
+// from the maps (a restart) is timed from the restore. UDP frontends are
+// never retired: their flows are flushed on removal, as kube-proxy
+// flushes a removed UDP Service port's. An internal scope is never
+// retired: the datapath looks up the default scope's master only.
+//
+// At most retireCap masters are retired at once (1/16 of --max-services,
+// at least 1), so that they never fill the service maps; past it a
+// removed frontend's master is deleted at once, as before retirement
+// (its established flows then end as they did).
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+)
+
+// SetRetireTimeout sets how long a removed TCP frontend's master is kept
+// retired for its established flows (the datapath's TCP established
+// timeout); 0, the default, deletes it at once. Retired masters already
+// past a shorter timeout go with the next Apply.
+func (r *Reconciler) SetRetireTimeout(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.retireAfter = max(d, 0)
+}
+
+// Retired returns the frontends whose masters are retired, with when
+// each was retired (or read from the maps).
+func (r *Reconciler) Retired() map[Frontend]time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[Frontend]time.Time, len(r.retiredAt))
+	for fe, t := range r.retiredAt {
+		out[fe] = t
+	}
+	return out
+}
+
+// retireCap returns how many masters may be retired at once.
+func (r *Reconciler) retireCap() int {
+	services, _, _ := r.dp.Capacity()
+	return max(services/16, 1)
+}
+
+// mayRetire reports whether removing fe, whose view v has a live master,
+// retires the master rather than deleting it.
+func (r *Reconciler) mayRetire(fe Frontend, v *frontendView) bool {
+	return r.retireAfter > 0 && v.hasMaster && fe.Scope == ScopeDefault && fe.Proto == model.TCP &&
+		len(r.retiredAt) < r.retireCap()
+}
+
+// retiredMaster returns the master that retires m.
+func retiredMaster(m Master) Master {
+	return Master{ID: m.ID, Flags: FlagRetired | m.Flags&FlagExternal}
+}
+
+// retire retires fe's master (view v): the retired master is written over
+// it (a ClusterIP's address leaves the service IPs first, as it does
+// before a removal's delete), then its slots and source ranges go as a
+// removal's do. Its rev_nat entry and service id stay, held by the
+// retired master.
+func (r *Reconciler) retire(fe Frontend, v *frontendView) error {
+	m := v.master
+	cip := isClusterIP(fe, m)
+	if cip {
+		if err := r.leaveServiceIPs(fe.Addr); err != nil {
+			return err
+		}
+	}
+	rm := retiredMaster(m)
+	r.writes++
+	if err := r.dp.UpsertMaster(fe, rm); err != nil {
+		return fmt.Errorf("retire master: %w", err)
+	}
+	if cip {
+		r.unrefServiceIP(fe.Addr)
+	}
+	v.master, v.synced = rm, false
+	r.retiredAt[fe] = r.clock()
+	if m.Flags&FlagAffinity != 0 {
+		r.pendingAffinity[AffinityFix{Frontend: fe}] = true
+	}
+	for _, s := range v.slots.keys(1) {
+		r.writes++
+		if err := r.dp.DeleteSlot(fe, s); err != nil {
+			return fmt.Errorf("delete slot %d: %w", s, err)
+		}
+		r.deleteSlot(v, s)
+	}
+	if err := r.pruneRanges(fe.L4Addr, v, nil); err != nil {
+		return err
+	}
+	r.setService(fe, v, nil)
+	return nil
+}
+
+// noteRetired times m, fe's master as read from the maps, from now if it
+// is a retired one.
+func (r *Reconciler) noteRetired(fe Frontend, m Master) {
+	if m.Flags&FlagRetired == 0 {
+		return
+	}
+	if _, ok := r.retiredAt[fe]; !ok {
+		r.retiredAt[fe] = r.clock()
+	}
+}
+
+// keepRetired reports whether fe's retired master stays: timed, and not
+// past the timeout.
+func (r *Reconciler) keepRetired(fe Frontend) bool {
+	_, ok := r.retiredAt[fe]
+	return ok && !r.retiredExpired(fe)
+}
+
+// retiredExpired reports whether fe's master is retired and past the
+// timeout (any is, once retirement is off).
+func (r *Reconciler) retiredExpired(fe Frontend) bool {
+	t, ok := r.retiredAt[fe]
+	return ok && (r.retireAfter <= 0 || !r.clock().Before(t.Add(r.retireAfter)))
+}
+
+// expiredRetired appends to gone the retired frontends past the timeout
+// that services do not want again (those are overwritten in place).
+func (r *Reconciler) expiredRetired(services model.Services, gone []Frontend) []Frontend {
+	for fe := range r.retiredAt {
+		if !wanted(services, fe) && r.retiredExpired(fe) {
+			gone = append(gone, fe)
+		}
+	}
+	return gone
+}
