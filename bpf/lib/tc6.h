@@ -699,7 +699,7 @@ static __always_inline int lb6_dnat(struct __sk_buff *skb, const struct pkt6 *p,
 		if (!svc)
 			return lb6_no_service(skb, p);
 	}
-	svc = lb6_frontend(skb, p, svc, x, flow, &ret);
+	svc = lb6_frontend(skb, p, svc, x, fwd, &ret);
 	if (!svc)
 		return ret;
 	/* Conntrack first: a Service that has dropped to zero endpoints

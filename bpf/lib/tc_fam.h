@@ -16,13 +16,32 @@
 #endif
 
 /*
- * check_source - a frontend's loadBalancerSourceRanges. Returns a TC
- * verdict to end with, or -1 if @p may go on.
+ * check_source - a frontend's loadBalancerSourceRanges, for @p, a packet
+ * of the flow of the usable forward entry @fwd (NULL: a new flow).
+ * Returns a TC verdict to end with, or -1 if @p may go on.
+ *
+ * Only a flow that has seen no reply is checked (no entry, or one without
+ * CT_F_REPLIED), as kube-proxy checks netfilter's `ct state new` only: so
+ * narrowing the ranges leaves an established connection from a source
+ * now excluded alone (kube-proxy's nftables mode jumps to firewall-check
+ * on `ct state new`; its iptables mode filters in the nat table, which
+ * only a connection's first packet walks, and in KUBE-PROXY-FIREWALL on
+ * `--ctstate NEW`), and a flow admitted but not yet answered is refused
+ * from then on: a retransmitted SYN, or a datagram before any reply, is
+ * netfilter's NEW, which nftables mode checks again before DNAT. (Its
+ * iptables mode lets it through: the packet is DNATed already when
+ * KUBE-PROXY-FIREWALL matches the LoadBalancer IP; the newer mode's rule
+ * is the one followed, and the stricter.) The flag is read only for a
+ * frontend with ranges, from the entry conntrack found anyway: no lookup
+ * more, and one less (the trie) for an established flow to such a
+ * frontend. XDP checks alike (xdp_fwd).
  */
 static __always_inline int LB_FN(check_source)(const FAM(pkt_t) *p,
-					       const struct lb4_service *svc)
+					       const struct lb4_service *svc,
+					       const FAM(ct_entry_t) *fwd)
 {
 	if ((svc->flags & SVC_F_SRC_RANGES) &&
+	    !(fwd && (READ_ONCE(fwd->flags) & CT_F_REPLIED)) &&
 	    !FN(source_allowed)(p->daddr, p->dport, p->proto, p->saddr)) {
 		metric_count(p, METRIC_TC_SRC_RANGE_DENY);
 		svc_count_pkt(p, svc->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
@@ -184,23 +203,25 @@ static __always_inline bool LB_FN(scope_skipped)(const FAM(pkt_t) *p,
  * in @x->internal and @x->outside). NULL if its source ranges refuse @p
  * (@ret: check_source's verdict).
  *
- * @follow: @p's flow has a usable forward entry, which decides where it
- * goes. Only a new flow needs @x->internal and @x->outside (whether it is
- * masqueraded), so such a packet to a frontend of one scope skips scope's
- * lookups (the client's CIDR, its device: scope_skipped); of two, the
- * scope is still found, whose id its packets are counted under
- * (svcstats.h). A dry run (explain.h) finds it anyway, to report it.
+ * @fwd: the usable forward entry of @p's flow, which decides where it
+ * goes, or NULL. Only a new flow needs @x->internal and @x->outside
+ * (whether it is masqueraded), so a packet with an entry to a frontend of
+ * one scope skips scope's lookups (the client's CIDR, its device:
+ * scope_skipped); of two, the scope is still found, whose id its packets
+ * are counted under (svcstats.h). A dry run (explain.h) finds it anyway,
+ * to report it. The source ranges check a flow not yet answered only
+ * (check_source).
  */
 static __always_inline struct lb4_service *
 LB_FN(frontend)(struct __sk_buff *skb, const FAM(pkt_t) *p,
-		struct lb4_service *svc, FAM(lb_xlate_t) *x, bool follow,
-		int *ret)
+		struct lb4_service *svc, FAM(lb_xlate_t) *x,
+		const FAM(ct_entry_t) *fwd, int *ret)
 {
 	FN(explain_frontend)(p, svc);
-	*ret = LB_FN(check_source)(p, svc);
+	*ret = LB_FN(check_source)(p, svc, fwd);
 	if (*ret >= 0)
 		return NULL;
-	if (LB_FN(scope_skipped)(p, svc, follow))
+	if (LB_FN(scope_skipped)(p, svc, fwd != NULL))
 		return svc;
 	return LB_FN(scope)(skb, p, svc, x);
 }

@@ -176,6 +176,22 @@ static FAM(xdp_step) int FN(xdp_rev)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 #define XDP_NEW_FLOW (-2)
 
 /*
+ * xdp_src_denied - whether the loadBalancerSourceRanges of frontend @svc
+ * (which has them) refuse @p; counted. A step of its own for IPv6: its
+ * key (40 bytes) then lives in its frame, beside xdp_fib's, not in
+ * xdp_fwd's, under which the route lookup's frame sits.
+ */
+static FAM(xdp_step) bool FN(xdp_src_denied)(const FAM(pkt_t) *p,
+					     const struct lb4_service *svc)
+{
+	if (FN(source_allowed)(p->daddr, p->dport, p->proto, p->saddr))
+		return false;
+	metric_inc(METRIC_XDP_SRC_RANGE_DENY);
+	svc_count(svc->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
+	return true;
+}
+
+/*
  * xdp_fwd - a packet to an external frontend with a remote backend: the
  * frontend's checks, and a flow conntrack knows. Returns an XDP verdict,
  * or XDP_NEW_FLOW with the frontend in @svcp.
@@ -198,15 +214,17 @@ static FAM(xdp_step) int FN(xdp_fwd)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 	if ((flags & (SVC_F_EXTERNAL | SVC_F_LOCAL)) != SVC_F_EXTERNAL ||
 	    svc->count == 0)
 		return XDP_PASS;
-	if ((flags & SVC_F_SRC_RANGES) &&
-	    !FN(source_allowed)(p->daddr, p->dport, p->proto, p->saddr)) {
-		metric_inc(METRIC_XDP_SRC_RANGE_DENY);
-		svc_count(svc->rev_nat_id, SVC_DROP_SOURCE_RANGE, 0);
-		return XDP_DROP;
-	}
 
 	FN(ct_key_of)(&key, p, CT_FORWARD);
 	fwd = FN(ct_find)(&key, now, &half_open);
+	/* The source ranges check a flow not yet answered only, as tc's
+	 * check_source says; an entry tc would not follow (not usable,
+	 * below) is passed to it, which checks the flow it starts.
+	 */
+	if ((flags & SVC_F_SRC_RANGES) &&
+	    !(fwd && (READ_ONCE(fwd->flags) & CT_F_REPLIED)) &&
+	    FN(xdp_src_denied)(p, svc))
+		return XDP_DROP;
 	if (!fwd) {
 		/* A packet that cannot open a flow: tc drops it, counted. */
 		if (p->proto == IPPROTO_TCP && ct_tcp_stray(p->tcp_flags))
