@@ -66,6 +66,7 @@
 #include "lib/affinity.h"
 #define CT_SNAT_TRY_GLOBAL /* conntrack_fam.h: ct_snat_try */
 #define CT_EST_OVERFLOW	   /* conntrack_fam.h: ct_overflow */
+#define CT_SNAT_TAKE	   /* conntrack.h: CT_SNAT_TAKES */
 #define ICMP_RATE_LIMIT	   /* icmp.h: icmp_rl_allow and its maps, icmp_reject_src */
 #include "lib/conntrack.h"
 #include "lib/icmp.h"

@@ -22,6 +22,15 @@ volatile const __u64 ct_timeout_syn_ns = 60ULL * NSEC_PER_SEC;
 volatile const __u64 ct_timeout_udp_ns = 60ULL * NSEC_PER_SEC;
 /* A TCP flow that saw a RST, or a FIN both ways, lives this much longer. */
 volatile const __u64 ct_timeout_close_ns = 10ULL * NSEC_PER_SEC;
+/*
+ * ... unless it is source-NATed (CT_F_SNAT): then its entries, and so its
+ * port, live this much, netfilter's TIME_WAIT (nf_conntrack_tcp_timeout_
+ * time_wait, 120 s), for the backend may hold the tuple <node:port ->
+ * backend> in TIME_WAIT (60 s on Linux) after it closed first. A port
+ * search that finds no free port takes such a port over once the flow has
+ * been closed for ct_timeout_close_ns (ct_create_snat).
+ */
+volatile const __u64 ct_timeout_snat_tw_ns = 120ULL * NSEC_PER_SEC;
 
 /*
  * How many half-open flows of a family may be in its sluice_conntrack at

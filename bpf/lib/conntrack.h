@@ -80,6 +80,15 @@
  * of the flow closed (flags set atomically; only entries that point back
  * at each other are one flow); a closed entry lives ct_timeout_close_ns
  * after its last packet, and a new SYN on its tuple starts a new flow.
+ * A source-NATed flow's live ct_timeout_snat_tw_ns instead, netfilter's
+ * TIME_WAIT: a backend that closed first holds <node:port -> backend> in
+ * TIME_WAIT (60 s), and a new flow given that port meanwhile would have
+ * its SYN answered by an ACK (a challenge ACK: its sequence is another
+ * client's) that its client resets, the connect done only at the SYN's
+ * retransmission, 1 s later. A port search that finds no free port takes
+ * over a port held so once the flow has been closed ct_timeout_close_ns
+ * (ct_snat_tw, ct_create_snat), as netfilter reuses a TIME_WAIT tuple
+ * only when it must (nf_nat_used_tuple_harder).
  * A RST's mark is taken back, or made a challenged one, by what the two
  * sides send after it (ct_track_tcp).
  *
@@ -108,6 +117,19 @@
 #define CT_DEAD 0
 /* Refreshes move an expiry by at least this much (or not at all). */
 #define CT_REFRESH_NS NSEC_PER_SEC
+
+/*
+ * Whether a SNAT port search that finds every port tried held takes over
+ * one a closed flow holds for the backend's TIME_WAIT (ct_create_snat):
+ * with CT_SNAT_TAKE defined (tc.c). XDP, whose IPv6 call chain has no
+ * stack to spare for it, leaves such a flow to tc, as every flow it finds
+ * no port for; tc searches again and takes one over.
+ */
+#ifdef CT_SNAT_TAKE
+#define CT_SNAT_TAKES 1
+#else
+#define CT_SNAT_TAKES 0
+#endif
 
 /* ct_create's result when the reply tuple belongs to another flow. */
 #define CT_CLASH 1
@@ -205,16 +227,39 @@ static __always_inline bool ct_alive(__u64 expires, __u64 now)
 	return (__s64)(expires - now) > 0;
 }
 
+_Static_assert(CT_F_SNAT == 1, "ct_lifetime multiplies by the bit");
+
 /* ct_lifetime - how long an entry of @proto with @flags lives idle. */
 static __always_inline __u64 ct_lifetime(__u8 proto, __u32 flags)
 {
 	if (proto != IPPROTO_TCP)
 		return ct_timeout_udp_ns;
+	/* Without a branch (CT_F_SNAT is bit 0): one less for the verifier
+	 * to walk at every refresh.
+	 */
 	if (ct_closed(flags))
-		return ct_timeout_close_ns;
+		return ct_timeout_close_ns +
+		       (__u64)(flags & CT_F_SNAT) *
+			       (ct_timeout_snat_tw_ns - ct_timeout_close_ns);
 	if (flags & CT_F_CHAL_ANY)
 		return ct_timeout_syn_ns;
 	return (flags & CT_F_REPLIED) ? ct_timeout_tcp_ns : ct_timeout_syn_ns;
+}
+
+/*
+ * ct_snat_tw - whether a live entry of @proto with @flags, expiring at
+ * @expires, is a closed source-NATed TCP flow's in its TIME_WAIT
+ * extension: closed for ct_timeout_close_ns or more (idle since), living
+ * on only for the backend's TIME_WAIT (ct_lifetime). Its port may be
+ * taken over by a new flow that finds no free one (ct_create_snat).
+ */
+static __always_inline bool ct_snat_tw(__u8 proto, __u32 flags, __u64 expires,
+				       __u64 now)
+{
+	return proto == IPPROTO_TCP && (flags & CT_F_SNAT) &&
+	       ct_closed(flags) &&
+	       (__s64)(expires - now) <=
+		       (__s64)(ct_timeout_snat_tw_ns - ct_timeout_close_ns);
 }
 
 /* Folds of a CPU's part of the half-open count (ct_admit_add). */

@@ -29,7 +29,8 @@ static __always_inline bool FN(ct_refresh)(FAM(ct_entry_t) *e, __u8 proto,
 /*
  * ct_mark - set @bits in the flags of @e atomically (the two ends of a
  * flow closing at once on two CPUs must both leave their mark), and bring
- * its expiry forward to the close timeout if this closes the flow.
+ * its expiry forward to its closed lifetime if this closes the flow
+ * (ct_lifetime: the close timeout, or a source-NATed flow's TIME_WAIT).
  */
 static __always_inline void FN(ct_mark)(FAM(ct_entry_t) *e, __u32 bits,
 					__u8 proto, __u64 now)
@@ -43,7 +44,8 @@ static __always_inline void FN(ct_mark)(FAM(ct_entry_t) *e, __u32 bits,
 	if (proto != IPPROTO_TCP || ct_closed(old) || !ct_closed(old | bits))
 		return;
 	seen = READ_ONCE(e->expires);
-	want = now + ct_timeout_close_ns;
+	want = now + ((old & CT_F_SNAT) ? ct_timeout_snat_tw_ns :
+					  ct_timeout_close_ns);
 	if (ct_alive(seen, now) && (__s64)(want - seen) < 0)
 		__sync_val_compare_and_swap(&e->expires, seen, want);
 }
@@ -813,11 +815,17 @@ static __always_inline int FN(ct_create)(const FAM(pkt_t) *p,
 	return err;
 }
 
+/* ct_snat_try's result when the port is held by a flow ct_snat_tw names. */
+#define CT_SNAT_TW 2
+
 /*
  * ct_snat_try - one try of ct_create_snat's port search: ct_est_insert of
- * the reply entry @e under @key, or for a dry run (@dry) ct_est_free. At
- * tc, a live half-open flow's reply entry (sluice_ct_new) under @key
- * holds the tuple too: tc's clash remap (tc.c, lb4_remap) searches the
+ * the reply entry @e under @key, or for a dry run (@dry) ct_est_free;
+ * CT_SNAT_TW instead of -EEXIST when the entry that holds the port is a
+ * closed flow's in its TIME_WAIT extension (ct_snat_tw), which the search
+ * may take over if it finds no free port (with CT_SNAT_TAKES). At tc, a
+ * live half-open flow's reply entry (sluice_ct_new) under @key holds the
+ * tuple too: tc's clash remap (tc.c, lb4_remap) searches the
  * client's own address, whose other new flows have their reply entries
  * there. XDP never remaps (its flows are source-NATed to a node address,
  * which no half-open entry names) and skips the lookup.
@@ -838,6 +846,8 @@ CT_SNAT_TRY_FN FN(ct_snat_try)(const FAM(ct_key_t) *key,
 #ifdef CT_SNAT_TRY_GLOBAL
 	FAM(ct_entry_t) *half;
 #endif
+	FAM(ct_entry_t) *old;
+	int err;
 
 	if (!key || !e)
 		return -ENOENT;
@@ -847,10 +857,55 @@ CT_SNAT_TRY_FN FN(ct_snat_try)(const FAM(ct_key_t) *key,
 		return -EEXIST;
 #endif
 	if (dry)
-		return FN(ct_est_free)(key, now, true);
-	return FN(ct_est_insert)(key, e, now, true);
+		err = FN(ct_est_free)(key, now, true);
+	else
+		err = FN(ct_est_insert)(key, e, now, true);
+	if (err != -EEXIST || !CT_SNAT_TAKES)
+		return err;
+	old = bpf_map_lookup_elem(FAM(ct_est), key);
+	if (old && ct_alive(READ_ONCE(old->expires), now) &&
+	    ct_snat_tw(key->proto, READ_ONCE(old->flags),
+		       READ_ONCE(old->expires), now))
+		return CT_SNAT_TW;
+	return -EEXIST;
 }
 #undef CT_SNAT_TRY_FN
+
+/*
+ * ct_snat_take - take the port under @key over from the closed flow in
+ * its TIME_WAIT extension that holds it (ct_snat_tw), for @p's new flow
+ * whose port search found no free port: delete that flow's entries as a
+ * new SYN on a closed tuple does (ct_reap_closed), then insert the reply
+ * entry @e; counted tc_snat_tw_reuse. A dry run only counts. netfilter
+ * reuses a TIME_WAIT tuple so when its range is exhausted
+ * (nf_nat_used_tuple_harder, Linux 6.5). Returns 0, -EEXIST if the port
+ * is no longer so held (refreshed, claimed, taken meanwhile), or another
+ * ct_est_insert error.
+ */
+static __always_inline int FN(ct_snat_take)(const FAM(pkt_t) *p,
+					    const FAM(ct_key_t) *key,
+					    const FAM(ct_entry_t) *e, __u64 now)
+{
+	FAM(ct_entry_t) *old = bpf_map_lookup_elem(FAM(ct_est), key);
+	__u64 seen;
+	int err;
+
+	if (!old)
+		return -EEXIST;
+	seen = READ_ONCE(old->expires);
+	if (!ct_alive(seen, now) ||
+	    !ct_snat_tw(key->proto, READ_ONCE(old->flags), seen, now))
+		return -EEXIST;
+	if (!explain_dry(p)) {
+		if (!FN(ct_reap_closed)(FAM(ct_est), key, old, seen))
+			return -EEXIST;
+		err = FN(ct_est_insert)(key, e, now, true);
+		if (err)
+			return err;
+	}
+	metric_count(p, METRIC_TC_SNAT_TW_REUSE);
+	return 0;
+}
 
 /*
  * ct_create_snat - record a flow from @p's client to an external frontend,
@@ -881,10 +936,17 @@ CT_SNAT_TRY_FN FN(ct_snat_try)(const FAM(ct_key_t) *key,
  * 64,512 ports: 128 tries, then 64, 32, 16 and 8 from new random starts
  * (248 in all).
  *
+ * A port whose reply entry is a closed flow's is held for the backend's
+ * TIME_WAIT (ct_timeout_snat_tw_ns, conntrack.h) and passed over; only if
+ * every try finds its port held is the first one held so past the close
+ * timeout taken over (ct_snat_tw, ct_snat_take), as netfilter does only
+ * when its range is exhausted (nf_nat_used_tuple_harder).
+ *
  * Returns the reserved port (network order) in @port, and 0; 1 if every
- * try found a live flow; or a negative map update error (-E2BIG: the
- * established table is full; -EEXIST: ct_new_insert found the forward
- * key claimed by another deleter, and the port was given back).
+ * try found a live flow (none in its TIME_WAIT extension); or a negative
+ * map update error (-E2BIG: the established table is full; -EEXIST:
+ * ct_new_insert found the forward key claimed by another deleter, and
+ * the port was given back).
  */
 #define SNAT_TRIES 32
 
@@ -911,6 +973,7 @@ FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
 		.snat_port = p->sport,
 	};
 	__u32 start, off, i;
+	__be16 tw = 0;
 	bool ok = false;
 	int err;
 
@@ -939,12 +1002,26 @@ FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
 			ok = true;
 			break;
 		}
+		if (CT_SNAT_TAKES && err == CT_SNAT_TW) {
+			if (!tw)
+				tw = key.dport;
+			continue;
+		}
 		if (err != -EEXIST)
 			return err;
 	}
 #undef SNAT_RANGE
-	if (!ok)
-		return 1;
+	if (!ok) {
+		/* Every port tried held: the first a closed flow holds only
+		 * for the backend's TIME_WAIT, if any, is taken over.
+		 */
+		if (!CT_SNAT_TAKES || !tw)
+			return 1;
+		key.dport = tw;
+		err = FN(ct_snat_take)(p, &key, &e, now);
+		if (err)
+			return err == -EEXIST ? 1 : err;
+	}
 	*port = key.dport;
 	if (explain_dry(p))
 		return 0;

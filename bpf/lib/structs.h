@@ -475,6 +475,13 @@ enum metric_reason {
 	 * with a RST: no socket); not counted METRIC_TC_TCP_STRAY
 	 */
 	METRIC_TC_TCP_STRAY_UP,
+	/* a new source-NATed flow whose port search found every port tried
+	 * held, given the port of a closed flow still held for the
+	 * backend's TIME_WAIT (--conntrack-tcp-snat-time-wait), past its
+	 * close timeout: that flow's entries deleted (ct_snat_take), as
+	 * netfilter reuses such a tuple when its range is exhausted
+	 */
+	METRIC_TC_SNAT_TW_REUSE,
 	METRIC_MAX,
 };
 

@@ -322,14 +322,17 @@ type ct4EntryRelease0 struct {
 	_         uint16
 }
 
-// ctTimeouts are the conntrack lifetimes, by the names of their constants.
-type ctTimeouts struct{ tcp, syn, udp, close uint64 }
+// ctTimeouts are the conntrack lifetimes, by the names of their constants
+// (snatTW: ct_timeout_snat_tw_ns).
+type ctTimeouts struct{ tcp, syn, udp, close, snatTW uint64 }
 
 // lifetime is bpf/lib/conntrack.h's ct_lifetime.
 func (t ctTimeouts) lifetime(proto uint8, flags uint32) uint64 {
 	switch {
 	case proto != uint8(model.TCP):
 		return t.udp
+	case ctClosed(flags) && flags&ctFlagSNAT != 0:
+		return t.snatTW
 	case ctClosed(flags):
 		return t.close
 	case flags&ctFlagChal != 0:
@@ -369,7 +372,7 @@ func (c Config) ctTimeouts() ctTimeouts {
 	c = c.withDefaults()
 	return ctTimeouts{
 		tcp: uint64(c.CTTimeoutTCP.Nanoseconds()), syn: uint64(c.CTTimeoutSYN.Nanoseconds()), udp: uint64(c.CTTimeoutUDP.Nanoseconds()),
-		close: uint64(c.CTTimeoutClose.Nanoseconds()),
+		close: uint64(c.CTTimeoutClose.Nanoseconds()), snatTW: uint64(c.CTTimeoutSNATTimeWait.Nanoseconds()),
 	}
 }
 
@@ -377,7 +380,8 @@ func (c Config) ctTimeouts() ctTimeouts {
 // constants (a pinMigration's convert).
 func convertRelease0Conntrack(old, cur *ebpf.Map, spec *ebpf.CollectionSpec) error {
 	var t ctTimeouts
-	for name, v := range map[string]*uint64{"ct_timeout_tcp_ns": &t.tcp, "ct_timeout_udp_ns": &t.udp, "ct_timeout_close_ns": &t.close} {
+	for name, v := range map[string]*uint64{"ct_timeout_tcp_ns": &t.tcp, "ct_timeout_udp_ns": &t.udp, "ct_timeout_close_ns": &t.close,
+		"ct_timeout_snat_tw_ns": &t.snatTW} {
 		vs := spec.Variables[name]
 		if vs == nil {
 			return fmt.Errorf("variable %s missing from BPF object", name)
@@ -411,6 +415,9 @@ func convertConntrack(old, cur *ebpf.Map, t ctTimeouts, place ctPlacer[sockCt4Ke
 			life = t.tcp
 			if f := uint32(v.Flags); f&ctFlagRST != 0 || f&(ctFlagFinFwd|ctFlagFinRev) == ctFlagFinFwd|ctFlagFinRev {
 				life = t.close
+				if f&ctFlagSNAT != 0 {
+					life = t.snatTW
+				}
 			}
 		}
 		expires := v.LastSeen + life

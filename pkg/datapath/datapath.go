@@ -112,6 +112,15 @@ type Config struct {
 	// 10s).
 	CTTimeoutTCP, CTTimeoutSYN, CTTimeoutUDP, CTTimeoutClose time.Duration
 
+	// CTTimeoutSNATTimeWait is how long a closed source-NATed TCP flow's
+	// entries, and so its port, live instead of CTTimeoutClose (default
+	// 120s, netfilter's TIME_WAIT): the backend may hold the tuple in
+	// TIME_WAIT after it closed first. A port search that finds no free
+	// port takes such a port over once the flow has been closed
+	// CTTimeoutClose (bpf/lib/conntrack.h). Never less than
+	// CTTimeoutClose (a shorter one is taken as CTTimeoutClose).
+	CTTimeoutSNATTimeWait time.Duration
+
 	// CTHalfOpenMax is how many half-open flows (no reply yet) of each
 	// family may be in sluice_conntrack at once, the rest going to
 	// sluice_ct_new (bpf/lib/conntrack.h): 0 means the default, a
@@ -227,6 +236,7 @@ const (
 	DefaultCTTimeoutSYN      = 60 * time.Second
 	DefaultCTTimeoutUDP      = 60 * time.Second
 	DefaultCTTimeoutClose    = 10 * time.Second
+	DefaultCTTimeoutSNATTW   = 120 * time.Second
 	DefaultSNATPortMin       = 61000
 	DefaultSNATPortMax       = 65535
 )
@@ -261,6 +271,10 @@ func (c Config) withDefaults() Config {
 	if c.CTTimeoutClose == 0 {
 		c.CTTimeoutClose = DefaultCTTimeoutClose
 	}
+	if c.CTTimeoutSNATTimeWait == 0 {
+		c.CTTimeoutSNATTimeWait = DefaultCTTimeoutSNATTW
+	}
+	c.CTTimeoutSNATTimeWait = max(c.CTTimeoutSNATTimeWait, c.CTTimeoutClose)
 	if c.CTHalfOpenMax == 0 {
 		c.CTHalfOpenMax = c.MaxConntrack / 8
 	}
@@ -783,20 +797,21 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 		return err
 	}
 	vars := map[string]any{
-		"ct_timeout_tcp_ns":   uint64(cfg.CTTimeoutTCP.Nanoseconds()),
-		"ct_timeout_syn_ns":   uint64(cfg.CTTimeoutSYN.Nanoseconds()),
-		"ct_timeout_udp_ns":   uint64(cfg.CTTimeoutUDP.Nanoseconds()),
-		"ct_timeout_close_ns": uint64(cfg.CTTimeoutClose.Nanoseconds()),
-		"ct_half_open_max":    uint32(max(cfg.CTHalfOpenMax, 0)),
-		"snat_port_min":       cfg.SNATPortMin,
-		"snat_port_max":       cfg.SNATPortMax,
-		"node_ip4":            uint32(0),
-		"have_cluster_cidr":   boolU8(hasCIDR(cidrs, nodeCIDRCluster, false)),
-		"node_ip6":            sockV6addr{},
-		"have_cluster_cidr6":  boolU8(hasCIDR(cidrs, nodeCIDRCluster, true)),
-		"masquerade_all":      boolU8(cfg.MasqueradeAll),
-		"service_metrics":     boolU8(cfg.ServiceMetrics),
-		"fib_cache_ns":        uint64(cfg.XDPRouteCacheAge.Nanoseconds()),
+		"ct_timeout_tcp_ns":     uint64(cfg.CTTimeoutTCP.Nanoseconds()),
+		"ct_timeout_syn_ns":     uint64(cfg.CTTimeoutSYN.Nanoseconds()),
+		"ct_timeout_udp_ns":     uint64(cfg.CTTimeoutUDP.Nanoseconds()),
+		"ct_timeout_close_ns":   uint64(cfg.CTTimeoutClose.Nanoseconds()),
+		"ct_timeout_snat_tw_ns": uint64(cfg.CTTimeoutSNATTimeWait.Nanoseconds()),
+		"ct_half_open_max":      uint32(max(cfg.CTHalfOpenMax, 0)),
+		"snat_port_min":         cfg.SNATPortMin,
+		"snat_port_max":         cfg.SNATPortMax,
+		"node_ip4":              uint32(0),
+		"have_cluster_cidr":     boolU8(hasCIDR(cidrs, nodeCIDRCluster, false)),
+		"node_ip6":              sockV6addr{},
+		"have_cluster_cidr6":    boolU8(hasCIDR(cidrs, nodeCIDRCluster, true)),
+		"masquerade_all":        boolU8(cfg.MasqueradeAll),
+		"service_metrics":       boolU8(cfg.ServiceMetrics),
+		"fib_cache_ns":          uint64(cfg.XDPRouteCacheAge.Nanoseconds()),
 	}
 	for _, ip := range cfg.NodeIPs {
 		if ip.Unmap().Is4() {

@@ -68,6 +68,7 @@ const (
 	migrateVarCtAdmitKeys             = "ct_admit_keys"
 	migrateVarCtHalfOpenMax           = "ct_half_open_max"
 	migrateVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
+	migrateVarCtTimeoutSnatTwNs       = "ct_timeout_snat_tw_ns"
 	migrateVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	migrateVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	migrateVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
@@ -191,27 +192,28 @@ type migrateMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type migrateVariableSpecs struct {
-	CtAdmitKeys      *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
-	CtHalfOpenMax    *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
-	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
-	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
-	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
-	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
-	DevL3Maybe       *ebpf.VariableSpec `ebpf:"dev_l3_maybe"`
-	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
-	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
-	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
-	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
-	MigFromEst       *ebpf.VariableSpec `ebpf:"mig_from_est"`
-	MigFromEst6      *ebpf.VariableSpec `ebpf:"mig_from_est6"`
-	MigFromNew       *ebpf.VariableSpec `ebpf:"mig_from_new"`
-	MigFromNew6      *ebpf.VariableSpec `ebpf:"mig_from_new6"`
-	MigFromR0        *ebpf.VariableSpec `ebpf:"mig_from_r0"`
-	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
-	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
-	ServiceMetrics   *ebpf.VariableSpec `ebpf:"service_metrics"`
-	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
-	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
+	CtAdmitKeys       *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
+	CtHalfOpenMax     *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
+	CtTimeoutCloseNs  *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSnatTwNs *ebpf.VariableSpec `ebpf:"ct_timeout_snat_tw_ns"`
+	CtTimeoutSynNs    *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
+	CtTimeoutTcpNs    *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
+	CtTimeoutUdpNs    *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	DevL3Maybe        *ebpf.VariableSpec `ebpf:"dev_l3_maybe"`
+	FibCacheNs        *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
+	HaveClusterCidr   *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6  *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
+	MasqueradeAll     *ebpf.VariableSpec `ebpf:"masquerade_all"`
+	MigFromEst        *ebpf.VariableSpec `ebpf:"mig_from_est"`
+	MigFromEst6       *ebpf.VariableSpec `ebpf:"mig_from_est6"`
+	MigFromNew        *ebpf.VariableSpec `ebpf:"mig_from_new"`
+	MigFromNew6       *ebpf.VariableSpec `ebpf:"mig_from_new6"`
+	MigFromR0         *ebpf.VariableSpec `ebpf:"mig_from_r0"`
+	NodeIp4           *ebpf.VariableSpec `ebpf:"node_ip4"`
+	NodeIp6           *ebpf.VariableSpec `ebpf:"node_ip6"`
+	ServiceMetrics    *ebpf.VariableSpec `ebpf:"service_metrics"`
+	SnatPortMax       *ebpf.VariableSpec `ebpf:"snat_port_max"`
+	SnatPortMin       *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
 
 // migrateObjects contains all objects after they have been loaded into the kernel.
@@ -339,27 +341,28 @@ func (m *migrateMaps) Close() error {
 //
 // It can be passed to loadMigrateObjects or ebpf.CollectionSpec.LoadAndAssign.
 type migrateVariables struct {
-	CtAdmitKeys      *ebpf.Variable `ebpf:"ct_admit_keys"`
-	CtHalfOpenMax    *ebpf.Variable `ebpf:"ct_half_open_max"`
-	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
-	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
-	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
-	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
-	DevL3Maybe       *ebpf.Variable `ebpf:"dev_l3_maybe"`
-	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
-	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
-	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
-	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
-	MigFromEst       *ebpf.Variable `ebpf:"mig_from_est"`
-	MigFromEst6      *ebpf.Variable `ebpf:"mig_from_est6"`
-	MigFromNew       *ebpf.Variable `ebpf:"mig_from_new"`
-	MigFromNew6      *ebpf.Variable `ebpf:"mig_from_new6"`
-	MigFromR0        *ebpf.Variable `ebpf:"mig_from_r0"`
-	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
-	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`
-	ServiceMetrics   *ebpf.Variable `ebpf:"service_metrics"`
-	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
-	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
+	CtAdmitKeys       *ebpf.Variable `ebpf:"ct_admit_keys"`
+	CtHalfOpenMax     *ebpf.Variable `ebpf:"ct_half_open_max"`
+	CtTimeoutCloseNs  *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSnatTwNs *ebpf.Variable `ebpf:"ct_timeout_snat_tw_ns"`
+	CtTimeoutSynNs    *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
+	CtTimeoutTcpNs    *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
+	CtTimeoutUdpNs    *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	DevL3Maybe        *ebpf.Variable `ebpf:"dev_l3_maybe"`
+	FibCacheNs        *ebpf.Variable `ebpf:"fib_cache_ns"`
+	HaveClusterCidr   *ebpf.Variable `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6  *ebpf.Variable `ebpf:"have_cluster_cidr6"`
+	MasqueradeAll     *ebpf.Variable `ebpf:"masquerade_all"`
+	MigFromEst        *ebpf.Variable `ebpf:"mig_from_est"`
+	MigFromEst6       *ebpf.Variable `ebpf:"mig_from_est6"`
+	MigFromNew        *ebpf.Variable `ebpf:"mig_from_new"`
+	MigFromNew6       *ebpf.Variable `ebpf:"mig_from_new6"`
+	MigFromR0         *ebpf.Variable `ebpf:"mig_from_r0"`
+	NodeIp4           *ebpf.Variable `ebpf:"node_ip4"`
+	NodeIp6           *ebpf.Variable `ebpf:"node_ip6"`
+	ServiceMetrics    *ebpf.Variable `ebpf:"service_metrics"`
+	SnatPortMax       *ebpf.Variable `ebpf:"snat_port_max"`
+	SnatPortMin       *ebpf.Variable `ebpf:"snat_port_min"`
 }
 
 // migratePrograms contains all programs after they have been loaded into the kernel.

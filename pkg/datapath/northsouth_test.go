@@ -384,6 +384,9 @@ func northSouthSNATPorts(t *testing.T, v6 bool) {
 		// port is found, so the test is exact.
 		cfg.SNATPortMin, cfg.SNATPortMax = 62000, 62031
 		cfg.CTTimeoutClose = 50 * time.Millisecond
+		// No TIME_WAIT extension: the closed flow's port is free at the
+		// close timeout (snattw_test.go tests the extension).
+		cfg.CTTimeoutSNATTimeWait = cfg.CTTimeoutClose
 	})
 	n := nsNodeOf(t, v6, cfg)
 	ifindex, d, np, be := n.ifindex, n.d, n.np, n.be

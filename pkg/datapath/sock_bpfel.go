@@ -395,7 +395,8 @@ const (
 	sockMetricReasonMETRIC_TC_REV_AT_EGRESS     sockMetricReason = 48
 	sockMetricReasonMETRIC_TC_TCP_STRAY         sockMetricReason = 49
 	sockMetricReasonMETRIC_TC_TCP_STRAY_UP      sockMetricReason = 50
-	sockMetricReasonMETRIC_MAX                  sockMetricReason = 51
+	sockMetricReasonMETRIC_TC_SNAT_TW_REUSE     sockMetricReason = 51
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 52
 )
 
 type sockNodeCidr6Key struct {
@@ -657,6 +658,7 @@ const (
 	sockVarCtAdmitKeys             = "ct_admit_keys"
 	sockVarCtHalfOpenMax           = "ct_half_open_max"
 	sockVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
+	sockVarCtTimeoutSnatTwNs       = "ct_timeout_snat_tw_ns"
 	sockVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	sockVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	sockVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
@@ -783,23 +785,24 @@ type sockMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockVariableSpecs struct {
-	AgentNetnsCookie *ebpf.VariableSpec `ebpf:"agent_netns_cookie"`
-	CtAdmitKeys      *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
-	CtHalfOpenMax    *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
-	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
-	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
-	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
-	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
-	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
-	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
-	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
-	HostNetnsCookie  *ebpf.VariableSpec `ebpf:"host_netns_cookie"`
-	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
-	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
-	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
-	ServiceMetrics   *ebpf.VariableSpec `ebpf:"service_metrics"`
-	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
-	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
+	AgentNetnsCookie  *ebpf.VariableSpec `ebpf:"agent_netns_cookie"`
+	CtAdmitKeys       *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
+	CtHalfOpenMax     *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
+	CtTimeoutCloseNs  *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSnatTwNs *ebpf.VariableSpec `ebpf:"ct_timeout_snat_tw_ns"`
+	CtTimeoutSynNs    *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
+	CtTimeoutTcpNs    *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
+	CtTimeoutUdpNs    *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	FibCacheNs        *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
+	HaveClusterCidr   *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6  *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
+	HostNetnsCookie   *ebpf.VariableSpec `ebpf:"host_netns_cookie"`
+	MasqueradeAll     *ebpf.VariableSpec `ebpf:"masquerade_all"`
+	NodeIp4           *ebpf.VariableSpec `ebpf:"node_ip4"`
+	NodeIp6           *ebpf.VariableSpec `ebpf:"node_ip6"`
+	ServiceMetrics    *ebpf.VariableSpec `ebpf:"service_metrics"`
+	SnatPortMax       *ebpf.VariableSpec `ebpf:"snat_port_max"`
+	SnatPortMin       *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
 
 // sockObjects contains all objects after they have been loaded into the kernel.
@@ -919,23 +922,24 @@ func (m *sockMaps) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockVariables struct {
-	AgentNetnsCookie *ebpf.Variable `ebpf:"agent_netns_cookie"`
-	CtAdmitKeys      *ebpf.Variable `ebpf:"ct_admit_keys"`
-	CtHalfOpenMax    *ebpf.Variable `ebpf:"ct_half_open_max"`
-	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
-	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
-	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
-	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
-	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
-	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
-	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
-	HostNetnsCookie  *ebpf.Variable `ebpf:"host_netns_cookie"`
-	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
-	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
-	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`
-	ServiceMetrics   *ebpf.Variable `ebpf:"service_metrics"`
-	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
-	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
+	AgentNetnsCookie  *ebpf.Variable `ebpf:"agent_netns_cookie"`
+	CtAdmitKeys       *ebpf.Variable `ebpf:"ct_admit_keys"`
+	CtHalfOpenMax     *ebpf.Variable `ebpf:"ct_half_open_max"`
+	CtTimeoutCloseNs  *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSnatTwNs *ebpf.Variable `ebpf:"ct_timeout_snat_tw_ns"`
+	CtTimeoutSynNs    *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
+	CtTimeoutTcpNs    *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
+	CtTimeoutUdpNs    *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	FibCacheNs        *ebpf.Variable `ebpf:"fib_cache_ns"`
+	HaveClusterCidr   *ebpf.Variable `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6  *ebpf.Variable `ebpf:"have_cluster_cidr6"`
+	HostNetnsCookie   *ebpf.Variable `ebpf:"host_netns_cookie"`
+	MasqueradeAll     *ebpf.Variable `ebpf:"masquerade_all"`
+	NodeIp4           *ebpf.Variable `ebpf:"node_ip4"`
+	NodeIp6           *ebpf.Variable `ebpf:"node_ip6"`
+	ServiceMetrics    *ebpf.Variable `ebpf:"service_metrics"`
+	SnatPortMax       *ebpf.Variable `ebpf:"snat_port_max"`
+	SnatPortMin       *ebpf.Variable `ebpf:"snat_port_min"`
 }
 
 // sockPrograms contains all programs after they have been loaded into the kernel.

@@ -91,6 +91,7 @@ const (
 	sockdestroyVarCtAdmitKeys                 = "ct_admit_keys"
 	sockdestroyVarCtHalfOpenMax               = "ct_half_open_max"
 	sockdestroyVarCtTimeoutCloseNs            = "ct_timeout_close_ns"
+	sockdestroyVarCtTimeoutSnatTwNs           = "ct_timeout_snat_tw_ns"
 	sockdestroyVarCtTimeoutSynNs              = "ct_timeout_syn_ns"
 	sockdestroyVarCtTimeoutTcpNs              = "ct_timeout_tcp_ns"
 	sockdestroyVarCtTimeoutUdpNs              = "ct_timeout_udp_ns"
@@ -207,6 +208,7 @@ type sockdestroyVariableSpecs struct {
 	CtAdmitKeys       *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
 	CtHalfOpenMax     *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs  *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSnatTwNs *ebpf.VariableSpec `ebpf:"ct_timeout_snat_tw_ns"`
 	CtTimeoutSynNs    *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs    *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs    *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
@@ -340,6 +342,7 @@ type sockdestroyVariables struct {
 	CtAdmitKeys       *ebpf.Variable `ebpf:"ct_admit_keys"`
 	CtHalfOpenMax     *ebpf.Variable `ebpf:"ct_half_open_max"`
 	CtTimeoutCloseNs  *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSnatTwNs *ebpf.Variable `ebpf:"ct_timeout_snat_tw_ns"`
 	CtTimeoutSynNs    *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
 	CtTimeoutTcpNs    *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
 	CtTimeoutUdpNs    *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`

@@ -138,6 +138,7 @@ const (
 	tcVarCtAdmitPaused           = "ct_admit_paused"
 	tcVarCtHalfOpenMax           = "ct_half_open_max"
 	tcVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
+	tcVarCtTimeoutSnatTwNs       = "ct_timeout_snat_tw_ns"
 	tcVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	tcVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	tcVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
@@ -259,23 +260,24 @@ type tcMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcVariableSpecs struct {
-	CtAdmitKeys      *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
-	CtAdmitPaused    *ebpf.VariableSpec `ebpf:"ct_admit_paused"`
-	CtHalfOpenMax    *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
-	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
-	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
-	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
-	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
-	DevL3Maybe       *ebpf.VariableSpec `ebpf:"dev_l3_maybe"`
-	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
-	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
-	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
-	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
-	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
-	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
-	ServiceMetrics   *ebpf.VariableSpec `ebpf:"service_metrics"`
-	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
-	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
+	CtAdmitKeys       *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
+	CtAdmitPaused     *ebpf.VariableSpec `ebpf:"ct_admit_paused"`
+	CtHalfOpenMax     *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
+	CtTimeoutCloseNs  *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSnatTwNs *ebpf.VariableSpec `ebpf:"ct_timeout_snat_tw_ns"`
+	CtTimeoutSynNs    *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
+	CtTimeoutTcpNs    *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
+	CtTimeoutUdpNs    *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	DevL3Maybe        *ebpf.VariableSpec `ebpf:"dev_l3_maybe"`
+	FibCacheNs        *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
+	HaveClusterCidr   *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6  *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
+	MasqueradeAll     *ebpf.VariableSpec `ebpf:"masquerade_all"`
+	NodeIp4           *ebpf.VariableSpec `ebpf:"node_ip4"`
+	NodeIp6           *ebpf.VariableSpec `ebpf:"node_ip6"`
+	ServiceMetrics    *ebpf.VariableSpec `ebpf:"service_metrics"`
+	SnatPortMax       *ebpf.VariableSpec `ebpf:"snat_port_max"`
+	SnatPortMin       *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
 
 // tcObjects contains all objects after they have been loaded into the kernel.
@@ -397,23 +399,24 @@ func (m *tcMaps) Close() error {
 //
 // It can be passed to loadTcObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcVariables struct {
-	CtAdmitKeys      *ebpf.Variable `ebpf:"ct_admit_keys"`
-	CtAdmitPaused    *ebpf.Variable `ebpf:"ct_admit_paused"`
-	CtHalfOpenMax    *ebpf.Variable `ebpf:"ct_half_open_max"`
-	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
-	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
-	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
-	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
-	DevL3Maybe       *ebpf.Variable `ebpf:"dev_l3_maybe"`
-	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
-	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
-	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
-	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
-	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
-	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`
-	ServiceMetrics   *ebpf.Variable `ebpf:"service_metrics"`
-	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
-	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
+	CtAdmitKeys       *ebpf.Variable `ebpf:"ct_admit_keys"`
+	CtAdmitPaused     *ebpf.Variable `ebpf:"ct_admit_paused"`
+	CtHalfOpenMax     *ebpf.Variable `ebpf:"ct_half_open_max"`
+	CtTimeoutCloseNs  *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSnatTwNs *ebpf.Variable `ebpf:"ct_timeout_snat_tw_ns"`
+	CtTimeoutSynNs    *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
+	CtTimeoutTcpNs    *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
+	CtTimeoutUdpNs    *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	DevL3Maybe        *ebpf.Variable `ebpf:"dev_l3_maybe"`
+	FibCacheNs        *ebpf.Variable `ebpf:"fib_cache_ns"`
+	HaveClusterCidr   *ebpf.Variable `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6  *ebpf.Variable `ebpf:"have_cluster_cidr6"`
+	MasqueradeAll     *ebpf.Variable `ebpf:"masquerade_all"`
+	NodeIp4           *ebpf.Variable `ebpf:"node_ip4"`
+	NodeIp6           *ebpf.Variable `ebpf:"node_ip6"`
+	ServiceMetrics    *ebpf.Variable `ebpf:"service_metrics"`
+	SnatPortMax       *ebpf.Variable `ebpf:"snat_port_max"`
+	SnatPortMin       *ebpf.Variable `ebpf:"snat_port_min"`
 }
 
 // tcPrograms contains all programs after they have been loaded into the kernel.

@@ -97,6 +97,7 @@ const (
 	xdpVarCtAdmitPaused           = "ct_admit_paused"
 	xdpVarCtHalfOpenMax           = "ct_half_open_max"
 	xdpVarCtTimeoutCloseNs        = "ct_timeout_close_ns"
+	xdpVarCtTimeoutSnatTwNs       = "ct_timeout_snat_tw_ns"
 	xdpVarCtTimeoutSynNs          = "ct_timeout_syn_ns"
 	xdpVarCtTimeoutTcpNs          = "ct_timeout_tcp_ns"
 	xdpVarCtTimeoutUdpNs          = "ct_timeout_udp_ns"
@@ -214,25 +215,26 @@ type xdpMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type xdpVariableSpecs struct {
-	CtAdmitKeys      *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
-	CtAdmitPaused    *ebpf.VariableSpec `ebpf:"ct_admit_paused"`
-	CtHalfOpenMax    *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
-	CtTimeoutCloseNs *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
-	CtTimeoutSynNs   *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
-	CtTimeoutTcpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
-	CtTimeoutUdpNs   *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
-	DevL3Maybe       *ebpf.VariableSpec `ebpf:"dev_l3_maybe"`
-	DevTunnelMaybe   *ebpf.VariableSpec `ebpf:"dev_tunnel_maybe"`
-	FibCacheNs       *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
-	FibGen           *ebpf.VariableSpec `ebpf:"fib_gen"`
-	HaveClusterCidr  *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
-	HaveClusterCidr6 *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
-	MasqueradeAll    *ebpf.VariableSpec `ebpf:"masquerade_all"`
-	NodeIp4          *ebpf.VariableSpec `ebpf:"node_ip4"`
-	NodeIp6          *ebpf.VariableSpec `ebpf:"node_ip6"`
-	ServiceMetrics   *ebpf.VariableSpec `ebpf:"service_metrics"`
-	SnatPortMax      *ebpf.VariableSpec `ebpf:"snat_port_max"`
-	SnatPortMin      *ebpf.VariableSpec `ebpf:"snat_port_min"`
+	CtAdmitKeys       *ebpf.VariableSpec `ebpf:"ct_admit_keys"`
+	CtAdmitPaused     *ebpf.VariableSpec `ebpf:"ct_admit_paused"`
+	CtHalfOpenMax     *ebpf.VariableSpec `ebpf:"ct_half_open_max"`
+	CtTimeoutCloseNs  *ebpf.VariableSpec `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSnatTwNs *ebpf.VariableSpec `ebpf:"ct_timeout_snat_tw_ns"`
+	CtTimeoutSynNs    *ebpf.VariableSpec `ebpf:"ct_timeout_syn_ns"`
+	CtTimeoutTcpNs    *ebpf.VariableSpec `ebpf:"ct_timeout_tcp_ns"`
+	CtTimeoutUdpNs    *ebpf.VariableSpec `ebpf:"ct_timeout_udp_ns"`
+	DevL3Maybe        *ebpf.VariableSpec `ebpf:"dev_l3_maybe"`
+	DevTunnelMaybe    *ebpf.VariableSpec `ebpf:"dev_tunnel_maybe"`
+	FibCacheNs        *ebpf.VariableSpec `ebpf:"fib_cache_ns"`
+	FibGen            *ebpf.VariableSpec `ebpf:"fib_gen"`
+	HaveClusterCidr   *ebpf.VariableSpec `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6  *ebpf.VariableSpec `ebpf:"have_cluster_cidr6"`
+	MasqueradeAll     *ebpf.VariableSpec `ebpf:"masquerade_all"`
+	NodeIp4           *ebpf.VariableSpec `ebpf:"node_ip4"`
+	NodeIp6           *ebpf.VariableSpec `ebpf:"node_ip6"`
+	ServiceMetrics    *ebpf.VariableSpec `ebpf:"service_metrics"`
+	SnatPortMax       *ebpf.VariableSpec `ebpf:"snat_port_max"`
+	SnatPortMin       *ebpf.VariableSpec `ebpf:"snat_port_min"`
 }
 
 // xdpObjects contains all objects after they have been loaded into the kernel.
@@ -354,25 +356,26 @@ func (m *xdpMaps) Close() error {
 //
 // It can be passed to loadXdpObjects or ebpf.CollectionSpec.LoadAndAssign.
 type xdpVariables struct {
-	CtAdmitKeys      *ebpf.Variable `ebpf:"ct_admit_keys"`
-	CtAdmitPaused    *ebpf.Variable `ebpf:"ct_admit_paused"`
-	CtHalfOpenMax    *ebpf.Variable `ebpf:"ct_half_open_max"`
-	CtTimeoutCloseNs *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
-	CtTimeoutSynNs   *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
-	CtTimeoutTcpNs   *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
-	CtTimeoutUdpNs   *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
-	DevL3Maybe       *ebpf.Variable `ebpf:"dev_l3_maybe"`
-	DevTunnelMaybe   *ebpf.Variable `ebpf:"dev_tunnel_maybe"`
-	FibCacheNs       *ebpf.Variable `ebpf:"fib_cache_ns"`
-	FibGen           *ebpf.Variable `ebpf:"fib_gen"`
-	HaveClusterCidr  *ebpf.Variable `ebpf:"have_cluster_cidr"`
-	HaveClusterCidr6 *ebpf.Variable `ebpf:"have_cluster_cidr6"`
-	MasqueradeAll    *ebpf.Variable `ebpf:"masquerade_all"`
-	NodeIp4          *ebpf.Variable `ebpf:"node_ip4"`
-	NodeIp6          *ebpf.Variable `ebpf:"node_ip6"`
-	ServiceMetrics   *ebpf.Variable `ebpf:"service_metrics"`
-	SnatPortMax      *ebpf.Variable `ebpf:"snat_port_max"`
-	SnatPortMin      *ebpf.Variable `ebpf:"snat_port_min"`
+	CtAdmitKeys       *ebpf.Variable `ebpf:"ct_admit_keys"`
+	CtAdmitPaused     *ebpf.Variable `ebpf:"ct_admit_paused"`
+	CtHalfOpenMax     *ebpf.Variable `ebpf:"ct_half_open_max"`
+	CtTimeoutCloseNs  *ebpf.Variable `ebpf:"ct_timeout_close_ns"`
+	CtTimeoutSnatTwNs *ebpf.Variable `ebpf:"ct_timeout_snat_tw_ns"`
+	CtTimeoutSynNs    *ebpf.Variable `ebpf:"ct_timeout_syn_ns"`
+	CtTimeoutTcpNs    *ebpf.Variable `ebpf:"ct_timeout_tcp_ns"`
+	CtTimeoutUdpNs    *ebpf.Variable `ebpf:"ct_timeout_udp_ns"`
+	DevL3Maybe        *ebpf.Variable `ebpf:"dev_l3_maybe"`
+	DevTunnelMaybe    *ebpf.Variable `ebpf:"dev_tunnel_maybe"`
+	FibCacheNs        *ebpf.Variable `ebpf:"fib_cache_ns"`
+	FibGen            *ebpf.Variable `ebpf:"fib_gen"`
+	HaveClusterCidr   *ebpf.Variable `ebpf:"have_cluster_cidr"`
+	HaveClusterCidr6  *ebpf.Variable `ebpf:"have_cluster_cidr6"`
+	MasqueradeAll     *ebpf.Variable `ebpf:"masquerade_all"`
+	NodeIp4           *ebpf.Variable `ebpf:"node_ip4"`
+	NodeIp6           *ebpf.Variable `ebpf:"node_ip6"`
+	ServiceMetrics    *ebpf.Variable `ebpf:"service_metrics"`
+	SnatPortMax       *ebpf.Variable `ebpf:"snat_port_max"`
+	SnatPortMin       *ebpf.Variable `ebpf:"snat_port_min"`
 }
 
 // xdpPrograms contains all programs after they have been loaded into the kernel.
