@@ -344,13 +344,17 @@ enum metric_reason {
 	METRIC_TC_FIB_ERR,
 	/* externalTrafficPolicy Local, no local endpoint: dropped */
 	METRIC_TC_LOCAL_NO_BACKEND,
-	/* source not in loadBalancerSourceRanges: dropped */
+	/* a new or not yet answered flow's source not in
+	 * loadBalancerSourceRanges: dropped
+	 */
 	METRIC_TC_SRC_RANGE_DENY,
 	/* XDP: external flow translated and transmitted */
 	METRIC_XDP_FWD,
 	/* XDP: reply of an external flow translated and transmitted */
 	METRIC_XDP_REV,
-	/* XDP: source not in loadBalancerSourceRanges: dropped */
+	/* XDP: a new or not yet answered flow's source not in
+	 * loadBalancerSourceRanges: dropped
+	 */
 	METRIC_XDP_SRC_RANGE_DENY,
 	/* XDP: conntrack update failed: packet translated without state */
 	METRIC_XDP_CT_FULL,
