@@ -30,6 +30,12 @@ const twTimeWait = 90 * time.Second
 // with the defaults filled in.
 func twNode(t *testing.T, v6, xdp bool) (d *Datapath, ifindex int, np model.L4Addr, be testBackend, cfg Config) {
 	t.Helper()
+	return twNodeWith(t, v6, xdp, func(*Config) {})
+}
+
+// twNodeWith is twNode with more set on its configuration.
+func twNodeWith(t *testing.T, v6, xdp bool, more func(*Config)) (d *Datapath, ifindex int, np model.L4Addr, be testBackend, cfg Config) {
+	t.Helper()
 	base := smallConfig
 	if xdp {
 		base = xdpConfig
@@ -37,6 +43,7 @@ func twNode(t *testing.T, v6, xdp bool) (d *Datapath, ifindex int, np model.L4Ad
 	set := func(c *Config) {
 		c.SNATPortMin, c.SNATPortMax = 62000, 62001
 		c.CTTimeoutSNATTimeWait = twTimeWait
+		more(c)
 	}
 	d, ifindex, np, be = snatNode(t, v6, configWith(base, set))
 	cfg = configWith(base, set)("").withDefaults()
@@ -409,4 +416,92 @@ func TestSNATTimeWaitConfig(t *testing.T) {
 			t.Errorf("ct_timeout_snat_tw_ns of the loaded %s = %v, want 75s", prog.name, got)
 		}
 	}
+}
+
+// TestSNATTimeWaitTakenOverWhenTableFull: with the table of established
+// flows full (64 entries: a closed source-NATed flow 30 s into its
+// TIME_WAIT extension, and 62 live entries of other flows) and the
+// range's other port free, a new flow takes the closed flow's port over
+// (its 2 entries deleted, 1 inserted), counted tc_snat_tw_reuse, as
+// netfilter early-drops a TIME_WAIT conntrack when its table is full.
+// Before, the try of the free port met the full table (-E2BIG) and the
+// search gave up at once: the SYN dropped, tc_ct_est_full +1. Then, the
+// table full of live entries only, the next flow is refused as before
+// (tc_ct_est_full).
+func TestSNATTimeWaitTakenOverWhenTableFull(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d, ifindex, np, be, _ := twNodeWith(t, v6, false, func(c *Config) { c.MaxConntrack = 64 })
+		m := d.Maps()
+		a := twOpen(t, d, ifindex, np, be, twClient(np), 44000)
+		twClose(t, d, ifindex, np, be, a)
+		for _, k := range []ctK{a.fwd, a.rev} {
+			twShift(t, m, k, -30*time.Second)
+		}
+		est := ctTablesOf(t, m, a.fwd)[0]
+		other := twinOf(v6)("10.0.99.1")
+		dst := twinOf(v6)("10.96.99.1")
+		expires := clockNow(t) + uint64(time.Hour)
+		for i := range 64 - mapLen(t, est) {
+			k := ctKeyOf(other, uint16(30000+i), dst, 53, model.UDP, ctForward)
+			var err error
+			if v6 {
+				key, v := k.k6(), tcCt6Entry{Expires: expires}
+				err = est.Update(&key, &v, ebpf.UpdateNoExist)
+			} else {
+				key, v := k.k4(), sockCt4Entry{Expires: expires}
+				err = est.Update(&key, &v, ebpf.UpdateNoExist)
+			}
+			if err != nil {
+				t.Fatalf("filling the table, entry %d: %v", i, err)
+			}
+		}
+		if n := mapLen(t, est); n != 64 {
+			t.Fatalf("%d entries in the established table, want it full (64)", n)
+		}
+
+		before := counters(t, d)
+		client, cport := twClient(np), uint16(44002)
+		if v, _ := runOn(t, d.TCIngress(), ifindex, twSYN(np, client, cport).Bytes()); v != tcActRedirect {
+			t.Fatalf("new flow, table full: verdict %d, want it sent on from the port the closed flow holds for TIME_WAIT", v)
+		}
+		if sp := snatPortIn(t, d, client, cport, np); sp != a.port {
+			t.Errorf("new flow got port %d, want %d, the closed flow's", sp, a.port)
+		}
+		after := counters(t, d)
+		if got := after["tc_snat_tw_reuse"] - before["tc_snat_tw_reuse"]; got != 1 {
+			t.Errorf("tc_snat_tw_reuse +%d, want +1", got)
+		}
+		if got := after["tc_ct_est_full"] - before["tc_ct_est_full"]; got != 0 {
+			t.Errorf("tc_ct_est_full +%d, want +0", got)
+		}
+		if e, ok := ctLookup(t, m, a.fwd); ok {
+			t.Errorf("the closed flow's forward entry %+v still there after its port was taken over", e)
+		}
+		if e, ok := twAlive(t, m, a.rev); !ok || ctClosed(e.flags) || e.snat.Addr().String() != client || e.snat.Port() != cport {
+			t.Errorf("reply entry of port %d: %+v (alive %v), want the new flow's, open, naming %s:%d", a.port, e, ok, client, cport)
+		}
+
+		// The table full again, of live entries only: refused as before.
+		k := ctKeyOf(other, 29999, dst, 53, model.UDP, ctForward)
+		var err error
+		if v6 {
+			key, v := k.k6(), tcCt6Entry{Expires: expires}
+			err = est.Update(&key, &v, ebpf.UpdateNoExist)
+		} else {
+			key, v := k.k4(), sockCt4Entry{Expires: expires}
+			err = est.Update(&key, &v, ebpf.UpdateNoExist)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		before = after
+		if v, _ := runOn(t, d.TCIngress(), ifindex, twSYN(np, client, cport+1).Bytes()); v != tcActShot {
+			t.Errorf("next flow, table full of live entries: verdict %d, want it refused (drop)", v)
+		}
+		after = counters(t, d)
+		if after["tc_ct_est_full"]-before["tc_ct_est_full"] != 1 || after["tc_snat_tw_reuse"] != before["tc_snat_tw_reuse"] {
+			t.Errorf("next flow refused: tc_ct_est_full +%d, tc_snat_tw_reuse +%d; want +1 and +0",
+				after["tc_ct_est_full"]-before["tc_ct_est_full"], after["tc_snat_tw_reuse"]-before["tc_snat_tw_reuse"])
+		}
+	})
 }
