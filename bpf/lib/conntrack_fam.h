@@ -29,8 +29,9 @@ static __always_inline bool FN(ct_refresh)(FAM(ct_entry_t) *e, __u8 proto,
 /*
  * ct_mark - set @bits in the flags of @e atomically (the two ends of a
  * flow closing at once on two CPUs must both leave their mark), and bring
- * its expiry forward to its closed lifetime if this closes the flow
- * (ct_lifetime: the close timeout, or a source-NATed flow's TIME_WAIT).
+ * its expiry forward to its closed lifetime if this closes the flow, or
+ * ends its TIME_WAIT extension (a RST: ct_snat_held) (ct_lifetime: the
+ * close timeout, or a FIN-closed source-NATed flow's TIME_WAIT).
  */
 static __always_inline void FN(ct_mark)(FAM(ct_entry_t) *e, __u32 bits,
 					__u8 proto, __u64 now)
@@ -41,11 +42,12 @@ static __always_inline void FN(ct_mark)(FAM(ct_entry_t) *e, __u32 bits,
 	if ((READ_ONCE(e->flags) & bits) == bits)
 		return;
 	old = __sync_fetch_and_or(&e->flags, bits);
-	if (proto != IPPROTO_TCP || ct_closed(old) || !ct_closed(old | bits))
+	/* Also a RST on a flow in its TIME_WAIT extension: it ends it. */
+	if (proto != IPPROTO_TCP || !ct_closed(old | bits) ||
+	    (ct_closed(old) && ct_snat_held(old) == ct_snat_held(old | bits)))
 		return;
 	seen = READ_ONCE(e->expires);
-	want = now + ((old & CT_F_SNAT) ? ct_timeout_snat_tw_ns :
-					  ct_timeout_close_ns);
+	want = now + ct_lifetime(IPPROTO_TCP, old | bits);
 	if (ct_alive(seen, now) && (__s64)(want - seen) < 0)
 		__sync_val_compare_and_swap(&e->expires, seen, want);
 }

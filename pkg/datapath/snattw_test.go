@@ -397,11 +397,16 @@ func TestSNATTimeWaitConfig(t *testing.T) {
 	if c := (Config{CTTimeoutClose: 3 * time.Minute, CTTimeoutSNATTimeWait: time.Minute}).withDefaults(); c.CTTimeoutSNATTimeWait != 3*time.Minute {
 		t.Errorf("TIME_WAIT 1m below a close timeout of 3m: %v, want 3m", c.CTTimeoutSNATTimeWait)
 	}
-	if tm := (Config{}).ctTimeouts(); tm.lifetime(uint8(model.TCP), ctFlagSNAT|ctFlagRSTRev) != uint64(DefaultCTTimeoutSNATTW) ||
-		tm.lifetime(uint8(model.TCP), ctFlagRSTRev) != uint64(DefaultCTTimeoutClose) ||
+	finned := ctFlagFinFwd | ctFlagFinRev
+	if tm := (Config{}).ctTimeouts(); tm.lifetime(uint8(model.TCP), ctFlagSNAT|finned) != uint64(DefaultCTTimeoutSNATTW) ||
+		tm.lifetime(uint8(model.TCP), finned) != uint64(DefaultCTTimeoutClose) ||
+		tm.lifetime(uint8(model.TCP), ctFlagSNAT|ctFlagRSTRev) != uint64(DefaultCTTimeoutClose) ||
+		tm.lifetime(uint8(model.TCP), ctFlagSNAT|finned|ctFlagRSTFwd) != uint64(DefaultCTTimeoutClose) ||
 		tm.lifetime(uint8(model.TCP), ctFlagSNAT|ctFlagReplied) != uint64(DefaultCTTimeoutTCP) {
-		t.Errorf("ctTimeouts.lifetime: closed SNAT %v, closed %v, open SNAT %v",
-			time.Duration(tm.lifetime(uint8(model.TCP), ctFlagSNAT|ctFlagRSTRev)), time.Duration(tm.lifetime(uint8(model.TCP), ctFlagRSTRev)),
+		t.Errorf("ctTimeouts.lifetime: FIN-closed SNAT %v, FIN-closed %v, RST-closed SNAT %v, FIN-closed then RST SNAT %v, open SNAT %v",
+			time.Duration(tm.lifetime(uint8(model.TCP), ctFlagSNAT|finned)), time.Duration(tm.lifetime(uint8(model.TCP), finned)),
+			time.Duration(tm.lifetime(uint8(model.TCP), ctFlagSNAT|ctFlagRSTRev)),
+			time.Duration(tm.lifetime(uint8(model.TCP), ctFlagSNAT|finned|ctFlagRSTFwd)),
 			time.Duration(tm.lifetime(uint8(model.TCP), ctFlagSNAT|ctFlagReplied)))
 	}
 
@@ -503,5 +508,81 @@ func TestSNATTimeWaitTakenOverWhenTableFull(t *testing.T) {
 			t.Errorf("next flow refused: tc_ct_est_full +%d, tc_snat_tw_reuse +%d; want +1 and +0",
 				after["tc_ct_est_full"]-before["tc_ct_est_full"], after["tc_snat_tw_reuse"]-before["tc_snat_tw_reuse"])
 		}
+	})
+}
+
+// TestSNATRSTClosedKeepsCloseTimeout: a source-NATed flow closed by a
+// RST lives the close timeout, not TIME_WAIT's (a RST leaves no
+// TIME_WAIT on the backend; netfilter sends a RST to CLOSE): a refused
+// connection (the backend answers the SYN with RST|ACK), an established
+// flow the backend resets, and a flow the backend closed first with FINs
+// that the client then resets (its TIME_WAIT extension cut short). A
+// flow whose RST was challenged (the client's bare ACK after the
+// backend's RST) keeps the SYN timeout. Before, the RST-closed flows
+// lived TIME_WAIT's timeout.
+func TestSNATRSTClosedKeepsCloseTimeout(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d, ifindex, np, be, cfg := twNode(t, v6, false)
+		m := d.Maps()
+		if cfg.CTTimeoutClose == twTimeWait {
+			t.Fatalf("close timeout and TIME_WAIT both %v: the test tells nothing", twTimeWait)
+		}
+		clientPkt := func(f twFlow, flags uint8) packet.Packet {
+			p := nsClient(f.cport, np)
+			p.Src, p.TCPFlags = addr(f.client), flags
+			return p
+		}
+		send := func(what string, p packet.Packet) {
+			t.Helper()
+			if v, _ := runOn(t, d.TCIngress(), ifindex, p.Bytes()); v != tcActRedirect {
+				t.Fatalf("%s: verdict %d", what, v)
+			}
+		}
+		expect := func(f twFlow, want, no uint32, life time.Duration, lo, hi uint64, what string) {
+			t.Helper()
+			for _, k := range []ctK{f.fwd, f.rev} {
+				ctExpiresWithin(t, m, k, want, no, life, lo, hi, what)
+			}
+		}
+
+		// Refused: SYN, RST|ACK.
+		client := twClient(np)
+		send("refused flow's SYN", twSYN(np, client, 44100))
+		r := twFlow{client: client, cport: 44100, port: snatPortIn(t, d, client, 44100, np)}
+		node := ofFamily(np.Addr, nsNodeIP, nsNodeIP6).String()
+		r.rev = ctKeyOf(be.addr.Addr.String(), be.addr.Port, node, r.port, model.TCP, ctReverse)
+		r.fwd = ctKeyOf(client, 44100, np.Addr.String(), np.Port, model.TCP, ctForward)
+		lo := clockNow(t)
+		send("backend's RST|ACK", replyFrom(be, r.port, tcpRST|tcpACK))
+		hi := clockNow(t)
+		expect(r, ctFlagSNAT|ctFlagRSTRev, 0, cfg.CTTimeoutClose, lo, hi, "refused source-NATed flow")
+		for _, k := range []ctK{r.fwd, r.rev} {
+			ctRemove(t, m, k)
+		}
+
+		// Established, reset by the backend.
+		e := twOpen(t, d, ifindex, np, be, client, 44101)
+		lo = clockNow(t)
+		send("backend's RST", replyFrom(be, e.port, tcpRST))
+		hi = clockNow(t)
+		expect(e, ctFlagSNAT|ctFlagRSTRev, 0, cfg.CTTimeoutClose, lo, hi, "RST-closed source-NATed flow")
+
+		// Reset by the backend, the RST challenged by the client's bare
+		// ACK: open again, the SYN timeout.
+		lo = clockNow(t)
+		send("client's bare ACK", clientPkt(e, tcpACK))
+		hi = clockNow(t)
+		expect(e, ctFlagSNAT|ctFlagChalRev, ctFlagRST, cfg.CTTimeoutSYN, lo, hi, "challenged source-NATed flow")
+		for _, k := range []ctK{e.fwd, e.rev} {
+			ctRemove(t, m, k)
+		}
+
+		// Closed with FINs (TIME_WAIT), then reset by the client.
+		f := twOpen(t, d, ifindex, np, be, client, 44102)
+		twClose(t, d, ifindex, np, be, f)
+		lo = clockNow(t)
+		send("client's RST after the close", clientPkt(f, tcpRST))
+		hi = clockNow(t)
+		expect(f, ctFlagSNAT|ctFlagFinFwd|ctFlagFinRev|ctFlagRSTFwd, 0, cfg.CTTimeoutClose, lo, hi, "FIN-closed source-NATed flow, then reset")
 	})
 }
