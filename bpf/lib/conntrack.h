@@ -80,8 +80,9 @@
  * of the flow closed (flags set atomically; only entries that point back
  * at each other are one flow); a closed entry lives ct_timeout_close_ns
  * after its last packet, and a new SYN on its tuple starts a new flow.
- * A source-NATed flow's live ct_timeout_snat_tw_ns instead, netfilter's
- * TIME_WAIT: a backend that closed first holds <node:port -> backend> in
+ * A source-NATed flow's closed by FINs (no RST mark, ct_snat_held) live
+ * ct_timeout_snat_tw_ns instead, netfilter's TIME_WAIT (a RST's, as
+ * netfilter's CLOSE, the close timeout): a backend that closed first holds <node:port -> backend> in
  * TIME_WAIT (60 s), and a new flow given that port meanwhile would have
  * its SYN answered by an ACK (a challenge ACK: its sequence is another
  * client's) that its client resets, the connect done only at the SYN's
@@ -229,17 +230,30 @@ static __always_inline bool ct_alive(__u64 expires, __u64 now)
 
 _Static_assert(CT_F_SNAT == 1, "ct_lifetime multiplies by the bit");
 
+/*
+ * ct_snat_held - CT_F_SNAT (1) if a closed TCP flow with @flags holds its
+ * entries, and so its SNAT port, for the backend's TIME_WAIT
+ * (ct_timeout_snat_tw_ns): source-NATed and closed by FINs, with no RST
+ * mark; 0 if not. A RST leaves no TIME_WAIT on the backend, and netfilter
+ * sends a RST to CLOSE (10 s): such a flow lives the close timeout.
+ * Without a branch (CT_F_SNAT is bit 0).
+ */
+static __always_inline __u32 ct_snat_held(__u32 flags)
+{
+	return (flags & CT_F_SNAT) & !(flags & CT_F_RST_ANY);
+}
+
 /* ct_lifetime - how long an entry of @proto with @flags lives idle. */
 static __always_inline __u64 ct_lifetime(__u8 proto, __u32 flags)
 {
 	if (proto != IPPROTO_TCP)
 		return ct_timeout_udp_ns;
-	/* Without a branch (CT_F_SNAT is bit 0): one less for the verifier
-	 * to walk at every refresh.
+	/* Without a branch (ct_snat_held): one less for the verifier to
+	 * walk at every refresh.
 	 */
 	if (ct_closed(flags))
 		return ct_timeout_close_ns +
-		       (__u64)(flags & CT_F_SNAT) *
+		       (__u64)ct_snat_held(flags) *
 			       (ct_timeout_snat_tw_ns - ct_timeout_close_ns);
 	if (flags & CT_F_CHAL_ANY)
 		return ct_timeout_syn_ns;
@@ -256,7 +270,7 @@ static __always_inline __u64 ct_lifetime(__u8 proto, __u32 flags)
 static __always_inline bool ct_snat_tw(__u8 proto, __u32 flags, __u64 expires,
 				       __u64 now)
 {
-	return proto == IPPROTO_TCP && (flags & CT_F_SNAT) &&
+	return proto == IPPROTO_TCP && ct_snat_held(flags) &&
 	       ct_closed(flags) &&
 	       (__s64)(expires - now) <=
 		       (__s64)(ct_timeout_snat_tw_ns - ct_timeout_close_ns);

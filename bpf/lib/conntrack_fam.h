@@ -29,8 +29,9 @@ static __always_inline bool FN(ct_refresh)(FAM(ct_entry_t) *e, __u8 proto,
 /*
  * ct_mark - set @bits in the flags of @e atomically (the two ends of a
  * flow closing at once on two CPUs must both leave their mark), and bring
- * its expiry forward to its closed lifetime if this closes the flow
- * (ct_lifetime: the close timeout, or a source-NATed flow's TIME_WAIT).
+ * its expiry forward to its closed lifetime if this closes the flow, or
+ * ends its TIME_WAIT extension (a RST: ct_snat_held) (ct_lifetime: the
+ * close timeout, or a FIN-closed source-NATed flow's TIME_WAIT).
  */
 static __always_inline void FN(ct_mark)(FAM(ct_entry_t) *e, __u32 bits,
 					__u8 proto, __u64 now)
@@ -41,11 +42,12 @@ static __always_inline void FN(ct_mark)(FAM(ct_entry_t) *e, __u32 bits,
 	if ((READ_ONCE(e->flags) & bits) == bits)
 		return;
 	old = __sync_fetch_and_or(&e->flags, bits);
-	if (proto != IPPROTO_TCP || ct_closed(old) || !ct_closed(old | bits))
+	/* Also a RST on a flow in its TIME_WAIT extension: it ends it. */
+	if (proto != IPPROTO_TCP || !ct_closed(old | bits) ||
+	    (ct_closed(old) && ct_snat_held(old) == ct_snat_held(old | bits)))
 		return;
 	seen = READ_ONCE(e->expires);
-	want = now + ((old & CT_F_SNAT) ? ct_timeout_snat_tw_ns :
-					  ct_timeout_close_ns);
+	want = now + ct_lifetime(IPPROTO_TCP, old | bits);
 	if (ct_alive(seen, now) && (__s64)(want - seen) < 0)
 		__sync_val_compare_and_swap(&e->expires, seen, want);
 }
@@ -938,9 +940,11 @@ static __always_inline int FN(ct_snat_take)(const FAM(pkt_t) *p,
  *
  * A port whose reply entry is a closed flow's is held for the backend's
  * TIME_WAIT (ct_timeout_snat_tw_ns, conntrack.h) and passed over; only if
- * every try finds its port held is the first one held so past the close
- * timeout taken over (ct_snat_tw, ct_snat_take), as netfilter does only
- * when its range is exhausted (nf_nat_used_tuple_harder).
+ * every try finds its port held, or the table full (-E2BIG), is the
+ * first one held so past the close timeout taken over (ct_snat_tw,
+ * ct_snat_take: its 2 entries deleted, 1 inserted), as netfilter does
+ * only when its range is exhausted (nf_nat_used_tuple_harder) or its
+ * table full (early_drop).
  *
  * Returns the reserved port (network order) in @port, and 0; 1 if every
  * try found a live flow (none in its TIME_WAIT extension); or a negative
@@ -949,6 +953,8 @@ static __always_inline int FN(ct_snat_take)(const FAM(pkt_t) *p,
  * the port was given back).
  */
 #define SNAT_TRIES 32
+/* ct_create_snat: a try met the table full (above a port's 16 bits). */
+#define CT_SNAT_FULL (1U << 16)
 
 static __always_inline int
 FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
@@ -973,7 +979,11 @@ FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
 		.snat_port = p->sport,
 	};
 	__u32 start, off, i;
-	__be16 tw = 0;
+	/* The first port held in TIME_WAIT (low 16 bits), and
+	 * CT_SNAT_FULL if a try met the table full: one register (the
+	 * stack is at its limit).
+	 */
+	__u32 tw = 0;
 	bool ok = false;
 	int err;
 
@@ -1003,8 +1013,15 @@ FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
 			break;
 		}
 		if (CT_SNAT_TAKES && err == CT_SNAT_TW) {
-			if (!tw)
-				tw = key.dport;
+			if (!(tw & 0xffff))
+				tw |= key.dport;
+			continue;
+		}
+		/* The table full: the search goes on for a port held in
+		 * TIME_WAIT, whose entries the take-over frees.
+		 */
+		if (CT_SNAT_TAKES && err == -E2BIG) {
+			tw |= CT_SNAT_FULL;
 			continue;
 		}
 		if (err != -EEXIST)
@@ -1012,12 +1029,14 @@ FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
 	}
 #undef SNAT_RANGE
 	if (!ok) {
-		/* Every port tried held: the first a closed flow holds only
-		 * for the backend's TIME_WAIT, if any, is taken over.
+		/* Every port tried held, or the table full: the first a
+		 * closed flow holds only for the backend's TIME_WAIT, if any,
+		 * is taken over (netfilter early-drops such a conntrack when
+		 * its table is full).
 		 */
-		if (!CT_SNAT_TAKES || !tw)
-			return 1;
-		key.dport = tw;
+		if (!CT_SNAT_TAKES || !(tw & 0xffff))
+			return tw ? -E2BIG : 1;
+		key.dport = (__be16)tw;
 		err = FN(ct_snat_take)(p, &key, &e, now);
 		if (err)
 			return err == -EEXIST ? 1 : err;

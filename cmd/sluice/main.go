@@ -108,7 +108,7 @@ func run(args []string) int {
 	fs.DurationVar(&dpCfg.CTTimeoutTCP, "conntrack-tcp-timeout", datapath.DefaultCTTimeoutTCP, "idle timeout of an answered, open TCP flow in sluice_conntrack (kube-proxy's conntrack.tcpEstablishedTimeout)")
 	fs.DurationVar(&dpCfg.CTTimeoutSYN, "conntrack-tcp-syn-timeout", datapath.DefaultCTTimeoutSYN, "idle timeout of a TCP flow not answered yet (in sluice_conntrack's half-open share or in sluice_ct_new)")
 	fs.DurationVar(&dpCfg.CTTimeoutClose, "conntrack-tcp-close-timeout", datapath.DefaultCTTimeoutClose, "how long a TCP flow's entry stays after a RST, or a FIN each way")
-	fs.DurationVar(&dpCfg.CTTimeoutSNATTimeWait, "conntrack-tcp-snat-time-wait", datapath.DefaultCTTimeoutSNATTW, "how long a source-NATed TCP flow's entries, and so its SNAT port, stay after a RST or a FIN each way, instead of --conntrack-tcp-close-timeout (netfilter's TIME_WAIT): the backend may hold the port in TIME_WAIT after it closed first; a new flow that finds no free port takes over one so held once its flow has been closed --conntrack-tcp-close-timeout; at least --conntrack-tcp-close-timeout (equal: no extension)")
+	fs.DurationVar(&dpCfg.CTTimeoutSNATTimeWait, "conntrack-tcp-snat-time-wait", datapath.DefaultCTTimeoutSNATTW, "how long a source-NATed TCP flow's entries, and so its SNAT port, stay after a FIN each way (not after a RST), instead of --conntrack-tcp-close-timeout (netfilter's TIME_WAIT): the backend may hold the port in TIME_WAIT after it closed first; a new flow that finds no free port takes over one so held once its flow has been closed --conntrack-tcp-close-timeout; at least --conntrack-tcp-close-timeout (equal: no extension; by default raised to a longer close timeout)")
 	fs.DurationVar(&dpCfg.CTTimeoutUDP, "conntrack-udp-timeout", datapath.DefaultCTTimeoutUDP, "idle timeout of a UDP flow, answered or not (kube-proxy's conntrack.udpStreamTimeout)")
 	kube := addKubeFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -157,10 +157,16 @@ func run(args []string) int {
 			return 2
 		}
 	}
-	if dpCfg.CTTimeoutSNATTimeWait < dpCfg.CTTimeoutClose {
+	// Its default (120 s) below a --conntrack-tcp-close-timeout given is
+	// raised to it (no extension: datapath.Config does the same); only
+	// a value given below it is refused.
+	twGiven := false
+	fs.Visit(func(f *flag.Flag) { twGiven = twGiven || f.Name == "conntrack-tcp-snat-time-wait" })
+	if twGiven && dpCfg.CTTimeoutSNATTimeWait < dpCfg.CTTimeoutClose {
 		fmt.Fprintf(os.Stderr, "sluice: --conntrack-tcp-snat-time-wait %s: must be >= --conntrack-tcp-close-timeout (%s)\n", dpCfg.CTTimeoutSNATTimeWait, dpCfg.CTTimeoutClose)
 		return 2
 	}
+	dpCfg.CTTimeoutSNATTimeWait = max(dpCfg.CTTimeoutSNATTimeWait, dpCfg.CTTimeoutClose)
 	if *mapRefresh < 0 {
 		fmt.Fprintf(os.Stderr, "sluice: --map-refresh-interval %s: must be >= 0 (0: never)\n", *mapRefresh)
 		return 2

@@ -331,7 +331,7 @@ func (t ctTimeouts) lifetime(proto uint8, flags uint32) uint64 {
 	switch {
 	case proto != uint8(model.TCP):
 		return t.udp
-	case ctClosed(flags) && flags&ctFlagSNAT != 0:
+	case ctClosed(flags) && ctSNATHeld(flags):
 		return t.snatTW
 	case ctClosed(flags):
 		return t.close
@@ -341,6 +341,12 @@ func (t ctTimeouts) lifetime(proto uint8, flags uint32) uint64 {
 		return t.tcp
 	}
 	return t.syn
+}
+
+// ctSNATHeld is conntrack.h's ct_snat_held: a closed flow so flagged holds
+// its SNAT port for the backend's TIME_WAIT (source-NATed, no RST mark).
+func ctSNATHeld(flags uint32) bool {
+	return flags&ctFlagSNAT != 0 && flags&ctFlagRST == 0
 }
 
 // ctClosed is conntrack.h's ct_closed: a RST, or a FIN each way.
@@ -415,7 +421,7 @@ func convertConntrack(old, cur *ebpf.Map, t ctTimeouts, place ctPlacer[sockCt4Ke
 			life = t.tcp
 			if f := uint32(v.Flags); f&ctFlagRST != 0 || f&(ctFlagFinFwd|ctFlagFinRev) == ctFlagFinFwd|ctFlagFinRev {
 				life = t.close
-				if f&ctFlagSNAT != 0 {
+				if ctSNATHeld(f) {
 					life = t.snatTW
 				}
 			}

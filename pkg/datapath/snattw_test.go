@@ -30,6 +30,12 @@ const twTimeWait = 90 * time.Second
 // with the defaults filled in.
 func twNode(t *testing.T, v6, xdp bool) (d *Datapath, ifindex int, np model.L4Addr, be testBackend, cfg Config) {
 	t.Helper()
+	return twNodeWith(t, v6, xdp, func(*Config) {})
+}
+
+// twNodeWith is twNode with more set on its configuration.
+func twNodeWith(t *testing.T, v6, xdp bool, more func(*Config)) (d *Datapath, ifindex int, np model.L4Addr, be testBackend, cfg Config) {
+	t.Helper()
 	base := smallConfig
 	if xdp {
 		base = xdpConfig
@@ -37,6 +43,7 @@ func twNode(t *testing.T, v6, xdp bool) (d *Datapath, ifindex int, np model.L4Ad
 	set := func(c *Config) {
 		c.SNATPortMin, c.SNATPortMax = 62000, 62001
 		c.CTTimeoutSNATTimeWait = twTimeWait
+		more(c)
 	}
 	d, ifindex, np, be = snatNode(t, v6, configWith(base, set))
 	cfg = configWith(base, set)("").withDefaults()
@@ -390,11 +397,16 @@ func TestSNATTimeWaitConfig(t *testing.T) {
 	if c := (Config{CTTimeoutClose: 3 * time.Minute, CTTimeoutSNATTimeWait: time.Minute}).withDefaults(); c.CTTimeoutSNATTimeWait != 3*time.Minute {
 		t.Errorf("TIME_WAIT 1m below a close timeout of 3m: %v, want 3m", c.CTTimeoutSNATTimeWait)
 	}
-	if tm := (Config{}).ctTimeouts(); tm.lifetime(uint8(model.TCP), ctFlagSNAT|ctFlagRSTRev) != uint64(DefaultCTTimeoutSNATTW) ||
-		tm.lifetime(uint8(model.TCP), ctFlagRSTRev) != uint64(DefaultCTTimeoutClose) ||
+	finned := ctFlagFinFwd | ctFlagFinRev
+	if tm := (Config{}).ctTimeouts(); tm.lifetime(uint8(model.TCP), ctFlagSNAT|finned) != uint64(DefaultCTTimeoutSNATTW) ||
+		tm.lifetime(uint8(model.TCP), finned) != uint64(DefaultCTTimeoutClose) ||
+		tm.lifetime(uint8(model.TCP), ctFlagSNAT|ctFlagRSTRev) != uint64(DefaultCTTimeoutClose) ||
+		tm.lifetime(uint8(model.TCP), ctFlagSNAT|finned|ctFlagRSTFwd) != uint64(DefaultCTTimeoutClose) ||
 		tm.lifetime(uint8(model.TCP), ctFlagSNAT|ctFlagReplied) != uint64(DefaultCTTimeoutTCP) {
-		t.Errorf("ctTimeouts.lifetime: closed SNAT %v, closed %v, open SNAT %v",
-			time.Duration(tm.lifetime(uint8(model.TCP), ctFlagSNAT|ctFlagRSTRev)), time.Duration(tm.lifetime(uint8(model.TCP), ctFlagRSTRev)),
+		t.Errorf("ctTimeouts.lifetime: FIN-closed SNAT %v, FIN-closed %v, RST-closed SNAT %v, FIN-closed then RST SNAT %v, open SNAT %v",
+			time.Duration(tm.lifetime(uint8(model.TCP), ctFlagSNAT|finned)), time.Duration(tm.lifetime(uint8(model.TCP), finned)),
+			time.Duration(tm.lifetime(uint8(model.TCP), ctFlagSNAT|ctFlagRSTRev)),
+			time.Duration(tm.lifetime(uint8(model.TCP), ctFlagSNAT|finned|ctFlagRSTFwd)),
 			time.Duration(tm.lifetime(uint8(model.TCP), ctFlagSNAT|ctFlagReplied)))
 	}
 
@@ -409,4 +421,168 @@ func TestSNATTimeWaitConfig(t *testing.T) {
 			t.Errorf("ct_timeout_snat_tw_ns of the loaded %s = %v, want 75s", prog.name, got)
 		}
 	}
+}
+
+// TestSNATTimeWaitTakenOverWhenTableFull: with the table of established
+// flows full (64 entries: a closed source-NATed flow 30 s into its
+// TIME_WAIT extension, and 62 live entries of other flows) and the
+// range's other port free, a new flow takes the closed flow's port over
+// (its 2 entries deleted, 1 inserted), counted tc_snat_tw_reuse, as
+// netfilter early-drops a TIME_WAIT conntrack when its table is full.
+// Before, the try of the free port met the full table (-E2BIG) and the
+// search gave up at once: the SYN dropped, tc_ct_est_full +1. Then, the
+// table full of live entries only, the next flow is refused as before
+// (tc_ct_est_full).
+func TestSNATTimeWaitTakenOverWhenTableFull(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d, ifindex, np, be, _ := twNodeWith(t, v6, false, func(c *Config) { c.MaxConntrack = 64 })
+		m := d.Maps()
+		a := twOpen(t, d, ifindex, np, be, twClient(np), 44000)
+		twClose(t, d, ifindex, np, be, a)
+		for _, k := range []ctK{a.fwd, a.rev} {
+			twShift(t, m, k, -30*time.Second)
+		}
+		est := ctTablesOf(t, m, a.fwd)[0]
+		other := twinOf(v6)("10.0.99.1")
+		dst := twinOf(v6)("10.96.99.1")
+		expires := clockNow(t) + uint64(time.Hour)
+		for i := range 64 - mapLen(t, est) {
+			k := ctKeyOf(other, uint16(30000+i), dst, 53, model.UDP, ctForward)
+			var err error
+			if v6 {
+				key, v := k.k6(), tcCt6Entry{Expires: expires}
+				err = est.Update(&key, &v, ebpf.UpdateNoExist)
+			} else {
+				key, v := k.k4(), sockCt4Entry{Expires: expires}
+				err = est.Update(&key, &v, ebpf.UpdateNoExist)
+			}
+			if err != nil {
+				t.Fatalf("filling the table, entry %d: %v", i, err)
+			}
+		}
+		if n := mapLen(t, est); n != 64 {
+			t.Fatalf("%d entries in the established table, want it full (64)", n)
+		}
+
+		before := counters(t, d)
+		client, cport := twClient(np), uint16(44002)
+		if v, _ := runOn(t, d.TCIngress(), ifindex, twSYN(np, client, cport).Bytes()); v != tcActRedirect {
+			t.Fatalf("new flow, table full: verdict %d, want it sent on from the port the closed flow holds for TIME_WAIT", v)
+		}
+		if sp := snatPortIn(t, d, client, cport, np); sp != a.port {
+			t.Errorf("new flow got port %d, want %d, the closed flow's", sp, a.port)
+		}
+		after := counters(t, d)
+		if got := after["tc_snat_tw_reuse"] - before["tc_snat_tw_reuse"]; got != 1 {
+			t.Errorf("tc_snat_tw_reuse +%d, want +1", got)
+		}
+		if got := after["tc_ct_est_full"] - before["tc_ct_est_full"]; got != 0 {
+			t.Errorf("tc_ct_est_full +%d, want +0", got)
+		}
+		if e, ok := ctLookup(t, m, a.fwd); ok {
+			t.Errorf("the closed flow's forward entry %+v still there after its port was taken over", e)
+		}
+		if e, ok := twAlive(t, m, a.rev); !ok || ctClosed(e.flags) || e.snat.Addr().String() != client || e.snat.Port() != cport {
+			t.Errorf("reply entry of port %d: %+v (alive %v), want the new flow's, open, naming %s:%d", a.port, e, ok, client, cport)
+		}
+
+		// The table full again, of live entries only: refused as before.
+		k := ctKeyOf(other, 29999, dst, 53, model.UDP, ctForward)
+		var err error
+		if v6 {
+			key, v := k.k6(), tcCt6Entry{Expires: expires}
+			err = est.Update(&key, &v, ebpf.UpdateNoExist)
+		} else {
+			key, v := k.k4(), sockCt4Entry{Expires: expires}
+			err = est.Update(&key, &v, ebpf.UpdateNoExist)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		before = after
+		if v, _ := runOn(t, d.TCIngress(), ifindex, twSYN(np, client, cport+1).Bytes()); v != tcActShot {
+			t.Errorf("next flow, table full of live entries: verdict %d, want it refused (drop)", v)
+		}
+		after = counters(t, d)
+		if after["tc_ct_est_full"]-before["tc_ct_est_full"] != 1 || after["tc_snat_tw_reuse"] != before["tc_snat_tw_reuse"] {
+			t.Errorf("next flow refused: tc_ct_est_full +%d, tc_snat_tw_reuse +%d; want +1 and +0",
+				after["tc_ct_est_full"]-before["tc_ct_est_full"], after["tc_snat_tw_reuse"]-before["tc_snat_tw_reuse"])
+		}
+	})
+}
+
+// TestSNATRSTClosedKeepsCloseTimeout: a source-NATed flow closed by a
+// RST lives the close timeout, not TIME_WAIT's (a RST leaves no
+// TIME_WAIT on the backend; netfilter sends a RST to CLOSE): a refused
+// connection (the backend answers the SYN with RST|ACK), an established
+// flow the backend resets, and a flow the backend closed first with FINs
+// that the client then resets (its TIME_WAIT extension cut short). A
+// flow whose RST was challenged (the client's bare ACK after the
+// backend's RST) keeps the SYN timeout. Before, the RST-closed flows
+// lived TIME_WAIT's timeout.
+func TestSNATRSTClosedKeepsCloseTimeout(t *testing.T) {
+	forFamilies(t, func(t *testing.T, v6 bool) {
+		d, ifindex, np, be, cfg := twNode(t, v6, false)
+		m := d.Maps()
+		if cfg.CTTimeoutClose == twTimeWait {
+			t.Fatalf("close timeout and TIME_WAIT both %v: the test tells nothing", twTimeWait)
+		}
+		clientPkt := func(f twFlow, flags uint8) packet.Packet {
+			p := nsClient(f.cport, np)
+			p.Src, p.TCPFlags = addr(f.client), flags
+			return p
+		}
+		send := func(what string, p packet.Packet) {
+			t.Helper()
+			if v, _ := runOn(t, d.TCIngress(), ifindex, p.Bytes()); v != tcActRedirect {
+				t.Fatalf("%s: verdict %d", what, v)
+			}
+		}
+		expect := func(f twFlow, want, no uint32, life time.Duration, lo, hi uint64, what string) {
+			t.Helper()
+			for _, k := range []ctK{f.fwd, f.rev} {
+				ctExpiresWithin(t, m, k, want, no, life, lo, hi, what)
+			}
+		}
+
+		// Refused: SYN, RST|ACK.
+		client := twClient(np)
+		send("refused flow's SYN", twSYN(np, client, 44100))
+		r := twFlow{client: client, cport: 44100, port: snatPortIn(t, d, client, 44100, np)}
+		node := ofFamily(np.Addr, nsNodeIP, nsNodeIP6).String()
+		r.rev = ctKeyOf(be.addr.Addr.String(), be.addr.Port, node, r.port, model.TCP, ctReverse)
+		r.fwd = ctKeyOf(client, 44100, np.Addr.String(), np.Port, model.TCP, ctForward)
+		lo := clockNow(t)
+		send("backend's RST|ACK", replyFrom(be, r.port, tcpRST|tcpACK))
+		hi := clockNow(t)
+		expect(r, ctFlagSNAT|ctFlagRSTRev, 0, cfg.CTTimeoutClose, lo, hi, "refused source-NATed flow")
+		for _, k := range []ctK{r.fwd, r.rev} {
+			ctRemove(t, m, k)
+		}
+
+		// Established, reset by the backend.
+		e := twOpen(t, d, ifindex, np, be, client, 44101)
+		lo = clockNow(t)
+		send("backend's RST", replyFrom(be, e.port, tcpRST))
+		hi = clockNow(t)
+		expect(e, ctFlagSNAT|ctFlagRSTRev, 0, cfg.CTTimeoutClose, lo, hi, "RST-closed source-NATed flow")
+
+		// Reset by the backend, the RST challenged by the client's bare
+		// ACK: open again, the SYN timeout.
+		lo = clockNow(t)
+		send("client's bare ACK", clientPkt(e, tcpACK))
+		hi = clockNow(t)
+		expect(e, ctFlagSNAT|ctFlagChalRev, ctFlagRST, cfg.CTTimeoutSYN, lo, hi, "challenged source-NATed flow")
+		for _, k := range []ctK{e.fwd, e.rev} {
+			ctRemove(t, m, k)
+		}
+
+		// Closed with FINs (TIME_WAIT), then reset by the client.
+		f := twOpen(t, d, ifindex, np, be, client, 44102)
+		twClose(t, d, ifindex, np, be, f)
+		lo = clockNow(t)
+		send("client's RST after the close", clientPkt(f, tcpRST))
+		hi = clockNow(t)
+		expect(f, ctFlagSNAT|ctFlagFinFwd|ctFlagFinRev|ctFlagRSTFwd, 0, cfg.CTTimeoutClose, lo, hi, "FIN-closed source-NATed flow, then reset")
+	})
 }
