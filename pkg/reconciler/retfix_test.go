@@ -1,0 +1,89 @@
+package reconciler_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// fullOfServices returns n TCP Services, one backend each, at vip(1..n).
+func fullOfServices(n int) []*model.Service {
+	out := make([]*model.Service, n)
+	for i := range out {
+		out[i] = svc(vip(i+1), fmt.Sprintf("s%d", i+1), be(i+1, 1, model.TCP))
+	}
+	return out
+}
+
+// TestRetiredFreedForNewService: with the service maps full, a Service
+// deleted and another created in one Apply succeeds: the capacity check
+// deletes the retired master (its time not up) with its rev_nat entry
+// first. Also with the new frontends batched (programFresh), and at the
+// first Apply past the timeout, where phase 1 deletes the expired master
+// and its rev_nat entry would go only in phase 3. Without freeRetired
+// each Apply fails with ErrCapacity ("64 in use of 64").
+func TestRetiredFreedForNewService(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		batched bool
+		after   time.Duration // from the retirement to the Apply that adds
+		retired bool          // a retired master between the two
+	}{
+		{"single", false, 30 * time.Minute, true},
+		{"batched", true, 30 * time.Minute, true},
+		{"past the timeout", false, 2 * time.Hour, true},
+		{"removed and added at once", false, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const n = 64
+			f, c := newFakeSized(t, n, 1<<10, 1<<10), &retiredClock{t: time.Unix(1e9, 0)}
+			r := newRetiring(f, c)
+			all := fullOfServices(n)
+			mustApply(t, r, state(all...))
+			gone := all[0].Frontend
+			keep := all[1:]
+			if tc.retired {
+				mustApply(t, r, state(keep...))
+				if m, ok := masterOf(t, f, gone); !ok || m.Flags&reconciler.FlagRetired == 0 {
+					t.Fatalf("master of the removed Service: %+v (present %v), want a retired one", m, ok)
+				}
+				c.t = c.t.Add(tc.after)
+			}
+			added := []*model.Service{svc(vip(1000), "new", be(1000, 1, model.TCP))}
+			if tc.batched {
+				reconciler.SetBatchMin(r, 1)
+				added = append(added, svc(vip(1001), "new2", be(1001, 1, model.TCP)))
+				keep = keep[1:] // room for two: one more Service goes
+			}
+			mustApply(t, r, state(append(keep, added...)...))
+			if m, ok := masterOf(t, f, gone); ok {
+				t.Fatalf("the removed Service's master is still there: %+v", m)
+			}
+			if got := len(r.Retired()); got != 0 {
+				t.Fatalf("%d retired masters after the new Service needed the room, want 0", got)
+			}
+			for _, s := range added {
+				if m, ok := masterOf(t, f, s.Frontend); !ok || m.Count != 1 {
+					t.Fatalf("the new Service %s: master %+v (present %v), want count 1", s.Frontend, m, ok)
+				}
+			}
+		})
+	}
+}
+
+// TestRetiredFreedOnlyWhenFull: with room left, a retired master stays
+// when a new Service is created.
+func TestRetiredFreedOnlyWhenFull(t *testing.T) {
+	f, c := newFakeSized(t, 64, 1<<10, 1<<10), &retiredClock{t: time.Unix(1e9, 0)}
+	r := newRetiring(f, c)
+	all := fullOfServices(10)
+	mustApply(t, r, state(all...))
+	mustApply(t, r, state(all[1:]...))
+	mustApply(t, r, state(append(all[1:], svc(vip(1000), "new", be(1000, 1, model.TCP)))...))
+	if m, ok := masterOf(t, f, all[0].Frontend); !ok || m.Flags&reconciler.FlagRetired == 0 {
+		t.Fatalf("master of the removed Service: %+v (present %v), want it still retired", m, ok)
+	}
+}
