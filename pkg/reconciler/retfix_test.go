@@ -1,12 +1,14 @@
 package reconciler_test
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
 )
 
 // fullOfServices returns n TCP Services, one backend each, at vip(1..n).
@@ -85,5 +87,47 @@ func TestRetiredFreedOnlyWhenFull(t *testing.T) {
 	mustApply(t, r, state(append(all[1:], svc(vip(1000), "new", be(1000, 1, model.TCP)))...))
 	if m, ok := masterOf(t, f, all[0].Frontend); !ok || m.Flags&reconciler.FlagRetired == 0 {
 		t.Fatalf("master of the removed Service: %+v (present %v), want it still retired", m, ok)
+	}
+}
+
+// TestRetiredPartialFinished: a retirement whose slot deletes fail (the
+// master written retired, its slots left) is finished by the next Apply,
+// which keeps the retired master and deletes the slots. Fails with
+// removeFrontend returning at once for a retired master it keeps.
+func TestRetiredPartialFinished(t *testing.T) {
+	f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+	r := newRetiring(f, c)
+	fe, other := vip(1), vip(2)
+	s := svc(fe, "web", be(1, 1, model.TCP), be(1, 2, model.TCP))
+	keep := svc(other, "other", be(2, 1, model.TCP))
+	mustApply(t, r, state(s, keep))
+	live, _ := masterOf(t, f, fe)
+
+	f.Fail = func(op fakedp.Op) error {
+		if op.Kind == fakedp.OpDeleteSlot && op.Slot > 0 && op.Frontend.L4Addr == fe {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	if err := r.Apply(state(keep)); err == nil {
+		t.Fatal("Apply with the slot deletes failing succeeded")
+	}
+	slots := func() map[uint32]reconciler.BackendID {
+		ks, err := f.Dump()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ks.Slots[reconciler.DefaultScope(fe)]
+	}
+	if m, ok := masterOf(t, f, fe); !ok || m.Flags&reconciler.FlagRetired == 0 || len(slots()) == 0 {
+		t.Fatalf("after the failed retirement: master %+v (present %v), slots %v; want retired, slots left", m, ok, slots())
+	}
+	f.Fail = nil
+	mustApply(t, r, state(keep))
+	if m, ok := masterOf(t, f, fe); !ok || m.ID != live.ID || m.Flags&reconciler.FlagRetired == 0 {
+		t.Fatalf("after the next Apply: master %+v (present %v), want it still retired under %d", m, ok, live.ID)
+	}
+	if got := slots(); len(got) != 0 {
+		t.Fatalf("after the next Apply: slots %v of the retired master left", got)
 	}
 }

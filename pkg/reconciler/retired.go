@@ -103,6 +103,15 @@ func (r *Reconciler) retire(fe Frontend, v *frontendView) error {
 	if m.Flags&FlagAffinity != 0 {
 		r.pendingAffinity[AffinityFix{Frontend: fe}] = true
 	}
+	return r.finishRetire(fe, v)
+}
+
+// finishRetire deletes the slots and source ranges of fe (view v), whose
+// master is retired: retire's tail, also run for a retired master kept
+// (removeFrontend), so that a retirement that failed part way (a failed
+// delete, or a crash after the master's write, read back by Restore) is
+// finished by a later Apply.
+func (r *Reconciler) finishRetire(fe Frontend, v *frontendView) error {
 	for _, s := range v.slots.keys(1) {
 		r.writes++
 		if err := r.dp.DeleteSlot(fe, s); err != nil {
