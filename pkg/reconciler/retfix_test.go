@@ -131,3 +131,48 @@ func TestRetiredPartialFinished(t *testing.T) {
 		t.Fatalf("after the next Apply: slots %v of the retired master left", got)
 	}
 }
+
+// TestRetiredTimeKeptAcrossRecheck: a re-read of the maps that finds
+// drift keeps a retired master's time, whether it rebuilds the view from
+// a dump or repairs the drifted master (itself rewritten, still retired):
+// its timeout is not restarted. Fails with the view rebuilt or the
+// master repaired timed from the re-read.
+func TestRetiredTimeKeptAcrossRecheck(t *testing.T) {
+	for _, rebuild := range []bool{true, false} {
+		t.Run(fmt.Sprintf("rebuild=%v", rebuild), func(t *testing.T) {
+			f, c := newFake(t), &retiredClock{t: time.Unix(1e9, 0)}
+			r := newRetiring(f, c)
+			if rebuild {
+				reconciler.RebuildOnDrift(r)
+			}
+			fe, other := vip(1), vip(2)
+			s := svc(fe, "web", be(1, 1, model.TCP))
+			s.Kind = model.NodePort
+			keep := svc(other, "other", be(2, 1, model.TCP))
+			mustApply(t, r, state(s, keep))
+			mustApply(t, r, state(keep))
+			at := r.Retired()[reconciler.DefaultScope(fe)]
+			if at.IsZero() {
+				t.Fatal("not retired")
+			}
+			c.t = c.t.Add(30 * time.Minute)
+			// Drift: the retired master rewritten behind the agent's
+			// back, still retired (FlagExternal lost).
+			m, _ := masterOf(t, f, fe)
+			m.Flags &^= reconciler.FlagExternal
+			if err := f.UpsertMaster(reconciler.DefaultScope(fe), m); err != nil {
+				t.Fatal(err)
+			}
+			want := "repaired"
+			if rebuild {
+				want = "rebuilt"
+			}
+			if got, err := reconciler.RecheckNow(r); err != nil || got != want {
+				t.Fatalf("RecheckNow = %q, %v; want %q", got, err, want)
+			}
+			if got := r.Retired()[reconciler.DefaultScope(fe)]; !got.Equal(at) {
+				t.Fatalf("retired at %v after the re-read, want %v (from the retirement)", got, at)
+			}
+		})
+	}
+}
