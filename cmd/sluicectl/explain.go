@@ -84,7 +84,7 @@ var svcFlagNames = []struct {
 	name string
 }{
 	{1, "external"}, {2, "externalTrafficPolicy=Local"}, {4, "loadBalancerSourceRanges"},
-	{16, "drop-when-no-local-endpoint"}, {32, "sessionAffinity=ClientIP"},
+	{16, "drop-when-no-local-endpoint"}, {32, "sessionAffinity=ClientIP"}, {64, "retired"},
 }
 
 // dropReasons are the datapath reasons that end a packet (the verdict's

@@ -364,6 +364,15 @@ func (m *Maps) UpsertMaster(fe reconciler.Frontend, ms reconciler.Master) error 
 	if err := m.serviceMaps().put(fe.Addr, k, v); err != nil {
 		return fmt.Errorf("upsert master of %s: %w", fe, err)
 	}
+	if ms.Flags&reconciler.FlagRetired != 0 {
+		// Its range is quarantined now the kernel no longer reads it.
+		fe = frontendKey(fe)
+		if t := m.slotTableOf(fe); t != nil {
+			t.mu.Lock()
+			t.release(fe)
+			t.unlock()
+		}
+	}
 	return nil
 }
 

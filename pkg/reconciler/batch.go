@@ -200,7 +200,9 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 		upper.entries[f] += 1 + len(d.backends)
 		upper.ranges[f] += len(d.ranges)
 	}
-	roomy := r.checkCapacity(upper, capacity) == nil
+	// (Retired masters are freed for a frontend that does not fit, not
+	// for this upper bound.)
+	roomy := checkRoom(r.inUse(), upper, capacity) == nil
 	var need sizes
 	var counted map[model.L4Addr]bool
 	if !roomy {
@@ -221,7 +223,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 				n.backends[familyOf(a.Addr)]--
 			}
 		}
-		if err := checkRoom(r.inUse().add(need), n, capacity); err != nil {
+		if err := r.checkRoomFreeing(need, n, capacity); err != nil {
 			fail(d, err)
 			continue
 		}

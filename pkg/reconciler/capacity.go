@@ -138,8 +138,22 @@ func (r *Reconciler) capacityNeeded(fe Frontend, d *desiredFrontend) sizes {
 // --max-service-entries, which neither the masters' hash (sized by
 // --max-services) nor the slots' array (twice as large) holds as such.
 // A map need adds nothing to never refuses it.
+//
+// When need does not fit, the retired masters (retired.go) make room
+// first: freeRetired deletes them with their rev_nat entries, and need
+// is checked again. This is the only place that frees them early.
 func (r *Reconciler) checkCapacity(need, capacity sizes) error {
-	return checkRoom(r.inUse(), need, capacity)
+	return r.checkRoomFreeing(sizes{}, need, capacity)
+}
+
+// checkRoomFreeing is checkCapacity with extra taken as in use besides
+// what the view says (programFresh's frontends before one in its batch).
+func (r *Reconciler) checkRoomFreeing(extra, need, capacity sizes) error {
+	err := checkRoom(r.inUse().add(extra), need, capacity)
+	if err != nil && r.freeRetired() {
+		err = checkRoom(r.inUse().add(extra), need, capacity)
+	}
+	return err
 }
 
 // checkRoom is checkCapacity with the maps holding use: programFresh

@@ -430,7 +430,9 @@ func (r *Reconciler) removeFrontend(fe Frontend, services model.Services) error 
 	v := r.frontends.val(fe)
 	if v.hasMaster && v.master.Flags&FlagRetired != 0 {
 		if r.keepRetired(fe) {
-			return nil // kept for its flows (retired.go)
+			// Kept for its flows (retired.go); what a retirement that
+			// failed part way left goes.
+			return r.finishRetire(fe, v)
 		}
 	} else if r.mayRetire(fe, v) {
 		return r.retire(fe, v)

@@ -244,6 +244,9 @@ type Reconciler struct {
 	retireAfter time.Duration
 	retiredAt   map[Frontend]time.Time
 	clock       func() time.Time
+	// The services of the Apply under way, for freeRetired (the
+	// capacity check): nil outside Apply.
+	applying model.Services
 }
 
 // New returns a Reconciler with an empty view. Call Restore before the
@@ -451,6 +454,8 @@ func (r *Reconciler) Apply(st *model.State) error {
 	if st != nil {
 		services = st.Services
 	}
+	r.applying = services
+	defer func() { r.applying = model.Services{} }()
 	// A state made from the one applied last, which left everything in
 	// sync, differs from it only in st.Changed: the other frontends are
 	// in sync (the view changes only by Apply, Restore and refresh, which

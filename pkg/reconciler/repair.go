@@ -327,6 +327,7 @@ func (r *Reconciler) patchMaster(e masterDrift, t *touched) {
 	if v == nil {
 		return
 	}
+	retiredAt, wasRetired := r.retiredAt[e.fe]
 	if v.hasMaster {
 		old := v.master
 		r.revNat.addRefs(uint32(old.ID), -1)
@@ -340,6 +341,9 @@ func (r *Reconciler) patchMaster(e masterDrift, t *touched) {
 		delete(r.retiredAt, e.fe)
 	}
 	if e.present {
+		if wasRetired && e.m.Flags&FlagRetired != 0 {
+			r.retiredAt[e.fe] = retiredAt // still retired: its time kept
+		}
 		r.holdMaster(e.fe, v, e.m)
 		t.sids[e.m.ID] = true
 	}

@@ -31,6 +31,7 @@ package reconciler
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/sluice-lb/sluice/pkg/model"
@@ -102,6 +103,15 @@ func (r *Reconciler) retire(fe Frontend, v *frontendView) error {
 	if m.Flags&FlagAffinity != 0 {
 		r.pendingAffinity[AffinityFix{Frontend: fe}] = true
 	}
+	return r.finishRetire(fe, v)
+}
+
+// finishRetire deletes the slots and source ranges of fe (view v), whose
+// master is retired: retire's tail, also run for a retired master kept
+// (removeFrontend), so that a retirement that failed part way (a failed
+// delete, or a crash after the master's write, read back by Restore) is
+// finished by a later Apply.
+func (r *Reconciler) finishRetire(fe Frontend, v *frontendView) error {
 	for _, s := range v.slots.keys(1) {
 		r.writes++
 		if err := r.dp.DeleteSlot(fe, s); err != nil {
@@ -150,4 +160,47 @@ func (r *Reconciler) expiredRetired(services model.Services, gone []Frontend) []
 		}
 	}
 	return gone
+}
+
+// freeRetired makes room for a frontend that does not fit (checkCapacity):
+// it deletes every retired master the Apply's services do not want, its
+// time up or not (all of them rather than the oldest first: a full map is
+// rare, and each is one entry), and the rev_nat entries no master names
+// (theirs, and those of frontends phase 1 removed, which would otherwise
+// go only in phase 3, after the check), releasing their ids. It reports
+// whether it freed anything; a failed delete is logged and left to the
+// rest of the Apply (the frontend is then refused as before).
+func (r *Reconciler) freeRetired() bool {
+	if len(r.retiredAt) == 0 && len(r.revNatCand) == 0 {
+		return false
+	}
+	services := r.applying
+	before := r.inUse()
+	var evict []Frontend
+	for fe := range r.retiredAt {
+		if !wanted(services, fe) {
+			evict = append(evict, fe)
+		}
+	}
+	slices.SortFunc(evict, Frontend.Compare)
+	for _, fe := range evict {
+		v := r.frontends.val(fe)
+		if v == nil {
+			delete(r.retiredAt, fe)
+			continue
+		}
+		t := r.retiredAt[fe]
+		delete(r.retiredAt, fe) // so removeFrontend does not keep it
+		if err := r.removeFrontend(fe, services); err != nil {
+			if r.frontends.val(fe) != nil && v.hasMaster {
+				r.retiredAt[fe] = t
+			}
+			r.log.Warn("Failed to delete a retired master to make room", "frontend", fe, "error", err)
+		}
+	}
+	if err := r.deleteUnusedRevNat(services); err != nil {
+		r.log.Warn("Failed to delete unused rev_nat entries to make room", "error", err)
+	}
+	after := r.inUse()
+	return after.services < before.services || after.entries != before.entries
 }

@@ -109,9 +109,18 @@ func (r *Reconciler) refresh() error {
 		return fmt.Errorf("refresh: dump datapath maps: %w", err)
 	}
 	flush, aff, writes, inSync := r.pendingFlush, r.pendingAffinity, r.writes, r.inSync
+	retired := r.retiredAt
 	r.reset()
+	// A master still retired keeps its time (noteRetired times only
+	// the others): a rebuild does not restart its timeout.
+	r.retiredAt = retired
 	r.loadKernel(ks)
 	r.pendingFlush, r.pendingAffinity, r.writes, r.inSync = flush, aff, writes, inSync
+	for fe := range r.retiredAt {
+		if v := r.frontends.val(fe); v == nil || !v.hasMaster || v.master.Flags&FlagRetired == 0 {
+			delete(r.retiredAt, fe)
+		}
+	}
 	return nil
 }
 
