@@ -474,17 +474,9 @@ func (r *Reconciler) removeFrontend(fe Frontend, services model.Services) error 
 			}
 		}
 	}
-	for _, s := range v.slots.keys(1) {
-		r.writes++
-		if err := r.dp.DeleteSlot(fe, s); err != nil {
-			return fmt.Errorf("delete slot %d: %w", s, err)
-		}
-		r.deleteSlot(v, s)
-	}
-	if err := r.pruneRanges(fe.L4Addr, v, nil); err != nil {
+	if err := r.dropSlotsAndRanges(fe, v); err != nil {
 		return err
 	}
-	r.setService(fe, v, nil)
 	r.frontends.del(fe)
 	return nil
 }

@@ -112,6 +112,13 @@ func (r *Reconciler) retire(fe Frontend, v *frontendView) error {
 // delete, or a crash after the master's write, read back by Restore) is
 // finished by a later Apply.
 func (r *Reconciler) finishRetire(fe Frontend, v *frontendView) error {
+	return r.dropSlotsAndRanges(fe, v)
+}
+
+// dropSlotsAndRanges deletes fe's slots (view v) and source ranges, and
+// forgets its Service: what a removal and a retirement both do after the
+// master's write.
+func (r *Reconciler) dropSlotsAndRanges(fe Frontend, v *frontendView) error {
 	for _, s := range v.slots.keys(1) {
 		r.writes++
 		if err := r.dp.DeleteSlot(fe, s); err != nil {
