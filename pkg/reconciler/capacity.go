@@ -148,12 +148,44 @@ func (r *Reconciler) checkCapacity(need, capacity sizes) error {
 
 // checkRoomFreeing is checkCapacity with extra taken as in use besides
 // what the view says (programFresh's frontends before one in its batch).
+// Retired masters are freed only when that would make need fit: when
+// what is short is services or service entries of a family they hold,
+// and no more than they hold (freeable: an upper bound); a frontend that
+// would not fit all the same (its backends or source ranges short, or
+// larger than what they free) leaves them their flows.
 func (r *Reconciler) checkRoomFreeing(extra, need, capacity sizes) error {
-	err := checkRoom(r.inUse().add(extra), need, capacity)
-	if err != nil && r.freeRetired() {
+	use := r.inUse().add(extra)
+	err := checkRoom(use, need, capacity)
+	if err != nil && checkRoom(use.sub(r.freeable()), need, capacity) == nil && r.freeRetired() {
 		err = checkRoom(r.inUse().add(extra), need, capacity)
 	}
 	return err
+}
+
+// sub returns s minus t.
+func (s sizes) sub(t sizes) sizes {
+	s.services -= t.services
+	for f := range s.entries {
+		s.backends[f] -= t.backends[f]
+		s.entries[f] -= t.entries[f]
+		s.ranges[f] -= t.ranges[f]
+	}
+	return s
+}
+
+// freeable is at most what freeRetired can free: a service id and a
+// service entry (its master) per retired master the Apply's services do
+// not want, and a service id per rev_nat entry waiting for phase 3.
+func (r *Reconciler) freeable() sizes {
+	var n sizes
+	for fe := range r.retiredAt {
+		if !wanted(r.applying, fe) {
+			n.services++
+			n.entries[familyOf(fe.Addr)]++
+		}
+	}
+	n.services += len(r.revNatCand)
+	return n
 }
 
 // checkRoom is checkCapacity with the maps holding use: programFresh

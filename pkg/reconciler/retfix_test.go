@@ -176,3 +176,47 @@ func TestRetiredTimeKeptAcrossRecheck(t *testing.T) {
 		})
 	}
 }
+
+// TestRetiredKeptWhenFreeingCannotHelp: a frontend that would not fit
+// even with every retired master freed (its backends are short, or it
+// is larger than the map) leaves the retired masters their flows: the
+// capacity check frees them only when that makes the frontend fit.
+// Before, any shortage freed them all, for nothing.
+func TestRetiredKeptWhenFreeingCannotHelp(t *testing.T) {
+	many := func(i, n int) []model.Backend {
+		bs := make([]model.Backend, n)
+		for j := range bs {
+			bs[j] = be(i, j+1, model.TCP)
+		}
+		return bs
+	}
+	for _, tc := range []struct {
+		name     string
+		backends int
+		sameTime bool // the Service removed in the Apply that adds the big one
+		big      int  // backends of the Service that does not fit
+	}{
+		{"backends short", 10, false, 2},
+		{"larger than the map, removed at once", 16, true, 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, c := newFakeSized(t, 64, tc.backends, 1<<10), &retiredClock{t: time.Unix(1e9, 0)}
+			r := newRetiring(f, c)
+			all := fullOfServices(tc.backends)
+			mustApply(t, r, state(all...))
+			gone := all[0].Frontend
+			keep := all[1:]
+			if !tc.sameTime {
+				mustApply(t, r, state(keep...))
+			}
+			big := svc(vip(1000), "big", many(1000, tc.big)...)
+			err := r.Apply(state(append(keep, big)...))
+			if !errors.Is(err, reconciler.ErrCapacity) {
+				t.Fatalf("Apply of a Service that cannot fit: %v, want ErrCapacity", err)
+			}
+			if m, ok := masterOf(t, f, gone); !ok || m.Flags&reconciler.FlagRetired == 0 {
+				t.Fatalf("master of the removed Service: %+v (present %v), want it retired still", m, ok)
+			}
+		})
+	}
+}
