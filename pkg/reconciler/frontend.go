@@ -226,6 +226,13 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 			return fmt.Errorf("reset counters of service %d: %w", sid, err)
 		}
 		r.serviceOf.put(fe, sid)
+	} else if v != nil && v.hasMaster && v.master.Flags&FlagRetired != 0 {
+		// A retired master overwritten (retired.go) keeps its id, but
+		// the frontend is a new Service's (or the same Service's
+		// again): its counters start from zero, as a new id's.
+		if err := r.dp.ResetServiceStats(sid); err != nil {
+			return fmt.Errorf("reset counters of service %d: %w", sid, err)
+		}
 	}
 	if v != nil {
 		v.synced = false

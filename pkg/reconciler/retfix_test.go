@@ -220,3 +220,27 @@ func TestRetiredKeptWhenFreeingCannotHelp(t *testing.T) {
 		})
 	}
 }
+
+// TestRetiredReaddResetsStats: a frontend written over its retired
+// master (the same Service again, or another given its address) keeps
+// the retired id, and its per-Service counters start from zero, as a
+// new id's do (README, "Per-Service counters"): once, at the re-add.
+func TestRetiredReaddResetsStats(t *testing.T) {
+	f, c := newFakeSized(t, 64, 1<<10, 1<<10), &retiredClock{t: time.Unix(1e9, 0)}
+	f.Record = true
+	r := newRetiring(f, c)
+	all := fullOfServices(2)
+	mustApply(t, r, state(all...))
+	mustApply(t, r, state(all[1:]...))
+	f.ResetCounts()
+	again := svc(all[0].Frontend, "other", be(7, 1, model.TCP))
+	mustApply(t, r, state(append([]*model.Service{again}, all[1:]...)...))
+	if n := f.Count(fakedp.OpResetStats); n != 1 {
+		t.Fatalf("re-add over a retired master: %d counter resets, want 1", n)
+	}
+	f.ResetCounts()
+	mustApply(t, r, state(append([]*model.Service{again}, all[1:]...)...))
+	if n := f.Count(fakedp.OpResetStats); n != 0 {
+		t.Fatalf("the next Apply: %d counter resets, want 0", n)
+	}
+}

@@ -684,7 +684,9 @@ func (f *Fake) FixAffinity(fixes []reconciler.AffinityFix) error {
 // ResetServiceStats zeroes the per-Service counters of id. The fake keeps
 // no counters; it checks that the id is free: zeroing the counters of an
 // id a rev_nat entry or a master still names would lose a live
-// frontend's counts.
+// frontend's counts. An id only retired masters name (their frontend's
+// Service gone) is free in that sense: a frontend re-added over one
+// starts its counters from zero.
 func (f *Fake) ResetServiceStats(id reconciler.ServiceID) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -692,6 +694,9 @@ func (f *Fake) ResetServiceStats(id reconciler.ServiceID) error {
 	return f.write(op, func() error {
 		if id == 0 {
 			f.violate(op, "service id 0")
+		}
+		if f.onlyRetired(id) {
+			return nil
 		}
 		if fe, ok := f.revNat[id]; ok {
 			f.violate(op, "service id %d is in use: rev_nat names %s", id, fe)
@@ -701,6 +706,20 @@ func (f *Fake) ResetServiceStats(id reconciler.ServiceID) error {
 		}
 		return nil
 	})
+}
+
+// onlyRetired says whether masters name id and every one is retired.
+func (f *Fake) onlyRetired(id reconciler.ServiceID) bool {
+	n := 0
+	for _, m := range f.masters {
+		if m.ID == id {
+			if m.Flags&reconciler.FlagRetired == 0 {
+				return false
+			}
+			n++
+		}
+	}
+	return n > 0
 }
 
 // Dump returns a copy of the maps.
