@@ -40,7 +40,7 @@
  * cluster CIDR) are served by the frontend's internal scope
  * (SVC_F_TWO_SCOPES: all endpoints, kube-proxy's short-circuit).
  * loadBalancerSourceRanges (SVC_F_SRC_RANGES) drop sources outside them,
- * whatever their class. Whether a new flow is also source-NATed to this
+ * new or unanswered flows'. Whether a new flow is also source-NATed to this
  * node (masqueraded) follows kube-proxy, with one deliberate deviation:
  * see lb4_masquerade.
  *

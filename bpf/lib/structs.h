@@ -674,8 +674,8 @@ enum node_cidr_kind {
 
 /*
  * sluice_src_ranges_v1 (LPM trie): struct src_range_key -> __u8 (1).
- * loadBalancerSourceRanges of a frontend with SVC_F_SRC_RANGES: a source
- * that matches no prefix of its frontend is dropped. prefixlen counts the
+ * loadBalancerSourceRanges of a frontend with SVC_F_SRC_RANGES: a new or
+ * unanswered flow's source matching no prefix is dropped. prefixlen: the
  * 64 bits of frontend (vip, port, proto, pad) plus the prefix's own bits.
  */
 struct src_range_key {

@@ -50,7 +50,8 @@ type ConntrackStats struct {
 }
 
 // GCConntrack deletes the expired entries of sluice_conntrack (idle past
-// their timeout, or closed TCP flows past the close timeout), keeping
+// their timeout, closed TCP flows past the close timeout, source-NATed
+// ones closed by FINs past the SNAT TIME_WAIT timeout), keeping
 // those whose flow's other entry is alive, so dead flows neither fill the
 // table nor hold SNAT ports.
 //

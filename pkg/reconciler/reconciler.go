@@ -24,7 +24,9 @@
 // default scope's master says FlagTwoScopes, and removed after that master
 // stopped saying it or is gone. A frontend that goes away loses its
 // master first (a ClusterIP's last master after its address left the
-// service IPs, serviceips.go), then its slots and source ranges. Only
+// service IPs, serviceips.go; a TCP one's is retired, kept with no
+// backends for its established flows, retired.go), then its slots and
+// source ranges. Only
 // after all frontends are done are backends nobody names deleted, and the
 // rev_nat entries of removed services (replies of flows still in
 // conntrack need them until then), and last the service CIDRs, when the

@@ -20,9 +20,11 @@ package reconciler
 // (SetRetireTimeout: the agent's TCP established timeout, after which the
 // datapath's conntrack has let every flow of it idle out). One restored
 // from the maps (a restart) is timed from the restore. UDP frontends are
-// never retired: their flows are flushed on removal, as kube-proxy
-// flushes a removed UDP Service port's. An internal scope is never
-// retired: the datapath looks up the default scope's master only.
+// never retired: a removed one's per-packet flows stop being translated
+// at once (where kube-proxy's conntrack keeps them until idle: a stated
+// deviation), its backends flushed as removeFrontend decides. An
+// internal scope is never retired: the datapath looks up the default
+// scope's master only.
 //
 // At most retireCap masters are retired at once (1/16 of --max-services,
 // at least 1), so that they never fill the service maps; past it a
