@@ -9,8 +9,8 @@ import (
 
 // cachedSlice is what the EndpointSlice informer keeps of a slice (the
 // transform, slimmer.slim, makes it): what a translation reads of it
-// (translate.Slice, which the tracker gets a pointer into), and its
-// annotations but the trigger time. It is a metav1.Object so that the
+// (translate.Slice, which the tracker gets a pointer into), and of its
+// annotations only a bookmark's (keptAnnotations). It is a metav1.Object so that the
 // informer's store can key it and tell a resync (namespace, name,
 // resourceVersion); the fields it does not keep read as none and are not
 // set, as metav1.Object allows (unkept). Never modified once made.

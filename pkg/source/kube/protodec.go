@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sluice-lb/sluice/pkg/source/translate"
 )
@@ -191,9 +192,9 @@ func (d *sliceDecoder) decode(data []byte) (*cachedSlice, bool) {
 }
 
 // objectMeta reads the slice's ObjectMeta: its namespace, name,
-// resourceVersion, service-name and headless labels and annotations (but the trigger
-// time, kept aside, and the last-applied configuration, dropped, as
-// slimSlice does).
+// resourceVersion, service-name and headless labels, its trigger time
+// (kept aside) and of its annotations only a bookmark's, as slimSlice
+// keeps (keptAnnotations).
 func (d *sliceDecoder) objectMeta(b []byte, annotations *map[string]string, trigger *string, triggered *bool) bool {
 	es := &d.es
 	return eachField(b, func(num protowire.Number, typ protowire.Type, v []byte) bool {
@@ -232,12 +233,9 @@ func (d *sliceDecoder) objectMeta(b []byte, annotations *map[string]string, trig
 				return false
 			case string(k) == corev1.EndpointsLastChangeTriggerTime:
 				*trigger, *triggered = string(val), true
-			case string(k) == corev1.LastAppliedConfigAnnotation:
-			default:
-				if *annotations == nil {
-					*annotations = map[string]string{}
-				}
-				(*annotations)[string(k)] = string(val)
+			case string(k) == metav1.InitialEventsAnnotationKey:
+				// The only one kept (keptAnnotations): a bookmark's.
+				*annotations = map[string]string{metav1.InitialEventsAnnotationKey: string(val)}
 			}
 		}
 		return true

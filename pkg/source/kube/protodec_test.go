@@ -64,7 +64,7 @@ func randomSlice(r *rand.Rand) *discoveryv1.EndpointSlice {
 	if r.IntN(5) > 0 {
 		es.Annotations = map[string]string{}
 		for range r.IntN(4) {
-			es.Annotations[pick(r, corev1.EndpointsLastChangeTriggerTime, corev1.LastAppliedConfigAnnotation, "a", "b/c")] = pick(r, "", "2026-01-01T00:00:00Z", "{}")
+			es.Annotations[pick(r, corev1.EndpointsLastChangeTriggerTime, corev1.LastAppliedConfigAnnotation, metav1.InitialEventsAnnotationKey, "a", "b/c")] = pick(r, "", "2026-01-01T00:00:00Z", "{}")
 		}
 	}
 	if r.IntN(2) == 0 {

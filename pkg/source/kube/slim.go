@@ -27,7 +27,7 @@ import (
 // (cachedSlice, translate.Slice: the namespace, name, resourceVersion,
 // service-name label, whether it is labelled headless, addressType, ports, and of each endpoint its first
 // address parsed, its conditions, node name and hints, and whether the
-// slice is valid), with its annotations but the trigger time: an IPv4
+// slice is valid), without its annotations (keptAnnotations): an IPv4
 // endpoint in 16 bytes (translate.SliceEndpoints), where the API's
 // Endpoint alone is 96 and its address a string in an array of its own.
 // Its
@@ -140,18 +140,24 @@ func (sl *slimmer) slimService(svc *corev1.Service) *cachedService {
 	return c
 }
 
+// keptAnnotations returns the only annotation a cached slice keeps, the
+// one a reflector reads of a bookmark at the end of a streamed list
+// (metav1.InitialEventsAnnotationKey), or nil. Nothing reads the others
+// (the trigger time is kept aside), and keeping them would let whoever
+// may write EndpointSlices grow every agent's cache by up to 256 KiB a
+// slice, against the chart's memory limit.
+func keptAnnotations(a map[string]string) map[string]string {
+	if v, ok := a[metav1.InitialEventsAnnotationKey]; ok {
+		return map[string]string{metav1.InitialEventsAnnotationKey: v}
+	}
+	return nil
+}
+
 // slimSlice returns what the cache keeps of es.
 func (sl *slimmer) slimSlice(es *discoveryv1.EndpointSlice) *cachedSlice {
 	c := &cachedSlice{Slice: translate.MakeSlice(es)}
 	trigger, triggered := es.Annotations[corev1.EndpointsLastChangeTriggerTime]
-	if len(es.Annotations) > 0 {
-		// es is the decoded object's: its map may be taken.
-		delete(es.Annotations, corev1.EndpointsLastChangeTriggerTime)
-		delete(es.Annotations, corev1.LastAppliedConfigAnnotation)
-		if len(es.Annotations) > 0 {
-			c.annotations = es.Annotations
-		}
-	}
+	c.annotations = keptAnnotations(es.Annotations)
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
 	sl.keepSlice(c, trigger, triggered, true)
