@@ -244,7 +244,13 @@ func TestPMTUThroughVIPEndToEnd(t *testing.T) {
 // topology.BuildLB with one backend: a client, a node and the backend.
 func lbDatapath(t *testing.T) (*Datapath, *topology.LB) {
 	t.Helper()
-	d := newTestDatapath(t)
+	return lbDatapathWith(t, newTestDatapath(t))
+}
+
+// lbDatapathWith is lbDatapath with d, a datapath of the test's own
+// configuration.
+func lbDatapathWith(t *testing.T, d *Datapath) (*Datapath, *topology.LB) {
+	t.Helper()
 	lb, err := topology.NewT(t).BuildLB(1)
 	if err != nil {
 		t.Fatal(err)
