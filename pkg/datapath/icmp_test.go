@@ -240,16 +240,9 @@ func TestPMTUThroughVIPEndToEnd(t *testing.T) {
 	})
 }
 
-// lbDatapath is a datapath (not attached yet) and the topology of
+// lbDatapath is d, a datapath (not attached yet), and the topology of
 // topology.BuildLB with one backend: a client, a node and the backend.
-func lbDatapath(t *testing.T) (*Datapath, *topology.LB) {
-	t.Helper()
-	return lbDatapathWith(t, newTestDatapath(t))
-}
-
-// lbDatapathWith is lbDatapath with d, a datapath of the test's own
-// configuration.
-func lbDatapathWith(t *testing.T, d *Datapath) (*Datapath, *topology.LB) {
+func lbDatapath(t *testing.T, d *Datapath) (*Datapath, *topology.LB) {
 	t.Helper()
 	lb, err := topology.NewT(t).BuildLB(1)
 	if err != nil {

@@ -62,7 +62,7 @@ func lbDatapathOf(t *testing.T, v6 bool) (*Datapath, *topology.LB, lbPlane) {
 // configuration.
 func lbDatapathOfWith(t *testing.T, v6 bool, d *Datapath) (*Datapath, *topology.LB, lbPlane) {
 	t.Helper()
-	d, lb := lbDatapathWith(t, d)
+	d, lb := lbDatapath(t, d)
 	if !v6 {
 		return d, lb, lbPlane{lb.ClientAddr, lb.NodeAddr, lb.BackendAddrs}
 	}
