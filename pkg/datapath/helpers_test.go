@@ -267,12 +267,19 @@ func waitLocal(t testing.TB, ns *topology.NS, a netip.Addr) {
 // the reconciler would not make use addService.
 func applyServices(t testing.TB, d *Datapath, svcs ...*model.Service) {
 	t.Helper()
+	applyWith(t, reconciler.New(d.Maps(), nil), svcs...)
+}
+
+// applyWith is applyServices through r, a reconciler the test keeps
+// across Applies (what it retires, say: SetRetireTimeout).
+func applyWith(t testing.TB, r *reconciler.Reconciler, svcs ...*model.Service) {
+	t.Helper()
 	st := model.NewState()
 	for _, s := range svcs {
 		s.Backends = model.SortBackends(s.Backends)
 		st.Services.Set(s.Frontend, s)
 	}
-	if err := reconciler.New(d.Maps(), nil).Apply(st); err != nil {
+	if err := r.Apply(st); err != nil {
 		t.Fatalf("reconciler.Apply: %v", err)
 	}
 }

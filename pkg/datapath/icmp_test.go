@@ -240,11 +240,10 @@ func TestPMTUThroughVIPEndToEnd(t *testing.T) {
 	})
 }
 
-// lbDatapath is a datapath (not attached yet) and the topology of
+// lbDatapath is d, a datapath (not attached yet), and the topology of
 // topology.BuildLB with one backend: a client, a node and the backend.
-func lbDatapath(t *testing.T) (*Datapath, *topology.LB) {
+func lbDatapath(t *testing.T, d *Datapath) (*Datapath, *topology.LB) {
 	t.Helper()
-	d := newTestDatapath(t)
 	lb, err := topology.NewT(t).BuildLB(1)
 	if err != nil {
 		t.Fatal(err)

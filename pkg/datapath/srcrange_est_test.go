@@ -5,8 +5,6 @@ import (
 	"slices"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/sluice-lb/sluice/internal/testutil/packet"
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
@@ -25,28 +23,31 @@ import (
 // family, through tc and through XDP (which counts its own drops);
 // through tc, the dry run (sluicectl explain) says the same.
 func TestSourceRangesKeepEstablished(t *testing.T) {
+	srcRangesNarrowedHooks(t, model.TCP)
+}
+
+// srcRangesNarrowedHooks runs srcRangesNarrowed with flows of proto per
+// family, through tc and through XDP.
+func srcRangesNarrowedHooks(t *testing.T, proto model.Protocol) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
-		t.Run("tc", func(t *testing.T) { srcRangesNarrowed(t, v6, false) })
-		t.Run("xdp", func(t *testing.T) { srcRangesNarrowed(t, v6, true) })
+		t.Run("tc", func(t *testing.T) { srcRangesNarrowed(t, v6, false, proto) })
+		t.Run("xdp", func(t *testing.T) { srcRangesNarrowed(t, v6, true, proto) })
 	})
 }
 
-func srcRangesNarrowed(t *testing.T, v6, xdp bool) {
-	_, ifindex, d := nodeDatapath(t, xdpConfig, "eth0")
-	if v6 {
-		addNodeIPv6(t)
-		if err := d.AttachDevices([]string{"eth0"}); err != nil {
-			t.Fatal(err)
-		}
-	}
+// srcRangesNarrowed is TestSourceRangesKeepEstablished over v6's family,
+// through XDP (xdp) or tc, with flows of proto (for UDP, a "SYN" is a
+// flow's first datagram, a "SYN-ACK" the backend's first answer).
+func srcRangesNarrowed(t *testing.T, v6, xdp bool, proto model.Protocol) {
+	ifindex, d := nodeDatapathFam(t, v6, xdpConfig)
 	pick := func(s4, s6 string) string {
 		if v6 {
 			return s6
 		}
 		return s4
 	}
-	lb := l4(pick("192.168.1.210", "2001:db8:100::d2"), 80, model.TCP)
-	be := testBackend{addr: l4(pick("10.2.0.7", "2001:db8:2::7"), 8080, model.TCP)} // on node 2
+	lb := l4(pick("192.168.1.210", "2001:db8:100::d2"), 80, proto)
+	be := testBackend{addr: l4(pick("10.2.0.7", "2001:db8:2::7"), 8080, proto)} // on node 2
 	client := pick(nsClientIP, nsClientIP6)
 	// wide admits the client; narrow leaves it out, admits admitted.
 	wide := netip.MustParsePrefix(pick("192.168.1.0/24", "2001:db8:100::/64"))
@@ -136,13 +137,13 @@ func srcRangesNarrowed(t *testing.T, v6, xdp bool) {
 	// The dry run decides in the same order (the same code, dry): the
 	// established flow's tuple follows its entry; a new one, and the
 	// unanswered flow's, are refused by the ranges.
-	e := mustDryRun(t, d, unix.IPPROTO_TCP, at(client, syn.SrcPort), fe(lb))
+	e := mustDryRun(t, d, uint8(proto), at(client, syn.SrcPort), fe(lb))
 	if !e.ConntrackHit || !e.DNAT || e.Backend != netip.AddrPortFrom(be.addr.Addr, be.addr.Port) || e.Verdict == "drop" ||
 		slices.Contains(e.Reasons, deny) {
 		t.Errorf("explain the established flow: %+v", e)
 	}
 	for _, port := range []uint16{41004, unanswered.SrcPort} {
-		e := mustDryRun(t, d, unix.IPPROTO_TCP, at(client, port), fe(lb))
+		e := mustDryRun(t, d, uint8(proto), at(client, port), fe(lb))
 		if e.DNAT || e.Verdict != "drop" || !slices.Equal(e.Reasons, []string{deny}) {
 			t.Errorf("explain a SYN from port %d of the excluded client: %+v", port, e)
 		}

@@ -55,7 +55,14 @@ type lbPlane struct {
 // its IPv6 plane (topology.LB.AddIPv6) and the plane returned is that one.
 func lbDatapathOf(t *testing.T, v6 bool) (*Datapath, *topology.LB, lbPlane) {
 	t.Helper()
-	d, lb := lbDatapath(t)
+	return lbDatapathOfWith(t, v6, newTestDatapath(t))
+}
+
+// lbDatapathOfWith is lbDatapathOf with d, a datapath of the test's own
+// configuration.
+func lbDatapathOfWith(t *testing.T, v6 bool, d *Datapath) (*Datapath, *topology.LB, lbPlane) {
+	t.Helper()
+	d, lb := lbDatapath(t, d)
 	if !v6 {
 		return d, lb, lbPlane{lb.ClientAddr, lb.NodeAddr, lb.BackendAddrs}
 	}
