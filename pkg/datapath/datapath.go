@@ -487,11 +487,13 @@ func Open(cfg Config) (*Datapath, error) {
 	}
 	d.pins.carryBack = d.carryBack
 	// A size below what the service maps hold is refused before any pin
-	// changes (shrink.go).
-	if err := checkShrink(dir, cfg); err != nil {
+	// changes (shrink.go); one that holds them only without the retired
+	// masters leaves those out of the resize's copies.
+	drop, err := checkShrink(dir, cfg)
+	if err != nil {
 		return nil, err
 	}
-	if err := d.migratePins(specs); err != nil {
+	if err := d.migratePins(specs, drop); err != nil {
 		// Every pin changed is put back (rollback.go).
 		d.closeMigrations()
 		return nil, errors.Join(err, d.pins.undo())
@@ -523,15 +525,16 @@ func Open(cfg Config) (*Datapath, error) {
 }
 
 // migratePins converts the previous release's pins and resizes the maps
-// pinned with another size, noting each pin it changes in d.pins.
-func (d *Datapath) migratePins(specs objectSpecs) error {
+// pinned with another size, leaving drop's retired masters out
+// (shrink.go), noting each pin it changes in d.pins.
+func (d *Datapath) migratePins(specs objectSpecs, drop *retiredMasters) error {
 	// The objects declare every pinned map alike (TestObjectsShareMaps):
 	// the tc object, always loaded, stands for all.
 	var err error
 	if d.migrations, err = migratePins(d.dir, specs.tc, d.pins); err != nil {
 		return err
 	}
-	resized, err := resizePins(d.dir, specs.tc, d.pins)
+	resized, err := resizePins(d.dir, specs.tc, d.pins, drop)
 	if err != nil {
 		return err
 	}

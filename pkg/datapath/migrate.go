@@ -45,6 +45,7 @@ package datapath
 // and the links run this build's entries; settle follows.
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -94,7 +95,13 @@ var tcWrittenMaps = map[string]bool{mapConntrack: true, mapCTNew: true, mapFragm
 //
 // Each pin renamed over is kept in j first, to be put back if the start
 // fails (rollback.go).
-func resizePins(dir string, spec *ebpf.CollectionSpec, j *pinJournal) (migs []*migration, err error) {
+//
+// The copies leave out what drop.leaveOut says: the retired masters of
+// a shrinking start that holds the Services only without them
+// (shrink.go). A map they are in is rebuilt without them even at the
+// same size, so that no master is kept whose rev_nat entry goes, nor the
+// reverse.
+func resizePins(dir string, spec *ebpf.CollectionSpec, j *pinJournal, drop *retiredMasters) (migs []*migration, err error) {
 	type resized struct {
 		name, path string
 		old, cur   *ebpf.Map
@@ -109,14 +116,18 @@ func resizePins(dir string, spec *ebpf.CollectionSpec, j *pinJournal) (migs []*m
 		}
 	}()
 	err = eachPin(spec, dir, func(name, path string, ms *ebpf.MapSpec, old *ebpf.Map, info *ebpf.MapInfo) error {
+		leave := drop.leaveOut(name)
 		if info.Type != ms.Type || info.KeySize != ms.KeySize || info.ValueSize != ms.ValueSize ||
-			(info.MaxEntries == ms.MaxEntries && !preallocationDiffers(info, ms)) {
+			(info.MaxEntries == ms.MaxEntries && !preallocationDiffers(info, ms) && leave == nil) {
 			old.Close()
 			return nil
 		}
-		cur, err := buildMap(ms, func(cur *ebpf.Map) error { return copyResized(old, cur, writtenByPrograms[name]) })
+		cur, err := buildMap(ms, func(cur *ebpf.Map) error { return copyResized(old, cur, writtenByPrograms[name], leave) })
 		if err != nil {
 			old.Close()
+			if info.MaxEntries == ms.MaxEntries && !preallocationDiffers(info, ms) {
+				return fmt.Errorf("rebuild pinned map %s without its retired masters: %w", path, err)
+			}
 			if info.MaxEntries == ms.MaxEntries {
 				return fmt.Errorf("rebuild pinned map %s %s: %w", path, preallocation(ms.Flags), err)
 			}
@@ -178,11 +189,12 @@ func dropOnError(migs *[]*migration, err *error) {
 	}
 }
 
-// copyResized copies old's entries into cur, its resized map. live:
-// programs are writing old meanwhile (an iteration they disturb is cut
-// short; settle copies the rest).
-func copyResized(old, cur *ebpf.Map, live bool) error {
-	if err := copyEntries(old, cur, false); err != nil && !(live && errors.Is(err, ebpf.ErrIterationAborted)) {
+// copyResized copies old's entries into cur, its resized map, but those
+// leave says (nil: none; copyEntries). live: programs are writing old
+// meanwhile (an iteration they disturb is cut short; settle copies the
+// rest).
+func copyResized(old, cur *ebpf.Map, live bool, leave func(k, v []byte) bool) error {
+	if err := copyEntries(old, cur, false, leave); err != nil && !(live && errors.Is(err, ebpf.ErrIterationAborted)) {
 		return err
 	}
 	return nil
@@ -233,14 +245,15 @@ func pinOver(cur *ebpf.Map, path, suffix string) error {
 }
 
 // copyEntries copies the entries of old into cur, which has the same type,
-// key and value. With missingOnly, entries cur has are left as they are.
-// A full cur is an error, unless it is an LRU (which makes room).
-func copyEntries(old, cur *ebpf.Map, missingOnly bool) error {
+// key and value, but those leave says (nil: none; not asked of per-CPU
+// arrays). With missingOnly, entries cur has are left as they are. A
+// full cur is an error, unless it is an LRU (which makes room).
+func copyEntries(old, cur *ebpf.Map, missingOnly bool, leave func(k, v []byte) bool) error {
 	switch old.Type() {
 	case ebpf.PerCPUArray:
 		return copyCounters(old, cur, nil)
 	case ebpf.Array:
-		return copyArray(old, cur)
+		return copyArray(old, cur, leave)
 	}
 	flags := ebpf.UpdateAny
 	if missingOnly {
@@ -250,6 +263,9 @@ func copyEntries(old, cur *ebpf.Map, missingOnly bool) error {
 	n := 0
 	it := old.Iterate()
 	for it.Next(&k, &v) {
+		if leave != nil && leave(k, v) {
+			continue
+		}
 		err := cur.Update(k, v, flags)
 		switch {
 		case err == nil:
@@ -274,12 +290,20 @@ func copyEntries(old, cur *ebpf.Map, missingOnly bool) error {
 // backend's, which keeps its address: clearIDs) is left out; a present
 // one beyond cur is an error, as a hash's copy into a map too small is. A
 // slots array's entry is present when it names a backend (not 0): a
-// smaller array must still hold every range in use.
-func copyArray(old, cur *ebpf.Map) error {
+// smaller array must still hold every range in use. An entry leave says
+// (given its index as a key) is left out too.
+func copyArray(old, cur *ebpf.Map, leave func(k, v []byte) bool) error {
 	slots := old.ValueSize() == 4 // a __u32 backend id (slots.go)
+	var key [4]byte
 	return eachArrayEntry(old, func(k uint32, v []byte) error {
 		if !slots && !presentEntry(v) {
 			return nil
+		}
+		if leave != nil {
+			binary.NativeEndian.PutUint32(key[:], k)
+			if leave(key[:], v) {
+				return nil
+			}
 		}
 		if k >= cur.MaxEntries() {
 			return fmt.Errorf("the new size, %d, is too small: entry %d is in use (choose a larger size)", cur.MaxEntries(), k)
@@ -508,7 +532,7 @@ func (d *Datapath) settle(names map[string]bool) error {
 		case mg.name == mapConntrack6:
 			err = copyConntrack(mg.old, mg.cur, place6)
 		default:
-			err = copyEntries(mg.old, mg.cur, true)
+			err = copyEntries(mg.old, mg.cur, true, nil)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("carry %s over to its new map: %w", mg.name, err))
