@@ -30,6 +30,8 @@ static __always_inline int SOCK_FN(no_service)(FAM(addr_t) vip,
  * error to refuse it with. loadBalancerSourceRanges are checked against
  * @src. A two-scope frontend serves it from its internal scope if it is
  * an internal client (sock_internal_client), else from its default one.
+ * A loopback destination is a frontend for the node's sockets only
+ * (sock_loopback_served): for a pod's there is none.
  *
  * Returns 1 with @svc set, 0 if no frontend is there (nothing to do), or a
  * negative errno.
@@ -40,6 +42,8 @@ SOCK_FN(lookup)(FAM(addr_t) vip, __be16 port, __u8 proto, FAM(addr_t) src,
 {
 	struct lb4_service *s, *in;
 
+	if (FAM(sock_loopback)(vip) && !sock_loopback_served(ctx, x))
+		return 0;
 	s = FN(lookup_live_service)(vip, port, proto);
 	if (!s)
 		return SOCK_FN(no_service)(vip, x);

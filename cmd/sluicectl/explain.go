@@ -292,7 +292,8 @@ func socketHook(req datapath.SocketExplainRequest) string {
 
 // socketOut makes describe's answer the socket path's: the hook asked,
 // the socket and the source it was judged by, its client (the namespace
-// it counted as in), and the errno of a refusal; or, asked from a
+// it counted as in), the errno of a refusal, and why a pod's loopback
+// destination has no frontend (lib/socklb.h sock_loopback_served); or, asked from a
 // namespace the agent's programs do not serve, that the socket passes
 // untranslated and where to ask instead.
 func socketOut(out *explainOut, req datapath.SocketExplainRequest, se *datapath.SocketExplanation) {
@@ -320,6 +321,10 @@ func socketOut(out *explainOut, req datapath.SocketExplainRequest, se *datapath.
 	}
 	if out.Client != "" {
 		out.Client = socketClient(se)
+	}
+	if !e.Frontend && se.Netns == datapath.NetnsOther && req.To.Addr().Unmap().Is4() && req.To.Addr().Unmap().IsLoopback() {
+		out.Reason = "a loopback destination: localhost NodePorts (--localhost-nodeports) serve the node's sockets (the agent's network namespace) only, as kube-proxy's; " +
+			"a pod's 127.0.0.1 is its own: the socket reaches whatever listens on " + req.To.String() + " in this namespace"
 	}
 	if e.DNAT {
 		out.DNAT = "connect to " + e.Backend.String() + " (the socket's destination is rewritten; no packet NAT)"

@@ -153,6 +153,28 @@ func TestExplainSocketTable(t *testing.T) {
 	}
 }
 
+// TestExplainSocketPodLoopback: asked from a pod's namespace, a localhost
+// NodePort has no frontend (the programs serve 127.0.0.0/8 to the node's
+// sockets only), and the answer says why; from the node's, nothing of it.
+// (The dry run itself: pkg/datapath TestSockLoopbackNodePortNodeOnly.)
+func TestExplainSocketPodLoopback(t *testing.T) {
+	for _, to := range []string{"127.0.0.1:30080", "[::ffff:127.0.0.1]:30080"} {
+		for _, netns := range []string{datapath.NetnsOther, datapath.NetnsAgent} {
+			o := &explainOut{Program: "sluice_sock_explain", Verdict: "pass"}
+			socketOut(o, datapath.SocketExplainRequest{To: netip.MustParseAddrPort(to), Proto: unix.IPPROTO_TCP},
+				&datapath.SocketExplanation{Explanation: &datapath.Explanation{Socket: true, Verdict: "pass"},
+					Source: netip.MustParseAddr("10.0.0.7"), SourceFrom: datapath.SourceNodeIP, Netns: netns})
+			got := explainTable(o)
+			const want = "REASON\ta loopback destination: localhost NodePorts (--localhost-nodeports) serve the node's sockets (the agent's network namespace) only"
+			if netns == datapath.NetnsOther {
+				testutil.ContainsAll(t, to+" pod table", got, want, "a pod's 127.0.0.1 is its own: the socket reaches whatever listens on "+to+" in this namespace\n")
+			} else if strings.Contains(got, "REASON") {
+				t.Errorf("%s from the node's namespace gives a reason:\n%s", to, got)
+			}
+		}
+	}
+}
+
 // TestExplainSocketPodClient: run in a pod's namespace without a local
 // traffic detector, the CLIENT line says a pod, not this node, beside the
 // default scope it gets; with one, a pod taken for a cluster client.
