@@ -201,8 +201,10 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 		upper.ranges[f] += len(d.ranges)
 	}
 	// (Retired masters are freed for a frontend that does not fit, not
-	// for this upper bound.)
-	roomy := checkRoom(r.inUse(), upper, capacity) == nil
+	// for this upper bound.) All of them are new: they leave the reserve
+	// to changes of programmed frontends (capacity.go).
+	reserve := reserveOf(capacity)
+	roomy := checkRoom(r.inUse(), upper, capacity, reserve) == nil
 	var need sizes
 	var counted map[model.L4Addr]bool
 	if !roomy {
@@ -223,7 +225,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 				n.backends[familyOf(a.Addr)]--
 			}
 		}
-		if err := r.checkRoomFreeing(need, n, capacity); err != nil {
+		if err := r.checkRoomFreeing(need, n, capacity, reserve); err != nil {
 			fail(d, err)
 			continue
 		}

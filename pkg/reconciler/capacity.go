@@ -15,6 +15,26 @@ package reconciler
 // programFresh for many at once), against what it adds at its peak: the
 // make-before-break order writes its new slots and source ranges before
 // its old ones go.
+//
+// A reserve of each map is kept for changes of programmed frontends: a
+// new frontend (at an address not programmed now: programmed) may fill
+// a map only up to its size less a 32nd (reserveOf; none for a map of
+// fewer than 1,024 entries); a change of a programmed one may fill it to
+// the last entry. A rollout replaces a Service's endpoints
+// make-before-break: its new backends are written before its old ones
+// go (in phase 3, after every frontend of the Apply; slots are rewritten
+// in place, only a count that grows needs more), so at its peak it needs
+// as many backends more as it has new endpoints. Without the reserve,
+// new Services could take the maps' last entries (one tenant's Service
+// of thousands of ports, or a cluster near its sizes), and every
+// rollout after that would be refused, the Service left on its deleted
+// pods' backends. With it, a flood of new Services stops at the size
+// less the reserve and rollouts keep working, as long as one Apply's
+// rollouts need no more than the reserve: at the default sizes 8,192
+// backends (80 Services of 100 endpoints all replaced at once), 32,768
+// service entries and 2,048 services of both families; the next Apply
+// has the old backends' room back. A change that does not fit even with
+// the reserve keeps its previous programming, as before.
 
 import (
 	"fmt"
@@ -54,6 +74,48 @@ func (f family) mapName(kind string) string {
 		return "sluice6_" + kind
 	}
 	return "sluice_" + kind
+}
+
+// reserveShare is the share of each map's size kept for changes of
+// programmed frontends: size/reserveShare entries, rounded down. A map
+// of fewer than reserveMinSize entries keeps none: its 32nd (under 32
+// entries) is no rollout's worth, and would only shorten a map sized
+// that small on purpose (tests of a full map, a tiny node).
+const (
+	reserveShare   = 32
+	reserveMinSize = 1024
+)
+
+// reserveOf returns the entries of each map of capacity c that new
+// frontends may not take.
+func reserveOf(c sizes) sizes {
+	share := func(n int) int {
+		if n < reserveMinSize {
+			return 0
+		}
+		return n / reserveShare
+	}
+	r := sizes{services: share(c.services)}
+	for f := range r.entries {
+		r.backends[f] = share(c.backends[f])
+		r.entries[f] = share(c.entries[f])
+		r.ranges[f] = share(c.ranges[f])
+	}
+	return r
+}
+
+// programmed reports whether fe's address is programmed now: a master
+// of a Service (not a retired one) in either scope. Its frontends'
+// changes may use the reserve (reserveOf), the internal scope a
+// programmed NodePort gets when it turns externalTrafficPolicy Local too.
+func (r *Reconciler) programmed(fe Frontend) bool {
+	for _, scope := range []Scope{ScopeDefault, ScopeInternal} {
+		v := r.frontends.val(Frontend{L4Addr: fe.L4Addr, Scope: scope})
+		if v != nil && v.hasMaster && v.master.Flags&FlagRetired == 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // sizes counts entries per map: in use, available, or needed. Service
@@ -137,13 +199,15 @@ func (r *Reconciler) capacityNeeded(fe Frontend, d *desiredFrontend) sizes {
 // and its slots) are named by their flag alone: they are counted against
 // --max-service-entries, which neither the masters' hash (sized by
 // --max-services) nor the slots' array (twice as large) holds as such.
-// A map need adds nothing to never refuses it.
+// A map need adds nothing to never refuses it. reserve is what need may
+// not take of each map (reserveOf, for a new frontend; none for a change
+// of a programmed one); an error names it.
 //
 // When need does not fit, the retired masters (retired.go) make room
 // first: freeRetired deletes them with their rev_nat entries, and need
 // is checked again. This is the only place that frees them early.
-func (r *Reconciler) checkCapacity(need, capacity sizes) error {
-	return r.checkRoomFreeing(sizes{}, need, capacity)
+func (r *Reconciler) checkCapacity(need, capacity, reserve sizes) error {
+	return r.checkRoomFreeing(sizes{}, need, capacity, reserve)
 }
 
 // checkRoomFreeing is checkCapacity with extra taken as in use besides
@@ -153,11 +217,11 @@ func (r *Reconciler) checkCapacity(need, capacity sizes) error {
 // and no more than they hold (freeable: an upper bound); a frontend that
 // would not fit all the same (its backends or source ranges short, or
 // larger than what they free) leaves them their flows.
-func (r *Reconciler) checkRoomFreeing(extra, need, capacity sizes) error {
+func (r *Reconciler) checkRoomFreeing(extra, need, capacity, reserve sizes) error {
 	use := r.inUse().add(extra)
-	err := checkRoom(use, need, capacity)
-	if err != nil && checkRoom(use.sub(r.freeable()), need, capacity) == nil && r.freeRetired() {
-		err = checkRoom(r.inUse().add(extra), need, capacity)
+	err := checkRoom(use, need, capacity, reserve)
+	if err != nil && checkRoom(use.sub(r.freeable()), need, capacity, reserve) == nil && r.freeRetired() {
+		err = checkRoom(r.inUse().add(extra), need, capacity, reserve)
 	}
 	return err
 }
@@ -193,23 +257,34 @@ func (r *Reconciler) freeable() sizes {
 // that each frontend's error names what it needs itself, as
 // programFrontend's do (the same numbers from one apply to the next: a
 // Service's event about it does not change).
-func checkRoom(use, need, capacity sizes) error {
+func checkRoom(use, need, capacity, reserve sizes) error {
 	var short []string
-	if use.services+need.services > capacity.services {
-		short = append(short, fmt.Sprintf("services, of both families: %d in use of %d (--max-services)", use.services, capacity.services))
+	// limit is the flag's text for a map of size n, and the entries need
+	// may fill it to.
+	limit := func(flag string, n, kept int) (string, int) {
+		if kept > 0 {
+			return fmt.Sprintf("(%s; %d of them kept for changes of programmed frontends)", flag, kept), n - kept
+		}
+		return "(" + flag + ")", n
+	}
+	if need.services > 0 {
+		what, room := limit("--max-services", capacity.services, reserve.services)
+		if use.services+need.services > room {
+			short = append(short, fmt.Sprintf("services, of both families: %d in use of %d %s", use.services, capacity.services, what))
+		}
 	}
 	for _, f := range []family{ipv4, ipv6} {
-		if need.backends[f] > 0 && use.backends[f]+need.backends[f] > capacity.backends[f] {
-			short = append(short, fmt.Sprintf("%d new %s backends: %d in use of %d in %s (--max-backends)",
-				need.backends[f], f, use.backends[f], capacity.backends[f], f.mapName("backends")))
+		if what, room := limit("--max-backends", capacity.backends[f], reserve.backends[f]); need.backends[f] > 0 && use.backends[f]+need.backends[f] > room {
+			short = append(short, fmt.Sprintf("%d new %s backends: %d in use of %d in %s %s",
+				need.backends[f], f, use.backends[f], capacity.backends[f], f.mapName("backends"), what))
 		}
-		if need.entries[f] > 0 && use.entries[f]+need.entries[f] > capacity.entries[f] {
-			short = append(short, fmt.Sprintf("%d new %s service entries: %d in use of %d (--max-service-entries)",
-				need.entries[f], f, use.entries[f], capacity.entries[f]))
+		if what, room := limit("--max-service-entries", capacity.entries[f], reserve.entries[f]); need.entries[f] > 0 && use.entries[f]+need.entries[f] > room {
+			short = append(short, fmt.Sprintf("%d new %s service entries: %d in use of %d %s",
+				need.entries[f], f, use.entries[f], capacity.entries[f], what))
 		}
-		if need.ranges[f] > 0 && use.ranges[f]+need.ranges[f] > capacity.ranges[f] {
-			short = append(short, fmt.Sprintf("%d new %s source ranges: %d in use of %d in %s (--max-source-ranges)",
-				need.ranges[f], f, use.ranges[f], capacity.ranges[f], f.mapName("src_ranges")))
+		if what, room := limit("--max-source-ranges", capacity.ranges[f], reserve.ranges[f]); need.ranges[f] > 0 && use.ranges[f]+need.ranges[f] > room {
+			short = append(short, fmt.Sprintf("%d new %s source ranges: %d in use of %d in %s %s",
+				need.ranges[f], f, use.ranges[f], capacity.ranges[f], f.mapName("src_ranges"), what))
 		}
 	}
 	if len(short) > 0 {

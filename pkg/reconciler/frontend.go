@@ -210,11 +210,16 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 	m := uint32(len(d.backends))
 
 	// Checked before any write, so a service that does not fit keeps its
-	// previous programming.
+	// previous programming. A new frontend leaves the reserve to changes
+	// of programmed ones (capacity.go).
 	if err := validate(d); err != nil {
 		return err
 	}
-	if err := r.checkCapacity(r.capacityNeeded(fe, d), capacity); err != nil {
+	var reserve sizes
+	if !r.programmed(fe) {
+		reserve = reserveOf(capacity)
+	}
+	if err := r.checkCapacity(r.capacityNeeded(fe, d), capacity, reserve); err != nil {
 		return err
 	}
 
