@@ -573,6 +573,10 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 		closeListeners()
 		return fmt.Errorf("open datapath: %w", err)
 	}
+	if n := dp.RetiredLeftOut(); n > 0 {
+		log.Warn("retired frontends left out of the smaller service maps: their established per-packet flows end",
+			"retired", n, "max_services", dpCfg.MaxServices)
+	}
 	if dpCfg.PreallocateMaps {
 		b, err := dp.PreallocatedBytes()
 		if err != nil {

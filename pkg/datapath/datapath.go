@@ -339,6 +339,10 @@ type Datapath struct {
 	xdp  xdpProgs  // nil programs with XDP off
 	maps *Maps
 
+	// retiredLeftOut counts the retired masters this Open's resize left
+	// out of smaller service maps (shrink.go): RetiredLeftOut.
+	retiredLeftOut int
+
 	// routeGen is what WatchRouting last set XDP's route cache's
 	// generation to (routecache.go).
 	routeGen routeGen
@@ -534,13 +538,35 @@ func (d *Datapath) migratePins(specs objectSpecs, drop *retiredMasters) error {
 	if d.migrations, err = migratePins(d.dir, specs.tc, d.pins); err != nil {
 		return err
 	}
+	for _, mg := range d.migrations {
+		switch mg.name {
+		case mapServices, mapServices6, mapRevNat, mapRevNat6:
+			// Converted from the previous layout, which has no retired
+			// masters: what checkShrink read of this layout's pins (stale
+			// ones beside a rolled-back agent's, which the conversion
+			// replaced) names nothing here, and its ids may be live
+			// masters' now. A size that fits only without them fails
+			// the resize instead (rolled back).
+			drop = nil
+		}
+	}
 	resized, err := resizePins(d.dir, specs.tc, d.pins, drop)
 	if err != nil {
 		return err
 	}
 	d.migrations = append(d.migrations, resized...)
+	if drop != nil {
+		d.retiredLeftOut = drop.n
+	}
 	return checkPinned(specs.tc, d.dir)
 }
+
+// RetiredLeftOut returns how many retired masters (removed TCP
+// frontends' masters kept for their established flows: reconciler's
+// retired.go) Open left out of service maps it made smaller (shrink.go):
+// their established per-packet flows end, as at a deletion. 0 when no
+// map shrank so.
+func (d *Datapath) RetiredLeftOut() int { return d.retiredLeftOut }
 
 // failAfterLoad, set by a test, makes Open fail once the pins are
 // converted and resized and the programs loaded: as a verifier rejection

@@ -68,7 +68,7 @@ func retiredNodePort(t *testing.T, v6 bool, cports ...uint16) *retiredNP {
 	}
 	applyWith(t, n.r)
 	if _, ok := n.r.Retired()[reconciler.DefaultScope(n.np)]; !ok {
-		t.Errorf("%s not retired: %v", n.np, n.r.Retired())
+		t.Fatalf("%s not retired: %v", n.np, n.r.Retired())
 	}
 	return n
 }

@@ -83,6 +83,9 @@ func testShrinkLeavesRetiredMastersOut(t *testing.T, v6 bool) {
 		d := openTest(t, c)
 		defer d.Close()
 		name := fmt.Sprintf("--max-services=%d --max-service-entries=%d", c.MaxServices, c.MaxServiceEntries)
+		if n := d.RetiredLeftOut(); n != 0 {
+			t.Errorf("%s: RetiredLeftOut %d, want 0 (the retired master kept)", name, n)
+		}
 		ks := mustDump(t, d.Maps())
 		if m, ok := ks.Masters[reconciler.DefaultScope(removed)]; !ok || m.Flags&reconciler.FlagRetired == 0 {
 			t.Errorf("%s: the retired master of %s is %+v, %v; want it kept", name, removed, m, ok)
@@ -122,6 +125,9 @@ func testShrinkLeavesRetiredMastersOut(t *testing.T, v6 bool) {
 
 	cfg.MaxServices = 2
 	d3 := openTest(t, cfg)
+	if n := d3.RetiredLeftOut(); n != 1 {
+		t.Errorf("--max-services=2: RetiredLeftOut %d, want 1 (the agent logs it)", n)
+	}
 	if got := pinnedMaxEntries(t, bpffs, mapServices6); got != 2 {
 		t.Errorf("%s has %d entries with --max-services=2", mapServices6, got)
 	}

@@ -85,6 +85,10 @@ func snatTimeWaitTraffic(t *testing.T, v6, noHold bool) twtResult {
 	// The backend closes each connection once release is closed (at
 	// once after that).
 	release := make(chan struct{})
+	releaseAll := sync.OnceFunc(func() { close(release) })
+	// A failure before the release must not leave the accepted
+	// connections' goroutines blocked for the rest of the binary.
+	t.Cleanup(releaseAll)
 	ln, err := lb.Backends[0].Listen(network, be.String())
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +144,7 @@ func snatTimeWaitTraffic(t *testing.T, v6, noHold bool) twtResult {
 		}
 		revs = append(revs, fwd, ctK{src: be, dst: e.snat, proto: model.TCP, dir: ctReverse})
 	}
-	close(release)
+	releaseAll()
 	for _, c := range closed {
 		// The backend's FIN, then the client's.
 		_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
