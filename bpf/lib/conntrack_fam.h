@@ -916,7 +916,10 @@ static __always_inline int FN(ct_snat_take)(const FAM(pkt_t) *p,
  * sluice_conntrack with BPF_NOEXIST (so no two flows ever share a tuple),
  * trying up to SNAT_TRIES ports of [snat_port_min, snat_port_max], and
  * reclaiming a dead entry in the way. Then record the forward entry,
- * half-open.
+ * half-open. An earlier flow on @p's tuple (closed, or its backend gone:
+ * the caller found it unusable) is superseded before the search, so its
+ * port is free to this flow, unless it holds that port for the backend's
+ * TIME_WAIT; and again after the search (ct_supersede).
  *
  * A range of SNAT_TRIES ports or fewer is searched whole, each port once,
  * in order (wrapping) from a random start: a free port is always found.
@@ -995,6 +998,35 @@ FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
 #define SNAT_RANGE ((__u32)snat_port_max - snat_port_min + 1)
 	if (snat_port_max < snat_port_min)
 		return 1;
+	/* An earlier flow on @p's own tuple goes before the search, so
+	 * that the port its reply entry holds is free to this one: a
+	 * client's SYN reopening its flow after the backend's RST (closed,
+	 * living the close timeout) would find every port of a full range
+	 * held, its own flow's among them, and be refused until that
+	 * timeout. netfilter kills the closed conntrack a new SYN reopens
+	 * (nf_conntrack_proto_tcp, nf_ct_kill) before NAT maps the SYN
+	 * afresh. The caller found no usable forward entry, so whatever is
+	 * there is a flow ct_supersede is for; but a flow closed by FINs
+	 * keeps its port for the backend's TIME_WAIT (ct_snat_held) through
+	 * the search, which passes it over as any port so held (or takes
+	 * it over, ct_snat_take), and goes after it, as before. @key is the
+	 * forward key for that, then the reply key again (no room for
+	 * another on the stack). A dry run deletes nothing: its search may
+	 * find the port held where the live packet would not.
+	 */
+	if (!explain_dry(p)) {
+		FAM(ct_entry_t) *old;
+
+		FN(ct_key_of)(&key, p, CT_FORWARD);
+		old = bpf_map_lookup_elem(FAM(ct_est), &key);
+		if (!old || !ct_closed(READ_ONCE(old->flags)) ||
+		    !ct_snat_held(READ_ONCE(old->flags)))
+			FN(ct_supersede)(&key);
+		key.saddr = be->addr;
+		key.sport = be->port;
+		key.daddr = node;
+		key.dir = CT_REVERSE;
+	}
 	start = bpf_get_prandom_u32() % SNAT_RANGE;
 	for (i = 0; i < SNAT_TRIES && i < SNAT_RANGE; i++) {
 		if (SNAT_RANGE <= SNAT_TRIES) {
@@ -1045,6 +1077,9 @@ FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
 	if (explain_dry(p))
 		return 0;
 
+	/* Again: another CPU's flow on the tuple (a racing copy of the
+	 * SYN) may have taken it during the search; it goes with its port.
+	 */
 	FN(ct_key_of)(&key, p, CT_FORWARD);
 	FN(ct_supersede)(&key);
 	e.nat_addr = be->addr;

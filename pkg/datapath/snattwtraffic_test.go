@@ -291,15 +291,13 @@ func TestSNATTimeWaitWithoutHoldRealTraffic(t *testing.T) {
 // when every port of the range is held, the reset flow's own among them:
 // netfilter kills a closed conntrack that a new SYN reopens and then maps
 // the SYN afresh (nf_conntrack_proto_tcp's reopen, then NAT), so the old
-// mapping's port is free for it. This is what delays
+// mapping's port is free for it. This is what delayed
 // TestSNATTimeWaitWithoutHoldRealTraffic's late connections by seconds
 // (the client's RST to the backend's TIME_WAIT ACK closes the flow, and
-// its retransmitted SYN is refused, tc_snat_exhausted, until the close
-// timeout). One port, per family.
+// its retransmitted SYN was refused, tc_snat_exhausted, until the close
+// timeout): ct_create_snat searched the range before it superseded the
+// closed flow. One port, per family.
 func TestSNATReopenTakesItsOwnPort(t *testing.T) {
-	t.Skip("finding: ct_create_snat (bpf/lib/conntrack_fam.h:960) searches the range (from :998) before it supersedes the " +
-		"closed flow on the SYN's own tuple (ct_supersede, :1049), so that flow's port, held by its live reply entry, is not " +
-		"free to it: with the range full the SYN is refused (tc_snat_exhausted) until the close timeout")
 	forFamilies(t, func(t *testing.T, v6 bool) {
 		h := holdSNATPort(t, v6)
 		for _, c := range []struct {
