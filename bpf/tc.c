@@ -26,7 +26,9 @@
  * translated back (icmp_xlate.h; a DNAT-only flow's error about its
  * request, as its replies, at the egress of a device with tc that the
  * route to the client leaves by), and later IPv4 fragments get their
- * first fragment's translation (frag.h). Everything else passes untouched.
+ * first fragment's translation (frag.h). Everything else passes untouched,
+ * a packet to 127.0.0.0/8 too: the localhost NodePorts are the node's own
+ * sockets' (tc_ingress).
  *
  * North-south (NodePort, ExternalIP and LoadBalancer frontends, flagged
  * SVC_F_EXTERNAL): a new flow whose backend is reached through one of the
@@ -913,6 +915,22 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
  * no frontend at all (a reply, lb4_no_service or routed on untranslated),
  * as kube-proxy's conntrack translates an established flow whose Service
  * port went, and only that.
+ *
+ * A loopback destination (127.0.0.0/8) is no frontend here, though the
+ * localhost NodePorts (--localhost-nodeports) are in the services map:
+ * they serve the node's own sockets, at connect (lib/socklb.h). A packet
+ * from a device to 127.0.0.1:<nodePort> is a martian, which the kernel
+ * drops (route_localnet 0); kube-proxy, which sets route_localnet for
+ * its localhost NodePorts, drops it too (KUBE-FIREWALL: a destination in
+ * 127.0.0.0/8 from another source; CVE-2020-8558). Translated, it would
+ * let any L2 neighbour reach the backends, even with NodePorts kept to
+ * localhost (--nodeport-addresses localhost). So it passes untouched and
+ * uncounted, before any lookup: neither translated nor rejected nor
+ * dropped as a ClusterIP's or the service CIDR's (lb4_no_service), nor
+ * a reply (no flow's client or SNAT address is a loopback one); nor is
+ * another protocol's packet there (PKT_OTHER, tc_body). The agent writes
+ * no ClusterIP or service CIDR there either: this holds whatever the maps
+ * say. TestTCLoopbackFrontendFromWire checks it, and XDP's (xdp_fwd).
  */
 static __always_inline int tc_ingress(struct __sk_buff *skb,
 				      const struct pkt4 *p, __u64 now)
@@ -923,6 +941,8 @@ static __always_inline int tc_ingress(struct __sk_buff *skb,
 	bool gone = false, fresh = false;
 	int ret;
 
+	if (addr_loopback_4(p->daddr))
+		return TC_ACT_OK;
 	svc = lookup_service(p->daddr, p->dport, p->proto);
 	if (svc)
 		fwd = lb4_fwd_find(p, &key, now, &gone, &fresh);
@@ -964,8 +984,12 @@ static __always_inline int tc_body(struct __sk_buff *skb, bool dry,
 	case PKT_ICMP_ERR:
 		return icmp_err_xlate(skb, &p, ingress);
 	case PKT_OTHER:
-		/* No frontend serves it (Sluice serves TCP and UDP). */
-		return ingress ? lb4_no_service(skb, &p) : TC_ACT_OK;
+		/* No frontend serves it (Sluice serves TCP and UDP); one to a
+		 * loopback address is not answered (tc_ingress).
+		 */
+		return ingress && !addr_loopback_4(p.daddr) ?
+			       lb4_no_service(skb, &p) :
+			       TC_ACT_OK;
 	default:
 		return TC_ACT_OK;
 	}

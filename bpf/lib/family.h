@@ -112,4 +112,15 @@ static __always_inline bool lb6_v4_mapped(const union v6addr *a)
 	return a->p[0] == 0 && a->p[1] == 0 && a->p[2] == bpf_htonl(0x0000ffff);
 }
 
+/*
+ * addr_loopback - whether @a is a loopback address (127.0.0.0/8), which
+ * is no frontend of a packet from a device (tc_ingress, xdp_fwd): the
+ * localhost NodePorts there serve the node's own sockets only, at the
+ * socket (socklb.h). IPv6 has none: ::1 is never a frontend (the agent
+ * writes none), nor is an IPv4-mapped address one of the IPv6 maps.
+ */
+#define addr_loopback_4(a) \
+	(((a) & bpf_htonl(0xff000000)) == bpf_htonl(0x7f000000))
+#define addr_loopback_6(a) false
+
 #endif /* SLUICE_FAMILY_H */

@@ -323,7 +323,10 @@ func socketOut(out *explainOut, req datapath.SocketExplainRequest, se *datapath.
 		out.Client = socketClient(se)
 	}
 	if !e.Frontend && se.Netns == datapath.NetnsOther && req.To.Addr().Unmap().Is4() && req.To.Addr().Unmap().IsLoopback() {
-		out.Reason = "a loopback destination: localhost NodePorts (--localhost-nodeports) serve the node's sockets (the agent's network namespace) only, as kube-proxy's; " +
+		// Whether a localhost NodePort is there at all (the port may have
+		// none, or --localhost-nodeports be off) this run does not know:
+		// it stopped before the lookup. The reason holds either way.
+		out.Reason = "a loopback destination, no frontend for a pod's socket: a localhost NodePort (--localhost-nodeports), if one is there, serves the node's sockets (the agent's network namespace) only, as kube-proxy's; " +
 			"a pod's 127.0.0.1 is its own: the socket reaches whatever listens on " + req.To.String() + " in this namespace"
 	}
 	if e.DNAT {

@@ -156,7 +156,11 @@ func TestExplainSocketTable(t *testing.T) {
 // TestExplainSocketPodLoopback: asked from a pod's namespace, a localhost
 // NodePort has no frontend (the programs serve 127.0.0.0/8 to the node's
 // sockets only), and the answer says why; from the node's, nothing of it.
-// (The dry run itself: pkg/datapath TestSockLoopbackNodePortNodeOnly.)
+// The reason does not say a NodePort is there: the dry run stops before the
+// lookup, so the same answer comes where none is (another port,
+// --localhost-nodeports=false); before, it said localhost NodePorts serve
+// the node only as if one were there. (The dry run itself: pkg/datapath
+// TestSockLoopbackNodePortNodeOnly.)
 func TestExplainSocketPodLoopback(t *testing.T) {
 	for _, to := range []string{"127.0.0.1:30080", "[::ffff:127.0.0.1]:30080"} {
 		for _, netns := range []string{datapath.NetnsOther, datapath.NetnsAgent} {
@@ -165,7 +169,7 @@ func TestExplainSocketPodLoopback(t *testing.T) {
 				&datapath.SocketExplanation{Explanation: &datapath.Explanation{Socket: true, Verdict: "pass"},
 					Source: netip.MustParseAddr("10.0.0.7"), SourceFrom: datapath.SourceNodeIP, Netns: netns})
 			got := explainTable(o)
-			const want = "REASON\ta loopback destination: localhost NodePorts (--localhost-nodeports) serve the node's sockets (the agent's network namespace) only"
+			const want = "REASON\ta loopback destination, no frontend for a pod's socket: a localhost NodePort (--localhost-nodeports), if one is there, serves the node's sockets (the agent's network namespace) only"
 			if netns == datapath.NetnsOther {
 				testutil.ContainsAll(t, to+" pod table", got, want, "a pod's 127.0.0.1 is its own: the socket reaches whatever listens on "+to+" in this namespace\n")
 			} else if strings.Contains(got, "REASON") {

@@ -1,0 +1,114 @@
+package datapath
+
+import (
+	"bytes"
+	"net/netip"
+	"testing"
+
+	"github.com/sluice-lb/sluice/internal/testutil/packet"
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
+)
+
+// NodePorts on 127.0.0.1 (--localhost-nodeports) are in the services map,
+// which tc and XDP read too; they serve the node's own sockets only
+// (TestSockLoopbackNodePortNodeOnly). A packet from the wire to
+// 127.0.0.1:<nodePort> is a martian: the kernel drops it (route_localnet
+// 0), and kube-proxy, which sets route_localnet for its localhost
+// NodePorts, drops it too (KUBE-FIREWALL: `-d 127.0.0.0/8 ! -s
+// 127.0.0.0/8 ... -j DROP`, CVE-2020-8558). Were it translated, any L2
+// neighbour would reach the backends through 127.0.0.1, with
+// --nodeport-addresses localhost meant to keep NodePorts local.
+
+// TestTCLoopbackFrontendFromWire: a SYN and a bare ACK from a client on
+// eth0 to a localhost NodePort pass tc ingress and XDP untouched (TC_ACT_OK,
+// XDP_PASS, the frame as it came), whether the frontend's backend is on
+// another node (XDP's own flows) or on this one (tc's DNAT), with no
+// conntrack entry and no counter moved; nor is such a packet to a port
+// with no frontend, or of another protocol (an ICMP echo, GRE), rejected
+// or dropped, were 127.0.0.1 ever taken for a ClusterIP or the service
+// CIDR (the agent writes neither). The same
+// frontends on the node's address are still translated. Before the fix
+// (bpf/tc.c tc_ingress, bpf/lib/xdp_fam.h xdp_fwd) tc redirected or DNATed
+// them to the backend, XDP transmitted the remote backend's SNATed, the
+// unserved port and the ICMP echo and GRE were answered with a port
+// unreachable and 127.0.0.2 was dropped (tc_service_cidr_drop).
+func TestTCLoopbackFrontendFromWire(t *testing.T) {
+	_, ifindex, d := northSouthNode(t)
+	m, ext := d.Maps(), reconciler.FlagExternal
+	lhRemote := l4("127.0.0.1", npRemote.Port, model.TCP)
+	lhLocal := l4("127.0.0.1", npLocal.Port, model.TCP)
+	lhUDP := l4("127.0.0.1", npUDP.Port, model.UDP)
+	addExternal(t, m, 11, lhRemote, ext, beRemote)
+	addExternal(t, m, 12, lhLocal, ext, beLocal)
+	addExternal(t, m, 13, lhUDP, ext, beRemU)
+	if _, err := m.UpsertServiceIPs([]netip.Addr{addr("127.0.0.1")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetServiceCIDRs([]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}); err != nil {
+		t.Fatal(err)
+	}
+	unserved := l4("127.0.0.1", 30099, model.TCP) // a "ClusterIP"'s other port
+	unallocated := l4("127.0.0.2", 30080, model.TCP)
+
+	type send struct {
+		name string
+		p    packet.Packet
+	}
+	var sends []send
+	for i, fe := range []model.L4Addr{lhRemote, lhLocal, lhUDP, unserved, unallocated} {
+		if fe.Proto == model.UDP {
+			sends = append(sends, send{"UDP to " + fe.String(), nsClient(uint16(43000+i), fe)})
+			continue
+		}
+		for j, c := range []struct {
+			what  string
+			flags uint8
+		}{{"SYN", tcpSYN_}, {"bare ACK", tcpACK}} {
+			p := nsClient(uint16(43000+10*i+j), fe)
+			p.TCPFlags = c.flags
+			sends = append(sends, send{c.what + " to " + fe.String(), p})
+		}
+	}
+	// Another protocol (PKT_OTHER): an ICMP echo and a GRE packet.
+	for _, c := range []struct {
+		what       string
+		proto, typ uint8
+	}{{"ICMP echo", packet.ICMP, packet.ICMPEcho}, {"GRE", 47, 0}} {
+		p := packet.Packet{SrcMAC: clientMAC, DstMAC: macOf(nodeEthMAC), Src: addr(nsClientIP), Dst: addr("127.0.0.1"),
+			Proto: c.proto, ICMPType: c.typ, Payload: []byte("from the wire")}
+		sends = append(sends, send{c.what + " to 127.0.0.1", p})
+	}
+	before := counters(t, d)
+	for _, s := range sends {
+		b := s.p.Bytes()
+		if v, out := runXDP(t, d.XDP(), ifindex, b); v != xdpPass || !bytes.Equal(out[:len(b)], b) {
+			t.Errorf("XDP: %s from %s: verdict %d (want XDP_PASS %d), frame changed: %v", s.name, s.p.Src, v, xdpPass, !bytes.Equal(out[:len(b)], b))
+		}
+		if v, out := runOn(t, d.TCIngress(), ifindex, b); v != tcActOK || !bytes.Equal(out[:len(b)], b) {
+			t.Errorf("tc: %s from %s: verdict %d (want TC_ACT_OK %d), packet changed: %v", s.name, s.p.Src, v, tcActOK, !bytes.Equal(out[:len(b)], b))
+		}
+		if s.p.Proto != uint8(model.TCP) && s.p.Proto != uint8(model.UDP) {
+			continue
+		}
+		k := ctKeyOf(s.p.Src.String(), s.p.SrcPort, s.p.Dst.String(), s.p.DstPort, model.Protocol(s.p.Proto), ctForward)
+		if e, ok := ctLookup(t, m, k); ok {
+			t.Errorf("%s: forward conntrack entry %+v", s.name, e)
+		}
+	}
+	after := counters(t, d)
+	for name, n := range after {
+		if n != before[name] {
+			t.Errorf("counter %s moved: %d, was %d", name, n, before[name])
+		}
+	}
+
+	// The node's address still serves the same NodePorts: XDP transmits
+	// the remote backend's flow, tc DNATs the local one's.
+	if v, _ := runXDP(t, d.XDP(), ifindex, nsClient(43100, npRemote).Bytes()); v != xdpTx {
+		t.Errorf("XDP: SYN to %s: verdict %d, want XDP_TX %d", npRemote, v, xdpTx)
+	}
+	if v, out := runOn(t, d.TCIngress(), ifindex, nsClient(43101, npLocal).Bytes()); v != tcActOK || outDst(out) != beLocal.addr.Addr.String() {
+		t.Errorf("tc: SYN to %s: verdict %d to %s, want TC_ACT_OK to %s", npLocal, v, outDst(out), beLocal.addr.Addr)
+	}
+}
