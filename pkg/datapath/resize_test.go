@@ -547,14 +547,7 @@ func TestShrinkBelowProgrammedRefused(t *testing.T) {
 	want := mustDump(t, d.Maps())
 	d.Close()
 	cfg := smallConfig(bpffs)
-	sizes := func() map[string]uint32 {
-		out := map[string]uint32{}
-		for name := range cfg.withDefaults().maxEntries() {
-			out[name] = pinnedMaxEntries(t, bpffs, name)
-		}
-		return out
-	}
-	before := sizes()
+	before := pinnedSizes(t, bpffs, cfg)
 	for _, tc := range []struct {
 		set  func(*Config)
 		want string // in the error
@@ -574,7 +567,7 @@ func TestShrinkBelowProgrammedRefused(t *testing.T) {
 		} else if !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Open's error\n%v\ndoes not say %q", err, tc.want)
 		}
-		if got := sizes(); !maps.Equal(got, before) {
+		if got := pinnedSizes(t, bpffs, cfg); !maps.Equal(got, before) {
 			t.Errorf("a refused Open changed the pins' sizes: %v, were %v", got, before)
 		}
 	}
@@ -645,4 +638,15 @@ func TestShrinkKeepsServiceIDs(t *testing.T) {
 	if got := pinnedMaxEntries(t, bpffs, mapRevNat); got != 44+257 {
 		t.Errorf("%s has %d entries with --max-services=44, want 301", mapRevNat, got)
 	}
+}
+
+// pinnedSizes returns the max entries of every map cfg sizes, as pinned
+// in bpffs.
+func pinnedSizes(t *testing.T, bpffs string, cfg Config) map[string]uint32 {
+	t.Helper()
+	out := map[string]uint32{}
+	for name := range cfg.withDefaults().maxEntries() {
+		out[name] = pinnedMaxEntries(t, bpffs, name)
+	}
+	return out
 }

@@ -69,13 +69,6 @@ func testShrinkLeavesRetiredMastersOut(t *testing.T, v6 bool) {
 	d.Close()
 
 	cfg := smallConfig(bpffs)
-	sizes := func() map[string]uint32 {
-		out := map[string]uint32{}
-		for name := range cfg.withDefaults().maxEntries() {
-			out[name] = pinnedMaxEntries(t, bpffs, name)
-		}
-		return out
-	}
 	// openKeeps opens the pins with c, checks that the retired master is
 	// kept there, still translating its flow, and closes them again.
 	openKeeps := func(c Config) {
@@ -95,7 +88,7 @@ func testShrinkLeavesRetiredMastersOut(t *testing.T, v6 bool) {
 		}
 	}
 
-	pinned := sizes()
+	pinned := pinnedSizes(t, bpffs, cfg)
 	c := cfg
 	c.MaxServices = 1
 	want := "--max-services=1 is too small for the 2 services of both families"
@@ -105,7 +98,7 @@ func testShrinkLeavesRetiredMastersOut(t *testing.T, v6 bool) {
 	} else if !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "start the agent with --max-services=2 or more") {
 		t.Errorf("Open's error\n%v\ndoes not say %q and --max-services=2", err, want)
 	}
-	if got := sizes(); !maps.Equal(got, pinned) {
+	if got := pinnedSizes(t, bpffs, cfg); !maps.Equal(got, pinned) {
 		t.Errorf("a refused Open changed the pins' sizes: %v, were %v", got, pinned)
 	}
 	d2 := openTest(t, cfg)
