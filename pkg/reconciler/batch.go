@@ -210,30 +210,41 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 	if !roomy {
 		counted = make(map[model.L4Addr]bool)
 	}
-	for _, d := range ds {
-		if err := validate(d); err != nil {
-			fail(d, err)
+	// A two-scope frontend's scopes are checked together (pairAt): both
+	// are written, or neither.
+	for i := 0; i < len(ds); i++ {
+		group := ds[i : i+1]
+		if pairAt(ds, i) {
+			group = ds[i : i+2]
+			i++
+		}
+		var err error
+		for _, d := range group {
+			if err = validate(d); err != nil {
+				break
+			}
+		}
+		var n sizes
+		if err == nil && !roomy {
+			n = r.needOf(group, counted)
+			err = r.checkRoomFreeing(need, n, capacity, reserve)
+		}
+		if err != nil {
+			for _, d := range group {
+				fail(d, err)
+			}
 			continue
 		}
 		if roomy {
 			continue
 		}
-		n := r.capacityNeeded(d.fe, d)
-		for _, b := range d.backends {
-			a := b.L4Addr
-			if counted[a] {
-				n.backends[familyOf(a.Addr)]--
-			}
-		}
-		if err := r.checkRoomFreeing(need, n, capacity, reserve); err != nil {
-			fail(d, err)
-			continue
-		}
 		need = need.add(n)
-		for _, b := range d.backends {
-			a := b.L4Addr
-			if id, ok := r.backendOf.get(a); !ok || !r.isReal(id) {
-				counted[a] = true
+		for _, d := range group {
+			for _, b := range d.backends {
+				a := b.L4Addr
+				if id, ok := r.backendOf.get(a); !ok || !r.isReal(id) {
+					counted[a] = true
+				}
 			}
 		}
 	}

@@ -35,6 +35,19 @@ package reconciler
 // service entries and 2,048 services of both families; the next Apply
 // has the old backends' room back. A change that does not fit even with
 // the reserve keeps its previous programming, as before.
+//
+// The reserve protects programmed frontends' changes against floods of
+// new frontends and against a cluster growing into its sizes; it does
+// not stop a tenant growing its own programmed Services into it: a
+// scale-up is a change of a programmed frontend, so Services whose flood
+// stopped at the reserve's edge can take the reserve an endpoint at a
+// time, and other Services' rollouts are refused again. A per-namespace
+// share would; until then admission bounds are the control (README,
+// Limitations).
+//
+// A new two-scope frontend's scopes are checked together (pairAt): an
+// internal scope whose default scope does not fit is not written, as no
+// master would name it.
 
 import (
 	"fmt"
@@ -89,33 +102,89 @@ const (
 // reserveOf returns the entries of each map of capacity c that new
 // frontends may not take.
 func reserveOf(c sizes) sizes {
-	share := func(n int) int {
-		if n < reserveMinSize {
-			return 0
-		}
-		return n / reserveShare
-	}
-	r := sizes{services: share(c.services)}
+	r := sizes{services: reserveIn(c.services)}
 	for f := range r.entries {
-		r.backends[f] = share(c.backends[f])
-		r.entries[f] = share(c.entries[f])
-		r.ranges[f] = share(c.ranges[f])
+		r.backends[f] = reserveIn(c.backends[f])
+		r.entries[f] = reserveIn(c.entries[f])
+		r.ranges[f] = reserveIn(c.ranges[f])
 	}
 	return r
 }
 
-// programmed reports whether fe's address is programmed now: a master
-// of a Service (not a retired one) in either scope. Its frontends'
-// changes may use the reserve (reserveOf), the internal scope a
-// programmed NodePort gets when it turns externalTrafficPolicy Local too.
+// reserveIn returns the reserve of a map of n entries.
+func reserveIn(n int) int {
+	if n < reserveMinSize {
+		return 0
+	}
+	return n / reserveShare
+}
+
+// sizeFor returns the smallest size of a map that new frontends may fill
+// with n entries, its reserve kept: what a flag must be raised to.
+func sizeFor(n int) int {
+	s := n + n/(reserveShare-1) // about n/(1-1/32), at most a few off
+	for s-reserveIn(s) < n {
+		s++
+	}
+	for s > 0 && s-1-reserveIn(s-1) >= n {
+		s--
+	}
+	return s
+}
+
+// programmed reports whether fe is programmed now, for the reserve
+// (reserveOf): fe itself has a master of a Service (not a retired one),
+// or fe is an internal scope and its default scope has one (the internal
+// scope a programmed NodePort gets when it turns externalTrafficPolicy
+// Local). A default scope is not programmed through its internal one: an
+// internal scope written earlier in the same Apply (its pair is checked
+// together, pairAt) or left by an older version is no programmed Service.
 func (r *Reconciler) programmed(fe Frontend) bool {
-	for _, scope := range []Scope{ScopeDefault, ScopeInternal} {
-		v := r.frontends.val(Frontend{L4Addr: fe.L4Addr, Scope: scope})
-		if v != nil && v.hasMaster && v.master.Flags&FlagRetired == 0 {
-			return true
+	live := func(fe Frontend) bool {
+		v := r.frontends.val(fe)
+		return v != nil && v.hasMaster && v.master.Flags&FlagRetired == 0
+	}
+	return live(fe) || fe.Scope == ScopeInternal && live(DefaultScope(fe.L4Addr))
+}
+
+// pairAt reports whether ds[i] (sorted, Frontend.Compare) is the internal
+// scope of a two-scope frontend whose default scope, ds[i+1], is written
+// in the same Apply. The two are checked together, before either is
+// written: an internal scope whose default scope does not fit would be
+// left with no master naming it.
+func pairAt(ds []*desiredFrontend, i int) bool {
+	d := ds[i]
+	return d.fe.Scope == ScopeInternal && i+1 < len(ds) &&
+		ds[i+1].fe == DefaultScope(d.fe.L4Addr) && ds[i+1].flags&FlagTwoScopes != 0
+}
+
+// needOf returns what programming the frontends of ds adds to the maps at
+// its peak: their capacityNeeded, a backend new to several of them (or
+// in counted, taken already) counted once.
+func (r *Reconciler) needOf(ds []*desiredFrontend, counted map[model.L4Addr]bool) sizes {
+	var n sizes
+	var seen map[model.L4Addr]bool
+	for i, d := range ds {
+		n = n.add(r.capacityNeeded(d.fe, d))
+		for _, b := range d.backends {
+			if a := b.L4Addr; counted[a] || seen[a] {
+				n.backends[familyOf(a.Addr)]--
+			}
+		}
+		if i+1 == len(ds) {
+			break
+		}
+		for _, b := range d.backends {
+			a := b.L4Addr
+			if id, ok := r.backendOf.get(a); !ok || !r.isReal(id) {
+				if seen == nil {
+					seen = make(map[model.L4Addr]bool, len(d.backends))
+				}
+				seen[a] = true
+			}
 		}
 	}
-	return false
+	return n
 }
 
 // sizes counts entries per map: in use, available, or needed. Service
@@ -210,6 +279,31 @@ func (r *Reconciler) checkCapacity(need, capacity, reserve sizes) error {
 	return r.checkRoomFreeing(sizes{}, need, capacity, reserve)
 }
 
+// checkPair checks a two-scope frontend's internal scope in and default
+// scope def together (pairAt, programFrontend's way: Apply writes one
+// and then the other), when def's master does not name the internal
+// scope yet (a new address, a NodePort turning externalTrafficPolicy
+// Local): if def is invalid or does not fit, in is not written either,
+// as no master would name it. The reserve is def's: a change of a
+// programmed default scope may take it, a new one not. When def's master
+// names in already, each is checked on its own, as before: a refused
+// default scope keeps naming an internal scope that is there.
+func (r *Reconciler) checkPair(in, def *desiredFrontend, capacity sizes) error {
+	if v := r.frontends.val(def.fe); v != nil && v.hasMaster && v.master.Flags&FlagTwoScopes != 0 {
+		return nil
+	}
+	for _, d := range []*desiredFrontend{in, def} {
+		if err := validate(d); err != nil {
+			return err
+		}
+	}
+	var reserve sizes
+	if !r.programmed(def.fe) {
+		reserve = reserveOf(capacity)
+	}
+	return r.checkCapacity(r.needOf([]*desiredFrontend{in, def}, nil), capacity, reserve)
+}
+
 // checkRoomFreeing is checkCapacity with extra taken as in use besides
 // what the view says (programFresh's frontends before one in its batch).
 // Retired masters are freed only when that would make need fit: when
@@ -259,32 +353,43 @@ func (r *Reconciler) freeable() sizes {
 // Service's event about it does not change).
 func checkRoom(use, need, capacity, reserve sizes) error {
 	var short []string
-	// limit is the flag's text for a map of size n, and the entries need
-	// may fill it to.
-	limit := func(flag string, n, kept int) (string, int) {
-		if kept > 0 {
-			return fmt.Sprintf("(%s; %d of them kept for changes of programmed frontends)", flag, kept), n - kept
-		}
-		return "(" + flag + ")", n
+	// fits reports whether need (of a map of size n, kept of it for
+	// changes of programmed frontends) fits with use.
+	fits := func(use, need, n, kept int) bool {
+		return need == 0 || use+need <= n-kept
 	}
-	if need.services > 0 {
-		what, room := limit("--max-services", capacity.services, reserve.services)
-		if use.services+need.services > room {
-			short = append(short, fmt.Sprintf("services, of both families: %d in use of %d %s", use.services, capacity.services, what))
+	// limit is the flag's text for a map of size n, use and need in it:
+	// when it is refused only for the reserve (a first program after a
+	// reboot, of Services that grew into it), the size that fits them.
+	limit := func(flag string, use, need, n, kept int) string {
+		if kept == 0 {
+			return "(" + flag + ")"
 		}
+		what := fmt.Sprintf("(%s; %d of them kept for changes of programmed frontends", flag, kept)
+		if use+need <= n {
+			what += fmt.Sprintf("; refused only for them: %s=%d or more fits it", flag, sizeFor(use+need))
+		}
+		return what + ")"
+	}
+	if !fits(use.services, need.services, capacity.services, reserve.services) {
+		short = append(short, fmt.Sprintf("services, of both families: %d in use of %d %s", use.services, capacity.services,
+			limit("--max-services", use.services, need.services, capacity.services, reserve.services)))
 	}
 	for _, f := range []family{ipv4, ipv6} {
-		if what, room := limit("--max-backends", capacity.backends[f], reserve.backends[f]); need.backends[f] > 0 && use.backends[f]+need.backends[f] > room {
+		if !fits(use.backends[f], need.backends[f], capacity.backends[f], reserve.backends[f]) {
 			short = append(short, fmt.Sprintf("%d new %s backends: %d in use of %d in %s %s",
-				need.backends[f], f, use.backends[f], capacity.backends[f], f.mapName("backends"), what))
+				need.backends[f], f, use.backends[f], capacity.backends[f], f.mapName("backends"),
+				limit("--max-backends", use.backends[f], need.backends[f], capacity.backends[f], reserve.backends[f])))
 		}
-		if what, room := limit("--max-service-entries", capacity.entries[f], reserve.entries[f]); need.entries[f] > 0 && use.entries[f]+need.entries[f] > room {
+		if !fits(use.entries[f], need.entries[f], capacity.entries[f], reserve.entries[f]) {
 			short = append(short, fmt.Sprintf("%d new %s service entries: %d in use of %d %s",
-				need.entries[f], f, use.entries[f], capacity.entries[f], what))
+				need.entries[f], f, use.entries[f], capacity.entries[f],
+				limit("--max-service-entries", use.entries[f], need.entries[f], capacity.entries[f], reserve.entries[f])))
 		}
-		if what, room := limit("--max-source-ranges", capacity.ranges[f], reserve.ranges[f]); need.ranges[f] > 0 && use.ranges[f]+need.ranges[f] > room {
+		if !fits(use.ranges[f], need.ranges[f], capacity.ranges[f], reserve.ranges[f]) {
 			short = append(short, fmt.Sprintf("%d new %s source ranges: %d in use of %d in %s %s",
-				need.ranges[f], f, use.ranges[f], capacity.ranges[f], f.mapName("src_ranges"), what))
+				need.ranges[f], f, use.ranges[f], capacity.ranges[f], f.mapName("src_ranges"),
+				limit("--max-source-ranges", use.ranges[f], need.ranges[f], capacity.ranges[f], reserve.ranges[f])))
 		}
 	}
 	if len(short) > 0 {

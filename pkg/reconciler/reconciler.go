@@ -618,7 +618,30 @@ func (r *Reconciler) Apply(st *model.State) error {
 		errs = append(errs, r.programFresh(fresh[:n], capacity, &buf)...)
 		fresh = fresh[n:]
 	}
-	for _, d := range rest {
+	// dropOrphan removes the internal scope at a whose default scope was
+	// refused (it does not fit, or is invalid) and whose master does not
+	// name it: none will (a write of that master failed after it, an
+	// Apply before).
+	dropOrphan := func(a model.L4Addr) {
+		if v := r.frontends.val(DefaultScope(a)); v != nil && v.hasMaster && v.master.Flags&FlagTwoScopes != 0 {
+			return
+		}
+		if in := (Frontend{L4Addr: a, Scope: ScopeInternal}); r.frontends.val(in) != nil {
+			errs = r.remove(in, services, errs)
+		}
+	}
+	for i := 0; i < len(rest); i++ {
+		d := rest[i]
+		if pairAt(rest, i) {
+			// Both scopes of a two-scope frontend, or neither.
+			if err := r.checkPair(d, rest[i+1], capacity); err != nil {
+				errs = append(errs, frontendError(d.svc.Name, d.fe, false, err),
+					frontendError(rest[i+1].svc.Name, rest[i+1].fe, false, err))
+				dropOrphan(d.fe.L4Addr)
+				i++
+				continue
+			}
+		}
 		if d.flags&FlagTwoScopes != 0 {
 			// Its master would name an internal scope that failed to be
 			// programmed: it keeps its previous programming.
@@ -629,6 +652,9 @@ func (r *Reconciler) Apply(st *model.State) error {
 		}
 		if err := r.programFrontend(d.fe, d, capacity); err != nil {
 			errs = append(errs, frontendError(d.svc.Name, d.fe, false, err))
+			if d.flags&FlagTwoScopes != 0 && (errors.Is(err, ErrCapacity) || errors.Is(err, ErrInvalid)) {
+				dropOrphan(d.fe.L4Addr)
+			}
 			continue
 		}
 		r.markSynced(d.fe, d)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-lb/sluice/pkg/model"
 	"github.com/sluice-lb/sluice/pkg/reconciler"
+	"github.com/sluice-lb/sluice/pkg/reconciler/fakedp"
 )
 
 // The reserve (capacity.go): new frontends may fill each map of 1,024
@@ -119,7 +120,7 @@ func TestReserveKeepsRolloutsWorking(t *testing.T) {
 			st := state(append([]*model.Service{a}, fl...)...)
 			errs := frontendErrors(t, r.Apply(st))
 			for fe, err := range errs {
-				if !strings.Contains(err.Error(), "8 new IPv4 backends: 1984 in use of 2048 in sluice_backends (--max-backends; 64 of them "+reserveNote+")") {
+				if !strings.Contains(err.Error(), "8 new IPv4 backends: 1984 in use of 2048 in sluice_backends (--max-backends; 64 of them "+reserveNote+"; refused only for them: --max-backends=2056 or more fits it)") {
 					t.Errorf("%s: error %q, want it to name the 1,984 in use and the reserve", fe, err)
 				}
 			}
@@ -249,4 +250,123 @@ func TestReserveAfterRestart(t *testing.T) {
 		t.Errorf("a's rollout of 6 after the restart: %v, want it programmed from the reserve", errs[a.Frontend])
 	}
 	checkProgrammed(t, f, kept(a3))
+}
+
+// TestTwoScopesAllOrNothing: a new NodePort of externalTrafficPolicy
+// Local (two scopes, 20 endpoints: 21 service entries each) whose
+// internal scope fits but whose default scope does not is refused whole:
+// its internal scope is not written (no master would name it), and the
+// next Apply refuses it the same (its default scope is no change of a
+// programmed frontend). With the reserve: 960 of 1,024 entries in use,
+// the internal scope would fit under the 992 new ones may fill, the
+// default scope not. Without it (a map of 512): 490 in use, the internal
+// scope would take the last 21 entries but one.
+func TestTwoScopesAllOrNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		entries, filled int
+		want            string
+	}{
+		{"reserve", 1024, 960, "42 new IPv4 service entries: 960 in use of 1024 (--max-service-entries; 32 of them " + reserveNote + "; refused only for them: --max-service-entries=1034 or more fits it)"},
+		{"capacity", 512, 490, "42 new IPv4 service entries: 490 in use of 512 (--max-service-entries)"},
+	} {
+		for _, batch := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/batch=%v", tc.name, batch), func(t *testing.T) {
+				f := newFakeSized(t, 4096, 4096, tc.entries)
+				r := reconciler.New(f, nil)
+				if batch {
+					reconciler.SetBatchMin(r, 1)
+				} else {
+					reconciler.SetBatchMin(r, 0)
+				}
+				var fl []*model.Service
+				for i := range tc.filled / 2 { // 2 entries each
+					fl = append(fl, svc(vip(2+i), fmt.Sprintf("fill-%d", i), be(2, 1, model.TCP)))
+				}
+				mustApply(t, r, state(fl...))
+				var bs []model.Backend
+				for j := range 20 {
+					bs = append(bs, be(1, j+1, model.TCP))
+				}
+				n := twoScopes(bs, bs)
+				for _, try := range []string{"first Apply", "resync"} {
+					errs := frontendErrors(t, r.Apply(state(append([]*model.Service{n}, fl...)...)))
+					if err := errs[n.Frontend]; len(errs) != 1 || !errors.Is(err, reconciler.ErrCapacity) || !strings.Contains(err.Error(), tc.want) {
+						t.Errorf("%s: errors %v, want one for %s naming %q", try, errs, n.Frontend, tc.want)
+					}
+					for _, v := range f.Check() {
+						t.Errorf("%s: %s", try, v)
+					}
+					checkProgrammed(t, f, state(fl...))
+				}
+			})
+		}
+	}
+}
+
+// TestTwoScopesOrphanNotProgrammed: a new NodePort of two scopes whose
+// default scope's master fails to be written (a transient error) is left
+// with its internal scope alone; the next Apply, the maps filled since
+// to the reserve's edge, refuses its default scope as a new frontend
+// (not as a change of one programmed through its internal scope) and
+// removes the internal scope no master names.
+func TestTwoScopesOrphanNotProgrammed(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			f := newFakeSized(t, 4096, 4096, 1024)
+			r := reconciler.New(f, nil)
+			if batch {
+				reconciler.SetBatchMin(r, 1)
+			} else {
+				reconciler.SetBatchMin(r, 0)
+			}
+			var bs []model.Backend
+			for j := range 20 {
+				bs = append(bs, be(1, j+1, model.TCP))
+			}
+			n := twoScopes(bs, bs)
+			f.Fail = func(op fakedp.Op) error {
+				if op.Kind == fakedp.OpUpsertMaster && op.Frontend == reconciler.DefaultScope(n.Frontend) {
+					return errors.New("injected")
+				}
+				return nil
+			}
+			errs := frontendErrors(t, r.Apply(state(n)))
+			if err := errs[n.Frontend]; err == nil || err.Permanent() {
+				t.Fatalf("errors %v, want a write error for %s", errs, n.Frontend)
+			}
+			f.Fail = nil
+			if len(programmed(t, f)) != 1 {
+				t.Fatalf("programmed %v, want the internal scope alone", programmed(t, f))
+			}
+			// The internal scope's 21 entries and the default scope's
+			// 20 slots (written before its master failed) in use, and
+			// 951 more: 992, all new ones may fill. The default scope's
+			// master would fit only into the reserve.
+			var fl []*model.Service
+			for i := range 474 {
+				fl = append(fl, svc(vip(2+i), fmt.Sprintf("fill-%d", i), be(2, 1, model.TCP)))
+			}
+			fl = append(fl, svc(vip(1000), "fill-two", be(2, 1, model.TCP), be(2, 2, model.TCP)))
+			errs = frontendErrors(t, r.Apply(state(append([]*model.Service{n}, fl...)...)))
+			if err := errs[n.Frontend]; len(errs) != 1 || !errors.Is(err, reconciler.ErrCapacity) || !strings.Contains(err.Error(), reserveNote) {
+				t.Errorf("errors %v, want one for %s naming the reserve", errs, n.Frontend)
+			}
+			for _, v := range f.Check() {
+				t.Error(v)
+			}
+			// (Not checkProgrammed: the rev_nat entries and the default
+			// scope's slots the failed write left stay for the Service,
+			// which is still wanted.)
+			got := programmed(t, f)
+			for _, scope := range []reconciler.Scope{reconciler.ScopeDefault, reconciler.ScopeInternal} {
+				if bs, ok := got[reconciler.Frontend{L4Addr: n.Frontend, Scope: scope}]; ok {
+					t.Errorf("%s scope %d programmed with %v, want neither scope", n.Frontend, scope, bs)
+				}
+			}
+			if len(got) != len(fl) {
+				t.Errorf("%d frontends programmed, want the %d filling", len(got), len(fl))
+			}
+		})
+	}
 }
