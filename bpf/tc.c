@@ -27,8 +27,9 @@
  * request, as its replies, at the egress of a device with tc that the
  * route to the client leaves by), and later IPv4 fragments get their
  * first fragment's translation (frag.h). Everything else passes untouched,
- * a packet to 127.0.0.0/8 too: the localhost NodePorts are the node's own
- * sockets' (tc_ingress).
+ * a packet to 127.0.0.0/8 on lo too: the localhost NodePorts are the node's
+ * own sockets' (tc_ingress); one to or from 127.0.0.0/8 on another device
+ * is dropped (tc_loopback_martian).
  *
  * North-south (NodePort, ExternalIP and LoadBalancer frontends, flagged
  * SVC_F_EXTERNAL): a new flow whose backend is reached through one of the
@@ -919,18 +920,19 @@ static __always_inline int lb4_dnat(struct __sk_buff *skb, const struct pkt4 *p,
  * A loopback destination (127.0.0.0/8) is no frontend here, though the
  * localhost NodePorts (--localhost-nodeports) are in the services map:
  * they serve the node's own sockets, at connect (lib/socklb.h). A packet
- * from a device to 127.0.0.1:<nodePort> is a martian, which the kernel
- * drops (route_localnet 0); kube-proxy, which sets route_localnet for
- * its localhost NodePorts, drops it too (KUBE-FIREWALL: a destination in
- * 127.0.0.0/8 from another source; CVE-2020-8558). Translated, it would
- * let any L2 neighbour reach the backends, even with NodePorts kept to
- * localhost (--nodeport-addresses localhost). So it passes untouched and
- * uncounted, before any lookup: neither translated nor rejected nor
- * dropped as a ClusterIP's or the service CIDR's (lb4_no_service), nor
- * a reply (no flow's client or SNAT address is a loopback one); nor is
- * another protocol's packet there (PKT_OTHER, tc_body). The agent writes
- * no ClusterIP or service CIDR there either: this holds whatever the maps
- * say. TestTCLoopbackFrontendFromWire checks it, and XDP's (xdp_fwd).
+ * from a device to 127.0.0.1:<nodePort> is a martian: tc_body drops it
+ * before this (tc_loopback_martian, counted), as kube-proxy's
+ * KUBE-FIREWALL does (CVE-2020-8558), whatever route_localnet says.
+ * Translated, it would let any L2 neighbour reach the backends, even with
+ * NodePorts kept to localhost (--nodeport-addresses localhost). What
+ * reaches here is on lo (tc on lo, --devices lo: the node's own traffic):
+ * it passes untouched and uncounted, before any lookup: neither
+ * translated nor rejected nor dropped as a ClusterIP's or the service
+ * CIDR's (lb4_no_service), nor a reply (no flow's client or SNAT address
+ * is a loopback one); nor is another protocol's packet there (PKT_OTHER,
+ * tc_body). The agent writes no ClusterIP or service CIDR there either:
+ * this holds whatever the maps say. TestTCLoopbackFrontendFromWire checks
+ * both, and XDP's (xdp_fwd).
  */
 static __always_inline int tc_ingress(struct __sk_buff *skb,
 				      const struct pkt4 *p, __u64 now)
@@ -958,6 +960,34 @@ static __always_inline int tc_ingress(struct __sk_buff *skb,
 	return lb4_dnat(skb, p, svc, &key, fwd, gone, fresh, now);
 }
 
+/*
+ * tc_loopback_martian - whether @p, at the ingress of @skb's device, is to
+ * or from a loopback address (127.0.0.0/8) and that device is not the
+ * loopback one (its ifindex is 1 in every network namespace,
+ * LOOPBACK_IFINDEX): counted, for the caller to drop. The kernel drops
+ * such a martian only while net.ipv4.conf.*.route_localnet is 0, and
+ * kube-proxy's iptables mode sets it to 1 for its localhost NodePorts and
+ * leaves it so after `kube-proxy --cleanup`, which takes away the rule
+ * that made up for it (KUBE-FIREWALL: `-d 127.0.0.0/8 ! -s 127.0.0.0/8
+ * ... -j DROP`): a neighbour's packet to 127.0.0.1 would then reach the
+ * node's loopback listeners (CVE-2020-8558). So Sluice drops it itself,
+ * whatever route_localnet says; and one from 127.0.0.0/8 (spoofed: no
+ * such packet comes from a device), which a SYN to a NodePort with a
+ * remote backend would otherwise have source-NATed and forwarded, past
+ * the kernel's martian source check. On lo both pass as before (the
+ * node's own traffic; tc_ingress). XDP passes both to here (xdp_fwd).
+ * IPv6 has no such setting: the kernel always drops ::1 from a device.
+ */
+static __always_inline bool tc_loopback_martian(const struct __sk_buff *skb,
+						const struct pkt4 *p)
+{
+	if (skb->ifindex == 1 ||
+	    (!addr_loopback_4(p->daddr) && !addr_loopback_4(p->saddr)))
+		return false;
+	metric_count(p, METRIC_TC_LOOPBACK_DROP);
+	return true;
+}
+
 /* The IPv6 path (sluice6_ingress, sluice6_egress below). */
 #include "lib/tc6.h"
 
@@ -974,18 +1004,22 @@ static __always_inline int tc_body(struct __sk_buff *skb, bool dry,
 				   bool ingress)
 {
 	struct pkt4 p = { .dry = dry };
+	enum pkt_kind kind;
 	__u64 now;
 	int ret;
 
 	explain_begin(skb, p.dry);
-	switch (parse_tc(skb, &p)) {
+	kind = parse_tc(skb, &p);
+	if (ingress && kind != PKT_PASS && tc_loopback_martian(skb, &p))
+		return TC_ACT_SHOT;
+	switch (kind) {
 	case PKT_L4:
 		break;
 	case PKT_ICMP_ERR:
 		return icmp_err_xlate(skb, &p, ingress);
 	case PKT_OTHER:
 		/* No frontend serves it (Sluice serves TCP and UDP); one to a
-		 * loopback address is not answered (tc_ingress).
+		 * loopback address on lo is not answered (tc_ingress).
 		 */
 		return ingress && !addr_loopback_4(p.daddr) ?
 			       lb4_no_service(skb, &p) :

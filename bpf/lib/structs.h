@@ -486,6 +486,13 @@ enum metric_reason {
 	 * netfilter reuses such a tuple when its range is exhausted
 	 */
 	METRIC_TC_SNAT_TW_REUSE,
+	/* a packet from a device other than the loopback one to or from a
+	 * loopback address (127.0.0.0/8): dropped, whatever route_localnet
+	 * says, as kube-proxy's KUBE-FIREWALL drops one to it
+	 * (CVE-2020-8558) and the kernel's martian checks one from it
+	 * (tc.c, tc_loopback_martian)
+	 */
+	METRIC_TC_LOOPBACK_DROP,
 	METRIC_MAX,
 };
 

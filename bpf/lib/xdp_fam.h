@@ -207,8 +207,10 @@ static FAM(xdp_step) int FN(xdp_fwd)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 	bool half_open, gone;
 	__u8 flags;
 
-	/* 127.0.0.0/8 is no frontend from a device (tc_ingress says why). */
-	if (FAM(addr_loopback)(p->daddr))
+	/* 127.0.0.0/8 is no frontend from a device, nor a client: tc drops
+	 * and counts such a packet (tc.c, tc_loopback_martian).
+	 */
+	if (FAM(addr_loopback)(p->daddr) || FAM(addr_loopback)(p->saddr))
 		return XDP_PASS;
 	svc = FN(lookup_service)(p->daddr, p->dport, p->proto);
 	if (!svc)

@@ -96,6 +96,7 @@ var dropReasons = map[string]string{
 	"tc_unknown_port":      "a ClusterIP's port or protocol it does not serve (ICMP port unreachable, or a drop where the kernel would send none or its rate limits stop it)",
 	"tc_local_no_backend":  "externalTrafficPolicy/internalTrafficPolicy Local without a local endpoint",
 	"tc_service_cidr_drop": "an unallocated address of the service CIDR",
+	"tc_loopback_drop":     "a loopback address (127.0.0.0/8) from a device other than lo, as destination or source: dropped whatever net.ipv4.conf.*.route_localnet says, as kube-proxy's KUBE-FIREWALL drops one to it (CVE-2020-8558)",
 	"tc_frag_drop":         "a later fragment without its first",
 	"tc_tcp_stray":         "a TCP packet that cannot open a connection (a RST, a FIN, a SYN-ACK, or neither SYN nor ACK) with no conntrack entry (or whose frontend port is gone): dropped untranslated, as netfilter finds it INVALID (to a ClusterIP, on a port it serves or not: no port unreachable either, or an ExternalIP or LoadBalancer IP that is not the node's)",
 	"tc_ct_full":           "the conntrack table is full",

@@ -396,7 +396,8 @@ const (
 	sockMetricReasonMETRIC_TC_TCP_STRAY         sockMetricReason = 49
 	sockMetricReasonMETRIC_TC_TCP_STRAY_UP      sockMetricReason = 50
 	sockMetricReasonMETRIC_TC_SNAT_TW_REUSE     sockMetricReason = 51
-	sockMetricReasonMETRIC_MAX                  sockMetricReason = 52
+	sockMetricReasonMETRIC_TC_LOOPBACK_DROP     sockMetricReason = 52
+	sockMetricReasonMETRIC_MAX                  sockMetricReason = 53
 )
 
 type sockNodeCidr6Key struct {
