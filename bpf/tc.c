@@ -181,6 +181,10 @@ struct lb4_xlate {
 	 * with an address (not a pod of this node)
 	 */
 	bool outside;
+	/* in: no conntrack entry at all under the flow's forward key
+	 * (lb4_fwd_find; ct_create_snat's @fresh)
+	 */
+	bool fresh;
 	struct fib4 fib;
 };
 
@@ -403,7 +407,7 @@ __noinline int ct_snat4(const struct pkt4 *p, const struct lb4_backend *be,
 	if (!p || !be || !x)
 		return -1;
 	return ct_create_snat(p, be, (__u32)ids, (__u32)(ids >> 32),
-			      x->snat_addr, now, &x->snat_port);
+			      x->snat_addr, now, &x->snat_port, x->fresh);
 }
 
 /*
@@ -655,6 +659,7 @@ static __always_inline int lb4_new_flow(struct __sk_buff *skb,
 	ids |= backend_id;
 	x->nat_addr = be->addr;
 	x->nat_port = be->port;
+	x->fresh = fresh;
 	ret = nat_remote(skb, p, svc, be, backend_id, now, x);
 	if (ret == 0) {
 		ret = ct_new4(p, be, ids, now, fresh);

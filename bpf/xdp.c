@@ -222,7 +222,7 @@ __noinline __u32 xdp6_snat_port(const struct pkt6 *p,
 
 	if (!p || !be || !node ||
 	    ct_create_snat6(p, be, backend_id, rev_nat_id, *node, now_ns(),
-			    &port))
+			    &port, false))
 		return 0;
 	return port;
 }
@@ -235,7 +235,7 @@ static __always_inline int xdp6_create_snat(const struct pkt6 *p,
 					    const struct lb6_backend *be,
 					    __u32 backend_id, __u32 rev_nat_id,
 					    union v6addr node, __u64 now,
-					    __be16 *port)
+					    __be16 *port, bool fresh)
 {
 	*port = (__be16)xdp6_snat_port(p, be, backend_id, rev_nat_id, &node);
 	return *port ? 0 : 1;

@@ -483,7 +483,7 @@ __noinline int nat_snat6(const struct pkt6 *p, const struct lb4_service *svc,
 	be.addr = x->addr;
 	be.port = x->port;
 	err = ct_create_snat6(p, &be, x->backend_id, svc->rev_nat_id,
-			      x->snat_addr, now, &x->snat_port);
+			      x->snat_addr, now, &x->snat_port, x->fresh);
 	if (err) {
 		if (err > 0)
 			metric_count(p, need == TC6_NEED_REMAP ?

@@ -325,7 +325,7 @@ static FAM(xdp_step) int FN(xdp_new)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 		return XDP_PASS;
 	t.saddr = FAM(dev_addr)(dev);
 	if (FAM(xdp_create_snat)(p, be, backend_id, svc->rev_nat_id, t.saddr,
-				 now, &t.sport))
+				 now, &t.sport, false))
 		return XDP_PASS; /* tc counts and drops */
 	if (svc->flags & SVC_F_AFFINITY)
 		FN(xdp_aff_remember)(p, svc, be, backend_id, slot);
