@@ -229,7 +229,10 @@ __noinline __u32 xdp6_snat_port(const struct pkt6 *p,
 
 /*
  * xdp6_create_snat - ct_create_snat6 by xdp6_snat_port (which reads the
- * clock itself, @now unused): 0, or 1 (no port).
+ * clock itself, @now unused): 0, or 1 (no port). @fresh is unused too:
+ * passed on, it made the combined stack of xdp6_snat_port's calls 528
+ * bytes, over the verifier's 512, so ct_create_snat6 looks as if it were
+ * not fresh (three more lookups for a new flow, the result the same).
  */
 static __always_inline int xdp6_create_snat(const struct pkt6 *p,
 					    const struct lb6_backend *be,

@@ -170,10 +170,13 @@ static FAM(xdp_step) int FN(xdp_rev)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 }
 
 /*
- * The verdict of xdp_fwd for a packet that starts a flow, which the
- * caller hands to xdp_new.
+ * The verdicts of xdp_fwd for a packet that starts a flow, which the
+ * caller hands to xdp_new: XDP_NEW_FRESH when there is no conntrack
+ * entry at all under its forward key (ct_find_any's @none; ct_create_snat's
+ * @fresh).
  */
-#define XDP_NEW_FLOW (-2)
+#define XDP_NEW_FLOW  (-2)
+#define XDP_NEW_FRESH (-3)
 
 /*
  * xdp_src_denied - whether the loadBalancerSourceRanges of frontend @svc
@@ -204,7 +207,7 @@ static FAM(xdp_step) int FN(xdp_fwd)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 	FAM(ct_key_t) key = {};
 	FAM(ct_entry_t) *fwd;
 	FAM(xdp_out_t) t = {};
-	bool half_open, gone;
+	bool half_open, gone, none;
 	__u8 flags;
 
 	/* 127.0.0.0/8 is no frontend from a device, nor a client: tc drops
@@ -221,7 +224,7 @@ static FAM(xdp_step) int FN(xdp_fwd)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 		return XDP_PASS;
 
 	FN(ct_key_of)(&key, p, CT_FORWARD);
-	fwd = FN(ct_find)(&key, now, &half_open);
+	fwd = FN(ct_find_any)(&key, now, &half_open, &none);
 	/* The source ranges check a flow not yet answered only, as tc's
 	 * check_source says; an entry tc would not follow (not usable,
 	 * below) is passed to it, which checks the flow it starts.
@@ -235,7 +238,7 @@ static FAM(xdp_step) int FN(xdp_fwd)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 		if (p->proto == IPPROTO_TCP && ct_tcp_stray(p->tcp_flags))
 			return XDP_PASS;
 		*svcp = svc;
-		return XDP_NEW_FLOW;
+		return none ? XDP_NEW_FRESH : XDP_NEW_FLOW;
 	}
 	/* Not source-NATed (or remapped to another port of the client,
 	 * lb4_remap): a local backend, tc's to DNAT. Not usable: tc
@@ -297,10 +300,12 @@ static FAM(xdp_step) int FN(xdp_aff_remember)(const FAM(pkt_t) *p,
 /*
  * xdp_new - a packet of @x that starts a flow to external frontend @svc:
  * to a backend on another node, DNATed and SNATed with a port reserved
- * for the flow; else XDP_PASS.
+ * for the flow; else XDP_PASS. @fresh: no entry at all under its forward
+ * key (XDP_NEW_FRESH).
  */
 static FAM(xdp_step) int FN(xdp_new)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
-				     const struct lb4_service *svc, __u64 now)
+				     const struct lb4_service *svc, __u64 now,
+				     bool fresh)
 {
 	const FAM(pkt_t) *p = &x->p;
 	FAM(lb_backend) *be;
@@ -325,7 +330,7 @@ static FAM(xdp_step) int FN(xdp_new)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 		return XDP_PASS;
 	t.saddr = FAM(dev_addr)(dev);
 	if (FAM(xdp_create_snat)(p, be, backend_id, svc->rev_nat_id, t.saddr,
-				 now, &t.sport, false))
+				 now, &t.sport, fresh))
 		return XDP_PASS; /* tc counts and drops */
 	if (svc->flags & SVC_F_AFFINITY)
 		FN(xdp_aff_remember)(p, svc, be, backend_id, slot);
@@ -357,7 +362,7 @@ static __always_inline int FN(xdp_translate)(struct xdp_md *ctx,
 			return ret;
 	}
 	ret = FN(xdp_fwd)(ctx, x, now, &svc);
-	if (ret != XDP_NEW_FLOW || !svc)
+	if ((ret != XDP_NEW_FLOW && ret != XDP_NEW_FRESH) || !svc)
 		return ret;
-	return FN(xdp_new)(ctx, x, svc, now);
+	return FN(xdp_new)(ctx, x, svc, now, ret == XDP_NEW_FRESH);
 }
