@@ -19,8 +19,9 @@
  * socket's bound address (or, unbound, the node's primary address, the
  * source its route to a LoadBalancer IP usually picks; a pod's own
  * address, chosen after connect, is not known here: README). NodePorts on
- * 127.0.0.1, which only this path serves (tc and XDP pass a packet from a
- * device to 127.0.0.0/8 untouched: tc.c, tc_ingress), are frontends for
+ * 127.0.0.1, which only this path serves (tc drops a packet from a
+ * device other than lo to or from 127.0.0.0/8: tc.c, tc_loopback_martian;
+ * XDP passes it to tc), are frontends for
  * the node's sockets only, as kube-proxy's: a pod's loopback is its own
  * (sock_loopback_served, lib/socklb.h).
  *
