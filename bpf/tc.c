@@ -981,6 +981,9 @@ static __always_inline int tc_ingress(struct __sk_buff *skb,
  * remote backend would otherwise have source-NATed and forwarded, past
  * the kernel's martian source check. On lo both pass as before (the
  * node's own traffic; tc_ingress). XDP passes both to here (xdp_fwd).
+ * Whatever the parser made of the packet: a fragment it passes (a first
+ * too short for its L4 header, a later one without its first's record)
+ * would be reassembled by the kernel, so it is dropped too.
  * IPv6 has no such setting: the kernel always drops ::1 from a device.
  */
 static __always_inline bool tc_loopback_martian(const struct __sk_buff *skb,
@@ -1015,7 +1018,7 @@ static __always_inline int tc_body(struct __sk_buff *skb, bool dry,
 
 	explain_begin(skb, p.dry);
 	kind = parse_tc(skb, &p);
-	if (ingress && kind != PKT_PASS && tc_loopback_martian(skb, &p))
+	if (ingress && tc_loopback_martian(skb, &p))
 		return TC_ACT_SHOT;
 	switch (kind) {
 	case PKT_L4:
