@@ -984,7 +984,10 @@ static __always_inline int tc_ingress(struct __sk_buff *skb,
  * Whatever the parser made of the packet: a fragment it passes (a first
  * too short for its L4 header, a later one without its first's record)
  * would be reassembled by the kernel, so it is dropped too.
- * IPv6 has no such setting: the kernel always drops ::1 from a device.
+ * IPv6 has no such setting: the kernel drops ::1 from a device, but only
+ * a packet that reaches its stack; one from a spoofed ::1 (or
+ * ::ffff:127.0.0.0/104) that tc6 or XDP6 source-NATs to a remote backend
+ * is forwarded past that check (a stated limitation: README).
  */
 static __always_inline bool tc_loopback_martian(const struct __sk_buff *skb,
 						const struct pkt4 *p)

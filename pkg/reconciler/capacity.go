@@ -119,8 +119,10 @@ func reserveIn(n int) int {
 	return n / reserveShare
 }
 
-// sizeFor returns the smallest size of a map that new frontends may fill
-// with n entries, its reserve kept: what a flag must be raised to.
+// sizeFor returns the smallest size from which on every size of a map
+// lets new frontends fill it with n entries, its reserve kept: what a
+// flag must be raised to ("or more"). (A size under the reserve's
+// minimum that holds n would fit too, but not every size above it.)
 func sizeFor(n int) int {
 	s := n + n/(reserveShare-1) // about n/(1-1/32), at most a few off
 	for s-reserveIn(s) < n {
