@@ -370,3 +370,43 @@ func TestTwoScopesOrphanNotProgrammed(t *testing.T) {
 		})
 	}
 }
+
+// TestTwoScopesTurnLocalRefusedAsPair: a programmed NodePort (one scope,
+// externalTrafficPolicy Cluster) turned Local when its new internal
+// scope does not fit is refused as a pair (checkPair): one capacity
+// error, the default scope keeps its previous programming, and no
+// internal scope is left behind.
+func TestTwoScopesTurnLocalRefusedAsPair(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			f := newFakeSized(t, 4096, 4096, 512)
+			r := reconciler.New(f, nil)
+			if batch {
+				reconciler.SetBatchMin(r, 1)
+			} else {
+				reconciler.SetBatchMin(r, 0)
+			}
+			var bs []model.Backend
+			for j := range 20 {
+				bs = append(bs, be(1, j+1, model.TCP))
+			}
+			local := twoScopes(bs, bs)
+			cluster := svc(local.Frontend, "web", bs...)
+			cluster.Kind = model.NodePort
+			var fl []*model.Service
+			for i := range 240 { // 480 entries, and cluster's 21: 501 of 512
+				fl = append(fl, svc(vip(2+i), fmt.Sprintf("fill-%d", i), be(2, 1, model.TCP)))
+			}
+			before := state(append([]*model.Service{cluster}, fl...)...)
+			mustApply(t, r, before)
+			errs := frontendErrors(t, r.Apply(state(append([]*model.Service{local}, fl...)...)))
+			if err := errs[local.Frontend]; len(errs) != 1 || !errors.Is(err, reconciler.ErrCapacity) {
+				t.Errorf("errors %v, want one capacity error for %s", errs, local.Frontend)
+			}
+			for _, v := range f.Check() {
+				t.Error(v)
+			}
+			checkProgrammed(t, f, before)
+		})
+	}
+}
