@@ -67,17 +67,32 @@ func flood(n, k int) []*model.Service {
 	return out
 }
 
+// setBatch makes r program new frontends batched (programFresh) when
+// batch is set, else a frontend at a time (programFrontend).
+func setBatch(r *reconciler.Reconciler, batch bool) {
+	if batch {
+		reconciler.SetBatchMin(r, 1)
+	} else {
+		reconciler.SetBatchMin(r, 0)
+	}
+}
+
+// tcpBackends returns n TCP backends, be(1, 1) to be(1, n).
+func tcpBackends(n int) []model.Backend {
+	var bs []model.Backend
+	for j := range n {
+		bs = append(bs, be(1, j+1, model.TCP))
+	}
+	return bs
+}
+
 // applyFlood applies a, then a with the flood in one Apply, batched
 // when batch is set (programFresh) or a frontend at a time
 // (programFrontend), and returns the frontends refused, each checked to
 // be a capacity error.
 func applyFlood(t *testing.T, r *reconciler.Reconciler, a *model.Service, fl []*model.Service, batch bool) map[model.L4Addr]bool {
 	t.Helper()
-	if batch {
-		reconciler.SetBatchMin(r, 1)
-	} else {
-		reconciler.SetBatchMin(r, 0)
-	}
+	setBatch(r, batch)
 	mustApply(t, r, state(a))
 	refused := map[model.L4Addr]bool{}
 	for fe, err := range frontendErrors(t, r.Apply(state(append([]*model.Service{a}, fl...)...))) {
@@ -164,10 +179,7 @@ func TestReserveKeepsRolloutsWorking(t *testing.T) {
 			// a service id more, for a programmed Service.
 			f := newFakeSized(t, 1024, 256, 4096)
 			r := reconciler.New(f, nil)
-			var bs []model.Backend
-			for j := range 8 {
-				bs = append(bs, be(1, j+1, model.TCP))
-			}
+			bs := tcpBackends(8)
 			a := twoScopes(bs, bs)
 			a.ExternalLocal, a.TwoScopes, a.InternalBackends = false, false, nil
 			fl := make([]*model.Service, 0, 1030)
@@ -274,20 +286,13 @@ func TestTwoScopesAllOrNothing(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/batch=%v", tc.name, batch), func(t *testing.T) {
 				f := newFakeSized(t, 4096, 4096, tc.entries)
 				r := reconciler.New(f, nil)
-				if batch {
-					reconciler.SetBatchMin(r, 1)
-				} else {
-					reconciler.SetBatchMin(r, 0)
-				}
+				setBatch(r, batch)
 				var fl []*model.Service
 				for i := range tc.filled / 2 { // 2 entries each
 					fl = append(fl, svc(vip(2+i), fmt.Sprintf("fill-%d", i), be(2, 1, model.TCP)))
 				}
 				mustApply(t, r, state(fl...))
-				var bs []model.Backend
-				for j := range 20 {
-					bs = append(bs, be(1, j+1, model.TCP))
-				}
+				bs := tcpBackends(20)
 				n := twoScopes(bs, bs)
 				for _, try := range []string{"first Apply", "resync"} {
 					errs := frontendErrors(t, r.Apply(state(append([]*model.Service{n}, fl...)...)))
@@ -315,15 +320,8 @@ func TestTwoScopesOrphanNotProgrammed(t *testing.T) {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
 			f := newFakeSized(t, 4096, 4096, 1024)
 			r := reconciler.New(f, nil)
-			if batch {
-				reconciler.SetBatchMin(r, 1)
-			} else {
-				reconciler.SetBatchMin(r, 0)
-			}
-			var bs []model.Backend
-			for j := range 20 {
-				bs = append(bs, be(1, j+1, model.TCP))
-			}
+			setBatch(r, batch)
+			bs := tcpBackends(20)
 			n := twoScopes(bs, bs)
 			f.Fail = func(op fakedp.Op) error {
 				if op.Kind == fakedp.OpUpsertMaster && op.Frontend == reconciler.DefaultScope(n.Frontend) {
@@ -381,15 +379,8 @@ func TestTwoScopesTurnLocalRefusedAsPair(t *testing.T) {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
 			f := newFakeSized(t, 4096, 4096, 512)
 			r := reconciler.New(f, nil)
-			if batch {
-				reconciler.SetBatchMin(r, 1)
-			} else {
-				reconciler.SetBatchMin(r, 0)
-			}
-			var bs []model.Backend
-			for j := range 20 {
-				bs = append(bs, be(1, j+1, model.TCP))
-			}
+			setBatch(r, batch)
+			bs := tcpBackends(20)
 			local := twoScopes(bs, bs)
 			cluster := svc(local.Frontend, "web", bs...)
 			cluster.Kind = model.NodePort
