@@ -116,7 +116,8 @@ static __always_inline bool lb6_v4_mapped(const union v6addr *a)
  * addr_loopback - whether @a is a loopback address (127.0.0.0/8), which
  * is no frontend of a packet from a device (tc_ingress, xdp_fwd): the
  * localhost NodePorts there serve the node's own sockets only, at the
- * socket (socklb.h). IPv6 has none: ::1 is never a frontend (the agent
+ * socket (socklb.h, sock_loopback_served, asked for such a destination
+ * only). IPv6 has none: ::1 is never a frontend (the agent
  * writes none), nor is an IPv4-mapped address one of the IPv6 maps.
  */
 #define addr_loopback_4(a) \

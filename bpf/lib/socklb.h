@@ -108,10 +108,10 @@ sock_internal_client(void *ctx, const struct sock_explain_ctx *x, bool detector)
  * refused there, as without Sluice; nothing is counted (no frontend).
  * Without agent_netns_cookie (0) every socket is the node's, as before.
  *
- * Only a loopback destination asks (sock_loopback_4), so no other
+ * Only a loopback destination asks (addr_loopback_4, family.h), so no other
  * connect reads the cookie. ::1 never serves NodePorts (kube-proxy's
  * never do: the agent writes no frontend there, cmd/sluice nodecfg.go),
- * so IPv6 asks nothing (sock_loopback_6); an IPv4-mapped 127.0.0.1 is
+ * so IPv6 asks nothing (addr_loopback_6); an IPv4-mapped 127.0.0.1 is
  * the IPv4 path's and asks.
  */
 static __always_inline bool
@@ -150,11 +150,6 @@ static __always_inline void sock_svc_count(struct sock_explain_ctx *x, __u32 id,
 #define netns_client_6(netns)	 netns_client6(netns)
 #define explain_be_addr_4(x, be) ((x)->be_addr = (be)->addr)
 #define explain_be_addr_6(x, be) ((x)->be_addr6 = (be)->addr)
-
-/* A destination that asks sock_loopback_served: 127.0.0.0/8; IPv6 none. */
-#define sock_loopback_4(vip) \
-	(((vip) & bpf_htonl(0xff000000)) == bpf_htonl(0x7f000000))
-#define sock_loopback_6(vip) false
 
 /* netns_client6 - an IPv6 affinity key's client for netns cookie @netns:
  * the cookie in the first 8 bytes (host order), the rest zero.

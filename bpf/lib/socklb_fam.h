@@ -42,7 +42,7 @@ SOCK_FN(lookup)(FAM(addr_t) vip, __be16 port, __u8 proto, FAM(addr_t) src,
 {
 	struct lb4_service *s, *in;
 
-	if (FAM(sock_loopback)(vip) && !sock_loopback_served(ctx, x))
+	if (FAM(addr_loopback)(vip) && !sock_loopback_served(ctx, x))
 		return 0;
 	s = FN(lookup_live_service)(vip, port, proto);
 	if (!s)
