@@ -240,12 +240,7 @@ func (r *Reconciler) programFresh(ds []*desiredFrontend, capacity sizes, buf *fr
 		}
 		need = need.add(n)
 		for _, d := range group {
-			for _, b := range d.backends {
-				a := b.L4Addr
-				if id, ok := r.backendOf.get(a); !ok || !r.isReal(id) {
-					counted[a] = true
-				}
-			}
+			r.markNewBackends(d, counted)
 		}
 	}
 

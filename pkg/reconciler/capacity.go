@@ -149,6 +149,26 @@ func (r *Reconciler) programmed(fe Frontend) bool {
 	return live(fe) || fe.Scope == ScopeInternal && live(DefaultScope(fe.L4Addr))
 }
 
+// reserveFor returns what fe's check keeps of capacity's maps: their
+// reserve for a new frontend, none for a programmed one's change.
+func (r *Reconciler) reserveFor(fe Frontend, capacity sizes) sizes {
+	if r.programmed(fe) {
+		return sizes{}
+	}
+	return reserveOf(capacity)
+}
+
+// markNewBackends sets in m the addresses of d's backends that are not
+// programmed yet (no real backend id): a later frontend of the same
+// check that names one does not need it again.
+func (r *Reconciler) markNewBackends(d *desiredFrontend, m map[model.L4Addr]bool) {
+	for _, b := range d.backends {
+		if id, ok := r.backendOf.get(b.L4Addr); !ok || !r.isReal(id) {
+			m[b.L4Addr] = true
+		}
+	}
+}
+
 // pairAt reports whether ds[i] (sorted, Frontend.Compare) is the internal
 // scope of a two-scope frontend whose default scope, ds[i+1], is written
 // in the same Apply. The two are checked together, before either is
@@ -176,15 +196,10 @@ func (r *Reconciler) needOf(ds []*desiredFrontend, counted map[model.L4Addr]bool
 		if i+1 == len(ds) {
 			break
 		}
-		for _, b := range d.backends {
-			a := b.L4Addr
-			if id, ok := r.backendOf.get(a); !ok || !r.isReal(id) {
-				if seen == nil {
-					seen = make(map[model.L4Addr]bool, len(d.backends))
-				}
-				seen[a] = true
-			}
+		if seen == nil {
+			seen = make(map[model.L4Addr]bool, len(d.backends))
 		}
+		r.markNewBackends(d, seen)
 	}
 	return n
 }
@@ -299,11 +314,7 @@ func (r *Reconciler) checkPair(in, def *desiredFrontend, capacity sizes) error {
 			return err
 		}
 	}
-	var reserve sizes
-	if !r.programmed(def.fe) {
-		reserve = reserveOf(capacity)
-	}
-	return r.checkCapacity(r.needOf([]*desiredFrontend{in, def}, nil), capacity, reserve)
+	return r.checkCapacity(r.needOf([]*desiredFrontend{in, def}, nil), capacity, r.reserveFor(def.fe, capacity))
 }
 
 // checkRoomFreeing is checkCapacity with extra taken as in use besides

@@ -215,11 +215,7 @@ func (r *Reconciler) programFrontend(fe Frontend, d *desiredFrontend, capacity s
 	if err := validate(d); err != nil {
 		return err
 	}
-	var reserve sizes
-	if !r.programmed(fe) {
-		reserve = reserveOf(capacity)
-	}
-	if err := r.checkCapacity(r.capacityNeeded(fe, d), capacity, reserve); err != nil {
+	if err := r.checkCapacity(r.capacityNeeded(fe, d), capacity, r.reserveFor(fe, capacity)); err != nil {
 		return err
 	}
 
