@@ -609,6 +609,9 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	// A removed TCP frontend's established flows live on under a retired
 	// master until conntrack would have let them idle out (retired.go).
 	rec.SetRetireTimeout(dpCfg.CTTimeoutTCP)
+	// Their gauge, and their entries in the rev_nat and services fill
+	// ratios, which the programmed state does not count.
+	m.SetRetiredCounter(rec.RetiredCounts)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	// users are the goroutines beside the agent that use the datapath's
