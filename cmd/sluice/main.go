@@ -454,6 +454,8 @@ func run(args []string) int {
 			"and the devices holding the node addresses are not the pods'; name the pods' host-side devices or their bridge (such as cni0) in --devices, or pods reach no Service",
 			"devices", cfg.Devices)
 	}
+	// The agent outside the node's network namespace (netnscheck.go).
+	warnOutsideInitNetns(log, *localhostNP, dpCfg.SocketLBHostNetnsOnly && *socketLB)
 	dpCfg.BPFFS = *bpffs
 	// The Kubernetes source names the service CIDRs (its ServiceCIDR
 	// objects and the flag's), which the reconciler writes: Open keeps
