@@ -454,6 +454,8 @@ func run(args []string) int {
 			"and the devices holding the node addresses are not the pods'; name the pods' host-side devices or their bridge (such as cni0) in --devices, or pods reach no Service",
 			"devices", cfg.Devices)
 	}
+	// The agent outside the node's network namespace (netnscheck.go).
+	warnOutsideInitNetns(log, *localhostNP, dpCfg.SocketLBHostNetnsOnly && *socketLB)
 	dpCfg.BPFFS = *bpffs
 	// The Kubernetes source names the service CIDRs (its ServiceCIDR
 	// objects and the flag's), which the reconciler writes: Open keeps
@@ -609,6 +611,9 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	// A removed TCP frontend's established flows live on under a retired
 	// master until conntrack would have let them idle out (retired.go).
 	rec.SetRetireTimeout(dpCfg.CTTimeoutTCP)
+	// Their gauge, and their entries in the rev_nat and services fill
+	// ratios, which the programmed state does not count.
+	m.SetRetiredCounter(rec.RetiredCounts)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	// users are the goroutines beside the agent that use the datapath's

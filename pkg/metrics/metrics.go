@@ -5,7 +5,10 @@
 // into one Metrics; Handler serves it.
 //
 // Fill ratios are computed at scrape time from the last programmed state and
-// the datapath's capacities, so a scrape never touches the BPF maps.
+// the datapath's capacities, so a scrape never touches the BPF maps; the
+// rev_nat and services maps' add the retired masters of removed TCP
+// frontends (the reconciler's count), which no Service names but which
+// hold their entries until the TCP established timeout.
 //
 // Services the reconciler could not program are exported one series per
 // Service port and reason (sluice_service_unprogrammed_frontends): only
@@ -43,6 +46,11 @@ type Capacity func() (services, backends, serviceEntries int)
 // families, and how many of them are IPv6's
 // (reconciler.Reconciler.BackendCounts).
 type BackendCounter func() (backends, backends6 int)
+
+// RetiredCounter reports how many removed TCP frontends' masters are kept
+// retired for their established flows, of both families, and how many of
+// them are IPv6's (reconciler.Reconciler.RetiredCounts).
+type RetiredCounter func() (retired, retired6 int)
 
 // Metrics is the set of metrics one agent exports. The zero value is not
 // usable; call New.
@@ -106,6 +114,8 @@ type Metrics struct {
 	mu       sync.Mutex
 	counts   Counts
 	capacity Capacity
+	// retiredCounter is SetRetiredCounter's.
+	retiredCounter RetiredCounter
 	// driftCounter is SetDriftCounter's (drift.go).
 	driftCounter DriftCounter
 	// unprogrammed counts the frontends that failed in the last apply,
@@ -426,6 +436,17 @@ func (m *Metrics) SetCapacity(c Capacity) {
 	m.mu.Unlock()
 }
 
+// SetRetiredCounter makes sluice_retired_frontends what c reports at
+// scrape time, and adds what the retired masters hold to the fill ratios
+// of the rev_nat and services maps (a service id and a master each),
+// which the programmed state does not count: they are no Service's.
+// Until it is set, neither is exported or counted.
+func (m *Metrics) SetRetiredCounter(c RetiredCounter) {
+	m.mu.Lock()
+	m.retiredCounter = c
+	m.mu.Unlock()
+}
+
 // Handler serves the registry in the Prometheus exposition format.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
@@ -438,6 +459,8 @@ var (
 		"Distinct backends programmed.", nil, nil)
 	fillDesc = prometheus.NewDesc(namespace+"_map_fill_ratio",
 		"Fraction of a BPF map's capacity in use.", []string{"map"}, nil)
+	retiredDesc = prometheus.NewDesc(namespace+"_retired_frontends",
+		"Removed TCP frontends whose masters are kept retired for their established flows (until the TCP established timeout); each holds a service id and a service map entry.", nil, nil)
 	unprogrammedDesc = prometheus.NewDesc(namespace+"_service_unprogrammed_frontends",
 		"Frontends of a Service port the last sync could not program, by reason: capacity or invalid (permanent: retried when the desired state changes) or write (retried with backoff). Only failing Service ports have a series.",
 		[]string{"service", "reason"}, nil)
@@ -451,15 +474,23 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- servicesDesc
 	ch <- backendsDesc
 	ch <- fillDesc
+	ch <- retiredDesc
 	ch <- unprogrammedDesc
 }
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	c.m.mu.Lock()
-	counts, capacity, unprogrammed := c.m.counts, c.m.capacity, c.m.unprogrammed
+	counts, capacity, unprogrammed, retiredCounter := c.m.counts, c.m.capacity, c.m.unprogrammed, c.m.retiredCounter
 	c.m.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(servicesDesc, prometheus.GaugeValue, float64(counts.Services))
 	ch <- prometheus.MustNewConstMetric(backendsDesc, prometheus.GaugeValue, float64(counts.Backends))
+	// The retired masters, read now: the programmed state does not name
+	// them, but they hold entries of the rev_nat and services maps.
+	var retired, retired6 int
+	if retiredCounter != nil {
+		retired, retired6 = retiredCounter()
+		ch <- prometheus.MustNewConstMetric(retiredDesc, prometheus.GaugeValue, float64(retired))
+	}
 	for k, n := range unprogrammed {
 		ch <- prometheus.MustNewConstMetric(unprogrammedDesc, prometheus.GaugeValue, float64(n), k.service, k.reason)
 	}
@@ -467,17 +498,18 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	// Each family's maps are that large; rev_nat counts the frontends of
-	// both, as the reconciler does (service ids are one space).
+	// both, as the reconciler does (service ids are one space). A retired
+	// master takes a service id and one service entry of its family.
 	services, backends, entries := capacity()
 	for _, f := range []struct {
 		name      string
 		used, max int
 	}{
-		{"rev_nat", counts.Services, services},
+		{"rev_nat", counts.Services + retired, services},
 		{"backends", counts.Backends - counts.Backends6, backends},
 		{"backends6", counts.Backends6, backends},
-		{"services", counts.ServiceEntries - counts.ServiceEntries6, entries},
-		{"services6", counts.ServiceEntries6, entries},
+		{"services", counts.ServiceEntries - counts.ServiceEntries6 + retired - retired6, entries},
+		{"services6", counts.ServiceEntries6 + retired6, entries},
 	} {
 		if f.max <= 0 {
 			continue

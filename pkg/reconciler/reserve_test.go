@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -398,6 +399,84 @@ func TestTwoScopesTurnLocalRefusedAsPair(t *testing.T) {
 				t.Error(v)
 			}
 			checkProgrammed(t, f, before)
+		})
+	}
+}
+
+// TestTwoScopesPairRefusedDropsOrphan: a programmed NodePort
+// (externalTrafficPolicy Cluster) turned Local whose default scope's
+// master fails to be written (a transient error) is left with an orphan
+// internal scope that no master names; the next Apply changes that
+// internal scope too (more local endpoints), the pair no longer fits, and
+// checkPair refuses it: the orphan is removed there (dropOrphan), the
+// default scope keeps its Cluster programming, and every other frontend
+// its own.
+func TestTwoScopesPairRefusedDropsOrphan(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			f := newFakeSized(t, 4096, 4096, 512)
+			r := reconciler.New(f, nil)
+			setBatch(r, batch)
+			bs := tcpBackends(20)
+			cluster := svc(twoScopes(bs, bs).Frontend, "web", bs...)
+			cluster.Kind = model.NodePort
+			var fl []*model.Service
+			for i := range 240 { // 480 entries, and cluster's 21: 501 of 512
+				fl = append(fl, svc(vip(2+i), fmt.Sprintf("fill-%d", i), be(2, 1, model.TCP)))
+			}
+			before := state(append([]*model.Service{cluster}, fl...)...)
+			mustApply(t, r, before)
+			checkProgrammed(t, f, before)
+			want := programmed(t, f)
+
+			// Turned Local with 10 local endpoints: the internal scope's
+			// 11 entries fit (512 of 512), the default scope's master
+			// fails to be written.
+			in := reconciler.Frontend{L4Addr: cluster.Frontend, Scope: reconciler.ScopeInternal}
+			f.Fail = func(op fakedp.Op) error {
+				if op.Kind == fakedp.OpUpsertMaster && op.Frontend == reconciler.DefaultScope(cluster.Frontend) {
+					return errors.New("injected")
+				}
+				return nil
+			}
+			errs := frontendErrors(t, r.Apply(state(append([]*model.Service{twoScopes(bs, bs[:10])}, fl...)...)))
+			f.Fail = nil
+			if err := errs[cluster.Frontend]; len(errs) != 1 || err == nil || err.Permanent() {
+				t.Fatalf("errors %v, want one write error for %s", errs, cluster.Frontend)
+			}
+			if got := programmed(t, f)[in]; len(got) != 10 {
+				t.Fatalf("internal scope programmed with %v, want the orphan of 10 backends", got)
+			}
+			if m, _ := masterOf(t, f, cluster.Frontend); m.Flags&reconciler.FlagTwoScopes != 0 {
+				t.Fatalf("default scope's master %+v names the internal scope", m)
+			}
+
+			// Its 20 local endpoints: the internal scope's 10 new slots
+			// do not fit in the full map; refused as a pair.
+			errs = frontendErrors(t, r.Apply(state(append([]*model.Service{twoScopes(bs, bs)}, fl...)...)))
+			if err := errs[cluster.Frontend]; len(errs) != 1 || !errors.Is(err, reconciler.ErrCapacity) {
+				t.Errorf("errors %v, want one capacity error for %s", errs, cluster.Frontend)
+			}
+			for _, v := range f.Check() {
+				t.Error(v)
+			}
+			got := programmed(t, f)
+			if bs, ok := got[in]; ok {
+				t.Errorf("orphan internal scope still programmed with %v", bs)
+			}
+			// (Not checkProgrammed: the internal scope's rev_nat entry
+			// stays for the Service, which is still wanted, as in
+			// TestTwoScopesOrphanNotProgrammed.)
+			for fe := range got {
+				if _, ok := want[fe]; !ok && fe != in {
+					t.Errorf("%s programmed with %v, not before the turn", fe, got[fe])
+				}
+			}
+			for fe, bs := range want {
+				if !slices.Equal(got[fe], bs) {
+					t.Errorf("%s programmed with %v, want %v as before the turn", fe, got[fe], bs)
+				}
+			}
 		})
 	}
 }

@@ -61,6 +61,22 @@ func (r *Reconciler) Retired() map[Frontend]time.Time {
 	return out
 }
 
+// RetiredCounts returns how many masters are retired now, of both
+// families, and how many of them are IPv6's. Each holds its service id
+// (a rev_nat entry) and one service map entry of its family (its master:
+// its slots are gone), which the desired state no longer counts: pkg/metrics
+// adds them to the fill ratios at scrape time.
+func (r *Reconciler) RetiredCounts() (retired, retired6 int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for fe := range r.retiredAt {
+		if familyOf(fe.Addr) == ipv6 {
+			retired6++
+		}
+	}
+	return len(r.retiredAt), retired6
+}
+
 // retireCap returns how many masters may be retired at once.
 func (r *Reconciler) retireCap() int {
 	services, _, _ := r.dp.Capacity()
