@@ -602,6 +602,10 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 		reportBindFailures(hc, src)
 		cfg.Observers = append(cfg.Observers, hc)
 	}
+	// /readyz's count of the frontends not programmed, and on the metrics
+	// address their list (pkg/health's readyz.go).
+	unprogrammed := health.NewUnprogrammed()
+	cfg.Observers = append(cfg.Observers, unprogrammed)
 	rec := reconciler.New(dp.Maps(), log.With("component", "reconciler"))
 	m.SetBackendCounter(rec.BackendCounts) // the reconciler's count: no second map of every backend
 	m.SetDriftCounter(rec.Drift)
@@ -639,12 +643,12 @@ func runAgent(ctx context.Context, cfg agent.Config, dpCfg datapath.Config, mapR
 	servers := 0
 	if healthL != nil {
 		servers++
-		h := health.CountedHandler(a.Ready, a.Unprogrammed, prox, m.ObserveProbe)
+		h := health.CountedHandler(a.Ready, unprogrammed, prox, m.ObserveProbe)
 		serve("health", func() error { return serveHTTP(ctx, healthL, h, log) })
 	}
 	if metricsL != nil {
 		servers++
-		h := metricsHandler(m.Handler(), srv.profiling)
+		h := metricsHandler(m.Handler(), health.VerboseReadyz(a.Ready, unprogrammed), srv.profiling)
 		serve("metrics", func() error { return serveHTTP(ctx, metricsL, h, log) })
 	}
 	users.Go(func() {

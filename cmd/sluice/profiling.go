@@ -20,17 +20,23 @@ import (
 const proxyMode = "sluice"
 
 // metricsHandler is what --metrics-addr serves: /metrics; kube-proxy's
-// /healthz (with /healthz/ping) and /proxyMode beside it; and with
-// profiling /debug/pprof/ (the index, and the named profiles under it:
-// heap, allocs, goroutine, ...), cmdline, profile, symbol and trace.
+// /healthz (with /healthz/ping) and /proxyMode beside it; readyz (nil:
+// none) as /readyz, whose ?verbose lists the Services not programmed,
+// which the health address, on every address by default, only counts;
+// and with profiling /debug/pprof/ (the index, and the named profiles
+// under it: heap, allocs, goroutine, ...), cmdline, profile, symbol and
+// trace.
 //
 // Importing net/http/pprof also registers them on http.DefaultServeMux,
 // which no server of the agent serves: each is given its own mux.
-func metricsHandler(metrics http.Handler, profiling bool) http.Handler {
+func metricsHandler(metrics, readyz http.Handler, profiling bool) http.Handler {
 	mux := http.NewServeMux()
 	// No method on these: kube-proxy's mux answers any (its
 	// k8s.io/apiserver healthz, /proxyMode, promhttp's /metrics).
 	mux.Handle("/metrics", metrics)
+	if readyz != nil {
+		mux.Handle("GET /readyz", readyz) // as the health address' /readyz
+	}
 	// kube-proxy's metrics server has k8s.io/apiserver's healthz with its
 	// one default check, ping: "ok" while the process answers, whatever
 	// the proxy's health (that is /healthz and /livez on the health

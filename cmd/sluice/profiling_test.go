@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/sluice-lb/sluice/pkg/health"
+	"github.com/sluice-lb/sluice/pkg/model"
+	"github.com/sluice-lb/sluice/pkg/reconciler"
 )
 
 // TestProfilingOnTheMetricsServer: with --profiling the metrics server
@@ -19,7 +23,7 @@ func TestProfilingOnTheMetricsServer(t *testing.T) {
 		h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
 		return rec
 	}
-	on := metricsHandler(metrics, true)
+	on := metricsHandler(metrics, nil, true)
 	for _, path := range []string{"/debug/pprof/heap", "/debug/pprof/allocs", "/debug/pprof/goroutine"} {
 		rec := get(on, "GET", path)
 		if rec.Code != http.StatusOK || !bytes.HasPrefix(rec.Body.Bytes(), []byte{0x1f, 0x8b}) {
@@ -33,7 +37,7 @@ func TestProfilingOnTheMetricsServer(t *testing.T) {
 			t.Errorf("--profiling: %s %s: %d, want 200", r.method, r.path, rec.Code)
 		}
 	}
-	off := metricsHandler(metrics, false)
+	off := metricsHandler(metrics, nil, false)
 	healthz := health.Handler(func() error { return nil }, nil)
 	for _, h := range []struct {
 		name string
@@ -57,7 +61,7 @@ func TestProfilingOnTheMetricsServer(t *testing.T) {
 // /proxyMode (Sluice's name: no kube-proxy mode) beside /metrics.
 func TestMetricsServerHealthzAndProxyMode(t *testing.T) {
 	metrics := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("sluice_up 1\n")) })
-	h := metricsHandler(metrics, false)
+	h := metricsHandler(metrics, nil, false)
 	for path, want := range map[string]string{
 		"/healthz":         "ok",
 		"/healthz/ping":    "ok",
@@ -78,5 +82,41 @@ func TestMetricsServerHealthzAndProxyMode(t *testing.T) {
 	h.ServeHTTP(rec, httptest.NewRequest("POST", "/metrics", nil))
 	if rec.Code != http.StatusOK {
 		t.Errorf("POST /metrics: %d, want 200 as kube-proxy's promhttp answers", rec.Code)
+	}
+}
+
+// The metrics server's /readyz?verbose lists the Services not programmed,
+// which the health server's /readyz (every address by default) only
+// counts; both follow the one Unprogrammed the agent tells, as runAgent
+// wires them.
+func TestReadyzListOnTheMetricsServer(t *testing.T) {
+	metrics := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("sluice_up 1\n")) })
+	u := health.NewUnprogrammed()
+	u.SetFailures([]*reconciler.FrontendError{{Service: model.ServicePortName{Namespace: "default", Name: "big", Port: "http"},
+		Frontend: model.L4Addr{Addr: netip.MustParseAddr("10.96.0.99"), Port: 80, Proto: model.TCP}, Err: reconciler.ErrCapacity}})
+	ready := func() error { return nil }
+	get := func(h http.Handler, path string) (int, string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		return rec.Code, rec.Body.String()
+	}
+	m := metricsHandler(metrics, health.VerboseReadyz(ready, u), false)
+	code, body := get(m, "/readyz?verbose")
+	if code != http.StatusOK || !strings.HasPrefix(body, "ok\nnot programmed:\n  capacity: service default/big:http (10.96.0.99:80/TCP): ") {
+		t.Errorf("metrics server /readyz?verbose = %d %q, want 200 listing default/big:http", code, body)
+	}
+	const count = "ok\nnot programmed: 1 frontends of 1 Services (/readyz?verbose on the metrics address lists them)\n"
+	for _, c := range []struct {
+		name string
+		h    http.Handler
+		path string
+	}{
+		{"metrics server", m, "/readyz"},
+		{"health server", health.CountedHandler(ready, u, nil, nil), "/readyz"},
+		{"health server", health.CountedHandler(ready, u, nil, nil), "/readyz?verbose"},
+	} {
+		if code, body := get(c.h, c.path); code != http.StatusOK || body != count {
+			t.Errorf("%s %s = %d %q, want 200 %q", c.name, c.path, code, body, count)
+		}
 	}
 }

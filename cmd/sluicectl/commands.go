@@ -626,8 +626,9 @@ type AgentStatus struct {
 	Reachable bool   `json:"reachable"`
 	Error     string `json:"error,omitempty"`
 	Ready     bool   `json:"ready"`
-	// Readiness is /readyz's answer: "ok", or why not, then the
-	// Services that could not be programmed.
+	// Readiness is the health address' /readyz answer: "ok", or why
+	// not, then how many frontends of how many Services could not be
+	// programmed (Unprogrammed names them).
 	Readiness string `json:"readiness,omitempty"`
 	// LastSync is the last successful sync
 	// (kubeproxy_sync_proxy_rules_last_timestamp_seconds), if the

@@ -204,9 +204,12 @@ func TestStatus(t *testing.T) {
 	m := metrics.New()
 	m.ObserveSync(time.Millisecond, nil)
 	m.SetProgrammed(st)
-	m.SetFailures([]*reconciler.FrontendError{{Service: model.ServicePortName{Namespace: "default", Name: "big"},
-		Frontend: model.L4Addr{Addr: netip.MustParseAddr("10.96.0.99"), Port: 80, Proto: model.TCP}, Err: reconciler.ErrCapacity}})
-	healthAddr := serve(t, health.Handler(func() error { return nil }, func() []string { return []string{"default/big: capacity"} }))
+	failures := []*reconciler.FrontendError{{Service: model.ServicePortName{Namespace: "default", Name: "big"},
+		Frontend: model.L4Addr{Addr: netip.MustParseAddr("10.96.0.99"), Port: 80, Proto: model.TCP}, Err: reconciler.ErrCapacity}}
+	m.SetFailures(failures)
+	unprogrammed := health.NewUnprogrammed()
+	unprogrammed.SetFailures(failures)
+	healthAddr := serve(t, health.Handler(func() error { return nil }, unprogrammed))
 	metricsAddr := serve(t, m.Handler())
 	base := []string{"--bpffs", bpffs, "--names-file", names, "status", "--health-addr", healthAddr, "--metrics-addr", metricsAddr}
 

@@ -2,7 +2,8 @@
 //
 //   - the agent's probes (probes.go), for the kubelet and for load
 //     balancers that ask kube-proxy's port: /healthz, /livez and /readyz on
-//     --health-addr;
+//     --health-addr, and /readyz?verbose, which names the Services not
+//     programmed, for the metrics server (readyz.go);
 //   - the healthCheckNodePorts of LoadBalancer Services with
 //     externalTrafficPolicy Local (nodeport.go), for external load
 //     balancers: does this node have local endpoints for the Service?
@@ -24,8 +25,9 @@ package health
 //	          drain a node before it goes, while its pods are still served.
 //	/readyz   200 once the datapath holds everything of the last desired
 //	          state read that it can hold, 503 with the reason otherwise;
-//	          either way followed by the Services that could not be
-//	          programmed, if any
+//	          either way followed by how many frontends and Services could
+//	          not be programmed, if any (readyz.go: which ones only on the
+//	          metrics address)
 //
 // /healthz and /livez answer kube-proxy's JSON body (its ProxyHealth,
 // pkg/proxy/healthcheck/proxy_health.go: json.Marshal of lastUpdated,
@@ -179,29 +181,16 @@ func (p *Proxier) serve(w http.ResponseWriter, withNode bool) int {
 	return code
 }
 
-// ReadyFunc returns nil when the agent is ready, else why it is not.
-type ReadyFunc func() error
-
-// NotesFunc returns what /readyz reports besides readiness, one line each:
-// the Services the agent could not program. A ready agent may have some (a
-// Service that does not fit is reported, not waited for).
-type NotesFunc func() []string
-
-// maxNotes is how many of NotesFunc's lines /readyz shows; it counts the
-// rest. Maps that are full leave out thousands of Services at once, and a
-// probe every few seconds has no use for a body of hundreds of kilobytes.
-const maxNotes = 100
-
 // Handler returns the mux serving /healthz, /livez and /readyz, the first
-// two answering 200 while the process runs. notes may be nil.
-func Handler(ready ReadyFunc, notes NotesFunc) http.Handler {
-	return HandlerWith(ready, notes, nil)
+// two answering 200 while the process runs. u may be nil.
+func Handler(ready ReadyFunc, u *Unprogrammed) http.Handler {
+	return HandlerWith(ready, u, nil)
 }
 
 // HandlerWith is Handler with /healthz and /livez answered by p (nil: 200
 // while the process runs).
-func HandlerWith(ready ReadyFunc, notes NotesFunc, p *Proxier) http.Handler {
-	return CountedHandler(ready, notes, p, nil)
+func HandlerWith(ready ReadyFunc, u *Unprogrammed, p *Proxier) http.Handler {
+	return CountedHandler(ready, u, p, nil)
 }
 
 // ProbeCounter is told the status code of every answer to /healthz (probe
@@ -210,8 +199,9 @@ func HandlerWith(ready ReadyFunc, notes NotesFunc, p *Proxier) http.Handler {
 type ProbeCounter func(probe string, code int)
 
 // CountedHandler is HandlerWith, telling count (nil: nobody) of every
-// answer to /healthz and /livez.
-func CountedHandler(ready ReadyFunc, notes NotesFunc, p *Proxier, count ProbeCounter) http.Handler {
+// answer to /healthz and /livez. Its /readyz is the brief one (readyz.go):
+// this server is on every address by default.
+func CountedHandler(ready ReadyFunc, u *Unprogrammed, p *Proxier, count ProbeCounter) http.Handler {
 	mux := http.NewServeMux()
 	for probe, withNode := range map[string]bool{"healthz": true, "livez": false} {
 		// Any method, as kube-proxy's health server answers.
@@ -227,23 +217,7 @@ func CountedHandler(ready ReadyFunc, notes NotesFunc, p *Proxier, count ProbeCou
 			}
 		})
 	}
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		code, body := http.StatusOK, "ok\n"
-		if err := ready(); err != nil {
-			code, body = http.StatusServiceUnavailable, fmt.Sprintf("not ready: %v\n", err)
-		}
-		if notes != nil {
-			if lines := notes(); len(lines) > 0 {
-				more := ""
-				if len(lines) > maxNotes {
-					more = fmt.Sprintf("  and %d more (sluicectl status lists them all)\n", len(lines)-maxNotes)
-					lines = lines[:maxNotes]
-				}
-				body += "not programmed:\n  " + strings.Join(lines, "\n  ") + "\n" + more
-			}
-		}
-		reply(w, code, body)
-	})
+	mux.Handle("GET /readyz", readyz(ready, u, false))
 	return mux
 }
 

@@ -42,41 +42,6 @@ func TestReadyzFollowsReadyFunc(t *testing.T) {
 	}
 }
 
-// A ready agent with Services it could not program still answers 200, and
-// lists them.
-func TestReadyzListsNotes(t *testing.T) {
-	h := Handler(func() error { return nil }, func() []string {
-		return []string{"capacity: service default/big:http (10.96.0.20:80/TCP): no room"}
-	})
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
-	want := "ok\nnot programmed:\n  capacity: service default/big:http (10.96.0.20:80/TCP): no room\n"
-	if rec.Code != http.StatusOK || rec.Body.String() != want {
-		t.Errorf("/readyz = %d %q, want 200 %q", rec.Code, rec.Body.String(), want)
-	}
-}
-
-// Maps that are full leave out thousands of Services: /readyz lists the
-// first maxNotes and counts the rest.
-func TestReadyzBoundsNotes(t *testing.T) {
-	const n = maxNotes + 50
-	h := Handler(func() error { return nil }, func() []string {
-		lines := make([]string, n)
-		for i := range lines {
-			lines[i] = fmt.Sprintf("capacity: service default/svc-%d:http: no room", i)
-		}
-		return lines
-	})
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
-	body := rec.Body.String()
-	if got := strings.Count(body, "capacity: "); rec.Code != http.StatusOK || got != maxNotes ||
-		!strings.HasSuffix(body, "\n  and 50 more (sluicectl status lists them all)\n") {
-		t.Errorf("/readyz with %d notes = %d, %d of them listed, body ends %q; want 200, %d listed and the 50 more counted",
-			n, rec.Code, got, body[max(0, len(body)-80):], maxNotes)
-	}
-}
-
 // kubeProxyHealth is kube-proxy v1.36's body of /healthz and /livez,
 // copied from pkg/proxy/healthcheck/proxy_health.go (ProxyHealth and
 // ProxierHealth; its map key is a v1.IPFamily, a string).

@@ -925,8 +925,8 @@ func TestClusterIPEndToEnd(t *testing.T) {
 
 // TestReadyzFollowsDesiredState: /readyz is 200 once everything of the
 // newest desired state that fits the maps is programmed. A frontend that
-// does not fit (one more than --max-services) is reported, in /readyz and
-// /metrics, not waited for: the others are programmed and the agent is
+// does not fit (one more than --max-services) is reported, in /readyz
+// (named on the metrics address) and /metrics, not waited for: the others are programmed and the agent is
 // ready. Once the file is fixed the report goes away.
 func TestReadyzFollowsDesiredState(t *testing.T) {
 	bins, topo, lb := newLB(t, 1)
@@ -966,12 +966,17 @@ func TestReadyzFollowsDesiredState(t *testing.T) {
 	// It stays ready: the three that fit are programmed, and retrying the
 	// fourth cannot help until something changes.
 	time.Sleep(time.Second)
-	body, err := agent.Get(agent.HealthAddr, "/readyz")
+	// The metrics address names it (?verbose); the health address, on
+	// every address of a node, only counts it.
+	body, err := agent.Get(agent.MetricsAddr, "/readyz?verbose")
 	if err != nil {
-		t.Fatalf("/readyz with one frontend that does not fit: %v", err)
+		t.Fatalf("/readyz?verbose with one frontend that does not fit: %v", err)
 	}
 	if !strings.Contains(body, "default/svc4:http") || !strings.Contains(body, "capacity") {
-		t.Errorf("/readyz does not report svc4:\n%s", body)
+		t.Errorf("/readyz?verbose does not report svc4:\n%s", body)
+	}
+	if body, err := agent.Get(agent.HealthAddr, "/readyz"); err != nil || strings.Contains(body, "svc4") || !strings.Contains(body, "not programmed: 1 frontends of 1 Services") {
+		t.Errorf("health address /readyz: %q, %v; want 1 frontend of 1 Service counted, not named", body, err)
 	}
 
 	write(3)
@@ -1057,9 +1062,9 @@ func TestOversizedServiceDoesNotBlockOthers(t *testing.T) {
 			t.Fatalf("the good Service at %s: answer %q, %v; want one of %v", good, who, err, backends)
 		}
 	}
-	body, err := agent.Get(agent.HealthAddr, "/readyz")
+	body, err := agent.Get(agent.MetricsAddr, "/readyz?verbose")
 	if err != nil {
-		t.Fatalf("/readyz: %v", err)
+		t.Fatalf("/readyz?verbose: %v", err)
 	}
 	m, err := agent.Metrics()
 	if err != nil {

@@ -74,7 +74,7 @@ func TestHealthzFollowsNodeLivezStaleness(t *testing.T) {
 	rec := reconciler.New(newFake(), log.With("component", "reconciler"))
 	a := agent.New(agent.Config{RetryMax: 500 * time.Millisecond}, testutil.NoPrograms{}, failingApplies{rec, &fail}, log.With("component", "agent"))
 	testutil.RunUntilCleanup(t, "agent", func(ctx context.Context) error { return a.Run(ctx, src) })
-	srv := httptest.NewServer(health.HandlerWith(a.Ready, a.Unprogrammed, prox))
+	srv := httptest.NewServer(health.HandlerWith(a.Ready, nil, prox))
 	t.Cleanup(srv.Close)
 
 	probe := func(path string) (int, map[string]any, error) {

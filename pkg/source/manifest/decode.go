@@ -1326,7 +1326,10 @@ func (d *fastDecoder) compactEndpoint(t discoveryv1.AddressType, p *packing, mem
 		return false
 	}
 	a, j, ok := dottedQuad(b, len(addrs))
-	if !ok || !hasPrefix(b[j:], conds) {
+	// An address the API server refuses (127.0.0.1, 169.254.169.254)
+	// is left to object, whose endpointAddresses declines it, and so to
+	// validation, which says why.
+	if !ok || !hasPrefix(b[j:], conds) || translate.EndpointIPRefusal(netip.AddrFrom4(a)) != "" {
 		return false
 	}
 	j += len(conds)

@@ -754,9 +754,12 @@ func validateEndpointSlice(es *discoveryv1.EndpointSlice, first func(i int, ip n
 		for j, a := range e.Addresses {
 			switch es.AddressType {
 			case discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6:
-				ip, ok := EndpointAddress(es.AddressType, a)
-				if !ok {
+				ip, ok := parseIPSloppy(a)
+				if !ok || ip.Is6() != (es.AddressType == discoveryv1.AddressTypeIPv6) {
 					return fail("endpoints[%d]: invalid %s address %q", i, es.AddressType, a)
+				}
+				if why := EndpointIPRefusal(ip); why != "" {
+					return fail("endpoints[%d]: address %q %s", i, a, why)
 				}
 				if j == 0 && first != nil {
 					first(i, ip)
@@ -771,10 +774,37 @@ func validateEndpointSlice(es *discoveryv1.EndpointSlice, first func(i int, ip n
 // t (IPv4 or IPv6), as ValidateEndpointSlice and a translation read it
 // (kube-proxy's parseIPSloppy), and says whether it is valid there.
 // parseIPSloppy makes an IPv4-mapped address IPv4: valid in an IPv4
-// slice, not in an IPv6 one. a is not kept.
+// slice, not in an IPv6 one. An address the API server refuses for an
+// endpoint (EndpointIPRefusal) is not valid either: a source's fast path
+// that reads the addresses with it leaves such a slice to
+// ValidateEndpointSlice, which says why. a is not kept.
 func EndpointAddress(t discoveryv1.AddressType, a string) (netip.Addr, bool) {
 	ip, ok := parseIPSloppy(a)
-	return ip, ok && ip.Is6() == (t == discoveryv1.AddressTypeIPv6)
+	return ip, ok && ip.Is6() == (t == discoveryv1.AddressTypeIPv6) && EndpointIPRefusal(ip) == ""
+}
+
+// EndpointIPRefusal says why the API server refuses ip as an endpoint's
+// address, in its words ("": it does not), for a source that parses
+// addresses its own way: its ValidateEndpointIP
+// (pkg/apis/core/validation), which EndpointSlice validation applies to
+// every address of an IPv4 or IPv6 slice. The Kubernetes source never
+// sees one; a manifest could name 127.0.0.1 or the cloud metadata
+// address 169.254.169.254, which the node's sockets would then be sent
+// to. An IPv4-mapped address is judged as the IPv4 one, as net.IP's
+// methods judge it there.
+func EndpointIPRefusal(ip netip.Addr) string {
+	ip = ip.Unmap()
+	switch {
+	case ip.IsUnspecified():
+		return "may not be unspecified"
+	case ip.IsLoopback():
+		return "may not be in the loopback range (127.0.0.0/8, ::1/128)"
+	case ip.IsLinkLocalUnicast():
+		return "may not be in the link-local range (169.254.0.0/16, fe80::/10)"
+	case ip.IsLinkLocalMulticast():
+		return "may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)"
+	}
+	return ""
 }
 
 // protocolOf maps a Kubernetes protocol to the datapath's; empty means TCP,
