@@ -455,7 +455,7 @@ func run(args []string) int {
 			"devices", cfg.Devices)
 	}
 	// The agent outside the node's network namespace (netnscheck.go).
-	warnOutsideInitNetns(log, *localhostNP, dpCfg.SocketLBHostNetnsOnly && *socketLB)
+	warnOutsideInitNetns(log, *localhostNP && *socketLB && coversLocalhost(npCIDRs), dpCfg.SocketLBHostNetnsOnly && *socketLB)
 	dpCfg.BPFFS = *bpffs
 	// The Kubernetes source names the service CIDRs (its ServiceCIDR
 	// objects and the flag's), which the reconciler writes: Open keeps

@@ -26,6 +26,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 )
 
@@ -49,11 +50,34 @@ func outsideNetns(self, init string) (bool, error) {
 	return !os.SameFile(a, b), nil
 }
 
+// coversLocalhost reports whether --nodeport-addresses (cidrs, after the
+// primary keyword's expansion) serve NodePorts on 127.0.0.1
+// (nodePortsFor: none given, the node's primary addresses only; an IPv4
+// family that takes every address, or a CIDR holding it).
+func coversLocalhost(cidrs []netip.Prefix) bool {
+	if len(cidrs) == 0 {
+		return false
+	}
+	lo := netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	v4 := false
+	for _, p := range cidrs {
+		if p.Addr().Is4() {
+			v4 = true
+			if p.Bits() == 0 || p.Contains(lo) {
+				return true
+			}
+		}
+	}
+	return !v4
+}
+
 // warnOutsideInitNetns logs at Warn, naming what the node's processes
 // lose, when the agent runs in another network namespace than PID 1
 // (localhost: --localhost-nodeports; hostNetnsOnly:
 // --socket-lb-host-netns-only with socket load balancing on), and
 // reports whether it did. An unreadable namespace is logged at Debug.
+// localhost: NodePorts are served on 127.0.0.1 (--localhost-nodeports,
+// socket load balancing, --nodeport-addresses covering it).
 func warnOutsideInitNetns(log *slog.Logger, localhost, hostNetnsOnly bool) bool {
 	outside, err := outsideNetns(selfNetnsPath, initNetnsPath)
 	if err != nil {
@@ -63,7 +87,7 @@ func warnOutsideInitNetns(log *slog.Logger, localhost, hostNetnsOnly bool) bool 
 	if !outside {
 		return false
 	}
-	msg := "the agent runs in another network namespace than PID 1 (the node's, outside a container or with hostPID; the DaemonSet needs hostNetwork): tc runs on this namespace's devices only"
+	msg := "the agent runs in another network namespace than PID 1 (the node's, outside a container or with hostPID; the DaemonSet needs hostNetwork); if this namespace is not the node's, tc runs on its devices only"
 	if localhost {
 		msg += ", and NodePorts on 127.0.0.1 are served to this namespace's sockets only, not to the node's processes"
 	}

@@ -42,7 +42,8 @@ func TestOutsideNetns(t *testing.T) {
 // TestOutsideInitNetnsWarns: an agent whose network namespace is not PID
 // 1's (here PID 1's stood in for by another file) is warned of at start,
 // naming the NodePorts on 127.0.0.1 it serves to its own namespace only
-// (with --localhost-nodeports, the default) and --socket-lb-host-netns-only's
+// (with --localhost-nodeports, the default, socket load balancing and
+// --nodeport-addresses covering 127.0.0.1) and --socket-lb-host-netns-only's
 // sockets; one in PID 1's namespace (this test's, unless it runs in
 // another) is not. The start then fails at the missing --manifests.
 func TestOutsideInitNetnsWarns(t *testing.T) {
@@ -70,8 +71,11 @@ func TestOutsideInitNetnsWarns(t *testing.T) {
 		args                []string
 		localhost, hostOnly bool
 	}{
-		{[]string{"--socket-lb=false"}, true, false},
-		{[]string{"--socket-lb=false", "--localhost-nodeports=false"}, false, false},
+		{[]string{"--nodeport-addresses", "localhost,10.0.0.0/8", "--devices", "lo"}, true, false},
+		{[]string{"--nodeport-addresses", "0.0.0.0/0", "--devices", "lo"}, true, false},
+		{[]string{"--devices", "lo"}, false, false}, // primary: no NodePorts on 127.0.0.1
+		{[]string{"--socket-lb=false", "--nodeport-addresses", "localhost"}, false, false},
+		{[]string{"--nodeport-addresses", "localhost", "--localhost-nodeports=false", "--devices", "lo"}, false, false},
 		{[]string{"--socket-lb-host-netns-only", "--localhost-nodeports=false", "--devices", "lo"}, false, true},
 	} {
 		stderr := runToMissingManifests(t, c.args...)

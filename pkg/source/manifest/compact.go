@@ -121,6 +121,11 @@ func (c *compacter) slice(es *discoveryv1.EndpointSlice, key types.NamespacedNam
 		translate.ReadPackedSlice(s, es, pre.eps)
 	} else {
 		translate.ReadSlice(s, es)
+		// What the API server refuses for an endpoint, which a manifest
+		// may name (the decoder packs no such slice).
+		if s.Invalid == nil {
+			s.Invalid = translate.CheckEndpointIPs(es)
+		}
 	}
 	s.Namespace, s.Name = key.Namespace, keyName(s.Name, key)
 	s.ResourceVersion, s.Service = strings.Clone(s.ResourceVersion), strings.Clone(s.Service)

@@ -1328,7 +1328,7 @@ func (d *fastDecoder) compactEndpoint(t discoveryv1.AddressType, p *packing, mem
 	a, j, ok := dottedQuad(b, len(addrs))
 	// An address the API server refuses (127.0.0.1, 169.254.169.254)
 	// is left to object, whose endpointAddresses declines it, and so to
-	// validation, which says why.
+	// the slice's validation, which says why (compacter.slice).
 	if !ok || !hasPrefix(b[j:], conds) || translate.EndpointIPRefusal(netip.AddrFrom4(a)) != "" {
 		return false
 	}
@@ -1395,7 +1395,9 @@ func (d *fastDecoder) endpointAddresses(t discoveryv1.AddressType) netip.Addr {
 		}
 		d.endOfValue()
 		ip, ok := translate.EndpointAddress(t, unsafe.String(unsafe.SliceData(raw), len(raw)))
-		if !ok {
+		// An address the API server refuses for an endpoint is left to
+		// the slice's validation, which refuses it (compacter.slice).
+		if !ok || translate.EndpointIPRefusal(ip) != "" {
 			panic(errNoPack)
 		}
 		if n == 0 {

@@ -21,12 +21,14 @@ func apiServerRefuses(a string) bool {
 
 // TestEndpointAddressesTheAPIServerRefuses: an endpoint address the API
 // server refuses (unspecified, loopback, link-local unicast, link-local
-// multicast; IPv4, IPv6, and IPv4-mapped IPv6 in an IPv4 slice) makes the
-// slice invalid, naming the slice, the endpoint, the address and why, in
-// any endpoint and any address of one; EndpointAddress, which the sources'
-// fast decoders read addresses with, refuses it too (and leaves the slice
-// to validation). Addresses next to each range are still accepted. The
-// verdicts agree with the API server's, on net.IP.
+// multicast; IPv4, IPv6, and IPv4-mapped IPv6 in an IPv4 slice) makes
+// CheckEndpointIPs (the manifest source's) refuse the slice, naming the
+// slice, the endpoint, the address and why, in any endpoint and any
+// address of one. ValidateEndpointSlice, SliceOf and EndpointAddress (the
+// Kubernetes source's) take it, as kube-proxy does: the API server keeps
+// such an address in a slice stored before it checked them. Addresses
+// next to each range are accepted by all. The verdicts agree with the API
+// server's, on net.IP.
 func TestEndpointAddressesTheAPIServerRefuses(t *testing.T) {
 	const (
 		unspecified = "may not be unspecified"
@@ -89,15 +91,18 @@ func TestEndpointAddressesTheAPIServerRefuses(t *testing.T) {
 				if want != "" {
 					wantErr = `endpointslice "default/s": endpoints[1]: ` + want
 				}
-				if err := ValidateEndpointSlice(es); fmt.Sprint(err) != wantErr && (err != nil || wantErr != "") {
-					t.Errorf("ValidateEndpointSlice with endpoints[1].addresses %q = %v, want %q", addrs, err, wantErr)
+				if err := CheckEndpointIPs(es); fmt.Sprint(err) != wantErr && (err != nil || wantErr != "") {
+					t.Errorf("CheckEndpointIPs with endpoints[1].addresses %q = %v, want %q", addrs, err, wantErr)
 				}
-				if s := SliceOf(es); fmt.Sprint(s.Invalid) != wantErr && (s.Invalid != nil || wantErr != "") {
-					t.Errorf("SliceOf with endpoints[1].addresses %q: Invalid %v, want %q", addrs, s.Invalid, wantErr)
+				if err := ValidateEndpointSlice(es); err != nil {
+					t.Errorf("ValidateEndpointSlice with endpoints[1].addresses %q = %v, want nil (kube-proxy takes it)", addrs, err)
+				}
+				if s := SliceOf(es); s.Invalid != nil {
+					t.Errorf("SliceOf with endpoints[1].addresses %q: Invalid %v, want nil (kube-proxy takes it)", addrs, s.Invalid)
 				}
 			}
-			if _, ok := EndpointAddress(c.family, c.addr); ok != (c.why == "") {
-				t.Errorf("EndpointAddress(%s, %q) ok %v, want %v", c.family, c.addr, ok, c.why == "")
+			if _, ok := EndpointAddress(c.family, c.addr); !ok {
+				t.Errorf("EndpointAddress(%s, %q) refused it; kube-proxy takes it", c.family, c.addr)
 			}
 			if ip, ok := parseIPSloppy(c.addr); !ok || EndpointIPRefusal(ip) != c.why {
 				t.Errorf("EndpointIPRefusal(%s) = %q, want %q", c.addr, EndpointIPRefusal(ip), c.why)

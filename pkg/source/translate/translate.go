@@ -758,9 +758,6 @@ func validateEndpointSlice(es *discoveryv1.EndpointSlice, first func(i int, ip n
 				if !ok || ip.Is6() != (es.AddressType == discoveryv1.AddressTypeIPv6) {
 					return fail("endpoints[%d]: invalid %s address %q", i, es.AddressType, a)
 				}
-				if why := EndpointIPRefusal(ip); why != "" {
-					return fail("endpoints[%d]: address %q %s", i, a, why)
-				}
 				if j == 0 && first != nil {
 					first(i, ip)
 				}
@@ -774,23 +771,49 @@ func validateEndpointSlice(es *discoveryv1.EndpointSlice, first func(i int, ip n
 // t (IPv4 or IPv6), as ValidateEndpointSlice and a translation read it
 // (kube-proxy's parseIPSloppy), and says whether it is valid there.
 // parseIPSloppy makes an IPv4-mapped address IPv4: valid in an IPv4
-// slice, not in an IPv6 one. An address the API server refuses for an
-// endpoint (EndpointIPRefusal) is not valid either: a source's fast path
-// that reads the addresses with it leaves such a slice to
-// ValidateEndpointSlice, which says why. a is not kept.
+// slice, not in an IPv6 one. An address the API server refuses for a
+// new endpoint (EndpointIPRefusal) is valid here, as kube-proxy takes
+// it: the manifest source refuses it itself (CheckEndpointIPs). a is not
+// kept.
 func EndpointAddress(t discoveryv1.AddressType, a string) (netip.Addr, bool) {
 	ip, ok := parseIPSloppy(a)
-	return ip, ok && ip.Is6() == (t == discoveryv1.AddressTypeIPv6) && EndpointIPRefusal(ip) == ""
+	return ip, ok && ip.Is6() == (t == discoveryv1.AddressTypeIPv6)
+}
+
+// CheckEndpointIPs refuses an IPv4 or IPv6 slice an address of which the
+// API server refuses for an endpoint (EndpointIPRefusal), naming the
+// slice, the endpoint, the address and why; es is valid otherwise
+// (ValidateEndpointSlice). For the manifest source only: the API server
+// keeps such an address in a slice stored before it checked them,
+// through every update that leaves its endpoints alone
+// (ValidateEndpointSliceUpdate), and kube-proxy programs it, so the
+// Kubernetes source does too.
+func CheckEndpointIPs(es *discoveryv1.EndpointSlice) error {
+	if es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6 {
+		return nil
+	}
+	for i, e := range es.Endpoints {
+		for _, a := range e.Addresses {
+			ip, ok := parseIPSloppy(a)
+			if !ok {
+				continue
+			}
+			if why := EndpointIPRefusal(ip); why != "" {
+				return failer{prefix: "endpointslice", ns: es.Namespace, name: es.Name}.fail("endpoints[%d]: address %q %s", i, a, why)
+			}
+		}
+	}
+	return nil
 }
 
 // EndpointIPRefusal says why the API server refuses ip as an endpoint's
 // address, in its words ("": it does not), for a source that parses
 // addresses its own way: its ValidateEndpointIP
 // (pkg/apis/core/validation), which EndpointSlice validation applies to
-// every address of an IPv4 or IPv6 slice. The Kubernetes source never
-// sees one; a manifest could name 127.0.0.1 or the cloud metadata
-// address 169.254.169.254, which the node's sockets would then be sent
-// to. An IPv4-mapped address is judged as the IPv4 one, as net.IP's
+// every address of an IPv4 or IPv6 slice it creates or whose endpoints
+// an update changes (CheckEndpointIPs). A manifest could name 127.0.0.1
+// or the cloud metadata address 169.254.169.254, which the node's
+// sockets would then be sent to. An IPv4-mapped address is judged as the IPv4 one, as net.IP's
 // methods judge it there.
 func EndpointIPRefusal(ip netip.Addr) string {
 	ip = ip.Unmap()
