@@ -714,7 +714,8 @@ func firstLine(s string) string {
 	return line
 }
 
-// askAgent reads the agent's /readyz and /metrics. A metrics endpoint that
+// askAgent reads the agent's /readyz (the metrics address's verbose one
+// when it is not ready) and /metrics. A metrics endpoint that
 // does not answer leaves the sync fields empty; a health endpoint that
 // does not answer makes the agent unreachable.
 func askAgent(healthAddr, metricsAddr string) AgentStatus {
@@ -737,6 +738,18 @@ func askAgent(healthAddr, metricsAddr string) AgentStatus {
 	st.Ready = resp.StatusCode == http.StatusOK
 	st.Readiness = strings.TrimSpace(string(body))
 	st.Healthz, st.Livez = probe(client, healthAddr, "/healthz"), probe(client, healthAddr, "/livez")
+	// The health address names no Service and cuts the reason short
+	// (every address may reach it); the metrics address's
+	// /readyz?verbose says all, as the health address did before.
+	if !st.Ready {
+		if r, err := client.Get("http://" + metricsAddr + "/readyz?verbose"); err == nil {
+			b, err := io.ReadAll(r.Body)
+			_ = r.Body.Close() // read to its end: nothing left to lose
+			if err == nil && r.StatusCode == resp.StatusCode {
+				st.Readiness = strings.TrimSpace(string(b))
+			}
+		}
+	}
 
 	resp, err = client.Get("http://" + metricsAddr + "/metrics")
 	if err != nil {
