@@ -312,16 +312,30 @@ func (a *Agent) Ready() error {
 	case a.desired == nil:
 		return errors.New("no desired state received yet")
 	case a.appliedN != a.desiredN && a.lastErr != nil:
-		return fmt.Errorf("applying desired state failed (retrying): %w", a.lastErr)
+		return &notReady{why: "applying desired state failed (retrying)", err: a.lastErr}
 	case a.appliedN != a.desiredN:
 		return errors.New("applying the newest desired state")
 	case a.lastErr != nil:
-		return fmt.Errorf("re-applying the desired state failed (retrying): %w", a.lastErr)
+		return &notReady{why: "re-applying the desired state failed (retrying)", err: a.lastErr}
 	case !a.inSync:
 		return errors.New("reconciler reports the datapath out of sync")
 	}
 	return nil
 }
+
+// notReady is Ready's reason when an apply failed: why, then the error,
+// which may name Services and their addresses (a failed write's) and be
+// long (every write that failed). Short gives why alone without
+// formatting err: what the health address, which any pod may ask, says
+// (pkg/health).
+type notReady struct {
+	why string
+	err error
+}
+
+func (e *notReady) Error() string { return e.why + ": " + e.err.Error() }
+func (e *notReady) Unwrap() error { return e.err }
+func (e *notReady) Short() string { return e.why }
 
 // Unprogrammed describes, one line each, the frontends the last apply could
 // not program: their Service, the reason ("capacity" and "invalid" are

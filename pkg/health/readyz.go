@@ -131,8 +131,17 @@ func readyz(ready ReadyFunc, u *Unprogrammed, verboseAllowed bool) http.Handler 
 // firstPart is err's message up to the error it wraps: the agent's
 // "applying desired state failed (retrying)" without the write errors
 // after it, which name Services and their addresses. An error that is
-// nothing but the one it wraps is not given.
+// nothing but the one it wraps is not given. An error with a Short
+// method (the agent's) gives its short part itself.
 func firstPart(err error) string {
+	// The agent's reason says its short part itself, without formatting
+	// the errors it wraps (however many: one per failed write).
+	var short interface{ Short() string }
+	if errors.As(err, &short) {
+		if s := short.Short(); s != "" {
+			return s
+		}
+	}
 	msg := err.Error()
 	if inner := errors.Unwrap(err); inner != nil {
 		if s := inner.Error(); s != "" {

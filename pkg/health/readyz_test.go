@@ -127,8 +127,15 @@ func TestReadyzBoundsNotes(t *testing.T) {
 	}
 }
 
+// shortErr is an error that says its short part itself, as the agent's
+// Ready reasons do: the words before the first ": ".
+type shortErr struct{ error }
+
+func (e shortErr) Short() string { s, _, _ := strings.Cut(e.Error(), ": "); return s }
+
 // firstPart keeps a wrapping error's own words only; an error that wraps
-// nothing is whole; one that is only the wrapped one's words is not given.
+// nothing is whole; one that is only the wrapped one's words is not given;
+// an error with a Short method (in the chain) gives its words.
 func TestFirstPart(t *testing.T) {
 	inner := errors.New("service ns/a (10.96.0.1:80/TCP): ENOSPC")
 	for _, c := range []struct {
@@ -139,6 +146,9 @@ func TestFirstPart(t *testing.T) {
 		{fmt.Errorf("re-applying the desired state failed (retrying): %w", inner), "re-applying the desired state failed (retrying)"},
 		{fmt.Errorf("apply: %w", errors.Join(inner, errors.New("map x: EPERM"))), "apply"},
 		{fmt.Errorf("%w", inner), "the reason is on the metrics address (/readyz?verbose)"},
+		// Two wrapped errors (Unwrap gives none): the Short method's words.
+		{shortErr{fmt.Errorf("apply failed: %w, %w", inner, errors.New("map x: EPERM"))}, "apply failed"},
+		{fmt.Errorf("agent: %w", shortErr{fmt.Errorf("apply failed: %w", inner)}), "apply failed"},
 	} {
 		if got := firstPart(c.err); got != c.want {
 			t.Errorf("firstPart(%q) = %q, want %q", c.err, got, c.want)
