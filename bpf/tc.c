@@ -423,6 +423,8 @@ static __always_inline void snat_refused(const struct pkt4 *p, int err,
 		metric_count(p, METRIC_TC_CT_CLASH);
 	else if (err == -E2BIG)
 		metric_count(p, METRIC_TC_CT_EST_FULL);
+	else if (err == -ENOSPC) /* the half-open share full */
+		metric_count(p, METRIC_TC_SNAT_HALF_OPEN_FULL);
 	else
 		metric_count(p, METRIC_TC_CT_FULL);
 }

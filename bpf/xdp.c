@@ -257,6 +257,19 @@ static __noinline int xdp6_check_reverse(const struct pkt6 *p,
 }
 
 /*
+ * xdp6_promote_snat - ct_promote_snat6, in a frame of its own: its
+ * forward entry and key, and the call that takes a counted port
+ * reservation off the half-open count (conntrack.h), would not fit
+ * xdp_rev6's on the stack with the calls under it (8 bytes over the
+ * combined 512).
+ */
+static __noinline int xdp6_promote_snat(const struct ct6_key *rkey,
+					struct ct6_entry *rev, __u64 now)
+{
+	return ct_promote_snat6(rkey, rev, now);
+}
+
+/*
  * What xdp_fam.h names per family (see there). IPv6's keys, entries and
  * routes are wider than the stack takes inlined together: its steps are
  * BPF functions of their own, as tc6.h's are; IPv4's are inlined, as
@@ -268,6 +281,8 @@ static __noinline int xdp6_check_reverse(const struct pkt6 *p,
 #define xdp_create_snat_6   xdp6_create_snat
 #define xdp_check_reverse_4 ct_check_reverse
 #define xdp_check_reverse_6 xdp6_check_reverse
+#define xdp_promote_snat_4  ct_promote_snat
+#define xdp_promote_snat_6  xdp6_promote_snat
 #define xdp_pkt_t_4	    struct xdp_pkt4
 #define xdp_pkt_t_6	    struct xdp_pkt6
 #define xdp_ttl_4(x)	    ((x)->ip->ttl)

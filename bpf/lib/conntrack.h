@@ -50,7 +50,20 @@
  * A source-NATed flow's port reservation (its reply entry) lives in
  * sluice_conntrack from the start, since uniqueness of a port needs one
  * map, and an LRU must never evict it apart from its flow; its
- * CT_F_REPLIED flag says whether the flow is established yet.
+ * CT_F_REPLIED flag says whether the flow is established yet. Until then
+ * it counts in the half-open share as a flow of ct_create's does: counted
+ * at its insert (ct_create_snat, CT_F_ADMITTED on it) and taken off
+ * exactly once, by whoever first sets CT_F_COUNTED on the reservation
+ * (not on the forward entry, which may be in the LRU and evicted): its
+ * promotion (ct_promote_snat, with CT_F_REPLIED), or the deleter that
+ * claims it unanswered (ct_reap, ct_reap_now: the GC, a flush, a
+ * superseding flow, a TIME_WAIT take-over, ct_est_insert's reclaim, the
+ * port given back). Beyond the share a new source-NATed flow is refused
+ * (ct_snat_room: its SYN dropped, counted tc_snat_half_open_full), for
+ * its reservation has no LRU to go to: so a flood to a source-NATed
+ * frontend (SYN-ACKs never answered) takes at most that share of the
+ * table too (in entries: a reservation is one, so twice ct_half_open_max
+ * of them), and refuses only new source-NATed flows meanwhile.
  *
  * Expiry. An entry holds the absolute time it dies (expires), compared
  * signed with a clock reading: another CPU that refreshed the entry after
@@ -388,6 +401,40 @@ static __always_inline bool ct_admit_room(__u32 idx)
 		return false;
 	return READ_ONCE(g->pending) + READ_ONCE(pc->pending) <
 	       (__s64)ct_half_open_max;
+}
+
+/*
+ * ct_snat_room - whether a new source-NATed flow of the family @idx may
+ * reserve a port (ct_create_snat): its reservation, which only
+ * sluice_conntrack may hold, counts in the half-open share as a flow of
+ * ct_create's does, and beyond the share the flow is refused
+ * (METRIC_TC_SNAT_HALF_OPEN_FULL), where ct_create's goes to the LRU.
+ * A reservation is one entry where ct_create's flow is two: reservations
+ * are admitted while the count is below twice ct_half_open_max, so that
+ * a flood of them holds the share's entries and no more, and a flood of
+ * other flows, which stops at ct_half_open_max (ct_admit_room), leaves
+ * room for as many reservations (it refused every one before:
+ * TestHalfOpenFloodLeavesRoomForReservations). Half-open entries in
+ * sluice_conntrack stay within 3 x ct_half_open_max (plus the batch).
+ * Read as ct_admit_room, but a migration's pause does not refuse it (its
+ * reservation goes into the new table then too: migrate_fam.h,
+ * mig_copy_back), nor does a share of none (ct_half_open_max 0: every
+ * other new flow in the LRU), which leaves reservations unbounded, as
+ * before the share counted them.
+ */
+static __always_inline bool ct_snat_room(__u32 idx)
+{
+	struct ct_admit_pcpu *pc;
+	struct ct_admit *g;
+
+	if (!ct_half_open_max)
+		return true;
+	pc = ct_admit_part(idx);
+	g = ct_admit_word(idx);
+	if (!pc || !g)
+		return true;
+	return READ_ONCE(g->pending) + READ_ONCE(pc->pending) <
+	       2 * (__s64)ct_half_open_max;
 }
 
 /* The conntrack types and maps of each family, for conntrack_fam.h. */

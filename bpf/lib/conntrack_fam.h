@@ -97,20 +97,31 @@ static __always_inline bool FN(ct_new_live)(void)
 /*
  * ct_uncount - after a claim of @e (under @key in @map): if it is the
  * forward entry in sluice_conntrack of a flow still counted as half-open
- * there, take the flow off the count, unless its promotion (or another
+ * there, or a port reservation still counted so (CT_F_ADMITTED without
+ * CT_F_COUNTED), take it off the count, unless its promotion (or another
  * claimer) did first: whoever sets CT_F_COUNTED first does (conntrack.h).
- * A flow promoted or source-NATed never counted (CT_F_REPLIED and
- * CT_F_SNAT say so without the bit, for entries of an earlier release).
+ * A forward entry promoted or source-NATed never counted (CT_F_REPLIED
+ * and CT_F_SNAT say so without the bit, for entries of an earlier
+ * release), nor did a reply entry without CT_F_ADMITTED.
  */
 static __always_inline void FN(ct_uncount)(void *map, const FAM(ct_key_t) *key,
 					   FAM(ct_entry_t) *e)
 {
 	const __u32 done = CT_F_COUNTED | CT_F_REPLIED | CT_F_SNAT;
 
-	if (map != (void *)FAM(ct_est) || key->dir != CT_FORWARD ||
-	    (READ_ONCE(e->flags) & done))
+	if (map != (void *)FAM(ct_est))
 		return;
-	if (!(__sync_fetch_and_or(&e->flags, CT_F_COUNTED) & done))
+	if (key->dir == CT_FORWARD) {
+		if (READ_ONCE(e->flags) & done)
+			return;
+		if (!(__sync_fetch_and_or(&e->flags, CT_F_COUNTED) & done))
+			ct_admit_add(LB_FAMILY == 6, -1);
+		return;
+	}
+	if ((READ_ONCE(e->flags) & (CT_F_ADMITTED | CT_F_COUNTED)) !=
+	    CT_F_ADMITTED)
+		return;
+	if (!(__sync_fetch_and_or(&e->flags, CT_F_COUNTED) & CT_F_COUNTED))
 		ct_admit_add(LB_FAMILY == 6, -1);
 }
 
@@ -146,9 +157,9 @@ static __always_inline bool FN(ct_reap_now)(void *map, const FAM(ct_key_t) *key,
 
 /*
  * ct_reap_plain and ct_reap_now_plain - ct_reap and ct_reap_now of an
- * entry that carries no count (ct_uncount): a reply entry, or one a
- * promotion inserted with CT_F_COUNTED (the promotions' deletes), which
- * need not look.
+ * entry that carries no count (ct_uncount): a reply entry not a counted
+ * port reservation, or one a promotion inserted with CT_F_COUNTED (the
+ * promotions' deletes), which need not look.
  */
 static __always_inline bool FN(ct_reap_plain)(void *map,
 					      const FAM(ct_key_t) *key,
@@ -821,7 +832,8 @@ static __always_inline int FN(ct_create)(const FAM(pkt_t) *p,
 #define CT_SNAT_TW 2
 
 /*
- * ct_snat_try - one try of ct_create_snat's port search: ct_est_insert of
+ * ct_snat_try - one try of ct_create_snat's port search: -ENOSPC if the
+ * half-open share is full (ct_snat_room), else ct_est_insert of
  * the reply entry @e under @key, or for a dry run (@dry) ct_est_free;
  * CT_SNAT_TW instead of -EEXIST when the entry that holds the port is a
  * closed flow's in its TIME_WAIT extension (ct_snat_tw), which the search
@@ -853,6 +865,12 @@ CT_SNAT_TRY_FN FN(ct_snat_try)(const FAM(ct_key_t) *key,
 
 	if (!key || !e)
 		return -ENOENT;
+	/* Beyond the half-open share, refused (conntrack.h), a dry run as
+	 * well: here rather than once in ct_create_snat, whose frame has no
+	 * 8 bytes to spare for it (IPv6's tc path, at 512 combined).
+	 */
+	if (!ct_snat_room(LB_FAMILY == 6))
+		return -ENOSPC;
 #ifdef CT_SNAT_TRY_GLOBAL
 	half = FN(ct_new_live)() ? bpf_map_lookup_elem(FAM(ct_new), key) : NULL;
 	if (half && ct_alive(READ_ONCE(half->expires), now))
@@ -949,11 +967,15 @@ static __always_inline int FN(ct_snat_take)(const FAM(pkt_t) *p,
  * only when its range is exhausted (nf_nat_used_tuple_harder) or its
  * table full (early_drop).
  *
+ * The reservation counts in the half-open share until the flow's first
+ * reply (CT_F_ADMITTED, conntrack.h); with the share full, the first try
+ * finds so and the search stops: -ENOSPC (ct_snat_try, ct_snat_room).
+ *
  * Returns the reserved port (network order) in @port, and 0; 1 if every
- * try found a live flow (none in its TIME_WAIT extension); or a negative
- * map update error (-E2BIG: the established table is full; -EEXIST:
- * ct_new_insert found the forward key claimed by another deleter, and
- * the port was given back).
+ * try found a live flow (none in its TIME_WAIT extension); -ENOSPC if the
+ * half-open share is full; or a negative map update error (-E2BIG: the
+ * established table is full; -EEXIST: ct_new_insert found the forward
+ * key claimed by another deleter, and the port was given back).
  */
 #define SNAT_TRIES 32
 /* ct_create_snat: a try met the table full (above a port's 16 bits). */
@@ -975,7 +997,7 @@ FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
 		.expires = now + ct_lifetime(p->proto, CT_F_SNAT),
 		.nat_addr = p->daddr,
 		.nat_port = p->dport,
-		.flags = CT_F_SNAT,
+		.flags = CT_F_SNAT | CT_F_ADMITTED,
 		.backend_id = backend_id,
 		.rev_nat_id = rev_nat_id,
 		.snat_addr = p->saddr,
@@ -1079,12 +1101,18 @@ FN(ct_create_snat)(const FAM(pkt_t) *p, const FAM(lb_backend) *be,
 	*port = key.dport;
 	if (explain_dry(p))
 		return 0;
+	/* The reservation is in (CT_F_ADMITTED): counted, as ct_create's
+	 * flows are; whoever claims it, the give-back below included, or
+	 * promotes it takes it off (ct_uncount, ct_promote_snat).
+	 */
+	ct_admit_add(LB_FAMILY == 6, 1);
 
 	/* Again: another CPU's flow on the tuple (a racing copy of the
 	 * SYN) may have taken it during the search; it goes with its port.
 	 */
 	FN(ct_key_of)(&key, p, CT_FORWARD);
 	FN(ct_supersede)(&key);
+	e.flags = CT_F_SNAT;
 	e.nat_addr = be->addr;
 	e.nat_port = be->port;
 	e.snat_addr = node;
@@ -1324,14 +1352,16 @@ static __always_inline int FN(ct_promote_snat)(const FAM(ct_key_t) *rkey,
 {
 	FAM(ct_entry_t) f = *rev;
 	FAM(ct_key_t) fkey;
+	__u32 flags;
 	int err;
 
 	FN(ct_peer_key)(&fkey, rkey, rev);
 	if (FN(ct_half_open_elsewhere)(&fkey, rkey, rev, now)) {
-		FN(ct_reap_now_plain)(FAM(ct_est), rkey, rev);
+		/* Its claimer takes a counted reservation off the count. */
+		FN(ct_reap_now)(FAM(ct_est), rkey, rev);
 		return -ENOENT;
 	}
-	f.flags |= CT_F_REPLIED | CT_F_COUNTED;
+	f.flags = (f.flags & ~CT_F_ADMITTED) | CT_F_REPLIED | CT_F_COUNTED;
 	f.expires = now + ct_lifetime(rkey->proto, f.flags);
 	f.nat_addr = rkey->saddr;
 	f.nat_port = rkey->sport;
@@ -1357,8 +1387,15 @@ static __always_inline int FN(ct_promote_snat)(const FAM(ct_key_t) *rkey,
 		FN(ct_est_unpromote)(&fkey, f.expires);
 		return -ENOENT;
 	}
-	__sync_fetch_and_or(&rev->flags, CT_F_REPLIED);
+	/* Answered: a counted reservation leaves the half-open count,
+	 * unless a claimer set CT_F_COUNTED first (ct_uncount); after the
+	 * refresh, so that nothing but @err is live across that call (the
+	 * IPv6 XDP reply path's stack has no slot to spare).
+	 */
+	flags = __sync_fetch_and_or(&rev->flags, CT_F_REPLIED | CT_F_COUNTED);
 	FN(ct_refresh)(rev, rkey->proto, now);
+	if ((flags & (CT_F_ADMITTED | CT_F_COUNTED)) == CT_F_ADMITTED)
+		ct_admit_add(LB_FAMILY == 6, -1);
 	return err;
 }
 

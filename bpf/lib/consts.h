@@ -31,6 +31,7 @@
 #define ENOENT	     2
 #define E2BIG	     7
 #define EEXIST	     17
+#define ENOSPC	     28
 #define ECONNREFUSED 111
 #define EHOSTUNREACH 113
 

@@ -18,7 +18,14 @@ static long FN(ct_gc_one)(void *map, const FAM(ct_key_t) *key,
 		flags = READ_ONCE(e->flags);
 		if (!(flags & CT_F_REPLIED)) {
 			a->pending++;
-			if (key->dir == CT_FORWARD && !(flags & CT_F_SNAT))
+			/* What the programs count (ct_uncount): a
+			 * half-open flow's forward entry, a counted port
+			 * reservation.
+			 */
+			if (key->dir == CT_FORWARD ?
+				    !(flags & CT_F_SNAT) :
+				    (flags & (CT_F_ADMITTED | CT_F_COUNTED)) ==
+					    CT_F_ADMITTED)
 				a->half_open++;
 		}
 		return 0;

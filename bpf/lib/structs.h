@@ -152,7 +152,7 @@ enum rev_nat_flags {
  * sluice_conntrack_v2 (hash): struct ct4_key -> struct ct4_entry. Flows
  * that have seen a reply (established), up to ct_half_open_max half-open
  * ones (without CT_F_REPLIED), and the port reservations of source-NATed
- * flows. Nothing evicts them: entries leave when they have expired (the
+ * flows (the unanswered ones within that share too). Nothing evicts them: entries leave when they have expired (the
  * agent's GC, sluice_ct_gc) or when the agent flushes a backend. When it
  * is full, new flows are refused.
  */
@@ -210,7 +210,8 @@ enum ct_flags {
 	CT_F_REPLIED = 0x10,
 	/*
 	 * a forward entry in sluice_conntrack whose flow no longer counts
-	 * against the half-open share (conntrack.h, ct_admit): set, with
+	 * against the half-open share (conntrack.h, ct_admit), or a port
+	 * reservation that no longer does (CT_F_ADMITTED): set, with
 	 * CT_F_REPLIED, by the promotion in place, by the deleter that
 	 * claims the entry of a flow that ends half-open, or at the insert
 	 * of an entry that was never counted; whoever sets it first takes
@@ -229,6 +230,16 @@ enum ct_flags {
 	CT_F_CHAL_FWD = 0x80,
 	/* The backend's RST answered by the client's bare ACK (twin) */
 	CT_F_CHAL_REV = 0x100,
+	/*
+	 * a source-NATed flow's port reservation (its reply entry in
+	 * sluice_conntrack) counted against the half-open share at its
+	 * insert (ct_create_snat), until CT_F_COUNTED is set on it: by its
+	 * promotion (with CT_F_REPLIED, ct_promote_snat) or by the deleter
+	 * that claims it unanswered; whoever sets CT_F_COUNTED first takes
+	 * it off the count. A reservation without it (an earlier release's,
+	 * or one ct_check_reverse re-created) was never counted
+	 */
+	CT_F_ADMITTED = 0x200,
 };
 
 /*
@@ -493,6 +504,13 @@ enum metric_reason {
 	 * (tc.c, tc_loopback_martian)
 	 */
 	METRIC_TC_LOOPBACK_DROP,
+	/* a new source-NATed flow (or a clash remap) refused, its SYN or
+	 * datagram dropped: the half-open share of sluice_conntrack
+	 * (ct_half_open_max) is full, and an unanswered port reservation
+	 * counts in it (ct_create_snat), so that a flood of new flows to a
+	 * source-NATed frontend cannot fill the table nothing evicts
+	 */
+	METRIC_TC_SNAT_HALF_OPEN_FULL,
 	METRIC_MAX,
 };
 

@@ -491,6 +491,8 @@ __noinline int nat_snat6(const struct pkt6 *p, const struct lb4_service *svc,
 						METRIC_TC_SNAT_EXHAUSTED);
 		else if (err == -E2BIG)
 			metric_count(p, METRIC_TC_CT_EST_FULL);
+		else if (err == -ENOSPC) /* the half-open share full */
+			metric_count(p, METRIC_TC_SNAT_HALF_OPEN_FULL);
 		else if (err == -EEXIST) /* a claimed forward key */
 			metric_count(p, METRIC_TC_CT_CLASH);
 		else

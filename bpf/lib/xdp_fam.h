@@ -161,7 +161,7 @@ static FAM(xdp_step) int FN(xdp_rev)(struct xdp_md *ctx, FAM(xdp_pkt_t) *x,
 	 * and refuses the flow (counted).
 	 */
 	if (!(READ_ONCE(e->flags) & CT_F_REPLIED) &&
-	    FN(ct_promote_snat)(&key, e, now))
+	    FAM(xdp_promote_snat)(&key, e, now))
 		return XDP_PASS;
 	FN(ct_touch)(&key, e, now);
 	FN(ct_track_tcp)(&x->p, &key, e, now);

@@ -32,6 +32,9 @@ const (
 	ctFlagChalRev = uint32(sockCtFlagsCT_F_CHAL_REV)
 	ctFlagReplied = uint32(sockCtFlagsCT_F_REPLIED)
 	ctFlagCounted = uint32(sockCtFlagsCT_F_COUNTED)
+	// ctFlagAdmitted marks a port reservation counted in the half-open
+	// share until ctFlagCounted is set on it (conntrack.h).
+	ctFlagAdmitted = uint32(sockCtFlagsCT_F_ADMITTED)
 	// ctFlagRST is a RST either way (conntrack.h, CT_F_RST_ANY).
 	ctFlagRST = ctFlagRSTFwd | ctFlagRSTRev
 	// ctFlagChal is a challenged RST either way (CT_F_CHAL_ANY).

@@ -34,7 +34,8 @@ type ConntrackStats struct {
 	Max     int // sluice_conntrack's size (each family's): new flows stay in sluice_ct_new when Live reaches it
 
 	// HalfOpen is how many flows not answered yet the collection found
-	// in sluice_conntrack (both families), HalfOpenCounted what the
+	// in sluice_conntrack (both families; a source-NATed flow by its
+	// port reservation), HalfOpenCounted what the
 	// programs' count of them says after it (bpf/lib/conntrack.h,
 	// ct_admit_add); new flows go there while the count is below
 	// HalfOpenMax (Config.CTHalfOpenMax, each family), to sluice_ct_new
@@ -541,10 +542,11 @@ func (p *Pinned) DeleteConntrack(flows []ConntrackEntry) (int, error) {
 // sluice_conntrack), whose keys key builds.
 //
 // A half-open flow's forward entry in sluice_conntrack counts against
-// the table's half-open share (bpf/lib/conntrack.h), and only the
-// programs can take it off the count (an atomic or of CT_F_COUNTED and
-// an atomic add): it is not deleted but lapsed (its expiry put in the
-// past), which makes it absent to the datapath at once, and the GC's
+// the table's half-open share (bpf/lib/conntrack.h), as does an
+// unanswered port reservation (its reply entry, CT_F_ADMITTED), and only
+// the programs can take it off the count (an atomic or of CT_F_COUNTED
+// and an atomic add): it is not deleted but lapsed (its expiry put in
+// the past), which makes it absent to the datapath at once, and the GC's
 // claim deletes it and takes it off. A reply that promotes the flow
 // between the lookup here and the lapse, a microsecond apart, has its
 // flags overwritten and the flow is taken off twice (the share admits
@@ -602,9 +604,9 @@ func deleteFlow[K ctKey, V ctValue](tables []*ebpf.Map, est []bool, now uint64, 
 
 // deleteIfOurs deletes key's entry from m if ours says it is the flow's,
 // reporting whether it deleted it, or found it held by another (foreign);
-// a missing entry is neither. In sluice_conntrack (est), a half-open
-// flow's forward entry is lapsed instead (deleteFlow), and one lapsed
-// already is taken for missing.
+// a missing entry is neither. In sluice_conntrack (est), an entry the
+// half-open count holds (counted) is lapsed instead (deleteFlow), and one
+// lapsed already is taken for missing.
 func deleteIfOurs[K ctKey, V ctValue](m *ebpf.Map, est bool, now uint64, key *K, ours func(ctView) bool) (deleted, foreign bool, err error) {
 	var v V
 	if err := m.Lookup(key, &v); err != nil {
@@ -617,7 +619,7 @@ func deleteIfOurs[K ctKey, V ctValue](m *ebpf.Map, est bool, now uint64, key *K,
 	if !ours(w) {
 		return false, true, nil
 	}
-	if _, _, _, dir := (*key).tuple(); est && dir == ctForward && w.flags&(ctFlagReplied|ctFlagCounted|ctFlagSNAT) == 0 {
+	if _, _, _, dir := (*key).tuple(); est && counted(dir, w.flags) {
 		if int64(w.expires-now) <= 0 {
 			return false, false, nil // lapsed (or claimed) already: the GC's
 		}
@@ -632,6 +634,17 @@ func deleteIfOurs[K ctKey, V ctValue](m *ebpf.Map, est bool, now uint64, key *K,
 	}
 	deleted, err = deleteIfPresent(m, key)
 	return deleted, false, err
+}
+
+// counted reports whether an entry of sluice_conntrack in direction dir
+// with flags holds a place in the half-open count (bpf/lib/conntrack_fam.h,
+// ct_uncount): a half-open flow's forward entry, or a port reservation
+// counted and not taken off yet.
+func counted(dir uint8, flags uint32) bool {
+	if dir == ctForward {
+		return flags&(ctFlagReplied|ctFlagCounted|ctFlagSNAT) == 0
+	}
+	return flags&(ctFlagAdmitted|ctFlagCounted) == ctFlagAdmitted
 }
 
 // ctLapsed is the expiry DeleteConntrack gives an entry it lapses (1 ns

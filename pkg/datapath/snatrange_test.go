@@ -314,9 +314,12 @@ func snatOneFree(t *testing.T, v6, xdp bool, n, tries, minFound int) {
 				t.Fatalf("try %d: SNAT port %d, want the free one, %d", j, sp, free)
 			}
 			found++
-			// Held again as the others are: the new flow is forgotten.
+			// Held again as the others are: the new flow is forgotten,
+			// and its reservation taken off the half-open count, as its
+			// deleter would (ctRemove takes nothing off).
 			ctRemove(t, m, ctKeyOf(syn.Src.String(), syn.SrcPort, np.Addr.String(), np.Port, model.TCP, ctForward))
 			ctRemove(t, m, revAt(free))
+			editAdmit(t, m, v6, func(g *sockCtAdmit) { g.Pending-- })
 			ctCopyEntry(t, m, tmpl, free)
 		case v == tcActShot && !xdp, v == xdpPass && xdp:
 			ctCopyEntry(t, m, tmpl, free)
