@@ -304,11 +304,14 @@ func TestTCBackendChange(t *testing.T) {
 }
 
 // TestTCConntrackTimeout: an idle UDP flow forgets its backend. Per
-// family (twinAddr).
+// family (twinAddr). The flow's idle time is made by moving its entries'
+// expiry back past the timeout (no sleep: a short timeout with a sleep
+// failed whenever the test stalled between two packets).
 func TestTCConntrackTimeout(t *testing.T) {
 	forFamilies(t, func(t *testing.T, v6 bool) {
+		const timeout = 30 * time.Second
 		d := openTestWith(t, smallConfig, func(cfg *Config) {
-			cfg.CTTimeoutUDP = 500 * time.Millisecond
+			cfg.CTTimeoutUDP = timeout
 		})
 		m := d.Maps()
 		vip := twinL4(v6, vipUDP)
@@ -332,7 +335,16 @@ func TestTCConntrackTimeout(t *testing.T) {
 		if got := dstOf(); got != a.addr.Addr.String() {
 			t.Fatalf("live flow moved to %s", got)
 		}
-		time.Sleep(1200 * time.Millisecond)
+		client := twinAddr(v6, "10.0.0.4")
+		for _, k := range []ctK{
+			ctKeyOf(client, 42000, vip.Addr.String(), vip.Port, model.UDP, ctForward),
+			ctKeyOf(a.addr.Addr.String(), a.addr.Port, client, 42000, model.UDP, ctReverse),
+		} {
+			if _, ok := twAlive(t, m, k); !ok {
+				t.Fatalf("%s: no live entry after two packets", k)
+			}
+			twShift(t, m, k, -(timeout + time.Second))
+		}
 		if got := dstOf(); got != b.addr.Addr.String() {
 			t.Fatalf("idle flow still sent to %s after its timeout", got)
 		}

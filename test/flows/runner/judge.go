@@ -16,8 +16,12 @@ import (
 // in three, 24 attempts miss it once in 17,000 runs. Any attempt that goes
 // wrong ends the flow.
 const (
-	// answerTimeout bounds a probe that should be answered.
-	answerTimeout = 2 * time.Second
+	// answerTimeout bounds a probe that should be answered: past one SYN
+	// retransmission (1 s), which an attempt meeting an endpoint's
+	// TIME_WAIT from a reused source port costs (the TIME_WAIT refuses
+	// its SYN by PAWS, answers with an ACK, the client's RST ends it),
+	// with room for a loaded machine. Only a failing run waits it out.
+	answerTimeout = 5 * time.Second
 	// rejectTimeout bounds a probe that should be refused. A refusal is
 	// an ECONNREFUSED, whether the error about the first SYN ends the
 	// connect or only the error about the SYN retransmitted after 1 s
