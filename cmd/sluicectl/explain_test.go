@@ -262,3 +262,14 @@ func TestExplainTable(t *testing.T) {
 		t.Errorf("no frontend:\n%s", none)
 	}
 }
+
+// Every drop the tc and socket programs count by a name that says so
+// (a _drop, _full or _exhausted reason) is explained.
+func TestDropReasonsCoverTheDatapaths(t *testing.T) {
+	for _, n := range datapath.CounterNames() {
+		drop := strings.HasSuffix(n, "_drop") || strings.HasSuffix(n, "_full") || strings.HasSuffix(n, "_exhausted")
+		if _, ok := dropReasons[n]; drop && !ok && (strings.HasPrefix(n, "tc_") || strings.HasPrefix(n, "sock_")) {
+			t.Errorf("%s: no explanation among dropReasons", n)
+		}
+	}
+}
