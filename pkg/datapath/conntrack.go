@@ -632,7 +632,7 @@ func (p *Pinned) DeleteConntrack(flows []ConntrackEntry) (int, error) {
 // claim deletes it and takes it off. A reply that promotes the flow
 // between the lookup here and the lapse, a microsecond apart, has its
 // flags overwritten and the flow is taken off twice (the share admits
-// one flow more).
+// one flow more, until two collections resync the count: GCConntrack).
 func deleteFlow[K ctKey, V ctValue](tables []*ebpf.Map, est []bool, now uint64, e ConntrackEntry, key func(src, dst netip.AddrPort, dir uint8) K) (int, error) {
 	var self, peer K
 	if !e.Reverse {
