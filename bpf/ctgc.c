@@ -13,6 +13,10 @@
  * kept (above all a source-NATed flow's port reservation: deleting it
  * would free a port the flow still sends from).
  *
+ * A collection also finds how many entries the half-open count
+ * (conntrack.h, ct_admit) holds (ct_gc_counted); the agent compares them
+ * with the count, and corrects a difference that lasts (ct_admit_fix).
+ *
  * In flush mode the pass forgets the flows of the backends in
  * sluice_ct_flush, in both conntrack maps, in one pass for all of them.
  *
@@ -75,6 +79,7 @@ static __always_inline long aff_fix_apply(void *fixes, void *fk,
 #define CT_GC_FLUSH   1 /* forget the flows of sluice_ct_flush */
 #define CT_GC_HOLD    3 /* only set new_live (an agent's start begins) */
 #define CT_GC_HELD    4 /* as COLLECT, new_live left as it is */
+#define CT_GC_ADJUST  5 /* add adjust to the half-open count (ct_admit_fix) */
 
 static long ct_new_any(void *map, const void *key, void *val, __u32 *found)
 {
@@ -119,6 +124,25 @@ static __always_inline void ct_new_hold(__u32 idx)
 		WRITE_ONCE(g->new_live, 1);
 }
 
+/*
+ * ct_admit_fix - add @d to the family @idx's shared count of half-open
+ * flows (conntrack.h): the agent's correction of a drift it saw last two
+ * collections (pkg/datapath, GCConntrack), a flow counted and never taken
+ * off, or the other way round. An atomic add, as the programs' folds
+ * (ct_admit_add): they write the word meanwhile, and a read, add and
+ * write from the agent would lose theirs. Returns whether the word is
+ * there.
+ */
+static __always_inline bool ct_admit_fix(__u32 idx, __s64 d)
+{
+	struct ct_admit *g = ct_admit_word(idx);
+
+	if (!g)
+		return false;
+	__sync_fetch_and_add(&g->pending, d);
+	return true;
+}
+
 /* The affinity fix sets of each family, for ctgc_fam.h. */
 #define aff_fix_key_t_4 struct affinity_fix_key
 #define aff_fix_key_t_6 struct affinity_fix6_key
@@ -144,6 +168,7 @@ int sluice_ct_gc(struct ct_gc_args *args)
 		.flush = args->flush,
 		.family = args->family,
 		.now = args->now,
+		.adjust = args->adjust,
 	};
 
 	if (a.family == 6)

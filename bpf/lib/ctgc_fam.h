@@ -6,6 +6,24 @@
  * sluice_aff_fix over sluice_session_affinity, sluice_aff_fix6 over
  * sluice6_affinity. No include guard, on purpose.
  */
+/*
+ * ct_gc_counted - whether the entry of sluice_conntrack under @key, with
+ * @flags, holds a place in the family's half-open count: what ct_uncount
+ * would take off, a half-open flow's forward entry (not source-NATed) or
+ * a port reservation counted at its insert (CT_F_ADMITTED), neither
+ * taken off yet (CT_F_COUNTED). The agent compares the entries a
+ * collection leaves so with the count (GCConntrack), alive or kept for
+ * a live peer alike: the count holds both until their claimer takes them
+ * off.
+ */
+static __always_inline bool FN(ct_gc_counted)(const FAM(ct_key_t) *key,
+					      __u32 flags)
+{
+	if (key->dir == CT_FORWARD)
+		return !(flags & (CT_F_COUNTED | CT_F_REPLIED | CT_F_SNAT));
+	return (flags & (CT_F_ADMITTED | CT_F_COUNTED)) == CT_F_ADMITTED;
+}
+
 static long FN(ct_gc_one)(void *map, const FAM(ct_key_t) *key,
 			  FAM(ct_entry_t) *e, struct ct_gc_args *a)
 {
@@ -16,23 +34,17 @@ static long FN(ct_gc_one)(void *map, const FAM(ct_key_t) *key,
 	if (ct_alive(seen, a->now)) {
 		a->live++;
 		flags = READ_ONCE(e->flags);
-		if (!(flags & CT_F_REPLIED)) {
+		if (!(flags & CT_F_REPLIED))
 			a->pending++;
-			/* What the programs count (ct_uncount): a
-			 * half-open flow's forward entry, a counted port
-			 * reservation.
-			 */
-			if (key->dir == CT_FORWARD ?
-				    !(flags & CT_F_SNAT) :
-				    (flags & (CT_F_ADMITTED | CT_F_COUNTED)) ==
-					    CT_F_ADMITTED)
-				a->half_open++;
-		}
+		if (FN(ct_gc_counted)(key, flags))
+			a->half_open++;
 		return 0;
 	}
 	if (FN(ct_peer)(key, e, a->now, &pkey)) {
 		a->kept++;
 		a->live++;
+		if (FN(ct_gc_counted)(key, READ_ONCE(e->flags)))
+			a->half_open++;
 		return 0;
 	}
 	if (FN(ct_reap)(FAM(ct_est), key, e, seen))
@@ -80,7 +92,9 @@ static long FN(ct_flush_new)(void *map, const FAM(ct_key_t) *key,
  * ct_gc_run - one pass of @a's mode (collect or flush) over the maps; a
  * collection then sets the LRU's new_live word as ct_new_gate says, but
  * for one while an agent's start holds the word set (CT_GC_HELD after
- * CT_GC_HOLD, ct_new_hold).
+ * CT_GC_HOLD, ct_new_hold). CT_GC_ADJUST passes over nothing: it adds
+ * @a->adjust to the family's half-open count (ct_admit_fix), or clears
+ * it if the count's word is missing.
  * A flush goes over sluice_ct_new first: a half-open flow promoted while
  * it runs inserts its established entries before it claims its half-open
  * forward entry, and stops (takes them back) if the flush claimed that
@@ -97,6 +111,11 @@ static __always_inline void FN(ct_gc_run)(struct ct_gc_args *a)
 	}
 	if (a->flush == CT_GC_HOLD) {
 		ct_new_hold(LB_FAMILY == 6);
+		return;
+	}
+	if (a->flush == CT_GC_ADJUST) {
+		if (!ct_admit_fix(LB_FAMILY == 6, a->adjust))
+			a->adjust = 0;
 		return;
 	}
 	if (a->flush != CT_GC_COLLECT && a->flush != CT_GC_HELD)

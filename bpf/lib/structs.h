@@ -264,7 +264,8 @@ struct ct_gc_args {
 	__u64 pending; /* out: of them, reservations of half-open flows */
 	__u64 kept;    /* out: expired, kept for a live peer entry */
 	__u64 claimed; /* out: expired, but claimed by another deleter */
-	__u64 half_open; /* out: live half-open flows in sluice_conntrack */
+	__u64 half_open; /* out: entries left that the half-open count holds */
+	__s64 adjust;	 /* in (CT_GC_ADJUST): added to the family's count */
 };
 
 /*
@@ -1254,7 +1255,7 @@ _Static_assert(sizeof(struct lb4_rev_nat) == 12, "lb4_rev_nat size");
 _Static_assert(sizeof(struct ct4_key) == 16, "ct4_key size");
 _Static_assert(sizeof(struct ct4_entry) == 32, "ct4_entry size");
 _Static_assert(sizeof(struct ct_backend_key) == 8, "ct_backend_key size");
-_Static_assert(sizeof(struct ct_gc_args) == 64, "ct_gc_args size");
+_Static_assert(sizeof(struct ct_gc_args) == 72, "ct_gc_args size");
 _Static_assert(sizeof(struct ct_admit) == 16, "ct_admit size");
 _Static_assert(sizeof(struct ct_admit_pcpu) == 16, "ct_admit_pcpu size");
 _Static_assert(sizeof(struct sock_rev_key) == 16, "sock_rev_key size");

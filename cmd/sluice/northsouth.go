@@ -64,14 +64,20 @@ type observedGC struct {
 	conntrackGC
 	observe func(deleted int, err error) // metrics.Metrics.ObserveConntrackGC
 	// metrics.Metrics.SetConntrackHalfOpen, or nil.
-	halfOpen func(found, counted int)
+	halfOpen func(found, counted, resyncs int)
 }
 
 func (o observedGC) GCConntrack() (datapath.ConntrackStats, error) {
 	st, err := o.conntrackGC.GCConntrack()
 	o.observe(st.Deleted, err)
 	if err == nil && o.halfOpen != nil {
-		o.halfOpen(st.HalfOpen, st.HalfOpenCounted)
+		resyncs := 0
+		for _, d := range st.HalfOpenResynced {
+			if d != 0 {
+				resyncs++
+			}
+		}
+		o.halfOpen(st.HalfOpen, st.HalfOpenCounted, resyncs)
 	}
 	return st, err
 }
@@ -159,6 +165,13 @@ func (g *ctCollector) poll() bool {
 	case st.Deleted > 0:
 		g.log.Debug("conntrack garbage collection", "deleted", st.Deleted, "established", st.Live,
 			"half_open", st.HalfOpen, "half_open_counted", st.HalfOpenCounted, "half_open_max", st.HalfOpenMax)
+	}
+	for i, d := range st.HalfOpenResynced {
+		if d != 0 {
+			// Negative: flows counted and never taken off, which
+			// refuse new source-NATed flows once they hold the share.
+			g.log.Warn("conntrack half-open count corrected: it drifted from the flows the collections found", "family", []int{4, 6}[i], "by", d)
+		}
 	}
 	g.refused = st.Refused
 	switch {

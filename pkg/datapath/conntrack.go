@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -40,8 +41,15 @@ type ConntrackStats struct {
 	// ct_admit_add); new flows go there while the count is below
 	// HalfOpenMax (Config.CTHalfOpenMax, each family), to sluice_ct_new
 	// beyond. The two differ by the flows opened or answered during the
-	// pass; a difference that lasts is a drift of the count.
+	// pass; a difference that lasts is a drift of the count, which the
+	// collection corrects (HalfOpenResynced).
 	HalfOpen, HalfOpenCounted, HalfOpenMax int
+
+	// HalfOpenResynced is what the collection added to each family's
+	// count (index 0: IPv4, 1: IPv6) to correct its drift
+	// (halfOpenDrift): negative if it counted flows that are gone, 0 if
+	// it made no correction. HalfOpenCounted is the count before it.
+	HalfOpenResynced [2]int64
 
 	// Refused counts the new flows sluice_conntrack had no room for so
 	// far (since the pins were created): refused (tc_ct_est_full: port
@@ -59,12 +67,20 @@ type ConntrackStats struct {
 // Each family's tables are collected (IPv4's, then IPv6's, whose tables
 // are as large): Deleted counts both, Live and Pending are the fuller
 // table's, the one that refuses new flows first.
+//
+// Then each family's count of half-open flows is resynced with what the
+// pass found (halfOpenDrift), except while an agent's start is not
+// committed (HoldConntrackNew): the previous release's programs may still
+// run then, on tables and counts of their own.
 func (m *Maps) GCConntrack() (ConntrackStats, error) {
 	st := ConntrackStats{Max: m.cfg.MaxConntrack, HalfOpenMax: max(m.cfg.CTHalfOpenMax, 0)}
 	mode := uint32(ctGCCollect)
-	if m.ctNewHeld.Load() {
+	held := m.ctNewHeld.Load()
+	if held {
 		mode = ctGCHeld
 	}
+	m.halfOpen.mu.Lock()
+	defer m.halfOpen.mu.Unlock()
 	for _, family := range []uint32{4, 6} {
 		a, err := m.runCTGC(mode, family)
 		if err != nil {
@@ -79,6 +95,17 @@ func (m *Maps) GCConntrack() (ConntrackStats, error) {
 		st.HalfOpenCounted += int(n)
 		if int(a.Live) >= st.Live {
 			st.Live, st.Pending = int(a.Live), int(a.Pending)
+		}
+		idx := ctAdmitIndex(family)
+		if held || m.ctAdmit == nil {
+			m.halfOpen.last[idx] = 0
+			continue
+		}
+		if fix := m.halfOpen.next(idx, n-int64(a.HalfOpen)); fix != 0 {
+			if err := m.adjustHalfOpen(family, fix); err != nil {
+				return st, fmt.Errorf("conntrack gc: %w", err)
+			}
+			st.HalfOpenResynced[idx] = fix
 		}
 	}
 	var err error
@@ -109,6 +136,59 @@ func (m *Maps) HalfOpenCounted(family uint32) (int64, error) {
 		n += p.Pending
 	}
 	return n, nil
+}
+
+// halfOpenDrift is what GCConntrack remembers of each family's count of
+// half-open flows (index as ctAdmitIndex): the count less what the last
+// collection found (ct_gc_counted in bpf/lib/ctgc_fam.h: the entries the
+// count holds), 0 after a correction.
+//
+// The count is kept right by the programs alone only if every flow
+// counted is taken off exactly once; one counted and never taken off (an
+// older release's program that deleted its entries while an upgrade
+// replaced it, a path that missed it) stays for good, and since
+// source-NATed flows are refused beyond the share (ct_snat_room), enough
+// of them would refuse every new source-NATed flow of the node until a
+// restart. So a difference that lasts two collections in a row, the same
+// way, is corrected, by the smaller of the two: a flow opened or answered
+// during a pass, which the pass finds or misses by chance, makes one
+// collection's difference alone, and is never corrected for. Both ways:
+// a count too low admits more than the share.
+type halfOpenDrift struct {
+	mu   sync.Mutex // held by GCConntrack
+	last [2]int64
+}
+
+// next records d, the family idx's count less what this collection found,
+// and returns what to add to the count: the opposite of the smaller of d
+// and the last collection's difference if both are the same way, else 0.
+func (h *halfOpenDrift) next(idx uint32, d int64) int64 {
+	prev := h.last[idx]
+	h.last[idx] = d
+	switch {
+	case prev > 0 && d > 0:
+		h.last[idx] = 0
+		return -min(prev, d)
+	case prev < 0 && d < 0:
+		h.last[idx] = 0
+		return -max(prev, d)
+	}
+	return 0
+}
+
+// adjustHalfOpen adds d to family's count of half-open flows, by an
+// atomic add of sluice_ct_gc (bpf/ctgc.c, ct_admit_fix): the programs
+// add to the word meanwhile, so a write from here would lose theirs.
+func (m *Maps) adjustHalfOpen(family uint32, d int64) error {
+	in := sockCtGcArgs{Flush: ctGCAdjust, Family: family, Adjust: d}
+	var out sockCtGcArgs
+	if _, err := m.ctGC.Run(&ebpf.RunOptions{Context: in, ContextOut: &out}); err != nil {
+		return fmt.Errorf("run sluice_ct_gc: adjust the half-open count: %w", err)
+	}
+	if out.Adjust != d {
+		return fmt.Errorf("adjust the half-open count of IPv%d: %s missing", family, mapCTAdmit)
+	}
+	return nil
 }
 
 // ctAdmitIndex is family's index in sluice_ct_admit and sluice_ct_pcpu.
@@ -274,6 +354,8 @@ const (
 	// 2 was a gate at an agent's start, which the hold replaced.
 	ctGCHold = 3 // set the new_live word
 	ctGCHeld = 4 // as ctGCCollect, the new_live word left as it is
+	// add ct_gc_args.adjust to the family's half-open count
+	ctGCAdjust = 5
 )
 
 // runCTGC runs sluice_ct_gc in mode (ctGCCollect, ...) over the conntrack
@@ -550,7 +632,7 @@ func (p *Pinned) DeleteConntrack(flows []ConntrackEntry) (int, error) {
 // claim deletes it and takes it off. A reply that promotes the flow
 // between the lookup here and the lapse, a microsecond apart, has its
 // flags overwritten and the flow is taken off twice (the share admits
-// one flow more).
+// one flow more, until two collections resync the count: GCConntrack).
 func deleteFlow[K ctKey, V ctValue](tables []*ebpf.Map, est []bool, now uint64, e ConntrackEntry, key func(src, dst netip.AddrPort, dir uint8) K) (int, error) {
 	var self, peer K
 	if !e.Reverse {

@@ -75,6 +75,9 @@ type Maps struct {
 	// ctNewHeld: an agent's start holds sluice_ct_new's new_live word
 	// set until it is committed (HoldConntrackNew).
 	ctNewHeld atomic.Bool
+	// halfOpen: the drift of the half-open count that collections saw
+	// (conntrack.go, GCConntrack).
+	halfOpen halfOpenDrift
 
 	cfg Config
 }

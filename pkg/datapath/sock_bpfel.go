@@ -152,6 +152,7 @@ type sockCtGcArgs struct {
 	Kept     uint64
 	Claimed  uint64
 	HalfOpen uint64
+	Adjust   int64
 }
 
 type sockExplain6Record struct {

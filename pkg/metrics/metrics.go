@@ -91,6 +91,10 @@ type Metrics struct {
 	// share of the table, bpf/lib/conntrack.h): a difference that lasts
 	// is a drift of the count.
 	ConntrackHalfOpen *prometheus.GaugeVec
+	// ConntrackHalfOpenResyncs counts the corrections of that count
+	// the collections made, a difference from what they found that
+	// lasted two of them (datapath.ConntrackStats.HalfOpenResynced).
+	ConntrackHalfOpenResyncs prometheus.Counter
 
 	// countMu guards what SetProgrammed counts from: the last state it
 	// counted, its counts, and how many of its frontends name each
@@ -217,6 +221,8 @@ func New() *Metrics {
 		ConntrackHalfOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: "conntrack_half_open_flows",
 			Help: "Flows not answered yet in the established per-packet conntrack table (its half-open share, both families) at the last garbage collection: found by its pass, or counted by the programs, whose count bounds the share."},
 			[]string{"source"}),
+		ConntrackHalfOpenResyncs: counter("conntrack_half_open_resyncs_total",
+			"Corrections of the programs' count of half-open flows (either family) by the garbage collection: a difference from the flows its pass found that lasted two collections."),
 	}
 	m.ConntrackGCRuns.WithLabelValues("success")
 	m.ConntrackGCRuns.WithLabelValues("error")
@@ -233,6 +239,7 @@ func New() *Metrics {
 		m.ConntrackGCRuns,
 		m.ConntrackGCDeleted,
 		m.ConntrackHalfOpen,
+		m.ConntrackHalfOpenResyncs,
 		stateCollector{m},
 		driftCollector{m},
 		collectors.NewGoCollector(),
@@ -302,10 +309,12 @@ func (m *Metrics) ObserveConntrackGC(deleted int, err error) {
 
 // SetConntrackHalfOpen records the half-open flows a garbage collection
 // found in the established conntrack table and the programs' count of
-// them (ConntrackHalfOpen).
-func (m *Metrics) SetConntrackHalfOpen(found, counted int) {
+// them (ConntrackHalfOpen), and the corrections of the count it made
+// (ConntrackHalfOpenResyncs).
+func (m *Metrics) SetConntrackHalfOpen(found, counted, resyncs int) {
 	m.ConntrackHalfOpen.WithLabelValues("found").Set(float64(found))
 	m.ConntrackHalfOpen.WithLabelValues("counted").Set(float64(counted))
+	m.ConntrackHalfOpenResyncs.Add(float64(resyncs))
 }
 
 // ObserveProgrammed records, for each trigger, the latency from its time
