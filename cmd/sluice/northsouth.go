@@ -158,7 +158,7 @@ func (g *ctCollector) poll() bool {
 	}
 	switch {
 	case st.Refused > g.refused:
-		g.log.Warn("conntrack table full: new flows refused or kept in the LRU", "refused", st.Refused-g.refused,
+		g.log.Warn("conntrack table or half-open share full: new flows refused or kept in the LRU", "refused", st.Refused-g.refused,
 			"established", st.Live, "max", st.Max, "deleted", st.Deleted)
 	case st.Live*10 >= st.Max*9:
 		g.log.Warn("conntrack table nearly full", "established", st.Live, "max", st.Max, "deleted", st.Deleted)

@@ -144,7 +144,7 @@ func TestConntrackGCPressure(t *testing.T) {
 	}
 	f.refused, f.live = 7, 950
 	p.poll(true, "flows refused (the table's count under 3/4, the hour not passed)")
-	if !strings.Contains(out.String(), `msg="conntrack table full: new flows refused or kept in the LRU" refused=7`) {
+	if !strings.Contains(out.String(), `msg="conntrack table or half-open share full: new flows refused or kept in the LRU" refused=7`) {
 		t.Fatalf("no warning about refused flows; log:\n%s", out.String())
 	}
 	// Over 3/4 full: every second from now on, warning while over 90%;

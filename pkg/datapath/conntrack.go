@@ -53,7 +53,8 @@ type ConntrackStats struct {
 
 	// Refused counts the new flows sluice_conntrack had no room for so
 	// far (since the pins were created): refused (tc_ct_est_full: port
-	// reservations), or kept in sluice_ct_new, the LRU, instead
+	// reservations; tc_snat_half_open_full: source-NATed flows beyond
+	// the half-open share), or kept in sluice_ct_new, the LRU, instead
 	// (tc_ct_est_overflow: answered flows).
 	Refused uint64
 }
@@ -229,8 +230,11 @@ func (m *Maps) ReleaseConntrackNew() {
 }
 
 // ConntrackRefused returns how many new flows sluice_conntrack had no room
-// for so far (ConntrackStats.Refused: the tc_ct_est_full and
-// tc_ct_est_overflow counters): two map lookups, cheap enough to poll.
+// for so far (ConntrackStats.Refused: the tc_ct_est_full,
+// tc_ct_est_overflow and tc_snat_half_open_full counters, the last a
+// source-NATed flow refused while the half-open share is taken, which a
+// collection may free: expired reservations): three map lookups, cheap
+// enough to poll.
 func (m *Maps) ConntrackRefused() (uint64, error) {
 	var sum uint64
 	for _, c := range []struct {
@@ -239,6 +243,7 @@ func (m *Maps) ConntrackRefused() (uint64, error) {
 	}{
 		{sockMetricReasonMETRIC_TC_CT_EST_FULL, "tc_ct_est_full"},
 		{sockMetricReasonMETRIC_TC_CT_EST_OVERFLOW, "tc_ct_est_overflow"},
+		{sockMetricReasonMETRIC_TC_SNAT_HALF_OPEN_FULL, "tc_snat_half_open_full"},
 	} {
 		var perCPU []uint64
 		if err := m.metrics.Lookup(uint32(c.reason), &perCPU); err != nil {

@@ -106,6 +106,10 @@ func TestSNATShareBounded(t *testing.T) {
 		if cs := counters(t, d); cs["tc_snat_half_open_full"] != snatFlood-snatAdmitted {
 			t.Errorf("tc_snat_half_open_full %d, want %d", cs["tc_snat_half_open_full"], snatFlood-snatAdmitted)
 		}
+		// The refusals count as the table's: the agent collects at once.
+		if r, err := m.ConntrackRefused(); err != nil || r != uint64(snatFlood-snatAdmitted) {
+			t.Errorf("ConntrackRefused %d (%v), want %d: the refusals beyond the share", r, err, snatFlood-snatAdmitted)
+		}
 		st, err := m.GCConntrack()
 		if err != nil {
 			t.Fatal(err)
