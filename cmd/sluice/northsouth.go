@@ -151,6 +151,14 @@ func (g *ctCollector) poll() bool {
 	}
 	st, err := g.m.GCConntrack()
 	g.last = g.now()
+	for i, d := range st.HalfOpenResynced {
+		if d != 0 {
+			// Negative: flows counted and never taken off, which
+			// refuse new source-NATed flows once they hold the share.
+			// (Made, and so logged, before an error too.)
+			g.log.Warn("conntrack half-open count corrected: it drifted from the flows the collections found", "family", []int{4, 6}[i], "by", d)
+		}
+	}
 	if err != nil {
 		g.log.Error("conntrack garbage collection", "err", err)
 		g.next = g.every
@@ -165,13 +173,6 @@ func (g *ctCollector) poll() bool {
 	case st.Deleted > 0:
 		g.log.Debug("conntrack garbage collection", "deleted", st.Deleted, "established", st.Live,
 			"half_open", st.HalfOpen, "half_open_counted", st.HalfOpenCounted, "half_open_max", st.HalfOpenMax)
-	}
-	for i, d := range st.HalfOpenResynced {
-		if d != 0 {
-			// Negative: flows counted and never taken off, which
-			// refuse new source-NATed flows once they hold the share.
-			g.log.Warn("conntrack half-open count corrected: it drifted from the flows the collections found", "family", []int{4, 6}[i], "by", d)
-		}
 	}
 	g.refused = st.Refused
 	switch {

@@ -83,15 +83,17 @@ func (m *Maps) GCConntrack() (ConntrackStats, error) {
 	m.halfOpen.mu.Lock()
 	defer m.halfOpen.mu.Unlock()
 	for _, family := range []uint32{4, 6} {
+		// On an error, st keeps the corrections made so far (an
+		// IPv4 one before an IPv6 failure), for them to be counted.
 		a, err := m.runCTGC(mode, family)
 		if err != nil {
-			return ConntrackStats{}, fmt.Errorf("conntrack gc: %w", err)
+			return st, fmt.Errorf("conntrack gc: %w", err)
 		}
 		st.Deleted += int(a.Deleted)
 		st.HalfOpen += int(a.HalfOpen)
 		n, err := m.HalfOpenCounted(family)
 		if err != nil {
-			return ConntrackStats{}, fmt.Errorf("conntrack gc: %w", err)
+			return st, fmt.Errorf("conntrack gc: %w", err)
 		}
 		st.HalfOpenCounted += int(n)
 		if int(a.Live) >= st.Live {
@@ -102,7 +104,7 @@ func (m *Maps) GCConntrack() (ConntrackStats, error) {
 			m.halfOpen.last[idx] = 0
 			continue
 		}
-		if fix := m.halfOpen.next(idx, n-int64(a.HalfOpen)); fix != 0 {
+		if fix := m.halfOpen.next(idx, n-int64(a.HalfOpen), halfOpenBand(st.HalfOpenMax)); fix != 0 {
 			if err := m.adjustHalfOpen(family, fix); err != nil {
 				return st, fmt.Errorf("conntrack gc: %w", err)
 			}
@@ -154,7 +156,12 @@ func (m *Maps) HalfOpenCounted(family uint32) (int64, error) {
 // way, is corrected, by the smaller of the two: a flow opened or answered
 // during a pass, which the pass finds or misses by chance, makes one
 // collection's difference alone, and is never corrected for. Both ways:
-// a count too low admits more than the share.
+// a count too low admits more than the share. A difference within
+// halfOpenBand is no drift: a pass under churn (a flood refilling the
+// slots the pass frees, behind its cursor; a busy node's short-lived
+// flows) differs from the count by that much every time, the same way
+// under a flood, and would be "corrected" every other pass, biasing the
+// count below the truth; a leak that matters is larger.
 type halfOpenDrift struct {
 	mu   sync.Mutex // held by GCConntrack
 	last [2]int64
@@ -162,8 +169,13 @@ type halfOpenDrift struct {
 
 // next records d, the family idx's count less what this collection found,
 // and returns what to add to the count: the opposite of the smaller of d
-// and the last collection's difference if both are the same way, else 0.
-func (h *halfOpenDrift) next(idx uint32, d int64) int64 {
+// and the last collection's difference if both are the same way and
+// beyond band, else 0.
+func (h *halfOpenDrift) next(idx uint32, d, band int64) int64 {
+	if -band <= d && d <= band {
+		h.last[idx] = 0
+		return 0
+	}
 	prev := h.last[idx]
 	h.last[idx] = d
 	switch {
@@ -176,6 +188,14 @@ func (h *halfOpenDrift) next(idx uint32, d int64) int64 {
 	}
 	return 0
 }
+
+// halfOpenBand is how far the count may differ from what a collection
+// found without being drift: a 64th of the share (1,024 flows at the
+// default share of 65,536: a flood of tens of thousands of SYNs a second
+// refills fewer behind a pass's cursor, and the share, a quarter of the
+// table, is exceeded by at most that much), nothing for a share under
+// 64 (the tests').
+func halfOpenBand(share int) int64 { return int64(share / 64) }
 
 // adjustHalfOpen adds d to family's count of half-open flows, by an
 // atomic add of sluice_ct_gc (bpf/ctgc.c, ct_admit_fix): the programs
