@@ -126,17 +126,34 @@ func (m *Maps) HalfOpenCounted(family uint32) (int64, error) {
 		return 0, nil
 	}
 	idx := ctAdmitIndex(family)
-	var g sockCtAdmit
-	if err := m.ctAdmit.Lookup(idx, &g); err != nil {
-		return 0, fmt.Errorf("read %s: %w", mapCTAdmit, err)
+	word := func() (int64, error) {
+		var g sockCtAdmit
+		if err := m.ctAdmit.Lookup(idx, &g); err != nil {
+			return 0, fmt.Errorf("read %s: %w", mapCTAdmit, err)
+		}
+		return g.Pending, nil
 	}
-	var parts []sockCtAdmitPcpu
-	if err := m.ctPcpu.Lookup(idx, &parts); err != nil {
-		return 0, fmt.Errorf("read %s: %w", mapCTPcpu, err)
-	}
-	n := g.Pending
-	for _, p := range parts {
-		n += p.Pending
+	// A CPU folding its part into the word (ct_admit_add: its part
+	// less, then the word more) between the two reads would be missed:
+	// the word is read again after the parts, until it did not move (a
+	// few tries; the last reading is taken after them).
+	var n int64
+	for try := 0; try < 4; try++ {
+		w, err := word()
+		if err != nil {
+			return 0, err
+		}
+		var parts []sockCtAdmitPcpu
+		if err := m.ctPcpu.Lookup(idx, &parts); err != nil {
+			return 0, fmt.Errorf("read %s: %w", mapCTPcpu, err)
+		}
+		n = w
+		for _, p := range parts {
+			n += p.Pending
+		}
+		if again, err := word(); err != nil || again == w {
+			return n, err
+		}
 	}
 	return n, nil
 }
