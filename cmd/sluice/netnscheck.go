@@ -28,6 +28,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"slices"
 )
 
 // The network namespaces the check compares, variables for tests.
@@ -55,20 +56,8 @@ func outsideNetns(self, init string) (bool, error) {
 // (nodePortsFor: none given, the node's primary addresses only; an IPv4
 // family that takes every address, or a CIDR holding it).
 func coversLocalhost(cidrs []netip.Prefix) bool {
-	if len(cidrs) == 0 {
-		return false
-	}
 	lo := netip.AddrFrom4([4]byte{127, 0, 0, 1})
-	v4 := false
-	for _, p := range cidrs {
-		if p.Addr().Is4() {
-			v4 = true
-			if p.Bits() == 0 || p.Contains(lo) {
-				return true
-			}
-		}
-	}
-	return !v4
+	return len(cidrs) > 0 && (takesAll(cidrs, false) || slices.ContainsFunc(cidrs, func(p netip.Prefix) bool { return p.Contains(lo) }))
 }
 
 // warnOutsideInitNetns logs at Warn, naming what the node's processes

@@ -77,6 +77,14 @@ type nodePorts struct {
 	HealthHosts []string
 }
 
+// takesAll reports whether the family (v6) takes every address of its own
+// under --nodeport-addresses cidrs (given: not the default): a /0 of it,
+// or no CIDR of it.
+func takesAll(cidrs []netip.Prefix, v6 bool) bool {
+	ofFamily := slices.DeleteFunc(slices.Clone(cidrs), func(p netip.Prefix) bool { return p.Addr().Is6() != v6 })
+	return len(ofFamily) == 0 || slices.ContainsFunc(ofFamily, func(p netip.Prefix) bool { return p.Bits() == 0 })
+}
+
 // nodePortsFor follows kube-proxy's --nodeport-addresses: with no CIDRs,
 // the node's primary addresses nodeIPs that are local (kube-proxy's
 // primary is their /32 and /128, matched against the interfaces'
@@ -105,13 +113,7 @@ func nodePortsFor(cidrs []netip.Prefix, nodeIPs, local []netip.Addr, localhost b
 		}
 		return np
 	}
-	// all[v6]: the family takes every address of its own (a /0 of it,
-	// or no CIDR of it).
-	all := map[bool]bool{}
-	for _, v6 := range []bool{false, true} {
-		ofFamily := slices.DeleteFunc(slices.Clone(cidrs), func(p netip.Prefix) bool { return p.Addr().Is6() != v6 })
-		all[v6] = len(ofFamily) == 0 || slices.ContainsFunc(ofFamily, func(p netip.Prefix) bool { return p.Bits() == 0 })
-	}
+	all := map[bool]bool{false: takesAll(cidrs, false), true: takesAll(cidrs, true)}
 	if all[false] {
 		np.HealthHosts = []string{""}
 	}
