@@ -87,6 +87,27 @@ func tcpBackends(n int) []model.Backend {
 	return bs
 }
 
+// fillers returns n ClusterIP Services of one backend each (2 map
+// entries each: a master and a slot), fill-0 at vip(2) on.
+func fillers(n int) []*model.Service {
+	var fl []*model.Service
+	for i := range n {
+		fl = append(fl, svc(vip(2+i), fmt.Sprintf("fill-%d", i), be(2, 1, model.TCP)))
+	}
+	return fl
+}
+
+// failDefaultMaster is a fake datapath's Fail that refuses every write of
+// the master of fe's default scope (a transient error), and nothing else.
+func failDefaultMaster(fe model.L4Addr) func(fakedp.Op) error {
+	return func(op fakedp.Op) error {
+		if op.Kind == fakedp.OpUpsertMaster && op.Frontend == reconciler.DefaultScope(fe) {
+			return errors.New("injected")
+		}
+		return nil
+	}
+}
+
 // applyFlood applies a, then a with the flood in one Apply, batched
 // when batch is set (programFresh) or a frontend at a time
 // (programFrontend), and returns the frontends refused, each checked to
@@ -288,10 +309,7 @@ func TestTwoScopesAllOrNothing(t *testing.T) {
 				f := newFakeSized(t, 4096, 4096, tc.entries)
 				r := reconciler.New(f, nil)
 				setBatch(r, batch)
-				var fl []*model.Service
-				for i := range tc.filled / 2 { // 2 entries each
-					fl = append(fl, svc(vip(2+i), fmt.Sprintf("fill-%d", i), be(2, 1, model.TCP)))
-				}
+				fl := fillers(tc.filled / 2) // 2 entries each
 				mustApply(t, r, state(fl...))
 				bs := tcpBackends(20)
 				n := twoScopes(bs, bs)
@@ -324,12 +342,7 @@ func TestTwoScopesOrphanNotProgrammed(t *testing.T) {
 			setBatch(r, batch)
 			bs := tcpBackends(20)
 			n := twoScopes(bs, bs)
-			f.Fail = func(op fakedp.Op) error {
-				if op.Kind == fakedp.OpUpsertMaster && op.Frontend == reconciler.DefaultScope(n.Frontend) {
-					return errors.New("injected")
-				}
-				return nil
-			}
+			f.Fail = failDefaultMaster(n.Frontend)
 			errs := frontendErrors(t, r.Apply(state(n)))
 			if err := errs[n.Frontend]; err == nil || err.Permanent() {
 				t.Fatalf("errors %v, want a write error for %s", errs, n.Frontend)
@@ -342,10 +355,7 @@ func TestTwoScopesOrphanNotProgrammed(t *testing.T) {
 			// 20 slots (written before its master failed) in use, and
 			// 951 more: 992, all new ones may fill. The default scope's
 			// master would fit only into the reserve.
-			var fl []*model.Service
-			for i := range 474 {
-				fl = append(fl, svc(vip(2+i), fmt.Sprintf("fill-%d", i), be(2, 1, model.TCP)))
-			}
+			fl := fillers(474)
 			fl = append(fl, svc(vip(1000), "fill-two", be(2, 1, model.TCP), be(2, 2, model.TCP)))
 			errs = frontendErrors(t, r.Apply(state(append([]*model.Service{n}, fl...)...)))
 			if err := errs[n.Frontend]; len(errs) != 1 || !errors.Is(err, reconciler.ErrCapacity) || !strings.Contains(err.Error(), reserveNote) {
@@ -385,10 +395,7 @@ func TestTwoScopesTurnLocalRefusedAsPair(t *testing.T) {
 			local := twoScopes(bs, bs)
 			cluster := svc(local.Frontend, "web", bs...)
 			cluster.Kind = model.NodePort
-			var fl []*model.Service
-			for i := range 240 { // 480 entries, and cluster's 21: 501 of 512
-				fl = append(fl, svc(vip(2+i), fmt.Sprintf("fill-%d", i), be(2, 1, model.TCP)))
-			}
+			fl := fillers(240) // 480 entries, and cluster's 21: 501 of 512
 			before := state(append([]*model.Service{cluster}, fl...)...)
 			mustApply(t, r, before)
 			errs := frontendErrors(t, r.Apply(state(append([]*model.Service{local}, fl...)...)))
@@ -420,10 +427,7 @@ func TestTwoScopesPairRefusedDropsOrphan(t *testing.T) {
 			bs := tcpBackends(20)
 			cluster := svc(twoScopes(bs, bs).Frontend, "web", bs...)
 			cluster.Kind = model.NodePort
-			var fl []*model.Service
-			for i := range 240 { // 480 entries, and cluster's 21: 501 of 512
-				fl = append(fl, svc(vip(2+i), fmt.Sprintf("fill-%d", i), be(2, 1, model.TCP)))
-			}
+			fl := fillers(240) // 480 entries, and cluster's 21: 501 of 512
 			before := state(append([]*model.Service{cluster}, fl...)...)
 			mustApply(t, r, before)
 			checkProgrammed(t, f, before)
@@ -433,12 +437,7 @@ func TestTwoScopesPairRefusedDropsOrphan(t *testing.T) {
 			// 11 entries fit (512 of 512), the default scope's master
 			// fails to be written.
 			in := reconciler.Frontend{L4Addr: cluster.Frontend, Scope: reconciler.ScopeInternal}
-			f.Fail = func(op fakedp.Op) error {
-				if op.Kind == fakedp.OpUpsertMaster && op.Frontend == reconciler.DefaultScope(cluster.Frontend) {
-					return errors.New("injected")
-				}
-				return nil
-			}
+			f.Fail = failDefaultMaster(cluster.Frontend)
 			errs := frontendErrors(t, r.Apply(state(append([]*model.Service{twoScopes(bs, bs[:10])}, fl...)...)))
 			f.Fail = nil
 			if err := errs[cluster.Frontend]; len(errs) != 1 || err == nil || err.Permanent() {
