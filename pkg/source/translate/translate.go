@@ -798,7 +798,7 @@ func CheckEndpointIPs(es *discoveryv1.EndpointSlice) error {
 			if !ok {
 				continue
 			}
-			if why := EndpointIPRefusal(ip); why != "" {
+			if why := EndpointIPRefusal(ip, a); why != "" {
 				return failer{prefix: "endpointslice", ns: es.Namespace, name: es.Name}.fail("endpoints[%d]: address %q %s", i, a, why)
 			}
 		}
@@ -806,20 +806,23 @@ func CheckEndpointIPs(es *discoveryv1.EndpointSlice) error {
 	return nil
 }
 
-// EndpointIPRefusal says why the API server refuses ip as an endpoint's
-// address, in its words ("": it does not), for a source that parses
-// addresses its own way: its ValidateEndpointIP
-// (pkg/apis/core/validation), which EndpointSlice validation applies to
-// every address of an IPv4 or IPv6 slice it creates or whose endpoints
-// an update changes (CheckEndpointIPs). A manifest could name 127.0.0.1
-// or the cloud metadata address 169.254.169.254, which the node's
-// sockets would then be sent to. An IPv4-mapped address is judged as the IPv4 one, as net.IP's
-// methods judge it there.
-func EndpointIPRefusal(ip netip.Addr) string {
+// EndpointIPRefusal says why the API server refuses ip (written is the
+// address as the object writes it) as an endpoint's address, in its
+// words ("": it does not), for a source that parses addresses its own
+// way: its ValidateEndpointIP (pkg/apis/core/validation), which
+// EndpointSlice validation applies to every address of an IPv4 or IPv6
+// slice it creates or whose endpoints an update changes
+// (CheckEndpointIPs). A manifest could name 127.0.0.1 or the cloud
+// metadata address 169.254.169.254, which the node's sockets would then
+// be sent to. An IPv4-mapped address is judged as the IPv4 one, as
+// net.IP's methods judge it there. Only the words for an unspecified
+// address quote it, as written, as the API server's do (it formats its
+// string): an acceptance, and any other refusal, allocate nothing.
+func EndpointIPRefusal(ip netip.Addr, written string) string {
 	ip = ip.Unmap()
 	switch {
 	case ip.IsUnspecified():
-		return "may not be unspecified"
+		return "may not be unspecified (" + written + ")"
 	case ip.IsLoopback():
 		return "may not be in the loopback range (127.0.0.0/8, ::1/128)"
 	case ip.IsLinkLocalUnicast():
