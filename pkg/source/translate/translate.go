@@ -806,6 +806,31 @@ func CheckEndpointIPs(es *discoveryv1.EndpointSlice) error {
 	return nil
 }
 
+// CheckExternalIPs refuses a Service an externalIPs entry of which the
+// API server refuses for a new Service, naming the Service, the entry's
+// index, the address and why; svc is valid otherwise (ValidateService).
+// ValidateService there checks that every new entry parses and then, "for
+// historical reasons", applies the endpoint address rule to it
+// (ValidateEndpointIP, so EndpointIPRefusal: unspecified, loopback,
+// link-local, link-local multicast). A manifest could name 127.0.0.1 or
+// 169.254.169.254, and the node's connections there would reach the
+// Service's endpoints. For the manifest source only:
+// the API server keeps an entry the Service held before it checked them
+// (ValidateService's existingExternalIPs, on every update), and
+// kube-proxy serves it, so the Kubernetes source does too.
+func CheckExternalIPs(svc *corev1.Service) error {
+	for i, a := range svc.Spec.ExternalIPs {
+		ip, ok := parseIPSloppy(a)
+		if !ok {
+			continue // ValidateService's to refuse
+		}
+		if why := EndpointIPRefusal(ip, a); why != "" {
+			return failer{prefix: "service", ns: svc.Namespace, name: svc.Name}.fail("externalIPs[%d]: address %q %s", i, a, why)
+		}
+	}
+	return nil
+}
+
 // EndpointIPRefusal says why the API server refuses ip (written is the
 // address as the object writes it) as an endpoint's address, in its
 // words ("": it does not), for a source that parses addresses its own
